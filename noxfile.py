@@ -1,0 +1,130 @@
+"""nox sessions for the kiln monorepo.
+
+Every package is tested in a virtual environment that holds only that package and what its
+pyproject.toml declares (siblings included, installed from this checkout): that is what proves
+each layer stands alone. `nox -t tests` runs every test session; `nox -s typecheck lint` checks the
+whole tree.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES_DIR = ROOT / "packages"
+
+# torch is pinned to the CPU build of 2.13.0 that lies on this kind of machine's disk (pip finds it
+# through /opt/wheels). Any other pin, or no pin, makes pip pull a CUDA build of several GB. The
+# packages themselves accept torch 2.11-2.13.
+TORCH = "torch==2.13.0"
+
+nox.options.sessions = []  # nothing runs by default: say -t tests, or name sessions
+nox.options.error_on_missing_interpreters = True
+
+
+def _python312() -> str:
+    """Python 3.12 for the frame hook's second session.
+
+    pyenv's `python3.12` shim answers only when 3.12 is activated, so look for the interpreter
+    itself first; nox accepts an absolute path.
+    """
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12.*/bin/python3.12")))
+    return found[-1] if found else "3.12"
+
+
+def _package_meta() -> dict[str, tuple[str, list[str]]]:
+    """folder -> (distribution name, declared requirements), read from each pyproject.toml."""
+    meta = {}
+    for pyproject in sorted(PACKAGES_DIR.glob("*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text())["project"]
+        meta[pyproject.parent.name] = (project["name"], list(project.get("dependencies", [])))
+    return meta
+
+
+PACKAGES = _package_meta()
+FOLDER_OF_DIST = {dist: folder for folder, (dist, _) in PACKAGES.items()}
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0]
+
+
+def _sibling_closure(folder: str) -> list[str]:
+    """The folder itself and every sibling it depends on, dependencies first."""
+    order: list[str] = []
+
+    def visit(f: str) -> None:
+        if f in order:
+            return
+        for req in PACKAGES[f][1]:
+            dep = FOLDER_OF_DIST.get(_requirement_name(req))
+            if dep is not None:
+                visit(dep)
+        order.append(f)
+
+    visit(folder)
+    return order
+
+
+def _needs_torch(folders: list[str]) -> bool:
+    return any(_requirement_name(r) == "torch" for f in folders for r in PACKAGES[f][1])
+
+
+def _install_packages(session: nox.Session, folders: list[str]) -> None:
+    if _needs_torch(folders):
+        session.install(TORCH)
+    session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy")
+
+
+def _run_package_tests(session: nox.Session, folder: str) -> None:
+    _install_packages(session, _sibling_closure(folder))
+    env = {}
+    if folder == "codegen_triton":
+        # No GPU in CI: Triton kernels run on CPU tensors through Triton's interpreter.
+        env["TRITON_INTERPRET"] = "1"
+    session.run("pytest", "-q", str(PACKAGES_DIR / folder / "tests"), *session.posargs, env=env)
+
+
+for _folder in PACKAGES:
+
+    def _make(folder: str) -> None:
+        @nox.session(name=f"tests-{folder}", python="3.11", tags=["tests"])
+        def _tests(session: nox.Session) -> None:
+            _run_package_tests(session, folder)
+
+    _make(_folder)
+
+
+@nox.session(name="tests-frame_hook-3.12", python=_python312(), tags=["tests"])
+def tests_frame_hook_312(session: nox.Session) -> None:
+    """The frame hook under CPython 3.12 (bytecode and frame layout differ from 3.11)."""
+    _run_package_tests(session, "frame_hook")
+
+
+@nox.session(name="tests-e2e", python="3.11", tags=["tests"])
+def tests_e2e(session: nox.Session) -> None:
+    """The umbrella installed with everything under it; end-to-end tests and the layering rules."""
+    _install_packages(session, _sibling_closure("bench"))
+    session.run("pytest", "-q", str(ROOT / "tests" / "e2e"), *session.posargs)
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy over every package's sources (configuration: pyproject.toml at the root)."""
+    session.install(TORCH)
+    session.install(*[str(PACKAGES_DIR / f) for f in _sibling_closure("bench")], "mypy", "pytest", "nox")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

@@ -1,0 +1,9 @@
+"""The package installs and imports on its own, with the version its metadata declares."""
+
+import importlib.metadata
+
+import kiln_dynamo
+
+
+def test_version_matches_distribution_metadata() -> None:
+    assert kiln_dynamo.__version__ == importlib.metadata.version("kiln-dynamo")
