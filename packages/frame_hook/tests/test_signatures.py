@@ -234,3 +234,42 @@ def test_tracing_still_sees_correct_results() -> None:
         sys.settrace(None)
     assert result == ("t", 48, [[[[1, 2]]]], 2)
     assert ("more_locals_t", "call") in events
+
+
+def _counts_during(fn, *args):
+    before = hook.run_counts()
+    fn(*args)
+    after = hook.run_counts()
+    return {k: after[k] - before[k] for k in after}
+
+
+def test_both_ways_of_running_an_entry_are_taken() -> None:
+    """A transformed frame that fits runs in the original's frame; a larger one through a function
+    (reused for a module-level function, new per call for a closure). Results are the same."""
+    counts = _counts_during(run_replaced, more_locals, more_locals_t, 1, 2)
+    assert counts == {"in_place": 0, "reused_function": 2, "new_function": 0}
+
+    def small(x, y):
+        return x + y
+
+    def small_t(x, y):
+        return x - y
+
+    counts = _counts_during(run_replaced, small, small_t, 5, 2)
+    assert counts["in_place"] == 2 and counts["new_function"] == counts["reused_function"] == 0
+
+    def big_closure(base):
+        def inner(x):
+            return x + base
+
+        return inner
+
+    def big_closure_t(base):
+        def inner(x):
+            a, b, c, d, e, f, g, h = 1, 2, 3, 4, 5, 6, 7, 8
+            return [[[[x, base, a + b + c + d + e + f + g + h]]]]
+
+        return inner
+
+    counts = _counts_during(run_replaced, big_closure(10), big_closure_t(0), 1)
+    assert counts == {"in_place": 0, "reused_function": 0, "new_function": 2}

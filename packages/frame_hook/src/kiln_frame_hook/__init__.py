@@ -65,6 +65,7 @@ __all__ = [
     "is_installed",
     "is_skipped",
     "reset",
+    "run_counts",
     "run_only",
     "set_cache_limit",
     "set_callback",
@@ -145,6 +146,12 @@ def set_cache_limit(limit: int) -> int:
 
 def get_cache_limit() -> int:
     return _C.get_cache_limit()
+
+
+def run_counts() -> dict[str, int]:
+    """How many entries ran since import: `in_place` (in the original's frame), `reused_function`
+    and `new_function` (through a function, when the transformed code's frame is larger)."""
+    return _C.run_counts()
 
 
 def is_installed() -> bool:
