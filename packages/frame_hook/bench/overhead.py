@@ -12,6 +12,12 @@ In one process, interleaved over several rounds (A B C D A B C D ...), each timi
 Reports medians in ns per call, and the hook's extra cost with and without the guard call.
 
     python packages/frame_hook/bench/overhead.py [--calls 1000000] [--rounds 7]
+
+Timing on a shared machine is noisy; instruction counts are not. `--only MODE` runs one variant
+once, for counting under callgrind (instructions per call = difference of two --calls / calls):
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        python packages/frame_hook/bench/overhead.py --only hooked --calls 100000
 """
 
 from __future__ import annotations
@@ -63,12 +69,31 @@ def timed(fn, *args) -> float:
     return time.perf_counter_ns() - start
 
 
+def run_once(mode: str, n: int) -> None:
+    hook.skip_code(f2.__code__)
+    with hook.callback(callback):
+        f(1)
+    if mode == "plain":
+        loop_call(f, n)
+    elif mode == "guard":
+        loop_call(guard, n)
+    elif mode == "empty":
+        loop_empty(n)
+    else:
+        with hook.callback(callback):
+            loop_call(f if mode == "hooked" else f2, n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--only", choices=["plain", "hooked", "skipped", "guard", "empty"])
     args = parser.parse_args()
     n = args.calls
+    if args.only is not None:
+        run_once(args.only, n)
+        return
     samples: dict[str, list[float]] = {"plain": [], "hooked": [], "skipped": [], "guard": [], "empty": []}
     hook.skip_code(f2.__code__)
     with hook.callback(callback):
