@@ -115,6 +115,22 @@ def tests_e2e(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """The public model suite on CPU: eager vs torch.compile vs kiln, inference and training.
+
+    Writes packages/bench/results/<date>-<host>.{json,png}. Pass arguments after `--` to
+    `python -m kiln_bench` (e.g. `nox -s bench -- --models gpt2,mlp`).
+    """
+    _install_packages(session, _sibling_closure("bench"))
+    import datetime
+    import platform
+
+    stamp = f"{datetime.date.today().isoformat()}-{platform.node() or 'host'}"
+    out = ROOT / "packages" / "bench" / "results" / stamp
+    session.run("python", "-m", "kiln_bench", "--suite", "models", "--out", str(out), *session.posargs)
+
+
+@nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy over every package's sources (configuration: pyproject.toml at the root)."""
     session.install(TORCH)

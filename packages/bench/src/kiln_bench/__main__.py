@@ -1,0 +1,86 @@
+"""`python -m kiln_bench`: run a suite, print a table, write JSON and a PNG.
+
+    python -m kiln_bench --suite models --models gpt2,mlp --modes inference,training \
+        --backends eager,inductor,kiln --out packages/bench/results/run
+"""
+
+from __future__ import annotations
+
+import os
+
+# Compile time is measured from empty caches: inductor's own caches are off for the whole run.
+os.environ.setdefault("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "1")
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from kiln_bench import harness, micro, report
+from kiln_bench.backends import BACKENDS
+from kiln_bench.models import MODEL_NAMES, SIZES
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _list(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [v for v in value.split(",") if v]
+    unknown = [v for v in items if v not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown {what}: {', '.join(unknown)} (choose from {', '.join(allowed)})"
+        )
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kiln_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=["models", "micro"], default="models")
+    parser.add_argument("--models", default=",".join(MODEL_NAMES))
+    parser.add_argument("--modes", default="inference,training")
+    parser.add_argument("--backends", default="eager,inductor,kiln")
+    parser.add_argument("--size", choices=SIZES, default="cpu")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed calls (default 20 on CPU, 50 on GPU)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="warm-up calls (default 3 on CPU, 10 on GPU)"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on CPU (MODELS.md: 1)")
+    parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.png")
+    args = parser.parse_args(argv)
+    on_gpu = args.device.startswith("cuda")
+    repeats = args.repeats if args.repeats is not None else (50 if on_gpu else 20)
+    warmup = args.warmup if args.warmup is not None else (10 if on_gpu else 3)
+    backends = _list(args.backends, BACKENDS, "backends")
+    if not on_gpu:
+        torch.set_num_threads(args.threads)
+    if args.suite == "micro":
+        results = micro.run(backends, device=args.device, repeats=repeats, warmup=warmup, progress=sys.stderr)
+    else:
+        models = _list(args.models, MODEL_NAMES, "models")
+        modes = _list(args.modes, harness.MODES, "modes")
+        from tqdm import tqdm
+
+        results = []
+        jobs = [(m, mode) for m in models for mode in modes]
+        for model, mode in tqdm(jobs, desc="models", unit="run", file=sys.stderr):
+            results += harness.run_model(
+                model, mode, backends, size=args.size, device=args.device, dtype=DTYPES[args.dtype],
+                repeats=repeats, warmup=warmup,
+            )  # fmt: skip
+    print(report.table(results))
+    if args.out is not None:
+        settings = {"suite": args.suite, "size": args.size, "device": args.device, "dtype": args.dtype,
+                    "repeats": repeats, "warmup": warmup}  # fmt: skip
+        report.write_json(args.out.with_suffix(".json"), results, settings)
+        report.write_png(args.out.with_suffix(".png"), results)
+        print(f"\nwrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""Measuring one model under one backend against eager, the way MODELS.md prescribes.
+
+For each (model, mode): build the model twice from the same seed (the second in float64, the
+accuracy reference), run eager once for the reference outputs, then for each backend: empty its
+caches, time the first compiled call (compile time), check accuracy, warm up, and time eager and
+compiled calls alternately (A B A B ...) so that load changes hit both equally. Speedup is the
+ratio of medians. Training runs forward, a cross-entropy loss on the logits and backward, and
+compares the loss and every parameter's gradient.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kiln_bench import accuracy, backends
+from kiln_bench.models import Workload, build, logits_of, loss_of
+
+MODES = ("inference", "training")
+
+
+@dataclass(slots=True)
+class Result:
+    model: str
+    mode: str
+    backend: str
+    ok: bool
+    reason: str = ""
+    compile_s: float | None = None
+    eager_ms: float | None = None
+    compiled_ms: float | None = None
+    speedup: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _step(workload: Workload, fn: Callable[..., Any], mode: str) -> tuple[list[str], list[torch.Tensor]]:
+    """One call of fn in `mode`; returns the named tensors to compare."""
+    if mode == "inference":
+        with torch.no_grad():
+            out = fn(**workload.inputs)
+        return ["logits"], [logits_of(out)]
+    params = [(n, p) for n, p in workload.model.named_parameters() if p.requires_grad]
+    for _, p in params:
+        p.grad = None
+    loss = loss_of(workload, fn(**workload.inputs))
+    loss.backward()
+    names = ["loss"] + [f"grad {n}" for n, p in params if p.grad is not None]
+    return names, [loss.detach()] + [p.grad for _, p in params if p.grad is not None]
+
+
+def _timed(workload: Workload, fn: Callable[..., Any], mode: str, device: str) -> float:
+    _sync(device)
+    start = time.perf_counter()
+    _step(workload, fn, mode)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def _fresh_disk_caches() -> tempfile.TemporaryDirectory[str]:
+    root = tempfile.TemporaryDirectory(prefix="kiln_bench_cache_")
+    for var in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        os.environ[var] = os.path.join(root.name, var.lower())
+    return root
+
+
+def run_model(
+    name: str,
+    mode: str,
+    backend_names: list[str],
+    *,
+    size: str = "cpu",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 20,
+    warmup: int = 3,
+    compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]] = backends.compile_model,
+) -> list[Result]:
+    """Measure `name` in `mode` under each backend; one Result per backend."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    workload = build(name, size).to(device, dtype)
+    reference_64 = build(name, size).to(device, torch.float64)
+    for w in (workload, reference_64):
+        w.model.train(mode == "training")
+    names, reference = _step(workload, workload.model, mode)
+    reference = [t.clone() for t in reference]
+    _, exact = _step(reference_64, reference_64.model, mode)
+    tol = 1e-3 if mode == "inference" and dtype == torch.float32 else 1e-2
+    results = []
+    for backend in backend_names:
+        results.append(
+            _measure(
+                workload, mode, backend, names, reference, exact, tol, device, repeats, warmup, compile_fn
+            )
+        )
+    return results
+
+
+def _measure(
+    workload: Workload,
+    mode: str,
+    backend: str,
+    names: list[str],
+    reference: list[torch.Tensor],
+    exact: list[torch.Tensor],
+    tol: float,
+    device: str,
+    repeats: int,
+    warmup: int,
+    compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]],
+) -> Result:
+    result = Result(workload.name, mode, backend, ok=False)
+    caches = _fresh_disk_caches()
+    try:
+        backends.reset(backend)
+        start = time.perf_counter()
+        compiled = compile_fn(backend, workload.model)
+        out_names, outputs = _step(workload, compiled, mode)
+        _sync(device)
+        result.compile_s = time.perf_counter() - start
+        verdict = accuracy.check(names, reference, outputs, exact, tol)
+        if out_names != names:
+            verdict = accuracy.Verdict(
+                False, f"outputs {out_names[:3]}... differ from eager's {names[:3]}..."
+            )
+        if not verdict.ok:
+            result.reason = f"accuracy: {verdict.reason}"
+            return result
+        for _ in range(warmup):
+            _step(workload, workload.model, mode)
+            _step(workload, compiled, mode)
+        eager_t, compiled_t = [], []
+        for _ in range(repeats):
+            eager_t.append(_timed(workload, workload.model, mode, device))
+            compiled_t.append(_timed(workload, compiled, mode, device))
+        result.eager_ms = statistics.median(eager_t) * 1e3
+        result.compiled_ms = statistics.median(compiled_t) * 1e3
+        result.speedup = result.eager_ms / result.compiled_ms
+        result.ok = True
+    except Exception as e:  # a failing backend is a result, not a crash of the suite
+        result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    finally:
+        caches.cleanup()
+    return result
+
+
+def geomean(values: list[float]) -> float | None:
+    if not values:
+        return None
+    return float(torch.tensor(values, dtype=torch.float64).log().mean().exp())

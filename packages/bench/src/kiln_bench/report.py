@@ -1,0 +1,112 @@
+"""Reports of a benchmark run: a terminal table, JSON, and a PNG bar chart of speedups."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kiln_bench.harness import Result, geomean
+
+
+def summary(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
+    """Per (mode, backend): geomean speedup over passing models, median compile time, pass count."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        key = f"{r.mode}/{r.backend}"
+        entry = out.setdefault(key, {"speedups": [], "compile_s": [], "passed": 0, "total": 0})
+        entry["total"] += 1
+        if r.ok and r.speedup is not None:
+            entry["passed"] += 1
+            entry["speedups"].append(r.speedup)
+        if r.compile_s is not None:
+            entry["compile_s"].append(r.compile_s)
+    for entry in out.values():
+        entry["geomean_speedup"] = geomean(entry.pop("speedups"))
+        times = sorted(entry.pop("compile_s"))
+        entry["median_compile_s"] = times[len(times) // 2] if times else None
+    return out
+
+
+def table(results: Sequence[Result]) -> str:
+    lines = [
+        f"{'model':<11} {'mode':<10} {'backend':<9} {'result':<6} {'compile s':>9} {'eager ms':>9} {'ms':>9} {'speedup':>8}  reason"
+    ]
+    for r in results:
+
+        def num(v: float | None, fmt: str) -> str:
+            return format(v, fmt) if v is not None else format("-", ">" + fmt.split(".", maxsplit=1)[0])
+
+        lines.append(
+            f"{r.model:<11} {r.mode:<10} {r.backend:<9} {'ok' if r.ok else 'FAIL':<6} {num(r.compile_s, '9.2f')} "
+            f"{num(r.eager_ms, '9.2f')} {num(r.compiled_ms, '9.2f')} {num(r.speedup, '8.2f')}  {r.reason}"
+        )
+    lines.append("")
+    for key, s in summary(results).items():
+        gm = s["geomean_speedup"]
+        mc = s["median_compile_s"]
+        lines.append(
+            f"{key:<20} passed {s['passed']}/{s['total']}  geomean speedup "
+            f"{format(gm, '.3f') if gm is not None else '-'}  median compile "
+            f"{format(mc, '.2f') + ' s' if mc is not None else '-'}"
+        )
+    return "\n".join(lines)
+
+
+def metadata(settings: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        **settings,
+    }
+
+
+def write_json(path: Path, results: Sequence[Result], settings: dict[str, Any]) -> None:
+    payload = {
+        "metadata": metadata(settings),
+        "summary": summary(results),
+        "results": [r.to_json() for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def write_png(path: Path, results: Sequence[Result]) -> None:
+    """Grouped bars: one group per model and mode, one bar per compiled backend (failures at 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    compiled = [r for r in results if r.backend != "eager"]
+    groups = sorted({(r.model, r.mode) for r in compiled})
+    names = sorted({r.backend for r in compiled})
+    by_key = {(r.model, r.mode, r.backend): r for r in compiled}
+    width = 0.8 / max(len(names), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(groups) * max(len(names), 1)), 4))
+    for i, backend in enumerate(names):
+        heights = []
+        for model, mode in groups:
+            r = by_key.get((model, mode, backend))
+            heights.append(r.speedup if r is not None and r.ok and r.speedup is not None else 0.0)
+        ax.bar([g + i * width for g in range(len(groups))], heights, width, label=backend)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([g + width * (len(names) - 1) / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"{m}\n{mode[:5]}" for m, mode in groups], fontsize=8)
+    ax.set_ylabel("speedup over eager (0 = failed)")
+    if names:
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
