@@ -1,7 +1,29 @@
-"""kiln: not built yet.
+"""kiln: a just-in-time compiler for unmodified PyTorch programs.
 
-It will own: the umbrella: kiln.compile, kiln.explain, kiln.reset, and the default backend that
-wires dynamo, aotgrad, loopir and the code generators.
+    import kiln
+    model = kiln.compile(model)     # same contract as torch.compile
+    y = model(x)                    # the first call captures and compiles; later calls reuse
+
+The umbrella wires the layers: kiln_dynamo captures FX graphs from bytecode (with guards),
+kiln_aotgrad traces them to aten (forward and backward), kiln_loopir lowers, fuses and schedules,
+and a code generator (kiln_codegen_cpp on the CPU) emits the kernels. `kiln.backend` is the
+default backend as a plain callable, so `torch.compile(model, backend=kiln.backend)` works too.
 """
 
+from kiln.api import compile, compile_log, reset
+from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
+
+backend = kiln_backend
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendFailed",
+    "GraphCompile",
+    "backend",
+    "compile",
+    "compile_log",
+    "make_backend",
+    "reset",
+]

@@ -1,0 +1,62 @@
+"""`kiln.compile`, with torch.compile's contract, and the rest of the user-facing surface."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kiln_dynamo
+
+from kiln.backends import BACKENDS, COMPILE_LOG, GraphCompile, make_backend
+
+_OPTIONS = frozenset({"strict"})
+
+
+def compile(
+    model_or_fn: Any = None,
+    *,
+    backend: str | Callable[..., Any] = "kiln",
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """Compile a function or nn.Module; the first call captures and compiles, later calls reuse.
+
+    `backend` is "kiln" (default), "aot_eager", "eager", or any callable with PyTorch's backend
+    protocol. `fullgraph=True` turns a graph break into an error. Options: `{"strict": True}`
+    raises when a backend fails instead of falling back to eager with a warning. Without a model,
+    returns a decorator.
+    """
+    if dynamic:
+        raise NotImplementedError("kiln.compile(dynamic=True): dynamic shapes are not built yet; shapes are static")
+    if mode not in (None, "default"):
+        raise NotImplementedError(f"kiln.compile(mode={mode!r}) is not built yet; only the default mode is")
+    unknown = set(options or {}) - _OPTIONS
+    if unknown:
+        raise ValueError(f"unknown kiln.compile options {sorted(unknown)}; supported: {sorted(_OPTIONS)}")
+    strict = bool((options or {}).get("strict", False))
+    if isinstance(backend, str):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a callable")
+        resolved: Callable[..., Any] = make_backend(backend, strict=strict)
+    elif callable(backend):
+        resolved = backend
+    else:
+        raise TypeError(f"backend must be a name or a callable, not {type(backend).__name__}")
+
+    def wrap(target: Any) -> Any:
+        return kiln_dynamo.compile(target, resolved, fullgraph=fullgraph)
+
+    return wrap if model_or_fn is None else wrap(model_or_fn)
+
+
+def reset() -> None:
+    """Forget every compiled graph and cache entry (in-process; the on-disk cache stays)."""
+    kiln_dynamo.reset()
+    COMPILE_LOG.clear()
+
+
+def compile_log() -> list[GraphCompile]:
+    """Every graph compiled since the last reset, with its time per phase."""
+    return list(COMPILE_LOG)
