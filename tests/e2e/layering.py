@@ -118,9 +118,7 @@ def check_file(path: Path, package: str) -> list[Violation]:
             violations.append(Violation(path, line, f"{package} imports {module}: it must not use torch"))
         bad = _forbidden_torch(module)
         if bad is not None:
-            violations.append(
-                Violation(path, line, f"{package} imports {module}: kiln writes {bad} itself")
-            )
+            violations.append(Violation(path, line, f"{package} imports {module}: kiln writes {bad} itself"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             name = _dotted(node)
@@ -132,7 +130,9 @@ def check_file(path: Path, package: str) -> list[Violation]:
                 )
             bad = _forbidden_torch(name)
             if bad is not None and name.count(".") == bad.count("."):
-                violations.append(Violation(path, node.lineno, f"{package} uses {name}: kiln writes it itself"))
+                violations.append(
+                    Violation(path, node.lineno, f"{package} uses {name}: kiln writes it itself")
+                )
         elif (
             isinstance(node, ast.ImportFrom)
             and node.module == "torch"

@@ -20,7 +20,9 @@ def test_real_tree_has_no_violations() -> None:
 
 def test_every_package_is_covered() -> None:
     # A new package must be added to the table, or the checker would ignore it.
-    import_names = {p.name for p in ROOT.glob("packages/*/src/*") if p.is_dir() and not p.name.endswith("info")}
+    import_names = {
+        p.name for p in ROOT.glob("packages/*/src/*") if p.is_dir() and not p.name.endswith("info")
+    }
     assert import_names == set(layering.ALLOWED_SIBLINGS)
 
 
@@ -29,7 +31,9 @@ def test_declared_dependencies_match_the_layering_table() -> None:
     declared = {}
     for pyproject in ROOT.glob("packages/*/pyproject.toml"):
         project = tomllib.loads(pyproject.read_text())["project"]
-        (import_name,) = [p.name for p in (pyproject.parent / "src").iterdir() if p.is_dir() and "." not in p.name]
+        (import_name,) = [
+            p.name for p in (pyproject.parent / "src").iterdir() if p.is_dir() and "." not in p.name
+        ]
         dist_to_import[project["name"]] = import_name
         declared[import_name] = [re.split(r"[<>=!~ ]", r, maxsplit=1)[0] for r in project["dependencies"]]
     for import_name, reqs in declared.items():
@@ -39,7 +43,9 @@ def test_declared_dependencies_match_the_layering_table() -> None:
 
 def _plant(tmp_path: Path, package_folder: str, import_name: str, source: str) -> Path:
     tree = tmp_path / "tree"
-    shutil.copytree(ROOT / "packages", tree / "packages", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "packages", tree / "packages", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     planted = tree / "packages" / package_folder / "src" / import_name / "planted.py"
     planted.write_text(textwrap.dedent(source))
     return tree
@@ -72,7 +78,11 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
             3,
             "kiln_loopir imports kiln_codegen_cpp.something: kiln_codegen_cpp is not in its depends-on list",
         ),
-        ("planted.py", 3, "kiln_loopir imports kiln_codegen_cpp: kiln_codegen_cpp is not in its depends-on list"),
+        (
+            "planted.py",
+            3,
+            "kiln_loopir imports kiln_codegen_cpp: kiln_codegen_cpp is not in its depends-on list",
+        ),
         ("planted.py", 4, "kiln_loopir imports torch._inductor.ir: kiln writes torch._inductor itself"),
         ("planted.py", 4, "kiln_loopir imports torch._inductor: kiln writes torch._inductor itself"),
         (

@@ -1,3 +1,159 @@
-"""kiln-frame-hook: the PEP 523 frame-evaluation hook (being built)."""
+"""kiln-frame-hook: the PEP 523 frame-evaluation hook through which kiln sees every Python frame.
+
+The model. While a callback is set, every Python frame about to run (except generators,
+coroutines, module and class bodies, the standard library and kiln's own code) passes through
+the hook. Each code object carries a cache of entries, each a *guard* and a *transformed code
+object*. On a call the guards are tried, most recently hit first; the first that passes has its
+code run in place of the original, and its result returned. If none passes, the callback is given
+the frame (a `Frame`) and may answer with a `GuardedCode`, which is added to the cache and run
+now, or with `RUN`, `SKIP` or `RUN_ONLY`. Frames started while a guard or the callback runs are
+never intercepted. A per-code limit bounds the entries; at the limit the callback is told
+(`Frame.limit_reached`) and a new entry replaces the least recently used.
+
+Guards are called positionally with the frame's entry values, named by `entry_names(code)`.
+Guards must not hold strong references to the function being compiled: the cache lives in the
+code object's co_extra slot, which the garbage collector does not see, so such a reference would
+keep the function alive forever.
+
+Callbacks: `set_callback` / `callback(...)` set one for every thread of the interpreter;
+`set_thread_callback` / `thread_callback(...)` set one for the calling thread only, which wins
+over the interpreter-wide one (kiln_dynamo uses this: a compiled function captures only the
+frames it started itself, whichever thread runs it). `run_only()` makes the calling thread run
+cached entries without calling the callback. No torch here: this package needs CPython only
+(3.11 and 3.12).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from types import CodeType
+
+from kiln_frame_hook import _C
+from kiln_frame_hook._C import CacheEntry
+from kiln_frame_hook._dispatch import (
+    UNBOUND,
+    Action,
+    Frame,
+    GuardedCode,
+    add_skip_prefix,
+    entry_names,
+    is_skipped,
+    skip_code,
+)
+from kiln_frame_hook._dispatch import clear as _clear_code
+from kiln_frame_hook._dispatch import reset as _reset_dispatch
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "RUN",
+    "RUN_ONLY",
+    "SKIP",
+    "UNBOUND",
+    "Action",
+    "CacheEntry",
+    "Callback",
+    "Frame",
+    "GuardedCode",
+    "add_skip_prefix",
+    "cache_entries",
+    "callback",
+    "clear_cache",
+    "entry_names",
+    "get_cache_limit",
+    "is_installed",
+    "is_skipped",
+    "reset",
+    "run_counts",
+    "run_only",
+    "set_cache_limit",
+    "set_callback",
+    "set_thread_callback",
+    "skip_code",
+    "thread_callback",
+]
+
+RUN = Action.RUN
+SKIP = Action.SKIP
+RUN_ONLY = Action.RUN_ONLY
+
+Callback = Callable[[Frame], "GuardedCode | Action | None"]
+
+
+def set_callback(cb: Callback | None) -> Callback | None:
+    """Set the interpreter-wide callback (None: none); return the previous one."""
+    previous: Callback | None = _C.set_callback(cb)
+    return previous
+
+
+def set_thread_callback(cb: Callback | None) -> Callback | None:
+    """Set the calling thread's callback, which overrides the interpreter-wide one (None: use the
+    interpreter-wide one); return the previous one."""
+    previous: Callback | None = _C.set_thread_callback(cb)
+    return previous
+
+
+@contextlib.contextmanager
+def callback(cb: Callback | None) -> Iterator[None]:
+    """Within the block, `cb` is the interpreter-wide callback; the previous one is restored after."""
+    previous = set_callback(cb)
+    try:
+        yield
+    finally:
+        set_callback(previous)
+
+
+@contextlib.contextmanager
+def thread_callback(cb: Callback | None) -> Iterator[None]:
+    """Within the block, `cb` is the calling thread's callback; the previous one is restored after."""
+    previous = set_thread_callback(cb)
+    try:
+        yield
+    finally:
+        set_thread_callback(previous)
+
+
+@contextlib.contextmanager
+def run_only() -> Iterator[None]:
+    """Within the block, on this thread, cached entries still run but the callback is not called."""
+    previous = _C.set_thread_mode(_C.MODE_RUN_ONLY)
+    try:
+        yield
+    finally:
+        _C.set_thread_mode(previous)
+
+
+def cache_entries(code: CodeType) -> list[CacheEntry]:
+    """The code's cache entries, most recently hit first."""
+    return _C.entries(code)
+
+
+def clear_cache(code: CodeType) -> None:
+    """Drop the code's entries and any SKIP / RUN_ONLY decision for it (skip_code's included)."""
+    _clear_code(code)
+
+
+def reset() -> None:
+    """Drop every cache entry and strategy. Codes passed to skip_code stay skipped."""
+    _reset_dispatch()
+
+
+def set_cache_limit(limit: int) -> int:
+    """Set the number of entries a code object may hold (default 8); return the previous limit."""
+    return _C.set_cache_limit(limit)
+
+
+def get_cache_limit() -> int:
+    return _C.get_cache_limit()
+
+
+def run_counts() -> dict[str, int]:
+    """How many entries ran since import: `in_place` (in the original's frame), `reused_function`
+    and `new_function` (through a function, when the transformed code's frame is larger)."""
+    return _C.run_counts()
+
+
+def is_installed() -> bool:
+    """Whether the evaluator is installed now (while any callback is set)."""
+    return _C.is_installed()
