@@ -10,10 +10,21 @@ Global state that tracing touches (grad mode) is saved before and restored after
 happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
 into an `Unsupported` with the internal error named, so that the frame falls back instead of
 crashing the user's program (Note [Never a crash]).
+
+`make_callback(backend, fullgraph)` is what kiln_frame_hook calls on a cache miss: it skips
+torch's own and generated code, explains why the existing entries' guards failed (the
+`recompiles` log), captures the frame and answers with `GuardedCode(guard, trampoline)`; a frame
+that cannot be captured is answered with SKIP (it runs as plain Python from then on; the frames
+it calls are still offered to the callback), or, under fullgraph, the `Unsupported` propagates.
+
+Note [One callback per compile]: each `compile(...)` call makes its own callback and installs it
+as the *thread* callback only while its wrapper runs, so only frames started by the compiled
+function (and what it calls) are captured, with that compile's backend.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import types
 from collections.abc import Callable
@@ -29,7 +40,7 @@ from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.guards import Guard, build_guard, readable_guards
-from kiln_dynamo.logs import bytecode_log, graph_log, guards_log
+from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.translator import run_root
 
@@ -109,3 +120,68 @@ def capture(
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
     output.builder.keepalive.clear()
     return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0)
+
+
+# --- the frame hook's callback ----------------------------------------------------------------
+
+_TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
+
+
+def is_user_code(code: types.CodeType) -> bool:
+    """Frames worth capturing: not torch's own files, not generated code (`<eval_with_key>`, the
+    runners and guards kiln generates, `exec`'d strings)."""
+    filename = code.co_filename
+    if filename.startswith("<"):
+        return False
+    return not os.path.realpath(filename).startswith(_TORCH_DIR)
+
+
+def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
+    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile])."""
+    import kiln_frame_hook as hook
+
+    def callback(frame: Any) -> Any:
+        code: types.CodeType = frame.code
+        if not is_user_code(code) or code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            return hook.SKIP
+        counters.frames_seen += 1
+        values = tuple(frame.locals.values())
+        if frame.entries:
+            reason = _failure_reason(frame.entries, values)
+            counters.recompiles += 1
+            counters.guard_failures.append(f"{code.co_name}: {reason}")
+            recompiles_log.info(
+                "recompiling %s (%s:%s): guard failed: %s",
+                code.co_name,
+                code.co_filename,
+                code.co_firstlineno,
+                reason,
+            )
+            if frame.limit_reached:
+                msg = f"cache limit ({hook.get_cache_limit()}) reached; last failure: {reason}"
+                counters.fallbacks.append((code.co_name, msg))
+                recompiles_log.warning("%s: %s", code.co_name, msg)
+                return hook.RUN
+        try:
+            captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
+        except Unsupported as e:
+            if fullgraph:
+                raise
+            counters.fallbacks.append((code.co_name, str(e)))
+            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, e)
+            return hook.SKIP
+        counters.frames_captured += 1
+        hook.skip_code(captured.runner.__code__)
+        return hook.GuardedCode(captured.guard, captured.code)
+
+    return callback
+
+
+def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:
+    for entry in entries:
+        guard = entry.guard
+        if isinstance(guard, Guard):
+            reason = guard.failure_reason(values)
+            if reason is not None:
+                return reason
+    return "unknown"

@@ -6,12 +6,17 @@ the frame (convert_frame.py) and adds an entry, up to the cache limit. A frame t
 captured runs as plain Python, with the reason recorded in `counters.fallbacks` (or, with
 `fullgraph=True`, raised as `Unsupported`).
 
-Note [Dispatch without the frame hook]: until kiln_frame_hook's eval-frame hook is wired in,
-the cache lives here, per code object, and the wrapper does the hook's work in Python: it binds
-the call's arguments exactly as CPython would (by calling a trampoline whose runner just returns
-the entry values), checks guards most-recently-hit first, and calls the chosen trampoline as a
-function with the original globals, defaults and closure. Only the frame of `fn` itself is
-captured; the functions it calls are inlined into its graph.
+The normal path is kiln_frame_hook: the wrapper installs this compile's callback as the thread
+callback while `fn` runs (Note [One callback per compile] in convert_frame.py), and the hook's
+per-code cache holds (guard, trampoline) entries. A frame that falls back runs as plain Python
+and the frames it calls are offered to the callback in turn.
+
+Note [Dispatch without the frame hook]: when the hook's C extension is not importable (a source
+checkout that was not built), the cache lives here, per code object, and the wrapper does the
+hook's work in Python: it binds the call's arguments exactly as CPython would (by calling a
+trampoline whose runner just returns the entry values), checks guards most-recently-hit first,
+and calls the chosen trampoline as a function with the original globals, defaults and closure.
+Only the frame of `fn` itself is captured then.
 """
 
 from __future__ import annotations
@@ -27,12 +32,20 @@ from torch import nn
 
 from kiln_dynamo import bytecode
 from kiln_dynamo.backends import Backend, lookup_backend
-from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names
+from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names, make_callback
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.logs import graph_breaks_log, recompiles_log
 
 CACHE_LIMIT = 8
+
+try:
+    import kiln_frame_hook as _hook
+
+    HAVE_HOOK = True
+except ImportError:  # Note [Dispatch without the frame hook]
+    _hook = None  # type: ignore[assignment]
+    HAVE_HOOK = False
 
 
 @dataclass(slots=True)
@@ -54,7 +67,17 @@ _caches: dict[types.CodeType, _CodeCache] = {}
 def reset() -> None:
     """Drop every cache entry and zero the counters."""
     _caches.clear()
+    if HAVE_HOOK:
+        _hook.reset()
     counters.reset()
+
+
+def _call_hooked(callback: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    previous = _hook.set_thread_callback(callback)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _hook.set_thread_callback(previous)
 
 
 def _as_function(fn: Callable[..., Any]) -> tuple[types.FunctionType, tuple[Any, ...]]:
@@ -86,7 +109,7 @@ def _entry_values(
     return cache.binder(*args, **kwargs)
 
 
-def _run_compiled(  # noqa: PLR0917
+def _run_compiled(
     f: types.FunctionType,
     bound_self: tuple[Any, ...],
     backend: Backend,
@@ -155,9 +178,12 @@ class CompiledModule(nn.Module):
         self._orig_mod = mod
         object.__setattr__(self, "_kiln_backend", backend)
         object.__setattr__(self, "_kiln_fullgraph", fullgraph)
+        object.__setattr__(self, "_kiln_callback", make_callback(backend, fullgraph) if HAVE_HOOK else None)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
+        if self._kiln_callback is not None:
+            return _call_hooked(self._kiln_callback, mod, args, kwargs)
         if mod._forward_hooks or mod._forward_pre_hooks:
             return mod(*args, **kwargs)
         f, bound = _as_function(mod.forward)
@@ -186,10 +212,18 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, be, fullgraph)
     f, bound = _as_function(fn_or_module)
+    if HAVE_HOOK:
+        callback = make_callback(be, fullgraph)
 
-    @functools.wraps(fn_or_module)
-    def compiled(*args: Any, **kwargs: Any) -> Any:
-        return _run_compiled(f, bound, be, fullgraph, args, kwargs)
+        @functools.wraps(fn_or_module)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            return _call_hooked(callback, fn_or_module, args, kwargs)
+
+    else:
+
+        @functools.wraps(fn_or_module)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            return _run_compiled(f, bound, be, fullgraph, args, kwargs)
 
     compiled._kiln_original = fn_or_module  # type: ignore[attr-defined]
     return compiled

@@ -133,6 +133,9 @@ class Guard:
     def __call__(self, *entry_values: Any) -> bool:
         return self.fn(*entry_values)
 
+    def __repr__(self) -> str:
+        return f"<kiln guard of {len(self.parts)} checks>"
+
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
         """The first part that fails on these entry values (readable, with the user's line)."""
         n = len(entry_values)

@@ -73,6 +73,7 @@ class OutputGraph:
         self._real_cells: dict[int, CellVariable] = {}
         self.fallback_reasons: list[str] = []
         self.initial_grad_mode = torch.is_grad_enabled()
+        self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
         self.guards.global_state()
 
     # --- inputs -------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ class _Return(Exception):
 
 
 class InstructionTranslator:
-    def __init__(  # noqa: PLR0917
+    def __init__(
         self,
         output: OutputGraph,
         code: types.CodeType,
@@ -757,6 +757,7 @@ def run_root(
 
     symbolic: dict[str, VT] = {}
     cells: dict[str, CellVariable] = {}
+    output.guards.where = f"{code.co_filename}:{code.co_firstlineno} (entry of {code.co_name})"
     for name, value in entry_values.items():
         vt = output.builder.wrap(value, LocalSource(name))
         if name in code.co_freevars:

@@ -149,7 +149,7 @@ def _closure_source(fn_source: Source, index: int) -> Source:
 class NestedFunctionVariable(BaseFunctionVariable):
     """A function (def, lambda, comprehension) created inside the traced frames."""
 
-    def __init__(  # noqa: PLR0917
+    def __init__(
         self,
         code: types.CodeType,
         f_globals: dict[str, Any],
