@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
 from kiln_dynamo.exc import FakeUnsupported
@@ -91,7 +91,7 @@ def from_real(t: torch.Tensor) -> FakeTensor:
     """A fake tensor with `t`'s metadata (never its data)."""
     if isinstance(t, FakeTensor):
         return t
-    with torch._C.DisableTorchFunctionSubclass():
+    with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
         if t.storage_offset():
             meta = torch.empty(

@@ -89,6 +89,14 @@ class InstructionTranslator:
         self.lineno: int | None = code.co_firstlineno
         self.kw_names: tuple[str, ...] = ()
         self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
+        opnames = {inst.opname for inst in self.instructions}
+        if "CHECK_EXC_MATCH" in opnames or (
+            "PUSH_EXC_INFO" in opnames and "WITH_EXCEPT_START" not in opnames
+        ):
+            # Note [Exception handlers]: the graph cannot catch what a traced op raises at run time.
+            raise Unsupported(
+                f"try/except or try/finally in {code.co_name}", f"{code.co_filename}:{code.co_firstlineno}"
+            )
 
     # --- locations ----------------------------------------------------------------------------
     def where(self) -> str:

@@ -55,6 +55,12 @@ _METADATA_ATTRS = frozenset(
         "is_leaf",
         "itemsize",
         "nbytes",
+        "is_nested",
+        "is_mkldnn",
+        "is_mps",
+        "is_xpu",
+        "is_sparse_csr",
+        "is_inference",
     }
 )
 _TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
