@@ -204,3 +204,25 @@ def test_guards_hold_no_strong_reference_to_function() -> None:
     del f, g
     gc.collect()
     assert ref() is None
+
+
+def test_aliased_inputs_are_guarded() -> None:
+    def f(a, b):
+        return a * 2 + b
+
+    g, backend = _compiled(f)
+    x, y = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(g(x, x), f(x, x))
+    torch.testing.assert_close(g(x, y), f(x, y))
+    assert backend.graphs == 2
+    assert "L['b'] is L['a']" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_failing_backend_falls_back_to_graph_with_warning() -> None:
+    def broken(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("backend exploded")
+
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="backend exploded"):
+        out = kiln_dynamo.compile(plain, backend=broken)(x)
+    torch.testing.assert_close(out, plain(x))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -110,7 +111,16 @@ def capture(
                 code.co_firstlineno,
                 readable_graph(gm),
             )
-        compiled = backend(gm, example_inputs)
+        try:
+            compiled = backend(gm, example_inputs)
+        except Exception as e:  # DESIGN.md: a failing backend falls back to the captured graph
+            warnings.warn(
+                f"kiln_dynamo: backend {getattr(backend, '__name__', backend)!r} failed on {code.co_name} "
+                f"({type(e).__name__}: {e}); running the captured graph eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            compiled = gm.forward
     runner = build_runner(spec, output.ctx.consts, compiled)
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
@@ -164,11 +174,12 @@ def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
                 return hook.RUN
         try:
             captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
-        except Unsupported as e:
-            if fullgraph:
+        except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
+            if fullgraph and isinstance(e, Unsupported):
                 raise
-            counters.fallbacks.append((code.co_name, str(e)))
-            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, e)
+            reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
+            counters.fallbacks.append((code.co_name, reason))
+            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
             return hook.SKIP
         counters.frames_captured += 1
         hook.skip_code(captured.runner.__code__)

@@ -81,6 +81,11 @@ class GuardBuilder:
         except TypeError:
             self.add(f"id({code}) == {id(value)}", f"{name} is {label}")
 
+    def same_object(self, a: Source, b: Source) -> None:
+        ca, na = self._src(a)
+        cb, nb = self._src(b)
+        self.add(f"{ca} is {cb}", f"{na} is {nb}")
+
     def length(self, source: Source, value: Any) -> None:
         code, name = self._src(source)
         self.add(f"len({code}) == {len(value)}", f"len({name}) == {len(value)}")
@@ -88,7 +93,7 @@ class GuardBuilder:
     def dict_keys(self, source: Source, value: dict[Any, Any]) -> None:
         code, name = self._src(source)
         keys = list(value.keys())
-        self.add(f"list({code}.keys()) == {keys!r}", f"list({name}.keys()) == {keys!r}")
+        self.add(f"list({code}.keys()) == {self.ctx.const(keys)}", f"list({name}.keys()) == {keys!r}")
 
     def no_hooks(self, source: Source) -> None:
         code, name = self._src(source)

@@ -96,6 +96,9 @@ class VariableBuilder:
     def wrap(self, value: Any, source: Source | None) -> VT:
         cached = self.cache.get(id(value))
         if cached is not None:
+            if source is not None and cached.source is not None and source != cached.source:
+                # One object reached two ways: the graph and the replay assume it stays one object.
+                self.output.guards.same_object(source, cached.source)
             return cached
         vt = self._wrap(value, source)
         if not is_constant_value(value) and not isinstance(value, (tuple, torch.Size)):
