@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 import types
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any

@@ -41,6 +41,7 @@ from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, 
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.user_defined import SuperVariable
 
 PY = bytecode.PY_VERSION
 if PY not in ((3, 11), (3, 12)):
@@ -427,8 +428,37 @@ class InstructionTranslator:
     def DELETE_ATTR(self, inst: dis.Instruction) -> None:
         raise Unsupported("del of an attribute")
 
-    def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:
-        raise Unsupported("super() attribute lookup")
+    def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:  # 3.12
+        obj = self.pop()
+        cls = self.pop()
+        self.pop()  # the global `super`
+        attr = self._getattr(SuperVariable(cls, obj), inst.argval)
+        if _arg(inst) & 1:
+            self.push(NULL)
+        self.push(attr)
+
+    def zero_arg_super(self) -> VT:
+        """`super()` inside a method: the `__class__` cell and the first argument."""
+        if "__class__" not in self.cells or self.code.co_argcount == 0:
+            raise Unsupported("super() outside a method")
+        cls = self._cell_get("__class__")
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first) or (self.cells[first].contents if first in self.cells else None)
+        if obj is None:
+            raise Unsupported("super(): first argument unavailable")
+        return SuperVariable(cls, obj)
+
+    def IMPORT_NAME(self, inst: dis.Instruction) -> None:
+        fromlist = self.pop().as_constant()
+        level = self.pop().as_constant()
+        name = inst.argval
+        if level != 0 or name not in sys.modules:
+            raise Unsupported(f"import of {name!r} (only modules already imported are supported)")
+        module = sys.modules[name if fromlist else name.split(".")[0]]
+        self.push(self.wrap(module, None))
+
+    def IMPORT_FROM(self, inst: dis.Instruction) -> None:
+        self.push(self._getattr(self.stack[-1], inst.argval))
 
     # --- operators ----------------------------------------------------------------------------
     def BINARY_OP(self, inst: dis.Instruction) -> None:

@@ -33,6 +33,7 @@ from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.torch import (
+    _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
     PythonModuleVariable,
     TorchFunctionVariable,
@@ -192,6 +193,8 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return PythonModuleVariable(value, source)
+        if isinstance(value, type) and value in _FOLD_ON_CONSTANTS:
+            return TorchFunctionVariable(value, source)
         if isinstance(value, type):
             if source is not None:
                 guards.identity(source, value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import collections
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -355,6 +356,36 @@ def _torch_size(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return SizeVariable(args[0].iterate(tx) if args else [])
 
 
+def _super(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if not args:
+        return tx.zero_arg_super()
+    from kiln_dynamo.variables.user_defined import SuperVariable
+
+    return SuperVariable(args[0], args[1])
+
+
+def _object_setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    obj, name, value = args
+    if isinstance(obj, NewObjectVariable):
+        obj.attrs[name.as_constant()] = value  # bypasses a frozen dataclass's __setattr__, as CPython does
+    else:
+        obj.setattr(tx, name.as_constant(), value)
+    return ConstantVariable(None)
+
+
+def _product(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs:
+        raise Unsupported("itertools.product with keyword arguments")
+    pools = [a.iterate(tx) for a in args]
+    return ListIteratorVariable([TupleVariable(list(p)) for p in itertools.product(*pools)])
+
+
+def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ListIteratorVariable([item for a in args for item in a.iterate(tx)])
+
+
 def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     raise Unsupported("print() is a side effect the graph cannot replay")
 
@@ -391,6 +422,10 @@ _HANDLERS: dict[Any, Handler] = {
     slice: _slice,
     sorted: _sorted,
     print: _print,
+    super: _super,
+    object.__setattr__: _object_setattr,
+    itertools.product: _product,
+    itertools.chain: _chain,
     functools.partial: _partial,
     collections.OrderedDict: _ordered_dict,
     torch.Size: _torch_size,

@@ -157,6 +157,50 @@ def _rebuild_object(cls: type, attrs: tuple[tuple[str, Any], ...]) -> Any:
     return obj
 
 
+class SuperVariable(VariableTracker):
+    """`super(cls, obj)`: attribute lookup starts after `cls` in the MRO of obj's type."""
+
+    def __init__(self, cls: VT, obj: VT) -> None:
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self) -> str:
+        return "super()"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+        cls = self.cls.as_constant()
+        mro = self.obj.python_type().__mro__
+        if cls not in mro:
+            raise Unsupported("super(): class not in the MRO of the object")
+        for klass in mro[mro.index(cls) + 1 :]:
+            if name in vars(klass):
+                attr = vars(klass)[name]
+                if klass is object and name == "__init__":
+                    return _NoOpVariable()
+                if inspect.isfunction(attr):
+                    return BoundMethodVariable(UserFunctionVariable(attr, None), self.obj)
+                if isinstance(attr, property) and attr.fget is not None:
+                    return tx.wrap(attr.fget, None).call(tx, [self.obj], {})
+                if isinstance(attr, staticmethod):
+                    return tx.wrap(attr.__func__, None)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVariable(
+                        tx.wrap(attr.__func__, None), tx.wrap(self.obj.python_type(), None)
+                    )
+                raise Unsupported(f"super().{name} is a {type(attr).__name__}")
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class _NoOpVariable(VariableTracker):
+    def describe(self) -> str:
+        return "object.__init__"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return ConstantVariable(None)
+
+
 class UserObjectVariable(VariableTracker):
     """An existing instance of a user class, read from outside the frame."""
 
