@@ -333,3 +333,23 @@ def test_more_matches_eager(name: str, fn: Any, args: tuple[Any, ...]) -> None:
         torch.manual_seed(0)
         fn = fn()
     check(fn, *args)
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    @torch.no_grad()
+    def frozen_part(self, x):
+        return self.lin(x) * 2
+
+    def forward(self, x):
+        return self.frozen_part(x) + self.lin(x)
+
+
+def test_no_grad_decorator_is_inlined() -> None:
+    torch.manual_seed(0)
+    backend = check(Decorated(), t(2, 3))
+    targets = [str(n.target) for n in backend.gms[0].graph.nodes]
+    assert not any("frozen_part" in s for s in targets), targets

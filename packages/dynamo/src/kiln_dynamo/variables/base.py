@@ -74,7 +74,10 @@ class VariableTracker:
     def call_method(
         self, tx: Tx, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
     ) -> VariableTracker:
-        return self.getattr(tx, name).call(tx, args, kwargs)
+        attr = self.getattr(tx, name)
+        if isinstance(attr, MethodVariable) and attr.obj is self:
+            raise Unsupported(f"method {name} of {self.describe()}")
+        return attr.call(tx, args, kwargs)
 
     def iterate(self, tx: Tx) -> list[VariableTracker]:
         raise Unsupported(f"iterating over {self.describe()}")

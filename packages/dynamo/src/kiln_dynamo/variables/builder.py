@@ -35,6 +35,7 @@ from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
+    GradModeFactoryVariable,
     PythonModuleVariable,
     TorchFunctionVariable,
     is_torch_callable,
@@ -73,19 +74,6 @@ def is_constant_value(value: Any) -> bool:
     if isinstance(value, (frozenset,)):
         return all(is_constant_value(v) for v in value)
     return isinstance(value, (torch.finfo, torch.iinfo))
-
-
-class GradModeFactoryVariable(VariableTracker):
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def describe(self) -> str:
-        return f"torch.{self.fn.__name__}"
-
-    def call(self, tx: Any, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        from kiln_dynamo.variables.torch import GradModeVariable
-
-        return GradModeVariable.create(tx, self.fn, args)
 
 
 class VariableBuilder:
@@ -205,6 +193,15 @@ class VariableBuilder:
             raise Unsupported(
                 f"call target {getattr(value, '__qualname__', value)!r} is a C function kiln does not model"
             )
+        if isinstance(value, (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
+            from kiln_dynamo.variables.torch import GradModeVariable
+
+            # An existing grad-mode object (e.g. the one behind @torch.no_grad()): __enter__ applies it.
+            self.output.guards.global_state()
+            target = isinstance(value, torch.enable_grad) or bool(getattr(value, "mode", False))
+            if isinstance(value, torch.no_grad):
+                target = False
+            return GradModeVariable(target, applied_on_create=False, cls=type(value))
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
             raise Unsupported(f"torch object of type {type(value).__qualname__}")
         if source is not None:

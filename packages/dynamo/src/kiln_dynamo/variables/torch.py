@@ -62,13 +62,32 @@ TRUSTED_MODULE_PREFIXES = (
 )
 
 
+_GRAPH_FUNCTION_MODULES = frozenset(
+    {
+        "torch",
+        "torch.functional",
+        "torch.nn.functional",
+        "torch._tensor",
+        "torch.nn.init",
+        "torch.fft",
+        "torch.linalg",
+        "torch.special",
+        "torch.random",
+        "torch._VF",
+        "torch.nn.modules.utils",
+    }
+)
+
+
 def is_torch_callable(value: Any) -> bool:
     """Should a call to `value` become a graph node (rather than be inlined or folded)?"""
     if isinstance(value, type):
         return False
     mod = getattr(value, "__module__", None) or ""
     if isinstance(value, types.FunctionType):
-        return (mod == "torch" or mod.startswith("torch.")) and not mod.startswith("torch.nn.modules")
+        # Only torch's operator namespaces: anything else from torch (decorators such as
+        # torch.no_grad()'s wrapper, nn.Module methods, utilities) is Python to inline.
+        return mod in _GRAPH_FUNCTION_MODULES
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         self_obj = getattr(value, "__self__", None)
         return mod.startswith("torch") or (
@@ -146,20 +165,28 @@ class PythonModuleVariable(VariableTracker):
 class GradModeVariable(VariableTracker):
     """torch.no_grad() / enable_grad() / set_grad_enabled(b), as a context manager."""
 
-    def __init__(self, target: bool, applied_on_create: bool) -> None:
+    def __init__(self, target: bool, applied_on_create: bool, cls: type = torch.set_grad_enabled) -> None:
         self.target = target
         self.prev = torch.is_grad_enabled()
         self.applied = applied_on_create
+        self.cls = cls
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "__class__":
+            return GradModeFactoryVariable(self.cls)
+        if name == "mode":
+            return ConstantVariable(self.target)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
     @staticmethod
     def create(tx: Tx, fn: Any, args: list[VT]) -> GradModeVariable:
         tx.output.guards.global_state()
         if fn is torch.no_grad:
-            return GradModeVariable(False, False)
+            return GradModeVariable(False, False, fn)
         if fn is torch.enable_grad:
-            return GradModeVariable(True, False)
+            return GradModeVariable(True, False, fn)
         target = bool(args[0].as_constant())
-        v = GradModeVariable(target, True)
+        v = GradModeVariable(target, True, fn)
         v.set(tx, target)
         return v
 
@@ -181,6 +208,19 @@ class GradModeVariable(VariableTracker):
     def exit(self, tx: Tx) -> VT:
         self.set(tx, self.prev)
         return ConstantVariable(None)
+
+
+class GradModeFactoryVariable(VariableTracker):
+    """torch.no_grad, torch.enable_grad or torch.set_grad_enabled, the classes."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def describe(self) -> str:
+        return f"torch.{self.fn.__name__}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return GradModeVariable.create(tx, self.fn, args)
 
 
 class WithExitVariable(VariableTracker):
