@@ -37,6 +37,7 @@ import torch.fx
 
 from kiln_dynamo import bytecode
 from kiln_dynamo.backends import Backend
+from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported
@@ -61,6 +62,25 @@ class CapturedFrame:
     runner: Callable[..., Any]
     runner_source: str
     capture_seconds: float
+
+
+def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a backend's compiled callable with no frame callback on this thread: its own Python
+    (generated wrappers, kernels' launchers) is not user code and must not be captured."""
+    try:
+        import kiln_frame_hook as hook
+    except ImportError:
+        return compiled
+    set_cb = hook.set_thread_callback
+
+    def call(*args: Any) -> Any:
+        previous = set_cb(None)
+        try:
+            return compiled(*args)
+        finally:
+            set_cb(previous)
+
+    return call
 
 
 def readable_graph(gm: torch.fx.GraphModule) -> str:
@@ -121,6 +141,8 @@ def capture(
                 stacklevel=2,
             )
             compiled = gm.forward
+        if backend is not eager_backend:
+            compiled = _shielded(compiled)
     runner = build_runner(spec, output.ctx.consts, compiled)
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
