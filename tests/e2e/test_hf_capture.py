@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 import kiln_dynamo
-
-transformers = pytest.importorskip("transformers")
 
 
 def _gpt2() -> Any:
