@@ -72,3 +72,21 @@ def make(
 ) -> torch.Tensor:
     """A random tensor of ``dtype`` (bool and integer dtypes included)."""
     return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=low, high=high)
+
+
+def unary(op: Callable[..., Any]) -> Callable[[Any], Any]:
+    """``op`` wrapped in a plain function that symbolic_trace can trace."""
+
+    def fn(a: Any) -> Any:
+        return op(a)
+
+    return fn
+
+
+def binary(op: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+    """``op`` of two inputs wrapped for symbolic_trace."""
+
+    def fn(a: Any, b: Any) -> Any:
+        return op(a, b)
+
+    return fn

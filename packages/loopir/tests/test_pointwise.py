@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import aten, check, make
+from helpers import aten, binary, check, make, unary
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 ALL = [*FLOATS, torch.int64, torch.bool]
@@ -50,7 +50,7 @@ def test_unary(op: str) -> None:
     fn_op = getattr(aten, op).default
     for dtype in UNARY[op]:
         for x in _layouts((3, 5), dtype):
-            check(lambda a: fn_op(a), _safe(x, op))
+            check(unary(fn_op), _safe(x, op))
 
 
 @pytest.mark.parametrize("op", sorted(BINARY))
@@ -61,8 +61,8 @@ def test_binary_with_broadcast(op: str) -> None:
         nonzero = dtype != torch.bool and name in ("fmod", "remainder", "floor_divide")
         low = 1 if nonzero else -2
         a, b = make((4, 6), dtype), make((6,), dtype, low=low)
-        check(lambda x, y: fn_op(x, y), a, b)
-        check(lambda x, y: fn_op(x, y), make((6, 4), dtype).t(), make((4, 1), dtype, low=low))
+        check(binary(fn_op), a, b)
+        check(binary(fn_op), make((6, 4), dtype).t(), make((4, 1), dtype, low=low))
 
 
 @pytest.mark.parametrize(
@@ -77,22 +77,22 @@ def test_scalar_promotion(dtype: torch.dtype, scalar: Any) -> None:
 
 
 def test_mixed_dtype_promotion_and_zero_dim() -> None:
-    check(lambda a, b: aten.add.Tensor(a, b), make((3, 4), torch.int64), make((4,), torch.float32))
-    check(lambda a, b: aten.mul.Tensor(a, b), make((3, 4), torch.bfloat16), make((), torch.float64))
+    check(binary(aten.add.Tensor), make((3, 4), torch.int64), make((4,), torch.float32))
+    check(binary(aten.mul.Tensor), make((3, 4), torch.bfloat16), make((), torch.float64))
     check(lambda a, b: aten.sub.Tensor(a, b, alpha=3), make((3, 4)), make((3, 4)))
 
 
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda x: aten.gelu.default(x),
+        unary(aten.gelu.default),
         lambda x: aten.gelu.default(x, approximate="tanh"),
-        lambda x: aten.silu.default(x),
+        unary(aten.silu.default),
         lambda x: aten.hardtanh.default(x, -0.5, 0.5),
         lambda x: aten.leaky_relu.default(x, 0.2),
-        lambda x: aten.elu.default(x),
-        lambda x: aten.softplus.default(x),
-        lambda x: aten.hardswish.default(x),
+        unary(aten.elu.default),
+        unary(aten.softplus.default),
+        unary(aten.hardswish.default),
         lambda x: aten.clamp.default(x, -0.5, 0.7),
         lambda x: aten.clamp_min.default(x, 0.1),
         lambda x: aten.where.self(aten.gt.Scalar(x, 0), x, aten.neg.default(x)),
@@ -105,7 +105,7 @@ def test_mixed_dtype_promotion_and_zero_dim() -> None:
         lambda x: aten.nan_to_num.default(aten.log.default(x)),
         lambda x: aten._to_copy.default(x, dtype=torch.float64),
         lambda x: aten._to_copy.default(x, dtype=torch.int64),
-        lambda x: aten.clone.default(x),
+        unary(aten.clone.default),
         lambda x: aten.pow.Tensor_Scalar(x, 2),
     ],
 )
