@@ -28,6 +28,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
@@ -39,6 +40,7 @@ from .ir import (
     Operation,
     Pointwise,
     ReinterpretView,
+    StorageBox,
     TensorBox,
     realize_strided,
 )
@@ -150,6 +152,8 @@ class GraphLowering:
                 problem = _mismatch(result, meta)
             except Unsupported as exc:
                 problem = str(exc)
+            except Exception as exc:  # a lowering bug must not break compilation: fall back
+                problem = f"lowering raised {type(exc).__name__}: {exc}"
             if problem is not None:
                 # operations the lowering registered stay; nothing reads them, DCE drops them
                 self.fallbacks.append((str(target), problem))
@@ -157,6 +161,7 @@ class GraphLowering:
         if result is None:
             assert callable(target)
             result = fallback(target, args, kwargs, meta)
+        _hint_strides(result, meta)
         self._after(node, result)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s -> %s", node.format_node(), _describe(result))
@@ -204,9 +209,11 @@ class GraphLowering:
         kwargs = _meta_device(kwargs)
         try:
             assert callable(node.target)
-            return node.target(*args, **kwargs)
+            value = node.target(*args, **kwargs)
         except Exception:  # data-dependent or missing meta kernel: ask the real graph
             return _to_meta(self._real_value(node))
+        fix = META_FIXES.get((node.target, self.device.type))
+        return fix(value, args) if fix is not None else value
 
     def _real_value(self, node: torch.fx.Node) -> Any:
         if self._real_env is None:
@@ -222,9 +229,45 @@ class GraphLowering:
         return self._real_env[node]
 
 
-def _zeros(ranges: Sequence[Any]) -> list[Any]:
-    import sympy
+def _layer_norm_cpu(value: Any, args: Any) -> Any:
+    out, mean, rstd = value
+    return out, mean.to(args[0].dtype), rstd.to(args[0].dtype)
 
+
+# (op, device type) -> fix of the meta kernel's answer where the device kernel differs
+META_FIXES: dict[tuple[Any, str], Any] = {
+    (torch.ops.aten.native_layer_norm.default, "cpu"): _layer_norm_cpu,
+}
+
+
+def _hint_strides(result: Any, meta: Any) -> None:
+    """Give unrealized results the dense strides eager produces (see StorageBox.stride_hint)."""
+    if isinstance(result, list | tuple) and isinstance(meta, list | tuple):
+        for r, m in zip(result, meta, strict=False):
+            _hint_strides(r, m)
+        return
+    if not (isinstance(result, TensorBox) and isinstance(meta, torch.Tensor)):
+        return
+    storage = result.data
+    if not isinstance(storage, StorageBox) or storage.is_realized():
+        return
+    if meta.is_contiguous() or not _dense(meta):
+        return
+    storage.stride_hint = tuple(sympy.Integer(s) for s in meta.stride())
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: a permutation of a contiguous layout."""
+    pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
+    expected = 1
+    for stride, size in pairs:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _zeros(ranges: Sequence[Any]) -> list[Any]:
     return [sympy.Integer(0)] * len(ranges)
 
 

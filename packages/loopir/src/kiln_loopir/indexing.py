@@ -155,7 +155,35 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
                 return FloorDiv(base, divisor)
         return node
 
-    return sympy.expand(visit(expr))
+    return _recombine_digits(sympy.expand(visit(expr)))
+
+
+def _recombine_digits(expr: Expr) -> Expr:
+    """``c*d2*(e // (d1*d2)) + c*((e // d1) % d2)  ->  c*(e // d1)`` until nothing changes.
+
+    A reshape splits an index into digits and a contiguous layout multiplies them back; this
+    undoes the split, so a view chain over contiguous memory collapses to plain arithmetic.
+    """
+    changed = True
+    while changed:
+        changed = False
+        terms = list(sympy.Add.make_args(expr))
+        parts = [t.as_coeff_Mul() for t in terms]
+        for i, (cf, f) in enumerate(parts):
+            if not isinstance(f, FloorDiv):
+                continue
+            for j, (cm, m) in enumerate(parts):
+                if not isinstance(m, ModularIndexing) or m.args[0] != f.args[0]:
+                    continue
+                e, d1, d2 = m.args
+                if f.args[1] == d1 * d2 and cf == cm * d2:
+                    rest = [t for k, t in enumerate(terms) if k not in (i, j)]
+                    expr = sympy.Add(*rest, cm * FloorDiv(e, d1))
+                    changed = True
+                    break
+            if changed:
+                break
+    return expr
 
 
 def merge_loops(

@@ -318,10 +318,14 @@ class ReinterpretView(IRNode):
 class StorageBox(IRNode):
     """Holds lazy loops until they are realized into a buffer (then holds the buffer)."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "stride_hint")
 
     def __init__(self, data: IRNode) -> None:
         self.data = data
+        # strides eager would give this value (set by the graph from the node's meta value):
+        # when realized, the buffer takes them, so stride-sensitive readers (as_strided, extern
+        # kernels, graph outputs) see what eager code would see.
+        self.stride_hint: tuple[Expr, ...] | None = None
 
     def get_size(self) -> tuple[Expr, ...]:
         return self.data.get_size()
@@ -345,9 +349,10 @@ class StorageBox(IRNode):
         assert isinstance(self.data, Pointwise | Reduction), self.data
         graph = current_graph()
         name = graph.new_buffer_name()
-        buffer = ComputedBuffer(
-            name, flexible(self.data.device, self.data.dtype, self.data.ranges), data=self.data
-        )
+        layout = flexible(self.data.device, self.data.dtype, self.data.ranges)
+        if self.stride_hint is not None:
+            layout = FlexibleLayout(layout.device, layout.dtype, layout.size, self.stride_hint)
+        buffer = ComputedBuffer(name, layout, data=self.data)
         graph.register_operation(buffer)
         self.data = buffer
         return buffer

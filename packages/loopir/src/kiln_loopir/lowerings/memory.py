@@ -11,6 +11,7 @@ the ``_add``/``accumulate`` forms).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
         return tensors[0]
     rank = len(inputs[0].get_size())
     dim = normalize_dim(dim, rank)
-    dtype = torch.result_type(*[torch.empty([], dtype=t.get_dtype()) for t in inputs])
+    dtype = functools.reduce(torch.promote_types, [t.get_dtype() for t in inputs])
     if len(inputs) == 1:
         return clone(to_dtype(inputs[0], dtype))
     starts, total = [], 0

@@ -188,8 +188,10 @@ def any_(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
 @register_lowering(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
     dims = _dims(x, dim)
-    negated = make_reduction(to_dtype(x, torch.bool), dims, "any", torch.bool, transform=ops.logical_not)
-    out = _scale(negated, ops.logical_not, torch.bool)
+    negated = make_reduction(
+        to_dtype(x, torch.bool), dims, "any", torch.bool, transform=lambda v: ops.logical_not(v)
+    )
+    out = _scale(negated, lambda v: ops.logical_not(v), torch.bool)
     return _keepdim(out, dims, keepdim)
 
 
@@ -233,7 +235,7 @@ def std(
         correction = int(args[0]) if args[0] is not None else 1
         keepdim = bool(args[1]) if len(args) > 1 else keepdim
     _, v, dims, result = _var_parts(x, dim, correction)
-    return _keepdim(_scale(v, ops.sqrt, result), dims, keepdim)
+    return _keepdim(_scale(v, lambda t: ops.sqrt(t), result), dims, keepdim)
 
 
 @register_lowering(aten.var_mean.correction)
@@ -350,7 +352,10 @@ def native_layer_norm(
         return ops.to_dtype(v, dtype)
 
     out = TensorBox.create(Pointwise(x.get_device(), dtype, inner, size))
-    return out, to_dtype(mean_k, dtype), to_dtype(rstd_k, dtype)
+    # the CPU kernel returns mean and rstd in the input dtype (the meta kernel says opmath;
+    # graph.META_FIXES reconciles the two)
+    stats_dtype = dtype if x.get_device().type == "cpu" else acc
+    return out, to_dtype(mean_k, stats_dtype), to_dtype(rstd_k, stats_dtype)
 
 
 __all__ = ["contiguous_strides", "linear_index", "make_reduction", "welford"]
