@@ -6,21 +6,21 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import aten, check, make
+from helpers import aten, check, make, unary
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 
 REDUCTIONS: dict[str, tuple[Any, list[torch.dtype]]] = {
     "sum_dim": (lambda x: aten.sum.dim_IntList(x, [1]), [*FLOATS, torch.int64, torch.bool]),
     "sum_keepdim_multi": (lambda x: aten.sum.dim_IntList(x, [0, 2], True), [*FLOATS, torch.int64]),
-    "sum_all": (lambda x: aten.sum.default(x), [*FLOATS, torch.int64, torch.bool]),
+    "sum_all": (unary(aten.sum.default), [*FLOATS, torch.int64, torch.bool]),
     "sum_dtype": (lambda x: aten.sum.dim_IntList(x, [-1], dtype=torch.float64), [torch.float32, torch.int64]),
     "mean": (lambda x: aten.mean.dim(x, [-1], True), FLOATS),
-    "mean_all": (lambda x: aten.mean.default(x), FLOATS),
+    "mean_all": (unary(aten.mean.default), FLOATS),
     "amax": (lambda x: aten.amax.default(x, [1]), [*FLOATS, torch.int64, torch.bool]),
     "amin_keepdim": (lambda x: aten.amin.default(x, [0, 1], True), [*FLOATS, torch.int64]),
     "argmax": (lambda x: aten.argmax.default(x, 1), [*FLOATS, torch.int64]),
-    "argmin_all": (lambda x: aten.argmin.default(x), [*FLOATS, torch.int64]),
+    "argmin_all": (unary(aten.argmin.default), [*FLOATS, torch.int64]),
     "argmax_keepdim": (lambda x: aten.argmax.default(x, -1, True), [torch.float32]),
     "max_dim": (lambda x: aten.max.dim(x, 2), [*FLOATS, torch.int64]),
     "min_dim": (lambda x: aten.min.dim(x, 0, True), [torch.float32, torch.int64]),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import aten, check, make
+from helpers import aten, check, make, unary
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
 
@@ -24,7 +24,7 @@ VIEWS = {
     "slice_negative": lambda x: aten.slice.Tensor(x, 0, -3, 9223372036854775807),
     "select": lambda x: aten.select.int(x, 1, -2),
     "as_strided": lambda x: aten.as_strided.default(aten.clone.default(x), [3, 3], [2, 5], 1),
-    "t": lambda x: aten.t.default(x),
+    "t": unary(aten.t.default),
 }
 
 

@@ -185,13 +185,19 @@ def any_(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
     return _keepdim(out, dims, keepdim)
 
 
+def _not(value: Any) -> Any:
+    return ops.logical_not(value)
+
+
+def _sqrt(value: Any) -> Any:
+    return ops.sqrt(value)
+
+
 @register_lowering(aten.all.default, aten.all.dim, aten.all.dims)
 def all_(x: TensorBox, dim: Any = None, keepdim: bool = False) -> TensorBox:
     dims = _dims(x, dim)
-    negated = make_reduction(
-        to_dtype(x, torch.bool), dims, "any", torch.bool, transform=lambda v: ops.logical_not(v)
-    )
-    out = _scale(negated, lambda v: ops.logical_not(v), torch.bool)
+    negated = make_reduction(to_dtype(x, torch.bool), dims, "any", torch.bool, transform=_not)
+    out = _scale(negated, _not, torch.bool)
     return _keepdim(out, dims, keepdim)
 
 
@@ -235,7 +241,7 @@ def std(
         correction = int(args[0]) if args[0] is not None else 1
         keepdim = bool(args[1]) if len(args) > 1 else keepdim
     _, v, dims, result = _var_parts(x, dim, correction)
-    return _keepdim(_scale(v, lambda t: ops.sqrt(t), result), dims, keepdim)
+    return _keepdim(_scale(v, _sqrt, result), dims, keepdim)
 
 
 @register_lowering(aten.var_mean.correction)
