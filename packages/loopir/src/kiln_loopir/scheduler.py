@@ -299,6 +299,8 @@ class Scheduler:
                 self.aliases[n.node.name] = n.node.mutates
         self.dead_code_elimination()
         self.compute_ancestors()
+        self._groups: list[BaseSchedulerNode] = list(self.nodes)
+        self._reader_cache: dict[str, set[int]] | None = None
         if fusion:
             self.fuse_nodes()
         self.nodes = self.topological_sort(self.nodes)
@@ -366,7 +368,7 @@ class Scheduler:
         for n in self.nodes:
             for m in n.get_nodes():
                 owner[m.name] = n
-        self._groups: list[BaseSchedulerNode] = list(self.nodes)
+        self._groups = list(self.nodes)
         candidates = self.possible_fusions()
         candidates.sort(key=lambda pair: self.score_fusion(*pair), reverse=True)
         for a0, b0 in candidates:
@@ -545,7 +547,7 @@ class Scheduler:
     def kernel_bytes(self, node: BaseSchedulerNode) -> int:
         """Estimated bytes a kernel reads and writes in memory (internal buffers excluded)."""
         internal = node.write_names() if isinstance(node, FusedSchedulerNode) else set()
-        if not hasattr(self, "_reader_cache"):
+        if self._reader_cache is None:
             self._reader_cache = self._readers()
         readers = self._reader_cache
         internal = {n for n in internal if readers.get(n, set()) <= {id(node)} and n not in self.output_names}
