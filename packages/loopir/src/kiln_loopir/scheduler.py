@@ -535,6 +535,11 @@ class Scheduler:
                 last_read[self.aliases.get(r, r)] = step
         pool: dict[tuple[Any, int], list[str]] = {}
         keep = set(self.output_names) | {self.aliases.get(n, n) for n in self.output_names}
+        # an extern op that returns a view (diagonal, unfold, ...) keeps its input's memory alive
+        # for as long as the view lives: never hand such memory to another buffer
+        for node in self.nodes:
+            if isinstance(node, ExternKernelSchedulerNode) and _returns_alias(node.node):
+                keep |= {self.aliases.get(n, n) for n in node.read_names()}
         for step, node in enumerate(self.nodes):
             written = node.write_names()
             for m in node.get_nodes():
@@ -623,6 +628,13 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
         return False
     prefix_dep = MemoryDep(rdep.name, rdep.index, rdep.variables[:prefix], rdep.sizes[:prefix])
     return wdep.canonical() == prefix_dep.canonical()
+
+
+def _returns_alias(kernel: ExternKernel) -> bool:
+    schema = getattr(kernel.op, "_schema", None)
+    if schema is None:
+        return True  # unknown callable: assume the worst
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 def _is_mutating(kernel: ExternKernel) -> bool:
