@@ -320,6 +320,12 @@ def _run_extern(kernel: ExternKernel, storage: dict[str, Value], graph: GraphLow
         value = result
         for i in out.path:
             value = value[i]
+        if list(value.shape) != out.layout.int_size():
+            # a data-dependent shape (nonzero, masked_select) was fixed from the example inputs
+            raise RuntimeError(
+                f"{kernel.op} returned shape {list(value.shape)}, compiled for {out.layout.int_size()}: "
+                "its output shape depends on the data; compile again for these inputs"
+            )
         storage[out.name] = flat_storage(conform(value, out.layout), out.layout)
 
 
