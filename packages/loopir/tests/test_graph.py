@@ -43,7 +43,7 @@ def test_meta_val_on_nodes_is_used() -> None:
     gm = torch.fx.symbolic_trace(fn)
     example = make((3, 5))
     for node in gm.graph.nodes:
-        if node.op == "placeholder" or node.op == "call_function":
+        if node.op in {"placeholder", "call_function"}:
             node.meta["val"] = torch.empty(3, 5, device="meta")
     assert check(gm, example).stats.kernels == 1
 
