@@ -42,12 +42,20 @@ def _lowered_packets() -> set[str]:
     return names
 
 
+# OpInfos named differently from the aten ops they record as (softmax -> aten._softmax, x[i] ->
+# aten.index.Tensor), and ops without a lowering, which exercise the extern-kernel path.
+EXTRA = {
+    "softmax", "log_softmax", "nn.functional.layer_norm", "__getitem__", "take_along_dim",
+    "mm", "bmm", "addmm", "cumsum", "sort", "topk", "nn.functional.conv2d", "index_select",
+}  # fmt: skip
+
+
 def _selected() -> list[Any]:
     lowered = _lowered_packets()
     chosen = []
     for op in load_op_db():
         aten_name = (op.aten_name or op.name).replace("nn.functional.", "")
-        if aten_name in lowered or op.name in lowered:
+        if aten_name in lowered or op.name in lowered or op.name in EXTRA:
             chosen.append(op)
     return chosen
 
