@@ -31,7 +31,7 @@ from typing import Any
 
 import sympy
 
-from .indexing import Expr, loop_vars, merge_loops, simplify_index
+from .indexing import Expr, loop_vars, merge_loop_ranges, merge_loops, simplify_index
 from .ir import Buffer, ComputedBuffer, ExternKernel, Operation, ReinterpretView, Scatter
 from .virtualized import DefaultHandler, set_ops_handler
 
@@ -189,6 +189,25 @@ class SchedulerNode(BaseSchedulerNode):
 
     def is_kernel(self) -> bool:
         return not isinstance(self.node, Scatter)
+
+    def loop_ranges(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...], dict[sympy.Symbol, Expr]]:
+        """The loop nest a code generator should emit: (ranges, reduction ranges, substitution).
+
+        Adjacent dims that every access walks contiguously are merged
+        (:func:`~kiln_loopir.indexing.merge_loop_ranges`); the substitution maps the body's
+        ``x*``/``r*`` variables to expressions of the merged loop variables ``z*``. A body with
+        indirect accesses keeps its loops as they are.
+        """
+        ranges, rranges = self.node.iteration()
+        xs, rs = loop_vars("x", len(ranges)), loop_vars("r", len(rranges))
+        variables = [*xs, *rs]
+        if any(isinstance(d, StarDep) for d in (*self.reads, *self.writes)):
+            return ranges, rranges, {v: v for v in variables}
+        indices = [d.index for d in (*self.reads, *self.writes) if isinstance(d, MemoryDep)]
+        sizes, mapping, _ = merge_loop_ranges([*ranges, *rranges], indices, variables, boundary=len(ranges))
+        # the boundary keeps x and r dims apart: the merged x loops are the z's the x's map to
+        nx = len(set().union(*(mapping[v].free_symbols for v in xs)))
+        return sizes[:nx], sizes[nx:], mapping
 
     def is_reduction(self) -> bool:
         return self.node.is_reduction()
