@@ -20,6 +20,7 @@ of kernels whose loops were shaped differently (a ``(4, 8)`` pointwise and a ``(
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import TypeAlias
@@ -50,6 +51,10 @@ class FloorDiv(sympy.Function):
             kept, rest = _split_multiples(base, int(divisor))
             if kept != 0:
                 return kept / divisor + FloorDiv(rest, divisor)
+            # (g*a) // (g*d)  ->  a // d
+            g = _common_factor(base, int(divisor))
+            if g > 1:
+                return FloorDiv(sympy.expand(base / g), divisor / g)
         return None
 
 
@@ -70,7 +75,22 @@ class ModularIndexing(sympy.Function):
             _, rest = _split_multiples(base, int(divisor) * int(modulus))
             if rest != base:
                 return ModularIndexing(rest, divisor, modulus)
+            # ((g*a) // (g*d)) % m  ->  (a // d) % m
+            g = _common_factor(base, int(divisor))
+            if g > 1:
+                return ModularIndexing(sympy.expand(base / g), divisor / g, modulus)
         return None
+
+
+def _common_factor(expr: Expr, divisor: int) -> int:
+    """The gcd of ``divisor`` and every integer coefficient of the sum ``expr``."""
+    g = divisor
+    for term in sympy.Add.make_args(expr):
+        coeff, _ = term.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return 1
+        g = math.gcd(g, int(coeff))
+    return g
 
 
 def _split_multiples(expr: Expr, divisor: int) -> tuple[Expr, Expr]:
