@@ -79,7 +79,8 @@ def _needs_torch(folders: list[str]) -> bool:
 def _install_packages(session: nox.Session, folders: list[str]) -> None:
     if _needs_torch(folders):
         session.install(TORCH)
-    session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy")
+    # numpy and expecttest: what PyTorch's OpInfo database (torch.testing._internal) imports
+    session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy", "expecttest")
 
 
 def _run_package_tests(session: nox.Session, folder: str) -> None:
