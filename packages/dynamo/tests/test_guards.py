@@ -242,3 +242,30 @@ def test_python_dispatch_without_the_hook(monkeypatch: pytest.MonkeyPatch) -> No
     assert backend.graphs == 2
     assert kiln_dynamo.counters.frames_seen == 2
     assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_dispatch_mode_stack_is_seen_as_at_run_time() -> None:
+    """kiln's FakeMode is on the dispatch stack while tracing; user code must not see it
+    (torch 2.11's MultiheadAttention asks), and a user's own mode at run time is guarded."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+    import kiln_dynamo
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            return func(*args, **(kwargs or {}))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if len(_get_current_dispatch_mode_stack()) == 0:
+            return x.sin()
+        return x.cos()
+
+    compiled = kiln_dynamo.compile(f)
+    x = torch.randn(4)
+    kiln_dynamo.reset()
+    before = kiln_dynamo.counters.frames_captured
+    torch.testing.assert_close(compiled(x), x.sin())
+    assert kiln_dynamo.counters.frames_captured == before + 1
+    with Counting():
+        torch.testing.assert_close(compiled(x), x.cos())  # guard fails; the frame falls back, correctly
+    torch.testing.assert_close(compiled(x), x.sin())

@@ -62,6 +62,7 @@ class GuardBuilder:
         self.where = "?"
         self.needs_globals = False
         self.global_state_recorded = False
+        self.dispatch_modes_recorded = False
 
     @property
     def parts(self) -> list[GuardPart]:
@@ -141,6 +142,14 @@ class GuardBuilder:
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
         self.add(fast + self.ctx.const(spec), explain=explain)
+
+    def no_dispatch_modes(self) -> None:
+        """No TorchDispatchMode is active when the frame starts (Note [kiln's own FakeMode])."""
+        if self.dispatch_modes_recorded:
+            return
+        self.dispatch_modes_recorded = True
+        length = torch._C._len_torch_dispatch_stack
+        self.add(f"{self.ctx.const(length)}() == 0", "no torch dispatch mode is active")
 
     def global_state(self) -> None:
         """Grad mode and default dtype as they were when the frame started (recorded once)."""

@@ -134,6 +134,20 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(fn())
         if fn is torch.compiler.is_compiling or getattr(fn, "__name__", "") == "is_compiling":
             return ConstantVariable(True)
+        if fn is torch._C._len_torch_dispatch_stack:
+            # Note [kiln's own FakeMode]: while tracing, kiln's FakeMode sits on the dispatch-mode
+            # stack, but the program at run time never sees it. Code that inspects the stack (e.g.
+            # torch's MultiheadAttention asking whether make_fx is tracing) must see the stack as it
+            # will be at run time: empty, guarded; a user's own mode makes the frame fall back.
+            from kiln_dynamo.fake import FakeMode
+
+            stack = [torch._C._get_dispatch_stack_at(i) for i in range(fn())]
+            if any(not isinstance(mode, FakeMode) for mode in stack):
+                raise Unsupported(
+                    "a TorchDispatchMode is active around the compiled code; kiln does not trace under it"
+                )
+            tx.output.guards.no_dispatch_modes()
+            return ConstantVariable(0)
         consts = all(a.is_constant() for a in [*args, *kwargs.values()])
         if consts and fn in _FOLD_ON_CONSTANTS:
             out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
