@@ -9,6 +9,7 @@ outputs so a failure says which op differed. It returns the compiled graph.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,15 +32,26 @@ def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule
     return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
 
 
-def graph_of(
-    calls: Sequence[tuple[Any, tuple[int, ...], dict[str, Any]]], n_inputs: int
-) -> torch.fx.GraphModule:
-    """A graph with ``n_inputs`` placeholders returning one output per ``(op, input positions, kwargs)``."""
+@dataclass(frozen=True)
+class In:
+    """Placeholder ``index`` of a graph built by :func:`graph_of`."""
+
+    index: int
+
+
+Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
+    """A graph of ``n_inputs`` placeholders and one output per ``(op, args, kwargs)`` call.
+
+    In ``args`` an :class:`In` names a placeholder; anything else is passed as it is.
+    """
     g = torch.fx.Graph()
     xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
     outs = []
     for op, positions, extra in calls:
-        args = tuple(xs[p] if isinstance(p, int) and p >= 0 else p for p in positions)
+        args = tuple(xs[p.index] if isinstance(p, In) else p for p in positions)
         outs.append(g.call_function(op, args, extra))
     g.output(tuple(outs))
     return torch.fx.GraphModule(torch.nn.Module(), g)

@@ -132,6 +132,11 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
+def _real_reduction(buffer: ComputedBuffer) -> bool:
+    """A reduction over more than one element (one over a single element is just its value)."""
+    return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+
+
 def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
     strides = contiguous_strides([sympy.Integer(s) for s in sizes])
     out: list[sympy.Expr] = []
@@ -172,11 +177,12 @@ class KernelBuilder:
         self.scopes: list[tuple[list[str], dict[str, CppValue], dict[tuple[str, str], CppValue]]] = []
         self.xforward: dict[tuple[str, str], CppValue] = {}
         self.phase: RPhase | None = None
+        self.trivial = False
 
     # ----------------------------------------------------------------------------------- setup
 
     def build(self) -> Kernel:
-        reduction = next((m for m in self.members if m.is_reduction()), None)
+        reduction = next((m for m in self.members if _real_reduction(m)), None)
         ref = reduction if reduction is not None else self.members[0]
         xr, rr = ref.iteration()
         self.xsizes = [_int(s) for s in xr]
@@ -206,7 +212,22 @@ class KernelBuilder:
             mx, mr = member.iteration()
             msizes = [_int(s) for s in mx]
             numel = math.prod(msizes)
-            if member.is_reduction():
+            self.trivial = member.is_reduction() and not _real_reduction(member)
+            if self.trivial:
+                # a reduction over one element: its value, computed wherever it fits
+                place = "x" if numel == self.nx else "r"
+                if numel not in (self.nx, self.nx * self.nr):
+                    raise CodegenUnsupported(f"member {member.name} does not fit its kernel's loops")
+                if place == "x":
+                    index, rindex = (
+                        self._map(flat_x, msizes, self.xsizes, self.xvars),
+                        [sympy.Integer(0)] * len(mr),
+                    )
+                else:
+                    sizes = [*self.xsizes, *self.rsizes]
+                    index = self._map(flat_x * self.nr + flat_r, msizes, sizes, None)
+                    rindex = [sympy.Integer(0)] * len(mr)
+            elif member.is_reduction():
                 if math.prod(_int(s) for s in mr) != self.nr or numel != self.nx:
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
                 index = self._map(flat_x, msizes, self.xsizes, self.xvars)
@@ -235,7 +256,7 @@ class KernelBuilder:
 
             with set_ops_handler(self):
                 member.body()(index, rindex)
-            if member.is_reduction() and self.phase is not None:
+            if member.is_reduction() and not self.trivial and self.phase is not None:
                 self.phase.reduced.add(member.name)
         self._close_phase()
         return self._render(sections)
@@ -336,6 +357,9 @@ class KernelBuilder:
         self.scopes[-1][2][(name, str(expr))] = v
 
     def store_reduction(self, name: str, index: Any, value: Any) -> None:
+        if self.trivial:
+            self.store(name, index, value)
+            return
         assert self.phase is not None
         expr = self._index(index)
         dtype = self.dtypes[name]
@@ -437,10 +461,12 @@ class KernelBuilder:
     # ---------------------------------------------------------------------------- reduction
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: Any) -> Any:
+        v = self._value(value)
+        if self.trivial:
+            return self._reduce_one(dtype, reduction_type, v)
         phase = self.phase
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
-        v = self._value(value)
         acc = self._new("acc")
         if reduction_type == "welford_reduce":
             t = compute_type(dtype)
@@ -520,6 +546,15 @@ class KernelBuilder:
         if dtype in HALF:
             result = round_expr(dtype, result)
         return CppValue(result, dtype)
+
+    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: CppValue) -> Any:
+        if reduction_type in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if reduction_type == "welford_reduce":
+            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        if reduction_type == "any":
+            return self._as(v, torch.bool)
+        return self._as(v, dtype)
 
     # ------------------------------------------------------------------------------ render
 
