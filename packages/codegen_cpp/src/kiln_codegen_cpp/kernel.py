@@ -71,6 +71,8 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# outputs per block in a column reduction (Note [Column reductions])
+COLUMN_BLOCK = 64
 
 
 class CodegenUnsupported(Exception):
@@ -100,6 +102,8 @@ class RPhase:
     pre: list[str] = field(default_factory=list)
     body: list[str] = field(default_factory=list)
     post: list[str] = field(default_factory=list)
+    combine: list[str] = field(default_factory=list)  # lanes -> one value (lane mode)
+    pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
 
@@ -468,19 +472,28 @@ class KernelBuilder:
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
         acc = self._new("acc")
+        # Note [float32 accumulation]: float32 sums and Welford statistics accumulate in double,
+        # so a long row (or a full reduction) stays as accurate as eager's cascade summation.
+        wide = dtype == torch.float32 and reduction_type in ("sum", "welford_reduce")
         if reduction_type == "welford_reduce":
-            t = compute_type(dtype)
+            t = "double" if wide else compute_type(dtype)
             v = self._as(v, dtype)
+            if wide:
+                v = CppValue(f"static_cast<double>({v})", dtype)
             for part in ("mean", "m2", "w"):
-                phase.pre.append(f"{t} {acc}_{part}[{LANES}] = {{}};")
+                phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
             self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
-            phase.post.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
-            phase.post.append(
+            phase.pick.append(
+                f"{t} {acc}_fmean = {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], {acc}_fw = {acc}_w[l];"
+            )
+            phase.combine.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
+            phase.combine.append(
                 f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
                 f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
             )
-            return tuple(CppValue(f"{acc}_f{p}", dtype) for p in ("mean", "m2", "w"))
+            cast = "static_cast<float>" if wide else ""
+            return tuple(CppValue(f"{cast}({acc}_f{p})", dtype) for p in ("mean", "m2", "w"))
         if reduction_type in ("argmax", "argmin"):
             vd = v.dtype
             t = compute_type(vd)
@@ -496,13 +509,14 @@ class KernelBuilder:
                     else ("std::numeric_limits<{t}>::max()")
                 )
             init = init.format(t=t)
-            phase.pre.append(f"{t} {acc}[{LANES}]; int64_t {acc}_i[{LANES}];")
-            phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {{ {acc}[l] = {init}; {acc}_i[l] = 0; }}")
+            phase.pre.append(f"{t} {acc}[KL]; int64_t {acc}_i[KL];")
+            phase.pre.append(f"for (int l = 0; l < KL; ++l) {{ {acc}[l] = {init}; {acc}_i[l] = 0; }}")
             fn = "arg_max" if reduction_type == "argmax" else "arg_min"
             self.lines.append(f"kiln::{fn}({acc}[l], {acc}_i[l], {v}, {index_to_cpp(self.flat_r)});")
-            phase.post.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
+            phase.pick.append(f"{t} {acc}_fv = {acc}[l]; int64_t {acc}_f = {acc}_i[l];")
+            phase.combine.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
             merge = f"kiln::{fn}_merge({acc}_fv, {acc}_f, {acc}[l], {acc}_i[l]);"
-            phase.post.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
+            phase.combine.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
             phase.accumulators.append((reduction_type, t, acc))
             return CppValue(f"{acc}_f", torch.int64)
         t = compute_type(dtype)
@@ -533,16 +547,22 @@ class KernelBuilder:
             raise CodegenUnsupported(f"reduction {reduction_type}")
         if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
-        phase.pre.append(f"{t} {acc}[{LANES}];")
-        phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {acc}[l] = {inits[reduction_type]};")
+        if wide:
+            t = "double"
+            v = CppValue(f"static_cast<double>({v})", dtype)
+        phase.pre.append(f"{t} {acc}[KL];")
+        phase.pre.append(
+            f"for (int l = 0; l < KL; ++l) {acc}[l] = {inits[reduction_type].replace('float', t)};"
+        )
         fmt = combine[reduction_type]
         self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
-        phase.post.append(f"{t} {acc}_f = {acc}[0];")
-        phase.post.append(
+        phase.pick.append(f"{t} {acc}_f = {acc}[l];")
+        phase.combine.append(f"{t} {acc}_f = {acc}[0];")
+        phase.combine.append(
             f"for (int l = 1; l < {LANES}; ++l) {acc}_f = {fmt.format(a=f'{acc}_f', b=f'{acc}[l]')};"
         )
         phase.accumulators.append((reduction_type, t, acc))
-        result = f"{acc}_f"
+        result = f"static_cast<float>({acc}_f)" if wide else f"{acc}_f"
         if dtype in HALF:
             result = round_expr(dtype, result)
         return CppValue(result, dtype)
@@ -590,16 +610,101 @@ class KernelBuilder:
             "  int64_t kerr = 0;",
             "  (void)nt;",
         ]
-        body: list[str] = []
-        for section in sections:
-            if isinstance(section, XSection):
-                body.extend(clean(section.lines))
-            else:
-                body.extend(self._render_phase(section, clean))
-        out.extend("  " + line for line in self._render_x(body))
+        if self._column_mode(sections):
+            out.extend("  " + line for line in self._render_column(sections, clean))
+        else:
+            body: list[str] = []
+            for section in sections:
+                if isinstance(section, XSection):
+                    body.extend(clean(section.lines))
+                else:
+                    body.extend(self._render_phase(section, clean))
+            out.extend("  " + line for line in self._render_x(body))
         out.append("  return kerr;")
         out.append("}")
         return Kernel(self.name, "\n".join(out), params, scratch, self.errors, [m.name for m in self.members])
+
+    def _column_mode(self, sections: list[XSection | RPhase]) -> bool:
+        """Note [Column reductions]: reduce with the innermost *output* loop vectorized.
+
+        When the reduced loop walks memory with a large stride and the innermost output loop
+        walks it contiguously (``x.sum(0)``), lanes become a block of ``COLUMN_BLOCK`` adjacent
+        outputs: for each reduction position the block is updated with contiguous loads.
+        """
+        if self.serial or not self.rsizes or not sections or not isinstance(sections[0], RPhase):
+            return False
+        if any(isinstance(s, RPhase) for s in sections[1:]):
+            return False
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        rs = [v for v in self.rvars if isinstance(v, sympy.Symbol)]
+        if not xs or not rs or xs[-1][1] < 16:
+            return False
+        xl, rl = xs[-1][0], rs[-1]
+        x_unit = r_unit = 0
+        for a in self.accesses:
+            e = sympy.expand(a)
+            x_unit += int(e.coeff(xl) == 1)
+            r_unit += int(e.coeff(rl) == 1)
+        return x_unit > r_unit
+
+    def _render_column(
+        self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]]
+    ) -> list[str]:
+        phase = sections[0]
+        assert isinstance(phase, RPhase)
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        rs = [(v, n) for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        (xl, xsize), outer = xs[-1], xs[:-1]
+        block = COLUMN_BLOCK
+        nblocks = -(-xsize // block)
+        parallel = self.nx * self.nr >= PARALLEL_GRAIN and math.prod(n for _, n in outer) * nblocks > 1
+        lines: list[str] = []
+        if parallel:
+            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nt) if(nt > 1)")
+        depth = 0
+        for var, size in outer:
+            lines.append("  " * depth + self._loop(var, size) + " {")
+            depth += 1
+        pad = "  " * depth
+        lines.append(f"{pad}for (int64_t xblk = 0; xblk < INT64_C({nblocks}); ++xblk) {{")
+        pad += "  "
+        lines.append(f"{pad}const int64_t xb = xblk * {block};")
+        lines.append(
+            f"{pad}const int xlen = static_cast<int>(std::min<int64_t>({block}, INT64_C({xsize}) - xb));"
+        )
+        lines.extend(pad + p.replace("KL", str(block)) for p in phase.pre)
+        inner = pad
+        for var, size in rs:
+            lines.append(inner + self._loop(var, size) + " {")
+            inner += "  "
+        body = clean(phase.body)
+        lines.append(f"{inner}if (xlen == {block}) {{")
+        lines.append(f"{inner}  #pragma omp simd")
+        lines.append(f"{inner}  for (int l = 0; l < {block}; ++l) {{")
+        lines.append(f"{inner}    const int64_t {xl} = xb + l;")
+        lines.extend(f"{inner}    {b}" for b in body)
+        lines.append(f"{inner}  }}")
+        lines.append(f"{inner}}} else {{")
+        lines.append(f"{inner}  for (int l = 0; l < xlen; ++l) {{")
+        lines.append(f"{inner}    const int64_t {xl} = xb + l;")
+        lines.extend(f"{inner}    {b}" for b in body)
+        lines.append(f"{inner}  }}")
+        lines.append(f"{inner}}}")
+        for _ in rs:
+            inner = inner[:-2]
+            lines.append(inner + "}")
+        lines.append(f"{pad}for (int l = 0; l < xlen; ++l) {{")
+        lines.append(f"{pad}  const int64_t {xl} = xb + l;")
+        lines.extend(f"{pad}  {b}" for b in phase.pick)
+        lines.extend(f"{pad}  {b}" for b in clean(phase.post))
+        for section in sections[1:]:
+            assert isinstance(section, XSection)
+            lines.extend(f"{pad}  {b}" for b in clean(section.lines))
+        lines.append(f"{pad}}}")
+        lines.append("  " * depth + "}")
+        for d in range(depth - 1, -1, -1):
+            lines.append("  " * d + "}")
+        return lines
 
     def _loop(self, var: sympy.Expr, size: int) -> str:
         return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
@@ -660,7 +765,7 @@ class KernelBuilder:
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
         loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         body = clean(phase.body)
-        lines = [*phase.pre]
+        lines = [p.replace("KL", str(LANES)) for p in phase.pre]
         depth = 0
         for var, size in loops[:-1]:
             lines.append("  " * depth + self._loop(var, size) + " {")
@@ -691,5 +796,6 @@ class KernelBuilder:
                 lines.append(f"{pad}}}")
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
+        lines.extend(phase.combine)
         lines.extend(clean(phase.post))
         return lines
