@@ -143,7 +143,8 @@ def main() -> None:
         sys.stdout.flush()
     print()
     print(
-        "| workload | eager GB/s | inductor GB/s | kiln GB/s | kiln/eager | kiln/inductor | compile kiln s | compile inductor s |"
+        "| workload | eager GB/s | inductor GB/s | kiln GB/s | kiln/eager | kiln/inductor "
+        "| compile kiln s | compile inductor s |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for name, nbytes, med, kc, ic in rows:
@@ -157,7 +158,7 @@ def main() -> None:
 
 
 def _print_row(row: tuple[str, int, dict[str, float], float, float]) -> None:
-    name, nbytes, med, kc, ic = row
+    name, _, med, kc, ic = row
     parts = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in med.items())
     print(f"{name}: {parts}; compile kiln {kc:.2f}s inductor {ic:.2f}s", flush=True)
 

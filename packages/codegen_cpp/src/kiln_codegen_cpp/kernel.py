@@ -127,6 +127,8 @@ class Kernel:
     scratch: list[str]
     errors: list[ErrorSite]
     members: list[str]
+    param_types: list[str] = field(default_factory=list)
+    release_gil: bool = False
 
 
 def _int(expr: Any) -> int:
@@ -601,16 +603,21 @@ class KernelBuilder:
         params = [n for n in self.param_order if n in used]
         restrict = "" if self.serial else " __restrict__"
         sig = []
+        types = []
         for name in params:
             const = "const " if name not in self.stored else ""
-            sig.append(f"{const}{storage_type(self.dtypes[name])}*{restrict} p_{name}")
+            types.append(f"{const}{storage_type(self.dtypes[name])}*")
+            sig.append(f"{types[-1]}{restrict} p_{name}")
         sig.append("int64_t nt")
         out: list[str] = [
             f'extern "C" int64_t {self.name}({", ".join(sig)}) {{',
             "  int64_t kerr = 0;",
             "  (void)nt;",
         ]
-        if self._column_mode(sections):
+        split = self._split_plan(sections)
+        if split is not None:
+            out.extend("  " + line for line in self._render_split(sections, clean, split))
+        elif self._column_mode(sections):
             out.extend("  " + line for line in self._render_column(sections, clean))
         else:
             body: list[str] = []
@@ -622,7 +629,9 @@ class KernelBuilder:
             out.extend("  " + line for line in self._render_x(body))
         out.append("  return kerr;")
         out.append("}")
-        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, [m.name for m in self.members])
+        members = [m.name for m in self.members]
+        big = self.nx * max(self.nr, 1) >= PARALLEL_GRAIN
+        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, members, types, big)
 
     def _column_mode(self, sections: list[XSection | RPhase]) -> bool:
         """Note [Column reductions]: reduce with the innermost *output* loop vectorized.
@@ -763,12 +772,25 @@ class KernelBuilder:
         return [*loops[:best], *loops[best + 1 :], loops[best]]
 
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
+        lines = [p.replace("KL", str(LANES)) for p in phase.pre]
+        lines.extend(self._render_rloops(phase, clean, None))
+        lines.extend(phase.combine)
+        lines.extend(clean(phase.post))
+        return lines
+
+    def _render_rloops(
+        self, phase: RPhase, clean: Callable[[list[str]], list[str]], chunk: tuple[str, str] | None
+    ) -> list[str]:
+        """The reduction loops; ``chunk`` = (lo, hi) bounds the outermost one (split reductions)."""
         loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         body = clean(phase.body)
-        lines = [p.replace("KL", str(LANES)) for p in phase.pre]
+        lines: list[str] = []
         depth = 0
-        for var, size in loops[:-1]:
-            lines.append("  " * depth + self._loop(var, size) + " {")
+        for i, (var, size) in enumerate(loops[:-1]):
+            if i == 0 and chunk is not None:
+                lines.append(f"for (int64_t {var} = {chunk[0]}; {var} < {chunk[1]}; ++{var}) {{")
+            else:
+                lines.append("  " * depth + self._loop(var, size) + " {")
             depth += 1
         pad = "  " * depth
         if not loops:
@@ -778,24 +800,103 @@ class KernelBuilder:
             lines.append(pad + "}")
         else:
             var, size = loops[-1]
-            main = size - size % LANES
-            if main:
-                lines.append(f"{pad}for (int64_t rb = 0; rb < INT64_C({main}); rb += {LANES}) {{")
+            if chunk is not None and len(loops) == 1:
+                lo, hi = chunk
+                lines.append(f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {LANES}) * {LANES};")
+                start, main_end, end = lo, "rmain", hi
+                has_main = has_tail = True
+            else:
+                main = size - size % LANES
+                start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
+                has_main, has_tail = bool(main), bool(size % LANES)
+            if has_main:
+                lines.append(f"{pad}for (int64_t rb = {start}; rb < {main_end}; rb += {LANES}) {{")
                 lines.append(f"{pad}  #pragma omp simd")
                 lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
                 lines.append(f"{pad}    const int64_t {var} = rb + l;")
                 lines.extend(f"{pad}    {b}" for b in body)
                 lines.append(f"{pad}  }}")
                 lines.append(f"{pad}}}")
-            if size % LANES:
-                lines.append(
-                    f"{pad}for (int64_t {var} = INT64_C({main}); {var} < INT64_C({size}); ++{var}) {{"
-                )
-                lines.append(f"{pad}  const int l = static_cast<int>({var} - INT64_C({main}));")
+            if has_tail:
+                lines.append(f"{pad}for (int64_t {var} = {main_end}; {var} < {end}; ++{var}) {{")
+                lines.append(f"{pad}  const int l = static_cast<int>({var} - {main_end});")
                 lines.extend(f"{pad}  {b}" for b in body)
                 lines.append(f"{pad}}}")
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
+        return lines
+
+    def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
+        """(chunk, chunks) when a full reduction should be split across threads, else None."""
+        if self.serial or self.nx != 1 or self.nr < SPLIT_R_MIN or not sections:
+            return None
+        if not isinstance(sections[0], RPhase) or any(isinstance(s, RPhase) for s in sections[1:]):
+            return None
+        loops = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        first, inner = loops[0], math.prod(loops[1:])
+        chunk = max(1, SPLIT_R_CHUNK // inner)
+        if len(loops) == 1:
+            chunk = max(LANES, chunk - chunk % LANES)
+        chunks = -(-first // chunk)
+        while chunks > 1024:
+            chunk *= 2
+            chunks = -(-first // chunk)
+        return (chunk, chunks) if chunks > 1 else None
+
+    def _render_split(
+        self,
+        sections: list[XSection | RPhase],
+        clean: Callable[[list[str]], list[str]],
+        plan: tuple[int, int],
+    ) -> list[str]:
+        """Note [Split reductions]: a full reduction in fixed chunks, one partial per chunk.
+
+        The chunking depends only on the sizes, and the partials are merged in chunk order, so
+        the result is the same for any number of threads.
+        """
+        phase = sections[0]
+        assert isinstance(phase, RPhase)
+        chunk, chunks = plan
+        first = next(s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol))
+        parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
+        lines: list[str] = []
+        for kind, t, acc in phase.accumulators:
+            for suffix in parts.get(kind, ("",)):
+                ctype = "int64_t" if suffix == "_i" else t
+                lines.append(f"{ctype} {acc}{suffix}_part[{chunks}][{LANES}];")
+        lines.append("#pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static)")
+        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        lines.append(f"  const int64_t lo = c * {chunk};")
+        lines.append(f"  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
+        lines.extend("  " + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.extend("  " + b for b in self._render_rloops(phase, clean, ("lo", "hi")))
+        for kind, _, acc in phase.accumulators:
+            for suffix in parts.get(kind, ("",)):
+                lines.append(
+                    f"  for (int l = 0; l < {LANES}; ++l) {acc}{suffix}_part[c][l] = {acc}{suffix}[l];"
+                )
+        lines.append("}")
+        lines.extend(p.replace("KL", str(LANES)) for p in phase.pre)
+        merge = {
+            "sum": "{a}[l] = {a}[l] + {a}_part[c][l];",
+            "prod": "{a}[l] = {a}[l] * {a}_part[c][l];",
+            "any": "{a}[l] = {a}[l] || {a}_part[c][l];",
+            "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[c][l]);",
+            "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[c][l]);",
+            "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
+            "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
+            "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
+            "{a}_mean_part[c][l], {a}_m2_part[c][l], {a}_w_part[c][l]);",
+        }
+        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        lines.append(f"  for (int l = 0; l < {LANES}; ++l) {{")
+        for kind, _, acc in phase.accumulators:
+            lines.append("    " + merge[kind].format(a=acc))
+        lines.append("  }")
+        lines.append("}")
         lines.extend(phase.combine)
         lines.extend(clean(phase.post))
-        return lines
+        for section in sections[1:]:
+            assert isinstance(section, XSection)
+            lines.extend(clean(section.lines))
+        return ["{", *("  " + line for line in lines), "}"]
