@@ -135,3 +135,14 @@ def test_lowering_that_declines_falls_back() -> None:
     compiled = check(fn, make((5, 3)), torch.tensor([True, False, True, True, False]), allow_fallback=True)
     assert compiled.stats.extern_calls == 1
     assert compiled.stats.fallbacks[0][0] == "aten.index.Tensor"
+
+
+def test_memory_viewed_by_an_extern_result_is_not_reused() -> None:
+    def fn(x: Any, w: Any) -> Any:
+        s = aten.sin.default(aten.mm.default(x, w))
+        d = aten.diagonal.default(s)  # an extern view of the computed buffer s
+        b = aten.mm.default(s, w)  # s's last reader: without the pin, tanh(b) would reuse s
+        c = aten.mm.default(aten.tanh.default(b), w)
+        return aten.add.Tensor(c, d)
+
+    check(fn, make((8, 8)), make((8, 8)))

@@ -188,8 +188,8 @@ REDUCTIONS: dict[str, Callable[[Value], Value]] = {
     "prod": lambda v: v.prod(-1),
     "max": lambda v: v.amax(-1),
     "min": lambda v: v.amin(-1),
-    "argmax": lambda v: v.argmax(-1),
-    "argmin": lambda v: v.argmin(-1),
+    "argmax": lambda v: (v.to(torch.uint8) if v.dtype == torch.bool else v).argmax(-1),
+    "argmin": lambda v: (v.to(torch.uint8) if v.dtype == torch.bool else v).argmin(-1),
     "any": lambda v: v.bool().any(-1),
 }
 
@@ -270,7 +270,8 @@ class InterpretBackend(Backend):
                             storage[buffer.name] = (
                                 storage[reuse] if reuse else torch.empty(size, dtype=buffer.layout.dtype)
                             )
-                    kernels[node.name](storage)
+                    if node.name in kernels:  # a no-op node (no elements) only needs its buffer
+                        kernels[node.name](storage)
                 for name in plan.internal.get(step, ()):
                     storage.pop(name, None)
             return _outputs(graph.outputs, storage)
