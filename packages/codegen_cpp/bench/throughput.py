@@ -8,7 +8,7 @@ time is kiln's ``compile_graph`` (cold cache) against inductor's first call minu
 (cold cache). This is a benchmark, not a test: numbers depend on the machine and its load.
 
     PYTHONPATH=packages/codegen_cpp/src:packages/loopir/src \\
-        python packages/codegen_cpp/bench/throughput.py [--reps 15] [--only softmax]
+        python packages/codegen_cpp/bench/throughput.py [--reps 15] [--threads 1] [--only softmax]
 """
 
 from __future__ import annotations
@@ -109,7 +109,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--only", default="")
     parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     opts = parser.parse_args()
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     rows = []
     for name, fn, args in _workloads():

@@ -37,7 +37,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,8 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# elements per thread chunk of a parallel one-loop pointwise kernel
+POINTWISE_CHUNK = 16384
 # outputs per block in a column reduction (Note [Column reductions])
 COLUMN_BLOCK = 64
 
@@ -163,7 +165,7 @@ class KernelBuilder:
         self,
         name: str,
         members: Sequence[ComputedBuffer],
-        reads: Sequence[set[str]],
+        reads: Sequence[Set[str]],
         dtypes: dict[str, torch.dtype],
         internal: set[str],
     ) -> None:
@@ -615,18 +617,35 @@ class KernelBuilder:
             "  (void)nt;",
         ]
         split = self._split_plan(sections)
-        if split is not None:
-            out.extend("  " + line for line in self._render_split(sections, clean, split))
-        elif self._column_mode(sections):
-            out.extend("  " + line for line in self._render_column(sections, clean))
-        else:
-            body: list[str] = []
+        column = split is None and self._column_mode(sections)
+        body: list[str] = []
+        if split is None and not column:
             for section in sections:
                 if isinstance(section, XSection):
                     body.extend(clean(section.lines))
                 else:
                     body.extend(self._render_phase(section, clean))
-            out.extend("  " + line for line in self._render_x(body))
+
+        def nest(par: bool) -> list[str]:
+            if split is not None:
+                return self._render_split(sections, clean, split, par)
+            if column:
+                return self._render_column(sections, clean, par)
+            return self._render_x(body, par)
+
+        # Note [Serial path]: a loop under "#pragma omp parallel for" is compiled into an
+        # outlined function that GCC vectorizes worse, and entering a team costs even with
+        # if(false); with one thread the kernel takes a plain copy of the same loops (same
+        # iteration order and chunking, so the same results).
+        parallel, serial = nest(True), nest(False)
+        if parallel == serial:
+            out.extend("  " + line for line in serial)
+        else:
+            out.append("  if (nt > 1) {")
+            out.extend("    " + line for line in parallel)
+            out.append("  } else {")
+            out.extend("    " + line for line in serial)
+            out.append("  }")
         out.append("  return kerr;")
         out.append("}")
         members = [m.name for m in self.members]
@@ -657,7 +676,7 @@ class KernelBuilder:
         return x_unit > r_unit
 
     def _render_column(
-        self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]]
+        self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]], par: bool
     ) -> list[str]:
         phase = sections[0]
         assert isinstance(phase, RPhase)
@@ -666,10 +685,12 @@ class KernelBuilder:
         (xl, xsize), outer = xs[-1], xs[:-1]
         block = COLUMN_BLOCK
         nblocks = -(-xsize // block)
-        parallel = self.nx * self.nr >= PARALLEL_GRAIN and math.prod(n for _, n in outer) * nblocks > 1
+        parallel = (
+            par and self.nx * self.nr >= PARALLEL_GRAIN and math.prod(n for _, n in outer) * nblocks > 1
+        )
         lines: list[str] = []
         if parallel:
-            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nt) if(nt > 1)")
+            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nt)")
         depth = 0
         for var, size in outer:
             lines.append("  " * depth + self._loop(var, size) + " {")
@@ -718,13 +739,11 @@ class KernelBuilder:
     def _loop(self, var: sympy.Expr, size: int) -> str:
         return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
 
-    def _render_x(self, body: list[str]) -> list[str]:
+    def _render_x(self, body: list[str], par: bool) -> list[str]:
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         work = self.nx * max(self.nr, 1)
-        parallel = not self.serial and work >= PARALLEL_GRAIN
+        parallel = par and not self.serial and work >= PARALLEL_GRAIN
         if not loops:
-            if self.nr and self.rsizes and parallel:
-                pass
             return ["{", *("  " + b for b in body), "}"]
         is_reduction = bool(self.rsizes)
         if not is_reduction:
@@ -738,14 +757,22 @@ class KernelBuilder:
             pad = "  " * depth
             last = i == len(loops) - 1
             if i == 0 and par_outer:
+                lines.append(f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt)")
+            if last and not is_reduction and parallel and not par_outer:
+                # split the innermost loop into chunks: threads over chunks, simd inside
+                chunks = -(-size // POINTWISE_CHUNK)
+                lines.append(f"{pad}#pragma omp parallel for num_threads(nt) schedule(static)")
+                lines.append(f"{pad}for (int64_t xc = 0; xc < INT64_C({chunks}); ++xc) {{")
+                lines.append(f"{pad}  const int64_t lo = xc * {POINTWISE_CHUNK};")
                 lines.append(
-                    f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt) if(nt > 1)"
+                    f"{pad}  const int64_t hi = std::min<int64_t>(lo + {POINTWISE_CHUNK}, INT64_C({size}));"
                 )
+                lines.append(f"{pad}  #pragma omp simd")
+                lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
+                depth += 2
+                continue
             if last and not is_reduction:
-                if parallel and not par_outer:
-                    lines.append(f"{pad}#pragma omp parallel for simd num_threads(nt) if(nt > 1)")
-                else:
-                    lines.append(f"{pad}#pragma omp simd")
+                lines.append(f"{pad}#pragma omp simd")
             lines.append(f"{pad}{self._loop(var, size)} {{")
             depth += 1
         pad = "  " * depth
@@ -848,6 +875,7 @@ class KernelBuilder:
         sections: list[XSection | RPhase],
         clean: Callable[[list[str]], list[str]],
         plan: tuple[int, int],
+        par: bool,
     ) -> list[str]:
         """Note [Split reductions]: a full reduction in fixed chunks, one partial per chunk.
 
@@ -864,7 +892,8 @@ class KernelBuilder:
             for suffix in parts.get(kind, ("",)):
                 ctype = "int64_t" if suffix == "_i" else t
                 lines.append(f"{ctype} {acc}{suffix}_part[{chunks}][{LANES}];")
-        lines.append("#pragma omp parallel for num_threads(nt) if(nt > 1) schedule(static)")
+        if par:
+            lines.append("#pragma omp parallel for num_threads(nt) schedule(static)")
         lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
         lines.append(f"  const int64_t lo = c * {chunk};")
         lines.append(f"  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
