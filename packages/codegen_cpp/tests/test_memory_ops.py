@@ -76,3 +76,14 @@ def test_out_of_range_index_raises_index_error_naming_the_op() -> None:
         compiled(x, bad)
     # the compiled graph stays usable after the error
     torch.testing.assert_close(compiled(x, good), torch.gather(x, 1, good))
+
+
+def test_kernel_the_generator_declines_runs_in_the_interpreter() -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.mul.Tensor(a, b), aten.add.Tensor(aten.abs.default(a), 1)
+
+    a = torch.randn(4, 5, dtype=torch.complex64)
+    b = torch.randn(4, 5, dtype=torch.complex64)
+    compiled = check(fn, a, b, allow_interpreted=True)
+    declined = compiled.backend.last_declined  # type: ignore[attr-defined]
+    assert declined and "complex64" in declined[0][1]
