@@ -76,6 +76,8 @@ SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
 # elements per thread chunk of a parallel one-loop pointwise kernel
 POINTWISE_CHUNK = 16384
+# float32 sums add this many positions per lane in float before folding into double
+FOLD_BLOCK = 1024
 # outputs per block in a column reduction (Note [Column reductions])
 COLUMN_BLOCK = 64
 
@@ -111,6 +113,7 @@ class RPhase:
     pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
+    folds: list[str] = field(default_factory=list)  # float32 sums: float block lanes -> double
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,8 +482,10 @@ class KernelBuilder:
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
         acc = self._new("acc")
-        # Note [float32 accumulation]: float32 sums and Welford statistics accumulate in double,
-        # so a long row (or a full reduction) stays as accurate as eager's cascade summation.
+        # Note [float32 accumulation]: float32 sums add FOLD_BLOCK positions per lane in float,
+        # then fold into double lanes (a two-level cascade, full float speed); Welford
+        # statistics accumulate in double. A long row or a full reduction stays as accurate as
+        # eager's cascade summation.
         wide = dtype == torch.float32 and reduction_type in ("sum", "welford_reduce")
         if reduction_type == "welford_reduce":
             t = "double" if wide else compute_type(dtype)
@@ -554,15 +559,20 @@ class KernelBuilder:
             raise CodegenUnsupported(f"reduction {reduction_type}")
         if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
+        fmt = combine[reduction_type]
         if wide:
+            # float lanes over blocks of FOLD_BLOCK positions, folded into double lanes
             t = "double"
-            v = CppValue(f"static_cast<double>({v})", dtype)
+            phase.pre.append(f"float {acc}_b[KL];")
+            phase.pre.append(f"for (int l = 0; l < KL; ++l) {acc}_b[l] = 0.0f;")
+            phase.folds.append(acc)
+            self.lines.append(f"{acc}_b[l] = {acc}_b[l] + {v};")
+        else:
+            self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
         phase.pre.append(f"{t} {acc}[KL];")
         phase.pre.append(
             f"for (int l = 0; l < KL; ++l) {acc}[l] = {inits[reduction_type].replace('float', t)};"
         )
-        fmt = combine[reduction_type]
-        self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
         phase.pick.append(f"{t} {acc}_f = {acc}[l];")
         phase.combine.append(f"{t} {acc}_f = {acc}[0];")
         phase.combine.append(
@@ -713,14 +723,15 @@ class KernelBuilder:
         body = clean(phase.body)
         lines.append(f"{inner}if (xlen == {block}) {{")
         lines.append(f"{inner}  #pragma omp simd")
+        fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
         lines.append(f"{inner}  for (int l = 0; l < {block}; ++l) {{")
         lines.append(f"{inner}    const int64_t {xl} = xb + l;")
-        lines.extend(f"{inner}    {b}" for b in body)
+        lines.extend(f"{inner}    {b}" for b in [*body, *fold])
         lines.append(f"{inner}  }}")
         lines.append(f"{inner}}} else {{")
         lines.append(f"{inner}  for (int l = 0; l < xlen; ++l) {{")
         lines.append(f"{inner}    const int64_t {xl} = xb + l;")
-        lines.extend(f"{inner}    {b}" for b in body)
+        lines.extend(f"{inner}    {b}" for b in [*body, *fold])
         lines.append(f"{inner}  }}")
         lines.append(f"{inner}}}")
         for _ in rs:
@@ -827,6 +838,7 @@ class KernelBuilder:
             lines.append(pad + "{")
             lines.append(pad + "  const int l = 0;")
             lines.extend(pad + "  " + b for b in body)
+            lines.extend(f"{pad}  {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds)
             lines.append(pad + "}")
         else:
             var, size = loops[-1]
@@ -839,19 +851,38 @@ class KernelBuilder:
                 main = size - size % LANES
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
                 has_main, has_tail = bool(main), bool(size % LANES)
+            fold = [
+                f"for (int l = 0; l < {LANES}; ++l) {{ {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f; }}"
+                for a in phase.folds
+            ]
             if has_main:
-                lines.append(f"{pad}for (int64_t rb = {start}; rb < {main_end}; rb += {LANES}) {{")
-                lines.append(f"{pad}  #pragma omp simd")
-                lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
-                lines.append(f"{pad}    const int64_t {var} = rb + l;")
-                lines.extend(f"{pad}    {b}" for b in body)
-                lines.append(f"{pad}  }}")
-                lines.append(f"{pad}}}")
+                inner = pad
+                if fold:
+                    lines.append(
+                        f"{pad}for (int64_t rbo = {start}; rbo < {main_end}; rbo += {FOLD_BLOCK}) {{"
+                    )
+                    lines.append(
+                        f"{pad}  const int64_t rbe = std::min<int64_t>(rbo + {FOLD_BLOCK}, {main_end});"
+                    )
+                    start, stop, inner = "rbo", "rbe", pad + "  "
+                else:
+                    stop = main_end
+                lines.append(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {LANES}) {{")
+                lines.append(f"{inner}  #pragma omp simd")
+                lines.append(f"{inner}  for (int l = 0; l < {LANES}; ++l) {{")
+                lines.append(f"{inner}    const int64_t {var} = rb + l;")
+                lines.extend(f"{inner}    {b}" for b in body)
+                lines.append(f"{inner}  }}")
+                lines.append(f"{inner}}}")
+                if fold:
+                    lines.extend(f"{inner}{f}" for f in fold)
+                    lines.append(f"{pad}}}")
             if has_tail:
                 lines.append(f"{pad}for (int64_t {var} = {main_end}; {var} < {end}; ++{var}) {{")
                 lines.append(f"{pad}  const int l = static_cast<int>({var} - {main_end});")
                 lines.extend(f"{pad}  {b}" for b in body)
                 lines.append(f"{pad}}}")
+                lines.extend(f"{pad}{f}" for f in fold)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
