@@ -111,3 +111,23 @@ def test_layering_imports_only_torch_and_sympy() -> None:
                 top = name.split(".")[0]
                 allowed = {"torch", "sympy", "kiln_loopir", "__future__"}
                 assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+def test_inputs_other_than_compiled_for_are_refused() -> None:
+    compiled = compile_graph(trace(_fn), [make((4, 4))])
+    with pytest.raises(ValueError, match="compiled for"):
+        compiled(make((8, 4)))
+    with pytest.raises(ValueError, match="compiled for"):
+        compiled(make((4, 4), torch.float64))
+
+
+def test_non_tensor_inputs_are_constants_of_the_compiled_graph() -> None:
+    def fn(x: Any, k: Any) -> Any:
+        return aten.mul.Tensor(x, k)
+
+    gm = torch.fx.symbolic_trace(fn, concrete_args={})
+    x = make((3, 3))
+    compiled = compile_graph(gm, [x, 3])
+    torch.testing.assert_close(compiled(x, 3), x * 3)
+    with pytest.raises(ValueError, match="constant 3"):
+        compiled(x, 4)

@@ -37,6 +37,11 @@ def test_multiples_leave_floor_div_and_modulus() -> None:
     assert ModularIndexing(12 * x0 + x1, Int(2), Int(3)) == ModularIndexing(x1, Int(2), Int(3))
 
 
+def test_common_factors_cancel() -> None:
+    assert FloorDiv(8 * x0 + 4 * x1, Int(12)) == FloorDiv(2 * x0 + x1, Int(3))
+    assert ModularIndexing(6 * x0, Int(4), Int(5)) == ModularIndexing(3 * x0, Int(2), Int(5))
+
+
 def test_ranges_remove_divisions() -> None:
     ranges = {x0: Int(4), x1: Int(8)}
     assert simplify_index(FloorDiv(x1, Int(8)), ranges) == 0

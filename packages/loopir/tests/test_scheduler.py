@@ -183,3 +183,20 @@ def test_internal_buffers_are_not_allocated() -> None:
     assert len(internal) == 2  # the row max and the row sum
     assert set(internal).isdisjoint(s.plan.allocate)
     assert torch.is_tensor(check(fn, make((8, 16)))(make((8, 16))))
+
+
+def test_loop_ranges_merge_contiguous_dims() -> None:
+    def contiguous(x: Any) -> Any:
+        return aten.sin.default(x)
+
+    def reduction(x: Any) -> Any:
+        return aten.sum.dim_IntList(x, [2, 3])
+
+    (node,) = schedule(contiguous, make((4, 8, 2))).nodes
+    assert isinstance(node, SchedulerNode)
+    assert node.loop_ranges()[:2] == ((Int(64),), ())
+    (node,) = schedule(contiguous, make((8, 4)).t()).nodes  # reads transposed, writes contiguous
+    assert node.loop_ranges()[:2] == ((Int(4), Int(8)), ())
+    (red,) = schedule(reduction, make((2, 3, 4, 5))).nodes
+    assert isinstance(red, SchedulerNode)
+    assert red.loop_ranges()[:2] == ((Int(6),), (Int(20),))

@@ -20,6 +20,7 @@ of kernels whose loops were shaped differently (a ``(4, 8)`` pointwise and a ``(
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import TypeAlias
@@ -50,6 +51,10 @@ class FloorDiv(sympy.Function):
             kept, rest = _split_multiples(base, int(divisor))
             if kept != 0:
                 return kept / divisor + FloorDiv(rest, divisor)
+            # (g*a) // (g*d)  ->  a // d
+            g = _common_factor(base, int(divisor))
+            if g > 1:
+                return FloorDiv(sympy.expand(base / g), divisor / g)
         return None
 
 
@@ -70,7 +75,22 @@ class ModularIndexing(sympy.Function):
             _, rest = _split_multiples(base, int(divisor) * int(modulus))
             if rest != base:
                 return ModularIndexing(rest, divisor, modulus)
+            # ((g*a) // (g*d)) % m  ->  (a // d) % m
+            g = _common_factor(base, int(divisor))
+            if g > 1:
+                return ModularIndexing(sympy.expand(base / g), divisor / g, modulus)
         return None
+
+
+def _common_factor(expr: Expr, divisor: int) -> int:
+    """The gcd of ``divisor`` and every integer coefficient of the sum ``expr``."""
+    g = divisor
+    for term in sympy.Add.make_args(expr):
+        coeff, _ = term.as_coeff_Mul()
+        if not coeff.is_Integer:
+            return 1
+        g = math.gcd(g, int(coeff))
+    return g
 
 
 def _split_multiples(expr: Expr, divisor: int) -> tuple[Expr, Expr]:
@@ -218,6 +238,51 @@ def merge_loops(
     fresh = loop_vars("z", len(sizes))
     index = index.subs(dict(zip(variables, fresh, strict=True)))
     return tuple(sizes), sympy.expand(index)
+
+
+def merge_loop_ranges(
+    sizes: Sequence[Expr],
+    indices: Sequence[Expr],
+    variables: Sequence[sympy.Symbol],
+    boundary: int | None = None,
+) -> tuple[tuple[Expr, ...], dict[sympy.Symbol, Expr], list[Expr]]:
+    """Merge adjacent loop dims that *every* access in ``indices`` walks contiguously.
+
+    This is the loop nest a code generator should emit: ``(4, 8)`` over a contiguous buffer is
+    one loop of 32. Dims ``< boundary`` and ``>= boundary`` are never merged together (the
+    reduction boundary). Returns the new sizes, the substitution of each old variable by an
+    expression of the new ones (``z0, z1, ...``), and the indices rewritten over the new ones.
+    """
+    groups: list[list[int]] = [[i] for i in range(len(sizes))]
+    i = len(groups) - 2
+    while i >= 0:
+        outer, inner = groups[i], groups[i + 1]
+        ok = boundary is None or not (outer[-1] < boundary <= inner[0])
+        vo, vi = variables[outer[-1]], variables[inner[0]]
+        for index in indices if ok else ():
+            if not (_linear_in(index, vo) and _linear_in(index, vi)):
+                ok = False
+                break
+            if index.coeff(vo) != index.coeff(vi) * sizes[inner[0]]:
+                ok = False
+                break
+        if ok and all(sizes[k] != 0 for k in outer + inner):
+            groups[i] = outer + inner
+            del groups[i + 1]
+        i = min(i - 1, len(groups) - 2)
+    fresh = loop_vars("z", len(groups))
+    mapping: dict[sympy.Symbol, Expr] = {}
+    new_sizes = []
+    for z, group in zip(fresh, groups, strict=True):
+        new_sizes.append(sympy.Mul(*[sizes[k] for k in group]))
+        stride: Expr = sympy.Integer(1)
+        for pos, k in enumerate(reversed(group)):
+            digit = FloorDiv(z, stride) if pos == len(group) - 1 else ModularIndexing(z, stride, sizes[k])
+            mapping[variables[k]] = digit
+            stride = stride * sizes[k]
+    ranges = dict(zip(fresh, new_sizes, strict=True))
+    rewritten = [simplify_index(sympy.sympify(ix).subs(mapping), ranges) for ix in indices]
+    return tuple(new_sizes), mapping, rewritten
 
 
 def _linear_in(expr: Expr, var: sympy.Symbol) -> bool:

@@ -31,7 +31,7 @@ from typing import Any
 
 import sympy
 
-from .indexing import Expr, loop_vars, merge_loops, simplify_index
+from .indexing import Expr, loop_vars, merge_loop_ranges, merge_loops, simplify_index
 from .ir import Buffer, ComputedBuffer, ExternKernel, Operation, ReinterpretView, Scatter
 from .virtualized import DefaultHandler, set_ops_handler
 
@@ -190,6 +190,25 @@ class SchedulerNode(BaseSchedulerNode):
     def is_kernel(self) -> bool:
         return not isinstance(self.node, Scatter)
 
+    def loop_ranges(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...], dict[sympy.Symbol, Expr]]:
+        """The loop nest a code generator should emit: (ranges, reduction ranges, substitution).
+
+        Adjacent dims that every access walks contiguously are merged
+        (:func:`~kiln_loopir.indexing.merge_loop_ranges`); the substitution maps the body's
+        ``x*``/``r*`` variables to expressions of the merged loop variables ``z*``. A body with
+        indirect accesses keeps its loops as they are.
+        """
+        ranges, rranges = self.node.iteration()
+        xs, rs = loop_vars("x", len(ranges)), loop_vars("r", len(rranges))
+        variables = [*xs, *rs]
+        if any(isinstance(d, StarDep) for d in (*self.reads, *self.writes)):
+            return ranges, rranges, {v: v for v in variables}
+        indices = [d.index for d in (*self.reads, *self.writes) if isinstance(d, MemoryDep)]
+        sizes, mapping, _ = merge_loop_ranges([*ranges, *rranges], indices, variables, boundary=len(ranges))
+        # the boundary keeps x and r dims apart: the merged x loops are the z's the x's map to
+        nx = len(set().union(*(mapping[v].free_symbols for v in xs)))
+        return sizes[:nx], sizes[nx:], mapping
+
     def is_reduction(self) -> bool:
         return self.node.is_reduction()
 
@@ -324,6 +343,7 @@ class Scheduler:
             if isinstance(n, SchedulerNode) and isinstance(n.node, Scatter):
                 self.aliases[n.node.name] = n.node.mutates
         self.dead_code_elimination()
+        self.deps = self.compute_deps()
         self.compute_ancestors()
         self._groups: list[BaseSchedulerNode] = list(self.nodes)
         self._owner: dict[str, BaseSchedulerNode] = {n.name: n for n in self.nodes}
@@ -338,6 +358,8 @@ class Scheduler:
         if isinstance(op, ExternKernel):
             reads: list[Dep] = [StarDep(n) for n in op.input_names()]
             writes: list[Dep] = [StarDep(o.name) for o in op.outputs]
+            if _is_mutating(op):  # Note [Mutation]: it may write any tensor it is given
+                writes += [StarDep(n) for n in op.input_names()]
             return ExternKernelSchedulerNode(order, reads, writes, node=op)
         reads, writes = extract_read_writes(op)
         if op.numel() == 0:
@@ -347,14 +369,35 @@ class Scheduler:
     # dependencies ---------------------------------------------------------------------------
 
     def producers(self, node: BaseSchedulerNode) -> set[str]:
-        """Names of the nodes ``node`` reads from (outside itself)."""
+        """Names of the nodes ``node`` must run after (outside itself)."""
         own = node.names()
-        out = set()
-        for r in node.read_names():
-            w = self.writer.get(r)
-            if w is not None and w.name not in own:
-                out.add(w.name)
-        return out
+        out: set[str] = set()
+        for m in node.get_nodes():
+            out |= self.deps.get(m.name, set())
+        return out - own
+
+    def compute_deps(self) -> dict[str, set[str]]:
+        """Ordering constraints, in creation order: read-after-write and, for buffers that a
+        mutating extern kernel writes in place, write-after-read and write-after-write too
+        (Note [Mutation]: a reader lowered before the mutation sees the old value)."""
+        last_writer: dict[str, str] = {}
+        readers: dict[str, list[str]] = {}
+        deps: dict[str, set[str]] = {}
+        for node in self.nodes:
+            d: set[str] = set()
+            for r in node.read_names():
+                if r in last_writer:
+                    d.add(last_writer[r])
+                readers.setdefault(r, []).append(node.name)
+            for w in node.write_names():
+                if w in last_writer:
+                    d.add(last_writer[w])
+                d |= set(readers.get(w, ()))
+                last_writer[w] = node.name
+                readers[w] = []
+            d.discard(node.name)
+            deps[node.name] = d
+        return deps
 
     def dead_code_elimination(self) -> None:
         """Drop nodes whose buffers nobody reads and that are not outputs (and do not mutate)."""
@@ -508,7 +551,6 @@ class Scheduler:
 
     def topological_sort(self, nodes: list[BaseSchedulerNode]) -> list[BaseSchedulerNode]:
         owner = {m.name: n for n in nodes for m in n.get_nodes()}
-        writer = {w: n for n in nodes for w in n.write_names()}
         done: set[int] = set()
         result: list[BaseSchedulerNode] = []
 
@@ -516,10 +558,9 @@ class Scheduler:
             if id(n) in done:
                 return
             done.add(id(n))
-            for r in sorted(n.read_names()):
-                w = writer.get(r)
-                if w is not None and w is not n:
-                    visit(owner[w.get_nodes()[0].name])
+            for p in sorted(self.producers(n), key=lambda name: owner[name].order if name in owner else 0):
+                if p in owner:
+                    visit(owner[p])
             result.append(n)
 
         for n in sorted(nodes, key=lambda n: n.order):
