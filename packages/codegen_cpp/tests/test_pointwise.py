@@ -114,3 +114,14 @@ def test_inputs_with_other_strides_than_compiled_are_conformed() -> None:
     compiled = check(fn, a)
     other = make((9, 8)).t()
     torch.testing.assert_close(compiled(other), other * 2)
+
+
+def test_inputs_of_another_shape_or_dtype_are_refused() -> None:
+    def fn(a: torch.Tensor) -> Any:
+        return aten.mul.Tensor(a, 3)
+
+    compiled = check(fn, make((8, 9)))
+    with pytest.raises(ValueError, match=r"compiled for \[8, 9\] torch.float32, got \[9, 9\]"):
+        compiled(make((9, 9)))
+    with pytest.raises(ValueError, match=r"got \[8, 9\] torch.float64"):
+        compiled(make((8, 9), torch.float64))

@@ -65,8 +65,21 @@ def _flat(
     return out
 
 
-def _conform(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> torch.Tensor:
-    """An input given with other strides than at compile time, copied into the expected layout."""
+def _conform(
+    t: torch.Tensor,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    offset: int,
+    *,
+    dtype: torch.dtype,
+    name: str,
+) -> torch.Tensor:
+    """An input given with other strides than at compile time, copied into the expected layout.
+
+    A different shape or dtype is refused: the kernels would read out of place.
+    """
+    if tuple(t.shape) != size or t.dtype != dtype:
+        raise ValueError(f"input {name} was compiled for {list(size)} {dtype}, got {list(t.shape)} {t.dtype}")
     n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
     out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
     out.copy_(t)
@@ -173,9 +186,12 @@ class WrapperCodegen:
                 layout = spec.layout
                 stride, offset = tuple(layout.int_stride()), int(layout.offset)
                 # the kernels index memory with the strides seen at compile time
+                size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
+                n = spec.name
                 self.emit(
-                    f"if {spec.name}.stride() != {stride!r} or {spec.name}.storage_offset() != {offset}: "
-                    f"{spec.name} = _conform({spec.name}, {_layout_args(layout)})"
+                    f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
+                    f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: "
+                    f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
                 )
                 off = int(spec.layout.offset) * spec.layout.dtype.itemsize
                 self.pointer(spec.name, f"{spec.name}.data_ptr()" + (f" - {off}" if off else ""))
