@@ -1,0 +1,129 @@
+"""What runs instead of the frame: a generated Python runner behind a bytecode trampoline.
+
+After tracing, the return value tracker and the recorded side effects are rendered as Python
+source for one function, the runner:
+
+    def ___run(L0, L1, ...):                 # the frame's entry values, in the hook's order
+        G = ___frame_globals()               # only when a global is read or written
+        ___o = ___compiled(L0, L1._parameters['weight'], ...)   # graph inputs via their sources
+        L1.count = ___o[1]                   # side effects, in program order
+        L2[:] = [___o[2], 3]                 # an input list that the frame mutated
+        return (___o[0], L0)                 # the return value rebuilt
+
+The transformed code object (`bytecode.build_trampoline`) has the original's signature and only
+calls the runner with the entry values, so the frame hook's cache entry is (guard, trampoline).
+`Reconstructor` is the small interface trackers use to render themselves (`source`, `const`,
+`graph_output`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.output import OutputGraph
+from kiln_dynamo.source import CodeContext, Source
+from kiln_dynamo.variables.base import VariableTracker
+from kiln_dynamo.variables.dicts import DictVariable, SetVariable
+from kiln_dynamo.variables.lists import ListVariable
+
+
+class Reconstructor:
+    def __init__(self, output: OutputGraph) -> None:
+        self.output = output
+        self.ctx = CodeContext(output.entry_names, parent=output.ctx, cse=True)
+        self.outputs: list[torch.fx.Node] = []
+        self._out_index: dict[torch.fx.Node, int] = {}
+        self.needs_globals = False
+
+    def source(self, source: Source) -> str:
+        if source.needs_globals():
+            self.needs_globals = True
+        return self.ctx.bind(source)
+
+    def const(self, obj: object) -> str:
+        return self.ctx.const(obj)
+
+    def graph_output(self, node: torch.fx.Node) -> str:
+        if node not in self._out_index:
+            self._out_index[node] = len(self.outputs)
+            self.outputs.append(node)
+        return f"___o[{self._out_index[node]}]"
+
+    def is_mutated(self, vt: VariableTracker) -> bool:
+        return self.output.side_effects.is_mutated(vt)
+
+
+@dataclass(slots=True)
+class RunnerSpec:
+    source: str
+    outputs: list[torch.fx.Node]
+    needs_graph: bool
+
+
+def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[RunnerSpec, Reconstructor]:
+    from kiln_dynamo.translator import _GlobalsTarget
+
+    cg = Reconstructor(output)
+    body: list[str] = []
+
+    def emit(line: str) -> None:
+        body.extend(cg.ctx.drain())
+        body.append(line)
+
+    args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
+    graph_call_at = len(body) + len(cg.ctx.stmts)
+    emit(f"___o = ___compiled({args})")
+    for target, name, value in output.side_effects.attr_stores:
+        val = value.reconstruct(cg)
+        if isinstance(target, _GlobalsTarget):
+            if target.is_root:
+                cg.needs_globals = True
+                emit(f"G[{name!r}] = {val}")
+            else:
+                emit(f"{cg.const(target.f_globals)}[{name!r}] = {val}")
+        else:
+            if target.source is None:
+                raise Unsupported("attribute store on an object without a source")
+            emit(f"{cg.const(setattr)}({cg.source(target.source)}, {name!r}, {val})")
+    for vt in output.side_effects.mutated_containers.values():
+        assert vt.source is not None
+        where = cg.source(vt.source)
+        if isinstance(vt, ListVariable):
+            emit(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
+        elif isinstance(vt, DictVariable):
+            inner = ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in vt.items.items())
+            emit(f"{where}.clear(); {where}.update({{{inner}}})")
+        elif isinstance(vt, SetVariable):
+            emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
+        else:
+            raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
+    emit(f"return {result.reconstruct(cg)}")
+    needs_graph = bool(cg.outputs) or output.op_count() > 0
+    if not needs_graph:
+        del body[graph_call_at]
+    if cg.needs_globals or any(s.needs_globals() for _, s, _ in output.inputs):
+        body.insert(0, "G = ___frame_globals(1)")
+    params = ", ".join(f"L{i}" for i in range(len(output.entry_names)))
+    src = "def ___make(___c, ___compiled, ___frame_globals):\n"
+    src += f"    def ___run({params}):\n"
+    src += "".join(f"        {line}\n" for line in body)
+    src += "    return ___run\n"
+    return RunnerSpec(src, cg.outputs, needs_graph), cg
+
+
+def _frame_globals(depth: int) -> dict[str, Any]:
+    return sys._getframe(depth + 1).f_globals
+
+
+def build_runner(
+    spec: RunnerSpec, consts: list[object], compiled: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    scope: dict[str, Any] = {}
+    exec(compile(spec.source, "<kiln runner>", "exec"), scope)
+    return scope["___make"](consts, compiled, _frame_globals)

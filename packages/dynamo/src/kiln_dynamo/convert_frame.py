@@ -1,0 +1,220 @@
+"""From a frame to a cache entry: trace, compile, generate guard and runner.
+
+`capture(code, entry_values, f_globals, f_builtins, backend)` is the whole pipeline for one frame:
+trace it symbolically (translator.py) into an OutputGraph, render the runner (codegen.py), close
+the graph with the runner's outputs, hand the GraphModule and the real example inputs to the
+backend, compile the guard (guards.py) and assemble the trampoline (bytecode.py). It returns a
+`CapturedFrame` or raises `Unsupported`.
+
+Global state that tracing touches (grad mode) is saved before and restored after, whatever
+happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
+into an `Unsupported` with the internal error named, so that the frame falls back instead of
+crashing the user's program (Note [Never a crash]).
+
+`make_callback(backend, fullgraph)` is what kiln_frame_hook calls on a cache miss: it skips
+torch's own and generated code, explains why the existing entries' guards failed (the
+`recompiles` log), captures the frame and answers with `GuardedCode(guard, trampoline)`; a frame
+that cannot be captured is answered with SKIP (it runs as plain Python from then on; the frames
+it calls are still offered to the callback), or, under fullgraph, the `Unsupported` propagates.
+
+Note [One callback per compile]: each `compile(...)` call makes its own callback and installs it
+as the *thread* callback only while its wrapper runs, so only frames started by the compiled
+function (and what it calls) are captured, with that compile's backend.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln_dynamo import bytecode
+from kiln_dynamo.backends import Backend
+from kiln_dynamo.backends import eager as eager_backend
+from kiln_dynamo.codegen import build_runner, generate_runner
+from kiln_dynamo.counters import counters
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.guards import Guard, build_guard, readable_guards
+from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
+from kiln_dynamo.output import OutputGraph
+from kiln_dynamo.translator import run_root
+
+
+def entry_names(code: types.CodeType) -> list[str]:
+    """Argument slots (positional, keyword-only, *args, **kwargs) then free variables."""
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return list(code.co_varnames[:n]) + list(code.co_freevars)
+
+
+@dataclass(slots=True)
+class CapturedFrame:
+    graph_module: torch.fx.GraphModule | None
+    guard: Guard
+    code: types.CodeType  # the trampoline
+    runner: Callable[..., Any]
+    runner_source: str
+    capture_seconds: float
+
+
+def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a backend's compiled callable with no frame callback on this thread: its own Python
+    (generated wrappers, kernels' launchers) is not user code and must not be captured."""
+    try:
+        import kiln_frame_hook as hook
+    except ImportError:
+        return compiled
+    set_cb = hook.set_thread_callback
+
+    def call(*args: Any) -> Any:
+        previous = set_cb(None)
+        try:
+            return compiled(*args)
+        finally:
+            set_cb(previous)
+
+    return call
+
+
+def readable_graph(gm: torch.fx.GraphModule) -> str:
+    lines = []
+    for node in gm.graph.nodes:
+        src = node.meta.get("source_line") or ""
+        text = node.format_node() or ""
+        lines.append(f"    {text:<90}  # {src}" if src else f"    {text}")
+    return "\n".join(lines)
+
+
+def capture(
+    code: types.CodeType,
+    entry_values: dict[str, Any],
+    f_globals: dict[str, Any],
+    f_builtins: dict[str, Any],
+    backend: Backend,
+) -> CapturedFrame:
+    t0 = time.perf_counter()
+    names = entry_names(code)
+    assert list(entry_values) == names, (list(entry_values), names)
+    output = OutputGraph(code, names, f_globals)
+    grad = torch.is_grad_enabled()
+    try:
+        result = run_root(output, code, f_globals, f_builtins, entry_values)
+        if torch.is_grad_enabled() != grad:
+            raise Unsupported("the frame changes grad mode and does not restore it")
+        spec, _ = generate_runner(output, result)
+    except Unsupported:
+        raise
+    except Exception as e:  # Note [Never a crash]
+        raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
+    finally:
+        torch._C._set_grad_enabled(grad)
+    gm: torch.fx.GraphModule | None = None
+    compiled: Callable[..., Any] | None = None
+    if spec.needs_graph:
+        output.graph.output(tuple(spec.outputs))
+        gm = torch.fx.GraphModule(torch.nn.Module(), output.graph)
+        example_inputs = [value for _, _, value in output.inputs]
+        counters.graphs += 1
+        counters.ops += output.op_count()
+        if graph_log.isEnabledFor(20):
+            graph_log.info(
+                "graph for %s (%s:%s)\n%s",
+                code.co_name,
+                code.co_filename,
+                code.co_firstlineno,
+                readable_graph(gm),
+            )
+        try:
+            compiled = backend(gm, example_inputs)
+        except Exception as e:  # DESIGN.md: a failing backend falls back to the captured graph
+            warnings.warn(
+                f"kiln_dynamo: backend {getattr(backend, '__name__', backend)!r} failed on {code.co_name} "
+                f"({type(e).__name__}: {e}); running the captured graph eagerly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            compiled = gm.forward
+        if backend is not eager_backend:
+            compiled = _shielded(compiled)
+    runner = build_runner(spec, output.ctx.consts, compiled)
+    guard = build_guard(output.guards, len(names), f_globals)
+    if guards_log.isEnabledFor(20):
+        guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
+    trampoline = bytecode.build_trampoline(code, runner, names)
+    if bytecode_log.isEnabledFor(20):
+        bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
+    output.builder.keepalive.clear()
+    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0)
+
+
+# --- the frame hook's callback ----------------------------------------------------------------
+
+_TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
+
+
+def is_user_code(code: types.CodeType) -> bool:
+    """Frames worth capturing: not torch's own files, not generated code (`<eval_with_key>`, the
+    runners and guards kiln generates, `exec`'d strings)."""
+    filename = code.co_filename
+    if filename.startswith("<"):
+        return False
+    return not os.path.realpath(filename).startswith(_TORCH_DIR)
+
+
+def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
+    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile])."""
+    import kiln_frame_hook as hook
+
+    def callback(frame: Any) -> Any:
+        code: types.CodeType = frame.code
+        if not is_user_code(code) or code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            return hook.SKIP
+        counters.frames_seen += 1
+        values = tuple(frame.locals.values())
+        if frame.entries:
+            reason = _failure_reason(frame.entries, values)
+            counters.recompiles += 1
+            counters.guard_failures.append(f"{code.co_name}: {reason}")
+            recompiles_log.info(
+                "recompiling %s (%s:%s): guard failed: %s",
+                code.co_name,
+                code.co_filename,
+                code.co_firstlineno,
+                reason,
+            )
+            if frame.limit_reached:
+                msg = f"cache limit ({hook.get_cache_limit()}) reached; last failure: {reason}"
+                counters.fallbacks.append((code.co_name, msg))
+                recompiles_log.warning("%s: %s", code.co_name, msg)
+                return hook.RUN
+        try:
+            captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
+        except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
+            if fullgraph and isinstance(e, Unsupported):
+                raise
+            reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
+            counters.fallbacks.append((code.co_name, reason))
+            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
+            return hook.SKIP
+        counters.frames_captured += 1
+        hook.skip_code(captured.runner.__code__)
+        return hook.GuardedCode(captured.guard, captured.code)
+
+    return callback
+
+
+def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:
+    for entry in entries:
+        guard = entry.guard
+        if isinstance(guard, Guard):
+            reason = guard.failure_reason(values)
+            if reason is not None:
+                return reason
+    return "unknown"

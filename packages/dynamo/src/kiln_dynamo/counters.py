@@ -1,0 +1,33 @@
+"""Process-wide counters: what the capture machinery saw and decided.
+
+`counters` is one object with plain integer fields plus `fallbacks`, a list of (code name,
+reason) for frames that ran as plain Python. Tests read it to assert "exactly one graph" or
+"exactly one recompile"; `reset()` zeroes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Counters:
+    frames_seen: int = 0  # callback invocations (cache misses)
+    frames_captured: int = 0  # frames turned into a graph + guards
+    graphs: int = 0  # graphs handed to a backend
+    ops: int = 0  # call_function/call_method/get_attr nodes across all graphs
+    recompiles: int = 0  # captures of a code that already had an entry
+    fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    guard_failures: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.frames_seen = 0
+        self.frames_captured = 0
+        self.graphs = 0
+        self.ops = 0
+        self.recompiles = 0
+        self.fallbacks.clear()
+        self.guard_failures.clear()
+
+
+counters = Counters()

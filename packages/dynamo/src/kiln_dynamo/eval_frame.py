@@ -1,0 +1,234 @@
+"""User-facing entry points: `compile`, `reset`, and the module wrapper.
+
+`compile(fn, backend)` returns a callable that, on each call, looks for a cache entry of `fn`'s
+code whose guard accepts the call's entry values and runs its trampoline; on a miss it captures
+the frame (convert_frame.py) and adds an entry, up to the cache limit. A frame that cannot be
+captured runs as plain Python, with the reason recorded in `counters.fallbacks` (or, with
+`fullgraph=True`, raised as `Unsupported`).
+
+The normal path is kiln_frame_hook: the wrapper installs this compile's callback as the thread
+callback while `fn` runs (Note [One callback per compile] in convert_frame.py), and the hook's
+per-code cache holds (guard, trampoline) entries. A frame that falls back runs as plain Python
+and the frames it calls are offered to the callback in turn.
+
+Note [Dispatch without the frame hook]: when the hook's C extension is not importable (a source
+checkout that was not built), the cache lives here, per code object, and the wrapper does the
+hook's work in Python: it binds the call's arguments exactly as CPython would (by calling a
+trampoline whose runner just returns the entry values), checks guards most-recently-hit first,
+and calls the chosen trampoline as a function with the original globals, defaults and closure.
+Only the frame of `fn` itself is captured then.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from kiln_dynamo import bytecode
+from kiln_dynamo.backends import Backend, lookup_backend
+from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names, make_callback
+from kiln_dynamo.counters import counters
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import graph_breaks_log, recompiles_log
+
+CACHE_LIMIT = 8
+
+try:
+    import kiln_frame_hook as _hook
+
+    HAVE_HOOK = True
+except ImportError:  # Note [Dispatch without the frame hook]
+    _hook = None  # type: ignore[assignment]
+    HAVE_HOOK = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    captured: CapturedFrame
+    fn: Callable[..., Any]
+
+
+@dataclass(slots=True)
+class _CodeCache:
+    entries: list[_Entry] = field(default_factory=list)
+    skip_reason: str | None = None
+    binder: Callable[..., tuple[Any, ...]] | None = None
+
+
+_caches: dict[types.CodeType, _CodeCache] = {}
+
+
+def reset() -> None:
+    """Drop every cache entry and zero the counters."""
+    _caches.clear()
+    if HAVE_HOOK:
+        _hook.reset()
+    counters.reset()
+
+
+def _call_hooked(callback: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    previous = _hook.set_thread_callback(callback)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _hook.set_thread_callback(previous)
+
+
+def _as_function(fn: Callable[..., Any]) -> tuple[types.FunctionType, tuple[Any, ...]]:
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return fn.__func__, (fn.__self__,)
+    if isinstance(fn, types.FunctionType):
+        return fn, ()
+    raise TypeError(
+        f"kiln_dynamo.compile expects a function, a method or an nn.Module, not {type(fn).__name__}"
+    )
+
+
+def _make_function(f: types.FunctionType, code: types.CodeType) -> types.FunctionType:
+    g = types.FunctionType(code, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    return g
+
+
+def _pack(*values: Any) -> tuple[Any, ...]:
+    return values
+
+
+def _entry_values(
+    f: types.FunctionType, cache: _CodeCache, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Any, ...]:
+    if cache.binder is None:
+        code = f.__code__
+        cache.binder = _make_function(f, bytecode.build_trampoline(code, _pack, entry_names(code)))
+    return cache.binder(*args, **kwargs)
+
+
+def _run_compiled(
+    f: types.FunctionType,
+    bound_self: tuple[Any, ...],
+    backend: Backend,
+    fullgraph: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    code = f.__code__
+    cache = _caches.get(code)
+    if cache is None:
+        cache = _caches[code] = _CodeCache()
+    if cache.skip_reason is not None:
+        return f(*bound_self, *args, **kwargs)
+    call_args = (*bound_self, *args)
+    values = _entry_values(f, cache, call_args, kwargs)
+    for i, entry in enumerate(cache.entries):
+        if entry.captured.guard(*values):
+            if i:
+                cache.entries.insert(0, cache.entries.pop(i))
+            return entry.fn(*call_args, **kwargs)
+    counters.frames_seen += 1
+    if cache.entries:
+        reason = cache.entries[0].captured.guard.failure_reason(values)
+        counters.recompiles += 1
+        counters.guard_failures.append(f"{code.co_name}: {reason}")
+        recompiles_log.info(
+            "recompiling %s (%s:%s): guard failed: %s",
+            code.co_name,
+            code.co_filename,
+            code.co_firstlineno,
+            reason,
+        )
+        if len(cache.entries) >= CACHE_LIMIT:
+            msg = f"cache limit ({CACHE_LIMIT}) reached; last failure: {reason}"
+            counters.fallbacks.append((code.co_name, msg))
+            recompiles_log.warning("%s: %s", code.co_name, msg)
+            return f(*bound_self, *args, **kwargs)
+    names = entry_names(code)
+    try:
+        captured = capture(
+            code, dict(zip(names, values, strict=True)), f.__globals__, _builtins_of(f), backend
+        )
+    except Unsupported as e:
+        if fullgraph:
+            raise
+        counters.fallbacks.append((code.co_name, str(e)))
+        graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, e)
+        cache.skip_reason = str(e)
+        return f(*bound_self, *args, **kwargs)
+    counters.frames_captured += 1
+    entry = _Entry(captured, _make_function(f, captured.code))
+    cache.entries.insert(0, entry)
+    return entry.fn(*call_args, **kwargs)
+
+
+def _builtins_of(f: types.FunctionType) -> dict[str, Any]:
+    b = f.__globals__.get("__builtins__", __builtins__)
+    return b if isinstance(b, dict) else vars(b)
+
+
+class CompiledModule(nn.Module):
+    """Wraps a module: `forward` is captured; attributes, state_dict, train/eval go to the module."""
+
+    def __init__(self, mod: nn.Module, backend: Backend, fullgraph: bool) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        object.__setattr__(self, "_kiln_backend", backend)
+        object.__setattr__(self, "_kiln_fullgraph", fullgraph)
+        object.__setattr__(self, "_kiln_callback", make_callback(backend, fullgraph) if HAVE_HOOK else None)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._orig_mod
+        if self._kiln_callback is not None:
+            return _call_hooked(self._kiln_callback, mod, args, kwargs)
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            return mod(*args, **kwargs)
+        f, bound = _as_function(mod.forward)
+        return _run_compiled(f, bound, self._kiln_backend, self._kiln_fullgraph, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._orig_mod, name)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._orig_mod.train(mode)
+        self.training = mode
+        return self
+
+
+def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: bool = False) -> Any:
+    """Capture `fn_or_module` into FX graphs run by `backend` (PyTorch's backend protocol)."""
+    be = lookup_backend(backend)
+    if isinstance(fn_or_module, nn.Module):
+        return CompiledModule(fn_or_module, be, fullgraph)
+    if not isinstance(fn_or_module, (types.FunctionType, types.MethodType)) and callable(fn_or_module):
+        fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
+    f, bound = _as_function(fn_or_module)
+    if HAVE_HOOK:
+        callback = make_callback(be, fullgraph)
+
+        @functools.wraps(fn_or_module)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            return _call_hooked(callback, fn_or_module, args, kwargs)
+
+    else:
+
+        @functools.wraps(fn_or_module)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            return _run_compiled(f, bound, be, fullgraph, args, kwargs)
+
+    compiled._kiln_original = fn_or_module  # type: ignore[attr-defined]
+    return compiled
+
+
+_ = torch

@@ -1,0 +1,199 @@
+"""Fake tensors: tensors that carry metadata only.
+
+A `FakeTensor` is a wrapper subclass (`torch.Tensor._make_wrapper_subclass`) around a tensor on
+the `meta` device. The wrapper reports the *real* device, dtype, sizes, strides and
+requires_grad; every operator that reaches `__torch_dispatch__` is re-run on the inner meta
+tensors (meta kernels compute output metadata without touching data) and the outputs are wrapped
+again with the device the real operator would have produced. Autograd sits above the wrapper,
+so `requires_grad` and `grad_fn` of results follow eager exactly.
+
+`FakeMode` is a dispatch mode that does the same for operators with no tensor argument
+(factories such as `torch.zeros(3)`): the device they ask for is swapped for `meta` and
+reported back on the result. Real tensors that meet fake ones inside the mode (constants) are
+converted on the fly.
+
+An operator without a meta kernel, or one that needs data (`.item()`, `nonzero`), raises
+`FakeUnsupported` naming the operator; the capture records that reason and the frame falls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
+
+from kiln_dynamo.exc import FakeUnsupported
+
+_META = torch.device("meta")
+
+# Operators whose result depends on tensor data: a meta kernel cannot answer them.
+_DATA_DEPENDENT = frozenset(
+    {
+        "aten::_local_scalar_dense",
+        "aten::nonzero",
+        "aten::masked_select",
+        "aten::unique",
+        "aten::_unique2",
+        "aten::equal",
+        "aten::is_nonzero",
+    }
+)
+
+
+class FakeTensor(torch.Tensor):
+    """Metadata of a tensor on `fake_device`, computed by meta kernels on `meta`."""
+
+    meta: torch.Tensor
+    fake_device: torch.device
+    is_param: bool
+    __slots__ = ("fake_device", "is_param", "meta")
+
+    @staticmethod
+    def __new__(
+        cls, meta: torch.Tensor, device: torch.device, requires_grad: bool = False, is_param: bool = False
+    ) -> FakeTensor:
+        assert meta.device.type == "meta", meta.device
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            meta.size(),
+            strides=meta.stride(),
+            storage_offset=meta.storage_offset(),
+            dtype=meta.dtype,
+            layout=meta.layout,
+            device=device,
+            requires_grad=requires_grad,
+        )
+        r.meta = meta
+        r.fake_device = device
+        r.is_param = is_param
+        return r
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+        return (
+            f"FakeTensor(size={tuple(self.shape)}, dtype={self.dtype}, device={self.fake_device}"
+            f"{', requires_grad=True' if self.requires_grad else ''})"
+        )
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return run_fake(func, args, kwargs or {})
+
+
+def from_real(t: torch.Tensor) -> FakeTensor:
+    """A fake tensor with `t`'s metadata (never its data)."""
+    if isinstance(t, FakeTensor):
+        return t
+    with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
+        meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
+        if t.storage_offset():
+            meta = torch.empty(
+                t.untyped_storage().nbytes() // max(t.element_size(), 1) + 1, dtype=t.dtype, device=_META
+            ).as_strided(t.size(), t.stride(), t.storage_offset())
+    return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+
+
+def _common_device(args: list[Any], kwargs: dict[str, Any]) -> torch.device:
+    if "device" in kwargs and kwargs["device"] is not None:
+        return torch.device(kwargs["device"])
+    found: torch.device | None = None
+    for a in args:
+        # A 0-dim CPU tensor mixes with tensors on any device; another device wins.
+        if isinstance(a, FakeTensor) and (
+            found is None or (found.type == "cpu" and a.fake_device.type != "cpu")
+        ):
+            found = a.fake_device
+    return found if found is not None else torch.device("cpu")
+
+
+def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+
+    def visit(x: Any) -> Any:
+        out.append(x)
+        return x
+
+    tree_map(visit, (args, kwargs))
+    return out
+
+
+def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
+    name = func._schema.name if hasattr(func, "_schema") else str(func)
+    if name in _DATA_DEPENDENT:
+        raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")
+    flat = _flat(args, kwargs)
+    device = _common_device(flat, kwargs)
+    by_meta: dict[int, FakeTensor] = {}
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, FakeTensor):
+            by_meta[id(x.meta)] = x
+            return x.meta
+        if isinstance(x, torch.Tensor):
+            return from_real(x).meta
+        if isinstance(x, torch.device):
+            return _META
+        return x
+
+    m_args = tree_map(to_meta, args)
+    m_kwargs = tree_map(to_meta, kwargs)
+    if "device" in m_kwargs and m_kwargs["device"] is not None:
+        m_kwargs["device"] = _META
+    try:
+        out = func(*m_args, **m_kwargs)
+    except NotImplementedError as e:
+        raise FakeUnsupported(f"operator {name} has no meta kernel ({str(e).splitlines()[0]})") from e
+    except RuntimeError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "meta" in msg.lower() or "data-dependent" in msg.lower():
+            raise FakeUnsupported(f"operator {name} cannot run on fake tensors: {msg}") from e
+        raise
+
+    def wrap(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
+            if x.device.type != "meta":
+                return x
+            hit = by_meta.get(id(x))
+            if hit is not None:
+                return hit  # in-place op or alias returning an input
+            return FakeTensor(x, device)
+        return x
+
+    return tree_map(wrap, out)
+
+
+class FakeMode(TorchDispatchMode):
+    """Every operator, factories included, runs on meta tensors while this mode is active."""
+
+    active: ClassVar[int] = 0
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return run_fake(func, args, kwargs or {})
+
+
+@contextmanager
+def fake_mode() -> Iterator[None]:
+    with FakeMode():
+        yield
+
+
+def call_fake(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with every tensor operation faked."""
+    with FakeMode():
+        return fn(*args, **kwargs)
+
+
+def metadata(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a fake tensor must share with the real result: device, dtype, shape, strides, grad."""
+    dev = t.fake_device if isinstance(t, FakeTensor) else t.device
+    return (dev, t.dtype, tuple(t.shape), tuple(t.stride()), t.requires_grad, t.layout)

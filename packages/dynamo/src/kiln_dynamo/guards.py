@@ -1,0 +1,238 @@
+"""Guards: one Python function per compiled entry, checking what the capture relied on.
+
+While tracing, each fact the graph depends on is recorded as a check: a fast Python expression
+over the frame's entry values, one or more (expression, readable) pairs that explain it part by
+part (`L['x'].size(0) == 8`), and the user line that made the capture rely on it. `build_guard`
+turns the checks of one capture into the source of one function, compiled once:
+
+    def ___guard(L0, L1):
+        try:
+            if not (___c[0]() is True): return False
+            v0 = L0._modules['lin']                       # each source evaluated once
+            if not (type(v0) is ___c[3]): return False
+            v1 = v0._parameters['weight']
+            if not ((type(v1), v1.dtype, v1.device, v1.requires_grad, v1.shape, v1.stride()) == ___c[5]):
+                return False
+            return True
+        except Exception:
+            return False
+
+A tensor is checked with one tuple comparison; its explanation has one part per property. The
+same body, generated a second time with the explanation parts, is compiled lazily and used only
+after the fast function said no, to name the first failing part (`failure_reason`).
+
+Note [Guard references]: guards must not keep the compiled function alive (the cache sits in
+the code object's co_extra, which gc cannot traverse). Identity checks on objects that support
+weak references go through a weakref (`___c[k]() is X`); the constant table may hold types,
+dtypes, devices and module globals dicts, which outlive the function anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln_dynamo import shapes
+from kiln_dynamo.source import CodeContext, Source
+
+
+@dataclass(frozen=True, slots=True)
+class GuardPart:
+    code: str  # fast expression (in terms of the guard's locals)
+    explain: tuple[tuple[str, str], ...]  # (expression, readable) per property
+    where: str
+
+    @property
+    def readable(self) -> str:
+        return " and ".join(r for _, r in self.explain)
+
+
+class GuardBuilder:
+    """Collects checks, deduplicated, in the order they were first needed."""
+
+    def __init__(self, parent_ctx: CodeContext) -> None:
+        self.ctx = CodeContext(parent_ctx.entry_names, parent=parent_ctx, cse=True)
+        self.items: list[str | GuardPart] = []  # assignments and checks, in order
+        self._seen: set[str] = set()
+        self.where = "?"
+        self.needs_globals = False
+        self.global_state_recorded = False
+
+    @property
+    def parts(self) -> list[GuardPart]:
+        return [i for i in self.items if isinstance(i, GuardPart)]
+
+    def add(
+        self, code: str, readable: str | None = None, explain: list[tuple[str, str]] | None = None
+    ) -> None:
+        self.items.extend(self.ctx.drain())
+        if code in self._seen:
+            return
+        self._seen.add(code)
+        self.items.append(GuardPart(code, tuple(explain or [(code, readable or code)]), self.where))
+
+    def _src(self, source: Source) -> tuple[str, str]:
+        if source.needs_globals():
+            self.needs_globals = True
+        return self.ctx.bind(source), source.name()
+
+    def type_match(self, source: Source, value: object) -> None:
+        code, name = self._src(source)
+        t = type(value)
+        self.add(f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
+
+    def constant(self, source: Source, value: object) -> None:
+        code, name = self._src(source)
+        if value is None or isinstance(value, bool):
+            self.add(f"{code} is {value!r}", f"{name} is {value!r}")
+            return
+        self.type_match(source, value)
+        if isinstance(value, (int, str)) or (isinstance(value, float) and not math.isnan(value)):
+            self.add(f"{code} == {value!r}", f"{name} == {value!r}")
+        else:
+            self.add(f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
+
+    def identity(self, source: Source, value: object) -> None:
+        code, name = self._src(source)
+        label = (
+            getattr(value, "__qualname__", None) or getattr(value, "__name__", None) or type(value).__name__
+        )
+        if isinstance(value, type(torch)):
+            label = value.__name__
+        try:
+            ref: Any = weakref.ref(value)
+            self.add(f"{code} is {self.ctx.const(ref)}()", f"{name} is {label}")
+        except TypeError:
+            self.add(f"id({code}) == {id(value)}", f"{name} is {label}")
+
+    def same_object(self, a: Source, b: Source) -> None:
+        ca, na = self._src(a)
+        cb, nb = self._src(b)
+        self.add(f"{ca} is {cb}", f"{na} is {nb}")
+
+    def length(self, source: Source, value: Any) -> None:
+        code, name = self._src(source)
+        self.add(f"len({code}) == {len(value)}", f"len({name}) == {len(value)}")
+
+    def dict_keys(self, source: Source, value: dict[Any, Any]) -> None:
+        code, name = self._src(source)
+        keys = list(value.keys())
+        self.add(f"list({code}.keys()) == {self.ctx.const(keys)}", f"list({name}.keys()) == {keys!r}")
+
+    def no_hooks(self, source: Source) -> None:
+        code, name = self._src(source)
+        self.add(f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks")
+
+    def tensor(self, source: Source, t: torch.Tensor) -> None:
+        code, name = self._src(source)
+        sizes, strides = shapes.sizes_of(t), shapes.strides_of(t)
+        spec = (type(t), t.dtype, t.device, t.requires_grad, sizes, strides)
+        fast = f"(type({code}), {code}.dtype, {code}.device, {code}.requires_grad, {code}.shape, {code}.stride()) == "
+        explain = [
+            (f"type({code}) is {self.ctx.const(type(t))}", f"type({name}) is {type(t).__qualname__}"),
+            (f"{code}.dtype == {self.ctx.const(t.dtype)}", f"{name}.dtype == {t.dtype}"),
+            (f"{code}.device == {self.ctx.const(t.device)}", f"{name}.device == {str(t.device)!r}"),
+            (f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}"),
+        ]
+        explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
+        self.add(fast + self.ctx.const(spec), explain=explain)
+
+    def global_state(self) -> None:
+        """Grad mode and default dtype as they were when the frame started (recorded once)."""
+        if self.global_state_recorded:
+            return
+        self.global_state_recorded = True
+        grad = torch.is_grad_enabled()
+        self.add(f"{self.ctx.const(torch.is_grad_enabled)}() is {grad}", f"torch.is_grad_enabled() == {grad}")
+        dt = torch.get_default_dtype()
+        self.add(
+            f"{self.ctx.const(torch.get_default_dtype)}() == {self.ctx.const(dt)}",
+            f"torch.get_default_dtype() == {dt}",
+        )
+
+
+@dataclass(slots=True)
+class Guard:
+    """The compiled check of one cache entry, with what is needed to explain a failure."""
+
+    fn: Callable[..., bool]
+    parts: list[GuardPart]
+    source: str
+    items: list[str | GuardPart]
+    consts: list[object]
+    globals_dict: dict[str, Any] | None
+    n_entries: int
+    _explain: Callable[..., Any] | None = None
+
+    def __call__(self, *entry_values: Any) -> bool:
+        return self.fn(*entry_values)
+
+    def __repr__(self) -> str:
+        return f"<kiln guard of {len(self.parts)} checks>"
+
+    def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
+        """The first failing part on these entry values (readable, with the user's line)."""
+        if self._explain is None:
+            self._explain = _compile(self.items, self.n_entries, self.consts, self.globals_dict, explain=True)
+        result = self._explain(*entry_values)
+        if result is None:
+            return None
+        i, j, raised = result
+        part = self.parts[i]
+        text = part.explain[j][1] if j >= 0 else part.readable
+        return f"{text}{' (raised ' + raised + ')' if raised else ''} [from {part.where}]"
+
+
+def _compile(
+    items: list[str | GuardPart], n: int, consts: list[object], g: dict[str, Any] | None, explain: bool
+) -> Callable[..., Any]:
+    params = ", ".join(f"L{i}" for i in range(n))
+    body: list[str] = []
+    k = 0
+    for item in items:
+        if isinstance(item, str):
+            body.append(item)
+            continue
+        if explain:
+            body.append(f"___i = {k}")
+            for j, (code, _) in enumerate(item.explain):
+                body.append(f"if not ({code}): return ({k}, {j}, '')")
+            body.append(f"if not ({item.code}): return ({k}, -1, '')")
+        else:
+            body.append(f"if not ({item.code}): return False")
+        k += 1
+    ok = "None" if explain else "True"
+    fail = "(___i, -1, type(e).__name__)" if explain else "False"
+    lines = "".join(f"            {b}\n" for b in body)
+    src = (
+        "def ___make(___c, G):\n"
+        f"    def ___guard({params}):\n"
+        "        ___i = 0\n"
+        "        try:\n"
+        f"{lines}"
+        f"            return {ok}\n"
+        "        except Exception as e:\n"
+        f"            return {fail}\n"
+        "    return ___guard\n"
+    )
+    scope: dict[str, Any] = {}
+    exec(compile(src, "<kiln guard>", "exec"), scope)
+    fn: Callable[..., Any] = scope["___make"](consts, g)
+    fn.__kiln_source__ = src  # type: ignore[attr-defined]
+    return fn
+
+
+def build_guard(builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any]) -> Guard:
+    builder.items.extend(builder.ctx.drain())
+    g = globals_dict if builder.needs_globals else None
+    fn = _compile(builder.items, n_entries, builder.ctx.consts, g, explain=False)
+    return Guard(fn, builder.parts, fn.__kiln_source__, list(builder.items), builder.ctx.consts, g, n_entries)  # type: ignore[attr-defined]
+
+
+def readable_guards(guard: Guard) -> str:
+    return "\n".join(f"  {p.readable}    # {p.where}" for p in guard.parts)

@@ -1,0 +1,52 @@
+"""Logging artifacts of kiln_dynamo, in the spirit of TORCH_LOGS.
+
+Each artifact (`graph`, `guards`, `recompiles`, `bytecode`, `graph_breaks`) is a stdlib logger
+under `kiln.dynamo.<artifact>`. `KILN_LOG=graph,guards` (read when the package is imported, or by
+calling `configure()` again) gives those loggers a stderr handler at INFO level; everything else
+stays silent unless the application configures logging itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ARTIFACTS = ("graph", "guards", "recompiles", "bytecode", "graph_breaks")
+
+_handler: logging.Handler | None = None
+
+
+def get_artifact_logger(artifact: str) -> logging.Logger:
+    assert artifact in ARTIFACTS, artifact
+    return logging.getLogger(f"kiln.dynamo.{artifact}")
+
+
+def configure(spec: str | None = None) -> list[str]:
+    """Turn on the artifacts named in `spec` (default: $KILN_LOG); returns the ones enabled."""
+    global _handler
+    if spec is None:
+        spec = os.environ.get("KILN_LOG", "")
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if "all" in names or "dynamo" in names:
+        names = list(ARTIFACTS)
+    enabled = [n for n in names if n in ARTIFACTS]
+    if enabled and _handler is None:
+        _handler = logging.StreamHandler()
+        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    for art in ARTIFACTS:
+        logger = get_artifact_logger(art)
+        if art in enabled:
+            assert _handler is not None
+            logger.setLevel(logging.INFO)
+            if _handler not in logger.handlers:
+                logger.addHandler(_handler)
+        elif _handler is not None and _handler in logger.handlers:
+            logger.removeHandler(_handler)
+    return enabled
+
+
+graph_log = get_artifact_logger("graph")
+guards_log = get_artifact_logger("guards")
+recompiles_log = get_artifact_logger("recompiles")
+bytecode_log = get_artifact_logger("bytecode")
+graph_breaks_log = get_artifact_logger("graph_breaks")

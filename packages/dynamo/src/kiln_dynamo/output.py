@@ -1,0 +1,196 @@
+"""The graph under construction for one frame, and the side effects to replay after it.
+
+`OutputGraph` owns the torch.fx.Graph, its placeholders (one per distinct input tensor, in the
+order first reached, each with the `Source` the runner uses to fetch it), the guard builder, the
+variable builder and `SideEffects`. `create_call` is the single door through which tensor
+operations enter the graph: it runs the operation on fake tensors first, then adds the node and
+wraps the result.
+
+`SideEffects` records mutations of things that outlive the frame: attribute stores on modules and
+objects (replayed in program order), and lists, dicts and sets from outside the frame whose
+contents changed (rewritten in place). Objects created inside the frame need no record: they are
+trackers, and only reach the outside through the return value or through such a store.
+"""
+
+from __future__ import annotations
+
+import linecache
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.fake import FakeMode, FakeTensor, from_real
+from kiln_dynamo.guards import GuardBuilder
+from kiln_dynamo.source import CodeContext, Source
+from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
+from kiln_dynamo.variables.builder import VariableBuilder
+from kiln_dynamo.variables.lists import NamedTupleVariable, SizeVariable, TupleVariable
+from kiln_dynamo.variables.tensor import TensorVariable, fake_arg, graph_arg
+
+if TYPE_CHECKING:
+    from kiln_dynamo.translator import InstructionTranslator
+
+VT = VariableTracker
+
+
+class SideEffects:
+    def __init__(self) -> None:
+        self.attr_stores: list[tuple[VT, str, VT]] = []
+        self._pending: dict[tuple[int, str], VT] = {}
+        self.mutated_containers: dict[int, VT] = {}
+
+    def pending_attr(self, obj: object, name: str) -> VT | None:
+        return self._pending.get((id(obj), name))
+
+    def store_attr(self, target: VT, obj: object, name: str, value: VT) -> None:
+        self._pending[(id(obj), name)] = value
+        self.attr_stores.append((target, name, value))
+
+    def mutated(self, container: VT) -> None:
+        if container.source is not None:
+            self.mutated_containers[id(container)] = container
+
+    def is_mutated(self, container: VT) -> bool:
+        return id(container) in self.mutated_containers
+
+
+class OutputGraph:
+    def __init__(self, code: types.CodeType, entry_names: list[str], f_globals: dict[str, Any]) -> None:
+        self.code = code
+        self.entry_names = entry_names
+        self.f_globals = f_globals
+        self.graph = torch.fx.Graph()
+        self.ctx = CodeContext(entry_names)
+        self.guards = GuardBuilder(self.ctx)
+        self.builder = VariableBuilder(self)
+        self.side_effects = SideEffects()
+        self.inputs: list[tuple[torch.fx.Node, Source, torch.Tensor]] = []
+        self._input_by_id: dict[int, TensorVariable] = {}
+        self._real_cells: dict[int, CellVariable] = {}
+        self.fallback_reasons: list[str] = []
+        self.initial_grad_mode = torch.is_grad_enabled()
+        self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
+        self.guards.global_state()
+
+    # --- inputs -------------------------------------------------------------------------------
+    def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:
+        hit = self._input_by_id.get(id(value))
+        if hit is not None:
+            return hit
+        if type(value) not in (
+            torch.Tensor,
+            torch.nn.Parameter,
+            torch.nn.Buffer if hasattr(torch.nn, "Buffer") else torch.Tensor,
+        ):
+            raise Unsupported(f"tensor subclass {type(value).__qualname__} at {source.name()}")
+        if value.is_sparse or value.layout != torch.strided:
+            raise Unsupported(f"non-strided tensor at {source.name()}")
+        self.guards.tensor(source, value)
+        name = _node_name(source.name())
+        if self.inputs:
+            ctx = self.graph.inserting_after(self.inputs[-1][0])
+        elif len(self.graph.nodes) > 0:
+            ctx = self.graph.inserting_before(next(iter(self.graph.nodes)))
+        else:
+            ctx = self.graph.inserting_after(None)
+        with ctx:
+            node = self.graph.placeholder(name)
+        fake = from_real(value)
+        node.meta["val"] = fake
+        node.meta["source"] = source.name()
+        self.inputs.append((node, source, value))
+        vt = TensorVariable(node, fake, type(value), source)
+        self._input_by_id[id(value)] = vt
+        return vt
+
+    def real_cell(self, cell: types.CellType, make: Any) -> CellVariable:
+        hit = self._real_cells.get(id(cell))
+        if hit is None:
+            hit = CellVariable(make())
+            hit.source = None
+            self._real_cells[id(cell)] = hit
+            hit.real = True  # type: ignore[attr-defined]
+        return hit
+
+    # --- nodes --------------------------------------------------------------------------------
+    def create_call(
+        self, tx: InstructionTranslator, kind: str, target: Any, args: list[VT], kwargs: dict[str, VT]
+    ) -> VT:
+        fargs = [fake_arg(a) for a in args]
+        fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
+        try:
+            with FakeMode():
+                if kind == "call_method":
+                    out = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+                else:
+                    out = target(*fargs, **fkwargs)
+        except Unsupported:
+            raise
+        except Exception as e:
+            label = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise Unsupported(f"{label} failed on fake tensors: {type(e).__name__}: {first}") from e
+        gargs = tuple(graph_arg(a) for a in args)
+        gkwargs = {k: graph_arg(v) for k, v in kwargs.items()}
+        node = self.graph.create_node(kind, target, gargs, gkwargs)
+        node.meta["source_line"] = tx.where()
+        node.meta["stack_trace"] = tx.stack_trace()
+        return self.wrap_result(node, out)
+
+    def wrap_result(self, node: torch.fx.Node, out: Any) -> VT:
+        import operator
+
+        if isinstance(out, FakeTensor):
+            node.meta["val"] = out
+            return TensorVariable(node, out)
+        if isinstance(out, torch.Tensor):
+            raise Unsupported(f"{node.target} produced a real tensor during tracing")
+        if isinstance(out, (tuple, list)):
+            flat, _ = tree_flatten(out)
+            if not any(isinstance(x, torch.Tensor) for x in flat):
+                self.graph.erase_node(node)
+                return self.builder.wrap(out, None)
+            node.meta["val"] = out
+            items: list[VT] = []
+            for i, item in enumerate(out):
+                sub = self.graph.create_node("call_function", operator.getitem, (node, i), {})
+                sub.meta["source_line"] = node.meta.get("source_line")
+                items.append(self.wrap_result(sub, item))
+            if type(out).__module__ == "torch.return_types":
+                return NamedTupleVariable(items, type(out))
+            return TupleVariable(items)
+        if out is None:
+            return ConstantVariable(None)  # kept: a node returning None is run for its effect
+        self.graph.erase_node(node)
+        if isinstance(out, (bool, int, float, torch.dtype, torch.device, str)):
+            return ConstantVariable(out)
+        if isinstance(out, torch.Size):
+            return SizeVariable([ConstantVariable(int(s)) for s in out])
+        raise Unsupported(f"{node.target} returned {type(out).__name__}, which the graph cannot carry")
+
+    def set_grad_mode(self, mode: bool) -> None:
+        node = self.graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+        node.meta["source_line"] = "grad mode"
+        torch._C._set_grad_enabled(mode)
+
+    def op_count(self) -> int:
+        return sum(
+            1 for n in self.graph.nodes if n.op in ("call_function", "call_method", "call_module", "get_attr")
+        )
+
+
+def _node_name(source_name: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in source_name)
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.strip("_") or "arg"
+
+
+def source_line(filename: str, lineno: int | None) -> str:
+    if lineno is None:
+        return ""
+    return linecache.getline(filename, lineno).strip()

@@ -1,0 +1,209 @@
+"""Sources: where a value seen by the capture came from, as an expression over the frame.
+
+Every value read from outside the frame (an argument, a global, a closure cell, a module
+attribute, an item of an input list) carries a `Source`. A source renders two ways:
+`code(ctx)` is the Python expression that the generated guard and runner evaluate (entry values
+are parameters `L0, L1, ...`, the frame's globals are `G`, other objects live in the constant
+table `___c`); `name()` is the readable spelling used in logs and guard-failure reasons, e.g.
+`L['self'].layers[0].weight` or `G['SCALE']`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class CodeContext:
+    """What the generated code can refer to: entry parameter names and the constant table.
+
+    A context made with `cse=True` binds every non-trivial source to a local (`v3 = L0.layers`)
+    the first time it is rendered and reuses the local afterwards; the assignments collect in
+    `stmts`, which the generator drains into its function body before the line that needs them.
+    Children share their parent's constant table.
+    """
+
+    def __init__(self, entry_names: list[str], parent: CodeContext | None = None, cse: bool = False) -> None:
+        self.entry_names = entry_names
+        self.consts: list[object] = parent.consts if parent is not None else []
+        self._const_index: dict[int, int] = parent._const_index if parent is not None else {}
+        self.cse: dict[Source, str] | None = {} if cse else None
+        self.stmts: list[str] = []
+
+    def bind(self, source: Source) -> str:
+        if self.cse is None or isinstance(source, LocalSource):
+            return source.code(self)
+        hit = self.cse.get(source)
+        if hit is not None:
+            return hit
+        expr = source.code(self)
+        name = f"v{len(self.cse)}"
+        self.cse[source] = name
+        self.stmts.append(f"{name} = {expr}")
+        return name
+
+    def drain(self) -> list[str]:
+        out, self.stmts = self.stmts, []
+        return out
+
+    def param(self, name: str) -> str:
+        return f"L{self.entry_names.index(name)}"
+
+    def const(self, obj: object) -> str:
+        key = id(obj)
+        if key not in self._const_index:
+            self._const_index[key] = len(self.consts)
+            self.consts.append(obj)
+        return f"___c[{self._const_index[key]}]"
+
+
+class Source:
+    __slots__ = ()
+
+    def code(self, ctx: CodeContext) -> str:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def needs_globals(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self.name()
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSource(Source):
+    local: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return ctx.param(self.local)
+
+    def name(self) -> str:
+        return f"L[{self.local!r}]"
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalSource(Source):
+    """A name in the frame's own globals (`G`)."""
+
+    global_name: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"G[{self.global_name!r}]"
+
+    def name(self) -> str:
+        return f"G[{self.global_name!r}]"
+
+    def needs_globals(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ForeignGlobalSource(Source):
+    """A name in another module's globals (a function inlined from elsewhere)."""
+
+    globals_dict: dict[str, object]
+    global_name: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.const(self.globals_dict)}[{self.global_name!r}]"
+
+    def name(self) -> str:
+        mod = self.globals_dict.get("__name__", "?")
+        return f"{mod}.{self.global_name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AttrSource(Source):
+    base: Source
+    attr: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}.{self.attr}"
+
+    def name(self) -> str:
+        return f"{self.base.name()}.{self.attr}"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class DictEntrySource(Source):
+    """`base.<dict_attr>[key]`: a parameter, buffer or submodule read without Module.__getattr__."""
+
+    base: Source
+    dict_attr: str
+    key: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}.{self.dict_attr}[{self.key!r}]"
+
+    def name(self) -> str:
+        if self.key.isidentifier():
+            return f"{self.base.name()}.{self.key}"
+        return f"{self.base.name()}[{self.key}]"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class GetItemSource(Source):
+    base: Source
+    index: object  # int or str key
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}[{self.index!r}]"
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.index!r}]"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class ClosureSource(Source):
+    """Contents of closure cell `index` of the function at `base`."""
+
+    base: Source
+    index: int
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}.__closure__[{self.index}].cell_contents"
+
+    def name(self) -> str:
+        return f"{self.base.name()}.__closure__[{self.index}].cell_contents"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ConstSource(Source):
+    """An object the capture holds on to (the guard and runner keep it alive)."""
+
+    obj: object
+    label: str
+
+    def code(self, ctx: CodeContext) -> str:
+        return ctx.const(self.obj)
+
+    def name(self) -> str:
+        return self.label
+
+
+@dataclass(frozen=True, slots=True)
+class TypeSource(Source):
+    base: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"type({ctx.bind(self.base)})"
+
+    def name(self) -> str:
+        return f"type({self.base.name()})"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()

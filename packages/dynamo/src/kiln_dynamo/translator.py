@@ -1,0 +1,814 @@
+"""The symbolic bytecode evaluator: one method per opcode, over a stack of trackers.
+
+`InstructionTranslator` steps through a code object's instructions (`dis` decodes them: cache
+entries dropped, jump targets as offsets). Its state is a stack and a dict of locals holding
+`VariableTracker`s, the cells of the frame, and the instruction pointer. Each opcode is the
+method of the same name; an opcode without a method is `Unsupported`. Jumps on constants are
+followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported.
+
+Calls inline: a user function runs in a child translator (`inline_call`) that shares the
+parent's OutputGraph, so the whole call tree lands in one graph. Generator functions
+(generator expressions) run to completion in a child translator that collects the yielded
+values into a list iterator.
+
+Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
+LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
+3.11 direction-specific POP_JUMP_{FORWARD,BACKWARD}_IF_* vs 3.12 POP_JUMP_IF_*, FOR_ITER's
+exhaustion (3.11 pops the iterator and jumps to the target; 3.12 jumps past END_FOR),
+COMPARE_OP's argument encoding, BINARY_SLICE/STORE_SLICE, RETURN_CONST, LOAD_FAST_AND_CLEAR
+and CALL_INTRINSIC_1 (3.12).
+"""
+
+from __future__ import annotations
+
+import dis
+import operator
+import sys
+import types
+from typing import Any
+
+import torch
+
+from kiln_dynamo import bytecode
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.output import OutputGraph, source_line
+from kiln_dynamo.source import ForeignGlobalSource, GlobalSource, Source
+from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
+from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
+from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.functions import NestedFunctionVariable
+from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.tensor import TensorVariable
+from kiln_dynamo.variables.torch import TRUSTED_MODULE_PREFIXES, GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.user_defined import SuperVariable
+
+PY = bytecode.PY_VERSION
+if PY not in ((3, 11), (3, 12)):
+    raise NotImplementedError(PY)
+
+VT = VariableTracker
+MAX_INLINE_DEPTH = 40
+
+_BINARY_BY_SYMBOL = {sym: fn for fn, sym in BINARY_OPERATORS.items()}
+_COMPARE_BY_SYMBOL = {sym: fn for fn, sym in COMPARE_OPERATORS.items()}
+_CONST_BINARY = {fn: fn for fn in BINARY_OPERATORS}
+
+
+def _arg(inst: dis.Instruction) -> int:
+    return inst.arg if inst.arg is not None else 0
+
+
+class _Return(Exception):
+    def __init__(self, value: VT) -> None:
+        self.value = value
+
+
+class InstructionTranslator:
+    def __init__(
+        self,
+        output: OutputGraph,
+        code: types.CodeType,
+        f_globals: dict[str, Any],
+        f_builtins: dict[str, Any],
+        symbolic_locals: dict[str, VT],
+        cells: dict[str, CellVariable],
+        parent: InstructionTranslator | None = None,
+    ) -> None:
+        self.output = output
+        self.code = code
+        self.f_globals = f_globals
+        self.f_builtins = f_builtins
+        self.locals = symbolic_locals
+        self.cells = cells
+        self.parent = parent
+        self.depth: int = 0 if parent is None else parent.depth + 1
+        self.instructions = bytecode.instructions(code)
+        self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
+        self.stack: list[VT] = []
+        self.ip = 0
+        self.lineno: int | None = code.co_firstlineno
+        self.kw_names: tuple[str, ...] = ()
+        self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
+        opnames = {inst.opname for inst in self.instructions}
+        if "CHECK_EXC_MATCH" in opnames or (
+            "PUSH_EXC_INFO" in opnames and "WITH_EXCEPT_START" not in opnames
+        ):
+            # Note [Exception handlers]: the graph cannot catch what a traced op raises at run time.
+            raise Unsupported(
+                f"try/except or try/finally in {code.co_name}", f"{code.co_filename}:{code.co_firstlineno}"
+            )
+
+    # --- locations ----------------------------------------------------------------------------
+    def where(self) -> str:
+        return f"{self.code.co_filename}:{self.lineno}"
+
+    def stack_trace(self) -> str:
+        frames = []
+        tx: InstructionTranslator | None = self
+        while tx is not None:
+            frames.append(
+                f'  File "{tx.code.co_filename}", line {tx.lineno}, in {tx.code.co_name}\n'
+                f"    {source_line(tx.code.co_filename, tx.lineno)}"
+            )
+            tx = tx.parent
+        return "\n".join(reversed(frames))
+
+    # --- running ------------------------------------------------------------------------------
+    def run(self) -> VT:
+        try:
+            while True:
+                inst = self.instructions[self.ip]
+                self.ip += 1
+                if inst.positions is not None and inst.positions.lineno is not None:
+                    self.lineno = inst.positions.lineno
+                handler = getattr(self, inst.opname, None)
+                if handler is None:
+                    raise Unsupported(f"opcode {inst.opname} is not supported")
+                self.output.guards.where = self.where()
+                handler(inst)
+        except _Return as r:
+            return r.value
+        except Unsupported as e:
+            raise e.located(self.where()) from e.__cause__
+        except RecursionError as e:
+            raise Unsupported("recursion too deep while tracing").located(self.where()) from e
+
+    def jump(self, inst: dis.Instruction) -> None:
+        self.ip = self.index_of[inst.argval]
+
+    def push(self, v: VT) -> None:
+        self.stack.append(v)
+
+    def pop(self) -> VT:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[VT]:
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+    # --- helpers shared with trackers ---------------------------------------------------------
+    def wrap(self, value: Any, source: Source | None) -> VT:
+        return self.output.builder.wrap(value, source)
+
+    def wrap_constant(self, value: Any) -> VT:
+        if isinstance(value, torch.Tensor):
+            raise Unsupported("a tensor appeared where a constant was expected")
+        return self.output.builder.wrap(value, None)
+
+    def load_attr(self, obj: VT, name: str) -> VT:
+        return obj.getattr(self, name)
+
+    def values_equal(self, a: VT, b: VT) -> bool:
+        if a.is_constant() and b.is_constant():
+            return bool(a.as_constant() == b.as_constant())
+        if a.identity() is b.identity():
+            return True
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            raise Unsupported("comparing a tensor for equality in Python control flow")
+        return False
+
+    def contains(self, container: VT, item: VT) -> bool:
+        if hasattr(container, "contains"):
+            return bool(container.contains(self, item))
+        if container.is_constant() and item.is_constant():
+            return item.as_constant() in container.as_constant()
+        if isinstance(container, NNModuleVariable):
+            from torch import nn
+
+            if isinstance(container.module, nn.ModuleDict):
+                return item.as_constant() in container.module._modules
+        raise Unsupported(f"`in` on {container.describe()}")
+
+    def subscript(self, obj: VT, key: VT) -> VT:
+        return obj.getitem(self, key)
+
+    def binary_op(self, fn: Any, a: VT, b: VT) -> VT:
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if a.is_constant() and b.is_constant() and not isinstance(a, BaseListVariable | DictVariable):
+            try:
+                return self.wrap_constant(fn(a.as_constant(), b.as_constant()))
+            except Exception as e:
+                raise Unsupported(f"{BINARY_OPERATORS.get(fn, fn)} raised {type(e).__name__}: {e}") from e
+        sym = BINARY_OPERATORS.get(fn, "")
+        base = sym.rstrip("=") if sym.endswith("=") and sym not in ("==",) else sym
+        if isinstance(a, BaseListVariable) and base == "+" and isinstance(b, BaseListVariable):
+            if sym == "+=" and isinstance(a, ListVariable):
+                a.call_method(self, "extend", [b], {})
+                return a
+            if type(a) is not type(b) and not (isinstance(a, TupleVariable) and isinstance(b, TupleVariable)):
+                raise Unsupported(f"{a.describe()} + {b.describe()}")
+            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items + b.items)
+        if sym == "+=" and isinstance(a, ListVariable):
+            a.call_method(self, "extend", [b], {})
+            return a
+        if isinstance(a, BaseListVariable) and base == "*" and b.is_constant():
+            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
+        if isinstance(b, BaseListVariable) and base == "*" and a.is_constant():
+            return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
+        if isinstance(a, DictVariable) and base == "|" and isinstance(b, DictVariable):
+            if sym == "|=":
+                a.call_method(self, "update", [b], {})
+                return a
+            return DictVariable({**a.items, **b.items}, a.user_cls)
+        if isinstance(a, SetVariable) and b.is_constant():
+            return SetVariable(list(fn(a.as_constant(), b.as_constant())))
+        raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
+
+    def compare_op(self, fn: Any, a: VT, b: VT) -> VT:
+        if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
+            return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if a.is_constant() and b.is_constant():
+            return ConstantVariable(fn(a.as_constant(), b.as_constant()))
+        if fn in (operator.eq, operator.ne):
+            same = a.identity() is b.identity()
+            if same or type(a) is not type(b):
+                return ConstantVariable(same if fn is operator.eq else not same)
+        raise Unsupported(f"comparison {COMPARE_OPERATORS[fn]} on {a.describe()} and {b.describe()}")
+
+    def unary_op(self, fn: Any, a: VT) -> VT:
+        if fn is operator.not_:
+            return ConstantVariable(not a.truth(self))
+        if isinstance(a, TensorVariable):
+            return self.output.create_call(self, "call_function", fn, [a], {})
+        if a.is_constant():
+            return self.wrap_constant(fn(a.as_constant()))
+        raise Unsupported(f"unary {fn.__name__} on {a.describe()}")
+
+    def inline_call(
+        self,
+        code: types.CodeType,
+        f_globals: dict[str, Any],
+        bound: dict[str, VT],
+        closure: list[CellVariable],
+        label: str,
+    ) -> VT:
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {label}")
+        if code.co_flags & (0x80 | 0x100 | 0x200 if False else 0x80 | 0x100):
+            raise Unsupported(f"{label} is a coroutine or async generator")
+        cells: dict[str, CellVariable] = {}
+        for name in code.co_cellvars:
+            cells[name] = CellVariable(
+                bound.pop(name) if name in bound and name not in code.co_varnames else None
+            )
+            if name in code.co_varnames and name in bound:
+                cells[name].contents = bound[name]
+        if len(closure) != len(code.co_freevars):
+            raise Unsupported(f"{label}: closure does not match its free variables")
+        for name, cell in zip(code.co_freevars, closure, strict=True):
+            cells[name] = cell
+        child = InstructionTranslator(self.output, code, f_globals, self.f_builtins, dict(bound), cells, self)
+        result = child.run()
+        if child.yielded is not None:
+            return ListIteratorVariable(child.yielded)
+        return result
+
+    def call(self, fn: VT, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return fn.call(self, args, kwargs)
+
+    # ==========================================================================================
+    # Opcodes. Names match dis.opname; each documents only what differs from CPython's meaning.
+    # ==========================================================================================
+    def NOP(self, inst: dis.Instruction) -> None:
+        pass
+
+    def RESUME(self, inst: dis.Instruction) -> None:
+        pass
+
+    def CACHE(self, inst: dis.Instruction) -> None:
+        pass
+
+    def EXTENDED_ARG(self, inst: dis.Instruction) -> None:
+        pass
+
+    def MAKE_CELL(self, inst: dis.Instruction) -> None:
+        pass  # cells are created when the translator starts
+
+    def COPY_FREE_VARS(self, inst: dis.Instruction) -> None:
+        pass
+
+    def RETURN_GENERATOR(self, inst: dis.Instruction) -> None:
+        self.push(ConstantVariable(None))
+
+    def POP_TOP(self, inst: dis.Instruction) -> None:
+        self.pop()
+
+    def PUSH_NULL(self, inst: dis.Instruction) -> None:
+        self.push(NULL)
+
+    def COPY(self, inst: dis.Instruction) -> None:
+        self.push(self.stack[-_arg(inst)])
+
+    def SWAP(self, inst: dis.Instruction) -> None:
+        i = _arg(inst)
+        self.stack[-1], self.stack[-i] = self.stack[-i], self.stack[-1]
+
+    def LOAD_CONST(self, inst: dis.Instruction) -> None:
+        self.push(
+            self.wrap_constant(inst.argval)
+            if not isinstance(inst.argval, types.CodeType)
+            else ConstantVariable(inst.argval)
+        )
+
+    def RETURN_CONST(self, inst: dis.Instruction) -> None:
+        raise _Return(self.wrap_constant(inst.argval))
+
+    def RETURN_VALUE(self, inst: dis.Instruction) -> None:
+        raise _Return(self.pop())
+
+    def YIELD_VALUE(self, inst: dis.Instruction) -> None:
+        if self.yielded is None:
+            raise Unsupported("yield outside a generator")
+        self.yielded.append(self.pop())
+        self.push(ConstantVariable(None))
+
+    # --- locals and cells ----------------------------------------------------------------------
+    def LOAD_FAST(self, inst: dis.Instruction) -> None:
+        name = inst.argval
+        if name in self.cells and name not in self.locals:
+            self.push(self._cell_get(name))
+            return
+        if name not in self.locals:
+            raise Unsupported(f"local variable {name!r} referenced before assignment")
+        self.push(self.locals[name])
+
+    LOAD_FAST_CHECK = LOAD_FAST
+
+    def LOAD_FAST_AND_CLEAR(self, inst: dis.Instruction) -> None:
+        self.push(self.locals.pop(inst.argval, NULL))
+
+    def STORE_FAST(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        if v is NULL:
+            self.locals.pop(inst.argval, None)
+        else:
+            self.locals[inst.argval] = v
+
+    def DELETE_FAST(self, inst: dis.Instruction) -> None:
+        self.locals.pop(inst.argval, None)
+
+    def _cell_get(self, name: str) -> VT:
+        cell = self.cells[name]
+        if cell.contents is None:
+            raise Unsupported(f"free variable {name!r} referenced before assignment")
+        return cell.contents
+
+    def LOAD_DEREF(self, inst: dis.Instruction) -> None:
+        self.push(self._cell_get(inst.argval))
+
+    def LOAD_CLOSURE(self, inst: dis.Instruction) -> None:
+        self.push(self.cells[inst.argval])
+
+    def STORE_DEREF(self, inst: dis.Instruction) -> None:
+        cell = self.cells[inst.argval]
+        if getattr(cell, "real", False) or getattr(cell, "root_free", False):
+            raise Unsupported(f"assignment to nonlocal {inst.argval!r}, a cell that outlives the frame")
+        cell.contents = self.pop()
+
+    def DELETE_DEREF(self, inst: dis.Instruction) -> None:
+        raise Unsupported("del of a closure variable")
+
+    def LOAD_GLOBAL(self, inst: dis.Instruction) -> None:
+        name = inst.argval
+        if _arg(inst) & 1:
+            self.push(NULL)
+        self.push(self._load_global(name))
+
+    def _load_global(self, name: str) -> VT:
+        pending = self.output.side_effects.pending_attr(self.f_globals, name)
+        if pending is not None:
+            return pending
+        if name in self.f_globals:
+            if self.f_globals is self.output.f_globals:
+                src: Source | None = GlobalSource(name)
+            elif str(self.f_globals.get("__name__", "")).split(".")[0] in TRUSTED_MODULE_PREFIXES:
+                src = None  # torch's own module globals (F, _VF, ...) are trusted, not guarded
+            else:
+                src = ForeignGlobalSource(self.f_globals, name)
+            return self.wrap(self.f_globals[name], src)
+        builtins = self.f_builtins
+        if name in builtins:
+            return self.wrap(builtins[name], None)
+        raise Unsupported(f"NameError: name {name!r} is not defined")
+
+    def STORE_GLOBAL(self, inst: dis.Instruction) -> None:
+        value = self.pop()
+        target = _GlobalsTarget(self.f_globals, self.f_globals is self.output.f_globals)
+        self.output.side_effects.store_attr(target, self.f_globals, inst.argval, value)
+
+    # --- attributes ---------------------------------------------------------------------------
+    def LOAD_ATTR(self, inst: dis.Instruction) -> None:
+        obj = self.pop()
+        if PY == (3, 12) and _arg(inst) & 1:
+            self.push(NULL)
+            self.push(self._getattr(obj, inst.argval))
+            return
+        self.push(self._getattr(obj, inst.argval))
+
+    def LOAD_METHOD(self, inst: dis.Instruction) -> None:  # 3.11
+        obj = self.pop()
+        self.push(NULL)
+        self.push(self._getattr(obj, inst.argval))
+
+    def _getattr(self, obj: VT, name: str) -> VT:
+        try:
+            return obj.getattr(self, name)
+        except AttributeError as e:
+            raise Unsupported(f"AttributeError raised inside a compiled frame: {e}") from e
+
+    def STORE_ATTR(self, inst: dis.Instruction) -> None:
+        obj = self.pop()
+        value = self.pop()
+        obj.setattr(self, inst.argval, value)
+
+    def DELETE_ATTR(self, inst: dis.Instruction) -> None:
+        raise Unsupported("del of an attribute")
+
+    def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:  # 3.12
+        obj = self.pop()
+        cls = self.pop()
+        self.pop()  # the global `super`
+        attr = self._getattr(SuperVariable(cls, obj), inst.argval)
+        if _arg(inst) & 1:
+            self.push(NULL)
+        self.push(attr)
+
+    def zero_arg_super(self) -> VT:
+        """`super()` inside a method: the `__class__` cell and the first argument."""
+        if "__class__" not in self.cells or self.code.co_argcount == 0:
+            raise Unsupported("super() outside a method")
+        cls = self._cell_get("__class__")
+        first = self.code.co_varnames[0]
+        obj = self.locals.get(first) or (self.cells[first].contents if first in self.cells else None)
+        if obj is None:
+            raise Unsupported("super(): first argument unavailable")
+        return SuperVariable(cls, obj)
+
+    def IMPORT_NAME(self, inst: dis.Instruction) -> None:
+        fromlist = self.pop().as_constant()
+        level = self.pop().as_constant()
+        name = inst.argval
+        if level != 0 or name not in sys.modules:
+            raise Unsupported(f"import of {name!r} (only modules already imported are supported)")
+        module = sys.modules[name if fromlist else name.split(".")[0]]
+        self.push(self.wrap(module, None))
+
+    def IMPORT_FROM(self, inst: dis.Instruction) -> None:
+        self.push(self._getattr(self.stack[-1], inst.argval))
+
+    # --- operators ----------------------------------------------------------------------------
+    def BINARY_OP(self, inst: dis.Instruction) -> None:
+        b = self.pop()
+        a = self.pop()
+        fn = _BINARY_BY_SYMBOL.get(inst.argrepr)
+        if fn is None:
+            raise Unsupported(f"binary operator {inst.argrepr}")
+        self.push(self.binary_op(fn, a, b))
+
+    def COMPARE_OP(self, inst: dis.Instruction) -> None:
+        b = self.pop()
+        a = self.pop()
+        self.push(self.compare_op(_COMPARE_BY_SYMBOL[inst.argval], a, b))
+
+    def IS_OP(self, inst: dis.Instruction) -> None:
+        b = self.pop()
+        a = self.pop()
+        same = a.identity() is b.identity()
+        if not same and a.is_constant() and b.is_constant():
+            same = a.as_constant() is b.as_constant()
+        self.push(ConstantVariable(same != bool(_arg(inst))))
+
+    def CONTAINS_OP(self, inst: dis.Instruction) -> None:
+        container = self.pop()
+        item = self.pop()
+        self.push(ConstantVariable(self.contains(container, item) != bool(_arg(inst))))
+
+    def UNARY_NEGATIVE(self, inst: dis.Instruction) -> None:
+        self.push(self.unary_op(operator.neg, self.pop()))
+
+    def UNARY_POSITIVE(self, inst: dis.Instruction) -> None:
+        self.push(self.unary_op(operator.pos, self.pop()))
+
+    def UNARY_INVERT(self, inst: dis.Instruction) -> None:
+        self.push(self.unary_op(operator.invert, self.pop()))
+
+    def UNARY_NOT(self, inst: dis.Instruction) -> None:
+        self.push(ConstantVariable(not self.pop().truth(self)))
+
+    def CALL_INTRINSIC_1(self, inst: dis.Instruction) -> None:  # 3.12
+        v = self.pop()
+        if inst.argrepr == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(TupleVariable(v.iterate(self)))
+        elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
+            self.push(self.unary_op(operator.pos, v))
+        else:
+            raise Unsupported(f"intrinsic {inst.argrepr}")
+
+    # --- subscripts and slices ----------------------------------------------------------------
+    def BINARY_SUBSCR(self, inst: dis.Instruction) -> None:
+        key = self.pop()
+        obj = self.pop()
+        self.push(self.subscript(obj, key))
+
+    def STORE_SUBSCR(self, inst: dis.Instruction) -> None:
+        key = self.pop()
+        obj = self.pop()
+        value = self.pop()
+        obj.setitem(self, key, value)
+
+    def DELETE_SUBSCR(self, inst: dis.Instruction) -> None:
+        key = self.pop()
+        obj = self.pop()
+        obj.delitem(self, key)
+
+    def BUILD_SLICE(self, inst: dis.Instruction) -> None:
+        items = self.popn(_arg(inst))
+        if len(items) == 2:
+            items.append(ConstantVariable(None))
+        self.push(SliceVariable(*items))
+
+    def BINARY_SLICE(self, inst: dis.Instruction) -> None:  # 3.12
+        stop = self.pop()
+        start = self.pop()
+        obj = self.pop()
+        self.push(self.subscript(obj, SliceVariable(start, stop, ConstantVariable(None))))
+
+    def STORE_SLICE(self, inst: dis.Instruction) -> None:  # 3.12
+        stop = self.pop()
+        start = self.pop()
+        obj = self.pop()
+        value = self.pop()
+        obj.setitem(self, SliceVariable(start, stop, ConstantVariable(None)), value)
+
+    # --- building containers ------------------------------------------------------------------
+    def BUILD_TUPLE(self, inst: dis.Instruction) -> None:
+        self.push(TupleVariable(self.popn(_arg(inst))))
+
+    def BUILD_LIST(self, inst: dis.Instruction) -> None:
+        self.push(ListVariable(self.popn(_arg(inst))))
+
+    def BUILD_SET(self, inst: dis.Instruction) -> None:
+        self.push(SetVariable([key_of(v) for v in self.popn(_arg(inst))]))
+
+    def BUILD_MAP(self, inst: dis.Instruction) -> None:
+        items = self.popn(2 * _arg(inst))
+        self.push(DictVariable({key_of(items[i]): items[i + 1] for i in range(0, len(items), 2)}))
+
+    def BUILD_CONST_KEY_MAP(self, inst: dis.Instruction) -> None:
+        keys = self.pop().as_constant()
+        values = self.popn(_arg(inst))
+        self.push(DictVariable(dict(zip(keys, values, strict=True))))
+
+    def BUILD_STRING(self, inst: dis.Instruction) -> None:
+        parts = self.popn(_arg(inst))
+        self.push(ConstantVariable("".join(p.as_constant() for p in parts)))
+
+    def FORMAT_VALUE(self, inst: dis.Instruction) -> None:
+        fmt = self.pop().as_constant() if (_arg(inst) & 0x04) else ""
+        value = self.pop()
+        if not value.is_constant():
+            raise Unsupported(f"formatting {value.describe()} into a string")
+        v = value.as_constant()
+        conv = _arg(inst) & 0x03
+        v = {0: v, 1: str(v), 2: repr(v), 3: ascii(v)}[conv]
+        self.push(ConstantVariable(format(v, fmt)))
+
+    def LIST_APPEND(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, ListVariable)
+        target.items.append(v)
+
+    def SET_ADD(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, SetVariable)
+        target.items[key_of(v)] = None
+
+    def MAP_ADD(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        k = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, DictVariable)
+        target.items[key_of(k)] = v
+
+    def LIST_EXTEND(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, ListVariable)
+        target.items.extend(v.iterate(self))
+
+    def SET_UPDATE(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, SetVariable)
+        for item in v.iterate(self):
+            target.items[key_of(item)] = None
+
+    def DICT_UPDATE(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, DictVariable)
+        target.update_from(self, v)
+
+    DICT_MERGE = DICT_UPDATE
+
+    def LIST_TO_TUPLE(self, inst: dis.Instruction) -> None:
+        self.push(TupleVariable(self.pop().iterate(self)))
+
+    def UNPACK_SEQUENCE(self, inst: dis.Instruction) -> None:
+        items = self.pop().iterate(self)
+        if len(items) != _arg(inst):
+            raise Unsupported(f"cannot unpack {len(items)} values into {_arg(inst)}")
+        for item in reversed(items):
+            self.push(item)
+
+    def UNPACK_EX(self, inst: dis.Instruction) -> None:
+        items = self.pop().iterate(self)
+        before, after = _arg(inst) & 0xFF, _arg(inst) >> 8
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack")
+        mid = ListVariable(items[before : len(items) - after])
+        for item in reversed([*items[:before], mid, *items[len(items) - after :]]):
+            self.push(item)
+
+    # --- functions and calls ------------------------------------------------------------------
+    def MAKE_FUNCTION(self, inst: dis.Instruction) -> None:
+        code_vt = self.pop()
+        code = code_vt.as_constant()
+        flags = _arg(inst)
+        closure = self.pop().iterate(self) if flags & 0x08 else []
+        if flags & 0x04:
+            self.pop()  # annotations
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop().iterate(self) if flags & 0x01 else []
+        kwd = {k: v for k, v in kwdefaults.items.items()} if isinstance(kwdefaults, DictVariable) else {}
+        cells = [c for c in closure if isinstance(c, CellVariable)]
+        self.push(NestedFunctionVariable(code, self.f_globals, defaults, kwd, cells, code.co_qualname))
+
+    def PRECALL(self, inst: dis.Instruction) -> None:  # 3.11
+        pass
+
+    def KW_NAMES(self, inst: dis.Instruction) -> None:
+        self.kw_names = inst.argval if isinstance(inst.argval, tuple) else self.code.co_consts[_arg(inst)]
+
+    def CALL(self, inst: dis.Instruction) -> None:
+        n = _arg(inst)
+        args = self.popn(n)
+        a = self.pop()
+        b = self.pop()
+        if b is NULL:
+            fn = a
+        else:
+            fn = b
+            args = [a, *args]
+        kw_names = self.kw_names
+        self.kw_names = ()
+        kwargs: dict[str, VT] = {}
+        if kw_names:
+            kwargs = dict(zip(kw_names, args[len(args) - len(kw_names) :], strict=True))
+            args = args[: len(args) - len(kw_names)]
+        self.push(self.call(fn, args, kwargs))
+
+    def CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
+        kwargs_vt = self.pop() if _arg(inst) & 1 else None
+        args_vt = self.pop()
+        fn = self.pop()
+        if self.stack and self.stack[-1] is NULL:
+            self.pop()
+        args = args_vt.iterate(self)
+        kwargs: dict[str, VT] = {}
+        if kwargs_vt is not None:
+            if not isinstance(kwargs_vt, DictVariable):
+                raise Unsupported(f"**{kwargs_vt.describe()}")
+            kwargs = {str(k): v for k, v in kwargs_vt.items.items()}
+        self.push(self.call(fn, args, kwargs))
+
+    # --- with -------------------------------------------------------------------------------
+    def BEFORE_WITH(self, inst: dis.Instruction) -> None:
+        ctx = self.pop()
+        if not isinstance(ctx, GradModeVariable):
+            raise Unsupported(f"with-statement over {ctx.describe()}")
+        self.push(WithExitVariable(ctx))
+        self.push(ctx.enter(self))
+
+    # --- control flow -------------------------------------------------------------------------
+    def _truth(self, v: VT) -> bool:
+        return v.truth(self)
+
+    def _pop_jump(self, inst: dis.Instruction, jump_when: bool) -> None:
+        if self._truth(self.pop()) == jump_when:
+            self.jump(inst)
+
+    def _pop_jump_none(self, inst: dis.Instruction, jump_when_none: bool) -> None:
+        v = self.pop()
+        is_none = v.is_constant() and v.as_constant() is None
+        if is_none == jump_when_none:
+            self.jump(inst)
+
+    def POP_JUMP_IF_TRUE(self, inst: dis.Instruction) -> None:
+        self._pop_jump(inst, True)
+
+    def POP_JUMP_IF_FALSE(self, inst: dis.Instruction) -> None:
+        self._pop_jump(inst, False)
+
+    def POP_JUMP_IF_NONE(self, inst: dis.Instruction) -> None:
+        self._pop_jump_none(inst, True)
+
+    def POP_JUMP_IF_NOT_NONE(self, inst: dis.Instruction) -> None:
+        self._pop_jump_none(inst, False)
+
+    # 3.11 spells the direction in the opcode name.
+    POP_JUMP_FORWARD_IF_TRUE = POP_JUMP_BACKWARD_IF_TRUE = POP_JUMP_IF_TRUE
+    POP_JUMP_FORWARD_IF_FALSE = POP_JUMP_BACKWARD_IF_FALSE = POP_JUMP_IF_FALSE
+    POP_JUMP_FORWARD_IF_NONE = POP_JUMP_BACKWARD_IF_NONE = POP_JUMP_IF_NONE
+    POP_JUMP_FORWARD_IF_NOT_NONE = POP_JUMP_BACKWARD_IF_NOT_NONE = POP_JUMP_IF_NOT_NONE
+
+    def JUMP_IF_TRUE_OR_POP(self, inst: dis.Instruction) -> None:  # 3.11
+        if self._truth(self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_IF_FALSE_OR_POP(self, inst: dis.Instruction) -> None:  # 3.11
+        if not self._truth(self.stack[-1]):
+            self.jump(inst)
+        else:
+            self.pop()
+
+    def JUMP_FORWARD(self, inst: dis.Instruction) -> None:
+        self.jump(inst)
+
+    JUMP_BACKWARD = JUMP_BACKWARD_NO_INTERRUPT = JUMP = JUMP_FORWARD
+
+    def GET_ITER(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        self.push(v if isinstance(v, ListIteratorVariable) else ListIteratorVariable(v.iterate(self)))
+
+    def FOR_ITER(self, inst: dis.Instruction) -> None:
+        it = self.stack[-1]
+        if not isinstance(it, ListIteratorVariable):
+            raise Unsupported(f"for-loop over {it.describe()}")
+        item = it.next(self)
+        if item is not None:
+            self.push(item)
+            return
+        self.pop()
+        if PY == (3, 11):
+            self.jump(inst)
+        elif PY == (3, 12):
+            self.ip = self.index_of[inst.argval] + 1  # past END_FOR
+        else:  # pragma: no cover
+            raise NotImplementedError(PY)
+
+    def END_FOR(self, inst: dis.Instruction) -> None:  # 3.12
+        self.popn(2)
+
+    def LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
+        raise Unsupported("an assertion failed inside the compiled frame")
+
+    def RAISE_VARARGS(self, inst: dis.Instruction) -> None:
+        raise Unsupported("raise inside the compiled frame")
+
+
+class _GlobalsTarget(VariableTracker):
+    """Where STORE_GLOBAL writes go: the replay assigns into the globals dict."""
+
+    def __init__(self, f_globals: dict[str, Any], is_root: bool) -> None:
+        self.f_globals = f_globals
+        self.is_root = is_root
+
+
+def run_root(
+    output: OutputGraph,
+    code: types.CodeType,
+    f_globals: dict[str, Any],
+    f_builtins: dict[str, Any],
+    entry_values: dict[str, Any],
+) -> VT:
+    """Trace the frame of `code` whose entry values (arguments, free variables) are given."""
+    from kiln_dynamo.source import LocalSource
+
+    symbolic: dict[str, VT] = {}
+    cells: dict[str, CellVariable] = {}
+    output.guards.where = f"{code.co_filename}:{code.co_firstlineno} (entry of {code.co_name})"
+    for name, value in entry_values.items():
+        vt = output.builder.wrap(value, LocalSource(name))
+        if name in code.co_freevars:
+            cell = CellVariable(vt)
+            cell.root_free = True  # type: ignore[attr-defined]
+            cells[name] = cell
+        else:
+            symbolic[name] = vt
+    for name in code.co_cellvars:
+        cells[name] = CellVariable(symbolic.get(name))
+    tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
+    return tx.run()
+
+
+_ = (BuiltinVariable, sys)

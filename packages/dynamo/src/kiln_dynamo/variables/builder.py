@@ -1,0 +1,217 @@
+"""Wrapping real values into trackers, and the guards that wrapping installs.
+
+`VariableBuilder.wrap(value, source)` is the one place that decides how a value from outside the
+frame is modelled, by its type, in the order of the table in `wrap` (tensors first, then
+constants, containers, modules, functions, classes, objects), and which guard makes that
+decision safe (Note [What a guard pins]). Containers and objects are cached by identity for the
+whole capture, so two reads of `self.cache` give the same tracker and mutations stay coherent.
+
+Note [What a guard pins]: tensors pin type, dtype, device, requires_grad, sizes and strides;
+constants pin type and value; containers pin type and length (dicts: keys in order); functions,
+Python modules and classes pin identity; nn.Modules and other objects pin only their type,
+because everything the capture reads from them is read through a source and guarded itself, so
+two instances of one class with the same relevant state share one compiled entry.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
+from kiln_dynamo.variables.dicts import DictVariable, SetVariable
+from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
+from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
+from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.torch import (
+    _FOLD_ON_CONSTANTS,
+    GRAD_MODE_FACTORIES,
+    GradModeFactoryVariable,
+    PythonModuleVariable,
+    TorchFunctionVariable,
+    is_torch_callable,
+)
+from kiln_dynamo.variables.user_defined import UserClassVariable, UserObjectVariable, is_namedtuple_class
+
+if TYPE_CHECKING:
+    from kiln_dynamo.output import OutputGraph
+
+VT = VariableTracker
+
+CONSTANT_TYPES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type(Ellipsis),
+    type(NotImplemented),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    range,
+    enum.Enum,
+)
+
+
+def is_constant_value(value: Any) -> bool:
+    if isinstance(value, CONSTANT_TYPES):
+        return True
+    if isinstance(value, slice):
+        return all(is_constant_value(v) for v in (value.start, value.stop, value.step))
+    if isinstance(value, (frozenset,)):
+        return all(is_constant_value(v) for v in value)
+    return isinstance(value, (torch.finfo, torch.iinfo))
+
+
+class VariableBuilder:
+    def __init__(self, output: OutputGraph) -> None:
+        self.output = output
+        self.cache: dict[int, VT] = {}
+        self.keepalive: list[object] = []
+
+    def wrap(self, value: Any, source: Source | None) -> VT:
+        cached = self.cache.get(id(value))
+        if cached is not None:
+            if (
+                source is not None
+                and cached.source is not None
+                and source != cached.source
+                and not isinstance(value, (types.ModuleType, types.FunctionType, type))  # identity-guarded
+            ):
+                # One object reached two ways: the graph and the replay assume it stays one object.
+                self.output.guards.same_object(source, cached.source)
+            return cached
+        vt = self._wrap(value, source)
+        if not is_constant_value(value) and not isinstance(value, (tuple, torch.Size)):
+            self.cache[id(value)] = vt
+            self.keepalive.append(value)
+        return vt
+
+    def _wrap(self, value: Any, source: Source | None) -> VT:
+        guards = self.output.guards
+        if isinstance(value, torch.Tensor):
+            if source is None:
+                source = ConstSource(value, f"<tensor {tuple(value.shape)} held by the capture>")
+            return self.output.add_input(value, source)
+        if is_constant_value(value):
+            if source is not None:
+                guards.constant(source, value)
+            return ConstantVariable(value)
+        if isinstance(value, torch.Size):
+            if source is not None:
+                guards.constant(source, value)
+            return SizeVariable([ConstantVariable(int(s)) for s in value])
+        if isinstance(value, (tuple, list)):
+            if source is not None:
+                guards.type_match(source, value)
+                guards.length(source, value)
+            items = [
+                self.wrap(v, GetItemSource(source, i) if source is not None else None)
+                for i, v in enumerate(value)
+            ]
+            if isinstance(value, list):
+                return ListVariable(items, source) if type(value) is list else self._unsupported(value)
+            if is_namedtuple_class(type(value)) or type(value).__module__ == "torch.return_types":
+                return NamedTupleVariable(items, type(value), source)
+            return TupleVariable(items, source) if type(value) is tuple else self._unsupported(value)
+        if isinstance(value, dict):
+            if type(value) not in (dict, collections.OrderedDict):
+                return self._unsupported(value)
+            if source is not None:
+                guards.type_match(source, value)
+                guards.dict_keys(source, value)
+            for k in value:
+                if not isinstance(k, (str, int, enum.Enum)):
+                    raise Unsupported(f"dict with a key of type {type(k).__name__}")
+            entries = {
+                k: self.wrap(v, GetItemSource(source, k) if source is not None else None)
+                for k, v in value.items()
+            }
+            return DictVariable(entries, type(value), source)
+        if isinstance(value, (set, frozenset)):
+            if not all(is_constant_value(v) for v in value):
+                raise Unsupported("set of non-constant values")
+            if source is not None:
+                guards.constant(source, value)
+            return SetVariable(list(value), isinstance(value, frozenset), source)
+        if isinstance(value, nn.Module):
+            if source is not None:
+                guards.type_match(source, value)
+            return NNModuleVariable(value, source)
+        if any(value is f for f in GRAD_MODE_FACTORIES):
+            return GradModeFactoryVariable(value)
+        if is_builtin_handled(value):
+            if source is not None:
+                guards.identity(source, value)
+            return BuiltinVariable(value)
+        if is_torch_callable(value):
+            if source is not None:
+                guards.identity(source, value)
+            return TorchFunctionVariable(value, source)
+        if isinstance(value, types.FunctionType):
+            if source is not None:
+                guards.identity(source, value)
+            return UserFunctionVariable(value, source)
+        if isinstance(value, types.MethodType):
+            f_src = AttrSource(source, "__func__") if source is not None else None
+            s_src = AttrSource(source, "__self__") if source is not None else None
+            return BoundMethodVariable(self.wrap(value.__func__, f_src), self.wrap(value.__self__, s_src))
+        if isinstance(value, functools.partial):
+            if source is not None:
+                guards.type_match(source, value)
+            func = self.wrap(value.func, AttrSource(source, "func") if source is not None else None)
+            args = [
+                self.wrap(a, GetItemSource(AttrSource(source, "args"), i) if source else None)
+                for i, a in enumerate(value.args)
+            ]
+            kwargs = {
+                k: self.wrap(v, GetItemSource(AttrSource(source, "keywords"), k) if source else None)
+                for k, v in value.keywords.items()
+            }
+            return PartialVariable(func, args, kwargs, source)
+        if isinstance(value, types.ModuleType):
+            if source is not None:
+                guards.identity(source, value)
+            return PythonModuleVariable(value, source)
+        if isinstance(value, type) and value in _FOLD_ON_CONSTANTS:
+            return TorchFunctionVariable(value, source)
+        if isinstance(value, type):
+            if source is not None:
+                guards.identity(source, value)
+            if value.__module__ == "builtins":
+                return BuiltinVariable(value)
+            return UserClassVariable(value, source)
+        if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+            raise Unsupported(
+                f"call target {getattr(value, '__qualname__', value)!r} is a C function kiln does not model"
+            )
+        if isinstance(value, (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
+            from kiln_dynamo.variables.torch import GradModeVariable
+
+            # An existing grad-mode object (e.g. the one behind @torch.no_grad()): __enter__ applies it.
+            self.output.guards.global_state()
+            target = isinstance(value, torch.enable_grad) or bool(getattr(value, "mode", False))
+            if isinstance(value, torch.no_grad):
+                target = False
+            return GradModeVariable(target, applied_on_create=False, cls=type(value))
+        if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
+            raise Unsupported(f"torch object of type {type(value).__qualname__}")
+        if source is not None:
+            guards.type_match(source, value)
+        return UserObjectVariable(value, source)
+
+    def _unsupported(self, value: Any) -> VT:
+        raise Unsupported(f"container subclass {type(value).__qualname__}")

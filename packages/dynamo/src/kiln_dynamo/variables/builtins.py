@@ -1,0 +1,495 @@
+"""Python builtins and the `operator` module, evaluated on trackers.
+
+Each supported builtin has one handler in `_HANDLERS`; a handler receives the translator and the
+argument trackers and returns a tracker. Pure builtins called on constants are folded
+(`_FOLDABLE`); operators on tensors become graph nodes through the translator's `binary_op`,
+`compare_op` and `unary_op`, which all binary builtins share.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import functools
+import itertools
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
+from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
+
+if TYPE_CHECKING:
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+Handler = Callable[["Tx", list[VT], dict[str, VT]], VT]
+
+_FOLDABLE: frozenset[Any] = frozenset(
+    {
+        abs,
+        bool,
+        int,
+        float,
+        str,
+        complex,
+        bytes,
+        round,
+        divmod,
+        pow,
+        hash,
+        repr,
+        format,
+        chr,
+        ord,
+        min,
+        max,
+        all,
+        any,
+        sum,
+        len,
+        sorted,
+        callable,
+        bin,
+        hex,
+        oct,
+    }
+    | {v for k, v in vars(math).items() if callable(v) and not k.startswith("_")}
+)
+
+BINARY_OPERATORS: dict[Any, str] = {
+    operator.add: "+",
+    operator.sub: "-",
+    operator.mul: "*",
+    operator.truediv: "/",
+    operator.floordiv: "//",
+    operator.mod: "%",
+    operator.pow: "**",
+    operator.matmul: "@",
+    operator.and_: "&",
+    operator.or_: "|",
+    operator.xor: "^",
+    operator.lshift: "<<",
+    operator.rshift: ">>",
+    operator.iadd: "+=",
+    operator.isub: "-=",
+    operator.imul: "*=",
+    operator.itruediv: "/=",
+    operator.ifloordiv: "//=",
+    operator.imod: "%=",
+    operator.ipow: "**=",
+    operator.imatmul: "@=",
+    operator.iand: "&=",
+    operator.ior: "|=",
+    operator.ixor: "^=",
+    operator.ilshift: "<<=",
+    operator.irshift: ">>=",
+}
+COMPARE_OPERATORS: dict[Any, str] = {
+    operator.lt: "<",
+    operator.le: "<=",
+    operator.eq: "==",
+    operator.ne: "!=",
+    operator.gt: ">",
+    operator.ge: ">=",
+}
+UNARY_OPERATORS: dict[Any, Any] = {
+    operator.neg: operator.neg,
+    operator.pos: operator.pos,
+    operator.invert: operator.invert,
+    operator.not_: operator.not_,
+    abs: operator.abs,
+    operator.abs: operator.abs,
+}
+
+
+def _consts(args: list[VT], kwargs: dict[str, VT]) -> bool:
+    return all(a.is_constant() for a in [*args, *kwargs.values()])
+
+
+def _isinstance(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    obj, cls = args
+    classes = cls.as_constant()
+    return ConstantVariable(issubclass(obj.python_type(), classes))
+
+
+def _issubclass(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(issubclass(args[0].as_constant(), args[1].as_constant()))
+
+
+def _getattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    name = args[1].as_constant()
+    try:
+        return tx.load_attr(args[0], name)
+    except AttributeError:
+        if len(args) == 3:
+            return args[2]
+        raise Unsupported(f"AttributeError: {name!r} raised inside a compiled frame") from None
+
+
+def _hasattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    try:
+        tx.load_attr(args[0], args[1].as_constant())
+    except AttributeError:
+        return ConstantVariable(False)
+    return ConstantVariable(True)
+
+
+def _setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    args[0].setattr(tx, args[1].as_constant(), args[2])
+    return ConstantVariable(None)
+
+
+def _len(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(args[0].length(tx))
+
+
+def _range(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(range(*[a.as_constant() for a in args]))
+
+
+def _iter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if isinstance(args[0], ListIteratorVariable):
+        return args[0]
+    return ListIteratorVariable(args[0].iterate(tx))
+
+
+def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    it = args[0]
+    if not isinstance(it, ListIteratorVariable):
+        raise Unsupported(f"next() on {it.describe()}")
+    item = it.next(tx)
+    if item is None:
+        if len(args) == 2:
+            return args[1]
+        raise Unsupported("StopIteration raised inside a compiled frame")
+    return item
+
+
+def _zip(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    seqs = [a.iterate(tx) for a in args]
+    if (
+        kwargs.get("strict") is not None
+        and kwargs["strict"].as_constant()
+        and len({len(s) for s in seqs}) > 1
+    ):
+        raise Unsupported("zip(strict=True) raised ValueError")
+    return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)])
+
+
+def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    start = (
+        args[1].as_constant()
+        if len(args) > 1
+        else (kwargs["start"].as_constant() if "start" in kwargs else 0)
+    )
+    return ListIteratorVariable(
+        [TupleVariable([ConstantVariable(i), v]) for i, v in enumerate(args[0].iterate(tx), start)]
+    )
+
+
+def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ListIteratorVariable(list(reversed(args[0].iterate(tx))))
+
+
+def _map(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    fn, *seqs = args
+    cols = [s.iterate(tx) for s in seqs]
+    return ListIteratorVariable([fn.call(tx, list(t), {}) for t in zip(*cols, strict=False)])
+
+
+def _filter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    fn, seq = args
+    items = seq.iterate(tx)
+    if fn.is_constant() and fn.as_constant() is None:
+        return ListIteratorVariable([i for i in items if i.truth(tx)])
+    return ListIteratorVariable([i for i in items if fn.call(tx, [i], {}).truth(tx)])
+
+
+def _tuple(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return TupleVariable(args[0].iterate(tx) if args else [])
+
+
+def _list(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ListVariable(args[0].iterate(tx) if args else [])
+
+
+def _dict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    d = DictVariable({})
+    if args:
+        d.update_from(tx, args[0])
+    d.items.update(kwargs)
+    return d
+
+
+def _set(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return SetVariable([key_of(v) for v in args[0].iterate(tx)] if args else [])
+
+
+def _frozenset(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return SetVariable([key_of(v) for v in args[0].iterate(tx)] if args else [], frozen=True)
+
+
+def _bool(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(args[0].truth(tx) if args else False)
+
+
+def _sum(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    items = args[0].iterate(tx)
+    acc = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+    for item in items:
+        acc = tx.binary_op(operator.add, acc, item)
+    return acc
+
+
+def _minmax(pick: Callable[..., Any]) -> Handler:
+    def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        items = args[0].iterate(tx) if len(args) == 1 else args
+        if not all(i.is_constant() for i in items) or (kwargs and not _consts([], kwargs)):
+            raise Unsupported(f"{pick.__name__}() of non-constant values")
+        kw = {k: v.as_constant() for k, v in kwargs.items()}
+        return tx.wrap_constant(pick([i.as_constant() for i in items], **kw))
+
+    return handler
+
+
+def _all_any(pick: Callable[..., Any]) -> Handler:
+    def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return ConstantVariable(pick(i.truth(tx) for i in args[0].iterate(tx)))
+
+    return handler
+
+
+def _abs(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if args[0].is_constant():
+        return ConstantVariable(abs(args[0].as_constant()))
+    return tx.unary_op(operator.abs, args[0])
+
+
+def _type(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if len(args) != 1:
+        raise Unsupported("type() with three arguments")
+    return tx.wrap(args[0].python_type(), None)
+
+
+def _callable(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import BaseFunctionVariable, BoundMethodVariable, PartialVariable
+
+    v = args[0]
+    if isinstance(v, (BaseFunctionVariable, BoundMethodVariable, PartialVariable)):
+        return ConstantVariable(True)
+    if v.is_constant():
+        return ConstantVariable(callable(v.as_constant()))
+    has_call = callable(v.python_type()) and "__call__" in dir(v.python_type())
+    return ConstantVariable(has_call)
+
+
+def _slice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    items = list(args) + [ConstantVariable(None)] * (3 - len(args))
+    if len(args) == 1:
+        items = [ConstantVariable(None), args[0], ConstantVariable(None)]
+    return SliceVariable(*items)
+
+
+def _sorted(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    items = args[0].iterate(tx)
+    if not all(i.is_constant() for i in items) or not _consts([], kwargs):
+        raise Unsupported("sorted() of non-constant values")
+    kw = {k: v.as_constant() for k, v in kwargs.items()}
+    return ListVariable([ConstantVariable(v) for v in sorted([i.as_constant() for i in items], **kw)])
+
+
+def _binary(fn: Any) -> Handler:
+    def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return tx.binary_op(fn, args[0], args[1])
+
+    return handler
+
+
+def _compare(fn: Any) -> Handler:
+    def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return tx.compare_op(fn, args[0], args[1])
+
+    return handler
+
+
+def _unary(fn: Any) -> Handler:
+    def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return tx.unary_op(fn, args[0])
+
+    return handler
+
+
+def _getitem(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return tx.subscript(args[0], args[1])
+
+
+def _contains(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(tx.contains(args[0], args[1]))
+
+
+def _is(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ConstantVariable(args[0].identity() is args[1].identity())
+
+
+def _partial(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import PartialVariable
+
+    return PartialVariable(args[0], list(args[1:]), dict(kwargs))
+
+
+def _ordered_dict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    d = _dict(tx, args, kwargs)
+    assert isinstance(d, DictVariable)
+    d.user_cls = collections.OrderedDict
+    return d
+
+
+def _torch_size(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import SizeVariable
+
+    return SizeVariable(args[0].iterate(tx) if args else [])
+
+
+def _super(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if not args:
+        return tx.zero_arg_super()
+    from kiln_dynamo.variables.user_defined import SuperVariable
+
+    return SuperVariable(args[0], args[1])
+
+
+def _object_setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    obj, name, value = args
+    if isinstance(obj, NewObjectVariable):
+        obj.attrs[name.as_constant()] = value  # bypasses a frozen dataclass's __setattr__, as CPython does
+    else:
+        obj.setattr(tx, name.as_constant(), value)
+    return ConstantVariable(None)
+
+
+def _product(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs:
+        raise Unsupported("itertools.product with keyword arguments")
+    pools = [a.iterate(tx) for a in args]
+    return ListIteratorVariable([TupleVariable(list(p)) for p in itertools.product(*pools)])
+
+
+def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    return ListIteratorVariable([item for a in args for item in a.iterate(tx)])
+
+
+def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    raise Unsupported("print() is a side effect the graph cannot replay")
+
+
+_HANDLERS: dict[Any, Handler] = {
+    isinstance: _isinstance,
+    issubclass: _issubclass,
+    getattr: _getattr,
+    hasattr: _hasattr,
+    setattr: _setattr,
+    len: _len,
+    range: _range,
+    iter: _iter,
+    next: _next,
+    zip: _zip,
+    enumerate: _enumerate,
+    reversed: _reversed,
+    map: _map,
+    filter: _filter,
+    tuple: _tuple,
+    list: _list,
+    dict: _dict,
+    set: _set,
+    frozenset: _frozenset,
+    bool: _bool,
+    sum: _sum,
+    min: _minmax(min),
+    max: _minmax(max),
+    all: _all_any(all),
+    any: _all_any(any),
+    abs: _abs,
+    type: _type,
+    callable: _callable,
+    slice: _slice,
+    sorted: _sorted,
+    print: _print,
+    super: _super,
+    object.__setattr__: _object_setattr,
+    itertools.product: _product,
+    itertools.chain: _chain,
+    functools.partial: _partial,
+    collections.OrderedDict: _ordered_dict,
+    torch.Size: _torch_size,
+    operator.getitem: _getitem,
+    operator.contains: _contains,
+    operator.is_: _is,
+}
+_HANDLERS.update({fn: _binary(fn) for fn in BINARY_OPERATORS})
+_HANDLERS.update({fn: _compare(fn) for fn in COMPARE_OPERATORS})
+_HANDLERS.update(
+    {fn: _unary(fn) for fn in (operator.neg, operator.pos, operator.invert, operator.not_, operator.abs)}
+)
+
+
+def is_builtin_handled(fn: Any) -> bool:
+    try:
+        return fn in _HANDLERS or fn in _FOLDABLE
+    except TypeError:
+        return False
+
+
+class BuiltinVariable(VariableTracker):
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def describe(self) -> str:
+        return f"builtin {getattr(self.fn, '__name__', self.fn)}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def is_constant(self) -> bool:
+        return isinstance(self.fn, type)
+
+    def as_constant(self) -> Any:
+        if isinstance(self.fn, type):
+            return self.fn
+        return super().as_constant()
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        fn = self.fn
+        if fn in _FOLDABLE and _consts(args, kwargs) and fn not in (sum, bool, len):
+            try:
+                out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            except Exception as e:
+                raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+            return tx.wrap_constant(out)
+        handler = _HANDLERS.get(fn)
+        if handler is None:
+            raise Unsupported(f"{self.describe()} with arguments {[a.describe() for a in args]}")
+        try:
+            return handler(tx, args, kwargs)
+        except (TypeError, ValueError) as e:
+            raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "__name__":
+            return ConstantVariable(self.fn.__name__)
+        if isinstance(self.fn, type) and self.fn in (dict, list, tuple, set, str, int, float, object):
+            return tx.wrap(getattr(self.fn, name), None)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+
+BUILTINS = builtins

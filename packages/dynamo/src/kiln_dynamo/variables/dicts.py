@@ -1,0 +1,208 @@
+"""Dicts and sets keyed by Python constants.
+
+A `DictVariable` maps real hashable keys (constants: strings, ints, enum members, dtypes) to
+trackers, in insertion order. Keys that are not constants (tensors, modules) are not modelled
+and raise `Unsupported`. As with lists, a dict from outside the frame that is mutated is marked
+in `SideEffects` and its final contents are written back by the runner.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.lists import ListVariable, TupleVariable
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+
+def key_of(vt: VT) -> Any:
+    if vt.is_constant():
+        k = vt.as_constant()
+        try:
+            hash(k)
+        except TypeError as e:
+            raise Unsupported(f"unhashable dict key {vt.describe()}") from e
+        return k
+    raise Unsupported(f"dict key {vt.describe()} is not a constant")
+
+
+class DictVariable(VariableTracker):
+    def __init__(self, items: dict[Any, VT], user_cls: type = dict, source: Any = None) -> None:
+        self.items = dict(items)
+        self.user_cls = user_cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{self.user_cls.__name__} with keys {list(self.items)!r}"
+
+    def python_type(self) -> type:
+        return self.user_cls
+
+    def is_constant(self) -> bool:
+        return all(v.is_constant() for v in self.items.values())
+
+    def as_constant(self) -> Any:
+        return self.user_cls({k: v.as_constant() for k, v in self.items.items()})
+
+    def truth(self, tx: Tx) -> bool:
+        return bool(self.items)
+
+    def length(self, tx: Tx) -> int:
+        return len(self.items)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return [ConstantVariable(k) for k in self.items]
+
+    def contains(self, tx: Tx, key: VT) -> bool:
+        return key_of(key) in self.items
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key_of(key)
+        if k not in self.items:
+            raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+        return self.items[k]
+
+    def _mutate(self, tx: Tx) -> None:
+        tx.output.side_effects.mutated(self)
+
+    def setitem(self, tx: Tx, key: VT, value: VT) -> None:
+        self._mutate(tx)
+        self.items[key_of(key)] = value
+
+    def delitem(self, tx: Tx, key: VT) -> None:
+        self._mutate(tx)
+        self.items.pop(key_of(key))
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "keys":
+            return TupleVariable([ConstantVariable(k) for k in self.items])
+        if name == "values":
+            return TupleVariable(list(self.items.values()))
+        if name == "items":
+            return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
+        if name == "get" and 1 <= len(args) <= 2:
+            k = key_of(args[0])
+            if k in self.items:
+                return self.items[k]
+            return args[1] if len(args) == 2 else ConstantVariable(None)
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__contains__" and len(args) == 1:
+            return ConstantVariable(self.contains(tx, args[0]))
+        if name == "__setitem__" and len(args) == 2:
+            self.setitem(tx, args[0], args[1])
+            return ConstantVariable(None)
+        if name == "copy":
+            return DictVariable(self.items, self.user_cls)
+        if name == "pop" and 1 <= len(args) <= 2:
+            k = key_of(args[0])
+            if k in self.items:
+                self._mutate(tx)
+                return self.items.pop(k)
+            if len(args) == 2:
+                return args[1]
+            raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+        if name == "setdefault" and 1 <= len(args) <= 2:
+            k = key_of(args[0])
+            if k not in self.items:
+                self._mutate(tx)
+                self.items[k] = args[1] if len(args) == 2 else ConstantVariable(None)
+            return self.items[k]
+        if name == "update":
+            self._mutate(tx)
+            for a in args:
+                self.update_from(tx, a)
+            for k, v in kwargs.items():
+                self.items[k] = v
+            return ConstantVariable(None)
+        if name == "clear":
+            self._mutate(tx)
+            self.items.clear()
+            return ConstantVariable(None)
+        raise Unsupported(f"method {name} of {self.describe()}")
+
+    def update_from(self, tx: Tx, other: VT) -> None:
+        if isinstance(other, DictVariable):
+            self.items.update(other.items)
+            return
+        for pair in other.iterate(tx):
+            k, v = pair.iterate(tx)
+            self.items[key_of(k)] = v
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        inner = ", ".join(
+            f"{ConstantVariable(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items()
+        )
+        if self.user_cls is dict:
+            return "{" + inner + "}"
+        return f"{cg.const(self.user_cls)}({{{inner}}})"
+
+
+class SetVariable(VariableTracker):
+    """A set of constants (its items are real hashable values)."""
+
+    def __init__(self, items: list[Any], frozen: bool = False, source: Any = None) -> None:
+        self.items: dict[Any, None] = dict.fromkeys(items)
+        self.frozen = frozen
+        self.source = source
+
+    def describe(self) -> str:
+        return f"set {set(self.items)!r}"
+
+    def python_type(self) -> type:
+        return frozenset if self.frozen else set
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return frozenset(self.items) if self.frozen else set(self.items)
+
+    def truth(self, tx: Tx) -> bool:
+        return bool(self.items)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return [ConstantVariable(k) for k in self.items]
+
+    def contains(self, tx: Tx, key: VT) -> bool:
+        return key_of(key) in self.items
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name in ("add", "discard", "remove", "update", "clear") and not self.frozen:
+            tx.output.side_effects.mutated(self)
+            if name == "add":
+                self.items[key_of(args[0])] = None
+            elif name == "discard":
+                self.items.pop(key_of(args[0]), None)
+            elif name == "remove":
+                del self.items[key_of(args[0])]
+            elif name == "update":
+                for a in args:
+                    for v in a.iterate(tx):
+                        self.items[key_of(v)] = None
+            else:
+                self.items.clear()
+            return ConstantVariable(None)
+        if name in ("union", "intersection", "difference", "issubset", "issuperset", "isdisjoint", "copy"):
+            vals = [set(key_of(v) for v in a.iterate(tx)) for a in args]
+            out = getattr(self.as_constant(), name)(*vals)
+            return SetVariable(list(out)) if isinstance(out, (set, frozenset)) else ConstantVariable(out)
+        raise Unsupported(f"method {name} of a set")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        return cg.const(self.as_constant()) if self.frozen else f"set({cg.const(tuple(self.items))})"
+
+
+ORDERED_DICT = collections.OrderedDict
+LIST = ListVariable

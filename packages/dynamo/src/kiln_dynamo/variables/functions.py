@@ -1,0 +1,233 @@
+"""Python functions, closures, lambdas, bound methods and functools.partial: all inlined.
+
+Calling a function tracker binds the arguments to the code's parameters (`bind_args`, the same
+rules as CPython: positional-only, defaults, *args, keyword-only, **kwargs) and runs an inlining
+translator over the function's code with its own locals, cells and globals, writing into the
+same graph. Functions come in two kinds: `UserFunctionVariable` wraps a real function object
+(its defaults and closure cells are real values, read through sources so that they are guarded)
+and `NestedFunctionVariable` is a function created by MAKE_FUNCTION inside the traced frames
+(its defaults and cells are trackers).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
+from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
+from kiln_dynamo.variables.dicts import DictVariable
+from kiln_dynamo.variables.lists import TupleVariable
+
+if TYPE_CHECKING:
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+CO_VARARGS = inspect.CO_VARARGS
+CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+
+
+def bind_args(
+    code: types.CodeType,
+    args: list[VT],
+    kwargs: dict[str, VT],
+    defaults: list[VT],
+    kwdefaults: dict[str, VT],
+) -> dict[str, VT]:
+    """Locals of a new frame of `code` called with these arguments (CPython's binding rules)."""
+    name = code.co_name
+    nargs = code.co_argcount
+    nkw = code.co_kwonlyargcount
+    names = code.co_varnames
+    pos_names = names[:nargs]
+    kwonly = names[nargs : nargs + nkw]
+    out: dict[str, VT] = {}
+    extra_pos = args[nargs:]
+    for n, a in zip(pos_names, args, strict=False):
+        out[n] = a
+    idx = nargs + nkw
+    if code.co_flags & CO_VARARGS:
+        out[names[idx]] = TupleVariable(list(extra_pos))
+        idx += 1
+    elif extra_pos:
+        raise Unsupported(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    extra_kw: dict[str, VT] = {}
+    for k, v in kwargs.items():
+        if k in pos_names[code.co_posonlyargcount :] or k in kwonly:
+            if k in out:
+                raise Unsupported(f"{name}() got multiple values for argument {k!r}")
+            out[k] = v
+        else:
+            extra_kw[k] = v
+    if code.co_flags & CO_VARKEYWORDS:
+        out[names[idx]] = DictVariable(dict(extra_kw.items()))
+    elif extra_kw:
+        raise Unsupported(f"{name}() got an unexpected keyword argument {next(iter(extra_kw))!r}")
+    first_default = nargs - len(defaults)
+    for i, n in enumerate(pos_names):
+        if n not in out:
+            if i >= first_default:
+                out[n] = defaults[i - first_default]
+            else:
+                raise Unsupported(f"{name}() missing required argument {n!r}")
+    for n in kwonly:
+        if n not in out:
+            if n in kwdefaults:
+                out[n] = kwdefaults[n]
+            else:
+                raise Unsupported(f"{name}() missing required keyword-only argument {n!r}")
+    return out
+
+
+class BaseFunctionVariable(VariableTracker):
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def get_code(self) -> types.CodeType:
+        raise NotImplementedError
+
+
+class UserFunctionVariable(BaseFunctionVariable):
+    """A real Python function, inlined when called."""
+
+    def __init__(self, fn: types.FunctionType, source: Source | None = None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"function {self.fn.__qualname__}"
+
+    def identity(self) -> object:
+        return self.fn
+
+    def get_code(self) -> types.CodeType:
+        return self.fn.__code__
+
+    def _src(self) -> Source:
+        return self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        fn = self.fn
+        src = self._src()
+        defaults = [
+            tx.wrap(v, GetItemSource(AttrSource(src, "__defaults__"), i))
+            for i, v in enumerate(fn.__defaults__ or ())
+        ]
+        kwdefaults = {
+            k: tx.wrap(v, GetItemSource(AttrSource(src, "__kwdefaults__"), k))
+            for k, v in (fn.__kwdefaults__ or {}).items()
+        }
+        bound = bind_args(fn.__code__, args, kwargs, defaults, kwdefaults)
+        cells: list[CellVariable] = []
+        for i, cell in enumerate(fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:
+                cells.append(CellVariable(None))
+                continue
+            cells.append(
+                tx.output.real_cell(cell, lambda c=contents, i=i: tx.wrap(c, _closure_source(src, i)))
+            )
+        return tx.inline_call(fn.__code__, fn.__globals__, bound, cells, self.describe())
+
+
+def _closure_source(fn_source: Source, index: int) -> Source:
+    from kiln_dynamo.source import ClosureSource
+
+    return ClosureSource(fn_source, index)
+
+
+class NestedFunctionVariable(BaseFunctionVariable):
+    """A function (def, lambda, comprehension) created inside the traced frames."""
+
+    def __init__(
+        self,
+        code: types.CodeType,
+        f_globals: dict[str, Any],
+        defaults: list[VT],
+        kwdefaults: dict[str, VT],
+        closure: list[CellVariable],
+        qualname: str,
+    ) -> None:
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure
+        self.qualname = qualname
+
+    def describe(self) -> str:
+        return f"function {self.qualname}"
+
+    def get_code(self) -> types.CodeType:
+        return self.code
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
+        return tx.inline_call(self.code, self.f_globals, bound, self.closure, self.describe())
+
+
+class BoundMethodVariable(VariableTracker):
+    """`obj.method`: a function with its first argument bound."""
+
+    def __init__(self, fn: VT, obj: VT) -> None:
+        self.fn = fn
+        self.obj = obj
+
+    def describe(self) -> str:
+        return f"bound method {self.fn.describe()}"
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "__self__":
+            return self.obj
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(tx, name)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.fn.call(tx, [self.obj, *args], kwargs)
+
+
+class PartialVariable(VariableTracker):
+    """functools.partial(func, *args, **kwargs), created in the frame or read from outside."""
+
+    def __init__(self, func: VT, args: list[VT], kwargs: dict[str, VT], source: Source | None = None) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.source = source
+
+    def describe(self) -> str:
+        return f"functools.partial({self.func.describe()})"
+
+    def python_type(self) -> type:
+        return functools.partial
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "func":
+            return self.func
+        if name == "args":
+            return TupleVariable(list(self.args))
+        if name == "keywords":
+            return DictVariable(dict(self.kwargs))
+        raise Unsupported(f"attribute {name!r} of functools.partial")
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})

@@ -1,0 +1,287 @@
+"""Sequences and iterators: tuples, lists, torch.Size, namedtuples, and list-backed iterators.
+
+A sequence tracker holds a Python list of trackers. Tuples are immutable; a list created in the
+frame is mutated freely. A list that came from outside the frame (it has a source) may be
+mutated too: the tracker is marked in `SideEffects` and the runner writes the final contents
+back into the real list after the graph (`L['xs'][:] = [...]`), so the mutation is visible to
+the caller as in eager.
+
+Iterators (`iter`, `zip`, `enumerate`, `reversed`, `map`, `filter`, dict views) are modelled as
+a list of trackers and a position: everything a model iterates over is finite and known.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+
+def _index(key: VT) -> Any:
+    from kiln_dynamo.variables.base import SliceVariable
+
+    if isinstance(key, SliceVariable):
+        return key.as_constant()
+    if key.is_constant():
+        k = key.as_constant()
+        if isinstance(k, (int, slice)):
+            return operator.index(k) if not isinstance(k, slice) else k
+    raise Unsupported(f"sequence index {key.describe()} is not a constant int or slice")
+
+
+class BaseListVariable(VariableTracker):
+    def __init__(self, items: list[VT], source: Any = None) -> None:
+        self.items = list(items)
+        self.source = source
+
+    def new(self, items: list[VT]) -> BaseListVariable:
+        return type(self)(items)
+
+    def describe(self) -> str:
+        return f"{self.python_type().__name__} of {len(self.items)}"
+
+    def is_constant(self) -> bool:
+        return all(i.is_constant() for i in self.items)
+
+    def as_constant(self) -> Any:
+        vals = [i.as_constant() for i in self.items]
+        return self.python_type()(vals)
+
+    def truth(self, tx: Tx) -> bool:
+        return bool(self.items)
+
+    def length(self, tx: Tx) -> int:
+        return len(self.items)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return list(self.items)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        idx = _index(key)
+        if isinstance(idx, slice):
+            return self.new(self.items[idx])
+        try:
+            return self.items[idx]
+        except IndexError as e:
+            raise Unsupported(f"index {idx} out of range for {self.describe()}") from e
+
+    def contains(self, tx: Tx, value: VT) -> bool:
+        return any(tx.values_equal(i, value) for i in self.items)
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "index" and len(args) == 1:
+            for i, item in enumerate(self.items):
+                if tx.values_equal(item, args[0]):
+                    return ConstantVariable(i)
+            raise Unsupported("list.index: value not found")
+        if name == "count" and len(args) == 1:
+            return ConstantVariable(sum(tx.values_equal(i, args[0]) for i in self.items))
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__len__":
+            return ConstantVariable(len(self.items))
+        if name == "__contains__" and len(args) == 1:
+            return ConstantVariable(self.contains(tx, args[0]))
+        raise Unsupported(f"method {name} of {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)  # a mutated input list is rewritten in place (codegen)
+        inner = ", ".join(i.reconstruct(cg) for i in self.items)
+        return self.rebuild(cg, inner)
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        raise NotImplementedError
+
+
+class TupleVariable(BaseListVariable):
+    def python_type(self) -> type:
+        return tuple
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        return f"({inner},)" if len(self.items) == 1 else f"({inner})"
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        return self.rebuild(cg, ", ".join(i.reconstruct(cg) for i in self.items))
+
+
+class SizeVariable(TupleVariable):
+    def python_type(self) -> type:
+        return torch.Size
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        return f"{cg.const(torch.Size)}(({inner},))"
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "numel":
+            return ConstantVariable(torch.Size(self.as_constant()).numel())
+        return super().call_method(tx, name, args, kwargs)
+
+
+class NamedTupleVariable(TupleVariable):
+    """A namedtuple (or torch.return_types structseq) whose fields are trackers."""
+
+    def __init__(self, items: list[VT], cls: type, source: Any = None) -> None:
+        super().__init__(items, source)
+        self.cls = cls
+
+    def new(self, items: list[VT]) -> BaseListVariable:
+        return TupleVariable(items)
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def fields(self) -> tuple[str, ...]:
+        f = getattr(self.cls, "_fields", None)
+        if f is None:  # a structseq (torch.return_types): fields are member descriptors, in order
+            f = tuple(k for k, v in vars(self.cls).items() if type(v).__name__ == "member_descriptor")
+        return tuple(f)
+
+    def as_constant(self) -> Any:
+        vals = [i.as_constant() for i in self.items]
+        return self.cls(*vals) if hasattr(self.cls, "_fields") else self.cls(vals)
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        fields = self.fields()
+        if name in fields:
+            return self.items[fields.index(name)]
+        if name == "_fields":
+            return tx.wrap_constant(fields)
+        if callable(getattr(self.cls, name, None)):
+            from kiln_dynamo.variables.base import MethodVariable
+
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of namedtuple {self.cls.__name__}")
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "_replace" and not args:
+            fields = self.fields()
+            items = list(self.items)
+            for k, v in kwargs.items():
+                items[fields.index(k)] = v
+            return NamedTupleVariable(items, self.cls)
+        if name == "_asdict":
+            from kiln_dynamo.variables.dicts import DictVariable
+
+            return DictVariable({k: v for k, v in zip(self.fields(), self.items, strict=True)})
+        return super().call_method(tx, name, args, kwargs)
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        if hasattr(self.cls, "_fields"):
+            return f"{cg.const(self.cls)}({inner})"
+        return f"{cg.const(self.cls)}(({inner},))"
+
+
+class ListVariable(BaseListVariable):
+    def python_type(self) -> type:
+        return list
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        return f"[{inner}]"
+
+    def _mutate(self, tx: Tx) -> None:
+        tx.output.side_effects.mutated(self)
+
+    def setitem(self, tx: Tx, key: VT, value: VT) -> None:
+        idx = _index(key)
+        self._mutate(tx)
+        if isinstance(idx, slice):
+            self.items[idx] = value.iterate(tx)
+        else:
+            self.items[idx] = value
+
+    def delitem(self, tx: Tx, key: VT) -> None:
+        self._mutate(tx)
+        del self.items[_index(key)]
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        none = ConstantVariable(None)
+        if name == "append" and len(args) == 1:
+            self._mutate(tx)
+            self.items.append(args[0])
+            return none
+        if name == "extend" and len(args) == 1:
+            self._mutate(tx)
+            self.items.extend(args[0].iterate(tx))
+            return none
+        if name == "insert" and len(args) == 2:
+            self._mutate(tx)
+            self.items.insert(args[0].as_constant(), args[1])
+            return none
+        if name == "pop":
+            self._mutate(tx)
+            return self.items.pop(args[0].as_constant() if args else -1)
+        if name == "clear":
+            self._mutate(tx)
+            self.items.clear()
+            return none
+        if name == "reverse":
+            self._mutate(tx)
+            self.items.reverse()
+            return none
+        if name == "remove" and len(args) == 1:
+            for i, item in enumerate(self.items):
+                if tx.values_equal(item, args[0]):
+                    self._mutate(tx)
+                    del self.items[i]
+                    return none
+            raise Unsupported("list.remove: value not found")
+        if name == "copy":
+            return ListVariable(list(self.items))
+        if name == "sort":
+            if not self.is_constant():
+                raise Unsupported("list.sort of non-constant items")
+            key = kwargs.get("key")
+            if key is not None and not key.is_constant():
+                raise Unsupported("list.sort with a key function")
+            self._mutate(tx)
+            vals = sorted(
+                self.as_constant(),
+                reverse=bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False,
+            )
+            self.items = [ConstantVariable(v) for v in vals]
+            return none
+        return super().call_method(tx, name, args, kwargs)
+
+
+class ListIteratorVariable(VariableTracker):
+    def __init__(self, items: list[VT]) -> None:
+        self.items = items
+        self.index = 0
+
+    def describe(self) -> str:
+        return "iterator"
+
+    def next(self, tx: Tx) -> VT | None:
+        if self.index >= len(self.items):
+            return None
+        item = self.items[self.index]
+        self.index += 1
+        return item
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        rest = self.items[self.index :]
+        self.index = len(self.items)
+        return rest
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "__next__":
+            item = self.next(tx)
+            if item is None:
+                raise Unsupported("StopIteration raised inside a compiled frame")
+            return item
+        if name == "__iter__":
+            return self
+        raise Unsupported(f"method {name} of an iterator")

@@ -1,0 +1,207 @@
+"""nn.Module trackers: attributes read straight from the real module, forward inlined.
+
+A module seen by the capture stays a real object: reading `self.weight` looks in `_parameters`,
+`_buffers`, `_modules`, the instance dict and then the class, exactly as Module.__getattr__ does,
+and wraps what it finds with a source that goes through the same dict (`L['self']._parameters
+['weight']`), so the guard and the runner skip Module.__getattr__. Parameters and buffers become
+graph inputs; plain attributes become guarded constants; `training` is guarded when read.
+Calling a module inlines `type(m).forward` (the module must have no forward hooks, and a guard
+says so). Containers: Sequential and ModuleList index, slice, iterate and len; ModuleDict keys,
+values, items and subscripts.
+
+Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed after the graph.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource, DictEntrySource, Source, TypeSource
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.lists import TupleVariable
+
+if TYPE_CHECKING:
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+
+_C_DESCRIPTORS = (
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MemberDescriptorType,
+    types.GetSetDescriptorType,
+    types.BuiltinMethodType,
+    types.ClassMethodDescriptorType,
+)
+
+
+def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
+    """An attribute found on the class of `obj`: methods bind, properties run, others wrap."""
+    from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+    try:
+        static = inspect.getattr_static(type(obj), name)
+    except AttributeError:
+        raise
+    if isinstance(static, staticmethod):
+        return tx.wrap(static.__func__, None)
+    if isinstance(static, classmethod):
+        return BoundMethodVariable(tx.wrap(static.__func__, None), tx.wrap(type(obj), None))
+    if isinstance(static, property):
+        if static.fget is None:
+            raise Unsupported(f"property {name!r} has no getter")
+        return tx.wrap(static.fget, None).call(tx, [obj_vt], {})
+    if inspect.isfunction(static):
+        return BoundMethodVariable(UserFunctionVariable(static, None), obj_vt)
+    if isinstance(static, _C_DESCRIPTORS):
+        # Descriptors implemented in C (slots, builtin methods): reading them runs no user code.
+        value = getattr(obj, name)
+        return tx.wrap(value, AttrSource(source, name) if source else None)
+    if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None), type)):
+        raise Unsupported(f"attribute {name!r} is a {type(static).__name__} descriptor (would run user code)")
+    cls_src = AttrSource(TypeSource(source), name) if source is not None else None
+    return tx.wrap(static, cls_src)
+
+
+class NNModuleVariable(VariableTracker):
+    def __init__(self, module: nn.Module, source: Source | None) -> None:
+        self.module = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {type(self.module).__name__}"
+
+    def python_type(self) -> type:
+        return type(self.module)
+
+    def identity(self) -> object:
+        return self.module
+
+    def _entry(self, dict_attr: str, key: str) -> Source | None:
+        return DictEntrySource(self.source, dict_attr, key) if self.source is not None else None
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        m = self.module
+        pending = tx.output.side_effects.pending_attr(m, name)
+        if pending is not None:
+            return pending
+        d = m.__dict__
+        if name in d.get("_parameters", {}):
+            return tx.wrap(d["_parameters"][name], self._entry("_parameters", name))
+        if name in d.get("_buffers", {}):
+            return tx.wrap(d["_buffers"][name], self._entry("_buffers", name))
+        if name in d.get("_modules", {}):
+            return tx.wrap(d["_modules"][name], self._entry("_modules", name))
+        if name in d:
+            return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
+        if name == "__class__":
+            return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
+        try:
+            return class_attribute(tx, self, m, name, self.source)
+        except AttributeError:
+            raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}") from None
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        if self.source is None:
+            raise Unsupported("setting an attribute on a module without a source")
+        tx.output.side_effects.store_attr(self, self.module, name, value)
+
+    def _children(self) -> list[tuple[str, nn.Module]]:
+        return [(k, v) for k, v in self.module._modules.items() if v is not None]
+
+    def _guard_len(self, tx: Tx) -> None:
+        if self.source is not None:
+            tx.output.guards.length(AttrSource(self.source, "_modules"), self.module._modules)
+
+    def length(self, tx: Tx) -> int:
+        if isinstance(self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList)):
+            self._guard_len(tx)
+            return len(self.module)
+        raise Unsupported(f"len() of {self.describe()}")
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        m = self.module
+        self._guard_len(tx)
+        if isinstance(m, (nn.Sequential, nn.ModuleList)):
+            return [tx.wrap(v, self._entry("_modules", k)) for k, v in self._children()]
+        if isinstance(m, nn.ModuleDict):
+            return [ConstantVariable(k) for k, _ in self._children()]
+        if isinstance(m, nn.ParameterList):
+            return [tx.wrap(p, self._entry("_parameters", k)) for k, p in m._parameters.items()]
+        raise Unsupported(f"iterating over {self.describe()}")
+
+    def truth(self, tx: Tx) -> bool:
+        if isinstance(m := self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            self._guard_len(tx)
+            return len(m) > 0
+        return True
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        m = self.module
+        k = key.as_constant()
+        if isinstance(m, nn.ModuleDict):
+            return self.getattr(tx, k)
+        if isinstance(m, (nn.Sequential, nn.ModuleList)):
+            self._guard_len(tx)
+            keys = list(m._modules.keys())
+            if isinstance(k, slice):
+                from kiln_dynamo.variables.lists import ListVariable
+
+                return ListVariable([tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys[k]])
+            name = keys[k]
+            return tx.wrap(m._modules[name], self._entry("_modules", name))
+        if isinstance(m, nn.ParameterList):
+            self._guard_len(tx)
+            name = list(m._parameters.keys())[k]
+            return tx.wrap(m._parameters[name], self._entry("_parameters", name))
+        raise Unsupported(f"subscript of {self.describe()}")
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        m = self.module
+        if isinstance(m, nn.ModuleDict) and name in ("keys", "values", "items"):
+            self._guard_len(tx)
+            kids = self._children()
+            if name == "keys":
+                return TupleVariable([ConstantVariable(k) for k, _ in kids])
+            vals = [tx.wrap(v, self._entry("_modules", k)) for k, v in kids]
+            if name == "values":
+                return TupleVariable(vals)
+            return TupleVariable(
+                [TupleVariable([ConstantVariable(k), v]) for (k, _), v in zip(kids, vals, strict=True)]
+            )
+        if name in ("parameters", "buffers", "named_parameters", "children", "modules", "named_children"):
+            raise Unsupported(f"Module.{name}() inside a compiled frame")
+        if name == "__call__":
+            return self.call(tx, args, kwargs)
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        m = self.module
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+            raise Unsupported(f"{self.describe()} has hooks")
+        g = nn.modules.module
+        if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+            raise Unsupported("global module hooks are registered")
+        if self.source is not None:
+            tx.output.guards.no_hooks(self.source)
+        if "forward" in m.__dict__:
+            fwd = self.getattr(tx, "forward")
+            return fwd.call(tx, args, kwargs)
+        forward = type(m).forward
+        if forward is nn.Module.forward:
+            raise Unsupported(f"{self.describe()} has no forward()")
+        return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+
+
+def is_parameter(value: Any) -> bool:
+    return isinstance(value, nn.Parameter)
+
+
+TENSOR = torch.Tensor

@@ -1,0 +1,206 @@
+"""Tensors in the graph: `TensorVariable` is an FX node plus the fake tensor it would produce.
+
+Every operation on a tensor tracker becomes a node (`OutputGraph.create_call`) whose fake result
+is computed first, so a failing meta kernel leaves no dangling node. Metadata queries (`shape`,
+`dtype`, `dim()`, `is_contiguous()`) are answered from the fake tensor at capture time: the
+input guards pin that metadata (static shapes, shapes.py), so folding them is sound.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+# Methods whose answer is metadata only: folded to constants on the fake tensor.
+_METADATA_METHODS = frozenset(
+    {
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "stride",
+        "is_contiguous",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "storage_offset",
+        "__len__",
+    }
+)
+_METADATA_ATTRS = frozenset(
+    {
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "requires_grad",
+        "is_cuda",
+        "is_cpu",
+        "is_meta",
+        "is_sparse",
+        "is_quantized",
+        "layout",
+        "is_leaf",
+        "itemsize",
+        "nbytes",
+        "is_nested",
+        "is_mkldnn",
+        "is_mps",
+        "is_xpu",
+        "is_sparse_csr",
+        "is_inference",
+    }
+)
+_TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+_NOT_TRACEABLE = {
+    "item": "Tensor.item() reads tensor data",
+    "tolist": "Tensor.tolist() reads tensor data",
+    "numpy": "Tensor.numpy() leaves the graph",
+    "backward": "Tensor.backward() inside a compiled frame",
+    "data_ptr": "Tensor.data_ptr() depends on storage",
+    "register_hook": "tensor hooks",
+    "__bool__": "the truth value of a tensor depends on its data",
+}
+
+
+class TensorVariable(VariableTracker):
+    __slots__ = ("cls", "fake", "node", "source")
+
+    def __init__(
+        self, node: torch.fx.Node, fake: torch.Tensor, cls: type = torch.Tensor, source: Any = None
+    ) -> None:
+        self.node = node
+        self.fake = fake
+        self.cls = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"tensor {self.node.name} {tuple(self.fake.shape)} {self.fake.dtype}"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def identity(self) -> object:
+        # In-place ops and aliases return the same fake tensor, so `y is x` after `y = x.add_(1)`.
+        return self.fake
+
+    def truth(self, tx: Tx) -> bool:
+        raise Unsupported("the truth value of a tensor depends on its data (data-dependent control flow)")
+
+    def length(self, tx: Tx) -> int:
+        if self.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return int(self.fake.shape[0])
+
+    def iterate(self, tx: Tx) -> list[VariableTracker]:
+        n = self.length(tx)
+        return [self.getitem(tx, ConstantVariable(i)) for i in range(n)]
+
+    def getattr(self, tx: Tx, name: str) -> VariableTracker:
+        if name in _METADATA_ATTRS:
+            value = getattr(self.fake, name)
+            if name == "device":
+                value = self.fake.fake_device  # type: ignore[attr-defined]
+            return tx.wrap_constant(value)
+        if name in _TENSOR_ATTRS:
+            return tx.output.create_call(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
+        if name in ("grad", "data", "grad_fn", "_version"):
+            raise Unsupported(f"Tensor.{name} inside a compiled frame")
+        if name in _NOT_TRACEABLE:
+            raise Unsupported(_NOT_TRACEABLE[name])
+        if not hasattr(torch.Tensor, name):
+            raise Unsupported(f"unknown tensor attribute {name!r}")
+        return TensorMethodVariable(self, name)
+
+    def call_method(
+        self, tx: Tx, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+    ) -> VariableTracker:
+        return TensorMethodVariable(self, name).call(tx, args, kwargs)
+
+    def getitem(self, tx: Tx, key: VariableTracker) -> VariableTracker:
+        return tx.output.create_call(tx, "call_function", operator.getitem, [self, key], {})
+
+    def setitem(self, tx: Tx, key: VariableTracker, value: VariableTracker) -> None:
+        tx.output.create_call(tx, "call_function", operator.setitem, [self, key, value], {})
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.node.op == "placeholder" and self.source is not None:
+            return cg.source(self.source)
+        return cg.graph_output(self.node)
+
+
+class TensorMethodVariable(VariableTracker):
+    def __init__(self, tensor: TensorVariable, name: str) -> None:
+        self.tensor = tensor
+        self.name = name
+
+    def describe(self) -> str:
+        return f"Tensor.{self.name}"
+
+    def call(
+        self, tx: Tx, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+    ) -> VariableTracker:
+        name = self.name
+        fake = self.tensor.fake
+        if name in _NOT_TRACEABLE:
+            raise Unsupported(_NOT_TRACEABLE[name])
+        if name in _METADATA_METHODS or (name == "type" and not args and not kwargs):
+            if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+                raise Unsupported(f"Tensor.{name} with non-constant arguments")
+            if name == "get_device":
+                dev = fake.fake_device  # type: ignore[attr-defined]
+                return ConstantVariable(-1 if dev.type == "cpu" else dev.index)
+            value = getattr(fake, name)(
+                *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}
+            )
+            return tx.wrap_constant(value)
+        if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
+            raise Unsupported(f"Tensor.{name}() inside a compiled frame")
+        return tx.output.create_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def graph_arg(vt: VariableTracker) -> Any:
+    """The FX argument for a tracker: a node for tensors, plain values for constants."""
+    from kiln_dynamo.variables.base import SliceVariable
+    from kiln_dynamo.variables.lists import BaseListVariable
+
+    if isinstance(vt, TensorVariable):
+        return vt.node
+    if isinstance(vt, SliceVariable):
+        return vt.as_graph_arg()
+    if isinstance(vt, BaseListVariable):
+        items = [graph_arg(i) for i in vt.items]
+        return list(items) if vt.python_type() is list else tuple(items)
+    if vt.is_constant():
+        return vt.as_constant()
+    raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")
+
+
+def fake_arg(vt: VariableTracker) -> Any:
+    from kiln_dynamo.variables.base import SliceVariable
+    from kiln_dynamo.variables.lists import BaseListVariable
+
+    if isinstance(vt, TensorVariable):
+        return vt.fake
+    if isinstance(vt, SliceVariable):
+        return vt.as_fake_arg()
+    if isinstance(vt, BaseListVariable):
+        items = [fake_arg(i) for i in vt.items]
+        if vt.python_type() is torch.Size:
+            return torch.Size(items)
+        return list(items) if vt.python_type() is list else tuple(items)
+    if vt.is_constant():
+        return vt.as_constant()
+    raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")

@@ -1,0 +1,240 @@
+"""torch functions, Python modules (torch, torch.nn.functional, math, ...) and grad-mode contexts.
+
+A call to a torch function with tensor arguments becomes one `call_function` node whose target is
+the function itself (`torch.relu`, `F.linear`, `torch.Tensor.add`); the fake run decides the
+output metadata. Functions that only answer questions about Python values (`torch.is_tensor`,
+`torch.finfo`, `torch.is_grad_enabled`) are folded, with a guard when they read global state.
+`torch.no_grad()`, `torch.enable_grad()` and `torch.set_grad_enabled(b)` are modelled as context
+managers: entering and leaving emit `torch._C._set_grad_enabled` nodes, so the graph carries the
+same grad mode regions as the frame, and the real grad mode follows during tracing so that fake
+results get eager's `requires_grad`.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource, Source
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+_FOLD_ON_CONSTANTS: frozenset[Any] = frozenset(
+    {
+        torch.finfo,
+        torch.iinfo,
+        torch.device,
+        torch.Size,
+        torch.is_tensor,
+        torch.is_floating_point,
+        torch.is_complex,
+        torch.promote_types,
+        torch.can_cast,
+        torch.result_type,
+    }
+)
+_UNSUPPORTED: dict[Any, str] = {
+    torch.manual_seed: "torch.manual_seed changes global RNG state",
+    torch.set_default_dtype: "torch.set_default_dtype changes global state",
+    torch.autograd.grad: "torch.autograd.grad inside a compiled frame",
+    torch.autograd.backward: "torch.autograd.backward inside a compiled frame",
+}
+# Python modules whose attributes are trusted (read without a guard).
+TRUSTED_MODULE_PREFIXES = (
+    "torch",
+    "math",
+    "operator",
+    "functools",
+    "itertools",
+    "collections",
+    "builtins",
+    "typing",
+    "dataclasses",
+    "enum",
+)
+
+
+_GRAPH_FUNCTION_MODULES = frozenset(
+    {
+        "torch",
+        "torch.functional",
+        "torch.nn.functional",
+        "torch._tensor",
+        "torch.nn.init",
+        "torch.fft",
+        "torch.linalg",
+        "torch.special",
+        "torch.random",
+        "torch._VF",
+        "torch.nn.modules.utils",
+    }
+)
+
+
+def is_torch_callable(value: Any) -> bool:
+    """Should a call to `value` become a graph node (rather than be inlined or folded)?"""
+    if isinstance(value, type):
+        return False
+    mod = getattr(value, "__module__", None) or ""
+    if isinstance(value, types.FunctionType):
+        # Only torch's operator namespaces: anything else from torch (decorators such as
+        # torch.no_grad()'s wrapper, nn.Module methods, utilities) is Python to inline.
+        return mod in _GRAPH_FUNCTION_MODULES
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        self_obj = getattr(value, "__self__", None)
+        return mod.startswith("torch") or (
+            isinstance(self_obj, types.ModuleType) and self_obj.__name__.startswith("torch")
+        )
+    if type(value).__name__ in ("method_descriptor", "wrapper_descriptor", "getset_descriptor"):
+        return getattr(value, "__objclass__", None) in (torch.Tensor, torch._C.TensorBase)
+    return isinstance(value, torch._ops.OpOverloadPacket | torch._ops.OpOverload)
+
+
+class TorchFunctionVariable(VariableTracker):
+    def __init__(self, fn: Any, source: Source | None = None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        name = getattr(self.fn, "__qualname__", None) or getattr(self.fn, "__name__", self.fn)
+        return f"torch function {name}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.fn, name))
+        return tx.wrap(getattr(self.fn, name), None)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        fn = self.fn
+        if fn in _UNSUPPORTED:
+            raise Unsupported(_UNSUPPORTED[fn])
+        if fn is torch.is_grad_enabled:
+            tx.output.guards.global_state()
+            return ConstantVariable(torch.is_grad_enabled())
+        if fn is torch.get_default_dtype:
+            tx.output.guards.global_state()
+            return ConstantVariable(torch.get_default_dtype())
+        if fn is torch.is_inference_mode_enabled:
+            return ConstantVariable(torch.is_inference_mode_enabled())
+        if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
+            return ConstantVariable(fn())
+        if fn is torch.compiler.is_compiling or getattr(fn, "__name__", "") == "is_compiling":
+            return ConstantVariable(True)
+        consts = all(a.is_constant() for a in [*args, *kwargs.values()])
+        if consts and fn in _FOLD_ON_CONSTANTS:
+            out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+            return tx.wrap_constant(out)
+        return tx.output.create_call(tx, "call_function", fn, args, kwargs)
+
+
+class PythonModuleVariable(VariableTracker):
+    def __init__(self, module: types.ModuleType, source: Source | None) -> None:
+        self.module = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {self.module.__name__}"
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def identity(self) -> object:
+        return self.module
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        value = getattr(self.module, name)
+        trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
+        src = None if trusted or self.source is None else AttrSource(self.source, name)
+        return tx.wrap(value, src)
+
+
+class GradModeVariable(VariableTracker):
+    """torch.no_grad() / enable_grad() / set_grad_enabled(b), as a context manager."""
+
+    def __init__(self, target: bool, applied_on_create: bool, cls: type = torch.set_grad_enabled) -> None:
+        self.target = target
+        self.prev = torch.is_grad_enabled()
+        self.applied = applied_on_create
+        self.cls = cls
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "__class__":
+            return GradModeFactoryVariable(self.cls)
+        if name == "mode":
+            return ConstantVariable(self.target)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    @staticmethod
+    def create(tx: Tx, fn: Any, args: list[VT]) -> GradModeVariable:
+        tx.output.guards.global_state()
+        if fn is torch.no_grad:
+            return GradModeVariable(False, False, fn)
+        if fn is torch.enable_grad:
+            return GradModeVariable(True, False, fn)
+        target = bool(args[0].as_constant())
+        v = GradModeVariable(target, True, fn)
+        v.set(tx, target)
+        return v
+
+    def describe(self) -> str:
+        return f"grad mode context ({self.target})"
+
+    def python_type(self) -> type:
+        return torch.set_grad_enabled
+
+    def set(self, tx: Tx, mode: bool) -> None:
+        tx.output.set_grad_mode(mode)
+
+    def enter(self, tx: Tx) -> VT:
+        if not self.applied:
+            self.prev = torch.is_grad_enabled()
+            self.set(tx, self.target)
+        return ConstantVariable(None)
+
+    def exit(self, tx: Tx) -> VT:
+        self.set(tx, self.prev)
+        return ConstantVariable(None)
+
+
+class GradModeFactoryVariable(VariableTracker):
+    """torch.no_grad, torch.enable_grad or torch.set_grad_enabled, the classes."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def describe(self) -> str:
+        return f"torch.{self.fn.__name__}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return GradModeVariable.create(tx, self.fn, args)
+
+
+class WithExitVariable(VariableTracker):
+    """The bound `__exit__` that BEFORE_WITH leaves on the stack."""
+
+    def __init__(self, ctx: GradModeVariable) -> None:
+        self.ctx = ctx
+
+    def describe(self) -> str:
+        return "__exit__ of " + self.ctx.describe()
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.ctx.exit(tx)
+
+
+GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
+MATH = math

@@ -1,0 +1,248 @@
+"""User classes and their instances.
+
+`UserClassVariable` is a class read from outside the frame. Calling it inside the frame creates
+a `NewObjectVariable` whose attributes are trackers (its `__init__` is inlined with the new object
+as `self`); a dataclass gets the same treatment through its generated `__init__`, a namedtuple
+becomes a `NamedTupleVariable`. A new object that escapes the frame is rebuilt by the runner
+with `cls.__new__(cls)` and `object.__setattr__` per attribute.
+
+`UserObjectVariable` is an existing instance read from outside: attributes come from the real
+object (instance dict first, then the class: methods bind, properties run), each with a source
+that guards it. Assignments go to `SideEffects` and are replayed after the graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource, Source
+from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.lists import NamedTupleVariable
+from kiln_dynamo.variables.nn_module import class_attribute
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+
+def is_namedtuple_class(cls: type) -> bool:
+    return issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
+
+
+class UserClassVariable(VariableTracker):
+    def __init__(self, cls: type, source: Source | None) -> None:
+        self.cls = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"class {self.cls.__qualname__}"
+
+    def python_type(self) -> type:
+        return type(self.cls)
+
+    def identity(self) -> object:
+        return self.cls
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.cls
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        try:
+            static = inspect.getattr_static(self.cls, name)
+        except AttributeError:
+            raise AttributeError(f"type object {self.cls.__name__!r} has no attribute {name!r}") from None
+        if isinstance(static, staticmethod):
+            return tx.wrap(static.__func__, None)
+        if isinstance(static, classmethod):
+            from kiln_dynamo.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(tx.wrap(static.__func__, None), self)
+        if isinstance(self.cls, enum.EnumMeta) and isinstance(getattr(self.cls, name), self.cls):
+            return ConstantVariable(getattr(self.cls, name))
+        return tx.wrap(
+            getattr(self.cls, name), AttrSource(self.source, name) if self.source is not None else None
+        )
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        cls: Any = self.cls
+        if is_namedtuple_class(cls):
+            from kiln_dynamo.variables.functions import bind_args
+
+            init = cls.__new__
+            defaults = [tx.wrap_constant(d) for d in (init.__defaults__ or ())]
+            bound = bind_args(init.__code__, [self, *args], kwargs, defaults, {})
+            return NamedTupleVariable([bound[f] for f in cls._fields], cls)
+        if issubclass(cls, enum.Enum) and len(args) == 1 and args[0].is_constant():
+            return ConstantVariable(cls(args[0].as_constant()))
+        if cls.__new__ is not object.__new__:
+            raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
+        if type(cls) is not type:
+            raise Unsupported(f"constructing {cls.__qualname__}, whose metaclass is {type(cls).__name__}")
+        obj = NewObjectVariable(cls)
+        init = inspect.getattr_static(cls, "__init__")
+        if init is not object.__init__:
+            if not inspect.isfunction(init):
+                raise Unsupported(f"{cls.__qualname__}.__init__ is not a Python function")
+            tx.wrap(init, None).call(tx, [obj, *args], kwargs)
+        elif args or kwargs:
+            raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+        return obj
+
+
+class NewObjectVariable(VariableTracker):
+    """An instance of a user class created inside the frame."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.attrs: dict[str, VT] = {}
+
+    def describe(self) -> str:
+        return f"new {self.cls.__qualname__} object"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in self.attrs:
+            return self.attrs[name]
+        if name == "__class__":
+            return tx.wrap(self.cls, None)
+        try:
+            static = inspect.getattr_static(self.cls, name)
+        except AttributeError:
+            raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}") from None
+        from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+        if inspect.isfunction(static):
+            return BoundMethodVariable(UserFunctionVariable(static, None), self)
+        if isinstance(static, property) and static.fget is not None:
+            return tx.wrap(static.fget, None).call(tx, [self], {})
+        if isinstance(static, staticmethod):
+            return tx.wrap(static.__func__, None)
+        if isinstance(static, classmethod):
+            return BoundMethodVariable(tx.wrap(static.__func__, None), tx.wrap(self.cls, None))
+        return tx.wrap(static, None)
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        if (
+            dataclasses.is_dataclass(self.cls)
+            and vars(self.cls).get("__dataclass_params__", _NOT_FROZEN).frozen
+            and name in self.attrs
+        ):
+            raise Unsupported("assignment to a field of a frozen dataclass")
+        self.attrs[name] = value
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        cls = cg.const(self.cls)
+        items = ", ".join(f"({k!r}, {v.reconstruct(cg)})" for k, v in self.attrs.items())
+        return f"{cg.const(_rebuild_object)}({cls}, ({items}{',' if len(self.attrs) == 1 else ''}))"
+
+
+_NOT_FROZEN: Any = type("_NotFrozen", (), {"frozen": False})()
+
+
+def _rebuild_object(cls: type, attrs: tuple[tuple[str, Any], ...]) -> Any:
+    obj: Any = object.__new__(cls)
+    for k, v in attrs:
+        object.__setattr__(obj, k, v)
+    return obj
+
+
+class SuperVariable(VariableTracker):
+    """`super(cls, obj)`: attribute lookup starts after `cls` in the MRO of obj's type."""
+
+    def __init__(self, cls: VT, obj: VT) -> None:
+        self.cls = cls
+        self.obj = obj
+
+    def describe(self) -> str:
+        return "super()"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+        cls = self.cls.as_constant()
+        mro = self.obj.python_type().__mro__
+        if cls not in mro:
+            raise Unsupported("super(): class not in the MRO of the object")
+        for klass in mro[mro.index(cls) + 1 :]:
+            if name in vars(klass):
+                attr = vars(klass)[name]
+                if klass is object and name == "__init__":
+                    return _NoOpVariable()
+                if inspect.isfunction(attr):
+                    return BoundMethodVariable(UserFunctionVariable(attr, None), self.obj)
+                if isinstance(attr, property) and attr.fget is not None:
+                    return tx.wrap(attr.fget, None).call(tx, [self.obj], {})
+                if isinstance(attr, staticmethod):
+                    return tx.wrap(attr.__func__, None)
+                if isinstance(attr, classmethod):
+                    return BoundMethodVariable(
+                        tx.wrap(attr.__func__, None), tx.wrap(self.obj.python_type(), None)
+                    )
+                raise Unsupported(f"super().{name} is a {type(attr).__name__}")
+        raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class _NoOpVariable(VariableTracker):
+    def describe(self) -> str:
+        return "object.__init__"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return ConstantVariable(None)
+
+
+class UserObjectVariable(VariableTracker):
+    """An existing instance of a user class, read from outside the frame."""
+
+    def __init__(self, obj: object, source: Source | None) -> None:
+        self.obj = obj
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{type(self.obj).__qualname__} object"
+
+    def python_type(self) -> type:
+        return type(self.obj)
+
+    def identity(self) -> object:
+        return self.obj
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        pending = tx.output.side_effects.pending_attr(self.obj, name)
+        if pending is not None:
+            return pending
+        cls: Any = type(self.obj)
+        meta: Any = type(cls)
+        if meta.__getattribute__ is not type.__getattribute__ or (
+            cls.__getattribute__ is not object.__getattribute__
+        ):
+            raise Unsupported(f"{self.describe()} customises attribute lookup")
+        d = getattr(self.obj, "__dict__", {})
+        if name in d:
+            return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
+        try:
+            return class_attribute(tx, self, self.obj, name, self.source)
+        except AttributeError:
+            if hasattr(type(self.obj), "__getattr__"):
+                raise Unsupported(f"{self.describe()} defines __getattr__") from None
+            raise AttributeError(f"{type(self.obj).__name__!r} object has no attribute {name!r}") from None
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        if self.source is None:
+            raise Unsupported(f"setting an attribute on {self.describe()} without a source")
+        if type(self.obj).__setattr__ is not object.__setattr__:
+            raise Unsupported(f"{self.describe()} customises __setattr__")
+        tx.output.side_effects.store_attr(self, self.obj, name, value)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.getattr(tx, "__call__").call(tx, args, kwargs)

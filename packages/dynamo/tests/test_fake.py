@@ -1,0 +1,84 @@
+"""Fake tensors: metadata equal to eager's for a sweep of operators; clear reasons otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln_dynamo.exc import FakeUnsupported
+from kiln_dynamo.fake import FakeMode, FakeTensor, from_real, metadata
+
+OPS: list[tuple[str, Any, tuple[Any, ...]]] = [
+    ("add", torch.add, (torch.randn(3, 4), torch.randn(4))),
+    ("mul_scalar", torch.mul, (torch.randn(3), 2)),
+    ("matmul", torch.matmul, (torch.randn(2, 3, 4), torch.randn(4, 5))),
+    ("linear", F.linear, (torch.randn(2, 3), torch.randn(4, 3), torch.randn(4))),
+    ("conv2d", F.conv2d, (torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3))),
+    ("softmax", F.softmax, (torch.randn(2, 5), -1)),
+    ("layer_norm", F.layer_norm, (torch.randn(2, 5), (5,))),
+    ("transpose", torch.transpose, (torch.randn(2, 3, 4), 0, 2)),
+    ("permute_contig", lambda x: x.permute(2, 0, 1).contiguous(), (torch.randn(2, 3, 4),)),
+    ("view", lambda x: x.view(6, 4), (torch.randn(2, 3, 4),)),
+    ("expand", lambda x: x.expand(3, 4), (torch.randn(1, 4),)),
+    ("sum_dim", torch.sum, (torch.randn(3, 4), 1)),
+    ("max_dim", torch.max, (torch.randn(3, 4), 0)),
+    ("cat", torch.cat, ([torch.randn(2, 3), torch.randn(1, 3)],)),
+    ("split", lambda x: x.split(2), (torch.randn(5, 3),)),
+    ("to_half", lambda x: x.half(), (torch.randn(3),)),
+    ("int_div", torch.div, (torch.arange(6), 4)),
+    ("compare", torch.gt, (torch.randn(3), 0)),
+    ("where", torch.where, (torch.randn(3) > 0, torch.randn(3), torch.randn(3))),
+    ("embedding", F.embedding, (torch.tensor([[0, 2]]), torch.randn(4, 3))),
+    ("index", lambda x, i: x[i], (torch.randn(5, 3), torch.tensor([0, 4]))),
+    ("slice_step", lambda x: x[:, ::2], (torch.randn(3, 6),)),
+    ("sdpa", F.scaled_dot_product_attention, (torch.randn(1, 2, 3, 4),) * 3),
+    ("batch_norm", F.batch_norm, (torch.randn(2, 3), torch.zeros(3), torch.ones(3))),
+    ("grad_flow", lambda x, w: (x @ w).relu(), (torch.randn(2, 3), torch.randn(3, 2, requires_grad=True))),
+    ("param", lambda w: w * 2, (torch.nn.Parameter(torch.randn(3)),)),
+    ("channels_last", lambda x: x.to(memory_format=torch.channels_last) + 1, (torch.randn(1, 3, 4, 4),)),
+    ("factory_in_mode", lambda x: torch.zeros(2, 3) + torch.arange(3), (torch.randn(1),)),
+]
+
+
+def _fake(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return from_real(x)
+    if isinstance(x, list):
+        return [_fake(i) for i in x]
+    return x
+
+
+def _flat(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for i in x for t in _flat(i)]
+    return []
+
+
+@pytest.mark.parametrize(("name", "fn", "args"), OPS, ids=[o[0] for o in OPS])
+def test_fake_metadata_equals_eager(name: str, fn: Any, args: tuple[Any, ...]) -> None:
+    real = fn(*args)
+    with FakeMode():
+        fake = fn(*[_fake(a) for a in args])
+    real_flat, fake_flat = _flat(real), _flat(fake)
+    assert len(real_flat) == len(fake_flat)
+    for r, f in zip(real_flat, fake_flat, strict=True):
+        assert isinstance(f, FakeTensor)
+        assert metadata(f) == metadata(r)
+
+
+def test_from_real_keeps_parameter_flag_and_device() -> None:
+    p = torch.nn.Parameter(torch.randn(2, 3))
+    f = from_real(p)
+    assert f.is_param and f.requires_grad and f.fake_device == torch.device("cpu")
+    assert f.meta.device.type == "meta"
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.sum().item(), lambda x: x.nonzero(), torch.unique])
+def test_data_dependent_ops_raise_a_reason(fn: Any) -> None:
+    with pytest.raises(FakeUnsupported, match=r"needs tensor data|meta"), FakeMode():
+        fn(from_real(torch.randn(4)))

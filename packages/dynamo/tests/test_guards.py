@@ -1,0 +1,228 @@
+"""Guards: each relied-on fact triggers exactly one recompile when it changes, with a readable
+reason; an unchanged call never re-enters the callback."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from conftest import CountingBackend
+from torch import nn
+
+import kiln_dynamo
+
+GLOBAL_K = 2
+
+
+def use_global(x):
+    return x * GLOBAL_K
+
+
+def plain(x):
+    return torch.sin(x) + 1
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = 2.0
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x)) * self.scale
+
+
+def _compiled(fn: Any) -> tuple[Any, CountingBackend]:
+    backend = CountingBackend()
+    return kiln_dynamo.compile(fn, backend=backend), backend
+
+
+def test_unchanged_call_never_reenters_callback() -> None:
+    f, backend = _compiled(plain)
+    x = torch.randn(3)
+    for _ in range(5):
+        torch.testing.assert_close(f(x), plain(x))
+    assert kiln_dynamo.counters.frames_seen == 1
+    assert backend.graphs == 1
+    assert kiln_dynamo.counters.recompiles == 0
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expect_in_reason"),
+    [
+        (torch.randn(3), torch.randn(3, dtype=torch.float64), "dtype"),
+        (torch.randn(3), torch.randn(5), "size(0) == 3"),
+        (torch.randn(3), torch.randn(3, requires_grad=True), "requires_grad"),
+        (torch.randn(3, 4), torch.randn(4, 3).t(), "stride"),
+        (torch.randn(3), torch.randn(3, 1), "dim() == 1"),
+    ],
+    ids=["dtype", "shape", "requires_grad", "stride", "rank"],
+)
+def test_tensor_guard_recompiles_once(
+    first: torch.Tensor, second: torch.Tensor, expect_in_reason: str
+) -> None:
+    f, backend = _compiled(plain)
+    f(first)
+    f(first)
+    out = f(second)
+    torch.testing.assert_close(out, plain(second))
+    f(second)
+    f(first)
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.recompiles == 1
+    reason = kiln_dynamo.counters.guard_failures[0]
+    assert expect_in_reason in reason, reason
+    assert "L['x']" in reason
+
+
+def test_global_constant_guard() -> None:
+    global GLOBAL_K
+    f, backend = _compiled(use_global)
+    x = torch.randn(3)
+    f(x)
+    GLOBAL_K = 5
+    try:
+        torch.testing.assert_close(f(x), x * 5)
+        f(x)
+    finally:
+        GLOBAL_K = 2
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.recompiles == 1
+    assert "G['GLOBAL_K'] == 2" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_module_attribute_guard() -> None:
+    m = Scaled().eval()
+    cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+    x = torch.randn(2, 4)
+    cm(x)
+    m.scale = 3.0
+    torch.testing.assert_close(cm(x), m(x))
+    cm(x)
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.recompiles == 1
+    assert "L['self'].scale == 2.0" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_train_eval_guard() -> None:
+    m = Scaled().eval()
+    cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+    x = torch.randn(2, 4)
+    cm(x)
+    cm.train()
+    torch.manual_seed(0)
+    a = cm(x)
+    torch.manual_seed(0)
+    b = m(x)
+    torch.testing.assert_close(a, b)
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.recompiles == 1
+    assert "training" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_grad_mode_guard() -> None:
+    w = torch.randn(3, requires_grad=True)
+
+    def f(x):
+        return x * w
+
+    g, backend = _compiled(f)
+    x = torch.randn(3)
+    assert g(x).requires_grad
+    with torch.no_grad():
+        out = g(x)
+        g(x)
+    assert not out.requires_grad
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.recompiles == 1
+    assert "is_grad_enabled" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_closure_value_guard() -> None:
+    def make(k):
+        def f(x):
+            return x + k
+
+        return f
+
+    f1 = make(1)
+    c1, backend = _compiled(f1)
+    x = torch.zeros(2)
+    torch.testing.assert_close(c1(x), x + 1)
+    c2 = kiln_dynamo.compile(make(2), backend=backend)
+    torch.testing.assert_close(c2(x), x + 2)  # same code, different cell contents
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_python_int_argument_guard() -> None:
+    def f(x, n):
+        return x * n
+
+    g, backend = _compiled(f)
+    x = torch.ones(2)
+    torch.testing.assert_close(g(x, 2), x * 2)
+    torch.testing.assert_close(g(x, 3), x * 3)
+    torch.testing.assert_close(g(x, 2), x * 2)
+    assert backend.graphs == 2
+
+
+def test_cache_limit_falls_back_to_eager() -> None:
+    def f(x, n):
+        return x + n
+
+    g, backend = _compiled(f)
+    x = torch.ones(2)
+    for n in range(12):
+        torch.testing.assert_close(g(x, n), x + n)
+    assert backend.graphs == 8
+    assert any("cache limit" in r for _, r in kiln_dynamo.counters.fallbacks)
+
+
+def test_recompiles_log(caplog: pytest.LogCaptureFixture) -> None:
+    f, _ = _compiled(plain)
+    with caplog.at_level(logging.INFO, logger="kiln.dynamo.recompiles"):
+        f(torch.randn(3))
+        f(torch.randn(4))
+    text = caplog.text
+    assert "L['x'].size(0) == 3" in text
+    assert "test_guards.py" in text
+
+
+def test_guards_hold_no_strong_reference_to_function() -> None:
+    import gc
+    import weakref
+
+    def f(x):
+        return x + 1
+
+    g = kiln_dynamo.compile(f)
+    g(torch.ones(1))
+    ref = weakref.ref(f)
+    del f, g
+    gc.collect()
+    assert ref() is None
+
+
+def test_aliased_inputs_are_guarded() -> None:
+    def f(a, b):
+        return a * 2 + b
+
+    g, backend = _compiled(f)
+    x, y = torch.randn(3), torch.randn(3)
+    torch.testing.assert_close(g(x, x), f(x, x))
+    torch.testing.assert_close(g(x, y), f(x, y))
+    assert backend.graphs == 2
+    assert "L['b'] is L['a']" in kiln_dynamo.counters.guard_failures[0]
+
+
+def test_failing_backend_falls_back_to_graph_with_warning() -> None:
+    def broken(gm: Any, example_inputs: Any) -> Any:
+        raise RuntimeError("backend exploded")
+
+    x = torch.randn(3)
+    with pytest.warns(RuntimeWarning, match="backend exploded"):
+        out = kiln_dynamo.compile(plain, backend=broken)(x)
+    torch.testing.assert_close(out, plain(x))
