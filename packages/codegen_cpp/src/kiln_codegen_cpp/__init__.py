@@ -1,7 +1,23 @@
-"""kiln-codegen-cpp: not built yet.
+"""kiln-codegen-cpp: the CPU code generator, a loopir backend named ``"cpp"``.
 
-It will own: the CPU code generator: C++/OpenMP kernels, compiler invocation, an on-disk cache, and
-the wrapper that runs a scheduled graph.
+``kiln_loopir.compile_graph(gm, inputs, backend="cpp")`` lowers and schedules an aten graph with
+loopir, then this package turns the schedule into C++ and runs it:
+
+* ``kernel``: one C++ function per fused node: OpenMP-parallel outer loops, an innermost loop
+  the compiler vectorizes (``#pragma omp simd`` + libmvec), reductions with lane accumulators,
+  masked loads, bounds-checked indirect indexing;
+* ``cpp_ops`` / ``prelude``: C++ spellings of dtypes, constants, index math and the ``ops.*`` set;
+* ``build``: one translation unit per graph, ``g++`` with an atomic on-disk cache under
+  ``KILN_CACHE_DIR``, loading with ``ctypes``; ``counters`` says what was compiled or reused;
+* ``wrapper``: the generated Python that allocates buffers (loopir's reuse plan), calls kernels
+  and extern ops in schedule order and returns strided outputs;
+* ``backend``: :class:`CppBackend`, registered through the ``kiln_loopir.backends`` entry point.
 """
 
+from .backend import CppBackend
+from .build import CppCompileError, cache_dir, counters
+from .kernel import CodegenUnsupported
+
 __version__ = "0.1.0"
+
+__all__ = ["CodegenUnsupported", "CppBackend", "CppCompileError", "cache_dir", "counters"]

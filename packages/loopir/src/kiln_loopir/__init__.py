@@ -1,7 +1,41 @@
-"""kiln-loopir: not built yet.
+"""kiln-loopir: the define-by-run loop-level IR, its lowerings, scheduler and reference interpreter.
 
-It will own: the define-by-run loop-level IR: lowering of aten FX graphs, the virtualized ops
-namespace, a reference interpreter, and the fusion scheduler.
+``compile_graph(gm, example_inputs, backend="interpret", fusion=True)`` takes an aten-level
+``torch.fx.GraphModule`` and returns a callable with ``.stats``. Inside:
+
+* ``virtualized``: the thread-local ``ops.*`` namespace loop bodies are written against;
+* ``ir`` / ``layout`` / ``indexing``: TensorBox/StorageBox, Pointwise/Reduction, buffers, views,
+  extern kernels, layouts with sympy sizes and strides, index simplification;
+* ``lowering`` + ``lowerings/``: aten ops to IR (pointwise, views, reductions, cat/pad/indexing/
+  scatter, creation), with an extern-kernel fallback for every other op;
+* ``graph``: GraphLowering, the fx walk and the realize heuristic;
+* ``scheduler``: dependencies, greedy score-based fusion, topological order, DCE, buffer reuse;
+* ``backend``: the interface code generators implement and the entry-point registry
+  (group ``kiln_loopir.backends``); ``interpret``: the reference backend over torch tensors.
 """
 
+from .backend import Backend, available_backends, get_backend, register_backend
+from .compile import CompiledGraph, CompileStats, compile_graph
+from .graph import GraphLowering
+from .ir import TensorBox
+from .lowering import register_lowering
+from .scheduler import Scheduler
+from .virtualized import ops, set_ops_handler
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "CompileStats",
+    "CompiledGraph",
+    "GraphLowering",
+    "Scheduler",
+    "TensorBox",
+    "available_backends",
+    "compile_graph",
+    "get_backend",
+    "ops",
+    "register_backend",
+    "register_lowering",
+    "set_ops_handler",
+]

@@ -1,0 +1,92 @@
+"""``CppBackend``: loopir's backend interface, implemented with C++ kernels and a Python wrapper.
+
+loopir asks for one kernel per scheduler node (``codegen_kernel``) and then for the wrapper
+(``codegen_wrapper``). The C++ of a kernel depends on the buffer plan (a kernel-internal buffer
+that is never read from memory is never stored), which only the whole schedule knows, so
+``codegen_kernel`` just remembers the node and all kernels are generated in ``codegen_wrapper``,
+into one translation unit that is compiled (or found in the cache) once per graph.
+
+A kernel the generator cannot express (a dtype it has no C++ type for, an op without a
+spelling, a symbolic size) is not an error: the wrapper runs that kernel through loopir's
+reference interpreter, and ``CppBackend.last_declined`` records why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiln_loopir import Backend
+from kiln_loopir.graph import GraphLowering
+from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
+
+from .build import Built, build
+from .cpp_ops import UnsupportedDtype
+from .kernel import CodegenUnsupported, Kernel, KernelBuilder
+from .logs import configure
+from .prelude import PRELUDE
+from .wrapper import make_wrapper
+
+log = logging.getLogger("kiln.codegen_cpp.output_code")
+
+
+class CppBackend(Backend):
+    """The ``"cpp"`` loopir backend; see the module docstring."""
+
+    name = "cpp"
+
+    def __init__(self) -> None:
+        self.last_declined: list[tuple[str, str]] = []
+        self.last_source: str = ""
+        self.last_wrapper: str = ""
+        self.last_built: Built | None = None
+        self.codegen_seconds = 0.0
+        self.compile_seconds = 0.0
+
+    def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
+        return node
+
+    def codegen_wrapper(
+        self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
+    ) -> Callable[..., Any]:
+        configure()
+        t0 = time.perf_counter()
+        dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
+        generated: dict[str, Kernel | None] = {}
+        self.last_declined = []
+        for step, node in enumerate(schedule.nodes):
+            if node.name not in kernels:
+                continue
+            generated[node.name] = self._kernel(node, step, schedule, dtypes)
+        compiled = [k for k in generated.values() if k is not None]
+        source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n"
+        t1 = time.perf_counter()
+        built = build(source) if compiled else None
+        t2 = time.perf_counter()
+        fn, wrapper_source, path = make_wrapper(schedule, graph, generated, built)
+        self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)
+        self.compile_seconds = t2 - t1
+        self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built
+        if log.isEnabledFor(logging.DEBUG):
+            where = built.source_path if built is not None else "(no C++ kernels)"
+            log.debug("kernels: %s", where)
+            log.debug("wrapper: %s\n%s", path, wrapper_source)
+        return fn
+
+    def _kernel(
+        self, node: BaseSchedulerNode, step: int, schedule: Scheduler, dtypes: dict[str, Any]
+    ) -> Kernel | None:
+        parts = node.get_nodes()
+        members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
+        internal = set(schedule.plan.internal.get(step, ()))
+        name = f"kernel_{step}_{members[0].name}"
+        try:
+            return KernelBuilder(name, members, reads, dtypes, internal).build()
+        except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
+            self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
+            log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
+            return None

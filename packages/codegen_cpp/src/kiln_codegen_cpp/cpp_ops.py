@@ -1,0 +1,256 @@
+"""C++ spellings of dtypes, constants, index expressions and the ``ops.*`` math set.
+
+Every table here maps a name to a format string over the operands ``{a}``/``{b}`` and the
+compute type ``{t}``; the kernel's ops handler (``kernel.CppOpsHandler``) fills them in. A value
+of a half type (bfloat16, float16) is held as a ``float`` whose value is exactly representable in
+that type: loads widen, stores narrow, and an op whose result has a half dtype rounds (as eager
+rounds each op's result), so the C++ computes "in float" and matches eager's rounding.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import sympy
+import torch
+
+from kiln_loopir.indexing import FloorDiv, ModularIndexing
+
+HALF = (torch.bfloat16, torch.float16)
+
+# dtype -> (type held in memory, type computed with)
+CTYPES: dict[torch.dtype, tuple[str, str]] = {
+    torch.float32: ("float", "float"),
+    torch.float64: ("double", "double"),
+    torch.bfloat16: ("uint16_t", "float"),
+    torch.float16: ("uint16_t", "float"),
+    torch.int8: ("int8_t", "int8_t"),
+    torch.uint8: ("uint8_t", "uint8_t"),
+    torch.int16: ("int16_t", "int16_t"),
+    torch.int32: ("int32_t", "int32_t"),
+    torch.int64: ("int64_t", "int64_t"),
+    torch.bool: ("bool", "bool"),
+}
+
+
+class UnsupportedDtype(Exception):
+    """A dtype the C++ generator cannot hold (complex, float8, ...)."""
+
+
+def storage_type(dtype: torch.dtype) -> str:
+    try:
+        return CTYPES[dtype][0]
+    except KeyError:
+        raise UnsupportedDtype(str(dtype)) from None
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    try:
+        return CTYPES[dtype][1]
+    except KeyError:
+        raise UnsupportedDtype(str(dtype)) from None
+
+
+def load_expr(dtype: torch.dtype, ref: str) -> str:
+    """A memory element ``ref`` widened to the compute type."""
+    if dtype == torch.bfloat16:
+        return f"kiln::bf16_to_float({ref})"
+    if dtype == torch.float16:
+        return f"kiln::fp16_to_float({ref})"
+    return ref
+
+
+def store_expr(dtype: torch.dtype, value: str) -> str:
+    """A compute value narrowed to the memory type."""
+    if dtype == torch.bfloat16:
+        return f"kiln::float_to_bf16({value})"
+    if dtype == torch.float16:
+        return f"kiln::float_to_fp16({value})"
+    return f"static_cast<{storage_type(dtype)}>({value})"
+
+
+def round_expr(dtype: torch.dtype, value: str) -> str:
+    """A float value rounded to a half dtype (identity for other dtypes)."""
+    if dtype == torch.bfloat16:
+        return f"kiln::round_bf16({value})"
+    if dtype == torch.float16:
+        return f"kiln::round_fp16({value})"
+    return value
+
+
+def convert_expr(value: str, src: torch.dtype, dst: torch.dtype) -> str:
+    """``value`` (compute type of ``src``) as the compute type of ``dst``."""
+    if src == dst:
+        return value
+    if dst == torch.bool:
+        return f"static_cast<bool>({value})"
+    if dst in HALF:
+        return round_expr(dst, f"static_cast<float>({value})")
+    return f"static_cast<{compute_type(dst)}>({value})"
+
+
+def constant_expr(value: object, dtype: torch.dtype) -> str:
+    """A Python scalar as a C++ literal of ``dtype``'s compute type."""
+    ctype = compute_type(dtype)
+    if dtype == torch.bool:
+        return "true" if bool(value) else "false"
+    if dtype.is_floating_point:
+        f = float(value)  # type: ignore[arg-type]
+        if dtype in HALF:
+            f = float(torch.tensor(f, dtype=dtype).float())
+        if math.isnan(f):
+            return f"std::numeric_limits<{ctype}>::quiet_NaN()"
+        if math.isinf(f):
+            sign = "-" if f < 0 else ""
+            return f"{sign}std::numeric_limits<{ctype}>::infinity()"
+        return f"static_cast<{ctype}>({f.hex()})"
+    i = int(value)  # type: ignore[call-overload]
+    info = torch.iinfo(dtype)
+    i = (i - info.min) % (info.max - info.min + 1) + info.min  # wrap like a tensor conversion
+    if i == -(2**63):
+        return "std::numeric_limits<int64_t>::min()"
+    return f"static_cast<{ctype}>(INT64_C({i}))"
+
+
+# -------------------------------------------------------------------------------------------
+# math ops: float spelling, integer spelling (None: same as float), bool spelling (None: int)
+
+FLOAT_UNARY: dict[str, str] = {
+    "abs": "std::abs({a})", "neg": "(-{a})", "exp": "std::exp({a})", "exp2": "std::exp2({a})",
+    "expm1": "std::expm1({a})", "log": "std::log({a})", "log1p": "std::log1p({a})",
+    "log2": "std::log2({a})", "log10": "std::log10({a})", "sqrt": "std::sqrt({a})",
+    "rsqrt": "kiln::rsqrt({a})", "sin": "std::sin({a})", "cos": "std::cos({a})",
+    "tan": "std::tan({a})", "asin": "std::asin({a})", "acos": "std::acos({a})",
+    "atan": "std::atan({a})", "sinh": "std::sinh({a})", "cosh": "std::cosh({a})",
+    "tanh": "std::tanh({a})", "asinh": "std::asinh({a})", "acosh": "std::acosh({a})",
+    "atanh": "std::atanh({a})", "sigmoid": "kiln::sigmoid({a})", "erf": "std::erf({a})",
+    "erfc": "std::erfc({a})", "erfinv": "kiln::erfinv({a})", "floor": "std::floor({a})",
+    "ceil": "std::ceil({a})", "round": "std::nearbyint({a})", "trunc": "std::trunc({a})",
+    "sign": "kiln::sign({a})", "isnan": "std::isnan({a})", "isinf": "std::isinf({a})",
+    "relu": "kiln::relu({a})", "reciprocal": "({t}(1) / {a})", "logical_not": "(!({a}))",
+    "bitwise_not": "(~({a}))", "square": "({a} * {a})", "lgamma": "std::lgamma({a})",
+    "signbit": "std::signbit({a})", "frac": "kiln::frac({a})",
+}  # fmt: skip
+INT_UNARY: dict[str, str] = {
+    "abs": "kiln::iabs({a})", "floor": "({a})", "ceil": "({a})", "round": "({a})",
+    "trunc": "({a})", "isnan": "false", "isinf": "false", "signbit": "({a} < 0)",
+    "frac": "{t}(0)",
+}  # fmt: skip
+BOOL_UNARY: dict[str, str] = {
+    "bitwise_not": "(!({a}))", "abs": "({a})", "neg": "({a})", "sign": "({a})", "relu": "({a})",
+    "signbit": "false",
+}  # fmt: skip
+
+FLOAT_BINARY: dict[str, str] = {
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "truediv": "({a} / {b})",
+    "floordiv": "kiln::float_floordiv({a}, {b})", "truncdiv": "std::trunc({a} / {b})",
+    "mod": "std::fmod({a}, {b})", "fmod": "std::fmod({a}, {b})",
+    "remainder": "kiln::float_remainder({a}, {b})", "pow": "std::pow({a}, {b})",
+    "maximum": "kiln::maximum({a}, {b})", "minimum": "kiln::minimum({a}, {b})",
+    "fmax": "std::fmax({a}, {b})", "fmin": "std::fmin({a}, {b})",
+    "eq": "({a} == {b})", "ne": "({a} != {b})", "lt": "({a} < {b})", "le": "({a} <= {b})",
+    "gt": "({a} > {b})", "ge": "({a} >= {b})",
+    "logical_and": "(({a} != 0) && ({b} != 0))", "logical_or": "(({a} != 0) || ({b} != 0))",
+    "logical_xor": "(({a} != 0) != ({b} != 0))",
+    "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})",
+    "bitwise_left_shift": "kiln::shl({a}, {b})", "bitwise_right_shift": "kiln::shr({a}, {b})",
+    "atan2": "std::atan2({a}, {b})", "copysign": "std::copysign({a}, {b})",
+    "hypot": "std::hypot({a}, {b})", "nextafter": "std::nextafter({a}, {b})",
+}  # fmt: skip
+INT_BINARY: dict[str, str] = {
+    "truediv": "(static_cast<float>({a}) / static_cast<float>({b}))",
+    "floordiv": "kiln::int_floordiv<{t}>({a}, {b})", "truncdiv": "kiln::int_truncdiv<{t}>({a}, {b})",
+    "mod": "kiln::int_mod<{t}>({a}, {b})", "fmod": "kiln::int_mod<{t}>({a}, {b})",
+    "remainder": "kiln::int_remainder<{t}>({a}, {b})", "pow": "kiln::int_pow<{t}>({a}, {b})",
+    "maximum": "std::max<{t}>({a}, {b})", "minimum": "std::min<{t}>({a}, {b})",
+    "fmax": "std::max<{t}>({a}, {b})", "fmin": "std::min<{t}>({a}, {b})",
+}  # fmt: skip
+BOOL_BINARY: dict[str, str] = {
+    "add": "({a} || {b})", "mul": "({a} && {b})", "maximum": "({a} || {b})",
+    "minimum": "({a} && {b})", "bitwise_and": "({a} && {b})", "bitwise_or": "({a} || {b})",
+    "bitwise_xor": "({a} != {b})", "sub": "({a} != {b})",
+}  # fmt: skip
+
+ALWAYS_BOOL = {
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
+    "isnan", "isinf", "signbit",
+}  # fmt: skip
+
+
+def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
+    """The C++ expression of math op ``name`` on operands of compute dtype ``dtype``."""
+    unary = len(operands) == 1
+    tables: list[dict[str, str]] = []
+    if dtype == torch.bool:
+        tables.append(BOOL_UNARY if unary else BOOL_BINARY)
+    if not dtype.is_floating_point:
+        tables.append(INT_UNARY if unary else INT_BINARY)
+    tables.append(FLOAT_UNARY if unary else FLOAT_BINARY)
+    for table in tables:
+        fmt = table.get(name)
+        if fmt is not None:
+            a = operands[0]
+            b = operands[1] if len(operands) > 1 else ""
+            return fmt.format(a=a, b=b, t=compute_type(dtype))
+    raise NotImplementedError(f"no C++ spelling of ops.{name}")
+
+
+@cache
+def result_dtype(name: str, dtypes: tuple[tuple[torch.dtype, bool], ...]) -> torch.dtype:
+    """The dtype of ``ops.name`` on operands (dtype, is_scalar_constant), as eager computes it.
+
+    Scalar constants behave like 0-dim tensors in type promotion (they do not upcast a tensor of
+    the same category), which is what the reference interpreter's ``ops.constant`` gives.
+    """
+    if name in ALWAYS_BOOL:
+        return torch.bool
+    args = [torch.zeros((), dtype=d) if const else torch.zeros((1,), dtype=d) for d, const in dtypes]
+    promoted = torch.result_type(args[0], args[1]) if len(args) == 2 else args[0].dtype
+    if name == "truediv" and not promoted.is_floating_point:
+        return torch.get_default_dtype()
+    if name in FLOAT_ONLY and not promoted.is_floating_point:
+        return torch.get_default_dtype()
+    return promoted
+
+
+FLOAT_ONLY = {
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf",
+    "erfc", "erfinv", "reciprocal", "lgamma", "atan2",
+}  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------
+# index expressions
+
+
+def index_to_cpp(expr: sympy.Expr, names: dict[sympy.Symbol, str] | None = None) -> str:
+    """A sympy index expression as int64 C++ (loop variables by name)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return f"INT64_C({int(expr)})"
+    if isinstance(expr, sympy.Symbol):
+        return names.get(expr, expr.name) if names else expr.name
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(index_to_cpp(a, names) for a in expr.args) + ")"
+    if isinstance(expr, sympy.Mul):
+        return "(" + " * ".join(index_to_cpp(a, names) for a in expr.args) + ")"
+    if isinstance(expr, FloorDiv):
+        a, b = expr.args
+        return f"({index_to_cpp(a, names)} / {index_to_cpp(b, names)})"
+    if isinstance(expr, ModularIndexing):
+        a, d, m = expr.args
+        return f"(({index_to_cpp(a, names)} / {index_to_cpp(d, names)}) % {index_to_cpp(m, names)})"
+    if isinstance(expr, sympy.Min | sympy.Max):
+        fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
+        out = index_to_cpp(expr.args[0], names)
+        for a in expr.args[1:]:
+            out = f"{fn}<int64_t>({out}, {index_to_cpp(a, names)})"
+        return out
+    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        base = index_to_cpp(expr.args[0], names)
+        return "(" + " * ".join([base] * int(expr.args[1])) + ")"
+    if isinstance(expr, sympy.Rational):
+        raise NotImplementedError(f"non-integer index {expr}")
+    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")

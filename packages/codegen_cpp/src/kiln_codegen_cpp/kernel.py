@@ -1,0 +1,695 @@
+"""One C++ function per scheduled (possibly fused) node: loop nests, phases and the ops handler.
+
+A kernel's members are the ComputedBuffers of one scheduler node. They share one loop nest,
+the *reference* iteration space: the first reduction's ``(ranges, reduction_ranges)``, or the
+first member's ranges when there is no reduction. Every other member's index is its position in
+that space's flat iteration order, re-expressed over its own ranges with ``FloorDiv`` /
+``ModularIndexing`` and simplified. This is exactly what the scheduler checked when it fused them:
+a producer's flat iteration ``k`` writes what the consumer's flat iteration ``k`` reads.
+
+Note [Phases of a reduction kernel]: inside one iteration of the outer (``x``) loops the members
+run in schedule order as *sections*: an x-section holds members with one element per outer
+iteration (pointwise epilogues, or producers of the reduction); an r-phase is one loop over the
+reduction ranges holding reductions and pointwise members with ``n*r`` elements. A member that
+reads a reduction finished in the current r-phase (softmax's normalisation reads its row sum)
+opens a new r-phase, so the same row is walked again after the sum completed.
+
+Note [Lane accumulators]: each reduction accumulates into ``L`` = 8 lanes (``acc[l]``) inside an
+inner ``#pragma omp simd`` loop of 8 consecutive reduction positions, plus a scalar tail into the
+low lanes; after the loop the lanes are combined in a fixed order. The compiler turns the lane
+loop into AVX registers (sum, max, argmax and Welford alike) and, because the combination order
+depends only on the sizes, results do not depend on the number of threads: threads only ever
+split the outer loops, or (``split_r``) fixed chunks of a full reduction combined in order.
+
+Note [Why scalar C++ and omp simd]: kernels are scalar C++ over float/double with
+``#pragma omp simd`` on the innermost loop; GCC vectorizes them at ``-O3 -march=native`` and
+calls libmvec for the transcendental functions (see prelude.py). The alternatives were ATen's
+``at::vec`` headers (torch's own include tree: compile time of a TU grows from well under a second
+to several seconds, and the Sleef symbols must be linked from libtorch) and GCC vector
+extensions (no vector ``exp``/``log``; the tail and gather cases must be written by hand). The
+measurements behind the choice are in the package README of the session report.
+
+Kernel-internal buffers (written and read only inside the kernel) are never stored when every
+read of them sees the value in a C++ variable (same index, same loop); otherwise they are stored
+and the wrapper allocates them (``Kernel.scratch``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, contiguous_strides, linear_index, simplify_index
+from kiln_loopir.ir import ComputedBuffer, Scatter
+
+from .cpp_ops import (
+    ALWAYS_BOOL,
+    HALF,
+    compute_type,
+    constant_expr,
+    convert_expr,
+    index_to_cpp,
+    load_expr,
+    result_dtype,
+    round_expr,
+    spell,
+    storage_type,
+    store_expr,
+)
+
+LANES = 8
+# below this many element-iterations a kernel runs on the calling thread (no OpenMP team)
+PARALLEL_GRAIN = 32768
+# an outer loop with fewer iterations than this is not worth splitting across threads
+MIN_OUTER_PARALLEL = 16
+# a full reduction (one output) of at least this many elements is split into fixed chunks
+SPLIT_R_MIN = 65536
+SPLIT_R_CHUNK = 32768
+STORE_MARK = "\x00store:"
+
+
+class CodegenUnsupported(Exception):
+    """Something the C++ generator does not handle; the backend reports it by name."""
+
+
+@dataclass(slots=True)
+class CppValue:
+    """An ops value: a C++ expression (usually a variable) of a dtype."""
+
+    expr: str
+    dtype: torch.dtype
+    const: bool = False
+    py: Any = None
+
+    def __str__(self) -> str:
+        return self.expr
+
+
+@dataclass
+class XSection:
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RPhase:
+    pre: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    post: list[str] = field(default_factory=list)
+    reduced: set[str] = field(default_factory=set)
+    accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSite:
+    """An indirect index check: which kernel, which buffer it indexes, the size it must fit."""
+
+    kernel: str
+    buffer: str
+    size: int
+
+
+@dataclass
+class Kernel:
+    """The generated function and what the wrapper needs to call it."""
+
+    name: str
+    source: str
+    params: list[str]
+    scratch: list[str]
+    errors: list[ErrorSite]
+    members: list[str]
+
+
+def _int(expr: Any) -> int:
+    expr = sympy.sympify(expr)
+    if not expr.is_Integer:
+        raise CodegenUnsupported(f"symbolic size {expr} (the C++ generator needs static shapes)")
+    return int(expr)
+
+
+def _real_reduction(buffer: ComputedBuffer) -> bool:
+    """A reduction over more than one element (one over a single element is just its value)."""
+    return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+
+
+def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+    strides = contiguous_strides([sympy.Integer(s) for s in sizes])
+    out: list[sympy.Expr] = []
+    for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
+        if size == 1:
+            out.append(sympy.Integer(0))
+        elif pos == 0:
+            out.append(FloorDiv(flat, stride))
+        else:
+            out.append(ModularIndexing(flat, stride, sympy.Integer(size)))
+    return out
+
+
+class KernelBuilder:
+    """Generates one kernel; while members' bodies run it is the ``ops`` handler."""
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[ComputedBuffer],
+        reads: Sequence[set[str]],
+        dtypes: dict[str, torch.dtype],
+        internal: set[str],
+    ) -> None:
+        self.name = name
+        self.members = list(members)
+        self.reads = list(reads)
+        self.dtypes = dtypes
+        self.internal = internal
+        self.serial = any(isinstance(m, Scatter) for m in members)
+        self.counter = 0
+        self.param_order: list[str] = []
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.errors: list[ErrorSite] = []
+        self.accesses: list[sympy.Expr] = []
+        # scopes: (lines, cse, forwards); the bottom one is the x-scope
+        self.scopes: list[tuple[list[str], dict[str, CppValue], dict[tuple[str, str], CppValue]]] = []
+        self.xforward: dict[tuple[str, str], CppValue] = {}
+        self.phase: RPhase | None = None
+        self.trivial = False
+
+    # ----------------------------------------------------------------------------------- setup
+
+    def build(self) -> Kernel:
+        reduction = next((m for m in self.members if _real_reduction(m)), None)
+        ref = reduction if reduction is not None else self.members[0]
+        xr, rr = ref.iteration()
+        self.xsizes = [_int(s) for s in xr]
+        self.rsizes = [_int(s) for s in rr] if reduction is not None else []
+        self.xvars: list[sympy.Expr] = [
+            sympy.Symbol(f"x{i}", integer=True, nonnegative=True) if s != 1 else sympy.Integer(0)
+            for i, s in enumerate(self.xsizes)
+        ]
+        self.rvars: list[sympy.Expr] = [
+            sympy.Symbol(f"r{i}", integer=True, nonnegative=True) if s != 1 else sympy.Integer(0)
+            for i, s in enumerate(self.rsizes)
+        ]
+        self.ranges = {
+            v: sympy.Integer(s)
+            for v, s in zip([*self.xvars, *self.rvars], [*self.xsizes, *self.rsizes], strict=True)
+            if isinstance(v, sympy.Symbol)
+        }
+        self.nx = math.prod(self.xsizes)
+        self.nr = math.prod(self.rsizes)
+        flat_x = linear_index(self.xvars, contiguous_strides([sympy.Integer(s) for s in self.xsizes]))
+        flat_r = linear_index(self.rvars, contiguous_strides([sympy.Integer(s) for s in self.rsizes]))
+        self.flat_r = flat_r
+        sections: list[XSection | RPhase] = []
+        xlines: list[str] = []
+        self.scopes = [(xlines, {}, self.xforward)]
+        for member, reads in zip(self.members, self.reads, strict=True):
+            mx, mr = member.iteration()
+            msizes = [_int(s) for s in mx]
+            numel = math.prod(msizes)
+            self.trivial = member.is_reduction() and not _real_reduction(member)
+            if self.trivial:
+                # a reduction over one element: its value, computed wherever it fits
+                place = "x" if numel == self.nx else "r"
+                if numel not in (self.nx, self.nx * self.nr):
+                    raise CodegenUnsupported(f"member {member.name} does not fit its kernel's loops")
+                if place == "x":
+                    index, rindex = (
+                        self._map(flat_x, msizes, self.xsizes, self.xvars),
+                        [sympy.Integer(0)] * len(mr),
+                    )
+                else:
+                    sizes = [*self.xsizes, *self.rsizes]
+                    index = self._map(flat_x * self.nr + flat_r, msizes, sizes, None)
+                    rindex = [sympy.Integer(0)] * len(mr)
+            elif member.is_reduction():
+                if math.prod(_int(s) for s in mr) != self.nr or numel != self.nx:
+                    raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
+                index = self._map(flat_x, msizes, self.xsizes, self.xvars)
+                rindex = self._map(flat_r, [_int(s) for s in mr], self.rsizes, self.rvars)
+                place = "r"
+            elif numel == self.nx:
+                index, rindex, place = self._map(flat_x, msizes, self.xsizes, self.xvars), [], "x"
+            elif numel == self.nx * self.nr:
+                index = self._map(flat_x * self.nr + flat_r, msizes, [*self.xsizes, *self.rsizes], None)
+                rindex, place = [], "r"
+            else:
+                raise CodegenUnsupported(f"member {member.name} does not fit its kernel's loops")
+            if place == "x":
+                self._close_phase()
+                if not sections or not isinstance(sections[-1], XSection):
+                    sections.append(XSection())
+                section = sections[-1]
+                assert isinstance(section, XSection)
+                self.scopes[0] = (section.lines, self.scopes[0][1], self.xforward)
+            elif self.phase is None or reads & self.phase.reduced:
+                self._close_phase()
+                self.phase = RPhase()
+                sections.append(self.phase)
+                self.scopes.append((self.phase.body, {}, {}))
+            from kiln_loopir.virtualized import set_ops_handler
+
+            with set_ops_handler(self):
+                member.body()(index, rindex)
+            if member.is_reduction() and not self.trivial and self.phase is not None:
+                self.phase.reduced.add(member.name)
+        self._close_phase()
+        return self._render(sections)
+
+    def _map(
+        self, flat: sympy.Expr, msizes: list[int], refsizes: list[int], refvars: list[sympy.Expr] | None
+    ) -> list[sympy.Expr]:
+        if refvars is not None and msizes == refsizes:
+            return list(refvars)
+        return [simplify_index(e, self.ranges) for e in _unflatten(flat, msizes)]
+
+    def _close_phase(self) -> None:
+        if self.phase is not None:
+            self.scopes.pop()
+            self.phase = None
+
+    # --------------------------------------------------------------------------------- helpers
+
+    def _new(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    @property
+    def lines(self) -> list[str]:
+        return self.scopes[-1][0]
+
+    def _cse(self, expr: str, dtype: torch.dtype, const: bool = False) -> CppValue:
+        for _, cse, _ in reversed(self.scopes):
+            hit = cse.get(expr)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        var = self._new()
+        self.lines.append(f"const {compute_type(dtype)} {var} = {expr};")
+        value = CppValue(var, dtype, const)
+        self.scopes[-1][1][expr] = value
+        return value
+
+    def _value(self, v: Any, dtype: torch.dtype | None = None) -> CppValue:
+        if isinstance(v, CppValue):
+            return v
+        if isinstance(v, bool):
+            d = torch.bool
+        elif isinstance(v, int):
+            d = torch.int64
+        else:
+            d = torch.get_default_dtype()
+        d = dtype or d
+        return CppValue(constant_expr(v, d), d, True, v)
+
+    def _as(self, v: CppValue, dtype: torch.dtype) -> CppValue:
+        if v.dtype == dtype:
+            return v
+        if v.const and v.py is not None:
+            return CppValue(constant_expr(v.py, dtype), dtype, True, v.py)
+        return self._cse(convert_expr(v.expr, v.dtype, dtype), dtype, v.const)
+
+    def _index(self, index: Any) -> sympy.Expr:
+        expr = simplify_index(sympy.sympify(index), self.ranges)
+        self.accesses.append(expr)
+        return expr
+
+    def _param(self, name: str) -> str:
+        if name not in self.param_order:
+            self.param_order.append(name)
+        return f"p_{name}"
+
+    # ---------------------------------------------------------------------------- memory ops
+
+    def load(self, name: str, index: Any) -> CppValue:
+        expr = self._index(index)
+        key = (name, str(expr))
+        for _, _, fwd in reversed(self.scopes):
+            hit = fwd.get(key)
+            if hit is not None:
+                return hit
+        hit = self.xforward.get(key)
+        if hit is not None:
+            return hit
+        self.loaded.add(name)
+        dtype = self.dtypes[name]
+        ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
+        return self._cse(load_expr(dtype, ref), dtype)
+
+    def store(self, name: str, index: Any, value: Any, mode: str | None = None) -> None:
+        expr = self._index(index)
+        dtype = self.dtypes[name]
+        v = self._as(self._value(value, dtype), dtype)
+        ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
+        self.stored.add(name)
+        if mode == "atomic_add":
+            total = self._cse(f"{load_expr(dtype, ref)} + {v}", dtype)
+            total = self._as(CppValue(round_expr(dtype, total.expr), dtype), dtype)
+            self.lines.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, total.expr)};")
+            return
+        if mode is not None:
+            raise CodegenUnsupported(f"store mode {mode}")
+        self.lines.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+        self.scopes[-1][2][(name, str(expr))] = v
+
+    def store_reduction(self, name: str, index: Any, value: Any) -> None:
+        if self.trivial:
+            self.store(name, index, value)
+            return
+        assert self.phase is not None
+        expr = self._index(index)
+        dtype = self.dtypes[name]
+        v = value if isinstance(value, CppValue) else self._value(value, dtype)
+        if v.dtype != dtype:
+            v = CppValue(convert_expr(v.expr, v.dtype, dtype), dtype)
+        ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
+        self.stored.add(name)
+        self.phase.post.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+        self.xforward[(name, str(expr))] = v
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> CppValue:
+        e = simplify_index(sympy.sympify(expr), self.ranges)
+        return self._cse(f"static_cast<{compute_type(dtype)}>({index_to_cpp(e)})", dtype)
+
+    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
+        v = self._as(self._value(value), torch.int64)
+        n = _int(size)
+        var = self._new("ind")
+        self.lines.append(f"int64_t {var} = {v};")
+        self.lines.append(f"if ({var} < 0) {var} += INT64_C({n});")
+        if check:
+            code = len(self.errors) + 1
+            self.errors.append(ErrorSite(self.name, "", n))
+            self.lines.append(
+                f"if ({var} < 0 || {var} >= INT64_C({n})) {{ "
+                f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({v}), __ATOMIC_RELAXED); "
+                f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
+            )
+        return sympy.Symbol(var, integer=True)
+
+    # ------------------------------------------------------------------------------ control
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> CppValue:
+        m = self._as(self._value(mask), torch.bool)
+        inner: list[str] = []
+        self.scopes.append((inner, {}, {}))
+        try:
+            result = self._value(body())
+        finally:
+            self.scopes.pop()
+        dtype = result.dtype
+        o = self._as(self._value(other, dtype), dtype)
+        var = self._new()
+        self.lines.append(f"{compute_type(dtype)} {var} = {o};")
+        self.lines.append(f"if ({m}) {{")
+        self.lines.extend("  " + line for line in inner)
+        self.lines.append(f"  {var} = {result};")
+        self.lines.append("}")
+        return CppValue(var, dtype)
+
+    def where(self, cond: Any, a: Any, b: Any) -> CppValue:
+        c = self._as(self._value(cond), torch.bool)
+        va, vb = self._value(a), self._value(b)
+        if va.const and not vb.const:
+            va = self._value(va.py, vb.dtype) if va.py is not None else va
+        if vb.const and not va.const:
+            vb = self._value(vb.py, va.dtype) if vb.py is not None else vb
+        dtype = result_dtype("where", ((va.dtype, va.const), (vb.dtype, vb.const)))
+        va, vb = self._as(va, dtype), self._as(vb, dtype)
+        return self._cse(f"({c} ? {va} : {vb})", dtype, va.const and vb.const)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
+        return CppValue(constant_expr(value, dtype), dtype, True, value)
+
+    def to_dtype(self, value: Any, dtype: torch.dtype, *args: Any, **kwargs: Any) -> CppValue:
+        return self._as(self._value(value), dtype)
+
+    def getitem(self, value: Any, index: int) -> Any:
+        return value[index]
+
+    # --------------------------------------------------------------------------------- math
+
+    def _math(self, name: str, *args: Any) -> CppValue:
+        values = [self._value(a) for a in args]
+        key = tuple((v.dtype, v.const) for v in values)
+        out = result_dtype(name, key)
+        if name in ALWAYS_BOOL:
+            operand = values[0].dtype if len(values) == 1 else result_dtype("add", key)
+        else:
+            operand = out
+        values = [self._as(v, operand) for v in values]
+        text = spell(name, operand, *[v.expr for v in values])
+        if out in HALF and name not in ALWAYS_BOOL:
+            text = round_expr(out, text)
+        elif out != operand and name not in ALWAYS_BOOL:
+            text = convert_expr(text, operand, out)
+        return self._cse(text, out, all(v.const for v in values))
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS
+
+        if name in UNARY_OPS or name in BINARY_OPS:
+            return lambda *args: self._math(name, *args)
+        raise CodegenUnsupported(f"ops.{name}")
+
+    # ---------------------------------------------------------------------------- reduction
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: Any) -> Any:
+        v = self._value(value)
+        if self.trivial:
+            return self._reduce_one(dtype, reduction_type, v)
+        phase = self.phase
+        if phase is None:
+            raise CodegenUnsupported("reduction outside a reduction loop")
+        acc = self._new("acc")
+        if reduction_type == "welford_reduce":
+            t = compute_type(dtype)
+            v = self._as(v, dtype)
+            for part in ("mean", "m2", "w"):
+                phase.pre.append(f"{t} {acc}_{part}[{LANES}] = {{}};")
+            phase.accumulators.append(("welford", t, acc))
+            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
+            phase.post.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
+            phase.post.append(
+                f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
+                f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
+            )
+            return tuple(CppValue(f"{acc}_f{p}", dtype) for p in ("mean", "m2", "w"))
+        if reduction_type in ("argmax", "argmin"):
+            vd = v.dtype
+            t = compute_type(vd)
+            init = (
+                "-std::numeric_limits<{t}>::infinity()"
+                if reduction_type == "argmax"
+                else ("std::numeric_limits<{t}>::infinity()")
+            )
+            if not vd.is_floating_point:
+                init = (
+                    "std::numeric_limits<{t}>::lowest()"
+                    if reduction_type == "argmax"
+                    else ("std::numeric_limits<{t}>::max()")
+                )
+            init = init.format(t=t)
+            phase.pre.append(f"{t} {acc}[{LANES}]; int64_t {acc}_i[{LANES}];")
+            phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {{ {acc}[l] = {init}; {acc}_i[l] = 0; }}")
+            fn = "arg_max" if reduction_type == "argmax" else "arg_min"
+            self.lines.append(f"kiln::{fn}({acc}[l], {acc}_i[l], {v}, {index_to_cpp(self.flat_r)});")
+            phase.post.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
+            merge = f"kiln::{fn}_merge({acc}_fv, {acc}_f, {acc}[l], {acc}_i[l]);"
+            phase.post.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
+            phase.accumulators.append((reduction_type, t, acc))
+            return CppValue(f"{acc}_f", torch.int64)
+        t = compute_type(dtype)
+        v = self._as(v, dtype)
+        inits = {
+            "sum": f"{t}(0)",
+            "prod": f"{t}(1)",
+            "any": "false",
+            "max": (
+                f"-std::numeric_limits<{t}>::infinity()"
+                if dtype.is_floating_point
+                else f"std::numeric_limits<{t}>::lowest()"
+            ),
+            "min": (
+                f"std::numeric_limits<{t}>::infinity()"
+                if dtype.is_floating_point
+                else f"std::numeric_limits<{t}>::max()"
+            ),
+        }
+        combine = {
+            "sum": "{a} + {b}",
+            "prod": "{a} * {b}",
+            "any": "{a} || {b}",
+            "max": "kiln::red_max({a}, {b})",
+            "min": "kiln::red_min({a}, {b})",
+        }
+        if reduction_type not in inits:
+            raise CodegenUnsupported(f"reduction {reduction_type}")
+        if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
+            raise CodegenUnsupported(f"{reduction_type} of bool")
+        phase.pre.append(f"{t} {acc}[{LANES}];")
+        phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {acc}[l] = {inits[reduction_type]};")
+        fmt = combine[reduction_type]
+        self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
+        phase.post.append(f"{t} {acc}_f = {acc}[0];")
+        phase.post.append(
+            f"for (int l = 1; l < {LANES}; ++l) {acc}_f = {fmt.format(a=f'{acc}_f', b=f'{acc}[l]')};"
+        )
+        phase.accumulators.append((reduction_type, t, acc))
+        result = f"{acc}_f"
+        if dtype in HALF:
+            result = round_expr(dtype, result)
+        return CppValue(result, dtype)
+
+    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: CppValue) -> Any:
+        if reduction_type in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if reduction_type == "welford_reduce":
+            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        if reduction_type == "any":
+            return self._as(v, torch.bool)
+        return self._as(v, dtype)
+
+    # ------------------------------------------------------------------------------ render
+
+    def _render(self, sections: list[XSection | RPhase]) -> Kernel:
+        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
+        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+
+        def keep(line: str) -> str | None:
+            if line.startswith(STORE_MARK):
+                name, _, rest = line[len(STORE_MARK) :].partition("\x00")
+                return None if name in elided else rest
+            return line
+
+        def clean(lines: list[str]) -> list[str]:
+            return [k for k in (keep(line) for line in lines) if k is not None]
+
+        used = set()
+        for section in sections:
+            texts = section.lines if isinstance(section, XSection) else [*section.body, *section.post]
+            for line in clean(texts):
+                for name in self.param_order:
+                    if f"p_{name}[" in line:
+                        used.add(name)
+        params = [n for n in self.param_order if n in used]
+        restrict = "" if self.serial else " __restrict__"
+        sig = []
+        for name in params:
+            const = "const " if name not in self.stored else ""
+            sig.append(f"{const}{storage_type(self.dtypes[name])}*{restrict} p_{name}")
+        sig.append("int64_t nt")
+        out: list[str] = [
+            f'extern "C" int64_t {self.name}({", ".join(sig)}) {{',
+            "  int64_t kerr = 0;",
+            "  (void)nt;",
+        ]
+        body: list[str] = []
+        for section in sections:
+            if isinstance(section, XSection):
+                body.extend(clean(section.lines))
+            else:
+                body.extend(self._render_phase(section, clean))
+        out.extend("  " + line for line in self._render_x(body))
+        out.append("  return kerr;")
+        out.append("}")
+        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, [m.name for m in self.members])
+
+    def _loop(self, var: sympy.Expr, size: int) -> str:
+        return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
+
+    def _render_x(self, body: list[str]) -> list[str]:
+        loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        work = self.nx * max(self.nr, 1)
+        parallel = not self.serial and work >= PARALLEL_GRAIN
+        if not loops:
+            if self.nr and self.rsizes and parallel:
+                pass
+            return ["{", *("  " + b for b in body), "}"]
+        is_reduction = bool(self.rsizes)
+        if not is_reduction:
+            loops = self._order_pointwise(loops)
+        lines: list[str] = []
+        depth = 0
+        outer = loops[:-1] if not is_reduction else loops
+        outer_n = math.prod(s for _, s in outer)
+        par_outer = parallel and outer and outer_n >= MIN_OUTER_PARALLEL
+        for i, (var, size) in enumerate(loops):
+            pad = "  " * depth
+            last = i == len(loops) - 1
+            if i == 0 and par_outer:
+                lines.append(
+                    f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt) if(nt > 1)"
+                )
+            if last and not is_reduction:
+                if parallel and not par_outer:
+                    lines.append(f"{pad}#pragma omp parallel for simd num_threads(nt) if(nt > 1)")
+                else:
+                    lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}{self._loop(var, size)} {{")
+            depth += 1
+        pad = "  " * depth
+        lines.extend(pad + b for b in body)
+        for d in range(depth - 1, -1, -1):
+            lines.append("  " * d + "}")
+        return lines
+
+    def _order_pointwise(self, loops: list[tuple[sympy.Expr, int]]) -> list[tuple[sympy.Expr, int]]:
+        """Put innermost the loop that most accesses walk with stride 1 (ties: the last dim)."""
+
+        def score(item: tuple[int, tuple[sympy.Expr, int]]) -> tuple[int, int]:
+            pos, (var, _) = item
+            unit = 0
+            for a in self.accesses:
+                try:
+                    if sympy.expand(a).coeff(var) == 1:
+                        unit += 1
+                except (TypeError, ValueError):
+                    continue
+            return (unit, pos)
+
+        best = max(enumerate(loops), key=score)[0]
+        return [*loops[:best], *loops[best + 1 :], loops[best]]
+
+    def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
+        loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        body = clean(phase.body)
+        lines = [*phase.pre]
+        depth = 0
+        for var, size in loops[:-1]:
+            lines.append("  " * depth + self._loop(var, size) + " {")
+            depth += 1
+        pad = "  " * depth
+        if not loops:
+            lines.append(pad + "{")
+            lines.append(pad + "  const int l = 0;")
+            lines.extend(pad + "  " + b for b in body)
+            lines.append(pad + "}")
+        else:
+            var, size = loops[-1]
+            main = size - size % LANES
+            if main:
+                lines.append(f"{pad}for (int64_t rb = 0; rb < INT64_C({main}); rb += {LANES}) {{")
+                lines.append(f"{pad}  #pragma omp simd")
+                lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
+                lines.append(f"{pad}    const int64_t {var} = rb + l;")
+                lines.extend(f"{pad}    {b}" for b in body)
+                lines.append(f"{pad}  }}")
+                lines.append(f"{pad}}}")
+            if size % LANES:
+                lines.append(
+                    f"{pad}for (int64_t {var} = INT64_C({main}); {var} < INT64_C({size}); ++{var}) {{"
+                )
+                lines.append(f"{pad}  const int l = static_cast<int>({var} - INT64_C({main}));")
+                lines.extend(f"{pad}  {b}" for b in body)
+                lines.append(f"{pad}}}")
+        for d in range(depth - 1, -1, -1):
+            lines.append("  " * d + "}")
+        lines.extend(clean(phase.post))
+        return lines

@@ -1,0 +1,203 @@
+"""The C++ text every translation unit starts with: types, conversions and scalar helpers.
+
+Kernels are plain scalar C++ over ``float``/``double``/fixed-width integers; the compiler
+vectorizes the innermost loop (``#pragma omp simd``) and calls glibc's vector math library
+(libmvec) for ``exp``, ``log``, ``tanh``... because the math functions are re-declared below
+with ``#pragma omp declare simd`` (glibc only does that itself under ``-ffast-math``, which would
+also break NaN semantics). See Note [Why scalar C++ and omp simd] in ``kernel.py``.
+
+The half types are stored as 16-bit integers and computed in ``float``: ``bfloat16`` converts
+with round-to-nearest-even bit arithmetic, ``float16`` through GCC's ``_Float16`` (F16C
+instructions under ``-march=native``). Helpers follow the conventions of loopir's interpreter:
+``mod``/``fmod`` truncate, ``remainder``/``floordiv`` floor, ``maximum``/``minimum`` propagate NaN,
+``round`` is half-to-even.
+"""
+
+from __future__ import annotations
+
+# math functions libmvec (glibc 2.22+; the float ones used here since 2.35) has AVX2 variants of
+VECTOR_MATH_1 = (
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "cos", "cosh", "erf", "erfc",
+    "exp", "exp10", "exp2", "expm1", "log", "log10", "log1p", "log2", "sin", "sinh", "tan", "tanh",
+)  # fmt: skip
+VECTOR_MATH_2 = ("atan2", "hypot", "pow")
+
+
+def _simd_declarations() -> str:
+    lines = ['extern "C" {']
+    for name in VECTOR_MATH_1:
+        for suffix, ctype in (("", "double"), ("f", "float")):
+            lines.append("#pragma omp declare simd notinbranch")
+            lines.append(f"{ctype} {name}{suffix}({ctype}) noexcept;")
+    for name in VECTOR_MATH_2:
+        for suffix, ctype in (("", "double"), ("f", "float")):
+            lines.append("#pragma omp declare simd notinbranch")
+            lines.append(f"{ctype} {name}{suffix}({ctype}, {ctype}) noexcept;")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+PRELUDE = (
+    r"""// kiln codegen_cpp prelude
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <omp.h>
+#if defined(__GLIBC__) && defined(__x86_64__) && defined(KILN_LIBMVEC)
+"""
+    + _simd_declarations()
+    + r"""
+#endif
+
+extern "C" { int64_t kiln_err_value = 0; }
+
+namespace kiln {
+
+static inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+static inline uint16_t float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+static inline float fp16_to_float(uint16_t v) {
+  _Float16 h;
+  std::memcpy(&h, &v, 2);
+  return static_cast<float>(h);
+}
+static inline uint16_t float_to_fp16(float f) {
+  _Float16 h = static_cast<_Float16>(f);
+  uint16_t out;
+  std::memcpy(&out, &h, 2);
+  return out;
+}
+static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
+
+template <typename T> static inline T maximum(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> static inline T minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+template <typename T> static inline T relu(T a) { return a < T(0) ? T(0) : a; }
+template <typename T> static inline T sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : T(0)); }
+template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
+template <typename T> static inline T frac(T a) { return a - std::trunc(a); }
+template <typename T> static inline T iabs(T a) { return a < T(0) ? T(-a) : a; }
+
+template <typename T> static inline T int_floordiv(T a, T b) {
+  if (b == 0) return T(0);
+  T q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
+  return q;
+}
+template <typename T> static inline T int_truncdiv(T a, T b) { return b == 0 ? T(0) : T(a / b); }
+template <typename T> static inline T int_mod(T a, T b) { return b == 0 ? T(0) : T(a % b); }
+template <typename T> static inline T int_remainder(T a, T b) {
+  if (b == 0) return T(0);
+  T r = a % b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
+}
+template <typename T> static inline T float_remainder(T a, T b) {
+  T r = std::fmod(a, b);
+  if (r != T(0) && ((r < T(0)) != (b < T(0)))) r += b;
+  return r;
+}
+template <typename T> static inline T float_floordiv(T a, T b) {
+  if (b == T(0)) return a / b;
+  T m = std::fmod(a, b);
+  T d = (a - m) / b;
+  if (m != T(0) && ((b < T(0)) != (m < T(0)))) d -= T(1);
+  T f = std::floor(d);
+  if (d - f > T(0.5)) f += T(1);
+  return (d == T(0)) ? std::copysign(T(0), a / b) : f;
+}
+template <typename T> static inline T int_pow(T a, T b) {
+  if (b < 0) return (a == 1) ? T(1) : (a == -1 ? ((b % 2) ? T(-1) : T(1)) : T(0));
+  T out = 1;
+  while (b) { if (b & 1) out *= a; a *= a; b >>= 1; }
+  return out;
+}
+template <typename T, typename S> static inline T shl(T a, S b) {
+  return (b < 0 || b >= S(sizeof(T) * 8)) ? T(0) : T(a << b);
+}
+template <typename T, typename S> static inline T shr(T a, S b) {
+  return (b < 0 || b >= S(sizeof(T) * 8)) ? T(a < 0 ? -1 : 0) : T(a >> b);
+}
+template <typename T> static inline T erfinv(T y) {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  if (y <= T(-1)) return y == T(-1) ? -inf : nan;
+  if (y >= T(1)) return y == T(1) ? inf : nan;
+  double x = y;
+  double w = -std::log((1.0 - x) * (1.0 + x));
+  double p;
+  if (w < 5.0) {
+    w -= 2.5;
+    p = 2.81022636e-08; p = 3.43273939e-07 + p * w; p = -3.5233877e-06 + p * w;
+    p = -4.39150654e-06 + p * w; p = 0.00021858087 + p * w; p = -0.00125372503 + p * w;
+    p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w;
+  } else {
+    w = std::sqrt(w) - 3.0;
+    p = -0.000200214257; p = 0.000100950558 + p * w; p = 0.00134934322 + p * w;
+    p = -0.00367342844 + p * w; p = 0.00573950773 + p * w; p = -0.0076224613 + p * w;
+    p = 0.00943887047 + p * w; p = 1.00167406 + p * w; p = 2.83297682 + p * w;
+  }
+  double r = p * x;
+  for (int i = 0; i < 2; ++i) {
+    double err = std::erf(r) - x;
+    r -= err / (1.1283791670955126 * std::exp(-r * r));
+  }
+  return T(r);
+}
+
+// reduction combines; NaN wins for max/min (as eager), the first index wins ties for arg*.
+template <typename T> static inline T red_max(T acc, T v) { return (v > acc || v != v) ? v : acc; }
+template <typename T> static inline T red_min(T acc, T v) { return (v < acc || v != v) ? v : acc; }
+template <typename T> static inline void arg_max(T& acc, int64_t& idx, T v, int64_t i) {
+  if (acc != acc) return;
+  if (v > acc || v != v) { acc = v; idx = i; }
+}
+template <typename T> static inline void arg_min(T& acc, int64_t& idx, T v, int64_t i) {
+  if (acc != acc) return;
+  if (v < acc || v != v) { acc = v; idx = i; }
+}
+// merging two partial arg results: the better value; on a tie (or both NaN) the lower index
+template <typename T> static inline void arg_max_merge(T& acc, int64_t& idx, T v, int64_t i) {
+  bool vn = v != v, an = acc != acc;
+  if (an && vn) { if (i < idx) idx = i; return; }
+  if (an) return;
+  if (vn || v > acc || (v == acc && i < idx)) { acc = v; idx = i; }
+}
+template <typename T> static inline void arg_min_merge(T& acc, int64_t& idx, T v, int64_t i) {
+  bool vn = v != v, an = acc != acc;
+  if (an && vn) { if (i < idx) idx = i; return; }
+  if (an) return;
+  if (vn || v < acc || (v == acc && i < idx)) { acc = v; idx = i; }
+}
+template <typename T> static inline void welford_add(T& mean, T& m2, T& w, T v) {
+  w += T(1);
+  T d = v - mean;
+  mean += d / w;
+  m2 += d * (v - mean);
+}
+template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T mb, T m2b, T wb) {
+  if (wb == T(0)) return;
+  if (w == T(0)) { mean = mb; m2 = m2b; w = wb; return; }
+  T n = w + wb;
+  T d = mb - mean;
+  T f = wb / n;
+  mean += d * f;
+  m2 += m2b + d * d * w * f;
+  w = n;
+}
+
+}  // namespace kiln
+"""
+)

@@ -1,0 +1,325 @@
+"""The Python wrapper: straight-line code that runs one schedule.
+
+The wrapper is generated as Python source (written beside the kernels and logged under
+``KILN_LOG=output_code``) and ``exec``'d once. Its ``call(*inputs)`` does, in schedule order:
+
+* allocate each computed buffer as a flat 1-D tensor of its layout's storage size (or take over
+  the memory of a freed one, per loopir's reuse plan) and remember its data pointer;
+* call each kernel through ``ctypes`` with those pointers and the thread count
+  (``torch.get_num_threads()`` once per call); a non-zero return is an out-of-range indirect
+  index, raised as ``IndexError``;
+* call extern aten ops on strided views of the buffers, and bring their results into the layout
+  the IR expects;
+* ``del`` buffers after their last reader, and return the outputs as strided views.
+
+Nothing loops over kernels or arguments at run time: each call is one line of generated code.
+Kernels the C++ generator cannot express run through loopir's reference interpreter instead
+(``run_computed``), so an unsupported case is slow, never wrong.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln_loopir.graph import GraphLowering
+from kiln_loopir.interpret import run_computed
+from kiln_loopir.ir import (
+    Buffer,
+    ComputedBuffer,
+    ConstantBuffer,
+    ExternKernel,
+    InputBuffer,
+    ReinterpretView,
+    Scatter,
+)
+from kiln_loopir.layout import Layout
+from kiln_loopir.scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    NopKernelSchedulerNode,
+    Scheduler,
+)
+
+from .build import Built, write_beside
+from .kernel import ErrorSite, Kernel
+
+log = logging.getLogger("kiln.codegen_cpp.output_code")
+
+INDEXING_HINTS = ("index", "gather", "embedding", "scatter", "take")
+
+
+def _flat(
+    t: torch.Tensor, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> torch.Tensor:
+    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ)."""
+    if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
+        return t.as_strided((n,), (1,), 0)
+    out = torch.empty(n, dtype=t.dtype, device=t.device)
+    out.as_strided(size, stride, offset).copy_(t)
+    return out
+
+
+def _conform(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> torch.Tensor:
+    """An input given with other strides than at compile time, copied into the expected layout."""
+    n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
+    out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
+    out.copy_(t)
+    return out
+
+
+def _layout_args(layout: Layout) -> str:
+    return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
+
+
+class WrapperCodegen:
+    """Builds the wrapper source and its namespace for one schedule."""
+
+    def __init__(
+        self,
+        schedule: Scheduler,
+        graph: GraphLowering,
+        kernels: dict[str, Kernel | None],
+        built: Built | None,
+    ) -> None:
+        self.schedule = schedule
+        self.graph = graph
+        self.kernels = kernels
+        self.built = built
+        self.lines: list[str] = []
+        self.namespace: dict[str, Any] = {
+            "_torch": torch,
+            "_flat": _flat,
+            "_conform": _conform,
+            "_empty": torch.empty,
+        }
+        self.inputs: dict[str, InputBuffer] = {}
+        self.pointers: set[str] = set()
+        for k in kernels.values():
+            if k is not None:
+                self.pointers |= set(k.params)
+        self.consts = 0
+        ops = [
+            str(n.target)
+            for n in graph.gm.graph.nodes
+            if n.op == "call_function" and any(h in str(n.target) for h in INDEXING_HINTS)
+        ]
+        self.index_ops = ", ".join(sorted(set(ops))) or "an indexing op"
+
+    # ------------------------------------------------------------------------------- pieces
+
+    def const(self, value: Any) -> str:
+        if value is None or isinstance(value, bool | int | str):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return f"_torch.{str(value).removeprefix('torch.')}"
+        if isinstance(value, float) and math.isfinite(value):
+            return repr(value)
+        name = f"_c{self.consts}"
+        self.consts += 1
+        self.namespace[name] = value
+        return name
+
+    def var(self, name: str) -> str:
+        return name
+
+    def view(self, value: Any) -> str:
+        """Python expression for an extern argument or a graph output."""
+        if isinstance(value, ReinterpretView):
+            return f"{self.var(value.buffer.name)}.as_strided({_layout_args(value.layout)})"
+        if isinstance(value, InputBuffer | ConstantBuffer):
+            return self.var(value.name)
+        if isinstance(value, Buffer):
+            return f"{self.var(value.name)}.as_strided({_layout_args(value.layout)})"
+        if isinstance(value, list):
+            return "[" + ", ".join(self.view(v) for v in value) + "]"
+        if isinstance(value, tuple):
+            inner = ", ".join(self.view(v) for v in value)
+            return f"({inner},)" if len(value) == 1 else f"({inner})"
+        return self.const(value)
+
+    def emit(self, line: str, depth: int = 1) -> None:
+        self.lines.append("    " * depth + line)
+
+    def pointer(self, name: str, expr: str) -> None:
+        if name in self.pointers:
+            self.emit(f"p_{name} = {expr}")
+
+    def allocate(self, buffer: Buffer) -> None:
+        n = int(buffer.layout.storage_size())
+        dtype = self.const(buffer.layout.dtype)
+        self.emit(f"{buffer.name} = _empty({n}, dtype={dtype})")
+        self.pointer(buffer.name, f"{buffer.name}.data_ptr()")
+
+    # --------------------------------------------------------------------------------- body
+
+    def generate(self) -> tuple[str, dict[str, Any]]:
+        graph, plan = self.graph, self.schedule.plan
+        params = []
+        for i, spec in enumerate(graph.graph_inputs):
+            params.append(spec.name if spec is not None else f"_unused{i}")
+        header = [
+            "# kiln codegen_cpp wrapper" + (f" for {self.built.source_path}" if self.built else ""),
+            f"def call({', '.join(params)}):",
+        ]
+        self.emit("nt = _get_threads()")
+        for spec in graph.graph_inputs:
+            if spec is not None:
+                layout = spec.layout
+                stride, offset = tuple(layout.int_stride()), int(layout.offset)
+                # the kernels index memory with the strides seen at compile time
+                self.emit(
+                    f"if {spec.name}.stride() != {stride!r} or {spec.name}.storage_offset() != {offset}: "
+                    f"{spec.name} = _conform({spec.name}, {_layout_args(layout)})"
+                )
+                off = int(spec.layout.offset) * spec.layout.dtype.itemsize
+                self.pointer(spec.name, f"{spec.name}.data_ptr()" + (f" - {off}" if off else ""))
+        for name, value in graph.constants.items():
+            layout = graph.name_to_buffer[name].layout
+            self.namespace[name] = value
+            if name in self.pointers:
+                self.namespace[f"p_{name}"] = value.data_ptr() - int(layout.offset) * layout.dtype.itemsize
+        reused_sources = {v for v in plan.allocate.values() if v is not None}
+        for step, node in enumerate(self.schedule.nodes):
+            if isinstance(node, ExternKernelSchedulerNode):
+                self.extern(node.node)
+            elif isinstance(node, NopKernelSchedulerNode):
+                self.emit(f"# {node.name}: no elements")
+                if node.node.name in plan.allocate:
+                    self.allocate(node.node)
+            else:
+                self.kernel(node, step, reused_sources)
+            for name in plan.free_after.get(step, ()):
+                if name not in reused_sources and name not in self.schedule.output_names:
+                    self.emit(f"del {name}")
+        self.emit(f"return {self.view(graph.outputs)}")
+        source = "\n".join([*header, *self.lines]) + "\n"
+        self.namespace["_get_threads"] = torch.get_num_threads
+        return source, self.namespace
+
+    def extern(self, kernel: ExternKernel) -> None:
+        op = f"_op_{kernel.name}"
+        self.namespace[op] = kernel.op
+        args = [self.view(a) for a in kernel.args]
+        kwargs = {k: v for k, v in kernel.kwargs.items()}
+        if "device" in kwargs:
+            kwargs["device"] = self.graph.device
+        args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
+        self.emit(f"# extern {kernel.op}")
+        self.emit(f"_r = {op}({', '.join(args)})")
+        for out in kernel.outputs:
+            value = "_r" + "".join(f"[{i}]" for i in out.path)
+            n = int(out.layout.storage_size())
+            self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+            self.pointer(out.name, f"{out.name}.data_ptr()")
+        self.emit("del _r")
+
+    def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
+        plan = self.schedule.plan
+        compiled = self.kernels.get(node.name)
+        members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        scratch = set(compiled.scratch) if compiled is not None else {m.name for m in members}
+        temporaries = []
+        for buffer in members:
+            if isinstance(buffer, Scatter):
+                self.emit(f"{buffer.name} = {buffer.mutates}")
+                self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
+                continue
+            if buffer.name in plan.allocate:
+                reuse = plan.allocate[buffer.name]
+                if reuse is not None:
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    self.pointer(
+                        buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()"
+                    )
+                    self.emit(f"del {reuse}")
+                else:
+                    self.allocate(buffer)
+            elif buffer.name in scratch:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+        if compiled is None:
+            self.fallback(node, members)
+        else:
+            fn = f"k_{compiled.name}"
+            args = ", ".join([*(f"p_{p}" for p in compiled.params), "nt"])
+            self.emit(f"if {fn}({args}): _index_error({compiled.name!r})")
+        for name in temporaries:
+            self.emit(f"del {name}")
+
+    def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
+        """Run a kernel the C++ generator declined with loopir's interpreter (never wrong)."""
+        names: set[str] = set()
+        for m in node.get_nodes():
+            names |= m.read_names() | m.write_names()
+        entries = []
+        for name in sorted(names):
+            buffer = self.graph.name_to_buffer.get(name)
+            if buffer is None:
+                continue
+            if isinstance(buffer, InputBuffer | ConstantBuffer):
+                n = int(buffer.layout.storage_size())
+                entries.append(f"{name!r}: {name}.as_strided(({n},), (1,), 0)")
+            else:
+                entries.append(f"{name!r}: {name}")
+        fn = f"_interpret_{node.name}"
+        self.namespace[fn] = _interpreter(members)
+        self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in C++: reference interpreter")
+
+    def bind(self, built: Built | None, errors: dict[str, list[ErrorSite]]) -> None:
+        """Put the ctypes functions and the error reporter into the namespace."""
+        if built is None:
+            return
+        lib = built.library
+        for k in self.kernels.values():
+            if k is None:
+                continue
+            fn = lib[k.name]
+            fn.argtypes = [ctypes.c_void_p] * len(k.params) + [ctypes.c_int64]
+            fn.restype = ctypes.c_int64
+            self.namespace[f"k_{k.name}"] = fn
+        value = ctypes.c_int64.in_dll(lib, "kiln_err_value")
+        index_ops = self.index_ops
+
+        def index_error(kernel: str) -> None:
+            sites = errors.get(kernel, [])
+            size = sites[0].size if len(sites) == 1 else "/".join(str(s.size) for s in sites)
+            raise IndexError(
+                f"index {value.value} is out of bounds for dimension with size {size} "
+                f"(in {index_ops}; kernel {kernel})"
+            )
+
+        self.namespace["_index_error"] = index_error
+
+
+def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
+    def run(storage: dict[str, torch.Tensor]) -> None:
+        for buffer in members:
+            if isinstance(buffer, Scatter):
+                storage[buffer.name] = storage[buffer.mutates]
+            run_computed(buffer, storage)
+
+    return run
+
+
+def make_wrapper(
+    schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Kernel | None], built: Built | None
+) -> tuple[Callable[..., Any], str, str]:
+    """(the ``call`` function, its source, where the source was written)."""
+    gen = WrapperCodegen(schedule, graph, kernels, built)
+    source, namespace = gen.generate()
+    errors = {k.name: k.errors for k in kernels.values() if k is not None}
+    gen.bind(built, errors)
+    path = "<memory>"
+    if built is not None:
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        path = str(write_beside(built, f"wrapper_{digest}.py", source))
+    code = compile(source, path, "exec")
+    exec(code, namespace)
+    return namespace["call"], source, path

@@ -1,0 +1,131 @@
+"""Compile cache, concurrent compilation, compiler errors, logging, and the backend's registration."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cpp_check import aten, check, make, trace
+
+import kiln_codegen_cpp
+from kiln_codegen_cpp import CppBackend, CppCompileError, counters
+from kiln_loopir import compile_graph, get_backend
+
+SRC = Path(kiln_codegen_cpp.__file__).resolve().parents[1]
+
+# a child process compiles one graph and prints the counters and a checksum of the result
+CHILD = textwrap.dedent(
+    """
+    import json, sys, torch, kiln_loopir
+    from kiln_codegen_cpp import CppBackend, counters
+    kiln_loopir.register_backend("cpp", CppBackend)
+    aten = torch.ops.aten
+    def fn(x):
+        return aten.add.Tensor(aten.mul.Tensor(aten.tanh.default(x), 3.0), float(sys.argv[1]))
+    x = torch.arange(1000, dtype=torch.float32) / 100
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = kiln_loopir.compile_graph(gm, [x], backend="cpp")
+    ok = torch.allclose(compiled(x), fn(x))
+    print(json.dumps({**counters, "ok": ok}))
+    """
+)
+
+
+def _child(cache: Path, tag: str) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "KILN_CACHE_DIR": str(cache),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, tag], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_two_processes_compiling_at_once(tmp_path: Path) -> None:
+    procs = [_child(tmp_path, "2.5"), _child(tmp_path, "2.5")]
+    results = [_result(p) for p in procs]
+    assert all(r["ok"] for r in results)
+    assert sum(r["compiles"] + r["disk_hits"] for r in results) == 2
+    assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
+    # a later process finds the object on disk: no compile, asserted by its counters
+    third = _result(_child(tmp_path, "2.5"))
+    assert third == {"compiles": 0, "disk_hits": 1, "memory_hits": 0, "ok": True}
+    assert list(tmp_path.rglob("wrapper_*.py")), "the wrapper is kept beside the kernels"
+
+
+def test_same_graph_twice_in_process_compiles_once() -> None:
+    def fn(x: torch.Tensor) -> Any:
+        return aten.sub.Tensor(aten.cos.default(x), 0.125)
+
+    x = make((33,))
+    before = dict(counters)
+    check(fn, x)
+    check(fn, x)
+    assert counters["compiles"] - before["compiles"] <= 1
+    assert counters["memory_hits"] - before["memory_hits"] >= 1
+
+
+def _unique_graph(tag: float) -> Any:
+    def fn(x: torch.Tensor) -> Any:
+        return aten.mul.Tensor(aten.sin.default(x), tag)
+
+    return trace(fn)
+
+
+def test_missing_compiler_gives_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CXX", "/nonexistent/bin/g++")
+    with pytest.raises(CppCompileError, match=r"'/nonexistent/bin/g\+\+' could not be run .*kernels\.cpp"):
+        compile_graph(_unique_graph(0.375), [make((8,))], backend=CppBackend())
+
+
+def test_failing_compiler_names_the_file_and_its_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CPP_FLAGS", "-O2 --no-such-flag-for-kiln")
+    with pytest.raises(CppCompileError) as info:
+        compile_graph(_unique_graph(0.625), [make((8,))], backend=CppBackend())
+    text = str(info.value)
+    assert "kernels.cpp" in text and "no-such-flag-for-kiln" in text
+
+
+def test_output_code_is_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("KILN_LOG", "output_code")
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"):
+        compile_graph(_unique_graph(0.875), [make((8,))], backend=CppBackend())
+    text = caplog.text
+    assert "def call(" in text and "wrapper_" in text and "kernels.cpp" in text
+    logging.getLogger("kiln.codegen_cpp.output_code").setLevel(logging.NOTSET)
+
+
+def test_backend_is_found_by_name() -> None:
+    assert isinstance(get_backend("cpp"), CppBackend)
+
+
+def test_entry_point_is_declared() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((SRC.parent / "pyproject.toml").read_text())
+    assert (
+        pyproject["project"]["entry-points"]["kiln_loopir.backends"]["cpp"] == "kiln_codegen_cpp:CppBackend"
+    )
+
+
+def test_threads_follow_torch() -> None:
+    source = CppBackend()
+    compile_graph(_unique_graph(0.0625), [make((8,))], backend=source)
+    assert "_get_threads()" in source.last_wrapper
+    assert source.last_wrapper.count("_get_threads()") == 1

@@ -1,0 +1,78 @@
+"""Masked loads (cat, pad), indirect indexing (index, gather, embedding), scatter, creation ops,
+extern fallbacks, and the clean error for an out-of-range index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from cpp_check import aten, check, make
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool], ids=str)
+def test_cat_and_pad(dtype: torch.dtype) -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        c = aten.cat.default([a, b], 1)
+        p = aten.constant_pad_nd.default(a, [2, 1, 0, 3], 0)
+        return c, p, aten.cat.default([a, a, b], 1)
+
+    check(fn, make((5, 7), dtype), make((5, 3), dtype))
+
+
+def test_indirect_indexing() -> None:
+    def fn(x: torch.Tensor, idx: torch.Tensor, g: torch.Tensor, w: torch.Tensor, tok: torch.Tensor) -> Any:
+        a = aten.index.Tensor(x, [idx])
+        b = aten.gather.default(x, 1, g)
+        e = aten.embedding.default(w, tok)
+        return a, b, e
+
+    x = make((10, 12))
+    idx = torch.tensor([0, 9, -1, 3, -10])  # negative indices wrap
+    g = torch.randint(0, 12, (10, 4))
+    w = make((50, 16))
+    tok = torch.randint(0, 50, (3, 7))
+    check(fn, x, idx, g, w, tok)
+
+
+def test_scatter_and_index_put() -> None:
+    def fn(
+        x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor
+    ) -> Any:
+        s = aten.scatter.src(x, 1, idx, src)
+        sa = aten.scatter_add.default(x, 1, idx, src)
+        ip = aten.index_put.default(x, [rows], vals, True)
+        return s, sa, ip
+
+    x = make((6, 8))
+    idx = torch.stack([torch.randperm(8)[:5] for _ in range(6)])  # unique per row: scatter is defined
+    src = make((6, 5))
+    rows = torch.tensor([1, 3, 1, 5])
+    vals = make((4, 8))
+    check(fn, x, idx, src, rows, vals)
+
+
+def test_creation_ops_and_extern_fallback() -> None:
+    def fn(x: torch.Tensor, m: torch.Tensor) -> Any:
+        r = aten.arange.start_step(0, 20, 2, dtype=torch.float32, device="cpu")
+        f = aten.full.default([3, 4], 1.5, dtype=torch.float32, device="cpu")
+        mm = aten.mm.default(x, m)  # extern: aten's matmul
+        return aten.add.Tensor(r, 1), aten.mul.Tensor(f, 2), aten.relu.default(mm)
+
+    compiled = check(fn, make((4, 6)), make((6, 3)))
+    assert compiled.stats.extern_calls == 1
+
+
+def test_out_of_range_index_raises_index_error_naming_the_op() -> None:
+    def fn(x: torch.Tensor, g: torch.Tensor) -> Any:
+        return aten.gather.default(x, 1, g)
+
+    x = make((4, 5))
+    good = torch.randint(0, 5, (4, 3))
+    compiled = check(fn, x, good)
+    bad = good.clone()
+    bad[2, 1] = 7
+    with pytest.raises(IndexError, match=r"index 7 is out of bounds.*size 5.*gather"):
+        compiled(x, bad)
+    # the compiled graph stays usable after the error
+    torch.testing.assert_close(compiled(x, good), torch.gather(x, 1, good))

@@ -1,0 +1,146 @@
+"""Reductions through C++ against eager: every reduction kind, every dim subset and order,
+dtypes, non-contiguous inputs, fused softmax / layer norm, and thread-count independence."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+from cpp_check import In, aten, check, graph_of, make
+
+DIM_SETS = [list(c) for r in (1, 2, 3) for c in itertools.combinations(range(3), r)]
+
+
+def _dim_sweep(x: torch.Tensor, float_ops: bool) -> tuple[list[Any], list[str]]:
+    calls: list[Any] = []
+    names: list[str] = []
+    for dims in DIM_SETS:
+        for keep in (False, True):
+            calls.append((aten.sum.dim_IntList, (In(0), dims, keep), {}))
+            names.append(f"sum{dims}{keep}")
+            calls.append((aten.amax.default, (In(0), dims, keep), {}))
+            names.append(f"amax{dims}{keep}")
+            calls.append((aten.amin.default, (In(0), dims, keep), {}))
+            names.append(f"amin{dims}{keep}")
+            if float_ops:
+                calls.append((aten.mean.dim, (In(0), dims, keep), {}))
+                names.append(f"mean{dims}{keep}")
+                calls.append((aten.var.correction, (In(0), dims), {"correction": 1, "keepdim": keep}))
+                names.append(f"var{dims}{keep}")
+    for d in range(3):
+        for op in ("argmax", "argmin"):
+            calls.append((getattr(aten, op).default, (In(0), d), {}))
+            names.append(f"{op}{d}")
+        calls.append((aten.prod.dim_int, (In(0), d), {}))
+        names.append(f"prod{d}")
+        calls.append((aten.any.dim, (In(0), d), {}))
+        names.append(f"any{d}")
+        calls.append((aten.all.dim, (In(0), d), {}))
+        names.append(f"all{d}")
+    calls.append((aten.argmax.default, (In(0),), {}))
+    names.append("argmax_all")
+    calls.append((aten.sum.default, (In(0),), {}))
+    names.append("sum_all")
+    return calls, names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_every_dim_subset_float(dtype: torch.dtype) -> None:
+    x = make((5, 6, 19), dtype, low=-1.5, high=1.5)
+    calls, names = _dim_sweep(x, True)
+    # bfloat16/float16 sums are rounded once at the end, eager's are too; allow a few ulps
+    check(graph_of(calls, 1), x, names=names, scale=4.0 if dtype in (torch.bfloat16, torch.float16) else 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64], ids=str)
+def test_every_dim_subset_int(dtype: torch.dtype) -> None:
+    x = make((5, 6, 19), dtype, low=-3, high=3)
+    calls, names = _dim_sweep(x, False)
+    check(graph_of(calls, 1), x, names=names)
+
+
+def test_bool_any_all() -> None:
+    x = make((4, 9, 10), torch.bool)
+    calls = [(aten.any.dim, (In(0), d), {}) for d in range(3)] + [
+        (aten.all.dim, (In(0), d), {}) for d in range(3)
+    ]
+    calls.append((aten.any.default, (In(0),), {}))
+    check(graph_of(calls, 1), x)
+
+
+def test_non_contiguous_reduction_inputs() -> None:
+    x = make((20, 30, 12)).permute(2, 0, 1)
+    y = make((40, 50))[::2, 3:47]
+    calls = [
+        (aten.sum.dim_IntList, (In(0), [2]), {}),
+        (aten.amax.default, (In(0), [0, 1]), {}),
+        (aten.sum.dim_IntList, (In(1), [0]), {}),
+        (aten.argmin.default, (In(1), 1), {}),
+    ]
+    check(graph_of(calls, 2), x, y)
+
+
+def test_nan_propagation_and_ties() -> None:
+    x = torch.tensor([[1.0, float("nan"), 3.0, 3.0], [2.0, 2.0, -1.0, float("nan")], [5.0, 5.0, 5.0, 5.0]])
+    x = x.repeat(1, 5)
+    calls = [
+        (aten.amax.default, (In(0), [1]), {}),
+        (aten.amin.default, (In(0), [1]), {}),
+        (aten.argmax.default, (In(0), 1), {}),
+        (aten.argmin.default, (In(0), 1), {}),
+    ]
+    check(graph_of(calls, 1), x)
+
+
+def _softmax_and_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    s = aten._softmax.default(x, -1, False)
+    ls = aten._log_softmax.default(x, 0, False)
+    ln = aten.native_layer_norm.default(x, [x.shape[-1]], w, b, 1e-5)
+    lse = aten.logsumexp.default(x, [1])
+    return s, ls, ln[0], ln[1], ln[2], lse
+
+
+@pytest.mark.parametrize("shape", [(7, 13), (32, 130), (3, 1)])
+def test_softmax_layer_norm_fused(shape: tuple[int, int]) -> None:
+    x = make(shape)
+    w, b = make((shape[1],)), make((shape[1],))
+    compiled = check(_softmax_and_norm, x, w, b)
+    # softmax is one kernel (max, sum and normalisation in phases of one row loop)
+    assert compiled.stats.kernels <= 5
+
+
+def test_layer_norm_half() -> None:
+    x = make((16, 40), torch.bfloat16)
+    w, b = make((40,), torch.bfloat16), make((40,), torch.bfloat16)
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.native_layer_norm.default(x, [40], w, b, 1e-5)
+
+    check(fn, x, w, b, scale=2.0)
+
+
+def test_results_identical_with_one_and_two_threads() -> None:
+    x = make((300, 700))
+    y = make((2_000_000,))
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        s = aten._softmax.default(x, -1, False)
+        col = aten.sum.dim_IntList(x, [0])
+        var = aten.var.correction(x, [1], correction=0)
+        total = aten.sum.default(y)
+        am = aten.argmax.default(y)
+        return s, col, var, total, am, aten.exp.default(y)
+
+    compiled = check(fn, x, y)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = compiled(x, y)
+        torch.set_num_threads(2)
+        two = compiled(x, y)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two, strict=True):
+        assert torch.equal(a, b)

@@ -1,0 +1,86 @@
+"""The backend interface code generators implement, and the registry that finds them.
+
+A backend turns a schedule into something callable. It is asked three things:
+
+* ``can_fuse(node1, node2)``: a veto on a fusion the scheduler finds legal (a C++ generator
+  might refuse a reduction, then a broadcast, then another reduction in one loop nest);
+* ``codegen_kernel(node, graph)``: the kernel for one scheduler node (plain or fused);
+* ``codegen_wrapper(schedule, graph, kernels)``: the callable that allocates buffers, calls the
+  kernels and the extern ops in order, frees and reuses buffers, and returns the outputs.
+
+Backends are found by name: ``"interpret"`` (the reference interpreter in this package) is
+built in; any other name is looked up in the entry-point group ``kiln_loopir.backends``, so a code
+generator package registers itself in its own ``pyproject.toml`` and loopir never imports it::
+
+    [project.entry-points."kiln_loopir.backends"]
+    cpp = "kiln_codegen_cpp:CppBackend"
+
+The entry point names a zero-argument callable (usually the class) returning a :class:`Backend`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .graph import GraphLowering
+    from .scheduler import BaseSchedulerNode, Scheduler
+
+ENTRY_POINT_GROUP = "kiln_loopir.backends"
+
+
+class Backend:
+    """What a code generator implements; see the module docstring."""
+
+    name: str = "backend"
+
+    def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
+        """Veto hook: return False to refuse a fusion the scheduler found legal."""
+        return True
+
+    def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
+        """The kernel that runs one (possibly fused) scheduler node."""
+        raise NotImplementedError
+
+    def codegen_wrapper(
+        self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
+    ) -> Callable[..., Any]:
+        """The callable that runs the whole schedule on the graph's inputs."""
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, Callable[[], Backend]] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    """Make ``name`` resolve to ``factory()`` (in-process registration, e.g. for tests)."""
+    _REGISTRY[name] = factory
+
+
+def available_backends() -> list[str]:
+    """Names registered in process plus those advertised through entry points."""
+    names = set(_REGISTRY) | {"interpret"}
+    names |= {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return sorted(names)
+
+
+def get_backend(name: str | Backend) -> Backend:
+    """The backend called ``name`` (a Backend instance passes through)."""
+    if isinstance(name, Backend):
+        return name
+    if name in _REGISTRY:
+        return _REGISTRY[name]()
+    if name == "interpret":
+        from .interpret import InterpretBackend
+
+        return InterpretBackend()
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            factory = ep.load()
+            backend = factory()
+            if not isinstance(backend, Backend):
+                raise TypeError(f"entry point {ep.value} did not give a kiln_loopir Backend")
+            return backend
+    raise KeyError(f"no loopir backend named {name!r}; available: {', '.join(available_backends())}")

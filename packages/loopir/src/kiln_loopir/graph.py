@@ -1,0 +1,326 @@
+"""GraphLowering: walks an aten-level FX graph and builds the IR, node by node.
+
+Placeholders become :class:`~kiln_loopir.ir.InputBuffer`, ``get_attr`` tensors become
+:class:`~kiln_loopir.ir.ConstantBuffer`, and each ``call_function`` node goes through its lowering
+(``lowering.find_lowering``) or, when there is none or it declines, the extern fallback. The
+result of a node is a TensorBox (or a tuple of them); buffers are registered in creation order in
+``operations``, which is the order the scheduler starts from.
+
+Every node also gets a meta value (shape, dtype, strides): from ``node.meta["val"]`` when the
+graph carries one, otherwise by running the op on ``device="meta"`` tensors, and, for ops whose
+meta kernel cannot say (data-dependent shapes), by running the graph once on the example
+inputs. A lowering whose result disagrees with the meta value is discarded in favour of the
+fallback, and the disagreement is recorded in ``fallbacks``.
+
+Note [Why a value is realized] (the realize heuristic, ``mark_reuse``): pointwise values stay
+lazy and are inlined into each reader, except a value that (a) is a graph output, (b) feeds an
+extern kernel, (c) has more than one reader and a large body (> ``MAX_INLINE_OPS`` ops) or many
+loads (> ``MAX_REUSE_LOADS``), (d) reads more than ``MAX_LOADS`` buffers, or (e) has a body of more
+than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise inline into one
+deeply recursive function). Reductions are always realized. With ``fusion=False`` every node's
+value is realized, so each op is its own kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from .ir import (
+    Buffer,
+    ConstantBuffer,
+    ExternKernel,
+    InputBuffer,
+    Operation,
+    Pointwise,
+    ReinterpretView,
+    StorageBox,
+    TensorBox,
+    realize_strided,
+)
+from .layout import fixed_from_tensor
+from .lowering import Unsupported, fallback, find_lowering
+from .virtualized import count_ops, set_graph
+
+log = logging.getLogger("kiln.loopir.ir")
+
+MAX_INLINE_OPS = 30
+MAX_REUSE_LOADS = 4
+MAX_LOADS = 8
+MAX_CHAIN_OPS = 200
+
+
+class GraphLowering:
+    """Lowers one FX graph; see the module docstring."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fusion: bool = True
+    ) -> None:
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.fusion = fusion
+        tensors = [x for x in self.example_inputs if isinstance(x, torch.Tensor)]
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        if self.device.type == "meta":
+            self.device = torch.device("cpu")
+        self.operations: list[Operation] = []
+        self.name_to_buffer: dict[str, Buffer] = {}
+        self.graph_inputs: list[InputBuffer | None] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.outputs: Any = None
+        self.fallbacks: list[tuple[str, str]] = []
+        self.current_meta: Any = None
+        self._counter = 0
+        self._real_env: dict[torch.fx.Node, Any] | None = None
+
+    # names and registration -----------------------------------------------------------------
+
+    def new_buffer_name(self, prefix: str = "buf") -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    def register_operation(self, op: Operation) -> None:
+        self.operations.append(op)
+        if isinstance(op, ExternKernel):
+            for out in op.outputs:
+                self.name_to_buffer[out.name] = out
+        else:
+            self.name_to_buffer[op.name] = op
+
+    # the walk -------------------------------------------------------------------------------
+
+    def run(self) -> GraphLowering:
+        env: dict[torch.fx.Node, Any] = {}
+        metas: dict[torch.fx.Node, Any] = {}
+        inputs = iter(self.example_inputs)
+        with set_graph(self):
+            for node in self.gm.graph.nodes:
+                if node.op == "placeholder":
+                    value = next(inputs)
+                    metas[node] = _to_meta(value)
+                    env[node] = self._placeholder(node, value)
+                elif node.op == "get_attr":
+                    value = _fetch_attr(self.gm, node.target)
+                    metas[node] = _to_meta(value)
+                    env[node] = self._constant(node, value)
+                elif node.op == "call_function":
+                    metas[node] = self._meta(node, metas)
+                    env[node] = self._call(node, env, metas[node])
+                elif node.op == "output":
+                    self.outputs = self._outputs(torch.fx.node.map_arg(node.args[0], lambda n: env[n]))
+                else:
+                    raise NotImplementedError(f"fx node kind {node.op} ({node.format_node()})")
+        return self
+
+    def _placeholder(self, node: torch.fx.Node, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            self.graph_inputs.append(None)
+            return value
+        layout = fixed_from_tensor(value, self.device)
+        buffer = InputBuffer(node.name, layout)
+        self.graph_inputs.append(buffer)
+        self.name_to_buffer[buffer.name] = buffer
+        return TensorBox.create(buffer)
+
+    def _constant(self, node: torch.fx.Node, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        buffer = ConstantBuffer(f"const_{node.name}", fixed_from_tensor(value), value=value)
+        self.constants[buffer.name] = value
+        self.name_to_buffer[buffer.name] = buffer
+        return TensorBox.create(buffer)
+
+    def _call(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], meta: Any) -> Any:
+        mapped: Any = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
+        args, kwargs = mapped
+        target = node.target
+        if target is operator.getitem:
+            return args[0][args[1]]
+        self.current_meta = meta
+        lowering = find_lowering(target)
+        result: Any = None
+        if lowering is not None:
+            try:
+                result = lowering(*args, **kwargs)
+                problem = _mismatch(result, meta)
+            except Unsupported as exc:
+                problem = str(exc)
+            except Exception as exc:  # a lowering bug must not break compilation: fall back
+                problem = f"lowering raised {type(exc).__name__}: {exc}"
+            if problem is not None:
+                # operations the lowering registered stay; nothing reads them, DCE drops them
+                self.fallbacks.append((str(target), problem))
+                result = None
+        if result is None:
+            assert callable(target)
+            result = fallback(target, args, kwargs, meta)
+        _hint_strides(result, meta)
+        self._after(node, result)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s -> %s", node.format_node(), _describe(result))
+        return result
+
+    def _after(self, node: torch.fx.Node, result: Any) -> None:
+        """Apply the realize heuristic (Note [Why a value is realized]) to a node's result."""
+        boxes = [
+            r for r in (result if isinstance(result, list | tuple) else [result]) if isinstance(r, TensorBox)
+        ]
+        for box in boxes:
+            storage = box.storage()
+            if storage is None or not isinstance(storage.data, Pointwise):
+                continue
+            if not self.fusion:
+                storage.realize()
+                continue
+            ops_count, loads = count_ops(storage.data.inner_fn, _zeros(storage.data.ranges))
+            users = len(node.users)
+            if (
+                loads > MAX_LOADS
+                or ops_count > MAX_CHAIN_OPS
+                or (users > 1 and (ops_count > MAX_INLINE_OPS or loads > MAX_REUSE_LOADS))
+            ):
+                storage.realize()
+
+    def _outputs(self, value: Any) -> Any:
+        if isinstance(value, TensorBox):
+            return realize_strided(value)
+        if isinstance(value, list | tuple):
+            return type(value)(self._outputs(v) for v in value)
+        return value
+
+    # metadata -------------------------------------------------------------------------------
+
+    def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
+        val = node.meta.get("val")
+        if val is not None:
+            return _to_meta(val)
+        if node.target is operator.getitem:
+            parent, i = node.args
+            assert isinstance(parent, torch.fx.Node)
+            return metas[parent][i]
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: metas[n])
+        kwargs = _meta_device(kwargs)
+        try:
+            assert callable(node.target)
+            value = node.target(*args, **kwargs)
+        except Exception:  # data-dependent or missing meta kernel: ask the real graph
+            return _to_meta(self._real_value(node))
+        fix = META_FIXES.get((node.target, self.device.type))
+        return fix(value, args) if fix is not None else value
+
+    def _real_value(self, node: torch.fx.Node) -> Any:
+        if self._real_env is None:
+            env: dict[torch.fx.Node, Any] = {}
+
+            class Recorder(torch.fx.Interpreter):
+                def run_node(self, n: torch.fx.Node) -> Any:
+                    env[n] = super().run_node(n)
+                    return env[n]
+
+            Recorder(self.gm).run(*self.example_inputs)
+            self._real_env = env
+        return self._real_env[node]
+
+
+def _layer_norm_cpu(value: Any, args: Any) -> Any:
+    out, mean, rstd = value
+    return out, mean.to(args[0].dtype), rstd.to(args[0].dtype)
+
+
+# (op, device type) -> fix of the meta kernel's answer where the device kernel differs
+META_FIXES: dict[tuple[Any, str], Any] = {
+    (torch.ops.aten.native_layer_norm.default, "cpu"): _layer_norm_cpu,
+}
+
+
+def _hint_strides(result: Any, meta: Any) -> None:
+    """Give unrealized results the dense strides eager produces (see StorageBox.stride_hint)."""
+    if isinstance(result, list | tuple) and isinstance(meta, list | tuple):
+        for r, m in zip(result, meta, strict=False):
+            _hint_strides(r, m)
+        return
+    if not (isinstance(result, TensorBox) and isinstance(meta, torch.Tensor)):
+        return
+    storage = result.data
+    if not isinstance(storage, StorageBox) or storage.is_realized():
+        return
+    if meta.is_contiguous() or not _dense(meta):
+        return
+    storage.stride_hint = tuple(sympy.Integer(s) for s in meta.stride())
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: a permutation of a contiguous layout."""
+    pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
+    expected = 1
+    for stride, size in pairs:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _zeros(ranges: Sequence[Any]) -> list[Any]:
+    return [sympy.Integer(0)] * len(ranges)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(
+            [int(s) for s in value.shape], [int(s) for s in value.stride()], dtype=value.dtype, device="meta"
+        )
+    if isinstance(value, list | tuple):
+        return type(value)(_to_meta(v) for v in value)
+    return value
+
+
+def _meta_device(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Creation ops name their device: run them on meta as well."""
+    if "device" in kwargs:
+        kwargs = {**kwargs, "device": torch.device("meta")}
+    return kwargs
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: Any) -> Any:
+    value: Any = gm
+    for part in str(target).split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _mismatch(result: Any, meta: Any) -> str | None:
+    """Why a lowering's result disagrees with the meta value (None when it agrees)."""
+    if isinstance(meta, torch.Tensor):
+        if not isinstance(result, TensorBox):
+            return f"lowering returned {type(result).__name__} for a tensor"
+        size = [int(s) for s in result.get_size()]
+        if size != list(meta.shape) or result.get_dtype() != meta.dtype:
+            return f"lowering gave {size} {result.get_dtype()}, eager gives {list(meta.shape)} {meta.dtype}"
+        return None
+    if isinstance(meta, list | tuple):
+        if not isinstance(result, list | tuple) or len(result) != len(meta):
+            return "lowering returned a different structure"
+        for r, m in zip(result, meta, strict=True):
+            problem = _mismatch(r, m)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _describe(result: Any) -> str:
+    if isinstance(result, TensorBox):
+        node = result.storage()
+        kind = type(node.data).__name__ if node is not None else type(result.data).__name__
+        return f"{kind}{[int(s) for s in result.get_size()]}:{result.get_dtype()}"
+    if isinstance(result, list | tuple):
+        return ", ".join(_describe(r) for r in result)
+    if isinstance(result, Buffer | ReinterpretView):
+        return repr(result)
+    return repr(result)

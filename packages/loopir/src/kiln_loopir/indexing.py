@@ -1,0 +1,260 @@
+"""Index math: sympy expressions over loop variables, and how they are simplified.
+
+Every memory access in a loop body is ``load(name, index)`` where ``index`` is a sympy
+expression of the loop variables (``x0, x1, ...`` for the iteration space, ``r0, r1, ...`` for
+reduction dimensions, and ``indirect*`` symbols produced by ``ops.indirect_indexing``). Views
+never copy: they rewrite the index, so the expression carries the whole view chain. Two integer
+operations that sympy's own ``floor``/``Mod`` handle poorly get their own functions here:
+
+* ``FloorDiv(a, b)``: ``a // b`` for non-negative integers;
+* ``ModularIndexing(a, d, m)``: ``(a // d) % m``, the digit of ``a`` in a mixed-radix number,
+  which is what splitting a dimension by a reshape produces.
+
+Their ``eval`` rules fold constants and strip trivial divisors and moduli; :func:`simplify_index`
+then uses the ranges of the loop variables to remove divisions and moduli that cannot change
+the value (a variable smaller than the divisor, a digit that covers the whole range) and to
+split sums into the part each divisor keeps. :func:`merge_loops` collapses adjacent loop
+dimensions that every access walks contiguously, which is how the scheduler compares accesses
+of kernels whose loops were shaped differently (a ``(4, 8)`` pointwise and a ``(32,)`` one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import TypeAlias
+
+import sympy
+
+Expr: TypeAlias = sympy.Expr
+
+
+class FloorDiv(sympy.Function):
+    """``a // b`` on non-negative integers."""
+
+    is_integer = True
+    nargs = (2,)
+
+    @classmethod
+    def eval(cls, base: Expr, divisor: Expr) -> Expr | None:
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        if divisor.is_Integer:
+            # (k*d*a + b) // d  ->  k*a + b // d  when every kept term is a multiple of d
+            kept, rest = _split_multiples(base, int(divisor))
+            if kept != 0:
+                return kept / divisor + FloorDiv(rest, divisor)
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """``(a // d) % m`` on non-negative integers: one digit of a mixed-radix number."""
+
+    is_integer = True
+    nargs = (3,)
+
+    @classmethod
+    def eval(cls, base: Expr, divisor: Expr, modulus: Expr) -> Expr | None:
+        if base == 0 or modulus == 1:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
+            return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if divisor.is_Integer and modulus.is_Integer:
+            # terms that are multiples of d*m never change the digit
+            _, rest = _split_multiples(base, int(divisor) * int(modulus))
+            if rest != base:
+                return ModularIndexing(rest, divisor, modulus)
+        return None
+
+
+def _split_multiples(expr: Expr, divisor: int) -> tuple[Expr, Expr]:
+    """Split a sum into (terms whose integer coefficient is a multiple of divisor, the rest)."""
+    kept: list[Expr] = []
+    rest: list[Expr] = []
+    for term in sympy.Add.make_args(expr):
+        coeff, _ = term.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) % divisor == 0:
+            kept.append(term)
+        else:
+            rest.append(term)
+    return sympy.Add(*kept), sympy.Add(*rest)
+
+
+def loop_vars(prefix: str, count: int) -> list[sympy.Symbol]:
+    """``count`` fresh non-negative integer loop variables named ``prefix0, prefix1, ...``."""
+    return [_symbol(f"{prefix}{i}") for i in range(count)]
+
+
+@cache
+def _symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> int | None:
+    """An upper bound (exclusive) of a non-negative integer expression, if easy to prove."""
+    if expr.is_Integer:
+        return int(expr) + 1
+    if isinstance(expr, sympy.Symbol):
+        size = ranges.get(expr)
+        return int(size) if size is not None and size.is_Integer else None
+    if isinstance(expr, sympy.Add):
+        total = 1 - len(expr.args)
+        for arg in expr.args:
+            b = bound(arg, ranges)
+            if b is None:
+                return None
+            total += b
+        return total
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        b = bound(rest, ranges)
+        if coeff.is_Integer and int(coeff) >= 0 and b is not None:
+            return int(coeff) * (b - 1) + 1
+        return None
+    if isinstance(expr, FloorDiv):
+        b = bound(expr.args[0], ranges)
+        d = expr.args[1]
+        return (b - 1) // int(d) + 1 if b is not None and d.is_Integer else None
+    if isinstance(expr, ModularIndexing):
+        m = expr.args[2]
+        return int(m) if m.is_Integer else None
+    return None
+
+
+def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
+    """Simplify ``expr`` knowing each loop variable ``v`` lies in ``[0, ranges[v])``."""
+    expr = sympy.expand(expr)
+    if not expr.has(FloorDiv, ModularIndexing):
+        return expr
+
+    def visit(node: Expr) -> Expr:
+        if not node.args:
+            return node
+        args = [visit(a) for a in node.args]
+        node = node.func(*args)
+        if isinstance(node, FloorDiv):
+            base, divisor = node.args
+            b = bound(base, ranges)
+            if b is not None and divisor.is_Integer and b <= int(divisor):
+                return sympy.Integer(0)
+        if isinstance(node, ModularIndexing):
+            base, divisor, modulus = node.args
+            b = bound(base, ranges)
+            if (
+                b is not None
+                and divisor.is_Integer
+                and modulus.is_Integer
+                and b <= int(divisor) * int(modulus)
+            ):
+                return FloorDiv(base, divisor)
+        return node
+
+    return _recombine_digits(sympy.expand(visit(expr)))
+
+
+def _recombine_digits(expr: Expr) -> Expr:
+    """``c*d2*(e // (d1*d2)) + c*((e // d1) % d2)  ->  c*(e // d1)`` until nothing changes.
+
+    A reshape splits an index into digits and a contiguous layout multiplies them back; this
+    undoes the split, so a view chain over contiguous memory collapses to plain arithmetic.
+    """
+    changed = True
+    while changed:
+        changed = False
+        terms = list(sympy.Add.make_args(expr))
+        parts = [t.as_coeff_Mul() for t in terms]
+        for i, (cf, f) in enumerate(parts):
+            if not isinstance(f, FloorDiv):
+                continue
+            for j, (cm, m) in enumerate(parts):
+                if not isinstance(m, ModularIndexing) or m.args[0] != f.args[0]:
+                    continue
+                e, d1, d2 = m.args
+                if f.args[1] == d1 * d2 and cf == cm * d2:
+                    rest = [t for k, t in enumerate(terms) if k not in (i, j)]
+                    expr = sympy.Add(*rest, cm * FloorDiv(e, d1))
+                    changed = True
+                    break
+            if changed:
+                break
+    return expr
+
+
+def merge_loops(
+    sizes: Sequence[Expr], index: Expr, variables: Sequence[sympy.Symbol]
+) -> tuple[tuple[Expr, ...], Expr]:
+    """Collapse adjacent loop dims that ``index`` walks contiguously (and size-1 dims).
+
+    Returns the new sizes and the index rewritten over fresh variables ``z0, z1, ...``. Two
+    accesses that visit the same offsets in the same iteration order map to the same result,
+    whatever shape their loops had.
+    """
+    sizes = list(sizes)
+    variables = list(variables)
+    # size-1 dims never move the index
+    keep = [i for i, s in enumerate(sizes) if s != 1]
+    index = index.subs({variables[i]: 0 for i in range(len(sizes)) if sizes[i] == 1})
+    sizes = [sizes[i] for i in keep]
+    variables = [variables[i] for i in keep]
+    i = len(sizes) - 2
+    while i >= 0:
+        outer, inner = variables[i], variables[i + 1]
+        if _linear_in(index, outer) and _linear_in(index, inner):
+            c_outer = index.coeff(outer)
+            c_inner = index.coeff(inner)
+            if c_outer == c_inner * sizes[i + 1]:
+                # outer*c_outer + inner*c_inner == (outer*size_inner + inner)*c_inner
+                index = index.subs({outer: 0})
+                sizes[i + 1] = sizes[i] * sizes[i + 1]
+                del sizes[i]
+                del variables[i]
+        i = min(i - 1, len(sizes) - 2)
+    fresh = loop_vars("z", len(sizes))
+    index = index.subs(dict(zip(variables, fresh, strict=True)))
+    return tuple(sizes), sympy.expand(index)
+
+
+def _linear_in(expr: Expr, var: sympy.Symbol) -> bool:
+    """expr is ``c*var + rest`` with ``var`` appearing nowhere else."""
+    if not expr.has(var):
+        return True
+    return bool((expr - expr.coeff(var) * var).free_symbols.isdisjoint({var})) and not expr.coeff(var).has(
+        var
+    )
+
+
+def contiguous_strides(sizes: Sequence[Expr]) -> list[Expr]:
+    """Row-major strides for ``sizes``."""
+    strides: list[Expr] = []
+    running: Expr = sympy.Integer(1)
+    for size in reversed(sizes):
+        strides.append(running)
+        running = running * size
+    return list(reversed(strides))
+
+
+def linear_index(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr | int = 0) -> Expr:
+    """``offset + sum(index[i] * strides[i])``."""
+    return sympy.Add(sympy.sympify(offset), *[i * s for i, s in zip(index, strides, strict=True)])
+
+
+def as_strided_params(index: Expr, variables: Sequence[sympy.Symbol]) -> tuple[list[Expr], Expr] | None:
+    """If ``index`` is ``offset + sum(stride_i * var_i)``, return (strides, offset), else None."""
+    expr = sympy.expand(index)
+    if expr.has(FloorDiv, ModularIndexing):
+        return None
+    strides = []
+    for var in variables:
+        if not _linear_in(expr, var):
+            return None
+        strides.append(expr.coeff(var))
+    offset = expr.subs({v: 0 for v in variables})
+    if offset.free_symbols or any(s.free_symbols for s in strides):
+        return None
+    return strides, offset

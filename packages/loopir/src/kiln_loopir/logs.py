@@ -1,0 +1,44 @@
+"""``KILN_LOG`` artifacts of loopir, through stdlib logging under ``kiln.loopir``.
+
+``KILN_LOG=ir,schedule`` (comma-separated; ``all`` turns on every artifact) sets the matching
+loggers to DEBUG and gives them a stderr handler if the application configured none:
+
+* ``ir`` (logger ``kiln.loopir.ir``): each fx node's lowering and each buffer's loop body as
+  pseudo code, one ``ops`` call per line;
+* ``schedule`` (logger ``kiln.loopir.schedule``): dead code removed, every fusion with its score,
+  the final order of kernels and the buffer plan.
+
+The variable is read when :func:`configure` runs (at each ``compile_graph``), so tests may set it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ARTIFACTS: dict[str, str] = {
+    "ir": "kiln.loopir.ir",
+    "schedule": "kiln.loopir.schedule",
+}
+
+
+def enabled_artifacts(value: str | None = None) -> set[str]:
+    """The loopir artifacts named in ``value`` (default: the ``KILN_LOG`` environment variable)."""
+    raw = os.environ.get("KILN_LOG", "") if value is None else value
+    names = {part.strip() for part in raw.split(",") if part.strip()}
+    if "all" in names:
+        return set(ARTIFACTS)
+    return names & set(ARTIFACTS)
+
+
+def configure(value: str | None = None) -> set[str]:
+    """Turn on the artifacts ``KILN_LOG`` names; returns them."""
+    names = enabled_artifacts(value)
+    for name in names:
+        logger = logging.getLogger(ARTIFACTS[name])
+        logger.setLevel(logging.DEBUG)
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+            logger.addHandler(handler)
+    return names

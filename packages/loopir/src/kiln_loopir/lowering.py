@@ -1,0 +1,237 @@
+"""Lowering aten ops to the IR: the registry and the shared machinery.
+
+A lowering is a function with the aten op's signature in which tensors are :class:`TensorBox`
+values; it returns TensorBoxes (or tuples/lists of them). Lowerings are found in a table keyed by
+``OpOverload`` first and by the overload packet second (:func:`register_lowering`), and
+``graph.GraphLowering`` calls them node by node. The families live in ``lowerings/``:
+pointwise ops, views, reductions, and memory-shaped ops (cat, pad, indexing, scatter).
+
+Any op without a lowering, and any lowering that declines (raises :class:`Unsupported`), becomes
+an :class:`~kiln_loopir.ir.ExternKernel`: at run time the aten op itself is called on realized
+buffers. Output metadata comes from the fx node (``meta["val"]`` or the graph's own meta run), so
+the fallback never needs to understand the op.
+
+This module also holds :func:`make_pointwise`: broadcasting, scalars, and type promotion done
+the way eager does it (compute in ``elementwise_dtypes``' computation dtype, round once to the
+result dtype), so one op's output matches eager bit for bit where the math library agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from .indexing import Expr
+from .ir import ExternKernel, ExternOutput, Index, Pointwise, TensorBox, realize_strided
+from .layout import fixed_from_tensor
+from .virtualized import current_graph, ops
+
+aten = torch.ops.aten
+Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
+LoweringFn = Callable[..., Any]
+OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
+
+LOWERINGS: dict[OpKey, LoweringFn] = {}
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle these arguments: the op falls back to extern."""
+
+
+def register_lowering(*keys: OpKey) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the lowering of each aten overload or overload packet in ``keys``."""
+
+    def wrap(fn: LoweringFn) -> LoweringFn:
+        for key in keys:
+            LOWERINGS[key] = fn
+        return fn
+
+    return wrap
+
+
+def find_lowering(target: object) -> LoweringFn | None:
+    """The lowering for an fx call target, by overload then by packet."""
+    _ensure_registered()
+    if isinstance(target, torch._ops.OpOverload):
+        found = LOWERINGS.get(target)
+        if found is None:
+            found = LOWERINGS.get(target.overloadpacket)
+        return found
+    return None
+
+
+_registered = False
+
+
+def _ensure_registered() -> None:
+    global _registered
+    if not _registered:
+        _registered = True
+        from .lowerings import creation, memory, pointwise, reductions, views  # noqa: F401
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by the families
+
+
+def is_box(value: object) -> bool:
+    return isinstance(value, TensorBox)
+
+
+def meta_of(value: object) -> object:
+    """A meta tensor standing in for a box (for dtype rules); other values pass through."""
+    if isinstance(value, TensorBox):
+        size = [int(s) for s in value.get_size()]
+        return torch.empty(size, dtype=value.get_dtype(), device="meta")
+    return value
+
+
+def broadcast_sizes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:
+    """The broadcast of several shapes (right-aligned; size 1 stretches)."""
+    rank = max((len(s) for s in sizes), default=0)
+    out: list[Expr] = []
+    for i in range(rank):
+        dim: Expr = sympy.Integer(1)
+        for size in sizes:
+            j = i - (rank - len(size))
+            if j >= 0 and size[j] != 1:
+                if dim != 1 and dim != size[j]:
+                    raise RuntimeError(f"shapes {sizes} do not broadcast")
+                dim = size[j]
+        out.append(dim)
+    return tuple(out)
+
+
+def broadcast_loader(box: TensorBox, size: Sequence[Expr]) -> Callable[[Index], Any]:
+    """Load ``box`` as if expanded to ``size``."""
+    own = box.get_size()
+    inner = box.make_loader()
+    skip = len(size) - len(own)
+
+    def load(index: Index) -> Any:
+        picked = [sympy.Integer(0) if own[i] == 1 else index[i + skip] for i in range(len(own))]
+        return inner(picked)
+
+    return load
+
+
+def device_of(*values: object) -> torch.device:
+    for v in values:
+        if isinstance(v, TensorBox):
+            return v.get_device()
+    return torch.device("cpu")
+
+
+def scalar_value(value: object) -> object:
+    """Python scalars pass; 0-dim constant tensors are not unwrapped (they are boxes)."""
+    return value
+
+
+def make_pointwise(
+    compute: Callable[..., Any],
+    kind: ELEMENTWISE_TYPE_PROMOTION_KIND = Kind.DEFAULT,
+    *,
+    compute_dtype: torch.dtype | None = None,
+    result_dtype: torch.dtype | None = None,
+) -> Callable[..., TensorBox]:
+    """A lowering that applies ``compute`` elementwise to its tensor and scalar arguments.
+
+    Each argument is loaded (broadcast), converted to the computation dtype, passed to
+    ``compute`` as an ops value, and the result converted to the result dtype.
+    """
+
+    def lower(*args: Any) -> TensorBox:
+        boxes = [a for a in args if isinstance(a, TensorBox)]
+        if not boxes:
+            raise Unsupported("pointwise op without tensor arguments")
+        size = broadcast_sizes(*[b.get_size() for b in boxes])
+        c_dtype, r_dtype = elementwise_dtypes(*[meta_of(a) for a in args], type_promotion_kind=kind)
+        c_dtype = compute_dtype or c_dtype
+        r_dtype = result_dtype or r_dtype
+        loaders: list[Callable[[Index], Any]] = []
+        for a in args:
+            if isinstance(a, TensorBox):
+                loaders.append(broadcast_loader(a, size))
+            else:
+                loaders.append(_constant_loader(a, c_dtype))
+
+        def inner(index: Index) -> Any:
+            values = [ops.to_dtype(load(index), c_dtype) for load in loaders]
+            return ops.to_dtype(compute(*values), r_dtype)
+
+        return TensorBox.create(Pointwise(device_of(*args), r_dtype, inner, size))
+
+    return lower
+
+
+def _constant_loader(value: object, dtype: torch.dtype) -> Callable[[Index], Any]:
+    def load(index: Index) -> Any:
+        return ops.constant(value, dtype)
+
+    return load
+
+
+def pointwise_from(box: TensorBox, fn: Callable[[Any], Any], dtype: torch.dtype) -> TensorBox:
+    """A new lazy Pointwise of the same shape as ``box``: ``fn(box[index])``."""
+    load = box.make_loader()
+
+    def inner(index: Index) -> Any:
+        return fn(load(index))
+
+    return TensorBox.create(Pointwise(box.get_device(), dtype, inner, box.get_size()))
+
+
+def to_dtype(box: TensorBox, dtype: torch.dtype) -> TensorBox:
+    """``box`` converted to ``dtype`` (itself when already so)."""
+    if box.get_dtype() == dtype:
+        return box
+    return pointwise_from(box, lambda v: ops.to_dtype(v, dtype), dtype)
+
+
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype eager computes in for ``dtype`` (float32 for the half types)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    return dim + max(rank, 1) if dim < 0 else dim
+
+
+# --------------------------------------------------------------------------------------------
+# the extern fallback
+
+
+def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], meta: Any) -> Any:
+    """Call ``op`` at run time on realized buffers; ``meta`` is the fx node's output value."""
+    graph = current_graph()
+    name = graph.new_buffer_name("extern")
+
+    def to_ir(value: Any) -> Any:
+        if isinstance(value, TensorBox):
+            return realize_strided(value)
+        if isinstance(value, list | tuple):
+            return type(value)(to_ir(v) for v in value)
+        return value
+
+    ir_args = tuple(to_ir(a) for a in args)
+    ir_kwargs = {k: to_ir(v) for k, v in kwargs.items()}
+    outputs: list[ExternOutput] = []
+
+    def wrap(value: Any, path: tuple[int, ...]) -> Any:
+        if isinstance(value, torch.Tensor):
+            out = ExternOutput(
+                graph.new_buffer_name(), fixed_from_tensor(value, graph.device), kernel=name, path=path
+            )
+            outputs.append(out)
+            return TensorBox.create(out)
+        if isinstance(value, list | tuple):
+            return type(value)(wrap(v, (*path, i)) for i, v in enumerate(value))
+        return value
+
+    result = wrap(meta, ())
+    graph.register_operation(ExternKernel(name, op, ir_args, ir_kwargs, tuple(outputs)))
+    return result

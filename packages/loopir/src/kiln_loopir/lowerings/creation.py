@@ -1,0 +1,107 @@
+"""Creation lowerings: full / zeros / ones / empty / arange / iota and their ``_like`` forms.
+
+They are Pointwise bodies without loads: a constant, or ``ops.index_expr`` of the loop variable
+for ``arange``. Dtype and shape come from the node's meta value (the graph computes it), which
+settles the defaulting rules (an int fill gives int64, a float fill the default dtype) the way
+eager does without restating them here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from ..ir import Index, Pointwise, TensorBox
+from ..layout import symbolic
+from ..lowering import Unsupported, register_lowering
+from ..virtualized import current_graph, ops
+
+aten = torch.ops.aten
+
+
+def _meta() -> torch.Tensor:
+    meta = current_graph().current_meta
+    if not isinstance(meta, torch.Tensor):
+        raise Unsupported("creation op without a tensor meta value")
+    return meta
+
+
+def _filled(value: Any) -> TensorBox:
+    meta = _meta()
+    dtype = meta.dtype
+    device = current_graph().device
+    if isinstance(value, TensorBox):
+        load = value.make_loader()
+
+        def from_tensor(index: Index) -> Any:
+            return ops.to_dtype(load([]), dtype)
+
+        return TensorBox.create(Pointwise(device, dtype, from_tensor, symbolic(meta.shape)))
+
+    def inner(index: Index) -> Any:
+        return ops.constant(value, dtype)
+
+    return TensorBox.create(Pointwise(device, dtype, inner, symbolic(meta.shape)))
+
+
+@register_lowering(aten.full.default, aten.new_full.default)
+def full(*args: Any, **kwargs: Any) -> TensorBox:
+    return _filled(args[-1])
+
+
+@register_lowering(aten.full_like.default)
+def full_like(x: TensorBox, value: Any, **kwargs: Any) -> TensorBox:
+    return _filled(value)
+
+
+@register_lowering(
+    aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default,
+    aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
+    aten.empty_strided.default,
+)  # fmt: skip
+def zeros(*args: Any, **kwargs: Any) -> TensorBox:
+    return _filled(0)
+
+
+@register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def ones(*args: Any, **kwargs: Any) -> TensorBox:
+    return _filled(1)
+
+
+@register_lowering(aten.scalar_tensor.default)
+def scalar_tensor(value: Any, **kwargs: Any) -> TensorBox:
+    return _filled(value)
+
+
+@register_lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def arange(*args: Any, **kwargs: Any) -> TensorBox:
+    numbers = [a for a in args if isinstance(a, int | float)]
+    start: float
+    step: float
+    if len(numbers) == 1:
+        start, step = 0, 1
+    elif len(numbers) == 2:
+        start, step = numbers[0], 1
+    else:
+        start, step = numbers[0], numbers[2]
+    meta = _meta()
+    dtype = meta.dtype
+    # eager computes start + i * step in double for floats, in int64 for integers
+    compute = torch.float64 if dtype.is_floating_point else torch.int64
+
+    def inner(index: Index) -> Any:
+        i = ops.index_expr(index[0], compute)
+        value = ops.add(ops.constant(start, compute), ops.mul(i, ops.constant(step, compute)))
+        return ops.to_dtype(value, dtype)
+
+    return TensorBox.create(Pointwise(current_graph().device, dtype, inner, symbolic(meta.shape)))
+
+
+@register_lowering(torch.ops.prims.iota.default)
+def iota(length: int, *, start: int, step: int, dtype: torch.dtype, **kwargs: Any) -> TensorBox:
+    def inner(index: Index) -> Any:
+        return ops.index_expr(index[0] * step + start, dtype)
+
+    return TensorBox.create(Pointwise(current_graph().device, dtype, inner, (sympy.Integer(length),)))

@@ -1,0 +1,238 @@
+"""Memory-shaped lowerings: cat, padding, advanced indexing, gather, scatter, embedding.
+
+They all remain loops over an index space. ``cat`` and ``constant_pad_nd`` are Pointwise bodies
+whose loads are guarded by ``ops.masked`` (the load outside its input's range is never used).
+Advanced indexing, ``gather`` and ``embedding`` load the index tensor, turn the value into an
+index variable with ``ops.indirect_indexing``, and load the source at an index containing that
+variable. ``scatter``, ``scatter_add`` and ``index_put`` copy ``self`` into a fresh buffer and add a
+:class:`~kiln_loopir.ir.Scatter` node that stores into it at indirect positions (accumulating for
+the ``_add``/``accumulate`` forms).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..indexing import Expr
+from ..ir import Index, Pointwise, Scatter, TensorBox
+from ..layout import flexible
+from ..lowering import (
+    Unsupported,
+    broadcast_loader,
+    broadcast_sizes,
+    normalize_dim,
+    register_lowering,
+    to_dtype,
+)
+from ..virtualized import current_graph, ops
+from .pointwise import clone
+
+aten = torch.ops.aten
+
+
+def _in_range(expr: Expr, lo: int, hi: int) -> Any:
+    """ops value: ``lo <= expr < hi``."""
+    value = ops.index_expr(expr, torch.int64)
+    return ops.logical_and(
+        ops.ge(value, ops.constant(lo, torch.int64)), ops.lt(value, ops.constant(hi, torch.int64))
+    )
+
+
+@register_lowering(aten.cat.default)
+def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
+    inputs = [t for t in tensors if not (len(t.get_size()) == 1 and t.get_size()[0] == 0)]
+    if not inputs:
+        return tensors[0]
+    rank = len(inputs[0].get_size())
+    dim = normalize_dim(dim, rank)
+    dtype = functools.reduce(torch.promote_types, [t.get_dtype() for t in inputs])
+    if len(inputs) == 1:
+        return clone(to_dtype(inputs[0], dtype))
+    starts, total = [], 0
+    for t in inputs:
+        starts.append(total)
+        total += int(t.get_size()[dim])
+    size = list(inputs[0].get_size())
+    size[dim] = sympy.Integer(total)
+    loaders = [t.make_loader() for t in inputs]
+
+    def inner(index: Index) -> Any:
+        def piece(k: int) -> Any:
+            shifted = list(index)
+            shifted[dim] = index[dim] - starts[k]
+            return ops.to_dtype(loaders[k](shifted), dtype)
+
+        result = ops.masked(_in_range(index[dim], starts[-1], total), lambda: piece(len(inputs) - 1), 0)
+        for k in range(len(inputs) - 2, -1, -1):
+            end = starts[k + 1]
+            inside = _in_range(index[dim], starts[k], end)
+            result = ops.where(inside, ops.masked(inside, lambda k=k: piece(k), 0), result)
+        return result
+
+    return TensorBox.create(Pointwise(inputs[0].get_device(), dtype, inner, tuple(size)))
+
+
+@register_lowering(aten.constant_pad_nd.default)
+def constant_pad_nd(x: TensorBox, pad: Sequence[int], value: float = 0) -> TensorBox:
+    old = list(x.get_size())
+    pairs = [(pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)]
+    size = list(old)
+    shifts: dict[int, tuple[int, int]] = {}
+    for i, (lo, hi) in enumerate(pairs):
+        d = len(old) - 1 - i
+        size[d] = sympy.Integer(int(old[d]) + lo + hi)
+        shifts[d] = (lo, int(old[d]))
+    load = x.make_loader()
+    dtype = x.get_dtype()
+
+    def inner(index: Index) -> Any:
+        src = list(index)
+        mask = None
+        for d, (lo, n) in shifts.items():
+            src[d] = index[d] - lo
+            ok = _in_range(src[d], 0, n)
+            mask = ok if mask is None else ops.logical_and(mask, ok)
+        if mask is None:
+            return load(src)
+        return ops.masked(mask, lambda: load(src), value)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner, tuple(size)))
+
+
+def _index_plan(x: TensorBox, indices: Sequence[TensorBox | None]) -> tuple[list[Expr], Any]:
+    """Output size of ``x[indices]`` and a function from output index to source index."""
+    old = list(x.get_size())
+    idx = list(indices) + [None] * (len(old) - len(indices))
+    used = [d for d, t in enumerate(idx) if t is not None]
+    for d in used:
+        t = idx[d]
+        assert t is not None
+        if t.get_dtype() in (torch.bool, torch.uint8):
+            raise Unsupported("boolean mask indexing has a data-dependent shape")
+    bshape = list(broadcast_sizes(*[t.get_size() for t in idx if t is not None]))
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    if adjacent:
+        before, after = list(range(used[0])), list(range(used[-1] + 1, len(old)))
+        size = [old[d] for d in before] + bshape + [old[d] for d in after]
+        bpos = len(before)
+    else:
+        before, after = [], [d for d in range(len(old)) if idx[d] is None]
+        size = bshape + [old[d] for d in after]
+        bpos = 0
+    loaders = {d: broadcast_loader(t, bshape) for d, t in enumerate(idx) if t is not None}
+    nb = len(bshape)
+
+    def source(index: Index) -> list[Expr]:
+        src: list[Expr] = [sympy.Integer(0)] * len(old)
+        for pos, d in enumerate(before):
+            src[d] = index[pos]
+        bidx = list(index[bpos : bpos + nb])
+        for d, load in loaders.items():
+            src[d] = ops.indirect_indexing(load(bidx), old[d])
+        rest = list(index[bpos + nb :]) if adjacent else list(index[nb:])
+        for pos, d in enumerate(after):
+            src[d] = rest[pos]
+        return src
+
+    return size, source
+
+
+@register_lowering(aten.index.Tensor)
+def index(x: TensorBox, indices: Sequence[TensorBox | None]) -> TensorBox:
+    size, source = _index_plan(x, indices)
+    load = x.make_loader()
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), lambda i: load(source(i)), tuple(size)))
+
+
+@register_lowering(aten.gather.default)
+def gather(x: TensorBox, dim: int, index_: TensorBox, *, sparse_grad: bool = False) -> TensorBox:
+    dim = normalize_dim(dim, len(x.get_size()))
+    load, load_i = x.make_loader(), index_.make_loader()
+    n = x.get_size()[dim] if x.get_size() else sympy.Integer(1)
+
+    def inner(i: Index) -> Any:
+        src = list(i)
+        if src:
+            src[dim] = ops.indirect_indexing(load_i(i), n)
+        return load(src)
+
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, index_.get_size()))
+
+
+@register_lowering(aten.embedding.default)
+def embedding(weight: TensorBox, indices: TensorBox, *args: Any) -> TensorBox:
+    load_w, load_i = weight.make_loader(), indices.make_loader()
+    rows = weight.get_size()[0]
+    nidx = len(indices.get_size())
+
+    def inner(i: Index) -> Any:
+        row = ops.indirect_indexing(load_i(list(i[:nidx])), rows)
+        return load_w([row, *i[nidx:]])
+
+    size = (*indices.get_size(), *weight.get_size()[1:])
+    return TensorBox.create(Pointwise(weight.get_device(), weight.get_dtype(), inner, size))
+
+
+def _scatter_into(
+    x: TensorBox, ranges: Sequence[Expr], value_fn: Any, out_indexer: Any, mode: str | None
+) -> TensorBox:
+    """Copy ``x`` into a new buffer, then store ``value_fn(i)`` at ``out_indexer(i)`` into it."""
+    target_box = clone(x)
+    storage = target_box.storage()
+    assert storage is not None
+    target = storage.realize()
+    graph = current_graph()
+    dtype = x.get_dtype()
+    data = Pointwise(x.get_device(), dtype, lambda i: ops.to_dtype(value_fn(i), dtype), tuple(ranges))
+    node = Scatter(
+        graph.new_buffer_name(),
+        flexible(x.get_device(), dtype, x.get_size()),
+        data=data,
+        mutates=target.name,
+        output_indexer=out_indexer,
+        mode=mode,
+    )
+    graph.register_operation(node)
+    return TensorBox.create(node)
+
+
+def _scatter(x: TensorBox, dim: int, index_: TensorBox, src: Any, mode: str | None) -> TensorBox:
+    dim = normalize_dim(dim, len(x.get_size()))
+    load_i = index_.make_loader()
+    n = x.get_size()[dim] if x.get_size() else sympy.Integer(1)
+    load_s = src.make_loader() if isinstance(src, TensorBox) else None
+
+    def value(i: Index) -> Any:
+        return load_s(i) if load_s else ops.constant(src, x.get_dtype())
+
+    def out(i: Index) -> Index:
+        dst = list(i)
+        if dst:
+            dst[dim] = ops.indirect_indexing(load_i(i), n)
+        return dst
+
+    return _scatter_into(x, index_.get_size(), value, out, mode)
+
+
+@register_lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x: TensorBox, dim: int, index_: TensorBox, src: Any) -> TensorBox:
+    return _scatter(x, dim, index_, src, None)
+
+
+@register_lowering(aten.scatter_add.default)
+def scatter_add(x: TensorBox, dim: int, index_: TensorBox, src: TensorBox) -> TensorBox:
+    return _scatter(x, dim, index_, src, "atomic_add")
+
+
+@register_lowering(aten.index_put.default)
+def index_put(
+    x: TensorBox, indices: Sequence[TensorBox | None], values: TensorBox, accumulate: bool = False
+) -> TensorBox:
+    size, source = _index_plan(x, indices)
+    load_v = broadcast_loader(values, size)
+    return _scatter_into(x, size, load_v, source, "atomic_add" if accumulate else None)

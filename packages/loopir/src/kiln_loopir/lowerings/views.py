@@ -1,0 +1,235 @@
+"""View lowerings: index remapping, never a copy.
+
+Each view op returns a :class:`~kiln_loopir.ir.View` whose ``reindex`` maps an index of the new
+shape to an index of the old one. A reshape groups old and new dimensions into runs of equal
+element count: inside a run the new index is flattened and the old digits are read back with
+``FloorDiv``/``ModularIndexing``, which :func:`~kiln_loopir.indexing.simplify_index` later turns
+into plain arithmetic where it can. Loading through a chain of views composes the remappings, so
+a consumer reads the original memory directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ..indexing import Expr, FloorDiv, ModularIndexing, contiguous_strides, linear_index
+from ..ir import Index, ReinterpretView, TensorBox, View, realize_strided
+from ..layout import FixedLayout, symbolic
+from ..lowering import Unsupported, normalize_dim, register_lowering
+
+aten = torch.ops.aten
+ZERO = sympy.Integer(0)
+
+
+def make_view(x: TensorBox, size: Sequence[Expr], reindex: Any) -> TensorBox:
+    return TensorBox(View(x.data, tuple(size), reindex))
+
+
+def _infer_size(old: Sequence[Expr], new: Sequence[Any]) -> list[Expr]:
+    sizes = list(symbolic([s if s != -1 else 1 for s in new]))
+    if -1 in list(new):
+        known = sympy.Mul(*[s for s, n in zip(sizes, new, strict=True) if n != -1])
+        sizes[list(new).index(-1)] = sympy.Mul(*old) / known if known != 0 else ZERO
+    return [sympy.Integer(int(s)) for s in sizes]
+
+
+def reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
+    """reindex for a row-major reshape from ``old`` to ``new``."""
+    old_nz = [i for i, s in enumerate(old) if s != 1]
+    new_nz = [i for i, s in enumerate(new) if s != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(old_nz) or j < len(new_nz):
+        og, ng = [old_nz[i]], [new_nz[j]]
+        i, j = i + 1, j + 1
+        po, pn = old[og[0]], new[ng[0]]
+        while po != pn:
+            if int(po) < int(pn):
+                og.append(old_nz[i])
+                po *= old[old_nz[i]]
+                i += 1
+            else:
+                ng.append(new_nz[j])
+                pn *= new[new_nz[j]]
+                j += 1
+        groups.append((og, ng))
+
+    def reindex(index: Index) -> Index:
+        out: list[Expr] = [ZERO] * len(old)
+        for og, ng in groups:
+            if len(og) == 1 and len(ng) == 1:
+                out[og[0]] = index[ng[0]]
+                continue
+            flat = linear_index([index[k] for k in ng], contiguous_strides([new[k] for k in ng]))
+            strides = contiguous_strides([old[k] for k in og])
+            for pos, (k, stride) in enumerate(zip(og, strides, strict=True)):
+                out[k] = FloorDiv(flat, stride) if pos == 0 else ModularIndexing(flat, stride, old[k])
+        return out
+
+    return reindex
+
+
+@register_lowering(aten.view.default, aten.reshape, aten._unsafe_view, aten.view_copy.default)
+def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
+    old = x.get_size()
+    new = _infer_size(old, size)
+    if list(old) == new:
+        return x
+    if sympy.Mul(*old) == 0:
+        raise Unsupported("reshape of an empty tensor")
+    return make_view(x, new, reshape_indexer(old, new))
+
+
+@register_lowering(aten.permute, aten.permute_copy)
+def permute(x: TensorBox, dims: Sequence[int]) -> TensorBox:
+    rank = len(x.get_size())
+    dims = [normalize_dim(d, rank) for d in dims]
+    size = [x.get_size()[d] for d in dims]
+    inverse = [dims.index(i) for i in range(rank)]
+
+    def reindex(index: Index) -> Index:
+        return [index[inverse[i]] for i in range(rank)]
+
+    return make_view(x, size, reindex)
+
+
+@register_lowering(aten.transpose.int, aten.transpose_copy.int)
+def transpose(x: TensorBox, a: int, b: int) -> TensorBox:
+    rank = len(x.get_size())
+    dims = list(range(rank))
+    if rank == 0:
+        return x
+    a, b = normalize_dim(a, rank), normalize_dim(b, rank)
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(x, dims)
+
+
+@register_lowering(aten.t.default)
+def t(x: TensorBox) -> TensorBox:
+    return transpose(x, 0, 1) if len(x.get_size()) == 2 else x
+
+
+@register_lowering(aten.expand.default, aten.expand_copy.default)
+def expand(x: TensorBox, size: Sequence[Any], *, implicit: bool = False) -> TensorBox:
+    old = x.get_size()
+    skip = len(size) - len(old)
+    new = [old[i - skip] if s == -1 else sympy.Integer(int(s)) for i, s in enumerate(size)]
+    if list(new) == list(old):
+        return x
+
+    def reindex(index: Index) -> Index:
+        return [ZERO if old[i] == 1 else index[i + skip] for i in range(len(old))]
+
+    return make_view(x, new, reindex)
+
+
+@register_lowering(aten.unsqueeze, aten.unsqueeze_copy)
+def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
+    old = list(x.get_size())
+    dim = normalize_dim(dim, len(old) + 1)
+    new = [*old[:dim], sympy.Integer(1), *old[dim:]]
+
+    def reindex(index: Index) -> Index:
+        return [*index[:dim], *index[dim + 1 :]]
+
+    return make_view(x, new, reindex)
+
+
+@register_lowering(aten.squeeze, aten.squeeze_copy)
+def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
+    old = list(x.get_size())
+    if dim is None:
+        drop = {i for i, s in enumerate(old) if s == 1}
+    else:
+        dims = dim if isinstance(dim, list | tuple) else [dim]
+        drop = {normalize_dim(d, len(old)) for d in dims if old and old[normalize_dim(d, len(old))] == 1}
+    if not drop:
+        return x
+    keep = [i for i in range(len(old)) if i not in drop]
+
+    def reindex(index: Index) -> Index:
+        out: list[Expr] = [ZERO] * len(old)
+        for pos, k in enumerate(keep):
+            out[k] = index[pos]
+        return out
+
+    return make_view(x, [old[i] for i in keep], reindex)
+
+
+@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
+    old = list(x.get_size())
+    dim = normalize_dim(dim, len(old))
+    n = int(old[dim])
+    lo = 0 if start is None else (start + n if start < 0 else start)
+    hi = n if end is None else (end + n if end < 0 else end)
+    lo, hi = min(max(lo, 0), n), min(max(hi, 0), n)
+    length = max(0, (hi - lo + step - 1) // step)
+    if lo == 0 and length == n and step == 1:
+        return x
+    new = [*old[:dim], sympy.Integer(length), *old[dim + 1 :]]
+
+    def reindex(index: Index) -> Index:
+        out = list(index)
+        out[dim] = index[dim] * step + lo
+        return out
+
+    return make_view(x, new, reindex)
+
+
+@register_lowering(aten.narrow)
+def narrow(x: TensorBox, dim: int, start: int, length: int) -> TensorBox:
+    return slice_(x, dim, start, start + length)
+
+
+@register_lowering(aten.select.int, aten.select_copy.int)
+def select(x: TensorBox, dim: int, index: int) -> TensorBox:
+    old = list(x.get_size())
+    dim = normalize_dim(dim, len(old))
+    pos = index + int(old[dim]) if index < 0 else index
+
+    def reindex(idx: Index) -> Index:
+        return [*idx[:dim], sympy.Integer(pos), *idx[dim:]]
+
+    return make_view(x, [*old[:dim], *old[dim + 1 :]], reindex)
+
+
+@register_lowering(aten.split.Tensor, aten.split_with_sizes, aten.split_copy.Tensor)
+def split(x: TensorBox, sizes: Any, dim: int = 0) -> list[TensorBox]:
+    rank = len(x.get_size())
+    dim = normalize_dim(dim, rank)
+    n = int(x.get_size()[dim])
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] or [0]
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice_(x, dim, start, start + s))
+        start += s
+    return out
+
+
+@register_lowering(aten.unbind.int)
+def unbind(x: TensorBox, dim: int = 0) -> list[TensorBox]:
+    dim = normalize_dim(dim, len(x.get_size()))
+    return [select(x, dim, i) for i in range(int(x.get_size()[dim]))]
+
+
+@register_lowering(aten.alias, aten.detach, aten.lift_fresh)
+def alias(x: TensorBox) -> TensorBox:
+    return x
+
+
+@register_lowering(aten.as_strided, aten.as_strided_copy)
+def as_strided(
+    x: TensorBox, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
+) -> TensorBox:
+    base = realize_strided(x)
+    buffer = base.buffer if isinstance(base, ReinterpretView) else base
+    own_offset = base.layout.offset
+    offset = own_offset if storage_offset is None else sympy.Integer(int(storage_offset))
+    layout = FixedLayout(base.get_device(), base.get_dtype(), symbolic(size), symbolic(stride), offset)
+    return TensorBox(ReinterpretView(buffer, layout))

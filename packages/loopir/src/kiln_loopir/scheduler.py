@@ -1,0 +1,612 @@
+"""The scheduler: dependencies, greedy fusion, order, dead code, buffer reuse.
+
+Each operation the lowering registered becomes a scheduler node. Its read and write sets come
+from running its loop body under a recording ``ops`` handler: every ``load``/``store`` is a
+:class:`MemoryDep` (buffer, symbolic index, loop sizes), or a :class:`StarDep` when the index is
+indirect (``ops.indirect_indexing``) or the node is an extern kernel. Node B depends on node A
+when B reads a buffer A writes.
+
+Fusion is the paper's greedy loop: collect pairs of nodes that share a buffer, score each pair
+(:func:`score_fusion`: same reduction-ness first, then estimated bytes of memory traffic saved,
+then proximity in the original order), and fuse the best legal pair first, skipping pairs whose
+nodes were already absorbed; repeat until a round fuses nothing. :meth:`Scheduler.can_fuse` is
+the legality test: both are kernels, their iteration spaces are compatible (see
+:func:`groups_compatible`), every value the consumer reads from the producer is read at the
+position the same loop iteration wrote it (or, from a reduction, after the reduction completed),
+fusing creates no cycle through a third node, and the backend does not veto.
+
+After fusion the nodes are put in topological order, and a buffer plan follows: buffers written
+and read only inside one fused kernel are kernel-internal (never allocated), every other
+computed buffer is allocated before its first writer and freed after its last reader, and a new
+buffer takes over the memory of a freed one of the same dtype and size (the reuse plan).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+
+from .indexing import Expr, loop_vars, merge_loops, simplify_index
+from .ir import Buffer, ComputedBuffer, ExternKernel, Operation, ReinterpretView, Scatter
+from .virtualized import DefaultHandler, set_ops_handler
+
+log = logging.getLogger("kiln.loopir.schedule")
+
+MAX_FUSION_SIZE = 64
+MAX_HORIZONTAL_DISTANCE = 64
+MAX_ROUNDS = 10
+
+
+# --------------------------------------------------------------------------------------------
+# dependencies
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDep:
+    """An access of ``name`` at ``index``, a function of ``variables`` ranging over ``sizes``."""
+
+    name: str
+    index: Expr
+    variables: tuple[sympy.Symbol, ...]
+    sizes: tuple[Expr, ...]
+
+    def canonical(self) -> tuple[tuple[Expr, ...], Expr]:
+        """The access with loops merged: equal for accesses that visit offsets alike."""
+        return merge_loops(self.sizes, self.index, self.variables)
+
+
+@dataclass(frozen=True, slots=True)
+class StarDep:
+    """An access of the whole of ``name`` at positions not known statically."""
+
+    name: str
+
+
+Dep = MemoryDep | StarDep
+
+
+class _Recorder(DefaultHandler):
+    def __init__(self, variables: Sequence[sympy.Symbol], sizes: Sequence[Expr], nx: int) -> None:
+        self.variables, self.sizes, self.nx = tuple(variables), tuple(sizes), nx
+        self.ranges = dict(zip(variables, sizes, strict=True))
+        self.reads: list[Dep] = []
+        self.writes: list[Dep] = []
+        self._indirect = 0
+
+    def generic(self, name: str, *args: Any) -> None:
+        return None
+
+    def _dep(self, name: str, index: Expr, xonly: bool = False) -> Dep:
+        index = sympy.sympify(index)
+        if any(s.name.startswith("indirect") for s in index.free_symbols):
+            return StarDep(name)
+        variables, sizes = (
+            (self.variables[: self.nx], self.sizes[: self.nx]) if xonly else (self.variables, self.sizes)
+        )
+        return MemoryDep(name, simplify_index(index, self.ranges), variables, sizes)
+
+    def load(self, name: str, index: Expr) -> None:
+        self.reads.append(self._dep(name, index))
+
+    def store(self, name: str, index: Expr, value: Any, mode: str | None = None) -> None:
+        self.writes.append(StarDep(name) if mode else self._dep(name, index))
+
+    def store_reduction(self, name: str, index: Expr, value: Any) -> None:
+        self.writes.append(self._dep(name, index, xonly=True))
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> None:
+        body()
+
+    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
+        self._indirect += 1
+        return sympy.Symbol(f"indirect{self._indirect}", integer=True)
+
+
+def extract_read_writes(buffer: ComputedBuffer) -> tuple[list[Dep], list[Dep]]:
+    """Run the buffer's body under a recording handler: (reads, writes)."""
+    ranges, rranges = buffer.iteration()
+    xs, rs = loop_vars("x", len(ranges)), loop_vars("r", len(rranges))
+    recorder = _Recorder([*xs, *rs], [*ranges, *rranges], len(xs))
+    with set_ops_handler(recorder):
+        buffer.body()(xs, rs)
+    reads = recorder.reads
+    if isinstance(buffer, Scatter):
+        reads = [*reads, StarDep(buffer.mutates)]
+    return reads, recorder.writes
+
+
+# --------------------------------------------------------------------------------------------
+# nodes
+
+
+@dataclass(eq=False)
+class BaseSchedulerNode:
+    """A unit of the schedule: one kernel, one extern call, or a fused group."""
+
+    order: int
+    reads: list[Dep]
+    writes: list[Dep]
+    ancestors: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def get_nodes(self) -> list[BaseSchedulerNode]:
+        return [self]
+
+    def names(self) -> set[str]:
+        return {n.name for n in self.get_nodes()}
+
+    def read_names(self) -> set[str]:
+        return {d.name for d in self.reads}
+
+    def write_names(self) -> set[str]:
+        return {d.name for d in self.writes}
+
+    def is_kernel(self) -> bool:
+        return False
+
+    def is_reduction(self) -> bool:
+        return False
+
+    def group(self) -> tuple[Expr, Expr]:
+        return (sympy.Integer(0), sympy.Integer(0))
+
+
+@dataclass(eq=False)
+class SchedulerNode(BaseSchedulerNode):
+    """A ComputedBuffer's loop nest: a kernel of its own until fused."""
+
+    node: ComputedBuffer = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def is_kernel(self) -> bool:
+        return not isinstance(self.node, Scatter)
+
+    def is_reduction(self) -> bool:
+        return self.node.is_reduction()
+
+    def group(self) -> tuple[Expr, Expr]:
+        ranges, rranges = self.node.iteration()
+        return (sympy.Mul(*ranges), sympy.Mul(*rranges))
+
+
+@dataclass(eq=False)
+class ExternKernelSchedulerNode(BaseSchedulerNode):
+    """A call of an aten op: never fused."""
+
+    node: ExternKernel = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+@dataclass(eq=False)
+class NopKernelSchedulerNode(BaseSchedulerNode):
+    """A buffer with no elements: nothing to run."""
+
+    node: ComputedBuffer = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+@dataclass(eq=False)
+class FusedSchedulerNode(BaseSchedulerNode):
+    """Several kernel nodes run as one kernel, in ``snodes`` order."""
+
+    snodes: list[BaseSchedulerNode] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "_".join(n.name for n in self.snodes)
+
+    def get_nodes(self) -> list[BaseSchedulerNode]:
+        return list(self.snodes)
+
+    def is_kernel(self) -> bool:
+        return True
+
+    def is_reduction(self) -> bool:
+        return any(n.is_reduction() for n in self.snodes)
+
+    def group(self) -> tuple[Expr, Expr]:
+        for n in self.snodes:
+            if n.is_reduction():
+                return n.group()
+        return self.snodes[0].group()
+
+    @staticmethod
+    def fuse(a: BaseSchedulerNode, b: BaseSchedulerNode) -> FusedSchedulerNode:
+        snodes = sorted([*a.get_nodes(), *b.get_nodes()], key=lambda n: n.order)
+        names = {n.name for n in snodes}
+        return FusedSchedulerNode(
+            order=min(a.order, b.order),
+            reads=[*a.reads, *b.reads],
+            writes=[*a.writes, *b.writes],
+            ancestors=(a.ancestors | b.ancestors) - names,
+            snodes=snodes,
+        )
+
+
+def groups_compatible(g1: tuple[Expr, Expr], g2: tuple[Expr, Expr]) -> bool:
+    """Can two iteration spaces share one kernel?
+
+    Pointwise (n, 1) with pointwise (n, 1); reduction (n, r) with the same reduction; a pointwise
+    of n*r elements runs inside the reduction loop, one of n elements after it (an epilogue).
+    """
+    (n1, r1), (n2, r2) = g1, g2
+    if r1 == 1 and r2 == 1:
+        return bool(n1 == n2)
+    if r1 != 1 and r2 != 1:
+        return bool(n1 == n2 and r1 == r2)
+    (n, r), m = ((n1, r1), n2) if r1 != 1 else ((n2, r2), n1)
+    return bool(m == n * r or m == n)
+
+
+# --------------------------------------------------------------------------------------------
+# the scheduler
+
+
+FusionVeto = Callable[[BaseSchedulerNode, BaseSchedulerNode], bool]
+
+
+@dataclass
+class BufferPlan:
+    """Which buffers exist, which are kernel-internal, and which reuse freed memory."""
+
+    allocate: dict[str, str | None] = field(default_factory=dict)  # name -> reused buffer or None
+    internal: dict[int, list[str]] = field(default_factory=dict)  # step -> names
+    free_after: dict[int, list[str]] = field(default_factory=dict)  # step -> names
+
+    @property
+    def reused(self) -> int:
+        return sum(1 for v in self.allocate.values() if v is not None)
+
+
+class Scheduler:
+    """Builds nodes for ``operations``, fuses them and plans buffers; see the module docstring."""
+
+    def __init__(
+        self,
+        operations: Sequence[Operation],
+        name_to_buffer: dict[str, Buffer],
+        output_names: Iterable[str],
+        *,
+        fusion: bool = True,
+        can_fuse_hook: FusionVeto | None = None,
+    ) -> None:
+        self.name_to_buffer = name_to_buffer
+        self.output_names = set(output_names)
+        self.can_fuse_hook = can_fuse_hook
+        self.nodes: list[BaseSchedulerNode] = [self._create(i, op) for i, op in enumerate(operations)]
+        self.writer: dict[str, BaseSchedulerNode] = {}
+        self.aliases: dict[str, str] = {}
+        for n in self.nodes:
+            for w in n.write_names():
+                self.writer[w] = n
+            if isinstance(n, SchedulerNode) and isinstance(n.node, Scatter):
+                self.aliases[n.node.name] = n.node.mutates
+        self.dead_code_elimination()
+        self.compute_ancestors()
+        if fusion:
+            self.fuse_nodes()
+        self.nodes = self.topological_sort(self.nodes)
+        self.plan = self.plan_buffers()
+
+    @staticmethod
+    def _create(order: int, op: Operation) -> BaseSchedulerNode:
+        if isinstance(op, ExternKernel):
+            reads: list[Dep] = [StarDep(n) for n in op.input_names()]
+            writes: list[Dep] = [StarDep(o.name) for o in op.outputs]
+            return ExternKernelSchedulerNode(order, reads, writes, node=op)
+        reads, writes = extract_read_writes(op)
+        if op.numel() == 0:
+            return NopKernelSchedulerNode(order, reads, writes, node=op)
+        return SchedulerNode(order, reads, writes, node=op)
+
+    # dependencies ---------------------------------------------------------------------------
+
+    def producers(self, node: BaseSchedulerNode) -> set[str]:
+        """Names of the nodes ``node`` reads from (outside itself)."""
+        own = node.names()
+        out = set()
+        for r in node.read_names():
+            w = self.writer.get(r)
+            if w is not None and w.name not in own:
+                out.add(w.name)
+        return out
+
+    def dead_code_elimination(self) -> None:
+        """Drop nodes whose buffers nobody reads and that are not outputs (and do not mutate)."""
+        needed = set(self.output_names)
+        needed |= {self.aliases.get(n, n) for n in self.output_names}
+        kept: list[BaseSchedulerNode] = []
+        for node in reversed(self.nodes):
+            mutates = isinstance(node, ExternKernelSchedulerNode) and _is_mutating(node.node)
+            if mutates or node.write_names() & needed:
+                kept.append(node)
+                needed |= node.read_names()
+            else:
+                log.debug("DCE removed %s", node.name)
+        self.nodes = list(reversed(kept))
+        self.writer = {w: n for n in self.nodes for w in n.write_names()}
+
+    def compute_ancestors(self) -> None:
+        by_name = {n.name: n for n in self.nodes}
+        for node in self.nodes:  # creation order is topological
+            anc: set[str] = set()
+            for p in self.producers(node):
+                anc.add(p)
+                anc |= by_name[p].ancestors
+            node.ancestors = anc
+
+    # fusion ---------------------------------------------------------------------------------
+
+    def fuse_nodes(self) -> None:
+        for _ in range(MAX_ROUNDS):
+            before = len(self.nodes)
+            self.fuse_nodes_once()
+            if len(self.nodes) == before:
+                break
+
+    def fuse_nodes_once(self) -> None:
+        """One round of the greedy loop: best-scoring legal pair first."""
+        owner: dict[str, BaseSchedulerNode] = {}
+        for n in self.nodes:
+            for m in n.get_nodes():
+                owner[m.name] = n
+        self._groups: list[BaseSchedulerNode] = list(self.nodes)
+        candidates = self.possible_fusions()
+        candidates.sort(key=lambda pair: self.score_fusion(*pair), reverse=True)
+        for a0, b0 in candidates:
+            a, b = owner[a0.get_nodes()[0].name], owner[b0.get_nodes()[0].name]
+            if a is b:
+                continue
+            if b.name in a.ancestors or b.names() & a.ancestors:
+                a, b = b, a
+            if not self.can_fuse(a, b) or self.will_fusion_create_cycle(a, b):
+                continue
+            fused = FusedSchedulerNode.fuse(a, b)
+            log.debug("fuse %s + %s (score %s)", a.name, b.name, self.score_fusion(a, b))
+            for m in fused.get_nodes():
+                owner[m.name] = fused
+            self._groups = [n for n in self._groups if n is not a and n is not b] + [fused]
+            # nodes that had a or b as ancestors now have the fused node
+            for n in self._groups:
+                if n.ancestors & fused.names():
+                    n.ancestors = (n.ancestors | fused.ancestors) - n.names()
+        seen: list[BaseSchedulerNode] = []
+        for n in owner.values():
+            if all(n is not s for s in seen):
+                seen.append(n)
+        self.nodes = seen
+
+    def possible_fusions(self) -> list[tuple[BaseSchedulerNode, BaseSchedulerNode]]:
+        """Pairs of kernel nodes that touch a common buffer."""
+        by_buffer: dict[str, list[BaseSchedulerNode]] = {}
+        for n in self.nodes:
+            if not n.is_kernel():
+                continue
+            for name in n.read_names() | n.write_names():
+                by_buffer.setdefault(name, []).append(n)
+        pairs: dict[tuple[int, int], tuple[BaseSchedulerNode, BaseSchedulerNode]] = {}
+        for touching in by_buffer.values():
+            ordered = sorted(touching, key=lambda n: n.order)
+            for i, a in enumerate(ordered):
+                for b in ordered[i + 1 : i + 1 + MAX_FUSION_SIZE]:
+                    if a is not b and self.can_fuse(a, b):
+                        pairs[(id(a), id(b))] = (a, b)
+        return list(pairs.values())
+
+    def can_fuse(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
+        """Is it legal to run ``a`` then ``b`` as one kernel? (``b`` is not an ancestor of ``a``.)"""
+        if a is b or not a.is_kernel() or not b.is_kernel():
+            return False
+        if b.names() & a.ancestors:
+            return False
+        if len(a.get_nodes()) + len(b.get_nodes()) > MAX_FUSION_SIZE:
+            return False
+        if not groups_compatible(a.group(), b.group()):
+            return False
+        if any(not groups_compatible(m.group(), n.group()) for m in a.get_nodes() for n in b.get_nodes()):
+            return False
+        vertical = bool(a.names() & b.ancestors)
+        if vertical:
+            if not self.can_fuse_vertical(a, b):
+                return False
+        elif not (a.read_names() & b.read_names()) or abs(a.order - b.order) > MAX_HORIZONTAL_DISTANCE:
+            return False
+        return self.can_fuse_hook is None or self.can_fuse_hook(a, b)
+
+    def can_fuse_vertical(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
+        """Every read by ``b`` of a buffer ``a`` writes sees a value already computed."""
+        writes = {d.name: (d, m) for m in a.get_nodes() for d in m.writes}
+        for reader in b.get_nodes():
+            for dep in reader.reads:
+                if dep.name not in writes:
+                    continue
+                wdep, writer = writes[dep.name]
+                if isinstance(dep, StarDep) or isinstance(wdep, StarDep):
+                    return False
+                if not _aligned(wdep, writer, dep):
+                    return False
+        return True
+
+    def will_fusion_create_cycle(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
+        """True when some third (possibly fused) node depends on ``a`` and ``b`` depends on it."""
+        a_names = a.names()
+        for node in self._groups:
+            if node is a or node is b:
+                continue
+            if node.names() & b.ancestors and node.ancestors & a_names:
+                return True
+        return False
+
+    def score_fusion(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> tuple[int, int, int]:
+        """(same reduction-ness, bytes of traffic saved, -distance in the original order)."""
+        return (int(a.is_reduction() == b.is_reduction()), self.bytes_saved(a, b), -abs(a.order - b.order))
+
+    def bytes_saved(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> int:
+        shared = (a.write_names() & b.read_names()) | (a.read_names() & b.read_names())
+        total = 0
+        for name in shared:
+            nbytes = self.nbytes(name)
+            total += 2 * nbytes if name in a.write_names() else nbytes
+        return total
+
+    def nbytes(self, name: str) -> int:
+        buffer = self.name_to_buffer.get(name)
+        return buffer.layout.nbytes() if buffer is not None else 0
+
+    # order and buffers ----------------------------------------------------------------------
+
+    def topological_sort(self, nodes: list[BaseSchedulerNode]) -> list[BaseSchedulerNode]:
+        owner = {m.name: n for n in nodes for m in n.get_nodes()}
+        writer = {w: n for n in nodes for w in n.write_names()}
+        done: set[int] = set()
+        result: list[BaseSchedulerNode] = []
+
+        def visit(n: BaseSchedulerNode) -> None:
+            if id(n) in done:
+                return
+            done.add(id(n))
+            for r in sorted(n.read_names()):
+                w = writer.get(r)
+                if w is not None and w is not n:
+                    visit(owner[w.get_nodes()[0].name])
+            result.append(n)
+
+        for n in sorted(nodes, key=lambda n: n.order):
+            visit(n)
+        return result
+
+    def plan_buffers(self) -> BufferPlan:
+        plan = BufferPlan()
+        readers = self._readers()
+        last_read: dict[str, int] = {}
+        for step, node in enumerate(self.nodes):
+            for r in node.read_names():
+                last_read[self.aliases.get(r, r)] = step
+        pool: dict[tuple[Any, int], list[str]] = {}
+        keep = set(self.output_names) | {self.aliases.get(n, n) for n in self.output_names}
+        for step, node in enumerate(self.nodes):
+            written = node.write_names()
+            for m in node.get_nodes():
+                if not isinstance(m, SchedulerNode | NopKernelSchedulerNode) or isinstance(m.node, Scatter):
+                    continue
+                name = m.node.name
+                if (
+                    isinstance(node, FusedSchedulerNode)
+                    and readers.get(name, set()) <= {id(node)}
+                    and name not in keep
+                ):
+                    plan.internal.setdefault(step, []).append(name)
+                    continue
+                key = (m.node.layout.dtype, int(m.node.layout.storage_size()))
+                free = pool.get(key)
+                plan.allocate[name] = free.pop() if free else None
+            for touched in sorted(set(node.read_names()) | written):
+                name = self.aliases.get(touched, touched)
+                buffer = self.name_to_buffer.get(name)
+                if (
+                    isinstance(buffer, ComputedBuffer)
+                    and name in plan.allocate
+                    and name not in keep
+                    and last_read.get(name, step) <= step
+                ):
+                    plan.free_after.setdefault(step, []).append(name)
+                    key = (buffer.layout.dtype, int(buffer.layout.storage_size()))
+                    pool.setdefault(key, []).append(name)
+        return plan
+
+    def _readers(self) -> dict[str, set[int]]:
+        readers: dict[str, set[int]] = {}
+        for node in self.nodes:
+            for r in node.read_names():
+                readers.setdefault(r, set()).add(id(node))
+        return readers
+
+    # reporting ------------------------------------------------------------------------------
+
+    def kernels(self) -> list[BaseSchedulerNode]:
+        return [n for n in self.nodes if isinstance(n, SchedulerNode | FusedSchedulerNode)]
+
+    def kernel_bytes(self, node: BaseSchedulerNode) -> int:
+        """Estimated bytes a kernel reads and writes in memory (internal buffers excluded)."""
+        internal = node.write_names() if isinstance(node, FusedSchedulerNode) else set()
+        if not hasattr(self, "_reader_cache"):
+            self._reader_cache = self._readers()
+        readers = self._reader_cache
+        internal = {n for n in internal if readers.get(n, set()) <= {id(node)} and n not in self.output_names}
+        reads = node.read_names() - node.write_names()
+        writes = node.write_names() - internal
+        return sum(self.nbytes(n) for n in reads | writes)
+
+    def extern_bytes(self, node: ExternKernelSchedulerNode) -> int:
+        return sum(self.nbytes(n) for n in node.read_names() | node.write_names())
+
+    def describe(self) -> str:
+        lines = []
+        for step, n in enumerate(self.nodes):
+            kind = type(n).__name__.replace("SchedulerNode", "")
+            members = ", ".join(m.name for m in n.get_nodes())
+            lines.append(f"{step:3d} {kind or 'Kernel'}: {members}")
+        return "\n".join(lines)
+
+
+def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
+    """Does the reader's iteration read exactly what the writer's same iteration wrote?
+
+    Equal iteration sizes: the merged accesses must be equal. A reader with more iterations (a
+    loop over reduced positions) may read a completed value only through its outer positions:
+    its leading loops must multiply to the writer's size, and the rest may not move the index.
+    """
+    assert isinstance(rdep, MemoryDep)
+    n_out, n_in = sympy.Mul(*wdep.sizes), sympy.Mul(*rdep.sizes)
+    if n_in == n_out:
+        return wdep.canonical() == rdep.canonical()
+    if not (n_in.is_Integer and n_out.is_Integer and int(n_in) > int(n_out)):
+        return False
+    prefix, running = 0, sympy.Integer(1)
+    while prefix < len(rdep.sizes) and running != n_out:
+        running *= rdep.sizes[prefix]
+        prefix += 1
+    if running != n_out:
+        return False
+    if rdep.index.free_symbols & set(rdep.variables[prefix:]):
+        return False
+    prefix_dep = MemoryDep(rdep.name, rdep.index, rdep.variables[:prefix], rdep.sizes[:prefix])
+    return wdep.canonical() == prefix_dep.canonical()
+
+
+def _is_mutating(kernel: ExternKernel) -> bool:
+    schema = getattr(kernel.op, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def output_buffer_names(outputs: Any) -> list[str]:
+    """Names of the buffers a graph's outputs live in."""
+    names: list[str] = []
+
+    def visit(v: Any) -> None:
+        if isinstance(v, ReinterpretView):
+            names.append(v.buffer.name)
+        elif isinstance(v, Buffer):
+            names.append(v.name)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                visit(x)
+
+    visit(outputs)
+    return names

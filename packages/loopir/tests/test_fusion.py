@@ -1,0 +1,137 @@
+"""Fusion and buffer planning, observed through ``.stats``; extern fallbacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from helpers import aten, check, make
+
+
+def test_pointwise_chain_is_one_kernel() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        return aten.relu.default(aten.add.Tensor(aten.sin.default(x), y))
+
+    compiled = check(fn, make((8, 16)), make((16,)))
+    assert compiled.stats.kernels == 1
+    assert compiled.stats.buffers == 1
+    unfused = check(fn, make((8, 16)), make((16,)), fusion=False)
+    assert unfused.stats.kernels == 3
+    assert compiled.stats.bytes_moved < unfused.stats.bytes_moved
+
+
+def test_pointwise_feeding_row_reduction_is_one_kernel() -> None:
+    def fn(x: Any) -> Any:
+        return aten.sum.dim_IntList(aten.exp.default(aten.mul.Tensor(x, 2.0)), [1])
+
+    assert check(fn, make((8, 32))).stats.kernels == 1
+
+
+def test_realized_pointwise_fuses_into_reduction() -> None:
+    # the pointwise value is an output (realized), and also feeds a row reduction
+    def fn(x: Any) -> Any:
+        y = aten.cos.default(x)
+        return y, aten.amax.default(y, [1])
+
+    compiled = check(fn, make((8, 32)))
+    assert compiled.stats.kernels == 1
+    assert check(fn, make((8, 32)), fusion=False).stats.kernels == 2
+
+
+def test_softmax_at_most_two_kernels() -> None:
+    def fn(x: Any) -> Any:
+        return aten._softmax.default(x, -1, False)
+
+    compiled = check(fn, make((16, 64)))
+    assert compiled.stats.kernels <= 2
+    unfused = check(fn, make((16, 64)), fusion=False)
+    assert compiled.stats.bytes_moved * 2 < unfused.stats.bytes_moved
+
+
+def test_decomposed_softmax_at_most_two_kernels() -> None:
+    def fn(x: Any) -> Any:
+        m = aten.amax.default(x, [1], True)
+        e = aten.exp.default(aten.sub.Tensor(x, m))
+        return aten.div.Tensor(e, aten.sum.dim_IntList(e, [1], True))
+
+    assert check(fn, make((16, 64))).stats.kernels <= 2
+
+
+def test_layer_norm_at_most_two_kernels() -> None:
+    def fused(x: Any, w: Any, b: Any) -> Any:
+        return aten.native_layer_norm.default(x, [64], w, b, 1e-5)[0]
+
+    def decomposed(x: Any, w: Any, b: Any) -> Any:
+        var, mean = aten.var_mean.correction(x, [1], correction=0, keepdim=True)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+        return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd), w), b)
+
+    args = (make((16, 64)), make((64,)), make((64,)))
+    assert check(fused, *args).stats.kernels <= 2
+    assert check(decomposed, *args).stats.kernels <= 2
+
+
+def test_views_produce_no_copies() -> None:
+    def fn(x: Any) -> Any:
+        t = aten.permute.default(aten.view.default(x, [4, 8, 2]), [2, 0, 1])
+        return aten.select.int(aten.slice.Tensor(t, 2, 1, 7), 0, 1)
+
+    compiled = check(fn, make((8, 8)))
+    assert compiled.stats.kernels == 0
+    assert compiled.stats.buffers == 0
+    out = compiled(x := make((8, 8)))
+    assert out.data_ptr() != 0 and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+
+
+def test_view_between_pointwise_ops_stays_fused() -> None:
+    def fn(x: Any) -> Any:
+        y = aten.view.default(aten.sin.default(x), [4, 16])
+        return aten.mul.Tensor(aten.permute.default(y, [1, 0]), 3)
+
+    assert check(fn, make((8, 8))).stats.kernels == 1
+
+
+def test_buffer_is_reused() -> None:
+    def fn(x: Any, w: Any) -> Any:
+        a = aten.mm.default(aten.sin.default(x), w)
+        b = aten.mm.default(aten.cos.default(a), w)
+        return aten.mm.default(aten.tanh.default(b), w)
+
+    compiled = check(fn, make((8, 8)), make((8, 8)))
+    assert compiled.stats.extern_calls == 3
+    assert compiled.stats.kernels == 3
+    assert compiled.stats.reused >= 1
+    assert compiled.stats.buffers == 3
+
+
+def test_op_without_lowering_becomes_extern_call() -> None:
+    def fn(x: Any) -> Any:
+        c = aten.cumsum.default(aten.relu.default(x), 1)
+        values, indices = aten.sort.default(c, -1, True)
+        return aten.add.Tensor(values, 1), indices
+
+    compiled = check(fn, make((4, 6)))
+    assert compiled.stats.extern_calls == 2
+    assert compiled.stats.kernels == 2
+    assert set(compiled.stats.extern_ops) == {"cumsum.default", "sort.default"}
+
+
+def test_matmul_conv_and_attention_are_extern_calls() -> None:
+    def fn(x: Any, w: Any, img: Any, k: Any) -> Any:
+        a = aten.addmm.default(x, x, w)
+        c = aten.convolution.default(img, k, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        q = aten.view.default(a, [1, 1, 4, 4])
+        s = aten._scaled_dot_product_flash_attention_for_cpu.default(q, q, q)[0]
+        return aten.gelu.default(a), aten.relu.default(c), s
+
+    compiled = check(fn, make((4, 4)), make((4, 4)), make((1, 2, 5, 5)), make((3, 2, 3, 3)))
+    assert compiled.stats.extern_calls == 3
+
+
+def test_lowering_that_declines_falls_back() -> None:
+    def fn(x: Any, m: Any) -> Any:
+        return aten.index.Tensor(x, [m])  # boolean mask: data-dependent shape
+
+    compiled = check(fn, make((5, 3)), torch.tensor([True, False, True, True, False]), allow_fallback=True)
+    assert compiled.stats.extern_calls == 1
+    assert compiled.stats.fallbacks[0][0] == "aten.index.Tensor"

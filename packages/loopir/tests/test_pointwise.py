@@ -1,0 +1,121 @@
+"""Pointwise lowerings against eager: dtypes, broadcasting, scalars, non-contiguous inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import aten, binary, check, make, unary
+
+FLOATS = [torch.float32, torch.float64, torch.bfloat16]
+ALL = [*FLOATS, torch.int64, torch.bool]
+
+# op -> dtypes it is tested in (eager's own domain for that op)
+UNARY: dict[str, list[torch.dtype]] = {
+    "abs": [*FLOATS, torch.int64], "neg": [*FLOATS, torch.int64], "exp": ALL, "exp2": FLOATS,
+    "expm1": FLOATS, "log": FLOATS, "log1p": FLOATS, "log2": FLOATS, "sqrt": ALL, "rsqrt": FLOATS,
+    "sin": ALL, "cos": FLOATS, "tan": FLOATS, "tanh": FLOATS, "sigmoid": ALL, "erf": FLOATS,
+    "floor": [*FLOATS, torch.int64], "ceil": FLOATS, "trunc": FLOATS, "sign": [*FLOATS, torch.int64],
+    "reciprocal": FLOATS, "isnan": ALL, "isinf": FLOATS, "logical_not": ALL, "relu": [*FLOATS, torch.int64],
+    "bitwise_not": [torch.int64, torch.bool], "atan": FLOATS, "sinh": FLOATS, "asinh": FLOATS,
+    "erfc": FLOATS, "frac": FLOATS, "signbit": FLOATS, "round": FLOATS,
+}  # fmt: skip
+
+BINARY: dict[str, list[torch.dtype]] = {
+    "add.Tensor": ALL, "sub.Tensor": [*FLOATS, torch.int64], "mul.Tensor": ALL, "div.Tensor": ALL,
+    "maximum.default": ALL, "minimum.default": ALL, "eq.Tensor": ALL, "ne.Tensor": ALL,
+    "lt.Tensor": [*FLOATS, torch.int64], "ge.Tensor": [*FLOATS, torch.int64],
+    "logical_and.default": ALL, "logical_or.default": ALL, "bitwise_and.Tensor": [torch.int64, torch.bool],
+    "pow.Tensor_Tensor": FLOATS, "atan2.default": FLOATS, "fmod.Tensor": [*FLOATS, torch.int64],
+    "remainder.Tensor": [*FLOATS, torch.int64], "floor_divide.default": [torch.float32, torch.int64],
+}  # fmt: skip
+
+
+def _layouts(shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    contiguous = make(shape, dtype)
+    transposed = make(shape[::-1], dtype).t()
+    sliced = make((shape[0], shape[1] * 2), dtype)[:, ::2]
+    return [contiguous, transposed, sliced]
+
+
+def _safe(x: torch.Tensor, op: str) -> torch.Tensor:
+    if op in ("log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal") and x.dtype.is_floating_point:
+        return x.abs() + 0.5
+    return x
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(op: str) -> None:
+    fn_op = getattr(aten, op).default
+    for dtype in UNARY[op]:
+        for x in _layouts((3, 5), dtype):
+            check(unary(fn_op), _safe(x, op))
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_with_broadcast(op: str) -> None:
+    name, overload = op.split(".")
+    fn_op = getattr(getattr(aten, name), overload)
+    for dtype in BINARY[op]:
+        nonzero = dtype != torch.bool and name in ("fmod", "remainder", "floor_divide")
+        low = 1 if nonzero else -2
+        a, b = make((4, 6), dtype), make((6,), dtype, low=low)
+        check(binary(fn_op), a, b)
+        check(binary(fn_op), make((6, 4), dtype).t(), make((4, 1), dtype, low=low))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scalar"),
+    [(torch.float32, 2), (torch.int64, 2.5), (torch.bool, 3), (torch.bfloat16, 0.1), (torch.int64, 3)],
+)
+def test_scalar_promotion(dtype: torch.dtype, scalar: Any) -> None:
+    x = make((3, 4), dtype)
+    check(lambda a: aten.add.Tensor(a, scalar), x)
+    check(lambda a: aten.mul.Tensor(a, scalar), x)
+    check(lambda a: aten.div.Tensor(a, scalar), x)
+
+
+def test_mixed_dtype_promotion_and_zero_dim() -> None:
+    check(binary(aten.add.Tensor), make((3, 4), torch.int64), make((4,), torch.float32))
+    check(binary(aten.mul.Tensor), make((3, 4), torch.bfloat16), make((), torch.float64))
+    check(lambda a, b: aten.sub.Tensor(a, b, alpha=3), make((3, 4)), make((3, 4)))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        unary(aten.gelu.default),
+        lambda x: aten.gelu.default(x, approximate="tanh"),
+        unary(aten.silu.default),
+        lambda x: aten.hardtanh.default(x, -0.5, 0.5),
+        lambda x: aten.leaky_relu.default(x, 0.2),
+        unary(aten.elu.default),
+        unary(aten.softplus.default),
+        unary(aten.hardswish.default),
+        lambda x: aten.clamp.default(x, -0.5, 0.7),
+        lambda x: aten.clamp_min.default(x, 0.1),
+        lambda x: aten.where.self(aten.gt.Scalar(x, 0), x, aten.neg.default(x)),
+        lambda x: aten.where.ScalarOther(aten.gt.Scalar(x, 0), x, 0.0),
+        lambda x: aten.masked_fill.Scalar(x, aten.lt.Scalar(x, 0), -1.0),
+        lambda x: aten.div.Tensor_mode(x, 0.7, rounding_mode="floor"),
+        lambda x: aten.div.Tensor_mode(x, 0.7, rounding_mode="trunc"),
+        lambda x: aten.rsub.Scalar(x, 1.0),
+        lambda x: aten.lerp.Scalar(x, aten.cos.default(x), 0.3),
+        lambda x: aten.nan_to_num.default(aten.log.default(x)),
+        lambda x: aten._to_copy.default(x, dtype=torch.float64),
+        lambda x: aten._to_copy.default(x, dtype=torch.int64),
+        unary(aten.clone.default),
+        lambda x: aten.pow.Tensor_Scalar(x, 2),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_parameterised_pointwise(fn: Any, dtype: torch.dtype) -> None:
+    check(fn, make((5, 7), dtype))
+    check(fn, make((7, 5), dtype).t())
+
+
+def test_integer_division_modes() -> None:
+    a, b = make((4, 5), torch.int64, low=-9, high=9), make((4, 5), torch.int64, low=1, high=5)
+    check(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode="trunc"), a, b)
+    check(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode="floor"), a, b)

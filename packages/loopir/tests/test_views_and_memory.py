@@ -1,0 +1,159 @@
+"""Views (index remapping), cat, padding, indexing, gather, scatter and embedding against eager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import aten, check, make, unary
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
+
+VIEWS = {
+    "reshape": lambda x: aten.view.default(aten.mul.Tensor(x, x), [6, 4]),
+    "split_merge": lambda x: aten.view.default(aten.view.default(x, [2, 3, 2, 2]), [3, 8]),
+    "flatten": lambda x: aten.reshape.default(x, [-1]),
+    "permute": lambda x: aten.permute.default(x, [1, 0]),
+    "transpose_then_view": lambda x: aten.view.default(
+        aten.clone.default(aten.t.default(x), memory_format=torch.contiguous_format), [2, 12]
+    ),
+    "expand": lambda x: aten.expand.default(aten.unsqueeze.default(x, 0), [3, 4, 6]),
+    "squeeze": lambda x: aten.squeeze.dim(aten.unsqueeze.default(x, 1), 1),
+    "slice_step": lambda x: aten.slice.Tensor(x, 1, 1, 6, 2),
+    "slice_negative": lambda x: aten.slice.Tensor(x, 0, -3, 9223372036854775807),
+    "select": lambda x: aten.select.int(x, 1, -2),
+    "as_strided": lambda x: aten.as_strided.default(aten.clone.default(x), [3, 3], [2, 5], 1),
+    "t": unary(aten.t.default),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_views(name: str, dtype: torch.dtype) -> None:
+    check(VIEWS[name], make((4, 6), dtype))
+    if name not in ("reshape", "split_merge", "transpose_then_view", "flatten"):
+        check(VIEWS[name], make((6, 4), dtype).t())
+
+
+def test_view_of_noncontiguous_pointwise() -> None:
+    check(lambda x: aten.reshape.default(aten.add.Tensor(aten.t.default(x), 1), [24]), make((6, 4)))
+
+
+def test_split_and_unbind() -> None:
+    def fn(x: Any) -> Any:
+        a, b, c = aten.split.Tensor(x, 2, 1)
+        u = aten.unbind.int(x, 0)
+        return aten.add.Tensor(a, c), b, u[3]
+
+    check(fn, make((4, 6)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cat(dtype: torch.dtype) -> None:
+    def fn(a: Any, b: Any, c: Any) -> Any:
+        return aten.cat.default([a, b, c], 1)
+
+    check(fn, make((3, 2), dtype), make((3, 5), dtype), make((5, 3), dtype).t())
+
+
+def test_cat_promotes_and_dim0() -> None:
+    def fn(a: Any, b: Any) -> Any:
+        return aten.cat.default([a, b])
+
+    check(fn, make((2, 3), torch.int64), make((4, 3), torch.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_constant_pad(dtype: torch.dtype) -> None:
+    value = True if dtype == torch.bool else 3
+
+    def fn(x: Any) -> Any:
+        return aten.constant_pad_nd.default(x, [1, 2, 0, 1], value)
+
+    def crop(x: Any) -> Any:
+        return aten.constant_pad_nd.default(x, [-1, 2, 1, -1])
+
+    check(fn, make((3, 4), dtype))
+    check(crop, make((4, 3), dtype).t())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_advanced_indexing(dtype: torch.dtype) -> None:
+    x = make((5, 6, 7), dtype)
+    i = torch.tensor([[0, 4], [-1, 2]])
+    j = torch.tensor([1, -6])
+
+    def first(x: Any, i: Any) -> Any:
+        return aten.index.Tensor(x, [i])
+
+    def middle(x: Any, j: Any) -> Any:
+        return aten.index.Tensor(x, [None, j])
+
+    def split(x: Any, i: Any, j: Any) -> Any:
+        return aten.index.Tensor(x, [i, None, j])
+
+    check(first, x, i)
+    check(middle, x, j)
+    check(split, x, i, j)
+
+
+def test_gather_and_embedding() -> None:
+    x = make((4, 5))
+    idx = torch.randint(0, 5, (4, 3))
+
+    def gather(x: Any, idx: Any) -> Any:
+        return aten.gather.default(x, 1, idx)
+
+    def embed(w: Any, idx: Any) -> Any:
+        return aten.embedding.default(w, idx)
+
+    check(gather, x, idx)
+    check(embed, make((10, 8), torch.bfloat16), torch.randint(0, 10, (2, 3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter_family(dtype: torch.dtype) -> None:
+    x = make((4, 6), dtype)
+    idx = torch.tensor([[0, 1, 2], [3, 4, 5], [5, 0, 1], [2, 2, 2]])
+    src = make((4, 3), dtype)
+
+    def scatter(x: Any, idx: Any, src: Any) -> Any:
+        return aten.scatter.src(x, 1, idx, src)
+
+    def scatter_value(x: Any, idx: Any) -> Any:
+        return aten.scatter.value(x, 1, aten.slice.Tensor(idx, 1, 0, 1), 7)
+
+    def scatter_add(x: Any, idx: Any, src: Any) -> Any:
+        return aten.relu.default(aten.scatter_add.default(x, 1, idx, src))
+
+    check(scatter, x, torch.tensor([[0, 1, 2], [3, 4, 5], [5, 0, 1], [2, 3, 4]]), src)
+    check(scatter_value, x, idx)
+    check(scatter_add, x, idx, src)
+
+
+def test_index_put() -> None:
+    x = make((5, 4))
+    rows = torch.tensor([0, 3, 3])
+    values = make((3, 4))
+
+    def put(x: Any, rows: Any, v: Any) -> Any:
+        return aten.index_put.default(x, [rows], v, True)
+
+    def put_overwrite(x: Any, rows: Any, v: Any) -> Any:
+        return aten.index_put.default(x, [aten.slice.Tensor(rows, 0, 0, 2)], aten.slice.Tensor(v, 0, 0, 2))
+
+    check(put, x, rows, values)
+    check(put_overwrite, x, rows, values)
+
+
+def test_creation_ops() -> None:
+    def fn(x: Any) -> Any:
+        a = aten.arange.start_step(2, 14, 3, dtype=torch.float32, device=torch.device("cpu"))
+        b = aten.full.default([3, 4], 1.5, dtype=torch.float32, device=torch.device("cpu"))
+        c = aten.zeros_like.default(x)
+        d = aten.ones.default([4], dtype=torch.int64, device=torch.device("cpu"))
+        e = aten.arange.default(4, device=torch.device("cpu"))
+        return aten.add.Tensor(aten.add.Tensor(b, a), x), c, aten.mul.Tensor(d, e)
+
+    check(fn, make((3, 4)))
