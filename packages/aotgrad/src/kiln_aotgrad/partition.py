@@ -82,6 +82,7 @@ class Partition:
     saved: list[str]  # joint-graph node names saved for the backward
     saved_bytes: int
     recomputed: list[str]  # forward nodes that the backward recomputes
+    activation_bytes: int  # saved bytes that are not inputs or views of inputs (extra memory)
 
 
 def nbytes(val: Any) -> int:
@@ -236,7 +237,14 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
         node = next(n for n in nodes if n.name == name)
         assert recomputable(node), f"partitioner would recompute {node.format_node()}"
     total = sum(nbytes(n.meta.get("val")) for n in saved)
-    return Partition(fw, bw, [n.name for n in saved], total, recomputed)
+    activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
+    return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations)
+
+
+def _is_input_view(node: torch.fx.Node) -> bool:
+    while node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]  # type: ignore[assignment]
+    return node.op in ("placeholder", "get_attr")
 
 
 def saved_bytes_of(names: list[str], joint: torch.fx.GraphModule) -> int:

@@ -256,6 +256,7 @@ class Tracer(TorchDispatchMode):
         fn = functional_variant(func)
         if fn is None:
             raise AotgradError("mutating operator without a functional form", op=op_name(func))
+        args, kwargs = _with_defaults(func, args, kwargs)
         schema_args = func._schema.arguments
         bound: dict[str, Any] = {}
         for a, v in zip(schema_args, args, strict=False):
@@ -319,6 +320,19 @@ class Tracer(TorchDispatchMode):
             setattr(root, name, value)
         gm = torch.fx.GraphModule(root, self.graph)
         return gm
+
+
+def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Python dispatch drops arguments equal to their defaults; the functional form may lack them."""
+    args = tuple(args)
+    kwargs = dict(kwargs)
+    for i, a in enumerate(func._schema.arguments):
+        if a.kwarg_only:
+            if a.name not in kwargs and a.has_default_value() and a.alias_info is None:
+                kwargs[a.name] = a.default_value
+        elif i >= len(args) and a.name not in kwargs and a.has_default_value():
+            args = (*args, a.default_value)
+    return args, kwargs
 
 
 def _impure(node: torch.fx.Node) -> bool:
