@@ -165,3 +165,16 @@ def test_layering_imports() -> None:
                 top = name.split(".")[0]
                 assert top in ALLOWED_TOP or top in sys.stdlib_module_names, (path.name, name)
                 assert not name.startswith(FORBIDDEN), (path.name, name)
+
+
+def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:
+    from kiln_aotgrad import logs
+
+    assert logs.configure("aot_graphs,partition") == ["aot_graphs", "partition"]
+    try:
+        with caplog.at_level("INFO", logger="kiln.aotgrad"):
+            aot_function(_f, Recorder())(torch.randn(2, 2, requires_grad=True))
+    finally:
+        logs.configure("")
+    text = caplog.text
+    assert "forward graph" in text and "backward graph" in text and "min_cut: saved" in text

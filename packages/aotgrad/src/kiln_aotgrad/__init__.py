@@ -8,6 +8,7 @@ inside an autograd.Function that restores eager semantics (runtime.py). Entry po
 backends.py.
 """
 
+from kiln_aotgrad import logs as _logs
 from kiln_aotgrad.api import AotFunction, CompiledArtifacts, aot_function, aot_module, compile_flat
 from kiln_aotgrad.backends import aot_backend, aot_eager, nop_compiler
 from kiln_aotgrad.decompositions import KEPT_NON_CORE, default_decompositions, surviving_ops_ok
@@ -32,3 +33,5 @@ __all__ = [
     "partition",
     "surviving_ops_ok",
 ]
+
+_logs.configure()

@@ -19,7 +19,6 @@ inputs are the fake tensors of the graph's placeholders.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +29,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.decompositions import DecompTable, default_decompositions
 from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
+from kiln_aotgrad.logs import graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition
 from kiln_aotgrad.runtime import inference_runner, training_runner
 from kiln_aotgrad.tracer import Tracer
-
-log = logging.getLogger("kiln.aotgrad")
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -77,12 +75,20 @@ def compile_flat(
     traced = trace(fn, inputs, opts.table, want_training)
     meta = traced.meta
     if not meta.training:
-        log.debug("inference graph:\n%s", traced.gm.code)
+        graphs_log.info("inference graph:%s", traced.gm.code)
         compiler = opts.inference_compiler or opts.fw_compiler
         compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
     part = partition(traced.gm, meta.num_graph_outputs, opts.partition)
-    log.debug("forward graph:\n%s\nbackward graph:\n%s", part.fw.code, part.bw.code)
+    graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
+    partition_log.info(
+        "%s: saved %d bytes (%d of activations): %s; recomputed in backward: %s",
+        opts.partition,
+        part.saved_bytes,
+        part.activation_bytes,
+        ", ".join(part.saved),
+        ", ".join(part.recomputed) or "nothing",
+    )
     fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
     bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, _example_inputs(part.bw))
     return CompiledArtifacts(traced, part, training_runner(fw, bw, meta))
