@@ -3,6 +3,7 @@ wrong answer; fullgraph=True raises Unsupported naming the user's file:line."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -122,3 +123,39 @@ def test_module_with_hooks_still_runs_hooks() -> None:
     x = torch.randn(2, 3)
     torch.testing.assert_close(kiln_dynamo.compile(m)(x), m(x))
     assert len(calls) == 2
+
+
+class WithCachedProperty:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @functools.cached_property
+    def factor(self) -> int:
+        self.calls += 1
+        return 3
+
+
+def uses_cached_property(x, obj):
+    return x * obj.factor
+
+
+def test_user_descriptors_are_not_run_while_tracing() -> None:
+    obj = WithCachedProperty()
+    out = kiln_dynamo.compile(uses_cached_property)(torch.ones(2), obj)
+    torch.testing.assert_close(out, torch.full((2,), 3.0))
+    assert obj.calls == 1  # run once, by the plain-Python fallback, not by the tracer
+    assert "descriptor" in kiln_dynamo.counters.fallbacks[0][1]
+
+
+def inplace_identity(x):
+    y = x.clone()
+    z = y.mul_(2)
+    return z is y, z
+
+
+def test_inplace_result_is_same_object() -> None:
+    x = torch.randn(3)
+    flag, out = kiln_dynamo.compile(inplace_identity)(x)
+    assert flag is True
+    torch.testing.assert_close(out, x * 2)
+    assert kiln_dynamo.counters.graphs == 1

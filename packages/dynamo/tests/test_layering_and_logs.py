@@ -121,3 +121,37 @@ def test_torch_backend_plugs_in() -> None:
     x = torch.randn(4)
     out = kiln_dynamo.compile(_fn, backend=lookup_backend("eager"))(x)
     torch.testing.assert_close(out, _fn(x))
+
+
+def test_torch_aot_eager_backend_with_grad() -> None:
+    from torch._dynamo.backends.registry import lookup_backend
+
+    w1 = torch.randn(4, 5, requires_grad=True)
+    w2 = w1.detach().clone().requires_grad_()
+    x = torch.randn(3, 4)
+
+    def f(x, w):
+        return (x @ w).relu().sum(0)
+
+    out = kiln_dynamo.compile(f, backend=lookup_backend("aot_eager"))(x, w1)
+    ref = f(x, w2)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad)
+    assert kiln_dynamo.counters.fallbacks == []
+
+
+class _CallableObject:
+    def __init__(self) -> None:
+        self.k = 3
+
+    def __call__(self, x):
+        return x * self.k
+
+
+def test_compile_callable_object() -> None:
+    obj = _CallableObject()
+    x = torch.randn(2)
+    torch.testing.assert_close(kiln_dynamo.compile(obj)(x), x * 3)
+    assert kiln_dynamo.counters.graphs == 1

@@ -27,7 +27,7 @@ import torch.fx
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.output import OutputGraph
-from kiln_dynamo.source import Source
+from kiln_dynamo.source import CodeContext, Source
 from kiln_dynamo.variables.base import VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable
 from kiln_dynamo.variables.lists import ListVariable
@@ -36,6 +36,7 @@ from kiln_dynamo.variables.lists import ListVariable
 class Reconstructor:
     def __init__(self, output: OutputGraph) -> None:
         self.output = output
+        self.ctx = CodeContext(output.entry_names, parent=output.ctx, cse=True)
         self.outputs: list[torch.fx.Node] = []
         self._out_index: dict[torch.fx.Node, int] = {}
         self.needs_globals = False
@@ -43,10 +44,10 @@ class Reconstructor:
     def source(self, source: Source) -> str:
         if source.needs_globals():
             self.needs_globals = True
-        return source.code(self.output.ctx)
+        return self.ctx.bind(source)
 
     def const(self, obj: object) -> str:
-        return self.output.ctx.const(obj)
+        return self.ctx.const(obj)
 
     def graph_output(self, node: torch.fx.Node) -> str:
         if node not in self._out_index:
@@ -69,43 +70,46 @@ def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[Runne
     from kiln_dynamo.translator import _GlobalsTarget
 
     cg = Reconstructor(output)
-    lines: list[str] = []
+    body: list[str] = []
+
+    def emit(line: str) -> None:
+        body.extend(cg.ctx.drain())
+        body.append(line)
+
+    args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
+    graph_call_at = len(body) + len(cg.ctx.stmts)
+    emit(f"___o = ___compiled({args})")
     for target, name, value in output.side_effects.attr_stores:
         val = value.reconstruct(cg)
         if isinstance(target, _GlobalsTarget):
             if target.is_root:
                 cg.needs_globals = True
-                lines.append(f"G[{name!r}] = {val}")
+                emit(f"G[{name!r}] = {val}")
             else:
-                lines.append(f"{cg.const(target.f_globals)}[{name!r}] = {val}")
+                emit(f"{cg.const(target.f_globals)}[{name!r}] = {val}")
         else:
             if target.source is None:
                 raise Unsupported("attribute store on an object without a source")
-            lines.append(f"{cg.const(setattr)}({cg.source(target.source)}, {name!r}, {val})")
+            emit(f"{cg.const(setattr)}({cg.source(target.source)}, {name!r}, {val})")
     for vt in output.side_effects.mutated_containers.values():
         assert vt.source is not None
         where = cg.source(vt.source)
         if isinstance(vt, ListVariable):
-            lines.append(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
+            emit(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
         elif isinstance(vt, DictVariable):
             inner = ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in vt.items.items())
-            lines.append(f"___d = {where}; ___d.clear(); ___d.update({{{inner}}})")
+            emit(f"{where}.clear(); {where}.update({{{inner}}})")
         elif isinstance(vt, SetVariable):
-            lines.append(f"___s = {where}; ___s.clear(); ___s.update({cg.const(tuple(vt.items))})")
+            emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
         else:
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
-    ret = result.reconstruct(cg)
-    n = len(output.entry_names)
-    params = ", ".join(f"L{i}" for i in range(n))
+    emit(f"return {result.reconstruct(cg)}")
     needs_graph = bool(cg.outputs) or output.op_count() > 0
-    body: list[str] = []
+    if not needs_graph:
+        del body[graph_call_at]
     if cg.needs_globals or any(s.needs_globals() for _, s, _ in output.inputs):
-        body.append("G = ___frame_globals(1)")
-    if needs_graph:
-        args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
-        body.append(f"___o = ___compiled({args})")
-    body.extend(lines)
-    body.append(f"return {ret}")
+        body.insert(0, "G = ___frame_globals(1)")
+    params = ", ".join(f"L{i}" for i in range(len(output.entry_names)))
     src = "def ___make(___c, ___compiled, ___frame_globals):\n"
     src += f"    def ___run({params}):\n"
     src += "".join(f"        {line}\n" for line in body)

@@ -37,6 +37,7 @@ import torch.fx
 
 from kiln_dynamo import bytecode
 from kiln_dynamo.backends import Backend
+from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported
@@ -61,6 +62,26 @@ class CapturedFrame:
     runner: Callable[..., Any]
     runner_source: str
     capture_seconds: float
+    has_side_effects: bool = False
+
+
+def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a backend's compiled callable with no frame callback on this thread: its own Python
+    (generated wrappers, kernels' launchers) is not user code and must not be captured."""
+    try:
+        import kiln_frame_hook as hook
+    except ImportError:
+        return compiled
+    set_cb = hook.set_thread_callback
+
+    def call(*args: Any) -> Any:
+        previous = set_cb(None)
+        try:
+            return compiled(*args)
+        finally:
+            set_cb(previous)
+
+    return call
 
 
 def readable_graph(gm: torch.fx.GraphModule) -> str:
@@ -121,6 +142,8 @@ def capture(
                 stacklevel=2,
             )
             compiled = gm.forward
+        if backend is not eager_backend:
+            compiled = _shielded(compiled)
     runner = build_runner(spec, output.ctx.consts, compiled)
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
@@ -129,7 +152,8 @@ def capture(
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
     output.builder.keepalive.clear()
-    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0)
+    side_effects = bool(output.side_effects.attr_stores or output.side_effects.mutated_containers)
+    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0, side_effects)
 
 
 # --- the frame hook's callback ----------------------------------------------------------------
@@ -171,7 +195,7 @@ def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
                 msg = f"cache limit ({hook.get_cache_limit()}) reached; last failure: {reason}"
                 counters.fallbacks.append((code.co_name, msg))
                 recompiles_log.warning("%s: %s", code.co_name, msg)
-                return hook.RUN
+                return hook.RUN_ONLY  # cached entries still run; no more captures of this code
         try:
             captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
@@ -180,6 +204,10 @@ def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
             reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
             counters.fallbacks.append((code.co_name, reason))
             graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
+            return hook.SKIP
+        if captured.graph_module is None and not captured.has_side_effects:
+            # Note [Frames without tensor work]: nothing to compile; plain Python is as fast.
+            counters.frames_without_graph += 1
             return hook.SKIP
         counters.frames_captured += 1
         hook.skip_code(captured.runner.__code__)

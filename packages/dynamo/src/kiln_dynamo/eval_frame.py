@@ -211,6 +211,8 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
     be = lookup_backend(backend)
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, be, fullgraph)
+    if not isinstance(fn_or_module, (types.FunctionType, types.MethodType)) and callable(fn_or_module):
+        fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
     f, bound = _as_function(fn_or_module)
     if HAVE_HOOK:
         callback = make_callback(be, fullgraph)

@@ -1,12 +1,25 @@
 """Guards: one Python function per compiled entry, checking what the capture relied on.
 
-While tracing, each fact the graph depends on is recorded as a `GuardPart`: a Python expression
-over the frame's entry values (code), the same check spelled readably (`L['x'].size(0) == 8`),
-and the user line that made the capture rely on it. `build_guard` joins the parts of one capture
-into the source of one function `def ___guard(L0, L1, ...)` (entry values positionally, in the
-frame hook's order), compiles it once, and keeps the parts so that a failure can be explained:
-`failure_reason` re-checks the parts one by one (only on the slow path, after the fast function
-said no) and returns the first one that fails.
+While tracing, each fact the graph depends on is recorded as a check: a fast Python expression
+over the frame's entry values, one or more (expression, readable) pairs that explain it part by
+part (`L['x'].size(0) == 8`), and the user line that made the capture rely on it. `build_guard`
+turns the checks of one capture into the source of one function, compiled once:
+
+    def ___guard(L0, L1):
+        try:
+            if not (___c[0]() is True): return False
+            v0 = L0._modules['lin']                       # each source evaluated once
+            if not (type(v0) is ___c[3]): return False
+            v1 = v0._parameters['weight']
+            if not ((type(v1), v1.dtype, v1.device, v1.requires_grad, v1.shape, v1.stride()) == ___c[5]):
+                return False
+            return True
+        except Exception:
+            return False
+
+A tensor is checked with one tuple comparison; its explanation has one part per property. The
+same body, generated a second time with the explanation parts, is compiled lazily and used only
+after the fast function said no, to name the first failing part (`failure_reason`).
 
 Note [Guard references]: guards must not keep the compiled function alive (the cache sits in
 the code object's co_extra, which gc cannot traverse). Identity checks on objects that support
@@ -30,29 +43,43 @@ from kiln_dynamo.source import CodeContext, Source
 
 @dataclass(frozen=True, slots=True)
 class GuardPart:
-    code: str
-    readable: str
+    code: str  # fast expression (in terms of the guard's locals)
+    explain: tuple[tuple[str, str], ...]  # (expression, readable) per property
     where: str
+
+    @property
+    def readable(self) -> str:
+        return " and ".join(r for _, r in self.explain)
 
 
 class GuardBuilder:
-    """Collects guard parts, deduplicated, in the order they were first needed."""
+    """Collects checks, deduplicated, in the order they were first needed."""
 
-    def __init__(self, ctx: CodeContext) -> None:
-        self.ctx = ctx
-        self.parts: dict[str, GuardPart] = {}
+    def __init__(self, parent_ctx: CodeContext) -> None:
+        self.ctx = CodeContext(parent_ctx.entry_names, parent=parent_ctx, cse=True)
+        self.items: list[str | GuardPart] = []  # assignments and checks, in order
+        self._seen: set[str] = set()
         self.where = "?"
         self.needs_globals = False
         self.global_state_recorded = False
 
-    def add(self, code: str, readable: str | None = None) -> None:
-        if code not in self.parts:
-            self.parts[code] = GuardPart(code, readable or code, self.where)
+    @property
+    def parts(self) -> list[GuardPart]:
+        return [i for i in self.items if isinstance(i, GuardPart)]
+
+    def add(
+        self, code: str, readable: str | None = None, explain: list[tuple[str, str]] | None = None
+    ) -> None:
+        self.items.extend(self.ctx.drain())
+        if code in self._seen:
+            return
+        self._seen.add(code)
+        self.items.append(GuardPart(code, tuple(explain or [(code, readable or code)]), self.where))
 
     def _src(self, source: Source) -> tuple[str, str]:
         if source.needs_globals():
             self.needs_globals = True
-        return source.code(self.ctx), source.name()
+        return self.ctx.bind(source), source.name()
 
     def type_match(self, source: Source, value: object) -> None:
         code, name = self._src(source)
@@ -75,6 +102,8 @@ class GuardBuilder:
         label = (
             getattr(value, "__qualname__", None) or getattr(value, "__name__", None) or type(value).__name__
         )
+        if isinstance(value, type(torch)):
+            label = value.__name__
         try:
             ref: Any = weakref.ref(value)
             self.add(f"{code} is {self.ctx.const(ref)}()", f"{name} is {label}")
@@ -97,19 +126,21 @@ class GuardBuilder:
 
     def no_hooks(self, source: Source) -> None:
         code, name = self._src(source)
-        self.add(
-            f"not ({code}._forward_hooks or {code}._forward_pre_hooks)",
-            f"{name} has no forward hooks",
-        )
+        self.add(f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks")
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         code, name = self._src(source)
-        self.type_match(source, t)
-        self.add(f"{code}.dtype == {self.ctx.const(t.dtype)}", f"{name}.dtype == {t.dtype}")
-        self.add(f"{code}.device == {self.ctx.const(t.device)}", f"{name}.device == {str(t.device)!r}")
-        self.add(f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}")
-        for c, r in shapes.tensor_shape_guards(code, t):
-            self.add(c, r.replace(code, name))
+        sizes, strides = shapes.sizes_of(t), shapes.strides_of(t)
+        spec = (type(t), t.dtype, t.device, t.requires_grad, sizes, strides)
+        fast = f"(type({code}), {code}.dtype, {code}.device, {code}.requires_grad, {code}.shape, {code}.stride()) == "
+        explain = [
+            (f"type({code}) is {self.ctx.const(type(t))}", f"type({name}) is {type(t).__qualname__}"),
+            (f"{code}.dtype == {self.ctx.const(t.dtype)}", f"{name}.dtype == {t.dtype}"),
+            (f"{code}.device == {self.ctx.const(t.device)}", f"{name}.device == {str(t.device)!r}"),
+            (f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}"),
+        ]
+        explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
+        self.add(fast + self.ctx.const(spec), explain=explain)
 
     def global_state(self) -> None:
         """Grad mode and default dtype as they were when the frame started (recorded once)."""
@@ -132,8 +163,11 @@ class Guard:
     fn: Callable[..., bool]
     parts: list[GuardPart]
     source: str
+    items: list[str | GuardPart]
     consts: list[object]
     globals_dict: dict[str, Any] | None
+    n_entries: int
+    _explain: Callable[..., Any] | None = None
 
     def __call__(self, *entry_values: Any) -> bool:
         return self.fn(*entry_values)
@@ -142,40 +176,62 @@ class Guard:
         return f"<kiln guard of {len(self.parts)} checks>"
 
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
-        """The first part that fails on these entry values (readable, with the user's line)."""
-        n = len(entry_values)
-        params = ", ".join(f"L{i}" for i in range(n))
-        for part in self.parts:
-            src = f"def ___part({params}):\n    return {part.code}\n"
-            scope: dict[str, Any] = {"___c": self.consts, "G": self.globals_dict}
-            exec(compile(src, "<kiln guard part>", "exec"), scope)
-            try:
-                ok = scope["___part"](*entry_values)
-            except Exception as e:
-                return f"{part.readable} (raised {type(e).__name__}) [from {part.where}]"
-            if not ok:
-                return f"{part.readable} [from {part.where}]"
-        return None
+        """The first failing part on these entry values (readable, with the user's line)."""
+        if self._explain is None:
+            self._explain = _compile(self.items, self.n_entries, self.consts, self.globals_dict, explain=True)
+        result = self._explain(*entry_values)
+        if result is None:
+            return None
+        i, j, raised = result
+        part = self.parts[i]
+        text = part.explain[j][1] if j >= 0 else part.readable
+        return f"{text}{' (raised ' + raised + ')' if raised else ''} [from {part.where}]"
 
 
-def build_guard(builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any]) -> Guard:
-    parts = list(builder.parts.values())
-    params = ", ".join(f"L{i}" for i in range(n_entries))
-    body = "\n        and ".join(f"({p.code})" for p in parts) or "True"
+def _compile(
+    items: list[str | GuardPart], n: int, consts: list[object], g: dict[str, Any] | None, explain: bool
+) -> Callable[..., Any]:
+    params = ", ".join(f"L{i}" for i in range(n))
+    body: list[str] = []
+    k = 0
+    for item in items:
+        if isinstance(item, str):
+            body.append(item)
+            continue
+        if explain:
+            body.append(f"___i = {k}")
+            for j, (code, _) in enumerate(item.explain):
+                body.append(f"if not ({code}): return ({k}, {j}, '')")
+            body.append(f"if not ({item.code}): return ({k}, -1, '')")
+        else:
+            body.append(f"if not ({item.code}): return False")
+        k += 1
+    ok = "None" if explain else "True"
+    fail = "(___i, -1, type(e).__name__)" if explain else "False"
+    lines = "".join(f"            {b}\n" for b in body)
     src = (
         "def ___make(___c, G):\n"
         f"    def ___guard({params}):\n"
+        "        ___i = 0\n"
         "        try:\n"
-        f"            return bool({body})\n"
-        "        except Exception:\n"
-        "            return False\n"
+        f"{lines}"
+        f"            return {ok}\n"
+        "        except Exception as e:\n"
+        f"            return {fail}\n"
         "    return ___guard\n"
     )
     scope: dict[str, Any] = {}
     exec(compile(src, "<kiln guard>", "exec"), scope)
+    fn: Callable[..., Any] = scope["___make"](consts, g)
+    fn.__kiln_source__ = src  # type: ignore[attr-defined]
+    return fn
+
+
+def build_guard(builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any]) -> Guard:
+    builder.items.extend(builder.ctx.drain())
     g = globals_dict if builder.needs_globals else None
-    fn = scope["___make"](builder.ctx.consts, g)
-    return Guard(fn, parts, src, builder.ctx.consts, g)
+    fn = _compile(builder.items, n_entries, builder.ctx.consts, g, explain=False)
+    return Guard(fn, builder.parts, fn.__kiln_source__, list(builder.items), builder.ctx.consts, g, n_entries)  # type: ignore[attr-defined]
 
 
 def readable_guards(guard: Guard) -> str:

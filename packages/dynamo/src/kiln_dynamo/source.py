@@ -14,12 +14,36 @@ from dataclasses import dataclass
 
 
 class CodeContext:
-    """What the generated code can refer to: entry parameter names and the constant table."""
+    """What the generated code can refer to: entry parameter names and the constant table.
 
-    def __init__(self, entry_names: list[str]) -> None:
+    A context made with `cse=True` binds every non-trivial source to a local (`v3 = L0.layers`)
+    the first time it is rendered and reuses the local afterwards; the assignments collect in
+    `stmts`, which the generator drains into its function body before the line that needs them.
+    Children share their parent's constant table.
+    """
+
+    def __init__(self, entry_names: list[str], parent: CodeContext | None = None, cse: bool = False) -> None:
         self.entry_names = entry_names
-        self.consts: list[object] = []
-        self._const_index: dict[int, int] = {}
+        self.consts: list[object] = parent.consts if parent is not None else []
+        self._const_index: dict[int, int] = parent._const_index if parent is not None else {}
+        self.cse: dict[Source, str] | None = {} if cse else None
+        self.stmts: list[str] = []
+
+    def bind(self, source: Source) -> str:
+        if self.cse is None or isinstance(source, LocalSource):
+            return source.code(self)
+        hit = self.cse.get(source)
+        if hit is not None:
+            return hit
+        expr = source.code(self)
+        name = f"v{len(self.cse)}"
+        self.cse[source] = name
+        self.stmts.append(f"{name} = {expr}")
+        return name
+
+    def drain(self) -> list[str]:
+        out, self.stmts = self.stmts, []
+        return out
 
     def param(self, name: str) -> str:
         return f"L{self.entry_names.index(name)}"
@@ -96,7 +120,7 @@ class AttrSource(Source):
     attr: str
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{self.base.code(ctx)}.{self.attr}"
+        return f"{ctx.bind(self.base)}.{self.attr}"
 
     def name(self) -> str:
         return f"{self.base.name()}.{self.attr}"
@@ -114,7 +138,7 @@ class DictEntrySource(Source):
     key: str
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{self.base.code(ctx)}.{self.dict_attr}[{self.key!r}]"
+        return f"{ctx.bind(self.base)}.{self.dict_attr}[{self.key!r}]"
 
     def name(self) -> str:
         if self.key.isidentifier():
@@ -131,7 +155,7 @@ class GetItemSource(Source):
     index: object  # int or str key
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{self.base.code(ctx)}[{self.index!r}]"
+        return f"{ctx.bind(self.base)}[{self.index!r}]"
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.index!r}]"
@@ -148,7 +172,7 @@ class ClosureSource(Source):
     index: int
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{self.base.code(ctx)}.__closure__[{self.index}].cell_contents"
+        return f"{ctx.bind(self.base)}.__closure__[{self.index}].cell_contents"
 
     def name(self) -> str:
         return f"{self.base.name()}.__closure__[{self.index}].cell_contents"
@@ -176,7 +200,7 @@ class TypeSource(Source):
     base: Source
 
     def code(self, ctx: CodeContext) -> str:
-        return f"type({self.base.code(ctx)})"
+        return f"type({ctx.bind(self.base)})"
 
     def name(self) -> str:
         return f"type({self.base.name()})"

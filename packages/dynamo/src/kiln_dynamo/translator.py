@@ -40,7 +40,7 @@ from kiln_dynamo.variables.functions import NestedFunctionVariable
 from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
-from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.torch import TRUSTED_MODULE_PREFIXES, GradModeVariable, WithExitVariable
 from kiln_dynamo.variables.user_defined import SuperVariable
 
 PY = bytecode.PY_VERSION
@@ -384,11 +384,12 @@ class InstructionTranslator:
         if pending is not None:
             return pending
         if name in self.f_globals:
-            src: Source = (
-                GlobalSource(name)
-                if self.f_globals is self.output.f_globals
-                else ForeignGlobalSource(self.f_globals, name)
-            )
+            if self.f_globals is self.output.f_globals:
+                src: Source | None = GlobalSource(name)
+            elif str(self.f_globals.get("__name__", "")).split(".")[0] in TRUSTED_MODULE_PREFIXES:
+                src = None  # torch's own module globals (F, _VF, ...) are trusted, not guarded
+            else:
+                src = ForeignGlobalSource(self.f_globals, name)
             return self.wrap(self.f_globals[name], src)
         builtins = self.f_builtins
         if name in builtins:
@@ -807,7 +808,10 @@ def run_root(
     for name in code.co_cellvars:
         cells[name] = CellVariable(symbolic.get(name))
     tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
-    return tx.run()
+    try:
+        return tx.run()
+    except (AttributeError, KeyError, IndexError) as e:  # raised by the modelled code itself
+        raise Unsupported(f"{type(e).__name__} raised inside the compiled frame: {e}", tx.where()) from e
 
 
 _ = (BuiltinVariable, sys)

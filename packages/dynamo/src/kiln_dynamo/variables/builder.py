@@ -85,7 +85,12 @@ class VariableBuilder:
     def wrap(self, value: Any, source: Source | None) -> VT:
         cached = self.cache.get(id(value))
         if cached is not None:
-            if source is not None and cached.source is not None and source != cached.source:
+            if (
+                source is not None
+                and cached.source is not None
+                and source != cached.source
+                and not isinstance(value, (types.ModuleType, types.FunctionType, type))  # identity-guarded
+            ):
                 # One object reached two ways: the graph and the replay assume it stays one object.
                 self.output.guards.same_object(source, cached.source)
             return cached

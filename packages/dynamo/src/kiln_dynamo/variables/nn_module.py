@@ -15,6 +15,7 @@ Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed afte
 from __future__ import annotations
 
 import inspect
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +30,16 @@ if TYPE_CHECKING:
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
+
+
+_C_DESCRIPTORS = (
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.MemberDescriptorType,
+    types.GetSetDescriptorType,
+    types.BuiltinMethodType,
+    types.ClassMethodDescriptorType,
+)
 
 
 def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
@@ -49,10 +60,12 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         return tx.wrap(static.fget, None).call(tx, [obj_vt], {})
     if inspect.isfunction(static):
         return BoundMethodVariable(UserFunctionVariable(static, None), obj_vt)
-    if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None))):
-        # Other descriptors (slot wrappers, C methods): bound builtin method of the real object.
+    if isinstance(static, _C_DESCRIPTORS):
+        # Descriptors implemented in C (slots, builtin methods): reading them runs no user code.
         value = getattr(obj, name)
         return tx.wrap(value, AttrSource(source, name) if source else None)
+    if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None), type)):
+        raise Unsupported(f"attribute {name!r} is a {type(static).__name__} descriptor (would run user code)")
     cls_src = AttrSource(TypeSource(source), name) if source is not None else None
     return tx.wrap(static, cls_src)
 

@@ -92,6 +92,10 @@ class TensorVariable(VariableTracker):
     def python_type(self) -> type:
         return self.cls
 
+    def identity(self) -> object:
+        # In-place ops and aliases return the same fake tensor, so `y is x` after `y = x.add_(1)`.
+        return self.fake
+
     def truth(self, tx: Tx) -> bool:
         raise Unsupported("the truth value of a tensor depends on its data (data-dependent control flow)")
 
