@@ -90,7 +90,9 @@ def _is_view(n: torch.fx.Node) -> bool:
     return n.op == "call_function" and bool(getattr(n.target, "is_view", False))
 
 
-def _simulate(gm: torch.fx.GraphModule, live: int, keep: set[str]) -> tuple[int, int]:
+def _simulate(
+    gm: torch.fx.GraphModule, live: int, keep: set[str], owned_inputs: frozenset[str] = frozenset()
+) -> tuple[int, int]:
     """(peak, bytes still live at the end) running `gm` with `live` bytes already allocated."""
     nodes = list(gm.graph.nodes)
     last_use: dict[torch.fx.Node, int] = {}
@@ -103,7 +105,10 @@ def _simulate(gm: torch.fx.GraphModule, live: int, keep: set[str]) -> tuple[int,
             live += nbytes(n.meta.get("val"))
             peak = max(peak, live)
         for a in n.all_input_nodes:
-            if last_use.get(a) == i and a.op == "call_function" and not _is_view(a) and a.name not in keep:
+            owned = (a.op == "call_function" and not _is_view(a)) or (
+                a.op == "placeholder" and a.name in owned_inputs
+            )
+            if last_use.get(a) == i and owned and a.name not in keep:
                 live -= nbytes(a.meta.get("val"))
     return peak, live
 
@@ -112,7 +117,8 @@ def peak_bytes(p: Partition) -> int:
     fw_out = p.fw.graph.output_node().args[0]
     keep = {o.name for o in fw_out if isinstance(o, torch.fx.Node)}  # type: ignore[union-attr]
     fw_peak, after_fw = _simulate(p.fw, 0, keep)
-    bw_peak, _ = _simulate(p.bw, after_fw, set())
+    allocated = frozenset(n.name for n in p.fw.graph.nodes if n.op == "call_function" and not _is_view(n))
+    bw_peak, _ = _simulate(p.bw, after_fw, set(), allocated)
     return max(fw_peak, bw_peak)
 
 
