@@ -178,3 +178,24 @@ def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:
         logs.configure("")
     text = caplog.text
     assert "forward graph" in text and "backward graph" in text and "min_cut: saved" in text
+
+
+@pytest.mark.parametrize("partition", ["min_cut", "default"])
+def test_mutating_a_non_leaf_input_that_requires_grad(partition: str) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = (x * 3).exp() * w
+        x.add_(1)
+        return y * 2 + x
+
+    leaf = torch.randn(5, requires_grad=True)
+    w = torch.randn(5, requires_grad=True)
+    x = leaf * 1
+    out = aot_function(f, Recorder(), partition=partition)(x, w)
+    gl, gw = torch.autograd.grad(out.sum(), (leaf, w))
+    x_ref = leaf * 1
+    ref = f(x_ref, w)
+    rl, rw = torch.autograd.grad(ref.sum(), (leaf, w))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x, x_ref)
+    torch.testing.assert_close(gl, rl)
+    torch.testing.assert_close(gw, rw)

@@ -17,7 +17,8 @@ Both paths take the flat list of real input tensors and return the flat user out
 input object, a view of an input or of an earlier output is regenerated with `as_strided` on
 the real tensor (outside the autograd.Function, so autograd sees an ordinary view), which
 makes user-visible aliasing match eager. Mutated inputs are written back before that, with
-autograd recording the copy when the input requires grad.
+autograd recording the copy when the input requires grad; a saved tensor sharing storage with a
+mutated input is cloned first, so the backward reads the value the forward saw.
 """
 
 from __future__ import annotations
@@ -94,6 +95,15 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
         def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
             outs = _as_list(compiled_fw(*inputs))
             saved = outs[n_out:]
+            if meta.mutated_inputs:
+                # A saved input that the write-back will overwrite: keep its pre-mutation value.
+                written = {inputs[i].untyped_storage().data_ptr() for i in meta.mutated_inputs}
+                saved = [
+                    s.detach().clone()
+                    if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() in written
+                    else s
+                    for s in saved
+                ]
             ctx.save_for_backward(*saved)
             result = tuple(outs[:n_out])
             ctx.mark_non_differentiable(*[result[i] for i in non_diff])
