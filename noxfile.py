@@ -115,6 +115,14 @@ def tests_e2e(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job: compile a small GPT-2-style model on CPU with kiln, check it against eager,
+    and compare its speed with eager and torch.compile (kiln_bench.demo)."""
+    _install_packages(session, _sibling_closure("bench"))
+    session.run("python", "-m", "kiln_bench.demo", *session.posargs)
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """The public model suite on CPU: eager vs torch.compile vs kiln, inference and training.
 

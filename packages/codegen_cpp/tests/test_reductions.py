@@ -131,7 +131,12 @@ def test_results_identical_with_one_and_two_threads() -> None:
         var = aten.var.correction(x, [1], correction=0)
         total = aten.sum.default(y)
         am = aten.argmax.default(y)
-        return s, col, var, total, am, aten.exp.default(y)
+        full_var = aten.var.correction(y, None, correction=1)
+        full_max = aten.amax.default(y, [0])
+        full_any = aten.any.default(aten.gt.Scalar(y, 4.5))
+        y2 = aten.view.default(y, [1000, 2000])
+        full_2d = aten.sum.default(y2)
+        return s, col, var, total, am, aten.exp.default(y), full_var, full_max, full_any, full_2d
 
     compiled = check(fn, x, y)
     before = torch.get_num_threads()

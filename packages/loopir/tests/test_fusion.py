@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from helpers import aten, check, make
+from helpers import assert_same, aten, check, make, trace
+
+from kiln_loopir import compile_graph
 
 
 def test_pointwise_chain_is_one_kernel() -> None:
@@ -135,3 +137,33 @@ def test_lowering_that_declines_falls_back() -> None:
     compiled = check(fn, make((5, 3)), torch.tensor([True, False, True, True, False]), allow_fallback=True)
     assert compiled.stats.extern_calls == 1
     assert compiled.stats.fallbacks[0][0] == "aten.index.Tensor"
+
+
+def test_memory_viewed_by_an_extern_result_is_not_reused() -> None:
+    def fn(x: Any, w: Any) -> Any:
+        s = aten.sin.default(aten.mm.default(x, w))
+        d = aten.diagonal.default(s)  # an extern view of the computed buffer s
+        b = aten.mm.default(s, w)  # s's last reader: without the pin, tanh(b) would reuse s
+        c = aten.mm.default(aten.tanh.default(b), w)
+        return aten.add.Tensor(c, d)
+
+    check(fn, make((8, 8)), make((8, 8)))
+
+
+def test_in_place_ops_run_as_extern_calls_in_order() -> None:
+    def fn(x: Any, y: Any) -> Any:
+        before = aten.sin.default(x)  # lazy: must read x before the mutation
+        aten.add_.Tensor(x, y)
+        after = aten.mul.Tensor(x, 2)
+        aten.copy_.default(y, aten.cos.default(before))
+        return aten.add.Tensor(before, after), aten.relu.default(y)
+
+    x, y = make((4, 5)), make((4, 5))
+    ex, ey = x.clone(), y.clone()
+    expected = fn(ex, ey)
+    compiled = compile_graph(trace(fn), [x.clone(), y.clone()])
+    ax, ay = x.clone(), y.clone()
+    actual = compiled(ax, ay)
+    assert_same(actual, expected)
+    assert_same((ax, ay), (ex, ey))  # the inputs are mutated as eagerly
+    assert compiled.stats.extern_calls == 2

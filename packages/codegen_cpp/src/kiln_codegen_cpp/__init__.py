@@ -8,7 +8,7 @@ loopir, then this package turns the schedule into C++ and runs it:
   masked loads, bounds-checked indirect indexing;
 * ``cpp_ops`` / ``prelude``: C++ spellings of dtypes, constants, index math and the ``ops.*`` set;
 * ``build``: one translation unit per graph, ``g++`` with an atomic on-disk cache under
-  ``KILN_CACHE_DIR``, loading with ``ctypes``; ``counters`` says what was compiled or reused;
+  ``KILN_CACHE_DIR``, loaded as a tiny CPython extension; ``counters`` says what was compiled or reused;
 * ``wrapper``: the generated Python that allocates buffers (loopir's reuse plan), calls kernels
   and extern ops in schedule order and returns strided outputs;
 * ``backend``: :class:`CppBackend`, registered through the ``kiln_loopir.backends`` entry point.

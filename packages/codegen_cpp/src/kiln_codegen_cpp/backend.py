@@ -27,7 +27,7 @@ from .build import Built, build
 from .cpp_ops import UnsupportedDtype
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
 from .logs import configure
-from .prelude import PRELUDE
+from .prelude import PRELUDE, extension_module
 from .wrapper import make_wrapper
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -62,7 +62,8 @@ class CppBackend(Backend):
                 continue
             generated[node.name] = self._kernel(node, step, schedule, dtypes)
         compiled = [k for k in generated.values() if k is not None]
-        source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n"
+        module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
+        source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n\n" + module + "\n"
         t1 = time.perf_counter()
         built = build(source) if compiled else None
         t2 = time.perf_counter()

@@ -1,9 +1,10 @@
 """Compiling a translation unit, the on-disk cache, and loading the shared object.
 
 All kernels of one graph form one translation unit, compiled once by ``g++`` into a shared
-object and loaded with ``ctypes``. The cache key is a hash of the source, the flags, the
-compiler's identity (``--version``) and the CPU (``/proc/cpuinfo`` model and flags, since
-``-march=native`` code is only valid on a CPU like the one that built it). The object lives at
+object that is a small CPython extension module (Note [Calling kernels] in prelude.py). The
+cache key is a hash of the source, the flags, the compiler's identity (``--version``) and the
+CPU (``/proc/cpuinfo`` model and flags, since ``-march=native`` code is only valid on a CPU like
+the one that built it). The object lives at
 ``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir ``~/.cache/kiln``).
 
 Note [Atomic cache writes]: every file is written under a unique temporary name in its final
@@ -18,30 +19,43 @@ Configuration (read at each build, so tests may set them): ``KILN_CXX`` names th
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shlex
 import subprocess
+import sysconfig
 import tempfile
 import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
+
+from .prelude import MODULE_TOKEN
 
 # -O3 -march=native: measured against -O2 (slower pointwise chains, no faster compile);
 # -fno-math-errno lets GCC vectorize calls into libmvec and inline sqrt; trapping math off lets
 # it if-convert the NaN-propagating max/min. No -ffast-math: NaN and inf must behave as eager.
 DEFAULT_FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math")
-BASE_FLAGS = ("-std=c++17", "-shared", "-fPIC", "-fopenmp", "-DKILN_LIBMVEC", "-w")
+BASE_FLAGS = (
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-DKILN_LIBMVEC",
+    "-w",
+    f"-I{sysconfig.get_paths()['include']}",
+)
 LIBS = ("-lmvec", "-lm")
 
 counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
 """How translation units were obtained in this process (tests assert on them)."""
 
 _lock = threading.Lock()
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[str, types.ModuleType] = {}
 
 
 class CppCompileError(RuntimeError):
@@ -101,7 +115,7 @@ class Built:
     key: str
     directory: Path
     source_path: Path
-    library: ctypes.CDLL
+    library: types.ModuleType
 
 
 def _write_atomic(path: Path, data: str) -> None:
@@ -116,9 +130,15 @@ def _write_atomic(path: Path, data: str) -> None:
         raise
 
 
-def build(source: str) -> Built:
-    """The compiled and loaded ``source``, from memory, the disk cache, or the compiler."""
-    key = cache_key(source)
+def build(template: str) -> Built:
+    """The compiled and loaded ``template``, from memory, the disk cache, or the compiler.
+
+    ``template`` names its extension module ``KILN_MODULE_NAME``; the module is named after the
+    cache key (``kiln_<key[:24]>``), so every translation unit is a distinct module.
+    """
+    key = cache_key(template)
+    module = f"kiln_{key[:24]}"
+    source = template.replace(MODULE_TOKEN, module)
     directory = cache_dir() / key[:2] / key
     src = directory / "kernels.cpp"
     lib = directory / "kernels.so"
@@ -135,9 +155,18 @@ def build(source: str) -> Built:
         else:
             _compile(source, src, lib)
             counters["compiles"] += 1
-        library = ctypes.CDLL(str(lib))
+        library = _load(module, lib)
         _loaded[key] = library
         return Built(key, directory, src, library)
+
+
+def _load(name: str, path: Path) -> types.ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def _compile(source: str, src: Path, lib: Path) -> None:

@@ -37,7 +37,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,10 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# elements per thread chunk of a parallel one-loop pointwise kernel
+POINTWISE_CHUNK = 16384
+# outputs per block in a column reduction (Note [Column reductions])
+COLUMN_BLOCK = 64
 
 
 class CodegenUnsupported(Exception):
@@ -100,6 +104,8 @@ class RPhase:
     pre: list[str] = field(default_factory=list)
     body: list[str] = field(default_factory=list)
     post: list[str] = field(default_factory=list)
+    combine: list[str] = field(default_factory=list)  # lanes -> one value (lane mode)
+    pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
 
@@ -123,6 +129,8 @@ class Kernel:
     scratch: list[str]
     errors: list[ErrorSite]
     members: list[str]
+    param_types: list[str] = field(default_factory=list)
+    release_gil: bool = False
 
 
 def _int(expr: Any) -> int:
@@ -157,7 +165,7 @@ class KernelBuilder:
         self,
         name: str,
         members: Sequence[ComputedBuffer],
-        reads: Sequence[set[str]],
+        reads: Sequence[Set[str]],
         dtypes: dict[str, torch.dtype],
         internal: set[str],
     ) -> None:
@@ -468,19 +476,28 @@ class KernelBuilder:
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
         acc = self._new("acc")
+        # Note [float32 accumulation]: float32 sums and Welford statistics accumulate in double,
+        # so a long row (or a full reduction) stays as accurate as eager's cascade summation.
+        wide = dtype == torch.float32 and reduction_type in ("sum", "welford_reduce")
         if reduction_type == "welford_reduce":
-            t = compute_type(dtype)
+            t = "double" if wide else compute_type(dtype)
             v = self._as(v, dtype)
+            if wide:
+                v = CppValue(f"static_cast<double>({v})", dtype)
             for part in ("mean", "m2", "w"):
-                phase.pre.append(f"{t} {acc}_{part}[{LANES}] = {{}};")
+                phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
             self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
-            phase.post.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
-            phase.post.append(
+            phase.pick.append(
+                f"{t} {acc}_fmean = {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], {acc}_fw = {acc}_w[l];"
+            )
+            phase.combine.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
+            phase.combine.append(
                 f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
                 f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
             )
-            return tuple(CppValue(f"{acc}_f{p}", dtype) for p in ("mean", "m2", "w"))
+            cast = "static_cast<float>" if wide else ""
+            return tuple(CppValue(f"{cast}({acc}_f{p})", dtype) for p in ("mean", "m2", "w"))
         if reduction_type in ("argmax", "argmin"):
             vd = v.dtype
             t = compute_type(vd)
@@ -496,13 +513,14 @@ class KernelBuilder:
                     else ("std::numeric_limits<{t}>::max()")
                 )
             init = init.format(t=t)
-            phase.pre.append(f"{t} {acc}[{LANES}]; int64_t {acc}_i[{LANES}];")
-            phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {{ {acc}[l] = {init}; {acc}_i[l] = 0; }}")
+            phase.pre.append(f"{t} {acc}[KL]; int64_t {acc}_i[KL];")
+            phase.pre.append(f"for (int l = 0; l < KL; ++l) {{ {acc}[l] = {init}; {acc}_i[l] = 0; }}")
             fn = "arg_max" if reduction_type == "argmax" else "arg_min"
             self.lines.append(f"kiln::{fn}({acc}[l], {acc}_i[l], {v}, {index_to_cpp(self.flat_r)});")
-            phase.post.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
+            phase.pick.append(f"{t} {acc}_fv = {acc}[l]; int64_t {acc}_f = {acc}_i[l];")
+            phase.combine.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
             merge = f"kiln::{fn}_merge({acc}_fv, {acc}_f, {acc}[l], {acc}_i[l]);"
-            phase.post.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
+            phase.combine.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
             phase.accumulators.append((reduction_type, t, acc))
             return CppValue(f"{acc}_f", torch.int64)
         t = compute_type(dtype)
@@ -533,16 +551,22 @@ class KernelBuilder:
             raise CodegenUnsupported(f"reduction {reduction_type}")
         if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
-        phase.pre.append(f"{t} {acc}[{LANES}];")
-        phase.pre.append(f"for (int l = 0; l < {LANES}; ++l) {acc}[l] = {inits[reduction_type]};")
+        if wide:
+            t = "double"
+            v = CppValue(f"static_cast<double>({v})", dtype)
+        phase.pre.append(f"{t} {acc}[KL];")
+        phase.pre.append(
+            f"for (int l = 0; l < KL; ++l) {acc}[l] = {inits[reduction_type].replace('float', t)};"
+        )
         fmt = combine[reduction_type]
         self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
-        phase.post.append(f"{t} {acc}_f = {acc}[0];")
-        phase.post.append(
+        phase.pick.append(f"{t} {acc}_f = {acc}[l];")
+        phase.combine.append(f"{t} {acc}_f = {acc}[0];")
+        phase.combine.append(
             f"for (int l = 1; l < {LANES}; ++l) {acc}_f = {fmt.format(a=f'{acc}_f', b=f'{acc}[l]')};"
         )
         phase.accumulators.append((reduction_type, t, acc))
-        result = f"{acc}_f"
+        result = f"static_cast<float>({acc}_f)" if wide else f"{acc}_f"
         if dtype in HALF:
             result = round_expr(dtype, result)
         return CppValue(result, dtype)
@@ -581,36 +605,145 @@ class KernelBuilder:
         params = [n for n in self.param_order if n in used]
         restrict = "" if self.serial else " __restrict__"
         sig = []
+        types = []
         for name in params:
             const = "const " if name not in self.stored else ""
-            sig.append(f"{const}{storage_type(self.dtypes[name])}*{restrict} p_{name}")
+            types.append(f"{const}{storage_type(self.dtypes[name])}*")
+            sig.append(f"{types[-1]}{restrict} p_{name}")
         sig.append("int64_t nt")
         out: list[str] = [
             f'extern "C" int64_t {self.name}({", ".join(sig)}) {{',
             "  int64_t kerr = 0;",
             "  (void)nt;",
         ]
+        split = self._split_plan(sections)
+        column = split is None and self._column_mode(sections)
         body: list[str] = []
-        for section in sections:
-            if isinstance(section, XSection):
-                body.extend(clean(section.lines))
-            else:
-                body.extend(self._render_phase(section, clean))
-        out.extend("  " + line for line in self._render_x(body))
+        if split is None and not column:
+            for section in sections:
+                if isinstance(section, XSection):
+                    body.extend(clean(section.lines))
+                else:
+                    body.extend(self._render_phase(section, clean))
+
+        def nest(par: bool) -> list[str]:
+            if split is not None:
+                return self._render_split(sections, clean, split, par)
+            if column:
+                return self._render_column(sections, clean, par)
+            return self._render_x(body, par)
+
+        # Note [Serial path]: a loop under "#pragma omp parallel for" is compiled into an
+        # outlined function that GCC vectorizes worse, and entering a team costs even with
+        # if(false); with one thread the kernel takes a plain copy of the same loops (same
+        # iteration order and chunking, so the same results).
+        parallel, serial = nest(True), nest(False)
+        if parallel == serial:
+            out.extend("  " + line for line in serial)
+        else:
+            out.append("  if (nt > 1) {")
+            out.extend("    " + line for line in parallel)
+            out.append("  } else {")
+            out.extend("    " + line for line in serial)
+            out.append("  }")
         out.append("  return kerr;")
         out.append("}")
-        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, [m.name for m in self.members])
+        members = [m.name for m in self.members]
+        big = self.nx * max(self.nr, 1) >= PARALLEL_GRAIN
+        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, members, types, big)
+
+    def _column_mode(self, sections: list[XSection | RPhase]) -> bool:
+        """Note [Column reductions]: reduce with the innermost *output* loop vectorized.
+
+        When the reduced loop walks memory with a large stride and the innermost output loop
+        walks it contiguously (``x.sum(0)``), lanes become a block of ``COLUMN_BLOCK`` adjacent
+        outputs: for each reduction position the block is updated with contiguous loads.
+        """
+        if self.serial or not self.rsizes or not sections or not isinstance(sections[0], RPhase):
+            return False
+        if any(isinstance(s, RPhase) for s in sections[1:]):
+            return False
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        rs = [v for v in self.rvars if isinstance(v, sympy.Symbol)]
+        if not xs or not rs or xs[-1][1] < 16:
+            return False
+        xl, rl = xs[-1][0], rs[-1]
+        x_unit = r_unit = 0
+        for a in self.accesses:
+            e = sympy.expand(a)
+            x_unit += int(e.coeff(xl) == 1)
+            r_unit += int(e.coeff(rl) == 1)
+        return x_unit > r_unit
+
+    def _render_column(
+        self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]], par: bool
+    ) -> list[str]:
+        phase = sections[0]
+        assert isinstance(phase, RPhase)
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        rs = [(v, n) for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        (xl, xsize), outer = xs[-1], xs[:-1]
+        block = COLUMN_BLOCK
+        nblocks = -(-xsize // block)
+        parallel = (
+            par and self.nx * self.nr >= PARALLEL_GRAIN and math.prod(n for _, n in outer) * nblocks > 1
+        )
+        lines: list[str] = []
+        if parallel:
+            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nt)")
+        depth = 0
+        for var, size in outer:
+            lines.append("  " * depth + self._loop(var, size) + " {")
+            depth += 1
+        pad = "  " * depth
+        lines.append(f"{pad}for (int64_t xblk = 0; xblk < INT64_C({nblocks}); ++xblk) {{")
+        pad += "  "
+        lines.append(f"{pad}const int64_t xb = xblk * {block};")
+        lines.append(
+            f"{pad}const int xlen = static_cast<int>(std::min<int64_t>({block}, INT64_C({xsize}) - xb));"
+        )
+        lines.extend(pad + p.replace("KL", str(block)) for p in phase.pre)
+        inner = pad
+        for var, size in rs:
+            lines.append(inner + self._loop(var, size) + " {")
+            inner += "  "
+        body = clean(phase.body)
+        lines.append(f"{inner}if (xlen == {block}) {{")
+        lines.append(f"{inner}  #pragma omp simd")
+        lines.append(f"{inner}  for (int l = 0; l < {block}; ++l) {{")
+        lines.append(f"{inner}    const int64_t {xl} = xb + l;")
+        lines.extend(f"{inner}    {b}" for b in body)
+        lines.append(f"{inner}  }}")
+        lines.append(f"{inner}}} else {{")
+        lines.append(f"{inner}  for (int l = 0; l < xlen; ++l) {{")
+        lines.append(f"{inner}    const int64_t {xl} = xb + l;")
+        lines.extend(f"{inner}    {b}" for b in body)
+        lines.append(f"{inner}  }}")
+        lines.append(f"{inner}}}")
+        for _ in rs:
+            inner = inner[:-2]
+            lines.append(inner + "}")
+        lines.append(f"{pad}for (int l = 0; l < xlen; ++l) {{")
+        lines.append(f"{pad}  const int64_t {xl} = xb + l;")
+        lines.extend(f"{pad}  {b}" for b in phase.pick)
+        lines.extend(f"{pad}  {b}" for b in clean(phase.post))
+        for section in sections[1:]:
+            assert isinstance(section, XSection)
+            lines.extend(f"{pad}  {b}" for b in clean(section.lines))
+        lines.append(f"{pad}}}")
+        lines.append("  " * depth + "}")
+        for d in range(depth - 1, -1, -1):
+            lines.append("  " * d + "}")
+        return lines
 
     def _loop(self, var: sympy.Expr, size: int) -> str:
         return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
 
-    def _render_x(self, body: list[str]) -> list[str]:
+    def _render_x(self, body: list[str], par: bool) -> list[str]:
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         work = self.nx * max(self.nr, 1)
-        parallel = not self.serial and work >= PARALLEL_GRAIN
+        parallel = par and not self.serial and work >= PARALLEL_GRAIN
         if not loops:
-            if self.nr and self.rsizes and parallel:
-                pass
             return ["{", *("  " + b for b in body), "}"]
         is_reduction = bool(self.rsizes)
         if not is_reduction:
@@ -624,14 +757,22 @@ class KernelBuilder:
             pad = "  " * depth
             last = i == len(loops) - 1
             if i == 0 and par_outer:
+                lines.append(f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt)")
+            if last and not is_reduction and parallel and not par_outer:
+                # split the innermost loop into chunks: threads over chunks, simd inside
+                chunks = -(-size // POINTWISE_CHUNK)
+                lines.append(f"{pad}#pragma omp parallel for num_threads(nt) schedule(static)")
+                lines.append(f"{pad}for (int64_t xc = 0; xc < INT64_C({chunks}); ++xc) {{")
+                lines.append(f"{pad}  const int64_t lo = xc * {POINTWISE_CHUNK};")
                 lines.append(
-                    f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt) if(nt > 1)"
+                    f"{pad}  const int64_t hi = std::min<int64_t>(lo + {POINTWISE_CHUNK}, INT64_C({size}));"
                 )
+                lines.append(f"{pad}  #pragma omp simd")
+                lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
+                depth += 2
+                continue
             if last and not is_reduction:
-                if parallel and not par_outer:
-                    lines.append(f"{pad}#pragma omp parallel for simd num_threads(nt) if(nt > 1)")
-                else:
-                    lines.append(f"{pad}#pragma omp simd")
+                lines.append(f"{pad}#pragma omp simd")
             lines.append(f"{pad}{self._loop(var, size)} {{")
             depth += 1
         pad = "  " * depth
@@ -658,12 +799,25 @@ class KernelBuilder:
         return [*loops[:best], *loops[best + 1 :], loops[best]]
 
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
+        lines = [p.replace("KL", str(LANES)) for p in phase.pre]
+        lines.extend(self._render_rloops(phase, clean, None))
+        lines.extend(phase.combine)
+        lines.extend(clean(phase.post))
+        return lines
+
+    def _render_rloops(
+        self, phase: RPhase, clean: Callable[[list[str]], list[str]], chunk: tuple[str, str] | None
+    ) -> list[str]:
+        """The reduction loops; ``chunk`` = (lo, hi) bounds the outermost one (split reductions)."""
         loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         body = clean(phase.body)
-        lines = [*phase.pre]
+        lines: list[str] = []
         depth = 0
-        for var, size in loops[:-1]:
-            lines.append("  " * depth + self._loop(var, size) + " {")
+        for i, (var, size) in enumerate(loops[:-1]):
+            if i == 0 and chunk is not None:
+                lines.append(f"for (int64_t {var} = {chunk[0]}; {var} < {chunk[1]}; ++{var}) {{")
+            else:
+                lines.append("  " * depth + self._loop(var, size) + " {")
             depth += 1
         pad = "  " * depth
         if not loops:
@@ -673,23 +827,105 @@ class KernelBuilder:
             lines.append(pad + "}")
         else:
             var, size = loops[-1]
-            main = size - size % LANES
-            if main:
-                lines.append(f"{pad}for (int64_t rb = 0; rb < INT64_C({main}); rb += {LANES}) {{")
+            if chunk is not None and len(loops) == 1:
+                lo, hi = chunk
+                lines.append(f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {LANES}) * {LANES};")
+                start, main_end, end = lo, "rmain", hi
+                has_main = has_tail = True
+            else:
+                main = size - size % LANES
+                start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
+                has_main, has_tail = bool(main), bool(size % LANES)
+            if has_main:
+                lines.append(f"{pad}for (int64_t rb = {start}; rb < {main_end}; rb += {LANES}) {{")
                 lines.append(f"{pad}  #pragma omp simd")
                 lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
                 lines.append(f"{pad}    const int64_t {var} = rb + l;")
                 lines.extend(f"{pad}    {b}" for b in body)
                 lines.append(f"{pad}  }}")
                 lines.append(f"{pad}}}")
-            if size % LANES:
-                lines.append(
-                    f"{pad}for (int64_t {var} = INT64_C({main}); {var} < INT64_C({size}); ++{var}) {{"
-                )
-                lines.append(f"{pad}  const int l = static_cast<int>({var} - INT64_C({main}));")
+            if has_tail:
+                lines.append(f"{pad}for (int64_t {var} = {main_end}; {var} < {end}; ++{var}) {{")
+                lines.append(f"{pad}  const int l = static_cast<int>({var} - {main_end});")
                 lines.extend(f"{pad}  {b}" for b in body)
                 lines.append(f"{pad}}}")
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
-        lines.extend(clean(phase.post))
         return lines
+
+    def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
+        """(chunk, chunks) when a full reduction should be split across threads, else None."""
+        if self.serial or self.nx != 1 or self.nr < SPLIT_R_MIN or not sections:
+            return None
+        if not isinstance(sections[0], RPhase) or any(isinstance(s, RPhase) for s in sections[1:]):
+            return None
+        loops = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        first, inner = loops[0], math.prod(loops[1:])
+        chunk = max(1, SPLIT_R_CHUNK // inner)
+        if len(loops) == 1:
+            chunk = max(LANES, chunk - chunk % LANES)
+        chunks = -(-first // chunk)
+        while chunks > 1024:
+            chunk *= 2
+            chunks = -(-first // chunk)
+        return (chunk, chunks) if chunks > 1 else None
+
+    def _render_split(
+        self,
+        sections: list[XSection | RPhase],
+        clean: Callable[[list[str]], list[str]],
+        plan: tuple[int, int],
+        par: bool,
+    ) -> list[str]:
+        """Note [Split reductions]: a full reduction in fixed chunks, one partial per chunk.
+
+        The chunking depends only on the sizes, and the partials are merged in chunk order, so
+        the result is the same for any number of threads.
+        """
+        phase = sections[0]
+        assert isinstance(phase, RPhase)
+        chunk, chunks = plan
+        first = next(s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol))
+        parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
+        lines: list[str] = []
+        for kind, t, acc in phase.accumulators:
+            for suffix in parts.get(kind, ("",)):
+                ctype = "int64_t" if suffix == "_i" else t
+                lines.append(f"{ctype} {acc}{suffix}_part[{chunks}][{LANES}];")
+        if par:
+            lines.append("#pragma omp parallel for num_threads(nt) schedule(static)")
+        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        lines.append(f"  const int64_t lo = c * {chunk};")
+        lines.append(f"  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
+        lines.extend("  " + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.extend("  " + b for b in self._render_rloops(phase, clean, ("lo", "hi")))
+        for kind, _, acc in phase.accumulators:
+            for suffix in parts.get(kind, ("",)):
+                lines.append(
+                    f"  for (int l = 0; l < {LANES}; ++l) {acc}{suffix}_part[c][l] = {acc}{suffix}[l];"
+                )
+        lines.append("}")
+        lines.extend(p.replace("KL", str(LANES)) for p in phase.pre)
+        merge = {
+            "sum": "{a}[l] = {a}[l] + {a}_part[c][l];",
+            "prod": "{a}[l] = {a}[l] * {a}_part[c][l];",
+            "any": "{a}[l] = {a}[l] || {a}_part[c][l];",
+            "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[c][l]);",
+            "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[c][l]);",
+            "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
+            "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
+            "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
+            "{a}_mean_part[c][l], {a}_m2_part[c][l], {a}_w_part[c][l]);",
+        }
+        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        lines.append(f"  for (int l = 0; l < {LANES}; ++l) {{")
+        for kind, _, acc in phase.accumulators:
+            lines.append("    " + merge[kind].format(a=acc))
+        lines.append("  }")
+        lines.append("}")
+        lines.extend(phase.combine)
+        lines.extend(clean(phase.post))
+        for section in sections[1:]:
+            assert isinstance(section, XSection)
+            lines.extend(clean(section.lines))
+        return ["{", *("  " + line for line in lines), "}"]

@@ -5,7 +5,7 @@ The wrapper is generated as Python source (written beside the kernels and logged
 
 * allocate each computed buffer as a flat 1-D tensor of its layout's storage size (or take over
   the memory of a freed one, per loopir's reuse plan) and remember its data pointer;
-* call each kernel through ``ctypes`` with those pointers and the thread count
+* call each kernel through the translation unit's extension module with those pointers and the thread count
   (``torch.get_num_threads()`` once per call); a non-zero return is an out-of-range indirect
   index, raised as ``IndexError``;
 * call extern aten ops on strided views of the buffers, and bring their results into the layout
@@ -19,7 +19,6 @@ Kernels the C++ generator cannot express run through loopir's reference interpre
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import math
@@ -273,25 +272,21 @@ class WrapperCodegen:
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in C++: reference interpreter")
 
     def bind(self, built: Built | None, errors: dict[str, list[ErrorSite]]) -> None:
-        """Put the ctypes functions and the error reporter into the namespace."""
+        """Put the kernel functions and the error reporter into the namespace."""
         if built is None:
             return
         lib = built.library
         for k in self.kernels.values():
-            if k is None:
-                continue
-            fn = lib[k.name]
-            fn.argtypes = [ctypes.c_void_p] * len(k.params) + [ctypes.c_int64]
-            fn.restype = ctypes.c_int64
-            self.namespace[f"k_{k.name}"] = fn
-        value = ctypes.c_int64.in_dll(lib, "kiln_err_value")
+            if k is not None:
+                self.namespace[f"k_{k.name}"] = getattr(lib, k.name)
+        err_value = lib.err_value
         index_ops = self.index_ops
 
         def index_error(kernel: str) -> None:
             sites = errors.get(kernel, [])
             size = sites[0].size if len(sites) == 1 else "/".join(str(s.size) for s in sites)
             raise IndexError(
-                f"index {value.value} is out of bounds for dimension with size {size} "
+                f"index {err_value()} is out of bounds for dimension with size {size} "
                 f"(in {index_ops}; kernel {kernel})"
             )
 

@@ -62,6 +62,7 @@ class CapturedFrame:
     runner: Callable[..., Any]
     runner_source: str
     capture_seconds: float
+    has_side_effects: bool = False
 
 
 def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -151,7 +152,8 @@ def capture(
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
     output.builder.keepalive.clear()
-    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0)
+    side_effects = bool(output.side_effects.attr_stores or output.side_effects.mutated_containers)
+    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0, side_effects)
 
 
 # --- the frame hook's callback ----------------------------------------------------------------
@@ -168,13 +170,19 @@ def is_user_code(code: types.CodeType) -> bool:
     return not os.path.realpath(filename).startswith(_TORCH_DIR)
 
 
-def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
-    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile])."""
+def make_callback(
+    backend: Backend, fullgraph: bool, targets: frozenset[types.CodeType] = frozenset()
+) -> Callable[[Any], Any]:
+    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile]).
+
+    `targets` are the codes the user compiled explicitly (a function, or a module's forward):
+    they are captured even when they live in torch's own files (`compile(nn.Linear(...))`).
+    """
     import kiln_frame_hook as hook
 
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
-        if not is_user_code(code) or code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or (code not in targets and not is_user_code(code)):
             return hook.SKIP
         counters.frames_seen += 1
         values = tuple(frame.locals.values())
@@ -193,7 +201,7 @@ def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
                 msg = f"cache limit ({hook.get_cache_limit()}) reached; last failure: {reason}"
                 counters.fallbacks.append((code.co_name, msg))
                 recompiles_log.warning("%s: %s", code.co_name, msg)
-                return hook.RUN
+                return hook.RUN_ONLY  # cached entries still run; no more captures of this code
         try:
             captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
@@ -202,6 +210,10 @@ def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
             reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
             counters.fallbacks.append((code.co_name, reason))
             graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
+            return hook.SKIP
+        if captured.graph_module is None and not captured.has_side_effects:
+            # Note [Frames without tensor work]: nothing to compile; plain Python is as fast.
+            counters.frames_without_graph += 1
             return hook.SKIP
         counters.frames_captured += 1
         hook.skip_code(captured.runner.__code__)

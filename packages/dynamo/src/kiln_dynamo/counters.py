@@ -17,6 +17,7 @@ class Counters:
     graphs: int = 0  # graphs handed to a backend
     ops: int = 0  # call_function/call_method/get_attr nodes across all graphs
     recompiles: int = 0  # captures of a code that already had an entry
+    frames_without_graph: int = 0  # captured, found no tensor work, left to run as plain Python
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     guard_failures: list[str] = field(default_factory=list)
 
@@ -26,6 +27,7 @@ class Counters:
         self.graphs = 0
         self.ops = 0
         self.recompiles = 0
+        self.frames_without_graph = 0
         self.fallbacks.clear()
         self.guard_failures.clear()
 

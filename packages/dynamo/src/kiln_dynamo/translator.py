@@ -808,7 +808,10 @@ def run_root(
     for name in code.co_cellvars:
         cells[name] = CellVariable(symbolic.get(name))
     tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
-    return tx.run()
+    try:
+        return tx.run()
+    except (AttributeError, KeyError, IndexError) as e:  # raised by the modelled code itself
+        raise Unsupported(f"{type(e).__name__} raised inside the compiled frame: {e}", tx.where()) from e
 
 
 _ = (BuiltinVariable, sys)

@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import kiln_dynamo
-
 from kiln.backends import BACKENDS, COMPILE_LOG, GraphCompile, make_backend
 
 _OPTIONS = frozenset({"strict"})
@@ -29,7 +28,9 @@ def compile(
     returns a decorator.
     """
     if dynamic:
-        raise NotImplementedError("kiln.compile(dynamic=True): dynamic shapes are not built yet; shapes are static")
+        raise NotImplementedError(
+            "kiln.compile(dynamic=True): dynamic shapes are not built yet; shapes are static"
+        )
     if mode not in (None, "default"):
         raise NotImplementedError(f"kiln.compile(mode={mode!r}) is not built yet; only the default mode is")
     unknown = set(options or {}) - _OPTIONS

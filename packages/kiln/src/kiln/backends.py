@@ -73,7 +73,9 @@ def _origin(exc: BaseException) -> str:
 def _fallback(
     gm: torch.fx.GraphModule, record: GraphCompile, exc: BaseException, strict: bool, backend: str
 ) -> Callable[..., Any]:
-    message = f"kiln backend {backend!r} failed on graph {record.graph}: {type(exc).__name__}: {exc}{_origin(exc)}"
+    message = (
+        f"kiln backend {backend!r} failed on graph {record.graph}: {type(exc).__name__}: {exc}{_origin(exc)}"
+    )
     if strict:
         raise BackendFailed(message) from exc
     record.fell_back = message
@@ -100,7 +102,9 @@ def _timed(record: GraphCompile, phase: str, fn: Callable[..., Any], *args: Any)
         record.phases[phase] = record.phases.get(phase, 0.0) + time.perf_counter() - start
 
 
-def make_backend(name: str, *, strict: bool = False) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
+def make_backend(
+    name: str, *, strict: bool = False
+) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln")."""
     if name == "eager":
         return eager_backend

@@ -12,6 +12,11 @@ meta kernel cannot say (data-dependent shapes), by running the graph once on the
 inputs. A lowering whose result disagrees with the meta value is discarded in favour of the
 fallback, and the disagreement is recorded in ``fallbacks``.
 
+Note [Mutation]: in-place and ``out=`` aten ops have no lowering; they run as extern kernels on
+realized buffers (so a mutated input is mutated for the caller, as eagerly). Before such a node,
+every pending lazy value is realized, and the scheduler orders the mutation after every earlier
+reader of the buffers it is given and before every later one.
+
 Note [Why a value is realized] (the realize heuristic, ``mark_reuse``): pointwise values stay
 lazy and are inlined into each reader, except a value that (a) is a graph output, (b) feeds an
 extern kernel, (c) has more than one reader and a large body (> ``MAX_INLINE_OPS`` ops) or many
@@ -144,6 +149,14 @@ class GraphLowering:
         if target is operator.getitem:
             return args[0][args[1]]
         self.current_meta = meta
+        if _mutates(target):
+            # Note [Mutation]: values computed so far from the buffer about to change must be
+            # computed now, not inlined into later readers that would see the new contents
+            for value in env.values():
+                for box in value if isinstance(value, list | tuple) else [value]:
+                    storage = box.storage() if isinstance(box, TensorBox) else None
+                    if storage is not None and not storage.is_realized():
+                        storage.realize()
         lowering = find_lowering(target)
         result: Any = None
         if lowering is not None:
@@ -265,6 +278,11 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def _mutates(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
 
 
 def _zeros(ranges: Sequence[Any]) -> list[Any]:

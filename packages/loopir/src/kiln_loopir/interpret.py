@@ -188,8 +188,8 @@ REDUCTIONS: dict[str, Callable[[Value], Value]] = {
     "prod": lambda v: v.prod(-1),
     "max": lambda v: v.amax(-1),
     "min": lambda v: v.amin(-1),
-    "argmax": lambda v: v.argmax(-1),
-    "argmin": lambda v: v.argmin(-1),
+    "argmax": lambda v: (v.to(torch.uint8) if v.dtype == torch.bool else v).argmax(-1),
+    "argmin": lambda v: (v.to(torch.uint8) if v.dtype == torch.bool else v).argmin(-1),
     "any": lambda v: v.bool().any(-1),
 }
 
@@ -251,6 +251,7 @@ class InterpretBackend(Backend):
 
         def run(*args: Any) -> Any:
             storage: dict[str, Value] = {}
+            check_inputs(graph, args)
             for spec, arg in zip(graph.graph_inputs, args, strict=True):
                 if spec is not None:
                     storage[spec.name] = flat_storage(conform(arg, spec.layout), spec.layout)
@@ -270,12 +271,33 @@ class InterpretBackend(Backend):
                             storage[buffer.name] = (
                                 storage[reuse] if reuse else torch.empty(size, dtype=buffer.layout.dtype)
                             )
-                    kernels[node.name](storage)
+                    if node.name in kernels:  # a no-op node (no elements) only needs its buffer
+                        kernels[node.name](storage)
                 for name in plan.internal.get(step, ()):
                     storage.pop(name, None)
             return _outputs(graph.outputs, storage)
 
         return run
+
+
+def check_inputs(graph: GraphLowering, args: Sequence[Any]) -> None:
+    """Refuse inputs the graph was not compiled for (a different shape would read out of place;
+    a different non-tensor input was baked in as a constant)."""
+    if len(args) != len(graph.graph_inputs):
+        raise TypeError(f"compiled graph takes {len(graph.graph_inputs)} inputs, got {len(args)}")
+    specs = zip(graph.graph_inputs, args, graph.example_inputs, strict=True)
+    for i, (spec, arg, example) in enumerate(specs):
+        if spec is None:
+            if arg != example:
+                raise ValueError(f"input {i} was compiled as the constant {example!r}, got {arg!r}")
+            continue
+        if not isinstance(arg, torch.Tensor):
+            raise TypeError(f"input {i} must be a tensor, got {type(arg).__name__}")
+        if list(arg.shape) != spec.layout.int_size() or arg.dtype != spec.layout.dtype:
+            raise ValueError(
+                f"input {i} ({spec.name}) was compiled for {spec.layout.int_size()} {spec.layout.dtype}, "
+                f"got {list(arg.shape)} {arg.dtype}"
+            )
 
 
 def _to_tensor(value: Any, storage: dict[str, Value]) -> Any:
@@ -298,6 +320,12 @@ def _run_extern(kernel: ExternKernel, storage: dict[str, Value], graph: GraphLow
         value = result
         for i in out.path:
             value = value[i]
+        if list(value.shape) != out.layout.int_size():
+            # a data-dependent shape (nonzero, masked_select) was fixed from the example inputs
+            raise RuntimeError(
+                f"{kernel.op} returned shape {list(value.shape)}, compiled for {out.layout.int_size()}: "
+                "its output shape depends on the data; compile again for these inputs"
+            )
         storage[out.name] = flat_storage(conform(value, out.layout), out.layout)
 
 

@@ -439,7 +439,3 @@ def _offset_through_views(node: IRNode, index: Index) -> tuple[Buffer, Expr] | N
     if isinstance(node, Buffer):
         return node, node.layout.indexer(index)
     return None
-
-
-def is_flexible(buffer: Buffer) -> bool:
-    return isinstance(buffer.layout, FlexibleLayout)

@@ -78,10 +78,6 @@ def _ensure_registered() -> None:
 # helpers shared by the families
 
 
-def is_box(value: object) -> bool:
-    return isinstance(value, TensorBox)
-
-
 def meta_of(value: object) -> object:
     """A meta tensor standing in for a box (for dtype rules); other values pass through."""
     if isinstance(value, TensorBox):
@@ -124,11 +120,6 @@ def device_of(*values: object) -> torch.device:
         if isinstance(v, TensorBox):
             return v.get_device()
     return torch.device("cpu")
-
-
-def scalar_value(value: object) -> object:
-    """Python scalars pass; 0-dim constant tensors are not unwrapped (they are boxes)."""
-    return value
 
 
 def make_pointwise(

@@ -23,6 +23,7 @@ buffer takes over the memory of a freed one of the same dtype and size (the reus
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,14 @@ class MemoryDep:
 
     def canonical(self) -> tuple[tuple[Expr, ...], Expr]:
         """The access with loops merged: equal for accesses that visit offsets alike."""
-        return merge_loops(self.sizes, self.index, self.variables)
+        return _canonical(self.sizes, self.index, self.variables)
+
+
+@functools.lru_cache(maxsize=65536)
+def _canonical(
+    sizes: tuple[Expr, ...], index: Expr, variables: tuple[sympy.Symbol, ...]
+) -> tuple[tuple[Expr, ...], Expr]:
+    return merge_loops(sizes, index, variables)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +139,10 @@ class BaseSchedulerNode:
     reads: list[Dep]
     writes: list[Dep]
     ancestors: set[str] = field(default_factory=set)
+    # caches: the scheduler asks these questions many times per pair of nodes
+    _names: frozenset[str] | None = field(default=None, repr=False)
+    _reads: frozenset[str] | None = field(default=None, repr=False)
+    _writes: frozenset[str] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -139,14 +151,20 @@ class BaseSchedulerNode:
     def get_nodes(self) -> list[BaseSchedulerNode]:
         return [self]
 
-    def names(self) -> set[str]:
-        return {n.name for n in self.get_nodes()}
+    def names(self) -> frozenset[str]:
+        if self._names is None:
+            self._names = frozenset(n.name for n in self.get_nodes())
+        return self._names
 
-    def read_names(self) -> set[str]:
-        return {d.name for d in self.reads}
+    def read_names(self) -> frozenset[str]:
+        if self._reads is None:
+            self._reads = frozenset(d.name for d in self.reads)
+        return self._reads
 
-    def write_names(self) -> set[str]:
-        return {d.name for d in self.writes}
+    def write_names(self) -> frozenset[str]:
+        if self._writes is None:
+            self._writes = frozenset(d.name for d in self.writes)
+        return self._writes
 
     def is_kernel(self) -> bool:
         return False
@@ -163,6 +181,7 @@ class SchedulerNode(BaseSchedulerNode):
     """A ComputedBuffer's loop nest: a kernel of its own until fused."""
 
     node: ComputedBuffer = field(default=None)  # type: ignore[assignment]
+    _group: tuple[Expr, Expr] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -175,8 +194,10 @@ class SchedulerNode(BaseSchedulerNode):
         return self.node.is_reduction()
 
     def group(self) -> tuple[Expr, Expr]:
-        ranges, rranges = self.node.iteration()
-        return (sympy.Mul(*ranges), sympy.Mul(*rranges))
+        if self._group is None:
+            ranges, rranges = self.node.iteration()
+            self._group = (_as_int(sympy.Mul(*ranges)), _as_int(sympy.Mul(*rranges)))
+        return self._group
 
 
 @dataclass(eq=False)
@@ -239,6 +260,11 @@ class FusedSchedulerNode(BaseSchedulerNode):
         )
 
 
+def _as_int(expr: Expr) -> Expr:
+    """Plain ints compare far faster than sympy Integers; symbolic sizes stay sympy."""
+    return int(expr) if expr.is_Integer else expr
+
+
 def groups_compatible(g1: tuple[Expr, Expr], g2: tuple[Expr, Expr]) -> bool:
     """Can two iteration spaces share one kernel?
 
@@ -298,7 +324,11 @@ class Scheduler:
             if isinstance(n, SchedulerNode) and isinstance(n.node, Scatter):
                 self.aliases[n.node.name] = n.node.mutates
         self.dead_code_elimination()
+        self.deps = self.compute_deps()
         self.compute_ancestors()
+        self._groups: list[BaseSchedulerNode] = list(self.nodes)
+        self._owner: dict[str, BaseSchedulerNode] = {n.name: n for n in self.nodes}
+        self._reader_cache: dict[str, set[int]] | None = None
         if fusion:
             self.fuse_nodes()
         self.nodes = self.topological_sort(self.nodes)
@@ -309,6 +339,8 @@ class Scheduler:
         if isinstance(op, ExternKernel):
             reads: list[Dep] = [StarDep(n) for n in op.input_names()]
             writes: list[Dep] = [StarDep(o.name) for o in op.outputs]
+            if _is_mutating(op):  # Note [Mutation]: it may write any tensor it is given
+                writes += [StarDep(n) for n in op.input_names()]
             return ExternKernelSchedulerNode(order, reads, writes, node=op)
         reads, writes = extract_read_writes(op)
         if op.numel() == 0:
@@ -318,14 +350,35 @@ class Scheduler:
     # dependencies ---------------------------------------------------------------------------
 
     def producers(self, node: BaseSchedulerNode) -> set[str]:
-        """Names of the nodes ``node`` reads from (outside itself)."""
+        """Names of the nodes ``node`` must run after (outside itself)."""
         own = node.names()
-        out = set()
-        for r in node.read_names():
-            w = self.writer.get(r)
-            if w is not None and w.name not in own:
-                out.add(w.name)
-        return out
+        out: set[str] = set()
+        for m in node.get_nodes():
+            out |= self.deps.get(m.name, set())
+        return out - own
+
+    def compute_deps(self) -> dict[str, set[str]]:
+        """Ordering constraints, in creation order: read-after-write and, for buffers that a
+        mutating extern kernel writes in place, write-after-read and write-after-write too
+        (Note [Mutation]: a reader lowered before the mutation sees the old value)."""
+        last_writer: dict[str, str] = {}
+        readers: dict[str, list[str]] = {}
+        deps: dict[str, set[str]] = {}
+        for node in self.nodes:
+            d: set[str] = set()
+            for r in node.read_names():
+                if r in last_writer:
+                    d.add(last_writer[r])
+                readers.setdefault(r, []).append(node.name)
+            for w in node.write_names():
+                if w in last_writer:
+                    d.add(last_writer[w])
+                d |= set(readers.get(w, ()))
+                last_writer[w] = node.name
+                readers[w] = []
+            d.discard(node.name)
+            deps[node.name] = d
+        return deps
 
     def dead_code_elimination(self) -> None:
         """Drop nodes whose buffers nobody reads and that are not outputs (and do not mutate)."""
@@ -366,16 +419,21 @@ class Scheduler:
         for n in self.nodes:
             for m in n.get_nodes():
                 owner[m.name] = n
-        self._groups: list[BaseSchedulerNode] = list(self.nodes)
+        self._owner = owner
+        self._groups = list(self.nodes)
         candidates = self.possible_fusions()
-        candidates.sort(key=lambda pair: self.score_fusion(*pair), reverse=True)
+        scores = {id(pair): self.score_fusion(*pair) for pair in candidates}
+        candidates.sort(key=lambda pair: scores[id(pair)], reverse=True)
         for a0, b0 in candidates:
             a, b = owner[a0.get_nodes()[0].name], owner[b0.get_nodes()[0].name]
             if a is b:
                 continue
-            if b.name in a.ancestors or b.names() & a.ancestors:
+            if b.names() & a.ancestors:
                 a, b = b, a
-            if not self.can_fuse(a, b) or self.will_fusion_create_cycle(a, b):
+            unchanged = (a is a0 and b is b0) or (a is b0 and b is a0)
+            if not unchanged and not self.can_fuse(a, b):  # possible_fusions checked the originals
+                continue
+            if self.will_fusion_create_cycle(a, b):
                 continue
             fused = FusedSchedulerNode.fuse(a, b)
             log.debug("fuse %s + %s (score %s)", a.name, b.name, self.score_fusion(a, b))
@@ -419,8 +477,6 @@ class Scheduler:
             return False
         if not groups_compatible(a.group(), b.group()):
             return False
-        if any(not groups_compatible(m.group(), n.group()) for m in a.get_nodes() for n in b.get_nodes()):
-            return False
         vertical = bool(a.names() & b.ancestors)
         if vertical:
             if not self.can_fuse_vertical(a, b):
@@ -446,10 +502,13 @@ class Scheduler:
     def will_fusion_create_cycle(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
         """True when some third (possibly fused) node depends on ``a`` and ``b`` depends on it."""
         a_names = a.names()
-        for node in self._groups:
-            if node is a or node is b:
+        seen: set[int] = set()
+        for name in b.ancestors - a_names:
+            node = self._owner.get(name)
+            if node is None or node is a or node is b or id(node) in seen:
                 continue
-            if node.names() & b.ancestors and node.ancestors & a_names:
+            seen.add(id(node))
+            if node.ancestors & a_names:
                 return True
         return False
 
@@ -473,7 +532,6 @@ class Scheduler:
 
     def topological_sort(self, nodes: list[BaseSchedulerNode]) -> list[BaseSchedulerNode]:
         owner = {m.name: n for n in nodes for m in n.get_nodes()}
-        writer = {w: n for n in nodes for w in n.write_names()}
         done: set[int] = set()
         result: list[BaseSchedulerNode] = []
 
@@ -481,10 +539,9 @@ class Scheduler:
             if id(n) in done:
                 return
             done.add(id(n))
-            for r in sorted(n.read_names()):
-                w = writer.get(r)
-                if w is not None and w is not n:
-                    visit(owner[w.get_nodes()[0].name])
+            for p in sorted(self.producers(n), key=lambda name: owner[name].order if name in owner else 0):
+                if p in owner:
+                    visit(owner[p])
             result.append(n)
 
         for n in sorted(nodes, key=lambda n: n.order):
@@ -500,6 +557,11 @@ class Scheduler:
                 last_read[self.aliases.get(r, r)] = step
         pool: dict[tuple[Any, int], list[str]] = {}
         keep = set(self.output_names) | {self.aliases.get(n, n) for n in self.output_names}
+        # an extern op that returns a view (diagonal, unfold, ...) keeps its input's memory alive
+        # for as long as the view lives: never hand such memory to another buffer
+        for node in self.nodes:
+            if isinstance(node, ExternKernelSchedulerNode) and _returns_alias(node.node):
+                keep |= {self.aliases.get(n, n) for n in node.read_names()}
         for step, node in enumerate(self.nodes):
             written = node.write_names()
             for m in node.get_nodes():
@@ -545,7 +607,7 @@ class Scheduler:
     def kernel_bytes(self, node: BaseSchedulerNode) -> int:
         """Estimated bytes a kernel reads and writes in memory (internal buffers excluded)."""
         internal = node.write_names() if isinstance(node, FusedSchedulerNode) else set()
-        if not hasattr(self, "_reader_cache"):
+        if self._reader_cache is None:
             self._reader_cache = self._readers()
         readers = self._reader_cache
         internal = {n for n in internal if readers.get(n, set()) <= {id(node)} and n not in self.output_names}
@@ -588,6 +650,13 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
         return False
     prefix_dep = MemoryDep(rdep.name, rdep.index, rdep.variables[:prefix], rdep.sizes[:prefix])
     return wdep.canonical() == prefix_dep.canonical()
+
+
+def _returns_alias(kernel: ExternKernel) -> bool:
+    schema = getattr(kernel.op, "_schema", None)
+    if schema is None:
+        return True  # unknown callable: assume the worst
+    return any(r.alias_info is not None for r in schema.returns)
 
 
 def _is_mutating(kernel: ExternKernel) -> bool:

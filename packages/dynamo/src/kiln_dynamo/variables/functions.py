@@ -111,7 +111,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         return self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
 
     def getattr(self, tx: Tx, name: str) -> VT:
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 

@@ -179,6 +179,12 @@ class SuperVariable(VariableTracker):
                 attr = vars(klass)[name]
                 if klass is object and name == "__init__":
                     return _NoOpVariable()
+                if (
+                    klass is object
+                    and name == "__getattribute__"
+                    and isinstance(self.obj, UserObjectVariable)
+                ):
+                    return _GenericGetattrVariable(self.obj)
                 if inspect.isfunction(attr):
                     return BoundMethodVariable(UserFunctionVariable(attr, None), self.obj)
                 if isinstance(attr, property) and attr.fget is not None:
@@ -191,6 +197,21 @@ class SuperVariable(VariableTracker):
                     )
                 raise Unsupported(f"super().{name} is a {type(attr).__name__}")
         raise Unsupported(f"super() has no attribute {name!r}")
+
+
+class _GenericGetattrVariable(VariableTracker):
+    """`super().__getattribute__` bound to an existing object: the default attribute lookup."""
+
+    def __init__(self, obj: UserObjectVariable) -> None:
+        self.obj = obj
+
+    def describe(self) -> str:
+        return "object.__getattribute__"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        # An AttributeError propagates out of the inlined __getattribute__ to getattr()/hasattr(),
+        # which model it; anywhere else it becomes Unsupported.
+        return self.obj.generic_getattr(tx, args[0].as_constant())
 
 
 class _NoOpVariable(VariableTracker):
@@ -222,11 +243,20 @@ class UserObjectVariable(VariableTracker):
         if pending is not None:
             return pending
         cls: Any = type(self.obj)
-        meta: Any = type(cls)
-        if meta.__getattribute__ is not type.__getattribute__ or (
-            cls.__getattribute__ is not object.__getattribute__
-        ):
-            raise Unsupported(f"{self.describe()} customises attribute lookup")
+        custom = cls.__getattribute__
+        if custom is not object.__getattribute__:
+            if not inspect.isfunction(custom):
+                raise Unsupported(f"{self.describe()} customises attribute lookup in C")
+            # A Python __getattribute__ (e.g. transformers' configs): inline it; its
+            # super().__getattribute__ comes back to generic_getattr below.
+            return tx.wrap(custom, None).call(tx, [self, ConstantVariable(name)], {})
+        return self.generic_getattr(tx, name)
+
+    def generic_getattr(self, tx: Tx, name: str) -> VT:
+        """object.__getattribute__: the instance dict, then the class."""
+        pending = tx.output.side_effects.pending_attr(self.obj, name)
+        if pending is not None:
+            return pending
         d = getattr(self.obj, "__dict__", {})
         if name in d:
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)

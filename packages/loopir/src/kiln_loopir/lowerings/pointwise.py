@@ -176,6 +176,14 @@ def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     return make_pointwise(body)(*args)
 
 
+@register_lowering(aten.hardtanh)
+def hardtanh(x: TensorBox, lo: float = -1.0, hi: float = 1.0) -> TensorBox:
+    if x.get_dtype().is_floating_point:
+        return clamp(x, lo, hi)
+    # integer inputs keep their dtype; the bounds are truncated to it
+    return clamp(x, int(lo), int(hi))
+
+
 @register_lowering(aten.clamp_min)
 def clamp_min(x: TensorBox, bound: Any) -> TensorBox:
     return clamp(x, bound, None)
@@ -253,10 +261,6 @@ def _silu(v: Any) -> Any:
     return ops.mul(v, ops.sigmoid(v))
 
 
-def _hardtanh(v: Any, lo: float = -1.0, hi: float = 1.0) -> Any:
-    return ops.minimum(ops.maximum(v, _c(lo)), _c(hi))
-
-
 def _leaky_relu(v: Any, slope: float = 0.01) -> Any:
     return ops.where(ops.gt(v, _c(0.0)), v, ops.mul(v, _c(slope)))
 
@@ -292,7 +296,6 @@ def _logit(v: Any, eps: float | None = None) -> Any:
 
 register_lowering(aten.gelu)(_activation(_gelu))
 register_lowering(aten.silu)(_activation(_silu))
-register_lowering(aten.hardtanh)(_activation(_hardtanh))
 register_lowering(aten.leaky_relu)(_activation(_leaky_relu))
 register_lowering(aten.elu)(_activation(_elu))
 register_lowering(aten.softplus)(_activation(_softplus))

@@ -29,6 +29,8 @@ aten = torch.ops.aten
 
 def _dims(x: TensorBox, dims: Any) -> list[int]:
     rank = len(x.get_size())
+    if rank == 0:  # a scalar: dim 0 / -1 name the scalar itself, nothing to reduce
+        return []
     if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
         return list(range(rank))
     if isinstance(dims, int):
@@ -300,7 +302,8 @@ def log_softmax(x: TensorBox, dim: int, half_to_float: bool = False) -> TensorBo
 @register_lowering(aten.logsumexp)
 def logsumexp(x: TensorBox, dim: Any, keepdim: bool = False) -> TensorBox:
     dims = _dims(x, dim)
-    acc = opmath(x.get_dtype())
+    result = x.get_dtype() if x.get_dtype().is_floating_point else torch.get_default_dtype()
+    acc = opmath(result)
     xc = to_dtype(x, acc)
     amax = make_reduction(xc, dims, "max", acc)
     amax_k = _keepdim(amax, dims, True)
@@ -318,9 +321,9 @@ def logsumexp(x: TensorBox, dim: Any, keepdim: bool = False) -> TensorBox:
     def inner(i: Index) -> Any:
         m = la(i)
         m = ops.where(ops.isinf(m), ops.constant(0.0, acc), m)
-        return ops.to_dtype(ops.add(ops.log(lt(i)), m), x.get_dtype())
+        return ops.to_dtype(ops.add(ops.log(lt(i)), m), result)
 
-    out = TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, total.get_size()))
+    out = TensorBox.create(Pointwise(x.get_device(), result, inner, total.get_size()))
     return _keepdim(out, dims, keepdim)
 
 

@@ -1,0 +1,87 @@
+"""Turn an OpInfo sample into an aten-level FX graph, by recording the aten calls it makes.
+
+The torch-level op is run under a dispatch mode that records each aten overload call with its
+arguments; the calls become ``call_function`` nodes in order, tensors produced by earlier calls
+become edges, and every other tensor becomes a placeholder. This gives the graphs loopir
+consumes (aten ops, no fake tensors) for PyTorch's own sample inputs, without a tracer.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+import types
+import unittest
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+
+def load_op_db() -> list[Any]:
+    """PyTorch's OpInfo database (expecttest is only needed by its test-case base class)."""
+    try:
+        import expecttest  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("expecttest")
+        stub.TestCase = unittest.TestCase  # type: ignore[attr-defined]
+        sys.modules["expecttest"] = stub
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return list(op_db)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, Any, Any, Any]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.calls.append((func, args, kwargs, out))
+        return out
+
+
+class NotRecordable(Exception):
+    """The sample mutates, is random, or returns something that is not a tensor structure."""
+
+
+def record(
+    fn: Any, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """An aten graph equivalent to ``fn(*args, **kwargs)`` and its inputs."""
+    recorder = _Recorder()
+    with recorder:
+        result = fn(*args, **kwargs)
+    graph = torch.fx.Graph()
+    env: dict[int, torch.fx.Node] = {}
+    inputs: list[torch.Tensor] = []
+
+    def to_node(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in env:
+                env[id(value)] = graph.placeholder(f"in{len(inputs)}")
+                inputs.append(value)
+            return env[id(value)]
+        return value
+
+    for func, cargs, ckwargs, out in recorder.calls:
+        if func._schema.is_mutable or torch.Tag.nondeterministic_seeded in func.tags:
+            raise NotRecordable(f"{func} mutates or is random")
+        node = graph.call_function(func, tree_map(to_node, cargs), tree_map(to_node, ckwargs))
+        if isinstance(out, torch.Tensor):
+            env[id(out)] = node
+        elif isinstance(out, list | tuple):
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    env[id(o)] = graph.call_function(operator.getitem, (node, i))
+    leaves, _ = tree_flatten(result)
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        raise NotRecordable("output is not a tensor structure")
+    if not recorder.calls:
+        raise NotRecordable("no aten calls")
+    graph.output(tree_map(to_node, result) if not isinstance(result, torch.Tensor) else to_node(result))
+    return torch.fx.GraphModule(torch.nn.Module(), graph), inputs

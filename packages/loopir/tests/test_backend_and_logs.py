@@ -1,0 +1,133 @@
+"""The backend registry (in-process and entry points), KILN_LOG artifacts, and the layering rule."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+import torch
+from helpers import aten, check, make, trace
+
+import kiln_loopir
+from kiln_loopir import Backend, available_backends, compile_graph, get_backend, register_backend
+from kiln_loopir.interpret import InterpretBackend
+
+
+def _fn(x: Any) -> Any:
+    return aten.relu.default(aten.add.Tensor(aten.sin.default(x), 1))
+
+
+def test_interpret_is_the_default_backend() -> None:
+    assert isinstance(get_backend("interpret"), InterpretBackend)
+    assert "interpret" in available_backends()
+    with pytest.raises(KeyError, match="no loopir backend"):
+        get_backend("no-such-backend")
+
+
+def test_registered_backend_sees_every_kernel() -> None:
+    seen: list[str] = []
+
+    class Recording(InterpretBackend):
+        def codegen_kernel(self, node: Any, graph: Any) -> Any:
+            seen.append(node.name)
+            return super().codegen_kernel(node, graph)
+
+    register_backend("recording-test", Recording)
+    x = make((4, 4))
+    compiled = compile_graph(trace(_fn), [x], backend="recording-test")
+    torch.testing.assert_close(compiled(x), _fn(x))
+    assert len(seen) == compiled.stats.kernels == 1
+
+
+def test_backend_found_through_entry_point(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code generator advertises itself in its metadata; loopir never imports it by name."""
+    (tmp_path / "fake_codegen.py").write_text(
+        "from kiln_loopir.interpret import InterpretBackend\n"
+        "class FakeBackend(InterpretBackend):\n"
+        "    name = 'fake'\n"
+    )
+    dist = tmp_path / "fake_codegen-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-codegen\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[kiln_loopir.backends]\nfake = fake_codegen:FakeBackend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "fake" in available_backends()
+    backend = get_backend("fake")
+    assert isinstance(backend, Backend) and backend.name == "fake"
+    x = make((4, 4))
+    torch.testing.assert_close(compile_graph(trace(_fn), [x], backend="fake")(x), _fn(x))
+    monkeypatch.delitem(sys.modules, "fake_codegen", raising=False)
+
+
+def _softmax(x: Any) -> Any:
+    return aten._softmax.default(x, 1, False)
+
+
+def test_kiln_log_prints_ir_and_schedule(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("KILN_LOG", "ir,schedule")
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir"):
+        check(_softmax, make((4, 8)))
+    text = caplog.text
+    assert "Reduction(ranges=[4], reduction_ranges=[8])" in text
+    assert "load(x, r0 + 8*x0)" in text
+    assert "store_reduction(buf0, x0, tmp2)" in text
+    assert "fuse buf" in text
+    assert "schedule:" in text and "Fused:" in text
+    for name in ("kiln.loopir.ir", "kiln.loopir.schedule"):
+        logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+FORBIDDEN = (
+    "kiln_dynamo", "kiln_aotgrad", "kiln_codegen", "kiln.", "torch._dynamo", "torch._inductor",
+    "torch._functorch", "torch._subclasses", "torch.fx.experimental.proxy_tensor",
+    "torch.fx.experimental.symbolic_shapes", "torch.export", "torch._guards", "torch.compile",
+)  # fmt: skip
+
+
+def test_layering_imports_only_torch_and_sympy() -> None:
+    src = pathlib.Path(kiln_loopir.__file__).parent
+    for path in src.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "torch"
+            ):
+                names = [f"torch.{node.attr}"]
+            for name in names:
+                assert not name.startswith(FORBIDDEN) and name != "kiln", f"{path.name} uses {name}"
+                top = name.split(".")[0]
+                allowed = {"torch", "sympy", "kiln_loopir", "__future__"}
+                assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
+
+
+def test_inputs_other_than_compiled_for_are_refused() -> None:
+    compiled = compile_graph(trace(_fn), [make((4, 4))])
+    with pytest.raises(ValueError, match="compiled for"):
+        compiled(make((8, 4)))
+    with pytest.raises(ValueError, match="compiled for"):
+        compiled(make((4, 4), torch.float64))
+
+
+def test_non_tensor_inputs_are_constants_of_the_compiled_graph() -> None:
+    def fn(x: Any, k: Any) -> Any:
+        return aten.mul.Tensor(x, k)
+
+    gm = torch.fx.symbolic_trace(fn, concrete_args={})
+    x = make((3, 3))
+    compiled = compile_graph(gm, [x, 3])
+    torch.testing.assert_close(compiled(x, 3), x * 3)
+    with pytest.raises(ValueError, match="constant 3"):
+        compiled(x, 4)

@@ -1,0 +1,71 @@
+"""GraphLowering on graphs built by hand: constants, metadata, output structures."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+import torch.fx
+from helpers import assert_same, aten, check, make
+
+from kiln_loopir import compile_graph
+
+
+def _graph_module(graph: torch.fx.Graph, **attrs: torch.Tensor) -> torch.fx.GraphModule:
+    root = torch.nn.Module()
+    for name, value in attrs.items():
+        root.register_buffer(name, value)
+    return torch.fx.GraphModule(root, graph)
+
+
+def test_hand_built_graph_with_constant_and_multi_output_op() -> None:
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    w = g.get_attr("weight")
+    h = g.call_function(aten.add.Tensor, (x, w))
+    mx = g.call_function(aten.max.dim, (h, 1))
+    values = g.call_function(operator.getitem, (mx, 0))
+    indices = g.call_function(operator.getitem, (mx, 1))
+    g.output([values, indices, x])
+    gm = _graph_module(g, weight=make((4, 6)))
+    inp = make((4, 6))
+    compiled = check(gm, inp)
+    out = compiled(inp)
+    assert isinstance(out, list) and out[2] is not None
+    assert out[2].data_ptr() == inp.data_ptr()  # an input returned as is: no copy
+
+
+def test_meta_val_on_nodes_is_used() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return aten.exp.default(aten.neg.default(x))
+
+    gm = torch.fx.symbolic_trace(fn)
+    example = make((3, 5))
+    for node in gm.graph.nodes:
+        if node.op in {"placeholder", "call_function"}:
+            node.meta["val"] = torch.empty(3, 5, device="meta")
+    assert check(gm, example).stats.kernels == 1
+
+
+def test_same_value_returned_twice_and_tuple_structure() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        y = aten.sigmoid.default(x)
+        return y, (y, aten.sum.default(y))
+
+    compiled = check(fn, make((5, 5)))
+    out = compiled(make((5, 5)))
+    assert isinstance(out, tuple) and isinstance(out[1], tuple)
+    assert compiled.stats.buffers == 2
+
+
+def test_data_dependent_extern_output_shape_from_example() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return aten.nonzero.default(aten.gt.Scalar(x, 0))
+
+    x = torch.tensor([[1.0, -1.0], [2.0, 3.0]])
+    compiled = compile_graph(torch.fx.symbolic_trace(fn), [x])
+    assert_same(compiled(x), fn(x))
+    assert compiled.stats.extern_calls == 1
+    with pytest.raises(RuntimeError, match="depends on the data"):
+        compiled(torch.tensor([[1.0, -1.0], [-2.0, 3.0]]))

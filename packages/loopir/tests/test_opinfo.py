@@ -1,0 +1,105 @@
+"""Every lowering through the interpreter against eager, driven by PyTorch's OpInfo samples.
+
+Each OpInfo whose aten op has a loopir lowering is run on a few samples per dtype (float32,
+float64, bfloat16, int64, bool where the op supports it), contiguous and non-contiguous; the
+sample is recorded as an aten graph (``opinfo_graphs.record``), compiled, run and compared with
+running that graph eagerly. ``KNOWN_FAILURES`` lists what does not pass yet, with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from helpers import assert_same
+from opinfo_graphs import NotRecordable, load_op_db, record
+
+from kiln_loopir import compile_graph
+from kiln_loopir.lowering import LOWERINGS, _ensure_registered
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool)
+SAMPLES_PER_DTYPE = 2
+
+# (OpInfo name, variant or "", dtype or None for all) -> reason
+KNOWN_FAILURES: dict[tuple[str, str, torch.dtype | None], str] = {}
+
+# OpInfo name -> why its lowering declines some samples (they run as extern calls, correctly)
+KNOWN_FALLBACKS: dict[str, str] = {
+    "index_put": "boolean-mask indices have a data-dependent shape: aten.index_put runs as an extern call",
+}
+
+# ops whose values are unspecified (uninitialized memory): only shape and dtype are compared
+UNSPECIFIED_VALUES = {"empty", "empty_like", "new_empty", "empty_strided"}
+
+
+def _lowered_packets() -> set[str]:
+    _ensure_registered()
+    names = set()
+    for key in LOWERINGS:
+        packet = key.overloadpacket if isinstance(key, torch._ops.OpOverload) else key
+        names.add(packet.__name__.split(".")[-1])
+    return names
+
+
+# OpInfos named differently from the aten ops they record as (softmax -> aten._softmax, x[i] ->
+# aten.index.Tensor), and ops without a lowering, which exercise the extern-kernel path.
+EXTRA = {
+    "softmax", "log_softmax", "nn.functional.layer_norm", "__getitem__", "take_along_dim",
+    "mm", "bmm", "addmm", "cumsum", "sort", "topk", "nn.functional.conv2d", "index_select",
+}  # fmt: skip
+
+
+def _selected() -> list[Any]:
+    lowered = _lowered_packets()
+    chosen = []
+    for op in load_op_db():
+        aten_name = (op.aten_name or op.name).replace("nn.functional.", "")
+        if aten_name in lowered or op.name in lowered or op.name in EXTRA:
+            chosen.append(op)
+    return chosen
+
+
+OPS = _selected()
+
+
+def _known(op: Any, dtype: torch.dtype) -> bool:
+    return (op.name, op.variant_test_name, dtype) in KNOWN_FAILURES or (
+        op.name,
+        op.variant_test_name,
+        None,
+    ) in KNOWN_FAILURES
+
+
+@pytest.mark.parametrize("op", OPS, ids=[f"{op.name}.{op.variant_test_name}".rstrip(".") for op in OPS])
+def test_opinfo(op: Any) -> None:
+    supported = op.supported_dtypes("cpu")
+    checked = 0
+    for dtype in DTYPES:
+        if dtype not in supported or _known(op, dtype):
+            continue
+        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
+        for i, original in enumerate(samples):
+            if i >= SAMPLES_PER_DTYPE:
+                break
+            sample = original.noncontiguous() if i == 1 else original
+            args = [sample.input, *sample.args]
+            try:
+                gm, inputs = record(op.op, args, dict(sample.kwargs))
+            except NotRecordable:
+                continue
+            expected = gm(*inputs)
+            compiled = compile_graph(gm, inputs)
+            actual = compiled(*inputs)
+            if op.name in UNSPECIFIED_VALUES:
+                assert (actual.shape, actual.dtype) == (expected.shape, expected.dtype)
+                checked += 1
+                continue
+            try:
+                assert_same(actual, expected)
+            except AssertionError as exc:
+                raise AssertionError(f"{op.name} {dtype} sample {i}: {sample}\n{gm.code}\n{exc}") from exc
+            if op.name not in KNOWN_FALLBACKS:
+                assert compiled.stats.fallbacks == (), (op.name, dtype, compiled.stats.fallbacks)
+            checked += 1
+    assert checked > 0 or all(_known(op, d) or d not in supported for d in DTYPES)

@@ -1,0 +1,185 @@
+"""Scheduler units: groups, can_fuse, cycles, vetoes, the greedy order, DCE and the buffer plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+from helpers import aten, check, make, trace
+
+from kiln_loopir import GraphLowering, Scheduler
+from kiln_loopir.interpret import InterpretBackend
+from kiln_loopir.scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    FusedSchedulerNode,
+    SchedulerNode,
+    groups_compatible,
+    output_buffer_names,
+)
+
+Int = sympy.Integer
+
+
+def schedule(fn: Any, *inputs: Any, fusion: bool = True, veto: Any = None) -> Scheduler:
+    graph = GraphLowering(trace(fn), list(inputs), fusion=fusion).run()
+    return Scheduler(
+        graph.operations,
+        graph.name_to_buffer,
+        output_buffer_names(graph.outputs),
+        fusion=fusion,
+        can_fuse_hook=veto,
+    )
+
+
+def by_name(s: Scheduler) -> dict[str, BaseSchedulerNode]:
+    return {m.name: m for n in s.nodes for m in n.get_nodes()}
+
+
+def test_groups_compatible() -> None:
+    assert groups_compatible((Int(64), Int(1)), (Int(64), Int(1)))
+    assert not groups_compatible((Int(64), Int(1)), (Int(32), Int(1)))
+    assert groups_compatible((Int(8), Int(8)), (Int(64), Int(1)))  # pointwise inside the reduction loop
+    assert groups_compatible((Int(8), Int(8)), (Int(8), Int(1)))  # epilogue
+    assert not groups_compatible((Int(8), Int(8)), (Int(16), Int(1)))
+    assert groups_compatible((Int(8), Int(8)), (Int(8), Int(8)))
+    assert not groups_compatible((Int(8), Int(8)), (Int(4), Int(16)))
+
+
+def _two_outputs(x: Any) -> Any:
+    y = aten.sin.default(x)
+    return y, aten.add.Tensor(y, 1)
+
+
+def _transposed_read(x: Any) -> Any:
+    y = aten.sin.default(x)
+    return y, aten.add.Tensor(aten.t.default(y), 1)
+
+
+def test_can_fuse_aligned_producer_consumer() -> None:
+    s = schedule(_two_outputs, make((8, 8)), fusion=False)
+    a, b = s.nodes
+    assert s.can_fuse(a, b)
+    assert not s.can_fuse(b, a)  # b is not an ancestor of a... but a is b's producer: order matters
+    assert not s.can_fuse(a, a)
+
+
+def test_cannot_fuse_transposed_read() -> None:
+    s = schedule(_transposed_read, make((8, 8)), fusion=False)
+    a, b = s.nodes
+    assert not s.can_fuse(a, b)
+    # fused, sin(x) inlines into both outputs, which then share only the input: horizontal fusion
+    assert check(_transposed_read, make((8, 8))).stats.kernels == 1
+
+
+def test_reduction_then_broadcast_read_fuses() -> None:
+    def fn(x: Any) -> Any:
+        m = aten.amax.default(x, [1], True)
+        return aten.sub.Tensor(x, m)
+
+    s = schedule(fn, make((8, 16)), fusion=False)
+    red, point = s.nodes
+    assert isinstance(red, SchedulerNode) and red.is_reduction()
+    assert s.can_fuse(red, point)
+
+
+def test_reduction_read_along_reduced_dim_does_not_fuse() -> None:
+    def fn(x: Any) -> Any:
+        m = aten.amax.default(x, [0], True)  # reduced over rows, read per column
+        return aten.sub.Tensor(x, m)
+
+    s = schedule(fn, make((8, 16)), fusion=False)
+    red, point = s.nodes
+    assert not s.can_fuse(red, point)
+
+
+def test_fusion_through_extern_would_create_cycle() -> None:
+    def fn(x: Any, w: Any) -> Any:
+        a = aten.sin.default(x)
+        m = aten.mm.default(a, w)
+        return a, aten.add.Tensor(aten.cos.default(x), m)
+
+    s = schedule(fn, make((8, 8)), make((8, 8)))
+    a, extern, c = s.nodes  # sin(x) -> mm -> cos(x) + mm: a and c share x, but not a kernel
+    assert isinstance(extern, ExternKernelSchedulerNode)
+    assert s.will_fusion_create_cycle(a, c)
+    assert check(fn, make((8, 8)), make((8, 8))).stats.kernels == 2
+
+
+def test_backend_veto_blocks_fusion() -> None:
+    class NoReductionFusion(InterpretBackend):
+        def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
+            return not (node1.is_reduction() or node2.is_reduction())
+
+    def fn(x: Any) -> Any:
+        return aten.sum.dim_IntList(aten.exp.default(x), [1], True), aten.sin.default(aten.exp.default(x))
+
+    from kiln_loopir import compile_graph
+
+    x = make((8, 16))
+    vetoed = compile_graph(trace(fn), [x], backend=NoReductionFusion())
+    assert vetoed.stats.kernels == 2
+    assert compile_graph(trace(fn), [x]).stats.kernels == 1  # exp(x) feeds both: one loop nest
+    veto_all = compile_graph(trace(_two_outputs), [x], backend=NoReductionFusion())
+    assert veto_all.stats.kernels == 1
+
+
+def test_greedy_prefers_more_bytes_saved() -> None:
+    # b can join a (sharing a 64x64 buffer) or c (sharing a 64-element one), not both
+    def fn(x: Any, v: Any) -> Any:
+        a = aten.sin.default(x)
+        b = aten.add.Tensor(a, v)
+        return a, b, aten.mul.Tensor(v, 2)
+
+    s = schedule(fn, make((64, 64)), make((64,)), fusion=False)
+    a, b, c = s.nodes
+    assert s.score_fusion(a, b) > s.score_fusion(b, c)
+    fused = schedule(fn, make((64, 64)), make((64,)))
+    groups = [sorted(m.name for m in n.get_nodes()) for n in fused.nodes]
+    assert sorted([a.name, b.name]) in groups
+
+
+def test_score_prefers_proximity_on_ties() -> None:
+    def fn(x: Any) -> Any:
+        return aten.sin.default(x), aten.cos.default(x), aten.tan.default(x)
+
+    s = schedule(fn, make((8, 8)), fusion=False)
+    a, b, c = s.nodes
+    assert s.score_fusion(a, b) > s.score_fusion(a, c)
+
+
+def test_dead_code_is_removed() -> None:
+    def fn(x: Any) -> Any:
+        aten.cumsum.default(x, 0)  # unused extern
+        aten.sum.dim_IntList(x, [0])  # unused reduction
+        return aten.sin.default(x)
+
+    s = schedule(fn, make((8, 8)))
+    assert len(s.nodes) == 1
+
+
+def test_topological_order_and_fused_members() -> None:
+    def fn(x: Any, w: Any) -> Any:
+        a = aten.relu.default(aten.mm.default(aten.sin.default(x), w))
+        return aten.mm.default(a, w)
+
+    s = schedule(fn, make((8, 8)), make((8, 8)))
+    seen: set[str] = set()
+    for node in s.nodes:
+        for r in node.read_names():
+            writer = s.writer.get(r)
+            assert writer is None or writer is node or writer.names() <= seen
+        seen |= node.names()
+    assert all(not isinstance(n, FusedSchedulerNode) or len(n.snodes) > 1 for n in s.nodes)
+
+
+def test_internal_buffers_are_not_allocated() -> None:
+    def fn(x: Any) -> Any:
+        return aten._softmax.default(x, 1, False)
+
+    s = schedule(fn, make((8, 16)))
+    internal = [name for names in s.plan.internal.values() for name in names]
+    assert len(internal) == 2  # the row max and the row sum
+    assert set(internal).isdisjoint(s.plan.allocate)
+    assert torch.is_tensor(check(fn, make((8, 16)))(make((8, 16))))
