@@ -48,7 +48,7 @@ def gelu(x: Any) -> Any:
     return aten.mul.Tensor(aten.mul.Tensor(x, 0.5), cdf)
 
 
-def transformer_block(  # noqa: PLR0917 (fx placeholders are positional parameters)
+def transformer_block(
     x: Any, wqkv: Any, wo: Any, w1: Any, w2: Any, g1: Any, b1: Any, g2: Any, b2: Any
 ) -> Any:
     batch, seq, dim, heads = 4, 128, 256, 4
@@ -92,9 +92,7 @@ def transformer_inputs() -> list[torch.Tensor]:
     ]
 
 
-def mlp(  # noqa: PLR0917 (fx placeholders are positional parameters)
-    x: Any, w1: Any, b1: Any, w2: Any, b2: Any, g: Any, beta: Any
-) -> Any:
+def mlp(x: Any, w1: Any, b1: Any, w2: Any, b2: Any, g: Any, beta: Any) -> Any:
     h = gelu(aten.addmm.default(b1, x, w1))
     h = layer_norm(h, g, beta, 1024)
     h = aten.addmm.default(b2, h, w2)
@@ -122,9 +120,7 @@ def batch_norm_relu(x: Any, mean: Any, var: Any, w: Any, b: Any) -> Any:
     return aten.relu.default(y)
 
 
-def conv_block(  # noqa: PLR0917 (fx placeholders are positional parameters)
-    x: Any, k1: Any, k2: Any, mean: Any, var: Any, w: Any, b: Any
-) -> Any:
+def conv_block(x: Any, k1: Any, k2: Any, mean: Any, var: Any, w: Any, b: Any) -> Any:
     h = aten.convolution.default(x, k1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     h = batch_norm_relu(h, mean, var, w, b)
     h = aten.convolution.default(h, k2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
