@@ -23,6 +23,9 @@ PACKAGES_DIR = ROOT / "packages"
 # through /opt/wheels). Any other pin, or no pin, makes pip pull a CUDA build of several GB. The
 # packages themselves accept torch 2.11-2.13.
 TORCH = "torch==2.13.0"
+# The checkers are pinned too: a new release may add rules and turn a green tree red.
+RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
 
 nox.options.sessions = []  # nothing runs by default: say -t tests, or name sessions
 nox.options.error_on_missing_interpreters = True
@@ -143,13 +146,13 @@ def bench(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every package's sources (configuration: pyproject.toml at the root)."""
     session.install(TORCH)
-    session.install(*[str(PACKAGES_DIR / f) for f in _sibling_closure("bench")], "mypy", "pytest", "nox")
+    session.install(*[str(PACKAGES_DIR / f) for f in _sibling_closure("bench")], MYPY, "pytest", "nox")
     session.run("mypy", *session.posargs)
 
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff")
+    session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

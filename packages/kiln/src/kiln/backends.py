@@ -9,10 +9,15 @@
 `kiln_backend` is the default and is also exported as `kiln.backend`, so it plugs into
 `torch.compile(model, backend=kiln.backend)` as well.
 
-Note [Backend failure]: when aotgrad, loopir or a code generator fails on a graph, the graph runs
-as dynamo captured it (eagerly), with a warning naming the exception and, where the failing node
-is known, the user's source line; `options={"strict": True}` raises `BackendFailed` instead. A
-wrong answer is never an option: a failure is always either a fallback or an error.
+Note [Backend failure]: kiln_aotgrad compiles a graph on its first call (per input signature), so
+failures surface at two points, both turned into a fallback with a warning naming the exception
+and, where the failing node is known, the user's source line (`options={"strict": True}` raises
+`BackendFailed` instead):
+  - loopir or a code generator fails on an aten graph: that aten graph runs unfused instead;
+  - aotgrad fails while tracing (the call added no compiled signature): the graph runs as dynamo
+    captured it, eagerly, from then on.
+Re-running eagerly is safe: compiling touches no real tensor, and an error that is the user's own
+is raised again by eager. A wrong answer is never an option: a failure is a fallback or an error.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def _origin(exc: BaseException) -> str:
 
 
 def _fallback(
-    gm: torch.fx.GraphModule, record: GraphCompile, exc: BaseException, strict: bool, backend: str
+    gm: torch.fx.GraphModule, record: GraphCompile, exc: BaseException, strict: bool, backend: str, what: str
 ) -> Callable[..., Any]:
     message = (
         f"kiln backend {backend!r} failed on graph {record.graph}: {type(exc).__name__}: {exc}{_origin(exc)}"
@@ -79,8 +84,41 @@ def _fallback(
     if strict:
         raise BackendFailed(message) from exc
     record.fell_back = message
-    warnings.warn(message + "; running the captured graph eagerly instead", RuntimeWarning, stacklevel=2)
+    warnings.warn(f"{message}; running {what} eagerly instead", RuntimeWarning, stacklevel=2)
     return gm.forward
+
+
+class _FirstCallFallback:
+    """Runs aotgrad's callable; if a call fails while aotgrad compiles (no compiled signature was
+    added), runs dynamo's graph eagerly from then on (Note [Backend failure])."""
+
+    def __init__(
+        self, gm: torch.fx.GraphModule, compiled: Any, record: GraphCompile, strict: bool, backend: str
+    ) -> None:
+        self.gm, self.compiled, self.record, self.strict, self.backend = gm, compiled, record, strict, backend
+        self.fallback: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.fallback is not None:
+            return self.fallback(*args)
+        signatures = getattr(self.compiled, "compiled", None)
+        before = len(signatures) if signatures is not None else None
+        inner_before = self.record.phases.get("loopir+codegen", 0.0)
+        start = time.perf_counter()
+        try:
+            result = self.compiled(*args)
+            if before is not None and len(signatures or ()) != before:  # this call compiled
+                inner = self.record.phases.get("loopir+codegen", 0.0) - inner_before
+                phases = self.record.phases
+                phases["aotgrad"] = phases.get("aotgrad", 0.0) + time.perf_counter() - start - inner
+            return result
+        except Exception as exc:
+            if isinstance(exc, BackendFailed) or before is None or len(signatures or ()) != before:
+                raise  # strict mode, or the compiled code itself failed at run time: not ours to hide
+            self.fallback = _fallback(
+                self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
+            )
+            return self.fallback(*args)
 
 
 def _record(gm: torch.fx.GraphModule) -> GraphCompile:
@@ -119,22 +157,24 @@ def make_backend(
                 return inner_gm
             import kiln_loopir
 
-            codegen = _codegen_for(_device_of(inputs))
-            compiled: Callable[..., Any] = _timed(
-                record, "loopir+codegen", lambda: kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen)
-            )
+            try:
+                codegen = _codegen_for(_device_of(inputs))
+                compiled: Callable[..., Any] = _timed(
+                    record,
+                    "loopir+codegen",
+                    lambda: kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen),
+                )
+            except Exception as exc:  # Note [Backend failure]
+                return _fallback(inner_gm, record, exc, strict, name, "its aten graph")
+            log.info("%s: %d nodes, %s", record.graph, record.nodes,
+                     ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in record.phases.items()))  # fmt: skip
             return compiled
 
-        start = time.perf_counter()
         try:
             compiled = kiln_aotgrad.aot_backend(inner, inner)(gm, example_inputs)
         except Exception as exc:  # Note [Backend failure]
-            return _fallback(gm, record, exc, strict, name)
-        total = time.perf_counter() - start
-        record.phases["aotgrad"] = total - record.phases.get("loopir+codegen", 0.0)
-        log.info("%s: %d nodes, %s", record.graph, record.nodes,
-                 ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in record.phases.items()))  # fmt: skip
-        return compiled
+            return _fallback(gm, record, exc, strict, name, "the captured graph")
+        return _FirstCallFallback(gm, compiled, record, strict, name)
 
     backend.__name__ = f"kiln_{name}_backend"
     return backend

@@ -1,0 +1,228 @@
+"""The public entry points: `aot_function` and `aot_module`.
+
+A call of the returned function flattens its arguments with pytree. Tensor leaves become graph
+inputs (for a module: its parameters and buffers first, then the tensor arguments); other leaves
+are baked into the trace as constants. The first call with a given *signature* (every tensor's
+shape, strides, dtype, device and requires_grad, the non-tensor leaves, the grad mode) traces,
+partitions and compiles; later calls with the same signature reuse the compiled runner.
+
+Per signature (`compile_flat`):
+- inference (grad mode off, or nothing requires grad, or no output is differentiable): one
+  functional aten graph -> `inference_compiler` (default: `fw_compiler`);
+- training: the joint graph -> `partition` -> forward to `fw_compiler`, backward to
+  `bw_compiler` (default: `fw_compiler`), both wrapped by runtime.training_runner.
+
+Compilers follow the backend protocol `compiler(gm, example_inputs) -> callable`; the example
+inputs are the fake tensors of the graph's placeholders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from kiln_aotgrad.decompositions import DecompTable, default_decompositions
+from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
+from kiln_aotgrad.logs import graphs_log, partition_log
+from kiln_aotgrad.partition import Partition, partition
+from kiln_aotgrad.runtime import inference_runner, training_runner
+from kiln_aotgrad.tracer import Tracer
+
+Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
+
+
+@dataclass(slots=True)
+class CompiledArtifacts:
+    """What one signature compiled to (kept for tests, the benchmark and debugging)."""
+
+    traced: Traced
+    partition: Partition | None
+    runner: Callable[..., Any]
+
+
+@dataclass(slots=True)
+class AotOptions:
+    fw_compiler: Compiler
+    bw_compiler: Compiler | None = None
+    inference_compiler: Compiler | None = None
+    decompositions: DecompTable | None = None
+    partition: str = "min_cut"
+    table: DecompTable = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.partition not in ("default", "min_cut"):
+            raise ValueError(f"partition must be 'default' or 'min_cut', not {self.partition!r}")
+        self.table = default_decompositions()
+        if self.decompositions:
+            self.table.update(self.decompositions)
+
+
+def _example_inputs(gm: torch.fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def compile_flat(
+    fn: Callable[[Tracer, list[torch.Tensor]], Any], inputs: list[torch.Tensor], opts: AotOptions
+) -> CompiledArtifacts:
+    """Trace `fn` on `inputs`' metadata and compile it into a runner of flat real tensors."""
+    want_training = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
+    traced = trace(fn, inputs, opts.table, want_training)
+    meta = traced.meta
+    if not meta.training:
+        graphs_log.info("inference graph:%s", traced.gm.code)
+        compiler = opts.inference_compiler or opts.fw_compiler
+        compiled = compiler(traced.gm, _example_inputs(traced.gm))
+        return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
+    part = partition(traced.gm, meta.num_graph_outputs, opts.partition)
+    graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
+    partition_log.info(
+        "%s: saved %d bytes (%d of activations): %s; recomputed in backward: %s",
+        opts.partition,
+        part.saved_bytes,
+        part.activation_bytes,
+        ", ".join(part.saved),
+        ", ".join(part.recomputed) or "nothing",
+    )
+    fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
+    bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, _example_inputs(part.bw))
+    return CompiledArtifacts(traced, part, training_runner(fw, bw, meta))
+
+
+def _signature(leaves: list[Any]) -> tuple[Any, ...]:
+    key: list[Any] = [torch.is_grad_enabled()]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            key.append(
+                (
+                    "T",
+                    tuple(x.shape),
+                    tuple(x.stride()),
+                    x.dtype,
+                    x.device,
+                    x.requires_grad,
+                    x.storage_offset(),
+                )
+            )
+        else:
+            try:
+                hash(x)
+                key.append(("C", type(x), x))
+            except TypeError:
+                key.append(("C", type(x), id(x)))
+    return tuple(key)
+
+
+class AotFunction:
+    """The callable `aot_function` returns; `.compiled` maps signatures to their artifacts."""
+
+    def __init__(
+        self, fn: Callable[..., Any], opts: AotOptions, module: torch.nn.Module | None = None
+    ) -> None:
+        self.fn = fn
+        self.opts = opts
+        self.module = module
+        self.compiled: dict[tuple[Any, ...], CompiledArtifacts] = {}
+
+    def _state(self) -> tuple[list[str], list[torch.Tensor]]:
+        if self.module is None:
+            return [], []
+        names: list[str] = []
+        values: list[torch.Tensor] = []
+        for n, p in self.module.named_parameters(remove_duplicate=False):
+            names.append(n)
+            values.append(p)
+        for n, b in self.module.named_buffers(remove_duplicate=False):
+            names.append(n)
+            values.append(b)
+        return names, values
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = tree_flatten((args, kwargs))
+        state_names, state = self._state()
+        tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        flat_inputs = [*state, *[leaves[i] for i in tensor_pos]]
+        key = _signature([*state, *leaves])
+        art = self.compiled.get(key)
+        if art is None:
+            art = self._compile(leaves, spec, tensor_pos, state_names, flat_inputs)
+            self.compiled[key] = art
+        return art.runner(*flat_inputs)
+
+    def _compile(
+        self,
+        leaves: list[Any],
+        spec: Any,
+        tensor_pos: list[int],
+        state_names: list[str],
+        flat_inputs: list[torch.Tensor],
+    ) -> CompiledArtifacts:
+        n_state = len(state_names)
+
+        def flat_fn(tracer: Tracer, fakes: list[torch.Tensor]) -> Any:
+            new_leaves = list(leaves)
+            for pos, f in zip(tensor_pos, fakes[n_state:], strict=True):
+                new_leaves[pos] = f
+            args, kwargs = tree_unflatten(new_leaves, spec)
+            with _swap_state(self.module, state_names, fakes[:n_state]):
+                target = self.module if self.module is not None else self.fn
+                if isinstance(target, torch.fx.GraphModule):
+                    return OriginInterpreter(target, tracer).run(*args, **kwargs)
+                return target(*args, **kwargs)
+
+        return compile_flat(flat_fn, flat_inputs, self.opts)
+
+
+@contextlib.contextmanager
+def _swap_state(
+    module: torch.nn.Module | None, names: list[str], values: list[torch.Tensor]
+) -> Iterator[None]:
+    """Temporarily replace the module's parameters and buffers (by qualified name) with `values`."""
+    if module is None:
+        yield
+        return
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    try:
+        for name, v in zip(names, values, strict=True):
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name) if owner_name else module
+            store: dict[str, Any] = owner._parameters if attr in owner._parameters else owner._buffers
+            saved.append((store, attr, store[attr]))
+            store[attr] = v
+        yield
+    finally:
+        for store, attr, old in reversed(saved):
+            store[attr] = old
+
+
+def aot_function(
+    fn: Callable[..., Any],
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    inference_compiler: Compiler | None = None,
+    decompositions: DecompTable | None = None,
+    partition: str = "min_cut",
+) -> AotFunction:
+    """Compile `fn` ahead of time through aten graphs; `decompositions` extend kiln's table."""
+    opts = AotOptions(fw_compiler, bw_compiler, inference_compiler, decompositions, partition)
+    return AotFunction(fn, opts)
+
+
+def aot_module(
+    module: torch.nn.Module,
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    inference_compiler: Compiler | None = None,
+    decompositions: DecompTable | None = None,
+    partition: str = "min_cut",
+) -> AotFunction:
+    """Like `aot_function` for `module(*args)`, with its parameters and buffers as graph inputs."""
+    opts = AotOptions(fw_compiler, bw_compiler, inference_compiler, decompositions, partition)
+    return AotFunction(module.forward, opts, module)

@@ -1,0 +1,53 @@
+"""kiln_aotgrad as a dynamo backend.
+
+`aot_backend(fw_compiler, ...)` returns `backend(gm, example_inputs) -> callable`, the protocol
+kiln_dynamo (and torch.compile) use. Dynamo hands over a torch-level GraphModule whose
+placeholders are the frame's tensors (parameters included); the backend wraps it with
+`aot_module` (so any parameters or buffers the GraphModule holds itself become inputs too) and
+traces it node by node through `OriginInterpreter`, which puts dynamo's `source_line` on every
+aten node and into error messages. Compilation happens on the first call, with the real inputs.
+
+`aot_eager` runs the produced aten graphs as they are (their GraphModules are the "compiled"
+callables): for tests and debugging of everything above code generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch.fx
+
+from kiln_aotgrad.api import Compiler, aot_module
+from kiln_aotgrad.decompositions import DecompTable
+
+
+def nop_compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The identity compiler: the GraphModule is the compiled callable."""
+    return gm
+
+
+def aot_backend(
+    fw_compiler: Compiler,
+    bw_compiler: Compiler | None = None,
+    *,
+    inference_compiler: Compiler | None = None,
+    decompositions: DecompTable | None = None,
+    partition: str = "min_cut",
+) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
+    """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        return aot_module(
+            gm,
+            fw_compiler,
+            bw_compiler,
+            inference_compiler=inference_compiler,
+            decompositions=decompositions,
+            partition=partition,
+        )
+
+    return backend
+
+
+aot_eager = aot_backend(nop_compiler)

@@ -1,0 +1,150 @@
+"""The decomposition table: which aten operators survive into kiln's graphs.
+
+The tracer (tracer.py) looks every operator that reaches it up in one table. An entry is a
+Python function written in terms of other torch operators; the tracer runs it under its own
+dispatch mode, so the operators it calls are looked up again, recursively, until only operators
+without an entry remain (a fixed point). An operator whose entry is already being expanded further
+up the stack is recorded as is, so a table entry that calls its own operator cannot loop.
+Operators registered as CompositeImplicitAutograd that reach the tracer are expanded through their
+C++ composite kernel (`OpOverload.decompose`) the same way.
+
+The table is `torch._decomp`'s core-ATen table (operator semantics that PyTorch maintains) plus
+kiln's choices:
+- *added* (decomposed although core ATen keeps them): `native_layer_norm`, `native_group_norm`,
+  `gelu`, the batch-norm family. They become pointwise ops and small reductions, which loopir
+  fuses, and which the min-cut partitioner may recompute in the backward instead of saving.
+- *removed* (kept although the core table would expand them): CPU flash attention forward and
+  backward (extern kernels), `empty_like`, and random operators (`bernoulli`, `native_dropout`,
+  `rand_like`...). Note [RNG in compiled graphs]: kiln does not functionalize
+  the RNG state; a compiled forward calls the same random operators, in the same order, as eager
+  does, so the same generator state gives the same mask. Random nodes are banned from recompute
+  (partition.py), so the backward always reads the saved mask.
+
+What survives is, by construction, "core ATen" (`torch.Tag.core`) plus the operators listed in
+`KEPT_NON_CORE`; `surviving_ops_ok` checks a graph against that contract (loopir lowers exactly
+these or calls them as extern kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+DecompTable = dict[Any, Callable[..., Any]]
+
+# Decomposed by kiln on top of the core table.
+_ADDED = [
+    aten.native_layer_norm,
+    aten.native_group_norm,
+    aten.gelu,
+    aten.native_batch_norm,
+    aten._native_batch_norm_legit,
+    aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training,
+    aten._batch_norm_with_update,
+    aten._batch_norm_no_update,
+    aten.new_empty_strided,
+    aten.empty_permuted,
+    aten.linalg_vector_norm,
+]
+
+# Never decomposed: see Note [RNG in compiled graphs].
+_REMOVED = [
+    aten.bernoulli,
+    aten.native_dropout,
+    aten.rand_like,
+    aten.randn_like,
+    aten.uniform,
+    aten.normal,
+    # CPU flash attention: kept whole, forward and backward (extern kernels for loopir); the
+    # table's forward entry does not produce the layout its backward entry expects.
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    # Factories: kept (core ATen allows `empty_like`; its entry yields non-core `empty_permuted`).
+    aten.empty_like,
+]
+
+# Operators that may survive although they carry no `core` tag: random ops kept on purpose,
+# functional forms of mutations that functionalize.py emits, and pieces of backward formulas.
+KEPT_NON_CORE = frozenset(
+    {
+        "aten::bernoulli",
+        "aten::rand_like",
+        "aten::randn_like",
+        "aten::uniform",
+        "aten::normal",
+        "aten::native_dropout",
+        "aten::copy",
+        "aten::zero",
+        "aten::fill",
+        "aten::_unsafe_view",
+        "aten::lift_fresh_copy",
+        "aten::alias",
+        "aten::t",
+        "aten::_to_copy",
+        "aten::squeeze",
+        "aten::unbind",
+        "aten::split",
+        "aten::split_with_sizes",
+        "aten::empty_like",
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    }
+)
+
+
+def _var_mean(
+    x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch._decomp's entry goes through prims; two core reductions say the same.
+    return (
+        aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
+        aten.mean.dim(x, dim, keepdim) if dim is not None else aten.mean.default(x),
+    )
+
+
+# kiln's own entries.
+_KILN: DecompTable = {aten.var_mean.correction: _var_mean}
+
+
+def _packets_overloads(packets: list[Any]) -> set[Any]:
+    out = set()
+    for p in packets:
+        for name in p.overloads():
+            out.add(getattr(p, name))
+    return out
+
+
+def default_decompositions() -> DecompTable:
+    """kiln's table: torch's core-ATen table, plus `_ADDED`, minus `_REMOVED`."""
+    table: DecompTable = dict(core_aten_decompositions())
+    table.update(get_decompositions(_ADDED))
+    table.update(_KILN)
+    for op in _packets_overloads(_REMOVED):
+        table.pop(op, None)
+    return table
+
+
+def op_name(target: Any) -> str:
+    """`aten::add` for an OpOverload, the function's name otherwise."""
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return str(schema.name)
+    return getattr(target, "__name__", str(target))
+
+
+def surviving_ops_ok(gm: torch.fx.GraphModule) -> list[str]:
+    """The call_function targets of `gm` outside the documented set (empty when all conform)."""
+    bad = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.core in node.target.tags or op_name(node.target) in KEPT_NON_CORE:
+            continue
+        bad.append(str(node.target))
+    return bad

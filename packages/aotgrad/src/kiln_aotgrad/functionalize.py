@@ -1,0 +1,187 @@
+"""Functionalization while tracing: mutations and aliases become pure dataflow.
+
+The model. Every tensor the traced program sees belongs to a *root* (a graph input, a constant,
+or the output of a non-view operator) and reaches it through a *view chain*: the view operators
+(`slice`, `transpose`, `view`, ...) that produced it, each remembered as a `ViewStep`. A root has
+a current value (an FX node) and a version.
+
+- A view operator records its node as usual and extends its input's chain by one step.
+- A mutating operator (`add_`, `copy_`, `bernoulli_`, an `out=` overload) is recorded as its
+  functional sibling (`add`, `copy`, `bernoulli.p`, the overload without `out`), whose result is
+  the new value of the mutated tensor. That value is written back into the root by walking the
+  chain upwards with each step's *inverse* (`slice` -> `slice_scatter`, `select` ->
+  `select_scatter`, `transpose` -> `transpose`, `view` -> `view` back, anything else ->
+  `as_strided_scatter`), and the root's version goes up.
+- Reading a tensor whose root moved on since its node was made regenerates it: the chain is
+  replayed from the root's current value. Aliases therefore see every mutation, as in eager,
+  while the graph itself never mutates anything.
+
+At the end of a trace, a graph input whose version moved is an *input mutation*: its current
+value becomes an extra graph output that the runtime copies back into the real input
+(runtime.py). A returned tensor whose root is an input (or another output) is an *alias*, which
+the runtime regenerates as a view of the real tensor instead of returning a copy.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+SELF = object()  # placeholder for the viewed tensor in a ViewStep's arguments
+
+
+@dataclass(slots=True)
+class ViewStep:
+    """One view operator between a root and a tensor: `func(parent, *args)[index]`."""
+
+    func: Any
+    args: tuple[Any, ...]  # SELF stands for the parent
+    kwargs: dict[str, Any]
+    index: int | None  # which output of a multi-output view (split, unbind)
+
+
+@dataclass(slots=True)
+class Alias:
+    """Where a traced tensor's contents live: its root, the view chain, the version it saw."""
+
+    root: int  # id() of the root tensor
+    chain: tuple[ViewStep, ...]
+    version: int
+
+
+@dataclass(slots=True)
+class Root:
+    node: torch.fx.Node
+    version: int = 0
+    mutated: bool = False
+    users: list[int] = field(default_factory=list)
+
+
+def is_view_op(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+def mutated_arg_names(func: Any) -> list[str]:
+    """Names of the arguments `func` writes to (empty for functional operators)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return []
+    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+_NO_FUNCTIONAL_FORM = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_", "aten::as_strided_"})
+
+
+def functional_variant(func: Any) -> Any | None:
+    """The non-mutating overload with the same arguments (minus `out`), or None."""
+    name = str(func._schema.name)
+    if name in _NO_FUNCTIONAL_FORM:
+        return None
+    ns, base = name.split("::")
+    writes = set(mutated_arg_names(func))
+    inplace = base.endswith("_") and not base.endswith("__")
+    want = [a.name for a in func._schema.arguments if not (a.name in writes and not inplace)]
+    packet_name = base[:-1] if inplace else base
+    if base == "normal_":
+        packet_name = "normal_functional"
+    packet = getattr(getattr(torch.ops, ns), packet_name, None)
+    if packet is None:
+        return None
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        if mutated_arg_names(ov):
+            continue
+        if [a.name for a in ov._schema.arguments] == want:
+            return ov
+    return None
+
+
+Emit = Callable[[Any, tuple[Any, ...], dict[str, Any]], torch.fx.Node]
+
+
+def replay_step(emit: Emit, step: ViewStep, parent: torch.fx.Node) -> torch.fx.Node:
+    args = tuple(parent if a is SELF else a for a in step.args)
+    node = emit(step.func, args, step.kwargs)
+    if step.index is not None:
+        node = emit(operator.getitem, (node, step.index), {})
+    return node
+
+
+def _val(node: torch.fx.Node) -> torch.Tensor:
+    v = node.meta["val"]
+    assert isinstance(v, torch.Tensor)
+    return v
+
+
+def _view_back(emit: Emit, new: torch.fx.Node, parent: torch.fx.Node) -> torch.fx.Node:
+    if not _val(new).is_contiguous():
+        new = emit(aten.clone.default, (new,), {"memory_format": torch.contiguous_format})
+    return emit(aten.view.default, (new, list(_val(parent).shape)), {})
+
+
+def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.fx.Node) -> torch.fx.Node:
+    """The parent's new value after its view `step` received the value `new`."""
+    f = step.func
+    rest = step.args[1:]
+    name = str(f._schema.name)
+    if name in (
+        "aten::view",
+        "aten::_unsafe_view",
+        "aten::_reshape_alias",
+        "aten::squeeze",
+        "aten::unflatten",
+    ):
+        return _view_back(emit, new, parent)
+    if name == "aten::unsqueeze":
+        return emit(aten.squeeze.dim, (new, rest[0]), {})
+    if name in ("aten::alias", "aten::detach"):
+        return new
+    if name == "aten::t":
+        return emit(aten.t.default, (new,), {})
+    if name == "aten::transpose":
+        return emit(aten.transpose.int, (new, rest[0], rest[1]), {})
+    if name == "aten::permute":
+        dims = [d % len(rest[0]) for d in rest[0]]
+        inv = [0] * len(dims)
+        for i, d in enumerate(dims):
+            inv[d] = i
+        return emit(aten.permute.default, (new, inv), {})
+    if name == "aten::slice":
+        return emit(aten.slice_scatter.default, (parent, new, *rest), step.kwargs)
+    if name == "aten::select":
+        return emit(aten.select_scatter.default, (parent, new, *rest), step.kwargs)
+    if name == "aten::diagonal":
+        return emit(aten.diagonal_scatter.default, (parent, new, *rest), step.kwargs)
+    if name == "aten::as_strided":
+        return emit(aten.as_strided_scatter.default, (parent, new, *rest), step.kwargs)
+    if name == "aten::expand":
+        raise NotImplementedError("writing into an expanded tensor (eager rejects it too)")
+    # Anything else: scatter through the view's own strides, relative to a dense parent.
+    pv = _val(parent)
+    nv = _val(new)
+    child = _child_meta(step, pv)
+    if not pv.is_contiguous():
+        raise NotImplementedError(f"mutation through view {name} of a non-contiguous tensor")
+    offset = child.storage_offset() - pv.storage_offset()
+    del nv
+    return emit(
+        aten.as_strided_scatter.default, (parent, new, list(child.shape), list(child.stride()), offset), {}
+    )
+
+
+def _child_meta(step: ViewStep, parent_val: torch.Tensor) -> torch.Tensor:
+    meta = getattr(parent_val, "meta", parent_val)
+    args = tuple(meta if a is SELF else a for a in step.args)
+    out = step.func(*args, **step.kwargs)
+    return out[step.index] if step.index is not None else out

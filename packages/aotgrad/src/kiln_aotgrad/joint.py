@@ -1,0 +1,201 @@
+"""One trace, two shapes of graph: the inference graph and the joint forward+backward graph.
+
+`trace` runs a function of a flat list of tensors on fake copies of its inputs under the Tracer
+(tracer.py) and reads the result through the alias model (functionalize.py):
+
+- graph outputs, in order: the new values of mutated inputs, then the user's outputs that are
+  not aliases (`TraceMeta.outputs` says how every user output is rebuilt at run time: from a
+  graph output, as the input itself or a view of it, as a view of an earlier output, or as a
+  constant);
+- training (grad mode on, some input requires grad, some output is differentiable): the forward
+  is traced with autograd running above the tracer, then `torch.autograd.grad` runs the backward
+  through the autograd engine on the same fake tensors, with one `tangents_<i>` placeholder per
+  differentiable graph output as grad_outputs. The backward's aten ops are recorded into the
+  same graph, so the graph is `(primals..., tangents...) -> (forward outputs..., grads...)`,
+  one grad (or None) per input that requires grad. partition.py splits it.
+
+Every input is a graph input (`primals_<i>`); an input that requires grad is seen by the traced
+function as a non-leaf clone of a fake leaf, so in-place updates of it trace as they run in
+eager for non-leaf tensors, and gradients are taken with respect to the leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._pytree import TreeSpec, tree_flatten
+
+from kiln_aotgrad.decompositions import DecompTable
+from kiln_aotgrad.tracer import Tracer
+from kiln_dynamo.fake import FakeTensor, from_real
+
+
+@dataclass(frozen=True, slots=True)
+class OutputInfo:
+    """How one flat user output is produced at run time.
+
+    kind: "graph" (graph output `index`), "input" (input `index` itself), "input_view" (view of
+    input `index`), "output" (the same object as user output `index`), "output_view" (view of
+    user output `index`), "const" (`value`).
+    """
+
+    kind: str
+    index: int = -1
+    size: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    offset: int = 0
+    value: Any = None
+
+
+@dataclass(slots=True)
+class TraceMeta:
+    num_inputs: int
+    mutated_inputs: list[int]
+    outputs: list[OutputInfo]
+    out_spec: TreeSpec
+    num_graph_outputs: int  # mutations + user graph outputs
+    graph_out_requires_grad: list[bool]
+    input_requires_grad: list[bool]
+    training: bool
+    num_tangents: int = 0
+    grad_inputs: list[int] = field(default_factory=list)  # inputs that receive a gradient
+
+
+@dataclass(slots=True)
+class Traced:
+    gm: torch.fx.GraphModule
+    meta: TraceMeta
+
+
+class OriginInterpreter(torch.fx.Interpreter):
+    """Runs a dynamo GraphModule node by node, telling the tracer which user line is running."""
+
+    def __init__(self, gm: torch.fx.GraphModule, tracer: Tracer) -> None:
+        super().__init__(gm)
+        self.tracer = tracer
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        origin = n.meta.get("source_line")
+        if not origin and n.meta.get("stack_trace"):
+            origin = str(n.meta["stack_trace"]).strip().splitlines()[-1].strip()
+        self.tracer.origin = origin or None
+        try:
+            return super().run_node(n)
+        finally:
+            self.tracer.origin = None
+
+
+def _fake_like(t: torch.Tensor) -> FakeTensor:
+    device = t.fake_device if isinstance(t, FakeTensor) else t.device
+    return FakeTensor(torch.empty(t.shape, dtype=t.dtype, device="meta"), device)
+
+
+def trace(
+    fn: Callable[[Tracer, list[torch.Tensor]], Any],
+    inputs: list[torch.Tensor],
+    decompositions: DecompTable,
+    want_training: bool,
+) -> Traced:
+    """Trace `fn(tracer, fake_inputs)`; joint forward+backward when `want_training`."""
+    tracer = Tracer(decompositions)
+    leaves: list[FakeTensor] = []
+    visible: list[torch.Tensor] = []
+    for i, x in enumerate(inputs):
+        leaf = from_real(x)
+        if not want_training and leaf.requires_grad:
+            leaf = FakeTensor(leaf.meta, leaf.fake_device, False, leaf.is_param)
+        seen = leaf.clone() if leaf.requires_grad else leaf
+        leaves.append(leaf)
+        visible.append(seen)
+        tracer.placeholder(f"primals_{i + 1}", seen)
+    last_primal = list(tracer.graph.nodes)[-1] if inputs else None
+
+    grad_ctx = torch.enable_grad() if want_training else torch.no_grad()
+    with grad_ctx, tracer:
+        out = fn(tracer, visible)
+    flat_out, spec = tree_flatten(out)
+
+    graph_nodes: list[torch.fx.Node] = []
+    graph_vals: list[torch.Tensor] = []
+    mutated: list[int] = []
+    for i, v in enumerate(visible):
+        root = tracer.roots[id(v)]
+        if root.mutated:
+            mutated.append(i)
+            graph_nodes.append(root.node)
+            graph_vals.append(v)
+
+    input_roots = {id(v): i for i, v in enumerate(visible)}
+    infos: list[OutputInfo] = []
+    first_by_root: dict[int, int] = {}
+    first_by_obj: dict[int, int] = {}
+    for k, t in enumerate(flat_out):
+        if not isinstance(t, torch.Tensor):
+            infos.append(OutputInfo("const", value=t))
+            continue
+        if id(t) in first_by_obj:
+            infos.append(OutputInfo("output", first_by_obj[id(t)]))
+            continue
+        first_by_obj[id(t)] = k
+        rid = tracer.root_of(t)
+        if rid is None:
+            tracer.node_for(t)  # a real tensor returned as is: becomes a constant
+            rid = tracer.root_of(t)
+        assert rid is not None
+        size, stride, offset = tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
+        if rid in input_roots:
+            j = input_roots[rid]
+            if t is visible[j]:
+                infos.append(OutputInfo("input", j))
+            else:
+                infos.append(OutputInfo("input_view", j, size, stride, offset))
+            continue
+        if rid in first_by_root:
+            infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
+            continue
+        first_by_root[rid] = k
+        infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
+        graph_nodes.append(tracer.node_for(t))
+        graph_vals.append(t)
+
+    requires = [bool(v.requires_grad) for v in graph_vals]
+    input_rg = [bool(x.requires_grad) for x in leaves]
+    training = want_training and any(requires) and any(input_rg)
+    meta = TraceMeta(
+        num_inputs=len(inputs),
+        mutated_inputs=mutated,
+        outputs=infos,
+        out_spec=spec,
+        num_graph_outputs=len(graph_nodes),
+        graph_out_requires_grad=requires if training else [False] * len(graph_nodes),
+        input_requires_grad=input_rg,
+        training=training,
+    )
+    if not training:
+        return Traced(tracer.finish(list(graph_nodes)), meta)
+
+    diff_vals = [v for v, r in zip(graph_vals, requires, strict=True) if r]
+    tangents: list[FakeTensor] = []
+    anchor = last_primal
+    for k, v in enumerate(diff_vals):
+        tv = _fake_like(v)
+        if anchor is None:
+            node = tracer.placeholder(f"tangents_{k + 1}", tv)
+        else:
+            with tracer.graph.inserting_after(anchor):
+                node = tracer.placeholder(f"tangents_{k + 1}", tv)
+        anchor = node
+        tangents.append(tv)
+    grad_inputs = [i for i, r in enumerate(input_rg) if r]
+    with torch.enable_grad(), tracer:
+        grads = torch.autograd.grad(
+            diff_vals, [leaves[i] for i in grad_inputs], grad_outputs=tangents, allow_unused=True
+        )
+    grad_nodes: list[torch.fx.Node | None] = [None if g is None else tracer.node_for(g) for g in grads]
+    meta.num_tangents = len(tangents)
+    meta.grad_inputs = grad_inputs
+    return Traced(tracer.finish([*graph_nodes, *grad_nodes]), meta)

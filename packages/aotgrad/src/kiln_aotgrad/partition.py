@@ -1,0 +1,256 @@
+"""Splitting the joint graph into a forward and a backward graph.
+
+The joint graph is `(primals..., tangents...) -> (forward outputs..., grads...)`. A node that
+depends on a tangent can only run in the backward; every other node *could* run in the forward.
+The question is which forward values cross over: the forward returns `outputs + saved`, the
+backward takes `saved + tangents`, and any other forward value the backward needs is recomputed
+there from the saved ones.
+
+- `default`: every non-tangent node runs in the forward; saved = the forward nodes that a
+  tangent-dependent node reads.
+- `min_cut`: a minimum s-t cut in a flow graph (networkx), after the anchor's min-cut
+  rematerialization (ANCHORS §1.3). Each candidate forward node `n` becomes an edge
+  `n_in -> n_out` whose capacity is the bytes of its value (saving it costs that much);
+  `n_out -> user_in` edges are infinite; primals, and nodes that must not be recomputed, hang off
+  the source with infinite edges; nodes the backward needs (tangent-dependent) feed the sink.
+  The cut edges are the values to save; everything between the cut and the backward is
+  recomputed. Recomputable: pointwise operators, views, and cheap data movement (`clone`,
+  `_to_copy`, `expand`, factories, `where`...), and reductions whose output is at most 4x
+  smaller than their input. Never recomputed: matmul, convolution, softmax, embedding and
+  gathers, larger reductions, and random operators (`nondeterministic_seeded`; see
+  Note [RNG in compiled graphs] in decompositions.py). Weights are plain bytes, so a cut can be
+  checked by hand.
+
+`Partition` carries both graphs and what was saved; `saved_bytes` is what the benchmark reports.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx
+
+aten = torch.ops.aten
+
+_RECOMPUTABLE_NAMES = frozenset(
+    {
+        "aten::clone",
+        "aten::_to_copy",
+        "aten::expand",
+        "aten::full",
+        "aten::full_like",
+        "aten::zeros",
+        "aten::zeros_like",
+        "aten::ones",
+        "aten::ones_like",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::scalar_tensor",
+        "aten::arange",
+        "aten::where",
+        "aten::copy",
+        "aten::cat",
+        "aten::constant_pad_nd",
+        "aten::squeeze",
+        "aten::unsqueeze",
+        "aten::slice_scatter",
+        "aten::select_scatter",
+    }
+)
+_REDUCTIONS = frozenset(
+    {
+        "aten::sum",
+        "aten::mean",
+        "aten::amax",
+        "aten::amin",
+        "aten::var",
+        "aten::prod",
+        "aten::any",
+        "aten::all",
+    }
+)
+
+
+@dataclass(slots=True)
+class Partition:
+    fw: torch.fx.GraphModule  # primals -> (forward outputs..., saved...)
+    bw: torch.fx.GraphModule  # (saved..., tangents...) -> grads
+    saved: list[str]  # joint-graph node names saved for the backward
+    saved_bytes: int
+    recomputed: list[str]  # forward nodes that the backward recomputes
+    activation_bytes: int  # saved bytes that are not inputs or views of inputs (extra memory)
+
+
+def nbytes(val: Any) -> int:
+    if isinstance(val, torch.Tensor):
+        return int(val.numel()) * val.element_size()
+    return 0
+
+
+def _name(target: Any) -> str:
+    schema = getattr(target, "_schema", None)
+    return str(schema.name) if schema is not None else ""
+
+
+def recomputable(node: torch.fx.Node) -> bool:
+    """May the backward recompute `node` instead of loading it?"""
+    if node.op == "placeholder":
+        return False
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function":
+        return False
+    t = node.target
+    if t is operator.getitem:
+        return recomputable(node.args[0])  # type: ignore[arg-type]
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in t.tags:
+        return False
+    name = _name(t)
+    if name in _REDUCTIONS:
+        inp = node.args[0]
+        if isinstance(inp, torch.fx.Node):
+            return nbytes(inp.meta.get("val")) <= 4 * max(nbytes(node.meta.get("val")), 1)
+        return True
+    return bool(torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES)
+
+
+def _split(joint: torch.fx.GraphModule, num_fw_outputs: int) -> tuple[Any, ...]:
+    nodes = list(joint.graph.nodes)
+    out_node = nodes[-1]
+    outs = list(out_node.args[0])
+    fw_outs = outs[:num_fw_outputs]
+    bw_outs = outs[num_fw_outputs:]
+    primals = [n for n in nodes if n.op == "placeholder" and not n.name.startswith("tangents")]
+    tangents = [n for n in nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    tangent_dep: set[torch.fx.Node] = set(tangents)
+    for n in nodes:
+        if n.op == "output":
+            continue
+        if any(i in tangent_dep for i in n.all_input_nodes):
+            tangent_dep.add(n)
+    return nodes, fw_outs, bw_outs, primals, tangents, tangent_dep
+
+
+def _ancestors(roots: list[Any], stop: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, torch.fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stop:
+            continue
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _saved_default(
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any]
+) -> list[Any]:
+    saved = []
+    for n in nodes:
+        if n.op == "output" or n in tangent_dep or n.op == "get_attr":
+            continue
+        if any(u in tangent_dep and u in bw_need for u in n.users):
+            saved.append(n)
+    return saved
+
+
+def _saved_min_cut(
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any]
+) -> list[Any]:
+    bw_nodes = {n for n in bw_need if n in tangent_dep}
+    # Candidates: forward nodes the backward may need (directly or through recompute).
+    cand = {n for n in _ancestors(list(bw_nodes), set()) if n not in tangent_dep and n.op != "output"}
+    g = nx.DiGraph()
+    for n in cand:
+        if n.op == "get_attr":
+            continue  # constants are available to both graphs for free
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=float(nbytes(val)))
+        else:
+            g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
+        if n.op == "placeholder" or not recomputable(n):
+            g.add_edge("source", f"{n.name}_in")
+        for u in n.users:
+            if u in bw_nodes:
+                g.add_edge(f"{n.name}_out", "sink")
+            elif u in cand and u.op != "get_attr":
+                g.add_edge(f"{n.name}_out", f"{u.name}_in")
+    if "sink" not in g or "source" not in g:
+        return []
+    _, (reachable, _) = nx.minimum_cut(g, "source", "sink")
+    return [
+        n for n in nodes if n in cand and f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable
+    ]
+
+
+def _copy_graph(
+    order: list[torch.fx.Node],
+    keep: set[torch.fx.Node],
+    inputs: list[torch.fx.Node],
+    outputs: list[Any],
+    owner: torch.fx.GraphModule,
+) -> torch.fx.GraphModule:
+    g = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for n in inputs:
+        p = g.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in order:
+        if n in keep and n not in env and n.op not in ("placeholder", "output"):
+            env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
+    return torch.fx.GraphModule(owner, g)
+
+
+def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = "min_cut") -> Partition:
+    """Split `joint` with `strategy` ("default" or "min_cut")."""
+    if strategy not in ("default", "min_cut"):
+        raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
+    nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
+    bw_need = _ancestors(bw_outs, set())
+    if strategy == "default":
+        saved = _saved_default(nodes, tangent_dep, bw_need)
+    else:
+        saved = _saved_min_cut(nodes, tangent_dep, bw_need)
+    saved_set = set(saved)
+    fw_keep = _ancestors([*fw_outs, *saved], set())
+    fw = _copy_graph(nodes, fw_keep, primals, [*fw_outs, *saved], joint)
+    bw_keep = _ancestors(bw_outs, saved_set | set(tangents))
+    bw = _copy_graph(nodes, bw_keep - saved_set, [*saved, *tangents], bw_outs, joint)
+    recomputed = [
+        n.name
+        for n in nodes
+        if n in bw_keep and n not in tangent_dep and n not in saved_set and n.op == "call_function"
+    ]
+    for name in recomputed:
+        node = next(n for n in nodes if n.name == name)
+        assert recomputable(node), f"partitioner would recompute {node.format_node()}"
+    total = sum(nbytes(n.meta.get("val")) for n in saved)
+    activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
+    return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations)
+
+
+def _is_input_view(node: torch.fx.Node) -> bool:
+    while node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]  # type: ignore[assignment]
+    return node.op in ("placeholder", "get_attr")
+
+
+def saved_bytes_of(names: list[str], joint: torch.fx.GraphModule) -> int:
+    by_name = {n.name: n for n in joint.graph.nodes}
+    return sum(nbytes(by_name[s].meta.get("val")) for s in names)
+
+
+def count_ops(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op == "call_function")

@@ -1,0 +1,136 @@
+"""Running compiled graphs with eager semantics.
+
+A compiled graph knows nothing of aliasing, mutation or autograd; this module puts them back.
+Both paths take the flat list of real input tensors and return the flat user outputs:
+
+- inference: call the compiled graph, copy the new values of mutated inputs back into the real
+  inputs (`Tensor.copy_`), then assemble the outputs (`_assemble`);
+- training: the compiled forward and backward run inside one `torch.autograd.Function`. Its
+  forward returns `(mutated-input values..., user graph outputs..., saved...)`, keeps `saved` in
+  `ctx.save_for_backward`, and marks outputs that the trace found not to require grad
+  non-differentiable. Its backward passes `saved + tangents` (contiguous, zeros for outputs
+  that received no gradient) to the compiled backward and hands out one gradient per input that
+  requires grad (None for the others). The backward is first-order only: running it with grad
+  mode on (double backward, `create_graph=True`) raises `AotgradError`.
+
+`_assemble` rebuilds user outputs that alias: an output that *is* an input returns the real
+input object, a view of an input or of an earlier output is regenerated with `as_strided` on
+the real tensor (outside the autograd.Function, so autograd sees an ordinary view), which
+makes user-visible aliasing match eager. Mutated inputs are written back before that, with
+autograd recording the copy when the input requires grad; a saved tensor sharing storage with a
+mutated input is cloned first, so the backward reads the value the forward saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+from kiln_aotgrad.joint import TraceMeta
+from kiln_aotgrad.tracer import AotgradError
+
+Compiled = Callable[..., Any]
+
+
+def _as_list(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Sequence[torch.Tensor]) -> None:
+    for i, v in zip(meta.mutated_inputs, new_values, strict=True):
+        target = inputs[i]
+        if target.requires_grad and torch.is_grad_enabled():
+            target.copy_(v)
+        else:
+            with torch.no_grad():
+                target.copy_(v)
+
+
+def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
+    flat: list[Any] = []
+    for info in meta.outputs:
+        if info.kind == "graph":
+            flat.append(graph_outs[info.index])
+        elif info.kind == "input":
+            flat.append(inputs[info.index])
+        elif info.kind == "input_view":
+            flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
+        elif info.kind == "output":
+            flat.append(flat[info.index])
+        elif info.kind == "output_view":
+            flat.append(flat[info.index].as_strided(info.size, info.stride, info.offset))
+        else:
+            flat.append(info.value)
+    return tree_unflatten(flat, meta.out_spec)
+
+
+def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
+    """`run(*flat_inputs)` for a graph without backward."""
+    m = len(meta.mutated_inputs)
+
+    def run(*inputs: torch.Tensor) -> Any:
+        outs = _as_list(compiled(*inputs))
+        _write_back(meta, inputs, outs[:m])
+        return _assemble(meta, inputs, outs[m:])
+
+    return run
+
+
+def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMeta) -> Callable[..., Any]:
+    """`run(*flat_inputs)` that records one autograd node for the whole compiled graph."""
+    n_out = meta.num_graph_outputs
+    m = len(meta.mutated_inputs)
+    diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if r]
+    non_diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if not r]
+    grad_inputs = meta.grad_inputs
+    num_inputs = meta.num_inputs
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
+            outs = _as_list(compiled_fw(*inputs))
+            saved = outs[n_out:]
+            if meta.mutated_inputs:
+                # A saved input that the write-back will overwrite: keep its pre-mutation value.
+                written = {inputs[i].untyped_storage().data_ptr() for i in meta.mutated_inputs}
+                saved = [
+                    s.detach().clone()
+                    if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() in written
+                    else s
+                    for s in saved
+                ]
+            ctx.save_for_backward(*saved)
+            result = tuple(outs[:n_out])
+            ctx.mark_non_differentiable(*[result[i] for i in non_diff])
+            return result
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled():
+                raise AotgradError(
+                    "double backward (create_graph=True) through a kiln_aotgrad compiled graph is not "
+                    "supported: its backward graph is compiled for first-order gradients only"
+                )
+            tangents = []
+            for i in diff:
+                g = grads[i]
+                tangents.append(g.contiguous() if g is not None else None)
+            saved = ctx.saved_tensors
+            out = _as_list(compiled_bw(*saved, *tangents))
+            result: list[Any] = [None] * num_inputs
+            for i, g in zip(grad_inputs, out, strict=True):
+                result[i] = g
+            return tuple(result)
+
+    def run(*inputs: torch.Tensor) -> Any:
+        outs = CompiledFunction.apply(*inputs)
+        outs = _as_list(outs)
+        _write_back(meta, inputs, outs[:m])
+        return _assemble(meta, inputs, outs[m:])
+
+    return run

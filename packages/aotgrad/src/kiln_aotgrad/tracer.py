@@ -1,0 +1,346 @@
+"""The aten tracer: a dispatch mode that records what fake tensors go through.
+
+The traced program runs on kiln_dynamo's fake tensors with `Tracer` pushed as a
+TorchDispatchMode. Everything above the dispatcher's Python key (Python code, modules, autograd)
+runs normally; every aten OpOverload that comes out at the bottom reaches `__torch_dispatch__`,
+which does one of four things:
+
+1. expand it: an entry of the decomposition table (decompositions.py), or a
+   CompositeImplicitAutograd kernel, runs under this same mode, so its pieces come back here;
+2. alias it: `detach`/`alias`/`lift_fresh` share their input's node (no graph node);
+3. functionalize it: a mutating operator is recorded as its functional form and written back
+   through the alias model (functionalize.py);
+4. record it: run the meta kernel (`kiln_dynamo.fake.run_fake`) for the output metadata, add a
+   `call_function` node with `meta["val"]` set to that fake result, and remember which node holds
+   each output tensor.
+
+Tensors are matched to nodes by object identity (the tracer keeps every tensor it saw alive, so
+ids are never reused). Real tensors that show up (constants made inside the program) become
+`get_attr` nodes. Any failure is re-raised as `AotgradError` naming the operator and where in
+the user's program it came from: the `source_line` that dynamo stored on the node being
+interpreted, or else the innermost stack frame outside torch and kiln.
+"""
+
+from __future__ import annotations
+
+import operator
+import traceback
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from kiln_aotgrad.decompositions import DecompTable, op_name
+from kiln_aotgrad.functionalize import (
+    SELF,
+    Alias,
+    Root,
+    ViewStep,
+    functional_variant,
+    inverse_step,
+    is_view_op,
+    mutated_arg_names,
+    replay_step,
+)
+from kiln_dynamo.fake import FakeTensor, from_real, run_fake
+
+aten = torch.ops.aten
+
+_IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
+
+
+class AotgradError(RuntimeError):
+    """An operator kiln_aotgrad cannot trace; names the operator and the user's source line."""
+
+    def __init__(self, msg: str, op: str | None = None, origin: str | None = None) -> None:
+        text = msg
+        if op is not None:
+            text = f"{op}: {text}"
+        if origin:
+            text = f"{text} (from: {origin})"
+        super().__init__(text)
+        self.op = op
+        self.origin = origin
+
+
+def _user_frame() -> str | None:
+    for frame in reversed(traceback.extract_stack()):
+        f = frame.filename
+        if "/torch/" in f or "kiln_aotgrad" in f or "kiln_dynamo" in f or f.startswith("<"):
+            continue
+        return f"{f}:{frame.lineno}: {(frame.line or '').strip()}"
+    return None
+
+
+def _is_composite(func: Any) -> bool:
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+
+
+class Tracer(TorchDispatchMode):
+    """Records aten operators on fake tensors into `self.graph`, functionalized."""
+
+    def __init__(self, decompositions: DecompTable) -> None:
+        super().__init__()
+        self.graph = torch.fx.Graph()
+        self.decomps = decompositions
+        self.nodes: dict[int, torch.fx.Node] = {}
+        self.aliases: dict[int, Alias] = {}
+        self.roots: dict[int, Root] = {}
+        self.keep: list[Any] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.origin: str | None = None
+        self._expanding: list[Any] = []
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def placeholder(self, name: str, fake: torch.Tensor) -> torch.fx.Node:
+        node = self.graph.placeholder(name)
+        node.meta["val"] = fake
+        self._new_root(fake, node)
+        return node
+
+    def _new_root(self, t: torch.Tensor, node: torch.fx.Node) -> None:
+        self.keep.append(t)
+        self.nodes[id(t)] = node
+        self.roots[id(t)] = Root(node)
+        self.aliases[id(t)] = Alias(id(t), (), 0)
+
+    def _constant(self, t: torch.Tensor) -> torch.fx.Node:
+        if isinstance(t, FakeTensor):
+            raise AotgradError(
+                "a fake tensor that is neither an input nor computed inside the traced program "
+                "(a tensor created by another fake trace?)",
+                origin=self.where(),
+            )
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = t
+        node = self.graph.get_attr(name)
+        node.meta["val"] = from_real(t)
+        self._new_root(t, node)
+        return node
+
+    def node_for(self, t: torch.Tensor) -> torch.fx.Node:
+        """The node holding `t`'s current contents (replaying its views after a mutation)."""
+        a = self.aliases.get(id(t))
+        if a is None:
+            return self._constant(t)
+        root = self.roots[a.root]
+        if a.version != root.version:
+            node = root.node
+            for step in a.chain:
+                node = replay_step(self._emit, step, node)
+            self.nodes[id(t)] = node
+            a.version = root.version
+        return self.nodes[id(t)]
+
+    def root_of(self, t: torch.Tensor) -> int | None:
+        a = self.aliases.get(id(t))
+        return None if a is None else a.root
+
+    def chain_of(self, t: torch.Tensor) -> tuple[ViewStep, ...]:
+        return self.aliases[id(t)].chain
+
+    def _to_node(self, x: Any) -> Any:
+        return self.node_for(x) if isinstance(x, torch.Tensor) else x
+
+    def where(self) -> str | None:
+        return self.origin or _user_frame()
+
+    def _stamp(self, node: torch.fx.Node) -> None:
+        if self.origin:
+            node.meta["source_line"] = self.origin
+
+    def _emit(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.fx.Node:
+        """A node computed from other nodes (replays, scatters, casts): metadata from their vals."""
+
+        def val(x: Any) -> Any:
+            return x.meta["val"] if isinstance(x, torch.fx.Node) else x
+
+        vargs = tree_map(val, args)
+        vkwargs = tree_map(val, kwargs)
+        out = run_fake(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
+        node = self.graph.call_function(func, args, kwargs)
+        node.meta["val"] = out
+        self._stamp(node)
+        return node
+
+    # -- dispatch --------------------------------------------------------------------------------
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        try:
+            return self._dispatch(func, args, kwargs)
+        except AotgradError:
+            raise
+        except Exception as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise AotgradError(f"cannot trace: {msg}", op=op_name(func), origin=self.where()) from e
+
+    def _expand(self, func: Any, impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._expanding.append(func)
+        try:
+            with self:
+                return impl(*args, **kwargs)
+        finally:
+            self._expanding.pop()
+
+    def _dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func in _IDENTITY:
+            out = run_fake(func, args, kwargs)
+            src = args[0]
+            node = self.node_for(src)
+            a = self.aliases[id(src)]
+            self.keep.append(out)
+            self.nodes[id(out)] = node
+            self.aliases[id(out)] = Alias(a.root, a.chain, a.version)
+            return out
+        if func not in self._expanding:
+            table_entry = self.decomps.get(func)
+            if table_entry is not None:
+                r = self._expand(func, table_entry, args, kwargs)
+                if r is not NotImplemented:
+                    return r
+            if _is_composite(func):
+                r = self._expand(func, func.decompose, args, kwargs)
+                if r is not NotImplemented:
+                    return r
+        writes = mutated_arg_names(func)
+        if writes:
+            return self._mutation(func, args, kwargs, writes)
+        out = run_fake(func, args, kwargs)
+        node = self.graph.call_function(func, tree_map(self._to_node, args), tree_map(self._to_node, kwargs))
+        node.meta["val"] = out
+        self._stamp(node)
+        if is_view_op(func):
+            self._bind_view(func, args, kwargs, out, node)
+        else:
+            self._bind_fresh(out, node)
+        return out
+
+    def _bind_fresh(self, out: Any, node: torch.fx.Node) -> None:
+        if isinstance(out, torch.Tensor):
+            if id(out) not in self.aliases:
+                self._new_root(out, node)
+            return
+        if isinstance(out, (tuple, list)):
+            for i, el in enumerate(out):
+                if isinstance(el, torch.Tensor) and id(el) not in self.aliases:
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    g.meta["val"] = el
+                    self._stamp(g)
+                    self._new_root(el, g)
+
+    def _bind_view(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, node: torch.fx.Node
+    ) -> None:
+        parent = args[0]
+        pa = self.aliases[id(parent)]
+        version = self.roots[pa.root].version
+        rest = (SELF, *args[1:])
+        if isinstance(out, torch.Tensor):
+            self.keep.append(out)
+            self.nodes[id(out)] = node
+            self.aliases[id(out)] = Alias(pa.root, (*pa.chain, ViewStep(func, rest, kwargs, None)), version)
+            return
+        for i, el in enumerate(out):
+            g = self.graph.call_function(operator.getitem, (node, i))
+            g.meta["val"] = el
+            self._stamp(g)
+            self.keep.append(el)
+            self.nodes[id(el)] = g
+            self.aliases[id(el)] = Alias(pa.root, (*pa.chain, ViewStep(func, rest, kwargs, i)), version)
+
+    def _mutation(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], writes: list[str]) -> Any:
+        fn = functional_variant(func)
+        if fn is None:
+            raise AotgradError("mutating operator without a functional form", op=op_name(func))
+        args, kwargs = _with_defaults(func, args, kwargs)
+        schema_args = func._schema.arguments
+        bound: dict[str, Any] = {}
+        for a, v in zip(schema_args, args, strict=False):
+            bound[a.name] = v
+        bound.update(kwargs)
+        targets = [bound[w] for w in writes]
+        inplace = str(func._schema.name).endswith("_")
+        if inplace:
+            f_args, f_kwargs = args, kwargs
+        else:
+            f_args = tuple(v for a, v in zip(schema_args, args, strict=False) if a.name not in writes)
+            f_kwargs = {k: v for k, v in kwargs.items() if k not in writes}
+        out = run_fake(fn, f_args, f_kwargs)
+        node = self.graph.call_function(
+            fn, tree_map(self._to_node, f_args), tree_map(self._to_node, f_kwargs)
+        )
+        node.meta["val"] = out
+        self._stamp(node)
+        if isinstance(out, torch.Tensor):
+            results = [node]
+        else:
+            results = [self._emit(operator.getitem, (node, i), {}) for i in range(len(targets))]
+        for target, result in zip(targets, results, strict=True):
+            v = result.meta["val"]
+            value = result
+            if v.dtype != target.dtype:
+                value = self._emit(aten._to_copy.default, (value,), {"dtype": target.dtype})
+            if tuple(v.shape) != tuple(target.shape):
+                value = self._emit(aten.expand.default, (value, list(target.shape)), {})
+                value = self._emit(aten.clone.default, (value,), {})
+            self._write(target, value)
+        if inplace:
+            return args[0]
+        return targets[0] if len(targets) == 1 else tuple(targets)
+
+    def _write(self, t: torch.Tensor, new: torch.fx.Node) -> None:
+        """`t` now holds `new`: update its root through the inverse of its view chain."""
+        self.node_for(t)
+        a = self.aliases[id(t)]
+        root = self.roots[a.root]
+        node = new
+        if a.chain:
+            parents = [root.node]
+            for step in a.chain[:-1]:
+                parents.append(replay_step(self._emit, step, parents[-1]))
+            for step, parent in zip(reversed(a.chain), reversed(parents), strict=True):
+                node = inverse_step(self._emit, step, parent, node)
+        root.node = node
+        root.version += 1
+        root.mutated = True
+        self.nodes[id(t)] = new
+        a.version = root.version
+
+    # -- result ----------------------------------------------------------------------------------
+    def finish(self, outputs: list[torch.fx.Node | None]) -> torch.fx.GraphModule:
+        """Close the graph with `outputs`, drop dead nodes (random ones stay) and build the module."""
+        self.graph.output(tuple(outputs))
+        eliminate_dead_code(self.graph)
+        root = torch.nn.Module()
+        for name, value in self.constants.items():
+            setattr(root, name, value)
+        gm = torch.fx.GraphModule(root, self.graph)
+        return gm
+
+
+def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Python dispatch drops arguments equal to their defaults; the functional form may lack them."""
+    args = tuple(args)
+    kwargs = dict(kwargs)
+    for i, a in enumerate(func._schema.arguments):
+        if a.kwarg_only:
+            if a.name not in kwargs and a.has_default_value() and a.alias_info is None:
+                kwargs[a.name] = a.default_value
+        elif i >= len(args) and a.name not in kwargs and a.has_default_value():
+            args = (*args, a.default_value)
+    return args, kwargs
+
+
+def _impure(node: torch.fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+
+
+def eliminate_dead_code(graph: torch.fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        if node.op in ("call_function", "get_attr") and not node.users and not _impure(node):
+            graph.erase_node(node)

@@ -1,0 +1,201 @@
+"""API behaviour: caching, inference path, errors with origins, double backward, dynamo, layering."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+import torch
+import torch.fx
+from aot_helpers import Recorder, check
+
+import kiln_aotgrad
+from kiln_aotgrad import AotgradError, aot_function
+
+
+def _f(x: torch.Tensor) -> torch.Tensor:
+    return (x.sin() * 2).sum(-1)
+
+
+def test_recompiles_only_for_a_new_signature() -> None:
+    rec = Recorder()
+    cf = aot_function(_f, rec)
+    for _ in range(3):
+        cf(torch.randn(3, 4, requires_grad=True))
+    assert len(cf.compiled) == 1 and len(rec.graphs) == 2  # forward + backward
+    cf(torch.randn(5, 4, requires_grad=True))
+    assert len(cf.compiled) == 2
+    with torch.no_grad():
+        cf(torch.randn(5, 4, requires_grad=True))
+    assert len(cf.compiled) == 3 and len(rec.graphs) == 5  # + one inference graph
+
+
+def test_separate_backward_and_inference_compilers() -> None:
+    fw, bw, inf = Recorder(), Recorder(), Recorder()
+    cf = aot_function(_f, fw, bw, inference_compiler=inf)
+    cf(torch.randn(2, 2, requires_grad=True)).sum().backward()
+    cf(torch.randn(2, 2))
+    assert (len(fw.graphs), len(bw.graphs), len(inf.graphs)) == (1, 1, 1)
+    assert any(n.name.startswith("tangents") for n in bw.graphs[0].graph.nodes)
+
+
+def test_no_input_requires_grad_gives_one_graph() -> None:
+    res = check(_f, torch.randn(3, 3))
+    assert len(res.recorder.graphs) == 1
+
+
+def test_unknown_partition_is_rejected() -> None:
+    with pytest.raises(ValueError, match="partition"):
+        aot_function(_f, Recorder(), partition="greedy")
+
+
+def test_unsupported_op_names_op_and_user_line() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.nonzero()  # the line the error must name
+
+    with pytest.raises(AotgradError) as info:
+        aot_function(f, Recorder())(torch.randn(3))
+    msg = str(info.value)
+    assert "aten::nonzero" in msg and "test_api.py" in msg and "x.nonzero()" in msg
+
+
+def test_error_uses_dynamo_source_line_metadata() -> None:
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nonzero(x)
+
+    gm = torch.fx.symbolic_trace(M())
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            n.meta["source_line"] = "model.py:42"
+    with pytest.raises(AotgradError, match=r"aten::nonzero.*model\.py:42"):
+        kiln_aotgrad.aot_eager(gm, [torch.randn(3)])(torch.randn(3))
+
+
+def test_double_backward_is_a_clear_error() -> None:
+    x = torch.randn(4, requires_grad=True)
+    y = aot_function(_f, Recorder())(x.view(2, 2)).sum()
+    with pytest.raises(AotgradError, match="double backward"):
+        torch.autograd.grad(y, x, create_graph=True)
+
+
+def test_first_order_backward_twice_with_retain_graph() -> None:
+    x = torch.randn(3, requires_grad=True)
+    y = aot_function(_f, Recorder())(x.view(1, 3)).sum()
+    y.backward(retain_graph=True)
+    first = x.grad.clone()  # type: ignore[union-attr]
+    y.backward()
+    torch.testing.assert_close(x.grad, 2 * first)
+
+
+def test_dynamo_backend_end_to_end() -> None:
+    import kiln_dynamo
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x @ w
+        y.add_(1)
+        return torch.relu(y).sum(-1) * 2
+
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+    out = kiln_dynamo.compile(f, backend=kiln_aotgrad.aot_eager)(x, w)
+    ref = f(x, w)
+    torch.testing.assert_close(out, ref)
+    gx, gw = torch.autograd.grad(out.sum(), (x, w))
+    rx, rw = torch.autograd.grad(ref.sum(), (x, w))
+    torch.testing.assert_close(gx, rx)
+    torch.testing.assert_close(gw, rw)
+
+
+def test_dynamo_graph_nodes_keep_their_source_line() -> None:
+    import kiln_dynamo
+
+    fw = Recorder()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.cos() + 1
+
+    kiln_dynamo.compile(f, backend=kiln_aotgrad.aot_backend(fw))(torch.randn(3))
+    lines = {n.meta.get("source_line") for n in fw.graphs[0].graph.nodes if n.op == "call_function"}
+    assert any(line and "test_api.py" in line for line in lines), lines
+
+
+def test_custom_decompositions_extend_the_table() -> None:
+    aten = torch.ops.aten
+
+    def my_sin(x: torch.Tensor) -> torch.Tensor:
+        return aten.cos.default(x - torch.pi / 2)
+
+    rec = Recorder()
+    out = aot_function(lambda x: x.sin(), rec, decompositions={aten.sin.default: my_sin})(torch.randn(4))
+    assert out.shape == (4,)
+    targets = {n.target for n in rec.graphs[0].graph.nodes if n.op == "call_function"}
+    assert aten.cos.default in targets and aten.sin.default not in targets
+
+
+FORBIDDEN = (
+    "torch._functorch",
+    "torch._dynamo",
+    "torch._inductor",
+    "torch._subclasses",
+    "torch.fx.experimental.proxy_tensor",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.export",
+    "torch._guards",
+    "torch.func",
+)
+ALLOWED_TOP = {"torch", "networkx", "kiln_dynamo", "kiln_aotgrad", "__future__"}
+
+
+def test_layering_imports() -> None:
+    src = pathlib.Path(kiln_aotgrad.__file__).parent
+    import sys
+
+    for path in src.glob("*.py"):
+        text = path.read_text()
+        assert "torch.compile(" not in text, path
+        for node in ast.walk(ast.parse(text)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                assert top in ALLOWED_TOP or top in sys.stdlib_module_names, (path.name, name)
+                assert not name.startswith(FORBIDDEN), (path.name, name)
+
+
+def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:
+    from kiln_aotgrad import logs
+
+    assert logs.configure("aot_graphs,partition") == ["aot_graphs", "partition"]
+    try:
+        with caplog.at_level("INFO", logger="kiln.aotgrad"):
+            aot_function(_f, Recorder())(torch.randn(2, 2, requires_grad=True))
+    finally:
+        logs.configure("")
+    text = caplog.text
+    assert "forward graph" in text and "backward graph" in text and "min_cut: saved" in text
+
+
+@pytest.mark.parametrize("partition", ["min_cut", "default"])
+def test_mutating_a_non_leaf_input_that_requires_grad(partition: str) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = (x * 3).exp() * w
+        x.add_(1)
+        return y * 2 + x
+
+    leaf = torch.randn(5, requires_grad=True)
+    w = torch.randn(5, requires_grad=True)
+    x = leaf * 1
+    out = aot_function(f, Recorder(), partition=partition)(x, w)
+    gl, gw = torch.autograd.grad(out.sum(), (leaf, w))
+    x_ref = leaf * 1
+    ref = f(x_ref, w)
+    rl, rw = torch.autograd.grad(ref.sum(), (leaf, w))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x, x_ref)
+    torch.testing.assert_close(gl, rl)
+    torch.testing.assert_close(gw, rw)

@@ -1,0 +1,123 @@
+"""kiln.compile end to end: every backend matches eager; options, fallback and strict mode."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x)))) + x[:, :8].sigmoid()
+
+
+def _fresh() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return Block(), torch.randn(4, 16)
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    kiln.reset()
+
+
+@pytest.mark.parametrize("backend", kiln.BACKENDS)
+def test_inference_matches_eager(backend: str) -> None:
+    model, x = _fresh()
+    compiled = kiln.compile(model, backend=backend, options={"strict": True})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(x * 2), model(x * 2))
+    assert len(kiln.compile_log()) == 1  # one graph, reused by the second call
+
+
+@pytest.mark.parametrize("backend", kiln.BACKENDS)
+def test_training_gradients_match_eager(backend: str) -> None:
+    model, x = _fresh()
+    model(x).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = kiln.compile(model, backend=backend, options={"strict": True})
+    compiled(x).square().mean().backward()
+    for p, g in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_torch_compile_accepts_kiln_backend() -> None:
+    model, x = _fresh()
+    compiled = torch.compile(model, backend=kiln.backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    torch.compiler.reset()
+
+
+def test_decorator_form() -> None:
+    @kiln.compile(backend="kiln")
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a.sin() + b).relu() * 2
+
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(f(a, b), (a.sin() + b).relu() * 2)
+
+
+def test_unsupported_options_are_clear_errors() -> None:
+    model, _ = _fresh()
+    with pytest.raises(NotImplementedError, match="dynamic shapes"):
+        kiln.compile(model, dynamic=True)
+    with pytest.raises(NotImplementedError, match="max-autotune"):
+        kiln.compile(model, mode="max-autotune")
+    with pytest.raises(ValueError, match=r"unknown kiln\.compile options"):
+        kiln.compile(model, options={"fast": True})
+    with pytest.raises(ValueError, match="unknown backend"):
+        kiln.compile(model, backend="nope")
+
+
+def _break_loopir(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiln_loopir
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("lowering exploded")
+
+    monkeypatch.setattr(kiln_loopir, "compile_graph", broken)
+
+
+def test_backend_failure_falls_back_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_loopir(monkeypatch)
+    model, x = _fresh()
+    compiled = kiln.compile(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert messages and "lowering exploded" in messages[0] and "eagerly" in messages[0]
+    assert kiln.compile_log()[0].fell_back is not None
+
+
+def test_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    _break_loopir(monkeypatch)
+    model, x = _fresh()
+    compiled = kiln.compile(model, options={"strict": True})
+    with pytest.raises(Exception, match="lowering exploded"), torch.no_grad():
+        compiled(x)
+
+
+def test_compile_log_has_phases() -> None:
+    model, x = _fresh()
+    with torch.no_grad():
+        kiln.compile(model)(x)
+    (record,) = kiln.compile_log()
+    assert record.nodes > 0
+    assert set(record.phases) == {"aotgrad", "loopir+codegen"}
+    assert all(v >= 0 for v in record.phases.values())
