@@ -121,3 +121,13 @@ def test_compile_log_has_phases() -> None:
     assert record.nodes > 0
     assert set(record.phases) == {"aotgrad", "loopir+codegen"}
     assert all(v >= 0 for v in record.phases.values())
+
+
+def test_perf_log_reports_phases(caplog: pytest.LogCaptureFixture) -> None:
+    from kiln import logs
+
+    assert logs.configure("graph,perf") and not logs.configure("graph")
+    model, x = _fresh()
+    with caplog.at_level("INFO", logger="kiln.perf"), torch.no_grad():
+        kiln.compile(model)(x)
+    assert any("loopir+codegen" in r.getMessage() for r in caplog.records if r.name == "kiln.perf")

@@ -10,10 +10,12 @@ and a code generator (kiln_codegen_cpp on the CPU) emits the kernels. `kiln.back
 default backend as a plain callable, so `torch.compile(model, backend=kiln.backend)` works too.
 """
 
+from kiln import logs as _logs
 from kiln.api import compile, compile_log, reset
 from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
 
 backend = kiln_backend
+_logs.configure()
 
 __version__ = "0.1.0"
 

@@ -22,7 +22,6 @@ is raised again by eager. A wrong answer is never an option: a failure is a fall
 
 from __future__ import annotations
 
-import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("kiln.perf")
+from kiln.logs import perf_log as log
 
 
 class BackendFailed(RuntimeError):
