@@ -322,16 +322,11 @@ class Tracer(TorchDispatchMode):
         else:
             f_args = tuple(v for a, v in zip(schema_args, args, strict=False) if a.name not in writes)
             f_kwargs = {k: v for k, v in kwargs.items() if k not in writes}
-        out = run_fake(fn, f_args, f_kwargs)
-        node = self.graph.call_function(
-            fn, tree_map(self._to_node, f_args), tree_map(self._to_node, f_kwargs)
-        )
-        node.meta["val"] = out
-        self._stamp(node)
-        if isinstance(out, torch.Tensor):
-            results = [node]
-        else:
-            results = [self._emit(operator.getitem, (node, i), {}) for i in range(len(targets))]
+        # The functional form goes through this mode again, so the table still applies to it.
+        with self:
+            out = fn(*f_args, **f_kwargs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)[: len(targets)]
+        results = [self.node_for(o) for o in outs]
         for target, result in zip(targets, results, strict=True):
             v = result.meta["val"]
             value = result
