@@ -199,3 +199,15 @@ def test_mutating_a_non_leaf_input_that_requires_grad(partition: str) -> None:
     torch.testing.assert_close(x, x_ref)
     torch.testing.assert_close(gl, rl)
     torch.testing.assert_close(gw, rw)
+
+
+def test_module_train_eval_switch_recompiles() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    cm = kiln_aotgrad.aot_module(model, Recorder())
+    x = torch.randn(8, 4)
+    train_out = cm(x)
+    model.eval()
+    eval_out = cm(x)
+    torch.testing.assert_close(eval_out, model(x))
+    assert len(cm.compiled) == 2
+    assert not torch.allclose(train_out, eval_out)
