@@ -226,3 +226,19 @@ def test_failing_backend_falls_back_to_graph_with_warning() -> None:
     with pytest.warns(RuntimeWarning, match="backend exploded"):
         out = kiln_dynamo.compile(plain, backend=broken)(x)
     torch.testing.assert_close(out, plain(x))
+
+
+def test_python_dispatch_without_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Dispatch without the frame hook]: same capture, guards and recompiles."""
+    from kiln_dynamo import eval_frame
+
+    monkeypatch.setattr(eval_frame, "HAVE_HOOK", False)
+    g, backend = _compiled(plain)
+    x = torch.randn(3)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), plain(x))
+    y = torch.randn(4)
+    torch.testing.assert_close(g(y), plain(y))
+    assert backend.graphs == 2
+    assert kiln_dynamo.counters.frames_seen == 2
+    assert kiln_dynamo.counters.recompiles == 1

@@ -170,13 +170,19 @@ def is_user_code(code: types.CodeType) -> bool:
     return not os.path.realpath(filename).startswith(_TORCH_DIR)
 
 
-def make_callback(backend: Backend, fullgraph: bool) -> Callable[[Any], Any]:
-    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile])."""
+def make_callback(
+    backend: Backend, fullgraph: bool, targets: frozenset[types.CodeType] = frozenset()
+) -> Callable[[Any], Any]:
+    """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile]).
+
+    `targets` are the codes the user compiled explicitly (a function, or a module's forward):
+    they are captured even when they live in torch's own files (`compile(nn.Linear(...))`).
+    """
     import kiln_frame_hook as hook
 
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
-        if not is_user_code(code) or code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or (code not in targets and not is_user_code(code)):
             return hook.SKIP
         counters.frames_seen += 1
         values = tuple(frame.locals.values())

@@ -178,7 +178,10 @@ class CompiledModule(nn.Module):
         self._orig_mod = mod
         object.__setattr__(self, "_kiln_backend", backend)
         object.__setattr__(self, "_kiln_fullgraph", fullgraph)
-        object.__setattr__(self, "_kiln_callback", make_callback(backend, fullgraph) if HAVE_HOOK else None)
+        fwd = getattr(type(mod).forward, "__code__", None)
+        targets = frozenset([fwd]) if fwd is not None else frozenset()
+        cb = make_callback(backend, fullgraph, targets) if HAVE_HOOK else None
+        object.__setattr__(self, "_kiln_callback", cb)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
@@ -215,7 +218,7 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
         fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
     f, bound = _as_function(fn_or_module)
     if HAVE_HOOK:
-        callback = make_callback(be, fullgraph)
+        callback = make_callback(be, fullgraph, frozenset([f.__code__]))
 
         @functools.wraps(fn_or_module)
         def compiled(*args: Any, **kwargs: Any) -> Any:

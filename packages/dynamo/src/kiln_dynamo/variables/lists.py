@@ -122,7 +122,7 @@ class SizeVariable(TupleVariable):
         return torch.Size
 
     def rebuild(self, cg: Reconstructor, inner: str) -> str:
-        return f"{cg.const(torch.Size)}(({inner},))"
+        return f"{cg.const(torch.Size)}([{inner}])"
 
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if name == "numel":
@@ -181,7 +181,7 @@ class NamedTupleVariable(TupleVariable):
     def rebuild(self, cg: Reconstructor, inner: str) -> str:
         if hasattr(self.cls, "_fields"):
             return f"{cg.const(self.cls)}({inner})"
-        return f"{cg.const(self.cls)}(({inner},))"
+        return f"{cg.const(self.cls)}([{inner}])"
 
 
 class ListVariable(BaseListVariable):
