@@ -199,3 +199,40 @@ def test_mutating_a_non_leaf_input_that_requires_grad(partition: str) -> None:
     torch.testing.assert_close(x, x_ref)
     torch.testing.assert_close(gl, rl)
     torch.testing.assert_close(gw, rw)
+
+
+def test_module_train_eval_switch_recompiles() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    cm = kiln_aotgrad.aot_module(model, Recorder())
+    x = torch.randn(8, 4)
+    train_out = cm(x)
+    model.eval()
+    eval_out = cm(x)
+    torch.testing.assert_close(eval_out, model(x))
+    assert len(cm.compiled) == 2
+    assert not torch.allclose(train_out, eval_out)
+
+
+def test_dynamo_module_with_batchnorm_and_dropout() -> None:
+    import copy
+
+    import kiln_dynamo
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Dropout(0.2)
+    )
+    mine = copy.deepcopy(model)
+    compiled = kiln_dynamo.compile(mine, backend=kiln_aotgrad.aot_eager)
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    torch.manual_seed(1)
+    ref = model(x)
+    torch.manual_seed(1)
+    out = compiled(x)
+    torch.testing.assert_close(out, ref)
+    g_ref = torch.autograd.grad(ref.sum(), [x, *model.parameters()])
+    g_out = torch.autograd.grad(out.sum(), [x, *mine.parameters()])
+    for a, b in zip(g_ref, g_out, strict=True):
+        torch.testing.assert_close(b, a)
+    for (name, a), b in zip(model.named_buffers(), mine.buffers(), strict=True):
+        torch.testing.assert_close(b, a, msg=name)

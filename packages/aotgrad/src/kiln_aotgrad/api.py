@@ -148,6 +148,8 @@ class AotFunction:
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         flat_inputs = [*state, *[leaves[i] for i in tensor_pos]]
         key = _signature([*state, *leaves])
+        if self.module is not None:
+            key = (*key, tuple(m.training for m in self.module.modules()))
         art = self.compiled.get(key)
         if art is None:
             art = self._compile(leaves, spec, tensor_pos, state_names, flat_inputs)

@@ -51,6 +51,8 @@ _ADDED = [
     aten.new_empty_strided,
     aten.empty_permuted,
     aten.linalg_vector_norm,
+    aten.clamp_min,
+    aten.clamp_max,
 ]
 
 # Never decomposed: see Note [RNG in compiled graphs].
@@ -108,8 +110,28 @@ def _var_mean(
     )
 
 
+def _efficient_zeros(
+    size: list[int], *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None
+) -> torch.Tensor:
+    return aten.full.default(size, 0, dtype=dtype or torch.float32, device=device)
+
+
+def _angle(x: torch.Tensor) -> Any:
+    # Real inputs only: pi where x < 0, 0 elsewhere, NaN stays NaN.
+    if x.is_complex():
+        return NotImplemented
+    pi = aten.where.self(
+        aten.lt.Scalar(x, 0), aten.full_like.default(x, torch.pi), aten.full_like.default(x, 0)
+    )
+    return aten.where.self(aten.isnan.default(x), x, pi)
+
+
 # kiln's own entries.
-_KILN: DecompTable = {aten.var_mean.correction: _var_mean}
+_KILN: DecompTable = {
+    aten.var_mean.correction: _var_mean,
+    aten._efficientzerotensor.default: _efficient_zeros,
+    aten.angle.default: _angle,
+}
 
 
 def _packets_overloads(packets: list[Any]) -> set[Any]:

@@ -91,20 +91,31 @@ def functional_variant(func: Any) -> Any | None:
     ns, base = name.split("::")
     writes = set(mutated_arg_names(func))
     inplace = base.endswith("_") and not base.endswith("__")
-    want = [a.name for a in func._schema.arguments if not (a.name in writes and not inplace)]
+    want = [
+        (a.name, _type_key(a.type)) for a in func._schema.arguments if not (a.name in writes and not inplace)
+    ]
     packet_name = base[:-1] if inplace else base
     if base == "normal_":
         packet_name = "normal_functional"
     packet = getattr(getattr(torch.ops, ns), packet_name, None)
     if packet is None:
         return None
+    by_names = None
     for ov_name in packet.overloads():
         ov = getattr(packet, ov_name)
         if mutated_arg_names(ov):
             continue
-        if [a.name for a in ov._schema.arguments] == want:
-            return ov
-    return None
+        have = [(a.name, _type_key(a.type)) for a in ov._schema.arguments]
+        if have == want:
+            return ov  # same names and types
+        if [n for n, _ in have] == [n for n, _ in want] and by_names is None:
+            by_names = ov
+    return by_names
+
+
+def _type_key(t: Any) -> str:
+    # `Tensor(a!)` and `Tensor` are the same type for this purpose.
+    return str(t).replace("?", "")
 
 
 Emit = Callable[[Any, tuple[Any, ...], dict[str, Any]], torch.fx.Node]

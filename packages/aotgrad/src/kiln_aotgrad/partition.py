@@ -111,6 +111,8 @@ def recomputable(node: torch.fx.Node) -> bool:
         return False
     if torch.Tag.nondeterministic_seeded in t.tags:
         return False
+    if not node.all_input_nodes:
+        return True  # a factory of constants: free to make again
     name = _name(t)
     if name in _REDUCTIONS:
         inp = node.args[0]
@@ -152,23 +154,25 @@ def _ancestors(roots: list[Any], stop: set[torch.fx.Node]) -> set[torch.fx.Node]
 
 
 def _saved_default(
-    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any]
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any], bw_outs: set[Any]
 ) -> list[Any]:
     saved = []
     for n in nodes:
         if n.op == "output" or n in tangent_dep or n.op == "get_attr":
             continue
-        if any(u in tangent_dep and u in bw_need for u in n.users):
+        if n in bw_outs or any(u in tangent_dep and u in bw_need for u in n.users):
             saved.append(n)
     return saved
 
 
 def _saved_min_cut(
-    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any]
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any], bw_outs: set[Any]
 ) -> list[Any]:
     bw_nodes = {n for n in bw_need if n in tangent_dep}
+    # A gradient that depends on no tangent (zeros, say) is still needed by the backward.
+    fw_grads = {n for n in bw_outs if n not in tangent_dep}
     # Candidates: forward nodes the backward may need (directly or through recompute).
-    cand = {n for n in _ancestors(list(bw_nodes), set()) if n not in tangent_dep and n.op != "output"}
+    cand = {n for n in _ancestors([*bw_nodes, *fw_grads], set()) if n not in tangent_dep and n.op != "output"}
     g = nx.DiGraph()
     for n in cand:
         if n.op == "get_attr":
@@ -180,6 +184,8 @@ def _saved_min_cut(
             g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
         if n.op == "placeholder" or not recomputable(n):
             g.add_edge("source", f"{n.name}_in")
+        if n in fw_grads:
+            g.add_edge(f"{n.name}_out", "sink")
         for u in n.users:
             if u in bw_nodes:
                 g.add_edge(f"{n.name}_out", "sink")
@@ -219,10 +225,11 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
         raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
     nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
     bw_need = _ancestors(bw_outs, set())
+    outs = {o for o in bw_outs if isinstance(o, torch.fx.Node)}
     if strategy == "default":
-        saved = _saved_default(nodes, tangent_dep, bw_need)
+        saved = _saved_default(nodes, tangent_dep, bw_need, outs)
     else:
-        saved = _saved_min_cut(nodes, tangent_dep, bw_need)
+        saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs)
     saved_set = set(saved)
     fw_keep = _ancestors([*fw_outs, *saved], set())
     fw = _copy_graph(nodes, fw_keep, primals, [*fw_outs, *saved], joint)

@@ -92,12 +92,14 @@ class Tracer(TorchDispatchMode):
         self.constants: dict[str, torch.Tensor] = {}
         self.origin: str | None = None
         self._expanding: list[Any] = []
+        self._inputs: set[int] = set()
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def placeholder(self, name: str, fake: torch.Tensor) -> torch.fx.Node:
         node = self.graph.placeholder(name)
         node.meta["val"] = fake
         self._new_root(fake, node)
+        self._inputs.add(id(fake))
         return node
 
     def _new_root(self, t: torch.Tensor, node: torch.fx.Node) -> None:
@@ -201,7 +203,7 @@ class Tracer(TorchDispatchMode):
             if table_entry is not None:
                 r = self._expand(func, table_entry, args, kwargs)
                 if r is not NotImplemented:
-                    return r
+                    return self._eager_layout(func, args, kwargs, r)
             if _is_composite(func):
                 r = self._expand(func, func.decompose, args, kwargs)
                 if r is not NotImplemented:
@@ -218,6 +220,57 @@ class Tracer(TorchDispatchMode):
         else:
             self._bind_fresh(out, node)
         return out
+
+    def _eager_layout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
+        """Give a decomposition's fresh outputs the strides the operator itself would produce.
+
+        Note [Eager strides after a decomposition]: a table entry may return the right values in a
+        different memory layout. Layout is visible: user code can look at strides, and random
+        operators fill memory in storage order, so `empty_like(x).bernoulli_(p)` on a transposed
+        `x` would draw a different mask than eager. The meta kernel of the original operator knows
+        eager's layout; where the two disagree, the value is copied into that layout.
+        """
+        if is_view_op(func) or mutated_arg_names(func):
+            return result
+        try:
+            expected = run_fake(func, args, kwargs)
+        except Exception:
+            return result
+        single = isinstance(result, torch.Tensor)
+        got_list = [result] if single else result
+        want_list = [expected] if single else expected
+        if not isinstance(got_list, (tuple, list)) or not isinstance(want_list, (tuple, list)):
+            return result
+        if len(got_list) != len(want_list):
+            return result
+        out: list[Any] = []
+        changed = False
+        for got, want in zip(got_list, want_list, strict=True):
+            a = self.aliases.get(id(got)) if isinstance(got, torch.Tensor) else None
+            if (
+                a is None
+                or not isinstance(want, torch.Tensor)
+                or a.chain
+                or a.root in self._inputs
+                or got.shape != want.shape
+                or got.dtype != want.dtype
+                or got.numel() <= 1
+                or got.stride() == want.stride()
+            ):
+                out.append(got)
+                continue
+            empty = self._emit(
+                aten.empty_strided.default,
+                (list(want.shape), list(want.stride())),
+                {"dtype": want.dtype, "device": want.device},
+            )
+            copied = self._emit(aten.copy.default, (empty, self.node_for(got)), {})
+            self._new_root(want, copied)
+            out.append(want)
+            changed = True
+        if not changed:
+            return result
+        return out[0] if single else type(result)(out)
 
     def _bind_fresh(self, out: Any, node: torch.fx.Node) -> None:
         if isinstance(out, torch.Tensor):
@@ -269,16 +322,11 @@ class Tracer(TorchDispatchMode):
         else:
             f_args = tuple(v for a, v in zip(schema_args, args, strict=False) if a.name not in writes)
             f_kwargs = {k: v for k, v in kwargs.items() if k not in writes}
-        out = run_fake(fn, f_args, f_kwargs)
-        node = self.graph.call_function(
-            fn, tree_map(self._to_node, f_args), tree_map(self._to_node, f_kwargs)
-        )
-        node.meta["val"] = out
-        self._stamp(node)
-        if isinstance(out, torch.Tensor):
-            results = [node]
-        else:
-            results = [self._emit(operator.getitem, (node, i), {}) for i in range(len(targets))]
+        # The functional form goes through this mode again, so the table still applies to it.
+        with self:
+            out = fn(*f_args, **f_kwargs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)[: len(targets)]
+        results = [self.node_for(o) for o in outs]
         for target, result in zip(targets, results, strict=True):
             v = result.meta["val"]
             value = result
