@@ -135,3 +135,26 @@ def test_threads_follow_torch() -> None:
     compile_graph(_unique_graph(0.0625), [make((8,))], backend=source)
     assert "_get_threads()" in source.last_wrapper
     assert source.last_wrapper.count("_get_threads()") == 1
+
+
+def test_cache_folder_removed_while_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels stay loaded in memory; a cache folder deleted under them is recreated on the next
+    write (kiln_bench gives every model a temporary cache folder and deletes it afterwards)."""
+    import shutil
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return aten.add.Tensor(aten.mul.Tensor(aten.sigmoid.default(x), 5.0), 0.25)
+
+    gm = torch.fx.symbolic_trace(f)
+    args = [torch.randn(300)]
+    first, second = tmp_path / "first", tmp_path / "second"
+    monkeypatch.setenv("KILN_CACHE_DIR", str(first))
+    fn = compile_graph(gm, args, backend="cpp")
+    torch.testing.assert_close(fn(*args), gm(*args))
+    shutil.rmtree(first)
+    monkeypatch.setenv("KILN_CACHE_DIR", str(second))
+    fn = compile_graph(gm, args, backend="cpp")  # memory hit for the kernels; the wrapper is written anew
+    torch.testing.assert_close(fn(*args), gm(*args))
+    shutil.rmtree(second)
+    fn = compile_graph(gm, args, backend="cpp")
+    torch.testing.assert_close(fn(*args), gm(*args))

@@ -120,6 +120,8 @@ class Built:
 
 
 def _write_atomic(path: Path, data: str) -> None:
+    # The folder may be gone even when the kernels are loaded (a cleared or temporary cache dir).
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
