@@ -133,9 +133,6 @@ template <typename T, typename S> static inline T shl(T a, S b) {
 template <typename T, typename S> static inline T shr(T a, S b) {
   return (b < 0 || b >= S(sizeof(T) * 8)) ? T(a < 0 ? -1 : 0) : T(a >> b);
 }
-// erf/erfc at +-inf are exact; some vector libm variants (seen: AVX-512 glibc 2.39) return NaN there.
-template <typename T> static inline T erf_(T x) { return std::isinf(x) ? std::copysign(T(1), x) : std::erf(x); }
-template <typename T> static inline T erfc_(T x) { return std::isinf(x) ? (x > T(0) ? T(0) : T(2)) : std::erfc(x); }
 template <typename T> static inline T erfinv(T y) {
   const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
   if (y <= T(-1)) return y == T(-1) ? -inf : nan;
