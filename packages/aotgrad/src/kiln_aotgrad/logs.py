@@ -9,11 +9,10 @@ or `all`) gives them a stderr handler at INFO when the package is imported or `c
 from __future__ import annotations
 
 import logging
-import os
+
+from kiln_dynamo import configure_artifacts
 
 ARTIFACTS = ("aot_graphs", "partition")
-
-_handler: logging.Handler | None = None
 
 
 def get_artifact_logger(artifact: str) -> logging.Logger:
@@ -23,26 +22,7 @@ def get_artifact_logger(artifact: str) -> logging.Logger:
 
 def configure(spec: str | None = None) -> list[str]:
     """Turn on the artifacts named in `spec` (default: $KILN_LOG); returns the ones enabled."""
-    global _handler
-    if spec is None:
-        spec = os.environ.get("KILN_LOG", "")
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if "all" in names or "aotgrad" in names:
-        names = list(ARTIFACTS)
-    enabled = [n for n in names if n in ARTIFACTS]
-    if enabled and _handler is None:
-        _handler = logging.StreamHandler()
-        _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-    for art in ARTIFACTS:
-        logger = get_artifact_logger(art)
-        if art in enabled:
-            assert _handler is not None
-            logger.setLevel(logging.INFO)
-            if _handler not in logger.handlers:
-                logger.addHandler(_handler)
-        elif _handler is not None and _handler in logger.handlers:
-            logger.removeHandler(_handler)
-    return enabled
+    return configure_artifacts({a: f"kiln.aotgrad.{a}" for a in ARTIFACTS}, "aotgrad", spec)
 
 
 graphs_log = get_artifact_logger("aot_graphs")

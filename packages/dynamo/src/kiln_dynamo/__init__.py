@@ -14,6 +14,7 @@ from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names
 from kiln_dynamo.counters import Counters, counters
 from kiln_dynamo.eval_frame import CompiledModule, compile, reset
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import configure_artifacts
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "Unsupported",
     "capture",
     "compile",
+    "configure_artifacts",
     "counters",
     "entry_names",
     "lookup_backend",

@@ -21,20 +21,22 @@ def get_artifact_logger(artifact: str) -> logging.Logger:
     return logging.getLogger(f"kiln.dynamo.{artifact}")
 
 
-def configure(spec: str | None = None) -> list[str]:
-    """Turn on the artifacts named in `spec` (default: $KILN_LOG); returns the ones enabled."""
+def configure_artifacts(loggers: dict[str, str], group: str, spec: str | None = None) -> list[str]:
+    """Turn on the artifacts of `loggers` (artifact -> logger name) that `spec` (default:
+    $KILN_LOG) names, or all of them for `all` or `group`; turn the others off. Returns the ones
+    enabled. Shared by the packages above dynamo (aotgrad, the umbrella) for their own artifacts."""
     global _handler
     if spec is None:
         spec = os.environ.get("KILN_LOG", "")
     names = [s.strip() for s in spec.split(",") if s.strip()]
-    if "all" in names or "dynamo" in names:
-        names = list(ARTIFACTS)
-    enabled = [n for n in names if n in ARTIFACTS]
+    if "all" in names or group in names:
+        names = list(loggers)
+    enabled = [n for n in names if n in loggers]
     if enabled and _handler is None:
         _handler = logging.StreamHandler()
         _handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-    for art in ARTIFACTS:
-        logger = get_artifact_logger(art)
+    for art, name in loggers.items():
+        logger = logging.getLogger(name)
         if art in enabled:
             assert _handler is not None
             logger.setLevel(logging.INFO)
@@ -43,6 +45,11 @@ def configure(spec: str | None = None) -> list[str]:
         elif _handler is not None and _handler in logger.handlers:
             logger.removeHandler(_handler)
     return enabled
+
+
+def configure(spec: str | None = None) -> list[str]:
+    """Turn on dynamo's artifacts named in `spec` (default: $KILN_LOG); returns the ones enabled."""
+    return configure_artifacts({a: f"kiln.dynamo.{a}" for a in ARTIFACTS}, "dynamo", spec)
 
 
 graph_log = get_artifact_logger("graph")

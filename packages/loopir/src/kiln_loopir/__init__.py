@@ -18,6 +18,7 @@ from .backend import Backend, available_backends, get_backend, register_backend
 from .compile import CompiledGraph, CompileStats, compile_graph
 from .graph import GraphLowering
 from .ir import TensorBox
+from .logs import configure_artifacts
 from .lowering import register_lowering
 from .scheduler import Scheduler
 from .virtualized import ops, set_ops_handler
@@ -33,6 +34,7 @@ __all__ = [
     "TensorBox",
     "available_backends",
     "compile_graph",
+    "configure_artifacts",
     "get_backend",
     "ops",
     "register_backend",

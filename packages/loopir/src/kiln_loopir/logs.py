@@ -22,23 +22,29 @@ ARTIFACTS: dict[str, str] = {
 }
 
 
-def enabled_artifacts(value: str | None = None) -> set[str]:
-    """The loopir artifacts named in ``value`` (default: the ``KILN_LOG`` environment variable)."""
+def enabled_artifacts(value: str | None = None, artifacts: dict[str, str] = ARTIFACTS) -> set[str]:
+    """The artifacts of ``artifacts`` named in ``value`` (default: the ``KILN_LOG`` variable)."""
     raw = os.environ.get("KILN_LOG", "") if value is None else value
     names = {part.strip() for part in raw.split(",") if part.strip()}
     if "all" in names:
-        return set(ARTIFACTS)
-    return names & set(ARTIFACTS)
+        return set(artifacts)
+    return names & set(artifacts)
 
 
-def configure(value: str | None = None) -> set[str]:
-    """Turn on the artifacts ``KILN_LOG`` names; returns them."""
-    names = enabled_artifacts(value)
+def configure_artifacts(artifacts: dict[str, str], value: str | None = None) -> set[str]:
+    """Turn on the artifacts (name -> logger name) that ``KILN_LOG`` names; returns them. Shared
+    with code generators for their own artifacts."""
+    names = enabled_artifacts(value, artifacts)
     for name in names:
-        logger = logging.getLogger(ARTIFACTS[name])
+        logger = logging.getLogger(artifacts[name])
         logger.setLevel(logging.DEBUG)
         if not logger.handlers and not logging.getLogger().handlers:
             handler = logging.StreamHandler()
             handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
             logger.addHandler(handler)
     return names
+
+
+def configure(value: str | None = None) -> set[str]:
+    """Turn on loopir's artifacts ``KILN_LOG`` names; returns them."""
+    return configure_artifacts(ARTIFACTS, value)
