@@ -10,11 +10,12 @@ compares the loss and every parameter's gradient.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,11 +72,24 @@ def _timed(workload: Workload, fn: Callable[..., Any], mode: str, device: str) -
     return time.perf_counter() - start
 
 
-def _fresh_disk_caches() -> tempfile.TemporaryDirectory[str]:
-    root = tempfile.TemporaryDirectory(prefix="kiln_bench_cache_")
-    for var in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        os.environ[var] = os.path.join(root.name, var.lower())
-    return root
+_CACHE_VARS = ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+@contextlib.contextmanager
+def _fresh_disk_caches() -> Iterator[None]:
+    """Point every compiler's on-disk cache at a new temporary folder; restore and delete after."""
+    saved = {var: os.environ.get(var) for var in _CACHE_VARS}
+    with tempfile.TemporaryDirectory(prefix="kiln_bench_cache_") as root:
+        for var in _CACHE_VARS:
+            os.environ[var] = os.path.join(root, var.lower())
+        try:
+            yield
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
 
 
 def run_model(
@@ -125,37 +139,35 @@ def _measure(
     compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]],
 ) -> Result:
     result = Result(workload.name, mode, backend, ok=False)
-    caches = _fresh_disk_caches()
-    try:
-        backends.reset(backend)
-        start = time.perf_counter()
-        compiled = compile_fn(backend, workload.model)
-        out_names, outputs = _step(workload, compiled, mode)
-        _sync(device)
-        result.compile_s = time.perf_counter() - start
-        verdict = accuracy.check(names, reference, outputs, exact, tol)
-        if out_names != names:
-            verdict = accuracy.Verdict(
-                False, f"outputs {out_names[:3]}... differ from eager's {names[:3]}..."
-            )
-        if not verdict.ok:
-            result.reason = f"accuracy: {verdict.reason}"
-            return result
-        for _ in range(warmup):
-            _step(workload, workload.model, mode)
-            _step(workload, compiled, mode)
-        eager_t, compiled_t = [], []
-        for _ in range(repeats):
-            eager_t.append(_timed(workload, workload.model, mode, device))
-            compiled_t.append(_timed(workload, compiled, mode, device))
-        result.eager_ms = statistics.median(eager_t) * 1e3
-        result.compiled_ms = statistics.median(compiled_t) * 1e3
-        result.speedup = result.eager_ms / result.compiled_ms
-        result.ok = True
-    except Exception as e:  # a failing backend is a result, not a crash of the suite
-        result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
-    finally:
-        caches.cleanup()
+    with _fresh_disk_caches():
+        try:
+            backends.reset(backend)
+            start = time.perf_counter()
+            compiled = compile_fn(backend, workload.model)
+            out_names, outputs = _step(workload, compiled, mode)
+            _sync(device)
+            result.compile_s = time.perf_counter() - start
+            verdict = accuracy.check(names, reference, outputs, exact, tol)
+            if out_names != names:
+                verdict = accuracy.Verdict(
+                    False, f"outputs {out_names[:3]}... differ from eager's {names[:3]}..."
+                )
+            if not verdict.ok:
+                result.reason = f"accuracy: {verdict.reason}"
+                return result
+            for _ in range(warmup):
+                _step(workload, workload.model, mode)
+                _step(workload, compiled, mode)
+            eager_t, compiled_t = [], []
+            for _ in range(repeats):
+                eager_t.append(_timed(workload, workload.model, mode, device))
+                compiled_t.append(_timed(workload, compiled, mode, device))
+            result.eager_ms = statistics.median(eager_t) * 1e3
+            result.compiled_ms = statistics.median(compiled_t) * 1e3
+            result.speedup = result.eager_ms / result.compiled_ms
+            result.ok = True
+        except Exception as e:  # a failing backend is a result, not a crash of the suite
+            result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return result
 
 
