@@ -10,6 +10,7 @@ and line.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,19 @@ ALLOWED_SIBLINGS: dict[str, frozenset[str]] = {
 
 # Packages that may not import torch at all (the frame hook needs CPython only).
 NO_TORCH = frozenset({"kiln_frame_hook"})
+
+# Third-party top-level modules each package may import, besides the standard library: exactly
+# its pyproject's non-sibling dependencies (a test keeps the two in step).
+ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
+    "kiln_frame_hook": frozenset(),
+    "kiln_dynamo": frozenset({"torch", "sympy"}),
+    "kiln_aotgrad": frozenset({"torch", "networkx"}),
+    "kiln_loopir": frozenset({"torch", "sympy"}),
+    "kiln_codegen_cpp": frozenset({"torch", "sympy"}),
+    "kiln_codegen_triton": frozenset({"torch", "triton"}),
+    "kiln": frozenset({"torch"}),
+    "kiln_bench": frozenset({"torch", "transformers", "matplotlib", "tqdm"}),
+}
 
 # torch modules that kiln writes itself and never imports in a product package.
 FORBIDDEN_TORCH = (
@@ -113,6 +127,17 @@ def check_file(path: Path, package: str) -> list[Violation]:
         if top in ALLOWED_SIBLINGS and top not in allowed:
             violations.append(
                 Violation(path, line, f"{package} imports {module}: {top} is not in its depends-on list")
+            )
+        if (
+            top not in ALLOWED_SIBLINGS
+            and top not in sys.stdlib_module_names
+            and top not in ALLOWED_THIRD_PARTY[package]
+            and not (top == "torch" and package in NO_TORCH)  # reported below, in its own words
+        ):
+            violations.append(
+                Violation(
+                    path, line, f"{package} imports {module}: {top} is not one of its declared dependencies"
+                )
             )
         if top == "torch" and package in NO_TORCH:
             violations.append(Violation(path, line, f"{package} imports {module}: it must not use torch"))

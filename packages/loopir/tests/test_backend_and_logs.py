@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import logging
 import pathlib
 import sys
@@ -12,7 +11,6 @@ import pytest
 import torch
 from helpers import aten, check, make, trace
 
-import kiln_loopir
 from kiln_loopir import Backend, available_backends, compile_graph, get_backend, register_backend
 from kiln_loopir.interpret import InterpretBackend
 
@@ -81,36 +79,6 @@ def test_kiln_log_prints_ir_and_schedule(
     assert "schedule:" in text and "Fused:" in text
     for name in ("kiln.loopir.ir", "kiln.loopir.schedule"):
         logging.getLogger(name).setLevel(logging.NOTSET)
-
-
-FORBIDDEN = (
-    "kiln_dynamo", "kiln_aotgrad", "kiln_codegen", "kiln.", "torch._dynamo", "torch._inductor",
-    "torch._functorch", "torch._subclasses", "torch.fx.experimental.proxy_tensor",
-    "torch.fx.experimental.symbolic_shapes", "torch.export", "torch._guards", "torch.compile",
-)  # fmt: skip
-
-
-def test_layering_imports_only_torch_and_sympy() -> None:
-    src = pathlib.Path(kiln_loopir.__file__).parent
-    for path in src.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "torch"
-            ):
-                names = [f"torch.{node.attr}"]
-            for name in names:
-                assert not name.startswith(FORBIDDEN) and name != "kiln", f"{path.name} uses {name}"
-                top = name.split(".")[0]
-                allowed = {"torch", "sympy", "kiln_loopir", "__future__"}
-                assert top in allowed or top in sys.stdlib_module_names, f"{path.name} imports {name}"
 
 
 def test_inputs_other_than_compiled_for_are_refused() -> None:
