@@ -119,3 +119,19 @@ def test_integer_division_modes() -> None:
     a, b = make((4, 5), torch.int64, low=-9, high=9), make((4, 5), torch.int64, low=1, high=5)
     check(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode="trunc"), a, b)
     check(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode="floor"), a, b)
+
+
+
+@pytest.mark.parametrize("exponent", [2, 3, -2, 0.5, -0.5, -1, 2.0, 3.0, 1.5, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_pow_by_constant_exponent(exponent: Any, dtype: torch.dtype) -> None:
+    # Note [pow by a constant exponent]: these exponents are lowered to mul/sqrt/rsqrt/reciprocal;
+    # special values (0, negatives, inf, nan) must come out as eager's pow gives them.
+    x = make((6, 7), dtype)
+    x[0, :6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), -3.0], dtype=dtype)
+    check(lambda x: aten.pow.Tensor_Scalar(x, exponent), x)
+
+
+@pytest.mark.parametrize("exponent", [2, 3, 4])
+def test_integer_pow_by_constant_exponent(exponent: int) -> None:
+    check(lambda x: aten.pow.Tensor_Scalar(x, exponent), make((5, 7), torch.int64, low=-4, high=4))
