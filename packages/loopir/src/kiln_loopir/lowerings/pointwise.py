@@ -128,9 +128,9 @@ _POW_BY_CONSTANT: dict[float, Callable[[Any], Any]] = {
     2.0: lambda x: ops.mul(x, x),
     3.0: lambda x: ops.mul(ops.mul(x, x), x),
     -2.0: lambda x: ops.reciprocal(ops.mul(x, x)),
-    0.5: lambda x: ops.sqrt(x),
-    -0.5: lambda x: ops.rsqrt(x),
-    -1.0: lambda x: ops.reciprocal(x),
+    0.5: _op("sqrt"),
+    -0.5: _op("rsqrt"),
+    -1.0: _op("reciprocal"),
 }
 
 
