@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from conftest import check
 from torch import nn
 
+import kiln_dynamo
+
 
 def t(*shape: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(3 * sum(shape) + 1)
@@ -353,3 +355,20 @@ def test_no_grad_decorator_is_inlined() -> None:
     backend = check(Decorated(), t(2, 3))
     targets = [str(n.target) for n in backend.gms[0].graph.nodes]
     assert not any("frozen_part" in s for s in targets), targets
+
+
+def test_backend_sees_capture_time_and_frame_in_graph_meta() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append(dict(gm.meta))
+        return gm.forward
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    x = torch.randn(3)
+    torch.testing.assert_close(kiln_dynamo.compile(scaled, backend=backend)(x), scaled(x))
+    assert len(seen) == 1
+    assert 0.0 < seen[0]["capture_seconds"] < 60.0
+    assert seen[0]["frame"].startswith("scaled (") and __file__ in seen[0]["frame"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +23,9 @@ class Block(nn.Module):
         return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x)))) + x[:, :8].sigmoid()
 
 
-def _fresh() -> tuple[nn.Module, torch.Tensor]:
+def _fresh(batch: int = 4) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    return Block(), torch.randn(4, 16)
+    return Block(), torch.randn(batch, 16)
 
 
 @pytest.fixture(autouse=True)
@@ -113,14 +114,35 @@ def test_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         compiled(x)
 
 
-def test_compile_log_has_phases() -> None:
-    model, x = _fresh()
+def test_compile_log_has_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    model, x = _fresh(batch=5)  # a shape no other test compiles: its kernels are not loaded yet
     with torch.no_grad():
         kiln.compile(model)(x)
     (record,) = kiln.compile_log()
-    assert record.nodes > 0
-    assert set(record.phases) == {"aotgrad", "loopir+codegen"}
-    assert all(v >= 0 for v in record.phases.values())
+    assert record.nodes > 0 and record.frame.startswith("forward (")
+    assert set(record.phases) == {"capture", "aotgrad", "lower", "schedule", "codegen", "compile"}
+    assert all(v > 0 for v in record.phases.values()), record.phases
+    assert record.cache == {"compile": "compiled"}
+    # The same graph compiled again in this process reuses the loaded kernels.
+    kiln.reset()
+    model2, _ = _fresh(batch=5)
+    with torch.no_grad():
+        kiln.compile(model2)(x)
+    (again,) = kiln.compile_log()
+    assert again.cache == {"compile": "memory"}
+    assert again.phases["compile"] < record.phases["compile"]
+
+
+def test_training_graph_sums_forward_and_backward_phases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    model, x = _fresh(batch=6)
+    kiln.compile(model)(x).sum().backward()
+    (record,) = kiln.compile_log()
+    # Forward and backward are two aten graphs, each compiled (the cache entry names both).
+    assert record.cache["compile"].split("+") == ["compiled", "compiled"]
 
 
 def test_perf_log_reports_phases(caplog: pytest.LogCaptureFixture) -> None:
@@ -130,4 +152,15 @@ def test_perf_log_reports_phases(caplog: pytest.LogCaptureFixture) -> None:
     model, x = _fresh()
     with caplog.at_level("INFO", logger="kiln.perf"), torch.no_grad():
         kiln.compile(model)(x)
-    assert any("loopir+codegen" in r.getMessage() for r in caplog.records if r.name == "kiln.perf")
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "kiln.perf"]
+    for phase in ("capture", "aotgrad", "lower", "schedule", "codegen", "compile"):
+        assert f"{phase} " in line, line
+    assert "nodes" in line and "total" in line
+
+
+def test_capture_stats_counts_graphs() -> None:
+    model, x = _fresh()
+    with torch.no_grad():
+        kiln.compile(model)(x)
+    stats = kiln.capture_stats()
+    assert stats.graphs == 1 and stats.frames_not_captured == []

@@ -34,6 +34,28 @@ def compile_model(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     raise KeyError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
 
 
+def compile_details(backend: str) -> dict[str, Any]:
+    """What the backend says about the compile that just ran: graph count, graph breaks, graphs
+    that fell back to eager, and compile seconds by phase (kiln only; torch.compile exposes none
+    of this publicly)."""
+    if backend != "kiln":
+        return {}
+    import kiln
+
+    log = kiln.compile_log()
+    phases: dict[str, float] = {}
+    for record in log:
+        for phase, seconds in record.phases.items():
+            phases[phase] = phases.get(phase, 0.0) + seconds
+    stats = kiln.capture_stats()
+    return {
+        "graphs": len(log),
+        "frames_not_captured": len(stats.frames_not_captured),
+        "graphs_fell_back": sum(1 for record in log if record.fell_back),
+        "phases_s": {phase: round(seconds, 4) for phase, seconds in phases.items()},
+    }
+
+
 def reset(backend: str) -> None:
     """Drop in-process compile caches so the next compile starts from nothing."""
     torch.compiler.reset()

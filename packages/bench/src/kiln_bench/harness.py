@@ -147,6 +147,7 @@ def _measure(
             out_names, outputs = _step(workload, compiled, mode)
             _sync(device)
             result.compile_s = time.perf_counter() - start
+            result.extra.update(backends.compile_details(backend))
             verdict = accuracy.check(names, reference, outputs, exact, tol)
             if out_names != names:
                 verdict = accuracy.Verdict(

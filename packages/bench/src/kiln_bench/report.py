@@ -33,9 +33,29 @@ def summary(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _graphs(r: Result) -> str:
+    """'graphs/breaks' for a backend that reports them (kiln), '-' otherwise."""
+    if "graphs" not in r.extra:
+        return "-"
+    text = f"{r.extra['graphs']}/{r.extra.get('graph_breaks', 0)}"
+    return text + (
+        f" ({r.extra['frames_not_captured']} eager frames)" if r.extra.get("frames_not_captured") else ""
+    )
+
+
+# kiln's compile phases in pipeline order (kiln.backends.PHASES).
+_PHASE_ORDER = ("capture", "aotgrad", "lower", "schedule", "codegen", "compile")
+
+
+def _phases(r: Result) -> str:
+    phases = r.extra.get("phases_s") or {}
+    return " ".join(f"{k} {phases[k]:.2f}" for k in _PHASE_ORDER if phases.get(k, 0.0) >= 0.005)
+
+
 def table(results: Sequence[Result]) -> str:
     lines = [
-        f"{'model':<11} {'mode':<10} {'backend':<9} {'result':<6} {'compile s':>9} {'eager ms':>9} {'ms':>9} {'speedup':>8}  reason"
+        f"{'model':<11} {'mode':<10} {'backend':<9} {'result':<6} {'compile s':>9} {'eager ms':>9} {'ms':>9} "
+        f"{'speedup':>8}  {'graphs/breaks':<14} compile s by phase / reason"
     ]
     for r in results:
 
@@ -44,7 +64,8 @@ def table(results: Sequence[Result]) -> str:
 
         lines.append(
             f"{r.model:<11} {r.mode:<10} {r.backend:<9} {'ok' if r.ok else 'FAIL':<6} {num(r.compile_s, '9.2f')} "
-            f"{num(r.eager_ms, '9.2f')} {num(r.compiled_ms, '9.2f')} {num(r.speedup, '8.2f')}  {r.reason}"
+            f"{num(r.eager_ms, '9.2f')} {num(r.compiled_ms, '9.2f')} {num(r.speedup, '8.2f')}  "
+            f"{_graphs(r):<14} {r.reason or _phases(r)}"
         )
     lines.append("")
     for key, s in summary(results).items():

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kiln_loopir import Backend
+from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
@@ -76,6 +76,11 @@ class CppBackend(Backend):
             log.debug("kernels: %s", where)
             log.debug("wrapper: %s\n%s", path, wrapper_source)
         return fn
+
+    def last_build(self) -> BuildReport:
+        return BuildReport(
+            self.codegen_seconds, self.compile_seconds, self.last_built.cache if self.last_built else ""
+        )
 
     def _kernel(
         self, node: BaseSchedulerNode, step: int, schedule: Scheduler, dtypes: dict[str, Any]

@@ -117,6 +117,7 @@ class Built:
     directory: Path
     source_path: Path
     library: types.ModuleType
+    cache: str = "compiled"  # or "disk" / "memory": where the library came from
 
 
 def _write_atomic(path: Path, data: str) -> None:
@@ -149,9 +150,11 @@ def build(template: str) -> Built:
         loaded = _loaded.get(key)
         if loaded is not None:
             counters["memory_hits"] += 1
-            return Built(key, directory, src, loaded)
+            return Built(key, directory, src, loaded, "memory")
         directory.mkdir(parents=True, exist_ok=True)
+        cache = "compiled"
         if lib.exists():
+            cache = "disk"
             counters["disk_hits"] += 1
             if not src.exists():
                 _write_atomic(src, source)
@@ -160,7 +163,7 @@ def build(template: str) -> Built:
             counters["compiles"] += 1
         library = _load(module, lib)
         _loaded[key] = library
-        return Built(key, directory, src, library)
+        return Built(key, directory, src, library, cache)
 
 
 def _load(name: str, path: Path) -> types.ModuleType:

@@ -132,6 +132,9 @@ def capture(
                 code.co_firstlineno,
                 readable_graph(gm),
             )
+        # What the backend may report about the graph it is given (kiln's umbrella shows both).
+        gm.meta["capture_seconds"] = time.perf_counter() - t0
+        gm.meta["frame"] = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
         try:
             compiled = backend(gm, example_inputs)
         except Exception as e:  # DESIGN.md: a failing backend falls back to the captured graph

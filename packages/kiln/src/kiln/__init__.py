@@ -11,7 +11,7 @@ default backend as a plain callable, so `torch.compile(model, backend=kiln.backe
 """
 
 from kiln import logs as _logs
-from kiln.api import compile, compile_log, reset
+from kiln.api import CaptureStats, capture_stats, compile, compile_log, reset
 from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
 
 backend = kiln_backend
@@ -22,8 +22,10 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKENDS",
     "BackendFailed",
+    "CaptureStats",
     "GraphCompile",
     "backend",
+    "capture_stats",
     "compile",
     "compile_log",
     "make_backend",

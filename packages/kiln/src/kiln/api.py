@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kiln_dynamo
@@ -61,3 +62,18 @@ def reset() -> None:
 def compile_log() -> list[GraphCompile]:
     """Every graph compiled since the last reset, with its time per phase."""
     return list(COMPILE_LOG)
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureStats:
+    """What capture did since the last reset: graphs handed to the backend, and the frames that
+    ran as plain Python instead, each with the reason."""
+
+    graphs: int
+    frames_not_captured: list[tuple[str, str]]
+
+
+def capture_stats() -> CaptureStats:
+    """Counts from the capture layer since the last reset (see `CaptureStats`)."""
+    counters = kiln_dynamo.counters
+    return CaptureStats(graphs=counters.graphs, frames_not_captured=list(counters.fallbacks))

@@ -1,5 +1,6 @@
 """The umbrella's KILN_LOG artifact: `perf`, one line per compiled graph with its time per phase
-(aotgrad, loopir+codegen), through the stdlib logger `kiln.perf`. Each package configures its own
+(capture, aotgrad, lower, schedule, codegen, compile, and whether the compile came from a cache;
+Note [Compile time by phase] in backends.py), through the stdlib logger `kiln.perf`. Each package configures its own
 artifacts (dynamo: graph, guards, ...; loopir: ir, schedule; codegen_cpp: output_code)."""
 
 from __future__ import annotations

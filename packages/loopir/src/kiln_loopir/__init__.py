@@ -14,7 +14,7 @@
   (group ``kiln_loopir.backends``); ``interpret``: the reference backend over torch tensors.
 """
 
-from .backend import Backend, available_backends, get_backend, register_backend
+from .backend import Backend, BuildReport, available_backends, get_backend, register_backend
 from .compile import CompiledGraph, CompileStats, compile_graph
 from .graph import GraphLowering
 from .ir import TensorBox
@@ -27,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Backend",
+    "BuildReport",
     "CompileStats",
     "CompiledGraph",
     "GraphLowering",

@@ -8,6 +8,10 @@ A backend turns a schedule into something callable. It is asked three things:
 * ``codegen_wrapper(schedule, graph, kernels)``: the callable that allocates buffers, calls the
   kernels and the extern ops in order, frees and reuses buffers, and returns the outputs.
 
+and may say what its last ``codegen_wrapper`` cost (``last_build()``, a :class:`BuildReport`:
+seconds generating source, seconds in the native compiler, and whether that compile was served
+from a cache), which ``compile_graph`` copies into its stats so compile time can be shown by phase.
+
 Backends are found by name: ``"interpret"`` (the reference interpreter in this package) is
 built in; any other name is looked up in the entry-point group ``kiln_loopir.backends``, so a code
 generator package registers itself in its own ``pyproject.toml`` and loopir never imports it::
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +34,19 @@ if TYPE_CHECKING:
     from .scheduler import BaseSchedulerNode, Scheduler
 
 ENTRY_POINT_GROUP = "kiln_loopir.backends"
+
+
+@dataclass(frozen=True, slots=True)
+class BuildReport:
+    """What a backend's last ``codegen_wrapper`` cost.
+
+    ``cache`` is ``"compiled"`` (the native compiler ran), ``"disk"`` or ``"memory"`` (a cached
+    build was reused) or ``""`` (nothing needed compiling, or the backend compiles nothing).
+    """
+
+    codegen_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    cache: str = ""
 
 
 class Backend:
@@ -49,6 +67,10 @@ class Backend:
     ) -> Callable[..., Any]:
         """The callable that runs the whole schedule on the graph's inputs."""
         raise NotImplementedError
+
+    def last_build(self) -> BuildReport:
+        """What the last ``codegen_wrapper`` cost (nothing known, by default)."""
+        return BuildReport()
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}

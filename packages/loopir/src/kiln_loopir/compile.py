@@ -5,7 +5,9 @@ backend (kernels and the wrapper that runs them). The returned callable takes th
 positionally and returns what ``gm(*inputs)`` returns; ``.stats`` says how many kernels were
 generated after fusion, how many extern calls run, how many buffers are allocated and reused,
 and the estimated bytes moved (read + written by the kernels, kernel-internal buffers
-excluded), so fused and unfused schedules can be compared.
+excluded), so fused and unfused schedules can be compared. It also says where compile time went:
+lowering, scheduling, and what the backend reports for source generation and the native compile
+(with whether that compile came from a cache).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .backend import Backend, get_backend
+from .backend import Backend, BuildReport, get_backend
 from .graph import GraphLowering
 from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
@@ -42,6 +44,9 @@ class CompileStats:
     fallbacks: tuple[tuple[str, str], ...] = ()
     lower_seconds: float = 0.0
     schedule_seconds: float = 0.0
+    codegen_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    compile_cache: str = ""
     extern_ops: tuple[str, ...] = field(default=())
 
 
@@ -83,6 +88,10 @@ def compile_graph(
     _log(graph, schedule)
     kernels = {n.name: chosen.codegen_kernel(n, graph) for n in schedule.kernels()}
     fn = chosen.codegen_wrapper(schedule, graph, kernels)
+    t3 = time.perf_counter()
+    build = chosen.last_build()
+    if build == BuildReport():  # the backend reports nothing: all of it was code generation
+        build = BuildReport(codegen_seconds=t3 - t2)
     externs = [n for n in schedule.nodes if isinstance(n, ExternKernelSchedulerNode)]
     stats = CompileStats(
         kernels=len(kernels),
@@ -94,6 +103,9 @@ def compile_graph(
         fallbacks=tuple(graph.fallbacks),
         lower_seconds=t1 - t0,
         schedule_seconds=t2 - t1,
+        codegen_seconds=build.codegen_seconds,
+        compile_seconds=build.compile_seconds,
+        compile_cache=build.cache,
         extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
     )
     schedule_log.debug("stats: %s", stats)
