@@ -14,12 +14,18 @@ Per signature (`compile_flat`):
 
 Compilers follow the backend protocol `compiler(gm, example_inputs) -> callable`; the example
 inputs are the fake tensors of the graph's placeholders.
+
+Note [The call fast path]: kiln_dynamo calls one AotFunction per captured graph on every call of
+the user's code, always with positional tensors only, on a GraphModule that holds no parameters,
+buffers or submodules. For that case the call skips pytree (the leaves are the arguments), the
+module state (there is none) and the modules' training flags (no submodule reads them): what is
+left is the signature lookup, which correctness needs. Any other call takes the general path.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +100,7 @@ def compile_flat(
     return CompiledArtifacts(traced, part, training_runner(fw, bw, meta))
 
 
-def _signature(leaves: list[Any]) -> tuple[Any, ...]:
+def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
     key: list[Any] = [torch.is_grad_enabled()]
     for x in leaves:
         if isinstance(x, torch.Tensor):
@@ -128,6 +134,14 @@ class AotFunction:
         self.opts = opts
         self.module = module
         self.compiled: dict[tuple[Any, ...], CompiledArtifacts] = {}
+        # Note [The call fast path]: a module with nothing but its own forward code.
+        self._stateless = (
+            module is None
+            or isinstance(module, torch.fx.GraphModule)
+            and next(iter(module.children()), None) is None
+            and next(iter(module.parameters()), None) is None
+            and next(iter(module.buffers()), None) is None
+        )
 
     def _state(self) -> tuple[list[str], list[torch.Tensor]]:
         if self.module is None:
@@ -143,6 +157,14 @@ class AotFunction:
         return names, values
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._stateless and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            key = _signature(args)  # Note [The call fast path]
+            art = self.compiled.get(key)
+            if art is None:
+                leaves, spec = tree_flatten((args, kwargs))
+                art = self._compile(leaves, spec, list(range(len(args))), [], list(args))
+                self.compiled[key] = art
+            return art.runner(*args)
         leaves, spec = tree_flatten((args, kwargs))
         state_names, state = self._state()
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]

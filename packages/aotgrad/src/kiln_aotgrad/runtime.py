@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.joint import TraceMeta
 from kiln_aotgrad.tracer import AotgradError
@@ -51,6 +51,15 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
                 target.copy_(v)
 
 
+def _plain_outputs(meta: TraceMeta) -> bool:
+    """Whether the user outputs are exactly the graph outputs, in order, in one flat tuple: then
+    `_assemble` is the identity and is skipped (Note [The call fast path] in api.py)."""
+    n = len(meta.outputs)
+    return meta.out_spec == tree_flatten(tuple(range(n)))[1] and [(o.kind, o.index) for o in meta.outputs] == [
+        ("graph", i) for i in range(n)
+    ]
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = []
     for info in meta.outputs:
@@ -72,6 +81,12 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
 def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     """`run(*flat_inputs)` for a graph without backward."""
     m = len(meta.mutated_inputs)
+    if m == 0 and _plain_outputs(meta):
+
+        def run_plain(*inputs: torch.Tensor) -> Any:
+            return tuple(_as_list(compiled(*inputs)))
+
+        return run_plain
 
     def run(*inputs: torch.Tensor) -> Any:
         outs = _as_list(compiled(*inputs))
@@ -126,6 +141,13 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
             for i, g in zip(grad_inputs, out, strict=True):
                 result[i] = g
             return tuple(result)
+
+    if m == 0 and _plain_outputs(meta):
+
+        def run_plain(*inputs: torch.Tensor) -> Any:
+            return tuple(_as_list(CompiledFunction.apply(*inputs)))
+
+        return run_plain
 
     def run(*inputs: torch.Tensor) -> Any:
         outs = CompiledFunction.apply(*inputs)
