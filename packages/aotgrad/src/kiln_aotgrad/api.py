@@ -135,9 +135,8 @@ class AotFunction:
         self.module = module
         self.compiled: dict[tuple[Any, ...], CompiledArtifacts] = {}
         # Note [The call fast path]: a module with nothing but its own forward code.
-        self._stateless = (
-            module is None
-            or isinstance(module, torch.fx.GraphModule)
+        self._stateless = module is None or (
+            isinstance(module, torch.fx.GraphModule)
             and next(iter(module.children()), None) is None
             and next(iter(module.parameters()), None) is None
             and next(iter(module.buffers()), None) is None

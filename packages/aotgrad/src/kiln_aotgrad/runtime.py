@@ -55,9 +55,9 @@ def _plain_outputs(meta: TraceMeta) -> bool:
     """Whether the user outputs are exactly the graph outputs, in order, in one flat tuple: then
     `_assemble` is the identity and is skipped (Note [The call fast path] in api.py)."""
     n = len(meta.outputs)
-    return meta.out_spec == tree_flatten(tuple(range(n)))[1] and [(o.kind, o.index) for o in meta.outputs] == [
-        ("graph", i) for i in range(n)
-    ]
+    return meta.out_spec == tree_flatten(tuple(range(n)))[1] and [
+        (o.kind, o.index) for o in meta.outputs
+    ] == [("graph", i) for i in range(n)]
 
 
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
