@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kiln_dynamo.exc import FakeUnsupported
-from kiln_dynamo.fake import FakeMode, FakeTensor, from_real, metadata
+from kiln_dynamo.fake import FakeMode, FakeTensor, from_real, metadata, run_fake
 
 OPS: list[tuple[str, Any, tuple[Any, ...]]] = [
     ("add", torch.add, (torch.randn(3, 4), torch.randn(4))),
@@ -82,3 +82,22 @@ def test_from_real_keeps_parameter_flag_and_device() -> None:
 def test_data_dependent_ops_raise_a_reason(fn: Any) -> None:
     with pytest.raises(FakeUnsupported, match=r"needs tensor data|meta"), FakeMode():
         fn(from_real(torch.randn(4)))
+
+
+@pytest.mark.parametrize("x_channels_last", [False, True])
+@pytest.mark.parametrize("w_channels_last", [False, True])
+@pytest.mark.parametrize("groups", [1, 8])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_cpu_convolution_strides_match_the_device(
+    x_channels_last: bool, w_channels_last: bool, groups: int, transposed: bool
+) -> None:
+    # Note [CPU convolution strides]: the meta kernel says contiguous where the CPU says channels-last.
+    x, w = torch.randn(2, 8, 6, 6), torch.randn(8, 8 // groups, 3, 3)
+    if x_channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    if w_channels_last:
+        w = w.contiguous(memory_format=torch.channels_last)
+    args = ([1, 1], [0, 0], [1, 1], transposed, [0, 0], groups)
+    real = torch.ops.aten.convolution(x, w, None, *args)
+    fake = run_fake(torch.ops.aten.convolution.default, (from_real(x), from_real(w), None, *args), {})
+    assert metadata(fake) == metadata(real)

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from torch._prims_common import suggest_memory_format
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
@@ -124,6 +125,27 @@ def _flat(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return out
 
 
+def _is_channels_last(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
+
+
+def _cpu_convolution_layout(out: Any, args: tuple[Any, ...]) -> Any:
+    """Note [CPU convolution strides]: the meta kernel of aten.convolution answers contiguous
+    strides when its input or weight is channels-last, but the CPU kernels (mkldnn and the slow
+    path alike) answer channels-last then, and eager code downstream sees those strides (views,
+    extern kernels, and the cost of every copy that would conform them). Fake results must be
+    what the device gives, so a channels-last input or weight gives a channels-last output."""
+    x, weight = args[0], args[1]
+    if (
+        isinstance(out, torch.Tensor)
+        and out.dim() == 4
+        and (_is_channels_last(x) or _is_channels_last(weight))
+        and not out.is_contiguous(memory_format=torch.channels_last)
+    ):
+        return torch.empty_like(out, memory_format=torch.channels_last)
+    return out
+
+
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
@@ -156,6 +178,8 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if "meta" in msg.lower() or "data-dependent" in msg.lower():
             raise FakeUnsupported(f"operator {name} cannot run on fake tensors: {msg}") from e
         raise
+    if name == "aten::convolution" and device.type == "cpu":
+        out = _cpu_convolution_layout(out, m_args)
 
     def wrap(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
