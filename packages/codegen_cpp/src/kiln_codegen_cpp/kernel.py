@@ -796,18 +796,31 @@ class KernelBuilder:
         return lines
 
     def _order_pointwise(self, loops: list[tuple[sympy.Expr, int]]) -> list[tuple[sympy.Expr, int]]:
-        """Put innermost the loop that most accesses walk with stride 1 (ties: the last dim)."""
+        """Put innermost the loop that most accesses walk with stride 1 (ties: the last dim).
 
-        def score(item: tuple[int, tuple[sympy.Expr, int]]) -> tuple[int, int]:
+        Note [Loop order counts full-size accesses first]: an access that depends on one loop
+        variable only (a per-channel scale, a bias) is a small broadcast buffer that stays in
+        cache whichever loop is innermost; counting it would put a channel loop innermost under a
+        batch norm and walk the activations with a stride of H*W. Accesses that depend on several
+        loop variables decide; broadcast ones only break ties.
+        """
+        loop_vars = {var for var, _ in loops if isinstance(var, sympy.Symbol)}
+
+        def score(item: tuple[int, tuple[sympy.Expr, int]]) -> tuple[int, int, int]:
             pos, (var, _) = item
-            unit = 0
+            full = broadcast = 0
             for a in self.accesses:
                 try:
-                    if sympy.expand(a).coeff(var) == 1:
-                        unit += 1
+                    expanded = sympy.expand(a)
+                    if expanded.coeff(var) != 1:
+                        continue
                 except (TypeError, ValueError):
                     continue
-            return (unit, pos)
+                if len(expanded.free_symbols & loop_vars) > 1:
+                    full += 1
+                else:
+                    broadcast += 1
+            return (full, broadcast, pos)
 
         best = max(enumerate(loops), key=score)[0]
         return [*loops[:best], *loops[best + 1 :], loops[best]]

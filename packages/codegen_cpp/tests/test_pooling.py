@@ -1,0 +1,43 @@
+"""max_pool2d_with_indices through C++: values and indices equal eager's, special values included."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import torch
+from cpp_check import aten, check
+
+CASES: list[tuple[tuple[int, ...], Any, Any, Any, Any, bool]] = [
+    ((2, 3, 8, 8), [2, 2], [], 0, 1, False),
+    ((2, 3, 9, 7), [3, 3], [2, 2], 1, 1, False),
+    ((1, 2, 9, 9), [3, 2], [2, 1], [1, 0], [2, 1], True),
+    ((3, 10, 11), [2, 2], [2, 2], 0, 1, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_values_and_indices(case: Any, dtype: torch.dtype) -> None:
+    shape, k, s, p, d, ceil = case
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    flat = x.view(-1)
+    flat[::7] = float("-inf")
+    flat[5] = float("nan")
+    flat[10:14] = 1.0
+    check(lambda x: aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil), x)
+
+
+def test_max_pool2d_after_batch_norm_walks_rows_innermost() -> None:
+    # Note [Loop order counts full-size accesses first]: per-channel scale and shift must not
+    # pull the channel loop innermost.
+    def f(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        y = aten.relu.default(aten.mul.Tensor(x, aten.view.default(scale, [1, 4, 1, 1])))
+        return aten.max_pool2d_with_indices.default(y, [2, 2], [2, 2])[0]
+
+    compiled = check(f, torch.randn(2, 4, 8, 8), torch.randn(4))
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    loops = re.findall(r"for \(int64_t (x\d) = 0; \1 < INT64_C\((\d+)\)", source)
+    # The innermost loop is the output's last dim (4 columns), not the channels (4 too: by name).
+    assert loops and loops[-1][0] == "x3", loops
