@@ -149,3 +149,19 @@ def test_results_identical_with_one_and_two_threads() -> None:
         torch.set_num_threads(before)
     for a, b in zip(one, two, strict=True):
         assert torch.equal(a, b)
+
+
+def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
+    # Note [Column reductions]: x.sum(0) over a contiguous matrix vectorizes across outputs...
+    compiled = check(lambda x: aten.sum.dim_IntList(x, [0]), make((64, 48), torch.float32))
+    assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+
+    # ...but a per-channel reduction over NCHW (batch norm's statistics) reads each channel's
+    # rows contiguously: per-channel parameters and per-channel outputs must not pull the
+    # channel loop into the lanes (that walked memory with a stride of H*W).
+    def stats(x: torch.Tensor, w: torch.Tensor) -> Any:
+        scaled = aten.mul.Tensor(x, aten.view.default(w, [1, 16, 1, 1]))
+        return aten.var_mean.correction(scaled, [0, 2, 3], correction=0, keepdim=True)
+
+    compiled = check(stats, make((4, 16, 8, 8), torch.float32), make((16,), torch.float32))
+    assert "xblk" not in compiled.backend.last_source  # type: ignore[attr-defined]

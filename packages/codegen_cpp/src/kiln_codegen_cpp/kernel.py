@@ -684,6 +684,10 @@ class KernelBuilder:
         x_unit = r_unit = 0
         for a in self.accesses:
             e = sympy.expand(a)
+            # Only the reduced reads decide (Note [Loop order counts full-size accesses first]):
+            # a per-output store or a per-channel parameter is small whichever loop is innermost.
+            if not e.free_symbols & set(rs):
+                continue
             x_unit += int(e.coeff(xl) == 1)
             r_unit += int(e.coeff(rl) == 1)
         return x_unit > r_unit
