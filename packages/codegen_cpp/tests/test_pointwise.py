@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import In, aten, check, eager_supports, graph_of, make
+from cpp_check import In, assert_same, aten, check, eager_supports, graph_of, make
+
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir import compile_graph
 
 DTYPES = [
     torch.float32, torch.float64, torch.bfloat16, torch.float16,
@@ -125,3 +128,40 @@ def test_inputs_of_another_shape_or_dtype_are_refused() -> None:
         compiled(make((9, 9)))
     with pytest.raises(ValueError, match=r"got \[8, 9\] torch.float64"):
         compiled(make((8, 9), torch.float64))
+
+
+INT_DIVISIONS: list[Any] = [
+    (aten.floor_divide.default, (In(0), In(1)), {}),
+    (aten.div.Tensor_mode, (In(0), In(1)), {"rounding_mode": "floor"}),
+    (aten.div.Tensor_mode, (In(0), In(1)), {"rounding_mode": "trunc"}),
+    (aten.remainder.Tensor, (In(0), In(1)), {}),
+    (aten.fmod.Tensor, (In(0), In(1)), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64], ids=str)
+def test_integer_division_by_zero_raises_like_eager(dtype: torch.dtype) -> None:
+    a = make((4, 9), dtype, low=1, high=20)
+    good = make((4, 9), dtype, low=1, high=5)
+    bad = good.clone()
+    bad[3, 7] = 0
+    for op, _args, kwargs in INT_DIVISIONS:
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a, bad, **kwargs)  # eager
+    compiled = check(graph_of(INT_DIVISIONS, 2), a, good)
+    # eager raises RuntimeError("ZeroDivisionError"); ours is that and a ZeroDivisionError
+    with pytest.raises(RuntimeError, match=r"ZeroDivisionError: integer division by zero \(ops\.\w+ in "):
+        compiled(a, bad)
+    with pytest.raises(ZeroDivisionError):
+        compiled(a, bad)
+    assert_same(compiled(a, good), graph_of(INT_DIVISIONS, 2)(a, good))  # still usable
+
+
+def test_zero_division_error_names_the_op() -> None:
+    a = make((4, 9), torch.int64, low=1, high=20)
+    gm = graph_of([(aten.remainder.Scalar, (In(0), 0), {})], 1)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        gm(a)
+    compiled = compile_graph(gm, [a], backend=CppBackend())
+    with pytest.raises(ZeroDivisionError, match=r"ops\.remainder in aten\.remainder\.Scalar; kernel"):
+        compiled(a)

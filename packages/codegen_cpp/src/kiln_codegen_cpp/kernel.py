@@ -74,6 +74,8 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
+INT_DIVISION = frozenset({"floordiv", "truncdiv", "mod", "fmod", "remainder"})
 # elements per thread chunk of a parallel one-loop pointwise kernel
 POINTWISE_CHUNK = 16384
 # float32 sums add this many positions per lane in float before folding into double
@@ -118,11 +120,18 @@ class RPhase:
 
 @dataclass(frozen=True, slots=True)
 class ErrorSite:
-    """An indirect index check: which kernel, which buffer it indexes, the size it must fit."""
+    """A run-time check in a kernel; its 1-based position in ``Kernel.errors`` is the code the
+    kernel returns when it fails (Note [Kernel errors]).
+
+    ``kind`` is ``"index"`` (an indirect index, ``size`` the extent it must fit) or
+    ``"zero_division"`` (an integer ``ops.<op>`` whose divisor was 0).
+    """
 
     kernel: str
     buffer: str
     size: int
+    kind: str = "index"
+    op: str = ""
 
 
 @dataclass
@@ -396,14 +405,28 @@ class KernelBuilder:
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"if ({var} < 0) {var} += INT64_C({n});")
         if check:
-            code = len(self.errors) + 1
-            self.errors.append(ErrorSite(self.name, "", n))
+            code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(
                 f"if ({var} < 0 || {var} >= INT64_C({n})) {{ "
                 f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({v}), __ATOMIC_RELAXED); "
                 f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
             )
         return sympy.Symbol(var, integer=True)
+
+    def _error_site(self, site: ErrorSite) -> int:
+        """Note [Kernel errors]: a failed check stores its site's code (1-based) into ``kerr``,
+        the kernel's return value, and computes on with a harmless value (index 0, quotient 0);
+        the wrapper turns a non-zero return into the Python error the site describes. Checks
+        inside ``ops.masked`` run only where the mask holds, as eager never evaluates there."""
+        self.errors.append(site)
+        return len(self.errors)
+
+    def _check_divisor(self, name: str, divisor: CppValue) -> None:
+        """Integer division and modulo by zero raise in eager ("ZeroDivisionError"); so do we."""
+        if divisor.const and divisor.py is not None and int(divisor.py) != 0:
+            return
+        code = self._error_site(ErrorSite(self.name, "", 0, "zero_division", name))
+        self.lines.append(f"if ({divisor} == 0) __atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED);")
 
     # ------------------------------------------------------------------------------ control
 
@@ -456,6 +479,8 @@ class KernelBuilder:
         else:
             operand = out
         values = [self._as(v, operand) for v in values]
+        if name in INT_DIVISION and not operand.is_floating_point and operand != torch.bool:
+            self._check_divisor(name, values[1])
         text = spell(name, operand, *[v.expr for v in values])
         if out in HALF and name not in ALWAYS_BOOL:
             text = round_expr(out, text)
