@@ -149,3 +149,49 @@ def test_results_identical_with_one_and_two_threads() -> None:
         torch.set_num_threads(before)
     for a, b in zip(one, two, strict=True):
         assert torch.equal(a, b)
+
+
+def _empty_calls(x: Any, dims: list[int], float_ops: bool) -> list[Any]:
+    calls: list[Any] = [
+        (aten.sum.dim_IntList, (x, dims), {}),
+        (aten.prod.dim_int, (x, dims[0]), {}),
+        (aten.any.dim, (x, dims[0]), {}),
+        (aten.all.dim, (x, dims[0]), {}),
+    ]
+    if float_ops:
+        calls += [
+            (aten.mean.dim, (x, dims), {}),
+            (aten.var.correction, (x, dims), {"correction": 1}),
+            (aten.var_mean.correction, (x, dims), {"correction": 0}),
+            (aten.std.correction, (x, dims), {"correction": 0}),
+            (aten.logsumexp.default, (x, dims), {}),
+        ]
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32], ids=str)
+def test_reductions_over_an_empty_dim_match_eager(dtype: torch.dtype) -> None:
+    """sum -> 0, prod -> 1, any -> False, all -> True, mean/var/std -> NaN, logsumexp -> -inf,
+    in row kernels (dim 1), column kernels (dim 0 of a wide tensor) and full reductions."""
+    floating = dtype.is_floating_point
+    row = make((3, 0, 5), dtype)
+    col = make((0, 40), dtype)
+    flat = make((0,), dtype)
+    calls = [
+        *_empty_calls(In(0), [1], floating),
+        *_empty_calls(In(1), [0], floating),
+        *_empty_calls(In(2), [0], floating),
+        (aten.sum.default, (In(2),), {}),
+    ]
+    check(graph_of(calls, 3), row, col, flat)
+
+
+@pytest.mark.parametrize("op", ["amax", "amin", "argmax", "argmin"])
+def test_min_max_over_an_empty_dim_raise_like_eager(op: str) -> None:
+    x = make((3, 0, 5))
+    fn = getattr(aten, op).default
+    gm = graph_of([(fn, (In(0), [1] if op in ("amax", "amin") else 1), {})], 1)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        gm(x)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        check(gm, x)

@@ -521,14 +521,18 @@ class KernelBuilder:
                 phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
             self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
+            # the mean of no elements is NaN (as eager's, and loopir's interpreter's); m2 stays 0
+            nan = f"std::numeric_limits<{t}>::quiet_NaN()"
             phase.pick.append(
-                f"{t} {acc}_fmean = {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], {acc}_fw = {acc}_w[l];"
+                f"{t} {acc}_fmean = {acc}_w[l] == 0 ? {nan} : {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], "
+                f"{acc}_fw = {acc}_w[l];"
             )
             phase.combine.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
             phase.combine.append(
                 f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
                 f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
             )
+            phase.combine.append(f"if ({acc}_fw == 0) {acc}_fmean = {nan};")
             cast = "static_cast<float>" if wide else ""
             return tuple(CppValue(f"{cast}({acc}_f{p})", dtype) for p in ("mean", "m2", "w"))
         if reduction_type in ("argmax", "argmin"):
