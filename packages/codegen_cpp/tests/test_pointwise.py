@@ -6,6 +6,7 @@ dtype), and names the outputs so a failure says which op and dtype differed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -165,3 +166,32 @@ def test_zero_division_error_names_the_op() -> None:
     compiled = compile_graph(gm, [a], backend=CppBackend())
     with pytest.raises(ZeroDivisionError, match=r"ops\.remainder in aten\.remainder\.Scalar; kernel"):
         compiled(a)
+
+
+def _special_values(dtype: torch.dtype) -> torch.Tensor:
+    """±inf, NaN, ±0, the largest and smallest (normal and subnormal) magnitudes, values where
+    exp/tanh/erf saturate or overflow, and ordinary values; the pattern is laid out twice so it
+    lands both in the vectorized main loop and in the scalar tail."""
+    info = torch.finfo(dtype)
+    base = [
+        math.inf, -math.inf, math.nan, 0.0, -0.0, info.max, -info.max, info.tiny, -info.tiny,
+        info.smallest_normal / 4, -info.smallest_normal / 4, 1e30, -1e30, 1e-30, -1e-30, 1.0,
+        -1.0, 0.5, -0.5, 2.0, 10.0, -10.0, 20.0, 88.5, -88.5, 100.0, -100.0, 710.0, -710.0,
+        1e5, -1e5, 3.0, 0.99, -0.99,
+    ]  # fmt: skip
+    x = torch.tensor(base, dtype=torch.float64).to(dtype)  # out-of-range values become ±inf
+    return torch.cat([x, make((5,), dtype), x])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_unary_ops_at_special_values(dtype: torch.dtype) -> None:
+    """Every unary lowering at ±inf, NaN, ±0, huge and tiny values against eager (ATen's kernels,
+    Note [oneDNN is not the reference]); kernels are correct by construction there: no
+    fast-math flags (build.py), and libmvec's vector variants keep IEEE special values."""
+    x = _special_values(dtype)
+    picked = [name for name in UNARY if eager_supports(_op(name), x)]
+    calls = [(_op(name), (In(0),), {}) for name in picked]
+    names = [f"{name}/{dtype}" for name in picked]
+    calls.append((aten.gelu.default, (In(0),), {"approximate": "tanh"}))
+    names.append(f"gelu_tanh/{dtype}")
+    check(graph_of(calls, 1), x, names=names)
