@@ -176,9 +176,11 @@ def _special_values(dtype: torch.dtype) -> torch.Tensor:
     base = [
         math.inf, -math.inf, math.nan, 0.0, -0.0, info.max, -info.max, info.tiny, -info.tiny,
         info.smallest_normal / 4, -info.smallest_normal / 4, 1e30, -1e30, 1e-30, -1e-30, 1.0,
-        -1.0, 0.5, -0.5, 2.0, 10.0, -10.0, 20.0, 88.5, -88.5, 100.0, -100.0, 710.0, -710.0,
-        1e5, -1e5, 3.0, 0.99, -0.99,
+        -1.0, 0.5, -0.5, 2.0, 10.0, -10.0, 20.0, 88.5, -88.5, 100.0, -100.0, 1e5, -1e5, 3.0,
+        0.99, -0.99,
     ]  # fmt: skip
+    # not ±710: float64 sinh/cosh there are 1.117e308, finite (glibc, so ours), but eager's
+    # vectorized kernel overflows to inf a little early
     x = torch.tensor(base, dtype=torch.float64).to(dtype)  # out-of-range values become ±inf
     return torch.cat([x, make((5,), dtype), x])
 
