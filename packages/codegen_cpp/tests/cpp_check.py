@@ -9,6 +9,7 @@ outputs so a failure says which op differed. It returns the compiled graph.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,12 +90,10 @@ def eager(fn: Callable[..., Any], *inputs: Any) -> Any:
     That made a gelu(+inf) test fail on an AVX-512 Xeon and pass here although kiln computed
     the same +inf on both. With oneDNN off the reference no longer depends on the machine.
     """
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    try:
-        return fn(*inputs)  # graphs are functional: inputs are not mutated
-    finally:
-        torch.backends.mkldnn.enabled = before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flags() also re-sets oneDNN's TF32 flag, with a warning
+        with torch.backends.mkldnn.flags(enabled=False):
+            return fn(*inputs)  # graphs are functional: inputs are not mutated
 
 
 def check(

@@ -584,9 +584,13 @@ class KernelBuilder:
             "max": "kiln::red_max({a}, {b})",
             "min": "kiln::red_min({a}, {b})",
         }
+        if dtype == torch.bool and reduction_type in ("max", "min"):
+            # max of bools is any, min is all (NaN-free, so no red_max needed)
+            inits["max"], inits["min"] = "false", "true"
+            combine["max"], combine["min"] = "{a} || {b}", "{a} && {b}"
         if reduction_type not in inits:
             raise CodegenUnsupported(f"reduction {reduction_type}")
-        if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
+        if dtype == torch.bool and reduction_type in ("sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
         fmt = combine[reduction_type]
         if wide:

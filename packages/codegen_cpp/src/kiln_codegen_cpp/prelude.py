@@ -92,6 +92,10 @@ template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
 template <typename T> static inline T frac(T a) { return a - std::trunc(a); }
 template <typename T> static inline T iabs(T a) { return a < T(0) ? T(-a) : a; }
+// the sign bit read as bits: GCC 12 hits an internal compiler error vectorizing std::signbit of
+// a widened bfloat16 (seen in the OpInfo sweep)
+static inline bool signbit(float a) { uint32_t b; std::memcpy(&b, &a, 4); return (b >> 31) != 0; }
+static inline bool signbit(double a) { uint64_t b; std::memcpy(&b, &a, 8); return (b >> 63) != 0; }
 
 template <typename T> static inline T int_floordiv(T a, T b) {
   if (b == 0) return T(0);
