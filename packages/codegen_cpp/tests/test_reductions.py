@@ -195,3 +195,22 @@ def test_min_max_over_an_empty_dim_raise_like_eager(op: str) -> None:
         gm(x)
     with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
         check(gm, x)
+
+
+@pytest.mark.parametrize("cols", [2048, 77])
+def test_layer_norm_shares_one_welford_accumulator(cols: int) -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        ln = aten.native_layer_norm.default(aten.gelu.default(x), [x.shape[-1]], w, b, 1e-5)
+        return ln[0], aten.var_mean.correction(x, [1], correction=0)
+
+    x = make((5, cols))
+    x[1, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
+    compiled = check(fn, x, make((cols,)), make((cols,)))
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    # mean and m2 share one accumulator: no two accumulators updated with one value in a row
+    updates = [
+        (line.split("(")[1].split("_")[0], line.split(",")[3])
+        for line in source.splitlines()
+        if "kiln::welford_add(acc" in line
+    ]
+    assert updates and all(a[0] == b[0] or a[1] != b[1] for a, b in itertools.pairwise(updates))

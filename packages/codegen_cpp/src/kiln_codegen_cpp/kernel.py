@@ -114,6 +114,7 @@ class RPhase:
     combine: list[str] = field(default_factory=list)  # lanes -> one value (lane mode)
     pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
+    results: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # reduction CSE
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
     folds: list[str] = field(default_factory=list)  # float32 sums: float block lanes -> double
 
@@ -506,6 +507,14 @@ class KernelBuilder:
         phase = self.phase
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
+        # the same reduction of the same value in one phase is accumulated once (layer norm's
+        # Welford mean and m2 are two buffers over one reduction)
+        key = (dtype, reduction_type, v.expr, v.dtype)
+        if key not in phase.results:
+            phase.results[key] = self._reduction(dtype, reduction_type, v, phase)
+        return phase.results[key]
+
+    def _reduction(self, dtype: torch.dtype, reduction_type: str, v: CppValue, phase: RPhase) -> Any:
         acc = self._new("acc")
         # Note [float32 accumulation]: float32 sums add FOLD_BLOCK positions per lane in float,
         # then fold into double lanes (a two-level cascade, full float speed); Welford
@@ -520,7 +529,10 @@ class KernelBuilder:
             for part in ("mean", "m2", "w"):
                 phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
-            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
+            # Note [Welford reciprocal]: ``winv`` is 1 / (count after this element), defined by
+            # the loop around the body: one scalar division per lane step where every lane has
+            # the same count (the main lane loop, column blocks), per lane elsewhere.
+            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v}, winv);")
             # the mean of no elements is NaN (as eager's, and loopir's interpreter's); m2 stays 0
             nan = f"std::numeric_limits<{t}>::quiet_NaN()"
             phase.pick.append(
@@ -754,6 +766,8 @@ class KernelBuilder:
             lines.append(inner + self._loop(var, size) + " {")
             inner += "  "
         body = clean(phase.body)
+        # every output of the block has seen the same reduction positions: flat_r of them
+        lines.extend(inner + w for w in self._winv(phase, f"{index_to_cpp(self.flat_r)} + 1"))
         lines.append(f"{inner}if (xlen == {block}) {{")
         lines.append(f"{inner}  #pragma omp simd")
         fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
@@ -867,9 +881,11 @@ class KernelBuilder:
                 lines.append("  " * depth + self._loop(var, size) + " {")
             depth += 1
         pad = "  " * depth
+        lane_winv = self._winv(phase, None)
         if not loops:
             lines.append(pad + "{")
             lines.append(pad + "  const int l = 0;")
+            lines.extend(pad + "  " + w for w in lane_winv)
             lines.extend(pad + "  " + b for b in body)
             lines.extend(f"{pad}  {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds)
             lines.append(pad + "}")
@@ -890,6 +906,7 @@ class KernelBuilder:
             ]
             if has_main:
                 inner = pad
+                origin = start
                 if fold:
                     lines.append(
                         f"{pad}for (int64_t rbo = {start}; rbo < {main_end}; rbo += {FOLD_BLOCK}) {{"
@@ -901,9 +918,13 @@ class KernelBuilder:
                 else:
                     stop = main_end
                 lines.append(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {LANES}) {{")
+                # one loop: every lane has seen (rb - origin) / LANES elements before this one
+                uniform = self._winv(phase, f"(rb - {origin}) / {LANES} + 1") if len(loops) == 1 else []
+                lines.extend(f"{inner}  {w}" for w in uniform)
                 lines.append(f"{inner}  #pragma omp simd")
                 lines.append(f"{inner}  for (int l = 0; l < {LANES}; ++l) {{")
                 lines.append(f"{inner}    const int64_t {var} = rb + l;")
+                lines.extend(f"{inner}    {w}" for w in ([] if uniform else lane_winv))
                 lines.extend(f"{inner}    {b}" for b in body)
                 lines.append(f"{inner}  }}")
                 lines.append(f"{inner}}}")
@@ -913,12 +934,24 @@ class KernelBuilder:
             if has_tail:
                 lines.append(f"{pad}for (int64_t {var} = {main_end}; {var} < {end}; ++{var}) {{")
                 lines.append(f"{pad}  const int l = static_cast<int>({var} - {main_end});")
+                lines.extend(f"{pad}  {w}" for w in lane_winv)
                 lines.extend(f"{pad}  {b}" for b in body)
                 lines.append(f"{pad}}}")
                 lines.extend(f"{pad}{f}" for f in fold)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
+
+    def _winv(self, phase: RPhase, count: str | None) -> list[str]:
+        """The definition of ``winv`` (Note [Welford reciprocal]) for a body that updates
+        Welford lanes: from ``count``, shared by all lanes, or per lane from its weight."""
+        welford = [(t, acc) for kind, t, acc in phase.accumulators if kind == "welford"]
+        if not welford:
+            return []
+        t, acc = welford[0]
+        if count is None:
+            return [f"const {t} winv = {t}(1) / ({acc}_w[l] + {t}(1));"]
+        return [f"const {t} winv = {t}(1) / static_cast<{t}>({count});"]
 
     def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) when a full reduction should be split across threads, else None."""

@@ -187,10 +187,11 @@ template <typename T> static inline void arg_min_merge(T& acc, int64_t& idx, T v
   if (an) return;
   if (vn || v < acc || (v == acc && i < idx)) { acc = v; idx = i; }
 }
-template <typename T> static inline void welford_add(T& mean, T& m2, T& w, T v) {
+// inv = 1 / (w + 1), computed by the caller (Note [Welford reciprocal] in kernel.py)
+template <typename T, typename U> static inline void welford_add(T& mean, T& m2, T& w, T v, U inv) {
   w += T(1);
   T d = v - mean;
-  mean += d / w;
+  mean += d * static_cast<T>(inv);
   m2 += d * (v - mean);
 }
 template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T mb, T m2b, T wb) {
