@@ -197,17 +197,21 @@ def test_min_max_over_an_empty_dim_raise_like_eager(op: str) -> None:
         check(gm, x)
 
 
-@pytest.mark.parametrize("cols", [2048, 77])
-def test_layer_norm_shares_one_welford_accumulator(cols: int) -> None:
+@pytest.mark.parametrize("cols", [2048, 77, 20000])
+def test_gelu_layer_norm_and_softmax_reuse_the_first_pass(cols: int) -> None:
+    """A later pass over the row reads an earlier pass's erf/exp back from a row stash (rows up
+    to STASH_BYTES), or recomputes it (longer rows); either way the result is eager's."""
+
     def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
         ln = aten.native_layer_norm.default(aten.gelu.default(x), [x.shape[-1]], w, b, 1e-5)
-        return ln[0], aten.var_mean.correction(x, [1], correction=0)
+        return ln[0], aten._softmax.default(x, -1, False), aten.var_mean.correction(x, [1], correction=0)
 
     x = make((5, cols))
     x[1, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
     compiled = check(fn, x, make((cols,)), make((cols,)))
     source = compiled.backend.last_source  # type: ignore[attr-defined]
-    # mean and m2 share one accumulator: no two accumulators updated with one value in a row
+    assert ("stash" in source) == (cols * 4 <= 65536)
+    # layer norm's mean and m2 share one accumulator: no two updates of the same value in a row
     updates = [
         (line.split("(")[1].split("_")[0], line.split(",")[3])
         for line in source.splitlines()

@@ -40,6 +40,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,15 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# a later r-phase reads these back from a row stash instead of recomputing them when the row
+# takes at most STASH_BYTES (Note [Stashing across phases])
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf", "erfc", "erfinv",
+    "lgamma", "pow", "atan2", "hypot",
+})  # fmt: skip
+STASH_BYTES = 65536
+_VARIABLE = re.compile(r"\btmp\d+\b")
 # ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
 INT_DIVISION = frozenset({"floordiv", "truncdiv", "mod", "fmod", "remainder"})
 # elements per thread chunk of a parallel one-loop pointwise kernel
@@ -114,6 +124,9 @@ class RPhase:
     combine: list[str] = field(default_factory=list)  # lanes -> one value (lane mode)
     pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
+    cse: dict[str, CppValue] = field(default_factory=dict)  # the phase's unconditional values
+    defined: set[str] = field(default_factory=set)  # variables defined in the phase
+    stashed: dict[str, str] = field(default_factory=dict)  # variable -> its row stash
     results: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # reduction CSE
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
     folds: list[str] = field(default_factory=list)  # float32 sums: float block lanes -> double
@@ -161,6 +174,11 @@ def _real_reduction(buffer: ComputedBuffer) -> bool:
     return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
 
 
+def _rename(expr: str, mapping: dict[str, str]) -> str:
+    """``expr`` with each variable in ``mapping`` replaced by its image."""
+    return _VARIABLE.sub(lambda m: mapping.get(m.group(0), m.group(0)), expr)
+
+
 def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
     strides = contiguous_strides([sympy.Integer(s) for s in sizes])
     out: list[sympy.Expr] = []
@@ -202,6 +220,10 @@ class KernelBuilder:
         self.xforward: dict[tuple[str, str], CppValue] = {}
         self.phase: RPhase | None = None
         self.trivial = False
+        # Note [Stashing across phases]: the r-phases that are finished, and for each variable
+        # of the current phase the variable of an earlier phase that holds the same value
+        self.done_phases: list[RPhase] = []
+        self.equiv: dict[str, tuple[int, str]] = {}
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -275,7 +297,7 @@ class KernelBuilder:
                 self._close_phase()
                 self.phase = RPhase()
                 sections.append(self.phase)
-                self.scopes.append((self.phase.body, {}, {}))
+                self.scopes.append((self.phase.body, self.phase.cse, {}))
             from kiln_loopir.virtualized import set_ops_handler
 
             with set_ops_handler(self):
@@ -295,6 +317,7 @@ class KernelBuilder:
     def _close_phase(self) -> None:
         if self.phase is not None:
             self.scopes.pop()
+            self.done_phases.append(self.phase)
             self.phase = None
 
     # --------------------------------------------------------------------------------- helpers
@@ -307,16 +330,69 @@ class KernelBuilder:
     def lines(self) -> list[str]:
         return self.scopes[-1][0]
 
-    def _cse(self, expr: str, dtype: torch.dtype, const: bool = False) -> CppValue:
+    def _cse(self, expr: str, dtype: torch.dtype, const: bool = False, expensive: bool = False) -> CppValue:
         for _, cse, _ in reversed(self.scopes):
             hit = cse.get(expr)
             if hit is not None and hit.dtype == dtype:
                 return hit
         var = self._new()
-        self.lines.append(f"const {compute_type(dtype)} {var} = {expr};")
+        earlier = self._in_earlier_phase(expr, dtype)
+        if earlier is not None and expensive and self._may_stash(dtype):
+            phase, earlier_var = earlier
+            self.lines.append(
+                f"const {compute_type(dtype)} {var} = {self._stash(phase, earlier_var, dtype)};"
+            )
+        else:
+            self.lines.append(f"const {compute_type(dtype)} {var} = {expr};")
+        if earlier is not None:
+            self.equiv[var] = earlier
+        if self.phase is not None:
+            self.phase.defined.add(var)
         value = CppValue(var, dtype, const)
         self.scopes[-1][1][expr] = value
         return value
+
+    def _in_earlier_phase(self, expr: str, dtype: torch.dtype) -> tuple[int, str] | None:
+        """(phase, variable) of an earlier r-phase that computed ``expr``'s value, if any.
+
+        Note [Stashing across phases]: a kernel's r-phases walk the same row, so a value a later
+        phase recomputes (softmax's exp(x - max) in the normalisation, a fused gelu in layer
+        norm's second pass) was already computed, under other variable names, by an earlier
+        one. ``expr`` is rewritten with each variable of the current phase replaced by its
+        counterpart in the earlier phase, and looked up among that phase's values. A cheap hit
+        is recomputed (and remembered, so the expressions above it match too); an expensive one
+        (a libm call) is read back from a row-sized stack buffer the earlier phase fills.
+        """
+        if self.phase is None or not self.done_phases:
+            return None
+        tokens = set(_VARIABLE.findall(expr))
+        mine = [t for t in tokens if t in self.phase.defined]
+        for p in range(len(self.done_phases) - 1, -1, -1):
+            mapping = {}
+            for t in mine:
+                e = self.equiv.get(t)
+                if e is None or e[0] != p:
+                    break
+                mapping[t] = e[1]
+            else:
+                canon = _rename(expr, mapping)
+                hit = self.done_phases[p].cse.get(canon)
+                if hit is not None and hit.dtype == dtype:
+                    return p, hit.expr
+        return None
+
+    def _may_stash(self, dtype: torch.dtype) -> bool:
+        return not self.serial and self.nr * torch.empty((), dtype=dtype).element_size() <= STASH_BYTES
+
+    def _stash(self, p: int, var: str, dtype: torch.dtype) -> str:
+        """``var`` of earlier phase ``p`` at this row position, stored there once per row."""
+        phase = self.done_phases[p]
+        name = phase.stashed.get(var)
+        if name is None:
+            name = phase.stashed[var] = self._new("stash")
+            phase.pre.append(f"{compute_type(dtype)} {name}[{max(self.nr, 1)}];")
+            phase.body.append(f"{name}[{index_to_cpp(self.flat_r)}] = {var};")
+        return f"{name}[{index_to_cpp(self.flat_r)}]"
 
     def _value(self, v: Any, dtype: torch.dtype | None = None) -> CppValue:
         if isinstance(v, CppValue):
@@ -487,7 +563,8 @@ class KernelBuilder:
             text = round_expr(out, text)
         elif out != operand and name not in ALWAYS_BOOL:
             text = convert_expr(text, operand, out)
-        return self._cse(text, out, all(v.const for v in values))
+        expensive = name in EXPENSIVE and operand.is_floating_point
+        return self._cse(text, out, all(v.const for v in values), expensive)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("__"):
