@@ -54,6 +54,11 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
     return aten.native_layer_norm.default(x, [x.shape[-1]], w, b, 1e-5)[0]
 
 
+def gelu_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    # an MLP block's tail: the norm's two passes over the row both need gelu(x)
+    return aten.native_layer_norm.default(aten.gelu.default(x), [x.shape[-1]], w, b, 1e-5)[0]
+
+
 def row_sum(x: torch.Tensor) -> Any:
     return aten.sum.dim_IntList(x, [1])
 
@@ -84,6 +89,8 @@ def _workloads() -> list[tuple[str, Callable[..., Any], list[torch.Tensor]]]:
         ("softmax 4M", softmax, [r(rows, cols)]),
         ("softmax 1M (rows of 256)", softmax, [r(4096, 256)]),
         ("layer_norm 4M", layer_norm, [r(rows, cols), r(cols), r(cols)]),
+        ("layer_norm 1M (rows of 768)", layer_norm, [r(1365, 768), r(768), r(768)]),
+        ("gelu+layer_norm 4M", gelu_layer_norm, [r(rows, cols), r(cols), r(cols)]),
         ("row sum 16M", row_sum, [r(4096, 4096)]),
         ("col sum 16M", col_sum, [r(4096, 4096)]),
         ("row max 4M", row_max, [r(rows, cols)]),

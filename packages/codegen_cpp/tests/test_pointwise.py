@@ -6,11 +6,15 @@ dtype), and names the outputs so a failure says which op and dtype differed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 import torch
-from cpp_check import In, aten, check, eager_supports, graph_of, make
+from cpp_check import In, assert_same, aten, check, eager_supports, graph_of, make
+
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir import compile_graph
 
 DTYPES = [
     torch.float32, torch.float64, torch.bfloat16, torch.float16,
@@ -125,3 +129,71 @@ def test_inputs_of_another_shape_or_dtype_are_refused() -> None:
         compiled(make((9, 9)))
     with pytest.raises(ValueError, match=r"got \[8, 9\] torch.float64"):
         compiled(make((8, 9), torch.float64))
+
+
+INT_DIVISIONS: list[Any] = [
+    (aten.floor_divide.default, (In(0), In(1)), {}),
+    (aten.div.Tensor_mode, (In(0), In(1)), {"rounding_mode": "floor"}),
+    (aten.div.Tensor_mode, (In(0), In(1)), {"rounding_mode": "trunc"}),
+    (aten.remainder.Tensor, (In(0), In(1)), {}),
+    (aten.fmod.Tensor, (In(0), In(1)), {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64], ids=str)
+def test_integer_division_by_zero_raises_like_eager(dtype: torch.dtype) -> None:
+    a = make((4, 9), dtype, low=1, high=20)
+    good = make((4, 9), dtype, low=1, high=5)
+    bad = good.clone()
+    bad[3, 7] = 0
+    for op, _args, kwargs in INT_DIVISIONS:
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a, bad, **kwargs)  # eager
+    compiled = check(graph_of(INT_DIVISIONS, 2), a, good)
+    # eager raises RuntimeError("ZeroDivisionError"); ours is that and a ZeroDivisionError
+    with pytest.raises(RuntimeError, match=r"ZeroDivisionError: integer division by zero \(ops\.\w+ in "):
+        compiled(a, bad)
+    with pytest.raises(ZeroDivisionError):
+        compiled(a, bad)
+    assert_same(compiled(a, good), graph_of(INT_DIVISIONS, 2)(a, good))  # still usable
+
+
+def test_zero_division_error_names_the_op() -> None:
+    a = make((4, 9), torch.int64, low=1, high=20)
+    gm = graph_of([(aten.remainder.Scalar, (In(0), 0), {})], 1)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        gm(a)
+    compiled = compile_graph(gm, [a], backend=CppBackend())
+    with pytest.raises(ZeroDivisionError, match=r"ops\.remainder in aten\.remainder\.Scalar; kernel"):
+        compiled(a)
+
+
+def _special_values(dtype: torch.dtype) -> torch.Tensor:
+    """±inf, NaN, ±0, the largest and smallest (normal and subnormal) magnitudes, values where
+    exp/tanh/erf saturate or overflow, and ordinary values; the pattern is laid out twice so it
+    lands both in the vectorized main loop and in the scalar tail."""
+    info = torch.finfo(dtype)
+    base = [
+        math.inf, -math.inf, math.nan, 0.0, -0.0, info.max, -info.max, info.tiny, -info.tiny,
+        info.smallest_normal / 4, -info.smallest_normal / 4, 1e30, -1e30, 1e-30, -1e-30, 1.0,
+        -1.0, 0.5, -0.5, 2.0, 10.0, -10.0, 20.0, 88.5, -88.5, 100.0, -100.0, 1e5, -1e5, 3.0,
+        0.99, -0.99,
+    ]  # fmt: skip
+    # not ±710: float64 sinh/cosh there are 1.117e308, finite (glibc, so ours), but eager's
+    # vectorized kernel overflows to inf a little early
+    x = torch.tensor(base, dtype=torch.float64).to(dtype)  # out-of-range values become ±inf
+    return torch.cat([x, make((5,), dtype), x])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_unary_ops_at_special_values(dtype: torch.dtype) -> None:
+    """Every unary lowering at ±inf, NaN, ±0, huge and tiny values against eager (ATen's kernels,
+    Note [oneDNN is not the reference]); kernels are correct by construction there: no
+    fast-math flags (build.py), and libmvec's vector variants keep IEEE special values."""
+    x = _special_values(dtype)
+    picked = [name for name in UNARY if eager_supports(_op(name), x)]
+    calls = [(_op(name), (In(0),), {}) for name in picked]
+    names = [f"{name}/{dtype}" for name in picked]
+    calls.append((aten.gelu.default, (In(0),), {"approximate": "tanh"}))
+    names.append(f"gelu_tanh/{dtype}")
+    check(graph_of(calls, 1), x, names=names)

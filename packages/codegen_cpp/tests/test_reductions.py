@@ -151,6 +151,75 @@ def test_results_identical_with_one_and_two_threads() -> None:
         assert torch.equal(a, b)
 
 
+def _empty_calls(x: Any, dims: list[int], float_ops: bool) -> list[Any]:
+    calls: list[Any] = [
+        (aten.sum.dim_IntList, (x, dims), {}),
+        (aten.prod.dim_int, (x, dims[0]), {}),
+        (aten.any.dim, (x, dims[0]), {}),
+        (aten.all.dim, (x, dims[0]), {}),
+    ]
+    if float_ops:
+        calls += [
+            (aten.mean.dim, (x, dims), {}),
+            (aten.var.correction, (x, dims), {"correction": 1}),
+            (aten.var_mean.correction, (x, dims), {"correction": 0}),
+            (aten.std.correction, (x, dims), {"correction": 0}),
+            (aten.logsumexp.default, (x, dims), {}),
+        ]
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32], ids=str)
+def test_reductions_over_an_empty_dim_match_eager(dtype: torch.dtype) -> None:
+    """sum -> 0, prod -> 1, any -> False, all -> True, mean/var/std -> NaN, logsumexp -> -inf,
+    in row kernels (dim 1), column kernels (dim 0 of a wide tensor) and full reductions."""
+    floating = dtype.is_floating_point
+    row = make((3, 0, 5), dtype)
+    col = make((0, 40), dtype)
+    flat = make((0,), dtype)
+    calls = [
+        *_empty_calls(In(0), [1], floating),
+        *_empty_calls(In(1), [0], floating),
+        *_empty_calls(In(2), [0], floating),
+        (aten.sum.default, (In(2),), {}),
+    ]
+    check(graph_of(calls, 3), row, col, flat)
+
+
+@pytest.mark.parametrize("op", ["amax", "amin", "argmax", "argmin"])
+def test_min_max_over_an_empty_dim_raise_like_eager(op: str) -> None:
+    x = make((3, 0, 5))
+    fn = getattr(aten, op).default
+    gm = graph_of([(fn, (In(0), [1] if op in ("amax", "amin") else 1), {})], 1)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        gm(x)
+    with pytest.raises(IndexError, match="Expected reduction dim 1 to have non-zero size"):
+        check(gm, x)
+
+
+@pytest.mark.parametrize("cols", [2048, 77, 20000])
+def test_gelu_layer_norm_and_softmax_reuse_the_first_pass(cols: int) -> None:
+    """A later pass over the row reads an earlier pass's erf/exp back from a row stash (rows up
+    to STASH_BYTES), or recomputes it (longer rows); either way the result is eager's."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        ln = aten.native_layer_norm.default(aten.gelu.default(x), [x.shape[-1]], w, b, 1e-5)
+        return ln[0], aten._softmax.default(x, -1, False), aten.var_mean.correction(x, [1], correction=0)
+
+    x = make((5, cols))
+    x[1, :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
+    compiled = check(fn, x, make((cols,)), make((cols,)))
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert ("stash" in source) == (cols * 4 <= 65536)
+    # layer norm's mean and m2 share one accumulator: no two updates of the same value in a row
+    updates = [
+        (line.split("(")[1].split("_")[0], line.split(",")[3])
+        for line in source.splitlines()
+        if "kiln::welford_add(acc" in line
+    ]
+    assert updates and all(a[0] == b[0] or a[1] != b[1] for a, b in itertools.pairwise(updates))
+
+
 def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     # Note [Column reductions]: x.sum(0) over a contiguous matrix vectorizes across outputs...
     compiled = check(lambda x: aten.sum.dim_IntList(x, [0]), make((64, 48), torch.float32))

@@ -3,7 +3,7 @@
 Each OpInfo whose aten op has a loopir lowering is run on a few samples per dtype (float32,
 float64, bfloat16, int64, bool where the op supports it), contiguous and (float32, bfloat16)
 non-contiguous; the
-sample is recorded as an aten graph (``opinfo_graphs.record``), compiled, run and compared with
+sample is recorded as an aten graph (``kiln_loopir.testing.record``), compiled, run and compared with
 running that graph eagerly. ``KNOWN_FAILURES`` lists what does not pass yet, with the reason.
 """
 
@@ -14,10 +14,9 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_same
-from opinfo_graphs import NotRecordable, load_op_db, record
 
 from kiln_loopir import compile_graph
-from kiln_loopir.lowering import LOWERINGS, _ensure_registered
+from kiln_loopir.testing import NotRecordable, lowered_op_infos, record
 
 # dtype -> how many samples (the second one non-contiguous); kept small so the sweep stays fast
 DTYPES = {torch.float32: 2, torch.bfloat16: 2, torch.float64: 1, torch.int64: 1, torch.bool: 1}
@@ -34,15 +33,6 @@ KNOWN_FALLBACKS: dict[str, str] = {
 UNSPECIFIED_VALUES = {"empty", "empty_like", "new_empty", "empty_strided"}
 
 
-def _lowered_packets() -> set[str]:
-    _ensure_registered()
-    names = set()
-    for key in LOWERINGS:
-        packet = key.overloadpacket if isinstance(key, torch._ops.OpOverload) else key
-        names.add(packet.__name__.split(".")[-1])
-    return names
-
-
 # OpInfos named differently from the aten ops they record as (softmax -> aten._softmax, x[i] ->
 # aten.index.Tensor), and ops without a lowering, which exercise the extern-kernel path.
 EXTRA = {
@@ -51,17 +41,7 @@ EXTRA = {
 }  # fmt: skip
 
 
-def _selected() -> list[Any]:
-    lowered = _lowered_packets()
-    chosen = []
-    for op in load_op_db():
-        aten_name = (op.aten_name or op.name).replace("nn.functional.", "")
-        if aten_name in lowered or op.name in lowered or op.name in EXTRA:
-            chosen.append(op)
-    return chosen
-
-
-OPS = _selected()
+OPS = lowered_op_infos(EXTRA)
 
 
 def _known(op: Any, dtype: torch.dtype) -> bool:

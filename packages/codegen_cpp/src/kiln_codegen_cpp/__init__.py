@@ -5,7 +5,8 @@ loopir, then this package turns the schedule into C++ and runs it:
 
 * ``kernel``: one C++ function per fused node: OpenMP-parallel outer loops, an innermost loop
   the compiler vectorizes (``#pragma omp simd`` + libmvec), reductions with lane accumulators,
-  masked loads, bounds-checked indirect indexing;
+  masked loads, bounds-checked indirect indexing and integer division (a zero divisor raises
+  :class:`KernelZeroDivisionError`, as eager raises);
 * ``cpp_ops`` / ``prelude``: C++ spellings of dtypes, constants, index math and the ``ops.*`` set;
 * ``build``: one translation unit per graph, ``g++`` with an atomic on-disk cache under
   ``KILN_CACHE_DIR``, loaded as a tiny CPython extension; ``counters`` says what was compiled or reused;
@@ -17,7 +18,15 @@ loopir, then this package turns the schedule into C++ and runs it:
 from .backend import CppBackend
 from .build import CppCompileError, cache_dir, counters
 from .kernel import CodegenUnsupported
+from .wrapper import KernelZeroDivisionError
 
 __version__ = "0.1.0"
 
-__all__ = ["CodegenUnsupported", "CppBackend", "CppCompileError", "cache_dir", "counters"]
+__all__ = [
+    "CodegenUnsupported",
+    "CppBackend",
+    "CppCompileError",
+    "KernelZeroDivisionError",
+    "cache_dir",
+    "counters",
+]

@@ -130,7 +130,7 @@ FLOAT_UNARY: dict[str, str] = {
     "sign": "kiln::sign({a})", "isnan": "std::isnan({a})", "isinf": "std::isinf({a})",
     "relu": "kiln::relu({a})", "reciprocal": "({t}(1) / {a})", "logical_not": "(!({a}))",
     "bitwise_not": "(~({a}))", "square": "({a} * {a})", "lgamma": "std::lgamma({a})",
-    "signbit": "std::signbit({a})", "frac": "kiln::frac({a})",
+    "signbit": "kiln::signbit({a})", "frac": "kiln::frac({a})",
 }  # fmt: skip
 INT_UNARY: dict[str, str] = {
     "abs": "kiln::iabs({a})", "floor": "({a})", "ceil": "({a})", "round": "({a})",

@@ -40,6 +40,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,17 @@ MIN_OUTER_PARALLEL = 16
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# a later r-phase reads these back from a row stash instead of recomputing them when the row
+# takes at most STASH_BYTES (Note [Stashing across phases])
+EXPENSIVE = frozenset({
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf", "erfc", "erfinv",
+    "lgamma", "pow", "atan2", "hypot",
+})  # fmt: skip
+STASH_BYTES = 65536
+_VARIABLE = re.compile(r"\btmp\d+\b")
+# ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
+INT_DIVISION = frozenset({"floordiv", "truncdiv", "mod", "fmod", "remainder"})
 # elements per thread chunk of a parallel one-loop pointwise kernel
 POINTWISE_CHUNK = 16384
 # float32 sums add this many positions per lane in float before folding into double
@@ -112,17 +124,28 @@ class RPhase:
     combine: list[str] = field(default_factory=list)  # lanes -> one value (lane mode)
     pick: list[str] = field(default_factory=list)  # lane l's value (column mode)
     reduced: set[str] = field(default_factory=set)
+    cse: dict[str, CppValue] = field(default_factory=dict)  # the phase's unconditional values
+    defined: set[str] = field(default_factory=set)  # variables defined in the phase
+    stashed: dict[str, str] = field(default_factory=dict)  # variable -> its row stash
+    results: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # reduction CSE
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
     folds: list[str] = field(default_factory=list)  # float32 sums: float block lanes -> double
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorSite:
-    """An indirect index check: which kernel, which buffer it indexes, the size it must fit."""
+    """A run-time check in a kernel; its 1-based position in ``Kernel.errors`` is the code the
+    kernel returns when it fails (Note [Kernel errors]).
+
+    ``kind`` is ``"index"`` (an indirect index, ``size`` the extent it must fit) or
+    ``"zero_division"`` (an integer ``ops.<op>`` whose divisor was 0).
+    """
 
     kernel: str
     buffer: str
     size: int
+    kind: str = "index"
+    op: str = ""
 
 
 @dataclass
@@ -149,6 +172,11 @@ def _int(expr: Any) -> int:
 def _real_reduction(buffer: ComputedBuffer) -> bool:
     """A reduction over more than one element (one over a single element is just its value)."""
     return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+
+
+def _rename(expr: str, mapping: dict[str, str]) -> str:
+    """``expr`` with each variable in ``mapping`` replaced by its image."""
+    return _VARIABLE.sub(lambda m: mapping.get(m.group(0), m.group(0)), expr)
 
 
 def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
@@ -192,6 +220,10 @@ class KernelBuilder:
         self.xforward: dict[tuple[str, str], CppValue] = {}
         self.phase: RPhase | None = None
         self.trivial = False
+        # Note [Stashing across phases]: the r-phases that are finished, and for each variable
+        # of the current phase the variable of an earlier phase that holds the same value
+        self.done_phases: list[RPhase] = []
+        self.equiv: dict[str, tuple[int, str]] = {}
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -265,7 +297,7 @@ class KernelBuilder:
                 self._close_phase()
                 self.phase = RPhase()
                 sections.append(self.phase)
-                self.scopes.append((self.phase.body, {}, {}))
+                self.scopes.append((self.phase.body, self.phase.cse, {}))
             from kiln_loopir.virtualized import set_ops_handler
 
             with set_ops_handler(self):
@@ -285,6 +317,7 @@ class KernelBuilder:
     def _close_phase(self) -> None:
         if self.phase is not None:
             self.scopes.pop()
+            self.done_phases.append(self.phase)
             self.phase = None
 
     # --------------------------------------------------------------------------------- helpers
@@ -297,16 +330,69 @@ class KernelBuilder:
     def lines(self) -> list[str]:
         return self.scopes[-1][0]
 
-    def _cse(self, expr: str, dtype: torch.dtype, const: bool = False) -> CppValue:
+    def _cse(self, expr: str, dtype: torch.dtype, const: bool = False, expensive: bool = False) -> CppValue:
         for _, cse, _ in reversed(self.scopes):
             hit = cse.get(expr)
             if hit is not None and hit.dtype == dtype:
                 return hit
         var = self._new()
-        self.lines.append(f"const {compute_type(dtype)} {var} = {expr};")
+        earlier = self._in_earlier_phase(expr, dtype)
+        if earlier is not None and expensive and self._may_stash(dtype):
+            phase, earlier_var = earlier
+            self.lines.append(
+                f"const {compute_type(dtype)} {var} = {self._stash(phase, earlier_var, dtype)};"
+            )
+        else:
+            self.lines.append(f"const {compute_type(dtype)} {var} = {expr};")
+        if earlier is not None:
+            self.equiv[var] = earlier
+        if self.phase is not None:
+            self.phase.defined.add(var)
         value = CppValue(var, dtype, const)
         self.scopes[-1][1][expr] = value
         return value
+
+    def _in_earlier_phase(self, expr: str, dtype: torch.dtype) -> tuple[int, str] | None:
+        """(phase, variable) of an earlier r-phase that computed ``expr``'s value, if any.
+
+        Note [Stashing across phases]: a kernel's r-phases walk the same row, so a value a later
+        phase recomputes (softmax's exp(x - max) in the normalisation, a fused gelu in layer
+        norm's second pass) was already computed, under other variable names, by an earlier
+        one. ``expr`` is rewritten with each variable of the current phase replaced by its
+        counterpart in the earlier phase, and looked up among that phase's values. A cheap hit
+        is recomputed (and remembered, so the expressions above it match too); an expensive one
+        (a libm call) is read back from a row-sized stack buffer the earlier phase fills.
+        """
+        if self.phase is None or not self.done_phases:
+            return None
+        tokens = set(_VARIABLE.findall(expr))
+        mine = [t for t in tokens if t in self.phase.defined]
+        for p in range(len(self.done_phases) - 1, -1, -1):
+            mapping = {}
+            for t in mine:
+                e = self.equiv.get(t)
+                if e is None or e[0] != p:
+                    break
+                mapping[t] = e[1]
+            else:
+                canon = _rename(expr, mapping)
+                hit = self.done_phases[p].cse.get(canon)
+                if hit is not None and hit.dtype == dtype:
+                    return p, hit.expr
+        return None
+
+    def _may_stash(self, dtype: torch.dtype) -> bool:
+        return not self.serial and self.nr * torch.empty((), dtype=dtype).element_size() <= STASH_BYTES
+
+    def _stash(self, p: int, var: str, dtype: torch.dtype) -> str:
+        """``var`` of earlier phase ``p`` at this row position, stored there once per row."""
+        phase = self.done_phases[p]
+        name = phase.stashed.get(var)
+        if name is None:
+            name = phase.stashed[var] = self._new("stash")
+            phase.pre.append(f"{compute_type(dtype)} {name}[{max(self.nr, 1)}];")
+            phase.body.append(f"{name}[{index_to_cpp(self.flat_r)}] = {var};")
+        return f"{name}[{index_to_cpp(self.flat_r)}]"
 
     def _value(self, v: Any, dtype: torch.dtype | None = None) -> CppValue:
         if isinstance(v, CppValue):
@@ -396,14 +482,28 @@ class KernelBuilder:
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"if ({var} < 0) {var} += INT64_C({n});")
         if check:
-            code = len(self.errors) + 1
-            self.errors.append(ErrorSite(self.name, "", n))
+            code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(
                 f"if ({var} < 0 || {var} >= INT64_C({n})) {{ "
                 f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({v}), __ATOMIC_RELAXED); "
                 f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
             )
         return sympy.Symbol(var, integer=True)
+
+    def _error_site(self, site: ErrorSite) -> int:
+        """Note [Kernel errors]: a failed check stores its site's code (1-based) into ``kerr``,
+        the kernel's return value, and computes on with a harmless value (index 0, quotient 0);
+        the wrapper turns a non-zero return into the Python error the site describes. Checks
+        inside ``ops.masked`` run only where the mask holds, as eager never evaluates there."""
+        self.errors.append(site)
+        return len(self.errors)
+
+    def _check_divisor(self, name: str, divisor: CppValue) -> None:
+        """Integer division and modulo by zero raise in eager ("ZeroDivisionError"); so do we."""
+        if divisor.const and divisor.py is not None and int(divisor.py) != 0:
+            return
+        code = self._error_site(ErrorSite(self.name, "", 0, "zero_division", name))
+        self.lines.append(f"if ({divisor} == 0) __atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED);")
 
     # ------------------------------------------------------------------------------ control
 
@@ -456,12 +556,15 @@ class KernelBuilder:
         else:
             operand = out
         values = [self._as(v, operand) for v in values]
+        if name in INT_DIVISION and not operand.is_floating_point and operand != torch.bool:
+            self._check_divisor(name, values[1])
         text = spell(name, operand, *[v.expr for v in values])
         if out in HALF and name not in ALWAYS_BOOL:
             text = round_expr(out, text)
         elif out != operand and name not in ALWAYS_BOOL:
             text = convert_expr(text, operand, out)
-        return self._cse(text, out, all(v.const for v in values))
+        expensive = name in EXPENSIVE and operand.is_floating_point
+        return self._cse(text, out, all(v.const for v in values), expensive)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("__"):
@@ -481,6 +584,14 @@ class KernelBuilder:
         phase = self.phase
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
+        # the same reduction of the same value in one phase is accumulated once (layer norm's
+        # Welford mean and m2 are two buffers over one reduction)
+        key = (dtype, reduction_type, v.expr, v.dtype)
+        if key not in phase.results:
+            phase.results[key] = self._reduction(dtype, reduction_type, v, phase)
+        return phase.results[key]
+
+    def _reduction(self, dtype: torch.dtype, reduction_type: str, v: CppValue, phase: RPhase) -> Any:
         acc = self._new("acc")
         # Note [float32 accumulation]: float32 sums add FOLD_BLOCK positions per lane in float,
         # then fold into double lanes (a two-level cascade, full float speed); Welford
@@ -495,15 +606,22 @@ class KernelBuilder:
             for part in ("mean", "m2", "w"):
                 phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
-            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v});")
+            # Note [Welford reciprocal]: ``winv`` is 1 / (count after this element), defined by
+            # the loop around the body: one scalar division per lane step where every lane has
+            # the same count (the main lane loop, column blocks), per lane elsewhere.
+            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v}, winv);")
+            # the mean of no elements is NaN (as eager's, and loopir's interpreter's); m2 stays 0
+            nan = f"std::numeric_limits<{t}>::quiet_NaN()"
             phase.pick.append(
-                f"{t} {acc}_fmean = {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], {acc}_fw = {acc}_w[l];"
+                f"{t} {acc}_fmean = {acc}_w[l] == 0 ? {nan} : {acc}_mean[l], {acc}_fm2 = {acc}_m2[l], "
+                f"{acc}_fw = {acc}_w[l];"
             )
             phase.combine.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
             phase.combine.append(
                 f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
                 f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
             )
+            phase.combine.append(f"if ({acc}_fw == 0) {acc}_fmean = {nan};")
             cast = "static_cast<float>" if wide else ""
             return tuple(CppValue(f"{cast}({acc}_f{p})", dtype) for p in ("mean", "m2", "w"))
         if reduction_type in ("argmax", "argmin"):
@@ -555,9 +673,13 @@ class KernelBuilder:
             "max": "kiln::red_max({a}, {b})",
             "min": "kiln::red_min({a}, {b})",
         }
+        if dtype == torch.bool and reduction_type in ("max", "min"):
+            # max of bools is any, min is all (NaN-free, so no red_max needed)
+            inits["max"], inits["min"] = "false", "true"
+            combine["max"], combine["min"] = "{a} || {b}", "{a} && {b}"
         if reduction_type not in inits:
             raise CodegenUnsupported(f"reduction {reduction_type}")
-        if dtype == torch.bool and reduction_type in ("max", "min", "sum", "prod"):
+        if dtype == torch.bool and reduction_type in ("sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
         fmt = combine[reduction_type]
         if wide:
@@ -725,6 +847,8 @@ class KernelBuilder:
             lines.append(inner + self._loop(var, size) + " {")
             inner += "  "
         body = clean(phase.body)
+        # every output of the block has seen the same reduction positions: flat_r of them
+        lines.extend(inner + w for w in self._winv(phase, f"{index_to_cpp(self.flat_r)} + 1"))
         lines.append(f"{inner}if (xlen == {block}) {{")
         lines.append(f"{inner}  #pragma omp simd")
         fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
@@ -851,9 +975,11 @@ class KernelBuilder:
                 lines.append("  " * depth + self._loop(var, size) + " {")
             depth += 1
         pad = "  " * depth
+        lane_winv = self._winv(phase, None)
         if not loops:
             lines.append(pad + "{")
             lines.append(pad + "  const int l = 0;")
+            lines.extend(pad + "  " + w for w in lane_winv)
             lines.extend(pad + "  " + b for b in body)
             lines.extend(f"{pad}  {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds)
             lines.append(pad + "}")
@@ -874,6 +1000,7 @@ class KernelBuilder:
             ]
             if has_main:
                 inner = pad
+                origin = start
                 if fold:
                     lines.append(
                         f"{pad}for (int64_t rbo = {start}; rbo < {main_end}; rbo += {FOLD_BLOCK}) {{"
@@ -885,9 +1012,13 @@ class KernelBuilder:
                 else:
                     stop = main_end
                 lines.append(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {LANES}) {{")
+                # one loop: every lane has seen (rb - origin) / LANES elements before this one
+                uniform = self._winv(phase, f"(rb - {origin}) / {LANES} + 1") if len(loops) == 1 else []
+                lines.extend(f"{inner}  {w}" for w in uniform)
                 lines.append(f"{inner}  #pragma omp simd")
                 lines.append(f"{inner}  for (int l = 0; l < {LANES}; ++l) {{")
                 lines.append(f"{inner}    const int64_t {var} = rb + l;")
+                lines.extend(f"{inner}    {w}" for w in ([] if uniform else lane_winv))
                 lines.extend(f"{inner}    {b}" for b in body)
                 lines.append(f"{inner}  }}")
                 lines.append(f"{inner}}}")
@@ -897,12 +1028,24 @@ class KernelBuilder:
             if has_tail:
                 lines.append(f"{pad}for (int64_t {var} = {main_end}; {var} < {end}; ++{var}) {{")
                 lines.append(f"{pad}  const int l = static_cast<int>({var} - {main_end});")
+                lines.extend(f"{pad}  {w}" for w in lane_winv)
                 lines.extend(f"{pad}  {b}" for b in body)
                 lines.append(f"{pad}}}")
                 lines.extend(f"{pad}{f}" for f in fold)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
+
+    def _winv(self, phase: RPhase, count: str | None) -> list[str]:
+        """The definition of ``winv`` (Note [Welford reciprocal]) for a body that updates
+        Welford lanes: from ``count``, shared by all lanes, or per lane from its weight."""
+        welford = [(t, acc) for kind, t, acc in phase.accumulators if kind == "welford"]
+        if not welford:
+            return []
+        t, acc = welford[0]
+        if count is None:
+            return [f"const {t} winv = {t}(1) / ({acc}_w[l] + {t}(1));"]
+        return [f"const {t} winv = {t}(1) / static_cast<{t}>({count});"]
 
     def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) when a full reduction should be split across threads, else None."""

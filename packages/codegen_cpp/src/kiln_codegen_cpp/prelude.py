@@ -92,6 +92,10 @@ template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
 template <typename T> static inline T frac(T a) { return a - std::trunc(a); }
 template <typename T> static inline T iabs(T a) { return a < T(0) ? T(-a) : a; }
+// the sign bit read as bits: GCC 12 hits an internal compiler error vectorizing std::signbit of
+// a widened bfloat16 (seen in the OpInfo sweep)
+static inline bool signbit(float a) { uint32_t b; std::memcpy(&b, &a, 4); return (b >> 31) != 0; }
+static inline bool signbit(double a) { uint64_t b; std::memcpy(&b, &a, 8); return (b >> 63) != 0; }
 
 template <typename T> static inline T int_floordiv(T a, T b) {
   if (b == 0) return T(0);
@@ -183,10 +187,11 @@ template <typename T> static inline void arg_min_merge(T& acc, int64_t& idx, T v
   if (an) return;
   if (vn || v < acc || (v == acc && i < idx)) { acc = v; idx = i; }
 }
-template <typename T> static inline void welford_add(T& mean, T& m2, T& w, T v) {
+// inv = 1 / (w + 1), computed by the caller (Note [Welford reciprocal] in kernel.py)
+template <typename T, typename U> static inline void welford_add(T& mean, T& m2, T& w, T v, U inv) {
   w += T(1);
   T d = v - mean;
-  mean += d / w;
+  mean += d * static_cast<T>(inv);
   m2 += d * (v - mean);
 }
 template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T mb, T m2b, T wb) {

@@ -6,8 +6,9 @@ The wrapper is generated as Python source (written beside the kernels and logged
 * allocate each computed buffer as a flat 1-D tensor of its layout's storage size (or take over
   the memory of a freed one, per loopir's reuse plan) and remember its data pointer;
 * call each kernel through the translation unit's extension module with those pointers and the thread count
-  (``torch.get_num_threads()`` once per call); a non-zero return is an out-of-range indirect
-  index, raised as ``IndexError``;
+  (``torch.get_num_threads()`` once per call); a non-zero return names the check that failed
+  (Note [Kernel errors] in kernel.py): an out-of-range indirect index, raised as ``IndexError``,
+  or an integer division by zero, raised as :class:`KernelZeroDivisionError`;
 * call extern aten ops on strided views of the buffers, and bring their results into the layout
   the IR expects;
 * ``del`` buffers after their last reader, and return the outputs as strided views.
@@ -52,6 +53,21 @@ from .kernel import ErrorSite, Kernel
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
 INDEXING_HINTS = ("index", "gather", "embedding", "scatter", "take")
+DIVISION_OPS = (
+    "aten.div.Tensor_mode",
+    "aten.div.Scalar_mode",
+    "aten.floor_divide",
+    "aten.remainder",
+    "aten.fmod",
+)
+
+
+class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
+    """An integer division or modulo by zero in a kernel.
+
+    Eager raises ``RuntimeError("ZeroDivisionError")``; this is both, so code that catches
+    either keeps working.
+    """
 
 
 def _flat(
@@ -123,6 +139,12 @@ class WrapperCodegen:
             if n.op == "call_function" and any(h in str(n.target) for h in INDEXING_HINTS)
         ]
         self.index_ops = ", ".join(sorted(set(ops))) or "an indexing op"
+        divisions = [
+            str(n.target)
+            for n in graph.gm.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith(DIVISION_OPS)
+        ]
+        self.division_ops = ", ".join(sorted(set(divisions))) or "an integer division"
 
     # ------------------------------------------------------------------------------- pieces
 
@@ -264,7 +286,7 @@ class WrapperCodegen:
         else:
             fn = f"k_{compiled.name}"
             args = ", ".join([*(f"p_{p}" for p in compiled.params), "nt"])
-            self.emit(f"if {fn}({args}): _index_error({compiled.name!r})")
+            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
         for name in temporaries:
             self.emit(f"del {name}")
 
@@ -296,17 +318,24 @@ class WrapperCodegen:
             if k is not None:
                 self.namespace[f"k_{k.name}"] = getattr(lib, k.name)
         err_value = lib.err_value
-        index_ops = self.index_ops
+        index_ops, division_ops = self.index_ops, self.division_ops
 
-        def index_error(kernel: str) -> None:
+        def kernel_error(kernel: str, code: int) -> None:
             sites = errors.get(kernel, [])
-            size = sites[0].size if len(sites) == 1 else "/".join(str(s.size) for s in sites)
+            site = sites[code - 1] if 0 < code <= len(sites) else None
+            if site is not None and site.kind == "zero_division":
+                raise KernelZeroDivisionError(
+                    f"ZeroDivisionError: integer division by zero (ops.{site.op} in {division_ops}; "
+                    f"kernel {kernel})"
+                )
+            index_sites = [s for s in sites if s.kind == "index"]
+            size = site.size if site is not None else "/".join(str(s.size) for s in index_sites)
             raise IndexError(
                 f"index {err_value()} is out of bounds for dimension with size {size} "
                 f"(in {index_ops}; kernel {kernel})"
             )
 
-        self.namespace["_index_error"] = index_error
+        self.namespace["_kernel_error"] = kernel_error
 
 
 def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:

@@ -11,7 +11,8 @@
 * ``graph``: GraphLowering, the fx walk and the realize heuristic;
 * ``scheduler``: dependencies, greedy score-based fusion, topological order, DCE, buffer reuse;
 * ``backend``: the interface code generators implement and the entry-point registry
-  (group ``kiln_loopir.backends``); ``interpret``: the reference backend over torch tensors.
+  (group ``kiln_loopir.backends``); ``interpret``: the reference backend over torch tensors;
+* ``testing``: OpInfo samples recorded as aten graphs, for loopir's and backends' op sweeps.
 """
 
 from .backend import Backend, BuildReport, available_backends, get_backend, register_backend

@@ -303,12 +303,18 @@ def _softplus(v: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
     return ops.where(ops.gt(scaled, _c(threshold)), v, soft)
 
 
+def _relu6_shifted(v: Any) -> Any:
+    return ops.minimum(ops.maximum(ops.add(v, _c(3.0)), _c(0.0)), _c(6.0))
+
+
 def _hardsigmoid(v: Any) -> Any:
-    return ops.truediv(ops.minimum(ops.maximum(ops.add(v, _c(3.0)), _c(0.0)), _c(6.0)), _c(6.0))
+    return ops.truediv(_relu6_shifted(v), _c(6.0))
 
 
 def _hardswish(v: Any) -> Any:
-    return ops.mul(v, _hardsigmoid(v))
+    # multiply before dividing, in eager's order: the same rounding, and the same overflow at
+    # the largest finite values (x * 6 is inf there)
+    return ops.truediv(ops.mul(v, _relu6_shifted(v)), _c(6.0))
 
 
 def _mish(v: Any) -> Any:

@@ -1,4 +1,9 @@
-"""Turn an OpInfo sample into an aten-level FX graph, by recording the aten calls it makes.
+"""Test support for loopir and its backends: OpInfo samples as aten-level FX graphs.
+
+Every backend's suite sweeps PyTorch's OpInfo database through its lowerings, so the recorder
+lives here, one floor below the backends, rather than in each package's tests.
+
+An OpInfo sample becomes an aten-level FX graph by recording the aten calls it makes.
 
 The torch-level op is run under a dispatch mode that records each aten overload call with its
 arguments; the calls become ``call_function`` nodes in order, tensors produced by earlier calls
@@ -9,6 +14,7 @@ consumes (aten ops, no fake tensors) for PyTorch's own sample inputs, without a 
 from __future__ import annotations
 
 import operator
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -22,6 +28,29 @@ def load_op_db() -> list[Any]:
     from torch.testing._internal.common_methods_invocations import op_db
 
     return list(op_db)
+
+
+def lowered_packets() -> set[str]:
+    """Names of the aten overload packets that have a loopir lowering."""
+    from .lowering import LOWERINGS, _ensure_registered
+
+    _ensure_registered()
+    names = set()
+    for key in LOWERINGS:
+        packet = key.overloadpacket if isinstance(key, torch._ops.OpOverload) else key
+        names.add(packet.__name__.split(".")[-1])
+    return names
+
+
+def lowered_op_infos(extra: Collection[str] = ()) -> list[Any]:
+    """The OpInfos whose aten op has a lowering, plus those named in ``extra``."""
+    lowered = lowered_packets()
+    chosen = []
+    for op in load_op_db():
+        aten_name = (op.aten_name or op.name).replace("nn.functional.", "")
+        if aten_name in lowered or op.name in lowered or op.name in extra:
+            chosen.append(op)
+    return chosen
 
 
 class _Recorder(TorchDispatchMode):
