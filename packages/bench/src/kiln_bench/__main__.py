@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats if args.repeats is not None else (50 if on_gpu else 20)
     warmup = args.warmup if args.warmup is not None else (10 if on_gpu else 3)
     backends = _list(args.backends, BACKENDS, "backends")
+    settings = {"suite": args.suite, "size": args.size, "device": args.device, "dtype": args.dtype,
+                "repeats": repeats, "warmup": warmup}  # fmt: skip
     if not on_gpu:
         torch.set_num_threads(args.threads)
     if args.suite == "micro":
@@ -72,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
                 model, mode, backends, size=args.size, device=args.device, dtype=DTYPES[args.dtype],
                 repeats=repeats, warmup=warmup,
             )  # fmt: skip
+            if args.out is not None:  # after every model: a run cut short keeps what it measured
+                report.write_json(args.out.with_suffix(".json"), results, {**settings, "partial": True})
     print(report.table(results))
     if args.out is not None:
-        settings = {"suite": args.suite, "size": args.size, "device": args.device, "dtype": args.dtype,
-                    "repeats": repeats, "warmup": warmup}  # fmt: skip
         report.write_json(args.out.with_suffix(".json"), results, settings)
         report.write_png(args.out.with_suffix(".png"), results)
         print(f"\nwrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
