@@ -1,0 +1,69 @@
+"""``libdevice`` for Triton's interpreter: the CUDA math library, emulated with torch.
+
+Under ``TRITON_INTERPRET=1`` a kernel body runs as Python over numpy arrays, and calls into
+extern libraries (``libdevice.tanh`` and friends) raise. Generated modules then bind the name
+``libdevice`` to :data:`libdevice` below, whose functions unwrap the interpreter's tensors, apply
+the torch function of the same meaning (so the CPU tests compare eager with eager's own math)
+and wrap the result again. Only the interpreter ever calls these; on a GPU the same generated
+source calls Triton's libdevice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "expm1": torch.expm1, "log1p": torch.log1p, "log10": torch.log10, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "asin": torch.asin,
+    "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
+    "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
+    "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "floor": torch.floor,
+    "ceil": torch.ceil, "nearbyint": torch.round, "trunc": torch.trunc, "lgamma": torch.lgamma,
+    "signbit": lambda t: torch.signbit(t).to(torch.int32),
+}  # fmt: skip
+_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "fmod": torch.fmod, "pow": torch.pow, "atan2": torch.atan2, "copysign": torch.copysign,
+    "hypot": torch.hypot, "nextafter": torch.nextafter,
+}  # fmt: skip
+
+
+def _wrap(name: str, fn: Callable[..., torch.Tensor], arity: int) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        assert len(args) == arity, name
+        tensors = [a for a in args if isinstance(a, tl.tensor)]
+        ref = tensors[0]
+        datas = [np.asarray(a.handle.data) if isinstance(a, tl.tensor) else np.asarray(a) for a in args]
+        shape = np.broadcast_shapes(*[d.shape for d in datas])
+        dtype = datas[0].dtype if isinstance(args[0], tl.tensor) else ref.handle.data.dtype
+        inputs = [
+            torch.from_numpy(np.ascontiguousarray(np.broadcast_to(d.astype(dtype), shape))) for d in datas
+        ]
+        out = fn(*inputs).numpy()
+        result_type = tl.int32 if out.dtype == np.int32 else ref.dtype
+        block = [list(t.type.shape) for t in tensors if t.type.is_block()]
+        ty = tl.block_type(result_type, list(np.broadcast_shapes(*block))) if block else result_type
+        return tl.tensor(TensorHandle(out, result_type), ty)
+
+    call.__name__ = name
+    return call
+
+
+class _Libdevice:
+    """Attribute access gives the emulated function (``libdevice.tanh``)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in _UNARY:
+            return _wrap(name, _UNARY[name], 1)
+        if name in _BINARY:
+            return _wrap(name, _BINARY[name], 2)
+        raise AttributeError(f"libdevice.{name} has no interpreter emulation")
+
+
+libdevice = _Libdevice()
