@@ -18,8 +18,9 @@ with loopir, then this package turns the schedule into Triton and runs it:
 
 from .backend import MODES, TritonBackend
 from .cudagraphs import CudaGraphRunner
+from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelSpec
-from .runtime import cache_dir, counters, interpreting
+from .runtime import cache_dir, counters
 
 __version__ = "0.1.0"
 

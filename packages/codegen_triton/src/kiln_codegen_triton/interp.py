@@ -10,10 +10,27 @@ source calls Triton's libdevice.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+
+def interpreting() -> bool:
+    """Is Triton running kernels through its interpreter (``TRITON_INTERPRET=1``)?"""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_assert(cond: Any, msg: str) -> None:
+    """``tl.device_assert`` for the interpreter, which ignores it (its builder is never in debug
+    mode); raises ``IndexError`` like eager for an out-of-range index."""
+    import numpy as np
+
+    data = np.asarray(cond.handle.data) if hasattr(cond, "handle") else np.asarray(cond)
+    if not data.all():
+        raise IndexError(msg)
+
 
 _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "expm1": torch.expm1, "log1p": torch.log1p, "log10": torch.log10, "sqrt": torch.sqrt,

@@ -38,6 +38,7 @@ from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, contiguous_st
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS, set_ops_handler
 
+from .interp import interpreting
 from .triton_ops import (
     ALWAYS_BOOL,
     HALF,
@@ -494,7 +495,8 @@ class _Generator:
             mask = self._mask(self._ctx_axes(), self.mask_stack)
             ok = f"(0 <= {var}) & ({var} < {n})"
             cond = f"({ok}) | ~({mask})" if mask else ok
-            self._emit(f'tl.device_assert({cond}, "index out of bounds: 0 <= index < {n}")')
+            check_fn = "k_device_assert" if interpreting() else "tl.device_assert"
+            self._emit(f'{check_fn}({cond}, "index out of bounds: 0 <= index < {n}")')
         symbol = sympy.Symbol(var, integer=True)
         self.sym_axes[symbol] = v.axes
         return symbol
@@ -616,12 +618,17 @@ class _Generator:
             fm, fm2, fw = self._new("mean"), self._new("m2"), self._new("weight")
             section.post.append(f"{fm}, {fm2}, {fw} = tl.reduce(({mean}, {m2}, {w}), 1, k_welford)")
             return tuple(self._post_value(f"{n}[:, None]", dtype) for n in (fm, fm2, fw))
-        if dtype == torch.bool and reduction_type != "any":
+        if dtype == torch.bool and reduction_type in ("max", "min"):
+            reduction_type = "any" if reduction_type == "max" else "all"
+        if dtype == torch.bool and reduction_type not in ("any", "all"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
-        if reduction_type == "any":
+        if reduction_type in ("any", "all"):
+            # bools reduce as int8 0/1: any is a max, all a min
             v = self._cse(f"({v} != 0).to(tl.int8)", torch.int8, v.axes)
-            dtype_acc, neutral, final = torch.int8, "0", "tl.max({acc}, 1)[:, None] != 0"
-            update = "tl.maximum({acc}, {v})"
+            fn = "max" if reduction_type == "any" else "min"
+            neutral = "0" if reduction_type == "any" else "1"
+            dtype_acc, final = torch.int8, f"tl.{fn}({{acc}}, 1)[:, None] != 0"
+            update = f"tl.{fn}imum({{acc}}, {{v}})"
             result_dtype_ = torch.bool
         else:
             v = self._as(v, dtype)
@@ -742,7 +749,7 @@ class _Generator:
         signature = ", ".join([*(f"p_{n}" for n in params), *blocks])
         members = ", ".join(m.name for m in self.members)
         lines = [
-            "@triton.jit",
+            "@triton.jit(debug=True)" if self.debug else "@triton.jit",
             f"def {self.name}({signature}):",
             f"    # {plan.kind} kernel for {members}",
             *("    " + h for h in head),

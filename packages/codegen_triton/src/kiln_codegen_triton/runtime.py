@@ -34,17 +34,13 @@ from typing import Any
 import torch
 
 from .heuristics import Config, grid
+from .interp import interpreting
 from .kernel import KernelSpec
 from .triton_ops import PRELUDE
 
 log = logging.getLogger("kiln.codegen_triton.autotune")
 
 counters: dict[str, int] = {"modules_written": 0, "modules_reused": 0, "autotuned": 0, "autotune_hits": 0}
-
-
-def interpreting() -> bool:
-    """Is Triton running kernels through its interpreter (``TRITON_INTERPRET=1``)?"""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def cache_dir() -> Path:
@@ -69,7 +65,7 @@ def write_atomic(path: Path, text: str) -> None:
 def module_source(kernels: Sequence[KernelSpec]) -> str:
     """The whole generated module for ``kernels``."""
     if interpreting():
-        libdevice = "from kiln_codegen_triton.interp import libdevice"
+        libdevice = "from kiln_codegen_triton.interp import device_assert as k_device_assert, libdevice"
     else:
         libdevice = "from triton.language.extra import libdevice"
     header = [
