@@ -53,8 +53,14 @@ def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
     g = torch.fx.Graph()
     xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
     outs = []
+
+    def arg(p: Any) -> Any:
+        if isinstance(p, In):
+            return xs[p.index]
+        return [arg(q) for q in p] if isinstance(p, list) else p
+
     for op, positions, extra in calls:
-        args = tuple(xs[p.index] if isinstance(p, In) else p for p in positions)
+        args = tuple(arg(p) for p in positions)
         outs.append(g.call_function(op, args, extra))
     g.output(tuple(outs))
     return torch.fx.GraphModule(torch.nn.Module(), g)

@@ -430,6 +430,8 @@ class _Generator:
         dtype = self.dtypes[name]
         extra = list(self.mask_stack)
         want = axes.union(*(m.axes for m in extra)) if extra else axes
+        # no 0-d loads: the interpreter mishandles them, and a block of one address is as cheap
+        want = want or frozenset({"x"})
         if name in self.stored:
             # a kernel-internal buffer written by another lane of this program
             self._emit("tl.debug_barrier()")

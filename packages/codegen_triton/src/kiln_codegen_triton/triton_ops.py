@@ -90,8 +90,10 @@ def convert_expr(value: str, src: torch.dtype, dst: torch.dtype) -> str:
     if dst == torch.bool:
         return f"({value} != 0)"
     if dst in HALF:
-        # round to the half type, keep holding it in float32
-        return f"{value}.to({tl_type(dst)}).to(tl.float32)"
+        # round to the half type, keep holding it in float32 (float64 goes through float32:
+        # Triton's interpreter and older GPUs have no direct float64 -> half conversion)
+        via = ".to(tl.float32)" if src == torch.float64 else ""
+        return f"{value}{via}.to({tl_type(dst)}).to(tl.float32)"
     if compute_dtype(src) == compute_dtype(dst):
         return value
     return f"{value}.to({tl_type(dst)})"
@@ -158,6 +160,7 @@ FLOAT_BINARY: dict[str, str] = {
 INT_BINARY: dict[str, str] = {
     "floordiv": "k_int_floordiv({a}, {b})", "truncdiv": "({a} // {b})",
     "mod": "({a} % {b})", "fmod": "({a} % {b})", "remainder": "k_int_remainder({a}, {b})",
+    "pow": "k_int_pow({a}, {b}, {bits})",
     "maximum": "tl.maximum({a}, {b})", "minimum": "tl.minimum({a}, {b})",
     "fmax": "tl.maximum({a}, {b})", "fmin": "tl.minimum({a}, {b})",
     "bitwise_and": "({a} & {b})", "bitwise_or": "({a} | {b})", "bitwise_xor": "({a} ^ {b})",
@@ -189,13 +192,14 @@ def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
         tables.append(BOOL_UNARY if unary else BOOL_BINARY)
     if not dtype.is_floating_point:
         tables.append(INT_UNARY if unary else INT_BINARY)
-        if name in FLOAT_ONLY or name in ("pow", "copysign", "hypot", "nextafter"):
+        if name in FLOAT_ONLY or name in ("copysign", "hypot", "nextafter"):
             raise NotImplementedError(f"ops.{name} on {dtype}")
     tables.append(FLOAT_UNARY if unary else FLOAT_BINARY)
     for table in tables:
         fmt = table.get(name)
         if fmt is not None:
-            return fmt.format(a=operands[0], b=operands[1] if len(operands) > 1 else "")
+            b = operands[1] if len(operands) > 1 else ""
+            return fmt.format(a=operands[0], b=b, bits=dtype.itemsize * 8 - 1)
     raise NotImplementedError(f"no Triton spelling of ops.{name}")
 
 
@@ -333,6 +337,22 @@ def k_nextafter_half(a, b, HALF: tl.constexpr):
     out = tl.where(a == 0, tiny, stepped).to(HALF, bitcast=True).to(tl.float32)
     out = tl.where(a == b, b, out)
     return tl.where((a != a) | (b != b), a + b, out)
+
+
+@triton.jit
+def k_int_pow(a, b, BITS: tl.constexpr):
+    # square-and-multiply over the exponent's bits (negative exponents are an error in eager)
+    zero = a * 0 + b * 0
+    result = zero + 1
+    base = a + zero
+    e = b + zero
+    for _ in tl.static_range(BITS):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    # a negative exponent: 1 and -1 stay units, every other base truncates to 0
+    unit = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & 1) != 0, -1, 1), 0)).to(result.dtype)
+    return tl.where(b < 0, unit, result)
 
 
 @triton.jit
