@@ -25,10 +25,8 @@ def interpreting() -> bool:
 def device_assert(cond: Any, msg: str) -> None:
     """``tl.device_assert`` for the interpreter, which ignores it (its builder is never in debug
     mode); raises ``IndexError`` like eager for an out-of-range index."""
-    import numpy as np
-
-    data = np.asarray(cond.handle.data) if hasattr(cond, "handle") else np.asarray(cond)
-    if not data.all():
+    data = cond.handle.data if hasattr(cond, "handle") else cond
+    if not bool(torch.as_tensor(data).all()):
         raise IndexError(msg)
 
 
@@ -49,24 +47,22 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def _wrap(name: str, fn: Callable[..., torch.Tensor], arity: int) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
-        import numpy as np
         import triton.language as tl
         from triton.runtime.interpreter import TensorHandle
 
         assert len(args) == arity, name
         tensors = [a for a in args if isinstance(a, tl.tensor)]
         ref = tensors[0]
-        datas = [np.asarray(a.handle.data) if isinstance(a, tl.tensor) else np.asarray(a) for a in args]
-        shape = np.broadcast_shapes(*[d.shape for d in datas])
-        dtype = datas[0].dtype if isinstance(args[0], tl.tensor) else ref.handle.data.dtype
-        inputs = [
-            torch.from_numpy(np.ascontiguousarray(np.broadcast_to(d.astype(dtype), shape))) for d in datas
-        ]
-        out = fn(*inputs).numpy()
-        result_type = tl.int32 if out.dtype == np.int32 else ref.dtype
-        block = [list(t.type.shape) for t in tensors if t.type.is_block()]
-        ty = tl.block_type(result_type, list(np.broadcast_shapes(*block))) if block else result_type
-        return tl.tensor(TensorHandle(out, result_type), ty)
+        # the interpreter holds numpy arrays; torch reads and writes them without a copy
+        datas = [torch.as_tensor(a.handle.data if isinstance(a, tl.tensor) else a) for a in args]
+        shape = torch.broadcast_shapes(*[d.shape for d in datas])
+        dtype = torch.as_tensor(ref.handle.data).dtype
+        inputs = [d.to(dtype).broadcast_to(shape).contiguous() for d in datas]
+        out = fn(*inputs)
+        result_type = tl.int32 if out.dtype == torch.int32 else ref.dtype
+        blocks = [list(t.type.shape) for t in tensors if t.type.is_block()]
+        ty = tl.block_type(result_type, list(torch.broadcast_shapes(*blocks))) if blocks else result_type
+        return tl.tensor(TensorHandle(out.numpy(), result_type), ty)
 
     call.__name__ = name
     return call
