@@ -90,7 +90,7 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor
     "softmax": (softmax, _rows),
     "layer_norm": (
         layer_norm,
-        lambda n: _rows(n) + [torch.randn(ROW, device="cuda"), torch.randn(ROW, device="cuda")],
+        lambda n: [*_rows(n), torch.randn(ROW, device="cuda"), torch.randn(ROW, device="cuda")],
     ),
     "row_sum": (row_sum, _rows),
     "col_sum": (col_sum, _rows),
@@ -164,7 +164,9 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", required=True, help="where to write the JSON results")
     parser.add_argument("--sizes", default="1,16,64", help="millions of float32 elements (comma-separated)")
     parser.add_argument("--only", default="", help="workloads to run (comma-separated; default all)")

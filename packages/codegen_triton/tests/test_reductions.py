@@ -121,3 +121,33 @@ def test_reduction_over_one_element_and_broadcast_input(device: str) -> None:
         return one, aten.sum.dim_IntList(expanded, [0]), aten.argmax.default(expanded, 1)
 
     check(fn, make((7, 1)), make((12,)), device=device)
+
+
+SPLIT = {"split_min_rnumel": 64, "split_target_programs": 16}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+def test_split_reductions(blocking: str, device: str) -> None:
+    """A long reduction with few outputs runs as a partial kernel and a final one."""
+
+    def fn(x: torch.Tensor, c: torch.Tensor) -> Any:
+        total = aten.sum.default(x)
+        top = aten.amax.default(x, [0, 1])
+        cols = aten.sum.dim_IntList(c, [0])  # outer: 5 columns, 700 rows
+        scaled = aten.mul.Tensor(aten.amin.default(c, [0]), 3.0)  # epilogue after the split
+        anyneg = aten.any.dim(aten.lt.Scalar(c, -1.9), 0)
+        return total, top, cols, scaled, anyneg
+
+    backend = TritonBackend(**SPLIT, **BLOCKINGS[blocking])
+    check(fn, make((31, 23)), make((700, 5)), device=device, backend=backend)
+    partials = [s for s in backend.last_specs if s.name.endswith("_partial")]
+    assert len(partials) == 2 and len(backend.last_specs) == 4  # a full and a column kernel, split
+    # Welford statistics are not split
+    var = check(
+        lambda x: aten.var.correction(x, [0], correction=1),
+        make((700, 5)),
+        device=device,
+        backend=TritonBackend(**SPLIT),
+    )
+    assert not any(s.name.endswith("_partial") for s in var.last_specs)

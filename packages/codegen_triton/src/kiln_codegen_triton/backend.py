@@ -34,9 +34,10 @@ from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, 
 
 from .cudagraphs import CudaGraphRunner, cudagraph_blocker
 from .heuristics import configs
-from .kernel import CodegenUnsupported, KernelSpec, build_kernel
+from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
 from .runtime import Launcher, load_module, module_source
+from .split import plan_split
 from .triton_ops import UnsupportedDtype
 from .wrapper import make_wrapper
 
@@ -57,6 +58,8 @@ class TritonBackend(Backend):
         debug: bool | None = None,
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
+        split_min_rnumel: int = 4096,
+        split_target_programs: int = 256,
         cudagraph_copy_outputs: bool = True,
     ) -> None:
         mode = mode or "default"
@@ -66,6 +69,8 @@ class TritonBackend(Backend):
         self.debug = debug if debug is not None else os.environ.get("KILN_TRITON_DEBUG", "0") not in ("", "0")
         self.max_persistent_rblock = max_persistent_rblock
         self.allow_tiling = allow_tiling
+        self.split_min_rnumel = split_min_rnumel
+        self.split_target_programs = split_target_programs
         self.cudagraph_copy_outputs = cudagraph_copy_outputs
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
@@ -94,27 +99,26 @@ class TritonBackend(Backend):
         t0 = time.perf_counter()
         dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
         index_dtype = _index_dtype(graph)
-        specs: dict[str, KernelSpec | None] = {}
+        groups: dict[str, KernelGroup | None] = {}
         self.last_declined = []
         for step, node in enumerate(schedule.nodes):
             if node.name in kernels:
-                specs[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
-        generated = [s for s in specs.values() if s is not None]
+                groups[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
+        generated = [s for g in groups.values() if g is not None for s in g.specs]
         launchers: dict[str, Launcher] = {}
         source = ""
         if generated:
             source = module_source(generated)
             module, path = load_module(source)
             self.last_module_path = str(path)
-            for node_name, spec in specs.items():
-                if spec is not None:
-                    candidates = configs(
-                        spec, autotune=self.autotune, rblock_cap=min(2048, self.max_persistent_rblock)
-                    )
-                    launchers[node_name] = Launcher(
-                        getattr(module, spec.name), spec, candidates, autotune=self.autotune
-                    )
-        fn, wrapper_source = make_wrapper(schedule, graph, specs, launchers)
+            for spec in generated:
+                candidates = configs(
+                    spec, autotune=self.autotune, rblock_cap=min(2048, self.max_persistent_rblock)
+                )
+                launchers[spec.name] = Launcher(
+                    getattr(module, spec.name), spec, candidates, autotune=self.autotune
+                )
+        fn, wrapper_source = make_wrapper(schedule, graph, groups, launchers)
         self.last_specs = generated
         self.last_source, self.last_wrapper, self.last_launchers = source, wrapper_source, launchers
         self.last_cudagraphs = None
@@ -137,24 +141,35 @@ class TritonBackend(Backend):
         schedule: Scheduler,
         dtypes: dict[str, Any],
         index_dtype: str,
-    ) -> KernelSpec | None:
+    ) -> KernelGroup | None:
         parts = node.get_nodes()
         members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
         internal = set(schedule.plan.internal.get(step, ()))
         name = f"kernel{step}_{members[0].name}"
+        options: dict[str, Any] = {
+            "index_dtype": index_dtype,
+            "debug": self.debug,
+            "max_persistent_rblock": self.max_persistent_rblock,
+            "allow_tiling": self.allow_tiling,
+        }
         try:
-            return build_kernel(
-                name,
-                members,
-                reads,
-                dtypes,
-                internal,
-                index_dtype=index_dtype,
-                debug=self.debug,
-                max_persistent_rblock=self.max_persistent_rblock,
-                allow_tiling=self.allow_tiling,
-            )
+            spec = build_kernel(name, members, reads, dtypes, internal, **options)
+            plan = None
+            if spec.kind in ("persistent", "looped"):
+                plan = plan_split(
+                    members,
+                    reads,
+                    outer=spec.outer,
+                    min_rnumel=self.split_min_rnumel,
+                    target_programs=self.split_target_programs,
+                )
+            if plan is None:
+                return KernelGroup((spec,))
+            dtypes = {**dtypes, **{p.name: p.layout.dtype for p in plan.partials}}
+            first = build_kernel(f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options)
+            second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
+            return KernelGroup((first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)

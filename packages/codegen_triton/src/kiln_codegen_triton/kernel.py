@@ -857,6 +857,19 @@ def build_kernel(
     return spec
 
 
+@dataclass(frozen=True)
+class KernelGroup:
+    """The kernels one scheduler node runs as, in order, and the temporaries between them (one
+    kernel and none, except for a split reduction: see ``split.py``)."""
+
+    specs: tuple[KernelSpec, ...]
+    temporaries: tuple[ComputedBuffer, ...] = ()
+
+    @property
+    def scratch(self) -> tuple[str, ...]:
+        return tuple(n for s in self.specs for n in s.scratch)
+
+
 def _with_outer(spec: KernelSpec, outer: bool) -> KernelSpec:
     from dataclasses import replace
 

@@ -45,7 +45,7 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 
-from .kernel import KernelSpec
+from .kernel import KernelGroup
 from .runtime import Launcher
 
 
@@ -108,12 +108,12 @@ class WrapperCodegen:
         self,
         schedule: Scheduler,
         graph: GraphLowering,
-        specs: dict[str, KernelSpec | None],
+        groups: dict[str, KernelGroup | None],
         launchers: dict[str, Launcher],
     ) -> None:
         self.schedule = schedule
         self.graph = graph
-        self.specs = specs
+        self.groups = groups
         self.launchers = launchers
         self.lines: list[str] = []
         self.device = graph.device
@@ -235,9 +235,9 @@ class WrapperCodegen:
 
     def kernel(self, node: BaseSchedulerNode, step: int) -> None:
         plan = self.schedule.plan
-        spec = self.specs.get(node.name)
+        group = self.groups.get(node.name)
         members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
-        scratch = set(spec.scratch) if spec is not None else {m.name for m in members}
+        scratch = set(group.scratch) if group is not None else {m.name for m in members}
         temporaries = []
         for buffer in members:
             if isinstance(buffer, Scatter):
@@ -253,13 +253,17 @@ class WrapperCodegen:
             elif buffer.name in scratch:
                 self.allocate(buffer)
                 temporaries.append(buffer.name)
-        if spec is None:
+        if group is None:
             self.fallback(node, members)
         else:
-            fn = f"_k{step}"
-            self.namespace[fn] = self.launchers[node.name]
-            args = ", ".join(self.storage(p) for p in spec.params)
-            self.emit(f"{fn}({args})  # {spec.name}")
+            for buffer in group.temporaries:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+            for i, spec in enumerate(group.specs):
+                fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
+                self.namespace[fn] = self.launchers[spec.name]
+                args = ", ".join(self.storage(p) for p in spec.params)
+                self.emit(f"{fn}({args})  # {spec.name}")
         for name in temporaries:
             self.emit(f"del {name}")
 
@@ -280,11 +284,11 @@ class WrapperCodegen:
 def make_wrapper(
     schedule: Scheduler,
     graph: GraphLowering,
-    specs: dict[str, KernelSpec | None],
+    groups: dict[str, KernelGroup | None],
     launchers: dict[str, Launcher],
 ) -> tuple[Callable[..., Any], str]:
     """(the ``call`` function, its source)."""
-    gen = WrapperCodegen(schedule, graph, specs, launchers)
+    gen = WrapperCodegen(schedule, graph, groups, launchers)
     source = gen.generate()
     namespace = gen.namespace
     exec(compile(source, "<kiln-triton-wrapper>", "exec"), namespace)
