@@ -58,7 +58,7 @@ class TritonBackend(Backend):
         debug: bool | None = None,
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
-        split_min_rnumel: int = 4096,
+        split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         cudagraph_copy_outputs: bool = True,
     ) -> None:

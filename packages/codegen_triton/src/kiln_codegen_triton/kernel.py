@@ -106,6 +106,7 @@ class KernelSpec:
     name: str
     source: str
     params: tuple[str, ...]
+    param_dtypes: tuple[torch.dtype, ...]
     kind: str  # "pointwise" | "tiled" | "persistent" | "looped"
     xnumel: int
     ynumel: int
@@ -763,6 +764,7 @@ class _Generator:
             name=self.name,
             source="\n".join(lines) + "\n",
             params=tuple(params),
+            param_dtypes=tuple(self.dtypes[n] for n in params),
             kind=plan.kind,
             xnumel=plan.nx,
             ynumel=plan.ny,
