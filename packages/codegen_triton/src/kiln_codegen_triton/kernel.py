@@ -831,6 +831,9 @@ def build_kernel(
     xr, rr = ref.iteration()
     xsizes = [_int(s) for s in xr]
     nx = math.prod(xsizes)
+    if nx * math.prod(_int(s) for s in rr) >= 2**31 - 1:
+        # a reduction over a broadcast input can iterate past every buffer's size
+        index_dtype = "tl.int64"
 
     def gen(plan: Plan) -> tuple[KernelSpec, _Generator]:
         g = _Generator(name, members, reads, dtypes, internal, plan, index_dtype=index_dtype, debug=debug)
