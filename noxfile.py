@@ -23,6 +23,10 @@ PACKAGES_DIR = ROOT / "packages"
 # through /opt/wheels). Any other pin, or no pin, makes pip pull a CUDA build of several GB. The
 # packages themselves accept torch 2.11-2.13.
 TORCH = "torch==2.13.0"
+# triton is pinned to the wheel on this kind of machine's disk; CI runs Triton kernels through
+# its interpreter (TRITON_INTERPRET=1), so any triton >= 3.6 would do, and the GPU machine has its
+# own (3.6) preinstalled.
+TRITON = "triton==3.8.0"
 # The checkers are pinned too: a new release may add rules and turn a green tree red.
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
@@ -79,9 +83,15 @@ def _needs_torch(folders: list[str]) -> bool:
     return any(_requirement_name(r) == "torch" for f in folders for r in PACKAGES[f][1])
 
 
+def _needs_triton(folders: list[str]) -> bool:
+    return any(_requirement_name(r) == "triton" for f in folders for r in PACKAGES[f][1])
+
+
 def _install_packages(session: nox.Session, folders: list[str]) -> None:
     if _needs_torch(folders):
         session.install(TORCH)
+    if _needs_triton(folders):
+        session.install(TRITON)
     # numpy and expecttest: what PyTorch's OpInfo database (torch.testing._internal) imports
     session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy", "expecttest")
 
@@ -145,7 +155,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
     """mypy over every package's sources (configuration: pyproject.toml at the root)."""
-    session.install(TORCH)
+    session.install(TORCH, TRITON)
     session.install(*[str(PACKAGES_DIR / f) for f in _sibling_closure("bench")], MYPY, "pytest", "nox")
     session.run("mypy", *session.posargs)
 

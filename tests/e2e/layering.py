@@ -46,7 +46,7 @@ ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
     "kiln_aotgrad": frozenset({"torch", "networkx"}),
     "kiln_loopir": frozenset({"torch", "sympy"}),
     "kiln_codegen_cpp": frozenset({"torch", "sympy"}),
-    "kiln_codegen_triton": frozenset({"torch", "triton"}),
+    "kiln_codegen_triton": frozenset({"torch", "triton", "sympy"}),
     "kiln": frozenset({"torch"}),
     "kiln_bench": frozenset({"torch", "transformers", "matplotlib", "tqdm"}),
 }

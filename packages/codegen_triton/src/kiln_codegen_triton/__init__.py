@@ -1,7 +1,36 @@
-"""kiln-codegen-triton: not built yet.
+"""kiln-codegen-triton: the GPU code generator, a loopir backend named ``"triton"``.
 
-It will own: the GPU code generator: Triton kernels, launch heuristics and autotuning, the GPU
-wrapper, CUDA graphs.
+``kiln_loopir.compile_graph(gm, inputs, backend="triton")`` lowers and schedules an aten graph
+with loopir, then this package turns the schedule into Triton and runs it:
+
+* ``kernel``: one ``@triton.jit`` function per fused node: pointwise (1-D, or 2-D tiles for
+  transposes), reductions persistent (the whole row in registers) or looped, Welford, argmax,
+  fused prologues and epilogues, masks, broadcasts, indirect indexing, int32 indexing;
+* ``triton_ops``: Triton spellings of dtypes, constants, index math and the ``ops.*`` set;
+  ``interp``: libdevice emulated for ``TRITON_INTERPRET=1``, so every kernel runs on CPU tensors;
+* ``heuristics``: block sizes and warps; ``runtime``: the generated module in the on-disk cache
+  under ``KILN_CACHE_DIR``, launchers, max-autotune with a disk cache of its choices;
+* ``wrapper``: the generated Python that allocates buffers on the graph's device (loopir's reuse
+  plan), launches kernels and extern aten ops in schedule order and returns strided outputs;
+  ``cudagraphs``: record-and-replay for ``mode="reduce-overhead"``;
+* ``backend``: :class:`TritonBackend`, registered through the ``kiln_loopir.backends`` entry point.
 """
 
+from .backend import MODES, TritonBackend
+from .cudagraphs import CudaGraphRunner
+from .interp import interpreting
+from .kernel import CodegenUnsupported, KernelSpec
+from .runtime import cache_dir, counters
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "MODES",
+    "CodegenUnsupported",
+    "CudaGraphRunner",
+    "KernelSpec",
+    "TritonBackend",
+    "cache_dir",
+    "counters",
+    "interpreting",
+]

@@ -1,0 +1,215 @@
+"""Achieved memory bandwidth of kiln's Triton kernels against eager and torch.compile, on a GPU.
+
+For each micro-kernel (float32, pointwise chains and reductions, 1M-64M elements) three
+implementations of the same aten graph run on the same CUDA inputs: eager (the graph's aten
+calls), kiln (``compile_graph(..., backend=TritonBackend(mode=...))``) and torch.compile
+(inductor, same mode). They are timed interleaved (A B C A B C ...): each sample is ``--iters``
+back-to-back calls between two CUDA events, after a warm-up; the table gives the median per call,
+the achieved bandwidth (the bytes a perfect kernel must move: every input read once, every output
+written once, divided by the median time) and that bandwidth as a fraction of ``--peak`` (the
+~4.3 TB/s an H200 copies at). Every kiln result is checked against eager before timing. This is
+a benchmark, not a test.
+
+    PYTHONPATH=packages/loopir/src:packages/codegen_triton/src \\
+        python packages/codegen_triton/bench/bandwidth.py --out bandwidth.json [--sizes 1,16,64] [--only softmax]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+_tmp = tempfile.mkdtemp(prefix="kiln-bandwidth-")
+os.environ.setdefault("KILN_CACHE_DIR", os.path.join(_tmp, "kiln"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
+
+import torch  # noqa: E402
+import torch.fx  # noqa: E402
+
+import kiln_loopir  # noqa: E402
+from kiln_codegen_triton import TritonBackend  # noqa: E402
+
+aten = torch.ops.aten
+ROW = 1024  # row length of the reduction workloads
+
+
+def add(x: torch.Tensor, y: torch.Tensor) -> Any:
+    return aten.add.Tensor(x, y)
+
+
+def relu_chain(x: torch.Tensor) -> Any:
+    return aten.relu.default(aten.add.Tensor(aten.mul.Tensor(x, 1.5), 0.25))
+
+
+def gelu_chain(x: torch.Tensor, y: torch.Tensor) -> Any:
+    a = aten.add.Tensor(x, y)
+    return aten.mul.Tensor(aten.gelu.default(a), aten.sigmoid.default(y))
+
+
+def softmax(x: torch.Tensor) -> Any:
+    return aten._softmax.default(x, -1, False)
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    return aten.native_layer_norm.default(x, [x.shape[-1]], w, b, 1e-5)[0]
+
+
+def row_sum(x: torch.Tensor) -> Any:
+    return aten.sum.dim_IntList(x, [1])
+
+
+def col_sum(x: torch.Tensor) -> Any:
+    return aten.sum.dim_IntList(x, [0])
+
+
+def transpose_add(x: torch.Tensor) -> Any:
+    t = aten.permute.default(x, [1, 0])
+    return aten.add.Tensor(aten.clone.default(t, memory_format=torch.contiguous_format), 1.0)
+
+
+def _vec(n: int) -> list[torch.Tensor]:
+    return [torch.randn(n, device="cuda")]
+
+
+def _rows(n: int) -> list[torch.Tensor]:
+    return [torch.randn(n // ROW, ROW, device="cuda")]
+
+
+WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]] = {
+    "add": (add, lambda n: _vec(n) + _vec(n)),
+    "relu_chain": (relu_chain, _vec),
+    "gelu_chain": (gelu_chain, lambda n: _vec(n) + _vec(n)),
+    "softmax": (softmax, _rows),
+    "layer_norm": (
+        layer_norm,
+        lambda n: [*_rows(n), torch.randn(ROW, device="cuda"), torch.randn(ROW, device="cuda")],
+    ),
+    "row_sum": (row_sum, _rows),
+    "col_sum": (col_sum, _rows),
+    "transpose_add": (transpose_add, _rows),
+}
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _sample(fn: Callable[[], Any], iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    fn, make_inputs = WORKLOADS[name]
+    torch.manual_seed(0)
+    inputs = make_inputs(size)
+    gm = torch.fx.symbolic_trace(fn)
+    expected = gm(*inputs)
+    t0 = time.perf_counter()
+    compiled = kiln_loopir.compile_graph(gm, inputs, backend=TritonBackend(mode=args.mode))
+    got = compiled(*inputs)
+    torch.cuda.synchronize()
+    kiln_compile = time.perf_counter() - t0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    t0 = time.perf_counter()
+    inductor = torch.compile(gm, mode=None if args.mode == "default" else args.mode)
+    inductor(*inputs)
+    torch.cuda.synchronize()
+    inductor_compile = time.perf_counter() - t0
+    impls: dict[str, Callable[[], Any]] = {
+        "eager": lambda: gm(*inputs),
+        "kiln": lambda: compiled(*inputs),
+        "inductor": lambda: inductor(*inputs),
+    }
+    for f in impls.values():  # warm-up (CUDA graphs record on the second call)
+        for _ in range(3):
+            f()
+    torch.cuda.synchronize()
+    samples: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(args.reps):
+        for key, f in impls.items():
+            samples[key].append(_sample(f, args.iters))
+    moved = _nbytes(inputs) + _nbytes(expected)
+    row: dict[str, Any] = {
+        "workload": name,
+        "elements": size,
+        "bytes": moved,
+        "kiln_compile_s": kiln_compile,
+        "inductor_compile_s": inductor_compile,
+        "kernels": compiled.stats.kernels,
+    }
+    for key, times in samples.items():
+        median = statistics.median(times)
+        row[f"{key}_us"] = median * 1e6
+        row[f"{key}_gbps"] = moved / median / 1e9
+        row[f"{key}_of_peak"] = moved / median / (args.peak * 1e12)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", required=True, help="where to write the JSON results")
+    parser.add_argument("--sizes", default="1,16,64", help="millions of float32 elements (comma-separated)")
+    parser.add_argument("--only", default="", help="workloads to run (comma-separated; default all)")
+    parser.add_argument("--mode", default="default", choices=["default", "max-autotune-no-cudagraphs"])
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--peak", type=float, default=4.3, help="copy bandwidth in TB/s (H200: ~4.3)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bandwidth.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = [n for n in args.only.split(",") if n] or list(WORKLOADS)
+    sizes = [int(float(s) * 2**20) for s in args.sizes.split(",")]
+    rows = []
+    header = f"{'workload':<14}{'elements':>10}  {'eager GB/s':>10} {'kiln GB/s':>10} {'inductor GB/s':>13}  {'kiln %peak':>10} {'inductor %peak':>14}  {'kiln/inductor':>13}"
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        for size in sizes:
+            row = measure(name, size, args)
+            rows.append(row)
+            print(
+                f"{name:<14}{size // 2**20:>9}M  {row['eager_gbps']:>10.0f} {row['kiln_gbps']:>10.0f} "
+                f"{row['inductor_gbps']:>13.0f}  {100 * row['kiln_of_peak']:>9.1f}% "
+                f"{100 * row['inductor_of_peak']:>13.1f}%  {row['inductor_us'] / row['kiln_us']:>12.2f}x",
+                flush=True,
+            )
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "host": platform.node(),
+        "peak_tbps": args.peak,
+        "mode": args.mode,
+        "reps": args.reps,
+        "iters": args.iters,
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""``libdevice`` for Triton's interpreter: the CUDA math library, emulated with torch.
+
+Under ``TRITON_INTERPRET=1`` a kernel body runs as Python over numpy arrays, and calls into
+extern libraries (``libdevice.tanh`` and friends) raise. Generated modules then bind the name
+``libdevice`` to :data:`libdevice` below, whose functions unwrap the interpreter's tensors, apply
+the torch function of the same meaning (so the CPU tests compare eager with eager's own math)
+and wrap the result again. Only the interpreter ever calls these; on a GPU the same generated
+source calls Triton's libdevice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def interpreting() -> bool:
+    """Is Triton running kernels through its interpreter (``TRITON_INTERPRET=1``)?"""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_assert(cond: Any, msg: str) -> None:
+    """``tl.device_assert`` for the interpreter, which ignores it (its builder is never in debug
+    mode); raises ``IndexError`` like eager for an out-of-range index."""
+    data = cond.handle.data if hasattr(cond, "handle") else cond
+    if not bool(torch.as_tensor(data).all()):
+        raise IndexError(msg)
+
+
+_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "expm1": torch.expm1, "log1p": torch.log1p, "log10": torch.log10, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "asin": torch.asin,
+    "acos": torch.acos, "atan": torch.atan, "sinh": torch.sinh, "cosh": torch.cosh,
+    "tanh": torch.tanh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
+    "erf": torch.erf, "erfc": torch.erfc, "erfinv": torch.erfinv, "floor": torch.floor,
+    "ceil": torch.ceil, "nearbyint": torch.round, "trunc": torch.trunc, "lgamma": torch.lgamma,
+    "signbit": lambda t: torch.signbit(t).to(torch.int32),
+}  # fmt: skip
+_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "fmod": torch.fmod, "pow": torch.pow, "atan2": torch.atan2, "copysign": torch.copysign,
+    "hypot": torch.hypot, "nextafter": torch.nextafter,
+}  # fmt: skip
+
+
+def _wrap(name: str, fn: Callable[..., torch.Tensor], arity: int) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        import triton.language as tl
+        from triton.runtime.interpreter import TensorHandle
+
+        assert len(args) == arity, name
+        tensors = [a for a in args if isinstance(a, tl.tensor)]
+        ref = tensors[0]
+        # the interpreter holds numpy arrays; torch reads and writes them without a copy
+        datas = [torch.as_tensor(a.handle.data if isinstance(a, tl.tensor) else a) for a in args]
+        shape = torch.broadcast_shapes(*[d.shape for d in datas])
+        dtype = torch.as_tensor(ref.handle.data).dtype
+        inputs = [d.to(dtype).broadcast_to(shape).contiguous() for d in datas]
+        out = fn(*inputs)
+        result_type = tl.int32 if out.dtype == torch.int32 else ref.dtype
+        blocks = [list(t.type.shape) for t in tensors if t.type.is_block()]
+        ty = tl.block_type(result_type, list(torch.broadcast_shapes(*blocks))) if blocks else result_type
+        return tl.tensor(TensorHandle(out.numpy(), result_type), ty)
+
+    call.__name__ = name
+    return call
+
+
+class _Libdevice:
+    """Attribute access gives the emulated function (``libdevice.tanh``)."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name in _UNARY:
+            return _wrap(name, _UNARY[name], 1)
+        if name in _BINARY:
+            return _wrap(name, _BINARY[name], 2)
+        raise AttributeError(f"libdevice.{name} has no interpreter emulation")
+
+
+libdevice = _Libdevice()

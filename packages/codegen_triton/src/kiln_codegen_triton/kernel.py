@@ -1,0 +1,881 @@
+"""One ``@triton.jit`` function per scheduled (possibly fused) node.
+
+A kernel's members are the ComputedBuffers of one scheduler node. They share one iteration
+space, the *reference*: the first real reduction's ``(ranges, reduction_ranges)``, or the first
+member's ranges when there is none. A Triton program owns a block of that space, and the space is
+named by at most three flat block indices, sympy symbols that the index expressions are written
+in:
+
+* ``pointwise``: ``xindex`` of shape ``[XBLOCK]`` walks the flat iteration space;
+* ``tiled``: ``yindex`` ``[YBLOCK, 1]`` walks every dim but the last, ``xindex`` ``[1, XBLOCK]`` the
+  last, so a transpose reads and writes along coalesced rows (Note [When to tile]);
+* ``persistent`` / ``looped`` reductions: ``xindex`` ``[XBLOCK, 1]`` walks the outputs, ``rindex``
+  ``[1, RBLOCK]`` the reduced positions (Note [Persistent and looped reductions]).
+
+Each member's own loop variables are digits of the flat position (``FloorDiv`` /
+``ModularIndexing`` of ``xindex`` or ``xindex * rnumel + rindex``), simplified under the block
+indices' ranges: a contiguous access collapses back to ``xindex`` itself, which is what lets
+Triton vectorize it. This is exactly what the scheduler checked when it fused the members: a
+producer's flat iteration ``k`` writes what the consumer's flat iteration ``k`` reads.
+
+Every ops value knows its *axes* (which block indices its shape spans), so a load is masked by
+exactly the masks of the indices its address uses (a bias row read in a reduction is masked by
+``rmask`` only) and a pointer that uses none is broadcast before a masked access.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence, Set
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, contiguous_strides, simplify_index
+from kiln_loopir.ir import ComputedBuffer, Scatter
+from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS, set_ops_handler
+
+from .interp import interpreting
+from .triton_ops import (
+    ALWAYS_BOOL,
+    HALF,
+    compute_dtype,
+    compute_type,
+    constant_expr,
+    convert_expr,
+    index_to_triton,
+    load_expr,
+    result_dtype,
+    spell,
+    store_expr,
+    tl_type,
+)
+
+XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
+YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
+RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
+AXIS_OF = {XINDEX: "x", YINDEX: "y", RINDEX: "r"}
+STORE_MARK = "\x00store:"
+# Note [When to tile]: below this many elements along either tile axis a 2-D tile wastes lanes
+MIN_TILE = 16
+# largest grid along CUDA's y dimension
+MAX_GRID_Y = 65535
+# an outer reduction (reduced dim strided, output dim contiguous) this short stays persistent
+OUTER_PERSISTENT_MAX = 32
+
+
+class CodegenUnsupported(Exception):
+    """Something the Triton generator does not handle; the wrapper interprets that kernel."""
+
+
+@dataclass(slots=True)
+class TValue:
+    """An ops value: a Triton expression (usually a variable), its dtype and block axes."""
+
+    expr: str
+    dtype: torch.dtype
+    axes: frozenset[str] = frozenset()
+    py: Any = None  # the Python value of a constant
+
+    @property
+    def const(self) -> bool:
+        return self.py is not None
+
+    def __str__(self) -> str:
+        return self.expr
+
+
+@dataclass
+class Section:
+    """Straight-line code at one level: ``x`` (once per output block) or an ``r`` phase."""
+
+    level: str
+    lines: list[str] = field(default_factory=list)
+    pre: list[str] = field(default_factory=list)  # accumulators, before the reduction loop
+    post: list[str] = field(default_factory=list)  # final reduce and stores, after it
+    reduced: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A generated kernel and what the launcher and the wrapper need to know about it."""
+
+    name: str
+    source: str
+    params: tuple[str, ...]
+    param_dtypes: tuple[torch.dtype, ...]
+    kind: str  # "pointwise" | "tiled" | "persistent" | "looped"
+    xnumel: int
+    ynumel: int
+    rnumel: int
+    scratch: tuple[str, ...]
+    members: tuple[str, ...]
+    atomic: bool  # writes with atomics or into another buffer: running it twice is not idempotent
+    outer: bool  # a reduction whose reduced dim is strided and output dim contiguous
+
+
+def _int(expr: Any) -> int:
+    expr = sympy.sympify(expr)
+    if not expr.is_Integer:
+        raise CodegenUnsupported(f"symbolic size {expr} (the Triton generator needs static shapes)")
+    return int(expr)
+
+
+def _real_reduction(buffer: ComputedBuffer) -> bool:
+    """A reduction over more than one element (one over a single element is just its value)."""
+    return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+
+
+def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+    """The row-major digits of ``flat`` for dims ``sizes``."""
+    strides = contiguous_strides([sympy.Integer(s) for s in sizes])
+    out: list[sympy.Expr] = []
+    for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
+        if size == 1:
+            out.append(sympy.Integer(0))
+        elif pos == 0:
+            out.append(FloorDiv(flat, stride))
+        else:
+            out.append(ModularIndexing(flat, stride, sympy.Integer(size)))
+    return out
+
+
+def _nonnegative(term: sympy.Expr) -> bool:
+    coeff, rest = term.as_coeff_Mul()
+    if rest == 1:
+        return bool(coeff >= 0)
+    if coeff < 0:
+        return False
+    return all(
+        (isinstance(f, sympy.Symbol) and f.is_nonnegative) or isinstance(f, FloorDiv | ModularIndexing)
+        for f in sympy.Mul.make_args(rest)
+    )
+
+
+def _split_divisions(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+    """``(g*q + r) // d -> q // (d/g)`` (and the same digit of it) when ``0 <= r < g``, ``g | d``."""
+
+    def split(base: sympy.Expr, d: int) -> tuple[sympy.Expr, int] | None:
+        terms = sympy.Add.make_args(sympy.expand(base))
+        coeffs = [term.as_coeff_Mul()[0] for term in terms]
+        if not all(c.is_Integer for c in coeffs):
+            return None
+        for g in sorted({math.gcd(d, int(c)) for c in coeffs}, reverse=True):
+            if g <= 1:
+                continue
+            kept = [t for t, c in zip(terms, coeffs, strict=True) if int(c) % g == 0]
+            rest = [t for t, c in zip(terms, coeffs, strict=True) if int(c) % g != 0]
+            if not kept or not rest or not all(_nonnegative(t) for t in rest):
+                continue
+            b = bound(sympy.Add(*rest), ranges)
+            if b is not None and b <= g:
+                return sympy.expand(sympy.Add(*kept) / g), d // g
+        return None
+
+    def visit(node: sympy.Expr) -> sympy.Expr:
+        if not node.args:
+            return node
+        node = node.func(*[visit(a) for a in node.args])
+        if isinstance(node, FloorDiv | ModularIndexing) and node.args[1].is_Integer:
+            found = split(node.args[0], int(node.args[1]))
+            if found is not None:
+                q, d = found
+                if isinstance(node, FloorDiv):
+                    return FloorDiv(q, sympy.Integer(d))
+                return ModularIndexing(q, sympy.Integer(d), node.args[2])
+        return node
+
+    return visit(expr)
+
+
+def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+    """loopir's ``simplify_index`` plus Note [Splitting divisions of block indices].
+
+    Note [Splitting divisions of block indices]: a tiled kernel's flat position is
+    ``xindex + XN*yindex`` with ``xindex < XN``; digits of it (``(xindex + XN*yindex) // XN``)
+    must reduce to digits of ``yindex`` alone, or no access looks contiguous along ``yindex`` and
+    every index pays for divisions it does not need. loopir's simplifier does not split a sum
+    under a division by the ranges of its terms; this does, to a fixed point. (A candidate to
+    move into ``kiln_loopir.indexing``.)
+    """
+    expr = simplify_index(expr, ranges)
+    for _ in range(4):
+        new = simplify_index(_split_divisions(expr, ranges), ranges)
+        if new == expr:
+            break
+        expr = new
+    return expr
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How the iteration space is laid onto blocks (see the module docstring)."""
+
+    kind: str
+    nx: int
+    ny: int = 1
+    nr: int = 1
+
+
+class _Generator:
+    """Generates one kernel for one plan; while members' bodies run it is the ``ops`` handler."""
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[ComputedBuffer],
+        reads: Sequence[Set[str]],
+        dtypes: dict[str, torch.dtype],
+        internal: set[str],
+        plan: Plan,
+        *,
+        index_dtype: str,
+        debug: bool,
+    ) -> None:
+        self.name = name
+        self.members = list(members)
+        self.reads = list(reads)
+        self.dtypes = dtypes
+        self.internal = internal
+        self.plan = plan
+        self.index_dtype = index_dtype
+        self.debug = debug
+        self.counter = 0
+        self.param_order: list[str] = []
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.accesses: list[tuple[str, sympy.Expr, bool]] = []
+        self.atomic = any(isinstance(m, Scatter) for m in members)
+        self.sym_axes: dict[sympy.Symbol, frozenset[str]] = {}
+        self.mask_stack: list[TValue] = []
+        self.level = "x"
+        self.sections: list[Section] = []
+        # scopes: (lines, cse, forwards); the bottom one is the x-scope
+        self.scopes: list[tuple[list[str], dict[str, TValue], dict[tuple[str, str], TValue]]] = []
+        self.xforward: dict[tuple[str, str], TValue] = {}
+        self.xcse: dict[str, TValue] = {}
+        self.trivial = False
+        self.looped = plan.kind == "looped"
+        if plan.kind == "tiled":
+            self.ranges: dict[sympy.Symbol, sympy.Expr] = {
+                YINDEX: sympy.Integer(plan.ny),
+                XINDEX: sympy.Integer(plan.nx),
+            }
+            self.flat_x: sympy.Expr = YINDEX * plan.nx + XINDEX
+        else:
+            self.ranges = {XINDEX: sympy.Integer(plan.nx)}
+            self.flat_x = XINDEX
+        if plan.kind in ("persistent", "looped"):
+            self.ranges[RINDEX] = sympy.Integer(plan.nr)
+
+    # ----------------------------------------------------------------------------------- setup
+
+    def generate(self) -> KernelSpec:
+        nr = self.plan.nr
+        reducing = self.plan.kind in ("persistent", "looped")
+        for member, reads in zip(self.members, self.reads, strict=True):
+            mx, mr = member.iteration()
+            msizes = [_int(s) for s in mx]
+            numel = math.prod(msizes)
+            nx_total = self.plan.nx * self.plan.ny
+            self.trivial = member.is_reduction() and not _real_reduction(member)
+            rindex: list[sympy.Expr] = []
+            if member.is_reduction() and not self.trivial:
+                if not reducing or math.prod(_int(s) for s in mr) != nr or numel != nx_total:
+                    raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
+                index = self._digits(self.flat_x, msizes)
+                rindex = self._digits(RINDEX, [_int(s) for s in mr])
+                level = "r"
+            elif numel == nx_total:
+                index, level = self._digits(self.flat_x, msizes), "x"
+            elif reducing and numel == nx_total * nr:
+                index, level = self._digits(self.flat_x * nr + RINDEX, msizes), "r"
+            else:
+                raise CodegenUnsupported(f"member {member.name} does not fit its kernel's blocks")
+            if self.trivial:
+                rindex = [sympy.Integer(0)] * len(mr)
+            self._enter(level, reads)
+            with set_ops_handler(self):
+                member.body()(index, rindex)
+            if member.is_reduction() and not self.trivial and self.sections:
+                self.sections[-1].reduced.add(member.name)
+        return self._render()
+
+    def _digits(self, flat: sympy.Expr, sizes: list[int]) -> list[sympy.Expr]:
+        return [simplify(e, self.ranges) for e in unflatten(flat, sizes)]
+
+    def _enter(self, level: str, reads: Set[str]) -> None:
+        """Open the section a member of ``level`` runs in (Note [Persistent and looped reductions])."""
+        self.level = level
+        current = self.sections[-1] if self.sections else None
+        if not self.looped:
+            # one straight-line section: every value stays visible to every later member
+            if current is None:
+                self.sections.append(Section("x"))
+                self.scopes = [(self.sections[-1].lines, self.xcse, self.xforward)]
+            return
+        if level == "x":
+            if current is None or current.level != "x":
+                self.sections.append(Section("x"))
+            self.scopes = [(self.sections[-1].lines, self.xcse, self.xforward)]
+            return
+        if current is None or current.level != "r" or reads & current.reduced:
+            self.sections.append(Section("r"))
+            self.scopes = [([], self.xcse, self.xforward), (self.sections[-1].lines, {}, {})]
+
+    # --------------------------------------------------------------------------------- helpers
+
+    def _new(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    @property
+    def lines(self) -> list[str]:
+        return self.scopes[-1][0]
+
+    def _emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def _cse(self, expr: str, dtype: torch.dtype, axes: frozenset[str]) -> TValue:
+        for _, cse, _ in reversed(self.scopes):
+            hit = cse.get(expr)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        var = self._new()
+        self._emit(f"{var} = {expr}")
+        value = TValue(var, dtype, axes)
+        self.scopes[-1][1][expr] = value
+        return value
+
+    def _value(self, v: Any, dtype: torch.dtype | None = None) -> TValue:
+        if isinstance(v, TValue):
+            return v
+        if isinstance(v, bool):
+            d = torch.bool
+        elif isinstance(v, int):
+            d = torch.int64
+        else:
+            d = torch.get_default_dtype()
+        d = dtype or d
+        return TValue(constant_expr(v, d), d, frozenset(), v)
+
+    def _as(self, v: TValue, dtype: torch.dtype) -> TValue:
+        if v.dtype == dtype:
+            return v
+        if v.const:
+            return TValue(constant_expr(v.py, dtype), dtype, frozenset(), v.py)
+        text = convert_expr(v.expr, v.dtype, dtype)
+        if text == v.expr:
+            return TValue(v.expr, dtype, v.axes)
+        return self._cse(text, dtype, v.axes)
+
+    def _index(self, index: Any) -> tuple[sympy.Expr, frozenset[str]]:
+        expr = simplify(sympy.sympify(index), self.ranges)
+        axes: set[str] = set()
+        for s in expr.free_symbols:
+            if s in AXIS_OF:
+                axes.add(AXIS_OF[s])
+            else:
+                axes |= self.sym_axes.get(s, frozenset())
+        return expr, frozenset(axes)
+
+    def _ctx_axes(self) -> frozenset[str]:
+        kind = self.plan.kind
+        if kind == "tiled":
+            return frozenset({"y", "x"})
+        if kind == "pointwise" or self.level == "x":
+            return frozenset({"x"})
+        return frozenset({"x", "r"})
+
+    def _shape(self, axes: frozenset[str]) -> str:
+        kind = self.plan.kind
+        if kind == "pointwise":
+            return "[XBLOCK]"
+        order = ("y", "x") if kind == "tiled" else ("x", "r")
+        blocks = {"x": "XBLOCK", "y": "YBLOCK", "r": "RBLOCK"}
+        return "[" + ", ".join(blocks[a] if a in axes else "1" for a in order) + "]"
+
+    def _mask(self, axes: frozenset[str], extra: Sequence[TValue] = ()) -> str | None:
+        parts = [f"{a}mask" for a in ("y", "x", "r") if a in axes]
+        parts += [m.expr for m in extra]
+        return " & ".join(parts) if parts else None
+
+    def _pointer(self, name: str, expr: sympy.Expr, axes: frozenset[str], want: frozenset[str]) -> str:
+        ptr = f"{self._param(name)} + ({index_to_triton(expr)})"
+        if not want <= axes:
+            ptr += f" + tl.zeros({self._shape(want | axes)}, tl.int32)"
+        return ptr
+
+    def _param(self, name: str) -> str:
+        if name not in self.param_order:
+            self.param_order.append(name)
+        return f"p_{name}"
+
+    # ---------------------------------------------------------------------------- memory ops
+
+    def load(self, name: str, index: Any) -> TValue:
+        expr, axes = self._index(index)
+        key = (name, str(expr))
+        for _, _, fwd in reversed(self.scopes):
+            hit = fwd.get(key)
+            if hit is not None:
+                return hit
+        self.accesses.append((name, expr, False))
+        dtype = self.dtypes[name]
+        extra = list(self.mask_stack)
+        want = axes.union(*(m.axes for m in extra)) if extra else axes
+        # no 0-d loads: the interpreter mishandles them, and a block of one address is as cheap
+        want = want or frozenset({"x"})
+        if name in self.stored:
+            # a kernel-internal buffer written by another lane of this program
+            self._emit("tl.debug_barrier()")
+        self.loaded.add(name)
+        mask = self._mask(axes, extra)
+        ptr = self._pointer(name, expr, axes, want)
+        text = f"tl.load({ptr}, {mask}, other=0)" if mask else f"tl.load({ptr})"
+        return self._cse(load_expr(dtype, text), dtype, want)
+
+    def store(self, name: str, index: Any, value: Any, mode: str | None = None) -> None:
+        expr, axes = self._index(index)
+        self.accesses.append((name, expr, True))
+        dtype = self.dtypes[name]
+        v = self._as(self._value(value, dtype), dtype)
+        ctx = self._ctx_axes()
+        ptr = self._pointer(name, expr, axes, ctx)
+        mask = self._mask(ctx)
+        self.stored.add(name)
+        if mode == "atomic_add":
+            if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16) or dtype in HALF:
+                raise CodegenUnsupported(f"atomic add of {dtype}")
+            self.atomic = True
+            self._emit(f"tl.atomic_add({ptr}, {store_expr(dtype, v.expr)}, {mask}, sem='relaxed')")
+            return
+        if mode is not None:
+            raise CodegenUnsupported(f"store mode {mode}")
+        self._emit(f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})")
+        self.scopes[-1][2][(name, str(expr))] = v
+
+    def store_reduction(self, name: str, index: Any, value: Any) -> None:
+        if self.trivial:
+            self.store(name, index, value)
+            return
+        expr, axes = self._index(index)
+        self.accesses.append((name, expr, True))
+        dtype = self.dtypes[name]
+        v = self._value(value, dtype)
+        v = (
+            self._as(v, dtype)
+            if not v.const
+            else TValue(constant_expr(v.py, dtype), dtype, frozenset(), v.py)
+        )
+        ctx = frozenset({"x"})
+        ptr = self._pointer(name, expr, axes, ctx)
+        self.stored.add(name)
+        line = f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)"
+        (self.sections[-1].post if self.looped else self.lines).append(line)
+        self.xforward[(name, str(expr))] = v
+
+    def index_expr(self, expr: Any, dtype: torch.dtype) -> TValue:
+        e, axes = self._index(expr)
+        if e.is_Integer:
+            return self._value(int(e), dtype)
+        return self._cse(f"({index_to_triton(e)}).to({tl_type(compute_dtype(dtype))})", dtype, axes)
+
+    def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
+        v = self._as(self._value(value), torch.int64)
+        n = _int(size)
+        var = self._new("ind")
+        cast = f".to({self.index_dtype})" if self.index_dtype != "tl.int64" else ""
+        self._emit(f"{var} = tl.where({v} < 0, {v} + {n}, {v}){cast}")
+        if check and self.debug:
+            mask = self._mask(self._ctx_axes(), self.mask_stack)
+            ok = f"(0 <= {var}) & ({var} < {n})"
+            cond = f"({ok}) | ~({mask})" if mask else ok
+            check_fn = "k_device_assert" if interpreting() else "tl.device_assert"
+            self._emit(f'{check_fn}({cond}, "index out of bounds: 0 <= index < {n}")')
+        symbol = sympy.Symbol(var, integer=True)
+        self.sym_axes[symbol] = v.axes
+        return symbol
+
+    # ------------------------------------------------------------------------------ control
+
+    def masked(self, mask: Any, body: Callable[[], Any], other: Any) -> TValue:
+        m = self._as(self._value(mask), torch.bool)
+        self.mask_stack.append(m)
+        try:
+            result = self._value(body())
+        finally:
+            self.mask_stack.pop()
+        dtype = result.dtype
+        o = self._as(self._value(other, dtype), dtype)
+        return self._cse(f"tl.where({m}, {result}, {o})", dtype, m.axes | result.axes | o.axes)
+
+    def where(self, cond: Any, a: Any, b: Any) -> TValue:
+        c = self._as(self._value(cond), torch.bool)
+        va, vb = self._value(a), self._value(b)
+        if va.const and not vb.const:
+            va = self._value(va.py, vb.dtype)
+        if vb.const and not va.const:
+            vb = self._value(vb.py, va.dtype)
+        dtype = result_dtype("where", ((va.dtype, va.const), (vb.dtype, vb.const)))
+        va, vb = self._as(va, dtype), self._as(vb, dtype)
+        return self._cse(f"tl.where({c}, {va}, {vb})", dtype, c.axes | va.axes | vb.axes)
+
+    def constant(self, value: Any, dtype: torch.dtype) -> TValue:
+        return TValue(constant_expr(value, dtype), dtype, frozenset(), value)
+
+    def to_dtype(self, value: Any, dtype: torch.dtype, *args: Any, **kwargs: Any) -> TValue:
+        return self._as(self._value(value), dtype)
+
+    def getitem(self, value: Any, index: int) -> Any:
+        return value[index]
+
+    # --------------------------------------------------------------------------------- math
+
+    def _math(self, name: str, *args: Any) -> TValue:
+        values = [self._value(a) for a in args]
+        key = tuple((v.dtype, v.const) for v in values)
+        out = result_dtype(name, key)
+        if name in ALWAYS_BOOL:
+            operand = values[0].dtype if len(values) == 1 else result_dtype("add", key)
+        else:
+            operand = out
+        values = [self._as(v, operand) for v in values]
+        if name == "nextafter" and operand in HALF:
+            text = f"k_nextafter_half({values[0]}, {values[1]}, {tl_type(operand)})"
+        else:
+            text = spell(name, compute_dtype(operand), *[v.expr for v in values])
+        if out in HALF and name not in ALWAYS_BOOL:
+            text = convert_expr(text, torch.float32, out)
+        elif out != operand and name not in ALWAYS_BOOL:
+            text = convert_expr(text, operand, out)
+        axes = frozenset().union(*(v.axes for v in values))
+        return self._cse(text, out, axes)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in UNARY_OPS or name in BINARY_OPS:
+            return lambda *args: self._math(name, *args)
+        raise CodegenUnsupported(f"ops.{name}")
+
+    # ---------------------------------------------------------------------------- reduction
+
+    def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: Any) -> Any:
+        v = self._value(value)
+        if self.trivial:
+            return self._reduce_one(dtype, reduction_type, v)
+        if self.level != "r":
+            raise CodegenUnsupported("reduction outside the reduction axis")
+        rmask = "xmask & rmask"
+        xr = frozenset({"x", "r"})
+        if reduction_type in ("argmax", "argmin"):
+            if v.dtype == torch.bool:
+                v = self._as(v, torch.int8)
+            neutral = _extreme(v.dtype, low=reduction_type == "argmax")
+            combine = f"k_{reduction_type}"
+            vm = self._cse(f"tl.where({rmask}, {v}, {neutral})", v.dtype, xr)
+            index = self._cse(f"tl.where({rmask}, rindex, {self.plan.nr})", torch.int32, xr)
+            if not self.looped:
+                _, idx = self._new("_"), self._new("idx")
+                self._emit(f"_, {idx} = tl.reduce(({vm}, {index}), 1, {combine})")
+                return self._x_value(f"{idx}[:, None].to(tl.int64)", torch.int64)
+            acc, acci = self._new("acc"), self._new("acci")
+            section = self.sections[-1]
+            section.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {compute_type(v.dtype)})")
+            section.pre.append(f"{acci} = tl.full([XBLOCK, RBLOCK], {self.plan.nr}, tl.int32)")
+            self._emit(f"{acc}, {acci} = {combine}({acc}, {acci}, {vm}, {index})")
+            idx = self._new("idx")
+            section.post.append(f"_, {idx} = tl.reduce(({acc}, {acci}), 1, {combine})")
+            return self._post_value(f"{idx}[:, None].to(tl.int64)", torch.int64)
+        if reduction_type == "welford_reduce":
+            v = self._as(v, dtype)
+            t = compute_type(dtype)
+            if not self.looped:
+                # a whole row in registers: the two-pass mean and sum of squared deviations
+                mean_v = self._x_value(
+                    f"tl.sum(tl.where({rmask}, {v}, 0.0), 1)[:, None] / {self.plan.nr}", dtype
+                )
+                dev = self._cse(f"tl.where({rmask}, {v} - {mean_v}, 0.0)", dtype, xr)
+                m2_v = self._x_value(f"tl.sum({dev} * {dev}, 1)[:, None]", dtype)
+                weight = self._x_value(f"tl.full([XBLOCK, 1], {self.plan.nr}, {t})", dtype)
+                return (mean_v, m2_v, weight)
+            mean, m2, w = self._new("wmean"), self._new("wm2"), self._new("wweight")
+            section = self.sections[-1]
+            for acc in (mean, m2, w):
+                section.pre.append(f"{acc} = tl.zeros([XBLOCK, RBLOCK], {t})")
+            w1, delta, mean1 = self._new(), self._new(), self._new()
+            self._emit(f"{w1} = {w} + 1")
+            self._emit(f"{delta} = {v} - {mean}")
+            self._emit(f"{mean1} = {mean} + {delta} / {w1}")
+            self._emit(f"{m2} = tl.where({rmask}, {m2} + {delta} * ({v} - {mean1}), {m2})")
+            self._emit(f"{mean} = tl.where({rmask}, {mean1}, {mean})")
+            self._emit(f"{w} = tl.where({rmask}, {w1}, {w})")
+            fm, fm2, fw = self._new("mean"), self._new("m2"), self._new("weight")
+            section.post.append(f"{fm}, {fm2}, {fw} = tl.reduce(({mean}, {m2}, {w}), 1, k_welford)")
+            return tuple(self._post_value(f"{n}[:, None]", dtype) for n in (fm, fm2, fw))
+        if dtype == torch.bool and reduction_type in ("max", "min"):
+            reduction_type = "any" if reduction_type == "max" else "all"
+        if dtype == torch.bool and reduction_type not in ("any", "all"):
+            raise CodegenUnsupported(f"{reduction_type} of bool")
+        if reduction_type in ("any", "all"):
+            # bools reduce as int8 0/1: any is a max, all a min
+            v = self._cse(f"({v} != 0).to(tl.int8)", torch.int8, v.axes)
+            fn = "max" if reduction_type == "any" else "min"
+            neutral = "0" if reduction_type == "any" else "1"
+            dtype_acc, final = torch.int8, f"tl.{fn}({{acc}}, 1)[:, None] != 0"
+            update = f"tl.{fn}imum({{acc}}, {{v}})"
+            result_dtype_ = torch.bool
+        else:
+            v = self._as(v, dtype)
+            dtype_acc, result_dtype_ = dtype, dtype
+            neutral = {
+                "sum": "0",
+                "prod": "1",
+                "max": _extreme(dtype, low=True),
+                "min": _extreme(dtype, low=False),
+            }.get(reduction_type, "")
+            if not neutral:
+                raise CodegenUnsupported(f"reduction {reduction_type}")
+            final = {
+                "sum": "tl.sum({acc}, 1)[:, None]",
+                "prod": "tl.reduce({acc}, 1, k_prod)[:, None]",
+                "max": "tl.reduce({acc}, 1, k_max)[:, None]",
+                "min": "tl.reduce({acc}, 1, k_min)[:, None]",
+            }[reduction_type]
+            update = {
+                "sum": "{acc} + {v}",
+                "prod": "{acc} * {v}",
+                "max": "k_max({acc}, {v})",
+                "min": "k_min({acc}, {v})",
+            }[reduction_type]
+        masked = self._cse(f"tl.where({rmask}, {v}, {neutral})", dtype_acc, xr)
+        if not self.looped:
+            return self._x_value(final.format(acc=masked), result_dtype_)
+        acc = self._new("acc")
+        section = self.sections[-1]
+        section.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {compute_type(dtype_acc)})")
+        self._emit(f"{acc} = {update.format(acc=acc, v=masked)}")
+        return self._post_value(final.format(acc=acc), result_dtype_)
+
+    def _x_value(self, text: str, dtype: torch.dtype) -> TValue:
+        """A reduced value (persistent mode: computed in place, visible to later members)."""
+        return self._cse(text, dtype, frozenset({"x"}))
+
+    def _post_value(self, text: str, dtype: torch.dtype) -> TValue:
+        """A reduced value computed after the reduction loop (looped mode)."""
+        var = self._new()
+        self.sections[-1].post.append(f"{var} = {text}")
+        return TValue(var, dtype, frozenset({"x"}))
+
+    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: TValue) -> Any:
+        if reduction_type in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if reduction_type == "welford_reduce":
+            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        if reduction_type == "any":
+            return self._as(v, torch.bool)
+        return self._as(v, dtype)
+
+    # ------------------------------------------------------------------------------ render
+
+    def _render(self) -> KernelSpec:
+        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
+        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+
+        def clean(lines: list[str]) -> list[str]:
+            out = []
+            for line in lines:
+                if line.startswith(STORE_MARK):
+                    name, _, rest = line[len(STORE_MARK) :].partition("\x00")
+                    if name not in elided:
+                        out.append(rest)
+                else:
+                    out.append(line)
+            return out
+
+        body: list[str] = []
+        for section in self.sections:
+            if section.level == "x":
+                body.extend(clean(section.lines))
+                continue
+            body.extend(section.pre)
+            body.append("for roffset in range(0, rnumel, RBLOCK):")
+            body.append("    rindex = roffset + rbase")
+            body.append("    rmask = rindex < rnumel")
+            body.extend("    " + line for line in clean(section.lines))
+            body.extend(clean(section.post))
+        text = "\n".join(body)
+        params = [n for n in self.param_order if re.search(rf"\bp_{re.escape(n)}\b", text)]
+        plan = self.plan
+        prog = (
+            f"tl.program_id({{axis}}).to({self.index_dtype})"
+            if self.index_dtype == "tl.int64"
+            else ("tl.program_id({axis})")
+        )
+        head: list[str] = []
+        blocks = ["XBLOCK: tl.constexpr"]
+        if plan.kind == "pointwise":
+            head += [
+                f"xnumel = {plan.nx}",
+                f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)",
+                "xmask = xindex < xnumel",
+            ]
+        elif plan.kind == "tiled":
+            blocks = ["YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
+            head += [
+                f"ynumel = {plan.ny}",
+                f"xnumel = {plan.nx}",
+                f"yindex = {prog.format(axis=1)} * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
+                "ymask = yindex < ynumel",
+                f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
+                "xmask = xindex < xnumel",
+            ]
+        else:
+            blocks.append("RBLOCK: tl.constexpr")
+            head += [
+                f"xnumel = {plan.nx}",
+                f"rnumel = {plan.nr}",
+                f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
+                "xmask = xindex < xnumel",
+                "rbase = tl.arange(0, RBLOCK)[None, :]",
+            ]
+            if plan.kind == "persistent":
+                head += ["rindex = rbase", "rmask = rindex < rnumel"]
+        signature = ", ".join([*(f"p_{n}" for n in params), *blocks])
+        members = ", ".join(m.name for m in self.members)
+        lines = [
+            "@triton.jit(debug=True)" if self.debug else "@triton.jit",
+            f"def {self.name}({signature}):",
+            f"    # {plan.kind} kernel for {members}",
+            *("    " + h for h in head),
+            *("    " + b for b in body),
+        ]
+        if not body:
+            lines.append("    pass")
+        return KernelSpec(
+            name=self.name,
+            source="\n".join(lines) + "\n",
+            params=tuple(params),
+            param_dtypes=tuple(self.dtypes[n] for n in params),
+            kind=plan.kind,
+            xnumel=plan.nx,
+            ynumel=plan.ny,
+            rnumel=plan.nr,
+            scratch=tuple(scratch),
+            members=tuple(m.name for m in self.members),
+            atomic=self.atomic,
+            outer=False,
+        )
+
+
+def _extreme(dtype: torch.dtype, *, low: bool) -> str:
+    """The neutral element of max (``low``) or min as Triton source."""
+    if dtype.is_floating_point:
+        return 'float("-inf")' if low else 'float("inf")'
+    if dtype == torch.bool:
+        return "0" if low else "1"
+    info = torch.iinfo(dtype)
+    return str(info.min if low else info.max)
+
+
+def _unit(expr: sympy.Expr, symbol: sympy.Symbol) -> bool:
+    """Does ``expr`` step by exactly 1 as ``symbol`` (or its last digit) steps by 1?"""
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        coeff, rest = term.as_coeff_Mul()
+        if coeff != 1:
+            continue
+        if rest == symbol:
+            return True
+        if isinstance(rest, ModularIndexing) and rest.args[0] == symbol and rest.args[1] == 1:
+            return True
+    return False
+
+
+def build_kernel(
+    name: str,
+    members: Sequence[ComputedBuffer],
+    reads: Sequence[Set[str]],
+    dtypes: dict[str, torch.dtype],
+    internal: set[str],
+    *,
+    index_dtype: str = "tl.int32",
+    debug: bool = False,
+    max_persistent_rblock: int = 4096,
+    allow_tiling: bool = True,
+) -> KernelSpec:
+    """Generate the kernel for one scheduler node's members, choosing how to block it.
+
+    Note [Persistent and looped reductions]: a reduction whose row fits ``max_persistent_rblock``
+    lanes runs *persistent*: the whole row is in registers, every member is one straight line
+    of code, and a member that reads a reduced value (softmax's normalisation reads the row max
+    and sum) just uses it. A longer row runs *looped*: each r-phase is a loop over ``RBLOCK``
+    chunks with lane accumulators, reduced after the loop; a member that reads a reduction
+    finished in the current phase opens a new phase, so the row is walked again. An *outer*
+    reduction (the reduced dim strided, the output dim contiguous, as in ``x.sum(0)``) loops
+    with short ``RBLOCK`` and wide ``XBLOCK`` so each load is a coalesced row segment.
+
+    Note [When to tile]: a pointwise kernel over two or more dims is tiled when one access walks
+    the last dim contiguously and another walks the dim before it (a transpose): a 1-D block
+    would make one of them strided. Otherwise a flat 1-D block is best.
+    """
+    reduction = next((m for m in members if _real_reduction(m)), None)
+    ref = reduction if reduction is not None else members[0]
+    xr, rr = ref.iteration()
+    xsizes = [_int(s) for s in xr]
+    nx = math.prod(xsizes)
+    if nx * math.prod(_int(s) for s in rr) >= 2**31 - 1:
+        # a reduction over a broadcast input can iterate past every buffer's size
+        index_dtype = "tl.int64"
+
+    def gen(plan: Plan) -> tuple[KernelSpec, _Generator]:
+        g = _Generator(name, members, reads, dtypes, internal, plan, index_dtype=index_dtype, debug=debug)
+        return g.generate(), g
+
+    if reduction is not None:
+        nr = math.prod(_int(s) for s in rr)
+        spec, g = gen(Plan("persistent", nx, 1, nr))
+        row = [a for a in g.accesses if a[1].has(RINDEX)]
+        outer = any(_unit(e, XINDEX) for _, e, _ in row) and not any(_unit(e, RINDEX) for _, e, _ in row)
+        if next_pow2(nr) > max_persistent_rblock or (outer and nr > OUTER_PERSISTENT_MAX):
+            spec, g = gen(Plan("looped", nx, 1, nr))
+        return _with_outer(spec, outer)
+    squeezed = [s for s in xsizes if s != 1]
+    if allow_tiling and len(squeezed) >= 2:
+        last = squeezed[-1]
+        ny = nx // last
+        if last >= MIN_TILE and ny >= MIN_TILE and -(-ny // MIN_TILE) <= MAX_GRID_Y:
+            spec, g = gen(Plan("tiled", last, ny))
+            both = [e for _, e, _ in g.accesses if e.has(XINDEX) or e.has(YINDEX)]
+            along_x = any(_unit(e, XINDEX) for e in both)
+            along_y = any(_unit(e, YINDEX) and not _unit(e, XINDEX) for e in both)
+            if along_x and along_y:
+                return spec
+    spec, _ = gen(Plan("pointwise", nx))
+    return spec
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """The kernels one scheduler node runs as, in order, and the temporaries between them (one
+    kernel and none, except for a split reduction: see ``split.py``)."""
+
+    specs: tuple[KernelSpec, ...]
+    temporaries: tuple[ComputedBuffer, ...] = ()
+
+    @property
+    def scratch(self) -> tuple[str, ...]:
+        return tuple(n for s in self.specs for n in s.scratch)
+
+
+def _with_outer(spec: KernelSpec, outer: bool) -> KernelSpec:
+    from dataclasses import replace
+
+    return replace(spec, outer=outer)

@@ -1,0 +1,175 @@
+"""Split reductions: a long reduction with few outputs runs as two kernels.
+
+A reduction kernel gets one program per ``XBLOCK`` outputs. ``x.sum()`` has one output and a
+column sum of a ``(65536, 1024)`` activation (a bias gradient) has sixteen blocks of 64 columns:
+a few programs on a GPU of 132 SMs, each walking a long row alone, reach a few percent of the
+memory bandwidth. Such a reduction is split in two (Note [Split reductions]):
+
+1. a *partial* kernel reduces ``S`` chunks of each row into a buffer ``partial[s, x]`` (``S`` times
+   more programs, each walking ``rnumel / S`` positions);
+2. the reduction's own kernel reduces ``partial`` over ``s`` (a short, persistent reduction) and
+   runs the node's fused epilogue as before.
+
+Both are ordinary loopir IR built here from the original :class:`~kiln_loopir.ir.Reduction`:
+the partial is a Reduction over ranges ``(S, *ranges)`` whose body is the original body at
+reduced position ``s * chunk + r`` (masked past the end), and the second is a Reduction over
+``(S,)`` that loads the partial. sum, prod, max, min and any split this way because reducing
+partial results with the same operation gives the same result (up to float rounding order,
+as in any parallel reduction); Welford and argmax/argmin are left whole.
+
+Note [Split reductions]: only nodes whose members are one reduction followed by x-level
+epilogues are split; a node that also computes r-level values (a fused prologue stored for
+later) keeps one kernel, since those values would have to be computed in the partial kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from kiln_loopir.ir import ComputedBuffer, Reduction
+from kiln_loopir.layout import flexible
+from kiln_loopir.virtualized import ops
+
+from .kernel import _int, _real_reduction, next_pow2, unflatten
+
+SPLITTABLE = ("sum", "prod", "max", "min", "any")
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """The two kernels' members and the partial buffers between them."""
+
+    partials: list[ComputedBuffer]
+    first_reads: list[Set[str]]
+    second: list[ComputedBuffer]
+    second_reads: list[Set[str]]
+    chunks: int
+
+
+def _neutral(reduction_type: str, dtype: torch.dtype) -> Any:
+    if reduction_type == "sum":
+        return 0
+    if reduction_type == "prod":
+        return 1
+    if reduction_type == "any":
+        return False
+    if dtype.is_floating_point:
+        return -math.inf if reduction_type == "max" else math.inf
+    info = torch.iinfo(dtype)
+    return info.min if reduction_type == "max" else info.max
+
+
+def plan_split(
+    members: Sequence[ComputedBuffer],
+    reads: Sequence[Set[str]],
+    *,
+    outer: bool,
+    min_rnumel: int,
+    target_programs: int,
+) -> SplitPlan | None:
+    """How to split this node's reductions (None: it keeps one kernel)."""
+    names = {m.name for m in members}
+    real = [m for m in members if _real_reduction(m)]
+    if not real:
+        return None
+    first = real[0]
+    ranges, rranges = first.iteration()
+    nx = math.prod(_int(s) for s in ranges)
+    rsizes = [_int(s) for s in rranges]
+    nr = math.prod(rsizes)
+    for member, read in zip(members, reads, strict=True):
+        if _real_reduction(member):
+            data = member.data
+            assert isinstance(data, Reduction)
+            if data.reduction_type not in SPLITTABLE or read & names:
+                return None  # Welford/argmax, or a reduction of values this node computes
+        elif member.is_reduction() or math.prod(_int(s) for s in member.iteration()[0]) != nx:
+            return None  # an r-level member: Note [Split reductions]
+    if nr < min_rnumel:
+        return None
+    programs = -(-nx // 64) if outer else nx
+    if programs >= target_programs:
+        return None
+    chunks = min(-(-target_programs // programs), nr // max(1, min_rnumel // 4))
+    chunks = min(next_pow2(chunks), 1024)
+    if chunks < 2:
+        return None
+    chunk = -(-nr // chunks)
+    chunks = -(-nr // chunk)
+    partials: list[ComputedBuffer] = []
+    first_reads: list[Set[str]] = []
+    second: list[ComputedBuffer] = []
+    second_reads: list[Set[str]] = []
+    for member, read in zip(members, reads, strict=True):
+        if not _real_reduction(member):
+            second.append(member)
+            second_reads.append(read)
+            continue
+        data = member.data
+        assert isinstance(data, Reduction)
+        partial = _partial(member, data, ranges, rsizes, chunks, chunk)
+        partials.append(partial)
+        first_reads.append(read)
+        second.append(
+            ComputedBuffer(
+                member.name,
+                member.layout,
+                data=Reduction(
+                    data.device,
+                    data.dtype,
+                    _load_partial(partial),
+                    data.ranges,
+                    (sympy.Integer(chunks),),
+                    data.reduction_type,
+                    data.dtype,
+                ),
+            )
+        )
+        second_reads.append(frozenset({partial.name}))
+    return SplitPlan(partials, first_reads, second, second_reads, chunks)
+
+
+def _partial(
+    red: ComputedBuffer, data: Reduction, ranges: Sequence[Any], rsizes: list[int], chunks: int, chunk: int
+) -> ComputedBuffer:
+    nr = math.prod(rsizes)
+    inner = data.inner_fn
+    neutral = _neutral(data.reduction_type, data.dtype)
+
+    def body(index: Sequence[Any], rindex: Sequence[Any]) -> Any:
+        flat = index[0] * chunk + rindex[0]
+        original = unflatten(flat, rsizes)
+        if chunk * chunks == nr:
+            return inner(index[1:], original)
+        inside = ops.lt(ops.index_expr(flat, torch.int64), ops.constant(nr, torch.int64))
+        return ops.masked(inside, lambda: inner(index[1:], original), ops.constant(neutral, data.src_dtype))
+
+    partial_ranges = (sympy.Integer(chunks), *ranges)
+    return ComputedBuffer(
+        f"{red.name}_partial",
+        flexible(data.device, data.dtype, partial_ranges),
+        data=Reduction(
+            data.device,
+            data.dtype,
+            body,
+            partial_ranges,
+            (sympy.Integer(chunk),),
+            data.reduction_type,
+            data.src_dtype,
+        ),
+    )
+
+
+def _load_partial(partial: ComputedBuffer) -> Any:
+    name, layout = partial.name, partial.layout
+
+    def load(index: Sequence[Any], rindex: Sequence[Any]) -> Any:
+        return ops.load(name, layout.indexer([rindex[0], *index]))
+
+    return load

@@ -1,0 +1,295 @@
+"""The Python wrapper: straight-line code that runs one schedule on the graph's device.
+
+The wrapper is generated as Python source (logged under ``KILN_LOG=output_code``) and ``exec``'d
+once. Its ``call(*inputs)`` does, in schedule order:
+
+* bring each input into the layout the kernels were generated for (a copy only when the caller
+  passes other strides), and take its flat storage (kernels index storage from offset 0);
+* allocate each computed buffer as a flat 1-D tensor of its layout's storage size on the graph's
+  device (the caching allocator, on the current stream), or take over the memory of a freed one
+  per loopir's reuse plan;
+* launch each kernel through its :class:`~kiln_codegen_triton.runtime.Launcher` with the flat
+  tensors of its parameters;
+* call extern aten ops (matmul, convolution: cuBLAS/cuDNN on a GPU) on strided views of the
+  buffers, and bring their results into the layout the IR expects;
+* ``del`` buffers after their last reader, and return the outputs as strided views.
+
+A kernel the generator declined runs through loopir's reference interpreter on CPU copies of
+the tensors it touches (slow, never wrong); ``TritonBackend.last_declined`` says which and why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln_loopir.graph import GraphLowering
+from kiln_loopir.interpret import run_computed
+from kiln_loopir.ir import (
+    Buffer,
+    ComputedBuffer,
+    ConstantBuffer,
+    ExternKernel,
+    InputBuffer,
+    ReinterpretView,
+    Scatter,
+)
+from kiln_loopir.layout import Layout
+from kiln_loopir.scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    NopKernelSchedulerNode,
+    Scheduler,
+)
+
+from .kernel import KernelGroup
+from .runtime import Launcher
+
+
+def _flat(
+    t: torch.Tensor, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> torch.Tensor:
+    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ)."""
+    if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
+        return t.as_strided((n,), (1,), 0)
+    out = torch.empty(n, dtype=t.dtype, device=t.device)
+    out.as_strided(size, stride, offset).copy_(t)
+    return out
+
+
+def _conform(
+    t: torch.Tensor,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    offset: int,
+    *,
+    dtype: torch.dtype,
+    name: str,
+) -> torch.Tensor:
+    """An input given with other strides than at compile time, copied into the expected layout.
+
+    A different shape or dtype is refused: the kernels would read out of place.
+    """
+    if tuple(t.shape) != size or t.dtype != dtype:
+        raise ValueError(f"input {name} was compiled for {list(size)} {dtype}, got {list(t.shape)} {t.dtype}")
+    n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
+    out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
+    out.copy_(t)
+    return out
+
+
+def _layout_args(layout: Layout) -> str:
+    return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
+
+
+def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
+    """Run declined members with loopir's interpreter, on CPU copies of the storage they touch."""
+
+    def run(storage: dict[str, torch.Tensor]) -> None:
+        local = {k: v.cpu() for k, v in storage.items()}
+        for buffer in members:
+            if isinstance(buffer, Scatter):
+                local[buffer.name] = local[buffer.mutates]
+            run_computed(buffer, local)
+        for k, v in storage.items():
+            if v.data_ptr() != local[k].data_ptr():
+                v.copy_(local[k])
+
+    return run
+
+
+class WrapperCodegen:
+    """Builds the wrapper source and its namespace for one schedule."""
+
+    def __init__(
+        self,
+        schedule: Scheduler,
+        graph: GraphLowering,
+        groups: dict[str, KernelGroup | None],
+        launchers: dict[str, Launcher],
+    ) -> None:
+        self.schedule = schedule
+        self.graph = graph
+        self.groups = groups
+        self.launchers = launchers
+        self.lines: list[str] = []
+        self.device = graph.device
+        self.namespace: dict[str, Any] = {
+            "_torch": torch,
+            "_flat": _flat,
+            "_conform": _conform,
+            "_empty": torch.empty,
+            "_device": self.device,
+        }
+        self.consts = 0
+        self.flat_inputs: set[str] = set()
+
+    # ------------------------------------------------------------------------------- pieces
+
+    def const(self, value: Any) -> str:
+        if value is None or isinstance(value, bool | int | str):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return f"_torch.{str(value).removeprefix('torch.')}"
+        if isinstance(value, float) and math.isfinite(value):
+            return repr(value)
+        name = f"_c{self.consts}"
+        self.consts += 1
+        self.namespace[name] = value
+        return name
+
+    def storage(self, name: str) -> str:
+        """The variable holding buffer ``name``'s flat storage."""
+        buffer = self.graph.name_to_buffer.get(name)
+        if isinstance(buffer, InputBuffer | ConstantBuffer):
+            return f"{name}_flat"
+        return name
+
+    def view(self, value: Any) -> str:
+        """Python expression for an extern argument or a graph output."""
+        if isinstance(value, ReinterpretView):
+            return f"{self.storage(value.buffer.name)}.as_strided({_layout_args(value.layout)})"
+        if isinstance(value, InputBuffer | ConstantBuffer):
+            return value.name
+        if isinstance(value, Buffer):
+            return f"{value.name}.as_strided({_layout_args(value.layout)})"
+        if isinstance(value, list):
+            return "[" + ", ".join(self.view(v) for v in value) + "]"
+        if isinstance(value, tuple):
+            inner = ", ".join(self.view(v) for v in value)
+            return f"({inner},)" if len(value) == 1 else f"({inner})"
+        return self.const(value)
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def allocate(self, buffer: Buffer) -> None:
+        n = int(buffer.layout.storage_size())
+        self.emit(f"{buffer.name} = _empty({n}, dtype={self.const(buffer.layout.dtype)}, device=_device)")
+
+    # --------------------------------------------------------------------------------- body
+
+    def generate(self) -> str:
+        graph, plan = self.graph, self.schedule.plan
+        params = [
+            spec.name if spec is not None else f"_unused{i}" for i, spec in enumerate(graph.graph_inputs)
+        ]
+        for spec in graph.graph_inputs:
+            if spec is None:
+                continue
+            layout = spec.layout
+            stride, offset = tuple(layout.int_stride()), int(layout.offset)
+            size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
+            n = spec.name
+            # the kernels index memory with the strides seen at compile time
+            self.emit(
+                f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
+                f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: "
+                f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
+            )
+            self.emit(f"{n}_flat = {n}.as_strided(({int(layout.storage_size())},), (1,), 0)")
+        for name, value in graph.constants.items():
+            layout = graph.name_to_buffer[name].layout
+            on_device = value.to(self.device)
+            self.namespace[name] = on_device
+            self.namespace[f"{name}_flat"] = on_device.as_strided((int(layout.storage_size()),), (1,), 0)
+        reused_sources = {v for v in plan.allocate.values() if v is not None}
+        for step, node in enumerate(self.schedule.nodes):
+            if isinstance(node, ExternKernelSchedulerNode):
+                self.extern(node.node)
+            elif isinstance(node, NopKernelSchedulerNode):
+                self.emit(f"# {node.name}: no elements")
+                if node.node.name in plan.allocate:
+                    self.allocate(node.node)
+            else:
+                self.kernel(node, step)
+            for name in plan.free_after.get(step, ()):
+                if name not in reused_sources and name not in self.schedule.output_names:
+                    self.emit(f"del {name}")
+        self.emit(f"return {self.view(graph.outputs)}")
+        body = self.lines
+        if self.device.type == "cuda" and torch.cuda.device_count() > 1:
+            # Triton launches on the current device: make it the graph's
+            body = [f"with _torch.cuda.device({self.device.index or 0}):", *("    " + b for b in body)]
+        header = ["# kiln codegen_triton wrapper", f"def call({', '.join(params)}):"]
+        return "\n".join([*header, *("    " + b for b in body)]) + "\n"
+
+    def extern(self, kernel: ExternKernel) -> None:
+        op = f"_op_{kernel.name}"
+        self.namespace[op] = kernel.op
+        args = [self.view(a) for a in kernel.args]
+        kwargs = dict(kernel.kwargs)
+        if "device" in kwargs:
+            kwargs["device"] = self.device
+        args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
+        self.emit(f"# extern {kernel.op}")
+        self.emit(f"_r = {op}({', '.join(args)})")
+        for out in kernel.outputs:
+            value = "_r" + "".join(f"[{i}]" for i in out.path)
+            n = int(out.layout.storage_size())
+            self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+        self.emit("del _r")
+
+    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+        plan = self.schedule.plan
+        group = self.groups.get(node.name)
+        members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        scratch = set(group.scratch) if group is not None else {m.name for m in members}
+        temporaries = []
+        for buffer in members:
+            if isinstance(buffer, Scatter):
+                self.emit(f"{buffer.name} = {self.storage(buffer.mutates)}")
+                continue
+            if buffer.name in plan.allocate:
+                reuse = plan.allocate[buffer.name]
+                if reuse is not None:
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    self.emit(f"del {reuse}")
+                else:
+                    self.allocate(buffer)
+            elif buffer.name in scratch:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+        if group is None:
+            self.fallback(node, members)
+        else:
+            for buffer in group.temporaries:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+            for i, spec in enumerate(group.specs):
+                fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
+                self.namespace[fn] = self.launchers[spec.name]
+                args = ", ".join(self.storage(p) for p in spec.params)
+                self.emit(f"{fn}({args})  # {spec.name}")
+        for name in temporaries:
+            self.emit(f"del {name}")
+
+    def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
+        """Run a kernel the Triton generator declined with loopir's interpreter (never wrong)."""
+        names: set[str] = set()
+        for m in node.get_nodes():
+            names |= m.read_names() | m.write_names()
+        entries = []
+        for name in sorted(names):
+            if name in self.graph.name_to_buffer:
+                entries.append(f"{name!r}: {self.storage(name)}")
+        fn = f"_interpret_{node.name}"
+        self.namespace[fn] = _interpreter(members)
+        self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
+
+
+def make_wrapper(
+    schedule: Scheduler,
+    graph: GraphLowering,
+    groups: dict[str, KernelGroup | None],
+    launchers: dict[str, Launcher],
+) -> tuple[Callable[..., Any], str]:
+    """(the ``call`` function, its source)."""
+    gen = WrapperCodegen(schedule, graph, groups, launchers)
+    source = gen.generate()
+    namespace = gen.namespace
+    exec(compile(source, "<kiln-triton-wrapper>", "exec"), namespace)
+    return namespace["call"], source

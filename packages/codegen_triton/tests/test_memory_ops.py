@@ -1,0 +1,81 @@
+"""Masked loads (cat, pad), indirect indexing (index, gather, embedding) with the debug-mode
+bounds assert, scatter with atomics, creation ops and extern fallbacks through Triton."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from triton_check import DEVICES, aten, check, make
+
+from kiln_codegen_triton import TritonBackend, interpreting
+from kiln_loopir import compile_graph
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool], ids=str)
+def test_cat_and_pad(dtype: torch.dtype, device: str) -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        c = aten.cat.default([a, b], 1)
+        p = aten.constant_pad_nd.default(a, [2, 1, 0, 3], 0)
+        return c, p, aten.cat.default([a, a, b], 1)
+
+    check(fn, make((5, 7), dtype), make((5, 3), dtype), device=device)
+
+
+def _gathers(x: torch.Tensor, idx: torch.Tensor, g: torch.Tensor, w: torch.Tensor, tok: torch.Tensor) -> Any:
+    a = aten.index.Tensor(x, [idx])
+    b = aten.gather.default(x, 1, g)
+    e = aten.embedding.default(w, tok)
+    return a, b, aten.sum.dim_IntList(e, [2])  # an indirect load feeding a reduction
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("debug", [False, True])
+def test_indirect_indexing(debug: bool, device: str) -> None:
+    x = make((10, 12))
+    idx = torch.tensor([0, 9, -1, 3, -10])  # negative indices wrap
+    g = torch.randint(0, 12, (10, 4))
+    w = make((50, 16))
+    tok = torch.randint(0, 50, (3, 7))
+    backend = check(_gathers, x, idx, g, w, tok, device=device, backend=TritonBackend(debug=debug))
+    assert ("device_assert(" in backend.last_source) == debug
+
+
+@pytest.mark.skipif(not interpreting(), reason="a device assert on a GPU poisons the CUDA context")
+def test_out_of_range_index_asserts_in_debug_mode() -> None:
+    gm = torch.fx.symbolic_trace(lambda x, i: aten.index.Tensor(x, [i]))
+    x, bad = make((10, 4)), torch.tensor([1, 12])
+    compiled = compile_graph(gm, [x, bad], backend=TritonBackend(debug=True))
+    with pytest.raises(Exception, match="index out of bounds"):  # the interpreter wraps IndexError
+        compiled(x, bad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scatter_and_index_put(device: str) -> None:
+    def fn(
+        x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor, rows: torch.Tensor, vals: torch.Tensor
+    ) -> Any:
+        s = aten.scatter.src(x, 1, idx, src)
+        acc = aten.index_put.default(x, [rows], vals, True)  # duplicates accumulate: atomics
+        first, one = aten.slice.Tensor(rows, 0, 0, 1), aten.slice.Tensor(vals, 0, 0, 1)
+        return s, acc, aten.index_put.default(x, [first], one, False)
+
+    x = make((6, 5))
+    idx = torch.stack([torch.randperm(5)[:3] for _ in range(6)])
+    rows = torch.tensor([1, 4, 1, 0])
+    check(fn, x, idx, make((6, 3)), rows, make((4, 5)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_creation_and_extern_ops(device: str) -> None:
+    def fn(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> Any:
+        mm = aten.mm.default(a, b)  # extern: cuBLAS on a GPU
+        act = aten.relu.default(aten.add.Tensor(mm, bias))  # epilogue kernel over the extern result
+        z = aten.zeros.default([4, 3], dtype=torch.float32, device=a.device)
+        r = aten.arange.default(10, dtype=torch.int64, device=a.device)
+        cs = aten.cumsum.default(act, 1)  # no lowering: an extern call
+        return act, z, r, cs
+
+    check(fn, make((8, 16)), make((16, 12)), make((12,)), device=device)

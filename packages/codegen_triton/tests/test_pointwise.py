@@ -1,0 +1,162 @@
+"""Pointwise lowerings x dtypes through Triton against eager, and how pointwise kernels are blocked.
+
+Each sweep builds one graph holding every op that eager supports for a dtype (one module per
+dtype), with outputs named so a failure says which op and dtype differed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from triton_check import DEVICES, In, aten, check, eager_supports, graph_of, kinds, make
+
+from kiln_codegen_triton import TritonBackend
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
+
+UNARY = [
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin",
+    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sigmoid", "erf", "erfc", "erfinv", "floor", "ceil", "round", "trunc", "sign", "frac",
+    "isnan", "isinf", "logical_not", "relu", "reciprocal", "bitwise_not", "signbit", "square",
+    "lgamma", "gelu", "silu", "hardtanh", "leaky_relu", "elu", "softplus", "hardsigmoid",
+    "hardswish", "mish",
+]  # fmt: skip
+
+BINARY = [
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "maximum.default", "minimum.default",
+    "fmax.default", "fmin.default", "eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor",
+    "ge.Tensor", "logical_and.default", "logical_or.default", "logical_xor.default",
+    "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor", "pow.Tensor_Tensor",
+    "atan2.default", "fmod.Tensor", "remainder.Tensor", "floor_divide.default", "copysign.Tensor",
+    "hypot.default", "nextafter.default",
+]  # fmt: skip
+
+
+def _op(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(aten, packet), overload or "default")
+
+
+def _sweep(ops: list[str], inputs: list[torch.Tensor], dtype: torch.dtype, device: str) -> None:
+    picked = [name for name in ops if eager_supports(_op(name), *inputs)]
+    assert picked, f"no op runs eagerly on {dtype}"
+    args = tuple(In(i) for i in range(len(inputs)))
+    gm = graph_of([(_op(name), args, {}) for name in picked], len(inputs))
+    check(gm, *inputs, device=device, names=[f"{name}/{dtype}" for name in picked])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_unary_ops(dtype: torch.dtype, device: str) -> None:
+    x = make((7, 37), dtype, low=-3, high=3)
+    if dtype.is_floating_point:
+        x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.5])
+    _sweep(UNARY, [x], dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_binary_ops(dtype: torch.dtype, device: str) -> None:
+    a = make((5, 33), dtype, low=-4, high=4)
+    b = make((5, 33), dtype, low=-4, high=4, exclude_zero=True)
+    if dtype.is_floating_point:
+        a[0, :3] = torch.tensor([float("nan"), 1.0, float("inf")])
+        b[0, :3] = torch.tensor([1.0, float("nan"), 2.0])
+    _sweep(BINARY, [a, b], dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_declined_kernel_runs_in_the_interpreter(device: str) -> None:
+    """A kernel without a Triton spelling (a bfloat16 atomic add) is declined by name and still
+    computed right, by loopir's interpreter on CPU copies of its buffers."""
+    x, rows, vals = make((6, 5), torch.bfloat16), torch.tensor([1, 4, 1]), make((3, 5), torch.bfloat16)
+    gm = graph_of([(aten.index_put.default, (In(0), [In(1)], In(2), True), {})], 3)
+    backend = check(gm, x, rows, vals, device=device, allow_declined=True)
+    assert len(backend.last_declined) == 1 and "atomic add" in backend.last_declined[0][1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_chain_is_one_1d_kernel(device: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> Any:
+        a = aten.add.Tensor(aten.mul.Tensor(x, y), b)  # b broadcasts along rows
+        g = aten.gelu.default(a)
+        return aten.where.self(aten.gt.Scalar(g, 0.1), g, aten.tanh.default(a))
+
+    backend = check(fn, make((16, 40)), make((16, 40)), make((40,)), device=device)
+    assert kinds(backend) == ["pointwise"]
+    assert "libdevice.tanh" in backend.last_source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_transpose_is_tiled(dtype: torch.dtype, device: str) -> None:
+    def fn(x: torch.Tensor) -> Any:
+        t = aten.permute.default(x, [0, 2, 1])
+        return aten.add.Tensor(aten.clone.default(t, memory_format=torch.contiguous_format), 1.0)
+
+    backend = check(fn, make((3, 40, 24), dtype), device=device)
+    assert kinds(backend) == ["tiled"]
+    untiled = check(fn, make((3, 40, 24), dtype), device=device, backend=TritonBackend(allow_tiling=False))
+    assert kinds(untiled) == ["pointwise"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_half_types_compute_in_float32(device: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        return aten.mul.Tensor(aten.exp.default(x), y), aten.add.Tensor(aten.to.dtype(x, torch.float16), 1)
+
+    backend = check(fn, make((8, 8), torch.bfloat16), make((8, 8), torch.bfloat16), device=device)
+    # loads widen to float32, results are rounded to the half type where eager rounds
+    assert ".to(tl.float32)" in backend.last_source
+    assert ".to(tl.bfloat16).to(tl.float32)" in backend.last_source
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_scalars_broadcast_and_constants(device: str) -> None:
+    def fn(x: torch.Tensor, s: torch.Tensor, col: torch.Tensor) -> Any:
+        a = aten.mul.Tensor(x, s)  # 0-dim tensor: an index without loop variables
+        b = aten.add.Tensor(x, col)  # (n, 1) broadcast along columns
+        c = aten.full.default([3, 5], 2.5, dtype=torch.float32, device=x.device)
+        d = aten.arange.start_step(0, 12, 3, dtype=torch.int64, device=x.device)
+        e = aten.clamp.default(x, -0.5, 0.5)
+        return a, b, c, d, e, aten.masked_fill.Scalar(x, aten.gt.Scalar(x, 1.0), float("-inf"))
+
+    check(fn, make((6, 11)), make(()), make((6, 1)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_and_offset_inputs(device: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        return aten.add.Tensor(x, y)
+
+    base = make((10, 24))
+    x = base[2:8, ::2]  # storage offset and a stride of 2
+    y = make((12, 6)).t()
+    gm = graph_of([(aten.add.Tensor, (In(0), In(1)), {})], 2)
+    check(gm, x, y, device=device)
+    check(fn, x.contiguous(), y.contiguous(), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int32_indexing_unless_large(device: str) -> None:
+    gm = graph_of([(aten.relu.default, (In(0),), {})], 1)
+    backend = check(gm, make((64,)), device=device)
+    assert "tl.program_id(0) * XBLOCK" in backend.last_source  # int32 block index
+    # a graph with 2**31 elements of storage indexes in int64; compiled only (not run: 8 GB)
+    from kiln_codegen_triton.backend import _index_dtype
+    from kiln_loopir.graph import GraphLowering
+
+    big = torch.empty_strided((2**31,), (1,), device="meta")
+    assert _index_dtype(GraphLowering(gm, [big]).run()) == "tl.int64"

@@ -1,0 +1,153 @@
+"""Reductions through Triton against eager: every reduction type, persistent and looped blocks,
+outer (column) reductions, Welford statistics and fused prologues and epilogues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from triton_check import DEVICES, aten, check, kinds, make
+
+from kiln_codegen_triton import TritonBackend
+
+# (name, function of x) for every reduction the lowerings produce
+REDUCTIONS: list[tuple[str, Any]] = [
+    ("sum", lambda x: aten.sum.dim_IntList(x, [1])),
+    ("mean", lambda x: aten.mean.dim(x, [1])),
+    ("amax", lambda x: aten.amax.default(x, [1])),
+    ("amin", lambda x: aten.amin.default(x, [1])),
+    ("argmax", lambda x: aten.argmax.default(x, 1)),
+    ("argmin", lambda x: aten.argmin.default(x, 1)),
+    ("prod", lambda x: aten.prod.dim_int(x, 1)),
+    ("any", lambda x: aten.any.dim(x, 1)),
+    ("all", lambda x: aten.all.dim(x, 1)),
+    ("var", lambda x: aten.var.correction(x, [1], correction=1)),
+    ("var_mean", lambda x: aten.var_mean.correction(x, [1], correction=0)),
+]
+
+
+def _all_reductions(x: torch.Tensor) -> Any:
+    return tuple(fn(x) for _, fn in REDUCTIONS)
+
+
+NAMES = [n for n, _ in REDUCTIONS]
+
+# the two ways to reduce a row: whole row in registers, or a loop of RBLOCK chunks
+BLOCKINGS = {"persistent": {}, "looped": {"max_persistent_rblock": 8}}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+def test_every_reduction(blocking: str, device: str) -> None:
+    x = make((6, 37), low=-1.5, high=1.5)
+    x[1, 5] = x[1, 9] = 3.0  # a tie: argmax takes the first
+    x[2, 3] = float("nan")  # max/argmax propagate NaN
+    backend = check(_all_reductions, x, device=device, backend=TritonBackend(**BLOCKINGS[blocking]))
+    assert set(kinds(backend)) == {blocking}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool], ids=str
+)
+def test_reductions_by_dtype(dtype: torch.dtype, device: str) -> None:
+    def fn(x: torch.Tensor) -> Any:
+        out = [aten.sum.dim_IntList(x, [1]), aten.amax.default(x, [1]), aten.any.dim(x, 1)]
+        if dtype != torch.bool:
+            out.append(aten.argmin.default(x, 1))
+        if dtype.is_floating_point:
+            out += [aten.mean.dim(x, [1]), aten.var.correction(x, [1], correction=1)]
+        return tuple(out)
+
+    x = make((5, 23), dtype, low=-3, high=3)
+    for blocking in BLOCKINGS.values():
+        check(fn, x, device=device, backend=TritonBackend(**blocking), scale=4.0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_softmax_and_layer_norm_are_one_kernel(device: str) -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        sm = aten._softmax.default(x, 1, False)
+        lsm = aten._log_softmax.default(x, 1, False)
+        ln = aten.native_layer_norm.default(x, [x.shape[1]], w, b, 1e-5)
+        return sm, lsm, ln[0]
+
+    x, w, b = make((8, 50)), make((50,)), make((50,))
+    backend = check(fn, x, w, b, device=device)
+    assert kinds(backend) == ["persistent"]
+    looped = check(fn, x, w, b, device=device, backend=TritonBackend(max_persistent_rblock=16))
+    assert kinds(looped) == ["looped"]
+    # the looped kernel walks each row once per pass: softmax reads its max, then its sum
+    assert looped.last_source.count("for roffset in range") >= 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [20, 300])
+def test_outer_reduction(rows: int, device: str) -> None:
+    """x.sum(0): the reduced dim is strided; short persistent rows or a looped tile of columns."""
+
+    def fn(x: torch.Tensor) -> Any:
+        return aten.sum.dim_IntList(x, [0]), aten.amax.default(x, [0]), aten.mean.dim(x, [0, 2])
+
+    backend = check(fn, make((rows, 24, 5)), device=device)
+    assert backend.last_specs[0].outer
+    assert kinds(backend)[0] == ("persistent" if rows <= 32 else "looped")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_full_reduction_and_epilogue(device: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        total = aten.sum.default(aten.mul.Tensor(x, y))  # prologue fused into the reduction
+        norm = aten.div.Tensor(x, aten.sqrt.default(total))  # epilogue reads the scalar
+        rows = aten.add.Tensor(aten.amax.default(x, [1], True), 1.0)  # epilogue on the reduced value
+        return total, norm, rows
+
+    check(fn, make((9, 70), low=0.1, high=1), make((9, 70), low=0.1, high=1), device=device)
+    check(
+        fn,
+        make((9, 70), low=0.1, high=1),
+        make((9, 70), low=0.1, high=1),
+        device=device,
+        backend=TritonBackend(max_persistent_rblock=64),
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduction_over_one_element_and_broadcast_input(device: str) -> None:
+    def fn(x: torch.Tensor, v: torch.Tensor) -> Any:
+        one = aten.sum.dim_IntList(x, [1])  # x is (n, 1): nothing to reduce
+        expanded = aten.expand.default(v, [7, 12])
+        return one, aten.sum.dim_IntList(expanded, [0]), aten.argmax.default(expanded, 1)
+
+    check(fn, make((7, 1)), make((12,)), device=device)
+
+
+SPLIT = {"split_min_rnumel": 64, "split_target_programs": 16}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("blocking", list(BLOCKINGS))
+def test_split_reductions(blocking: str, device: str) -> None:
+    """A long reduction with few outputs runs as a partial kernel and a final one."""
+
+    def fn(x: torch.Tensor, c: torch.Tensor) -> Any:
+        total = aten.sum.default(x)
+        top = aten.amax.default(x, [0, 1])
+        cols = aten.sum.dim_IntList(c, [0])  # outer: 5 columns, 700 rows
+        scaled = aten.mul.Tensor(aten.amin.default(c, [0]), 3.0)  # epilogue after the split
+        anyneg = aten.any.dim(aten.lt.Scalar(c, -1.9), 0)
+        return total, top, cols, scaled, anyneg
+
+    backend = TritonBackend(**SPLIT, **BLOCKINGS[blocking])
+    check(fn, make((31, 23)), make((700, 5)), device=device, backend=backend)
+    partials = [s for s in backend.last_specs if s.name.endswith("_partial")]
+    assert len(partials) == 2 and len(backend.last_specs) == 4  # a full and a column kernel, split
+    # Welford statistics are not split
+    var = check(
+        lambda x: aten.var.correction(x, [0], correction=1),
+        make((700, 5)),
+        device=device,
+        backend=TritonBackend(**SPLIT),
+    )
+    assert not any(s.name.endswith("_partial") for s in var.last_specs)

@@ -1,0 +1,131 @@
+"""The wrapper and the modes: buffer reuse, strided outputs, extern calls, the on-disk caches,
+max-autotune, CUDA graphs (on a GPU) and the output_code log."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from triton_check import DEVICES, aten, check, make, to_device
+
+from kiln_codegen_triton import TritonBackend, counters
+from kiln_loopir import compile_graph
+
+
+def _chain(x: torch.Tensor, w: torch.Tensor) -> Any:
+    h = aten.mm.default(x, w)
+    a = aten.relu.default(h)
+    s = aten._softmax.default(a, 1, False)
+    m = aten.mm.default(s, aten.permute.default(w, [1, 0]))
+    return aten.add.Tensor(m, x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reuse_plan_and_stats(device: str) -> None:
+    gm = torch.fx.symbolic_trace(_chain)
+    x, w = to_device([make((8, 16)), make((16, 16))], device)
+    compiled = compile_graph(gm, [x, w], backend="triton")
+    torch.testing.assert_close(compiled(x, w), gm(x, w))
+    assert compiled.stats.extern_calls == 2 and compiled.stats.kernels >= 2
+    assert compiled.stats.reused >= 1  # a freed buffer's memory is taken over
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_outputs_are_views_with_eager_strides(device: str) -> None:
+    def fn(x: torch.Tensor) -> Any:
+        y = aten.mul.Tensor(x, 2.0)
+        return (
+            aten.permute.default(y, [1, 0]),
+            aten.slice.Tensor(y, 1, 2, 6),
+            aten.expand.default(aten.slice.Tensor(y, 0, 0, 1), [3, 9]),
+        )
+
+    x = to_device(make((5, 9)), device)
+    gm = torch.fx.symbolic_trace(fn)
+    compiled = compile_graph(gm, [x], backend="triton")
+    for got, want in zip(compiled(x), gm(x), strict=True):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride() and got.device == want.device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_autotune_times_configs_once_and_caches_on_disk(device: str, cache_root: str) -> None:
+    def fn(x: torch.Tensor) -> Any:
+        return aten.gelu.default(x), aten.sum.dim_IntList(x, [1])
+
+    x = make((32, 300))
+    before = dict(counters)
+    backend = check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"), calls=2)
+    tuned = len(backend.last_launchers)
+    assert tuned >= 1 and counters["autotuned"] - before["autotuned"] == tuned  # first call only
+    chosen = [launcher.config for launcher in backend.last_launchers.values()]
+    assert all(c is not None for c in chosen)
+    records = list((Path(cache_root) / "triton" / "autotune").glob("*.json"))
+    assert len(records) >= tuned and "config" in json.loads(records[0].read_text())
+    # a new compilation (another process, say) reads the choices instead of timing again
+    again = check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"))
+    assert counters["autotune_hits"] - before["autotune_hits"] == tuned
+    assert [launcher.config for launcher in again.last_launchers.values()] == chosen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_generated_module_is_cached_and_logged(
+    device: str, cache_root: str, caplog: Any, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("KILN_LOG", "output_code")
+    x = make((4, 50))
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.output_code"):
+        backend = check(lambda t: aten.sigmoid.default(aten.exp.default(t)), x, device=device)
+    path = Path(backend.last_module_path)
+    assert path.is_relative_to(Path(cache_root)) and path.read_text() == backend.last_source
+    assert "@triton.jit" in caplog.text and "def call(" in caplog.text
+    written = counters["modules_written"]
+    check(lambda t: aten.sigmoid.default(aten.exp.default(t)), x, device=device)
+    assert counters["modules_written"] == written  # same source: loaded, not written again
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown mode"):
+        TritonBackend(mode="fastest")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduce_overhead(device: str) -> None:
+    """CUDA graphs on a GPU: record on the second call, replay after, right for new addresses."""
+    gm = torch.fx.symbolic_trace(_chain)
+    x, w = to_device([make((8, 16)), make((16, 16))], device)
+    backend = TritonBackend(mode="reduce-overhead")
+    compiled = compile_graph(gm, [x, w], backend=backend)
+    runner = backend.last_cudagraphs
+    if device == "cpu":
+        assert runner is None  # no CUDA graphs off a GPU: the plain wrapper runs
+    outputs = []
+    for i in range(4):
+        xi, wi = x + i, w * (i + 1)  # fresh tensors at new addresses every call
+        outputs.append(compiled(xi, wi))
+        torch.testing.assert_close(outputs[-1], gm(xi, wi))
+    # outputs are copies: a later replay does not overwrite what an earlier call returned
+    torch.testing.assert_close(outputs[0], gm(x, w))
+    if device == "cuda":
+        assert runner is not None and runner.recordings == 1 and runner.replays == 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphs_that_mutate_inputs_are_not_recorded(device: str) -> None:
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        aten.add_.Tensor(x, y)  # mutates its input: a CUDA graph would mutate a static copy
+        return aten.mul.Tensor(x, 2.0)
+
+    x, y = to_device([make((3, 4)), make((3, 4))], device)
+    gm = torch.fx.symbolic_trace(fn)
+    backend = TritonBackend(mode="reduce-overhead")
+    compiled = compile_graph(gm, [x.clone(), y], backend=backend)
+    assert backend.last_cudagraphs is None
+    for _ in range(3):
+        mine, theirs = x.clone(), x.clone()
+        torch.testing.assert_close(compiled(mine, y), gm(theirs, y))
+        torch.testing.assert_close(mine, theirs)

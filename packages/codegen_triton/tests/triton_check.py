@@ -1,0 +1,144 @@
+"""The one helper every codegen_triton test compares with eager through, and the device list.
+
+``check(fn, *inputs, device=...)`` traces ``fn`` (a function calling ``torch.ops.aten.*``, or a
+ready GraphModule), moves the inputs to ``device``, runs the graph eagerly and through
+``compile_graph(..., backend=TritonBackend(...))``, and compares every output with tolerances
+chosen by dtype (integers and bools exactly). ``names`` labels the outputs so a failure says
+which op differed. It returns the backend, whose ``last_specs`` say how each kernel was built.
+
+``DEVICES`` is ``["cpu"]`` under Triton's interpreter (CI) and ``["cuda"]`` on a GPU machine, so
+every test runs on whatever can execute Triton kernels here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln_codegen_triton import TritonBackend, interpreting
+from kiln_loopir import compile_graph
+
+aten = torch.ops.aten
+
+DEVICES = ["cpu"] if interpreting() else ["cuda"]
+
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float32: (2e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule:
+    return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
+
+
+@dataclass(frozen=True)
+class In:
+    """Placeholder ``index`` of a graph built by :func:`graph_of`."""
+
+    index: int
+
+
+Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
+    """A graph of ``n_inputs`` placeholders and one output per ``(op, args, kwargs)`` call."""
+    g = torch.fx.Graph()
+    xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
+    outs = []
+
+    def arg(p: Any) -> Any:
+        if isinstance(p, In):
+            return xs[p.index]
+        return [arg(q) for q in p] if isinstance(p, list) else p
+
+    for op, positions, extra in calls:
+        args = tuple(arg(p) for p in positions)
+        outs.append(g.call_function(op, args, extra))
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def assert_same(actual: Any, expected: Any, label: str = "output", scale: float = 1.0) -> None:
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{label}: got {type(actual)}"
+        assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
+        assert actual.device == expected.device, f"{label}: device {actual.device} != {expected.device}"
+        rtol, atol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
+        torch.testing.assert_close(
+            actual,
+            expected,
+            rtol=rtol * scale,
+            atol=atol * scale,
+            equal_nan=True,
+            msg=lambda m: f"{label}: {m}",
+        )
+    elif isinstance(expected, list | tuple):
+        assert isinstance(actual, list | tuple) and len(actual) == len(expected), label
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, f"{label}[{i}]", scale)
+    else:
+        assert actual == expected, f"{label}: {actual!r} != {expected!r}"
+
+
+def to_device(value: Any, device: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, list | tuple):
+        return type(value)(to_device(v, device) for v in value)
+    return value
+
+
+def check(
+    fn: Callable[..., Any] | torch.fx.GraphModule,
+    *inputs: Any,
+    device: str,
+    names: Sequence[str] | None = None,
+    scale: float = 1.0,
+    allow_declined: bool = False,
+    backend: TritonBackend | None = None,
+    calls: int = 1,
+) -> TritonBackend:
+    """Compile ``fn`` for ``inputs`` on ``device`` with the triton backend, compare with eager."""
+    gm = trace(fn)
+    inputs = tuple(to_device(list(inputs), device))
+    expected = gm(*inputs)  # graphs are functional: inputs are not mutated
+    backend = backend or TritonBackend()
+    compiled = compile_graph(gm, list(inputs), backend=backend)
+    for _ in range(calls):
+        actual = compiled(*inputs)
+        if names is not None and isinstance(expected, tuple):
+            for name, a, e in zip(names, actual, expected, strict=True):
+                assert_same(a, e, name, scale)
+        else:
+            assert_same(actual, expected, "output", scale)
+    if not allow_declined:
+        assert backend.last_declined == [], backend.last_declined
+    return backend
+
+
+def make(
+    shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, low: float = -2, high: float = 2, **kw: Any
+) -> torch.Tensor:
+    return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=low, high=high, **kw)
+
+
+def eager_supports(op: Any, *args: Any) -> bool:
+    try:
+        op(*args)
+    except Exception:
+        return False
+    return True
+
+
+def kinds(backend: TritonBackend) -> list[str]:
+    """How each kernel of the last compilation was blocked."""
+    return [s.kind for s in backend.last_specs]
