@@ -76,8 +76,8 @@ def test_unsupported_options_are_clear_errors() -> None:
     model, _ = _fresh()
     with pytest.raises(NotImplementedError, match="dynamic shapes"):
         kiln.compile(model, dynamic=True)
-    with pytest.raises(NotImplementedError, match="max-autotune"):
-        kiln.compile(model, mode="max-autotune")
+    with pytest.raises(ValueError, match=r"unknown kiln\.compile mode 'fastest'"):
+        kiln.compile(model, mode="fastest")
     with pytest.raises(ValueError, match=r"unknown kiln\.compile options"):
         kiln.compile(model, options={"fast": True})
     with pytest.raises(ValueError, match="unknown backend"):
@@ -121,7 +121,15 @@ def test_compile_log_has_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         kiln.compile(model)(x)
     (record,) = kiln.compile_log()
     assert record.nodes > 0 and record.frame.startswith("forward (")
-    assert set(record.phases) == {"capture", "aotgrad", "lower", "schedule", "codegen", "compile"}
+    assert set(record.phases) == {
+        "capture",
+        "aotgrad",
+        "lower",
+        "schedule",
+        "codegen",
+        "compile",
+        "first run",
+    }
     assert all(v > 0 for v in record.phases.values()), record.phases
     assert record.cache == {"compile": "compiled"}
     # The same graph compiled again in this process reuses the loaded kernels.
@@ -164,3 +172,20 @@ def test_capture_stats_counts_graphs() -> None:
         kiln.compile(model)(x)
     stats = kiln.capture_stats()
     assert stats.graphs == 1 and stats.frames_not_captured == []
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])
+def test_every_torch_compile_mode_compiles_on_the_cpu(mode: str) -> None:
+    # Note [Modes]: on the CPU a mode changes nothing kiln generates; the result is still right.
+    model, x = _fresh()
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, mode=mode)(x), model(x))
+
+
+def test_cuda_graphs_get_a_triton_backend_with_the_mode() -> None:
+    from kiln.backends import _codegen
+    from kiln_codegen_triton import TritonBackend
+
+    chosen = _codegen(torch.device("cuda"), "max-autotune")
+    assert isinstance(chosen, TritonBackend) and chosen.mode == "max-autotune"
+    assert _codegen(torch.device("cpu"), "max-autotune") == "cpp"

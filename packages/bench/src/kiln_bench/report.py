@@ -44,7 +44,7 @@ def _graphs(r: Result) -> str:
 
 
 # kiln's compile phases in pipeline order (kiln.backends.PHASES).
-_PHASE_ORDER = ("capture", "aotgrad", "lower", "schedule", "codegen", "compile")
+_PHASE_ORDER = ("capture", "aotgrad", "lower", "schedule", "codegen", "compile", "first run")
 
 
 def _phases(r: Result) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import kiln_dynamo
-from kiln.backends import BACKENDS, COMPILE_LOG, GraphCompile, make_backend
+from kiln.backends import BACKENDS, COMPILE_LOG, MODES, GraphCompile, make_backend
 
 _OPTIONS = frozenset({"strict"})
 
@@ -32,8 +32,8 @@ def compile(
         raise NotImplementedError(
             "kiln.compile(dynamic=True): dynamic shapes are not built yet; shapes are static"
         )
-    if mode not in (None, "default"):
-        raise NotImplementedError(f"kiln.compile(mode={mode!r}) is not built yet; only the default mode is")
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"unknown kiln.compile mode {mode!r}; expected one of {MODES}")
     unknown = set(options or {}) - _OPTIONS
     if unknown:
         raise ValueError(f"unknown kiln.compile options {sorted(unknown)}; supported: {sorted(_OPTIONS)}")
@@ -41,7 +41,7 @@ def compile(
     if isinstance(backend, str):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a callable")
-        resolved: Callable[..., Any] = make_backend(backend, strict=strict)
+        resolved: Callable[..., Any] = make_backend(backend, strict=strict, mode=mode)
     elif callable(backend):
         resolved = backend
     else:
