@@ -17,7 +17,7 @@ import torch
 import torch.fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
-from triton_check import DEVICES, assert_same, to_device
+from triton_check import DEVICES, assert_same, graph_to_device, to_device
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
@@ -133,6 +133,7 @@ def test_opinfo(op: Any, device: str) -> None:
             except NotRecordable:
                 continue
             inputs = to_device(inputs, device)
+            gm = graph_to_device(gm, device)
             expected = gm(*inputs)
             backend = TritonBackend()
             actual = compile_graph(gm, inputs, backend=backend)(*inputs)

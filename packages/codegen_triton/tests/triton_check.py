@@ -89,6 +89,16 @@ def assert_same(actual: Any, expected: Any, label: str = "output", scale: float 
         assert actual == expected, f"{label}: {actual!r} != {expected!r}"
 
 
+def graph_to_device(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
+    """Point the ``device`` arguments a recorded graph baked in (creation ops recorded from CPU
+    samples) at ``device``, so the graph computes where its inputs are moved."""
+    for node in gm.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device | str):
+            node.kwargs = {**node.kwargs, "device": torch.device(device)}
+    gm.recompile()
+    return gm
+
+
 def to_device(value: Any, device: str) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.fx
 from helpers import assert_same, aten, check, make
 
 from kiln_loopir import compile_graph
+from kiln_loopir.graph import GraphLowering
 
 
 def _graph_module(graph: torch.fx.Graph, **attrs: torch.Tensor) -> torch.fx.GraphModule:
@@ -69,3 +71,20 @@ def test_data_dependent_extern_output_shape_from_example() -> None:
     assert compiled.stats.extern_calls == 1
     with pytest.raises(RuntimeError, match="depends on the data"):
         compiled(torch.tensor([[1.0, -1.0], [-2.0, 3.0]]))
+
+
+def test_created_tensors_live_on_the_device_they_ask_for() -> None:
+    # A creation op's device argument wins over the graph's device (the device of its inputs);
+    # "meta" stands in here for a CUDA tensor created in a graph whose inputs are on the CPU.
+    def f(x: torch.Tensor) -> Any:
+        meta = torch.device("meta")
+        return (
+            aten.add.Tensor(x, 1),
+            aten.arange.default(6, dtype=torch.float32, device=meta),
+            aten.full.default([2, 3], 1.5, device=meta, dtype=torch.float32),
+            aten.zeros_like.default(x, device=meta),
+            aten.ones_like.default(x),
+        )
+
+    graph = GraphLowering(torch.fx.symbolic_trace(f), [torch.randn(3)]).run()
+    assert [o.get_device().type for o in graph.outputs] == ["cpu", "meta", "meta", "meta", "cpu"]

@@ -28,10 +28,21 @@ def _meta() -> torch.Tensor:
     return meta
 
 
-def _filled(value: Any) -> TensorBox:
+def _device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
+    """Where a created tensor lives: its ``device`` argument, else the tensor it is made like
+    (``*_like``, ``new_*``), else the graph's device (a graph without tensor inputs that creates
+    a CUDA tensor must not make it on the CPU)."""
+    if kwargs.get("device") is not None:
+        return torch.device(kwargs["device"])
+    for a in args:
+        if isinstance(a, TensorBox):
+            return a.get_device()
+    return current_graph().device
+
+
+def _filled(value: Any, device: torch.device) -> TensorBox:
     meta = _meta()
     dtype = meta.dtype
-    device = current_graph().device
     if isinstance(value, TensorBox):
         load = value.make_loader()
 
@@ -48,12 +59,12 @@ def _filled(value: Any) -> TensorBox:
 
 @register_lowering(aten.full.default, aten.new_full.default)
 def full(*args: Any, **kwargs: Any) -> TensorBox:
-    return _filled(args[-1])
+    return _filled(args[-1], _device(args, kwargs))
 
 
 @register_lowering(aten.full_like.default)
 def full_like(x: TensorBox, value: Any, **kwargs: Any) -> TensorBox:
-    return _filled(value)
+    return _filled(value, _device((x,), kwargs))
 
 
 @register_lowering(
@@ -62,17 +73,17 @@ def full_like(x: TensorBox, value: Any, **kwargs: Any) -> TensorBox:
     aten.empty_strided.default,
 )  # fmt: skip
 def zeros(*args: Any, **kwargs: Any) -> TensorBox:
-    return _filled(0)
+    return _filled(0, _device(args, kwargs))
 
 
 @register_lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(*args: Any, **kwargs: Any) -> TensorBox:
-    return _filled(1)
+    return _filled(1, _device(args, kwargs))
 
 
 @register_lowering(aten.scalar_tensor.default)
 def scalar_tensor(value: Any, **kwargs: Any) -> TensorBox:
-    return _filled(value)
+    return _filled(value, _device((), kwargs))
 
 
 @register_lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
@@ -96,7 +107,7 @@ def arange(*args: Any, **kwargs: Any) -> TensorBox:
         value = ops.add(ops.constant(start, compute), ops.mul(i, ops.constant(step, compute)))
         return ops.to_dtype(value, dtype)
 
-    return TensorBox.create(Pointwise(current_graph().device, dtype, inner, symbolic(meta.shape)))
+    return TensorBox.create(Pointwise(_device((), kwargs), dtype, inner, symbolic(meta.shape)))
 
 
 @register_lowering(torch.ops.prims.iota.default)
@@ -104,4 +115,4 @@ def iota(length: int, *, start: int, step: int, dtype: torch.dtype, **kwargs: An
     def inner(index: Index) -> Any:
         return ops.index_expr(index[0] * step + start, dtype)
 
-    return TensorBox.create(Pointwise(current_graph().device, dtype, inner, (sympy.Integer(length),)))
+    return TensorBox.create(Pointwise(_device((), kwargs), dtype, inner, (sympy.Integer(length),)))
