@@ -13,7 +13,8 @@ source for one function, the runner:
 The transformed code object (`bytecode.build_trampoline`) has the original's signature and only
 calls the runner with the entry values, so the frame hook's cache entry is (guard, trampoline).
 `Reconstructor` is the small interface trackers use to render themselves (`source`, `const`,
-`graph_output`).
+`graph_output`). A frame split by a graph break has a runner too: it ends by returning the stack
+slots and live locals the split code needs (resume.py), instead of the return value.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx
 
 from kiln_dynamo.exc import Unsupported
@@ -66,7 +68,15 @@ class RunnerSpec:
     needs_graph: bool
 
 
-def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[RunnerSpec, Reconstructor]:
+def generate_runner(
+    output: OutputGraph,
+    result: VariableTracker | None,
+    values: list[VariableTracker] | None = None,
+    grad_mode: bool | None = None,
+) -> tuple[RunnerSpec, Reconstructor]:
+    """The runner's source. It returns `result` rebuilt, or, for a frame split by a graph break,
+    the tuple of `values` (stack slots and live locals, resume.py) after setting `grad_mode`.
+    Each tracker in `values` is rebuilt once, so two slots holding one list stay one list."""
     from kiln_dynamo.translator import _GlobalsTarget
 
     cg = Reconstructor(output)
@@ -103,7 +113,18 @@ def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[Runne
             emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
         else:
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
-    emit(f"return {result.reconstruct(cg)}")
+    if values is None:
+        assert result is not None
+        emit(f"return {result.reconstruct(cg)}")
+    else:
+        names: dict[int, str] = {}
+        for vt in values:
+            if id(vt) not in names:
+                names[id(vt)] = f"___s{len(names)}"
+                emit(f"{names[id(vt)]} = {vt.reconstruct(cg)}")
+        if grad_mode is not None:
+            emit(f"{cg.const(torch._C._set_grad_enabled)}({grad_mode})")
+        emit(f"return ({''.join(names[id(vt)] + ', ' for vt in values)})")
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     if not needs_graph:
         del body[graph_call_at]

@@ -35,16 +35,18 @@ from typing import Any
 import torch
 import torch.fx
 
-from kiln_dynamo import bytecode
+from kiln_dynamo import bytecode, resume
 from kiln_dynamo.backends import Backend
 from kiln_dynamo.backends import eager as eager_backend
+from kiln_dynamo.breaks import CannotSplit, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
-from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.exc import BreakReason, Unsupported
 from kiln_dynamo.guards import Guard, build_guard, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
-from kiln_dynamo.translator import run_root
+from kiln_dynamo.resume import SplitPlan
+from kiln_dynamo.translator import BreakHere, run_root
 
 
 def entry_names(code: types.CodeType) -> list[str]:
@@ -63,6 +65,7 @@ class CapturedFrame:
     runner_source: str
     capture_seconds: float
     has_side_effects: bool = False
+    split: BreakReason | None = None  # set when the frame was split at a graph break
 
 
 def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,18 +102,63 @@ def capture(
     f_globals: dict[str, Any],
     f_builtins: dict[str, Any],
     backend: Backend,
+    allow_breaks: bool = True,
+) -> CapturedFrame:
+    """Capture the frame whole, or, when something in it is unsupported and `allow_breaks`,
+    split it at a graph break (breaks.py, Note [Trace twice]). Raises `Unsupported` when neither
+    works; `not_split` on it then says why the frame could not be split."""
+    try:
+        return _capture(code, entry_values, f_globals, f_builtins, backend, None)
+    except Unsupported as e:
+        if not allow_breaks or e.break_offset is None:
+            raise
+        first = e
+    try:
+        return _capture(code, entry_values, f_globals, f_builtins, backend, first)
+    except CannotSplit as why:
+        first.not_split = str(why)
+    except Unsupported as e:
+        first.not_split = f"the second tracing pass failed: {e.msg}"
+    raise first
+
+
+def _capture(
+    code: types.CodeType,
+    entry_values: dict[str, Any],
+    f_globals: dict[str, Any],
+    f_builtins: dict[str, Any],
+    backend: Backend,
+    brk: Unsupported | None,
 ) -> CapturedFrame:
     t0 = time.perf_counter()
     names = entry_names(code)
     assert list(entry_values) == names, (list(entry_values), names)
     output = OutputGraph(code, names, f_globals)
     grad = torch.is_grad_enabled()
+    plan: SplitPlan | None = None
     try:
-        result = run_root(output, code, f_globals, f_builtins, entry_values)
-        if torch.is_grad_enabled() != grad:
-            raise Unsupported("the frame changes grad mode and does not restore it")
-        spec, _ = generate_runner(output, result)
-    except Unsupported:
+        result = run_root(
+            output, code, f_globals, f_builtins, entry_values, brk.break_offset if brk is not None else None
+        )
+        if isinstance(result, BreakHere):
+            assert brk is not None
+            before = brk.before and brk.depth == 0
+            values, plan = prepare_split(result, code, before)
+            if before and output.op_count() == 0 and not output.side_effects.any():
+                raise CannotSplit("nothing before the try block to compile")
+            mode = result.grad_mode
+            if mode != output.initial_grad_mode:
+                output.set_grad_mode(output.initial_grad_mode)  # the graph leaves grad mode as it found it
+            spec, _ = generate_runner(
+                output, None, values, mode if mode != output.initial_grad_mode else None
+            )
+        else:
+            if brk is not None:
+                raise CannotSplit("the second tracing pass did not reach the break")
+            if torch.is_grad_enabled() != grad:
+                raise Unsupported("the frame changes grad mode and does not restore it")
+            spec, _ = generate_runner(output, result)
+    except (Unsupported, CannotSplit):
         raise
     except Exception as e:  # Note [Never a crash]
         raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
@@ -148,12 +196,25 @@ def capture(
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
-    trampoline = bytecode.build_trampoline(code, runner, names)
+    split: BreakReason | None = None
+    if plan is None:
+        new_code = bytecode.build_trampoline(code, runner, names)
+    else:
+        assert brk is not None
+        new_code = resume.split_code(code, runner, names, plan)
+        split = BreakReason.of(brk, _display_name(code), split=True)
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
     output.builder.keepalive.clear()
-    side_effects = bool(output.side_effects.attr_stores or output.side_effects.mutated_containers)
-    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0, side_effects)
+    side_effects = output.side_effects.any()
+    return CapturedFrame(
+        gm, guard, new_code, runner, spec.source, time.perf_counter() - t0, side_effects, split
+    )
+
+
+def _display_name(code: types.CodeType) -> str:
+    info = resume.resume_info(code)
+    return code.co_name if info is None else f"{info.original.co_name} (continuation {code.co_name})"
 
 
 # --- the frame hook's callback ----------------------------------------------------------------
@@ -182,7 +243,18 @@ def make_callback(
 
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
-        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or (code not in targets and not is_user_code(code)):
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            if code in targets:
+                _record_plain(
+                    code,
+                    Unsupported(
+                        "generator function: kiln runs generators as plain Python",
+                        f"{code.co_filename}:{code.co_firstlineno}",
+                        advice="compile the function that consumes the generator instead",
+                    ),
+                )
+            return hook.SKIP
+        if code not in targets and not resume.is_resume_code(code) and not is_user_code(code):
             return hook.SKIP
         counters.frames_seen += 1
         values = tuple(frame.locals.values())
@@ -203,15 +275,24 @@ def make_callback(
                 recompiles_log.warning("%s: %s", code.co_name, msg)
                 return hook.RUN_ONLY  # cached entries still run; no more captures of this code
         try:
-            captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
+            captured = capture(
+                code, dict(frame.locals), frame.globals, frame.builtins, backend, allow_breaks=not fullgraph
+            )
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
             if fullgraph and isinstance(e, Unsupported):
                 raise
-            reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
-            counters.fallbacks.append((code.co_name, reason))
-            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
+            if isinstance(e, Unsupported):
+                _record_plain(code, e)
+            else:
+                reason = f"internal error: {type(e).__name__}: {e}"
+                counters.fallbacks.append((code.co_name, reason))
+                graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
             return hook.SKIP
-        if captured.graph_module is None and not captured.has_side_effects:
+        if captured.split is not None:
+            counters.graph_breaks += 1
+            counters.break_reasons.append(captured.split)
+            _log_break(captured.split)
+        elif captured.graph_module is None and not captured.has_side_effects:
             # Note [Frames without tensor work]: nothing to compile; plain Python is as fast.
             counters.frames_without_graph += 1
             return hook.SKIP
@@ -220,6 +301,23 @@ def make_callback(
         return hook.GuardedCode(captured.guard, captured.code)
 
     return callback
+
+
+_logged_sites: set[tuple[str | None, int | None, str]] = set()
+
+
+def _log_break(reason: BreakReason) -> None:
+    """KILN_LOG=graph_breaks: each break once per site (file, line, reason)."""
+    if reason.site not in _logged_sites:
+        _logged_sites.add(reason.site)
+        graph_breaks_log.info("%s", reason)
+
+
+def _record_plain(code: types.CodeType, e: Unsupported) -> None:
+    counters.fallbacks.append((code.co_name, str(e)))
+    reason = BreakReason.of(e, _display_name(code), split=False, not_split=e.not_split)
+    counters.break_reasons.append(reason)
+    _log_break(reason)
 
 
 def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:

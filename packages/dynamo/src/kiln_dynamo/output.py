@@ -57,6 +57,9 @@ class SideEffects:
     def is_mutated(self, container: VT) -> bool:
         return id(container) in self.mutated_containers
 
+    def any(self) -> bool:
+        return bool(self.attr_stores or self.mutated_containers)
+
 
 class OutputGraph:
     def __init__(self, code: types.CodeType, entry_names: list[str], f_globals: dict[str, Any]) -> None:

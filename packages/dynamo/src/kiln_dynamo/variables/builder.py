@@ -32,6 +32,7 @@ from kiln_dynamo.variables.dicts import DictVariable, SetVariable
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.opaque import GradModeExit, OpaqueCallableVariable, OpaqueVariable
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
@@ -195,9 +196,20 @@ class VariableBuilder:
                 return BuiltinVariable(value)
             return UserClassVariable(value, source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-            raise Unsupported(
-                f"call target {getattr(value, '__qualname__', value)!r} is a C function kiln does not model"
-            )
+            if source is not None:
+                guards.identity(source, value)
+            return OpaqueCallableVariable(value, source)  # calling it breaks the graph
+        if isinstance(value, GradModeExit):
+            from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
+
+            if source is not None:
+                guards.identity(source, value)
+            return WithExitVariable(GradModeVariable(torch.is_grad_enabled(), True, prev=value.prev))
+        if isinstance(value, types.GeneratorType):
+            if source is None:
+                raise Unsupported("a generator object without a source")
+            guards.type_match(source, value)
+            return OpaqueVariable(value, source, f"generator object {value.__qualname__}")
         if isinstance(value, (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
             from kiln_dynamo.variables.torch import GradModeVariable
 

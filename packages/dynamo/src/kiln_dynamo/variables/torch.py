@@ -23,6 +23,7 @@ from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 
 if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -118,6 +119,9 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(getattr(self.fn, name))
         return tx.wrap(getattr(self.fn, name), None)
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
         if fn in _UNSUPPORTED:
@@ -169,19 +173,33 @@ class PythonModuleVariable(VariableTracker):
     def identity(self) -> object:
         return self.module
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.module)
+
     def getattr(self, tx: Tx, name: str) -> VT:
         value = getattr(self.module, name)
         trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
         src = None if trusted or self.source is None else AttrSource(self.source, name)
-        return tx.wrap(value, src)
+        vt = tx.wrap(value, src)
+        from kiln_dynamo.variables.opaque import OpaqueCallableVariable
+
+        if isinstance(vt, OpaqueCallableVariable):
+            vt.label = f"{self.module.__name__}.{name}"  # os.getpid, not posix.getpid
+        return vt
 
 
 class GradModeVariable(VariableTracker):
     """torch.no_grad() / enable_grad() / set_grad_enabled(b), as a context manager."""
 
-    def __init__(self, target: bool, applied_on_create: bool, cls: type = torch.set_grad_enabled) -> None:
+    def __init__(
+        self,
+        target: bool,
+        applied_on_create: bool,
+        cls: type = torch.set_grad_enabled,
+        prev: bool | None = None,
+    ) -> None:
         self.target = target
-        self.prev = torch.is_grad_enabled()
+        self.prev = torch.is_grad_enabled() if prev is None else prev
         self.applied = applied_on_create
         self.cls = cls
 
@@ -236,6 +254,9 @@ class GradModeFactoryVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return GradModeVariable.create(tx, self.fn, args)
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(self.fn)
+
 
 class WithExitVariable(VariableTracker):
     """The bound `__exit__` that BEFORE_WITH leaves on the stack."""
@@ -248,6 +269,11 @@ class WithExitVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.ctx.exit(tx)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        from kiln_dynamo.variables.opaque import GRAD_MODE_EXITS
+
+        return cg.const(GRAD_MODE_EXITS[self.ctx.prev])  # Note [Grad mode across a split]
 
 
 GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)

@@ -49,6 +49,9 @@ class UserClassVariable(VariableTracker):
     def identity(self) -> object:
         return self.cls
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.cls)
+
     def is_constant(self) -> bool:
         return True
 

@@ -1,0 +1,126 @@
+"""Values kiln does not look inside: C functions it cannot trace, generator objects, exits.
+
+An opaque tracker only carries its value to where the frame splits: any use of it (a call, an
+attribute, iteration) raises `Unsupported`, so the graph breaks right at that instruction and
+CPython runs it on the real object (resume.py). It reconstructs from its source, or, for C
+functions, which live as long as their module, as a constant.
+
+`GradModeExit` is the real object that stands for the `__exit__` of a grad-mode with-block when a
+frame splits inside the block (Note [Grad mode across a split]).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import Source
+from kiln_dynamo.variables.base import VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+_UNTRACEABLE_ADVICE = "move the call outside the compiled function and pass its result in as an argument"
+
+
+def c_function_name(fn: Any) -> str:
+    self_obj = getattr(fn, "__self__", None)
+    mod = self_obj.__name__ if isinstance(self_obj, types.ModuleType) else getattr(fn, "__module__", None)
+    name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn)))
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+class OpaqueCallableVariable(VariableTracker):
+    """A C function (os.getpid, id, time.time, ...) that the graph cannot hold."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+        self.label = c_function_name(fn)
+
+    def describe(self) -> str:
+        return f"C function {self.label}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        name = self.label
+        if getattr(self.fn, "__module__", None) == "builtins" or "." not in name:
+            raise Unsupported(
+                f"call to the builtin {name}() that kiln cannot trace", advice=_UNTRACEABLE_ADVICE
+            )
+        raise Unsupported(f"call to a C function {name} that kiln cannot trace", advice=_UNTRACEABLE_ADVICE)
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return tx.wrap_constant(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        return cg.const(self.fn)
+
+
+class OpaqueVariable(VariableTracker):
+    """An object kiln passes along but never inspects (a generator object, ...)."""
+
+    def __init__(self, value: Any, source: Source | None, what: str) -> None:
+        self.value = value
+        self.source = source
+        self.what = what
+
+    def describe(self) -> str:
+        return self.what
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> object:
+        return self.value
+
+    def _unsupported(self, action: str) -> Unsupported:
+        return Unsupported(f"{action} {self.what}: kiln runs it as plain Python")
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        raise self._unsupported(f"attribute {name!r} of")
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise self._unsupported("calling")
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        raise self._unsupported("iterating over")
+
+    def truth(self, tx: Tx) -> bool:
+        raise self._unsupported("the truth value of")
+
+
+# Note [Grad mode across a split]: when a frame splits inside `with torch.no_grad():`, the
+# continuation runs the rest of the block, so it needs the block's __exit__ on its stack. The
+# split passes one of these two objects in that slot; CPython calls it like any __exit__ (on the
+# normal path and from the exception handler), and kiln models it as the exit of a grad-mode
+# block whose previous mode is `prev` (builder.py), guarded by identity.
+class GradModeExit:
+    __slots__ = ("prev",)
+
+    def __init__(self, prev: bool) -> None:
+        self.prev = prev
+
+    def __call__(self, *exc_info: object) -> None:
+        torch._C._set_grad_enabled(self.prev)
+
+    def __repr__(self) -> str:
+        return f"<exit of a grad-mode block: restores grad mode {self.prev}>"
+
+
+GRAD_MODE_EXITS = {True: GradModeExit(True), False: GradModeExit(False)}
