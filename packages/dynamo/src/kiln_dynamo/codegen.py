@@ -115,7 +115,12 @@ def generate_runner(
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
     if values is None:
         assert result is not None
-        emit(f"return {result.reconstruct(cg)}")
+        out = result.reconstruct(cg)
+        if grad_mode is not None:
+            emit(f"___ret = {out}")
+            emit(f"{cg.const(torch._C._set_grad_enabled)}({grad_mode})")
+            out = "___ret"
+        emit(f"return {out}")
     else:
         names: dict[int, str] = {}
         for vt in values:

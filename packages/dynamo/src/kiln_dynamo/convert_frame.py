@@ -146,18 +146,12 @@ def _capture(
             values, plan = prepare_split(result, code, before)
             if before and output.op_count() == 0 and not output.side_effects.any():
                 raise CannotSplit("nothing before the try block to compile")
-            mode = result.grad_mode
-            if mode != output.initial_grad_mode:
-                output.set_grad_mode(output.initial_grad_mode)  # the graph leaves grad mode as it found it
-            spec, _ = generate_runner(
-                output, None, values, mode if mode != output.initial_grad_mode else None
-            )
+            spec, _ = generate_runner(output, None, values, _final_grad_mode(output, result.grad_mode))
         else:
             if brk is not None:
                 raise CannotSplit("the second tracing pass did not reach the break")
-            if torch.is_grad_enabled() != grad:
-                raise Unsupported("the frame changes grad mode and does not restore it")
-            spec, _ = generate_runner(output, result)
+            final = _final_grad_mode(output, torch.is_grad_enabled())
+            spec, _ = generate_runner(output, result, grad_mode=final)
     except (Unsupported, CannotSplit):
         raise
     except Exception as e:  # Note [Never a crash]
@@ -210,6 +204,18 @@ def _capture(
     return CapturedFrame(
         gm, guard, new_code, runner, spec.source, time.perf_counter() - t0, side_effects, split
     )
+
+
+def _final_grad_mode(output: OutputGraph, mode: bool) -> bool | None:
+    """Note [Grad mode at the end of a frame]: a frame may end in another grad mode than it began
+    in (a continuation that leaves a `no_grad` block, a call to `torch.set_grad_enabled(False)`,
+    a split inside a block). The graph always ends in the mode it began in, so that a backend
+    sees a self-contained graph; the runner then sets the final mode itself (returned here, None
+    when unchanged)."""
+    if mode == output.initial_grad_mode:
+        return None
+    output.set_grad_mode(output.initial_grad_mode)
+    return mode
 
 
 def _display_name(code: types.CodeType) -> str:
