@@ -309,7 +309,7 @@ def make_callback(
     return callback
 
 
-_logged_sites: set[tuple[str | None, int | None, str]] = set()
+_logged_sites: set[tuple[str, str | None, int | None, str]] = set()
 
 
 def _log_break(reason: BreakReason) -> None:

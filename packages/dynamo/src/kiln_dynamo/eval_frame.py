@@ -32,7 +32,7 @@ from torch import nn
 
 from kiln_dynamo import bytecode
 from kiln_dynamo.backends import Backend, lookup_backend
-from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names, make_callback
+from kiln_dynamo.convert_frame import CapturedFrame, _logged_sites, capture, entry_names, make_callback
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.logs import graph_breaks_log, recompiles_log
@@ -67,6 +67,7 @@ _caches: dict[types.CodeType, _CodeCache] = {}
 def reset() -> None:
     """Drop every cache entry and zero the counters."""
     _caches.clear()
+    _logged_sites.clear()
     if HAVE_HOOK:
         _hook.reset()
     counters.reset()

@@ -116,8 +116,9 @@ class BreakReason:
         return self.frames[-1].source if self.frames else ""
 
     @property
-    def site(self) -> tuple[str | None, int | None, str]:
-        return (self.filename, self.lineno, self.reason)
+    def site(self) -> tuple[str, str | None, int | None, str]:
+        """What `KILN_LOG=graph_breaks` logs once: the frame that split, and the line and reason."""
+        return (self.code_name, self.filename, self.lineno, self.reason)
 
     @staticmethod
     def of(e: Unsupported, code_name: str, split: bool, not_split: str | None = None) -> BreakReason:
