@@ -463,3 +463,31 @@ def test_graph_breaks_log_once_per_site(caplog: pytest.LogCaptureFixture) -> Non
     sites = [r.getMessage() for r in records]
     assert len(sites) == 2, sites  # the call site in print_at_inline1, the print in the callee
     assert any(f"break_matrix.py:{MARKS['print_at_inline1_inner']}" in s for s in sites)
+
+
+def explained(x: torch.Tensor, n: int) -> torch.Tensor:
+    y = x.relu() + n
+    z = MATRIX.print_at_inline1(y)  # splits here; the callee splits at its print
+    if z.sum() > 0:
+        z = z * 2
+    return z.cos()
+
+
+def test_explain_reports_graphs_breaks_ops_and_guards(capsys: pytest.CaptureFixture[str]) -> None:
+    x = torch.rand(4) + 0.5
+    report = kiln_dynamo.explain(explained)(x, 3)
+    _same(report.result, explained(x, 3))
+    # explained: before the call, between the call and the branch, after the branch; the callee
+    # print_at_inline1 (split at its inlined call) and print_at_inline1_inner (split at print):
+    # two graphs each
+    assert report.graph_count == 7 and len(report.graphs) == 7
+    assert report.graph_break_count == 4
+    assert [r.reason for r in report.break_reasons].count("data-dependent branch on a tensor value") == 1
+    calls = ("call_function", "call_method", "call_module")
+    assert report.op_count == [len([n for n in g.graph.nodes if n.op in calls]) for g in report.graphs]
+    assert all(n > 0 for n in report.op_count)
+    assert any("L['n'] == 3" in g for g in report.guards)
+    text = str(report)
+    assert "7 graph(s), 4 graph break(s)" in text
+    assert f"test_graph_breaks.py:{explained.__code__.co_firstlineno + 3}" in text  # the branch's line
+    assert "if z.sum() > 0:" in text and "guards of explained" in text

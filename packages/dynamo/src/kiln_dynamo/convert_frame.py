@@ -303,11 +303,16 @@ def make_callback(
             counters.frames_without_graph += 1
             return hook.SKIP
         counters.frames_captured += 1
+        for listen in capture_listeners:
+            listen(_display_name(code), captured)
         hook.skip_code(captured.runner.__code__)
         return hook.GuardedCode(captured.guard, captured.code)
 
     return callback
 
+
+# Called with (frame name, CapturedFrame) for each frame installed in the cache (explain.py).
+capture_listeners: list[Callable[[str, CapturedFrame], None]] = []
 
 _logged_sites: set[tuple[str, str | None, int | None, str]] = set()
 
