@@ -142,28 +142,61 @@ def facts(code: types.CodeType) -> FrameFacts:
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
-    """Names (locals and cell variables) that some path from `offset` may read: a conservative
-    liveness (a store before the read does not make a name dead), which only costs an argument."""
+    """Names that some path from `offset` may read before writing them: plain locals by a
+    backward liveness analysis (STORE_FAST kills; exception handlers are successors), cell
+    variables whenever any reachable instruction reads them (an inner function may read a cell
+    at any time, so a write does not kill it)."""
+    return _liveness(code)[facts(code).at(offset)]
+
+
+_live_cache: weakref.WeakKeyDictionary[types.CodeType, list[frozenset[str]]] = weakref.WeakKeyDictionary()
+
+
+def _liveness(code: types.CodeType) -> list[frozenset[str]]:
+    hit = _live_cache.get(code)
+    if hit is not None:
+        return hit
     f = facts(code)
+    n = len(f.instrs)
     index = {id(ins): k for k, ins in enumerate(f.instrs)}
-    seen: set[int] = set()
-    work = [f.at(offset)]
-    names: set[str] = set()
-    while work:
-        k = work.pop()
-        if k in seen or k >= len(f.instrs):
-            continue
-        seen.add(k)
-        ins = f.instrs[k]
-        if ins.opname in _READS and isinstance(ins.argval, str):
-            names.add(ins.argval)
+    succs: list[list[int]] = []
+    for k, ins in enumerate(f.instrs):
+        out = []
         if ins.exn is not None:
-            work.append(index[id(ins.exn.target)])
+            out.append(index[id(ins.exn.target)])
         if ins.target is not None:
-            work.append(index[id(ins.target)])
-        if ins.opname not in _NO_FALLTHROUGH:
-            work.append(k + 1)
-    return names
+            out.append(index[id(ins.target)])
+        if ins.opname not in _NO_FALLTHROUGH and k + 1 < n:
+            out.append(k + 1)
+        succs.append(out)
+    cells = set(code.co_cellvars) | set(code.co_freevars)
+    uses: list[set[str]] = []
+    kills: list[set[str]] = []
+    for ins in f.instrs:
+        name = ins.argval if isinstance(ins.argval, str) else None
+        use: set[str] = set()
+        kill: set[str] = set()
+        if name is not None and ins.opname in _READS:
+            use.add(name)
+        if name is not None and ins.opname in ("STORE_FAST", "STORE_FAST_MAYBE_NULL") and name not in cells:
+            kill.add(name)
+        uses.append(use)
+        kills.append(kill)
+    live: list[set[str]] = [set() for _ in range(n)]
+    changed = True
+    while changed:  # a fixed point; instructions visited last to first converge in few rounds
+        changed = False
+        for k in range(n - 1, -1, -1):
+            out: set[str] = set()
+            for j in succs[k]:
+                out |= live[j]
+            new = uses[k] | (out - kills[k])
+            if new != live[k]:
+                live[k] = new
+                changed = True
+    result = [frozenset(x) for x in live]
+    _live_cache[code] = result
+    return result
 
 
 # --- the stack effect of a break instruction ---------------------------------------------------
