@@ -163,7 +163,9 @@ def _counting_backend() -> tuple[Callable[..., Any], list[int]]:
     return backend, graphs
 
 
-def measure(fn: Callable[..., Any], ideal_graphs: int, ideal_breaks: int, rounds: int, n: int) -> dict[str, Any]:
+def measure(
+    fn: Callable[..., Any], ideal_graphs: int, ideal_breaks: int, rounds: int, n: int
+) -> dict[str, Any]:
     x = torch.randn(64, 128)
     kiln_dynamo.reset()
     torch._dynamo.reset()
@@ -199,6 +201,10 @@ def measure(fn: Callable[..., Any], ideal_graphs: int, ideal_breaks: int, rounds
     }
 
 
+def _pair(p: tuple[int, int]) -> str:
+    return f"{p[0]}/{p[1]}"
+
+
 def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -215,7 +221,7 @@ def main() -> None:
     print("-" * len(head))
     for r in rows:
         print(
-            f"{r['name']:<11} {'%d/%d' % r['ideal']:>19} {'%d/%d' % r['kiln']:>7} {'%d/%d' % r['torch']:>7} | "
+            f"{r['name']:<11} {_pair(r['ideal']):>19} {_pair(r['kiln']):>7} {_pair(r['torch']):>7} | "
             f"{r['eager_us']:9.1f} {r['kiln_us']:8.1f} {r['kiln_ratio']:10.3f} {r['torch_ratio']:11.3f} {r['kiln_per_region'] * 100:10.1f}%"
         )
     print(

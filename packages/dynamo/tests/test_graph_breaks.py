@@ -491,3 +491,53 @@ def test_explain_reports_graphs_breaks_ops_and_guards(capsys: pytest.CaptureFixt
     assert "7 graph(s), 4 graph break(s)" in text
     assert f"test_graph_breaks.py:{explained.__code__.co_firstlineno + 3}" in text  # the branch's line
     assert "if z.sum() > 0:" in text and "guards of explained" in text
+
+
+# --- autocast as graph state ---------------------------------------------------------------------
+
+WA = torch.randn(8, 8)
+
+
+def autocast_block(x: torch.Tensor) -> Any:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ WA
+        z = torch.relu(y)
+    return z.float() + 1, y.dtype, z.dtype
+
+
+def autocast_outside(x: torch.Tensor) -> Any:
+    y = x @ WA
+    return y, y.dtype
+
+
+def test_autocast_block_is_captured_as_graph_state() -> None:
+    x = torch.randn(4, 8)
+    compiled = kiln_dynamo.compile(autocast_block, backend=(backend := _Recorder()))
+    for _ in range(2):
+        _same(compiled(x), autocast_block(x))
+        assert not torch.is_autocast_enabled("cpu")
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.graph_breaks == 0
+    targets = [n.target for n in backend.graphs[0].graph.nodes if n.op == "call_function"]
+    assert [t.__name__ for t in targets if "autocast" in getattr(t, "__name__", "")] == [
+        "_enter_autocast",
+        "_exit_autocast",
+    ]
+
+
+def test_autocast_state_at_entry_is_guarded() -> None:
+    x = torch.randn(4, 8)
+    compiled = kiln_dynamo.compile(autocast_outside)
+    _same(compiled(x), autocast_outside(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _same(compiled(x), autocast_outside(x))  # a new entry: bfloat16 results
+    _same(compiled(x), autocast_outside(x))
+    assert kiln_dynamo.counters.recompiles == 1 and kiln_dynamo.counters.graphs == 2
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        self.graphs.append(gm)
+        return gm.forward

@@ -22,7 +22,7 @@ import types
 from kiln_dynamo import resume
 from kiln_dynamo.translator import BreakHere
 from kiln_dynamo.variables.base import NULL, VariableTracker
-from kiln_dynamo.variables.torch import WithExitVariable
+from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
 
 VT = VariableTracker
 
@@ -49,9 +49,9 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     depths = f.with_depths(offset)
     for d in depths:
         slot = stack[d - 1] if 0 < d <= len(stack) else None
-        if not isinstance(slot, WithExitVariable):
+        if not isinstance(slot, WithExitVariable) or not isinstance(slot.ctx, GradModeVariable):
             what = slot.describe() if slot is not None else "an unknown context manager"
-            raise CannotSplit(f"the break is inside a with-block over {what}")
+            raise CannotSplit(f"the break is inside a with-block ({what})")
     if before:
         effect: resume.Effect | None = resume.Effect(0, 0)
         group: tuple[resume.Instr, ...] = ()

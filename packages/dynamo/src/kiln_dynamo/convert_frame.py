@@ -157,6 +157,9 @@ def _capture(
     except Exception as e:  # Note [Never a crash]
         raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
     finally:
+        for ctx in reversed(output.open_contexts):  # Note [Autocast as graph state]
+            ctx.__exit__(None, None, None)
+        output.open_contexts.clear()
         torch._C._set_grad_enabled(grad)
     gm: torch.fx.GraphModule | None = None
     compiled: Callable[..., Any] | None = None

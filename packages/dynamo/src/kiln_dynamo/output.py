@@ -75,6 +75,7 @@ class OutputGraph:
         self._input_by_id: dict[int, TensorVariable] = {}
         self._real_cells: dict[int, CellVariable] = {}
         self.fallback_reasons: list[str] = []
+        self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
         self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
         self.guards.global_state()

@@ -41,7 +41,12 @@ from kiln_dynamo.variables.functions import NestedFunctionVariable
 from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
-from kiln_dynamo.variables.torch import TRUSTED_MODULE_PREFIXES, GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.torch import (
+    TRUSTED_MODULE_PREFIXES,
+    AutocastVariable,
+    GradModeVariable,
+    WithExitVariable,
+)
 from kiln_dynamo.variables.user_defined import SuperVariable
 
 PY = bytecode.PY_VERSION
@@ -731,7 +736,7 @@ class InstructionTranslator:
     # --- with -------------------------------------------------------------------------------
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
         ctx = self.pop()
-        if not isinstance(ctx, GradModeVariable):
+        if not isinstance(ctx, GradModeVariable | AutocastVariable):
             raise Unsupported(f"with-statement over {ctx.describe()}")
         self.push(WithExitVariable(ctx))
         self.push(ctx.enter(self))

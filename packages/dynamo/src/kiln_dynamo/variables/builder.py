@@ -36,6 +36,7 @@ from kiln_dynamo.variables.opaque import GradModeExit, OpaqueCallableVariable, O
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
+    AutocastFactoryVariable,
     GradModeFactoryVariable,
     PythonModuleVariable,
     TorchFunctionVariable,
@@ -154,6 +155,8 @@ class VariableBuilder:
             return NNModuleVariable(value, source)
         if any(value is f for f in GRAD_MODE_FACTORIES):
             return GradModeFactoryVariable(value)
+        if value is torch.autocast:
+            return AutocastFactoryVariable()
         if is_builtin_handled(value):
             if source is not None:
                 guards.identity(source, value)

@@ -258,10 +258,79 @@ class GradModeFactoryVariable(VariableTracker):
         return cg.const(self.fn)
 
 
+class AutocastVariable(VariableTracker):
+    """`torch.autocast(device_type, dtype, enabled, cache_enabled)` as a context manager.
+
+    Note [Autocast as graph state]: entering and leaving become graph nodes
+    (`torch.amp._enter_autocast` / `_exit_autocast`, the pair torch's own tracers use), so the graph
+    runs its ops under the same autocast region as eager. While tracing, a real autocast context
+    is entered too: autocast sits above the Python dispatch key, so the fake tensors then see the
+    casts and the graph's metadata matches what eager computes. Contexts still open when tracing
+    stops are closed by capture (`OutputGraph.open_contexts`). A frame is not split inside an
+    autocast block (breaks.py); the block then runs as plain Python, correctly.
+    """
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args  # (device_type, dtype, enabled, cache_enabled)
+        self.node: Any = None
+        self.real: Any = None
+
+    def describe(self) -> str:
+        return f"torch.autocast{self.args}"
+
+    def python_type(self) -> type:
+        return torch.autocast
+
+    @staticmethod
+    def create(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> AutocastVariable:
+        names = ("device_type", "dtype", "enabled", "cache_enabled")
+        values: dict[str, Any] = {"dtype": None, "enabled": True, "cache_enabled": None}
+        for name, vt in [*zip(names, args, strict=False), *kwargs.items()]:
+            if name not in names or not vt.is_constant():
+                raise Unsupported(f"torch.autocast with argument {name}={vt.describe()}")
+            values[name] = vt.as_constant()
+        if "device_type" not in values:
+            raise Unsupported("torch.autocast without a device_type")
+        tx.output.guards.global_state()
+        return AutocastVariable(tuple(values[n] for n in names))
+
+    def enter(self, tx: Tx) -> VT:
+        from torch.amp.autocast_mode import _enter_autocast
+
+        self.real = torch.autocast(*self.args)
+        self.real.__enter__()
+        tx.output.open_contexts.append(self.real)
+        self.node = tx.output.graph.create_node("call_function", _enter_autocast, self.args, {})
+        self.node.meta["source_line"] = tx.where()
+        return self
+
+    def exit(self, tx: Tx) -> VT:
+        from torch.amp.autocast_mode import _exit_autocast
+
+        node = tx.output.graph.create_node("call_function", _exit_autocast, (self.node,), {})
+        node.meta["source_line"] = tx.where()
+        tx.output.open_contexts.remove(self.real)
+        self.real.__exit__(None, None, None)
+        return ConstantVariable(None)
+
+
+class AutocastFactoryVariable(VariableTracker):
+    """The class torch.autocast (torch.amp.autocast)."""
+
+    def describe(self) -> str:
+        return "torch.autocast"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return AutocastVariable.create(tx, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(torch.autocast)
+
+
 class WithExitVariable(VariableTracker):
     """The bound `__exit__` that BEFORE_WITH leaves on the stack."""
 
-    def __init__(self, ctx: GradModeVariable) -> None:
+    def __init__(self, ctx: GradModeVariable | AutocastVariable) -> None:
         self.ctx = ctx
 
     def describe(self) -> str:
@@ -273,6 +342,8 @@ class WithExitVariable(VariableTracker):
     def reconstruct(self, cg: Reconstructor) -> str:
         from kiln_dynamo.variables.opaque import GRAD_MODE_EXITS
 
+        if not isinstance(self.ctx, GradModeVariable):
+            raise Unsupported(f"the exit of {self.ctx.describe()} cannot cross a graph break")
         return cg.const(GRAD_MODE_EXITS[self.ctx.prev])  # Note [Grad mode across a split]
 
 
