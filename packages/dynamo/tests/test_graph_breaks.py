@@ -541,3 +541,43 @@ class _Recorder:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         self.graphs.append(gm)
         return gm.forward
+
+
+def autocast_split(x: torch.Tensor) -> Any:
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ WA
+            print("inside", y.dtype)
+            z = y @ WA
+        w = x @ WA
+    return z, w, y.dtype, z.dtype, w.dtype, (x @ WA).requires_grad
+
+
+def autocast_raises(x: torch.Tensor) -> Any:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ WA
+        os.getpid()
+        raise ValueError(str(y.dtype))
+
+
+def test_autocast_is_restored_across_a_split(capsys: pytest.CaptureFixture[str]) -> None:
+    x = torch.randn(4, 8, requires_grad=True)
+    compiled = kiln_dynamo.compile(autocast_split)
+    for _ in range(2):
+        expected = autocast_split(x)
+        _same(compiled(x), expected)
+        assert not torch.is_autocast_enabled("cpu") and torch.is_grad_enabled()
+    assert capsys.readouterr().out == "inside torch.bfloat16\n" * 4
+    c = kiln_dynamo.counters
+    assert (c.graphs, c.graph_breaks, c.fallbacks, c.recompiles) == (2, 1, [], 0)
+
+
+def test_exception_in_a_split_autocast_block_leaves_autocast() -> None:
+    compiled = kiln_dynamo.compile(autocast_raises)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bfloat16"):
+            compiled(torch.randn(4, 8))
+        assert not torch.is_autocast_enabled("cpu")
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    assert nesting == 0

@@ -22,7 +22,7 @@ import types
 from kiln_dynamo import resume
 from kiln_dynamo.translator import BreakHere
 from kiln_dynamo.variables.base import NULL, VariableTracker
-from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.torch import WithExitVariable
 
 VT = VariableTracker
 
@@ -49,7 +49,7 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     depths = f.with_depths(offset)
     for d in depths:
         slot = stack[d - 1] if 0 < d <= len(stack) else None
-        if not isinstance(slot, WithExitVariable) or not isinstance(slot.ctx, GradModeVariable):
+        if not isinstance(slot, WithExitVariable):
             what = slot.describe() if slot is not None else "an unknown context manager"
             raise CannotSplit(f"the break is inside a with-block ({what})")
     if before:
@@ -106,10 +106,11 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     if effect.branch is not None:
         assert ins.target is not None
         branch = tail(ins.target.offset, effect.branch)
-    restore = None
-    if depths and not before:
-        exit_slot = stack[depths[0] - 1]
-        assert isinstance(exit_slot, WithExitVariable)
-        restore = exit_slot.ctx.prev
-    plan = resume.SplitPlan(group, consumed, tuple(cells.items()), fall, branch, restore, ins.lineno)
+    exits: list[object] = []
+    if not before:
+        for d in reversed(depths):
+            exit_slot = stack[d - 1]
+            assert isinstance(exit_slot, WithExitVariable)
+            exits.append(exit_slot.real_exit())
+    plan = resume.SplitPlan(group, consumed, tuple(cells.items()), fall, branch, tuple(exits), ins.lineno)
     return values, plan

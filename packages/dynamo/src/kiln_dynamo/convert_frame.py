@@ -47,6 +47,7 @@ from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_l
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.resume import SplitPlan
 from kiln_dynamo.translator import BreakHere, run_root
+from kiln_dynamo.variables.opaque import autocast_state, restore_autocast_state
 
 
 def entry_names(code: types.CodeType) -> list[str]:
@@ -135,6 +136,7 @@ def _capture(
     assert list(entry_values) == names, (list(entry_values), names)
     output = OutputGraph(code, names, f_globals)
     grad = torch.is_grad_enabled()
+    autocast = autocast_state()
     plan: SplitPlan | None = None
     try:
         result = run_root(
@@ -144,9 +146,12 @@ def _capture(
             assert brk is not None
             before = brk.before and brk.depth == 0
             values, plan = prepare_split(result, code, before)
+            reenter = _close_autocast_blocks(output, result)
             if before and output.op_count() == 0 and not output.side_effects.any():
                 raise CannotSplit("nothing before the try block to compile")
-            spec, _ = generate_runner(output, None, values, _final_grad_mode(output, result.grad_mode))
+            spec, _ = generate_runner(
+                output, None, values, _final_grad_mode(output, result.grad_mode), reenter
+            )
         else:
             if brk is not None:
                 raise CannotSplit("the second tracing pass did not reach the break")
@@ -160,6 +165,7 @@ def _capture(
         for ctx in reversed(output.open_contexts):  # Note [Autocast as graph state]
             ctx.__exit__(None, None, None)
         output.open_contexts.clear()
+        restore_autocast_state(autocast)
         torch._C._set_grad_enabled(grad)
     gm: torch.fx.GraphModule | None = None
     compiled: Callable[..., Any] | None = None
@@ -207,6 +213,27 @@ def _capture(
     return CapturedFrame(
         gm, guard, new_code, runner, spec.source, time.perf_counter() - t0, side_effects, split
     )
+
+
+def _close_autocast_blocks(output: OutputGraph, b: BreakHere) -> list[tuple[Any, ...]]:
+    """Autocast blocks entered in this graph and still open at the split: the graph leaves them
+    (so that it is self-contained), and the runner enters them again before the break
+    instruction runs; their exits cross the split as AutocastExit objects. Returns the arguments
+    to enter them with, outermost first."""
+    from torch.amp.autocast_mode import _exit_autocast
+
+    from kiln_dynamo.variables.torch import AutocastVariable, WithExitVariable
+
+    open_blocks = [
+        v.ctx
+        for v in b.tx.stack
+        if isinstance(v, WithExitVariable)
+        and isinstance(v.ctx, AutocastVariable)
+        and not v.ctx.entered_before
+    ]
+    for block in reversed(open_blocks):
+        output.graph.create_node("call_function", _exit_autocast, (block.node,), {})
+    return [block.args for block in open_blocks]
 
 
 def _final_grad_mode(output: OutputGraph, mode: bool) -> bool | None:

@@ -25,14 +25,14 @@ front of a CALL), stores what it pushed into temporaries, and calls the continua
 stack slots below the consumed ones (from `___r`), the pushed values (temporaries), then the live
 locals (from `___r`; cell variables through their cell, since the instruction may be a
 STORE_DEREF). Stack slots that hold NULL are never passed: the continuation's prologue pushes its
-own. Inside `with torch.no_grad():` (or another grad-mode block) the break instruction is covered
-by an exception handler that restores the grad mode the block would have restored, then
-re-raises, because the original handler is not part of this code.
+own. Inside `with torch.no_grad():` (or another grad-mode or autocast block) the break instruction is
+covered by an exception handler that calls the blocks' exits (innermost first), then re-raises,
+because the original handlers are not part of this code.
 
 Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
 iteration, nesting frames without bound), inside a try block (the handler would not see an
 exception raised by the break instruction), inside a with-block over a context manager other than
-grad mode (its __exit__ would not run on an exception), and at an instruction whose stack effect
+grad mode and autocast (its __exit__ would not run on an exception), and at an instruction whose stack effect
 is not in `_EFFECTS`. Such a frame runs as plain Python with the reason recorded; the functions it
 calls are still captured on their own.
 """
@@ -43,8 +43,6 @@ import dis
 import types
 import weakref
 from dataclasses import dataclass
-
-import torch
 
 from kiln_dynamo import bytecode
 from kiln_dynamo.bytecode import PY_VERSION, ExnEntry, Instr
@@ -418,7 +416,7 @@ class SplitPlan:
     cells: tuple[tuple[str, int], ...]  # cell variables to set from the runner's tuple first
     fall: Tail | None
     branch: Tail | None
-    restore_grad: bool | None  # the grad mode to restore if the break instruction raises
+    exits: tuple[object, ...]  # with-block exits to call, innermost first, if the break instruction raises
     lineno: int | None  # the user's line of the break instruction
 
 
@@ -473,15 +471,10 @@ def split_code(
     for slot in plan.consumed:
         out += [Instr("PUSH_NULL")] if slot is None else r_item(slot)
     handler: list[Instr] = []
-    if plan.restore_grad is not None:
-        handler = [
-            Instr("PUSH_NULL"),
-            Instr("LOAD_CONST", const(torch._C._set_grad_enabled)),
-            Instr("LOAD_CONST", const(plan.restore_grad)),
-            *_call(1),
-            Instr("POP_TOP"),
-            Instr("RERAISE", 0),
-        ]
+    if plan.exits:
+        for exit_fn in plan.exits:
+            handler += [Instr("PUSH_NULL"), Instr("LOAD_CONST", const(exit_fn)), *_call(0), Instr("POP_TOP")]
+        handler.append(Instr("RERAISE", 0))
     entry = ExnEntry(handler[0], 0, False) if handler else None
     branch_label: Instr | None = None
     for ins in plan.group:

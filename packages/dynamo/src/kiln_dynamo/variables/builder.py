@@ -32,7 +32,7 @@ from kiln_dynamo.variables.dicts import DictVariable, SetVariable
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
-from kiln_dynamo.variables.opaque import GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
@@ -208,6 +208,14 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return WithExitVariable(GradModeVariable(torch.is_grad_enabled(), True, prev=value.prev))
+        if isinstance(value, AutocastExit):
+            from kiln_dynamo.variables.torch import AutocastVariable, WithExitVariable
+
+            if source is not None:
+                guards.identity(source, value)
+            device, *prev = value.args
+            args = (device, torch.get_autocast_dtype(device), True, torch.is_autocast_cache_enabled())
+            return WithExitVariable(AutocastVariable(args, prev=(prev[0], prev[1], prev[2])))
         if isinstance(value, types.GeneratorType):
             if source is None:
                 raise Unsupported("a generator object without a source")

@@ -124,3 +124,64 @@ class GradModeExit:
 
 
 GRAD_MODE_EXITS = {True: GradModeExit(True), False: GradModeExit(False)}
+
+
+def restore_autocast(device: str, enabled: bool, dtype: torch.dtype, cache_enabled: bool) -> None:
+    """What leaving an autocast block does (torch.autocast.__exit__), from the saved state."""
+    if torch.autocast_decrement_nesting() == 0:
+        torch.clear_autocast_cache()
+    torch.set_autocast_enabled(device, enabled)
+    torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache_enabled)
+
+
+class AutocastExit:
+    """The exit of an autocast block whose frame split inside it (Note [Grad mode across a
+    split] applies the same way): the runner re-entered the block; this restores the state
+    from before it."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, device: str, prev: tuple[bool, torch.dtype, bool]) -> None:
+        self.args = (device, *prev)
+
+    def __call__(self, *exc_info: object) -> None:
+        restore_autocast(*self.args)
+
+    def __repr__(self) -> str:
+        return f"<exit of an autocast block: restores {self.args}>"
+
+
+_AUTOCAST_EXITS: dict[tuple[object, ...], AutocastExit] = {}
+
+
+def autocast_exit(device: str, prev: tuple[bool, Any, bool] | None) -> AutocastExit:
+    """One object per saved state, so that continuations can guard on it by identity."""
+    assert prev is not None
+    key = (device, *prev)
+    if key not in _AUTOCAST_EXITS:
+        _AUTOCAST_EXITS[key] = AutocastExit(device, prev)
+    return _AUTOCAST_EXITS[key]
+
+
+def autocast_state() -> tuple[object, ...]:
+    """The whole autocast state of the thread (per device, the cache flag and the nesting), to
+    put back after tracing, which enters and leaves autocast blocks for real."""
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    per_device = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+    return (per_device, torch.is_autocast_cache_enabled(), nesting)
+
+
+def restore_autocast_state(state: tuple[object, ...]) -> None:
+    per_device, cache, nesting = state
+    for d, (on, dtype) in zip(("cpu", "cuda"), per_device, strict=True):  # type: ignore[call-overload]
+        torch.set_autocast_enabled(d, on)
+        torch.set_autocast_dtype(d, dtype)
+    torch.set_autocast_cache_enabled(cache)  # type: ignore[arg-type]
+    now = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    while now < nesting:  # type: ignore[operator]
+        now = torch.autocast_increment_nesting()
+    while now > nesting:  # type: ignore[operator]
+        now = torch.autocast_decrement_nesting()

@@ -270,10 +270,14 @@ class AutocastVariable(VariableTracker):
     autocast block (breaks.py); the block then runs as plain Python, correctly.
     """
 
-    def __init__(self, args: tuple[Any, ...]) -> None:
+    def __init__(self, args: tuple[Any, ...], prev: tuple[bool, Any, bool] | None = None) -> None:
         self.args = args  # (device_type, dtype, enabled, cache_enabled)
         self.node: Any = None
         self.real: Any = None
+        # the state its exit restores: (enabled, dtype, cache_enabled) of the device before entry;
+        # given when the block was entered before this frame (a continuation: already entered)
+        self.prev = prev
+        self.entered_before = prev is not None
 
     def describe(self) -> str:
         return f"torch.autocast{self.args}"
@@ -297,6 +301,12 @@ class AutocastVariable(VariableTracker):
     def enter(self, tx: Tx) -> VT:
         from torch.amp.autocast_mode import _enter_autocast
 
+        device = self.args[0]
+        self.prev = (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+            torch.is_autocast_cache_enabled(),
+        )
         self.real = torch.autocast(*self.args)
         self.real.__enter__()
         tx.output.open_contexts.append(self.real)
@@ -307,6 +317,16 @@ class AutocastVariable(VariableTracker):
     def exit(self, tx: Tx) -> VT:
         from torch.amp.autocast_mode import _exit_autocast
 
+        from kiln_dynamo.variables.opaque import restore_autocast
+
+        if self.entered_before:  # entered by the runner of the split frame: restore explicitly
+            assert self.prev is not None
+            node = tx.output.graph.create_node(
+                "call_function", restore_autocast, (self.args[0], *self.prev), {}
+            )
+            node.meta["source_line"] = tx.where()
+            restore_autocast(self.args[0], *self.prev)
+            return ConstantVariable(None)
         node = tx.output.graph.create_node("call_function", _exit_autocast, (self.node,), {})
         node.meta["source_line"] = tx.where()
         tx.output.open_contexts.remove(self.real)
@@ -339,12 +359,16 @@ class WithExitVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.ctx.exit(tx)
 
-    def reconstruct(self, cg: Reconstructor) -> str:
-        from kiln_dynamo.variables.opaque import GRAD_MODE_EXITS
+    def real_exit(self) -> object:
+        """The object that stands for this exit in real code (Note [Grad mode across a split])."""
+        from kiln_dynamo.variables.opaque import GRAD_MODE_EXITS, autocast_exit
 
-        if not isinstance(self.ctx, GradModeVariable):
-            raise Unsupported(f"the exit of {self.ctx.describe()} cannot cross a graph break")
-        return cg.const(GRAD_MODE_EXITS[self.ctx.prev])  # Note [Grad mode across a split]
+        if isinstance(self.ctx, GradModeVariable):
+            return GRAD_MODE_EXITS[self.ctx.prev]
+        return autocast_exit(self.ctx.args[0], self.ctx.prev)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(self.real_exit())
 
 
 GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
