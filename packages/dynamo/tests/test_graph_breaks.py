@@ -194,16 +194,15 @@ def expected(kind: str, position: str) -> tuple[int, int, int]:
 
     An inlined call that breaks splits its caller at the call site (one more split, and the
     caller's code before and after the call are two graphs); the callee, run for real, breaks as
-    at top level. A break inside a loop is not split: the frame runs as plain Python. Inside a
-    try block nothing is traced: the frame splits before the block, which runs as Python."""
+    at top level. A frame is not split inside a loop: it splits before the loop, and the
+    continuation (the loop on) runs as plain Python. Inside a try block nothing is traced: the
+    frame splits before the block, which runs as plain Python too."""
     graphs, splits, plain = KINDS[kind][2]
     if position == "inline1":
         return graphs + 2, splits + 1, plain
     if position == "inline3":
         return graphs + 6, splits + 3, plain
-    if position == "loop":
-        return 0, 0, 1
-    if position == "try":
+    if position in ("loop", "try"):
         return 1, 1, 1
     return graphs, splits, plain
 
@@ -264,9 +263,11 @@ def test_break_matrix(kind: str, position: str, capsys: pytest.CaptureFixture[st
     assert first.frames[-1].name == innermost
     if position == "inline3":
         assert [f.name for f in first.frames] == [name, f"{name}_a", f"{name}_b", f"{name}_c"]
-    assert first.split == (position != "loop")
+    assert first.split
     if position == "loop":
-        assert first.not_split is not None and "loop" in first.not_split
+        assert first.note is not None and "split before the loop" in first.note
+        last = counters.break_reasons[-1]
+        assert not last.split and last.not_split is not None and "inside a loop" in last.not_split
 
 
 def test_matrix_reasons_are_readable() -> None:

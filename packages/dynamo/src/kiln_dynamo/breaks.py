@@ -28,7 +28,20 @@ VT = VariableTracker
 
 
 class CannotSplit(Exception):
-    """The frame cannot be split at its break instruction; the message says why, for users."""
+    """The frame cannot be split at its break instruction; the message says why, for users.
+    `loop_entry` is where the outermost loop around the break begins, when that is the reason."""
+
+    def __init__(self, msg: str, loop_entry: int | None = None) -> None:
+        super().__init__(msg)
+        self.loop_entry = loop_entry
+
+
+def loop_entry(f: resume.FrameFacts, offset: int) -> int:
+    """Where the outermost loop around `offset` begins: its GET_ITER for a for loop (the iterator
+    cannot cross a split, the iterable can), else the loop's first instruction."""
+    head = min(h for h, back in f.loops if h <= offset <= back)
+    k = f.at(head)
+    return f.instrs[k - 1].offset if k > 0 and f.instrs[k - 1].opname == "GET_ITER" else head
 
 
 def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[list[VT], resume.SplitPlan]:
@@ -42,7 +55,9 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     k = f.at(offset)
     ins = f.instrs[k]
     if f.in_loop(offset):
-        raise CannotSplit("the break is inside a loop, and kiln does not split a frame inside a loop")
+        raise CannotSplit(
+            "the break is inside a loop, and kiln does not split a frame inside a loop", loop_entry(f, offset)
+        )
     if not before and f.in_try(offset):
         raise CannotSplit("the break is inside a try block, whose handler must see what it raises")
     stack = list(tx.stack)

@@ -130,10 +130,10 @@ def generate_runner(
                 emit(f"{names[id(vt)]} = {vt.reconstruct(cg)}")
         if grad_mode is not None:
             emit(f"{cg.const(torch._C._set_grad_enabled)}({grad_mode})")
-        for args in autocast_reenter or []:
+        for block in autocast_reenter or []:
             from torch.amp.autocast_mode import _enter_autocast
 
-            emit(f"{cg.const(_enter_autocast)}(*{cg.const(args)})")
+            emit(f"{cg.const(_enter_autocast)}(*{cg.const(block)})")
         emit(f"return ({''.join(names[id(vt)] + ', ' for vt in values)})")
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     if not needs_graph:

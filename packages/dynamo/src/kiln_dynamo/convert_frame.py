@@ -118,6 +118,18 @@ def capture(
         return _capture(code, entry_values, f_globals, f_builtins, backend, first)
     except CannotSplit as why:
         first.not_split = str(why)
+        if why.loop_entry is not None:
+            # Note [Splitting before a loop]: the part of the frame before the loop is still
+            # worth a graph; the continuation, which holds the loop, will run as plain Python.
+            retry = Unsupported(
+                first.msg, first.where, advice=first.advice, frames=first.frames, before=True, depth=0
+            )
+            retry.break_offset = why.loop_entry
+            retry.note = f"split before the loop around it: {why}"
+            try:
+                return _capture(code, entry_values, f_globals, f_builtins, backend, retry)
+            except (CannotSplit, Unsupported):
+                pass
     except Unsupported as e:
         first.not_split = f"the second tracing pass failed: {e.msg}"
     raise first
@@ -148,7 +160,7 @@ def _capture(
             values, plan = prepare_split(result, code, before)
             reenter = _close_autocast_blocks(output, result)
             if before and output.op_count() == 0 and not output.side_effects.any():
-                raise CannotSplit("nothing before the try block to compile")
+                raise CannotSplit("nothing to compile before it")
             spec, _ = generate_runner(
                 output, None, values, _final_grad_mode(output, result.grad_mode), reenter
             )
@@ -205,7 +217,7 @@ def _capture(
     else:
         assert brk is not None
         new_code = resume.split_code(code, runner, names, plan)
-        split = BreakReason.of(brk, _display_name(code), split=True)
+        split = BreakReason.of(brk, _display_name(code), split=True, note=brk.note)
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
     output.builder.keepalive.clear()

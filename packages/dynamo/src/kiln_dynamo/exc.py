@@ -50,6 +50,7 @@ class Unsupported(Exception):
 
     break_offset: int | None = None
     not_split: str | None = None  # why the frame could not be split there, once that was tried
+    note: str | None = None  # how the frame was split, when not at the break itself
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class BreakReason:
     split: bool
     code_name: str
     not_split: str | None = None
+    note: str | None = None  # e.g. the frame was split before the loop around the break
 
     @property
     def filename(self) -> str | None:
@@ -121,12 +123,15 @@ class BreakReason:
         return (self.code_name, self.filename, self.lineno, self.reason)
 
     @staticmethod
-    def of(e: Unsupported, code_name: str, split: bool, not_split: str | None = None) -> BreakReason:
-        return BreakReason(e.msg, e.frames, e.advice, split, code_name, not_split)
+    def of(
+        e: Unsupported, code_name: str, split: bool, not_split: str | None = None, note: str | None = None
+    ) -> BreakReason:
+        return BreakReason(e.msg, e.frames, e.advice, split, code_name, not_split, note)
 
     def __str__(self) -> str:
         where = f"{self.filename}:{self.lineno}" if self.frames else None
         head = "graph break" if self.split else "runs as plain Python"
         text = _explain(self.reason, where, self.frames, self.advice)
         tail = f"\n  not split: {self.not_split}" if self.not_split else ""
+        tail += f"\n  note: {self.note}" if self.note else ""
         return f"{head} in {self.code_name}: {text}{tail}"

@@ -30,7 +30,8 @@ covered by an exception handler that calls the blocks' exits (innermost first), 
 because the original handlers are not part of this code.
 
 Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
-iteration, nesting frames without bound), inside a try block (the handler would not see an
+iteration, nesting frames without bound; the frame splits before the loop instead, Note
+[Splitting before a loop] in convert_frame.py), inside a try block (the handler would not see an
 exception raised by the break instruction), inside a with-block over a context manager other than
 grad mode and autocast (its __exit__ would not run on an exception), and at an instruction whose stack effect
 is not in `_EFFECTS`. Such a frame runs as plain Python with the reason recorded; the functions it
@@ -144,7 +145,7 @@ def live_locals(code: types.CodeType, offset: int) -> set[str]:
     backward liveness analysis (STORE_FAST kills; exception handlers are successors), cell
     variables whenever any reachable instruction reads them (an inner function may read a cell
     at any time, so a write does not kill it)."""
-    return _liveness(code)[facts(code).at(offset)]
+    return set(_liveness(code)[facts(code).at(offset)])
 
 
 _live_cache: weakref.WeakKeyDictionary[types.CodeType, list[frozenset[str]]] = weakref.WeakKeyDictionary()
@@ -185,10 +186,10 @@ def _liveness(code: types.CodeType) -> list[frozenset[str]]:
     while changed:  # a fixed point; instructions visited last to first converge in few rounds
         changed = False
         for k in range(n - 1, -1, -1):
-            out: set[str] = set()
+            after: set[str] = set()
             for j in succs[k]:
-                out |= live[j]
-            new = uses[k] | (out - kills[k])
+                after |= live[j]
+            new = uses[k] | (after - kills[k])
             if new != live[k]:
                 live[k] = new
                 changed = True

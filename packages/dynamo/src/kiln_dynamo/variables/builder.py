@@ -213,9 +213,9 @@ class VariableBuilder:
 
             if source is not None:
                 guards.identity(source, value)
-            device, *prev = value.args
-            args = (device, torch.get_autocast_dtype(device), True, torch.is_autocast_cache_enabled())
-            return WithExitVariable(AutocastVariable(args, prev=(prev[0], prev[1], prev[2])))
+            device, was_on, was_dtype, was_cached = value.args
+            entered = (device, torch.get_autocast_dtype(device), True, torch.is_autocast_cache_enabled())
+            return WithExitVariable(AutocastVariable(entered, prev=(was_on, was_dtype, was_cached)))
         if isinstance(value, types.GeneratorType):
             if source is None:
                 raise Unsupported("a generator object without a source")

@@ -143,7 +143,7 @@ class AutocastExit:
     __slots__ = ("args",)
 
     def __init__(self, device: str, prev: tuple[bool, torch.dtype, bool]) -> None:
-        self.args = (device, *prev)
+        self.args: tuple[str, bool, torch.dtype, bool] = (device, *prev)
 
     def __call__(self, *exc_info: object) -> None:
         restore_autocast(*self.args)
