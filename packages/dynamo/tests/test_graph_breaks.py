@@ -582,3 +582,17 @@ def test_exception_in_a_split_autocast_block_leaves_autocast() -> None:
     nesting = torch.autocast_increment_nesting() - 1
     torch.autocast_decrement_nesting()
     assert nesting == 0
+
+
+def counts_up(x: torch.Tensor) -> Any:
+    for i in range(2):
+        yield x + i
+
+
+def test_a_compiled_generator_function_runs_as_python_with_the_reason() -> None:
+    x = torch.ones(2)
+    out = list(kiln_dynamo.compile(counts_up)(x))
+    _same(out, list(counts_up(x)))
+    (reason,) = kiln_dynamo.counters.break_reasons
+    assert not reason.split and "generator function" in reason.reason
+    assert reason.filename == __file__ and reason.lineno == counts_up.__code__.co_firstlineno

@@ -3,11 +3,13 @@
 `capture(code, entry_values, f_globals, f_builtins, backend)` is the whole pipeline for one frame:
 trace it symbolically (translator.py) into an OutputGraph, render the runner (codegen.py), close
 the graph with the runner's outputs, hand the GraphModule and the real example inputs to the
-backend, compile the guard (guards.py) and assemble the trampoline (bytecode.py). It returns a
-`CapturedFrame` or raises `Unsupported`.
+backend, compile the guard (guards.py) and assemble the trampoline (bytecode.py). When something
+in the frame is unsupported, the frame is traced again up to that point and split there (a graph
+break: breaks.py decides, resume.py writes the split code and the continuation), so the returned
+`CapturedFrame` may carry a `split` reason; when it cannot be split, `Unsupported` is raised.
 
-Global state that tracing touches (grad mode) is saved before and restored after, whatever
-happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
+Global state that tracing touches (grad mode, autocast) is saved before and restored after,
+whatever happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
 into an `Unsupported` with the internal error named, so that the frame falls back instead of
 crashing the user's program (Note [Never a crash]).
 
@@ -16,6 +18,8 @@ torch's own and generated code, explains why the existing entries' guards failed
 `recompiles` log), captures the frame and answers with `GuardedCode(guard, trampoline)`; a frame
 that cannot be captured is answered with SKIP (it runs as plain Python from then on; the frames
 it calls are still offered to the callback), or, under fullgraph, the `Unsupported` propagates.
+Either way the reason is recorded (`counters.break_reasons`) and logged once per site
+(`KILN_LOG=graph_breaks`). Continuations are captured like any frame.
 
 Note [One callback per compile]: each `compile(...)` call makes its own callback and installs it
 as the *thread* callback only while its wrapper runs, so only frames started by the compiled
@@ -292,16 +296,7 @@ def make_callback(
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
         if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
-            if code in targets:
-                _record_plain(
-                    code,
-                    Unsupported(
-                        "generator function: kiln runs generators as plain Python",
-                        f"{code.co_filename}:{code.co_firstlineno}",
-                        advice="compile the function that consumes the generator instead",
-                    ),
-                )
-            return hook.SKIP
+            return hook.SKIP  # generators and coroutines (a compiled one is reported by compile())
         if code not in targets and not resume.is_resume_code(code) and not is_user_code(code):
             return hook.SKIP
         counters.frames_seen += 1
@@ -330,7 +325,7 @@ def make_callback(
             if fullgraph and isinstance(e, Unsupported):
                 raise
             if isinstance(e, Unsupported):
-                _record_plain(code, e)
+                record_plain(code, e)
             else:
                 reason = f"internal error: {type(e).__name__}: {e}"
                 counters.fallbacks.append((code.co_name, reason))
@@ -366,7 +361,7 @@ def _log_break(reason: BreakReason) -> None:
         graph_breaks_log.info("%s", reason)
 
 
-def _record_plain(code: types.CodeType, e: Unsupported) -> None:
+def record_plain(code: types.CodeType, e: Unsupported) -> None:
     counters.fallbacks.append((code.co_name, str(e)))
     reason = BreakReason.of(e, _display_name(code), split=False, not_split=e.not_split)
     counters.break_reasons.append(reason)

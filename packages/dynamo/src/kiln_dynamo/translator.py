@@ -4,12 +4,16 @@
 entries dropped, jump targets as offsets). Its state is a stack and a dict of locals holding
 `VariableTracker`s, the cells of the frame, and the instruction pointer. Each opcode is the
 method of the same name; an opcode without a method is `Unsupported`. Jumps on constants are
-followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported.
+followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported,
+which makes it a graph break. For graph breaks the root translator records the instruction it
+was running when `Unsupported` escaped (`break_offset`) and, on the second pass, stops right
+before it (`BreakHere`); code inside a try block is never traced (Note [Exception handlers]).
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
-parent's OutputGraph, so the whole call tree lands in one graph. Generator functions
-(generator expressions) run to completion in a child translator that collects the yielded
-values into a list iterator.
+parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
+torch's own generators run to completion in a child translator that collects the yielded values
+into a list iterator; a user's generator function is a graph break (Note [Generators run as
+Python]).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
