@@ -224,6 +224,10 @@ def _capture(
         split = BreakReason.of(brk, _display_name(code), split=True, note=brk.note)
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
+        if plan is not None:
+            import dis
+
+            bytecode_log.info("split code of %s:\n%s", code.co_name, dis.Bytecode(new_code).dis())
     output.builder.keepalive.clear()
     side_effects = output.side_effects.any()
     return CapturedFrame(
