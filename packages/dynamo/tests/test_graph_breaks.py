@@ -596,3 +596,27 @@ def test_a_compiled_generator_function_runs_as_python_with_the_reason() -> None:
     (reason,) = kiln_dynamo.counters.break_reasons
     assert not reason.split and "generator function" in reason.reason
     assert reason.filename == __file__ and reason.lineno == counts_up.__code__.co_firstlineno
+
+
+class _Base(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class _UsesSuper(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + 1
+        if y.sum() > 0:
+            y = super().forward(y)
+        print("between")
+        return super().forward(y) + 1  # zero-argument super() inside a continuation
+
+
+def test_zero_argument_super_works_in_continuations(capsys: pytest.CaptureFixture[str]) -> None:
+    m = _UsesSuper()
+    compiled = kiln_dynamo.compile(m)
+    for x in (torch.ones(3), -torch.ones(3), torch.ones(3)):
+        _same(compiled(x), m(x))
+    assert kiln_dynamo.counters.graph_breaks == 3 and kiln_dynamo.counters.fallbacks == []
+    cont = [c for c in resume._resume_cache[_UsesSuper.forward.__code__].values()]
+    assert cont and all(c.co_varnames[0] == "self" for c in cont)

@@ -98,7 +98,18 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
         args: list[resume.ArgSource] = [("r", i) for i in below if i is not None]
         args += [("t", j) for j in range(pushed)]
         names: list[str] = []
-        for name in sorted(live):
+        order = sorted(live)
+        if resume.keeps_first_argument(original):  # Note [Zero-argument super in a continuation]
+            first = original.co_varnames[0]
+            order = [first] + [n for n in order if n != first]
+            if first in code.co_cellvars:
+                cell = tx.cells.get(first)
+                bound = cell is not None and cell.contents is not None
+            else:
+                bound = first in tx.locals and tx.locals[first] is not NULL
+            if not bound:
+                raise CannotSplit(f"super() needs {first!r}, which is not bound at the break")
+        for name in order:
             if name in code.co_cellvars:
                 cell = tx.cells.get(name)
                 if cell is None or cell.contents is None:
@@ -113,6 +124,9 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
                 continue  # unbound here: unbound in the continuation too
             names.append(name)
         stack_kinds = tuple(i is not None for i in below) + (True,) * pushed
+        if resume.keeps_first_argument(original):  # the first argument goes first in the call too
+            n_stack = len(args) - len(names)
+            args.insert(0, args.pop(n_stack))
         return resume.Tail(resume.resume_code(original, at, stack_kinds, tuple(names)), tuple(args), pushed)
 
     fall = branch = None

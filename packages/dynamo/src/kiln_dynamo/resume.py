@@ -25,17 +25,17 @@ front of a CALL), stores what it pushed into temporaries, and calls the continua
 stack slots below the consumed ones (from `___r`), the pushed values (temporaries), then the live
 locals (from `___r`; cell variables through their cell, since the instruction may be a
 STORE_DEREF). Stack slots that hold NULL are never passed: the continuation's prologue pushes its
-own. Inside `with torch.no_grad():` (or another grad-mode or autocast block) the break instruction is
-covered by an exception handler that calls the blocks' exits (innermost first), then re-raises,
-because the original handlers are not part of this code.
+own. Inside `with torch.no_grad():` (or another grad-mode or autocast block) the break
+instruction is covered by an exception handler that calls the blocks' exits (innermost first),
+then re-raises, because the original handlers are not part of this code.
 
 Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
 iteration, nesting frames without bound; the frame splits before the loop instead, Note
 [Splitting before a loop] in convert_frame.py), inside a try block (the handler would not see an
-exception raised by the break instruction), inside a with-block over a context manager other than
-grad mode and autocast (its __exit__ would not run on an exception), and at an instruction whose stack effect
-is not in `_EFFECTS`. Such a frame runs as plain Python with the reason recorded; the functions it
-calls are still captured on their own.
+exception raised by the break instruction; the frame splits before the block instead), inside a
+with-block over a context manager other than grad mode and autocast (its __exit__ would not run
+on an exception), and at an instruction whose stack effect `effect` does not know. Such a frame
+runs as plain Python with the reason recorded; the functions it calls are still captured.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def facts(code: types.CodeType) -> FrameFacts:
     tries: list[tuple[int, int]] = []
     withs: list[tuple[int, int, int]] = []
     for target, ranges in by_target.items():
-        k = offsets.index(target)
+        k = next(i for i, off in enumerate(offsets) if off >= target)  # past an EXTENDED_ARG
         if instrs[k].opname != "PUSH_EXC_INFO":
             continue  # cleanup of a handler, or 3.12's comprehension restore: never reached normally
         extent = (min(r[0] for r in ranges), max(r[1] for r in ranges))
@@ -342,6 +342,14 @@ def _remap(ins: Instr, varnames: list[str], code: types.CodeType) -> None:
         ins.arg = _localsplus_index(varnames, code.co_cellvars, code.co_freevars, ins.argval)
 
 
+def keeps_first_argument(original: types.CodeType) -> bool:
+    """Note [Zero-argument super in a continuation]: `super()` without arguments reads the
+    frame's first local (`self`) and the `__class__` cell. A continuation of such code keeps the
+    original's first argument as its own first argument (always passed, live or not), so that
+    `super()` in it still finds `self`."""
+    return "__class__" in original.co_freevars and original.co_argcount > 0
+
+
 def resume_code(
     original: types.CodeType, offset: int, stack: tuple[bool, ...], live: tuple[str, ...]
 ) -> types.CodeType:
@@ -356,6 +364,9 @@ def resume_code(
     f = facts(original)
     body = _copy(f.instrs)
     args = [f"___stack{i}" for i, is_value in enumerate(stack) if is_value] + list(live)
+    if keeps_first_argument(original):
+        assert live and live[0] == original.co_varnames[0], live
+        args.insert(0, args.pop(len(args) - len(live)))  # Note [Zero-argument super in a continuation]
     varnames = args + [v for v in original.co_varnames if v not in args]
     for ins in body:
         _remap(ins, varnames, original)
