@@ -620,3 +620,16 @@ def test_zero_argument_super_works_in_continuations(capsys: pytest.CaptureFixtur
     assert kiln_dynamo.counters.graph_breaks == 3 and kiln_dynamo.counters.fallbacks == []
     cont = [c for c in resume._resume_cache[_UsesSuper.forward.__code__].values()]
     assert cont and all(c.co_varnames[0] == "self" for c in cont)
+
+
+def test_without_the_frame_hook_a_split_frame_runs_its_continuations_as_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kiln_dynamo import eval_frame
+
+    monkeypatch.setattr(eval_frame, "HAVE_HOOK", False)  # Note [Dispatch without the frame hook]
+    compiled = kiln_dynamo.compile(branchy)
+    for x in (torch.ones(3), -torch.ones(3), torch.ones(3)):
+        torch.testing.assert_close(compiled(x), branchy(x))
+    c = kiln_dynamo.counters
+    assert (c.graphs, c.graph_breaks, c.recompiles) == (1, 1, 0)  # only the part before the branch

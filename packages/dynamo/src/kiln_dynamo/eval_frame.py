@@ -164,6 +164,9 @@ def _run_compiled(
         cache.skip_reason = str(e)
         return f(*bound_self, *args, **kwargs)
     counters.frames_captured += 1
+    if captured.split is not None:  # its continuations run as plain Python on this path
+        counters.graph_breaks += 1
+        counters.break_reasons.append(captured.split)
     entry = _Entry(captured, _make_function(f, captured.code))
     cache.entries.insert(0, entry)
     return entry.fn(*call_args, **kwargs)
