@@ -633,3 +633,62 @@ def test_without_the_frame_hook_a_split_frame_runs_its_continuations_as_python(
         torch.testing.assert_close(compiled(x), branchy(x))
     c = kiln_dynamo.counters
     assert (c.graphs, c.graph_breaks, c.recompiles) == (1, 1, 0)  # only the part before the branch
+
+
+# --- a sweep: every capture case split at each of its first instructions -------------------------
+
+
+def _sweep_cases() -> list[tuple[str, Any, tuple[Any, ...]]]:
+    import test_capture_functions
+
+    return list(test_capture_functions.CASES)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_forced_breaks_anywhere_match_eager(k: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """Split every whole-capture case at its k-th splittable instruction (translator's
+    FORCED_BREAK seam): outputs must still equal eager's, on the first call and on a cached one."""
+    from conftest import assert_same
+
+    from kiln_dynamo import translator
+
+    split = 0
+    for name, fn, args in _sweep_cases():
+        kiln_dynamo.reset()
+        eager_args, comp_args = copy.deepcopy(args), copy.deepcopy(args)
+        compiled = kiln_dynamo.compile(fn)
+        for call in range(2):
+            torch.manual_seed(0)
+            expected = fn(*eager_args)
+            translator.FORCED_BREAK.at, translator.FORCED_BREAK.seen = (k if call == 0 else None), 0
+            try:
+                torch.manual_seed(0)
+                actual = compiled(*comp_args)
+            finally:
+                translator.FORCED_BREAK.at = None
+            assert_same(expected, actual, f"{name} split at {k}")
+            assert torch.is_grad_enabled(), f"{name} split at {k} left grad mode off"
+            assert_same(eager_args, comp_args, f"{name} arguments")
+        split += kiln_dynamo.counters.graph_breaks > 0
+    assert split >= 40  # most cases have a k-th splittable instruction
+
+
+def method_of_a_new_set(x: torch.Tensor) -> Any:
+    s = {1, 2}
+    add = s.add  # the set behind the bound method is the local `s`
+    os.getpid()
+    add(3)
+    return x * len(s), s
+
+
+def same_new_list_twice(x: torch.Tensor) -> Any:
+    acc = [x + 1]
+    return acc, acc  # whole capture: one list, returned twice
+
+
+def test_one_new_object_is_rebuilt_once() -> None:
+    x = torch.ones(2)
+    out, s = kiln_dynamo.compile(method_of_a_new_set)(x)
+    assert s == {1, 2, 3} and out.tolist() == [3.0, 3.0]
+    a, b = kiln_dynamo.compile(same_new_list_twice)(x)
+    assert a is b

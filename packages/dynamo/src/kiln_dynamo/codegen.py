@@ -40,6 +40,7 @@ class Reconstructor:
         self.output = output
         self.ctx = CodeContext(output.entry_names, parent=output.ctx, cse=True)
         self.outputs: list[torch.fx.Node] = []
+        self.memo: dict[int, str] = {}  # Note [One object, one rebuild]
         self._out_index: dict[torch.fx.Node, int] = {}
         self.needs_globals = False
 
@@ -59,6 +60,54 @@ class Reconstructor:
 
     def is_mutated(self, vt: VariableTracker) -> bool:
         return self.output.side_effects.is_mutated(vt)
+
+    def bound(self, vt: VariableTracker) -> str | None:
+        """The local a mutable object created in the frame was bound to (Note [One object, one
+        rebuild]), or None."""
+        return self.memo.get(id(vt))
+
+
+# Note [One object, one rebuild]: a list, dict, set or object created inside the frame may be
+# reachable several ways (a local and a stack slot, the object behind a bound method `s.add`, an
+# item of another container, a stored attribute and the return value). Rebuilt once per way, it
+# would become several objects, and a mutation through one would not show through the others.
+# So the runner binds each such object to a local once, children first, and every later
+# reconstruction of that tracker is the local.
+def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
+    from kiln_dynamo.variables.base import MethodVariable
+    from kiln_dynamo.variables.functions import BoundMethodVariable
+    from kiln_dynamo.variables.lists import BaseListVariable
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    out: list[VariableTracker] = []
+    seen: set[int] = set()
+
+    def visit(vt: VariableTracker) -> None:
+        if id(vt) in seen:
+            return
+        seen.add(id(vt))
+        children: list[VariableTracker] = []
+        if isinstance(vt, BaseListVariable):
+            children = list(vt.items)
+        elif isinstance(vt, DictVariable):
+            children = list(vt.items.values())
+        elif isinstance(vt, NewObjectVariable):
+            children = list(vt.attrs.values())
+        elif isinstance(vt, MethodVariable):
+            children = [vt.obj]
+        elif isinstance(vt, BoundMethodVariable):
+            children = [vt.fn, vt.obj]
+        for child in children:
+            visit(child)
+        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable) or (
+            isinstance(vt, SetVariable) and not vt.frozen
+        )
+        if mutable and vt.source is None:
+            out.append(vt)
+
+    for root in roots:
+        visit(root)
+    return out
 
 
 @dataclass(slots=True)
@@ -90,6 +139,13 @@ def generate_runner(
     args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
     graph_call_at = len(body) + len(cg.ctx.stmts)
     emit(f"___o = ___compiled({args})")
+    roots = [v for _, _, v in output.side_effects.attr_stores]
+    for vt in output.side_effects.mutated_containers.values():
+        roots += list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
+    roots += values if values is not None else [result] if result is not None else []
+    for k, vt in enumerate(_mutables(roots)):
+        emit(f"___m{k} = {vt.reconstruct(cg)}")
+        cg.memo[id(vt)] = f"___m{k}"
     for target, name, value in output.side_effects.attr_stores:
         val = value.reconstruct(cg)
         if isinstance(target, _GlobalsTarget):

@@ -70,6 +70,30 @@ def _arg(inst: dis.Instruction) -> int:
     return inst.arg if inst.arg is not None else 0
 
 
+class _ForcedBreak:
+    """A testing seam: with `at = k`, the k-th root instruction whose opname is in `opnames`
+    raises `Unsupported` on the first tracing pass, so that tests can split any frame anywhere
+    and compare it with eager (test_graph_breaks.py's sweep). `at` is None in normal use."""
+
+    opnames = frozenset(
+        {"CALL", "BINARY_OP", "BINARY_SUBSCR", "COMPARE_OP", "LOAD_ATTR", "STORE_ATTR", "STORE_SUBSCR",
+         "BUILD_STRING", "UNPACK_SEQUENCE", "CALL_FUNCTION_EX", "GET_ITER", "UNARY_NEGATIVE"}
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        self.seen = 0
+
+    def maybe_break(self, inst: dis.Instruction) -> None:
+        if inst.opname in self.opnames:
+            self.seen += 1
+            if self.seen == self.at:
+                raise Unsupported("a break forced by a test")
+
+
+FORCED_BREAK = _ForcedBreak()
+
+
 class _Return(Exception):
     def __init__(self, value: VT) -> None:
         self.value = value
@@ -146,6 +170,8 @@ class InstructionTranslator:
                     self.current = inst
                     if inst.offset == self.break_at:
                         raise BreakHere(self, inst)
+                    if FORCED_BREAK.at is not None and self.break_at is None:
+                        FORCED_BREAK.maybe_break(inst)
                 if self.facts.try_extents and self.facts.in_try(inst.offset):
                     # Note [Exception handlers]: the graph cannot catch what a traced op raises at
                     # run time, so nothing inside a try block is traced; the frame splits before it.

@@ -226,9 +226,14 @@ class VariableBuilder:
 
             # An existing grad-mode object (e.g. the one behind @torch.no_grad()): __enter__ applies it.
             self.output.guards.global_state()
-            target = isinstance(value, torch.enable_grad) or bool(getattr(value, "mode", False))
-            if isinstance(value, torch.no_grad):
-                target = False
+            if isinstance(value, torch.set_grad_enabled):
+                # Applied when it was made (a frame split right after `torch.set_grad_enabled(b)`):
+                # its __exit__ restores the mode it saved then.
+                if source is not None:
+                    guards.constant(AttrSource(source, "mode"), value.mode)
+                    guards.constant(AttrSource(source, "prev"), value.prev)
+                return GradModeVariable(bool(value.mode), True, cls=type(value), prev=bool(value.prev))
+            target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
             raise Unsupported(f"torch object of type {type(value).__qualname__}")
