@@ -1,9 +1,9 @@
 """HuggingFace models (the public suite's architectures, tiny configs): never a wrong answer.
 
-Whole-graph capture of these models needs graph breaks (the next issue): their forwards use
-try/except helpers, ModelOutput (an OrderedDict subclass) and registries. Today the outer frames
-fall back with recorded reasons and the inner frames that can be captured are; the result must
-equal eager either way.
+Their forwards use try/except helpers, ModelOutput (an OrderedDict subclass) and registries:
+the frames split at graph breaks (kiln_dynamo's continuations), the parts that cannot be split
+run as plain Python with recorded reasons, and the inner frames are captured on their own; the
+result must equal eager either way.
 """
 
 from __future__ import annotations

@@ -200,3 +200,14 @@ def test_dynamo_module_with_batchnorm_and_dropout() -> None:
         torch.testing.assert_close(b, a)
     for (name, a), b in zip(model.named_buffers(), mine.buffers(), strict=True):
         torch.testing.assert_close(b, a, msg=name)
+
+
+def split_heads(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Three outputs that are views of one intermediate, none a view of another (graph breaks
+    produce such graphs: attention's q, k, v cross the break)."""
+    q, k, v = (x @ w).split(4, dim=-1)
+    return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+
+
+def test_outputs_sharing_an_intermediate_get_their_own_gradients() -> None:
+    check(split_heads, torch.randn(3, 5, requires_grad=True), torch.randn(5, 12, requires_grad=True))

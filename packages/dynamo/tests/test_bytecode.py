@@ -3,6 +3,7 @@ the original signature, on this interpreter and (when installed) on the other su
 
 from __future__ import annotations
 
+import dis
 import inspect
 import json
 import pathlib
@@ -122,6 +123,77 @@ def _other_python() -> str | None:
             if probe.returncode == 0:
                 return cand
     return None
+
+
+@pytest.mark.parametrize("module", MODULES, ids=[m.__name__ for m in MODULES])
+def test_assemble_disassemble_round_trip(module: types.ModuleType) -> None:
+    """assemble(disassemble(code)) gives the same bytes, exception table and lines; the stack
+    depth analysis never exceeds what CPython's compiler computed."""
+    for code in _all_code(module):
+        instrs = bytecode.disassemble(code)
+        asm = bytecode.assemble(instrs, code.co_firstlineno)
+        assert asm.code == code.co_code, code.co_qualname
+        assert asm.exceptiontable == code.co_exceptiontable, code.co_qualname
+        new = code.replace(co_code=asm.code, co_linetable=asm.linetable, co_exceptiontable=asm.exceptiontable)
+        lines = [i.positions.lineno if i.positions else None for i in dis.get_instructions(new)]
+        assert lines == [i.positions.lineno if i.positions else None for i in dis.get_instructions(code)]
+        assert bytecode.stack_depth(instrs) <= code.co_stacksize, code.co_qualname
+
+
+def test_long_jumps_get_extended_args() -> None:
+    """A jump over more than 255 code units needs EXTENDED_ARG, which moves what follows."""
+    body = "\n".join(f"        y = y + {i}" for i in range(300))
+    src = f"def f(x):\n    y = x\n    if x:\n{body}\n    return y\n"
+    scope: dict[str, Any] = {}
+    exec(compile(src, "<long>", "exec"), scope)
+    code = scope["f"].__code__
+    asm = bytecode.assemble(bytecode.disassemble(code), code.co_firstlineno)
+    assert asm.code == code.co_code
+    g = types.FunctionType(code.replace(co_code=asm.code, co_linetable=asm.linetable), {})
+    assert g(1) == 1 + sum(range(300)) and g(0) == 0
+
+
+def continued(a: int, b: list[int]) -> Any:
+    total = a
+    for v in b:
+        total += v
+    with torch.no_grad():
+        c = total * 2
+    try:
+        d = c + 1
+    except ValueError:
+        d = -1
+    return total, c, d
+
+
+def test_continuation_code_runs_the_rest_of_the_function() -> None:
+    """A continuation at each statement start, given the locals live there, returns what the
+    original returns (no frame hook involved: plain CPython runs the generated code)."""
+    from kiln_dynamo import resume
+
+    code = continued.__code__
+    first = code.co_firstlineno
+    # the locals as they are when the statement on that line is about to run
+    before = {
+        first + 4: {"a": 3, "b": [1, 2], "total": 6},  # with torch.no_grad():
+        first + 6: {"a": 3, "b": [1, 2], "total": 6, "c": 12},  # try:
+        first + 10: {"a": 3, "b": [1, 2], "total": 6, "c": 12, "d": 13},  # return
+    }
+    expected = continued(3, [1, 2])
+    n = 0
+    for inst in dis.get_instructions(code):
+        if inst.starts_line not in before:
+            continue
+        values = before.pop(inst.starts_line)  # the line's first instruction only
+        # live and bound (a with-block's handler path makes `c` live before it is bound)
+        live = tuple(sorted(n for n in resume.live_locals(code, inst.offset) if n in values))
+        assert "a" not in live and "total" in live
+        cont = resume.resume_code(code, inst.offset, (), live)
+        assert cont.co_name == f"resume_in_continued_at_{inst.offset}"
+        fn = types.FunctionType(cont, continued.__globals__)
+        assert fn(*[values[name] for name in live]) == expected, inst.starts_line
+        n += 1
+    assert n == 3
 
 
 def test_assembler_on_other_supported_python() -> None:

@@ -1,5 +1,6 @@
-"""Frames kiln cannot capture run as plain Python with a recorded reason — never a crash, never a
-wrong answer; fullgraph=True raises Unsupported naming the user's file:line."""
+"""Frames kiln cannot capture whole split at a graph break (or, when they cannot be split, run as
+plain Python) with a recorded reason — never a crash, never a wrong answer; fullgraph=True raises
+Unsupported naming the user's file:line. The full matrix of break kinds is in test_graph_breaks.py."""
 
 from __future__ import annotations
 
@@ -66,18 +67,33 @@ class TransformerLayer(nn.Module):
         return self.layer(x)
 
 
-FALLBACKS: list[tuple[Any, str]] = [
-    (data_dependent_branch, "data"),
-    (uses_item, "item"),
-    (prints, "print"),
+# Frames that used to run whole as plain Python and now split at the unsupported line.
+BREAKS: list[tuple[Any, str]] = [
+    (data_dependent_branch, "data-dependent branch on a tensor value"),
+    (uses_item, "Tensor.item()"),
+    (prints, "print()"),
     (nonzero, "nonzero"),
-    (try_except, "try/except"),
-    (calls_unknown_c_function, "getcwd"),
+    (calls_unknown_c_function, "C function os.getcwd"),
 ]
+# Frames that still run as plain Python: nothing before the try block to compile.
+FALLBACKS: list[tuple[Any, str]] = [(try_except, "try/except")]
+
+
+@pytest.mark.parametrize(("fn", "why"), BREAKS, ids=[f.__name__ for f, _ in BREAKS])
+def test_break_is_correct_and_recorded(fn: Any, why: str) -> None:
+    x = torch.randn(4)
+    compiled = kiln_dynamo.compile(fn)
+    torch.testing.assert_close(compiled(x), fn(x))
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert kiln_dynamo.counters.fallbacks == []
+    assert kiln_dynamo.counters.graph_breaks == 1
+    (reason,) = kiln_dynamo.counters.break_reasons
+    assert reason.split and why in reason.reason, reason
+    assert reason.filename == __file__ and reason.code_name == fn.__name__
 
 
 @pytest.mark.parametrize(("fn", "why"), FALLBACKS, ids=[f.__name__ for f, _ in FALLBACKS])
-def test_fallback_is_correct_and_recorded(fn: Any, why: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fallback_is_correct_and_recorded(fn: Any, why: str) -> None:
     x = torch.randn(4)
     compiled = kiln_dynamo.compile(fn)
     torch.testing.assert_close(compiled(x), fn(x))
@@ -88,11 +104,12 @@ def test_fallback_is_correct_and_recorded(fn: Any, why: str, capsys: pytest.Capt
     assert "test_fallbacks.py:" in reasons[0]
 
 
-@pytest.mark.parametrize(("fn", "why"), FALLBACKS, ids=[f.__name__ for f, _ in FALLBACKS])
+@pytest.mark.parametrize(("fn", "why"), BREAKS + FALLBACKS, ids=[f.__name__ for f, _ in BREAKS + FALLBACKS])
 def test_fullgraph_raises_with_location(fn: Any, why: str) -> None:
     with pytest.raises(kiln_dynamo.Unsupported) as info:
         kiln_dynamo.compile(fn, fullgraph=True)(torch.randn(4))
     assert info.value.where is not None and "test_fallbacks.py:" in info.value.where
+    assert why in str(info.value)
 
 
 def test_raise_in_frame_propagates_same_exception() -> None:
@@ -100,20 +117,21 @@ def test_raise_in_frame_propagates_same_exception() -> None:
         kiln_dynamo.compile(raises)(torch.randn(2))
 
 
-def test_inner_frame_captured_after_outer_falls_back() -> None:
+def test_outer_frame_splits_and_inner_call_is_inlined_after_the_break() -> None:
     x = torch.randn(3)
     out = kiln_dynamo.compile(outer_falls_back)(x)
     torch.testing.assert_close(out, outer_falls_back(x))
-    assert kiln_dynamo.counters.graphs == 1  # inner_capturable, as its own frame
-    assert [n for n, _ in kiln_dynamo.counters.fallbacks] == ["outer_falls_back"]
+    assert kiln_dynamo.counters.graphs == 1  # the continuation after print, inner_capturable inlined
+    assert kiln_dynamo.counters.graph_breaks == 1 and kiln_dynamo.counters.fallbacks == []
 
 
-def test_unsupported_module_falls_back_correctly() -> None:
+def test_unsupported_module_breaks_at_the_call_correctly() -> None:
     torch.manual_seed(0)
     m = TransformerLayer().eval()
     x = torch.randn(2, 5, 16)
     torch.testing.assert_close(kiln_dynamo.compile(m)(x), m(x))
-    assert kiln_dynamo.counters.fallbacks
+    (reason,) = kiln_dynamo.counters.break_reasons
+    assert reason.split and [f.name for f in reason.frames][:2] == ["forward", "forward"]
 
 
 def test_module_with_hooks_still_runs_hooks() -> None:
@@ -143,8 +161,8 @@ def test_user_descriptors_are_not_run_while_tracing() -> None:
     obj = WithCachedProperty()
     out = kiln_dynamo.compile(uses_cached_property)(torch.ones(2), obj)
     torch.testing.assert_close(out, torch.full((2,), 3.0))
-    assert obj.calls == 1  # run once, by the plain-Python fallback, not by the tracer
-    assert "descriptor" in kiln_dynamo.counters.fallbacks[0][1]
+    assert obj.calls == 1  # run once, by CPython at the graph break, not by the tracer
+    assert "descriptor" in kiln_dynamo.counters.break_reasons[0].reason
 
 
 def inplace_identity(x):

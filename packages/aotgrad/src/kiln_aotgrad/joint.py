@@ -154,10 +154,14 @@ def trace(
             else:
                 infos.append(OutputInfo("input_view", j, size, stride, offset))
             continue
-        if rid in first_by_root:
+        if rid in first_by_root and not (want_training and t.requires_grad):
+            # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
+            # another is right for values, but autograd then routes its gradient through the
+            # other output's geometry, which need not cover it (q, k, v split from one matmul):
+            # outputs that take part in autograd are graph outputs of their own.
             infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
             continue
-        first_by_root[rid] = k
+        first_by_root.setdefault(rid, k)
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
         graph_nodes.append(tracer.node_for(t))
         graph_vals.append(t)

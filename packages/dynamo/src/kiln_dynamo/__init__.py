@@ -1,11 +1,14 @@
-"""kiln-dynamo: whole-graph capture from Python bytecode.
+"""kiln-dynamo: graph capture from Python bytecode.
 
 `compile(fn_or_module, backend="eager", fullgraph=False)` traces a function's bytecode
-symbolically (translator.py, variables/) into one torch.fx graph of the tensor operations it
+symbolically (translator.py, variables/) into a torch.fx graph of the tensor operations it
 performs, with fake tensors (fake.py) standing in for data and guards (guards.py) recording every
 assumption; the frame then runs as a trampoline that calls the backend's compiled graph
-(codegen.py). A frame that cannot be captured runs as plain Python with the reason in
-`counters.fallbacks`. `reset()` drops every cache.
+(codegen.py). Code that no graph can hold is a graph break: the frame is split there, the
+unsupported instruction runs in CPython and capture resumes in a continuation function
+(breaks.py, resume.py); a frame that cannot be split runs as plain Python. Reasons are in
+`counters.break_reasons`; `explain(fn)(*args)` reports graphs, breaks and guards of one call.
+`reset()` drops every cache.
 """
 
 from kiln_dynamo import logs as _logs
@@ -13,21 +16,26 @@ from kiln_dynamo.backends import lookup_backend, register_backend
 from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names
 from kiln_dynamo.counters import Counters, counters
 from kiln_dynamo.eval_frame import CompiledModule, compile, reset
-from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.exc import BreakReason, Unsupported, UserFrame
+from kiln_dynamo.explain import ExplainOutput, explain
 from kiln_dynamo.logs import configure_artifacts
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BreakReason",
     "CapturedFrame",
     "CompiledModule",
     "Counters",
+    "ExplainOutput",
     "Unsupported",
+    "UserFrame",
     "capture",
     "compile",
     "configure_artifacts",
     "counters",
     "entry_names",
+    "explain",
     "lookup_backend",
     "register_backend",
     "reset",

@@ -1,14 +1,24 @@
 """Reading and writing CPython 3.11/3.12 bytecode.
 
 Decision (see Note [Own assembler]): kiln_dynamo owns its assembler instead of pinning PyPI's
-`bytecode`. The code it has to *write* today is small and straight-line: a trampoline with the
-original function's argument layout that loads the frame's entry values and calls a Python
-runner (codegen.py), so the assembler only needs instruction encoding, EXTENDED_ARG, inline cache
-slots, a line table and an empty exception table. Reading goes through `dis`, which already
-decodes 3.11/3.12 (jump targets, cache entries, argument values); `parse_exception_table` /
-`encode_exception_table` implement CPython's varint exception-table format so that rewriting
-whole functions (graph breaks and resume functions, next issue) starts from tested pieces; the
-round-trip tests check them over real code.
+`bytecode`. Two kinds of code are
+written. The trampoline of a whole-frame capture is straight-line (`build_trampoline`). Graph
+breaks need more (resume.py): a continuation function is a copy of the original body with a new
+prologue and new local slots, and the code that replaces a broken frame has jumps and an
+exception handler. For those, `disassemble` turns a code object into a list of `Instr` whose
+jumps and exception-table entries point at other `Instr` objects (not offsets), and `assemble`
+lays such a list out again: EXTENDED_ARG prefixes to a fixed point, jump arguments from the
+targets' new offsets, a line table and the flat exception table recomputed from each
+instruction's entry (Note [Exception table as per-instruction pointers]). Reading goes through
+`dis`, which already decodes 3.11/3.12 (jump targets, cache entries, argument values); the
+round-trip tests check assemble(disassemble(code)) over real code.
+
+Note [Exception table as per-instruction pointers]: CPython's table is flat (non-overlapping
+ranges, innermost handler wins). Each `Instr` carries the `ExnEntry` that covers it (or None),
+shared by identity between the instructions of one range; `assemble` re-derives the ranges by
+grouping consecutive instructions with the same entry. Inserting or moving instructions then
+keeps the table valid by construction, as long as a new instruction is given the entry it
+should be covered by (prologues: none).
 
 Note [Own assembler]: a dependency on `bytecode` would have to be pinned per CPython minor and
 would still need our own stack-depth and exception-table checks; the few hundred lines here are
@@ -68,7 +78,13 @@ def _write_varint(out: bytearray, value: int) -> None:
 
 
 def _write_signed_varint(out: bytearray, value: int) -> None:
-    _write_varint(out, (-value << 1) | 1 if value < 0 else value << 1)
+    """A signed varint of the location table: unlike the exception table's, it is little-endian
+    (least significant 6-bit group first)."""
+    value = (-value << 1) | 1 if value < 0 else value << 1
+    while value >= 64:
+        out.append(64 | (value & 63))
+        value >>= 6
+    out.append(value)
 
 
 def simple_linetable(n_code_units: int, line_delta: int = 0) -> bytes:
@@ -196,3 +212,194 @@ def build_trampoline(code: types.CodeType, runner: object, entry_names: list[str
         co_exceptiontable=b"",
         co_flags=code.co_flags & ~(0x20 | 0x80 | 0x100 | 0x200),  # never a generator/coroutine
     )
+
+
+# --- instruction lists: disassemble, edit, assemble ------------------------------------------
+
+_JUMPS = frozenset(dis.hasjrel) | frozenset(dis.hasjabs)
+
+
+@dataclass(slots=True, eq=False)
+class ExnEntry:
+    """One handler: where to jump, the stack depth to unwind to, and whether to push lasti."""
+
+    target: Instr
+    depth: int
+    lasti: bool
+
+
+@dataclass(slots=True, eq=False)
+class Instr:
+    """A mutable instruction: `arg` is the raw argument except for jumps, whose argument comes
+    from `target` at assembly time. `argval` is dis's decoded value (a name for local, cell and
+    free variable ops, used when a code's variable layout changes)."""
+
+    opname: str
+    arg: int = 0
+    target: Instr | None = None
+    lineno: int | None = None
+    argval: object = None
+    exn: ExnEntry | None = None
+    offset: int = -1  # in the code it was read from; -1 for new instructions
+
+    @property
+    def opcode(self) -> int:
+        return dis.opmap[self.opname]
+
+
+def is_jump(opname: str) -> bool:
+    return dis.opmap[opname] in _JUMPS
+
+
+def disassemble(code: types.CodeType) -> list[Instr]:
+    """`code` as Instr objects: EXTENDED_ARG folded, jumps and handlers pointing at Instrs."""
+    out: list[Instr] = []
+    at: dict[int, Instr] = {}
+    pending: list[int] = []
+    raw = list(dis.get_instructions(code))
+    for inst in raw:
+        if inst.opname == "EXTENDED_ARG":
+            pending.append(inst.offset)
+            continue
+        lineno = inst.positions.lineno if inst.positions is not None else None
+        ins = Instr(inst.opname, inst.arg or 0, None, lineno, inst.argval, None, inst.offset)
+        for off in (*pending, inst.offset):
+            at[off] = ins
+        pending = []
+        out.append(ins)
+    for inst in raw:
+        if inst.opcode in _JUMPS and inst.opname != "EXTENDED_ARG":
+            at[inst.offset].target = at[inst.argval]
+    for e in parse_exception_table(code):
+        entry = ExnEntry(at[e.target], e.depth, e.lasti)
+        for ins in out:
+            if e.start <= ins.offset < e.end:
+                ins.exn = entry
+    return out
+
+
+def _ext_count(arg: int) -> int:
+    return 0 if arg <= 0xFF else 1 if arg <= 0xFFFF else 2 if arg <= 0xFFFFFF else 3
+
+
+def _jump_arg(ins: Instr, start: int, ext: int, offsets: dict[int, int]) -> int:
+    assert ins.target is not None, ins
+    after = start + 2 * ext + 2 + 2 * cache_entries(ins.opcode)
+    target = offsets[id(ins.target)]
+    delta = (after - target) if "BACKWARD" in ins.opname else (target - after)
+    if delta < 0:
+        raise ValueError(f"{ins.opname} cannot jump {'forward' if 'BACKWARD' in ins.opname else 'backward'}")
+    return delta // 2
+
+
+@dataclass(slots=True)
+class Assembled:
+    code: bytes
+    linetable: bytes
+    exceptiontable: bytes
+    offsets: dict[int, int]  # id(Instr) -> offset of its first code unit (EXTENDED_ARG included)
+    real: dict[int, int]  # id(Instr) -> offset of its opcode (what dis reports)
+
+
+def assemble(instrs: list[Instr], firstlineno: int) -> Assembled:
+    """Lay out `instrs`: EXTENDED_ARG prefixes grow until every argument fits (a fixed point,
+    since a longer jump may need a prefix that moves other targets)."""
+    exts = [_ext_count(i.arg) if i.target is None else 0 for i in instrs]
+    while True:
+        offsets: dict[int, int] = {}
+        pos = 0
+        for ins, ext in zip(instrs, exts, strict=True):
+            offsets[id(ins)] = pos
+            pos += 2 * ext + 2 + 2 * cache_entries(ins.opcode)
+        changed = False
+        for k, ins in enumerate(instrs):
+            if ins.target is not None:
+                ins.arg = _jump_arg(ins, offsets[id(ins)], exts[k], offsets)
+                need = _ext_count(ins.arg)
+                if need > exts[k]:
+                    exts[k] = need
+                    changed = True
+        if not changed:
+            break
+    out = bytearray()
+    for ins, ext in zip(instrs, exts, strict=True):
+        for shift in range(ext, 0, -1):
+            out += bytes([_EXTENDED_ARG, (ins.arg >> (8 * shift)) & 0xFF])
+        out += bytes([ins.opcode, ins.arg & 0xFF])
+        out += b"\x00\x00" * cache_entries(ins.opcode)
+    # the location table: line only (code 13) or none (code 15), at most 8 code units per entry
+    lines = bytearray()
+    line = firstlineno
+    for ins, ext in zip(instrs, exts, strict=True):
+        units = ext + 1 + cache_entries(ins.opcode)
+        while units > 0:
+            n = min(8, units)
+            if ins.lineno is None:
+                lines.append(0x80 | (15 << 3) | (n - 1))
+            else:
+                lines.append(0x80 | (13 << 3) | (n - 1))
+                _write_signed_varint(lines, ins.lineno - line)
+                line = ins.lineno
+            units -= n
+    # the exception table: consecutive instructions sharing an entry form one range
+    entries: list[ExceptionTableEntry] = []
+    k = 0
+    while k < len(instrs):
+        entry = instrs[k].exn
+        if entry is None:
+            k += 1
+            continue
+        j = k
+        while j + 1 < len(instrs) and instrs[j + 1].exn is entry:
+            j += 1
+        end = offsets[id(instrs[j])] + 2 * exts[j] + 2 + 2 * cache_entries(instrs[j].opcode)
+        entries.append(
+            ExceptionTableEntry(
+                offsets[id(instrs[k])], end, offsets[id(entry.target)], entry.depth, entry.lasti
+            )
+        )
+        k = j + 1
+    real = {id(ins): offsets[id(ins)] + 2 * ext for ins, ext in zip(instrs, exts, strict=True)}
+    return Assembled(bytes(out), bytes(lines), encode_exception_table(entries), offsets, real)
+
+
+def stack_depth(instrs: list[Instr]) -> int:
+    """The deepest stack any path through `instrs` reaches (handlers start at depth + 1 + lasti)."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    depth_at: dict[int, int] = {0: 0}
+    work = [0]
+    best = 0
+    terminal = {
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        "RAISE_VARARGS",
+        "RERAISE",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "JUMP",
+        "JUMP_NO_INTERRUPT",
+    }
+
+    def visit(k: int, d: int) -> None:
+        if k < len(instrs) and depth_at.get(k, -1) < d:
+            depth_at[k] = d
+            work.append(k)
+
+    while work:
+        k = work.pop()
+        ins = instrs[k]
+        d = depth_at[k]
+        best = max(best, d)
+        if ins.exn is not None:
+            visit(index[id(ins.exn.target)], ins.exn.depth + 1 + int(ins.exn.lasti))
+        arg = ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None
+        if ins.target is not None:
+            jd = d + dis.stack_effect(ins.opcode, arg, jump=True)
+            best = max(best, jd)
+            visit(index[id(ins.target)], jd)
+        if ins.opname not in terminal:
+            nd = d + dis.stack_effect(ins.opcode, arg, jump=False)
+            best = max(best, nd)
+            visit(k + 1, nd)
+    return best

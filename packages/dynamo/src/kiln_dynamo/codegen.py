@@ -13,7 +13,8 @@ source for one function, the runner:
 The transformed code object (`bytecode.build_trampoline`) has the original's signature and only
 calls the runner with the entry values, so the frame hook's cache entry is (guard, trampoline).
 `Reconstructor` is the small interface trackers use to render themselves (`source`, `const`,
-`graph_output`).
+`graph_output`). A frame split by a graph break has a runner too: it ends by returning the stack
+slots and live locals the split code needs (resume.py), instead of the return value.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.fx
 
 from kiln_dynamo.exc import Unsupported
@@ -38,6 +40,7 @@ class Reconstructor:
         self.output = output
         self.ctx = CodeContext(output.entry_names, parent=output.ctx, cse=True)
         self.outputs: list[torch.fx.Node] = []
+        self.memo: dict[int, str] = {}  # Note [One object, one rebuild]
         self._out_index: dict[torch.fx.Node, int] = {}
         self.needs_globals = False
 
@@ -58,6 +61,54 @@ class Reconstructor:
     def is_mutated(self, vt: VariableTracker) -> bool:
         return self.output.side_effects.is_mutated(vt)
 
+    def bound(self, vt: VariableTracker) -> str | None:
+        """The local a mutable object created in the frame was bound to (Note [One object, one
+        rebuild]), or None."""
+        return self.memo.get(id(vt))
+
+
+# Note [One object, one rebuild]: a list, dict, set or object created inside the frame may be
+# reachable several ways (a local and a stack slot, the object behind a bound method `s.add`, an
+# item of another container, a stored attribute and the return value). Rebuilt once per way, it
+# would become several objects, and a mutation through one would not show through the others.
+# So the runner binds each such object to a local once, children first, and every later
+# reconstruction of that tracker is the local.
+def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
+    from kiln_dynamo.variables.base import MethodVariable
+    from kiln_dynamo.variables.functions import BoundMethodVariable
+    from kiln_dynamo.variables.lists import BaseListVariable
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    out: list[VariableTracker] = []
+    seen: set[int] = set()
+
+    def visit(vt: VariableTracker) -> None:
+        if id(vt) in seen:
+            return
+        seen.add(id(vt))
+        children: list[VariableTracker] = []
+        if isinstance(vt, BaseListVariable):
+            children = list(vt.items)
+        elif isinstance(vt, DictVariable):
+            children = list(vt.items.values())
+        elif isinstance(vt, NewObjectVariable):
+            children = list(vt.attrs.values())
+        elif isinstance(vt, MethodVariable):
+            children = [vt.obj]
+        elif isinstance(vt, BoundMethodVariable):
+            children = [vt.fn, vt.obj]
+        for child in children:
+            visit(child)
+        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable) or (
+            isinstance(vt, SetVariable) and not vt.frozen
+        )
+        if mutable and vt.source is None:
+            out.append(vt)
+
+    for root in roots:
+        visit(root)
+    return out
+
 
 @dataclass(slots=True)
 class RunnerSpec:
@@ -66,7 +117,16 @@ class RunnerSpec:
     needs_graph: bool
 
 
-def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[RunnerSpec, Reconstructor]:
+def generate_runner(
+    output: OutputGraph,
+    result: VariableTracker | None,
+    values: list[VariableTracker] | None = None,
+    grad_mode: bool | None = None,
+    autocast_reenter: list[tuple[Any, ...]] | None = None,
+) -> tuple[RunnerSpec, Reconstructor]:
+    """The runner's source. It returns `result` rebuilt, or, for a frame split by a graph break,
+    the tuple of `values` (stack slots and live locals, resume.py) after setting `grad_mode`.
+    Each tracker in `values` is rebuilt once, so two slots holding one list stay one list."""
     from kiln_dynamo.translator import _GlobalsTarget
 
     cg = Reconstructor(output)
@@ -79,6 +139,13 @@ def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[Runne
     args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
     graph_call_at = len(body) + len(cg.ctx.stmts)
     emit(f"___o = ___compiled({args})")
+    roots = [v for _, _, v in output.side_effects.attr_stores]
+    for vt in output.side_effects.mutated_containers.values():
+        roots += list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
+    roots += values if values is not None else [result] if result is not None else []
+    for k, vt in enumerate(_mutables(roots)):
+        emit(f"___m{k} = {vt.reconstruct(cg)}")
+        cg.memo[id(vt)] = f"___m{k}"
     for target, name, value in output.side_effects.attr_stores:
         val = value.reconstruct(cg)
         if isinstance(target, _GlobalsTarget):
@@ -103,7 +170,27 @@ def generate_runner(output: OutputGraph, result: VariableTracker) -> tuple[Runne
             emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
         else:
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
-    emit(f"return {result.reconstruct(cg)}")
+    if values is None:
+        assert result is not None
+        out = result.reconstruct(cg)
+        if grad_mode is not None:
+            emit(f"___ret = {out}")
+            emit(f"{cg.const(torch._C._set_grad_enabled)}({grad_mode})")
+            out = "___ret"
+        emit(f"return {out}")
+    else:
+        names: dict[int, str] = {}
+        for vt in values:
+            if id(vt) not in names:
+                names[id(vt)] = f"___s{len(names)}"
+                emit(f"{names[id(vt)]} = {vt.reconstruct(cg)}")
+        if grad_mode is not None:
+            emit(f"{cg.const(torch._C._set_grad_enabled)}({grad_mode})")
+        for block in autocast_reenter or []:
+            from torch.amp.autocast_mode import _enter_autocast
+
+            emit(f"{cg.const(_enter_autocast)}(*{cg.const(block)})")
+        emit(f"return ({''.join(names[id(vt)] + ', ' for vt in values)})")
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     if not needs_graph:
         del body[graph_call_at]

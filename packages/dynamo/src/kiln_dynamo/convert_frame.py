@@ -3,11 +3,13 @@
 `capture(code, entry_values, f_globals, f_builtins, backend)` is the whole pipeline for one frame:
 trace it symbolically (translator.py) into an OutputGraph, render the runner (codegen.py), close
 the graph with the runner's outputs, hand the GraphModule and the real example inputs to the
-backend, compile the guard (guards.py) and assemble the trampoline (bytecode.py). It returns a
-`CapturedFrame` or raises `Unsupported`.
+backend, compile the guard (guards.py) and assemble the trampoline (bytecode.py). When something
+in the frame is unsupported, the frame is traced again up to that point and split there (a graph
+break: breaks.py decides, resume.py writes the split code and the continuation), so the returned
+`CapturedFrame` may carry a `split` reason; when it cannot be split, `Unsupported` is raised.
 
-Global state that tracing touches (grad mode) is saved before and restored after, whatever
-happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
+Global state that tracing touches (grad mode, autocast) is saved before and restored after,
+whatever happens. Any exception other than `Unsupported` raised while tracing is a kiln bug: it is turned
 into an `Unsupported` with the internal error named, so that the frame falls back instead of
 crashing the user's program (Note [Never a crash]).
 
@@ -16,6 +18,8 @@ torch's own and generated code, explains why the existing entries' guards failed
 `recompiles` log), captures the frame and answers with `GuardedCode(guard, trampoline)`; a frame
 that cannot be captured is answered with SKIP (it runs as plain Python from then on; the frames
 it calls are still offered to the callback), or, under fullgraph, the `Unsupported` propagates.
+Either way the reason is recorded (`counters.break_reasons`) and logged once per site
+(`KILN_LOG=graph_breaks`). Continuations are captured like any frame.
 
 Note [One callback per compile]: each `compile(...)` call makes its own callback and installs it
 as the *thread* callback only while its wrapper runs, so only frames started by the compiled
@@ -35,16 +39,19 @@ from typing import Any
 import torch
 import torch.fx
 
-from kiln_dynamo import bytecode
+from kiln_dynamo import bytecode, resume
 from kiln_dynamo.backends import Backend
 from kiln_dynamo.backends import eager as eager_backend
+from kiln_dynamo.breaks import CannotSplit, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
-from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.exc import BreakReason, Unsupported
 from kiln_dynamo.guards import Guard, build_guard, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
-from kiln_dynamo.translator import run_root
+from kiln_dynamo.resume import SplitPlan
+from kiln_dynamo.translator import BreakHere, run_root
+from kiln_dynamo.variables.opaque import autocast_state, restore_autocast_state
 
 
 def entry_names(code: types.CodeType) -> list[str]:
@@ -63,6 +70,7 @@ class CapturedFrame:
     runner_source: str
     capture_seconds: float
     has_side_effects: bool = False
+    split: BreakReason | None = None  # set when the frame was split at a graph break
 
 
 def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
@@ -99,22 +107,81 @@ def capture(
     f_globals: dict[str, Any],
     f_builtins: dict[str, Any],
     backend: Backend,
+    allow_breaks: bool = True,
+) -> CapturedFrame:
+    """Capture the frame whole, or, when something in it is unsupported and `allow_breaks`,
+    split it at a graph break (breaks.py, Note [Trace twice]). Raises `Unsupported` when neither
+    works; `not_split` on it then says why the frame could not be split."""
+    try:
+        return _capture(code, entry_values, f_globals, f_builtins, backend, None)
+    except Unsupported as e:
+        if not allow_breaks or e.break_offset is None:
+            raise
+        first = e
+    try:
+        return _capture(code, entry_values, f_globals, f_builtins, backend, first)
+    except CannotSplit as why:
+        first.not_split = str(why)
+        if why.loop_entry is not None:
+            # Note [Splitting before a loop]: the part of the frame before the loop is still
+            # worth a graph; the continuation, which holds the loop, will run as plain Python.
+            retry = Unsupported(
+                first.msg, first.where, advice=first.advice, frames=first.frames, before=True, depth=0
+            )
+            retry.break_offset = why.loop_entry
+            retry.note = f"split before the loop around it: {why}"
+            try:
+                return _capture(code, entry_values, f_globals, f_builtins, backend, retry)
+            except (CannotSplit, Unsupported):
+                pass
+    except Unsupported as e:
+        first.not_split = f"the second tracing pass failed: {e.msg}"
+    raise first
+
+
+def _capture(
+    code: types.CodeType,
+    entry_values: dict[str, Any],
+    f_globals: dict[str, Any],
+    f_builtins: dict[str, Any],
+    backend: Backend,
+    brk: Unsupported | None,
 ) -> CapturedFrame:
     t0 = time.perf_counter()
     names = entry_names(code)
     assert list(entry_values) == names, (list(entry_values), names)
     output = OutputGraph(code, names, f_globals)
     grad = torch.is_grad_enabled()
+    autocast = autocast_state()
+    plan: SplitPlan | None = None
     try:
-        result = run_root(output, code, f_globals, f_builtins, entry_values)
-        if torch.is_grad_enabled() != grad:
-            raise Unsupported("the frame changes grad mode and does not restore it")
-        spec, _ = generate_runner(output, result)
-    except Unsupported:
+        result = run_root(
+            output, code, f_globals, f_builtins, entry_values, brk.break_offset if brk is not None else None
+        )
+        if isinstance(result, BreakHere):
+            assert brk is not None
+            before = brk.before and brk.depth == 0
+            values, plan = prepare_split(result, code, before)
+            reenter = _close_autocast_blocks(output, result)
+            if before and output.op_count() == 0 and not output.side_effects.any():
+                raise CannotSplit("nothing to compile before it")
+            spec, _ = generate_runner(
+                output, None, values, _final_grad_mode(output, result.grad_mode), reenter
+            )
+        else:
+            if brk is not None:
+                raise CannotSplit("the second tracing pass did not reach the break")
+            final = _final_grad_mode(output, torch.is_grad_enabled())
+            spec, _ = generate_runner(output, result, grad_mode=final)
+    except (Unsupported, CannotSplit):
         raise
     except Exception as e:  # Note [Never a crash]
         raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
     finally:
+        for ctx in reversed(output.open_contexts):  # Note [Autocast as graph state]
+            ctx.__exit__(None, None, None)
+        output.open_contexts.clear()
+        restore_autocast_state(autocast)
         torch._C._set_grad_enabled(grad)
     gm: torch.fx.GraphModule | None = None
     compiled: Callable[..., Any] | None = None
@@ -151,12 +218,62 @@ def capture(
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
-    trampoline = bytecode.build_trampoline(code, runner, names)
+    split: BreakReason | None = None
+    if plan is None:
+        new_code = bytecode.build_trampoline(code, runner, names)
+    else:
+        assert brk is not None
+        new_code = resume.split_code(code, runner, names, plan)
+        split = BreakReason.of(brk, _display_name(code), split=True, note=brk.note)
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
+        if plan is not None:
+            import dis
+
+            bytecode_log.info("split code of %s:\n%s", code.co_name, dis.Bytecode(new_code).dis())
     output.builder.keepalive.clear()
-    side_effects = bool(output.side_effects.attr_stores or output.side_effects.mutated_containers)
-    return CapturedFrame(gm, guard, trampoline, runner, spec.source, time.perf_counter() - t0, side_effects)
+    side_effects = output.side_effects.any()
+    return CapturedFrame(
+        gm, guard, new_code, runner, spec.source, time.perf_counter() - t0, side_effects, split
+    )
+
+
+def _close_autocast_blocks(output: OutputGraph, b: BreakHere) -> list[tuple[Any, ...]]:
+    """Autocast blocks entered in this graph and still open at the split: the graph leaves them
+    (so that it is self-contained), and the runner enters them again before the break
+    instruction runs; their exits cross the split as AutocastExit objects. Returns the arguments
+    to enter them with, outermost first."""
+    from torch.amp.autocast_mode import _exit_autocast
+
+    from kiln_dynamo.variables.torch import AutocastVariable, WithExitVariable
+
+    open_blocks = [
+        v.ctx
+        for v in b.tx.stack
+        if isinstance(v, WithExitVariable)
+        and isinstance(v.ctx, AutocastVariable)
+        and not v.ctx.entered_before
+    ]
+    for block in reversed(open_blocks):
+        output.graph.create_node("call_function", _exit_autocast, (block.node,), {})
+    return [block.args for block in open_blocks]
+
+
+def _final_grad_mode(output: OutputGraph, mode: bool) -> bool | None:
+    """Note [Grad mode at the end of a frame]: a frame may end in another grad mode than it began
+    in (a continuation that leaves a `no_grad` block, a call to `torch.set_grad_enabled(False)`,
+    a split inside a block). The graph always ends in the mode it began in, so that a backend
+    sees a self-contained graph; the runner then sets the final mode itself (returned here, None
+    when unchanged)."""
+    if mode == output.initial_grad_mode:
+        return None
+    output.set_grad_mode(output.initial_grad_mode)
+    return mode
+
+
+def _display_name(code: types.CodeType) -> str:
+    info = resume.resume_info(code)
+    return code.co_name if info is None else f"{info.original.co_name} (continuation {code.co_name})"
 
 
 # --- the frame hook's callback ----------------------------------------------------------------
@@ -185,7 +302,9 @@ def make_callback(
 
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
-        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200) or (code not in targets and not is_user_code(code)):
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            return hook.SKIP  # generators and coroutines (a compiled one is reported by compile())
+        if code not in targets and not resume.is_resume_code(code) and not is_user_code(code):
             return hook.SKIP
         counters.frames_seen += 1
         values = tuple(frame.locals.values())
@@ -206,23 +325,54 @@ def make_callback(
                 recompiles_log.warning("%s: %s", code.co_name, msg)
                 return hook.RUN_ONLY  # cached entries still run; no more captures of this code
         try:
-            captured = capture(code, dict(frame.locals), frame.globals, frame.builtins, backend)
+            captured = capture(
+                code, dict(frame.locals), frame.globals, frame.builtins, backend, allow_breaks=not fullgraph
+            )
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
             if fullgraph and isinstance(e, Unsupported):
                 raise
-            reason = str(e) if isinstance(e, Unsupported) else f"internal error: {type(e).__name__}: {e}"
-            counters.fallbacks.append((code.co_name, reason))
-            graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
+            if isinstance(e, Unsupported):
+                record_plain(code, e)
+            else:
+                reason = f"internal error: {type(e).__name__}: {e}"
+                counters.fallbacks.append((code.co_name, reason))
+                graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, reason)
             return hook.SKIP
-        if captured.graph_module is None and not captured.has_side_effects:
+        if captured.split is not None:
+            counters.graph_breaks += 1
+            counters.break_reasons.append(captured.split)
+            _log_break(captured.split)
+        elif captured.graph_module is None and not captured.has_side_effects:
             # Note [Frames without tensor work]: nothing to compile; plain Python is as fast.
             counters.frames_without_graph += 1
             return hook.SKIP
         counters.frames_captured += 1
+        for listen in capture_listeners:
+            listen(_display_name(code), captured)
         hook.skip_code(captured.runner.__code__)
         return hook.GuardedCode(captured.guard, captured.code)
 
     return callback
+
+
+# Called with (frame name, CapturedFrame) for each frame installed in the cache (explain.py).
+capture_listeners: list[Callable[[str, CapturedFrame], None]] = []
+
+_logged_sites: set[tuple[str, str | None, int | None, str]] = set()
+
+
+def _log_break(reason: BreakReason) -> None:
+    """KILN_LOG=graph_breaks: each break once per site (file, line, reason)."""
+    if reason.site not in _logged_sites:
+        _logged_sites.add(reason.site)
+        graph_breaks_log.info("%s", reason)
+
+
+def record_plain(code: types.CodeType, e: Unsupported) -> None:
+    counters.fallbacks.append((code.co_name, str(e)))
+    reason = BreakReason.of(e, _display_name(code), split=False, not_split=e.not_split)
+    counters.break_reasons.append(reason)
+    _log_break(reason)
 
 
 def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kiln_dynamo.exc import BreakReason
+
 
 @dataclass(slots=True)
 class Counters:
@@ -18,6 +20,8 @@ class Counters:
     ops: int = 0  # call_function/call_method/get_attr nodes across all graphs
     recompiles: int = 0  # captures of a code that already had an entry
     frames_without_graph: int = 0  # captured, found no tensor work, left to run as plain Python
+    graph_breaks: int = 0  # frames split at a graph break (each split counted once, at capture)
+    break_reasons: list[BreakReason] = field(default_factory=list)  # splits and plain-Python frames
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     guard_failures: list[str] = field(default_factory=list)
 
@@ -28,6 +32,8 @@ class Counters:
         self.ops = 0
         self.recompiles = 0
         self.frames_without_graph = 0
+        self.graph_breaks = 0
+        self.break_reasons.clear()
         self.fallbacks.clear()
         self.guard_failures.clear()
 

@@ -2,9 +2,10 @@
 
 `compile(fn, backend)` returns a callable that, on each call, looks for a cache entry of `fn`'s
 code whose guard accepts the call's entry values and runs its trampoline; on a miss it captures
-the frame (convert_frame.py) and adds an entry, up to the cache limit. A frame that cannot be
-captured runs as plain Python, with the reason recorded in `counters.fallbacks` (or, with
-`fullgraph=True`, raised as `Unsupported`).
+the frame (convert_frame.py) and adds an entry, up to the cache limit. A frame with code no
+graph can hold is split at a graph break and capture resumes in a continuation function; one
+that cannot be split runs as plain Python, with the reason recorded in `counters.fallbacks` (or,
+with `fullgraph=True`, raised as `Unsupported`).
 
 The normal path is kiln_frame_hook: the wrapper installs this compile's callback as the thread
 callback while `fn` runs (Note [One callback per compile] in convert_frame.py), and the hook's
@@ -16,12 +17,14 @@ checkout that was not built), the cache lives here, per code object, and the wra
 hook's work in Python: it binds the call's arguments exactly as CPython would (by calling a
 trampoline whose runner just returns the entry values), checks guards most-recently-hit first,
 and calls the chosen trampoline as a function with the original globals, defaults and closure.
-Only the frame of `fn` itself is captured then.
+Only the frame of `fn` itself is captured then (a split frame's continuations run as plain
+Python there).
 """
 
 from __future__ import annotations
 
 import functools
+import linecache
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,11 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln_dynamo import bytecode
+from kiln_dynamo import bytecode, convert_frame
 from kiln_dynamo.backends import Backend, lookup_backend
-from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names, make_callback
+from kiln_dynamo.convert_frame import CapturedFrame, _logged_sites, capture, entry_names, make_callback
 from kiln_dynamo.counters import counters
-from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.logs import graph_breaks_log, recompiles_log
 
 CACHE_LIMIT = 8
@@ -67,6 +70,7 @@ _caches: dict[types.CodeType, _CodeCache] = {}
 def reset() -> None:
     """Drop every cache entry and zero the counters."""
     _caches.clear()
+    _logged_sites.clear()
     if HAVE_HOOK:
         _hook.reset()
     counters.reset()
@@ -160,6 +164,9 @@ def _run_compiled(
         cache.skip_reason = str(e)
         return f(*bound_self, *args, **kwargs)
     counters.frames_captured += 1
+    if captured.split is not None:  # its continuations run as plain Python on this path
+        counters.graph_breaks += 1
+        counters.break_reasons.append(captured.split)
     entry = _Entry(captured, _make_function(f, captured.code))
     cache.entries.insert(0, entry)
     return entry.fn(*call_args, **kwargs)
@@ -217,6 +224,19 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
     if not isinstance(fn_or_module, (types.FunctionType, types.MethodType)) and callable(fn_or_module):
         fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
     f, bound = _as_function(fn_or_module)
+    code = f.__code__
+    if code.co_flags & (0x20 | 0x200):
+        # Its frame runs when the generator is iterated, after the call returned: never captured.
+        line = linecache.getline(code.co_filename, code.co_firstlineno).strip()
+        convert_frame.record_plain(
+            code,
+            Unsupported(
+                "generator function: kiln runs generators as plain Python",
+                f"{code.co_filename}:{code.co_firstlineno}",
+                advice="compile the function that consumes the generator instead",
+                frames=(UserFrame(code.co_filename, code.co_firstlineno, code.co_name, line),),
+            ),
+        )
     if HAVE_HOOK:
         callback = make_callback(be, fullgraph, frozenset([f.__code__]))
 

@@ -163,6 +163,20 @@ class GuardBuilder:
             f"{self.ctx.const(torch.get_default_dtype)}() == {self.ctx.const(dt)}",
             f"torch.get_default_dtype() == {dt}",
         )
+        # autocast: one call when it is off (the common case), the state per device when it is on
+        any_on = torch._C._is_any_autocast_enabled()
+        self.add(
+            f"{self.ctx.const(torch._C._is_any_autocast_enabled)}() is {any_on}",
+            f"autocast {'enabled' if any_on else 'disabled'} on every device",
+        )
+        if any_on:
+            for device in ("cpu", "cuda"):
+                on, dtype = torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+                self.add(
+                    f"{self.ctx.const(torch.is_autocast_enabled)}({device!r}) is {on} and "
+                    f"{self.ctx.const(torch.get_autocast_dtype)}({device!r}) == {self.ctx.const(dtype)}",
+                    f"torch.is_autocast_enabled({device!r}) == {on} and autocast dtype == {dtype}",
+                )
 
 
 @dataclass(slots=True)

@@ -57,6 +57,9 @@ class SideEffects:
     def is_mutated(self, container: VT) -> bool:
         return id(container) in self.mutated_containers
 
+    def any(self) -> bool:
+        return bool(self.attr_stores or self.mutated_containers)
+
 
 class OutputGraph:
     def __init__(self, code: types.CodeType, entry_names: list[str], f_globals: dict[str, Any]) -> None:
@@ -72,6 +75,7 @@ class OutputGraph:
         self._input_by_id: dict[int, TensorVariable] = {}
         self._real_cells: dict[int, CellVariable] = {}
         self.fallback_reasons: list[str] = []
+        self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
         self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
         self.guards.global_state()

@@ -4,12 +4,16 @@
 entries dropped, jump targets as offsets). Its state is a stack and a dict of locals holding
 `VariableTracker`s, the cells of the frame, and the instruction pointer. Each opcode is the
 method of the same name; an opcode without a method is `Unsupported`. Jumps on constants are
-followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported.
+followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported,
+which makes it a graph break. For graph breaks the root translator records the instruction it
+was running when `Unsupported` escaped (`break_offset`) and, on the second pass, stops right
+before it (`BreakHere`); code inside a try block is never traced (Note [Exception handlers]).
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
-parent's OutputGraph, so the whole call tree lands in one graph. Generator functions
-(generator expressions) run to completion in a child translator that collects the yielded
-values into a list iterator.
+parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
+torch's own generators run to completion in a child translator that collects the yielded values
+into a list iterator; a user's generator function is a graph break (Note [Generators run as
+Python]).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
@@ -23,14 +27,15 @@ from __future__ import annotations
 
 import dis
 import operator
+import os
 import sys
 import types
 from typing import Any
 
 import torch
 
-from kiln_dynamo import bytecode
-from kiln_dynamo.exc import Unsupported
+from kiln_dynamo import bytecode, resume
+from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.output import OutputGraph, source_line
 from kiln_dynamo.source import ForeignGlobalSource, GlobalSource, Source
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
@@ -40,7 +45,12 @@ from kiln_dynamo.variables.functions import NestedFunctionVariable
 from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
-from kiln_dynamo.variables.torch import TRUSTED_MODULE_PREFIXES, GradModeVariable, WithExitVariable
+from kiln_dynamo.variables.torch import (
+    TRUSTED_MODULE_PREFIXES,
+    AutocastVariable,
+    GradModeVariable,
+    WithExitVariable,
+)
 from kiln_dynamo.variables.user_defined import SuperVariable
 
 PY = bytecode.PY_VERSION
@@ -49,6 +59,7 @@ if PY not in ((3, 11), (3, 12)):
 
 VT = VariableTracker
 MAX_INLINE_DEPTH = 40
+_TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
 
 _BINARY_BY_SYMBOL = {sym: fn for fn, sym in BINARY_OPERATORS.items()}
 _COMPARE_BY_SYMBOL = {sym: fn for fn, sym in COMPARE_OPERATORS.items()}
@@ -59,9 +70,42 @@ def _arg(inst: dis.Instruction) -> int:
     return inst.arg if inst.arg is not None else 0
 
 
+class _ForcedBreak:
+    """A testing seam: with `at = k`, the k-th root instruction whose opname is in `opnames`
+    raises `Unsupported` on the first tracing pass, so that tests can split any frame anywhere
+    and compare it with eager (test_graph_breaks.py's sweep). `at` is None in normal use."""
+
+    opnames = frozenset(
+        {"CALL", "BINARY_OP", "BINARY_SUBSCR", "COMPARE_OP", "LOAD_ATTR", "STORE_ATTR", "STORE_SUBSCR",
+         "BUILD_STRING", "UNPACK_SEQUENCE", "CALL_FUNCTION_EX", "GET_ITER", "UNARY_NEGATIVE"}
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        self.seen = 0
+
+    def maybe_break(self, inst: dis.Instruction) -> None:
+        if inst.opname in self.opnames:
+            self.seen += 1
+            if self.seen == self.at:
+                raise Unsupported("a break forced by a test")
+
+
+FORCED_BREAK = _ForcedBreak()
+
+
 class _Return(Exception):
     def __init__(self, value: VT) -> None:
         self.value = value
+
+
+class BreakHere(Exception):
+    """The second tracing pass reached the instruction where the frame splits (resume.py)."""
+
+    def __init__(self, tx: InstructionTranslator, inst: dis.Instruction) -> None:
+        self.tx = tx
+        self.inst = inst
+        self.grad_mode = torch.is_grad_enabled()
 
 
 class InstructionTranslator:
@@ -90,29 +134,29 @@ class InstructionTranslator:
         self.lineno: int | None = code.co_firstlineno
         self.kw_names: tuple[str, ...] = ()
         self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
-        opnames = {inst.opname for inst in self.instructions}
-        if "CHECK_EXC_MATCH" in opnames or (
-            "PUSH_EXC_INFO" in opnames and "WITH_EXCEPT_START" not in opnames
-        ):
-            # Note [Exception handlers]: the graph cannot catch what a traced op raises at run time.
-            raise Unsupported(
-                f"try/except or try/finally in {code.co_name}", f"{code.co_filename}:{code.co_firstlineno}"
-            )
+        self.facts = resume.facts(code)
+        self.break_at: int | None = None  # root only: split the frame when this offset is reached
+        self.current: dis.Instruction | None = None
 
     # --- locations ----------------------------------------------------------------------------
     def where(self) -> str:
         return f"{self.code.co_filename}:{self.lineno}"
 
-    def stack_trace(self) -> str:
+    def user_frames(self) -> tuple[UserFrame, ...]:
+        """The user's frames from the captured frame down to this one (inlined calls)."""
         frames = []
         tx: InstructionTranslator | None = self
         while tx is not None:
+            info = resume.resume_info(tx.code)
+            name = tx.code.co_name if info is None else info.original.co_name
             frames.append(
-                f'  File "{tx.code.co_filename}", line {tx.lineno}, in {tx.code.co_name}\n'
-                f"    {source_line(tx.code.co_filename, tx.lineno)}"
+                UserFrame(tx.code.co_filename, tx.lineno, name, source_line(tx.code.co_filename, tx.lineno))
             )
             tx = tx.parent
-        return "\n".join(reversed(frames))
+        return tuple(reversed(frames))
+
+    def stack_trace(self) -> str:
+        return "\n".join(f"  {f}" for f in self.user_frames())
 
     # --- running ------------------------------------------------------------------------------
     def run(self) -> VT:
@@ -122,6 +166,20 @@ class InstructionTranslator:
                 self.ip += 1
                 if inst.positions is not None and inst.positions.lineno is not None:
                     self.lineno = inst.positions.lineno
+                if self.parent is None:
+                    self.current = inst
+                    if inst.offset == self.break_at:
+                        raise BreakHere(self, inst)
+                    if FORCED_BREAK.at is not None and self.break_at is None:
+                        FORCED_BREAK.maybe_break(inst)
+                if self.facts.try_extents and self.facts.in_try(inst.offset):
+                    # Note [Exception handlers]: the graph cannot catch what a traced op raises at
+                    # run time, so nothing inside a try block is traced; the frame splits before it.
+                    raise Unsupported(
+                        "try/except block: kiln does not compile code inside a try block",
+                        advice="move the try/except outside the compiled function, or into a helper function",
+                        before=True,
+                    )
                 handler = getattr(self, inst.opname, None)
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
@@ -130,7 +188,10 @@ class InstructionTranslator:
         except _Return as r:
             return r.value
         except Unsupported as e:
-            raise e.located(self.where()) from e.__cause__
+            located = e.located(self.where(), self.user_frames(), self.depth)
+            if self.parent is None and self.current is not None and located.break_offset is None:
+                located.break_offset = self.current.offset
+            raise located from e.__cause__
         except RecursionError as e:
             raise Unsupported("recursion too deep while tracing").located(self.where()) from e
 
@@ -249,8 +310,21 @@ class InstructionTranslator:
     ) -> VT:
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {label}")
-        if code.co_flags & (0x80 | 0x100 | 0x200 if False else 0x80 | 0x100):
+        if code.co_flags & (0x80 | 0x100 | 0x200):
             raise Unsupported(f"{label} is a coroutine or async generator")
+        if (
+            code.co_flags & 0x20
+            and code.co_name != "<genexpr>"
+            and not code.co_filename.startswith(_TORCH_DIR)
+        ):
+            # Note [Generators run as Python]: inlining runs a generator to completion before its
+            # consumer, which would reorder their side effects (prints, appends, ...). Generator
+            # expressions and torch's own generators (Module.parameters, .modules, ...) have none
+            # worth keeping in order and stay inlined; a user's generator function breaks the graph.
+            raise Unsupported(
+                f"call to generator function {code.co_qualname}: kiln runs generators as plain Python",
+                advice="return a list (or a tuple) instead of yielding, if the values are few",
+            )
         cells: dict[str, CellVariable] = {}
         for name in code.co_cellvars:
             cells[name] = CellVariable(
@@ -692,7 +766,7 @@ class InstructionTranslator:
     # --- with -------------------------------------------------------------------------------
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
         ctx = self.pop()
-        if not isinstance(ctx, GradModeVariable):
+        if not isinstance(ctx, GradModeVariable | AutocastVariable):
             raise Unsupported(f"with-statement over {ctx.describe()}")
         self.push(WithExitVariable(ctx))
         self.push(ctx.enter(self))
@@ -790,8 +864,10 @@ def run_root(
     f_globals: dict[str, Any],
     f_builtins: dict[str, Any],
     entry_values: dict[str, Any],
-) -> VT:
-    """Trace the frame of `code` whose entry values (arguments, free variables) are given."""
+    break_at: int | None = None,
+) -> VT | BreakHere:
+    """Trace the frame of `code` whose entry values (arguments, free variables) are given; with
+    `break_at`, stop when that instruction is reached and return where the frame stands."""
     from kiln_dynamo.source import LocalSource
 
     symbolic: dict[str, VT] = {}
@@ -808,8 +884,11 @@ def run_root(
     for name in code.co_cellvars:
         cells[name] = CellVariable(symbolic.get(name))
     tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
+    tx.break_at = break_at
     try:
         return tx.run()
+    except BreakHere as b:
+        return b
     except (AttributeError, KeyError, IndexError) as e:  # raised by the modelled code itself
         raise Unsupported(f"{type(e).__name__} raised inside the compiled frame: {e}", tx.where()) from e
 

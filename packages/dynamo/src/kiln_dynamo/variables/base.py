@@ -178,6 +178,9 @@ class ConstantMethodVariable(VariableTracker):
     def describe(self) -> str:
         return f"method {self.name} of {self.obj.describe()}"
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{self.obj.reconstruct(cg)}.{self.name}"
+
     def call(
         self, tx: Tx, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
     ) -> VariableTracker:
@@ -255,3 +258,6 @@ class MethodVariable(VariableTracker):
         self, tx: Tx, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
     ) -> VariableTracker:
         return self.obj.call_method(tx, self.name, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{self.obj.reconstruct(cg)}.{self.name}"

@@ -32,9 +32,11 @@ from kiln_dynamo.variables.dicts import DictVariable, SetVariable
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
+    AutocastFactoryVariable,
     GradModeFactoryVariable,
     PythonModuleVariable,
     TorchFunctionVariable,
@@ -153,6 +155,8 @@ class VariableBuilder:
             return NNModuleVariable(value, source)
         if any(value is f for f in GRAD_MODE_FACTORIES):
             return GradModeFactoryVariable(value)
+        if value is torch.autocast:
+            return AutocastFactoryVariable()
         if is_builtin_handled(value):
             if source is not None:
                 guards.identity(source, value)
@@ -195,17 +199,41 @@ class VariableBuilder:
                 return BuiltinVariable(value)
             return UserClassVariable(value, source)
         if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
-            raise Unsupported(
-                f"call target {getattr(value, '__qualname__', value)!r} is a C function kiln does not model"
-            )
+            if source is not None:
+                guards.identity(source, value)
+            return OpaqueCallableVariable(value, source)  # calling it breaks the graph
+        if isinstance(value, GradModeExit):
+            from kiln_dynamo.variables.torch import GradModeVariable, WithExitVariable
+
+            if source is not None:
+                guards.identity(source, value)
+            return WithExitVariable(GradModeVariable(torch.is_grad_enabled(), True, prev=value.prev))
+        if isinstance(value, AutocastExit):
+            from kiln_dynamo.variables.torch import AutocastVariable, WithExitVariable
+
+            if source is not None:
+                guards.identity(source, value)
+            device, was_on, was_dtype, was_cached = value.args
+            entered = (device, torch.get_autocast_dtype(device), True, torch.is_autocast_cache_enabled())
+            return WithExitVariable(AutocastVariable(entered, prev=(was_on, was_dtype, was_cached)))
+        if isinstance(value, types.GeneratorType):
+            if source is None:
+                raise Unsupported("a generator object without a source")
+            guards.type_match(source, value)
+            return OpaqueVariable(value, source, f"generator object {value.__qualname__}")
         if isinstance(value, (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
             from kiln_dynamo.variables.torch import GradModeVariable
 
             # An existing grad-mode object (e.g. the one behind @torch.no_grad()): __enter__ applies it.
             self.output.guards.global_state()
-            target = isinstance(value, torch.enable_grad) or bool(getattr(value, "mode", False))
-            if isinstance(value, torch.no_grad):
-                target = False
+            if isinstance(value, torch.set_grad_enabled):
+                # Applied when it was made (a frame split right after `torch.set_grad_enabled(b)`):
+                # its __exit__ restores the mode it saved then.
+                if source is not None:
+                    guards.constant(AttrSource(source, "mode"), value.mode)
+                    guards.constant(AttrSource(source, "prev"), value.prev)
+                return GradModeVariable(bool(value.mode), True, cls=type(value), prev=bool(value.prev))
+            target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
             raise Unsupported(f"torch object of type {type(value).__qualname__}")

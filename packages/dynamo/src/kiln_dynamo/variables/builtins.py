@@ -25,6 +25,7 @@ from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
 
 if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -387,7 +388,10 @@ def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    raise Unsupported("print() is a side effect the graph cannot replay")
+    raise Unsupported(
+        "print() is a side effect that kiln runs as plain Python",
+        advice="remove the print from the compiled function, or use logging outside it",
+    )
 
 
 _HANDLERS: dict[Any, Handler] = {
@@ -483,6 +487,9 @@ class BuiltinVariable(VariableTracker):
             return handler(tx, args, kwargs)
         except (TypeError, ValueError) as e:
             raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(self.fn)
 
     def getattr(self, tx: Tx, name: str) -> VT:
         if name == "__name__":

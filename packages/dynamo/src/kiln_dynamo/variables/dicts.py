@@ -139,6 +139,9 @@ class DictVariable(VariableTracker):
     def reconstruct(self, cg: Reconstructor) -> str:
         if self.source is not None:
             return cg.source(self.source)
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
         inner = ", ".join(
             f"{ConstantVariable(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items()
         )
@@ -201,6 +204,9 @@ class SetVariable(VariableTracker):
     def reconstruct(self, cg: Reconstructor) -> str:
         if self.source is not None:
             return cg.source(self.source)
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
         return cg.const(self.as_constant()) if self.frozen else f"set({cg.const(tuple(self.items))})"
 
 

@@ -23,6 +23,7 @@ from kiln_dynamo.variables.dicts import DictVariable
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -106,6 +107,9 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def get_code(self) -> types.CodeType:
         return self.fn.__code__
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def _src(self) -> Source:
         return self.source if self.source is not None else ConstSource(self.fn, self.fn.__qualname__)
@@ -203,6 +207,9 @@ class BoundMethodVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.fn.call(tx, [self.obj, *args], kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{cg.const(types.MethodType)}({self.fn.reconstruct(cg)}, {self.obj.reconstruct(cg)})"
 
 
 class PartialVariable(VariableTracker):

@@ -97,6 +97,9 @@ class BaseListVariable(VariableTracker):
     def reconstruct(self, cg: Reconstructor) -> str:
         if self.source is not None:
             return cg.source(self.source)  # a mutated input list is rewritten in place (codegen)
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
         inner = ", ".join(i.reconstruct(cg) for i in self.items)
         return self.rebuild(cg, inner)
 

@@ -64,15 +64,26 @@ _METADATA_ATTRS = frozenset(
     }
 )
 _TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
-_NOT_TRACEABLE = {
-    "item": "Tensor.item() reads tensor data",
-    "tolist": "Tensor.tolist() reads tensor data",
-    "numpy": "Tensor.numpy() leaves the graph",
-    "backward": "Tensor.backward() inside a compiled frame",
-    "data_ptr": "Tensor.data_ptr() depends on storage",
-    "register_hook": "tensor hooks",
-    "__bool__": "the truth value of a tensor depends on its data",
+# Methods that leave the graph: (reason, advice). The attribute loads fine; calling it breaks.
+_NOT_TRACEABLE: dict[str, tuple[str, str | None]] = {
+    "item": (
+        "Tensor.item() used in Python arithmetic: it turns tensor data into a Python number",
+        "keep the value as a 0-d tensor (drop .item()) so that the arithmetic stays in the graph",
+    ),
+    "tolist": (
+        "Tensor.tolist() turns tensor data into Python values",
+        "keep the values in a tensor, or call .tolist() outside the compiled function",
+    ),
+    "numpy": ("Tensor.numpy() leaves the graph", None),
+    "backward": (
+        "Tensor.backward() inside a compiled frame",
+        "call backward() outside the compiled function",
+    ),
+    "data_ptr": ("Tensor.data_ptr() depends on storage", None),
+    "register_hook": ("tensor hooks", None),
+    "__bool__": ("data-dependent branch on a tensor value", None),
 }
+_BRANCH_ADVICE = "compute both branches and pick with torch.where(cond, a, b), or move the branch outside the compiled function"
 
 
 class TensorVariable(VariableTracker):
@@ -97,7 +108,7 @@ class TensorVariable(VariableTracker):
         return self.fake
 
     def truth(self, tx: Tx) -> bool:
-        raise Unsupported("the truth value of a tensor depends on its data (data-dependent control flow)")
+        raise Unsupported("data-dependent branch on a tensor value", advice=_BRANCH_ADVICE)
 
     def length(self, tx: Tx) -> int:
         if self.fake.dim() == 0:
@@ -118,8 +129,6 @@ class TensorVariable(VariableTracker):
             return tx.output.create_call(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
         if name in ("grad", "data", "grad_fn", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
-        if name in _NOT_TRACEABLE:
-            raise Unsupported(_NOT_TRACEABLE[name])
         if not hasattr(torch.Tensor, name):
             raise Unsupported(f"unknown tensor attribute {name!r}")
         return TensorMethodVariable(self, name)
@@ -149,13 +158,17 @@ class TensorMethodVariable(VariableTracker):
     def describe(self) -> str:
         return f"Tensor.{self.name}"
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{self.tensor.reconstruct(cg)}.{self.name}"
+
     def call(
         self, tx: Tx, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
     ) -> VariableTracker:
         name = self.name
         fake = self.tensor.fake
         if name in _NOT_TRACEABLE:
-            raise Unsupported(_NOT_TRACEABLE[name])
+            reason, advice = _NOT_TRACEABLE[name]
+            raise Unsupported(reason, advice=advice)
         if name in _METADATA_METHODS or (name == "type" and not args and not kwargs):
             if not all(a.is_constant() for a in [*args, *kwargs.values()]):
                 raise Unsupported(f"Tensor.{name} with non-constant arguments")

@@ -23,6 +23,7 @@ from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 
 if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -118,6 +119,9 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(getattr(self.fn, name))
         return tx.wrap(getattr(self.fn, name), None)
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
         if fn in _UNSUPPORTED:
@@ -169,19 +173,33 @@ class PythonModuleVariable(VariableTracker):
     def identity(self) -> object:
         return self.module
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.module)
+
     def getattr(self, tx: Tx, name: str) -> VT:
         value = getattr(self.module, name)
         trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
         src = None if trusted or self.source is None else AttrSource(self.source, name)
-        return tx.wrap(value, src)
+        vt = tx.wrap(value, src)
+        from kiln_dynamo.variables.opaque import OpaqueCallableVariable
+
+        if isinstance(vt, OpaqueCallableVariable):
+            vt.label = f"{self.module.__name__}.{name}"  # os.getpid, not posix.getpid
+        return vt
 
 
 class GradModeVariable(VariableTracker):
     """torch.no_grad() / enable_grad() / set_grad_enabled(b), as a context manager."""
 
-    def __init__(self, target: bool, applied_on_create: bool, cls: type = torch.set_grad_enabled) -> None:
+    def __init__(
+        self,
+        target: bool,
+        applied_on_create: bool,
+        cls: type = torch.set_grad_enabled,
+        prev: bool | None = None,
+    ) -> None:
         self.target = target
-        self.prev = torch.is_grad_enabled()
+        self.prev = torch.is_grad_enabled() if prev is None else prev
         self.applied = applied_on_create
         self.cls = cls
 
@@ -236,11 +254,103 @@ class GradModeFactoryVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return GradModeVariable.create(tx, self.fn, args)
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(self.fn)
+
+
+class AutocastVariable(VariableTracker):
+    """`torch.autocast(device_type, dtype, enabled, cache_enabled)` as a context manager.
+
+    Note [Autocast as graph state]: entering and leaving become graph nodes
+    (`torch.amp._enter_autocast` / `_exit_autocast`, the pair torch's own tracers use), so the graph
+    runs its ops under the same autocast region as eager. While tracing, a real autocast context
+    is entered too: autocast sits above the Python dispatch key, so the fake tensors then see the
+    casts and the graph's metadata matches what eager computes. Contexts still open when tracing
+    stops are closed by capture (`OutputGraph.open_contexts`). A frame is not split inside an
+    autocast block (breaks.py); the block then runs as plain Python, correctly.
+    """
+
+    def __init__(self, args: tuple[Any, ...], prev: tuple[bool, Any, bool] | None = None) -> None:
+        self.args = args  # (device_type, dtype, enabled, cache_enabled)
+        self.node: Any = None
+        self.real: Any = None
+        # the state its exit restores: (enabled, dtype, cache_enabled) of the device before entry;
+        # given when the block was entered before this frame (a continuation: already entered)
+        self.prev = prev
+        self.entered_before = prev is not None
+
+    def describe(self) -> str:
+        return f"torch.autocast{self.args}"
+
+    def python_type(self) -> type:
+        return torch.autocast
+
+    @staticmethod
+    def create(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> AutocastVariable:
+        names = ("device_type", "dtype", "enabled", "cache_enabled")
+        values: dict[str, Any] = {"dtype": None, "enabled": True, "cache_enabled": None}
+        for name, vt in [*zip(names, args, strict=False), *kwargs.items()]:
+            if name not in names or not vt.is_constant():
+                raise Unsupported(f"torch.autocast with argument {name}={vt.describe()}")
+            values[name] = vt.as_constant()
+        if "device_type" not in values:
+            raise Unsupported("torch.autocast without a device_type")
+        tx.output.guards.global_state()
+        return AutocastVariable(tuple(values[n] for n in names))
+
+    def enter(self, tx: Tx) -> VT:
+        from torch.amp.autocast_mode import _enter_autocast
+
+        device = self.args[0]
+        self.prev = (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+            torch.is_autocast_cache_enabled(),
+        )
+        self.real = torch.autocast(*self.args)
+        self.real.__enter__()
+        tx.output.open_contexts.append(self.real)
+        self.node = tx.output.graph.create_node("call_function", _enter_autocast, self.args, {})
+        self.node.meta["source_line"] = tx.where()
+        return self
+
+    def exit(self, tx: Tx) -> VT:
+        from torch.amp.autocast_mode import _exit_autocast
+
+        from kiln_dynamo.variables.opaque import restore_autocast
+
+        if self.entered_before:  # entered by the runner of the split frame: restore explicitly
+            assert self.prev is not None
+            node = tx.output.graph.create_node(
+                "call_function", restore_autocast, (self.args[0], *self.prev), {}
+            )
+            node.meta["source_line"] = tx.where()
+            restore_autocast(self.args[0], *self.prev)
+            return ConstantVariable(None)
+        node = tx.output.graph.create_node("call_function", _exit_autocast, (self.node,), {})
+        node.meta["source_line"] = tx.where()
+        tx.output.open_contexts.remove(self.real)
+        self.real.__exit__(None, None, None)
+        return ConstantVariable(None)
+
+
+class AutocastFactoryVariable(VariableTracker):
+    """The class torch.autocast (torch.amp.autocast)."""
+
+    def describe(self) -> str:
+        return "torch.autocast"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return AutocastVariable.create(tx, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(torch.autocast)
+
 
 class WithExitVariable(VariableTracker):
     """The bound `__exit__` that BEFORE_WITH leaves on the stack."""
 
-    def __init__(self, ctx: GradModeVariable) -> None:
+    def __init__(self, ctx: GradModeVariable | AutocastVariable) -> None:
         self.ctx = ctx
 
     def describe(self) -> str:
@@ -248,6 +358,17 @@ class WithExitVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.ctx.exit(tx)
+
+    def real_exit(self) -> object:
+        """The object that stands for this exit in real code (Note [Grad mode across a split])."""
+        from kiln_dynamo.variables.opaque import GRAD_MODE_EXITS, autocast_exit
+
+        if isinstance(self.ctx, GradModeVariable):
+            return GRAD_MODE_EXITS[self.ctx.prev]
+        return autocast_exit(self.ctx.args[0], self.ctx.prev)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.const(self.real_exit())
 
 
 GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)

@@ -49,6 +49,9 @@ class UserClassVariable(VariableTracker):
     def identity(self) -> object:
         return self.cls
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.cls)
+
     def is_constant(self) -> bool:
         return True
 
@@ -142,6 +145,9 @@ class NewObjectVariable(VariableTracker):
         self.attrs[name] = value
 
     def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
         cls = cg.const(self.cls)
         items = ", ".join(f"({k!r}, {v.reconstruct(cg)})" for k, v in self.attrs.items())
         return f"{cg.const(_rebuild_object)}({cls}, ({items}{',' if len(self.attrs) == 1 else ''}))"

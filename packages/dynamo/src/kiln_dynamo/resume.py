@@ -1,0 +1,545 @@
+"""Graph breaks in bytecode: where a frame may be split, continuation functions, the split frame.
+
+When the symbolic evaluator meets an instruction it cannot model (the *break instruction*), the
+frame is split there (Note [Anatomy of a split frame]):
+
+    runner(entry values)          # the graph so far, side effects replayed, returns the live state
+    <the break instruction>       # run by CPython on the real stack, exactly as in the original
+    return resume_in_f_at_42(stack..., live locals...)
+
+The *continuation* `resume_in_<fn>_at_<offset>` is a copy of the original body behind a new
+prologue that pushes the stack slots it receives as arguments and jumps to `offset`; the frame
+hook sees it like any other function, so capture resumes there (and it may split again). A
+conditional jump on a tensor gives two tails, one per branch. Continuations are cached per
+(original code, offset, stack layout, live locals) and reused, and a break inside a continuation
+maps back to the original code, so a chain of breaks never copies a copy.
+
+`FrameFacts` holds the static facts the decision needs: loops, try and with-block extents (from
+the exception table), and which locals a continuation must receive (`live_locals`).
+
+Note [Anatomy of a split frame]: the replacement code keeps the frame's argument layout (the hook
+requires it), runs the frame's COPY_FREE_VARS/MAKE_CELL prologue, calls the runner with the entry
+values and keeps its tuple in a new local `___r`. It then pushes only the stack slots the break
+instruction consumes (NULLs with PUSH_NULL), runs the instruction (with KW_NAMES / PRECALL in
+front of a CALL), stores what it pushed into temporaries, and calls the continuation with: the
+stack slots below the consumed ones (from `___r`), the pushed values (temporaries), then the live
+locals (from `___r`; cell variables through their cell, since the instruction may be a
+STORE_DEREF). Stack slots that hold NULL are never passed: the continuation's prologue pushes its
+own. Inside `with torch.no_grad():` (or another grad-mode or autocast block) the break
+instruction is covered by an exception handler that calls the blocks' exits (innermost first),
+then re-raises, because the original handlers are not part of this code.
+
+Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
+iteration, nesting frames without bound; the frame splits before the loop instead, Note
+[Splitting before a loop] in convert_frame.py), inside a try block (the handler would not see an
+exception raised by the break instruction; the frame splits before the block instead), inside a
+with-block over a context manager other than grad mode and autocast (its __exit__ would not run
+on an exception), and at an instruction whose stack effect `effect` does not know. Such a frame
+runs as plain Python with the reason recorded; the functions it calls are still captured.
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+import weakref
+from dataclasses import dataclass
+
+from kiln_dynamo import bytecode
+from kiln_dynamo.bytecode import PY_VERSION, ExnEntry, Instr
+
+_LOCAL_OPS = frozenset(dis.opname[o] for o in dis.haslocal)
+_FREE_OPS = frozenset(dis.opname[o] for o in dis.hasfree)
+_READS = frozenset(
+    {
+        "LOAD_FAST",
+        "LOAD_FAST_CHECK",
+        "LOAD_FAST_AND_CLEAR",
+        "DELETE_FAST",
+        "LOAD_DEREF",
+        "LOAD_CLOSURE",
+        "LOAD_CLASSDEREF",
+        "LOAD_FROM_DICT_OR_DEREF",
+        "DELETE_DEREF",
+    }
+)
+_NO_FALLTHROUGH = frozenset(
+    {
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        "RAISE_VARARGS",
+        "RERAISE",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "JUMP",
+        "JUMP_NO_INTERRUPT",
+    }
+)
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
+_ARG_FLAGS = 0x04 | 0x08
+
+
+# --- static facts about a code object ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrameFacts:
+    instrs: tuple[Instr, ...]
+    loops: tuple[tuple[int, int], ...]  # (head, back edge) offsets: a loop body lies between
+    try_extents: tuple[tuple[int, int], ...]  # [start, end) covered by a try/except/finally handler
+    with_extents: tuple[tuple[int, int, int], ...]  # [start, end) of a with body, handler depth
+
+    def in_loop(self, offset: int) -> bool:
+        return any(head <= offset <= back for head, back in self.loops)
+
+    def in_try(self, offset: int) -> bool:
+        return any(start <= offset < end for start, end in self.try_extents)
+
+    def with_depths(self, offset: int) -> list[int]:
+        """Stack depths of the with-block exits active at `offset`, outermost first."""
+        return sorted(d for start, end, d in self.with_extents if start <= offset < end)
+
+    def at(self, offset: int) -> int:
+        for k, ins in enumerate(self.instrs):
+            if ins.offset == offset:
+                return k
+        raise KeyError(offset)
+
+
+_facts: weakref.WeakKeyDictionary[types.CodeType, FrameFacts] = weakref.WeakKeyDictionary()
+
+
+def facts(code: types.CodeType) -> FrameFacts:
+    hit = _facts.get(code)
+    if hit is not None:
+        return hit
+    instrs = tuple(bytecode.disassemble(code))
+    loops = tuple(
+        (ins.target.offset, ins.offset)
+        for ins in instrs
+        if ins.target is not None and ins.target.offset <= ins.offset
+    )
+    by_target: dict[int, list[tuple[int, int, int]]] = {}
+    for e in bytecode.parse_exception_table(code):
+        by_target.setdefault(e.target, []).append((e.start, e.end, e.depth))
+    offsets = [ins.offset for ins in instrs]
+    tries: list[tuple[int, int]] = []
+    withs: list[tuple[int, int, int]] = []
+    for target, ranges in by_target.items():
+        k = next(i for i, off in enumerate(offsets) if off >= target)  # past an EXTENDED_ARG
+        if instrs[k].opname != "PUSH_EXC_INFO":
+            continue  # cleanup of a handler, or 3.12's comprehension restore: never reached normally
+        extent = (min(r[0] for r in ranges), max(r[1] for r in ranges))
+        if k + 1 < len(instrs) and instrs[k + 1].opname == "WITH_EXCEPT_START":
+            withs.append((*extent, ranges[0][2]))
+        else:
+            tries.append(extent)
+    result = FrameFacts(instrs, loops, tuple(tries), tuple(withs))
+    _facts[code] = result
+    return result
+
+
+def live_locals(code: types.CodeType, offset: int) -> set[str]:
+    """Names that some path from `offset` may read before writing them: plain locals by a
+    backward liveness analysis (STORE_FAST kills; exception handlers are successors), cell
+    variables whenever any reachable instruction reads them (an inner function may read a cell
+    at any time, so a write does not kill it)."""
+    return set(_liveness(code)[facts(code).at(offset)])
+
+
+_live_cache: weakref.WeakKeyDictionary[types.CodeType, list[frozenset[str]]] = weakref.WeakKeyDictionary()
+
+
+def _liveness(code: types.CodeType) -> list[frozenset[str]]:
+    hit = _live_cache.get(code)
+    if hit is not None:
+        return hit
+    f = facts(code)
+    n = len(f.instrs)
+    index = {id(ins): k for k, ins in enumerate(f.instrs)}
+    succs: list[list[int]] = []
+    for k, ins in enumerate(f.instrs):
+        out = []
+        if ins.exn is not None:
+            out.append(index[id(ins.exn.target)])
+        if ins.target is not None:
+            out.append(index[id(ins.target)])
+        if ins.opname not in _NO_FALLTHROUGH and k + 1 < n:
+            out.append(k + 1)
+        succs.append(out)
+    cells = set(code.co_cellvars) | set(code.co_freevars)
+    uses: list[set[str]] = []
+    kills: list[set[str]] = []
+    for ins in f.instrs:
+        name = ins.argval if isinstance(ins.argval, str) else None
+        use: set[str] = set()
+        kill: set[str] = set()
+        if name is not None and ins.opname in _READS:
+            use.add(name)
+        if name is not None and ins.opname in ("STORE_FAST", "STORE_FAST_MAYBE_NULL") and name not in cells:
+            kill.add(name)
+        uses.append(use)
+        kills.append(kill)
+    live: list[set[str]] = [set() for _ in range(n)]
+    changed = True
+    while changed:  # a fixed point; instructions visited last to first converge in few rounds
+        changed = False
+        for k in range(n - 1, -1, -1):
+            after: set[str] = set()
+            for j in succs[k]:
+                after |= live[j]
+            new = uses[k] | (after - kills[k])
+            if new != live[k]:
+                live[k] = new
+                changed = True
+    result = [frozenset(x) for x in live]
+    _live_cache[code] = result
+    return result
+
+
+# --- the stack effect of a break instruction ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """How many stack slots the instruction consumes, and how many it leaves on each path
+    (`branch` is None for a non-jump; `falls` is None when it never falls through)."""
+
+    pops: int
+    falls: int | None
+    branch: int | None = None
+
+
+def effect(ins: Instr) -> Effect | None:
+    name, arg = ins.opname, ins.arg
+    if name == "CALL":
+        return Effect(arg + 2, 1)
+    if name == "CALL_FUNCTION_EX":
+        return Effect(3 + (arg & 1), 1)
+    if name.startswith("POP_JUMP") and (name.endswith("_IF_TRUE") or name.endswith("_IF_FALSE")):
+        return Effect(1, 0, 0)
+    if name in ("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP"):
+        return Effect(1, 0, 1)
+    if name == "LOAD_ATTR":
+        return None if PY_VERSION == (3, 12) and arg & 1 else Effect(1, 1)
+    if name == "FORMAT_VALUE":
+        return Effect(1 + bool(arg & 0x04), 1)
+    if name == "BUILD_STRING":
+        return Effect(arg, 1)
+    if name == "UNPACK_SEQUENCE":
+        return Effect(1, arg)
+    if name == "UNPACK_EX":
+        return Effect(1, (arg & 0xFF) + (arg >> 8) + 1)
+    if name == "RAISE_VARARGS":
+        return Effect(arg, None) if arg else None
+    return _FIXED.get(name)
+
+
+_FIXED: dict[str, Effect] = {
+    **{
+        n: Effect(2, 1)
+        for n in ("BINARY_OP", "BINARY_SUBSCR", "COMPARE_OP", "IS_OP", "CONTAINS_OP", "IMPORT_NAME")
+    },
+    **{
+        n: Effect(1, 1)
+        for n in (
+            "UNARY_NEGATIVE",
+            "UNARY_POSITIVE",
+            "UNARY_INVERT",
+            "UNARY_NOT",
+            "GET_ITER",
+            "CALL_INTRINSIC_1",
+        )
+    },
+    "STORE_ATTR": Effect(2, 0),
+    "STORE_SUBSCR": Effect(3, 0),
+    "DELETE_SUBSCR": Effect(2, 0),
+    "BINARY_SLICE": Effect(3, 1),
+    "STORE_SLICE": Effect(4, 0),
+    "BEFORE_WITH": Effect(1, 2),
+    "IMPORT_FROM": Effect(1, 2),
+    "STORE_DEREF": Effect(1, 0),
+    "LOAD_ASSERTION_ERROR": Effect(0, 1),
+}
+
+
+def call_group(f: FrameFacts, k: int) -> list[Instr]:
+    """The break instruction with what must run right before it: KW_NAMES and (3.11) PRECALL."""
+    group = [f.instrs[k]]
+    if f.instrs[k].opname == "CALL":
+        j = k - 1
+        if PY_VERSION == (3, 11) and j >= 0 and f.instrs[j].opname == "PRECALL":
+            group.insert(0, f.instrs[j])
+            j -= 1
+        if j >= 0 and f.instrs[j].opname == "KW_NAMES":
+            group.insert(0, f.instrs[j])
+    return group
+
+
+# --- continuation functions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeInfo:
+    original: types.CodeType
+    entry: int  # offset in the original where the continuation starts
+    to_original: dict[int, int]  # offset in the continuation -> offset in the original
+
+
+_resume_info: weakref.WeakKeyDictionary[types.CodeType, ResumeInfo] = weakref.WeakKeyDictionary()
+_resume_cache: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[object, ...], types.CodeType]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def resume_info(code: types.CodeType) -> ResumeInfo | None:
+    return _resume_info.get(code)
+
+
+def is_resume_code(code: types.CodeType) -> bool:
+    return code in _resume_info
+
+
+def original_of(code: types.CodeType, offset: int) -> tuple[types.CodeType, int]:
+    """Where `offset` of `code` comes from: itself, or the original behind a continuation."""
+    info = _resume_info.get(code)
+    if info is None:
+        return code, offset
+    return info.original, info.to_original[offset]
+
+
+def _localsplus_index(
+    varnames: list[str], cellvars: tuple[str, ...], freevars: tuple[str, ...], name: str
+) -> int:
+    if name in varnames:
+        return varnames.index(name)
+    cells = [c for c in cellvars if c not in varnames]
+    if name in cells:
+        return len(varnames) + cells.index(name)
+    return len(varnames) + len(cells) + freevars.index(name)
+
+
+def _copy(instrs: tuple[Instr, ...]) -> list[Instr]:
+    new = {id(i): Instr(i.opname, i.arg, None, i.lineno, i.argval, None, i.offset) for i in instrs}
+    entries: dict[int, ExnEntry] = {}
+    for i in instrs:
+        n = new[id(i)]
+        if i.target is not None:
+            n.target = new[id(i.target)]
+        if i.exn is not None:
+            e = entries.get(id(i.exn))
+            if e is None:
+                e = entries[id(i.exn)] = ExnEntry(new[id(i.exn.target)], i.exn.depth, i.exn.lasti)
+            n.exn = e
+    return [new[id(i)] for i in instrs]
+
+
+def _remap(ins: Instr, varnames: list[str], code: types.CodeType) -> None:
+    if ins.opname in _LOCAL_OPS and isinstance(ins.argval, str):
+        ins.arg = varnames.index(ins.argval)
+    elif ins.opname in _FREE_OPS and isinstance(ins.argval, str):
+        ins.arg = _localsplus_index(varnames, code.co_cellvars, code.co_freevars, ins.argval)
+
+
+def keeps_first_argument(original: types.CodeType) -> bool:
+    """Note [Zero-argument super in a continuation]: `super()` without arguments reads the
+    frame's first local (`self`) and the `__class__` cell. A continuation of such code keeps the
+    original's first argument as its own first argument (always passed, live or not), so that
+    `super()` in it still finds `self`."""
+    return "__class__" in original.co_freevars and original.co_argcount > 0
+
+
+def resume_code(
+    original: types.CodeType, offset: int, stack: tuple[bool, ...], live: tuple[str, ...]
+) -> types.CodeType:
+    """The continuation of `original` at `offset`. `stack[i]` says whether slot i holds a value
+    (passed as argument `___stack<i>`) or NULL (pushed by the prologue); `live` are the locals
+    (and cell variables) it receives after the stack values."""
+    key = (offset, stack, live)
+    per_code = _resume_cache.setdefault(original, {})
+    hit = per_code.get(key)
+    if hit is not None:
+        return hit
+    f = facts(original)
+    body = _copy(f.instrs)
+    args = [f"___stack{i}" for i, is_value in enumerate(stack) if is_value] + list(live)
+    if keeps_first_argument(original):
+        assert live and live[0] == original.co_varnames[0], live
+        args.insert(0, args.pop(len(args) - len(live)))  # Note [Zero-argument super in a continuation]
+    varnames = args + [v for v in original.co_varnames if v not in args]
+    for ins in body:
+        _remap(ins, varnames, original)
+    prologue: list[Instr] = []
+    if original.co_freevars:
+        prologue.append(Instr("COPY_FREE_VARS", len(original.co_freevars)))
+    for name in original.co_cellvars:
+        prologue.append(
+            Instr("MAKE_CELL", _localsplus_index(varnames, original.co_cellvars, original.co_freevars, name))
+        )
+    prologue.append(Instr("RESUME", 0))
+    for i, is_value in enumerate(stack):
+        prologue.append(
+            Instr("LOAD_FAST", varnames.index(f"___stack{i}")) if is_value else Instr("PUSH_NULL")
+        )
+    prologue.append(Instr("JUMP_FORWARD", target=body[f.at(offset)]))
+    instrs = prologue + body
+    asm = bytecode.assemble(instrs, original.co_firstlineno)
+    name = f"resume_in_{original.co_name}_at_{offset}"
+    code = original.replace(
+        co_code=asm.code,
+        co_linetable=asm.linetable,
+        co_exceptiontable=asm.exceptiontable,
+        co_argcount=len(args),
+        co_posonlyargcount=0,
+        co_kwonlyargcount=0,
+        co_nlocals=len(varnames),
+        co_varnames=tuple(varnames),
+        co_stacksize=bytecode.stack_depth(instrs) + 1,
+        co_flags=original.co_flags & ~(_GENERATOR_FLAGS | _ARG_FLAGS),
+        co_name=name,
+        co_qualname=f"{original.co_qualname}.<{name}>",
+    )
+    to_original = {asm.real[id(ins)]: ins.offset for ins in body}
+    _resume_info[code] = ResumeInfo(original, offset, to_original)
+    per_code[key] = code
+    return code
+
+
+# --- the code that replaces a split frame ------------------------------------------------------
+
+# One source for each kind of value a continuation call receives, in order (Note [Anatomy of a
+# split frame]): ("r", i) item i of the runner's tuple, ("t", i) what the break instruction left
+# in stack position i (0: deepest), ("c", name) the contents of a cell variable of the frame.
+ArgSource = tuple[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    resume: types.CodeType
+    args: tuple[ArgSource, ...]
+    pushed: int  # how many values the break instruction left on this path
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPlan:
+    group: tuple[Instr, ...]  # the break instruction, with KW_NAMES / PRECALL before a CALL
+    consumed: tuple[int | None, ...]  # per consumed stack slot: index in the runner's tuple, None for NULL
+    cells: tuple[tuple[str, int], ...]  # cell variables to set from the runner's tuple first
+    fall: Tail | None
+    branch: Tail | None
+    exits: tuple[object, ...]  # with-block exits to call, innermost first, if the break instruction raises
+    lineno: int | None  # the user's line of the break instruction
+
+
+def _call(n: int) -> list[Instr]:
+    if PY_VERSION == (3, 11):
+        return [Instr("PRECALL", n), Instr("CALL", n)]
+    return [Instr("CALL", n)]
+
+
+def split_code(
+    code: types.CodeType, runner: object, entry_names: list[str], plan: SplitPlan
+) -> types.CodeType:
+    """The code object that runs in place of the frame of `code` (Note [Anatomy of a split frame])."""
+    pushed = max((t.pushed for t in (plan.fall, plan.branch) if t is not None), default=0)
+    temps = ["___r"] + [f"___t{i}" for i in range(pushed)]
+    varnames = list(code.co_varnames) + temps
+    consts: list[object] = list(code.co_consts)
+    const_at: dict[tuple[type, object], int] = {}
+    lineno = plan.lineno
+
+    def const(value: object) -> int:
+        key = (type(value), value if isinstance(value, (int, bool, str, type(None))) else id(value))
+        if key not in const_at:
+            const_at[key] = len(consts)
+            consts.append(value)
+        return const_at[key]
+
+    def lp(name: str) -> int:
+        return _localsplus_index(varnames, code.co_cellvars, code.co_freevars, name)
+
+    def r_item(i: int) -> list[Instr]:
+        return [
+            Instr("LOAD_FAST", varnames.index("___r")),
+            Instr("LOAD_CONST", const(i)),
+            Instr("BINARY_SUBSCR"),
+        ]
+
+    out: list[Instr] = []
+    if code.co_freevars:
+        out.append(Instr("COPY_FREE_VARS", len(code.co_freevars)))
+    for name in code.co_cellvars:
+        out.append(Instr("MAKE_CELL", lp(name)))
+    out.append(Instr("RESUME", 0))
+    out += [Instr("PUSH_NULL"), Instr("LOAD_CONST", const(runner))]
+    for name in entry_names:
+        cell = name in code.co_freevars or name in code.co_cellvars
+        out.append(Instr("LOAD_DEREF", lp(name)) if cell else Instr("LOAD_FAST", varnames.index(name)))
+    out += _call(len(entry_names))
+    out.append(Instr("STORE_FAST", varnames.index("___r")))
+    for name, i in plan.cells:
+        out += [*r_item(i), Instr("STORE_DEREF", lp(name))]
+    for slot in plan.consumed:
+        out += [Instr("PUSH_NULL")] if slot is None else r_item(slot)
+    handler: list[Instr] = []
+    if plan.exits:
+        for exit_fn in plan.exits:
+            handler += [Instr("PUSH_NULL"), Instr("LOAD_CONST", const(exit_fn)), *_call(0), Instr("POP_TOP")]
+        handler.append(Instr("RERAISE", 0))
+    entry = ExnEntry(handler[0], 0, False) if handler else None
+    branch_label: Instr | None = None
+    for ins in plan.group:
+        new = Instr(ins.opname, ins.arg, None, ins.lineno, ins.argval, entry)
+        _remap(new, varnames, code)
+        if ins.target is not None:
+            if PY_VERSION == (3, 11):
+                new.opname = new.opname.replace("BACKWARD", "FORWARD")
+            branch_label = new  # patched below, once the branch tail exists
+        out.append(new)
+
+    def tail(t: Tail) -> list[Instr]:
+        seq: list[Instr] = []
+        for i in reversed(range(t.pushed)):
+            seq.append(Instr("STORE_FAST", varnames.index(f"___t{i}")))
+        seq.append(Instr("PUSH_NULL"))
+        if code.co_freevars:
+            seq += [Instr("LOAD_CLOSURE", lp(n)) for n in code.co_freevars]
+            seq += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", const(t.resume))]
+            seq.append(Instr("MAKE_FUNCTION", 0x08))
+        else:
+            seq += [Instr("LOAD_CONST", const(t.resume)), Instr("MAKE_FUNCTION", 0)]
+        for kind, x in t.args:
+            if kind == "r":
+                assert isinstance(x, int)
+                seq += r_item(x)
+            elif kind == "t":
+                seq.append(Instr("LOAD_FAST", varnames.index(f"___t{x}")))
+            else:
+                seq.append(Instr("LOAD_DEREF", lp(str(x))))
+        seq += _call(len(t.args))
+        seq.append(Instr("RETURN_VALUE"))
+        return seq
+
+    if plan.fall is not None:
+        out += tail(plan.fall)
+    if plan.branch is not None:
+        assert branch_label is not None
+        seq = tail(plan.branch)
+        branch_label.target = seq[0]
+        out += seq
+    out += handler
+    for ins in out:
+        if ins.lineno is None:
+            ins.lineno = lineno
+    asm = bytecode.assemble(out, code.co_firstlineno)
+    return code.replace(
+        co_code=asm.code,
+        co_linetable=asm.linetable,
+        co_exceptiontable=asm.exceptiontable,
+        co_consts=tuple(consts),
+        co_nlocals=len(varnames),
+        co_varnames=tuple(varnames),
+        co_stacksize=bytecode.stack_depth(out) + 1,
+        co_flags=code.co_flags & ~_GENERATOR_FLAGS,
+    )

@@ -1,0 +1,187 @@
+"""Values kiln does not look inside: C functions it cannot trace, generator objects, exits.
+
+An opaque tracker only carries its value to where the frame splits: any use of it (a call, an
+attribute, iteration) raises `Unsupported`, so the graph breaks right at that instruction and
+CPython runs it on the real object (resume.py). It reconstructs from its source, or, for C
+functions, which live as long as their module, as a constant.
+
+`GradModeExit` is the real object that stands for the `__exit__` of a grad-mode with-block when a
+frame splits inside the block (Note [Grad mode across a split]).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import Source
+from kiln_dynamo.variables.base import VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+_UNTRACEABLE_ADVICE = "move the call outside the compiled function and pass its result in as an argument"
+
+
+def c_function_name(fn: Any) -> str:
+    self_obj = getattr(fn, "__self__", None)
+    mod = self_obj.__name__ if isinstance(self_obj, types.ModuleType) else getattr(fn, "__module__", None)
+    name = str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn)))
+    return f"{mod}.{name}" if mod and mod != "builtins" else name
+
+
+class OpaqueCallableVariable(VariableTracker):
+    """A C function (os.getpid, id, time.time, ...) that the graph cannot hold."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+        self.label = c_function_name(fn)
+
+    def describe(self) -> str:
+        return f"C function {self.label}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        name = self.label
+        if getattr(self.fn, "__module__", None) == "builtins" or "." not in name:
+            raise Unsupported(
+                f"call to the builtin {name}() that kiln cannot trace", advice=_UNTRACEABLE_ADVICE
+            )
+        raise Unsupported(f"call to a C function {name} that kiln cannot trace", advice=_UNTRACEABLE_ADVICE)
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return tx.wrap_constant(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        return cg.const(self.fn)
+
+
+class OpaqueVariable(VariableTracker):
+    """An object kiln passes along but never inspects (a generator object, ...)."""
+
+    def __init__(self, value: Any, source: Source | None, what: str) -> None:
+        self.value = value
+        self.source = source
+        self.what = what
+
+    def describe(self) -> str:
+        return self.what
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> object:
+        return self.value
+
+    def _unsupported(self, action: str) -> Unsupported:
+        return Unsupported(f"{action} {self.what}: kiln runs it as plain Python")
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        raise self._unsupported(f"attribute {name!r} of")
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise self._unsupported("calling")
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        raise self._unsupported("iterating over")
+
+    def truth(self, tx: Tx) -> bool:
+        raise self._unsupported("the truth value of")
+
+
+# Note [Grad mode across a split]: when a frame splits inside `with torch.no_grad():`, the
+# continuation runs the rest of the block, so it needs the block's __exit__ on its stack. The
+# split passes one of these two objects in that slot; CPython calls it like any __exit__ (on the
+# normal path and from the exception handler), and kiln models it as the exit of a grad-mode
+# block whose previous mode is `prev` (builder.py), guarded by identity.
+class GradModeExit:
+    __slots__ = ("prev",)
+
+    def __init__(self, prev: bool) -> None:
+        self.prev = prev
+
+    def __call__(self, *exc_info: object) -> None:
+        torch._C._set_grad_enabled(self.prev)
+
+    def __repr__(self) -> str:
+        return f"<exit of a grad-mode block: restores grad mode {self.prev}>"
+
+
+GRAD_MODE_EXITS = {True: GradModeExit(True), False: GradModeExit(False)}
+
+
+def restore_autocast(device: str, enabled: bool, dtype: torch.dtype, cache_enabled: bool) -> None:
+    """What leaving an autocast block does (torch.autocast.__exit__), from the saved state."""
+    if torch.autocast_decrement_nesting() == 0:
+        torch.clear_autocast_cache()
+    torch.set_autocast_enabled(device, enabled)
+    torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache_enabled)
+
+
+class AutocastExit:
+    """The exit of an autocast block whose frame split inside it (Note [Grad mode across a
+    split] applies the same way): the runner re-entered the block; this restores the state
+    from before it."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, device: str, prev: tuple[bool, torch.dtype, bool]) -> None:
+        self.args: tuple[str, bool, torch.dtype, bool] = (device, *prev)
+
+    def __call__(self, *exc_info: object) -> None:
+        restore_autocast(*self.args)
+
+    def __repr__(self) -> str:
+        return f"<exit of an autocast block: restores {self.args}>"
+
+
+_AUTOCAST_EXITS: dict[tuple[object, ...], AutocastExit] = {}
+
+
+def autocast_exit(device: str, prev: tuple[bool, Any, bool] | None) -> AutocastExit:
+    """One object per saved state, so that continuations can guard on it by identity."""
+    assert prev is not None
+    key = (device, *prev)
+    if key not in _AUTOCAST_EXITS:
+        _AUTOCAST_EXITS[key] = AutocastExit(device, prev)
+    return _AUTOCAST_EXITS[key]
+
+
+def autocast_state() -> tuple[object, ...]:
+    """The whole autocast state of the thread (per device, the cache flag and the nesting), to
+    put back after tracing, which enters and leaves autocast blocks for real."""
+    nesting = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    per_device = tuple((torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
+    return (per_device, torch.is_autocast_cache_enabled(), nesting)
+
+
+def restore_autocast_state(state: tuple[object, ...]) -> None:
+    per_device, cache, nesting = state
+    for d, (on, dtype) in zip(("cpu", "cuda"), per_device, strict=True):  # type: ignore[call-overload]
+        torch.set_autocast_enabled(d, on)
+        torch.set_autocast_dtype(d, dtype)
+    torch.set_autocast_cache_enabled(cache)  # type: ignore[arg-type]
+    now = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    while now < nesting:  # type: ignore[operator]
+        now = torch.autocast_increment_nesting()
+    while now > nesting:  # type: ignore[operator]
+        now = torch.autocast_decrement_nesting()
