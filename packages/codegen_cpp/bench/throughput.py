@@ -9,7 +9,7 @@ time is kiln's ``compile_graph`` (cold cache) against inductor's first call minu
 (cold cache). This is a benchmark, not a test: numbers depend on the machine and its load.
 
     PYTHONPATH=packages/codegen_cpp/src:packages/loopir/src \\
-        python packages/codegen_cpp/bench/throughput.py [--reps 15] [--threads 1] [--only softmax]
+        python packages/codegen_cpp/bench/throughput.py [--reps 15] [--threads 1] [--only softmax,layer_norm]
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _time(fn: Callable[..., Any], args: list[torch.Tensor]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--only", default="")
+    parser.add_argument("--only", default="", help="comma-separated parts of workload names")
     parser.add_argument("--no-inductor", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave)")
     opts = parser.parse_args()
@@ -124,7 +124,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     rows = []
     for name, fn, args in _workloads():
-        if opts.only and opts.only not in name:
+        if opts.only and not any(part in name for part in opts.only.split(",")):
             continue
         gm = torch.fx.symbolic_trace(fn)
         t0 = time.perf_counter()

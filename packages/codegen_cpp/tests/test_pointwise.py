@@ -197,3 +197,23 @@ def test_unary_ops_at_special_values(dtype: torch.dtype) -> None:
     calls.append((aten.gelu.default, (In(0),), {"approximate": "tanh"}))
     names.append(f"gelu_tanh/{dtype}")
     check(graph_of(calls, 1), x, names=names)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_binary_ops_at_special_values(dtype: torch.dtype) -> None:
+    """Every binary lowering on all pairs of special values (±inf, NaN, ±0, huge, tiny, ...).
+
+    fmod and remainder are compared where ``a / b`` is finite: beyond, eager's vectorized kernel
+    (``a - trunc(a / b) * b``) gives NaN, where the exact result (ours, std::fmod) is finite.
+    """
+    x = _special_values(dtype)[:34]
+    a = x.repeat_interleave(len(x))
+    b = x.repeat(len(x))
+    exact = ("fmod.Tensor", "remainder.Tensor")
+    _sweep([name for name in BINARY if name not in exact], [a, b], dtype)
+    keep = torch.isfinite(a.double() / b.double()).to(dtype) * torch.isfinite(a / b)
+    _sweep(list(exact), [a[keep.bool()], b[keep.bool()]], dtype)
+    # nextafter steps in the type's own precision (float's step would round back for halves)
+    p, q = torch.ones(3, dtype=dtype), torch.tensor([2.0, 0.0, 1.0], dtype=dtype)
+    compiled = check(graph_of([(aten.nextafter.default, (In(0), In(1)), {})], 2), p, q)
+    assert torch.equal(compiled(p, q)[0], torch.nextafter(p, q))  # exactly: one step is within rtol

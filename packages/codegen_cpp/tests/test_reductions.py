@@ -4,6 +4,7 @@ dtypes, non-contiguous inputs, fused softmax / layer norm, and thread-count inde
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import pytest
@@ -234,3 +235,41 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
 
     compiled = check(stats, make((4, 16, 8, 8), torch.float32), make((16,), torch.float32))
     assert "xblk" not in compiled.backend.last_source  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_reductions_at_special_values(dtype: torch.dtype) -> None:
+    """Rows holding +inf, -inf, NaN, both infinities, or huge values, through row, column and
+    split kernels: sums, products, extrema, their indices, Welford, logsumexp and softmax."""
+    inf, nan, big = math.inf, math.nan, torch.finfo(dtype).max
+    # (not -big next to big: what survives of the rest of the row depends on summation order)
+    rows = [[inf], [-inf], [nan], [inf, -inf], [big, big], [-big, -big], [nan, inf], [0.0, -0.0]]
+    x = make((20, 37), dtype)
+    for i, specials in enumerate(rows):
+        x[i, 3 : 3 + len(specials)] = torch.tensor(specials, dtype=dtype)
+    long = make((70000,), dtype)
+    long[5], long[40000] = inf, -big
+    calls: list[Any] = []
+    for t, dim in ((In(0), 1), (In(1), 0)):  # rows; the same rows as columns of x.t()
+        calls += [
+            (aten.sum.dim_IntList, (t, [dim]), {}),
+            (aten.prod.dim_int, (t, dim), {}),
+            (aten.amax.default, (t, [dim]), {}),
+            (aten.amin.default, (t, [dim]), {}),
+            (aten.argmax.default, (t, dim), {}),
+            (aten.argmin.default, (t, dim), {}),
+            (aten.mean.dim, (t, [dim]), {}),
+            (aten.var.correction, (t, [dim]), {"correction": 1}),
+        ]
+    # two-pass reductions (their kernels have several phases, so never column kernels)
+    calls += [(aten.logsumexp.default, (In(0), [1]), {}), (aten._softmax.default, (In(0), 1, False), {})]
+    calls += [
+        (aten.sum.default, (In(2),), {}),
+        (aten.amax.default, (In(2), [0]), {}),
+        (aten.argmin.default, (In(2),), {}),
+        (aten.var.correction, (In(2), None), {"correction": 0}),
+    ]
+    scale = 4.0 if dtype == torch.bfloat16 else 1.0
+    compiled = check(graph_of(calls, 3), x, x.t().contiguous(), long, scale=scale)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert "xblk" in source and "_part[" in source  # column and split kernels took part

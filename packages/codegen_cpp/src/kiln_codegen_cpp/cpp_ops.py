@@ -172,6 +172,12 @@ BOOL_BINARY: dict[str, str] = {
     "bitwise_xor": "({a} != {b})", "sub": "({a} != {b})",
 }  # fmt: skip
 
+# ops whose half-type spelling differs from float's (they depend on the type's own precision)
+HALF_BINARY: dict[torch.dtype, dict[str, str]] = {
+    torch.bfloat16: {"nextafter": "kiln::nextafter_bf16({a}, {b})"},
+    torch.float16: {"nextafter": "kiln::nextafter_fp16({a}, {b})"},
+}
+
 ALWAYS_BOOL = {
     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
     "isnan", "isinf", "signbit",
@@ -182,6 +188,8 @@ def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
     """The C++ expression of math op ``name`` on operands of compute dtype ``dtype``."""
     unary = len(operands) == 1
     tables: list[dict[str, str]] = []
+    if dtype in HALF_BINARY and not unary:
+        tables.append(HALF_BINARY[dtype])
     if dtype == torch.bool:
         tables.append(BOOL_UNARY if unary else BOOL_BINARY)
     if not dtype.is_floating_point:

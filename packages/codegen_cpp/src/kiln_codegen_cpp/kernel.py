@@ -224,6 +224,7 @@ class KernelBuilder:
         # of the current phase the variable of an earlier phase that holds the same value
         self.done_phases: list[RPhase] = []
         self.equiv: dict[str, tuple[int, str]] = {}
+        self.stash_bytes = 0
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -382,7 +383,9 @@ class KernelBuilder:
         return None
 
     def _may_stash(self, dtype: torch.dtype) -> bool:
-        return not self.serial and self.nr * torch.empty((), dtype=dtype).element_size() <= STASH_BYTES
+        """Stashes live on the stack of each thread: all of a kernel's take at most STASH_BYTES."""
+        size = self.nr * torch.empty((), dtype=dtype).element_size()
+        return not self.serial and self.stash_bytes + size <= STASH_BYTES
 
     def _stash(self, p: int, var: str, dtype: torch.dtype) -> str:
         """``var`` of earlier phase ``p`` at this row position, stored there once per row."""
@@ -390,6 +393,7 @@ class KernelBuilder:
         name = phase.stashed.get(var)
         if name is None:
             name = phase.stashed[var] = self._new("stash")
+            self.stash_bytes += max(self.nr, 1) * torch.empty((), dtype=dtype).element_size()
             phase.pre.append(f"{compute_type(dtype)} {name}[{max(self.nr, 1)}];")
             phase.body.append(f"{name}[{index_to_cpp(self.flat_r)}] = {var};")
         return f"{name}[{index_to_cpp(self.flat_r)}]"

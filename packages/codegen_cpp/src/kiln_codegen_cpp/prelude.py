@@ -84,6 +84,19 @@ static inline uint16_t float_to_fp16(float f) {
 }
 static inline float round_fp16(float f) { return fp16_to_float(float_to_fp16(f)); }
 
+// nextafter in a 16-bit type's own steps (a float step would round back to the same value)
+template <float (*To)(uint16_t), uint16_t (*From)(float)> static inline float nextafter16(float a, float b) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return b;
+  uint16_t h = From(a);
+  if (a == 0.0f) h = b > 0.0f ? 0x0001 : 0x8001;
+  else if ((a < b) == (a > 0.0f)) h += 1;
+  else h -= 1;
+  return To(h);
+}
+static inline float nextafter_bf16(float a, float b) { return nextafter16<bf16_to_float, float_to_bf16>(a, b); }
+static inline float nextafter_fp16(float a, float b) { return nextafter16<fp16_to_float, float_to_fp16>(a, b); }
+
 template <typename T> static inline T maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T minimum(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T relu(T a) { return a < T(0) ? T(0) : a; }
