@@ -670,7 +670,7 @@ def test_forced_breaks_anywhere_match_eager(k: int, capsys: pytest.CaptureFixtur
             assert torch.is_grad_enabled(), f"{name} split at {k} left grad mode off"
             assert_same(eager_args, comp_args, f"{name} arguments")
         split += kiln_dynamo.counters.graph_breaks > 0
-    assert split >= 40  # most cases have a k-th splittable instruction
+    assert split >= 25  # many cases have a k-th splittable instruction (fewer on 3.12)
 
 
 def method_of_a_new_set(x: torch.Tensor) -> Any:
