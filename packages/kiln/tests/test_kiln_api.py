@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import kiln
+import kiln_dynamo
 
 
 class Block(nn.Module):
@@ -189,3 +190,44 @@ def test_cuda_graphs_get_a_triton_backend_with_the_mode() -> None:
     chosen = _codegen(torch.device("cuda"), "max-autotune")
     assert isinstance(chosen, TritonBackend) and chosen.mode == "max-autotune"
     assert _codegen(torch.device("cpu"), "max-autotune") == "cpp"
+
+
+class Chatty(nn.Module):
+    """A model with a graph break: a data-dependent Python branch on a tensor value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.fc(x).relu()
+        if y.sum() > 0:  # the break: Python needs the value
+            y = y * 2
+        return y.sigmoid()
+
+
+def test_explain_reports_the_break_in_the_users_words() -> None:
+    torch.manual_seed(0)
+    model, x = Chatty(), torch.randn(4, 8)
+    report = kiln.explain(model)(x)
+    assert report.graph_count == 2 and report.graph_break_count == 1
+    (reason,) = report.break_reasons
+    assert "data-dependent branch" in reason.reason
+    assert reason.filename == __file__ and "if y.sum() > 0" in reason.source
+    text = str(report)
+    assert "2 graph(s), 1 graph break(s)" in text and "if y.sum() > 0" in text
+    torch.testing.assert_close(report.result, model(x))
+
+
+def test_a_model_with_a_break_compiles_both_sides_and_counts_it() -> None:
+    torch.manual_seed(0)
+    model, x = Chatty(), torch.randn(4, 8)
+    with torch.no_grad():
+        compiled = kiln.compile(model)
+        torch.testing.assert_close(compiled(x), model(x))
+        torch.testing.assert_close(compiled(-x), model(-x))  # the other branch
+    stats = kiln.capture_stats()
+    assert stats.graph_breaks >= 1 and stats.frames_not_captured == []
+    assert all(record.fell_back is None for record in kiln.compile_log())
+    with pytest.raises(kiln_dynamo.Unsupported, match="data-dependent branch"):
+        kiln.compile(Chatty(), fullgraph=True)(x)

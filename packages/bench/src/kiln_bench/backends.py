@@ -50,6 +50,7 @@ def compile_details(backend: str) -> dict[str, Any]:
     stats = kiln.capture_stats()
     return {
         "graphs": len(log),
+        "graph_breaks": stats.graph_breaks,
         "frames_not_captured": len(stats.frames_not_captured),
         "graphs_fell_back": sum(1 for record in log if record.fell_back),
         "phases_s": {phase: round(seconds, 4) for phase, seconds in phases.items()},

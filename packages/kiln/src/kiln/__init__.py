@@ -11,7 +11,7 @@ default backend as a plain callable, so `torch.compile(model, backend=kiln.backe
 """
 
 from kiln import logs as _logs
-from kiln.api import CaptureStats, capture_stats, compile, compile_log, reset
+from kiln.api import CaptureStats, capture_stats, compile, compile_log, explain, reset
 from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
 
 backend = kiln_backend
@@ -28,6 +28,7 @@ __all__ = [
     "capture_stats",
     "compile",
     "compile_log",
+    "explain",
     "make_backend",
     "reset",
 ]

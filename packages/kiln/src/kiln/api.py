@@ -66,14 +66,31 @@ def compile_log() -> list[GraphCompile]:
 
 @dataclass(frozen=True, slots=True)
 class CaptureStats:
-    """What capture did since the last reset: graphs handed to the backend, and the frames that
-    ran as plain Python instead, each with the reason."""
+    """What capture did since the last reset: graphs handed to the backend, graph breaks (frames
+    split with a continuation), the frames that ran as plain Python instead (code name, reason),
+    and every break's reason as `kiln.explain` reports it."""
 
     graphs: int
+    graph_breaks: int
     frames_not_captured: list[tuple[str, str]]
+    break_reasons: list[kiln_dynamo.BreakReason]
 
 
 def capture_stats() -> CaptureStats:
     """Counts from the capture layer since the last reset (see `CaptureStats`)."""
     counters = kiln_dynamo.counters
-    return CaptureStats(graphs=counters.graphs, frames_not_captured=list(counters.fallbacks))
+    return CaptureStats(
+        graphs=counters.graphs,
+        graph_breaks=counters.graph_breaks,
+        frames_not_captured=list(counters.fallbacks),
+        break_reasons=list(counters.break_reasons),
+    )
+
+
+def explain(model_or_fn: Any) -> Callable[..., kiln_dynamo.ExplainOutput]:
+    """`kiln.explain(fn)(*args, **kwargs)` runs `fn` once under capture (from cold caches) and
+    returns what happened: `graphs`, `graph_count`, `graph_break_count`, `break_reasons` (each in
+    plain words, with the user's file, line and source, the inlined calls that led there and one
+    line of advice), `op_count` per graph and the guards; `str()` of it is a readable report.
+    Capture only: nothing is compiled, so it is quick."""
+    return kiln_dynamo.explain(model_or_fn)
