@@ -90,10 +90,15 @@ def assert_same(actual: Any, expected: Any, label: str = "output", scale: float 
 
 
 def graph_to_device(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
-    """Point the ``device`` arguments a recorded graph baked in (creation ops recorded from CPU
-    samples) at ``device``, so the graph computes where its inputs are moved."""
+    """Point the ``device`` arguments of a recorded graph's creation ops (recorded from CPU
+    samples, or left to the default device) at ``device``, so the graph computes where its inputs
+    are moved: a graph without tensor inputs would otherwise create, and compute, on the CPU."""
     for node in gm.graph.nodes:
-        if isinstance(node.kwargs.get("device"), torch.device | str):
+        schema = getattr(node.target, "_schema", None)
+        takes_device = schema is not None and any(a.name == "device" for a in schema.arguments)
+        if takes_device and (
+            node.kwargs.get("device") is None or isinstance(node.kwargs["device"], torch.device | str)
+        ):
             node.kwargs = {**node.kwargs, "device": torch.device(device)}
     gm.recompile()
     return gm
