@@ -129,3 +129,14 @@ def test_graphs_that_mutate_inputs_are_not_recorded(device: str) -> None:
         mine, theirs = x.clone(), x.clone()
         torch.testing.assert_close(compiled(mine, y), gm(theirs, y))
         torch.testing.assert_close(mine, theirs)
+
+
+def test_extern_outputs_returned_as_none_pass_through() -> None:
+    # CUDA flash attention returns None for cum_seq_q/cum_seq_k, which its meta kernel gives as
+    # tensors; the wrapper's _flat must not fail on them (bf16 GPT-2 on the H200 did).
+    from kiln_codegen_triton.wrapper import _flat
+
+    assert _flat(None, 4, (4,), (1,), 0) is None
+    t = torch.arange(6.0).view(2, 3)
+    flat = _flat(t.t(), 6, (3, 2), (2, 1), 0)
+    assert flat is not None and torch.equal(flat.view(3, 2), t.t())

@@ -88,3 +88,18 @@ def test_created_tensors_live_on_the_device_they_ask_for() -> None:
 
     graph = GraphLowering(torch.fx.symbolic_trace(f), [torch.randn(3)]).run()
     assert [o.get_device().type for o in graph.outputs] == ["cpu", "meta", "meta", "meta", "cpu"]
+
+
+def test_a_graph_without_inputs_computes_where_its_creation_ops_ask() -> None:
+    from kiln_loopir.graph import _graph_device
+
+    def creating(device: torch.device) -> torch.fx.GraphModule:
+        g = torch.fx.Graph()
+        made = g.call_function(aten.arange.start_step, (0, 5, 1), {"dtype": torch.float32, "device": device})
+        g.output(g.call_function(aten.mul.Tensor, (made, 2)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    # A CUDA arange in a graph without inputs must not be computed (and allocated) on the CPU.
+    assert _graph_device(creating(torch.device("cuda", 0)), []) == torch.device("cuda", 0)
+    assert _graph_device(creating(torch.device("meta")), []) == torch.device("cpu")
+    assert _graph_device(creating(torch.device("cuda", 0)), [torch.zeros(1)]) == torch.device("cpu")

@@ -50,9 +50,15 @@ from .runtime import Launcher
 
 
 def _flat(
-    t: torch.Tensor, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
-) -> torch.Tensor:
-    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ)."""
+    t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> torch.Tensor | None:
+    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ).
+
+    An extern op may return None where its meta kernel promised a tensor: CUDA flash attention's
+    ``cum_seq_q``/``cum_seq_k`` are undefined tensors for dense inputs. Nothing reads those in a
+    graph (they exist for nested inputs), so None passes through; a reader would fail loudly."""
+    if t is None:
+        return None
     if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
         return t.as_strided((n,), (1,), 0)
     out = torch.empty(n, dtype=t.dtype, device=t.device)

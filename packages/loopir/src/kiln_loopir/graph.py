@@ -61,6 +61,22 @@ MAX_LOADS = 8
 MAX_CHAIN_OPS = 200
 
 
+def _graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.device:
+    """Where the graph computes: its first tensor input's device; for a graph without tensor
+    inputs (it only creates tensors), the first device a creation op asks for; else the CPU."""
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else None
+    if device is None:
+        for node in gm.graph.nodes:
+            asked = node.kwargs.get("device") if node.op == "call_function" else None
+            if isinstance(asked, torch.device | str):
+                device = torch.device(asked)
+                break
+    if device is None or device.type == "meta":
+        return torch.device("cpu")
+    return device
+
+
 class GraphLowering:
     """Lowers one FX graph; see the module docstring."""
 
@@ -70,10 +86,7 @@ class GraphLowering:
         self.gm = gm
         self.example_inputs = list(example_inputs)
         self.fusion = fusion
-        tensors = [x for x in self.example_inputs if isinstance(x, torch.Tensor)]
-        self.device = tensors[0].device if tensors else torch.device("cpu")
-        if self.device.type == "meta":
-            self.device = torch.device("cpu")
+        self.device = _graph_device(gm, self.example_inputs)
         self.operations: list[Operation] = []
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: list[InputBuffer | None] = []
