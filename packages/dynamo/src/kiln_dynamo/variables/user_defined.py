@@ -282,3 +282,19 @@ class UserObjectVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.getattr(tx, "__call__").call(tx, args, kwargs)
+
+    # Note [Mapping protocol of user objects]: `in` and subscripts on an instance whose class
+    # defines `__contains__`/`__getitem__` in Python (transformers' AttentionInterface, a
+    # MutableMapping over a class-level dict) inline that method, as any method call does: what
+    # it reads is guarded through its sources. A method written in C stays a break.
+    def _python_dunder(self, tx: Tx, name: str, what: str) -> VT:
+        if not inspect.isfunction(inspect.getattr_static(type(self.obj), name, None)):
+            raise Unsupported(f"{what} {self.describe()}")
+        return self.getattr(tx, name)
+
+    def contains(self, tx: Tx, item: VT) -> bool:
+        result = self._python_dunder(tx, "__contains__", "`in` on").call(tx, [item], {})
+        return result.truth(tx)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        return self._python_dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
