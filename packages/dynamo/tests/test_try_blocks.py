@@ -232,3 +232,33 @@ def test_local_override_is_guarded() -> None:
     assert_same(compiled(x), pick(x))
     interfaces["relu"] = torch.tanh
     assert_same(compiled(x), torch.tanh(x))
+
+
+# --- duck typing on tensors --------------------------------------------------------------------
+
+
+def is_jax_jitting(x: Any) -> bool:  # transformers.utils.import_utils.is_jax_jitting
+    if not hasattr(x, "jax"):
+        return False
+    try:
+        import jax  # noqa: F401  (not installed: the handler answers)
+
+        return True
+    except Exception:
+        return False
+
+
+def duck_typed(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    if is_jax_jitting(x) or hasattr(x, "jax") or hasattr(y, "jax"):
+        return y - 1
+    return y + 1
+
+
+def test_missing_tensor_attribute_is_false_and_guarded() -> None:
+    x = torch.rand(4)
+    _run(duck_typed, x, graphs=1, breaks=0)
+    compiled = kiln_dynamo.compile(duck_typed)
+    x.jax = lambda: None  # type: ignore[attr-defined]  # the guard fails; eager's answer wins
+    assert_same(compiled(x), duck_typed(x))
+    assert_same(compiled(x), x * 2 - 1)
