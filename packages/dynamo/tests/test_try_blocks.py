@@ -262,3 +262,40 @@ def test_missing_tensor_attribute_is_false_and_guarded() -> None:
     x.jax = lambda: None  # type: ignore[attr-defined]  # the guard fails; eager's answer wins
     assert_same(compiled(x), duck_typed(x))
     assert_same(compiled(x), x * 2 - 1)
+
+
+class Registry(dict[str, Any]):  # transformers.utils.output_capturing._CanRecordRegistry
+    def __setitem__(self, model: Any, flags: Any) -> None:
+        super().__setitem__(str(model.__class__), flags)
+
+    def get(self, model: Any) -> Any:  # type: ignore[override]
+        return super().get(str(model.__class__)) or {}
+
+
+REGISTRY = Registry()
+REGISTRY[torch.nn.Linear(1, 1)] = {"hidden_states": 1}
+
+
+def recordable(x: torch.Tensor, model: torch.nn.Module) -> Any:
+    flags = REGISTRY.get(model)
+    keys = {f"output_{k}": True for k in flags}
+    return x * len(keys), keys
+
+
+def test_dict_subclass_method_is_inlined() -> None:
+    _run(recordable, torch.rand(3), torch.nn.Linear(1, 1), graphs=1, breaks=0)
+    kiln_dynamo.reset()
+    _run(recordable, torch.rand(3), torch.nn.ReLU(), graphs=1, breaks=0)
+
+
+def stores_into_registry(x: torch.Tensor) -> Any:
+    REGISTRY["x"] = 1  # an overridden __setitem__: not modelled, the frame breaks there
+    return x + 1
+
+
+def test_dict_subclass_override_is_never_bypassed() -> None:
+    x = torch.rand(3)
+    out = kiln_dynamo.compile(stores_into_registry)(x)
+    assert_same(out, x + 1)
+    assert "<class 'str'>" in REGISTRY and "x" not in REGISTRY
+    del REGISTRY["<class 'str'>"]

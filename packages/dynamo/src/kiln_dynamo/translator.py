@@ -39,6 +39,7 @@ and CALL_INTRINSIC_1 (3.12).
 
 from __future__ import annotations
 
+import collections
 import dis
 import operator
 import os
@@ -306,7 +307,12 @@ class InstructionTranslator:
             return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
         if isinstance(b, BaseListVariable) and base == "*" and a.is_constant():
             return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
-        if isinstance(a, DictVariable) and base == "|" and isinstance(b, DictVariable):
+        if (
+            isinstance(a, DictVariable)
+            and base == "|"
+            and isinstance(b, DictVariable)
+            and a.user_cls in (dict, collections.OrderedDict)
+        ):
             if sym == "|=":
                 a.call_method(self, "update", [b], {})
                 return a
