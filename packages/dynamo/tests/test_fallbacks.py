@@ -40,7 +40,7 @@ def nonzero(x):
 
 def try_except(x):
     try:
-        return x + 1
+        return x + len(os.getcwd()) * 0
     except RuntimeError:
         return x
 
@@ -75,8 +75,9 @@ BREAKS: list[tuple[Any, str]] = [
     (nonzero, "nonzero"),
     (calls_unknown_c_function, "C function os.getcwd"),
 ]
-# Frames that still run as plain Python: nothing before the try block to compile.
-FALLBACKS: list[tuple[Any, str]] = [(try_except, "try/except")]
+# Frames that still run as plain Python: a break inside a try block splits the frame before the
+# block (Note [Tracing try blocks]), and here there is nothing before the block to compile.
+FALLBACKS: list[tuple[Any, str]] = [(try_except, "C function os.getcwd")]
 
 
 @pytest.mark.parametrize(("fn", "why"), BREAKS, ids=[f.__name__ for f, _ in BREAKS])
@@ -100,7 +101,7 @@ def test_fallback_is_correct_and_recorded(fn: Any, why: str) -> None:
     torch.testing.assert_close(compiled(x), fn(x))
     reasons = [r for name, r in kiln_dynamo.counters.fallbacks if name == fn.__name__]
     assert len(reasons) == 1, kiln_dynamo.counters.fallbacks
-    assert why in reasons[0].lower(), reasons[0]
+    assert why.lower() in reasons[0].lower(), reasons[0]
     assert "test_fallbacks.py:" in reasons[0]
 
 

@@ -125,6 +125,10 @@ class GuardBuilder:
         keys = list(value.keys())
         self.add(f"list({code}.keys()) == {self.ctx.const(keys)}", f"list({name}.keys()) == {keys!r}")
 
+    def no_instance_attr(self, source: Source, attr: str) -> None:
+        code, name = self._src(source)
+        self.add(f"{attr!r} not in {code}.__dict__", f"{name} has no attribute {attr!r} of its own")
+
     def no_hooks(self, source: Source) -> None:
         code, name = self._src(source)
         self.add(f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks")

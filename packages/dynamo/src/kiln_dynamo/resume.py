@@ -32,7 +32,8 @@ then re-raises, because the original handlers are not part of this code.
 Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
 iteration, nesting frames without bound; the frame splits before the loop instead, Note
 [Splitting before a loop] in convert_frame.py), inside a try block (the handler would not see an
-exception raised by the break instruction; the frame splits before the block instead), inside a
+exception raised by the break instruction; the frame splits before the block instead, Note
+[Tracing try blocks] in translator.py), inside a
 with-block over a context manager other than grad mode and autocast (its __exit__ would not run
 on an exception), and at an instruction whose stack effect `effect` does not know. Such a frame
 runs as plain Python with the reason recorded; the functions it calls are still captured.

@@ -7,7 +7,21 @@ method of the same name; an opcode without a method is `Unsupported`. Jumps on c
 followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported,
 which makes it a graph break. For graph breaks the root translator records the instruction it
 was running when `Unsupported` escaped (`break_offset`) and, on the second pass, stops right
-before it (`BreakHere`); code inside a try block is never traced (Note [Exception handlers]).
+before it (`BreakHere`); a try block's body is traced as straight-line code, its handlers
+never (Note [Tracing try blocks]).
+
+Note [Tracing try blocks]: the body of a try/except or try/finally block is traced like any
+other code, as torch.compile does: the normal path through it (a finally body included, which
+CPython copies onto that path) needs nothing from the exception table, and the handlers are never
+entered while tracing. Whatever would enter a handler while tracing makes the frame split before
+the outermost try block around it instead (`_split_before_try`), so the block runs as Python with
+its handlers: an unsupported instruction (a break: the break instruction is what a handler might
+have to catch, and a frame is not split inside a try block) and a Python exception raised by the
+modelled code (a KeyError from a dict, an AttributeError, a fake-tensor shape error). What remains
+is an exception raised at run time by an operator of the graph: it propagates out of the graph
+without entering the handler, as in torch.compile; a handler that catches what a tensor operator
+raises (a RuntimeError from a shape mismatch, say) is the one case where the compiled frame
+differs from eager, and only on inputs that make that operator fail.
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
 parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
@@ -25,6 +39,7 @@ and CALL_INTRINSIC_1 (3.12).
 
 from __future__ import annotations
 
+import collections
 import dis
 import operator
 import os
@@ -172,14 +187,6 @@ class InstructionTranslator:
                         raise BreakHere(self, inst)
                     if FORCED_BREAK.at is not None and self.break_at is None:
                         FORCED_BREAK.maybe_break(inst)
-                if self.facts.try_extents and self.facts.in_try(inst.offset):
-                    # Note [Exception handlers]: the graph cannot catch what a traced op raises at
-                    # run time, so nothing inside a try block is traced; the frame splits before it.
-                    raise Unsupported(
-                        "try/except block: kiln does not compile code inside a try block",
-                        advice="move the try/except outside the compiled function, or into a helper function",
-                        before=True,
-                    )
                 handler = getattr(self, inst.opname, None)
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
@@ -191,9 +198,38 @@ class InstructionTranslator:
             located = e.located(self.where(), self.user_frames(), self.depth)
             if self.parent is None and self.current is not None and located.break_offset is None:
                 located.break_offset = self.current.offset
+                located = self._split_before_try(located)
             raise located from e.__cause__
         except RecursionError as e:
             raise Unsupported("recursion too deep while tracing").located(self.where()) from e
+        except BreakHere:
+            raise
+        except Exception as e:
+            # Note [Tracing try blocks]: a Python exception raised by the modelled code inside a
+            # try block is one its handler might catch; kiln does not model handlers, so the
+            # frame splits before the block instead (the block then runs as Python).
+            offset = self.instructions[self.ip - 1].offset
+            if not self.facts.in_try(offset):
+                raise
+            raised = Unsupported(f"{type(e).__name__} raised inside a try block while tracing: {e}").located(
+                self.where(), self.user_frames(), self.depth
+            )
+            if self.parent is None:
+                raised.break_offset = offset
+                raised = self._split_before_try(raised)
+            raise raised from e
+
+    def _split_before_try(self, e: Unsupported) -> Unsupported:
+        """Note [Tracing try blocks]: a break inside a try block moves before the outermost
+        try block around it, whose handler must see what the break instruction raises."""
+        assert e.break_offset is not None
+        starts = [start for start, end in self.facts.try_extents if start <= e.break_offset < end]
+        if not starts:
+            return e
+        moved = Unsupported(e.msg, e.where, advice=e.advice, frames=e.frames, before=True, depth=0)
+        moved.break_offset = min(starts)
+        moved.note = "split before the try block around it: kiln does not split a frame inside a try block"
+        return moved
 
     def jump(self, inst: dis.Instruction) -> None:
         self.ip = self.index_of[inst.argval]
@@ -271,7 +307,12 @@ class InstructionTranslator:
             return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
         if isinstance(b, BaseListVariable) and base == "*" and a.is_constant():
             return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
-        if isinstance(a, DictVariable) and base == "|" and isinstance(b, DictVariable):
+        if (
+            isinstance(a, DictVariable)
+            and base == "|"
+            and isinstance(b, DictVariable)
+            and a.user_cls in (dict, collections.OrderedDict)
+        ):
             if sym == "|=":
                 a.call_method(self, "update", [b], {})
                 return a

@@ -15,7 +15,6 @@ two instances of one class with the same relevant state share one compiled entry
 
 from __future__ import annotations
 
-import collections
 import enum
 import functools
 import types
@@ -28,7 +27,7 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
-from kiln_dynamo.variables.dicts import DictVariable, SetVariable
+from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable, SetVariable, modelled_dict_subclass
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.nn_module import NNModuleVariable
@@ -130,7 +129,7 @@ class VariableBuilder:
                 return NamedTupleVariable(items, type(value), source)
             return TupleVariable(items, source) if type(value) is tuple else self._unsupported(value)
         if isinstance(value, dict):
-            if type(value) not in (dict, collections.OrderedDict):
+            if type(value) not in PLAIN_DICTS and not modelled_dict_subclass(type(value)):
                 return self._unsupported(value)
             if source is not None:
                 guards.type_match(source, value)

@@ -9,6 +9,8 @@ in `SideEffects` and its final contents are written back by the runner.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
@@ -20,6 +22,41 @@ if TYPE_CHECKING:
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
+
+PLAIN_DICTS = (dict, collections.OrderedDict)
+_NOT_DEFINED: Any = object()
+
+
+# What guards and sources read from a dict (`list(d.keys())`, `d[k]`) and how attributes are
+# found: a subclass must leave these to dict for a DictVariable to model it.
+_READ_PROTOCOL = ("__getitem__", "__iter__", "keys", "items", "values", "__len__", "__contains__",
+                  "__getattr__", "__getattribute__", "__missing__", "__init__", "__new__")  # fmt: skip
+
+
+def modelled_dict_subclass(cls: type) -> bool:
+    """A Python subclass of plain dict (not OrderedDict, not a dataclass) that leaves reading to
+    dict (Note [Dict subclasses])."""
+    return (
+        cls.__mro__[1] is dict
+        and cls.__module__ not in ("builtins", "collections")
+        and not dataclasses.is_dataclass(cls)
+        and all(python_override(cls, name) is None for name in _READ_PROTOCOL)
+    )
+
+
+def python_override(cls: type, name: str) -> Any:
+    """Note [Dict subclasses]: what a Python subclass of dict (transformers' _CanRecordRegistry)
+    defines for `name` above dict in its MRO, or None. Methods it defines in Python are inlined
+    (`getattr`); everything it does not override is dict's own behaviour, modelled here; an
+    overridden protocol method used implicitly (subscript, `in`, iteration) and any mutation or
+    copy of such a dict stay unsupported, so the subclass's code is never bypassed."""
+    for klass in cls.__mro__:
+        if klass in PLAIN_DICTS:
+            return None
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return _NOT_DEFINED if value is None else value
+    return None
 
 
 def key_of(vt: VT) -> Any:
@@ -51,25 +88,50 @@ class DictVariable(VariableTracker):
     def as_constant(self) -> Any:
         return self.user_cls({k: v.as_constant() for k, v in self.items.items()})
 
+    def _builtin(self, *names: str) -> None:
+        if self.user_cls in PLAIN_DICTS:
+            return
+        for name in names:
+            if python_override(self.user_cls, name) is not None:
+                raise Unsupported(f"{self.user_cls.__qualname__} overrides {name}")
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if self.user_cls not in PLAIN_DICTS:
+            attr = python_override(self.user_cls, name)
+            if inspect.isfunction(attr):
+                from kiln_dynamo.variables.functions import BoundMethodVariable
+
+                return BoundMethodVariable(tx.wrap(attr, None), self)
+            if attr is not None:
+                raise Unsupported(f"attribute {name!r} of {self.describe()}")
+        return super().getattr(tx, name)
+
     def truth(self, tx: Tx) -> bool:
+        self._builtin("__bool__", "__len__")
         return bool(self.items)
 
     def length(self, tx: Tx) -> int:
+        self._builtin("__len__")
         return len(self.items)
 
     def iterate(self, tx: Tx) -> list[VT]:
+        self._builtin("__iter__")
         return [ConstantVariable(k) for k in self.items]
 
     def contains(self, tx: Tx, key: VT) -> bool:
+        self._builtin("__contains__")
         return key_of(key) in self.items
 
     def getitem(self, tx: Tx, key: VT) -> VT:
+        self._builtin("__getitem__")
         k = key_of(key)
         if k not in self.items:
             raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
         return self.items[k]
 
     def _mutate(self, tx: Tx) -> None:
+        if self.user_cls not in PLAIN_DICTS:
+            raise Unsupported(f"mutating a {self.user_cls.__qualname__}, a dict subclass")
         tx.output.side_effects.mutated(self)
 
     def setitem(self, tx: Tx, key: VT, value: VT) -> None:
@@ -81,6 +143,15 @@ class DictVariable(VariableTracker):
         self.items.pop(key_of(key))
 
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        self._builtin(name)
+        return self.call_builtin(tx, name, args, kwargs)
+
+    def call_builtin(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """dict's own method `name` (also what `super().name` reaches from a subclass)."""
+        if self.user_cls not in PLAIN_DICTS and name in ("copy", "keys", "values", "items"):
+            self._builtin("__iter__", "__getitem__")
+            if name == "copy":
+                raise Unsupported(f"copy of a {self.user_cls.__qualname__}, a dict subclass")
         if name == "keys":
             return TupleVariable([ConstantVariable(k) for k in self.items])
         if name == "values":

@@ -129,9 +129,23 @@ class TensorVariable(VariableTracker):
             return tx.output.create_call(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
         if name in ("grad", "data", "grad_fn", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
-        if not hasattr(torch.Tensor, name):
-            raise Unsupported(f"unknown tensor attribute {name!r}")
+        if not hasattr(self.cls, name):
+            return self._missing_attr(tx, name)
         return TensorMethodVariable(self, name)
+
+    def _missing_attr(self, tx: Tx, name: str) -> VariableTracker:
+        """Note [Tensor attributes that do not exist]: `hasattr(x, "jax")` (transformers' duck
+        typing) must answer False without a break. The class is guarded with the tensor; an input
+        tensor may still carry the attribute in its own `__dict__`, which is guarded absent (or the
+        lookup stays unsupported when present). Tensors the graph makes are new objects with an
+        empty `__dict__` (an in-place op returns its input's fake, so it is found as that input)."""
+        for node, source, value in tx.output.inputs:
+            if node.meta.get("val") is self.fake:
+                if name in getattr(value, "__dict__", {}):
+                    raise Unsupported(f"tensor attribute {name!r} set on the tensor itself")
+                tx.output.guards.no_instance_attr(source, name)
+                break
+        raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}")
 
     def call_method(
         self, tx: Tx, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]

@@ -80,10 +80,32 @@ _GRAPH_FUNCTION_MODULES = frozenset(
 )
 
 
+# Note [Answering is_compiling]: torch's "am I being compiled?" flags are plain Python functions
+# that read a module global torch.compile sets; inlined, they would answer False. While kiln
+# traces they answer True (TorchFunctionVariable.call), so that libraries such as transformers
+# take their compile-friendly paths; at run time the graph does not call them.
+IS_COMPILING_FUNCTIONS = frozenset(
+    {
+        ("torch.compiler", "is_compiling"),
+        ("torch.compiler", "is_dynamo_compiling"),
+        ("torch._dynamo.external_utils", "is_compiling"),
+        ("torch._utils", "is_compiling"),
+    }
+)
+
+
+def is_compiling_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and (
+        (value.__module__, value.__qualname__) in IS_COMPILING_FUNCTIONS
+    )
+
+
 def is_torch_callable(value: Any) -> bool:
     """Should a call to `value` become a graph node (rather than be inlined or folded)?"""
     if isinstance(value, type):
         return False
+    if is_compiling_function(value):
+        return True  # answered at trace time (Note [Answering is_compiling])
     mod = getattr(value, "__module__", None) or ""
     if isinstance(value, types.FunctionType):
         # Only torch's operator namespaces: anything else from torch (decorators such as
@@ -136,7 +158,7 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(torch.is_inference_mode_enabled())
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
-        if fn is torch.compiler.is_compiling or getattr(fn, "__name__", "") == "is_compiling":
+        if is_compiling_function(fn) or getattr(fn, "__name__", "") == "is_compiling":
             return ConstantVariable(True)
         if fn is torch._C._len_torch_dispatch_stack:
             # Note [kiln's own FakeMode]: while tracing, kiln's FakeMode sits on the dispatch-mode

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.nn_module import class_attribute
 
@@ -193,6 +194,8 @@ class SuperVariable(VariableTracker):
                     return _GenericGetattrVariable(self.obj)
                 if inspect.isfunction(attr):
                     return BoundMethodVariable(UserFunctionVariable(attr, None), self.obj)
+                if klass in PLAIN_DICTS and isinstance(self.obj, DictVariable) and callable(attr):
+                    return _DictMethodVariable(self.obj, name)  # Note [Dict subclasses]
                 if isinstance(attr, property) and attr.fget is not None:
                     return tx.wrap(attr.fget, None).call(tx, [self.obj], {})
                 if isinstance(attr, staticmethod):
@@ -218,6 +221,20 @@ class _GenericGetattrVariable(VariableTracker):
         # An AttributeError propagates out of the inlined __getattribute__ to getattr()/hasattr(),
         # which model it; anywhere else it becomes Unsupported.
         return self.obj.generic_getattr(tx, args[0].as_constant())
+
+
+class _DictMethodVariable(VariableTracker):
+    """`super().name` from a dict subclass: dict's own method, modelled by DictVariable."""
+
+    def __init__(self, obj: DictVariable, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    def describe(self) -> str:
+        return f"dict.{self.name}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.obj.call_builtin(tx, self.name, args, kwargs)
 
 
 class _NoOpVariable(VariableTracker):
@@ -282,3 +299,19 @@ class UserObjectVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.getattr(tx, "__call__").call(tx, args, kwargs)
+
+    # Note [Mapping protocol of user objects]: `in` and subscripts on an instance whose class
+    # defines `__contains__`/`__getitem__` in Python (transformers' AttentionInterface, a
+    # MutableMapping over a class-level dict) inline that method, as any method call does: what
+    # it reads is guarded through its sources. A method written in C stays a break.
+    def _python_dunder(self, tx: Tx, name: str, what: str) -> VT:
+        if not inspect.isfunction(inspect.getattr_static(type(self.obj), name, None)):
+            raise Unsupported(f"{what} {self.describe()}")
+        return self.getattr(tx, name)
+
+    def contains(self, tx: Tx, item: VT) -> bool:
+        result = self._python_dunder(tx, "__contains__", "`in` on").call(tx, [item], {})
+        return result.truth(tx)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        return self._python_dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
