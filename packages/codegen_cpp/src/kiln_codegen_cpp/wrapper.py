@@ -39,13 +39,15 @@ from kiln_loopir.ir import (
     ReinterpretView,
     Scatter,
 )
-from kiln_loopir.layout import Layout
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
     ExternKernelSchedulerNode,
     NopKernelSchedulerNode,
     Scheduler,
 )
+from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import flat_storage as _flat
+from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
 from .kernel import ErrorSite, Kernel
@@ -68,42 +70,6 @@ class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
     Eager raises ``RuntimeError("ZeroDivisionError")``; this is both, so code that catches
     either keeps working.
     """
-
-
-def _flat(
-    t: torch.Tensor, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
-) -> torch.Tensor:
-    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ)."""
-    if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
-        return t.as_strided((n,), (1,), 0)
-    out = torch.empty(n, dtype=t.dtype, device=t.device)
-    out.as_strided(size, stride, offset).copy_(t)
-    return out
-
-
-def _conform(
-    t: torch.Tensor,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    offset: int,
-    *,
-    dtype: torch.dtype,
-    name: str,
-) -> torch.Tensor:
-    """An input given with other strides than at compile time, copied into the expected layout.
-
-    A different shape or dtype is refused: the kernels would read out of place.
-    """
-    if tuple(t.shape) != size or t.dtype != dtype:
-        raise ValueError(f"input {name} was compiled for {list(size)} {dtype}, got {list(t.shape)} {t.dtype}")
-    n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
-    out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
-    out.copy_(t)
-    return out
-
-
-def _layout_args(layout: Layout) -> str:
-    return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
 
 
 class WrapperCodegen:

@@ -37,58 +37,18 @@ from kiln_loopir.ir import (
     ReinterpretView,
     Scatter,
 )
-from kiln_loopir.layout import Layout
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
     ExternKernelSchedulerNode,
     NopKernelSchedulerNode,
     Scheduler,
 )
+from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import flat_storage as _flat
+from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .kernel import KernelGroup
 from .runtime import Launcher
-
-
-def _flat(
-    t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
-) -> torch.Tensor | None:
-    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ).
-
-    An extern op may return None where its meta kernel promised a tensor: CUDA flash attention's
-    ``cum_seq_q``/``cum_seq_k`` are undefined tensors for dense inputs. Nothing reads those in a
-    graph (they exist for nested inputs), so None passes through; a reader would fail loudly."""
-    if t is None:
-        return None
-    if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
-        return t.as_strided((n,), (1,), 0)
-    out = torch.empty(n, dtype=t.dtype, device=t.device)
-    out.as_strided(size, stride, offset).copy_(t)
-    return out
-
-
-def _conform(
-    t: torch.Tensor,
-    size: tuple[int, ...],
-    stride: tuple[int, ...],
-    offset: int,
-    *,
-    dtype: torch.dtype,
-    name: str,
-) -> torch.Tensor:
-    """An input given with other strides than at compile time, copied into the expected layout.
-
-    A different shape or dtype is refused: the kernels would read out of place.
-    """
-    if tuple(t.shape) != size or t.dtype != dtype:
-        raise ValueError(f"input {name} was compiled for {list(size)} {dtype}, got {list(t.shape)} {t.dtype}")
-    n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
-    out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
-    out.copy_(t)
-    return out
-
-
-def _layout_args(layout: Layout) -> str:
-    return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
 
 
 def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:

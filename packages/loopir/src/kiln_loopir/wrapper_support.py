@@ -1,0 +1,58 @@
+"""Runtime helpers every code generator's wrapper calls (one copy, shared by the cpp and triton
+backends): they move tensors between the layouts loopir planned and the ones they arrive in.
+
+``flat_storage`` takes an extern kernel's result as the flat storage of the layout loopir planned
+for it (copied only when its strides differ); ``conform_input`` copies a graph input given with
+other strides into the layout the kernels were compiled for, refusing a different shape or dtype;
+``layout_args`` spells a layout as those functions' arguments in generated source.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import Layout
+
+
+def flat_storage(
+    t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> torch.Tensor | None:
+    """``t`` as the flat storage of a tensor with this layout (copied if its strides differ).
+
+    An extern op may return None where its meta kernel promised a tensor: CUDA flash attention's
+    ``cum_seq_q``/``cum_seq_k`` are undefined tensors for dense inputs. Nothing reads those in a
+    graph (they exist for nested inputs), so None passes through; a reader would fail loudly.
+    """
+    if t is None:
+        return None
+    if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
+        return t.as_strided((n,), (1,), 0)
+    out = torch.empty(n, dtype=t.dtype, device=t.device)
+    out.as_strided(size, stride, offset).copy_(t)
+    return out
+
+
+def conform_input(
+    t: torch.Tensor,
+    size: tuple[int, ...],
+    stride: tuple[int, ...],
+    offset: int,
+    *,
+    dtype: torch.dtype,
+    name: str,
+) -> torch.Tensor:
+    """An input given with other strides than at compile time, copied into the expected layout.
+
+    A different shape or dtype is refused: the kernels would read out of place.
+    """
+    if tuple(t.shape) != size or t.dtype != dtype:
+        raise ValueError(f"input {name} was compiled for {list(size)} {dtype}, got {list(t.shape)} {t.dtype}")
+    n = offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1 if all(size) else 0
+    out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
+    out.copy_(t)
+    return out
+
+
+def layout_args(layout: Layout) -> str:
+    """``size, stride, offset`` of ``layout`` as Python source (for generated wrappers)."""
+    return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
