@@ -41,6 +41,22 @@ _CACHES: list[int] = list(opcode._inline_cache_entries)  # type: ignore[attr-def
 _EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
 
 
+# Instructions after which control never falls through to the next one.
+NO_FALLTHROUGH = frozenset(
+    {
+        "RETURN_VALUE",
+        "RETURN_CONST",
+        "RAISE_VARARGS",
+        "RERAISE",
+        "JUMP_FORWARD",
+        "JUMP_BACKWARD",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "JUMP",
+        "JUMP_NO_INTERRUPT",
+    }
+)
+
+
 def cache_entries(op: int) -> int:
     return _CACHES[op] if op < len(_CACHES) else 0
 
@@ -369,17 +385,6 @@ def stack_depth(instrs: list[Instr]) -> int:
     depth_at: dict[int, int] = {0: 0}
     work = [0]
     best = 0
-    terminal = {
-        "RETURN_VALUE",
-        "RETURN_CONST",
-        "RAISE_VARARGS",
-        "RERAISE",
-        "JUMP_FORWARD",
-        "JUMP_BACKWARD",
-        "JUMP_BACKWARD_NO_INTERRUPT",
-        "JUMP",
-        "JUMP_NO_INTERRUPT",
-    }
 
     def visit(k: int, d: int) -> None:
         if k < len(instrs) and depth_at.get(k, -1) < d:
@@ -398,7 +403,7 @@ def stack_depth(instrs: list[Instr]) -> int:
             jd = d + dis.stack_effect(ins.opcode, arg, jump=True)
             best = max(best, jd)
             visit(index[id(ins.target)], jd)
-        if ins.opname not in terminal:
+        if ins.opname not in NO_FALLTHROUGH:
             nd = d + dis.stack_effect(ins.opcode, arg, jump=False)
             best = max(best, nd)
             visit(k + 1, nd)

@@ -47,7 +47,7 @@ import weakref
 from dataclasses import dataclass
 
 from kiln_dynamo import bytecode
-from kiln_dynamo.bytecode import PY_VERSION, ExnEntry, Instr
+from kiln_dynamo.bytecode import NO_FALLTHROUGH, PY_VERSION, ExnEntry, Instr
 
 _LOCAL_OPS = frozenset(dis.opname[o] for o in dis.haslocal)
 _FREE_OPS = frozenset(dis.opname[o] for o in dis.hasfree)
@@ -62,19 +62,6 @@ _READS = frozenset(
         "LOAD_CLASSDEREF",
         "LOAD_FROM_DICT_OR_DEREF",
         "DELETE_DEREF",
-    }
-)
-_NO_FALLTHROUGH = frozenset(
-    {
-        "RETURN_VALUE",
-        "RETURN_CONST",
-        "RAISE_VARARGS",
-        "RERAISE",
-        "JUMP_FORWARD",
-        "JUMP_BACKWARD",
-        "JUMP_BACKWARD_NO_INTERRUPT",
-        "JUMP",
-        "JUMP_NO_INTERRUPT",
     }
 )
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
@@ -166,7 +153,7 @@ def _liveness(code: types.CodeType) -> list[frozenset[str]]:
             out.append(index[id(ins.exn.target)])
         if ins.target is not None:
             out.append(index[id(ins.target)])
-        if ins.opname not in _NO_FALLTHROUGH and k + 1 < n:
+        if ins.opname not in NO_FALLTHROUGH and k + 1 < n:
             out.append(k + 1)
         succs.append(out)
     cells = set(code.co_cellvars) | set(code.co_freevars)
