@@ -100,6 +100,21 @@ static inline float nextafter_fp16(float a, float b) { return nextafter16<fp16_t
 template <typename T> static inline T maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T minimum(T a, T b) { return (a < b || a != a) ? a : b; }
 template <typename T> static inline T relu(T a) { return a < T(0) ? T(0) : a; }
+// relu of a float in integer bits: it clears the value when it is below zero (not -0.0, not a
+// NaN). Written as a select, GCC 12 pushes a later isnan() through it into a select of booleans
+// that its vectorizer rejects, leaving ReLU+max-pool kernels scalar and ~15x slower.
+template <> inline float relu<float>(float a) {
+  int32_t u; std::memcpy(&u, &a, 4);
+  const int32_t below = -static_cast<int32_t>(u > INT32_MIN && u <= static_cast<int32_t>(0xff800000u));
+  u &= ~below;
+  float out; std::memcpy(&out, &u, 4); return out;
+}
+template <> inline double relu<double>(double a) {
+  int64_t u; std::memcpy(&u, &a, 8);
+  const int64_t below = -static_cast<int64_t>(u > INT64_MIN && u <= static_cast<int64_t>(0xfff0000000000000ull));
+  u &= ~below;
+  double out; std::memcpy(&out, &u, 8); return out;
+}
 template <typename T> static inline T sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : T(0)); }
 template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +93,10 @@ class WrapperCodegen:
             "_flat": _flat,
             "_conform": _conform,
             "_empty": torch.empty,
+            "_range": torch.profiler.record_function,
         }
+        # KILN_PROFILE=1: every kernel call is a named range in torch.profiler's tables
+        self.profile = os.environ.get("KILN_PROFILE", "") not in ("", "0")
         self.inputs: dict[str, InputBuffer] = {}
         self.pointers: set[str] = set()
         for k in kernels.values():
@@ -252,7 +256,11 @@ class WrapperCodegen:
         else:
             fn = f"k_{compiled.name}"
             args = ", ".join([*(f"p_{p}" for p in compiled.params), "nt"])
-            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
+            if self.profile:
+                self.emit(f"with _range('kiln:{compiled.name}'):")
+                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
+            else:
+                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
         for name in temporaries:
             self.emit(f"del {name}")
 
