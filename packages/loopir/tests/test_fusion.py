@@ -167,3 +167,33 @@ def test_in_place_ops_run_as_extern_calls_in_order() -> None:
     assert_same(actual, expected)
     assert_same((ax, ay), (ex, ey))  # the inputs are mutated as eagerly
     assert compiled.stats.extern_calls == 2
+
+
+def test_addmm_bias_joins_pointwise_readers() -> None:
+    # Note [Bias after the GEMM]: every reader is pointwise, so the GEMM runs as mm and the bias
+    # add is fused into the GELU kernel (through a view, as a 3-D linear lowers)
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        a = aten.addmm.default(b, x, w)
+        return aten.gelu.default(aten.view.default(a, [2, 3, 5]))
+
+    compiled = check(fn, make((6, 4)), make((4, 5)), make((5,)))
+    assert compiled.stats.extern_ops == ("mm.default",)
+    assert compiled.stats.kernels == 1
+
+
+def test_addmm_stays_whole_when_a_reader_is_not_pointwise() -> None:
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        a = aten.addmm.default(b, x, w)
+        return aten.relu.default(a), aten.mm.default(a, aten.t.default(w))
+
+    compiled = check(fn, make((6, 4)), make((4, 5)), make((5,)))
+    assert sorted(compiled.stats.extern_ops) == ["addmm.default", "mm.default"]
+
+
+def test_addmm_with_beta_or_a_matrix_bias_is_still_right() -> None:
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        scaled = aten.addmm.default(b, x, w, beta=0.5)
+        return aten.relu.default(scaled), aten.tanh.default(aten.addmm.default(b, x, w))
+
+    compiled = check(fn, make((6, 4)), make((4, 5)), make((6, 5)))
+    assert sorted(compiled.stats.extern_ops) == ["addmm.default", "mm.default"]

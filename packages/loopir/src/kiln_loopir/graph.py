@@ -94,6 +94,7 @@ class GraphLowering:
         self.outputs: Any = None
         self.fallbacks: list[tuple[str, str]] = []
         self.current_meta: Any = None
+        self.current_node: torch.fx.Node | None = None
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
 
@@ -162,6 +163,7 @@ class GraphLowering:
         if target is operator.getitem:
             return args[0][args[1]]
         self.current_meta = meta
+        self.current_node = node
         if _mutates(target):
             # Note [Mutation]: values computed so far from the buffer about to change must be
             # computed now, not inlined into later readers that would see the new contents

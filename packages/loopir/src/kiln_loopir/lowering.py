@@ -71,7 +71,7 @@ def _ensure_registered() -> None:
     global _registered
     if not _registered:
         _registered = True
-        from .lowerings import creation, memory, pointwise, pooling, reductions, views  # noqa: F401
+        from .lowerings import creation, linalg, memory, pointwise, pooling, reductions, views  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""Matrix-product lowerings: ``addmm`` as a GEMM whose bias joins the pointwise code after it.
+
+Note [Bias after the GEMM]: eager's ``addmm(bias, a, b)`` first copies the broadcast bias into the
+output and then accumulates ``a @ b`` onto it (beta=1): one extra pass over the output for the
+copy, and the GEMM reads what it writes. When every reader of the result is pointwise (GELU,
+the residual add before a layer norm), kiln calls ``mm`` instead and leaves ``+ bias`` as a lazy
+Pointwise, which the scheduler fuses into those readers: the copy is gone and the bias costs a
+load in a kernel that runs anyway. When the result feeds another extern (attention, a second
+GEMM) or leaves the graph, nothing would absorb the add, so ``addmm`` stays whole. Float only,
+with beta = alpha = 1; the sum is rounded once more than in eager for bfloat16/float16 (as
+inductor does it), which is within those dtypes' tolerance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import TensorBox
+from ..lowering import fallback, find_lowering, register_lowering
+from ..virtualized import current_graph
+
+aten = torch.ops.aten
+
+# ops that only reinterpret their input: a pointwise reader behind them still absorbs the add
+_VIEWS = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.expand.default,
+}
+
+
+def _readers_are_pointwise(node: torch.fx.Node, depth: int = 0) -> bool:
+    if not node.users or depth > 4:
+        return False
+    for user in node.users:
+        target = user.target
+        if target in _VIEWS:
+            if not _readers_are_pointwise(user, depth + 1):
+                return False
+        elif not (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags):
+            return False
+    return True
+
+
+@register_lowering(aten.addmm.default)
+def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    graph = current_graph()
+    node, meta = graph.current_node, graph.current_meta
+    split = (
+        beta == 1
+        and alpha == 1
+        and isinstance(bias, TensorBox)
+        and meta.dtype.is_floating_point
+        and node is not None
+        and _readers_are_pointwise(node)
+    )
+    if not split:
+        return fallback(aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha}, meta)
+    product = fallback(aten.mm.default, (a, b), {}, meta)
+    add = find_lowering(aten.add.Tensor)
+    assert add is not None
+    return add(product, bias)
