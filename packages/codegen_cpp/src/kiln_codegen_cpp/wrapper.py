@@ -81,13 +81,13 @@ PERSIST_LIMIT = 256 << 20
 class BufferPool:
     """The persistent scratch buffers of one wrapper (Note [Scratch buffers that persist])."""
 
-    def __init__(self, specs: list[tuple[int, torch.dtype]]) -> None:
+    def __init__(self, specs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]) -> None:
         self.specs = specs
         self.buffers: tuple[torch.Tensor, ...] | None = None
         self.lock = threading.Lock()
 
     def fresh(self) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.empty(n, dtype=dtype) for n, dtype in self.specs)
+        return tuple(torch.empty_strided(size, stride, dtype=dtype) for size, stride, dtype in self.specs)
 
     def take(self) -> tuple[torch.Tensor, ...]:
         if not self.lock.acquire(blocking=False):
@@ -137,8 +137,10 @@ class WrapperCodegen:
         self.namespace: dict[str, Any] = {
             "_torch": torch,
             "_flat": _flat,
+            "_shaped": _shaped,
             "_conform": _conform,
             "_empty": torch.empty,
+            "_empty_strided": torch.empty_strided,
             "_range": torch.profiler.record_function,
         }
         # KILN_PROFILE=1: every kernel call is a named range in torch.profiler's tables
@@ -150,7 +152,12 @@ class WrapperCodegen:
                 self.pointers |= set(k.params)
         self.consts = 0
         self.persist = self._persistent()
-        self.pool_specs: list[tuple[int, torch.dtype]] = []
+        self.pool_specs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = []
+        # Note [Buffers in their own shape]: the (size, stride) a buffer variable's tensor has,
+        # where it was allocated or taken in the layout its readers view it with; `view` then
+        # passes the variable itself instead of an as_strided view (~2 us each, hundreds a step)
+        self.shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.returning, self.returned = False, set[str]()
         ops = [
             str(n.target)
             for n in graph.gm.graph.nodes
@@ -184,17 +191,25 @@ class WrapperCodegen:
     def view(self, value: Any) -> str:
         """Python expression for an extern argument or a graph output."""
         if isinstance(value, ReinterpretView):
-            return f"{self.var(value.buffer.name)}.as_strided({_layout_args(value.layout)})"
+            return self._strided(value.buffer.name, value.layout)
         if isinstance(value, InputBuffer | ConstantBuffer):
             return self.var(value.name)
         if isinstance(value, Buffer):
-            return f"{self.var(value.name)}.as_strided({_layout_args(value.layout)})"
+            return self._strided(value.name, value.layout)
         if isinstance(value, list):
             return "[" + ", ".join(self.view(v) for v in value) + "]"
         if isinstance(value, tuple):
             inner = ", ".join(self.view(v) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
         return self.const(value)
+
+    def _strided(self, name: str, layout: Any) -> str:
+        dense = _dense_shape(layout)
+        if dense is not None and self.shapes.get(name) == dense and name not in self.returned:
+            if self.returning:  # each output a tensor of its own, even when two share a buffer
+                self.returned.add(name)
+            return self.var(name)
+        return f"{self.var(name)}.as_strided({_layout_args(layout)})"
 
     def emit(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
@@ -205,12 +220,17 @@ class WrapperCodegen:
 
     def allocate(self, buffer: Buffer) -> None:
         n = int(buffer.layout.storage_size())
+        shape = _dense_shape(buffer.layout) or ((n,), (1,))
+        self.shapes[buffer.name] = shape
         if buffer.name in self.persist:
             self.emit(f"{buffer.name} = _P[{len(self.pool_specs)}]")
-            self.pool_specs.append((n, buffer.layout.dtype))
+            self.pool_specs.append((*shape, buffer.layout.dtype))
         else:
             dtype = self.const(buffer.layout.dtype)
-            self.emit(f"{buffer.name} = _empty({n}, dtype={dtype})")
+            if shape[0] == (n,) and shape[1] == (1,):
+                self.emit(f"{buffer.name} = _empty({n}, dtype={dtype})")
+            else:
+                self.emit(f"{buffer.name} = _empty_strided({shape[0]!r}, {shape[1]!r}, dtype={dtype})")
         self.pointer(buffer.name, f"{buffer.name}.data_ptr()")
 
     def _persistent(self) -> set[str]:
@@ -295,6 +315,7 @@ class WrapperCodegen:
             for name in plan.free_after.get(step, ()):
                 if name not in reused_sources and name not in self.schedule.output_names:
                     self.emit(f"del {name}")
+        self.returning = True
         self.emit(f"return {self.view(graph.outputs)}")
         body = self.lines
         if self.pool_specs:
@@ -319,7 +340,12 @@ class WrapperCodegen:
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
-            self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+            dense = _dense_shape(out.layout)
+            if dense is not None:
+                self.shapes[out.name] = dense
+                self.emit(f"{out.name} = _shaped({value}, {_layout_args(out.layout)})")
+            else:
+                self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
         self.emit("del _r")
 
@@ -332,12 +358,16 @@ class WrapperCodegen:
         for buffer in members:
             if isinstance(buffer, Scatter):
                 self.emit(f"{buffer.name} = {buffer.mutates}")
+                if buffer.mutates in self.shapes:
+                    self.shapes[buffer.name] = self.shapes[buffer.mutates]
                 self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
                 continue
             if buffer.name in plan.allocate:
                 reuse = plan.allocate[buffer.name]
                 if reuse is not None:
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    if reuse in self.shapes:
+                        self.shapes[buffer.name] = self.shapes[reuse]
                     self.pointer(
                         buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()"
                     )
@@ -370,8 +400,9 @@ class WrapperCodegen:
             buffer = self.graph.name_to_buffer.get(name)
             if buffer is None:
                 continue
-            if isinstance(buffer, InputBuffer | ConstantBuffer):
-                n = int(buffer.layout.storage_size())
+            n = int(buffer.layout.storage_size())
+            flat = self.shapes.get(name, ((n,), (1,))) == ((n,), (1,))
+            if isinstance(buffer, InputBuffer | ConstantBuffer) or not flat:
                 entries.append(f"{name!r}: {name}.as_strided(({n},), (1,), 0)")
             else:
                 entries.append(f"{name!r}: {name}")
@@ -406,6 +437,27 @@ class WrapperCodegen:
             )
 
         self.namespace["_kernel_error"] = kernel_error
+
+
+def _dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(size, stride) when a tensor of that shape owns exactly the layout's storage."""
+    size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
+    if int(layout.offset) != 0 or math.prod(size) == 0:
+        return None
+    if int(layout.storage_size()) != math.prod(size):
+        return None
+    return size, stride
+
+
+def _shaped(t: torch.Tensor | None, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> Any:
+    """An extern result in the dense layout planned for it (copied only if it differs)."""
+    if t is None:
+        return None
+    if t.shape == size and t.stride() == stride and t.storage_offset() == 0:
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
 
 
 def _buffer_names(value: Any) -> set[str]:
