@@ -304,7 +304,7 @@ class ModelOutputVariable(DictVariable):
         first, *rest = self.fields.values()
         if all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first):
             raise Unsupported(f"rebuilding a {cls.__qualname__} whose only field is not a tensor")
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         args = ", ".join(
             f"{k!r}: {v.reconstruct(cg)}"
             for k, v in self.fields.items()
