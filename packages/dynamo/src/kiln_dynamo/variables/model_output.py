@@ -81,6 +81,37 @@ def model_output_base(cls: type) -> type | None:
     return klass
 
 
+# Note [ModelOutput's own frames]: where a ModelOutput is still built or read in plain Python (a
+# frame left to plain Python, the runner rebuilding one), the frame hook would offer each of the
+# base's methods to the callback, and each would be recorded as a frame left to plain Python
+# (they read `self.__dict__` mid-construction). Their behaviour is what this module models, so
+# once a base is in use its methods' codes are skipped by the hook.
+_quieted: set[type] = set()
+
+
+def _quiet(cls: type, base: type) -> None:
+    """Note [ModelOutput's own frames]: skip the codes of the base's methods and of the class's
+    (wrapped) dataclass `__init__`, nested code objects included."""
+    if cls in _quieted:
+        return
+    _quieted.add(cls)
+    try:
+        import kiln_frame_hook as hook
+    except ImportError:
+        return
+    funcs = [] if base in _quieted else [getattr(v, "fget", v) for v in vars(base).values()]
+    _quieted.add(base)
+    init = vars(cls).get("__init__")
+    while init is not None:
+        funcs.append(init)
+        init = getattr(init, "__wrapped__", None)
+    stack = [f.__code__ for f in funcs if inspect.isfunction(f)]
+    while stack:
+        code = stack.pop()
+        hook.skip_code(code)
+        stack += [c for c in code.co_consts if isinstance(c, type(code))]
+
+
 def _dataclass_init(fn: Any) -> bool:
     """Is `fn` the `__init__` @dataclass generated (possibly wrapped by the base's metaclass, as
     transformers 5 does to rename old keyword arguments, which `MODEL_OUTPUT_BASES` replicates)?"""
@@ -105,6 +136,7 @@ def construct_model_output(
 ) -> ModelOutputVariable:
     """`cls(*args, **kwargs)`: the dataclass `__init__` binding, then ModelOutput's
     `__post_init__` rule for which fields become keys."""
+    _quiet(cls, base)
     fields = dataclasses.fields(cls)
     name = cls.__qualname__
     if not fields or any(f.default is not None for f in fields[1:]):
@@ -137,6 +169,7 @@ def wrap_model_output(builder: VariableBuilder, value: Any, base: type, source: 
     is read as an attribute (a key's attribute is its item: ModelOutput's `__setattr__` and
     `__setitem__` keep the two together), and the fields that are not keys are guarded None."""
     cls = type(value)
+    _quiet(cls, base)
     if source is None:
         raise Unsupported(f"{cls.__qualname__} without a source")
     attrs = getattr(value, "__dict__", {})
