@@ -132,8 +132,9 @@ def test_positional_fields_and_hf_old_cache_name() -> None:
         cls = transformers.modeling_outputs.BaseModelOutputWithPast
         if "cache" in fields:  # transformers 5 renamed past_key_values; old names still work
             o = cls(x + 1, past_key_values=(x, x))
-            return o, o["past_key_values"], "cache_params" in o, o.get("past_key_values")
-        return cls(x + 1, (x, x)), None, None, None
+            old = (o["past_key_values"], "cache_params" in o, o.get("past_key_values"), o.past_key_values)
+            return o, old
+        return cls(x + 1, (x, x)), None
 
     check(fn, t(3))
 
