@@ -1,9 +1,9 @@
 """HuggingFace models (the public suite's architectures, tiny configs): never a wrong answer.
 
 Their forwards use try/except helpers, ModelOutput (an OrderedDict subclass) and registries:
-the frames split at graph breaks (kiln_dynamo's continuations), the parts that cannot be split
-run as plain Python with recorded reasons, and the inner frames are captured on their own; the
-result must equal eager either way.
+ModelOutputs are traced (one graph for gpt2, llama and t5); what still breaks splits the frame
+(kiln_dynamo's continuations), the parts that cannot be split run as plain Python with recorded
+reasons, and the inner frames are captured on their own; the result must equal eager either way.
 """
 
 from __future__ import annotations

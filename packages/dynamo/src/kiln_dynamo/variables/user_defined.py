@@ -3,7 +3,8 @@
 `UserClassVariable` is a class read from outside the frame. Calling it inside the frame creates
 a `NewObjectVariable` whose attributes are trackers (its `__init__` is inlined with the new object
 as `self`); a dataclass gets the same treatment through its generated `__init__`, a namedtuple
-becomes a `NamedTupleVariable`. A new object that escapes the frame is rebuilt by the runner
+becomes a `NamedTupleVariable`, a transformers `ModelOutput` a `ModelOutputVariable`
+(model_output.py). A new object that escapes the frame is rebuilt by the runner
 with `cls.__new__(cls)` and `object.__setattr__` per attribute.
 
 `UserObjectVariable` is an existing instance read from outside: attributes come from the real
