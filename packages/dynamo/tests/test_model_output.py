@@ -156,7 +156,7 @@ def mutate(x: torch.Tensor) -> Any:
     o = Out(logits=x, extra=x * 2)
     o.hidden = (x + 1,)  # a new key, after extra
     o["logits"] = x - 1  # an existing key keeps its place
-    o.loss = None
+    o.loss = None  # never set: stays no key
     return o, o.to_tuple(), list(o.keys())
 
 
@@ -263,6 +263,17 @@ def set_back_to_none(x: torch.Tensor) -> Any:
     return o, o.to_tuple()
 
 
+def first_field_alone_not_a_tensor(x: torch.Tensor) -> Any:
+    return Out((("logits", x),)), x + 1  # __post_init__ reads it as (key, value) pairs
+
+
+def mutate_after_split(x: torch.Tensor) -> Any:
+    o = Out(logits=x * 2)
+    print("split here")
+    o.extra = x  # in the continuation `o` came from outside: not modelled
+    return o
+
+
 def build_lookalike(x: torch.Tensor) -> Any:
     return LookAlike(x=x * 2)
 
@@ -274,8 +285,10 @@ def build_lookalike(x: torch.Tensor) -> Any:
         (pop_key, lambda: (t(2),), "ModelOutput.pop"),
         (set_back_to_none, lambda: (t(2),), "setting attribute 'extra' of a Out to None"),
         (build_lookalike, lambda: (t(2),), "a dict subclass that is not a modelled ModelOutput"),
+        (first_field_alone_not_a_tensor, lambda: (t(2),), "Out built from a non-tensor first field alone"),
+        (mutate_after_split, lambda: (t(2),), "setting attribute on a Out from outside the frame"),
     ],
-    ids=["mutate_input", "pop", "set_none", "lookalike"],
+    ids=["mutate_input", "pop", "set_none", "lookalike", "iterator_first_field", "mutate_after_split"],
 )
 def test_unmodelled_patterns_break_with_a_reason(fn: Any, make_args: Any, words: str) -> None:
     eager_args, comp_args = make_args(), make_args()
