@@ -177,8 +177,10 @@ def wrap_model_output(builder: VariableBuilder, value: Any, base: type, source: 
     for k in value:
         if k not in names or attrs.get(k, None) is not dict.__getitem__(value, k):
             raise Unsupported(f"{cls.__qualname__} whose item {k!r} is not its field of that name")
-    if any(n not in attrs or (n not in value and attrs[n] is not None) for n in names):
-        raise Unsupported(f"{cls.__qualname__} whose attributes and items differ")
+    if any(n not in attrs for n in names):
+        raise Unsupported(f"{cls.__qualname__} under construction (a field is not set yet)")
+    if any(n not in value and attrs[n] is not None for n in names):
+        raise Unsupported(f"{cls.__qualname__} with a field that is not None and not a key")
     builder.output.guards.type_match(source, value)
     builder.output.guards.dict_keys(source, value)
     fields = {n: builder.wrap(attrs[n], AttrSource(source, n)) for n in names}
