@@ -8,6 +8,7 @@ import enum
 import functools
 import itertools
 import math
+import operator
 from typing import Any
 
 import pytest
@@ -372,3 +373,17 @@ def test_backend_sees_capture_time_and_frame_in_graph_meta() -> None:
     assert len(seen) == 1
     assert 0.0 < seen[0]["capture_seconds"] < 60.0
     assert seen[0]["frame"].startswith("scaled (") and __file__ in seen[0]["frame"]
+
+
+def number_augmented_by_tensor(x: torch.Tensor) -> torch.Tensor:
+    buckets = 0
+    buckets += (x > 0).to(torch.long) * 16  # T5's _relative_position_bucket
+    scale = 1.5
+    scale *= x
+    return buckets + scale
+
+
+def test_number_augmented_by_a_tensor_is_out_of_place() -> None:
+    backend = check(number_augmented_by_tensor, t(3, 4))
+    targets = {n.target for gm in backend.gms for n in gm.graph.nodes}
+    assert not targets & {operator.iadd, operator.imul}

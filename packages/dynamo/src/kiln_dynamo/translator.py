@@ -79,6 +79,11 @@ _TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
 _BINARY_BY_SYMBOL = {sym: fn for fn, sym in BINARY_OPERATORS.items()}
 _COMPARE_BY_SYMBOL = {sym: fn for fn, sym in COMPARE_OPERATORS.items()}
 _CONST_BINARY = {fn: fn for fn in BINARY_OPERATORS}
+_OUT_OF_PLACE = {fn: _BINARY_BY_SYMBOL[sym[:-1]] for fn, sym in BINARY_OPERATORS.items() if sym.endswith("=")}
+
+
+def _is_number(vt: VT) -> bool:
+    return vt.is_constant() and isinstance(vt.as_constant(), (bool, int, float, complex))
 
 
 def _arg(inst: dis.Instruction) -> int:
@@ -284,6 +289,8 @@ class InstructionTranslator:
         return obj.getitem(self, key)
 
     def binary_op(self, fn: Any, a: VT, b: VT) -> VT:
+        if isinstance(b, TensorVariable) and fn in _OUT_OF_PLACE and _is_number(a):
+            fn = _OUT_OF_PLACE[fn]  # `n += t` for a number n is `n + t` (FX cannot print `0 += t`)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
         if a.is_constant() and b.is_constant() and not isinstance(a, BaseListVariable | DictVariable):

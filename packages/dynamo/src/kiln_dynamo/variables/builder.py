@@ -30,6 +30,7 @@ from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable, SetVariable, modelled_dict_subclass
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
+from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
 from kiln_dynamo.variables.torch import (
@@ -129,6 +130,9 @@ class VariableBuilder:
                 return NamedTupleVariable(items, type(value), source)
             return TupleVariable(items, source) if type(value) is tuple else self._unsupported(value)
         if isinstance(value, dict):
+            base = model_output_base(type(value))
+            if base is not None:
+                return wrap_model_output(self, value, base, source)
             if type(value) not in PLAIN_DICTS and not modelled_dict_subclass(type(value)):
                 return self._unsupported(value)
             if source is not None:

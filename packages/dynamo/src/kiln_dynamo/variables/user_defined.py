@@ -3,7 +3,8 @@
 `UserClassVariable` is a class read from outside the frame. Calling it inside the frame creates
 a `NewObjectVariable` whose attributes are trackers (its `__init__` is inlined with the new object
 as `self`); a dataclass gets the same treatment through its generated `__init__`, a namedtuple
-becomes a `NamedTupleVariable`. A new object that escapes the frame is rebuilt by the runner
+becomes a `NamedTupleVariable`, a transformers `ModelOutput` a `ModelOutputVariable`
+(model_output.py). A new object that escapes the frame is rebuilt by the runner
 with `cls.__new__(cls)` and `object.__setattr__` per attribute.
 
 `UserObjectVariable` is an existing instance read from outside: attributes come from the real
@@ -23,6 +24,7 @@ from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
+from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
 from kiln_dynamo.variables.nn_module import class_attribute
 
 if TYPE_CHECKING:
@@ -87,6 +89,13 @@ class UserClassVariable(VariableTracker):
             return NamedTupleVariable([bound[f] for f in cls._fields], cls)
         if issubclass(cls, enum.Enum) and len(args) == 1 and args[0].is_constant():
             return ConstantVariable(cls(args[0].as_constant()))
+        base = model_output_base(cls)
+        if base is not None:
+            return construct_model_output(tx, cls, base, args, kwargs)
+        if issubclass(cls, dict):
+            raise Unsupported(
+                f"constructing {cls.__qualname__}, a dict subclass that is not a modelled ModelOutput"
+            )
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is not type:
