@@ -225,3 +225,23 @@ def test_a_call_that_raises_leaves_later_calls_right() -> None:
         out = compiled(x, w, good)
         torch.testing.assert_close(out[0], gm(x, w, good)[0])
         torch.testing.assert_close(out[1], gm(x, w, good)[1])
+
+
+def test_gemm_writes_into_a_kept_buffer() -> None:
+    # the first GEMM's result is read by a kernel only: it is computed with mm.out into a
+    # buffer kept between calls; the last GEMM's result is an output and stays fresh
+    def fn(x: Any, w: Any) -> Any:
+        h = aten.mm.default(x, w)
+        return aten.mm.default(aten.relu.default(h), w)
+
+    gm = trace(fn)
+    x, w = make((32, 32)), make((32, 32))
+    backend = CppBackend()
+    compiled = compile_graph(gm, [x, w], backend=backend)
+    assert backend.last_wrapper.count("out=") == 1
+    first = compiled(x, w)
+    kept = first.clone()
+    x2 = make((32, 32))
+    torch.testing.assert_close(compiled(x2, w), gm(x2, w))
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x, w), gm(x, w))

@@ -77,6 +77,15 @@ DIVISION_OPS = (
 
 PERSIST_LIMIT = 256 << 20
 
+# extern ops whose out= overload writes straight into a given tensor (no allocation inside)
+_aten = torch.ops.aten
+OUT_VARIANTS = {
+    _aten.mm.default: _aten.mm.out,
+    _aten.addmm.default: _aten.addmm.out,
+    _aten.bmm.default: _aten.bmm.out,
+    _aten.baddbmm.default: _aten.baddbmm.out,
+}
+
 
 class BufferPool:
     """The persistent scratch buffers of one wrapper (Note [Scratch buffers that persist])."""
@@ -233,6 +242,17 @@ class WrapperCodegen:
                 self.emit(f"{buffer.name} = _empty_strided({shape[0]!r}, {shape[1]!r}, dtype={dtype})")
         self.pointer(buffer.name, f"{buffer.name}.data_ptr()")
 
+    def _layout_of(self, name: str) -> Any:
+        buffer = self.graph.name_to_buffer.get(name)
+        if buffer is not None:
+            return buffer.layout
+        for node in self.schedule.nodes:
+            if isinstance(node, ExternKernelSchedulerNode):
+                for out in node.node.outputs:
+                    if out.name == name:
+                        return out.layout
+        return None
+
     def _persistent(self) -> set[str]:
         """Buffers that may persist between calls (Note [Scratch buffers that persist])."""
         plan, schedule = self.schedule.plan, self.schedule
@@ -240,8 +260,15 @@ class WrapperCodegen:
         computed: set[str] = set()
         for node in schedule.nodes:
             if isinstance(node, ExternKernelSchedulerNode):
-                if _may_alias(node.node.op):
-                    banned |= _buffer_names((node.node.args, node.node.kwargs))
+                extern = node.node
+                if _may_alias(extern.op):
+                    banned |= _buffer_names((extern.args, extern.kwargs))
+                if (
+                    extern.op in OUT_VARIANTS
+                    and len(extern.outputs) == 1
+                    and _contiguous(extern.outputs[0].layout)
+                ):
+                    computed.add(extern.outputs[0].name)  # a GEMM can write into a kept buffer
                 continue
             for m in node.get_nodes():
                 buffer = getattr(m, "node", None)
@@ -262,10 +289,10 @@ class WrapperCodegen:
         for name in sorted(computed):
             if root(name) in banned_roots or plan.allocate.get(name) is not None:
                 continue
-            buffer = self.graph.name_to_buffer.get(name)
-            if buffer is None:
+            layout = self._layout_of(name)
+            if layout is None:
                 continue
-            size = int(buffer.layout.storage_size()) * buffer.layout.dtype.itemsize
+            size = int(layout.storage_size()) * layout.dtype.itemsize
             if total + size <= PERSIST_LIMIT:
                 chosen.add(name)
                 total += size
@@ -336,6 +363,19 @@ class WrapperCodegen:
             kwargs["device"] = self.graph.device
         args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
         self.emit(f"# extern {kernel.op}")
+        out_variant = OUT_VARIANTS.get(kernel.op)
+        if out_variant is not None and kernel.outputs[0].name in self.persist:
+            # a GEMM into a buffer kept between calls (Note [Scratch buffers that persist])
+            out = kernel.outputs[0]
+            shape = _dense_shape(out.layout)
+            assert shape is not None
+            self.namespace[op] = out_variant
+            self.emit(f"{out.name} = _P[{len(self.pool_specs)}]")
+            self.pool_specs.append((*shape, out.layout.dtype))
+            self.shapes[out.name] = shape
+            self.emit(f"{op}({', '.join([*args, f'out={out.name}'])})")
+            self.pointer(out.name, f"{out.name}.data_ptr()")
+            return
         self.emit(f"_r = {op}({', '.join(args)})")
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
@@ -437,6 +477,16 @@ class WrapperCodegen:
             )
 
         self.namespace["_kernel_error"] = kernel_error
+
+
+def _contiguous(layout: Any) -> bool:
+    size, stride = layout.int_size(), layout.int_stride()
+    expected = 1
+    for n, st in reversed(list(zip(size, stride, strict=True))):
+        if n != 1 and st != expected:
+            return False
+        expected *= n
+    return int(layout.offset) == 0 and expected > 0
 
 
 def _dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
