@@ -197,3 +197,25 @@ def test_addmm_with_beta_or_a_matrix_bias_is_still_right() -> None:
 
     compiled = check(fn, make((6, 4)), make((4, 5)), make((6, 5)))
     assert sorted(compiled.stats.extern_ops) == ["addmm.default", "mm.default"]
+
+
+def test_transcendental_read_with_broadcast_is_computed_once() -> None:
+    # Note [Why a value is realized] (f): cos of a [seq, dim] table read by [batch, heads, seq,
+    # dim] is its own kernel, not recomputed per head; a cheap value read the same way is inlined
+    def fn(x: Any, f: Any) -> Any:
+        c = aten.cos.default(f)
+        y = aten.mul.Tensor(x, aten.unsqueeze.default(c, 0))
+        s = aten.mul.Tensor(f, 2.0)
+        return aten.add.Tensor(y, aten.unsqueeze.default(s, 0))
+
+    gm = trace(fn)
+    x, f = make((4, 8, 16)), make((8, 16))
+
+    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
+        def run_node(self, n: torch.fx.Node) -> Any:
+            n.meta["val"] = super().run_node(n)
+            return n.meta["val"]
+
+    Record(gm).run(x, f)
+    compiled = check(gm, x, f)
+    assert compiled.stats.kernels == 2

@@ -22,7 +22,9 @@ lazy and are inlined into each reader, except a value that (a) is a graph output
 extern kernel, (c) has more than one reader and a large body (> ``MAX_INLINE_OPS`` ops) or many
 loads (> ``MAX_REUSE_LOADS``), (d) reads more than ``MAX_LOADS`` buffers, or (e) has a body of more
 than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise inline into one
-deeply recursive function). Reductions are always realized. With ``fusion=False`` every node's
+deeply recursive function), or (f) calls a transcendental function (``TRANSCENDENTAL``) and has a
+reader that broadcasts it over more elements: LLaMA's rotary cos/sin, [seq, dim], inlined into
+q and k, [batch, heads, seq, dim], computed each sine batch x heads times. Reductions are always realized. With ``fusion=False`` every node's
 value is realized, so each op is its own kernel.
 """
 
@@ -51,11 +53,57 @@ from .ir import (
 )
 from .layout import fixed_from_tensor
 from .lowering import Unsupported, fallback, find_lowering
-from .virtualized import count_ops, set_graph
+from .virtualized import count_ops, op_names, set_graph
 
 log = logging.getLogger("kiln.loopir.ir")
 
 MAX_INLINE_OPS = 30
+TRANSCENDENTAL = frozenset(
+    {
+        "exp",
+        "exp2",
+        "expm1",
+        "log",
+        "log1p",
+        "log2",
+        "log10",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "atan2",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "erfinv",
+        "pow",
+        "sigmoid",
+        "gelu",
+        "silu",
+        "lgamma",
+        "digamma",
+    }
+)
+_VIEW_TARGETS = frozenset(
+    {
+        torch.ops.aten.view.default,
+        torch.ops.aten._unsafe_view.default,
+        torch.ops.aten.unsqueeze.default,
+        torch.ops.aten.expand.default,
+        torch.ops.aten.permute.default,
+        torch.ops.aten.slice.Tensor,
+        torch.ops.aten.squeeze.dim,
+        torch.ops.aten.reshape.default,
+        torch.ops.aten.transpose.int,
+    }
+)
 MAX_REUSE_LOADS = 4
 MAX_LOADS = 8
 MAX_CHAIN_OPS = 200
@@ -210,6 +258,12 @@ class GraphLowering:
             ops_count, loads = count_ops(storage.data.inner_fn, _zeros(storage.data.ranges))
             users = len(node.users)
             if (
+                _broadcast_reader(node)
+                and op_names(storage.data.inner_fn, _zeros(storage.data.ranges)) & TRANSCENDENTAL
+            ):
+                storage.realize()
+                continue
+            if (
                 loads > MAX_LOADS
                 or ops_count > MAX_CHAIN_OPS
                 or (users > 1 and (ops_count > MAX_INLINE_OPS or loads > MAX_REUSE_LOADS))
@@ -266,6 +320,29 @@ def _layer_norm_cpu(value: Any, args: Any) -> Any:
 META_FIXES: dict[tuple[Any, str], Any] = {
     (torch.ops.aten.native_layer_norm.default, "cpu"): _layer_norm_cpu,
 }
+
+
+def _numel(node: torch.fx.Node) -> int | None:
+    val = node.meta.get("val")
+    return val.numel() if isinstance(val, torch.Tensor) else None
+
+
+def _broadcast_reader(node: torch.fx.Node) -> bool:
+    """Whether a reader of ``node`` (through views) computes over more elements than it has."""
+    own = _numel(node)
+    if own is None:
+        return False
+    pending, seen = list(node.users), 0
+    while pending and seen < 64:
+        user = pending.pop()
+        seen += 1
+        if user.target in _VIEW_TARGETS:
+            pending.extend(user.users)
+            continue
+        numel = _numel(user)
+        if numel is not None and numel > own:
+            return True
+    return False
 
 
 def _hint_strides(result: Any, meta: Any) -> None:

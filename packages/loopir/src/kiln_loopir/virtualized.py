@@ -166,10 +166,12 @@ class OpCountHandler(DefaultHandler):
     def __init__(self) -> None:
         self.count = 0
         self.loads = 0
+        self.names: set[str] = set()
         self._indirect = 0
 
     def generic(self, name: str, *args: Any) -> None:
         self.count += 1
+        self.names.add(name)
 
     def load(self, name: str, index: sympy.Expr) -> None:
         self.count += 1
@@ -190,6 +192,14 @@ def count_ops(body: Callable[..., Any], *args: Any) -> tuple[int, int]:
     with set_ops_handler(counter):
         body(*args)
     return counter.count, counter.loads
+
+
+def op_names(body: Callable[..., Any], *args: Any) -> set[str]:
+    """The names of the ``ops.*`` calls ``body(*args)`` makes."""
+    counter = OpCountHandler()
+    with set_ops_handler(counter):
+        body(*args)
+    return counter.names
 
 
 def format_body(body: Callable[..., Any], *args: Any) -> list[str]:
