@@ -219,3 +219,44 @@ def test_transcendental_read_with_broadcast_is_computed_once() -> None:
     Record(gm).run(x, f)
     compiled = check(gm, x, f)
     assert compiled.stats.kernels == 2
+
+
+def _conv_net(x: Any, w1: Any, w2: Any) -> Any:
+    a = aten.relu.default(aten.convolution.default(x, w1, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+    b = aten.convolution.default(a, w2, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return aten.relu.default(b), aten.sum.dim_IntList(b, [2, 3])
+
+
+def _with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
+    gm = trace(fn)
+
+    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
+        def run_node(self, n: torch.fx.Node) -> Any:
+            n.meta["val"] = super().run_node(n)
+            return n.meta["val"]
+
+    Record(gm).run(*inputs)
+    return gm
+
+
+def test_inference_convolutions_run_channels_last() -> None:
+    # Note [Channels-last for convolutions]: activations outweigh the weights, grad mode is off
+    inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
+    gm = _with_vals(_conv_net, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs)
+        assert compiled.graph.channels_last
+        out = compiled(*inputs)
+    assert out[0].stride() == gm(*inputs)[0].stride()  # outputs keep eager's strides
+    second_conv = [n for n in compiled.graph.operations if "convolution" in str(getattr(n, "op", ""))][1]
+    assert second_conv.args[0].layout.stride[1] == 1  # its input is NHWC
+
+
+def test_channels_last_is_not_chosen_for_training_or_heavy_weights() -> None:
+    inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
+    gm = _with_vals(_conv_net, *inputs)
+    assert not check(gm, *inputs).graph.channels_last  # grad mode on: a training graph
+    heavy = (make((1, 3, 4, 4)), make((64, 3, 3, 3)), make((64, 64, 3, 3)))
+    gm = _with_vals(_conv_net, *heavy)
+    with torch.no_grad():
+        assert not check(gm, *heavy).graph.channels_last

@@ -1,4 +1,5 @@
-"""Matrix-product lowerings: ``addmm`` as a GEMM whose bias joins the pointwise code after it.
+"""Matrix-product and convolution lowerings: ``addmm`` as a GEMM whose bias joins the pointwise
+code after it; ``convolution`` with its input in the layout the graph chose for it.
 
 Note [Bias after the GEMM]: eager's ``addmm(bias, a, b)`` first copies the broadcast bias into the
 output and then accumulates ``a @ b`` onto it (beta=1): one extra pass over the output for the
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 
-from ..ir import TensorBox
-from ..lowering import fallback, find_lowering, register_lowering
+from ..ir import TensorBox, realize_strided
+from ..lowering import fallback, find_lowering, pointwise_from, register_lowering
 from ..virtualized import current_graph
 
 aten = torch.ops.aten
@@ -68,3 +70,35 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     add = find_lowering(aten.add.Tensor)
     assert add is not None
     return add(product, bias)
+
+
+def _channels_last_strides(size: list[int]) -> tuple[int, ...]:
+    _, c, h, w = size
+    return (h * w * c, 1, w * c, c)
+
+
+def _as_channels_last(x: TensorBox) -> TensorBox:
+    """``x`` in NHWC memory: itself when it already is, else a copy (one kernel)."""
+    size = [int(s) for s in x.get_size()]
+    realized = realize_strided(x)
+    stride = [int(s) for s in realized.layout.stride]
+    wanted = _channels_last_strides(size)
+    if all(st == w for st, w, n in zip(stride, wanted, size, strict=True) if n != 1):
+        return x
+    copy = pointwise_from(x, lambda v: v, x.get_dtype())
+    storage = copy.storage()
+    assert storage is not None
+    storage.stride_hint = tuple(sympy.Integer(s) for s in wanted)
+    storage.realize()
+    return copy
+
+
+@register_lowering(aten.convolution.default)
+def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
+    # Note [Channels-last for convolutions] (graph.py): the input goes in NHWC when the graph
+    # chose that layout for this convolution; otherwise this is the plain extern call
+    graph = current_graph()
+    node, meta = graph.current_node, graph.current_meta
+    if node in graph.channels_last and isinstance(x, TensorBox) and len(x.get_size()) == 4:
+        x = _as_channels_last(x)
+    return fallback(aten.convolution.default, (x, weight, bias, *rest), {}, meta)
