@@ -7,7 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import aten, check, make
+from cpp_check import aten, check, make, trace
+
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir import compile_graph
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool], ids=str)
@@ -87,3 +90,32 @@ def test_kernel_the_generator_declines_runs_in_the_interpreter() -> None:
     compiled = check(fn, a, b, allow_interpreted=True)
     declined = compiled.backend.last_declined  # type: ignore[attr-defined]
     assert declined and "complex64" in declined[0][1]
+
+
+def test_masked_loads_run_without_a_branch() -> None:
+    # Note [Masked loads without a branch]: padding that only loads and computes is evaluated for
+    # every lane with the load index clamped where the mask is false, then selected
+    def fn(x: Any) -> Any:
+        return aten.mul.Tensor(aten.constant_pad_nd.default(aten.exp.default(x), [1, 2, 2, 1], 0.5), 3.0)
+
+    backend = CppBackend()
+    gm = trace(fn)
+    x = make((3, 5, 7))
+    compiled = compile_graph(gm, [x], backend=backend)
+    torch.testing.assert_close(compiled(x), gm(x))
+    assert ") : 0)]" in backend.last_source and "if (tmp" not in backend.last_source
+
+
+def test_masked_body_that_can_fail_keeps_its_branch() -> None:
+    # an indirect index (or an integer division) in the body runs only where the mask holds
+    def fn(x: Any, idx: Any) -> Any:
+        return aten.constant_pad_nd.default(aten.index.Tensor(x, [idx]), [1, 1], 0.0)
+
+    backend = CppBackend()
+    gm = trace(fn)
+    x, idx = make((6, 4)), torch.tensor([5, 0, 3])
+    compiled = compile_graph(gm, [x, idx], backend=backend)
+    torch.testing.assert_close(compiled(x, idx), gm(x, idx))
+    assert "if (tmp" in backend.last_source
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([5, 9, 3]))

@@ -183,6 +183,7 @@ class OpCountHandler(DefaultHandler):
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         self._indirect += 1
+        self.names.add("indirect_indexing")
         return sympy.Symbol(f"indirect{self._indirect}", integer=True)
 
 
@@ -195,7 +196,8 @@ def count_ops(body: Callable[..., Any], *args: Any) -> tuple[int, int]:
 
 
 def op_names(body: Callable[..., Any], *args: Any) -> set[str]:
-    """The names of the ``ops.*`` calls ``body(*args)`` makes."""
+    """The names of the ``ops.*`` calls ``body(*args)`` makes (loads and stores not included;
+    ``indirect_indexing`` is)."""
     counter = OpCountHandler()
     with set_ops_handler(counter):
         body(*args)

@@ -66,6 +66,11 @@ def max_pool2d_with_indices(
     oh = _out_size(height, kh, sh, ph, dh, ceil_mode)
     ow = _out_size(width, kw, sw, pw, dw, ceil_mode)
     out_size = tuple(sympy.Integer(n) for n in [*size[:-2], oh, ow])
+    if kh > sh or kw > sw:
+        # overlapping windows read each input ~(kh/sh)*(kw/sw) times: compute the producer once
+        storage = x.storage()
+        if storage is not None and isinstance(storage.data, Pointwise):
+            storage.realize()
     load = x.make_loader()
     dtype = x.get_dtype()
     # Windows can leave the input only with padding or ceil_mode's extra last window.
