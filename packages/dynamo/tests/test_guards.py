@@ -269,3 +269,73 @@ def test_dispatch_mode_stack_is_seen_as_at_run_time() -> None:
     with Counting():
         torch.testing.assert_close(compiled(x), x.cos())  # guard fails; the frame falls back, correctly
     torch.testing.assert_close(compiled(x), x.sin())
+
+
+class _Config:
+    def __init__(self) -> None:
+        self.scale = 2.0
+        self.id2label = {i: f"LABEL_{i}" for i in range(50)}
+        self.unused = "a"
+        self.weights = {"w": torch.ones(3), "v": torch.ones(3)}
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+
+    def forward(self, x):
+        d = self.config.__dict__
+        if d.get("_spec") is not None:
+            x = x + 100
+        return x * d["scale"] + self.config.weights["w"]
+
+
+def test_dict_values_are_guarded_only_when_read() -> None:
+    """Note [Lazy dict entries]: unread values cost no guard and no recompile; a read one does."""
+    from kiln_dynamo import convert_frame
+    from kiln_dynamo.guards import readable_guards
+
+    m = _Configured()
+    captured: list[Any] = []
+    listen = lambda name, c: captured.append(c)  # noqa: E731
+    convert_frame.capture_listeners.append(listen)
+    try:
+        cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+        x = torch.randn(3)
+        torch.testing.assert_close(cm(x), m(x))
+    finally:
+        convert_frame.capture_listeners.remove(listen)
+    values = [line for line in readable_guards(captured[0].guard).splitlines() if ".keys())" not in line]
+    assert not [line for line in values if "id2label" in line or "unused" in line or "['v']" in line]
+    m.config.id2label[3] = "other"  # an unread value: no recompile
+    m.config.unused = "b"
+    m.config.weights["v"] = torch.ones(5)
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 1 and kiln_dynamo.counters.recompiles == 0
+    m.config.scale = 3.0  # a read value: one recompile
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 2 and kiln_dynamo.counters.recompiles == 1
+    assert "L['self'].config.__dict__['scale'] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    m.config._spec = 1  # the absent key read by .get() appears: the key list changed
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 3 and kiln_dynamo.counters.recompiles == 2
+    m.config.weights["w"] = torch.ones(3, dtype=torch.float64)  # a read tensor value
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 4
+
+
+def test_mutated_input_dict_writes_back_unread_values() -> None:
+    def f(d, x):
+        d["n"] = d["a"] * 2
+        return x + d["a"]
+
+    d = {"a": 1.5, "b": torch.ones(2), "c": [1, 2]}
+    backend = CountingBackend()
+    cf = kiln_dynamo.compile(f, backend=backend)
+    x = torch.randn(2)
+    torch.testing.assert_close(cf(d, x), x + 1.5)
+    assert d["n"] == 3.0 and d["b"] is not None and d["c"] == [1, 2] and list(d) == ["a", "b", "c", "n"]
+    d2 = {"a": 1.5, "b": torch.ones(2), "c": [1, 2]}
+    torch.testing.assert_close(cf(d2, x), x + 1.5)
+    assert list(d2) == ["a", "b", "c", "n"] and backend.graphs == 1

@@ -90,7 +90,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         if isinstance(vt, BaseListVariable):
             children = list(vt.items)
         elif isinstance(vt, DictVariable):
-            children = list(vt.items.values())
+            children = vt.wrapped_values()  # Note [Lazy dict entries]
         elif isinstance(vt, NewObjectVariable):
             children = list(vt.attrs.values())
         elif isinstance(vt, MethodVariable):

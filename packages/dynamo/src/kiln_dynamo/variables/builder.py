@@ -7,7 +7,8 @@ decision safe (Note [What a guard pins]). Containers and objects are cached by i
 whole capture, so two reads of `self.cache` give the same tracker and mutations stay coherent.
 
 Note [What a guard pins]: tensors pin type, dtype, device, requires_grad, sizes and strides;
-constants pin type and value; containers pin type and length (dicts: keys in order); functions,
+constants pin type and value; containers pin type and length (dicts: keys in order, and a value
+only once it is read: Note [Lazy dict entries] in dicts.py); functions,
 Python modules and classes pin identity; nn.Modules and other objects pin only their type,
 because everything the capture reads from them is read through a source and guarded itself, so
 two instances of one class with the same relevant state share one compiled entry.
@@ -27,7 +28,13 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
-from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable, SetVariable, modelled_dict_subclass
+from kiln_dynamo.variables.dicts import (
+    PLAIN_DICTS,
+    DictVariable,
+    LazyEntry,
+    SetVariable,
+    modelled_dict_subclass,
+)
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
@@ -141,11 +148,10 @@ class VariableBuilder:
             for k in value:
                 if not isinstance(k, (str, int, enum.Enum)):
                     raise Unsupported(f"dict with a key of type {type(k).__name__}")
-            entries = {
-                k: self.wrap(v, GetItemSource(source, k) if source is not None else None)
-                for k, v in value.items()
-            }
-            return DictVariable(entries, type(value), source)
+            if source is None:
+                return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
+            lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+            return DictVariable(lazy, type(value), source)  # Note [Lazy dict entries]
         if isinstance(value, (set, frozenset)):
             if not all(is_constant_value(v) for v in value):
                 raise Unsupported("set of non-constant values")
