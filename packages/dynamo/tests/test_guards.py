@@ -339,3 +339,30 @@ def test_mutated_input_dict_writes_back_unread_values() -> None:
     d2 = {"a": 1.5, "b": torch.ones(2), "c": [1, 2]}
     torch.testing.assert_close(cf(d2, x), x + 1.5)
     assert list(d2) == ["a", "b", "c", "n"] and backend.graphs == 1
+
+
+def test_tuple_of_constants_is_one_check() -> None:
+    """A tuple of plain constants costs one check, which still tells `2` from `2.0` and `True`."""
+    from kiln_dynamo import convert_frame
+
+    def f(x, t):
+        return x * t[0] + t[1]
+
+    captured: list[Any] = []
+    listen = lambda name, c: captured.append(c)  # noqa: E731
+    convert_frame.capture_listeners.append(listen)
+    try:
+        cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+        x = torch.randn(3)
+        torch.testing.assert_close(cf(x, (2, 3)), f(x, (2, 3)))
+        assert [p.readable for p in captured[0].guard.parts if "L['t']" in p.readable] == [
+            "type(L['t']) is tuple and L['t'] == (2, 3) and item types of L['t'] are int, int"
+        ]
+        torch.testing.assert_close(cf(x, (2, 3)), f(x, (2, 3)))
+        assert backend.graphs == 1
+        for t in [(2.0, 3), (True, 3), [2, 3], (2, 4)]:
+            torch.testing.assert_close(cf(x, t), f(x, t))
+        assert backend.graphs == 5
+        assert "item types of L['t'] are int, int" in kiln_dynamo.counters.guard_failures[0]
+    finally:
+        convert_frame.capture_listeners.remove(listen)

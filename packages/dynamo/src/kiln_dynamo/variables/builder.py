@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.guards import is_plain_constants
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
@@ -124,13 +125,17 @@ class VariableBuilder:
                 guards.constant(source, value)
             return SizeVariable([ConstantVariable(int(s)) for s in value])
         if isinstance(value, (tuple, list)):
-            if source is not None:
-                guards.type_match(source, value)
-                guards.length(source, value)
-            items = [
-                self.wrap(v, GetItemSource(source, i) if source is not None else None)
-                for i, v in enumerate(value)
-            ]
+            if source is not None and type(value) in (tuple, list) and is_plain_constants(value):
+                guards.constant_sequence(source, value)  # one check for e.g. a conv's stride
+                items: list[VT] = [ConstantVariable(v) for v in value]
+            else:
+                if source is not None:
+                    guards.type_match(source, value)
+                    guards.length(source, value)
+                items = [
+                    self.wrap(v, GetItemSource(source, i) if source is not None else None)
+                    for i, v in enumerate(value)
+                ]
             if isinstance(value, list):
                 return ListVariable(items, source) if type(value) is list else self._unsupported(value)
             if is_namedtuple_class(type(value)) or type(value).__module__ == "torch.return_types":
