@@ -94,7 +94,7 @@ class GuardBuilder:
             return
         t = type(value)
         type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
-        if isinstance(value, (int, str)) or (isinstance(value, float) and not math.isnan(value)):
+        if t in (int, str) or (t is float and not math.isnan(value)):  # type: ignore[arg-type]
             value_part = (f"{code} == {value!r}", f"{name} == {value!r}")
         else:
             value_part = (f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
