@@ -34,6 +34,7 @@ VT = VariableTracker
 
 PLAIN_DICTS = (dict, collections.OrderedDict)
 _NOT_DEFINED: Any = object()
+_SCALARS = (int, float, str, bool, type(None))
 
 
 # What guards and sources read from a dict (`list(d.keys())`, `d[k]`) and how attributes are
@@ -134,7 +135,12 @@ class DictVariable(VariableTracker):
         return self.user_cls
 
     def is_constant(self) -> bool:
-        return all(v.is_constant() for v in self.items.values())
+        for k, v in self._items.items():
+            if isinstance(v, LazyEntry) and type(v.value) in _SCALARS:
+                continue  # it would be wrapped as a constant: no need to guard it yet
+            if not self.entry(k).is_constant():
+                return False
+        return True
 
     def as_constant(self) -> Any:
         return self.user_cls({k: v.as_constant() for k, v in self.items.items()})
