@@ -37,6 +37,7 @@ from kiln_dynamo.variables.dicts import (
     modelled_dict_subclass,
 )
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
+from kiln_dynamo.variables.inspection import MappingProxyVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
@@ -157,6 +158,15 @@ class VariableBuilder:
                 return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
             lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
             return DictVariable(lazy, type(value), source)  # Note [Lazy dict entries]
+        if isinstance(value, types.MappingProxyType):
+            if source is None:
+                raise Unsupported("a mappingproxy without a source")
+            guards.type_match(source, value)
+            guards.dict_keys(source, value)  # type: ignore[arg-type]
+            if not all(isinstance(k, (str, int, enum.Enum)) for k in value):
+                raise Unsupported("mappingproxy with a key that is not a string, int or enum")
+            lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+            return MappingProxyVariable(lazy, source)
         if isinstance(value, (set, frozenset)):
             if not all(is_constant_value(v) for v in value):
                 raise Unsupported("set of non-constant values")

@@ -20,6 +20,7 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable
+from kiln_dynamo.variables.inspection import FOLDED_CALLS
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
@@ -121,6 +122,8 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn in FOLDED_CALLS:
+            return FOLDED_CALLS[fn](tx, args, kwargs)
         src = self._src()
         defaults = [
             tx.wrap(v, GetItemSource(AttrSource(src, "__defaults__"), i))
