@@ -131,3 +131,15 @@ def test_hf_model_training_grads_match_eager(make: Any) -> None:
     _same_output(got, ref)
     for (name, p), q in zip(model.named_parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+@pytest.mark.parametrize("make", [_t5, _bert], ids=["t5", "bert"])
+def test_hf_model_loss_in_forward_is_one_graph(make: Any) -> None:
+    """The heads build `CrossEntropyLoss()` inside forward when given labels: traced, not a break."""
+    torch.manual_seed(0)
+    model = make().train()
+    inputs = _inputs(make)
+    labels = inputs.get("decoder_input_ids", inputs["input_ids"])
+    report = kiln_dynamo.explain(model)(**inputs, labels=labels)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    torch.testing.assert_close(report.result.loss, model(**inputs, labels=labels).loss)

@@ -19,13 +19,15 @@ import enum
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
-from kiln_dynamo.variables.nn_module import class_attribute
+from kiln_dynamo.variables.nn_module import class_attribute, construct_module
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -96,6 +98,8 @@ class UserClassVariable(VariableTracker):
             raise Unsupported(
                 f"constructing {cls.__qualname__}, a dict subclass that is not a modelled ModelOutput"
             )
+        if issubclass(cls, nn.Module):
+            return construct_module(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is not type:
