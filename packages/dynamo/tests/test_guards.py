@@ -366,3 +366,31 @@ def test_tuple_of_constants_is_one_check() -> None:
         assert "item types of L['t'] are int, int" in kiln_dynamo.counters.guard_failures[0]
     finally:
         convert_frame.capture_listeners.remove(listen)
+
+
+def _with_defaults(x, a=None, b=2.0, *, c=3.0, d=None):
+    return x * b + c + (a if a is not None else 0)
+
+
+def test_function_defaults_are_guarded_only_when_used() -> None:
+    """A default is guarded only when its parameter is not passed, read from the end of
+    __defaults__ so that a tuple of another length is still checked exactly."""
+
+    def f(x):
+        return _with_defaults(x, 1.0, c=4.0)  # uses b's default (and d's), not a's or c's
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    saved = _with_defaults.__defaults__, _with_defaults.__kwdefaults__
+    try:
+        torch.testing.assert_close(cf(x), f(x))
+        _with_defaults.__defaults__ = ("unused", 2.0)
+        _with_defaults.__kwdefaults__ = {"c": "unused", "d": None}
+        torch.testing.assert_close(cf(x), f(x))
+        assert backend.graphs == 1 and kiln_dynamo.counters.recompiles == 0
+        _with_defaults.__defaults__ = (5.0,)  # now b's default is 5.0 (a has none)
+        torch.testing.assert_close(cf(x), f(x))
+        assert backend.graphs == 2
+        assert "__defaults__[-1] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    finally:
+        _with_defaults.__defaults__, _with_defaults.__kwdefaults__ = saved

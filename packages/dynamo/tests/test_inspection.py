@@ -124,3 +124,18 @@ def test_mappingproxy_is_read_lazily_and_not_mutated() -> None:
 
     with pytest.raises(TypeError):
         kiln_dynamo.compile(g, backend="eager")(torch.randn(2), mp)
+
+
+def test_signature_follows_a_longer_defaults_tuple() -> None:
+    def g(x, k=1):
+        return x
+
+    def f(x):
+        return x + sum(p.default is inspect.Parameter.empty for p in inspect.signature(g).parameters.values())
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), x + 1)
+    g.__defaults__ = (0, 1)  # x has a default now
+    torch.testing.assert_close(cf(x), x)
+    assert backend.graphs == 2

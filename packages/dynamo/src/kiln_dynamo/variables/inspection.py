@@ -21,7 +21,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.source import AttrSource, GetItemSource
+from kiln_dynamo.source import AttrSource
 from kiln_dynamo.variables.base import VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable
 
@@ -128,11 +128,11 @@ def fold_signature(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         raise Unsupported(
             f"inspect.signature of {target.describe()}, a wrapper (its __wrapped__ is not guarded)"
         )
-    if fn.source is not None:  # what the signature shows of the function, guarded as a call does
-        for i, v in enumerate(real.__defaults__ or ()):
-            tx.wrap(v, GetItemSource(AttrSource(fn.source, "__defaults__"), i))
-        for k, v in (real.__kwdefaults__ or {}).items():
-            tx.wrap(v, GetItemSource(AttrSource(fn.source, "__kwdefaults__"), k))
+    if fn.source is not None:  # what the signature shows of the function: every default
+        tx.wrap(real.__defaults__, AttrSource(fn.source, "__defaults__"))  # type, length, items
+        kwdefaults = tx.wrap(real.__kwdefaults__, AttrSource(fn.source, "__kwdefaults__"))
+        if isinstance(kwdefaults, DictVariable):
+            kwdefaults.items  # noqa: B018  (every value, guarded: Note [Lazy dict entries])
     try:
         # A bound method's signature is its function's without the first parameter; the object
         # it is bound to plays no part.
