@@ -394,3 +394,45 @@ def test_function_defaults_are_guarded_only_when_used() -> None:
         assert "__defaults__[-1] == 2.0" in kiln_dynamo.counters.guard_failures[0]
     finally:
         _with_defaults.__defaults__, _with_defaults.__kwdefaults__ = saved
+
+
+class _PyGetattributeConfig:
+    """A config whose class defines __getattribute__ in Python, as transformers' do."""
+
+    def __init__(self) -> None:
+        self.scale = 2.0
+        self.other = "x"
+
+    def __getattribute__(self, key: str) -> Any:
+        return super().__getattribute__(key)
+
+
+def test_guards_do_not_run_a_python_getattribute() -> None:
+    import sys
+
+    cfg = _PyGetattributeConfig()
+
+    def f(x, c):
+        return x * c.scale if c.__dict__.get("missing") is None else x
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, cfg), x * 2.0)
+    names: list[str] = []
+    sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        out = cf(x, cfg)
+    finally:
+        sys.setprofile(None)
+    torch.testing.assert_close(out, x * 2.0)
+    assert "__getattribute__" not in names and backend.graphs == 1
+    cfg.other = "y"  # unread: no recompile
+    torch.testing.assert_close(cf(x, cfg), x * 2.0)
+    assert backend.graphs == 1
+    cfg.scale = 3.0
+    torch.testing.assert_close(cf(x, cfg), x * 3.0)
+    assert backend.graphs == 2
+    assert "L['c'].__dict__['scale'] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    cfg.missing = 1  # the key list changed
+    torch.testing.assert_close(cf(x, cfg), x)
+    assert kiln_dynamo.counters.recompiles == 2

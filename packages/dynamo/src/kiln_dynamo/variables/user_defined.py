@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.source import AttrSource, Source
+from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
+_GETSET = type(type.__dict__["__dict__"])  # the instance-dict descriptor of a Python class
 
 
 def is_namedtuple_class(cls: type) -> bool:
@@ -294,6 +295,12 @@ class UserObjectVariable(VariableTracker):
         if pending is not None:
             return pending
         d = getattr(self.obj, "__dict__", {})
+        if self.source is not None and type(self.obj).__getattribute__ is not object.__getattribute__:
+            # Read as this lookup did, not through the class's own __getattribute__ again.
+            if name in d:
+                return tx.wrap(d[name], GetItemSource(InstanceDictSource(self.source), name))
+            if name == "__dict__" and isinstance(inspect.getattr_static(type(self.obj), name, None), _GETSET):
+                return tx.wrap(d, InstanceDictSource(self.source))
         if name in d:
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
         try:
