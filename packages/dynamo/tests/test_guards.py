@@ -436,3 +436,49 @@ def test_guards_do_not_run_a_python_getattribute() -> None:
     cfg.missing = 1  # the key list changed
     torch.testing.assert_close(cf(x, cfg), x)
     assert kiln_dynamo.counters.recompiles == 2
+
+
+def test_missing_attribute_through_a_python_getattribute_is_traced() -> None:
+    """`getattr(config, "use_cache", None)` and `hasattr` on a config whose __getattribute__ is
+    Python: the AttributeError raised inside it is caught by getattr/hasattr, in the graph."""
+    cfg = _PyGetattributeConfig()
+
+    def f(x, c):
+        u = getattr(c, "use_cache", None)
+        return x * c.scale + (1.0 if u is None else 2.0) + hasattr(c, "nope") + hasattr(c, "other")
+
+    report = kiln_dynamo.explain(f)(torch.randn(3), cfg)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    kiln_dynamo.reset()
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    cfg.use_cache = True  # the attribute appears: the key-list guard sees it
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    assert backend.graphs == 2
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.scale = 2.0
+
+    def bonus(self) -> float:
+        return 1.0
+
+
+def test_absent_instance_attribute_is_guarded() -> None:
+    """An attribute that getattr/hasattr found missing, or found on the class, stays so only
+    while the instance does not gain one of that name: both are guarded."""
+    obj = _Plain()
+
+    def f(x, c):
+        return x * c.scale + (1.0 if getattr(c, "use_cache", None) is None else 2.0) + c.bonus()
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.ones(2)
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    obj.use_cache = True
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    obj.bonus = lambda: 10.0  # type: ignore[method-assign]
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    assert backend.graphs == 3

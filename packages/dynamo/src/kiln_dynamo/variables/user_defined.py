@@ -303,6 +303,13 @@ class UserObjectVariable(VariableTracker):
                 return tx.wrap(d, InstanceDictSource(self.source))
         if name in d:
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
+        if self.source is not None and isinstance(getattr(self.obj, "__dict__", None), dict):
+            # Not an instance attribute now: what the class gives (or the AttributeError that
+            # getattr/hasattr catch) holds only while that stays so.
+            if type(self.obj).__getattribute__ is not object.__getattribute__:
+                tx.wrap(d, InstanceDictSource(self.source))  # its key list, shared by every read
+            else:
+                tx.output.guards.no_instance_attr(self.source, name)
         try:
             return class_attribute(tx, self, self.obj, name, self.source)
         except AttributeError:
