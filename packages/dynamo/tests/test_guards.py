@@ -482,3 +482,25 @@ def test_absent_instance_attribute_is_guarded() -> None:
     obj.bonus = lambda: 10.0  # type: ignore[method-assign]
     torch.testing.assert_close(cf(x, obj), f(x, obj))
     assert backend.graphs == 3
+
+
+class _Flagged(nn.Module):
+    def forward(self, x):
+        return x + (2.0 if getattr(self, "gradient_checkpointing", False) else 1.0) + self.extra()
+
+    def extra(self) -> float:
+        return 0.0
+
+
+def test_module_attribute_absent_or_on_the_class_is_guarded() -> None:
+    m = _Flagged()
+    cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+    x = torch.zeros(1)
+    torch.testing.assert_close(cm(x), m(x))
+    m.gradient_checkpointing = True
+    torch.testing.assert_close(cm(x), m(x))
+    m.extra = lambda: 5.0  # type: ignore[method-assign]
+    torch.testing.assert_close(cm(x), m(x))
+    m.forward = lambda x: x * 0  # type: ignore[method-assign]
+    torch.testing.assert_close(cm(x), m(x))
+    assert kiln_dynamo.counters.recompiles == 2 and backend.graphs == 4  # the lambda: a new frame

@@ -149,9 +149,25 @@ class GuardBuilder:
         code, name = self._src(source)
         self.add(f"{attr!r} not in {code}.__dict__", f"{name} has no attribute {attr!r} of its own")
 
-    def no_hooks(self, source: Source) -> None:
+    def no_module_attr(self, source: Source, attr: str) -> None:
         code, name = self._src(source)
-        self.add(f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks")
+        where = " or ".join(
+            f"{attr!r} in {code}.{d}" for d in ("__dict__", "_parameters", "_buffers", "_modules")
+        )
+        self.add(f"not ({where})", f"{name} has no attribute {attr!r}")
+
+    def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
+        """No forward hooks, and a forward of the instance's own only if there was one."""
+        code, name = self._src(source)
+        if instance_forward:
+            self.add(
+                f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks"
+            )
+            return
+        self.add(
+            f"not ({code}._forward_hooks or {code}._forward_pre_hooks or 'forward' in {code}.__dict__)",
+            f"{name} has no forward hooks and no forward of its own",
+        )
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         code, name = self._src(source)

@@ -105,9 +105,14 @@ class NNModuleVariable(VariableTracker):
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
         try:
-            return class_attribute(tx, self, m, name, self.source)
+            found = class_attribute(tx, self, m, name, self.source)
         except AttributeError:
+            if self.source is not None:  # getattr(m, name, default) holds while m gains no `name`
+                tx.output.guards.no_module_attr(self.source, name)
             raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}") from None
+        if self.source is not None:  # an instance attribute would shadow the class's
+            tx.output.guards.no_instance_attr(self.source, name)
+        return found
 
     def setattr(self, tx: Tx, name: str, value: VT) -> None:
         if self.source is None:
@@ -191,7 +196,7 @@ class NNModuleVariable(VariableTracker):
         if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
             raise Unsupported("global module hooks are registered")
         if self.source is not None:
-            tx.output.guards.no_hooks(self.source)
+            tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
         if "forward" in m.__dict__:
             fwd = self.getattr(tx, "forward")
             return fwd.call(tx, args, kwargs)
