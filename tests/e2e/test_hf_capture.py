@@ -78,6 +78,13 @@ def _bert() -> Any:
     return transformers.BertForMaskedLM(cfg)
 
 
+def _distilbert() -> Any:
+    cfg = transformers.DistilBertConfig(
+        dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=64, dropout=0.0, attention_dropout=0.0
+    )
+    return transformers.DistilBertForMaskedLM(cfg)
+
+
 def _inputs(make: Any) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 64, (2, 8), generator=g)
@@ -92,10 +99,13 @@ def _same_output(a: Any, b: Any) -> None:
         torch.testing.assert_close(a[k], b[k]) if isinstance(a[k], torch.Tensor) else None
 
 
-@pytest.mark.parametrize("make", [_gpt2, _llama, _t5], ids=["gpt2", "llama", "t5"])
+@pytest.mark.parametrize(
+    "make", [_gpt2, _llama, _t5, _bert, _distilbert], ids=["gpt2", "llama", "t5", "bert", "distilbert"]
+)
 def test_hf_model_outputs_are_traced_in_one_graph(make: Any) -> None:
     """ModelOutputs built by the layers and read by the callers (T5 reads `encoder_outputs[0]`)
-    stay in the graph: one graph, no break, and the caller gets a real ModelOutput back."""
+    stay in the graph: one graph, no break, and the caller gets a real ModelOutput back. BERT's
+    `apply_chunking_to_forward` checks its callback with `inspect.signature`, folded while tracing."""
     torch.manual_seed(0)
     model = make().eval()
     inputs = _inputs(make)
@@ -121,3 +131,15 @@ def test_hf_model_training_grads_match_eager(make: Any) -> None:
     _same_output(got, ref)
     for (name, p), q in zip(model.named_parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=name)
+
+
+@pytest.mark.parametrize("make", [_t5, _bert], ids=["t5", "bert"])
+def test_hf_model_loss_in_forward_is_one_graph(make: Any) -> None:
+    """The heads build `CrossEntropyLoss()` inside forward when given labels: traced, not a break."""
+    torch.manual_seed(0)
+    model = make().train()
+    inputs = _inputs(make)
+    labels = inputs.get("decoder_input_ids", inputs["input_ids"])
+    report = kiln_dynamo.explain(model)(**inputs, labels=labels)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    torch.testing.assert_close(report.result.loss, model(**inputs, labels=labels).loss)

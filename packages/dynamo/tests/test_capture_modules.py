@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check
+from conftest import CountingBackend, check
 from torch import nn
+
+import kiln_dynamo
 
 
 def t(*shape: int, grad: bool = False) -> torch.Tensor:
@@ -468,3 +470,49 @@ def test_gradients_flow_through_compiled_module() -> None:
     kiln_dynamo.compile(m2)(x).sum().backward()
     for (n, p1), p2 in zip(m1.named_parameters(), m2.parameters(), strict=True):
         torch.testing.assert_close(p1.grad, p2.grad, msg=n)
+
+
+class _LossInForward(nn.Module):
+    """transformers' heads build their loss module inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, labels):
+        logits = self.lin(x)
+        loss_fct = nn.CrossEntropyLoss(ignore_index=-100, label_smoothing=0.1)
+        return loss_fct(logits, labels), nn.ReLU()(logits)
+
+
+def test_loss_module_built_in_forward_is_traced() -> None:
+    """Note [Modules made in the frame]."""
+    check(_LossInForward(), torch.randn(5, 4), torch.tensor([0, 2, 1, -100, 1]))
+
+
+def test_module_built_in_frame_that_leaves_it_is_a_fresh_one() -> None:
+    def f(x):
+        m = nn.Softmax(dim=-1)
+        return m(x), m, m
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(2, 3)
+    y, m1, m1b = cf(x)
+    _, m2, _ = cf(x)
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert type(m1) is nn.Softmax and m1.dim == -1 and m1 is m1b and m1 is not m2
+    assert backend.graphs == 1
+
+
+def test_module_with_parameters_built_in_frame_breaks_without_using_rng() -> None:
+    def f(x):
+        return nn.Linear(3, 3)(x)
+
+    x = torch.randn(2, 3)
+    torch.manual_seed(0)
+    report = kiln_dynamo.explain(f)(x)
+    after = torch.randn(1)
+    torch.manual_seed(0)
+    nn.Linear(3, 3)
+    assert torch.equal(after, torch.randn(1))  # the capture's trial construction used no RNG
+    assert any("holds parameters" in str(r) for r in report.break_reasons), str(report)

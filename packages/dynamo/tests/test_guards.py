@@ -269,3 +269,238 @@ def test_dispatch_mode_stack_is_seen_as_at_run_time() -> None:
     with Counting():
         torch.testing.assert_close(compiled(x), x.cos())  # guard fails; the frame falls back, correctly
     torch.testing.assert_close(compiled(x), x.sin())
+
+
+class _Config:
+    def __init__(self) -> None:
+        self.scale = 2.0
+        self.id2label = {i: f"LABEL_{i}" for i in range(50)}
+        self.unused = "a"
+        self.weights = {"w": torch.ones(3), "v": torch.ones(3)}
+
+
+class _Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+
+    def forward(self, x):
+        d = self.config.__dict__
+        if d.get("_spec") is not None:
+            x = x + 100
+        return x * d["scale"] + self.config.weights["w"]
+
+
+def test_dict_values_are_guarded_only_when_read() -> None:
+    """Note [Lazy dict entries]: unread values cost no guard and no recompile; a read one does."""
+    from kiln_dynamo import convert_frame
+    from kiln_dynamo.guards import readable_guards
+
+    m = _Configured()
+    captured: list[Any] = []
+    listen = lambda name, c: captured.append(c)  # noqa: E731
+    convert_frame.capture_listeners.append(listen)
+    try:
+        cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+        x = torch.randn(3)
+        torch.testing.assert_close(cm(x), m(x))
+    finally:
+        convert_frame.capture_listeners.remove(listen)
+    values = [line for line in readable_guards(captured[0].guard).splitlines() if ".keys())" not in line]
+    assert not [line for line in values if "id2label" in line or "unused" in line or "['v']" in line]
+    m.config.id2label[3] = "other"  # an unread value: no recompile
+    m.config.unused = "b"
+    m.config.weights["v"] = torch.ones(5)
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 1 and kiln_dynamo.counters.recompiles == 0
+    m.config.scale = 3.0  # a read value: one recompile
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 2 and kiln_dynamo.counters.recompiles == 1
+    assert "L['self'].config.__dict__['scale'] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    m.config._spec = 1  # the absent key read by .get() appears: the key list changed
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 3 and kiln_dynamo.counters.recompiles == 2
+    m.config.weights["w"] = torch.ones(3, dtype=torch.float64)  # a read tensor value
+    torch.testing.assert_close(cm(x), m(x))
+    assert backend.graphs == 4
+
+
+def test_mutated_input_dict_writes_back_unread_values() -> None:
+    def f(d, x):
+        d["n"] = d["a"] * 2
+        return x + d["a"]
+
+    d = {"a": 1.5, "b": torch.ones(2), "c": [1, 2]}
+    backend = CountingBackend()
+    cf = kiln_dynamo.compile(f, backend=backend)
+    x = torch.randn(2)
+    torch.testing.assert_close(cf(d, x), x + 1.5)
+    assert d["n"] == 3.0 and d["b"] is not None and d["c"] == [1, 2] and list(d) == ["a", "b", "c", "n"]
+    d2 = {"a": 1.5, "b": torch.ones(2), "c": [1, 2]}
+    torch.testing.assert_close(cf(d2, x), x + 1.5)
+    assert list(d2) == ["a", "b", "c", "n"] and backend.graphs == 1
+
+
+def test_tuple_of_constants_is_one_check() -> None:
+    """A tuple of plain constants costs one check, which still tells `2` from `2.0` and `True`."""
+    from kiln_dynamo import convert_frame
+
+    def f(x, t):
+        return x * t[0] + t[1]
+
+    captured: list[Any] = []
+    listen = lambda name, c: captured.append(c)  # noqa: E731
+    convert_frame.capture_listeners.append(listen)
+    try:
+        cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+        x = torch.randn(3)
+        torch.testing.assert_close(cf(x, (2, 3)), f(x, (2, 3)))
+        assert [p.readable for p in captured[0].guard.parts if "L['t']" in p.readable] == [
+            "type(L['t']) is tuple and L['t'] == (2, 3) and item types of L['t'] are int, int"
+        ]
+        torch.testing.assert_close(cf(x, (2, 3)), f(x, (2, 3)))
+        assert backend.graphs == 1
+        for t in [(2.0, 3), (True, 3), [2, 3], (2, 4)]:
+            torch.testing.assert_close(cf(x, t), f(x, t))
+        assert backend.graphs == 5
+        assert "item types of L['t'] are int, int" in kiln_dynamo.counters.guard_failures[0]
+    finally:
+        convert_frame.capture_listeners.remove(listen)
+
+
+def _with_defaults(x, a=None, b=2.0, *, c=3.0, d=None):
+    return x * b + c + (a if a is not None else 0)
+
+
+def test_function_defaults_are_guarded_only_when_used() -> None:
+    """A default is guarded only when its parameter is not passed, read from the end of
+    __defaults__ so that a tuple of another length is still checked exactly."""
+
+    def f(x):
+        return _with_defaults(x, 1.0, c=4.0)  # uses b's default (and d's), not a's or c's
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    saved = _with_defaults.__defaults__, _with_defaults.__kwdefaults__
+    try:
+        torch.testing.assert_close(cf(x), f(x))
+        _with_defaults.__defaults__ = ("unused", 2.0)
+        _with_defaults.__kwdefaults__ = {"c": "unused", "d": None}
+        torch.testing.assert_close(cf(x), f(x))
+        assert backend.graphs == 1 and kiln_dynamo.counters.recompiles == 0
+        _with_defaults.__defaults__ = (5.0,)  # now b's default is 5.0 (a has none)
+        torch.testing.assert_close(cf(x), f(x))
+        assert backend.graphs == 2
+        assert "__defaults__[-1] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    finally:
+        _with_defaults.__defaults__, _with_defaults.__kwdefaults__ = saved
+
+
+class _PyGetattributeConfig:
+    """A config whose class defines __getattribute__ in Python, as transformers' do."""
+
+    def __init__(self) -> None:
+        self.scale = 2.0
+        self.other = "x"
+
+    def __getattribute__(self, key: str) -> Any:
+        return super().__getattribute__(key)
+
+
+def test_guards_do_not_run_a_python_getattribute() -> None:
+    import sys
+
+    cfg = _PyGetattributeConfig()
+
+    def f(x, c):
+        return x * c.scale if c.__dict__.get("missing") is None else x
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, cfg), x * 2.0)
+    names: list[str] = []
+    sys.setprofile(lambda frame, event, arg: names.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        out = cf(x, cfg)
+    finally:
+        sys.setprofile(None)
+    torch.testing.assert_close(out, x * 2.0)
+    assert "__getattribute__" not in names and backend.graphs == 1
+    cfg.other = "y"  # unread: no recompile
+    torch.testing.assert_close(cf(x, cfg), x * 2.0)
+    assert backend.graphs == 1
+    cfg.scale = 3.0
+    torch.testing.assert_close(cf(x, cfg), x * 3.0)
+    assert backend.graphs == 2
+    assert "L['c'].__dict__['scale'] == 2.0" in kiln_dynamo.counters.guard_failures[0]
+    cfg.missing = 1  # the key list changed
+    torch.testing.assert_close(cf(x, cfg), x)
+    assert kiln_dynamo.counters.recompiles == 2
+
+
+def test_missing_attribute_through_a_python_getattribute_is_traced() -> None:
+    """`getattr(config, "use_cache", None)` and `hasattr` on a config whose __getattribute__ is
+    Python: the AttributeError raised inside it is caught by getattr/hasattr, in the graph."""
+    cfg = _PyGetattributeConfig()
+
+    def f(x, c):
+        u = getattr(c, "use_cache", None)
+        return x * c.scale + (1.0 if u is None else 2.0) + hasattr(c, "nope") + hasattr(c, "other")
+
+    report = kiln_dynamo.explain(f)(torch.randn(3), cfg)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    kiln_dynamo.reset()
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    cfg.use_cache = True  # the attribute appears: the key-list guard sees it
+    torch.testing.assert_close(cf(x, cfg), f(x, cfg))
+    assert backend.graphs == 2
+
+
+class _Plain:
+    def __init__(self) -> None:
+        self.scale = 2.0
+
+    def bonus(self) -> float:
+        return 1.0
+
+
+def test_absent_instance_attribute_is_guarded() -> None:
+    """An attribute that getattr/hasattr found missing, or found on the class, stays so only
+    while the instance does not gain one of that name: both are guarded."""
+    obj = _Plain()
+
+    def f(x, c):
+        return x * c.scale + (1.0 if getattr(c, "use_cache", None) is None else 2.0) + c.bonus()
+
+    cf = kiln_dynamo.compile(f, backend=(backend := CountingBackend()))
+    x = torch.ones(2)
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    obj.use_cache = True
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    obj.bonus = lambda: 10.0  # type: ignore[method-assign]
+    torch.testing.assert_close(cf(x, obj), f(x, obj))
+    assert backend.graphs == 3
+
+
+class _Flagged(nn.Module):
+    def forward(self, x):
+        return x + (2.0 if getattr(self, "gradient_checkpointing", False) else 1.0) + self.extra()
+
+    def extra(self) -> float:
+        return 0.0
+
+
+def test_module_attribute_absent_or_on_the_class_is_guarded() -> None:
+    m = _Flagged()
+    cm = kiln_dynamo.compile(m, backend=(backend := CountingBackend()))
+    x = torch.zeros(1)
+    torch.testing.assert_close(cm(x), m(x))
+    m.gradient_checkpointing = True
+    torch.testing.assert_close(cm(x), m(x))
+    m.extra = lambda: 5.0  # type: ignore[method-assign]
+    torch.testing.assert_close(cm(x), m(x))
+    m.forward = lambda x: x * 0  # type: ignore[method-assign]
+    torch.testing.assert_close(cm(x), m(x))
+    assert kiln_dynamo.counters.recompiles == 2 and backend.graphs == 4  # the lambda: a new frame

@@ -77,6 +77,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.functions import BoundMethodVariable
     from kiln_dynamo.variables.lists import BaseListVariable
+    from kiln_dynamo.variables.nn_module import NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
     out: list[VariableTracker] = []
@@ -90,7 +91,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         if isinstance(vt, BaseListVariable):
             children = list(vt.items)
         elif isinstance(vt, DictVariable):
-            children = list(vt.items.values())
+            children = vt.wrapped_values()  # Note [Lazy dict entries]
         elif isinstance(vt, NewObjectVariable):
             children = list(vt.attrs.values())
         elif isinstance(vt, MethodVariable):
@@ -99,7 +100,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             children = [vt.fn, vt.obj]
         for child in children:
             visit(child)
-        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable) or (
+        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable) or (
             isinstance(vt, SetVariable) and not vt.frozen
         )
         if mutable and vt.source is None:

@@ -92,11 +92,31 @@ class GuardBuilder:
         if value is None or isinstance(value, bool):
             self.add(f"{code} is {value!r}", f"{name} is {value!r}")
             return
-        self.type_match(source, value)
-        if isinstance(value, (int, str)) or (isinstance(value, float) and not math.isnan(value)):
-            self.add(f"{code} == {value!r}", f"{name} == {value!r}")
+        t = type(value)
+        type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
+        if t in (int, str) or (t is float and not math.isnan(value)):  # type: ignore[arg-type]
+            value_part = (f"{code} == {value!r}", f"{name} == {value!r}")
         else:
-            self.add(f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
+            value_part = (f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
+        self.add(f"{type_part[0]} and {value_part[0]}", explain=[type_part, value_part])
+
+    def constant_sequence(self, source: Source, value: tuple[Any, ...] | list[Any]) -> None:
+        """A tuple or list of plain constants (`is_plain_constants`) in one check: its type, its
+        value and the type of each item (`(1, True) == (1, 1)`)."""
+        code, name = self._src(source)
+        t, types_ = type(value), tuple(type(v) for v in value)
+        self.add(
+            f"type({code}) is {self.ctx.const(t)} and {code} == {value!r} and "
+            f"tuple(map(type, {code})) == {self.ctx.const(types_)}",
+            explain=[
+                (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}"),
+                (f"{code} == {value!r}", f"{name} == {value!r}"),
+                (
+                    f"tuple(map(type, {code})) == {self.ctx.const(types_)}",
+                    f"item types of {name} are {', '.join(x.__qualname__ for x in types_)}",
+                ),
+            ],
+        )
 
     def identity(self, source: Source, value: object) -> None:
         code, name = self._src(source)
@@ -129,9 +149,25 @@ class GuardBuilder:
         code, name = self._src(source)
         self.add(f"{attr!r} not in {code}.__dict__", f"{name} has no attribute {attr!r} of its own")
 
-    def no_hooks(self, source: Source) -> None:
+    def no_module_attr(self, source: Source, attr: str) -> None:
         code, name = self._src(source)
-        self.add(f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks")
+        where = " or ".join(
+            f"{attr!r} in {code}.{d}" for d in ("__dict__", "_parameters", "_buffers", "_modules")
+        )
+        self.add(f"not ({where})", f"{name} has no attribute {attr!r}")
+
+    def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
+        """No forward hooks, and a forward of the instance's own only if there was one."""
+        code, name = self._src(source)
+        if instance_forward:
+            self.add(
+                f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks"
+            )
+            return
+        self.add(
+            f"not ({code}._forward_hooks or {code}._forward_pre_hooks or 'forward' in {code}.__dict__)",
+            f"{name} has no forward hooks and no forward of its own",
+        )
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         code, name = self._src(source)
@@ -181,6 +217,16 @@ class GuardBuilder:
                     f"{self.ctx.const(torch.get_autocast_dtype)}({device!r}) == {self.ctx.const(dtype)}",
                     f"torch.is_autocast_enabled({device!r}) == {on} and autocast dtype == {dtype}",
                 )
+
+
+_PLAIN_CONSTANT_TYPES = (int, str, bool, type(None))
+
+
+def is_plain_constants(value: tuple[Any, ...] | list[Any]) -> bool:
+    """Items whose repr is their value and whose `==` is exact (no NaN), at most 16 of them."""
+    return len(value) <= 16 and all(
+        type(v) in _PLAIN_CONSTANT_TYPES or (type(v) is float and not math.isnan(v)) for v in value
+    )
 
 
 @dataclass(slots=True)

@@ -130,6 +130,24 @@ class AttrSource(Source):
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceDictSource(Source):
+    """`base.__dict__` read with `object.__getattribute__`: for an object whose class defines
+    __getattribute__ in Python (transformers' configs), the guard and the runner read what the
+    capture read, without running that Python on every call."""
+
+    base: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.const(object.__getattribute__)}({ctx.bind(self.base)}, '__dict__')"
+
+    def name(self) -> str:
+        return f"{self.base.name()}.__dict__"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
 class DictEntrySource(Source):
     """`base.<dict_attr>[key]`: a parameter, buffer or submodule read without Module.__getattr__."""
 

@@ -7,7 +7,8 @@ decision safe (Note [What a guard pins]). Containers and objects are cached by i
 whole capture, so two reads of `self.cache` give the same tracker and mutations stay coherent.
 
 Note [What a guard pins]: tensors pin type, dtype, device, requires_grad, sizes and strides;
-constants pin type and value; containers pin type and length (dicts: keys in order); functions,
+constants pin type and value; containers pin type and length (dicts: keys in order, and a value
+only once it is read: Note [Lazy dict entries] in dicts.py); functions,
 Python modules and classes pin identity; nn.Modules and other objects pin only their type,
 because everything the capture reads from them is read through a source and guarded itself, so
 two instances of one class with the same relevant state share one compiled entry.
@@ -24,11 +25,19 @@ import torch
 from torch import nn
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.guards import is_plain_constants
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
-from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable, SetVariable, modelled_dict_subclass
+from kiln_dynamo.variables.dicts import (
+    PLAIN_DICTS,
+    DictVariable,
+    LazyEntry,
+    SetVariable,
+    modelled_dict_subclass,
+)
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
+from kiln_dynamo.variables.inspection import MappingProxyVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
@@ -117,13 +126,17 @@ class VariableBuilder:
                 guards.constant(source, value)
             return SizeVariable([ConstantVariable(int(s)) for s in value])
         if isinstance(value, (tuple, list)):
-            if source is not None:
-                guards.type_match(source, value)
-                guards.length(source, value)
-            items = [
-                self.wrap(v, GetItemSource(source, i) if source is not None else None)
-                for i, v in enumerate(value)
-            ]
+            if source is not None and type(value) in (tuple, list) and is_plain_constants(value):
+                guards.constant_sequence(source, value)  # one check for e.g. a conv's stride
+                items: list[VT] = [ConstantVariable(v) for v in value]
+            else:
+                if source is not None:
+                    guards.type_match(source, value)
+                    guards.length(source, value)
+                items = [
+                    self.wrap(v, GetItemSource(source, i) if source is not None else None)
+                    for i, v in enumerate(value)
+                ]
             if isinstance(value, list):
                 return ListVariable(items, source) if type(value) is list else self._unsupported(value)
             if is_namedtuple_class(type(value)) or type(value).__module__ == "torch.return_types":
@@ -141,11 +154,19 @@ class VariableBuilder:
             for k in value:
                 if not isinstance(k, (str, int, enum.Enum)):
                     raise Unsupported(f"dict with a key of type {type(k).__name__}")
-            entries = {
-                k: self.wrap(v, GetItemSource(source, k) if source is not None else None)
-                for k, v in value.items()
-            }
-            return DictVariable(entries, type(value), source)
+            if source is None:
+                return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
+            lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+            return DictVariable(lazy, type(value), source)  # Note [Lazy dict entries]
+        if isinstance(value, types.MappingProxyType):
+            if source is None:
+                raise Unsupported("a mappingproxy without a source")
+            guards.type_match(source, value)
+            guards.dict_keys(source, value)  # type: ignore[arg-type]
+            if not all(isinstance(k, (str, int, enum.Enum)) for k in value):
+                raise Unsupported("mappingproxy with a key that is not a string, int or enum")
+            lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+            return MappingProxyVariable(lazy, source)
         if isinstance(value, (set, frozenset)):
             if not all(is_constant_value(v) for v in value):
                 raise Unsupported("set of non-constant values")

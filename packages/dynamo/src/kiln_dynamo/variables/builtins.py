@@ -474,7 +474,7 @@ class BuiltinVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
-        if fn in _FOLDABLE and _consts(args, kwargs) and fn not in (sum, bool, len):
+        if fn in _FOLDABLE and fn not in (sum, bool, len) and _consts(args, kwargs):
             try:
                 out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
             except Exception as e:

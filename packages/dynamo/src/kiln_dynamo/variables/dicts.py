@@ -4,6 +4,14 @@ A `DictVariable` maps real hashable keys (constants: strings, ints, enum members
 trackers, in insertion order. Keys that are not constants (tensors, modules) are not modelled
 and raise `Unsupported`. As with lists, a dict from outside the frame that is mutated is marked
 in `SideEffects` and its final contents are written back by the runner.
+
+Note [Lazy dict entries]: a dict from outside the frame is guarded on its type and its key list
+when it is wrapped, but each value is wrapped (and so guarded) only when the traced code reads
+it: `config.__dict__.get("_spec")` on an absent key costs no guard beyond the key list, and a
+config's hundred unread entries cost none. Until then an entry is a `LazyEntry` holding the real
+value and its source. Only a dict with a source holds lazy entries, and it realizes them all
+before it is mutated, copied or merged, so a dict that codegen rebuilds or writes back never
+has one: every value is wrapped (inputs added, guards recorded) while the graph is still open.
 """
 
 from __future__ import annotations
@@ -11,7 +19,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
@@ -25,6 +34,7 @@ VT = VariableTracker
 
 PLAIN_DICTS = (dict, collections.OrderedDict)
 _NOT_DEFINED: Any = object()
+_SCALARS = (int, float, str, bool, type(None))
 
 
 # What guards and sources read from a dict (`list(d.keys())`, `d[k]`) and how attributes are
@@ -59,6 +69,23 @@ def python_override(cls: type, name: str) -> Any:
     return None
 
 
+class LazyEntry:
+    """A dict value not yet wrapped (Note [Lazy dict entries])."""
+
+    __slots__ = ("source", "value", "vt", "wrap")
+
+    def __init__(self, value: Any, source: Any, wrap: Callable[[Any, Any], VT]) -> None:
+        self.value = value
+        self.source = source
+        self.wrap = wrap
+        self.vt: VT | None = None
+
+    def realize(self) -> VT:
+        if self.vt is None:
+            self.vt = self.wrap(self.value, self.source)
+        return self.vt
+
+
 def key_of(vt: VT) -> Any:
     if vt.is_constant():
         k = vt.as_constant()
@@ -71,19 +98,49 @@ def key_of(vt: VT) -> Any:
 
 
 class DictVariable(VariableTracker):
-    def __init__(self, items: dict[Any, VT], user_cls: type = dict, source: Any = None) -> None:
-        self.items = dict(items)
+    def __init__(
+        self, items: Mapping[Any, VT | LazyEntry], user_cls: type = dict, source: Any = None
+    ) -> None:
+        self._items: dict[Any, VT | LazyEntry] = dict(items)
         self.user_cls = user_cls
         self.source = source
 
+    @property
+    def items(self) -> dict[Any, VT]:
+        """Every entry, wrapped (Note [Lazy dict entries]); `entry(k)` wraps only one."""
+        for k, v in self._items.items():
+            if isinstance(v, LazyEntry):
+                self._items[k] = v.realize()
+        return cast("dict[Any, VT]", self._items)
+
+    @items.setter
+    def items(self, value: dict[Any, VT]) -> None:
+        self._items = dict(value)
+
+    def entry(self, k: Any) -> VT:
+        v = self._items[k]
+        if isinstance(v, LazyEntry):
+            v = self._items[k] = v.realize()
+        return v
+
+    def wrapped_values(self) -> list[VT]:
+        """The entries wrapped so far: what codegen may need to rebuild (the rest are untouched
+        values of a dict it reaches through its source)."""
+        return [v for v in self._items.values() if not isinstance(v, LazyEntry)]
+
     def describe(self) -> str:
-        return f"{self.user_cls.__name__} with keys {list(self.items)!r}"
+        return f"{self.user_cls.__name__} with keys {list(self._items)!r}"
 
     def python_type(self) -> type:
         return self.user_cls
 
     def is_constant(self) -> bool:
-        return all(v.is_constant() for v in self.items.values())
+        for k, v in self._items.items():
+            if isinstance(v, LazyEntry) and type(v.value) in _SCALARS:
+                continue  # it would be wrapped as a constant: no need to guard it yet
+            if not self.entry(k).is_constant():
+                return False
+        return True
 
     def as_constant(self) -> Any:
         return self.user_cls({k: v.as_constant() for k, v in self.items.items()})
@@ -108,30 +165,31 @@ class DictVariable(VariableTracker):
 
     def truth(self, tx: Tx) -> bool:
         self._builtin("__bool__", "__len__")
-        return bool(self.items)
+        return bool(self._items)
 
     def length(self, tx: Tx) -> int:
         self._builtin("__len__")
-        return len(self.items)
+        return len(self._items)
 
     def iterate(self, tx: Tx) -> list[VT]:
         self._builtin("__iter__")
-        return [ConstantVariable(k) for k in self.items]
+        return [ConstantVariable(k) for k in self._items]
 
     def contains(self, tx: Tx, key: VT) -> bool:
         self._builtin("__contains__")
-        return key_of(key) in self.items
+        return key_of(key) in self._items
 
     def getitem(self, tx: Tx, key: VT) -> VT:
         self._builtin("__getitem__")
         k = key_of(key)
-        if k not in self.items:
+        if k not in self._items:
             raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
-        return self.items[k]
+        return self.entry(k)
 
     def _mutate(self, tx: Tx) -> None:
         if self.user_cls not in PLAIN_DICTS:
             raise Unsupported(f"mutating a {self.user_cls.__qualname__}, a dict subclass")
+        self.items  # noqa: B018  (realized before it changes: Note [Lazy dict entries])
         tx.output.side_effects.mutated(self)
 
     def setitem(self, tx: Tx, key: VT, value: VT) -> None:
@@ -153,15 +211,15 @@ class DictVariable(VariableTracker):
             if name == "copy":
                 raise Unsupported(f"copy of a {self.user_cls.__qualname__}, a dict subclass")
         if name == "keys":
-            return TupleVariable([ConstantVariable(k) for k in self.items])
+            return TupleVariable([ConstantVariable(k) for k in self._items])
         if name == "values":
             return TupleVariable(list(self.items.values()))
         if name == "items":
             return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
         if name == "get" and 1 <= len(args) <= 2:
             k = key_of(args[0])
-            if k in self.items:
-                return self.items[k]
+            if k in self._items:
+                return self.entry(k)
             return args[1] if len(args) == 2 else ConstantVariable(None)
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
@@ -182,10 +240,10 @@ class DictVariable(VariableTracker):
             raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
         if name == "setdefault" and 1 <= len(args) <= 2:
             k = key_of(args[0])
-            if k not in self.items:
+            if k not in self._items:
                 self._mutate(tx)
                 self.items[k] = args[1] if len(args) == 2 else ConstantVariable(None)
-            return self.items[k]
+            return self.entry(k)
         if name == "update":
             self._mutate(tx)
             for a in args:

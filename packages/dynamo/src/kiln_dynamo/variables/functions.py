@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 import inspect
 import types
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
-from kiln_dynamo.variables.dicts import DictVariable
+from kiln_dynamo.variables.dicts import DictVariable, LazyEntry
+from kiln_dynamo.variables.inspection import FOLDED_CALLS
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
@@ -36,10 +38,11 @@ def bind_args(
     code: types.CodeType,
     args: list[VT],
     kwargs: dict[str, VT],
-    defaults: list[VT],
-    kwdefaults: dict[str, VT],
+    defaults: Sequence[VT | LazyEntry],
+    kwdefaults: Mapping[str, VT | LazyEntry],
 ) -> dict[str, VT]:
-    """Locals of a new frame of `code` called with these arguments (CPython's binding rules)."""
+    """Locals of a new frame of `code` called with these arguments (CPython's binding rules).
+    A default is wrapped (and guarded) only when its parameter is not passed."""
     name = code.co_name
     nargs = code.co_argcount
     nkw = code.co_kwonlyargcount
@@ -72,16 +75,20 @@ def bind_args(
     for i, n in enumerate(pos_names):
         if n not in out:
             if i >= first_default:
-                out[n] = defaults[i - first_default]
+                out[n] = _realized(defaults[i - first_default])
             else:
                 raise Unsupported(f"{name}() missing required argument {n!r}")
     for n in kwonly:
         if n not in out:
             if n in kwdefaults:
-                out[n] = kwdefaults[n]
+                out[n] = _realized(kwdefaults[n])
             else:
                 raise Unsupported(f"{name}() missing required keyword-only argument {n!r}")
     return out
+
+
+def _realized(v: VT | LazyEntry) -> VT:
+    return v.realize() if isinstance(v, LazyEntry) else v
 
 
 class BaseFunctionVariable(VariableTracker):
@@ -121,13 +128,18 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn in FOLDED_CALLS:
+            return FOLDED_CALLS[fn](tx, args, kwargs)
         src = self._src()
+        # Read from the end: parameter i's default is __defaults__[i - co_argcount] whatever the
+        # tuple's length, so guarding only the defaults used stays exact.
+        n = len(fn.__defaults__ or ())
         defaults = [
-            tx.wrap(v, GetItemSource(AttrSource(src, "__defaults__"), i))
+            LazyEntry(v, GetItemSource(AttrSource(src, "__defaults__"), i - n), tx.wrap)
             for i, v in enumerate(fn.__defaults__ or ())
         ]
         kwdefaults = {
-            k: tx.wrap(v, GetItemSource(AttrSource(src, "__kwdefaults__"), k))
+            k: LazyEntry(v, GetItemSource(AttrSource(src, "__kwdefaults__"), k), tx.wrap)
             for k, v in (fn.__kwdefaults__ or {}).items()
         }
         bound = bind_args(fn.__code__, args, kwargs, defaults, kwdefaults)

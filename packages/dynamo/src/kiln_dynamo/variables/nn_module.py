@@ -27,6 +27,7 @@ from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -104,9 +105,14 @@ class NNModuleVariable(VariableTracker):
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
         try:
-            return class_attribute(tx, self, m, name, self.source)
+            found = class_attribute(tx, self, m, name, self.source)
         except AttributeError:
+            if self.source is not None:  # getattr(m, name, default) holds while m gains no `name`
+                tx.output.guards.no_module_attr(self.source, name)
             raise AttributeError(f"{type(m).__name__!r} object has no attribute {name!r}") from None
+        if self.source is not None:  # an instance attribute would shadow the class's
+            tx.output.guards.no_instance_attr(self.source, name)
+        return found
 
     def setattr(self, tx: Tx, name: str, value: VT) -> None:
         if self.source is None:
@@ -190,7 +196,7 @@ class NNModuleVariable(VariableTracker):
         if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
             raise Unsupported("global module hooks are registered")
         if self.source is not None:
-            tx.output.guards.no_hooks(self.source)
+            tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
         if "forward" in m.__dict__:
             fwd = self.getattr(tx, "forward")
             return fwd.call(tx, args, kwargs)
@@ -198,6 +204,48 @@ class NNModuleVariable(VariableTracker):
         if forward is nn.Module.forward:
             raise Unsupported(f"{self.describe()} has no forward()")
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+
+
+class NewModuleVariable(NNModuleVariable):
+    """Note [Modules made in the frame]: `CrossEntropyLoss()` built in a forward. A torch.nn
+    module that holds no parameters, buffers or submodules, built from constants, is built for
+    real while tracing (its RNG use undone) and then read like any module, without guards: no
+    one else can reach it. The frame may not change it; if it leaves the frame, the runner
+    builds a fresh one with the same arguments, as every eager call does."""
+
+    def __init__(self, module: nn.Module, args: list[VT], kwargs: dict[str, VT]) -> None:
+        super().__init__(module, None)
+        self.args = args
+        self.kwargs = kwargs
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        raise Unsupported(f"setting attribute {name!r} on a {self.describe()} made in the frame")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)
+        if bound is not None:
+            return bound
+        args = [a.reconstruct(cg) for a in self.args]
+        args += [f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items()]
+        return f"{cg.const(type(self.module))}({', '.join(args)})"
+
+
+def construct_module(tx: Tx, cls: type[nn.Module], args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """`cls(*args, **kwargs)` for an nn.Module class inside the frame (Note [Modules made in the
+    frame])."""
+    what = f"constructing {cls.__qualname__} inside the frame"
+    if not cls.__module__.startswith("torch.nn.modules."):
+        raise Unsupported(f"{what} (only torch.nn's own modules are built)")
+    if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+        raise Unsupported(f"{what} from arguments that are not constants")
+    with torch.random.fork_rng(devices=[]):
+        try:
+            m = cls(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except Exception as e:
+            raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+    if m._parameters or any(b is not None for b in m._buffers.values()) or m._modules:
+        raise Unsupported(f"{what}: it holds parameters, buffers or submodules")
+    return NewModuleVariable(m, args, kwargs)
 
 
 def is_parameter(value: Any) -> bool:

@@ -19,19 +19,22 @@ import enum
 import inspect
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.source import AttrSource, Source
+from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
-from kiln_dynamo.variables.nn_module import class_attribute
+from kiln_dynamo.variables.nn_module import class_attribute, construct_module
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
+_GETSET = type(type.__dict__["__dict__"])  # the instance-dict descriptor of a Python class
 
 
 def is_namedtuple_class(cls: type) -> bool:
@@ -96,6 +99,8 @@ class UserClassVariable(VariableTracker):
             raise Unsupported(
                 f"constructing {cls.__qualname__}, a dict subclass that is not a modelled ModelOutput"
             )
+        if issubclass(cls, nn.Module):
+            return construct_module(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is not type:
@@ -290,8 +295,21 @@ class UserObjectVariable(VariableTracker):
         if pending is not None:
             return pending
         d = getattr(self.obj, "__dict__", {})
+        if self.source is not None and type(self.obj).__getattribute__ is not object.__getattribute__:
+            # Read as this lookup did, not through the class's own __getattribute__ again.
+            if name in d:
+                return tx.wrap(d[name], GetItemSource(InstanceDictSource(self.source), name))
+            if name == "__dict__" and isinstance(inspect.getattr_static(type(self.obj), name, None), _GETSET):
+                return tx.wrap(d, InstanceDictSource(self.source))
         if name in d:
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
+        if self.source is not None and isinstance(getattr(self.obj, "__dict__", None), dict):
+            # Not an instance attribute now: what the class gives (or the AttributeError that
+            # getattr/hasattr catch) holds only while that stays so.
+            if type(self.obj).__getattribute__ is not object.__getattribute__:
+                tx.wrap(d, InstanceDictSource(self.source))  # its key list, shared by every read
+            else:
+                tx.output.guards.no_instance_attr(self.source, name)
         try:
             return class_attribute(tx, self, self.obj, name, self.source)
         except AttributeError:
