@@ -79,7 +79,7 @@ PERSIST_LIMIT = 256 << 20
 
 # extern ops whose out= overload writes straight into a given tensor (no allocation inside)
 _aten = torch.ops.aten
-OUT_VARIANTS = {
+OUT_VARIANTS: dict[Any, Any] = {
     _aten.mm.default: _aten.mm.out,
     _aten.addmm.default: _aten.addmm.out,
     _aten.bmm.default: _aten.bmm.out,
