@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from kiln_loopir.graph import GraphLowering
+from kiln_loopir.indexing import contiguous_strides
 from kiln_loopir.interpret import run_computed
 from kiln_loopir.ir import (
     Buffer,
@@ -57,6 +58,7 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
@@ -146,7 +148,7 @@ class WrapperCodegen:
         self.namespace: dict[str, Any] = {
             "_torch": torch,
             "_flat": _flat,
-            "_shaped": _shaped,
+            "_dense": _dense,
             "_conform": _conform,
             "_empty": torch.empty,
             "_empty_strided": torch.empty_strided,
@@ -242,40 +244,27 @@ class WrapperCodegen:
                 self.emit(f"{buffer.name} = _empty_strided({shape[0]!r}, {shape[1]!r}, dtype={dtype})")
         self.pointer(buffer.name, f"{buffer.name}.data_ptr()")
 
-    def _layout_of(self, name: str) -> Any:
-        buffer = self.graph.name_to_buffer.get(name)
-        if buffer is not None:
-            return buffer.layout
-        for node in self.schedule.nodes:
-            if isinstance(node, ExternKernelSchedulerNode):
-                for out in node.node.outputs:
-                    if out.name == name:
-                        return out.layout
-        return None
-
     def _persistent(self) -> set[str]:
         """Buffers that may persist between calls (Note [Scratch buffers that persist])."""
         plan, schedule = self.schedule.plan, self.schedule
         banned = set(schedule.output_names)
-        computed: set[str] = set()
+        candidates: dict[str, Any] = {}  # name -> layout
         for node in schedule.nodes:
             if isinstance(node, ExternKernelSchedulerNode):
                 extern = node.node
                 if _may_alias(extern.op):
                     banned |= _buffer_names((extern.args, extern.kwargs))
-                if (
-                    extern.op in OUT_VARIANTS
-                    and len(extern.outputs) == 1
-                    and _contiguous(extern.outputs[0].layout)
-                ):
-                    computed.add(extern.outputs[0].name)  # a GEMM can write into a kept buffer
+                if extern.op in OUT_VARIANTS and len(extern.outputs) == 1:
+                    out = extern.outputs[0]
+                    if _dense_shape(out.layout) == _contiguous_shape(out.layout):
+                        candidates[out.name] = out.layout  # a GEMM can write into a kept buffer
                 continue
             for m in node.get_nodes():
                 buffer = getattr(m, "node", None)
                 if isinstance(buffer, Scatter):
                     banned.add(buffer.mutates)
                 elif isinstance(buffer, ComputedBuffer):
-                    computed.add(buffer.name)
+                    candidates[buffer.name] = buffer.layout
 
         def root(name: str) -> str:
             seen = set()
@@ -286,11 +275,8 @@ class WrapperCodegen:
 
         banned_roots = {root(n) for n in banned}
         chosen, total = set(), 0
-        for name in sorted(computed):
+        for name, layout in sorted(candidates.items()):
             if root(name) in banned_roots or plan.allocate.get(name) is not None:
-                continue
-            layout = self._layout_of(name)
-            if layout is None:
                 continue
             size = int(layout.storage_size()) * layout.dtype.itemsize
             if total + size <= PERSIST_LIMIT:
@@ -383,7 +369,7 @@ class WrapperCodegen:
             dense = _dense_shape(out.layout)
             if dense is not None:
                 self.shapes[out.name] = dense
-                self.emit(f"{out.name} = _shaped({value}, {_layout_args(out.layout)})")
+                self.emit(f"{out.name} = _dense({value}, {_layout_args(out.layout)})")
             else:
                 self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
@@ -479,14 +465,9 @@ class WrapperCodegen:
         self.namespace["_kernel_error"] = kernel_error
 
 
-def _contiguous(layout: Any) -> bool:
-    size, stride = layout.int_size(), layout.int_stride()
-    expected = 1
-    for n, st in reversed(list(zip(size, stride, strict=True))):
-        if n != 1 and st != expected:
-            return False
-        expected *= n
-    return int(layout.offset) == 0 and expected > 0
+def _contiguous_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    size = tuple(layout.int_size())
+    return size, tuple(int(s) for s in contiguous_strides(size))
 
 
 def _dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -497,17 +478,6 @@ def _dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     if int(layout.storage_size()) != math.prod(size):
         return None
     return size, stride
-
-
-def _shaped(t: torch.Tensor | None, size: tuple[int, ...], stride: tuple[int, ...], offset: int) -> Any:
-    """An extern result in the dense layout planned for it (copied only if it differs)."""
-    if t is None:
-        return None
-    if t.shape == size and t.stride() == stride and t.storage_offset() == 0:
-        return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
 
 
 def _buffer_names(value: Any) -> set[str]:

@@ -53,7 +53,7 @@ from .ir import (
     realize_strided,
 )
 from .layout import fixed_from_tensor
-from .lowering import Unsupported, fallback, find_lowering
+from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
 from .virtualized import count_ops, op_names, set_graph
 
 log = logging.getLogger("kiln.loopir.ir")
@@ -90,19 +90,6 @@ TRANSCENDENTAL = frozenset(
         "silu",
         "lgamma",
         "digamma",
-    }
-)
-_VIEW_TARGETS = frozenset(
-    {
-        torch.ops.aten.view.default,
-        torch.ops.aten._unsafe_view.default,
-        torch.ops.aten.unsqueeze.default,
-        torch.ops.aten.expand.default,
-        torch.ops.aten.permute.default,
-        torch.ops.aten.slice.Tensor,
-        torch.ops.aten.squeeze.dim,
-        torch.ops.aten.reshape.default,
-        torch.ops.aten.transpose.int,
     }
 )
 MAX_REUSE_LOADS = 4
@@ -291,14 +278,7 @@ class GraphLowering:
         val = node.meta.get("val")
         if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)):
             return value
-        from .lowering import pointwise_from
-
-        copy = pointwise_from(value, lambda v: v, value.get_dtype())
-        storage = copy.storage()
-        assert storage is not None
-        storage.stride_hint = tuple(sympy.Integer(int(s)) for s in val.stride())
-        storage.realize()
-        return copy
+        return copy_with_strides(value, val.stride())
 
     def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
         meta = self._meta_eager(node, metas)
@@ -358,7 +338,7 @@ def _channels_last_nodes(gm: torch.fx.GraphModule, device: torch.device) -> set[
     back to the strides eager gives them. Only where the convolutions' inputs hold at least as
     many elements as their weights (a contiguous weight is reordered on every call: on ResNet at
     64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as many, it gained 50%). Training
-    graphs keep eager's layouts: their saved
+    graphs keep eager's layouts (``KILN_CHANNELS_LAST=0`` turns it off everywhere): their saved
     activations cross into the backward graph, whose layouts were fixed when it was traced."""
     if device.type != "cpu" or torch.is_grad_enabled() or not torch.backends.mkldnn.is_available():
         return set()
@@ -401,7 +381,7 @@ def _broadcast_reader(node: torch.fx.Node) -> bool:
     while pending and seen < 64:
         user = pending.pop()
         seen += 1
-        if user.target in _VIEW_TARGETS:
+        if user.target in VIEW_OPS:
             pending.extend(user.users)
             continue
         numel = _numel(user)

@@ -176,6 +176,33 @@ def pointwise_from(box: TensorBox, fn: Callable[[Any], Any], dtype: torch.dtype)
     return TensorBox.create(Pointwise(box.get_device(), dtype, inner, box.get_size()))
 
 
+def copy_with_strides(box: TensorBox, strides: Sequence[int]) -> TensorBox:
+    """A realized copy of ``box`` laid out with ``strides`` (one pointwise kernel)."""
+    copy = pointwise_from(box, lambda v: v, box.get_dtype())
+    storage = copy.storage()
+    assert storage is not None
+    storage.stride_hint = tuple(sympy.Integer(int(s)) for s in strides)
+    storage.realize()
+    return copy
+
+
+# aten ops that only reinterpret their input's memory (for analyses that look through views)
+VIEW_OPS = frozenset(
+    {
+        aten.view.default,
+        aten._unsafe_view.default,
+        aten.reshape.default,
+        aten.permute.default,
+        aten.transpose.int,
+        aten.t.default,
+        aten.unsqueeze.default,
+        aten.squeeze.dim,
+        aten.expand.default,
+        aten.slice.Tensor,
+    }
+)
+
+
 def to_dtype(box: TensorBox, dtype: torch.dtype) -> TensorBox:
     """``box`` converted to ``dtype`` (itself when already so)."""
     if box.get_dtype() == dtype:

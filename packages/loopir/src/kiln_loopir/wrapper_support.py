@@ -2,7 +2,8 @@
 backends): they move tensors between the layouts loopir planned and the ones they arrive in.
 
 ``flat_storage`` takes an extern kernel's result as the flat storage of the layout loopir planned
-for it (copied only when its strides differ); ``conform_input`` copies a graph input given with
+for it (copied only when its strides differ); ``dense_storage`` keeps a result whose dense layout
+already matches as the tensor it is; ``conform_input`` copies a graph input given with
 other strides into the layout the kernels were compiled for, refusing a different shape or dtype;
 ``layout_args`` spells a layout as those functions' arguments in generated source.
 """
@@ -29,6 +30,20 @@ def flat_storage(
         return t.as_strided((n,), (1,), 0)
     out = torch.empty(n, dtype=t.dtype, device=t.device)
     out.as_strided(size, stride, offset).copy_(t)
+    return out
+
+
+def dense_storage(
+    t: torch.Tensor | None, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+) -> torch.Tensor | None:
+    """An extern result in the dense layout planned for it, kept as the tensor it is when it
+    already has that layout (else copied): for wrappers that hold buffers in their own shape."""
+    if t is None:
+        return None
+    if t.shape == size and t.stride() == stride and t.storage_offset() == offset:
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
     return out
 
 

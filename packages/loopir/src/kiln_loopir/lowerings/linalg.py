@@ -16,27 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import sympy
 import torch
 
 from ..ir import TensorBox, realize_strided
-from ..lowering import fallback, find_lowering, pointwise_from, register_lowering
+from ..lowering import VIEW_OPS, copy_with_strides, fallback, find_lowering, register_lowering
 from ..virtualized import current_graph
 
 aten = torch.ops.aten
-
-# ops that only reinterpret their input: a pointwise reader behind them still absorbs the add
-_VIEWS = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dim,
-    aten.expand.default,
-}
 
 
 def _readers_are_pointwise(node: torch.fx.Node, depth: int = 0) -> bool:
@@ -44,7 +30,7 @@ def _readers_are_pointwise(node: torch.fx.Node, depth: int = 0) -> bool:
         return False
     for user in node.users:
         target = user.target
-        if target in _VIEWS:
+        if target in VIEW_OPS:  # a pointwise reader behind a view still absorbs the add
             if not _readers_are_pointwise(user, depth + 1):
                 return False
         elif not (isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags):
@@ -80,17 +66,11 @@ def _channels_last_strides(size: list[int]) -> tuple[int, ...]:
 def _as_channels_last(x: TensorBox) -> TensorBox:
     """``x`` in NHWC memory: itself when it already is, else a copy (one kernel)."""
     size = [int(s) for s in x.get_size()]
-    realized = realize_strided(x)
-    stride = [int(s) for s in realized.layout.stride]
+    stride = [int(s) for s in realize_strided(x).layout.stride]
     wanted = _channels_last_strides(size)
     if all(st == w for st, w, n in zip(stride, wanted, size, strict=True) if n != 1):
         return x
-    copy = pointwise_from(x, lambda v: v, x.get_dtype())
-    storage = copy.storage()
-    assert storage is not None
-    storage.stride_hint = tuple(sympy.Integer(s) for s in wanted)
-    storage.realize()
-    return copy
+    return copy_with_strides(x, wanted)
 
 
 @register_lowering(aten.convolution.default)
