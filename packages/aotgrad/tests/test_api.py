@@ -211,3 +211,31 @@ def split_heads(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def test_outputs_sharing_an_intermediate_get_their_own_gradients() -> None:
     check(split_heads, torch.randn(3, 5, requires_grad=True), torch.randn(5, 12, requires_grad=True))
+
+
+def test_guarded_callers_skip_the_signature_but_not_grad_mode_or_viewed_offsets() -> None:
+    """Note [Guarded callers]: after the first compile a guarded function reuses it without a
+    signature lookup, yet a change of grad mode, or of the storage offset of an input that an
+    output is a view of, still finds (or compiles) the right artifacts."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (x * w).sin(), x[1:]
+
+    gm = torch.fx.symbolic_trace(fn)
+    compiler = Recorder()
+    f = kiln_aotgrad.aot_backend(compiler)(gm, [])
+    assert f.guarded
+    x, w = torch.randn(4, 3), torch.randn(4, 3, requires_grad=True)
+    for _ in range(3):
+        got = f(x, w)
+        torch.testing.assert_close(got, fn(x, w))
+        assert got[1]._base is x or got[1].data_ptr() == x[1:].data_ptr()
+    assert len(f.compiled) == 1 and f._only is not None
+    with torch.no_grad():  # grad mode is not assumed: an inference graph is compiled
+        torch.testing.assert_close(f(x, w), fn(x, w))
+    assert len(f.compiled) == 2
+    big = torch.randn(5, 3)
+    shifted = big[1:]  # same shape and strides, another storage offset
+    got = f(shifted, w)
+    torch.testing.assert_close(got, fn(shifted, w))
+    assert got[1].data_ptr() == shifted[1:].data_ptr()

@@ -108,10 +108,13 @@ def test_reduce_overhead(device: str) -> None:
         xi, wi = x + i, w * (i + 1)  # fresh tensors at new addresses every call
         outputs.append(compiled(xi, wi))
         torch.testing.assert_close(outputs[-1], gm(xi, wi))
-    # outputs are copies: a later replay does not overwrite what an earlier call returned
-    torch.testing.assert_close(outputs[0], gm(x, w))
+    # a later replay never overwrites what an earlier call returned (Note [Outputs of a CUDA graph])
+    for i, out in enumerate(outputs):
+        torch.testing.assert_close(out, gm(x + i, w * (i + 1)))
     if device == "cuda":
-        assert runner is not None and runner.recordings == 1 and runner.replays == 3
+        # warm-up, slot one, slot two, then both slots' outputs are held: the plain wrapper
+        assert runner is not None and runner.recordings == 2 and runner.replays == 2
+        assert runner._copy_idx == [0, 1]  # both inputs moved between calls: copied
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -45,6 +45,7 @@ def aot_backend(
             inference_compiler=inference_compiler,
             decompositions=decompositions,
             partition=partition,
+            guarded=True,  # Note [Guarded callers]: a dynamo backend runs behind the frame's guards
         )
 
     return backend

@@ -15,8 +15,9 @@ building the backend and handing the instance over, which loopir accepts in plac
 ``mode`` follows ``torch.compile``: ``"default"``; ``"max-autotune"`` (time a small config set per
 kernel on first call, cached on disk); ``"reduce-overhead"`` (replay CUDA graphs);
 ``"max-autotune-no-cudagraphs"`` is ``"max-autotune"``, and ``"max-autotune"`` also uses CUDA
-graphs, as in ``torch.compile``. ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side
-bounds asserts on indirect indices.
+graphs, as in ``torch.compile``. ``guarded_inputs=True`` says the caller guards every input's
+shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks only addresses.
+``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kiln_loopir import Backend
+from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
 
 from .cudagraphs import CudaGraphRunner, cudagraph_blocker
 from .heuristics import configs
+from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
-from .runtime import Launcher, load_module, module_source
+from .runtime import Launcher, load_module, module_source, precompile
 from .split import plan_split
 from .triton_ops import UnsupportedDtype
 from .wrapper import make_wrapper
@@ -60,7 +62,7 @@ class TritonBackend(Backend):
         allow_tiling: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
-        cudagraph_copy_outputs: bool = True,
+        guarded_inputs: bool = False,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -71,7 +73,8 @@ class TritonBackend(Backend):
         self.allow_tiling = allow_tiling
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
-        self.cudagraph_copy_outputs = cudagraph_copy_outputs
+        # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
+        self.guarded_inputs = guarded_inputs
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
         self.last_source = ""
@@ -79,7 +82,9 @@ class TritonBackend(Backend):
         self.last_module_path = ""
         self.last_launchers: dict[str, Launcher] = {}
         self.last_cudagraphs: CudaGraphRunner | None = None
+        self.cudagraph_blocked: str | None = None  # why the last graph is not recorded
         self.codegen_seconds = 0.0
+        self.compile_seconds = 0.0
 
     @property
     def autotune(self) -> bool:
@@ -118,21 +123,34 @@ class TritonBackend(Backend):
                 launchers[spec.name] = Launcher(
                     getattr(module, spec.name), spec, candidates, autotune=self.autotune
                 )
+        self.compile_seconds = 0.0
+        if launchers and graph.device.type == "cuda" and not interpreting():
+            # Note [The launch path]: every kernel compiled before the first call, in parallel
+            self.compile_seconds = precompile(list(launchers.values()), graph.device)
         fn, wrapper_source = make_wrapper(schedule, graph, groups, launchers)
         self.last_specs = generated
         self.last_source, self.last_wrapper, self.last_launchers = source, wrapper_source, launchers
         self.last_cudagraphs = None
+        self.cudagraph_blocked = None
         if self.cudagraphs and graph.device.type == "cuda":
             blocker = cudagraph_blocker(schedule)
             if blocker is None:
-                fn = self.last_cudagraphs = CudaGraphRunner(fn, copy_outputs=self.cudagraph_copy_outputs)
+                fn = self.last_cudagraphs = CudaGraphRunner(fn, guarded_inputs=self.guarded_inputs)
             else:
-                log.debug("no CUDA graphs: %s", blocker)
-        self.codegen_seconds = time.perf_counter() - t0
+                log.info("no CUDA graphs for this graph: %s", blocker)
+                self.cudagraph_blocked = blocker
+        self.codegen_seconds = time.perf_counter() - t0 - self.compile_seconds
         if log.isEnabledFor(logging.DEBUG):
             log.debug("kernels: %s\n%s", self.last_module_path or "(none)", source)
             log.debug("wrapper:\n%s", wrapper_source)
         return fn
+
+    def last_build(self) -> BuildReport:
+        return BuildReport(
+            codegen_seconds=self.codegen_seconds,
+            compile_seconds=self.compile_seconds,
+            cache="compiled" if self.compile_seconds else "",
+        )
 
     def _kernel(
         self,

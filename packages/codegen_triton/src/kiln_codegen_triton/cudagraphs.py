@@ -2,70 +2,97 @@
 
 A compiled graph launches one kernel per fused node and calls a few extern ops; at small sizes
 the CPU cost of those launches is the run time. :class:`CudaGraphRunner` wraps the wrapper's
-``call``:
+``call`` so that one recorded ``torch.cuda.CUDAGraph`` covers the whole compiled call:
 
-* the first call for an input signature (shapes, strides, dtypes, devices) runs normally: it
-  compiles every Triton kernel and, under max-autotune, tunes it (neither may happen while a
-  graph is being captured);
-* the second call copies the inputs into *static* buffers it owns, warms up on a side stream and
-  captures one ``torch.cuda.CUDAGraph`` of ``call(*static_inputs)``; the buffers the wrapper
-  allocates during capture come from one private memory pool, so they stay put;
-* every later call copies the inputs into the static buffers and replays the graph.
+* the first call runs the wrapper as it is (warm-up: cuBLAS/cuDNN handles, workspaces, autotuning
+  happen outside any capture);
+* the second call records: warm-up once more on a side stream, then capture ``call(*inputs)`` into
+  a private memory pool, so the buffers the wrapper allocates stay put;
+* every later call checks its inputs, copies the ones that move into their static buffers with
+  one ``torch._foreach_copy_`` and calls ``graph.replay()``.
 
-Note [CUDA graph inputs and outputs]: inputs are *copied* into the static buffers on every call,
-so the graph is right whatever address the caller's tensors have this time (a new batch, an
-optimizer that replaced a parameter), at the cost of one device copy per input. Outputs are
-static memory that the next replay overwrites, so they are cloned before being returned (with
-``copy_outputs=False`` the caller gets the static tensors and must consume them before the next
-call). A graph whose extern ops mutate their inputs (Note [Mutation] in loopir) would mutate the
-static copies instead of the caller's tensors, so such graphs are never recorded
-(:func:`cudagraph_blocker`); a capture that fails (an op that synchronizes, a data-dependent
-shape) turns the runner off for good and the wrapper runs as it is.
+Note [Static inputs of a CUDA graph]: parameters and buffers keep their memory from call to call,
+and copying each into a graph-owned buffer on every call (ResNet-50: 268 copies) costs more than
+the graph saves. So an input whose address is the same at the warm-up and at the recording call
+is *static*: the graph reads it where it lies, and is recorded on the caller's tensor itself. An
+input at a new address (a fresh batch) is *copied* into a graph-owned buffer before each replay.
+A replay first checks that every static input is still at its recorded address (one C call when
+torch has it); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
+it becomes a copied input and the graph is recorded again: a moved input is never read from its
+old address. After ``MAX_RECORDINGS`` recordings the runner gives up and runs the wrapper.
+A static input's shape, strides and dtype are not looked at on a replay when the caller guards
+them (``guarded_inputs=True``: kiln's frame guards do, as torch's do for its CUDA graphs);
+otherwise every input's metadata is compared with the recording's on every call, and a call
+that differs runs the plain wrapper, which conforms or refuses it.
+
+Note [Outputs of a CUDA graph]: a replay writes its outputs into the same memory every time, so
+an output the caller still holds from an earlier call would be overwritten by the next replay.
+The runner returns aliases of the graph's outputs and, before replaying, asks whether any of the
+previous call's outputs is still alive (the storage's use count is above the runner's own
+references). A graph whose outputs are all dead replays; otherwise a second recording (the other
+*slot*, with its own outputs, over the same inputs and the same pool) replays; when the outputs
+of both are alive (a caller that keeps every result in a list) the call runs the plain wrapper,
+whose outputs are fresh. The usual loop ``y = f(x)`` ping-pongs between the two slots; training
+frees a slot when its gradients are consumed (``zero_grad`` sets them to None). Nothing is cloned
+and nothing is ever overwritten while someone can read it.
+
+Graphs the runner refuses (:func:`cudagraph_blocker`): an extern op that mutates its inputs, a
+kernel that scatters into an input (both would write a static copy instead of the caller's
+tensor), inputs off the GPU; outputs that alias an input (a replay would return the recording
+call's tensor). A capture that fails (an op that synchronizes, a data-dependent shape) turns the
+runner off for good with the reason in ``disabled`` and ``KILN_LOG=output_code``, and the wrapper
+runs as it is.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
+from kiln_loopir.ir import InputBuffer, Scatter
 from kiln_loopir.scheduler import ExternKernelSchedulerNode, Scheduler
 
 log = logging.getLogger("kiln.codegen_triton.output_code")
 
+MAX_RECORDINGS = 8
+SLOTS = 2
+
 
 def cudagraph_blocker(schedule: Scheduler) -> str | None:
     """Why this schedule must not be recorded (None when it may)."""
+    inputs = {n for n, b in schedule.name_to_buffer.items() if isinstance(b, InputBuffer)}
     for node in schedule.nodes:
         if isinstance(node, ExternKernelSchedulerNode):
             schema = getattr(node.node.op, "_schema", None)
             if schema is not None and schema.is_mutable:
                 return f"extern {node.node.op} mutates its inputs"
+        for m in node.get_nodes():
+            buffer = getattr(m, "node", None)
+            if isinstance(buffer, Scatter) and buffer.mutates in inputs:
+                return f"{buffer.name} writes into input {buffer.mutates}"
     return None
 
 
-@dataclass
-class _Entry:
-    graph: torch.cuda.CUDAGraph
-    inputs: list[Any]
-    outputs: Any
+# (tensors, data pointers, indices) -> whether every indexed tensor is at its pointer; a C++
+# helper in torch's CUDA builds, a loop where it is missing
+_ptrs_equal: Callable[[list[Any], list[int | None], list[int]], bool] | None = getattr(
+    torch._C, "_tensors_data_ptrs_at_indices_equal", None
+)
+_use_count: Callable[[int], int] = torch._C._storage_Use_Count
 
 
-def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(
-        (tuple(a.shape), tuple(a.stride()), a.dtype, a.device)
-        if isinstance(a, torch.Tensor)
-        else ("value", a)
-        for a in args
-    )
+def _static_ptrs_equal(args: Sequence[Any], ptrs: list[int | None], idxs: list[int]) -> bool:
+    if _ptrs_equal is not None:
+        return bool(_ptrs_equal(list(args), ptrs, idxs))
+    return all(args[i].data_ptr() == ptrs[i] for i in idxs)
 
 
 def _static_copy(t: torch.Tensor) -> torch.Tensor:
-    """A buffer with ``t``'s shape and strides (contiguous when ``t`` overlaps itself)."""
+    """A graph-owned buffer with ``t``'s shape and strides (contiguous when ``t`` overlaps itself)."""
     if _dense(t):
         out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     else:
@@ -84,55 +111,190 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
-class CudaGraphRunner:
-    """Records and replays ``fn`` per input signature; see the module docstring."""
+def _meta(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (a.shape, a.stride(), a.dtype, a.device)
+    return ("value", a)
 
-    def __init__(self, fn: Callable[..., Any], *, copy_outputs: bool = True) -> None:
+
+def _flat_tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in _flat_tensors(o)]
+    return []
+
+
+def _aliases(out: Any) -> Any:
+    """New tensor objects over the same memory (what the caller gets; Note [Outputs of a CUDA graph])."""
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, tuple):
+        return tuple(_aliases(o) for o in out)
+    if isinstance(out, list):
+        return [_aliases(o) for o in out]
+    return out
+
+
+def capture_cuda(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
+    """Record ``fn(*args)`` into one CUDA graph in ``pool``: (replay, the recorded outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn(*args)
+    return graph.replay, outputs
+
+
+@dataclass
+class _Slot:
+    replay: Callable[[], None]
+    outputs: Any
+    storages: list[tuple[int, int]] = field(default_factory=list)  # (StorageImpl, baseline use count)
+
+    def free(self) -> bool:
+        return all(_use_count(cdata) == base for cdata, base in self.storages)
+
+
+def _slot(replay: Callable[[], None], outputs: Any) -> _Slot:
+    cdatas = []
+    for t in _flat_tensors(outputs):
+        cdata = t.untyped_storage()._cdata
+        if cdata not in cdatas:
+            cdatas.append(cdata)
+    return _Slot(replay, outputs, [(c, _use_count(c)) for c in cdatas])
+
+
+class CudaGraphRunner:
+    """Records and replays ``fn``; see the module docstring and its notes.
+
+    ``capture(fn, args, pool) -> (replay, outputs)`` records one graph (:func:`capture_cuda` on a
+    GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        capture: Callable[
+            [Callable[..., Any], list[Any], Any], tuple[Callable[[], None], Any]
+        ] = capture_cuda,
+        pool: Any = None,
+        guarded_inputs: bool = False,
+    ) -> None:
         self.fn = fn
-        self.copy_outputs = copy_outputs
-        self.entries: dict[tuple[Any, ...], _Entry] = {}
-        self.warmed: set[tuple[Any, ...]] = set()
+        self.capture = capture
+        self.guarded_inputs = guarded_inputs
         self.disabled: str | None = None
         self.replays = 0
         self.recordings = 0
-        self._pool: Any = None
+        self.plain_calls = 0  # calls that ran the wrapper: warm-up, every slot busy, inputs changed
+        self._pool = pool
+        self._warm_ptrs: list[int | None] | None = None
+        self._copied: set[int] = set()  # Note [Static inputs of a CUDA graph]
+        self._static_idx: list[int] = []
+        self._static_ptrs: list[int | None] = []
+        self._inputs: list[Any] = []  # what the graph reads: the caller's tensor or our copy
+        self._copy_dst: list[torch.Tensor] = []
+        self._copy_idx: list[int] = []
+        self._meta: list[tuple[Any, ...]] = []
+        self._all_meta: list[Any] = []
+        self._slots: list[_Slot] = []
 
     def __call__(self, *args: Any) -> Any:
         if self.disabled is not None:
             return self.fn(*args)
-        key = _signature(args)
-        entry = self.entries.get(key)
-        if entry is None:
-            if key not in self.warmed:
-                self.warmed.add(key)
+        if self._warm_ptrs is None:  # warm-up
+            self._warm_ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+            self.plain_calls += 1
+            return self.fn(*args)
+        if not self._slots:
+            return self._record_first(args)
+        if not _static_ptrs_equal(args, self._static_ptrs, self._static_idx):
+            moved = [i for i in self._static_idx if args[i].data_ptr() != self._static_ptrs[i]]
+            log.debug("CUDA graph: inputs %s moved; recording again with them copied", moved)
+            self._copied.update(moved)
+            return self._record_first(args)
+        if not self.guarded_inputs and [_meta(a) for a in args] != self._all_meta:
+            self.plain_calls += 1  # the graph was recorded for other inputs
+            return self.fn(*args)
+        for i, meta in zip(self._copy_idx, self._meta, strict=True):
+            a = args[i]
+            if (a.shape, a.dtype) != meta:  # a copy would broadcast or cast
+                self.plain_calls += 1
                 return self.fn(*args)
-            try:
-                entry = self._record(args)
-            except Exception as exc:  # capture is impossible for this graph: run it plainly
-                self.disabled = f"{type(exc).__name__}: {exc}"
-                log.warning("CUDA graph capture failed, running without: %s", self.disabled)
+        slot = next((s for s in self._slots if s.free()), None)
+        if slot is None:
+            if len(self._slots) < SLOTS and self.recordings < MAX_RECORDINGS:
+                slot = self._record_slot()
+                if slot is None:
+                    return self.fn(*args)
+            else:  # every slot's outputs are still held by the caller
+                self.plain_calls += 1
                 return self.fn(*args)
-            self.entries[key] = entry
-        for static, arg in zip(entry.inputs, args, strict=True):
-            if isinstance(arg, torch.Tensor) and static.data_ptr() != arg.data_ptr():
-                static.copy_(arg)
-        entry.graph.replay()
+        if self._copy_idx:
+            torch._foreach_copy_(self._copy_dst, [args[i] for i in self._copy_idx])
+        slot.replay()
         self.replays += 1
-        if not self.copy_outputs:
-            return entry.outputs
-        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.outputs)
+        return _aliases(slot.outputs)
 
-    def _record(self, args: tuple[Any, ...]) -> _Entry:
-        static = [_static_copy(a) if isinstance(a, torch.Tensor) else a for a in args]
-        if self._pool is None:
+    # ------------------------------------------------------------------------------ recording
+
+    def _record_first(self, args: tuple[Any, ...]) -> Any:
+        """(Re)record slot one for these arguments, replay it, and return its outputs."""
+        if self.recordings >= MAX_RECORDINGS:
+            self._disable(f"recorded {self.recordings} times: inputs keep moving")
+            return self.fn(*args)
+        assert self._warm_ptrs is not None
+        self._slots = []
+        self._static_idx, self._static_ptrs = [], [None] * len(args)
+        self._inputs, self._copy_dst, self._copy_idx, self._meta = [], [], [], []
+        self._all_meta = [_meta(a) for a in args]
+        for i, a in enumerate(args):
+            if not isinstance(a, torch.Tensor):
+                self._inputs.append(a)
+                continue
+            if a.device.type != "cuda" and self.capture is capture_cuda:
+                self._disable(f"input {i} is on {a.device}")
+                return self.fn(*args)
+            if i not in self._copied and a.data_ptr() == self._warm_ptrs[i]:
+                self._static_idx.append(i)
+                self._static_ptrs[i] = a.data_ptr()
+                self._inputs.append(a)
+            else:
+                self._copied.add(i)
+                static = _static_copy(a)
+                self._inputs.append(static)
+                self._copy_dst.append(static)
+                self._copy_idx.append(i)
+                self._meta.append((a.shape, a.dtype))
+        slot = self._record_slot()
+        if slot is None:
+            return self.fn(*args)
+        slot.replay()
+        self.replays += 1
+        return _aliases(slot.outputs)
+
+    def _record_slot(self) -> _Slot | None:
+        if self._pool is None and self.capture is capture_cuda:
             self._pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.fn(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.fn(*static)
+        try:
+            replay, outputs = self.capture(self.fn, self._inputs, self._pool)
+        except Exception as exc:  # capture is impossible for this graph: run it plainly
+            self._disable(f"capture failed: {type(exc).__name__}: {exc}")
+            return None
         self.recordings += 1
-        return _Entry(graph, static, outputs)
+        inputs = {t.untyped_storage()._cdata for t in _flat_tensors(self._inputs)}
+        if any(t.untyped_storage()._cdata in inputs for t in _flat_tensors(outputs)):
+            self._disable("an output aliases an input")
+            return None
+        slot = _slot(replay, outputs)
+        self._slots.append(slot)
+        return slot
+
+    def _disable(self, reason: str) -> None:
+        self.disabled = reason
+        self._slots, self._inputs, self._copy_dst = [], [], []
+        log.warning("CUDA graphs off for this graph, running its kernels directly: %s", reason)

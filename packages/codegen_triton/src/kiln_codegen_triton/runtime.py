@@ -11,6 +11,20 @@ A :class:`Launcher` calls one kernel with its launch config and grid. Under
 keeps the fastest; the choice is written to ``$KILN_CACHE_DIR/triton/autotune/<key>.json`` (keyed
 by kernel source, sizes, device and Triton version), so later processes skip the timing.
 
+Note [The launch path]: on a GPU no kernel is launched through ``JITFunction.run``, which binds,
+specializes and hashes its arguments on every call (tens of µs). Every config a launcher may use
+is compiled ahead of the graph's first call (:func:`precompile`, kernels of a graph in parallel:
+Triton's compiler spends its time in MLIR, LLVM and ptxas, outside the GIL), through
+``JITFunction.warmup`` with the parameters' dtypes: every pointer the wrapper passes is the start
+of a storage from the caching allocator, so 16-byte aligned, which is what warmup's mock tensors
+specialize on (the wrapper checks its inputs, Note [Kernel arguments are pointers] in
+wrapper.py). From the compiled kernel :func:`_fast_launcher` generates a two-line function
+``launch(stream, *pointers)`` that calls Triton's C launcher (``CompiledKernel.run``) with the
+grid, the CUfunction, the packed metadata and the block sizes bound as constants: no dict, no
+binder, no hashing per launch. The binary itself is cached by Triton on disk (keyed by source,
+target and Triton version; ``TRITON_CACHE_DIR``), so a second process loads it without compiling.
+Under ``TRITON_INTERPRET=1`` kernels run on CPU tensors through ``JITFunction.run`` as before.
+
 Note [Atomic cache writes]: every file is written under a unique temporary name in its final
 directory and renamed into place; a reader sees either no file or a complete one, and two
 processes racing on the same key both write complete, identical files.
@@ -110,8 +124,44 @@ def _device_name(args: Sequence[Any]) -> str:
     return "none"
 
 
+def _fast_launcher(compiled: Any, spec: KernelSpec, config: Config) -> Callable[..., None]:
+    """``launch(stream, *pointers)`` for one compiled kernel (Note [The launch path]).
+
+    Triton's launcher takes the kernel's parameters in declaration order, constexprs included
+    (it skips them); a parameter that the signature leaves out is not passed at all."""
+    constants = config.kwargs(spec.kind)
+    pointers = {name: f"p{i}" for i, name in enumerate(f"p_{n}" for n in spec.params)}
+    signature = compiled.src.signature
+    args = []
+    for name in compiled.src.fn.arg_names:
+        if name in pointers:
+            args.append(pointers[name])
+        elif name in signature:
+            args.append(repr(constants[name]))
+    g = grid(spec, config)
+    gx, gy = g[0], g[1] if len(g) > 1 else 1
+    params = ", ".join(["stream", *pointers.values()])
+    body = f"run({gx}, {gy}, 1, stream, function, metadata, None, None, None, {', '.join(args)})"
+    if gx == 0 or gy == 0:
+        body = "pass  # no elements"
+    source = f"def launch({params}):\n    {body}\n"
+    scope: dict[str, Any] = {
+        "run": compiled.run,
+        "function": compiled.function,
+        "metadata": compiled.packed_metadata,
+    }
+    exec(compile(source, f"<kiln-launcher {spec.name}>", "exec"), scope)
+    launch: Callable[..., None] = scope["launch"]
+    return launch
+
+
 class Launcher:
-    """Calls one kernel: ``launcher(*tensors)``; see the module docstring."""
+    """Calls one kernel; see the module docstring and Note [The launch path].
+
+    Two entry points: ``launcher(*tensors)`` (Triton's interpreter, CPU tensors: through
+    ``JITFunction.run``) and, on a GPU, ``launcher.launch(stream, *pointers)``, which is replaced
+    by the fast launcher of the chosen config once it is known (the wrapper binds the name
+    :attr:`slot` in its namespace; under max-autotune the first call tunes, then rebinds it)."""
 
     def __init__(self, fn: Any, spec: KernelSpec, candidates: list[Config], *, autotune: bool) -> None:
         self.fn = fn
@@ -121,6 +171,13 @@ class Launcher:
         self.autotune = autotune and len(candidates) > 1 and not spec.atomic
         self.config: Config | None = None if self.autotune else candidates[0]
         self._launch: Callable[..., Any] | None = None if self.config is None else self._bind(self.config)
+        self.compiled: dict[Config, Any] = {}
+        self.fast: Callable[..., None] | None = None
+        self.namespace: dict[str, Any] | None = None
+        self.slot = ""
+        self.compile_seconds = 0.0
+
+    # --------------------------------------------------------------- Triton's interpreter
 
     def _bind(self, config: Config) -> Callable[..., Any]:
         runner = self.fn[grid(self.spec, config)]
@@ -137,33 +194,75 @@ class Launcher:
             self._launch = self._bind(self.config)
         self._launch(*args)
 
-    def _key(self, args: Sequence[Any]) -> str:
+    # ----------------------------------------------------------------------- the GPU path
+
+    def configs_to_compile(self) -> list[Config]:
+        return list(self.candidates) if self.autotune else [self.candidates[0]]
+
+    def precompile(self, device: torch.device) -> None:
+        """Compile every config this launcher may use for ``device`` (no launch)."""
+        start = time.perf_counter()
+        dtypes = list(self.spec.param_dtypes)
+        with torch.cuda.device(device):
+            for config in self.configs_to_compile():
+                if config in self.compiled:
+                    continue
+                kwargs = config.kwargs(self.spec.kind)
+                try:
+                    self.compiled[config] = self.fn.warmup(*dtypes, grid=(1,), **kwargs)
+                except Exception as exc:  # a config the compiler rejects (registers, shared memory)
+                    if not self.autotune:
+                        raise
+                    log.debug("%s: %s does not compile: %s", self.spec.name, config, exc)
+        self.compile_seconds += time.perf_counter() - start
+        if not self.autotune:
+            assert self.config is not None
+            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)
+
+    def install(self, namespace: dict[str, Any], slot: str) -> None:
+        """Bind ``slot`` in the wrapper's ``namespace`` to this kernel's launch function."""
+        self.namespace, self.slot = namespace, slot
+        namespace[slot] = self.fast if self.fast is not None else self.launch
+
+    def launch(self, stream: int, *pointers: int) -> None:
+        """First GPU launch of an autotuned kernel: tune on these arguments, then rebind."""
+        if self.fast is None:
+            self.config = self._tune(pointers, stream=stream)
+            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)
+            if self.namespace is not None:
+                self.namespace[self.slot] = self.fast
+        self.fast(stream, *pointers)
+
+    # ------------------------------------------------------------------------- autotuning
+
+    def _key(self, device: str) -> str:
         import triton
 
-        text = json.dumps(
-            [self.spec.source, _device_name(args), triton.__version__, [repr(c) for c in self.candidates]]
-        )
+        text = json.dumps([self.spec.source, device, triton.__version__, [repr(c) for c in self.candidates]])
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _tune(self, args: Sequence[Any]) -> Config:
-        key = self._key(args)
+    def _tune(self, args: Sequence[Any], stream: int | None = None) -> Config:
+        on_gpu = stream is not None
+        device = torch.cuda.get_device_name() if on_gpu else _device_name(args)
+        candidates = [c for c in self.candidates if c in self.compiled] if on_gpu else self.candidates
+        key = self._key(device)
         path = cache_dir() / "autotune" / f"{key}.json"
         if path.exists():
             try:
                 chosen = Config(**json.loads(path.read_text())["config"])
-                if chosen in self.candidates:
+                if chosen in candidates:
                     counters["autotune_hits"] += 1
                     return chosen
             except (ValueError, KeyError, TypeError):
                 pass  # a stale or foreign file: time again
         timings = []
-        for i, c in enumerate(self.candidates):
+        for i, c in enumerate(candidates):
             try:
-                timings.append((self._time(c, args), i))
+                timings.append((self._time(c, args, stream), i))
             except Exception as exc:  # a config the compiler rejects (registers, shared memory)
                 log.debug("%s: %s failed: %s", self.spec.name, c, exc)
                 timings.append((float("inf"), i))
-        best = self.candidates[min(timings)[1]]
+        best = candidates[min(timings)[1]]
         log.debug("%s: %s (%s)", self.spec.name, best, ", ".join(f"{t * 1e3:.3f}ms" for t, _ in timings))
         record = {
             "kernel": self.spec.name,
@@ -176,13 +275,39 @@ class Launcher:
         counters["autotuned"] += 1
         return best
 
-    def _time(self, config: Config, args: Sequence[Any]) -> float:
-        launch = self._bind(config)
-        on_gpu = any(isinstance(a, torch.Tensor) and a.device.type == "cuda" for a in args)
-        if on_gpu:
+    def _time(self, config: Config, args: Sequence[Any], stream: int | None) -> float:
+        if stream is not None:
             import triton.testing
 
-            return float(triton.testing.do_bench(lambda: launch(*args), warmup=5, rep=25)) / 1e3
+            fast = _fast_launcher(self.compiled[config], self.spec, config)
+            return float(triton.testing.do_bench(lambda: fast(stream, *args), warmup=5, rep=25)) / 1e3
+        launch = self._bind(config)
         start = time.perf_counter()
         launch(*args)
         return time.perf_counter() - start
+
+
+def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: int | None = None) -> float:
+    """Compile the kernels of one graph for ``device``, ``workers`` at a time (default: one per
+    CPU core, at most 16; ``KILN_COMPILE_THREADS`` overrides); returns the wall seconds.
+
+    The first kernel compiles alone, so that Triton's one-time initialization (driver, LLVM
+    targets) never runs in two threads at once."""
+    start = time.perf_counter()
+    pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
+    if not pending:
+        return 0.0
+    pending[0].precompile(device)
+    rest = pending[1:]
+    if workers is None:
+        workers = int(os.environ.get("KILN_COMPILE_THREADS", "0")) or min(16, os.cpu_count() or 1)
+    if workers <= 1 or len(rest) <= 1:
+        for launcher in rest:
+            launcher.precompile(device)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(rest))) as pool:
+            for future in [pool.submit(launcher.precompile, device) for launcher in rest]:
+                future.result()
+    return time.perf_counter() - start

@@ -16,6 +16,16 @@ once. Its ``call(*inputs)`` does, in schedule order:
 
 A kernel the generator declined runs through loopir's reference interpreter on CPU copies of
 the tensors it touches (slow, never wrong); ``TritonBackend.last_declined`` says which and why.
+
+Note [Kernel arguments are pointers]: on a GPU the wrapper hands kernels integers, not tensors:
+each buffer's storage address is read once (``buf3_p = buf3.data_ptr()``, an input's minus its
+storage offset) and every launch passes those, so Triton's launcher neither calls ``data_ptr()``
+nor asks the driver about the pointer per argument, and no flat view of an input is built per
+call. The kernels were compiled for 16-byte aligned pointers (Note [The launch path] in
+runtime.py): buffers and extern results come from the caching allocator, which aligns every
+block to 512 bytes; inputs are checked at once (``(a_p | b_p | ...) & 15``), and one that is not
+aligned is copied into a fresh buffer first. The stream is read once per call. Under Triton's
+interpreter (CPU tensors) kernels take the flat tensors, as an interpreter must read them.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
+from .interp import interpreting
 from .kernel import KernelGroup
 from .runtime import Launcher
 
@@ -91,7 +102,30 @@ class WrapperCodegen:
             "_device": self.device,
         }
         self.consts = 0
-        self.flat_inputs: set[str] = set()
+        # Note [Kernel arguments are pointers]
+        self.pointers = self.device.type == "cuda" and not interpreting()
+        self.kernel_params = {
+            p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
+        }
+        self.flat_inputs = self._inputs_needing_flat_views()
+        if self.pointers:
+            self.namespace["_get_stream"] = torch._C._cuda_getCurrentRawStream
+
+    def _inputs_needing_flat_views(self) -> set[str]:
+        """Inputs whose flat storage tensor the wrapper needs: all under the interpreter; on a
+        GPU only those that a scatter writes or a declined kernel reads."""
+        inputs = {s.name for s in self.graph.graph_inputs if s is not None}
+        if not self.pointers:
+            return inputs
+        needed: set[str] = set()
+        for node in self.schedule.nodes:
+            if node.name in self.groups and self.groups[node.name] is None:
+                for m in node.get_nodes():
+                    needed |= m.read_names() | m.write_names()
+            for m in node.get_nodes():
+                if isinstance(b := getattr(m, "node", None), Scatter):
+                    needed.add(b.mutates)
+        return needed & inputs
 
     # ------------------------------------------------------------------------------- pieces
 
@@ -110,13 +144,25 @@ class WrapperCodegen:
     def storage(self, name: str) -> str:
         """The variable holding buffer ``name``'s flat storage."""
         buffer = self.graph.name_to_buffer.get(name)
-        if isinstance(buffer, InputBuffer | ConstantBuffer):
+        if isinstance(buffer, ConstantBuffer) or (
+            isinstance(buffer, InputBuffer) and name in self.flat_inputs
+        ):
             return f"{name}_flat"
         return name
+
+    def pointer(self, name: str) -> str:
+        """A kernel argument: the pointer variable on a GPU, the flat storage under the interpreter."""
+        return f"{name}_p" if self.pointers else self.storage(name)
+
+    def take_pointer(self, name: str) -> None:
+        """After ``name`` is bound to its flat storage: read its address once, if a kernel needs it."""
+        if self.pointers and name in self.kernel_params:
+            self.emit(f"{name}_p = {name}.data_ptr()")
 
     def view(self, value: Any) -> str:
         """Python expression for an extern argument or a graph output."""
         if isinstance(value, ReinterpretView):
+            # an input's own tensor takes as_strided's offset from its storage's start too
             return f"{self.storage(value.buffer.name)}.as_strided({_layout_args(value.layout)})"
         if isinstance(value, InputBuffer | ConstantBuffer):
             return value.name
@@ -135,6 +181,7 @@ class WrapperCodegen:
     def allocate(self, buffer: Buffer) -> None:
         n = int(buffer.layout.storage_size())
         self.emit(f"{buffer.name} = _empty({n}, dtype={self.const(buffer.layout.dtype)}, device=_device)")
+        self.take_pointer(buffer.name)
 
     # --------------------------------------------------------------------------------- body
 
@@ -143,6 +190,7 @@ class WrapperCodegen:
         params = [
             spec.name if spec is not None else f"_unused{i}" for i, spec in enumerate(graph.graph_inputs)
         ]
+        aligned: list[tuple[str, str]] = []
         for spec in graph.graph_inputs:
             if spec is None:
                 continue
@@ -151,17 +199,30 @@ class WrapperCodegen:
             size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
             n = spec.name
             # the kernels index memory with the strides seen at compile time
+            conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
             self.emit(
                 f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
-                f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: "
-                f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
+                f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
             )
-            self.emit(f"{n}_flat = {n}.as_strided(({int(layout.storage_size())},), (1,), 0)")
+            if n in self.flat_inputs:
+                self.emit(f"{n}_flat = {n}.as_strided(({int(layout.storage_size())},), (1,), 0)")
+            if self.pointers and n in self.kernel_params:
+                shift = f" - {offset * layout.dtype.itemsize}" if offset else ""
+                self.emit(f"{n}_p = {n}.data_ptr(){shift}")
+                aligned.append((n, f"{conform}; {n}_p = {n}.data_ptr(){shift}"))
+        if aligned:  # Note [Kernel arguments are pointers]
+            self.emit(f"if ({' | '.join(f'{n}_p' for n, _ in aligned)}) & 15:")
+            for n, fix in aligned:
+                self.emit(f"    if {n}_p & 15: {fix}")
+        if self.pointers and self.kernel_params:
+            self.emit(f"_stream = _get_stream({self.device.index or 0})")
         for name, value in graph.constants.items():
             layout = graph.name_to_buffer[name].layout
             on_device = value.to(self.device)
             self.namespace[name] = on_device
             self.namespace[f"{name}_flat"] = on_device.as_strided((int(layout.storage_size()),), (1,), 0)
+            if self.pointers:
+                self.namespace[f"{name}_p"] = on_device.data_ptr()
         reused_sources = {v for v in plan.allocate.values() if v is not None}
         for step, node in enumerate(self.schedule.nodes):
             if isinstance(node, ExternKernelSchedulerNode):
@@ -197,6 +258,7 @@ class WrapperCodegen:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
             self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+            self.take_pointer(out.name)
         self.emit("del _r")
 
     def kernel(self, node: BaseSchedulerNode, step: int) -> None:
@@ -208,12 +270,14 @@ class WrapperCodegen:
         for buffer in members:
             if isinstance(buffer, Scatter):
                 self.emit(f"{buffer.name} = {self.storage(buffer.mutates)}")
+                self.take_pointer(buffer.name)
                 continue
             if buffer.name in plan.allocate:
                 reuse = plan.allocate[buffer.name]
                 if reuse is not None:
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
                     self.emit(f"del {reuse}")
+                    self.take_pointer(buffer.name)
                 else:
                     self.allocate(buffer)
             elif buffer.name in scratch:
@@ -227,8 +291,13 @@ class WrapperCodegen:
                 temporaries.append(buffer.name)
             for i, spec in enumerate(group.specs):
                 fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
-                self.namespace[fn] = self.launchers[spec.name]
-                args = ", ".join(self.storage(p) for p in spec.params)
+                launcher = self.launchers[spec.name]
+                if self.pointers:
+                    launcher.install(self.namespace, fn)
+                    args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params)])
+                else:
+                    self.namespace[fn] = launcher
+                    args = ", ".join(self.storage(p) for p in spec.params)
                 self.emit(f"{fn}({args})  # {spec.name}")
         for name in temporaries:
             self.emit(f"del {name}")

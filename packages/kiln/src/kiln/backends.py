@@ -209,7 +209,8 @@ def _codegen(device: torch.device, mode: str | None) -> Any:
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
 
-        return TritonBackend(mode=mode)
+        # kiln's frame guards check every input's shape, strides and dtype before the graph runs
+        return TritonBackend(mode=mode, guarded_inputs=True)
     return codegen
 
 

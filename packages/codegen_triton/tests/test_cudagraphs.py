@@ -1,0 +1,168 @@
+"""CudaGraphRunner's bookkeeping: static and copied inputs, re-recording when a static input
+moves, output slots that are never overwritten while the caller holds them, and the reasons a
+graph is not recorded.
+
+On the CPU (CI) a stand-in for the CUDA capture records a graph as "the function and the tensors
+it was recorded on": a replay runs the function again on those very tensors and writes the
+results into the recorded outputs, which is what a CUDA graph's replay does to memory. On a GPU
+the same tests run with real CUDA graphs as well."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from triton_check import DEVICES
+
+from kiln_codegen_triton import CudaGraphRunner
+from kiln_codegen_triton.cudagraphs import MAX_RECORDINGS, capture_cuda
+
+
+def fake_capture(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
+    outputs = fn(*args)
+
+    def replay() -> None:
+        for static, new in zip(outputs, fn(*args), strict=True):
+            static.copy_(new)
+
+    return replay, outputs
+
+
+CAPTURES = [fake_capture] + ([capture_cuda] if "cuda" in DEVICES else [])
+DEVICE = DEVICES[0]
+
+
+def _fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.relu(x @ w)
+    return h, h.sum(0)
+
+
+def _eager(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fn(x.clone(), w.clone())
+
+
+def _runner(capture: Any, **kwargs: Any) -> CudaGraphRunner:
+    return CudaGraphRunner(_fn, capture=capture, **kwargs)
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_parameters_are_read_in_place_and_batches_copied(capture: Any) -> None:
+    w = torch.randn(16, 8, device=DEVICE)  # a parameter: same address on every call
+    runner = _runner(capture)
+    for i in range(6):
+        x = torch.randn(4, 16, device=DEVICE)  # a fresh batch every call
+        if i == 3:
+            with torch.no_grad():
+                w.mul_(2.0)  # an optimizer step: in place, the graph must see it
+        y = runner(x, w)
+        torch.testing.assert_close(y, _eager(x, w))
+    assert runner.disabled is None
+    assert runner._static_idx == [1] and runner._copy_idx == [0]  # w never copied
+    assert runner.recordings == 2 and runner.plain_calls == 1  # warm-up; slots one and two
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_a_static_input_that_moves_is_recorded_again_and_copied_from_then_on(capture: Any) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    x = torch.randn(4, 16, device=DEVICE)
+    runner = _runner(capture)
+    for _ in range(3):
+        torch.testing.assert_close(runner(x, w), _eager(x, w))
+    assert runner._static_idx == [0, 1]
+    recordings = runner.recordings
+    w = torch.randn(16, 8, device=DEVICE)  # `param.data = ...`: new memory
+    torch.testing.assert_close(runner(x, w), _eager(x, w))
+    assert runner.recordings == recordings + 1 and runner._copy_idx == [1]
+    w2 = torch.randn(16, 8, device=DEVICE)
+    torch.testing.assert_close(runner(x, w2), _eager(x, w2))  # copied now: no new recording
+    assert runner.recordings == recordings + 1
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_outputs_the_caller_keeps_are_never_overwritten(capture: Any) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    runner = _runner(capture)
+    kept, inputs = [], []
+    for _ in range(6):
+        x = torch.randn(4, 16, device=DEVICE)
+        inputs.append(x)
+        kept.append(runner(x, w))
+    for x, y in zip(inputs, kept, strict=True):
+        torch.testing.assert_close(y, _eager(x, w))
+    # warm-up, slot one, slot two; then both slots are held: the plain wrapper runs
+    assert runner.recordings == 2 and runner.replays == 2 and runner.plain_calls == 4
+    del kept[1:3]  # the outputs of both slots are free again
+    x = torch.randn(4, 16, device=DEVICE)
+    torch.testing.assert_close(runner(x, w), _eager(x, w))
+    assert runner.replays == 3
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_the_usual_loop_ping_pongs_between_two_slots(capture: Any) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    runner = _runner(capture)
+    y = None
+    for _ in range(10):
+        x = torch.randn(4, 16, device=DEVICE)
+        previous = y
+        y = runner(x, w)
+        torch.testing.assert_close(y, _eager(x, w))
+        if previous is not None:
+            assert previous[0].data_ptr() != y[0].data_ptr()
+        del previous
+    assert runner.plain_calls == 1 and runner.recordings == 2 and runner.replays == 9
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_unguarded_inputs_with_other_strides_run_the_wrapper(capture: Any) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    x = torch.randn(4, 16, device=DEVICE)
+    runner = _runner(capture)
+    for _ in range(3):
+        runner(x, w)
+    replays = runner.replays
+    wt = w.as_strided((16, 8), (1, 16))  # same address and shape, other strides
+    torch.testing.assert_close(runner(x, wt), _eager(x, wt))
+    assert runner.replays == replays  # not replayed: the graph reads w with w's strides
+    # guarded (kiln's frame guards compare strides before the call): pointers only
+    guarded = _runner(capture, guarded_inputs=True)
+    for _ in range(3):
+        torch.testing.assert_close(guarded(x, w), _eager(x, w))
+    assert guarded.replays == 2
+
+
+def test_a_failed_capture_turns_the_runner_off_with_a_reason() -> None:
+    def broken(fn: Any, args: Any, pool: Any) -> Any:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    w, x = torch.randn(16, 8, device=DEVICE), torch.randn(4, 16, device=DEVICE)
+    runner = _runner(broken)
+    for _ in range(3):
+        torch.testing.assert_close(runner(x, w), _eager(x, w))
+    assert runner.disabled is not None and "not permitted" in runner.disabled
+
+
+def test_recordings_are_bounded() -> None:
+    def total(*ts: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.stack(ts).sum(0),)
+
+    runner = CudaGraphRunner(total, capture=fake_capture)
+    ts = [torch.randn(5, device=DEVICE) for _ in range(2 * MAX_RECORDINGS)]
+    for i in range(len(ts)):
+        ts[i] = torch.randn(5, device=DEVICE)  # one more static input moves on every call
+        y = runner(*ts)
+        torch.testing.assert_close(y, total(*ts))
+    assert runner.recordings <= MAX_RECORDINGS
+    assert runner.disabled is not None and "recorded" in runner.disabled
+
+
+def test_outputs_that_alias_an_input_are_not_recorded() -> None:
+    runner = CudaGraphRunner(lambda x: (x, x + 1), capture=fake_capture)
+    x = torch.randn(3, device=DEVICE)
+    for _ in range(3):
+        a, b = runner(x)
+        assert a is x or a.data_ptr() == x.data_ptr()
+        torch.testing.assert_close(b, x + 1)
+    assert runner.disabled == "an output aliases an input"

@@ -1,0 +1,111 @@
+"""Launch overhead on a GPU: a graph of N small independent pointwise kernels (issue 14's
+micro-benchmark). Prints CPU microseconds per kernel launch (wall per call / N, where the GPU work
+is tiny) for kiln (default and reduce-overhead) and torch.compile (default and reduce-overhead),
+interleaved in one run, plus the GPU time per call of the CUDA-graph variants.
+
+    python scripts/gpu_launch_bench.py --kernels 200 --out launch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def make_fn(n: int) -> Callable[..., Any]:
+    def fn(*xs: torch.Tensor) -> list[torch.Tensor]:
+        return [x * 2.0 + 1.0 for x in xs]
+
+    fn.__name__ = f"pointwise_{n}"
+    return fn
+
+
+def wall_per_call(fn: Callable[..., Any], args: list[torch.Tensor], calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(*args)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls
+
+
+def gpu_per_call(fn: Callable[..., Any], args: list[torch.Tensor], calls: int) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    begin.record()
+    for _ in range(calls):
+        fn(*args)
+    end.record()
+    torch.cuda.synchronize()
+    return begin.elapsed_time(end) / 1e3 / calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kernels", type=int, default=200)
+    parser.add_argument("--numel", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    import kiln
+
+    n = args.kernels
+    xs = [torch.randn(args.numel, device="cuda") for _ in range(n)]
+    variants: dict[str, Callable[..., Any]] = {}
+    compile_s: dict[str, float] = {}
+    for name, make in [
+        ("kiln", lambda: kiln.compile(make_fn(n))),
+        ("kiln reduce-overhead", lambda: kiln.compile(make_fn(n), mode="reduce-overhead")),
+        ("torch.compile", lambda: torch.compile(make_fn(n))),
+        ("torch.compile reduce-overhead", lambda: torch.compile(make_fn(n), mode="reduce-overhead")),
+    ]:
+        fn = make()
+        start = time.perf_counter()
+        for _ in range(3):
+            out = fn(*xs)
+        torch.cuda.synchronize()
+        compile_s[name] = time.perf_counter() - start
+        ref = make_fn(n)(*xs)
+        for a, b in zip(out, ref, strict=True):
+            torch.testing.assert_close(a, b)
+        variants[name] = fn
+    walls: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(args.rounds):  # interleaved: A B C D A B C D ...
+        for name, fn in variants.items():
+            walls[name].append(wall_per_call(fn, xs, args.calls))
+    rows = []
+    for name, fn in variants.items():
+        wall = statistics.median(walls[name])
+        gpu = gpu_per_call(fn, xs, args.calls) if "reduce-overhead" in name else None
+        rows.append(
+            {
+                "variant": name,
+                "wall_us_per_call": wall * 1e6,
+                "us_per_kernel": wall * 1e6 / n,
+                "gpu_us_per_call": None if gpu is None else gpu * 1e6,
+                "first_calls_s": compile_s[name],
+            }
+        )
+    print(f"{n} pointwise kernels of {args.numel} elements; {torch.cuda.get_device_name()}")
+    print(f"{'variant':32} {'wall us/call':>13} {'us/kernel':>10} {'GPU us/call':>12} {'compile s':>10}")
+    for r in rows:
+        gpu = "" if r["gpu_us_per_call"] is None else f"{r['gpu_us_per_call']:.1f}"
+        print(
+            f"{r['variant']:32} {r['wall_us_per_call']:13.1f} {r['us_per_kernel']:10.2f} {gpu:>12} "
+            f"{r['first_calls_s']:10.2f}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"kernels": n, "numel": args.numel, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

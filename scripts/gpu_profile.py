@@ -1,0 +1,128 @@
+"""Where a model's time goes on the GPU, per backend: wall ms per call (median of interleaved
+rounds), GPU kernel ms per call and kernels per call (torch.profiler), the GPU's idle share and
+the slowest kernels. For the GPU issues' before/after tables; inference only.
+
+    python scripts/gpu_profile.py --models resnet,gpt2 --dtype bfloat16 --out prof.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kiln_bench.models import build
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _compile(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
+    import kiln
+
+    name, _, mode = backend.partition(":")
+    if name == "eager":
+        return model
+    if name == "inductor":
+        return torch.compile(model, mode=mode or None)
+    return kiln.compile(model, mode=mode or None)
+
+
+def _wall(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn(**inputs)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls
+
+
+def _kernels(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(**inputs)
+        torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    count = 0
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "device_time", 0) > 0:
+            totals.setdefault(e.name, []).append(e.device_time)
+            count += 1
+    busy = sum(sum(v) for v in totals.values()) / calls / 1e3  # ms
+    top = sorted(totals.items(), key=lambda kv: -sum(kv[1]))[:6]
+    return {
+        "gpu_ms": busy,
+        "kernels_per_call": count / calls,
+        "top": [{"name": k[:90], "ms_per_call": sum(v) / calls / 1e3, "n": len(v) // calls} for k, v in top],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="resnet,gpt2")
+    parser.add_argument(
+        "--backends", default="eager,inductor,kiln,inductor:reduce-overhead,kiln:reduce-overhead"
+    )
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results = []
+    for model_name in args.models.split(","):
+        work = build(model_name, "gpu").to("cuda", DTYPES[args.dtype])
+        work.model.eval()
+        fns: dict[str, Callable[..., Any]] = {}
+        compile_s: dict[str, float] = {}
+        with torch.no_grad():
+            for backend in args.backends.split(","):
+                torch.compiler.reset()
+                try:
+                    start = time.perf_counter()
+                    fn = _compile(backend, work.model)
+                    for _ in range(3):
+                        fn(**work.inputs)
+                    torch.cuda.synchronize()
+                    compile_s[backend] = time.perf_counter() - start
+                    fns[backend] = fn
+                except Exception as exc:  # report and go on
+                    print(f"{model_name} {backend}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
+            walls: dict[str, list[float]] = {b: [] for b in fns}
+            for _ in range(args.rounds):
+                for backend, fn in fns.items():
+                    walls[backend].append(_wall(fn, work.inputs, args.calls))
+            for backend, fn in fns.items():
+                wall = statistics.median(walls[backend]) * 1e3
+                k = _kernels(fn, work.inputs, args.calls)
+                row = {
+                    "model": model_name,
+                    "backend": backend,
+                    "wall_ms": wall,
+                    "first3_s": compile_s[backend],
+                    **k,
+                }
+                row["gpu_idle"] = max(0.0, 1 - k["gpu_ms"] / wall)
+                results.append(row)
+                print(
+                    f"{model_name:10} {backend:26} wall {wall:7.2f} ms  gpu {k['gpu_ms']:6.2f} ms  "
+                    f"kernels {k['kernels_per_call']:6.1f}  idle {row['gpu_idle']:4.0%}  first3 {compile_s[backend]:6.1f}s"
+                )
+                for t in k["top"][:4]:
+                    print(f"      {t['ms_per_call']:6.3f} ms x{t['n']:<3} {t['name']}")
+        del work, fns
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"dtype": args.dtype, "rows": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
