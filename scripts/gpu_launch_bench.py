@@ -19,11 +19,44 @@ import torch
 
 
 def make_fn(n: int) -> Callable[..., Any]:
-    def fn(*xs: torch.Tensor) -> list[torch.Tensor]:
-        return [x * 2.0 + 1.0 for x in xs]
-
-    fn.__name__ = f"pointwise_{n}"
+    """A new code object every time: compiled caches hang on code objects, and each variant must
+    compile its own."""
+    scope: dict[str, Any] = {}
+    exec("def fn(*xs):\n    return [x * 2.0 + 1.0 for x in xs]\n", scope)
+    fn: Callable[..., Any] = scope["fn"]
     return fn
+
+
+def raw_launch_us(calls: int = 20000) -> dict[str, float]:
+    """One small kernel: µs per launch through kiln's launcher and through JITFunction.run."""
+    from kiln_codegen_triton import TritonBackend
+    from kiln_loopir import compile_graph
+
+    aten = torch.ops.aten
+    gm = torch.fx.symbolic_trace(lambda x: aten.add.Tensor(aten.mul.Tensor(x, 2.0), 1.0))
+    x = torch.randn(1024, device="cuda")
+    backend = TritonBackend()
+    compiled = compile_graph(gm, [x], backend=backend)
+    out = compiled(x)
+    launcher = next(iter(backend.last_launchers.values()))
+    stream = torch._C._cuda_getCurrentRawStream(0)
+    px, po = x.data_ptr(), out.data_ptr()
+    fast = launcher.fast
+    assert fast is not None
+    result = {}
+    for name, call in [
+        ("kiln launcher", lambda: fast(stream, px, po)),
+        ("JITFunction.run", lambda: launcher.fn[(1,)](x, out, XBLOCK=1024, num_warps=4)),
+    ]:
+        for _ in range(100):
+            call()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        result[name] = (time.perf_counter() - start) / calls * 1e6
+    return result
 
 
 def wall_per_call(fn: Callable[..., Any], args: list[torch.Tensor], calls: int) -> float:
@@ -101,9 +134,12 @@ def main() -> int:
             f"{r['variant']:32} {r['wall_us_per_call']:13.1f} {r['us_per_kernel']:10.2f} {gpu:>12} "
             f"{r['first_calls_s']:10.2f}"
         )
+    raw = raw_launch_us()
+    for name, us in raw.items():
+        print(f"one launch, {name:24} {us:6.2f} us")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"kernels": n, "numel": args.numel, "rows": rows}, f, indent=1)
+            json.dump({"kernels": n, "numel": args.numel, "rows": rows, "raw_launch_us": raw}, f, indent=1)
     return 0
 
 

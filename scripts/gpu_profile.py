@@ -22,14 +22,32 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _compile(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
+    import copy
+
     import kiln
 
     name, _, mode = backend.partition(":")
     if name == "eager":
         return model
+    model = copy.deepcopy(model)  # each variant compiles its own (caches are keyed per instance)
     if name == "inductor":
         return torch.compile(model, mode=mode or None)
     return kiln.compile(model, mode=mode or None)
+
+
+def _cprofile(fn: Callable[..., Any], inputs: dict[str, Any], calls: int, top: int = 22) -> None:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    for _ in range(calls):
+        fn(**inputs)
+    torch.cuda.synchronize()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
 
 
 def _wall(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> float:
@@ -74,6 +92,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cprofile", default="", help="backend to cProfile after timing (e.g. kiln)")
     args = parser.parse_args()
     results = []
     for model_name in args.models.split(","):
@@ -116,6 +135,9 @@ def main() -> int:
                 )
                 for t in k["top"][:4]:
                     print(f"      {t['ms_per_call']:6.3f} ms x{t['n']:<3} {t['name']}")
+            if args.cprofile in fns:
+                print(f"== cProfile {model_name} {args.cprofile}, {args.calls * 2} calls")
+                _cprofile(fns[args.cprofile], work.inputs, args.calls * 2)
         del work, fns
         torch.cuda.empty_cache()
     if args.out:
