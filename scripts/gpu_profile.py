@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -29,9 +30,17 @@ def _compile(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     name, _, mode = backend.partition(":")
     if name == "eager":
         return model
-    model = copy.deepcopy(model)  # each variant compiles its own (caches are keyed per instance)
+    model = copy.deepcopy(model)
     if name == "inductor":
         return torch.compile(model, mode=mode or None)
+    # each kiln variant gets a forward of its own code object: compiled code is cached per code
+    # object, and (issue 18) an entry does not yet say which mode compiled it
+    f = type(model).forward
+    code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{mode or 'default'}".replace("-", "_"))
+    fresh = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
+    fresh.__kwdefaults__ = f.__kwdefaults__
+    cls = type(model)
+    model.__class__ = type(cls.__name__, (cls,), {"forward": fresh, "__module__": cls.__module__})
     return kiln.compile(model, mode=mode or None)
 
 

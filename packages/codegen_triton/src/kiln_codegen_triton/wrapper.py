@@ -26,6 +26,13 @@ runtime.py): buffers and extern results come from the caching allocator, which a
 block to 512 bytes; inputs are checked at once (``(a_p | b_p | ...) & 15``), and one that is not
 aligned is copied into a fresh buffer first. The stream is read once per call. Under Triton's
 interpreter (CPU tensors) kernels take the flat tensors, as an interpreter must read them.
+
+Note [Buffers in their own shape on a GPU]: since GPU kernels take pointers, a buffer need not be
+a flat tensor there. One whose layout is dense from offset 0 is allocated in that layout
+(``empty_strided``), and an extern result that already has its planned layout is kept as
+returned, so an extern op that reads it, or the caller that gets it as an output, takes the
+tensor itself instead of an ``as_strided`` view built on every call (ResNet-50: two per
+convolution). ``self.shaped`` records which variables hold exactly which layout.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
@@ -99,6 +107,8 @@ class WrapperCodegen:
             "_flat": _flat,
             "_conform": _conform,
             "_empty": torch.empty,
+            "_empty_strided": torch.empty_strided,
+            "_dense": _dense,
             "_device": self.device,
         }
         self.consts = 0
@@ -108,6 +118,8 @@ class WrapperCodegen:
             p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
         }
         self.flat_inputs = self._inputs_needing_flat_views()
+        # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
+        self.shaped: dict[str, tuple[Any, ...]] = {}
         if self.pointers:
             self.namespace["_get_stream"] = torch._C._cuda_getCurrentRawStream
 
@@ -167,6 +179,8 @@ class WrapperCodegen:
         if isinstance(value, InputBuffer | ConstantBuffer):
             return value.name
         if isinstance(value, Buffer):
+            if self.shaped.get(value.name) == _layout_key(value.layout):
+                return value.name
             return f"{value.name}.as_strided({_layout_args(value.layout)})"
         if isinstance(value, list):
             return "[" + ", ".join(self.view(v) for v in value) + "]"
@@ -179,8 +193,16 @@ class WrapperCodegen:
         self.lines.append(line)
 
     def allocate(self, buffer: Buffer) -> None:
-        n = int(buffer.layout.storage_size())
-        self.emit(f"{buffer.name} = _empty({n}, dtype={self.const(buffer.layout.dtype)}, device=_device)")
+        layout = buffer.layout
+        n = int(layout.storage_size())
+        dtype = self.const(layout.dtype)
+        if self.pointers and _dense_from_zero(layout):  # Note [Buffers in their own shape on a GPU]
+            size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
+            self.emit(f"{buffer.name} = _empty_strided({size!r}, {stride!r}, dtype={dtype}, device=_device)")
+            self.shaped[buffer.name] = _layout_key(layout)
+        else:
+            self.emit(f"{buffer.name} = _empty({n}, dtype={dtype}, device=_device)")
+            self.shaped.pop(buffer.name, None)
         self.take_pointer(buffer.name)
 
     # --------------------------------------------------------------------------------- body
@@ -257,7 +279,13 @@ class WrapperCodegen:
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
-            self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+            if self.pointers and _dense_from_zero(out.layout):  # Note [Buffers in their own shape on a GPU]
+                size, stride = tuple(out.layout.int_size()), tuple(out.layout.int_stride())
+                self.emit(f"{out.name} = _dense({value}, {size!r}, {stride!r}, 0)")
+                self.shaped[out.name] = _layout_key(out.layout)
+            else:
+                self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+                self.shaped.pop(out.name, None)
             self.take_pointer(out.name)
         self.emit("del _r")
 
@@ -270,6 +298,8 @@ class WrapperCodegen:
         for buffer in members:
             if isinstance(buffer, Scatter):
                 self.emit(f"{buffer.name} = {self.storage(buffer.mutates)}")
+                if buffer.mutates in self.shaped:
+                    self.shaped[buffer.name] = self.shaped[buffer.mutates]
                 self.take_pointer(buffer.name)
                 continue
             if buffer.name in plan.allocate:
@@ -277,6 +307,7 @@ class WrapperCodegen:
                 if reuse is not None:
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
                     self.emit(f"del {reuse}")
+                    self.shaped.pop(buffer.name, None)
                     self.take_pointer(buffer.name)
                 else:
                     self.allocate(buffer)
@@ -314,6 +345,18 @@ class WrapperCodegen:
         fn = f"_interpret_{node.name}"
         self.namespace[fn] = _interpreter(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
+
+
+def _layout_key(layout: Any) -> tuple[Any, ...]:
+    return (tuple(layout.int_size()), tuple(layout.int_stride()), int(layout.offset))
+
+
+def _dense_from_zero(layout: Any) -> bool:
+    """A layout whose elements fill its storage from offset 0 (what ``empty_strided`` makes)."""
+    try:
+        return int(layout.offset) == 0 and int(layout.storage_size()) == int(layout.numel())
+    except TypeError:  # symbolic
+        return False
 
 
 def make_wrapper(
