@@ -341,7 +341,11 @@ class WrapperCodegen:
         entries = []
         for name in sorted(names):
             if name in self.graph.name_to_buffer:
-                entries.append(f"{name!r}: {self.storage(name)}")
+                storage = self.storage(name)
+                if storage in self.shaped:  # the interpreter indexes flat storage
+                    n = int(self.graph.name_to_buffer[name].layout.storage_size())
+                    storage = f"{storage}.as_strided(({n},), (1,), 0)"
+                entries.append(f"{name!r}: {storage}")
         fn = f"_interpret_{node.name}"
         self.namespace[fn] = _interpreter(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
