@@ -64,7 +64,7 @@ def test_training_steps_match_eager() -> None:
         x = torch.randn(8, 32, device=DEVICE)
         target = torch.randint(0, 10, (8,), device=DEVICE)
         losses = []
-        for m, opt, fn in ((eager, opt_e, eager), (model, opt_c, compiled)):
+        for opt, fn in ((opt_e, eager), (opt_c, compiled)):
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(fn(x), target)
             loss.backward()
