@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -231,3 +232,22 @@ def test_a_model_with_a_break_compiles_both_sides_and_counts_it() -> None:
     assert all(record.fell_back is None for record in kiln.compile_log())
     with pytest.raises(kiln_dynamo.Unsupported, match="data-dependent branch"):
         kiln.compile(Chatty(), fullgraph=True)(x)
+
+
+def test_pass_options_reach_loopir(caplog: pytest.LogCaptureFixture) -> None:
+    # loopir's graph passes are switched through kiln.compile's options (kiln_loopir.PassOptions)
+    kiln.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(10, 37), torch.nn.ReLU())  # N = 37, K = 10: misaligned
+    x = torch.randn(6, 10)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(
+            kiln.compile(model, options={"pad_mm": "force", "strict": True})(x), model(x)
+        )
+    assert "pad_mm: pad" in caplog.text
+    caplog.clear()
+    kiln.reset()
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"pad_mm": False})(x), model(x))
+    assert "pad_mm: off" in caplog.text and "pad_mm: pad" not in caplog.text
+    with pytest.raises(ValueError, match="pad_mm"):
+        kiln.compile(model, options={"pad_mm": "sometimes"})
