@@ -251,3 +251,26 @@ def test_pass_options_reach_loopir(caplog: pytest.LogCaptureFixture) -> None:
     assert "pad_mm: off" in caplog.text and "pad_mm: pad" not in caplog.text
     with pytest.raises(ValueError, match="pad_mm"):
         kiln.compile(model, options={"pad_mm": "sometimes"})
+
+
+class HandWrittenAttention(nn.Module):
+    """Attention as older models write it: explicit scores, additive mask, softmax, product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 4, 8).transpose(1, 2) for y in self.qkv(x).split(32, dim=2))
+        att = torch.softmax(q @ k.transpose(-2, -1) * (1.0 / 8**0.5) + mask, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def test_hand_written_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model, x = HandWrittenAttention(), torch.randn(2, 8, 32)
+    mask = torch.triu(torch.full((8, 8), float("-inf")), 1)  # causal, additive
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, mask), model(x, mask))
+    assert "attention: rewrite" in caplog.text and "scaled_dot_product_attention" in caplog.text

@@ -301,3 +301,119 @@ def test_padding_decision_is_timed_once_and_cached_on_disk(
     monkeypatch.setattr(pad_mm_module, "_MEMORY", {})  # a fresh process: the disk answers
     pad, why = pad_mm_module.should_pad(c, ctx, timer)
     assert pad and why.startswith("cached") and calls == ["timed", "timed"]
+
+
+# -- attention ------------------------------------------------------------------------------------
+B, H, L, E = 2, 3, 5, 4
+
+
+def qk(q: Any, k: Any) -> Any:
+    a = aten.view.default(
+        aten.clone.default(aten.expand.default(q, [B, H, L, E]), memory_format=torch.contiguous_format),
+        [B * H, L, E],
+    )
+    kt = aten.permute.default(k, [0, 1, 3, 2])
+    b = aten.view.default(
+        aten.clone.default(aten.expand.default(kt, [B, H, E, L]), memory_format=torch.contiguous_format),
+        [B * H, E, L],
+    )
+    return aten.view.default(aten.bmm.default(a, b), [B, H, L, L])
+
+
+def pv(p: Any, v: Any) -> Any:
+    a = aten.view.default(aten.expand.default(p, [B, H, L, L]), [B * H, L, L])
+    b = aten.view.default(
+        aten.clone.default(aten.expand.default(v, [B, H, L, E]), memory_format=torch.contiguous_format),
+        [B * H, L, E],
+    )
+    return aten.view.default(aten.bmm.default(a, b), [B, H, L, E])
+
+
+def attention_masked(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.add.Tensor(aten.mul.Tensor(qk(q, k), 0.5), mask)
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def attention_div(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.div.Tensor(qk(q, k), 2.0), -1, False), v)
+
+
+def qkv_inputs(mask_shape: tuple[int, ...] = (1, 1, L, L)) -> tuple[torch.Tensor, ...]:
+    return make((B, H, L, E)), make((B, H, L, E)), make((B, H, L, E)), make(mask_shape)
+
+
+def sdpa_calls(compiled: Any) -> int:
+    return sum(
+        "scaled_dot_product_attention" in str(getattr(op, "op", "")) for op in compiled.graph.operations
+    )
+
+
+@pytest.mark.parametrize("fn", [attention_masked, attention_div])
+def test_explicit_attention_becomes_sdpa(fn: Any) -> None:
+    inputs = qkv_inputs()
+    gm = with_vals(fn, *inputs)
+    compiled = check(gm, *inputs)
+    assert sdpa_calls(compiled) == 1
+    assert not any("bmm" in str(getattr(op, "op", "")) for op in compiled.graph.operations)
+    assert any(
+        name == "attention" and "scaled_dot_product_attention" in t for name, t in compiled.passes.record
+    )
+    off = check(gm, *inputs, options={"attention": False})
+    assert sdpa_calls(off) == 0
+
+
+def test_rows_masked_everywhere_stay_nan_as_in_eager() -> None:
+    q, k, v, mask = qkv_inputs((B, 1, L, L))
+    mask[0, 0, 2, :] = float("-inf")
+    gm = with_vals(attention_masked, q, k, v, mask)
+    compiled = check(gm, q, k, v, mask)  # compares with eager, NaN for NaN
+    assert sdpa_calls(compiled) == 1
+    assert torch.isnan(compiled(q, k, v, mask)[0, :, 2]).all()
+
+
+def _mask_after_scale_swapped(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.mul.Tensor(aten.add.Tensor(qk(q, k), mask), 0.5)  # mask added before the scale
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def _softmax_over_queries(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.add.Tensor(qk(q, k), mask), -2, False), v)
+
+
+def _multiplicative_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.mul.Tensor(qk(q, k), mask), -1, False), v)
+
+
+def _boolean_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.where.self(
+        aten.gt.Scalar(mask, 0.0), aten.mul.Tensor(qk(q, k), 0.5), aten.full_like.default(mask, float("-inf"))
+    )
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def _probabilities_also_returned(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    p = aten._softmax.default(aten.add.Tensor(qk(q, k), mask), -1, False)
+    return pv(p, v), p
+
+
+def _tensor_scale(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.mul.Tensor(qk(q, k), aten.sum.default(mask)), -1, False), v)
+
+
+@pytest.mark.parametrize(
+    ("fn", "mask_shape"),
+    [
+        (_mask_after_scale_swapped, (1, 1, L, L)),
+        (_softmax_over_queries, (1, 1, L, L)),
+        (_multiplicative_mask, (1, 1, L, L)),
+        (_boolean_mask, (B, H, L, L)),
+        (_probabilities_also_returned, (1, 1, L, L)),
+        (_tensor_scale, (1, 1, L, L)),
+    ],
+)
+def test_attention_look_alikes_are_left_alone(fn: Any, mask_shape: tuple[int, ...]) -> None:
+    inputs = qkv_inputs(mask_shape)
+    gm = with_vals(fn, *inputs)
+    compiled = check(gm, *inputs, allow_fallback=True)
+    assert sdpa_calls(compiled) == 0
+    assert not any(name == "attention" for name, _ in compiled.passes.record)

@@ -27,8 +27,8 @@ def compile(
     `backend` is "kiln" (default), "aot_eager", "eager", or any callable with PyTorch's backend
     protocol. `fullgraph=True` turns a graph break into an error. Options: `{"strict": True}`
     raises when a backend fails instead of falling back to eager with a warning; loopir's graph
-    passes are switched by name (`{"layout": False}`, `{"pad_mm": False}`, `{"layout_policy":
-    "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured. Without a
+    passes are switched by name (`{"layout": False}`, `{"pad_mm": False}`, `{"attention": False}`,
+    `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured. Without a
     model, returns a decorator.
     """
     if dynamic:

@@ -94,7 +94,7 @@ class GraphCompile:
 
 # kiln.compile options that switch loopir's graph passes (kiln_loopir.passes.PassOptions), passed
 # through to compile_graph unchanged
-PASS_OPTIONS = ("layout", "layout_policy", "pad_mm")
+PASS_OPTIONS = ("attention", "layout", "layout_policy", "pad_mm")
 
 # Every graph compiled in this process, in order (kiln.compile_log()).
 COMPILE_LOG: list[GraphCompile] = []

@@ -3,8 +3,8 @@
 A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may return the graph
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
-run in the order of :data:`PASSES`: the rewrites first (matmul padding), then the layout decision,
-which must see the final nodes.
+run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
+not pad the products attention replaces), then the layout decision, which must see the final nodes.
 
 Every pass can be turned off by its name in ``compile_graph(..., options={name: False})`` (the
 umbrella's ``kiln.compile(options=...)`` passes the same keys through), so that each pass's effect
@@ -34,12 +34,14 @@ class PassOptions:
     ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
-    ``False`` never.
+    ``False`` never. ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
+    scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
     """
 
     layout: bool = True
     layout_policy: str = "auto"
     pad_mm: bool | str = True
+    attention: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -53,6 +55,8 @@ class PassOptions:
         made = PassOptions(**options)
         if made.layout_policy not in ("auto", "cpu", "cuda"):
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
+        if not isinstance(made.layout, bool) or not isinstance(made.attention, bool):
+            raise ValueError("layout and attention options are True or False")
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         return made
@@ -101,10 +105,12 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
 
 
 def _passes() -> tuple[GraphPass, ...]:
+    from .attention import attention_pass
     from .channels_last import layout_pass
     from .pad_mm import pad_mm_pass
 
     return (
+        GraphPass("attention", attention_pass, lambda o: o.attention),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
     )
