@@ -124,3 +124,35 @@ def test_pad_mm_off_leaves_the_matmul(device: str) -> None:
     compiled = compile_graph(gm, [x, w], backend=TritonBackend(), options={"pad_mm": False})
     assert_same(compiled(x, w), gm(x, w))
     assert compiled.stats.kernels == 0 and compiled.stats.extern_ops == ("mm.default",)
+
+
+def attention_of(b: int, h: int, n: int, e: int) -> Any:
+    """An explicit attention as aotgrad hands it over: expand/clone/view to 3-D, bmm, scale, mask."""
+
+    def to3(x: Any, shape: list[int]) -> Any:
+        return aten.view.default(
+            aten.clone.default(aten.expand.default(x, shape), memory_format=torch.contiguous_format),
+            [shape[0] * shape[1], shape[2], shape[3]],
+        )
+
+    def attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        kt = aten.permute.default(k, [0, 1, 3, 2])
+        s = aten.view.default(aten.bmm.default(to3(q, [b, h, n, e]), to3(kt, [b, h, e, n])), [b, h, n, n])
+        p = aten._softmax.default(aten.add.Tensor(aten.mul.Tensor(s, e**-0.5), mask), -1, False)
+        return aten.view.default(aten.bmm.default(to3(p, [b, h, n, n]), to3(v, [b, h, n, e])), [b, h, n, e])
+
+    return attention
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_explicit_attention_runs_as_sdpa(device: str, dtype: torch.dtype) -> None:
+    shape = (2, 4, 64, 32) if device == "cuda" else (2, 2, 8, 4)
+    q, k, v = (make(shape, dtype, low=-1, high=1) for _ in range(3))
+    mask = torch.triu(torch.full((shape[2], shape[2]), float("-inf"), dtype=dtype), 1)[None, None]
+    q, k, v, mask = to_device([q, k, v, mask], device)
+    gm = with_vals(attention_of(*shape), q, k, v, mask)
+    compiled = compile_graph(gm, [q, k, v, mask], backend=TritonBackend())
+    assert_same(compiled(q, k, v, mask), gm(q, k, v, mask))
+    assert any("scaled_dot_product_attention" in op for op in compiled.stats.extern_ops)
+    assert not any("bmm" in op for op in compiled.stats.extern_ops)
