@@ -417,3 +417,19 @@ def test_attention_look_alikes_are_left_alone(fn: Any, mask_shape: tuple[int, ..
     compiled = check(gm, *inputs, allow_fallback=True)
     assert sdpa_calls(compiled) == 0
     assert not any(name == "attention" for name, _ in compiled.passes.record)
+
+
+def test_a_view_of_an_nhwc_value_leaves_with_eager_strides() -> None:
+    # the permuted conv output is not itself marked; its NHWC storage would give it other strides
+    def fn(x: Any, w1: Any, w2: Any) -> Any:
+        a = aten.relu.default(conv(x, w1))
+        return conv(a, w2), aten.permute.default(a, [0, 2, 3, 1])
+
+    inputs = (make((2, 8, 8, 8)), make((8, 8, 3, 3)), make((8, 8, 3, 3)))
+    gm = with_vals(fn, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options=CUDA_RULE)
+        out = compiled(*inputs)
+    assert compiled.graph.channels_last
+    for got, want in zip(out, gm(*inputs), strict=True):
+        assert got.stride() == want.stride()

@@ -184,7 +184,7 @@ class GraphLowering:
                 elif node.op == "output":
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:
-                        return self._eager_strides(n, env[n]) if n in self.channels_last else env[n]
+                        return self._eager_strides(n, env[n]) if self.channels_last else env[n]
 
                     self.outputs = self._outputs(torch.fx.node.map_arg(node.args[0], value_of))
                 else:
@@ -285,10 +285,23 @@ class GraphLowering:
     # metadata -------------------------------------------------------------------------------
 
     def _eager_strides(self, node: torch.fx.Node, value: Any) -> Any:
-        """A graph output that was kept channels-last, copied into the strides eager gives it."""
+        """A graph output of a graph that runs channels-last, copied into the strides eager gives
+        it where they differ: the value kept NHWC itself, or a view of one (a permute of an NHWC
+        buffer has other strides than the permute of eager's NCHW one)."""
         val = node.meta.get("val")
-        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)):
+        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)) or not _dense(val):
             return value
+        if node not in self.channels_last:
+            if isinstance(value.data, StorageBox) and not value.data.is_realized():
+                return value  # computed here, in the layout its meta (eager's strides) gives it
+            layout = realize_strided(value).layout
+            same = all(
+                int(got) == want
+                for got, want, n in zip(layout.stride, val.stride(), val.shape, strict=True)
+                if n != 1
+            )
+            if same and int(layout.offset) == val.storage_offset():
+                return value
         return copy_with_strides(value, val.stride())
 
     def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
