@@ -70,6 +70,7 @@ def compile_and_check(
 @pytest.mark.parametrize("policy", ["cuda", "cpu"])
 def test_resnet_block_channels_last_under_each_rule(policy: str) -> None:
     # activations outweigh weights, so the CPU rule chooses NHWC too
+    torch.manual_seed(0)
     inputs = [
         make((2, 16, 16, 16)),
         make((16, 16, 3, 3)),
@@ -79,7 +80,7 @@ def test_resnet_block_channels_last_under_each_rule(policy: str) -> None:
     ]
     gm = with_vals(resnet_block, *inputs)
     with torch.no_grad():
-        compiled, actual, expected = compile_and_check(gm, inputs, {"layout_policy": policy}, scale=20.0)
+        compiled, actual, expected = compile_and_check(gm, inputs, {"layout_policy": policy}, scale=50.0)
     assert compiled.graph.channels_last
     for got, want in zip(actual, expected, strict=True):
         assert all(g == w for g, w, n in zip(got.stride(), want.stride(), want.shape, strict=True) if n != 1)
@@ -88,10 +89,11 @@ def test_resnet_block_channels_last_under_each_rule(policy: str) -> None:
 
 
 def test_grouped_convs_keep_nchw_under_the_cuda_rule() -> None:
+    torch.manual_seed(0)
     inputs = [make((2, 32, 8, 8)), make((32, 8, 3, 3))]
     gm = with_vals(lambda x, w: aten.relu.default(conv(x, w, 4)), *inputs)
     with torch.no_grad():
-        compiled, _, _ = compile_and_check(gm, inputs, {"layout_policy": "cuda"}, scale=20.0)
+        compiled, _, _ = compile_and_check(gm, inputs, {"layout_policy": "cuda"}, scale=50.0)
     assert not compiled.graph.channels_last
 
 
