@@ -393,11 +393,13 @@ def _rewrite(gm: torch.fx.GraphModule, c: Candidate) -> None:
 
 def pad_mm_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     """Pad the misaligned GEMMs that :func:`should_pad` accepts (Note [Matmul padding])."""
+    candidates = [c for node in gm.graph.nodes if (c := candidate(node)) is not None]
+    if candidates and ctx.device.type != "cuda" and ctx.options.pad_mm != "force":
+        ctx.note("pad_mm", "keep %d misaligned GEMMs: not on CUDA (%s)", len(candidates), ctx.device.type)
+        return gm
     chosen: list[torch.fx.Node] = []
-    for node in gm.graph.nodes:
-        c = candidate(node)
-        if c is None:
-            continue
+    for c in candidates:
+        node = c.node
         pad, why = should_pad(c, ctx)
         ctx.note("pad_mm", "%s %s: %s", "pad" if pad else "keep", c.describe(), why)
         if pad:
