@@ -274,3 +274,26 @@ def test_hand_written_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
         torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, mask), model(x, mask))
     assert "attention: rewrite" in caplog.text and "scaled_dot_product_attention" in caplog.text
+
+
+class MinGPTAttention(HandWrittenAttention):
+    """minGPT's causal self-attention: a 0/1 buffer mask applied with masked_fill(-inf)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 4, 8).transpose(1, 2) for y in self.qkv(x).split(32, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / 8**0.5)
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def test_mingpt_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model, x = MinGPTAttention(), torch.randn(2, 8, 32)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, x), model(x, x))
+    assert "attention: rewrite" in caplog.text and "excluding" in caplog.text

@@ -384,6 +384,11 @@ def _multiplicative_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
     return pv(aten._softmax.default(aten.mul.Tensor(qk(q, k), mask), -1, False), v)
 
 
+def _fill_not_minus_inf(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.masked_fill.Scalar(aten.mul.Tensor(qk(q, k), 0.5), aten.gt.Scalar(mask, 0.0), -1e9)
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
 def _boolean_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
     s = aten.where.self(
         aten.gt.Scalar(mask, 0.0), aten.mul.Tensor(qk(q, k), 0.5), aten.full_like.default(mask, float("-inf"))
@@ -406,7 +411,8 @@ def _tensor_scale(q: Any, k: Any, v: Any, mask: Any) -> Any:
         (_mask_after_scale_swapped, (1, 1, L, L)),
         (_softmax_over_queries, (1, 1, L, L)),
         (_multiplicative_mask, (1, 1, L, L)),
-        (_boolean_mask, (B, H, L, L)),
+        (_boolean_mask, (B, H, L, L)),  # keeps where the condition holds: not an exclusion
+        (_fill_not_minus_inf, (1, 1, L, L)),
         (_probabilities_also_returned, (1, 1, L, L)),
         (_tensor_scale, (1, 1, L, L)),
     ],
@@ -433,3 +439,27 @@ def test_a_view_of_an_nhwc_value_leaves_with_eager_strides() -> None:
     assert compiled.graph.channels_last
     for got, want in zip(out, gm(*inputs), strict=True):
         assert got.stride() == want.stride()
+
+
+def attention_where(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    # minGPT: att.masked_fill(mask == 0, float("-inf")), as aotgrad spells it
+    minus_inf = aten.scalar_tensor.default(float("-inf"), dtype=torch.float32, device=q.device)
+    s = aten.where.self(aten.eq.Scalar(mask, 0), minus_inf, aten.mul.Tensor(qk(q, k), 0.5))
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def attention_masked_fill(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.masked_fill.Scalar(aten.mul.Tensor(qk(q, k), 0.5), aten.eq.Scalar(mask, 0), float("-inf"))
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+@pytest.mark.parametrize("fn", [attention_where, attention_masked_fill])
+def test_excluding_boolean_mask_becomes_sdpa(fn: Any) -> None:
+    q, k, v, _ = qkv_inputs()
+    mask = torch.tril(torch.ones(L, L))[None, None].repeat(B, 1, 1, 1)
+    mask[1, 0, 3, :] = 0  # a row excluded everywhere: NaN in eager, and in the rewrite
+    gm = with_vals(fn, q, k, v, mask)
+    compiled = check(gm, q, k, v, mask)
+    assert sdpa_calls(compiled) == 1
+    assert any("excluding" in t for name, t in compiled.passes.record if name == "attention")
+    assert torch.isnan(compiled(q, k, v, mask)[1, :, 3]).all()

@@ -16,14 +16,17 @@ the math is provably SDPA's (:func:`match` refuses anything else):
   - the scale is a Python number applied to the product (``mul`` by c, ``div`` by c) before the
     mask is added; no scale means scale 1.0, passed explicitly;
   - the mask is added (``add.Tensor`` without ``alpha``), has the scores' dtype and broadcasts to
-    [B, H, L, S] without growing them; a boolean ``where``/``masked_fill`` mask is not additive and
-    is left alone;
+    [B, H, L, S] without growing them; or it excludes positions: ``where(cond, -inf, scores)`` or
+    ``masked_fill(scores, cond, -inf)`` with a boolean ``cond`` that broadcasts the same way (the
+    ``masked_fill(mask == 0, float("-inf"))`` of minGPT-style layers), which is SDPA's boolean
+    mask ``~cond``; any other fill value is left alone;
   - the softmax is over the last dim without dtype change, and nothing else reads any intermediate
     value (a training forward graph saves the probabilities for the backward, so it never matches;
     neither does a graph with dropout between softmax and the second matmul).
-One difference remains: a row whose mask is -inf everywhere is NaN in eager (softmax of all -inf)
-and 0 in SDPA; the rewrite keeps eager's answer by setting those rows to NaN
-(``where(amax(mask, -1) == -inf, nan, out)``, a small reduction over the mask).
+One difference remains: a row whose mask is -inf everywhere (excluded everywhere) is NaN in eager
+(softmax of all -inf) and 0 in SDPA; the rewrite keeps eager's answer by setting those rows to NaN
+(``where(amax(mask, -1) == -inf, nan, out)``, or ``all(cond, -1)`` for an excluding mask: a small
+reduction over the mask).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Attention:
     mask: torch.fx.Node | None
     scale: float
     output: torch.fx.Node
+    excludes: bool = False  # the mask is a boolean "excluded here" condition, not an additive one
 
 
 def _val(node: Any) -> Any:
@@ -194,6 +198,15 @@ def match(softmax: torch.fx.Node) -> Attention | None:
             or not _broadcasts_to(mshape, scores_shape)
         ):
             return None
+    excludes = False
+    if parsed is None and mask is None:
+        cond, other = _excluding(x)
+        if cond is not None:
+            parsed, mask, excludes = _scaled_product(other), cond, True
+            cshape = _shape(cond)
+            cval = _val(cond)
+            if cshape is None or cval.dtype != torch.bool or not _broadcasts_to(cshape, scores_shape):
+                return None
     if parsed is None:
         return None
     scale, product = parsed
@@ -225,7 +238,29 @@ def match(softmax: torch.fx.Node) -> Attention | None:
     assert sq is not None and sk is not None and sv is not None
     if sq[:2] != sk[:2] or sk[:3] != sv[:3] or sq[3] != sk[3]:
         return None
-    return Attention(q, k, v, mask, scale, out)
+    return Attention(q, k, v, mask, scale, out, excludes)
+
+
+def _excluding(x: torch.fx.Node) -> tuple[torch.fx.Node | None, Any]:
+    """(cond, scores) for ``where(cond, -inf, scores)`` / ``masked_fill(scores, cond, -inf)``."""
+    if not _single_user(x):
+        return None, None
+    args: Any = x.args
+    if x.target is aten.masked_fill.Scalar and _is_neg_inf(args[2]) and isinstance(args[1], torch.fx.Node):
+        return args[1], args[0]
+    where = x.target in (aten.where.self, aten.where.ScalarSelf)
+    if where and _is_neg_inf(args[1]) and isinstance(args[0], torch.fx.Node):
+        return args[0], args[2]
+    return None, None
+
+
+def _is_neg_inf(value: Any) -> bool:
+    """-inf as a Python number or as a 0-d tensor made of it (``scalar_tensor(-inf)``)."""
+    if isinstance(value, torch.fx.Node):
+        if value.target is not aten.scalar_tensor.default or _shape(value) != []:
+            return False
+        value = value.args[0]
+    return isinstance(value, float) and value == float("-inf")
 
 
 def _readers_down(node: torch.fx.Node, depth: int = 0) -> list[torch.fx.Node]:
@@ -260,16 +295,22 @@ def _meta(node: torch.fx.Node) -> torch.fx.Node:
 def _rewrite(gm: torch.fx.GraphModule, m: Attention) -> None:
     graph = gm.graph
     with graph.inserting_before(m.output):
+        mask: Any = m.mask
+        if m.excludes:  # SDPA's boolean mask says where to attend
+            mask = _meta(graph.call_function(aten.logical_not.default, (m.mask,)))
         out = _meta(
             graph.call_function(
                 aten.scaled_dot_product_attention.default,
-                (m.q, m.k, m.v, m.mask, 0.0, False),
+                (m.q, m.k, m.v, mask, 0.0, False),
                 {"scale": m.scale},
             )
         )
         if m.mask is not None:  # rows masked everywhere stay NaN, as eager's softmax gives them
-            peak = _meta(graph.call_function(aten.amax.default, (m.mask, [-1], True)))
-            empty = _meta(graph.call_function(aten.eq.Scalar, (peak, float("-inf"))))
+            if m.excludes:
+                empty = _meta(graph.call_function(aten.all.dim, (m.mask, -1, True)))
+            else:
+                peak = _meta(graph.call_function(aten.amax.default, (m.mask, [-1], True)))
+                empty = _meta(graph.call_function(aten.eq.Scalar, (peak, float("-inf"))))
             out = _meta(graph.call_function(aten.where.ScalarSelf, (empty, float("nan"), out)))
     out.meta["val"] = _meta(out).meta["val"]
     m.output.replace_all_uses_with(out)
@@ -284,7 +325,13 @@ def attention_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Graph
     copied, env = copy_graph(gm)
     for m in found:
         mapped = Attention(
-            env[m.q], env[m.k], env[m.v], env[m.mask] if m.mask is not None else None, m.scale, env[m.output]
+            env[m.q],
+            env[m.k],
+            env[m.v],
+            env[m.mask] if m.mask is not None else None,
+            m.scale,
+            env[m.output],
+            m.excludes,
         )
         _rewrite(copied, mapped)
         ctx.note(
@@ -294,7 +341,7 @@ def attention_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Graph
             m.q.name,
             m.k.name,
             m.scale,
-            f" + {m.mask.name}" if m.mask is not None else "",
+            "" if m.mask is None else f" excluding {m.mask.name}" if m.excludes else f" + {m.mask.name}",
             m.v.name,
         )
     copied.graph.lint()
