@@ -58,10 +58,10 @@ def alignment(dtype: torch.dtype) -> int | None:
     return None
 
 
-def padded_length(n: Any, align: int) -> int:
-    """``n`` rounded up to ``align`` (unchanged when symbolic, 1, or aligned)."""
-    if not isinstance(n, int) or n <= 1 or n % align == 0:
-        return n if isinstance(n, int) else -1
+def padded_length(n: int, align: int) -> int:
+    """``n`` rounded up to ``align`` (unchanged when 1 or aligned: a size-1 dim is a GEMV)."""
+    if n <= 1 or n % align == 0:
+        return n
     return (n + align - 1) // align * align
 
 
