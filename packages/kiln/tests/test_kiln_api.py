@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -231,3 +232,68 @@ def test_a_model_with_a_break_compiles_both_sides_and_counts_it() -> None:
     assert all(record.fell_back is None for record in kiln.compile_log())
     with pytest.raises(kiln_dynamo.Unsupported, match="data-dependent branch"):
         kiln.compile(Chatty(), fullgraph=True)(x)
+
+
+def test_pass_options_reach_loopir(caplog: pytest.LogCaptureFixture) -> None:
+    # loopir's graph passes are switched through kiln.compile's options (kiln_loopir.PassOptions)
+    kiln.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(10, 37), torch.nn.ReLU())  # N = 37, K = 10: misaligned
+    x = torch.randn(6, 10)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(
+            kiln.compile(model, options={"pad_mm": "force", "strict": True})(x), model(x)
+        )
+    assert "pad_mm: pad" in caplog.text
+    caplog.clear()
+    kiln.reset()
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"pad_mm": False})(x), model(x))
+    assert "pad_mm: off" in caplog.text and "pad_mm: pad" not in caplog.text
+    with pytest.raises(ValueError, match="pad_mm"):
+        kiln.compile(model, options={"pad_mm": "sometimes"})
+
+
+class HandWrittenAttention(nn.Module):
+    """Attention as older models write it: explicit scores, additive mask, softmax, product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 4, 8).transpose(1, 2) for y in self.qkv(x).split(32, dim=2))
+        att = torch.softmax(q @ k.transpose(-2, -1) * (1.0 / 8**0.5) + mask, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def test_hand_written_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model, x = HandWrittenAttention(), torch.randn(2, 8, 32)
+    mask = torch.triu(torch.full((8, 8), float("-inf")), 1)  # causal, additive
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, mask), model(x, mask))
+    assert "attention: rewrite" in caplog.text and "scaled_dot_product_attention" in caplog.text
+
+
+class MinGPTAttention(HandWrittenAttention):
+    """minGPT's causal self-attention: a 0/1 buffer mask applied with masked_fill(-inf)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(8, 8)).view(1, 1, 8, 8))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (y.view(b, t, 4, 8).transpose(1, 2) for y in self.qkv(x).split(32, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / 8**0.5)
+        att = att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf"))
+        return (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, c)
+
+
+def test_mingpt_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model, x = MinGPTAttention(), torch.randn(2, 8, 32)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, x), model(x, x))
+    assert "attention: rewrite" in caplog.text and "excluding" in caplog.text

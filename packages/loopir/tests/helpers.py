@@ -55,11 +55,12 @@ def check(
     *inputs: Any,
     fusion: bool = True,
     allow_fallback: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> CompiledGraph:
     """Compile ``fn`` for ``inputs``, run it, compare with eager; return the compiled graph."""
     gm = trace(fn)
     expected = gm(*[_clone(x) for x in inputs])
-    compiled = compile_graph(gm, list(inputs), fusion=fusion)
+    compiled = compile_graph(gm, list(inputs), fusion=fusion, options=options)
     actual = compiled(*[_clone(x) for x in inputs])
     assert_same(actual, expected)
     if not allow_fallback:

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import kiln_dynamo
-from kiln.backends import BACKENDS, COMPILE_LOG, MODES, GraphCompile, make_backend
+import kiln_loopir
+from kiln.backends import BACKENDS, COMPILE_LOG, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
-_OPTIONS = frozenset({"strict"})
+_OPTIONS = frozenset({"strict", *PASS_OPTIONS})
 
 
 def compile(
@@ -25,8 +26,10 @@ def compile(
 
     `backend` is "kiln" (default), "aot_eager", "eager", or any callable with PyTorch's backend
     protocol. `fullgraph=True` turns a graph break into an error. Options: `{"strict": True}`
-    raises when a backend fails instead of falling back to eager with a warning. Without a model,
-    returns a decorator.
+    raises when a backend fails instead of falling back to eager with a warning; loopir's graph
+    passes are switched by name (`{"layout": False}`, `{"pad_mm": False}`, `{"attention": False}`,
+    `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured. Without a
+    model, returns a decorator.
     """
     if dynamic:
         raise NotImplementedError(
@@ -41,7 +44,9 @@ def compile(
     if isinstance(backend, str):
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a callable")
-        resolved: Callable[..., Any] = make_backend(backend, strict=strict, mode=mode)
+        passes = {k: v for k, v in (options or {}).items() if k in PASS_OPTIONS}
+        kiln_loopir.PassOptions.from_mapping(passes)  # a malformed value fails here, not per graph
+        resolved: Callable[..., Any] = make_backend(backend, strict=strict, mode=mode, passes=passes)
     elif callable(backend):
         resolved = backend
     else:

@@ -92,6 +92,10 @@ class GraphCompile:
         )
 
 
+# kiln.compile options that switch loopir's graph passes (kiln_loopir.passes.PassOptions), passed
+# through to compile_graph unchanged
+PASS_OPTIONS = ("attention", "layout", "layout_policy", "pad_mm")
+
 # Every graph compiled in this process, in order (kiln.compile_log()).
 COMPILE_LOG: list[GraphCompile] = []
 
@@ -215,9 +219,10 @@ def _codegen(device: torch.device, mode: str | None) -> Any:
 
 
 def make_backend(
-    name: str, *, strict: bool = False, mode: str | None = None
+    name: str, *, strict: bool = False, mode: str | None = None, passes: dict[str, Any] | None = None
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
-    """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's."""
+    """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
+    `passes` switch loopir's graph passes (PASS_OPTIONS)."""
     if name == "eager":
         return eager_backend
 
@@ -234,7 +239,7 @@ def make_backend(
             start = time.perf_counter()
             try:
                 codegen = _codegen(_device_of(inputs), mode)
-                compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen)
+                compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
                 return _fallback(inner_gm, record, exc, strict, name, "its aten graph")

@@ -1,7 +1,7 @@
 """The umbrella's KILN_LOG artifact: `perf`, one line per compiled graph with its time per phase
 (capture, aotgrad, lower, schedule, codegen, compile, and whether the compile came from a cache;
 Note [Compile time by phase] in backends.py), through the stdlib logger `kiln.perf`. Each package configures its own
-artifacts (dynamo: graph, guards, ...; loopir: ir, schedule; codegen_cpp: output_code)."""
+artifacts (dynamo: graph, guards, ...; loopir: ir, schedule, passes; codegen_cpp: output_code)."""
 
 from __future__ import annotations
 

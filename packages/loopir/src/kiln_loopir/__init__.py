@@ -8,6 +8,8 @@
   extern kernels, layouts with sympy sizes and strides, index simplification;
 * ``lowering`` + ``lowerings/``: aten ops to IR (pointwise, views, reductions, cat/pad/indexing/
   scatter, creation), with an extern-kernel fallback for every other op;
+* ``passes``: graph passes over the aten graph before lowering (matmul padding, the channels-last
+  decision), each switched by name through ``compile_graph(..., options=...)`` (``PassOptions``);
 * ``graph``: GraphLowering, the fx walk and the realize heuristic;
 * ``scheduler``: dependencies, greedy score-based fusion, topological order, DCE, buffer reuse;
 * ``backend``: the interface code generators implement and the entry-point registry
@@ -21,6 +23,7 @@ from .graph import GraphLowering
 from .ir import TensorBox
 from .logs import configure_artifacts
 from .lowering import register_lowering
+from .passes import PassOptions
 from .scheduler import Scheduler
 from .virtualized import ops, set_ops_handler
 
@@ -32,6 +35,7 @@ __all__ = [
     "CompileStats",
     "CompiledGraph",
     "GraphLowering",
+    "PassOptions",
     "Scheduler",
     "TensorBox",
     "available_backends",

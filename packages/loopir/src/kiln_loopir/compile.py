@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .backend import Backend, BuildReport, get_backend
-from .graph import GraphLowering
+from .graph import GraphLowering, _graph_device
 from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
+from .passes import PassContext, PassOptions, run_passes
 from .scheduler import ExternKernelSchedulerNode, Scheduler, output_buffer_names
 from .virtualized import format_body
 
@@ -54,12 +55,18 @@ class CompiledGraph:
     """The callable ``compile_graph`` returns."""
 
     def __init__(
-        self, fn: Callable[..., Any], stats: CompileStats, graph: GraphLowering, schedule: Scheduler
+        self,
+        fn: Callable[..., Any],
+        stats: CompileStats,
+        graph: GraphLowering,
+        schedule: Scheduler,
+        passes: PassContext | None = None,
     ) -> None:
         self._fn = fn
         self.stats = stats
         self.graph = graph
         self.schedule = schedule
+        self.passes = passes
 
     def __call__(self, *args: Any) -> Any:
         return self._fn(*args)
@@ -70,12 +77,18 @@ def compile_graph(
     example_inputs: Sequence[Any],
     backend: str | Backend = "interpret",
     fusion: bool = True,
+    options: Mapping[str, Any] | PassOptions | None = None,
 ) -> CompiledGraph:
-    """Compile an aten-level FX graph with a loopir backend (``"interpret"`` by default)."""
+    """Compile an aten-level FX graph with a loopir backend (``"interpret"`` by default).
+
+    ``options`` switch the graph passes run before lowering (``kiln_loopir.passes.PassOptions``:
+    ``layout``, ``layout_policy``, ``pad_mm``); ``.passes`` of the result says what they did."""
     configure()
     chosen = get_backend(backend)
     t0 = time.perf_counter()
-    graph = GraphLowering(gm, example_inputs, fusion=fusion).run()
+    device = _graph_device(gm, example_inputs)
+    gm, passes = run_passes(gm, example_inputs, device, options)
+    graph = GraphLowering(gm, example_inputs, fusion=fusion, channels_last=passes.channels_last).run()
     t1 = time.perf_counter()
     schedule = Scheduler(
         graph.operations,
@@ -109,7 +122,7 @@ def compile_graph(
         extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
     )
     schedule_log.debug("stats: %s", stats)
-    return CompiledGraph(fn, stats, graph, schedule)
+    return CompiledGraph(fn, stats, graph, schedule, passes)
 
 
 def _log(graph: GraphLowering, schedule: Scheduler) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,7 +116,12 @@ class GraphLowering:
     """Lowers one FX graph; see the module docstring."""
 
     def __init__(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, fusion: bool = True
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        *,
+        fusion: bool = True,
+        channels_last: set[torch.fx.Node] | None = None,
     ) -> None:
         self.gm = gm
         self.example_inputs = list(example_inputs)
@@ -131,8 +135,15 @@ class GraphLowering:
         self.fallbacks: list[tuple[str, str]] = []
         self.current_meta: Any = None
         self.current_node: torch.fx.Node | None = None
-        # Note [Channels-last for convolutions]
-        self.channels_last: set[torch.fx.Node] = _channels_last_nodes(gm, self.device)
+        # Note [Channels-last for convolutions] (passes/channels_last.py): decided by the layout
+        # pass; a GraphLowering built directly applies its device's rule with default options
+        if channels_last is None:
+            from .passes import PassContext, PassOptions
+            from .passes.channels_last import channels_last_nodes
+
+            ctx = PassContext(self.device, PassOptions(), self.example_inputs, not torch.is_grad_enabled())
+            channels_last = channels_last_nodes(gm, ctx)
+        self.channels_last: set[torch.fx.Node] = channels_last
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
 
@@ -173,7 +184,7 @@ class GraphLowering:
                 elif node.op == "output":
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:
-                        return self._eager_strides(n, env[n]) if n in self.channels_last else env[n]
+                        return self._eager_strides(n, env[n]) if self.channels_last else env[n]
 
                     self.outputs = self._outputs(torch.fx.node.map_arg(node.args[0], value_of))
                 else:
@@ -274,16 +285,29 @@ class GraphLowering:
     # metadata -------------------------------------------------------------------------------
 
     def _eager_strides(self, node: torch.fx.Node, value: Any) -> Any:
-        """A graph output that was kept channels-last, copied into the strides eager gives it."""
+        """A graph output of a graph that runs channels-last, copied into the strides eager gives
+        it where they differ: the value kept NHWC itself, or a view of one (a permute of an NHWC
+        buffer has other strides than the permute of eager's NCHW one)."""
         val = node.meta.get("val")
-        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)):
+        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)) or not _dense(val):
             return value
+        if node not in self.channels_last:
+            if isinstance(value.data, StorageBox) and not value.data.is_realized():
+                return value  # computed here, in the layout its meta (eager's strides) gives it
+            layout = realize_strided(value).layout
+            same = all(
+                int(got) == want
+                for got, want, n in zip(layout.stride, val.stride(), val.shape, strict=True)
+                if n != 1
+            )
+            if same and int(layout.offset) == val.storage_offset():
+                return value
         return copy_with_strides(value, val.stride())
 
     def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
         meta = self._meta_eager(node, metas)
-        if node in self.channels_last and isinstance(meta, torch.Tensor) and meta.dim() == 4:
-            return meta.to(memory_format=torch.channels_last)
+        if node in self.channels_last:
+            return _nhwc(meta)
         return meta
 
     def _meta_eager(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
@@ -329,42 +353,13 @@ META_FIXES: dict[tuple[Any, str], Any] = {
 }
 
 
-def _channels_last_nodes(gm: torch.fx.GraphModule, device: torch.device) -> set[torch.fx.Node]:
-    """Note [Channels-last for convolutions]: oneDNN's convolutions run faster on NHWC activations,
-    so in an inference graph on the CPU with 2-D convolutions, each convolution takes its input
-    channels-last (copied once if it arrives otherwise) and gives channels-last, and so does every
-    4-D value that leads into a convolution (BatchNorm, ReLU, pooling between two convolutions
-    are computed in that layout, as inductor's layout optimisation does). Graph outputs are copied
-    back to the strides eager gives them. Only where the convolutions' inputs hold at least as
-    many elements as their weights (a contiguous weight is reordered on every call: on ResNet at
-    64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as many, it gained 50%). Training
-    graphs keep eager's layouts (``KILN_CHANNELS_LAST=0`` turns it off everywhere): their saved
-    activations cross into the backward graph, whose layouts were fixed when it was traced."""
-    if device.type != "cpu" or torch.is_grad_enabled() or not torch.backends.mkldnn.is_available():
-        return set()
-    if os.environ.get("KILN_CHANNELS_LAST", "1") == "0":
-        return set()
-    if not torch.backends.mkldnn.enabled:
-        return set()
-    # Worth it only where activations outweigh weights: a contiguous weight is reordered to NHWC
-    # on every call (ResNet-style stacks of wide 3x3 convolutions on small images lose by it).
-    convs = [n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default]
-    activations = sum(_numel(n.args[0]) or 0 for n in convs if isinstance(n.args[0], torch.fx.Node))
-    weights = sum(_numel(n.args[1]) or 0 for n in convs if isinstance(n.args[1], torch.fx.Node))
-    if not convs or activations < weights:
-        return set()
-    chosen: set[torch.fx.Node] = set()
-    for node in reversed(list(gm.graph.nodes)):
-        val = node.meta.get("val")
-        if not (isinstance(val, torch.Tensor) and val.dim() == 4 and val.is_floating_point()):
-            continue
-        if node.target is torch.ops.aten.convolution.default:
-            weight = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
-            if isinstance(weight, torch.Tensor) and weight.dim() == 4:
-                chosen.add(node)
-        elif node.op == "call_function" and any(u in chosen for u in node.users):
-            chosen.add(node)
-    return chosen if any(n.target is torch.ops.aten.convolution.default for n in chosen) else set()
+def _nhwc(meta: Any) -> Any:
+    """A meta value with its 4-D tensors channels-last (Note [Channels-last for convolutions])."""
+    if isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.is_floating_point():
+        return meta.to(memory_format=torch.channels_last)
+    if isinstance(meta, list | tuple):
+        return type(meta)(_nhwc(m) for m in meta)
+    return meta
 
 
 def _numel(node: torch.fx.Node) -> int | None:

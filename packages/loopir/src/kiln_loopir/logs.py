@@ -6,7 +6,9 @@ loggers to DEBUG and gives them a stderr handler if the application configured n
 * ``ir`` (logger ``kiln.loopir.ir``): each fx node's lowering and each buffer's loop body as
   pseudo code, one ``ops`` call per line;
 * ``schedule`` (logger ``kiln.loopir.schedule``): dead code removed, every fusion with its score,
-  the final order of kernels and the buffer plan.
+  the final order of kernels and the buffer plan;
+* ``passes`` (logger ``kiln.loopir.passes``): what each graph pass before lowering rewrote, padded
+  or re-laid, and why (the layout rule's verdict, each matmul padded or left with its timing).
 
 The variable is read when :func:`configure` runs (at each ``compile_graph``), so tests may set it.
 """
@@ -19,6 +21,7 @@ import os
 ARTIFACTS: dict[str, str] = {
     "ir": "kiln.loopir.ir",
     "schedule": "kiln.loopir.schedule",
+    "passes": "kiln.loopir.passes",
 }
 
 

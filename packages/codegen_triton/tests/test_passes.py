@@ -1,0 +1,158 @@
+"""loopir's graph passes through the Triton backend: the channels-last decision (Note
+[Channels-last for convolutions]) and matmul padding (Note [Matmul padding]).
+
+Under Triton's interpreter (CI) the CUDA layout rule and the padding are forced on CPU tensors
+(``layout_policy="cuda"``, ``pad_mm="force"``); on a GPU machine the same tests run on CUDA
+tensors with the default options, so the layout rule and the timed padding decision are the
+real ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+from triton_check import DEVICES, assert_same, make, to_device
+
+from kiln_codegen_triton import TritonBackend
+from kiln_loopir import compile_graph
+
+aten = torch.ops.aten
+
+
+def mm(a: Any, b: Any) -> Any:
+    return aten.mm.default(a, b)
+
+
+def bmm(a: Any, b: Any) -> Any:
+    return aten.bmm.default(a, b)
+
+
+def addmm(c: Any, a: Any, b: Any) -> Any:
+    return aten.addmm.default(c, a, b)
+
+
+def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
+    gm = torch.fx.symbolic_trace(fn)
+
+    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
+        def run_node(self, n: torch.fx.Node) -> Any:
+            n.meta["val"] = super().run_node(n)
+            return n.meta["val"]
+
+    Record(gm).run(*inputs)
+    return gm
+
+
+def conv(x: Any, w: Any, groups: int = 1) -> Any:
+    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+
+
+def convnext_like(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:
+    # a depthwise conv, BatchNorm + ReLU + residual in between, a 1x1 conv, a pooled head
+    a = conv(x, w1, 16)
+    bn = aten._native_batch_norm_legit_no_training.default(a, None, None, mean, var, 0.1, 1e-5)[0]
+    b = conv(aten.add.Tensor(aten.relu.default(bn), x), w2)
+    return aten.relu.default(b), aten.mean.dim(b, [2, 3])
+
+
+def same_strides(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Eager's strides, size-1 dims aside (their stride means nothing)."""
+    return all(g == w for g, w, n in zip(got.stride(), want.stride(), want.shape, strict=True) if n != 1)
+
+
+def forced(device: str) -> dict[str, Any]:
+    return {"layout_policy": "cuda", "pad_mm": "force"} if device == "cpu" else {}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv_graph_runs_channels_last(device: str, dtype: torch.dtype) -> None:
+    inputs = to_device(
+        [
+            make((2, 16, 8, 8), dtype),
+            make((16, 1, 3, 3), dtype),
+            make((16, 16, 1, 1), dtype),
+            make((16,), dtype),
+            make((16,), dtype, low=0.5, high=2.0),
+        ],
+        device,
+    )
+    if device == "cpu" and dtype == torch.float16:
+        inputs = [t.float() for t in inputs]  # CPU convolutions in float16 are eager-only territory
+    gm = with_vals(convnext_like, *inputs)
+    with torch.no_grad():
+        expected = gm(*inputs)
+        compiled = compile_graph(gm, list(inputs), backend=TritonBackend(), options=forced(device))
+        actual = compiled(*inputs)
+    assert compiled.graph.channels_last
+    assert_same(actual, expected)
+    for got, want in zip(actual, expected, strict=True):
+        assert same_strides(got, want)  # outputs keep eager's strides
+    convs = [op for op in compiled.graph.operations if "convolution" in str(getattr(op, "op", ""))]
+    assert all(c.args[0].layout.stride[1] == 1 for c in convs[1:])  # NHWC between the convs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_lm_head_equals_eager(device: str, dtype: torch.dtype) -> None:
+    # a tied LM head: linear with weight [V, H], V misaligned (GPT-2's 50257 on the GPU)
+    vocab, hidden, tokens = (50257, 768, 512) if device == "cuda" else (37, 10, 6)
+
+    def head(x: Any, w: Any) -> Any:
+        return aten.view.default(aten.mm.default(x, aten.t.default(w)), [1, tokens, vocab])
+
+    x, w = to_device(
+        [make((tokens, hidden), dtype, low=-1, high=1), make((vocab, hidden), dtype, low=-1, high=1)], device
+    )
+    gm = with_vals(head, x, w)
+    compiled = compile_graph(gm, [x, w], backend=TritonBackend(), options=forced(device))
+    out, expected = compiled(x, w), gm(x, w)
+    assert_same(out, expected, "logits", scale=float(hidden) ** 0.5)
+    assert same_strides(out, expected)
+    record = [text for name, text in compiled.passes.record if name == "pad_mm"]
+    assert record and record[0].startswith("pad")
+    if device == "cuda":  # the decision was timed on the device (or read from the disk cache)
+        assert "timed" in record[0] or "cached" in record[0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pad_mm_off_leaves_the_matmul(device: str) -> None:
+    x, w = to_device([make((6, 10)), make((10, 37))], device)
+    gm = with_vals(mm, x, w)
+    compiled = compile_graph(gm, [x, w], backend=TritonBackend(), options={"pad_mm": False})
+    assert_same(compiled(x, w), gm(x, w))
+    assert compiled.stats.kernels == 0 and compiled.stats.extern_ops == ("mm.default",)
+
+
+def attention_of(b: int, h: int, n: int, e: int) -> Any:
+    """An explicit attention as aotgrad hands it over: expand/clone/view to 3-D, bmm, scale, mask."""
+
+    def to3(x: Any, shape: list[int]) -> Any:
+        return aten.view.default(
+            aten.clone.default(aten.expand.default(x, shape), memory_format=torch.contiguous_format),
+            [shape[0] * shape[1], shape[2], shape[3]],
+        )
+
+    def attention(q: Any, k: Any, v: Any, mask: Any) -> Any:
+        kt = aten.permute.default(k, [0, 1, 3, 2])
+        s = aten.view.default(aten.bmm.default(to3(q, [b, h, n, e]), to3(kt, [b, h, e, n])), [b, h, n, n])
+        p = aten._softmax.default(aten.add.Tensor(aten.mul.Tensor(s, e**-0.5), mask), -1, False)
+        return aten.view.default(aten.bmm.default(to3(p, [b, h, n, n]), to3(v, [b, h, n, e])), [b, h, n, e])
+
+    return attention
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_explicit_attention_runs_as_sdpa(device: str, dtype: torch.dtype) -> None:
+    shape = (2, 4, 64, 32) if device == "cuda" else (2, 2, 8, 4)
+    q, k, v = (make(shape, dtype, low=-1, high=1) for _ in range(3))
+    mask = torch.triu(torch.full((shape[2], shape[2]), float("-inf"), dtype=dtype), 1)[None, None]
+    q, k, v, mask = to_device([q, k, v, mask], device)
+    gm = with_vals(attention_of(*shape), q, k, v, mask)
+    compiled = compile_graph(gm, [q, k, v, mask], backend=TritonBackend())
+    assert_same(compiled(q, k, v, mask), gm(q, k, v, mask))
+    assert any("scaled_dot_product_attention" in op for op in compiled.stats.extern_ops)
+    assert not any("bmm" in op for op in compiled.stats.extern_ops)

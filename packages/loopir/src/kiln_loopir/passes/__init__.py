@@ -1,0 +1,142 @@
+"""Graph passes: rewrites and decisions over the aten FX graph, run once before lowering.
+
+A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may return the graph
+it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
+edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
+run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
+not pad the products attention replaces), then the layout decision, which must see the final nodes.
+
+Every pass can be turned off by its name in ``compile_graph(..., options={name: False})`` (the
+umbrella's ``kiln.compile(options=...)`` passes the same keys through), so that each pass's effect
+can be measured on its own; :class:`PassOptions` lists the keys. What each pass rewrote, padded or
+re-laid, and why, goes to the ``passes`` KILN_LOG artifact (logger ``kiln.loopir.passes``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.fx
+
+log = logging.getLogger("kiln.loopir.passes")
+
+
+@dataclass(frozen=True, slots=True)
+class PassOptions:
+    """The switches of the graph passes (``compile_graph``'s ``options``).
+
+    ``layout``: the channels-last decision for convolutions (Note [Channels-last for
+    convolutions]); ``layout_policy`` chooses whose rule decides: ``"auto"`` (the graph's device),
+    ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
+    ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
+    one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
+    ``False`` never. ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
+    scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
+    """
+
+    layout: bool = True
+    layout_policy: str = "auto"
+    pad_mm: bool | str = True
+    attention: bool = True
+
+    @staticmethod
+    def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
+        if isinstance(options, PassOptions):
+            return options
+        options = dict(options or {})
+        known = {f.name for f in fields(PassOptions)}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown loopir pass options {sorted(unknown)}; supported: {sorted(known)}")
+        made = PassOptions(**options)
+        if made.layout_policy not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
+        if not isinstance(made.layout, bool) or not isinstance(made.attention, bool):
+            raise ValueError("layout and attention options are True or False")
+        if made.pad_mm not in (True, False, "force"):
+            raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
+        return made
+
+
+OPTION_NAMES = tuple(f.name for f in fields(PassOptions))
+
+
+@dataclass(slots=True)
+class PassContext:
+    """What passes know about the compile, and the decisions they hand on to lowering."""
+
+    device: torch.device
+    options: PassOptions
+    example_inputs: Sequence[Any]
+    inference: bool
+    # Note [Channels-last for convolutions]: the fx nodes computed in NHWC
+    channels_last: set[torch.fx.Node] = field(default_factory=set)
+    # what each pass did, one line per decision (also logged): for tests and reports
+    record: list[tuple[str, str]] = field(default_factory=list)
+
+    def note(self, pass_name: str, message: str, *args: Any) -> None:
+        text = message % args if args else message
+        self.record.append((pass_name, text))
+        log.debug("%s: %s", pass_name, text)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphPass:
+    """One pass: its name (the option that switches it) and what it does."""
+
+    name: str
+    run: Callable[[torch.fx.GraphModule, PassContext], torch.fx.GraphModule]
+    enabled: Callable[[PassOptions], bool]
+
+
+def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[torch.fx.Node, torch.fx.Node]]:
+    """A copy of ``gm`` to rewrite (node metas shallow-copied) and the map old node -> new node."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    copied = torch.fx.GraphModule(gm, graph)
+    copied.meta.update(getattr(gm, "meta", {}))
+    return copied, env
+
+
+def _passes() -> tuple[GraphPass, ...]:
+    from .attention import attention_pass
+    from .channels_last import layout_pass
+    from .pad_mm import pad_mm_pass
+
+    return (
+        GraphPass("attention", attention_pass, lambda o: o.attention),
+        GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
+        GraphPass("layout", layout_pass, lambda o: o.layout),
+    )
+
+
+def run_passes(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    device: torch.device,
+    options: Mapping[str, Any] | PassOptions | None = None,
+    *,
+    inference: bool | None = None,
+) -> tuple[torch.fx.GraphModule, PassContext]:
+    """Run every enabled pass over ``gm``; the graph to lower and the decisions made."""
+    ctx = PassContext(
+        device=device,
+        options=PassOptions.from_mapping(options),
+        example_inputs=example_inputs,
+        inference=not torch.is_grad_enabled() if inference is None else inference,
+    )
+    for graph_pass in _passes():
+        if not graph_pass.enabled(ctx.options):
+            ctx.note(graph_pass.name, "off (option %s=False)", graph_pass.name)
+            continue
+        gm = graph_pass.run(gm, ctx)
+    return gm, ctx
+
+
+__all__ = ["OPTION_NAMES", "GraphPass", "PassContext", "PassOptions", "copy_graph", "run_passes"]

@@ -1,0 +1,284 @@
+"""The layout pass: which convolutions, and which values around them, are computed channels-last.
+
+Note [Channels-last for convolutions]: a graph either keeps eager's layouts or runs its 2-D
+convolutions in NHWC; the choice is made once per graph by the rule of the graph's device
+(:data:`POLICIES`; ``options={"layout_policy": "cuda"}`` forces a device's rule, e.g. to test the
+CUDA rule on CPU tensors). When NHWC is chosen, each convolution takes its input channels-last
+(copied once if it arrives otherwise) and gives channels-last, and so does every 4-D value that
+leads into a convolution through layout-preserving ops (:func:`preserves_layout`: pointwise ops,
+norms, pooling, resampling, concatenation, keep-dim reductions). BatchNorm, ReLU, pooling and
+residual adds between two convolutions are therefore computed in NHWC, and no conversion kernel is
+left between two convolutions. The spread stops at ops that reinterpret dimensions (a permute to
+[N, H, W, C] for ConvNeXt's LayerNorm, a view, a matmul): NHWC strides on such a value would mean
+another dimension order, not channels-last. Graph outputs are copied back to the strides eager
+gives them (``GraphLowering._eager_strides``). Weights are left to the convolution: oneDNN and cuDNN
+reorder a contiguous weight themselves when the input is NHWC.
+
+The CPU rule (:func:`cpu_policy`): inference graphs, oneDNN present and enabled, and the
+convolutions' inputs hold at least as many elements as their weights (a contiguous weight is
+reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as
+many, it gained 50%).
+
+The CUDA rule (:func:`cuda_policy`), after the anchor's ``decide_layout_opt``: cuDNN is fastest in
+NHWC, and on NCHW tensors it either converts each activation around every convolution (ResNet-50 on
+the H200: 0.37 + 0.21 ms of nchw<->nhwc kernels a call) or, for depthwise convolutions, falls back to
+PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC). The rule:
+  - off without a 2-D convolution, or when convolutions are a small part of the graph (at least
+    300 nodes per convolution: a transformer with a convolutional stem);
+  - off when a convolution's sizes are symbolic (not known to be worth it, and strides would be
+    symbolic);
+  - inference: a vote weighted by each convolution's FLOPs and by how much faster its class runs
+    in NHWC (:data:`NHWC_TIME_RATIO`, time NHWC / time NCHW); on when the weighted sum is at most
+    the plain sum, i.e. the FLOP-weighted average ratio is <= 1;
+  - training graphs keep eager's layouts (see below).
+Training graphs keep eager's layouts on both devices (``KILN_CHANNELS_LAST=0`` turns NHWC off
+everywhere): the forward graph's saved activations cross into the backward graph, whose input
+layouts aotgrad fixed when it traced it, so an NHWC forward would pay a copy back per saved
+activation and the backward would convert again; agreeing layouts across the two graphs needs
+aotgrad to trace the backward with the forward's chosen strides, which is not built.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import PassContext
+
+aten = torch.ops.aten
+
+# time in NHWC / time in NCHW per convolution class on CUDA (below 1: NHWC is faster). depthwise:
+# ConvNeXt's 7x7 depthwise convolution on the H200 in bf16 (issue 15: 0.70 / 1.46 ms); the others
+# are the anchor's published cuDNN measurements (GPU.md section 3.1), to be re-measured on the H200.
+NHWC_TIME_RATIO: dict[str, float] = {
+    "depthwise": 0.48,
+    "grouped": 1.358,
+    "small": 0.783,
+    "in_out": 0.725,
+    "default": 0.823,
+}
+MAX_NODES_PER_CONV = 300
+
+# non-pointwise ops whose 4-D output has the same (N, C, H, W) meaning as their 4-D input
+LAYOUT_PRESERVING = frozenset(
+    {
+        aten.convolution.default,
+        aten._native_batch_norm_legit_no_training.default,
+        aten._native_batch_norm_legit.default,
+        aten._native_batch_norm_legit.no_stats,
+        aten.native_batch_norm.default,
+        aten.native_group_norm.default,
+        aten.max_pool2d_with_indices.default,
+        aten.avg_pool2d.default,
+        aten._adaptive_avg_pool2d.default,
+        aten.adaptive_max_pool2d.default,
+        aten.upsample_nearest2d.default,
+        aten.upsample_nearest2d.vec,
+        aten.upsample_bilinear2d.default,
+        aten.upsample_bilinear2d.vec,
+        aten.cat.default,
+        aten.constant_pad_nd.default,
+        aten.clone.default,
+        aten._to_copy.default,
+        aten.mean.dim,
+        aten.sum.dim_IntList,
+        aten.amax.default,
+        aten.var_mean.correction,
+        operator.getitem,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDecision:
+    channels_last: bool
+    reason: str
+
+
+Policy = Callable[[torch.fx.GraphModule, PassContext], LayoutDecision]
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _first_tensor(val: Any) -> torch.Tensor | None:
+    if isinstance(val, list | tuple):
+        val = val[0] if val else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def conv2d_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The 2-D convolutions of ``gm`` (4-D weight and shape metadata known)."""
+    found = []
+    for n in gm.graph.nodes:
+        if n.target is aten.convolution.default:
+            w = _val(n.args[1])
+            if isinstance(w, torch.Tensor) and w.dim() == 4 and isinstance(_val(n), torch.Tensor):
+                found.append(n)
+    return found
+
+
+def conv_class(node: torch.fx.Node) -> str:
+    """The convolution's class for :data:`NHWC_TIME_RATIO`."""
+    weight = _val(node.args[1])
+    groups_arg: Any = node.args[8] if len(node.args) > 8 else 1
+    groups = int(groups_arg)
+    out_ch, in_per_group, kh, kw = (int(s) for s in weight.shape)
+    in_ch = in_per_group * groups
+    if groups > 1 and in_per_group == 1:
+        return "depthwise"
+    if groups > 1:
+        return "grouped"
+    if out_ch <= 64 and in_ch <= 64:
+        return "small"
+    if 2 * out_ch <= in_ch and kh * kw > 1:
+        return "in_out"
+    return "default"
+
+
+def conv_flops(node: torch.fx.Node) -> int:
+    out, weight = _val(node), _val(node.args[1])
+    _, in_per_group, kh, kw = (int(s) for s in weight.shape)
+    return 2 * int(out.numel()) * in_per_group * kh * kw
+
+
+def _static(node: torch.fx.Node) -> bool:
+    for v in (_val(node), _val(node.args[0]), _val(node.args[1])):
+        if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
+            return False
+    return True
+
+
+def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
+    if not ctx.inference:
+        return LayoutDecision(False, "training graph: layouts stay eager's")
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return LayoutDecision(False, "oneDNN unavailable or disabled")
+    convs = conv2d_nodes(gm)
+    if not convs:
+        return LayoutDecision(False, "no 2-D convolution")
+    activations = sum(_numel(n.args[0]) for n in convs)
+    weights = sum(_numel(n.args[1]) for n in convs)
+    if activations < weights:
+        return LayoutDecision(
+            False, f"conv inputs ({activations} elements) weigh less than weights ({weights})"
+        )
+    return LayoutDecision(True, f"{len(convs)} convs, inputs {activations} >= weights {weights} elements")
+
+
+def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
+    if not ctx.inference:
+        return LayoutDecision(False, "training graph: layouts stay eager's")
+    convs = conv2d_nodes(gm)
+    if not convs:
+        return LayoutDecision(False, "no 2-D convolution")
+    nodes = len(gm.graph.nodes)
+    if nodes >= MAX_NODES_PER_CONV * len(convs):
+        return LayoutDecision(False, f"{nodes} nodes for {len(convs)} convs: convolutions are a small part")
+    if not all(_static(n) for n in convs):
+        return LayoutDecision(False, "a convolution has symbolic sizes")
+    plain = weighted = 0.0
+    by_class: dict[str, int] = {}
+    for n in convs:
+        kind = conv_class(n)
+        flops = conv_flops(n)
+        by_class[kind] = by_class.get(kind, 0) + 1
+        plain += flops
+        weighted += flops * NHWC_TIME_RATIO[kind]
+    ratio = weighted / plain if plain else 1.0
+    classes = ", ".join(f"{k} x{v}" for k, v in sorted(by_class.items()))
+    if ratio <= 1.0:
+        return LayoutDecision(True, f"FLOP-weighted NHWC/NCHW time {ratio:.3f} <= 1 ({classes})")
+    return LayoutDecision(False, f"FLOP-weighted NHWC/NCHW time {ratio:.3f} > 1 ({classes})")
+
+
+POLICIES: dict[str, Policy] = {"cpu": cpu_policy, "cuda": cuda_policy}
+
+
+def _numel(node: Any) -> int:
+    val = _val(node)
+    return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+
+
+def preserves_layout(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s 4-D result has its 4-D input's (N, C, H, W) meaning."""
+    target = node.target
+    if target in LAYOUT_PRESERVING:
+        return True
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+def _four_d_float(val: Any) -> bool:
+    t = _first_tensor(val)
+    return t is not None and t.dim() == 4 and t.is_floating_point()
+
+
+def spread(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
+    """The convolutions and every 4-D value that leads into one through layout-preserving ops."""
+    chosen: set[torch.fx.Node] = set()
+    convs = set(conv2d_nodes(gm))
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op != "call_function" or not _four_d_float(_val(node)):
+            continue
+        if node in convs or (preserves_layout(node) and any(u in chosen for u in node.users)):
+            chosen.add(node)
+    return chosen
+
+
+def policy_name(ctx: PassContext) -> str | None:
+    wanted = ctx.options.layout_policy
+    return ctx.device.type if wanted == "auto" else wanted
+
+
+def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch.fx.Node]:
+    """The nodes to compute channels-last (empty when the graph keeps eager's layouts)."""
+    if os.environ.get("KILN_CHANNELS_LAST", "1") == "0":
+        if conv2d_nodes(gm):
+            ctx.note("layout", "off (KILN_CHANNELS_LAST=0)")
+        return set()
+    name = policy_name(ctx)
+    policy = POLICIES.get(name or "")
+    if policy is None:
+        return set()
+    decision = policy(gm, ctx)
+    if not decision.channels_last:
+        if conv2d_nodes(gm):
+            ctx.note("layout", "%s rule keeps eager layouts: %s", name, decision.reason)
+        return set()
+    chosen = spread(gm)
+    convs = sum(1 for n in chosen if n.target is aten.convolution.default)
+    ctx.note(
+        "layout",
+        "%s rule chooses channels-last: %s; %d convs and %d values between them in NHWC",
+        name,
+        decision.reason,
+        convs,
+        len(chosen) - convs,
+    )
+    return chosen
+
+
+def layout_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    """Record the layout decision in ``ctx.channels_last``; the graph is unchanged."""
+    ctx.channels_last = channels_last_nodes(gm, ctx)
+    return gm
+
+
+__all__ = [
+    "NHWC_TIME_RATIO",
+    "POLICIES",
+    "LayoutDecision",
+    "channels_last_nodes",
+    "conv_class",
+    "cpu_policy",
+    "cuda_policy",
+    "layout_pass",
+    "spread",
+]

@@ -1,0 +1,430 @@
+"""The matmul padding pass: GEMMs with sizes tensor cores dislike run on zero-padded operands.
+
+Note [Matmul padding]: cuBLAS picks its fast tensor-core kernels only when M, N and K (and the
+leading dimensions) are multiples of 16 bytes: 8 elements in bfloat16/float16, 4 in float32. GPT-2's
+tied LM head (vocab N = 50257) otherwise runs an sm75-era kernel on the H200 (3.37 ms) where the
+same product with N padded to 50264 takes 0.45 ms. So an ``mm``, ``addmm`` or ``bmm`` (a ``linear``
+is one of these in an aten graph) with a misaligned, static, non-1 M, N or K becomes:
+
+    mm(constant_pad_nd(a), constant_pad_nd(b))[:M, :N]
+
+Zeros added to K contribute nothing to the sums; rows and columns added to M and N are sliced off.
+addmm's bias is padded along its non-broadcast dims. A transposed operand (a weight ``t(w)``) is
+padded before the transpose, so the GEMM still sees a transposed operand with an aligned leading
+dimension, and the pad is a plain row-major copy of the weight; the pad is a lazy pointwise in
+loopir, so when the operand is itself computed (a cast of a parameter) the pad fuses into that
+kernel. The slice is a view: readers index the padded result with its row stride; where the result
+reaches a graph output (through views) it is copied to eager's contiguous strides.
+
+When it pays is decided per shape (:func:`should_pad`): ``pad_mm="force"`` pads every candidate on
+any device (tests); otherwise only on CUDA, not for memory-bound shapes (arithmetic intensity
+M*N*K / (M*K + K*N + M*N) below :data:`MIN_INTENSITY`: padding cannot speed up a GEMM that waits on
+memory, and adds copies), and only where timing both versions once on the device, on random tensors
+of the shapes (pad copies and the output copy counted), shows the padded one faster by
+:data:`MIN_GAIN`. The verdict is cached on disk under ``$KILN_CACHE_DIR/pad_mm/`` by (op, shapes,
+strides, dtype, device name, torch version), written atomically, so each shape is timed once per
+machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from ..lowering import VIEW_OPS
+from . import PassContext, copy_graph
+
+aten = torch.ops.aten
+
+MIN_INTENSITY = 32.0
+MIN_GAIN = 1.1  # the padded GEMM must be this many times faster
+GEMMS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
+
+
+def alignment(dtype: torch.dtype) -> int | None:
+    """Elements per 16 bytes for the tensor-core dtypes, None for dtypes that are not padded."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return 8
+    if dtype == torch.float32:
+        return 4
+    return None
+
+
+def padded_length(n: int, align: int) -> int:
+    """``n`` rounded up to ``align`` (unchanged when 1 or aligned: a size-1 dim is a GEMV)."""
+    if n <= 1 or n % align == 0:
+        return n
+    return (n + align - 1) // align * align
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A GEMM node and its sizes; ``pads`` = extra elements for (M, K, N)."""
+
+    node: torch.fx.Node
+    m: int
+    k: int
+    n: int
+    pads: tuple[int, int, int]
+    dtype: torch.dtype
+
+    def describe(self) -> str:
+        m, k, n = self.pads
+        parts = [
+            f"{name} {size}->{size + extra}"
+            for name, size, extra in zip("MKN", (self.m, self.k, self.n), (m, k, n), strict=True)
+            if extra
+        ]
+        return f"{self.node.name} ({self.node.target}, {self.dtype}): {', '.join(parts)}"
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+
+
+def _operands(node: torch.fx.Node) -> tuple[Any, Any, Any]:
+    """(bias, a, b) of a GEMM node (bias None for mm and bmm)."""
+    if node.target is aten.addmm.default:
+        return node.args[0], node.args[1], node.args[2]
+    return None, node.args[0], node.args[1]
+
+
+def candidate(node: torch.fx.Node) -> Candidate | None:
+    if node.op != "call_function" or node.target not in GEMMS:
+        return None
+    _, a, b = _operands(node)
+    va, vb = _val(a), _val(b)
+    if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or va.dtype != vb.dtype:
+        return None
+    align = alignment(va.dtype)
+    if align is None or not all(isinstance(s, int) for s in (*va.shape, *vb.shape)):
+        return None
+    m, k, n = int(va.shape[-2]), int(va.shape[-1]), int(vb.shape[-1])
+    if 0 in (m, k, n):
+        return None
+    pads = tuple(padded_length(s, align) - s for s in (m, k, n))
+    if not any(pads):
+        return None
+    return Candidate(node, m, k, n, (pads[0], pads[1], pads[2]), va.dtype)
+
+
+def reaches_output(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s value leaves the graph, directly or through views."""
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if user.target in VIEW_OPS and user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# the decision
+
+
+def cache_dir() -> str:
+    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
+    return os.path.join(root, "pad_mm")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def decision_key(c: Candidate, device: torch.device) -> str:
+    bias, a, b = _operands(c.node)
+    parts: list[Any] = [str(c.node.target)]
+    for operand in (bias, a, b):
+        v = _val(operand)
+        parts.append(None if not isinstance(v, torch.Tensor) else (list(v.shape), list(v.stride())))
+    parts += [str(c.dtype), device_name(device), torch.__version__, reaches_output(c.node)]
+    return json.dumps(parts)
+
+
+_MEMORY: dict[str, bool] = {}
+
+
+def _path(key: str) -> str:
+    return os.path.join(cache_dir(), hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+
+def cached_decision(key: str) -> bool | None:
+    if key in _MEMORY:
+        return _MEMORY[key]
+    try:
+        with open(_path(key)) as f:
+            entry = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if entry.get("key") != key:  # a hash collision or a foreign file: decide afresh
+        return None
+    _MEMORY[key] = bool(entry["pad"])
+    return _MEMORY[key]
+
+
+def store_decision(key: str, pad: bool, original_ms: float, padded_ms: float) -> None:
+    """Write the verdict atomically (a temporary file renamed over the entry)."""
+    _MEMORY[key] = pad
+    directory = cache_dir()
+    os.makedirs(directory, exist_ok=True)
+    entry = {"key": key, "pad": pad, "original_ms": original_ms, "padded_ms": padded_ms}
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f)
+        os.replace(tmp, _path(key))
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+Timer = Callable[[Callable[[], Any], torch.device], float]
+
+
+def time_ms(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median milliseconds of ``fn`` on ``device`` (CUDA events; a few warm-up runs first)."""
+    for _ in range(3):
+        fn()
+    if device.type != "cuda":
+        import time
+
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[len(times) // 2]
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def _random_like(val: torch.Tensor, device: torch.device) -> torch.Tensor:
+    shape, stride = [int(s) for s in val.shape], [int(s) for s in val.stride()]
+    try:
+        t = torch.empty_strided(shape, stride, dtype=val.dtype, device=device)
+    except RuntimeError:
+        t = torch.empty(shape, dtype=val.dtype, device=device)
+    return t.normal_() if t.numel() else t
+
+
+def _pad_spec(val_shape: Sequence[int], pads: dict[int, int]) -> list[int]:
+    """constant_pad_nd's pad list (last dim first) adding ``pads[d]`` at the end of dim ``d``."""
+    rank = len(val_shape)
+    spec: list[int] = []
+    for d in reversed(range(rank)):
+        spec += [0, pads.get(d, 0)]
+    while spec and spec[-1] == 0 and spec[-2] == 0:
+        spec = spec[:-2]
+    return spec
+
+
+def _operand_pads(c: Candidate) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
+    """Extra elements per dim of (bias, a, b)."""
+    pm, pk, pn = c.pads
+    bias, a, b = _operands(c.node)
+    ra, rb = _val(a).dim(), _val(b).dim()
+    pad_a = {d: p for d, p in ((ra - 2, pm), (ra - 1, pk)) if p}
+    pad_b = {d: p for d, p in ((rb - 2, pk), (rb - 1, pn)) if p}
+    pad_bias: dict[int, int] = {}
+    vbias = _val(bias)
+    if isinstance(vbias, torch.Tensor):
+        rank = vbias.dim()
+        for d, (size, extra) in zip((rank - 2, rank - 1), ((c.m, pm), (c.n, pn)), strict=True):
+            if d >= 0 and extra and int(vbias.shape[d]) == size and size != 1:
+                pad_bias[d] = extra
+    return pad_bias, pad_a, pad_b
+
+
+def _eager_versions(c: Candidate, device: torch.device) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The GEMM as the graph runs it and padded as the rewrite would, on random tensors."""
+    bias, a, b = _operands(c.node)
+    op = c.node.target
+    assert callable(op)
+    kwargs = dict(c.node.kwargs)
+    ta, tb = _random_like(_val(a), device), _random_like(_val(b), device)
+    tbias = _random_like(_val(bias), device) if isinstance(_val(bias), torch.Tensor) else bias
+    pad_bias, pad_a, pad_b = _operand_pads(c)
+    copy_out = reaches_output(c.node)
+    args = (ta, tb) if tbias is None else (tbias, ta, tb)
+
+    def original() -> Any:
+        return op(*args, **kwargs)
+
+    def padded() -> Any:
+        pa = torch.constant_pad_nd(ta, _pad_spec(ta.shape, pad_a)) if pad_a else ta
+        pb = torch.constant_pad_nd(tb, _pad_spec(tb.shape, pad_b)) if pad_b else tb
+        if tbias is None:
+            out = op(pa, pb, **kwargs)
+        else:
+            pbias = torch.constant_pad_nd(tbias, _pad_spec(tbias.shape, pad_bias)) if pad_bias else tbias
+            out = op(pbias, pa, pb, **kwargs)
+        out = out[..., : c.m, : c.n]
+        return out.contiguous() if copy_out else out
+
+    return original, padded
+
+
+def should_pad(c: Candidate, ctx: PassContext, timer: Timer = time_ms) -> tuple[bool, str]:
+    """Whether to pad ``c``, and why (Note [Matmul padding])."""
+    if ctx.options.pad_mm == "force":
+        return True, "forced (pad_mm='force')"
+    if ctx.device.type != "cuda":
+        return False, f"not on CUDA ({ctx.device.type})"
+    intensity = c.m * c.n * c.k / (c.m * c.k + c.k * c.n + c.m * c.n)
+    if intensity < MIN_INTENSITY:
+        return False, f"memory-bound (intensity {intensity:.1f} < {MIN_INTENSITY})"
+    key = decision_key(c, ctx.device)
+    known = cached_decision(key)
+    if known is not None:
+        return known, f"cached verdict ({'pad' if known else 'keep'})"
+    original, padded = _eager_versions(c, ctx.device)
+    with torch.no_grad():
+        original_ms, padded_ms = timer(original, ctx.device), timer(padded, ctx.device)
+    pad = original_ms > MIN_GAIN * padded_ms
+    store_decision(key, pad, original_ms, padded_ms)
+    return pad, f"timed: original {original_ms:.3f} ms, padded {padded_ms:.3f} ms"
+
+
+# --------------------------------------------------------------------------------------------
+# the rewrite
+
+
+# view ops a transposed operand may come through: (node) -> permutation out dim i = in dim perm[i]
+def _permutation(node: torch.fx.Node) -> list[int] | None:
+    src = node.args[0] if node.args else None
+    vsrc = _val(src)
+    if not isinstance(vsrc, torch.Tensor):
+        return None
+    rank = vsrc.dim()
+    if node.target is aten.t.default and rank == 2:
+        return [1, 0]
+    if node.target is aten.transpose.int:
+        pair: Any = node.args[1:3]
+        d0, d1 = (int(d) % rank for d in pair)
+        perm = list(range(rank))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return perm
+    if node.target is aten.permute.default:
+        dims: Any = node.args[1]
+        return [int(d) % rank for d in dims]
+    return None
+
+
+def _with_val(node: torch.fx.Node) -> torch.fx.Node:
+    """Give a node the pass inserted its meta value (run on meta tensors)."""
+
+    def meta(v: Any) -> Any:
+        if isinstance(v, torch.fx.Node):
+            val = _val(v)
+            if isinstance(val, torch.Tensor):
+                return torch.empty_strided(
+                    [int(s) for s in val.shape],
+                    [int(s) for s in val.stride()],
+                    dtype=val.dtype,
+                    device="meta",
+                )
+            return val
+        return v
+
+    args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), meta)
+    assert callable(node.target)
+    node.meta["val"] = node.target(*args, **kwargs)
+    return node
+
+
+def _pad(graph: torch.fx.Graph, operand: Any, pads: dict[int, int]) -> Any:
+    if not pads:
+        return operand
+    perm = _permutation(operand) if isinstance(operand, torch.fx.Node) else None
+    if perm is not None:  # pad the source, then transpose it again (see the Note)
+        src = operand.args[0]
+        padded_src = _pad(graph, src, {perm[d]: p for d, p in pads.items()})
+        return _with_val(
+            graph.call_function(operand.target, (padded_src, *operand.args[1:]), dict(operand.kwargs))
+        )
+    spec = _pad_spec(_val(operand).shape, pads)
+    return _with_val(graph.call_function(aten.constant_pad_nd.default, (operand, spec, 0.0)))
+
+
+def _rewrite(gm: torch.fx.GraphModule, c: Candidate) -> None:
+    node = c.node
+    graph = gm.graph
+    bias, a, b = _operands(node)
+    pad_bias, pad_a, pad_b = _operand_pads(c)
+    with graph.inserting_before(node):
+        pa, pb = _pad(graph, a, pad_a), _pad(graph, b, pad_b)
+        args: tuple[Any, ...] = (pa, pb) if bias is None else (_pad(graph, bias, pad_bias), pa, pb)
+        target: Any = node.target
+        out = _with_val(graph.call_function(target, args, dict(node.kwargs)))
+        rank = _val(out).dim()
+        for dim, size, extra in ((rank - 2, c.m, c.pads[0]), (rank - 1, c.n, c.pads[2])):
+            if extra:
+                out = _with_val(graph.call_function(aten.slice.Tensor, (out, dim, 0, size)))
+        if reaches_output(node):  # outputs keep eager's (contiguous) strides
+            out = _with_val(
+                graph.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
+            )
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+
+
+def pad_mm_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    """Pad the misaligned GEMMs that :func:`should_pad` accepts (Note [Matmul padding])."""
+    candidates = [c for node in gm.graph.nodes if (c := candidate(node)) is not None]
+    if candidates and ctx.device.type != "cuda" and ctx.options.pad_mm != "force":
+        ctx.note("pad_mm", "keep %d misaligned GEMMs: not on CUDA (%s)", len(candidates), ctx.device.type)
+        return gm
+    chosen: list[torch.fx.Node] = []
+    for c in candidates:
+        node = c.node
+        pad, why = should_pad(c, ctx)
+        ctx.note("pad_mm", "%s %s: %s", "pad" if pad else "keep", c.describe(), why)
+        if pad:
+            chosen.append(node)
+    if not chosen:
+        return gm
+    copied, env = copy_graph(gm)
+    for node in chosen:
+        c = candidate(env[node])
+        assert c is not None
+        _rewrite(copied, c)
+    copied.graph.lint()
+    copied.recompile()
+    return copied
+
+
+__all__ = [
+    "MIN_GAIN",
+    "MIN_INTENSITY",
+    "Candidate",
+    "alignment",
+    "cache_dir",
+    "candidate",
+    "decision_key",
+    "pad_mm_pass",
+    "should_pad",
+    "time_ms",
+]

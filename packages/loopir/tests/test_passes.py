@@ -1,0 +1,465 @@
+"""Graph passes before lowering: the framework (options, log), the layout decision (Note
+[Channels-last for convolutions]) under the CUDA rule forced on CPU tensors, and matmul padding
+(Note [Matmul padding]) forced on the CPU, with its on-disk decision cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+from helpers import check, make, trace
+
+from kiln_loopir import compile_graph
+from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.passes import PassContext, PassOptions, run_passes
+from kiln_loopir.passes import pad_mm as pad_mm_module
+from kiln_loopir.passes.channels_last import conv_class, cuda_policy
+from kiln_loopir.virtualized import format_body
+
+aten = torch.ops.aten
+
+
+def mm(a: Any, b: Any) -> Any:
+    return aten.mm.default(a, b)
+
+
+def bmm(a: Any, b: Any) -> Any:
+    return aten.bmm.default(a, b)
+
+
+def addmm(c: Any, a: Any, b: Any) -> Any:
+    return aten.addmm.default(c, a, b)
+
+
+CUDA_RULE = {"layout_policy": "cuda"}
+
+
+def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
+    """``fn`` traced, with ``node.meta["val"]`` on every node as aotgrad's graphs carry it."""
+    gm = trace(fn)
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            n.meta["val"] = super().run_node(n)
+            return n.meta["val"]
+
+    Record(gm).run(*inputs)
+    return gm
+
+
+def conv(x: Any, w: Any, groups: int = 1) -> Any:
+    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+
+
+def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:
+    a = aten.relu.default(conv(x, w1))
+    bn = aten._native_batch_norm_legit_no_training.default(a, None, None, mean, var, 0.1, 1e-5)
+    b = conv(bn[0], w2)
+    y = aten.relu.default(aten.add.Tensor(b, a))
+    return y, aten.mean.dim(y, [2, 3])
+
+
+def block_inputs() -> tuple[torch.Tensor, ...]:
+    return (
+        make((2, 16, 8, 8)),
+        make((16, 16, 3, 3)),
+        make((16, 16, 3, 3)),
+        make((16,)),
+        make((16,), low=0.5, high=2.0),
+    )
+
+
+def conv_ops(compiled: Any) -> list[Any]:
+    return [op for op in compiled.graph.operations if "convolution" in str(getattr(op, "op", ""))]
+
+
+def is_plain_copy(buffer: Any) -> bool:
+    """A computed buffer whose body only loads one value and stores it (a layout conversion)."""
+    if not isinstance(buffer, ComputedBuffer):
+        return False
+    ranges, rranges = buffer.iteration()
+    from kiln_loopir.indexing import loop_vars
+
+    lines = format_body(buffer.body(), loop_vars("x", len(ranges)), loop_vars("r", len(rranges)))
+    return sum("load" in line for line in lines) == 1 and not any(
+        op in " ".join(lines) for op in ("relu", "maximum", "add", "mul", "sub")
+    )
+
+
+# -- the framework ------------------------------------------------------------------------------
+
+
+def test_unknown_or_malformed_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown loopir pass options"):
+        PassOptions.from_mapping({"pad_matmul": True})
+    with pytest.raises(ValueError, match="layout_policy"):
+        PassOptions.from_mapping({"layout_policy": "tpu"})
+    with pytest.raises(ValueError, match="pad_mm"):
+        PassOptions.from_mapping({"pad_mm": "sometimes"})
+
+
+def test_passes_log_what_they_decide(caplog: pytest.LogCaptureFixture) -> None:
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        compiled = compile_graph(gm, list(inputs), options={**CUDA_RULE, "pad_mm": False})
+    assert "layout: cuda rule chooses channels-last" in caplog.text
+    assert "pad_mm: off" in caplog.text
+    assert ("pad_mm", "off (option pad_mm=False)") in compiled.passes.record
+
+
+def test_a_pass_does_not_edit_the_callers_graph() -> None:
+    x, w = make((6, 10)), make((10, 37))
+    gm = with_vals(mm, x, w)
+    before = gm.graph.python_code("self").src
+    rewritten, _ = run_passes(gm, [x, w], torch.device("cpu"), {"pad_mm": "force"})
+    assert rewritten is not gm
+    assert gm.graph.python_code("self").src == before
+    assert any(n.target is aten.constant_pad_nd.default for n in rewritten.graph.nodes)
+
+
+# -- layout ---------------------------------------------------------------------------------------
+
+
+def test_cuda_rule_runs_a_resnet_block_channels_last() -> None:
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options=CUDA_RULE)
+        out = compiled(*inputs)
+    eager = gm(*inputs)
+    assert compiled.graph.channels_last
+    for got, want in zip(out, eager, strict=True):  # outputs keep eager's strides
+        assert got.stride() == want.stride()
+    first, second = conv_ops(compiled)
+    assert second.args[0].layout.stride[1] == 1  # the second conv reads NHWC ...
+    producer = compiled.graph.name_to_buffer[second.args[0].name]
+    assert not is_plain_copy(producer)  # ... written by the BN/ReLU kernel, not a conversion copy
+    assert first.outputs[0].layout.stride[1] == 1
+
+
+def test_layout_option_off_keeps_eager_layouts() -> None:
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options={**CUDA_RULE, "layout": False})
+    assert not compiled.graph.channels_last
+    assert conv_ops(compiled)[1].args[0].layout.stride[-1] == 1  # NCHW
+
+
+def test_cuda_rule_keeps_training_graphs_in_eager_layouts() -> None:
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    compiled = check(gm, *inputs, options=CUDA_RULE)  # grad mode on: a training graph
+    assert not compiled.graph.channels_last
+    assert any("training graph" in text for _, text in compiled.passes.record)
+
+
+def _policy(gm: torch.fx.GraphModule, inference: bool = True) -> Any:
+    ctx = PassContext(torch.device("cuda"), PassOptions(), [], inference)
+    return cuda_policy(gm, ctx)
+
+
+def test_cuda_rule_weighs_conv_classes() -> None:
+    # depthwise (ConvNeXt): channels-last; grouped with several channels per group: kept NCHW
+    x = make((2, 32, 16, 16))
+    depthwise = with_vals(lambda a, w: conv(a, w, 32), x, make((32, 1, 3, 3)))
+    grouped = with_vals(lambda a, w: conv(a, w, 4), x, make((32, 8, 3, 3)))
+    assert (
+        conv_class(next(n for n in depthwise.graph.nodes if n.target is aten.convolution.default))
+        == "depthwise"
+    )
+    assert _policy(depthwise).channels_last
+    decision = _policy(grouped)
+    assert not decision.channels_last and "grouped x1" in decision.reason
+    assert not _policy(depthwise, inference=False).channels_last
+
+
+def test_cuda_rule_skips_graphs_where_convs_are_a_small_part() -> None:
+    def stem_then_many(x: Any, w: Any) -> Any:
+        y = conv(x, w)
+        for _ in range(320):
+            y = aten.relu.default(y)
+        return y
+
+    gm = with_vals(stem_then_many, make((1, 4, 8, 8)), make((4, 4, 3, 3)))
+    decision = _policy(gm)
+    assert not decision.channels_last and "small part" in decision.reason
+
+
+def test_spread_stops_at_a_permute() -> None:
+    # ConvNeXt: depthwise conv -> permute to NHWC -> layer norm -> permute back -> conv. The
+    # permuted [N, H, W, C] values are not channels-last values and must not be marked as such.
+    def block(x: Any, w1: Any, w2: Any, g: Any, b: Any) -> Any:
+        y = aten.permute.default(conv(x, w1, 8), [0, 2, 3, 1])
+        y = aten.native_layer_norm.default(y, [8], g, b, 1e-6)[0]
+        return conv(aten.permute.default(y, [0, 3, 1, 2]), w2)
+
+    inputs = (make((2, 8, 8, 8)), make((8, 1, 3, 3)), make((8, 8, 1, 1)), make((8,)), make((8,)))
+    gm = with_vals(block, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options=CUDA_RULE)
+    marked = {str(n.target) for n in compiled.graph.channels_last}
+    assert "aten.convolution.default" in marked
+    assert not any("permute" in t or "layer_norm" in t for t in marked)
+
+
+# -- matmul padding -------------------------------------------------------------------------------
+
+
+def lm_head(x: Any, w: Any) -> Any:
+    flat = aten.view.default(x, [6, 10])
+    return aten.view.default(aten.mm.default(flat, aten.t.default(w)), [2, 3, 37])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forced_padding_equals_unpadded(dtype: torch.dtype) -> None:
+    x, w = make((2, 3, 10), dtype), make((37, 10), dtype)  # N = 37 and K = 10 misaligned
+    gm = with_vals(lm_head, x, w)
+    compiled = check(gm, x, w, options={"pad_mm": "force"})
+    assert compiled(x, w).stride() == gm(x, w).stride()  # the output keeps eager's strides
+    mm = next(op for op in compiled.graph.operations if "mm" in str(getattr(op, "op", "")))
+    align = 4 if dtype == torch.float32 else 8
+    size = [int(s) for s in mm.outputs[0].layout.size]
+    assert size == [8, 40] and all(s % align == 0 for s in size)
+    # the weight is padded before its transpose: the GEMM reads a transposed operand
+    assert mm.args[1].layout.stride[0] == 1
+
+
+def test_padded_addmm_and_bmm_equal_unpadded() -> None:
+    bias, a, b = make((13,)), make((5, 7)), make((7, 13))
+    check(
+        with_vals(addmm, bias, a, b),
+        bias,
+        a,
+        b,
+        options={"pad_mm": "force"},
+    )
+    x, y = make((3, 5, 7)), make((3, 7, 9))
+    compiled = check(
+        with_vals(lambda p, q: aten.relu.default(aten.bmm.default(p, q)), x, y),
+        x,
+        y,
+        options={"pad_mm": "force"},
+    )
+    assert any("bmm" in text for _, text in compiled.passes.record)
+
+
+def test_aligned_or_integer_matmuls_are_left_alone() -> None:
+    a, b = make((8, 16)), make((16, 8))
+    compiled = check(with_vals(mm, a, b), a, b, options={"pad_mm": "force"})
+    assert not any(n == "pad_mm" for n, _ in compiled.passes.record)
+
+
+def test_padding_is_off_on_the_cpu_by_default_and_by_option() -> None:
+    x, w = make((2, 3, 10)), make((37, 10))
+    gm = with_vals(lm_head, x, w)
+    default = check(gm, x, w)
+    assert ("pad_mm", next(t for n, t in default.passes.record if n == "pad_mm")) and not any(
+        n.target is aten.constant_pad_nd.default for n in default.graph.gm.graph.nodes
+    )
+    assert any("not on CUDA" in t for _, t in default.passes.record)
+    off = check(gm, x, w, options={"pad_mm": False})
+    assert off.stats.kernels == 0 and off.stats.extern_calls == 1
+
+
+def test_padding_decision_is_timed_once_and_cached_on_disk(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pad_mm_module, "_MEMORY", {})
+    gm = with_vals(mm, make((64, 100)), make((100, 50257 % 97 + 64)))
+    node = next(n for n in gm.graph.nodes if n.target is aten.mm.default)
+    c = pad_mm_module.candidate(node)
+    assert c is not None
+    # the CUDA branch of the decision, with a fake timer (nothing here depends on real timing)
+    ctx = PassContext(torch.device("cpu"), PassOptions(), [], True)
+    monkeypatch.setattr(pad_mm_module, "MIN_INTENSITY", 0.0)
+    calls: list[str] = []
+
+    def timer(fn: Any, device: Any) -> float:
+        fn()
+        calls.append("timed")
+        return 3.0 if len(calls) == 1 else 1.0  # original 3 ms, padded 1 ms
+
+    monkeypatch.setattr(ctx, "device", torch.device("cuda"))
+    monkeypatch.setattr(pad_mm_module, "device_name", lambda device: "fake-gpu")
+    monkeypatch.setattr(
+        pad_mm_module, "_random_like", lambda val, device: torch.randn(list(val.shape), dtype=val.dtype)
+    )
+    pad, why = pad_mm_module.should_pad(c, ctx, timer)
+    assert pad and "timed" in why and calls == ["timed", "timed"]
+    files = os.listdir(tmp_path / "pad_mm")
+    assert len(files) == 1 and files[0].endswith(".json")
+    entry = json.loads((tmp_path / "pad_mm" / files[0]).read_text())
+    assert entry["pad"] is True and "fake-gpu" in entry["key"] and torch.__version__ in entry["key"]
+    monkeypatch.setattr(pad_mm_module, "_MEMORY", {})  # a fresh process: the disk answers
+    pad, why = pad_mm_module.should_pad(c, ctx, timer)
+    assert pad and why.startswith("cached") and calls == ["timed", "timed"]
+
+
+# -- attention ------------------------------------------------------------------------------------
+B, H, L, E = 2, 3, 5, 4
+
+
+def qk(q: Any, k: Any) -> Any:
+    a = aten.view.default(
+        aten.clone.default(aten.expand.default(q, [B, H, L, E]), memory_format=torch.contiguous_format),
+        [B * H, L, E],
+    )
+    kt = aten.permute.default(k, [0, 1, 3, 2])
+    b = aten.view.default(
+        aten.clone.default(aten.expand.default(kt, [B, H, E, L]), memory_format=torch.contiguous_format),
+        [B * H, E, L],
+    )
+    return aten.view.default(aten.bmm.default(a, b), [B, H, L, L])
+
+
+def pv(p: Any, v: Any) -> Any:
+    a = aten.view.default(aten.expand.default(p, [B, H, L, L]), [B * H, L, L])
+    b = aten.view.default(
+        aten.clone.default(aten.expand.default(v, [B, H, L, E]), memory_format=torch.contiguous_format),
+        [B * H, L, E],
+    )
+    return aten.view.default(aten.bmm.default(a, b), [B, H, L, E])
+
+
+def attention_masked(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.add.Tensor(aten.mul.Tensor(qk(q, k), 0.5), mask)
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def attention_div(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.div.Tensor(qk(q, k), 2.0), -1, False), v)
+
+
+def qkv_inputs(mask_shape: tuple[int, ...] = (1, 1, L, L)) -> tuple[torch.Tensor, ...]:
+    return make((B, H, L, E)), make((B, H, L, E)), make((B, H, L, E)), make(mask_shape)
+
+
+def sdpa_calls(compiled: Any) -> int:
+    return sum(
+        "scaled_dot_product_attention" in str(getattr(op, "op", "")) for op in compiled.graph.operations
+    )
+
+
+@pytest.mark.parametrize("fn", [attention_masked, attention_div])
+def test_explicit_attention_becomes_sdpa(fn: Any) -> None:
+    inputs = qkv_inputs()
+    gm = with_vals(fn, *inputs)
+    compiled = check(gm, *inputs)
+    assert sdpa_calls(compiled) == 1
+    assert not any("bmm" in str(getattr(op, "op", "")) for op in compiled.graph.operations)
+    assert any(
+        name == "attention" and "scaled_dot_product_attention" in t for name, t in compiled.passes.record
+    )
+    off = check(gm, *inputs, options={"attention": False})
+    assert sdpa_calls(off) == 0
+
+
+def test_rows_masked_everywhere_stay_nan_as_in_eager() -> None:
+    q, k, v, mask = qkv_inputs((B, 1, L, L))
+    mask[0, 0, 2, :] = float("-inf")
+    gm = with_vals(attention_masked, q, k, v, mask)
+    compiled = check(gm, q, k, v, mask)  # compares with eager, NaN for NaN
+    assert sdpa_calls(compiled) == 1
+    assert torch.isnan(compiled(q, k, v, mask)[0, :, 2]).all()
+
+
+def _mask_after_scale_swapped(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.mul.Tensor(aten.add.Tensor(qk(q, k), mask), 0.5)  # mask added before the scale
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def _softmax_over_queries(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.add.Tensor(qk(q, k), mask), -2, False), v)
+
+
+def _multiplicative_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.mul.Tensor(qk(q, k), mask), -1, False), v)
+
+
+def _fill_not_minus_inf(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.masked_fill.Scalar(aten.mul.Tensor(qk(q, k), 0.5), aten.gt.Scalar(mask, 0.0), -1e9)
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def _boolean_mask(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.where.self(
+        aten.gt.Scalar(mask, 0.0), aten.mul.Tensor(qk(q, k), 0.5), aten.full_like.default(mask, float("-inf"))
+    )
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def _probabilities_also_returned(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    p = aten._softmax.default(aten.add.Tensor(qk(q, k), mask), -1, False)
+    return pv(p, v), p
+
+
+def _tensor_scale(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    return pv(aten._softmax.default(aten.mul.Tensor(qk(q, k), aten.sum.default(mask)), -1, False), v)
+
+
+@pytest.mark.parametrize(
+    ("fn", "mask_shape"),
+    [
+        (_mask_after_scale_swapped, (1, 1, L, L)),
+        (_softmax_over_queries, (1, 1, L, L)),
+        (_multiplicative_mask, (1, 1, L, L)),
+        (_boolean_mask, (B, H, L, L)),  # keeps where the condition holds: not an exclusion
+        (_fill_not_minus_inf, (1, 1, L, L)),
+        (_probabilities_also_returned, (1, 1, L, L)),
+        (_tensor_scale, (1, 1, L, L)),
+    ],
+)
+def test_attention_look_alikes_are_left_alone(fn: Any, mask_shape: tuple[int, ...]) -> None:
+    inputs = qkv_inputs(mask_shape)
+    gm = with_vals(fn, *inputs)
+    compiled = check(gm, *inputs, allow_fallback=True)
+    assert sdpa_calls(compiled) == 0
+    assert not any(name == "attention" for name, _ in compiled.passes.record)
+
+
+def test_a_view_of_an_nhwc_value_leaves_with_eager_strides() -> None:
+    # the permuted conv output is not itself marked; its NHWC storage would give it other strides
+    def fn(x: Any, w1: Any, w2: Any) -> Any:
+        a = aten.relu.default(conv(x, w1))
+        return conv(a, w2), aten.permute.default(a, [0, 2, 3, 1])
+
+    inputs = (make((2, 8, 8, 8)), make((8, 8, 3, 3)), make((8, 8, 3, 3)))
+    gm = with_vals(fn, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options=CUDA_RULE)
+        out = compiled(*inputs)
+    assert compiled.graph.channels_last
+    for got, want in zip(out, gm(*inputs), strict=True):
+        assert got.stride() == want.stride()
+
+
+def attention_where(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    # minGPT: att.masked_fill(mask == 0, float("-inf")), as aotgrad spells it
+    minus_inf = aten.scalar_tensor.default(float("-inf"), dtype=torch.float32, device=q.device)
+    s = aten.where.self(aten.eq.Scalar(mask, 0), minus_inf, aten.mul.Tensor(qk(q, k), 0.5))
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+def attention_masked_fill(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    s = aten.masked_fill.Scalar(aten.mul.Tensor(qk(q, k), 0.5), aten.eq.Scalar(mask, 0), float("-inf"))
+    return pv(aten._softmax.default(s, -1, False), v)
+
+
+@pytest.mark.parametrize("fn", [attention_where, attention_masked_fill])
+def test_excluding_boolean_mask_becomes_sdpa(fn: Any) -> None:
+    q, k, v, _ = qkv_inputs()
+    mask = torch.tril(torch.ones(L, L))[None, None].repeat(B, 1, 1, 1)
+    mask[1, 0, 3, :] = 0  # a row excluded everywhere: NaN in eager, and in the rewrite
+    gm = with_vals(fn, q, k, v, mask)
+    compiled = check(gm, q, k, v, mask)
+    assert sdpa_calls(compiled) == 1
+    assert any("excluding" in t for name, t in compiled.passes.record if name == "attention")
+    assert torch.isnan(compiled(q, k, v, mask)[1, :, 3]).all()
