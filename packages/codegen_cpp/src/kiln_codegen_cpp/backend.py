@@ -21,6 +21,7 @@ from typing import Any
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.origins import kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
 
 from .build import Built, build
@@ -89,7 +90,7 @@ class CppBackend(Backend):
         members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
         internal = set(schedule.plan.internal.get(step, ()))
-        name = f"kernel_{step}_{members[0].name}"
+        name = kernel_name("cpp", members, step)
         try:
             return KernelBuilder(name, members, reads, dtypes, internal).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
