@@ -1,0 +1,201 @@
+"""The profile view (``python -m kiln_bench --profile``): where one compiled call's time goes.
+
+After the harness has timed a backend (its wall ms per call: the median of interleaved timed
+calls), the same step runs a few more times under ``torch.profiler``, and the events become one
+:class:`Profile`: device time per call, launches per call, the share of wall time the device sat
+idle, and the five slowest kernels with their share of device time.
+
+Note [What the profile counts]:
+
+* On CUDA the unit is a device *kernel*: an event whose ``device_type`` is CUDA. Its duration is
+  ``self_device_time_total`` (the event's span on the device). Memory copies and sets
+  (``gpu_memcpy`` / ``gpu_memset``, "Memcpy ..." / "Memset ...") are device time but not kernels;
+  ``gpu_user_annotation`` ranges (record_function mirrored on the device timeline) span other
+  kernels and are left out, or they would count twice. The device is *busy* for the union of
+  those intervals (streams may overlap), and idle for ``1 - busy / wall``.
+* On the CPU the unit is an *op*: every synchronous CPU event (aten ops, and record_function
+  ranges) with its ``self_cpu_time_total``. ``--profile`` turns on ``KILN_PROFILE=1`` and
+  ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so each C++ kernel of kiln and of torch.compile is
+  a named range too (otherwise its time would belong to no op). Launches are the leaf events; busy
+  is the sum of self times, and idle is the time in no op at all: Python, guards, wrappers.
+
+Only the ``calls`` profiled calls are in the events (the profiler starts after warm-up), so every
+per-call figure is a total divided by ``calls``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+
+TOP = 5
+COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+COPY_PREFIXES = ("Memcpy", "Memset")
+ANNOTATION_ACTIVITIES = frozenset({"gpu_user_annotation", "user_annotation"})
+
+
+@dataclass(frozen=True, slots=True)
+class Hot:
+    """One kernel (or op) name among the slowest: per call, and its share of all device time."""
+
+    name: str
+    ms_per_call: float
+    share: float
+    count_per_call: float
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One backend's profile; see the module docstring for what each figure counts."""
+
+    unit: str  # "kernel" (CUDA) or "op" (CPU)
+    calls: int
+    wall_ms: float | None  # the harness's median wall ms per call
+    device_ms: float  # sum of kernel (op) durations, per call
+    busy_ms: float  # time the device was busy, per call
+    launches: float  # kernels (leaf ops) per call
+    copies: float  # memcpy/memset per call (CUDA)
+    idle_share: float | None  # 1 - busy / wall
+    top: tuple[Hot, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _activity(event: Any) -> str:
+    return str(getattr(event, "activity_type", "") or "")
+
+
+def _duration_us(event: Any, device: bool) -> float:
+    if device:
+        span = event.time_range.end - event.time_range.start
+        return float(event.self_device_time_total or span)
+    return float(event.self_cpu_time_total)
+
+
+def device_events(events: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """(kernels, copies) among CUDA profiler events; annotations are neither."""
+    kernels, copies = [], []
+    for e in events:
+        if e.device_type != DeviceType.CUDA:
+            continue
+        if getattr(e, "is_user_annotation", False) or _activity(e) in ANNOTATION_ACTIVITIES:
+            continue
+        if _activity(e) in COPY_ACTIVITIES or str(e.name).startswith(COPY_PREFIXES):
+            copies.append(e)
+        else:
+            kernels.append(e)
+    return kernels, copies
+
+
+def cpu_ops(events: Iterable[Any]) -> list[Any]:
+    return [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
+
+
+def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def _top(events: Sequence[Any], device: bool, calls: int, total_us: float) -> tuple[Hot, ...]:
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(str(e.name), []).append(_duration_us(e, device))
+    ranked = sorted(by_name.items(), key=lambda item: (-sum(item[1]), item[0]))[:TOP]
+    return tuple(
+        Hot(name, sum(ds) / calls / 1e3, sum(ds) / total_us if total_us else 0.0, len(ds) / calls)
+        for name, ds in ranked
+    )
+
+
+def summarize(events: Iterable[Any], calls: int, wall_ms: float | None, *, cuda: bool) -> Profile:
+    """Boil ``calls`` calls' profiler events down to one Profile (Note [What the profile counts])."""
+    events = list(events)
+    calls = max(calls, 1)
+    if cuda:
+        kernels, copies = device_events(events)
+        device_us = sum(_duration_us(e, True) for e in kernels)
+        total = device_us + sum(_duration_us(e, True) for e in copies)
+        busy_us = _union_us((e.time_range.start, e.time_range.end) for e in [*kernels, *copies])
+        unit, launches, ranked = "kernel", len(kernels), [*kernels, *copies]
+    else:
+        ops = cpu_ops(events)
+        device_us = total = busy_us = sum(_duration_us(e, False) for e in ops)
+        unit, launches, ranked, copies = "op", sum(1 for e in ops if not e.cpu_children), ops, []
+    busy_ms = busy_us / calls / 1e3
+    idle = max(0.0, 1.0 - busy_ms / wall_ms) if wall_ms else None
+    return Profile(
+        unit=unit,
+        calls=calls,
+        wall_ms=wall_ms,
+        device_ms=device_us / calls / 1e3,
+        busy_ms=busy_ms,
+        launches=launches / calls,
+        copies=len(copies) / calls,
+        idle_share=idle,
+        top=_top(ranked, cuda, calls, total),
+    )
+
+
+def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
+    """The profiler events of ``calls`` calls of ``step`` (warm already), device synchronized."""
+    cuda = device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
+    return summarize(record(step, device, calls), calls, wall_ms, cuda=device.startswith("cuda"))
+
+
+NAME_WIDTH = 90
+
+
+def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> str:
+    """The profile view: a line per (model, mode, backend), then its slowest kernels.
+
+    ``rows`` are (model, mode, backend, profile JSON or None, why there is none)."""
+    blank = f"{'':<11} {'':<10} {'':<9} {'':>8} {'':>8} {'':>9} {'':>6}  "
+    lines = [
+        f"{'model':<11} {'mode':<10} {'backend':<9} {'wall ms':>8} {'dev ms':>8} {'launches':>9} "
+        f"{'idle':>6}  slowest, with their share of device time"
+    ]
+    units = set()
+    for model, mode, backend, p, reason in rows:
+        if p is None:
+            lines.append(f"{model:<11} {mode:<10} {backend:<9} {'-':>8} {'-':>8} {'-':>9} {'-':>6}  {reason}")
+            continue
+        units.add(p["unit"])
+        wall = format(p["wall_ms"], "8.3f") if p["wall_ms"] is not None else format("-", ">8")
+        idle = format(p["idle_share"], "6.1%") if p["idle_share"] is not None else format("-", ">6")
+        hot = [f"{h['share']:6.1%} {h['name'][:NAME_WIDTH]}" for h in p["top"]] or [""]
+        lines.append(
+            f"{model:<11} {mode:<10} {backend:<9} {wall} {p['device_ms']:8.3f} {p['launches']:9.1f} {idle}  {hot[0]}"
+        )
+        lines.extend(blank + h for h in hot[1:])
+    if "kernel" in units:
+        lines.append(
+            "CUDA: dev ms = GPU kernel time per call, launches = kernels per call, idle = GPU idle share of wall"
+        )
+    if "op" in units:
+        lines.append(
+            "CPU: dev ms = self CPU time of ops per call, launches = leaf ops per call, idle = time in no op"
+        )
+    return "\n".join(lines)
