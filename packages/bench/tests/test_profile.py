@@ -13,6 +13,8 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from kiln_bench.__main__ import main
+from kiln_bench.backends import parse
+from kiln_bench.harness import run_model
 from kiln_bench.profile import summarize, table
 
 _ids = itertools.count(1)
@@ -117,3 +119,16 @@ def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, ca
     assert any(n.startswith("kiln:cpp_fused_") for n in kiln_top), kiln_top
     printed = capsys.readouterr().out
     assert "slowest, with their share of device time" in printed and "kiln:cpp_fused_" in printed
+
+
+def test_backends_take_a_compile_mode() -> None:
+    assert parse("kiln:reduce-overhead") == ("kiln", "reduce-overhead")
+    assert parse("inductor") == ("inductor", None)
+    for bad in ("eager:reduce-overhead", "kiln:fast", "tvm"):
+        with pytest.raises(KeyError):
+            parse(bad)
+    with pytest.raises(SystemExit):
+        main(["--backends", "kiln:fast"])
+    (result,) = run_model("mlp", "inference", ["kiln:reduce-overhead"], repeats=1, warmup=0)
+    assert result.ok and result.backend == "kiln:reduce-overhead", result.reason
+    assert result.extra["graphs"] == 1  # kiln's compile details, found under the mode too

@@ -24,7 +24,7 @@ import torch
 
 from kiln_bench import harness, micro, report
 from kiln_bench import profile as profiling
-from kiln_bench.backends import BACKENDS
+from kiln_bench.backends import parse as parse_backend
 from kiln_bench.models import MODEL_NAMES, SIZES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=["models", "micro"], default="models")
     parser.add_argument("--models", default=",".join(MODEL_NAMES))
     parser.add_argument("--modes", default="inference,training")
-    parser.add_argument("--backends", default="eager,inductor,kiln")
+    parser.add_argument(
+        "--backends", default="eager,inductor,kiln", help="eager, inductor, kiln; a compiler may add :MODE"
+    )
     parser.add_argument("--size", choices=SIZES, default="cpu")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
@@ -78,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE", "1")
     repeats = args.repeats if args.repeats is not None else (50 if on_gpu else 20)
     warmup = args.warmup if args.warmup is not None else (10 if on_gpu else 3)
-    backends = _list(args.backends, BACKENDS, "backends")
+    backends = [v for v in args.backends.split(",") if v]
+    for backend in backends:
+        try:
+            parse_backend(backend)
+        except KeyError as e:
+            parser.error(str(e.args[0]))
     settings = {"suite": args.suite, "size": args.size, "device": args.device, "dtype": args.dtype,
                 "repeats": repeats, "warmup": warmup, "profile_calls": profile_calls}  # fmt: skip
     if not on_gpu:

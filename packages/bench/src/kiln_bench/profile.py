@@ -172,22 +172,25 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
     """The profile view: a line per (model, mode, backend), then its slowest kernels.
 
     ``rows`` are (model, mode, backend, profile JSON or None, why there is none)."""
-    blank = f"{'':<11} {'':<10} {'':<9} {'':>8} {'':>8} {'':>9} {'':>6}  "
+    bw = max([9, *(len(row[2]) for row in rows)])
+    blank = f"{'':<11} {'':<10} {'':<{bw}} {'':>8} {'':>8} {'':>9} {'':>6}  "
     lines = [
-        f"{'model':<11} {'mode':<10} {'backend':<9} {'wall ms':>8} {'dev ms':>8} {'launches':>9} "
+        f"{'model':<11} {'mode':<10} {'backend':<{bw}} {'wall ms':>8} {'dev ms':>8} {'launches':>9} "
         f"{'idle':>6}  slowest, with their share of device time"
     ]
     units = set()
     for model, mode, backend, p, reason in rows:
         if p is None:
-            lines.append(f"{model:<11} {mode:<10} {backend:<9} {'-':>8} {'-':>8} {'-':>9} {'-':>6}  {reason}")
+            lines.append(
+                f"{model:<11} {mode:<10} {backend:<{bw}} {'-':>8} {'-':>8} {'-':>9} {'-':>6}  {reason}"
+            )
             continue
         units.add(p["unit"])
         wall = format(p["wall_ms"], "8.3f") if p["wall_ms"] is not None else format("-", ">8")
         idle = format(p["idle_share"], "6.1%") if p["idle_share"] is not None else format("-", ">6")
         hot = [f"{h['share']:6.1%} {h['name'][:NAME_WIDTH]}" for h in p["top"]] or [""]
         lines.append(
-            f"{model:<11} {mode:<10} {backend:<9} {wall} {p['device_ms']:8.3f} {p['launches']:9.1f} {idle}  {hot[0]}"
+            f"{model:<11} {mode:<10} {backend:<{bw}} {wall} {p['device_ms']:8.3f} {p['launches']:9.1f} {idle}  {hot[0]}"
         )
         lines.extend(blank + h for h in hot[1:])
     if "kernel" in units:
