@@ -161,8 +161,10 @@ def test_where_reads_aotgrads_source_line_then_stack_trace() -> None:
     assert where(node) == "/a/n.py:9"
     node.meta["source_line"] = "/a/model.py:12"
     assert where(node) == "/a/model.py:12"
-    node.meta["source_line"] = "/a/model.py:13: y = relu(x)"  # aotgrad's own frame format
+    node.meta["source_line"] = "/a/model.py:13: y = relu(x[:, 3:4])"  # aotgrad's own frame format
     assert where(node) == "/a/model.py:13"
+    node.meta["source_line"] = "/a:1/model.py:14"
+    assert where(node) == "/a:1/model.py:14"
     assert op_name(aten.add.Tensor) == "add" and op_name(aten._to_copy.default) == "_to_copy"
     assert op_name(torch.ops.prims.convert_element_type.default) == "convert_element_type"
 

@@ -1,20 +1,20 @@
 """Where a buffer's loops came from, and the kernel names and source comments made from that.
 
 Note [Origins]: every lazy loop nest (``Pointwise``, ``Reduction``) and every ``View`` carries the
-set of fx nodes whose computation it holds, as :class:`Origin` records. While ``GraphLowering``
-lowers node ``n`` it makes ``{n}`` plus whatever its tensor arguments *carry* the current origins
-(:func:`attributed`), and each loop nest built meanwhile takes them as its default. An
-argument carries origins only while it is lazy: unrealized loops are inlined into the reader,
-so ``gelu(x.view(...)) * w`` is one loop nest whose origins are view, gelu and mul; a realized
-buffer carries nothing, its readers only load it. A loop nest captures its inputs' loaders when
-it is built, so its origins are fixed then; a ``View`` asks its base for a loader each time it
-is read, so it holds only its own node and carries that plus what its base carries *now*
-(``ir.carried``). A ``ComputedBuffer``'s origins
-are its loops', and a fused kernel's are the union over its members.
+fx nodes whose computation it holds, as :class:`Origin` records. While ``GraphLowering`` lowers
+node ``n``, the current origins (:func:`attributed`) are ``n`` and whatever ``n``'s tensor
+arguments *carry*, and every loop nest built meanwhile takes them. An argument carries origins
+only while it is lazy: unrealized loops are inlined into their reader, so ``gelu(x.view(...)) *
+w`` is one loop nest whose origins are the view, the gelu and the mul; a realized buffer carries
+nothing, its readers only load it. A loop nest captures its inputs' loaders when it is built, so
+its origins are fixed then; a ``View`` asks its base for a loader whenever it is read, so it
+holds only its own node and carries that plus what its base carries at that moment
+(``ir.carried``). A ``ComputedBuffer``'s origins are its loops', a fused kernel's the union of
+its members'.
 
 From them both code generators name kernels the way torch.compile does (``cpp_fused_add_mul_3``,
-``triton_poi_fused_gelu_view_3``: prefix, ``fused_``, the sorted, deduplicated aten op names, the
-schedule step, :func:`kernel_name`) and open each kernel's source with the user's lines it came
+``triton_poi_fused_gelu_view_3``: prefix, ``fused_``, the sorted, deduplicated aten op names, at
+most six, views dropped first, and the schedule step: :func:`kernel_name`) and open each kernel's source with the user's lines it came
 from (:func:`source_comment`, from ``node.meta["source_line"]`` as aotgrad stamps it, or dynamo's
 ``stack_trace``). Both depend only on the graph, so names and sources, and with them the on-disk
 caches keyed by source, are the same from one run to the next.
@@ -40,26 +40,35 @@ MAX_COMMENT_LINES = 8
 MAX_COMMENT_NODES = 12
 # ops that only reinterpret memory: named last when a kernel name has no room for every op
 VIEW_NAMES = frozenset(
-    {
-        "view",
+    [
         "_unsafe_view",
-        "reshape",
-        "permute",
-        "transpose",
-        "t",
+        "alias",
+        "as_strided",
         "expand",
-        "unsqueeze",
-        "squeeze",
+        "flatten",
+        "narrow",
+        "permute",
+        "reshape",
+        "select",
         "slice",
-    }
-    | {"select", "as_strided", "alias", "split", "unbind", "narrow", "flatten", "unflatten", "view_as"}
+        "split",
+        "squeeze",
+        "t",
+        "transpose",
+        "unbind",
+        "unflatten",
+        "unsqueeze",
+        "view",
+        "view_as",
+    ]
 )
 # the kind field a code generator fills in once it knows the kernel's kind (Triton: poi/red/per)
 KIND = "{kind}"
 
 _NOT_IDENT = re.compile(r"\W")
 _TORCH_FRAME = re.compile(r'File "(.+)", line (\d+)')
-_WHERE = re.compile(r"^(.*?):(\d+)(?::.*)?$")
+_FILE_LINE = re.compile(r"(.+):(\d+)")  # dynamo's "file:line"
+_FILE_LINE_TEXT = re.compile(r"(.+?):(\d+): .*")  # aotgrad's own "file:line: source"
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -114,7 +123,7 @@ def where(node: torch.fx.Node) -> str:
     frame of dynamo's (or torch.fx's) ``stack_trace``; ``""`` when the graph does not say."""
     line = node.meta.get("source_line")
     if isinstance(line, str):
-        match = _WHERE.match(line.strip())
+        match = _FILE_LINE.fullmatch(line.strip()) or _FILE_LINE_TEXT.fullmatch(line.strip())
         if match is not None:
             return f"{match.group(1)}:{match.group(2)}"
     trace = node.meta.get("stack_trace")
