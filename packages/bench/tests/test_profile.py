@@ -29,8 +29,14 @@ def _gpu(
     )  # fmt: skip
 
 
-def _cpu(name: str, start: float, end: float, children: tuple[FunctionEvent, ...] = ()) -> FunctionEvent:
-    e = FunctionEvent(next(_ids), name, thread=1, start_us=start, end_us=end, activity_type="cpu_op")
+def _cpu(
+    name: str, start: float, end: float, children: tuple[FunctionEvent, ...] = (), annotation: bool = False
+) -> FunctionEvent:
+    activity = "user_annotation" if annotation else "cpu_op"
+    e = FunctionEvent(
+        next(_ids), name, thread=1, start_us=start, end_us=end, activity_type=activity,
+        is_user_annotation=annotation,
+    )  # fmt: skip
     for c in children:
         e.append_cpu_child(c)
         c.set_cpu_parent(e)
@@ -75,26 +81,36 @@ def test_cuda_top_is_capped_at_five_and_idle_never_negative() -> None:
 
 def test_cpu_ops_count_self_time_and_leaves() -> None:
     mm = _cpu("aten::mm", 10, 50)
-    kernel = _cpu("kiln:cpp_fused_add_0", 60, 70)
+    kernel = _cpu("kiln:cpp_fused_add_0", 60, 70, annotation=True)  # a leaf range: a C++ kernel
     linear = _cpu("aten::linear", 5, 55, (mm,))
-    events = [linear, mm, kernel, _gpu("never counted on the CPU", 0, 1000)]
-    p = summarize(events, calls=1, wall_ms=0.1, cuda=False)
+    wrapper = _cpu("## Call CompiledFxGraph ##", 0, 90, (linear, kernel), annotation=True)
+    events = [wrapper, linear, mm, kernel, _gpu("never counted on the CPU", 0, 1000)]
+    p = summarize(events, calls=1, wall_ms=0.08, cuda=False, profiled_wall_ms=0.1)
     assert p.unit == "op"
-    assert p.device_ms == pytest.approx((10 + 40 + 10) / 1e3)  # linear's self time is 50 - 40
+    # linear's self time is 50 - 40; the wrapper's own 30 us are Python between ops, not an op
+    assert p.device_ms == pytest.approx((10 + 40 + 10) / 1e3)
     assert p.launches == 2.0  # the leaves: mm and the kernel
-    assert p.idle_share == pytest.approx(1 - 0.060 / 0.1)
+    assert p.idle_share == pytest.approx(1 - 0.060 / 0.1)  # of the profiled calls' own wall
     assert [h.name for h in p.top] == ["aten::mm", "aten::linear", "kiln:cpp_fused_add_0"]
+    unprofiled = summarize(events, calls=1, wall_ms=0.08, cuda=False)
+    assert unprofiled.idle_share == pytest.approx(1 - 0.06 / 0.08)
 
 
 def test_table_prints_a_line_per_backend_and_its_kernels() -> None:
-    p = summarize([_gpu("triton_poi_fused_add_0", 0, 20)], calls=1, wall_ms=0.1, cuda=True).to_json()
-    text = table(
-        [("gpt2", "inference", "kiln", p, ""), ("gpt2", "inference", "inductor", None, "RuntimeError: x")]
-    )
-    lines = text.splitlines()
-    assert lines[1].split()[:7] == ["gpt2", "inference", "kiln", "0.100", "0.020", "1.0", "80.0%"]
+    events = [_gpu("triton_poi_fused_add_0", 0, 20)]
+    p = summarize(events, calls=1, wall_ms=0.1, cuda=True, profiled_wall_ms=0.25).to_json()
+    rows = [
+        ("gpt2", "inference", "kiln:reduce-overhead", p, ""),
+        ("gpt2", "inference", "inductor", None, "Err: x"),
+    ]
+    lines = table(rows).splitlines()
+    assert lines[0].index("wall ms") + 7 == lines[1].index("0.100") + 5  # right-aligned columns
+    assert lines[1].split()[:8] == [
+        "gpt2", "inference", "kiln:reduce-overhead", "0.100", "0.250", "0.020", "1.0", "80.0%",
+    ]  # fmt: skip
+    # GPU idle is against the harness's wall, not the profiled calls'
     assert lines[1].endswith("100.0% triton_poi_fused_add_0")
-    assert lines[2].endswith("RuntimeError: x") and lines[-1].startswith("CUDA:")
+    assert lines[2].endswith("Err: x") and lines[-1].startswith("CUDA:")
 
 
 def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
@@ -111,6 +127,7 @@ def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, ca
         assert r["ok"], r["reason"]
         p = r["extra"]["profile"]
         assert p["unit"] == "op" and p["calls"] == 2 and p["wall_ms"] == r["compiled_ms"]
+        assert p["profiled_wall_ms"] > 0
         assert p["device_ms"] > 0 and p["launches"] >= 1 and 0.0 <= p["idle_share"] <= 1.0
         assert 1 <= len(p["top"]) <= 5
         assert all(0 < h["share"] <= 1 and h["ms_per_call"] > 0 for h in p["top"]), backend

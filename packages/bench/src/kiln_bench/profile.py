@@ -13,18 +13,23 @@ Note [What the profile counts]:
   ``gpu_user_annotation`` ranges (record_function mirrored on the device timeline) span other
   kernels and are left out, or they would count twice. The device is *busy* for the union of
   those intervals (streams may overlap), and idle for ``1 - busy / wall``.
-* On the CPU the unit is an *op*: every synchronous CPU event (aten ops, and record_function
-  ranges) with its ``self_cpu_time_total``. ``--profile`` turns on ``KILN_PROFILE=1`` and
-  ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so each C++ kernel of kiln and of torch.compile is
-  a named range too (otherwise its time would belong to no op). Launches are the leaf events; busy
-  is the sum of self times, and idle is the time in no op at all: Python, guards, wrappers.
+* On the CPU the unit is an *op*: a synchronous CPU event (an aten op, or a record_function
+  range with no op inside) with its ``self_cpu_time_total``. ``--profile`` turns on
+  ``KILN_PROFILE=1`` and ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so each C++ kernel of kiln
+  and of torch.compile is such a range (otherwise its time would belong to no op). A range around
+  other ops (torch.compile's "## Call CompiledFxGraph ##") is left out: its self time is the
+  Python between them. Launches are the leaf events, busy is the sum of self times, and idle is
+  the time in no op at all (Python, guards, wrappers), against the wall time of the profiled
+  calls themselves: the profiler slows ops and Python down alike, not so the harness's calls.
 
 Only the ``calls`` profiled calls are in the events (the profiler starts after warm-up), so every
-per-call figure is a total divided by ``calls``.
+per-call figure is a total divided by ``calls``; on CUDA idle is against the harness's wall (the
+profiler slows the CPU side, not the kernels).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,6 +60,7 @@ class Profile:
     unit: str  # "kernel" (CUDA) or "op" (CPU)
     calls: int
     wall_ms: float | None  # the harness's median wall ms per call
+    profiled_wall_ms: float | None  # mean wall ms of the profiled calls
     device_ms: float  # sum of kernel (op) durations, per call
     busy_ms: float  # time the device was busy, per call
     launches: float  # kernels (leaf ops) per call
@@ -93,7 +99,16 @@ def device_events(events: Iterable[Any]) -> tuple[list[Any], list[Any]]:
 
 
 def cpu_ops(events: Iterable[Any]) -> list[Any]:
-    return [e for e in events if e.device_type == DeviceType.CPU and not e.is_async]
+    """Synchronous CPU events, less the annotations that enclose ops (see the module docstring)."""
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CPU
+        and not e.is_async
+        and not (
+            e.cpu_children and (getattr(e, "is_user_annotation", False) or _activity(e) == "user_annotation")
+        )
+    ]
 
 
 def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
@@ -117,7 +132,14 @@ def _top(events: Sequence[Any], device: bool, calls: int, total_us: float) -> tu
     )
 
 
-def summarize(events: Iterable[Any], calls: int, wall_ms: float | None, *, cuda: bool) -> Profile:
+def summarize(
+    events: Iterable[Any],
+    calls: int,
+    wall_ms: float | None,
+    *,
+    cuda: bool,
+    profiled_wall_ms: float | None = None,
+) -> Profile:
     """Boil ``calls`` calls' profiler events down to one Profile (Note [What the profile counts])."""
     events = list(events)
     calls = max(calls, 1)
@@ -132,11 +154,13 @@ def summarize(events: Iterable[Any], calls: int, wall_ms: float | None, *, cuda:
         device_us = total = busy_us = sum(_duration_us(e, False) for e in ops)
         unit, launches, ranked, copies = "op", sum(1 for e in ops if not e.cpu_children), ops, []
     busy_ms = busy_us / calls / 1e3
-    idle = max(0.0, 1.0 - busy_ms / wall_ms) if wall_ms else None
+    against = wall_ms if cuda or not profiled_wall_ms else profiled_wall_ms
+    idle = max(0.0, 1.0 - busy_ms / against) if against else None
     return Profile(
         unit=unit,
         calls=calls,
         wall_ms=wall_ms,
+        profiled_wall_ms=profiled_wall_ms,
         device_ms=device_us / calls / 1e3,
         busy_ms=busy_ms,
         launches=launches / calls,
@@ -146,26 +170,35 @@ def summarize(events: Iterable[Any], calls: int, wall_ms: float | None, *, cuda:
     )
 
 
-def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
-    """The profiler events of ``calls`` calls of ``step`` (warm already), device synchronized."""
+def record(step: Callable[[], Any], device: str, calls: int) -> tuple[list[Any], float]:
+    """The profiler events of ``calls`` calls of ``step`` (warm already), each call synchronized
+    as the harness times it, and the mean wall ms of those calls."""
     cuda = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize()
+    seconds = 0.0
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
+            start = time.perf_counter()
             step()
-        if cuda:
-            torch.cuda.synchronize()
-    return list(prof.events())
+            if cuda:
+                torch.cuda.synchronize()
+            seconds += time.perf_counter() - start
+    return list(prof.events()), seconds / max(calls, 1) * 1e3
 
 
 def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
-    return summarize(record(step, device, calls), calls, wall_ms, cuda=device.startswith("cuda"))
+    events, profiled_ms = record(step, device, calls)
+    return summarize(events, calls, wall_ms, cuda=device.startswith("cuda"), profiled_wall_ms=profiled_ms)
 
 
 NAME_WIDTH = 90
+
+
+def _ms(value: float | None) -> str:
+    return format(value, "8.3f") if value is not None else format("-", ">8")
 
 
 def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> str:
@@ -173,32 +206,30 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
 
     ``rows`` are (model, mode, backend, profile JSON or None, why there is none)."""
     bw = max([9, *(len(row[2]) for row in rows)])
-    blank = f"{'':<11} {'':<10} {'':<{bw}} {'':>8} {'':>8} {'':>9} {'':>6}  "
-    lines = [
-        f"{'model':<11} {'mode':<10} {'backend':<{bw}} {'wall ms':>8} {'dev ms':>8} {'launches':>9} "
-        f"{'idle':>6}  slowest, with their share of device time"
-    ]
+    lead = f"{{:<11}} {{:<10}} {{:<{bw}}} {{:>8}} {{:>8}} {{:>8}} {{:>9}} {{:>6}}  {{}}"
+    lines = [lead.format("model", "mode", "backend", "wall ms", "prof ms", "dev ms", "launches", "idle",
+                         "slowest, with their share of device time")]  # fmt: skip
     units = set()
     for model, mode, backend, p, reason in rows:
         if p is None:
-            lines.append(
-                f"{model:<11} {mode:<10} {backend:<{bw}} {'-':>8} {'-':>8} {'-':>9} {'-':>6}  {reason}"
-            )
+            lines.append(lead.format(model, mode, backend, "-", "-", "-", "-", "-", reason))
             continue
         units.add(p["unit"])
-        wall = format(p["wall_ms"], "8.3f") if p["wall_ms"] is not None else format("-", ">8")
-        idle = format(p["idle_share"], "6.1%") if p["idle_share"] is not None else format("-", ">6")
+        idle = format(p["idle_share"], ".1%") if p["idle_share"] is not None else "-"
         hot = [f"{h['share']:6.1%} {h['name'][:NAME_WIDTH]}" for h in p["top"]] or [""]
         lines.append(
-            f"{model:<11} {mode:<10} {backend:<{bw}} {wall} {p['device_ms']:8.3f} {p['launches']:9.1f} {idle}  {hot[0]}"
-        )
-        lines.extend(blank + h for h in hot[1:])
+            lead.format(model, mode, backend, _ms(p["wall_ms"]), _ms(p.get("profiled_wall_ms")),
+                        _ms(p["device_ms"]), f"{p['launches']:.1f}", idle, hot[0])
+        )  # fmt: skip
+        lines.extend(lead.format("", "", "", "", "", "", "", "", h) for h in hot[1:])
+    lines.append("wall ms: the harness's median call; prof ms: the profiled calls' mean")
     if "kernel" in units:
         lines.append(
             "CUDA: dev ms = GPU kernel time per call, launches = kernels per call, idle = GPU idle share of wall"
         )
     if "op" in units:
         lines.append(
-            "CPU: dev ms = self CPU time of ops per call, launches = leaf ops per call, idle = time in no op"
+            "CPU: dev ms = self CPU time of ops per call, launches = leaf ops per call, "
+            "idle = time in no op, of prof ms"
         )
     return "\n".join(lines)
