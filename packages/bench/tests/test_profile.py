@@ -15,7 +15,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from kiln_bench.__main__ import main
 from kiln_bench.backends import parse
 from kiln_bench.harness import run_model
-from kiln_bench.profile import summarize, table
+from kiln_bench.profile import CALL, median_call, summarize, table
 
 _ids = itertools.count(1)
 
@@ -94,6 +94,27 @@ def test_cpu_ops_count_self_time_and_leaves() -> None:
     assert [h.name for h in p.top] == ["aten::mm", "aten::linear", "kiln:cpp_fused_add_0"]
     unprofiled = summarize(events, calls=1, wall_ms=0.08, cuda=False)
     assert unprofiled.idle_share == pytest.approx(1 - 0.06 / 0.08)
+
+
+def test_the_median_call_is_reported_not_a_preempted_one() -> None:
+    # three calls, each in its range: kernels of 10, 12 and 90 us (the last call was preempted)
+    events = []
+    for base, (kernel_us, wall_us) in zip(
+        (0.0, 1000.0, 2000.0), ((10, 100), (12, 120), (90, 900)), strict=True
+    ):
+        events += [
+            _cpu(CALL, base, base + wall_us, (), annotation=True),
+            _cpu("cudaLaunchKernel", base + 1, base + 5),
+            _gpu("triton_poi_fused_add_0", base + 20, base + 20 + kernel_us),
+            _gpu(CALL, base + 19, base + 20 + kernel_us, activity="gpu_user_annotation", annotation=True),
+        ]
+    p = median_call(events, wall_ms=0.1, cuda=True)
+    assert p.calls == 3 and p.launches == 1.0
+    assert p.device_ms == pytest.approx(0.012) and p.profiled_wall_ms == pytest.approx(0.120)
+    assert p.idle_share == pytest.approx(1 - 0.012 / 0.1)
+    cpu = median_call(events, wall_ms=None, cuda=False)
+    assert cpu.device_ms == pytest.approx(0.004) and [h.name for h in cpu.top] == ["cudaLaunchKernel"]
+    assert cpu.idle_share == pytest.approx(1 - 0.004 / 0.120)  # the call's own wall
 
 
 def test_table_prints_a_line_per_backend_and_its_kernels() -> None:

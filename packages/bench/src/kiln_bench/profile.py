@@ -22,22 +22,25 @@ Note [What the profile counts]:
   the time in no op at all (Python, guards, wrappers), against the wall time of the profiled
   calls themselves: the profiler slows ops and Python down alike, not so the harness's calls.
 
-Only the ``calls`` profiled calls are in the events (the profiler starts after warm-up), so every
-per-call figure is a total divided by ``calls``; on CUDA idle is against the harness's wall (the
-profiler slows the CPU side, not the kernels).
+Each profiled call runs inside a ``kiln_bench::call`` range, and the figures are those of the
+median call (Note [The median call]); ``summarize`` also boils down a window of several calls,
+dividing totals by their number. On CUDA idle is against the harness's wall (the profiler slows
+the CPU side, not the kernels).
 """
 
 from __future__ import annotations
 
-import time
+import bisect
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 from torch.autograd import DeviceType
 
 TOP = 5
+# the record_function range around each profiled call
+CALL = "kiln_bench::call"
 COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
 COPY_PREFIXES = ("Memcpy", "Memset")
 ANNOTATION_ACTIVITIES = frozenset({"gpu_user_annotation", "user_annotation"})
@@ -60,7 +63,7 @@ class Profile:
     unit: str  # "kernel" (CUDA) or "op" (CPU)
     calls: int
     wall_ms: float | None  # the harness's median wall ms per call
-    profiled_wall_ms: float | None  # mean wall ms of the profiled calls
+    profiled_wall_ms: float | None  # wall ms of the profiled call(s)
     device_ms: float  # sum of kernel (op) durations, per call
     busy_ms: float  # time the device was busy, per call
     launches: float  # kernels (leaf ops) per call
@@ -170,28 +173,61 @@ def summarize(
     )
 
 
-def record(step: Callable[[], Any], device: str, calls: int) -> tuple[list[Any], float]:
-    """The profiler events of ``calls`` calls of ``step`` (warm already), each call synchronized
-    as the harness times it, and the mean wall ms of those calls."""
+def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
+    """The profiler events of ``calls`` calls of ``step`` (warm already), each call inside a
+    :data:`CALL` range and synchronized, as the harness times it."""
     cuda = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize()
-    seconds = 0.0
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
-            start = time.perf_counter()
-            step()
-            if cuda:
-                torch.cuda.synchronize()
-            seconds += time.perf_counter() - start
-    return list(prof.events()), seconds / max(calls, 1) * 1e3
+            with torch.profiler.record_function(CALL):
+                step()
+                if cuda:
+                    torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def split_calls(events: Iterable[Any]) -> list[tuple[float, list[Any]]]:
+    """Each :data:`CALL` range's wall ms and the events that started in it (a device kernel
+    starts after its call's range opens, and the range closes after a synchronize)."""
+    events = list(events)
+    ranges = sorted(
+        (e for e in events if e.name == CALL and e.device_type == DeviceType.CPU),
+        key=lambda e: e.time_range.start,
+    )
+    starts = [r.time_range.start for r in ranges]
+    per_call: list[list[Any]] = [[] for _ in ranges]
+    for e in events:
+        if e.name == CALL:
+            continue
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        if i >= 0:
+            per_call[i].append(e)
+    return [
+        ((r.time_range.end - r.time_range.start) / 1e3, evs) for r, evs in zip(ranges, per_call, strict=True)
+    ]
+
+
+def median_call(events: Iterable[Any], wall_ms: float | None, *, cuda: bool) -> Profile:
+    """Note [The median call]: the profile of the profiled call with the median busy time. On a
+    shared machine one of a few calls is often preempted; a mean would carry it into every
+    figure, the median call is a real call that was not. Events without call ranges (synthetic
+    ones) are summarized as one window."""
+    calls = split_calls(events)
+    if not calls:
+        return summarize(events, 1, wall_ms, cuda=cuda)
+    profiles = sorted(
+        (summarize(evs, 1, wall_ms, cuda=cuda, profiled_wall_ms=ms) for ms, evs in calls),
+        key=lambda p: p.busy_ms,
+    )
+    return replace(profiles[(len(profiles) - 1) // 2], calls=len(profiles))
 
 
 def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
-    events, profiled_ms = record(step, device, calls)
-    return summarize(events, calls, wall_ms, cuda=device.startswith("cuda"), profiled_wall_ms=profiled_ms)
+    return median_call(record(step, device, calls), wall_ms, cuda=device.startswith("cuda"))
 
 
 NAME_WIDTH = 90
@@ -222,7 +258,7 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
                         _ms(p["device_ms"]), f"{p['launches']:.1f}", idle, hot[0])
         )  # fmt: skip
         lines.extend(lead.format("", "", "", "", "", "", "", "", h) for h in hot[1:])
-    lines.append("wall ms: the harness's median call; prof ms: the profiled calls' mean")
+    lines.append("wall ms: the harness's median call; the rest: the median profiled call (prof ms its wall)")
     if "kernel" in units:
         lines.append(
             "CUDA: dev ms = GPU kernel time per call, launches = kernels per call, idle = GPU idle share of wall"

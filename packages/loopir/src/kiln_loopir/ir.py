@@ -438,14 +438,15 @@ def realize_strided(box: TensorBox) -> Buffer | ReinterpretView:
 
 
 def carried(value: Any) -> frozenset[Origin]:
-    """The origins a reader of ``value`` inlines (Note [Origins]): those of a view or of
-    unrealized loops; a realized buffer, read by loads, carries none."""
+    """The origins a reader of ``value`` inlines (Note [Origins]): those of a view and of
+    unrealized pointwise loops; a buffer, read by loads, carries none (nor does a reduction,
+    realized before anything reads it)."""
     node = value
     while isinstance(node, TensorBox | StorageBox):
         node = node.data
     if isinstance(node, View):
         return node.origins | carried(node.base)
-    if isinstance(node, Pointwise | Reduction):
+    if isinstance(node, Pointwise):
         return node.origins
     return NO_ORIGINS
 
