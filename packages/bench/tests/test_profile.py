@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
@@ -170,3 +172,24 @@ def test_backends_take_a_compile_mode() -> None:
     (result,) = run_model("mlp", "inference", ["kiln:reduce-overhead"], repeats=1, warmup=0)
     assert result.ok and result.backend == "kiln:reduce-overhead", result.reason
     assert result.extra["graphs"] == 1  # kiln's compile details, found under the mode too
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA path of the profile needs a GPU (H200 run)"
+)
+def test_profile_flag_end_to_end_on_cuda(tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    argv = ["--device", "cuda", "--size", "gpu", "--models", "mlp", "--modes", "inference"]
+    argv += ["--backends", "eager,kiln,kiln:reduce-overhead", "--profile", "--profile-calls", "3"]
+    argv += ["--repeats", "5", "--warmup", "2", "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    for r in results:
+        assert r["ok"], r["reason"]
+        p = r["extra"]["profile"]
+        assert p["unit"] == "kernel" and p["launches"] >= 1 and 0.0 <= p["idle_share"] <= 1.0
+        assert 0 < p["device_ms"] <= p["profiled_wall_ms"] * 1.05, p
+        assert 1 <= len(p["top"]) <= 5 and sum(h["share"] for h in p["top"]) <= 1 + 1e-9
+    for r in results[1:]:  # kiln's own kernels are named for what they fuse
+        names = [h["name"] for h in r["extra"]["profile"]["top"]]
+        assert any(re.match(r"triton_(poi|per|red)_fused_\w+_\d+$", n) for n in names), names
