@@ -13,14 +13,16 @@ Note [What the profile counts]:
   ``gpu_user_annotation`` ranges (record_function mirrored on the device timeline) span other
   kernels and are left out, or they would count twice. The device is *busy* for the union of
   those intervals (streams may overlap), and idle for ``1 - busy / wall``.
-* On the CPU the unit is an *op*: a synchronous CPU event (an aten op, or a record_function
-  range with no op inside) with its ``self_cpu_time_total``. ``--profile`` turns on
-  ``KILN_PROFILE=1`` and ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so each C++ kernel of kiln
-  and of torch.compile is such a range (otherwise its time would belong to no op). A range around
-  other ops (torch.compile's "## Call CompiledFxGraph ##") is left out: its self time is the
-  Python between them. Launches are the leaf events, busy is the sum of self times, and idle is
-  the time in no op at all (Python, guards, wrappers), against the wall time of the profiled
-  calls themselves: the profiler slows ops and Python down alike, not so the harness's calls.
+* On the CPU the unit is an *op*: a synchronous CPU event that is an operator (its name has a
+  namespace: ``aten::mm``) or a C++ kernel's range, with its ``self_cpu_time_total``.
+  ``--profile`` turns on ``KILN_PROFILE=1`` and ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so
+  each C++ kernel of kiln (``kiln:cpp_fused_add_0``) and of torch.compile
+  (``graph_0_cpp_fused_add_0``) is such a range; otherwise its time would belong to no op. Other
+  ranges (torch.compile's "Torch-Compiled Region", "## Call CompiledFxGraph ##", "TorchDynamo
+  Cache Lookup") are the runtime between ops, as kiln's guard and wrapper are, which have no
+  range. Launches are the leaf ops, busy is the sum of self times, and idle is the time in no op
+  (Python, guards, wrappers), against the profiled call's own wall: the profiler slows ops and
+  Python down alike, not so the harness's calls.
 
 Each profiled call runs inside a ``kiln_bench::call`` range, and the figures are those of the
 median call (Note [The median call]); ``summarize`` also boils down a window of several calls,
@@ -31,6 +33,7 @@ the CPU side, not the kernels).
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -41,6 +44,9 @@ from torch.autograd import DeviceType
 TOP = 5
 # the record_function range around each profiled call
 CALL = "kiln_bench::call"
+# C++ kernel ranges: kiln's (KILN_PROFILE, "kiln:cpp_fused_add_0") and torch.compile's
+# (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE, "graph_0_cpp_fused_add_0")
+KERNEL_RANGE = re.compile(r"^kiln:|(^|_)cpp_")
 COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
 COPY_PREFIXES = ("Memcpy", "Memset")
 ANNOTATION_ACTIVITIES = frozenset({"gpu_user_annotation", "user_annotation"})
@@ -102,15 +108,15 @@ def device_events(events: Iterable[Any]) -> tuple[list[Any], list[Any]]:
 
 
 def cpu_ops(events: Iterable[Any]) -> list[Any]:
-    """Synchronous CPU events, less the annotations that enclose ops (see the module docstring)."""
+    """The synchronous CPU events that are work: operators and C++ kernel ranges (see the module
+    docstring); every other range is runtime glue."""
     return [
         e
         for e in events
         if e.device_type == DeviceType.CPU
         and not e.is_async
-        and not (
-            e.cpu_children and (getattr(e, "is_user_annotation", False) or _activity(e) == "user_annotation")
-        )
+        and e.name != CALL
+        and ("::" in e.name or KERNEL_RANGE.search(e.name) is not None)
     ]
 
 
