@@ -218,18 +218,16 @@ def split_calls(events: Iterable[Any]) -> list[tuple[float, list[Any]]]:
 
 
 def median_call(events: Iterable[Any], wall_ms: float | None, *, cuda: bool) -> Profile:
-    """Note [The median call]: the profile of the profiled call with the median busy time. On a
-    shared machine one of a few calls is often preempted; a mean would carry it into every
-    figure, the median call is a real call that was not. Events without call ranges (synthetic
-    ones) are summarized as one window."""
+    """Note [The median call]: the profile of the profiled call with the median wall time. On a
+    shared machine one of a few calls is often preempted; a mean would carry that call into
+    every figure, the median call is a real call that was not. Events without call ranges
+    (synthetic ones) are summarized as one window."""
     calls = split_calls(events)
     if not calls:
         return summarize(events, 1, wall_ms, cuda=cuda)
-    profiles = sorted(
-        (summarize(evs, 1, wall_ms, cuda=cuda, profiled_wall_ms=ms) for ms, evs in calls),
-        key=lambda p: p.busy_ms,
-    )
-    return replace(profiles[(len(profiles) - 1) // 2], calls=len(profiles))
+    middle = sorted(calls, key=lambda call: call[0])[(len(calls) - 1) // 2]
+    profile = summarize(middle[1], 1, wall_ms, cuda=cuda, profiled_wall_ms=middle[0])
+    return replace(profile, calls=len(calls))
 
 
 def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
