@@ -18,6 +18,11 @@ indices' ranges: a contiguous access collapses back to ``xindex`` itself, which 
 Triton vectorize it. This is exactly what the scheduler checked when it fused the members: a
 producer's flat iteration ``k`` writes what the consumer's flat iteration ``k`` reads.
 
+A kernel is named ``triton_<kind>_fused_<aten ops>_<step>`` as in torch.compile: the backend
+asks ``kiln_loopir.kernel_name`` for ``triton_{kind}_...`` and the generator fills the kind in
+once it has chosen the blocking (``KIND_PREFIX``: poi, per, red); its source opens with the user's
+lines it came from (``kiln_loopir.source_comment``).
+
 Every ops value knows its *axes* (which block indices its shape spans), so a load is masked by
 exactly the masks of the indices its address uses (a bias row read in a reduction is masked by
 ``rmask`` only) and a pointer that uses none is broadcast before a masked access.
