@@ -5,7 +5,9 @@ accuracy reference), run eager once for the reference outputs, then for each bac
 caches, time the first compiled call (compile time), check accuracy, warm up, and time eager and
 compiled calls alternately (A B A B ...) so that load changes hit both equally. Speedup is the
 ratio of medians. Training runs forward, a cross-entropy loss on the logits and backward, and
-compares the loss and every parameter's gradient.
+compares the loss and every parameter's gradient. With ``profile_calls`` (``--profile``), a few
+more compiled calls run under torch.profiler, and ``extra["profile"]`` says where their time
+went (``kiln_bench.profile``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from kiln_bench import accuracy, backends
+from kiln_bench import profile as profiling
 from kiln_bench.models import Workload, build, logits_of, loss_of
 
 MODES = ("inference", "training")
@@ -103,8 +106,10 @@ def run_model(
     repeats: int = 20,
     warmup: int = 3,
     compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]] = backends.compile_model,
+    profile_calls: int = 0,
 ) -> list[Result]:
-    """Measure `name` in `mode` under each backend; one Result per backend."""
+    """Measure `name` in `mode` under each backend; one Result per backend (profiled over
+    `profile_calls` more calls when that is not 0)."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
     workload = build(name, size).to(device, dtype)
@@ -119,7 +124,18 @@ def run_model(
     for backend in backend_names:
         results.append(
             _measure(
-                workload, mode, backend, names, reference, exact, tol, device, repeats, warmup, compile_fn
+                workload,
+                mode,
+                backend,
+                names,
+                reference,
+                exact,
+                tol,
+                device,
+                repeats,
+                warmup,
+                compile_fn,
+                profile_calls,
             )
         )
     return results
@@ -137,6 +153,7 @@ def _measure(
     repeats: int,
     warmup: int,
     compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]],
+    profile_calls: int = 0,
 ) -> Result:
     result = Result(workload.name, mode, backend, ok=False)
     with _fresh_disk_caches():
@@ -167,9 +184,20 @@ def _measure(
             result.compiled_ms = statistics.median(compiled_t) * 1e3
             result.speedup = result.eager_ms / result.compiled_ms
             result.ok = True
+            if profile_calls:
+                add_profile(result, lambda: _step(workload, compiled, mode), device, profile_calls)
         except Exception as e:  # a failing backend is a result, not a crash of the suite
             result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return result
+
+
+def add_profile(result: Result, step: Callable[[], Any], device: str, calls: int) -> None:
+    """Profile ``calls`` more calls of ``step`` into ``result.extra["profile"]``; a profiler that
+    fails leaves the measured result as it is and says why in ``extra["profile_error"]``."""
+    try:
+        result.extra["profile"] = profiling.profile(step, device, calls, result.compiled_ms).to_json()
+    except Exception as e:
+        result.extra["profile_error"] = f"{type(e).__name__}: {e}"[:300]
 
 
 def geomean(values: list[float]) -> float | None:

@@ -7,6 +7,7 @@ time. Backends are compared in one process, calls interleaved (eager, compiled, 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from kiln_bench import accuracy, backends
-from kiln_bench.harness import Result
+from kiln_bench.harness import Result, add_profile
 
 
 class PointwiseChain(nn.Module):
@@ -86,6 +87,7 @@ def run(
     repeats: int = 20,
     warmup: int = 3,
     progress: IO[str] | None = None,
+    profile_calls: int = 0,
 ) -> list[Result]:
     results = []
     for name, module, inputs, nbytes in workloads(device):
@@ -121,6 +123,9 @@ def run(
                     "compiled_gbps": nbytes / (result.compiled_ms * 1e6),
                 }
                 result.ok = True
+                if profile_calls:
+                    step = functools.partial(_time, compiled, inputs, device)
+                    add_profile(result, step, device, profile_calls)
             except Exception as e:  # a failing backend is a result
                 result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             results.append(result)

@@ -53,8 +53,9 @@ def _phases(r: Result) -> str:
 
 
 def table(results: Sequence[Result]) -> str:
+    bw = max([9, *(len(r.backend) for r in results)])
     lines = [
-        f"{'model':<11} {'mode':<10} {'backend':<9} {'result':<6} {'compile s':>9} {'eager ms':>9} {'ms':>9} "
+        f"{'model':<11} {'mode':<10} {'backend':<{bw}} {'result':<6} {'compile s':>9} {'eager ms':>9} {'ms':>9} "
         f"{'speedup':>8}  {'graphs/breaks':<14} compile s by phase / reason"
     ]
     for r in results:
@@ -63,7 +64,7 @@ def table(results: Sequence[Result]) -> str:
             return format(v, fmt) if v is not None else format("-", ">" + fmt.split(".", maxsplit=1)[0])
 
         lines.append(
-            f"{r.model:<11} {r.mode:<10} {r.backend:<9} {'ok' if r.ok else 'FAIL':<6} {num(r.compile_s, '9.2f')} "
+            f"{r.model:<11} {r.mode:<10} {r.backend:<{bw}} {'ok' if r.ok else 'FAIL':<6} {num(r.compile_s, '9.2f')} "
             f"{num(r.eager_ms, '9.2f')} {num(r.compiled_ms, '9.2f')} {num(r.speedup, '8.2f')}  "
             f"{_graphs(r):<14} {r.reason or _phases(r)}"
         )

@@ -6,6 +6,11 @@ that is never read from memory is never stored), which only the whole schedule k
 ``codegen_kernel`` just remembers the node and all kernels are generated in ``codegen_wrapper``,
 into one translation unit that is compiled (or found in the cache) once per graph.
 
+Kernels are named for what they fuse, ``cpp_fused_<aten ops>_<step>`` (``kiln_loopir.kernel_name``),
+and each opens with a comment naming its fx nodes and the user's lines they came from
+(``kiln_loopir.source_comment``); ``KILN_PROFILE=1`` makes every kernel call a
+``kiln:<name>`` range in torch.profiler's tables.
+
 A kernel the generator cannot express (a dtype it has no C++ type for, an op without a
 spelling, a symbolic size) is not an error: the wrapper runs that kernel through loopir's
 reference interpreter, and ``CppBackend.last_declined`` records why.
@@ -21,6 +26,7 @@ from typing import Any
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.origins import kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
 
 from .build import Built, build
@@ -89,7 +95,7 @@ class CppBackend(Backend):
         members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
         internal = set(schedule.plan.internal.get(step, ()))
-        name = f"kernel_{step}_{members[0].name}"
+        name = kernel_name("cpp", members, step)
         try:
             return KernelBuilder(name, members, reads, dtypes, internal).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:

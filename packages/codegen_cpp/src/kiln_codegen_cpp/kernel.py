@@ -50,6 +50,7 @@ import torch
 
 from kiln_loopir.indexing import FloorDiv, ModularIndexing, contiguous_strides, linear_index, simplify_index
 from kiln_loopir.ir import ComputedBuffer, Scatter
+from kiln_loopir.origins import source_comment
 from kiln_loopir.virtualized import op_names
 
 from .cpp_ops import (
@@ -793,6 +794,7 @@ class KernelBuilder:
             sig.append(f"{types[-1]}{restrict} p_{name}")
         sig.append("int64_t nt")
         out: list[str] = [
+            *source_comment(self.name, self.members, "//"),
             f'extern "C" int64_t {self.name}({", ".join(sig)}) {{',
             "  int64_t kerr = 0;",
             "  (void)nt;",

@@ -31,6 +31,7 @@ from typing import Any
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.origins import KIND, kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
 
 from .cudagraphs import CudaGraphRunner, cudagraph_blocker
@@ -164,7 +165,7 @@ class TritonBackend(Backend):
         members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
         internal = set(schedule.plan.internal.get(step, ()))
-        name = f"kernel{step}_{members[0].name}"
+        name = kernel_name(f"triton_{KIND}", members, step)
         options: dict[str, Any] = {
             "index_dtype": index_dtype,
             "debug": self.debug,

@@ -18,6 +18,11 @@ indices' ranges: a contiguous access collapses back to ``xindex`` itself, which 
 Triton vectorize it. This is exactly what the scheduler checked when it fused the members: a
 producer's flat iteration ``k`` writes what the consumer's flat iteration ``k`` reads.
 
+A kernel is named ``triton_<kind>_fused_<aten ops>_<step>`` as in torch.compile: the backend
+asks ``kiln_loopir.kernel_name`` for ``triton_{kind}_...`` and the generator fills the kind in
+once it has chosen the blocking (``KIND_PREFIX``: poi, per, red); its source opens with the user's
+lines it came from (``kiln_loopir.source_comment``).
+
 Every ops value knows its *axes* (which block indices its shape spans), so a load is masked by
 exactly the masks of the indices its address uses (a bias row read in a reduction is masked by
 ``rmask`` only) and a pointer that uses none is broadcast before a masked access.
@@ -36,6 +41,7 @@ import torch
 
 from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, contiguous_strides, simplify_index
 from kiln_loopir.ir import ComputedBuffer, Scatter
+from kiln_loopir.origins import KIND, source_comment
 from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS, set_ops_handler
 
 from .interp import interpreting
@@ -61,6 +67,8 @@ AXIS_OF = {XINDEX: "x", YINDEX: "y", RINDEX: "r"}
 STORE_MARK = "\x00store:"
 # Note [When to tile]: below this many elements along either tile axis a 2-D tile wastes lanes
 MIN_TILE = 16
+# torch.compile's kind prefixes, filled into a name's KIND field (kiln_loopir.kernel_name)
+KIND_PREFIX = {"pointwise": "poi", "tiled": "poi", "persistent": "per", "looped": "red"}
 # largest grid along CUDA's y dimension
 MAX_GRID_Y = 65535
 # an outer reduction (reduced dim strided, output dim contiguous) this short stays persistent
@@ -751,9 +759,11 @@ class _Generator:
                 head += ["rindex = rbase", "rmask = rindex < rnumel"]
         signature = ", ".join([*(f"p_{n}" for n in params), *blocks])
         members = ", ".join(m.name for m in self.members)
+        name = self.name.replace(KIND, KIND_PREFIX[plan.kind])
         lines = [
+            *source_comment(name, self.members, "#"),
             "@triton.jit(debug=True)" if self.debug else "@triton.jit",
-            f"def {self.name}({signature}):",
+            f"def {name}({signature}):",
             f"    # {plan.kind} kernel for {members}",
             *("    " + h for h in head),
             *("    " + b for b in body),
@@ -761,7 +771,7 @@ class _Generator:
         if not body:
             lines.append("    pass")
         return KernelSpec(
-            name=self.name,
+            name=name,
             source="\n".join(lines) + "\n",
             params=tuple(params),
             param_dtypes=tuple(self.dtypes[n] for n in params),

@@ -12,6 +12,8 @@
   decision), each switched by name through ``compile_graph(..., options=...)`` (``PassOptions``);
 * ``graph``: GraphLowering, the fx walk and the realize heuristic;
 * ``scheduler``: dependencies, greedy score-based fusion, topological order, DCE, buffer reuse;
+* ``origins``: which fx nodes (and user lines) each buffer computes, and the kernel names and
+  source comments both code generators make from them (Note [Origins]);
 * ``backend``: the interface code generators implement and the entry-point registry
   (group ``kiln_loopir.backends``); ``interpret``: the reference backend over torch tensors;
 * ``testing``: OpInfo samples recorded as aten graphs, for loopir's and backends' op sweeps.
@@ -23,6 +25,7 @@ from .graph import GraphLowering
 from .ir import TensorBox
 from .logs import configure_artifacts
 from .lowering import register_lowering
+from .origins import kernel_name, source_comment
 from .passes import PassOptions
 from .scheduler import Scheduler
 from .virtualized import ops, set_ops_handler
@@ -42,8 +45,10 @@ __all__ = [
     "compile_graph",
     "configure_artifacts",
     "get_backend",
+    "kernel_name",
     "ops",
     "register_backend",
     "register_lowering",
     "set_ops_handler",
+    "source_comment",
 ]

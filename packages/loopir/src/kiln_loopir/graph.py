@@ -39,6 +39,7 @@ import sympy
 import torch
 import torch.fx
 
+from . import origins
 from .ir import (
     Buffer,
     ConstantBuffer,
@@ -49,6 +50,7 @@ from .ir import (
     ReinterpretView,
     StorageBox,
     TensorBox,
+    carried,
     realize_strided,
 )
 from .layout import fixed_from_tensor
@@ -169,7 +171,7 @@ class GraphLowering:
         metas: dict[torch.fx.Node, Any] = {}
         inputs = iter(self.example_inputs)
         with set_graph(self):
-            for node in self.gm.graph.nodes:
+            for order, node in enumerate(self.gm.graph.nodes):
                 if node.op == "placeholder":
                     value = next(inputs)
                     metas[node] = _to_meta(value)
@@ -180,11 +182,16 @@ class GraphLowering:
                     env[node] = self._constant(node, value)
                 elif node.op == "call_function":
                     metas[node] = self._meta(node, metas)
-                    env[node] = self._call(node, env, metas[node])
+                    own = frozenset({origins.origin_of(node, order)})
+                    with origins.attributed(own, own | _carried_by_args(node, env)):
+                        env[node] = self._call(node, env, metas[node])
                 elif node.op == "output":
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:
-                        return self._eager_strides(n, env[n]) if self.channels_last else env[n]
+                        if not self.channels_last:  # a view of an NHWC value needs eager's strides too
+                            return env[n]
+                        with origins.attributed(origins.NO_ORIGINS, carried(env[n])):
+                            return self._eager_strides(n, env[n])
 
                     self.outputs = self._outputs(torch.fx.node.map_arg(node.args[0], value_of))
                 else:
@@ -340,6 +347,16 @@ class GraphLowering:
             Recorder(self.gm).run(*self.example_inputs)
             self._real_env = env
         return self._real_env[node]
+
+
+def _carried_by_args(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> frozenset[origins.Origin]:
+    """The origins that ``node``'s lowering inlines from its arguments (Note [Origins])."""
+    out: set[origins.Origin] = set()
+    for arg in node.all_input_nodes:
+        value = env.get(arg)
+        for item in value if isinstance(value, list | tuple) else [value]:
+            out |= carried(item)
+    return frozenset(out)
 
 
 def _layer_norm_cpu(value: Any, args: Any) -> Any:

@@ -29,6 +29,9 @@ import torch
 
 from .indexing import Expr, as_strided_params, loop_vars, simplify_index
 from .layout import FixedLayout, FlexibleLayout, Layout, flexible
+from .origins import NO_ORIGINS, Origin
+from .origins import current as current_origins
+from .origins import current_own as current_own_origin
 from .virtualized import current_graph, ops
 
 Index = Sequence[Expr]
@@ -67,6 +70,8 @@ class Pointwise(IRNode):
     dtype: torch.dtype
     inner_fn: Loader
     ranges: tuple[Expr, ...]
+    # Note [Origins]: the fx nodes this loop nest computes
+    origins: frozenset[Origin] = field(default_factory=current_origins, compare=False, repr=False)
 
     def get_size(self) -> tuple[Expr, ...]:
         return self.ranges
@@ -97,6 +102,7 @@ class Reduction(IRNode):
     reduction_type: str
     src_dtype: torch.dtype
     output_index: int = 0
+    origins: frozenset[Origin] = field(default_factory=current_origins, compare=False, repr=False)
 
     def get_size(self) -> tuple[Expr, ...]:
         return self.ranges
@@ -266,6 +272,8 @@ class View(IRNode):
     base: IRNode
     size: tuple[Expr, ...]
     reindex: Callable[[Index], Index]
+    # the view's own node only: what it carries depends on its base now (Note [Origins])
+    origins: frozenset[Origin] = field(default_factory=current_own_origin, compare=False, repr=False)
 
     def get_size(self) -> tuple[Expr, ...]:
         return self.size
@@ -422,9 +430,25 @@ def realize_strided(box: TensorBox) -> Buffer | ReinterpretView:
             strides = [s if n != 1 else sympy.Integer(1) for s, n in zip(strides, size, strict=True)]
             layout = FixedLayout(box.get_device(), box.get_dtype(), tuple(size), tuple(strides), offset)
             return ReinterpretView(buffer, layout)
-    copy = StorageBox(Pointwise(box.get_device(), box.get_dtype(), box.make_loader(), tuple(size)))
+    copy = StorageBox(
+        Pointwise(box.get_device(), box.get_dtype(), box.make_loader(), tuple(size), carried(box))
+    )
     box.data = copy
     return copy.realize()
+
+
+def carried(value: Any) -> frozenset[Origin]:
+    """The origins a reader of ``value`` inlines (Note [Origins]): those of a view and of
+    unrealized pointwise loops; a buffer, read by loads, carries none (nor does a reduction,
+    realized before anything reads it)."""
+    node = value
+    while isinstance(node, TensorBox | StorageBox):
+        node = node.data
+    if isinstance(node, View):
+        return node.origins | carried(node.base)
+    if isinstance(node, Pointwise):
+        return node.origins
+    return NO_ORIGINS
 
 
 def _offset_through_views(node: IRNode, index: Index) -> tuple[Buffer, Expr] | None:

@@ -1,0 +1,275 @@
+"""The profile view (``python -m kiln_bench --profile``): where one compiled call's time goes.
+
+After the harness has timed a backend (its wall ms per call: the median of interleaved timed
+calls), the same step runs a few more times under ``torch.profiler``, and the events become one
+:class:`Profile`: device time per call, launches per call, the share of wall time the device sat
+idle, and the five slowest kernels with their share of device time.
+
+Note [What the profile counts]:
+
+* On CUDA the unit is a device *kernel*: an event whose ``device_type`` is CUDA. Its duration is
+  ``self_device_time_total`` (the event's span on the device). Memory copies and sets
+  (``gpu_memcpy`` / ``gpu_memset``, "Memcpy ..." / "Memset ...") are device time but not kernels;
+  ``gpu_user_annotation`` ranges (record_function mirrored on the device timeline) span other
+  kernels and are left out, or they would count twice. The device is *busy* for the union of
+  those intervals (streams may overlap), and idle for ``1 - busy / wall``.
+* On the CPU the unit is an *op*: a synchronous CPU event that is an operator (its name has a
+  namespace: ``aten::mm``) or a C++ kernel's range, with its ``self_cpu_time_total``.
+  ``--profile`` turns on ``KILN_PROFILE=1`` and ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, so
+  each C++ kernel of kiln (``kiln:cpp_fused_add_0``) and of torch.compile
+  (``graph_0_cpp_fused_add_0``) is such a range; otherwise its time would belong to no op. Other
+  ranges (torch.compile's "Torch-Compiled Region", "## Call CompiledFxGraph ##", "TorchDynamo
+  Cache Lookup") are the runtime between ops, as kiln's guard and wrapper are, which have no
+  range. Launches are the leaf ops, busy is the sum of self times, and idle is the time in no op
+  (Python, guards, wrappers), against the profiled call's own wall: the profiler slows ops and
+  Python down alike, not so the harness's calls.
+
+Each profiled call runs inside a ``kiln_bench::call`` range, and the figures are those of the
+median call (Note [The median call]); ``summarize`` also boils down a window of several calls,
+dividing totals by their number. On CUDA idle is against the harness's wall (the profiler slows
+the CPU side, not the kernels).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+
+TOP = 5
+# the record_function range around each profiled call
+CALL = "kiln_bench::call"
+# C++ kernel ranges: kiln's (KILN_PROFILE, "kiln:cpp_fused_add_0") and torch.compile's
+# (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE, "graph_0_cpp_fused_add_0")
+KERNEL_RANGE = re.compile(r"^kiln:|(^|_)cpp_")
+COPY_ACTIVITIES = frozenset({"gpu_memcpy", "gpu_memset"})
+COPY_PREFIXES = ("Memcpy", "Memset")
+ANNOTATION_ACTIVITIES = frozenset({"gpu_user_annotation", "user_annotation"})
+
+
+@dataclass(frozen=True, slots=True)
+class Hot:
+    """One kernel (or op) name among the slowest: per call, and its share of all device time."""
+
+    name: str
+    ms_per_call: float
+    share: float
+    count_per_call: float
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One backend's profile; see the module docstring for what each figure counts."""
+
+    unit: str  # "kernel" (CUDA) or "op" (CPU)
+    calls: int
+    wall_ms: float | None  # the harness's median wall ms per call
+    profiled_wall_ms: float | None  # wall ms of the profiled call(s)
+    device_ms: float  # sum of kernel (op) durations, per call
+    busy_ms: float  # time the device was busy, per call
+    launches: float  # kernels (leaf ops) per call
+    copies: float  # memcpy/memset per call (CUDA)
+    idle_share: float | None  # 1 - busy / wall
+    top: tuple[Hot, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _activity(event: Any) -> str:
+    return str(getattr(event, "activity_type", "") or "")
+
+
+def _duration_us(event: Any, device: bool) -> float:
+    if device:
+        span = event.time_range.end - event.time_range.start
+        return float(event.self_device_time_total or span)
+    return float(event.self_cpu_time_total)
+
+
+def device_events(events: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """(kernels, copies) among CUDA profiler events; annotations are neither."""
+    kernels, copies = [], []
+    for e in events:
+        if e.device_type != DeviceType.CUDA:
+            continue
+        if getattr(e, "is_user_annotation", False) or _activity(e) in ANNOTATION_ACTIVITIES:
+            continue
+        if _activity(e) in COPY_ACTIVITIES or str(e.name).startswith(COPY_PREFIXES):
+            copies.append(e)
+        else:
+            kernels.append(e)
+    return kernels, copies
+
+
+def cpu_ops(events: Iterable[Any]) -> list[Any]:
+    """The synchronous CPU events that are work: operators and C++ kernel ranges (see the module
+    docstring); every other range is runtime glue."""
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CPU
+        and not e.is_async
+        and e.name != CALL
+        and ("::" in e.name or KERNEL_RANGE.search(e.name) is not None)
+    ]
+
+
+def _union_us(intervals: Iterable[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def _top(events: Sequence[Any], device: bool, calls: int, total_us: float) -> tuple[Hot, ...]:
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        by_name.setdefault(str(e.name), []).append(_duration_us(e, device))
+    ranked = sorted(by_name.items(), key=lambda item: (-sum(item[1]), item[0]))[:TOP]
+    return tuple(
+        Hot(name, sum(ds) / calls / 1e3, sum(ds) / total_us if total_us else 0.0, len(ds) / calls)
+        for name, ds in ranked
+    )
+
+
+def summarize(
+    events: Iterable[Any],
+    calls: int,
+    wall_ms: float | None,
+    *,
+    cuda: bool,
+    profiled_wall_ms: float | None = None,
+) -> Profile:
+    """Boil ``calls`` calls' profiler events down to one Profile (Note [What the profile counts])."""
+    events = list(events)
+    calls = max(calls, 1)
+    if cuda:
+        kernels, copies = device_events(events)
+        device_us = sum(_duration_us(e, True) for e in kernels)
+        total = device_us + sum(_duration_us(e, True) for e in copies)
+        busy_us = _union_us((e.time_range.start, e.time_range.end) for e in [*kernels, *copies])
+        unit, launches, ranked = "kernel", len(kernels), [*kernels, *copies]
+    else:
+        ops = cpu_ops(events)
+        device_us = total = busy_us = sum(_duration_us(e, False) for e in ops)
+        unit, launches, ranked, copies = "op", sum(1 for e in ops if not e.cpu_children), ops, []
+    busy_ms = busy_us / calls / 1e3
+    against = wall_ms if cuda or not profiled_wall_ms else profiled_wall_ms
+    idle = max(0.0, 1.0 - busy_ms / against) if against else None
+    return Profile(
+        unit=unit,
+        calls=calls,
+        wall_ms=wall_ms,
+        profiled_wall_ms=profiled_wall_ms,
+        device_ms=device_us / calls / 1e3,
+        busy_ms=busy_ms,
+        launches=launches / calls,
+        copies=len(copies) / calls,
+        idle_share=idle,
+        top=_top(ranked, cuda, calls, total),
+    )
+
+
+def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
+    """The profiler events of ``calls`` calls of ``step`` (warm already), each call inside a
+    :data:`CALL` range and synchronized, as the harness times it."""
+    cuda = device.startswith("cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            with torch.profiler.record_function(CALL):
+                step()
+                if cuda:
+                    torch.cuda.synchronize()
+    return list(prof.events())
+
+
+def split_calls(events: Iterable[Any]) -> list[tuple[float, list[Any]]]:
+    """Each :data:`CALL` range's wall ms and the events that started in it (a device kernel
+    starts after its call's range opens, and the range closes after a synchronize)."""
+    events = list(events)
+    ranges = sorted(
+        (e for e in events if e.name == CALL and e.device_type == DeviceType.CPU),
+        key=lambda e: e.time_range.start,
+    )
+    starts = [r.time_range.start for r in ranges]
+    per_call: list[list[Any]] = [[] for _ in ranges]
+    for e in events:
+        if e.name == CALL:
+            continue
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        if i >= 0:
+            per_call[i].append(e)
+    return [
+        ((r.time_range.end - r.time_range.start) / 1e3, evs) for r, evs in zip(ranges, per_call, strict=True)
+    ]
+
+
+def median_call(events: Iterable[Any], wall_ms: float | None, *, cuda: bool) -> Profile:
+    """Note [The median call]: the profile of the profiled call with the median wall time. On a
+    shared machine one of a few calls is often preempted; a mean would carry that call into
+    every figure, the median call is a real call that was not. Events without call ranges
+    (synthetic ones) are summarized as one window."""
+    calls = split_calls(events)
+    if not calls:
+        return summarize(events, 1, wall_ms, cuda=cuda)
+    middle = sorted(calls, key=lambda call: call[0])[(len(calls) - 1) // 2]
+    profile = summarize(middle[1], 1, wall_ms, cuda=cuda, profiled_wall_ms=middle[0])
+    return replace(profile, calls=len(calls))
+
+
+def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
+    return median_call(record(step, device, calls), wall_ms, cuda=device.startswith("cuda"))
+
+
+NAME_WIDTH = 90
+
+
+def _ms(value: float | None) -> str:
+    return format(value, "8.3f") if value is not None else format("-", ">8")
+
+
+def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> str:
+    """The profile view: a line per (model, mode, backend), then its slowest kernels.
+
+    ``rows`` are (model, mode, backend, profile JSON or None, why there is none)."""
+    bw = max([9, *(len(row[2]) for row in rows)])
+    lead = f"{{:<11}} {{:<10}} {{:<{bw}}} {{:>8}} {{:>8}} {{:>8}} {{:>9}} {{:>6}}  {{}}"
+    lines = [lead.format("model", "mode", "backend", "wall ms", "prof ms", "dev ms", "launches", "idle",
+                         "slowest, with their share of device time")]  # fmt: skip
+    units = set()
+    for model, mode, backend, p, reason in rows:
+        if p is None:
+            lines.append(lead.format(model, mode, backend, "-", "-", "-", "-", "-", reason))
+            continue
+        units.add(p["unit"])
+        idle = format(p["idle_share"], ".1%") if p["idle_share"] is not None else "-"
+        hot = [f"{h['share']:6.1%} {h['name'][:NAME_WIDTH]}" for h in p["top"]] or [""]
+        lines.append(
+            lead.format(model, mode, backend, _ms(p["wall_ms"]), _ms(p.get("profiled_wall_ms")),
+                        _ms(p["device_ms"]), f"{p['launches']:.1f}", idle, hot[0])
+        )  # fmt: skip
+        lines.extend(lead.format("", "", "", "", "", "", "", "", h) for h in hot[1:])
+    lines.append("wall ms: the harness's median call; the rest: the median profiled call (prof ms its wall)")
+    if "kernel" in units:
+        lines.append(
+            "CUDA: dev ms = GPU kernel time per call, launches = kernels per call, idle = GPU idle share of wall"
+        )
+    if "op" in units:
+        lines.append(
+            "CPU: dev ms = self CPU time of ops per call, launches = leaf ops per call, "
+            "idle = time in no op, of prof ms"
+        )
+    return "\n".join(lines)

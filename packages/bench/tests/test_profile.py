@@ -1,0 +1,202 @@
+"""The profile view: aggregation of profiler events (CUDA ones synthetic, as torch.profiler builds
+them), and `--profile` end to end on the CPU."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+from kiln_bench.__main__ import main
+from kiln_bench.backends import parse
+from kiln_bench.harness import run_model
+from kiln_bench.profile import CALL, median_call, summarize, table
+
+_ids = itertools.count(1)
+
+
+def _gpu(
+    name: str, start: float, end: float, activity: str = "kernel", annotation: bool = False
+) -> FunctionEvent:
+    return FunctionEvent(
+        next(_ids), name, thread=7, start_us=start, end_us=end, use_device="cuda",
+        device_type=DeviceType.CUDA, activity_type=activity, is_user_annotation=annotation,
+    )  # fmt: skip
+
+
+def _cpu(
+    name: str, start: float, end: float, children: tuple[FunctionEvent, ...] = (), annotation: bool = False
+) -> FunctionEvent:
+    activity = "user_annotation" if annotation else "cpu_op"
+    e = FunctionEvent(
+        next(_ids), name, thread=1, start_us=start, end_us=end, activity_type=activity,
+        is_user_annotation=annotation,
+    )  # fmt: skip
+    for c in children:
+        e.append_cpu_child(c)
+        c.set_cpu_parent(e)
+    return e
+
+
+def test_cuda_kernels_are_summed_per_call_and_ranked() -> None:
+    # two calls: per call a 30 us and a 10 us kernel, a 5 us copy; an annotation spanning them,
+    # and the CPU side (launches) that is not device time
+    events = []
+    for base in (0.0, 1000.0):
+        events += [
+            _gpu("triton_poi_fused_gelu_view_0", base + 100, base + 130),
+            _gpu("triton_red_fused_sum_1", base + 125, base + 135),  # overlaps the first by 5 us
+            _gpu("Memcpy HtoD (Pageable -> Device)", base + 200, base + 205, activity="gpu_memcpy"),
+            _gpu("kiln:call", base + 90, base + 300, activity="gpu_user_annotation", annotation=True),
+            _cpu("cudaLaunchKernel", base, base + 50),  # CPU side: not device time
+        ]
+    p = summarize(events, calls=2, wall_ms=0.5, cuda=True)
+    assert p.unit == "kernel" and p.calls == 2
+    assert p.launches == 2.0 and p.copies == 1.0
+    assert p.device_ms == pytest.approx(0.040)  # kernels only: 30 + 10 us
+    assert p.busy_ms == pytest.approx(0.040)  # union: 100..135 and 200..205
+    assert p.idle_share == pytest.approx(1 - 0.040 / 0.5)
+    names = [h.name for h in p.top]
+    assert names == [
+        "triton_poi_fused_gelu_view_0",
+        "triton_red_fused_sum_1",
+        "Memcpy HtoD (Pageable -> Device)",
+    ]
+    assert [h.share for h in p.top] == pytest.approx([30 / 45, 10 / 45, 5 / 45])
+    assert p.top[0].ms_per_call == pytest.approx(0.030) and p.top[0].count_per_call == 1.0
+
+
+def test_cuda_top_is_capped_at_five_and_idle_never_negative() -> None:
+    events = [_gpu(f"k{i}", 10.0 * i, 10.0 * i + i + 1) for i in range(8)]
+    p = summarize(events, calls=1, wall_ms=0.001, cuda=True)
+    assert [h.name for h in p.top] == ["k7", "k6", "k5", "k4", "k3"]
+    assert p.idle_share == 0.0
+    assert summarize([], calls=3, wall_ms=None, cuda=True).idle_share is None
+
+
+def test_cpu_ops_count_self_time_and_leaves() -> None:
+    mm = _cpu("aten::mm", 10, 50)
+    kernel = _cpu("kiln:cpp_fused_add_0", 60, 70, annotation=True)  # a leaf range: a C++ kernel
+    theirs = _cpu("graph_0_cpp_fused_mul_1", 72, 77)  # torch.compile's C++ kernel range
+    linear = _cpu("aten::linear", 5, 55, (mm,))
+    guard = _cpu("TorchDynamo Cache Lookup", 0, 4)
+    wrapper = _cpu("## Call CompiledFxGraph ##", 4, 90, (linear, kernel, theirs))
+    events = [guard, wrapper, linear, mm, kernel, theirs, _gpu("never counted on the CPU", 0, 1000)]
+    p = summarize(events, calls=1, wall_ms=0.08, cuda=False, profiled_wall_ms=0.1)
+    assert p.unit == "op"
+    # linear's self time is 50 - 40; the guard and the wrapper's own time are runtime, not ops
+    assert p.device_ms == pytest.approx((10 + 40 + 10 + 5) / 1e3)
+    assert p.launches == 3.0  # the leaf ops: mm and the two kernels
+    assert p.idle_share == pytest.approx(1 - 0.065 / 0.1)  # of the profiled call's own wall
+    assert [h.name for h in p.top] == [
+        "aten::mm",
+        "aten::linear",
+        "kiln:cpp_fused_add_0",
+        "graph_0_cpp_fused_mul_1",
+    ]
+    unprofiled = summarize(events, calls=1, wall_ms=0.08, cuda=False)
+    assert unprofiled.idle_share == pytest.approx(1 - 0.065 / 0.08)
+
+
+def test_the_median_call_is_reported_not_a_preempted_one() -> None:
+    # three calls, each in its range: kernels of 10, 12 and 90 us (the last call was preempted)
+    events = []
+    for base, (kernel_us, wall_us) in zip(
+        (0.0, 1000.0, 2000.0), ((10, 100), (12, 120), (90, 900)), strict=True
+    ):
+        events += [
+            _cpu(CALL, base, base + wall_us, (), annotation=True),
+            _cpu("aten::add", base + 1, base + 5),
+            _gpu("triton_poi_fused_add_0", base + 20, base + 20 + kernel_us),
+            _gpu(CALL, base + 19, base + 20 + kernel_us, activity="gpu_user_annotation", annotation=True),
+        ]
+    p = median_call(events, wall_ms=0.1, cuda=True)
+    assert p.calls == 3 and p.launches == 1.0
+    assert p.device_ms == pytest.approx(0.012) and p.profiled_wall_ms == pytest.approx(0.120)
+    assert p.idle_share == pytest.approx(1 - 0.012 / 0.1)
+    cpu = median_call(events, wall_ms=None, cuda=False)
+    assert cpu.device_ms == pytest.approx(0.004) and [h.name for h in cpu.top] == ["aten::add"]
+    assert cpu.idle_share == pytest.approx(1 - 0.004 / 0.120)  # the call's own wall
+
+
+def test_table_prints_a_line_per_backend_and_its_kernels() -> None:
+    events = [_gpu("triton_poi_fused_add_0", 0, 20)]
+    p = summarize(events, calls=1, wall_ms=0.1, cuda=True, profiled_wall_ms=0.25).to_json()
+    rows = [
+        ("gpt2", "inference", "kiln:reduce-overhead", p, ""),
+        ("gpt2", "inference", "inductor", None, "Err: x"),
+    ]
+    lines = table(rows).splitlines()
+    assert lines[0].index("wall ms") + 7 == lines[1].index("0.100") + 5  # right-aligned columns
+    assert lines[1].split()[:8] == [
+        "gpt2", "inference", "kiln:reduce-overhead", "0.100", "0.250", "0.020", "1.0", "80.0%",
+    ]  # fmt: skip
+    # GPU idle is against the harness's wall, not the profiled calls'
+    assert lines[1].endswith("100.0% triton_poi_fused_add_0")
+    assert lines[2].endswith("Err: x") and lines[-1].startswith("CUDA:")
+
+
+def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    for var in ("KILN_PROFILE", "TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"):
+        monkeypatch.setenv(var, "1")  # what --profile sets, undone after the test
+    out = tmp_path / "profile"
+    argv = ["--models", "mlp", "--modes", "inference", "--backends", "eager,kiln", "--profile"]
+    argv += ["--repeats", "3", "--warmup", "1", "--profile-calls", "2", "--out", str(out)]
+    assert main(argv) == 0
+    payload = json.loads(out.with_suffix(".json").read_text())
+    assert payload["metadata"]["profile_calls"] == 2
+    by_backend = {r["backend"]: r for r in payload["results"]}
+    for backend, r in by_backend.items():
+        assert r["ok"], r["reason"]
+        p = r["extra"]["profile"]
+        assert p["unit"] == "op" and p["calls"] == 2 and p["wall_ms"] == r["compiled_ms"]
+        assert p["profiled_wall_ms"] > 0
+        assert p["device_ms"] > 0 and p["launches"] >= 1 and 0.0 <= p["idle_share"] <= 1.0
+        assert 1 <= len(p["top"]) <= 5
+        assert all(0 < h["share"] <= 1 and h["ms_per_call"] > 0 for h in p["top"]), backend
+        assert sum(h["share"] for h in p["top"]) <= 1 + 1e-9
+    kiln_top = [h["name"] for h in by_backend["kiln"]["extra"]["profile"]["top"]]
+    assert any(n.startswith("kiln:cpp_fused_") for n in kiln_top), kiln_top
+    printed = capsys.readouterr().out
+    assert "slowest, with their share of device time" in printed and "kiln:cpp_fused_" in printed
+
+
+def test_backends_take_a_compile_mode() -> None:
+    assert parse("kiln:reduce-overhead") == ("kiln", "reduce-overhead")
+    assert parse("inductor") == ("inductor", None)
+    for bad in ("eager:reduce-overhead", "kiln:fast", "tvm"):
+        with pytest.raises(KeyError):
+            parse(bad)
+    with pytest.raises(SystemExit):
+        main(["--backends", "kiln:fast"])
+    (result,) = run_model("mlp", "inference", ["kiln:reduce-overhead"], repeats=1, warmup=0)
+    assert result.ok and result.backend == "kiln:reduce-overhead", result.reason
+    assert result.extra["graphs"] == 1  # kiln's compile details, found under the mode too
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the CUDA path of the profile needs a GPU (H200 run)"
+)
+def test_profile_flag_end_to_end_on_cuda(tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    argv = ["--device", "cuda", "--size", "gpu", "--models", "mlp", "--modes", "inference"]
+    argv += ["--backends", "eager,kiln,kiln:reduce-overhead", "--profile", "--profile-calls", "3"]
+    argv += ["--repeats", "5", "--warmup", "2", "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    for r in results:
+        assert r["ok"], r["reason"]
+        p = r["extra"]["profile"]
+        assert p["unit"] == "kernel" and p["launches"] >= 1 and 0.0 <= p["idle_share"] <= 1.0
+        assert 0 < p["device_ms"] <= p["profiled_wall_ms"] * 1.05, p
+        assert 1 <= len(p["top"]) <= 5 and sum(h["share"] for h in p["top"]) <= 1 + 1e-9
+    for r in results[1:]:  # kiln's own kernels are named for what they fuse
+        names = [h["name"] for h in r["extra"]["profile"]["top"]]
+        assert any(re.match(r"triton_(poi|per|red)_fused_\w+_\d+$", n) for n in names), names
