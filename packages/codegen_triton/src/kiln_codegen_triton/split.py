@@ -128,6 +128,7 @@ def plan_split(
                     (sympy.Integer(chunks),),
                     data.reduction_type,
                     data.dtype,
+                    origins=data.origins,
                 ),
             )
         )
@@ -162,6 +163,7 @@ def _partial(
             (sympy.Integer(chunk),),
             data.reduction_type,
             data.src_dtype,
+            origins=data.origins,
         ),
     )
 
