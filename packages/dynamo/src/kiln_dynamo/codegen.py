@@ -77,7 +77,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.functions import BoundMethodVariable
     from kiln_dynamo.variables.lists import BaseListVariable
-    from kiln_dynamo.variables.nn_module import NewModuleVariable
+    from kiln_dynamo.variables.nn_module import ModuleSliceVariable, NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
     out: list[VariableTracker] = []
@@ -88,7 +88,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             return
         seen.add(id(vt))
         children: list[VariableTracker] = []
-        if isinstance(vt, BaseListVariable):
+        if isinstance(vt, BaseListVariable | ModuleSliceVariable):
             children = list(vt.items)
         elif isinstance(vt, DictVariable):
             children = vt.wrapped_values()  # Note [Lazy dict entries]
@@ -100,9 +100,9 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             children = [vt.fn, vt.obj]
         for child in children:
             visit(child)
-        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable) or (
-            isinstance(vt, SetVariable) and not vt.frozen
-        )
+        mutable = isinstance(
+            vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable | ModuleSliceVariable
+        ) or (isinstance(vt, SetVariable) and not vt.frozen)
         if mutable and vt.source is None:
             out.append(vt)
 

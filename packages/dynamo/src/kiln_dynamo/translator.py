@@ -57,7 +57,13 @@ from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, Sli
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.functions import NestedFunctionVariable
-from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.lists import (
+    BaseListVariable,
+    ListIteratorVariable,
+    ListVariable,
+    SizeVariable,
+    TupleVariable,
+)
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import (
@@ -80,6 +86,19 @@ _BINARY_BY_SYMBOL = {sym: fn for fn, sym in BINARY_OPERATORS.items()}
 _COMPARE_BY_SYMBOL = {sym: fn for fn, sym in COMPARE_OPERATORS.items()}
 _CONST_BINARY = {fn: fn for fn in BINARY_OPERATORS}
 _OUT_OF_PLACE = {fn: _BINARY_BY_SYMBOL[sym[:-1]] for fn, sym in BINARY_OPERATORS.items() if sym.endswith("=")}
+
+
+def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
+    """`a + b` / `a * n` on sequences, typed as Python types it: a list stays a list; torch.Size
+    wins over a plain tuple on either side (`Size.__radd__`), while any other tuple (a namedtuple
+    included) gives a plain tuple."""
+    if isinstance(a, ListVariable):
+        return ListVariable(items)
+    if isinstance(a, SizeVariable) or (isinstance(b, SizeVariable) and type(a) is TupleVariable):
+        if not all(i.is_constant() and type(i.as_constant()) is int for i in items):
+            raise Unsupported("torch.Size arithmetic with an item that is not a Python int")
+        return SizeVariable(items)
+    return TupleVariable(items)
 
 
 def _is_number(vt: VT) -> bool:
@@ -306,14 +325,14 @@ class InstructionTranslator:
                 return a
             if type(a) is not type(b) and not (isinstance(a, TupleVariable) and isinstance(b, TupleVariable)):
                 raise Unsupported(f"{a.describe()} + {b.describe()}")
-            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items + b.items)
+            return _sequence_result(a, b, a.items + b.items)
         if sym == "+=" and isinstance(a, ListVariable):
             a.call_method(self, "extend", [b], {})
             return a
         if isinstance(a, BaseListVariable) and base == "*" and b.is_constant():
-            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
+            return _sequence_result(a, None, a.items * b.as_constant())
         if isinstance(b, BaseListVariable) and base == "*" and a.is_constant():
-            return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
+            return _sequence_result(b, None, b.items * a.as_constant())
         if (
             isinstance(a, DictVariable)
             and base == "|"

@@ -14,6 +14,7 @@ Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed afte
 
 from __future__ import annotations
 
+import collections
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -158,9 +159,10 @@ class NNModuleVariable(VariableTracker):
             self._guard_len(tx)
             keys = list(m._modules.keys())
             if isinstance(k, slice):
-                from kiln_dynamo.variables.lists import ListVariable
-
-                return ListVariable([tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys[k]])
+                if type(m) not in (nn.Sequential, nn.ModuleList):
+                    raise Unsupported(f"slicing a {type(m).__qualname__} (a container subclass)")
+                items = [tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys]
+                return ModuleSliceVariable(type(m), keys, items).getitem(tx, key)
             name = keys[k]
             return tx.wrap(m._modules[name], self._entry("_modules", name))
         if isinstance(m, nn.ParameterList):
@@ -204,6 +206,81 @@ class NNModuleVariable(VariableTracker):
         if forward is nn.Module.forward:
             raise Unsupported(f"{self.describe()} has no forward()")
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+
+
+class ModuleSliceVariable(VariableTracker):
+    """Note [Container slices]: `seq[1:3]` (and `layers[::2]`) builds a new container in eager:
+    a Sequential of the same children under their keys, a ModuleList of them renumbered. The
+    tracker holds those children's trackers (each with its source in the parent, so reading them
+    is guarded as usual) and behaves as the new container: index, slice, iterate, len, and for a
+    Sequential a call, which runs the children in order. Leaving the frame, it is rebuilt as a
+    fresh container of the same type over the real children, as every eager call makes one."""
+
+    def __init__(self, cls: type[nn.Module], keys: list[str], items: list[VT]) -> None:
+        self.cls = cls
+        self.keys = keys if cls is nn.Sequential else [str(i) for i in range(len(items))]
+        self.items = items
+        self.source = None
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} slice of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def length(self, tx: Tx) -> int:
+        return len(self.items)
+
+    def truth(self, tx: Tx) -> bool:
+        return bool(self.items)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return list(self.items)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key.as_constant()
+        if isinstance(k, slice):
+            return ModuleSliceVariable(self.cls, self.keys[k], self.items[k])
+        if not isinstance(k, int):
+            raise Unsupported(f"index {k!r} of {self.describe()}")
+        try:
+            return self.items[k]
+        except IndexError as e:
+            raise Unsupported(f"index {k} out of range for {self.describe()}") from e
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if self.cls is not nn.Sequential or len(args) != 1 or kwargs:
+            raise Unsupported(f"calling a {self.describe()} with {len(args)} arguments")
+        x = args[0]
+        for item in self.items:
+            x = item.call(tx, [x], {})
+        return x
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name in ("__call__", "forward"):
+            return self.call(tx, args, kwargs)
+        if name == "__len__" and not args:
+            return ConstantVariable(len(self.items))
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        raise Unsupported(f"method {name} of a {self.describe()}")
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("forward", "__getitem__", "__len__"):
+            from kiln_dynamo.variables.base import MethodVariable
+
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of a {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        items = [i.reconstruct(cg) for i in self.items]
+        if self.cls is nn.Sequential:
+            pairs = ", ".join(f"({k!r}, {v})" for k, v in zip(self.keys, items, strict=True))
+            return f"{cg.const(self.cls)}({cg.const(collections.OrderedDict)}([{pairs}]))"
+        return f"{cg.const(self.cls)}([{', '.join(items)}])"
 
 
 class NewModuleVariable(NNModuleVariable):
