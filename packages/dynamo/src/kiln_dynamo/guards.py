@@ -183,6 +183,26 @@ class GuardBuilder:
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
         self.add(fast + self.ctx.const(spec), explain=explain)
 
+    def compile_key(self, active: object, key: object, label: str) -> None:
+        """The compile running now is the one that made this entry (Note [The compile key in
+        every guard] in backends.py); checked first, before anything else is read."""
+        part = GuardPart(
+            f"{self.ctx.const(active)}.key is {self.ctx.const(key)}",
+            (
+                (
+                    f"{self.ctx.const(active)}.key is {self.ctx.const(key)}",
+                    f"the running compile() is {label}",
+                ),
+            ),
+            "the compile() that made this entry",
+        )
+        self.items.insert(0, part)
+
+    def absent_from(self, mapping: dict[str, Any], label: str, name: str) -> None:
+        """`name` is not a key of `mapping` (a builtin stays unshadowed by a global of its name)."""
+        code = f"{name!r} not in {self.ctx.const(mapping)}"
+        self.add(code, f"{label} has no {name!r} (it would shadow the builtin)")
+
     def no_dispatch_modes(self) -> None:
         """No TorchDispatchMode is active when the frame starts (Note [kiln's own FakeMode])."""
         if self.dispatch_modes_recorded:

@@ -52,7 +52,7 @@ import torch
 from kiln_dynamo import bytecode, resume
 from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.output import OutputGraph, source_line
-from kiln_dynamo.source import ForeignGlobalSource, GlobalSource, Source
+from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource, Source
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
@@ -534,8 +534,20 @@ class InstructionTranslator:
             return self.wrap(self.f_globals[name], src)
         builtins = self.f_builtins
         if name in builtins:
-            return self.wrap(builtins[name], None)
+            return self.wrap(builtins[name], self._builtin_source(name))
         raise Unsupported(f"NameError: name {name!r} is not defined")
+
+    def _builtin_source(self, name: str) -> Source | None:
+        """Note [Guarding builtins]: a builtin read through LOAD_GLOBAL holds while no global of
+        its name appears (`len = mylen` at module level after the capture) and while the
+        builtins dict still maps the name to it (`builtins.len = ...`): the first is a guard of
+        its own, the second comes with the source returned here (its identity is guarded like
+        any function's). torch's own modules are trusted, as for their globals."""
+        if str(self.f_globals.get("__name__", "")).split(".")[0] in TRUSTED_MODULE_PREFIXES:
+            return None
+        label = "G" if self.f_globals is self.output.f_globals else str(self.f_globals.get("__name__", "?"))
+        self.output.guards.absent_from(self.f_globals, label, name)
+        return GetItemSource(self.output.const_source(self.f_builtins, "__builtins__"), name)
 
     def STORE_GLOBAL(self, inst: dis.Instruction) -> None:
         value = self.pop()

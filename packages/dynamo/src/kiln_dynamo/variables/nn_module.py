@@ -44,6 +44,30 @@ _C_DESCRIPTORS = (
 )
 
 
+# Note [Class attributes read through an instance]: `self.method()`, `self.prop`, `self.K`
+# and a module's `type(m).forward` are looked up on the class, which the program may change
+# after the capture (`Cls.method = other`, a property replaced). The tracker inlines what it
+# found, so the guard pins it: `type(L['self']).method is <function>` (for a property, its
+# getter; for a classmethod, its function), read through the object's type when it has a
+# source (its type is guarded already) and through the class itself otherwise. One attribute
+# read of a type and one identity test per name.
+def guard_class_attr(tx: Tx, cls: type, cls_source: Source | None, name: str, static: object) -> None:
+    """Guard that `cls.name` still gives what the capture inlined (see the Note above)."""
+    if cls_source is None:
+        cls_source = tx.output.const_source(cls, cls.__qualname__)
+    attr = AttrSource(cls_source, name)
+    guards = tx.output.guards
+    if isinstance(static, classmethod):
+        guards.identity(AttrSource(attr, "__func__"), static.__func__)
+    elif isinstance(static, staticmethod):
+        guards.identity(attr, static.__func__)
+    elif isinstance(static, property):
+        guards.type_match(attr, static)
+        guards.identity(AttrSource(attr, "fget"), static.fget)
+    elif inspect.isfunction(static):
+        guards.identity(attr, static)
+
+
 def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
     """An attribute found on the class of `obj`: methods bind, properties run, others wrap."""
     from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
@@ -52,6 +76,7 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         static = inspect.getattr_static(type(obj), name)
     except AttributeError:
         raise
+    guard_class_attr(tx, type(obj), TypeSource(source) if source is not None else None, name, static)
     if isinstance(static, staticmethod):
         return tx.wrap(static.__func__, None)
     if isinstance(static, classmethod):
@@ -68,8 +93,12 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         return tx.wrap(value, AttrSource(source, name) if source else None)
     if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None), type)):
         raise Unsupported(f"attribute {name!r} is a {type(static).__name__} descriptor (would run user code)")
-    cls_src = AttrSource(TypeSource(source), name) if source is not None else None
-    return tx.wrap(static, cls_src)
+    cls_src = (
+        TypeSource(source)
+        if source is not None
+        else tx.output.const_source(type(obj), type(obj).__qualname__)
+    )
+    return tx.wrap(static, AttrSource(cls_src, name))
 
 
 class NNModuleVariable(VariableTracker):
@@ -205,6 +234,8 @@ class NNModuleVariable(VariableTracker):
         forward = type(m).forward
         if forward is nn.Module.forward:
             raise Unsupported(f"{self.describe()} has no forward()")
+        cls_src = TypeSource(self.source) if self.source is not None else None
+        guard_class_attr(tx, type(m), cls_src, "forward", inspect.getattr_static(type(m), "forward"))
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
 
 

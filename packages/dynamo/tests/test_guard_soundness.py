@@ -1,0 +1,214 @@
+"""Soundness of guards (issue 18): what a capture inlined from outside the frame is guarded.
+
+Each case captures, changes something the capture relied on, and calls again: the compiled
+function must recompile (exactly once) and give eager's new answer, never the old one. Covered:
+the compile itself (backend, fullgraph), class methods read through an instance (a plain
+object, an nn.Module, a submodule's forward, a `super()` call, a new object), static and class
+methods, properties, class constants, builtins shadowed by a global or replaced in `builtins`,
+global functions and module attribute functions (`math.sqrt`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from conftest import CountingBackend
+from torch import nn
+
+import kiln_dynamo
+
+X = torch.randn(3)
+
+
+class Obj:
+    K = 2
+
+    def method(self, x):
+        return x + 1
+
+    @property
+    def prop(self):
+        return 1
+
+    @staticmethod
+    def stat(x):
+        return x + 4
+
+    @classmethod
+    def klass(cls, x):
+        return x + cls.K
+
+
+class Sub(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class Base(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class Net(Base):
+    SCALE = 2.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sub = Sub()
+
+    def act(self, x):
+        return x.relu()
+
+    def forward(self, x):
+        return super().forward(self.act(self.sub(x))) * self.SCALE
+
+
+OBJ = Obj()
+NET = Net()
+
+
+def helper(x):
+    return x + 1
+
+
+def f_method(x, o):
+    return o.method(x) * 2
+
+
+def f_prop(x, o):
+    return x * o.prop
+
+
+def f_class_const(x, o):
+    return x * o.K
+
+
+def f_static_and_class(x):
+    return Obj.stat(x) + Obj.klass(x)
+
+
+def f_through_new_object(x):
+    return Obj().method(x)
+
+
+def f_len(x):
+    return x * len([1, 2])
+
+
+def f_abs(x):
+    return x * abs(-2)
+
+
+def f_sqrt(x):
+    return x * math.sqrt(4.0)
+
+
+def f_global_fn(x):
+    return helper(x)
+
+
+def f_net(x):
+    return NET(x)
+
+
+def _patched(target: Any, name: str, value: Any) -> Callable[[pytest.MonkeyPatch], None]:
+    return lambda mp: mp.setattr(target, name, value)
+
+
+CASES: list[tuple[str, Callable[..., Any], tuple[Any, ...], Callable[[pytest.MonkeyPatch], None]]] = [
+    ("method", f_method, (X, OBJ), _patched(Obj, "method", lambda self, x: x + 100)),
+    ("property", f_prop, (X, OBJ), _patched(Obj, "prop", property(lambda self: 7))),
+    ("class_constant", f_class_const, (X, OBJ), _patched(Obj, "K", 5)),
+    ("staticmethod", f_static_and_class, (X,), _patched(Obj, "stat", staticmethod(lambda x: x * 0))),
+    ("classmethod", f_static_and_class, (X,), _patched(Obj, "klass", classmethod(lambda cls, x: x * 0))),
+    ("method_of_new_object", f_through_new_object, (X,), _patched(Obj, "method", lambda self, x: -x)),
+    ("builtin_shadowed", f_len, (X,), lambda mp: mp.setitem(globals(), "len", lambda v: 10)),
+    ("builtins_replaced", f_abs, (X,), _patched(builtins, "abs", lambda v: 7)),
+    ("module_function", f_sqrt, (X,), _patched(math, "sqrt", lambda v: 10.0)),
+    ("global_function", f_global_fn, (X,), lambda mp: mp.setitem(globals(), "helper", lambda v: v * 50)),
+    ("module_method", f_net, (X,), _patched(Net, "act", lambda self, x: x * 9)),
+    ("module_class_constant", f_net, (X,), _patched(Net, "SCALE", 3.0)),
+    ("submodule_forward", f_net, (X,), _patched(Sub, "forward", lambda self, x: x - 5)),
+    ("super_forward", f_net, (X,), _patched(Base, "forward", lambda self, x: x - 5)),
+    ("instance_method", f_net, (X,), _patched(NET, "act", lambda x: x * 9)),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "args", "change"), CASES, ids=[c[0] for c in CASES])
+def test_change_after_capture_recompiles(
+    name: str, fn: Callable[..., Any], args: tuple[Any, ...], change: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(*args), fn(*args))
+    assert backend.graphs == 1 and kiln_dynamo.counters.recompiles == 0
+    change(monkeypatch)
+    expected = fn(*args)
+    torch.testing.assert_close(compiled(*args), expected)  # a stale entry would give the old result
+    torch.testing.assert_close(compiled(*args), expected)
+    assert kiln_dynamo.counters.recompiles == 1, kiln_dynamo.counters.guard_failures
+    monkeypatch.undo()
+    torch.testing.assert_close(compiled(*args), fn(*args))  # the first entry serves again
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_another_backend_recompiles_and_the_same_one_reuses() -> None:
+    lin = nn.Linear(3, 3)
+    first, second = CountingBackend(), CountingBackend()
+    a = kiln_dynamo.compile(lin, backend=first)
+    b = kiln_dynamo.compile(lin, backend=second)
+    again = kiln_dynamo.compile(lin, backend=first)
+    for m in (a, b, again, a, b):
+        torch.testing.assert_close(m(X), lin(X))
+    assert (first.graphs, second.graphs) == (1, 1)  # `again` and the repeated calls reuse
+    assert kiln_dynamo.counters.recompiles == 1
+    assert "the running compile() is" in kiln_dynamo.counters.guard_failures[0]
+
+
+def _inner(x):
+    y = x + 1
+    print(end="")  # a break: _inner runs as its own frame (and continuation) under the caller's compile
+    return y * 2
+
+
+def _outer(x):
+    return _inner(x) * 3
+
+
+def test_a_frame_shared_by_two_compiles_is_compiled_for_each_backend() -> None:
+    first, second = CountingBackend(), CountingBackend()
+    torch.testing.assert_close(kiln_dynamo.compile(_inner, backend=first)(X), _inner(X))
+    graphs_of_inner = first.graphs
+    torch.testing.assert_close(kiln_dynamo.compile(_outer, backend=second)(X), _outer(X))
+    assert first.graphs == graphs_of_inner == 2  # before and after the break
+    # _inner's two graphs again (the first compile's entries are not reused), and _outer's `* 3`
+    assert second.graphs == graphs_of_inner + 1
+
+
+def test_fullgraph_is_part_of_the_entry() -> None:
+    def breaks(x):
+        y = x + 1
+        print(end="")
+        return y * 2
+
+    torch.testing.assert_close(kiln_dynamo.compile(breaks)(X), breaks(X))
+    with pytest.raises(kiln_dynamo.Unsupported):
+        kiln_dynamo.compile(breaks, fullgraph=True)(X)  # not the split entry of the first compile
+
+
+def test_declared_cache_key_is_compared_by_value() -> None:
+    def make(mode: str) -> Any:
+        backend = CountingBackend()
+        backend.__kiln_cache_key__ = ("mine", mode)  # type: ignore[attr-defined]
+        return backend
+
+    a, b, c = make("fast"), make("fast"), make("slow")
+    for backend in (a, b, c):
+        torch.testing.assert_close(kiln_dynamo.compile(helper, backend=backend)(X), helper(X))
+    assert (a.graphs, b.graphs, c.graphs) == (1, 0, 1)
