@@ -47,15 +47,14 @@ _C_DESCRIPTORS = (
 # Note [Class attributes read through an instance]: `self.method()`, `self.prop`, `self.K`
 # and a module's `type(m).forward` are looked up on the class, which the program may change
 # after the capture (`Cls.method = other`, a property replaced). The tracker inlines what it
-# found, so the guard pins it: `type(L['self']).method is <function>` (for a property, its
-# getter; for a classmethod, its function), read through the object's type when it has a
-# source (its type is guarded already) and through the class itself otherwise. One attribute
-# read of a type and one identity test per name.
-def guard_class_attr(tx: Tx, cls: type, cls_source: Source | None, name: str, static: object) -> None:
+# found, so the guard pins it on the class itself, held in the constant table:
+# `Cls.method is <function>` (for a property, its getter; for a classmethod, its function).
+# That is sound because the instance's type is pinned (`type(L['self']) is Cls`) wherever the
+# instance came from outside, and cheap because it is one check per (class, name) however many
+# instances share the class (25 layers of one Linear class: one `forward` check).
+def guard_class_attr(tx: Tx, cls: type, name: str, static: object) -> None:
     """Guard that `cls.name` still gives what the capture inlined (see the Note above)."""
-    if cls_source is None:
-        cls_source = tx.output.const_source(cls, cls.__qualname__)
-    attr = AttrSource(cls_source, name)
+    attr = AttrSource(tx.output.const_source(cls, cls.__qualname__), name)
     guards = tx.output.guards
     if isinstance(static, classmethod):
         guards.identity(AttrSource(attr, "__func__"), static.__func__)
@@ -76,7 +75,7 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         static = inspect.getattr_static(type(obj), name)
     except AttributeError:
         raise
-    guard_class_attr(tx, type(obj), TypeSource(source) if source is not None else None, name, static)
+    guard_class_attr(tx, type(obj), name, static)
     if isinstance(static, staticmethod):
         return tx.wrap(static.__func__, None)
     if isinstance(static, classmethod):
@@ -93,12 +92,8 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         return tx.wrap(value, AttrSource(source, name) if source else None)
     if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None), type)):
         raise Unsupported(f"attribute {name!r} is a {type(static).__name__} descriptor (would run user code)")
-    cls_src = (
-        TypeSource(source)
-        if source is not None
-        else tx.output.const_source(type(obj), type(obj).__qualname__)
-    )
-    return tx.wrap(static, AttrSource(cls_src, name))
+    # On the class itself, like a method (Note [Class attributes read through an instance]).
+    return tx.wrap(static, AttrSource(tx.output.const_source(type(obj), type(obj).__qualname__), name))
 
 
 class NNModuleVariable(VariableTracker):
@@ -234,8 +229,7 @@ class NNModuleVariable(VariableTracker):
         forward = type(m).forward
         if forward is nn.Module.forward:
             raise Unsupported(f"{self.describe()} has no forward()")
-        cls_src = TypeSource(self.source) if self.source is not None else None
-        guard_class_attr(tx, type(m), cls_src, "forward", inspect.getattr_static(type(m), "forward"))
+        guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
 
 

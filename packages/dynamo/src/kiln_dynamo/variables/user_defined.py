@@ -70,7 +70,7 @@ class UserClassVariable(VariableTracker):
         except AttributeError:
             raise AttributeError(f"type object {self.cls.__name__!r} has no attribute {name!r}") from None
         if isinstance(static, (staticmethod, classmethod)):
-            guard_class_attr(tx, self.cls, self.source, name, static)
+            guard_class_attr(tx, self.cls, name, static)
         if isinstance(static, staticmethod):
             return tx.wrap(static.__func__, None)
         if isinstance(static, classmethod):
@@ -142,7 +142,7 @@ class NewObjectVariable(VariableTracker):
             raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}") from None
         from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
 
-        guard_class_attr(tx, self.cls, None, name, static)  # Note [Class attributes read through an instance]
+        guard_class_attr(tx, self.cls, name, static)  # Note [Class attributes read through an instance]
         if inspect.isfunction(static):
             return BoundMethodVariable(UserFunctionVariable(static, None), self)
         if isinstance(static, property) and static.fget is not None:
@@ -201,7 +201,7 @@ class SuperVariable(VariableTracker):
         for klass in mro[mro.index(cls) + 1 :]:
             if name in vars(klass):
                 attr = vars(klass)[name]
-                guard_class_attr(tx, klass, None, name, attr)
+                guard_class_attr(tx, klass, name, attr)
                 if klass is object and name == "__init__":
                     return _NoOpVariable()
                 if (
