@@ -390,18 +390,22 @@ def perturbations(env: Env, rng: random.Random) -> list[Perturbation]:
 
 
 # --- running --------------------------------------------------------------------------------------
-def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None]:
+def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None, bool]:
+    """The result or the error, and the grad mode the call left (then restored for the next)."""
     torch.default_generator.manual_seed(1234)  # (torch.manual_seed also seeds lazy CUDA)
+    grad = torch.is_grad_enabled()
     try:
-        return fn(*copy.deepcopy(args)), None
+        return fn(*copy.deepcopy(args)), None, torch.is_grad_enabled()
     except Exception as e:  # eager's own error is part of the behaviour compared
-        return None, e
+        return None, e, torch.is_grad_enabled()
+    finally:
+        torch.set_grad_enabled(grad)
 
 
 def _compare(env: Env, args: tuple[Any, ...], what: str, stale: list[str]) -> bool:
     """False when eager raises (the perturbation does not apply); records a stale answer."""
-    expected, e_err = _run(env.eager, args)
-    actual, c_err = _run(env.compiled, args)
+    expected, e_err, e_grad = _run(env.eager, args)
+    actual, c_err, c_grad = _run(env.compiled, args)
     if e_err is not None:
         if c_err is None:
             stale.append(f"{env.name} / {what}: eager raised {type(e_err).__name__}, compiled did not")
@@ -409,6 +413,8 @@ def _compare(env: Env, args: tuple[Any, ...], what: str, stale: list[str]) -> bo
     if c_err is not None:
         stale.append(f"{env.name} / {what}: compiled raised {type(c_err).__name__}: {c_err}")
         return True
+    if e_grad != c_grad:
+        stale.append(f"{env.name} / {what}: grad mode after the call is {c_grad}, eager leaves {e_grad}")
     try:
         assert_same(expected, actual)
     except AssertionError as err:

@@ -212,3 +212,29 @@ def test_declared_cache_key_is_compared_by_value() -> None:
     for backend in (a, b, c):
         torch.testing.assert_close(kiln_dynamo.compile(helper, backend=backend)(X), helper(X))
     assert (a.graphs, b.graphs, c.graphs) == (1, 0, 1)
+
+
+def _other_helper(x):
+    return x - 1
+
+
+def test_a_function_given_other_code_recompiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`helper.__code__ = ...` keeps the function object: its code is guarded too."""
+    compiled = kiln_dynamo.compile(f_global_fn)
+    torch.testing.assert_close(compiled(X), f_global_fn(X))
+    monkeypatch.setattr(helper, "__code__", _other_helper.__code__)
+    torch.testing.assert_close(compiled(X), X - 1)
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_a_staticmethod_over_a_builtin_is_pinned_by_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    class WithBuiltin:
+        op = staticmethod(abs)
+
+    def f(x):
+        return x * WithBuiltin.op(-3)
+
+    compiled = kiln_dynamo.compile(f)
+    torch.testing.assert_close(compiled(X), f(X))
+    monkeypatch.setattr(WithBuiltin, "op", staticmethod(lambda v: 5))
+    torch.testing.assert_close(compiled(X), X * 5)

@@ -131,6 +131,22 @@ class GuardBuilder:
         except TypeError:
             self.add(f"id({code}) == {id(value)}", f"{name} is {label}")
 
+    def function(self, source: Source, fn: Any) -> None:
+        """A Python function the capture may inline: the same object, still running the same code
+        (`f.__code__ = other.__code__` keeps the object and changes what it does). Anything
+        else (a builtin behind a staticmethod) is pinned by identity only."""
+        if not hasattr(fn, "__code__"):
+            self.identity(source, fn)
+            return
+        code, name = self._src(source)
+        label = getattr(fn, "__qualname__", "function")
+        same = (f"{code} is {self.ctx.const(weakref.ref(fn))}()", f"{name} is {label}")
+        body = (
+            f"{code}.__code__ is {self.ctx.const(weakref.ref(fn.__code__))}()",
+            f"{name}.__code__ is the code of {label}",
+        )
+        self.add(f"{same[0]} and {body[0]}", explain=[same, body])
+
     def same_object(self, a: Source, b: Source) -> None:
         ca, na = self._src(a)
         cb, nb = self._src(b)

@@ -57,14 +57,14 @@ def guard_class_attr(tx: Tx, cls: type, name: str, static: object) -> None:
     attr = AttrSource(tx.output.const_source(cls, cls.__qualname__), name)
     guards = tx.output.guards
     if isinstance(static, classmethod):
-        guards.identity(AttrSource(attr, "__func__"), static.__func__)
+        guards.function(AttrSource(attr, "__func__"), static.__func__)
     elif isinstance(static, staticmethod):
-        guards.identity(attr, static.__func__)
+        guards.function(attr, static.__func__)
     elif isinstance(static, property):
         guards.type_match(attr, static)
-        guards.identity(AttrSource(attr, "fget"), static.fget)
+        guards.function(AttrSource(attr, "fget"), static.fget)
     elif inspect.isfunction(static):
-        guards.identity(attr, static)
+        guards.function(attr, static)
 
 
 def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
