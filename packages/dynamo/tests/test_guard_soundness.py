@@ -238,3 +238,69 @@ def test_a_staticmethod_over_a_builtin_is_pinned_by_identity(monkeypatch: pytest
     torch.testing.assert_close(compiled(X), f(X))
     monkeypatch.setattr(WithBuiltin, "op", staticmethod(lambda v: 5))
     torch.testing.assert_close(compiled(X), X * 5)
+
+
+class Twice(nn.Module):
+    def __call__(self, x):
+        return super().__call__(x) * 2
+
+    def forward(self, x):
+        return x + 1
+
+
+class UsesTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.twice = Twice()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(self.twice(x))
+
+
+def test_a_module_class_with_its_own_call_runs_it() -> None:
+    """A module whose class overrides __call__ used to have only its forward inlined."""
+    m = UsesTwice()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(m, backend=backend)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(X), m(X))
+    assert backend.graphs == 1 and kiln_dynamo.counters.fallbacks == []
+
+
+def test_a_call_patched_on_the_class_recompiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = UsesTwice()
+    compiled = kiln_dynamo.compile(m)
+    torch.testing.assert_close(compiled(X), m(X))
+    monkeypatch.setattr(Twice, "__call__", lambda self, x: x * 0)
+    torch.testing.assert_close(compiled(X), m(X))
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_a_global_forward_hook_registered_after_capture_is_seen() -> None:
+    m = UsesTwice()
+    compiled = kiln_dynamo.compile(m)
+    torch.testing.assert_close(compiled(X), m(X))
+    handle = nn.modules.module.register_module_forward_hook(
+        lambda mod, args, out: out * 0 if isinstance(mod, nn.Linear) else None
+    )
+    try:
+        torch.testing.assert_close(compiled(X), m(X))
+        assert float(m(X).detach().abs().sum()) == 0.0
+    finally:
+        handle.remove()
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_a_backward_hook_registered_after_capture_is_called() -> None:
+    m = UsesTwice()
+    compiled = kiln_dynamo.compile(m)
+    x = X.clone().requires_grad_()
+    compiled(x).sum().backward()
+    seen: list[int] = []
+    handle = m.lin.register_full_backward_hook(lambda mod, gin, gout: seen.append(1))
+    try:
+        compiled(x).sum().backward()
+    finally:
+        handle.remove()
+    assert seen == [1]

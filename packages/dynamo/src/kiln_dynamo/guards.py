@@ -173,16 +173,18 @@ class GuardBuilder:
         self.add(f"not ({where})", f"{name} has no attribute {attr!r}")
 
     def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
-        """No forward hooks, and a forward of the instance's own only if there was one."""
+        """No forward or backward hooks, and a forward of the instance's own only if there was one."""
         code, name = self._src(source)
+        hooks = (
+            f"{code}._forward_hooks or {code}._forward_pre_hooks or "
+            f"{code}._backward_hooks or {code}._backward_pre_hooks"
+        )
         if instance_forward:
-            self.add(
-                f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks"
-            )
+            self.add(f"not ({hooks})", f"{name} has no forward or backward hooks")
             return
         self.add(
-            f"not ({code}._forward_hooks or {code}._forward_pre_hooks or 'forward' in {code}.__dict__)",
-            f"{name} has no forward hooks and no forward of its own",
+            f"not ({hooks} or 'forward' in {code}.__dict__)",
+            f"{name} has no forward or backward hooks and no forward of its own",
         )
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
@@ -218,6 +220,11 @@ class GuardBuilder:
         """`name` is not a key of `mapping` (a builtin stays unshadowed by a global of its name)."""
         code = f"{name!r} not in {self.ctx.const(mapping)}"
         self.add(code, f"{label} has no {name!r} (it would shadow the builtin)")
+
+    def empty_dicts(self, dicts: tuple[dict[Any, Any], ...], readable: str) -> None:
+        """Dicts that the program fills in place (torch's global module hook registries) are
+        still empty: one truth test each."""
+        self.add("not (" + " or ".join(self.ctx.const(d) for d in dicts) + ")", readable)
 
     def no_dispatch_modes(self) -> None:
         """No TorchDispatchMode is active when the frame starts (Note [kiln's own FakeMode])."""

@@ -215,12 +215,32 @@ class NNModuleVariable(VariableTracker):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """`m(*args)`: the class's own `__call__` when it overrides Module's (its
+        `super().__call__` comes back to `call_default`), else `call_default`."""
+        m = self.module
+        call_impl = inspect.getattr_static(type(m), "__call__")
+        guard_class_attr(tx, type(m), "__call__", call_impl)
+        if call_impl is not _MODULE_CALL:
+            if not inspect.isfunction(call_impl):
+                raise Unsupported(f"{self.describe()} overrides __call__ with a {type(call_impl).__name__}")
+            return tx.wrap(call_impl, None).call(tx, [self, *args], kwargs)
+        return self.call_default(tx, args, kwargs)
+
+    def call_default(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """Module.__call__ without hooks: `forward` inlined, with guards that no hook appears."""
         m = self.module
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
             raise Unsupported(f"{self.describe()} has hooks")
         g = nn.modules.module
-        if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+        hook_dicts = (
+            g._global_forward_hooks,
+            g._global_forward_pre_hooks,
+            g._global_backward_hooks,
+            g._global_backward_pre_hooks,
+        )
+        if any(hook_dicts):
             raise Unsupported("global module hooks are registered")
+        tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
         if self.source is not None:
             tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
         if "forward" in m.__dict__:
@@ -231,6 +251,22 @@ class NNModuleVariable(VariableTracker):
             raise Unsupported(f"{self.describe()} has no forward()")
         guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+
+
+_MODULE_CALL = nn.Module.__dict__["__call__"]
+
+
+class ModuleDefaultCallVariable(VariableTracker):
+    """`super().__call__` reached from a module class's own `__call__`: Module's call."""
+
+    def __init__(self, module: NNModuleVariable) -> None:
+        self.module = module
+
+    def describe(self) -> str:
+        return f"Module.__call__ of {self.module.describe()}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.module.call_default(tx, args, kwargs)
 
 
 class ModuleSliceVariable(VariableTracker):

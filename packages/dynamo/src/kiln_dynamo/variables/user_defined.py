@@ -27,7 +27,13 @@ from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
-from kiln_dynamo.variables.nn_module import class_attribute, construct_module, guard_class_attr
+from kiln_dynamo.variables.nn_module import (
+    ModuleDefaultCallVariable,
+    NNModuleVariable,
+    class_attribute,
+    construct_module,
+    guard_class_attr,
+)
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -202,6 +208,8 @@ class SuperVariable(VariableTracker):
             if name in vars(klass):
                 attr = vars(klass)[name]
                 guard_class_attr(tx, klass, name, attr)
+                if klass is nn.Module and name == "__call__" and isinstance(self.obj, NNModuleVariable):
+                    return ModuleDefaultCallVariable(self.obj)
                 if klass is object and name == "__init__":
                     return _NoOpVariable()
                 if (
