@@ -101,7 +101,10 @@ def s_reversed(x):
     for m in reversed(MLIST):
         x = m(x)
         out.append(type(m))
-    return x, out
+    for m in reversed(SEQ[2:]):
+        x = m(x)
+        out.append(type(m))
+    return x, out, [type(m) for m in reversed(SEQ)]
 
 
 def s_types(x):
