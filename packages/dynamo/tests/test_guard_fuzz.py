@@ -406,6 +406,8 @@ def _compare(env: Env, args: tuple[Any, ...], what: str, stale: list[str]) -> bo
     """False when eager raises (the perturbation does not apply); records a stale answer."""
     expected, e_err, e_grad = _run(env.eager, args)
     actual, c_err, c_grad = _run(env.compiled, args)
+    if e_grad != c_grad:
+        stale.append(f"{env.name} / {what}: grad mode after the call is {c_grad}, eager leaves {e_grad}")
     if e_err is not None:
         if c_err is None:
             stale.append(f"{env.name} / {what}: eager raised {type(e_err).__name__}, compiled did not")
@@ -413,8 +415,6 @@ def _compare(env: Env, args: tuple[Any, ...], what: str, stale: list[str]) -> bo
     if c_err is not None:
         stale.append(f"{env.name} / {what}: compiled raised {type(c_err).__name__}: {c_err}")
         return True
-    if e_grad != c_grad:
-        stale.append(f"{env.name} / {what}: grad mode after the call is {c_grad}, eager leaves {e_grad}")
     try:
         assert_same(expected, actual)
     except AssertionError as err:

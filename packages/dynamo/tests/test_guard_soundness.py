@@ -304,3 +304,23 @@ def test_a_backward_hook_registered_after_capture_is_called() -> None:
     finally:
         handle.remove()
     assert seen == [1]
+
+
+def test_an_operator_raising_inside_no_grad_leaves_grad_mode_as_eager() -> None:
+    """Found by the guard fuzz: a float64 @ float32 inside `with torch.no_grad()` raised at run
+    time inside the graph, after the graph had disabled grad mode, and left it disabled."""
+
+    def f(x, w):
+        with torch.no_grad():
+            y = x @ w
+        return y, x @ w
+
+    x, w = torch.randn(2, 3, requires_grad=True), torch.randn(3, 2, requires_grad=True)
+    compiled = kiln_dynamo.compile(f)
+    compiled(x, w)
+    with pytest.raises(RuntimeError):
+        f(x.double(), w)
+    assert torch.is_grad_enabled()
+    with pytest.raises(RuntimeError):
+        compiled(x.double(), w)
+    assert torch.is_grad_enabled()

@@ -195,6 +195,21 @@ def generate_runner(
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     if not needs_graph:
         del body[graph_call_at]
+    elif grad_mode is None and any(
+        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in output.graph.nodes
+    ):
+        # Note [Grad mode when a graph raises]: the graph enters and leaves the frame's grad-mode
+        # blocks itself; an operator that raises inside one would leave its mode set, where
+        # eager's `with` exit restores it. The mode at entry is pinned by the guard.
+        restore = f"{cg.const(torch._C._set_grad_enabled)}({output.initial_grad_mode})"
+        call = body[graph_call_at]
+        body[graph_call_at : graph_call_at + 1] = [
+            "try:",
+            f"    {call}",
+            "except BaseException:",
+            f"    {restore}",
+            "    raise",
+        ]
     if cg.needs_globals or any(s.needs_globals() for _, s, _ in output.inputs):
         body.insert(0, "G = ___frame_globals(1)")
     params = ", ".join(f"L{i}" for i in range(len(output.entry_names)))
