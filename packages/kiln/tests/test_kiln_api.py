@@ -184,6 +184,27 @@ def test_every_torch_compile_mode_compiles_on_the_cpu(mode: str) -> None:
         torch.testing.assert_close(kiln.compile(model, mode=mode)(x), model(x))
 
 
+def test_another_mode_or_options_recompiles_and_the_same_reuses() -> None:
+    """Issue 18: the backend, its mode and its options are part of every cache entry."""
+    model, x = _fresh()
+    with torch.no_grad():
+        expected = model(x)
+        for mode, options in [
+            (None, None),
+            (None, None),  # an equal compile reuses the entry
+            ("default", None),  # the same as no mode
+            ("reduce-overhead", None),
+            (None, {"strict": True}),
+            ("reduce-overhead", None),  # reuses the reduce-overhead entry
+        ]:
+            compiled = kiln.compile(model, backend="aot_eager", mode=mode, options=options)
+            torch.testing.assert_close(compiled(x), expected)
+        torch.testing.assert_close(kiln.compile(model, backend="eager")(x), expected)
+    assert kiln.capture_stats().graphs == 4  # default, reduce-overhead, strict, eager
+    failures = kiln_dynamo.counters.guard_failures
+    assert len(failures) == 3 and all("the running compile() is" in f for f in failures), failures
+
+
 def test_cuda_graphs_get_a_triton_backend_with_the_mode() -> None:
     from kiln.backends import _codegen
     from kiln_codegen_triton import TritonBackend

@@ -77,7 +77,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.functions import BoundMethodVariable
     from kiln_dynamo.variables.lists import BaseListVariable
-    from kiln_dynamo.variables.nn_module import NewModuleVariable
+    from kiln_dynamo.variables.nn_module import ModuleSliceVariable, NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
     out: list[VariableTracker] = []
@@ -88,7 +88,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             return
         seen.add(id(vt))
         children: list[VariableTracker] = []
-        if isinstance(vt, BaseListVariable):
+        if isinstance(vt, BaseListVariable | ModuleSliceVariable):
             children = list(vt.items)
         elif isinstance(vt, DictVariable):
             children = vt.wrapped_values()  # Note [Lazy dict entries]
@@ -100,9 +100,9 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             children = [vt.fn, vt.obj]
         for child in children:
             visit(child)
-        mutable = isinstance(vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable) or (
-            isinstance(vt, SetVariable) and not vt.frozen
-        )
+        mutable = isinstance(
+            vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable | ModuleSliceVariable
+        ) or (isinstance(vt, SetVariable) and not vt.frozen)
         if mutable and vt.source is None:
             out.append(vt)
 
@@ -195,6 +195,21 @@ def generate_runner(
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     if not needs_graph:
         del body[graph_call_at]
+    elif grad_mode is None and any(
+        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in output.graph.nodes
+    ):
+        # Note [Grad mode when a graph raises]: the graph enters and leaves the frame's grad-mode
+        # blocks itself; an operator that raises inside one would leave its mode set, where
+        # eager's `with` exit restores it. The mode at entry is pinned by the guard.
+        restore = f"{cg.const(torch._C._set_grad_enabled)}({output.initial_grad_mode})"
+        call = body[graph_call_at]
+        body[graph_call_at : graph_call_at + 1] = [
+            "try:",
+            f"    {call}",
+            "except BaseException:",
+            f"    {restore}",
+            "    raise",
+        ]
     if cg.needs_globals or any(s.needs_globals() for _, s, _ in output.inputs):
         body.insert(0, "G = ___frame_globals(1)")
     params = ", ".join(f"L{i}" for i in range(len(output.entry_names)))

@@ -40,7 +40,7 @@ import torch
 import torch.fx
 
 from kiln_dynamo import bytecode, resume
-from kiln_dynamo.backends import Backend
+from kiln_dynamo.backends import ACTIVE, Backend, CompileKey, compile_key
 from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.breaks import CannotSplit, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
@@ -108,18 +108,20 @@ def capture(
     f_builtins: dict[str, Any],
     backend: Backend,
     allow_breaks: bool = True,
+    key: CompileKey | None = None,
 ) -> CapturedFrame:
     """Capture the frame whole, or, when something in it is unsupported and `allow_breaks`,
     split it at a graph break (breaks.py, Note [Trace twice]). Raises `Unsupported` when neither
-    works; `not_split` on it then says why the frame could not be split."""
+    works; `not_split` on it then says why the frame could not be split. With `key`, the guard
+    first checks that this compile is the one running (Note [The compile key in every guard])."""
     try:
-        return _capture(code, entry_values, f_globals, f_builtins, backend, None)
+        return _capture(code, entry_values, f_globals, f_builtins, backend, None, key)
     except Unsupported as e:
         if not allow_breaks or e.break_offset is None:
             raise
         first = e
     try:
-        return _capture(code, entry_values, f_globals, f_builtins, backend, first)
+        return _capture(code, entry_values, f_globals, f_builtins, backend, first, key)
     except CannotSplit as why:
         first.not_split = str(why)
         if why.loop_entry is not None:
@@ -131,7 +133,7 @@ def capture(
             retry.break_offset = why.loop_entry
             retry.note = f"split before the loop around it: {why}"
             try:
-                return _capture(code, entry_values, f_globals, f_builtins, backend, retry)
+                return _capture(code, entry_values, f_globals, f_builtins, backend, retry, key)
             except (CannotSplit, Unsupported):
                 pass
     except Unsupported as e:
@@ -146,11 +148,14 @@ def _capture(
     f_builtins: dict[str, Any],
     backend: Backend,
     brk: Unsupported | None,
+    key: CompileKey | None = None,
 ) -> CapturedFrame:
     t0 = time.perf_counter()
     names = entry_names(code)
     assert list(entry_values) == names, (list(entry_values), names)
     output = OutputGraph(code, names, f_globals)
+    if key is not None:
+        output.guards.compile_key(ACTIVE, key, key.label)
     grad = torch.is_grad_enabled()
     autocast = autocast_state()
     plan: SplitPlan | None = None
@@ -300,6 +305,8 @@ def make_callback(
     """
     import kiln_frame_hook as hook
 
+    key = compile_key(backend, fullgraph)
+
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code
         if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
@@ -326,7 +333,13 @@ def make_callback(
                 return hook.RUN_ONLY  # cached entries still run; no more captures of this code
         try:
             captured = capture(
-                code, dict(frame.locals), frame.globals, frame.builtins, backend, allow_breaks=not fullgraph
+                code,
+                dict(frame.locals),
+                frame.globals,
+                frame.builtins,
+                backend,
+                allow_breaks=not fullgraph,
+                key=key,
             )
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
             if fullgraph and isinstance(e, Unsupported):

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from kiln_dynamo import bytecode, convert_frame
-from kiln_dynamo.backends import Backend, lookup_backend
+from kiln_dynamo.backends import ACTIVE, Backend, CompileKey, compile_key, lookup_backend
 from kiln_dynamo.convert_frame import CapturedFrame, _logged_sites, capture, entry_names, make_callback
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported, UserFrame
@@ -76,11 +76,15 @@ def reset() -> None:
     counters.reset()
 
 
-def _call_hooked(callback: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _call_hooked(
+    callback: Any, key: CompileKey, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     previous = _hook.set_thread_callback(callback)
+    previous_key, ACTIVE.key = ACTIVE.key, key  # Note [The compile key in every guard]
     try:
         return fn(*args, **kwargs)
     finally:
+        ACTIVE.key = previous_key
         _hook.set_thread_callback(previous)
 
 
@@ -127,6 +131,23 @@ def _run_compiled(
         cache = _caches[code] = _CodeCache()
     if cache.skip_reason is not None:
         return f(*bound_self, *args, **kwargs)
+    previous_key, ACTIVE.key = ACTIVE.key, compile_key(backend, fullgraph)
+    try:
+        return _run_cached(f, cache, bound_self, backend, fullgraph, args, kwargs)
+    finally:
+        ACTIVE.key = previous_key
+
+
+def _run_cached(
+    f: types.FunctionType,
+    cache: _CodeCache,
+    bound_self: tuple[Any, ...],
+    backend: Backend,
+    fullgraph: bool,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    code = f.__code__
     call_args = (*bound_self, *args)
     values = _entry_values(f, cache, call_args, kwargs)
     for i, entry in enumerate(cache.entries):
@@ -154,7 +175,12 @@ def _run_compiled(
     names = entry_names(code)
     try:
         captured = capture(
-            code, dict(zip(names, values, strict=True)), f.__globals__, _builtins_of(f), backend
+            code,
+            dict(zip(names, values, strict=True)),
+            f.__globals__,
+            _builtins_of(f),
+            backend,
+            key=compile_key(backend, fullgraph),
         )
     except Unsupported as e:
         if fullgraph:
@@ -189,11 +215,12 @@ class CompiledModule(nn.Module):
         targets = frozenset([fwd]) if fwd is not None else frozenset()
         cb = make_callback(backend, fullgraph, targets) if HAVE_HOOK else None
         object.__setattr__(self, "_kiln_callback", cb)
+        object.__setattr__(self, "_kiln_key", compile_key(backend, fullgraph))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if self._kiln_callback is not None:
-            return _call_hooked(self._kiln_callback, mod, args, kwargs)
+            return _call_hooked(self._kiln_callback, self._kiln_key, mod, args, kwargs)
         if mod._forward_hooks or mod._forward_pre_hooks:
             return mod(*args, **kwargs)
         f, bound = _as_function(mod.forward)
@@ -239,10 +266,11 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
         )
     if HAVE_HOOK:
         callback = make_callback(be, fullgraph, frozenset([f.__code__]))
+        key = compile_key(be, fullgraph)
 
         @functools.wraps(fn_or_module)
         def compiled(*args: Any, **kwargs: Any) -> Any:
-            return _call_hooked(callback, fn_or_module, args, kwargs)
+            return _call_hooked(callback, key, fn_or_module, args, kwargs)
 
     else:
 

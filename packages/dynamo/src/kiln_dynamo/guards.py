@@ -131,6 +131,22 @@ class GuardBuilder:
         except TypeError:
             self.add(f"id({code}) == {id(value)}", f"{name} is {label}")
 
+    def function(self, source: Source, fn: Any) -> None:
+        """A Python function the capture may inline: the same object, still running the same code
+        (`f.__code__ = other.__code__` keeps the object and changes what it does). Anything
+        else (a builtin behind a staticmethod) is pinned by identity only."""
+        if not hasattr(fn, "__code__"):
+            self.identity(source, fn)
+            return
+        code, name = self._src(source)
+        label = getattr(fn, "__qualname__", "function")
+        same = (f"{code} is {self.ctx.const(weakref.ref(fn))}()", f"{name} is {label}")
+        body = (
+            f"{code}.__code__ is {self.ctx.const(weakref.ref(fn.__code__))}()",
+            f"{name}.__code__ is the code of {label}",
+        )
+        self.add(f"{same[0]} and {body[0]}", explain=[same, body])
+
     def same_object(self, a: Source, b: Source) -> None:
         ca, na = self._src(a)
         cb, nb = self._src(b)
@@ -157,16 +173,18 @@ class GuardBuilder:
         self.add(f"not ({where})", f"{name} has no attribute {attr!r}")
 
     def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
-        """No forward hooks, and a forward of the instance's own only if there was one."""
+        """No forward or backward hooks, and a forward of the instance's own only if there was one."""
         code, name = self._src(source)
+        hooks = (
+            f"{code}._forward_hooks or {code}._forward_pre_hooks or "
+            f"{code}._backward_hooks or {code}._backward_pre_hooks"
+        )
         if instance_forward:
-            self.add(
-                f"not ({code}._forward_hooks or {code}._forward_pre_hooks)", f"{name} has no forward hooks"
-            )
+            self.add(f"not ({hooks})", f"{name} has no forward or backward hooks")
             return
         self.add(
-            f"not ({code}._forward_hooks or {code}._forward_pre_hooks or 'forward' in {code}.__dict__)",
-            f"{name} has no forward hooks and no forward of its own",
+            f"not ({hooks} or 'forward' in {code}.__dict__)",
+            f"{name} has no forward or backward hooks and no forward of its own",
         )
 
     def tensor(self, source: Source, t: torch.Tensor) -> None:
@@ -182,6 +200,31 @@ class GuardBuilder:
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
         self.add(fast + self.ctx.const(spec), explain=explain)
+
+    def compile_key(self, active: object, key: object, label: str) -> None:
+        """The compile running now is the one that made this entry (Note [The compile key in
+        every guard] in backends.py); checked first, before anything else is read."""
+        part = GuardPart(
+            f"{self.ctx.const(active)}.key is {self.ctx.const(key)}",
+            (
+                (
+                    f"{self.ctx.const(active)}.key is {self.ctx.const(key)}",
+                    f"the running compile() is {label}",
+                ),
+            ),
+            "the compile() that made this entry",
+        )
+        self.items.insert(0, part)
+
+    def absent_from(self, mapping: dict[str, Any], label: str, name: str) -> None:
+        """`name` is not a key of `mapping` (a builtin stays unshadowed by a global of its name)."""
+        code = f"{name!r} not in {self.ctx.const(mapping)}"
+        self.add(code, f"{label} has no {name!r} (it would shadow the builtin)")
+
+    def empty_dicts(self, dicts: tuple[dict[Any, Any], ...], readable: str) -> None:
+        """Dicts that the program fills in place (torch's global module hook registries) are
+        still empty: one truth test each."""
+        self.add("not (" + " or ".join(self.ctx.const(d) for d in dicts) + ")", readable)
 
     def no_dispatch_modes(self) -> None:
         """No TorchDispatchMode is active when the frame starts (Note [kiln's own FakeMode])."""

@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.fake import FakeMode, FakeTensor, from_real
 from kiln_dynamo.guards import GuardBuilder
-from kiln_dynamo.source import CodeContext, Source
+from kiln_dynamo.source import CodeContext, ConstSource, Source
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builder import VariableBuilder
 from kiln_dynamo.variables.lists import NamedTupleVariable, SizeVariable, TupleVariable
@@ -77,8 +77,16 @@ class OutputGraph:
         self.fallback_reasons: list[str] = []
         self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
+        self._const_sources: dict[int, ConstSource] = {}
         self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
         self.guards.global_state()
+
+    def const_source(self, obj: object, label: str) -> ConstSource:
+        """One source per held object, so that reads through it share guards and locals."""
+        src = self._const_sources.get(id(obj))
+        if src is None:
+            src = self._const_sources[id(obj)] = ConstSource(obj, label)
+        return src
 
     # --- inputs -------------------------------------------------------------------------------
     def add_input(self, value: torch.Tensor, source: Source) -> TensorVariable:

@@ -52,12 +52,18 @@ import torch
 from kiln_dynamo import bytecode, resume
 from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.output import OutputGraph, source_line
-from kiln_dynamo.source import ForeignGlobalSource, GlobalSource, Source
+from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource, Source
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.functions import NestedFunctionVariable
-from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.lists import (
+    BaseListVariable,
+    ListIteratorVariable,
+    ListVariable,
+    SizeVariable,
+    TupleVariable,
+)
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import (
@@ -80,6 +86,19 @@ _BINARY_BY_SYMBOL = {sym: fn for fn, sym in BINARY_OPERATORS.items()}
 _COMPARE_BY_SYMBOL = {sym: fn for fn, sym in COMPARE_OPERATORS.items()}
 _CONST_BINARY = {fn: fn for fn in BINARY_OPERATORS}
 _OUT_OF_PLACE = {fn: _BINARY_BY_SYMBOL[sym[:-1]] for fn, sym in BINARY_OPERATORS.items() if sym.endswith("=")}
+
+
+def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
+    """`a + b` / `a * n` on sequences, typed as Python types it: a list stays a list; torch.Size
+    wins over a plain tuple on either side (`Size.__radd__`), while any other tuple (a namedtuple
+    included) gives a plain tuple."""
+    if isinstance(a, ListVariable):
+        return ListVariable(items)
+    if isinstance(a, SizeVariable) or (isinstance(b, SizeVariable) and type(a) is TupleVariable):
+        if not all(i.is_constant() and type(i.as_constant()) is int for i in items):
+            raise Unsupported("torch.Size arithmetic with an item that is not a Python int")
+        return SizeVariable(items)
+    return TupleVariable(items)
 
 
 def _is_number(vt: VT) -> bool:
@@ -306,14 +325,14 @@ class InstructionTranslator:
                 return a
             if type(a) is not type(b) and not (isinstance(a, TupleVariable) and isinstance(b, TupleVariable)):
                 raise Unsupported(f"{a.describe()} + {b.describe()}")
-            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items + b.items)
+            return _sequence_result(a, b, a.items + b.items)
         if sym == "+=" and isinstance(a, ListVariable):
             a.call_method(self, "extend", [b], {})
             return a
         if isinstance(a, BaseListVariable) and base == "*" and b.is_constant():
-            return (ListVariable if isinstance(a, ListVariable) else TupleVariable)(a.items * b.as_constant())
+            return _sequence_result(a, None, a.items * b.as_constant())
         if isinstance(b, BaseListVariable) and base == "*" and a.is_constant():
-            return (ListVariable if isinstance(b, ListVariable) else TupleVariable)(b.items * a.as_constant())
+            return _sequence_result(b, None, b.items * a.as_constant())
         if (
             isinstance(a, DictVariable)
             and base == "|"
@@ -515,8 +534,20 @@ class InstructionTranslator:
             return self.wrap(self.f_globals[name], src)
         builtins = self.f_builtins
         if name in builtins:
-            return self.wrap(builtins[name], None)
+            return self.wrap(builtins[name], self._builtin_source(name))
         raise Unsupported(f"NameError: name {name!r} is not defined")
+
+    def _builtin_source(self, name: str) -> Source | None:
+        """Note [Guarding builtins]: a builtin read through LOAD_GLOBAL holds while no global of
+        its name appears (`len = mylen` at module level after the capture) and while the
+        builtins dict still maps the name to it (`builtins.len = ...`): the first is a guard of
+        its own, the second comes with the source returned here (its identity is guarded like
+        any function's). torch's own modules are trusted, as for their globals."""
+        if str(self.f_globals.get("__name__", "")).split(".")[0] in TRUSTED_MODULE_PREFIXES:
+            return None
+        label = "G" if self.f_globals is self.output.f_globals else str(self.f_globals.get("__name__", "?"))
+        self.output.guards.absent_from(self.f_globals, label, name)
+        return GetItemSource(self.output.const_source(self.f_builtins, "__builtins__"), name)
 
     def STORE_GLOBAL(self, inst: dis.Instruction) -> None:
         value = self.pop()

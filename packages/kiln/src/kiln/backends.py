@@ -254,6 +254,9 @@ def make_backend(
         return _FirstCallFallback(gm, compiled, record, strict, name)
 
     backend.__name__ = f"kiln_{name}_backend"
+    # What makes two such backends interchangeable: kiln_dynamo checks it in every cache entry's
+    # guard, so a compile with another mode or options recompiles (and an equal one reuses).
+    backend.__kiln_cache_key__ = (name, mode or "default", ("strict", strict))  # type: ignore[attr-defined]
     return backend
 
 

@@ -191,7 +191,7 @@ class VariableBuilder:
             return TorchFunctionVariable(value, source)
         if isinstance(value, types.FunctionType):
             if source is not None:
-                guards.identity(source, value)
+                guards.function(source, value)
             return UserFunctionVariable(value, source)
         if isinstance(value, types.MethodType):
             f_src = AttrSource(source, "__func__") if source is not None else None

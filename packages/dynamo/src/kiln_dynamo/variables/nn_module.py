@@ -14,6 +14,7 @@ Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed afte
 
 from __future__ import annotations
 
+import collections
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,29 @@ _C_DESCRIPTORS = (
 )
 
 
+# Note [Class attributes read through an instance]: `self.method()`, `self.prop`, `self.K`
+# and a module's `type(m).forward` are looked up on the class, which the program may change
+# after the capture (`Cls.method = other`, a property replaced). The tracker inlines what it
+# found, so the guard pins it on the class itself, held in the constant table:
+# `Cls.method is <function>` (for a property, its getter; for a classmethod, its function).
+# That is sound because the instance's type is pinned (`type(L['self']) is Cls`) wherever the
+# instance came from outside, and cheap because it is one check per (class, name) however many
+# instances share the class (25 layers of one Linear class: one `forward` check).
+def guard_class_attr(tx: Tx, cls: type, name: str, static: object) -> None:
+    """Guard that `cls.name` still gives what the capture inlined (see the Note above)."""
+    attr = AttrSource(tx.output.const_source(cls, cls.__qualname__), name)
+    guards = tx.output.guards
+    if isinstance(static, classmethod):
+        guards.function(AttrSource(attr, "__func__"), static.__func__)
+    elif isinstance(static, staticmethod):
+        guards.function(attr, static.__func__)
+    elif isinstance(static, property):
+        guards.type_match(attr, static)
+        guards.function(AttrSource(attr, "fget"), static.fget)
+    elif inspect.isfunction(static):
+        guards.function(attr, static)
+
+
 def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
     """An attribute found on the class of `obj`: methods bind, properties run, others wrap."""
     from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
@@ -51,6 +75,7 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         static = inspect.getattr_static(type(obj), name)
     except AttributeError:
         raise
+    guard_class_attr(tx, type(obj), name, static)
     if isinstance(static, staticmethod):
         return tx.wrap(static.__func__, None)
     if isinstance(static, classmethod):
@@ -67,8 +92,8 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
         return tx.wrap(value, AttrSource(source, name) if source else None)
     if hasattr(static, "__get__") and not isinstance(static, (int, float, str, bool, type(None), type)):
         raise Unsupported(f"attribute {name!r} is a {type(static).__name__} descriptor (would run user code)")
-    cls_src = AttrSource(TypeSource(source), name) if source is not None else None
-    return tx.wrap(static, cls_src)
+    # On the class itself, like a method (Note [Class attributes read through an instance]).
+    return tx.wrap(static, AttrSource(tx.output.const_source(type(obj), type(obj).__qualname__), name))
 
 
 class NNModuleVariable(VariableTracker):
@@ -158,9 +183,10 @@ class NNModuleVariable(VariableTracker):
             self._guard_len(tx)
             keys = list(m._modules.keys())
             if isinstance(k, slice):
-                from kiln_dynamo.variables.lists import ListVariable
-
-                return ListVariable([tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys[k]])
+                if type(m) not in (nn.Sequential, nn.ModuleList):
+                    raise Unsupported(f"slicing a {type(m).__qualname__} (a container subclass)")
+                items = [tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys]
+                return ModuleSliceVariable(type(m), keys, items).getitem(tx, key)
             name = keys[k]
             return tx.wrap(m._modules[name], self._entry("_modules", name))
         if isinstance(m, nn.ParameterList):
@@ -189,12 +215,32 @@ class NNModuleVariable(VariableTracker):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """`m(*args)`: the class's own `__call__` when it overrides Module's (its
+        `super().__call__` comes back to `call_default`), else `call_default`."""
+        m = self.module
+        call_impl = inspect.getattr_static(type(m), "__call__")
+        guard_class_attr(tx, type(m), "__call__", call_impl)
+        if call_impl is not _MODULE_CALL:
+            if not inspect.isfunction(call_impl):
+                raise Unsupported(f"{self.describe()} overrides __call__ with a {type(call_impl).__name__}")
+            return tx.wrap(call_impl, None).call(tx, [self, *args], kwargs)
+        return self.call_default(tx, args, kwargs)
+
+    def call_default(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """Module.__call__ without hooks: `forward` inlined, with guards that no hook appears."""
         m = self.module
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
             raise Unsupported(f"{self.describe()} has hooks")
         g = nn.modules.module
-        if g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks:
+        hook_dicts = (
+            g._global_forward_hooks,
+            g._global_forward_pre_hooks,
+            g._global_backward_hooks,
+            g._global_backward_pre_hooks,
+        )
+        if any(hook_dicts):
             raise Unsupported("global module hooks are registered")
+        tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
         if self.source is not None:
             tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
         if "forward" in m.__dict__:
@@ -203,7 +249,99 @@ class NNModuleVariable(VariableTracker):
         forward = type(m).forward
         if forward is nn.Module.forward:
             raise Unsupported(f"{self.describe()} has no forward()")
+        guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
         return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+
+
+_MODULE_CALL = nn.Module.__dict__["__call__"]
+
+
+class ModuleDefaultCallVariable(VariableTracker):
+    """`super().__call__` reached from a module class's own `__call__`: Module's call."""
+
+    def __init__(self, module: NNModuleVariable) -> None:
+        self.module = module
+
+    def describe(self) -> str:
+        return f"Module.__call__ of {self.module.describe()}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.module.call_default(tx, args, kwargs)
+
+
+class ModuleSliceVariable(VariableTracker):
+    """Note [Container slices]: `seq[1:3]` (and `layers[::2]`) builds a new container in eager:
+    a Sequential of the same children under their keys, a ModuleList of them renumbered. The
+    tracker holds those children's trackers (each with its source in the parent, so reading them
+    is guarded as usual) and behaves as the new container: index, slice, iterate, len, and for a
+    Sequential a call, which runs the children in order. Leaving the frame, it is rebuilt as a
+    fresh container of the same type over the real children, as every eager call makes one."""
+
+    def __init__(self, cls: type[nn.Module], keys: list[str], items: list[VT]) -> None:
+        self.cls = cls
+        self.keys = keys if cls is nn.Sequential else [str(i) for i in range(len(items))]
+        self.items = items
+        self.source = None
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} slice of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def length(self, tx: Tx) -> int:
+        return len(self.items)
+
+    def truth(self, tx: Tx) -> bool:
+        return bool(self.items)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return list(self.items)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key.as_constant()
+        if isinstance(k, slice):
+            return ModuleSliceVariable(self.cls, self.keys[k], self.items[k])
+        if not isinstance(k, int):
+            raise Unsupported(f"index {k!r} of {self.describe()}")
+        try:
+            return self.items[k]
+        except IndexError as e:
+            raise Unsupported(f"index {k} out of range for {self.describe()}") from e
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if self.cls is not nn.Sequential or len(args) != 1 or kwargs:
+            raise Unsupported(f"calling a {self.describe()} with {len(args)} arguments")
+        x = args[0]
+        for item in self.items:
+            x = item.call(tx, [x], {})
+        return x
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name in ("__call__", "forward"):
+            return self.call(tx, args, kwargs)
+        if name == "__len__" and not args:
+            return ConstantVariable(len(self.items))
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        raise Unsupported(f"method {name} of a {self.describe()}")
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("forward", "__getitem__", "__len__"):
+            from kiln_dynamo.variables.base import MethodVariable
+
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of a {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        items = [i.reconstruct(cg) for i in self.items]
+        if self.cls is nn.Sequential:
+            pairs = ", ".join(f"({k!r}, {v})" for k, v in zip(self.keys, items, strict=True))
+            return f"{cg.const(self.cls)}({cg.const(collections.OrderedDict)}([{pairs}]))"
+        return f"{cg.const(self.cls)}([{', '.join(items)}])"
 
 
 class NewModuleVariable(NNModuleVariable):

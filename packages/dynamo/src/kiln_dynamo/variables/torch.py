@@ -200,7 +200,9 @@ class PythonModuleVariable(VariableTracker):
 
     def getattr(self, tx: Tx, name: str) -> VT:
         value = getattr(self.module, name)
-        trusted = self.module.__name__.split(".")[0] in TRUSTED_MODULE_PREFIXES
+        # torch's own namespace is trusted (not guarded: a model reads hundreds of its names);
+        # the standard library's modules are not (`math.sqrt = ...` recompiles).
+        trusted = self.module.__name__.split(".")[0] == "torch"
         src = None if trusted or self.source is None else AttrSource(self.source, name)
         vt = tx.wrap(value, src)
         from kiln_dynamo.variables.opaque import OpaqueCallableVariable

@@ -27,7 +27,13 @@ from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
-from kiln_dynamo.variables.nn_module import class_attribute, construct_module
+from kiln_dynamo.variables.nn_module import (
+    ModuleDefaultCallVariable,
+    NNModuleVariable,
+    class_attribute,
+    construct_module,
+    guard_class_attr,
+)
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -69,6 +75,8 @@ class UserClassVariable(VariableTracker):
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
             raise AttributeError(f"type object {self.cls.__name__!r} has no attribute {name!r}") from None
+        if isinstance(static, (staticmethod, classmethod)):
+            guard_class_attr(tx, self.cls, name, static)
         if isinstance(static, staticmethod):
             return tx.wrap(static.__func__, None)
         if isinstance(static, classmethod):
@@ -140,6 +148,7 @@ class NewObjectVariable(VariableTracker):
             raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}") from None
         from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
 
+        guard_class_attr(tx, self.cls, name, static)  # Note [Class attributes read through an instance]
         if inspect.isfunction(static):
             return BoundMethodVariable(UserFunctionVariable(static, None), self)
         if isinstance(static, property) and static.fget is not None:
@@ -198,6 +207,9 @@ class SuperVariable(VariableTracker):
         for klass in mro[mro.index(cls) + 1 :]:
             if name in vars(klass):
                 attr = vars(klass)[name]
+                guard_class_attr(tx, klass, name, attr)
+                if klass is nn.Module and name == "__call__" and isinstance(self.obj, NNModuleVariable):
+                    return ModuleDefaultCallVariable(self.obj)
                 if klass is object and name == "__init__":
                     return _NoOpVariable()
                 if (
