@@ -318,3 +318,14 @@ def test_mingpt_attention_becomes_sdpa(caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
         torch.testing.assert_close(kiln.compile(model, options={"strict": True})(x, x), model(x, x))
     assert "attention: rewrite" in caplog.text and "excluding" in caplog.text
+
+
+def test_other_pass_options_recompile() -> None:
+    """A compile with other graph-pass switches is another compile (its cache key says so)."""
+    model, x = _fresh()
+    kiln.compile(model)(x)
+    assert len(kiln.compile_log()) == 1
+    kiln.compile(model, options={"layout": False})(x)
+    assert len(kiln.compile_log()) == 2
+    kiln.compile(model, options={"layout": False})(x)
+    assert len(kiln.compile_log()) == 2

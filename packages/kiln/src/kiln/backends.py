@@ -256,7 +256,8 @@ def make_backend(
     backend.__name__ = f"kiln_{name}_backend"
     # What makes two such backends interchangeable: kiln_dynamo checks it in every cache entry's
     # guard, so a compile with another mode or options recompiles (and an equal one reuses).
-    backend.__kiln_cache_key__ = (name, mode or "default", ("strict", strict))  # type: ignore[attr-defined]
+    passes_key = tuple(sorted((passes or {}).items()))
+    backend.__kiln_cache_key__ = (name, mode or "default", ("strict", strict), ("passes", passes_key))  # type: ignore[attr-defined]
     return backend
 
 
