@@ -112,9 +112,14 @@ def test_padded_lm_head_equals_eager(device: str, dtype: torch.dtype) -> None:
     assert_same(out, expected, "logits", scale=float(hidden) ** 0.5)
     assert same_strides(out, expected)
     record = [text for name, text in compiled.passes.record if name == "pad_mm"]
-    assert record and record[0].startswith("pad")
+    assert record
     if device == "cuda":  # the decision was timed on the device (or read from the disk cache)
         assert "timed" in record[0] or "cached" in record[0]
+        # bf16's misaligned N runs a slow kernel; in fp32 (N to a multiple of 4) the H200 measured
+        # the padded product slower (0.82 against 1.26 ms) and keeps it: either way, eager's result
+        assert record[0].startswith("pad") or dtype == torch.float32
+    else:
+        assert record[0].startswith("pad")
 
 
 @pytest.mark.parametrize("device", DEVICES)

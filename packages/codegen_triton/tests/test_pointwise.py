@@ -160,3 +160,20 @@ def test_int32_indexing_unless_large(device: str) -> None:
 
     big = torch.empty_strided((2**31,), (1,), device="meta")
     assert _index_dtype(GraphLowering(gm, [big]).run()) == "tl.int64"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_pointwise_walks_memory_order(device: str) -> None:
+    """Note [Pointwise kernels walk memory order]: a kernel over NHWC buffers takes its lanes in
+    NHWC order, so loads and stores are contiguous (the channel operand is read per lane mod C)."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.relu.default(aten.add.Tensor(aten.mul.Tensor(x, w), b))
+
+    x = make((2, 8, 4, 4)).to(memory_format=torch.channels_last)
+    backend = check(fn, x, make((8, 1, 1)), make((8, 1, 1)), device=device)
+    assert kinds(backend) == ["pointwise"]
+    source = backend.last_source
+    loads = [line for line in source.splitlines() if "tl.load(" in line]
+    assert any(line.endswith("+ (xindex), xmask, other=0)") for line in loads)  # x: lane by lane
+    assert "(xindex % 8)" in source and "tl.store(p_buf0 + (xindex)" in source
