@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -47,6 +48,9 @@ from kiln_aotgrad.functionalize import (
 from kiln_dynamo.fake import FakeTensor, from_real, run_fake
 
 aten = torch.ops.aten
+
+# In-place operators that replace a tensor's storage: not views (functionalize.py rejects them).
+_SETS_STORAGE = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_"})
 
 _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
 
@@ -208,6 +212,8 @@ class Tracer(TorchDispatchMode):
                 r = self._expand(func, func.decompose, args, kwargs)
                 if r is not NotImplemented:
                     return r
+        if torch.Tag.inplace_view in func.tags and str(func._schema.name) not in _SETS_STORAGE:
+            return self._inplace_view(func, args, kwargs)
         writes = mutated_arg_names(func)
         if writes:
             return self._mutation(func, args, kwargs, writes)
@@ -305,6 +311,43 @@ class Tracer(TorchDispatchMode):
             self.nodes[id(el)] = g
             self.aliases[id(el)] = Alias(pa.root, (*pa.chain, ViewStep(func, rest, kwargs, i)), version)
 
+    def _inplace_view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Note [In-place view operators]: `squeeze_`, `unsqueeze_`, `transpose_`, `t_`,
+        `as_strided_` (tag `inplace_view`) change a tensor's sizes and strides, never its data.
+        They are not mutations: the tensor becomes its own view, so it is traced as the
+        functional view (`squeeze`, ...) whose node and alias chain the tensor takes over, and
+        the fake tensor's own metadata is changed the way eager changes the real one (composite
+        kernels such as `matmul` of a vector and `quantile` end with `squeeze_`: treating it as a
+        data write kept the old shape)."""
+        name = str(func._schema.name)
+        view_fn = _view_variant(func)
+        with self:
+            view = view_fn(*args, **kwargs)
+        t = args[0]
+        if self.aliases[id(t)].root in self._inputs:
+            # Eager would change the caller's tensor; the runtime only writes data back.
+            raise AotgradError("in-place view of a graph input (a metadata mutation)", op=name)
+        node = self.node_for(view)
+        a = self.aliases[id(view)]
+        # Nodes that already hold `t` (its producer, a mutation's input) keep the metadata they had.
+        snapshot = _snapshot(t)
+        for n in self.graph.nodes:
+            if n.meta.get("val") is t:
+                n.meta["val"] = snapshot
+        # The wrapper's metadata, set as eager sets it: by the operator's meta kernel.
+        with no_dispatch():
+            include = torch._C._meta_in_tls_dispatch_include()
+            torch._C._set_meta_in_tls_dispatch_include(True)
+            try:
+                func(t, *args[1:], **kwargs)
+            finally:
+                torch._C._set_meta_in_tls_dispatch_include(include)
+        if isinstance(t, FakeTensor):
+            func(t.meta, *args[1:], **kwargs)
+        self.nodes[id(t)] = node
+        self.aliases[id(t)] = Alias(a.root, a.chain, a.version)
+        return t
+
     def _mutation(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], writes: list[str]) -> Any:
         fn = functional_variant(func)
         if fn is None:
@@ -368,6 +411,26 @@ class Tracer(TorchDispatchMode):
             setattr(root, name, value)
         gm = torch.fx.GraphModule(root, self.graph)
         return gm
+
+
+def _view_variant(func: Any) -> Any:
+    """The view operator an in-place view operator stands for: `squeeze_.dims` -> `squeeze.dims`,
+    `transpose_` -> `transpose.int` (same argument names)."""
+    packet = getattr(aten, str(func._schema.name).split("::")[1][:-1])
+    names = [a.name for a in func._schema.arguments]
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        if is_view_op(ov) and [a.name for a in ov._schema.arguments] == names:
+            return ov
+    raise AotgradError("in-place view operator without a view form", op=op_name(func))
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor with `t`'s current metadata, over the same meta storage."""
+    if not isinstance(t, FakeTensor):
+        return t
+    meta = t.meta.as_strided(t.shape, t.stride(), t.storage_offset())
+    return FakeTensor(meta, t.fake_device, t.requires_grad, t.is_param)
 
 
 def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
