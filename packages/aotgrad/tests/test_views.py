@@ -23,7 +23,9 @@ from kiln_aotgrad import AotgradError
     [((5,), (5, 3)), ((5, 3), (3,)), ((4,), (4,)), ((2, 5), (5,)), ((5,), (2, 5, 3))],
     ids=["vec-mat", "mat-vec", "vec-vec", "batch-vec", "vec-batch"],
 )
-def test_matmul_with_a_vector_keeps_eager_shape(a: tuple[int, ...], b: tuple[int, ...], no_grad: bool) -> None:
+def test_matmul_with_a_vector_keeps_eager_shape(
+    a: tuple[int, ...], b: tuple[int, ...], no_grad: bool
+) -> None:
     x = torch.randn(a, requires_grad=True)
     y = torch.randn(b, requires_grad=True)
     check(torch.matmul, x, y, no_grad=no_grad)
@@ -83,7 +85,9 @@ def test_views_of_an_input_with_another_dtype(no_grad: bool) -> None:
     c = torch.randn(4, dtype=torch.complex64)
     check(torch.view_as_real, c, no_grad=True)
     a = torch.randn(3, 4)
-    flat = kiln_aotgrad.aot_function(lambda t: (t.view(torch.int32), t[1:].view(torch.int16)), lambda gm, ex: gm)
+    flat = kiln_aotgrad.aot_function(
+        lambda t: (t.view(torch.int32), t[1:].view(torch.int16)), lambda gm, ex: gm
+    )
     got = flat(a)
     want = (a.view(torch.int32), a[1:].view(torch.int16))
     for g, w in zip(got, want, strict=True):

@@ -45,7 +45,7 @@ from kiln_aotgrad.functionalize import (
     mutated_arg_names,
     replay_step,
 )
-from kiln_dynamo.fake import FakeTensor, from_real, run_fake
+from kiln_dynamo.fake import FakeTensor, call_fake, from_real, run_fake
 
 aten = torch.ops.aten
 
@@ -53,6 +53,33 @@ aten = torch.ops.aten
 _SETS_STORAGE = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_"})
 
 _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
+
+
+# Note [Meta kernels that ask the device]: a fake tensor's meta kernel runs on `meta` tensors, and
+# the Python meta registrations below answer by `device_hint` of their arguments, which reads a
+# meta tensor as CUDA. On other devices their auxiliary outputs then differ from the real
+# kernel's: CPU `_embedding_bag` in "sum" mode returns an empty `offset2bag` and a `max_indices`
+# of one element per bag, where the CUDA answer is one per index and none. A wrong size there
+# is a planned buffer the real result cannot fill (the wrapper's copy failed) and a backward
+# compiled for a saved tensor of another shape. For these operators, off CUDA, the registration
+# runs on the fake tensors themselves, which report their real device.
+_DEVICE_AWARE_META = frozenset(
+    {
+        aten._embedding_bag.default,
+        aten._embedding_bag_forward_only.default,
+    }
+)
+
+
+def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`run_fake`, with the device-aware meta kernels answering for the real device."""
+    if func in _DEVICE_AWARE_META:
+        device = next((a.fake_device for a in args if isinstance(a, FakeTensor)), None)
+        if device is not None and device.type != "cuda":
+            from torch._decomp import meta_table
+
+            return call_fake(meta_table[func], *args, **kwargs)
+    return run_fake(func, args, kwargs)
 
 
 class AotgradError(RuntimeError):
@@ -165,7 +192,7 @@ class Tracer(TorchDispatchMode):
 
         vargs = tree_map(val, args)
         vkwargs = tree_map(val, kwargs)
-        out = run_fake(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
+        out = fake_call(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
         node = self.graph.call_function(func, args, kwargs)
         node.meta["val"] = out
         self._stamp(node)
@@ -217,7 +244,7 @@ class Tracer(TorchDispatchMode):
         writes = mutated_arg_names(func)
         if writes:
             return self._mutation(func, args, kwargs, writes)
-        out = run_fake(func, args, kwargs)
+        out = fake_call(func, args, kwargs)
         node = self.graph.call_function(func, tree_map(self._to_node, args), tree_map(self._to_node, kwargs))
         node.meta["val"] = out
         self._stamp(node)
@@ -239,7 +266,7 @@ class Tracer(TorchDispatchMode):
         if is_view_op(func) or mutated_arg_names(func):
             return result
         try:
-            expected = run_fake(func, args, kwargs)
+            expected = fake_call(func, args, kwargs)
         except Exception:
             return result
         single = isinstance(result, torch.Tensor)

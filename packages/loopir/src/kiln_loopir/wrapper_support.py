@@ -15,6 +15,19 @@ import torch
 from .layout import Layout
 
 
+class ExternShapeMismatch(RuntimeError):
+    """An extern op returned a tensor of another shape than the meta kernel it was planned with."""
+
+
+def _check_shape(t: torch.Tensor, size: tuple[int, ...]) -> None:
+    # Never copy with broadcasting: a (1,) result copied into a planned (n,) buffer is a silent
+    # wrong answer. A meta kernel that disagrees with the device kernel is an error here.
+    if tuple(t.shape) != tuple(size):
+        raise ExternShapeMismatch(
+            f"an extern op returned shape {list(t.shape)} where its meta kernel promised {list(size)}"
+        )
+
+
 def flat_storage(
     t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
 ) -> torch.Tensor | None:
@@ -26,6 +39,7 @@ def flat_storage(
     """
     if t is None:
         return None
+    _check_shape(t, size)
     if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
         return t.as_strided((n,), (1,), 0)
     out = torch.empty(n, dtype=t.dtype, device=t.device)
@@ -40,6 +54,7 @@ def dense_storage(
     already has that layout (else copied): for wrappers that hold buffers in their own shape."""
     if t is None:
         return None
+    _check_shape(t, size)
     if t.shape == size and t.stride() == stride and t.storage_offset() == offset:
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
