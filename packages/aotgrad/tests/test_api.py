@@ -211,3 +211,10 @@ def split_heads(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 def test_outputs_sharing_an_intermediate_get_their_own_gradients() -> None:
     check(split_heads, torch.randn(3, 5, requires_grad=True), torch.randn(5, 12, requires_grad=True))
+
+
+@pytest.mark.parametrize("index", [torch.tensor(4), torch.tensor([[0, 8], [3, -1]])], ids=["0-dim", "2-d"])
+def test_take_traces_without_reading_its_index(index: torch.Tensor) -> None:
+    """kiln's `take` entry: torch._decomp's read a 0-dim index as a Python int (data)."""
+    # (inference only: take's backward formula calls aten.put, outside the core operator set)
+    check(lambda x, i: torch.take(x, i) * 2, torch.randn(3, 3), index)
