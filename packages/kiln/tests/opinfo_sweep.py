@@ -41,7 +41,9 @@ NONDETERMINISTIC = (
     "geometric", "log_normal", "dropout", "rrelu", "fractional_max_pool", "new_empty",
 )  # fmt: skip
 
-RTOL, ATOL = 1e-4, 1e-5  # float32, after a different summation order (C++ vectorized reductions)
+# (rtol, atol) by dtype, after a different summation order (C++ vectorized reductions)
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
+RTOL, ATOL = TOLERANCES[torch.float32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +54,8 @@ class Outcome:
     detail: str = ""
 
 
-def eligible(info: Any) -> bool:
-    return not any(s in info.name for s in NONDETERMINISTIC) and torch.float32 in info.supported_dtypes("cpu")
+def eligible(info: Any, dtype: torch.dtype = torch.float32) -> bool:
+    return not any(s in info.name for s in NONDETERMINISTIC) and dtype in info.supported_dtypes("cpu")
 
 
 def key(info: Any) -> str:
@@ -80,7 +82,13 @@ def _view_problem(
     return ""
 
 
-def compare(got: Any, want: Any, c_in: list[torch.Tensor], e_in: list[torch.Tensor]) -> str:
+def compare(
+    got: Any,
+    want: Any,
+    c_in: list[torch.Tensor],
+    e_in: list[torch.Tensor],
+    tol: tuple[float, float] = (RTOL, ATOL),
+) -> str:
     """Empty when `got` is what eager returned (values, shapes, dtypes, types, views); else why not."""
     g_leaves, g_spec = tree_flatten(got)
     w_leaves, w_spec = tree_flatten(want)
@@ -93,7 +101,7 @@ def compare(got: Any, want: Any, c_in: list[torch.Tensor], e_in: list[torch.Tens
             if (g.shape, g.dtype, g.device) != (w.shape, w.dtype, w.device):
                 return f"output {i}: {tuple(g.shape)} {g.dtype} != eager {tuple(w.shape)} {w.dtype}"
             try:
-                torch.testing.assert_close(g, w, rtol=RTOL, atol=ATOL, equal_nan=True, check_stride=False)
+                torch.testing.assert_close(g, w, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
             except AssertionError as exc:
                 return f"output {i}: {str(exc).splitlines()[0]} {' '.join(str(exc).splitlines()[1:3])}"
             problem = _view_problem(g, w, c_in, e_in)
@@ -105,13 +113,13 @@ def compare(got: Any, want: Any, c_in: list[torch.Tensor], e_in: list[torch.Tens
             return f"output {i}: {g!r} != eager {w!r}"
     for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
         try:
-            torch.testing.assert_close(ci, ei, rtol=RTOL, atol=ATOL, equal_nan=True, check_stride=False)
+            torch.testing.assert_close(ci, ei, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
         except AssertionError as exc:
             return f"input {i} after the call: {str(exc).splitlines()[0]}"
     return ""
 
 
-def run_sample(info: Any, index: int, sample: Any) -> Outcome | None:
+def run_sample(info: Any, index: int, sample: Any, dtype: torch.dtype = torch.float32) -> Outcome | None:
     """One sample's outcome, or None when eager rejects it or it returns nothing comparable."""
     op, name = info.op, key(info)
 
@@ -135,7 +143,7 @@ def run_sample(info: Any, index: int, sample: Any) -> Outcome | None:
             return Outcome(name, index, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     e_in = [t for t in tree_flatten(e_args)[0] if isinstance(t, torch.Tensor)]
     c_in = [t for t in tree_flatten(c_args)[0] if isinstance(t, torch.Tensor)]
-    problem = compare(got, want, c_in, e_in)
+    problem = compare(got, want, c_in, e_in, TOLERANCES[dtype])
     if problem:
         return Outcome(name, index, "mismatch", problem[:400])
     stats = kiln.capture_stats()
@@ -156,17 +164,17 @@ def run_sample(info: Any, index: int, sample: Any) -> Outcome | None:
     return Outcome(name, index, "pass")
 
 
-def sweep_op(info: Any, samples: int) -> list[Outcome]:
+def sweep_op(info: Any, samples: int, dtype: torch.dtype = torch.float32) -> list[Outcome]:
     out: list[Outcome] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            generator = iter(info.sample_inputs("cpu", torch.float32, requires_grad=False))
+            generator = iter(info.sample_inputs("cpu", dtype, requires_grad=False))
             for index in range(samples):
                 sample = next(generator, None)
                 if sample is None:
                     break
-                outcome = run_sample(info, index, sample)
+                outcome = run_sample(info, index, sample, dtype)
                 if outcome is not None:
                     out.append(outcome)
         except Exception as exc:  # a sample generator that fails is not kiln's to test
@@ -183,10 +191,10 @@ def op_outcome(outcomes: list[Outcome]) -> str:
     return "skipped"
 
 
-def select(shard: str | None = None, ops: str | None = None) -> list[Any]:
+def select(shard: str | None = None, ops: str | None = None, dtype: torch.dtype = torch.float32) -> list[Any]:
     from torch.testing._internal.common_methods_invocations import op_db
 
-    infos = [info for info in op_db if eligible(info)]
+    infos = [info for info in op_db if eligible(info, dtype)]
     if ops:
         wanted = set(ops.split(","))
         infos = [i for i in infos if i.name in wanted or key(i) in wanted]
@@ -202,11 +210,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--shard", default=None)
     parser.add_argument("--ops", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = parser.parse_args(argv)
     start = time.perf_counter()
     rows: dict[str, list[Outcome]] = {}
-    for info in select(a.shard, a.ops):
-        rows[key(info)] = sweep_op(info, a.samples)
+    dtype = getattr(torch, a.dtype)
+    for info in select(a.shard, a.ops, dtype):
+        rows[key(info)] = sweep_op(info, a.samples, dtype)
         kind = op_outcome(rows[key(info)])
         if kind not in ("pass", "skipped"):
             detail = next(o.detail for o in rows[key(info)] if o.kind == kind)

@@ -9,7 +9,8 @@ which does one of four things:
    CompositeImplicitAutograd kernel, runs under this same mode, so its pieces come back here;
 2. alias it: `detach`/`alias`/`lift_fresh` share their input's node (no graph node);
 3. functionalize it: a mutating operator is recorded as its functional form and written back
-   through the alias model (functionalize.py);
+   through the alias model (functionalize.py); an in-place view operator (`squeeze_`, `t_`) is
+   recorded as its view, which the tensor becomes (Note [In-place view operators]);
 4. record it: run the meta kernel (`kiln_dynamo.fake.run_fake`) for the output metadata, add a
    `call_function` node with `meta["val"]` set to that fake result, and remember which node holds
    each output tensor.
@@ -347,13 +348,14 @@ class Tracer(TorchDispatchMode):
         kernels such as `matmul` of a vector and `quantile` end with `squeeze_`: treating it as a
         data write kept the old shape)."""
         name = str(func._schema.name)
-        view_fn = _view_variant(func)
-        with self:
-            view = view_fn(*args, **kwargs)
         t = args[0]
+        self.node_for(t)
         if self.aliases[id(t)].root in self._inputs:
             # Eager would change the caller's tensor; the runtime only writes data back.
             raise AotgradError("in-place view of a graph input (a metadata mutation)", op=name)
+        view_fn = _view_variant(func)
+        with self:
+            view = view_fn(*args, **kwargs)
         node = self.node_for(view)
         a = self.aliases[id(view)]
         # Nodes that already hold `t` (its producer, a mutation's input) keep the metadata they had.
