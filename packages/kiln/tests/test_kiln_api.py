@@ -167,6 +167,35 @@ def test_run_time_failure_in_strict_mode_raises(monkeypatch: pytest.MonkeyPatch)
         compiled(x)
 
 
+@torch.library.custom_op("kiln_test_api::half_rows", mutates_args=())
+def _half_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[: x.shape[0] // 2].clone()
+
+
+@_half_rows.register_fake
+def _half_rows_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)  # wrong, as the meta kernel of _embedding_bag was on the CPU
+
+
+def _lied_about(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kiln_test_api.half_rows.default(x) + 1
+
+
+def test_a_meta_kernel_that_lies_falls_back_at_run_time() -> None:
+    """A real case of Note [Run-time fallback]: the compiled graph fails on its first call (an
+    extern result of another shape than its meta kernel said); eager's answer, the op named."""
+    x = torch.randn(4, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(kiln.compile(_lied_about)(x), _lied_about(x))
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert messages and "kiln_test_api.half_rows.default returned shape [2, 3]" in messages[0]
+    assert "_lied_about" in messages[0]
+    kiln.reset()
+    with pytest.raises(kiln.BackendFailed, match="half_rows"):
+        kiln.compile(_lied_about, options={"strict": True})(x)
+
+
 def _index(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     return x[i] * 2
 
