@@ -239,3 +239,10 @@ def test_guarded_callers_skip_the_signature_but_not_grad_mode_or_viewed_offsets(
     got = f(shifted, w)
     torch.testing.assert_close(got, fn(shifted, w))
     assert got[1].data_ptr() == shifted[1:].data_ptr()
+
+
+@pytest.mark.parametrize("index", [torch.tensor(4), torch.tensor([[0, 8], [3, -1]])], ids=["0-dim", "2-d"])
+def test_take_traces_without_reading_its_index(index: torch.Tensor) -> None:
+    """kiln's `take` entry: torch._decomp's read a 0-dim index as a Python int (data)."""
+    # (inference only: take's backward formula calls aten.put, outside the core operator set)
+    check(lambda x, i: torch.take(x, i) * 2, torch.randn(3, 3), index)

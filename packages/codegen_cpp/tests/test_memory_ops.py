@@ -119,3 +119,28 @@ def test_masked_body_that_can_fail_keeps_its_branch() -> None:
     assert "if (tmp" in backend.last_source
     with pytest.raises(IndexError):
         compiled(x, torch.tensor([5, 9, 3]))
+
+
+@torch.library.custom_op("kiln_test_cpp::half_rows", mutates_args=())
+def _half_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[: x.shape[0] // 2].clone()
+
+
+@_half_rows.register_fake
+def _half_rows_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)  # disagrees with the kernel, as a meta kernel that asks the device can
+
+
+def test_extern_result_of_another_shape_is_an_error_naming_the_op() -> None:
+    """Never a broadcasting copy into the planned buffer (issue 19): the wrapper names the op."""
+    import torch.fx
+
+    from kiln_loopir.wrapper_support import ExternShapeMismatch
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return aten.add.Tensor(torch.ops.kiln_test_cpp.half_rows.default(x), 1)
+
+    x = torch.randn(4, 3)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x], backend=CppBackend())
+    with pytest.raises(ExternShapeMismatch, match=r"kiln_test_cpp.half_rows.default returned shape \[2, 3\]"):
+        compiled(x)

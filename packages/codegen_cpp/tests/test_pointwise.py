@@ -217,3 +217,42 @@ def test_binary_ops_at_special_values(dtype: torch.dtype) -> None:
     p, q = torch.ones(3, dtype=dtype), torch.tensor([2.0, 0.0, 1.0], dtype=dtype)
     compiled = check(graph_of([(aten.nextafter.default, (In(0), In(1)), {})], 2), p, q)
     assert torch.equal(compiled(p, q)[0], torch.nextafter(p, q))  # exactly: one step is within rtol
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_explicit_downcast_rounds_as_eager(dtype: torch.dtype) -> None:
+    """Issue 19: `.to(half type)` fused into a float32 kernel rounds to nearest even, bit for bit
+    as eager (NaN, infinities, subnormals, ties), and a stored half value is eager's too."""
+    import torch.fx
+
+    def f(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        down = aten._to_copy.default(a, dtype=dtype)
+        return aten._to_copy.default(down, dtype=torch.float32) * 1.0, aten.mul.Tensor(down, 1.0)
+
+    torch.manual_seed(0)
+    special = [
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        3.3895e38,
+        1e-40,
+        -1e-40,
+        -0.0,
+        1.00390625,
+        1.01171875,
+    ]
+    x = torch.cat([torch.randn(500) * 10, torch.tensor(special)])
+    got = compile_graph(torch.fx.symbolic_trace(f), [x], backend=CppBackend())(x)
+    for g, w in zip(got, f(x), strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_downcast_then_sum_in_float32_matches_eager() -> None:
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        x = aten._to_copy.default(a, dtype=torch.bfloat16)
+        y = aten._to_copy.default(b, dtype=torch.bfloat16)
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
+
+    torch.manual_seed(0)
+    check(f, torch.randn(256, 8), torch.randn(256, 8))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -114,6 +115,121 @@ def test_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = kiln.compile(model, options={"strict": True})
     with pytest.raises(Exception, match="lowering exploded"), torch.no_grad():
         compiled(x)
+
+
+class _FailsAtRunTime:
+    """A compiled graph that compiled fine and raises when run (counts its calls)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.stats, self.calls = real, real.stats, 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        raise RuntimeError("kernel exploded")
+
+
+def _fail_at_run_time(monkeypatch: pytest.MonkeyPatch) -> list[_FailsAtRunTime]:
+    import kiln_loopir
+
+    real_compile, made = kiln_loopir.compile_graph, []
+
+    def compile_graph(*args: Any, **kwargs: Any) -> _FailsAtRunTime:
+        made.append(_FailsAtRunTime(real_compile(*args, **kwargs)))
+        return made[-1]
+
+    monkeypatch.setattr(kiln_loopir, "compile_graph", compile_graph)
+    return made
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_run_time_failure_falls_back_to_eager_for_good(monkeypatch: pytest.MonkeyPatch, train: bool) -> None:
+    """Note [Run-time fallback]: the first call returns eager's result with a warning; the graph
+    then runs eagerly, without calling the compiled code again."""
+    made = _fail_at_run_time(monkeypatch)
+    model, x = _fresh()
+    compiled = kiln.compile(model)
+    with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(train):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "at run time" in messages[0] and "kernel exploded" in messages[0] and "eagerly" in messages[0]
+    assert "test_kiln_api.py" in messages[0]  # the user's frame
+    assert sum(m.calls for m in made) == 1  # only the first call ran compiled code (train: fw and bw)
+    assert kiln.compile_log()[0].fell_back is not None
+
+
+def test_run_time_failure_in_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fail_at_run_time(monkeypatch)
+    model, x = _fresh()
+    compiled = kiln.compile(model, options={"strict": True})
+    with pytest.raises(kiln.BackendFailed, match="kernel exploded"), torch.no_grad():
+        compiled(x)
+
+
+@torch.library.custom_op("kiln_test_api::half_rows", mutates_args=())
+def _half_rows(x: torch.Tensor) -> torch.Tensor:
+    return x[: x.shape[0] // 2].clone()
+
+
+@_half_rows.register_fake
+def _half_rows_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape)  # wrong, as the meta kernel of _embedding_bag was on the CPU
+
+
+def _lied_about(x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.kiln_test_api.half_rows.default(x) + 1
+
+
+def test_a_meta_kernel_that_lies_falls_back_at_run_time() -> None:
+    """A real case of Note [Run-time fallback]: the compiled graph fails on its first call (an
+    extern result of another shape than its meta kernel said); eager's answer, the op named."""
+    x = torch.randn(4, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(kiln.compile(_lied_about)(x), _lied_about(x))
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert messages and "kiln_test_api.half_rows.default returned shape [2, 3]" in messages[0]
+    assert "_lied_about" in messages[0]
+    kiln.reset()
+    with pytest.raises(kiln.BackendFailed, match="half_rows"):
+        kiln.compile(_lied_about, options={"strict": True})(x)
+
+
+def _index(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    return x[i] * 2
+
+
+def _int_div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a // b + 1
+
+
+@pytest.mark.parametrize("forced", [False, True])
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [
+        (_index, (torch.randn(4), torch.tensor([1, 7]))),
+        (_int_div, (torch.tensor([3, 4]), torch.tensor([1, 0]))),
+    ],
+    ids=["index-out-of-range", "integer-division-by-zero"],
+)
+def test_users_own_errors_still_raise_as_in_eager(
+    monkeypatch: pytest.MonkeyPatch, fn: Any, args: tuple[torch.Tensor, ...], forced: bool
+) -> None:
+    """Only a graph that eager runs falls back: the user's errors raise eager's exception type,
+    whether the compiled code found them (forced=False) or failed otherwise (forced=True)."""
+    if forced:
+        _fail_at_run_time(monkeypatch)
+    with pytest.raises(Exception) as eager_error:
+        fn(*args)
+    compiled = kiln.compile(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(eager_error.type) as compiled_error:
+            compiled(*args)
+    assert compiled_error.type is eager_error.type
+    assert not [w for w in caught if "kiln backend" in str(w.message)]
 
 
 def test_compile_log_has_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,3 +157,20 @@ def test_creation_ops() -> None:
         return aten.add.Tensor(aten.add.Tensor(b, a), x), c, aten.mul.Tensor(d, e)
 
     check(fn, make((3, 4)))
+
+
+def test_wrapper_support_refuses_an_extern_result_of_another_shape() -> None:
+    """A (1,) result is never broadcast into a planned (4,) buffer (issue 19: a meta kernel that
+    disagreed with the device kernel made the wrapper copy an empty tensor)."""
+    from kiln_loopir.wrapper_support import ExternShapeMismatch, dense_storage, flat_storage
+
+    for bad in (torch.zeros(1), torch.zeros(0)):
+        with pytest.raises(
+            ExternShapeMismatch, match=r"returned shape \[\d\] where its meta kernel promised \[4\]"
+        ):
+            dense_storage(bad, (4,), (1,), 0)
+        with pytest.raises(ExternShapeMismatch):
+            flat_storage(bad, 4, (4,), (1,), 0)
+    t = torch.arange(6.0).view(2, 3)
+    assert dense_storage(t, (2, 3), (3, 1), 0) is t
+    torch.testing.assert_close(dense_storage(t.t(), (3, 2), (2, 1), 0), t.t())

@@ -126,8 +126,15 @@ def _angle(x: torch.Tensor) -> Any:
     return aten.where.self(aten.isnan.default(x), x, pi)
 
 
+def _take(x: torch.Tensor, index: torch.Tensor) -> Any:
+    # torch._decomp's entry indexes with `flat[index]`, which reads a 0-dim index as a Python
+    # integer (`.item()`: data the tracer does not have); aten.index takes it as a tensor.
+    return aten.index.Tensor(aten.reshape.default(x, [-1]), [index])
+
+
 # kiln's own entries.
 _KILN: DecompTable = {
+    aten.take.default: _take,
     aten.var_mean.correction: _var_mean,
     aten._efficientzerotensor.default: _efficient_zeros,
     aten.angle.default: _angle,

@@ -30,6 +30,7 @@ import torch.fx
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
+from kiln_aotgrad.functionalize import ViewStep
 from kiln_aotgrad.tracer import Tracer
 from kiln_dynamo.fake import FakeTensor, from_real
 
@@ -41,6 +42,11 @@ class OutputInfo:
     kind: "graph" (graph output `index`), "input" (input `index` itself), "input_view" (view of
     input `index`), "output" (the same object as user output `index`), "output_view" (view of
     user output `index`), "const" (`value`).
+
+    Note [Views that change dtype]: `as_strided` keeps its base's dtype, so a view of an input
+    with another dtype (`view_as_complex`, `view_as_real`, `view(dtype)`) is rebuilt by replaying
+    its view operators (`views`) on the real input instead; a view of an output with another
+    dtype is a graph output of its own.
     """
 
     kind: str
@@ -49,6 +55,7 @@ class OutputInfo:
     stride: tuple[int, ...] = ()
     offset: int = 0
     value: Any = None
+    views: tuple[ViewStep, ...] = ()  # "input_view" of another dtype: the view ops to replay
 
 
 @dataclass(slots=True)
@@ -152,9 +159,11 @@ def trace(
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             else:
-                infos.append(OutputInfo("input_view", j, size, stride, offset))
+                views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
+                infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
             continue
-        if rid in first_by_root and not (want_training and t.requires_grad):
+        same_dtype = rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
+        if same_dtype and not (want_training and t.requires_grad):
             # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
             # another is right for values, but autograd then routes its gradient through the
             # other output's geometry, which need not cover it (q, k, v split from one matmul):

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.joint import TraceMeta
 from kiln_aotgrad.tracer import AotgradError
 
@@ -60,6 +61,15 @@ def _plain_outputs(meta: TraceMeta) -> bool:
     ] == [("graph", i) for i in range(n)]
 
 
+def _replay(views: Sequence[ViewStep], base: torch.Tensor) -> torch.Tensor:
+    x: Any = base
+    for step in views:
+        x = step.func(*(x if a is SELF else a for a in step.args), **step.kwargs)
+        if step.index is not None:
+            x = x[step.index]
+    return x
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = []
     for info in meta.outputs:
@@ -67,6 +77,8 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             flat.append(graph_outs[info.index])
         elif info.kind == "input":
             flat.append(inputs[info.index])
+        elif info.kind == "input_view" and info.views:  # Note [Views that change dtype]
+            flat.append(_replay(info.views, inputs[info.index]))
         elif info.kind == "input_view":
             flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
         elif info.kind == "output":

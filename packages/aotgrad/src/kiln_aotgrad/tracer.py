@@ -9,7 +9,8 @@ which does one of four things:
    CompositeImplicitAutograd kernel, runs under this same mode, so its pieces come back here;
 2. alias it: `detach`/`alias`/`lift_fresh` share their input's node (no graph node);
 3. functionalize it: a mutating operator is recorded as its functional form and written back
-   through the alias model (functionalize.py);
+   through the alias model (functionalize.py); an in-place view operator (`squeeze_`, `t_`) is
+   recorded as its view, which the tensor becomes (Note [In-place view operators]);
 4. record it: run the meta kernel (`kiln_dynamo.fake.run_fake`) for the output metadata, add a
    `call_function` node with `meta["val"]` set to that fake result, and remember which node holds
    each output tensor.
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -44,11 +46,41 @@ from kiln_aotgrad.functionalize import (
     mutated_arg_names,
     replay_step,
 )
-from kiln_dynamo.fake import FakeTensor, from_real, run_fake
+from kiln_dynamo.fake import FakeTensor, call_fake, from_real, run_fake
 
 aten = torch.ops.aten
 
+# In-place operators that replace a tensor's storage: not views (functionalize.py rejects them).
+_SETS_STORAGE = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_"})
+
 _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
+
+
+# Note [Meta kernels that ask the device]: a fake tensor's meta kernel runs on `meta` tensors, and
+# the Python meta registrations below answer by `device_hint` of their arguments, which reads a
+# meta tensor as CUDA. On other devices their auxiliary outputs then differ from the real
+# kernel's: CPU `_embedding_bag` in "sum" mode returns an empty `offset2bag` and a `max_indices`
+# of one element per bag, where the CUDA answer is one per index and none. A wrong size there
+# is a planned buffer the real result cannot fill (the wrapper's copy failed) and a backward
+# compiled for a saved tensor of another shape. For these operators, off CUDA, the registration
+# runs on the fake tensors themselves, which report their real device.
+_DEVICE_AWARE_META = frozenset(
+    {
+        aten._embedding_bag.default,
+        aten._embedding_bag_forward_only.default,
+    }
+)
+
+
+def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`run_fake`, with the device-aware meta kernels answering for the real device."""
+    if func in _DEVICE_AWARE_META:
+        device = next((a.fake_device for a in args if isinstance(a, FakeTensor)), None)
+        if device is not None and device.type != "cuda":
+            from torch._decomp import meta_table
+
+            return call_fake(meta_table[func], *args, **kwargs)
+    return run_fake(func, args, kwargs)
 
 
 class AotgradError(RuntimeError):
@@ -161,7 +193,7 @@ class Tracer(TorchDispatchMode):
 
         vargs = tree_map(val, args)
         vkwargs = tree_map(val, kwargs)
-        out = run_fake(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
+        out = fake_call(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
         node = self.graph.call_function(func, args, kwargs)
         node.meta["val"] = out
         self._stamp(node)
@@ -208,10 +240,12 @@ class Tracer(TorchDispatchMode):
                 r = self._expand(func, func.decompose, args, kwargs)
                 if r is not NotImplemented:
                     return r
+        if torch.Tag.inplace_view in func.tags and str(func._schema.name) not in _SETS_STORAGE:
+            return self._inplace_view(func, args, kwargs)
         writes = mutated_arg_names(func)
         if writes:
             return self._mutation(func, args, kwargs, writes)
-        out = run_fake(func, args, kwargs)
+        out = fake_call(func, args, kwargs)
         node = self.graph.call_function(func, tree_map(self._to_node, args), tree_map(self._to_node, kwargs))
         node.meta["val"] = out
         self._stamp(node)
@@ -233,7 +267,7 @@ class Tracer(TorchDispatchMode):
         if is_view_op(func) or mutated_arg_names(func):
             return result
         try:
-            expected = run_fake(func, args, kwargs)
+            expected = fake_call(func, args, kwargs)
         except Exception:
             return result
         single = isinstance(result, torch.Tensor)
@@ -305,6 +339,44 @@ class Tracer(TorchDispatchMode):
             self.nodes[id(el)] = g
             self.aliases[id(el)] = Alias(pa.root, (*pa.chain, ViewStep(func, rest, kwargs, i)), version)
 
+    def _inplace_view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Note [In-place view operators]: `squeeze_`, `unsqueeze_`, `transpose_`, `t_`,
+        `as_strided_` (tag `inplace_view`) change a tensor's sizes and strides, never its data.
+        They are not mutations: the tensor becomes its own view, so it is traced as the
+        functional view (`squeeze`, ...) whose node and alias chain the tensor takes over, and
+        the fake tensor's own metadata is changed the way eager changes the real one (composite
+        kernels such as `matmul` of a vector and `quantile` end with `squeeze_`: treating it as a
+        data write kept the old shape)."""
+        name = str(func._schema.name)
+        t = args[0]
+        self.node_for(t)
+        if self.aliases[id(t)].root in self._inputs:
+            # Eager would change the caller's tensor; the runtime only writes data back.
+            raise AotgradError("in-place view of a graph input (a metadata mutation)", op=name)
+        view_fn = _view_variant(func)
+        with self:
+            view = view_fn(*args, **kwargs)
+        node = self.node_for(view)
+        a = self.aliases[id(view)]
+        # Nodes that already hold `t` (its producer, a mutation's input) keep the metadata they had.
+        snapshot = _snapshot(t)
+        for n in self.graph.nodes:
+            if n.meta.get("val") is t:
+                n.meta["val"] = snapshot
+        # The wrapper's metadata, set as eager sets it: by the operator's meta kernel.
+        with no_dispatch():
+            include = torch._C._meta_in_tls_dispatch_include()
+            torch._C._set_meta_in_tls_dispatch_include(True)
+            try:
+                func(t, *args[1:], **kwargs)
+            finally:
+                torch._C._set_meta_in_tls_dispatch_include(include)
+        if isinstance(t, FakeTensor):
+            func(t.meta, *args[1:], **kwargs)
+        self.nodes[id(t)] = node
+        self.aliases[id(t)] = Alias(a.root, a.chain, a.version)
+        return t
+
     def _mutation(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], writes: list[str]) -> Any:
         fn = functional_variant(func)
         if fn is None:
@@ -368,6 +440,26 @@ class Tracer(TorchDispatchMode):
             setattr(root, name, value)
         gm = torch.fx.GraphModule(root, self.graph)
         return gm
+
+
+def _view_variant(func: Any) -> Any:
+    """The view operator an in-place view operator stands for: `squeeze_.dims` -> `squeeze.dims`,
+    `transpose_` -> `transpose.int` (same argument names)."""
+    packet = getattr(aten, str(func._schema.name).split("::")[1][:-1])
+    names = [a.name for a in func._schema.arguments]
+    for ov_name in packet.overloads():
+        ov = getattr(packet, ov_name)
+        if is_view_op(ov) and [a.name for a in ov._schema.arguments] == names:
+            return ov
+    raise AotgradError("in-place view operator without a view form", op=op_name(func))
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor with `t`'s current metadata, over the same meta storage."""
+    if not isinstance(t, FakeTensor):
+        return t
+    meta = t.meta.as_strided(t.shape, t.stride(), t.storage_offset())
+    return FakeTensor(meta, t.fake_device, t.requires_grad, t.is_param)
 
 
 def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:

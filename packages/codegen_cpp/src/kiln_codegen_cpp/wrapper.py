@@ -367,11 +367,12 @@ class WrapperCodegen:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
             dense = _dense_shape(out.layout)
+            name = self.const(str(kernel.op))  # named in the error of a result of another shape
             if dense is not None:
                 self.shapes[out.name] = dense
-                self.emit(f"{out.name} = _dense({value}, {_layout_args(out.layout)})")
+                self.emit(f"{out.name} = _dense({value}, {_layout_args(out.layout)}, {name})")
             else:
-                self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
+                self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)}, {name})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
         self.emit("del _r")
 

@@ -24,6 +24,8 @@ import torch
 
 from kiln_loopir.indexing import FloorDiv, ModularIndexing
 
+from .interp import interpreting
+
 HALF = (torch.bfloat16, torch.float16)
 
 TL_TYPES: dict[torch.dtype, str] = {
@@ -93,6 +95,8 @@ def convert_expr(value: str, src: torch.dtype, dst: torch.dtype) -> str:
         # round to the half type, keep holding it in float32 (float64 goes through float32:
         # Triton's interpreter and older GPUs have no direct float64 -> half conversion)
         via = ".to(tl.float32)" if src == torch.float64 else ""
+        if dst == torch.bfloat16 and interpreting():  # Note [bfloat16 in the interpreter]
+            return f"k_bf16_round({value}{via})"
         return f"{value}{via}.to({tl_type(dst)}).to(tl.float32)"
     if compute_dtype(src) == compute_dtype(dst):
         return value
@@ -101,6 +105,8 @@ def convert_expr(value: str, src: torch.dtype, dst: torch.dtype) -> str:
 
 def load_expr(dtype: torch.dtype, text: str) -> str:
     """A loaded element widened to the compute type."""
+    if dtype == torch.bfloat16 and interpreting():  # Note [bfloat16 in the interpreter]
+        return f"k_bf16_widen({text})"
     if dtype in HALF:
         return f"{text}.to(tl.float32)"
     return text
@@ -108,6 +114,8 @@ def load_expr(dtype: torch.dtype, text: str) -> str:
 
 def store_expr(dtype: torch.dtype, value: str) -> str:
     """A compute value narrowed to the memory type."""
+    if dtype == torch.bfloat16 and interpreting():  # Note [bfloat16 in the interpreter]
+        return f"k_bf16_narrow({value})"
     if dtype in HALF or dtype == torch.bool:
         return f"{value}.to({tl_type(dtype)})"
     return value
@@ -260,7 +268,31 @@ def index_to_triton(expr: sympy.Expr) -> str:
 # -------------------------------------------------------------------------------------------
 # what every generated module starts with
 
+# Note [bfloat16 in the interpreter]: Triton's interpreter converts float32 to bfloat16 by
+# dropping the low 16 bits (round toward zero) whatever rounding mode is asked, and mishandles
+# subnormals in both directions; a GPU rounds to nearest, ties to even, as eager does. So an
+# explicit `.to(torch.bfloat16)` fused into a float32 kernel differed from eager by up to one
+# bfloat16 ulp per element under TRITON_INTERPRET=1 (issue 19). Under the interpreter the three
+# conversions are spelled with integer bit operations, which round exactly as eager does
+# (NaN stays NaN); on a GPU the native conversions are kept.
 PRELUDE = """
+@triton.jit
+def k_bf16_round(x):
+    bits = x.to(tl.uint32, bitcast=True)
+    up = bits + 0x7FFF + ((bits >> 16) & 1)
+    return tl.where(x != x, x, ((up >> 16) << 16).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def k_bf16_narrow(x):
+    r = k_bf16_round(x.to(tl.float32))
+    return (r.to(tl.uint32, bitcast=True) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def k_bf16_widen(x):
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
 @triton.jit
 def k_maximum(a, b):
     return tl.where((a > b) | (a != a), a, b)

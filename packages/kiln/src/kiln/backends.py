@@ -16,6 +16,10 @@ and, where the failing node is known, the user's source line (`options={"strict"
   - loopir or a code generator fails on an aten graph: that aten graph runs unfused instead;
   - aotgrad fails while tracing (the call added no compiled signature): the graph runs as dynamo
     captured it, eagerly, from then on.
+  - the compiled code raises on the call that compiled it (Note [Run-time fallback]): if the
+    captured graph runs eagerly on the same arguments, the graph runs eagerly from then on and the
+    call returns eager's result; if eager raises too, eager's exception is raised (the user's own
+    error keeps its type). Later calls of a compiled signature raise what the compiled code raises.
 Re-running eagerly is safe: compiling touches no real tensor, and an error that is the user's own
 is raised again by eager. A wrong answer is never an option: a failure is a fallback or an error.
 
@@ -124,10 +128,18 @@ def _origin(exc: BaseException) -> str:
 
 
 def _fallback(
-    gm: torch.fx.GraphModule, record: GraphCompile, exc: BaseException, strict: bool, backend: str, what: str
+    gm: torch.fx.GraphModule,
+    record: GraphCompile,
+    exc: BaseException,
+    strict: bool,
+    backend: str,
+    what: str,
+    when: str = "",
 ) -> Callable[..., Any]:
+    at = f" {when}" if when else ""
     message = (
-        f"kiln backend {backend!r} failed on graph {record.graph}: {type(exc).__name__}: {exc}{_origin(exc)}"
+        f"kiln backend {backend!r} failed{at} on graph {record.graph}: "
+        f"{type(exc).__name__}: {exc}{_origin(exc)}"
     )
     if strict:
         raise BackendFailed(message) from exc
@@ -167,12 +179,43 @@ class _FirstCallFallback:
                 log.info("%s", self.record.summary())
             return result
         except Exception as exc:
-            if isinstance(exc, BackendFailed) or before is None or len(signatures or ()) != before:
-                raise  # strict mode, or the compiled code itself failed at run time: not ours to hide
+            if isinstance(exc, BackendFailed) or before is None:
+                raise  # strict mode, or a callable that keeps no signatures: not ours to hide
+            if len(signatures or ()) != before:
+                return self._first_run_failed(exc, args)
             self.fallback = _fallback(
                 self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
             )
             return self.fallback(*args)
+
+    def _first_run_failed(self, exc: Exception, args: tuple[Any, ...]) -> Any:
+        """Note [Run-time fallback]: the compiled code failed on the call that compiled it.
+
+        The captured graph then runs eagerly on the same arguments. If eager fails too, the
+        error is the user's (an index out of range, an integer division by zero): eager's own
+        exception is raised, of the type eager code would see. If eager succeeds, the compiled
+        code is wrong to fail: with a warning naming the exception, the graph's frame and the
+        node's user line when the exception names one, the graph runs eagerly from then on and
+        this call returns eager's result (`strict` raises `BackendFailed` instead). Re-running
+        is safe: a compiled graph is functional (aotgrad writes mutated inputs back only after
+        it returns), so a failed call left the inputs as they were.
+        """
+        try:
+            result = self.gm.forward(*args)
+        except Exception as eager_exc:
+            raise eager_exc from exc
+        log.info("compiled %s failed on its first run; eager succeeds: falling back", self.record.graph)
+        where = f" in {self.record.frame}" if self.record.frame and not _origin(exc) else ""
+        self.fallback = _fallback(
+            self.gm,
+            self.record,
+            exc,
+            self.strict,
+            self.backend,
+            f"the captured graph{where}",
+            when="at run time",
+        )
+        return result
 
 
 def _record(gm: torch.fx.GraphModule) -> GraphCompile:

@@ -5,7 +5,9 @@ backends): they move tensors between the layouts loopir planned and the ones the
 for it (copied only when its strides differ); ``dense_storage`` keeps a result whose dense layout
 already matches as the tensor it is; ``conform_input`` copies a graph input given with
 other strides into the layout the kernels were compiled for, refusing a different shape or dtype;
-``layout_args`` spells a layout as those functions' arguments in generated source.
+``layout_args`` spells a layout as those functions' arguments in generated source. A result of
+another shape than planned (a meta kernel that disagrees with the device's) raises
+``ExternShapeMismatch`` naming ``op``, never a broadcasting copy.
 """
 
 from __future__ import annotations
@@ -15,8 +17,21 @@ import torch
 from .layout import Layout
 
 
+class ExternShapeMismatch(RuntimeError):
+    """An extern op returned a tensor of another shape than the meta kernel it was planned with."""
+
+
+def _check_shape(t: torch.Tensor, size: tuple[int, ...], op: str) -> None:
+    # Never copy with broadcasting: a (1,) result copied into a planned (n,) buffer is a silent
+    # wrong answer. A meta kernel that disagrees with the device kernel is an error here.
+    if tuple(t.shape) != tuple(size):
+        raise ExternShapeMismatch(
+            f"{op or 'an extern op'} returned shape {list(t.shape)} where its meta kernel promised {list(size)}"
+        )
+
+
 def flat_storage(
-    t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+    t: torch.Tensor | None, n: int, size: tuple[int, ...], stride: tuple[int, ...], offset: int, op: str = ""
 ) -> torch.Tensor | None:
     """``t`` as the flat storage of a tensor with this layout (copied if its strides differ).
 
@@ -26,6 +41,7 @@ def flat_storage(
     """
     if t is None:
         return None
+    _check_shape(t, size, op)
     if tuple(t.shape) == size and tuple(t.stride()) == stride and t.storage_offset() == offset:
         return t.as_strided((n,), (1,), 0)
     out = torch.empty(n, dtype=t.dtype, device=t.device)
@@ -34,12 +50,13 @@ def flat_storage(
 
 
 def dense_storage(
-    t: torch.Tensor | None, size: tuple[int, ...], stride: tuple[int, ...], offset: int
+    t: torch.Tensor | None, size: tuple[int, ...], stride: tuple[int, ...], offset: int, op: str = ""
 ) -> torch.Tensor | None:
     """An extern result in the dense layout planned for it, kept as the tensor it is when it
     already has that layout (else copied): for wrappers that hold buffers in their own shape."""
     if t is None:
         return None
+    _check_shape(t, size, op)
     if t.shape == size and t.stride() == stride and t.storage_offset() == offset:
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)

@@ -1,0 +1,235 @@
+"""PyTorch's OpInfo database through `kiln.compile` on the CPU: every sample compared with eager.
+
+Each sample `op(input, *args, **kwargs)` is called through a compiled frame (dynamo -> aotgrad ->
+loopir -> C++) and through eager, on separate clones of the sample, and sorted into one outcome:
+
+  pass      compiled (no fallback anywhere) and the same as eager;
+  mismatch  kiln returned something else than eager: values (assert_close), shape, dtype, Python
+            types and structure of the result, the strides and storage of an output that is a
+            view of an input in eager, or the inputs after the call (mutations);
+  error     kiln raised where eager ran (or raised another exception type than eager);
+  fallback  the result was right but some of it ran eagerly: a frame not captured, or a backend
+            fallback with a warning (the reason is recorded).
+
+Samples that eager itself rejects, that return nothing tensor-like, or whose op is random or reads
+uninitialized memory are not compared. Run as a script for the whole table:
+
+    python packages/kiln/tests/opinfo_sweep.py [--samples 3] [--shard I/N] [--ops a,b] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+import kiln
+
+# Random results or uninitialized memory: nothing to compare.
+NONDETERMINISTIC = (
+    "rand", "normal", "bernoulli", "multinomial", "uniform", "empty", "cauchy", "exponential",
+    "geometric", "log_normal", "dropout", "rrelu", "fractional_max_pool", "new_empty",
+)  # fmt: skip
+
+# (rtol, atol) by dtype, after a different summation order (C++ vectorized reductions)
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
+RTOL, ATOL = TOLERANCES[torch.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    op: str
+    sample: int
+    kind: str  # pass / mismatch / error / fallback
+    detail: str = ""
+
+
+def eligible(info: Any, dtype: torch.dtype = torch.float32) -> bool:
+    return not any(s in info.name for s in NONDETERMINISTIC) and dtype in info.supported_dtypes("cpu")
+
+
+def key(info: Any) -> str:
+    return f"{info.name}.{info.variant_test_name}".rstrip(".")
+
+
+def _clone(x: Any) -> Any:
+    return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+def _view_problem(
+    c: torch.Tensor, e: torch.Tensor, c_in: list[torch.Tensor], e_in: list[torch.Tensor]
+) -> str:
+    """An eager output that is a view of input i must be a view of kiln's input i, same geometry."""
+    for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
+        if e.numel() and ei.numel() and e.untyped_storage().data_ptr() == ei.untyped_storage().data_ptr():
+            if c.untyped_storage().data_ptr() != ci.untyped_storage().data_ptr():
+                return f"eager returns a view of input {i}, kiln a new tensor"
+            if (c.stride(), c.storage_offset()) != (e.stride(), e.storage_offset()):
+                return (
+                    f"view of input {i}: strides/offset {c.stride()}/{c.storage_offset()}, "
+                    f"eager {e.stride()}/{e.storage_offset()}"
+                )
+    return ""
+
+
+def compare(
+    got: Any,
+    want: Any,
+    c_in: list[torch.Tensor],
+    e_in: list[torch.Tensor],
+    tol: tuple[float, float] = (RTOL, ATOL),
+) -> str:
+    """Empty when `got` is what eager returned (values, shapes, dtypes, types, views); else why not."""
+    g_leaves, g_spec = tree_flatten(got)
+    w_leaves, w_spec = tree_flatten(want)
+    if g_spec != w_spec:
+        return f"structure {g_spec} != eager {w_spec}"
+    for i, (g, w) in enumerate(zip(g_leaves, w_leaves, strict=True)):
+        if type(g) is not type(w) and not (isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor)):
+            return f"output {i}: type {type(g).__name__} != eager {type(w).__name__}"
+        if isinstance(w, torch.Tensor):
+            if (g.shape, g.dtype, g.device) != (w.shape, w.dtype, w.device):
+                return f"output {i}: {tuple(g.shape)} {g.dtype} != eager {tuple(w.shape)} {w.dtype}"
+            try:
+                torch.testing.assert_close(g, w, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
+            except AssertionError as exc:
+                return f"output {i}: {str(exc).splitlines()[0]} {' '.join(str(exc).splitlines()[1:3])}"
+            problem = _view_problem(g, w, c_in, e_in)
+            if problem:
+                return f"output {i}: {problem}"
+        elif g != w and not (
+            isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g)
+        ):
+            return f"output {i}: {g!r} != eager {w!r}"
+    for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
+        try:
+            torch.testing.assert_close(ci, ei, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
+        except AssertionError as exc:
+            return f"input {i} after the call: {str(exc).splitlines()[0]}"
+    return ""
+
+
+def run_sample(info: Any, index: int, sample: Any, dtype: torch.dtype = torch.float32) -> Outcome | None:
+    """One sample's outcome, or None when eager rejects it or it returns nothing comparable."""
+    op, name = info.op, key(info)
+
+    def frame(inp: Any, args: Any, kwargs: Any, op: Any = op) -> Any:
+        return op(inp, *args, **kwargs)
+
+    e_args = tree_map(_clone, (sample.input, sample.args, sample.kwargs))
+    c_args = tree_map(_clone, (sample.input, sample.args, sample.kwargs))
+    try:
+        want = frame(*e_args)
+    except Exception:
+        return None
+    if not any(isinstance(t, torch.Tensor) for t in tree_flatten(want)[0]):
+        return None
+    kiln.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            got = kiln.compile(frame)(*c_args)
+        except Exception as exc:
+            return Outcome(name, index, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    e_in = [t for t in tree_flatten(e_args)[0] if isinstance(t, torch.Tensor)]
+    c_in = [t for t in tree_flatten(c_args)[0] if isinstance(t, torch.Tensor)]
+    problem = compare(got, want, c_in, e_in, TOLERANCES[dtype])
+    if problem:
+        return Outcome(name, index, "mismatch", problem[:400])
+    stats = kiln.capture_stats()
+    fell_back = [r.fell_back for r in kiln.compile_log() if r.fell_back]
+    if stats.frames_not_captured or stats.graphs == 0:
+        if stats.frames_not_captured:
+            reason = stats.frames_not_captured[0][1]
+        elif stats.break_reasons:
+            reason = f"graph break: {str(stats.break_reasons[0]).splitlines()[0]}"
+        else:
+            reason = "no graph"
+        return Outcome(name, index, "fallback", f"not captured: {reason[:300]}")
+    if fell_back:
+        return Outcome(name, index, "fallback", f"backend: {fell_back[0].splitlines()[0][:300]}")
+    backend_warnings = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    if backend_warnings:
+        return Outcome(name, index, "fallback", backend_warnings[0].splitlines()[0][:300])
+    return Outcome(name, index, "pass")
+
+
+def sweep_op(info: Any, samples: int, dtype: torch.dtype = torch.float32) -> list[Outcome]:
+    out: list[Outcome] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            generator = iter(info.sample_inputs("cpu", dtype, requires_grad=False))
+            for index in range(samples):
+                sample = next(generator, None)
+                if sample is None:
+                    break
+                outcome = run_sample(info, index, sample, dtype)
+                if outcome is not None:
+                    out.append(outcome)
+        except Exception as exc:  # a sample generator that fails is not kiln's to test
+            out.append(Outcome(key(info), -1, "skipped", f"sample generation: {type(exc).__name__}"))
+    return out
+
+
+def op_outcome(outcomes: list[Outcome]) -> str:
+    """An op's outcome: its worst sample's (mismatch > error > fallback > pass)."""
+    kinds = {o.kind for o in outcomes}
+    for kind in ("mismatch", "error", "fallback", "pass"):
+        if kind in kinds:
+            return kind
+    return "skipped"
+
+
+def select(shard: str | None = None, ops: str | None = None, dtype: torch.dtype = torch.float32) -> list[Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    infos = [info for info in op_db if eligible(info, dtype)]
+    if ops:
+        wanted = set(ops.split(","))
+        infos = [i for i in infos if i.name in wanted or key(i) in wanted]
+    if shard:
+        i, n = (int(p) for p in shard.split("/"))
+        infos = infos[i::n]
+    return infos
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--shard", default=None)
+    parser.add_argument("--ops", default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    a = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows: dict[str, list[Outcome]] = {}
+    dtype = getattr(torch, a.dtype)
+    for info in select(a.shard, a.ops, dtype):
+        rows[key(info)] = sweep_op(info, a.samples, dtype)
+        kind = op_outcome(rows[key(info)])
+        if kind not in ("pass", "skipped"):
+            detail = next(o.detail for o in rows[key(info)] if o.kind == kind)
+            print(f"{kind:9} {key(info)}: {detail}", flush=True)
+    table = collections.Counter(op_outcome(v) for v in rows.values())
+    print(
+        f"{len(rows)} ops, {sum(len(v) for v in rows.values())} samples, {time.perf_counter() - start:.0f} s"
+    )
+    print("  ".join(f"{k} {table[k]}" for k in ("pass", "mismatch", "error", "fallback", "skipped")))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({k: [dataclasses.asdict(o) for o in v] for k, v in rows.items()}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
