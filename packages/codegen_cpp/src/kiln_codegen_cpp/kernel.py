@@ -51,6 +51,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence, Set
@@ -78,6 +79,8 @@ from .cpp_ops import (
     storage_type,
     store_expr,
 )
+
+log = logging.getLogger("kiln.codegen_cpp.output_code")
 
 LANES = 8
 # below this many element-iterations a kernel runs on the calling thread (no OpenMP team)
@@ -983,6 +986,12 @@ class KernelBuilder:
                 loops, simd = self._order_scatter(loops)
                 if not simd:
                     lines.append(f"// scatter: targets may repeat along {loops[-1][0]}: not vectorized")
+                if not par:  # rendered twice (Note [Serial path]): say it once
+                    log.debug(
+                        "kernel %s: accumulating scatter %s",
+                        self.name,
+                        f"vectorized along {loops[-1][0]}" if simd else "not vectorized: targets may repeat",
+                    )
         depth = 0
         outer = loops[:-1] if not is_reduction else loops
         outer_n = math.prod(s for _, s in outer)
