@@ -38,11 +38,12 @@ values, add, store back lane by lane. An accumulating scatter (``index_put(accum
 ``scatter_add``, embedding's backward) breaks that promise when two lanes can add into the same
 element: all but one update are lost (T5's relative-position bias gradient was ~100% off: its
 2-d bucket indices put the token loop innermost, and many tokens share a bucket). A scatter
-loop is vectorized only along a loop variable that provably separates the lanes' targets: every
-accumulating store's index is ``c*v + rest`` with ``c`` a non-zero integer and ``rest`` free of
-``v``, also through the indirect indices in it (``KernelBuilder.deps`` tracks which loop
-variables each C++ value depends on). Such a variable is put innermost when one exists (the
-embedding row's columns); otherwise the loop is left scalar and says so in a comment.
+loop is vectorized only along a loop variable ``v`` that provably separates the lanes' targets:
+every accumulating store's index is ``c*v + rest``, ``c`` a non-zero integer, where the terms of
+``rest`` that may change with ``v`` (through an indirect index: ``KernelBuilder.deps`` tracks the
+loop variables each C++ value depends on) are multiples of at least ``|c|`` times ``v``'s trip
+count (``_lanes_apart``). Such a variable is put innermost when one exists (an embedding row's
+columns); otherwise the loop stays scalar, with a comment in the kernel and a KILN_LOG line.
 
 Kernel-internal buffers (written and read only inside the kernel) are never stored when every
 read of them sees the value in a C++ variable (same index, same loop); otherwise they are stored
@@ -1035,12 +1036,19 @@ class KernelBuilder:
         """
         for pos in range(len(loops) - 1, -1, -1):
             var = loops[pos][0]
-            if isinstance(var, sympy.Symbol) and self._lanes_apart(var):
+            if isinstance(var, sympy.Symbol) and self._lanes_apart(var, loops[pos][1]):
                 return [*loops[:pos], *loops[pos + 1 :], loops[pos]], True
         return loops, False
 
-    def _lanes_apart(self, var: sympy.Symbol) -> bool:
-        """Do iterations of loop ``var`` (all else fixed) add into distinct elements?"""
+    def _lanes_apart(self, var: sympy.Symbol, size: int) -> bool:
+        """Do the ``size`` iterations of loop ``var`` (all else fixed) add into distinct elements?
+
+        Each accumulating store's index must read ``c*var + g + K*f``: ``c`` a non-zero integer,
+        ``g`` free of ``var``, and ``f`` the integer-valued terms that may move with ``var``
+        (through an indirect index that depends on it) scaled by multiples of a ``K >= |c|*size``
+        (``out[idx[i, j], j] += src[i, j]``: ``j + n*idx``). Two lanes then differ by less than
+        ``K`` in ``c*var`` and by a multiple of ``K`` in the rest, so never by zero.
+        """
         for index in self.accumulates:
             expr = sympy.expand(index)
             coeff = expr.coeff(var)
@@ -1049,11 +1057,22 @@ class KernelBuilder:
             rest = expr - coeff * var
             if var in rest.free_symbols:
                 return False
-            for symbol in rest.free_symbols:
-                name = str(symbol)
-                if name not in self.loop_names and str(var) in self.deps.get(name, self.loop_names):
+            step = 0  # gcd of the factors of the terms that move with var
+            for term in sympy.Add.make_args(rest):
+                if not any(self._moves_with(symbol, var) for symbol in term.free_symbols):
+                    continue
+                factor, _ = term.as_coeff_Mul()
+                if not factor.is_Integer:
                     return False
+                step = math.gcd(step, abs(int(factor)))
+            if step != 0 and step < abs(int(coeff)) * size:
+                return False
         return True
+
+    def _moves_with(self, symbol: sympy.Symbol, var: sympy.Symbol) -> bool:
+        """May ``symbol`` (another loop's variable, or an indirect index) change along ``var``?"""
+        name = str(symbol)
+        return name not in self.loop_names and str(var) in self.deps.get(name, self.loop_names)
 
     def _order_pointwise(self, loops: list[tuple[sympy.Expr, int]]) -> list[tuple[sympy.Expr, int]]:
         """Put innermost the loop that most accesses walk with stride 1 (ties: the last dim).
