@@ -3,6 +3,7 @@ extern fallbacks, and the clean error for an out-of-range index."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -53,6 +54,45 @@ def test_scatter_and_index_put() -> None:
     rows = torch.tensor([1, 3, 1, 5])
     vals = make((4, 8))
     check(fn, x, idx, src, rows, vals)
+
+
+def test_accumulating_scatter_with_repeated_targets_along_a_loop() -> None:
+    """Regression (T5's relative-position bias gradient was ~100% off): lanes of a vectorized
+    loop that add into the same element lose each other's updates, so an accumulating scatter
+    is vectorized only along a loop whose iterations hit distinct elements
+    (Note [Scatter loops and omp simd] in kernel.py)."""
+
+    def fn(w: torch.Tensor, tok: torch.Tensor, g: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> Any:
+        # embedding's backward on 2-d indices as torch's decompositions write it: a token out of
+        # range or equal to padding_idx (-1: none) adds nothing, the rest accumulate into their
+        # rows. The tokens are read several times, which puts the token loop innermost.
+        keep = aten.bitwise_and.Tensor(aten.ge.Scalar(tok, 0), aten.lt.Scalar(tok, 8))
+        keep = aten.unsqueeze.default(aten.bitwise_and.Tensor(keep, aten.ne.Scalar(tok, -1)), -1)
+        masked = aten.where.self(aten.logical_not.default(keep), aten.zeros_like.default(g), g)
+        rows = aten.clamp.default(tok, -8, 7)
+        eb = aten.index_put.default(aten.zeros_like.default(w), [rows], masked, True)
+        # every element of a row adds into one of two columns of the same row: no loop separates
+        sa = aten.scatter_add.default(aten.zeros_like.default(src), 1, idx, src)
+        # down the columns: the element (i, j) adds into (idx[i, j], j), so the column loop
+        # separates the lanes although the row it hits depends on j
+        sa0 = aten.scatter_add.default(aten.zeros_like.default(src), 0, idx, src)
+        return eb, sa, sa0
+
+    w = make((8, 2))
+    tok = torch.randint(0, 3, (32, 32))  # 1,024 updates into 3 rows
+    g = make((32, 32, 2))
+    idx = torch.randint(0, 2, (4, 64))
+    src = make((4, 64))
+    names = ["embedding backward", "scatter_add", "scatter_add dim 0"]
+    compiled = check(fn, w, tok, g, idx, src, names=names, scale=10.0)
+    source: str = compiled.backend.last_source  # type: ignore[attr-defined]
+    scatters = [k for k in source.split('extern "C" int64_t ')[1:] if re.search(r"\bind\d+", k)]
+    assert len(scatters) == 3
+    embedding, scatter_add, scatter_add0 = scatters
+    # the embedding row's columns (x2, 2 of them) are vectorized: a lane per column
+    assert re.search(r"#pragma omp simd\n\s*for \(int64_t x2 = 0; x2 < INT64_C\(2\)", embedding), embedding
+    assert "#pragma omp simd" not in scatter_add and "not vectorized" in scatter_add, scatter_add
+    assert re.search(r"#pragma omp simd\n\s*for \(int64_t x1 = 0; x1 < INT64_C\(64\)", scatter_add0)
 
 
 def test_creation_ops_and_extern_fallback() -> None:

@@ -32,6 +32,19 @@ hand-written tails and gathers. Kernel for kernel, the scalar + libmvec code was
 eager's own vectorized kernels on row reductions and ahead on fused pointwise chains (see the
 benchmark in bench/throughput.py).
 
+Note [Scatter loops and omp simd]: ``#pragma omp simd`` promises GCC that the iterations of the
+innermost loop are independent, so it may compute them as lanes of one vector: gather the old
+values, add, store back lane by lane. An accumulating scatter (``index_put(accumulate=True)``,
+``scatter_add``, embedding's backward) breaks that promise when two lanes can add into the same
+element: all but one update are lost (T5's relative-position bias gradient was ~100% off: its
+2-d bucket indices put the token loop innermost, and many tokens share a bucket). A scatter
+loop is vectorized only along a loop variable ``v`` that provably separates the lanes' targets:
+every accumulating store's index is ``c*v + rest``, ``c`` a non-zero integer, where the terms of
+``rest`` that may change with ``v`` (through an indirect index: ``KernelBuilder.deps`` tracks the
+loop variables each C++ value depends on) are multiples of at least ``|c|`` times ``v``'s trip
+count (``_lanes_apart``). Such a variable is put innermost when one exists (an embedding row's
+columns); otherwise the loop stays scalar, with a comment in the kernel and a KILN_LOG line.
+
 Kernel-internal buffers (written and read only inside the kernel) are never stored when every
 read of them sees the value in a C++ variable (same index, same loop); otherwise they are stored
 and the wrapper allocates them (``Kernel.scratch``).
@@ -39,6 +52,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence, Set
@@ -68,6 +82,8 @@ from .cpp_ops import (
     store_expr,
 )
 
+log = logging.getLogger("kiln.codegen_cpp.output_code")
+
 LANES = 8
 # below this many element-iterations a kernel runs on the calling thread (no OpenMP team)
 PARALLEL_GRAIN = 32768
@@ -86,6 +102,8 @@ EXPENSIVE = frozenset({
 })  # fmt: skip
 STASH_BYTES = 65536
 _VARIABLE = re.compile(r"\btmp\d+\b")
+_IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
+_KERNEL_VALUE = re.compile(r"(?:tmp|ind|stash|acc)\d+")  # names that _new() gives
 # ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
 INT_DIVISION = frozenset({"floordiv", "truncdiv", "mod", "fmod", "remainder"})
 # ops that can fail for some operand (an error site): a masked body with one keeps its branch
@@ -230,6 +248,10 @@ class KernelBuilder:
         self.stored: set[str] = set()
         self.errors: list[ErrorSite] = []
         self.accesses: list[sympy.Expr] = []
+        # Note [Scatter loops and omp simd]: the index of every accumulating store, and for each
+        # C++ value the names of the loop variables it depends on
+        self.accumulates: list[sympy.Expr] = []
+        self.deps: dict[str, frozenset[str]] = {}
         # scopes: (lines, cse, forwards); the bottom one is the x-scope
         self.scopes: list[tuple[list[str], dict[str, CppValue], dict[tuple[str, str], CppValue]]] = []
         self.masks: list[str] = []  # the masks around a branch-free masked body
@@ -263,6 +285,7 @@ class KernelBuilder:
             for v, s in zip([*self.xvars, *self.rvars], [*self.xsizes, *self.rsizes], strict=True)
             if isinstance(v, sympy.Symbol)
         }
+        self.loop_names = frozenset(str(v) for v in self.ranges)
         self.nx = math.prod(self.xsizes)
         self.nr = math.prod(self.rsizes)
         flat_x = linear_index(self.xvars, contiguous_strides([sympy.Integer(s) for s in self.xsizes]))
@@ -365,9 +388,25 @@ class KernelBuilder:
             self.equiv[var] = earlier
         if self.phase is not None:
             self.phase.defined.add(var)
+        self.deps[var] = self._depends(expr)
         value = CppValue(var, dtype, const)
         self.scopes[-1][1][expr] = value
         return value
+
+    def _depends(self, *texts: str) -> frozenset[str]:
+        """The loop variables the C++ expressions ``texts`` depend on (Note [Scatter loops and
+        omp simd]); a kernel value of unknown origin counts as depending on every loop."""
+        loops = self.loop_names
+        out: set[str] = set()
+        for text in texts:
+            for token in _IDENTIFIER.findall(text):
+                if token in loops:
+                    out.add(token)
+                elif token in self.deps:
+                    out |= self.deps[token]
+                elif _KERNEL_VALUE.fullmatch(token):
+                    out |= loops
+        return frozenset(out)
 
     def _in_earlier_phase(self, expr: str, dtype: torch.dtype) -> tuple[int, str] | None:
         """(phase, variable) of an earlier r-phase that computed ``expr``'s value, if any.
@@ -470,6 +509,7 @@ class KernelBuilder:
         ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
         self.stored.add(name)
         if mode == "atomic_add":
+            self.accumulates.append(expr)
             total = self._cse(f"{load_expr(dtype, ref)} + {v}", dtype)
             total = self._as(CppValue(round_expr(dtype, total.expr), dtype), dtype)
             self.lines.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, total.expr)};")
@@ -502,6 +542,7 @@ class KernelBuilder:
         v = self._as(self._value(value), torch.int64)
         n = _int(size)
         var = self._new("ind")
+        self.deps[var] = self._depends(v.expr)
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"if ({var} < 0) {var} += INT64_C({n});")
         if check:
@@ -543,6 +584,7 @@ class KernelBuilder:
         dtype = result.dtype
         o = self._as(self._value(other, dtype), dtype)
         var = self._new()
+        self.deps[var] = self._depends(m.expr, o.expr, result.expr)
         self.lines.append(f"{compute_type(dtype)} {var} = {o};")
         self.lines.append(f"if ({m}) {{")
         self.lines.extend("  " + line for line in inner)
@@ -569,6 +611,7 @@ class KernelBuilder:
         dtype = result.dtype
         o = self._as(self._value(other, dtype), dtype)
         var = self._new()
+        self.deps[var] = self._depends(m.expr, o.expr, result.expr)
         self.lines.append(f"const {compute_type(dtype)} {var} = ({m} ? {result} : {o});")
         return CppValue(var, dtype)
 
@@ -936,9 +979,22 @@ class KernelBuilder:
         if not loops:
             return ["{", *("  " + b for b in body), "}"]
         is_reduction = bool(self.rsizes)
+        if self.accumulates and is_reduction:
+            raise CodegenUnsupported("an accumulating scatter in a reduction kernel")
+        lines: list[str] = []
+        simd = True
         if not is_reduction:
             loops = self._order_pointwise(loops)
-        lines: list[str] = []
+            if self.accumulates:
+                loops, simd = self._order_scatter(loops)
+                if not simd:
+                    lines.append(f"// scatter: targets may repeat along {loops[-1][0]}: not vectorized")
+                if not par:  # rendered twice (Note [Serial path]): say it once
+                    log.debug(
+                        "kernel %s: accumulating scatter %s",
+                        self.name,
+                        f"vectorized along {loops[-1][0]}" if simd else "not vectorized: targets may repeat",
+                    )
         depth = 0
         outer = loops[:-1] if not is_reduction else loops
         outer_n = math.prod(s for _, s in outer)
@@ -961,7 +1017,7 @@ class KernelBuilder:
                 lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
                 depth += 2
                 continue
-            if last and not is_reduction:
+            if last and not is_reduction and simd:
                 lines.append(f"{pad}#pragma omp simd")
             lines.append(f"{pad}{self._loop(var, size)} {{")
             depth += 1
@@ -970,6 +1026,55 @@ class KernelBuilder:
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
+
+    def _order_scatter(
+        self, loops: list[tuple[sympy.Expr, int]]
+    ) -> tuple[list[tuple[sympy.Expr, int]], bool]:
+        """Note [Scatter loops and omp simd]: (loop order, vectorize?) for an accumulating scatter.
+
+        ``loops`` comes in :meth:`_order_pointwise`'s order. The innermost loop stays when its
+        lanes add into distinct elements; else the nearest loop whose lanes do moves innermost;
+        with none, the order stays and the innermost loop runs scalar.
+        """
+        for pos in range(len(loops) - 1, -1, -1):
+            var = loops[pos][0]
+            if isinstance(var, sympy.Symbol) and self._lanes_apart(var, loops[pos][1]):
+                return [*loops[:pos], *loops[pos + 1 :], loops[pos]], True
+        return loops, False
+
+    def _lanes_apart(self, var: sympy.Symbol, size: int) -> bool:
+        """Do the ``size`` iterations of loop ``var`` (all else fixed) add into distinct elements?
+
+        Each accumulating store's index must read ``c*var + g + K*f``: ``c`` a non-zero integer,
+        ``g`` free of ``var``, and ``f`` the integer-valued terms that may move with ``var``
+        (through an indirect index that depends on it) scaled by multiples of a ``K >= |c|*size``
+        (``out[idx[i, j], j] += src[i, j]``: ``j + n*idx``). Two lanes then differ by less than
+        ``K`` in ``c*var`` and by a multiple of ``K`` in the rest, so never by zero.
+        """
+        for index in self.accumulates:
+            expr = sympy.expand(index)
+            coeff = expr.coeff(var)
+            if not (coeff.is_Integer and coeff != 0):
+                return False
+            rest = expr - coeff * var
+            if var in rest.free_symbols:
+                return False
+            step = 0  # gcd of the factors of the terms that move with var
+            for term in sympy.Add.make_args(rest):
+                if not any(self._moves_with(symbol, var) for symbol in term.free_symbols):
+                    continue
+                factor, _ = term.as_coeff_Mul()
+                if not factor.is_Integer:
+                    return False
+                step = math.gcd(step, abs(int(factor)))
+            if step != 0 and step < abs(int(coeff)) * size:
+                return False
+        return True
+
+    def _moves_with(self, symbol: sympy.Symbol, var: sympy.Symbol) -> bool:
+        """May ``symbol`` (another loop's variable, or an indirect index) change along ``var``?"""
+        name = str(symbol)
+        return name not in self.loop_names and str(var) in self.deps.get(name, self.loop_names)
 
     def _order_pointwise(self, loops: list[tuple[sympy.Expr, int]]) -> list[tuple[sympy.Expr, int]]:
         """Put innermost the loop that most accesses walk with stride 1 (ties: the last dim).

@@ -2,7 +2,8 @@
 
 ``KILN_LOG=output_code`` (or ``all``) sets logger ``kiln.codegen_cpp.output_code`` to DEBUG: each
 compiled graph logs the path and source of its wrapper and the path of its C++ translation
-unit. The variable is read at each compilation (:func:`configure`), so tests may set it.
+unit, and each accumulating scatter the loop it is vectorized along, if any (Note [Scatter loops
+and omp simd] in kernel.py). The variable is read at each compilation (:func:`configure`), so tests may set it.
 """
 
 from __future__ import annotations
