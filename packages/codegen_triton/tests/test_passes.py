@@ -115,9 +115,10 @@ def test_padded_lm_head_equals_eager(device: str, dtype: torch.dtype) -> None:
     assert record
     if device == "cuda":  # the decision was timed on the device (or read from the disk cache)
         assert "timed" in record[0] or "cached" in record[0]
-        # bf16's misaligned N runs a slow kernel; in fp32 (N to a multiple of 4) the H200 measured
-        # the padded product slower (0.82 against 1.26 ms) and keeps it: either way, eager's result
-        assert record[0].startswith("pad") or dtype == torch.float32
+        # padded only where the device measured it faster: on the H200 this head (x @ w.t())
+        # already gets a fast cuBLAS kernel unpadded (bf16 0.44 ms either way; fp32 0.82 against
+        # 1.26 ms padded), so it is kept; either way the result is eager's
+        assert record[0].startswith(("pad", "keep"))
     else:
         assert record[0].startswith("pad")
 
