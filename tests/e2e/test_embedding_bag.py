@@ -99,7 +99,8 @@ def test_recommender_train(mode: str, with_offsets: bool, with_weights: bool) ->
             else:
                 torch.testing.assert_close(loss, loss_e)
                 if w is not None:
+                    assert w_e is not None
                     torch.testing.assert_close(w.grad, w_e.grad)
         for (name, p_e), p_c in zip(eager.named_parameters(), mine.parameters(), strict=True):
-            torch.testing.assert_close(p_c, p_e, msg=lambda m, name=name: f"{name}: {m}")
+            torch.testing.assert_close(p_c, p_e, msg=f"parameter {name}")
     assert kiln.compile_log() and all(r.fell_back is None for r in kiln.compile_log())

@@ -111,7 +111,7 @@ def compile_flat(
 def _viewed_offsets(art: CompiledArtifacts, args: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
     """(input, storage offset) of every input an output is rebuilt as a view of."""
     viewed = sorted({o.index for o in art.traced.meta.outputs if o.kind == "input_view"})
-    return [(i, args[i].storage_offset()) for i in viewed]
+    return [(i, int(args[i].storage_offset())) for i in viewed]
 
 
 def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
