@@ -239,6 +239,64 @@ def _with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
     return gm
 
 
+def _sin_cos_cat(x: Any) -> Any:
+    return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], -1)
+
+
+def _sin_cos_stack(x: Any) -> Any:
+    return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], 0)
+
+
+def test_cat_of_transcendentals_of_one_input_is_one_kernel() -> None:
+    # Note [Why a value is realized] (f): the cat's output is larger than sin's, but reads each
+    # element of it once: sin and cos are computed in the cat's kernel, not realized first
+    for fn in (_sin_cos_cat, _sin_cos_stack):
+        x = make((8, 16))
+        compiled = check(_with_vals(fn, x), x)
+        assert compiled.stats.kernels == 1, fn.__name__
+        assert compiled.stats.buffers == 1, fn.__name__
+    x = make((8, 16))
+    assert check(_with_vals(_sin_cos_cat, x), x, fusion=False).stats.kernels == 3
+
+
+def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
+    # a view that grows the element count on the way to a cat is a broadcast: rule (f) holds
+    def fn(x: Any, f: Any) -> Any:
+        c = aten.expand.default(aten.unsqueeze.default(aten.cos.default(f), 0), [4, 8, 16])
+        return aten.cat.default([x, c], 0)
+
+    x, f = make((4, 8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, f), x, f)
+    assert compiled.stats.kernels == 2
+    assert [list(map(int, op.get_size())) for op in compiled.graph.operations] == [[8, 16], [8, 8, 16]]
+
+
+def test_cat_and_a_broadcasting_reader_realize_the_transcendental() -> None:
+    # one reader that broadcasts is enough: the cat's reading does not excuse it
+    def fn(x: Any, f: Any) -> Any:
+        c = aten.cos.default(f)
+        return aten.cat.default([c, f], 0), aten.mul.Tensor(x, aten.unsqueeze.default(c, 0))
+
+    x, f = make((4, 8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, f), x, f)
+    assert compiled.stats.kernels == 3
+
+
+def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
+    def mul_sum(a: Any, b: Any) -> Any:
+        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
+
+    def downcast_sum(a: Any, b: Any) -> Any:
+        x = aten._to_copy.default(a, dtype=torch.bfloat16)
+        y = aten._to_copy.default(b, dtype=torch.bfloat16)
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
+
+    a, b = make((8, 64), torch.bfloat16), make((8, 64), torch.bfloat16)
+    assert check(_with_vals(mul_sum, a, b), a, b).stats.kernels == 1
+    a, b = make((256, 8)), make((256, 8))
+    assert check(_with_vals(downcast_sum, a, b), a, b).stats.kernels == 1
+
+
 def test_inference_convolutions_run_channels_last() -> None:
     # Note [Channels-last for convolutions]: activations outweigh the weights, grad mode is off
     inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
