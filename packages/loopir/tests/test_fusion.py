@@ -8,6 +8,7 @@ import torch
 from helpers import assert_same, aten, check, make, trace
 
 from kiln_loopir import compile_graph
+from kiln_loopir.ir import ComputedBuffer
 
 
 def test_pointwise_chain_is_one_kernel() -> None:
@@ -258,6 +259,11 @@ def test_cat_of_transcendentals_of_one_input_is_one_kernel() -> None:
     x = make((8, 16))
     assert check(_with_vals(_sin_cos_cat, x), x, fusion=False).stats.kernels == 3
 
+    def pad(x: Any) -> Any:  # padding reads each element once too
+        return aten.constant_pad_nd.default(aten.sin.default(x), [2, 6])
+
+    assert check(_with_vals(pad, x), x).stats.buffers == 1
+
 
 def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
     # a view that grows the element count on the way to a cat is a broadcast: rule (f) holds
@@ -268,7 +274,25 @@ def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
     x, f = make((4, 8, 16)), make((8, 16))
     compiled = check(_with_vals(fn, x, f), x, f)
     assert compiled.stats.kernels == 2
-    assert [list(map(int, op.get_size())) for op in compiled.graph.operations] == [[8, 16], [8, 8, 16]]
+    sizes = [
+        [int(n) for n in op.get_size()] for op in compiled.graph.operations if isinstance(op, ComputedBuffer)
+    ]
+    assert sizes == [[8, 16], [8, 8, 16]]  # cos, realized, then the cat
+
+
+def test_cat_of_many_transcendentals_realizes_them() -> None:
+    # a cat's kernel evaluates each inlined input on every output element: four exps inlined
+    # would be four per element, beyond MASKED_READ_FACTOR; realized, each is computed once
+    def fn(x: Any, y: Any) -> Any:
+        return aten.cat.default([aten.exp.default(x), aten.exp.default(y), x, y], 0)
+
+    def pad(x: Any) -> Any:
+        return aten.constant_pad_nd.default(aten.sin.default(x), [0, 48])
+
+    x, y = make((8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, y), x, y)
+    assert compiled.stats.buffers == 3
+    assert check(_with_vals(pad, x), x).stats.buffers == 2
 
 
 def test_cat_and_a_broadcasting_reader_realize_the_transcendental() -> None:

@@ -25,11 +25,11 @@ than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise in
 deeply recursive function), or (f) calls a transcendental function (``TRANSCENDENTAL``) and has a
 reader that broadcasts it over more elements: LLaMA's rotary cos/sin, [seq, dim], inlined into
 q and k, [batch, heads, seq, dim], computed each sine batch x heads times. A reader whose output
-is larger but that reads each input element at most once (``SINGLE_READ_OPS``: ``cat``, padding,
-the ``*_scatter`` ops) does not broadcast, unless the value reaches it through a view that grows
-the element count (``expand``): ``cat([x.sin(), x.cos()])`` is one kernel, not three. Reductions
-are always realized. With ``fusion=False`` every node's value is realized, so each op is its own
-kernel.
+is larger but that loads each input element at most once (``SINGLE_READ_OPS``: ``cat``, padding)
+does not broadcast while its output has at most ``MASKED_READ_FACTOR`` times the value's elements
+and no view on the way (``expand``) grew them: ``cat([x.sin(), x.cos()])`` is one kernel, not a
+kernel for sin and cos and one for the cat. Reductions are always realized. With
+``fusion=False`` every node's value is realized, so each op is its own kernel.
 """
 
 from __future__ import annotations
@@ -97,17 +97,13 @@ TRANSCENDENTAL = frozenset(
         "digamma",
     }
 )
-# Note [Why a value is realized] (f): readers whose output may outsize an input without reading
-# any of its elements twice (each output element reads at most one element of one input)
-SINGLE_READ_OPS = frozenset(
-    {
-        torch.ops.aten.cat.default,
-        torch.ops.aten.constant_pad_nd.default,
-        torch.ops.aten.slice_scatter.default,
-        torch.ops.aten.select_scatter.default,
-        torch.ops.aten.diagonal_scatter.default,
-    }
-)
+# Note [Why a value is realized] (f): readers whose output outsizes an input without reading any
+# of its elements twice (each output element loads at most one element of one input). Their
+# kernels still evaluate an inlined input on every output element (a masked load, then ``where``),
+# so the excuse holds only while the output has at most ``MASKED_READ_FACTOR`` times the input's
+# elements: a cat of two halves computes each sine at most twice; a cat of eight does not inline.
+SINGLE_READ_OPS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant_pad_nd.default})
+MASKED_READ_FACTOR = 2
 MAX_REUSE_LOADS = 4
 MAX_LOADS = 8
 MAX_CHAIN_OPS = 200
@@ -407,9 +403,10 @@ def _numel(node: torch.fx.Node) -> int | None:
 
 
 def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
-    """A reader of ``node`` (through views) that reads its elements more than once: one that
-    computes over more elements than ``node`` has, except a ``SINGLE_READ_OPS`` reader that no
-    view on the way grew (Note [Why a value is realized] (f)). None when there is none."""
+    """A reader of ``node`` (through views) that computes it more than once per element: one
+    that computes over more elements than ``node`` has, except a ``SINGLE_READ_OPS`` reader at
+    most ``MASKED_READ_FACTOR`` times larger that no view on the way grew (Note [Why a value is
+    realized] (f)). None when there is none."""
     own = _numel(node)
     if own is None:
         return None
@@ -422,7 +419,10 @@ def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
         if user.target in VIEW_OPS:
             pending.extend((u, grown or larger) for u in user.users)
             continue
-        if larger and (grown or user.target not in SINGLE_READ_OPS):
+        if not larger:
+            continue
+        assert numel is not None
+        if grown or user.target not in SINGLE_READ_OPS or numel > MASKED_READ_FACTOR * own:
             return user
     return None
 
