@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import aten, check, make, trace
+from cpp_check import aten, check, make, trace, with_vals
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
@@ -184,3 +184,20 @@ def test_extern_result_of_another_shape_is_an_error_naming_the_op() -> None:
     compiled = compile_graph(torch.fx.symbolic_trace(f), [x], backend=CppBackend())
     with pytest.raises(ExternShapeMismatch, match=r"kiln_test_cpp.half_rows.default returned shape \[2, 3\]"):
         compiled(x)
+
+
+def _sin_cos_cat(dim: int) -> Any:
+    def fn(x: Any) -> Any:
+        return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], dim)
+
+    return fn
+
+
+def test_cat_of_sin_and_cos_of_one_input_is_one_kernel() -> None:
+    """Issue 19, fusion bounds (Note [Why a value is realized] (f)): the cat reads each element of
+    sin(x) and cos(x) once, so both are computed in the cat's kernel, with aotgrad's meta values."""
+    for dim in (0, 1, -1):
+        x = make((4, 8, 16))
+        gm = with_vals(_sin_cos_cat(dim), x)
+        compiled = check(gm, x)
+        assert (compiled.stats.kernels, compiled.stats.buffers) == (1, 1), dim

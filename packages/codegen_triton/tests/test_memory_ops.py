@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import DEVICES, aten, check, make
+from triton_check import DEVICES, aten, check, make, with_vals
 
 from kiln_codegen_triton import TritonBackend, interpreting
 from kiln_loopir import compile_graph
@@ -79,3 +79,21 @@ def test_creation_and_extern_ops(device: str) -> None:
         return act, z, r, cs
 
     check(fn, make((8, 16)), make((16, 12)), make((12,)), device=device)
+
+
+def _sin_cos_cat(dim: int) -> Any:
+    def fn(x: Any) -> Any:
+        return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], dim)
+
+    return fn
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cat_of_sin_and_cos_of_one_input_is_one_kernel(device: str) -> None:
+    """Issue 19, fusion bounds (Note [Why a value is realized] (f)): the cat reads each element of
+    sin(x) and cos(x) once, so both are computed in the cat's kernel, with aotgrad's meta values."""
+    for dim in (0, -1):
+        x = make((4, 8, 16))
+        gm = with_vals(_sin_cos_cat(dim), x)
+        backend = check(gm, x, device=device)
+        assert [s.name for s in backend.last_specs] == ["triton_poi_fused_cat_cos_sin_0"], dim

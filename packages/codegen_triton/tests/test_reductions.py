@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import DEVICES, aten, check, kinds, make
+from triton_check import DEVICES, aten, check, kinds, make, with_vals
 
 from kiln_codegen_triton import TritonBackend
 
@@ -151,3 +151,22 @@ def test_split_reductions(blocking: str, device: str) -> None:
         backend=TritonBackend(**SPLIT),
     )
     assert not any(s.name.endswith("_partial") for s in var.last_specs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_mul_then_sum_is_one_kernel(device: str) -> None:
+    """Issue 19, fusion bounds: the product inlines into the reduction, the bf16 result is its
+    epilogue; the float32 sum of a rounded product likewise (sizes below the split threshold)."""
+
+    def mul_sum(a: Any, b: Any) -> Any:
+        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
+
+    def downcast_sum(a: Any, b: Any) -> Any:
+        x = aten._to_copy.default(a, dtype=torch.bfloat16)
+        y = aten._to_copy.default(b, dtype=torch.bfloat16)
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
+
+    a, b = make((16, 96), torch.bfloat16), make((16, 96), torch.bfloat16)
+    assert len(check(with_vals(mul_sum, a, b), a, b, device=device).last_specs) == 1
+    a, b = make((256, 8)), make((256, 8))
+    assert len(check(with_vals(downcast_sum, a, b), a, b, device=device).last_specs) == 1

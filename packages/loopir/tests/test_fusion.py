@@ -8,6 +8,7 @@ import torch
 from helpers import assert_same, aten, check, make, trace
 
 from kiln_loopir import compile_graph
+from kiln_loopir.ir import ComputedBuffer
 
 
 def test_pointwise_chain_is_one_kernel() -> None:
@@ -237,6 +238,87 @@ def _with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
 
     Record(gm).run(*inputs)
     return gm
+
+
+def _sin_cos_cat(x: Any) -> Any:
+    return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], -1)
+
+
+def _sin_cos_stack(x: Any) -> Any:
+    return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], 0)
+
+
+def test_cat_of_transcendentals_of_one_input_is_one_kernel() -> None:
+    # Note [Why a value is realized] (f): the cat's output is larger than sin's, but reads each
+    # element of it once: sin and cos are computed in the cat's kernel, not realized first
+    for fn in (_sin_cos_cat, _sin_cos_stack):
+        x = make((8, 16))
+        compiled = check(_with_vals(fn, x), x)
+        assert compiled.stats.kernels == 1, fn.__name__
+        assert compiled.stats.buffers == 1, fn.__name__
+    x = make((8, 16))
+    assert check(_with_vals(_sin_cos_cat, x), x, fusion=False).stats.kernels == 3
+
+    def pad(x: Any) -> Any:  # padding reads each element once too
+        return aten.constant_pad_nd.default(aten.sin.default(x), [2, 6])
+
+    assert check(_with_vals(pad, x), x).stats.buffers == 1
+
+
+def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
+    # a view that grows the element count on the way to a cat is a broadcast: rule (f) holds
+    def fn(x: Any, f: Any) -> Any:
+        c = aten.expand.default(aten.unsqueeze.default(aten.cos.default(f), 0), [4, 8, 16])
+        return aten.cat.default([x, c], 0)
+
+    x, f = make((4, 8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, f), x, f)
+    assert compiled.stats.kernels == 2
+    sizes = [
+        [int(n) for n in op.get_size()] for op in compiled.graph.operations if isinstance(op, ComputedBuffer)
+    ]
+    assert sizes == [[8, 16], [8, 8, 16]]  # cos, realized, then the cat
+
+
+def test_cat_of_many_transcendentals_realizes_them() -> None:
+    # a cat's kernel evaluates each inlined input on every output element: four exps inlined
+    # would be four per element, beyond MASKED_READ_FACTOR; realized, each is computed once
+    def fn(x: Any, y: Any) -> Any:
+        return aten.cat.default([aten.exp.default(x), aten.exp.default(y), x, y], 0)
+
+    def pad(x: Any) -> Any:
+        return aten.constant_pad_nd.default(aten.sin.default(x), [0, 48])
+
+    x, y = make((8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, y), x, y)
+    assert compiled.stats.buffers == 3
+    assert check(_with_vals(pad, x), x).stats.buffers == 2
+
+
+def test_cat_and_a_broadcasting_reader_realize_the_transcendental() -> None:
+    # one reader that broadcasts is enough: the cat's reading does not excuse it
+    def fn(x: Any, f: Any) -> Any:
+        c = aten.cos.default(f)
+        return aten.cat.default([c, f], 0), aten.mul.Tensor(x, aten.unsqueeze.default(c, 0))
+
+    x, f = make((4, 8, 16)), make((8, 16))
+    compiled = check(_with_vals(fn, x, f), x, f)
+    assert compiled.stats.kernels == 3
+
+
+def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
+    def mul_sum(a: Any, b: Any) -> Any:
+        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
+
+    def downcast_sum(a: Any, b: Any) -> Any:
+        x = aten._to_copy.default(a, dtype=torch.bfloat16)
+        y = aten._to_copy.default(b, dtype=torch.bfloat16)
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
+
+    a, b = make((8, 64), torch.bfloat16), make((8, 64), torch.bfloat16)
+    assert check(_with_vals(mul_sum, a, b), a, b).stats.kernels == 1
+    a, b = make((256, 8)), make((256, 8))
+    assert check(_with_vals(downcast_sum, a, b), a, b).stats.kernels == 1
 
 
 def test_inference_convolutions_run_channels_last() -> None:

@@ -24,8 +24,12 @@ loads (> ``MAX_REUSE_LOADS``), (d) reads more than ``MAX_LOADS`` buffers, or (e)
 than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise inline into one
 deeply recursive function), or (f) calls a transcendental function (``TRANSCENDENTAL``) and has a
 reader that broadcasts it over more elements: LLaMA's rotary cos/sin, [seq, dim], inlined into
-q and k, [batch, heads, seq, dim], computed each sine batch x heads times. Reductions are always realized. With ``fusion=False`` every node's
-value is realized, so each op is its own kernel.
+q and k, [batch, heads, seq, dim], computed each sine batch x heads times. A reader whose output
+is larger but that loads each input element at most once (``SINGLE_READ_OPS``: ``cat``, padding)
+does not broadcast while its output has at most ``MASKED_READ_FACTOR`` times the value's elements
+and no view on the way (``expand``) grew them: ``cat([x.sin(), x.cos()])`` is one kernel, not a
+kernel for sin and cos and one for the cat. Reductions are always realized. With
+``fusion=False`` every node's value is realized, so each op is its own kernel.
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ TRANSCENDENTAL = frozenset(
         "digamma",
     }
 )
+# Note [Why a value is realized] (f): readers whose output outsizes an input without reading any
+# of its elements twice (each output element loads at most one element of one input). Their
+# kernels still evaluate an inlined input on every output element (a masked load, then ``where``),
+# so the excuse holds only while the output has at most ``MASKED_READ_FACTOR`` times the input's
+# elements: a cat of two halves computes each sine at most twice; a cat of eight does not inline.
+SINGLE_READ_OPS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant_pad_nd.default})
+MASKED_READ_FACTOR = 2
 MAX_REUSE_LOADS = 4
 MAX_LOADS = 8
 MAX_CHAIN_OPS = 200
@@ -269,10 +280,17 @@ class GraphLowering:
                 continue
             ops_count, loads = count_ops(storage.data.inner_fn, _zeros(storage.data.ranges))
             users = len(node.users)
-            if (
-                _broadcast_reader(node)
-                and op_names(storage.data.inner_fn, _zeros(storage.data.ranges)) & TRANSCENDENTAL
-            ):
+            reader = _broadcast_reader(node)
+            transcendental: set[str] = set()
+            if reader is not None:
+                transcendental = op_names(storage.data.inner_fn, _zeros(storage.data.ranges)) & TRANSCENDENTAL
+            if reader is not None and transcendental:
+                log.debug(
+                    "%s realized: rule (f), %s read with broadcasting by %s",
+                    node.name,
+                    "/".join(sorted(transcendental)),
+                    reader.name,
+                )
                 storage.realize()
                 continue
             if (
@@ -384,22 +402,29 @@ def _numel(node: torch.fx.Node) -> int | None:
     return val.numel() if isinstance(val, torch.Tensor) else None
 
 
-def _broadcast_reader(node: torch.fx.Node) -> bool:
-    """Whether a reader of ``node`` (through views) computes over more elements than it has."""
+def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
+    """A reader of ``node`` (through views) that computes it more than once per element: one
+    that computes over more elements than ``node`` has, except a ``SINGLE_READ_OPS`` reader at
+    most ``MASKED_READ_FACTOR`` times larger that no view on the way grew (Note [Why a value is
+    realized] (f)). None when there is none."""
     own = _numel(node)
     if own is None:
-        return False
-    pending, seen = list(node.users), 0
+        return None
+    pending, seen = [(user, False) for user in node.users], 0
     while pending and seen < 64:
-        user = pending.pop()
+        user, grown = pending.pop()
         seen += 1
-        if user.target in VIEW_OPS:
-            pending.extend(user.users)
-            continue
         numel = _numel(user)
-        if numel is not None and numel > own:
-            return True
-    return False
+        larger = numel is not None and numel > own
+        if user.target in VIEW_OPS:
+            pending.extend((u, grown or larger) for u in user.users)
+            continue
+        if not larger:
+            continue
+        assert numel is not None
+        if grown or user.target not in SINGLE_READ_OPS or numel > MASKED_READ_FACTOR * own:
+            return user
+    return None
 
 
 def _hint_strides(result: Any, meta: Any) -> None:
