@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import aten, check, make, trace, with_vals
+from cpp_check import aten, check, make, trace
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import with_vals
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool], ids=str)

@@ -16,36 +16,9 @@ from cpp_check import assert_same, eager, make
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import bmm, conv, with_vals
 
 aten = torch.ops.aten
-
-
-def mm(a: Any, b: Any) -> Any:
-    return aten.mm.default(a, b)
-
-
-def bmm(a: Any, b: Any) -> Any:
-    return aten.bmm.default(a, b)
-
-
-def addmm(c: Any, a: Any, b: Any) -> Any:
-    return aten.addmm.default(c, a, b)
-
-
-def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
-    gm = torch.fx.symbolic_trace(fn)
-
-    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
-        def run_node(self, n: torch.fx.Node) -> Any:
-            n.meta["val"] = super().run_node(n)
-            return n.meta["val"]
-
-    Record(gm).run(*inputs)
-    return gm
-
-
-def conv(x: Any, w: Any, groups: int = 1) -> Any:
-    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
 
 
 def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:

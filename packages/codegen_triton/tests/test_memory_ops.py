@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import DEVICES, aten, check, make, with_vals
+from triton_check import DEVICES, aten, check, make
 
 from kiln_codegen_triton import TritonBackend, interpreting
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import with_vals
 
 
 @pytest.mark.parametrize("device", DEVICES)

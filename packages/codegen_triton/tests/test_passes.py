@@ -17,36 +17,9 @@ from triton_check import DEVICES, assert_same, make, to_device
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import conv, mm, with_vals
 
 aten = torch.ops.aten
-
-
-def mm(a: Any, b: Any) -> Any:
-    return aten.mm.default(a, b)
-
-
-def bmm(a: Any, b: Any) -> Any:
-    return aten.bmm.default(a, b)
-
-
-def addmm(c: Any, a: Any, b: Any) -> Any:
-    return aten.addmm.default(c, a, b)
-
-
-def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
-    gm = torch.fx.symbolic_trace(fn)
-
-    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
-        def run_node(self, n: torch.fx.Node) -> Any:
-            n.meta["val"] = super().run_node(n)
-            return n.meta["val"]
-
-    Record(gm).run(*inputs)
-    return gm
-
-
-def conv(x: Any, w: Any, groups: int = 1) -> Any:
-    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
 
 
 def convnext_like(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:

@@ -49,20 +49,6 @@ def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule
     return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
 
 
-def with_vals(fn: Callable[..., Any] | torch.fx.GraphModule, *inputs: Any) -> torch.fx.GraphModule:
-    """``fn`` traced, with ``node.meta["val"]`` on every node as aotgrad's graphs carry it (the
-    realize rules read the sizes of a value's readers from it)."""
-    gm = trace(fn)
-
-    class Record(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            n.meta["val"] = super().run_node(n)
-            return n.meta["val"]
-
-    Record(gm).run(*inputs)
-    return gm
-
-
 @dataclass(frozen=True)
 class In:
     """Placeholder ``index`` of a graph built by :func:`graph_of`."""

@@ -12,48 +12,20 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from helpers import check, make, trace
+from helpers import check, make
 
 from kiln_loopir import compile_graph
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.passes import PassContext, PassOptions, run_passes
 from kiln_loopir.passes import pad_mm as pad_mm_module
 from kiln_loopir.passes.channels_last import conv_class, cuda_policy
+from kiln_loopir.testing import addmm, conv, mm, with_vals
 from kiln_loopir.virtualized import format_body
 
 aten = torch.ops.aten
 
 
-def mm(a: Any, b: Any) -> Any:
-    return aten.mm.default(a, b)
-
-
-def bmm(a: Any, b: Any) -> Any:
-    return aten.bmm.default(a, b)
-
-
-def addmm(c: Any, a: Any, b: Any) -> Any:
-    return aten.addmm.default(c, a, b)
-
-
 CUDA_RULE = {"layout_policy": "cuda"}
-
-
-def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
-    """``fn`` traced, with ``node.meta["val"]`` on every node as aotgrad's graphs carry it."""
-    gm = trace(fn)
-
-    class Record(torch.fx.Interpreter):
-        def run_node(self, n: torch.fx.Node) -> Any:
-            n.meta["val"] = super().run_node(n)
-            return n.meta["val"]
-
-    Record(gm).run(*inputs)
-    return gm
-
-
-def conv(x: Any, w: Any, groups: int = 1) -> Any:
-    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
 
 
 def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:

@@ -9,6 +9,10 @@ The torch-level op is run under a dispatch mode that records each aten overload 
 arguments; the calls become ``call_function`` nodes in order, tensors produced by earlier calls
 become edges, and every other tensor becomes a placeholder. This gives the graphs loopir
 consumes (aten ops, no fake tensors) for PyTorch's own sample inputs, without a tracer.
+
+Graphs written by hand for tests get their ``node.meta["val"]`` from :func:`with_vals`, as aotgrad's
+graphs carry it (the realize rules and the graph passes read sizes from it); ``mm``, ``bmm``,
+``addmm`` and ``conv`` spell the aten calls the pass tests of every package build graphs from.
 """
 
 from __future__ import annotations
@@ -105,3 +109,39 @@ def record(
         raise NotRecordable("no aten calls")
     graph.output(tree_map(to_node, result) if not isinstance(result, torch.Tensor) else to_node(result))
     return torch.fx.GraphModule(torch.nn.Module(), graph), inputs
+
+
+# ------------------------------------------------------------------ hand-written test graphs
+
+aten = torch.ops.aten
+
+
+def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
+    """``fn`` traced (or ``fn`` itself, a GraphModule), with ``node.meta["val"]`` on every node as
+    aotgrad's graphs carry it, from one eager run on ``inputs``."""
+    gm = fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, n: torch.fx.Node) -> Any:
+            n.meta["val"] = super().run_node(n)
+            return n.meta["val"]
+
+    Record(gm).run(*inputs)
+    return gm
+
+
+def mm(a: Any, b: Any) -> Any:
+    return aten.mm.default(a, b)
+
+
+def bmm(a: Any, b: Any) -> Any:
+    return aten.bmm.default(a, b)
+
+
+def addmm(c: Any, a: Any, b: Any) -> Any:
+    return aten.addmm.default(c, a, b)
+
+
+def conv(x: Any, w: Any, groups: int = 1) -> Any:
+    """A 2-D convolution, stride 1, padding 1, no bias."""
+    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
