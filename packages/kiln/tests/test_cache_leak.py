@@ -147,7 +147,7 @@ def test_recompiles_through_the_real_backends_free_their_artifacts(backend_name:
     the run stays short; everything above them (graphs, aotgrad's wrapper, loopir's schedule, the
     wrapper code) is built and dropped each time. tracemalloc measures Python-side growth."""
     global K
-    runs = 160 if backend_name == "aot_eager" else 300
+    runs = 120 if backend_name == "aot_eager" else 200
     backend = _Recording(kiln.make_backend(backend_name))
     compiled = kiln.compile(_fn, backend=backend)
     x = torch.randn(16)
@@ -166,4 +166,4 @@ def test_recompiles_through_the_real_backends_free_their_artifacts(backend_name:
     assert len(backend.refs) == 2 * runs and backend.alive() == 0
     per_run = (traced[runs] - traced[runs // 4]) / (runs - runs // 4)
     print(f"\n{backend_name}: {runs} recompiles, traced growth {per_run:.0f} B per recompile")
-    assert per_run < 4096, f"{per_run:.0f} bytes kept per recompile"
+    assert per_run < 2048, f"{per_run:.0f} bytes kept per recompile"
