@@ -65,7 +65,7 @@ def test_two_processes_compiling_at_once(tmp_path: Path) -> None:
     assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
     # a later process finds the object on disk: no compile, asserted by its counters
     third = _result(_child(tmp_path, "2.5"))
-    assert third == {"compiles": 0, "disk_hits": 1, "memory_hits": 0, "ok": True}
+    assert third == {"compiles": 0, "disk_hits": 1, "memory_hits": 0, "corrupt": 0, "ok": True}
     assert list(tmp_path.rglob("wrapper_*.py")), "the wrapper is kept beside the kernels"
 
 

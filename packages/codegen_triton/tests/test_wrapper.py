@@ -143,3 +143,56 @@ def test_extern_outputs_returned_as_none_pass_through() -> None:
     t = torch.arange(6.0).view(2, 3)
     flat = _flat(t.t(), 6, (3, 2), (2, 1), 0)
     assert flat is not None and torch.equal(flat.view(3, 2), t.t())
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"\xff\xfe garbage", b"# kiln codegen_triton kernels\nimport tri"],
+    ids=["garbage", "truncated"],
+)
+def test_a_corrupt_module_file_is_reported_and_written_again(
+    damage: bytes, tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    """A module file whose bytes are not its source (its name is the source's hash) is never
+    imported: it is reported and replaced (Note [Atomic cache writes] in runtime.py)."""
+    import hashlib
+
+    from kiln_codegen_triton.runtime import load_module
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    source = f"size = {len(damage)}  # {tmp_path}\n"
+    key = hashlib.sha256(source.encode()).hexdigest()
+    path = tmp_path / "triton" / key[:2] / f"{key}.py"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(damage)
+    before = dict(counters)
+    with caplog.at_level(logging.WARNING, logger="kiln.codegen_triton.cache"):
+        module, where = load_module(source)
+    assert where == path
+    assert module.size == len(damage)
+    assert path.read_text() == source
+    assert counters["corrupt"] - before["corrupt"] == 1
+    assert "corrupt Triton module" in caplog.text and str(path) in caplog.text
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_corrupt_autotune_record_is_reported_and_timed_again(
+    device: str, tmp_path: Path, monkeypatch: Any, caplog: Any
+) -> None:
+    def fn(x: torch.Tensor) -> Any:
+        return aten.sum.dim_IntList(aten.mul.Tensor(x, 0.375), [1])
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    x = make((4, 40))
+    check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"))
+    records = sorted((tmp_path / "triton" / "autotune").glob("*.json"))
+    assert records
+    for i, record in enumerate(records):  # a truncated record, and bytes that are not text
+        record.write_bytes(record.read_bytes()[:20] if i % 2 == 0 else b"\xff\x00\x01")
+    before = dict(counters)
+    with caplog.at_level(logging.WARNING, logger="kiln.codegen_triton.cache"):
+        check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"))
+    assert counters["corrupt"] - before["corrupt"] == len(records)
+    assert counters["autotuned"] - before["autotuned"] == len(records)
+    assert caplog.text.count("corrupt autotune record") == len(records)
+    assert all("config" in json.loads(record.read_text()) for record in records)  # rewritten whole

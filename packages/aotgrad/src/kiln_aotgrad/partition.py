@@ -34,6 +34,8 @@ import networkx as nx
 import torch
 import torch.fx
 
+from kiln_dynamo import forget_source_when_freed
+
 aten = torch.ops.aten
 
 _RECOMPUTABLE_NAMES = frozenset(
@@ -216,7 +218,9 @@ def _copy_graph(
         if n in keep and n not in env and n.op not in ("placeholder", "output"):
             env[n] = g.node_copy(n, lambda x: env[x])
     g.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
-    return torch.fx.GraphModule(owner, g)
+    gm = torch.fx.GraphModule(owner, g)
+    forget_source_when_freed(gm)  # Note [Generated FX source outlives its module]
+    return gm
 
 
 def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = "min_cut") -> Partition:

@@ -46,6 +46,7 @@ from kiln_aotgrad.functionalize import (
     mutated_arg_names,
     replay_step,
 )
+from kiln_dynamo import forget_source_when_freed
 from kiln_dynamo.fake import FakeTensor, call_fake, from_real, run_fake
 
 aten = torch.ops.aten
@@ -439,6 +440,7 @@ class Tracer(TorchDispatchMode):
         for name, value in self.constants.items():
             setattr(root, name, value)
         gm = torch.fx.GraphModule(root, self.graph)
+        forget_source_when_freed(gm)  # Note [Generated FX source outlives its module]
         return gm
 
 

@@ -13,6 +13,19 @@ file or a complete one. Two processes that miss at the same time both compile an
 the last rename wins and both objects are complete and identical in behaviour. Nothing is
 locked, nothing is ever partially visible.
 
+Note [Verified cache entries]: rename makes *our* writes atomic, but a cache directory also
+outlives crashes, full disks, copies and hands: a truncated ``kernels.so`` makes ``dlopen`` map
+past the end of the file and the process dies of SIGBUS, a garbage one fails or worse. So an
+entry is only loaded when its manifest ``kernels.json`` (written, atomically, after the object
+is renamed into place) names the object's size and sha256 and the object on disk matches them.
+An object without a manifest is an unfinished entry (a process killed between the two
+renames, or a cache from before manifests) and is compiled again; a manifest that does not
+parse or does not match is a corrupt entry: it is reported (a warning on
+``kiln.codegen_cpp.cache``, ``counters["corrupt"]``), compiled again and replaced, never loaded.
+Two racing processes may briefly pair one's object with the other's manifest; the check then
+fails, the reader compiles its own copy, and no wrong object is ever loaded. An object that
+matches its manifest but still fails to load (``ImportError``) is treated the same way, once.
+
 Configuration (read at each build, so tests may set them): ``KILN_CXX`` names the compiler
 (default ``g++``), ``KILN_CPP_FLAGS`` replaces the optimisation flags.
 """
@@ -23,6 +36,8 @@ import functools
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
+import logging
 import os
 import platform
 import shlex
@@ -52,8 +67,12 @@ BASE_FLAGS = (
 )
 LIBS = ("-lmvec", "-lm")
 
-counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "memory_hits": 0}
+counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "corrupt": 0}
 """How translation units were obtained in this process (tests assert on them)."""
+
+log = logging.getLogger("kiln.codegen_cpp.cache")
+
+MANIFEST = "kernels.json"
 
 _lock = threading.Lock()
 _loaded: dict[str, types.ModuleType] = {}
@@ -152,18 +171,61 @@ def build(template: str) -> Built:
             counters["memory_hits"] += 1
             return Built(key, directory, src, loaded, "memory")
         directory.mkdir(parents=True, exist_ok=True)
-        cache = "compiled"
-        if lib.exists():
-            cache = "disk"
+        library = None
+        cache = "disk"
+        problem = _check_entry(lib, directory / MANIFEST)
+        if problem is None:
+            try:
+                library = _load(module, lib)
+            except ImportError as exc:
+                problem = f"it does not load ({exc})"
+        if library is not None:
             counters["disk_hits"] += 1
+            log.debug("disk hit: %s", lib)
             if not src.exists():
                 _write_atomic(src, source)
         else:
+            if problem != "":
+                counters["corrupt"] += 1
+                log.warning("kiln: corrupt C++ cache entry %s: %s; compiling it again", directory, problem)
+            cache = "compiled"
             _compile(source, src, lib)
             counters["compiles"] += 1
-        library = _load(module, lib)
+            log.debug("compiled: %s", lib)
+            library = _load(module, lib)
         _loaded[key] = library
         return Built(key, directory, src, library, cache)
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    data = path.read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _check_entry(lib: Path, manifest: Path) -> str | None:
+    """Why the entry at ``lib`` must not be loaded: ``None`` when it is sound, ``""`` when it is
+    absent or unfinished (an ordinary miss), else what is wrong with it (Note [Verified cache
+    entries])."""
+    try:
+        size, digest = _digest(lib)
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        return f"the object cannot be read ({exc})"
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""  # killed between the object's rename and the manifest's, or an older cache
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"its manifest cannot be read ({exc})"
+    try:
+        record = json.loads(text)
+        expected = (int(record["size"]), str(record["sha256"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"its manifest {manifest.name} is malformed ({exc!r})"
+    if (size, digest) != expected:
+        return f"the object ({size} bytes, sha256 {digest[:12]}) does not match its manifest ({expected[0]} bytes, sha256 {expected[1][:12]})"
+    return None
 
 
 def _load(name: str, path: Path) -> types.ModuleType:
@@ -195,7 +257,9 @@ def _compile(source: str, src: Path, lib: Path) -> None:
                 f"{cxx} failed (exit {proc.returncode}) compiling {src}:\n{message[-4000:]}\n"
                 f"command: {shlex.join(cmd)}"
             )
+        size, digest = _digest(Path(tmp_lib))
         os.replace(tmp_lib, lib)
+        _write_atomic(lib.parent / MANIFEST, json.dumps({"size": size, "sha256": digest}))
     finally:
         if os.path.exists(tmp_lib):
             os.unlink(tmp_lib)

@@ -2,7 +2,8 @@
 
 ``KILN_LOG=output_code`` (or ``all``) sets logger ``kiln.codegen_triton.output_code`` to DEBUG:
 each compiled graph logs its kernel module (path and source) and its wrapper. ``autotune`` logs
-each max-autotune choice with the timings it was made from. The variable is read at each
+each max-autotune choice with the timings it was made from. A corrupt cache file (module or autotune record) is a
+warning on ``kiln.codegen_triton.cache`` whatever ``KILN_LOG`` says. The variable is read at each
 compilation (:func:`configure`), so tests may set it.
 """
 
@@ -13,6 +14,7 @@ from kiln_loopir import configure_artifacts
 ARTIFACTS: dict[str, str] = {
     "output_code": "kiln.codegen_triton.output_code",
     "autotune": "kiln.codegen_triton.autotune",
+    "cache": "kiln.codegen_triton.cache",
 }
 
 

@@ -27,7 +27,12 @@ Under ``TRITON_INTERPRET=1`` kernels run on CPU tensors through ``JITFunction.ru
 
 Note [Atomic cache writes]: every file is written under a unique temporary name in its final
 directory and renamed into place; a reader sees either no file or a complete one, and two
-processes racing on the same key both write complete, identical files.
+processes racing on the same key both write complete, identical files. What a crash, a full disk
+or a hand leaves behind is checked before use: a module file is reused only when its bytes are
+exactly the source (its name is the source's hash), an autotune record only when it parses and
+names a current candidate. Anything else is reported (a warning on ``kiln.codegen_triton.cache``,
+``counters["corrupt"]``) and written again, never imported or trusted (the C++ side: Note
+[Verified cache entries] in kiln_codegen_cpp's build.py).
 """
 
 from __future__ import annotations
@@ -53,8 +58,15 @@ from .kernel import KernelSpec
 from .triton_ops import PRELUDE
 
 log = logging.getLogger("kiln.codegen_triton.autotune")
+cache_log = logging.getLogger("kiln.codegen_triton.cache")
 
-counters: dict[str, int] = {"modules_written": 0, "modules_reused": 0, "autotuned": 0, "autotune_hits": 0}
+counters: dict[str, int] = {
+    "modules_written": 0,
+    "modules_reused": 0,
+    "autotuned": 0,
+    "autotune_hits": 0,
+    "corrupt": 0,
+}
 
 
 def cache_dir() -> Path:
@@ -100,9 +112,20 @@ def load_module(source: str) -> tuple[ModuleType, Path]:
     path = cache_dir() / key[:2] / f"{key}.py"
     if key in _MODULES:
         return _MODULES[key], path
-    if path.exists() and path.read_text() == source:
+    try:
+        on_disk: bytes | None = path.read_bytes()
+    except FileNotFoundError:
+        on_disk = None
+    if on_disk == source.encode():
         counters["modules_reused"] += 1
     else:
+        if on_disk is not None:  # the name is the hash of the text: any other content is damage
+            counters["corrupt"] += 1
+            cache_log.warning(
+                "kiln: corrupt Triton module %s (%d bytes, not its source); writing it again",
+                path,
+                len(on_disk),
+            )
         write_atomic(path, source)
         counters["modules_written"] += 1
     name = f"kiln_triton_{key[:24]}"
@@ -249,12 +272,17 @@ class Launcher:
         path = cache_dir() / "autotune" / f"{key}.json"
         if path.exists():
             try:
-                chosen = Config(**json.loads(path.read_text())["config"])
+                chosen = Config(**json.loads(path.read_bytes())["config"])
+            except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+                counters["corrupt"] += 1
+                cache_log.warning(
+                    "kiln: corrupt autotune record %s (%r); timing %s again", path, exc, self.spec.name
+                )
+            else:
                 if chosen in candidates:
                     counters["autotune_hits"] += 1
                     return chosen
-            except (ValueError, KeyError, TypeError):
-                pass  # a stale or foreign file: time again
+                log.debug("%s: recorded %s is no candidate now; timing again", self.spec.name, chosen)
         timings = []
         for i, c in enumerate(candidates):
             try:

@@ -18,6 +18,7 @@ from kiln_dynamo.counters import Counters, counters
 from kiln_dynamo.eval_frame import CompiledModule, compile, reset
 from kiln_dynamo.exc import BreakReason, Unsupported, UserFrame
 from kiln_dynamo.explain import ExplainOutput, explain
+from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.logs import configure_artifacts
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __all__ = [
     "counters",
     "entry_names",
     "explain",
+    "forget_source_when_freed",
     "lookup_backend",
     "register_backend",
     "reset",

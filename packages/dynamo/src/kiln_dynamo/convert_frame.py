@@ -46,6 +46,7 @@ from kiln_dynamo.breaks import CannotSplit, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, Unsupported
+from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guards import Guard, build_guard, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
@@ -193,6 +194,7 @@ def _capture(
     if spec.needs_graph:
         output.graph.output(tuple(spec.outputs))
         gm = torch.fx.GraphModule(torch.nn.Module(), output.graph)
+        forget_source_when_freed(gm)  # Note [Generated FX source outlives its module]
         example_inputs = [value for _, _, value in output.inputs]
         counters.graphs += 1
         counters.ops += output.op_count()
