@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import In, aten, check, graph_of, make, with_vals
+from cpp_check import In, aten, check, graph_of, make
+
+from kiln_loopir.testing import with_vals
 
 DIM_SETS = [list(c) for r in (1, 2, 3) for c in itertools.combinations(range(3), r)]
 

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import DEVICES, aten, check, kinds, make, with_vals
+from triton_check import DEVICES, aten, check, kinds, make
 
 from kiln_codegen_triton import TritonBackend
+from kiln_loopir.testing import with_vals
 
 # (name, function of x) for every reduction the lowerings produce
 REDUCTIONS: list[tuple[str, Any]] = [
