@@ -7,10 +7,9 @@ CPU (``/proc/cpuinfo`` model and flags, since ``-march=native`` code is only val
 the one that built it). The object lives at
 ``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir ``~/.cache/kiln``).
 
-Note [Atomic cache writes]: every file is written under a unique temporary name in its final
-directory and renamed into place; ``rename`` is atomic on POSIX, so a reader sees either no
-file or a complete one. Two processes that miss at the same time both compile and both rename:
-the last rename wins and both objects are complete and identical in behaviour. Nothing is
+Every file is written atomically (Note [Atomic cache writes] in kiln_loopir's diskcache.py; the
+object too, by the same rename). Two processes that miss at the same time both compile and both
+rename: the last rename wins and both objects are complete and identical in behaviour. Nothing is
 locked, nothing is ever partially visible.
 
 Note [Verified cache entries]: rename makes *our* writes atomic, but a cache directory also
@@ -49,6 +48,8 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln_loopir.diskcache import cache_root, write_atomic
+
 from .prelude import MODULE_TOKEN
 
 # -O3 -march=native: -O2 compiled a typical graph ~0.3 s faster (0.9 s against 1.2 s) but does not
@@ -83,8 +84,7 @@ class CppCompileError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    return Path(root) / "cpp"
+    return cache_root() / "cpp"
 
 
 def compiler() -> str:
@@ -139,20 +139,6 @@ class Built:
     cache: str = "compiled"  # or "disk" / "memory": where the library came from
 
 
-def _write_atomic(path: Path, data: str) -> None:
-    # The folder may be gone even when the kernels are loaded (a cleared or temporary cache dir).
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def build(template: str) -> Built:
     """The compiled and loaded ``template``, from memory, the disk cache, or the compiler.
 
@@ -183,7 +169,7 @@ def build(template: str) -> Built:
             counters["disk_hits"] += 1
             log.debug("disk hit: %s", lib)
             if not src.exists():
-                _write_atomic(src, source)
+                write_atomic(src, source)
         else:
             if problem != "":
                 counters["corrupt"] += 1
@@ -238,7 +224,7 @@ def _load(name: str, path: Path) -> types.ModuleType:
 
 
 def _compile(source: str, src: Path, lib: Path) -> None:
-    _write_atomic(src, source)
+    write_atomic(src, source)
     cxx = compiler()
     fd, tmp_lib = tempfile.mkstemp(dir=lib.parent, prefix="kernels.", suffix=".so.tmp")
     os.close(fd)
@@ -259,7 +245,7 @@ def _compile(source: str, src: Path, lib: Path) -> None:
             )
         size, digest = _digest(Path(tmp_lib))
         os.replace(tmp_lib, lib)
-        _write_atomic(lib.parent / MANIFEST, json.dumps({"size": size, "sha256": digest}))
+        write_atomic(lib.parent / MANIFEST, json.dumps({"size": size, "sha256": digest}))
     finally:
         if os.path.exists(tmp_lib):
             os.unlink(tmp_lib)
@@ -269,5 +255,5 @@ def write_beside(built: Built, name: str, text: str) -> Path:
     """Write ``text`` next to the kernels (e.g. the wrapper), atomically; returns its path."""
     path = built.directory / name
     if not path.exists():
-        _write_atomic(path, text)
+        write_atomic(path, text)
     return path

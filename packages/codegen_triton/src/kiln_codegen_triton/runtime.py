@@ -25,10 +25,8 @@ binder, no hashing per launch. The binary itself is cached by Triton on disk (ke
 target and Triton version; ``TRITON_CACHE_DIR``), so a second process loads it without compiling.
 Under ``TRITON_INTERPRET=1`` kernels run on CPU tensors through ``JITFunction.run`` as before.
 
-Note [Atomic cache writes]: every file is written under a unique temporary name in its final
-directory and renamed into place; a reader sees either no file or a complete one, and two
-processes racing on the same key both write complete, identical files. What a crash, a full disk
-or a hand leaves behind is checked before use: a module file is reused only when its bytes are
+Every file is written atomically (Note [Atomic cache writes] in kiln_loopir's diskcache.py).
+What a crash, a full disk or a hand leaves behind is checked before use: a module file is reused only when its bytes are
 exactly the source (its name is the source's hash), an autotune record only when it parses and
 names a current candidate. Anything else is reported (a warning on ``kiln.codegen_triton.cache``,
 ``counters["corrupt"]``) and written again, never imported or trusted (the C++ side: Note
@@ -43,7 +41,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -51,6 +48,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from kiln_loopir.diskcache import cache_root, write_atomic
 
 from .heuristics import Config, grid
 from .interp import interpreting
@@ -70,22 +69,7 @@ counters: dict[str, int] = {
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    return Path(root) / "triton"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename (Note [Atomic cache writes])."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    return cache_root() / "triton"
 
 
 def module_source(kernels: Sequence[KernelSpec]) -> str:
@@ -198,7 +182,6 @@ class Launcher:
         self.fast: Callable[..., None] | None = None
         self.namespace: dict[str, Any] | None = None
         self.slot = ""
-        self.compile_seconds = 0.0
 
     # --------------------------------------------------------------- Triton's interpreter
 
@@ -224,7 +207,6 @@ class Launcher:
 
     def precompile(self, device: torch.device) -> None:
         """Compile every config this launcher may use for ``device`` (no launch)."""
-        start = time.perf_counter()
         dtypes = list(self.spec.param_dtypes)
         with torch.cuda.device(device):
             for config in self.configs_to_compile():
@@ -237,7 +219,6 @@ class Launcher:
                     if not self.autotune:
                         raise
                     log.debug("%s: %s does not compile: %s", self.spec.name, config, exc)
-        self.compile_seconds += time.perf_counter() - start
         if not self.autotune:
             assert self.config is not None
             self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)

@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
+from ..diskcache import cache_root, write_atomic
 from ..lowering import VIEW_OPS
 from . import PassContext, copy_graph
 
@@ -134,9 +134,8 @@ def reaches_output(node: torch.fx.Node) -> bool:
 # the decision
 
 
-def cache_dir() -> str:
-    root = os.environ.get("KILN_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "kiln")
-    return os.path.join(root, "pad_mm")
+def cache_dir() -> Path:
+    return cache_root() / "pad_mm"
 
 
 def device_name(device: torch.device) -> str:
@@ -158,8 +157,8 @@ def decision_key(c: Candidate, device: torch.device) -> str:
 _MEMORY: dict[str, bool] = {}
 
 
-def _path(key: str) -> str:
-    return os.path.join(cache_dir(), hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+def _path(key: str) -> Path:
+    return cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
 
 def cached_decision(key: str) -> bool | None:
@@ -179,18 +178,8 @@ def cached_decision(key: str) -> bool | None:
 def store_decision(key: str, pad: bool, original_ms: float, padded_ms: float) -> None:
     """Write the verdict atomically (a temporary file renamed over the entry)."""
     _MEMORY[key] = pad
-    directory = cache_dir()
-    os.makedirs(directory, exist_ok=True)
     entry = {"key": key, "pad": pad, "original_ms": original_ms, "padded_ms": padded_ms}
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f)
-        os.replace(tmp, _path(key))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(_path(key), json.dumps(entry))
 
 
 Timer = Callable[[Callable[[], Any], torch.device], float]
