@@ -58,6 +58,7 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import dense_shape
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -215,7 +216,7 @@ class WrapperCodegen:
         return self.const(value)
 
     def _strided(self, name: str, layout: Any) -> str:
-        dense = _dense_shape(layout)
+        dense = dense_shape(layout)
         if dense is not None and self.shapes.get(name) == dense and name not in self.returned:
             if self.returning:  # each output a tensor of its own, even when two share a buffer
                 self.returned.add(name)
@@ -231,7 +232,7 @@ class WrapperCodegen:
 
     def allocate(self, buffer: Buffer) -> None:
         n = int(buffer.layout.storage_size())
-        shape = _dense_shape(buffer.layout) or ((n,), (1,))
+        shape = dense_shape(buffer.layout) or ((n,), (1,))
         self.shapes[buffer.name] = shape
         if buffer.name in self.persist:
             self.emit(f"{buffer.name} = _P[{len(self.pool_specs)}]")
@@ -256,7 +257,7 @@ class WrapperCodegen:
                     banned |= _buffer_names((extern.args, extern.kwargs))
                 if extern.op in OUT_VARIANTS and len(extern.outputs) == 1:
                     out = extern.outputs[0]
-                    if _dense_shape(out.layout) == _contiguous_shape(out.layout):
+                    if dense_shape(out.layout) == _contiguous_shape(out.layout):
                         candidates[out.name] = out.layout  # a GEMM can write into a kept buffer
                 continue
             for m in node.get_nodes():
@@ -353,7 +354,7 @@ class WrapperCodegen:
         if out_variant is not None and kernel.outputs[0].name in self.persist:
             # a GEMM into a buffer kept between calls (Note [Scratch buffers that persist])
             out = kernel.outputs[0]
-            shape = _dense_shape(out.layout)
+            shape = dense_shape(out.layout)
             assert shape is not None
             self.namespace[op] = out_variant
             self.emit(f"{out.name} = _P[{len(self.pool_specs)}]")
@@ -366,7 +367,7 @@ class WrapperCodegen:
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
-            dense = _dense_shape(out.layout)
+            dense = dense_shape(out.layout)
             name = self.const(str(kernel.op))  # named in the error of a result of another shape
             if dense is not None:
                 self.shapes[out.name] = dense
@@ -469,16 +470,6 @@ class WrapperCodegen:
 def _contiguous_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     size = tuple(layout.int_size())
     return size, tuple(int(s) for s in contiguous_strides(size))
-
-
-def _dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(size, stride) when a tensor of that shape owns exactly the layout's storage."""
-    size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
-    if int(layout.offset) != 0 or math.prod(size) == 0:
-        return None
-    if int(layout.storage_size()) != math.prod(size):
-        return None
-    return size, stride
 
 
 def _buffer_names(value: Any) -> set[str]:

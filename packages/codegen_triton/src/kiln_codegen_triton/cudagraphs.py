@@ -199,7 +199,6 @@ class CudaGraphRunner:
         self._inputs: list[Any] = []  # what the graph reads: the caller's tensor or our copy
         self._copy_dst: list[torch.Tensor] = []
         self._copy_idx: list[int] = []
-        self._meta: list[tuple[Any, ...]] = []
         self._all_meta: list[Any] = []
         self._slots: list[_Slot] = []
 
@@ -220,9 +219,9 @@ class CudaGraphRunner:
         if not self.guarded_inputs and [_meta(a) for a in args] != self._all_meta:
             self.plain_calls += 1  # the graph was recorded for other inputs
             return self.fn(*args)
-        for i, meta in zip(self._copy_idx, self._meta, strict=True):
+        for i, static in zip(self._copy_idx, self._copy_dst, strict=True):
             a = args[i]
-            if (a.shape, a.dtype) != meta:  # a copy would broadcast or cast
+            if a.shape != static.shape or a.dtype != static.dtype:  # a copy would broadcast or cast
                 self.plain_calls += 1
                 return self.fn(*args)
         slot = next((s for s in self._slots if s.free()), None)
@@ -250,7 +249,7 @@ class CudaGraphRunner:
         assert self._warm_ptrs is not None
         self._slots = []
         self._static_idx, self._static_ptrs = [], [None] * len(args)
-        self._inputs, self._copy_dst, self._copy_idx, self._meta = [], [], [], []
+        self._inputs, self._copy_dst, self._copy_idx = [], [], []
         self._all_meta = [_meta(a) for a in args]
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -269,7 +268,6 @@ class CudaGraphRunner:
                 self._inputs.append(static)
                 self._copy_dst.append(static)
                 self._copy_idx.append(i)
-                self._meta.append((a.shape, a.dtype))
         slot = self._record_slot()
         if slot is None:
             return self.fn(*args)

@@ -32,7 +32,8 @@ a flat tensor there. One whose layout is dense from offset 0 is allocated in tha
 (``empty_strided``), and an extern result that already has its planned layout is kept as
 returned, so an extern op that reads it, or the caller that gets it as an output, takes the
 tensor itself instead of an ``as_strided`` view built on every call (ResNet-50: two per
-convolution). ``self.shaped`` records which variables hold exactly which layout.
+convolution); the same rule as the CPU wrapper's Note [Buffers in their own shape], through
+loopir's ``dense_shape``. ``self.shaped`` records which variables hold exactly which layout.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import dense_shape
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -196,8 +198,9 @@ class WrapperCodegen:
         layout = buffer.layout
         n = int(layout.storage_size())
         dtype = self.const(layout.dtype)
-        if self.pointers and _dense_from_zero(layout):  # Note [Buffers in their own shape on a GPU]
-            size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
+        shape = dense_shape(layout) if self.pointers else None
+        if shape is not None:  # Note [Buffers in their own shape on a GPU]
+            size, stride = shape
             self.emit(f"{buffer.name} = _empty_strided({size!r}, {stride!r}, dtype={dtype}, device=_device)")
             self.shaped[buffer.name] = _layout_key(layout)
         else:
@@ -279,8 +282,9 @@ class WrapperCodegen:
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
-            if self.pointers and _dense_from_zero(out.layout):  # Note [Buffers in their own shape on a GPU]
-                size, stride = tuple(out.layout.int_size()), tuple(out.layout.int_stride())
+            shape = dense_shape(out.layout) if self.pointers else None
+            if shape is not None:  # Note [Buffers in their own shape on a GPU]
+                size, stride = shape
                 self.emit(f"{out.name} = _dense({value}, {size!r}, {stride!r}, 0)")
                 self.shaped[out.name] = _layout_key(out.layout)
             else:
@@ -353,14 +357,6 @@ class WrapperCodegen:
 
 def _layout_key(layout: Any) -> tuple[Any, ...]:
     return (tuple(layout.int_size()), tuple(layout.int_stride()), int(layout.offset))
-
-
-def _dense_from_zero(layout: Any) -> bool:
-    """A layout whose elements fill its storage from offset 0 (what ``empty_strided`` makes)."""
-    try:
-        return int(layout.offset) == 0 and int(layout.storage_size()) == int(layout.numel())
-    except TypeError:  # symbolic
-        return False
 
 
 def make_wrapper(

@@ -12,6 +12,9 @@ another shape than planned (a meta kernel that disagrees with the device's) rais
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 
 from .layout import Layout
@@ -83,6 +86,17 @@ def conform_input(
     out = torch.empty(n, dtype=t.dtype, device=t.device).as_strided(size, stride, offset)
     out.copy_(t)
     return out
+
+
+def dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(size, stride) when a tensor of that shape owns exactly the layout's storage (dense, from
+    offset 0, not empty): a buffer a wrapper may allocate in its own shape."""
+    size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
+    if int(layout.offset) != 0 or math.prod(size) == 0:
+        return None
+    if int(layout.storage_size()) != math.prod(size):
+        return None
+    return size, stride
 
 
 def layout_args(layout: Layout) -> str:
