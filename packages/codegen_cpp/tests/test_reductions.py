@@ -11,7 +11,7 @@ import pytest
 import torch
 from cpp_check import In, aten, check, graph_of, make
 
-from kiln_loopir.testing import with_vals
+from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
 
 DIM_SETS = [list(c) for r in (1, 2, 3) for c in itertools.combinations(range(3), r)]
 
@@ -281,15 +281,7 @@ def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
     """Issue 19, fusion bounds: the product inlines into the reduction, the bf16 result is its
     epilogue; the float32 sum of a rounded product likewise."""
 
-    def mul_sum(a: Any, b: Any) -> Any:
-        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
-
-    def downcast_sum(a: Any, b: Any) -> Any:
-        x = aten._to_copy.default(a, dtype=torch.bfloat16)
-        y = aten._to_copy.default(b, dtype=torch.bfloat16)
-        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
-
     a, b = make((16, 96), torch.bfloat16), make((16, 96), torch.bfloat16)
     assert check(with_vals(mul_sum, a, b), a, b).stats.kernels == 1
     a, b = make((256, 8)), make((256, 8))
-    assert check(with_vals(downcast_sum, a, b), a, b).stats.kernels == 1
+    assert check(with_vals(downcast_mul_sum, a, b), a, b).stats.kernels == 1

@@ -10,7 +10,7 @@ import torch
 from triton_check import DEVICES, aten, check, kinds, make
 
 from kiln_codegen_triton import TritonBackend
-from kiln_loopir.testing import with_vals
+from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
 
 # (name, function of x) for every reduction the lowerings produce
 REDUCTIONS: list[tuple[str, Any]] = [
@@ -159,15 +159,7 @@ def test_bfloat16_mul_then_sum_is_one_kernel(device: str) -> None:
     """Issue 19, fusion bounds: the product inlines into the reduction, the bf16 result is its
     epilogue; the float32 sum of a rounded product likewise (sizes below the split threshold)."""
 
-    def mul_sum(a: Any, b: Any) -> Any:
-        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
-
-    def downcast_sum(a: Any, b: Any) -> Any:
-        x = aten._to_copy.default(a, dtype=torch.bfloat16)
-        y = aten._to_copy.default(b, dtype=torch.bfloat16)
-        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
-
     a, b = make((16, 96), torch.bfloat16), make((16, 96), torch.bfloat16)
     assert len(check(with_vals(mul_sum, a, b), a, b, device=device).last_specs) == 1
     a, b = make((256, 8)), make((256, 8))
-    assert len(check(with_vals(downcast_sum, a, b), a, b, device=device).last_specs) == 1
+    assert len(check(with_vals(downcast_mul_sum, a, b), a, b, device=device).last_specs) == 1

@@ -9,6 +9,7 @@ from helpers import assert_same, aten, check, make, trace
 
 from kiln_loopir import compile_graph
 from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
 
 
 def test_pointwise_chain_is_one_kernel() -> None:
@@ -228,18 +229,6 @@ def _conv_net(x: Any, w1: Any, w2: Any) -> Any:
     return aten.relu.default(b), aten.sum.dim_IntList(b, [2, 3])
 
 
-def _with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
-    gm = trace(fn)
-
-    class Record(torch.fx.Interpreter):  # node.meta["val"], as aotgrad's graphs carry it
-        def run_node(self, n: torch.fx.Node) -> Any:
-            n.meta["val"] = super().run_node(n)
-            return n.meta["val"]
-
-    Record(gm).run(*inputs)
-    return gm
-
-
 def _sin_cos_cat(x: Any) -> Any:
     return aten.cat.default([aten.sin.default(x), aten.cos.default(x)], -1)
 
@@ -253,16 +242,16 @@ def test_cat_of_transcendentals_of_one_input_is_one_kernel() -> None:
     # element of it once: sin and cos are computed in the cat's kernel, not realized first
     for fn in (_sin_cos_cat, _sin_cos_stack):
         x = make((8, 16))
-        compiled = check(_with_vals(fn, x), x)
+        compiled = check(with_vals(fn, x), x)
         assert compiled.stats.kernels == 1, fn.__name__
         assert compiled.stats.buffers == 1, fn.__name__
     x = make((8, 16))
-    assert check(_with_vals(_sin_cos_cat, x), x, fusion=False).stats.kernels == 3
+    assert check(with_vals(_sin_cos_cat, x), x, fusion=False).stats.kernels == 3
 
     def pad(x: Any) -> Any:  # padding reads each element once too
         return aten.constant_pad_nd.default(aten.sin.default(x), [2, 6])
 
-    assert check(_with_vals(pad, x), x).stats.buffers == 1
+    assert check(with_vals(pad, x), x).stats.buffers == 1
 
 
 def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
@@ -272,7 +261,7 @@ def test_transcendental_expanded_into_a_cat_is_still_computed_once() -> None:
         return aten.cat.default([x, c], 0)
 
     x, f = make((4, 8, 16)), make((8, 16))
-    compiled = check(_with_vals(fn, x, f), x, f)
+    compiled = check(with_vals(fn, x, f), x, f)
     assert compiled.stats.kernels == 2
     sizes = [
         [int(n) for n in op.get_size()] for op in compiled.graph.operations if isinstance(op, ComputedBuffer)
@@ -290,9 +279,9 @@ def test_cat_of_many_transcendentals_realizes_them() -> None:
         return aten.constant_pad_nd.default(aten.sin.default(x), [0, 48])
 
     x, y = make((8, 16)), make((8, 16))
-    compiled = check(_with_vals(fn, x, y), x, y)
+    compiled = check(with_vals(fn, x, y), x, y)
     assert compiled.stats.buffers == 3
-    assert check(_with_vals(pad, x), x).stats.buffers == 2
+    assert check(with_vals(pad, x), x).stats.buffers == 2
 
 
 def test_cat_and_a_broadcasting_reader_realize_the_transcendental() -> None:
@@ -302,29 +291,22 @@ def test_cat_and_a_broadcasting_reader_realize_the_transcendental() -> None:
         return aten.cat.default([c, f], 0), aten.mul.Tensor(x, aten.unsqueeze.default(c, 0))
 
     x, f = make((4, 8, 16)), make((8, 16))
-    compiled = check(_with_vals(fn, x, f), x, f)
+    compiled = check(with_vals(fn, x, f), x, f)
     assert compiled.stats.kernels == 3
 
 
 def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
-    def mul_sum(a: Any, b: Any) -> Any:
-        return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
-
-    def downcast_sum(a: Any, b: Any) -> Any:
-        x = aten._to_copy.default(a, dtype=torch.bfloat16)
-        y = aten._to_copy.default(b, dtype=torch.bfloat16)
-        return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
 
     a, b = make((8, 64), torch.bfloat16), make((8, 64), torch.bfloat16)
-    assert check(_with_vals(mul_sum, a, b), a, b).stats.kernels == 1
+    assert check(with_vals(mul_sum, a, b), a, b).stats.kernels == 1
     a, b = make((256, 8)), make((256, 8))
-    assert check(_with_vals(downcast_sum, a, b), a, b).stats.kernels == 1
+    assert check(with_vals(downcast_mul_sum, a, b), a, b).stats.kernels == 1
 
 
 def test_inference_convolutions_run_channels_last() -> None:
     # Note [Channels-last for convolutions]: activations outweigh the weights, grad mode is off
     inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
-    gm = _with_vals(_conv_net, *inputs)
+    gm = with_vals(_conv_net, *inputs)
     with torch.no_grad():
         compiled = check(gm, *inputs)
         assert compiled.graph.channels_last
@@ -336,9 +318,9 @@ def test_inference_convolutions_run_channels_last() -> None:
 
 def test_channels_last_is_not_chosen_for_training_or_heavy_weights() -> None:
     inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
-    gm = _with_vals(_conv_net, *inputs)
+    gm = with_vals(_conv_net, *inputs)
     assert not check(gm, *inputs).graph.channels_last  # grad mode on: a training graph
     heavy = (make((1, 3, 4, 4)), make((64, 3, 3, 3)), make((64, 64, 3, 3)))
-    gm = _with_vals(_conv_net, *heavy)
+    gm = with_vals(_conv_net, *heavy)
     with torch.no_grad():
         assert not check(gm, *heavy).graph.channels_last

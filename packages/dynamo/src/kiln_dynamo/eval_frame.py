@@ -121,19 +121,20 @@ def _run_compiled(
     f: types.FunctionType,
     bound_self: tuple[Any, ...],
     backend: Backend,
-    fullgraph: bool,
+    key: CompileKey,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
+    """The hook-less path: `key` is computed once per compiled function (compile_key())."""
     code = f.__code__
     cache = _caches.get(code)
     if cache is None:
         cache = _caches[code] = _CodeCache()
     if cache.skip_reason is not None:
         return f(*bound_self, *args, **kwargs)
-    previous_key, ACTIVE.key = ACTIVE.key, compile_key(backend, fullgraph)
+    previous_key, ACTIVE.key = ACTIVE.key, key
     try:
-        return _run_cached(f, cache, bound_self, backend, fullgraph, args, kwargs)
+        return _run_cached(f, cache, bound_self, backend, key, args, kwargs)
     finally:
         ACTIVE.key = previous_key
 
@@ -143,7 +144,7 @@ def _run_cached(
     cache: _CodeCache,
     bound_self: tuple[Any, ...],
     backend: Backend,
-    fullgraph: bool,
+    key: CompileKey,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
@@ -180,10 +181,10 @@ def _run_cached(
             f.__globals__,
             _builtins_of(f),
             backend,
-            key=compile_key(backend, fullgraph),
+            key=key,
         )
     except Unsupported as e:
-        if fullgraph:
+        if key.fullgraph:
             raise
         counters.fallbacks.append((code.co_name, str(e)))
         graph_breaks_log.info("%s runs as plain Python: %s", code.co_name, e)
@@ -210,7 +211,6 @@ class CompiledModule(nn.Module):
         super().__init__()
         self._orig_mod = mod
         object.__setattr__(self, "_kiln_backend", backend)
-        object.__setattr__(self, "_kiln_fullgraph", fullgraph)
         fwd = getattr(type(mod).forward, "__code__", None)
         targets = frozenset([fwd]) if fwd is not None else frozenset()
         cb = make_callback(backend, fullgraph, targets) if HAVE_HOOK else None
@@ -224,7 +224,7 @@ class CompiledModule(nn.Module):
         if mod._forward_hooks or mod._forward_pre_hooks:
             return mod(*args, **kwargs)
         f, bound = _as_function(mod.forward)
-        return _run_compiled(f, bound, self._kiln_backend, self._kiln_fullgraph, args, kwargs)
+        return _run_compiled(f, bound, self._kiln_backend, self._kiln_key, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_orig_mod":
@@ -264,9 +264,9 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
                 frames=(UserFrame(code.co_filename, code.co_firstlineno, code.co_name, line),),
             ),
         )
+    key = compile_key(be, fullgraph)
     if HAVE_HOOK:
         callback = make_callback(be, fullgraph, frozenset([f.__code__]))
-        key = compile_key(be, fullgraph)
 
         @functools.wraps(fn_or_module)
         def compiled(*args: Any, **kwargs: Any) -> Any:
@@ -276,7 +276,7 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
 
         @functools.wraps(fn_or_module)
         def compiled(*args: Any, **kwargs: Any) -> Any:
-            return _run_compiled(f, bound, be, fullgraph, args, kwargs)
+            return _run_compiled(f, bound, be, key, args, kwargs)
 
     compiled._kiln_original = fn_or_module  # type: ignore[attr-defined]
     return compiled

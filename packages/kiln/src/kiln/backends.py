@@ -33,6 +33,7 @@ disk or memory cache. `KILN_LOG=perf` prints the record when a graph is done.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from typing import Any
 import torch
 
 from kiln.logs import perf_log as log
+from kiln_loopir import PassOptions
 
 
 class BackendFailed(RuntimeError):
@@ -96,9 +98,9 @@ class GraphCompile:
         )
 
 
-# kiln.compile options that switch loopir's graph passes (kiln_loopir.passes.PassOptions), passed
-# through to compile_graph unchanged
-PASS_OPTIONS = ("attention", "layout", "layout_policy", "pad_mm")
+# kiln.compile options that switch loopir's graph passes: PassOptions' fields, passed through to
+# compile_graph unchanged
+PASS_OPTIONS = tuple(f.name for f in dataclasses.fields(PassOptions))
 
 # Every graph compiled in this process, in order (kiln.compile_log()).
 COMPILE_LOG: list[GraphCompile] = []

@@ -12,7 +12,8 @@ consumes (aten ops, no fake tensors) for PyTorch's own sample inputs, without a 
 
 Graphs written by hand for tests get their ``node.meta["val"]`` from :func:`with_vals`, as aotgrad's
 graphs carry it (the realize rules and the graph passes read sizes from it); ``mm``, ``bmm``,
-``addmm`` and ``conv`` spell the aten calls the pass tests of every package build graphs from.
+``addmm`` and ``conv`` spell the aten calls the pass tests of every package build graphs from;
+``mul_sum`` and ``downcast_mul_sum`` are the fusion-bound graphs every backend counts kernels of.
 """
 
 from __future__ import annotations
@@ -145,3 +146,15 @@ def addmm(c: Any, a: Any, b: Any) -> Any:
 def conv(x: Any, w: Any, groups: int = 1) -> Any:
     """A 2-D convolution, stride 1, padding 1, no bias."""
     return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+
+
+def mul_sum(a: Any, b: Any) -> Any:
+    """``(a * b).sum(-1)``: one kernel (the product inlines into the reduction)."""
+    return aten.sum.dim_IntList(aten.mul.Tensor(a, b), [-1])
+
+
+def downcast_mul_sum(a: Any, b: Any) -> Any:
+    """``(a.to(bf16) * b.to(bf16)).float().sum(0)``: one kernel, eager's roundings inside it."""
+    x = aten._to_copy.default(a, dtype=torch.bfloat16)
+    y = aten._to_copy.default(b, dtype=torch.bfloat16)
+    return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
