@@ -145,6 +145,23 @@ def test_extern_outputs_returned_as_none_pass_through() -> None:
     assert flat is not None and torch.equal(flat.view(3, 2), t.t())
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_unread_extern_outputs_are_not_taken(device: str) -> None:
+    # Note [Unread extern outputs]: only the values of a sort are read; its indices are never
+    # bound (a fused attention's undefined logsumexp in inference must not be conformed either)
+    def fn(x: torch.Tensor) -> Any:
+        values, _indices = aten.sort.default(x, 1)
+        return aten.mul.Tensor(values, 2.0)
+
+    x = to_device(make((4, 33)), device)
+    gm = torch.fx.symbolic_trace(fn)
+    backend = TritonBackend()
+    compiled = compile_graph(gm, [x], backend=backend)
+    torch.testing.assert_close(compiled(x), gm(x))
+    wrapper = backend.last_wrapper
+    assert "_r[0]" in wrapper and "_r[1]" not in wrapper, wrapper
+
+
 @pytest.mark.parametrize(
     "damage",
     [b"\xff\xfe garbage", b"# kiln codegen_triton kernels\nimport tri"],

@@ -101,3 +101,48 @@ def test_cpu_convolution_strides_match_the_device(
     real = torch.ops.aten.convolution(x, w, None, *args)
     fake = run_fake(torch.ops.aten.convolution.default, (from_real(x), from_real(w), None, *args), {})
     assert metadata(fake) == metadata(real)
+
+
+# Note [Operators that ask the device]
+SDPA_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
+    ("plain", (2, 4, 128, 64), {}),
+    ("causal", (2, 4, 128, 64), {"is_causal": True}),
+    ("scaled", (2, 4, 128, 64), {"scale": 0.125}),
+    ("odd_head_dim", (2, 3, 17, 200), {}),
+    ("dropout", (2, 4, 64, 64), {"dropout_p": 0.1}),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", SDPA_CASES, ids=[c[0] for c in SDPA_CASES])
+def test_attention_kernel_choice_is_the_devices(device: str, dtype: torch.dtype, case: Any) -> None:
+    """The fused-attention choice on fake tensors is the one eager makes on real ones (the meta
+    kernel alone answers "math" for everything)."""
+    _, shape, kwargs = case
+    q = torch.randn(*shape, device=device, dtype=dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    op = torch.ops.aten._fused_sdp_choice.default
+    real = op(q, q, q, **kwargs)
+    fq = from_real(q)
+    assert run_fake(op, (fq, fq, fq), kwargs) == real
+    with FakeMode():
+        assert op(fq, fq, fq, **kwargs) == real
+
+
+def test_attention_traced_on_fakes_runs_the_fused_kernel_eager_runs() -> None:
+    """scaled_dot_product_attention's composite, run on fake CPU tensors, decomposes into the
+    flash kernel eager calls, not into the math decomposition."""
+    q = torch.randn(2, 4, 128, 64)
+    seen: list[str] = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    fq = from_real(q)
+    with Spy():
+        out = F.scaled_dot_product_attention(fq, fq, fq)
+    assert isinstance(out, FakeTensor) and tuple(out.shape) == (2, 4, 128, 64)
+    assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in seen, seen
+    assert not any("bmm" in s or "softmax" in s for s in seen), seen

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import kiln
@@ -445,3 +446,38 @@ def test_other_pass_options_recompile() -> None:
     assert len(kiln.compile_log()) == 2
     kiln.compile(model, options={"layout": False})(x)
     assert len(kiln.compile_log()) == 2
+
+
+class BroadcastMaskAttention(nn.Module):
+    """SDPA with a padding mask built by ``expand`` (last dim of stride 0), as transformers does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        mask = keep[:, None, :, None].expand(b, 1, n, n)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_with_a_broadcast_mask_runs_a_fused_kernel_on_cuda(
+    dtype: torch.dtype, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Note [Attention masks that are constant along a row]: on CUDA the mask is applied after
+    # an unmasked attention, so the traced graph holds a fused kernel, not the math decomposition
+    kiln.reset()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = BroadcastMaskAttention().to(device, dtype).eval()
+    x = torch.randn(2, 32, 64, device=device, dtype=dtype)
+    keep = torch.rand(2, 32, device=device) > 0.2
+    keep[:, 0] = True
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"), torch.no_grad():
+        torch.testing.assert_close(
+            kiln.compile(model, options={"strict": True})(x, keep), model(x, keep), **tol
+        )
+    assert ("attention_mask: unmasked" in caplog.text) == (device == "cuda")

@@ -435,3 +435,86 @@ def test_excluding_boolean_mask_becomes_sdpa(fn: Any) -> None:
     assert sdpa_calls(compiled) == 1
     assert any("excluding" in t for name, t in compiled.passes.record if name == "attention")
     assert torch.isnan(compiled(q, k, v, mask)[1, :, 3]).all()
+
+
+# Note [Attention masks that are constant along a row]
+
+
+class _OnCuda(torch.Tensor):
+    """Metadata of a CUDA tensor (what dynamo's fake tensors put in ``meta['val']``), no data."""
+
+    @staticmethod
+    def __new__(cls, t: torch.Tensor) -> _OnCuda:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, t.size(), strides=t.stride(), dtype=t.dtype, device=torch.device("cuda")
+        )
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise AssertionError(f"the pass computed on a value: {func}")
+
+
+def _row_mask_graph(
+    on_cuda: bool, mask_kind: str, **sdpa_kwargs: Any
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    import torch.nn.functional as F
+
+    def fn(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        mask = m[:, None, :, None].expand(2, 1, 16, 16)  # constant along each row, as transformers' masks
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask, scale=0.25, **sdpa_kwargs)
+
+    gm = torch.fx.symbolic_trace(fn)
+    q = torch.randn(2, 3, 16, 8)
+    keep = torch.rand(2, 16) > 0.3
+    m: torch.Tensor = keep
+    if mask_kind == "float":  # finite shifts, excluded rows, and one NaN row
+        m = torch.where(keep, torch.randn(2, 16), float("-inf"))
+        m[1, 5] = float("nan")
+    env: dict[str, Any] = {}
+    for node in gm.graph.nodes:  # example values, as dynamo leaves them
+        if node.op == "placeholder":
+            env[node.name] = q if node.name == "q" else m
+        elif node.op in ("call_function", "call_method"):
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+            if node.op == "call_method":
+                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                env[node.name] = node.target(*args, **kwargs)
+        if node.op != "output":
+            v = env[node.name]
+            node.meta["val"] = _OnCuda(v) if on_cuda and isinstance(v, torch.Tensor) else v
+    return gm, [q, m]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_row_constant_attention_masks_are_applied_after_an_unmasked_attention(mask_kind: str) -> None:
+    from kiln_loopir.passes import prepare_torch_graph
+
+    gm, (q, m) = _row_mask_graph(True, mask_kind)
+    before = str(gm.graph)
+    record: list[str] = []
+    out = prepare_torch_graph(gm, None, record)
+    assert str(gm.graph) == before  # the caller's graph is not edited
+    assert out is not gm and len(record) == 1 and "strides [16, 16, 1, 0]" in record[0]
+    sdpa = [n for n in out.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert len(sdpa) == 1 and sdpa[0].args[3:4] in ((), (None,)) and "attn_mask" not in sdpa[0].kwargs
+    # the values are eager's math path's: a kept row is unmasked attention, an excluded row 0, NaN stays NaN
+    got = out(q, m)
+    ref = gm(q.double(), m.double() if m.is_floating_point() else m)  # eager, in float64
+    torch.testing.assert_close(got, ref.float(), equal_nan=True)
+    row = m if m.dtype == torch.bool else torch.isfinite(m)
+    assert (got.transpose(1, 2)[~row & ~m.isnan() if m.is_floating_point() else ~row] == 0).all()
+
+
+def test_attention_masks_are_left_alone_off_cuda_with_dropout_or_switched_off() -> None:
+    from kiln_loopir.passes import prepare_torch_graph
+
+    gm, _ = _row_mask_graph(False, "bool")
+    assert prepare_torch_graph(gm) is gm  # the CPU kernels take any mask stride
+    gm, _ = _row_mask_graph(True, "bool", dropout_p=0.1)
+    assert prepare_torch_graph(gm) is gm
+    gm, _ = _row_mask_graph(True, "bool")
+    assert prepare_torch_graph(gm, {"attention_mask": False}) is gm

@@ -120,10 +120,36 @@ class WrapperCodegen:
             p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
         }
         self.flat_inputs = self._inputs_needing_flat_views()
+        self.referenced = self._referenced_buffers()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
         self.shaped: dict[str, tuple[Any, ...]] = {}
         if self.pointers:
             self.namespace["_get_stream"] = torch._C._cuda_getCurrentRawStream
+
+    def _referenced_buffers(self) -> set[str]:
+        """Names of the buffers some kernel, extern call or graph output reads."""
+        names = set(self.schedule.output_names)
+        for node in self.schedule.nodes:
+            names |= node.read_names()
+            for m in node.get_nodes():
+                names |= m.read_names()
+                if isinstance(b := getattr(m, "node", None), Scatter):
+                    names.add(b.mutates)
+
+        def visit(value: Any) -> None:
+            if isinstance(value, ReinterpretView):
+                names.add(value.buffer.name)
+            elif isinstance(value, Buffer):
+                names.add(value.name)
+            elif isinstance(value, list | tuple):
+                for v in value:
+                    visit(v)
+
+        visit(self.graph.outputs)
+        for alias, root in self.schedule.aliases.items():
+            if alias in names or root in names:
+                names |= {alias, root}
+        return names
 
     def _inputs_needing_flat_views(self) -> set[str]:
         """Inputs whose flat storage tensor the wrapper needs: all under the interpreter; on a
@@ -280,6 +306,11 @@ class WrapperCodegen:
         self.emit(f"# extern {kernel.op}")
         self.emit(f"_r = {op}({', '.join(args)})")
         for out in kernel.outputs:
+            if out.name not in self.referenced:
+                # Note [Unread extern outputs]: an auxiliary result nothing reads (the logsumexp
+                # and RNG state of a fused attention in inference) is not taken: the real kernel
+                # may leave it undefined or give it another shape than its meta kernel promised
+                continue
             value = "_r" + "".join(f"[{i}]" for i in out.path)
             n = int(out.layout.storage_size())
             shape = dense_shape(out.layout) if self.pointers else None

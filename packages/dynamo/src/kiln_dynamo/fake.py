@@ -146,6 +146,30 @@ def _cpu_convolution_layout(out: Any, args: tuple[Any, ...]) -> Any:
     return out
 
 
+# Note [Operators that ask the device]: a few operators answer a question about the device
+# rather than compute a tensor. `_fused_sdp_choice` picks the attention kernel that
+# scaled_dot_product_attention's composite decomposes into (math, flash, memory-efficient, cuDNN):
+# its meta kernel answers "math" for any tensor on `meta`, so every attention traced on fake
+# tensors became the math decomposition (on CUDA in bf16 that upcasts to float32: two fp32 GEMMs
+# and a softmax per layer where eager runs one fused kernel). The device's own kernel reads only
+# metadata (sizes, strides, dtype, device properties), so it is asked directly, with the fake
+# tensors themselves (they report the real device): the traced graph then holds the fused
+# kernel eager would run, whose meta kernel gives its real outputs' shapes and strides.
+_ASKS_THE_DEVICE = frozenset({"aten::_fused_sdp_choice"})
+_DEVICE_KEYS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
+
+
+def _device_answer(func: Any, device: torch.device, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The device kernel's answer for an operator of `_ASKS_THE_DEVICE` (None: ask the meta kernel)."""
+    key = _DEVICE_KEYS.get(device.type)
+    if key is None or not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key):
+        return None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None
+    with _disable_current_modes():
+        return func.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
+
+
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
@@ -153,6 +177,10 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")
     flat = _flat(args, kwargs)
     device = _common_device(flat, kwargs)
+    if name in _ASKS_THE_DEVICE:
+        answer = _device_answer(func, device, args, kwargs)
+        if answer is not None:
+            return answer
     by_meta: dict[int, FakeTensor] = {}
 
     def to_meta(x: Any) -> Any:

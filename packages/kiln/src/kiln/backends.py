@@ -292,8 +292,13 @@ def make_backend(
             record.compiled_at = time.perf_counter()
             return compiled
 
+        traced = gm
+        if name == "kiln":
+            from kiln_loopir.passes import prepare_torch_graph
+
+            traced = prepare_torch_graph(gm, passes)
         try:
-            compiled = kiln_aotgrad.aot_backend(inner, inner)(gm, example_inputs)
+            compiled = kiln_aotgrad.aot_backend(inner, inner)(traced, example_inputs)
         except Exception as exc:  # Note [Backend failure]
             return _fallback(gm, record, exc, strict, name, "the captured graph")
         return _FirstCallFallback(gm, compiled, record, strict, name)

@@ -36,12 +36,17 @@ class PassOptions:
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never. ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
     scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
+    ``attention_mask``: on CUDA, an SDPA mask that is constant along each row of scores (its last
+    dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
+    [Attention masks that are constant along a row]; a pass over the torch-level graph, run by
+    the umbrella before aotgrad).
     """
 
     layout: bool = True
     layout_policy: str = "auto"
     pad_mm: bool | str = True
     attention: bool = True
+    attention_mask: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -55,8 +60,8 @@ class PassOptions:
         made = PassOptions(**options)
         if made.layout_policy not in ("auto", "cpu", "cuda"):
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
-        if not isinstance(made.layout, bool) or not isinstance(made.attention, bool):
-            raise ValueError("layout and attention options are True or False")
+        if not all(isinstance(v, bool) for v in (made.layout, made.attention, made.attention_mask)):
+            raise ValueError("layout, attention and attention_mask options are True or False")
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         return made
@@ -139,4 +144,28 @@ def run_passes(
     return gm, ctx
 
 
-__all__ = ["OPTION_NAMES", "GraphPass", "PassContext", "PassOptions", "copy_graph", "run_passes"]
+def prepare_torch_graph(
+    gm: torch.fx.GraphModule,
+    options: Mapping[str, Any] | PassOptions | None = None,
+    record: list[str] | None = None,
+) -> torch.fx.GraphModule:
+    """The passes over a torch-level graph (before aotgrad traces it); ``gm`` itself when none
+    applies, else a rewritten copy (the caller's graph is never edited)."""
+    from .attention_mask import unmask_row_constant_attention
+
+    opts = PassOptions.from_mapping(options)
+    if not opts.attention_mask:
+        log.debug("attention_mask: off (option attention_mask=False)")
+        return gm
+    return unmask_row_constant_attention(gm, opts, record)
+
+
+__all__ = [
+    "OPTION_NAMES",
+    "GraphPass",
+    "PassContext",
+    "PassOptions",
+    "copy_graph",
+    "prepare_torch_graph",
+    "run_passes",
+]

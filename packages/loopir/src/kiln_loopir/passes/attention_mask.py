@@ -1,0 +1,121 @@
+"""The attention-mask pass: a pass over the *torch-level* graph (what dynamo captured), run before
+aotgrad traces it, because the choice it changes is made while tracing.
+
+Note [Attention masks that are constant along a row]: ``scaled_dot_product_attention`` picks its
+kernel (flash, memory-efficient, cuDNN, or the math decomposition) from its arguments' metadata,
+and on CUDA every fused kernel refuses a mask whose last dimension has stride 0 ("GPU backends
+require attn_mask's last dimension to have stride 1"). Such masks are common: transformers builds
+its padding masks with ``expand`` (BERT, DistilBERT and ViT at the H200's sizes get an all-true
+``[8, 1, 512, 512]`` boolean mask of strides ``(0, 512, 1, 0)`` under a compiler), and then the
+whole attention runs as the math decomposition, which in bfloat16 upcasts to float32: two fp32
+GEMMs and a softmax per layer where a fused kernel takes a fraction of the time.
+
+A mask whose last dimension has stride 0 (or size 1) is constant along each row of scores: row
+``i`` adds the same ``c`` to every score (a boolean mask: keeps all or none). Softmax is
+invariant to adding a constant to a row, so for a finite ``c`` the row is SDPA's without a mask;
+for ``c = -inf`` (a boolean False) every score is excluded, and eager's math path answers 0 there
+(``_safe_softmax``); for a NaN or ``+inf`` it answers NaN. So the pass rewrites
+
+    sdpa(q, k, v, mask)  ->  where(keep, sdpa(q, k, v), 0)          boolean mask, keep = mask[..., :1]
+    sdpa(q, k, v, mask)  ->  where(isfinite(c), sdpa(q, k, v),        float mask, c = mask[..., :1]
+                                   where(c == -inf, 0, nan))
+
+and the unmasked attention runs a fused kernel (flash or cuDNN). Making the mask dense instead
+would be wrong: in bfloat16 the fused kernels answer garbage (not 0) for a row excluded
+everywhere, which is what eager returns 0 for.
+
+It applies on CUDA only (the CPU kernels accept any mask stride), without dropout and without
+``is_causal`` (SDPA refuses a mask with it anyway).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from . import PassOptions, copy_graph, log
+
+_SDPA = frozenset({F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention})
+# SDPA's arguments after (query, key, value), in order
+_PARAMS = ("attn_mask", "dropout_p", "is_causal")
+
+
+def _value(node: Any) -> Any:
+    if not isinstance(node, torch.fx.Node):
+        return None
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _arguments(node: torch.fx.Node) -> dict[str, Any]:
+    bound = dict(zip(_PARAMS, node.args[3:], strict=False))
+    bound.update({k: v for k, v in node.kwargs.items() if k in _PARAMS})
+    return bound
+
+
+def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The mask of an SDPA call the pass rewrites (Note [Attention masks that are constant along a row])."""
+    if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
+        return None
+    bound = _arguments(node)
+    mask = bound.get("attn_mask")
+    v = _value(mask)
+    if not isinstance(v, torch.Tensor) or v.device.type != "cuda" or v.dim() < 1:
+        return None
+    if bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) is not False:
+        return None
+    if not (v.dtype == torch.bool or v.is_floating_point()):
+        return None
+    return mask if (v.size(-1) == 1 or v.stride(-1) == 0) else None
+
+
+def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, mask: torch.fx.Node) -> torch.fx.Node:
+    kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
+    args = node.args[:3]
+    rest = node.args[4:] if len(node.args) > 3 else ()
+    target = node.target
+    assert callable(target)
+    first: Any = (Ellipsis, slice(None, 1, None))  # mask[..., :1]: the value of each row
+    with graph.inserting_before(node):  # each new node lands before `node`, in this order
+        plain = graph.call_function(target, (*args, None, *rest), kwargs)
+        row = graph.call_function(operator.getitem, (mask, first))
+        if _value(mask).dtype == torch.bool:
+            out = graph.call_function(torch.where, (row, plain, 0.0))
+        else:
+            finite = graph.call_function(torch.isfinite, (row,))
+            excluded = graph.call_function(operator.eq, (row, float("-inf")))
+            fill = graph.call_function(torch.where, (excluded, 0.0, float("nan")))
+            out = graph.call_function(torch.where, (finite, plain, fill))
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    return out
+
+
+def unmask_row_constant_attention(
+    gm: torch.fx.GraphModule, options: PassOptions | None = None, record: list[str] | None = None
+) -> torch.fx.GraphModule:
+    """``gm`` (a torch-level graph), or a rewritten copy whose row-constant attention masks are
+    applied after an unmasked SDPA."""
+    opts = options or PassOptions()
+    if not opts.attention_mask:
+        return gm
+    targets = [(n, m) for n in gm.graph.nodes if (m := _row_constant_mask(n)) is not None]
+    if not targets:
+        return gm
+    copied, env = copy_graph(gm)
+    for old, mask in targets:
+        v = _value(mask)
+        _rewrite(copied.graph, env[old], env[mask])
+        text = (
+            f"unmasked {old.name}: {mask.name} {list(v.shape)} {v.dtype} strides {list(v.stride())} "
+            "is constant along each row (a fused GPU kernel runs; rows it excludes are 0, as eager's)"
+        )
+        log.debug("attention_mask: %s", text)
+        if record is not None:
+            record.append(text)
+    copied.graph.lint()
+    copied.recompile()
+    return copied
