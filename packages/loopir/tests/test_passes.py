@@ -275,6 +275,31 @@ def test_padding_decision_is_timed_once_and_cached_on_disk(
     assert pad and why.startswith("cached") and calls == ["timed", "timed"]
 
 
+def _lm_head(x: Any, w: Any, bias: Any) -> Any:
+    return aten.addmm.default(bias, x, aten.t.default(w))  # a linear layer: the weight transposed
+
+
+def test_the_timed_padded_gemm_has_the_rewrites_operand_layout() -> None:
+    # Note [Matmul padding]: a transposed weight is padded before its transpose, in the rewrite and
+    # in the timing alike; padding the transposed view would time a row-major operand instead
+    gm = with_vals(_lm_head, make((16, 64)), make((50257 % 97 + 60, 64)), make((50257 % 97 + 60,)))
+    node = next(n for n in gm.graph.nodes if n.target is aten.addmm.default)
+    c = pad_mm_module.candidate(node)
+    assert c is not None and c.pads == (0, 0, 8 - (50257 % 97 + 60) % 8)
+    _, _, b = pad_mm_module._operands(node)
+    _, _, pad_b = pad_mm_module._operand_pads(c)
+    tb, padded_b = pad_mm_module._operand_versions(b, pad_b, torch.device("cpu"))
+    pb = padded_b()
+    n = c.n + c.pads[2]
+    assert tb.stride() == (1, 64) and pb.shape == (64, n) and pb.stride() == (1, 64)  # still transposed
+    assert torch.equal(pb[:, : c.n], tb) and not pb[:, c.n :].any()
+    rewritten, _ = run_passes(gm, [], torch.device("cpu"), {"pad_mm": "force"})
+    padded_nodes = [m for m in rewritten.graph.nodes if m.target is aten.addmm.default]
+    assert len(padded_nodes) == 1 and padded_nodes[0].args[2].meta["val"].stride() == pb.stride()
+    original, padded = pad_mm_module._eager_versions(c, torch.device("cpu"))
+    assert original().shape == padded().shape == (16, c.n)
+
+
 # -- attention ------------------------------------------------------------------------------------
 B, H, L, E = 2, 3, 5, 4
 
