@@ -248,7 +248,9 @@ def _operand_pads(c: Candidate) -> tuple[dict[int, int], dict[int, int], dict[in
     return pad_bias, pad_a, pad_b
 
 
-def _operand_versions(operand: Any, pads: dict[int, int], device: torch.device) -> tuple[Any, Callable[[], Any]]:
+def _operand_versions(
+    operand: Any, pads: dict[int, int], device: torch.device
+) -> tuple[Any, Callable[[], Any]]:
     """A random tensor standing for ``operand`` and a function giving it padded exactly as
     :func:`_pad` rewrites it: a transposed operand is padded before its transpose, so the timed
     GEMM sees the same layout (transposed, aligned leading dimension) as the rewritten graph's.
