@@ -4,7 +4,8 @@ A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may r
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
 run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
-not pad the products attention replaces), then the layout decision, which must see the final nodes.
+not pad the products attention replaces), then the layout decision, which must see the final nodes,
+then the CPU convolution fusion, which keeps the layout decision for the nodes it makes.
 
 Every pass can be turned off by its name in ``compile_graph(..., options={name: False})`` (the
 umbrella's ``kiln.compile(options=...)`` passes the same keys through), so that each pass's effect
@@ -36,12 +37,18 @@ class PassOptions:
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never. ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
     scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
+    ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
+    folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
+    oneDNN]); ``conv_prepack``: its weights prepacked once per parameter version (``False``: folded
+    on every call, dense).
     """
 
     layout: bool = True
     layout_policy: str = "auto"
     pad_mm: bool | str = True
     attention: bool = True
+    conv_fusion: bool = True
+    conv_prepack: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -55,8 +62,9 @@ class PassOptions:
         made = PassOptions(**options)
         if made.layout_policy not in ("auto", "cpu", "cuda"):
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
-        if not isinstance(made.layout, bool) or not isinstance(made.attention, bool):
-            raise ValueError("layout and attention options are True or False")
+        switches = (made.layout, made.attention, made.conv_fusion, made.conv_prepack)
+        if not all(isinstance(v, bool) for v in switches):
+            raise ValueError("layout, attention, conv_fusion and conv_prepack options are True or False")
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         return made
@@ -107,12 +115,14 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
 def _passes() -> tuple[GraphPass, ...]:
     from .attention import attention_pass
     from .channels_last import layout_pass
+    from .conv_fusion import conv_fusion_pass
     from .pad_mm import pad_mm_pass
 
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
+        GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
     )
 
 
