@@ -115,16 +115,16 @@ def test_prepacked_weight_follows_parameter_versions() -> None:
     (op,) = fused_ops(compiled)
     with torch.no_grad():
         compiled(*inputs)
-        assert op.packs == 1  # packed once, reused
+        assert op.cache.packs == 1  # packed once, reused
         for i, change in ((1, 2.0), (5, 0.5), (6, 3.0)):  # weight, running mean, running var
             inputs[i].mul_(change)  # in place: the version moves
             torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
-        assert op.packs == 4
+        assert op.cache.packs == 4
         inputs[3] = inputs[3] * 2  # another tensor for gamma, version 0 again
         torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
-        assert op.packs == 5
+        assert op.cache.packs == 5
         compiled(*inputs)
-        assert op.packs == 5
+        assert op.cache.packs == 5
 
 
 def test_dense_weights_fold_every_call() -> None:
@@ -134,7 +134,7 @@ def test_dense_weights_fold_every_call() -> None:
     inputs[1].data.mul_(2.0)  # through .data: no version change, seen only without the cache
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
-    assert op.packs == 0
+    assert op.cache.packs == 0
 
 
 def test_training_graphs_and_options_keep_aten_convolutions(caplog: pytest.LogCaptureFixture) -> None:

@@ -5,7 +5,8 @@ it was given (it only looked, or only recorded a decision in ``ctx``) or a rewri
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
 run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
 not pad the products attention replaces), then the layout decision, which must see the final nodes,
-then the CPU convolution fusion, which keeps the layout decision for the nodes it makes.
+then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
+CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
 
 Every pass can be turned off by its name in ``compile_graph(..., options={name: False})`` (the
 umbrella's ``kiln.compile(options=...)`` passes the same keys through), so that each pass's effect
@@ -40,7 +41,8 @@ class PassOptions:
     ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
     folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
     oneDNN]); ``conv_prepack``: its weights prepacked once per parameter version (``False``: folded
-    on every call, dense).
+    on every call, dense). ``linear_pack``: on CPU inference graphs, large linear layers through
+    oneDNN with the weight prepacked per parameter version (Note [Packed linear layers]).
     """
 
     layout: bool = True
@@ -49,6 +51,7 @@ class PassOptions:
     attention: bool = True
     conv_fusion: bool = True
     conv_prepack: bool = True
+    linear_pack: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -62,9 +65,9 @@ class PassOptions:
         made = PassOptions(**options)
         if made.layout_policy not in ("auto", "cpu", "cuda"):
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
-        switches = (made.layout, made.attention, made.conv_fusion, made.conv_prepack)
+        switches = (made.layout, made.attention, made.conv_fusion, made.conv_prepack, made.linear_pack)
         if not all(isinstance(v, bool) for v in switches):
-            raise ValueError("layout, attention, conv_fusion and conv_prepack options are True or False")
+            raise ValueError("layout, attention, conv_fusion, conv_prepack and linear_pack are True or False")
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         return made
@@ -116,6 +119,7 @@ def _passes() -> tuple[GraphPass, ...]:
     from .attention import attention_pass
     from .channels_last import layout_pass
     from .conv_fusion import conv_fusion_pass
+    from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
 
     return (
@@ -123,6 +127,7 @@ def _passes() -> tuple[GraphPass, ...]:
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
         GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
+        GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),
     )
 
 

@@ -15,13 +15,9 @@ which takes:
 
 The per-channel values are computed by a small graph (the nodes between the BatchNorm's
 parameters and the chain, moved out of the graph into the op) from the graph's own inputs, so
-the folded and packed weight is always made from the current parameters. It is cached per
-parameter version: the cache holds the tensors it was made from (weight, bias, the affine map's
-inputs) with their address, strides and ``_version``; a parameter replaced (another tensor) or changed in place
-(``p.mul_(2)`` under ``no_grad``, an optimizer step, ``load_state_dict``: each bumps
-``_version``) makes the next call fold and pack again. A change through ``p.data`` does not bump
-the version (that is what ``.data`` is for) and is not seen: ``options={"conv_prepack": False}``
-folds on every call with the dense weight, for code that mutates parameters that way.
+the folded and packed weight is always made from the current parameters, and is cached per
+parameter version (Note [Prepacked weights] in prepack.py): the weight, the bias and the affine
+map's inputs are its sources.
 
 The statistics are frozen in such a graph by construction: BatchNorm is traced to the running
 statistics' op only when the module is in eval mode (``train()`` changes the module state
@@ -47,6 +43,7 @@ import torch.fx
 
 from . import PassContext, copy_graph
 from .channels_last import conv2d_nodes
+from .prepack import PackCache
 
 aten = torch.ops.aten
 
@@ -105,10 +102,7 @@ class FusedConv:
         self.name = name
         # torch.fx prints a call_function target by name (generated code, KILN_LOG=graph)
         self.__name__ = self.__qualname__ = f"kiln_conv_fusion_{name}"
-        self._made_from: tuple[Any, ...] = ()
-        self._versions: tuple[tuple[int, ...], ...] = ()
-        self._packed: tuple[torch.Tensor, torch.Tensor | None] | None = None
-        self.packs = 0  # how many times the weight was folded and packed (tests)
+        self.cache = PackCache()
 
     def __repr__(self) -> str:
         spec = self.spec
@@ -142,24 +136,22 @@ class FusedConv:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not prepack:
             return self._fold(weight, bias, leaves)
-        made_from = (weight, bias, *leaves)
-        versions = tuple(_identity(t) for t in made_from)
-        if self._packed is None or versions != self._versions:
-            with torch.no_grad():
-                folded_w, folded_b = self._fold(weight, bias, leaves)
-                spec = self.spec
-                packed = torch.ops.mkldnn._reorder_convolution_weight(
-                    folded_w.contiguous(),
-                    list(spec.padding),
-                    list(spec.stride),
-                    list(spec.dilation),
-                    spec.groups,
-                    list(spec.input_size),
-                )
-                self._packed = (packed, None if folded_b is None else folded_b.contiguous())
-            self._made_from, self._versions = made_from, versions
-            self.packs += 1
-        return self._packed
+
+        def pack() -> tuple[torch.Tensor, torch.Tensor | None]:
+            folded_w, folded_b = self._fold(weight, bias, leaves)
+            spec = self.spec
+            packed = torch.ops.mkldnn._reorder_convolution_weight(
+                folded_w.contiguous(),
+                list(spec.padding),
+                list(spec.stride),
+                list(spec.dilation),
+                spec.groups,
+                list(spec.input_size),
+            )
+            return packed, None if folded_b is None else folded_b.contiguous()
+
+        packed: tuple[torch.Tensor, torch.Tensor | None] = self.cache.get((weight, bias, *leaves), pack)
+        return packed
 
     def __call__(
         self,
@@ -181,15 +173,6 @@ class FusedConv:
             assert other is not None
             return conv.binary(x, other, w, b, pad, stride, dil, spec.groups, "add", None, spec.unary, [], "")
         return conv.default(x, w, b, pad, stride, dil, spec.groups, spec.unary, [], "")
-
-
-def _identity(t: torch.Tensor | None) -> tuple[int, ...]:
-    """What the packed weight was made from: memory, view and version of one tensor. A wrapper
-    may hand the same parameter as a fresh view each call, so not the Python object; the cache
-    keeps the tensors alive, so their memory cannot be reused by another while it holds them."""
-    if t is None:
-        return (-1,)
-    return (t.data_ptr(), t._version, *t.shape, *t.stride())
 
 
 def _val(node: Any) -> Any:
