@@ -10,14 +10,16 @@ so the same compiled model is timed at every count, which also checks that claim
 checked again at each count). Inductor bakes the thread count into its C++ (``parallel_num_threads``
 at code generation), so it is compiled again at each count from an empty cache.
 
-A time budget (``--budget-s``, default 450) keeps the run under 8 minutes: models still waiting
+A time budget (``--budget-s``, default 400) keeps the run under 8 minutes: models still waiting
 when it is spent are reported as skipped. The JSON is rewritten after every model.
 
     python packages/codegen_cpp/bench/threads.py --threads 1,4,8,16 \\
         --models gpt2,bert,t5,resnet,convnext,mlp,cnn,llama --out threads.json
 
-``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile, to
-measure one pass's effect (A/B: run twice). This is a benchmark, not a test.
+``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
+``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
+the CPU passes of issue 20 off), timed in the same interleaved rounds, to measure what those
+passes bring at each thread count. This is a benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -140,13 +142,16 @@ def run_model(
         compiled["kiln"] = kiln.compile(workload.model, options=options or None)
         _call(compiled["kiln"], inputs)
         out["kiln_compile_s"] = round(time.perf_counter() - start, 3)
+    if "kiln_ab" in backends:  # kiln with other pass switches, timed in the same rounds
+        compiled["kiln_ab"] = kiln.compile(workload.model, options=_options(args.ab_options) or None)
+        _call(compiled["kiln_ab"], inputs)
     for n in counts:
         torch.set_num_threads(n)
         row: dict[str, Any] = {"threads": n}
         fns = {"eager": workload.model}
         for backend in backends:
-            if backend == "kiln":
-                fns["kiln"] = compiled["kiln"]
+            if backend in ("kiln", "kiln_ab"):
+                fns[backend] = compiled[backend]
             elif backend == "inductor":
                 torch.compiler.reset()
                 fn = torch.compile(workload.model)
@@ -216,12 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,4,8,16")
     parser.add_argument("--models", default=DEFAULT_MODELS)
-    parser.add_argument("--backends", default="kiln,inductor", help="compilers to time against eager")
+    parser.add_argument(
+        "--backends", default="kiln,inductor", help="compilers to time against eager: kiln, kiln_ab, inductor"
+    )
+    parser.add_argument(
+        "--ab-options", default="conv_fusion=False,linear_pack=False", help="kiln_ab's pass switches (k=v,...)"
+    )
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--kernels", type=int, default=3, help="kiln kernels whose scaling is shown")
     parser.add_argument("--kiln-options", default="", help="k=v,... loopir pass switches")
-    parser.add_argument("--budget-s", type=float, default=450.0)
+    parser.add_argument("--budget-s", type=float, default=400.0, help="no new model after this many seconds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     counts = [int(t) for t in args.threads.split(",") if t]
@@ -230,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     settings = {
         "threads": counts, "models": models, "backends": backends, "repeats": args.repeats,
-        "warmup": args.warmup, "kiln_options": options, "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "warmup": args.warmup, "kiln_options": options, "kiln_ab_options": _options(args.ab_options), "cpu": _cpu_model(), "cores": os.cpu_count(),
         "torch": torch.__version__, "size": "cpu", "mode": "inference", "dtype": "float32",
     }  # fmt: skip
     results: list[dict[str, Any]] = []
