@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         "--backends", default="kiln,inductor", help="compilers to time against eager: kiln, kiln_ab, inductor"
     )
     parser.add_argument(
-        "--ab-options", default="conv_fusion=False,linear_pack=False", help="kiln_ab's pass switches (k=v,...)"
+        "--ab-options",
+        default="conv_fusion=False,linear_pack=False",
+        help="kiln_ab's pass switches (k=v,...)",
     )
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
