@@ -164,3 +164,16 @@ def test_a_conv_read_twice_keeps_its_bn_separate() -> None:
     assert op.spec.affine == () and op.spec.unary == "none"
     for got, want in zip(out, fn(*inputs), strict=True):
         torch.testing.assert_close(got, want, **TOL)
+
+
+def test_a_strided_residual_is_added_by_loopir() -> None:
+    x, w, y = make((2, 16, 10, 10)), make((16, 16, 3, 3)), make((2, 32, 10, 10))
+
+    def fn(x: Any, w: Any, y: Any) -> Any:
+        other = aten.slice.Tensor(y, 1, 0, 32, 2)  # every other channel: not dense
+        return aten.relu.default(aten.add.Tensor(conv(x, w, None), other))
+
+    compiled, out = run(fn, [x, w, y])
+    (op,) = fused_ops(compiled)
+    assert not op.spec.binary
+    torch.testing.assert_close(out, fn(x, w, y), **TOL)

@@ -184,6 +184,11 @@ def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _dense(v: torch.Tensor) -> bool:
+    """Dense in NCHW or NHWC: what oneDNN takes without a copy (a slice of a ``cat`` is not)."""
+    return v.is_contiguous() or (v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last))
+
+
 def _eligible(conv: torch.fx.Node) -> str | None:
     """Why this convolution stays an aten call, or None."""
     x, w, out = _val(conv.args[0]), _val(conv.args[1]), _val(conv)
@@ -191,6 +196,8 @@ def _eligible(conv: torch.fx.Node) -> str | None:
         return "no shape metadata"
     if any(v.dtype != torch.float32 for v in (x, w)):
         return f"dtype {x.dtype}"
+    if not _dense(x):
+        return "input is a strided view"
     if not all(isinstance(s, int) for v in (x, w) for s in v.shape):
         return "symbolic sizes"
     transposed = conv.args[6] if len(conv.args) > 6 else False
@@ -292,6 +299,7 @@ def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, b
             and isinstance(cv, torch.Tensor)
             and tuple(cv.shape) == tuple(out.shape)
             and cv.dtype == out.dtype
+            and _dense(cv)
         ):
             other, last = cand, nxt
             chain.append(nxt)
