@@ -4,9 +4,10 @@ Note [Packed linear layers]: in an inference graph on the CPU, ``addmm(bias, x, 
 ``mm(x, W)`` whose ``W`` is a graph input (a parameter: ``nn.Linear``'s ``permute(w, [1, 0])`` or
 ``Conv1D``'s plain ``[in, out]`` weight) become ``mkldnn._linear_pointwise`` with the weight
 packed once per parameter version (Note [Prepacked weights] in prepack.py). Measured on this
-project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm``: 0.87-0.93x
-the time from 256x256x768 up, no gain at 64x256x256 (a weight that small stays in cache and
-MKL's own packing is cheap), hence the threshold :data:`MIN_MACS` on ``M * K * N``. Epilogues
+project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm`` (two runs):
+0.85-0.96x the time at 256x256x768, 256x256x1024 and 256x1024x256, even at 256x256x256, no gain
+at 64x256x256 (a weight that small stays in cache), hence the threshold :data:`MIN_MACS` on
+``M * K * N``; MKL's packed GEMM (``mkl._mkl_linear``) gained nothing over ``addmm`` there. Epilogues
 (bias excepted) stay loopir's: a pointwise kernel after the product, as without the pass.
 """
 
