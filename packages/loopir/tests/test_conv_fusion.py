@@ -177,3 +177,15 @@ def test_a_strided_residual_is_added_by_loopir() -> None:
     (op,) = fused_ops(compiled)
     assert not op.spec.binary
     torch.testing.assert_close(out, fn(x, w, y), **TOL)
+
+
+def test_inference_tensors_are_packed_every_call() -> None:
+    with torch.inference_mode():  # no version counters: nothing may be reused
+        inputs = [t.clone() for t in bn_inputs()]
+    compiled, _ = run(conv_bn_relu, inputs)
+    (op,) = fused_ops(compiled)
+    with torch.inference_mode():
+        compiled(*inputs)
+        inputs[1].mul_(2.0)
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+    assert op.cache.packs == 3

@@ -11,15 +11,19 @@ pack is kept). A parameter replaced by another tensor, or changed in place (``p.
 ``no_grad``, an optimizer step, ``load_state_dict``: each bumps ``_version``), makes the next call
 pack again. A change through ``p.data`` does not bump the version (that is what ``.data`` is
 for) and is not seen: ``options={"conv_prepack": False}`` / ``{"linear_pack": False}`` keep dense
-weights for code that mutates parameters that way.
+weights for code that mutates parameters that way. An inference tensor (made under
+``torch.inference_mode``) has no version counter: a pack made from one is never reused.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+_never = itertools.count()
 
 
 def identity(t: torch.Tensor | None) -> tuple[int, ...]:
@@ -27,6 +31,8 @@ def identity(t: torch.Tensor | None) -> tuple[int, ...]:
     same parameter as a fresh view each call, so not the Python object."""
     if t is None:
         return (-1,)
+    if t.is_inference():  # no version counter: a key that no later call repeats
+        return (-2, next(_never))
     return (t.data_ptr(), t._version, *t.shape, *t.stride())
 
 
