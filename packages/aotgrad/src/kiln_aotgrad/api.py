@@ -91,7 +91,10 @@ def compile_flat(
     if not meta.training:
         graphs_log.info("inference graph:%s", traced.gm.code)
         compiler = opts.inference_compiler or opts.fw_compiler
-        compiled = compiler(traced.gm, _example_inputs(traced.gm))
+        # grad mode off while it compiles: a compiler that asks torch.is_grad_enabled() (loopir's
+        # passes) sees an inference graph also when grad mode is on but nothing requires grad
+        with torch.no_grad():
+            compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
     part = partition(traced.gm, meta.num_graph_outputs, opts.partition)
     graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)

@@ -3,7 +3,8 @@
 ``kiln_loopir.compile_graph(gm, inputs, backend="cpp")`` lowers and schedules an aten graph with
 loopir, then this package turns the schedule into C++ and runs it:
 
-* ``kernel``: one C++ function per fused node: OpenMP-parallel outer loops, an innermost loop
+* ``kernel``: one C++ function per fused node: OpenMP-parallel loops (``parallel``: which, and on
+  how many threads, from the sizes and the run-time thread count), an innermost loop
   the compiler vectorizes (``#pragma omp simd`` + libmvec), reductions with lane accumulators,
   masked loads, bounds-checked indirect indexing and integer division (a zero divisor raises
   :class:`KernelZeroDivisionError`, as eager raises);

@@ -81,14 +81,11 @@ from .cpp_ops import (
     storage_type,
     store_expr,
 )
+from .parallel import MIN_CHUNK, PARALLEL_GRAIN, ParallelPlan, cap_for, log_plan, outer_plan, pointwise_plan
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
 LANES = 8
-# below this many element-iterations a kernel runs on the calling thread (no OpenMP team)
-PARALLEL_GRAIN = 32768
-# an outer loop with fewer iterations than this is not worth splitting across threads
-MIN_OUTER_PARALLEL = 16
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
 SPLIT_R_CHUNK = 32768
@@ -119,8 +116,6 @@ def _branch_free(body: Callable[[], Any]) -> bool:
     return not (names & _CAN_FAIL)
 
 
-# elements per thread chunk of a parallel one-loop pointwise kernel
-POINTWISE_CHUNK = 16384
 # float32 sums add this many positions per lane in float before folding into double
 FOLD_BLOCK = 1024
 # outputs per block in a column reduction (Note [Column reductions])
@@ -263,6 +258,8 @@ class KernelBuilder:
         self.done_phases: list[RPhase] = []
         self.equiv: dict[str, tuple[int, str]] = {}
         self.stash_bytes = 0
+        # Note [Parallel plan]: what the parallel rendering of the loop nest chose
+        self.plan: ParallelPlan | None = None
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -864,10 +861,13 @@ class KernelBuilder:
         # if(false); with one thread the kernel takes a plain copy of the same loops (same
         # iteration order and chunking, so the same results).
         parallel, serial = nest(True), nest(False)
-        if parallel == serial:
+        log_plan(self.name, self.plan, self.nx * max(self.nr, 1))
+        if parallel == serial or self.plan is None or self.plan.cap <= 1:
             out.extend("  " + line for line in serial)
         else:
-            out.append("  if (nt > 1) {")
+            # Note [Parallel plan]: the team is the run-time thread count, capped by the work
+            out.append(f"  const int64_t ntk = std::min<int64_t>(nt, INT64_C({self.plan.cap}));")
+            out.append("  if (ntk > 1) {")
             out.extend("    " + line for line in parallel)
             out.append("  } else {")
             out.extend("    " + line for line in serial)
@@ -915,12 +915,12 @@ class KernelBuilder:
         (xl, xsize), outer = xs[-1], xs[:-1]
         block = COLUMN_BLOCK
         nblocks = -(-xsize // block)
-        parallel = (
-            par and self.nx * self.nr >= PARALLEL_GRAIN and math.prod(n for _, n in outer) * nblocks > 1
-        )
+        units = math.prod(n for _, n in outer) * nblocks
+        parallel = par and self.nx * self.nr >= PARALLEL_GRAIN and units > 1
         lines: list[str] = []
         if parallel:
-            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(nt)")
+            self.plan = ParallelPlan("column", len(outer) + 1, units, cap_for(units, self.nx * self.nr))
+            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(ntk)")
         depth = 0
         for var, size in outer:
             lines.append("  " * depth + self._loop(var, size) + " {")
@@ -997,23 +997,36 @@ class KernelBuilder:
                     )
         depth = 0
         outer = loops[:-1] if not is_reduction else loops
-        outer_n = math.prod(s for _, s in outer)
-        par_outer = parallel and outer and outer_n >= MIN_OUTER_PARALLEL
+        outer_sizes = [size for _, size in outer]
+        plan: ParallelPlan | None = None
+        if parallel:
+            if is_reduction:
+                plan = outer_plan(outer_sizes, work)
+            else:
+                plan = pointwise_plan(outer_sizes, loops[-1][1], work)
+        if plan is not None:
+            self.plan = plan
         for i, (var, size) in enumerate(loops):
             pad = "  " * depth
             last = i == len(loops) - 1
-            if i == 0 and par_outer:
-                lines.append(f"{pad}#pragma omp parallel for collapse({len(outer)}) num_threads(nt)")
-            if last and not is_reduction and parallel and not par_outer:
-                # split the innermost loop into chunks: threads over chunks, simd inside
-                chunks = -(-size // POINTWISE_CHUNK)
-                lines.append(f"{pad}#pragma omp parallel for num_threads(nt) schedule(static)")
-                lines.append(f"{pad}for (int64_t xc = 0; xc < INT64_C({chunks}); ++xc) {{")
-                lines.append(f"{pad}  const int64_t lo = xc * {POINTWISE_CHUNK};")
+            if i == 0 and plan is not None and plan.kind == "chunked":
+                # the innermost loop in chunks whose length follows the team (Note [Parallel plan])
+                inner_size = loops[-1][1]
                 lines.append(
-                    f"{pad}  const int64_t hi = std::min<int64_t>(lo + {POINTWISE_CHUNK}, INT64_C({size}));"
+                    f"{pad}const int64_t xch = kiln::chunk_len(INT64_C({inner_size}), "
+                    f"INT64_C({math.prod(outer_sizes)}), ntk, {MIN_CHUNK});"
                 )
-                lines.append(f"{pad}  #pragma omp simd")
+                lines.append(f"{pad}const int64_t xnc = (INT64_C({inner_size}) + xch - 1) / xch;")
+            if i == 0 and plan is not None:
+                lines.append(
+                    f"{pad}#pragma omp parallel for collapse({plan.collapse}) num_threads(ntk) schedule(static)"
+                )
+            if last and plan is not None and plan.kind == "chunked":
+                lines.append(f"{pad}for (int64_t xc = 0; xc < xnc; ++xc) {{")
+                lines.append(f"{pad}  const int64_t lo = xc * xch;")
+                lines.append(f"{pad}  const int64_t hi = std::min<int64_t>(lo + xch, INT64_C({size}));")
+                if simd:
+                    lines.append(f"{pad}  #pragma omp simd")
                 lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
                 depth += 2
                 continue
@@ -1240,7 +1253,8 @@ class KernelBuilder:
                 ctype = "int64_t" if suffix == "_i" else t
                 lines.append(f"{ctype} {acc}{suffix}_part[{chunks}][{LANES}];")
         if par:
-            lines.append("#pragma omp parallel for num_threads(nt) schedule(static)")
+            self.plan = ParallelPlan("split", 1, chunks, cap_for(chunks, self.nr))
+            lines.append("#pragma omp parallel for num_threads(ntk) schedule(static)")
         lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
         lines.append(f"  const int64_t lo = c * {chunk};")
         lines.append(f"  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")

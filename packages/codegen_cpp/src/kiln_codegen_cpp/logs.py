@@ -3,7 +3,8 @@
 ``KILN_LOG=output_code`` (or ``all``) sets logger ``kiln.codegen_cpp.output_code`` to DEBUG: each
 compiled graph logs the path and source of its wrapper and the path of its C++ translation
 unit, and each accumulating scatter the loop it is vectorized along, if any (Note [Scatter loops
-and omp simd] in kernel.py). ``cache`` logs each translation unit's disk hit or compile; a corrupt
+and omp simd] in kernel.py). ``cache`` logs each translation unit's disk hit or compile; ``parallel`` logs each kernel's parallel plan (serial, or
+which loops run on how many threads at most: Note [Parallel plan] in parallel.py); a corrupt
 cache entry is a warning on ``kiln.codegen_cpp.cache`` whatever ``KILN_LOG`` says (Note [Verified
 cache entries] in build.py). The variable is read at each compilation (:func:`configure`), so tests may set it.
 """
@@ -12,7 +13,11 @@ from __future__ import annotations
 
 from kiln_loopir import configure_artifacts
 
-ARTIFACTS: dict[str, str] = {"output_code": "kiln.codegen_cpp.output_code", "cache": "kiln.codegen_cpp.cache"}
+ARTIFACTS: dict[str, str] = {
+    "output_code": "kiln.codegen_cpp.output_code",
+    "cache": "kiln.codegen_cpp.cache",
+    "parallel": "kiln.codegen_cpp.parallel",
+}
 
 
 def configure(value: str | None = None) -> set[str]:

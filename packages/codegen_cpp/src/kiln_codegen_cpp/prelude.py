@@ -57,6 +57,17 @@ extern "C" { int64_t kiln_err_value = 0; }
 
 namespace kiln {
 
+// Note [Parallel plan] (parallel.py): the length of the chunks a pointwise kernel's innermost
+// loop of `len` is cut into, for a team of `team` threads over `outer` outer iterations: about
+// four chunks per thread, at least `min_chunk` long, a multiple of 16
+static inline int64_t chunk_len(int64_t len, int64_t outer, int64_t team, int64_t min_chunk) {
+  const int64_t want = (4 * team + outer - 1) / outer;
+  int64_t c = (len + want - 1) / want;
+  c = std::max<int64_t>(c, min_chunk);
+  c = (c + 15) / 16 * 16;
+  return std::min<int64_t>(c, len);
+}
+
 static inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
   float out;

@@ -4,7 +4,9 @@ A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may r
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
 run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
-not pad the products attention replaces), then the layout decision, which must see the final nodes.
+not pad the products attention replaces), then the layout decision, which must see the final nodes,
+then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
+CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
 
 Every pass can be turned off by its name in ``compile_graph(..., options={name: False})`` (the
 umbrella's ``kiln.compile(options=...)`` passes the same keys through), so that each pass's effect
@@ -40,6 +42,15 @@ class PassOptions:
     dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
     [Attention masks that are constant along a row]; a pass over the torch-level graph, run by
     the umbrella before aotgrad).
+    ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
+    folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
+    oneDNN]); ``conv_prepack``: its weights prepacked once per parameter version (``False``: folded
+    on every call, dense). ``linear_pack``: on CPU inference graphs, large linear layers through
+    oneDNN with the weight prepacked per parameter version (Note [Packed linear layers]).
+    ``conv_prepack`` and ``linear_pack`` are off by default, as torch.compile's freezing is: a
+    parameter written through ``p.data`` keeps its version, and a pack made before would be used
+    with the old values (Note [Prepacked weights]); turn them on for models whose parameters are
+    only changed in place by ordinary ops, or not at all.
     """
 
     layout: bool = True
@@ -47,6 +58,9 @@ class PassOptions:
     pad_mm: bool | str = True
     attention: bool = True
     attention_mask: bool = True
+    conv_fusion: bool = True
+    conv_prepack: bool = False
+    linear_pack: bool = False
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -60,8 +74,18 @@ class PassOptions:
         made = PassOptions(**options)
         if made.layout_policy not in ("auto", "cpu", "cuda"):
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
-        if not all(isinstance(v, bool) for v in (made.layout, made.attention, made.attention_mask)):
-            raise ValueError("layout, attention and attention_mask options are True or False")
+        switches = (
+            made.layout,
+            made.attention,
+            made.attention_mask,
+            made.conv_fusion,
+            made.conv_prepack,
+            made.linear_pack,
+        )
+        if not all(isinstance(v, bool) for v in switches):
+            raise ValueError(
+                "layout, attention, attention_mask, conv_fusion, conv_prepack and linear_pack are True or False"
+            )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         return made
@@ -112,12 +136,16 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
 def _passes() -> tuple[GraphPass, ...]:
     from .attention import attention_pass
     from .channels_last import layout_pass
+    from .conv_fusion import conv_fusion_pass
+    from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
 
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
+        GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
+        GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),
     )
 
 

@@ -14,9 +14,10 @@ another dimension order, not channels-last. Graph outputs are copied back to the
 gives them (``GraphLowering._eager_strides``). Weights are left to the convolution: oneDNN and cuDNN
 reorder a contiguous weight themselves when the input is NHWC.
 
-The CPU rule (:func:`cpu_policy`): inference graphs, oneDNN present and enabled, and the
-convolutions' inputs hold at least as many elements as their weights (a contiguous weight is
-reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as
+The CPU rule (:func:`cpu_policy`): inference graphs, oneDNN present and enabled, and either the
+convolutions run through oneDNN with prepacked weights (the conv_fusion pass, Note
+[Convolutions through oneDNN], with conv_prepack) or the convolutions' inputs hold at least as
+many elements as their weights (a contiguous weight is reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as
 many, it gained 50%).
 
 The CUDA rule (:func:`cuda_policy`), after the anchor's ``decide_layout_opt``: cuDNN is fastest in
@@ -164,6 +165,11 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     convs = conv2d_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
+    from .conv_fusion import enabled_on
+
+    if enabled_on(ctx) is None and ctx.options.conv_prepack:
+        # Note [Convolutions through oneDNN]: prepacked weights are not reordered per call
+        return LayoutDecision(True, f"{len(convs)} convs through oneDNN (conv_fusion)")
     activations = sum(_numel(n.args[0]) for n in convs)
     weights = sum(_numel(n.args[1]) for n in convs)
     if activations < weights:

@@ -1,0 +1,279 @@
+"""Thread scaling on the CPU: eager vs kiln vs torch.compile (inductor) at several thread counts.
+
+For each model of kiln_bench's public suite (CPU size, inference, float32) and each thread count:
+the median time of eager, kiln and inductor, timed interleaved (A B C A B C ...) after a warm-up,
+and each compiler's speedup over eager at that thread count; then, per model, the scaling of
+kiln's slowest C++ kernels (a second kiln compile with ``KILN_PROFILE=1``, profiled at each thread
+count: ms per call and speedup over the first thread count). kiln compiles once per model: its
+kernels read the thread count at run time (Note [Parallel plan] in kiln_codegen_cpp/parallel.py),
+so the same compiled model is timed at every count, which also checks that claim (accuracy is
+checked again at each count). Inductor bakes the thread count into its C++ (``parallel_num_threads``
+at code generation), so it is compiled again at each count from an empty cache.
+
+A time budget (``--budget-s``, default 400) keeps the run under 8 minutes: models still waiting
+when it is spent are reported as skipped. The JSON is rewritten after every model.
+
+    python packages/codegen_cpp/bench/threads.py --threads 1,4,8,16 \\
+        --models gpt2,bert,t5,resnet,convnext,mlp,cnn,llama --out threads.json
+
+``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
+``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
+the CPU passes of issue 20 off), timed in the same interleaved rounds, to measure what those
+passes bring at each thread count. This is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_tmp = tempfile.mkdtemp(prefix="kiln-threads-")
+for _var in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    os.environ[_var] = os.path.join(_tmp, _var.lower())
+
+import torch  # noqa: E402
+
+import kiln  # noqa: E402
+from kiln_bench import accuracy  # noqa: E402
+from kiln_bench import profile as profiling  # noqa: E402
+from kiln_bench.models import build, logits_of  # noqa: E402
+
+DEFAULT_MODELS = "gpt2,bert,t5,resnet,convnext,mlp,cnn,llama"
+
+
+def _value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    return text
+
+
+def _options(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        out[key.strip()] = _value(value.strip())
+    return out
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _call(fn: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    with torch.no_grad():
+        return logits_of(fn(**inputs))
+
+
+def _timed(fn: Any, inputs: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    _call(fn, inputs)
+    return time.perf_counter() - start
+
+
+def _kernel_scaling(model: torch.nn.Module, inputs: dict[str, Any], counts: list[int], options: dict[str, Any],
+                    top: int, calls: int) -> list[dict[str, Any]]:  # fmt: skip
+    """ms per call of kiln's ``top`` slowest C++ kernels at each thread count."""
+    os.environ["KILN_PROFILE"] = "1"  # read when the wrapper is generated
+    try:
+        kiln.reset()
+        compiled = kiln.compile(model, options=options or None)
+        per: dict[int, dict[str, float]] = {}
+        for n in counts:
+            torch.set_num_threads(n)
+            for _ in range(2):
+                _call(compiled, inputs)
+            events = profiling.record(lambda c=compiled: _call(c, inputs), "cpu", calls)
+            times: dict[str, float] = {}
+            for e in profiling.cpu_ops(events):
+                if str(e.name).startswith("kiln:"):
+                    times[e.name] = times.get(e.name, 0.0) + float(e.self_cpu_time_total) / calls / 1e3
+            per[n] = times
+    finally:
+        os.environ.pop("KILN_PROFILE", None)
+        kiln.reset()
+    first = per[counts[0]]
+    names = sorted(first, key=lambda k: -first[k])[:top]
+    rows = []
+    for name in names:
+        ms = {str(n): round(per[n].get(name, float("nan")), 4) for n in counts}
+        base = first[name]
+        rows.append({
+            "kernel": name.removeprefix("kiln:"),
+            "ms": ms,
+            "scaling": {str(n): round(base / per[n][name], 2) if per[n].get(name) else None for n in counts},
+        })  # fmt: skip
+    return rows
+
+
+def run_model(
+    name: str, counts: list[int], args: argparse.Namespace, options: dict[str, Any]
+) -> dict[str, Any]:
+    workload = build(name, "cpu")
+    workload.model.eval()
+    inputs = workload.inputs
+    reference_64 = build(name, "cpu").to("cpu", torch.float64)
+    reference_64.model.eval()
+    exact = _call(reference_64.model, reference_64.inputs)
+    torch.set_num_threads(counts[0])
+    reference = _call(workload.model, inputs).clone()
+    out: dict[str, Any] = {"model": name, "rows": [], "kernels": []}
+    backends = [b for b in args.backends.split(",") if b]
+
+    kiln.reset()
+    start = time.perf_counter()
+    compiled: dict[str, Any] = {"eager": workload.model}
+    if "kiln" in backends:
+        compiled["kiln"] = kiln.compile(workload.model, options=options or None)
+        _call(compiled["kiln"], inputs)
+        out["kiln_compile_s"] = round(time.perf_counter() - start, 3)
+    if "kiln_ab" in backends:  # kiln with other pass switches, timed in the same rounds
+        compiled["kiln_ab"] = kiln.compile(workload.model, options=_options(args.ab_options) or None)
+        _call(compiled["kiln_ab"], inputs)
+    for n in counts:
+        torch.set_num_threads(n)
+        row: dict[str, Any] = {"threads": n}
+        fns = {"eager": workload.model}
+        for backend in backends:
+            if backend in ("kiln", "kiln_ab"):
+                fns[backend] = compiled[backend]
+            elif backend == "inductor":
+                torch.compiler.reset()
+                fn = torch.compile(workload.model)
+                start = time.perf_counter()
+                _call(fn, inputs)
+                row["inductor_compile_s"] = round(time.perf_counter() - start, 3)
+                fns["inductor"] = fn
+        for backend, fn in fns.items():
+            if backend == "eager":
+                continue
+            verdict = accuracy.check(["logits"], [reference], [_call(fn, inputs)], [exact], 1e-3)
+            row[f"{backend}_ok"] = verdict.ok
+            if not verdict.ok:
+                row[f"{backend}_reason"] = verdict.reason
+        for _ in range(args.warmup):
+            for fn in fns.values():
+                _call(fn, inputs)
+        times: dict[str, list[float]] = {b: [] for b in fns}
+        for _ in range(args.repeats):
+            for backend, fn in fns.items():
+                times[backend].append(_timed(fn, inputs))
+        for backend, ts in times.items():
+            row[f"{backend}_ms"] = round(statistics.median(ts) * 1e3, 4)
+        for backend in fns:
+            if backend != "eager":
+                row[f"{backend}_speedup"] = round(row["eager_ms"] / row[f"{backend}_ms"], 3)
+        out["rows"].append(row)
+        print(_row_text(name, row, backends), flush=True)
+    torch.compiler.reset()
+    if "kiln" in backends and args.kernels > 0:
+        try:
+            out["kernels"] = _kernel_scaling(workload.model, inputs, counts, options, args.kernels, 3)
+        except Exception as e:  # the scaling view is extra: a failure leaves the timings
+            out["kernels_error"] = f"{type(e).__name__}: {e}"[:300]
+        for k in out["kernels"]:
+            scaling = " ".join(f"{n}t {k['ms'][n]:.3f}ms ({k['scaling'][n]}x)" for n in k["ms"])
+            print(f"    kernel {k['kernel'][:60]:60s} {scaling}", flush=True)
+    return out
+
+
+def _row_text(name: str, row: dict[str, Any], backends: list[str]) -> str:
+    parts = [f"{name:10s} {row['threads']:3d}t  eager {row['eager_ms']:9.3f} ms"]
+    for backend in backends:
+        if f"{backend}_ms" in row:
+            ok = "" if row.get(f"{backend}_ok", True) else " ACCURACY FAILED"
+            parts.append(f"{backend} {row[backend + '_ms']:9.3f} ms ({row[backend + '_speedup']:.2f}x){ok}")
+    return "  ".join(parts)
+
+
+def _geomeans(results: list[dict[str, Any]], counts: list[int], backends: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in counts:
+        for backend in backends:
+            values = [
+                r[f"{backend}_speedup"]
+                for m in results
+                for r in m.get("rows", [])
+                if r["threads"] == n and r.get(f"{backend}_ok", False) and f"{backend}_speedup" in r
+            ]
+            if values:
+                g = float(torch.tensor(values, dtype=torch.float64).log().mean().exp())
+                out.setdefault(str(n), {})[backend] = {"geomean": round(g, 3), "models": len(values)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,4,8,16")
+    parser.add_argument("--models", default=DEFAULT_MODELS)
+    parser.add_argument(
+        "--backends", default="kiln,inductor", help="compilers to time against eager: kiln, kiln_ab, inductor"
+    )
+    parser.add_argument(
+        "--ab-options",
+        default="conv_fusion=False,linear_pack=False",
+        help="kiln_ab's pass switches (k=v,...)",
+    )
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--kernels", type=int, default=3, help="kiln kernels whose scaling is shown")
+    parser.add_argument("--kiln-options", default="", help="k=v,... loopir pass switches")
+    parser.add_argument("--budget-s", type=float, default=400.0, help="no new model after this many seconds")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    counts = [int(t) for t in args.threads.split(",") if t]
+    models = [m for m in args.models.split(",") if m]
+    options = _options(args.kiln_options)
+    backends = [b for b in args.backends.split(",") if b]
+    settings = {
+        "threads": counts, "models": models, "backends": backends, "repeats": args.repeats,
+        "warmup": args.warmup, "kiln_options": options, "kiln_ab_options": _options(args.ab_options), "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "torch": torch.__version__, "size": "cpu", "mode": "inference", "dtype": "float32",
+    }  # fmt: skip
+    results: list[dict[str, Any]] = []
+    started = time.perf_counter()
+
+    def write(partial: bool) -> None:
+        if args.out is None:
+            return
+        doc = {"settings": {**settings, "partial": partial}, "geomean": _geomeans(results, counts, backends),
+               "results": results, "elapsed_s": round(time.perf_counter() - started, 1)}  # fmt: skip
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+    for name in models:
+        if time.perf_counter() - started > args.budget_s:
+            results.append({"model": name, "skipped": f"time budget of {args.budget_s:.0f} s spent"})
+            print(f"{name:10s} skipped: time budget spent", flush=True)
+            continue
+        try:
+            results.append(run_model(name, counts, args, options))
+        except Exception as e:  # one failing model is a result, not the end of the run
+            results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            print(f"{name:10s} error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        write(partial=True)
+    print()
+    for n, per in _geomeans(results, counts, backends).items():
+        text = "  ".join(f"{b} {v['geomean']:.2f}x over {v['models']}" for b, v in per.items())
+        print(f"geomean at {n:>2s} threads: {text}")
+    print(f"elapsed {time.perf_counter() - started:.0f} s")
+    write(partial=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

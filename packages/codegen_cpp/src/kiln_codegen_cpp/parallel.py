@@ -1,0 +1,94 @@
+"""Which loops of a kernel run in parallel, in how many pieces, and on how many threads.
+
+Note [Parallel plan]: a kernel's thread count is read at *run time*: the wrapper passes
+``torch.get_num_threads()`` to every kernel call (``nt``), so ``torch.set_num_threads`` changes
+compiled kernels' parallelism without a recompile (kiln's kernels run in torch's own OpenMP
+runtime: the objects link ``libgomp.so.1``, which is the one torch already loaded, so the two
+share one thread pool and ``omp_get_max_threads()`` follows ``torch.set_num_threads`` too; the
+tests check both). What is decided at *compile time*, from the static sizes, is the shape of the
+parallel loop (:class:`ParallelPlan`):
+
+* ``units``: how many independent pieces of work the parallel loop has (outer iterations of a
+  reduction, blocks of a column reduction, chunks of a split reduction, outer iterations times
+  inner chunks of a pointwise kernel);
+* ``cap``: the most threads worth using, ``min(units, work // MIN_WORK_PER_THREAD)``, so that a
+  medium kernel (64K elements) does not wake 16 threads for 4K elements each. At run time the
+  kernel takes ``ntk = min(nt, cap)`` threads, and with ``ntk == 1`` runs its serial copy (Note
+  [Serial path] in kernel.py); a kernel below ``PARALLEL_GRAIN`` element-iterations has no
+  parallel region at all, so adjacent tiny kernels never open one team each.
+
+Pointwise kernels: when the outer loops alone have fewer than ``TARGET_UNITS`` iterations (a
+[4, 1M] tensor, or one flat loop), the innermost loop is cut into chunks as well and collapsed
+with them; the chunk length is computed at run time from ``ntk`` (about four chunks per thread, at
+least ``MIN_CHUNK`` elements, a multiple of 16 so vector loops stay whole), since pointwise
+results do not depend on how the loop is cut. Reductions are parallel over their outputs only
+(lane accumulators make the result independent of the thread count: Note [Lane accumulators]);
+a full reduction (one output) is split into fixed chunks combined in order (Note [Split
+reductions]), whose number depends on the sizes alone. Not built: splitting the reduced loop
+of a reduction with a few outputs (2..nt rows of 1M elements run on as many threads as rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+log = logging.getLogger("kiln.codegen_cpp.parallel")
+
+# below this many element-iterations a kernel runs on the calling thread (no OpenMP team)
+PARALLEL_GRAIN = 32768
+# a thread gets at least this many element-iterations (the cap on the team size)
+MIN_WORK_PER_THREAD = 4096
+# a pointwise kernel's parallel loop wants at least this many units (4 per thread at 16 threads)
+TARGET_UNITS = 64
+# the smallest chunk of a pointwise kernel's innermost loop when it is cut into chunks
+MIN_CHUNK = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelPlan:
+    """How one kernel's loop nest runs in parallel (Note [Parallel plan])."""
+
+    kind: str  # "outer", "chunked", "column", "split"
+    collapse: int  # loops collapsed into the parallel loop (the chunk loop counts)
+    units: int
+    cap: int
+
+    def describe(self) -> str:
+        return f"{self.kind}: collapse {self.collapse}, {self.units} units, at most {self.cap} threads"
+
+
+def cap_for(units: int, work: int) -> int:
+    """The most threads worth using for ``units`` pieces holding ``work`` element-iterations."""
+    return max(1, min(units, work // MIN_WORK_PER_THREAD))
+
+
+def outer_plan(outer: list[int], work: int) -> ParallelPlan | None:
+    """Threads over the collapsed ``outer`` loops (a reduction's outputs), or None if not worth it."""
+    units = math.prod(outer)
+    if work < PARALLEL_GRAIN or not outer or units < 2:
+        return None
+    return ParallelPlan("outer", len(outer), units, cap_for(units, work))
+
+
+def pointwise_plan(outer: list[int], inner: int, work: int) -> ParallelPlan | None:
+    """A pointwise loop nest: outer loops, plus the innermost cut into chunks when they are few."""
+    if work < PARALLEL_GRAIN:
+        return None
+    outer_n = math.prod(outer)
+    if outer_n >= TARGET_UNITS or inner < 2 * MIN_CHUNK:
+        if not outer or outer_n < 2:
+            return None
+        return ParallelPlan("outer", len(outer), outer_n, cap_for(outer_n, work))
+    units = outer_n * (-(-inner // MIN_CHUNK))
+    return ParallelPlan("chunked", len(outer) + 1, units, cap_for(units, work))
+
+
+def log_plan(kernel: str, plan: ParallelPlan | None, work: int) -> None:
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    if plan is None or plan.cap <= 1:
+        log.debug("kernel %s: serial (%d element-iterations)", kernel, work)
+    else:
+        log.debug("kernel %s: parallel %s (%d element-iterations)", kernel, plan.describe(), work)

@@ -1,0 +1,109 @@
+"""CPU convolutions through oneDNN, end to end (Note [Convolutions through oneDNN] in loopir's
+passes/conv_fusion.py): eval-mode BatchNorm folds only while its statistics are frozen, and a
+``train()`` or a ``requires_grad`` change compiles again into a graph that keeps BatchNorm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+
+# fp32: a folded weight rounds w * g once, eager rounds conv(x, w) and then its scaled value
+TOL: dict[str, float] = {"rtol": 1e-5, "atol": 5e-5}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + y).mean((2, 3))
+
+
+def _net() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    net = Net()
+    for bn in (net.bn1, net.bn2):  # statistics that are not the identity
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        nn.init.uniform_(bn.weight, 0.5, 2)
+        nn.init.uniform_(bn.bias, -1, 1)
+    return net.eval(), torch.randn(2, 3, 16, 16)
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    kiln.reset()
+
+
+def _passes(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.name == "kiln.loopir.passes")
+
+
+def test_eval_batchnorm_folds_and_train_recompiles(
+    caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("KILN_LOG", "passes")
+    caplog.set_level("DEBUG", logger="kiln.loopir.passes")
+    net, x = _net()
+    compiled = kiln.compile(net, options={"strict": True})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), net(x), **TOL)
+    assert "2 of 2 convolutions through oneDNN" in _passes(caplog)
+    assert "affine+add+relu" in _passes(caplog)
+    graphs = len(kiln.compile_log())
+    caplog.clear()
+    net.train()  # batch statistics, running statistics updated: nothing to fold
+    reference, _ = _net()
+    reference.train()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), reference(x), **TOL)
+    assert len(kiln.compile_log()) > graphs
+    text = _passes(caplog)
+    assert "affine+" not in text and text.count("0 affine steps folded") == 2  # batch statistics
+    torch.testing.assert_close(net.bn1.running_mean, reference.bn1.running_mean)
+
+
+def test_parameters_that_require_grad_keep_batchnorm_for_the_backward(
+    caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("KILN_LOG", "passes")
+    caplog.set_level("DEBUG", logger="kiln.loopir.passes")
+    net, x = _net()
+    net.requires_grad_(False)
+    compiled = kiln.compile(net, options={"strict": True})
+    torch.testing.assert_close(compiled(x), net(x), **TOL)  # grad mode on, nothing needs a grad
+    assert "affine+add+relu" in _passes(caplog)  # an inference graph: folded
+    graphs = len(kiln.compile_log())
+    caplog.clear()
+    net.requires_grad_(True)
+    out = compiled(x)
+    assert len(kiln.compile_log()) > graphs  # compiled again, for the backward
+    assert "conv_fusion: training graph" in _passes(caplog)
+    out.sum().backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    net(x).sum().backward()
+    for g, want in zip(got, [p.grad for p in net.parameters()], strict=True):
+        torch.testing.assert_close(g, want, **TOL)
+
+
+def test_an_optimizer_step_reaches_the_prepacked_weights() -> None:
+    net, x = _net()
+    compiled = kiln.compile(net, options={"strict": True})
+    with torch.no_grad():
+        compiled(x)
+        for p in net.parameters():
+            p.mul_(0.9).add_(0.01)  # in place, as optimizers do: versions move
+        net.bn2.running_var.mul_(1.5)
+        torch.testing.assert_close(compiled(x), net(x), **TOL)

@@ -1,0 +1,59 @@
+"""Weights prepacked for oneDNN, cached per parameter version (Note [Prepacked weights]).
+
+Note [Prepacked weights]: oneDNN computes a convolution or a linear layer fastest from a weight
+in its own blocked layout; reordering a plain weight on every call costs a pass over it. The CPU
+passes (conv_fusion, linear_pack) therefore replace the op by a run-time op that packs the
+weight once and keeps it, in a :class:`PackCache`. Parameters are graph inputs, so a pack is made
+from the tensors the call receives, and is valid while those are the same memory in the same
+state: the cache keys on each source tensor's address, shape, strides and ``_version`` and holds
+the tensors themselves (so their memory cannot be freed and reused by another tensor while the
+pack is kept). A parameter replaced by another tensor, or changed in place (``p.mul_(2)`` under
+``no_grad``, an optimizer step, ``load_state_dict``: each bumps ``_version``), makes the next call
+pack again. A change through ``p.data`` does not bump the version (that is what ``.data`` is
+for) and is not seen: ``options={"conv_prepack": False}`` / ``{"linear_pack": False}`` keep dense
+weights for code that mutates parameters that way. An inference tensor (made under
+``torch.inference_mode``) has no version counter: a pack made from one is never reused.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+_never = itertools.count()
+
+
+def identity(t: torch.Tensor | None) -> tuple[int, ...]:
+    """What a pack is made from: memory, view and version of one tensor. A wrapper may hand the
+    same parameter as a fresh view each call, so not the Python object."""
+    if t is None:
+        return (-1,)
+    if t.is_inference():  # no version counter: a key that no later call repeats
+        return (-2, next(_never))
+    return (t.data_ptr(), t._version, *t.shape, *t.stride())
+
+
+class PackCache:
+    """One op's packed weights and what they were made from."""
+
+    def __init__(self) -> None:
+        self._made_from: tuple[Any, ...] = ()
+        self._key: tuple[tuple[int, ...], ...] = ()
+        self._packed: Any = None
+        self.packs = 0  # how many times the weights were packed (tests)
+
+    def get(self, sources: Sequence[torch.Tensor | None], pack: Callable[[], Any]) -> Any:
+        """The pack of ``sources``, made by ``pack()`` when they changed since the last one."""
+        key = tuple(identity(t) for t in sources)
+        if self._packed is None or key != self._key:
+            with torch.no_grad():
+                self._packed = pack()
+            self._made_from, self._key = tuple(sources), key
+            self.packs += 1
+        return self._packed
+
+
+__all__ = ["PackCache", "identity"]

@@ -1,0 +1,202 @@
+"""The conv_fusion pass (Note [Convolutions through oneDNN]): folded BatchNorm and post-ops equal
+eager at fp32 tolerance; the prepacked weight follows parameter versions; where the pass is off.
+
+BatchNorm is written as aotgrad decomposes eval-mode ``_native_batch_norm_legit_no_training``
+(the graphs loopir receives from kiln): ``(x - mean) * rsqrt(var + eps) * gamma + beta`` over
+``[C, 1, 1]`` views of the parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+from helpers import make
+
+from kiln_loopir import compile_graph
+from kiln_loopir.passes.conv_fusion import FusedConv
+from kiln_loopir.testing import with_vals
+
+aten = torch.ops.aten
+
+# fp32: a folded weight rounds w * g once, eager rounds conv(x, w) and then its scaled value
+TOL: dict[str, float] = {"rtol": 1e-5, "atol": 5e-5}
+
+
+def _chan(v: Any) -> Any:
+    return aten.unsqueeze.default(aten.unsqueeze.default(v, -1), -1)
+
+
+def bn(y: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+    invstd = aten.reciprocal.default(aten.sqrt.default(aten.add.Tensor(var, 1e-5)))
+    centered = aten.sub.Tensor(y, _chan(mean))
+    return aten.add.Tensor(
+        aten.mul.Tensor(aten.mul.Tensor(centered, _chan(invstd)), _chan(gamma)), _chan(beta)
+    )
+
+
+def conv(x: Any, w: Any, b: Any, stride: int = 1, groups: int = 1) -> Any:
+    return aten.convolution.default(x, w, b, [stride, stride], [1, 1], [1, 1], False, [0, 0], groups)
+
+
+def conv_bn_relu(x: Any, w: Any, b: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+    return aten.relu.default(bn(conv(x, w, b), gamma, beta, mean, var))
+
+
+def residual(x: Any, w: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+    y = bn(conv(x, w, None), gamma, beta, mean, var)
+    return aten.relu.default(aten.add.Tensor(y, x))
+
+
+def other_affine(x: Any, w: Any, b: Any, s: Any) -> Any:
+    # param - conv, then a scale: the chain's sign and order cases
+    return aten.mul.Tensor(aten.sub.Tensor(_chan(s), conv(x, w, b, stride=2)), _chan(s))
+
+
+def bn_inputs(c_in: int = 8, c_out: int = 16) -> list[torch.Tensor]:
+    return [
+        make((2, c_in, 12, 12)),
+        make((c_out, c_in, 3, 3)),
+        make((c_out,)),
+        make((c_out,), low=0.5, high=2.0),
+        make((c_out,)),
+        make((c_out,)),
+        make((c_out,), low=0.5, high=2.0),
+    ]
+
+
+def fused_ops(compiled: Any) -> list[FusedConv]:
+    return [op.op for op in compiled.graph.operations if isinstance(getattr(op, "op", None), FusedConv)]
+
+
+def run(fn: Any, inputs: list[torch.Tensor], **options: Any) -> tuple[Any, Any]:
+    gm = with_vals(fn, *inputs)  # shape metadata on every node, as aotgrad's graphs carry it
+    with torch.no_grad():
+        compiled = compile_graph(gm, inputs, options=options)
+        return compiled, compiled(*inputs)
+
+
+@pytest.mark.parametrize(
+    ("fn", "inputs", "kind"),
+    [
+        (conv_bn_relu, bn_inputs(), "affine+relu"),
+        (residual, [bn_inputs(16)[0], *bn_inputs(16)[1:2], *bn_inputs(16)[3:]], "affine+add+relu"),
+        (other_affine, [make((2, 8, 12, 12)), make((16, 8, 3, 3)), make((16,)), make((16,))], "affine"),
+    ],
+)
+@pytest.mark.parametrize("prepack", [True, False])
+def test_folded_equals_eager(fn: Any, inputs: list[torch.Tensor], kind: str, prepack: bool) -> None:
+    compiled, out = run(fn, inputs, conv_prepack=prepack)
+    (op,) = fused_ops(compiled)
+    assert kind in repr(op)
+    eager = fn(*inputs)
+    torch.testing.assert_close(out, eager, **TOL)
+    assert out.stride() == eager.stride()
+    _, unfused = run(fn, inputs, conv_fusion=False)
+    torch.testing.assert_close(out, unfused, **TOL)
+
+
+def test_depthwise_conv_without_post_ops() -> None:
+    x, w = make((2, 16, 10, 10)), make((16, 1, 3, 3))
+
+    def fn(x: Any, w: Any) -> Any:
+        return conv(x, w, None, groups=16)
+
+    compiled, out = run(fn, [x, w])
+    assert len(fused_ops(compiled)) == 1
+    torch.testing.assert_close(out, fn(x, w), **TOL)
+
+
+def test_prepacked_weight_follows_parameter_versions() -> None:
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=True)
+    (op,) = fused_ops(compiled)
+    with torch.no_grad():
+        compiled(*inputs)
+        assert op.cache.packs == 1  # packed once, reused
+        for i, change in ((1, 2.0), (5, 0.5), (6, 3.0)):  # weight, running mean, running var
+            inputs[i].mul_(change)  # in place: the version moves
+            torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+        assert op.cache.packs == 4
+        inputs[3] = inputs[3] * 2  # another tensor for gamma, version 0 again
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+        assert op.cache.packs == 5
+        compiled(*inputs)
+        assert op.cache.packs == 5
+
+
+def test_dense_weights_fold_every_call() -> None:
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=False)
+    (op,) = fused_ops(compiled)
+    inputs[1].data.mul_(2.0)  # through .data: no version change, seen only without the cache
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+    assert op.cache.packs == 0
+
+
+def test_training_graphs_and_options_keep_aten_convolutions(caplog: pytest.LogCaptureFixture) -> None:
+    inputs = bn_inputs()
+    gm = with_vals(conv_bn_relu, *inputs)
+    caplog.set_level(logging.DEBUG, logger="kiln.loopir.passes")
+    training = compile_graph(gm, inputs)  # grad mode on: a training graph
+    assert fused_ops(training) == []
+    assert "conv_fusion: training graph" in caplog.text
+    for options in ({"conv_fusion": False}, {"layout": False}, {"layout_policy": "cuda"}):
+        compiled, out = run(conv_bn_relu, inputs, **options)
+        assert fused_ops(compiled) == [], options
+        torch.testing.assert_close(out, conv_bn_relu(*inputs), **TOL)
+    run(conv_bn_relu, inputs)
+    assert "1 of 1 convolutions through oneDNN" in caplog.text
+
+
+def test_a_conv_read_twice_keeps_its_bn_separate() -> None:
+    inputs = bn_inputs()
+
+    def fn(x: Any, w: Any, b: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+        y = conv(x, w, b)
+        return aten.relu.default(bn(y, gamma, beta, mean, var)), aten.mean.dim(y, [2, 3])
+
+    compiled, out = run(fn, inputs)
+    (op,) = fused_ops(compiled)
+    assert op.spec.affine == () and op.spec.unary == "none"
+    for got, want in zip(out, fn(*inputs), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+
+
+def test_a_strided_residual_is_added_by_loopir() -> None:
+    x, w, y = make((2, 16, 10, 10)), make((16, 16, 3, 3)), make((2, 32, 10, 10))
+
+    def fn(x: Any, w: Any, y: Any) -> Any:
+        other = aten.slice.Tensor(y, 1, 0, 32, 2)  # every other channel: not dense
+        return aten.relu.default(aten.add.Tensor(conv(x, w, None), other))
+
+    compiled, out = run(fn, [x, w, y])
+    (op,) = fused_ops(compiled)
+    assert not op.spec.binary
+    torch.testing.assert_close(out, fn(x, w, y), **TOL)
+
+
+def test_inference_tensors_are_packed_every_call() -> None:
+    with torch.inference_mode():  # no version counters: nothing may be reused
+        inputs = [t.clone() for t in bn_inputs()]
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=True)
+    (op,) = fused_ops(compiled)
+    with torch.inference_mode():
+        compiled(*inputs)
+        inputs[1].mul_(2.0)
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+    assert op.cache.packs == 3
+
+
+def test_by_default_a_write_through_data_is_seen() -> None:
+    # Note [Prepacked weights]: prepacking is opt-in, as torch.compile's freezing; by default the
+    # folded weights are made from the parameters on every call, so even `p.data` writes count
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs)
+    assert fused_ops(compiled)  # the convolution still runs through oneDNN, folded
+    with torch.no_grad():
+        inputs[1].data.mul_(2.0)  # the version does not move
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
