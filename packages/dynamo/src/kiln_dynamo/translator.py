@@ -343,6 +343,9 @@ class InstructionTranslator:
                 a.call_method(self, "update", [b], {})
                 return a
             return DictVariable({**a.items, **b.items}, a.user_cls)
+        if isinstance(a, SetVariable) and isinstance(b, SetVariable):  # items compare as keys
+            out = fn(set(a.items), set(b.items))
+            return SetVariable(list(out)) if isinstance(out, set) else ConstantVariable(out)
         if isinstance(a, SetVariable) and b.is_constant():
             return SetVariable(list(fn(a.as_constant(), b.as_constant())))
         raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")

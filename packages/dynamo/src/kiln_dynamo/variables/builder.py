@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVa
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.stdlib import EnvironVariable, PureFunctionVariable, is_pure_function
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
@@ -177,6 +179,14 @@ class VariableBuilder:
             if source is not None:
                 guards.type_match(source, value)
             return NNModuleVariable(value, source)
+        if value is os.environ:
+            if source is not None:
+                guards.identity(source, value)
+            return EnvironVariable(value, source)
+        if is_pure_function(value):
+            if source is not None:
+                guards.identity(source, value)
+            return PureFunctionVariable(value, source)
         if any(value is f for f in GRAD_MODE_FACTORIES):
             return GradModeFactoryVariable(value)
         if value is torch.autocast:

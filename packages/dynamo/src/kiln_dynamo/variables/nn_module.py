@@ -24,7 +24,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, DictEntrySource, Source, TypeSource
-from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
@@ -129,6 +129,10 @@ class NNModuleVariable(VariableTracker):
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
+        if name in _TRAVERSALS and inspect.getattr_static(type(m), name, None) is getattr(nn.Module, name):
+            if self.source is not None:
+                tx.output.guards.no_instance_attr(self.source, name)
+            return MethodVariable(self, name)  # Note [Module traversal]
         try:
             found = class_attribute(tx, self, m, name, self.source)
         except AttributeError:
@@ -208,8 +212,12 @@ class NNModuleVariable(VariableTracker):
             return TupleVariable(
                 [TupleVariable([ConstantVariable(k), v]) for (k, _), v in zip(kids, vals, strict=True)]
             )
-        if name in ("parameters", "buffers", "named_parameters", "children", "modules", "named_children"):
-            raise Unsupported(f"Module.{name}() inside a compiled frame")
+        if name in _TRAVERSALS:
+            static = inspect.getattr_static(type(m), name)
+            if static is not getattr(nn.Module, name):
+                raise Unsupported(f"{type(m).__qualname__} overrides Module.{name}()")
+            guard_class_attr(tx, type(m), name, static)
+            return traverse(tx, self, name, args, kwargs)
         if name == "__call__":
             return self.call(tx, args, kwargs)
         return self.getattr(tx, name).call(tx, args, kwargs)
@@ -254,6 +262,98 @@ class NNModuleVariable(VariableTracker):
 
 
 _MODULE_CALL = nn.Module.__dict__["__call__"]
+
+# Note [Module traversal]: `parameters()`, `named_modules()` and the rest are generators in
+# eager (which the capture does not step through); the tracker walks the real module tree the
+# way torch does (pre-order, each module, parameter and buffer once by identity, names joined
+# with "."), and hands back an iterator over trackers that carry their sources. Every dict the
+# walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
+# key list, and every entry it yields on its type (a module) or its tensor properties, so a
+# module added, removed or replaced later recompiles.
+_TRAVERSALS = frozenset(
+    {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+     "modules", "named_modules"}
+)  # fmt: skip
+
+
+def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import ListIteratorVariable
+
+    if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+        raise Unsupported(f"Module.{name}() with arguments that are not constants")
+    try:
+        bound = inspect.signature(getattr(nn.Module, name)).bind(
+            root.module, *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}
+        )
+    except TypeError as e:
+        raise Unsupported(f"Module.{name}(): {e}") from e
+    bound.apply_defaults()
+    opts = bound.arguments
+    if opts.get("memo") is not None:
+        raise Unsupported(f"Module.{name}() with a memo set")
+    guards = tx.output.guards
+
+    def keys(vt: NNModuleVariable, attr: str) -> dict[str, Any]:
+        d: dict[str, Any] = getattr(vt.module, attr)
+        if vt.source is not None:
+            guards.dict_keys(AttrSource(vt.source, attr), d)
+        return d
+
+    def child(vt: NNModuleVariable, attr: str, k: str) -> VT:
+        return tx.wrap(getattr(vt.module, attr)[k], vt._entry(attr, k))
+
+    def named_modules(prefix: str, dedupe: bool) -> list[tuple[str, NNModuleVariable]]:
+        out: list[tuple[str, NNModuleVariable]] = []
+        seen: set[int] = set()
+
+        def walk(vt: NNModuleVariable, pre: str) -> None:
+            if id(vt.module) in seen:
+                return
+            if dedupe:
+                seen.add(id(vt.module))
+            out.append((pre, vt))
+            for k in keys(vt, "_modules"):
+                sub = child(vt, "_modules", k)
+                if isinstance(sub, NNModuleVariable):
+                    walk(sub, pre + ("." if pre else "") + k)
+                elif not (sub.is_constant() and sub.as_constant() is None):
+                    raise Unsupported(f"Module.{name}(): _modules[{k!r}] is {sub.describe()}")
+
+        walk(root, prefix)
+        return out
+
+    def members(attr: str) -> list[tuple[str, VT]]:
+        prefix, dedupe = opts.get("prefix", ""), opts.get("remove_duplicate", True)
+        mods = named_modules(prefix, dedupe) if opts.get("recurse", True) else [(prefix, root)]
+        seen: set[int] = set()
+        out: list[tuple[str, VT]] = []
+        for pre, vt in mods:
+            for k in keys(vt, attr):
+                value = getattr(vt.module, attr)[k]
+                entry = child(vt, attr, k)  # guarded, None included
+                if value is None or id(value) in seen:
+                    continue
+                if dedupe:
+                    seen.add(id(value))
+                out.append((pre + ("." if pre else "") + k, entry))
+        return out
+
+    pairs: list[tuple[str, VT]]
+    if name in ("modules", "named_modules"):
+        pairs = list(named_modules(opts.get("prefix", ""), opts.get("remove_duplicate", True)))
+    elif name in ("children", "named_children"):
+        seen: set[int] = set()
+        pairs = []
+        for k in keys(root, "_modules"):
+            sub = child(root, "_modules", k)
+            if isinstance(sub, NNModuleVariable) and id(sub.module) not in seen:
+                seen.add(id(sub.module))
+                pairs.append((k, sub))
+    else:
+        pairs = members("_parameters" if "parameters" in name else "_buffers")
+    if name.startswith("named_"):
+        return ListIteratorVariable([TupleVariable([ConstantVariable(k), v]) for k, v in pairs])
+    return ListIteratorVariable([v for _, v in pairs])
 
 
 class ModuleDefaultCallVariable(VariableTracker):

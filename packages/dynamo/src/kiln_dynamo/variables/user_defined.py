@@ -23,6 +23,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
+from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
@@ -71,6 +72,8 @@ class UserClassVariable(VariableTracker):
         return self.cls
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "apply" and is_autograd_function(self.cls):
+            return AutogradFunctionApplyVariable(self.cls)  # Note [autograd.Function in the graph]
         try:
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
