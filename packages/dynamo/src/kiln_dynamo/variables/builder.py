@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import os
 import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,7 +45,13 @@ from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVa
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
-from kiln_dynamo.variables.stdlib import EnvironVariable, PureFunctionVariable, is_pure_function
+from kiln_dynamo.variables.stdlib import (
+    EnvironVariable,
+    LruCacheVariable,
+    PureFunctionVariable,
+    WeakrefVariable,
+    is_pure_function,
+)
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
@@ -179,11 +187,23 @@ class VariableBuilder:
             if source is not None:
                 guards.type_match(source, value)
             return NNModuleVariable(value, source)
+        if type(value) is weakref.ref:
+            if source is not None:
+                guards.type_match(source, value)
+            return WeakrefVariable(value, source)
+        if isinstance(value, functools._lru_cache_wrapper) and inspect.isfunction(
+            getattr(value, "__wrapped__", None)
+        ):
+            if source is not None:
+                guards.identity(source, value)
+            return LruCacheVariable(value, source)
         if value is os.environ:
             if source is not None:
                 guards.identity(source, value)
             return EnvironVariable(value, source)
-        if is_pure_function(value):
+        if is_pure_function(value) or (
+            isinstance(value, types.FunctionType) and getattr(value, "_dynamo_marked_constant", False) is True
+        ):
             if source is not None:
                 guards.identity(source, value)
             return PureFunctionVariable(value, source)

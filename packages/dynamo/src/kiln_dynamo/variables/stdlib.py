@@ -6,16 +6,23 @@ as what the program sees: `os.environ.get(k)`, `os.environ[k]`, `k in os.environ
 the value the variable has now, and each answer is a guard (`os.environ.get(k) == value`), so
 setting or unsetting that variable later recompiles. Writing to the environment stays a break.
 
+A `functools.lru_cache` wrapper called with constants inlines the function it wraps. A
+`weakref.ref` is called for its referent, which is then guarded through the source `ref()`.
+
 Pure functions of their arguments (`os.path.join`, `os.path.basename`, `os.fspath`, ...) are
 folded when every argument is a constant, as torch.compile folds them; with any other argument
 the Python function is inlined as usual (a C one breaks). Functions that read the file system
-(`os.path.exists`) are not pure and are not folded.
+(`os.path.exists`) are not pure and are not folded. A function marked as having a constant
+result (`torch._dynamo.assume_constant_result`'s marker `_dynamo_marked_constant`, which
+transformers sets on its install and hardware probes) is folded the same way: its contract is
+that the answer is fixed for the process.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
@@ -155,3 +162,57 @@ class EnvironVariable(VariableTracker):
         if name == "__contains__" and len(args) == 1:
             return ConstantVariable(self.contains(tx, args[0]))
         raise Unsupported(f"os.environ.{name}() inside a compiled frame (it reads the whole environment)")
+
+
+class WeakrefVariable(VariableTracker):
+    """A `weakref.ref` from outside the frame (nn.RNN's `_flat_weight_refs`): calling it gives
+    its referent, read through the source `ref()`, so the referent is guarded like any value
+    (a tensor's properties, `is None` once it died)."""
+
+    def __init__(self, ref: weakref.ref[Any], source: Source | None) -> None:
+        self.ref = ref
+        self.source = source
+
+    def describe(self) -> str:
+        return "weak reference"
+
+    def python_type(self) -> type:
+        return type(self.ref)
+
+    def identity(self) -> object:
+        return self.ref
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if args or kwargs:
+            raise Unsupported("calling a weak reference with arguments")
+        from kiln_dynamo.source import WeakrefCallSource
+
+        return tx.wrap(self.ref(), WeakrefCallSource(self.source) if self.source is not None else None)
+
+
+class LruCacheVariable(VariableTracker):
+    """A `functools.lru_cache`/`cache` wrapper (transformers' `is_torch_distributed_available`).
+    Called with constant arguments, its `__wrapped__` function is inlined (pinned with its code):
+    what it reads is guarded as in any inlined call, so the answer holds while those guards do,
+    which is what the cache assumes too. Other arguments (a tensor is unhashable in eager) break."""
+
+    def __init__(self, wrapper: Any, source: Source | None) -> None:
+        self.wrapper = wrapper
+        self.source = source
+
+    def describe(self) -> str:
+        return f"lru_cache of {getattr(self.wrapper, '__qualname__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.wrapper)
+
+    def identity(self) -> object:
+        return self.wrapper
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.source import AttrSource
+
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"{self.describe()} called with arguments that are not constants")
+        src = AttrSource(self.source, "__wrapped__") if self.source is not None else None
+        return tx.wrap(self.wrapper.__wrapped__, src).call(tx, args, kwargs)
