@@ -27,9 +27,47 @@ import torch
 import kiln_dynamo
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from breadth_models import MODELS, first_tensor  # noqa: E402
+from breadth_models import MODELS, first_tensor
 
-MODES = ("eval", "train", "cache")
+MODES = ("eval", "train", "cache")  # and "kiln": eval through kiln.compile (the whole pipeline)
+
+
+def run_kiln(name: str) -> dict[str, Any]:
+    """Eval through `kiln.compile` (dynamo, aotgrad, loopir, C++/Triton): does any graph fall back
+    to eager as a whole, and which ops did loopir run as extern fallbacks?"""
+    import warnings
+
+    import kiln
+
+    row: dict[str, Any] = {"model": name, "mode": "kiln"}
+    model, inputs, _ = build(name, "eval")
+    ref_model = copy.deepcopy(model)
+    kiln.reset()
+    t0 = time.perf_counter()
+    try:
+        with (
+            torch.no_grad(),
+            warnings.catch_warnings(record=True) as caught,
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            warnings.simplefilter("always")
+            got = kiln.compile(model)(**inputs)
+            ref = ref_model(**inputs)
+        log = kiln.compile_log()
+        whole = [g.fell_back for g in log if g.fell_back]
+        row.update(
+            graphs=len(log), breaks=kiln_dynamo.counters.graph_breaks, plain=len(kiln_dynamo.counters.fallbacks),
+            match=_close(got, ref), whole_graph_fallbacks=len(whole),
+            reasons=sorted({str(w)[:200] for w in whole} | {str(c.message)[:200] for c in caught
+                           if "eagerly" in str(c.message) or "extern" in str(c.message)}),
+        )  # fmt: skip
+    except Exception as e:
+        row.update(
+            graphs=-1, breaks=-1, plain=-1, match=False, reasons=[f"CRASH {type(e).__name__}: {e}"[:300]]
+        )
+        traceback.print_exc(file=sys.stderr)
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -93,7 +131,11 @@ def run_mode(name: str, mode: str, with_torch: bool) -> dict[str, Any]:
                 _loss(ref).backward()
                 ok = _close(report.result, ref) and all(
                     (p.grad is None and q.grad is None)
-                    or (p.grad is not None and q.grad is not None and torch.allclose(p.grad, q.grad, 1e-4, 1e-5))
+                    or (
+                        p.grad is not None
+                        and q.grad is not None
+                        and torch.allclose(p.grad, q.grad, 1e-4, 1e-5)
+                    )
                     for p, q in zip(model.parameters(), ref_model.parameters(), strict=True)
                 )
             else:
@@ -110,7 +152,9 @@ def run_mode(name: str, mode: str, with_torch: bool) -> dict[str, Any]:
             reasons=sorted({str(r).splitlines()[0][:160] for r in report.break_reasons}),
         )
     except Exception as e:  # a crash is a result too
-        row.update(graphs=-1, breaks=-1, plain=-1, match=False, reasons=[f"CRASH {type(e).__name__}: {e}"[:300]])
+        row.update(
+            graphs=-1, breaks=-1, plain=-1, match=False, reasons=[f"CRASH {type(e).__name__}: {e}"[:300]]
+        )
         traceback.print_exc(file=sys.stderr)
     row["seconds"] = round(time.perf_counter() - t0, 2)
     if with_torch:
@@ -146,7 +190,7 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in names:
         for mode in modes:
-            row = run_mode(name, mode, "--no-torch" not in argv)
+            row = run_kiln(name) if mode == "kiln" else run_mode(name, mode, "--no-torch" not in argv)
             if not row:
                 continue
             rows.append(row)

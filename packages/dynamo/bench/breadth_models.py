@@ -134,7 +134,11 @@ def _wav2vec2() -> Built:
         activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
     )  # fmt: skip
     model = transformers.Wav2Vec2ForCTC(cfg).eval()
-    return model, {"input_values": torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(2))}, "audio"
+    return (
+        model,
+        {"input_values": torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(2))},
+        "audio",
+    )
 
 
 def _clip_text() -> Built:
@@ -164,7 +168,13 @@ def _swin() -> Built:
 
     torch.manual_seed(0)
     cfg = transformers.SwinConfig(
-        image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=10
+        image_size=32,
+        patch_size=2,
+        embed_dim=16,
+        depths=[1, 1],
+        num_heads=[2, 4],
+        window_size=4,
+        num_labels=10,
     )
     return transformers.SwinForImageClassification(cfg).eval(), {"pixel_values": _image(32)}, "vision"
 

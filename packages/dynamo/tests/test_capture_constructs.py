@@ -251,3 +251,42 @@ def test_break_inside_a_loop_keeps_the_prefix_and_the_layers_compiled() -> None:
     assert kiln_dynamo.counters.graph_breaks == 1
     (plain,) = kiln_dynamo.counters.fallbacks  # only the continuation that holds the loop
     assert plain[0].startswith("resume_in_forward_at_")
+
+
+def test_forward_hooks_and_pre_hooks_are_traced() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    model[0].register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    model[0].register_forward_hook(lambda mod, args, out: out + args[0].sum())
+    model[2].register_forward_pre_hook(lambda mod, args, kwargs: ((args[0] - 1,), kwargs), with_kwargs=True)
+    model[2].register_forward_hook(lambda mod, args, kwargs, out: None, with_kwargs=True)  # keeps out
+    check(model, t(3, 4))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_forward_hook_added_or_removed_later_recompiles() -> None:
+    model = nn.Linear(4, 4)
+    compiled = kiln_dynamo.compile(lambda x: model(x) + 1)  # the call, hooks included, is traced
+    x = t(2, 4)
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    handle = model.register_forward_hook(lambda mod, args, out: out * 3)
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    handle.remove()
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    assert kiln_dynamo.counters.recompiles == 1 and kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_forward_hook_that_mutates_state() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    seen: list[Any] = []
+
+    def record(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        seen.append(type(mod).__name__)  # a mutation the runner replays after the graph
+        return out * 2
+
+    model[0].register_forward_hook(record)
+    compiled = kiln_dynamo.compile(model)
+    x = t(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen == ["Linear"] * 4
+    assert kiln_dynamo.counters.graph_breaks == 0  # (the list's length is guarded: it recompiles)

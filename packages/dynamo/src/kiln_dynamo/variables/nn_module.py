@@ -235,10 +235,11 @@ class NNModuleVariable(VariableTracker):
         return self.call_default(tx, args, kwargs)
 
     def call_default(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        """Module.__call__ without hooks: `forward` inlined, with guards that no hook appears."""
+        """Module.__call__: forward pre-hooks, `forward` inlined, forward hooks (Note [Forward
+        hooks]), with guards that the hooks stay as they were and that no backward hook appears."""
         m = self.module
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-            raise Unsupported(f"{self.describe()} has hooks")
+        if m._backward_hooks or m._backward_pre_hooks:
+            raise Unsupported(f"{self.describe()} has backward hooks")
         g = nn.modules.module
         hook_dicts = (
             g._global_forward_hooks,
@@ -249,16 +250,81 @@ class NNModuleVariable(VariableTracker):
         if any(hook_dicts):
             raise Unsupported("global module hooks are registered")
         tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
+        hooked = bool(m._forward_hooks or m._forward_pre_hooks)
+        if hooked and self.source is None:
+            raise Unsupported(f"{self.describe()} has forward hooks but no source to guard them by")
         if self.source is not None:
-            tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
+            if hooked:
+                tx.output.guards.no_backward_hooks(self.source)
+                if "forward" not in m.__dict__:
+                    tx.output.guards.no_instance_attr(self.source, "forward")
+            else:
+                tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
+        if hooked:
+            args, kwargs = self._run_pre_hooks(tx, args, kwargs)
         if "forward" in m.__dict__:
-            fwd = self.getattr(tx, "forward")
-            return fwd.call(tx, args, kwargs)
-        forward = type(m).forward
-        if forward is nn.Module.forward:
-            raise Unsupported(f"{self.describe()} has no forward()")
-        guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
-        return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+            result = self.getattr(tx, "forward").call(tx, args, kwargs)
+        else:
+            forward = type(m).forward
+            if forward is nn.Module.forward:
+                raise Unsupported(f"{self.describe()} has no forward()")
+            guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
+            result = tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+        return self._run_hooks(tx, args, kwargs, result) if hooked else result
+
+    # Note [Forward hooks]: a module with forward hooks or pre-hooks runs them as
+    # Module._call_impl does, inlined: each pre-hook gets (module, args) (or (module, args,
+    # kwargs) when registered with_kwargs) and may replace the arguments; each forward hook gets
+    # (module, args, result) (or with kwargs) and may replace the result. The hook dicts are read
+    # through the module's source, so their keys (the handles) and each hook (a function,
+    # pinned with its code) are guarded: adding or removing a hook recompiles. Backward hooks
+    # and torch's global hooks stay unsupported.
+    def _hooks(self, tx: Tx, attr: str) -> tuple[list[tuple[int, VT]], set[int]]:
+        assert self.source is not None
+        d = getattr(self.module, attr)
+        dvt = tx.wrap(d, AttrSource(self.source, attr))
+        with_kwargs = set(getattr(self.module, f"{attr}_with_kwargs"))
+        tx.wrap(getattr(self.module, f"{attr}_with_kwargs"), AttrSource(self.source, f"{attr}_with_kwargs"))
+        return [(k, dvt.getitem(tx, ConstantVariable(k))) for k in d], with_kwargs
+
+    def _run_pre_hooks(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> tuple[list[VT], dict[str, VT]]:
+        from kiln_dynamo.variables.dicts import DictVariable
+
+        hooks, with_kwargs = self._hooks(tx, "_forward_pre_hooks")
+        for hook_id, hook in hooks:
+            if hook_id in with_kwargs:
+                out = hook.call(tx, [self, TupleVariable(list(args)), DictVariable(dict(kwargs))], {})
+                if out.is_constant() and out.as_constant() is None:
+                    continue
+                pair = out.iterate(tx)
+                if (
+                    not isinstance(out, TupleVariable)
+                    or len(pair) != 2
+                    or not isinstance(pair[1], DictVariable)
+                ):
+                    raise Unsupported(
+                        "a forward pre-hook with kwargs returned something other than (args, kwargs)"
+                    )
+                args, kwargs = pair[0].iterate(tx), {str(k): v for k, v in pair[1].items.items()}
+            else:
+                out = hook.call(tx, [self, TupleVariable(list(args))], {})
+                if out.is_constant() and out.as_constant() is None:
+                    continue
+                args = out.iterate(tx) if isinstance(out, TupleVariable) else [out]
+        return args, kwargs
+
+    def _run_hooks(self, tx: Tx, args: list[VT], kwargs: dict[str, VT], result: VT) -> VT:
+        from kiln_dynamo.variables.dicts import DictVariable
+
+        hooks, with_kwargs = self._hooks(tx, "_forward_hooks")
+        for hook_id, hook in hooks:
+            if hook_id in with_kwargs:
+                out = hook.call(tx, [self, TupleVariable(list(args)), DictVariable(dict(kwargs)), result], {})
+            else:
+                out = hook.call(tx, [self, TupleVariable(list(args)), result], {})
+            if not (out.is_constant() and out.as_constant() is None):
+                result = out
+        return result
 
 
 _MODULE_CALL = nn.Module.__dict__["__call__"]
