@@ -23,8 +23,8 @@ import kiln
 import kiln_dynamo
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "packages", "dynamo", "bench"))
-from breadth import build  # noqa: E402
-from breadth_models import first_tensor  # noqa: E402
+from breadth import build
+from breadth_models import first_tensor
 
 EVAL = ["mistral", "bert", "deberta_v2", "bart", "wav2vec2", "swin", "mobilenet_v2",
         "nn_transformer_encoder", "nn_lstm", "embedding_bag_recommender"]  # fmt: skip
