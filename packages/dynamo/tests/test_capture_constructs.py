@@ -290,3 +290,51 @@ def test_forward_hook_that_mutates_state() -> None:
         torch.testing.assert_close(compiled(x), model(x))
     assert seen == ["Linear"] * 4
     assert kiln_dynamo.counters.graph_breaks == 0  # (the list's length is guarded: it recompiles)
+
+
+def test_relative_import_of_a_loaded_module() -> None:
+    from torch.nn.modules import activation
+
+    src = "def f(x):\n    from .linear import Identity\n    return Identity()(x) * 2\n"
+    scope: dict[str, Any] = {"__name__": activation.__name__, "__package__": "torch.nn.modules"}
+    exec(compile(src, "<relative import>", "exec"), scope)
+    check(scope["f"], t(3))
+
+
+class _Scale:
+    """A user context manager (Note [User context managers])."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def __enter__(self) -> float:
+        self.log.append("enter")
+        return 3.0
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.log.append("exit")
+        return False
+
+
+def test_user_and_stdlib_context_managers_are_inlined() -> None:
+    import contextlib
+
+    def f(x: torch.Tensor, log: list[str]) -> torch.Tensor:
+        with contextlib.nullcontext(x * 2) as y, _Scale(log) as k:
+            return y * k
+
+    check(f, t(3), [], state=lambda x, log: log, calls=1)  # (the list grows: its length is guarded)
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_functools_reduce_and_parameter_dict() -> None:
+    import functools
+    import operator
+
+    params = nn.ParameterDict({"a": nn.Parameter(t(3)), "b": nn.Parameter(t(3) + 1)})
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        total = functools.reduce(operator.add, [params["a"], params["b"], x])
+        return functools.reduce(lambda u, v: u * v, [total, x], 2.0)
+
+    check(f, t(3))

@@ -394,6 +394,22 @@ def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     )
 
 
+def _reduce(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """functools.reduce(fn, iterable[, initial]): the calls of `fn` traced in order."""
+    if kwargs or not 2 <= len(args) <= 3:
+        raise Unsupported("functools.reduce with these arguments")
+    fn, items = args[0], args[1].iterate(tx)
+    if len(args) == 3:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise Unsupported("functools.reduce of an empty sequence raised TypeError")
+    for item in items:
+        acc = fn.call(tx, [acc, item], {})
+    return acc
+
+
 _HANDLERS: dict[Any, Handler] = {
     isinstance: _isinstance,
     issubclass: _issubclass,
@@ -431,6 +447,7 @@ _HANDLERS: dict[Any, Handler] = {
     itertools.product: _product,
     itertools.chain: _chain,
     functools.partial: _partial,
+    functools.reduce: _reduce,
     collections.OrderedDict: _ordered_dict,
     torch.Size: _torch_size,
     operator.getitem: _getitem,

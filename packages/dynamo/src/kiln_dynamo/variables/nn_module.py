@@ -181,8 +181,10 @@ class NNModuleVariable(VariableTracker):
     def getitem(self, tx: Tx, key: VT) -> VT:
         m = self.module
         k = key.as_constant()
-        if isinstance(m, nn.ModuleDict):
-            return self.getattr(tx, k)
+        if isinstance(m, (nn.ModuleDict, nn.ParameterDict)):
+            if isinstance(m, nn.ParameterDict) and type(m).__getitem__ is not nn.ParameterDict.__getitem__:
+                raise Unsupported(f"subscript of {self.describe()}, which overrides __getitem__")
+            return self.getattr(tx, k)  # a ParameterDict keeps each entry as an attribute
         if isinstance(m, (nn.Sequential, nn.ModuleList)):
             self._guard_len(tx)
             keys = list(m._modules.keys())

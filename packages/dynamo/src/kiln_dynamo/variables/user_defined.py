@@ -14,6 +14,7 @@ that guards it. Assignments go to `SideEffects` and are replayed after the graph
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
 import inspect
@@ -114,7 +115,9 @@ class UserClassVariable(VariableTracker):
             return construct_module(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
-        if type(cls) is not type:
+        if type(cls) is abc.ABCMeta and getattr(cls, "__abstractmethods__", None):
+            raise Unsupported(f"constructing {cls.__qualname__}, which has abstract methods")
+        if type(cls) not in (type, abc.ABCMeta):  # ABCMeta creates instances as type does
             raise Unsupported(f"constructing {cls.__qualname__}, whose metaclass is {type(cls).__name__}")
         obj = NewObjectVariable(cls)
         init = inspect.getattr_static(cls, "__init__")
