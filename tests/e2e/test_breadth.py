@@ -123,3 +123,17 @@ def test_autograd_function_keeps_its_backward_through_kiln(backend: str) -> None
     for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad)
     assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.fallbacks == []
+
+
+def test_segformer_with_its_output_capturing_hooks_is_one_graph() -> None:
+    """transformers installs forward hooks on segformer's layers at its first call (under a
+    threading.Lock, which is a break on that call); from then on the hooks are traced."""
+    model, inputs, _ = build("segformer", "eval")
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        model(**inputs)  # installs the hooks
+        report = kiln_dynamo.explain(model)(**inputs)
+        ref = ref_model(**inputs)
+    assert any(m._forward_hooks for m in model.modules())
+    _one_graph(report)
+    torch.testing.assert_close(report.result.logits, ref.logits)
