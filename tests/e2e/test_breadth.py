@@ -137,3 +137,30 @@ def test_segformer_with_its_output_capturing_hooks_is_one_graph() -> None:
     assert any(m._forward_hooks for m in model.modules())
     _one_graph(report)
     torch.testing.assert_close(report.result.logits, ref.logits)
+
+
+def test_one_op_whose_decomposition_fails_costs_only_that_op(monkeypatch: Any) -> None:
+    """Note [One op kept when its decomposition fails] through kiln: mish's decomposition raises,
+    the graph is still compiled (strict: a graph sent to eager would raise), mish runs as one
+    aten call, forward and backward, and the answer and gradients are eager's."""
+    import kiln_aotgrad.api
+
+    aten = torch.ops.aten
+    real = kiln_aotgrad.api.default_decompositions
+
+    def broken_mish(x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("mish: no decomposition for this layout")
+
+    monkeypatch.setattr(kiln_aotgrad.api, "default_decompositions", lambda: {**real(), aten.mish.default: broken_mish})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Mish(), torch.nn.Linear(8, 2))
+    compiled_model = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    kiln.reset()
+    out = kiln.compile(compiled_model, options={"strict": True})(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(x))
+    for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    assert [g.fell_back for g in kiln.compile_log()] == [None]
