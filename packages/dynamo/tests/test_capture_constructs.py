@@ -338,3 +338,27 @@ def test_functools_reduce_and_parameter_dict() -> None:
         return functools.reduce(lambda u, v: u * v, [total, x], 2.0)
 
     check(f, t(3))
+
+
+def test_defaultdict_built_in_the_frame_and_passed_in() -> None:
+    import collections
+
+    def f(x: torch.Tensor, counts: Any) -> Any:
+        groups = collections.defaultdict(list)
+        for i, row in enumerate(x):
+            groups[i % 2].append(row * 2)
+        counts["rows"] += len(x)
+        return torch.stack(groups[0]) + torch.stack(groups[1]), groups, counts
+
+    check(f, t(4, 3), collections.defaultdict(int), state=lambda x, c: dict(c), calls=1)
+
+
+def test_numpy_on_constants_folds() -> None:
+    np = pytest.importorskip("numpy")
+    dim = 16
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x / float(np.sqrt(dim)) + np.pi + np.log(2.0)
+
+    check(f, t(2, 3))
+    assert kiln_dynamo.counters.graph_breaks == 0

@@ -16,6 +16,7 @@ two instances of one class with the same relevant state share one compiled entry
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import inspect
@@ -34,6 +35,7 @@ from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.dicts import (
     PLAIN_DICTS,
+    DefaultDictVariable,
     DictVariable,
     LazyEntry,
     SetVariable,
@@ -48,8 +50,10 @@ from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCalla
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
     LruCacheVariable,
+    NumpyFoldVariable,
     PureFunctionVariable,
     WeakrefVariable,
+    is_numpy_callable,
     is_pure_function,
 )
 from kiln_dynamo.variables.torch import (
@@ -164,6 +168,13 @@ class VariableBuilder:
             for k in value:
                 if not isinstance(k, (str, int, enum.Enum)):
                     raise Unsupported(f"dict with a key of type {type(k).__name__}")
+            if type(value) is collections.defaultdict:
+                fsrc = AttrSource(source, "default_factory") if source is not None else None
+                factory = self.wrap(value.default_factory, fsrc)
+                if source is None:
+                    return DefaultDictVariable({k: self.wrap(v, None) for k, v in value.items()}, factory)
+                lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+                return DefaultDictVariable(lazy, factory, source)
             if source is None:
                 return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
             lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
@@ -197,6 +208,10 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return LruCacheVariable(value, source)
+        if is_numpy_callable(value):
+            if source is not None:
+                guards.identity(source, value)
+            return NumpyFoldVariable(value, source)
         if value is os.environ:
             if source is not None:
                 guards.identity(source, value)

@@ -351,6 +351,16 @@ def _ordered_dict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return d
 
 
+def _defaultdict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.dicts import DefaultDictVariable
+
+    d = DefaultDictVariable({}, args[0] if args else ConstantVariable(None))
+    if len(args) > 1:
+        d.update_from(tx, args[1])
+    d.items.update(kwargs)
+    return d
+
+
 def _torch_size(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.lists import SizeVariable
 
@@ -449,6 +459,7 @@ _HANDLERS: dict[Any, Handler] = {
     functools.partial: _partial,
     functools.reduce: _reduce,
     collections.OrderedDict: _ordered_dict,
+    collections.defaultdict: _defaultdict,
     torch.Size: _torch_size,
     operator.getitem: _getitem,
     operator.contains: _contains,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 VT = VariableTracker
 
-PLAIN_DICTS = (dict, collections.OrderedDict)
+PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 _NOT_DEFINED: Any = object()
 _SCALARS = (int, float, str, bool, type(None))
 
@@ -321,6 +321,47 @@ class DictVariable(VariableTracker):
         if self.user_cls is dict:
             return "{" + inner + "}"
         return f"{cg.const(self.user_cls)}({{{inner}}})"
+
+
+class DefaultDictVariable(DictVariable):
+    """A `collections.defaultdict`: a missing key read by subscript calls the factory (traced)
+    and stores what it returns, as `__missing__` does; everything else is a dict's."""
+
+    def __init__(self, items: Mapping[Any, VT | LazyEntry], factory: VT, source: Any = None) -> None:
+        super().__init__(items, collections.defaultdict, source)
+        self.factory = factory
+
+    def describe(self) -> str:
+        return f"defaultdict with keys {list(self._items)!r}"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "default_factory":
+            return self.factory
+        return super().getattr(tx, name)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key_of(key)
+        if k not in self._items:
+            if self.factory.is_constant() and self.factory.as_constant() is None:
+                raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+            self.setitem(tx, key, self.factory.call(tx, [], {}))
+        return self.entry(k)
+
+    def call_builtin(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "copy":
+            return DefaultDictVariable(self.items, self.factory)
+        return super().call_builtin(tx, name, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        inner = ", ".join(f"{key_vt(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items())
+        return f"{cg.const(collections.defaultdict)}({self.factory.reconstruct(cg)}, {{{inner}}})"
 
 
 class SetVariable(VariableTracker):

@@ -6,7 +6,8 @@ as what the program sees: `os.environ.get(k)`, `os.environ[k]`, `k in os.environ
 the value the variable has now, and each answer is a guard (`os.environ.get(k) == value`), so
 setting or unsetting that variable later recompiles. Writing to the environment stays a break.
 
-A `functools.lru_cache` wrapper called with constants inlines the function it wraps. A
+A NumPy function or ufunc called on constants folds when it returns a scalar. A
+`functools.lru_cache` wrapper called with constants inlines the function it wraps. A
 `weakref.ref` is called for its referent, which is then guarded through the source `ref()`.
 
 Pure functions of their arguments (`os.path.join`, `os.path.basename`, `os.fspath`, ...) are
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -216,3 +218,47 @@ class LruCacheVariable(VariableTracker):
             raise Unsupported(f"{self.describe()} called with arguments that are not constants")
         src = AttrSource(self.source, "__wrapped__") if self.source is not None else None
         return tx.wrap(self.wrapper.__wrapped__, src).call(tx, args, kwargs)
+
+
+def is_numpy_callable(value: Any) -> bool:
+    """A NumPy function or ufunc (numpy is looked up only if the program loaded it: kiln_dynamo
+    does not depend on it)."""
+    np = sys.modules.get("numpy")
+    if np is None or isinstance(value, type):
+        return False
+    if isinstance(value, np.ufunc):
+        return True
+    mod = getattr(value, "__module__", None) or ""
+    return callable(value) and mod.split(".")[0] == "numpy"
+
+
+class NumpyFoldVariable(VariableTracker):
+    """A NumPy function called on constants (`np.sqrt(d)`, `np.log(2)`), folded when it returns a
+    scalar; with a tensor or an array result it breaks (kiln does not trace NumPy as tensor ops)."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"numpy.{getattr(self.fn, '__name__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"{self.describe()} called with values that are not constants")
+        try:
+            out = self.fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except Exception as e:
+            raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+        if not isinstance(out, (bool, int, float, complex)):
+            raise Unsupported(f"{self.describe()} returned {type(out).__name__}, not a Python scalar")
+        return ConstantVariable(out)
