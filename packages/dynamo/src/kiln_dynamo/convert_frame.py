@@ -148,6 +148,11 @@ def capture(
                 gm = before_loop.graph_module
                 if not (resume.is_resume_code(code) and (gm is None or _op_count(gm) == 0)):
                     return before_loop
+            if resume.is_resume_code(code):
+                first.not_split = (
+                    "the break is inside a loop, which this continuation holds: the loop runs as "
+                    "plain Python and the functions it calls are captured on their own"
+                )
     except Unsupported as e:
         first.not_split = f"the second tracing pass failed: {e.msg}"
     raise first
