@@ -362,3 +362,29 @@ def test_numpy_on_constants_folds() -> None:
 
     check(f, t(2, 3))
     assert kiln_dynamo.counters.graph_breaks == 0
+
+
+class _Pieces(torch.autograd.Function):
+    """A forward with a comprehension over a local (a nested code object on 3.11)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        k = 2.0
+        parts = [x * k * i for i in range(3)]
+        ctx.n = len(parts)
+        return sum(parts)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.n
+
+
+def test_autograd_function_whose_forward_has_a_comprehension() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _Pieces.apply(x).sum()
+
+    x = t(3).requires_grad_()
+    report = kiln_dynamo.explain(f)(x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    (got,) = torch.autograd.grad(report.result, x)
+    torch.testing.assert_close(got, torch.full((3,), 3.0))

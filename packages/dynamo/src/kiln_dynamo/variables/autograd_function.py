@@ -60,20 +60,44 @@ def _effect_outside(fn: types.FunctionType, depth: int = 0) -> str | None:
     callable, a pure builtin or a Python function that passes the same test (two levels deep),
     so that a mutable object outside (a list it appends to) is never reachable."""
     code = fn.__code__
-    ctx_name = code.co_varnames[0] if code.co_argcount else None
     if "mark_dirty" in code.co_names:
         return "ctx.mark_dirty (the forward modifies an input in place)"
+    ctx_name = code.co_varnames[0] if code.co_argcount else None
+    return _scan(fn, code, ctx_name, frozenset(), depth)
+
+
+_COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"})
+
+
+def _scan(
+    fn: types.FunctionType,
+    code: types.CodeType,
+    ctx_name: str | None,
+    outer_cells: frozenset[str],
+    depth: int,
+) -> str | None:
+    """`_effect_outside` over one code object: `fn`'s own, or (3.11) a comprehension inside it,
+    whose cells are `fn`'s locals (`outer_cells`)."""
+    own_cells = frozenset(code.co_cellvars) | outer_cells
     prev: dis.Instruction | None = None
     for inst in dis.get_instructions(code):
-        if inst.opname in _STORES_OUTSIDE:
+        if inst.opname in ("STORE_DEREF", "DELETE_DEREF") and inst.argval in code.co_cellvars:
+            pass  # a local of this code that a comprehension reads
+        elif inst.opname in _STORES_OUTSIDE:
             return f"{inst.opname} {inst.argval} in {fn.__qualname__}"
         if inst.opname in ("STORE_ATTR", "DELETE_ATTR") and (
             prev is None or prev.opname != "LOAD_FAST" or prev.argval != ctx_name
         ):
             return f"an attribute store other than on ctx ({inst.argval}) in {fn.__qualname__}"
         if isinstance(inst.argval, types.CodeType):
-            return f"a nested function or comprehension in {fn.__qualname__}"
-        if inst.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF"):
+            if inst.argval.co_name not in _COMPREHENSIONS:
+                return f"a nested function in {fn.__qualname__}"
+            why = _scan(fn, inst.argval, None, own_cells, depth)
+            if why is not None:
+                return why
+        if inst.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF") and inst.argval in own_cells:
+            pass  # a local of fn, through a cell
+        elif inst.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLASSDEREF"):
             found, value = _lookup(fn, inst)
             why = _unsafe_value(inst.argval, value, depth) if found else f"{inst.argval} is not defined"
             if why is not None:
