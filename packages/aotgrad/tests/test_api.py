@@ -131,6 +131,30 @@ def test_custom_decompositions_extend_the_table() -> None:
     assert aten.cos.default in targets and aten.sin.default not in targets
 
 
+def test_failing_decomposition_keeps_the_op_as_one_aten_call(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [One op kept when its decomposition fails]: the graph is still traced, with the
+    operator itself in it (forward and backward), and the fallback log names it."""
+    aten = torch.ops.aten
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        y = aten.exp.default(x)  # recorded, then dead once the decomposition gives up
+        raise RuntimeError(f"cannot decompose a tensor of rank {y.dim()}")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * 2).sum()
+
+    rec = Recorder()
+    x = torch.randn(4, requires_grad=True)
+    with caplog.at_level("INFO", logger="kiln.aotgrad.fallbacks"):
+        out = aot_function(f, rec, decompositions={aten.sin.default: broken})(x)
+    out.backward()
+    torch.testing.assert_close(out, f(x))
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+    targets = {n.target for g in rec.graphs for n in g.graph.nodes if n.op == "call_function"}
+    assert aten.sin.default in targets and aten.exp.default not in targets
+    assert any("sin" in r.getMessage() and "rank 1" in r.getMessage() for r in caplog.records)
+
+
 def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:
     from kiln_aotgrad import logs
 

@@ -1,6 +1,7 @@
 """Graph breaks: graph and break counts against the ideal, and steady-state overhead vs eager.
 
 Run: PYTHONPATH=packages/dynamo/src:packages/frame_hook/src python packages/dynamo/bench/breaks.py
+     (`--models`: the breadth suite over real architectures instead, breadth.py)
 
 Ten functions with 1-5 graph breaks each (data-dependent branches, .item(), print, C calls,
 generators, inlined calls that break, a break inside no_grad). For each, the table gives the
@@ -206,6 +207,12 @@ def _pair(p: tuple[int, int]) -> str:
 
 
 def main() -> None:
+    if "--models" in sys.argv:  # the breadth suite: per-model graphs / breaks / frames in Python
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import breadth
+
+        breadth.main(sys.argv[1:])
+        return
     torch.manual_seed(0)
     torch.set_num_threads(1)
     rounds, n = (5, 20) if "--quick" in sys.argv else (60, 20)

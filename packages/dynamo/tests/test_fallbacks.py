@@ -58,13 +58,24 @@ def outer_falls_back(x):
     return inner_capturable(x) * 2
 
 
+class _Noisy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+
+    def forward(self, x):
+        print("noisy", x.shape)  # a break inside the submodule's forward
+        return self.lin(x)
+
+
 class TransformerLayer(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.noisy = _Noisy()
 
     def forward(self, x):
-        return self.layer(x)
+        return self.noisy(self.layer(x))
 
 
 # Frames that used to run whole as plain Python and now split at the unsupported line.
@@ -131,8 +142,10 @@ def test_unsupported_module_breaks_at_the_call_correctly() -> None:
     m = TransformerLayer().eval()
     x = torch.randn(2, 5, 16)
     torch.testing.assert_close(kiln_dynamo.compile(m)(x), m(x))
-    (reason,) = kiln_dynamo.counters.break_reasons
+    # the caller splits at the call site; the submodule's own frame is then split at its print
+    reason, inner = kiln_dynamo.counters.break_reasons
     assert reason.split and [f.name for f in reason.frames][:2] == ["forward", "forward"]
+    assert inner.split and "print()" in inner.reason
 
 
 def test_module_with_hooks_still_runs_hooks() -> None:

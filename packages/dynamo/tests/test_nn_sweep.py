@@ -78,10 +78,9 @@ LAYERS: list[tuple[str, Any, tuple[Any, ...]]] = [
 ]
 
 # Layers that do not capture whole today, and why: they split at a graph break (and still match).
-KNOWN_BREAKS: dict[str, str] = {
-    "LSTM": "RNN forward reads a method-wrapper attribute (C attribute lookup not modelled)",
-    "GRU": "same as LSTM",
-}
+# (LSTM and GRU left this list with issue 16: their weak references to the flat weights are
+# called through WeakrefVariable.)
+KNOWN_BREAKS: dict[str, str] = {}
 NO_TENSOR_WORK = {"Identity"}  # returns its input: nothing to compile, runs as plain Python
 
 

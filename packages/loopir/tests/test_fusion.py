@@ -120,6 +120,31 @@ def test_op_without_lowering_becomes_extern_call() -> None:
     assert set(compiled.stats.extern_ops) == {"cumsum.default", "sort.default"}
 
 
+def test_failing_lowering_is_one_extern_call_and_is_logged(caplog: Any, monkeypatch: Any) -> None:
+    """A lowering that raises (a bug, or arguments it does not handle) costs only that op: it
+    runs eager's kernel, its neighbours are still fused, and KILN_LOG=fallbacks names it."""
+    from kiln_loopir import lowering
+
+    lowering._ensure_registered()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("no lowering for these arguments")
+
+    monkeypatch.setitem(lowering.LOWERINGS, aten.tanh.default, broken)
+
+    def fn(x: Any) -> Any:
+        return aten.mul.Tensor(aten.tanh.default(aten.add.Tensor(x, 1)), 2)
+
+    with caplog.at_level("INFO", logger="kiln.loopir.fallbacks"):
+        compiled = check(fn, make((4, 6)), allow_fallback=True)
+    assert set(compiled.stats.extern_ops) == {"tanh.default"}
+    assert compiled.stats.kernels == 2  # add before it, mul after it
+    assert [op for op, _ in compiled.stats.fallbacks] == ["aten.tanh.default"]
+    assert any(
+        "aten.tanh.default" in r.getMessage() and "ValueError" in r.getMessage() for r in caplog.records
+    )
+
+
 def test_matmul_conv_and_attention_are_extern_calls() -> None:
     def fn(x: Any, w: Any, img: Any, k: Any) -> Any:
         a = aten.addmm.default(x, x, w)

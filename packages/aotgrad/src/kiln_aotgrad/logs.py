@@ -1,7 +1,9 @@
 """Logging artifacts of kiln_aotgrad (KILN_LOG), next to kiln_dynamo's.
 
 `aot_graphs` prints every graph handed to a compiler (inference, forward, backward) as FX code;
-`partition` prints what each partition saved, its bytes and what the backward recomputes. Each is
+`partition` prints what each partition saved, its bytes and what the backward recomputes;
+`fallbacks` names every operator kept as one aten call because its decomposition failed (Note
+[One op kept when its decomposition fails] in tracer.py). Each is
 a stdlib logger under `kiln.aotgrad.<artifact>`; `KILN_LOG=aot_graphs,partition` (or `aotgrad`,
 or `all`) gives them a stderr handler at INFO when the package is imported or `configure()` runs.
 """
@@ -12,7 +14,7 @@ import logging
 
 from kiln_dynamo import configure_artifacts
 
-ARTIFACTS = ("aot_graphs", "partition")
+ARTIFACTS = ("aot_graphs", "partition", "fallbacks")
 
 
 def get_artifact_logger(artifact: str) -> logging.Logger:
@@ -27,3 +29,4 @@ def configure(spec: str | None = None) -> list[str]:
 
 graphs_log = get_artifact_logger("aot_graphs")
 partition_log = get_artifact_logger("partition")
+fallbacks_log = get_artifact_logger("fallbacks")

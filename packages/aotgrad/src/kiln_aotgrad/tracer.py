@@ -46,6 +46,7 @@ from kiln_aotgrad.functionalize import (
     mutated_arg_names,
     replay_step,
 )
+from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import forget_source_when_freed
 from kiln_dynamo.fake import FakeTensor, call_fake, from_real, run_fake
 
@@ -126,6 +127,9 @@ class Tracer(TorchDispatchMode):
         self.origin: str | None = None
         self._expanding: list[Any] = []
         self._inputs: set[int] = set()
+        # Note [One op kept when its decomposition fails]
+        self._kept: set[Any] = set()
+        self.kept_ops: list[tuple[str, str]] = []
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def placeholder(self, name: str, fake: torch.Tensor) -> torch.fx.Node:
@@ -213,6 +217,29 @@ class Tracer(TorchDispatchMode):
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise AotgradError(f"cannot trace: {msg}", op=op_name(func), origin=self.where()) from e
 
+    def _decompose(self, func: Any, impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Note [One op kept when its decomposition fails]: a decomposition that raises on these
+        arguments (a table entry or a composite's own) must not fail the whole graph, which
+        would then run eagerly: the operator is recorded as one aten call instead, which loopir
+        lowers or runs as an extern call of eager's kernel. What the failed attempt recorded is
+        dead and removed with the dead code. Only for an operator that neither mutates nor
+        aliases its inputs, whose attempt cannot have changed the tracer's view of them."""
+        if mutated_arg_names(func) or is_view_op(func) or torch.Tag.inplace_view in func.tags:
+            return self._expand(func, impl, args, kwargs)
+        try:
+            return self._expand(func, impl, args, kwargs)
+        except Exception as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self._kept.add(func)
+            self.kept_ops.append((op_name(func), reason))
+            fallbacks_log.info(
+                "%s: its decomposition failed (%s); kept as one aten call%s",
+                op_name(func),
+                reason,
+                f" at {self.where()}" if self.where() else "",
+            )
+            return NotImplemented
+
     def _expand(self, func: Any, impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self._expanding.append(func)
         try:
@@ -231,14 +258,14 @@ class Tracer(TorchDispatchMode):
             self.nodes[id(out)] = node
             self.aliases[id(out)] = Alias(a.root, a.chain, a.version)
             return out
-        if func not in self._expanding:
+        if func not in self._expanding and func not in self._kept:
             table_entry = self.decomps.get(func)
             if table_entry is not None:
-                r = self._expand(func, table_entry, args, kwargs)
+                r = self._decompose(func, table_entry, args, kwargs)
                 if r is not NotImplemented:
                     return self._eager_layout(func, args, kwargs, r)
-            if _is_composite(func):
-                r = self._expand(func, func.decompose, args, kwargs)
+            if _is_composite(func) and func not in self._kept:
+                r = self._decompose(func, func.decompose, args, kwargs)
                 if r is not NotImplemented:
                     return r
         if torch.Tag.inplace_view in func.tags and str(func._schema.name) not in _SETS_STORAGE:

@@ -54,6 +54,18 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     f = resume.facts(code)
     k = f.at(offset)
     ins = f.instrs[k]
+    if (
+        not before
+        and ins.opname == "GET_ITER"
+        and k + 1 < len(f.instrs)
+        and f.in_loop(f.instrs[k + 1].offset)
+    ):
+        # The loop's own GET_ITER (over an iterable kiln cannot look into): splitting here would
+        # hand the loop to a continuation that breaks at once; split before the loop instead.
+        raise CannotSplit(
+            "the break is at the start of a loop, and kiln does not split a frame inside a loop",
+            loop_entry(f, f.instrs[k + 1].offset),
+        )
     if f.in_loop(offset):
         raise CannotSplit(
             "the break is inside a loop, and kiln does not split a frame inside a loop", loop_entry(f, offset)

@@ -76,7 +76,7 @@ class Reconstructor:
 def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.functions import BoundMethodVariable
-    from kiln_dynamo.variables.lists import BaseListVariable
+    from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable
     from kiln_dynamo.variables.nn_module import ModuleSliceVariable, NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
@@ -90,6 +90,8 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         children: list[VariableTracker] = []
         if isinstance(vt, BaseListVariable | ModuleSliceVariable):
             children = list(vt.items)
+        elif isinstance(vt, ListIteratorVariable):
+            children = vt.items[vt.index :]
         elif isinstance(vt, DictVariable):
             children = vt.wrapped_values()  # Note [Lazy dict entries]
         elif isinstance(vt, NewObjectVariable):
@@ -101,7 +103,13 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         for child in children:
             visit(child)
         mutable = isinstance(
-            vt, ListVariable | DictVariable | NewObjectVariable | NewModuleVariable | ModuleSliceVariable
+            vt,
+            ListVariable
+            | DictVariable
+            | NewObjectVariable
+            | NewModuleVariable
+            | ModuleSliceVariable
+            | ListIteratorVariable,
         ) or (isinstance(vt, SetVariable) and not vt.frozen)
         if mutable and vt.source is None:
             out.append(vt)

@@ -93,6 +93,10 @@ def _shielded(compiled: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _op_count(gm: torch.fx.GraphModule) -> int:
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
 def readable_graph(gm: torch.fx.GraphModule) -> str:
     lines = []
     for node in gm.graph.nodes:
@@ -134,9 +138,21 @@ def capture(
             retry.break_offset = why.loop_entry
             retry.note = f"split before the loop around it: {why}"
             try:
-                return _capture(code, entry_values, f_globals, f_builtins, backend, retry, key)
+                before_loop = _capture(code, entry_values, f_globals, f_builtins, backend, retry, key)
             except (CannotSplit, Unsupported):
                 pass
+            else:
+                # A continuation that starts at the loop (the one this split makes, seen again by
+                # the hook) has nothing to compile before it: it runs as plain Python, and the
+                # frames the loop calls are captured on their own, rather than splitting again.
+                gm = before_loop.graph_module
+                if not (resume.is_resume_code(code) and (gm is None or _op_count(gm) == 0)):
+                    return before_loop
+            if resume.is_resume_code(code):
+                first.not_split = (
+                    "the break is inside a loop, which this continuation holds: the loop runs as "
+                    "plain Python and the functions it calls are captured on their own"
+                )
     except Unsupported as e:
         first.not_split = f"the second tracing pass failed: {e.msg}"
     raise first
@@ -297,6 +313,9 @@ def is_user_code(code: types.CodeType) -> bool:
     return not os.path.realpath(filename).startswith(_TORCH_DIR)
 
 
+_FUNCTION_CTX = torch.autograd.function.FunctionCtx
+
+
 def make_callback(
     backend: Backend, fullgraph: bool, targets: frozenset[types.CodeType] = frozenset()
 ) -> Callable[[Any], Any]:
@@ -315,8 +334,13 @@ def make_callback(
             return hook.SKIP  # generators and coroutines (a compiled one is reported by compile())
         if code not in targets and not resume.is_resume_code(code) and not is_user_code(code):
             return hook.SKIP
-        counters.frames_seen += 1
         values = tuple(frame.locals.values())
+        if values and isinstance(values[0], _FUNCTION_CTX):
+            # An autograd.Function's forward/backward run by autograd itself: the call of
+            # `apply` that led here was already a break with its reason (Note [autograd.Function
+            # in the graph]); the body runs as plain Python, as part of that one break.
+            return hook.SKIP
+        counters.frames_seen += 1
         if frame.entries:
             reason = _failure_reason(frame.entries, values)
             counters.recompiles += 1

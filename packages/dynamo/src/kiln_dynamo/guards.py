@@ -187,6 +187,13 @@ class GuardBuilder:
             f"{name} has no forward or backward hooks and no forward of its own",
         )
 
+    def no_backward_hooks(self, source: Source) -> None:
+        """No backward hooks (a module whose forward hooks are traced: Note [Forward hooks])."""
+        code, name = self._src(source)
+        self.add(
+            f"not ({code}._backward_hooks or {code}._backward_pre_hooks)", f"{name} has no backward hooks"
+        )
+
     def tensor(self, source: Source, t: torch.Tensor) -> None:
         code, name = self._src(source)
         sizes, strides = shapes.sizes_of(t), shapes.strides_of(t)

@@ -225,3 +225,19 @@ class TypeSource(Source):
 
     def needs_globals(self) -> bool:
         return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class WeakrefCallSource(Source):
+    """What a weak reference points to now: `base()`."""
+
+    base: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}()"
+
+    def name(self) -> str:
+        return f"{self.base.name()}()"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dis
+import inspect
 import operator
 import os
 import sys
@@ -343,6 +344,9 @@ class InstructionTranslator:
                 a.call_method(self, "update", [b], {})
                 return a
             return DictVariable({**a.items, **b.items}, a.user_cls)
+        if isinstance(a, SetVariable) and isinstance(b, SetVariable):  # items compare as keys
+            out = fn(set(a.items), set(b.items))
+            return SetVariable(list(out)) if isinstance(out, set) else ConstantVariable(out)
         if isinstance(a, SetVariable) and b.is_constant():
             return SetVariable(list(fn(a.as_constant(), b.as_constant())))
         raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
@@ -606,7 +610,15 @@ class InstructionTranslator:
         fromlist = self.pop().as_constant()
         level = self.pop().as_constant()
         name = inst.argval
-        if level != 0 or name not in sys.modules:
+        if level:  # `from ..modeling_utils import X`: resolved against the importing package
+            package = self.f_globals.get("__package__") or ""
+            parts = package.rsplit(".", level - 1) if package else []
+            if not package or len(parts) < level:
+                raise Unsupported(f"relative import of {name!r} outside a package")
+            name = f"{parts[0]}.{name}" if name else parts[0]
+            if not fromlist:
+                raise Unsupported(f"relative import of {name!r} without names")
+        if name not in sys.modules:
             raise Unsupported(f"import of {name!r} (only modules already imported are supported)")
         module = sys.modules[name if fromlist else name.split(".")[0]]
         self.push(self.wrap(module, None))
@@ -846,9 +858,28 @@ class InstructionTranslator:
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
         ctx = self.pop()
         if not isinstance(ctx, GradModeVariable | AutocastVariable):
-            raise Unsupported(f"with-statement over {ctx.describe()}")
+            self._python_with(ctx)
+            return
         self.push(WithExitVariable(ctx))
         self.push(ctx.enter(self))
+
+    def _python_with(self, ctx: VT) -> None:
+        """Note [User context managers]: a context manager whose class defines `__enter__` and
+        `__exit__` in Python (contextlib.nullcontext, a user's own) has both inlined: the bound
+        `__exit__` goes on the stack where CPython puts it, the normal exit calls it with three
+        Nones. An exception raised at run time inside the block does not reach it (as with
+        every traced with-block, README), and a break inside the block splits before it (only
+        grad mode and autocast exits can cross a split)."""
+        try:
+            cls = ctx.python_type()
+        except Unsupported:
+            raise Unsupported(f"with-statement over {ctx.describe()}") from None
+        if not all(inspect.isfunction(getattr(cls, n, None)) for n in ("__enter__", "__exit__")):
+            raise Unsupported(f"with-statement over {ctx.describe()}")
+        exit_fn = self._getattr(ctx, "__exit__")
+        entered = self._getattr(ctx, "__enter__").call(self, [], {})
+        self.push(exit_fn)
+        self.push(entered)
 
     # --- control flow -------------------------------------------------------------------------
     def _truth(self, v: VT) -> bool:

@@ -74,6 +74,8 @@ class GraphCompile:
     phases: dict[str, float] = field(default_factory=dict)
     cache: dict[str, str] = field(default_factory=dict)
     fell_back: str | None = None
+    # ops that ran eager's kernel inside the compiled graph: (aten op, why its lowering declined)
+    op_fallbacks: list[tuple[str, str]] = field(default_factory=list)
     loopir_seconds: float = 0.0  # lower + schedule + codegen + compile, kept as a running sum
     compiled_at: float = 0.0  # perf_counter() when loopir last finished compiling an aten graph
 
@@ -239,6 +241,7 @@ def eager_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
 def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
     """Note [Compile time by phase]: loopir's stats split its time into lowering, scheduling,
     code generation and the native compile, and say whether that compile came from a cache."""
+    record.op_fallbacks.extend(stats.fallbacks)
     record.add("lower", stats.lower_seconds)
     record.add("schedule", stats.schedule_seconds)
     record.add("codegen", stats.codegen_seconds)

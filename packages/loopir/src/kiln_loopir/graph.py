@@ -62,6 +62,7 @@ from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_l
 from .virtualized import count_ops, op_names, set_graph
 
 log = logging.getLogger("kiln.loopir.ir")
+fallbacks_log = logging.getLogger("kiln.loopir.fallbacks")
 
 MAX_INLINE_OPS = 30
 TRANSCENDENTAL = frozenset(
@@ -256,6 +257,9 @@ class GraphLowering:
             if problem is not None:
                 # operations the lowering registered stay; nothing reads them, DCE drops them
                 self.fallbacks.append((str(target), problem))
+                fallbacks_log.info(
+                    "%s (%s): %s; runs eager's kernel as an extern call", target, node.name, problem
+                )
                 result = None
         if result is None:
             assert callable(target)

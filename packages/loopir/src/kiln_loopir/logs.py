@@ -8,7 +8,9 @@ loggers to DEBUG and gives them a stderr handler if the application configured n
 * ``schedule`` (logger ``kiln.loopir.schedule``): dead code removed, every fusion with its score,
   the final order of kernels and the buffer plan;
 * ``passes`` (logger ``kiln.loopir.passes``): what each graph pass before lowering rewrote, padded
-  or re-laid, and why (the layout rule's verdict, each matmul padded or left with its timing).
+  or re-laid, and why (the layout rule's verdict, each matmul padded or left with its timing);
+* ``fallbacks`` (logger ``kiln.loopir.fallbacks``): every op whose lowering declined or failed,
+  with the reason: it runs eager's kernel as an extern call and the rest of the graph is compiled.
 
 The variable is read when :func:`configure` runs (at each ``compile_graph``), so tests may set it.
 """
@@ -22,6 +24,7 @@ ARTIFACTS: dict[str, str] = {
     "ir": "kiln.loopir.ir",
     "schedule": "kiln.loopir.schedule",
     "passes": "kiln.loopir.passes",
+    "fallbacks": "kiln.loopir.fallbacks",
 }
 
 

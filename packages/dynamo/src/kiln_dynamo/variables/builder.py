@@ -16,9 +16,13 @@ two instances of one class with the same relevant state share one compiled entry
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
+import inspect
+import os
 import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +35,7 @@ from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.dicts import (
     PLAIN_DICTS,
+    DefaultDictVariable,
     DictVariable,
     LazyEntry,
     SetVariable,
@@ -42,6 +47,15 @@ from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVa
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.stdlib import (
+    EnvironVariable,
+    LruCacheVariable,
+    NumpyFoldVariable,
+    PureFunctionVariable,
+    WeakrefVariable,
+    is_numpy_callable,
+    is_pure_function,
+)
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
     GRAD_MODE_FACTORIES,
@@ -154,6 +168,13 @@ class VariableBuilder:
             for k in value:
                 if not isinstance(k, (str, int, enum.Enum)):
                     raise Unsupported(f"dict with a key of type {type(k).__name__}")
+            if type(value) is collections.defaultdict:
+                fsrc = AttrSource(source, "default_factory") if source is not None else None
+                factory = self.wrap(value.default_factory, fsrc)
+                if source is None:
+                    return DefaultDictVariable({k: self.wrap(v, None) for k, v in value.items()}, factory)
+                lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+                return DefaultDictVariable(lazy, factory, source)
             if source is None:
                 return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
             lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
@@ -177,6 +198,30 @@ class VariableBuilder:
             if source is not None:
                 guards.type_match(source, value)
             return NNModuleVariable(value, source)
+        if type(value) is weakref.ref:
+            if source is not None:
+                guards.type_match(source, value)
+            return WeakrefVariable(value, source)
+        if isinstance(value, functools._lru_cache_wrapper) and inspect.isfunction(
+            getattr(value, "__wrapped__", None)
+        ):
+            if source is not None:
+                guards.identity(source, value)
+            return LruCacheVariable(value, source)
+        if is_numpy_callable(value):
+            if source is not None:
+                guards.identity(source, value)
+            return NumpyFoldVariable(value, source)
+        if value is os.environ:
+            if source is not None:
+                guards.identity(source, value)
+            return EnvironVariable(value, source)
+        if is_pure_function(value) or (
+            isinstance(value, types.FunctionType) and getattr(value, "_dynamo_marked_constant", False) is True
+        ):
+            if source is not None:
+                guards.identity(source, value)
+            return PureFunctionVariable(value, source)
         if any(value is f for f in GRAD_MODE_FACTORIES):
             return GradModeFactoryVariable(value)
         if value is torch.autocast:

@@ -351,6 +351,16 @@ def _ordered_dict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return d
 
 
+def _defaultdict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.dicts import DefaultDictVariable
+
+    d = DefaultDictVariable({}, args[0] if args else ConstantVariable(None))
+    if len(args) > 1:
+        d.update_from(tx, args[1])
+    d.items.update(kwargs)
+    return d
+
+
 def _torch_size(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.lists import SizeVariable
 
@@ -394,6 +404,22 @@ def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     )
 
 
+def _reduce(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """functools.reduce(fn, iterable[, initial]): the calls of `fn` traced in order."""
+    if kwargs or not 2 <= len(args) <= 3:
+        raise Unsupported("functools.reduce with these arguments")
+    fn, items = args[0], args[1].iterate(tx)
+    if len(args) == 3:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise Unsupported("functools.reduce of an empty sequence raised TypeError")
+    for item in items:
+        acc = fn.call(tx, [acc, item], {})
+    return acc
+
+
 _HANDLERS: dict[Any, Handler] = {
     isinstance: _isinstance,
     issubclass: _issubclass,
@@ -431,7 +457,9 @@ _HANDLERS: dict[Any, Handler] = {
     itertools.product: _product,
     itertools.chain: _chain,
     functools.partial: _partial,
+    functools.reduce: _reduce,
     collections.OrderedDict: _ordered_dict,
+    collections.defaultdict: _defaultdict,
     torch.Size: _torch_size,
     operator.getitem: _getitem,
     operator.contains: _contains,

@@ -1,8 +1,9 @@
-"""Dicts and sets keyed by Python constants.
+"""Dicts and sets keyed by Python constants or by objects.
 
 A `DictVariable` maps real hashable keys (constants: strings, ints, enum members, dtypes) to
-trackers, in insertion order. Keys that are not constants (tensors, modules) are not modelled
-and raise `Unsupported`. As with lists, a dict from outside the frame that is mutated is marked
+trackers, in insertion order. A key that is an object compared by identity (an nn.Module, a
+user object, a function or class: Note [Object keys]) is an `ObjectKey` around its tracker.
+Tensor keys are not modelled and raise `Unsupported`. As with lists, a dict from outside the frame that is mutated is marked
 in `SideEffects` and its final contents are written back by the runner.
 
 Note [Lazy dict entries]: a dict from outside the frame is guarded on its type and its key list
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 VT = VariableTracker
 
-PLAIN_DICTS = (dict, collections.OrderedDict)
+PLAIN_DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 _NOT_DEFINED: Any = object()
 _SCALARS = (int, float, str, bool, type(None))
 
@@ -86,7 +87,52 @@ class LazyEntry:
         return self.vt
 
 
+class ObjectKey:
+    """Note [Object keys]: a dict key or set item that is an object hashed by identity
+    (`memo = set(); memo.add(module)` in `nn.Module.named_modules`, a dict keyed by submodules).
+    Two keys are equal when they stand for the same object: the real one for a tracker of an
+    existing object (`identity()`), the tracker itself for an object created in the frame. A
+    class that defines its own `__eq__`/`__hash__` is not hashed by identity, so it is not
+    modelled this way."""
+
+    __slots__ = ("obj", "vt")
+
+    def __init__(self, vt: VT) -> None:
+        self.vt = vt
+        self.obj = vt.identity()
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ObjectKey) and other.obj is self.obj
+
+    def __repr__(self) -> str:
+        return self.vt.describe()
+
+
+def _identity_hashed(vt: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    if isinstance(vt, TensorVariable):
+        return False
+    try:
+        cls = vt.python_type()
+    except Unsupported:
+        return False
+    hash_fn: Any = cls.__hash__
+    eq_fn: Any = cls.__eq__
+    return hash_fn is object.__hash__ and eq_fn is object.__eq__
+
+
+def key_vt(k: Any) -> VT:
+    """The tracker of a dict key or set item (the inverse of `key_of`)."""
+    return k.vt if isinstance(k, ObjectKey) else ConstantVariable(k)
+
+
 def key_of(vt: VT) -> Any:
+    if not vt.is_constant() and _identity_hashed(vt):
+        return ObjectKey(vt)
     if vt.is_constant():
         k = vt.as_constant()
         try:
@@ -173,7 +219,7 @@ class DictVariable(VariableTracker):
 
     def iterate(self, tx: Tx) -> list[VT]:
         self._builtin("__iter__")
-        return [ConstantVariable(k) for k in self._items]
+        return [key_vt(k) for k in self._items]
 
     def contains(self, tx: Tx, key: VT) -> bool:
         self._builtin("__contains__")
@@ -211,11 +257,11 @@ class DictVariable(VariableTracker):
             if name == "copy":
                 raise Unsupported(f"copy of a {self.user_cls.__qualname__}, a dict subclass")
         if name == "keys":
-            return TupleVariable([ConstantVariable(k) for k in self._items])
+            return TupleVariable([key_vt(k) for k in self._items])
         if name == "values":
             return TupleVariable(list(self.items.values()))
         if name == "items":
-            return TupleVariable([TupleVariable([ConstantVariable(k), v]) for k, v in self.items.items()])
+            return TupleVariable([TupleVariable([key_vt(k), v]) for k, v in self.items.items()])
         if name == "get" and 1 <= len(args) <= 2:
             k = key_of(args[0])
             if k in self._items:
@@ -271,16 +317,55 @@ class DictVariable(VariableTracker):
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
         if bound is not None:
             return bound
-        inner = ", ".join(
-            f"{ConstantVariable(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items()
-        )
+        inner = ", ".join(f"{key_vt(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items())
         if self.user_cls is dict:
             return "{" + inner + "}"
         return f"{cg.const(self.user_cls)}({{{inner}}})"
 
 
+class DefaultDictVariable(DictVariable):
+    """A `collections.defaultdict`: a missing key read by subscript calls the factory (traced)
+    and stores what it returns, as `__missing__` does; everything else is a dict's."""
+
+    def __init__(self, items: Mapping[Any, VT | LazyEntry], factory: VT, source: Any = None) -> None:
+        super().__init__(items, collections.defaultdict, source)
+        self.factory = factory
+
+    def describe(self) -> str:
+        return f"defaultdict with keys {list(self._items)!r}"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "default_factory":
+            return self.factory
+        return super().getattr(tx, name)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key_of(key)
+        if k not in self._items:
+            if self.factory.is_constant() and self.factory.as_constant() is None:
+                raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+            self.setitem(tx, key, self.factory.call(tx, [], {}))
+        return self.entry(k)
+
+    def call_builtin(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "copy":
+            return DefaultDictVariable(self.items, self.factory)
+        return super().call_builtin(tx, name, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is not None:
+            return cg.source(self.source)
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        inner = ", ".join(f"{key_vt(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items())
+        return f"{cg.const(collections.defaultdict)}({self.factory.reconstruct(cg)}, {{{inner}}})"
+
+
 class SetVariable(VariableTracker):
-    """A set of constants (its items are real hashable values)."""
+    """A set of constants (real hashable values) and objects (`ObjectKey`: Note [Object keys])."""
 
     def __init__(self, items: list[Any], frozen: bool = False, source: Any = None) -> None:
         self.items: dict[Any, None] = dict.fromkeys(items)
@@ -294,16 +379,21 @@ class SetVariable(VariableTracker):
         return frozenset if self.frozen else set
 
     def is_constant(self) -> bool:
-        return True
+        return not any(isinstance(k, ObjectKey) for k in self.items)
 
     def as_constant(self) -> Any:
+        if not self.is_constant():
+            raise Unsupported(f"{self.describe()} holds objects, it is not a constant")
         return frozenset(self.items) if self.frozen else set(self.items)
 
     def truth(self, tx: Tx) -> bool:
         return bool(self.items)
 
+    def length(self, tx: Tx) -> int:
+        return len(self.items)
+
     def iterate(self, tx: Tx) -> list[VT]:
-        return [ConstantVariable(k) for k in self.items]
+        return [key_vt(k) for k in self.items]
 
     def contains(self, tx: Tx, key: VT) -> bool:
         return key_of(key) in self.items
@@ -326,7 +416,7 @@ class SetVariable(VariableTracker):
             return ConstantVariable(None)
         if name in ("union", "intersection", "difference", "issubset", "issuperset", "isdisjoint", "copy"):
             vals = [set(key_of(v) for v in a.iterate(tx)) for a in args]
-            out = getattr(self.as_constant(), name)(*vals)
+            out = getattr(set(self.items), name)(*vals)  # ObjectKeys compare by identity
             return SetVariable(list(out)) if isinstance(out, (set, frozenset)) else ConstantVariable(out)
         raise Unsupported(f"method {name} of a set")
 
@@ -336,6 +426,9 @@ class SetVariable(VariableTracker):
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
         if bound is not None:
             return bound
+        if not self.is_constant():
+            items = ", ".join(key_vt(k).reconstruct(cg) for k in self.items)
+            return f"{'frozenset' if self.frozen else 'set'}(({items}{',' if len(self.items) == 1 else ''}))"
         return cg.const(self.as_constant()) if self.frozen else f"set({cg.const(tuple(self.items))})"
 
 

@@ -288,3 +288,13 @@ class ListIteratorVariable(VariableTracker):
         if name == "__iter__":
             return self
         raise Unsupported(f"method {name} of an iterator")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        """An iterator that crosses a split (the iterable of a loop the frame splits before:
+        `enumerate(self.layers)`) leaves as an iterator over the items it has left, which a
+        `for` loop, `next` and `list` consume as they would the original."""
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        rest = [i.reconstruct(cg) for i in self.items[self.index :]]
+        return f"{cg.const(iter)}(({', '.join(rest)}{',' if len(rest) == 1 else ''}))"

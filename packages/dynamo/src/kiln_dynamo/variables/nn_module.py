@@ -24,7 +24,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, DictEntrySource, Source, TypeSource
-from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.lists import TupleVariable
 
 if TYPE_CHECKING:
@@ -129,6 +129,10 @@ class NNModuleVariable(VariableTracker):
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
+        if name in _TRAVERSALS and inspect.getattr_static(type(m), name, None) is getattr(nn.Module, name):
+            if self.source is not None:
+                tx.output.guards.no_instance_attr(self.source, name)
+            return MethodVariable(self, name)  # Note [Module traversal]
         try:
             found = class_attribute(tx, self, m, name, self.source)
         except AttributeError:
@@ -177,8 +181,10 @@ class NNModuleVariable(VariableTracker):
     def getitem(self, tx: Tx, key: VT) -> VT:
         m = self.module
         k = key.as_constant()
-        if isinstance(m, nn.ModuleDict):
-            return self.getattr(tx, k)
+        if isinstance(m, (nn.ModuleDict, nn.ParameterDict)):
+            if isinstance(m, nn.ParameterDict) and type(m).__getitem__ is not nn.ParameterDict.__getitem__:
+                raise Unsupported(f"subscript of {self.describe()}, which overrides __getitem__")
+            return self.getattr(tx, k)  # a ParameterDict keeps each entry as an attribute
         if isinstance(m, (nn.Sequential, nn.ModuleList)):
             self._guard_len(tx)
             keys = list(m._modules.keys())
@@ -208,8 +214,12 @@ class NNModuleVariable(VariableTracker):
             return TupleVariable(
                 [TupleVariable([ConstantVariable(k), v]) for (k, _), v in zip(kids, vals, strict=True)]
             )
-        if name in ("parameters", "buffers", "named_parameters", "children", "modules", "named_children"):
-            raise Unsupported(f"Module.{name}() inside a compiled frame")
+        if name in _TRAVERSALS:
+            static = inspect.getattr_static(type(m), name)
+            if static is not getattr(nn.Module, name):
+                raise Unsupported(f"{type(m).__qualname__} overrides Module.{name}()")
+            guard_class_attr(tx, type(m), name, static)
+            return traverse(tx, self, name, args, kwargs)
         if name == "__call__":
             return self.call(tx, args, kwargs)
         return self.getattr(tx, name).call(tx, args, kwargs)
@@ -227,10 +237,11 @@ class NNModuleVariable(VariableTracker):
         return self.call_default(tx, args, kwargs)
 
     def call_default(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        """Module.__call__ without hooks: `forward` inlined, with guards that no hook appears."""
+        """Module.__call__: forward pre-hooks, `forward` inlined, forward hooks (Note [Forward
+        hooks]), with guards that the hooks stay as they were and that no backward hook appears."""
         m = self.module
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
-            raise Unsupported(f"{self.describe()} has hooks")
+        if m._backward_hooks or m._backward_pre_hooks:
+            raise Unsupported(f"{self.describe()} has backward hooks")
         g = nn.modules.module
         hook_dicts = (
             g._global_forward_hooks,
@@ -241,19 +252,176 @@ class NNModuleVariable(VariableTracker):
         if any(hook_dicts):
             raise Unsupported("global module hooks are registered")
         tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
+        hooked = bool(m._forward_hooks or m._forward_pre_hooks)
+        if hooked and self.source is None:
+            raise Unsupported(f"{self.describe()} has forward hooks but no source to guard them by")
         if self.source is not None:
-            tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
+            if hooked:
+                tx.output.guards.no_backward_hooks(self.source)
+                if "forward" not in m.__dict__:
+                    tx.output.guards.no_instance_attr(self.source, "forward")
+            else:
+                tx.output.guards.no_hooks(self.source, instance_forward="forward" in m.__dict__)
+        if hooked:
+            args, kwargs = self._run_pre_hooks(tx, args, kwargs)
         if "forward" in m.__dict__:
-            fwd = self.getattr(tx, "forward")
-            return fwd.call(tx, args, kwargs)
-        forward = type(m).forward
-        if forward is nn.Module.forward:
-            raise Unsupported(f"{self.describe()} has no forward()")
-        guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
-        return tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+            result = self.getattr(tx, "forward").call(tx, args, kwargs)
+        else:
+            forward = type(m).forward
+            if forward is nn.Module.forward:
+                raise Unsupported(f"{self.describe()} has no forward()")
+            guard_class_attr(tx, type(m), "forward", inspect.getattr_static(type(m), "forward"))
+            result = tx.wrap(forward, None).call(tx, [self, *args], kwargs)
+        return self._run_hooks(tx, args, kwargs, result) if hooked else result
+
+    # Note [Forward hooks]: a module with forward hooks or pre-hooks runs them as
+    # Module._call_impl does, inlined: each pre-hook gets (module, args) (or (module, args,
+    # kwargs) when registered with_kwargs) and may replace the arguments; each forward hook gets
+    # (module, args, result) (or with kwargs) and may replace the result. The hook dicts are read
+    # through the module's source, so their keys (the handles) and each hook (a function,
+    # pinned with its code) are guarded: adding or removing a hook recompiles. Backward hooks
+    # and torch's global hooks stay unsupported.
+    def _hooks(self, tx: Tx, attr: str) -> tuple[list[tuple[int, VT]], set[int]]:
+        assert self.source is not None
+        d = getattr(self.module, attr)
+        dvt = tx.wrap(d, AttrSource(self.source, attr))
+        with_kwargs = set(getattr(self.module, f"{attr}_with_kwargs"))
+        tx.wrap(getattr(self.module, f"{attr}_with_kwargs"), AttrSource(self.source, f"{attr}_with_kwargs"))
+        return [(k, dvt.getitem(tx, ConstantVariable(k))) for k in d], with_kwargs
+
+    def _run_pre_hooks(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> tuple[list[VT], dict[str, VT]]:
+        from kiln_dynamo.variables.dicts import DictVariable
+
+        hooks, with_kwargs = self._hooks(tx, "_forward_pre_hooks")
+        for hook_id, hook in hooks:
+            if hook_id in with_kwargs:
+                out = hook.call(tx, [self, TupleVariable(list(args)), DictVariable(dict(kwargs))], {})
+                if out.is_constant() and out.as_constant() is None:
+                    continue
+                pair = out.iterate(tx)
+                if (
+                    not isinstance(out, TupleVariable)
+                    or len(pair) != 2
+                    or not isinstance(pair[1], DictVariable)
+                ):
+                    raise Unsupported(
+                        "a forward pre-hook with kwargs returned something other than (args, kwargs)"
+                    )
+                args, kwargs = pair[0].iterate(tx), {str(k): v for k, v in pair[1].items.items()}
+            else:
+                out = hook.call(tx, [self, TupleVariable(list(args))], {})
+                if out.is_constant() and out.as_constant() is None:
+                    continue
+                args = out.iterate(tx) if isinstance(out, TupleVariable) else [out]
+        return args, kwargs
+
+    def _run_hooks(self, tx: Tx, args: list[VT], kwargs: dict[str, VT], result: VT) -> VT:
+        from kiln_dynamo.variables.dicts import DictVariable
+
+        hooks, with_kwargs = self._hooks(tx, "_forward_hooks")
+        for hook_id, hook in hooks:
+            if hook_id in with_kwargs:
+                out = hook.call(tx, [self, TupleVariable(list(args)), DictVariable(dict(kwargs)), result], {})
+            else:
+                out = hook.call(tx, [self, TupleVariable(list(args)), result], {})
+            if not (out.is_constant() and out.as_constant() is None):
+                result = out
+        return result
 
 
 _MODULE_CALL = nn.Module.__dict__["__call__"]
+
+# Note [Module traversal]: `parameters()`, `named_modules()` and the rest are generators in
+# eager (which the capture does not step through); the tracker walks the real module tree the
+# way torch does (pre-order, each module, parameter and buffer once by identity, names joined
+# with "."), and hands back an iterator over trackers that carry their sources. Every dict the
+# walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
+# key list, and every entry it yields on its type (a module) or its tensor properties, so a
+# module added, removed or replaced later recompiles.
+_TRAVERSALS = frozenset(
+    {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
+     "modules", "named_modules"}
+)  # fmt: skip
+
+
+def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import ListIteratorVariable
+
+    if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+        raise Unsupported(f"Module.{name}() with arguments that are not constants")
+    try:
+        bound = inspect.signature(getattr(nn.Module, name)).bind(
+            root.module, *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}
+        )
+    except TypeError as e:
+        raise Unsupported(f"Module.{name}(): {e}") from e
+    bound.apply_defaults()
+    opts = bound.arguments
+    if opts.get("memo") is not None:
+        raise Unsupported(f"Module.{name}() with a memo set")
+    guards = tx.output.guards
+
+    def keys(vt: NNModuleVariable, attr: str) -> dict[str, Any]:
+        d: dict[str, Any] = getattr(vt.module, attr)
+        if vt.source is not None:
+            guards.dict_keys(AttrSource(vt.source, attr), d)
+        return d
+
+    def child(vt: NNModuleVariable, attr: str, k: str) -> VT:
+        return tx.wrap(getattr(vt.module, attr)[k], vt._entry(attr, k))
+
+    def named_modules(prefix: str, dedupe: bool) -> list[tuple[str, NNModuleVariable]]:
+        out: list[tuple[str, NNModuleVariable]] = []
+        seen: set[int] = set()
+
+        def walk(vt: NNModuleVariable, pre: str) -> None:
+            if id(vt.module) in seen:
+                return
+            if dedupe:
+                seen.add(id(vt.module))
+            out.append((pre, vt))
+            for k in keys(vt, "_modules"):
+                sub = child(vt, "_modules", k)
+                if isinstance(sub, NNModuleVariable):
+                    walk(sub, pre + ("." if pre else "") + k)
+                elif not (sub.is_constant() and sub.as_constant() is None):
+                    raise Unsupported(f"Module.{name}(): _modules[{k!r}] is {sub.describe()}")
+
+        walk(root, prefix)
+        return out
+
+    def members(attr: str) -> list[tuple[str, VT]]:
+        prefix, dedupe = opts.get("prefix", ""), opts.get("remove_duplicate", True)
+        mods = named_modules(prefix, dedupe) if opts.get("recurse", True) else [(prefix, root)]
+        seen: set[int] = set()
+        out: list[tuple[str, VT]] = []
+        for pre, vt in mods:
+            for k in keys(vt, attr):
+                value = getattr(vt.module, attr)[k]
+                entry = child(vt, attr, k)  # guarded, None included
+                if value is None or id(value) in seen:
+                    continue
+                if dedupe:
+                    seen.add(id(value))
+                out.append((pre + ("." if pre else "") + k, entry))
+        return out
+
+    pairs: list[tuple[str, VT]]
+    if name in ("modules", "named_modules"):
+        pairs = list(named_modules(opts.get("prefix", ""), opts.get("remove_duplicate", True)))
+    elif name in ("children", "named_children"):
+        seen: set[int] = set()
+        pairs = []
+        for k in keys(root, "_modules"):
+            sub = child(root, "_modules", k)
+            if isinstance(sub, NNModuleVariable) and id(sub.module) not in seen:
+                seen.add(id(sub.module))
+                pairs.append((k, sub))
+    else:
+        pairs = members("_parameters" if "parameters" in name else "_buffers")
+    if name.startswith("named_"):
+        return ListIteratorVariable([TupleVariable([ConstantVariable(k), v]) for k, v in pairs])
+    return ListIteratorVariable([v for _, v in pairs])
 
 
 class ModuleDefaultCallVariable(VariableTracker):

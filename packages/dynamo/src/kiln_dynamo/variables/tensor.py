@@ -211,7 +211,10 @@ def graph_arg(vt: VariableTracker) -> Any:
         items = [graph_arg(i) for i in vt.items]
         return list(items) if vt.python_type() is list else tuple(items)
     if vt.is_constant():
-        return vt.as_constant()
+        value = vt.as_constant()
+        if type(value).__module__ == "numpy" and hasattr(value, "item"):
+            return value.item()  # a NumPy scalar (np.sqrt(d)): the graph holds the Python number
+        return value
     raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")
 
 

@@ -14,6 +14,7 @@ that guards it. Assignments go to `SideEffects` and are replayed after the graph
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import enum
 import inspect
@@ -23,6 +24,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
+from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
@@ -71,6 +73,8 @@ class UserClassVariable(VariableTracker):
         return self.cls
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "apply" and is_autograd_function(self.cls):
+            return AutogradFunctionApplyVariable(self.cls)  # Note [autograd.Function in the graph]
         try:
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
@@ -111,7 +115,9 @@ class UserClassVariable(VariableTracker):
             return construct_module(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
-        if type(cls) is not type:
+        if type(cls) is abc.ABCMeta and getattr(cls, "__abstractmethods__", None):
+            raise Unsupported(f"constructing {cls.__qualname__}, which has abstract methods")
+        if type(cls) not in (type, abc.ABCMeta):  # ABCMeta creates instances as type does
             raise Unsupported(f"constructing {cls.__qualname__}, whose metaclass is {type(cls).__name__}")
         obj = NewObjectVariable(cls)
         init = inspect.getattr_static(cls, "__init__")

@@ -1,0 +1,264 @@
+"""Standard-library values that model code reads: `os.environ` and the pure `os.path` functions.
+
+`os.environ` is a mapping over the process environment whose Python implementation encodes
+keys to bytes (`_Environ.__getitem__`), which the capture does not step through. It is modelled
+as what the program sees: `os.environ.get(k)`, `os.environ[k]`, `k in os.environ` answer with
+the value the variable has now, and each answer is a guard (`os.environ.get(k) == value`), so
+setting or unsetting that variable later recompiles. Writing to the environment stays a break.
+
+A NumPy function or ufunc called on constants folds when it returns a scalar. A
+`functools.lru_cache` wrapper called with constants inlines the function it wraps. A
+`weakref.ref` is called for its referent, which is then guarded through the source `ref()`.
+
+Pure functions of their arguments (`os.path.join`, `os.path.basename`, `os.fspath`, ...) are
+folded when every argument is a constant, as torch.compile folds them; with any other argument
+the Python function is inlined as usual (a C one breaks). Functions that read the file system
+(`os.path.exists`) are not pure and are not folded. A function marked as having a constant
+result (`torch._dynamo.assume_constant_result`'s marker `_dynamo_marked_constant`, which
+transformers sets on its install and hardware probes) is folded the same way: its contract is
+that the answer is fixed for the process.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import Source
+from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
+
+if TYPE_CHECKING:
+    from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.variables.base import Tx
+
+VT = VariableTracker
+
+_PURE_PATH_NAMES = (
+    "join", "basename", "dirname", "split", "splitext", "splitdrive", "normpath", "normcase",
+    "isabs", "commonprefix", "commonpath",
+)  # fmt: skip
+PURE_FUNCTIONS: frozenset[Any] = frozenset(
+    {getattr(posixpath, n) for n in _PURE_PATH_NAMES}
+    | {getattr(os.path, n) for n in _PURE_PATH_NAMES}
+    | {os.fspath, os.fsencode, os.fsdecode}
+)
+
+
+def is_pure_function(value: Any) -> bool:
+    try:
+        return value in PURE_FUNCTIONS
+    except TypeError:  # unhashable
+        return False
+
+
+class PureFunctionVariable(VariableTracker):
+    """A pure standard-library function: folded on constant arguments, else inlined."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"function {getattr(self.fn, '__module__', '?')}.{self.fn.__name__}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if all(a.is_constant() for a in [*args, *kwargs.values()]):
+            try:
+                out = self.fn(
+                    *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}
+                )
+            except Exception as e:
+                raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+            return tx.wrap_constant(out)
+        from kiln_dynamo.variables.functions import UserFunctionVariable
+        from kiln_dynamo.variables.opaque import OpaqueCallableVariable
+
+        if hasattr(self.fn, "__code__"):
+            return UserFunctionVariable(self.fn, None).call(tx, args, kwargs)
+        return OpaqueCallableVariable(self.fn, None).call(tx, args, kwargs)
+
+
+class EnvironVariable(VariableTracker):
+    """`os.environ`, read through its mapping methods; each read is guarded on its answer."""
+
+    def __init__(self, environ: Any, source: Source | None) -> None:
+        self.environ = environ
+        self.source = source
+
+    def describe(self) -> str:
+        return "os.environ"
+
+    def python_type(self) -> type:
+        return type(self.environ)
+
+    def identity(self) -> object:
+        return self.environ
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.environ)
+
+    def _key(self, vt: VT) -> str:
+        if not vt.is_constant() or not isinstance(vt.as_constant(), str):
+            raise Unsupported(f"os.environ read with the key {vt.describe()}, not a constant string")
+        key: str = vt.as_constant()
+        return key
+
+    def _read(self, tx: Tx, key: str) -> str | None:
+        value: str | None = self.environ.get(key)
+        guards = tx.output.guards
+        env = guards.ctx.const(self.environ)
+        if value is None:
+            guards.add(f"{env}.get({key!r}) is None", f"os.environ has no {key!r}")
+        else:
+            guards.add(f"{env}.get({key!r}) == {value!r}", f"os.environ[{key!r}] == {value!r}")
+        return value
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in ("get", "__getitem__", "__contains__", "keys", "items", "values", "copy"):
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of os.environ")
+
+    def contains(self, tx: Tx, item: VT) -> bool:
+        key = self._key(item)
+        present = key in self.environ
+        env = tx.output.guards.ctx.const(self.environ)
+        tx.output.guards.add(
+            f"({key!r} in {env}) is {present}", f"{key!r} {'in' if present else 'not in'} os.environ"
+        )
+        return present
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = self._key(key)
+        value = self._read(tx, k)
+        if value is None:
+            raise Unsupported(f"KeyError {k!r} raised by os.environ inside a compiled frame")
+        return ConstantVariable(value)
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name == "get" and 1 <= len(args) <= 2 and not kwargs:
+            value = self._read(tx, self._key(args[0]))
+            if value is None:
+                return args[1] if len(args) == 2 else ConstantVariable(None)
+            return ConstantVariable(value)
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "__contains__" and len(args) == 1:
+            return ConstantVariable(self.contains(tx, args[0]))
+        raise Unsupported(f"os.environ.{name}() inside a compiled frame (it reads the whole environment)")
+
+
+class WeakrefVariable(VariableTracker):
+    """A `weakref.ref` from outside the frame (nn.RNN's `_flat_weight_refs`): calling it gives
+    its referent, read through the source `ref()`, so the referent is guarded like any value
+    (a tensor's properties, `is None` once it died)."""
+
+    def __init__(self, ref: weakref.ref[Any], source: Source | None) -> None:
+        self.ref = ref
+        self.source = source
+
+    def describe(self) -> str:
+        return "weak reference"
+
+    def python_type(self) -> type:
+        return type(self.ref)
+
+    def identity(self) -> object:
+        return self.ref
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if args or kwargs:
+            raise Unsupported("calling a weak reference with arguments")
+        from kiln_dynamo.source import WeakrefCallSource
+
+        return tx.wrap(self.ref(), WeakrefCallSource(self.source) if self.source is not None else None)
+
+
+class LruCacheVariable(VariableTracker):
+    """A `functools.lru_cache`/`cache` wrapper (transformers' `is_torch_distributed_available`).
+    Called with constant arguments, its `__wrapped__` function is inlined (pinned with its code):
+    what it reads is guarded as in any inlined call, so the answer holds while those guards do,
+    which is what the cache assumes too. Other arguments (a tensor is unhashable in eager) break."""
+
+    def __init__(self, wrapper: Any, source: Source | None) -> None:
+        self.wrapper = wrapper
+        self.source = source
+
+    def describe(self) -> str:
+        return f"lru_cache of {getattr(self.wrapper, '__qualname__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.wrapper)
+
+    def identity(self) -> object:
+        return self.wrapper
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.source import AttrSource
+
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"{self.describe()} called with arguments that are not constants")
+        src = AttrSource(self.source, "__wrapped__") if self.source is not None else None
+        return tx.wrap(self.wrapper.__wrapped__, src).call(tx, args, kwargs)
+
+
+def is_numpy_callable(value: Any) -> bool:
+    """A NumPy function or ufunc (numpy is looked up only if the program loaded it: kiln_dynamo
+    does not depend on it)."""
+    np = sys.modules.get("numpy")
+    if np is None or isinstance(value, type):
+        return False
+    if isinstance(value, np.ufunc):
+        return True
+    mod = getattr(value, "__module__", None) or ""
+    return callable(value) and mod.split(".")[0] == "numpy"
+
+
+class NumpyFoldVariable(VariableTracker):
+    """A NumPy function called on constants (`np.sqrt(d)`, `np.log(2)`), folded when it returns a
+    scalar; with a tensor or an array result it breaks (kiln does not trace NumPy as tensor ops)."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"numpy.{getattr(self.fn, '__name__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported(f"{self.describe()} called with values that are not constants")
+        try:
+            out = self.fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
+        except Exception as e:
+            raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+        if not isinstance(out, (bool, int, float, complex)):
+            raise Unsupported(f"{self.describe()} returned {type(out).__name__}, not a Python scalar")
+        return ConstantVariable(out)

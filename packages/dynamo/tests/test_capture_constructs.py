@@ -1,0 +1,390 @@
+"""Constructs model code writes, captured without a break (issue 16): `os.environ` reads (guarded
+on their value), pure `os.path` functions, `torch.autograd.Function.apply` (forward in the
+graph, the user's backward for gradients), dicts and sets keyed by modules, and nn.Module
+traversal (`parameters()`, `named_modules()`, ...), which `nn.TransformerEncoder` relies on."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from conftest import CountingBackend, check
+from torch import nn
+
+import kiln_dynamo
+
+ENV = "KILN_TEST_CAPTURE_CONSTRUCTS"
+
+
+def t(*shape: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7 * sum(shape) + 3)
+    return torch.randn(*shape, generator=g)
+
+
+@pytest.fixture
+def env() -> Any:
+    old = os.environ.pop(ENV, None)
+    yield os.environ
+    os.environ.pop(ENV, None)
+    if old is not None:
+        os.environ[ENV] = old
+
+
+def _env_get(x: torch.Tensor) -> torch.Tensor:
+    if os.environ.get(ENV, "0") == "1":
+        return x + 1
+    return x - 1
+
+
+def _env_item(x: torch.Tensor) -> torch.Tensor:
+    return x * int(os.environ[ENV])
+
+
+def _env_in(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if ENV in os.environ else x * 2
+
+
+@pytest.mark.parametrize("fn", [_env_get, _env_in], ids=["get", "in"])
+def test_environ_read_is_guarded_on_its_value(env: Any, fn: Any) -> None:
+    x = t(3, 4)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend)
+    torch.testing.assert_close(compiled(x), fn(x))
+    env[ENV] = "1"  # the variable appears: the guard fails, the new value is seen
+    torch.testing.assert_close(compiled(x), fn(x))
+    env[ENV] = "0"
+    torch.testing.assert_close(compiled(x), fn(x))
+    del env[ENV]
+    torch.testing.assert_close(compiled(x), fn(x))  # back to the first entry
+    assert kiln_dynamo.counters.graph_breaks == 0
+    assert backend.graphs == (3 if fn is _env_get else 2)
+
+
+def test_environ_subscript(env: Any) -> None:
+    env[ENV] = "3"
+    check(_env_item, t(2, 2))
+    compiled = kiln_dynamo.compile(_env_item)
+    env[ENV] = "5"
+    torch.testing.assert_close(compiled(t(2, 2)), t(2, 2) * 5)
+
+
+def _paths(x: torch.Tensor) -> torch.Tensor:
+    p = os.path.join("models", "layer.bin")
+    stem, ext = os.path.splitext(os.path.basename(p))
+    return x * len(stem) + len(ext) + len(os.path.dirname(p)) + os.path.isabs(p)
+
+
+def test_os_path_pure_functions_fold() -> None:
+    check(_paths, t(2, 3))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+class ScaledGrad(torch.autograd.Function):
+    """A forward whose backward is deliberately not its derivative (straight-through style)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return g * ctx.scale * torch.cos(x), None
+
+
+def _apply(x: torch.Tensor) -> torch.Tensor:
+    return ScaledGrad.apply(torch.tanh(x), 3.0).sum() * 2
+
+
+def test_autograd_function_apply_is_one_node_with_its_backward() -> None:
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_apply, backend=backend)
+    x = t(4, 5).requires_grad_()
+    ref = _apply(x)
+    (gref,) = torch.autograd.grad(ref, x)
+    out = compiled(x)
+    (got,) = torch.autograd.grad(out, x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(got, gref)  # the user's backward, not autograd of the forward
+    assert (backend.graphs, kiln_dynamo.counters.graph_breaks) == (1, 0)
+    targets = [n.target.__name__ for n in backend.gms[0].graph.nodes if n.op == "call_function"]
+    assert "ScaledGrad_apply" in targets
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), _apply(x))
+
+
+_SEEN: list[Any] = []
+
+
+class Leaky(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        _SEEN.append(x.shape)  # an effect outside forward: not run on fake tensors
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def test_autograd_function_with_effects_is_one_clean_break() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return Leaky.apply(x + 1) - 1
+
+    _SEEN.clear()
+    x = t(3)
+    report = kiln_dynamo.explain(f)(x)
+    torch.testing.assert_close(report.result, f(x))
+    assert report.graph_break_count == 1
+    assert "Leaky" in str(report.break_reasons[0])
+    assert [torch.Size([3])] * 2 == _SEEN  # once compiled (run for real), once eager
+
+
+def test_dicts_and_sets_keyed_by_modules() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        scale = {model[0]: 2.0, model[2]: 0.5}
+        seen = set()
+        for m in model:
+            if m in scale:
+                x = m(x) * scale[m]
+                seen.add(m)
+            else:
+                x = m(x)
+        return x, len(seen | {model[0]})
+
+    check(f, t(2, 4))
+
+
+class Tree(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Sequential(nn.Linear(3, 3), nn.LayerNorm(3))
+        self.shared = self.a  # the same module twice: traversals yield it once
+        self.register_buffer("scale", torch.full((3,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> Any:
+        names = [n for n, _ in self.named_parameters()]
+        total = sum(p.sum() for p in self.parameters())
+        kinds = [type(m).__name__ for m in self.modules()]
+        kids = [n for n, _ in self.named_children()]
+        bufs = [b for _, b in self.named_buffers()]
+        first = next(self.parameters())
+        return x * total + bufs[0] + first.sum(), names, kinds, kids, list(dict(self.named_modules()))
+
+
+def test_module_traversal() -> None:
+    check(Tree(), t(2, 3))
+
+
+def test_module_traversal_guards_the_tree() -> None:
+    model = Tree()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return sum((p.sum() for p in model.parameters()), x)
+
+    compiled = kiln_dynamo.compile(f)
+    x = t(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    model.c = nn.Linear(3, 3)  # a new submodule: its parameters count too
+    torch.testing.assert_close(compiled(x), f(x))
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_transformer_encoder_is_one_graph() -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        check(enc, t(2, 5, 16))
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)) + x
+
+
+class _Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.layers = nn.ModuleList(_Block() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x) * 2
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            _LOG.append(i)  # a break inside the loop (an effect kiln leaves to Python)
+            print(end="")
+        return x.sum(-1)
+
+
+_LOG: list[int] = []
+
+
+def test_break_inside_a_loop_keeps_the_prefix_and_the_layers_compiled() -> None:
+    """A break inside a loop over layers: the frame splits before the loop (the iterator of
+    `enumerate(self.layers)` crosses the split), the loop runs as plain Python, and each layer's
+    own frame is captured (one graph, reused by the three layers)."""
+    torch.manual_seed(0)
+    model = _Stack().eval()
+    x = t(2, 8)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(model, backend=backend)
+    _LOG.clear()
+    with torch.no_grad():
+        ref = model(x)
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), ref)
+    assert _LOG == [0, 1, 2] * 3
+    assert backend.graphs == 2  # the part before the loop; _Block.forward
+    assert kiln_dynamo.counters.graph_breaks == 1
+    (plain,) = kiln_dynamo.counters.fallbacks  # only the continuation that holds the loop
+    assert plain[0].startswith("resume_in_forward_at_")
+
+
+def test_forward_hooks_and_pre_hooks_are_traced() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    model[0].register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    model[0].register_forward_hook(lambda mod, args, out: out + args[0].sum())
+    model[2].register_forward_pre_hook(lambda mod, args, kwargs: ((args[0] - 1,), kwargs), with_kwargs=True)
+    model[2].register_forward_hook(lambda mod, args, kwargs, out: None, with_kwargs=True)  # keeps out
+    check(model, t(3, 4))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_forward_hook_added_or_removed_later_recompiles() -> None:
+    model = nn.Linear(4, 4)
+    compiled = kiln_dynamo.compile(lambda x: model(x) + 1)  # the call, hooks included, is traced
+    x = t(2, 4)
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    handle = model.register_forward_hook(lambda mod, args, out: out * 3)
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    handle.remove()
+    torch.testing.assert_close(compiled(x), model(x) + 1)
+    assert kiln_dynamo.counters.recompiles == 1 and kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_forward_hook_that_mutates_state() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    seen: list[Any] = []
+
+    def record(mod: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        seen.append(type(mod).__name__)  # a mutation the runner replays after the graph
+        return out * 2
+
+    model[0].register_forward_hook(record)
+    compiled = kiln_dynamo.compile(model)
+    x = t(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert seen == ["Linear"] * 4
+    assert kiln_dynamo.counters.graph_breaks == 0  # (the list's length is guarded: it recompiles)
+
+
+def test_relative_import_of_a_loaded_module() -> None:
+    from torch.nn.modules import activation
+
+    src = "def f(x):\n    from .linear import Identity\n    return Identity()(x) * 2\n"
+    scope: dict[str, Any] = {"__name__": activation.__name__, "__package__": "torch.nn.modules"}
+    exec(compile(src, "<relative import>", "exec"), scope)
+    check(scope["f"], t(3))
+
+
+class _Scale:
+    """A user context manager (Note [User context managers])."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def __enter__(self) -> float:
+        self.log.append("enter")
+        return 3.0
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.log.append("exit")
+        return False
+
+
+def test_user_and_stdlib_context_managers_are_inlined() -> None:
+    import contextlib
+
+    def f(x: torch.Tensor, log: list[str]) -> torch.Tensor:
+        with contextlib.nullcontext(x * 2) as y, _Scale(log) as k:
+            return y * k
+
+    check(f, t(3), [], state=lambda x, log: log, calls=1)  # (the list grows: its length is guarded)
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def test_functools_reduce_and_parameter_dict() -> None:
+    import functools
+    import operator
+
+    params = nn.ParameterDict({"a": nn.Parameter(t(3)), "b": nn.Parameter(t(3) + 1)})
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        total = functools.reduce(operator.add, [params["a"], params["b"], x])
+        return functools.reduce(lambda u, v: u * v, [total, x], 2.0)
+
+    check(f, t(3))
+
+
+def test_defaultdict_built_in_the_frame_and_passed_in() -> None:
+    import collections
+
+    def f(x: torch.Tensor, counts: Any) -> Any:
+        groups = collections.defaultdict(list)
+        for i, row in enumerate(x):
+            groups[i % 2].append(row * 2)
+        counts["rows"] += len(x)
+        return torch.stack(groups[0]) + torch.stack(groups[1]), groups, counts
+
+    check(f, t(4, 3), collections.defaultdict(int), state=lambda x, c: dict(c), calls=1)
+
+
+def test_numpy_on_constants_folds() -> None:
+    np = pytest.importorskip("numpy")
+    dim = 16
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x / float(np.sqrt(dim)) + np.pi + np.log(2.0)
+
+    check(f, t(2, 3))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+class _Pieces(torch.autograd.Function):
+    """A forward with a comprehension over a local (a nested code object on 3.11)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        k = 2.0
+        parts = [x * k * i for i in range(3)]
+        ctx.n = len(parts)
+        return sum(parts)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * ctx.n
+
+
+def test_autograd_function_whose_forward_has_a_comprehension() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _Pieces.apply(x).sum()
+
+    x = t(3).requires_grad_()
+    report = kiln_dynamo.explain(f)(x)
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    (got,) = torch.autograd.grad(report.result, x)
+    torch.testing.assert_close(got, torch.full((3,), 3.0))

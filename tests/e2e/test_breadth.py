@@ -1,0 +1,166 @@
+"""Breadth of capture (issue 16), a fast subset of `packages/dynamo/bench/breadth_models.py`.
+
+Each model, built from a tiny config, is one graph with no break and no frame left to Python,
+and matches eager: in eval, in train (forward + loss + backward, gradients compared), and for a
+decoder LM one decoding step with the KV cache. The whole suite, with torch.compile's counts
+next to kiln's, is `python packages/dynamo/bench/breaks.py --models`. Also: an
+`autograd.Function` through the whole kiln pipeline keeps its own backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import sys
+from typing import Any
+
+import pytest
+import torch
+
+import kiln
+import kiln_dynamo
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "packages", "dynamo", "bench"))
+from breadth import build
+from breadth_models import first_tensor
+
+EVAL = ["mistral", "bert", "deberta_v2", "bart", "wav2vec2", "swin", "mobilenet_v2",
+        "nn_transformer_encoder", "nn_lstm", "embedding_bag_recommender"]  # fmt: skip
+TRAIN = ["qwen2", "roberta", "vit", "nn_gru"]
+CACHE = ["llama", "falcon"]
+
+
+def _one_graph(report: Any) -> None:
+    assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
+    assert kiln_dynamo.counters.fallbacks == []
+
+
+@pytest.mark.parametrize("name", EVAL)
+def test_eval_is_one_graph_and_matches_eager(name: str) -> None:
+    model, inputs, _ = build(name, "eval")
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        report = kiln_dynamo.explain(model)(**inputs)
+        ref = ref_model(**inputs)
+    _one_graph(report)
+    torch.testing.assert_close(first_tensor(report.result), first_tensor(ref))
+
+
+@pytest.mark.parametrize("name", TRAIN)
+def test_train_is_one_graph_and_grads_match(name: str) -> None:
+    model, inputs, _ = build(name, "train")
+    ref_model = copy.deepcopy(model)
+    torch.manual_seed(3)
+    report = kiln_dynamo.explain(model)(**inputs)
+    first_tensor(report.result).float().pow(2).mean().backward()
+    torch.manual_seed(3)
+    first_tensor(ref_model(**inputs)).float().pow(2).mean().backward()
+    _one_graph(report)
+    for (n, p), q in zip(ref_model.named_parameters(), model.parameters(), strict=True):
+        if p.grad is None:
+            assert q.grad is None, n
+        else:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("name", CACHE)
+def test_decoding_step_with_kv_cache_is_one_graph(name: str) -> None:
+    model, inputs, _ = build(name, "cache")
+    ref_model = copy.deepcopy(model)
+
+    def step_inputs(m: Any) -> dict[str, Any]:
+        with torch.no_grad():
+            pre = m(**inputs, use_cache=True)
+        nxt = torch.tensor([[3], [7]])
+        return {"input_ids": nxt, "past_key_values": pre.past_key_values, "use_cache": True}
+
+    step, ref_step = step_inputs(model), step_inputs(ref_model)
+    with torch.no_grad():
+        report = kiln_dynamo.explain(model)(**step)
+        ref = ref_model(**ref_step)
+    _one_graph(report)
+    torch.testing.assert_close(report.result.logits, ref.logits)
+    # the cache the step appended to is the caller's object, updated as eager updates it
+    got_k = report.result.past_key_values.layers[0].keys
+    torch.testing.assert_close(got_k, ref.past_key_values.layers[0].keys)
+    assert got_k.shape[-2] == inputs["input_ids"].shape[1] + 1
+
+
+class _Clipped(torch.autograd.Function):
+    """A straight-through clamp: the backward passes gradients where eager autograd would not."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(-0.5, 0.5)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 0.5
+
+
+class _WithFunction(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Clipped.apply(self.lin(x)).tanh().sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_autograd_function_keeps_its_backward_through_kiln(backend: str) -> None:
+    torch.manual_seed(0)
+    model = _WithFunction()
+    compiled_model = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    model(x).backward()
+    kiln.reset()
+    out = kiln.compile(compiled_model, backend=backend, options={"strict": True})(x)
+    out.backward()
+    torch.testing.assert_close(out, model(x))
+    for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.fallbacks == []
+
+
+def test_segformer_with_its_output_capturing_hooks_is_one_graph() -> None:
+    """transformers installs forward hooks on segformer's layers at its first call (under a
+    threading.Lock, which is a break on that call); from then on the hooks are traced."""
+    model, inputs, _ = build("segformer", "eval")
+    ref_model = copy.deepcopy(model)
+    with torch.no_grad():
+        model(**inputs)  # installs the hooks
+        report = kiln_dynamo.explain(model)(**inputs)
+        ref = ref_model(**inputs)
+    assert any(m._forward_hooks for m in model.modules())
+    _one_graph(report)
+    torch.testing.assert_close(report.result.logits, ref.logits)
+
+
+def test_one_op_whose_decomposition_fails_costs_only_that_op(monkeypatch: Any) -> None:
+    """Note [One op kept when its decomposition fails] through kiln: mish's decomposition raises,
+    the graph is still compiled (strict: a graph sent to eager would raise), mish runs as one
+    aten call, forward and backward, and the answer and gradients are eager's."""
+    import kiln_aotgrad.api
+
+    aten = torch.ops.aten
+    real = kiln_aotgrad.api.default_decompositions
+
+    def broken_mish(x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("mish: no decomposition for this layout")
+
+    monkeypatch.setattr(kiln_aotgrad.api, "default_decompositions", lambda: {**real(), aten.mish.default: broken_mish})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Mish(), torch.nn.Linear(8, 2))
+    compiled_model = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    kiln.reset()
+    out = kiln.compile(compiled_model, options={"strict": True})(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, model(x))
+    for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    assert [g.fell_back for g in kiln.compile_log()] == [None]
