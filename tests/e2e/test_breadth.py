@@ -23,8 +23,8 @@ import kiln
 import kiln_dynamo
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "packages", "dynamo", "bench"))
-from breadth import build
-from breadth_models import first_tensor
+from breadth import build  # type: ignore[import-not-found]
+from breadth_models import first_tensor  # type: ignore[import-not-found]
 
 EVAL = ["mistral", "bert", "deberta_v2", "bart", "wav2vec2", "swin", "mobilenet_v2",
         "nn_transformer_encoder", "nn_lstm", "embedding_bag_recommender"]  # fmt: skip
@@ -151,7 +151,9 @@ def test_one_op_whose_decomposition_fails_costs_only_that_op(monkeypatch: Any) -
     def broken_mish(x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("mish: no decomposition for this layout")
 
-    monkeypatch.setattr(kiln_aotgrad.api, "default_decompositions", lambda: {**real(), aten.mish.default: broken_mish})
+    monkeypatch.setattr(
+        kiln_aotgrad.api, "default_decompositions", lambda: {**real(), aten.mish.default: broken_mish}
+    )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Mish(), torch.nn.Linear(8, 2))
     compiled_model = copy.deepcopy(model)
