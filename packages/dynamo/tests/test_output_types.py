@@ -48,6 +48,8 @@ def _exact(a: Any, b: Any, path: str = "out") -> None:
         assert len(a) == len(b), f"{path}: len"
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _exact(x, y, f"{path}[{i}]")
+    elif isinstance(a, type({}.keys()) | type({}.values()) | type({}.items())):
+        _exact(list(a), list(b), f"{path} (view)")  # views compare by identity: compare the elements
     elif isinstance(a, dict):
         assert list(a) == list(b), f"{path}: keys"
         for k in a:
@@ -190,6 +192,19 @@ def z_in_continuation(x):
 
 Case = tuple[str, Callable[..., Any], Callable[[], tuple[Any, ...]], Callable[..., Any] | None]
 
+
+# --- dict views (Note [Dict views]) -------------------------------------------------------------
+def v_views_of_an_input(x, d):
+    keys = d.keys()
+    d["c"] = x * 3  # a view sees the dict's later writes
+    return x + len(keys), keys, d.values(), d.items(), "c" in keys
+
+
+def v_views_of_a_fresh_dict(x):
+    d = {"u": x, "v": x * 2}
+    return d.values(), d, [k for k, _ in d.items()]
+
+
 CASES: list[Case] = [
     ("seq_index", s_index, lambda: (X,), None),
     ("seq_slice_call", s_slice_call, lambda: (X,), None),
@@ -216,6 +231,8 @@ CASES: list[Case] = [
     ("size_list_dict", z_list_dict, lambda: (X, [], {}), lambda x, lst, d: (lst, d)),
     ("size_across_break", z_across_break, lambda: (X,), None),
     ("size_in_continuation", z_in_continuation, lambda: (X,), None),
+    ("dict_views_of_an_input", v_views_of_an_input, lambda: (X, {"a": X, "b": 2 * X}), lambda x, d: d),
+    ("dict_views_of_a_fresh_dict", v_views_of_a_fresh_dict, lambda: (X,), None),
 ]
 
 

@@ -256,12 +256,8 @@ class DictVariable(VariableTracker):
             self._builtin("__iter__", "__getitem__")
             if name == "copy":
                 raise Unsupported(f"copy of a {self.user_cls.__qualname__}, a dict subclass")
-        if name == "keys":
-            return TupleVariable([key_vt(k) for k in self._items])
-        if name == "values":
-            return TupleVariable(list(self.items.values()))
-        if name == "items":
-            return TupleVariable([TupleVariable([key_vt(k), v]) for k, v in self.items.items()])
+        if name in ("keys", "values", "items") and not args and not kwargs:
+            return DictViewVariable(self, name)
         if name == "get" and 1 <= len(args) <= 2:
             k = key_of(args[0])
             if k in self._items:
@@ -321,6 +317,64 @@ class DictVariable(VariableTracker):
         if self.user_cls is dict:
             return "{" + inner + "}"
         return f"{cg.const(self.user_cls)}({{{inner}}})"
+
+
+_VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+
+class DictViewVariable(TupleVariable):
+    """``d.keys()`` / ``d.values()`` / ``d.items()``: a live view of a traced dict.
+
+    Note [Dict views]: the elements are read from the dict each time (a view sees the dict's later
+    writes, as Python's does), and a view that leaves the frame is rebuilt as ``<the dict>.keys()``,
+    so the caller gets a ``dict_keys`` of the very dict it sees, not a tuple. Only what views
+    support is handled (iteration, ``len``, ``in``, truth); the rest is a break."""
+
+    def __init__(self, d: DictVariable, kind: str) -> None:
+        self.d = d
+        self.kind = kind
+        self.source = None
+
+    @property
+    def items(self) -> list[VT]:
+        d = self.d
+        if self.kind == "keys":
+            return [key_vt(k) for k in d._items]
+        if self.kind == "values":
+            return list(d.items.values())
+        return [TupleVariable([key_vt(k), v]) for k, v in d.items.items()]
+
+    @items.setter
+    def items(self, value: list[VT]) -> None:  # BaseListVariable's __init__ is not run
+        raise AttributeError("a dict view's elements are its dict's")
+
+    def python_type(self) -> type:
+        return _VIEW_TYPES[self.kind]
+
+    def describe(self) -> str:
+        return f"dict_{self.kind} of {len(self.d._items)}"
+
+    def is_constant(self) -> bool:
+        return self.d.is_constant()
+
+    def as_constant(self) -> Any:
+        return getattr(self.d.as_constant(), self.kind)()
+
+    def contains(self, tx: Tx, value: VT) -> bool:
+        if self.kind == "keys":
+            return self.d.contains(tx, value)
+        return super().contains(tx, value)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        raise Unsupported(f"'{self.python_type().__name__}' object is not subscriptable")
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name in ("__len__", "__contains__") and not kwargs:
+            return super().call_method(tx, name, args, kwargs)
+        raise Unsupported(f"method {name} of {self.describe()}")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{self.d.reconstruct(cg)}.{self.kind}()"
 
 
 class DefaultDictVariable(DictVariable):
