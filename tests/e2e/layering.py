@@ -18,7 +18,7 @@ from pathlib import Path
 ALLOWED_SIBLINGS: dict[str, frozenset[str]] = {
     "kiln_frame_hook": frozenset(),
     "kiln_symbolic": frozenset(),
-    "kiln_dynamo": frozenset({"kiln_frame_hook"}),
+    "kiln_dynamo": frozenset({"kiln_frame_hook", "kiln_symbolic"}),
     "kiln_aotgrad": frozenset({"kiln_dynamo"}),
     "kiln_loopir": frozenset(),
     "kiln_codegen_cpp": frozenset({"kiln_loopir"}),

@@ -65,6 +65,7 @@ from kiln_dynamo.variables.lists import (
     TupleVariable,
 )
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.symbolic import SymNodeVariable, symbolic_op
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import (
     TRUSTED_MODULE_PREFIXES,
@@ -99,6 +100,13 @@ def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
             raise Unsupported("torch.Size arithmetic with an item that is not a Python int")
         return SizeVariable(items)
     return TupleVariable(items)
+
+
+def _symbolic_operands(a: VT, b: VT) -> bool:
+    """A size symbol with a number or another size symbol: arithmetic for the ShapeEnv."""
+    if not (isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable)):
+        return False
+    return all(isinstance(v, SymNodeVariable) or _is_number(v) for v in (a, b))
 
 
 def _is_number(vt: VT) -> bool:
@@ -312,6 +320,8 @@ class InstructionTranslator:
             fn = _OUT_OF_PLACE[fn]  # `n += t` for a number n is `n + t` (FX cannot print `0 += t`)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, _OUT_OF_PLACE.get(fn, fn), [a, b])
         if a.is_constant() and b.is_constant() and not isinstance(a, BaseListVariable | DictVariable):
             try:
                 return self.wrap_constant(fn(a.as_constant(), b.as_constant()))
@@ -350,6 +360,8 @@ class InstructionTranslator:
     def compare_op(self, fn: Any, a: VT, b: VT) -> VT:
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, fn, [a, b])
         if a.is_constant() and b.is_constant():
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
         if fn in (operator.eq, operator.ne):
@@ -363,6 +375,8 @@ class InstructionTranslator:
             return ConstantVariable(not a.truth(self))
         if isinstance(a, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a], {})
+        if isinstance(a, SymNodeVariable):
+            return symbolic_op(self, fn, [a])
         if a.is_constant():
             return self.wrap_constant(fn(a.as_constant()))
         raise Unsupported(f"unary {fn.__name__} on {a.describe()}")
