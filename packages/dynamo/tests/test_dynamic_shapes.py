@@ -315,3 +315,96 @@ def test_guard_soundness_fuzz() -> None:
         ym = rng.choice([1, m])
         x, y = torch.randn(n, m), torch.randn(1, ym)
         assert_same(f(x, y), compiled(x, y))
+
+
+def test_int_inputs_become_symbolic_after_they_change() -> None:
+    def f(x: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+        y = x * n + torch.arange(n).sum()
+        for i in range(2):
+            y = y + i
+        return y[:n], n + 1
+
+    x = torch.randn(10, 3)
+    backend = run_sizes(f, lambda n: (x, n), [2, 3, 4, 5, 7, 10])
+    assert backend.graphs == 2
+    sym = [n for n in backend.gms[1].graph.nodes if n.op == "placeholder"][1]
+    assert isinstance(sym.meta["val"], torch.SymInt)
+    texts = guard_texts(f)
+    assert "type(L['n']) is int" in texts and "L['n'] <= 10" in texts  # `y[:n]` on 10 rows
+    assert not any("L['n'] ==" in t for t in texts)
+
+
+def test_int_that_a_builtin_needs_is_specialized() -> None:
+    def f(x: torch.Tensor, n: int) -> torch.Tensor:
+        for _ in range(n):
+            x = x + 1
+        return x
+
+    backend = run_sizes(f, lambda n: (torch.zeros(2), n), [2, 3, 3, 4])
+    assert backend.graphs == 3  # every value is its own graph: range() needs the number
+    assert "L['n'] == 4" in guard_texts(f)
+
+
+GLOBAL_K = 3
+
+
+def test_global_ints_stay_constants() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * GLOBAL_K
+
+    global GLOBAL_K
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(f, backend=backend)
+    for k in [3, 4]:
+        GLOBAL_K = k
+        x = torch.randn(2)
+        assert_same(compiled(x), f(x))
+    assert backend.graphs == 2
+    assert all(
+        n.op != "placeholder" or isinstance(n.meta["val"], torch.Tensor) for n in backend.gms[1].graph.nodes
+    )
+    GLOBAL_K = 3
+
+
+def test_mark_dynamic_then_specialized_warns_and_fullgraph_raises() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) == 8:
+            return x + 1
+        return x - 1
+
+    x = torch.randn(8, 2)
+    kiln_dynamo.mark_dynamic(x, 0)
+    compiled = kiln_dynamo.compile(f, backend=DynamicBackend())
+    with pytest.warns(UserWarning, match=r"marked L\['x'\].size\(0\) as dynamic but the code specialized it"):
+        assert_same(compiled(x), f(x))
+    kiln_dynamo.reset()
+    strict = kiln_dynamo.compile(f, backend=DynamicBackend(), fullgraph=True)
+    with pytest.raises(kiln_dynamo.Unsupported, match=r"test_dynamic_shapes\.py"):
+        strict(x)
+
+
+def test_graph_break_with_a_dynamic_dim_used_after_it() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+        n = x.size(0)
+        z = x * 2
+        print("", end="")  # a graph break: the rest is a continuation with its own frame state
+        w = z.view(n, -1) + y[:1]
+        return w.sum(0) + n, n * 2
+
+    backend = run_sizes(f, lambda n: (torch.randn(n, 3), torch.randn(n, 3)), [4, 8, 16, 32, 5])
+    assert counters.graph_breaks >= 1
+    assert backend.graphs == 4  # each of the two frames: static, then dynamic; no more after
+
+
+def test_equal_sizes_by_use_share_one_symbol_and_broadcast_against_one_stays_static() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * y
+
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(f, backend=backend, dynamic=True)
+    for xs, ys in [((4, 3), (4, 3)), ((5, 3), (5, 3)), ((5, 3), (1, 3)), ((6, 3), (6, 3)), ((6, 3), (1, 3))]:
+        x, y = torch.randn(*xs), torch.randn(*ys)
+        assert_same(f(x, y), compiled(x, y))
+    assert backend.graphs == 2  # duck-sized [s0, s1] * [s0, s1]; then [s0, s1] * [1, s1]
+    assert backend.placeholder_sizes(0) == [("s0", "s1"), ("s0", "s1")]
+    assert backend.placeholder_sizes(1)[1] == ("1", "s1")

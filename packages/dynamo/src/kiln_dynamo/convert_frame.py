@@ -256,6 +256,10 @@ def _capture(
             compiled = _shielded(compiled)
     runner = build_runner(spec, output.ctx.consts, compiled)
     if shape_ctx.has_symbols():
+        for problem in shape_ctx.specialized_marks():
+            if key is not None and key.fullgraph:
+                raise Unsupported(problem)
+            warnings.warn(f"kiln_dynamo: {problem}", UserWarning, stacklevel=2)
         output.guards.shape_guards(shape_ctx)
     shape_ctx.env.freeze()
     guard = build_guard(output.guards, len(names), f_globals)

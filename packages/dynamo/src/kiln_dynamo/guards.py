@@ -221,10 +221,14 @@ class GuardBuilder:
         strides), each a check of its own with the user's line that caused it."""
         from kiln_symbolic import pexpr
 
-        def code_of(key: shapes.SizeKey) -> str:
+        def code_of(key: shapes.SizeKey | shapes.ScalarKey) -> str:
+            if isinstance(key, shapes.ScalarKey):
+                return self.ctx.bind(key.source)
             return f"{self.ctx.bind(key.source)}.size({key.dim})"
 
-        def name_of(key: shapes.SizeKey) -> str:
+        def name_of(key: shapes.SizeKey | shapes.ScalarKey) -> str:
+            if isinstance(key, shapes.ScalarKey):
+                return key.source.name()
             return f"{key.source.name()}.size({key.dim})"
 
         env = ctx.env

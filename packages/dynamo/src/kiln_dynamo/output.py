@@ -131,6 +131,26 @@ class OutputGraph:
         self._input_by_id[id(value)] = vt
         return vt
 
+    def add_int_input(self, value: int, source: Source) -> VT | None:
+        """An int argument of the frame as a `Sym` graph input when the shape policy makes it
+        symbolic (shapes.ShapeContext.int_symbol); None when it stays a guarded constant."""
+        sym = self.shapes.int_symbol(value, source)
+        if sym is None:
+            return None
+        self.guards.type_match(source, value)
+        if self.inputs:
+            ctx = self.graph.inserting_after(self.inputs[-1][0])
+        elif len(self.graph.nodes) > 0:
+            ctx = self.graph.inserting_before(next(iter(self.graph.nodes)))
+        else:
+            ctx = self.graph.inserting_after(None)
+        with ctx:
+            node = self.graph.placeholder(_node_name(source.name()))
+        node.meta["val"] = sym
+        node.meta["source"] = source.name()
+        self.inputs.append((node, source, value))  # type: ignore[arg-type]
+        return SymNodeVariable(node, sym)
+
     def real_cell(self, cell: types.CellType, make: Any) -> CellVariable:
         hit = self._real_cells.get(id(cell))
         if hit is None:

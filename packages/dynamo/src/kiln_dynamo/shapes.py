@@ -25,6 +25,12 @@ refused (`DynamicShapesUnsupported`) is marked `static_only` and recompiles per 
 The marker attributes are torch's own (`_dynamo_dynamic_indices`, `_dynamo_weak_dynamic_indices`,
 `_dynamo_static_indices`, `_dynamo_dynamic_range`), so code written for torch.compile's
 `mark_dynamic` works unchanged.
+
+Note [Int inputs]: an int argument of the frame follows torch's `specialize_int=False`: a
+guarded constant at first; once a capture sees another value it becomes a `Sym` graph input
+(`ShapeContext.int_symbol`) over a symbol of any sign. Ints reached through globals, module
+attributes or closures stay constants. A builtin that needs a plain int (`range(n)`) specializes
+it with a guard (`n == 3`).
 """
 
 from __future__ import annotations
@@ -156,12 +162,23 @@ class SizeKey:
         return f"{self.source.name()}.size({self.dim})"
 
 
+@dataclass(frozen=True, slots=True)
+class ScalarKey:
+    """The ShapeEnv's name for an int argument of the frame."""
+
+    source: Source
+
+    def __str__(self) -> str:
+        return self.source.name()
+
+
 @dataclass(slots=True)
 class ShapeContext:
     mode: DynamicMode
     state: FrameState | None
     allowed: bool = True  # False: the backend takes no symbolic sizes (everything static)
     env: ShapeEnv = field(default_factory=ShapeEnv)
+    marked: list[tuple[SizeKey, Any]] = field(default_factory=list)  # mark_dynamic dims, symbols
     dynamic_inputs: list[tuple[Source, torch.Tensor]] = field(default_factory=list)  # (source, fake)
 
     @property
@@ -199,6 +216,8 @@ class ShapeContext:
             lo, hi = _marked_range(t, d) if how is DimDynamic.DYNAMIC else (None, None)
             try:
                 exprs.append(self.env.create_symbol(n, SizeKey(source, d), how, min=lo, max=hi))
+                if d in _marked(t, "_dynamo_dynamic_indices") and not exprs[-1].is_Integer:
+                    self.marked.append((SizeKey(source, d), exprs[-1]))
             except ConstraintViolation as e:
                 log.info("%s stays static: %s", SizeKey(source, d), e)
                 exprs.append(sympy.Integer(n))
@@ -208,6 +227,35 @@ class ShapeContext:
         sym_sizes = [make_symint(self.env, e, n) for e, n in zip(exprs, sizes, strict=True)]
         sym_strides = [make_symint(self.env, e, s) for e, s in zip(strides, t.stride(), strict=True)]
         return sym_sizes, sym_strides
+
+    def int_symbol(self, value: int, source: Source) -> Any:
+        """A SymInt for an int argument of the frame, or None when it stays a constant: static
+        until its value changes between captures (automatic dynamic), symbolic at once under
+        `dynamic=True`; any int, with no 0/1 specialization (Note [Int inputs])."""
+        if self.static or self.mode is False:
+            return None
+        changed = False
+        if self.state is not None and self.mode is None:
+            changed = bool(self.state.merge(source.name(), (value,)))
+        if self.mode is not True and not changed:
+            return None
+        sym = self.env.create_int_symbol(value, ScalarKey(source))
+        return make_symint(self.env, sym, value)
+
+    def specialized_marks(self) -> list[str]:
+        """For each `mark_dynamic` dim that the program specialized to a constant, what happened
+        and where (torch raises a constraint violation for these; 0 and 1 never get a symbol)."""
+        out = []
+        for key, sym in self.marked:
+            value = self.env.replace(sym)
+            if not value.is_Integer:
+                continue
+            where = next((g.where for g in self.env.guards if sym in g.expr.free_symbols), "?")
+            out.append(
+                f"you marked {key} as dynamic but the code specialized it to the constant {value} "
+                f"(at {where}); remove the mark or use maybe_mark_dynamic"
+            )
+        return out
 
     def guard_texts(self, render: Callable[[SizeKey], str]) -> list[tuple[str, str]]:
         """(Python text, where) of every shape guard, sizes rendered by `render`."""

@@ -967,7 +967,11 @@ def run_root(
     cells: dict[str, CellVariable] = {}
     output.guards.where = f"{code.co_filename}:{code.co_firstlineno} (entry of {code.co_name})"
     for name, value in entry_values.items():
-        vt = output.builder.wrap(value, LocalSource(name))
+        vt = None
+        if type(value) is int and name not in code.co_freevars:
+            vt = output.add_int_input(value, LocalSource(name))  # None: it stays a constant
+        if vt is None:
+            vt = output.builder.wrap(value, LocalSource(name))
         if name in code.co_freevars:
             cell = CellVariable(vt)
             cell.root_free = True  # type: ignore[attr-defined]
