@@ -291,9 +291,11 @@ def test_a_backend_without_the_declaration_stays_static() -> None:
 def test_recompile_log_says_which_dim_went_dynamic(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    with caplog.at_level(logging.INFO, logger="kiln.dynamo.dynamic"):
+    with caplog.at_level(logging.INFO, logger="kiln.dynamo.recompiles"):
         run_sizes(_mlp_fn, lambda b: (torch.randn(b, 8), torch.randn(8, 4)), [2, 3])
-    assert "marking L['x'].size(0) dynamic: 2 != 3" in caplog.text
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln.dynamo.recompiles"]
+    assert any("guard failed: L['x'].size(0) == 2" in m for m in lines), lines
+    assert any("marking L['x'].size(0) dynamic: 2 != 3" in m for m in lines), lines
 
 
 def test_guard_soundness_fuzz() -> None:
@@ -408,3 +410,24 @@ def test_equal_sizes_by_use_share_one_symbol_and_broadcast_against_one_stays_sta
     assert backend.graphs == 2  # duck-sized [s0, s1] * [s0, s1]; then [s0, s1] * [1, s1]
     assert backend.placeholder_sizes(0) == [("s0", "s1"), ("s0", "s1")]
     assert backend.placeholder_sizes(1)[1] == ("1", "s1")
+
+
+def test_a_compiled_entry_does_not_keep_the_frame_objects_alive() -> None:
+    import gc
+    import weakref
+
+    class Holder:
+        pass
+
+    def f(x: torch.Tensor, h: Holder) -> torch.Tensor:
+        return x * 2
+
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(f, backend=backend, dynamic=True)
+    h = Holder()
+    ref = weakref.ref(h)
+    compiled(torch.randn(3, 2), h)
+    del h
+    gc.collect()
+    assert ref() is None
+    assert backend.placeholder_sizes(0) == [("s0", "s1")]

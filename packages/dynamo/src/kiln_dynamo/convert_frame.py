@@ -128,6 +128,10 @@ class _RetryStatic(Exception):
     pass
 
 
+def _after_capture() -> str:
+    return "after capture (the shape env is frozen)"
+
+
 def _capture_or_split(
     code: types.CodeType,
     entry_values: dict[str, Any],
@@ -262,6 +266,9 @@ def _capture(
             warnings.warn(f"kiln_dynamo: {problem}", UserWarning, stacklevel=2)
         output.guards.shape_guards(shape_ctx)
     shape_ctx.env.freeze()
+    # the graph's SymInts keep the env alive: it must not keep the translator (and through it
+    # the frame's objects) alive too
+    shape_ctx.env.where = _after_capture
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))

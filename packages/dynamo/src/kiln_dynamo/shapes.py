@@ -46,6 +46,7 @@ import sympy
 import torch
 from kiln_symbolic import ConstraintViolation, DimDynamic, ShapeEnv, expr_of, make_symint
 
+from kiln_dynamo.logs import recompiles_log
 from kiln_dynamo.source import Source
 
 log = logging.getLogger("kiln.dynamo.dynamic")
@@ -131,7 +132,9 @@ class FrameState:
         merged = tuple(a if a == b else None for a, b in zip(old, sizes, strict=True))
         for d, (a, b) in enumerate(zip(old, sizes, strict=True)):
             if a is not None and a != b:
-                log.info("automatic dynamic: marking %s.size(%d) dynamic: %s != %s", name, d, a, b)
+                # KILN_LOG=recompiles tells why the new entry is dynamic; =dynamic too
+                for logger in (recompiles_log, log):
+                    logger.info("automatic dynamic: marking %s.size(%d) dynamic: %s != %s", name, d, a, b)
         self.sizes[name] = merged
         return {d for d, v in enumerate(merged) if v is None}
 
