@@ -431,3 +431,15 @@ def test_a_compiled_entry_does_not_keep_the_frame_objects_alive() -> None:
     gc.collect()
     assert ref() is None
     assert backend.placeholder_sizes(0) == [("s0", "s1")]
+
+
+def test_len_of_a_tensor_stays_symbolic_and_dynamic_true_makes_ints_symbolic_at_once() -> None:
+    def f(x: torch.Tensor, k: int) -> torch.Tensor:
+        n = len(x)
+        return x.view(n, -1) * k
+
+    backend = run_sizes(f, lambda b: (torch.randn(b, 4), b + 1), [3, 5, 9], dynamic=True)
+    assert backend.graphs == 1
+    vals = [n.meta["val"] for n in backend.gms[0].graph.nodes if n.op == "placeholder"]
+    assert isinstance(vals[1], torch.SymInt)  # k: symbolic from the first call
+    assert not any("L['x'].size(0) ==" in t for t in guard_texts(f))

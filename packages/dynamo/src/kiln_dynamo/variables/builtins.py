@@ -452,6 +452,12 @@ def is_builtin_handled(fn: Any) -> bool:
         return False
 
 
+def _symbolic_length(vt: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable) and vt.fake.dim() > 0 and isinstance(vt.fake.shape[0], torch.SymInt)
+
+
 def specialize(tx: Tx, vt: VT) -> VT:
     """A symbolic number as the constant it is in this run (the ShapeEnv records the guard)."""
     if not isinstance(vt, SymNodeVariable):
@@ -490,6 +496,11 @@ class BuiltinVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn is len and len(args) == 1 and not kwargs and _symbolic_length(args[0]):
+            from kiln_dynamo.variables.tensor import TensorVariable
+
+            assert isinstance(args[0], TensorVariable)
+            return args[0].dim_value(tx, "size", 0, args[0].fake.shape[0])  # stays symbolic
         if any(isinstance(a, SymNodeVariable) for a in (*args, *kwargs.values())):
             # builtins take plain numbers: a symbolic size is specialized here, with a guard
             args = [specialize(tx, a) for a in args]
