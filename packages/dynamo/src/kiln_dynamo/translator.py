@@ -96,7 +96,11 @@ def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
     if isinstance(a, ListVariable):
         return ListVariable(items)
     if isinstance(a, SizeVariable) or (isinstance(b, SizeVariable) and type(a) is TupleVariable):
-        if not all(i.is_constant() and type(i.as_constant()) is int for i in items):
+        if not all(
+            (i.is_constant() and type(i.as_constant()) is int)
+            or (isinstance(i, SymNodeVariable) and i.python_type() is int)
+            for i in items
+        ):
             raise Unsupported("torch.Size arithmetic with an item that is not a Python int")
         return SizeVariable(items)
     return TupleVariable(items)
