@@ -17,7 +17,8 @@ from pathlib import Path
 # import name -> sibling import names it may use (DESIGN.md, "depends on" column).
 ALLOWED_SIBLINGS: dict[str, frozenset[str]] = {
     "kiln_frame_hook": frozenset(),
-    "kiln_dynamo": frozenset({"kiln_frame_hook"}),
+    "kiln_symbolic": frozenset(),
+    "kiln_dynamo": frozenset({"kiln_frame_hook", "kiln_symbolic"}),
     "kiln_aotgrad": frozenset({"kiln_dynamo"}),
     "kiln_loopir": frozenset(),
     "kiln_codegen_cpp": frozenset({"kiln_loopir"}),
@@ -42,6 +43,7 @@ NO_TORCH = frozenset({"kiln_frame_hook"})
 # its pyproject's non-sibling dependencies (a test keeps the two in step).
 ALLOWED_THIRD_PARTY: dict[str, frozenset[str]] = {
     "kiln_frame_hook": frozenset(),
+    "kiln_symbolic": frozenset({"torch", "sympy"}),
     "kiln_dynamo": frozenset({"torch", "sympy"}),
     "kiln_aotgrad": frozenset({"torch", "networkx"}),
     "kiln_loopir": frozenset({"torch", "sympy"}),

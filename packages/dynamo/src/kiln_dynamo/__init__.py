@@ -16,10 +16,11 @@ from kiln_dynamo.backends import lookup_backend, register_backend
 from kiln_dynamo.convert_frame import CapturedFrame, capture, entry_names
 from kiln_dynamo.counters import Counters, counters
 from kiln_dynamo.eval_frame import CompiledModule, compile, reset
-from kiln_dynamo.exc import BreakReason, Unsupported, UserFrame
+from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported, UserFrame
 from kiln_dynamo.explain import ExplainOutput, explain
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.logs import configure_artifacts
+from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "CapturedFrame",
     "CompiledModule",
     "Counters",
+    "DynamicShapesUnsupported",
     "ExplainOutput",
     "Unsupported",
     "UserFrame",
@@ -39,6 +41,9 @@ __all__ = [
     "explain",
     "forget_source_when_freed",
     "lookup_backend",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "register_backend",
     "reset",
 ]

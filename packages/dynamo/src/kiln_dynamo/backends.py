@@ -60,16 +60,18 @@ class CompileKey:
     backend: object  # the declared key, or a weak reference to the backend (or the backend itself)
     fullgraph: bool
     label: str
+    dynamic: bool | None = None  # torch.compile's `dynamic=` (kiln_dynamo.shapes)
 
     def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, CompileKey)
             and self.backend == other.backend
             and self.fullgraph == other.fullgraph
+            and self.dynamic is other.dynamic
         )
 
     def __hash__(self) -> int:
-        return hash((self.backend, self.fullgraph))
+        return hash((self.backend, self.fullgraph, self.dynamic))
 
 
 class _Active(threading.local):
@@ -96,7 +98,7 @@ ACTIVE = _Active()
 _interned: dict[CompileKey, CompileKey] = {}
 
 
-def compile_key(backend: Backend, fullgraph: bool) -> CompileKey:
+def compile_key(backend: Backend, fullgraph: bool, dynamic: bool | None = None) -> CompileKey:
     """The interned key of a compile with `backend` (Note [The compile key in every guard])."""
     declared = getattr(backend, "__kiln_cache_key__", None)
     label = getattr(backend, "__name__", type(backend).__name__)
@@ -110,5 +112,6 @@ def compile_key(backend: Backend, fullgraph: bool) -> CompileKey:
             hash(ident)
         except TypeError:
             ident = _ByIdentity(backend)
-    key = CompileKey(ident, fullgraph, f"{label}{', fullgraph' if fullgraph else ''}")
+    extra = (", fullgraph" if fullgraph else "") + (f", dynamic={dynamic}" if dynamic is not None else "")
+    key = CompileKey(ident, fullgraph, f"{label}{extra}", dynamic)
     return _interned.setdefault(key, key)

@@ -45,12 +45,13 @@ from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.breaks import CannotSplit, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
-from kiln_dynamo.exc import BreakReason, Unsupported
+from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guards import Guard, build_guard, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.resume import SplitPlan
+from kiln_dynamo.shapes import ShapeContext, frame_state
 from kiln_dynamo.translator import BreakHere, run_root
 from kiln_dynamo.variables.opaque import autocast_state, restore_autocast_state
 
@@ -118,7 +119,32 @@ def capture(
     """Capture the frame whole, or, when something in it is unsupported and `allow_breaks`,
     split it at a graph break (breaks.py, Note [Trace twice]). Raises `Unsupported` when neither
     works; `not_split` on it then says why the frame could not be split. With `key`, the guard
-    first checks that this compile is the one running (Note [The compile key in every guard])."""
+    first checks that this compile is the one running (Note [The compile key in every guard]).
+    A backend that refuses symbolic sizes (`DynamicShapesUnsupported`) gets the frame again,
+    static (Note [Automatic dynamic] in shapes.py)."""
+    try:
+        return _capture_or_split(code, entry_values, f_globals, f_builtins, backend, allow_breaks, key)
+    except _RetryStatic:
+        return _capture_or_split(code, entry_values, f_globals, f_builtins, backend, allow_breaks, key)
+
+
+class _RetryStatic(Exception):
+    pass
+
+
+def _after_capture() -> str:
+    return "after capture (the shape env is frozen)"
+
+
+def _capture_or_split(
+    code: types.CodeType,
+    entry_values: dict[str, Any],
+    f_globals: dict[str, Any],
+    f_builtins: dict[str, Any],
+    backend: Backend,
+    allow_breaks: bool,
+    key: CompileKey | None,
+) -> CapturedFrame:
     try:
         return _capture(code, entry_values, f_globals, f_builtins, backend, None, key)
     except Unsupported as e:
@@ -170,7 +196,10 @@ def _capture(
     t0 = time.perf_counter()
     names = entry_names(code)
     assert list(entry_values) == names, (list(entry_values), names)
-    output = OutputGraph(code, names, f_globals)
+    shape_ctx = ShapeContext(
+        key.dynamic if key is not None else None, frame_state(code), takes_symbolic_sizes(backend)
+    )
+    output = OutputGraph(code, names, f_globals, shape_ctx)
     if key is not None:
         output.guards.compile_key(ACTIVE, key, key.label)
     grad = torch.is_grad_enabled()
@@ -227,6 +256,14 @@ def _capture(
         gm.meta["frame"] = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
         try:
             compiled = backend(gm, example_inputs)
+        except DynamicShapesUnsupported as e:
+            if not shape_ctx.has_symbols():
+                raise RuntimeError(f"backend raised DynamicShapesUnsupported on a static graph: {e}") from e
+            assert shape_ctx.state is not None
+            shape_ctx.state.static_only = str(e)
+            recompiles_log.info("%s: compiling static shapes instead: %s", code.co_name, e)
+            counters.dynamic_fallbacks.append((code.co_name, str(e)))
+            raise _RetryStatic from e
         except Exception as e:  # DESIGN.md: a failing backend falls back to the captured graph
             warnings.warn(
                 f"kiln_dynamo: backend {getattr(backend, '__name__', backend)!r} failed on {code.co_name} "
@@ -238,6 +275,16 @@ def _capture(
         if backend is not eager_backend:
             compiled = _shielded(compiled)
     runner = build_runner(spec, output.ctx.consts, compiled)
+    if shape_ctx.has_symbols():
+        for problem in shape_ctx.specialized_marks():
+            if key is not None and key.fullgraph:
+                raise Unsupported(problem)
+            warnings.warn(f"kiln_dynamo: {problem}", UserWarning, stacklevel=2)
+        output.guards.shape_guards(shape_ctx)
+    shape_ctx.env.freeze()
+    # the graph's SymInts keep the env alive: it must not keep the translator (and through it
+    # the frame's objects) alive too
+    shape_ctx.env.where = _after_capture
     guard = build_guard(output.guards, len(names), f_globals)
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
@@ -259,6 +306,12 @@ def _capture(
     return CapturedFrame(
         gm, guard, new_code, runner, spec.source, time.perf_counter() - t0, side_effects, split
     )
+
+
+def takes_symbolic_sizes(backend: Backend) -> bool:
+    """Only a backend that says so (`__kiln_dynamic_shapes__ = True`; dynamo's eager does) gets
+    graphs with symbolic sizes: another one might compile for the example inputs' sizes only."""
+    return backend is eager_backend or bool(getattr(backend, "__kiln_dynamic_shapes__", False))
 
 
 def _close_autocast_blocks(output: OutputGraph, b: BreakHere) -> list[tuple[Any, ...]]:
@@ -317,7 +370,10 @@ _FUNCTION_CTX = torch.autograd.function.FunctionCtx
 
 
 def make_callback(
-    backend: Backend, fullgraph: bool, targets: frozenset[types.CodeType] = frozenset()
+    backend: Backend,
+    fullgraph: bool,
+    targets: frozenset[types.CodeType] = frozenset(),
+    dynamic: bool | None = None,
 ) -> Callable[[Any], Any]:
     """The callback that kiln_frame_hook calls on a cache miss (Note [One callback per compile]).
 
@@ -326,7 +382,7 @@ def make_callback(
     """
     import kiln_frame_hook as hook
 
-    key = compile_key(backend, fullgraph)
+    key = compile_key(backend, fullgraph, dynamic)
 
     def callback(frame: Any) -> Any:
         code: types.CodeType = frame.code

@@ -24,6 +24,8 @@ class Counters:
     break_reasons: list[BreakReason] = field(default_factory=list)  # splits and plain-Python frames
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     guard_failures: list[str] = field(default_factory=list)
+    # (code name, reason) for each dynamic graph a backend refused (compiled static instead)
+    dynamic_fallbacks: list[tuple[str, str]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.frames_seen = 0
@@ -36,6 +38,7 @@ class Counters:
         self.break_reasons.clear()
         self.fallbacks.clear()
         self.guard_failures.clear()
+        self.dynamic_fallbacks.clear()
 
 
 counters = Counters()

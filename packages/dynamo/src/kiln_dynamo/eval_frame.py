@@ -39,6 +39,7 @@ from kiln_dynamo.convert_frame import CapturedFrame, _logged_sites, capture, ent
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.logs import graph_breaks_log, recompiles_log
+from kiln_dynamo.shapes import reset_frame_states
 
 CACHE_LIMIT = 8
 
@@ -71,6 +72,7 @@ def reset() -> None:
     """Drop every cache entry and zero the counters."""
     _caches.clear()
     _logged_sites.clear()
+    reset_frame_states()
     if HAVE_HOOK:
         _hook.reset()
     counters.reset()
@@ -207,15 +209,17 @@ def _builtins_of(f: types.FunctionType) -> dict[str, Any]:
 class CompiledModule(nn.Module):
     """Wraps a module: `forward` is captured; attributes, state_dict, train/eval go to the module."""
 
-    def __init__(self, mod: nn.Module, backend: Backend, fullgraph: bool) -> None:
+    def __init__(
+        self, mod: nn.Module, backend: Backend, fullgraph: bool, dynamic: bool | None = None
+    ) -> None:
         super().__init__()
         self._orig_mod = mod
         object.__setattr__(self, "_kiln_backend", backend)
         fwd = getattr(type(mod).forward, "__code__", None)
         targets = frozenset([fwd]) if fwd is not None else frozenset()
-        cb = make_callback(backend, fullgraph, targets) if HAVE_HOOK else None
+        cb = make_callback(backend, fullgraph, targets, dynamic) if HAVE_HOOK else None
         object.__setattr__(self, "_kiln_callback", cb)
-        object.__setattr__(self, "_kiln_key", compile_key(backend, fullgraph))
+        object.__setattr__(self, "_kiln_key", compile_key(backend, fullgraph, dynamic))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
@@ -243,11 +247,21 @@ class CompiledModule(nn.Module):
         return self
 
 
-def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: bool = False) -> Any:
-    """Capture `fn_or_module` into FX graphs run by `backend` (PyTorch's backend protocol)."""
+def compile(
+    fn_or_module: Any,
+    backend: str | Backend = "eager",
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+) -> Any:
+    """Capture `fn_or_module` into FX graphs run by `backend` (PyTorch's backend protocol).
+    `dynamic`: None = static first, then the dims that changed become symbolic (automatic
+    dynamic); True = symbolic sizes from the first call; False = always static (shapes.py)."""
+    if dynamic not in (None, True, False):
+        raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
     be = lookup_backend(backend)
     if isinstance(fn_or_module, nn.Module):
-        return CompiledModule(fn_or_module, be, fullgraph)
+        return CompiledModule(fn_or_module, be, fullgraph, dynamic)
     if not isinstance(fn_or_module, (types.FunctionType, types.MethodType)) and callable(fn_or_module):
         fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
     f, bound = _as_function(fn_or_module)
@@ -264,9 +278,9 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
                 frames=(UserFrame(code.co_filename, code.co_firstlineno, code.co_name, line),),
             ),
         )
-    key = compile_key(be, fullgraph)
+    key = compile_key(be, fullgraph, dynamic)
     if HAVE_HOOK:
-        callback = make_callback(be, fullgraph, frozenset([f.__code__]))
+        callback = make_callback(be, fullgraph, frozenset([f.__code__]), dynamic)
 
         @functools.wraps(fn_or_module)
         def compiled(*args: Any, **kwargs: Any) -> Any:

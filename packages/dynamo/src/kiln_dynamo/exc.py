@@ -86,6 +86,11 @@ class FakeUnsupported(Unsupported):
     """An operator that fake tensors cannot run (no meta kernel, or it needs data)."""
 
 
+class DynamicShapesUnsupported(Exception):
+    """Raised by a backend that cannot compile a graph with symbolic sizes: dynamo compiles the
+    frame again with static shapes (and keeps it static from then on), logging the reason."""
+
+
 def unimplemented(msg: str) -> Unsupported:
     return Unsupported(msg)
 

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
+from kiln_symbolic import GuardOnDataDependent
+from torch._dispatch.python import enable_python_dispatcher
 from torch._prims_common import suggest_memory_format
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
@@ -51,7 +53,8 @@ class FakeTensor(torch.Tensor):
     meta: torch.Tensor
     fake_device: torch.device
     is_param: bool
-    __slots__ = ("fake_device", "is_param", "meta")
+    symbolic: bool  # some size or stride is a SymInt
+    __slots__ = ("fake_device", "is_param", "meta", "symbolic")
 
     @staticmethod
     def __new__(
@@ -71,6 +74,7 @@ class FakeTensor(torch.Tensor):
         r.meta = meta
         r.fake_device = device
         r.is_param = is_param
+        r.symbolic = any(isinstance(x, torch.SymInt) for x in (*meta.size(), *meta.stride()))
         return r
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
@@ -88,11 +92,16 @@ class FakeTensor(torch.Tensor):
         return run_fake(func, args, kwargs or {})
 
 
-def from_real(t: torch.Tensor) -> FakeTensor:
-    """A fake tensor with `t`'s metadata (never its data)."""
+def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None) -> FakeTensor:
+    """A fake tensor with `t`'s metadata (never its data); with `layout`, these (symbolic)
+    sizes and strides instead of `t`'s (kiln_dynamo.shapes decides them)."""
     if isinstance(t, FakeTensor):
         return t
     with _disable_current_modes(), torch._C.DisableTorchFunctionSubclass():
+        if layout is not None:
+            with enable_python_dispatcher():
+                meta = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=_META)
+            return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
         if t.storage_offset():
             meta = torch.empty(
@@ -170,6 +179,12 @@ def _device_answer(func: Any, device: torch.device, args: tuple[Any, ...], kwarg
         return func.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
 
 
+def _symbolic(x: Any) -> bool:
+    if isinstance(x, FakeTensor):
+        return x.symbolic
+    return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
@@ -198,7 +213,15 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if "device" in m_kwargs and m_kwargs["device"] is not None:
         m_kwargs["device"] = _META
     try:
-        out = func(*m_args, **m_kwargs)
+        if any(_symbolic(x) for x in flat):
+            # Note [Symbolic fakes]: Python meta kernels and decompositions (torch._decomp,
+            # torch._refs) handle SymInt sizes where some C++ meta kernels call sizes()
+            with enable_python_dispatcher():
+                out = func(*m_args, **m_kwargs)
+        else:
+            out = func(*m_args, **m_kwargs)
+    except GuardOnDataDependent as e:
+        raise FakeUnsupported(f"operator {name} branches on a data-dependent size: {e}") from e
     except NotImplementedError as e:
         raise FakeUnsupported(f"operator {name} has no meta kernel ({str(e).splitlines()[0]})") from e
     except RuntimeError as e:

@@ -194,8 +194,15 @@ class GuardBuilder:
             f"not ({code}._backward_hooks or {code}._backward_pre_hooks)", f"{name} has no backward hooks"
         )
 
-    def tensor(self, source: Source, t: torch.Tensor) -> None:
+    def tensor(self, source: Source, t: torch.Tensor, fake: torch.Tensor | None = None) -> None:
+        """Type, dtype, device, requires_grad, and the sizes and strides that stay static (all
+        of them unless `fake` has symbolic ones: those are the ShapeEnv's, `shape_guards`)."""
         code, name = self._src(source)
+        if fake is not None and shapes.is_symbolic_tensor(fake):
+            explain = self._tensor_meta(code, name, t)
+            explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t, fake)]
+            self.add(" and ".join(f"({c})" for c, _ in explain), explain=explain)
+            return
         sizes, strides = shapes.sizes_of(t), shapes.strides_of(t)
         spec = (type(t), t.dtype, t.device, t.requires_grad, sizes, strides)
         fast = f"(type({code}), {code}.dtype, {code}.device, {code}.requires_grad, {code}.shape, {code}.stride()) == "
@@ -207,6 +214,49 @@ class GuardBuilder:
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
         self.add(fast + self.ctx.const(spec), explain=explain)
+
+    def _tensor_meta(self, code: str, name: str, t: torch.Tensor) -> list[tuple[str, str]]:
+        return [
+            (f"type({code}) is {self.ctx.const(type(t))}", f"type({name}) is {type(t).__qualname__}"),
+            (f"{code}.dtype == {self.ctx.const(t.dtype)}", f"{name}.dtype == {t.dtype}"),
+            (f"{code}.device == {self.ctx.const(t.device)}", f"{name}.device == {str(t.device)!r}"),
+            (f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}"),
+        ]
+
+    def shape_guards(self, ctx: shapes.ShapeContext) -> None:
+        """The ShapeEnv's guards of this capture (duck sizes, branches on sizes, ranges, symbolic
+        strides), each a check of its own with the user's line that caused it."""
+        from kiln_symbolic import pexpr
+
+        def code_of(key: shapes.SizeKey | shapes.ScalarKey) -> str:
+            if isinstance(key, shapes.ScalarKey):
+                return self.ctx.bind(key.source)
+            return f"{self.ctx.bind(key.source)}.size({key.dim})"
+
+        def name_of(key: shapes.SizeKey | shapes.ScalarKey) -> str:
+            if isinstance(key, shapes.ScalarKey):
+                return key.source.name()
+            return f"{key.source.name()}.size({key.dim})"
+
+        env = ctx.env
+        codes = ctx.guard_texts(code_of)
+        names = ctx.guard_texts(name_of)
+        keep = self.where
+        for (code, where), (readable, _) in zip(codes, names, strict=True):
+            self.where = where
+            self.add(code, readable)
+        code_names = {s: code_of(srcs[0]) for s, srcs in env.var_to_sources.items()}  # type: ignore[arg-type]
+        read_names = {s: name_of(srcs[0]) for s, srcs in env.var_to_sources.items()}  # type: ignore[arg-type]
+        for source, fake in ctx.dynamic_inputs:
+            code, name = self._src(source)
+            self.where = f"strides of {name}"
+            for dim, expr in shapes.symbolic_stride_guards(fake):
+                e = env.replace(expr)
+                self.add(
+                    f"{code}.stride({dim}) == {pexpr(e, code_names)}",
+                    f"{name}.stride({dim}) == {pexpr(e, read_names)}",
+                )
+        self.where = keep
 
     def compile_key(self, active: object, key: object, label: str) -> None:
         """The compile running now is the one that made this entry (Note [The compile key in

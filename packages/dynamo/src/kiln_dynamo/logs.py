@@ -1,6 +1,6 @@
 """Logging artifacts of kiln_dynamo, in the spirit of TORCH_LOGS.
 
-Each artifact (`graph`, `guards`, `recompiles`, `bytecode`, `graph_breaks`) is a stdlib logger
+Each artifact (`graph`, `guards`, `recompiles`, `bytecode`, `graph_breaks`, `dynamic`) is a stdlib logger
 under `kiln.dynamo.<artifact>`. `KILN_LOG=graph,guards` (read when the package is imported, or by
 calling `configure()` again) gives those loggers a stderr handler at INFO level; everything else
 stays silent unless the application configures logging itself.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-ARTIFACTS = ("graph", "guards", "recompiles", "bytecode", "graph_breaks")
+ARTIFACTS = ("graph", "guards", "recompiles", "bytecode", "graph_breaks", "dynamic")
 
 _handler: logging.Handler | None = None
 
@@ -49,7 +49,10 @@ def configure_artifacts(loggers: dict[str, str], group: str, spec: str | None = 
 
 def configure(spec: str | None = None) -> list[str]:
     """Turn on dynamo's artifacts named in `spec` (default: $KILN_LOG); returns the ones enabled."""
-    return configure_artifacts({a: f"kiln.dynamo.{a}" for a in ARTIFACTS}, "dynamo", spec)
+    enabled = configure_artifacts({a: f"kiln.dynamo.{a}" for a in ARTIFACTS}, "dynamo", spec)
+    # `dynamic` also turns on kiln_symbolic's ShapeEnv log (symbols, guards with their lines)
+    configure_artifacts({"dynamic": "kiln.symbolic.dynamic"}, "dynamo", spec)
+    return enabled
 
 
 graph_log = get_artifact_logger("graph")

@@ -25,10 +25,12 @@ from torch.utils._pytree import tree_flatten
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.fake import FakeMode, FakeTensor, from_real
 from kiln_dynamo.guards import GuardBuilder
+from kiln_dynamo.shapes import ShapeContext
 from kiln_dynamo.source import CodeContext, ConstSource, Source
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builder import VariableBuilder
 from kiln_dynamo.variables.lists import NamedTupleVariable, SizeVariable, TupleVariable
+from kiln_dynamo.variables.symbolic import SYM_TYPES, SymNodeVariable, is_symbolic_value
 from kiln_dynamo.variables.tensor import TensorVariable, fake_arg, graph_arg
 
 if TYPE_CHECKING:
@@ -62,8 +64,15 @@ class SideEffects:
 
 
 class OutputGraph:
-    def __init__(self, code: types.CodeType, entry_names: list[str], f_globals: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        code: types.CodeType,
+        entry_names: list[str],
+        f_globals: dict[str, Any],
+        shapes: ShapeContext | None = None,
+    ) -> None:
         self.code = code
+        self.shapes = shapes if shapes is not None else ShapeContext(False, None)
         self.entry_names = entry_names
         self.f_globals = f_globals
         self.graph = torch.fx.Graph()
@@ -101,7 +110,11 @@ class OutputGraph:
             raise Unsupported(f"tensor subclass {type(value).__qualname__} at {source.name()}")
         if value.is_sparse or value.layout != torch.strided:
             raise Unsupported(f"non-strided tensor at {source.name()}")
-        self.guards.tensor(source, value)
+        layout = self.shapes.fake_layout(value, source)
+        fake = from_real(value, layout)
+        if layout is not None:
+            self.shapes.dynamic_inputs.append((source, fake))
+        self.guards.tensor(source, value, fake)
         name = _node_name(source.name())
         if self.inputs:
             ctx = self.graph.inserting_after(self.inputs[-1][0])
@@ -111,13 +124,32 @@ class OutputGraph:
             ctx = self.graph.inserting_after(None)
         with ctx:
             node = self.graph.placeholder(name)
-        fake = from_real(value)
         node.meta["val"] = fake
         node.meta["source"] = source.name()
         self.inputs.append((node, source, value))
         vt = TensorVariable(node, fake, type(value), source)
         self._input_by_id[id(value)] = vt
         return vt
+
+    def add_int_input(self, value: int, source: Source) -> VT | None:
+        """An int argument of the frame as a `Sym` graph input when the shape policy makes it
+        symbolic (shapes.ShapeContext.int_symbol); None when it stays a guarded constant."""
+        sym = self.shapes.int_symbol(value, source)
+        if sym is None:
+            return None
+        self.guards.type_match(source, value)
+        if self.inputs:
+            ctx = self.graph.inserting_after(self.inputs[-1][0])
+        elif len(self.graph.nodes) > 0:
+            ctx = self.graph.inserting_before(next(iter(self.graph.nodes)))
+        else:
+            ctx = self.graph.inserting_after(None)
+        with ctx:
+            node = self.graph.placeholder(_node_name(source.name()))
+        node.meta["val"] = sym
+        node.meta["source"] = source.name()
+        self.inputs.append((node, source, value))  # type: ignore[arg-type]
+        return SymNodeVariable(node, sym)
 
     def real_cell(self, cell: types.CellType, make: Any) -> CellVariable:
         hit = self._real_cells.get(id(cell))
@@ -134,6 +166,7 @@ class OutputGraph:
     ) -> VT:
         fargs = [fake_arg(a) for a in args]
         fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
+        self.shapes.env.where = tx.where
         try:
             with FakeMode():
                 if kind == "call_method":
@@ -161,6 +194,16 @@ class OutputGraph:
             return TensorVariable(node, out)
         if isinstance(out, torch.Tensor):
             raise Unsupported(f"{node.target} produced a real tensor during tracing")
+        if isinstance(out, SYM_TYPES) and is_symbolic_value(out):
+            node.meta["val"] = out
+            return SymNodeVariable(node if not isinstance(out, torch.SymBool) else None, out)
+        if isinstance(out, torch.Size) and is_symbolic_value(out):
+            node.meta["val"] = out
+            parts: list[VT] = []
+            for i, item in enumerate(out):
+                sub = self.graph.create_node("call_function", operator.getitem, (node, i), {})
+                parts.append(self.wrap_result(sub, item))
+            return SizeVariable(parts)
         if isinstance(out, (tuple, list)):
             flat, _ = tree_flatten(out)
             if not any(isinstance(x, torch.Tensor) for x in flat):

@@ -66,6 +66,7 @@ from kiln_dynamo.variables.lists import (
     TupleVariable,
 )
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.symbolic import SymNodeVariable, symbolic_op
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import (
     TRUSTED_MODULE_PREFIXES,
@@ -96,10 +97,21 @@ def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
     if isinstance(a, ListVariable):
         return ListVariable(items)
     if isinstance(a, SizeVariable) or (isinstance(b, SizeVariable) and type(a) is TupleVariable):
-        if not all(i.is_constant() and type(i.as_constant()) is int for i in items):
+        if not all(
+            (i.is_constant() and type(i.as_constant()) is int)
+            or (isinstance(i, SymNodeVariable) and i.python_type() is int)
+            for i in items
+        ):
             raise Unsupported("torch.Size arithmetic with an item that is not a Python int")
         return SizeVariable(items)
     return TupleVariable(items)
+
+
+def _symbolic_operands(a: VT, b: VT) -> bool:
+    """A size symbol with a number or another size symbol: arithmetic for the ShapeEnv."""
+    if not (isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable)):
+        return False
+    return all(isinstance(v, SymNodeVariable) or _is_number(v) for v in (a, b))
 
 
 def _is_number(vt: VT) -> bool:
@@ -313,6 +325,8 @@ class InstructionTranslator:
             fn = _OUT_OF_PLACE[fn]  # `n += t` for a number n is `n + t` (FX cannot print `0 += t`)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, _OUT_OF_PLACE.get(fn, fn), [a, b])
         if a.is_constant() and b.is_constant() and not isinstance(a, BaseListVariable | DictVariable):
             try:
                 return self.wrap_constant(fn(a.as_constant(), b.as_constant()))
@@ -354,6 +368,8 @@ class InstructionTranslator:
     def compare_op(self, fn: Any, a: VT, b: VT) -> VT:
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, fn, [a, b])
         if a.is_constant() and b.is_constant():
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
         if fn in (operator.eq, operator.ne):
@@ -367,6 +383,8 @@ class InstructionTranslator:
             return ConstantVariable(not a.truth(self))
         if isinstance(a, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a], {})
+        if isinstance(a, SymNodeVariable):
+            return symbolic_op(self, fn, [a])
         if a.is_constant():
             return self.wrap_constant(fn(a.as_constant()))
         raise Unsupported(f"unary {fn.__name__} on {a.describe()}")
@@ -984,7 +1002,11 @@ def run_root(
     cells: dict[str, CellVariable] = {}
     output.guards.where = f"{code.co_filename}:{code.co_firstlineno} (entry of {code.co_name})"
     for name, value in entry_values.items():
-        vt = output.builder.wrap(value, LocalSource(name))
+        vt = None
+        if type(value) is int and name not in code.co_freevars:
+            vt = output.add_int_input(value, LocalSource(name))  # None: it stays a constant
+        if vt is None:
+            vt = output.builder.wrap(value, LocalSource(name))
         if name in code.co_freevars:
             cell = CellVariable(vt)
             cell.root_free = True  # type: ignore[attr-defined]

@@ -13,6 +13,7 @@ default backend as a plain callable, so `torch.compile(model, backend=kiln.backe
 from kiln import logs as _logs
 from kiln.api import CaptureStats, capture_stats, compile, compile_log, explain, reset
 from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
+from kiln_dynamo import mark_dynamic, mark_static, maybe_mark_dynamic
 
 backend = kiln_backend
 _logs.configure()
@@ -30,5 +31,8 @@ __all__ = [
     "compile_log",
     "explain",
     "make_backend",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "reset",
 ]

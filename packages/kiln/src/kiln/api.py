@@ -29,12 +29,13 @@ def compile(
     raises when a backend fails instead of falling back to eager with a warning; loopir's graph
     passes are switched by name (`{"layout": False}`, `{"pad_mm": False}`, `{"attention": False}`,
     `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured. Without a
-    model, returns a decorator.
+    model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles static first
+    and makes the dims that changed symbolic on the next compile, True makes every size symbolic
+    from the first call, False never does (a backend that cannot compile symbolic sizes gets the
+    frame static again, with the reason in `KILN_LOG=recompiles`).
     """
-    if dynamic:
-        raise NotImplementedError(
-            "kiln.compile(dynamic=True): dynamic shapes are not built yet; shapes are static"
-        )
+    if dynamic not in (None, True, False):
+        raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
     if mode is not None and mode not in MODES:
         raise ValueError(f"unknown kiln.compile mode {mode!r}; expected one of {MODES}")
     unknown = set(options or {}) - _OPTIONS
@@ -53,7 +54,7 @@ def compile(
         raise TypeError(f"backend must be a name or a callable, not {type(backend).__name__}")
 
     def wrap(target: Any) -> Any:
-        return kiln_dynamo.compile(target, resolved, fullgraph=fullgraph)
+        return kiln_dynamo.compile(target, resolved, fullgraph=fullgraph, dynamic=dynamic)
 
     return wrap if model_or_fn is None else wrap(model_or_fn)
 

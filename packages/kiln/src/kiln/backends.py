@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+import kiln_dynamo
 from kiln.logs import perf_log as log
 from kiln_loopir import PassOptions
 
@@ -238,6 +239,22 @@ def eager_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
     return gm.forward
 
 
+eager_backend.__kiln_dynamic_shapes__ = True  # type: ignore[attr-defined]
+
+
+def symbolic_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """Placeholders whose size or stride is symbolic (kiln_dynamo's dynamic shapes)."""
+    out = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if (
+            isinstance(val, torch.Tensor)
+            and any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride()))
+        ) or isinstance(val, torch.SymInt):
+            out.append(node.name)
+    return out
+
+
 def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
     """Note [Compile time by phase]: loopir's stats split its time into lowering, scheduling,
     code generation and the native compile, and say whether that compile came from a cache."""
@@ -277,6 +294,14 @@ def make_backend(
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         import kiln_aotgrad
 
+        symbolic = symbolic_inputs(gm)
+        if symbolic:
+            # Note [Dynamic shapes in the backend]: kiln_aotgrad traces with the example
+            # inputs' sizes, so a graph with symbolic sizes goes back to dynamo, which compiles
+            # the frame static (and logs why) instead of a compile valid for one size only.
+            raise kiln_dynamo.DynamicShapesUnsupported(
+                f"kiln's {name} backend does not compile symbolic sizes yet ({', '.join(symbolic)})"
+            )
         record = _record(gm)
 
         def inner(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
@@ -307,6 +332,7 @@ def make_backend(
         return _FirstCallFallback(gm, compiled, record, strict, name)
 
     backend.__name__ = f"kiln_{name}_backend"
+    backend.__kiln_dynamic_shapes__ = True  # type: ignore[attr-defined]
     # What makes two such backends interchangeable: kiln_dynamo checks it in every cache entry's
     # guard, so a compile with another mode or options recompiles (and an equal one reuses).
     passes_key = tuple(sorted((passes or {}).items()))

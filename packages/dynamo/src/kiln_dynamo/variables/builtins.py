@@ -23,6 +23,7 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -479,6 +480,27 @@ def is_builtin_handled(fn: Any) -> bool:
         return False
 
 
+def _symbolic_length(vt: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable) and vt.fake.dim() > 0 and isinstance(vt.fake.shape[0], torch.SymInt)
+
+
+def specialize(tx: Tx, vt: VT) -> VT:
+    """A symbolic number as the constant it is in this run (the ShapeEnv records the guard)."""
+    if not isinstance(vt, SymNodeVariable):
+        return vt
+    set_where(tx)
+    value = vt.value
+    return ConstantVariable(
+        bool(value)
+        if isinstance(value, torch.SymBool)
+        else value.__int__()
+        if isinstance(value, torch.SymInt)
+        else float(value)
+    )
+
+
 class BuiltinVariable(VariableTracker):
     def __init__(self, fn: Any) -> None:
         self.fn = fn
@@ -502,6 +524,15 @@ class BuiltinVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn is len and len(args) == 1 and not kwargs and _symbolic_length(args[0]):
+            from kiln_dynamo.variables.tensor import TensorVariable
+
+            assert isinstance(args[0], TensorVariable)
+            return args[0].dim_value(tx, "size", 0, args[0].fake.shape[0])  # stays symbolic
+        if any(isinstance(a, SymNodeVariable) for a in (*args, *kwargs.values())):
+            # builtins take plain numbers: a symbolic size is specialized here, with a guard
+            args = [specialize(tx, a) for a in args]
+            kwargs = {k: specialize(tx, v) for k, v in kwargs.items()}
         if fn in _FOLDABLE and fn not in (sum, bool, len) and _consts(args, kwargs):
             try:
                 out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})

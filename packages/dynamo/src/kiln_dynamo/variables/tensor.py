@@ -16,6 +16,7 @@ import torch.fx
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.symbolic import SymNodeVariable, is_symbolic_value, set_where, sym_result
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -120,6 +121,8 @@ class TensorVariable(VariableTracker):
         return [self.getitem(tx, ConstantVariable(i)) for i in range(n)]
 
     def getattr(self, tx: Tx, name: str) -> VariableTracker:
+        if name == "shape" and is_symbolic_value(self.fake.shape):
+            return self.sizes(tx, "size")
         if name in _METADATA_ATTRS:
             value = getattr(self.fake, name)
             if name == "device":
@@ -151,6 +154,18 @@ class TensorVariable(VariableTracker):
         self, tx: Tx, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
     ) -> VariableTracker:
         return TensorMethodVariable(self, name).call(tx, args, kwargs)
+
+    def sizes(self, tx: Tx, name: str) -> VariableTracker:
+        """`x.size()` / `x.stride()` with symbolic items: one `x.size(i)` node per symbolic dim."""
+        from kiln_dynamo.variables.lists import SizeVariable, TupleVariable
+
+        values = getattr(self.fake, name)()
+        items = [self.dim_value(tx, name, i, v) for i, v in enumerate(values)]
+        return SizeVariable(items) if name == "size" else TupleVariable(items)
+
+    def dim_value(self, tx: Tx, name: str, dim: int, value: Any) -> VariableTracker:
+        graph = tx.output.graph
+        return sym_result(tx, value, lambda: graph.create_node("call_method", name, (self.node, dim), {}))
 
     def getitem(self, tx: Tx, key: VariableTracker) -> VariableTracker:
         return tx.output.create_call(tx, "call_function", operator.getitem, [self, key], {})
@@ -189,9 +204,18 @@ class TensorMethodVariable(VariableTracker):
             if name == "get_device":
                 dev = fake.fake_device  # type: ignore[attr-defined]
                 return ConstantVariable(-1 if dev.type == "cpu" else dev.index)
-            value = getattr(fake, name)(
-                *[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()}
-            )
+            set_where(tx)
+            cargs = [a.as_constant() for a in args]
+            ckwargs = {k: v.as_constant() for k, v in kwargs.items()}
+            value = getattr(fake, name)(*cargs, **ckwargs)
+            if is_symbolic_value(value):
+                if name in ("size", "stride") and not cargs and not ckwargs:
+                    return self.tensor.sizes(tx, name)
+                graph = tx.output.graph
+                node_args = (self.tensor.node, *cargs)
+                return sym_result(
+                    tx, value, lambda: graph.create_node("call_method", name, node_args, ckwargs)
+                )
             return tx.wrap_constant(value)
         if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
             raise Unsupported(f"Tensor.{name}() inside a compiled frame")
@@ -204,6 +228,10 @@ def graph_arg(vt: VariableTracker) -> Any:
     from kiln_dynamo.variables.lists import BaseListVariable
 
     if isinstance(vt, TensorVariable):
+        return vt.node
+    if isinstance(vt, SymNodeVariable):
+        if vt.node is None:
+            raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")
         return vt.node
     if isinstance(vt, SliceVariable):
         return vt.as_graph_arg()
@@ -224,6 +252,8 @@ def fake_arg(vt: VariableTracker) -> Any:
 
     if isinstance(vt, TensorVariable):
         return vt.fake
+    if isinstance(vt, SymNodeVariable):
+        return vt.value
     if isinstance(vt, SliceVariable):
         return vt.as_fake_arg()
     if isinstance(vt, BaseListVariable):

@@ -1,0 +1,429 @@
+"""The ShapeEnv: symbols for sizes, what is known about them, and the guards that capture made.
+
+One ShapeEnv lives for one capture of a frame. It hands out a sympy symbol per dynamic input
+size (`create_symbol`), with the value seen in this run as its *hint* and a value range (sizes
+start at `[2, oo]`: Note [0/1 specialization]). Every branch that capture, a meta kernel or a
+decomposition takes on a symbolic value reaches `evaluate_expr`: when the ranges and the known
+replacements settle the question statically the answer costs nothing; otherwise the answer is the
+hint's, and the condition that made it so is recorded as a `ShapeGuard` (with the user's line
+that asked) so that a later call whose sizes would answer differently misses the cache entry.
+Recorded equalities become replacements (`Eq(s1, s0)` makes `s1` read as `s0` everywhere),
+inequalities with one symbol tighten its range.
+
+`produce_guards(render)` turns all of it into Python conditions over the frame's inputs:
+(1) each tracked input whose expression is not its own symbol's first source is pinned to the
+expression (`L['y'].size(0) == L['x'].size(0)` for duck sizing and replacements), (2) the recorded
+guards that are not yet implied, (3) the range of every remaining symbol (`2 <= L['x'].size(0)`).
+After the backend compiled, dynamo calls it and `freeze()`s the env.
+
+Note [0/1 specialization]: sizes 0 and 1 are never symbolic. Broadcasting and contiguity
+branch on "is this dim 1?" everywhere; with size symbols known to be >= 2, those branches are
+answered statically, and the range guard `2 <= size` sends a size-0 or size-1 input to its own
+static entry. Python ints made symbolic (`create_int_symbol`) do not specialize and have no range.
+
+Unbacked symbols (`u0`: a size that depends on data) have no hint: a branch on one raises
+`GuardOnDataDependent` unless the caller gave a fallback (`guard_or_false`); `expect_true`
+records a runtime assertion instead of a guard (`deferred_asserts`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from kiln_symbolic.functions import FloorDiv
+from kiln_symbolic.printer import pexpr
+from kiln_symbolic.ranges import ValueRange, bound, decide
+
+log = logging.getLogger("kiln.symbolic.dynamic")
+oo = sympy.oo
+
+
+class DimDynamic(enum.Enum):
+    STATIC = "static"  # the value itself
+    DUCK = "duck"  # a symbol, shared by every dim of the same value
+    DYNAMIC = "dynamic"  # a symbol of its own
+    UNBACKED = "unbacked"  # a symbol without a hint
+
+
+class GuardOnDataDependent(RuntimeError):
+    """A branch on a size that depends on tensor data (an unbacked symbol)."""
+
+
+class ConstraintViolation(RuntimeError):
+    """A dim marked dynamic with a range that the value or the program contradicts."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeGuard:
+    expr: Any  # a sympy boolean
+    where: str  # the user's line that asked
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedGuard:
+    text: str
+    where: str
+
+
+def _is_bool(expr: Any) -> bool:
+    # not sympy's Boolean: a Symbol is one too
+    return isinstance(
+        expr,
+        (
+            sympy.core.relational.Relational,
+            sympy.logic.boolalg.BooleanFunction,
+            sympy.logic.boolalg.BooleanAtom,
+        ),
+    )
+
+
+def to_python(value: Any) -> int | float | bool:
+    if value is sympy.true or value is True:
+        return True
+    if value is sympy.false or value is False:
+        return False
+    if isinstance(value, (bool, int, float)):
+        return value
+    if value.is_Integer:
+        return int(value)
+    return float(value)
+
+
+class ShapeEnv:
+    def __init__(self, specialize_zero_one: bool = True, duck_shape: bool = True) -> None:
+        self.specialize_zero_one = specialize_zero_one
+        self.duck_shape = duck_shape
+        self.var_to_val: dict[sympy.Symbol, int] = {}
+        self.var_to_range: dict[sympy.Symbol, ValueRange] = {}
+        self.var_to_sources: dict[sympy.Symbol, list[Hashable]] = {}
+        self.tracked: list[tuple[Hashable, Any]] = []  # (input source, expression at creation)
+        self.val_to_var: dict[int, sympy.Symbol] = {}
+        self.replacements: dict[sympy.Symbol, Any] = {}
+        self.guards: list[ShapeGuard] = []
+        self.deferred_asserts: list[ShapeGuard] = []
+        self.unbacked: set[sympy.Symbol] = set()
+        self.specialized: list[tuple[Hashable, int, str]] = []  # (source, value, why)
+        self.frozen = False
+        self.where: Callable[[], str] = lambda: "?"  # the user's line now (capture sets it)
+        self._counter = 0
+
+    # --- creating symbols ---------------------------------------------------------------------
+    def _new_symbol(self, prefix: str, **assumptions: bool) -> sympy.Symbol:
+        sym = sympy.Symbol(f"{prefix}{self._counter}", integer=True, **assumptions)
+        self._counter += 1
+        return sym
+
+    def create_symbol(
+        self,
+        hint: int,
+        source: Hashable,
+        dynamic: DimDynamic = DimDynamic.DUCK,
+        min: int | None = None,
+        max: int | None = None,
+        why: str = "",
+    ) -> Any:
+        """A size of `hint` at `source`: an integer when static or 0/1, else a size symbol."""
+        if dynamic is DimDynamic.STATIC:
+            return sympy.Integer(hint)
+        if dynamic is DimDynamic.UNBACKED:
+            raise ValueError("use create_unbacked_symbol for unbacked sizes")
+        if self.specialize_zero_one and hint in (0, 1):
+            self.specialized.append((source, hint, "0/1 specialization"))
+            log.info("specialize %s = %d (sizes 0 and 1 are never symbolic)", source, hint)
+            return sympy.Integer(hint)
+        if (
+            dynamic is DimDynamic.DUCK
+            and self.duck_shape
+            and hint in self.val_to_var
+            and min is None
+            and max is None
+        ):
+            sym = self.val_to_var[hint]
+            self.var_to_sources[sym].append(source)
+            self.tracked.append((source, sym))
+            log.info("duck size %s = %s (same value %d)", source, sym, hint)
+            return self.replace(sym)
+        lower = 2 if self.specialize_zero_one else 0
+        r = ValueRange(sympy.Integer(lower), oo)
+        if min is not None or max is not None:
+            r = r.intersect(
+                ValueRange(
+                    sympy.Integer(min) if min is not None else -oo,
+                    sympy.Integer(max) if max is not None else oo,
+                )
+            )
+            if not r.contains(hint):
+                raise ConstraintViolation(f"{source} is {hint}, outside its marked range {r}")
+        if r.is_singleton():
+            return sympy.Integer(hint)
+        sym = self._new_symbol("s", positive=self.specialize_zero_one, nonnegative=True)
+        self.var_to_val[sym] = hint
+        self.var_to_range[sym] = r
+        self.var_to_sources[sym] = [source]
+        self.tracked.append((source, sym))
+        if dynamic is DimDynamic.DUCK and hint not in self.val_to_var:
+            self.val_to_var[hint] = sym
+        log.info("create_symbol %s = %d for %s %s%s", sym, hint, source, r, f" ({why})" if why else "")
+        return sym
+
+    def create_int_symbol(self, hint: int, source: Hashable) -> sympy.Symbol:
+        """A Python int input made symbolic: any integer, no 0/1 specialization."""
+        sym = self._new_symbol("s")
+        self.var_to_val[sym] = hint
+        self.var_to_range[sym] = ValueRange.unknown()
+        self.var_to_sources[sym] = [source]
+        self.tracked.append((source, sym))
+        log.info("create_symbol %s = %d for int %s", sym, hint, source)
+        return sym
+
+    def create_unbacked_symbol(self, size_like: bool = True) -> sympy.Symbol:
+        sym = self._new_symbol("u", nonnegative=size_like)
+        self.unbacked.add(sym)
+        self.var_to_range[sym] = ValueRange(sympy.Integer(0), oo) if size_like else ValueRange.unknown()
+        log.info("create_unbacked_symbol %s %s", sym, self.var_to_range[sym])
+        return sym
+
+    def constrain_range(self, sym: sympy.Symbol, min: int | None, max: int | None) -> None:
+        r = ValueRange(
+            sympy.Integer(min) if min is not None else -oo, sympy.Integer(max) if max is not None else oo
+        )
+        self._set_range(sym, self.var_to_range.get(sym, ValueRange.unknown()).intersect(r))
+
+    # --- what is known ------------------------------------------------------------------------
+    def replace(self, expr: Any) -> Any:
+        expr = sympy.sympify(expr)
+        if not self.replacements or not expr.free_symbols:
+            return expr
+        return expr.xreplace(self.replacements)
+
+    def simplify(self, expr: Any) -> Any:
+        expr = self.replace(expr)
+        if _is_bool(expr) or not isinstance(expr, sympy.Expr):
+            return expr
+        return sympy.expand(expr) if expr.is_Add or expr.is_Mul else expr
+
+    def hint_of(self, expr: Any) -> int | float | bool | None:
+        """The value of `expr` in this run (None when an unbacked symbol is in it)."""
+        expr = self.replace(expr)
+        free = expr.free_symbols
+        if free & self.unbacked:
+            return None
+        value = expr.xreplace({s: sympy.Integer(self.var_to_val[s]) for s in free if s in self.var_to_val})
+        if _is_bool(value):
+            value = sympy.simplify(value)
+        return to_python(value)
+
+    def is_unbacked(self, expr: Any) -> bool:
+        return bool(sympy.sympify(expr).free_symbols & self.unbacked)
+
+    def _maybe_evaluate_static(self, expr: Any) -> Any:
+        """The value of `expr` when ranges and replacements settle it (a sympy value), else None."""
+        expr = self.simplify(expr)
+        if expr.is_number if isinstance(expr, sympy.Expr) else expr in (sympy.true, sympy.false):
+            return expr
+        if _is_bool(expr):
+            answer = decide(expr, self.var_to_range)
+            if answer is None:
+                answer = self._decide_shifted(expr)
+            return None if answer is None else sympy.true if answer else sympy.false
+        r = bound(expr, self.var_to_range)
+        return r.lower if r.is_singleton() else None
+
+    def _decide_shifted(self, rel: Any) -> bool | None:
+        """Re-express each symbol with a finite lower bound L as L + t (t >= 0), so that sympy's
+        sign reasoning sees e.g. `s0*s1 - s0 >= 0` as `t1 + t0*t1 + ... >= 0`."""
+        if not isinstance(rel, sympy.core.relational.Relational) or isinstance(rel, (sympy.Eq, sympy.Ne)):
+            return None
+        diff = rel.lhs - rel.rhs
+        subs = {}
+        for s in diff.free_symbols:
+            r = self.var_to_range.get(s)
+            if r is None or not r.lower.is_finite:
+                return None
+            subs[s] = r.lower + sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True)
+        shifted = sympy.expand(diff.xreplace(subs))
+        nonneg, pos = shifted.is_nonnegative, shifted.is_positive
+        if isinstance(rel, sympy.Ge):
+            return True if nonneg else (False if shifted.is_negative else None)
+        if isinstance(rel, sympy.Gt):
+            return True if pos else (False if shifted.is_nonpositive else None)
+        if isinstance(rel, sympy.Le):
+            return True if shifted.is_nonpositive else (False if pos else None)
+        return True if shifted.is_negative else (False if nonneg else None)  # Lt
+
+    def statically_known_true(self, expr: Any) -> bool:
+        return self._maybe_evaluate_static(expr) is sympy.true
+
+    # --- the heart: answering a question and guarding the answer ------------------------------
+    def evaluate_expr(self, expr: Any, hint: Any = None, fallback: bool | None = None) -> Any:
+        """The Python value of `expr` (a sympy expression or relation) in this run. Statically
+        settled answers cost nothing; otherwise the hint answers and a guard is recorded."""
+        expr = sympy.sympify(expr)
+        static = self._maybe_evaluate_static(expr)
+        if static is not None:
+            return to_python(static)
+        expr = self.simplify(expr)
+        if self.is_unbacked(expr):
+            if fallback is not None:
+                return fallback
+            raise GuardOnDataDependent(
+                f"could not guard on data-dependent expression {expr} (a size that depends on tensor "
+                "data); use torch._check or guard_or_false/guard_or_true"
+            )
+        value = hint if hint is not None else self.hint_of(expr)
+        assert value is not None
+        guard = (expr if value else sympy.Not(expr)) if _is_bool(expr) else sympy.Eq(expr, value)
+        self.add_guard(guard)
+        return to_python(value) if not isinstance(value, (bool, int, float)) else value
+
+    def add_guard(self, guard: Any, where: str | None = None) -> None:
+        where = where if where is not None else self.where()
+        if self.frozen:
+            log.warning("ignored guard %s after the shape env was frozen (at %s)", guard, where)
+            return
+        self.guards.append(ShapeGuard(guard, where))
+        log.info("eval %s [guard added] at %s", guard, where)
+        self._refine(guard)
+
+    def expect_true(self, expr: Any) -> bool:
+        """`torch._check(cond)`: a guard when backed, a runtime assertion when data-dependent."""
+        expr = self.simplify(sympy.sympify(expr))
+        static = self._maybe_evaluate_static(expr)
+        if static is not None:
+            if static is sympy.false:
+                raise ConstraintViolation(f"{expr} is statically false")
+            return True
+        if self.is_unbacked(expr):
+            self.deferred_asserts.append(ShapeGuard(expr, self.where()))
+            log.info("runtime assert %s at %s", expr, self.where())
+            self._refine(expr)
+            return True
+        return bool(self.evaluate_expr(expr))
+
+    def _set_range(self, sym: sympy.Symbol, r: ValueRange) -> None:
+        old = self.var_to_range.get(sym)
+        if old == r:
+            return
+        self.var_to_range[sym] = r
+        log.info("update range %s = %s", sym, r)
+        if r.is_singleton() and sym not in self.replacements:
+            self._set_replacement(sym, r.lower, "range is a single value")
+
+    def _set_replacement(self, sym: sympy.Symbol, expr: Any, why: str) -> None:
+        self.replacements[sym] = expr
+        for k, v in list(self.replacements.items()):
+            if k is not sym:
+                self.replacements[k] = v.xreplace({sym: expr})
+        if isinstance(expr, sympy.Symbol) and sym in self.var_to_range and expr in self.var_to_range:
+            self.var_to_range[expr] = self.var_to_range[expr].intersect(self.var_to_range[sym])
+        log.info("set_replacement %s = %s (%s)", sym, expr, why)
+
+    def _refine(self, guard: Any) -> None:
+        if isinstance(guard, sympy.And):
+            for g in guard.args:
+                self._refine(g)
+            return
+        if not isinstance(guard, sympy.core.relational.Relational):
+            return
+        diff = sympy.expand(guard.lhs - guard.rhs)
+        free = sorted(
+            diff.free_symbols, key=lambda s: (s in self.unbacked, int(s.name[1:] or 0)), reverse=True
+        )
+        if isinstance(guard, sympy.Eq):
+            for sym in free:  # newest first: it is replaced by older ones
+                coeff = diff.coeff(sym)
+                rest = sympy.expand(diff - coeff * sym)
+                if coeff in (1, -1) and sym not in rest.free_symbols:
+                    solution = -rest / coeff
+                    if any(s in self.unbacked for s in solution.free_symbols) and sym not in self.unbacked:
+                        continue  # never express a backed size through a data-dependent one
+                    if solution.is_Integer:
+                        self._set_range(sym, ValueRange(solution, solution))
+                    else:
+                        self._set_replacement(sym, solution, f"solving {guard}")
+                    return
+            return
+        if len(free) != 1:
+            return
+        sym = free[0]
+        coeff = diff.coeff(sym)
+        rest = sympy.expand(diff - coeff * sym)
+        if coeff not in (1, -1) or rest.free_symbols:
+            return
+        # guard is `coeff*sym + rest OP 0`, i.e. `sym OP' value`
+        value = -rest * coeff
+        op = type(guard)
+        if coeff == -1:
+            op = {sympy.Lt: sympy.Gt, sympy.Le: sympy.Ge, sympy.Gt: sympy.Lt, sympy.Ge: sympy.Le}.get(op, op)
+        r = self.var_to_range.get(sym, ValueRange.unknown())
+        new = {
+            sympy.Lt: ValueRange(-oo, value - 1),
+            sympy.Le: ValueRange(-oo, value),
+            sympy.Gt: ValueRange(value + 1, oo),
+            sympy.Ge: ValueRange(value, oo),
+        }.get(op)
+        if new is not None:
+            self._set_range(sym, r.intersect(new))
+        elif op is sympy.Ne and value == r.lower:
+            self._set_range(sym, ValueRange(r.lower + 1, r.upper))
+        elif op is sympy.Ne and value == r.upper:
+            self._set_range(sym, ValueRange(r.lower, r.upper - 1))
+
+    # --- guards as Python ---------------------------------------------------------------------
+    def produce_guards(self, render: Callable[[Hashable], str]) -> list[RenderedGuard]:
+        """Every shape fact of this capture as a Python condition over the inputs; `render(source)`
+        gives the text of an input size (e.g. `L['x'].size(0)`)."""
+        names = {s: render(srcs[0]) for s, srcs in self.var_to_sources.items() if srcs}
+        out: list[RenderedGuard] = []
+        seen: set[str] = set()
+
+        def emit(text: str, where: str) -> None:
+            if text not in seen:
+                seen.add(text)
+                out.append(RenderedGuard(text, where))
+
+        for source, expr in self.tracked:
+            e = self.replace(expr)
+            if isinstance(e, sympy.Symbol) and self.var_to_sources[e][0] == source:
+                continue
+            emit(f"{render(source)} == {pexpr(e, names)}", "input sizes")
+        for g in self.guards:
+            e = self.simplify(g.expr)
+            if e is sympy.true:
+                continue
+            emit(pexpr(e, names), g.where)
+        for sym, r in self.var_to_range.items():
+            if sym in self.replacements or sym in self.unbacked or sym not in names:
+                continue
+            text = names[sym]
+            if r.lower.is_finite and r.upper.is_finite:
+                emit(f"{int(r.lower)} <= {text} <= {int(r.upper)}", f"range of {sym}")
+            elif r.lower.is_finite:
+                emit(f"{int(r.lower)} <= {text}", f"range of {sym}")
+            elif r.upper.is_finite:
+                emit(f"{text} <= {int(r.upper)}", f"range of {sym}")
+        return out
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    # --- torch's Python helpers call these ----------------------------------------------------
+    def evaluate_sym_node(
+        self, node: Any, size_oblivious: bool = False, fallback_value: bool | None = None
+    ) -> Any:
+        return self.evaluate_expr(node.expr, node._hint, fallback=fallback_value)
+
+    def free_symbols(self) -> list[sympy.Symbol]:
+        return [s for s in self.var_to_val if s not in self.replacements]
+
+    def symbols_of(self, expr: Any) -> set[sympy.Symbol]:
+        return set(self.replace(expr).free_symbols)
+
+    def floordiv(self, a: Any, b: Any) -> Any:
+        return FloorDiv(sympy.sympify(a), sympy.sympify(b))

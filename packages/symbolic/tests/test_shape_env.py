@@ -1,0 +1,157 @@
+"""ShapeEnv alone: static answers cost no guard, hinted answers record one, equalities replace,
+ranges tighten, and the rendered guards accept exactly the sizes that would trace the same."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import sympy
+from kiln_symbolic import (
+    ConstraintViolation,
+    DimDynamic,
+    FloorDiv,
+    GuardOnDataDependent,
+    ShapeEnv,
+    pexpr,
+)
+
+
+def _env_with(*hints: int) -> tuple[ShapeEnv, list[sympy.Symbol]]:
+    env = ShapeEnv()
+    syms = [env.create_symbol(h, f"x{i}", DimDynamic.DYNAMIC) for i, h in enumerate(hints)]
+    return env, syms
+
+
+def test_size_symbols_start_at_two_and_static_facts_need_no_guard() -> None:
+    env, (s0,) = _env_with(8)
+    assert str(env.var_to_range[s0]) == "[2, oo]"
+    assert env.evaluate_expr(sympy.Gt(s0, 1)) is True
+    assert env.evaluate_expr(sympy.Eq(s0, 1)) is False
+    assert env.evaluate_expr(sympy.Ge(s0 * 2, 4)) is True
+    assert env.guards == []
+
+
+def test_shift_by_lower_bound_proves_products() -> None:
+    env, (s0, s1) = _env_with(4, 5)
+    assert env.evaluate_expr(sympy.Ge(s0 * s1 - s0, 0)) is True
+    assert env.guards == []
+
+
+def test_hinted_answer_records_a_guard_with_its_line() -> None:
+    env, (s0,) = _env_with(4)
+    env.where = lambda: "model.py:12"
+    assert env.evaluate_expr(sympy.Eq(s0, 4)) is True
+    assert [(str(g.expr), g.where) for g in env.guards] == [("Eq(s0, 4)", "model.py:12")]
+    # Eq(s0, 4) pins the symbol: it is replaced by the value from now on
+    assert env.replace(s0 + 1) == 5
+
+
+def test_false_branch_guards_the_negation_and_tightens_the_range() -> None:
+    env, (s0,) = _env_with(12)
+    assert env.evaluate_expr(sympy.Lt(s0, 10)) is False
+    assert str(env.guards[0].expr) == "s0 >= 10"
+    assert str(env.var_to_range[s0]) == "[10, oo]"
+    assert env.evaluate_expr(sympy.Gt(s0, 5)) is True  # now static
+    assert len(env.guards) == 1
+
+
+def test_equality_of_two_symbols_replaces_the_newer() -> None:
+    env, (s0, s1) = _env_with(6, 6)
+    assert env.evaluate_expr(sympy.Eq(s1, s0)) is True
+    assert env.replace(s1) == s0
+    texts = [g.text for g in env.produce_guards(lambda s: f"{s}.size")]
+    assert "x1.size == x0.size" in texts
+
+
+def test_duck_sizing_shares_a_symbol_unless_dynamic() -> None:
+    env = ShapeEnv()
+    a = env.create_symbol(5, "a", DimDynamic.DUCK)
+    b = env.create_symbol(5, "b", DimDynamic.DUCK)
+    c = env.create_symbol(5, "c", DimDynamic.DYNAMIC)
+    assert a == b and c != a
+    texts = [g.text for g in env.produce_guards(str)]
+    assert "b == a" in texts
+
+
+def test_zero_one_specialization() -> None:
+    env = ShapeEnv()
+    assert env.create_symbol(1, "x", DimDynamic.DYNAMIC) == 1
+    assert env.create_symbol(0, "y", DimDynamic.DYNAMIC) == 0
+    env2 = ShapeEnv(specialize_zero_one=False)
+    assert isinstance(env2.create_symbol(1, "x", DimDynamic.DYNAMIC), sympy.Symbol)
+
+
+def test_min_max_marks() -> None:
+    env = ShapeEnv()
+    s = env.create_symbol(8, "x", DimDynamic.DYNAMIC, min=2, max=64)
+    assert [g.text for g in env.produce_guards(str)] == ["2 <= x <= 64"]
+    assert env.evaluate_expr(sympy.Le(s, 64)) is True
+    with pytest.raises(ConstraintViolation):
+        env.create_symbol(100, "y", DimDynamic.DYNAMIC, max=64)
+
+
+def test_floordiv_simplifies_exact_quotients() -> None:
+    _, (s0, s1) = _env_with(4, 6)
+    assert FloorDiv(2 * s0, 2) == s0
+    assert FloorDiv(s0 * s1, s1) == s0
+    assert FloorDiv(sympy.Integer(-7), 2) == -4  # Python semantics
+    assert isinstance(FloorDiv(s0, 2), FloorDiv)
+    assert pexpr(FloorDiv(s0 + 1, 2), {s0: "n"}) == "(n + 1) // 2"
+
+
+def test_unbacked_symbols_raise_unless_a_fallback_is_given() -> None:
+    env = ShapeEnv()
+    u = env.create_unbacked_symbol()
+    assert env.evaluate_expr(sympy.Ge(u, 0)) is True  # size-like: static
+    with pytest.raises(GuardOnDataDependent):
+        env.evaluate_expr(sympy.Gt(u, 3))
+    assert env.evaluate_expr(sympy.Gt(u, 3), fallback=False) is False
+    assert env.expect_true(sympy.Gt(u, 3)) is True
+    assert len(env.deferred_asserts) == 1 and str(env.var_to_range[u]) == "[4, oo]"
+
+
+def test_int_symbols_have_no_range_and_no_zero_one_specialization() -> None:
+    env = ShapeEnv()
+    n = env.create_int_symbol(1, "n")
+    assert isinstance(n, sympy.Symbol)
+    assert env.produce_guards(str) == []
+    assert env.evaluate_expr(sympy.Gt(n, 0)) is True
+    assert next(g.text for g in env.produce_guards(str)) == "n > 0"
+
+
+def test_frozen_env_drops_new_guards() -> None:
+    env, (s0,) = _env_with(4)
+    env.freeze()
+    env.evaluate_expr(sympy.Eq(s0, 4))
+    assert env.guards == []
+
+
+def _trace(x0: int, x1: int) -> tuple[ShapeEnv, tuple[object, ...]]:
+    """A tiny 'program' that branches on sizes; returns the env and the branch outcomes."""
+    env = ShapeEnv()
+    s0 = env.create_symbol(x0, "x0")
+    s1 = env.create_symbol(x1, "x1")
+    if isinstance(s0, int) or isinstance(s1, int) or s0.is_Integer or s1.is_Integer:
+        return env, ("static", x0, x1)
+    outcome = (
+        env.evaluate_expr(sympy.Lt(s0, 10)),
+        env.evaluate_expr(sympy.Eq(s0, s1)),
+        env.evaluate_expr(sympy.Eq(sympy.Mod(s0 * s1, 4), 0)),
+    )
+    return env, outcome
+
+
+def test_rendered_guards_accept_exactly_the_sizes_that_trace_the_same() -> None:
+    sizes = range(0, 14)
+    for x0, x1 in [(4, 4), (12, 3), (6, 5), (3, 8)]:
+        env, outcome = _trace(x0, x1)
+        if outcome[0] == "static":
+            continue
+        guard_texts = [g.text for g in env.produce_guards(lambda s: s)]
+        source = " and ".join(f"({t})" for t in guard_texts) or "True"
+        fn = eval(f"lambda x0, x1: {source}")
+        for y0, y1 in itertools.product(sizes, sizes):
+            accepted = fn(y0, y1)
+            same = _trace(y0, y1)[1] == outcome
+            assert accepted == same, (x0, x1, y0, y1, guard_texts)

