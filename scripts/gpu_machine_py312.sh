@@ -10,7 +10,7 @@ python3 --version; python3 -c "import torch; print('torch', torch.__version__)"
 site=/tmp/kiln-site
 rm -rf "$site"
 python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$site" \
-    packages/frame_hook packages/dynamo packages/aotgrad packages/loopir packages/codegen_cpp \
+    packages/frame_hook packages/symbolic packages/dynamo packages/aotgrad packages/loopir packages/codegen_cpp \
     packages/codegen_triton packages/kiln packages/bench 2>&1 | tail -5
 # Test-only packages the machine lacks (e.g. expecttest for OpInfo) travel as wheels in .whl/.
 if ls .whl/*.whl >/dev/null 2>&1; then

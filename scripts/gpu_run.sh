@@ -17,7 +17,7 @@ python3 --version; python3 -c "import torch, triton; print('torch', torch.__vers
 site=/tmp/kiln-site
 if [ ! -d "$site/kiln" ]; then
     python3 -m pip install -q --no-deps --no-index --no-build-isolation --target "$site" \
-        packages/frame_hook packages/dynamo packages/aotgrad packages/loopir packages/codegen_cpp \
+        packages/frame_hook packages/symbolic packages/dynamo packages/aotgrad packages/loopir packages/codegen_cpp \
         packages/codegen_triton packages/kiln packages/bench 2>&1 | tail -5
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl 2>&1 | tail -2
