@@ -79,6 +79,10 @@ typedef struct {
     PyObject *obj, *obj2; /* borrowed from the op tuple */
     TensorRow *rows;      /* owned (PyMem) for OP_TENSORS */
     Py_ssize_t nrows;
+    /* LOAD_ATTR's inline cache (Note [The attribute cache]); the type is not owned. */
+    PyTypeObject *cache_type;
+    unsigned int cache_version;
+    int cache_plain;
 } GuardOp;
 
 typedef struct {
@@ -90,6 +94,7 @@ typedef struct {
     PyObject *residual;  /* owned or NULL */
     PyObject *reference; /* owned: what the client explains failures with (may be None) */
     PyObject *text;      /* owned: the client's rendering of the tree (str) */
+    PyObject *weakrefs;  /* weak references to the tree */
 } GuardTree;
 
 static PyObject *s_dtype, *s_device, *s_is_cpu, *s_requires_grad, *s_shape, *s_stride, *s_keys,
@@ -105,21 +110,42 @@ static inline int generic_lookup(PyTypeObject *tp) {
     return tp->tp_getattro == PyObject_GenericGetAttr || _PyType_Lookup(tp, s_getattribute) == object_getattribute;
 }
 
-static PyObject *load_attr(PyObject *obj, PyObject *name) {
+/* Note [The attribute cache]
+ * Whether `obj.name` may be read from obj's instance dict (its type looks attributes up with
+ * object's __getattribute__ and has no data descriptor `name`) depends only on the type and its
+ * MRO. Each LOAD_ATTR remembers the answer for the last type it saw with that type's version
+ * tag: CPython gives a type a new tag (never reused) whenever it or a base is modified, so a
+ * matching (type, tag) pair means the same answer, as in CPython's own specializing
+ * interpreter. The dict lookup itself is done every time. */
+static PyObject *load_attr(GuardOp *op, PyObject *obj) {
+    PyObject *name = op->obj;
     PyTypeObject *tp = Py_TYPE(obj);
-    if (generic_lookup(tp)) {
-        PyObject *descr = _PyType_Lookup(tp, name); /* borrowed */
-        if (descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL) {
-            /* No data descriptor: the instance dict comes first, as in object.__getattribute__. */
-            PyObject **dictptr = _PyObject_GetDictPtr(obj);
-            if (dictptr != NULL && *dictptr != NULL) {
-                PyObject *value = PyDict_GetItemWithError(*dictptr, name); /* borrowed */
-                if (value != NULL) {
-                    return Py_NewRef(value);
-                }
-                if (PyErr_Occurred()) {
-                    return NULL;
-                }
+    int plain;
+    if (tp == op->cache_type && op->cache_version != 0 && tp->tp_version_tag == op->cache_version &&
+        PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        plain = op->cache_plain;
+    } else {
+        plain = 0;
+        if (generic_lookup(tp)) {
+            PyObject *descr = _PyType_Lookup(tp, name); /* borrowed */
+            plain = descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL;
+        }
+        if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+            op->cache_type = tp;
+            op->cache_version = tp->tp_version_tag;
+            op->cache_plain = plain;
+        }
+    }
+    if (plain) {
+        /* No data descriptor: the instance dict comes first, as in object.__getattribute__. */
+        PyObject **dictptr = _PyObject_GetDictPtr(obj);
+        if (dictptr != NULL && *dictptr != NULL) {
+            PyObject *value = PyDict_GetItemWithError(*dictptr, name); /* borrowed */
+            if (value != NULL) {
+                return Py_NewRef(value);
+            }
+            if (PyErr_Occurred()) {
+                return NULL;
             }
         }
     }
@@ -255,10 +281,10 @@ static int check_tensor(const TensorRow *row, PyObject *t) {
 /* ------------------------------------------------------------------------------------------ */
 /* The program. */
 
-static PyObject *load(const GuardOp *op, PyObject **regs) {
+static PyObject *load(GuardOp *op, PyObject **regs) {
     switch (op->op) {
     case OP_LOAD_ATTR:
-        return load_attr(regs[op->src], op->obj);
+        return load_attr(op, regs[op->src]);
     case OP_LOAD_OBJATTR:
         return PyObject_GenericGetAttr(regs[op->src], op->obj);
     case OP_LOAD_ITEM:
@@ -319,7 +345,7 @@ static int check(const GuardOp *op, PyObject **regs) {
 
 static int run(GuardTree *tree, PyObject **regs) {
     for (Py_ssize_t i = 0; i < tree->nops; i++) {
-        const GuardOp *op = &tree->ops[i];
+        GuardOp *op = &tree->ops[i];
         if (op->op < OP_TYPE_IS) {
             PyObject *value = load(op, regs);
             if (value == NULL) {
@@ -540,6 +566,7 @@ static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     tree->residual = residual == Py_None ? NULL : Py_NewRef(residual);
     tree->reference = Py_NewRef(reference);
     tree->text = Py_NewRef(text);
+    tree->weakrefs = NULL;
     tree->ops = PyMem_Calloc((size_t)(tree->nops ? tree->nops : 1), sizeof(GuardOp));
     int *written = PyMem_Calloc((size_t)(nslots ? nslots : 1), sizeof(int));
     if (tree->ops == NULL || written == NULL) {
@@ -580,6 +607,9 @@ static int tree_clear(GuardTree *self) {
 
 static void tree_dealloc(GuardTree *self) {
     PyObject_GC_UnTrack(self);
+    if (self->weakrefs != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     tree_clear(self);
     Py_CLEAR(self->text);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -636,6 +666,7 @@ PyTypeObject GuardTreeType = {
     .tp_repr = (reprfunc)tree_repr,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(GuardTree, vectorcall),
+    .tp_weaklistoffset = offsetof(GuardTree, weakrefs),
     .tp_getset = tree_getset,
     .tp_members = tree_members,
 };
