@@ -47,6 +47,7 @@ from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
+from kiln_dynamo.guard_tree import Agreeing
 from kiln_dynamo.guards import Guard, build_guard, guard_tree_text, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
@@ -398,7 +399,7 @@ def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:
 
     for entry in entries:
         guard = entry.guard
-        if isinstance(guard, hook.GuardTree):
+        if isinstance(guard, (hook.GuardTree, Agreeing)):
             guard = guard.reference  # the readable Python guard explains the failure
         if isinstance(guard, Guard):
             reason = guard.failure_reason(values)

@@ -279,6 +279,7 @@ def compile(fn_or_module: Any, backend: str | Backend = "eager", *, fullgraph: b
             return _run_compiled(f, bound, be, key, args, kwargs)
 
     compiled._kiln_original = fn_or_module  # type: ignore[attr-defined]
+    compiled._kiln_key = key  # type: ignore[attr-defined]  # what its entries' guards check first
     return compiled
 
 

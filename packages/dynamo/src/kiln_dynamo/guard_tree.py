@@ -22,9 +22,11 @@ the tree off: entries then carry the Python guard, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import kiln_frame_hook as hook
@@ -58,6 +60,74 @@ def set_c_guards(on: bool) -> bool:
     global _enabled
     previous, _enabled = _enabled, on
     return previous
+
+
+@dataclass(slots=True)
+class Agreement:
+    """What `checking_agreement` saw: calls that compared both evaluators, and disagreements."""
+
+    calls: int = 0
+    disagreements: list[str] = field(default_factory=list)
+    # the last entry values each guard was called with, by id of its Guard (for benchmarks)
+    last_values: dict[int, tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
+
+
+_agreement: Agreement | None = None
+
+
+@contextlib.contextmanager
+def checking_agreement() -> Iterator[Agreement]:
+    """For tests: entries made within the block hold `Agreeing` guards, which run the C tree and
+    the Python guard on every call, record any difference, and answer with the tree's verdict."""
+    global _agreement
+    previous, _agreement = _agreement, Agreement()
+    try:
+        yield _agreement
+    finally:
+        _agreement = previous
+
+
+def agreement() -> Agreement | None:
+    return _agreement
+
+
+class Agreeing:
+    """A cache guard that evaluates both ways (see checking_agreement)."""
+
+    __slots__ = ("reference", "log")
+
+    def __init__(self, reference: Any, log: Agreement) -> None:
+        self.reference = reference  # the Guard (guards.py), whose .tree and .fn are compared
+        self.log = log
+
+    def __call__(self, *values: Any) -> bool:
+        c = bool(self.reference.tree(*values))
+        py = bool(self.reference.fn(*values))
+        self.log.calls += 1
+        self.log.last_values[id(self.reference)] = (self.reference, values)
+        if c != py:
+            reason = self.reference.failure_reason(values)
+            self.log.disagreements.append(f"C tree says {c}, Python guard says {py} ({reason})")
+        return c
+
+
+# The CCheck kinds guards.py records (each one op, or a row of a tensor table).
+CHECK_KINDS = (
+    "type_is",
+    "is",
+    "is_ref",
+    "id_eq",
+    "eq",
+    "item_types",
+    "len",
+    "keys",
+    "not_in",
+    "falsy",
+    "same",
+    "tensor",
+    "call_is",
+    "call_eq",
+)
 
 
 class NotInC(Exception):

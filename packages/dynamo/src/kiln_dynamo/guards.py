@@ -336,7 +336,10 @@ class Guard:
     def for_hook(self) -> Any:
         """What the frame hook's cache entry holds: the C tree (whose `reference` is this guard),
         or this guard when C guards are off."""
-        return self.tree if self.tree is not None else self
+        if self.tree is None:
+            return self
+        log = guard_tree.agreement()
+        return self.tree if log is None else guard_tree.Agreeing(self, log)
 
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
         """The first failing part on these entry values (readable, with the user's line)."""
