@@ -638,7 +638,12 @@ static PyObject *tree_get_reference(GuardTree *self, void *closure) {
     return Py_NewRef(self->reference != NULL ? self->reference : Py_None);
 }
 
+static PyObject *tree_get_ops(GuardTree *self, void *closure) {
+    return Py_NewRef(self->op_tuples != NULL ? self->op_tuples : Py_None);
+}
+
 static PyGetSetDef tree_getset[] = {
+    {"ops", (getter)tree_get_ops, NULL, "the op tuples the tree was built from", NULL},
     {"residual", (getter)tree_get_residual, NULL, "the Python guard run after the C checks, or None", NULL},
     {"reference", (getter)tree_get_reference, NULL, "the readable Python guard the tree was compiled from", NULL},
     {NULL},
