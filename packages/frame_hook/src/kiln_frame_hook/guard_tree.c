@@ -63,8 +63,17 @@ enum {
     OP_TENSORS = 30,       /* each row of <obj> matches */
 };
 
+/* Note [The attribute cache]; the type is not owned. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    int how;
+    PyGetSetDef *getset;
+} AttrCache;
+
 typedef struct {
     Py_ssize_t slot;
+    AttrCache caches[4]; /* dtype, device (or is_cpu), requires_grad, shape */
     PyObject *type;       /* borrowed from the op tuple */
     PyObject *dtype;      /* borrowed */
     PyObject *device;     /* borrowed; NULL: the CPU, checked through is_cpu */
@@ -79,10 +88,7 @@ typedef struct {
     PyObject *obj, *obj2; /* borrowed from the op tuple */
     TensorRow *rows;      /* owned (PyMem) for OP_TENSORS */
     Py_ssize_t nrows;
-    /* LOAD_ATTR's inline cache (Note [The attribute cache]); the type is not owned. */
-    PyTypeObject *cache_type;
-    unsigned int cache_version;
-    int cache_plain;
+    AttrCache cache; /* LOAD_ATTR's (Note [The attribute cache]) */
 } GuardOp;
 
 typedef struct {
@@ -111,32 +117,55 @@ static inline int generic_lookup(PyTypeObject *tp) {
 }
 
 /* Note [The attribute cache]
- * Whether `obj.name` may be read from obj's instance dict (its type looks attributes up with
- * object's __getattribute__ and has no data descriptor `name`) depends only on the type and its
- * MRO. Each LOAD_ATTR remembers the answer for the last type it saw with that type's version
- * tag: CPython gives a type a new tag (never reused) whenever it or a base is modified, so a
- * matching (type, tag) pair means the same answer, as in CPython's own specializing
- * interpreter. The dict lookup itself is done every time. */
-static PyObject *load_attr(GuardOp *op, PyObject *obj) {
-    PyObject *name = op->obj;
-    PyTypeObject *tp = Py_TYPE(obj);
-    int plain;
-    if (tp == op->cache_type && op->cache_version != 0 && tp->tp_version_tag == op->cache_version &&
-        PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
-        plain = op->cache_plain;
-    } else {
-        plain = 0;
-        if (generic_lookup(tp)) {
-            PyObject *descr = _PyType_Lookup(tp, name); /* borrowed */
-            plain = descr == NULL || Py_TYPE(descr)->tp_descr_set == NULL;
-        }
-        if (PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
-            op->cache_type = tp;
-            op->cache_version = tp->tp_version_tag;
-            op->cache_plain = plain;
-        }
+ * How `obj.name` is found depends only on obj's type and its MRO: through the ordinary C-API
+ * (HOW_SLOW: a custom __getattribute__, a property, ...), in the instance dict (HOW_DICT: the
+ * type looks attributes up with object's __getattribute__ and has no data descriptor `name`),
+ * or through a C getset descriptor (HOW_GETSET: `__dict__`, a tensor's `dtype`; calling its
+ * getter is what object.__getattribute__ does). Each attribute load remembers the answer for
+ * the last type it saw with that type's version tag: CPython gives a type a new tag (never
+ * reused) whenever it or a base is modified, so a matching (type, tag) pair means the same
+ * answer, as in CPython's own specializing interpreter. The lookup itself is done every time.
+ * A fast path that raises AttributeError falls back to the C-API, which then also runs a
+ * class's __getattr__ (nn.Module's), as Python would. */
+enum { HOW_SLOW = 0, HOW_DICT = 1, HOW_GETSET = 2 };
+
+static int attr_how(PyTypeObject *tp, PyObject *name, PyGetSetDef **getset) {
+    if (!generic_lookup(tp)) {
+        return HOW_SLOW;
     }
-    if (plain) {
+    PyObject *descr = _PyType_Lookup(tp, name); /* borrowed */
+    if (descr == NULL) {
+        return HOW_DICT;
+    }
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *def = ((PyGetSetDescrObject *)descr)->d_getset;
+        if (def->get == NULL) {
+            return HOW_SLOW;
+        }
+        *getset = def;
+        return HOW_GETSET;
+    }
+    return Py_TYPE(descr)->tp_descr_set == NULL ? HOW_DICT : HOW_SLOW;
+}
+
+/* New reference, or NULL with an exception set. */
+static PyObject *cached_getattr(AttrCache *cache, PyObject *obj, PyObject *name) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    int valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG);
+    if (!(valid && tp == cache->type && cache->version != 0 && tp->tp_version_tag == cache->version)) {
+        cache->how = attr_how(tp, name, &cache->getset);
+        valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG); /* the lookup may assign a tag */
+        cache->type = valid ? tp : NULL;
+        cache->version = valid ? tp->tp_version_tag : 0;
+    }
+    if (cache->how == HOW_GETSET) {
+        PyObject *value = cache->getset->get(obj, cache->getset->closure);
+        if (value != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError) ||
+            tp->tp_getattro == PyObject_GenericGetAttr) {
+            return value;
+        }
+        PyErr_Clear(); /* a __getattr__ may answer: ask the C-API */
+    } else if (cache->how == HOW_DICT) {
         /* No data descriptor: the instance dict comes first, as in object.__getattribute__. */
         PyObject **dictptr = _PyObject_GetDictPtr(obj);
         if (dictptr != NULL && *dictptr != NULL) {
@@ -254,24 +283,24 @@ static inline int same(PyObject *got, PyObject *want) {
 }
 
 /* Note [Tensor metadata through the attribute protocol]. */
-static int check_tensor(const TensorRow *row, PyObject *t) {
+static int check_tensor(TensorRow *row, PyObject *t) {
     if ((PyObject *)Py_TYPE(t) != row->type) {
         return 0;
     }
-    int ok = same(PyObject_GetAttr(t, s_dtype), row->dtype);
+    int ok = same(cached_getattr(&row->caches[0], t, s_dtype), row->dtype);
     if (ok <= 0) {
         return ok;
     }
-    ok = row->device == NULL ? same(PyObject_GetAttr(t, s_is_cpu), Py_True)
-                             : same(PyObject_GetAttr(t, s_device), row->device);
+    ok = row->device == NULL ? same(cached_getattr(&row->caches[1], t, s_is_cpu), Py_True)
+                             : same(cached_getattr(&row->caches[1], t, s_device), row->device);
     if (ok <= 0) {
         return ok;
     }
-    ok = same(PyObject_GetAttr(t, s_requires_grad), row->requires_grad);
+    ok = same(cached_getattr(&row->caches[2], t, s_requires_grad), row->requires_grad);
     if (ok <= 0) {
         return ok;
     }
-    ok = same(PyObject_GetAttr(t, s_shape), row->sizes);
+    ok = same(cached_getattr(&row->caches[3], t, s_shape), row->sizes);
     if (ok <= 0) {
         return ok;
     }
@@ -284,7 +313,7 @@ static int check_tensor(const TensorRow *row, PyObject *t) {
 static PyObject *load(GuardOp *op, PyObject **regs) {
     switch (op->op) {
     case OP_LOAD_ATTR:
-        return load_attr(op, regs[op->src]);
+        return cached_getattr(&op->cache, regs[op->src], op->obj);
     case OP_LOAD_OBJATTR:
         return PyObject_GenericGetAttr(regs[op->src], op->obj);
     case OP_LOAD_ITEM:
@@ -300,7 +329,7 @@ static PyObject *load(GuardOp *op, PyObject **regs) {
     return NULL;
 }
 
-static int check(const GuardOp *op, PyObject **regs) {
+static int check(GuardOp *op, PyObject **regs) {
     if (op->op == OP_TENSORS) {
         for (Py_ssize_t i = 0; i < op->nrows; i++) {
             int ok = check_tensor(&op->rows[i], regs[op->rows[i].slot]);
@@ -458,8 +487,9 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
             !PyTuple_CheckExact(strides)) {
             return bad("a tensor row has a bad type, requires_grad, sizes or strides", i);
         }
-        op->rows[r] = (TensorRow){slot, PyTuple_GET_ITEM(row, 1), PyTuple_GET_ITEM(row, 2),
-                                  device == Py_None ? NULL : device, rg, sizes, strides};
+        op->rows[r] = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
+                                  .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
+                                  .strides = strides};
     }
     return 0;
 }
