@@ -146,7 +146,7 @@ def test_every_kind_of_a_function_agrees_on_passing_and_failing_inputs() -> None
     values = entry_values(code, everything, args)
     with running(compiled):
         assert_agree(code, values, expect=True)
-        x, n, flag, none, s, shape, items, table, cfg, f, a, b = args
+        x, n, flag, none, s, shape, items, table, cfg, f, _, _ = args
         variants = {
             "dtype": (x.double(),),
             "shape": (torch.randn(3, 2),),

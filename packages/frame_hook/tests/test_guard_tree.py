@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Any
 
 import pytest
-from conftest import Recorder, replace_with
+from conftest import replace_with
 
 import kiln_frame_hook as hook
 from kiln_frame_hook import GuardOp as O
@@ -83,7 +83,9 @@ case("slot attr", load_then(op(O.LOAD_ATTR, 1, 0, obj="x"), eq(7)), Slotted(), T
 case("__getattr__", load_then(op(O.LOAD_ATTR, 1, 0, obj="virtual"), eq(42)), WithGetattr(), True)
 case("missing attr fails", load_then(op(O.LOAD_ATTR, 1, 0, obj="nope"), eq(1)), p, False)
 case("raising property fails", load_then(op(O.LOAD_ATTR, 1, 0, obj="boom"), eq(1)), Raises(), False)
-case("object's __getattribute__", load_then(op(O.LOAD_OBJATTR, 1, 0, obj="__dict__"), eq(p.__dict__)), p, True)
+case(
+    "object's __getattribute__", load_then(op(O.LOAD_OBJATTR, 1, 0, obj="__dict__"), eq(p.__dict__)), p, True
+)
 case("list item", load_then(op(O.LOAD_ITEM, 1, 0, obj=-1), eq(3)), [1, 2, 3], True)
 case("list item out of range", load_then(op(O.LOAD_ITEM, 1, 0, obj=5), eq(3)), [1, 2, 3], False)
 case("tuple item", load_then(op(O.LOAD_ITEM, 1, 0, obj=0), eq(1)), (1, 2), True)
@@ -120,8 +122,18 @@ case("in dict", tree([op(O.NOT_IN, src=0, obj="a")]), {"a": 1}, False)
 case("not in list", tree([op(O.NOT_IN, src=0, obj=3)]), [1, 2], True)
 case("falsy", tree([op(O.FALSY, src=0)]), OrderedDict(), True)
 case("truthy", tree([op(O.FALSY, src=0)]), OrderedDict(a=1), False)
-case("same", tree([op(O.LOAD_ITEM, 1, 0, obj=0), op(O.LOAD_ITEM, 2, 0, obj=1), op(O.SAME, src=1, src2=2)]), [p, p], True)
-case("not same", tree([op(O.LOAD_ITEM, 1, 0, obj=0), op(O.LOAD_ITEM, 2, 0, obj=1), op(O.SAME, src=1, src2=2)]), [p, Plain()], False)
+case(
+    "same",
+    tree([op(O.LOAD_ITEM, 1, 0, obj=0), op(O.LOAD_ITEM, 2, 0, obj=1), op(O.SAME, src=1, src2=2)]),
+    [p, p],
+    True,
+)
+case(
+    "not same",
+    tree([op(O.LOAD_ITEM, 1, 0, obj=0), op(O.LOAD_ITEM, 2, 0, obj=1), op(O.SAME, src=1, src2=2)]),
+    [p, Plain()],
+    False,
+)
 
 
 @pytest.mark.parametrize(("desc", "t", "value", "expect"), CASES, ids=[c[0] for c in CASES])
@@ -196,7 +208,9 @@ def test_bad_programs_are_refused() -> None:
 class FakeTensor:
     """Enough of a tensor for the TENSORS op (this package has no torch)."""
 
-    def __init__(self, dtype: str, device: str, requires_grad: bool, shape: tuple[int, ...], stride: tuple[int, ...]):
+    def __init__(
+        self, dtype: str, device: str, requires_grad: bool, shape: tuple[int, ...], stride: tuple[int, ...]
+    ):
         self.dtype, self.device, self.requires_grad = dtype, device, requires_grad
         self.shape, self._stride = shape, stride
         self.is_cpu = device == "cpu"
@@ -207,10 +221,19 @@ class FakeTensor:
 
 def test_tensor_rows_check_every_property() -> None:
     x = FakeTensor("f32", "cuda:0", False, (2, 3), (3, 1))
-    rows = ((0, FakeTensor, "f32", "cuda:0", False, (2, 3), (3, 1)), (0, FakeTensor, "f32", "cuda:0", False, (2, 3), (3, 1)))
+    rows = (
+        (0, FakeTensor, "f32", "cuda:0", False, (2, 3), (3, 1)),
+        (0, FakeTensor, "f32", "cuda:0", False, (2, 3), (3, 1)),
+    )
     t = tree([op(O.TENSORS, obj=rows)])
     assert t(x) is True and t.ntensors == 2
-    for attr, value in [("dtype", "f16"), ("device", "cpu"), ("requires_grad", True), ("shape", (3, 2)), ("_stride", (1, 2))]:
+    for attr, value in [
+        ("dtype", "f16"),
+        ("device", "cpu"),
+        ("requires_grad", True),
+        ("shape", (3, 2)),
+        ("_stride", (1, 2)),
+    ]:
         old = getattr(x, attr)
         setattr(x, attr, value)
         assert t(x) is False, attr
@@ -313,7 +336,11 @@ def test_four_threads_running_trees() -> None:
     def worker(k: int) -> None:
         try:
             own = tree(
-                [op(O.TYPE_IS, src=0, obj=int), op(O.LOAD_CALL, 1, n=1, obj=abs, obj2=-k), op(O.EQ, src=1, obj=k)]
+                [
+                    op(O.TYPE_IS, src=0, obj=int),
+                    op(O.LOAD_CALL, 1, n=1, obj=abs, obj2=-k),
+                    op(O.EQ, src=1, obj=k),
+                ]
             )
             answer = replace_with(cached_double_t, own if k % 2 else shared)
 

@@ -29,10 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import kiln_frame_hook as hook
 import torch
-from kiln_frame_hook import GuardOp, op
 
+import kiln_frame_hook as hook
 from kiln_dynamo.source import (
     AttrSource,
     ClosureSource,
@@ -46,6 +45,7 @@ from kiln_dynamo.source import (
     Source,
     TypeSource,
 )
+from kiln_frame_hook import GuardOp, op
 
 _enabled = os.environ.get("KILN_C_GUARDS", "1") != "0"
 
@@ -94,7 +94,7 @@ def agreement() -> Agreement | None:
 class Agreeing:
     """A cache guard that evaluates both ways (see checking_agreement)."""
 
-    __slots__ = ("reference", "log")
+    __slots__ = ("log", "reference")
 
     def __init__(self, reference: Any, log: Agreement) -> None:
         self.reference = reference  # the Guard (guards.py), whose .tree and .fn are compared
@@ -145,14 +145,14 @@ def _cpu_shortcut(t: type, device: torch.device) -> bool:
     return (
         device.type == "cpu"
         and t in _PLAIN_TENSOR_TYPES
-        and t.device is base.device  # type: ignore[attr-defined]
-        and t.is_cpu is base.is_cpu  # type: ignore[attr-defined]
+        and t.device is base.device
+        and t.is_cpu is base.is_cpu
     )
 
 
 def _root(source: Source) -> Source:
     while hasattr(source, "base"):
-        source = source.base  # type: ignore[attr-defined]
+        source = source.base
     return source
 
 
@@ -181,7 +181,9 @@ class TreeCompiler:
         self.tensor_lines: tuple[list[str], list[str]] = ([], [])
 
     # --- loads ---------------------------------------------------------------------------
-    def _load(self, code: GuardOp, src: int, text: str, obj: object = None, obj2: object = None, n: int = 0) -> int:
+    def _load(
+        self, code: GuardOp, src: int, text: str, obj: object = None, obj2: object = None, n: int = 0
+    ) -> int:
         dst = self.nslots
         self.nslots += 1
         self.ops.append(op(code, dst, src, n=n, obj=obj, obj2=obj2))
@@ -208,7 +210,9 @@ class TreeCompiler:
         return slot
 
     # --- checks --------------------------------------------------------------------------
-    def check(self, code: GuardOp, src: int, text: str, obj: object = None, n: int = 0, src2: int = -1) -> None:
+    def check(
+        self, code: GuardOp, src: int, text: str, obj: object = None, n: int = 0, src2: int = -1
+    ) -> None:
         self.ops.append(op(code, -1, src, src2, n, obj))
         depth = self.depth[src] + 1 if src >= 0 else 0
         self.lines.append("  " * depth + f"? s{src} {text}")

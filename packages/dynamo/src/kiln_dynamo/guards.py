@@ -124,7 +124,11 @@ class GuardBuilder:
         code, name = self._src(source)
         t, types_ = type(value), tuple(type(v) for v in value)
         # a copy: the tree must compare with the value as captured, as the literal below does
-        c = (CCheck("type_is", source, t), CCheck("eq", source, t(value)), CCheck("item_types", source, types_))
+        c = (
+            CCheck("type_is", source, t),
+            CCheck("eq", source, t(value)),
+            CCheck("item_types", source, types_),
+        )
         self.add(
             f"type({code}) is {self.ctx.const(t)} and {code} == {value!r} and "
             f"tuple(map(type, {code})) == {self.ctx.const(types_)}",
@@ -151,7 +155,9 @@ class GuardBuilder:
             c = (CCheck("is_ref", source, ref),)
             self.add(f"{code} is {self.ctx.const(ref)}()", f"{name} is {label}", c=c)
         except TypeError:
-            self.add(f"id({code}) == {id(value)}", f"{name} is {label}", c=(CCheck("id_eq", source, id(value)),))
+            self.add(
+                f"id({code}) == {id(value)}", f"{name} is {label}", c=(CCheck("id_eq", source, id(value)),)
+            )
 
     def function(self, source: Source, fn: Any) -> None:
         """A Python function the capture may inline: the same object, still running the same code
@@ -407,7 +413,8 @@ def build_guard(
 
         def residual(indices: list[int]) -> Callable[..., Any]:
             # every binding (cheap, and a binding that raises fails the guard) and the residual parts
-            keep, k, out = set(indices), 0, []
+            keep, k = set(indices), 0
+            out: list[str | GuardPart] = []
             for item in items:
                 if isinstance(item, str):
                     out.append(item)

@@ -46,8 +46,8 @@ from kiln_frame_hook._dispatch import (
     skip_code,
 )
 from kiln_frame_hook._dispatch import clear as _clear_code
-from kiln_frame_hook._guard_ops import GuardOp, op
 from kiln_frame_hook._dispatch import reset as _reset_dispatch
+from kiln_frame_hook._guard_ops import GuardOp, op
 
 __version__ = "0.1.0"
 
