@@ -42,7 +42,8 @@ def best_us(fn: Callable[[], Any], n: int, reps: int) -> float:
 
 def guards_of_one_call(model: torch.nn.Module, inputs: dict[str, Any], train: bool) -> tuple[Any, list[Any]]:
     """Compile, call once (capture) and once more (cache hits), and return the compiled model and
-    (Guard, entry values) of every guard the second call ran."""
+    (GuardTree, entry values) of every guard the second call ran; `tree.reference` is the Python
+    guard it was compiled from."""
     model.train(train)
     kiln_dynamo.reset()
     with guard_tree.checking_agreement() as seen, torch.set_grad_enabled(train):
@@ -62,17 +63,18 @@ def measure(name: str, train: bool, reps: int) -> dict[str, Any]:
     previous, ACTIVE.key = ACTIVE.key, compiled._kiln_key
     try:
         with torch.set_grad_enabled(train):
-            for guard, values in guards:
-                assert guard.tree(*values) is True and guard.fn(*values) is True
+            for tree, values in guards:
+                assert tree(*values) is True and tree.reference.fn(*values) is True
+            pairs = [(tree, tree.reference.fn, values) for tree, values in guards]
             n = 200
 
             def run_c() -> None:
-                for guard, values in guards:
-                    guard.tree(*values)
+                for tree, _, values in pairs:
+                    tree(*values)
 
             def run_py() -> None:
-                for guard, values in guards:
-                    guard.fn(*values)
+                for _, fn, values in pairs:
+                    fn(*values)
 
             c, py = best_us(run_c, n, reps), best_us(run_py, n, reps)
     finally:
@@ -81,9 +83,9 @@ def measure(name: str, train: bool, reps: int) -> dict[str, Any]:
         "model": name,
         "mode": "train" if train else "eval",
         "frames": len(guards),
-        "ops": sum(g.tree.nops for g, _ in guards),
-        "tensors": sum(g.tree.ntensors for g, _ in guards),
-        "residual": sum(g.residual_parts for g, _ in guards),
+        "ops": sum(t.nops for t, _ in guards),
+        "tensors": sum(t.ntensors for t, _ in guards),
+        "residual": sum(t.reference.residual_parts for t, _ in guards),
         "c_us": c,
         "py_us": py,
     }

@@ -116,8 +116,8 @@ def measure(name: str, model: nn.Module, inputs: dict[str, Any], reps: int = 15,
     previous_key, ACTIVE.key = ACTIVE.key, kiln_c._kiln_key
     try:
         with torch.no_grad():
-            g_c = best_us(lambda: [g.tree(*v) for g, v in guards], max(n, 500), 7)
-            g_py = best_us(lambda: [g.fn(*v) for g, v in guards], max(n, 500), 7)
+            g_c = best_us(lambda: [t(*v) for t, v in guards], max(n, 500), 7)
+            g_py = best_us(lambda: [t.reference.fn(*v) for t, v in guards], max(n, 500), 7)
     finally:
         ACTIVE.key = previous_key
     e = med["eager"]

@@ -361,3 +361,19 @@ def test_four_threads_running_trees() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_more_slots_than_the_stack_buffer() -> None:
+    n = 2000  # past the 512 slots kept on the C stack
+    values = [Plain() for _ in range(n)]
+    ops = [op(O.LOAD_ITEM, 1 + i, 0, obj=i) for i in range(n)]
+    ops += [op(O.IS, src=1 + i, obj=v) for i, v in enumerate(values)]
+    t = tree(ops, nslots=n + 1)
+    assert t(values) is True
+    assert t([*values[:-1], Plain()]) is False
+    first = values[0]
+    before = sys.getrefcount(first)
+    for _ in range(100):
+        t(values)
+    after = sys.getrefcount(first)
+    assert after == before

@@ -68,8 +68,8 @@ class Agreement:
 
     calls: int = 0
     disagreements: list[str] = field(default_factory=list)
-    # the last entry values each guard was called with, by id of its Guard (for benchmarks)
-    last_values: dict[int, tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)
+    # the last entry values each tree was called with, by id of the tree (for benchmarks)
+    last_values: dict[int, tuple[hook.GuardTree, tuple[Any, ...]]] = field(default_factory=dict)
 
 
 _agreement: Agreement | None = None
@@ -94,17 +94,21 @@ def agreement() -> Agreement | None:
 class Agreeing:
     """A cache guard that evaluates both ways (see checking_agreement)."""
 
-    __slots__ = ("log", "reference")
+    __slots__ = ("log", "tree")
 
-    def __init__(self, reference: Any, log: Agreement) -> None:
-        self.reference = reference  # the Guard (guards.py), whose .tree and .fn are compared
+    def __init__(self, tree: hook.GuardTree, log: Agreement) -> None:
+        self.tree = tree  # compared with tree.reference.fn, the Python guard it was compiled from
         self.log = log
 
+    @property
+    def reference(self) -> Any:
+        return self.tree.reference
+
     def __call__(self, *values: Any) -> bool:
-        c = bool(self.reference.tree(*values))
+        c = bool(self.tree(*values))
         py = bool(self.reference.fn(*values))
         self.log.calls += 1
-        self.log.last_values[id(self.reference)] = (self.reference, values)
+        self.log.last_values[id(self.tree)] = (self.tree, values)
         if c != py:
             reason = self.reference.failure_reason(values)
             self.log.disagreements.append(f"C tree says {c}, Python guard says {py} ({reason})")
@@ -390,9 +394,12 @@ def build_tree(
     residual_fn: Callable[[list[int]], Callable[..., Any] | None],
     reference: object,
     title: str,
+    full_text: bool = True,
 ) -> tuple[hook.GuardTree, int]:
     """The GuardTree for a guard, and how many of its parts are residual. `residual_fn(indices)`
-    compiles the Python guard of just those parts (with every binding)."""
+    compiles the Python guard of just those parts (with every binding). Without `full_text` the
+    tree's text is its one-line summary (an entry keeps its tree alive: KILN_LOG=guards asks
+    for the whole text)."""
     tc, residual = compile_tree(parts, bound, entry_names, globals_dict)
     fn = residual_fn(residual) if residual else None
     n_residual = sum(1 for i in residual if i >= 0)
@@ -401,6 +408,6 @@ def build_tree(
         f"{len(tc.tensor_rows[0]) + len(tc.tensor_rows[1])} tensors, {n_residual} residual Python checks"
     )
     names = ", ".join(f"s{i} = L[{n!r}]" for i, n in enumerate(entry_names))
-    text = "\n".join([head, f"entry values: {names}", *tc.lines])
+    text = "\n".join([head, f"entry values: {names}", *tc.lines]) if full_text else head
     tree = hook.GuardTree(len(entry_names), tc.nslots, tc.ops, fn, reference, text)
     return tree, n_residual

@@ -29,6 +29,7 @@ dtypes, devices and module globals dicts, which outlive the function anyway.
 
 from __future__ import annotations
 
+import logging
 import math
 import weakref
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from typing import Any
 import torch
 
 from kiln_dynamo import guard_tree, shapes
+from kiln_dynamo.logs import guards_log
 from kiln_dynamo.source import AttrSource, CodeContext, ConstSource, Source
 
 
@@ -341,11 +343,14 @@ class Guard:
 
     def for_hook(self) -> Any:
         """What the frame hook's cache entry holds: the C tree (whose `reference` is this guard),
-        or this guard when C guards are off."""
-        if self.tree is None:
+        or this guard when C guards are off. The tree is handed over: this guard stops
+        referring to it, so that the entry's tree -> guard reference makes no cycle (a cycle
+        would keep an evicted entry's memory until the garbage collector runs)."""
+        tree, self.tree = self.tree, None
+        if tree is None:
             return self
         log = guard_tree.agreement()
-        return self.tree if log is None else guard_tree.Agreeing(self, log)
+        return tree if log is None else guard_tree.Agreeing(tree, log)
 
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
         """The first failing part on these entry values (readable, with the user's line)."""
@@ -425,8 +430,9 @@ def build_guard(
             return _compile(out, n_entries, consts, globals_dict, explain=False)
 
         bound = list(builder.ctx.cse or ())
+        full_text = guards_log.isEnabledFor(logging.INFO)
         guard.tree, guard.residual_parts = guard_tree.build_tree(
-            guard.parts, bound, builder.ctx.entry_names, globals_dict, residual, guard, title
+            guard.parts, bound, builder.ctx.entry_names, globals_dict, residual, guard, title, full_text
         )
     return guard
 
