@@ -6,7 +6,8 @@ setup(
     ext_modules=[
         Extension(
             "kiln_frame_hook._C",
-            sources=["src/kiln_frame_hook/_C.c"],
+            sources=["src/kiln_frame_hook/_C.c", "src/kiln_frame_hook/guard_tree.c"],
+            depends=["src/kiln_frame_hook/guard_tree.h"],
             extra_compile_args=["-O2", "-Wall", "-Wno-missing-field-initializers"],
         )
     ]

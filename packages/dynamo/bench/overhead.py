@@ -1,9 +1,12 @@
 """Steady-state call overhead of kiln_dynamo.compile(backend="eager") vs eager vs torch.compile.
 
-Run: PYTHONPATH=packages/dynamo/src:packages/frame_hook/src python packages/dynamo/bench/overhead.py
-Prints, per model: eager µs/call, kiln µs/call (overhead %), torch.compile(backend="eager")
-µs/call (overhead %), and kiln's guard-evaluation µs/call. Interleaves the runs, takes medians.
-This is a benchmark, not a test: numbers depend on the machine and its load.
+Run: python packages/dynamo/bench/overhead.py [--suite all | --suite resnet,gpt2] [--reps 15]
+Prints, per model: eager µs/call; kiln_dynamo (backend "eager") with C guard trees and with
+Python guards (KILN_C_GUARDS=0's path), each with its overhead over eager; torch.compile
+(backend="eager"); and the guards alone, C and Python (bench/guards.py). Interleaves the runs,
+takes medians. Without --suite: three small models defined here; with it, kiln_bench's public
+models at cpu size (needs kiln_bench and transformers). This is a benchmark, not a test:
+numbers depend on the machine and its load.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from guards import best_us, guards_of_one_call  # bench/guards.py, beside this file
 from torch import nn
 
 import kiln_dynamo
-import kiln_frame_hook
+from kiln_dynamo import guard_tree
 from kiln_dynamo.backends import ACTIVE
 
 
@@ -71,42 +75,82 @@ class ManyAttrs(nn.Module):
 
 
 def _time(fn: Callable[[], Any], n: int) -> float:
-    t0 = time.perf_counter()
+    """µs per call, in this thread's CPU time (torch runs one thread here: see __main__)."""
+    t0 = time.thread_time()
     for _ in range(n):
         fn()
-    return (time.perf_counter() - t0) / n * 1e6
+    return (time.thread_time() - t0) / n * 1e6
 
 
-def measure(name: str, model: nn.Module, x: torch.Tensor, reps: int = 15, n: int = 200) -> None:
+def measure(name: str, model: nn.Module, inputs: dict[str, Any], reps: int = 15, n: int = 200) -> None:
+    """One row: eager, kiln with C guard trees, kiln with Python guards, torch.compile(eager),
+    interleaved (A B C D A B C D ...), medians; and the guards alone, C and Python."""
     model.eval()
     kiln_dynamo.reset()
-    kiln = kiln_dynamo.compile(model, backend="eager")
+    kiln_c = kiln_dynamo.compile(model, backend="eager")
+    previous = guard_tree.set_c_guards(False)
+    try:
+        kiln_py = kiln_dynamo.compile(model, backend="eager")
+        with torch.no_grad():
+            for _ in range(3):
+                kiln_py(**inputs)  # its entries hold Python guards
+    finally:
+        guard_tree.set_c_guards(previous)
     tc = torch.compile(model, backend="eager")
+    runs: dict[str, Callable[[], Any]] = {
+        "eager": lambda: model(**inputs),
+        "kiln C": lambda: kiln_c(**inputs),
+        "kiln Py": lambda: kiln_py(**inputs),
+        "torch.compile": lambda: tc(**inputs),
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
     with torch.no_grad():
-        for f in (model, kiln, tc):
+        for f in runs.values():
             for _ in range(5):
-                f(x)
-        e, k, c = [], [], []
+                f()
         for _ in range(reps):
-            e.append(_time(lambda: model(x), n))
-            k.append(_time(lambda: kiln(x), n))
-            c.append(_time(lambda: tc(x), n))
-        entry = kiln_frame_hook.cache_entries(type(model).forward.__code__)[0]
-        values = (model, x)
-        ACTIVE.key = kiln._kiln_key  # the guard checks the compile first (backends.py)
-        assert entry.guard(*values) is True
-        g = _time(lambda: entry.guard(*values), 2000)
-        ACTIVE.key = None
-    me, mk, mc = statistics.median(e), statistics.median(k), statistics.median(c)
+            for k, f in runs.items():
+                times[k].append(_time(f, n))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    _, guards = guards_of_one_call(model, inputs, train=False)
+    previous_key, ACTIVE.key = ACTIVE.key, kiln_c._kiln_key
+    try:
+        with torch.no_grad():
+            g_c = best_us(lambda: [t(*v) for t, v in guards], max(n, 500), 7)
+            g_py = best_us(lambda: [t.reference.fn(*v) for t, v in guards], max(n, 500), 7)
+    finally:
+        ACTIVE.key = previous_key
+    e = med["eager"]
+
+    def pct(k: str) -> str:
+        return f"{med[k]:9.1f} us ({(med[k] / e - 1) * 100:+5.1f}%)"
+
     print(
-        f"{name:<28} eager {me:8.1f} us | kiln {mk:8.1f} us ({(mk / me - 1) * 100:+5.1f}%) | "
-        f"torch.compile(eager) {mc:8.1f} us ({(mc / me - 1) * 100:+5.1f}%) | kiln guard {g:6.1f} us"
+        f"{name:<26} eager {e:9.1f} us | kiln C {pct('kiln C')} | kiln Py {pct('kiln Py')} | "
+        f"torch.compile(eager) {pct('torch.compile')} | guard C {g_c:6.1f} us, Py {g_py:6.1f} us",
+        flush=True,
     )
 
 
 if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--suite", default="", help="kiln_bench models (comma-separated, or 'all') at cpu size"
+    )
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    measure("MLP 64-256-256-10, b=32", MLP(), torch.randn(32, 64))
-    measure("transformer block d=128", Block(), torch.randn(4, 32, 128))
-    measure("50 params, many attrs", ManyAttrs(), torch.randn(8, 16))
+    if not args.suite:
+        measure("MLP 64-256-256-10, b=32", MLP(), {"x": torch.randn(32, 64)}, args.reps, args.calls)
+        measure("transformer block d=128", Block(), {"x": torch.randn(4, 32, 128)}, args.reps, args.calls)
+        measure("50 params, many attrs", ManyAttrs(), {"x": torch.randn(8, 16)}, args.reps, args.calls)
+    else:
+        from kiln_bench.models import MODEL_NAMES, build
+
+        for model_name in MODEL_NAMES if args.suite == "all" else args.suite.split(","):
+            w = build(model_name, "cpu")
+            measure(model_name, w.model, w.inputs, args.reps, args.calls)

@@ -42,6 +42,8 @@ from torch import nn
 
 import kiln_dynamo
 import kiln_frame_hook
+from kiln_dynamo import guard_tree
+from kiln_dynamo.convert_frame import capture_listeners
 
 MIN_PERTURBATIONS = 1000
 SHADOWED_BUILTINS = ("len", "abs", "sum", "max", "min", "round")
@@ -432,6 +434,34 @@ def big_cache() -> Iterator[None]:
 
 
 def test_guard_fuzz_finds_no_stale_answer(big_cache: None) -> None:
+    """With C guard trees answering (issue 18), each also compared with its Python guard on
+    every call (`checking_agreement`): no stale answer, no disagreement."""
+    assert guard_tree.c_guards_enabled()
+    residual: list[str] = []
+
+    def listen(name: str, captured: Any) -> None:
+        if captured.guard.tree is None or captured.guard.residual_parts:
+            residual.append(name)
+
+    capture_listeners.append(listen)
+    try:
+        with guard_tree.checking_agreement() as agreement:
+            applied, not_applicable, stale = _fuzz()
+    finally:
+        capture_listeners.remove(listen)
+    print(
+        f"guard fuzz: {applied} perturbations applied, {not_applicable} not applicable, {len(stale)} stale; "
+        f"{agreement.calls} guard calls compared C with Python, {len(agreement.disagreements)} disagreed; "
+        f"{len(residual)} entries with a residual Python guard"
+    )
+    assert stale == [], "\n".join(stale)
+    assert residual == [], residual
+    assert agreement.disagreements == [], "\n".join(agreement.disagreements[:20])
+    assert applied >= MIN_PERTURBATIONS, applied
+    assert agreement.calls >= applied
+
+
+def _fuzz() -> tuple[int, int, list[str]]:
     rng = random.Random(18)
     stale: list[str] = []
     applied = 0
@@ -476,6 +506,4 @@ def test_guard_fuzz_finds_no_stale_answer(big_cache: None) -> None:
             else:
                 not_applicable += 1
     kiln_dynamo.reset()
-    print(f"guard fuzz: {applied} perturbations applied, {not_applicable} not applicable, {len(stale)} stale")
-    assert stale == [], "\n".join(stale)
-    assert applied >= MIN_PERTURBATIONS, applied
+    return applied, not_applicable, stale

@@ -8,7 +8,8 @@ assumption; the frame then runs as a trampoline that calls the backend's compile
 unsupported instruction runs in CPython and capture resumes in a continuation function
 (breaks.py, resume.py); a frame that cannot be split runs as plain Python. Reasons are in
 `counters.break_reasons`; `explain(fn)(*args)` reports graphs, breaks and guards of one call.
-`reset()` drops every cache.
+`reset()` drops every cache. Guards run in C as guard trees (guard_tree.py); `set_c_guards(False)`
+or `KILN_C_GUARDS=0` keeps the Python guards.
 """
 
 from kiln_dynamo import logs as _logs
@@ -19,6 +20,7 @@ from kiln_dynamo.eval_frame import CompiledModule, compile, reset
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported, UserFrame
 from kiln_dynamo.explain import ExplainOutput, explain
 from kiln_dynamo.fx_source import forget_source_when_freed
+from kiln_dynamo.guard_tree import c_guards_enabled, set_c_guards
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 
@@ -33,6 +35,7 @@ __all__ = [
     "ExplainOutput",
     "Unsupported",
     "UserFrame",
+    "c_guards_enabled",
     "capture",
     "compile",
     "configure_artifacts",
@@ -46,6 +49,7 @@ __all__ = [
     "maybe_mark_dynamic",
     "register_backend",
     "reset",
+    "set_c_guards",
 ]
 
 _logs.configure()

@@ -47,7 +47,8 @@ from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
-from kiln_dynamo.guards import Guard, build_guard, readable_guards
+from kiln_dynamo.guard_tree import Agreeing
+from kiln_dynamo.guards import Guard, build_guard, guard_tree_text, readable_guards
 from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.resume import SplitPlan
@@ -285,9 +286,12 @@ def _capture(
     # the graph's SymInts keep the env alive: it must not keep the translator (and through it
     # the frame's objects) alive too
     shape_ctx.env.where = _after_capture
-    guard = build_guard(output.guards, len(names), f_globals)
+    guard = build_guard(output.guards, len(names), f_globals, code.co_name)
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
+        tree = guard_tree_text(guard)
+        if tree is not None:
+            guards_log.info("%s", tree)
     split: BreakReason | None = None
     if plan is None:
         new_code = bytecode.build_trampoline(code, runner, names)
@@ -445,7 +449,7 @@ def make_callback(
         for listen in capture_listeners:
             listen(_display_name(code), captured)
         hook.skip_code(captured.runner.__code__)
-        return hook.GuardedCode(captured.guard, captured.code)
+        return hook.GuardedCode(captured.guard.for_hook(), captured.code)
 
     return callback
 
@@ -471,8 +475,12 @@ def record_plain(code: types.CodeType, e: Unsupported) -> None:
 
 
 def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:
+    import kiln_frame_hook as hook
+
     for entry in entries:
         guard = entry.guard
+        if isinstance(guard, (hook.GuardTree, Agreeing)):
+            guard = guard.reference  # the readable Python guard explains the failure
         if isinstance(guard, Guard):
             reason = guard.failure_reason(values)
             if reason is not None:

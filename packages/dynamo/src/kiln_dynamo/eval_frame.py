@@ -293,6 +293,7 @@ def compile(
             return _run_compiled(f, bound, be, key, args, kwargs)
 
     compiled._kiln_original = fn_or_module  # type: ignore[attr-defined]
+    compiled._kiln_key = key  # type: ignore[attr-defined]  # what its entries' guards check first
     return compiled
 
 

@@ -29,6 +29,7 @@ dtypes, devices and module globals dicts, which outlive the function anyway.
 
 from __future__ import annotations
 
+import logging
 import math
 import weakref
 from collections.abc import Callable
@@ -37,8 +38,20 @@ from typing import Any
 
 import torch
 
-from kiln_dynamo import shapes
-from kiln_dynamo.source import CodeContext, Source
+from kiln_dynamo import guard_tree, shapes
+from kiln_dynamo.logs import guards_log
+from kiln_dynamo.source import AttrSource, CodeContext, ConstSource, Source
+
+
+@dataclass(frozen=True, slots=True)
+class CCheck:
+    """One check in the form the C guard tree runs (guard_tree.py): `kind` over the value at
+    `source` (None for checks on constants), with its arguments."""
+
+    kind: str
+    source: Source | None
+    arg: object = None
+    arg2: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +59,7 @@ class GuardPart:
     code: str  # fast expression (in terms of the guard's locals)
     explain: tuple[tuple[str, str], ...]  # (expression, readable) per property
     where: str
+    c: tuple[CCheck, ...] | None = None  # the same check for the C tree; None: a residual
 
     @property
     def readable(self) -> str:
@@ -69,13 +83,17 @@ class GuardBuilder:
         return [i for i in self.items if isinstance(i, GuardPart)]
 
     def add(
-        self, code: str, readable: str | None = None, explain: list[tuple[str, str]] | None = None
+        self,
+        code: str,
+        readable: str | None = None,
+        explain: list[tuple[str, str]] | None = None,
+        c: tuple[CCheck, ...] | None = None,
     ) -> None:
         self.items.extend(self.ctx.drain())
         if code in self._seen:
             return
         self._seen.add(code)
-        self.items.append(GuardPart(code, tuple(explain or [(code, readable or code)]), self.where))
+        self.items.append(GuardPart(code, tuple(explain or [(code, readable or code)]), self.where, c))
 
     def _src(self, source: Source) -> tuple[str, str]:
         if source.needs_globals():
@@ -85,26 +103,34 @@ class GuardBuilder:
     def type_match(self, source: Source, value: object) -> None:
         code, name = self._src(source)
         t = type(value)
-        self.add(f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
+        c = (CCheck("type_is", source, t),)
+        self.add(f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}", c=c)
 
     def constant(self, source: Source, value: object) -> None:
         code, name = self._src(source)
         if value is None or isinstance(value, bool):
-            self.add(f"{code} is {value!r}", f"{name} is {value!r}")
+            self.add(f"{code} is {value!r}", f"{name} is {value!r}", c=(CCheck("is", source, value),))
             return
         t = type(value)
+        c = (CCheck("type_is", source, t), CCheck("eq", source, value))
         type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
         if t in (int, str) or (t is float and not math.isnan(value)):  # type: ignore[arg-type]
             value_part = (f"{code} == {value!r}", f"{name} == {value!r}")
         else:
             value_part = (f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
-        self.add(f"{type_part[0]} and {value_part[0]}", explain=[type_part, value_part])
+        self.add(f"{type_part[0]} and {value_part[0]}", explain=[type_part, value_part], c=c)
 
     def constant_sequence(self, source: Source, value: tuple[Any, ...] | list[Any]) -> None:
         """A tuple or list of plain constants (`is_plain_constants`) in one check: its type, its
         value and the type of each item (`(1, True) == (1, 1)`)."""
         code, name = self._src(source)
         t, types_ = type(value), tuple(type(v) for v in value)
+        # a copy: the tree must compare with the value as captured, as the literal below does
+        c = (
+            CCheck("type_is", source, t),
+            CCheck("eq", source, t(value)),
+            CCheck("item_types", source, types_),
+        )
         self.add(
             f"type({code}) is {self.ctx.const(t)} and {code} == {value!r} and "
             f"tuple(map(type, {code})) == {self.ctx.const(types_)}",
@@ -116,6 +142,7 @@ class GuardBuilder:
                     f"item types of {name} are {', '.join(x.__qualname__ for x in types_)}",
                 ),
             ],
+            c=c,
         )
 
     def identity(self, source: Source, value: object) -> None:
@@ -127,9 +154,12 @@ class GuardBuilder:
             label = value.__name__
         try:
             ref: Any = weakref.ref(value)
-            self.add(f"{code} is {self.ctx.const(ref)}()", f"{name} is {label}")
+            c = (CCheck("is_ref", source, ref),)
+            self.add(f"{code} is {self.ctx.const(ref)}()", f"{name} is {label}", c=c)
         except TypeError:
-            self.add(f"id({code}) == {id(value)}", f"{name} is {label}")
+            self.add(
+                f"id({code}) == {id(value)}", f"{name} is {label}", c=(CCheck("id_eq", source, id(value)),)
+            )
 
     def function(self, source: Source, fn: Any) -> None:
         """A Python function the capture may inline: the same object, still running the same code
@@ -140,51 +170,53 @@ class GuardBuilder:
             return
         code, name = self._src(source)
         label = getattr(fn, "__qualname__", "function")
-        same = (f"{code} is {self.ctx.const(weakref.ref(fn))}()", f"{name} is {label}")
-        body = (
-            f"{code}.__code__ is {self.ctx.const(weakref.ref(fn.__code__))}()",
-            f"{name}.__code__ is the code of {label}",
-        )
-        self.add(f"{same[0]} and {body[0]}", explain=[same, body])
+        fn_ref, code_ref = weakref.ref(fn), weakref.ref(fn.__code__)
+        same = (f"{code} is {self.ctx.const(fn_ref)}()", f"{name} is {label}")
+        body = (f"{code}.__code__ is {self.ctx.const(code_ref)}()", f"{name}.__code__ is the code of {label}")
+        c = (CCheck("is_ref", source, fn_ref), CCheck("is_ref", AttrSource(source, "__code__"), code_ref))
+        self.add(f"{same[0]} and {body[0]}", explain=[same, body], c=c)
 
     def same_object(self, a: Source, b: Source) -> None:
         ca, na = self._src(a)
         cb, nb = self._src(b)
-        self.add(f"{ca} is {cb}", f"{na} is {nb}")
+        self.add(f"{ca} is {cb}", f"{na} is {nb}", c=(CCheck("same", a, b),))
 
     def length(self, source: Source, value: Any) -> None:
         code, name = self._src(source)
-        self.add(f"len({code}) == {len(value)}", f"len({name}) == {len(value)}")
+        c = (CCheck("len", source, len(value)),)
+        self.add(f"len({code}) == {len(value)}", f"len({name}) == {len(value)}", c=c)
 
     def dict_keys(self, source: Source, value: dict[Any, Any]) -> None:
         code, name = self._src(source)
         keys = list(value.keys())
-        self.add(f"list({code}.keys()) == {self.ctx.const(keys)}", f"list({name}.keys()) == {keys!r}")
+        c = (CCheck("keys", source, keys),)
+        self.add(f"list({code}.keys()) == {self.ctx.const(keys)}", f"list({name}.keys()) == {keys!r}", c=c)
 
     def no_instance_attr(self, source: Source, attr: str) -> None:
         code, name = self._src(source)
-        self.add(f"{attr!r} not in {code}.__dict__", f"{name} has no attribute {attr!r} of its own")
+        c = (CCheck("not_in", AttrSource(source, "__dict__"), attr),)
+        self.add(f"{attr!r} not in {code}.__dict__", f"{name} has no attribute {attr!r} of its own", c=c)
 
     def no_module_attr(self, source: Source, attr: str) -> None:
         code, name = self._src(source)
-        where = " or ".join(
-            f"{attr!r} in {code}.{d}" for d in ("__dict__", "_parameters", "_buffers", "_modules")
-        )
-        self.add(f"not ({where})", f"{name} has no attribute {attr!r}")
+        dicts = ("__dict__", "_parameters", "_buffers", "_modules")
+        where = " or ".join(f"{attr!r} in {code}.{d}" for d in dicts)
+        c = tuple(CCheck("not_in", AttrSource(source, d), attr) for d in dicts)
+        self.add(f"not ({where})", f"{name} has no attribute {attr!r}", c=c)
 
     def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
         """No forward or backward hooks, and a forward of the instance's own only if there was one."""
         code, name = self._src(source)
-        hooks = (
-            f"{code}._forward_hooks or {code}._forward_pre_hooks or "
-            f"{code}._backward_hooks or {code}._backward_pre_hooks"
-        )
+        names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+        hooks = " or ".join(f"{code}.{h}" for h in names)
+        c = tuple(CCheck("falsy", AttrSource(source, h)) for h in names)
         if instance_forward:
-            self.add(f"not ({hooks})", f"{name} has no forward or backward hooks")
+            self.add(f"not ({hooks})", f"{name} has no forward or backward hooks", c=c)
             return
         self.add(
             f"not ({hooks} or 'forward' in {code}.__dict__)",
             f"{name} has no forward or backward hooks and no forward of its own",
+            c=(*c, CCheck("not_in", AttrSource(source, "__dict__"), "forward")),
         )
 
     def no_backward_hooks(self, source: Source) -> None:
@@ -213,7 +245,7 @@ class GuardBuilder:
             (f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}"),
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
-        self.add(fast + self.ctx.const(spec), explain=explain)
+        self.add(fast + self.ctx.const(spec), explain=explain, c=(CCheck("tensor", source, spec),))
 
     def _tensor_meta(self, code: str, name: str, t: torch.Tensor) -> list[tuple[str, str]]:
         return [
@@ -270,18 +302,21 @@ class GuardBuilder:
                 ),
             ),
             "the compile() that made this entry",
+            (CCheck("is", AttrSource(ConstSource(active, "ACTIVE"), "key"), key),),
         )
         self.items.insert(0, part)
 
     def absent_from(self, mapping: dict[str, Any], label: str, name: str) -> None:
         """`name` is not a key of `mapping` (a builtin stays unshadowed by a global of its name)."""
         code = f"{name!r} not in {self.ctx.const(mapping)}"
-        self.add(code, f"{label} has no {name!r} (it would shadow the builtin)")
+        c = (CCheck("not_in", ConstSource(mapping, label), name),)
+        self.add(code, f"{label} has no {name!r} (it would shadow the builtin)", c=c)
 
     def empty_dicts(self, dicts: tuple[dict[Any, Any], ...], readable: str) -> None:
         """Dicts that the program fills in place (torch's global module hook registries) are
         still empty: one truth test each."""
-        self.add("not (" + " or ".join(self.ctx.const(d) for d in dicts) + ")", readable)
+        c = tuple(CCheck("falsy", ConstSource(d, readable)) for d in dicts)
+        self.add("not (" + " or ".join(self.ctx.const(d) for d in dicts) + ")", readable, c=c)
 
     def no_dispatch_modes(self) -> None:
         """No TorchDispatchMode is active when the frame starts (Note [kiln's own FakeMode])."""
@@ -289,7 +324,8 @@ class GuardBuilder:
             return
         self.dispatch_modes_recorded = True
         length = torch._C._len_torch_dispatch_stack
-        self.add(f"{self.ctx.const(length)}() == 0", "no torch dispatch mode is active")
+        c = (CCheck("call_eq", None, (length, ()), 0),)
+        self.add(f"{self.ctx.const(length)}() == 0", "no torch dispatch mode is active", c=c)
 
     def global_state(self) -> None:
         """Grad mode and default dtype as they were when the frame started (recorded once)."""
@@ -297,17 +333,23 @@ class GuardBuilder:
             return
         self.global_state_recorded = True
         grad = torch.is_grad_enabled()
-        self.add(f"{self.ctx.const(torch.is_grad_enabled)}() is {grad}", f"torch.is_grad_enabled() == {grad}")
+        self.add(
+            f"{self.ctx.const(torch.is_grad_enabled)}() is {grad}",
+            f"torch.is_grad_enabled() == {grad}",
+            c=(CCheck("call_is", None, (torch.is_grad_enabled, ()), grad),),
+        )
         dt = torch.get_default_dtype()
         self.add(
             f"{self.ctx.const(torch.get_default_dtype)}() == {self.ctx.const(dt)}",
             f"torch.get_default_dtype() == {dt}",
+            c=(CCheck("call_eq", None, (torch.get_default_dtype, ()), dt),),
         )
         # autocast: one call when it is off (the common case), the state per device when it is on
         any_on = torch._C._is_any_autocast_enabled()
         self.add(
             f"{self.ctx.const(torch._C._is_any_autocast_enabled)}() is {any_on}",
             f"autocast {'enabled' if any_on else 'disabled'} on every device",
+            c=(CCheck("call_is", None, (torch._C._is_any_autocast_enabled, ()), any_on),),
         )
         if any_on:
             for device in ("cpu", "cuda"):
@@ -316,6 +358,10 @@ class GuardBuilder:
                     f"{self.ctx.const(torch.is_autocast_enabled)}({device!r}) is {on} and "
                     f"{self.ctx.const(torch.get_autocast_dtype)}({device!r}) == {self.ctx.const(dtype)}",
                     f"torch.is_autocast_enabled({device!r}) == {on} and autocast dtype == {dtype}",
+                    c=(
+                        CCheck("call_is", None, (torch.is_autocast_enabled, (device,)), on),
+                        CCheck("call_eq", None, (torch.get_autocast_dtype, (device,)), dtype),
+                    ),
                 )
 
 
@@ -341,12 +387,27 @@ class Guard:
     globals_dict: dict[str, Any] | None
     n_entries: int
     _explain: Callable[..., Any] | None = None
+    tree: Any = None  # the kiln_frame_hook.GuardTree compiled from the same checks, or None
+    residual_parts: int = 0  # parts the tree leaves to a residual Python guard
 
     def __call__(self, *entry_values: Any) -> bool:
+        if self.tree is not None:
+            return bool(self.tree(*entry_values))
         return self.fn(*entry_values)
 
     def __repr__(self) -> str:
         return f"<kiln guard of {len(self.parts)} checks>"
+
+    def for_hook(self) -> Any:
+        """What the frame hook's cache entry holds: the C tree (whose `reference` is this guard),
+        or this guard when C guards are off. The tree is handed over: this guard stops
+        referring to it, so that the entry's tree -> guard reference makes no cycle (a cycle
+        would keep an evicted entry's memory until the garbage collector runs)."""
+        tree, self.tree = self.tree, None
+        if tree is None:
+            return self
+        log = guard_tree.agreement()
+        return tree if log is None else guard_tree.Agreeing(tree, log)
 
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
         """The first failing part on these entry values (readable, with the user's line)."""
@@ -400,12 +461,43 @@ def _compile(
     return fn
 
 
-def build_guard(builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any]) -> Guard:
+def build_guard(
+    builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any], title: str = "?"
+) -> Guard:
+    """The Python guard of the recorded checks and, unless C guards are off, its C tree
+    (guard_tree.py)."""
     builder.items.extend(builder.ctx.drain())
     g = globals_dict if builder.needs_globals else None
-    fn = _compile(builder.items, n_entries, builder.ctx.consts, g, explain=False)
-    return Guard(fn, builder.parts, fn.__kiln_source__, list(builder.items), builder.ctx.consts, g, n_entries)  # type: ignore[attr-defined]
+    items, consts = list(builder.items), builder.ctx.consts
+    fn = _compile(items, n_entries, consts, g, explain=False)
+    guard = Guard(fn, builder.parts, fn.__kiln_source__, items, consts, g, n_entries)  # type: ignore[attr-defined]
+    if guard_tree.c_guards_enabled():
+
+        def residual(indices: list[int]) -> Callable[..., Any]:
+            # every binding (cheap, and a binding that raises fails the guard) and the residual parts
+            keep, k = set(indices), 0
+            out: list[str | GuardPart] = []
+            for item in items:
+                if isinstance(item, str):
+                    out.append(item)
+                else:
+                    if k in keep:
+                        out.append(item)
+                    k += 1
+            return _compile(out, n_entries, consts, globals_dict, explain=False)
+
+        bound = list(builder.ctx.cse or ())
+        full_text = guards_log.isEnabledFor(logging.INFO)
+        guard.tree, guard.residual_parts = guard_tree.build_tree(
+            guard.parts, bound, builder.ctx.entry_names, globals_dict, residual, guard, title, full_text
+        )
+    return guard
 
 
 def readable_guards(guard: Guard) -> str:
     return "\n".join(f"  {p.readable}    # {p.where}" for p in guard.parts)
+
+
+def guard_tree_text(guard: Guard) -> str | None:
+    """The C tree of a guard as text (KILN_LOG=guards prints it), or None without one."""
+    return None if guard.tree is None else str(guard.tree.text)

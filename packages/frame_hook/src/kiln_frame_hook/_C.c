@@ -11,7 +11,8 @@
  *     code marked SKIP, and everything while no callback is set for this thread;
  *   - run a cached entry: the code's co_extra slot holds an ExtraState whose entries (most recently
  *     hit first) each pair a guard with a transformed code object; the first guard that returns
- *     true wins and its code runs instead of the original;
+ *     true wins and its code runs instead of the original. A guard that is a GuardTree is run in
+ *     C (guard_tree.c: no Python call when it passes); any other guard is called;
  *   - ask Python: on a miss, the Python dispatcher (kiln_frame_hook._dispatch) classifies the code
  *     and calls the user's callback, which may return a new entry; it is added and run now.
  *
@@ -54,6 +55,8 @@
 #endif
 #include "internal/pycore_frame.h"
 #undef Py_BUILD_CORE
+
+#include "guard_tree.h"
 
 #define IS_PY312 (PY_VERSION_HEX >= 0x030C0000)
 
@@ -367,11 +370,16 @@ static CacheEntry *lookup(ExtraState *state, PyObject *const *values, Py_ssize_t
     PyObject *entries = state->entries;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
         CacheEntry *entry = (CacheEntry *)Py_NewRef(PyList_GET_ITEM(entries, i)); /* a guard may clear the cache */
+        int ok;
         in_hook++;
-        PyObject *verdict = PyObject_Vectorcall(entry->guard, values, (size_t)nvalues, NULL);
+        if (Py_IS_TYPE(entry->guard, &GuardTreeType)) {
+            ok = guard_tree_check(entry->guard, values, nvalues); /* no Python call on a pass */
+        } else {
+            PyObject *verdict = PyObject_Vectorcall(entry->guard, values, (size_t)nvalues, NULL);
+            ok = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
+            Py_XDECREF(verdict);
+        }
         in_hook--;
-        int ok = verdict == NULL ? -1 : PyObject_IsTrue(verdict);
-        Py_XDECREF(verdict);
         if (ok < 0) {
             Py_DECREF(entry);
             *error = 1;
@@ -724,7 +732,7 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__C(void) {
-    if (PyType_Ready(&CacheEntryType) < 0) {
+    if (PyType_Ready(&CacheEntryType) < 0 || guard_tree_init() < 0) {
         return NULL;
     }
     if (extra_index < 0) {
@@ -739,6 +747,7 @@ PyMODINIT_FUNC PyInit__C(void) {
         return NULL;
     }
     if (PyModule_AddObjectRef(module, "CacheEntry", (PyObject *)&CacheEntryType) < 0 ||
+        PyModule_AddObjectRef(module, "GuardTree", (PyObject *)&GuardTreeType) < 0 ||
         PyModule_AddIntConstant(module, "STRATEGY_DEFAULT", STRATEGY_DEFAULT) < 0 ||
         PyModule_AddIntConstant(module, "STRATEGY_SKIP", STRATEGY_SKIP) < 0 ||
         PyModule_AddIntConstant(module, "STRATEGY_RUN_ONLY", STRATEGY_RUN_ONLY) < 0 ||

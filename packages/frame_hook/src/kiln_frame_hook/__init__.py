@@ -15,6 +15,10 @@ Guards must not hold strong references to the function being compiled: the cache
 code object's co_extra slot, which the garbage collector does not see, so such a reference would
 keep the function alive forever.
 
+A guard may be a `GuardTree`: a program of loads and checks over the entry values that the hook
+evaluates in C, with no Python call when it passes (guard_tree.c; ops in `GuardOp`). Any other
+callable is called.
+
 Callbacks: `set_callback` / `callback(...)` set one for every thread of the interpreter;
 `set_thread_callback` / `thread_callback(...)` set one for the calling thread only, which wins
 over the interpreter-wide one (kiln_dynamo uses this: a compiled function captures only the
@@ -30,7 +34,7 @@ from collections.abc import Callable, Iterator
 from types import CodeType
 
 from kiln_frame_hook import _C
-from kiln_frame_hook._C import CacheEntry
+from kiln_frame_hook._C import CacheEntry, GuardTree
 from kiln_frame_hook._dispatch import (
     UNBOUND,
     Action,
@@ -43,6 +47,7 @@ from kiln_frame_hook._dispatch import (
 )
 from kiln_frame_hook._dispatch import clear as _clear_code
 from kiln_frame_hook._dispatch import reset as _reset_dispatch
+from kiln_frame_hook._guard_ops import GuardOp, op
 
 __version__ = "0.1.0"
 
@@ -55,6 +60,8 @@ __all__ = [
     "CacheEntry",
     "Callback",
     "Frame",
+    "GuardOp",
+    "GuardTree",
     "GuardedCode",
     "add_skip_prefix",
     "cache_entries",
@@ -64,6 +71,7 @@ __all__ = [
     "get_cache_limit",
     "is_installed",
     "is_skipped",
+    "op",
     "reset",
     "run_counts",
     "run_only",
