@@ -145,6 +145,28 @@ def test_scalars_broadcast_and_constants(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_comparisons_of_constants_combine_with_blocks(device: str) -> None:
+    """Note [Comparisons in the interpreter]: ``min(0, x)`` (log-sigmoid's) tests the constant
+    for NaN, a comparison of 0-d values, then ORs it with a block; so do a logical or/and/xor of
+    a constant test with a block. Under the interpreter these raised before the fix."""
+
+    def fn(x: torch.Tensor) -> Any:
+        zero = aten.full.default([], 0.0, dtype=torch.float32, device=x.device)
+        one = aten.full.default([], 1.0, dtype=torch.float32, device=x.device)
+        pos = aten.gt.Scalar(x, 0.0)
+        return (
+            aten.minimum.default(zero, x),
+            aten.maximum.default(zero, x),
+            aten.fmax.default(x, one),
+            aten.logical_or.default(aten.ne.Tensor(zero, zero), pos),
+            aten.logical_and.default(aten.eq.Tensor(one, one), pos),
+            aten.logical_xor.default(aten.lt.Tensor(zero, one), pos),
+        )
+
+    check(fn, make((37,)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_strided_and_offset_inputs(device: str) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
         return aten.add.Tensor(x, y)
