@@ -237,6 +237,26 @@ def test_explicit_downcast_rounds_as_eager(dtype: torch.dtype, device: str) -> N
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_integers_and_bools_convert_to_half_types(dtype: torch.dtype, device: str) -> None:
+    """An int64 count (cross-entropy's mean divides by one), int32 values and bools to a half
+    type go through float32 as eager's conversions do (the interpreter's bfloat16 rounding
+    bit-cast an int64 before)."""
+
+    def f(n: torch.Tensor, i: torch.Tensor) -> Any:
+        count = aten._to_copy.default(aten.sum.default(n), dtype=dtype)
+        return (
+            aten.div.Tensor(aten._to_copy.default(i, dtype=dtype), count),
+            aten._to_copy.default(aten.gt.Scalar(i, 0), dtype=dtype),
+            aten._to_copy.default(n, dtype=dtype),
+        )
+
+    n = torch.tensor([1, 0, 1, 1, 300_001, -7], dtype=torch.int64)
+    i = torch.tensor([3, -5, 1 << 20, (1 << 24) + 1, 77, 0], dtype=torch.int32)
+    check(f, n, i, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_downcast_then_sum_in_float32_matches_eager(device: str) -> None:
     """`(a.to(bf16) * b.to(bf16)).float().sum(0)`: one fused float32 kernel, eager's rounding."""
 
