@@ -1,0 +1,83 @@
+"""PyTorch's OpInfo database through `kiln.compile` with the Triton code generator, on CPU tensors
+under Triton's interpreter (`options={"cpu_backend": "triton"}`, `TRITON_INTERPRET=1`), in float32,
+bfloat16 and float16: judged as the C++ sweep (test_opinfo_kiln.py, opinfo_sweep.py), plus every
+kernel must be generated as Triton: a kernel the generator declines (loopir's reference
+interpreter runs it) counts as a fallback. Low-precision values are judged against eager and,
+where they differ, against the float64 answer (Note [Low-precision results] in opinfo_sweep.py).
+
+An op falls back only for a reason listed: `KNOWN_FALLBACKS` (capture; the same for both code
+generators) or `TRITON_FALLBACKS` (this generator, by dtype). An op that compiles whole while
+listed fails until its entry is removed, so the lists only shrink.
+
+Budget (Note [The Triton sweep's budget]): the whole sweep, 3 samples per op, took 127 s in
+float32 (643 ops), and about as long again in each half type, on the 2-core CI-class machine.
+CI runs half of each dtype's ops, alternating (float32 and float16 the even positions, bfloat16
+the odd ones, so each op runs in some dtype), about 3 minutes. `KILN_OPINFO_TRITON_STRIDE=1`
+runs every op in every dtype; `KILN_OPINFO_SHARD=i/n` runs shard i of n of every dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from opinfo_sweep import KNOWN_FALLBACKS, key, op_outcome, select, sweep_op
+
+import kiln
+
+SAMPLES = 3
+STRIDE = int(os.environ.get("KILN_OPINFO_TRITON_STRIDE", "2"))
+SHARD = os.environ.get("KILN_OPINFO_SHARD")
+# dtype -> first op position of the default stride
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 0}
+
+# (dtype, op) -> why some of it runs in loopir's interpreter with the Triton code generator
+_BF16_ATOMIC = "bfloat16 atomic adds are not generated (an accumulating scatter into a bfloat16 buffer)"
+TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {
+    (torch.bfloat16, "index_add"): _BF16_ATOMIC,
+    (torch.bfloat16, "index_put"): _BF16_ATOMIC,
+    (torch.bfloat16, "scatter_add"): _BF16_ATOMIC,
+    (torch.bfloat16, "_unsafe_masked_index_put_accumulate"): _BF16_ATOMIC,
+}
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for dtype, start in DTYPES.items():
+        infos = select(SHARD, dtype=dtype) if SHARD else select(dtype=dtype)[start::STRIDE]
+        name = str(dtype).removeprefix("torch.")
+        cases += [pytest.param(info, dtype, id=f"{name}-{key(info)}") for info in infos]
+    return cases
+
+
+@pytest.fixture(autouse=True)
+def _interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # set per test, not per process: CUDA tests of the same session must not be interpreted
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+@pytest.mark.parametrize(("info", "dtype"), _cases())
+def test_opinfo_through_kiln_triton(info: Any, dtype: torch.dtype) -> None:
+    outcomes = sweep_op(info, SAMPLES, dtype, cpu_backend="triton")
+    kind = op_outcome(outcomes)
+    if kind == "skipped":
+        pytest.skip(f"no {dtype} CPU sample of {key(info)} that eager runs returns a tensor")
+    details = "\n".join(f"sample {o.sample}: {o.kind}: {o.detail}" for o in outcomes if o.kind != "pass")
+    assert kind in ("pass", "fallback"), details
+    listed = key(info) in KNOWN_FALLBACKS or (dtype, key(info)) in TRITON_FALLBACKS
+    if listed:
+        assert kind == "fallback", f"{key(info)} now compiles whole in {dtype}: remove it from the list"
+    else:
+        assert kind == "pass", details
+
+
+def test_triton_fallbacks_name_real_ops() -> None:
+    for dtype, name in TRITON_FALLBACKS:
+        assert name in {key(info) for info in select(dtype=dtype)}, (dtype, name)
