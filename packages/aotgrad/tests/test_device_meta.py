@@ -25,12 +25,21 @@ def _assert_metadata_is_the_kernels(op: Any, args: tuple[Any, ...]) -> None:
         assert got == (tuple(r.shape), r.stride(), r.dtype, r.device), f"output {i}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("op", [aten._embedding_bag.default, aten._embedding_bag_forward_only.default])
-@pytest.mark.parametrize(("mode", "weighted"), [(0, False), (0, True), (1, False), (2, False)])
-def test_embedding_bag_metadata_is_the_cpu_kernels(op: object, mode: int, weighted: bool) -> None:
-    weight, indices, offsets = torch.randn(50, 8), torch.randint(0, 50, (24,)), torch.arange(0, 24, 6)
-    psw = torch.rand(24) if weighted else None
-    _assert_metadata_is_the_kernels(op, (weight, indices, offsets, False, mode, False, psw))
+@pytest.mark.parametrize(
+    ("mode", "weighted", "padding_idx"),
+    [(0, False, -1), (0, True, -1), (0, False, 3), (1, False, -1), (2, False, -1)],
+)
+def test_embedding_bag_metadata_is_the_cpu_kernels(
+    op: object, mode: int, weighted: bool, padding_idx: int, dtype: torch.dtype
+) -> None:
+    weight = torch.randn(50, 8, dtype=dtype)
+    indices, offsets = torch.randint(0, 50, (24,)), torch.arange(0, 24, 6)
+    psw = torch.rand(24, dtype=dtype) if weighted else None
+    _assert_metadata_is_the_kernels(
+        op, (weight, indices, offsets, False, mode, False, psw, False, padding_idx)
+    )
 
 
 @pytest.mark.parametrize(

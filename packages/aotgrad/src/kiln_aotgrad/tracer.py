@@ -100,9 +100,37 @@ def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     _install_device_hint()
     token = _HINTED_DEVICE.set(device.type)
     try:
-        return run_fake(func, args, kwargs)
+        out = run_fake(func, args, kwargs)
     finally:
         _HINTED_DEVICE.reset(token)
+    if func in _EMBEDDING_BAG and device.type == "cpu":
+        out = _cpu_embedding_bag_fast_path(func, args, kwargs, out)
+    return out
+
+
+_EMBEDDING_BAG = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
+
+
+def _cpu_embedding_bag_fast_path(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """Note [Meta kernels that ask the device], continued: torch's meta registration of
+    `_embedding_bag` (2.13) knows the CPU kernel's "sum" fast path, which returns an empty
+    `offset2bag`, for float32 and float16 weights only; the kernel takes it for bfloat16 too.
+    Its other conditions are the meta's own (unit inner strides, no padding index)."""
+    names = [a.name for a in func._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    weight, psw = bound["weight"], bound.get("per_sample_weights")
+    padding_idx = bound.get("padding_idx")
+    fast = (
+        weight.dtype == torch.bfloat16
+        and bound.get("mode", 0) == 0
+        and weight.stride(-1) == 1
+        and out[0].stride(-1) == 1
+        and (padding_idx is None or padding_idx < 0)
+        and (psw is None or psw.stride(0) == 1)
+    )
+    if not fast:
+        return out
+    return (out[0], run_fake(aten.new_empty.default, (bound["offsets"], [0]), {}), *out[2:])
 
 
 class AotgradError(RuntimeError):
