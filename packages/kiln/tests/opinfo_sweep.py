@@ -137,30 +137,26 @@ def _upcast(x: Any) -> Any:
     return _clone(x)
 
 
-def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(((a - b) ** 2).mean().sqrt()) if a.numel() else 0.0
+def _close(a: torch.Tensor, b: torch.Tensor, tol: tuple[float, float]) -> torch.Tensor:
+    return torch.isclose(a, b, rtol=tol[0], atol=tol[1], equal_nan=True)
 
 
-def no_less_accurate(got: torch.Tensor, want: torch.Tensor, exact: Any, atol: float) -> bool:
-    """Note [Low-precision results]: whether kiln's bfloat16/float16 `got` is at least about as
-    close to the float64 answer `exact` as eager's `want` is, the way torch.compile's accuracy
-    check judges low-precision results (`torch._dynamo.utils.same` with an fp64 reference):
-    the error of kiln at most twice eager's plus a tenth of the dtype's tolerance, as a root mean
-    square and at the worst element, and non-finite values where eager has them."""
+def no_less_accurate(got: torch.Tensor, want: torch.Tensor, exact: Any, tol: tuple[float, float]) -> bool:
+    """Note [Low-precision results]: kiln computes bfloat16/float16 math in float32 and rounds
+    where eager's ops store, so where eager rounds an intermediate (or overflows it: float16
+    `exp` to inf) the two can differ beyond the dtype's tolerance with kiln the nearer to the
+    true value. So where an element of kiln's `got` is not close to eager's `want`, it passes
+    if it is at least as close as eager's to the float64 answer `exact` (the sample run in
+    float64) and within four times the dtype's tolerance of it (a sum that cancels loses a few
+    of its summands' ulps whoever rounds: hinge-embedding loss, bfloat16, eager -0.734, kiln
+    -0.609, float64 -0.651). Element by element: one wrong element is never averaged away, and
+    a value near nothing true never passes because eager's is worse (float16 overflow to inf)."""
     if not isinstance(exact, torch.Tensor) or exact.shape != want.shape or not want.dtype.is_floating_point:
         return False
     g, w, r = got.double(), want.double(), exact.double()
-    finite = torch.isfinite(w) & torch.isfinite(r)
-    if (
-        not torch.equal(g[~finite].nan_to_num(), w[~finite].nan_to_num())
-        or not torch.isfinite(g[finite]).all()
-    ):
-        return False
-    g, w, r = g[finite], w[finite], r[finite]
-    if not g.numel():
-        return True
-    worst_got, worst_want = float((g - r).abs().max()), float((w - r).abs().max())
-    return _rmse(g, r) <= 2 * _rmse(w, r) + atol / 10 and worst_got <= 2 * worst_want + atol / 10
+    nearer = (g - r).abs().nan_to_num(nan=math.inf) <= (w - r).abs().nan_to_num(nan=math.inf)
+    near_exact = _close(g, r, (4 * tol[0], 4 * tol[1]))
+    return bool((_close(g, w, tol) | (near_exact & nearer)).all())
 
 
 def compare(
@@ -189,7 +185,7 @@ def compare(
             try:
                 torch.testing.assert_close(g, w, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
             except AssertionError as exc:
-                if not no_less_accurate(g, w, r, tol[1]):
+                if not no_less_accurate(g, w, r, tol):
                     return f"output {i}: {str(exc).splitlines()[0]} {' '.join(str(exc).splitlines()[1:3])}"
             problem = _view_problem(g, w, c_in, e_in)
             if problem:

@@ -9,7 +9,7 @@ An op falls back only for a reason listed: `KNOWN_FALLBACKS` (capture; the same 
 generators) or `TRITON_FALLBACKS` (this generator, by dtype). An op that compiles whole while
 listed fails until its entry is removed, so the lists only shrink.
 
-Budget (Note [The Triton sweep's budget]): the whole sweep, 3 samples per op, took 127 s in
+Budget: the whole sweep, 3 samples per op, took 127 s in
 float32 (643 ops), and about as long again in each half type, on the 2-core CI-class machine.
 CI runs half of each dtype's ops, alternating (float32 and float16 the even positions, bfloat16
 the odd ones, so each op runs in some dtype), about 3 minutes. `KILN_OPINFO_TRITON_STRIDE=1`
@@ -35,12 +35,11 @@ SHARD = os.environ.get("KILN_OPINFO_SHARD")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 0}
 
 # (dtype, op) -> why some of it runs in loopir's interpreter with the Triton code generator
-_BF16_ATOMIC = "bfloat16 atomic adds are not generated (an accumulating scatter into a bfloat16 buffer)"
+_HALF_ATOMIC = "16-bit atomic adds are not generated (an accumulating scatter into a {} buffer)"
 TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {
-    (torch.bfloat16, "index_add"): _BF16_ATOMIC,
-    (torch.bfloat16, "index_put"): _BF16_ATOMIC,
-    (torch.bfloat16, "scatter_add"): _BF16_ATOMIC,
-    (torch.bfloat16, "_unsafe_masked_index_put_accumulate"): _BF16_ATOMIC,
+    (dtype, name): _HALF_ATOMIC.format(dtype)
+    for dtype in (torch.bfloat16, torch.float16)
+    for name in ("index_add", "index_put", "scatter_add", "_unsafe_masked_index_put_accumulate")
 }
 
 
