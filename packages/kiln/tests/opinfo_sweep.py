@@ -103,8 +103,8 @@ class Outcome:
     detail: str = ""
 
 
-def eligible(info: Any, dtype: torch.dtype = torch.float32) -> bool:
-    return not any(s in info.name for s in NONDETERMINISTIC) and dtype in info.supported_dtypes("cpu")
+def eligible(info: Any, dtype: torch.dtype = torch.float32, device: str = "cpu") -> bool:
+    return not any(s in info.name for s in NONDETERMINISTIC) and dtype in info.supported_dtypes(device)
 
 
 def key(info: Any) -> str:
@@ -261,14 +261,16 @@ def run_sample(
 
 
 def sweep_op(
-    info: Any, samples: int, dtype: torch.dtype = torch.float32, cpu_backend: str = "cpp"
+    info: Any, samples: int, dtype: torch.dtype = torch.float32, cpu_backend: str = "cpp", device: str = "cpu"
 ) -> list[Outcome]:
+    """The outcome of each of `info`'s first `samples` samples on `device` (kiln compiles CUDA
+    tensors with Triton, CPU tensors with `cpu_backend`)."""
     out: list[Outcome] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             torch.manual_seed(0)  # the same samples on every run
-            generator = iter(info.sample_inputs("cpu", dtype, requires_grad=False))
+            generator = iter(info.sample_inputs(device, dtype, requires_grad=False))
             for index in range(samples):
                 sample = next(generator, None)
                 if sample is None:
@@ -290,10 +292,12 @@ def op_outcome(outcomes: list[Outcome]) -> str:
     return "skipped"
 
 
-def select(shard: str | None = None, ops: str | None = None, dtype: torch.dtype = torch.float32) -> list[Any]:
+def select(
+    shard: str | None = None, ops: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> list[Any]:
     from torch.testing._internal.common_methods_invocations import op_db
 
-    infos = [info for info in op_db if eligible(info, dtype)]
+    infos = [info for info in op_db if eligible(info, dtype, device)]
     if ops:
         wanted = set(ops.split(","))
         infos = [i for i in infos if i.name in wanted or key(i) in wanted]

@@ -1,6 +1,7 @@
-"""PyTorch's OpInfo database through `kiln.compile` with the Triton code generator, on CPU tensors
-under Triton's interpreter (`options={"cpu_backend": "triton"}`, `TRITON_INTERPRET=1`), in float32,
-bfloat16 and float16: judged as the C++ sweep (test_opinfo_kiln.py, opinfo_sweep.py), plus every
+"""PyTorch's OpInfo database through `kiln.compile` with the Triton code generator, in float32,
+bfloat16 and float16: without a GPU on CPU tensors under Triton's interpreter
+(`options={"cpu_backend": "triton"}`; conftest.py turns `TRITON_INTERPRET=1` on, Note [Triton's
+interpreter is process-wide]), on a GPU machine on CUDA tensors. Judged as the C++ sweep (test_opinfo_kiln.py, opinfo_sweep.py), plus every
 kernel must be generated as Triton: a kernel the generator declines (loopir's reference
 interpreter runs it) counts as a fallback. Low-precision values are judged against eager and,
 where they differ, against the float64 answer (Note [Low-precision results] in opinfo_sweep.py).
@@ -27,7 +28,9 @@ import torch
 from opinfo_sweep import KNOWN_FALLBACKS, key, op_outcome, select, sweep_op
 
 import kiln
+from kiln_codegen_triton import interpreting
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SAMPLES = 3
 STRIDE = int(os.environ.get("KILN_OPINFO_TRITON_STRIDE", "2"))
 SHARD = os.environ.get("KILN_OPINFO_SHARD")
@@ -46,16 +49,19 @@ TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {
 def _cases() -> list[Any]:
     cases = []
     for dtype, start in DTYPES.items():
-        infos = select(SHARD, dtype=dtype) if SHARD else select(dtype=dtype)[start::STRIDE]
+        infos = (
+            select(SHARD, dtype=dtype, device=DEVICE)
+            if SHARD
+            else select(dtype=dtype, device=DEVICE)[start::STRIDE]
+        )
         name = str(dtype).removeprefix("torch.")
         cases += [pytest.param(info, dtype, id=f"{name}-{key(info)}") for info in infos]
     return cases
 
 
 @pytest.fixture(autouse=True)
-def _interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # set per test, not per process: CUDA tests of the same session must not be interpreted
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def _reset() -> Iterator[None]:
+    assert DEVICE == "cuda" or interpreting(), "conftest.py turns Triton's interpreter on without a GPU"
     kiln.reset()
     yield
     kiln.reset()
@@ -64,7 +70,7 @@ def _interpreter(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
 @pytest.mark.parametrize(("info", "dtype"), _cases())
 def test_opinfo_through_kiln_triton(info: Any, dtype: torch.dtype) -> None:
-    outcomes = sweep_op(info, SAMPLES, dtype, cpu_backend="triton")
+    outcomes = sweep_op(info, SAMPLES, dtype, cpu_backend="triton", device=DEVICE)
     kind = op_outcome(outcomes)
     if kind == "skipped":
         pytest.skip(f"no {dtype} CPU sample of {key(info)} that eager runs returns a tensor")
@@ -79,4 +85,4 @@ def test_opinfo_through_kiln_triton(info: Any, dtype: torch.dtype) -> None:
 
 def test_triton_fallbacks_name_real_ops() -> None:
     for dtype, name in TRITON_FALLBACKS:
-        assert name in {key(info) for info in select(dtype=dtype)}, (dtype, name)
+        assert name in {key(info) for info in select(dtype=dtype, device=DEVICE)}, (dtype, name)
