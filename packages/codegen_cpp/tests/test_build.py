@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,28 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, Any]:
     assert proc.returncode == 0, err
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+def test_cache_entries_get_the_users_umask(tmp_path: Path) -> None:
+    """Note [Cache file modes] (kiln_loopir.diskcache): source, object, manifest and wrapper are
+    created as the user's other files are (here under umask 027), not 0600."""
+    env = {
+        **os.environ,
+        "KILN_CACHE_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, "7.25"],
+        env=env,
+        capture_output=True,
+        text=True,
+        umask=0o027,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (lib,) = tmp_path.rglob("kernels.so")
+    modes = {p.name.split("_")[0]: stat.S_IMODE(p.stat().st_mode) for p in lib.parent.iterdir()}
+    assert modes == {"kernels.so": 0o750, "kernels.cpp": 0o640, "kernels.json": 0o640, "wrapper": 0o640}
 
 
 def test_two_processes_compiling_at_once(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ def test_a_process_killed_mid_compile_breaks_no_later_one(tmp_path: Path) -> Non
     entry that a third one loads from disk."""
     victim = _spawn(tmp_path, graphs=3)
     # wait (on the file system, not a clock) for the first temporary object: g++ is writing it
-    while victim.poll() is None and not list(tmp_path.rglob("*.so.tmp")):
+    while victim.poll() is None and not list(tmp_path.rglob(".kernels.so.*.tmp")):
         time.sleep(0.005)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=60)

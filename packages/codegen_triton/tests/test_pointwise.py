@@ -145,6 +145,28 @@ def test_scalars_broadcast_and_constants(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_comparisons_of_constants_combine_with_blocks(device: str) -> None:
+    """Note [Comparisons in the interpreter]: ``min(0, x)`` (log-sigmoid's) tests the constant
+    for NaN, a comparison of 0-d values, then ORs it with a block; so do a logical or/and/xor of
+    a constant test with a block. Under the interpreter these raised before the fix."""
+
+    def fn(x: torch.Tensor) -> Any:
+        zero = aten.full.default([], 0.0, dtype=torch.float32, device=x.device)
+        one = aten.full.default([], 1.0, dtype=torch.float32, device=x.device)
+        pos = aten.gt.Scalar(x, 0.0)
+        return (
+            aten.minimum.default(zero, x),
+            aten.maximum.default(zero, x),
+            aten.fmax.default(x, one),
+            aten.logical_or.default(aten.ne.Tensor(zero, zero), pos),
+            aten.logical_and.default(aten.eq.Tensor(one, one), pos),
+            aten.logical_xor.default(aten.lt.Tensor(zero, one), pos),
+        )
+
+    check(fn, make((37,)), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_strided_and_offset_inputs(device: str) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
         return aten.add.Tensor(x, y)
@@ -212,6 +234,26 @@ def test_explicit_downcast_rounds_as_eager(dtype: torch.dtype, device: str) -> N
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_integers_and_bools_convert_to_half_types(dtype: torch.dtype, device: str) -> None:
+    """An int64 count (cross-entropy's mean divides by one), int32 values and bools to a half
+    type go through float32 as eager's conversions do (the interpreter's bfloat16 rounding
+    bit-cast an int64 before)."""
+
+    def f(n: torch.Tensor, i: torch.Tensor) -> Any:
+        count = aten._to_copy.default(aten.sum.default(n), dtype=dtype)
+        return (
+            aten.div.Tensor(aten._to_copy.default(i, dtype=dtype), count),
+            aten._to_copy.default(aten.gt.Scalar(i, 0), dtype=dtype),
+            aten._to_copy.default(n, dtype=dtype),
+        )
+
+    n = torch.tensor([1, 0, 1, 1, 300_001, -7], dtype=torch.int64)
+    i = torch.tensor([3, -5, 1 << 20, (1 << 24) + 1, 77, 0], dtype=torch.int32)
+    check(f, n, i, device=device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from pathlib import Path
@@ -169,6 +170,84 @@ def test_run_time_failure_in_strict_mode_raises(monkeypatch: pytest.MonkeyPatch)
         compiled(x)
 
 
+def _fail_backward_at_run_time(monkeypatch: pytest.MonkeyPatch) -> list[_FailsAtRunTime]:
+    """Only backward graphs (those taking tangents) compile into code that raises when run."""
+    import kiln_loopir
+
+    real_compile, made = kiln_loopir.compile_graph, []
+
+    def compile_graph(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        compiled = real_compile(gm, *args, **kwargs)
+        if not any(n.op == "placeholder" and n.name.startswith("tangents") for n in gm.graph.nodes):
+            return compiled
+        made.append(_FailsAtRunTime(compiled))
+        return made[-1]
+
+    monkeypatch.setattr(kiln_loopir, "compile_graph", compile_graph)
+    return made
+
+
+def test_backward_failure_falls_back_to_eager_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Backward fallback]: a compiled backward that raises on its first call runs its aten
+    graph eagerly, with a warning naming the exception and the user's frame; gradients are
+    eager's, and later backwards never call the compiled code again."""
+    made = _fail_backward_at_run_time(monkeypatch)
+    model, x = _fresh()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            for m in (model, reference):
+                m.zero_grad()
+            y = compiled(x * (step + 1))
+            torch.testing.assert_close(y, reference(x * (step + 1)))
+            y.square().mean().backward()
+            reference(x * (step + 1)).square().mean().backward()
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad)
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "in the backward at run time" in messages[0] and "kernel exploded" in messages[0]
+    assert "backward graph" in messages[0] and "eagerly" in messages[0]
+    assert "test_kiln_api.py" in messages[0]  # the user's frame
+    assert len(made) == 1 and made[0].calls == 1  # one backward graph, its compiled code run once
+    assert kiln.compile_log()[0].fell_back is not None
+
+
+def test_backward_failure_in_strict_mode_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fail_backward_at_run_time(monkeypatch)
+    model, x = _fresh()
+    y = kiln.compile(model, options={"strict": True})(x)
+    with pytest.raises(kiln.BackendFailed, match="kernel exploded"):
+        y.sum().backward()
+
+
+def test_a_backward_eager_cannot_run_either_raises_eagers_error() -> None:
+    """Note [Backward fallback]: only a backward that eager runs falls back; otherwise eager's
+    exception (its type) is raised, and nothing is switched or warned about."""
+    from kiln.backends import GraphCompile, _BackwardFallback
+
+    def grads(saved: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.index_select.default(saved, 0, index)
+
+    gm = torch.fx.symbolic_trace(grads)
+
+    def compiled(*args: Any) -> Any:
+        raise RuntimeError("kernel exploded")
+
+    record = GraphCompile(graph="graph_0", nodes=3)
+    guarded = _BackwardFallback(gm, compiled, record, strict=False, backend="kiln")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(IndexError):
+            guarded(torch.randn(3), torch.tensor([5]))
+    assert not caught and record.fell_back is None
+    with pytest.warns(RuntimeWarning, match="in the backward at run time.*kernel exploded"):
+        assert torch.equal(guarded(torch.arange(3.0), torch.tensor([2])), torch.tensor([2.0]))
+    assert record.fell_back is not None and "kernel exploded" in record.fell_back
+
+
 @torch.library.custom_op("kiln_test_api::half_rows", mutates_args=())
 def _half_rows(x: torch.Tensor) -> torch.Tensor:
     return x[: x.shape[0] // 2].clone()
@@ -291,6 +370,74 @@ def test_capture_stats_counts_graphs() -> None:
         kiln.compile(model)(x)
     stats = kiln.capture_stats()
     assert stats.graphs == 1 and stats.frames_not_captured == []
+
+
+_INTERPRETER_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="Triton runs compiled here (Note [Triton's interpreter is process-wide])",
+)
+
+
+@_INTERPRETER_ONLY
+def test_cpu_backend_triton_generates_triton_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`options={"cpu_backend": "triton"}`: CPU graphs get Triton kernels, run by Triton's
+    interpreter, forward and backward, and match eager; it is part of the cache key."""
+    import kiln_codegen_triton
+    import kiln_loopir
+
+    real_compile, backends = kiln_loopir.compile_graph, []
+
+    def compile_graph(*args: Any, **kwargs: Any) -> Any:
+        backends.append(kwargs["backend"])
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(kiln_loopir, "compile_graph", compile_graph)
+    model, x = _fresh()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cpu_backend": "triton", "strict": True})
+    torch.testing.assert_close(compiled(x), reference(x))
+    compiled(x).square().mean().backward()
+    reference(x).square().mean().backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
+    # one training graph: forward and backward
+    assert len(backends) == 2 and all(isinstance(b, kiln_codegen_triton.TritonBackend) for b in backends)
+    assert all(b.last_specs for b in backends)  # kernels were generated, none declined
+    assert all(r.declined == [] for r in kiln.compile_log())
+    with torch.no_grad():
+        kiln.compile(model)(x)  # the C++ backend: another cache entry, not the Triton one
+    assert backends[-1] == "cpp"
+
+
+def test_cpu_backend_triton_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model, x = _fresh()
+    with pytest.raises(kiln.BackendFailed, match="TRITON_INTERPRET=1"), torch.no_grad():
+        kiln.compile(model, options={"cpu_backend": "triton", "strict": True})(x)
+    kiln.reset()
+    with pytest.warns(RuntimeWarning, match="TRITON_INTERPRET=1"), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, options={"cpu_backend": "triton"})(x), model(x))
+    with pytest.raises(ValueError, match="unknown cpu_backend 'halide'"):
+        kiln.compile(model, options={"cpu_backend": "halide"})
+
+
+@_INTERPRETER_ONLY
+def test_kernels_loopir_interprets_are_reported() -> None:
+    """A kernel the code generator declines runs in loopir's reference interpreter: right, but
+    not compiled; the compile log names it (the OpInfo sweeps count it as a fallback)."""
+
+    def fn(x: torch.Tensor, i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return x.index_put((i,), v, accumulate=True)  # bfloat16 atomic adds are not generated
+
+    args = (
+        torch.zeros(6, dtype=torch.bfloat16),
+        torch.tensor([1, 1, 4]),
+        torch.ones(3, dtype=torch.bfloat16),
+    )
+    got = kiln.compile(fn, options={"cpu_backend": "triton", "strict": True})(*args)
+    torch.testing.assert_close(got, fn(*args))
+    (record,) = kiln.compile_log()
+    assert record.declined and "atomic add" in record.declined[0][1]
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"])

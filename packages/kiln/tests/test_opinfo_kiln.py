@@ -19,54 +19,13 @@ import os
 from typing import Any
 
 import pytest
-from opinfo_sweep import key, op_outcome, select, sweep_op
+from opinfo_sweep import KNOWN_FALLBACKS, key, op_outcome, select, sweep_op
 
 import kiln
 
 SAMPLES = 3
 STRIDE = int(os.environ.get("KILN_OPINFO_STRIDE", "4"))
 SHARD = os.environ.get("KILN_OPINFO_SHARD")
-
-# op -> why (some of) it runs eagerly. None of these is kiln_aotgrad's, loopir's or codegen's to
-# compile: each is a graph break or a frame kiln_dynamo does not capture.
-_DATA = "graph break: needs tensor data while tracing"
-_NO_META = "graph break: the op has no meta kernel (no fake tensor can describe its result)"
-_BUILD_CLASS = "graph break: torch.masked defines a class at call time (LOAD_BUILD_CLASS)"
-_CONTEXT = "graph break: a contextlib context manager (_GeneratorContextManager) is constructed"
-_MASKED = (
-    "sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean", "median",
-    "norm", "var", "std", "softmax", "log_softmax", "softmin", "logaddexp", "logsumexp",
-)  # fmt: skip
-KNOWN_FALLBACKS: dict[str, str] = {
-    "combinations": f"{_DATA} (masked_select)",
-    "corrcoef": f"{_DATA} (aten::equal)",
-    "cov": f"{_DATA} (aten::equal)",
-    "masked_select": f"{_DATA} (data-dependent shape)",
-    "narrow": f"{_DATA} (a tensor start is read as an int)",
-    "nn.functional.gaussian_nll_loss": f"{_DATA} (an input check reads a value)",
-    "nonzero": f"{_DATA} (data-dependent shape)",
-    "argwhere": f"{_DATA} (nonzero: data-dependent shape)",
-    "unique": f"{_DATA} (_unique2: data-dependent shape)",
-    "tensor_split": "graph break: tensor_split with tensor indices reads their data",
-    "geqrf": _NO_META,
-    "unique_consecutive": _NO_META,
-    "histogram": _NO_META,
-    "histogramdd": _NO_META,
-    "nn.functional.ctc_loss": _NO_META,
-    "linalg.lstsq": _NO_META,
-    "linalg.lstsq.grad_oriented": _NO_META,
-    "sparse.sampled_addmm": "not captured: sparse (non-strided) tensor input",
-    "nn.functional.linear_cross_entropy.chunked": "not captured: a LinearCrossEntropyOptions argument",
-    "nn.functional.linear_cross_entropy.chunked_none": "not captured: a LinearCrossEntropyOptions argument",
-    "nn.functional.triplet_margin_with_distance_loss": "graph break: a module passed as a distance function",
-    "nn.functional.scaled_dot_product_attention": _CONTEXT,
-    "nn.functional.multi_head_attention_forward": _CONTEXT,
-    "svd_lowrank": _CONTEXT,
-    "pca_lowrank": _CONTEXT,
-    "resize_": "aotgrad: resize_ changes its input's storage (no functional form); runs as captured",
-    "resize_as_": "aotgrad: resize_as_ changes its input's storage (no functional form); runs as captured",
-    **{f"masked.{name}": _BUILD_CLASS for name in _MASKED},
-}
 
 OPS = select(SHARD) if SHARD else select()[::STRIDE]
 

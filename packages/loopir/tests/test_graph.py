@@ -12,6 +12,7 @@ from helpers import assert_same, aten, check, make
 
 from kiln_loopir import compile_graph
 from kiln_loopir.graph import GraphLowering
+from kiln_loopir.ir import ComputedBuffer
 
 
 def _graph_module(graph: torch.fx.Graph, **attrs: torch.Tensor) -> torch.fx.GraphModule:
@@ -103,3 +104,19 @@ def test_a_graph_without_inputs_computes_where_its_creation_ops_ask() -> None:
     assert _graph_device(creating(torch.device("cuda", 0)), []) == torch.device("cuda", 0)
     assert _graph_device(creating(torch.device("meta")), []) == torch.device("cpu")
     assert _graph_device(creating(torch.device("cuda", 0)), [torch.zeros(1)]) == torch.device("cpu")
+
+
+def test_complex_values_run_as_extern_kernels() -> None:
+    """Note [Complex values run as extern kernels]: no kernel reads or writes a complex buffer;
+    real values around them are still lowered and fused."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        z = aten._to_copy.default(aten.sin.default(x), dtype=torch.complex64)
+        w = aten.mul.Tensor(aten.view_as_complex.default(y), z)
+        return aten.add.Tensor(aten.abs.default(w), 1.0), aten.slice.Tensor(w, 0, 1, 3)
+
+    compiled = check(fn, make((4,)), make((4, 2)))
+    ops = compiled.graph.operations
+    kernels = [op for op in ops if isinstance(op, ComputedBuffer)]
+    assert kernels and all(not op.get_dtype().is_complex for op in kernels)  # sin, then abs + 1
+    assert "abs.default" in " ".join(compiled.stats.extern_ops)

@@ -24,6 +24,7 @@ interpreted, or else the innermost stack frame outside torch and kiln.
 
 from __future__ import annotations
 
+import contextvars
 import operator
 import traceback
 from typing import Any
@@ -32,7 +33,7 @@ import torch
 import torch.fx
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln_aotgrad.decompositions import DecompTable, op_name
 from kiln_aotgrad.functionalize import (
@@ -48,7 +49,7 @@ from kiln_aotgrad.functionalize import (
 )
 from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import forget_source_when_freed
-from kiln_dynamo.fake import FakeTensor, call_fake, from_real, run_fake
+from kiln_dynamo.fake import FakeTensor, from_real, run_fake
 
 aten = torch.ops.aten
 
@@ -59,30 +60,78 @@ _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.
 
 
 # Note [Meta kernels that ask the device]: a fake tensor's meta kernel runs on `meta` tensors, and
-# the Python meta registrations below answer by `device_hint` of their arguments, which reads a
-# meta tensor as CUDA. On other devices their auxiliary outputs then differ from the real
-# kernel's: CPU `_embedding_bag` in "sum" mode returns an empty `offset2bag` and a `max_indices`
-# of one element per bag, where the CUDA answer is one per index and none. A wrong size there
-# is a planned buffer the real result cannot fill (the wrapper's copy failed) and a backward
-# compiled for a saved tensor of another shape. For these operators, off CUDA, the registration
-# runs on the fake tensors themselves, which report their real device.
-_DEVICE_AWARE_META = frozenset(
-    {
-        aten._embedding_bag.default,
-        aten._embedding_bag_forward_only.default,
-    }
-)
+# torch's Python meta registrations that depend on the device ask `device_hint` (about 25 places:
+# `_embedding_bag`, the FFTs, `linalg_eig`, `_linalg_svd`, median/mode, scaled_mm, reflection
+# padding ...). `device_hint` knows torch's own FakeTensor only and reads any `meta` tensor as
+# CUDA. Off CUDA the answer is then another kernel's: CPU `_embedding_bag` in "sum" mode returns
+# an empty `offset2bag` and a `max_indices` of one element per bag, where CUDA's are one per
+# index and none (a planned buffer the real result cannot fill, and a backward compiled for a
+# saved tensor of another shape); CPU `linalg_eig` and `_linalg_svd` return column-major
+# eigenvectors and Vh, CUDA row-major (strides that are not eager's). So while a meta kernel runs
+# for a tensor that lives elsewhere, `device_hint` answers that device, as it does for torch's
+# FakeTensor: the wrapper installed once below consults `_HINTED_DEVICE` and otherwise answers as
+# torch's own (so other users of torch in the process see no change).
+_HINTED_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kiln_device_hint", default=None)
+
+
+def _install_device_hint() -> None:
+    import torch._meta_registrations as registrations
+
+    original = registrations.device_hint
+    if getattr(original, "__kiln_hint__", False):
+        return
+
+    def device_hint(tensor: Any) -> str:
+        hinted = _HINTED_DEVICE.get()
+        if hinted is not None and getattr(getattr(tensor, "device", None), "type", None) == "meta":
+            return hinted
+        return original(tensor)
+
+    device_hint.__kiln_hint__ = True  # type: ignore[attr-defined]
+    registrations.device_hint = device_hint
 
 
 def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`run_fake`, with the device-aware meta kernels answering for the real device."""
-    if func in _DEVICE_AWARE_META:
-        device = next((a.fake_device for a in args if isinstance(a, FakeTensor)), None)
-        if device is not None and device.type != "cuda":
-            from torch._decomp import meta_table
+    """`run_fake`, with meta kernels that ask the device answering for the tensors' real device
+    (Note [Meta kernels that ask the device])."""
+    leaves = tree_flatten((args, kwargs))[0]
+    device = next((a.fake_device for a in leaves if isinstance(a, FakeTensor)), None)
+    if device is None or device.type in ("cuda", "meta"):
+        return run_fake(func, args, kwargs)
+    _install_device_hint()
+    token = _HINTED_DEVICE.set(device.type)
+    try:
+        out = run_fake(func, args, kwargs)
+    finally:
+        _HINTED_DEVICE.reset(token)
+    if func in _EMBEDDING_BAG and device.type == "cpu":
+        out = _cpu_embedding_bag_fast_path(func, args, kwargs, out)
+    return out
 
-            return call_fake(meta_table[func], *args, **kwargs)
-    return run_fake(func, args, kwargs)
+
+_EMBEDDING_BAG = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
+
+
+def _cpu_embedding_bag_fast_path(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """Note [Meta kernels that ask the device], continued: torch's meta registration of
+    `_embedding_bag` (2.13) knows the CPU kernel's "sum" fast path, which returns an empty
+    `offset2bag`, for float32 and float16 weights only; the kernel takes it for bfloat16 too.
+    Its other conditions are the meta's own (unit inner strides, no padding index)."""
+    names = [a.name for a in func._schema.arguments]
+    bound = {**dict(zip(names, args, strict=False)), **kwargs}
+    weight, psw = bound["weight"], bound.get("per_sample_weights")
+    padding_idx = bound.get("padding_idx")
+    fast = (
+        weight.dtype == torch.bfloat16
+        and bound.get("mode", 0) == 0
+        and weight.stride(-1) == 1
+        and out[0].stride(-1) == 1
+        and (padding_idx is None or padding_idx < 0)
+        and (psw is None or psw.stride(0) == 1)
+    )
+    if not fast:
+        return out
+    return (out[0], run_fake(aten.new_empty.default, (bound["offsets"], [0]), {}), *out[2:])
 
 
 class AotgradError(RuntimeError):

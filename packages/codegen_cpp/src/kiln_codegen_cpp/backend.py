@@ -85,7 +85,10 @@ class CppBackend(Backend):
 
     def last_build(self) -> BuildReport:
         return BuildReport(
-            self.codegen_seconds, self.compile_seconds, self.last_built.cache if self.last_built else ""
+            self.codegen_seconds,
+            self.compile_seconds,
+            self.last_built.cache if self.last_built else "",
+            tuple(self.last_declined),
         )
 
     def _kernel(

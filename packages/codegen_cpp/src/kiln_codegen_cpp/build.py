@@ -42,13 +42,12 @@ import platform
 import shlex
 import subprocess
 import sysconfig
-import tempfile
 import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln_loopir.diskcache import cache_root, write_atomic
+from kiln_loopir.diskcache import cache_root, temp_file, write_atomic
 
 from .prelude import MODULE_TOKEN
 
@@ -226,7 +225,7 @@ def _load(name: str, path: Path) -> types.ModuleType:
 def _compile(source: str, src: Path, lib: Path) -> None:
     write_atomic(src, source)
     cxx = compiler()
-    fd, tmp_lib = tempfile.mkstemp(dir=lib.parent, prefix="kernels.", suffix=".so.tmp")
+    fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
     cmd = [cxx, *flags(), str(src), "-o", tmp_lib, *LIBS]
     try:

@@ -151,6 +151,7 @@ class TritonBackend(Backend):
             codegen_seconds=self.codegen_seconds,
             compile_seconds=self.compile_seconds,
             cache="compiled" if self.compile_seconds else "",
+            declined=tuple(self.last_declined),
         )
 
     def _kernel(

@@ -22,6 +22,37 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def fix_comparisons() -> None:
+    """Make the interpreter's comparisons int1 (idempotent); see the Note below.
+
+    Note [Comparisons in the interpreter]: Triton's interpreter (3.8) types the result of every
+    comparison as its left operand's element type (``binary_op`` keeps ``lhs.dtype``): the data
+    is a numpy bool array, the handle says float32. On a block nothing reads that type, but a
+    comparison of 0-d values, as ``a != a`` of a constant in ``k_minimum(tl.full([], 0.0, ..), x)``
+    (log-sigmoid's ``min(0, x)``), is later splatted to a block in the handle's type: a float32
+    block of 0s and 1s, and ``(a < b) | (a != a)`` raises in numpy ("ufunc 'bitwise_or' not
+    supported"). Compiled for a GPU the same kernel is right, so the emulator, not the generated
+    code, is what is fixed: each comparison's handle is typed int1, as the compiler types it.
+    """
+    from triton.runtime import interpreter as interp
+
+    builder: Any = interp.InterpreterBuilder
+    if getattr(builder, "_kiln_int1_comparisons", False):
+        return
+    import triton.language as tl
+
+    def typed(op: Callable[..., Any]) -> Callable[..., Any]:
+        def compare(self: Any, lhs: Any, rhs: Any) -> Any:
+            out = op(self, lhs, rhs)
+            return interp.TensorHandle(out.data.astype(bool, copy=False), tl.int1)
+
+        return compare
+
+    for name in [n for n in dir(builder) if n.startswith(("create_icmp", "create_fcmp"))]:
+        setattr(builder, name, typed(getattr(builder, name)))
+    builder._kiln_int1_comparisons = True
+
+
 def device_assert(cond: Any, msg: str) -> None:
     """``tl.device_assert`` for the interpreter, which ignores it (its builder is never in debug
     mode); raises ``IndexError`` like eager for an out-of-range index."""

@@ -52,7 +52,7 @@ import torch
 from kiln_loopir.diskcache import cache_root, write_atomic
 
 from .heuristics import Config, grid
-from .interp import interpreting
+from .interp import fix_comparisons, interpreting
 from .kernel import KernelSpec
 from .triton_ops import PRELUDE
 
@@ -112,6 +112,8 @@ def load_module(source: str) -> tuple[ModuleType, Path]:
             )
         write_atomic(path, source)
         counters["modules_written"] += 1
+    if interpreting():
+        fix_comparisons()  # Note [Comparisons in the interpreter]
     name = f"kiln_triton_{key[:24]}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None

@@ -93,8 +93,10 @@ def convert_expr(value: str, src: torch.dtype, dst: torch.dtype) -> str:
         return f"({value} != 0)"
     if dst in HALF:
         # round to the half type, keep holding it in float32 (float64 goes through float32:
-        # Triton's interpreter and older GPUs have no direct float64 -> half conversion)
-        via = ".to(tl.float32)" if src == torch.float64 else ""
+        # Triton's interpreter and older GPUs have no direct float64 -> half conversion; so do
+        # integers and bools, as eager's c10 conversions do, and the interpreter's bfloat16
+        # rounding bit-casts a float32)
+        via = "" if compute_dtype(src) == torch.float32 else ".to(tl.float32)"
         if dst == torch.bfloat16 and interpreting():  # Note [bfloat16 in the interpreter]
             return f"k_bf16_round({value}{via})"
         return f"{value}{via}.to({tl_type(dst)}).to(tl.float32)"

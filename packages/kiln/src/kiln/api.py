@@ -8,9 +8,9 @@ from typing import Any
 
 import kiln_dynamo
 import kiln_loopir
-from kiln.backends import BACKENDS, COMPILE_LOG, MODES, PASS_OPTIONS, GraphCompile, make_backend
+from kiln.backends import BACKENDS, COMPILE_LOG, CPU_BACKENDS, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
-_OPTIONS = frozenset({"strict", *PASS_OPTIONS})
+_OPTIONS = frozenset({"strict", "cpu_backend", *PASS_OPTIONS})
 
 
 def compile(
@@ -28,11 +28,13 @@ def compile(
     protocol. `fullgraph=True` turns a graph break into an error. Options: `{"strict": True}`
     raises when a backend fails instead of falling back to eager with a warning; loopir's graph
     passes are switched by name (`{"layout": False}`, `{"pad_mm": False}`, `{"attention": False}`,
-    `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured. Without a
-    model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles static first
-    and makes the dims that changed symbolic on the next compile, True makes every size symbolic
-    from the first call, False never does (a backend that cannot compile symbolic sizes gets the
-    frame static again, with the reason in `KILN_LOG=recompiles`).
+    `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured.
+    `{"cpu_backend": "triton"}` generates Triton instead of C++ for CPU graphs (run by Triton's
+    interpreter under `TRITON_INTERPRET=1`; how the Triton code generator is tested without a GPU).
+    Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
+    static first and makes the dims that changed symbolic on the next compile, True makes every
+    size symbolic from the first call, False never does (a backend that cannot compile symbolic
+    sizes gets the frame static again, with the reason in `KILN_LOG=recompiles`).
     """
     if dynamic not in (None, True, False):
         raise TypeError(f"dynamic must be None, True or False, not {dynamic!r}")
@@ -47,7 +49,12 @@ def compile(
             raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS} or a callable")
         passes = {k: v for k, v in (options or {}).items() if k in PASS_OPTIONS}
         kiln_loopir.PassOptions.from_mapping(passes)  # a malformed value fails here, not per graph
-        resolved: Callable[..., Any] = make_backend(backend, strict=strict, mode=mode, passes=passes)
+        cpu_backend = (options or {}).get("cpu_backend", "cpp")
+        if cpu_backend not in CPU_BACKENDS:
+            raise ValueError(f"unknown cpu_backend {cpu_backend!r}; expected one of {CPU_BACKENDS}")
+        resolved: Callable[..., Any] = make_backend(
+            backend, strict=strict, mode=mode, passes=passes, cpu_backend=cpu_backend
+        )
     elif callable(backend):
         resolved = backend
     else:

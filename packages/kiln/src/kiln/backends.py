@@ -4,7 +4,10 @@
   eager      capture only: dynamo's graph runs as it is;
   aot_eager  capture + kiln_aotgrad: aten graphs, forward and backward, run unfused;
   kiln       capture + aotgrad + loopir + the code generator for the graph's device (cpp on the
-             CPU; triton on CUDA, when kiln_codegen_triton provides it).
+             CPU; triton on CUDA, when kiln_codegen_triton provides it). `cpu_backend="triton"`
+             (torch.compile's `cpu_backend` setting) generates Triton for CPU graphs too; those
+             kernels run through Triton's interpreter (`TRITON_INTERPRET=1`): slow, it is how
+             the Triton code generator is tested end to end without a GPU.
 
 `kiln_backend` is the default and is also exported as `kiln.backend`, so it plugs into
 `torch.compile(model, backend=kiln.backend)` as well.
@@ -20,6 +23,9 @@ and, where the failing node is known, the user's source line (`options={"strict"
     captured graph runs eagerly on the same arguments, the graph runs eagerly from then on and the
     call returns eager's result; if eager raises too, eager's exception is raised (the user's own
     error keeps its type). Later calls of a compiled signature raise what the compiled code raises.
+  - the compiled backward raises on its first call (Note [Backward fallback]): the forward has
+    returned long before, so the captured graph cannot be re-run; the backward's own aten graph
+    runs eagerly on the same saved tensors and gradients instead, the same way.
 Re-running eagerly is safe: compiling touches no real tensor, and an error that is the user's own
 is raised again by eager. A wrong answer is never an option: a failure is a fallback or an error.
 
@@ -34,6 +40,7 @@ disk or memory cache. `KILN_LOG=perf` prints the record when a graph is done.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -77,6 +84,7 @@ class GraphCompile:
     fell_back: str | None = None
     # ops that ran eager's kernel inside the compiled graph: (aten op, why its lowering declined)
     op_fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    declined: list[tuple[str, str]] = field(default_factory=list)  # kernels loopir's interpreter ran
     loopir_seconds: float = 0.0  # lower + schedule + codegen + compile, kept as a running sum
     compiled_at: float = 0.0  # perf_counter() when loopir last finished compiling an aten graph
 
@@ -116,9 +124,17 @@ def _device_of(example_inputs: Sequence[Any]) -> torch.device:
     return torch.device("cpu")
 
 
-def _codegen_for(device: torch.device) -> str:
+# The code generators a CPU graph can get (option `cpu_backend`).
+CPU_BACKENDS = ("cpp", "triton")
+
+
+def _codegen_for(device: torch.device, cpu_backend: str = "cpp") -> str:
     if device.type == "cpu":
-        return "cpp"
+        if cpu_backend == "triton" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise BackendFailed(
+                "cpu_backend='triton' runs Triton kernels on CPU tensors only under TRITON_INTERPRET=1"
+            )
+        return cpu_backend
     if device.type == "cuda":
         return "triton"
     raise BackendFailed(f"kiln has no code generator for device {device}")
@@ -223,6 +239,68 @@ class _FirstCallFallback:
         return result
 
 
+class _BackwardFallback:
+    """A compiled backward graph that runs its aten graph eagerly if its first call fails.
+
+    Note [Backward fallback]: aotgrad calls a compiled backward from the autograd engine, inside
+    `loss.backward()`, when the forward that saved its inputs returned long ago: the dynamo-level
+    run-time fallback (Note [Run-time fallback]) only sees forward calls. So the backward is
+    guarded on its own: on its first call a failure re-runs the backward's aten graph (what the
+    compiler was given) eagerly on the same saved tensors and tangents. If eager fails too, the
+    error is the user's and eager's exception is raised; otherwise, with a warning naming the
+    exception, the failing op's user line when the exception names a node, and the graph's frame,
+    this and every later call of that backward runs eagerly (`strict` raises `BackendFailed`).
+    Re-running is safe: a backward graph is functional (it writes none of its inputs), and the
+    forward's compiled results are what the aten graph expects as saved tensors. Later failures
+    of a backward whose first call succeeded are raised as they are.
+    """
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        compiled: Callable[..., Any],
+        record: GraphCompile,
+        strict: bool,
+        backend: str,
+    ) -> None:
+        self.gm, self.compiled, self.record, self.strict, self.backend = gm, compiled, record, strict, backend
+        self.stats = getattr(compiled, "stats", None)
+        self.first = True
+
+    def __call__(self, *args: Any) -> Any:
+        if not self.first:
+            return self.compiled(*args)
+        try:
+            result = self.compiled(*args)
+        except Exception as exc:
+            return self._failed(exc, args)
+        self.first = False
+        return result
+
+    def _failed(self, exc: Exception, args: tuple[Any, ...]) -> Any:
+        if isinstance(exc, BackendFailed):
+            raise exc
+        try:
+            result = self.gm(*args)
+        except Exception as eager_exc:
+            raise eager_exc from exc
+        log.info(
+            "compiled backward of %s failed on its first run; eager succeeds: falling back", self.record.graph
+        )
+        where = f" in {self.record.frame}" if self.record.frame and not _origin(exc) else ""
+        self.compiled = _fallback(
+            self.gm,
+            self.record,
+            exc,
+            self.strict,
+            self.backend,
+            f"the backward graph{where}",
+            when="in the backward at run time",
+        )
+        self.first = False
+        return result
+
+
 def _record(gm: torch.fx.GraphModule) -> GraphCompile:
     meta = getattr(gm, "meta", {})
     record = GraphCompile(
@@ -263,18 +341,19 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
     record.add("schedule", stats.schedule_seconds)
     record.add("codegen", stats.codegen_seconds)
     record.add("compile", stats.compile_seconds)
+    record.declined.extend(stats.declined)
     if stats.compile_cache:
         before = record.cache.get("compile")
         record.cache["compile"] = f"{before}+{stats.compile_cache}" if before else stats.compile_cache
 
 
-def _codegen(device: torch.device, mode: str | None) -> Any:
-    """The loopir backend for `device`: a name, or for CUDA a Triton backend set up for `mode`.
+def _codegen(device: torch.device, mode: str | None, cpu_backend: str = "cpp") -> Any:
+    """The loopir backend for `device`: a name, or a Triton backend set up for `mode`.
 
     Note [Modes]: `mode` reaches the code generator only on CUDA: "max-autotune" times a few
     block-size configurations per kernel (cached on disk), "reduce-overhead" replays CUDA graphs,
     "max-autotune-no-cudagraphs" autotunes without them."""
-    codegen = _codegen_for(device)
+    codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
 
@@ -284,12 +363,20 @@ def _codegen(device: torch.device, mode: str | None) -> Any:
 
 
 def make_backend(
-    name: str, *, strict: bool = False, mode: str | None = None, passes: dict[str, Any] | None = None
+    name: str,
+    *,
+    strict: bool = False,
+    mode: str | None = None,
+    passes: dict[str, Any] | None = None,
+    cpu_backend: str = "cpp",
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
-    `passes` switch loopir's graph passes (PASS_OPTIONS)."""
+    `passes` switch loopir's graph passes (PASS_OPTIONS); `cpu_backend` is the code generator of
+    CPU graphs (CPU_BACKENDS)."""
     if name == "eager":
         return eager_backend
+    if cpu_backend not in CPU_BACKENDS:
+        raise ValueError(f"unknown cpu_backend {cpu_backend!r}; expected one of {CPU_BACKENDS}")
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         import kiln_aotgrad
@@ -311,7 +398,7 @@ def make_backend(
 
             start = time.perf_counter()
             try:
-                codegen = _codegen(_device_of(inputs), mode)
+                codegen = _codegen(_device_of(inputs), mode, cpu_backend)
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
@@ -320,13 +407,19 @@ def make_backend(
             record.compiled_at = time.perf_counter()
             return compiled
 
+        def inner_backward(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+            compiled = inner(inner_gm, inputs)
+            if compiled is inner_gm or compiled == inner_gm.forward:  # runs eagerly already
+                return compiled
+            return _BackwardFallback(inner_gm, compiled, record, strict, name)  # Note [Backward fallback]
+
         traced = gm
         if name == "kiln":
             from kiln_loopir.passes import prepare_torch_graph
 
             traced = prepare_torch_graph(gm, passes)
         try:
-            compiled = kiln_aotgrad.aot_backend(inner, inner)(traced, example_inputs)
+            compiled = kiln_aotgrad.aot_backend(inner, inner_backward)(traced, example_inputs)
         except Exception as exc:  # Note [Backend failure]
             return _fallback(gm, record, exc, strict, name, "the captured graph")
         return _FirstCallFallback(gm, compiled, record, strict, name)
@@ -336,7 +429,13 @@ def make_backend(
     # What makes two such backends interchangeable: kiln_dynamo checks it in every cache entry's
     # guard, so a compile with another mode or options recompiles (and an equal one reuses).
     passes_key = tuple(sorted((passes or {}).items()))
-    backend.__kiln_cache_key__ = (name, mode or "default", ("strict", strict), ("passes", passes_key))  # type: ignore[attr-defined]
+    backend.__kiln_cache_key__ = (  # type: ignore[attr-defined]
+        name,
+        mode or "default",
+        ("strict", strict),
+        ("passes", passes_key),
+        ("cpu_backend", cpu_backend),
+    )
     return backend
 
 

@@ -42,11 +42,14 @@ class BuildReport:
 
     ``cache`` is ``"compiled"`` (the native compiler ran), ``"disk"`` or ``"memory"`` (a cached
     build was reused) or ``""`` (nothing needed compiling, or the backend compiles nothing).
+    ``declined`` names the kernels the generator could not express, with why: they run in the
+    reference interpreter (right, but not compiled).
     """
 
     codegen_seconds: float = 0.0
     compile_seconds: float = 0.0
     cache: str = ""
+    declined: tuple[tuple[str, str], ...] = ()
 
 
 class Backend:

@@ -49,6 +49,7 @@ class CompileStats:
     compile_seconds: float = 0.0
     compile_cache: str = ""
     extern_ops: tuple[str, ...] = field(default=())
+    declined: tuple[tuple[str, str], ...] = ()  # kernels run by the reference interpreter, and why
 
 
 class CompiledGraph:
@@ -120,6 +121,7 @@ def compile_graph(
         compile_seconds=build.compile_seconds,
         compile_cache=build.cache,
         extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
+        declined=build.declined,
     )
     schedule_log.debug("stats: %s", stats)
     return CompiledGraph(fn, stats, graph, schedule, passes)

@@ -12,6 +12,13 @@ meta kernel cannot say (data-dependent shapes), by running the graph once on the
 inputs. A lowering whose result disagrees with the meta value is discarded in favour of the
 fallback, and the disagreement is recorded in ``fallbacks``.
 
+Note [Complex values run as extern kernels]: no code generator has complex arithmetic (Triton
+has no complex type; the C++ backend declines it too), and a kernel that reads or writes a
+complex buffer would run in the reference interpreter. So a node with a complex input or output
+is not lowered: it runs as the aten op itself, an extern kernel (torch.compile's inductor also
+falls back for complex ops), and complex values never reach a kernel. ``KILN_LOG=ir`` says
+which nodes.
+
 Note [Mutation]: in-place and ``out=`` aten ops have no lowering; they run as extern kernels on
 realized buffers (so a mutated input is mutated for the caller, as eagerly). Before such a node,
 every pending lazy value is realized, and the scheduler orders the mutation after every earlier
@@ -195,8 +202,10 @@ class GraphLowering:
                 elif node.op == "call_function":
                     metas[node] = self._meta(node, metas)
                     own = frozenset({origins.origin_of(node, order)})
+                    # Note [Complex values run as extern kernels]
+                    complex_ = any(_is_complex(metas.get(n)) for n in (node, *node.all_input_nodes))
                     with origins.attributed(own, own | _carried_by_args(node, env)):
-                        env[node] = self._call(node, env, metas[node])
+                        env[node] = self._call(node, env, metas[node], extern=complex_)
                 elif node.op == "output":
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:
@@ -228,7 +237,9 @@ class GraphLowering:
         self.name_to_buffer[buffer.name] = buffer
         return TensorBox.create(buffer)
 
-    def _call(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], meta: Any) -> Any:
+    def _call(
+        self, node: torch.fx.Node, env: dict[torch.fx.Node, Any], meta: Any, extern: bool = False
+    ) -> Any:
         mapped: Any = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
         args, kwargs = mapped
         target = node.target
@@ -245,6 +256,9 @@ class GraphLowering:
                     if storage is not None and not storage.is_realized():
                         storage.realize()
         lowering = find_lowering(target)
+        if lowering is not None and extern:
+            log.debug("%s runs as an extern kernel: complex values", node.name)
+            lowering = None
         result: Any = None
         if lowering is not None:
             try:
@@ -475,6 +489,15 @@ def _to_meta(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_to_meta(v) for v in value)
     return value
+
+
+def _is_complex(meta: Any) -> bool:
+    """Whether a node's meta value holds a complex tensor (Note [Complex values run as extern kernels])."""
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype.is_complex
+    if isinstance(meta, list | tuple):
+        return any(_is_complex(m) for m in meta)
+    return False
 
 
 def _meta_device(kwargs: dict[str, Any]) -> dict[str, Any]:
