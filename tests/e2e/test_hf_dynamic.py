@@ -7,29 +7,12 @@ import itertools
 from typing import Any
 
 import pytest
+import tiny_hf
 import torch
-import transformers
 
 import kiln_dynamo
 
-
-def _gpt2() -> Any:
-    cfg = transformers.GPT2Config(
-        n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64, use_cache=False
-    )
-    return transformers.GPT2LMHeadModel(cfg)
-
-
-def _llama() -> Any:
-    cfg = transformers.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        vocab_size=64,
-        use_cache=False,
-    )
-    return transformers.LlamaForCausalLM(cfg)
+_gpt2, _llama = tiny_hf.gpt2, tiny_hf.llama
 
 
 # the second call changes both dims, so automatic dynamic makes both symbolic at once

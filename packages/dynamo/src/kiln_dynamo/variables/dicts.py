@@ -314,6 +314,10 @@ class DictVariable(VariableTracker):
         if bound is not None:
             return bound
         inner = ", ".join(f"{key_vt(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items())
+        return self.rebuild(cg, inner)
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        """The expression that builds this dict from its entries' source `inner` (`k: v, ...`)."""
         if self.user_cls is dict:
             return "{" + inner + "}"
         return f"{cg.const(self.user_cls)}({{{inner}}})"
@@ -408,13 +412,7 @@ class DefaultDictVariable(DictVariable):
             return DefaultDictVariable(self.items, self.factory)
         return super().call_builtin(tx, name, args, kwargs)
 
-    def reconstruct(self, cg: Reconstructor) -> str:
-        if self.source is not None:
-            return cg.source(self.source)
-        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
-        if bound is not None:
-            return bound
-        inner = ", ".join(f"{key_vt(k).reconstruct(cg)}: {v.reconstruct(cg)}" for k, v in self.items.items())
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
         return f"{cg.const(collections.defaultdict)}({self.factory.reconstruct(cg)}, {{{inner}}})"
 
 
