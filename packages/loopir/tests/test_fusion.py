@@ -9,6 +9,7 @@ from helpers import assert_same, aten, check, make, trace
 
 from kiln_loopir import compile_graph
 from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.passes import run_passes
 from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
 
 
@@ -348,7 +349,16 @@ def test_channels_last_is_not_chosen_for_training_or_heavy_weights() -> None:
     heavy = (make((1, 3, 4, 4)), make((64, 3, 3, 3)), make((64, 64, 3, 3)))
     gm = with_vals(_conv_net, *heavy)
     with torch.no_grad():
-        # the weight rule holds for weights reordered every call; prepacked ones (conv_fusion,
-        # Note [Convolutions through oneDNN]) are not, so with it the graph goes NHWC
+        # the weight rule holds for weights reordered every call (the default: prepacking is
+        # opt-in, Note [Prepacked weights]); prepacked ones (conv_fusion with conv_prepack, Note
+        # [Convolutions through oneDNN]) are not, so with them the graph goes NHWC
         assert not check(gm, *heavy, options={"conv_fusion": False}).graph.channels_last
-        assert check(gm, *heavy).graph.channels_last
+        expected = gm(*heavy)
+        for prepack, why in ((False, "weigh less than weights"), (True, "through oneDNN")):
+            _, ctx = run_passes(gm, list(heavy), torch.device("cpu"), {"conv_prepack": prepack})
+            (decision,) = [text for name, text in ctx.record if name == "layout"]
+            assert why in decision, decision
+            compiled = compile_graph(gm, list(heavy), options={"conv_prepack": prepack})
+            # oneDNN's convolution sums its 576 products in another order than eager's
+            for got, want in zip(compiled(*heavy), expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-4)
