@@ -17,6 +17,7 @@ from cpp_check import aten, check, make
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import trace_with_user_lines
 
 KERNEL = re.compile(r'^extern "C" int64_t (\w+)\(', re.MULTILINE)
 
@@ -80,17 +81,7 @@ def _user_fn(x: Any) -> Any:
 def test_kernel_comment_names_the_users_file_and_line() -> None:
     import inspect
 
-    class Tracer(torch.fx.Tracer):
-        def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
-            node = super().create_node(*args, **kwargs)
-            frame = sys._getframe()
-            while frame is not None and frame.f_code is not _user_fn.__code__:
-                frame = frame.f_back  # type: ignore[assignment]
-            if frame is not None:  # as aotgrad stamps aten nodes: the user's file:line
-                node.meta["source_line"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-            return node
-
-    gm = torch.fx.GraphModule(torch.nn.Module(), Tracer().trace(_user_fn))
+    gm = trace_with_user_lines(_user_fn)
     backend = CppBackend()
     x = make((64,))
     torch.testing.assert_close(compile_graph(gm, [x], backend=backend)(x), _user_fn(x))

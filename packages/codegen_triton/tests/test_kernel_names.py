@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import sys
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ import torch.fx
 from triton_check import DEVICES, check
 
 from kiln_codegen_triton import TritonBackend, counters
+from kiln_loopir.testing import trace_with_user_lines
 
 aten = torch.ops.aten
 
@@ -55,20 +55,9 @@ def _user_fn(x: Any) -> Any:
     return aten.mul.Tensor(y, x)
 
 
-class _Tracer(torch.fx.Tracer):
-    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        node = super().create_node(*args, **kwargs)
-        frame = sys._getframe()
-        while frame is not None and frame.f_code is not _user_fn.__code__:
-            frame = frame.f_back  # type: ignore[assignment]
-        if frame is not None:  # as aotgrad stamps aten nodes: the user's file:line
-            node.meta["source_line"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        return node
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_kernel_source_opens_with_the_users_lines(device: str) -> None:
-    gm = torch.fx.GraphModule(torch.nn.Module(), _Tracer().trace(_user_fn))
+    gm = trace_with_user_lines(_user_fn)
     backend = check(gm, torch.randn(100), device=device)
     [spec] = backend.last_specs
     start = inspect.getsourcelines(_user_fn)[1]

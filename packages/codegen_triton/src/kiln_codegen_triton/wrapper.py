@@ -128,24 +128,13 @@ class WrapperCodegen:
 
     def _referenced_buffers(self) -> set[str]:
         """Names of the buffers some kernel, extern call or graph output reads."""
-        names = set(self.schedule.output_names)
+        names = set(self.schedule.output_names)  # the graph outputs' buffers
         for node in self.schedule.nodes:
             names |= node.read_names()
             for m in node.get_nodes():
                 names |= m.read_names()
                 if isinstance(b := getattr(m, "node", None), Scatter):
                     names.add(b.mutates)
-
-        def visit(value: Any) -> None:
-            if isinstance(value, ReinterpretView):
-                names.add(value.buffer.name)
-            elif isinstance(value, Buffer):
-                names.add(value.name)
-            elif isinstance(value, list | tuple):
-                for v in value:
-                    visit(v)
-
-        visit(self.graph.outputs)
         for alias, root in self.schedule.aliases.items():
             if alias in names or root in names:
                 names |= {alias, root}

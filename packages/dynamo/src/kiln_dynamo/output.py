@@ -116,6 +116,16 @@ class OutputGraph:
             self.shapes.dynamic_inputs.append((source, fake))
         self.guards.tensor(source, value, fake)
         name = _node_name(source.name())
+        node = self._placeholder(name)
+        node.meta["val"] = fake
+        node.meta["source"] = source.name()
+        self.inputs.append((node, source, value))
+        vt = TensorVariable(node, fake, type(value), source)
+        self._input_by_id[id(value)] = vt
+        return vt
+
+    def _placeholder(self, name: str) -> torch.fx.Node:
+        """A new graph input, after the inputs made so far (placeholders lead the graph)."""
         if self.inputs:
             ctx = self.graph.inserting_after(self.inputs[-1][0])
         elif len(self.graph.nodes) > 0:
@@ -123,13 +133,7 @@ class OutputGraph:
         else:
             ctx = self.graph.inserting_after(None)
         with ctx:
-            node = self.graph.placeholder(name)
-        node.meta["val"] = fake
-        node.meta["source"] = source.name()
-        self.inputs.append((node, source, value))
-        vt = TensorVariable(node, fake, type(value), source)
-        self._input_by_id[id(value)] = vt
-        return vt
+            return self.graph.placeholder(name)
 
     def add_int_input(self, value: int, source: Source) -> VT | None:
         """An int argument of the frame as a `Sym` graph input when the shape policy makes it
@@ -138,14 +142,7 @@ class OutputGraph:
         if sym is None:
             return None
         self.guards.type_match(source, value)
-        if self.inputs:
-            ctx = self.graph.inserting_after(self.inputs[-1][0])
-        elif len(self.graph.nodes) > 0:
-            ctx = self.graph.inserting_before(next(iter(self.graph.nodes)))
-        else:
-            ctx = self.graph.inserting_after(None)
-        with ctx:
-            node = self.graph.placeholder(_node_name(source.name()))
+        node = self._placeholder(_node_name(source.name()))
         node.meta["val"] = sym
         node.meta["source"] = source.name()
         self.inputs.append((node, source, value))  # type: ignore[arg-type]

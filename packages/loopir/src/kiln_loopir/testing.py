@@ -131,6 +131,26 @@ def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
     return gm
 
 
+def trace_with_user_lines(fn: Any) -> torch.fx.GraphModule:
+    """``fn`` symbolically traced, each node stamped with the ``source_line`` (``file:line`` of
+    ``fn``'s line that made it) that aotgrad stamps on aten nodes: for the kernel-origin tests."""
+    import sys
+
+    code = fn.__code__
+
+    class Tracer(torch.fx.Tracer):
+        def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+            node = super().create_node(*args, **kwargs)
+            frame: Any = sys._getframe()
+            while frame is not None and frame.f_code is not code:
+                frame = frame.f_back
+            if frame is not None:
+                node.meta["source_line"] = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            return node
+
+    return torch.fx.GraphModule(torch.nn.Module(), Tracer().trace(fn))
+
+
 def mm(a: Any, b: Any) -> Any:
     return aten.mm.default(a, b)
 

@@ -185,7 +185,7 @@ def prepare_torch_graph(
     if not opts.attention_mask:
         log.debug("attention_mask: off (option attention_mask=False)")
         return gm
-    return unmask_row_constant_attention(gm, opts, record)
+    return unmask_row_constant_attention(gm, record)
 
 
 __all__ = [

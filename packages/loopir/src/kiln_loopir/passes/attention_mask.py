@@ -37,7 +37,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from . import PassOptions, copy_graph, log
+from . import copy_graph, log
 
 _SDPA = frozenset({F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention})
 # SDPA's arguments after (query, key, value), in order
@@ -95,13 +95,10 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, mask: torch.fx.Node) ->
 
 
 def unmask_row_constant_attention(
-    gm: torch.fx.GraphModule, options: PassOptions | None = None, record: list[str] | None = None
+    gm: torch.fx.GraphModule, record: list[str] | None = None
 ) -> torch.fx.GraphModule:
     """``gm`` (a torch-level graph), or a rewritten copy whose row-constant attention masks are
     applied after an unmasked SDPA."""
-    opts = options or PassOptions()
-    if not opts.attention_mask:
-        return gm
     targets = [(n, m) for n in gm.graph.nodes if (m := _row_constant_mask(n)) is not None]
     if not targets:
         return gm
