@@ -56,7 +56,7 @@ def test_eval_batchnorm_folds_and_train_recompiles(
     monkeypatch.setenv("KILN_LOG", "passes")
     caplog.set_level("DEBUG", logger="kiln.loopir.passes")
     net, x = _net()
-    compiled = kiln.compile(net, options={"strict": True})
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})  # the pass needs it
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), net(x), **TOL)
     assert "2 of 2 convolutions through oneDNN" in _passes(caplog)
@@ -81,7 +81,7 @@ def test_parameters_that_require_grad_keep_batchnorm_for_the_backward(
     caplog.set_level("DEBUG", logger="kiln.loopir.passes")
     net, x = _net()
     net.requires_grad_(False)
-    compiled = kiln.compile(net, options={"strict": True})
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})  # the pass needs it
     torch.testing.assert_close(compiled(x), net(x), **TOL)  # grad mode on, nothing needs a grad
     assert "affine+add+relu" in _passes(caplog)  # an inference graph: folded
     graphs = len(kiln.compile_log())
@@ -100,7 +100,7 @@ def test_parameters_that_require_grad_keep_batchnorm_for_the_backward(
 
 def test_an_optimizer_step_reaches_the_prepacked_weights() -> None:
     net, x = _net()
-    compiled = kiln.compile(net, options={"strict": True})
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})  # the pass needs it
     with torch.no_grad():
         compiled(x)
         for p in net.parameters():

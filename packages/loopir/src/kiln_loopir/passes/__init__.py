@@ -44,8 +44,9 @@ class PassOptions:
     the umbrella before aotgrad).
     ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
     folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
-    oneDNN]); ``conv_prepack``: its weights prepacked once per parameter version (``False``: folded
-    on every call, dense). ``linear_pack``: on CPU inference graphs, large linear layers through
+    oneDNN]), with its weights prepacked once per parameter version (``conv_prepack``: without
+    prepacking the pass does not run, a per-call fold and reorder being slower than eager's
+    convolution). ``linear_pack``: on CPU inference graphs, large linear layers through
     oneDNN with the weight prepacked per parameter version (Note [Packed linear layers]).
     ``conv_prepack`` and ``linear_pack`` are off by default, as torch.compile's freezing is: a
     parameter written through ``p.data`` keeps its version, and a pack made before would be used

@@ -167,7 +167,7 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
         return LayoutDecision(False, "no 2-D convolution")
     from .conv_fusion import enabled_on
 
-    if enabled_on(ctx) is None and ctx.options.conv_prepack:
+    if enabled_on(ctx) is None:
         # Note [Convolutions through oneDNN]: prepacked weights are not reordered per call
         return LayoutDecision(True, f"{len(convs)} convs through oneDNN (conv_fusion)")
     activations = sum(_numel(n.args[0]) for n in convs)
