@@ -159,6 +159,15 @@ def no_less_accurate(got: torch.Tensor, want: torch.Tensor, exact: Any, tol: tup
     return bool((_close(g, w, tol) | (near_exact & nearer)).all())
 
 
+# op -> the positions of its flattened outputs whose values eager leaves undefined (memory from
+# `empty`): they are compared by type, shape and dtype only
+_UNSET_RNG = frozenset({2, 3})  # the philox seed and offset: `empty` when dropout_p is 0
+UNDEFINED_OUTPUTS: dict[str, frozenset[int]] = {
+    "torch.ops.aten._efficient_attention_forward": _UNSET_RNG,
+    "torch.ops.aten._flash_attention_forward": _UNSET_RNG,
+}
+
+
 def compare(
     got: Any,
     want: Any,
@@ -166,9 +175,11 @@ def compare(
     e_in: list[torch.Tensor],
     tol: tuple[float, float] = (RTOL, ATOL),
     exact: Any = None,
+    undefined: frozenset[int] = frozenset(),
 ) -> str:
     """Empty when `got` is what eager returned (values, shapes, dtypes, types, views); else why not.
-    `exact`: the float64 answer of a low-precision sample (Note [Low-precision results])."""
+    `exact`: the float64 answer of a low-precision sample (Note [Low-precision results]);
+    `undefined`: output positions whose values eager does not define (UNDEFINED_OUTPUTS)."""
     g_leaves, g_spec = tree_flatten(got)
     w_leaves, w_spec = tree_flatten(want)
     r_leaves, r_spec = tree_flatten(exact)
@@ -182,6 +193,8 @@ def compare(
         if isinstance(w, torch.Tensor):
             if (g.shape, g.dtype, g.device) != (w.shape, w.dtype, w.device):
                 return f"output {i}: {tuple(g.shape)} {g.dtype} != eager {tuple(w.shape)} {w.dtype}"
+            if i in undefined:
+                continue
             try:
                 torch.testing.assert_close(g, w, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)
             except AssertionError as exc:
@@ -190,8 +203,10 @@ def compare(
             problem = _view_problem(g, w, c_in, e_in)
             if problem:
                 return f"output {i}: {problem}"
-        elif g != w and not (
-            isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g)
+        elif (
+            i not in undefined
+            and g != w
+            and not (isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g))
         ):
             return f"output {i}: {g!r} != eager {w!r}"
     for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
@@ -234,7 +249,9 @@ def run_sample(
             exact = frame(*tree_map(_upcast, (sample.input, sample.args, sample.kwargs)))
         except Exception:
             exact = None
-    problem = compare(got, want, c_in, e_in, TOLERANCES[dtype], exact)
+    problem = compare(
+        got, want, c_in, e_in, TOLERANCES[dtype], exact, UNDEFINED_OUTPUTS.get(name, frozenset())
+    )
     if problem:
         return Outcome(name, index, "mismatch", problem[:400])
     stats = kiln.capture_stats()

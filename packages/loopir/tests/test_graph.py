@@ -92,7 +92,7 @@ def test_created_tensors_live_on_the_device_they_ask_for() -> None:
 
 
 def test_a_graph_without_inputs_computes_where_its_creation_ops_ask() -> None:
-    from kiln_loopir.graph import _graph_device
+    from kiln_loopir import graph_device as _graph_device
 
     def creating(device: torch.device) -> torch.fx.GraphModule:
         g = torch.fx.Graph()
@@ -104,6 +104,36 @@ def test_a_graph_without_inputs_computes_where_its_creation_ops_ask() -> None:
     assert _graph_device(creating(torch.device("cuda", 0)), []) == torch.device("cuda", 0)
     assert _graph_device(creating(torch.device("meta")), []) == torch.device("cpu")
     assert _graph_device(creating(torch.device("cuda", 0)), [torch.zeros(1)]) == torch.device("cpu")
+
+
+def test_an_output_on_another_device_than_the_graph_is_refused() -> None:
+    # Note [One device per graph]: a CUDA value returned by a graph of CPU inputs would come back
+    # on the CPU; the graph is refused (the umbrella then runs it eagerly)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln_loopir import DeviceMismatch
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    on_cpu = g.call_function(aten.add.Tensor, (x, 1))
+    moved = g.call_function(aten._to_copy.default, (on_cpu,), {"device": torch.device("cuda", 0)})
+    x.meta["val"], on_cpu.meta["val"] = torch.zeros(3), torch.zeros(3)
+    with FakeTensorMode():
+        moved.meta["val"] = torch.empty(3, device="cuda")
+    g.output((on_cpu, moved))
+    with pytest.raises(DeviceMismatch, match="lives on cuda:0 in eager, the graph computes on cpu"):
+        compile_graph(torch.fx.GraphModule(torch.nn.Module(), g), [torch.zeros(3)])
+    # the same value used inside the graph only is computed on the graph's device
+    g2 = torch.fx.Graph()
+    x2 = g2.placeholder("x")
+    made = g2.call_function(aten.full.default, ([3], 2.0), {"device": torch.device("cuda", 0)})
+    with FakeTensorMode():
+        made.meta["val"] = torch.empty(3, device="cuda")
+    total = g2.call_function(aten.add.Tensor, (x2, made))
+    x2.meta["val"], total.meta["val"] = torch.zeros(3), torch.zeros(3)
+    g2.output((total,))
+    compiled = compile_graph(torch.fx.GraphModule(torch.nn.Module(), g2), [torch.zeros(3)])
+    assert_same(compiled(torch.ones(3)), (torch.full((3,), 3.0),))
 
 
 def test_complex_values_run_as_extern_kernels() -> None:

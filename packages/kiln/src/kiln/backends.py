@@ -43,7 +43,7 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,13 +115,6 @@ PASS_OPTIONS = tuple(f.name for f in dataclasses.fields(PassOptions))
 
 # Every graph compiled in this process, in order (kiln.compile_log()).
 COMPILE_LOG: list[GraphCompile] = []
-
-
-def _device_of(example_inputs: Sequence[Any]) -> torch.device:
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
-            return x.device
-    return torch.device("cpu")
 
 
 # The code generators a CPU graph can get (option `cpu_backend`).
@@ -398,7 +391,8 @@ def make_backend(
 
             start = time.perf_counter()
             try:
-                codegen = _codegen(_device_of(inputs), mode, cpu_backend)
+                # the code generator of the device loopir compiles for (Note [One device per graph])
+                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend)
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known

@@ -21,7 +21,7 @@
 
 from .backend import Backend, BuildReport, available_backends, get_backend, register_backend
 from .compile import CompiledGraph, CompileStats, compile_graph
-from .graph import GraphLowering
+from .graph import DeviceMismatch, GraphLowering, graph_device
 from .ir import TensorBox
 from .logs import configure_artifacts
 from .lowering import register_lowering
@@ -37,6 +37,7 @@ __all__ = [
     "BuildReport",
     "CompileStats",
     "CompiledGraph",
+    "DeviceMismatch",
     "GraphLowering",
     "PassOptions",
     "Scheduler",
@@ -45,6 +46,7 @@ __all__ = [
     "compile_graph",
     "configure_artifacts",
     "get_backend",
+    "graph_device",
     "kernel_name",
     "ops",
     "register_backend",

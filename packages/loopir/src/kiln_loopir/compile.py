@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .backend import Backend, BuildReport, get_backend
-from .graph import GraphLowering, _graph_device
+from .graph import GraphLowering, graph_device
 from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
 from .passes import PassContext, PassOptions, run_passes
@@ -87,7 +87,7 @@ def compile_graph(
     configure()
     chosen = get_backend(backend)
     t0 = time.perf_counter()
-    device = _graph_device(gm, example_inputs)
+    device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
     graph = GraphLowering(gm, example_inputs, fusion=fusion, channels_last=passes.channels_last).run()
     t1 = time.perf_counter()

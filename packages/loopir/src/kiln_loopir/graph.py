@@ -117,9 +117,10 @@ MAX_LOADS = 8
 MAX_CHAIN_OPS = 200
 
 
-def _graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.device:
+def graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.device:
     """Where the graph computes: its first tensor input's device; for a graph without tensor
-    inputs (it only creates tensors), the first device a creation op asks for; else the CPU."""
+    inputs (it only creates tensors), the first device a creation op asks for; else the CPU.
+    The code generator is chosen by this device (Note [One device per graph])."""
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else None
     if device is None:
@@ -131,6 +132,40 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> to
     if device is None or device.type == "meta":
         return torch.device("cpu")
     return device
+
+
+class DeviceMismatch(NotImplementedError):
+    """A graph returns a tensor of another device than its own (Note [One device per graph])."""
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+def check_output_devices(gm: torch.fx.GraphModule, device: torch.device) -> None:
+    """Note [One device per graph]: the code generator is chosen for the graph's device
+    (:func:`graph_device`), and its wrapper allocates every buffer there, so a value created for
+    another device (``torch.arange(n)`` without a device in a CUDA graph, a CUDA ``full`` in a
+    graph of CPU inputs) is computed on the graph's device: the same values, read by the graph's
+    kernels where they live. What must not happen is that such a value leaves the graph on the
+    wrong device: an output whose eager value lives elsewhere makes the graph refused with this
+    error, and the backend runs it eagerly (the umbrella's fallback). "meta" values are not
+    checked (loopir's tests use them for a device this machine lacks)."""
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None:
+        return
+    for node in output.all_input_nodes:
+        val = node.meta.get("val")
+        for leaf in val if isinstance(val, list | tuple) else (val,):
+            if (
+                isinstance(leaf, torch.Tensor)
+                and leaf.device.type != "meta"
+                and not _same_device(leaf.device, device)
+            ):
+                raise DeviceMismatch(
+                    f"output {node.name} ({node.format_node()}) lives on {leaf.device} in eager, the graph "
+                    f"computes on {device}: kiln compiles graphs whose outputs live on the graph's device"
+                )
 
 
 class GraphLowering:
@@ -147,7 +182,8 @@ class GraphLowering:
         self.gm = gm
         self.example_inputs = list(example_inputs)
         self.fusion = fusion
-        self.device = _graph_device(gm, self.example_inputs)
+        self.device = graph_device(gm, self.example_inputs)
+        check_output_devices(gm, self.device)
         self.operations: list[Operation] = []
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: list[InputBuffer | None] = []
