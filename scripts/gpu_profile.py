@@ -91,6 +91,79 @@ def _kernels(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> dict
     }
 
 
+def _breakdown(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> dict[str, float]:
+    """Where kiln's CPU time per call goes (µs): the whole call; the compiled graphs' wrappers
+    alone, on the arguments they last received; the wrappers with every Triton launch a no-op;
+    with every extern op answering its last result; with both (the wrapper's own Python). The
+    rest of the call (frame hook, guard, aotgrad's runtime) is the whole call less the wrappers."""
+    from kiln_loopir import compile as loopir_compile
+
+    seen: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+    original = loopir_compile.CompiledGraph.__call__
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen[id(self)] = (self, args)
+        return original(self, *args)
+
+    loopir_compile.CompiledGraph.__call__ = spy  # type: ignore[method-assign]
+    try:
+        fn(**inputs)
+    finally:
+        loopir_compile.CompiledGraph.__call__ = original  # type: ignore[method-assign]
+    torch.cuda.synchronize()
+    graphs = list(seen.values())
+
+    def us(f: Callable[[], Any]) -> float:
+        rounds = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                f()
+            torch.cuda.synchronize()
+            rounds.append((time.perf_counter() - start) / calls * 1e6)
+        return statistics.median(rounds)
+
+    def run_graphs() -> None:
+        for g, a in graphs:
+            g(*a)
+
+    namespaces = [getattr(g._fn, "__globals__", {}) for g, _ in graphs]
+    launches = [{k: v for k, v in ns.items() if k.startswith("_k") and callable(v)} for ns in namespaces]
+    externs = [{k: v for k, v in ns.items() if k.startswith("_op_") and callable(v)} for ns in namespaces]
+    memo: dict[str, Any] = {}
+    for ns, ops in zip(namespaces, externs, strict=True):
+        for k, op in ops.items():
+
+            def answer(*a: Any, _k: str = k, _op: Any = op, **kw: Any) -> Any:
+                if _k not in memo:
+                    memo[_k] = _op(*a, **kw)
+                return memo[_k]
+
+            ns[k] = answer
+    run_graphs()  # fill the memo
+    for ns, ops in zip(namespaces, externs, strict=True):
+        ns.update(ops)
+
+    def swap(table: list[dict[str, Any]], fake: Callable[[str, Any], Any]) -> None:
+        for ns, entries in zip(namespaces, table, strict=True):
+            for k, v in entries.items():
+                ns[k] = fake(k, v)
+
+    out = {"call_us": us(lambda: fn(**inputs)), "wrappers_us": us(run_graphs)}
+    swap(launches, lambda k, v: lambda *a: None)
+    out["no_launch_us"] = us(run_graphs)
+    swap(externs, lambda k, v: lambda *a, _k=k, **kw: memo[_k])
+    out["skeleton_us"] = us(run_graphs)
+    swap(launches, lambda k, v: v)
+    out["no_extern_us"] = us(run_graphs)
+    swap(externs, lambda k, v: v)
+    out["graphs"] = len(graphs)
+    out["launch_fns"] = sum(len(t) for t in launches)
+    out["extern_fns"] = sum(len(t) for t in externs)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="resnet,gpt2")
@@ -102,6 +175,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--out", default=None)
     parser.add_argument("--cprofile", default="", help="backend to cProfile after timing (e.g. kiln)")
+    parser.add_argument("--breakdown", action="store_true", help="where kiln's CPU time per call goes")
     args = parser.parse_args()
     results = []
     for model_name in args.models.split(","):
@@ -144,6 +218,19 @@ def main() -> int:
                 )
                 for t in k["top"][:4]:
                     print(f"      {t['ms_per_call']:6.3f} ms x{t['n']:<3} {t['name']}")
+            for backend, fn in fns.items():
+                if args.breakdown and backend.startswith("kiln"):
+                    b = _breakdown(fn, work.inputs, args.calls)
+                    print(
+                        f"== breakdown {model_name} {backend}: "
+                        + ", ".join(f"{k} {v:.0f}" for k, v in b.items())
+                    )
+                    print(
+                        f"   outside the wrappers {b['call_us'] - b['wrappers_us']:.0f} us, Triton launches "
+                        f"{b['wrappers_us'] - b['no_launch_us']:.0f} us, extern ops {b['wrappers_us'] - b['no_extern_us']:.0f} us, "
+                        f"wrapper Python {b['skeleton_us']:.0f} us"
+                    )
+                    results.append({"model": model_name, "backend": backend, "breakdown": b})
             if args.cprofile in fns:
                 print(f"== cProfile {model_name} {args.cprofile}, {args.calls * 2} calls")
                 _cprofile(fns[args.cprofile], work.inputs, args.calls * 2)

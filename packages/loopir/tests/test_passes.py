@@ -194,7 +194,10 @@ def test_forced_padding_equals_unpadded(dtype: torch.dtype) -> None:
     x, w = make((2, 3, 10), dtype), make((37, 10), dtype)  # N = 37 and K = 10 misaligned
     gm = with_vals(lm_head, x, w)
     compiled = check(gm, x, w, options={"pad_mm": "force"})
-    assert compiled(x, w).stride() == gm(x, w).stride()  # the output keeps eager's strides
+    # the output leaves as a view of the padded product, with its row stride (as torch.compile's)
+    assert compiled(x, w).stride() == (120, 40, 1) and gm(x, w).stride() == (111, 37, 1)
+    copied = check(gm, x, w, options={"pad_mm": "force", "pad_mm_output_copy": True})
+    assert copied(x, w).stride() == gm(x, w).stride()  # copied to eager's strides on request
     mm = next(op for op in compiled.graph.operations if "mm" in str(getattr(op, "op", "")))
     align = 4 if dtype == torch.float32 else 8
     size = [int(s) for s in mm.outputs[0].layout.size]

@@ -36,7 +36,9 @@ class PassOptions:
     ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
-    ``False`` never. ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
+    ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
+    contiguous strides (by default it leaves as a view with the padded row stride, as
+    torch.compile's does). ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
     scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
     ``attention_mask``: on CUDA, an SDPA mask that is constant along each row of scores (its last
     dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
@@ -57,6 +59,7 @@ class PassOptions:
     layout: bool = True
     layout_policy: str = "auto"
     pad_mm: bool | str = True
+    pad_mm_output_copy: bool = False
     attention: bool = True
     attention_mask: bool = True
     conv_fusion: bool = True
@@ -82,10 +85,12 @@ class PassOptions:
             made.conv_fusion,
             made.conv_prepack,
             made.linear_pack,
+            made.pad_mm_output_copy,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, attention, attention_mask, conv_fusion, conv_prepack and linear_pack are True or False"
+                "layout, attention, attention_mask, conv_fusion, conv_prepack, linear_pack and pad_mm_output_copy"
+                " are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
