@@ -192,7 +192,7 @@ def compare(
             return f"output {i}: type {type(g).__name__} != eager {type(w).__name__}"
         if isinstance(w, torch.Tensor):
             if (g.shape, g.dtype, g.device) != (w.shape, w.dtype, w.device):
-                return f"output {i}: {tuple(g.shape)} {g.dtype} != eager {tuple(w.shape)} {w.dtype}"
+                return f"output {i}: {tuple(g.shape)} {g.dtype} {g.device} != eager {tuple(w.shape)} {w.dtype} {w.device}"
             if i in undefined:
                 continue
             try:
