@@ -25,6 +25,16 @@ binder, no hashing per launch. The binary itself is cached by Triton on disk (ke
 target and Triton version; ``TRITON_CACHE_DIR``), so a second process loads it without compiling.
 Under ``TRITON_INTERPRET=1`` kernels run on CPU tensors through ``JITFunction.run`` as before.
 
+Note [Calling the C launch directly]: ``CompiledKernel.run`` is Triton's ``CudaLauncher``, whose
+Python ``__call__`` allocates per-grid scratch memory (two nested functions and two calls per
+launch, even when the kernel needs none) and then calls the C launch function. Where the kernel
+needs no scratch memory (its metadata says 0 bytes of global and profile scratch), the fast
+launcher calls that C function itself with what ``__call__`` would pass: about 2 µs less per
+launch on the H200 host. That argument list belongs to Triton and changed between versions, so
+it is used only for the ``__call__`` signatures it was written against (Triton 3.6 and 3.8,
+recognized by their parameter names); any other version, or a kernel with scratch memory, goes
+through ``CompiledKernel.run`` unchanged. ``KILN_TRITON_DIRECT_LAUNCH=0`` turns it off.
+
 Every file is written atomically (Note [Atomic cache writes] in kiln_loopir's diskcache.py).
 What a crash, a full disk or a hand leaves behind is checked before use: a module file is reused only when its bytes are
 exactly the source (its name is the source's hash), an autotune record only when it parses and
@@ -133,11 +143,50 @@ def _device_name(args: Sequence[Any]) -> str:
     return "none"
 
 
-def _fast_launcher(compiled: Any, spec: KernelSpec, config: Config) -> Callable[..., None]:
+def _direct_call(run: Any) -> tuple[str, dict[str, Any]] | None:
+    """The call of Triton's C launch function under ``run`` (a ``CudaLauncher``) with the
+    arguments its ``__call__`` would pass, or None where that is not known to be the same
+    (Note [Calling the C launch directly]): ``(template, scope)``, where the template takes
+    ``{grid}`` (gx, gy, 1, stream), ``{meta}`` (function, metadata) and ``{args}``."""
+    cls = type(run)
+    code = getattr(cls.__dict__.get("__call__"), "__code__", None)
+    launch = getattr(run, "launch", None)
+    if code is None or launch is None or cls.__name__ != "CudaLauncher":
+        return None
+    if getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1):
+        return None  # the launch needs scratch memory allocated per grid: keep Triton's path
+    if getattr(run, "gsan_enabled", False):
+        return None
+    names = code.co_varnames[: code.co_argcount]
+    flags = (run.launch_cooperative_grid, run.launch_pdl)
+    scope = {"c_launch": launch, "coop": flags[0], "pdl": flags[1]}
+    if names == ("self", "gridX", "gridY", "gridZ", "stream", "function"):
+        # Triton 3.6: __call__(grid, stream, function, *args) -> launch(grid, stream, function,
+        # coop, pdl, global_scratch, profile_scratch, *args)
+        return "c_launch({grid}, function, coop, pdl, None, None, {meta}, None, None, None, {args})", scope
+    tail = ("kernel_metadata", "launch_metadata", "launch_enter_hook", "launch_exit_hook")
+    if names == ("self", "gridX", "gridY", "gridZ", "stream", "function", *tail) and hasattr(
+        run, "kernel_signature"
+    ):
+        # Triton 3.8: launch(grid, stream, function, coop, pdl, metadata, launch_metadata, hooks,
+        # global_scratch, profile_scratch, annotations, signature, args-tuple)
+        scope |= {"annotations": run.arg_annotations, "signature": run.kernel_signature}
+        return (
+            "c_launch({grid}, function, coop, pdl, {meta}, None, None, None, None, None, annotations, signature, ({args},))",
+            scope,
+        )
+    return None
+
+
+def _fast_launcher(
+    compiled: Any, spec: KernelSpec, config: Config, direct: bool = True
+) -> Callable[..., None]:
     """``launch(stream, *pointers)`` for one compiled kernel (Note [The launch path]).
 
     Triton's launcher takes the kernel's parameters in declaration order, constexprs included
-    (it skips them); a parameter that the signature leaves out is not passed at all."""
+    (it skips them); a parameter that the signature leaves out is not passed at all. ``direct``:
+    call Triton's C launch function itself where its arguments are known (Note [Calling the C
+    launch directly]); else ``CompiledKernel.run``."""
     constants = config.kwargs(spec.kind)
     pointers = {name: f"p{i}" for i, name in enumerate(f"p_{n}" for n in spec.params)}
     signature = compiled.src.signature
@@ -150,15 +199,22 @@ def _fast_launcher(compiled: Any, spec: KernelSpec, config: Config) -> Callable[
     g = grid(spec, config)
     gx, gy = g[0], g[1] if len(g) > 1 else 1
     params = ", ".join(["stream", *pointers.values()])
-    body = f"run({gx}, {gy}, 1, stream, function, metadata, None, None, None, {', '.join(args)})"
-    if gx == 0 or gy == 0:
-        body = "pass  # no elements"
-    source = f"def launch({params}):\n    {body}\n"
     scope: dict[str, Any] = {
         "run": compiled.run,
         "function": compiled.function,
         "metadata": compiled.packed_metadata,
     }
+    direct = direct and os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") != "0"
+    found = _direct_call(compiled.run) if direct and args else None
+    if found is not None:
+        template, extra = found
+        scope |= extra
+        body = template.format(grid=f"{gx}, {gy}, 1, stream", meta="metadata", args=", ".join(args))
+    else:
+        body = f"run({gx}, {gy}, 1, stream, function, metadata, None, None, None, {', '.join(args)})"
+    if gx == 0 or gy == 0:
+        body = "pass  # no elements"
+    source = f"def launch({params}):\n    {body}\n"
     exec(compile(source, f"<kiln-launcher {spec.name}>", "exec"), scope)
     launch: Callable[..., None] = scope["launch"]
     return launch
