@@ -123,6 +123,11 @@ def test_an_output_on_another_device_than_the_graph_is_refused() -> None:
     g.output((on_cpu, moved))
     with pytest.raises(DeviceMismatch, match="lives on cuda:0 in eager, the graph computes on cpu"):
         compile_graph(torch.fx.GraphModule(torch.nn.Module(), g), [torch.zeros(3)])
+    # values traced on another device than the inputs given say nothing of where the graph runs
+    with FakeTensorMode():
+        x.meta["val"], on_cpu.meta["val"] = torch.empty(3, device="cuda"), torch.empty(3, device="cuda")
+    traced_elsewhere = compile_graph(torch.fx.GraphModule(torch.nn.Module(), g), [torch.zeros(3)])
+    assert [t.device.type for t in traced_elsewhere(torch.ones(3))] == ["cpu", "cpu"]
     # the same value used inside the graph only is computed on the graph's device
     g2 = torch.fx.Graph()
     x2 = g2.placeholder("x")

@@ -142,7 +142,9 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
-def check_output_devices(gm: torch.fx.GraphModule, device: torch.device) -> None:
+def check_output_devices(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], device: torch.device
+) -> None:
     """Note [One device per graph]: the code generator is chosen for the graph's device
     (:func:`graph_device`), and its wrapper allocates every buffer there, so a value created for
     another device (``torch.arange(n)`` without a device in a CUDA graph, a CUDA ``full`` in a
@@ -150,10 +152,18 @@ def check_output_devices(gm: torch.fx.GraphModule, device: torch.device) -> None
     kernels where they live. What must not happen is that such a value leaves the graph on the
     wrong device: an output whose eager value lives elsewhere makes the graph refused with this
     error, and the backend runs it eagerly (the umbrella's fallback). "meta" values are not
-    checked (loopir's tests use them for a device this machine lacks)."""
+    checked (loopir's tests use them for a device this machine lacks), nor are values traced on
+    another device than the inputs now given (a graph traced on the CPU and compiled for CUDA
+    inputs: its placeholders' values say where it was traced, not where it runs)."""
     output = next((n for n in gm.graph.nodes if n.op == "output"), None)
     if output is None:
         return
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, given in zip(placeholders, example_inputs, strict=False):
+        traced = node.meta.get("val")
+        tensors = isinstance(traced, torch.Tensor) and isinstance(given, torch.Tensor)
+        if tensors and not _same_device(traced.device, given.device):
+            return
     for node in output.all_input_nodes:
         val = node.meta.get("val")
         for leaf in val if isinstance(val, list | tuple) else (val,):
@@ -183,7 +193,7 @@ class GraphLowering:
         self.example_inputs = list(example_inputs)
         self.fusion = fusion
         self.device = graph_device(gm, self.example_inputs)
-        check_output_devices(gm, self.device)
+        check_output_devices(gm, self.example_inputs, self.device)
         self.operations: list[Operation] = []
         self.name_to_buffer: dict[str, Buffer] = {}
         self.graph_inputs: list[InputBuffer | None] = []
