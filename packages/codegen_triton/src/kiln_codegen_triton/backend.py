@@ -16,7 +16,9 @@ building the backend and handing the instance over, which loopir accepts in plac
 kernel on first call, cached on disk); ``"reduce-overhead"`` (replay CUDA graphs);
 ``"max-autotune-no-cudagraphs"`` is ``"max-autotune"``, and ``"max-autotune"`` also uses CUDA
 graphs, as in ``torch.compile``. ``guarded_inputs=True`` says the caller guards every input's
-shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks only addresses.
+shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks only addresses;
+``guarded_layouts=True`` says so for the default-mode wrapper too (the graph's inputs are the
+frame's tensors: a forward graph), which then checks only storage offsets and alignment.
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
 """
 
@@ -64,6 +66,7 @@ class TritonBackend(Backend):
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         guarded_inputs: bool = False,
+        guarded_layouts: bool = False,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -76,6 +79,9 @@ class TritonBackend(Backend):
         self.split_target_programs = split_target_programs
         # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
         self.guarded_inputs = guarded_inputs
+        # ... before every call, so the wrapper checks only storage offsets (Note [Inputs the frame
+        # guard checks] in wrapper.py)
+        self.guarded_layouts = guarded_layouts
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
         self.last_source = ""
@@ -128,7 +134,9 @@ class TritonBackend(Backend):
         if launchers and graph.device.type == "cuda" and not interpreting():
             # Note [The launch path]: every kernel compiled before the first call, in parallel
             self.compile_seconds = precompile(list(launchers.values()), graph.device)
-        fn, wrapper_source = make_wrapper(schedule, graph, groups, launchers)
+        fn, wrapper_source = make_wrapper(
+            schedule, graph, groups, launchers, guarded_layouts=self.guarded_layouts
+        )
         self.last_specs = generated
         self.last_source, self.last_wrapper, self.last_launchers = source, wrapper_source, launchers
         self.last_cudagraphs = None

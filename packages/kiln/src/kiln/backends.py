@@ -340,18 +340,22 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
         record.cache["compile"] = f"{before}+{stats.compile_cache}" if before else stats.compile_cache
 
 
-def _codegen(device: torch.device, mode: str | None, cpu_backend: str = "cpp") -> Any:
+def _codegen(device: torch.device, mode: str | None, cpu_backend: str = "cpp", forward: bool = True) -> Any:
     """The loopir backend for `device`: a name, or a Triton backend set up for `mode`.
 
     Note [Modes]: `mode` reaches the code generator only on CUDA: "max-autotune" times a few
     block-size configurations per kernel (cached on disk), "reduce-overhead" replays CUDA graphs,
-    "max-autotune-no-cudagraphs" autotunes without them."""
+    "max-autotune-no-cudagraphs" autotunes without them. `forward`: the graph's inputs are the
+    frame's tensors, which kiln's frame guards check (shape, strides, dtype, device) before every
+    call, so the Triton wrapper checks only their storage offsets (Note [Inputs the frame guard
+    checks] in kiln_codegen_triton's wrapper.py); a backward graph's inputs (saved values,
+    incoming gradients of any strides) are checked by its wrapper in full."""
     codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
 
         # kiln's frame guards check every input's shape, strides and dtype before the graph runs
-        return TritonBackend(mode=mode, guarded_inputs=True)
+        return TritonBackend(mode=mode, guarded_inputs=True, guarded_layouts=forward)
     return codegen
 
 
@@ -384,7 +388,9 @@ def make_backend(
             )
         record = _record(gm)
 
-        def inner(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
+        def inner(
+            inner_gm: torch.fx.GraphModule, inputs: list[Any], forward: bool = True
+        ) -> Callable[..., Any]:
             if name == "aot_eager":
                 return inner_gm
             import kiln_loopir
@@ -392,7 +398,7 @@ def make_backend(
             start = time.perf_counter()
             try:
                 # the code generator of the device loopir compiles for (Note [One device per graph])
-                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend)
+                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, forward)
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
@@ -402,7 +408,7 @@ def make_backend(
             return compiled
 
         def inner_backward(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-            compiled = inner(inner_gm, inputs)
+            compiled = inner(inner_gm, inputs, forward=False)
             if compiled is inner_gm or compiled == inner_gm.forward:  # runs eagerly already
                 return compiled
             return _BackwardFallback(inner_gm, compiled, record, strict, name)  # Note [Backward fallback]
