@@ -227,6 +227,8 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     # Note [Column reductions]: x.sum(0) over a contiguous matrix vectorizes across outputs...
     compiled = check(lambda x: aten.sum.dim_IntList(x, [0]), make((64, 48), torch.float32))
     assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+    # fewer columns than a block: one block of exactly that many lanes (a constant trip count)
+    assert "for (int l = 0; l < 48; ++l)" in compiled.backend.last_source  # type: ignore[attr-defined]
 
     # ...but a per-channel reduction over NCHW (batch norm's statistics) reads each channel's
     # rows contiguously: per-channel parameters and per-channel outputs must not pull the
