@@ -219,3 +219,17 @@ def test_row_and_column_reductions_are_not_fused() -> None:
     assert fused.stats.kernels == 1 and "xblk" not in backend.last_source
     for a, b in zip(fused(g, x), compiled(g, x), strict=True):
         torch.testing.assert_close(a, b)
+
+
+def _layer_norm_backward(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+    xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+    row = aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [1], True)  # the input gradient's sums
+    return row, aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0])  # the weight gradient
+
+
+def test_layer_norm_weight_gradient_is_a_column_reduction_of_its_own() -> None:
+    """Per-token statistics (one loop variable) do not make the weight gradient a row reduction,
+    so it is not fused with the row sums of the same square gradient."""
+    inputs = make((256, 256)), make((256, 256)), make((256, 1)), make((256, 1))
+    compiled = check(_layer_norm_backward, *inputs)
+    assert compiled.stats.kernels == 2 and "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]

@@ -240,6 +240,17 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     compiled = check(stats, make((4, 16, 8, 8), torch.float32), make((16,), torch.float32))
     assert "xblk" not in compiled.backend.last_source  # type: ignore[attr-defined]
 
+    # layer norm's weight gradient: a sum over tokens of grad * (x - mean[t]) * rstd[t]; the
+    # per-token statistics walk the reduced loop contiguously, but they are small: the two
+    # full-size reads, contiguous along the hidden dim, make it a column reduction
+    def weight_grad(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+        xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        return aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0])
+
+    t, h = 96, 80
+    compiled = check(weight_grad, make((t, h)), make((t, h)), make((t, 1)), make((t, 1)))
+    assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_reductions_at_special_values(dtype: torch.dtype) -> None:

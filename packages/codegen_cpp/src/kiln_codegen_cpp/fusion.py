@@ -44,7 +44,10 @@ def orientation(node: SchedulerNode) -> str | None:
     if sympy.sympify(sympy.Mul(*rranges)) == 1:
         return None
     nx = len(ranges)
-    x_unit = r_unit = 0
+    # (full, broadcast) counts: reads that depend on one loop variable only (a row's mean, a
+    # column's weight) are small and only break ties, as in Note [Loop order counts full-size
+    # accesses first] (kernel.py)
+    x_unit, r_unit = [0, 0], [0, 0]
     for dep in node.reads:
         if not isinstance(dep, MemoryDep) or len(dep.variables) != nx + len(rranges):
             continue
@@ -53,8 +56,9 @@ def orientation(node: SchedulerNode) -> str | None:
         index = sympy.expand(dep.index)
         if xl is None or rl is None or not index.free_symbols & set(dep.variables[nx:]):
             continue
-        x_unit += int(index.coeff(xl) == 1)
-        r_unit += int(index.coeff(rl) == 1)
+        kind = 0 if len(index.free_symbols & set(dep.variables)) > 1 else 1
+        x_unit[kind] += int(index.coeff(xl) == 1)
+        r_unit[kind] += int(index.coeff(rl) == 1)
     if x_unit == r_unit:
         return None
     return "column" if x_unit > r_unit else "row"
