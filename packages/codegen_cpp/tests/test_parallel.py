@@ -223,13 +223,13 @@ def test_row_and_column_reductions_are_not_fused() -> None:
 
 def _layer_norm_backward(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
     xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
-    row = aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [1], True)  # the input gradient's sums
-    return row, aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0])  # the weight gradient
+    row = aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [2], True)  # the input gradient's sums
+    return row, aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0, 1])  # the weight gradient
 
 
 def test_layer_norm_weight_gradient_is_a_column_reduction_of_its_own() -> None:
-    """Per-token statistics (one loop variable) do not make the weight gradient a row reduction,
-    so it is not fused with the row sums of the same square gradient."""
-    inputs = make((256, 256)), make((256, 256)), make((256, 1)), make((256, 1))
+    """Per-token statistics (the same for every output) do not make the weight gradient a row
+    reduction, so it is not fused with the row sums of the same gradient (256 tokens, hidden 256)."""
+    inputs = make((2, 128, 256)), make((2, 128, 256)), make((2, 128, 1)), make((2, 128, 1))
     compiled = check(_layer_norm_backward, *inputs)
     assert compiled.stats.kernels == 2 and "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]

@@ -251,6 +251,16 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     compiled = check(weight_grad, make((t, h)), make((t, h)), make((t, 1)), make((t, 1)))
     assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
 
+    # tokens over batch and sequence: the statistics depend on two reduced loops, still on no output
+    def weight_grad_3d(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+        xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        return aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0, 1])
+
+    b, s = 2, 48
+    inputs = make((b, s, h)), make((b, s, h)), make((b, s, 1)), make((b, s, 1))
+    compiled = check(weight_grad_3d, *inputs)
+    assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_reductions_at_special_values(dtype: torch.dtype) -> None:

@@ -44,9 +44,9 @@ def orientation(node: SchedulerNode) -> str | None:
     if sympy.sympify(sympy.Mul(*rranges)) == 1:
         return None
     nx = len(ranges)
-    # (full, broadcast) counts: reads that depend on one loop variable only (a row's mean, a
-    # column's weight) are small and only break ties, as in Note [Loop order counts full-size
-    # accesses first] (kernel.py)
+    # (full, broadcast) counts: a reduced read that is the same for every output (a per-token
+    # mean, over the batch and sequence loops) is small and only breaks ties, as in Note [Loop
+    # order counts full-size accesses first] (kernel.py)
     x_unit, r_unit = [0, 0], [0, 0]
     for dep in node.reads:
         if not isinstance(dep, MemoryDep) or len(dep.variables) != nx + len(rranges):
@@ -56,7 +56,7 @@ def orientation(node: SchedulerNode) -> str | None:
         index = sympy.expand(dep.index)
         if xl is None or rl is None or not index.free_symbols & set(dep.variables[nx:]):
             continue
-        kind = 0 if len(index.free_symbols & set(dep.variables)) > 1 else 1
+        kind = 0 if index.free_symbols & set(dep.variables[:nx]) else 1
         x_unit[kind] += int(index.coeff(xl) == 1)
         r_unit[kind] += int(index.coeff(rl) == 1)
     if x_unit == r_unit:

@@ -914,18 +914,19 @@ class KernelBuilder:
         if not xs or not rs or xs[-1][1] < 16:
             return False
         xl, rl = xs[-1][0], rs[-1]
-        loop_vars = {v for v, _ in xs} | set(rs)
+        out_vars = {v for v, _ in xs}
         # (full, broadcast) counts, compared in that order
         x_unit, r_unit = [0, 0], [0, 0]
         for a in self.accesses:
             e = sympy.expand(a)
             # Only the reduced reads decide (Note [Loop order counts full-size accesses first]):
             # a per-output store or a per-channel parameter is small whichever loop is innermost;
-            # so is a per-row statistic (layer norm's mean and rstd in its weight gradient, the
-            # sum over tokens of grad * (x - mean[t]) * rstd[t]), which only breaks ties.
+            # so is a read that is the same for every output (layer norm's per-token mean and
+            # rstd in its weight gradient, the sum over tokens of grad * (x - mean[t]) * rstd[t]),
+            # which only breaks ties.
             if not e.free_symbols & set(rs):
                 continue
-            kind = 0 if len(e.free_symbols & loop_vars) > 1 else 1
+            kind = 0 if e.free_symbols & out_vars else 1
             x_unit[kind] += int(e.coeff(xl) == 1)
             r_unit[kind] += int(e.coeff(rl) == 1)
         return x_unit > r_unit
