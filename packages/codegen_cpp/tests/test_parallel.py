@@ -19,6 +19,7 @@ from cpp_check import aten, check, make
 from kiln_codegen_cpp import CppBackend, CppOptions
 from kiln_codegen_cpp.parallel import (
     FEW_OUTPUTS,
+    MIN_SPLIT_WORK,
     MIN_WORK_PER_THREAD,
     PARALLEL_GRAIN,
     TARGET_UNITS,
@@ -98,12 +99,13 @@ def test_split_chunks_for_few_outputs() -> None:
     # Note [Reductions with few outputs]: about TARGET_UNITS units, each worth a thread
     chunk, chunks = split_chunks(3, 3 * 50000, 50000, 8) or (0, 0)
     assert chunk % 8 == 0 and chunks * chunk >= 50000 > (chunks - 1) * chunk
-    assert 3 * chunks <= TARGET_UNITS + 3 and 50000 * 3 // (3 * chunks) >= MIN_WORK_PER_THREAD
+    assert 3 * chunks <= TARGET_UNITS + 3 and 50000 * 3 // (3 * chunks) >= MIN_SPLIT_WORK
     assert split_chunks(FEW_OUTPUTS, 10**7, 10**5, 8) is None  # enough outputs already
     assert split_chunks(4, PARALLEL_GRAIN, 8192, 8) is None  # too small to split
+    assert split_chunks(4, 256 * 256, 256, 1) is None  # a [256, 256] bias gradient: 16K a block
     assert split_chunks(2, 10**6, 1, 1) is None  # the outermost reduced loop has one iteration
-    bias_grad = split_chunks(4, 256 * 256, 256, 1)  # 4 column blocks of a [256, 256] activation
-    assert bias_grad is not None and bias_grad[1] == 4
+    bias_grad = split_chunks(4, 2048 * 256, 2048, 1)  # 4 column blocks of a [2048, 256] activation
+    assert bias_grad == (256, 8)
 
 
 def _few_outputs(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> Any:
