@@ -16,13 +16,18 @@ import pytest
 import torch
 from cpp_check import aten, check, make
 
+from kiln_codegen_cpp import CppBackend, CppOptions
 from kiln_codegen_cpp.parallel import (
+    FEW_OUTPUTS,
+    MIN_SPLIT_WORK,
     MIN_WORK_PER_THREAD,
     PARALLEL_GRAIN,
     TARGET_UNITS,
     outer_plan,
     pointwise_plan,
+    split_chunks,
 )
+from kiln_loopir import compile_graph
 
 
 @pytest.fixture
@@ -90,6 +95,89 @@ def test_reductions_bitwise_equal_across_threads(threads: None) -> None:
             assert torch.equal(a, b)
 
 
+def test_split_chunks_for_few_outputs() -> None:
+    # Note [Reductions with few outputs]: about TARGET_UNITS units, each worth a thread
+    chunk, chunks = split_chunks(3, 3 * 50000, 50000, 8) or (0, 0)
+    assert chunk % 8 == 0 and chunks * chunk >= 50000 > (chunks - 1) * chunk
+    assert 3 * chunks <= TARGET_UNITS + 3 and 50000 * 3 // (3 * chunks) >= MIN_SPLIT_WORK
+    assert split_chunks(FEW_OUTPUTS, 10**7, 10**5, 8) is None  # enough outputs already
+    assert split_chunks(4, PARALLEL_GRAIN, 8192, 8) is None  # too small to split
+    assert split_chunks(4, 256 * 256, 256, 1) is None  # a [256, 256] bias gradient: 16K a block
+    assert split_chunks(2, 10**6, 1, 1) is None  # the outermost reduced loop has one iteration
+    bias_grad = split_chunks(4, 2048 * 256, 2048, 1)  # 4 column blocks of a [2048, 256] activation
+    assert bias_grad == (256, 8)
+
+
+def _few_outputs(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> Any:
+    rows = aten.sum.dim_IntList(aten.exp.default(x), [1])  # 3 rows of 50000: split rows
+    rows_epilogue = aten.add.Tensor(aten.mul.Tensor(aten.amax.default(x, [1]), 2.0), 1.0)
+    row_stats = aten.var_mean.correction(x, [1], correction=1)
+    row_index = aten.argmin.default(x, 1)
+    two_dims = aten.mean.dim(z, [1, 2])  # two reduced loops, chunks of the outer one
+    cols = aten.sum.dim_IntList(y, [0])  # one block of 40 columns: split columns
+    col_stats = aten.var_mean.correction(y, [0], correction=0)
+    col_index = aten.argmax.default(y, 0)
+    col_max = aten.relu.default(aten.amax.default(y, [0]))
+    var, mean = row_stats[0], row_stats[1]
+    cvar, cmean = col_stats[0], col_stats[1]
+    return rows, rows_epilogue, var, mean, row_index, two_dims, cols, cvar, cmean, col_index, col_max
+
+
+def test_reductions_with_few_outputs_split(threads: None) -> None:
+    """Note [Reductions with few outputs]: row and column reductions with a handful of outputs
+    cut the reduced loop into chunks; they match eager, are bitwise equal at 1, 2 and 3 threads,
+    and with ``split_reductions`` off the kernels are the unsplit ones."""
+    x, y, z = make((3, 50000)), make((4000, 40)), make((5, 300, 257))
+    compiled = check(_few_outputs, x, y, z)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert source.count("#pragma omp parallel for collapse(2)") >= 2
+    assert "_part[" in source and "xblk" in source
+    one, *others = _across_threads(compiled, x, y, z)
+    for other in others:
+        for a, b in zip(one, other, strict=True):
+            assert torch.equal(a, b)
+    backend = CppBackend(CppOptions(split_reductions=False))
+    gm = torch.fx.symbolic_trace(_few_outputs)
+    unsplit = compile_graph(gm, [x, y, z], backend=backend)
+    assert "_part[" not in backend.last_source
+    for a, b in zip(unsplit(x, y, z), one, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_split_reductions_at_ties_nans_and_low_precision(dtype: torch.dtype) -> None:
+    """The combine keeps eager's answers where chunk order matters: the first of tied extrema,
+    the first NaN, a NaN in one chunk only; and float32's blocked sums in split columns."""
+    x = torch.zeros(3, 50000, dtype=dtype)
+    x[0, 30000] = float("nan")
+    x[2, 49999] = 5.0
+    y = make((6000, 40), dtype)
+    y[4321, 7] = float("nan")
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        return (
+            aten.argmax.default(x, 1),
+            aten.argmin.default(x, 1),
+            aten.amax.default(x, [1]),
+            aten.sum.dim_IntList(x, [1]),
+            aten.argmax.default(y, 0),
+            aten.sum.dim_IntList(y, [0]),
+            aten.amin.default(y, [0]),
+        )
+
+    compiled = check(fn, x, y)
+    assert compiled.backend.last_source.count("_part[") >= 2  # type: ignore[attr-defined]
+
+
+def test_cpp_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CPP_OPTIONS", "split_reductions=0")
+    assert CppBackend().options.split_reductions is False
+    assert CppBackend({"split_reductions": True}).options.split_reductions is True
+    monkeypatch.setenv("KILN_CPP_OPTIONS", "nonsense=1")
+    with pytest.raises(ValueError, match="nonsense"):
+        CppBackend()
+
+
 def test_tiny_kernel_has_no_parallel_region() -> None:
     def fn(x: torch.Tensor) -> Any:
         return aten.mul.Tensor(aten.sum.dim_IntList(x, [1], True), x)
@@ -109,3 +197,41 @@ def test_kernels_share_torchs_openmp_runtime(threads: None) -> None:
     for n in (1, 2, 3):
         torch.set_num_threads(n)
         assert omp.omp_get_max_threads() == n == torch.get_num_threads()
+
+
+def _row_and_column(g: torch.Tensor, x: torch.Tensor) -> Any:
+    # layer norm's backward over rows, and the bias gradient over columns, of one gradient
+    row = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [1])
+    col = aten.sum.dim_IntList(g, [0])
+    scaled = aten.mul.Tensor(aten.add.Tensor(g, x), 0.5)  # a pointwise member that walks rows
+    return row, col, scaled
+
+
+def test_row_and_column_reductions_are_not_fused() -> None:
+    """Note [Row and column reductions are not fused]: a square gradient's row sums and column
+    sums share their reads and their sizes, but not one loop nest, nor do the column sums and a
+    pointwise kernel over the same rows: two kernels, the column one alone in column blocks; with
+    ``fuse_mixed_reductions`` they are one kernel, as before."""
+    g, x = make((256, 256)), make((256, 256))
+    compiled = check(_row_and_column, g, x)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert compiled.stats.kernels == 2 and "xblk" in source
+    backend = CppBackend(CppOptions(fuse_mixed_reductions=True))
+    fused = compile_graph(torch.fx.symbolic_trace(_row_and_column), [g, x], backend=backend)
+    assert fused.stats.kernels == 1 and "xblk" not in backend.last_source
+    for a, b in zip(fused(g, x), compiled(g, x), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _layer_norm_backward(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+    xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+    row = aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [2], True)  # the input gradient's sums
+    return row, aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0, 1])  # the weight gradient
+
+
+def test_layer_norm_weight_gradient_is_a_column_reduction_of_its_own() -> None:
+    """Per-token statistics (the same for every output) do not make the weight gradient a row
+    reduction, so it is not fused with the row sums of the same gradient (256 tokens, hidden 256)."""
+    inputs = make((2, 128, 256)), make((2, 128, 256)), make((2, 128, 1)), make((2, 128, 1))
+    compiled = check(_layer_norm_backward, *inputs)
+    assert compiled.stats.kernels == 2 and "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]

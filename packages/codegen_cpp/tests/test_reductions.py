@@ -227,6 +227,8 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     # Note [Column reductions]: x.sum(0) over a contiguous matrix vectorizes across outputs...
     compiled = check(lambda x: aten.sum.dim_IntList(x, [0]), make((64, 48), torch.float32))
     assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+    # fewer columns than a block: one block of exactly that many lanes (a constant trip count)
+    assert "for (int l = 0; l < 48; ++l)" in compiled.backend.last_source  # type: ignore[attr-defined]
 
     # ...but a per-channel reduction over NCHW (batch norm's statistics) reads each channel's
     # rows contiguously: per-channel parameters and per-channel outputs must not pull the
@@ -237,6 +239,27 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
 
     compiled = check(stats, make((4, 16, 8, 8), torch.float32), make((16,), torch.float32))
     assert "xblk" not in compiled.backend.last_source  # type: ignore[attr-defined]
+
+    # layer norm's weight gradient: a sum over tokens of grad * (x - mean[t]) * rstd[t]; the
+    # per-token statistics walk the reduced loop contiguously, but they are small: the two
+    # full-size reads, contiguous along the hidden dim, make it a column reduction
+    def weight_grad(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+        xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        return aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0])
+
+    t, h = 96, 80
+    compiled = check(weight_grad, make((t, h)), make((t, h)), make((t, 1)), make((t, 1)))
+    assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+
+    # tokens over batch and sequence: the statistics depend on two reduced loops, still on no output
+    def weight_grad_3d(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+        xhat = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        return aten.sum.dim_IntList(aten.mul.Tensor(g, xhat), [0, 1])
+
+    b, s = 2, 48
+    inputs = make((b, s, h)), make((b, s, h)), make((b, s, 1)), make((b, s, 1))
+    compiled = check(weight_grad_3d, *inputs)
+    assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)

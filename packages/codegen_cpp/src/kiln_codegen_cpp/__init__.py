@@ -19,6 +19,7 @@ loopir, then this package turns the schedule into C++ and runs it:
 from .backend import CppBackend
 from .build import CppCompileError, cache_dir, counters
 from .kernel import CodegenUnsupported
+from .options import CppOptions
 from .wrapper import KernelZeroDivisionError
 
 __version__ = "0.1.0"
@@ -27,6 +28,7 @@ __all__ = [
     "CodegenUnsupported",
     "CppBackend",
     "CppCompileError",
+    "CppOptions",
     "KernelZeroDivisionError",
     "cache_dir",
     "counters",

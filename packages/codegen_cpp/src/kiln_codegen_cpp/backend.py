@@ -14,13 +14,16 @@ and each opens with a comment naming its fx nodes and the user's lines they came
 A kernel the generator cannot express (a dtype it has no C++ type for, an op without a
 spelling, a symbolic size) is not an error: the wrapper runs that kernel through loopir's
 reference interpreter, and ``CppBackend.last_declined`` records why.
+
+``CppBackend(options=...)`` switches the generator's own optimizations (``options.CppOptions``;
+the ``KILN_CPP_OPTIONS`` environment variable sets them for the backend ``kiln.compile`` builds).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kiln_loopir import Backend, BuildReport
@@ -31,8 +34,10 @@ from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
 
 from .build import Built, build
 from .cpp_ops import UnsupportedDtype
+from .fusion import FusionPolicy
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
 from .logs import configure
+from .options import CppOptions
 from .prelude import PRELUDE, extension_module
 from .wrapper import make_wrapper
 
@@ -44,13 +49,21 @@ class CppBackend(Backend):
 
     name = "cpp"
 
-    def __init__(self) -> None:
+    def __init__(self, options: Mapping[str, Any] | CppOptions | None = None) -> None:
+        self.options = CppOptions.from_mapping(options)
+        self.fusion = FusionPolicy()
         self.last_declined: list[tuple[str, str]] = []
         self.last_source: str = ""
         self.last_wrapper: str = ""
         self.last_built: Built | None = None
         self.codegen_seconds = 0.0
         self.compile_seconds = 0.0
+
+    def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
+        """Note [Row and column reductions are not fused] (fusion.py)."""
+        if self.options.fuse_mixed_reductions:
+            return True
+        return not self.fusion.mixed_reductions(node1, node2)
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         return node
@@ -59,6 +72,7 @@ class CppBackend(Backend):
         self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
     ) -> Callable[..., Any]:
         configure()
+        self.fusion = FusionPolicy()  # node names are per schedule
         t0 = time.perf_counter()
         dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
         generated: dict[str, Kernel | None] = {}
@@ -100,7 +114,7 @@ class CppBackend(Backend):
         internal = set(schedule.plan.internal.get(step, ()))
         name = kernel_name("cpp", members, step)
         try:
-            return KernelBuilder(name, members, reads, dtypes, internal).build()
+            return KernelBuilder(name, members, reads, dtypes, internal, self.options).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)

@@ -81,7 +81,17 @@ from .cpp_ops import (
     storage_type,
     store_expr,
 )
-from .parallel import MIN_CHUNK, PARALLEL_GRAIN, ParallelPlan, cap_for, log_plan, outer_plan, pointwise_plan
+from .options import CppOptions
+from .parallel import (
+    MIN_CHUNK,
+    PARALLEL_GRAIN,
+    ParallelPlan,
+    cap_for,
+    log_plan,
+    outer_plan,
+    pointwise_plan,
+    split_chunks,
+)
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
@@ -120,6 +130,11 @@ def _branch_free(body: Callable[[], Any]) -> bool:
 FOLD_BLOCK = 1024
 # outputs per block in a column reduction (Note [Column reductions])
 COLUMN_BLOCK = 64
+# a column lane folds its float32 sum into double every this many reduction positions: at
+# [4000, 40].sum(0) the largest error against float64 was 1.1e-5 (eager's: 3.8e-5; folding every
+# 128 positions, as many as a row lane adds per FOLD_BLOCK: 5e-5), and folding at every position
+# ran 2.2x slower (the conversions in the vector loop)
+COLUMN_FOLD = 8
 
 
 class CodegenUnsupported(Exception):
@@ -230,8 +245,10 @@ class KernelBuilder:
         reads: Sequence[Set[str]],
         dtypes: dict[str, torch.dtype],
         internal: set[str],
+        options: CppOptions | None = None,
     ) -> None:
         self.name = name
+        self.options = options or CppOptions()
         self.members = list(members)
         self.reads = list(reads)
         self.dtypes = dtypes
@@ -288,6 +305,7 @@ class KernelBuilder:
         flat_x = linear_index(self.xvars, contiguous_strides([sympy.Integer(s) for s in self.xsizes]))
         flat_r = linear_index(self.rvars, contiguous_strides([sympy.Integer(s) for s in self.rsizes]))
         self.flat_r = flat_r
+        self.flat_x = flat_x
         sections: list[XSection | RPhase] = []
         xlines: list[str] = []
         self.scopes = [(xlines, {}, self.xforward)]
@@ -841,6 +859,7 @@ class KernelBuilder:
         ]
         split = self._split_plan(sections)
         column = split is None and self._column_mode(sections)
+        column_split = self._column_split(sections) if column else None
         body: list[str] = []
         if split is None and not column:
             for section in sections:
@@ -853,7 +872,7 @@ class KernelBuilder:
             if split is not None:
                 return self._render_split(sections, clean, split, par)
             if column:
-                return self._render_column(sections, clean, par)
+                return self._render_column(sections, clean, par, column_split)
             return self._render_x(body, par)
 
         # Note [Serial path]: a loop under "#pragma omp parallel for" is compiled into an
@@ -883,7 +902,8 @@ class KernelBuilder:
 
         When the reduced loop walks memory with a large stride and the innermost output loop
         walks it contiguously (``x.sum(0)``), lanes become a block of ``COLUMN_BLOCK`` adjacent
-        outputs: for each reduction position the block is updated with contiguous loads.
+        outputs (all of them when there are fewer): for each reduction position the block is
+        updated with contiguous loads, in one vector loop.
         """
         if self.serial or not self.rsizes or not sections or not isinstance(sections[0], RPhase):
             return False
@@ -894,33 +914,74 @@ class KernelBuilder:
         if not xs or not rs or xs[-1][1] < 16:
             return False
         xl, rl = xs[-1][0], rs[-1]
-        x_unit = r_unit = 0
+        out_vars = {v for v, _ in xs}
+        # (full, broadcast) counts, compared in that order
+        x_unit, r_unit = [0, 0], [0, 0]
         for a in self.accesses:
             e = sympy.expand(a)
             # Only the reduced reads decide (Note [Loop order counts full-size accesses first]):
-            # a per-output store or a per-channel parameter is small whichever loop is innermost.
+            # a per-output store or a per-channel parameter is small whichever loop is innermost;
+            # so is a read that is the same for every output (layer norm's per-token mean and
+            # rstd in its weight gradient, the sum over tokens of grad * (x - mean[t]) * rstd[t]),
+            # which only breaks ties.
             if not e.free_symbols & set(rs):
                 continue
-            x_unit += int(e.coeff(xl) == 1)
-            r_unit += int(e.coeff(rl) == 1)
+            kind = 0 if e.free_symbols & out_vars else 1
+            x_unit[kind] += int(e.coeff(xl) == 1)
+            r_unit[kind] += int(e.coeff(rl) == 1)
         return x_unit > r_unit
 
+    def _column_split(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
+        """(chunk, chunks) of the outermost reduced loop when a column reduction has too few
+        column blocks to keep the threads busy (Note [Reductions with few outputs]), else None."""
+        if not self.options.split_reductions:
+            return None
+        xs = [n for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        rs = [n for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        units = math.prod(xs[:-1]) * -(-xs[-1] // COLUMN_BLOCK)
+        return split_chunks(units, self.nx * self.nr, rs[0], 1)
+
     def _render_column(
-        self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]], par: bool
+        self,
+        sections: list[XSection | RPhase],
+        clean: Callable[[list[str]], list[str]],
+        par: bool,
+        split: tuple[int, int] | None = None,
     ) -> list[str]:
+        """Note [Column reductions]; with ``split`` = (chunk, chunks), each (column block, chunk
+        of the outermost reduced loop) accumulates a partial block, merged in chunk order (Note
+        [Reductions with few outputs])."""
         phase = sections[0]
         assert isinstance(phase, RPhase)
         xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         rs = [(v, n) for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         (xl, xsize), outer = xs[-1], xs[:-1]
-        block = COLUMN_BLOCK
+        block = min(COLUMN_BLOCK, xsize)  # fewer columns: one block of a constant trip count
         nblocks = -(-xsize // block)
         units = math.prod(n for _, n in outer) * nblocks
-        parallel = par and self.nx * self.nr >= PARALLEL_GRAIN and units > 1
+        chunks = split[1] if split is not None else 1
+        parallel = par and self.nx * self.nr >= PARALLEL_GRAIN and units * chunks > 1
+        parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
         lines: list[str] = []
+        if split is not None:
+            for kind, t, acc in phase.accumulators:
+                for suffix in parts.get(kind, ("",)):
+                    ctype = "int64_t" if suffix == "_i" else t
+                    lines.append(f"{ctype} {acc}{suffix}_part[{units * chunks}][{block}];")
+        # the unit (outer position, column block) the loops below are at, for the partials
+        unit = "xblk"
+        stride = nblocks
+        for var, size in reversed(outer):
+            unit = f"{unit} + {stride} * {var}"
+            stride *= size
+        slot = f"({unit}) * {chunks} + c"
         if parallel:
-            self.plan = ParallelPlan("column", len(outer) + 1, units, cap_for(units, self.nx * self.nr))
-            lines.append(f"#pragma omp parallel for collapse({len(outer) + 1}) num_threads(ntk)")
+            collapse = len(outer) + 1 + (split is not None)
+            kind = "column" if split is None else "split"
+            self.plan = ParallelPlan(
+                kind, collapse, units * chunks, cap_for(units * chunks, self.nx * self.nr)
+            )
+            lines.append(f"#pragma omp parallel for collapse({collapse}) num_threads(ntk)")
         depth = 0
         for var, size in outer:
             lines.append("  " * depth + self._loop(var, size) + " {")
@@ -928,34 +989,96 @@ class KernelBuilder:
         pad = "  " * depth
         lines.append(f"{pad}for (int64_t xblk = 0; xblk < INT64_C({nblocks}); ++xblk) {{")
         pad += "  "
+        if split is not None:
+            lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+            pad += "  "
+            lines.append(f"{pad}const int64_t lo = c * {split[0]};")
+            lines.append(f"{pad}const int64_t hi = std::min<int64_t>(lo + {split[0]}, INT64_C({rs[0][1]}));")
         lines.append(f"{pad}const int64_t xb = xblk * {block};")
         lines.append(
             f"{pad}const int xlen = static_cast<int>(std::min<int64_t>({block}, INT64_C({xsize}) - xb));"
         )
         lines.extend(pad + p.replace("KL", str(block)) for p in phase.pre)
         inner = pad
-        for var, size in rs:
-            lines.append(inner + self._loop(var, size) + " {")
+        for i, (var, size) in enumerate(rs):
+            if i == 0 and split is not None:
+                lines.append(f"{inner}for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
+            else:
+                lines.append(inner + self._loop(var, size) + " {")
             inner += "  "
         body = clean(phase.body)
-        # every output of the block has seen the same reduction positions: flat_r of them
-        lines.extend(inner + w for w in self._winv(phase, f"{index_to_cpp(self.flat_r)} + 1"))
+        # every output of the block has seen the same reduction positions: flat_r of them (in
+        # a split, those of its chunk)
+        seen = index_to_cpp(self.flat_r)
+        if split is not None:
+            seen = f"{seen} - lo * INT64_C({math.prod(n for _, n in rs[1:])})"
+        lines.extend(inner + w for w in self._winv(phase, f"{seen} + 1"))
+        # a full block has a constant trip count; a partial one (fewer than COLUMN_BLOCK
+        # columns, or the last block) is still one vector loop over its xlen lanes
         lines.append(f"{inner}if (xlen == {block}) {{")
         lines.append(f"{inner}  #pragma omp simd")
-        fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
         lines.append(f"{inner}  for (int l = 0; l < {block}; ++l) {{")
         lines.append(f"{inner}    const int64_t {xl} = xb + l;")
-        lines.extend(f"{inner}    {b}" for b in [*body, *fold])
+        lines.extend(f"{inner}    {b}" for b in body)
         lines.append(f"{inner}  }}")
         lines.append(f"{inner}}} else {{")
+        lines.append(f"{inner}  #pragma omp simd")
         lines.append(f"{inner}  for (int l = 0; l < xlen; ++l) {{")
         lines.append(f"{inner}    const int64_t {xl} = xb + l;")
-        lines.extend(f"{inner}    {b}" for b in [*body, *fold])
+        lines.extend(f"{inner}    {b}" for b in body)
         lines.append(f"{inner}  }}")
         lines.append(f"{inner}}}")
+        # Note [float32 accumulation] in column blocks: each float lane (a column) adds
+        # COLUMN_FOLD positions before it folds into its double lane, and once more at the end
+        fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
+        if fold:
+            lines.append(f"{inner}if ((({seen}) + 1) % {COLUMN_FOLD} == 0) {{")
+            lines.append(f"{inner}  #pragma omp simd")
+            lines.append(f"{inner}  for (int l = 0; l < {block}; ++l) {{ {' '.join(fold)} }}")
+            lines.append(f"{inner}}}")
         for _ in rs:
             inner = inner[:-2]
             lines.append(inner + "}")
+        if fold:
+            lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}for (int l = 0; l < {block}; ++l) {{ {' '.join(fold)} }}")
+        if split is not None:
+            for kind, _, acc in phase.accumulators:
+                for suffix in parts.get(kind, ("",)):
+                    lines.append(
+                        f"{pad}for (int l = 0; l < xlen; ++l) {acc}{suffix}_part[{slot}][l] = {acc}{suffix}[l];"
+                    )
+            pad = pad[:-2]
+            lines.append(f"{pad}}}")
+            lines.append(pad[:-2] + "}")
+            for d in range(depth - 1, -1, -1):
+                lines.append("  " * d + "}")
+            # the combine: per column block, its chunks' partials in order, then the epilogue
+            for d, (var, size) in enumerate(outer):
+                lines.append("  " * d + self._loop(var, size) + " {")
+            lines.append(f"{pad[:-2]}for (int64_t xblk = 0; xblk < INT64_C({nblocks}); ++xblk) {{")
+            lines.append(f"{pad}const int64_t xb = xblk * {block};")
+            lines.append(
+                f"{pad}const int xlen = static_cast<int>(std::min<int64_t>({block}, INT64_C({xsize}) - xb));"
+            )
+            lines.extend(pad + p.replace("KL", str(block)) for p in phase.pre)
+            merge = {
+                "sum": "{a}[l] = {a}[l] + {a}_part[{s}][l];",
+                "prod": "{a}[l] = {a}[l] * {a}_part[{s}][l];",
+                "any": "{a}[l] = {a}[l] || {a}_part[{s}][l];",
+                "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[{s}][l]);",
+                "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[{s}][l]);",
+                "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
+                "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
+                "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
+                "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
+            }
+            lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+            lines.append(f"{pad}  for (int l = 0; l < xlen; ++l) {{")
+            for kind, _, acc in phase.accumulators:
+                lines.append(f"{pad}    " + merge[kind].format(a=acc, s=slot))
+            lines.append(f"{pad}  }}")
+            lines.append(f"{pad}}}")
         lines.append(f"{pad}for (int l = 0; l < xlen; ++l) {{")
         lines.append(f"{pad}  const int64_t {xl} = xb + l;")
         lines.extend(f"{pad}  {b}" for b in phase.pick)
@@ -1214,13 +1337,23 @@ class KernelBuilder:
         return [f"const {t} winv = {t}(1) / static_cast<{t}>({count});"]
 
     def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
-        """(chunk, chunks) when a full reduction should be split across threads, else None."""
-        if self.serial or self.nx != 1 or self.nr < SPLIT_R_MIN or not sections:
+        """(chunk, chunks) when a reduction should be split across threads, else None: a full
+        reduction (Note [Split reductions]) or one with few outputs (Note [Reductions with few
+        outputs]) whose reads walk the reduced loop contiguously (else it is a column reduction)."""
+        if self.serial or not sections or not self.rsizes:
             return None
         if not isinstance(sections[0], RPhase) or any(isinstance(s, RPhase) for s in sections[1:]):
             return None
         loops = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        if not loops:
+            return None
         first, inner = loops[0], math.prod(loops[1:])
+        if self.nx != 1:
+            if not self.options.split_reductions or self._column_mode(sections):
+                return None
+            return split_chunks(self.nx, self.nx * self.nr, first, LANES if len(loops) == 1 else 1)
+        if self.nr < SPLIT_R_MIN:
+            return None
         chunk = max(1, SPLIT_R_CHUNK // inner)
         if len(loops) == 1:
             chunk = max(LANES, chunk - chunk % LANES)
@@ -1237,56 +1370,78 @@ class KernelBuilder:
         plan: tuple[int, int],
         par: bool,
     ) -> list[str]:
-        """Note [Split reductions]: a full reduction in fixed chunks, one partial per chunk.
+        """Note [Split reductions]: a reduction in fixed chunks, one partial per (output, chunk).
 
-        The chunking depends only on the sizes, and the partials are merged in chunk order, so
-        the result is the same for any number of threads.
+        The chunking depends only on the sizes, and each output's partials are merged in chunk
+        order, so the result is the same for any number of threads. A full reduction has one
+        output; one with few outputs (Note [Reductions with few outputs]) runs the (outputs x
+        chunks) units in one collapsed parallel loop, then merges and runs the epilogue per output.
         """
         phase = sections[0]
         assert isinstance(phase, RPhase)
         chunk, chunks = plan
         first = next(s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol))
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        slots = self.nx * chunks
+        slot = f"xf * {chunks} + c" if xs else "c"
         parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
         lines: list[str] = []
         for kind, t, acc in phase.accumulators:
             for suffix in parts.get(kind, ("",)):
                 ctype = "int64_t" if suffix == "_i" else t
-                lines.append(f"{ctype} {acc}{suffix}_part[{chunks}][{LANES}];")
+                lines.append(f"{ctype} {acc}{suffix}_part[{slots}][{LANES}];")
         if par:
-            self.plan = ParallelPlan("split", 1, chunks, cap_for(chunks, self.nr))
-            lines.append("#pragma omp parallel for num_threads(ntk) schedule(static)")
-        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
-        lines.append(f"  const int64_t lo = c * {chunk};")
-        lines.append(f"  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
-        lines.extend("  " + p.replace("KL", str(LANES)) for p in phase.pre)
-        lines.extend("  " + b for b in self._render_rloops(phase, clean, ("lo", "hi")))
+            self.plan = ParallelPlan("split", len(xs) + 1, slots, cap_for(slots, self.nx * self.nr))
+            lines.append(
+                f"#pragma omp parallel for collapse({len(xs) + 1}) num_threads(ntk) schedule(static)"
+            )
+        flat = f"const int64_t xf = {index_to_cpp(self.flat_x)};"
+        for d, (var, size) in enumerate(xs):
+            lines.append("  " * d + self._loop(var, size) + " {")
+        pad = "  " * len(xs)
+        lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        if xs:
+            lines.append(f"{pad}  {flat}")
+        lines.append(f"{pad}  const int64_t lo = c * {chunk};")
+        lines.append(f"{pad}  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
+        lines.extend(f"{pad}  " + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.extend(f"{pad}  " + b for b in self._render_rloops(phase, clean, ("lo", "hi")))
         for kind, _, acc in phase.accumulators:
             for suffix in parts.get(kind, ("",)):
                 lines.append(
-                    f"  for (int l = 0; l < {LANES}; ++l) {acc}{suffix}_part[c][l] = {acc}{suffix}[l];"
+                    f"{pad}  for (int l = 0; l < {LANES}; ++l) {acc}{suffix}_part[{slot}][l] = {acc}{suffix}[l];"
                 )
-        lines.append("}")
-        lines.extend(p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.append(f"{pad}}}")
+        for d in range(len(xs) - 1, -1, -1):
+            lines.append("  " * d + "}")
         merge = {
-            "sum": "{a}[l] = {a}[l] + {a}_part[c][l];",
-            "prod": "{a}[l] = {a}[l] * {a}_part[c][l];",
-            "any": "{a}[l] = {a}[l] || {a}_part[c][l];",
-            "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[c][l]);",
-            "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[c][l]);",
-            "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
-            "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[c][l], {a}_i_part[c][l]);",
+            "sum": "{a}[l] = {a}[l] + {a}_part[{s}][l];",
+            "prod": "{a}[l] = {a}[l] * {a}_part[{s}][l];",
+            "any": "{a}[l] = {a}[l] || {a}_part[{s}][l];",
+            "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[{s}][l]);",
+            "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[{s}][l]);",
+            "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
+            "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
             "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
-            "{a}_mean_part[c][l], {a}_m2_part[c][l], {a}_w_part[c][l]);",
+            "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
         }
-        lines.append(f"for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
-        lines.append(f"  for (int l = 0; l < {LANES}; ++l) {{")
+        # the combine: per output, its partials in chunk order, then the epilogue
+        for d, (var, size) in enumerate(xs):
+            lines.append("  " * d + self._loop(var, size) + " {")
+        if xs:
+            lines.append(f"{pad}{flat}")
+        lines.extend(pad + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
+        lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
         for kind, _, acc in phase.accumulators:
-            lines.append("    " + merge[kind].format(a=acc))
-        lines.append("  }")
-        lines.append("}")
-        lines.extend(phase.combine)
-        lines.extend(clean(phase.post))
+            lines.append(f"{pad}    " + merge[kind].format(a=acc, s=slot))
+        lines.append(f"{pad}  }}")
+        lines.append(f"{pad}}}")
+        lines.extend(pad + c for c in phase.combine)
+        lines.extend(pad + c for c in clean(phase.post))
         for section in sections[1:]:
             assert isinstance(section, XSection)
-            lines.extend(clean(section.lines))
+            lines.extend(pad + c for c in clean(section.lines))
+        for d in range(len(xs) - 1, -1, -1):
+            lines.append("  " * d + "}")
         return ["{", *("  " + line for line in lines), "}"]

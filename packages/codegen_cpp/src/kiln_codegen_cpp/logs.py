@@ -4,7 +4,8 @@
 compiled graph logs the path and source of its wrapper and the path of its C++ translation
 unit, and each accumulating scatter the loop it is vectorized along, if any (Note [Scatter loops
 and omp simd] in kernel.py). ``cache`` logs each translation unit's disk hit or compile; ``parallel`` logs each kernel's parallel plan (serial, or
-which loops run on how many threads at most: Note [Parallel plan] in parallel.py); a corrupt
+which loops run on how many threads at most: Note [Parallel plan] in parallel.py); ``fusion``
+each fusion the generator refuses (Note [Row and column reductions are not fused]); a corrupt
 cache entry is a warning on ``kiln.codegen_cpp.cache`` whatever ``KILN_LOG`` says (Note [Verified
 cache entries] in build.py). The variable is read at each compilation (:func:`configure`), so tests may set it.
 """
@@ -17,6 +18,7 @@ ARTIFACTS: dict[str, str] = {
     "output_code": "kiln.codegen_cpp.output_code",
     "cache": "kiln.codegen_cpp.cache",
     "parallel": "kiln.codegen_cpp.parallel",
+    "fusion": "kiln.codegen_cpp.fusion",
 }
 
 

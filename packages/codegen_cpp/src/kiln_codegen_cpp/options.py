@@ -1,0 +1,51 @@
+"""The switches of the C++ code generator's own optimizations, so each one's effect can be measured.
+
+``CppBackend(options=...)`` takes a :class:`CppOptions` or a mapping of its fields; without one the
+defaults apply, overridden by the environment variable ``KILN_CPP_OPTIONS`` (``"split_reductions=0"``,
+comma-separated), which reaches the backend that ``kiln.compile`` builds.
+
+* ``split_reductions``: reductions with few outputs cut their reduced loop into chunks combined
+  in order (Note [Reductions with few outputs] in parallel.py).
+* ``fuse_mixed_reductions``: let the scheduler fuse a row reduction with a column reduction
+  (off by default: Note [Row and column reductions are not fused] in fusion.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+ENV = "KILN_CPP_OPTIONS"
+
+
+@dataclass(frozen=True, slots=True)
+class CppOptions:
+    split_reductions: bool = True
+    fuse_mixed_reductions: bool = False
+
+    @staticmethod
+    def from_mapping(options: Mapping[str, Any] | CppOptions | None) -> CppOptions:
+        if isinstance(options, CppOptions):
+            return options
+        made = CppOptions.from_env()
+        if options:
+            known = {f.name for f in fields(CppOptions)}
+            unknown = set(options) - known
+            if unknown:
+                raise ValueError(f"unknown C++ codegen options {sorted(unknown)}; supported: {sorted(known)}")
+            made = replace(made, **options)
+        return made
+
+    @staticmethod
+    def from_env() -> CppOptions:
+        raw = os.environ.get(ENV, "")
+        values: dict[str, Any] = {}
+        known = {f.name for f in fields(CppOptions)}
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            key, _, value = item.partition("=")
+            if key not in known:
+                raise ValueError(f"{ENV}: unknown option {key!r}; supported: {sorted(known)}")
+            values[key] = value.strip().lower() not in ("0", "false", "off", "no")
+        return CppOptions(**values)
