@@ -17,7 +17,10 @@ remaining tensors (parameters and buffers).
 A part whose checks this module cannot express (a source kind it does not know) stays in a
 *residual* Python guard that the tree calls after its own checks pass; `Guard.residual_parts`
 counts them (the public models need none). `KILN_C_GUARDS=0` (or `set_c_guards(False)`) turns
-the tree off: entries then carry the Python guard, as before.
+the tree off: entries then carry the Python guard, as before. A tree skips, on a call, the loads and
+checks whose inputs its dict and type version witnesses say did not change since its last passing
+call (Note [Skipping what did not change] in kiln_frame_hook's guard_memo.c; the tensor tables
+always run); `KILN_GUARD_MEMO=0` (or `set_guard_memo(False)`) turns that off.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from kiln_dynamo.source import (
 from kiln_frame_hook import GuardOp, op
 
 _enabled = os.environ.get("KILN_C_GUARDS", "1") != "0"
+_memo = os.environ.get("KILN_GUARD_MEMO", "1") != "0"
 
 
 def c_guards_enabled() -> bool:
@@ -59,6 +63,19 @@ def set_c_guards(on: bool) -> bool:
     setting. Entries already cached keep the guard they were made with."""
     global _enabled
     previous, _enabled = _enabled, on
+    return previous
+
+
+def guard_memo_enabled() -> bool:
+    return _memo
+
+
+def set_guard_memo(on: bool) -> bool:
+    """Let new guard trees skip what did not change since their last passing call (True), or run
+    every op on every call; returns the previous setting (Note [Skipping what did not change] in
+    kiln_frame_hook's guard_memo.c; KILN_GUARD_MEMO=0 turns it off)."""
+    global _memo
+    previous, _memo = _memo, on
     return previous
 
 
@@ -409,5 +426,5 @@ def build_tree(
     )
     names = ", ".join(f"s{i} = L[{n!r}]" for i, n in enumerate(entry_names))
     text = "\n".join([head, f"entry values: {names}", *tc.lines]) if full_text else head
-    tree = hook.GuardTree(len(entry_names), tc.nslots, tc.ops, fn, reference, text)
+    tree = hook.GuardTree(len(entry_names), tc.nslots, tc.ops, fn, reference, text, memo=_memo)
     return tree, n_residual

@@ -46,71 +46,10 @@
  * Ownership: the tree keeps the op tuples it was built from; the C ops borrow from them.
  * Slots past the entry values hold new references, released when the program ends.
  */
-#include "guard_tree.h"
+#include "guard_tree_internal.h"
 
 #include <structmember.h>
 
-/* Keep in step with kiln_dynamo/guard_tree.py (the compiler) and _C.pyi. */
-enum {
-    OP_LOAD_ATTR = 0,      /* dst = src.<obj> */
-    OP_LOAD_OBJATTR = 1,   /* dst = object.__getattribute__(src, <obj>) */
-    OP_LOAD_ITEM = 2,      /* dst = src[<obj>] */
-    OP_LOAD_CONST = 3,     /* dst = <obj> */
-    OP_LOAD_TYPE = 4,      /* dst = type(src) */
-    OP_LOAD_CALL = 5,      /* dst = <obj>() if n == 0 else <obj>(<obj2>) */
-    OP_TYPE_IS = 10,       /* type(src) is <obj> */
-    OP_IS = 11,            /* src is <obj> */
-    OP_IS_REF = 12,        /* src is <obj>() (a weak reference) */
-    OP_ID_EQ = 13,         /* id(src) == n */
-    OP_EQ = 14,            /* src == <obj> (truth of the result) */
-    OP_ITEM_TYPES = 15,    /* tuple(map(type, src)) == <obj> */
-    OP_LEN_EQ = 16,        /* len(src) == n */
-    OP_KEYS_EQ = 17,       /* list(src.keys()) == <obj> */
-    OP_NOT_IN = 18,        /* <obj> not in src */
-    OP_FALSY = 19,         /* not src */
-    OP_SAME = 20,          /* src is src2 */
-    OP_TENSORS = 30,       /* each row of <obj> matches */
-};
-
-/* Note [The attribute cache]; the type is not owned. */
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    int how;
-    PyGetSetDef *getset;
-} AttrCache;
-
-typedef struct {
-    Py_ssize_t slot;
-    AttrCache caches[4]; /* dtype, device (or is_cpu), requires_grad, shape */
-    PyObject *type;       /* borrowed from the op tuple */
-    PyObject *dtype;      /* borrowed */
-    PyObject *device;     /* borrowed; NULL: the CPU, checked through is_cpu */
-    PyObject *requires_grad; /* borrowed: Py_True or Py_False */
-    PyObject *sizes;      /* borrowed tuple */
-    PyObject *strides;    /* borrowed tuple */
-} TensorRow;
-
-typedef struct {
-    int op;
-    Py_ssize_t dst, src, src2, n;
-    PyObject *obj, *obj2; /* borrowed from the op tuple */
-    TensorRow *rows;      /* owned (PyMem) for OP_TENSORS */
-    Py_ssize_t nrows;
-    AttrCache cache; /* LOAD_ATTR's (Note [The attribute cache]) */
-} GuardOp;
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    Py_ssize_t nvalues, nslots, nops, ntensors;
-    GuardOp *ops;        /* owned (PyMem); NULL once cleared */
-    PyObject *op_tuples; /* owned tuple of the op tuples */
-    PyObject *residual;  /* owned or NULL */
-    PyObject *reference; /* owned: what the client explains failures with (may be None) */
-    PyObject *text;      /* owned: the client's rendering of the tree (str) */
-    PyObject *weakrefs;  /* weak references to the tree */
-} GuardTree;
 
 static PyObject *s_dtype, *s_device, *s_is_cpu, *s_requires_grad, *s_shape, *s_stride, *s_keys,
     *s_getattribute;
@@ -136,8 +75,6 @@ static inline int generic_lookup(PyTypeObject *tp) {
  * answer, as in CPython's own specializing interpreter. The lookup itself is done every time.
  * A fast path that raises AttributeError falls back to the C-API, which then also runs a
  * class's __getattr__ (nn.Module's), as Python would. */
-enum { HOW_SLOW = 0, HOW_DICT = 1, HOW_GETSET = 2 };
-
 static int attr_how(PyTypeObject *tp, PyObject *name, PyGetSetDef **getset) {
     if (!generic_lookup(tp)) {
         return HOW_SLOW;
@@ -381,9 +318,9 @@ static int check(GuardOp *op, PyObject **regs) {
     return -1;
 }
 
-static int run(GuardTree *tree, PyObject **regs) {
-    for (Py_ssize_t i = 0; i < tree->nops; i++) {
-        GuardOp *op = &tree->ops[i];
+int guard_tree_run(GuardTree *tree, PyObject **regs, const Py_ssize_t *order, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        GuardOp *op = &tree->ops[order != NULL ? order[k] : k];
         if (op->op < OP_TYPE_IS) {
             PyObject *value = load(op, regs);
             if (value == NULL) {
@@ -427,7 +364,13 @@ int guard_tree_check(PyObject *self, PyObject *const *values, Py_ssize_t nvalues
         regs[i] = NULL;
     }
     Py_INCREF(tree); /* a load may run Python that drops the last other reference */
-    int verdict = run(tree, regs);
+    int verdict = tree->memo_on ? guard_memo_run(tree, values, regs) : 2;
+    if (verdict == 2) {
+        verdict = guard_tree_run(tree, regs, NULL, tree->nops);
+        if (verdict == 1 && tree->memo_on && tree->ops != NULL) {
+            guard_memo_record(tree, values, regs);
+        }
+    }
     for (Py_ssize_t i = nvalues; i < tree->nslots; i++) {
         Py_XDECREF(regs[i]);
     }
@@ -574,9 +517,10 @@ static PyObject *tree_vectorcall(PyObject *self, PyObject *const *args, size_t n
 static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     Py_ssize_t nvalues, nslots;
     PyObject *ops, *residual, *reference, *text;
-    static char *kwlist[] = {"nvalues", "nslots", "ops", "residual", "reference", "text", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnOOOU", kwlist, &nvalues, &nslots, &ops, &residual,
-                                     &reference, &text)) {
+    int memo = 1;
+    static char *kwlist[] = {"nvalues", "nslots", "ops", "residual", "reference", "text", "memo", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnOOOU|p", kwlist, &nvalues, &nslots, &ops, &residual,
+                                     &reference, &text, &memo)) {
         return NULL;
     }
     if (nvalues < 0 || nslots < nvalues) {
@@ -606,6 +550,8 @@ static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     tree->reference = Py_NewRef(reference);
     tree->text = Py_NewRef(text);
     tree->weakrefs = NULL;
+    tree->memo_on = memo;
+    memset(&tree->memo, 0, sizeof(tree->memo));
     tree->ops = PyMem_Calloc((size_t)(tree->nops ? tree->nops : 1), sizeof(GuardOp));
     int *written = PyMem_Calloc((size_t)(nslots ? nslots : 1), sizeof(int));
     if (tree->ops == NULL || written == NULL) {
@@ -637,6 +583,7 @@ static int tree_traverse(GuardTree *self, visitproc visit, void *arg) {
 }
 
 static int tree_clear(GuardTree *self) {
+    guard_memo_clear(&self->memo); /* its values are borrowed through the ops */
     free_ops(self); /* the ops borrow from op_tuples */
     Py_CLEAR(self->op_tuples);
     Py_CLEAR(self->residual);
@@ -681,7 +628,12 @@ static PyObject *tree_get_ops(GuardTree *self, void *closure) {
     return Py_NewRef(self->op_tuples != NULL ? self->op_tuples : Py_None);
 }
 
+static PyObject *tree_get_memo(GuardTree *self, void *closure) {
+    return guard_memo_stats(self);
+}
+
 static PyGetSetDef tree_getset[] = {
+    {"memo", (getter)tree_get_memo, NULL, "what the memo skips (Note [Skipping what did not change]), or None", NULL},
     {"ops", (getter)tree_get_ops, NULL, "the op tuples the tree was built from", NULL},
     {"residual", (getter)tree_get_residual, NULL, "the Python guard run after the C checks, or None", NULL},
     {"reference", (getter)tree_get_reference, NULL, "the readable Python guard the tree was compiled from", NULL},
@@ -716,7 +668,7 @@ PyTypeObject GuardTreeType = {
 };
 
 int guard_tree_init(void) {
-    if (PyType_Ready(&GuardTreeType) < 0) {
+    if (PyType_Ready(&GuardTreeType) < 0 || guard_memo_init() < 0) {
         return -1;
     }
     s_dtype = PyUnicode_InternFromString("dtype");
