@@ -378,3 +378,64 @@ def test_a_class_attribute_read_through_a_constant_class() -> None:
     assert t() is True and t() is True
     Sub.forward = lambda self: 3  # type: ignore[method-assign]
     assert t() is False
+
+
+def test_items_of_entry_values_built_for_each_call() -> None:
+    """`*args` and `**kwargs` are new for every call; what they hold is not."""
+    m = Mod(1)
+    ops = [
+        op(O.LOAD_ITEM, 2, 0, obj=0),  # args[0]
+        op(O.LOAD_ITEM, 3, 1, obj="m"),  # kwargs['m']
+        op(O.LOAD_ATTR, 4, 2, obj="eps"),
+        op(O.EQ, src=4, obj=1e-5),
+        op(O.LOAD_ATTR, 5, 3, obj="_hooks"),
+        op(O.FALSY, src=5),
+        op(O.TYPE_IS, src=2, obj=Mod),
+    ]
+    t = GuardTree(2, 6, ops, None, None, "t")
+    for _ in range(3):
+        assert t((m,), {"m": m}) is True
+    assert t.memo["hits"] == 2 and t.memo["run_ops"] == 0
+    other = Mod(1)
+    assert t((other,), {"m": m}) is True  # another object: witnesses fail, the plain run passes
+    m.__dict__["eps"] = 0.5
+    assert t((m,), {"m": m}) is False
+    assert t((other,), {"m": m}) is True
+    m.__dict__["eps"] = 1e-5
+    m._hooks[1] = print
+    assert t((other,), {"m": m}) is False
+    assert t((m, 1), {"m": other}) is True  # the hooks are read through kwargs['m']
+    m._hooks.clear()
+    assert t((m,), {"m": other}) is True and t(("x",), {"m": m}) is False and t((), {"m": m}) is False
+
+
+def test_fields_of_functions_and_cells() -> None:
+    def make() -> Callable[[], int]:
+        k = 1
+
+        def f() -> int:
+            return k
+
+        return f
+
+    f, g = make(), make()
+    code, cell = f.__code__, f.__closure__[0]  # type: ignore[index]
+    ops = [
+        op(O.LOAD_CONST, 0, obj=f),
+        op(O.LOAD_ATTR, 1, 0, obj="__code__"),
+        op(O.IS, src=1, obj=code),
+        op(O.LOAD_ATTR, 2, 0, obj="__closure__"),
+        op(O.LOAD_ITEM, 3, 2, obj=0),
+        op(O.LOAD_ATTR, 4, 3, obj="cell_contents"),
+        op(O.EQ, src=4, obj=1),
+    ]
+    t = GuardTree(0, 5, ops, None, None, "t")
+    assert t() is True and t() is True and t.memo["run_ops"] == 0
+    cell.cell_contents = 2
+    assert t() is False
+    cell.cell_contents = 1
+    assert t() is True and t() is True
+    f.__code__ = (lambda: g).__code__.replace(co_name="other")  # the same free variables, other code
+    assert t() is False
+    f.__code__ = code
+    assert t() is True and t() is True

@@ -55,6 +55,8 @@ enum {
     W_IDICT_VERSION = 16, /* and its version is idict_version */
     W_DICT_VERSION = 32, /* obj is a dict at version dict_version */
     W_SELF_VERSION = 64, /* obj is a type at version tag self_version */
+    W_FIELD = 128,       /* *field is obj (a function's __code__, a cell's contents) */
+    W_ENTRY_ITEM = 256,  /* obj is entry value `entry`[key] (an exact tuple or dict) */
 };
 
 /* A slot whose witness failed this often is not witnessed again. */
@@ -217,16 +219,85 @@ static void want_dict_version(Recorder *r, Py_ssize_t slot) {
     w->dict_version = dict_version(r->regs[slot]);
 }
 
-/* Whether a load's value may be taken as known on the next calls; adds the witnesses. */
+/* An item of an entry value that is built anew for every call (`*args`, `**kwargs`), read again
+ * on each call and compared by identity: the item is known (not held) while it is the same. */
+static int record_entry_item(Recorder *r, GuardOp *op) {
+    PyObject *x = r->regs[op->src], *got = r->regs[op->dst];
+    if (r->tree->memo.unstable[op->dst] >= UNSTABLE) {
+        return 0;
+    }
+    if (PyTuple_CheckExact(x) && PyLong_CheckExact(op->obj)) {
+        Py_ssize_t i = PyLong_AsSsize_t(op->obj);
+        if (i < 0 || i >= PyTuple_GET_SIZE(x) || PyTuple_GET_ITEM(x, i) != got) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else if (!(PyDict_CheckExact(x) && PyUnicode_CheckExact(op->obj) && PyDict_GetItemWithError(x, op->obj) == got)) {
+        PyErr_Clear();
+        return 0;
+    }
+    Witness *w = witness(r, op->dst);
+    w->flags |= W_ENTRY_ITEM | W_TYPE;
+    w->type = Py_TYPE(got);
+    w->entry = op->src;
+    w->key = op->obj;
+    return 2;
+}
+
+/* A field of a held function or cell: `__closure__` is read-only, the others are compared. */
+static int record_field(Recorder *r, GuardOp *op) {
+    PyObject *x = r->regs[op->src], *got = r->regs[op->dst];
+    PyObject **field = NULL;
+    int readonly = 0;
+    if (PyFunction_Check(x)) {
+        PyFunctionObject *f = (PyFunctionObject *)x;
+        if (is_name(op->obj, "__code__")) {
+            field = &f->func_code;
+        } else if (is_name(op->obj, "__defaults__")) {
+            field = &f->func_defaults;
+        } else if (is_name(op->obj, "__kwdefaults__")) {
+            field = &f->func_kwdefaults;
+        } else if (is_name(op->obj, "__closure__")) {
+            field = &f->func_closure;
+            readonly = 1;
+        }
+    } else if (PyCell_Check(x) && is_name(op->obj, "cell_contents")) {
+        field = &((PyCellObject *)x)->ob_ref;
+    }
+    if (field == NULL || *field != got) {
+        return 0;
+    }
+    if (!readonly) {
+        Witness *w = witness(r, op->dst);
+        w->flags |= W_FIELD;
+        w->field = field;
+    }
+    return 1;
+}
+
+/* Whether a load's value may be taken as known on the next calls (1: and held, 2: not held);
+ * adds the witnesses. */
 static int record_load(Recorder *r, GuardOp *op) {
     if (op->op == OP_LOAD_CONST) {
         return 1;
     }
-    if (op->op == OP_LOAD_CALL || !usable(r, op->src)) {
+    if (op->op == OP_LOAD_CALL) {
+        return 0;
+    }
+    if (op->op == OP_LOAD_ITEM && op->src < r->tree->nvalues) {
+        int item = record_entry_item(r, op);
+        if (item) {
+            return item;
+        }
+    }
+    if (!usable(r, op->src)) {
         return 0;
     }
     PyObject *x = r->regs[op->src], *got = r->regs[op->dst];
     PyTypeObject *tp = Py_TYPE(x);
+    if (op->op == OP_LOAD_ATTR && r->held[op->src] && record_field(r, op)) {
+        return 1;
+    }
     switch (op->op) {
     case OP_LOAD_ATTR:
     case OP_LOAD_OBJATTR: {
@@ -392,10 +463,11 @@ void guard_memo_record(GuardTree *tree, PyObject *const *values, PyObject **regs
         if (op->op < OP_TYPE_IS) {
             skip = record_load(&r, op);
             if (skip) {
-                if (op->op != OP_LOAD_CONST && op->src < tree->nvalues) {
+                if (op->op != OP_LOAD_CONST && op->src < tree->nvalues && skip == 1) {
                     witness(&r, op->src); /* anchor it */
                 }
-                r.known[op->dst] = r.held[op->dst] = 1;
+                r.known[op->dst] = 1;
+                r.held[op->dst] = skip == 1;
             }
         } else {
             skip = record_check(&r, op);
@@ -438,6 +510,21 @@ static Py_ssize_t failed_witness(GuardMemo *m, PyObject *const *values) {
         int f = w->flags;
         if ((f & W_ANCHOR) && values[w->slot] != x) {
             return w->slot;
+        }
+        if ((f & W_FIELD) && *w->field != x) {
+            return w->slot;
+        }
+        if (f & W_ENTRY_ITEM) {
+            PyObject *from = values[w->entry];
+            if (PyTuple_CheckExact(from)) {
+                Py_ssize_t i = PyLong_AsSsize_t(w->key);
+                if (i >= PyTuple_GET_SIZE(from) || PyTuple_GET_ITEM(from, i) != x) {
+                    return w->slot;
+                }
+            } else if (!PyDict_CheckExact(from) || PyDict_GetItemWithError(from, w->key) != x) {
+                PyErr_Clear();
+                return w->slot;
+            }
         }
         if ((f & W_TYPE) && (Py_TYPE(x) != w->type ||
                              ((f & W_TYPE_VERSION) && !same_type_version(w->type, w->type_version)))) {
@@ -485,15 +572,28 @@ int guard_memo_run(GuardTree *tree, PyObject *const *values, PyObject **regs) {
     return verdict;
 }
 
-/* {"valid", "hits", "misses", "records", "witnesses", "skipped_ops", "run_ops"}, or None when
- * memos are off. New reference. */
+/* {"valid", "hits", "misses", "records", "witnesses", "skipped_ops", "run_ops", "run"} ("run": the
+ * indices of the ops a warm call still runs), or None when memos are off. New reference. */
 PyObject *guard_memo_stats(GuardTree *tree) {
     if (!tree->memo_on) {
         Py_RETURN_NONE;
     }
     GuardMemo *m = &tree->memo;
     Py_ssize_t run = m->valid ? m->nimpure : tree->nops;
-    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:n,s:n,s:n}", "valid", m->valid ? Py_True : Py_False, "hits", m->hits,
-                         "misses", m->misses, "records", m->records, "witnesses", m->valid ? m->nwitnesses : 0,
-                         "skipped_ops", tree->nops - run, "run_ops", run);
+    PyObject *which = PyTuple_New(run);
+    if (which == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < run; k++) {
+        PyObject *i = PyLong_FromSsize_t(m->valid ? m->impure[k] : k);
+        if (i == NULL) {
+            Py_DECREF(which);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(which, k, i);
+    }
+    return Py_BuildValue("{s:O,s:K,s:K,s:K,s:n,s:n,s:n,s:N}", "valid", m->valid ? Py_True : Py_False, "hits",
+                         m->hits, "misses", m->misses, "records", m->records, "witnesses",
+                         m->valid ? m->nwitnesses : 0, "skipped_ops", tree->nops - run, "run_ops", run, "run",
+                         which);
 }

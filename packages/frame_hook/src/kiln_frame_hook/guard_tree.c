@@ -35,13 +35,17 @@
  * __getattribute__ would call them (Note [The attribute cache]).
  * The cost, measured (thread CPU time, this 2-core machine): about 0.3 us per tensor row, of
  * which dtype, is_cpu and requires_grad take ~30 ns each, `shape` ~85 ns (a torch.Size) and
- * `stride()` the rest (torch's argument parser and a tuple); nearly all of it is inside
- * torch's getters (thread-local lookups for torch-function modes and warning handlers), which
- * the Python guard pays too. So the tensor rows are about half of a transformer's or ResNet's
- * C guard (kiln_dynamo's bench/guards.py). Reading the TensorImpl instead (sizes, strides,
- * dtype, device, dispatch keys in a few nanoseconds, as torch's own TensorGuards does) needs
- * libtorch: the TENSORS op is the seam where a torch-linked checker (e.g. from a package that
- * may link it, passed in as a capsule) could take over without changing the tree's meaning.
+ * `stride()` the rest (torch's argument parser and a tuple), plus ~0.4 us when the row checks
+ * the dispatch keys through the client's `keys_fn`; nearly all of it is inside torch's getters.
+ * So once the memo skips the module walk (Note [Skipping what did not change], guard_memo.c),
+ * tensor rows are nearly all of a warm guard. Reading the TensorImpl instead needs libtorch: a
+ * package that may link it hands over a checker through the C ABI of kiln_tensor_check.h
+ * (`set_tensor_checker`), and rows the client marks `fast` (types whose getters are torch's
+ * own) are decided by one call of it (~10-20 ns); what it cannot read the way the getters do it
+ * leaves to this path, which is also the whole story when no checker was handed over
+ * (kiln_dynamo's Note [The torch-linked tensor checker] weighs the options).
+ * A memo run (guard_memo.c) skips the loads and checks whose inputs did not change; it never
+ * skips a tensor row: metadata changes in place without any version.
  *
  * Ownership: the tree keeps the op tuples it was built from; the C ops borrow from them.
  * Slots past the entry values hold new references, released when the program ends.
@@ -228,10 +232,20 @@ static inline int same(PyObject *got, PyObject *want) {
     return ok;
 }
 
+/* The torch-linked checker, if one was handed over (kiln_tensor_check.h); the capsule is owned. */
+static PyObject *checker_capsule;
+static const KilnTensorChecker *checker;
+
 /* Note [Tensor metadata through the attribute protocol]. */
 static int check_tensor(TensorRow *row, PyObject *t) {
     if ((PyObject *)Py_TYPE(t) != row->type) {
         return 0;
+    }
+    if (checker != NULL && row->fast) {
+        int ok = checker->check(t, &row->spec);
+        if (ok != 2) {
+            return ok;
+        }
     }
     int ok = same(cached_getattr(&row->caches[0], t, s_dtype), row->dtype);
     if (ok <= 0) {
@@ -250,7 +264,29 @@ static int check_tensor(TensorRow *row, PyObject *t) {
     if (ok <= 0) {
         return ok;
     }
-    return same(PyObject_CallMethodNoArgs(t, s_stride), row->strides);
+    ok = same(PyObject_CallMethodNoArgs(t, s_stride), row->strides);
+    if (ok <= 0 || row->keys == NULL) {
+        return ok;
+    }
+    return same(PyObject_CallOneArg(row->keys_fn, t), row->keys);
+}
+
+PyObject *guard_tree_set_checker(PyObject *module, PyObject *capsule) {
+    const KilnTensorChecker *next = NULL;
+    if (capsule != Py_None) {
+        next = PyCapsule_GetPointer(capsule, KILN_TENSOR_CHECKER_CAPSULE);
+        if (next == NULL) {
+            return NULL;
+        }
+        if (next->abi != 1 || next->check == NULL) {
+            PyErr_SetString(PyExc_ValueError, "kiln guard tree: a tensor checker of another ABI");
+            return NULL;
+        }
+    }
+    PyObject *previous = checker_capsule != NULL ? checker_capsule : Py_NewRef(Py_None);
+    checker_capsule = capsule == Py_None ? NULL : Py_NewRef(capsule);
+    checker = next;
+    return previous; /* new reference */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -397,6 +433,9 @@ int guard_tree_check(PyObject *self, PyObject *const *values, Py_ssize_t nvalues
 static void free_ops(GuardTree *tree) {
     if (tree->ops != NULL) {
         for (Py_ssize_t i = 0; i < tree->nops; i++) {
+            for (Py_ssize_t r = 0; tree->ops[i].rows != NULL && r < tree->ops[i].nrows; r++) {
+                PyMem_Free(tree->ops[i].rows[r].ints);
+            }
             PyMem_Free(tree->ops[i].rows);
         }
         PyMem_Free(tree->ops);
@@ -423,8 +462,9 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
     }
     for (Py_ssize_t r = 0; r < op->nrows; r++) {
         PyObject *row = PyTuple_GET_ITEM(rows, r);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 7) {
-            return bad("a tensor row is (slot, type, dtype, device|None, requires_grad, sizes, strides)", i);
+        if (!PyTuple_CheckExact(row) || (PyTuple_GET_SIZE(row) != 7 && PyTuple_GET_SIZE(row) != 10)) {
+            return bad("a tensor row is (slot, type, dtype, device|None, requires_grad, sizes, strides"
+                       "[, keys|None, keys_fn, fast])", i);
         }
         Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
         if (slot < 0 || slot >= nslots || !written[slot]) {
@@ -439,9 +479,55 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
             !PyTuple_CheckExact(strides)) {
             return bad("a tensor row has a bad type, requires_grad, sizes or strides", i);
         }
-        op->rows[r] = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
-                                  .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
-                                  .strides = strides};
+        TensorRow *tr = &op->rows[r];
+        *tr = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
+                          .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
+                          .strides = strides};
+        if (PyTuple_GET_SIZE(row) == 10) {
+            PyObject *keys = PyTuple_GET_ITEM(row, 7), *keys_fn = PyTuple_GET_ITEM(row, 8);
+            int fast = PyObject_IsTrue(PyTuple_GET_ITEM(row, 9));
+            if (fast < 0) {
+                return -1;
+            }
+            if (keys != Py_None && (!PyLong_CheckExact(keys) || !PyCallable_Check(keys_fn))) {
+                return bad("a tensor row's keys are an int with a callable that gives them", i);
+            }
+            tr->keys = keys == Py_None ? NULL : keys;
+            tr->keys_fn = keys_fn;
+            tr->fast = fast;
+        }
+        Py_ssize_t ndim = PyTuple_GET_SIZE(sizes);
+        if (tr->fast && PyTuple_GET_SIZE(strides) == ndim) {
+            tr->ints = PyMem_Malloc((size_t)(2 * ndim + 1) * sizeof(int64_t));
+            if (tr->ints == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            int ints = 1;
+            for (Py_ssize_t d = 0; ints && d < 2 * ndim; d++) {
+                PyObject *v = PyTuple_GET_ITEM(d < ndim ? sizes : strides, d < ndim ? d : d - ndim);
+                ints = PyLong_CheckExact(v);
+                tr->ints[d] = ints ? PyLong_AsLongLong(v) : 0;
+                if (ints && tr->ints[d] == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    ints = 0;
+                }
+            }
+            uint64_t bits = 0;
+            if (tr->keys != NULL) {
+                bits = PyLong_AsUnsignedLongLong(tr->keys);
+                if (bits == (uint64_t)-1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    ints = 0;
+                }
+            }
+            tr->fast = ints;
+            tr->spec = (KilnTensorSpec){.dtype = tr->dtype, .device = tr->device, .requires_grad = rg == Py_True,
+                                        .ndim = ndim, .sizes = tr->ints, .strides = tr->ints + ndim,
+                                        .has_keys = tr->keys != NULL, .keys = bits};
+        } else {
+            tr->fast = 0;
+        }
     }
     return 0;
 }

@@ -3,6 +3,7 @@
 #define KILN_GUARD_TREE_INTERNAL_H
 
 #include "guard_tree.h"
+#include "kiln_tensor_check.h"
 
 #include <stdint.h>
 
@@ -45,6 +46,11 @@ typedef struct {
     PyObject *requires_grad; /* borrowed: Py_True or Py_False */
     PyObject *sizes;      /* borrowed tuple */
     PyObject *strides;    /* borrowed tuple */
+    PyObject *keys;       /* borrowed int (the dispatch key set's raw bits), or NULL: unchecked */
+    PyObject *keys_fn;    /* borrowed: keys_fn(t) gives them, for the attribute path */
+    int fast;             /* a KilnTensorChecker may decide this row */
+    int64_t *ints;        /* owned (PyMem): sizes then strides, for the checker; NULL: not ints */
+    KilnTensorSpec spec;  /* what the checker is given */
 } TensorRow;
 
 typedef struct {
@@ -68,6 +74,9 @@ typedef struct {
     uint64_t idict_version; /* W_IDICT_VERSION: its version tag */
     uint64_t dict_version;  /* W_DICT_VERSION: obj (a dict)'s version tag */
     unsigned int self_version; /* W_SELF_VERSION: obj (a type)'s version tag */
+    PyObject **field;       /* W_FIELD: a field of a held function or cell that holds obj */
+    Py_ssize_t entry;       /* W_ENTRY_ITEM: obj is the entry value `entry`'s item `key` */
+    PyObject *key;          /* borrowed from the op tuple */
 } Witness;
 
 typedef struct {
