@@ -4,8 +4,12 @@ For each model of kiln_bench's suite (cpu size), in eval (inference, no grad) an
 train mode) form: compile with kiln_dynamo (backend "eager", so only capture and guards differ),
 call once, and record every guard the call evaluated with the entry values it saw (a model may
 run several frames: graph breaks, continuations). Then time the sum of those guards per model
-call, each way: the C tree (`GuardTree`, what the frame hook runs) and the Python guard it was
-compiled from. Reports µs per call, the tree's size (ops, tensors, residual Python checks).
+call, each way: the Python guard, the C tree as it was before guard memos and the torch-linked
+tensor checker ("C plain": every op on every call, tensor metadata through attributes), with the
+memo only ("C memo"), and as the frame hook runs it now ("C": memo and, when built, the checker;
+Note [Skipping what did not change] in kiln_frame_hook, Note [The torch-linked tensor checker] in
+kiln_dynamo.tensor_check). Reports µs per call, the tree's size (ops, tensors, residual Python
+checks) and, for the memo, how many ops a warm call still runs.
 
     python packages/dynamo/bench/guards.py [--models resnet,gpt2] [--modes eval,train] [--reps 15]
 
@@ -24,7 +28,8 @@ from typing import Any
 import torch
 
 import kiln_dynamo
-from kiln_dynamo import guard_tree
+import kiln_frame_hook as hook
+from kiln_dynamo import guard_tree, tensor_check
 from kiln_dynamo.backends import ACTIVE
 
 
@@ -65,18 +70,42 @@ def measure(name: str, train: bool, reps: int) -> dict[str, Any]:
         with torch.set_grad_enabled(train):
             for tree, values in guards:
                 assert tree(*values) is True and tree.reference.fn(*values) is True
-            pairs = [(tree, tree.reference.fn, values) for tree, values in guards]
             n = 200
 
-            def run_c() -> None:
-                for tree, _, values in pairs:
-                    tree(*values)
+            def variant(memo: bool) -> list[tuple[Any, tuple[Any, ...]]]:
+                return [
+                    (
+                        hook.GuardTree(
+                            t.nvalues, t.nslots, t.ops, t.residual, t.reference, "bench", memo=memo
+                        ),
+                        v,
+                    )
+                    for t, v in guards
+                ]
 
-            def run_py() -> None:
-                for _, fn, values in pairs:
-                    fn(*values)
+            def timed(pairs: list[tuple[Any, tuple[Any, ...]]]) -> float:
+                def run() -> None:
+                    for fn, values in pairs:
+                        fn(*values)
 
-            c, py = best_us(run_c, n, reps), best_us(run_py, n, reps)
+                run()
+                return best_us(run, n, reps)
+
+            py = timed([(t.reference.fn, v) for t, v in guards])
+            checker = tensor_check.install()
+            c = timed(variant(True))
+            memo_trees = variant(True)
+            memo_c = plain = 0.0
+            if checker:
+                hook.set_tensor_checker(None)
+            try:
+                memo_c = timed(memo_trees)
+                plain = timed(variant(False))
+            finally:
+                if checker:
+                    tensor_check.uninstall()
+                    tensor_check.install()
+            run_ops = sum(t.memo["run_ops"] for t, _ in memo_trees)
     finally:
         ACTIVE.key = previous
     return {
@@ -87,7 +116,11 @@ def measure(name: str, train: bool, reps: int) -> dict[str, Any]:
         "tensors": sum(t.ntensors for t, _ in guards),
         "residual": sum(t.reference.residual_parts for t, _ in guards),
         "c_us": c,
+        "memo_us": memo_c,
+        "plain_us": plain,
         "py_us": py,
+        "run_ops": run_ops,
+        "checker": checker,
     }
 
 
@@ -102,16 +135,19 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     print(
-        f"{'model':<11} {'mode':<5} {'frames':>6} {'ops':>6} {'tensors':>7} {'resid':>5} {'C us':>8} {'Python us':>9} {'x':>5}"
+        f"{'model':<11} {'mode':<5} {'frames':>6} {'ops':>6} {'run':>5} {'tensors':>7} {'resid':>5} "
+        f"{'Python us':>9} {'C plain':>8} {'C memo':>8} {'C us':>8} {'x py':>6} {'x plain':>7}"
     )
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             r = measure(name, mode == "train", args.reps)
             print(
-                f"{r['model']:<11} {r['mode']:<5} {r['frames']:>6} {r['ops']:>6} {r['tensors']:>7} "
-                f"{r['residual']:>5} {r['c_us']:>8.1f} {r['py_us']:>9.1f} {r['py_us'] / r['c_us']:>5.1f}",
+                f"{r['model']:<11} {r['mode']:<5} {r['frames']:>6} {r['ops']:>6} {r['run_ops']:>5} {r['tensors']:>7} "
+                f"{r['residual']:>5} {r['py_us']:>9.1f} {r['plain_us']:>8.1f} {r['memo_us']:>8.1f} {r['c_us']:>8.1f} "
+                f"{r['py_us'] / r['c_us']:>6.1f} {r['plain_us'] / r['c_us']:>7.1f}",
                 flush=True,
             )
+    print(f"torch-linked tensor checker: {tensor_check.status()}")
 
 
 if __name__ == "__main__":

@@ -391,6 +391,114 @@ def perturbations(env: Env, rng: random.Random) -> list[Perturbation]:
     return out
 
 
+# --- module state changed in place (what a guard memo must not miss) ------------------------------
+def _twins(env: Env, kind: str) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, eager tensor, compiled tensor) of the modules' parameters or buffers."""
+    assert env.eager_module is not None and env.compiled_module is not None
+    named = "named_parameters" if kind == "param" else "named_buffers"
+    e = dict(getattr(env.eager_module, named)())
+    c = dict(getattr(env.compiled_module, named)())
+    return [(n, e[n], c[n]) for n in e if n in c]
+
+
+def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    *path, leaf = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, leaf
+
+
+@contextlib.contextmanager
+def _in_place(env: Env, tensors: tuple[torch.Tensor, torch.Tensor], change: str) -> Iterator[tuple[Any, ...]]:
+    """A tensor's metadata changed in place: `.data =` (dtype, layout, shape), `requires_grad_()`,
+    `resize_`; restored after."""
+    saved = [(t.data, t.requires_grad) for t in tensors]
+    for t in tensors:
+        with torch.no_grad():
+            if change == ".data = float64":
+                t.data = t.data.double()
+            elif change == ".data = transposed layout":
+                t.data = t.data.t().contiguous().t()
+            elif change == ".data = longer":
+                t.data = torch.cat([t.data.reshape(-1), t.data.reshape(-1)])
+            elif change == "requires_grad_()":
+                t.requires_grad_(not t.requires_grad)
+            elif change == "resize_":
+                t.requires_grad_(False)
+                t.resize_(t.numel() + 1)
+    try:
+        yield env.args
+    finally:
+        for t, (data, rg) in zip(tensors, saved, strict=True):
+            t.data = data
+            t.requires_grad_(rg)
+
+
+@contextlib.contextmanager
+def _module_dicts(env: Env, name: str, change: str) -> Iterator[tuple[Any, ...]]:
+    """A module's dicts changed (a new dict version, same or different meaning); restored after."""
+    assert env.eager_module is not None and env.compiled_module is not None
+    undo: list[Callable[[], None]] = []
+    for root in (env.eager_module, env.compiled_module):
+        owner, leaf = _owner(root, name)
+        if change == "parameter replaced by an equal one":
+            old = owner._parameters[leaf]
+            assert old is not None
+            owner._parameters[leaf] = nn.Parameter(old.detach().clone(), old.requires_grad)
+            undo.append(lambda o=owner, k=leaf, v=old: o._parameters.__setitem__(k, v))
+        elif change == "attribute added":
+            owner.__dict__["kiln_fuzz_extra"] = 1
+            undo.append(lambda o=owner: o.__dict__.pop("kiln_fuzz_extra"))
+        elif change == "forward hook adds 1":
+            handle = owner.register_forward_hook(lambda m, a, out: _plus_one(out))
+            undo.append(handle.remove)
+        elif change == "submodule swapped for a copy":
+            parent, child = _owner(root, name.rpartition(".")[0] or name)
+            if child in parent._modules:
+                old_mod = parent._modules[child]
+                parent._modules[child] = copy.deepcopy(old_mod)
+                undo.append(lambda p=parent, k=child, v=old_mod: p._modules.__setitem__(k, v))
+    try:
+        yield env.args
+    finally:
+        for u in reversed(undo):
+            u()
+
+
+IN_PLACE = (".data = float64", ".data = transposed layout", ".data = longer", "requires_grad_()", "resize_")
+DICT_CHANGES = (
+    "parameter replaced by an equal one",
+    "attribute added",
+    "forward hook adds 1",
+    "submodule swapped for a copy",
+)
+
+
+def module_state_perturbations(env: Env, rng: random.Random) -> list[Perturbation]:
+    """For a module case: in-place metadata changes of one parameter and one buffer, and changes
+    of the module dicts that a guard memo witnesses."""
+    if env.eager_module is None:
+        return []
+    out: list[Perturbation] = []
+    for kind in ("param", "buffer"):
+        twins = _twins(env, kind)
+        if not twins:
+            continue
+        name, e, c = twins[rng.randrange(len(twins))]
+        for change in IN_PLACE:
+            if (change == ".data = transposed layout" and e.dim() != 2) or (
+                change == "requires_grad_()" and not e.is_floating_point()
+            ):
+                continue
+            out.append((f"{kind} {name} {change}", lambda env, t=(e, c), ch=change: _in_place(env, t, ch)))
+    params = _twins(env, "param")
+    if params:
+        name = params[rng.randrange(len(params))][0]
+        for change in DICT_CHANGES:
+            out.append((f"{name}: {change}", lambda env, n=name, ch=change: _module_dicts(env, n, ch)))
+    return out
+
+
 # --- running --------------------------------------------------------------------------------------
 def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, BaseException | None, bool]:
     """The result or the error, and the grad mode the call left (then restored for the next)."""
@@ -497,7 +605,7 @@ def _fuzz() -> tuple[int, int, list[str]]:
             if had_graphs and not other.graphs:
                 stale.append(f"{name} / another backend: the first backend's entries were reused")
         env.compiled = first
-        for what, perturb in perturbations(env, rng):
+        for what, perturb in perturbations(env, rng) + module_state_perturbations(env, rng):
             with perturb(env) as new_args:
                 ran = _compare(env, new_args, what, stale)
             if ran:

@@ -362,3 +362,70 @@ def test_kiln_log_guards_prints_the_tree(caplog: pytest.LogCaptureFixture) -> No
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "guard tree for forward:" in text and "0 residual Python checks" in text
     assert "tensors (others; 9 in one loop):" in text and "L['self'].lin.weight" in text
+
+
+def add_weight(x: torch.Tensor, lin: nn.Linear) -> torch.Tensor:
+    return x + lin.weight
+
+
+TENSOR_CHANGES: dict[str, Callable[[torch.Tensor, nn.Parameter], tuple[torch.Tensor, nn.Parameter]]] = {
+    "same": lambda x, w: (x, w),
+    "inference tensor": lambda x, w: (torch.inference_mode()(x.clone)(), w),
+    "conjugated view": lambda x, w: (torch.randn(2, 3, dtype=torch.cfloat).conj(), w),
+    "negative view": lambda x, w: (torch._neg_view(torch.randn(2, 3, dtype=torch.cfloat)), w),
+    "dtype": lambda x, w: (x.double(), w),
+    "strides": lambda x, w: (x.t().contiguous().t(), w),
+    "sizes": lambda x, w: (torch.randn(3, 3), w),
+    "requires_grad": lambda x, w: (x.requires_grad_(), w),
+    "param .data = double": lambda x, w: (x, setattr(w, "data", w.data.double()) or w),
+    "param .data = transposed": lambda x, w: (x, setattr(w, "data", w.data.t().contiguous().t()) or w),
+    "param requires_grad_()": lambda x, w: (x, w.requires_grad_(True)),
+    "param resize_": lambda x, w: (x, w.requires_grad_(False).resize_(7)),
+}
+
+
+@pytest.mark.parametrize("checker", [True, False], ids=["torch-linked checker", "attributes"])
+@pytest.mark.parametrize("what", list(TENSOR_CHANGES))
+def test_tensor_changes_and_dispatch_keys_agree(what: str, checker: bool) -> None:
+    """Every tensor property a row checks, each changed on an entry value or in place on a
+    parameter, read by the torch-linked checker (Note [The torch-linked tensor checker]; built
+    here if it is not yet) and through attributes: the tree and the Python guard agree."""
+    from kiln_dynamo import tensor_check
+
+    assert tensor_check.install(build=True), tensor_check.status()
+    if not checker:
+        tensor_check.uninstall()
+    try:
+        kiln_dynamo.reset()
+        lin = nn.Linear(3, 2).requires_grad_(False)
+        lin.weight.data = torch.randn(2, 3)
+        compiled = kiln_dynamo.compile(add_weight, backend=CountingBackend())
+        x = torch.randn(2, 3)
+        with running(compiled):
+            compiled(x, lin)
+            code = add_weight.__code__
+            (tree,) = trees_of(code)
+            assert all(row[-1] for o in tree.ops if o[0] == hook.GuardOp.TENSORS for row in o[5])  # fast rows
+            assert_agree(code, (x, lin), expect=True)
+            assert_agree(code, (x, lin), expect=True)  # warm: the memo
+            saved = lin.weight.data
+            x2, _ = TENSOR_CHANGES[what](x.clone(), lin.weight)
+            try:
+                assert_agree(code, (x2, lin), expect=what == "same")
+            finally:
+                lin.weight.data = saved
+                lin.weight.requires_grad_(False)
+            assert_agree(code, (x, lin), expect=True)
+    finally:
+        tensor_check.install()
+
+
+def test_the_memo_report_says_what_a_warm_call_skips() -> None:
+    net, compiled, x = compile_net()
+    (tree,) = trees_of(Net.forward.__code__)
+    with running(compiled), torch.no_grad():
+        assert tree(net, x, None) and tree(net, x, None)
+    report = guard_tree.memo_report(tree)
+    assert report.startswith("guard memo: ") and "ops skipped on a warm call" in report
+    assert "TENSORS" in report  # tensor rows always run
+    assert tree.memo["hits"] >= 1 and tree.memo["run_ops"] < tree.nops // 2

@@ -246,6 +246,30 @@ def test_tensor_rows_check_every_property() -> None:
     assert cpu(x) is True
 
 
+def test_tensor_rows_with_dispatch_keys() -> None:
+    x = FakeTensor("f32", "cpu", False, (2,), (1,))
+    x.keys = 0x30  # type: ignore[attr-defined]
+    row = (0, FakeTensor, "f32", None, False, (2,), (1,), 0x30, lambda t: t.keys, True)
+    t = tree([op(O.TENSORS, obj=(row,))])
+    assert t(x) is True
+    x.keys = 0x31  # type: ignore[attr-defined]
+    assert t(x) is False  # no checker handed over: the attribute path reads the keys too
+    unchecked = tree([op(O.TENSORS, obj=((*row[:7], None, None, False),))])
+    assert unchecked(x) is True
+    with pytest.raises(ValueError, match="keys are an int"):
+        tree([op(O.TENSORS, obj=((*row[:7], "keys", None, True),))])
+
+
+def test_a_tensor_checker_must_be_a_capsule_of_its_abi() -> None:
+    with pytest.raises(ValueError, match="invalid PyCapsule"):
+        hook.set_tensor_checker(object())
+    previous = hook.set_tensor_checker(None)
+    try:
+        assert hook.set_tensor_checker(None) is None
+    finally:
+        hook.set_tensor_checker(previous)
+
+
 def cached_double(x):
     return x * 2
 

@@ -9,7 +9,8 @@ unsupported instruction runs in CPython and capture resumes in a continuation fu
 (breaks.py, resume.py); a frame that cannot be split runs as plain Python. Reasons are in
 `counters.break_reasons`; `explain(fn)(*args)` reports graphs, breaks and guards of one call.
 `reset()` drops every cache. Guards run in C as guard trees (guard_tree.py); `set_c_guards(False)`
-or `KILN_C_GUARDS=0` keeps the Python guards.
+or `KILN_C_GUARDS=0` keeps the Python guards; `set_guard_memo(False)` or `KILN_GUARD_MEMO=0` makes
+the trees run every check on every call.
 """
 
 from kiln_dynamo import logs as _logs
@@ -20,7 +21,7 @@ from kiln_dynamo.eval_frame import CompiledModule, compile, reset
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported, UserFrame
 from kiln_dynamo.explain import ExplainOutput, explain
 from kiln_dynamo.fx_source import forget_source_when_freed
-from kiln_dynamo.guard_tree import c_guards_enabled, set_c_guards
+from kiln_dynamo.guard_tree import c_guards_enabled, guard_memo_enabled, set_c_guards, set_guard_memo
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 
@@ -43,6 +44,7 @@ __all__ = [
     "entry_names",
     "explain",
     "forget_source_when_freed",
+    "guard_memo_enabled",
     "lookup_backend",
     "mark_dynamic",
     "mark_static",
@@ -50,6 +52,7 @@ __all__ = [
     "register_backend",
     "reset",
     "set_c_guards",
+    "set_guard_memo",
 ]
 
 _logs.configure()

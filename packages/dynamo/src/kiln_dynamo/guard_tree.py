@@ -17,7 +17,10 @@ remaining tensors (parameters and buffers).
 A part whose checks this module cannot express (a source kind it does not know) stays in a
 *residual* Python guard that the tree calls after its own checks pass; `Guard.residual_parts`
 counts them (the public models need none). `KILN_C_GUARDS=0` (or `set_c_guards(False)`) turns
-the tree off: entries then carry the Python guard, as before.
+the tree off: entries then carry the Python guard, as before. A tree skips, on a call, the loads and
+checks whose inputs its dict and type version witnesses say did not change since its last passing
+call (Note [Skipping what did not change] in kiln_frame_hook's guard_memo.c; the tensor tables
+always run); `KILN_GUARD_MEMO=0` (or `set_guard_memo(False)`) turns that off.
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ from kiln_dynamo.source import (
     Source,
     TypeSource,
 )
+from kiln_dynamo.tensor_check import dispatch_keys, install
 from kiln_frame_hook import GuardOp, op
 
 _enabled = os.environ.get("KILN_C_GUARDS", "1") != "0"
+_memo = os.environ.get("KILN_GUARD_MEMO", "1") != "0"
 
 
 def c_guards_enabled() -> bool:
@@ -59,6 +64,19 @@ def set_c_guards(on: bool) -> bool:
     setting. Entries already cached keep the guard they were made with."""
     global _enabled
     previous, _enabled = _enabled, on
+    return previous
+
+
+def guard_memo_enabled() -> bool:
+    return _memo
+
+
+def set_guard_memo(on: bool) -> bool:
+    """Let new guard trees skip what did not change since their last passing call (True), or run
+    every op on every call; returns the previous setting (Note [Skipping what did not change] in
+    kiln_frame_hook's guard_memo.c; KILN_GUARD_MEMO=0 turns it off)."""
+    global _memo
+    previous, _memo = _memo, on
     return previous
 
 
@@ -115,6 +133,27 @@ class Agreeing:
         return c
 
 
+def memo_report(tree: hook.GuardTree) -> str:
+    """What a tree's memo skips on a warm call (Note [Skipping what did not change]): counts, and
+    the ops it still runs. The memo is recorded in C on a tree's first passing call, after the
+    KILN_LOG=guards text was printed: call this on a cache entry's guard to see it."""
+    m = tree.memo
+    if m is None:
+        return "guard memo: off"
+    if not m["valid"]:
+        return f"guard memo: nothing recorded yet ({m['misses']} misses)"
+    ops = tree.ops
+    run = [
+        f"  {GuardOp(ops[i][0]).name} s{ops[i][2]} {ops[i][5] if isinstance(ops[i][5], str) else ''}".rstrip()
+        for i in m["run"]
+    ]
+    head = (
+        f"guard memo: {m['skipped_ops']} of {tree.nops} ops skipped on a warm call, {m['witnesses']} witnesses; "
+        f"{m['hits']} hits, {m['misses']} misses; still run:"
+    )
+    return "\n".join([head, *run])
+
+
 # The CCheck kinds guards.py records (each one op, or a row of a tensor table).
 CHECK_KINDS = (
     "type_is",
@@ -152,6 +191,13 @@ def _cpu_shortcut(t: type, device: torch.device) -> bool:
         and t.device is base.device
         and t.is_cpu is base.is_cpu
     )
+
+
+def _plain_getters(t: type) -> bool:
+    """Whether `t`'s metadata getters are torch's own (Note [The torch-linked tensor checker])."""
+    base = torch._C.TensorBase
+    names = ("dtype", "device", "is_cpu", "requires_grad", "shape", "stride")
+    return t in _PLAIN_TENSOR_TYPES and all(getattr(t, n) is getattr(base, n) for n in names)
 
 
 def _root(source: Source) -> Source:
@@ -259,13 +305,16 @@ class TreeCompiler:
         elif kind == "same":
             self.check(GuardOp.SAME, s, f"is s{self.slot(c.arg)}", src2=self.slot(c.arg))
         elif kind == "tensor":
-            t, dtype, device, requires_grad, sizes, strides = c.arg
+            t, dtype, device, requires_grad, sizes, strides, keys = c.arg
             table = 0 if isinstance(c.source, LocalSource) else 1
             dev = None if _cpu_shortcut(t, device) else device
-            self.tensor_rows[table].append((s, t, dtype, dev, requires_grad, tuple(sizes), tuple(strides)))
+            fast = _plain_getters(t)  # the torch-linked checker may read its TensorImpl
+            self.tensor_rows[table].append(
+                (s, t, dtype, dev, requires_grad, tuple(sizes), tuple(strides), keys, dispatch_keys, fast)
+            )
             self.tensor_lines[table].append(
                 f"s{s} {c.source.name()}: {t.__qualname__} {dtype} {device} requires_grad={requires_grad} "
-                f"sizes={tuple(sizes)} strides={tuple(strides)}"
+                f"sizes={tuple(sizes)} strides={tuple(strides)} keys={keys:#x}"
             )
         else:
             raise NotInC(f"no C check {kind!r}")
@@ -400,6 +449,7 @@ def build_tree(
     compiles the Python guard of just those parts (with every binding). Without `full_text` the
     tree's text is its one-line summary (an entry keeps its tree alive: KILN_LOG=guards asks
     for the whole text)."""
+    install()  # the torch-linked tensor checker, if built (once per process)
     tc, residual = compile_tree(parts, bound, entry_names, globals_dict)
     fn = residual_fn(residual) if residual else None
     n_residual = sum(1 for i in residual if i >= 0)
@@ -409,5 +459,5 @@ def build_tree(
     )
     names = ", ".join(f"s{i} = L[{n!r}]" for i, n in enumerate(entry_names))
     text = "\n".join([head, f"entry values: {names}", *tc.lines]) if full_text else head
-    tree = hook.GuardTree(len(entry_names), tc.nslots, tc.ops, fn, reference, text)
+    tree = hook.GuardTree(len(entry_names), tc.nslots, tc.ops, fn, reference, text, memo=_memo)
     return tree, n_residual

@@ -41,6 +41,7 @@ import torch
 from kiln_dynamo import guard_tree, shapes
 from kiln_dynamo.logs import guards_log
 from kiln_dynamo.source import AttrSource, CodeContext, ConstSource, Source
+from kiln_dynamo.tensor_check import dispatch_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +237,13 @@ class GuardBuilder:
             self.add(" and ".join(f"({c})" for c, _ in explain), explain=explain)
             return
         sizes, strides = shapes.sizes_of(t), shapes.strides_of(t)
-        spec = (type(t), t.dtype, t.device, t.requires_grad, sizes, strides)
-        fast = f"(type({code}), {code}.dtype, {code}.device, {code}.requires_grad, {code}.shape, {code}.stride()) == "
+        keys = dispatch_keys(t)
+        spec = (type(t), t.dtype, t.device, t.requires_grad, sizes, strides, keys)
+        k = self.ctx.const(dispatch_keys)
+        fast = (
+            f"(type({code}), {code}.dtype, {code}.device, {code}.requires_grad, {code}.shape, {code}.stride(), "
+            f"{k}({code})) == "
+        )
         explain = [
             (f"type({code}) is {self.ctx.const(type(t))}", f"type({name}) is {type(t).__qualname__}"),
             (f"{code}.dtype == {self.ctx.const(t.dtype)}", f"{name}.dtype == {t.dtype}"),
@@ -245,6 +251,7 @@ class GuardBuilder:
             (f"{code}.requires_grad is {t.requires_grad}", f"{name}.requires_grad == {t.requires_grad}"),
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
+        explain.append((f"{k}({code}) == {keys}", f"{name} dispatches as {torch._C._dispatch_keys(t)}"))
         self.add(fast + self.ctx.const(spec), explain=explain, c=(CCheck("tensor", source, spec),))
 
     def _tensor_meta(self, code: str, name: str, t: torch.Tensor) -> list[tuple[str, str]]:

@@ -723,6 +723,8 @@ static PyMethodDef methods[] = {
     {"set_cache_limit", py_set_cache_limit, METH_O, "Set the per-code entry limit; return the previous."},
     {"get_cache_limit", py_get_cache_limit, METH_NOARGS, "The per-code entry limit."},
     {"is_installed", py_is_installed, METH_NOARGS, "Whether the evaluator is installed now."},
+    {"set_tensor_checker", guard_tree_set_checker, METH_O,
+     "Hand over a torch-linked tensor checker (a capsule, kiln_tensor_check.h) or None; return the previous."},
     {"run_counts", py_run_counts, METH_NOARGS, "How many entries ran in place, through a reused or a new function."},
     {NULL, NULL, 0, NULL},
 };

@@ -77,6 +77,7 @@ __all__ = [
     "run_only",
     "set_cache_limit",
     "set_callback",
+    "set_tensor_checker",
     "set_thread_callback",
     "skip_code",
     "thread_callback",
@@ -165,3 +166,10 @@ def run_counts() -> dict[str, int]:
 def is_installed() -> bool:
     """Whether the evaluator is installed now (while any callback is set)."""
     return _C.is_installed()
+
+
+def set_tensor_checker(capsule: object) -> object:
+    """Hand over a tensor checker linked against libtorch (a capsule: kiln_tensor_check.h), or
+    None to go back to reading tensor metadata through attributes; returns the previous one. Guard
+    tree rows marked `fast` are then checked by one call that reads the TensorImpl."""
+    return _C.set_tensor_checker(capsule)

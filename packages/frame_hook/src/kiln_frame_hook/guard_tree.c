@@ -35,82 +35,25 @@
  * __getattribute__ would call them (Note [The attribute cache]).
  * The cost, measured (thread CPU time, this 2-core machine): about 0.3 us per tensor row, of
  * which dtype, is_cpu and requires_grad take ~30 ns each, `shape` ~85 ns (a torch.Size) and
- * `stride()` the rest (torch's argument parser and a tuple); nearly all of it is inside
- * torch's getters (thread-local lookups for torch-function modes and warning handlers), which
- * the Python guard pays too. So the tensor rows are about half of a transformer's or ResNet's
- * C guard (kiln_dynamo's bench/guards.py). Reading the TensorImpl instead (sizes, strides,
- * dtype, device, dispatch keys in a few nanoseconds, as torch's own TensorGuards does) needs
- * libtorch: the TENSORS op is the seam where a torch-linked checker (e.g. from a package that
- * may link it, passed in as a capsule) could take over without changing the tree's meaning.
+ * `stride()` the rest (torch's argument parser and a tuple), plus ~0.4 us when the row checks
+ * the dispatch keys through the client's `keys_fn`; nearly all of it is inside torch's getters.
+ * So once the memo skips the module walk (Note [Skipping what did not change], guard_memo.c),
+ * tensor rows are nearly all of a warm guard. Reading the TensorImpl instead needs libtorch: a
+ * package that may link it hands over a checker through the C ABI of kiln_tensor_check.h
+ * (`set_tensor_checker`), and rows the client marks `fast` (types whose getters are torch's
+ * own) are decided by one call of it (~10-20 ns); what it cannot read the way the getters do it
+ * leaves to this path, which is also the whole story when no checker was handed over
+ * (kiln_dynamo's Note [The torch-linked tensor checker] weighs the options).
+ * A memo run (guard_memo.c) skips the loads and checks whose inputs did not change; it never
+ * skips a tensor row: metadata changes in place without any version.
  *
  * Ownership: the tree keeps the op tuples it was built from; the C ops borrow from them.
  * Slots past the entry values hold new references, released when the program ends.
  */
-#include "guard_tree.h"
+#include "guard_tree_internal.h"
 
 #include <structmember.h>
 
-/* Keep in step with kiln_dynamo/guard_tree.py (the compiler) and _C.pyi. */
-enum {
-    OP_LOAD_ATTR = 0,      /* dst = src.<obj> */
-    OP_LOAD_OBJATTR = 1,   /* dst = object.__getattribute__(src, <obj>) */
-    OP_LOAD_ITEM = 2,      /* dst = src[<obj>] */
-    OP_LOAD_CONST = 3,     /* dst = <obj> */
-    OP_LOAD_TYPE = 4,      /* dst = type(src) */
-    OP_LOAD_CALL = 5,      /* dst = <obj>() if n == 0 else <obj>(<obj2>) */
-    OP_TYPE_IS = 10,       /* type(src) is <obj> */
-    OP_IS = 11,            /* src is <obj> */
-    OP_IS_REF = 12,        /* src is <obj>() (a weak reference) */
-    OP_ID_EQ = 13,         /* id(src) == n */
-    OP_EQ = 14,            /* src == <obj> (truth of the result) */
-    OP_ITEM_TYPES = 15,    /* tuple(map(type, src)) == <obj> */
-    OP_LEN_EQ = 16,        /* len(src) == n */
-    OP_KEYS_EQ = 17,       /* list(src.keys()) == <obj> */
-    OP_NOT_IN = 18,        /* <obj> not in src */
-    OP_FALSY = 19,         /* not src */
-    OP_SAME = 20,          /* src is src2 */
-    OP_TENSORS = 30,       /* each row of <obj> matches */
-};
-
-/* Note [The attribute cache]; the type is not owned. */
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    int how;
-    PyGetSetDef *getset;
-} AttrCache;
-
-typedef struct {
-    Py_ssize_t slot;
-    AttrCache caches[4]; /* dtype, device (or is_cpu), requires_grad, shape */
-    PyObject *type;       /* borrowed from the op tuple */
-    PyObject *dtype;      /* borrowed */
-    PyObject *device;     /* borrowed; NULL: the CPU, checked through is_cpu */
-    PyObject *requires_grad; /* borrowed: Py_True or Py_False */
-    PyObject *sizes;      /* borrowed tuple */
-    PyObject *strides;    /* borrowed tuple */
-} TensorRow;
-
-typedef struct {
-    int op;
-    Py_ssize_t dst, src, src2, n;
-    PyObject *obj, *obj2; /* borrowed from the op tuple */
-    TensorRow *rows;      /* owned (PyMem) for OP_TENSORS */
-    Py_ssize_t nrows;
-    AttrCache cache; /* LOAD_ATTR's (Note [The attribute cache]) */
-} GuardOp;
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    Py_ssize_t nvalues, nslots, nops, ntensors;
-    GuardOp *ops;        /* owned (PyMem); NULL once cleared */
-    PyObject *op_tuples; /* owned tuple of the op tuples */
-    PyObject *residual;  /* owned or NULL */
-    PyObject *reference; /* owned: what the client explains failures with (may be None) */
-    PyObject *text;      /* owned: the client's rendering of the tree (str) */
-    PyObject *weakrefs;  /* weak references to the tree */
-} GuardTree;
 
 static PyObject *s_dtype, *s_device, *s_is_cpu, *s_requires_grad, *s_shape, *s_stride, *s_keys,
     *s_getattribute;
@@ -136,8 +79,6 @@ static inline int generic_lookup(PyTypeObject *tp) {
  * answer, as in CPython's own specializing interpreter. The lookup itself is done every time.
  * A fast path that raises AttributeError falls back to the C-API, which then also runs a
  * class's __getattr__ (nn.Module's), as Python would. */
-enum { HOW_SLOW = 0, HOW_DICT = 1, HOW_GETSET = 2 };
-
 static int attr_how(PyTypeObject *tp, PyObject *name, PyGetSetDef **getset) {
     if (!generic_lookup(tp)) {
         return HOW_SLOW;
@@ -291,10 +232,20 @@ static inline int same(PyObject *got, PyObject *want) {
     return ok;
 }
 
+/* The torch-linked checker, if one was handed over (kiln_tensor_check.h); the capsule is owned. */
+static PyObject *checker_capsule;
+static const KilnTensorChecker *checker;
+
 /* Note [Tensor metadata through the attribute protocol]. */
 static int check_tensor(TensorRow *row, PyObject *t) {
     if ((PyObject *)Py_TYPE(t) != row->type) {
         return 0;
+    }
+    if (checker != NULL && row->fast) {
+        int ok = checker->check(t, &row->spec);
+        if (ok != 2) {
+            return ok;
+        }
     }
     int ok = same(cached_getattr(&row->caches[0], t, s_dtype), row->dtype);
     if (ok <= 0) {
@@ -313,7 +264,29 @@ static int check_tensor(TensorRow *row, PyObject *t) {
     if (ok <= 0) {
         return ok;
     }
-    return same(PyObject_CallMethodNoArgs(t, s_stride), row->strides);
+    ok = same(PyObject_CallMethodNoArgs(t, s_stride), row->strides);
+    if (ok <= 0 || row->keys == NULL) {
+        return ok;
+    }
+    return same(PyObject_CallOneArg(row->keys_fn, t), row->keys);
+}
+
+PyObject *guard_tree_set_checker(PyObject *module, PyObject *capsule) {
+    const KilnTensorChecker *next = NULL;
+    if (capsule != Py_None) {
+        next = PyCapsule_GetPointer(capsule, KILN_TENSOR_CHECKER_CAPSULE);
+        if (next == NULL) {
+            return NULL;
+        }
+        if (next->abi != 1 || next->check == NULL) {
+            PyErr_SetString(PyExc_ValueError, "kiln guard tree: a tensor checker of another ABI");
+            return NULL;
+        }
+    }
+    PyObject *previous = checker_capsule != NULL ? checker_capsule : Py_NewRef(Py_None);
+    checker_capsule = capsule == Py_None ? NULL : Py_NewRef(capsule);
+    checker = next;
+    return previous; /* new reference */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -381,9 +354,9 @@ static int check(GuardOp *op, PyObject **regs) {
     return -1;
 }
 
-static int run(GuardTree *tree, PyObject **regs) {
-    for (Py_ssize_t i = 0; i < tree->nops; i++) {
-        GuardOp *op = &tree->ops[i];
+int guard_tree_run(GuardTree *tree, PyObject **regs, const Py_ssize_t *order, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        GuardOp *op = &tree->ops[order != NULL ? order[k] : k];
         if (op->op < OP_TYPE_IS) {
             PyObject *value = load(op, regs);
             if (value == NULL) {
@@ -427,7 +400,13 @@ int guard_tree_check(PyObject *self, PyObject *const *values, Py_ssize_t nvalues
         regs[i] = NULL;
     }
     Py_INCREF(tree); /* a load may run Python that drops the last other reference */
-    int verdict = run(tree, regs);
+    int verdict = tree->memo_on ? guard_memo_run(tree, values, regs) : 2;
+    if (verdict == 2) {
+        verdict = guard_tree_run(tree, regs, NULL, tree->nops);
+        if (verdict == 1 && tree->memo_on && tree->ops != NULL) {
+            guard_memo_record(tree, values, regs);
+        }
+    }
     for (Py_ssize_t i = nvalues; i < tree->nslots; i++) {
         Py_XDECREF(regs[i]);
     }
@@ -454,6 +433,9 @@ int guard_tree_check(PyObject *self, PyObject *const *values, Py_ssize_t nvalues
 static void free_ops(GuardTree *tree) {
     if (tree->ops != NULL) {
         for (Py_ssize_t i = 0; i < tree->nops; i++) {
+            for (Py_ssize_t r = 0; tree->ops[i].rows != NULL && r < tree->ops[i].nrows; r++) {
+                PyMem_Free(tree->ops[i].rows[r].ints);
+            }
             PyMem_Free(tree->ops[i].rows);
         }
         PyMem_Free(tree->ops);
@@ -480,8 +462,9 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
     }
     for (Py_ssize_t r = 0; r < op->nrows; r++) {
         PyObject *row = PyTuple_GET_ITEM(rows, r);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 7) {
-            return bad("a tensor row is (slot, type, dtype, device|None, requires_grad, sizes, strides)", i);
+        if (!PyTuple_CheckExact(row) || (PyTuple_GET_SIZE(row) != 7 && PyTuple_GET_SIZE(row) != 10)) {
+            return bad("a tensor row is (slot, type, dtype, device|None, requires_grad, sizes, strides"
+                       "[, keys|None, keys_fn, fast])", i);
         }
         Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
         if (slot < 0 || slot >= nslots || !written[slot]) {
@@ -496,9 +479,55 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
             !PyTuple_CheckExact(strides)) {
             return bad("a tensor row has a bad type, requires_grad, sizes or strides", i);
         }
-        op->rows[r] = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
-                                  .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
-                                  .strides = strides};
+        TensorRow *tr = &op->rows[r];
+        *tr = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
+                          .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
+                          .strides = strides};
+        if (PyTuple_GET_SIZE(row) == 10) {
+            PyObject *keys = PyTuple_GET_ITEM(row, 7), *keys_fn = PyTuple_GET_ITEM(row, 8);
+            int fast = PyObject_IsTrue(PyTuple_GET_ITEM(row, 9));
+            if (fast < 0) {
+                return -1;
+            }
+            if (keys != Py_None && (!PyLong_CheckExact(keys) || !PyCallable_Check(keys_fn))) {
+                return bad("a tensor row's keys are an int with a callable that gives them", i);
+            }
+            tr->keys = keys == Py_None ? NULL : keys;
+            tr->keys_fn = keys_fn;
+            tr->fast = fast;
+        }
+        Py_ssize_t ndim = PyTuple_GET_SIZE(sizes);
+        if (tr->fast && PyTuple_GET_SIZE(strides) == ndim) {
+            tr->ints = PyMem_Malloc((size_t)(2 * ndim + 1) * sizeof(int64_t));
+            if (tr->ints == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            int ints = 1;
+            for (Py_ssize_t d = 0; ints && d < 2 * ndim; d++) {
+                PyObject *v = PyTuple_GET_ITEM(d < ndim ? sizes : strides, d < ndim ? d : d - ndim);
+                ints = PyLong_CheckExact(v);
+                tr->ints[d] = ints ? PyLong_AsLongLong(v) : 0;
+                if (ints && tr->ints[d] == -1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    ints = 0;
+                }
+            }
+            uint64_t bits = 0;
+            if (tr->keys != NULL) {
+                bits = PyLong_AsUnsignedLongLong(tr->keys);
+                if (bits == (uint64_t)-1 && PyErr_Occurred()) {
+                    PyErr_Clear();
+                    ints = 0;
+                }
+            }
+            tr->fast = ints;
+            tr->spec = (KilnTensorSpec){.dtype = tr->dtype, .device = tr->device, .requires_grad = rg == Py_True,
+                                        .ndim = ndim, .sizes = tr->ints, .strides = tr->ints + ndim,
+                                        .has_keys = tr->keys != NULL, .keys = bits};
+        } else {
+            tr->fast = 0;
+        }
     }
     return 0;
 }
@@ -574,9 +603,10 @@ static PyObject *tree_vectorcall(PyObject *self, PyObject *const *args, size_t n
 static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     Py_ssize_t nvalues, nslots;
     PyObject *ops, *residual, *reference, *text;
-    static char *kwlist[] = {"nvalues", "nslots", "ops", "residual", "reference", "text", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnOOOU", kwlist, &nvalues, &nslots, &ops, &residual,
-                                     &reference, &text)) {
+    int memo = 1;
+    static char *kwlist[] = {"nvalues", "nslots", "ops", "residual", "reference", "text", "memo", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "nnOOOU|p", kwlist, &nvalues, &nslots, &ops, &residual,
+                                     &reference, &text, &memo)) {
         return NULL;
     }
     if (nvalues < 0 || nslots < nvalues) {
@@ -606,6 +636,8 @@ static PyObject *tree_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     tree->reference = Py_NewRef(reference);
     tree->text = Py_NewRef(text);
     tree->weakrefs = NULL;
+    tree->memo_on = memo;
+    memset(&tree->memo, 0, sizeof(tree->memo));
     tree->ops = PyMem_Calloc((size_t)(tree->nops ? tree->nops : 1), sizeof(GuardOp));
     int *written = PyMem_Calloc((size_t)(nslots ? nslots : 1), sizeof(int));
     if (tree->ops == NULL || written == NULL) {
@@ -637,6 +669,7 @@ static int tree_traverse(GuardTree *self, visitproc visit, void *arg) {
 }
 
 static int tree_clear(GuardTree *self) {
+    guard_memo_clear(&self->memo); /* its values are borrowed through the ops */
     free_ops(self); /* the ops borrow from op_tuples */
     Py_CLEAR(self->op_tuples);
     Py_CLEAR(self->residual);
@@ -681,7 +714,12 @@ static PyObject *tree_get_ops(GuardTree *self, void *closure) {
     return Py_NewRef(self->op_tuples != NULL ? self->op_tuples : Py_None);
 }
 
+static PyObject *tree_get_memo(GuardTree *self, void *closure) {
+    return guard_memo_stats(self);
+}
+
 static PyGetSetDef tree_getset[] = {
+    {"memo", (getter)tree_get_memo, NULL, "what the memo skips (Note [Skipping what did not change]), or None", NULL},
     {"ops", (getter)tree_get_ops, NULL, "the op tuples the tree was built from", NULL},
     {"residual", (getter)tree_get_residual, NULL, "the Python guard run after the C checks, or None", NULL},
     {"reference", (getter)tree_get_reference, NULL, "the readable Python guard the tree was compiled from", NULL},
@@ -716,7 +754,7 @@ PyTypeObject GuardTreeType = {
 };
 
 int guard_tree_init(void) {
-    if (PyType_Ready(&GuardTreeType) < 0) {
+    if (PyType_Ready(&GuardTreeType) < 0 || guard_memo_init() < 0) {
         return -1;
     }
     s_dtype = PyUnicode_InternFromString("dtype");

@@ -16,4 +16,8 @@ int guard_tree_init(void);
  * any, after the C checks pass. */
 int guard_tree_check(PyObject *tree, PyObject *const *values, Py_ssize_t nvalues);
 
+/* kiln_frame_hook.set_tensor_checker(capsule | None) -> the previous capsule or None: the
+ * torch-linked tensor checker (kiln_tensor_check.h) that TENSORS rows marked fast use. */
+PyObject *guard_tree_set_checker(PyObject *module, PyObject *capsule);
+
 #endif

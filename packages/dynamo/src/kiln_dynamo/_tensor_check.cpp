@@ -1,0 +1,78 @@
+// kiln_dynamo's optional tensor checker: a guard tree's tensor rows checked by reading the
+// TensorImpl (Note [Tensor metadata through the attribute protocol] in kiln_frame_hook's
+// guard_tree.c, and Note [The torch-linked tensor checker] in tensor_check.py). Built on demand
+// against the running torch (tensor_check.py); kiln_frame_hook itself never links libtorch.
+//
+// check() answers for a tensor whose type the guard tree has already compared with a plain one
+// (torch.Tensor or nn.Parameter: their metadata getters are torch's own, which read exactly these
+// fields), and says "cannot tell" (2) for anything it does not read the way those getters do:
+// symbolic or custom sizes, a non-strided layout. It raises nothing and calls no Python.
+#include <Python.h>
+
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include "kiln_tensor_check.h"
+
+namespace {
+
+int check(PyObject* obj, const KilnTensorSpec* spec) {
+  if (!THPVariable_Check(obj) || !THPDtype_Check(spec->dtype) ||
+      (spec->device != nullptr && !THPDevice_Check(spec->device))) {
+    return 2;
+  }
+  const at::Tensor& t = THPVariable_Unpack(obj);
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->has_symbolic_sizes_strides() || impl->is_nested() || impl->layout() != c10::kStrided) {
+    return 2;
+  }
+  if (impl->dtype() != c10::scalarTypeToTypeMeta(reinterpret_cast<THPDtype*>(spec->dtype)->scalar_type)) {
+    return 0;
+  }
+  if (spec->device == nullptr ? !impl->is_cpu()
+                              : impl->device() != reinterpret_cast<THPDevice*>(spec->device)->device) {
+    return 0;
+  }
+  if (t.requires_grad() != static_cast<bool>(spec->requires_grad)) {
+    return 0;
+  }
+  try {
+    c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+    if (static_cast<Py_ssize_t>(sizes.size()) != spec->ndim || static_cast<Py_ssize_t>(strides.size()) != spec->ndim) {
+      return 0;
+    }
+    for (Py_ssize_t d = 0; d < spec->ndim; d++) {
+      if (sizes[d] != spec->sizes[d] || strides[d] != spec->strides[d]) {
+        return 0;
+      }
+    }
+  } catch (...) {
+    return 2;  // the attribute path raises the same error, which fails the guard
+  }
+  if (spec->has_keys && impl->key_set().raw_repr() != spec->keys) {
+    return 0;
+  }
+  return 1;
+}
+
+const KilnTensorChecker checker = {1, check};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_tensor_check", "kiln_dynamo's torch-linked tensor checker",
+                          -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_kiln_tensor_check(void) {
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) {
+    return nullptr;
+  }
+  PyObject* capsule = PyCapsule_New(const_cast<KilnTensorChecker*>(&checker), KILN_TENSOR_CHECKER_CAPSULE, nullptr);
+  if (capsule == nullptr || PyModule_AddObject(module, "checker", capsule) < 0) {
+    Py_XDECREF(capsule);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
