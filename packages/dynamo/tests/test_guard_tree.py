@@ -429,3 +429,33 @@ def test_the_memo_report_says_what_a_warm_call_skips() -> None:
     assert report.startswith("guard memo: ") and "ops skipped on a warm call" in report
     assert "TENSORS" in report  # tensor rows always run
     assert tree.memo["hits"] >= 1 and tree.memo["run_ops"] < tree.nops // 2
+
+
+def test_the_checker_is_built_in_the_background_and_loaded_from_the_cache(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KILN_TENSOR_CHECKER=auto (the default): with no checker built, the first install starts a
+    background build and guards read attributes meanwhile; when the build is done the checker is
+    in use, and a later process (here: the same after uninstall) loads the library from the cache
+    without building (Note [The torch-linked tensor checker])."""
+    from kiln_dynamo import tensor_check
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("KILN_TENSOR_CHECKER", raising=False)
+    tensor_check.uninstall()
+    try:
+        assert not tensor_check.install()  # not built yet: the attribute path, a build started
+        thread = tensor_check.background_build()
+        assert thread is not None
+        thread.join(timeout=900)
+        assert tensor_check.status() == "in use", tensor_check.status()
+        net, compiled, x = compile_net()
+        torch.testing.assert_close(compiled(x), net(x))
+        libraries = list(tmp_path.rglob("kiln_tensor_check*.so"))
+        assert len(libraries) == 1 and not list(tmp_path.rglob(".build-*")), libraries  # no scratch left
+        tensor_check.uninstall()
+        assert tensor_check.install(build=False)  # from the cache, no build
+    finally:
+        tensor_check.uninstall()
+        monkeypatch.undo()
+        tensor_check.install()

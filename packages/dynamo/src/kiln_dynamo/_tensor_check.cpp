@@ -58,12 +58,22 @@ int check(PyObject* obj, const KilnTensorSpec* spec) {
 
 const KilnTensorChecker checker = {1, check};
 
-PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_tensor_check", "kiln_dynamo's torch-linked tensor checker",
-                          -1, nullptr};
+// torch's extension builder names the module (kiln_tensor_check, or kiln_tensor_check_v1 when one
+// process builds it twice) through TORCH_EXTENSION_NAME
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME kiln_tensor_check
+#endif
+#define KILN_STR2(x) #x
+#define KILN_STR(x) KILN_STR2(x)
+#define KILN_CAT2(a, b) a##b
+#define KILN_CAT(a, b) KILN_CAT2(a, b)
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, KILN_STR(TORCH_EXTENSION_NAME),
+                          "kiln_dynamo's torch-linked tensor checker", -1, nullptr};
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit_kiln_tensor_check(void) {
+PyMODINIT_FUNC KILN_CAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   PyObject* module = PyModule_Create(&module_def);
   if (module == nullptr) {
     return nullptr;

@@ -20,8 +20,14 @@ TensorImpl itself. The options, measured on this machine (ResNet at cpu size, 63
   way the getters do (symbolic or custom sizes, a sparse layout) it leaves to the attribute
   path, which stays the fallback whenever the checker is absent. Rows use it only for types whose
   metadata getters are torch's own (`torch.Tensor`, `nn.Parameter`).
-`KILN_TENSOR_CHECKER=0` never uses it, `=1` (the default) uses it when it is built, `=build`
-also builds it when it is not; `python -m kiln_dynamo.tensor_check` builds it.
+`KILN_TENSOR_CHECKER=0` never uses it, `=1` uses it when it is built, `=build` also builds it
+when it is not (before the first guard runs), and `=auto` (the default) uses it when built and
+otherwise builds it in a background thread, handing it over when done: the first compiles of a
+fresh cache are not delayed by the build, and guards already built switch to it (the checker is
+read per evaluation). The build goes to a private temporary folder and its library is moved into
+the cache atomically, so an interrupted build leaves no lock or half-written file behind for the
+next process; two processes may both build, and one file wins. `python -m kiln_dynamo.tensor_check`
+builds it in the foreground.
 
 Dispatch keys: a tensor of the same type, dtype, device and layout can still dispatch
 differently (an inference tensor, a lazily conjugated or negated view, a vmap-batched tensor);
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -40,7 +47,13 @@ import kiln_frame_hook
 
 log = logging.getLogger("kiln.dynamo.guards")
 
-_state: dict[str, object] = {"tried": False, "module": None, "reason": "not tried"}
+_state: dict[str, object] = {
+    "tried": False,
+    "module": None,
+    "reason": "not tried",
+    "thread": None,
+    "generation": 0,
+}
 
 
 def dispatch_keys(t: torch.Tensor) -> int:
@@ -53,31 +66,103 @@ def _build_dir() -> Path:
     return root / "tensor_check" / torch.__version__.replace("+", "_")
 
 
-def _load(build: bool) -> object | None:
-    """The built extension module, building it when `build`; None (with the reason) otherwise."""
+def _library(where: Path) -> Path | None:
+    found = sorted(where.glob("kiln_tensor_check*.so"))
+    return found[0] if found else None
+
+
+def _import(path: Path) -> object:
+    """The built extension from its library file (torch is imported: its symbols resolve)."""
+    import importlib.machinery
+    import importlib.util
+
+    name = path.name.split(".")[0]  # torch names a rebuild in one process kiln_tensor_check_v1
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _build(where: Path | None = None) -> object:
+    """Build into a private folder of `where` (the cache's), move the library into it atomically,
+    load it."""
+    import shutil
+    import tempfile
+
     from torch.utils import cpp_extension
 
-    where = _build_dir()
-    built = any(where.glob("kiln_tensor_check*.so"))
-    if not built and not build:
-        _state["reason"] = f"not built (python -m kiln_dynamo.tensor_check builds it into {where})"
-        return None
+    where = where or _build_dir()
     where.mkdir(parents=True, exist_ok=True)
-    source = Path(__file__).with_name("_tensor_check.cpp")
-    return cpp_extension.load(
-        name="kiln_tensor_check",
-        sources=[str(source)],
-        extra_include_paths=[str(Path(kiln_frame_hook.__file__).parent)],
-        extra_cflags=["-O2"],
-        build_directory=str(where),
-        verbose=False,
-    )
+    scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=where))
+    try:
+        source = Path(__file__).with_name("_tensor_check.cpp")
+        module = cpp_extension.load(
+            name="kiln_tensor_check",
+            sources=[str(source)],
+            extra_include_paths=[str(Path(kiln_frame_hook.__file__).parent)],
+            extra_cflags=["-O2"],
+            build_directory=str(scratch),
+            verbose=False,
+        )
+        built = _library(scratch)
+        if built is None:
+            raise RuntimeError(f"the build left no library in {scratch}")
+        final = where / built.name
+        staged = where / f".{built.name}.{os.getpid()}"
+        shutil.copyfile(built, staged)
+        os.replace(staged, final)
+        return module
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load(build: bool) -> object | None:
+    """The built extension module, building it when `build`; None (with the reason) otherwise."""
+    built = _library(_build_dir())
+    if built is not None:
+        return _import(built)
+    if not build:
+        _state["reason"] = f"not built (python -m kiln_dynamo.tensor_check builds it into {_build_dir()})"
+        return None
+    return _build()
+
+
+def _hand_over(module: object) -> None:
+    kiln_frame_hook.set_tensor_checker(module.checker)  # type: ignore[attr-defined]
+    _state["module"], _state["reason"] = module, "in use"
+    log.debug("guard trees check tensors with the torch-linked checker (%s)", module)
+
+
+def _build_in_background() -> threading.Thread:
+    generation, where = _state["generation"], _build_dir()
+
+    def run() -> None:
+        try:
+            module = _build(where)
+        except Exception as e:  # no compiler, no headers: the attribute path stays
+            _state["reason"] = f"could not build it: {type(e).__name__}: {e}"
+            log.debug("guard trees read tensor metadata through attributes: %s", _state["reason"])
+            return
+        # handed over only if nothing changed meanwhile (an uninstall, another cache folder)
+        current = _state["generation"] == generation and _build_dir() == where
+        if current and _state["module"] is None and os.environ.get("KILN_TENSOR_CHECKER", "auto") != "0":
+            _hand_over(module)
+
+    _state["reason"] = "building in the background"
+    log.info("kiln: building the torch-linked guard checker in the background (once per torch version)")
+    thread = threading.Thread(target=run, name="kiln-tensor-check-build", daemon=True)
+    _state["thread"] = thread
+    thread.start()
+    return thread
 
 
 def install(build: bool | None = None) -> bool:
     """Hand the torch-linked checker to kiln_frame_hook if it can be had (once per process);
-    whether it is in use. `build` overrides KILN_TENSOR_CHECKER=build."""
-    setting = os.environ.get("KILN_TENSOR_CHECKER", "1")
+    whether it is in use now. `build` overrides KILN_TENSOR_CHECKER=build (True: build now if
+    not built; False: never build)."""
+    setting = os.environ.get("KILN_TENSOR_CHECKER", "auto")
     if setting == "0":
         _state["reason"] = "off (KILN_TENSOR_CHECKER=0)"
         return False
@@ -86,24 +171,32 @@ def install(build: bool | None = None) -> bool:
     if _state["tried"] and not build:
         return False
     _state["tried"] = True
+    foreground = build if build is not None else setting == "build"
     try:
-        module = _load(build if build is not None else setting == "build")
+        module = _load(foreground)
     except Exception as e:  # no compiler, no headers: the attribute path stays
         _state["reason"] = f"could not build it: {type(e).__name__}: {e}"
         module = None
     if module is None:
+        if build is None and setting == "auto" and str(_state["reason"]).startswith("not built"):
+            _build_in_background()
         log.debug("guard trees read tensor metadata through attributes: %s", _state["reason"])
         return False
-    kiln_frame_hook.set_tensor_checker(module.checker)  # type: ignore[attr-defined]
-    _state["module"], _state["reason"] = module, "in use"
-    log.debug("guard trees check tensors with the torch-linked checker (%s)", module)
+    _hand_over(module)
     return True
+
+
+def background_build() -> threading.Thread | None:
+    """The thread building the checker in the background, if one was started."""
+    thread = _state.get("thread")
+    return thread if isinstance(thread, threading.Thread) else None
 
 
 def uninstall() -> None:
     """Back to the attribute path (for tests and measurements)."""
     kiln_frame_hook.set_tensor_checker(None)
     _state["module"], _state["tried"], _state["reason"] = None, False, "uninstalled"
+    _state["generation"] = int(str(_state["generation"])) + 1  # a build under way is not handed over
 
 
 def status() -> str:
