@@ -205,6 +205,59 @@ def test_transformer_encoder_is_one_graph() -> None:
         check(enc, t(2, 5, 16))
 
 
+_FUSED_OPS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
+def _graph_targets(backend: CountingBackend) -> set[str]:
+    return {getattr(n.target, "__name__", str(n.target)) for gm in backend.gms for n in gm.graph.nodes}
+
+
+def _fast_path_cases() -> list[tuple[str, nn.Module, torch.Tensor]]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    return [
+        ("layer", layer.eval(), t(2, 5, 16)),
+        ("mha", SelfAttention().eval(), t(2, 5, 16)),
+        ("encoder", encoder.eval(), t(2, 5, 16)),
+    ]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _fast_path_cases()])
+def test_fused_inference_fast_paths_are_traced_decomposed(case: str) -> None:
+    """Eval without grad: torch would run its fused kernels (no meta kernel for the encoder layer's
+    before torch 2.13); kiln traces the decomposable path instead (Note [Fused inference fast
+    paths]), so the graph holds ordinary ops and nothing falls back."""
+    model, x = next((m, x) for name, m, x in _fast_path_cases() if name == case)
+    with torch.no_grad():
+        backend = check(model, x)
+    targets = _graph_targets(backend)
+    assert not targets & set(_FUSED_OPS), targets
+    assert "layer_norm" in targets or "multi_head_attention_forward" in targets, targets
+    assert kiln_dynamo.counters.fallbacks == []
+
+
+def test_fused_fast_paths_kept_on_request() -> None:
+    _, model, x = _fast_path_cases()[1]
+    kiln_dynamo.set_torch_fast_paths(True)
+    try:
+        with torch.no_grad():
+            backend = check(model, x)
+    finally:
+        kiln_dynamo.set_torch_fast_paths(False)
+    assert "_native_multi_head_attention" in _graph_targets(backend)
+
+
 class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -13,12 +13,14 @@ results get eager's `requires_grad`.
 from __future__ import annotations
 
 import math
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 
@@ -93,19 +95,53 @@ IS_COMPILING_FUNCTIONS = frozenset(
     }
 )
 
+# Note [Fused inference fast paths]: nn.MultiheadAttention, nn.TransformerEncoderLayer and
+# nn.TransformerEncoder pick a fused C++ kernel (`_native_multi_head_attention`,
+# `_transformer_encoder_layer_fwd`, nested-tensor conversion) in eval mode without grad, after
+# checks that all start with `torch.backends.mha.get_fastpath_enabled()`. The fused kernels are one
+# opaque op for a compiler (an extern call that nothing fuses with; on torch < 2.13
+# `_transformer_encoder_layer_fwd` has no meta kernel at all, so fake tensors cannot run it and
+# the graph would fall back), while the other branch is the same computation in decomposable ops
+# (linear, softmax, layer_norm). So while kiln traces, that flag answers False and the modules
+# take the decomposable path on every torch version. The answer is not guarded: both branches
+# compute the same function, so `set_fastpath_enabled()` later needs no recompile.
+# `KILN_TORCH_FAST_PATHS=1` (or `set_torch_fast_paths(True)`) keeps torch's own answer.
+FAST_PATH_FLAGS = frozenset({("torch.backends.mha", "get_fastpath_enabled")})
+_keep_torch_fast_paths = os.environ.get("KILN_TORCH_FAST_PATHS", "0") == "1"
+
+
+def set_torch_fast_paths(enabled: bool) -> None:
+    """Let torch's fused inference kernels be traced as they are (Note [Fused inference fast paths])."""
+    global _keep_torch_fast_paths
+    _keep_torch_fast_paths = enabled
+
+
+def _qualified(value: Any) -> tuple[str, str] | None:
+    if not isinstance(value, types.FunctionType):
+        return None
+    return (value.__module__, value.__qualname__)
+
 
 def is_compiling_function(value: Any) -> bool:
-    return isinstance(value, types.FunctionType) and (
-        (value.__module__, value.__qualname__) in IS_COMPILING_FUNCTIONS
-    )
+    return _qualified(value) in IS_COMPILING_FUNCTIONS
+
+
+def trace_time_answer(value: Any) -> bool | None:
+    """The constant a torch flag function answers while kiln traces, or None to treat it as usual."""
+    name = _qualified(value)
+    if name in IS_COMPILING_FUNCTIONS:
+        return True
+    if name in FAST_PATH_FLAGS and not _keep_torch_fast_paths:
+        return False
+    return None
 
 
 def is_torch_callable(value: Any) -> bool:
     """Should a call to `value` become a graph node (rather than be inlined or folded)?"""
     if isinstance(value, type):
         return False
-    if is_compiling_function(value):
-        return True  # answered at trace time (Note [Answering is_compiling])
+    if trace_time_answer(value) is not None:
+        return True  # answered at trace time (Notes [Answering is_compiling], [Fused inference fast paths])
     mod = getattr(value, "__module__", None) or ""
     if isinstance(value, types.FunctionType):
         # Only torch's operator namespaces: anything else from torch (decorators such as
@@ -158,7 +194,16 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(torch.is_inference_mode_enabled())
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
-        if is_compiling_function(fn) or getattr(fn, "__name__", "") == "is_compiling":
+        answer = trace_time_answer(fn)
+        if answer is False:
+            decisions_log.info(
+                "%s() answers False while tracing: torch's fused inference kernels are not taken "
+                "(Note [Fused inference fast paths]; KILN_TORCH_FAST_PATHS=1 keeps them)",
+                fn.__qualname__,
+            )
+        if answer is not None:
+            return ConstantVariable(answer)
+        if getattr(fn, "__name__", "") == "is_compiling":
             return ConstantVariable(True)
         if fn is torch._C._len_torch_dispatch_stack:
             # Note [kiln's own FakeMode]: while tracing, kiln's FakeMode sits on the dispatch-mode
