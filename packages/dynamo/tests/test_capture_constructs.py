@@ -441,3 +441,111 @@ def test_autograd_function_whose_forward_has_a_comprehension() -> None:
     assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
     (got,) = torch.autograd.grad(report.result, x)
     torch.testing.assert_close(got, torch.full((3,), 3.0))
+
+
+_APPENDED: list[Any] = []
+
+
+def _appends(x: torch.Tensor) -> torch.Tensor:
+    _APPENDED.append(x * 2)
+    _APPENDED.extend([1, x])
+    return x + 1
+
+
+def _appends_then_reads(x: torch.Tensor) -> torch.Tensor:
+    _APPENDED.append(x)
+    return x * len(_APPENDED)
+
+
+def test_appending_to_an_outside_list_does_not_recompile() -> None:
+    """Note [Lists read only when needed]: a list the frame only appends to is guarded on its
+    type, not on its length, so the log growing each call does not fail the guard."""
+    x = t(3)
+    _APPENDED.clear()
+    expected = [_appends(x) for _ in range(4)]
+    eager_log = list(_APPENDED)
+    _APPENDED.clear()
+    compiled = kiln_dynamo.compile(_appends, backend=CountingBackend())
+    for e in expected:
+        torch.testing.assert_close(compiled(x), e)
+    assert kiln_dynamo.counters.recompiles == 0
+    assert len(_APPENDED) == len(eager_log) == 12
+    for a, b in zip(_APPENDED, eager_log, strict=True):
+        assert type(a) is type(b)
+        torch.testing.assert_close(a, b)
+
+
+def test_an_outside_list_read_after_appending_is_still_guarded_on_its_length() -> None:
+    x = t(3)
+    _APPENDED.clear()
+    compiled = kiln_dynamo.compile(_appends_then_reads, backend=CountingBackend())
+    for n in range(1, 4):
+        torch.testing.assert_close(compiled(x), x * n)  # a stale length would give x * 1
+    assert len(_APPENDED) == 3 and kiln_dynamo.counters.recompiles == 2
+
+
+class _MyError(Exception):
+    pass
+
+
+class _SubError(_MyError):
+    pass
+
+
+def _raises(x: torch.Tensor, flag: bool) -> torch.Tensor:
+    if flag:
+        raise _SubError("deep", 3)
+    return x
+
+
+def _catches_a_user_exception(x: torch.Tensor) -> torch.Tensor:
+    try:
+        y = _raises(x, True)  # raised in an inlined call, caught by its caller
+    except _MyError as e:
+        y = x * e.args[1]
+    else:
+        y = y - 1
+    finally:
+        y = y + 0.5
+    return y
+
+
+def _catches_stop_iteration(x: torch.Tensor) -> torch.Tensor:
+    it = iter([1, 2])
+    while True:
+        try:
+            x = x + next(it)
+        except StopIteration:
+            break
+    return x
+
+
+def _reraises_another(x: torch.Tensor) -> torch.Tensor:
+    try:
+        try:
+            {}["k"]
+        except KeyError:
+            raise _MyError("wrapped") from None
+    except _MyError as e:
+        return x + len(str(e))
+
+
+@pytest.mark.parametrize("fn", [_catches_a_user_exception, _catches_stop_iteration, _reraises_another])
+def test_exceptions_raised_and_caught_in_the_frame_are_traced(fn: Any) -> None:
+    """Note [Exceptions the frame raises and catches]: the handler CPython would run is traced."""
+    check(fn, t(3))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def _raises_uncaught(x: torch.Tensor) -> torch.Tensor:
+    y = x + 1
+    try:
+        raise ValueError("not a KeyError", y.shape[0])
+    except KeyError:
+        return y
+
+
+def test_an_exception_no_handler_takes_is_raised_as_in_eager() -> None:
+    compiled = kiln_dynamo.compile(_raises_uncaught)
+    with pytest.raises(ValueError, match="not a KeyError"):
+        compiled(t(3))

@@ -57,6 +57,12 @@ from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource,
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.exceptions import (
+    ExceptionVariable,
+    ObservedException,
+    exception_classes,
+    raise_exception,
+)
 from kiln_dynamo.variables.functions import NestedFunctionVariable
 from kiln_dynamo.variables.lists import (
     BaseListVariable,
@@ -187,6 +193,8 @@ class InstructionTranslator:
         self.kw_names: tuple[str, ...] = ()
         self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
         self.facts = resume.facts(code)
+        self.exception_table = bytecode.parse_exception_table(code)
+        self.exc_info: VT = ConstantVariable(None)  # the exception being handled (sys.exc_info())
         self.break_at: int | None = None  # root only: split the frame when this offset is reached
         self.current: dis.Instruction | None = None
 
@@ -228,7 +236,11 @@ class InstructionTranslator:
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
                 self.output.guards.where = self.where()
-                handler(inst)
+                try:
+                    handler(inst)
+                except ObservedException as e:
+                    if not self._enter_handler(inst, e):
+                        raise
         except _Return as r:
             return r.value
         except Unsupported as e:
@@ -255,6 +267,25 @@ class InstructionTranslator:
                 raised.break_offset = offset
                 raised = self._split_before_try(raised)
             raise raised from e
+
+    def _enter_handler(self, inst: dis.Instruction, e: ObservedException) -> bool:
+        """Note [Exceptions the frame raises and catches]: go to the handler CPython would run
+        for an exception raised by `inst`; False when this code has none there."""
+        entry = next((x for x in self.exception_table if x.start <= inst.offset < x.end), None)
+        if entry is None:
+            return False
+        target = self.index_of[entry.target]
+        nxt = self.instructions[target + 1] if target + 1 < len(self.instructions) else None
+        if nxt is not None and nxt.opname == "WITH_EXCEPT_START":
+            raise Unsupported(
+                f"{e.exc.cls.__name__} raised inside a with block: kiln does not pass exceptions to __exit__"
+            ) from e
+        del self.stack[entry.depth :]
+        if entry.lasti:
+            self.push(ConstantVariable(inst.offset))
+        self.push(e.exc)
+        self.ip = target
+        return True
 
     def _split_before_try(self, e: Unsupported) -> Unsupported:
         """Note [Tracing try blocks]: a break inside a try block moves before the outermost
@@ -974,8 +1005,43 @@ class InstructionTranslator:
     def LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
         raise Unsupported("an assertion failed inside the compiled frame")
 
+    # --- exceptions (Note [Exceptions the frame raises and catches]) --------------------------
     def RAISE_VARARGS(self, inst: dis.Instruction) -> None:
-        raise Unsupported("raise inside the compiled frame")
+        n = _arg(inst)
+        if n == 0:
+            if not isinstance(self.exc_info, ExceptionVariable):
+                raise Unsupported("bare raise with no exception being handled")
+            raise raise_exception(self.exc_info)
+        if n == 2:
+            self.pop()  # `raise e from cause`: the cause only shows in a traceback
+        exc = self.pop()
+        if not isinstance(exc, ExceptionVariable):
+            exc = self.call(exc, [], {})  # `raise MyError`
+        if not isinstance(exc, ExceptionVariable):
+            raise Unsupported(f"raise of {exc.describe()}")
+        raise raise_exception(exc)
+
+    def PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        self.push(self.exc_info)
+        self.push(exc)
+        self.exc_info = exc
+
+    def POP_EXCEPT(self, inst: dis.Instruction) -> None:
+        self.exc_info = self.pop()
+
+    def CHECK_EXC_MATCH(self, inst: dis.Instruction) -> None:
+        classes = exception_classes(self, self.pop())
+        exc = self.stack[-1]
+        self.push(ConstantVariable(isinstance(exc, ExceptionVariable) and issubclass(exc.cls, classes)))
+
+    def RERAISE(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        if _arg(inst):
+            self.pop()  # the offset that raised (f_lasti)
+        if not isinstance(exc, ExceptionVariable):
+            raise Unsupported(f"re-raise of {exc.describe()}")
+        raise raise_exception(exc)
 
 
 class _GlobalsTarget(VariableTracker):

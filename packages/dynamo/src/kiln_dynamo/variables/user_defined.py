@@ -25,6 +25,7 @@ from torch import nn
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
 from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
+from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
 from kiln_dynamo.variables.lists import NamedTupleVariable
@@ -113,6 +114,10 @@ class UserClassVariable(VariableTracker):
             )
         if issubclass(cls, nn.Module):
             return construct_module(tx, cls, args, kwargs)
+        if is_plain_exception_class(cls):
+            if kwargs:
+                raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
+            return ExceptionVariable(cls, args)  # Note [Exceptions the frame raises and catches]
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is abc.ABCMeta and getattr(cls, "__abstractmethods__", None):
