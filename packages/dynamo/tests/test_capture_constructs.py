@@ -5,6 +5,7 @@ traversal (`parameters()`, `named_modules()`, ...), which `nn.TransformerEncoder
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -549,3 +550,104 @@ def test_an_exception_no_handler_takes_is_raised_as_in_eager() -> None:
     compiled = kiln_dynamo.compile(_raises_uncaught)
     with pytest.raises(ValueError, match="not a KeyError"):
         compiled(t(3))
+
+
+_EFFECTS: list[Any] = []
+
+
+def _gen(x: torch.Tensor) -> Any:
+    for i in range(3):
+        _EFFECTS.append(("gen", i))
+        yield x * i
+    return "done"
+
+
+def _consumes(x: torch.Tensor) -> torch.Tensor:
+    out = x
+    for v in _gen(x):
+        _EFFECTS.append("use")  # interleaves with the generator's appends, as in eager
+        out = out + v
+    return out
+
+
+def _delegates(x: torch.Tensor) -> Any:
+    result = yield from _gen(x)
+    _EFFECTS.append(result)
+    yield x + 1
+
+
+def _consumes_yield_from(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack(list(_delegates(x))).sum(0)
+
+
+def _steps(x: torch.Tensor) -> torch.Tensor:
+    g = _gen(x)
+    return next(g) + next(g) * 2
+
+
+@contextlib.contextmanager
+def _scaled(k: int) -> Any:
+    _EFFECTS.append("enter")
+    try:
+        yield k * 2
+    finally:
+        _EFFECTS.append("exit")
+
+
+def _uses_a_context_manager(x: torch.Tensor) -> torch.Tensor:
+    with _scaled(3) as s:
+        y = x * s
+    return y + 1
+
+
+@pytest.mark.parametrize("fn", [_consumes, _consumes_yield_from, _steps, _uses_a_context_manager])
+def test_generators_and_contextmanagers_are_traced_in_program_order(fn: Any) -> None:
+    """Note [Generators traced step by step]: the generator's effects interleave with its
+    consumer's exactly as in eager, with no break; `contextlib.contextmanager` is the same
+    generator, stepped by the manager's `__enter__` and `__exit__`."""
+    x = t(3)
+    _EFFECTS.clear()
+    expected = fn(x)
+    eager_effects = list(_EFFECTS)
+    _EFFECTS.clear()
+    compiled = kiln_dynamo.compile(fn, backend=CountingBackend())
+    torch.testing.assert_close(compiled(x), expected)
+    assert eager_effects == _EFFECTS
+    assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.graphs == 1
+
+
+def _cleans_up(x: torch.Tensor) -> Any:
+    try:
+        yield x + 1
+        yield x + 2
+    finally:
+        _EFFECTS.append("closed")
+
+
+def _leaves_suspended(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + next(_cleans_up(x))
+
+
+def _noisy_gen(x: torch.Tensor) -> Any:
+    yield x + 1
+    print(end="")  # a break inside the generator's body
+    yield x + 2
+
+
+def _consumes_noisy(x: torch.Tensor) -> torch.Tensor:
+    return sum(_noisy_gen(x * 2))
+
+
+@pytest.mark.parametrize("fn", [_leaves_suspended, _consumes_noisy])
+def test_a_generator_kiln_cannot_finish_runs_as_python_from_its_creation(fn: Any) -> None:
+    """A generator left suspended in a try block (CPython runs its `finally` when it is freed)
+    or with a break in its body: the frame splits at the call that made it."""
+    x = t(3)
+    _EFFECTS.clear()
+    expected = fn(x)
+    eager_effects = list(_EFFECTS)
+    _EFFECTS.clear()
+    torch.testing.assert_close(kiln_dynamo.compile(fn)(x), expected)
+    assert eager_effects == _EFFECTS
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert first.split and first.note is not None and "split at the call that made" in first.note

@@ -26,8 +26,8 @@ differs from eager, and only on inputs that make that operator fail.
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
 parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
 torch's own generators run to completion in a child translator that collects the yielded values
-into a list iterator; a user's generator function is a graph break (Note [Generators run as
-Python]).
+into a list iterator; a user's generator function runs step by step as its consumer asks (Note
+[Generators traced step by step] in variables/generators.py).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
@@ -64,6 +64,7 @@ from kiln_dynamo.variables.exceptions import (
     raise_exception,
 )
 from kiln_dynamo.variables.functions import NestedFunctionVariable
+from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
     BaseListVariable,
     ListIteratorVariable,
@@ -80,7 +81,7 @@ from kiln_dynamo.variables.torch import (
     GradModeVariable,
     WithExitVariable,
 )
-from kiln_dynamo.variables.user_defined import SuperVariable
+from kiln_dynamo.variables.user_defined import NewObjectVariable, SuperVariable
 
 PY = bytecode.PY_VERSION
 if PY not in ((3, 11), (3, 12)):
@@ -157,6 +158,13 @@ class _Return(Exception):
         self.value = value
 
 
+class Yielded(Exception):
+    """A generator traced step by step reached a yield (Note [Generators traced step by step])."""
+
+    def __init__(self, value: VT) -> None:
+        self.value = value
+
+
 class BreakHere(Exception):
     """The second tracing pass reached the instruction where the frame splits (resume.py)."""
 
@@ -192,6 +200,8 @@ class InstructionTranslator:
         self.lineno: int | None = code.co_firstlineno
         self.kw_names: tuple[str, ...] = ()
         self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
+        self.step_by_step = False  # a generator suspended at each yield (GeneratorObjectVariable)
+        self.generators: list[GeneratorObjectVariable] = []  # root only: those the frame made
         self.facts = resume.facts(code)
         self.exception_table = bytecode.parse_exception_table(code)
         self.exc_info: VT = ConstantVariable(None)  # the exception being handled (sys.exc_info())
@@ -251,7 +261,7 @@ class InstructionTranslator:
             raise located from e.__cause__
         except RecursionError as e:
             raise Unsupported("recursion too deep while tracing").located(self.where()) from e
-        except BreakHere:
+        except (BreakHere, Yielded):
             raise
         except Exception as e:
             # Note [Tracing try blocks]: a Python exception raised by the modelled code inside a
@@ -427,24 +437,17 @@ class InstructionTranslator:
         bound: dict[str, VT],
         closure: list[CellVariable],
         label: str,
+        rebuild: tuple[VT, list[VT], dict[str, VT]] | None = None,
     ) -> VT:
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {label}")
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise Unsupported(f"{label} is a coroutine or async generator")
-        if (
+        step_by_step = bool(
             code.co_flags & 0x20
             and code.co_name != "<genexpr>"
             and not code.co_filename.startswith(_TORCH_DIR)
-        ):
-            # Note [Generators run as Python]: inlining runs a generator to completion before its
-            # consumer, which would reorder their side effects (prints, appends, ...). Generator
-            # expressions and torch's own generators (Module.parameters, .modules, ...) have none
-            # worth keeping in order and stay inlined; a user's generator function breaks the graph.
-            raise Unsupported(
-                f"call to generator function {code.co_qualname}: kiln runs generators as plain Python",
-                advice="return a list (or a tuple) instead of yielding, if the values are few",
-            )
+        )
         cells: dict[str, CellVariable] = {}
         for name in code.co_cellvars:
             cells[name] = CellVariable(
@@ -457,6 +460,18 @@ class InstructionTranslator:
         for name, cell in zip(code.co_freevars, closure, strict=True):
             cells[name] = cell
         child = InstructionTranslator(self.output, code, f_globals, self.f_builtins, dict(bound), cells, self)
+        if step_by_step:
+            # Note [Generators traced step by step]: a user's generator function runs as its
+            # consumer asks, so their effects interleave as in CPython. Generator expressions and
+            # torch's own generators (Module.parameters, ...) run to completion here.
+            child.step_by_step = True
+            root: InstructionTranslator = self
+            while root.parent is not None:
+                root = root.parent
+            created_at = root.current.offset if root.current is not None else None
+            gen = GeneratorObjectVariable(child, code.co_qualname, rebuild, created_at)
+            root.generators.append(gen)
+            return gen
         result = child.run()
         if child.yielded is not None:
             return ListIteratorVariable(child.yielded)
@@ -510,16 +525,58 @@ class InstructionTranslator:
         )
 
     def RETURN_CONST(self, inst: dis.Instruction) -> None:
+        self._before_return()
         raise _Return(self.wrap_constant(inst.argval))
 
     def RETURN_VALUE(self, inst: dis.Instruction) -> None:
+        self._before_return()
         raise _Return(self.pop())
+
+    def _before_return(self) -> None:
+        if self.parent is None:
+            for gen in self.generators:
+                gen.check_left_suspended()
 
     def YIELD_VALUE(self, inst: dis.Instruction) -> None:
         if self.yielded is None:
             raise Unsupported("yield outside a generator")
-        self.yielded.append(self.pop())
-        self.push(ConstantVariable(None))
+        value = self.pop()
+        self.push(ConstantVariable(None))  # what the yield evaluates to: send() replaces it
+        if self.step_by_step:
+            raise Yielded(value)  # Note [Generators traced step by step]
+        self.yielded.append(value)
+
+    def GET_YIELD_FROM_ITER(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        self.push(v if isinstance(v, ListIteratorVariable) else ListIteratorVariable(v.iterate(self)))
+
+    def SEND(self, inst: dis.Instruction) -> None:
+        """`yield from`: one step of the receiver under the value sent."""
+        value = self.pop()
+        receiver = self.stack[-1]
+        if isinstance(receiver, GeneratorObjectVariable):
+            item, ret = receiver.send(self, value), receiver.return_value
+        elif (
+            isinstance(receiver, ListIteratorVariable) and value.is_constant() and value.as_constant() is None
+        ):
+            item, ret = receiver.next(self), ConstantVariable(None)
+        else:
+            raise Unsupported(f"yield from {receiver.describe()}")
+        if item is not None:
+            self.push(item)
+            return
+        if PY == (3, 11):
+            self.stack[-1] = ret
+        elif PY == (3, 12):
+            self.push(ret)  # END_SEND at the target drops the receiver
+        else:  # pragma: no cover
+            raise NotImplementedError(PY)
+        self.jump(inst)
+
+    def END_SEND(self, inst: dis.Instruction) -> None:  # 3.12
+        value = self.pop()
+        self.pop()
+        self.push(value)
 
     # --- locals and cells ----------------------------------------------------------------------
     def LOAD_FAST(self, inst: dis.Instruction) -> None:
@@ -633,7 +690,10 @@ class InstructionTranslator:
         obj.setattr(self, inst.argval, value)
 
     def DELETE_ATTR(self, inst: dis.Instruction) -> None:
-        raise Unsupported("del of an attribute")
+        obj = self.pop()
+        if not isinstance(obj, NewObjectVariable) or inst.argval not in obj.attrs:
+            raise Unsupported("del of an attribute")
+        del obj.attrs[inst.argval]  # an object made in the frame: nothing outside sees it yet
 
     def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:  # 3.12
         obj = self.pop()
@@ -720,6 +780,11 @@ class InstructionTranslator:
             self.push(TupleVariable(v.iterate(self)))
         elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
             self.push(self.unary_op(operator.pos, v))
+        elif inst.argrepr == "INTRINSIC_STOPITERATION_ERROR":
+            # the handler around a 3.12 generator's body: PEP 479 turns StopIteration into this
+            if isinstance(v, ExceptionVariable) and issubclass(v.cls, StopIteration):
+                v = ExceptionVariable(RuntimeError, [ConstantVariable("generator raised StopIteration")])
+            self.push(v)
         else:
             raise Unsupported(f"intrinsic {inst.argrepr}")
 

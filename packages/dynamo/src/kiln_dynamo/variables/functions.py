@@ -153,7 +153,9 @@ class UserFunctionVariable(BaseFunctionVariable):
             cells.append(
                 tx.output.real_cell(cell, lambda c=contents, i=i: tx.wrap(c, _closure_source(src, i)))
             )
-        return tx.inline_call(fn.__code__, fn.__globals__, bound, cells, self.describe())
+        return tx.inline_call(
+            fn.__code__, fn.__globals__, bound, cells, self.describe(), (self, args, kwargs)
+        )
 
 
 def _closure_source(fn_source: Source, index: int) -> Source:
@@ -194,7 +196,9 @@ class NestedFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
-        return tx.inline_call(self.code, self.f_globals, bound, self.closure, self.describe())
+        return tx.inline_call(
+            self.code, self.f_globals, bound, self.closure, self.describe(), (self, args, kwargs)
+        )
 
 
 class BoundMethodVariable(VariableTracker):

@@ -25,9 +25,9 @@ from torch import nn
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, Source
 from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
-from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
+from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
 from kiln_dynamo.variables.nn_module import (
