@@ -651,3 +651,73 @@ def test_a_generator_kiln_cannot_finish_runs_as_python_from_its_creation(fn: Any
     assert eager_effects == _EFFECTS
     first = kiln_dynamo.counters.break_reasons[0]
     assert first.split and first.note is not None and "split at the call that made" in first.note
+
+
+def _defines_a_function_class(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def helper(v: torch.Tensor) -> torch.Tensor:
+        return v if mask is None else torch.where(mask, v, 0.0)
+
+    class Combine(torch.autograd.Function):  # torch.masked's pattern: defined on every call
+        @staticmethod
+        def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:
+            return helper(v)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    return helper(x).sum(0) if not isinstance(x, Combine) else x
+
+
+def _defines_and_uses_a_class(x: torch.Tensor) -> torch.Tensor:
+    scale = 3
+
+    class Scaler:
+        k = 2
+
+        def __init__(self, by: int) -> None:
+            self.by = by
+
+        def apply(self, v: torch.Tensor) -> torch.Tensor:
+            return v * self.by * self.k + scale  # reads the frame's cell
+
+    return Scaler(4).apply(x)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [(_defines_a_function_class, (t(3, 4), t(3, 4) > 0)), (_defines_and_uses_a_class, (t(3),))],
+    ids=["autograd_function", "used"],
+)
+def test_a_class_defined_in_the_frame_is_traced(fn: Any, args: tuple[Any, ...]) -> None:
+    """Note [Class definitions in the frame]: a class body that only binds names is built for
+    real while tracing; its methods read the frame's own cells."""
+    check(fn, *args)
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def _returns_its_class(x: torch.Tensor) -> Any:
+    class Local:
+        pass
+
+    return x + 1, Local
+
+
+def _body_with_effects(x: torch.Tensor) -> torch.Tensor:
+    class Noisy:
+        print(end="")  # the body calls something: not run at trace time
+
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [_returns_its_class, _body_with_effects])
+def test_a_class_that_leaves_the_frame_or_acts_in_its_body_breaks(fn: Any) -> None:
+    x = t(3)
+    out = kiln_dynamo.compile(fn)(x)
+    expected = fn(x)
+    if isinstance(out, tuple):
+        torch.testing.assert_close(out[0], expected[0])
+        assert out[1] is not expected[1] and out[1].__qualname__ == expected[1].__qualname__
+    else:
+        torch.testing.assert_close(out, expected)
+    assert kiln_dynamo.counters.graph_breaks + len(kiln_dynamo.counters.fallbacks) >= 1

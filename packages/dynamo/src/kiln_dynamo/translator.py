@@ -81,7 +81,7 @@ from kiln_dynamo.variables.torch import (
     GradModeVariable,
     WithExitVariable,
 )
-from kiln_dynamo.variables.user_defined import NewObjectVariable, SuperVariable
+from kiln_dynamo.variables.user_defined import BuildClassVariable, NewObjectVariable, SuperVariable
 
 PY = bytecode.PY_VERSION
 if PY not in ((3, 11), (3, 12)):
@@ -929,6 +929,9 @@ class InstructionTranslator:
         kwd = {k: v for k, v in kwdefaults.items.items()} if isinstance(kwdefaults, DictVariable) else {}
         cells = [c for c in closure if isinstance(c, CellVariable)]
         self.push(NestedFunctionVariable(code, self.f_globals, defaults, kwd, cells, code.co_qualname))
+
+    def LOAD_BUILD_CLASS(self, inst: dis.Instruction) -> None:
+        self.push(BuildClassVariable())  # Note [Class definitions in the frame]
 
     def PRECALL(self, inst: dis.Instruction) -> None:  # 3.11
         pass
