@@ -721,3 +721,58 @@ def test_a_class_that_leaves_the_frame_or_acts_in_its_body_breaks(fn: Any) -> No
     else:
         torch.testing.assert_close(out, expected)
     assert kiln_dynamo.counters.graph_breaks + len(kiln_dynamo.counters.fallbacks) >= 1
+
+
+def _new_leaf(x: torch.Tensor) -> torch.Tensor:
+    w = torch.ones(3, requires_grad=True)
+    return (x * w).sum()
+
+
+def test_a_new_leaf_that_requires_grad_is_made_in_python() -> None:
+    """A factory with requires_grad=True makes a leaf no graph can hold (the backend's autograd
+    differentiates only with respect to graph inputs): one break, and the leaf enters the rest
+    of the frame as an input that requires grad."""
+    inputs: list[list[Any]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        inputs.append(example_inputs)
+        return gm.forward
+
+    x = t(3)
+    out = kiln_dynamo.compile(_new_leaf, backend=backend)(x)
+    expected = _new_leaf(x)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad and out.grad_fn is not None
+    (reason,) = kiln_dynamo.counters.break_reasons
+    assert "requires_grad=True" in reason.reason and reason.split
+    assert any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs[-1])
+
+
+def _branches_on_inference_mode(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.is_inference_mode_enabled() else x - 1
+
+
+def test_reading_inference_mode_is_guarded() -> None:
+    x = t(3)
+    compiled = kiln_dynamo.compile(_branches_on_inference_mode, backend=CountingBackend())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), x - 1)
+    with torch.inference_mode():  # grad is off in both: only the inference-mode guard sees it
+        torch.testing.assert_close(compiled(x), x * 2)
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def _inference_block(x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        y = x * 2
+    return y + 1
+
+
+def test_inference_mode_inside_the_frame_is_one_break_with_its_reason() -> None:
+    x = t(3)
+    out = kiln_dynamo.compile(_inference_block)(x)
+    expected = _inference_block(x)
+    torch.testing.assert_close(out, expected)
+    assert out.is_inference() == expected.is_inference()
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert "torch.inference_mode inside a compiled frame" in first.reason and first.advice

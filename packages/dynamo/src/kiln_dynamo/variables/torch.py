@@ -191,6 +191,7 @@ class TorchFunctionVariable(VariableTracker):
             tx.output.guards.global_state()
             return ConstantVariable(torch.get_default_dtype())
         if fn is torch.is_inference_mode_enabled:
+            tx.output.guards.inference_mode()
             return ConstantVariable(torch.is_inference_mode_enabled())
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())

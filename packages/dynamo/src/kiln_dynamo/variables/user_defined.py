@@ -24,6 +24,7 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from kiln_dynamo.exc import Unsupported
@@ -52,6 +53,16 @@ _GETSET = type(type.__dict__["__dict__"])  # the instance-dict descriptor of a P
 
 def is_namedtuple_class(cls: type) -> bool:
     return issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
+
+
+# Classes whose construction is one break with its reason (and the advice), not "has a C base".
+_UNSUPPORTED_CLASSES: dict[type, tuple[str, str]] = {
+    torch.inference_mode: (
+        "torch.inference_mode inside a compiled frame: the tensors it makes are inference tensors, "
+        "which no graph makes; the block runs as Python",
+        "call the compiled function under torch.inference_mode() (or use torch.no_grad() inside it)",
+    ),
+}
 
 
 class UserClassVariable(VariableTracker):
@@ -118,6 +129,8 @@ class UserClassVariable(VariableTracker):
             )
         if issubclass(cls, nn.Module):
             return construct_module(tx, cls, args, kwargs)
+        if cls in _UNSUPPORTED_CLASSES:
+            raise Unsupported(_UNSUPPORTED_CLASSES[cls][0], advice=_UNSUPPORTED_CLASSES[cls][1])
         if is_plain_exception_class(cls):
             if kwargs:
                 raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
