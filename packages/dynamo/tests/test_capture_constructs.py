@@ -776,3 +776,46 @@ def test_inference_mode_inside_the_frame_is_one_break_with_its_reason() -> None:
     assert out.is_inference() == expected.is_inference()
     first = kiln_dynamo.counters.break_reasons[0]
     assert "torch.inference_mode inside a compiled frame" in first.reason and first.advice
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import functools
+
+        from torch.utils import checkpoint
+
+        run = functools.partial(checkpoint.checkpoint, use_reentrant=False)  # transformers' spelling
+        return run(self.inner, x).sum()
+
+
+def test_activation_checkpointing_is_traced_as_the_call() -> None:
+    """Note [Activation checkpointing]: the values and gradients of `fn(*args)`, in one graph."""
+    torch.manual_seed(0)
+    model = _Checkpointed().train()
+    x = t(2, 4).requires_grad_()
+    model(x).backward()
+    expected = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    backend = CountingBackend()
+    kiln_dynamo.compile(model, backend=backend)(x).backward()
+    for e, p in zip(expected, [*model.parameters(), x], strict=True):
+        torch.testing.assert_close(p.grad, e)
+    assert backend.graphs == 1 and kiln_dynamo.counters.graph_breaks == 0
+
+
+def _reentrant(x: torch.Tensor) -> torch.Tensor:
+    from torch.utils import checkpoint
+
+    return checkpoint.checkpoint(torch.sin, x * 2, use_reentrant=True)
+
+
+def test_reentrant_checkpointing_is_one_break_with_advice() -> None:
+    x = t(3).requires_grad_()
+    torch.testing.assert_close(kiln_dynamo.compile(_reentrant)(x), _reentrant(x))
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert "use_reentrant=True" in first.reason and first.advice is not None

@@ -23,6 +23,7 @@ from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableT
 from kiln_dynamo.variables.dicts import DictVariable, LazyEntry
 from kiln_dynamo.variables.inspection import FOLDED_CALLS
 from kiln_dynamo.variables.lists import TupleVariable
+from kiln_dynamo.variables.torch import trace_checkpoint
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -128,6 +129,8 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn is _checkpoint():
+            return trace_checkpoint(tx, args, kwargs)  # Note [Activation checkpointing]
         if fn in FOLDED_CALLS:
             return FOLDED_CALLS[fn](tx, args, kwargs)
         src = self._src()
@@ -254,3 +257,9 @@ class PartialVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+
+def _checkpoint() -> Any:
+    import torch.utils.checkpoint
+
+    return torch.utils.checkpoint.checkpoint

@@ -443,3 +443,35 @@ class WithExitVariable(VariableTracker):
 
 GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 MATH = math
+
+
+# Note [Activation checkpointing]: `torch.utils.checkpoint.checkpoint(fn, *args,
+# use_reentrant=False)` runs `fn` without keeping its activations and runs it again in the
+# backward; its values and gradients are those of `fn(*args)`. kiln traces the call as `fn(*args)`
+# inlined: what to save and what to recompute is the backend's partitioner's choice (kiln_aotgrad's
+# min-cut), as torch.compile leaves it to its own. The reentrant variant (use_reentrant=True, the
+# old default) is a break: it gives no gradient to parameters when no input requires grad, which an
+# inlined call would. Non-default options (context_fn, debug, determinism_check) break too.
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": None, "determinism_check": "default", "debug": False}
+
+
+def trace_checkpoint(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from torch.utils import checkpoint
+
+    kwargs = dict(kwargs)
+    reentrant = kwargs.pop("use_reentrant", None)
+    if reentrant is None or not reentrant.is_constant() or reentrant.as_constant() is not False:
+        raise Unsupported(
+            "torch.utils.checkpoint with use_reentrant=True (or unset): kiln traces only use_reentrant=False",
+            advice="pass use_reentrant=False (torch's recommended variant)",
+        )
+    for name, default in _CHECKPOINT_DEFAULTS.items():
+        vt = kwargs.pop(name, None)
+        if vt is not None and not (vt.is_constant() and (default is None or vt.as_constant() == default)):
+            raise Unsupported(f"torch.utils.checkpoint with {name}={vt.describe()}")
+    context_fn = kwargs.pop("context_fn", None)
+    if context_fn is not None and context_fn.identity() is not checkpoint.noop_context_fn:
+        raise Unsupported("torch.utils.checkpoint with a context_fn")
+    if not args:
+        raise Unsupported("torch.utils.checkpoint without a function")
+    return tx.call(args[0], args[1:], kwargs)  # Note [Activation checkpointing]
