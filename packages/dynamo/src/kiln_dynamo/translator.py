@@ -7,21 +7,23 @@ method of the same name; an opcode without a method is `Unsupported`. Jumps on c
 followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported,
 which makes it a graph break. For graph breaks the root translator records the instruction it
 was running when `Unsupported` escaped (`break_offset`) and, on the second pass, stops right
-before it (`BreakHere`); a try block's body is traced as straight-line code, its handlers
-never (Note [Tracing try blocks]).
+before it (`BreakHere`); a try block's body is traced as straight-line code, its handlers only
+for exceptions the traced program raises itself (Note [Tracing try blocks]).
 
 Note [Tracing try blocks]: the body of a try/except or try/finally block is traced like any
 other code, as torch.compile does: the normal path through it (a finally body included, which
-CPython copies onto that path) needs nothing from the exception table, and the handlers are never
-entered while tracing. Whatever would enter a handler while tracing makes the frame split before
-the outermost try block around it instead (`_split_before_try`), so the block runs as Python with
-its handlers: an unsupported instruction (a break: the break instruction is what a handler might
-have to catch, and a frame is not split inside a try block) and a Python exception raised by the
-modelled code (a KeyError from a dict, an AttributeError, a fake-tensor shape error). What remains
-is an exception raised at run time by an operator of the graph: it propagates out of the graph
-without entering the handler, as in torch.compile; a handler that catches what a tensor operator
-raises (a RuntimeError from a shape mismatch, say) is the one case where the compiled frame
-differs from eager, and only on inputs that make that operator fail.
+CPython copies onto that path) needs nothing from the exception table. An exception the modelled
+program raises while tracing (a `raise`, a KeyError from a dict, StopIteration) enters the handler
+CPython would run (Note [Exceptions the frame raises and catches] in variables/exceptions.py).
+What else would enter a handler makes the frame split before the outermost try block around it
+(`_split_before_try`), so the block runs as Python with its handlers: an unsupported instruction
+(a break: the break instruction is what a handler might have to catch, and a frame is not split
+inside a try block) and a Python exception that kiln's own modelling raised (an AttributeError, a
+fake-tensor shape error). What remains is an exception raised at run time by an operator of the
+graph: it propagates out of the graph without entering the handler, as in torch.compile; a
+handler that catches what a tensor operator raises (a RuntimeError from a shape mismatch, say) is
+the one case where the compiled frame differs from eager, and only on inputs that make that
+operator fail.
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
 parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
