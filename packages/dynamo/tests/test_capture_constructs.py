@@ -819,3 +819,39 @@ def test_reentrant_checkpointing_is_one_break_with_advice() -> None:
     torch.testing.assert_close(kiln_dynamo.compile(_reentrant)(x), _reentrant(x))
     first = kiln_dynamo.counters.break_reasons[0]
     assert "use_reentrant=True" in first.reason and first.advice is not None
+
+
+def _branches_on_a_constant_mask(x: torch.Tensor) -> torch.Tensor:
+    n = x.size(0)  # a constant under static shapes (guarded)
+    mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+    causal = nn.Transformer.generate_square_subsequent_mask(n)
+    if bool((mask == causal).all()):  # nn.Transformer's _detect_is_causal_mask
+        return x + mask.sum(0).clamp(min=-1)
+    return x - 1
+
+
+def _branches_on_random(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if torch.rand(()) > 2 else x - 1
+
+
+def _branches_after_a_mutation(x: torch.Tensor) -> torch.Tensor:
+    m = torch.zeros(3)
+    m.add_(1)
+    return x + 1 if bool(m.sum() > 2) else x - 1
+
+
+def test_a_branch_on_a_tensor_made_of_constants_is_decided_while_tracing() -> None:
+    """Note [Tensors computed from constants]: nothing depends on the inputs' data, so kiln
+    computes the condition once while tracing; a new size recompiles (the size is guarded)."""
+    compiled = kiln_dynamo.compile(_branches_on_a_constant_mask, backend=CountingBackend())
+    for n in (4, 4, 5):
+        x = t(n, n)
+        torch.testing.assert_close(compiled(x), _branches_on_a_constant_mask(x))
+    assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.recompiles == 1
+
+
+@pytest.mark.parametrize("fn", [_branches_on_random, _branches_after_a_mutation])
+def test_a_branch_on_random_or_mutated_tensors_still_breaks(fn: Any) -> None:
+    x = t(3)
+    torch.testing.assert_close(kiln_dynamo.compile(fn)(x), fn(x))
+    assert "data-dependent branch" in kiln_dynamo.counters.break_reasons[0].reason
