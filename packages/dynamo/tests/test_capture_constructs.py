@@ -855,3 +855,13 @@ def test_a_branch_on_random_or_mutated_tensors_still_breaks(fn: Any) -> None:
     x = t(3)
     torch.testing.assert_close(kiln_dynamo.compile(fn)(x), fn(x))
     assert "data-dependent branch" in kiln_dynamo.counters.break_reasons[0].reason
+
+
+def _reads_the_fast_path_flag(x: torch.Tensor) -> Any:
+    return x + 1, torch.backends.mha.get_fastpath_enabled()
+
+
+def test_the_users_own_read_of_the_fast_path_flag_sees_its_value() -> None:
+    """Only torch.nn's fast-path checks get the False answer (Note [Fused inference fast paths])."""
+    x = t(3)
+    check(_reads_the_fast_path_flag, x)

@@ -102,11 +102,14 @@ IS_COMPILING_FUNCTIONS = frozenset(
 # opaque op for a compiler (an extern call that nothing fuses with; on torch < 2.13
 # `_transformer_encoder_layer_fwd` has no meta kernel at all, so fake tensors cannot run it and
 # the graph would fall back), while the other branch is the same computation in decomposable ops
-# (linear, softmax, layer_norm). So while kiln traces, that flag answers False and the modules
-# take the decomposable path on every torch version. The answer is not guarded: both branches
+# (linear, softmax, layer_norm). So while kiln traces, that flag answers False to torch.nn's own
+# code (a user's function reading it gets its value), and the modules take the decomposable path
+# on every torch version. The answer is not guarded: both branches
 # compute the same function, so `set_fastpath_enabled()` later needs no recompile.
 # `KILN_TORCH_FAST_PATHS=1` (or `set_torch_fast_paths(True)`) keeps torch's own answer.
 FAST_PATH_FLAGS = frozenset({("torch.backends.mha", "get_fastpath_enabled")})
+# only torch.nn's own checks get the False answer; a user's code reading the flag sees its value
+_TORCH_NN_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.nn.__file__)), "")
 _keep_torch_fast_paths = os.environ.get("KILN_TORCH_FAST_PATHS", "0") == "1"
 
 
@@ -196,7 +199,9 @@ class TorchFunctionVariable(VariableTracker):
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
         answer = trace_time_answer(fn)
-        if answer is False:
+        if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
+            answer = fn()  # the user's own code asking: torch's real answer (a torch global)
+        elif answer is False:
             decisions_log.info(
                 "%s() answers False while tracing: torch's fused inference kernels are not taken "
                 "(Note [Fused inference fast paths]; KILN_TORCH_FAST_PATHS=1 keeps them)",
