@@ -278,12 +278,23 @@ def fake_arg(vt: VariableTracker) -> Any:
 # so far) has the same value on every call that passes the guards: its inputs are constants, each
 # guarded where it came from (a size under static shapes, say). When the frame branches on it or
 # reads it as a Python value (`bool((mask == causal).all())` in nn.Transformer's causal-mask check),
-# kiln computes it for real, once, while tracing, instead of breaking. Small tensors only (the
-# cost is paid at capture), never under autocast; a symbolic size is a graph input's, so dynamic
-# shapes keep the break.
+# kiln computes it for real, once, while tracing, instead of breaking (never through random ops
+# or uninitialized memory, `empty`). Small tensors only (the cost is paid at capture), never under
+# autocast; a symbolic size is a graph input's, so dynamic shapes keep the break.
 _CONSTANT_EVAL_NUMEL = 1 << 16
 _CONSTANT_EVAL_NODES = 64
-_RANDOM_WORDS = ("rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "exponential", "poisson")
+_RANDOM_WORDS = (
+    "rand",
+    "normal",
+    "bernoulli",
+    "multinomial",
+    "dropout",
+    "uniform",
+    "exponential",
+    "poisson",
+    "rrelu",
+    "empty",
+)
 
 
 class _NotConstant(Exception):
