@@ -334,11 +334,12 @@ def constant_value(vt: TensorVariable) -> torch.Tensor | None:
             raise _NotConstant
         args = torch.fx.node.map_arg(node.args, run)
         kwargs = torch.fx.node.map_arg(node.kwargs, run)
+        target: Any = node.target
         out = (
-            getattr(args[0], node.target)(*args[1:], **kwargs)
+            getattr(args[0], target)(*args[1:], **kwargs)
             if node.op == "call_method"
-            else node.target(*args, **kwargs)
-        )  # type: ignore[operator]
+            else target(*args, **kwargs)
+        )
         memo[node] = out
         return out
 
