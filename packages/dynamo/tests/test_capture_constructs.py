@@ -5,6 +5,7 @@ traversal (`parameters()`, `named_modules()`, ...), which `nn.TransformerEncoder
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -205,6 +206,59 @@ def test_transformer_encoder_is_one_graph() -> None:
         check(enc, t(2, 5, 16))
 
 
+_FUSED_OPS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
+def _graph_targets(backend: CountingBackend) -> set[str]:
+    return {getattr(n.target, "__name__", str(n.target)) for gm in backend.gms for n in gm.graph.nodes}
+
+
+def _fast_path_cases() -> list[tuple[str, nn.Module, torch.Tensor]]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    class SelfAttention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=True)
+    return [
+        ("layer", layer.eval(), t(2, 5, 16)),
+        ("mha", SelfAttention().eval(), t(2, 5, 16)),
+        ("encoder", encoder.eval(), t(2, 5, 16)),
+    ]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _fast_path_cases()])
+def test_fused_inference_fast_paths_are_traced_decomposed(case: str) -> None:
+    """Eval without grad: torch would run its fused kernels (no meta kernel for the encoder layer's
+    before torch 2.13); kiln traces the decomposable path instead (Note [Fused inference fast
+    paths]), so the graph holds ordinary ops and nothing falls back."""
+    model, x = next((m, x) for name, m, x in _fast_path_cases() if name == case)
+    with torch.no_grad():
+        backend = check(model, x)
+    targets = _graph_targets(backend)
+    assert not targets & set(_FUSED_OPS), targets
+    assert "layer_norm" in targets or "multi_head_attention_forward" in targets, targets
+    assert kiln_dynamo.counters.fallbacks == []
+
+
+def test_fused_fast_paths_kept_on_request() -> None:
+    _, model, x = _fast_path_cases()[1]
+    kiln_dynamo.set_torch_fast_paths(True)
+    try:
+        with torch.no_grad():
+            backend = check(model, x)
+    finally:
+        kiln_dynamo.set_torch_fast_paths(False)
+    assert "_native_multi_head_attention" in _graph_targets(backend)
+
+
 class _Block(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -388,3 +442,426 @@ def test_autograd_function_whose_forward_has_a_comprehension() -> None:
     assert (report.graph_count, report.graph_break_count) == (1, 0), str(report)
     (got,) = torch.autograd.grad(report.result, x)
     torch.testing.assert_close(got, torch.full((3,), 3.0))
+
+
+_APPENDED: list[Any] = []
+
+
+def _appends(x: torch.Tensor) -> torch.Tensor:
+    _APPENDED.append(x * 2)
+    _APPENDED.extend([1, x])
+    return x + 1
+
+
+def _appends_then_reads(x: torch.Tensor) -> torch.Tensor:
+    _APPENDED.append(x)
+    return x * len(_APPENDED)
+
+
+def test_appending_to_an_outside_list_does_not_recompile() -> None:
+    """Note [Lists read only when needed]: a list the frame only appends to is guarded on its
+    type, not on its length, so the log growing each call does not fail the guard."""
+    x = t(3)
+    _APPENDED.clear()
+    expected = [_appends(x) for _ in range(4)]
+    eager_log = list(_APPENDED)
+    _APPENDED.clear()
+    compiled = kiln_dynamo.compile(_appends, backend=CountingBackend())
+    for e in expected:
+        torch.testing.assert_close(compiled(x), e)
+    assert kiln_dynamo.counters.recompiles == 0
+    assert len(_APPENDED) == len(eager_log) == 12
+    for a, b in zip(_APPENDED, eager_log, strict=True):
+        assert type(a) is type(b)
+        torch.testing.assert_close(a, b)
+
+
+def test_an_outside_list_read_after_appending_is_still_guarded_on_its_length() -> None:
+    x = t(3)
+    _APPENDED.clear()
+    compiled = kiln_dynamo.compile(_appends_then_reads, backend=CountingBackend())
+    for n in range(1, 4):
+        torch.testing.assert_close(compiled(x), x * n)  # a stale length would give x * 1
+    assert len(_APPENDED) == 3 and kiln_dynamo.counters.recompiles == 2
+
+
+class _MyError(Exception):
+    pass
+
+
+class _SubError(_MyError):
+    pass
+
+
+def _raises(x: torch.Tensor, flag: bool) -> torch.Tensor:
+    if flag:
+        raise _SubError("deep", 3)
+    return x
+
+
+def _catches_a_user_exception(x: torch.Tensor) -> torch.Tensor:
+    try:
+        y = _raises(x, True)  # raised in an inlined call, caught by its caller
+    except _MyError as e:
+        y = x * e.args[1]
+    else:
+        y = y - 1
+    finally:
+        y = y + 0.5
+    return y
+
+
+def _catches_stop_iteration(x: torch.Tensor) -> torch.Tensor:
+    it = iter([1, 2])
+    while True:
+        try:
+            x = x + next(it)
+        except StopIteration:
+            break
+    return x
+
+
+def _reraises_another(x: torch.Tensor) -> torch.Tensor:
+    try:
+        try:
+            {}["k"]
+        except KeyError:
+            raise _MyError("wrapped") from None
+    except _MyError as e:
+        return x + len(str(e))
+
+
+@pytest.mark.parametrize("fn", [_catches_a_user_exception, _catches_stop_iteration, _reraises_another])
+def test_exceptions_raised_and_caught_in_the_frame_are_traced(fn: Any) -> None:
+    """Note [Exceptions the frame raises and catches]: the handler CPython would run is traced."""
+    check(fn, t(3))
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def _raises_uncaught(x: torch.Tensor) -> torch.Tensor:
+    y = x + 1
+    try:
+        raise ValueError("not a KeyError", y.shape[0])
+    except KeyError:
+        return y
+
+
+def test_an_exception_no_handler_takes_is_raised_as_in_eager() -> None:
+    compiled = kiln_dynamo.compile(_raises_uncaught)
+    with pytest.raises(ValueError, match="not a KeyError"):
+        compiled(t(3))
+
+
+_EFFECTS: list[Any] = []
+
+
+def _gen(x: torch.Tensor) -> Any:
+    for i in range(3):
+        _EFFECTS.append(("gen", i))
+        yield x * i
+    return "done"
+
+
+def _consumes(x: torch.Tensor) -> torch.Tensor:
+    out = x
+    for v in _gen(x):
+        _EFFECTS.append("use")  # interleaves with the generator's appends, as in eager
+        out = out + v
+    return out
+
+
+def _delegates(x: torch.Tensor) -> Any:
+    result = yield from _gen(x)
+    _EFFECTS.append(result)
+    yield x + 1
+
+
+def _consumes_yield_from(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack(list(_delegates(x))).sum(0)
+
+
+def _steps(x: torch.Tensor) -> torch.Tensor:
+    g = _gen(x)
+    return next(g) + next(g) * 2
+
+
+@contextlib.contextmanager
+def _scaled(k: int) -> Any:
+    _EFFECTS.append("enter")
+    try:
+        yield k * 2
+    finally:
+        _EFFECTS.append("exit")
+
+
+def _uses_a_context_manager(x: torch.Tensor) -> torch.Tensor:
+    with _scaled(3) as s:
+        y = x * s
+    return y + 1
+
+
+@pytest.mark.parametrize("fn", [_consumes, _consumes_yield_from, _steps, _uses_a_context_manager])
+def test_generators_and_contextmanagers_are_traced_in_program_order(fn: Any) -> None:
+    """Note [Generators traced step by step]: the generator's effects interleave with its
+    consumer's exactly as in eager, with no break; `contextlib.contextmanager` is the same
+    generator, stepped by the manager's `__enter__` and `__exit__`."""
+    x = t(3)
+    _EFFECTS.clear()
+    expected = fn(x)
+    eager_effects = list(_EFFECTS)
+    _EFFECTS.clear()
+    compiled = kiln_dynamo.compile(fn, backend=CountingBackend())
+    torch.testing.assert_close(compiled(x), expected)
+    assert eager_effects == _EFFECTS
+    assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.graphs == 1
+
+
+def _cleans_up(x: torch.Tensor) -> Any:
+    try:
+        yield x + 1
+        yield x + 2
+    finally:
+        _EFFECTS.append("closed")
+
+
+def _leaves_suspended(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + next(_cleans_up(x))
+
+
+def _noisy_gen(x: torch.Tensor) -> Any:
+    yield x + 1
+    print(end="")  # a break inside the generator's body
+    yield x + 2
+
+
+def _consumes_noisy(x: torch.Tensor) -> torch.Tensor:
+    return sum(_noisy_gen(x * 2))
+
+
+@pytest.mark.parametrize("fn", [_leaves_suspended, _consumes_noisy])
+def test_a_generator_kiln_cannot_finish_runs_as_python_from_its_creation(fn: Any) -> None:
+    """A generator left suspended in a try block (CPython runs its `finally` when it is freed)
+    or with a break in its body: the frame splits at the call that made it."""
+    x = t(3)
+    _EFFECTS.clear()
+    expected = fn(x)
+    eager_effects = list(_EFFECTS)
+    _EFFECTS.clear()
+    torch.testing.assert_close(kiln_dynamo.compile(fn)(x), expected)
+    assert eager_effects == _EFFECTS
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert first.split and first.note is not None and "split at the call that made" in first.note
+
+
+def _defines_a_function_class(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def helper(v: torch.Tensor) -> torch.Tensor:
+        return v if mask is None else torch.where(mask, v, 0.0)
+
+    class Combine(torch.autograd.Function):  # torch.masked's pattern: defined on every call
+        @staticmethod
+        def forward(ctx: Any, v: torch.Tensor) -> torch.Tensor:
+            return helper(v)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g
+
+    return helper(x).sum(0) if not isinstance(x, Combine) else x
+
+
+def _defines_and_uses_a_class(x: torch.Tensor) -> torch.Tensor:
+    scale = 3
+
+    class Scaler:
+        k = 2
+
+        def __init__(self, by: int) -> None:
+            self.by = by
+
+        def apply(self, v: torch.Tensor) -> torch.Tensor:
+            return v * self.by * self.k + scale  # reads the frame's cell
+
+    return Scaler(4).apply(x)
+
+
+@pytest.mark.parametrize(
+    ("fn", "args"),
+    [(_defines_a_function_class, (t(3, 4), t(3, 4) > 0)), (_defines_and_uses_a_class, (t(3),))],
+    ids=["autograd_function", "used"],
+)
+def test_a_class_defined_in_the_frame_is_traced(fn: Any, args: tuple[Any, ...]) -> None:
+    """Note [Class definitions in the frame]: a class body that only binds names is built for
+    real while tracing; its methods read the frame's own cells."""
+    check(fn, *args)
+    assert kiln_dynamo.counters.graph_breaks == 0
+
+
+def _returns_its_class(x: torch.Tensor) -> Any:
+    class Local:
+        pass
+
+    return x + 1, Local
+
+
+def _body_with_effects(x: torch.Tensor) -> torch.Tensor:
+    class Noisy:
+        print(end="")  # the body calls something: not run at trace time
+
+    return x + 1
+
+
+@pytest.mark.parametrize("fn", [_returns_its_class, _body_with_effects])
+def test_a_class_that_leaves_the_frame_or_acts_in_its_body_breaks(fn: Any) -> None:
+    x = t(3)
+    out = kiln_dynamo.compile(fn)(x)
+    expected = fn(x)
+    if isinstance(out, tuple):
+        torch.testing.assert_close(out[0], expected[0])
+        assert out[1] is not expected[1] and out[1].__qualname__ == expected[1].__qualname__
+    else:
+        torch.testing.assert_close(out, expected)
+    assert kiln_dynamo.counters.graph_breaks + len(kiln_dynamo.counters.fallbacks) >= 1
+
+
+def _new_leaf(x: torch.Tensor) -> torch.Tensor:
+    w = torch.ones(3, requires_grad=True)
+    return (x * w).sum()
+
+
+def test_a_new_leaf_that_requires_grad_is_made_in_python() -> None:
+    """A factory with requires_grad=True makes a leaf no graph can hold (the backend's autograd
+    differentiates only with respect to graph inputs): one break, and the leaf enters the rest
+    of the frame as an input that requires grad."""
+    inputs: list[list[Any]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        inputs.append(example_inputs)
+        return gm.forward
+
+    x = t(3)
+    out = kiln_dynamo.compile(_new_leaf, backend=backend)(x)
+    expected = _new_leaf(x)
+    torch.testing.assert_close(out, expected)
+    assert out.requires_grad and out.grad_fn is not None
+    (reason,) = kiln_dynamo.counters.break_reasons
+    assert "requires_grad=True" in reason.reason and reason.split
+    assert any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs[-1])
+
+
+def _branches_on_inference_mode(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if torch.is_inference_mode_enabled() else x - 1
+
+
+def test_reading_inference_mode_is_guarded() -> None:
+    x = t(3)
+    compiled = kiln_dynamo.compile(_branches_on_inference_mode, backend=CountingBackend())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), x - 1)
+    with torch.inference_mode():  # grad is off in both: only the inference-mode guard sees it
+        torch.testing.assert_close(compiled(x), x * 2)
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+def _inference_block(x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        y = x * 2
+    return y + 1
+
+
+def test_inference_mode_inside_the_frame_is_one_break_with_its_reason() -> None:
+    x = t(3)
+    out = kiln_dynamo.compile(_inference_block)(x)
+    expected = _inference_block(x)
+    torch.testing.assert_close(out, expected)
+    assert out.is_inference() == expected.is_inference()
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert "torch.inference_mode inside a compiled frame" in first.reason and first.advice
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import functools
+
+        from torch.utils import checkpoint
+
+        run = functools.partial(checkpoint.checkpoint, use_reentrant=False)  # transformers' spelling
+        return run(self.inner, x).sum()
+
+
+def test_activation_checkpointing_is_traced_as_the_call() -> None:
+    """Note [Activation checkpointing]: the values and gradients of `fn(*args)`, in one graph."""
+    torch.manual_seed(0)
+    model = _Checkpointed().train()
+    x = t(2, 4).requires_grad_()
+    model(x).backward()
+    expected = [p.grad.clone() for p in model.parameters()] + [x.grad.clone()]
+    model.zero_grad()
+    x.grad = None
+    backend = CountingBackend()
+    kiln_dynamo.compile(model, backend=backend)(x).backward()
+    for e, p in zip(expected, [*model.parameters(), x], strict=True):
+        torch.testing.assert_close(p.grad, e)
+    assert backend.graphs == 1 and kiln_dynamo.counters.graph_breaks == 0
+
+
+def _reentrant(x: torch.Tensor) -> torch.Tensor:
+    from torch.utils import checkpoint
+
+    return checkpoint.checkpoint(torch.sin, x * 2, use_reentrant=True)
+
+
+def test_reentrant_checkpointing_is_one_break_with_advice() -> None:
+    x = t(3).requires_grad_()
+    torch.testing.assert_close(kiln_dynamo.compile(_reentrant)(x), _reentrant(x))
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert "use_reentrant=True" in first.reason and first.advice is not None
+
+
+def _branches_on_a_constant_mask(x: torch.Tensor) -> torch.Tensor:
+    n = x.size(0)  # a constant under static shapes (guarded)
+    mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
+    causal = nn.Transformer.generate_square_subsequent_mask(n)
+    if bool((mask == causal).all()):  # nn.Transformer's _detect_is_causal_mask
+        return x + mask.sum(0).clamp(min=-1)
+    return x - 1
+
+
+def _branches_on_random(x: torch.Tensor) -> torch.Tensor:
+    return x + 1 if torch.rand(()) > 2 else x - 1
+
+
+def _branches_after_a_mutation(x: torch.Tensor) -> torch.Tensor:
+    m = torch.zeros(3)
+    m.add_(1)
+    return x + 1 if bool(m.sum() > 2) else x - 1
+
+
+def test_a_branch_on_a_tensor_made_of_constants_is_decided_while_tracing() -> None:
+    """Note [Tensors computed from constants]: nothing depends on the inputs' data, so kiln
+    computes the condition once while tracing; a new size recompiles (the size is guarded)."""
+    compiled = kiln_dynamo.compile(_branches_on_a_constant_mask, backend=CountingBackend())
+    for n in (4, 4, 5):
+        x = t(n, n)
+        torch.testing.assert_close(compiled(x), _branches_on_a_constant_mask(x))
+    assert kiln_dynamo.counters.graph_breaks == 0 and kiln_dynamo.counters.recompiles == 1
+
+
+@pytest.mark.parametrize("fn", [_branches_on_random, _branches_after_a_mutation])
+def test_a_branch_on_random_or_mutated_tensors_still_breaks(fn: Any) -> None:
+    x = t(3)
+    torch.testing.assert_close(kiln_dynamo.compile(fn)(x), fn(x))
+    assert "data-dependent branch" in kiln_dynamo.counters.break_reasons[0].reason
+
+
+def _reads_the_fast_path_flag(x: torch.Tensor) -> Any:
+    return x + 1, torch.backends.mha.get_fastpath_enabled()
+
+
+def test_the_users_own_read_of_the_fast_path_flag_sees_its_value() -> None:
+    """Only torch.nn's fast-path checks get the False answer (Note [Fused inference fast paths])."""
+    x = t(3)
+    check(_reads_the_fast_path_flag, x)

@@ -51,8 +51,8 @@ KINDS: dict[str, tuple[str, str, tuple[int, int, int]]] = {
         "call to a C function os.getpid that kiln cannot trace",
         (2, 1, 0),
     ),
-    # the call to the generator function breaks, then list() over the generator object
-    "generator": ("y = torch.stack(list(halves(y))).sum(0)  # BREAK\n", "generator function", (2, 2, 0)),
+    # a generator function is traced step by step (Note [Generators traced step by step]): no break
+    "generator": ("y = torch.stack(list(halves(y))).sum(0)  # BREAK\n", "", (1, 0, 0)),
     # nothing in the try block breaks: it is traced like straight-line code (no break at all)
     "try_catch": (
         """\
@@ -189,6 +189,9 @@ def _load_matrix() -> tuple[types.ModuleType, dict[str, int]]:
 MATRIX, MARKS, TRY_MARKS = _load_matrix()
 
 
+TRACED_WHOLE = ("try_catch", "generator")  # kinds that no longer break anywhere
+
+
 def expected(kind: str, position: str) -> tuple[int, int, int]:
     """(graphs, splits, plain-Python frames) for one case.
 
@@ -199,7 +202,7 @@ def expected(kind: str, position: str) -> tuple[int, int, int]:
     before the block (Note [Tracing try blocks]), which runs as plain Python too. A try block
     without a break inside is traced whole, wherever it is."""
     graphs, splits, plain = KINDS[kind][2]
-    if kind == "try_catch":
+    if kind in TRACED_WHOLE:
         return graphs, splits, plain
     if position == "inline1":
         return graphs + 2, splits + 1, plain
@@ -253,7 +256,7 @@ def test_break_matrix(kind: str, position: str, capsys: pytest.CaptureFixture[st
     assert (counters.graphs, counters.graph_breaks, len(counters.fallbacks)) == (graphs, splits, plain), [
         str(r) for r in counters.break_reasons
     ]
-    if kind == "try_catch":
+    if kind in TRACED_WHOLE:
         assert counters.break_reasons == []
         return
     # the reason: the kind's words at the marked line of the generated file
@@ -285,7 +288,7 @@ def test_matrix_reasons_are_readable() -> None:
     assert "advice:" in text and "item_at_inline1_inner" in text  # advice, and the inlined call
 
 
-@pytest.mark.parametrize("kind", [k for k in KINDS if k != "try_catch"])
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in TRACED_WHOLE])
 def test_fullgraph_raises_with_the_same_text(kind: str) -> None:
     fn = getattr(MATRIX, f"{kind}_at_inline1")
     with pytest.raises(kiln_dynamo.Unsupported) as info:

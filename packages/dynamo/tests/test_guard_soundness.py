@@ -135,7 +135,10 @@ CASES: list[tuple[str, Callable[..., Any], tuple[Any, ...], Callable[[pytest.Mon
     ("module_class_constant", f_net, (X,), _patched(Net, "SCALE", 3.0)),
     ("submodule_forward", f_net, (X,), _patched(Sub, "forward", lambda self, x: x - 5)),
     ("super_forward", f_net, (X,), _patched(Base, "forward", lambda self, x: x - 5)),
-    ("instance_method", f_net, (X,), _patched(NET, "act", lambda x: x * 9)),
+    # Through the instance dict, not `mp.setattr(NET, ...)`: pytest before 9 "restores" an
+    # inherited attribute by storing the bound method on the instance, which shadows the class's
+    # function from then on (a real change of state, so a correct second recompile).
+    ("instance_method", f_net, (X,), lambda mp: mp.setitem(NET.__dict__, "act", lambda x: x * 9)),
 ]
 
 
@@ -156,6 +159,19 @@ def test_change_after_capture_recompiles(
     monkeypatch.undo()
     torch.testing.assert_close(compiled(*args), fn(*args))  # the first entry serves again
     assert kiln_dynamo.counters.recompiles == 1
+
+
+def test_a_bound_method_shadowing_its_class_function_is_a_new_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What pytest < 9's monkeypatch.undo leaves: the instance holds its own bound method. The
+    first entry (no own attribute) no longer applies; the new one calls what the instance holds."""
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(f_net, backend=backend)
+    torch.testing.assert_close(compiled(X), f_net(X))
+    monkeypatch.setitem(NET.__dict__, "act", NET.act)
+    torch.testing.assert_close(compiled(X), f_net(X))
+    monkeypatch.setitem(NET.__dict__, "act", lambda x: x * 9)
+    torch.testing.assert_close(compiled(X), f_net(X))
+    assert kiln_dynamo.counters.recompiles == 2
 
 
 def test_another_backend_recompiles_and_the_same_one_reuses() -> None:

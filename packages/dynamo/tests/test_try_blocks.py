@@ -1,7 +1,8 @@
 """Try blocks and mapping subclasses: the patterns HuggingFace models run through.
 
-A try block's body is traced like straight-line code when nothing in it breaks or raises while
-tracing (Note [Tracing try blocks]); otherwise the frame splits before the block, which runs as
+A try block's body is traced like straight-line code (Note [Tracing try blocks]); an exception
+the traced code raises enters the handler CPython would run (Note [Exceptions the frame raises
+and catches]); a break inside the block splits the frame before it, and the block runs as
 Python with its handlers. Each case compares with eager, counts graphs and breaks, and checks
 that a second call hits every cache.
 """
@@ -101,12 +102,39 @@ def lookup(d: dict[str, int], x: torch.Tensor) -> torch.Tensor:
     return y * scale
 
 
-def test_exception_while_tracing_splits_before_the_block() -> None:
-    # the KeyError is the handler's business: the frame splits before the try block, which runs
-    # as plain Python (nothing after it is compiled: its continuation starts with the block)
-    _run(lookup, {"present": 1}, torch.rand(4), graphs=1, breaks=1, fallbacks=1)
+def test_a_key_error_the_frame_catches_is_traced() -> None:
+    # Note [Exceptions the frame raises and catches]: the KeyError enters the handler while
+    # tracing, as in CPython; the dict's keys are guarded, so a dict that has the key recompiles
+    _run(lookup, {"present": 1}, torch.rand(4), graphs=1, breaks=0)
+    x = torch.rand(4)
+    compiled = kiln_dynamo.compile(lookup)
+    assert_same(compiled({"missing": 5}, x), lookup({"missing": 5}, x))
+    assert kiln_dynamo.counters.recompiles == 1
+
+
+class _Gate:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return True  # swallows: kiln does not call exits with an exception, so it must not trace this
+
+
+def raises_through_a_with_block(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    try:
+        with _Gate():
+            raise KeyError("k")
+        y = y + 1  # the exit swallowed the KeyError: this runs
+    except KeyError:
+        y = y - 100
+    return y
+
+
+def test_an_exception_through_a_with_exit_splits_before_the_block() -> None:
+    _run(raises_through_a_with_block, torch.rand(4), graphs=1, breaks=1, fallbacks=1)
     first = kiln_dynamo.counters.break_reasons[0]
-    assert "KeyError" in first.reason and first.note is not None and "before the try block" in first.note
+    assert "with block" in first.reason and first.note is not None and "before the try block" in first.note
 
 
 def breaks_in_try(x: torch.Tensor) -> torch.Tensor:
@@ -214,11 +242,10 @@ def test_in_and_subscript_on_a_mapping_subclass() -> None:
 
 
 def test_missing_key_in_a_mapping_subclass_is_still_correct() -> None:
-    # __contains__ catches the KeyError of self[key]: kiln splits the frame at the `in` (its own
-    # instruction), Mapping.__contains__ runs for real, and its __getitem__ frame splits at the
-    # subscript that raises, so that the KeyError reaches __contains__'s handler
+    # __contains__ catches the KeyError of self[key] (raised in the inlined __getitem__): the
+    # handler of __contains__ takes it while tracing, as in CPython, so nothing breaks
     x = torch.randn(4)
-    _run(pick_attention, x, "eager", graphs=1, breaks=2)
+    _run(pick_attention, x, "eager", graphs=1, breaks=0)
 
 
 def test_local_override_is_guarded() -> None:

@@ -57,12 +57,10 @@ RTOL, ATOL = TOLERANCES[torch.float32]
 # compile: each is a graph break or a frame kiln_dynamo does not capture.
 _DATA = "graph break: needs tensor data while tracing"
 _NO_META = "graph break: the op has no meta kernel (no fake tensor can describe its result)"
-_BUILD_CLASS = "graph break: torch.masked defines a class at call time (LOAD_BUILD_CLASS)"
-_CONTEXT = "graph break: a contextlib context manager (_GeneratorContextManager) is constructed"
-_MASKED = (
-    "sum", "prod", "cumsum", "cumprod", "amax", "amin", "argmax", "argmin", "mean", "median",
-    "norm", "var", "std", "softmax", "log_softmax", "softmin", "logaddexp", "logsumexp",
-)  # fmt: skip
+_CONTEXT = (
+    "graph break: the OpInfo's wrapper_set_seed saves, seeds and restores the RNG (freeze_rng_state: "
+    "no_dispatch, get_rng_state, manual_seed), which kiln runs as Python"
+)
 KNOWN_FALLBACKS: dict[str, str] = {
     "combinations": f"{_DATA} (masked_select)",
     "corrcoef": f"{_DATA} (aten::equal)",
@@ -91,7 +89,6 @@ KNOWN_FALLBACKS: dict[str, str] = {
     "pca_lowrank": _CONTEXT,
     "resize_": "aotgrad: resize_ changes its input's storage (no functional form); runs as captured",
     "resize_as_": "aotgrad: resize_as_ changes its input's storage (no functional form); runs as captured",
-    **{f"masked.{name}": _BUILD_CLASS for name in _MASKED},
 }
 
 

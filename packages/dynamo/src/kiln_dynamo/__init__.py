@@ -24,6 +24,7 @@ from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import c_guards_enabled, guard_memo_enabled, set_c_guards, set_guard_memo
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
+from kiln_dynamo.variables.torch import set_torch_fast_paths
 
 __version__ = "0.1.0"
 
@@ -53,6 +54,7 @@ __all__ = [
     "reset",
     "set_c_guards",
     "set_guard_memo",
+    "set_torch_fast_paths",
 ]
 
 _logs.configure()

@@ -88,7 +88,9 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             return
         seen.add(id(vt))
         children: list[VariableTracker] = []
-        if isinstance(vt, BaseListVariable | ModuleSliceVariable):
+        if isinstance(vt, ListVariable) and vt.unread:
+            children = list(vt.appended)  # rebuilt from its source (Note [Lists read only when needed])
+        elif isinstance(vt, BaseListVariable | ModuleSliceVariable):
             children = list(vt.items)
         elif isinstance(vt, ListIteratorVariable):
             children = vt.items[vt.index :]
@@ -150,7 +152,12 @@ def generate_runner(
     emit(f"___o = ___compiled({args})")
     roots = [v for _, _, v in output.side_effects.attr_stores]
     for vt in output.side_effects.mutated_containers.values():
-        roots += list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
+        if isinstance(vt, ListVariable) and vt.unread:
+            roots += vt.appended
+        else:
+            roots += (
+                list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
+            )
     roots += values if values is not None else [result] if result is not None else []
     for k, vt in enumerate(_mutables(roots)):
         emit(f"___m{k} = {vt.reconstruct(cg)}")
@@ -170,7 +177,9 @@ def generate_runner(
     for vt in output.side_effects.mutated_containers.values():
         assert vt.source is not None
         where = cg.source(vt.source)
-        if isinstance(vt, ListVariable):
+        if isinstance(vt, ListVariable) and vt.unread:  # Note [Lists read only when needed]
+            emit(f"{where}.extend(({''.join(i.reconstruct(cg) + ', ' for i in vt.appended)}))")
+        elif isinstance(vt, ListVariable):
             emit(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
         elif isinstance(vt, DictVariable):
             inner = ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in vt.items.items())

@@ -77,6 +77,7 @@ class GuardBuilder:
         self.where = "?"
         self.needs_globals = False
         self.global_state_recorded = False
+        self.inference_mode_recorded = False
         self.dispatch_modes_recorded = False
 
     @property
@@ -333,6 +334,19 @@ class GuardBuilder:
         length = torch._C._len_torch_dispatch_stack
         c = (CCheck("call_eq", None, (length, ()), 0),)
         self.add(f"{self.ctx.const(length)}() == 0", "no torch dispatch mode is active", c=c)
+
+    def inference_mode(self) -> None:
+        """The frame read `torch.is_inference_mode_enabled()` (grad mode alone does not tell
+        inference mode from no_grad)."""
+        if self.inference_mode_recorded:
+            return
+        self.inference_mode_recorded = True
+        on = torch.is_inference_mode_enabled()
+        self.add(
+            f"{self.ctx.const(torch.is_inference_mode_enabled)}() is {on}",
+            f"torch.is_inference_mode_enabled() == {on}",
+            c=(CCheck("call_is", None, (torch.is_inference_mode_enabled, ()), on),),
+        )
 
     def global_state(self) -> None:
         """Grad mode and default dtype as they were when the frame started (recorded once)."""

@@ -1,6 +1,7 @@
 """Logging artifacts of kiln_dynamo, in the spirit of TORCH_LOGS.
 
-Each artifact (`graph`, `guards`, `recompiles`, `bytecode`, `graph_breaks`, `dynamic`) is a stdlib logger
+Each artifact (`graph`, `guards`, `recompiles`, `bytecode`, `graph_breaks`, `dynamic`,
+`decisions`: trace-time choices such as Note [Fused inference fast paths]) is a stdlib logger
 under `kiln.dynamo.<artifact>`. `KILN_LOG=graph,guards` (read when the package is imported, or by
 calling `configure()` again) gives those loggers a stderr handler at INFO level; everything else
 stays silent unless the application configures logging itself.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 
-ARTIFACTS = ("graph", "guards", "recompiles", "bytecode", "graph_breaks", "dynamic")
+ARTIFACTS = ("graph", "guards", "recompiles", "bytecode", "graph_breaks", "dynamic", "decisions")
 
 _handler: logging.Handler | None = None
 
@@ -60,3 +61,4 @@ guards_log = get_artifact_logger("guards")
 recompiles_log = get_artifact_logger("recompiles")
 bytecode_log = get_artifact_logger("bytecode")
 graph_breaks_log = get_artifact_logger("graph_breaks")
+decisions_log = get_artifact_logger("decisions")

@@ -161,6 +161,15 @@ class OutputGraph:
     def create_call(
         self, tx: InstructionTranslator, kind: str, target: Any, args: list[VT], kwargs: dict[str, VT]
     ) -> VT:
+        grad = kwargs.get("requires_grad")
+        if grad is not None and not (grad.is_constant() and grad.as_constant() is False):
+            # a new leaf that requires grad: a graph (and the backend's autograd) has no such
+            # thing, so the call runs in Python and the leaf enters the rest as an input
+            raise Unsupported(
+                f"{getattr(target, '__name__', target)}(..., requires_grad=True) makes a new leaf tensor that "
+                "requires grad inside the compiled frame",
+                advice="create the tensor outside the compiled function (or as a module parameter)",
+            )
         fargs = [fake_arg(a) for a in args]
         fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
         self.shapes.env.where = tx.where

@@ -7,27 +7,29 @@ method of the same name; an opcode without a method is `Unsupported`. Jumps on c
 followed (loops unroll); a jump on a tensor's truth value is data-dependent and unsupported,
 which makes it a graph break. For graph breaks the root translator records the instruction it
 was running when `Unsupported` escaped (`break_offset`) and, on the second pass, stops right
-before it (`BreakHere`); a try block's body is traced as straight-line code, its handlers
-never (Note [Tracing try blocks]).
+before it (`BreakHere`); a try block's body is traced as straight-line code, its handlers only
+for exceptions the traced program raises itself (Note [Tracing try blocks]).
 
 Note [Tracing try blocks]: the body of a try/except or try/finally block is traced like any
 other code, as torch.compile does: the normal path through it (a finally body included, which
-CPython copies onto that path) needs nothing from the exception table, and the handlers are never
-entered while tracing. Whatever would enter a handler while tracing makes the frame split before
-the outermost try block around it instead (`_split_before_try`), so the block runs as Python with
-its handlers: an unsupported instruction (a break: the break instruction is what a handler might
-have to catch, and a frame is not split inside a try block) and a Python exception raised by the
-modelled code (a KeyError from a dict, an AttributeError, a fake-tensor shape error). What remains
-is an exception raised at run time by an operator of the graph: it propagates out of the graph
-without entering the handler, as in torch.compile; a handler that catches what a tensor operator
-raises (a RuntimeError from a shape mismatch, say) is the one case where the compiled frame
-differs from eager, and only on inputs that make that operator fail.
+CPython copies onto that path) needs nothing from the exception table. An exception the modelled
+program raises while tracing (a `raise`, a KeyError from a dict, StopIteration) enters the handler
+CPython would run (Note [Exceptions the frame raises and catches] in variables/exceptions.py).
+What else would enter a handler makes the frame split before the outermost try block around it
+(`_split_before_try`), so the block runs as Python with its handlers: an unsupported instruction
+(a break: the break instruction is what a handler might have to catch, and a frame is not split
+inside a try block) and a Python exception that kiln's own modelling raised (an AttributeError, a
+fake-tensor shape error). What remains is an exception raised at run time by an operator of the
+graph: it propagates out of the graph without entering the handler, as in torch.compile; a
+handler that catches what a tensor operator raises (a RuntimeError from a shape mismatch, say) is
+the one case where the compiled frame differs from eager, and only on inputs that make that
+operator fail.
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
 parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
 torch's own generators run to completion in a child translator that collects the yielded values
-into a list iterator; a user's generator function is a graph break (Note [Generators run as
-Python]).
+into a list iterator; a user's generator function runs step by step as its consumer asks (Note
+[Generators traced step by step] in variables/generators.py).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
@@ -57,7 +59,14 @@ from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource,
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.exceptions import (
+    ExceptionVariable,
+    ObservedException,
+    exception_classes,
+    raise_exception,
+)
 from kiln_dynamo.variables.functions import NestedFunctionVariable
+from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
     BaseListVariable,
     ListIteratorVariable,
@@ -74,7 +83,7 @@ from kiln_dynamo.variables.torch import (
     GradModeVariable,
     WithExitVariable,
 )
-from kiln_dynamo.variables.user_defined import SuperVariable
+from kiln_dynamo.variables.user_defined import BuildClassVariable, NewObjectVariable, SuperVariable
 
 PY = bytecode.PY_VERSION
 if PY not in ((3, 11), (3, 12)):
@@ -151,6 +160,13 @@ class _Return(Exception):
         self.value = value
 
 
+class Yielded(Exception):
+    """A generator traced step by step reached a yield (Note [Generators traced step by step])."""
+
+    def __init__(self, value: VT) -> None:
+        self.value = value
+
+
 class BreakHere(Exception):
     """The second tracing pass reached the instruction where the frame splits (resume.py)."""
 
@@ -186,7 +202,11 @@ class InstructionTranslator:
         self.lineno: int | None = code.co_firstlineno
         self.kw_names: tuple[str, ...] = ()
         self.yielded: list[VT] | None = [] if code.co_flags & (0x20 | 0x200) else None
+        self.step_by_step = False  # a generator suspended at each yield (GeneratorObjectVariable)
+        self.generators: list[GeneratorObjectVariable] = []  # root only: those the frame made
         self.facts = resume.facts(code)
+        self.exception_table = bytecode.parse_exception_table(code)
+        self.exc_info: VT = ConstantVariable(None)  # the exception being handled (sys.exc_info())
         self.break_at: int | None = None  # root only: split the frame when this offset is reached
         self.current: dis.Instruction | None = None
 
@@ -228,7 +248,11 @@ class InstructionTranslator:
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
                 self.output.guards.where = self.where()
-                handler(inst)
+                try:
+                    handler(inst)
+                except ObservedException as e:
+                    if not self._enter_handler(inst, e):
+                        raise
         except _Return as r:
             return r.value
         except Unsupported as e:
@@ -239,7 +263,7 @@ class InstructionTranslator:
             raise located from e.__cause__
         except RecursionError as e:
             raise Unsupported("recursion too deep while tracing").located(self.where()) from e
-        except BreakHere:
+        except (BreakHere, Yielded):
             raise
         except Exception as e:
             # Note [Tracing try blocks]: a Python exception raised by the modelled code inside a
@@ -255,6 +279,25 @@ class InstructionTranslator:
                 raised.break_offset = offset
                 raised = self._split_before_try(raised)
             raise raised from e
+
+    def _enter_handler(self, inst: dis.Instruction, e: ObservedException) -> bool:
+        """Note [Exceptions the frame raises and catches]: go to the handler CPython would run
+        for an exception raised by `inst`; False when this code has none there."""
+        entry = next((x for x in self.exception_table if x.start <= inst.offset < x.end), None)
+        if entry is None:
+            return False
+        target = self.index_of[entry.target]
+        nxt = self.instructions[target + 1] if target + 1 < len(self.instructions) else None
+        if nxt is not None and nxt.opname == "WITH_EXCEPT_START":
+            raise Unsupported(
+                f"{e.exc.cls.__name__} raised inside a with block: kiln does not pass exceptions to __exit__"
+            ) from e
+        del self.stack[entry.depth :]
+        if entry.lasti:
+            self.push(ConstantVariable(inst.offset))
+        self.push(e.exc)
+        self.ip = target
+        return True
 
     def _split_before_try(self, e: Unsupported) -> Unsupported:
         """Note [Tracing try blocks]: a break inside a try block moves before the outermost
@@ -396,24 +439,17 @@ class InstructionTranslator:
         bound: dict[str, VT],
         closure: list[CellVariable],
         label: str,
+        rebuild: tuple[VT, list[VT], dict[str, VT]] | None = None,
     ) -> VT:
         if self.depth >= MAX_INLINE_DEPTH:
             raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {label}")
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise Unsupported(f"{label} is a coroutine or async generator")
-        if (
+        step_by_step = bool(
             code.co_flags & 0x20
             and code.co_name != "<genexpr>"
             and not code.co_filename.startswith(_TORCH_DIR)
-        ):
-            # Note [Generators run as Python]: inlining runs a generator to completion before its
-            # consumer, which would reorder their side effects (prints, appends, ...). Generator
-            # expressions and torch's own generators (Module.parameters, .modules, ...) have none
-            # worth keeping in order and stay inlined; a user's generator function breaks the graph.
-            raise Unsupported(
-                f"call to generator function {code.co_qualname}: kiln runs generators as plain Python",
-                advice="return a list (or a tuple) instead of yielding, if the values are few",
-            )
+        )
         cells: dict[str, CellVariable] = {}
         for name in code.co_cellvars:
             cells[name] = CellVariable(
@@ -426,6 +462,18 @@ class InstructionTranslator:
         for name, cell in zip(code.co_freevars, closure, strict=True):
             cells[name] = cell
         child = InstructionTranslator(self.output, code, f_globals, self.f_builtins, dict(bound), cells, self)
+        if step_by_step:
+            # Note [Generators traced step by step]: a user's generator function runs as its
+            # consumer asks, so their effects interleave as in CPython. Generator expressions and
+            # torch's own generators (Module.parameters, ...) run to completion here.
+            child.step_by_step = True
+            root: InstructionTranslator = self
+            while root.parent is not None:
+                root = root.parent
+            created_at = root.current.offset if root.current is not None else None
+            gen = GeneratorObjectVariable(child, code.co_qualname, rebuild, created_at)
+            root.generators.append(gen)
+            return gen
         result = child.run()
         if child.yielded is not None:
             return ListIteratorVariable(child.yielded)
@@ -479,16 +527,58 @@ class InstructionTranslator:
         )
 
     def RETURN_CONST(self, inst: dis.Instruction) -> None:
+        self._before_return()
         raise _Return(self.wrap_constant(inst.argval))
 
     def RETURN_VALUE(self, inst: dis.Instruction) -> None:
+        self._before_return()
         raise _Return(self.pop())
+
+    def _before_return(self) -> None:
+        if self.parent is None:
+            for gen in self.generators:
+                gen.check_left_suspended()
 
     def YIELD_VALUE(self, inst: dis.Instruction) -> None:
         if self.yielded is None:
             raise Unsupported("yield outside a generator")
-        self.yielded.append(self.pop())
-        self.push(ConstantVariable(None))
+        value = self.pop()
+        self.push(ConstantVariable(None))  # what the yield evaluates to: send() replaces it
+        if self.step_by_step:
+            raise Yielded(value)  # Note [Generators traced step by step]
+        self.yielded.append(value)
+
+    def GET_YIELD_FROM_ITER(self, inst: dis.Instruction) -> None:
+        v = self.pop()
+        self.push(v if isinstance(v, ListIteratorVariable) else ListIteratorVariable(v.iterate(self)))
+
+    def SEND(self, inst: dis.Instruction) -> None:
+        """`yield from`: one step of the receiver under the value sent."""
+        value = self.pop()
+        receiver = self.stack[-1]
+        if isinstance(receiver, GeneratorObjectVariable):
+            item, ret = receiver.send(self, value), receiver.return_value
+        elif (
+            isinstance(receiver, ListIteratorVariable) and value.is_constant() and value.as_constant() is None
+        ):
+            item, ret = receiver.next(self), ConstantVariable(None)
+        else:
+            raise Unsupported(f"yield from {receiver.describe()}")
+        if item is not None:
+            self.push(item)
+            return
+        if PY == (3, 11):
+            self.stack[-1] = ret
+        elif PY == (3, 12):
+            self.push(ret)  # END_SEND at the target drops the receiver
+        else:  # pragma: no cover
+            raise NotImplementedError(PY)
+        self.jump(inst)
+
+    def END_SEND(self, inst: dis.Instruction) -> None:  # 3.12
+        value = self.pop()
+        self.pop()
+        self.push(value)
 
     # --- locals and cells ----------------------------------------------------------------------
     def LOAD_FAST(self, inst: dis.Instruction) -> None:
@@ -602,7 +692,10 @@ class InstructionTranslator:
         obj.setattr(self, inst.argval, value)
 
     def DELETE_ATTR(self, inst: dis.Instruction) -> None:
-        raise Unsupported("del of an attribute")
+        obj = self.pop()
+        if not isinstance(obj, NewObjectVariable) or inst.argval not in obj.attrs:
+            raise Unsupported("del of an attribute")
+        del obj.attrs[inst.argval]  # an object made in the frame: nothing outside sees it yet
 
     def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:  # 3.12
         obj = self.pop()
@@ -689,6 +782,11 @@ class InstructionTranslator:
             self.push(TupleVariable(v.iterate(self)))
         elif inst.argrepr == "INTRINSIC_UNARY_POSITIVE":
             self.push(self.unary_op(operator.pos, v))
+        elif inst.argrepr == "INTRINSIC_STOPITERATION_ERROR":
+            # the handler around a 3.12 generator's body: PEP 479 turns StopIteration into this
+            if isinstance(v, ExceptionVariable) and issubclass(v.cls, StopIteration):
+                v = ExceptionVariable(RuntimeError, [ConstantVariable("generator raised StopIteration")])
+            self.push(v)
         else:
             raise Unsupported(f"intrinsic {inst.argrepr}")
 
@@ -834,6 +932,9 @@ class InstructionTranslator:
         cells = [c for c in closure if isinstance(c, CellVariable)]
         self.push(NestedFunctionVariable(code, self.f_globals, defaults, kwd, cells, code.co_qualname))
 
+    def LOAD_BUILD_CLASS(self, inst: dis.Instruction) -> None:
+        self.push(BuildClassVariable())  # Note [Class definitions in the frame]
+
     def PRECALL(self, inst: dis.Instruction) -> None:  # 3.11
         pass
 
@@ -974,8 +1075,43 @@ class InstructionTranslator:
     def LOAD_ASSERTION_ERROR(self, inst: dis.Instruction) -> None:
         raise Unsupported("an assertion failed inside the compiled frame")
 
+    # --- exceptions (Note [Exceptions the frame raises and catches]) --------------------------
     def RAISE_VARARGS(self, inst: dis.Instruction) -> None:
-        raise Unsupported("raise inside the compiled frame")
+        n = _arg(inst)
+        if n == 0:
+            if not isinstance(self.exc_info, ExceptionVariable):
+                raise Unsupported("bare raise with no exception being handled")
+            raise raise_exception(self.exc_info)
+        if n == 2:
+            self.pop()  # `raise e from cause`: the cause only shows in a traceback
+        exc = self.pop()
+        if not isinstance(exc, ExceptionVariable):
+            exc = self.call(exc, [], {})  # `raise MyError`
+        if not isinstance(exc, ExceptionVariable):
+            raise Unsupported(f"raise of {exc.describe()}")
+        raise raise_exception(exc)
+
+    def PUSH_EXC_INFO(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        self.push(self.exc_info)
+        self.push(exc)
+        self.exc_info = exc
+
+    def POP_EXCEPT(self, inst: dis.Instruction) -> None:
+        self.exc_info = self.pop()
+
+    def CHECK_EXC_MATCH(self, inst: dis.Instruction) -> None:
+        classes = exception_classes(self, self.pop())
+        exc = self.stack[-1]
+        self.push(ConstantVariable(isinstance(exc, ExceptionVariable) and issubclass(exc.cls, classes)))
+
+    def RERAISE(self, inst: dis.Instruction) -> None:
+        exc = self.pop()
+        if _arg(inst):
+            self.pop()  # the offset that raised (f_lasti)
+        if not isinstance(exc, ExceptionVariable):
+            raise Unsupported(f"re-raise of {exc.describe()}")
+        raise raise_exception(exc)
 
 
 class _GlobalsTarget(VariableTracker):

@@ -125,6 +125,15 @@ class VariableBuilder:
             self.keepalive.append(value)
         return vt
 
+    def _list_items(self, value: list[Any], source: Source) -> list[VT]:
+        """The guarded items of an outside list, read for the first time (Note [Lists read only
+        when needed]): the value as the frame entered, since tracing mutates nothing real."""
+        if is_plain_constants(value):
+            self.output.guards.constant_sequence(source, value)
+            return [ConstantVariable(v) for v in value]
+        self.output.guards.length(source, value)
+        return [self.wrap(v, GetItemSource(source, i)) for i, v in enumerate(value)]
+
     def _wrap(self, value: Any, source: Source | None) -> VT:
         guards = self.output.guards
         if isinstance(value, torch.Tensor):
@@ -139,6 +148,12 @@ class VariableBuilder:
             if source is not None:
                 guards.constant(source, value)
             return SizeVariable([ConstantVariable(int(s)) for s in value])
+        if type(value) is list and source is not None:
+            # Note [Lists read only when needed]: an outside list is guarded on its type now and on
+            # its length and items only when the frame reads them; appends to it before any read
+            # are replayed as `extend`, so a frame that only appends to a log list keeps one entry.
+            guards.type_match(source, value)
+            return ListVariable([], source, realize=lambda: self._list_items(value, source))
         if isinstance(value, (tuple, list)):
             if source is not None and type(value) in (tuple, list) and is_plain_constants(value):
                 guards.constant_sequence(source, value)  # one check for e.g. a conv's stride

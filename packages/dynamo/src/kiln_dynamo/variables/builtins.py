@@ -22,6 +22,7 @@ import torch
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
 from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
 from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
@@ -169,7 +170,7 @@ def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if item is None:
         if len(args) == 2:
             return args[1]
-        raise Unsupported("StopIteration raised inside a compiled frame")
+        raise observed(StopIteration)
     return item
 
 
@@ -539,7 +540,11 @@ class BuiltinVariable(VariableTracker):
             except Exception as e:
                 raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
             return tx.wrap_constant(out)
+        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionVariable):
+            return args[0].call_method(tx, f"__{fn.__name__}__", [], {})
         handler = _HANDLERS.get(fn)
+        if handler is None and is_plain_exception_class(fn) and not kwargs:
+            return ExceptionVariable(fn, args)  # Note [Exceptions the frame raises and catches]
         if handler is None:
             raise Unsupported(f"{self.describe()} with arguments {[a.describe() for a in args]}")
         try:

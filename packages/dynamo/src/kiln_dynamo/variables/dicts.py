@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.exceptions import observed
 from kiln_dynamo.variables.lists import ListVariable, TupleVariable
 
 if TYPE_CHECKING:
@@ -229,7 +230,7 @@ class DictVariable(VariableTracker):
         self._builtin("__getitem__")
         k = key_of(key)
         if k not in self._items:
-            raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+            raise observed(KeyError, k)
         return self.entry(k)
 
     def _mutate(self, tx: Tx) -> None:
@@ -279,7 +280,7 @@ class DictVariable(VariableTracker):
                 return self.items.pop(k)
             if len(args) == 2:
                 return args[1]
-            raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+            raise observed(KeyError, k)
         if name == "setdefault" and 1 <= len(args) <= 2:
             k = key_of(args[0])
             if k not in self._items:
@@ -401,7 +402,7 @@ class DefaultDictVariable(DictVariable):
         k = key_of(key)
         if k not in self._items:
             if self.factory.is_constant() and self.factory.as_constant() is None:
-                raise Unsupported(f"KeyError {k!r} raised inside a compiled frame")
+                raise observed(KeyError, k)
             self.setitem(tx, key, self.factory.call(tx, [], {}))
         return self.entry(k)
 

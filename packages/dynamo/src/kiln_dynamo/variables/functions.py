@@ -23,6 +23,7 @@ from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableT
 from kiln_dynamo.variables.dicts import DictVariable, LazyEntry
 from kiln_dynamo.variables.inspection import FOLDED_CALLS
 from kiln_dynamo.variables.lists import TupleVariable
+from kiln_dynamo.variables.torch import trace_checkpoint
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -128,6 +129,8 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         fn = self.fn
+        if fn is _checkpoint():
+            return trace_checkpoint(tx, args, kwargs)  # Note [Activation checkpointing]
         if fn in FOLDED_CALLS:
             return FOLDED_CALLS[fn](tx, args, kwargs)
         src = self._src()
@@ -153,7 +156,9 @@ class UserFunctionVariable(BaseFunctionVariable):
             cells.append(
                 tx.output.real_cell(cell, lambda c=contents, i=i: tx.wrap(c, _closure_source(src, i)))
             )
-        return tx.inline_call(fn.__code__, fn.__globals__, bound, cells, self.describe())
+        return tx.inline_call(
+            fn.__code__, fn.__globals__, bound, cells, self.describe(), (self, args, kwargs)
+        )
 
 
 def _closure_source(fn_source: Source, index: int) -> Source:
@@ -194,7 +199,9 @@ class NestedFunctionVariable(BaseFunctionVariable):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)
-        return tx.inline_call(self.code, self.f_globals, bound, self.closure, self.describe())
+        return tx.inline_call(
+            self.code, self.f_globals, bound, self.closure, self.describe(), (self, args, kwargs)
+        )
 
 
 class BoundMethodVariable(VariableTracker):
@@ -250,3 +257,9 @@ class PartialVariable(VariableTracker):
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.func.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+
+def _checkpoint() -> Any:
+    import torch.utils.checkpoint
+
+    return torch.utils.checkpoint.checkpoint

@@ -13,12 +13,14 @@ a list of trackers and a position: everything a model iterates over is finite an
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.exceptions import observed
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -188,6 +190,32 @@ class NamedTupleVariable(TupleVariable):
 
 
 class ListVariable(BaseListVariable):
+    def __init__(
+        self, items: list[VT], source: Any = None, realize: Callable[[], list[VT]] | None = None
+    ) -> None:
+        self._realize = realize  # an outside list not read yet (Note [Lists read only when needed])
+        self.appended: list[VT] = []  # what the frame appended to it before reading it
+        super().__init__(items, source)
+
+    @property
+    def items(self) -> list[VT]:
+        if self._realize is not None:
+            realize, self._realize = self._realize, None
+            self._items = realize() + self.appended
+        return self._items
+
+    @items.setter
+    def items(self, items: list[VT]) -> None:
+        self._items = items
+
+    @property
+    def unread(self) -> bool:
+        """Only appended to since the frame entered: the runner replays `extend(appended)`."""
+        return self._realize is not None
+
+    def describe(self) -> str:
+        return "list" if self.unread else super().describe()
+
     def python_type(self) -> type:
         return list
 
@@ -213,11 +241,11 @@ class ListVariable(BaseListVariable):
         none = ConstantVariable(None)
         if name == "append" and len(args) == 1:
             self._mutate(tx)
-            self.items.append(args[0])
+            (self.appended if self.unread else self.items).append(args[0])
             return none
         if name == "extend" and len(args) == 1:
             self._mutate(tx)
-            self.items.extend(args[0].iterate(tx))
+            (self.appended if self.unread else self.items).extend(args[0].iterate(tx))
             return none
         if name == "insert" and len(args) == 2:
             self._mutate(tx)
@@ -283,7 +311,7 @@ class ListIteratorVariable(VariableTracker):
         if name == "__next__":
             item = self.next(tx)
             if item is None:
-                raise Unsupported("StopIteration raised inside a compiled frame")
+                raise observed(StopIteration)
             return item
         if name == "__iter__":
             return self

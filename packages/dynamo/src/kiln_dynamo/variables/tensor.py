@@ -109,6 +109,9 @@ class TensorVariable(VariableTracker):
         return self.fake
 
     def truth(self, tx: Tx) -> bool:
+        value = constant_value(self)
+        if value is not None:
+            return bool(value)  # Note [Tensors computed from constants]
         raise Unsupported("data-dependent branch on a tensor value", advice=_BRANCH_ADVICE)
 
     def length(self, tx: Tx) -> int:
@@ -195,6 +198,10 @@ class TensorMethodVariable(VariableTracker):
     ) -> VariableTracker:
         name = self.name
         fake = self.tensor.fake
+        if name in ("__bool__", "item", "tolist") and not args and not kwargs:
+            value = constant_value(self.tensor)
+            if value is not None:  # Note [Tensors computed from constants]
+                return tx.wrap_constant(bool(value) if name == "__bool__" else getattr(value, name)())
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
@@ -264,3 +271,83 @@ def fake_arg(vt: VariableTracker) -> Any:
     if vt.is_constant():
         return vt.as_constant()
     raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")
+
+
+# Note [Tensors computed from constants]: a tensor whose every ancestor in the graph is a factory
+# or an operator over constants (no graph input, no random op, no in-place op anywhere in the graph
+# so far) has the same value on every call that passes the guards: its inputs are constants, each
+# guarded where it came from (a size under static shapes, say). When the frame branches on it or
+# reads it as a Python value (`bool((mask == causal).all())` in nn.Transformer's causal-mask check),
+# kiln computes it for real, once, while tracing, instead of breaking (never through random ops
+# or uninitialized memory, `empty`). Small tensors only (the cost is paid at capture), never under
+# autocast; a symbolic size is a graph input's, so dynamic shapes keep the break.
+_CONSTANT_EVAL_NUMEL = 1 << 16
+_CONSTANT_EVAL_NODES = 64
+_RANDOM_WORDS = (
+    "rand",
+    "normal",
+    "bernoulli",
+    "multinomial",
+    "dropout",
+    "uniform",
+    "exponential",
+    "poisson",
+    "rrelu",
+    "empty",
+)
+
+
+class _NotConstant(Exception):
+    pass
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    name = _target_name(node)
+    return (
+        (name.endswith("_") and not name.endswith("__"))
+        or name in ("__setitem__", "copy_")
+        or "out" in node.kwargs
+    )
+
+
+def constant_value(vt: TensorVariable) -> torch.Tensor | None:
+    """The real value of a tensor computed only from constants, or None (Note [Tensors computed
+    from constants])."""
+    if vt.fake.numel() > _CONSTANT_EVAL_NUMEL or torch._C._is_any_autocast_enabled():
+        return None
+    graph = vt.node.graph
+    if any(n.op in ("call_function", "call_method") and _mutates(n) for n in graph.nodes):
+        return None
+    memo: dict[torch.fx.Node, Any] = {}
+
+    def run(node: torch.fx.Node) -> Any:
+        if node in memo:
+            return memo[node]
+        if node.op not in ("call_function", "call_method") or len(memo) >= _CONSTANT_EVAL_NODES:
+            raise _NotConstant
+        name = _target_name(node).lower()
+        if any(word in name for word in _RANDOM_WORDS):
+            raise _NotConstant
+        args = torch.fx.node.map_arg(node.args, run)
+        kwargs = torch.fx.node.map_arg(node.kwargs, run)
+        target: Any = node.target
+        out = (
+            getattr(args[0], target)(*args[1:], **kwargs)
+            if node.op == "call_method"
+            else target(*args, **kwargs)
+        )
+        memo[node] = out
+        return out
+
+    try:
+        with torch.no_grad():
+            value = run(vt.node)
+    except _NotConstant:
+        return None
+    except Exception as e:
+        raise Unsupported(f"computing a tensor made of constants raised {type(e).__name__}: {e}") from e
+    return value if isinstance(value, torch.Tensor) else None

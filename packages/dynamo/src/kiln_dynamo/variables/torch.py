@@ -13,12 +13,14 @@ results get eager's `requires_grad`.
 from __future__ import annotations
 
 import math
+import os
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 
@@ -93,19 +95,56 @@ IS_COMPILING_FUNCTIONS = frozenset(
     }
 )
 
+# Note [Fused inference fast paths]: nn.MultiheadAttention, nn.TransformerEncoderLayer and
+# nn.TransformerEncoder pick a fused C++ kernel (`_native_multi_head_attention`,
+# `_transformer_encoder_layer_fwd`, nested-tensor conversion) in eval mode without grad, after
+# checks that all start with `torch.backends.mha.get_fastpath_enabled()`. The fused kernels are one
+# opaque op for a compiler (an extern call that nothing fuses with; on torch < 2.13
+# `_transformer_encoder_layer_fwd` has no meta kernel at all, so fake tensors cannot run it and
+# the graph would fall back), while the other branch is the same computation in decomposable ops
+# (linear, softmax, layer_norm). So while kiln traces, that flag answers False to torch.nn's own
+# code (a user's function reading it gets its value), and the modules take the decomposable path
+# on every torch version. The answer is not guarded: both branches
+# compute the same function, so `set_fastpath_enabled()` later needs no recompile.
+# `KILN_TORCH_FAST_PATHS=1` (or `set_torch_fast_paths(True)`) keeps torch's own answer.
+FAST_PATH_FLAGS = frozenset({("torch.backends.mha", "get_fastpath_enabled")})
+# only torch.nn's own checks get the False answer; a user's code reading the flag sees its value
+_TORCH_NN_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.nn.__file__)), "")
+_keep_torch_fast_paths = os.environ.get("KILN_TORCH_FAST_PATHS", "0") == "1"
+
+
+def set_torch_fast_paths(enabled: bool) -> None:
+    """Let torch's fused inference kernels be traced as they are (Note [Fused inference fast paths])."""
+    global _keep_torch_fast_paths
+    _keep_torch_fast_paths = enabled
+
+
+def _qualified(value: Any) -> tuple[str, str] | None:
+    if not isinstance(value, types.FunctionType):
+        return None
+    return (value.__module__, value.__qualname__)
+
 
 def is_compiling_function(value: Any) -> bool:
-    return isinstance(value, types.FunctionType) and (
-        (value.__module__, value.__qualname__) in IS_COMPILING_FUNCTIONS
-    )
+    return _qualified(value) in IS_COMPILING_FUNCTIONS
+
+
+def trace_time_answer(value: Any) -> bool | None:
+    """The constant a torch flag function answers while kiln traces, or None to treat it as usual."""
+    name = _qualified(value)
+    if name in IS_COMPILING_FUNCTIONS:
+        return True
+    if name in FAST_PATH_FLAGS and not _keep_torch_fast_paths:
+        return False
+    return None
 
 
 def is_torch_callable(value: Any) -> bool:
     """Should a call to `value` become a graph node (rather than be inlined or folded)?"""
     if isinstance(value, type):
         return False
-    if is_compiling_function(value):
-        return True  # answered at trace time (Note [Answering is_compiling])
+    if trace_time_answer(value) is not None:
+        return True  # answered at trace time (Notes [Answering is_compiling], [Fused inference fast paths])
     mod = getattr(value, "__module__", None) or ""
     if isinstance(value, types.FunctionType):
         # Only torch's operator namespaces: anything else from torch (decorators such as
@@ -155,10 +194,22 @@ class TorchFunctionVariable(VariableTracker):
             tx.output.guards.global_state()
             return ConstantVariable(torch.get_default_dtype())
         if fn is torch.is_inference_mode_enabled:
+            tx.output.guards.inference_mode()
             return ConstantVariable(torch.is_inference_mode_enabled())
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
-        if is_compiling_function(fn) or getattr(fn, "__name__", "") == "is_compiling":
+        answer = trace_time_answer(fn)
+        if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
+            answer = fn()  # the user's own code asking: torch's real answer (a torch global)
+        elif answer is False:
+            decisions_log.info(
+                "%s() answers False while tracing: torch's fused inference kernels are not taken "
+                "(Note [Fused inference fast paths]; KILN_TORCH_FAST_PATHS=1 keeps them)",
+                fn.__qualname__,
+            )
+        if answer is not None:
+            return ConstantVariable(answer)
+        if getattr(fn, "__name__", "") == "is_compiling":
             return ConstantVariable(True)
         if fn is torch._C._len_torch_dispatch_stack:
             # Note [kiln's own FakeMode]: while tracing, kiln's FakeMode sits on the dispatch-mode
@@ -397,3 +448,35 @@ class WithExitVariable(VariableTracker):
 
 GRAD_MODE_FACTORIES: tuple[Any, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 MATH = math
+
+
+# Note [Activation checkpointing]: `torch.utils.checkpoint.checkpoint(fn, *args,
+# use_reentrant=False)` runs `fn` without keeping its activations and runs it again in the
+# backward; its values and gradients are those of `fn(*args)`. kiln traces the call as `fn(*args)`
+# inlined: what to save and what to recompute is the backend's partitioner's choice (kiln_aotgrad's
+# min-cut), as torch.compile leaves it to its own. The reentrant variant (use_reentrant=True, the
+# old default) is a break: it gives no gradient to parameters when no input requires grad, which an
+# inlined call would. Non-default options (context_fn, debug, determinism_check) break too.
+_CHECKPOINT_DEFAULTS = {"preserve_rng_state": None, "determinism_check": "default", "debug": False}
+
+
+def trace_checkpoint(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from torch.utils import checkpoint
+
+    kwargs = dict(kwargs)
+    reentrant = kwargs.pop("use_reentrant", None)
+    if reentrant is None or not reentrant.is_constant() or reentrant.as_constant() is not False:
+        raise Unsupported(
+            "torch.utils.checkpoint with use_reentrant=True (or unset): kiln traces only use_reentrant=False",
+            advice="pass use_reentrant=False (torch's recommended variant)",
+        )
+    for name, default in _CHECKPOINT_DEFAULTS.items():
+        vt = kwargs.pop(name, None)
+        if vt is not None and not (vt.is_constant() and (default is None or vt.as_constant() == default)):
+            raise Unsupported(f"torch.utils.checkpoint with {name}={vt.describe()}")
+    context_fn = kwargs.pop("context_fn", None)
+    if context_fn is not None and context_fn.identity() is not checkpoint.noop_context_fn:
+        raise Unsupported("torch.utils.checkpoint with a context_fn")
+    if not args:
+        raise Unsupported("torch.utils.checkpoint without a function")
+    return tx.call(args[0], args[1:], kwargs)  # Note [Activation checkpointing]

@@ -15,11 +15,16 @@ that guards it. Assignments go to `SideEffects` and are replayed after the graph
 from __future__ import annotations
 
 import abc
+import builtins
 import dataclasses
+import dis
 import enum
 import inspect
+import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from kiln_dynamo.exc import Unsupported
@@ -27,6 +32,7 @@ from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, So
 from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
+from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
 from kiln_dynamo.variables.nn_module import (
@@ -47,6 +53,16 @@ _GETSET = type(type.__dict__["__dict__"])  # the instance-dict descriptor of a P
 
 def is_namedtuple_class(cls: type) -> bool:
     return issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
+
+
+# Classes whose construction is one break with its reason (and the advice), not "has a C base".
+_UNSUPPORTED_CLASSES: dict[type, tuple[str, str]] = {
+    torch.inference_mode: (
+        "torch.inference_mode inside a compiled frame: the tensors it makes are inference tensors, "
+        "which no graph makes; the block runs as Python",
+        "call the compiled function under torch.inference_mode() (or use torch.no_grad() inside it)",
+    ),
+}
 
 
 class UserClassVariable(VariableTracker):
@@ -113,6 +129,12 @@ class UserClassVariable(VariableTracker):
             )
         if issubclass(cls, nn.Module):
             return construct_module(tx, cls, args, kwargs)
+        if cls in _UNSUPPORTED_CLASSES:
+            raise Unsupported(_UNSUPPORTED_CLASSES[cls][0], advice=_UNSUPPORTED_CLASSES[cls][1])
+        if is_plain_exception_class(cls):
+            if kwargs:
+                raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
+            return ExceptionVariable(cls, args)  # Note [Exceptions the frame raises and catches]
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is abc.ABCMeta and getattr(cls, "__abstractmethods__", None):
@@ -178,6 +200,10 @@ class NewObjectVariable(VariableTracker):
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
         if bound is not None:
             return bound
+        if self.cls in _LOCAL_CLASSES:
+            raise Unsupported(
+                f"an instance of {self.cls.__qualname__}, defined in the frame, cannot leave it"
+            )
         cls = cg.const(self.cls)
         items = ", ".join(f"({k!r}, {v.reconstruct(cg)})" for k, v in self.attrs.items())
         return f"{cg.const(_rebuild_object)}({cls}, ({items}{',' if len(self.attrs) == 1 else ''}))"
@@ -360,3 +386,79 @@ class UserObjectVariable(VariableTracker):
 
     def getitem(self, tx: Tx, key: VT) -> VT:
         return self._python_dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
+
+
+# Note [Class definitions in the frame]: `class C(Base): ...` inside a traced function (torch.masked
+# defines an autograd.Function per call) is LOAD_BUILD_CLASS, then `__build_class__(body, name,
+# *bases)`. A class body that only binds names (constants, functions, staticmethod/classmethod/
+# property of them, `__classcell__`) has no effect outside the class, so kiln runs it for real
+# while tracing: the body function gets real cells for the frame's cells it closes over, each
+# registered as that symbolic cell (OutputGraph.real_cell), so the class's methods, when the
+# frame calls them, read and write the frame's own cells. The class and its instances may not
+# leave the frame (eager makes a new class on each call, and a method's cells hold trace-time
+# stand-ins), and a class body that calls or reads anything else is a break.
+_CLASS_BODY_OPS = frozenset(
+    {"RESUME", "NOP", "CACHE", "COPY_FREE_VARS", "MAKE_CELL", "LOAD_NAME", "STORE_NAME", "LOAD_CONST",
+     "LOAD_CLOSURE", "BUILD_TUPLE", "MAKE_FUNCTION", "PUSH_NULL", "PRECALL", "CALL", "COPY",
+     "RETURN_VALUE", "RETURN_CONST", "POP_TOP", "SETUP_ANNOTATIONS", "STORE_SUBSCR", "BUILD_LIST"}
+)  # fmt: skip
+_CLASS_BODY_CALLABLES = frozenset({"staticmethod", "classmethod", "property"})
+_LOCAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
+
+
+def _class_body_problem(code: types.CodeType) -> str | None:
+    stored: set[str] = set()
+    for inst in dis.get_instructions(code):
+        if inst.opname not in _CLASS_BODY_OPS:
+            return f"{inst.opname} in the class body"
+        if inst.opname == "STORE_NAME":
+            stored.add(inst.argval)
+        if inst.opname == "LOAD_NAME" and inst.argval not in stored | _CLASS_BODY_CALLABLES | {"__name__"}:
+            return f"the class body reads {inst.argval!r}"
+    return None
+
+
+class BuildClassVariable(VariableTracker):
+    """`builtins.__build_class__`, as LOAD_BUILD_CLASS pushes it."""
+
+    def describe(self) -> str:
+        return "class definition"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.base import CellVariable
+        from kiln_dynamo.variables.functions import NestedFunctionVariable
+
+        body, name, *bases = args
+        if kwargs or not isinstance(body, NestedFunctionVariable) or not name.is_constant():
+            raise Unsupported("a class definition with a metaclass or keywords")
+        if not all(b.is_constant() and isinstance(b.as_constant(), type) for b in bases):
+            raise Unsupported(f"class {name.as_constant()}: a base that is not a known class")
+        problem = _class_body_problem(body.code)
+        if problem is not None:
+            raise Unsupported(f"class {name.as_constant()} defined in the frame: {problem}")
+        real_cells = []
+        for cell in body.closure:
+            assert isinstance(cell, CellVariable)
+            contents = cell.contents
+            real = (
+                types.CellType(contents.as_constant())
+                if contents is not None and contents.is_constant()
+                else types.CellType()
+            )
+            tx.output._real_cells[id(real)] = cell  # Note [Class definitions in the frame]
+            tx.output.builder.keepalive.append(real)
+            real_cells.append(real)
+        fn = types.FunctionType(body.code, body.f_globals, name.as_constant(), None, tuple(real_cells))
+        try:
+            cls = builtins.__build_class__(fn, name.as_constant(), *[b.as_constant() for b in bases])
+        except Exception as e:
+            raise Unsupported(f"class {name.as_constant()}: {type(e).__name__} while building it: {e}") from e
+        _LOCAL_CLASSES.add(cls)
+        return LocalClassVariable(cls, None)
+
+
+class LocalClassVariable(UserClassVariable):
+    """A class defined in the frame (Note [Class definitions in the frame])."""
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        raise Unsupported(f"class {self.cls.__qualname__}, defined in the frame, cannot leave it")
