@@ -20,7 +20,7 @@
 """
 
 from .backend import Backend, BuildReport, available_backends, get_backend, register_backend
-from .compile import CompiledGraph, CompileStats, compile_graph
+from .compile import CompiledGraph, CompileStats, SymbolicSizesUnsupported, compile_graph
 from .graph import GraphLowering
 from .ir import TensorBox
 from .logs import configure_artifacts
@@ -40,6 +40,7 @@ __all__ = [
     "GraphLowering",
     "PassOptions",
     "Scheduler",
+    "SymbolicSizesUnsupported",
     "TensorBox",
     "available_backends",
     "compile_graph",
