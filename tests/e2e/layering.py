@@ -19,8 +19,8 @@ ALLOWED_SIBLINGS: dict[str, frozenset[str]] = {
     "kiln_frame_hook": frozenset(),
     "kiln_symbolic": frozenset(),
     "kiln_dynamo": frozenset({"kiln_frame_hook", "kiln_symbolic"}),
-    "kiln_aotgrad": frozenset({"kiln_dynamo"}),
-    "kiln_loopir": frozenset(),
+    "kiln_aotgrad": frozenset({"kiln_dynamo", "kiln_symbolic"}),
+    "kiln_loopir": frozenset({"kiln_symbolic"}),
     "kiln_codegen_cpp": frozenset({"kiln_loopir"}),
     "kiln_codegen_triton": frozenset({"kiln_loopir"}),
     "kiln": frozenset(

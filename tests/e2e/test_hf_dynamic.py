@@ -33,3 +33,24 @@ def test_lm_at_many_shapes(make: Any, dynamic: bool | None) -> None:
     counters = kiln_dynamo.counters
     assert counters.fallbacks == [] and counters.graph_breaks == 0
     assert counters.graphs == (2 if dynamic is None else 1)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+@pytest.mark.parametrize("make", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_lm_compiled_by_kiln_at_many_shapes(make: Any, dynamic: bool | None) -> None:
+    """The whole pipeline on the CPU: aotgrad traces the symbolic graph once, loopir lowers it
+    with symbolic sizes and one C++ build serves every shape."""
+    import kiln
+
+    kiln.reset()
+    torch.manual_seed(0)
+    model = make().eval()
+    compiled = kiln.compile(model, dynamic=dynamic)
+    with torch.no_grad():
+        for b, t in SHAPES:
+            ids = torch.randint(0, 64, (b, t))
+            torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
+    counters = kiln_dynamo.counters
+    assert counters.fallbacks == [] and counters.dynamic_fallbacks == []
+    assert counters.graphs == (2 if dynamic is None else 1)
+    assert all(r.fell_back is None and not r.declined for r in kiln.compile_log())

@@ -46,7 +46,7 @@ from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
 from kiln_aotgrad.logs import graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition
 from kiln_aotgrad.runtime import inference_runner, training_runner
-from kiln_aotgrad.tracer import Tracer
+from kiln_aotgrad.tracer import AotgradError, Tracer
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -85,7 +85,7 @@ def compile_flat(
     fn: Callable[[Tracer, list[torch.Tensor]], Any], inputs: list[torch.Tensor], opts: AotOptions
 ) -> CompiledArtifacts:
     """Trace `fn` on `inputs`' metadata and compile it into a runner of flat real tensors."""
-    want_training = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
+    want_training = torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in inputs)
     traced = trace(fn, inputs, opts.table, want_training)
     meta = traced.meta
     if not meta.training:
@@ -166,6 +166,26 @@ class AotFunction:
             and next(iter(module.parameters()), None) is None
             and next(iter(module.buffers()), None) is None
         )
+
+    def compile_symbolic(self, fakes: list[Any]) -> CompiledArtifacts:
+        """Note [Symbolic signatures]: compile now, from the captured graph's placeholders
+        (fake tensors with SymInt sizes, SymInt ints), while the capture's ShapeEnv still
+        records guards; the artifacts then serve every call the frame's guards let through,
+        whatever its sizes. Only for a stateless GraphModule called with positional tensors
+        and ints (what kiln_dynamo hands a backend). A call in another grad mode, or whose
+        viewed inputs moved, takes the signature path and compiles for its own sizes."""
+        if not self._stateless or not self.guarded:
+            raise ValueError("compile_symbolic needs a guarded, stateless GraphModule")
+
+        def flat_fn(tracer: Tracer, traced: list[Any]) -> Any:
+            assert isinstance(self.module, torch.fx.GraphModule)
+            return OriginInterpreter(self.module, tracer).run(*traced)
+
+        art = compile_flat(flat_fn, list(fakes), self.opts)
+        if any(o.kind == "input_view" for o in art.traced.meta.outputs):
+            raise AotgradError("an output is a view of an input (symbolic sizes)")
+        self._only = (art, torch.is_grad_enabled(), [])
+        return art
 
     def _state(self) -> tuple[list[str], list[torch.Tensor]]:
         if self.module is None:

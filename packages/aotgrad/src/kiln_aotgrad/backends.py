@@ -17,9 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.fx
+from kiln_symbolic import is_symbolic
 
 from kiln_aotgrad.api import Compiler, aot_module
 from kiln_aotgrad.decompositions import DecompTable
+from kiln_aotgrad.logs import dynamic_log
+from kiln_dynamo import DynamicShapesUnsupported
 
 
 def nop_compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -38,7 +41,7 @@ def aot_backend(
     """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-        return aot_module(
+        fn = aot_module(
             gm,
             fw_compiler,
             bw_compiler,
@@ -47,8 +50,29 @@ def aot_backend(
             partition=partition,
             guarded=True,  # Note [Guarded callers]: a dynamo backend runs behind the frame's guards
         )
+        fakes = symbolic_placeholders(gm)
+        if fakes is not None:
+            try:
+                fn.compile_symbolic(fakes)  # Note [Symbolic signatures]
+            except DynamicShapesUnsupported as e:
+                dynamic_log.info("%s: symbolic sizes refused: %s", gm.meta.get("frame", "graph"), e)
+                raise
+            except Exception as e:
+                # refused per graph: kiln_dynamo compiles this frame with static sizes instead
+                dynamic_log.info("%s: symbolic sizes refused: %s", gm.meta.get("frame", "graph"), e)
+                raise DynamicShapesUnsupported(f"kiln_aotgrad: {e}") from e
+        return fn
 
     return backend
 
 
+def symbolic_placeholders(gm: torch.fx.GraphModule) -> list[Any] | None:
+    """The placeholders' values (fake tensors, SymInts) when some size or int is symbolic."""
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if not any(is_symbolic(v) or getattr(v, "symbolic", False) for v in vals):
+        return None
+    return vals
+
+
 aot_eager = aot_backend(nop_compiler)
+aot_eager.__kiln_dynamic_shapes__ = True  # type: ignore[attr-defined]

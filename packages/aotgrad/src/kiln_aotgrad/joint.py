@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 import torch.fx
+from kiln_symbolic import is_symbolic
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import ViewStep
-from kiln_aotgrad.tracer import Tracer
+from kiln_aotgrad.tracer import AotgradError, Tracer
 from kiln_dynamo.fake import FakeTensor, from_real
 
 
@@ -109,9 +110,14 @@ def trace(
 ) -> Traced:
     """Trace `fn(tracer, fake_inputs)`; joint forward+backward when `want_training`."""
     tracer = Tracer(decompositions)
-    leaves: list[FakeTensor] = []
-    visible: list[torch.Tensor] = []
+    leaves: list[Any] = []  # fake tensors, and SymInts for int inputs
+    visible: list[Any] = []
     for i, x in enumerate(inputs):
+        if isinstance(x, torch.SymInt):  # Note [SymInts in the aten graph]: an int input
+            leaves.append(x)
+            visible.append(x)
+            tracer.placeholder(f"primals_{i + 1}", x)
+            continue
         leaf = from_real(x)
         if not want_training and leaf.requires_grad:
             leaf = FakeTensor(leaf.meta, leaf.fake_device, False, leaf.is_param)
@@ -127,9 +133,11 @@ def trace(
     flat_out, spec = tree_flatten(out)
 
     graph_nodes: list[torch.fx.Node] = []
-    graph_vals: list[torch.Tensor] = []
+    graph_vals: list[Any] = []
     mutated: list[int] = []
     for i, v in enumerate(visible):
+        if not isinstance(v, torch.Tensor):
+            continue
         root = tracer.roots[id(v)]
         if root.mutated:
             mutated.append(i)
@@ -141,6 +149,17 @@ def trace(
     first_by_root: dict[int, int] = {}
     first_by_obj: dict[int, int] = {}
     for k, t in enumerate(flat_out):
+        if isinstance(t, torch.SymInt) and is_symbolic(t):
+            node = tracer.sym_node_for(t)
+            if not isinstance(node, torch.fx.Node):
+                infos.append(OutputInfo("const", value=node))
+                continue
+            infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
+            graph_nodes.append(node)
+            graph_vals.append(t)
+            continue
+        if isinstance(t, (torch.SymFloat, torch.SymBool)) and is_symbolic(t):
+            raise AotgradError(f"a symbolic {type(t).__name__} output ({t})")
         if not isinstance(t, torch.Tensor):
             infos.append(OutputInfo("const", value=t))
             continue
@@ -153,7 +172,13 @@ def trace(
             tracer.node_for(t)  # a real tensor returned as is: becomes a constant
             rid = tracer.root_of(t)
         assert rid is not None
-        size, stride, offset = tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
+        size, stride, raw_offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+        symbolic_layout = any(is_symbolic(v) for v in (*size, *stride, raw_offset))
+        offset = 0 if symbolic_layout else int(raw_offset)  # a symbolic layout is never rebuilt
+        if rid in input_roots and symbolic_layout and t is not visible[input_roots[rid]]:
+            # Note [Symbolic views among the outputs]: rebuilding a view needs its sizes at run
+            # time; not built yet, the caller compiles this graph with static sizes instead.
+            raise AotgradError("an output is a view of an input with symbolic sizes")
         if rid in input_roots:
             j = input_roots[rid]
             if t is visible[j]:
@@ -163,7 +188,7 @@ def trace(
                 infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
             continue
         same_dtype = rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
-        if same_dtype and not (want_training and t.requires_grad):
+        if same_dtype and not symbolic_layout and not (want_training and t.requires_grad):
             # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
             # another is right for values, but autograd then routes its gradient through the
             # other output's geometry, which need not cover it (q, k, v split from one matmul):
@@ -175,8 +200,8 @@ def trace(
         graph_nodes.append(tracer.node_for(t))
         graph_vals.append(t)
 
-    requires = [bool(v.requires_grad) for v in graph_vals]
-    input_rg = [bool(x.requires_grad) for x in leaves]
+    requires = [bool(getattr(v, "requires_grad", False)) for v in graph_vals]
+    input_rg = [bool(getattr(x, "requires_grad", False)) for x in leaves]
     training = want_training and any(requires) and any(input_rg)
     meta = TraceMeta(
         num_inputs=len(inputs),

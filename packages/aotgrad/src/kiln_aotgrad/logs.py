@@ -3,7 +3,8 @@
 `aot_graphs` prints every graph handed to a compiler (inference, forward, backward) as FX code;
 `partition` prints what each partition saved, its bytes and what the backward recomputes;
 `fallbacks` names every operator kept as one aten call because its decomposition failed (Note
-[One op kept when its decomposition fails] in tracer.py). Each is
+[One op kept when its decomposition fails] in tracer.py); `dynamic` says why a graph with
+symbolic sizes was refused (the frame is then compiled static). Each is
 a stdlib logger under `kiln.aotgrad.<artifact>`; `KILN_LOG=aot_graphs,partition` (or `aotgrad`,
 or `all`) gives them a stderr handler at INFO when the package is imported or `configure()` runs.
 """
@@ -14,7 +15,7 @@ import logging
 
 from kiln_dynamo import configure_artifacts
 
-ARTIFACTS = ("aot_graphs", "partition", "fallbacks")
+ARTIFACTS = ("aot_graphs", "partition", "fallbacks", "dynamic")
 
 
 def get_artifact_logger(artifact: str) -> logging.Logger:
@@ -30,3 +31,4 @@ def configure(spec: str | None = None) -> list[str]:
 graphs_log = get_artifact_logger("aot_graphs")
 partition_log = get_artifact_logger("partition")
 fallbacks_log = get_artifact_logger("fallbacks")
+dynamic_log = get_artifact_logger("dynamic")

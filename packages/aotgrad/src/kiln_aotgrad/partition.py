@@ -33,6 +33,7 @@ from typing import Any
 import networkx as nx
 import torch
 import torch.fx
+from kiln_symbolic import hint_of
 
 from kiln_dynamo import forget_source_when_freed
 
@@ -88,8 +89,11 @@ class Partition:
 
 
 def nbytes(val: Any) -> int:
+    """Bytes of a tensor; of a symbolic one at its size hint (a weight, never a guard)."""
     if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+        return int(hint_of(val.numel())) * val.element_size()
+    if isinstance(val, torch.SymInt):
+        return 8  # a saved size: one int64
     return 0
 
 

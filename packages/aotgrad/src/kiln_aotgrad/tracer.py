@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from kiln_symbolic import UnfoldableExpr, expr_of, fold_expr, is_symbolic
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -179,13 +180,66 @@ class Tracer(TorchDispatchMode):
         # Note [One op kept when its decomposition fails]
         self._kept: set[Any] = set()
         self.kept_ops: list[tuple[str, str]] = []
+        # Note [SymInts in the aten graph]
+        self.sym_nodes: dict[Any, torch.fx.Node] = {}
+        self._sym_sources: dict[Any, tuple[torch.fx.Node, str, int]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    def placeholder(self, name: str, fake: torch.Tensor) -> torch.fx.Node:
+    def placeholder(self, name: str, fake: Any) -> torch.fx.Node:
         node = self.graph.placeholder(name)
         node.meta["val"] = fake
+        if isinstance(fake, torch.SymInt):
+            self._bind_symbol(fake, node, "", 0)
+            return node
         self._new_root(fake, node)
         self._inputs.add(id(fake))
+        if getattr(fake, "symbolic", False):
+            for kind, values in (("size", fake.shape), ("stride", fake.stride())):
+                for dim, v in enumerate(values):
+                    self._bind_symbol(v, node, kind, dim)
+        return node
+
+    def _bind_symbol(self, value: Any, node: torch.fx.Node, kind: str, dim: int) -> None:
+        """Note [SymInts in the aten graph]: every symbol of the graph comes from an input: an
+        int placeholder (`Sym(s0)`), or a size or stride of a tensor placeholder, read there by
+        `aten.sym_size.int` / `aten.sym_stride.int` when an operator first needs it. A SymInt
+        argument of a recorded operator becomes the node of its expression (`sym_node_for`):
+        the symbol's node, or `operator` nodes built from the sympy expression, cached per
+        expression. The graph's placeholders stay those of the traced program."""
+        if not is_symbolic(value):
+            return
+        expr = expr_of(value)
+        if not expr.is_Symbol or expr in self._sym_sources or expr in self.sym_nodes:
+            return
+        if kind:
+            self._sym_sources[expr] = (node, kind, dim)
+        else:
+            self.sym_nodes[expr] = node
+
+    def sym_node_for(self, value: Any) -> Any:
+        """The FX node (or int) computing SymInt `value` from the graph's inputs."""
+        return self._expr_node(expr_of(value))
+
+    def _expr_node(self, expr: Any) -> Any:
+        def leaf(sym: Any) -> torch.fx.Node:
+            source = self._sym_sources.get(sym)
+            if source is None:
+                raise AotgradError(f"symbol {sym} comes from no graph input", origin=self.where())
+            tensor_node, kind, dim = source
+            op = aten.sym_size.int if kind == "size" else aten.sym_stride.int
+            return self._sym_call(op, (tensor_node, dim))
+
+        try:
+            return fold_expr(expr, leaf, self._sym_call, self.sym_nodes)
+        except UnfoldableExpr as e:
+            raise AotgradError(
+                f"cannot compute a symbolic size in the graph: {e}", origin=self.where()
+            ) from e
+
+    def _sym_call(self, fn: Any, args: tuple[Any, ...]) -> torch.fx.Node:
+        node = self.graph.call_function(fn, args)
+        vals = [a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args]
+        node.meta["val"] = fn(*vals)
         return node
 
     def _new_root(self, t: torch.Tensor, node: torch.fx.Node) -> None:
@@ -230,7 +284,13 @@ class Tracer(TorchDispatchMode):
         return self.aliases[id(t)].chain
 
     def _to_node(self, x: Any) -> Any:
-        return self.node_for(x) if isinstance(x, torch.Tensor) else x
+        if isinstance(x, torch.Tensor):
+            return self.node_for(x)
+        if isinstance(x, torch.SymInt) and is_symbolic(x):
+            return self.sym_node_for(x)
+        if isinstance(x, (torch.SymFloat, torch.SymBool)) and is_symbolic(x):
+            raise AotgradError(f"a symbolic {type(x).__name__} argument ({x})", origin=self.where())
+        return x
 
     def where(self) -> str | None:
         return self.origin or _user_frame()
@@ -248,10 +308,13 @@ class Tracer(TorchDispatchMode):
         vargs = tree_map(val, args)
         vkwargs = tree_map(val, kwargs)
         out = fake_call(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
-        node = self.graph.call_function(func, args, kwargs)
+        node = self.graph.call_function(func, tree_map(self._sym_arg, args), tree_map(self._sym_arg, kwargs))
         node.meta["val"] = out
         self._stamp(node)
         return node
+
+    def _sym_arg(self, x: Any) -> Any:
+        return self.sym_node_for(x) if isinstance(x, torch.SymInt) and is_symbolic(x) else x
 
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(

@@ -48,6 +48,8 @@ class CppBackend(Backend):
     """The ``"cpp"`` loopir backend; see the module docstring."""
 
     name = "cpp"
+    # Note [Symbolic sizes in C++ kernels]: sizes as int64_t kernel arguments, bound by the wrapper
+    symbolic_sizes = True
 
     def __init__(self, options: Mapping[str, Any] | CppOptions | None = None) -> None:
         self.options = CppOptions.from_mapping(options)
@@ -87,7 +89,7 @@ class CppBackend(Backend):
         t1 = time.perf_counter()
         built = build(source) if compiled else None
         t2 = time.perf_counter()
-        fn, wrapper_source, path = make_wrapper(schedule, graph, generated, built)
+        fn, wrapper_source, path = make_wrapper(schedule, graph, generated, built, dict(self.last_declined))
         self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)
         self.compile_seconds = t2 - t1
         self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built

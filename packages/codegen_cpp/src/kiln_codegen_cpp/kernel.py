@@ -45,6 +45,18 @@ loop variables each C++ value depends on) are multiples of at least ``|c|`` time
 count (``_lanes_apart``). Such a variable is put innermost when one exists (an embedding row's
 columns); otherwise the loop stays scalar, with a comment in the kernel and a KILN_LOG line.
 
+Note [Symbolic sizes in C++ kernels]: a kernel whose loop sizes are expressions in size symbols
+(Note [Symbolic sizes in loopir]) takes each symbol it names as an ``int64_t`` argument after the
+pointers (``Kernel.size_params``; the wrapper passes the values it read from the inputs), so one
+build serves every size. Loops run to printed bounds (``x0 < s0``), index expressions name the
+symbols, and a reduction runs its 8 lanes up to ``s1 / 8 * 8`` and a scalar tail after it. Which
+team runs it is decided at run time from the run-time work (``ntk``: 1 below ``PARALLEL_GRAIN``,
+else at most one thread per ``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
+inner loop). Only heuristics read the size hints (``sizevars.hint``); correctness never does.
+Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): column
+and split reductions and row stashes (their blocking is static), and accumulating scatters. A
+static kernel takes exactly the code path it took before.
+
 Kernel-internal buffers (written and read only inside the kernel) are never stored when every
 read of them sees the value in a C++ variable (same index, same loop); otherwise they are stored
 and the wrapper allocates them (``Kernel.scratch``).
@@ -62,6 +74,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln_loopir import sizevars
 from kiln_loopir.indexing import FloorDiv, ModularIndexing, contiguous_strides, linear_index, simplify_index
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.origins import source_comment
@@ -84,6 +97,7 @@ from .cpp_ops import (
 from .options import CppOptions
 from .parallel import (
     MIN_CHUNK,
+    MIN_WORK_PER_THREAD,
     PARALLEL_GRAIN,
     ParallelPlan,
     cap_for,
@@ -203,6 +217,7 @@ class Kernel:
     members: list[str]
     param_types: list[str] = field(default_factory=list)
     release_gil: bool = False
+    size_params: list[str] = field(default_factory=list)  # int64_t size symbols, after the pointers
 
 
 def _int(expr: Any) -> int:
@@ -212,9 +227,19 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
+def _size(expr: Any) -> Any:
+    """A size: an int, or (Note [Symbolic sizes in C++ kernels]) its sympy expression."""
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else expr
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a == b or sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
 def _real_reduction(buffer: ComputedBuffer) -> bool:
     """A reduction over more than one element (one over a single element is just its value)."""
-    return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+    return buffer.is_reduction() and sympy.Mul(*buffer.iteration()[1]) != 1
 
 
 def _rename(expr: str, mapping: dict[str, str]) -> str:
@@ -222,8 +247,8 @@ def _rename(expr: str, mapping: dict[str, str]) -> str:
     return _VARIABLE.sub(lambda m: mapping.get(m.group(0), m.group(0)), expr)
 
 
-def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
-    strides = contiguous_strides([sympy.Integer(s) for s in sizes])
+def _unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
+    strides = contiguous_strides([sympy.sympify(s) for s in sizes])
     out: list[sympy.Expr] = []
     for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
         if size == 1:
@@ -231,7 +256,7 @@ def _unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
         elif pos == 0:
             out.append(FloorDiv(flat, stride))
         else:
-            out.append(ModularIndexing(flat, stride, sympy.Integer(size)))
+            out.append(ModularIndexing(flat, stride, sympy.sympify(size)))
     return out
 
 
@@ -284,8 +309,15 @@ class KernelBuilder:
         reduction = next((m for m in self.members if _real_reduction(m)), None)
         ref = reduction if reduction is not None else self.members[0]
         xr, rr = ref.iteration()
-        self.xsizes = [_int(s) for s in xr]
-        self.rsizes = [_int(s) for s in rr] if reduction is not None else []
+        # Note [Symbolic sizes in C++ kernels]
+        self.symbolic = any(
+            not sympy.sympify(s).is_Integer
+            for m in self.members
+            for s in (*m.iteration()[0], *m.iteration()[1])
+        )
+        as_size = _size if self.symbolic else _int
+        self.xsizes = [as_size(s) for s in xr]
+        self.rsizes = [as_size(s) for s in rr] if reduction is not None else []
         self.xvars: list[sympy.Expr] = [
             sympy.Symbol(f"x{i}", integer=True, nonnegative=True) if s != 1 else sympy.Integer(0)
             for i, s in enumerate(self.xsizes)
@@ -295,15 +327,17 @@ class KernelBuilder:
             for i, s in enumerate(self.rsizes)
         ]
         self.ranges = {
-            v: sympy.Integer(s)
+            v: sympy.sympify(s)
             for v, s in zip([*self.xvars, *self.rvars], [*self.xsizes, *self.rsizes], strict=True)
             if isinstance(v, sympy.Symbol)
         }
         self.loop_names = frozenset(str(v) for v in self.ranges)
         self.nx = math.prod(self.xsizes)
         self.nr = math.prod(self.rsizes)
-        flat_x = linear_index(self.xvars, contiguous_strides([sympy.Integer(s) for s in self.xsizes]))
-        flat_r = linear_index(self.rvars, contiguous_strides([sympy.Integer(s) for s in self.rsizes]))
+        flat_x = linear_index(self.xvars, contiguous_strides([sympy.sympify(s) for s in self.xsizes]))
+        flat_r = linear_index(self.rvars, contiguous_strides([sympy.sympify(s) for s in self.rsizes]))
+        if self.symbolic:
+            self.nx, self.nr = sympy.expand(self.nx), sympy.expand(self.nr)
         self.flat_r = flat_r
         self.flat_x = flat_x
         sections: list[XSection | RPhase] = []
@@ -311,13 +345,13 @@ class KernelBuilder:
         self.scopes = [(xlines, {}, self.xforward)]
         for member, reads in zip(self.members, self.reads, strict=True):
             mx, mr = member.iteration()
-            msizes = [_int(s) for s in mx]
-            numel = math.prod(msizes)
+            msizes = [as_size(s) for s in mx]
+            numel = sympy.expand(math.prod(msizes)) if self.symbolic else math.prod(msizes)
             self.trivial = member.is_reduction() and not _real_reduction(member)
             if self.trivial:
                 # a reduction over one element: its value, computed wherever it fits
-                place = "x" if numel == self.nx else "r"
-                if numel not in (self.nx, self.nx * self.nr):
+                place = "x" if _same(numel, self.nx) else "r"
+                if not (_same(numel, self.nx) or _same(numel, self.nx * self.nr)):
                     raise CodegenUnsupported(f"member {member.name} does not fit its kernel's loops")
                 if place == "x":
                     index, rindex = (
@@ -329,14 +363,14 @@ class KernelBuilder:
                     index = self._map(flat_x * self.nr + flat_r, msizes, sizes, None)
                     rindex = [sympy.Integer(0)] * len(mr)
             elif member.is_reduction():
-                if math.prod(_int(s) for s in mr) != self.nr or numel != self.nx:
+                if not _same(math.prod(as_size(s) for s in mr), self.nr) or not _same(numel, self.nx):
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
                 index = self._map(flat_x, msizes, self.xsizes, self.xvars)
-                rindex = self._map(flat_r, [_int(s) for s in mr], self.rsizes, self.rvars)
+                rindex = self._map(flat_r, [as_size(s) for s in mr], self.rsizes, self.rvars)
                 place = "r"
-            elif numel == self.nx:
+            elif _same(numel, self.nx):
                 index, rindex, place = self._map(flat_x, msizes, self.xsizes, self.xvars), [], "x"
-            elif numel == self.nx * self.nr:
+            elif _same(numel, self.nx * self.nr):
                 index = self._map(flat_x * self.nr + flat_r, msizes, [*self.xsizes, *self.rsizes], None)
                 rindex, place = [], "r"
             else:
@@ -454,6 +488,8 @@ class KernelBuilder:
 
     def _may_stash(self, dtype: torch.dtype) -> bool:
         """Stashes live on the stack of each thread: all of a kernel's take at most STASH_BYTES."""
+        if self.symbolic:
+            return False  # a row of run-time length does not fit a stack array
         size = self.nr * torch.empty((), dtype=dtype).element_size()
         return not self.serial and self.stash_bytes + size <= STASH_BYTES
 
@@ -555,15 +591,19 @@ class KernelBuilder:
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         v = self._as(self._value(value), torch.int64)
-        n = _int(size)
+        size = _size(size) if self.symbolic else _int(size)
+        # a run-time extent (Note [Symbolic sizes in C++ kernels]); the error names its hint
+        n, extent = (
+            (size, f"INT64_C({size})") if isinstance(size, int) else (sizevars.hint(size), index_to_cpp(size))
+        )
         var = self._new("ind")
         self.deps[var] = self._depends(v.expr)
         self.lines.append(f"int64_t {var} = {v};")
-        self.lines.append(f"if ({var} < 0) {var} += INT64_C({n});")
+        self.lines.append(f"if ({var} < 0) {var} += {extent};")
         if check:
             code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(
-                f"if ({var} < 0 || {var} >= INT64_C({n})) {{ "
+                f"if ({var} < 0 || {var} >= {extent}) {{ "
                 f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({v}), __ATOMIC_RELAXED); "
                 f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
             )
@@ -880,12 +920,19 @@ class KernelBuilder:
         # if(false); with one thread the kernel takes a plain copy of the same loops (same
         # iteration order and chunking, so the same results).
         parallel, serial = nest(True), nest(False)
-        log_plan(self.name, self.plan, self.nx * max(self.nr, 1))
-        if parallel == serial or self.plan is None or self.plan.cap <= 1:
+        log_plan(self.name, self.plan, self._work())
+        if parallel == serial or self.plan is None or (self.plan.cap <= 1 and not self.symbolic):
             out.extend("  " + line for line in serial)
         else:
             # Note [Parallel plan]: the team is the run-time thread count, capped by the work
-            out.append(f"  const int64_t ntk = std::min<int64_t>(nt, INT64_C({self.plan.cap}));")
+            if self.symbolic:  # Note [Symbolic sizes in C++ kernels]: the threshold at run time
+                work = index_to_cpp(self.nx * sympy.Max(self.nr, 1))
+                out.append(
+                    f"  const int64_t ntk = {work} < INT64_C({PARALLEL_GRAIN}) ? 1 : "
+                    f"std::min<int64_t>(nt, std::max<int64_t>(INT64_C(1), {work} / INT64_C({MIN_WORK_PER_THREAD})));"
+                )
+            else:
+                out.append(f"  const int64_t ntk = std::min<int64_t>(nt, INT64_C({self.plan.cap}));")
             out.append("  if (ntk > 1) {")
             out.extend("    " + line for line in parallel)
             out.append("  } else {")
@@ -894,8 +941,24 @@ class KernelBuilder:
         out.append("  return kerr;")
         out.append("}")
         members = [m.name for m in self.members]
-        big = self.nx * max(self.nr, 1) >= PARALLEL_GRAIN
-        return Kernel(self.name, "\n".join(out), params, scratch, self.errors, members, types, big)
+        big = self._work() >= PARALLEL_GRAIN
+        source = "\n".join(out)
+        size_params: list[str] = []
+        if self.symbolic:
+            # Note [Symbolic sizes in C++ kernels]: every size symbol the code names is an argument
+            size_params = sorted(
+                {str(sym) for sym in sizevars.current().hints if re.search(rf"\b{sym}\b", source)}
+            )
+            sizes = ", ".join(f"int64_t {p}" for p in size_params)
+            source = source.replace("int64_t nt) {", f"{sizes}, int64_t nt) {{", 1) if sizes else source
+            types = [*types, *(["int64_t"] * len(size_params))]
+        return Kernel(self.name, source, params, scratch, self.errors, members, types, big, size_params)
+
+    def _work(self) -> int:
+        """Element-iterations of the kernel (at the size hints when symbolic: heuristics only)."""
+        if self.symbolic:
+            return sizevars.hint(self.nx) * max(sizevars.hint(self.nr), 1)
+        return self.nx * max(self.nr, 1)
 
     def _column_mode(self, sections: list[XSection | RPhase]) -> bool:
         """Note [Column reductions]: reduce with the innermost *output* loop vectorized.
@@ -907,6 +970,8 @@ class KernelBuilder:
         """
         if self.serial or not self.rsizes or not sections or not isinstance(sections[0], RPhase):
             return False
+        if self.symbolic:
+            return False  # Note [Symbolic sizes in C++ kernels]: blocks of static length only
         if any(isinstance(s, RPhase) for s in sections[1:]):
             return False
         xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
@@ -1092,18 +1157,23 @@ class KernelBuilder:
             lines.append("  " * d + "}")
         return lines
 
-    def _loop(self, var: sympy.Expr, size: int) -> str:
+    def _loop(self, var: sympy.Expr, size: Any) -> str:
+        if not isinstance(size, int):  # a run-time bound (Note [Symbolic sizes in C++ kernels])
+            return f"for (int64_t {var} = 0; {var} < {index_to_cpp(size)}; ++{var})"
         return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
 
     def _render_x(self, body: list[str], par: bool) -> list[str]:
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
-        work = self.nx * max(self.nr, 1)
-        parallel = par and not self.serial and work >= PARALLEL_GRAIN
+        work = self._work()
+        # symbolic: always a parallel copy, which the run-time threshold in `_render` chooses
+        parallel = par and not self.serial and (self.symbolic or work >= PARALLEL_GRAIN)
         if not loops:
             return ["{", *("  " + b for b in body), "}"]
         is_reduction = bool(self.rsizes)
         if self.accumulates and is_reduction:
             raise CodegenUnsupported("an accumulating scatter in a reduction kernel")
+        if self.accumulates and self.symbolic:
+            raise CodegenUnsupported("an accumulating scatter with symbolic sizes")
         lines: list[str] = []
         simd = True
         if not is_reduction:
@@ -1122,7 +1192,13 @@ class KernelBuilder:
         outer = loops[:-1] if not is_reduction else loops
         outer_sizes = [size for _, size in outer]
         plan: ParallelPlan | None = None
-        if parallel:
+        if parallel and self.symbolic:
+            # Note [Symbolic sizes in C++ kernels]: the outer loops (or the only one) split
+            # across threads; the team size is decided at run time in `_render`
+            collapse = max(len(outer), 1) if not is_reduction else len(outer)
+            units = math.prod(sizevars.hint(size) for _, size in loops[:collapse]) if collapse else 1
+            plan = ParallelPlan("outer", collapse, units, cap_for(units, work)) if collapse else None
+        elif parallel:
             if is_reduction:
                 plan = outer_plan(outer_sizes, work)
             else:
@@ -1153,7 +1229,7 @@ class KernelBuilder:
                 lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
                 depth += 2
                 continue
-            if last and not is_reduction and simd:
+            if last and not is_reduction and simd and not (self.symbolic and i == 0 and plan is not None):
                 lines.append(f"{pad}#pragma omp simd")
             lines.append(f"{pad}{self._loop(var, size)} {{")
             depth += 1
@@ -1279,6 +1355,10 @@ class KernelBuilder:
                 lines.append(f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {LANES}) * {LANES};")
                 start, main_end, end = lo, "rmain", hi
                 has_main = has_tail = True
+            elif not isinstance(size, int):  # a run-time length: lanes, then a scalar tail
+                n = index_to_cpp(size)
+                start, main_end, end = "INT64_C(0)", f"({n} / {LANES} * {LANES})", n
+                has_main = has_tail = True
             else:
                 main = size - size % LANES
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
@@ -1339,8 +1419,9 @@ class KernelBuilder:
     def _split_plan(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) when a reduction should be split across threads, else None: a full
         reduction (Note [Split reductions]) or one with few outputs (Note [Reductions with few
-        outputs]) whose reads walk the reduced loop contiguously (else it is a column reduction)."""
-        if self.serial or not sections or not self.rsizes:
+        outputs]) whose reads walk the reduced loop contiguously (else it is a column reduction);
+        never with symbolic sizes (the chunking is decided from static sizes)."""
+        if self.symbolic or self.serial or not sections or not self.rsizes:
             return None
         if not isinstance(sections[0], RPhase) or any(isinstance(s, RPhase) for s in sections[1:]):
             return None

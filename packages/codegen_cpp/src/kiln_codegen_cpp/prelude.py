@@ -267,11 +267,16 @@ def extension_module(kernels: list[tuple[str, list[str], bool]]) -> str:
         out.append(f"static PyObject* py_{name}(PyObject*, PyObject* const* args, Py_ssize_t nargs) {{")
         message = f'"{name}: wrong arguments"'
         out.append(f"  if (nargs != {n + 1}) {{ PyErr_SetString(PyExc_TypeError, {message}); return NULL; }}")
-        for i in range(n):
-            out.append(f"  void* a{i} = PyLong_AsVoidPtr(args[{i}]);")
+        for i, t in enumerate(types):
+            if t == "int64_t":  # a size (Note [Symbolic sizes in C++ kernels])
+                out.append(f"  int64_t a{i} = PyLong_AsLongLong(args[{i}]);")
+            else:
+                out.append(f"  void* a{i} = PyLong_AsVoidPtr(args[{i}]);")
         out.append(f"  int64_t nt = PyLong_AsLongLong(args[{n}]);")
         out.append("  if (PyErr_Occurred()) return NULL;")
-        call_args = ", ".join([*(f"static_cast<{t}>(a{i})" for i, t in enumerate(types)), "nt"])
+        call_args = ", ".join(
+            [*(f"a{i}" if t == "int64_t" else f"static_cast<{t}>(a{i})" for i, t in enumerate(types)), "nt"]
+        )
         out.append("  int64_t err;")
         if release:
             out.append("  Py_BEGIN_ALLOW_THREADS")

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
 from kiln_loopir.graph import GraphLowering
@@ -58,13 +59,13 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_shape
+from kiln_loopir.wrapper_support import dense_shape, is_static_layout, py_size, py_tuple
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
-from .kernel import ErrorSite, Kernel
+from .kernel import CodegenUnsupported, ErrorSite, Kernel
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
@@ -145,6 +146,7 @@ class WrapperCodegen:
         self.graph = graph
         self.kernels = kernels
         self.built = built
+        self.declined: dict[str, str] = {}  # kernel -> why the C++ generator declined it
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "_torch": torch,
@@ -213,6 +215,8 @@ class WrapperCodegen:
         if isinstance(value, tuple):
             inner = ", ".join(self.view(v) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            return py_size(value)  # Note [Symbolic sizes in the wrapper]
         return self.const(value)
 
     def _strided(self, name: str, layout: Any) -> str:
@@ -231,6 +235,16 @@ class WrapperCodegen:
             self.emit(f"p_{name} = {expr}")
 
     def allocate(self, buffer: Buffer) -> None:
+        if not is_static_layout(buffer.layout):  # Note [Symbolic sizes in the wrapper]
+            n_expr = buffer.layout.storage_size()
+            shape = dense_shape(buffer.layout) or ((n_expr,), (sympy.Integer(1),))
+            self.shapes[buffer.name] = shape
+            dtype = self.const(buffer.layout.dtype)
+            self.emit(
+                f"{buffer.name} = _empty_strided({py_tuple(shape[0])}, {py_tuple(shape[1])}, dtype={dtype})"
+            )
+            self.pointer(buffer.name, f"{buffer.name}.data_ptr()")
+            return
         n = int(buffer.layout.storage_size())
         shape = dense_shape(buffer.layout) or ((n,), (1,))
         self.shapes[buffer.name] = shape
@@ -279,6 +293,8 @@ class WrapperCodegen:
         for name, layout in sorted(candidates.items()):
             if root(name) in banned_roots or plan.allocate.get(name) is not None:
                 continue
+            if not is_static_layout(layout):
+                continue  # its size changes from call to call
             size = int(layout.storage_size()) * layout.dtype.itemsize
             if total + size <= PERSIST_LIMIT:
                 chosen.add(name)
@@ -297,8 +313,11 @@ class WrapperCodegen:
             f"def call({', '.join(params)}):",
         ]
         self.emit("nt = _get_threads()")
+        self.bind_symbols(params)
         for spec in graph.graph_inputs:
-            if spec is not None:
+            if spec is not None and not is_static_layout(spec.layout):
+                self.symbolic_input(spec)
+            elif spec is not None:
                 layout = spec.layout
                 stride, offset = tuple(layout.int_stride()), int(layout.offset)
                 # the kernels index memory with the strides seen at compile time
@@ -341,6 +360,33 @@ class WrapperCodegen:
         self.namespace["_get_threads"] = torch.get_num_threads
         return source, self.namespace
 
+    def bind_symbols(self, params: list[str]) -> None:
+        """Note [Symbolic sizes in the wrapper]: each size symbol becomes a local variable of
+        ``call``, named as the symbol, read once per call from the input that holds it (a size,
+        a stride or an int argument); every derived size (allocations, views, kernel arguments)
+        is an expression over those variables."""
+        for sym, src in sorted(self.graph.sizevars.sources.items(), key=lambda kv: str(kv[0])):
+            arg = params[src.input]
+            if src.kind == "int":
+                self.emit(f"{sym} = {arg}")
+            elif src.kind == "offset":
+                self.emit(f"{sym} = {arg}.storage_offset()")
+            else:
+                self.emit(f"{sym} = {arg}.{src.kind}({src.dim})")
+
+    def symbolic_input(self, spec: InputBuffer) -> None:
+        """A graph input with symbolic sizes: its strides as compiled (as expressions of the
+        symbols just read) or else a copy into that layout; guards checked the sizes."""
+        layout, n = spec.layout, spec.name
+        dtype = self.const(layout.dtype)
+        self.emit(
+            f"if {n}.stride() != {py_tuple(layout.stride)} or {n}.storage_offset() != {py_size(layout.offset)} "
+            f"or {n}.dtype is not {dtype}: "
+            f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
+        )
+        off = layout.offset * layout.dtype.itemsize
+        self.pointer(n, f"{n}.data_ptr()" + (f" - ({py_size(off)})" if off != 0 else ""))
+
     def extern(self, kernel: ExternKernel) -> None:
         op = f"_op_{kernel.name}"
         self.namespace[op] = kernel.op
@@ -366,7 +412,7 @@ class WrapperCodegen:
         self.emit(f"_r = {op}({', '.join(args)})")
         for out in kernel.outputs:
             value = "_r" + "".join(f"[{i}]" for i in out.path)
-            n = int(out.layout.storage_size())
+            n = py_size(out.layout.storage_size())
             dense = dense_shape(out.layout)
             name = self.const(str(kernel.op))  # named in the error of a result of another shape
             if dense is not None:
@@ -409,7 +455,7 @@ class WrapperCodegen:
             self.fallback(node, members)
         else:
             fn = f"k_{compiled.name}"
-            args = ", ".join([*(f"p_{p}" for p in compiled.params), "nt"])
+            args = ", ".join([*(f"p_{p}" for p in compiled.params), *compiled.size_params, "nt"])
             if self.profile:
                 self.emit(f"with _range('kiln:{compiled.name}'):")
                 self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
@@ -420,6 +466,13 @@ class WrapperCodegen:
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the C++ generator declined with loopir's interpreter (never wrong)."""
+        if self.graph.sizevars.symbolic:
+            # Note [Symbolic sizes in the wrapper]: the interpreter would be far slower than the
+            # static compile the caller falls back to
+            why = self.declined.get(node.name, "")
+            raise CodegenUnsupported(
+                f"kernel {node.name}: the C++ generator declined it with symbolic sizes ({why})"
+            )
         names: set[str] = set()
         for m in node.get_nodes():
             names |= m.read_names() | m.write_names()
@@ -467,7 +520,9 @@ class WrapperCodegen:
         self.namespace["_kernel_error"] = kernel_error
 
 
-def _contiguous_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _contiguous_shape(layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    if not is_static_layout(layout):
+        return tuple(layout.size), tuple(contiguous_strides(layout.size))
     size = tuple(layout.int_size())
     return size, tuple(int(s) for s in contiguous_strides(size))
 
@@ -495,10 +550,15 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
 
 
 def make_wrapper(
-    schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Kernel | None], built: Built | None
+    schedule: Scheduler,
+    graph: GraphLowering,
+    kernels: dict[str, Kernel | None],
+    built: Built | None,
+    declined: dict[str, str] | None = None,
 ) -> tuple[Callable[..., Any], str, str]:
     """(the ``call`` function, its source, where the source was written)."""
     gen = WrapperCodegen(schedule, graph, kernels, built)
+    gen.declined = dict(declined or {})
     source, namespace = gen.generate()
     errors = {k.name: k.errors for k in kernels.values() if k is not None}
     gen.bind(built, errors)

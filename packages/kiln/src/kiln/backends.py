@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 import kiln_dynamo
+from kiln.logs import dynamic_log
 from kiln.logs import perf_log as log
 from kiln_loopir import PassOptions
 
@@ -378,14 +379,13 @@ def make_backend(
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         import kiln_aotgrad
 
-        symbolic = symbolic_inputs(gm)
-        if symbolic:
-            # Note [Dynamic shapes in the backend]: kiln_aotgrad traces with the example
-            # inputs' sizes, so a graph with symbolic sizes goes back to dynamo, which compiles
-            # the frame static (and logs why) instead of a compile valid for one size only.
-            raise kiln_dynamo.DynamicShapesUnsupported(
-                f"kiln's {name} backend does not compile symbolic sizes yet ({', '.join(symbolic)})"
-            )
+        # Note [Dynamic shapes in the backend]: a graph with symbolic sizes is traced by
+        # kiln_aotgrad now, from its fake placeholders (Note [Symbolic signatures]), and every
+        # aten graph goes to loopir with the same symbols. Whatever cannot take them refuses
+        # with `DynamicShapesUnsupported` and a logged reason (KILN_LOG=dynamic): dynamo then
+        # compiles this frame with static sizes, as before. Never an eager fallback for that:
+        # the static compile is faster, and always right.
+        symbolic = bool(symbolic_inputs(gm))
         record = _record(gm)
 
         def inner(
@@ -402,6 +402,11 @@ def make_backend(
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
+                if symbolic:  # Note [Dynamic shapes in the backend]
+                    dynamic_log.info(
+                        "%s: kiln_loopir refused symbolic sizes: %s", record.frame or record.graph, exc
+                    )
+                    raise kiln_dynamo.DynamicShapesUnsupported(f"kiln_loopir: {exc}") from exc
                 return _fallback(inner_gm, record, exc, strict, name, "its aten graph")
             _add_loopir_phases(record, compiled.stats)
             record.compiled_at = time.perf_counter()
@@ -419,7 +424,15 @@ def make_backend(
 
             traced = prepare_torch_graph(gm, passes)
         try:
+            start = time.perf_counter()
+            inner_before = record.loopir_seconds
             compiled = kiln_aotgrad.aot_backend(inner, inner_backward)(traced, example_inputs)
+            if symbolic:  # compiled just now (Note [Symbolic signatures])
+                record.add("aotgrad", time.perf_counter() - start - (record.loopir_seconds - inner_before))
+                log.info("%s", record.summary())
+        except kiln_dynamo.DynamicShapesUnsupported:
+            COMPILE_LOG.remove(record)
+            raise
         except Exception as exc:  # Note [Backend failure]
             return _fallback(gm, record, exc, strict, name, "the captured graph")
         return _FirstCallFallback(gm, compiled, record, strict, name)

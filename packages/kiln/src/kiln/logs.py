@@ -10,8 +10,11 @@ import logging
 from kiln_dynamo import configure_artifacts
 
 perf_log = logging.getLogger("kiln.perf")
+# why a graph with symbolic sizes was compiled static instead (KILN_LOG=dynamic)
+dynamic_log = logging.getLogger("kiln.dynamic")
 
 
 def configure(spec: str | None = None) -> bool:
     """Turn on `perf` if `spec` (default: $KILN_LOG) names it or `all`; returns whether it is on."""
-    return bool(configure_artifacts({"perf": "kiln.perf"}, "kiln", spec))
+    enabled = configure_artifacts({"perf": "kiln.perf", "dynamic": "kiln.dynamic"}, "kiln", spec)
+    return "perf" in enabled

@@ -20,7 +20,7 @@
 """
 
 from .backend import Backend, BuildReport, available_backends, get_backend, register_backend
-from .compile import CompiledGraph, CompileStats, compile_graph
+from .compile import CompiledGraph, CompileStats, SymbolicSizesUnsupported, compile_graph
 from .graph import DeviceMismatch, GraphLowering, graph_device
 from .ir import TensorBox
 from .logs import configure_artifacts
@@ -41,6 +41,7 @@ __all__ = [
     "GraphLowering",
     "PassOptions",
     "Scheduler",
+    "SymbolicSizesUnsupported",
     "TensorBox",
     "available_backends",
     "compile_graph",

@@ -26,10 +26,44 @@ from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
 from .passes import PassContext, PassOptions, run_passes
 from .scheduler import ExternKernelSchedulerNode, Scheduler, output_buffer_names
+from .sizevars import using
 from .virtualized import format_body
 
 ir_log = logging.getLogger("kiln.loopir.ir")
 schedule_log = logging.getLogger("kiln.loopir.schedule")
+
+
+class SymbolicSizesUnsupported(NotImplementedError):
+    """A graph whose sizes are symbolic, which this lowering cannot take (the caller compiles it
+    with static sizes instead)."""
+
+
+def _is_symbolic(x: Any) -> bool:
+    if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return True
+    return isinstance(x, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())
+    )
+
+
+def _shape_env(values: Sequence[Any]) -> Any:
+    for x in values:
+        for s in (x,) if isinstance(x, torch.SymInt) else (*x.shape, *x.stride()):
+            if isinstance(s, torch.SymInt):
+                return s.node.shape_env
+    return None
+
+
+def _check_symbolic(graph: GraphLowering, env: Any, guards_before: int) -> None:
+    """Note [Symbolic sizes in loopir]: lowering and code generation must not have specialized
+    a symbol (a guard recorded while they ran), and the wrapper must be able to read every
+    symbol from the inputs."""
+    if env is not None and len(env.guards) != guards_before:
+        added = ", ".join(str(g.expr) for g in env.guards[guards_before:])
+        raise SymbolicSizesUnsupported(f"lowering specialized a symbolic size ({added})")
+    unbound = graph.sizevars.unbound()
+    if unbound:
+        raise SymbolicSizesUnsupported(f"no input holds size symbols {unbound}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,43 +120,53 @@ def compile_graph(
     ``layout``, ``layout_policy``, ``pad_mm``); ``.passes`` of the result says what they did."""
     configure()
     chosen = get_backend(backend)
+    symbolic = [x for x in example_inputs if _is_symbolic(x)]
+    if symbolic and not getattr(chosen, "symbolic_sizes", False):
+        raise SymbolicSizesUnsupported(f"the {type(chosen).__name__} code generator takes static sizes only")
+    env = _shape_env(symbolic)
+    guards_before = len(env.guards) if env is not None else 0
     t0 = time.perf_counter()
     device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
     graph = GraphLowering(gm, example_inputs, fusion=fusion, channels_last=passes.channels_last).run()
+    if symbolic:
+        _check_symbolic(graph, env, guards_before)
     t1 = time.perf_counter()
-    schedule = Scheduler(
-        graph.operations,
-        graph.name_to_buffer,
-        output_buffer_names(graph.outputs),
-        fusion=fusion,
-        can_fuse_hook=chosen.can_fuse,
-    )
-    t2 = time.perf_counter()
-    _log(graph, schedule)
-    kernels = {n.name: chosen.codegen_kernel(n, graph) for n in schedule.kernels()}
-    fn = chosen.codegen_wrapper(schedule, graph, kernels)
-    t3 = time.perf_counter()
-    build = chosen.last_build()
-    if build == BuildReport():  # the backend reports nothing: all of it was code generation
-        build = BuildReport(codegen_seconds=t3 - t2)
-    externs = [n for n in schedule.nodes if isinstance(n, ExternKernelSchedulerNode)]
-    stats = CompileStats(
-        kernels=len(kernels),
-        extern_calls=len(externs),
-        buffers=len(schedule.plan.allocate),
-        reused=schedule.plan.reused,
-        bytes_moved=sum(schedule.kernel_bytes(n) for n in schedule.kernels()),
-        extern_bytes=sum(schedule.extern_bytes(n) for n in externs),
-        fallbacks=tuple(graph.fallbacks),
-        lower_seconds=t1 - t0,
-        schedule_seconds=t2 - t1,
-        codegen_seconds=build.codegen_seconds,
-        compile_seconds=build.compile_seconds,
-        compile_cache=build.cache,
-        extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
-        declined=build.declined,
-    )
+    with using(graph.sizevars):  # Note [Symbolic sizes in loopir]: hints for heuristics
+        schedule = Scheduler(
+            graph.operations,
+            graph.name_to_buffer,
+            output_buffer_names(graph.outputs),
+            fusion=fusion,
+            can_fuse_hook=chosen.can_fuse,
+        )
+        t2 = time.perf_counter()
+        _log(graph, schedule)
+        kernels = {n.name: chosen.codegen_kernel(n, graph) for n in schedule.kernels()}
+        fn = chosen.codegen_wrapper(schedule, graph, kernels)
+        if symbolic:
+            _check_symbolic(graph, env, guards_before)
+        t3 = time.perf_counter()
+        build = chosen.last_build()
+        if build == BuildReport():  # the backend reports nothing: all of it was code generation
+            build = BuildReport(codegen_seconds=t3 - t2)
+        externs = [n for n in schedule.nodes if isinstance(n, ExternKernelSchedulerNode)]
+        stats = CompileStats(
+            kernels=len(kernels),
+            extern_calls=len(externs),
+            buffers=len(schedule.plan.allocate),
+            reused=schedule.plan.reused,
+            bytes_moved=sum(schedule.kernel_bytes(n) for n in schedule.kernels()),
+            extern_bytes=sum(schedule.extern_bytes(n) for n in externs),
+            fallbacks=tuple(graph.fallbacks),
+            lower_seconds=t1 - t0,
+            schedule_seconds=t2 - t1,
+            codegen_seconds=build.codegen_seconds,
+            compile_seconds=build.compile_seconds,
+            compile_cache=build.cache,
+            extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
+            declined=build.declined,
+        )
     schedule_log.debug("stats: %s", stats)
     return CompiledGraph(fn, stats, graph, schedule, passes)
 
@@ -150,4 +194,11 @@ def _log(graph: GraphLowering, schedule: Scheduler) -> None:
         schedule_log.debug("buffers: allocate=%s reuse=%s", sorted(plan.allocate), reuse)
 
 
-__all__ = ["CompileStats", "CompiledGraph", "Pointwise", "Reduction", "compile_graph"]
+__all__ = [
+    "CompileStats",
+    "CompiledGraph",
+    "Pointwise",
+    "Reduction",
+    "SymbolicSizesUnsupported",
+    "compile_graph",
+]

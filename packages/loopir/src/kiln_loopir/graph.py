@@ -49,8 +49,10 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from kiln_symbolic import expr_of
 
 from . import origins
+from .indexing import FloorDiv, contiguous_strides
 from .ir import (
     Buffer,
     ConstantBuffer,
@@ -64,8 +66,10 @@ from .ir import (
     carried,
     realize_strided,
 )
-from .layout import fixed_from_tensor
+from .layout import FixedLayout, fixed_from_tensor, symbolic
 from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
+from .sizevars import SizeVars, SymbolSource, to_loopir, using
+from .sizevars import hint as sizevars_hint
 from .virtualized import count_ops, op_names, set_graph
 
 log = logging.getLogger("kiln.loopir.ir")
@@ -213,6 +217,8 @@ class GraphLowering:
         self.channels_last: set[torch.fx.Node] = channels_last
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
+        # Note [Symbolic sizes in loopir]
+        self.sizevars = SizeVars()
 
     # names and registration -----------------------------------------------------------------
 
@@ -234,13 +240,13 @@ class GraphLowering:
     def run(self) -> GraphLowering:
         env: dict[torch.fx.Node, Any] = {}
         metas: dict[torch.fx.Node, Any] = {}
-        inputs = iter(self.example_inputs)
-        with set_graph(self):
+        inputs = iter(enumerate(self.example_inputs))
+        with set_graph(self), using(self.sizevars):
             for order, node in enumerate(self.gm.graph.nodes):
                 if node.op == "placeholder":
-                    value = next(inputs)
+                    position, value = next(inputs)
                     metas[node] = _to_meta(value)
-                    env[node] = self._placeholder(node, value)
+                    env[node] = self._placeholder(node, value, position)
                 elif node.op == "get_attr":
                     value = _fetch_attr(self.gm, node.target)
                     metas[node] = _to_meta(value)
@@ -265,11 +271,27 @@ class GraphLowering:
                     raise NotImplementedError(f"fx node kind {node.op} ({node.format_node()})")
         return self
 
-    def _placeholder(self, node: torch.fx.Node, value: Any) -> Any:
+    def _placeholder(self, node: torch.fx.Node, value: Any, position: int) -> Any:
         if not isinstance(value, torch.Tensor):
             self.graph_inputs.append(None)
+            if isinstance(value, torch.SymInt):  # Note [Symbolic sizes in loopir]
+                return self.sizevars.add(value, SymbolSource(position, "int"))
             return value
-        layout = fixed_from_tensor(value, self.device)
+        if _has_symbols(value):
+            layout = FixedLayout(
+                self.device,
+                value.dtype,
+                tuple(
+                    self.sizevars.add(n, SymbolSource(position, "size", d)) for d, n in enumerate(value.shape)
+                ),
+                tuple(
+                    self.sizevars.add(n, SymbolSource(position, "stride", d))
+                    for d, n in enumerate(value.stride())
+                ),
+                self.sizevars.add(value.storage_offset(), SymbolSource(position, "offset")),
+            )
+        else:
+            layout = fixed_from_tensor(value, self.device)
         buffer = InputBuffer(node.name, layout)
         self.graph_inputs.append(buffer)
         self.name_to_buffer[buffer.name] = buffer
@@ -291,6 +313,9 @@ class GraphLowering:
         target = node.target
         if target is operator.getitem:
             return args[0][args[1]]
+        size_fn = SIZE_FUNCTIONS.get(target)
+        if size_fn is not None and _size_arithmetic(target, args):
+            return size_fn(*args)  # Note [Symbolic sizes in loopir]: computed here, not in a kernel
         self.current_meta = meta
         self.current_node = node
         if _mutates(target):
@@ -462,8 +487,11 @@ def _nhwc(meta: Any) -> Any:
 
 
 def _numel(node: torch.fx.Node) -> int | None:
+    """Elements of ``node``'s value (at the size hints when symbolic: for the heuristic only)."""
     val = node.meta.get("val")
-    return val.numel() if isinstance(val, torch.Tensor) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    return sizevars_hint(to_loopir(expr_of(val.numel()))) if _has_symbols(val) else val.numel()
 
 
 def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -502,9 +530,31 @@ def _hint_strides(result: Any, meta: Any) -> None:
     storage = result.data
     if not isinstance(storage, StorageBox) or storage.is_realized():
         return
+    if _has_symbols(meta):  # Note [Symbolic sizes in loopir]: decided on expressions, no guards
+        size, stride = symbolic(meta.shape), symbolic(meta.stride())
+        expected = contiguous_strides(size)
+        if all(n == 1 or sympy.expand(a - b) == 0 for n, a, b in zip(size, stride, expected, strict=True)):
+            return
+        if not _dense_exprs(size, stride):
+            return
+        storage.stride_hint = tuple(stride)
+        return
     if meta.is_contiguous() or not _dense(meta):
         return
     storage.stride_hint = tuple(sympy.Integer(s) for s in meta.stride())
+
+
+def _dense_exprs(size: Sequence[Any], stride: Sequence[Any]) -> bool:
+    """`_dense` for symbolic layouts: a permutation of a contiguous layout, provably."""
+    pairs = sorted(
+        ((st, n) for st, n in zip(stride, size, strict=True) if n != 1), key=lambda p: sizevars_hint(p[0])
+    )
+    expected: Any = sympy.Integer(1)
+    for st, n in pairs:
+        if sympy.expand(st - expected) != 0:
+            return False
+        expected = expected * n
+    return True
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -527,7 +577,14 @@ def _zeros(ranges: Sequence[Any]) -> list[Any]:
     return [sympy.Integer(0)] * len(ranges)
 
 
+def _has_symbols(t: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
+
+
 def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and _has_symbols(value):
+        # the fake tensor itself: a new meta tensor of symbolic sizes would guard on them
+        return value
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(
             [int(s) for s in value.shape], [int(s) for s in value.stride()], dtype=value.dtype, device="meta"
@@ -565,9 +622,13 @@ def _mismatch(result: Any, meta: Any) -> str | None:
     if isinstance(meta, torch.Tensor):
         if not isinstance(result, TensorBox):
             return f"lowering returned {type(result).__name__} for a tensor"
-        size = [int(s) for s in result.get_size()]
-        if size != list(meta.shape) or result.get_dtype() != meta.dtype:
-            return f"lowering gave {size} {result.get_dtype()}, eager gives {list(meta.shape)} {meta.dtype}"
+        size = list(result.get_size())
+        want = [to_loopir(expr_of(n)) for n in meta.shape]
+        same = len(size) == len(want) and all(
+            sympy.expand(a - b) == 0 for a, b in zip(size, want, strict=True)
+        )
+        if not same or result.get_dtype() != meta.dtype:
+            return f"lowering gave {size} {result.get_dtype()}, eager gives {want} {meta.dtype}"
         return None
     if isinstance(meta, list | tuple):
         if not isinstance(result, list | tuple) or len(result) != len(meta):
@@ -583,9 +644,45 @@ def _describe(result: Any) -> str:
     if isinstance(result, TensorBox):
         node = result.storage()
         kind = type(node.data).__name__ if node is not None else type(result.data).__name__
-        return f"{kind}{[int(s) for s in result.get_size()]}:{result.get_dtype()}"
+        return f"{kind}{list(result.get_size())}:{result.get_dtype()}"
     if isinstance(result, list | tuple):
         return ", ".join(_describe(r) for r in result)
     if isinstance(result, Buffer | ReinterpretView):
         return repr(result)
     return repr(result)
+
+
+def _sym_size(x: Any, dim: int) -> Any:
+    return x.get_size()[dim]
+
+
+def _sym_stride(x: Any, dim: int) -> Any:
+    return realize_strided(x).layout.stride[dim] if isinstance(x, TensorBox) else x.get_stride()[dim]
+
+
+def _sym_numel(x: Any) -> Any:
+    return sympy.Mul(*x.get_size())
+
+
+def _size_arithmetic(target: Any, args: Sequence[Any]) -> bool:
+    """`sym_size`-like calls always; `operator` calls only on sizes (a traced `x * 2` on a
+    tensor has its own lowering)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return True
+    return all(isinstance(a, int | sympy.Expr) and not isinstance(a, bool) for a in args)
+
+
+# Note [Symbolic sizes in loopir]: the size arithmetic aotgrad leaves in the graph (Note [SymInts
+# in the aten graph]) evaluates to loopir expressions at lowering time
+SIZE_FUNCTIONS: dict[Any, Any] = {
+    torch.ops.aten.sym_size.int: _sym_size,
+    torch.ops.aten.sym_stride.int: _sym_stride,
+    torch.ops.aten.sym_numel.default: _sym_numel,
+    operator.add: operator.add,
+    operator.sub: operator.sub,
+    operator.mul: operator.mul,
+    operator.neg: operator.neg,
+    operator.floordiv: lambda a, b: FloorDiv(sympy.sympify(a), sympy.sympify(b)),
+    operator.mod: sympy.Mod,
+    operator.pow: operator.pow,
+}

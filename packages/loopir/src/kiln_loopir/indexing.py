@@ -133,6 +133,14 @@ def bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> int | None:
         return total
     if isinstance(expr, sympy.Mul):
         coeff, rest = expr.as_coeff_Mul()
+        if rest == expr:  # a product of non-numbers (a loop variable times a size symbol)
+            prod = 1
+            for arg in expr.args:
+                ab = bound(arg, ranges)
+                if ab is None:
+                    return None
+                prod *= ab - 1
+            return prod + 1
         b = bound(rest, ranges)
         if coeff.is_Integer and int(coeff) >= 0 and b is not None:
             return int(coeff) * (b - 1) + 1

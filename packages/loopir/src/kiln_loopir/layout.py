@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import sympy
 import torch
+from kiln_symbolic import expr_of
 
 from .indexing import Expr, contiguous_strides, linear_index
+from .sizevars import hint, to_loopir
 
 ZERO = sympy.Integer(0)
 
@@ -49,7 +51,8 @@ class Layout:
         return self.offset + sum(((n - 1) * s for n, s in zip(self.size, self.stride, strict=True)), 0) + 1
 
     def nbytes(self) -> int:
-        return int(self.numel()) * self.dtype.itemsize
+        """Bytes at the size hints (Note [Symbolic sizes in loopir])."""
+        return hint(self.numel()) * self.dtype.itemsize
 
     def is_contiguous(self) -> bool:
         expected = contiguous_strides(self.size)
@@ -88,17 +91,21 @@ def fixed_from_tensor(t: torch.Tensor, device: torch.device | None = None) -> Fi
     return FixedLayout(
         device if device is not None else t.device,
         t.dtype,
-        tuple(sympy.Integer(s) for s in t.shape),
-        tuple(sympy.Integer(s) for s in t.stride()),
-        sympy.Integer(t.storage_offset()),
+        symbolic(t.shape),
+        symbolic(t.stride()),
+        symbolic([t.storage_offset()])[0],
     )
 
 
 def symbolic(values: Sequence[object]) -> tuple[Expr, ...]:
-    """Sizes as sympy: ints as Integers, SymInt-like objects by their ``node.expr``."""
+    """Sizes as sympy: ints as Integers, SymInts by their expression (Note [Symbolic sizes in
+    loopir]), never read as an int (that would add a guard)."""
     out = []
     for v in values:
-        node = getattr(v, "node", None)
-        expr = getattr(node, "expr", None)
-        out.append(sympy.sympify(expr if expr is not None else int(v)))  # type: ignore[call-overload]
+        if isinstance(v, torch.SymInt):
+            out.append(to_loopir(expr_of(v)))
+        elif isinstance(v, sympy.Expr):
+            out.append(v)
+        else:
+            out.append(sympy.Integer(int(v)))  # type: ignore[call-overload]
     return tuple(out)

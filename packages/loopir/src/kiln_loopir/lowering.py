@@ -25,6 +25,7 @@ import sympy
 import torch
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from . import sizevars
 from .indexing import Expr
 from .ir import ExternKernel, ExternOutput, Index, Pointwise, TensorBox, realize_strided
 from .layout import fixed_from_tensor
@@ -81,8 +82,10 @@ def _ensure_registered() -> None:
 def meta_of(value: object) -> object:
     """A meta tensor standing in for a box (for dtype rules); other values pass through."""
     if isinstance(value, TensorBox):
-        size = [int(s) for s in value.get_size()]
+        size = [sizevars.hint(s) for s in value.get_size()]  # the rank decides, not the sizes
         return torch.empty(size, dtype=value.get_dtype(), device="meta")
+    if isinstance(value, sympy.Expr) and not value.is_number:  # a symbolic int scalar
+        return sizevars.hint(value)
     return value
 
 
@@ -160,6 +163,13 @@ def make_pointwise(
 
 
 def _constant_loader(value: object, dtype: torch.dtype) -> Callable[[Index], Any]:
+    if isinstance(value, sympy.Expr) and not value.is_number:
+        # Note [Symbolic sizes in loopir]: a size used as a scalar (`x + x.size(0)`)
+        def load_size(index: Index) -> Any:
+            return ops.index_expr(value, dtype)
+
+        return load_size
+
     def load(index: Index) -> Any:
         return ops.constant(value, dtype)
 

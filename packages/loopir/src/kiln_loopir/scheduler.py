@@ -594,7 +594,7 @@ class Scheduler:
                 ):
                     plan.internal.setdefault(step, []).append(name)
                     continue
-                key = (m.node.layout.dtype, int(m.node.layout.storage_size()))
+                key = (m.node.layout.dtype, _as_int(m.node.layout.storage_size()))
                 free = pool.get(key)
                 plan.allocate[name] = free.pop() if free else None
             for touched in sorted(set(node.read_names()) | written):
@@ -607,7 +607,7 @@ class Scheduler:
                     and last_read.get(name, step) <= step
                 ):
                     plan.free_after.setdefault(step, []).append(name)
-                    key = (buffer.layout.dtype, int(buffer.layout.storage_size()))
+                    key = (buffer.layout.dtype, _as_int(buffer.layout.storage_size()))
                     pool.setdefault(key, []).append(name)
         return plan
 

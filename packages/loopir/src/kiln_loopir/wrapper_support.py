@@ -15,8 +15,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import sympy
 import torch
+from kiln_symbolic import FloorDiv as ShapeFloorDiv
+from kiln_symbolic import pexpr
 
+from .indexing import FloorDiv, ModularIndexing
 from .layout import Layout
 
 
@@ -88,9 +92,18 @@ def conform_input(
     return out
 
 
-def dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def dense_shape(layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """(size, stride) when a tensor of that shape owns exactly the layout's storage (dense, from
-    offset 0, not empty): a buffer a wrapper may allocate in its own shape."""
+    offset 0, not empty): a buffer a wrapper may allocate in its own shape. Ints, or sympy
+    expressions where the layout is symbolic (Note [Symbolic sizes in loopir]); print them with
+    ``py_tuple``."""
+    if not is_static_layout(layout):
+        size, stride = tuple(layout.size), tuple(layout.stride)
+        if layout.offset != 0 or any(n == 0 for n in size):
+            return None
+        if sympy.expand(layout.storage_size() - sympy.Mul(*size)) != 0:
+            return None
+        return size, stride
     size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
     if int(layout.offset) != 0 or math.prod(size) == 0:
         return None
@@ -101,4 +114,32 @@ def dense_shape(layout: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
 
 def layout_args(layout: Layout) -> str:
     """``size, stride, offset`` of ``layout`` as Python source (for generated wrappers)."""
+    if not is_static_layout(layout):
+        return f"{py_tuple(layout.size)}, {py_tuple(layout.stride)}, {py_size(layout.offset)}"
     return f"{tuple(layout.int_size())!r}, {tuple(layout.int_stride())!r}, {int(layout.offset)}"
+
+
+def is_static_layout(layout: Any) -> bool:
+    return all(sympy.sympify(e).is_Integer for e in (*layout.size, *layout.stride, layout.offset))
+
+
+def py_size(expr: Any) -> str:
+    """A size expression as Python source over the wrapper's symbol variables (which are named
+    as the symbols: ``s0``), with Python's ``//`` and ``%`` (sizes are never negative)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return str(int(expr))
+    expr = expr.replace(
+        lambda e: isinstance(e, ModularIndexing),
+        lambda e: sympy.Mod(FloorDiv(e.args[0], e.args[1]), e.args[2]),
+    )
+    expr = expr.replace(lambda e: isinstance(e, FloorDiv), lambda e: ShapeFloorDiv(*e.args))
+    return pexpr(expr)
+
+
+def py_tuple(exprs: Any) -> str:
+    """A tuple of sizes as Python source (``(2, 3)``, ``(s0,)``, ``()``)."""
+    items = [py_size(e) for e in exprs]
+    if len(items) == 1:
+        return f"({items[0]},)"
+    return "(" + ", ".join(items) + ")"

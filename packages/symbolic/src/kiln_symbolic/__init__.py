@@ -7,6 +7,7 @@ meta kernels and decompositions run on fake tensors with symbolic sizes. Express
 `FloorDiv` (functions.py) is Python's `//`; `pexpr` (printer.py) prints an expression as Python.
 """
 
+from kiln_symbolic.fold import UnfoldableExpr, fold_expr
 from kiln_symbolic.functions import FloorDiv, IntTrueDiv
 from kiln_symbolic.printer import PythonPrinter, pexpr
 from kiln_symbolic.ranges import ValueRange, bound, decide
@@ -43,10 +44,12 @@ __all__ = [
     "ShapeGuard",
     "SymNode",
     "SymbolicUnsupported",
+    "UnfoldableExpr",
     "ValueRange",
     "bound",
     "decide",
     "expr_of",
+    "fold_expr",
     "hint_of",
     "is_symbolic",
     "make_symfloat",

@@ -16,6 +16,7 @@ from typing import Any
 import sympy
 import torch
 
+from .. import sizevars
 from ..indexing import Expr, FloorDiv, ModularIndexing, contiguous_strides, linear_index
 from ..ir import Index, ReinterpretView, TensorBox, View, realize_strided
 from ..layout import FixedLayout, symbolic
@@ -30,11 +31,23 @@ def make_view(x: TensorBox, size: Sequence[Expr], reindex: Any) -> TensorBox:
 
 
 def _infer_size(old: Sequence[Expr], new: Sequence[Any]) -> list[Expr]:
-    sizes = list(symbolic([s if s != -1 else 1 for s in new]))
-    if -1 in list(new):
-        known = sympy.Mul(*[s for s, n in zip(sizes, new, strict=True) if n != -1])
-        sizes[list(new).index(-1)] = sympy.Mul(*old) / known if known != 0 else ZERO
-    return [sympy.Integer(int(s)) for s in sizes]
+    sizes = list(symbolic([s if _is_minus_one(s) is False else 1 for s in new]))
+    if any(_is_minus_one(s) for s in new):
+        known = sympy.Mul(*[s for s, n in zip(sizes, new, strict=True) if not _is_minus_one(n)])
+        numel = sympy.Mul(*old)
+        if known == 0:
+            inferred: Expr = ZERO
+        elif numel.is_number and known.is_number:
+            inferred = numel / known
+        else:  # Note [Symbolic sizes in loopir]: exact when sympy proves it, else floor division
+            exact = sympy.cancel(numel / known)
+            inferred = exact if exact.is_integer else FloorDiv(numel, known)
+        sizes[[_is_minus_one(s) for s in new].index(True)] = inferred
+    return [sympy.Integer(int(s)) if s.is_number else s for s in sizes]
+
+
+def _is_minus_one(s: Any) -> bool:
+    return isinstance(s, int) and not isinstance(s, bool) and s == -1
 
 
 def reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
@@ -47,8 +60,8 @@ def reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
         og, ng = [old_nz[i]], [new_nz[j]]
         i, j = i + 1, j + 1
         po, pn = old[og[0]], new[ng[0]]
-        while po != pn:
-            if int(po) < int(pn):
+        while po != pn and sympy.expand(po - pn) != 0:
+            if sizevars.hint(po) < sizevars.hint(pn):
                 og.append(old_nz[i])
                 po *= old[old_nz[i]]
                 i += 1
@@ -117,7 +130,7 @@ def t(x: TensorBox) -> TensorBox:
 def expand(x: TensorBox, size: Sequence[Any], *, implicit: bool = False) -> TensorBox:
     old = x.get_size()
     skip = len(size) - len(old)
-    new = [old[i - skip] if s == -1 else sympy.Integer(int(s)) for i, s in enumerate(size)]
+    new = [old[i - skip] if _is_minus_one(s) else symbolic([s])[0] for i, s in enumerate(size)]
     if list(new) == list(old):
         return x
 
@@ -164,6 +177,8 @@ def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
 def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
     old = list(x.get_size())
     dim = normalize_dim(dim, len(old))
+    if not old[dim].is_number or isinstance(end, sympy.Expr) or isinstance(start, sympy.Expr):
+        return _symbolic_slice(x, old, dim, start, end, step)
     n = int(old[dim])
     lo = 0 if start is None else (start + n if start < 0 else start)
     hi = n if end is None else (end + n if end < 0 else end)
@@ -176,6 +191,33 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
     def reindex(index: Index) -> Index:
         out = list(index)
         out[dim] = index[dim] * step + lo
+        return out
+
+    return make_view(x, new, reindex)
+
+
+def _symbolic_slice(x: TensorBox, old: list[Expr], dim: int, start: Any, end: Any, step: int) -> TensorBox:
+    """Note [Symbolic sizes in loopir]: a slice from the start of a dimension of symbolic size,
+    or to a symbolic end: the length is ``min(end, n)``, exact for every size. Other slices
+    decline (the op runs as an extern kernel)."""
+    n = old[dim]
+    if start not in (None, 0) or not isinstance(step, int) or step < 1:
+        raise Unsupported("a slice of a symbolic size that does not start at 0")
+    if end is None or (isinstance(end, int) and end >= 2**62):
+        hi: Expr = n
+    elif isinstance(end, int) and end < 0:
+        raise Unsupported("a slice of a symbolic size with a negative end")
+    else:
+        e = sympy.sympify(end)
+        hi = n if sympy.expand(e - n) == 0 else sympy.Min(e, n)
+    length = hi if step == 1 else FloorDiv(hi + step - 1, sympy.Integer(step))
+    if step == 1 and hi == n:
+        return x
+    new = [*old[:dim], length, *old[dim + 1 :]]
+
+    def reindex(index: Index) -> Index:
+        out = list(index)
+        out[dim] = index[dim] * step
         return out
 
     return make_view(x, new, reindex)

@@ -1,0 +1,132 @@
+"""Symbolic sizes in loopir: one table of the graph's size symbols and what each is worth.
+
+Note [Symbolic sizes in loopir]: a graph captured with dynamic shapes carries sizes that are
+expressions in the capture's size symbols (`s0`, `s1`; kiln_symbolic makes them). Layouts,
+ranges and indices hold those expressions as they are, so the same IR serves every size. Three
+kinds of question are asked of a size, and they are answered differently:
+
+- *correctness* (is this dimension 1, are these two sizes equal): only what is provable for every
+  value of the symbols counts (`statically_known_*`); anything else takes the general path;
+- *heuristics* (fusion scores, bytes moved, thread counts, unroll and tile choices): the size's
+  *hint*, its value in the example the graph was captured with (`hint`);
+- *run time*: every symbol is bound once per call from the inputs (`sources`: which input's
+  size or stride, or which int argument, holds it), and derived sizes are computed from those.
+
+Nothing here adds a guard: a lowering that would need one declines, and the caller compiles the
+graph with static sizes instead. `current()` is the table of the graph being lowered (a graph
+with static sizes has an empty one, and `hint` is `int`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+from kiln_symbolic import FloorDiv as ShapeFloorDiv
+from kiln_symbolic import expr_of, hint_of
+
+from .indexing import FloorDiv
+
+
+@dataclass(frozen=True, slots=True)
+class SymbolSource:
+    """Where a symbol's value is read at run time: `input` is the graph input's position; `kind`
+    is "size" or "stride" (of dimension `dim`), or "int" (the input is the int itself)."""
+
+    input: int
+    kind: str
+    dim: int = 0
+
+
+@dataclass(slots=True)
+class SizeVars:
+    """The size symbols of one graph; see the module docstring."""
+
+    hints: dict[sympy.Symbol, int] = field(default_factory=dict)
+    sources: dict[sympy.Symbol, SymbolSource] = field(default_factory=dict)
+
+    @property
+    def symbolic(self) -> bool:
+        return bool(self.hints)
+
+    def add(self, value: Any, source: SymbolSource) -> sympy.Expr:
+        """`value` (an int or SymInt) as a loopir expression; a new plain symbol is recorded
+        with its hint and, the first time, its source."""
+        expr = to_loopir(expr_of(value))
+        if isinstance(expr, sympy.Symbol) and expr not in self.sources:
+            self.sources[expr] = source
+        for sym in expr.free_symbols:
+            if sym not in self.hints:
+                self.hints[sym] = _symbol_hint(value, sym)
+        return expr
+
+    def hint(self, expr: Any) -> int:
+        expr = sympy.sympify(expr)
+        if expr.is_Integer:
+            return int(expr)
+        return int(expr.xreplace(dict(self.hints)))
+
+    def statically_known_equals(self, a: Any, b: Any) -> bool:
+        return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+    def unbound(self) -> list[sympy.Symbol]:
+        """Symbols no input provides as a plain size, stride or int."""
+        return sorted((s for s in self.hints if s not in self.sources), key=str)
+
+
+def _symbol_hint(value: Any, sym: sympy.Symbol) -> int:
+    node = getattr(value, "node", None)
+    env = getattr(node, "shape_env", None)
+    hint = env.hint_of(sym) if env is not None else None
+    if hint is None:
+        hint = hint_of(value) if isinstance(expr_of(value), sympy.Symbol) else None
+    if hint is None:
+        raise ValueError(f"size symbol {sym} has no hint (an unbacked size)")
+    return int(hint)
+
+
+def to_loopir(expr: Any) -> sympy.Expr:
+    """A capture-side size expression in loopir's index functions (`//` as loopir's FloorDiv)."""
+    expr = sympy.sympify(expr)
+    if not expr.has(ShapeFloorDiv):
+        return expr
+    return expr.replace(lambda e: isinstance(e, ShapeFloorDiv), lambda e: FloorDiv(*e.args))
+
+
+_CURRENT: contextvars.ContextVar[SizeVars | None] = contextvars.ContextVar(
+    "kiln_loopir_sizevars", default=None
+)
+_EMPTY = SizeVars()
+
+
+def current() -> SizeVars:
+    return _CURRENT.get() or _EMPTY
+
+
+@contextlib.contextmanager
+def using(sizevars: SizeVars) -> Iterator[SizeVars]:
+    token = _CURRENT.set(sizevars)
+    try:
+        yield sizevars
+    finally:
+        _CURRENT.reset(token)
+
+
+def hint(expr: Any) -> int:
+    """`expr`'s value at the graph's size hints (for heuristics only, never for correctness)."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return int(expr)
+    return current().hint(expr)
+
+
+def is_static(expr: Any) -> bool:
+    return bool(sympy.sympify(expr).is_Integer)
+
+
+def hints_of(exprs: Mapping[Any, Any]) -> dict[Any, int]:
+    return {k: hint(v) for k, v in exprs.items()}
