@@ -58,8 +58,8 @@ int check(PyObject* obj, const KilnTensorSpec* spec) {
 
 const KilnTensorChecker checker = {1, check};
 
-// torch's extension builder names the module (kiln_tensor_check, or kiln_tensor_check_v1 when one
-// process builds it twice) through TORCH_EXTENSION_NAME
+// the build names the module (a name of its own per build, the library's file name) through
+// TORCH_EXTENSION_NAME
 #ifndef TORCH_EXTENSION_NAME
 #define TORCH_EXTENSION_NAME kiln_tensor_check
 #endif

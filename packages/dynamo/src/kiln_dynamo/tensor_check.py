@@ -76,7 +76,7 @@ def _import(path: Path) -> object:
     import importlib.machinery
     import importlib.util
 
-    name = path.name.split(".")[0]  # torch names a rebuild in one process kiln_tensor_check_v1
+    name = path.name.split(".")[0]  # the module's name is its file's (TORCH_EXTENSION_NAME)
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     assert spec is not None
@@ -85,35 +85,49 @@ def _import(path: Path) -> object:
     return module
 
 
+def _compile(source: Path, library: Path, name: str) -> None:
+    """One compiler call: `source` against the running torch's headers into `library`
+    (no ninja, which torch's extension loader needs and a machine may lack)."""
+    import subprocess
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    libs = cpp_extension.library_paths()
+    command = [
+        os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-fPIC", "-shared",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        f"-DTORCH_EXTENSION_NAME={name}",
+        *(f"-I{p}" for p in cpp_extension.include_paths()),
+        f"-I{sysconfig.get_paths()['include']}", f"-I{Path(kiln_frame_hook.__file__).parent}",
+        str(source), "-o", str(library),
+        *(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs),
+        "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
 def _build(where: Path | None = None) -> object:
     """Build into a private folder of `where` (the cache's), move the library into it atomically,
     load it."""
     import shutil
     import tempfile
 
-    from torch.utils import cpp_extension
-
     where = where or _build_dir()
     where.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=where))
     try:
-        source = Path(__file__).with_name("_tensor_check.cpp")
-        module = cpp_extension.load(
-            name="kiln_tensor_check",
-            sources=[str(source)],
-            extra_include_paths=[str(Path(kiln_frame_hook.__file__).parent)],
-            extra_cflags=["-O2"],
-            build_directory=str(scratch),
-            verbose=False,
-        )
-        built = _library(scratch)
-        if built is None:
-            raise RuntimeError(f"the build left no library in {scratch}")
+        # a name of its own per build: a process may load more than one (tests do)
+        name = f"kiln_tensor_check_{os.getpid()}_{scratch.name.removeprefix('.build-')}"
+        built = scratch / f"{name}.so"
+        _compile(Path(__file__).with_name("_tensor_check.cpp"), built, name)
         final = where / built.name
         staged = where / f".{built.name}.{os.getpid()}"
         shutil.copyfile(built, staged)
         os.replace(staged, final)
-        return module
+        return _import(final)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
