@@ -15,8 +15,8 @@ TensorImpl itself. The options, measured on this machine (ResNet at cpu size, 63
 - a checker compiled against the running torch's headers (this module): it reads sizes,
   strides, dtype, device, requires_grad and the dispatch key set off the TensorImpl in tens of
   nanoseconds and hands itself to kiln_frame_hook as a capsule through the C ABI of
-  kiln_tensor_check.h. It is built once per torch version into the kiln cache (about 40 s of
-  g++), loaded only when built for the torch that is running, and anything it cannot read the
+  kiln_tensor_check.h. It is built once per torch version into the kiln cache (one g++ call,
+  10-40 s), loaded only when built for the torch that is running, and anything it cannot read the
   way the getters do (symbolic or custom sizes, a sparse layout) it leaves to the attribute
   path, which stays the fallback whenever the checker is absent. Rows use it only for types whose
   metadata getters are torch's own (`torch.Tensor`, `nn.Parameter`).
