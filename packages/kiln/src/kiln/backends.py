@@ -398,7 +398,9 @@ def make_backend(
             start = time.perf_counter()
             try:
                 # the code generator of the device loopir compiles for (Note [One device per graph])
-                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, forward)
+                # the frame guard pins every input's sizes only for static graphs
+                guarded = forward and not symbolic  # Note [Inputs the frame guard checks]
+                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, guarded)
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
