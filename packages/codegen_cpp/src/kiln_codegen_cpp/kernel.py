@@ -112,6 +112,20 @@ log = logging.getLogger("kiln.codegen_cpp.output_code")
 LANES = 8
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
+
+# how a split reduction's combine folds partial `s` of accumulator `a` into it, per reduction kind
+# (Note [Split reductions], Note [Reductions with few outputs] in parallel.py)
+_PARTIAL_MERGE = {
+    "sum": "{a}[l] = {a}[l] + {a}_part[{s}][l];",
+    "prod": "{a}[l] = {a}[l] * {a}_part[{s}][l];",
+    "any": "{a}[l] = {a}[l] || {a}_part[{s}][l];",
+    "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[{s}][l]);",
+    "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[{s}][l]);",
+    "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
+    "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
+    "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
+    "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
+}
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
 # a later r-phase reads these back from a row stash instead of recomputing them when the row
@@ -1127,21 +1141,10 @@ class KernelBuilder:
                 f"{pad}const int xlen = static_cast<int>(std::min<int64_t>({block}, INT64_C({xsize}) - xb));"
             )
             lines.extend(pad + p.replace("KL", str(block)) for p in phase.pre)
-            merge = {
-                "sum": "{a}[l] = {a}[l] + {a}_part[{s}][l];",
-                "prod": "{a}[l] = {a}[l] * {a}_part[{s}][l];",
-                "any": "{a}[l] = {a}[l] || {a}_part[{s}][l];",
-                "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[{s}][l]);",
-                "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[{s}][l]);",
-                "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
-                "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
-                "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
-                "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
-            }
             lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
             lines.append(f"{pad}  for (int l = 0; l < xlen; ++l) {{")
             for kind, _, acc in phase.accumulators:
-                lines.append(f"{pad}    " + merge[kind].format(a=acc, s=slot))
+                lines.append(f"{pad}    " + _PARTIAL_MERGE[kind].format(a=acc, s=slot))
             lines.append(f"{pad}  }}")
             lines.append(f"{pad}}}")
         lines.append(f"{pad}for (int l = 0; l < xlen; ++l) {{")
@@ -1495,17 +1498,6 @@ class KernelBuilder:
         lines.append(f"{pad}}}")
         for d in range(len(xs) - 1, -1, -1):
             lines.append("  " * d + "}")
-        merge = {
-            "sum": "{a}[l] = {a}[l] + {a}_part[{s}][l];",
-            "prod": "{a}[l] = {a}[l] * {a}_part[{s}][l];",
-            "any": "{a}[l] = {a}[l] || {a}_part[{s}][l];",
-            "max": "{a}[l] = kiln::red_max({a}[l], {a}_part[{s}][l]);",
-            "min": "{a}[l] = kiln::red_min({a}[l], {a}_part[{s}][l]);",
-            "argmax": "kiln::arg_max_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
-            "argmin": "kiln::arg_min_merge({a}[l], {a}_i[l], {a}_part[{s}][l], {a}_i_part[{s}][l]);",
-            "welford": "kiln::welford_merge({a}_mean[l], {a}_m2[l], {a}_w[l], "
-            "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
-        }
         # the combine: per output, its partials in chunk order, then the epilogue
         for d, (var, size) in enumerate(xs):
             lines.append("  " * d + self._loop(var, size) + " {")
@@ -1515,7 +1507,7 @@ class KernelBuilder:
         lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
         lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
         for kind, _, acc in phase.accumulators:
-            lines.append(f"{pad}    " + merge[kind].format(a=acc, s=slot))
+            lines.append(f"{pad}    " + _PARTIAL_MERGE[kind].format(a=acc, s=slot))
         lines.append(f"{pad}  }}")
         lines.append(f"{pad}}}")
         lines.extend(pad + c for c in phase.combine)
