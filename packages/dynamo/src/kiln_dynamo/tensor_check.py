@@ -39,7 +39,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,13 +49,21 @@ import kiln_frame_hook
 
 log = logging.getLogger("kiln.dynamo.guards")
 
-_state: dict[str, object] = {
-    "tried": False,
-    "module": None,
-    "reason": "not tried",
-    "thread": None,
-    "generation": 0,
-}
+
+@dataclass
+class _Checker:
+    """This process's checker: whether install was tried, the module handed over, why not, the
+    background build, and a generation that an uninstall moves on (a build under way then
+    hands nothing over)."""
+
+    tried: bool = False
+    module: Any = None
+    reason: str = "not tried"
+    thread: threading.Thread | None = None
+    generation: int = 0
+
+
+_state = _Checker()
 
 
 def dispatch_keys(t: torch.Tensor) -> int:
@@ -71,7 +81,7 @@ def _library(where: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _import(path: Path) -> object:
+def _import(path: Path) -> Any:
     """The built extension from its library file (torch is imported: its symbols resolve)."""
     import importlib.machinery
     import importlib.util
@@ -109,7 +119,7 @@ def _compile(source: Path, library: Path, name: str) -> None:
         raise RuntimeError(f"{command[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
 
 
-def _build(where: Path | None = None) -> object:
+def _build(where: Path | None = None) -> Any:
     """Build into a private folder of `where` (the cache's), move the library into it atomically,
     load it."""
     import shutil
@@ -132,44 +142,32 @@ def _build(where: Path | None = None) -> object:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _load(build: bool) -> object | None:
-    """The built extension module, building it when `build`; None (with the reason) otherwise."""
-    built = _library(_build_dir())
-    if built is not None:
-        return _import(built)
-    if not build:
-        _state["reason"] = f"not built (python -m kiln_dynamo.tensor_check builds it into {_build_dir()})"
-        return None
-    return _build()
-
-
-def _hand_over(module: object) -> None:
-    kiln_frame_hook.set_tensor_checker(module.checker)  # type: ignore[attr-defined]
-    _state["module"], _state["reason"] = module, "in use"
+def _hand_over(module: Any) -> None:
+    kiln_frame_hook.set_tensor_checker(module.checker)
+    _state.module, _state.reason = module, "in use"
     log.debug("guard trees check tensors with the torch-linked checker (%s)", module)
 
 
 def _build_in_background() -> threading.Thread:
-    generation, where = _state["generation"], _build_dir()
+    generation, where = _state.generation, _build_dir()
 
     def run() -> None:
         try:
             module = _build(where)
         except Exception as e:  # no compiler, no headers: the attribute path stays
-            _state["reason"] = f"could not build it: {type(e).__name__}: {e}"
-            log.debug("guard trees read tensor metadata through attributes: %s", _state["reason"])
+            _state.reason = f"could not build it: {type(e).__name__}: {e}"
+            log.debug("guard trees read tensor metadata through attributes: %s", _state.reason)
             return
         # handed over only if nothing changed meanwhile (an uninstall, another cache folder)
-        current = _state["generation"] == generation and _build_dir() == where
-        if current and _state["module"] is None and os.environ.get("KILN_TENSOR_CHECKER", "auto") != "0":
+        current = _state.generation == generation and _build_dir() == where
+        if current and _state.module is None and os.environ.get("KILN_TENSOR_CHECKER", "auto") != "0":
             _hand_over(module)
 
-    _state["reason"] = "building in the background"
+    _state.reason = "building in the background"
     log.info("kiln: building the torch-linked guard checker in the background (once per torch version)")
-    thread = threading.Thread(target=run, name="kiln-tensor-check-build", daemon=True)
-    _state["thread"] = thread
-    thread.start()
-    return thread
+    _state.thread = threading.Thread(target=run, name="kiln-tensor-check-build", daemon=True)
+    _state.thread.start()
+    return _state.thread
 
 
 def install(build: bool | None = None) -> bool:
@@ -178,23 +176,26 @@ def install(build: bool | None = None) -> bool:
     not built; False: never build)."""
     setting = os.environ.get("KILN_TENSOR_CHECKER", "auto")
     if setting == "0":
-        _state["reason"] = "off (KILN_TENSOR_CHECKER=0)"
+        _state.reason = "off (KILN_TENSOR_CHECKER=0)"
         return False
-    if _state["module"] is not None:
+    if _state.module is not None:
         return True
-    if _state["tried"] and not build:
+    if _state.tried and not build:
         return False
-    _state["tried"] = True
+    _state.tried = True
+    built = _library(_build_dir())
     foreground = build if build is not None else setting == "build"
-    try:
-        module = _load(foreground)
-    except Exception as e:  # no compiler, no headers: the attribute path stays
-        _state["reason"] = f"could not build it: {type(e).__name__}: {e}"
-        module = None
-    if module is None:
-        if build is None and setting == "auto" and str(_state["reason"]).startswith("not built"):
+    if built is None and not foreground:
+        _state.reason = f"not built (python -m kiln_dynamo.tensor_check builds it into {_build_dir()})"
+        if build is None and setting == "auto":
             _build_in_background()
-        log.debug("guard trees read tensor metadata through attributes: %s", _state["reason"])
+        log.debug("guard trees read tensor metadata through attributes: %s", _state.reason)
+        return False
+    try:
+        module = _import(built) if built is not None else _build()
+    except Exception as e:  # no compiler, no headers: the attribute path stays
+        _state.reason = f"could not build it: {type(e).__name__}: {e}"
+        log.debug("guard trees read tensor metadata through attributes: %s", _state.reason)
         return False
     _hand_over(module)
     return True
@@ -202,19 +203,18 @@ def install(build: bool | None = None) -> bool:
 
 def background_build() -> threading.Thread | None:
     """The thread building the checker in the background, if one was started."""
-    thread = _state.get("thread")
-    return thread if isinstance(thread, threading.Thread) else None
+    return _state.thread
 
 
 def uninstall() -> None:
     """Back to the attribute path (for tests and measurements)."""
     kiln_frame_hook.set_tensor_checker(None)
-    _state["module"], _state["tried"], _state["reason"] = None, False, "uninstalled"
-    _state["generation"] = int(str(_state["generation"])) + 1  # a build under way is not handed over
+    _state.module, _state.tried, _state.reason = None, False, "uninstalled"
+    _state.generation += 1  # a build under way is not handed over
 
 
 def status() -> str:
-    return str(_state["reason"])
+    return _state.reason
 
 
 if __name__ == "__main__":
