@@ -341,14 +341,16 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
         record.cache["compile"] = f"{before}+{stats.compile_cache}" if before else stats.compile_cache
 
 
-def _codegen(device: torch.device, mode: str | None, cpu_backend: str = "cpp", forward: bool = True) -> Any:
+def _codegen(
+    device: torch.device, mode: str | None, cpu_backend: str = "cpp", guarded_layouts: bool = False
+) -> Any:
     """The loopir backend for `device`: a name, or a Triton backend set up for `mode`.
 
     Note [Modes]: `mode` reaches the code generator only on CUDA: "max-autotune" times a few
     block-size configurations per kernel (cached on disk), "reduce-overhead" replays CUDA graphs,
-    "max-autotune-no-cudagraphs" autotunes without them. `forward`: the graph's inputs are the
-    frame's tensors, which kiln's frame guards check (shape, strides, dtype, device) before every
-    call, so the Triton wrapper checks only their storage offsets (Note [Inputs the frame guard
+    "max-autotune-no-cudagraphs" autotunes without them. `guarded_layouts`: the graph's inputs are
+    the frame's tensors, which kiln's frame guards check (shape, strides, dtype, device) before
+    every call (a static forward graph), so the Triton wrapper checks only their storage offsets (Note [Inputs the frame guard
     checks] in kiln_codegen_triton's wrapper.py); a backward graph's inputs (saved values,
     incoming gradients of any strides) are checked by its wrapper in full."""
     codegen = _codegen_for(device, cpu_backend)
@@ -356,7 +358,7 @@ def _codegen(device: torch.device, mode: str | None, cpu_backend: str = "cpp", f
         from kiln_codegen_triton import TritonBackend
 
         # kiln's frame guards check every input's shape, strides and dtype before the graph runs
-        return TritonBackend(mode=mode, guarded_inputs=True, guarded_layouts=forward)
+        return TritonBackend(mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts)
     return codegen
 
 
