@@ -350,9 +350,9 @@ def _codegen(
     block-size configurations per kernel (cached on disk), "reduce-overhead" replays CUDA graphs,
     "max-autotune-no-cudagraphs" autotunes without them. `guarded_layouts`: the graph's inputs are
     the frame's tensors, which kiln's frame guards check (shape, strides, dtype, device) before
-    every call (a static forward graph), so the Triton wrapper checks only their storage offsets (Note [Inputs the frame guard
-    checks] in kiln_codegen_triton's wrapper.py); a backward graph's inputs (saved values,
-    incoming gradients of any strides) are checked by its wrapper in full."""
+    every call (a static forward graph), so the Triton wrapper checks only their storage offsets
+    (Note [Inputs the frame guard checks] in kiln_codegen_triton's wrapper.py); a backward
+    graph's inputs (saved values, incoming gradients of any strides) are checked in full."""
     codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
