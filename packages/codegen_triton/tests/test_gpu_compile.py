@@ -24,3 +24,19 @@ def test_kernels_compile_for_sm90(cache_root: str) -> None:
     compiled = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
     kinds = {line.rsplit("(", 1)[1].rstrip(")") for line in compiled}
     assert kinds == {"pointwise", "tiled", "persistent", "looped"}, done.stdout
+
+
+def test_kernels_compiled_by_the_worker_pool_are_cache_hits_for_the_parent(cache_root: str) -> None:
+    """Note [Compiling in worker processes]: what the workers compile, the parent finds."""
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "KILN_CACHE_DIR": os.path.join(cache_root, "pool-compile"),
+        "TRITON_CACHE_DIR": os.path.join(cache_root, "pool-compile-triton"),
+    }
+    script = Path(__file__).with_name("pool_compile.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.stdout.count("pool ok: 2 kernels, 2 hits of 2") == 2, done.stdout

@@ -12,15 +12,26 @@ with loopir, then this package turns the schedule into Triton and runs it:
   under ``KILN_CACHE_DIR``, launchers, max-autotune with a disk cache of its choices;
 * ``wrapper``: the generated Python that allocates buffers on the graph's device (loopir's reuse
   plan), launches kernels and extern aten ops in schedule order and returns strided outputs;
-  ``cudagraphs``: record-and-replay for ``mode="reduce-overhead"``;
+  ``cudagraphs``: record-and-replay for ``mode="reduce-overhead"``; ``compile_pool``: kernels
+  compiled in worker processes (``warm_compile_pool()`` starts them early);
 * ``backend``: :class:`TritonBackend`, registered through the ``kiln_loopir.backends`` entry point.
 """
 
+from . import compile_pool
 from .backend import MODES, TritonBackend
 from .cudagraphs import CudaGraphRunner
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelSpec
 from .runtime import cache_dir, counters
+
+
+def warm_compile_pool() -> None:
+    """Start the Triton compile workers now, if they will be used (Note [Compiling in worker
+    processes]): a caller about to compile a CUDA graph calls this first, so the workers start
+    while the graph is traced and lowered."""
+    if not interpreting():
+        compile_pool.warm()
+
 
 __version__ = "0.1.0"
 
@@ -31,6 +42,8 @@ __all__ = [
     "KernelSpec",
     "TritonBackend",
     "cache_dir",
+    "compile_pool",
     "counters",
     "interpreting",
+    "warm_compile_pool",
 ]

@@ -13,9 +13,9 @@ by kernel source, sizes, device and Triton version), so later processes skip the
 
 Note [The launch path]: on a GPU no kernel is launched through ``JITFunction.run``, which binds,
 specializes and hashes its arguments on every call (tens of µs). Every config a launcher may use
-is compiled ahead of the graph's first call (:func:`precompile`, kernels of a graph in parallel:
-Triton's compiler spends its time in MLIR, LLVM and ptxas, outside the GIL), through
-``JITFunction.warmup`` with the parameters' dtypes: every pointer the wrapper passes is the start
+is compiled ahead of the graph's first call (:func:`precompile`: the kernels of a graph in a pool
+of worker processes, Note [Compiling in worker processes] in compile_pool.py, then loaded here
+from Triton's disk cache), through ``JITFunction.warmup`` with the parameters' dtypes: every pointer the wrapper passes is the start
 of a storage from the caching allocator, so 16-byte aligned, which is what warmup's mock tensors
 specialize on (the wrapper checks its inputs, Note [Kernel arguments are pointers] in
 wrapper.py). From the compiled kernel :func:`_fast_launcher` generates a two-line function
@@ -45,6 +45,7 @@ names a current candidate. Anything else is reported (a warning on ``kiln.codege
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -68,6 +69,7 @@ from .triton_ops import PRELUDE
 
 log = logging.getLogger("kiln.codegen_triton.autotune")
 cache_log = logging.getLogger("kiln.codegen_triton.cache")
+compile_log = logging.getLogger("kiln.codegen_triton.compile")
 
 counters: dict[str, int] = {
     "modules_written": 0,
@@ -355,15 +357,19 @@ class Launcher:
 
 
 def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: int | None = None) -> float:
-    """Compile the kernels of one graph for ``device``, ``workers`` at a time (default: one per
-    CPU core, at most 16; ``KILN_COMPILE_THREADS`` overrides); returns the wall seconds.
+    """Compile the kernels of one graph for ``device``; returns the wall seconds.
 
-    The first kernel compiles alone, so that Triton's one-time initialization (driver, LLVM
-    targets) never runs in two threads at once."""
+    Kernels are compiled in the process pool (Note [Compiling in worker processes] in
+    compile_pool.py) and then loaded here from Triton's disk cache; without a pool, or for what a
+    worker could not compile, in ``workers`` threads of this process (default: one per CPU core,
+    at most 16; ``KILN_COMPILE_THREADS`` overrides). The first kernel compiled here compiles
+    alone, so that Triton's one-time initialization (driver, LLVM targets) never runs in two
+    threads at once."""
     start = time.perf_counter()
     pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
     if not pending:
         return 0.0
+    _compile_in_pool(pending, device)
     pending[0].precompile(device)
     rest = pending[1:]
     if workers is None:
@@ -378,3 +384,50 @@ def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: 
             for future in [pool.submit(launcher.precompile, device) for launcher in rest]:
                 future.result()
     return time.perf_counter() - start
+
+
+def _on(device: torch.device) -> Any:
+    """The context that makes ``device`` Triton's current device (none for a non-CUDA device,
+    which only a test without a GPU passes, with a stand-in driver)."""
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> None:
+    """Note [Compiling in worker processes]: record every config still to compile, have the
+    pool's workers compile them into Triton's disk cache, and wait. Nothing here raises for a
+    kernel: what a worker could not do, :meth:`Launcher.precompile` does in this process."""
+    from . import compile_pool
+
+    jobs = [(launcher, config) for launcher in launchers for config in launcher.configs_to_compile()]
+    jobs = [(launcher, config) for launcher, config in jobs if config not in launcher.compiled]
+    if len(jobs) < 2:
+        return
+    pool = compile_pool.warm()
+    if pool is None:
+        return
+    start = time.perf_counter()
+    futures = []
+    with _on(device):
+        for launcher, config in jobs:
+            fn = launcher.fn
+            dtypes, kwargs = list(launcher.spec.param_dtypes), config.kwargs(launcher.spec.kind)
+            try:
+                data = compile_pool.record(functools.partial(fn.warmup, *dtypes, grid=(1,), **kwargs))
+            except Exception as exc:  # e.g. a config Triton's binder rejects: compiled here, as before
+                compile_log.debug("%s: %s not recorded: %s", launcher.spec.name, config, exc)
+                continue
+            if data is not None:
+                module = sys.modules[fn.fn.__module__]
+                futures.append(pool.compile(module.__name__, str(module.__file__), fn.fn.__name__, data))
+    failed = [reply for future in futures if (reply := future.result())[0] != "ok"]
+    for reply in failed[:3]:
+        compile_log.debug("a compile worker failed; compiling in this process:\n%s", reply[1])
+    compile_log.info(
+        "%d kernel configs compiled in %d workers in %.2f s (%d failed there)",
+        len(futures),
+        pool.size,
+        time.perf_counter() - start,
+        len(failed),
+    )

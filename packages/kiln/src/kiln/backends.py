@@ -426,6 +426,12 @@ def make_backend(
         if name == "kiln":
             from kiln_loopir.passes import prepare_torch_graph
 
+            if any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in example_inputs):
+                # the Triton compile workers start while aotgrad traces and loopir lowers
+                from kiln_codegen_triton import warm_compile_pool
+
+                warm_compile_pool()
+
             traced = prepare_torch_graph(gm, passes)
         try:
             start = time.perf_counter()

@@ -1,0 +1,261 @@
+"""Triton kernels compiled in a pool of worker processes.
+
+Note [Compiling in worker processes]: Triton's compiler holds the GIL for most of a kernel's
+compile (its MLIR pass manager, libdevice linking and LLVM's optimizer are bound without
+releasing it; only the LLVM-to-PTX step and ptxas, a subprocess, let other threads run), so a
+graph's kernels compiled in threads take about as long as one after another. They are compiled
+in worker processes instead, as torch.compile's subprocess pool does:
+
+- Workers are plain subprocesses running ``compile_worker.py`` (fork and exec: nothing of the
+  parent's CUDA context or threads is inherited, and no ``multiprocessing`` re-import of the
+  user's ``__main__``). They import Triton only, are started once per process on the first CUDA
+  graph (``warm()``, called by the umbrella as soon as a CUDA graph reaches the backend, so they
+  start while the graph is traced and lowered), are reused for every graph after, and exit when
+  the parent closes their stdin (at exit, or when the parent dies).
+- The parent records, per kernel and config, what ``JITFunction.warmup`` would hand Triton's
+  compiler: a ``jit_cache_hook`` that, while this module records on the calling thread, takes the
+  specialization data Triton serializes for the call and answers "skip". A worker compiles from
+  that data with ``JITFunction.preload`` (the same ``_do_compile`` path), which writes the binary
+  into Triton's disk cache; the parent's own ``warmup`` afterwards is a cache hit that only reads
+  the files and loads the module. Recording and preloading are Triton's own APIs, so parent and
+  worker agree on the cache key by construction; if they ever did not, the parent would simply
+  compile again (slow, never wrong).
+- A job that fails in a worker, or a worker that dies, costs nothing but time: the parent
+  compiles that kernel itself, and a real compile error surfaces there as before.
+
+``KILN_COMPILE_WORKERS`` sets the pool's size (default: one per CPU core, at most 16; 0 or 1 turns
+the pool off and kernels compile in the parent's threads, Note [The launch path]).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger("kiln.codegen_triton.compile")
+
+WORKER = Path(__file__).with_name("compile_worker.py")
+
+
+def pool_size() -> int:
+    """Workers in the pool (Note [Compiling in worker processes])."""
+    configured = os.environ.get("KILN_COMPILE_WORKERS", "")
+    if configured:
+        return max(0, int(configured))
+    return min(16, os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------------- recording
+
+_recording = threading.local()
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def _install_hook() -> bool:
+    """Chain kiln's recorder in front of Triton's ``jit_cache_hook``; False where this Triton has
+    none (the pool is then not used)."""
+    global _hook_installed
+    with _hook_lock:
+        if _hook_installed:
+            return True
+        try:
+            from triton import knobs
+        except ImportError:
+            return False
+        runtime = getattr(knobs, "runtime", None)
+        if runtime is None or not hasattr(runtime, "jit_cache_hook"):
+            return False
+        previous = runtime.jit_cache_hook
+
+        def hook(**kwargs: Any) -> Any:
+            box = getattr(_recording, "box", None)
+            if box is None:  # not ours: whoever hooked before us decides
+                return previous(**kwargs) if previous is not None else None
+            box.append(kwargs["compile"]["specialization_data"])
+            return True  # skip the compile: a worker does it
+
+        runtime.jit_cache_hook = hook
+        _hook_installed = True
+        return True
+
+
+def record(warmup: Callable[[], Any]) -> str | None:
+    """The specialization data Triton would compile for ``warmup()`` (a ``JITFunction.warmup``
+    call), without compiling; None where nothing was recorded (already compiled in this
+    process, or a Triton without the hook)."""
+    if not _install_hook():
+        return None
+    box: list[str] = []
+    _recording.box = box
+    try:
+        warmup()
+    finally:
+        _recording.box = None
+    return box[0] if box else None
+
+
+# -------------------------------------------------------------------------------------- pool
+
+
+class _Worker:
+    """One worker process and its pipes; used by one thread at a time."""
+
+    def __init__(self, target: tuple[str, int, int]) -> None:
+        env = dict(os.environ)
+        # the worker finds Triton where this process found it
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(WORKER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self.call(("target", *target))
+
+    def call(self, job: tuple[Any, ...]) -> tuple[str, Any]:
+        stdin: IO[bytes] | None = self.proc.stdin
+        stdout: IO[bytes] | None = self.proc.stdout
+        assert stdin is not None and stdout is not None
+        data = pickle.dumps(job)
+        stdin.write(struct.pack("<I", len(data)) + data)
+        stdin.flush()
+        header = stdout.read(4)
+        if len(header) < 4:
+            raise RuntimeError(f"compile worker {self.proc.pid} exited ({self.proc.poll()})")
+        (size,) = struct.unpack("<I", header)
+        reply: tuple[str, Any] = pickle.loads(stdout.read(size))
+        return reply
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=5)
+        except Exception:
+            self.proc.kill()
+
+
+class CompilePool:
+    """``size`` worker processes compiling for one GPU target (Note [Compiling in worker
+    processes]). Workers start in the background; ``submit`` queues a job for the next free one."""
+
+    def __init__(self, size: int, target: tuple[str, int, int]) -> None:
+        self.size, self.target = size, target
+        # free workers; None once no worker is left (every job then falls back to the parent)
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()
+        self._workers: list[_Worker] = []
+        self._starting = size
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(max_workers=size, thread_name_prefix="kiln-compile")
+        for _ in range(size):
+            self._threads.submit(self._start_one)
+
+    def _retire(self, worker: _Worker | None) -> None:
+        """A worker that did not start (None) or died: when none is left, say so to waiters."""
+        with self._lock:
+            if worker is None:
+                self._starting -= 1
+            else:
+                self._workers.remove(worker)
+            none_left = not self._workers and self._starting == 0
+        if worker is not None:
+            worker.close()
+        if none_left:
+            self._idle.put(None)
+
+    def _start_one(self) -> None:
+        try:
+            worker = _Worker(self.target)
+        except Exception as exc:  # no worker: its jobs go to the others, or to the parent
+            log.warning("kiln: a Triton compile worker did not start: %s", exc)
+            self._retire(None)
+            return
+        with self._lock:
+            self._starting -= 1
+            self._workers.append(worker)
+        self._idle.put(worker)
+
+    def _run(self, job: tuple[Any, ...]) -> tuple[str, Any]:
+        worker = self._idle.get()
+        if worker is None:
+            self._idle.put(None)
+            return ("error", "no compile worker")
+        try:
+            reply = worker.call(job)
+        except Exception as exc:  # the worker died: retire it, the parent compiles this job
+            self._retire(worker)
+            return ("error", f"{type(exc).__name__}: {exc}")
+        self._idle.put(worker)
+        return reply
+
+    def compile(
+        self, module_name: str, path: str, fn_name: str, specialization: str
+    ) -> Future[tuple[str, Any]]:
+        """Compile one recorded kernel into Triton's disk cache (the folder this process's Triton
+        uses now); the future's reply is ("ok", seconds) or ("error", text)."""
+        from triton import knobs
+
+        job = ("compile", str(knobs.cache.dir), module_name, path, fn_name, specialization)
+        return self._threads.submit(self._run, job)
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.close()
+
+
+_POOL: CompilePool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _current_target() -> tuple[str, int, int] | None:
+    try:
+        import triton
+
+        target = triton.runtime.driver.active.get_current_target()
+    except Exception:
+        return None
+    return (target.backend, int(target.arch), int(target.warp_size))
+
+
+def warm() -> CompilePool | None:
+    """The process's pool for the current GPU, started on first use; None where it is switched
+    off, or Triton lacks what it needs."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is not None:
+            return _POOL
+        size = pool_size()
+        if size <= 1 or not WORKER.exists() or not _install_hook():
+            return None
+        target = _current_target()
+        if target is None:
+            return None
+        _POOL = CompilePool(size, target)
+        atexit.register(shutdown)
+        log.info("started %d Triton compile workers for %s", size, target)
+        return _POOL
+
+
+def shutdown() -> None:
+    """Stop the pool's workers (at exit; a later compile starts a new pool)."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None:
+        pool.close()

@@ -1,0 +1,103 @@
+"""A Triton compile worker process (Note [Compiling in worker processes] in compile_pool.py).
+
+Run as a script, never imported by the package: ``python compile_worker.py``. It imports Triton
+and nothing of kiln or torch, reads jobs from stdin and writes replies to stdout, each a pickle
+behind a 4-byte little-endian length:
+
+  ("target", backend, arch, warp_size) -> ("ok", 0.0)     the GPU every later job compiles for
+  ("compile", cache_dir, module_name, path, fn_name, specialization)
+                                                           -> ("ok", seconds) | ("error", text)
+
+A compile job imports the generated module file under the parent's module name (Triton's cache
+key includes the function's full name and line) and hands the specialization the parent recorded
+to ``JITFunction.preload``, Triton's own way to compile a kernel from serialized specialization
+data: the same ``_do_compile`` call the parent's ``warmup`` makes, so the binary lands in
+Triton's disk cache under the key the parent will look up. There is no GPU context here: a
+stand-in driver answers device 0, stream 0 and the parent's target. End of input ends the worker.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import struct
+import sys
+import time
+import traceback
+from types import ModuleType
+from typing import Any, BinaryIO
+
+
+class _TargetOnlyDriver:
+    """What Triton's JIT asks the active driver while compiling (no launch, no device)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+
+def _read(stream: BinaryIO) -> Any:
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (size,) = struct.unpack("<I", header)
+    return pickle.loads(stream.read(size))
+
+
+def _write(stream: BinaryIO, value: Any) -> None:
+    data = pickle.dumps(value)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _module(modules: dict[str, ModuleType], name: str, path: str) -> ModuleType:
+    if name not in modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        modules[name] = module
+    return modules[name]
+
+
+def main() -> int:
+    jobs, replies = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # anything Triton prints must not reach the reply stream
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    modules: dict[str, ModuleType] = {}
+    while (job := _read(jobs)) is not None:
+        start = time.perf_counter()
+        try:
+            if job[0] == "target":
+                target = GPUTarget(*job[1:])
+                triton.runtime.driver.set_active(_TargetOnlyDriver(target))
+                triton.compiler.make_backend(target)  # Triton's one-time setup, before the first kernel
+            elif job[0] == "compile":
+                _, cache_dir, name, path, fn_name, specialization = job
+                triton.knobs.cache.dir = cache_dir
+                getattr(_module(modules, name, path), fn_name).preload(specialization)
+            else:
+                raise ValueError(f"unknown job {job[0]!r}")
+            reply: tuple[str, Any] = ("ok", time.perf_counter() - start)
+        except Exception:
+            reply = ("error", traceback.format_exc(limit=6))
+        _write(replies, reply)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

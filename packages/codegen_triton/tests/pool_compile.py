@@ -1,0 +1,97 @@
+"""Kernels compiled by the worker pool are what the parent's own compile finds in Triton's cache.
+
+Run as a script with ``TRITON_INTERPRET=0`` (like ``gpu_compile.py``; no GPU needed): a stand-in
+driver makes Triton compile for an H100/H200 (sm_90). The graph's kernels are recorded and
+compiled by two worker processes (Note [Compiling in worker processes]); then every
+``JITFunction.warmup`` of the parent must be a hit in Triton's disk cache, and produce a cubin.
+Prints ``pool ok: N kernels, N hits`` and exits 0, or says what went wrong and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+assert os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), "run with TRITON_INTERPRET=0"
+os.environ["KILN_COMPILE_WORKERS"] = "2"
+
+import torch  # noqa: E402
+import torch.fx  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from kiln_codegen_triton import TritonBackend, compile_pool  # noqa: E402
+from kiln_codegen_triton.runtime import _compile_in_pool  # noqa: E402
+from kiln_loopir import compile_graph  # noqa: E402
+
+aten = torch.ops.aten
+
+
+class Sm90:
+    """A driver that answers device 0 and an sm_90 target, and nothing else."""
+
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return GPUTarget("cuda", 90, 32)
+
+
+def graph(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    y = aten.gelu.default(aten.add.Tensor(x, 1.0))
+    return (
+        y,
+        aten._softmax.default(x, 1, False),
+        aten.native_layer_norm.default(x, [x.shape[1]], w, b, 1e-5)[0],
+        aten.sum.dim_IntList(x, [0]),
+        aten.clone.default(aten.permute.default(x, [1, 0]), memory_format=torch.contiguous_format),
+    )
+
+
+def _hits(fn: Any, inputs: list[torch.Tensor]) -> tuple[int, list[bool]]:
+    """Compile ``fn``'s kernels through the pool, then warm each up here: (kernels, cache hits)."""
+    backend = TritonBackend()
+    compile_graph(torch.fx.symbolic_trace(fn), inputs, backend=backend)
+    launchers = list(backend.last_launchers.values())
+    _compile_in_pool(launchers, torch.device("cpu"))
+    hits: list[bool] = []
+    triton.knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
+    try:
+        for launcher in launchers:
+            config = launcher.configs_to_compile()[0]
+            kernel = launcher.fn.warmup(
+                *launcher.spec.param_dtypes, grid=(1,), **config.kwargs(launcher.spec.kind)
+            )
+            assert kernel.asm.get("cubin"), f"no cubin for {launcher.spec.name}"
+    finally:
+        triton.knobs.compilation.listener = None
+    return len(launchers), hits
+
+
+def main() -> int:
+    triton.runtime.driver.set_active(Sm90())
+    x, w, b = torch.randn(64, 48), torch.randn(48), torch.randn(48)
+    first = _hits(graph, [x, w, b])
+    # a new Triton cache folder between graphs (kiln_bench moves it per model): the running
+    # workers must compile into the folder the parent reads now
+    os.environ["TRITON_CACHE_DIR"] = os.environ["TRITON_CACHE_DIR"] + "-second"
+    second = _hits(
+        lambda t: (aten.amax.default(t, [1]), aten.sum.dim_IntList(aten.tanh.default(t), [0])), [x]
+    )
+    compile_pool.shutdown()
+    for n, hits in (first, second):
+        print(f"pool ok: {n} kernels, {sum(hits)} hits of {len(hits)}")
+        if len(hits) != n or not all(hits):
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
