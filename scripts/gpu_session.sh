@@ -21,6 +21,6 @@ for step in "$@"; do
       for i in 0 1 2 3; do echo "-- shard $i"; grep -E "passed|failed|error|FAILED|Error" "$out/triton-tests-$i.log" | tail -8; done ;;
     tests) timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -x ${TESTS:-packages/codegen_triton/tests} 2>&1 | tail -25 | tee "$out/triton-tests.log" ;;
     launch) timeout "${LAUNCH_LIMIT:-150}" python3 scripts/gpu_launch_bench.py --out "$out/launch.json" 2>&1 | tail -12 | tee "$out/launch.log" ;;
-    *) timeout "${PROFILE_LIMIT:-300}" python3 scripts/gpu_profile.py --models "$step" --backends "${BACKENDS:-eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead}" --out "$out/profile-${step//,/-}.json" ${CPROFILE:+--cprofile $CPROFILE} 2>&1 | grep -v Warning > "$out/profile-${step//,/-}.log"; tail -n "${PROFILE_TAIL:-60}" "$out/profile-${step//,/-}.log" ;;
+    *) timeout "${PROFILE_LIMIT:-300}" python3 scripts/gpu_profile.py --models "$step" --backends "${BACKENDS:-eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead}" --out "$out/profile-${step//,/-}.json" ${CPROFILE:+--cprofile $CPROFILE} ${PROFILE_ARGS:-} 2>&1 | grep -v Warning > "$out/profile-${step//,/-}.log"; tail -n "${PROFILE_TAIL:-60}" "$out/profile-${step//,/-}.log" ;;
   esac
 done
