@@ -233,6 +233,19 @@ def _current_target() -> tuple[str, int, int] | None:
     return (target.backend, int(target.arch), int(target.warp_size))
 
 
+def _prepare_here(target: tuple[str, int, int]) -> None:
+    """This process's share of Triton's one-time work (Note [Compiling in worker processes]): the
+    workers' results are loaded here, and the first load would otherwise pay for it."""
+    try:
+        from triton.backends.compiler import GPUTarget
+
+        from .compile_worker import prepare
+
+        prepare(GPUTarget(*target))
+    except Exception as exc:  # only a head start: the first load does it otherwise
+        log.debug("Triton's setup ahead of time failed: %s", exc)
+
+
 def warm() -> CompilePool | None:
     """The process's pool for the current GPU, started on first use; None where it is switched
     off, or Triton lacks what it needs."""
@@ -248,6 +261,7 @@ def warm() -> CompilePool | None:
             return None
         _POOL = CompilePool(size, target)
         atexit.register(shutdown)
+        threading.Thread(target=_prepare_here, args=(target,), daemon=True).start()
         log.info("started %d Triton compile workers for %s", size, target)
         return _POOL
 

@@ -47,6 +47,17 @@ class _TargetOnlyDriver:
         return self.target
 
 
+def prepare(target: Any) -> None:
+    """Triton's one-time work before a first compile (the backend, and the hash of Triton's own
+    files and library that every cache key includes), done while the parent still lowers."""
+    import triton
+
+    triton.compiler.make_backend(target)
+    key = getattr(getattr(triton.runtime, "cache", None), "triton_key", None)
+    if key is not None:
+        key()
+
+
 def _read(stream: BinaryIO) -> Any:
     header = stream.read(4)
     if len(header) < 4:
@@ -85,7 +96,7 @@ def main() -> int:
             if job[0] == "target":
                 target = GPUTarget(*job[1:])
                 triton.runtime.driver.set_active(_TargetOnlyDriver(target))
-                triton.compiler.make_backend(target)  # Triton's one-time setup, before the first kernel
+                prepare(target)
             elif job[0] == "compile":
                 _, cache_dir, name, path, fn_name, specialization = job
                 triton.knobs.cache.dir = cache_dir

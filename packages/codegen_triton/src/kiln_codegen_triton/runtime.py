@@ -360,16 +360,18 @@ def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: 
     """Compile the kernels of one graph for ``device``; returns the wall seconds.
 
     Kernels are compiled in the process pool (Note [Compiling in worker processes] in
-    compile_pool.py) and then loaded here from Triton's disk cache; without a pool, or for what a
-    worker could not compile, in ``workers`` threads of this process (default: one per CPU core,
-    at most 16; ``KILN_COMPILE_THREADS`` overrides). The first kernel compiled here compiles
-    alone, so that Triton's one-time initialization (driver, LLVM targets) never runs in two
-    threads at once."""
+    compile_pool.py) and loaded here from Triton's disk cache as each is done; without a pool,
+    or for what a worker could not compile, in ``workers`` threads of this process (default: one
+    per CPU core, at most 16; ``KILN_COMPILE_THREADS`` overrides). The first kernel compiled here
+    compiles alone, so that Triton's one-time initialization (driver, LLVM targets) never runs in
+    two threads at once."""
     start = time.perf_counter()
     pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
     if not pending:
         return 0.0
-    _compile_in_pool(pending, device)
+    pending = _compile_in_pool(pending, device)
+    if not pending:
+        return time.perf_counter() - start
     pending[0].precompile(device)
     rest = pending[1:]
     if workers is None:
@@ -394,40 +396,83 @@ def _on(device: torch.device) -> Any:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> None:
+def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> list[Launcher]:
     """Note [Compiling in worker processes]: record every config still to compile, have the
-    pool's workers compile them into Triton's disk cache, and wait. Nothing here raises for a
-    kernel: what a worker could not do, :meth:`Launcher.precompile` does in this process."""
+    pool's workers compile them into Triton's disk cache, and load each launcher here as soon as
+    its configs are done (a disk-cache hit). Returns the launchers left to compile here: all of
+    them without a pool, else those a worker could not compile (this never raises for a kernel:
+    a real compile error surfaces when the caller compiles it here)."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     from . import compile_pool
 
-    jobs = [(launcher, config) for launcher in launchers for config in launcher.configs_to_compile()]
-    jobs = [(launcher, config) for launcher, config in jobs if config not in launcher.compiled]
-    if len(jobs) < 2:
-        return
+    todo = [
+        launcher
+        for launcher in launchers
+        if any(config not in launcher.compiled for config in launcher.configs_to_compile())
+    ]
+    if sum(len(launcher.configs_to_compile()) for launcher in todo) < 2:
+        return list(launchers)
     pool = compile_pool.warm()
     if pool is None:
-        return
+        return list(launchers)
     start = time.perf_counter()
-    futures = []
+    waiting: dict[Any, Launcher] = {}  # future -> its launcher
+    left: dict[int, int] = {}  # id(launcher) -> configs still compiling
+    here: list[Launcher] = []
     with _on(device):
-        for launcher, config in jobs:
+        for launcher in todo:
             fn = launcher.fn
-            dtypes, kwargs = list(launcher.spec.param_dtypes), config.kwargs(launcher.spec.kind)
-            try:
-                data = compile_pool.record(functools.partial(fn.warmup, *dtypes, grid=(1,), **kwargs))
-            except Exception as exc:  # e.g. a config Triton's binder rejects: compiled here, as before
-                compile_log.debug("%s: %s not recorded: %s", launcher.spec.name, config, exc)
-                continue
-            if data is not None:
-                module = sys.modules[fn.fn.__module__]
-                futures.append(pool.compile(module.__name__, str(module.__file__), fn.fn.__name__, data))
-    failed = [reply for future in futures if (reply := future.result())[0] != "ok"]
-    for reply in failed[:3]:
-        compile_log.debug("a compile worker failed; compiling in this process:\n%s", reply[1])
+            module = sys.modules[fn.fn.__module__]
+            for config in launcher.configs_to_compile():
+                if config in launcher.compiled:
+                    continue
+                dtypes, kwargs = list(launcher.spec.param_dtypes), config.kwargs(launcher.spec.kind)
+                try:
+                    data = compile_pool.record(functools.partial(fn.warmup, *dtypes, grid=(1,), **kwargs))
+                except Exception as exc:  # e.g. a config Triton's binder rejects: compiled here
+                    compile_log.debug("%s: %s not recorded: %s", launcher.spec.name, config, exc)
+                    data = None
+                if data is not None:
+                    future = pool.compile(module.__name__, str(module.__file__), fn.fn.__name__, data)
+                    waiting[future] = launcher
+                    left[id(launcher)] = left.get(id(launcher), 0) + 1
+            if id(launcher) not in left:
+                here.append(launcher)
+        recorded = time.perf_counter()
+        jobs = len(waiting)
+        failed: list[str] = []
+        worker_seconds = 0.0
+        load_seconds = 0.0
+        while waiting:
+            done, _ = wait(list(waiting), return_when=FIRST_COMPLETED)
+            for future in done:
+                launcher = waiting.pop(future)
+                status, detail = future.result()
+                if status == "ok":
+                    worker_seconds += detail
+                else:
+                    failed.append(detail)
+                left[id(launcher)] -= 1
+                if left[id(launcher)] == 0:
+                    loaded = time.perf_counter()
+                    try:
+                        launcher.precompile(device)  # Triton's disk-cache hits, or a compile here
+                    except Exception:
+                        here.append(launcher)  # compiled again by the caller, which raises
+                    load_seconds += time.perf_counter() - loaded
+    here.extend(launcher for launcher in launchers if launcher not in todo)
+    for detail in failed[:3]:
+        compile_log.debug("a compile worker failed; compiling in this process:\n%s", detail)
     compile_log.info(
-        "%d kernel configs compiled in %d workers in %.2f s (%d failed there)",
-        len(futures),
+        "%d kernel configs in %d workers: recorded in %.2f s, done after %.2f s (%.1f s of worker time, "
+        "%.2f s loading here, %d failed there)",
+        jobs,
         pool.size,
+        recorded - start,
         time.perf_counter() - start,
+        worker_seconds,
+        load_seconds,
         len(failed),
     )
+    return here
