@@ -177,6 +177,10 @@ def main() -> int:
     parser.add_argument("--cprofile", default="", help="backend to cProfile after timing (e.g. kiln)")
     parser.add_argument("--breakdown", action="store_true", help="where kiln's CPU time per call goes")
     args = parser.parse_args()
+    if any(b.startswith("kiln") for b in args.backends.split(",")):
+        import kiln
+
+        print(f"kiln guard checker: {kiln.prepare()}")  # built once, before anything is timed
     results = []
     for model_name in args.models.split(","):
         work = build(model_name, "gpu").to("cuda", DTYPES[args.dtype])

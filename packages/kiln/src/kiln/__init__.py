@@ -11,7 +11,7 @@ default backend as a plain callable, so `torch.compile(model, backend=kiln.backe
 """
 
 from kiln import logs as _logs
-from kiln.api import CaptureStats, capture_stats, compile, compile_log, explain, reset
+from kiln.api import CaptureStats, capture_stats, compile, compile_log, explain, prepare, reset
 from kiln.backends import BACKENDS, BackendFailed, GraphCompile, kiln_backend, make_backend
 from kiln_dynamo import mark_dynamic, mark_static, maybe_mark_dynamic
 
@@ -34,5 +34,6 @@ __all__ = [
     "mark_dynamic",
     "mark_static",
     "maybe_mark_dynamic",
+    "prepare",
     "reset",
 ]

@@ -107,3 +107,15 @@ def explain(model_or_fn: Any) -> Callable[..., kiln_dynamo.ExplainOutput]:
     line of advice), `op_count` per graph and the guards; `str()` of it is a readable report.
     Capture only: nothing is compiled, so it is quick."""
     return kiln_dynamo.explain(model_or_fn)
+
+
+def prepare() -> str:
+    """Do kiln's one-time setup now instead of in the background of the first compiles: build (or
+    load) the torch-linked tensor checker that guards use, once per torch version (Note [The
+    torch-linked tensor checker] in kiln_dynamo.tensor_check). Returns its status ("in use", or
+    why not). Benchmarks call it first, so that a fresh compile cache per model measures each
+    compile, not this build; a user's program never needs to."""
+    from kiln_dynamo import tensor_check
+
+    tensor_check.install(build=True)
+    return tensor_check.status()
