@@ -75,8 +75,28 @@ def _hits(fn: Any, inputs: list[torch.Tensor]) -> tuple[int, list[bool]]:
     return len(launchers), hits
 
 
+def _another_ptxas(folder: str) -> str:
+    """A ptxas that assembles as Triton's does but names another version, as torch's own ptxas
+    would: what torch.compile points TRITON_PTXAS_PATH at in the middle of a process."""
+    real = triton.knobs.nvidia.ptxas.path
+    path = os.path.join(folder, "ptxas")
+    with open(path, "w") as f:
+        f.write(
+            f'#!/bin/sh\nif [ "$1" = "--version" ]; then {real} --version | sed "s/Built on/Rebuilt on/"; '
+            f'exit 0; fi\nexec {real} "$@"\n'
+        )
+    os.chmod(path, 0o755)
+    return path
+
+
 def main() -> int:
     triton.runtime.driver.set_active(Sm90())
+    # Note [The ptxas version in the cache key]: this process reads its ptxas version first, then
+    # the variable moves; the workers, started after, must still file under this process's keys
+    from triton.backends.nvidia.compiler import get_ptxas_version
+
+    get_ptxas_version(90)
+    os.environ["TRITON_PTXAS_PATH"] = _another_ptxas(os.environ["KILN_CACHE_DIR"])
     x, w, b = torch.randn(64, 48), torch.randn(48), torch.randn(48)
     first = _hits(graph, [x, w, b])
     # a new Triton cache folder between graphs (kiln_bench moves it per model): the running

@@ -112,7 +112,7 @@ def record(warmup: Callable[[], Any]) -> str | None:
 class _Worker:
     """One worker process and its pipes; used by one thread at a time."""
 
-    def __init__(self, target: tuple[str, int, int]) -> None:
+    def __init__(self, target: tuple[str, int, int, str]) -> None:
         env = dict(os.environ)
         # the worker finds Triton where this process found it
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -152,7 +152,7 @@ class CompilePool:
     """``size`` worker processes compiling for one GPU target (Note [Compiling in worker
     processes]). Workers start in the background; ``submit`` queues a job for the next free one."""
 
-    def __init__(self, size: int, target: tuple[str, int, int]) -> None:
+    def __init__(self, size: int, target: tuple[str, int, int, str]) -> None:
         self.size, self.target = size, target
         # free workers; None once no worker is left (every job then falls back to the parent)
         self._idle: queue.Queue[_Worker | None] = queue.Queue()
@@ -223,17 +223,35 @@ _POOL: CompilePool | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _current_target() -> tuple[str, int, int] | None:
+def _current_target() -> tuple[str, int, int, str] | None:
+    """The GPU target of this process's Triton, and the ptxas version its cache keys carry."""
     try:
         import triton
 
         target = triton.runtime.driver.active.get_current_target()
     except Exception:
         return None
-    return (target.backend, int(target.arch), int(target.warp_size))
+    return (target.backend, int(target.arch), int(target.warp_size), _ptxas_version(int(target.arch)))
 
 
-def _prepare_here(target: tuple[str, int, int]) -> None:
+def _ptxas_version(arch: int) -> str:
+    """Note [The ptxas version in the cache key]: an NVIDIA kernel's cache key holds the ptxas
+    version, which Triton reads once per process (``get_ptxas_version`` is cached) from the ptxas
+    that ``TRITON_PTXAS_PATH`` named at that moment. Another library in the process may change
+    that variable later (torch.compile points it at torch's own ptxas when it first compiles): a
+    worker started after that would read another version and file its binaries under keys this
+    process never looks up. So the workers are told this process's version, through Triton's
+    ``mock_ptx_version`` knob (which stands in for exactly that reading, and is not itself part
+    of any key). "" where the backend is not NVIDIA's or this Triton has no such function."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        return str(get_ptxas_version(arch))
+    except Exception:
+        return ""
+
+
+def _prepare_here(target: tuple[str, int, int, str]) -> None:
     """This process's share of Triton's one-time work (Note [Compiling in worker processes]): the
     workers' results are loaded here, and the first load would otherwise pay for it."""
     try:
@@ -241,7 +259,7 @@ def _prepare_here(target: tuple[str, int, int]) -> None:
 
         from .compile_worker import prepare
 
-        prepare(GPUTarget(*target))
+        prepare(GPUTarget(*target[:3]))
     except Exception as exc:  # only a head start: the first load does it otherwise
         log.debug("Triton's setup ahead of time failed: %s", exc)
 

@@ -4,7 +4,8 @@ Run as a script, never imported by the package: ``python compile_worker.py``. It
 and nothing of kiln or torch, reads jobs from stdin and writes replies to stdout, each a pickle
 behind a 4-byte little-endian length:
 
-  ("target", backend, arch, warp_size) -> ("ok", 0.0)     the GPU every later job compiles for
+  ("target", backend, arch, warp_size, ptxas_version) -> ("ok", 0.0)
+                                                           the GPU every later job compiles for
   ("compile", cache_dir, module_name, path, fn_name, specialization)
                                                            -> ("ok", seconds) | ("error", text)
 
@@ -94,7 +95,9 @@ def main() -> int:
         start = time.perf_counter()
         try:
             if job[0] == "target":
-                target = GPUTarget(*job[1:])
+                target = GPUTarget(*job[1:4])
+                if job[4]:  # Note [The ptxas version in the cache key] in compile_pool.py
+                    triton.knobs.nvidia.mock_ptx_version = job[4]
                 triton.runtime.driver.set_active(_TargetOnlyDriver(target))
                 prepare(target)
             elif job[0] == "compile":
