@@ -6,6 +6,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 
 * ``split_reductions``: reductions with few outputs cut their reduced loop into chunks combined
   in order (Note [Reductions with few outputs] in parallel.py).
+* ``weighted_work``: whether a kernel is worth a team, and how many threads, is decided from its
+  element-iterations weighted by the statements of its body (Note [Work of a kernel] in
+  parallel.py); off: element-iterations only.
 * ``fuse_mixed_reductions``: let the scheduler fuse a row reduction with a column reduction
   (off by default: Note [Row and column reductions are not fused] in fusion.py).
 """
@@ -24,6 +27,7 @@ ENV = "KILN_CPP_OPTIONS"
 class CppOptions:
     split_reductions: bool = True
     fuse_mixed_reductions: bool = False
+    weighted_work: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | CppOptions | None) -> CppOptions:
