@@ -22,16 +22,15 @@ host, the run the lead makes (models in order of interest, ResNet first):
 ``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
 ``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
 the CPU passes of issue 20 off), timed in the same interleaved rounds, to measure what those
-passes bring at each thread count; ``--ab-cpp-options weighted_work=0`` or ``--ab-cpp-flags "-O3
--march=native -mprefer-vector-width=512 -fno-math-errno -fno-trapping-math"`` compile kiln_ab's
-C++ with other generator switches or compiler flags (``--ab-options ""`` keeps the passes the
-same), set while kiln_ab compiles. This is a benchmark, not a test.
+passes bring at each thread count; ``--ab-cpp-options weighted_work=false`` or
+``--ab-cpp-options vector_width=512`` compile kiln_ab's C++ with other generator switches
+(kiln.compile's ``cpp_options``; ``--ab-options ""`` keeps the passes the same). This is a
+benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import platform
@@ -60,6 +59,8 @@ def _value(text: str) -> Any:
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
+    if lowered.isdigit():
+        return int(lowered)
     return text
 
 
@@ -149,23 +150,12 @@ def run_model(
         compiled["kiln"] = kiln.compile(workload.model, options=options or None)
         _call(compiled["kiln"], inputs)
         out["kiln_compile_s"] = round(time.perf_counter() - start, 3)
-    if "kiln_ab" in backends:  # kiln with other pass switches, timed in the same rounds
-        # the C++ generator's options and flags are read when a graph is compiled (its first call)
-        env = {"KILN_CPP_OPTIONS": args.ab_cpp_options, "KILN_CPP_FLAGS": args.ab_cpp_flags}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update({k: v for k, v in env.items() if v})
-        try:
-            # a copy of the model: the frame guards of kiln's compile (and its cache key, which
-            # names loopir's pass switches but not the environment) do not match it
-            ab_model = copy.deepcopy(workload.model)
-            compiled["kiln_ab"] = kiln.compile(ab_model, options=_options(args.ab_options) or None)
-            _call(compiled["kiln_ab"], inputs)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    if "kiln_ab" in backends:  # kiln with other switches, timed in the same rounds
+        ab = _options(args.ab_options)
+        if args.ab_cpp_options:
+            ab["cpp_options"] = _options(args.ab_cpp_options)
+        compiled["kiln_ab"] = kiln.compile(workload.model, options=ab or None)
+        _call(compiled["kiln_ab"], inputs)
     for n in counts:
         torch.set_num_threads(n)
         row: dict[str, Any] = {"threads": n}
@@ -251,10 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         help="kiln_ab's pass switches (k=v,...)",
     )
     parser.add_argument(
-        "--ab-cpp-options", default="", help="kiln_ab's KILN_CPP_OPTIONS (C++ generator switches: k=v,...)"
-    )
-    parser.add_argument(
-        "--ab-cpp-flags", default="", help="kiln_ab's KILN_CPP_FLAGS (replaces -O3 -march=native ...)"
+        "--ab-cpp-options", default="", help="kiln_ab's C++ generator switches (CppOptions: k=v,...)"
     )
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
@@ -270,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "threads": counts, "models": models, "backends": backends, "repeats": args.repeats,
         "warmup": args.warmup, "kiln_options": options, "kiln_ab_options": _options(args.ab_options),
-        "kiln_ab_cpp_options": args.ab_cpp_options, "kiln_ab_cpp_flags": args.ab_cpp_flags, "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "kiln_ab_cpp_options": _options(args.ab_cpp_options), "cpu": _cpu_model(), "cores": os.cpu_count(),
         "torch": torch.__version__, "size": "cpu", "mode": "inference", "dtype": "float32",
     }  # fmt: skip
     results: list[dict[str, Any]] = []
