@@ -50,8 +50,9 @@ Note [Symbolic sizes in C++ kernels]: a kernel whose loop sizes are expressions 
 pointers (``Kernel.size_params``; the wrapper passes the values it read from the inputs), so one
 build serves every size. Loops run to printed bounds (``x0 < s0``), index expressions name the
 symbols, and a reduction runs its 8 lanes up to ``s1 / 8 * 8`` and a scalar tail after it. Which
-team runs it is decided at run time from the run-time work (``ntk``: 1 below ``PARALLEL_GRAIN``,
-else at most one thread per ``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
+team runs it is decided at run time from the run-time work, times the body's weight at the
+hints (Note [Work of a kernel]; ``ntk``: 1 below ``PARALLEL_GRAIN``, else at most one thread per
+``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
 inner loop). Only heuristics read the size hints (``sizevars.hint``); correctness never does.
 Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): column
 and split reductions and row stashes (their blocking is static), and accumulating scatters. A

@@ -14,8 +14,9 @@ parallel loop (:class:`ParallelPlan`):
 * ``cap``: the most threads worth using, ``min(units, work // MIN_WORK_PER_THREAD)``, so that a
   medium kernel (64K elements) does not wake 16 threads for 4K elements each. At run time the
   kernel takes ``ntk = min(nt, cap)`` threads, and with ``ntk == 1`` runs its serial copy (Note
-  [Serial path] in kernel.py); a kernel below ``PARALLEL_GRAIN`` element-iterations has no
-  parallel region at all, so adjacent tiny kernels never open one team each.
+  [Serial path] in kernel.py); a kernel below ``PARALLEL_GRAIN`` element-iterations (weighted
+  by its body: Note [Work of a kernel]) has no parallel region at all, so adjacent tiny kernels
+  never open one team each.
 
 Pointwise kernels: when the outer loops alone have fewer than ``TARGET_UNITS`` iterations (a
 [4, 1M] tensor, or one flat loop), the innermost loop is cut into chunks as well and collapsed
