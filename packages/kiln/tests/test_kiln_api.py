@@ -89,6 +89,34 @@ def test_unsupported_options_are_clear_errors() -> None:
         kiln.compile(model, backend="nope")
 
 
+def test_cpp_options_reach_the_cpp_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`options={"cpp_options": ...}` builds the C++ backend with them (here: the compiler flag of
+    `vector_width`), and is part of the cache key: another value compiles again."""
+    import kiln_codegen_cpp.backend as cpp_backend
+
+    seen: list[tuple[str, ...]] = []
+    real = cpp_backend.build
+
+    def spy(source: str, extra_flags: tuple[str, ...] = ()) -> Any:
+        seen.append(extra_flags)
+        return real(source, extra_flags)
+
+    monkeypatch.setattr(cpp_backend, "build", spy)
+    model, x = _fresh()
+    with torch.no_grad():
+        expected = model(x)
+        wide = kiln.compile(model, options={"cpp_options": {"vector_width": 256}})
+        torch.testing.assert_close(wide(x), expected)
+        assert seen == [("-mprefer-vector-width=256",)]
+        plain = kiln.compile(model)
+        torch.testing.assert_close(plain(x), expected)
+        assert seen[1:] == [()]
+    with pytest.raises(ValueError, match="vector_width"):
+        kiln.compile(model, options={"cpp_options": {"vector_width": 3}})
+    with pytest.raises(ValueError, match="unknown C\\+\\+ codegen options"):
+        kiln.compile(model, options={"cpp_options": {"fastest": True}})
+
+
 def _break_loopir(monkeypatch: pytest.MonkeyPatch) -> None:
     import kiln_loopir
 

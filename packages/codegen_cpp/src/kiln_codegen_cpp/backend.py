@@ -87,7 +87,7 @@ class CppBackend(Backend):
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
         source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n\n" + module + "\n"
         t1 = time.perf_counter()
-        built = build(source) if compiled else None
+        built = build(source, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()
         fn, wrapper_source, path = make_wrapper(schedule, graph, generated, built, dict(self.last_declined))
         self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)

@@ -51,6 +51,16 @@ from kiln_loopir.diskcache import cache_root, temp_file, write_atomic
 
 from .prelude import MODULE_TOKEN
 
+# Note [Vector width]: the kernels are scalar C++ that GCC vectorizes (Note [Why scalar C++ and
+# omp simd] in kernel.py), so the vector width is the build target's: -march=native on an AVX2
+# machine gives 256-bit vectors, and on an AVX-512 one whatever GCC's tuning for that core
+# prefers: 512 on AMD's Zen 4 (this project's CI machine is an AVX-512 EPYC: zmm registers; GCC
+# 12 still calls libmvec's 8-lane AVX2 variants for exp/tanh there), but 256 on Intel's AVX-512
+# server cores (skylake-avx512 to sapphirerapids tune for prefer-vector-width=256, against
+# frequency drops: no zmm at all). Nothing in the
+# generated code assumes a width: the 8 accumulator lanes (Note [Lane accumulators]) are a fixed
+# summation order, one ymm of floats or one zmm of doubles. CppOptions.vector_width overrides
+# the preference (-mprefer-vector-width); tests compile kernels for skylake-avx512 both ways.
 # -O3 -march=native: -O2 compiled a typical graph ~0.3 s faster (0.9 s against 1.2 s) but does not
 # vectorize as much of the lane loops; -fno-math-errno lets GCC vectorize calls into libmvec and
 # inline sqrt; trapping math off lets it if-convert the NaN-propagating max/min. No -ffast-math:
@@ -121,9 +131,16 @@ def cpu_identity() -> str:
     return f"{platform.machine()}|{model}|{cpu_flags}"
 
 
-def cache_key(source: str) -> str:
+def cache_key(source: str, extra: tuple[str, ...] = ()) -> str:
     cxx = compiler()
-    parts = [source, " ".join(flags()), " ".join(LIBS), cxx, compiler_identity(cxx), cpu_identity()]
+    parts = [
+        source,
+        " ".join((*flags(), *extra)),
+        " ".join(LIBS),
+        cxx,
+        compiler_identity(cxx),
+        cpu_identity(),
+    ]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
@@ -138,13 +155,14 @@ class Built:
     cache: str = "compiled"  # or "disk" / "memory": where the library came from
 
 
-def build(template: str) -> Built:
+def build(template: str, extra_flags: tuple[str, ...] = ()) -> Built:
     """The compiled and loaded ``template``, from memory, the disk cache, or the compiler.
 
     ``template`` names its extension module ``KILN_MODULE_NAME``; the module is named after the
     cache key (``kiln_<key[:24]>``), so every translation unit is a distinct module.
+    ``extra_flags`` (``CppOptions.compiler_flags``) follow the optimisation flags.
     """
-    key = cache_key(template)
+    key = cache_key(template, extra_flags)
     module = f"kiln_{key[:24]}"
     source = template.replace(MODULE_TOKEN, module)
     directory = cache_dir() / key[:2] / key
@@ -174,7 +192,7 @@ def build(template: str) -> Built:
                 counters["corrupt"] += 1
                 log.warning("kiln: corrupt C++ cache entry %s: %s; compiling it again", directory, problem)
             cache = "compiled"
-            _compile(source, src, lib)
+            _compile(source, src, lib, extra_flags)
             counters["compiles"] += 1
             log.debug("compiled: %s", lib)
             library = _load(module, lib)
@@ -222,12 +240,12 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def _compile(source: str, src: Path, lib: Path) -> None:
+def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = ()) -> None:
     write_atomic(src, source)
     cxx = compiler()
     fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
-    cmd = [cxx, *flags(), str(src), "-o", tmp_lib, *LIBS]
+    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

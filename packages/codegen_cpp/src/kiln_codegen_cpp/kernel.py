@@ -50,8 +50,9 @@ Note [Symbolic sizes in C++ kernels]: a kernel whose loop sizes are expressions 
 pointers (``Kernel.size_params``; the wrapper passes the values it read from the inputs), so one
 build serves every size. Loops run to printed bounds (``x0 < s0``), index expressions name the
 symbols, and a reduction runs its 8 lanes up to ``s1 / 8 * 8`` and a scalar tail after it. Which
-team runs it is decided at run time from the run-time work (``ntk``: 1 below ``PARALLEL_GRAIN``,
-else at most one thread per ``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
+team runs it is decided at run time from the run-time work, times the body's weight at the
+hints (Note [Work of a kernel]; ``ntk``: 1 below ``PARALLEL_GRAIN``, else at most one thread per
+``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
 inner loop). Only heuristics read the size hints (``sizevars.hint``); correctness never does.
 Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): column
 and split reductions and row stashes (their blocking is static), and accumulating scatters. A
@@ -105,6 +106,7 @@ from .parallel import (
     outer_plan,
     pointwise_plan,
     split_chunks,
+    weighted_work,
 )
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -251,6 +253,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b or sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
 
+def _statements(lines: Sequence[str]) -> int:
+    """C++ statements among generated lines (not loops, braces, pragmas or comments)."""
+    return sum(
+        1 for line in lines if ";" in line and not line.lstrip().startswith(("for ", "for(", "#", "//"))
+    )
+
+
 def _real_reduction(buffer: ComputedBuffer) -> bool:
     """A reduction over more than one element (one over a single element is just its value)."""
     return buffer.is_reduction() and sympy.Mul(*buffer.iteration()[1]) != 1
@@ -316,6 +325,7 @@ class KernelBuilder:
         self.stash_bytes = 0
         # Note [Parallel plan]: what the parallel rendering of the loop nest chose
         self.plan: ParallelPlan | None = None
+        self.weighted = 0  # Note [Work of a kernel]: set by _render
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -911,6 +921,7 @@ class KernelBuilder:
             "  int64_t kerr = 0;",
             "  (void)nt;",
         ]
+        self.weighted = self._weigh(sections, clean)
         split = self._split_plan(sections)
         column = split is None and self._column_mode(sections)
         column_split = self._column_split(sections) if column else None
@@ -934,13 +945,15 @@ class KernelBuilder:
         # if(false); with one thread the kernel takes a plain copy of the same loops (same
         # iteration order and chunking, so the same results).
         parallel, serial = nest(True), nest(False)
-        log_plan(self.name, self.plan, self._work())
+        log_plan(self.name, self.plan, self._work(), self.weighted)
         if parallel == serial or self.plan is None or (self.plan.cap <= 1 and not self.symbolic):
             out.extend("  " + line for line in serial)
         else:
             # Note [Parallel plan]: the team is the run-time thread count, capped by the work
             if self.symbolic:  # Note [Symbolic sizes in C++ kernels]: the threshold at run time
-                work = index_to_cpp(self.nx * sympy.Max(self.nr, 1))
+                # Note [Work of a kernel]: the body's weight, a whole factor at the size hints
+                factor = max(1, self.weighted // max(self._work(), 1))
+                work = index_to_cpp(self.nx * sympy.Max(self.nr, 1) * factor)
                 out.append(
                     f"  const int64_t ntk = {work} < INT64_C({PARALLEL_GRAIN}) ? 1 : "
                     f"std::min<int64_t>(nt, std::max<int64_t>(INT64_C(1), {work} / INT64_C({MIN_WORK_PER_THREAD})));"
@@ -955,7 +968,7 @@ class KernelBuilder:
         out.append("  return kerr;")
         out.append("}")
         members = [m.name for m in self.members]
-        big = self._work() >= PARALLEL_GRAIN
+        big = self.weighted >= PARALLEL_GRAIN
         source = "\n".join(out)
         size_params: list[str] = []
         if self.symbolic:
@@ -967,6 +980,25 @@ class KernelBuilder:
             source = source.replace("int64_t nt) {", f"{sizes}, int64_t nt) {{", 1) if sizes else source
             types = [*types, *(["int64_t"] * len(size_params))]
         return Kernel(self.name, source, params, scratch, self.errors, members, types, big, size_params)
+
+    def _weigh(self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]]) -> int:
+        """Note [Work of a kernel]: the element-iterations weighted by the statements of the body
+        (at the size hints when symbolic); the element-iterations when ``weighted_work`` is off."""
+        work = self._work()
+        if not self.options.weighted_work:
+            return work
+        x_statements = r_statements = 0
+        for section in sections:
+            if isinstance(section, XSection):
+                x_statements += _statements(clean(section.lines))
+            else:
+                x_statements += _statements([*section.pre, *section.combine, *clean(section.post)])
+                r_statements += _statements(clean(section.body))
+        if self.symbolic:
+            nx, nr = sizevars.hint(self.nx), sizevars.hint(self.nr) if self.rsizes else 0
+        else:
+            nx, nr = self.nx, self.nr if self.rsizes else 0
+        return max(work, weighted_work(nx, nr, x_statements, r_statements))
 
     def _work(self) -> int:
         """Element-iterations of the kernel (at the size hints when symbolic: heuristics only)."""
@@ -1039,7 +1071,7 @@ class KernelBuilder:
         nblocks = -(-xsize // block)
         units = math.prod(n for _, n in outer) * nblocks
         chunks = split[1] if split is not None else 1
-        parallel = par and self.nx * self.nr >= PARALLEL_GRAIN and units * chunks > 1
+        parallel = par and self.weighted >= PARALLEL_GRAIN and units * chunks > 1
         parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
         lines: list[str] = []
         if split is not None:
@@ -1057,9 +1089,7 @@ class KernelBuilder:
         if parallel:
             collapse = len(outer) + 1 + (split is not None)
             kind = "column" if split is None else "split"
-            self.plan = ParallelPlan(
-                kind, collapse, units * chunks, cap_for(units * chunks, self.nx * self.nr)
-            )
+            self.plan = ParallelPlan(kind, collapse, units * chunks, cap_for(units * chunks, self.weighted))
             lines.append(f"#pragma omp parallel for collapse({collapse}) num_threads(ntk)")
         depth = 0
         for var, size in outer:
@@ -1167,7 +1197,7 @@ class KernelBuilder:
 
     def _render_x(self, body: list[str], par: bool) -> list[str]:
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
-        work = self._work()
+        work = self.weighted  # Note [Work of a kernel]
         # symbolic: always a parallel copy, which the run-time threshold in `_render` chooses
         parallel = par and not self.serial and (self.symbolic or work >= PARALLEL_GRAIN)
         if not loops:
@@ -1475,7 +1505,7 @@ class KernelBuilder:
                 ctype = "int64_t" if suffix == "_i" else t
                 lines.append(f"{ctype} {acc}{suffix}_part[{slots}][{LANES}];")
         if par:
-            self.plan = ParallelPlan("split", len(xs) + 1, slots, cap_for(slots, self.nx * self.nr))
+            self.plan = ParallelPlan("split", len(xs) + 1, slots, cap_for(slots, self.weighted))
             lines.append(
                 f"#pragma omp parallel for collapse({len(xs) + 1}) num_threads(ntk) schedule(static)"
             )

@@ -6,6 +6,12 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 
 * ``split_reductions``: reductions with few outputs cut their reduced loop into chunks combined
   in order (Note [Reductions with few outputs] in parallel.py).
+* ``weighted_work``: whether a kernel is worth a team, and how many threads, is decided from its
+  element-iterations weighted by the statements of its body (Note [Work of a kernel] in
+  parallel.py); off: element-iterations only.
+* ``vector_width``: 0 (default) leaves the vector width to the compiler's tuning for
+  ``-march=native``; 256 or 512 adds ``-mprefer-vector-width=N`` (Note [Vector width] in build.py:
+  GCC's tuning for Intel's AVX-512 server cores prefers 256-bit vectors, AMD's Zen 4 512).
 * ``fuse_mixed_reductions``: let the scheduler fuse a row reduction with a column reduction
   (off by default: Note [Row and column reductions are not fused] in fusion.py).
 """
@@ -18,12 +24,23 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 ENV = "KILN_CPP_OPTIONS"
+VECTOR_WIDTHS = (0, 128, 256, 512)
 
 
 @dataclass(frozen=True, slots=True)
 class CppOptions:
     split_reductions: bool = True
     fuse_mixed_reductions: bool = False
+    weighted_work: bool = True
+    vector_width: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vector_width not in VECTOR_WIDTHS:
+            raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}, not {self.vector_width!r}")
+
+    def compiler_flags(self) -> tuple[str, ...]:
+        """Flags these options add to the compiler's command line (and to the cache key)."""
+        return (f"-mprefer-vector-width={self.vector_width}",) if self.vector_width else ()
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | CppOptions | None) -> CppOptions:
@@ -47,5 +64,12 @@ class CppOptions:
             key, _, value = item.partition("=")
             if key not in known:
                 raise ValueError(f"{ENV}: unknown option {key!r}; supported: {sorted(known)}")
-            values[key] = value.strip().lower() not in ("0", "false", "off", "no")
+            text = value.strip().lower()
+            if key in _INT_FIELDS:
+                values[key] = int(text)
+            else:
+                values[key] = text not in ("0", "false", "off", "no")
         return CppOptions(**values)
+
+
+_INT_FIELDS = frozenset({"vector_width"})

@@ -10,7 +10,7 @@ import kiln_dynamo
 import kiln_loopir
 from kiln.backends import BACKENDS, COMPILE_LOG, CPU_BACKENDS, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
-_OPTIONS = frozenset({"strict", "cpu_backend", *PASS_OPTIONS})
+_OPTIONS = frozenset({"strict", "cpu_backend", "cpp_options", *PASS_OPTIONS})
 
 
 def compile(
@@ -31,6 +31,8 @@ def compile(
     `{"layout_policy": "cuda"}`: kiln_loopir.passes.PassOptions), so each one's effect can be measured.
     `{"cpu_backend": "triton"}` generates Triton instead of C++ for CPU graphs (run by Triton's
     interpreter under `TRITON_INTERPRET=1`; how the Triton code generator is tested without a GPU).
+    `{"cpp_options": {"weighted_work": False}}` switches the C++ code generator's own
+    optimizations (kiln_codegen_cpp.CppOptions; default: from `KILN_CPP_OPTIONS`).
     Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
     static first and makes the dims that changed symbolic on the next compile, True makes every
     size symbolic from the first call, False never does (a backend that cannot compile symbolic
@@ -52,8 +54,13 @@ def compile(
         cpu_backend = (options or {}).get("cpu_backend", "cpp")
         if cpu_backend not in CPU_BACKENDS:
             raise ValueError(f"unknown cpu_backend {cpu_backend!r}; expected one of {CPU_BACKENDS}")
+        cpp_options = dict((options or {}).get("cpp_options") or {})
+        if cpp_options:
+            from kiln_codegen_cpp import CppOptions
+
+            CppOptions.from_mapping(cpp_options)  # a malformed value fails here, not per graph
         resolved: Callable[..., Any] = make_backend(
-            backend, strict=strict, mode=mode, passes=passes, cpu_backend=cpu_backend
+            backend, strict=strict, mode=mode, passes=passes, cpu_backend=cpu_backend, cpp_options=cpp_options
         )
     elif callable(backend):
         resolved = backend

@@ -342,7 +342,11 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
 
 
 def _codegen(
-    device: torch.device, mode: str | None, cpu_backend: str = "cpp", guarded_layouts: bool = False
+    device: torch.device,
+    mode: str | None,
+    cpu_backend: str = "cpp",
+    guarded_layouts: bool = False,
+    cpp_options: dict[str, Any] | None = None,
 ) -> Any:
     """The loopir backend for `device`: a name, or a Triton backend set up for `mode`.
 
@@ -359,6 +363,10 @@ def _codegen(
 
         # kiln's frame guards check every input's shape, strides and dtype before the graph runs
         return TritonBackend(mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts)
+    if codegen == "cpp" and cpp_options:
+        from kiln_codegen_cpp import CppBackend
+
+        return CppBackend(cpp_options)
     return codegen
 
 
@@ -369,10 +377,11 @@ def make_backend(
     mode: str | None = None,
     passes: dict[str, Any] | None = None,
     cpu_backend: str = "cpp",
+    cpp_options: dict[str, Any] | None = None,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
     `passes` switch loopir's graph passes (PASS_OPTIONS); `cpu_backend` is the code generator of
-    CPU graphs (CPU_BACKENDS)."""
+    CPU graphs (CPU_BACKENDS); `cpp_options` the C++ generator's switches (CppOptions)."""
     if name == "eager":
         return eager_backend
     if cpu_backend not in CPU_BACKENDS:
@@ -402,7 +411,9 @@ def make_backend(
                 # the code generator of the device loopir compiles for (Note [One device per graph])
                 # the frame guard pins every input's sizes only for static graphs
                 guarded = forward and not symbolic  # Note [Inputs the frame guard checks]
-                codegen = _codegen(kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, guarded)
+                codegen = _codegen(
+                    kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, guarded, cpp_options
+                )
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
                 record.add("lower", time.perf_counter() - start)  # where it failed is not known
@@ -458,6 +469,7 @@ def make_backend(
         ("strict", strict),
         ("passes", passes_key),
         ("cpu_backend", cpu_backend),
+        ("cpp_options", tuple(sorted((cpp_options or {}).items()))),
     )
     return backend
 
