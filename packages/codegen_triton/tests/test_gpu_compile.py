@@ -27,7 +27,9 @@ def test_kernels_compile_for_sm90(cache_root: str) -> None:
 
 
 def test_kernels_compiled_by_the_worker_pool_are_cache_hits_for_the_parent(cache_root: str) -> None:
-    """Note [Compiling in worker processes]: what the workers compile, the parent finds."""
+    """Note [Compiling in worker processes]: what the workers compile, the parent finds, also
+    after TRITON_PTXAS_PATH moved (Note [The ptxas version in the cache key]); workers whose
+    binaries are not found switch the pool off."""
     env = {
         **os.environ,
         "TRITON_INTERPRET": "0",
@@ -40,3 +42,5 @@ def test_kernels_compiled_by_the_worker_pool_are_cache_hits_for_the_parent(cache
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.count("pool ok: 2 kernels, 2 hits of 2") == 2, done.stdout
+    # Note [When the workers' binaries are not found]
+    assert "pool off: True after 2 of 2 loads missed" in done.stdout, done.stdout

@@ -23,6 +23,13 @@ in worker processes instead, as torch.compile's subprocess pool does:
 - A job that fails in a worker, or a worker that dies, costs nothing but time: the parent
   compiles that kernel itself, and a real compile error surfaces there as before.
 
+Note [When the workers' binaries are not found]: the parent counts, through Triton's compilation
+listener, how many of its loads were disk-cache hits. A miss means a worker filed its binary
+under another key than this process computes (some state of this process's Triton the workers
+do not share; the one known case is Note [The ptxas version in the cache key]): the kernel is
+simply compiled here, and if most loads of a graph miss, the pool is switched off for the rest
+of the process with a warning, so kernels are never compiled twice for nothing.
+
 ``KILN_COMPILE_WORKERS`` sets the pool's size (default: one per CPU core, at most 16; 0 or 1 turns
 the pool off and kernels compile in the parent's threads, Note [The launch path]).
 """
@@ -104,6 +111,53 @@ def record(warmup: Callable[[], Any]) -> str | None:
     finally:
         _recording.box = None
     return box[0] if box else None
+
+
+def count_hits(load: Callable[[], Any]) -> tuple[int, int]:
+    """Run ``load()`` (this process's own ``warmup`` calls after the workers' compiles) and
+    count Triton's compiles in it: (cache hits, compiles); (0, 0) where this Triton reports none.
+    A compile that misses means the workers filed their binaries under other keys (Note [When the
+    workers' binaries are not found])."""
+    try:
+        from triton import knobs
+
+        compilation = knobs.compilation
+        previous = compilation.listener
+    except (ImportError, AttributeError):
+        load()
+        return (0, 0)
+    seen: list[bool] = []
+    mine = threading.get_ident()
+
+    def listener(**kwargs: Any) -> None:
+        if threading.get_ident() == mine:
+            seen.append(bool(kwargs.get("cache_hit")))
+        if previous is not None:
+            previous(**kwargs)
+
+    compilation.listener = listener
+    try:
+        load()
+    finally:
+        compilation.listener = previous
+    return (sum(seen), len(seen))
+
+
+_disabled = ""
+
+
+def disabled() -> str:
+    """Why the pool is switched off for this process ("" while it is not)."""
+    return _disabled
+
+
+def disable(reason: str) -> None:
+    """Compile in this process from now on (Note [When the workers' binaries are not found])."""
+    global _disabled
+    if not _disabled:
+        _disabled = reason
+        log.warning("kiln: Triton compile workers switched off for this process: %s", reason)
+    shutdown()
 
 
 # -------------------------------------------------------------------------------------- pool
@@ -271,6 +325,8 @@ def warm() -> CompilePool | None:
     with _POOL_LOCK:
         if _POOL is not None:
             return _POOL
+        if _disabled:
+            return None
         size = pool_size()
         if size <= 1 or not WORKER.exists() or not _install_hook():
             return None
@@ -280,7 +336,7 @@ def warm() -> CompilePool | None:
         _POOL = CompilePool(size, target)
         atexit.register(shutdown)
         threading.Thread(target=_prepare_here, args=(target,), daemon=True).start()
-        log.info("started %d Triton compile workers for %s", size, target)
+        log.info("started %d Triton compile workers for %s", size, target[:3])
         return _POOL
 
 

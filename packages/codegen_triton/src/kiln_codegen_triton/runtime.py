@@ -77,6 +77,10 @@ counters: dict[str, int] = {
     "autotuned": 0,
     "autotune_hits": 0,
     "corrupt": 0,
+    # Note [Compiling in worker processes]: loads of the workers' binaries that were Triton
+    # disk-cache hits, and those that compiled here instead
+    "pool_hits": 0,
+    "pool_misses": 0,
 }
 
 
@@ -268,7 +272,7 @@ class Launcher:
     def precompile(self, device: torch.device) -> None:
         """Compile every config this launcher may use for ``device`` (no launch)."""
         dtypes = list(self.spec.param_dtypes)
-        with torch.cuda.device(device):
+        with _on(device):
             for config in self.configs_to_compile():
                 if config in self.compiled:
                     continue
@@ -442,6 +446,7 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
         recorded = time.perf_counter()
         jobs = len(waiting)
         failed: list[str] = []
+        found = missed = 0  # loads that were Triton disk-cache hits, and compiles here
         worker_seconds = 0.0
         load_seconds = 0.0
         while waiting:
@@ -456,17 +461,22 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
                 left[id(launcher)] -= 1
                 if left[id(launcher)] == 0:
                     loaded = time.perf_counter()
-                    try:
-                        launcher.precompile(device)  # Triton's disk-cache hits, or a compile here
-                    except Exception:
-                        here.append(launcher)  # compiled again by the caller, which raises
+                    hits, compiles = compile_pool.count_hits(functools.partial(_load, launcher, device, here))
+                    found += hits
+                    missed += compiles - hits
                     load_seconds += time.perf_counter() - loaded
     here.extend(launcher for launcher in launchers if launcher not in todo)
     for detail in failed[:3]:
         compile_log.debug("a compile worker failed; compiling in this process:\n%s", detail)
+    counters["pool_hits"] += found
+    counters["pool_misses"] += missed
+    if missed and missed >= found:  # Note [When the workers' binaries are not found]
+        compile_pool.disable(
+            f"{missed} of {found + missed} kernels they compiled were not found in the cache"
+        )
     compile_log.info(
         "%d kernel configs in %d workers: recorded in %.2f s, done after %.2f s (%.1f s of worker time, "
-        "%.2f s loading here, %d failed there)",
+        "%.2f s loading here, %d failed there, %d of %d loads missed the cache)",
         jobs,
         pool.size,
         recorded - start,
@@ -474,5 +484,16 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
         worker_seconds,
         load_seconds,
         len(failed),
+        missed,
+        found + missed,
     )
     return here
+
+
+def _load(launcher: Launcher, device: torch.device, here: list[Launcher]) -> None:
+    """Load one launcher whose configs the workers compiled (Triton's disk-cache hits); one that
+    fails to is left to the caller, which compiles it again and raises what Triton raises."""
+    try:
+        launcher.precompile(device)
+    except Exception:
+        here.append(launcher)
