@@ -79,6 +79,7 @@ def _another_ptxas(folder: str) -> str:
     """A ptxas that assembles as Triton's does but names another version, as torch's own ptxas
     would: what torch.compile points TRITON_PTXAS_PATH at in the middle of a process."""
     real = triton.knobs.nvidia.ptxas.path
+    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "ptxas")
     with open(path, "w") as f:
         f.write(
