@@ -36,7 +36,34 @@ def same_strides(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def forced(device: str) -> dict[str, Any]:
-    return {"layout_policy": "cuda", "pad_mm": "force"} if device == "cpu" else {}
+    return {"layout_policy": "cuda", "pad_mm": "force", "conv_bias": "force"} if device == "cpu" else {}
+
+
+def depthwise_bias_norm(x: Any, w: Any, b: Any) -> Any:
+    """ConvNeXt's block start: a depthwise convolution with a bias, then a norm over channels."""
+    y = aten.convolution.default(x, w, b, [1, 1], [3, 3], [1, 1], False, [0, 0], 8)
+    mean = aten.mean.dim(y, [1], True)
+    return aten.relu.default(aten.sub.Tensor(y, mean))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_bias_rides_in_the_next_kernel(device: str, dtype: torch.dtype) -> None:
+    """Note [Convolution bias after the convolution]: on CUDA (forced on CPU tensors) the
+    convolution runs without its bias and the add joins the norm's kernel."""
+    if device == "cpu" and dtype == torch.bfloat16:
+        dtype = torch.float32  # CPU convolutions in bfloat16 are eager-only territory
+    x, w, b = to_device([make((2, 8, 10, 10), dtype), make((8, 1, 7, 7), dtype), make((8,), dtype)], device)
+    gm = with_vals(depthwise_bias_norm, x, w, b)
+    with torch.no_grad():
+        compiled = compile_graph(gm, [x, w, b], backend=TritonBackend(), options=forced(device))
+        kept = compile_graph(
+            gm, [x, w, b], backend=TritonBackend(), options={**forced(device), "conv_bias": False}
+        )
+        assert_same(compiled(x, w, b), gm(x, w, b))
+    convs = [n for n in compiled.graph.gm.graph.nodes if n.target is aten.convolution.default]
+    assert [n.args[2] for n in convs] == [None]
+    assert compiled.stats.kernels <= kept.stats.kernels
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -546,3 +546,53 @@ def test_attention_masks_are_left_alone_off_cuda_with_dropout_or_switched_off() 
     assert prepare_torch_graph(gm) is gm
     gm, _ = _row_mask_graph(True, "bool")
     assert prepare_torch_graph(gm, {"attention_mask": False}) is gm
+
+
+# -- convolution bias (Note [Convolution bias after the convolution]) ---------------------------
+
+
+def conv_bias_relu(x: Any, w: Any, b: Any) -> Any:
+    y = aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return aten.relu.default(y)
+
+
+def depthwise_bias_norm(x: Any, w: Any, b: Any) -> Any:
+    """ConvNeXt's pattern: a depthwise convolution with a bias, then a norm over channels."""
+    y = aten.convolution.default(x, w, b, [1, 1], [3, 3], [1, 1], False, [0, 0], 8)
+    mean = aten.mean.dim(y, [1], True)
+    return aten.sub.Tensor(y, mean)
+
+
+def _conv_nodes(compiled: Any) -> list[torch.fx.Node]:
+    return [n for n in compiled.graph.gm.graph.nodes if n.target is aten.convolution.default]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_bias_is_added_in_the_readers_kernel(dtype: torch.dtype) -> None:
+    x, w, b = make((2, 8, 6, 6), dtype), make((16, 8, 3, 3), dtype), make((16,), dtype)
+    gm = with_vals(conv_bias_relu, x, w, b)
+    peeled = check(gm, x, w, b, options={"conv_bias": "force"})
+    assert [n.args[2] for n in _conv_nodes(peeled)] == [None]
+    assert any(n == "conv_bias" for n, _ in peeled.passes.record)
+    kept = check(gm, x, w, b, options={"conv_bias": False})
+    assert _conv_nodes(kept)[0].args[2] is not None
+    # the bias rides in the ReLU's kernel: no kernel more than with the bias in the convolution
+    assert peeled.stats.kernels == kept.stats.kernels == 1
+
+
+def test_conv_bias_before_a_reduction_and_channels_last() -> None:
+    x, w, b = make((2, 8, 10, 10)), make((8, 1, 7, 7)), make((8,))
+    gm = with_vals(depthwise_bias_norm, x, w, b)
+    peeled = check(gm, x, w, b, options={"conv_bias": "force", **CUDA_RULE})
+    kept = check(gm, x, w, b, options={"conv_bias": False, **CUDA_RULE})
+    assert [n.args[2] for n in _conv_nodes(peeled)] == [None]
+    assert peeled.stats.kernels <= kept.stats.kernels
+
+
+def test_conv_bias_stays_in_the_convolution_on_the_cpu() -> None:
+    x, w, b = make((2, 8, 6, 6)), make((16, 8, 3, 3)), make((16,))
+    compiled = check(with_vals(conv_bias_relu, x, w, b), x, w, b)
+    assert _conv_nodes(compiled)[0].args[2] is not None
+    assert any(n == "conv_bias" and "not on CUDA" in t for n, t in compiled.passes.record)
+    with pytest.raises(ValueError, match="conv_bias"):
+        PassOptions.from_mapping({"conv_bias": "sometimes"})

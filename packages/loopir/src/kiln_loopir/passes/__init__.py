@@ -4,7 +4,8 @@ A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may r
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
 run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
-not pad the products attention replaces), then the layout decision, which must see the final nodes,
+not pad the products attention replaces, then the convolution bias on CUDA), then the layout
+decision, which must see the final nodes,
 then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
 CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
 
@@ -44,6 +45,9 @@ class PassOptions:
     dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
     [Attention masks that are constant along a row]; a pass over the torch-level graph, run by
     the umbrella before aotgrad).
+    ``conv_bias``: on CUDA a convolution's bias is added after it in generated code, where the
+    scheduler fuses it into the result's readers (Note [Convolution bias after the convolution]);
+    ``"force"`` on any device (tests), ``False`` never.
     ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
     folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
     oneDNN]), with its weights prepacked once per parameter version (``conv_prepack``: without
@@ -62,6 +66,7 @@ class PassOptions:
     pad_mm_output_copy: bool = False
     attention: bool = True
     attention_mask: bool = True
+    conv_bias: bool | str = True
     conv_fusion: bool = True
     conv_prepack: bool = False
     linear_pack: bool = False
@@ -94,6 +99,8 @@ class PassOptions:
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
+        if made.conv_bias not in (True, False, "force"):
+            raise ValueError(f"conv_bias must be True, False or 'force', not {made.conv_bias!r}")
         return made
 
 
@@ -142,6 +149,7 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
 def _passes() -> tuple[GraphPass, ...]:
     from .attention import attention_pass
     from .channels_last import layout_pass
+    from .conv_bias import conv_bias_pass
     from .conv_fusion import conv_fusion_pass
     from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
@@ -149,6 +157,7 @@ def _passes() -> tuple[GraphPass, ...]:
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
+        GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
         GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
         GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),

@@ -1,0 +1,85 @@
+"""The convolution-bias pass: on CUDA a convolution's bias is added after it, in generated code.
+
+Note [Convolution bias after the convolution]: cuDNN (and PyTorch's own depthwise kernels) add a
+convolution's bias in a separate elementwise kernel after the convolution: one more launch and
+one more read and write of the whole output per convolution. ConvNeXt-style blocks have a
+depthwise convolution with a bias in every block (22 per ConvNeXt-T), each followed by a layer
+norm. So on CUDA ``convolution(x, w, b, ...)`` becomes
+
+    convolution(x, w, None, ...) + b.view(C, 1, ..., 1)
+
+and the add is a lazy pointwise in loopir, which the scheduler fuses into whatever reads the
+result (the layer norm's reductions, a BatchNorm/ReLU epilogue): the bias costs a load in a
+kernel that runs anyway. torch.compile does the same on GPUs. Values are eager's up to rounding:
+in bfloat16/float16 the convolution's result is rounded before the bias is added (once more than
+cuDNN rounds), within those dtypes' tolerance; float32 and float64 add in their own precision.
+Not on the CPU, where oneDNN applies the bias inside the convolution for free (and the CPU
+convolution fusion pass folds it with BatchNorm). ``conv_bias=False`` keeps every bias in the
+convolution; ``"force"`` peels it on any device (tests).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+
+from . import PassContext, copy_graph
+from .pad_mm import _val, _with_val
+
+aten = torch.ops.aten
+
+
+def candidates(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Convolutions with a bias whose result is a floating tensor of known rank."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten.convolution.default:
+            continue
+        bias = node.args[2] if len(node.args) > 2 else None
+        val, bias_val = _val(node), _val(bias)
+        if (
+            isinstance(bias, torch.fx.Node)
+            and isinstance(val, torch.Tensor)
+            and isinstance(bias_val, torch.Tensor)
+            and val.dtype.is_floating_point
+            and bias_val.dim() == 1
+            and val.dim() >= 3
+        ):
+            found.append(node)
+    return found
+
+
+def conv_bias_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    """Add each convolution's bias after it, on CUDA (Note [Convolution bias after the
+    convolution])."""
+    found = candidates(gm)
+    if not found:
+        return gm
+    if ctx.device.type != "cuda" and ctx.options.conv_bias != "force":
+        ctx.note(
+            "conv_bias", "keep %d biases in their convolutions: not on CUDA (%s)", len(found), ctx.device.type
+        )
+        return gm
+    copied, env = copy_graph(gm)
+    graph = copied.graph
+    for original in found:
+        node = env[original]
+        x, w, bias, *rest = node.args
+        assert isinstance(bias, torch.fx.Node)
+        rank = _val(node).dim()
+        with graph.inserting_before(node):
+            conv = _with_val(graph.call_function(aten.convolution.default, (x, w, None, *rest)))
+            shape = [int(_val(bias).shape[0])] + [1] * (rank - 2)
+            view = _with_val(graph.call_function(aten.view.default, (bias, shape)))
+            out = _with_val(graph.call_function(aten.add.Tensor, (conv, view)))
+        out.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+        conv.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+        node.replace_all_uses_with(out)
+        graph.erase_node(node)
+    ctx.note("conv_bias", "%d convolution biases added after their convolutions", len(found))
+    graph.lint()
+    copied.recompile()
+    return copied
+
+
+__all__ = ["candidates", "conv_bias_pass"]
