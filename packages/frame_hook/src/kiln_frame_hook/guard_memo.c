@@ -331,9 +331,14 @@ static int record_load(Recorder *r, GuardOp *op) {
         }
         if (op->op == OP_LOAD_ATTR && Py_IS_TYPE(x, &PyType_Type)) {
             /* a class attribute: type_getattro finds it in the class's MRO unless `type` itself
-             * has the name; a function's __get__ without an instance gives the function */
+             * has the name as a data descriptor (`__name__`, `__dict__`); a non-data one of
+             * `type` (`__call__`'s slot wrapper: every nn.Module class's `__call__`) loses to
+             * the class's own, and `type`, a static type, never changes. A function's __get__
+             * without an instance gives the function. */
             unsigned int version;
-            if (!type_version((PyTypeObject *)x, &version) || _PyType_Lookup(&PyType_Type, op->obj) != NULL) {
+            PyObject *meta = _PyType_Lookup(&PyType_Type, op->obj); /* borrowed */
+            if (!type_version((PyTypeObject *)x, &version) ||
+                (meta != NULL && (Py_TYPE(meta)->tp_descr_get == NULL || Py_TYPE(meta)->tp_descr_set != NULL))) {
                 return 0;
             }
             PyObject *found = _PyType_Lookup((PyTypeObject *)x, op->obj);
