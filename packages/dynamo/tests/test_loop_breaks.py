@@ -223,3 +223,32 @@ def test_an_unbound_local_after_an_empty_loop_raises_as_in_eager() -> None:
         maybe_unbound(x, 0)
     with pytest.raises(UnboundLocalError):
         compiled(x, 0)
+
+
+def two_loops_and_a_while(x: torch.Tensor) -> torch.Tensor:
+    y = x.cos()
+    for i in range(3):
+        if y.sum() > 0:
+            y = y + i
+    y = y * 3
+    for j in range(2):
+        for k in range(2):  # nested: the outer loop is the one split around
+            if y.mean() > 0:
+                y = y - j * k
+    z = y.sin()
+    n = 0
+    while n < 2:
+        n += 1
+        if z.sum() > 0:
+            z = z * 0.5
+    return z.exp() + n
+
+
+def test_consecutive_nested_and_while_loops() -> None:
+    backend, compiled = run_twice(two_loops_and_a_while, torch.rand(4))
+    c = kiln_dynamo.counters
+    # each loop's exit continues in a continuation: before the first loop, between the loops,
+    # after the second, after the while loop
+    assert c.after_loops == 3 and backend.graphs == 4, [str(r) for r in c.break_reasons]
+    x = -torch.rand(4)  # the branches go the other way: the same code, no new capture
+    assert_same(compiled(x), two_loops_and_a_while(x))
