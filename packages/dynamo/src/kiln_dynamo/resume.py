@@ -106,8 +106,8 @@ def facts(code: types.CodeType) -> FrameFacts:
     instrs = tuple(bytecode.disassemble(code))
     loops = tuple(
         (ins.target.offset, ins.offset)
-        for ins in instrs
-        if ins.target is not None and ins.target.offset <= ins.offset
+        for k, ins in enumerate(instrs)
+        if ins.target is not None and ins.target.offset <= ins.offset and _closes_loop(instrs, k)
     )
     by_target: dict[int, list[tuple[int, int, int]]] = {}
     for e in bytecode.parse_exception_table(code):
@@ -127,6 +127,40 @@ def facts(code: types.CodeType) -> FrameFacts:
     result = FrameFacts(instrs, loops, tuple(tries), tuple(withs))
     _facts[code] = result
     return result
+
+
+_WITH_EXIT_TAIL = frozenset({"POP_JUMP_IF_TRUE", "RERAISE", "POP_TOP", "POP_EXCEPT"})
+
+
+def _closes_loop(instrs: tuple[Instr, ...], k: int) -> bool:
+    """Whether the backward jump at `k` closes a loop. 3.12 places a with-block's exit handler
+    (PUSH_EXC_INFO, WITH_EXCEPT_START, ...) after the code and jumps back from its end to the
+    statement after the block: that jump is no loop when only an exception gets there (its
+    target does not reach it again without one). Any other backward jump is a loop, as before."""
+    j = k - 1
+    while j > 0 and instrs[j].opname in _WITH_EXIT_TAIL:
+        j -= 1
+    if not (instrs[j].opname == "WITH_EXCEPT_START" and instrs[j - 1].opname == "PUSH_EXC_INFO"):
+        return True
+    index = {id(ins): j for j, ins in enumerate(instrs)}
+    target = instrs[k].target
+    assert target is not None
+    start = index[id(target)]
+    seen = {start}
+    work = [start]
+    while work:
+        j = work.pop()
+        if j == k:
+            return True
+        ins = instrs[j]
+        nexts = [index[id(ins.target)]] if ins.target is not None else []
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append(j + 1)
+        for n in nexts:
+            if n < len(instrs) and n not in seen:
+                seen.add(n)
+                work.append(n)
+    return False
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
@@ -576,6 +610,28 @@ def _depths(instrs: list[Instr]) -> dict[int, int]:
     return depth_at
 
 
+def _reaches(instrs: list[Instr], start: int, lo: int, hi: int) -> bool:
+    """Whether some path from instruction `start` (jumps, fall-through, handlers) reaches one of
+    instructions lo..hi: then `start` is not past the loop that spans them (3.12 places a loop's
+    cold blocks, such as the path of a `break`, after its back edge)."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    seen = {start}
+    work = [start]
+    while work:
+        k = work.pop()
+        if lo <= k <= hi:
+            return True
+        ins = instrs[k]
+        nexts = [index[id(t)] for t in (ins.target, ins.exn.target if ins.exn else None) if t is not None]
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append(k + 1)
+        for j in nexts:
+            if j < len(instrs) and j not in seen:
+                seen.add(j)
+                work.append(j)
+    return False
+
+
 def _bound(code: types.CodeType, instrs: list[Instr]) -> dict[int, frozenset[str]]:
     """Locals certainly bound before each reachable instruction (a forward must-analysis:
     arguments at entry, STORE_FAST binds, DELETE_FAST and LOAD_FAST_AND_CLEAR unbind)."""
@@ -625,13 +681,19 @@ def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeTy
         return "no loop at its entry"
     head = min(h for h, _ in loops)  # the outermost loop that begins there; its last back edge
     back = max(b for h, b in loops if h == head)  # (an if/else body has one per branch)
-    k_back = offsets.index(back)
-    k_exit = k_back + 1
+    k_head, k_back = offsets.index(head), offsets.index(back)
+    first = instrs[k_head]
+    if first.opname == "FOR_ITER" and first.target is not None:
+        k_exit = instrs.index(first.target)  # where the exhausted iterator goes
+    else:
+        k_exit = k_back + 1
     if PY_VERSION >= (3, 12) and k_exit < len(instrs) and instrs[k_exit].opname == "END_FOR":
         k_exit += 1
     if k_exit >= len(instrs):
         return "the loop ends the code"
     exit_ins = instrs[k_exit]
+    if _reaches(instrs, k_exit, k_head, k_back):
+        return "the instruction after the loop leads back into it"
     if exit_ins.exn is not None:
         return "a try or with block covers the loop's exit"
     if _depths(instrs).get(k_exit) != 0:
