@@ -252,3 +252,24 @@ def test_consecutive_nested_and_while_loops() -> None:
     assert c.after_loops == 3 and backend.graphs == 4, [str(r) for r in c.break_reasons]
     x = -torch.rand(4)  # the branches go the other way: the same code, no new capture
     assert_same(compiled(x), two_loops_and_a_while(x))
+
+
+class _Base(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
+class _WithSuper(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # the frame has a __class__ cell
+        for i in range(2):
+            if x.sum() > 0:
+                x = x + i
+        return super().forward(x).cos()  # after the loop: super() needs `self` in the continuation
+
+
+def test_zero_argument_super_after_the_loop() -> None:
+    backend, _ = run_twice(_WithSuper(), torch.rand(4))
+    c = kiln_dynamo.counters
+    assert c.after_loops == 1 and backend.graphs == 1, [str(r) for r in c.break_reasons]
+    (after,) = backend.gms
+    assert {n.target for n in after.graph.nodes if n.op in ("call_function", "call_method")} >= {"cos"}

@@ -709,10 +709,10 @@ def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeTy
         return f"{', '.join(unbound)} may be unbound at the loop's exit"
     names = sorted(live)
     if keeps_first_argument(original):  # Note [Zero-argument super in a continuation]
-        first = original.co_varnames[0]
-        if first not in bound:
-            return f"super() needs {first!r}, which may be unbound at the loop's exit"
-        names = [first] + [n for n in names if n != first]
+        self_name = original.co_varnames[0]
+        if self_name not in bound:
+            return f"super() needs {self_name!r}, which may be unbound at the loop's exit"
+        names = [self_name] + [n for n in names if n != self_name]
     after = resume_code(original, exit_at, (), tuple(names))
     consts = [*code.co_consts, after]
     tail: list[Instr] = [Instr("PUSH_NULL", lineno=exit_ins.lineno)]
