@@ -27,7 +27,8 @@
  * what it gave then: `obj.name` found in the instance dict of a type whose lookup is object's
  * (the type and its version pin how the name resolves, the dict's version what it finds),
  * `obj.__dict__`, an exact dict's item by str or int key, a tuple's item, `type(obj)`, a plain
- * class attribute of a class whose metatype is `type`. A skipped check gives what it gave
+ * class attribute of a class whose metatype is `type` (also one `type` itself has as a non-data
+ * descriptor, such as every module class's `__call__`: the class's own wins). A skipped check gives what it gave
  * then because it reads only such values: identity and type checks; `len`, truth, membership
  * and keys of an exact dict (an OrderedDict's order can change without a version, so not its
  * keys); equality and truth of immutable builtin values (ints, floats, strings, tuples of them).
