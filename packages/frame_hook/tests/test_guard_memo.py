@@ -380,6 +380,38 @@ def test_a_class_attribute_read_through_a_constant_class() -> None:
     assert t() is False
 
 
+def test_a_class_attribute_that_type_also_has() -> None:
+    """`cls.__call__` (every nn.Module's): `type` has a `__call__` too, a slot wrapper, which is
+    not a data descriptor, so the class's own wins (type_getattro) and the memo may skip the
+    load; `cls.__name__` is a data descriptor of `type` and is never skipped."""
+
+    class Base:
+        def __call__(self) -> int:
+            return 1
+
+    class Sub(Base):
+        pass
+
+    call = Sub.__call__
+    ops = [op(O.LOAD_CONST, 0, obj=Sub), op(O.LOAD_ATTR, 1, 0, obj="__call__"), op(O.IS, src=1, obj=call)]
+    t = GuardTree(0, 2, ops, None, None, "t")
+    assert t() is True and t() is True and t.memo["hits"] == 1 and t.memo["run_ops"] == 0
+    Base.__call__ = lambda self: 2  # type: ignore[method-assign]  # a base changed: Sub's tag too
+    assert t() is False
+    Base.__call__ = call  # type: ignore[method-assign]
+    assert t() is True and t() is True and t.memo["run_ops"] == 0
+    Sub.__call__ = lambda self: 3  # type: ignore[method-assign]
+    assert t() is False
+    del Sub.__call__
+    assert t() is True
+
+    name = [op(O.LOAD_CONST, 0, obj=Sub), op(O.LOAD_ATTR, 1, 0, obj="__name__"), op(O.EQ, src=1, obj="Sub")]
+    n = GuardTree(0, 2, name, None, None, "n")
+    assert n() is True and n() is True and n.memo["run_ops"] == 2  # the load and its check
+    Sub.__name__ = "Other"
+    assert n() is False
+
+
 def test_items_of_entry_values_built_for_each_call() -> None:
     """`*args` and `**kwargs` are new for every call; what they hold is not."""
     m = Mod(1)

@@ -258,6 +258,12 @@ def test_tensor_rows_with_dispatch_keys() -> None:
     assert unchecked(x) is True
     with pytest.raises(ValueError, match="keys are an int"):
         tree([op(O.TENSORS, obj=((*row[:7], "keys", None, True),))])
+    # an 11th item: what keys_fn gives for those keys, when it is not the int (torch's key set)
+    x.keys = "set 0x30"  # type: ignore[attr-defined]
+    as_object = tree([op(O.TENSORS, obj=((*row, "set 0x30"),))])
+    assert as_object(x) is True
+    x.keys = "set 0x31"  # type: ignore[attr-defined]
+    assert as_object(x) is False
 
 
 def test_a_tensor_checker_must_be_a_capsule_of_its_abi() -> None:
@@ -385,6 +391,129 @@ def test_four_threads_running_trees() -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+class Holder:
+    """A module-like entry value: an instance dict with a table (a witnessed dict) and a tensor."""
+
+    def __init__(self, a: int, keys: str = "k") -> None:
+        self.table = {"a": a}
+        self.t = FakeTensor("f32", "cpu", False, (2,), (1,))
+        self.t.keys = keys  # type: ignore[attr-defined]
+
+
+def holder_tree(const: Any) -> GuardTree:
+    """What kiln_dynamo compiles for `x.table['a'] == 1` and a tensor `x.t`: a memo tree (the
+    table's load and check are skipped while its witnesses hold) whose tensor row runs always."""
+    row = (3, FakeTensor, "f32", None, False, (2,), (1,), 0x30, lambda t: t.keys, False, "k")
+    return tree(
+        [
+            op(O.LOAD_CONST, 4, obj=const),
+            op(O.TYPE_IS, src=0, obj=Holder),
+            op(O.LOAD_ATTR, 1, 0, obj="table"),
+            op(O.LOAD_ITEM, 2, 1, obj="a"),
+            op(O.EQ, src=2, obj=1),
+            op(O.LOAD_ATTR, 3, 0, obj="t"),
+            op(O.TENSORS, obj=(row,)),
+        ]
+    )
+
+
+def holder_fn(x):
+    return ("t", x.table["a"])
+
+
+def test_memo_trees_with_tensor_rows_free_10000_entries_and_see_new_objects() -> None:
+    """10,000 functions, each with a memo tree (witnesses recorded, skipping on warm calls) and a
+    tensor row: dropping the functions frees every tree and what only they hold, the memos hold
+    no reference to the values they witnessed, and new values at reused addresses are checked."""
+    count = 10_000
+    tree_refs, const_refs, holder_refs = [], [], []
+
+    def cb(frame: hook.Frame) -> Any:
+        x = frame.locals.get("x")
+        if frame.code.co_filename != "<holder>" or x.table["a"] != 1 or x.t.keys != "k":
+            return None  # what the tree would refuse: run as is
+        const = Plain()  # held by the tree only
+        t = holder_tree(const)
+        tree_refs.append(weakref.ref(t))
+        const_refs.append(weakref.ref(const))
+        return hook.GuardedCode(t, holder_fn.__code__)
+
+    functions, holders = [], []
+    with hook.callback(cb):
+        for _ in range(count):
+            namespace: dict = {}
+            exec(compile("def f(x):\n    return x.table['a']\n", "<holder>", "exec"), namespace)
+            fn, h = namespace["f"], Holder(1)
+            holder_refs.append(weakref.ref(h))
+            assert fn(h) == ("t", 1)  # transformed
+            assert fn(h) == ("t", 1) and fn(h) == ("t", 1)  # the tree passed: recorded, then a memo hit
+            functions.append(fn)
+            holders.append(h)
+        (t0,) = [r() for r in tree_refs[:1]]
+        assert t0 is not None and t0.memo["hits"] >= 1 and t0.memo["skipped_ops"] > 0
+        del t0
+        del holders, h
+        gc.collect()
+        assert sum(r() is not None for r in holder_refs) == 0  # the memos hold no values
+        for fn in functions[:1000]:  # new objects, likely at the freed addresses
+            assert fn(Holder(2)) == 2  # the table changed: the tree fails, the callback declines
+            assert fn(Holder(1, keys="other")) == 1  # the tensor row fails (keys), not skipped
+            assert fn(Holder(1)) == ("t", 1)
+    assert sum(r() is not None for r in tree_refs) == count
+    del functions, fn, namespace
+    gc.collect()
+    assert sum(r() is not None for r in tree_refs) == 0
+    assert sum(r() is not None for r in const_refs) == 0
+
+
+def test_four_threads_sharing_memo_trees_while_values_change() -> None:
+    """Four threads run one memo tree (and one each) over their own holders while changing them
+    (a table value, a tensor's keys, a class of their own): every answer is the Python one."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+    shared = holder_tree(Plain())
+
+    def worker(k: int) -> None:
+        try:
+            own = holder_tree(Plain())
+            guard = own if k % 2 else shared
+            h = Holder(1)
+
+            def cb(frame: hook.Frame) -> Any:
+                if frame.code.co_filename != "<holder>":
+                    return None
+                x = frame.locals["x"]
+                ok = x.table["a"] == 1 and x.t.keys == "k"
+                return hook.GuardedCode(guard, holder_fn.__code__) if ok else None
+
+            namespace: dict = {}
+            exec(compile("def f(x):\n    return x.table['a']\n", "<holder>", "exec"), namespace)
+            fn = namespace["f"]
+            with hook.thread_callback(cb):
+                barrier.wait()
+                for i in range(2000):
+                    change = i % 4
+                    if change == 1:
+                        h.table["a"] = 2
+                    elif change == 2:
+                        h.table["a"], h.t.keys = 1, "other"  # type: ignore[attr-defined]
+                    elif change == 3:
+                        h.t.keys = "k"  # type: ignore[attr-defined]
+                    want = ("t", 1) if h.table["a"] == 1 and h.t.keys == "k" else h.table["a"]  # type: ignore[attr-defined]
+                    assert guard(h) is (want == ("t", 1))
+                    assert fn(h) == want
+        except BaseException as e:  # reported to the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert shared.memo is not None and shared.memo["hits"] > 0
 
 
 def test_more_slots_than_the_stack_buffer() -> None:

@@ -66,7 +66,10 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
             "the break is at the start of a loop, and kiln does not split a frame inside a loop",
             loop_entry(f, f.instrs[k + 1].offset),
         )
-    if f.in_loop(offset):
+    # a split before the loop at its first instruction (a while loop's body: its entry test came
+    # before) leaves the whole loop to the continuation, as a for loop's GET_ITER does
+    starts_loop = before and all(head == offset for head, back in f.loops if head <= offset <= back)
+    if f.in_loop(offset) and not starts_loop:
         raise CannotSplit(
             "the break is inside a loop, and kiln does not split a frame inside a loop", loop_entry(f, offset)
         )

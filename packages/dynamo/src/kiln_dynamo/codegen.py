@@ -188,6 +188,8 @@ def generate_runner(
             emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
         else:
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
+    for tensor, hook in output.side_effects.tensor_hooks:  # Note [Hooks on input tensors]
+        emit(f"{tensor.reconstruct(cg)}.register_hook({hook.reconstruct(cg)})")
     if values is None:
         assert result is not None
         out = result.reconstruct(cg)

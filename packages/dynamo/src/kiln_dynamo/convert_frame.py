@@ -158,7 +158,8 @@ def _capture_or_split(
         first.not_split = str(why)
         if why.loop_entry is not None:
             # Note [Splitting before a loop]: the part of the frame before the loop is still
-            # worth a graph; the continuation, which holds the loop, will run as plain Python.
+            # worth a graph; the continuation, which holds the loop, will run as plain Python
+            # up to the loop's exit (Note [Compiling what follows a loop] in resume.py).
             retry = Unsupported(
                 first.msg, first.where, advice=first.advice, frames=first.frames, before=True, depth=0
             )
@@ -180,9 +181,40 @@ def _capture_or_split(
                     "the break is inside a loop, which this continuation holds: the loop runs as "
                     "plain Python and the functions it calls are captured on their own"
                 )
+            _compile_after_loop(code, why.loop_entry, first)
     except Unsupported as e:
         first.not_split = f"the second tracing pass failed: {e.msg}"
     raise first
+
+
+def after_loops_enabled() -> bool:
+    return _after_loops
+
+
+def set_after_loops(on: bool) -> bool:
+    """Compile the code after a loop that holds a break (Note [Compiling what follows a loop] in
+    resume.py; KILN_AFTER_LOOP=0 turns it off); returns the previous setting."""
+    global _after_loops
+    previous, _after_loops = _after_loops, on
+    return previous
+
+
+_after_loops = os.environ.get("KILN_AFTER_LOOP", "1") != "0"
+
+
+def _compile_after_loop(code: types.CodeType, loop_entry: int, e: Unsupported) -> None:
+    """The loop runs as Python: have its exit continue in a continuation the hook captures
+    (Note [Compiling what follows a loop]), and say so in the reason."""
+    if not _after_loops:
+        return
+    rewritten = resume.after_loop_code(code, loop_entry)
+    if isinstance(rewritten, str):
+        e.not_split = f"{e.not_split}; the code after the loop runs as Python too: {rewritten}"
+        return
+    e.after_loop, after = rewritten
+    e.not_split = (
+        f"{e.not_split}; the code after the loop is captured: the loop's exit continues in {after.co_name}"
+    )
 
 
 def _capture(
@@ -432,6 +464,14 @@ def make_callback(
                 raise
             if isinstance(e, Unsupported):
                 record_plain(code, e)
+                if e.after_loop is not None:
+                    # Note [Compiling what follows a loop]: the loop runs as Python, its exit
+                    # calls a continuation; the rewrite depends on no value, so nothing to guard
+                    counters.after_loops += 1
+                    nvalues = len(values)
+                    return hook.GuardedCode(
+                        hook.GuardTree(nvalues, nvalues, [], None, None, "no checks"), e.after_loop
+                    )
             else:
                 reason = f"internal error: {type(e).__name__}: {e}"
                 counters.fallbacks.append((code.co_name, reason))

@@ -21,6 +21,7 @@ class Counters:
     recompiles: int = 0  # captures of a code that already had an entry
     frames_without_graph: int = 0  # captured, found no tensor work, left to run as plain Python
     graph_breaks: int = 0  # frames split at a graph break (each split counted once, at capture)
+    after_loops: int = 0  # frames whose loop (holding a break) runs as Python, its exit continuing
     break_reasons: list[BreakReason] = field(default_factory=list)  # splits and plain-Python frames
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     guard_failures: list[str] = field(default_factory=list)
@@ -35,6 +36,7 @@ class Counters:
         self.recompiles = 0
         self.frames_without_graph = 0
         self.graph_breaks = 0
+        self.after_loops = 0
         self.break_reasons.clear()
         self.fallbacks.clear()
         self.guard_failures.clear()

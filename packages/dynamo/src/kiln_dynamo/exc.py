@@ -12,6 +12,7 @@ converted to a recorded fallback too (see convert_frame).
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 
@@ -51,6 +52,9 @@ class Unsupported(Exception):
     break_offset: int | None = None
     not_split: str | None = None  # why the frame could not be split there, once that was tried
     note: str | None = None  # how the frame was split, when not at the break itself
+    # the frame's code with its loop's exit calling a continuation (Note [Compiling what follows
+    # a loop] in resume.py), when the break is inside a loop and that rewrite is sound
+    after_loop: types.CodeType | None = None
 
     def __init__(
         self,

@@ -309,9 +309,15 @@ class TreeCompiler:
             table = 0 if isinstance(c.source, LocalSource) else 1
             dev = None if _cpu_shortcut(t, device) else device
             fast = _plain_getters(t)  # the torch-linked checker may read its TensorImpl
-            self.tensor_rows[table].append(
-                (s, t, dtype, dev, requires_grad, tuple(sizes), tuple(strides), keys, dispatch_keys, fast)
-            )
+            # Without the torch-linked checker the tree calls torch's own `_dispatch_keys` and
+            # compares the key set it gives with the one seen at capture (arg2): one pybind call
+            # and one pybind `==` per row, not kiln's Python `dispatch_keys` (~30% less per row).
+            keyset = c.arg2
+            row = (s, t, dtype, dev, requires_grad, tuple(sizes), tuple(strides), keys)
+            if keyset is None:
+                self.tensor_rows[table].append((*row, dispatch_keys, fast))
+            else:
+                self.tensor_rows[table].append((*row, torch._C._dispatch_keys, fast, keyset))
             self.tensor_lines[table].append(
                 f"s{s} {c.source.name()}: {t.__qualname__} {dtype} {device} requires_grad={requires_grad} "
                 f"sizes={tuple(sizes)} strides={tuple(strides)} keys={keys:#x}"

@@ -253,7 +253,9 @@ class GuardBuilder:
         ]
         explain += [(c, r.replace(code, name)) for c, r in shapes.tensor_shape_guards(code, t)]
         explain.append((f"{k}({code}) == {keys}", f"{name} dispatches as {torch._C._dispatch_keys(t)}"))
-        self.add(fast + self.ctx.const(spec), explain=explain, c=(CCheck("tensor", source, spec),))
+        # arg2: the key set as torch gives it, which the C tree compares without the int conversion
+        check = CCheck("tensor", source, spec, torch._C._dispatch_keys(t))
+        self.add(fast + self.ctx.const(spec), explain=explain, c=(check,))
 
     def _tensor_meta(self, code: str, name: str, t: torch.Tensor) -> list[tuple[str, str]]:
         return [

@@ -44,6 +44,9 @@ class SideEffects:
         self.attr_stores: list[tuple[VT, str, VT]] = []
         self._pending: dict[tuple[int, str], VT] = {}
         self.mutated_containers: dict[int, VT] = {}
+        # (input tensor, hook) in call order: `t.register_hook(hook)` replayed after the graph
+        # (Note [Hooks on input tensors] in variables/tensor.py)
+        self.tensor_hooks: list[tuple[VT, VT]] = []
 
     def pending_attr(self, obj: object, name: str) -> VT | None:
         return self._pending.get((id(obj), name))
@@ -60,7 +63,7 @@ class SideEffects:
         return id(container) in self.mutated_containers
 
     def any(self) -> bool:
-        return bool(self.attr_stores or self.mutated_containers)
+        return bool(self.attr_stores or self.mutated_containers or self.tensor_hooks)
 
 
 class OutputGraph:

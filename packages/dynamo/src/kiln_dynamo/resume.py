@@ -31,7 +31,8 @@ then re-raises, because the original handlers are not part of this code.
 
 Note [What cannot be split]: a break inside a loop (the continuation would call itself once per
 iteration, nesting frames without bound; the frame splits before the loop instead, Note
-[Splitting before a loop] in convert_frame.py), inside a try block (the handler would not see an
+[Splitting before a loop] in convert_frame.py, and the code after the loop is captured as a
+continuation of its own, Note [Compiling what follows a loop]), inside a try block (the handler would not see an
 exception raised by the break instruction; the frame splits before the block instead, Note
 [Tracing try blocks] in translator.py), inside a
 with-block over a context manager other than grad mode and autocast (its __exit__ would not run
@@ -105,8 +106,8 @@ def facts(code: types.CodeType) -> FrameFacts:
     instrs = tuple(bytecode.disassemble(code))
     loops = tuple(
         (ins.target.offset, ins.offset)
-        for ins in instrs
-        if ins.target is not None and ins.target.offset <= ins.offset
+        for k, ins in enumerate(instrs)
+        if ins.target is not None and ins.target.offset <= ins.offset and _closes_loop(instrs, k)
     )
     by_target: dict[int, list[tuple[int, int, int]]] = {}
     for e in bytecode.parse_exception_table(code):
@@ -126,6 +127,40 @@ def facts(code: types.CodeType) -> FrameFacts:
     result = FrameFacts(instrs, loops, tuple(tries), tuple(withs))
     _facts[code] = result
     return result
+
+
+_WITH_EXIT_TAIL = frozenset({"POP_JUMP_IF_TRUE", "RERAISE", "POP_TOP", "POP_EXCEPT"})
+
+
+def _closes_loop(instrs: tuple[Instr, ...], k: int) -> bool:
+    """Whether the backward jump at `k` closes a loop. 3.12 places a with-block's exit handler
+    (PUSH_EXC_INFO, WITH_EXCEPT_START, ...) after the code and jumps back from its end to the
+    statement after the block: that jump is no loop when only an exception gets there (its
+    target does not reach it again without one). Any other backward jump is a loop, as before."""
+    j = k - 1
+    while j > 0 and instrs[j].opname in _WITH_EXIT_TAIL:
+        j -= 1
+    if not (instrs[j].opname == "WITH_EXCEPT_START" and instrs[j - 1].opname == "PUSH_EXC_INFO"):
+        return True
+    index = {id(ins): j for j, ins in enumerate(instrs)}
+    target = instrs[k].target
+    assert target is not None
+    start = index[id(target)]
+    seen = {start}
+    work = [start]
+    while work:
+        j = work.pop()
+        if j == k:
+            return True
+        ins = instrs[j]
+        nexts = [index[id(ins.target)]] if ins.target is not None else []
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append(j + 1)
+        for n in nexts:
+            if n < len(instrs) and n not in seen:
+                seen.add(n)
+                work.append(n)
+    return False
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
@@ -531,3 +566,181 @@ def split_code(
         co_stacksize=bytecode.stack_depth(out) + 1,
         co_flags=code.co_flags & ~_GENERATOR_FLAGS,
     )
+
+
+# --- compiling what follows a loop that holds a break -------------------------------------------
+
+# Note [Compiling what follows a loop]
+# A break inside a loop cannot split the frame there (Note [What cannot be split]), so the loop
+# runs as plain Python (the functions it calls, each decoder layer's `forward`, are captured on
+# their own). Before, everything after the loop ran as Python too: the final norm, the head, the
+# loss. `after_loop_code` rewrites the frame's code so that reaching the loop's exit calls a
+# continuation at the exit (`resume_in_<fn>_at_<exit>`, with the live locals) and returns what it
+# returns; the frame hook sees that continuation like any function, so the code after the loop
+# gets its own graph (and may split again). The loop itself is left byte for byte as it was.
+# Sound only where the exit is an ordinary point of the frame: the stack is empty there, no
+# exception handler covers it (a try or with around the loop would see the continuation's
+# exceptions with stale locals), the frame has no cell variables (a closure made before the exit
+# would not see the continuation's writes), and every live local is bound on every path to it
+# (a continuation takes them as arguments); any other path into the code after the exit (a
+# `break` past a for-else block, a handler) runs the original instructions, unchanged. Where one
+# of these does not hold the frame runs as plain Python, as before, with the reason.
+
+
+def _depths(instrs: list[Instr]) -> dict[int, int]:
+    """Stack depth at each reachable instruction (index -> depth), as `bytecode.stack_depth`."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    depth_at: dict[int, int] = {0: 0}
+    work = [0]
+    while work:
+        k = work.pop()
+        ins, d = instrs[k], depth_at[k]
+        arg = ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None
+        nexts: list[tuple[int, int]] = []
+        if ins.exn is not None:
+            nexts.append((index[id(ins.exn.target)], ins.exn.depth + 1 + int(ins.exn.lasti)))
+        if ins.target is not None:
+            nexts.append((index[id(ins.target)], d + dis.stack_effect(ins.opcode, arg, jump=True)))
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append((k + 1, d + dis.stack_effect(ins.opcode, arg, jump=False)))
+        for j, nd in nexts:
+            if j < len(instrs) and j not in depth_at:
+                depth_at[j] = nd
+                work.append(j)
+    return depth_at
+
+
+def _reaches(instrs: list[Instr], start: int, lo: int, hi: int) -> bool:
+    """Whether some path from instruction `start` (jumps, fall-through, handlers) reaches one of
+    instructions lo..hi: then `start` is not past the loop that spans them (3.12 places a loop's
+    cold blocks, such as the path of a `break`, after its back edge)."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    seen = {start}
+    work = [start]
+    while work:
+        k = work.pop()
+        if lo <= k <= hi:
+            return True
+        ins = instrs[k]
+        nexts = [index[id(t)] for t in (ins.target, ins.exn.target if ins.exn else None) if t is not None]
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append(k + 1)
+        for j in nexts:
+            if j < len(instrs) and j not in seen:
+                seen.add(j)
+                work.append(j)
+    return False
+
+
+def _bound(code: types.CodeType, instrs: list[Instr]) -> dict[int, frozenset[str]]:
+    """Locals certainly bound before each reachable instruction (a forward must-analysis:
+    arguments at entry, STORE_FAST binds, DELETE_FAST and LOAD_FAST_AND_CLEAR unbind)."""
+    nargs = (
+        code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    )
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    state: dict[int, frozenset[str]] = {0: frozenset(code.co_varnames[:nargs])}
+    work = [0]
+    while work:
+        k = work.pop()
+        ins, before = instrs[k], state[k]
+        after = before
+        if ins.opname == "STORE_FAST" and isinstance(ins.argval, str):
+            after = before | {ins.argval}
+        elif ins.opname in ("DELETE_FAST", "LOAD_FAST_AND_CLEAR") and isinstance(ins.argval, str):
+            after = before - {ins.argval}
+        nexts: list[tuple[int, frozenset[str]]] = []
+        if ins.exn is not None:
+            nexts.append((index[id(ins.exn.target)], before))
+        if ins.target is not None:
+            nexts.append((index[id(ins.target)], after))
+        if ins.opname not in NO_FALLTHROUGH:
+            nexts.append((k + 1, after))
+        for j, s in nexts:
+            if j >= len(instrs):
+                continue
+            old = state.get(j)
+            new = s if old is None else old & s
+            if new != old:
+                state[j] = new
+                work.append(j)
+    return state
+
+
+def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeType, types.CodeType] | str:
+    """`code` rewritten so that the exit of the loop that begins at `loop_entry` (an offset of
+    `code`: the loop's GET_ITER or first instruction) calls the continuation at the exit and
+    returns its result (Note [Compiling what follows a loop]); returns (new code, continuation),
+    or why that is not sound here."""
+    if code.co_cellvars:
+        return "the frame has cell variables"
+    instrs = _copy(facts(code).instrs)
+    offsets = [ins.offset for ins in instrs]
+    loops = [(h, b) for h, b in facts(code).loops if loop_entry <= h <= b]
+    if not loops:
+        return "no loop at its entry"
+    head = min(h for h, _ in loops)  # the outermost loop that begins there; its last back edge
+    back = max(b for h, b in loops if h == head)  # (an if/else body has one per branch)
+    k_head, k_back = offsets.index(head), offsets.index(back)
+    first = instrs[k_head]
+    if first.opname == "FOR_ITER" and first.target is not None:
+        k_exit = instrs.index(first.target)  # where the exhausted iterator goes
+    else:
+        k_exit = k_back + 1
+    if PY_VERSION >= (3, 12) and k_exit < len(instrs) and instrs[k_exit].opname == "END_FOR":
+        k_exit += 1
+    if k_exit >= len(instrs):
+        return "the loop ends the code"
+    exit_ins = instrs[k_exit]
+    if _reaches(instrs, k_exit, k_head, k_back):
+        return "the instruction after the loop leads back into it"
+    if exit_ins.exn is not None:
+        return "a try or with block covers the loop's exit"
+    if _depths(instrs).get(k_exit) != 0:
+        return "values are on the stack at the loop's exit"
+    original, exit_at = original_of(code, exit_ins.offset)
+    live = live_locals(original, exit_at)
+    bound = _bound(code, instrs).get(k_exit, frozenset())
+    if original.co_cellvars and live & set(original.co_cellvars):
+        return "a cell variable is live after the loop"
+    live -= set(original.co_freevars)  # the continuation shares the frame's closure
+    unbound = sorted(live - bound)
+    if unbound:
+        return f"{', '.join(unbound)} may be unbound at the loop's exit"
+    names = sorted(live)
+    if keeps_first_argument(original):  # Note [Zero-argument super in a continuation]
+        self_name = original.co_varnames[0]
+        if self_name not in bound:
+            return f"super() needs {self_name!r}, which may be unbound at the loop's exit"
+        names = [self_name] + [n for n in names if n != self_name]
+    after = resume_code(original, exit_at, (), tuple(names))
+    consts = [*code.co_consts, after]
+    tail: list[Instr] = [Instr("PUSH_NULL", lineno=exit_ins.lineno)]
+    if code.co_freevars:
+        varnames = list(code.co_varnames)
+        tail += [
+            Instr("LOAD_CLOSURE", _localsplus_index(varnames, code.co_cellvars, code.co_freevars, n))
+            for n in code.co_freevars
+        ]
+        tail += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", len(consts) - 1)]
+        tail.append(Instr("MAKE_FUNCTION", 0x08))
+    else:
+        tail += [Instr("LOAD_CONST", len(consts) - 1), Instr("MAKE_FUNCTION", 0)]
+    tail += [Instr("LOAD_FAST", code.co_varnames.index(n)) for n in names]
+    tail += _call(len(names))
+    tail.append(Instr("RETURN_VALUE"))
+    for ins in tail:
+        ins.lineno = exit_ins.lineno
+    for ins in instrs:
+        if ins.target is exit_ins:
+            ins.target = tail[0]
+    instrs[k_exit:k_exit] = tail
+    asm = bytecode.assemble(instrs, code.co_firstlineno)
+    new = code.replace(
+        co_code=asm.code,
+        co_linetable=asm.linetable,
+        co_exceptiontable=asm.exceptiontable,
+        co_consts=tuple(consts),
+        co_stacksize=max(code.co_stacksize, bytecode.stack_depth(instrs) + 1),
+    )
+    return new, after

@@ -27,7 +27,8 @@
  * what it gave then: `obj.name` found in the instance dict of a type whose lookup is object's
  * (the type and its version pin how the name resolves, the dict's version what it finds),
  * `obj.__dict__`, an exact dict's item by str or int key, a tuple's item, `type(obj)`, a plain
- * class attribute of a class whose metatype is `type`. A skipped check gives what it gave
+ * class attribute of a class whose metatype is `type` (also one `type` itself has as a non-data
+ * descriptor, such as every module class's `__call__`: the class's own wins). A skipped check gives what it gave
  * then because it reads only such values: identity and type checks; `len`, truth, membership
  * and keys of an exact dict (an OrderedDict's order can change without a version, so not its
  * keys); equality and truth of immutable builtin values (ints, floats, strings, tuples of them).
@@ -331,9 +332,14 @@ static int record_load(Recorder *r, GuardOp *op) {
         }
         if (op->op == OP_LOAD_ATTR && Py_IS_TYPE(x, &PyType_Type)) {
             /* a class attribute: type_getattro finds it in the class's MRO unless `type` itself
-             * has the name; a function's __get__ without an instance gives the function */
+             * has the name as a data descriptor (`__name__`, `__dict__`); a non-data one of
+             * `type` (`__call__`'s slot wrapper: every nn.Module class's `__call__`) loses to
+             * the class's own, and `type`, a static type, never changes. A function's __get__
+             * without an instance gives the function. */
             unsigned int version;
-            if (!type_version((PyTypeObject *)x, &version) || _PyType_Lookup(&PyType_Type, op->obj) != NULL) {
+            PyObject *meta = _PyType_Lookup(&PyType_Type, op->obj); /* borrowed */
+            if (!type_version((PyTypeObject *)x, &version) ||
+                (meta != NULL && (Py_TYPE(meta)->tp_descr_get == NULL || Py_TYPE(meta)->tp_descr_set != NULL))) {
                 return 0;
             }
             PyObject *found = _PyType_Lookup((PyTypeObject *)x, op->obj);

@@ -268,7 +268,7 @@ static int check_tensor(TensorRow *row, PyObject *t) {
     if (ok <= 0 || row->keys == NULL) {
         return ok;
     }
-    return same(PyObject_CallOneArg(row->keys_fn, t), row->keys);
+    return same(PyObject_CallOneArg(row->keys_fn, t), row->keys_want);
 }
 
 PyObject *guard_tree_set_checker(PyObject *module, PyObject *capsule) {
@@ -462,9 +462,9 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
     }
     for (Py_ssize_t r = 0; r < op->nrows; r++) {
         PyObject *row = PyTuple_GET_ITEM(rows, r);
-        if (!PyTuple_CheckExact(row) || (PyTuple_GET_SIZE(row) != 7 && PyTuple_GET_SIZE(row) != 10)) {
+        if (!PyTuple_CheckExact(row) || (PyTuple_GET_SIZE(row) != 7 && PyTuple_GET_SIZE(row) != 10 && PyTuple_GET_SIZE(row) != 11)) {
             return bad("a tensor row is (slot, type, dtype, device|None, requires_grad, sizes, strides"
-                       "[, keys|None, keys_fn, fast])", i);
+                       "[, keys|None, keys_fn, fast[, keys_want]])", i);
         }
         Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(row, 0));
         if (slot < 0 || slot >= nslots || !written[slot]) {
@@ -483,7 +483,7 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
         *tr = (TensorRow){.slot = slot, .type = PyTuple_GET_ITEM(row, 1), .dtype = PyTuple_GET_ITEM(row, 2),
                           .device = device == Py_None ? NULL : device, .requires_grad = rg, .sizes = sizes,
                           .strides = strides};
-        if (PyTuple_GET_SIZE(row) == 10) {
+        if (PyTuple_GET_SIZE(row) >= 10) {
             PyObject *keys = PyTuple_GET_ITEM(row, 7), *keys_fn = PyTuple_GET_ITEM(row, 8);
             int fast = PyObject_IsTrue(PyTuple_GET_ITEM(row, 9));
             if (fast < 0) {
@@ -494,6 +494,7 @@ static int parse_rows(GuardOp *op, Py_ssize_t i, Py_ssize_t nslots, int *written
             }
             tr->keys = keys == Py_None ? NULL : keys;
             tr->keys_fn = keys_fn;
+            tr->keys_want = PyTuple_GET_SIZE(row) == 11 ? PyTuple_GET_ITEM(row, 10) : keys;
             tr->fast = fast;
         }
         Py_ssize_t ndim = PyTuple_GET_SIZE(sizes);

@@ -47,7 +47,8 @@ typedef struct {
     PyObject *sizes;      /* borrowed tuple */
     PyObject *strides;    /* borrowed tuple */
     PyObject *keys;       /* borrowed int (the dispatch key set's raw bits), or NULL: unchecked */
-    PyObject *keys_fn;    /* borrowed: keys_fn(t) gives them, for the attribute path */
+    PyObject *keys_fn;    /* borrowed: keys_fn(t) == keys_want, for the attribute path */
+    PyObject *keys_want;  /* borrowed: what keys_fn gives for these keys (`keys` unless the row says) */
     int fast;             /* a KilnTensorChecker may decide this row */
     int64_t *ints;        /* owned (PyMem): sizes then strides, for the checker; NULL: not ints */
     KilnTensorSpec spec;  /* what the checker is given */

@@ -182,6 +182,43 @@ class TensorVariable(VariableTracker):
         return cg.graph_output(self.node)
 
 
+# Note [Hooks on input tensors]
+# `x.register_hook(fn)` on a tensor the frame received (a graph input, so the real tensor exists
+# before the graph runs) is a side effect: the runner registers `fn` on the real tensor after the
+# graph, in call order, as torch.compile does. A tensor hook fires during backward, which no
+# compiled graph runs (`backward()` is a break), so registering it after the forward graph
+# rather than before changes nothing a program can see; the frame's code after a split runs after
+# the runner, so it sees the hook registered. Only where eager would succeed and the replay can
+# name everything: the tensor requires grad (else eager raises), `fn` is read from somewhere
+# the runner can read it again (a global, an attribute, a closure cell), no keyword arguments.
+# The handle it returns exists only after the replay: it may be dropped, not used or kept (a
+# frame that keeps it runs as plain Python). A hook on a tensor the graph computes stays a break
+# (its grad is computed inside the compiled backward).
+
+
+def _hook_on_input(
+    t: TensorVariable, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> bool:
+    return (
+        len(args) == 1
+        and not kwargs
+        and t.node.op == "placeholder"
+        and t.source is not None
+        and bool(t.fake.requires_grad)
+        and args[0].source is not None
+    )
+
+
+class TensorHookHandleVariable(VariableTracker):
+    """The RemovableHandle of a hook the runner registers (Note [Hooks on input tensors])."""
+
+    def __init__(self, tensor: TensorVariable) -> None:
+        self.tensor = tensor
+
+    def describe(self) -> str:
+        return "the handle of a tensor hook registered in the frame"
+
+
 class TensorMethodVariable(VariableTracker):
     def __init__(self, tensor: TensorVariable, name: str) -> None:
         self.tensor = tensor
@@ -202,6 +239,9 @@ class TensorMethodVariable(VariableTracker):
             value = constant_value(self.tensor)
             if value is not None:  # Note [Tensors computed from constants]
                 return tx.wrap_constant(bool(value) if name == "__bool__" else getattr(value, name)())
+        if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
+            tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
+            return TensorHookHandleVariable(self.tensor)
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
