@@ -23,26 +23,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from kiln_codegen_triton import TritonBackend, compile_pool  # noqa: E402
+from kiln_codegen_triton.compile_worker import TargetOnlyDriver  # noqa: E402
 from kiln_codegen_triton.runtime import _compile_in_pool, counters  # noqa: E402
 from kiln_loopir import compile_graph  # noqa: E402
 
 aten = torch.ops.aten
-
-
-class Sm90:
-    """A driver that answers device 0 and an sm_90 target, and nothing else."""
-
-    def is_active(self) -> bool:
-        return True
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self) -> Any:
-        return GPUTarget("cuda", 90, 32)
 
 
 def graph(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
@@ -91,7 +76,7 @@ def _another_ptxas(folder: str) -> str:
 
 
 def main() -> int:
-    triton.runtime.driver.set_active(Sm90())
+    triton.runtime.driver.set_active(TargetOnlyDriver(GPUTarget("cuda", 90, 32)))
     # Note [The ptxas version in the cache key]: this process reads its ptxas version first, then
     # the variable moves; the workers, started after, must still file under this process's keys
     from triton.backends.nvidia.compiler import get_ptxas_version

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, BinaryIO
 
 
-class _TargetOnlyDriver:
+class TargetOnlyDriver:
     """What Triton's JIT asks the active driver while compiling (no launch, no device)."""
 
     def __init__(self, target: Any) -> None:
@@ -98,7 +98,7 @@ def main() -> int:
                 target = GPUTarget(*job[1:4])
                 if job[4]:  # Note [The ptxas version in the cache key] in compile_pool.py
                     triton.knobs.nvidia.mock_ptx_version = job[4]
-                triton.runtime.driver.set_active(_TargetOnlyDriver(target))
+                triton.runtime.driver.set_active(TargetOnlyDriver(target))
                 prepare(target)
             elif job[0] == "compile":
                 _, cache_dir, name, path, fn_name, specialization = job
