@@ -478,8 +478,13 @@ class WrapperCodegen:
         self.emit("del _r")
 
     def _leaves(self, outputs: list[Any]) -> bool:
-        """Whether one of these extern results is a graph output."""
-        return any(o.name in self.schedule.output_names for o in outputs)
+        """Whether one of these extern results is read: a graph output, or another extern op's
+        argument (a backward that recomputes the forward's op in the same graph)."""
+        read = set(self.schedule.output_names)
+        for node in self.schedule.nodes:
+            if isinstance(node, ExternKernelSchedulerNode):
+                read.update(node.node.input_names())
+        return any(o.name in read for o in outputs)
 
     def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
         plan = self.schedule.plan

@@ -34,13 +34,14 @@ from .layout import Layout
 # ``GradMode::is_enabled()``): under autograd in eager, but a compiled training forward runs
 # inside ``autograd.Function.forward``, with grad mode off, where it returned None and the
 # backward failed (an LSTM in training fell back to eager at run time). A wrapper therefore
-#   * calls such an op, when its ``train`` argument is true and an opaque result leaves the
-#     graph, with grad mode on below autograd (``grad_mode_below_autograd``: the kernel sees
+#   * calls such an op, when its ``train`` argument is true and an opaque result is read (a
+#     graph output, or another extern op's argument), with grad mode on below autograd (``grad_mode_below_autograd``: the kernel sees
 #     eager's grad mode, nothing is recorded for autograd), so it makes the workspace eager makes;
 #   * binds an opaque result as the tensor returned (no layout check, no copy, no view) and
 #     returns it as such;
 #   * does not check the layout of a graph input that only opaque arguments read
 #     (``opaque_inputs``): the backward graph's workspace input.
+# Only the C++ wrapper does this so far; codegen_triton's wrapper does not yet.
 
 
 @dataclass(frozen=True, slots=True)
