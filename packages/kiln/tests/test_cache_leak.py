@@ -69,6 +69,25 @@ class _Recording:
         return sum(ref() is not None for ref in self.refs)
 
 
+class _Entries:
+    """Weak references to the frame hook's cache entries of `_fn` (the transformed and the run
+    code objects and the guard tree of each), recorded as they appear."""
+
+    def __init__(self) -> None:
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.refs: list[weakref.ref[Any]] = []
+
+    def record(self) -> None:
+        for entry in kiln_frame_hook.cache_entries(_fn.__code__):
+            if entry.guard not in self.seen:
+                self.seen.add(entry.guard)
+                self.refs += [weakref.ref(entry.guard), weakref.ref(entry.code), weakref.ref(entry.run_code)]
+
+    def alive(self) -> int:
+        gc.collect()
+        return sum(ref() is not None for ref in self.refs)
+
+
 def _eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     return gm.forward
 
@@ -119,7 +138,14 @@ def _reset() -> Any:
     kiln.reset()
 
 
-def _churn(backend: _Recording, runs: int, *, reset_every: int, on_mark: Callable[[int], None]) -> int:
+def _churn(
+    backend: _Recording,
+    runs: int,
+    *,
+    reset_every: int,
+    on_mark: Callable[[int], None],
+    entries: _Entries | None = None,
+) -> int:
     """Call the compiled `_fn` with `runs` values of K; `kiln.reset()` each time `reset_every`
     frames were captured. Returns the number of captures."""
     global K
@@ -131,6 +157,8 @@ def _churn(backend: _Recording, runs: int, *, reset_every: int, on_mark: Callabl
         K = i
         torch.testing.assert_close(compiled(x), _expected(x))
         assert len(kiln_frame_hook.cache_entries(_fn.__code__)) <= limit
+        if entries is not None:
+            entries.record()
         if counters.frames_captured >= reset_every:
             captures += counters.frames_captured
             kiln.reset()
@@ -141,7 +169,7 @@ def _churn(backend: _Recording, runs: int, *, reset_every: int, on_mark: Callabl
 def test_ten_thousand_recompiles_keep_memory_flat() -> None:
     """10,000 captures (the cache filled to its limit, then reset: 8,750 of them recompiles)
     with the eager backend, so the run is bounded (~50 s on a loaded 2-core machine)."""
-    backend = _Recording(_eager)
+    backend, entries = _Recording(_eager), _Entries()
     limit = kiln_frame_hook.get_cache_limit()
     rss: dict[int, float] = {}
     start = time.perf_counter()
@@ -150,13 +178,15 @@ def test_ten_thousand_recompiles_keep_memory_flat() -> None:
         if n in (1_000, 10_000):
             gc.collect()
             rss[n] = _rss_mb()
-        if n % 1_000 == 0:  # at most one cache's worth of artifacts alive at any time
+        if n % 1_000 == 0:  # at most one cache's worth of artifacts and entries alive at any time
             assert backend.alive() <= 2 * limit
+            assert entries.alive() <= 3 * limit
 
-    captures = _churn(backend, 10_000, reset_every=limit, on_mark=mark)
+    captures = _churn(backend, 10_000, reset_every=limit, on_mark=mark, entries=entries)
     assert captures == 10_000 and len(backend.refs) == 2 * 10_000
+    assert len(entries.refs) == 3 * 10_000  # every capture made an entry: code, run code, guard
     kiln.reset()
-    assert backend.alive() == 0
+    assert backend.alive() == 0 and entries.alive() == 0
     growth = rss[10_000] - rss[1_000]
     print(
         f"\n10,000 captures in {time.perf_counter() - start:.1f} s; RSS {rss[1_000]:.1f} -> {rss[10_000]:.1f} MB"
@@ -167,7 +197,7 @@ def test_ten_thousand_recompiles_keep_memory_flat() -> None:
 def test_past_the_cache_limit_nothing_more_is_compiled() -> None:
     """10,000 guard failures without reset: the limit's captures and no more, flat memory, right
     results (past the limit the frame runs as plain Python)."""
-    backend = _Recording(_eager)
+    backend, entries = _Recording(_eager), _Entries()
     limit = kiln_frame_hook.get_cache_limit()
     rss: dict[int, float] = {}
 
@@ -176,15 +206,15 @@ def test_past_the_cache_limit_nothing_more_is_compiled() -> None:
             gc.collect()
             rss[n] = _rss_mb()
 
-    captures = _churn(backend, 10_000, reset_every=10**9, on_mark=mark)
+    captures = _churn(backend, 10_000, reset_every=10**9, on_mark=mark, entries=entries)
     # the miss at the limit is counted as a recompile, reported once, and the code is left to run
     # its entries or plain Python (no callback, no counter, no log line per later call)
     assert captures == limit and counters.recompiles == limit
     assert len(counters.guard_failures) == limit and len(counters.fallbacks) == 1
     assert rss[10_000] - rss[1_000] < 2
-    assert backend.alive() == 2 * limit  # the cached entries are kept ...
+    assert backend.alive() == 2 * limit and entries.alive() == 3 * limit  # the entries are kept ...
     kiln.reset()
-    assert backend.alive() == 0  # ... and freed with them
+    assert backend.alive() == 0 and entries.alive() == 0  # ... and freed with what they hold
 
 
 @pytest.mark.parametrize("backend_name", ["aot_eager", "kiln"])
