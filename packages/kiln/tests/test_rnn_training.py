@@ -38,6 +38,7 @@ CASES = [
     pytest.param(nn.LSTM, 2, False, id="lstm-2-layers"),
     pytest.param(nn.LSTM, 1, True, id="lstm-bidirectional"),
     pytest.param(nn.GRU, 2, False, id="gru-2-layers"),
+    pytest.param(nn.RNN, 2, False, id="rnn-tanh-2-layers"),
 ]
 
 
