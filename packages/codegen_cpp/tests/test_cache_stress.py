@@ -159,3 +159,22 @@ def test_two_processes_racing_on_three_graphs(tmp_path: Path) -> None:
     assert len(list(tmp_path.rglob("kernels.so"))) == 3 and not list(tmp_path.rglob("*.tmp"))
     third, err = _run(tmp_path, graphs=3)
     assert (third["compiles"], third["disk_hits"], third["corrupt"], third["ok"]) == (0, 3, 0, True), err
+
+
+def test_a_process_killed_mid_write_while_another_compiles_the_same_graphs(tmp_path: Path) -> None:
+    """Two processes compile the same three graphs at once; one is SIGKILLed (with its g++) while
+    an object is being written, by either of them. The other still finishes with right results
+    and no corrupt entry, and what it leaves is sound: a third process loads all three from disk."""
+    victim, survivor = _spawn(tmp_path, graphs=3), _spawn(tmp_path, graphs=3)
+    # wait (on the file system, not a clock) until some object is being written
+    while victim.poll() is None and not list(tmp_path.rglob(".kernels.so.*.tmp")):
+        time.sleep(0.005)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=60)
+    out, err = survivor.communicate(timeout=300)
+    assert survivor.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["ok"] and result["corrupt"] == 0, err
+    assert result["compiles"] + result["disk_hits"] == 3
+    third, err = _run(tmp_path, graphs=3)
+    assert (third["compiles"], third["disk_hits"], third["corrupt"], third["ok"]) == (0, 3, 0, True), err

@@ -3,6 +3,7 @@ extern fallbacks, and the clean error for an out-of-range index."""
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import Any
 
@@ -214,3 +215,35 @@ def test_cat_of_sin_and_cos_of_one_input_is_one_kernel() -> None:
         gm = with_vals(_sin_cos_cat(dim), x)
         compiled = check(gm, x)
         assert (compiled.stats.kernels, compiled.stats.buffers) == (1, 1), dim
+
+
+def _undefined_second(x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """An extern op whose kernel leaves its second result undefined (None in Python) where its
+    meta value is a tensor, as CUDA flash attention's cum_seq_q is."""
+    return x * 2, None
+
+
+def _uses_maybe(x: torch.Tensor, maybe: Any) -> torch.Tensor:
+    return x + (1.0 if maybe is None else 2.0)
+
+
+def test_an_extern_result_that_is_none_passes_through_views() -> None:
+    # Note [Extern results that may be None]: an empty result is viewed with as_strided as an
+    # extern argument and as a graph output; a None one is None in both places, as in eager
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    pair = g.call_function(_undefined_second, (x,))
+    first, second = (g.call_function(operator.getitem, (pair, i)) for i in range(2))
+    used = g.call_function(_uses_maybe, (first, second))
+    g.output((used, second))
+    gm = with_vals(torch.fx.GraphModule(torch.nn.Module(), g), make((4, 8)))
+    promised = torch.empty(0)  # what a meta kernel says
+    pair.meta["val"] = (pair.meta["val"][0], promised)
+    second.meta["val"] = promised
+    inp = make((4, 8))
+    backend = CppBackend()
+    compiled = compile_graph(gm, [inp], backend=backend)
+    out, none = compiled(inp)  # raised AttributeError ('NoneType' ... 'as_strided') before
+    assert none is None
+    torch.testing.assert_close(out, inp * 2 + 1)
+    assert "is None else" in backend.last_wrapper  # the views were taken, None-safe

@@ -95,6 +95,15 @@ def test_declined_kernel_runs_in_the_interpreter(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_float16_accumulating_scatter_is_an_atomic_add_kernel(device: str) -> None:
+    """Note [16-bit atomic adds]: float16 accumulates with tl.atomic_add, repeated rows included."""
+    x, rows, vals = make((6, 5), torch.float16), torch.tensor([1, 4, 1, 1]), make((4, 5), torch.float16)
+    gm = graph_of([(aten.index_put.default, (In(0), [In(1)], In(2), True), {})], 3)
+    backend = check(gm, x, rows, vals, device=device)
+    assert not backend.last_declined and "tl.atomic_add(" in backend.last_source
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_chain_is_one_1d_kernel(device: str) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> Any:
         a = aten.add.Tensor(aten.mul.Tensor(x, y), b)  # b broadcasts along rows

@@ -379,6 +379,19 @@ def test_training_graph_sums_forward_and_backward_phases(
     assert record.cache["compile"].split("+") == ["compiled", "compiled"]
 
 
+@pytest.fixture
+def _kiln_log_levels() -> Any:
+    """configure() turns an artifact off by removing its handler, not its level: left at INFO,
+    kiln.perf would send a record per compile to pytest's handlers for the rest of the session,
+    each kept by the test then running (test_cache_leak.py's tracemalloc counted them)."""
+    loggers = [logging.getLogger(name) for name in ("kiln.perf", "kiln.dynamic")]
+    levels = [logger.level for logger in loggers]
+    yield
+    for logger, level in zip(loggers, levels, strict=True):
+        logger.setLevel(level)
+
+
+@pytest.mark.usefixtures("_kiln_log_levels")
 def test_perf_log_reports_phases(caplog: pytest.LogCaptureFixture) -> None:
     from kiln import logs
 

@@ -596,3 +596,27 @@ def test_conv_bias_stays_in_the_convolution_on_the_cpu() -> None:
     assert any(n == "conv_bias" and "not on CUDA" in t for n, t in compiled.passes.record)
     with pytest.raises(ValueError, match="conv_bias"):
         PassOptions.from_mapping({"conv_bias": "sometimes"})
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b'{"key": "trunc', b"\x00\xff garbage", b"null", b'{"key": "k"}', b'{"key": 1, "pad": "yes"}'],
+    ids=["truncated", "garbage", "not-an-object", "no-verdict", "wrong-types"],
+)
+def test_a_corrupt_padding_verdict_is_reported_and_decided_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: bytes
+) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(pad_mm_module, "_MEMORY", {})
+    key = "mm|64x100|100x64|fake-gpu"
+    pad_mm_module.store_decision(key, True, 3.0, 1.0)
+    path = pad_mm_module._path(key)
+    path.write_bytes(damage)
+    monkeypatch.setattr(pad_mm_module, "_MEMORY", {})  # a fresh process
+    with caplog.at_level("WARNING", logger="kiln.loopir.cache"):
+        assert pad_mm_module.cached_decision(key) is None  # never trusted
+    assert "corrupt pad_mm cache entry" in caplog.text and str(path) in caplog.text
+    pad_mm_module.store_decision(key, False, 1.0, 2.0)  # decided again, written over
+    monkeypatch.setattr(pad_mm_module, "_MEMORY", {})
+    caplog.clear()
+    assert pad_mm_module.cached_decision(key) is False and "corrupt" not in caplog.text

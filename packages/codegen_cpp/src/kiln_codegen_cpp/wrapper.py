@@ -22,6 +22,14 @@ the page faults, 0.1 ms without). A call that finds the buffers held by another 
 a call that raised) allocates fresh ones, so sharing never changes a result. At most
 ``PERSIST_LIMIT`` bytes persist per graph.
 
+Note [Extern results that may be None]: an extern op may return None (an undefined tensor) where
+its meta kernel promised a tensor: ``mkldnn_rnn_layer``'s workspace on the CPU (an LSTM in
+training; the meta value is an empty tensor), CUDA flash attention's ``cum_seq_q``. ``_flat`` and
+``_dense`` pass None through (kiln_loopir.wrapper_support), and every view the wrapper takes of
+such a buffer, as an extern argument or a graph output, is ``None`` for ``None``: the graph then
+returns None where eager's does (an LSTM's workspace is saved for its backward, which takes None
+as eager's does). A kernel that reads such a buffer still fails loudly at its ``data_ptr()``.
+
 Nothing loops over kernels or arguments at run time: each call is one line of generated code.
 Kernels the C++ generator cannot express run through loopir's reference interpreter instead
 (``run_computed``), so an unsupported case is slow, never wrong.
@@ -58,8 +66,16 @@ from kiln_loopir.scheduler import (
     NopKernelSchedulerNode,
     Scheduler,
 )
+from kiln_loopir.wrapper_support import (
+    OPAQUE_RESULTS,
+    dense_shape,
+    grad_mode_below_autograd,
+    is_static_layout,
+    opaque_inputs,
+    py_size,
+    py_tuple,
+)
 from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_shape, is_static_layout, py_size, py_tuple
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -112,6 +128,16 @@ class BufferPool:
     def give(self, buffers: tuple[torch.Tensor, ...]) -> None:
         if buffers is self.buffers:
             self.lock.release()
+
+
+def _arg(kernel: ExternKernel, index: int) -> Any:
+    """An extern op's argument by schema position (given positionally or by name)."""
+    if index < len(kernel.args):
+        return kernel.args[index]
+    schema = getattr(kernel.op, "_schema", None)
+    if schema is not None and index < len(schema.arguments):
+        return kernel.kwargs.get(schema.arguments[index].name)
+    return None
 
 
 def _may_alias(op: Any) -> bool:
@@ -172,6 +198,10 @@ class WrapperCodegen:
         # passes the variable itself instead of an as_strided view (~2 us each, hundreds a step)
         self.shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.returning, self.returned = False, set[str]()
+        # Note [Extern results that may be None]: buffers bound to an extern op's result
+        self.extern_results: set[str] = set()
+        # Note [Opaque extern results]: bound and returned as the tensor the op returned
+        self.opaque: set[str] = set()
         ops = [
             str(n.target)
             for n in graph.gm.graph.nodes
@@ -220,12 +250,17 @@ class WrapperCodegen:
         return self.const(value)
 
     def _strided(self, name: str, layout: Any) -> str:
+        if name in self.opaque:  # Note [Opaque extern results]
+            return self.var(name)
         dense = dense_shape(layout)
         if dense is not None and self.shapes.get(name) == dense and name not in self.returned:
             if self.returning:  # each output a tensor of its own, even when two share a buffer
                 self.returned.add(name)
             return self.var(name)
-        return f"{self.var(name)}.as_strided({_layout_args(layout)})"
+        view = f"{self.var(name)}.as_strided({_layout_args(layout)})"
+        if name in self.extern_results:  # Note [Extern results that may be None]
+            return f"(None if {self.var(name)} is None else {view})"
+        return view
 
     def emit(self, line: str, depth: int = 1) -> None:
         self.lines.append("    " * depth + line)
@@ -314,7 +349,11 @@ class WrapperCodegen:
         ]
         self.emit("nt = _get_threads()")
         self.bind_symbols(params)
+        opaque = opaque_inputs(graph.gm)
         for spec in graph.graph_inputs:
+            if spec is not None and spec.name in opaque:
+                self.emit(f"# {spec.name}: an opaque extern result, taken as it is")
+                continue
             if spec is not None and not is_static_layout(spec.layout):
                 self.symbolic_input(spec)
             elif spec is not None:
@@ -409,9 +448,24 @@ class WrapperCodegen:
             self.emit(f"{op}({', '.join([*args, f'out={out.name}'])})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
             return
-        self.emit(f"_r = {op}({', '.join(args)})")
+        results = OPAQUE_RESULTS.get(kernel.op)
+        opaque = [
+            o for o in kernel.outputs if results is not None and o.path[:1] and o.path[0] in results.results
+        ]
+        call = f"_r = {op}({', '.join(args)})"
+        if results is not None and _arg(kernel, results.train_arg) is True and self._leaves(opaque):
+            self.namespace["_grad_below_autograd"] = grad_mode_below_autograd
+            self.emit("with _grad_below_autograd():  # Note [Opaque extern results]")
+            self.emit(call, 2)
+        else:
+            self.emit(call)
         for out in kernel.outputs:
+            self.extern_results.add(out.name)
             value = "_r" + "".join(f"[{i}]" for i in out.path)
+            if out in opaque:
+                self.opaque.add(out.name)
+                self.emit(f"{out.name} = {value}")
+                continue
             n = py_size(out.layout.storage_size())
             dense = dense_shape(out.layout)
             name = self.const(str(kernel.op))  # named in the error of a result of another shape
@@ -422,6 +476,15 @@ class WrapperCodegen:
                 self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)}, {name})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
         self.emit("del _r")
+
+    def _leaves(self, outputs: list[Any]) -> bool:
+        """Whether one of these extern results is read: a graph output, or another extern op's
+        argument (a backward that recomputes the forward's op in the same graph)."""
+        read = set(self.schedule.output_names)
+        for node in self.schedule.nodes:
+            if isinstance(node, ExternKernelSchedulerNode):
+                read.update(node.node.input_names())
+        return any(o.name in read for o in outputs)
 
     def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
         plan = self.schedule.plan

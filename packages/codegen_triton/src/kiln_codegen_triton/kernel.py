@@ -471,7 +471,12 @@ class _Generator:
         mask = self._mask(ctx)
         self.stored.add(name)
         if mode == "atomic_add":
-            if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16) or dtype in HALF:
+            # Note [16-bit atomic adds]: float16 accumulates with tl.atomic_add (PTX has a float16
+            # atomic add from sm_70; Triton's interpreter has one too), each add rounded to float16
+            # as eager's CPU and CUDA kernels round. bfloat16's is sm_90 only and the interpreter
+            # has none (numpy has no bfloat16): declined, loopir's interpreter runs the kernel
+            # (a CAS loop or a float32 scratch buffer would lift this)
+            if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.bfloat16):
                 raise CodegenUnsupported(f"atomic add of {dtype}")
             self.atomic = True
             self._emit(f"tl.atomic_add({ptr}, {store_expr(dtype, v.expr)}, {mask}, sem='relaxed')")

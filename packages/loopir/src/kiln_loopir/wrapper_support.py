@@ -7,21 +7,84 @@ already matches as the tensor it is; ``conform_input`` copies a graph input give
 other strides into the layout the kernels were compiled for, refusing a different shape or dtype;
 ``layout_args`` spells a layout as those functions' arguments in generated source. A result of
 another shape than planned (a meta kernel that disagrees with the device's) raises
-``ExternShapeMismatch`` naming ``op``, never a broadcasting copy.
+``ExternShapeMismatch`` naming ``op``, never a broadcasting copy. ``OPAQUE_RESULTS`` and
+``OPAQUE_ARGS`` name the extern results no layout describes (Note [Opaque extern results]).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
 import torch
+import torch.fx
 from kiln_symbolic import FloorDiv as ShapeFloorDiv
 from kiln_symbolic import pexpr
 
 from .indexing import FloorDiv, ModularIndexing
 from .layout import Layout
+
+# Note [Opaque extern results]: some aten ops return a buffer whose size only their kernel knows
+# and that only another aten op reads: ``mkldnn_rnn_layer``'s workspace (oneDNN's, for
+# ``mkldnn_rnn_layer_backward``: 28,672 bytes for a small LSTM layer) is ``(0,)`` uint8 in the meta
+# kernel. And the kernel makes it only while grad mode is on (``train`` and
+# ``GradMode::is_enabled()``): under autograd in eager, but a compiled training forward runs
+# inside ``autograd.Function.forward``, with grad mode off, where it returned None and the
+# backward failed (an LSTM in training fell back to eager at run time). A wrapper therefore
+#   * calls such an op, when its ``train`` argument is true and an opaque result is read (a
+#     graph output, or another extern op's argument), with grad mode on below autograd (``grad_mode_below_autograd``: the kernel sees
+#     eager's grad mode, nothing is recorded for autograd), so it makes the workspace eager makes;
+#   * binds an opaque result as the tensor returned (no layout check, no copy, no view) and
+#     returns it as such;
+#   * does not check the layout of a graph input that only opaque arguments read
+#     (``opaque_inputs``): the backward graph's workspace input.
+# Only the C++ wrapper does this so far; codegen_triton's wrapper does not yet.
+
+
+@dataclass(frozen=True, slots=True)
+class OpaqueResults:
+    """An op with results of a size only its kernel knows (Note [Opaque extern results])."""
+
+    results: frozenset[int]  # positions in the op's result
+    train_arg: int  # position of the argument that asks for them (``train``)
+
+
+_aten = torch.ops.aten
+OPAQUE_RESULTS: dict[Any, OpaqueResults] = {
+    _aten.mkldnn_rnn_layer.default: OpaqueResults(frozenset({3}), train_arg=15),
+}
+# op -> positions of arguments that take an opaque result
+OPAQUE_ARGS: dict[Any, frozenset[int]] = {
+    _aten.mkldnn_rnn_layer_backward.default: frozenset({22}),
+}
+
+
+def grad_mode_below_autograd() -> contextlib.ExitStack:
+    """Grad mode on for the kernel, autograd's dispatch keys skipped (Note [Opaque extern results])."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.enable_grad())
+    stack.enter_context(torch._C._AutoDispatchBelowAutograd())
+    return stack
+
+
+def opaque_inputs(gm: torch.fx.GraphModule) -> set[str]:
+    """Placeholders read only as opaque arguments of extern ops (Note [Opaque extern results])."""
+    out = set()
+    for node in gm.graph.nodes:
+        if node.op != "placeholder" or not node.users:
+            continue
+        if all(
+            user.op == "call_function"
+            and user.target in OPAQUE_ARGS
+            and not any(v is node for v in user.kwargs.values())
+            and all(i in OPAQUE_ARGS[user.target] for i, a in enumerate(user.args) if a is node)
+            for user in node.users
+        ):
+            out.add(node.name)
+    return out
 
 
 class ExternShapeMismatch(RuntimeError):

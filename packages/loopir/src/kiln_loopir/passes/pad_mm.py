@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ import torch.fx
 from ..diskcache import cache_root, write_atomic
 from ..lowering import VIEW_OPS
 from . import PassContext, copy_graph
+
+cache_log = logging.getLogger("kiln.loopir.cache")
 
 aten = torch.ops.aten
 
@@ -168,16 +171,34 @@ def _path(key: str) -> Path:
 
 
 def cached_decision(key: str) -> bool | None:
+    """The verdict on disk, or None: none stored, or an entry that is not a whole verdict (a
+    truncated or damaged file, reported, then decided afresh and written over: Note [Verified
+    cache entries] in kiln_codegen_cpp's build.py)."""
     if key in _MEMORY:
         return _MEMORY[key]
+    path = _path(key)
     try:
-        with open(_path(key)) as f:
-            entry = json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError:  # no entry
         return None
-    if entry.get("key") != key:  # a hash collision or a foreign file: decide afresh
+    try:
+        entry = json.loads(raw)
+        sound = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("pad"), bool)
+            and isinstance(entry.get("key"), str)
+        )
+    except ValueError:
+        sound = False
+    if not sound:
+        cache_log.warning(
+            "kiln: corrupt pad_mm cache entry %s (%d bytes): timed again and rewritten", path, len(raw)
+        )
         return None
-    _MEMORY[key] = bool(entry["pad"])
+    if entry["key"] != key:  # a hash collision: decide afresh
+        return None
+    _MEMORY[key] = entry["pad"]
     return _MEMORY[key]
 
 
