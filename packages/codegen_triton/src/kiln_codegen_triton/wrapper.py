@@ -72,8 +72,8 @@ from kiln_loopir.scheduler import (
     NopKernelSchedulerNode,
     Scheduler,
 )
+from kiln_loopir.wrapper_support import OPAQUE_RESULTS, dense_shape, grad_mode_below_autograd, opaque_inputs
 from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_shape
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -97,6 +97,16 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
                 v.copy_(local[k])
 
     return run
+
+
+def _arg(kernel: ExternKernel, index: int) -> Any:
+    """An extern op's argument by schema position (given positionally or by name)."""
+    if index < len(kernel.args):
+        return kernel.args[index]
+    schema = getattr(kernel.op, "_schema", None)
+    if schema is not None and index < len(schema.arguments):
+        return kernel.kwargs.get(schema.arguments[index].name)
+    return None
 
 
 class WrapperCodegen:
@@ -136,6 +146,10 @@ class WrapperCodegen:
         self.referenced = self._referenced_buffers()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
         self.shaped: dict[str, tuple[Any, ...]] = {}
+        # extern results (an extern op may return None for one), and those bound as returned
+        # (Note [Opaque extern results] in kiln_loopir's wrapper_support.py)
+        self.extern_results: set[str] = set()
+        self.opaque: set[str] = set()
         if self.pointers:
             self.namespace["_get_stream"] = torch._C._cuda_getCurrentRawStream
 
@@ -209,9 +223,12 @@ class WrapperCodegen:
         if isinstance(value, InputBuffer | ConstantBuffer):
             return value.name
         if isinstance(value, Buffer):
-            if self.shaped.get(value.name) == _layout_key(value.layout):
-                return value.name
-            return f"{value.name}.as_strided({_layout_args(value.layout)})"
+            if value.name in self.opaque or self.shaped.get(value.name) == _layout_key(value.layout):
+                return value.name  # Note [Opaque extern results] in kiln_loopir's wrapper_support.py
+            view = f"{value.name}.as_strided({_layout_args(value.layout)})"
+            if value.name in self.extern_results:  # an extern op may return None for it
+                return f"(None if {value.name} is None else {view})"
+            return view
         if isinstance(value, list):
             return "[" + ", ".join(self.view(v) for v in value) + "]"
         if isinstance(value, tuple):
@@ -244,8 +261,12 @@ class WrapperCodegen:
             spec.name if spec is not None else f"_unused{i}" for i, spec in enumerate(graph.graph_inputs)
         ]
         aligned: list[tuple[str, str]] = []
+        opaque = opaque_inputs(graph.gm)
         for spec in graph.graph_inputs:
             if spec is None:
+                continue
+            if spec.name in opaque:  # Note [Opaque extern results]: taken as it is
+                self.emit(f"# {spec.name}: an opaque extern result, taken as it is")
                 continue
             layout = spec.layout
             stride, offset = tuple(layout.int_stride()), int(layout.offset)
@@ -309,8 +330,29 @@ class WrapperCodegen:
             kwargs["device"] = self.device
         args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
         self.emit(f"# extern {kernel.op}")
-        self.emit(f"_r = {op}({', '.join(args)})")
+        results = OPAQUE_RESULTS.get(kernel.op)
+        opaque = [
+            o for o in kernel.outputs if results is not None and o.path[:1] and o.path[0] in results.results
+        ]
+        call = f"_r = {op}({', '.join(args)})"
+        if (
+            results is not None
+            and _arg(kernel, results.train_arg) is True
+            and any(o.name in self.referenced for o in opaque)
+        ):
+            # Note [Opaque extern results]: the op makes its workspace only under grad mode
+            self.namespace["_grad_below_autograd"] = grad_mode_below_autograd
+            self.emit("with _grad_below_autograd():")
+            self.emit(f"    {call}")
+        else:
+            self.emit(call)
         for out in kernel.outputs:
+            self.extern_results.add(out.name)
+            if out in opaque:
+                if out.name in self.referenced:
+                    self.opaque.add(out.name)
+                    self.emit(f"{out.name} = _r" + "".join(f"[{i}]" for i in out.path))
+                continue
             if out.name not in self.referenced:
                 # Note [Unread extern outputs]: an auxiliary result nothing reads (the logsumexp
                 # and RNG state of a fused attention in inference) is not taken: the real kernel
