@@ -5,6 +5,9 @@
 # checker: build the torch-linked tensor checker first (guards at full speed in what follows);
 # cold: cold compile per model and backend, fresh processes (scripts/gpu_cold_compile.py; COLD_MODELS,
 # COLD_BACKENDS, COLD_DTYPE, COLD_MODE); tests-par: codegen_triton's CUDA tests in 4 parallel shards.
+# The GPU machine lacks expecttest (test_opinfo imports it): download its wheel into .whl/ here
+# (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl expecttest) and name
+# .whl in the device call's carry; gpu_run.sh installs it.
 set -uo pipefail
 out="${OUT:-gpu-logs}"; mkdir -p "$out"
 bash scripts/gpu_run.sh >/dev/null 2>&1 </dev/null  # installs the packages into /tmp/kiln-site
