@@ -113,33 +113,51 @@ def record(warmup: Callable[[], Any]) -> str | None:
     return box[0] if box else None
 
 
+_counting = threading.local()
+_listener_installed = False
+
+
+def _install_listener() -> bool:
+    """Chain kiln's counter in front of Triton's compilation listener, once per process; False
+    where this Triton has none."""
+    global _listener_installed
+    with _hook_lock:
+        if _listener_installed:
+            return True
+        try:
+            from triton import knobs
+
+            compilation = knobs.compilation
+            previous = compilation.listener
+        except (ImportError, AttributeError):
+            return False
+
+        def listener(**kwargs: Any) -> None:
+            seen = getattr(_counting, "seen", None)
+            if seen is not None:  # a count_hits on this thread
+                seen.append(bool(kwargs.get("cache_hit")))
+            if previous is not None:
+                previous(**kwargs)
+
+        compilation.listener = listener
+        _listener_installed = True
+        return True
+
+
 def count_hits(load: Callable[[], Any]) -> tuple[int, int]:
     """Run ``load()`` (this process's own ``warmup`` calls after the workers' compiles) and
-    count Triton's compiles in it: (cache hits, compiles); (0, 0) where this Triton reports none.
-    A compile that misses means the workers filed their binaries under other keys (Note [When the
-    workers' binaries are not found])."""
-    try:
-        from triton import knobs
-
-        compilation = knobs.compilation
-        previous = compilation.listener
-    except (ImportError, AttributeError):
+    count Triton's compiles in it on this thread: (cache hits, compiles); (0, 0) where this
+    Triton reports none. A compile that misses means the workers filed their binaries under other
+    keys (Note [When the workers' binaries are not found])."""
+    if not _install_listener():
         load()
         return (0, 0)
     seen: list[bool] = []
-    mine = threading.get_ident()
-
-    def listener(**kwargs: Any) -> None:
-        if threading.get_ident() == mine:
-            seen.append(bool(kwargs.get("cache_hit")))
-        if previous is not None:
-            previous(**kwargs)
-
-    compilation.listener = listener
+    _counting.seen = seen
     try:
         load()
     finally:
-        compilation.listener = previous
+        _counting.seen = None
     return (sum(seen), len(seen))
 
 
@@ -208,6 +226,7 @@ class CompilePool:
 
     def __init__(self, size: int, target: tuple[str, int, int, str]) -> None:
         self.size, self.target = size, target
+        self.pid = os.getpid()  # a forked child never talks to its parent's workers
         # free workers; None once no worker is left (every job then falls back to the parent)
         self._idle: queue.Queue[_Worker | None] = queue.Queue()
         self._workers: list[_Worker] = []
@@ -323,7 +342,7 @@ def warm() -> CompilePool | None:
     off, or Triton lacks what it needs."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is not None:
+        if _POOL is not None and _POOL.pid == os.getpid():
             return _POOL
         if _disabled:
             return None
@@ -345,5 +364,5 @@ def shutdown() -> None:
     global _POOL
     with _POOL_LOCK:
         pool, _POOL = _POOL, None
-    if pool is not None:
+    if pool is not None and pool.pid == os.getpid():  # a forked child leaves its parent's alone
         pool.close()
