@@ -32,6 +32,17 @@ def test_log_artifacts(artifact: str, needle: str, caplog: pytest.LogCaptureFixt
         logs.configure("")
 
 
+def test_an_artifact_turned_off_makes_no_records() -> None:
+    logger = logging.getLogger("kiln.dynamo.graph")
+    try:
+        logs.configure("graph")
+        assert logger.isEnabledFor(logging.INFO)
+        logs.configure("")
+        assert logger.level == logging.NOTSET and not logger.isEnabledFor(logging.INFO)
+    finally:
+        logs.configure("")
+
+
 def test_backend_protocol_receives_graph_and_real_inputs() -> None:
     seen = {}
 

@@ -45,6 +45,9 @@ def configure_artifacts(loggers: dict[str, str], group: str, spec: str | None = 
                 logger.addHandler(_handler)
         elif _handler is not None and _handler in logger.handlers:
             logger.removeHandler(_handler)
+            # back to the parent's level: an artifact turned off makes no records at all (left at
+            # INFO, each record was still made and reached the root's handlers, a test's capture)
+            logger.setLevel(logging.NOTSET)
     return enabled
 
 
