@@ -45,6 +45,7 @@ from __future__ import annotations
 import dis
 import types
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kiln_dynamo import bytecode
@@ -142,25 +143,10 @@ def _closes_loop(instrs: tuple[Instr, ...], k: int) -> bool:
         j -= 1
     if not (instrs[j].opname == "WITH_EXCEPT_START" and instrs[j - 1].opname == "PUSH_EXC_INFO"):
         return True
-    index = {id(ins): j for j, ins in enumerate(instrs)}
     target = instrs[k].target
     assert target is not None
-    start = index[id(target)]
-    seen = {start}
-    work = [start]
-    while work:
-        j = work.pop()
-        if j == k:
-            return True
-        ins = instrs[j]
-        nexts = [index[id(ins.target)]] if ins.target is not None else []
-        if ins.opname not in NO_FALLTHROUGH:
-            nexts.append(j + 1)
-        for n in nexts:
-            if n < len(instrs) and n not in seen:
-                seen.add(n)
-                work.append(n)
-    return False
+    start = next(j for j, ins in enumerate(instrs) if ins is target)
+    return _reaches(instrs, start, k, k, handlers=False)
 
 
 def live_locals(code: types.CodeType, offset: int) -> set[str]:
@@ -610,10 +596,11 @@ def _depths(instrs: list[Instr]) -> dict[int, int]:
     return depth_at
 
 
-def _reaches(instrs: list[Instr], start: int, lo: int, hi: int) -> bool:
-    """Whether some path from instruction `start` (jumps, fall-through, handlers) reaches one of
-    instructions lo..hi: then `start` is not past the loop that spans them (3.12 places a loop's
-    cold blocks, such as the path of a `break`, after its back edge)."""
+def _reaches(instrs: Sequence[Instr], start: int, lo: int, hi: int, *, handlers: bool = True) -> bool:
+    """Whether some path from instruction `start` (jumps, fall-through, and exception handlers
+    unless `handlers` is False) reaches one of instructions lo..hi: then `start` is not past the
+    loop that spans them (3.12 places a loop's cold blocks, such as the path of a `break`, after
+    its back edge)."""
     index = {id(ins): k for k, ins in enumerate(instrs)}
     seen = {start}
     work = [start]
@@ -622,7 +609,8 @@ def _reaches(instrs: list[Instr], start: int, lo: int, hi: int) -> bool:
         if lo <= k <= hi:
             return True
         ins = instrs[k]
-        nexts = [index[id(t)] for t in (ins.target, ins.exn.target if ins.exn else None) if t is not None]
+        exn = ins.exn.target if ins.exn and handlers else None
+        nexts = [index[id(t)] for t in (ins.target, exn) if t is not None]
         if ins.opname not in NO_FALLTHROUGH:
             nexts.append(k + 1)
         for j in nexts:
