@@ -66,16 +66,16 @@ from kiln_loopir.scheduler import (
     NopKernelSchedulerNode,
     Scheduler,
 )
+from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
-    OPAQUE_RESULTS,
     dense_shape,
     grad_mode_below_autograd,
     is_static_layout,
     opaque_inputs,
+    opaque_results,
     py_size,
     py_tuple,
 )
-from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -128,16 +128,6 @@ class BufferPool:
     def give(self, buffers: tuple[torch.Tensor, ...]) -> None:
         if buffers is self.buffers:
             self.lock.release()
-
-
-def _arg(kernel: ExternKernel, index: int) -> Any:
-    """An extern op's argument by schema position (given positionally or by name)."""
-    if index < len(kernel.args):
-        return kernel.args[index]
-    schema = getattr(kernel.op, "_schema", None)
-    if schema is not None and index < len(schema.arguments):
-        return kernel.kwargs.get(schema.arguments[index].name)
-    return None
 
 
 def _may_alias(op: Any) -> bool:
@@ -448,12 +438,9 @@ class WrapperCodegen:
             self.emit(f"{op}({', '.join([*args, f'out={out.name}'])})")
             self.pointer(out.name, f"{out.name}.data_ptr()")
             return
-        results = OPAQUE_RESULTS.get(kernel.op)
-        opaque = [
-            o for o in kernel.outputs if results is not None and o.path[:1] and o.path[0] in results.results
-        ]
+        opaque, grad = opaque_results(kernel, lambda name: name in self._read_by_extern_or_output())
         call = f"_r = {op}({', '.join(args)})"
-        if results is not None and _arg(kernel, results.train_arg) is True and self._leaves(opaque):
+        if grad:
             self.namespace["_grad_below_autograd"] = grad_mode_below_autograd
             self.emit("with _grad_below_autograd():  # Note [Opaque extern results]")
             self.emit(call, 2)
@@ -477,14 +464,15 @@ class WrapperCodegen:
             self.pointer(out.name, f"{out.name}.data_ptr()")
         self.emit("del _r")
 
-    def _leaves(self, outputs: list[Any]) -> bool:
-        """Whether one of these extern results is read: a graph output, or another extern op's
-        argument (a backward that recomputes the forward's op in the same graph)."""
+    def _read_by_extern_or_output(self) -> set[str]:
+        """Buffers a graph output or another extern op's argument reads (Note [Opaque extern
+        results]: a backward that recomputes the forward's op in the same graph reads its
+        workspace through an extern)."""
         read = set(self.schedule.output_names)
         for node in self.schedule.nodes:
             if isinstance(node, ExternKernelSchedulerNode):
                 read.update(node.node.input_names())
-        return any(o.name in read for o in outputs)
+        return read
 
     def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
         plan = self.schedule.plan

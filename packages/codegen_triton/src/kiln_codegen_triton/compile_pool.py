@@ -65,83 +65,67 @@ def pool_size() -> int:
 
 # ---------------------------------------------------------------------------------- recording
 
-_recording = threading.local()
-_hook_lock = threading.Lock()
-_hook_installed = False
+# Lists that Triton's hooks fill on this thread while a `record` or `count_hits` runs on it
+_local = threading.local()
+_hooks_lock = threading.Lock()
+_hooks_installed: bool | None = None  # None: not tried yet
 
 
-def _install_hook() -> bool:
-    """Chain kiln's recorder in front of Triton's ``jit_cache_hook``; False where this Triton has
-    none (the pool is then not used)."""
-    global _hook_installed
-    with _hook_lock:
-        if _hook_installed:
-            return True
+def _install_hooks() -> bool:
+    """Chain kiln's recorder in front of Triton's ``jit_cache_hook`` and its counter in front of
+    the compilation listener, once per process; False where this Triton lacks either (the pool
+    is then not used). Both defer to whatever was installed before on every other call."""
+    global _hooks_installed
+    with _hooks_lock:
+        if _hooks_installed is not None:
+            return _hooks_installed
+        _hooks_installed = False
         try:
             from triton import knobs
-        except ImportError:
+
+            runtime, compilation = knobs.runtime, knobs.compilation
+            previous_hook, previous_listener = runtime.jit_cache_hook, compilation.listener
+        except (ImportError, AttributeError):
             return False
-        runtime = getattr(knobs, "runtime", None)
-        if runtime is None or not hasattr(runtime, "jit_cache_hook"):
-            return False
-        previous = runtime.jit_cache_hook
 
         def hook(**kwargs: Any) -> Any:
-            box = getattr(_recording, "box", None)
+            box = getattr(_local, "recording", None)
             if box is None:  # not ours: whoever hooked before us decides
-                return previous(**kwargs) if previous is not None else None
+                return previous_hook(**kwargs) if previous_hook is not None else None
             box.append(kwargs["compile"]["specialization_data"])
             return True  # skip the compile: a worker does it
 
-        runtime.jit_cache_hook = hook
-        _hook_installed = True
+        def listener(**kwargs: Any) -> None:
+            seen = getattr(_local, "counting", None)
+            if seen is not None:
+                seen.append(bool(kwargs.get("cache_hit")))
+            if previous_listener is not None:
+                previous_listener(**kwargs)
+
+        runtime.jit_cache_hook, compilation.listener = hook, listener
+        _hooks_installed = True
         return True
+
+
+def _collect(box: str, run: Callable[[], Any]) -> list[Any]:
+    """What Triton's hooks put in this thread's list ``box`` while ``run()`` runs."""
+    found: list[Any] = []
+    setattr(_local, box, found)
+    try:
+        run()
+    finally:
+        setattr(_local, box, None)
+    return found
 
 
 def record(warmup: Callable[[], Any]) -> str | None:
     """The specialization data Triton would compile for ``warmup()`` (a ``JITFunction.warmup``
     call), without compiling; None where nothing was recorded (already compiled in this
     process, or a Triton without the hook)."""
-    if not _install_hook():
+    if not _install_hooks():
         return None
-    box: list[str] = []
-    _recording.box = box
-    try:
-        warmup()
-    finally:
-        _recording.box = None
-    return box[0] if box else None
-
-
-_counting = threading.local()
-_listener_installed = False
-
-
-def _install_listener() -> bool:
-    """Chain kiln's counter in front of Triton's compilation listener, once per process; False
-    where this Triton has none."""
-    global _listener_installed
-    with _hook_lock:
-        if _listener_installed:
-            return True
-        try:
-            from triton import knobs
-
-            compilation = knobs.compilation
-            previous = compilation.listener
-        except (ImportError, AttributeError):
-            return False
-
-        def listener(**kwargs: Any) -> None:
-            seen = getattr(_counting, "seen", None)
-            if seen is not None:  # a count_hits on this thread
-                seen.append(bool(kwargs.get("cache_hit")))
-            if previous is not None:
-                previous(**kwargs)
-
-        compilation.listener = listener
-        _listener_installed = True
-        return True
+    found = _collect("recording", warmup)
+    return found[0] if found else None
 
 
 def count_hits(load: Callable[[], Any]) -> tuple[int, int]:
@@ -149,15 +133,10 @@ def count_hits(load: Callable[[], Any]) -> tuple[int, int]:
     count Triton's compiles in it on this thread: (cache hits, compiles); (0, 0) where this
     Triton reports none. A compile that misses means the workers filed their binaries under other
     keys (Note [When the workers' binaries are not found])."""
-    if not _install_listener():
+    if not _install_hooks():
         load()
         return (0, 0)
-    seen: list[bool] = []
-    _counting.seen = seen
-    try:
-        load()
-    finally:
-        _counting.seen = None
+    seen = _collect("counting", load)
     return (sum(seen), len(seen))
 
 
@@ -347,7 +326,7 @@ def warm() -> CompilePool | None:
         if _disabled:
             return None
         size = pool_size()
-        if size <= 1 or not WORKER.exists() or not _install_hook():
+        if size <= 1 or not WORKER.exists() or not _install_hooks():
             return None
         target = _current_target()
         if target is None:

@@ -72,8 +72,8 @@ from kiln_loopir.scheduler import (
     NopKernelSchedulerNode,
     Scheduler,
 )
-from kiln_loopir.wrapper_support import OPAQUE_RESULTS, dense_shape, grad_mode_below_autograd, opaque_inputs
 from kiln_loopir.wrapper_support import conform_input as _conform
+from kiln_loopir.wrapper_support import dense_shape, grad_mode_below_autograd, opaque_inputs, opaque_results
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -97,16 +97,6 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
                 v.copy_(local[k])
 
     return run
-
-
-def _arg(kernel: ExternKernel, index: int) -> Any:
-    """An extern op's argument by schema position (given positionally or by name)."""
-    if index < len(kernel.args):
-        return kernel.args[index]
-    schema = getattr(kernel.op, "_schema", None)
-    if schema is not None and index < len(schema.arguments):
-        return kernel.kwargs.get(schema.arguments[index].name)
-    return None
 
 
 class WrapperCodegen:
@@ -330,16 +320,9 @@ class WrapperCodegen:
             kwargs["device"] = self.device
         args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
         self.emit(f"# extern {kernel.op}")
-        results = OPAQUE_RESULTS.get(kernel.op)
-        opaque = [
-            o for o in kernel.outputs if results is not None and o.path[:1] and o.path[0] in results.results
-        ]
+        opaque, grad = opaque_results(kernel, self.referenced.__contains__)
         call = f"_r = {op}({', '.join(args)})"
-        if (
-            results is not None
-            and _arg(kernel, results.train_arg) is True
-            and any(o.name in self.referenced for o in opaque)
-        ):
+        if grad:
             # Note [Opaque extern results]: the op makes its workspace only under grad mode
             self.namespace["_grad_below_autograd"] = grad_mode_below_autograd
             self.emit("with _grad_below_autograd():")

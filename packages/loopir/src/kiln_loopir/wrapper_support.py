@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,28 @@ def opaque_inputs(gm: torch.fx.GraphModule) -> set[str]:
         ):
             out.add(node.name)
     return out
+
+
+def _extern_arg(kernel: Any, index: int) -> Any:
+    """An extern op's argument by schema position (given positionally or by name)."""
+    if index < len(kernel.args):
+        return kernel.args[index]
+    schema = getattr(kernel.op, "_schema", None)
+    if schema is not None and index < len(schema.arguments):
+        return kernel.kwargs.get(schema.arguments[index].name)
+    return None
+
+
+def opaque_results(kernel: Any, is_read: Callable[[str], bool]) -> tuple[list[Any], bool]:
+    """For an extern kernel (Note [Opaque extern results]): its opaque outputs, and whether its
+    call must run with grad mode on below autograd (its ``train`` argument is true and one of
+    them is read: ``is_read(buffer name)``)."""
+    results = OPAQUE_RESULTS.get(kernel.op)
+    if results is None:
+        return [], False
+    opaque = [o for o in kernel.outputs if o.path[:1] and o.path[0] in results.results]
+    grad = _extern_arg(kernel, results.train_arg) is True and any(is_read(o.name) for o in opaque)
+    return opaque, grad
 
 
 class ExternShapeMismatch(RuntimeError):
