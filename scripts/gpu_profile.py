@@ -8,6 +8,7 @@ the slowest kernels. For the GPU issues' before/after tables; inference only.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import statistics
 import time
@@ -27,7 +28,10 @@ def _compile(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
 
     import kiln
 
-    name, _, mode = backend.partition(":")
+    # "kiln:<mode>:<option>=<value>&<option>=<value>": kiln with options, for A/B of one pass
+    name, _, rest = backend.partition(":")
+    mode, _, opts = rest.partition(":")
+    options = {k: ast.literal_eval(v) for k, _, v in (o.partition("=") for o in opts.split("&") if o)}
     if name == "eager":
         return model
     model = copy.deepcopy(model)
@@ -36,12 +40,13 @@ def _compile(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     # each kiln variant gets a forward of its own code object: compiled code is cached per code
     # object, and (issue 18) an entry does not yet say which mode compiled it
     f = type(model).forward
-    code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{mode or 'default'}".replace("-", "_"))
+    tag = "".join(ch if ch.isalnum() else "_" for ch in f"{mode or 'default'}_{opts}")
+    code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{tag}")
     fresh = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
     fresh.__kwdefaults__ = f.__kwdefaults__
     cls = type(model)
     model.__class__ = type(cls.__name__, (cls,), {"forward": fresh, "__module__": cls.__module__})
-    return kiln.compile(model, mode=mode or None)
+    return kiln.compile(model, mode=mode or None, options=options or None)
 
 
 def _cprofile(fn: Callable[..., Any], inputs: dict[str, Any], calls: int, top: int = 22) -> None:
@@ -66,6 +71,19 @@ def _wall(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> float:
         fn(**inputs)
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / calls
+
+
+def _cpu(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> float:
+    """Median CPU time of one call (ms): from an idle GPU until the call returns, not waiting for
+    its kernels; what the host spends per call, comparable across backends whatever the GPU does."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(**inputs)
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e3
 
 
 def _kernels(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> dict[str, Any]:
@@ -174,7 +192,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--cprofile", default="", help="backend to cProfile after timing (e.g. kiln)")
+    parser.add_argument("--cprofile", default="", help="backends to cProfile after timing (e.g. kiln,inductor)")
     parser.add_argument("--breakdown", action="store_true", help="where kiln's CPU time per call goes")
     args = parser.parse_args()
     if any(b.startswith("kiln") for b in args.backends.split(",")):
@@ -201,9 +219,11 @@ def main() -> int:
                 except Exception as exc:  # report and go on
                     print(f"{model_name} {backend}: FAILED {type(exc).__name__}: {str(exc)[:300]}")
             walls: dict[str, list[float]] = {b: [] for b in fns}
+            cpus: dict[str, list[float]] = {b: [] for b in fns}
             for _ in range(args.rounds):
                 for backend, fn in fns.items():
                     walls[backend].append(_wall(fn, work.inputs, args.calls))
+                    cpus[backend].append(_cpu(fn, work.inputs, args.calls))
             for backend, fn in fns.items():
                 wall = statistics.median(walls[backend]) * 1e3
                 k = _kernels(fn, work.inputs, args.calls)
@@ -211,13 +231,14 @@ def main() -> int:
                     "model": model_name,
                     "backend": backend,
                     "wall_ms": wall,
+                    "cpu_ms": statistics.median(cpus[backend]),
                     "first3_s": compile_s[backend],
                     **k,
                 }
                 row["gpu_idle"] = max(0.0, 1 - k["gpu_ms"] / wall)
                 results.append(row)
                 print(
-                    f"{model_name:10} {backend:26} wall {wall:7.2f} ms  gpu {k['gpu_ms']:6.2f} ms  "
+                    f"{model_name:10} {backend:26} wall {wall:7.2f} ms  cpu {row['cpu_ms']:7.2f} ms  gpu {k['gpu_ms']:6.2f} ms  "
                     f"kernels {k['kernels_per_call']:6.1f}  idle {row['gpu_idle']:4.0%}  first3 {compile_s[backend]:6.1f}s"
                 )
                 for t in k["top"][:4]:
@@ -235,9 +256,10 @@ def main() -> int:
                         f"wrapper Python {b['skeleton_us']:.0f} us"
                     )
                     results.append({"model": model_name, "backend": backend, "breakdown": b})
-            if args.cprofile in fns:
-                print(f"== cProfile {model_name} {args.cprofile}, {args.calls * 2} calls")
-                _cprofile(fns[args.cprofile], work.inputs, args.calls * 2)
+            for target in args.cprofile.split(","):
+                if target in fns:
+                    print(f"== cProfile {model_name} {target}, {args.calls * 2} calls")
+                    _cprofile(fns[target], work.inputs, args.calls * 2)
         del work, fns
         torch.cuda.empty_cache()
     if args.out:
