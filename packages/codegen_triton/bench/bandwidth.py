@@ -10,6 +10,14 @@ written once, divided by the median time) and that bandwidth as a fraction of ``
 ~4.3 TB/s an H200 copies at). Every kiln result is checked against eager before timing. This is
 a benchmark, not a test.
 
+Wall time per call counts the host too: a one-kernel graph of a few MB is bound by the Python
+call, not the kernel. The ``*_kernel_us`` columns are the GPU kernel time per call alone
+(torch.profiler, every kernel the implementation launches), which is what the kernels issue's
+target (≥ 70% of copy bandwidth for kernels moving ≥ 16 MB) is about; the table prints those.
+``--set OUTER_XBLOCK=64,OUTER_WARPS=8`` overrides codegen_triton's heuristics constants and
+``--split-target``/``--split-min`` the split-reduction thresholds, for a sweep (one process per
+variant: each compiles into its own cache folder).
+
     PYTHONPATH=packages/loopir/src:packages/codegen_triton/src \\
         python packages/codegen_triton/bench/bandwidth.py --out bandwidth.json [--sizes 1,16,64] [--only softmax]
 """
@@ -38,7 +46,8 @@ import kiln_loopir  # noqa: E402
 from kiln_codegen_triton import TritonBackend  # noqa: E402
 
 aten = torch.ops.aten
-ROW = 1024  # row length of the reduction workloads
+ROW = 1024  # row length of the reduction workloads (--row)
+DTYPE = torch.float32  # --dtype
 
 
 def add(x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -76,11 +85,11 @@ def transpose_add(x: torch.Tensor) -> Any:
 
 
 def _vec(n: int) -> list[torch.Tensor]:
-    return [torch.randn(n, device="cuda")]
+    return [torch.randn(n, device="cuda", dtype=DTYPE)]
 
 
 def _rows(n: int) -> list[torch.Tensor]:
-    return [torch.randn(n // ROW, ROW, device="cuda")]
+    return [torch.randn(n // ROW, ROW, device="cuda", dtype=DTYPE)]
 
 
 WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor]]]] = {
@@ -90,7 +99,11 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor
     "softmax": (softmax, _rows),
     "layer_norm": (
         layer_norm,
-        lambda n: [*_rows(n), torch.randn(ROW, device="cuda"), torch.randn(ROW, device="cuda")],
+        lambda n: [
+            *_rows(n),
+            torch.randn(ROW, device="cuda", dtype=DTYPE),
+            torch.randn(ROW, device="cuda", dtype=DTYPE),
+        ],
     ),
     "row_sum": (row_sum, _rows),
     "col_sum": (col_sum, _rows),
@@ -116,6 +129,23 @@ def _sample(fn: Callable[[], Any], iters: int) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
+def _kernel_time(fn: Callable[[], Any], iters: int) -> float:
+    """GPU kernel seconds per call: the device time of every kernel ``fn`` launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(
+        e.device_time
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "device_time", 0) > 0
+    )
+    return total_us / 1e6 / iters
+
+
 def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     fn, make_inputs = WORKLOADS[name]
     torch.manual_seed(0)
@@ -123,11 +153,15 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     gm = torch.fx.symbolic_trace(fn)
     expected = gm(*inputs)
     t0 = time.perf_counter()
-    compiled = kiln_loopir.compile_graph(gm, inputs, backend=TritonBackend(mode=args.mode))
+    backend = TritonBackend(
+        mode=args.mode, split_target_programs=args.split_target, split_min_rnumel=args.split_min
+    )
+    compiled = kiln_loopir.compile_graph(gm, inputs, backend=backend)
     got = compiled(*inputs)
     torch.cuda.synchronize()
     kiln_compile = time.perf_counter() - t0
-    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if DTYPE is torch.float32 else 2e-2
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol * max(1.0, expected.abs().max().item()))
     t0 = time.perf_counter()
     inductor = torch.compile(gm, mode=None if args.mode == "default" else args.mode)
     inductor(*inputs)
@@ -146,6 +180,10 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.reps):
         for key, f in impls.items():
             samples[key].append(_sample(f, args.iters))
+    kernel: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(3):
+        for key, f in impls.items():
+            kernel[key].append(_kernel_time(f, args.iters))
     moved = _nbytes(inputs) + _nbytes(expected)
     row: dict[str, Any] = {
         "workload": name,
@@ -160,6 +198,9 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         row[f"{key}_us"] = median * 1e6
         row[f"{key}_gbps"] = moved / median / 1e9
         row[f"{key}_of_peak"] = moved / median / (args.peak * 1e12)
+        k = statistics.median(kernel[key])
+        row[f"{key}_kernel_us"] = k * 1e6
+        row[f"{key}_kernel_of_peak"] = moved / k / (args.peak * 1e12)
     return row
 
 
@@ -174,14 +215,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--peak", type=float, default=4.3, help="copy bandwidth in TB/s (H200: ~4.3)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--row", type=int, default=1024, help="row length of the reduction workloads")
+    parser.add_argument("--set", default="", help="heuristics constants to override, NAME=INT,...")
+    parser.add_argument("--split-target", type=int, default=256, help="TritonBackend split_target_programs")
+    parser.add_argument("--split-min", type=int, default=1024, help="TritonBackend split_min_rnumel")
     args = parser.parse_args(argv)
+    global ROW, DTYPE
+    ROW, DTYPE = args.row, getattr(torch, args.dtype)
+    from kiln_codegen_triton import heuristics
+
+    for item in filter(None, args.set.split(",")):
+        key, _, value = item.partition("=")
+        if not hasattr(heuristics, key):
+            parser.error(f"--set: heuristics has no {key}")
+        setattr(heuristics, key, int(value))
     if not torch.cuda.is_available():
         print("bandwidth.py needs a CUDA GPU", file=sys.stderr)
         return 2
     names = [n for n in args.only.split(",") if n] or list(WORKLOADS)
     sizes = [int(float(s) * 2**20) for s in args.sizes.split(",")]
     rows = []
-    header = f"{'workload':<14}{'elements':>10}  {'eager GB/s':>10} {'kiln GB/s':>10} {'inductor GB/s':>13}  {'kiln %peak':>10} {'inductor %peak':>14}  {'kiln/inductor':>13}"
+    header = f"{'workload':<14}{'elements':>10}  {'eager kern %':>12} {'kiln kern %':>11} {'inductor kern %':>15}  {'kiln wall %':>11} {'inductor wall %':>15}  {'kiln us':>8} {'ind us':>8}"
     print(header)
     print("-" * len(header))
     for name in names:
@@ -189,9 +244,10 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(name, size, args)
             rows.append(row)
             print(
-                f"{name:<14}{size // 2**20:>9}M  {row['eager_gbps']:>10.0f} {row['kiln_gbps']:>10.0f} "
-                f"{row['inductor_gbps']:>13.0f}  {100 * row['kiln_of_peak']:>9.1f}% "
-                f"{100 * row['inductor_of_peak']:>13.1f}%  {row['inductor_us'] / row['kiln_us']:>12.2f}x",
+                f"{name:<14}{size // 2**20:>9}M  {100 * row['eager_kernel_of_peak']:>11.1f}% "
+                f"{100 * row['kiln_kernel_of_peak']:>10.1f}% {100 * row['inductor_kernel_of_peak']:>14.1f}%  "
+                f"{100 * row['kiln_of_peak']:>10.1f}% {100 * row['inductor_of_peak']:>14.1f}%  "
+                f"{row['kiln_kernel_us']:>8.1f} {row['inductor_kernel_us']:>8.1f}",
                 flush=True,
             )
     result = {
@@ -203,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         "mode": args.mode,
         "reps": args.reps,
         "iters": args.iters,
+        "dtype": args.dtype,
+        "row": args.row,
+        "set": args.set,
+        "split_target": args.split_target,
+        "split_min": args.split_min,
         "rows": rows,
     }
     with open(args.out, "w") as f:

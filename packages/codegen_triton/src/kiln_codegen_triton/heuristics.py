@@ -20,6 +20,7 @@ PERSISTENT_ELEMENTS = 2048
 LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
 OUTER_RBLOCK = 32
+OUTER_WARPS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ def configs(spec: KernelSpec, *, autotune: bool = False, rblock_cap: int = LOOPE
         cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
         if spec.outer:
             x, r = min(OUTER_XBLOCK, nx), min(OUTER_RBLOCK, cap)
-            out.append(Config(x, RBLOCK=r, num_warps=4))
+            out.append(Config(x, RBLOCK=r, num_warps=OUTER_WARPS))
             if autotune:
                 for xb, rb, warps in ((128, 16, 4), (32, 64, 4), (256, 8, 8), (64, 64, 8)):
                     out.append(Config(min(xb, nx), RBLOCK=min(rb, cap), num_warps=warps))
