@@ -53,6 +53,48 @@ def test_outputs_are_views_with_eager_strides(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_default_mode_tunes_only_kernels_that_move_enough_memory(device: str, cache_root: str) -> None:
+    # Note [Autotuning large kernels in the default mode]: the row sum moves 32*300*4 bytes in
+    # and 32*4 out; the gelu the same in and out. A threshold between the two kernels' sizes
+    # tunes only the larger one; 0 tunes none.
+    def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
+        return aten.gelu.default(x), aten.sum.dim_IntList(y, [1])
+
+    x, y = make((8, 16)), make((32, 300))
+    before = dict(counters)
+    backend = check(fn, x, y, device=device, backend=TritonBackend(autotune_min_bytes=32 * 300 * 4), calls=2)
+    tuned = {name for name, launcher in backend.last_launchers.items() if launcher.autotune}
+    assert tuned and all("sum" in name for name in tuned), tuned
+    assert counters["autotuned"] - before["autotuned"] == len(tuned)  # on the first call only
+    assert all(len(backend.last_launchers[name].candidates) >= 2 for name in tuned)
+    off = check(fn, x, y, device=device, backend=TritonBackend(autotune_min_bytes=0))
+    assert not any(launcher.autotune for launcher in off.last_launchers.values())
+
+
+def test_bytes_per_program_size_reductions_by_their_element_type() -> None:
+    # Note [Bytes per program] in heuristics.py: a bfloat16 row program takes twice the rows
+    # of a float32 one; an outer reduction's tile is 4 KB for both
+    from dataclasses import replace
+
+    from kiln_codegen_triton.heuristics import configs
+    from kiln_codegen_triton.kernel import KernelSpec
+
+    def spec(kind: str, dtype: torch.dtype, *, outer: bool = False, xnumel: int = 4096) -> KernelSpec:
+        return KernelSpec("k", "", ("a", "b"), (dtype, dtype), kind, xnumel, 1, 768, (), ("b",), False, outer)
+
+    f32, bf16 = configs(spec("persistent", torch.float32))[0], configs(spec("persistent", torch.bfloat16))[0]
+    assert f32.RBLOCK == bf16.RBLOCK == 1024 and bf16.XBLOCK == 2 * f32.XBLOCK
+    outer32 = configs(spec("looped", torch.float32, outer=True), rblock_cap=2048)[0]
+    outer16 = configs(spec("looped", torch.bfloat16, outer=True), rblock_cap=2048)[0]
+    assert outer32.XBLOCK * outer32.RBLOCK * 4 == outer16.XBLOCK * outer16.RBLOCK * 2 == 4096
+    small = configs(spec("persistent", torch.bfloat16), autotune="small")
+    assert small[0] == bf16 and len(small) == len(set(small)) >= 3
+    assert configs(replace(spec("pointwise", torch.float32)), autotune="small") == configs(
+        spec("pointwise", torch.float32)
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_max_autotune_times_configs_once_and_caches_on_disk(device: str, cache_root: str) -> None:
     def fn(x: torch.Tensor) -> Any:
         return aten.gelu.default(x), aten.sum.dim_IntList(x, [1])

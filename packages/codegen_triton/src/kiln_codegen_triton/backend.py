@@ -20,6 +20,18 @@ shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks
 ``guarded_layouts=True`` says so for the default-mode wrapper too (the graph's inputs are the
 frame's tensors: a forward graph), which then checks only storage offsets and alignment.
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
+
+Note [Autotuning large kernels in the default mode]: a kernel that moves a lot of memory is where
+a block-size miss costs most (a column sum of 64M floats ran at 27% of the H200's copy bandwidth
+with the config the heuristic picked, at 97% with a better one), and where timing a few configs
+once costs least relative to what it saves. So in the default mode too, a kernel whose buffers
+add up to ``autotune_min_bytes`` or more (default: 16 MiB on a GPU; never under Triton's
+interpreter unless set; ``0`` turns it off) gets the heuristic choice and a few neighbours
+(``configs(autotune="small")``), compiled ahead with the rest and timed on its first call as
+max-autotune's are, the choice cached on disk under the same key. Kernels that write with
+atomics or into another buffer are never timed (running them twice is not harmless). Below the
+threshold kernels keep the heuristic choice: their compile time would cost more than the tuning
+wins. ``KILN_LOG=autotune`` says which kernels were timed and what was chosen.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
@@ -47,6 +61,9 @@ from .triton_ops import UnsupportedDtype
 from .wrapper import make_wrapper
 
 log = logging.getLogger("kiln.codegen_triton.output_code")
+log_tune = logging.getLogger("kiln.codegen_triton.autotune")
+
+DEFAULT_AUTOTUNE_MIN_BYTES = 16 * 2**20  # Note [Autotuning large kernels in the default mode]
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -65,6 +82,8 @@ class TritonBackend(Backend):
         allow_tiling: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
+        split_outer_target_programs: int = 2048,
+        autotune_min_bytes: int | None = None,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
     ) -> None:
@@ -77,6 +96,9 @@ class TritonBackend(Backend):
         self.allow_tiling = allow_tiling
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
+        self.split_outer_target_programs = split_outer_target_programs
+        # Note [Autotuning large kernels in the default mode]: None = 16 MiB on a GPU, off elsewhere
+        self.autotune_min_bytes = autotune_min_bytes
         # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
         self.guarded_inputs = guarded_inputs
         # ... before every call, so the wrapper checks only storage offsets (Note [Inputs the frame
@@ -123,13 +145,23 @@ class TritonBackend(Backend):
             source = module_source(generated)
             module, path = load_module(source)
             self.last_module_path = str(path)
+            sizes = _buffer_bytes(graph, groups)
+            threshold = self._autotune_threshold(graph.device)
             for spec in generated:
-                candidates = configs(
-                    spec, autotune=self.autotune, rblock_cap=min(2048, self.max_persistent_rblock)
-                )
+                tune: bool | str = self.autotune
+                if not tune and threshold is not None and _moved_bytes(spec, sizes) >= threshold:
+                    tune = "small"  # Note [Autotuning large kernels in the default mode]
+                candidates = configs(spec, autotune=tune, rblock_cap=min(2048, self.max_persistent_rblock))
                 launchers[spec.name] = Launcher(
-                    getattr(module, spec.name), spec, candidates, autotune=self.autotune
+                    getattr(module, spec.name), spec, candidates, autotune=bool(tune)
                 )
+                if tune == "small" and launchers[spec.name].autotune:
+                    log_tune.debug(
+                        "%s moves %d bytes: timing %d configs",
+                        spec.name,
+                        _moved_bytes(spec, sizes),
+                        len(candidates),
+                    )
         self.compile_seconds = 0.0
         if launchers and graph.device.type == "cuda" and not interpreting():
             # Note [The launch path]: every kernel compiled before the first call, in parallel
@@ -153,6 +185,13 @@ class TritonBackend(Backend):
             log.debug("kernels: %s\n%s", self.last_module_path or "(none)", source)
             log.debug("wrapper:\n%s", wrapper_source)
         return fn
+
+    def _autotune_threshold(self, device: torch.device) -> int | None:
+        if self.autotune_min_bytes is not None:
+            return self.autotune_min_bytes if self.autotune_min_bytes > 0 else None
+        if device.type == "cuda" and not interpreting():
+            return DEFAULT_AUTOTUNE_MIN_BYTES
+        return None
 
     def last_build(self) -> BuildReport:
         return BuildReport(
@@ -191,6 +230,7 @@ class TritonBackend(Backend):
                     outer=spec.outer,
                     min_rnumel=self.split_min_rnumel,
                     target_programs=self.split_target_programs,
+                    outer_target_programs=self.split_outer_target_programs,
                 )
             if plan is None:
                 return KernelGroup((spec,))
@@ -202,6 +242,24 @@ class TritonBackend(Backend):
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
             return None
+
+
+def _buffer_bytes(graph: GraphLowering, groups: dict[str, KernelGroup | None]) -> dict[str, int]:
+    """Bytes of every buffer a kernel may name: the graph's and the split reductions' partials."""
+    out: dict[str, int] = {}
+    buffers = list(graph.name_to_buffer.values())
+    buffers += [p for g in groups.values() if g is not None for p in g.temporaries]
+    for buffer in buffers:
+        try:
+            out[buffer.name] = int(buffer.layout.storage_size()) * buffer.layout.dtype.itemsize
+        except TypeError:  # a symbolic size: unknown here
+            continue
+    return out
+
+
+def _moved_bytes(spec: KernelSpec, sizes: dict[str, int]) -> int:
+    """What a kernel reads and writes at most: the storage of every buffer it takes."""
+    return sum(sizes.get(p, 0) for p in spec.params)
 
 
 def _index_dtype(graph: GraphLowering) -> str:

@@ -1,11 +1,22 @@
 """Launch configurations: block sizes and warps per kernel kind, and the launch grid.
 
 A kernel's first config is the heuristic choice, used unless ``mode="max-autotune"`` asks the
-launcher to time a small set around it (:func:`configs` with ``autotune=True``). The numbers
-follow what a memory-bound kernel on an H100/H200 class GPU needs: enough elements per program
-that every thread issues 128-bit loads, enough programs to fill the SMs, and a persistent
-reduction's whole row in registers (``RBLOCK`` = the row length rounded up to a power of two,
-``XBLOCK`` rows per program so that a program holds about 2K elements).
+launcher to time a set around it (:func:`configs` with ``autotune=True``), or the kernel is large
+enough for the default mode's small autotune (``autotune="small"``, Note [Autotuning large
+kernels in the default mode] in backend.py). The numbers follow what a memory-bound kernel on an
+H100/H200 class GPU needs: enough bytes per program that every thread issues 128-bit loads and
+keeps several in flight, enough programs to fill the SMs, and a persistent reduction's whole row
+in registers (``RBLOCK`` = the row length rounded up to a power of two).
+
+Note [Bytes per program]: the unit of work is bytes, not elements. A persistent reduction takes
+``XBLOCK`` rows so that a program reads about ``PERSISTENT_BYTES`` of them (8 KB: two float32 rows
+of 1024, four bfloat16 rows of 768): sized in elements, a bfloat16 row program read half as much
+as a float32 one and reached ~60% of the H200's copy bandwidth where float32 reached ~92%
+(``bench/bandwidth.py``, layer norm and softmax over rows of 768). An outer (column) reduction
+walks ``OUTER_XBLOCK`` contiguous columns and ``RBLOCK`` rows per step so that a step's tile is
+``OUTER_TILE_BYTES`` (4 KB: 16 float32 rows, 32 bfloat16 rows); of the tiles swept on the H200
+(2-8 KB, 4-8 warps) 4 KB tiles were fastest for both dtypes, once the split (split.py) gives
+enough programs.
 """
 
 from __future__ import annotations
@@ -16,10 +27,10 @@ from .kernel import KernelSpec, next_pow2
 
 POINTWISE_XBLOCK = 1024
 TILE = 32
-PERSISTENT_ELEMENTS = 2048
+PERSISTENT_BYTES = 8192
 LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
-OUTER_RBLOCK = 32
+OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
 
 
@@ -46,10 +57,26 @@ def _warps(elements: int, low: int = 2, high: int = 8) -> int:
     return max(low, min(high, elements // 256))
 
 
-def configs(spec: KernelSpec, *, autotune: bool = False, rblock_cap: int = LOOPED_RBLOCK) -> list[Config]:
-    """Candidate configs for ``spec``, the heuristic choice first (alone unless ``autotune``)."""
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def itemsize(spec: KernelSpec) -> int:
+    """The narrowest element the kernel moves (bytes): what a program's share is sized by."""
+    sizes = [d.itemsize for d in spec.param_dtypes if d.is_floating_point or d.is_complex]
+    return min(sizes) if sizes else 4
+
+
+def configs(
+    spec: KernelSpec, *, autotune: bool | str = False, rblock_cap: int = LOOPED_RBLOCK
+) -> list[Config]:
+    """Candidate configs for ``spec``, the heuristic choice first (alone unless ``autotune``:
+    ``True`` for max-autotune's set, ``"small"`` for the default mode's few alternatives)."""
+    if autotune == "small":
+        return _small(spec, rblock_cap)
     out: list[Config] = []
     nx = next_pow2(spec.xnumel)
+    size = itemsize(spec)
     if spec.kind == "pointwise":
         x = min(POINTWISE_XBLOCK, nx)
         out.append(Config(x, num_warps=_warps(x, 1, 4)))
@@ -66,7 +93,12 @@ def configs(spec: KernelSpec, *, autotune: bool = False, rblock_cap: int = LOOPE
                 out.append(Config(min(xb, nx), min(yb, ny), num_warps=warps))
     elif spec.kind == "persistent":
         r = next_pow2(spec.rnumel)
-        x = min(128, nx) if spec.outer else max(1, min(nx, PERSISTENT_ELEMENTS // r))
+        # Note [Bytes per program]
+        x = (
+            min(128, nx)
+            if spec.outer
+            else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (spec.rnumel * size))))
+        )
         out.append(Config(x, RBLOCK=r, num_warps=_warps(x * r)))
         if autotune:
             for xb in (max(1, x // 2), x, min(nx, x * 2)):
@@ -76,7 +108,8 @@ def configs(spec: KernelSpec, *, autotune: bool = False, rblock_cap: int = LOOPE
     else:  # looped
         cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
         if spec.outer:
-            x, r = min(OUTER_XBLOCK, nx), min(OUTER_RBLOCK, cap)
+            x = min(OUTER_XBLOCK, nx)
+            r = min(max(8, OUTER_TILE_BYTES // (x * size)), 64, cap)  # Note [Bytes per program]
             out.append(Config(x, RBLOCK=r, num_warps=OUTER_WARPS))
             if autotune:
                 for xb, rb, warps in ((128, 16, 4), (32, 64, 4), (256, 8, 8), (64, 64, 8)):
@@ -87,6 +120,37 @@ def configs(spec: KernelSpec, *, autotune: bool = False, rblock_cap: int = LOOPE
             if autotune:
                 for xb, rb, warps in ((1, 1024, 4), (1, 4096, 8), (2, 1024, 8), (4, 512, 8), (1, 2048, 16)):
                     out.append(Config(min(xb, nx), RBLOCK=min(rb, cap), num_warps=warps))
+    unique: list[Config] = []
+    for c in out:
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+def _small(spec: KernelSpec, rblock_cap: int) -> list[Config]:
+    """The heuristic choice and two neighbours: half and twice its work per program (rows of a
+    persistent reduction, the tile of an outer one, the block of a row loop or a tile), each
+    also with the other warp count, which is where the heuristic most often misses."""
+    first = configs(spec, rblock_cap=rblock_cap)[0]
+    nx = next_pow2(spec.xnumel)
+    out = [first]
+    if spec.kind == "persistent":
+        for x in (max(1, first.XBLOCK // 2), min(nx, first.XBLOCK * 2)):
+            out.append(Config(x, RBLOCK=first.RBLOCK, num_warps=_warps(x * first.RBLOCK)))
+        out.append(Config(first.XBLOCK, RBLOCK=first.RBLOCK, num_warps=max(2, first.num_warps // 2)))
+    elif spec.kind == "looped" and spec.outer:
+        cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
+        for r in (max(1, first.RBLOCK // 2), min(cap, first.RBLOCK * 2)):
+            out.append(Config(first.XBLOCK, RBLOCK=r, num_warps=first.num_warps))
+        out.append(Config(first.XBLOCK, RBLOCK=first.RBLOCK, num_warps=8 if first.num_warps < 8 else 4))
+    elif spec.kind == "looped":
+        cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
+        for r in (max(128, first.RBLOCK // 2), min(cap, first.RBLOCK * 2)):
+            out.append(Config(1, RBLOCK=r, num_warps=_warps(r)))
+    elif spec.kind == "tiled":
+        ny = next_pow2(spec.ynumel)
+        for yb, xb, warps in ((64, 64, 8), (16, 64, 4)):
+            out.append(Config(min(xb, nx), min(yb, ny), num_warps=warps))
     unique: list[Config] = []
     for c in out:
         if c not in unique:

@@ -72,8 +72,11 @@ def plan_split(
     outer: bool,
     min_rnumel: int,
     target_programs: int,
+    outer_target_programs: int | None = None,
 ) -> SplitPlan | None:
-    """How to split this node's reductions (None: it keeps one kernel)."""
+    """How to split this node's reductions (None: it keeps one kernel). An outer (column)
+    reduction aims at ``outer_target_programs`` partial programs when given: each of its
+    programs walks a narrow tile, so it needs more of them to keep the memory busy."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -94,6 +97,8 @@ def plan_split(
     if nr < min_rnumel:
         return None
     programs = -(-nx // 64) if outer else nx
+    if outer and outer_target_programs is not None:
+        target_programs = outer_target_programs  # Note [Bytes per program] in heuristics.py
     if programs >= target_programs:
         return None
     chunks = min(-(-target_programs // programs), nr // max(1, min_rnumel // 4))
