@@ -117,6 +117,28 @@ def test_cpp_options_reach_the_cpp_generator(monkeypatch: pytest.MonkeyPatch) ->
         kiln.compile(model, options={"cpp_options": {"fastest": True}})
 
 
+def test_triton_options_reach_the_triton_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`options={"triton_options": ...}` builds the Triton backend with them (here: the default
+    mode's autotuning of kernels above a size, set to one byte so that every kernel that may be
+    timed is), and a malformed one fails at kiln.compile."""
+    from kiln_codegen_triton import counters
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * 2).sum(1)
+
+    x = torch.randn(16, 40)
+    before = counters["autotuned"]
+    tuned = kiln.compile(fn, options={"cpu_backend": "triton", "triton_options": {"autotune_min_bytes": 1}})
+    torch.testing.assert_close(tuned(x), fn(x))
+    assert counters["autotuned"] > before
+    with pytest.raises(ValueError, match="unknown triton option"):
+        kiln.compile(fn, options={"triton_options": {"fastest": True}})
+    with pytest.raises(ValueError, match="must be int"):
+        kiln.compile(fn, options={"triton_options": {"autotune_min_bytes": "16M"}})
+
+
 def _break_loopir(monkeypatch: pytest.MonkeyPatch) -> None:
     import kiln_loopir
 

@@ -18,7 +18,7 @@ with loopir, then this package turns the schedule into Triton and runs it:
 """
 
 from . import compile_pool
-from .backend import MODES, TritonBackend
+from .backend import MODES, TRITON_OPTIONS, TritonBackend, check_triton_options
 from .cudagraphs import CudaGraphRunner
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelSpec
@@ -37,11 +37,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "MODES",
+    "TRITON_OPTIONS",
     "CodegenUnsupported",
     "CudaGraphRunner",
     "KernelSpec",
     "TritonBackend",
     "cache_dir",
+    "check_triton_options",
     "compile_pool",
     "counters",
     "interpreting",

@@ -67,6 +67,28 @@ DEFAULT_AUTOTUNE_MIN_BYTES = 16 * 2**20  # Note [Autotuning large kernels in the
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+# the code generator's own switches a caller may set by name (kiln.compile's "triton_options"),
+# each an int or a bool: what each one does is in TritonBackend's module docstring and Notes
+TRITON_OPTIONS = {
+    "autotune_min_bytes": int,  # Note [Autotuning large kernels in the default mode]; 0: off
+    "split_min_rnumel": int,  # split.py
+    "split_target_programs": int,
+    "split_outer_target_programs": int,  # Note [Bytes per program] in heuristics.py
+    "max_persistent_rblock": int,
+    "allow_tiling": bool,
+}
+
+
+def check_triton_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if every key is a known switch with a value of its type (else ValueError)."""
+    for key, value in options.items():
+        kind = TRITON_OPTIONS.get(key)
+        if kind is None:
+            raise ValueError(f"unknown triton option {key!r}; supported: {sorted(TRITON_OPTIONS)}")
+        if type(value) is not kind:
+            raise ValueError(f"triton option {key!r} must be {kind.__name__}, not {value!r}")
+    return options
+
 
 class TritonBackend(Backend):
     """The ``"triton"`` loopir backend; see the module docstring."""

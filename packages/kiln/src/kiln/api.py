@@ -10,7 +10,7 @@ import kiln_dynamo
 import kiln_loopir
 from kiln.backends import BACKENDS, COMPILE_LOG, CPU_BACKENDS, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
-_OPTIONS = frozenset({"strict", "cpu_backend", "cpp_options", *PASS_OPTIONS})
+_OPTIONS = frozenset({"strict", "cpu_backend", "cpp_options", "triton_options", *PASS_OPTIONS})
 
 
 def compile(
@@ -32,7 +32,10 @@ def compile(
     `{"cpu_backend": "triton"}` generates Triton instead of C++ for CPU graphs (run by Triton's
     interpreter under `TRITON_INTERPRET=1`; how the Triton code generator is tested without a GPU).
     `{"cpp_options": {"weighted_work": False}}` switches the C++ code generator's own
-    optimizations (kiln_codegen_cpp.CppOptions; default: from `KILN_CPP_OPTIONS`).
+    optimizations (kiln_codegen_cpp.CppOptions; default: from `KILN_CPP_OPTIONS`), and
+    `{"triton_options": {"autotune_min_bytes": 0}}` the Triton code generator's
+    (kiln_codegen_triton.TRITON_OPTIONS: the default mode's autotuning of large kernels, split
+    reductions, tiling).
     Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
     static first and makes the dims that changed symbolic on the next compile, True makes every
     size symbolic from the first call, False never does (a backend that cannot compile symbolic
@@ -59,8 +62,19 @@ def compile(
             from kiln_codegen_cpp import CppOptions
 
             CppOptions.from_mapping(cpp_options)  # a malformed value fails here, not per graph
+        triton_options = dict((options or {}).get("triton_options") or {})
+        if triton_options:
+            from kiln_codegen_triton import check_triton_options
+
+            check_triton_options(triton_options)  # a malformed value fails here, not per graph
         resolved: Callable[..., Any] = make_backend(
-            backend, strict=strict, mode=mode, passes=passes, cpu_backend=cpu_backend, cpp_options=cpp_options
+            backend,
+            strict=strict,
+            mode=mode,
+            passes=passes,
+            cpu_backend=cpu_backend,
+            cpp_options=cpp_options,
+            triton_options=triton_options,
         )
     elif callable(backend):
         resolved = backend

@@ -347,6 +347,7 @@ def _codegen(
     cpu_backend: str = "cpp",
     guarded_layouts: bool = False,
     cpp_options: dict[str, Any] | None = None,
+    triton_options: dict[str, Any] | None = None,
 ) -> Any:
     """The loopir backend for `device`: a name, or a Triton backend set up for `mode`.
 
@@ -362,7 +363,9 @@ def _codegen(
         from kiln_codegen_triton import TritonBackend
 
         # kiln's frame guards check every input's shape, strides and dtype before the graph runs
-        return TritonBackend(mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts)
+        return TritonBackend(
+            mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts, **(triton_options or {})
+        )
     if codegen == "cpp" and cpp_options:
         from kiln_codegen_cpp import CppBackend
 
@@ -378,10 +381,12 @@ def make_backend(
     passes: dict[str, Any] | None = None,
     cpu_backend: str = "cpp",
     cpp_options: dict[str, Any] | None = None,
+    triton_options: dict[str, Any] | None = None,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
     `passes` switch loopir's graph passes (PASS_OPTIONS); `cpu_backend` is the code generator of
-    CPU graphs (CPU_BACKENDS); `cpp_options` the C++ generator's switches (CppOptions)."""
+    CPU graphs (CPU_BACKENDS); `cpp_options` the C++ generator's switches (CppOptions),
+    `triton_options` the Triton generator's (kiln_codegen_triton.TRITON_OPTIONS)."""
     if name == "eager":
         return eager_backend
     if cpu_backend not in CPU_BACKENDS:
@@ -412,7 +417,12 @@ def make_backend(
                 # the frame guard pins every input's sizes only for static graphs
                 guarded = forward and not symbolic  # Note [Inputs the frame guard checks]
                 codegen = _codegen(
-                    kiln_loopir.graph_device(inner_gm, inputs), mode, cpu_backend, guarded, cpp_options
+                    kiln_loopir.graph_device(inner_gm, inputs),
+                    mode,
+                    cpu_backend,
+                    guarded,
+                    cpp_options,
+                    triton_options,
                 )
                 compiled = kiln_loopir.compile_graph(inner_gm, inputs, backend=codegen, options=passes)
             except Exception as exc:  # Note [Backend failure]
@@ -470,6 +480,7 @@ def make_backend(
         ("passes", passes_key),
         ("cpu_backend", cpu_backend),
         ("cpp_options", tuple(sorted((cpp_options or {}).items()))),
+        ("triton_options", tuple(sorted((triton_options or {}).items()))),
     )
     return backend
 
