@@ -129,14 +129,15 @@ def test_the_median_call_is_reported_not_a_preempted_one() -> None:
 def test_table_prints_a_line_per_backend_and_its_kernels() -> None:
     events = [_gpu("triton_poi_fused_add_0", 0, 20)]
     p = summarize(events, calls=1, wall_ms=0.1, cuda=True, profiled_wall_ms=0.25).to_json()
+    p["host_ms"] = 0.04
     rows = [
         ("gpt2", "inference", "kiln:reduce-overhead", p, ""),
         ("gpt2", "inference", "inductor", None, "Err: x"),
     ]
     lines = table(rows).splitlines()
     assert lines[0].index("wall ms") + 7 == lines[1].index("0.100") + 5  # right-aligned columns
-    assert lines[1].split()[:8] == [
-        "gpt2", "inference", "kiln:reduce-overhead", "0.100", "0.250", "0.020", "1.0", "80.0%",
+    assert lines[1].split()[:9] == [
+        "gpt2", "inference", "kiln:reduce-overhead", "0.100", "0.040", "0.250", "0.020", "1.0", "80.0%",
     ]  # fmt: skip
     # GPU idle is against the harness's wall, not the profiled calls'
     assert lines[1].endswith("100.0% triton_poi_fused_add_0")
