@@ -192,7 +192,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--out", default=None)
-    parser.add_argument("--cprofile", default="", help="backends to cProfile after timing (e.g. kiln,inductor)")
+    parser.add_argument(
+        "--cprofile", default="", help="backends to cProfile after timing (e.g. kiln,inductor)"
+    )
     parser.add_argument("--breakdown", action="store_true", help="where kiln's CPU time per call goes")
     args = parser.parse_args()
     if any(b.startswith("kiln") for b in args.backends.split(",")):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,66 +18,24 @@ import torch.fx
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import CompiledGraph, compile_graph
+from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
 
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float32: (2e-5, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-}
-
-
-def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule:
-    return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
-
-
-@dataclass(frozen=True)
-class In:
-    """Placeholder ``index`` of a graph built by :func:`graph_of`."""
-
-    index: int
-
-
-Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
-
-
-def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
-    """A graph of ``n_inputs`` placeholders and one output per ``(op, args, kwargs)`` call.
-
-    In ``args`` an :class:`In` names a placeholder; anything else is passed as it is.
-    """
-    g = torch.fx.Graph()
-    xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
-    outs = []
-    for op, positions, extra in calls:
-        args = tuple(xs[p.index] if isinstance(p, In) else p for p in positions)
-        outs.append(g.call_function(op, args, extra))
-    g.output(tuple(outs))
-    return torch.fx.GraphModule(torch.nn.Module(), g)
-
-
-def assert_same(actual: Any, expected: Any, label: str = "output", scale: float = 1.0) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), f"{label}: got {type(actual)}"
-        assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
-        rtol, atol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
-        torch.testing.assert_close(
-            actual,
-            expected,
-            rtol=rtol * scale,
-            atol=atol * scale,
-            equal_nan=True,
-            msg=lambda m: f"{label}: {m}",
-        )
-    elif isinstance(expected, list | tuple):
-        assert isinstance(actual, list | tuple) and len(actual) == len(expected), label
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{label}[{i}]", scale)
-    else:
-        assert actual == expected, f"{label}: {actual!r} != {expected!r}"
+# one floor down (kiln_loopir.testing), re-exported for the tests that import them from here
+__all__ = [
+    "TOLERANCES",
+    "Call",
+    "In",
+    "assert_same",
+    "aten",
+    "check",
+    "eager",
+    "eager_supports",
+    "graph_of",
+    "make",
+    "trace",
+]
 
 
 def eager(fn: Callable[..., Any], *inputs: Any) -> Any:
@@ -118,17 +75,3 @@ def check(
         assert backend.last_declined == [], backend.last_declined
     compiled.backend = backend  # type: ignore[attr-defined]
     return compiled
-
-
-def make(
-    shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, low: float = -2, high: float = 2, **kw: Any
-) -> torch.Tensor:
-    return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=low, high=high, **kw)
-
-
-def eager_supports(op: Any, *args: Any) -> bool:
-    try:
-        op(*args)
-    except Exception:
-        return False
-    return True

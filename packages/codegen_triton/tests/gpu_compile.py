@@ -95,6 +95,17 @@ def cases() -> list[tuple[str, Any, list[Any], dict[str, Any]]]:
             [big],
             split,
         ),
+        (
+            # Note [Bytes per program]: bfloat16 rows of 768, and a column sum split into partials
+            "bf16 rows of 768",
+            lambda t, tw, tb: (
+                aten._softmax.default(t, 1, False),
+                aten.native_layer_norm.default(t, [768], tw, tb, 1e-5)[0],
+                aten.sum.dim_IntList(t, [0]),
+            ),
+            [torch.randn(4096, 768, dtype=torch.bfloat16), *torch.randn(2, 768, dtype=torch.bfloat16)],
+            {},
+        ),
         ("memory debug", memory, [x, idx, rows, vals, tok], {"debug": True}),
         (
             "int64 indexing",
@@ -114,18 +125,24 @@ def main() -> int:
         compile_graph(gm, inputs, backend=backend)
         assert backend.last_declined == [], backend.last_declined
         for spec in backend.last_specs:
-            config = configs(spec)[0]
-            blocks = {k: v for k, v in config.kwargs(spec.kind).items() if k.endswith("BLOCK")}
-            signature = {f"p_{p}": TYPES[d] for p, d in zip(spec.params, spec.param_dtypes, strict=True)}
-            signature.update(dict.fromkeys(blocks, "constexpr"))
-            fn_ = backend.last_launchers[spec.name].fn
-            try:
-                source = triton.compiler.ASTSource(fn=fn_, signature=signature, constexprs=blocks)
-                triton.compile(source, target=target, options={"num_warps": config.num_warps})
-                print(f"ok    {label}: {spec.name} ({spec.kind})")
-            except Exception:
-                failures += 1
-                print(f"FAIL  {label}: {spec.name} ({spec.kind})\n{spec.source}\n{traceback.format_exc()}")
+            # the heuristic choice; for one case also the default mode's autotune candidates
+            # (heuristics._small: the same kernels at other block sizes, compiled only there to
+            # keep this under a minute or two)
+            candidates = configs(spec, autotune="small") if label == "bf16 rows of 768" else configs(spec)[:1]
+            for config in candidates:
+                blocks = {k: v for k, v in config.kwargs(spec.kind).items() if k.endswith("BLOCK")}
+                signature = {f"p_{p}": TYPES[d] for p, d in zip(spec.params, spec.param_dtypes, strict=True)}
+                signature.update(dict.fromkeys(blocks, "constexpr"))
+                fn_ = backend.last_launchers[spec.name].fn
+                try:
+                    source = triton.compiler.ASTSource(fn=fn_, signature=signature, constexprs=blocks)
+                    triton.compile(source, target=target, options={"num_warps": config.num_warps})
+                    print(f"ok    {label}: {spec.name} {config} ({spec.kind})")
+                except Exception:
+                    failures += 1
+                    print(
+                        f"FAIL  {label}: {spec.name} {config} ({spec.kind})\n{spec.source}\n{traceback.format_exc()}"
+                    )
     return 1 if failures else 0
 
 

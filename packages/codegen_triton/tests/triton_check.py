@@ -24,7 +24,6 @@ every test runs on whatever can execute Triton kernels here.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,72 +31,30 @@ import torch.fx
 
 from kiln_codegen_triton import TritonBackend, interpreting
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
 
 DEVICES = ["cpu"] if interpreting() else ["cuda"]
 
-TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float32: (2e-5, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-}
-
-
-def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule:
-    return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
-
-
-@dataclass(frozen=True)
-class In:
-    """Placeholder ``index`` of a graph built by :func:`graph_of`."""
-
-    index: int
-
-
-Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
-
-
-def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
-    """A graph of ``n_inputs`` placeholders and one output per ``(op, args, kwargs)`` call."""
-    g = torch.fx.Graph()
-    xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
-    outs = []
-
-    def arg(p: Any) -> Any:
-        if isinstance(p, In):
-            return xs[p.index]
-        return [arg(q) for q in p] if isinstance(p, list) else p
-
-    for op, positions, extra in calls:
-        args = tuple(arg(p) for p in positions)
-        outs.append(g.call_function(op, args, extra))
-    g.output(tuple(outs))
-    return torch.fx.GraphModule(torch.nn.Module(), g)
-
-
-def assert_same(actual: Any, expected: Any, label: str = "output", scale: float = 1.0) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert isinstance(actual, torch.Tensor), f"{label}: got {type(actual)}"
-        assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
-        assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
-        assert actual.device == expected.device, f"{label}: device {actual.device} != {expected.device}"
-        rtol, atol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
-        torch.testing.assert_close(
-            actual,
-            expected,
-            rtol=rtol * scale,
-            atol=atol * scale,
-            equal_nan=True,
-            msg=lambda m: f"{label}: {m}",
-        )
-    elif isinstance(expected, list | tuple):
-        assert isinstance(actual, list | tuple) and len(actual) == len(expected), label
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert_same(a, e, f"{label}[{i}]", scale)
-    else:
-        assert actual == expected, f"{label}: {actual!r} != {expected!r}"
+# one floor down (kiln_loopir.testing), re-exported for the tests that import them from here
+__all__ = [
+    "DEVICES",
+    "TOLERANCES",
+    "Call",
+    "In",
+    "assert_same",
+    "aten",
+    "check",
+    "eager_supports",
+    "graph_of",
+    "graph_to_device",
+    "kinds",
+    "make",
+    "reconcile_elementwise",
+    "to_device",
+    "trace",
+]
 
 
 def graph_to_device(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
@@ -184,20 +141,6 @@ def check(
     if not allow_declined:
         assert backend.last_declined == [], backend.last_declined
     return backend
-
-
-def make(
-    shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, low: float = -2, high: float = 2, **kw: Any
-) -> torch.Tensor:
-    return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=low, high=high, **kw)
-
-
-def eager_supports(op: Any, *args: Any) -> bool:
-    try:
-        op(*args)
-    except Exception:
-        return False
-    return True
 
 
 def kinds(backend: TritonBackend) -> list[str]:

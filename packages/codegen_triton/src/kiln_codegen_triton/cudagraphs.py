@@ -55,6 +55,7 @@ import torch
 
 from kiln_loopir.ir import InputBuffer, Scatter
 from kiln_loopir.scheduler import ExternKernelSchedulerNode, Scheduler
+from kiln_loopir.wrapper_support import dense_tensor
 
 log = logging.getLogger("kiln.codegen_triton.output_code")
 
@@ -93,22 +94,12 @@ def _static_ptrs_equal(args: Sequence[Any], ptrs: list[int | None], idxs: list[i
 
 def _static_copy(t: torch.Tensor) -> torch.Tensor:
     """A graph-owned buffer with ``t``'s shape and strides (contiguous when ``t`` overlaps itself)."""
-    if _dense(t):
+    if dense_tensor(t):
         out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     else:
         out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
-
-
-def _dense(t: torch.Tensor) -> bool:
-    pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
-    expected = 1
-    for stride, size in pairs:
-        if stride != expected:
-            return False
-        expected *= size
-    return True
 
 
 def _meta(a: Any) -> Any:

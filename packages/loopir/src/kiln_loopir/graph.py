@@ -71,6 +71,7 @@ from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_l
 from .sizevars import SizeVars, SymbolSource, to_loopir, using
 from .sizevars import hint as sizevars_hint
 from .virtualized import count_ops, op_names, set_graph
+from .wrapper_support import dense_tensor
 
 log = logging.getLogger("kiln.loopir.ir")
 fallbacks_log = logging.getLogger("kiln.loopir.fallbacks")
@@ -403,7 +404,7 @@ class GraphLowering:
         it where they differ: the value kept NHWC itself, or a view of one (a permute of an NHWC
         buffer has other strides than the permute of eager's NCHW one)."""
         val = node.meta.get("val")
-        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)) or not _dense(val):
+        if not (isinstance(value, TensorBox) and isinstance(val, torch.Tensor)) or not dense_tensor(val):
             return value
         if node not in self.channels_last:
             if isinstance(value.data, StorageBox) and not value.data.is_realized():
@@ -539,13 +540,13 @@ def _hint_strides(result: Any, meta: Any) -> None:
             return
         storage.stride_hint = tuple(stride)
         return
-    if meta.is_contiguous() or not _dense(meta):
+    if meta.is_contiguous() or not dense_tensor(meta):
         return
     storage.stride_hint = tuple(sympy.Integer(s) for s in meta.stride())
 
 
 def _dense_exprs(size: Sequence[Any], stride: Sequence[Any]) -> bool:
-    """`_dense` for symbolic layouts: a permutation of a contiguous layout, provably."""
+    """`dense_tensor` for symbolic layouts: a permutation of a contiguous layout, provably."""
     pairs = sorted(
         ((st, n) for st, n in zip(stride, size, strict=True) if n != 1), key=lambda p: sizevars_hint(p[0])
     )
@@ -554,17 +555,6 @@ def _dense_exprs(size: Sequence[Any], stride: Sequence[Any]) -> bool:
         if sympy.expand(st - expected) != 0:
             return False
         expected = expected * n
-    return True
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: a permutation of a contiguous layout."""
-    pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
-    expected = 1
-    for stride, size in pairs:
-        if stride != expected:
-            return False
-        expected *= size
     return True
 
 

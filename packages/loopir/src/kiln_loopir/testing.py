@@ -14,12 +14,19 @@ Graphs written by hand for tests get their ``node.meta["val"]`` from :func:`with
 graphs carry it (the realize rules and the graph passes read sizes from it); ``mm``, ``bmm``,
 ``addmm`` and ``conv`` spell the aten calls the pass tests of every package build graphs from;
 ``mul_sum`` and ``downcast_mul_sum`` are the fusion-bound graphs every backend counts kernels of.
+
+What every code generator's tests compare with eager through is here too (each package's
+``*_check.py`` adds only its backend and its reference): :data:`TOLERANCES` by dtype (integers
+and bools exactly), :func:`assert_same` (type, dtype, shape, device and values, recursively, with
+a label that says which output differed), :func:`trace`, and :func:`graph_of` with :class:`In`
+for graphs written as a list of aten calls.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -178,3 +185,91 @@ def downcast_mul_sum(a: Any, b: Any) -> Any:
     x = aten._to_copy.default(a, dtype=torch.bfloat16)
     y = aten._to_copy.default(b, dtype=torch.bfloat16)
     return aten.sum.dim_IntList(aten._to_copy.default(aten.mul.Tensor(x, y), dtype=torch.float32), [0])
+
+
+# ------------------------------------------------------------------ comparing with eager
+
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float32: (2e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def trace(fn: Callable[..., Any] | torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``fn`` itself if it is a GraphModule, else its ``torch.fx.symbolic_trace``."""
+    return fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
+
+
+@dataclass(frozen=True)
+class In:
+    """Placeholder ``index`` of a graph built by :func:`graph_of`."""
+
+    index: int
+
+
+Call = tuple[Any, tuple[Any, ...], dict[str, Any]]
+
+
+def graph_of(calls: Sequence[Call], n_inputs: int) -> torch.fx.GraphModule:
+    """A graph of ``n_inputs`` placeholders and one output per ``(op, args, kwargs)`` call.
+
+    In ``args`` an :class:`In` (also inside a list) names a placeholder; anything else is passed
+    as it is."""
+    g = torch.fx.Graph()
+    xs = [g.placeholder(f"in{i}") for i in range(n_inputs)]
+    outs = []
+
+    def arg(p: Any) -> Any:
+        if isinstance(p, In):
+            return xs[p.index]
+        return [arg(q) for q in p] if isinstance(p, list) else p
+
+    for op, positions, extra in calls:
+        args = tuple(arg(p) for p in positions)
+        outs.append(g.call_function(op, args, extra))
+    g.output(tuple(outs))
+    return torch.fx.GraphModule(torch.nn.Module(), g)
+
+
+def assert_same(actual: Any, expected: Any, label: str = "output", scale: float = 1.0) -> None:
+    """``actual`` is ``expected``: same type, dtype, shape and device, values within
+    :data:`TOLERANCES` of the dtype times ``scale`` (NaN where NaN); lists and tuples item by
+    item; anything else equal."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{label}: got {type(actual)}"
+        assert actual.dtype == expected.dtype, f"{label}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{label}: shape {actual.shape} != {expected.shape}"
+        assert actual.device == expected.device, f"{label}: device {actual.device} != {expected.device}"
+        rtol, atol = TOLERANCES.get(expected.dtype, (0.0, 0.0))
+        torch.testing.assert_close(
+            actual,
+            expected,
+            rtol=rtol * scale,
+            atol=atol * scale,
+            equal_nan=True,
+            msg=lambda m: f"{label}: {m}",
+        )
+    elif isinstance(expected, list | tuple):
+        assert isinstance(actual, list | tuple) and len(actual) == len(expected), label
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            assert_same(a, e, f"{label}[{i}]", scale)
+    else:
+        assert actual == expected, f"{label}: {actual!r} != {expected!r}"
+
+
+def make(
+    shape: tuple[int, ...], dtype: torch.dtype = torch.float32, *, low: float = -2, high: float = 2, **kw: Any
+) -> torch.Tensor:
+    """A CPU test tensor of ``shape`` and ``dtype`` with values in [low, high)."""
+    return torch.testing.make_tensor(shape, dtype=dtype, device="cpu", low=low, high=high, **kw)
+
+
+def eager_supports(op: Any, *args: Any) -> bool:
+    """Whether eager runs ``op(*args)`` without raising (a sweep skips what eager refuses)."""
+    try:
+        op(*args)
+    except Exception:
+        return False
+    return True

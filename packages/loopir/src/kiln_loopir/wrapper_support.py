@@ -229,3 +229,14 @@ def py_tuple(exprs: Any) -> str:
     if len(items) == 1:
         return f"({items[0]},)"
     return "(" + ", ".join(items) + ")"
+
+
+def dense_tensor(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: ``t``'s layout is a permutation of a contiguous one."""
+    pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
+    expected = 1
+    for stride, size in pairs:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
