@@ -218,3 +218,13 @@ def test_piece_code_is_a_function_of_the_range() -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         (got,) = fn(h, w)
     torch.testing.assert_close(got, torch.relu(h @ w) * 2 + 1)
+
+
+def comprehensions(xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[int, torch.Tensor], int]:
+    listed = [print(i) or x * 2 for i, x in enumerate(xs)]  # LIST_APPEND reaches below the iterator
+    mapped = {i: print(i) or x + 1 for i, x in enumerate(xs)}  # MAP_ADD
+    return listed, mapped, len({print(i) or i for i in range(3)})  # SET_ADD
+
+
+def test_comprehensions_with_a_break_keep_their_accumulator() -> None:
+    run(comprehensions, [torch.rand(2) for _ in range(3)])

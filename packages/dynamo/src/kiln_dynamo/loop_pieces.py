@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kiln_dynamo import bytecode, resume
@@ -98,6 +98,15 @@ _WORK = frozenset(
         "UNARY_INVERT",
     }
 )
+# How many stack slots an instruction reaches, for those that read below what they pop: a
+# comprehension's LIST_APPEND reaches the list below the loop's iterator.
+_REACH: dict[str, Callable[[int], int]] = {
+    "LIST_APPEND": lambda a: a + 1,
+    "SET_ADD": lambda a: a + 1,
+    "MAP_ADD": lambda a: a + 2,
+    "COPY": lambda a: a,
+    "SWAP": lambda a: a,
+}
 _STORES = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_FAST_MAYBE_NULL"})
 
 _pieces: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
@@ -202,8 +211,15 @@ def piece_edits(
             ins = instrs[k]
             if ins.exn is not None or ins.opname in _FORBIDDEN:
                 return False
+            d = depth.get(k)
+            if d is not None and d - base < _REACH.get(ins.opname, lambda a: 0)(ins.arg):
+                return False  # it reads below the piece's own stack (a comprehension's list)
             work = work or ins.opname in _WORK
-        if not work or any(s <= h < e for h in handlers):
+        if (
+            not work
+            or any(s <= h < e for h in handlers)
+            or any(depth.get(k, base) < base for k in range(s, e + 1))
+        ):
             return False
         for k, t in edges:
             if s <= k < e:
