@@ -68,7 +68,7 @@ class Stack(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h * 2
-        for norm, layer in zip(self.norms, self.layers):
+        for norm, layer in zip(self.norms, self.layers, strict=True):
             residual = h
             h = torch.tanh(norm(h))  # before the break: a graph
             h = layer(h)  # the break is inside
@@ -143,7 +143,7 @@ def test_continue_and_a_local_written_on_some_paths(n: int) -> None:
 
 
 def nested(x: torch.Tensor) -> torch.Tensor:
-    for i in range(2):
+    for _ in range(2):
         x = x + 1
         for _ in range(2):
             x = x * 0.5
@@ -181,7 +181,7 @@ def maybe_unbound_in_the_body(x: torch.Tensor, n: int) -> torch.Tensor:
     for i in range(n):
         if i > 0:
             x = x + prev  # noqa: F821 - bound by the previous iteration
-        prev = x * 2
+        prev = x * 2  # noqa: F841 - read by the next iteration
         print(i)
     return x
 
