@@ -166,3 +166,45 @@ def test_one_op_whose_decomposition_fails_costs_only_that_op(monkeypatch: Any) -
     for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad)
     assert [g.fell_back for g in kiln.compile_log()] == [None]
+
+
+class _Hooked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+        self.out = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.inner(x) * 2).square().sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+def test_module_backward_hooks_through_kiln(backend: str) -> None:
+    """A full backward hook and pre-hook on a submodule whose forward kiln compiles (its own
+    graph, through aotgrad's autograd.Function): the hooks see eager's gradients, and what they
+    change reaches the parameters as in eager."""
+    seen: dict[str, list[torch.Tensor]] = {"eager": [], "kiln": []}
+
+    def build(key: str) -> _Hooked:
+        torch.manual_seed(0)
+        m = _Hooked()
+        m.inner.register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 0.5,))
+        m.inner.register_full_backward_hook(
+            lambda mod, gin, gout: seen[key].extend([gin[0].clone(), gout[0].clone()])
+        )
+        return m
+
+    model, compiled_model = build("eager"), build("kiln")
+    x = torch.randn(4, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    model(x).backward()
+    kiln.reset()
+    out = kiln.compile(compiled_model, backend=backend)(x2)
+    out.backward()
+    torch.testing.assert_close(x2.grad, x.grad)
+    for p, q in zip(model.parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
+    assert len(seen["kiln"]) == len(seen["eager"]) == 2
+    for a, b in zip(seen["kiln"], seen["eager"], strict=True):
+        torch.testing.assert_close(a, b)
+    assert kiln_dynamo.counters.graph_breaks == 1 and kiln_dynamo.counters.fallbacks == []
