@@ -507,7 +507,10 @@ def make_callback(
             if fullgraph and isinstance(e, Unsupported):
                 raise
             if isinstance(e, Unsupported):
-                record_plain(code, e)
+                # a loop piece with nothing to compile before its break (Note [A piece with
+                # nothing before its break]) is not counted again as a frame left to Python: the
+                # loop's own frame, which runs the piece's statements as Python before, already is
+                record_plain(code, e, fallback=not loop_pieces.is_loop_piece(code))
                 if e.loop_code is not None:
                     # Notes [Compiling what follows a loop], [Loop body pieces]: the loop runs as
                     # Python, its exit calls a continuation and its body pieces; the rewrite
@@ -553,8 +556,9 @@ def _log_break(reason: BreakReason) -> None:
         graph_breaks_log.info("%s", reason)
 
 
-def record_plain(code: types.CodeType, e: Unsupported) -> None:
-    counters.fallbacks.append((code.co_name, str(e)))
+def record_plain(code: types.CodeType, e: Unsupported, fallback: bool = True) -> None:
+    if fallback:
+        counters.fallbacks.append((code.co_name, str(e)))
     reason = BreakReason.of(e, _display_name(code), split=False, not_split=e.not_split)
     counters.break_reasons.append(reason)
     _log_break(reason)
