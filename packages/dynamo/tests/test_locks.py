@@ -108,3 +108,22 @@ def test_a_lock_held_elsewhere_while_tracing_is_a_break() -> None:
             locks.enter_lock(None, ConstantVariable(held), held, 0)  # type: ignore[arg-type]
     finally:
         held.release()
+
+
+def breaks_under_a_lock(x: torch.Tensor) -> torch.Tensor:
+    y = x.cos()
+    with LOCK:
+        y = y * 2
+        print("held:", LOCK.locked())  # a break inside the block
+        y = y + 1
+    return y.sin()
+
+
+def test_a_break_inside_the_block_runs_the_block_as_python_under_the_lock(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    backend = run(breaks_under_a_lock, torch.rand(3))
+    assert capsys.readouterr().out == "held: True\n" * 4
+    assert backend.graphs == 1 and kiln_dynamo.counters.graph_breaks == 1  # x.cos() before it
+    first = kiln_dynamo.counters.break_reasons[0]
+    assert "lock.locked" in first.reason and first.note is not None and "before the with-block" in first.note

@@ -262,6 +262,9 @@ class InstructionTranslator:
                 located = _before_lock(located, e.enter_offset)  # Note [Locks in the frame]
             if self.parent is None and self.current is not None and located.break_offset is None:
                 located.break_offset = self.current.offset
+                held = [v.enter_offset for v in self.stack if isinstance(v, locks.LockExitVariable)]
+                if held and held[0] is not None:  # a break inside the block: split before it
+                    located = _before_lock(located, held[0])
                 located = self._split_before_try(located)
             raise located from e.__cause__
         except RecursionError as e:
