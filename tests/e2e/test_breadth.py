@@ -191,13 +191,17 @@ def test_module_backward_hooks_through_kiln(backend: str) -> None:
     change reaches the parameters as in eager."""
     seen: dict[str, list[torch.Tensor]] = {"eager": [], "kiln": []}
 
+    def halve(mod: Any, gout: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return (gout[0] * 0.5,)
+
     def build(key: str) -> _Hooked:
+        def record(mod: Any, gin: tuple[torch.Tensor, ...], gout: tuple[torch.Tensor, ...]) -> None:
+            seen[key].extend([gin[0].clone(), gout[0].clone()])
+
         torch.manual_seed(0)
         m = _Hooked()
-        m.inner.register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 0.5,))
-        m.inner.register_full_backward_hook(
-            lambda mod, gin, gout: seen[key].extend([gin[0].clone(), gout[0].clone()])
-        )
+        m.inner.register_full_backward_pre_hook(halve)
+        m.inner.register_full_backward_hook(record)
         return m
 
     model, compiled_model = build("eager"), build("kiln")
