@@ -107,6 +107,8 @@ _REACH: dict[str, Callable[[int], int]] = {
     "COPY": lambda a: a,
     "SWAP": lambda a: a,
 }
+_MAX_CHECKS = 20_000  # ranges tried per loop body: a huge body is cut less finely, not slowly
+_NO_REACH: Callable[[int], int] = lambda a: 0  # noqa: E731
 _STORES = frozenset({"STORE_FAST", "DELETE_FAST", "STORE_FAST_MAYBE_NULL"})
 
 _pieces: weakref.WeakSet[types.CodeType] = weakref.WeakSet()
@@ -200,26 +202,37 @@ def piece_edits(
         start = next((k for k in range(shape.head + 1, shape.back + 1) if depth.get(k) == base), shape.back)
     bounds = [k for k in range(start, shape.back + 1) if depth.get(k) == base]
     index = {id(ins): k for k, ins in enumerate(instrs)}
-    edges = [(k, index[id(ins.target)]) for k, ins in enumerate(instrs) if ins.target is not None]
+    lo, hi = start, shape.back
+    edges = [
+        (k, t)
+        for k, ins in enumerate(instrs)
+        if ins.target is not None
+        for t in (index[id(ins.target)],)
+        if lo <= k <= hi or lo <= t <= hi
+    ]
     handlers = {index[id(ins.exn.target)] for ins in instrs if ins.exn is not None}
     back = instrs[shape.back]
     continues = back.opname == "JUMP_BACKWARD" and back.target is instrs[shape.head]
+    # bad[k]: instruction k can be in no piece; work_before[k]: work instructions before k
+    bad = [False] * (hi + 2)
+    work_before = [0] * (hi + 2)
+    for k in range(lo, hi + 1):
+        ins = instrs[k]
+        d = depth.get(k)
+        bad[k] = (
+            ins.exn is not None
+            or ins.opname in _FORBIDDEN
+            or (d is not None and d < base)
+            or (d is not None and d - base < _REACH.get(ins.opname, _NO_REACH)(ins.arg))
+            or k in handlers
+        )  # (a reach below the piece's own stack: a comprehension's list)
+        work_before[k + 1] = work_before[k] + (ins.opname in _WORK)
+    next_bad = [hi + 1] * (hi + 2)
+    for k in range(hi, lo - 1, -1):
+        next_bad[k] = k if bad[k] else next_bad[k + 1]
 
     def valid(s: int, e: int) -> bool:
-        work = False
-        for k in range(s, e):
-            ins = instrs[k]
-            if ins.exn is not None or ins.opname in _FORBIDDEN:
-                return False
-            d = depth.get(k)
-            if d is not None and d - base < _REACH.get(ins.opname, lambda a: 0)(ins.arg):
-                return False  # it reads below the piece's own stack (a comprehension's list)
-            work = work or ins.opname in _WORK
-        if (
-            not work
-            or any(s <= h < e for h in handlers)
-            or any(depth.get(k, base) < base for k in range(s, e + 1))
-        ):
+        if next_bad[s] < e or work_before[e] == work_before[s]:
             return False
         for k, t in edges:
             if s <= k < e:
@@ -234,12 +247,26 @@ def piece_edits(
 
     ranges: list[tuple[int, int]] = []
     i = 0
+    budget = [_MAX_CHECKS]
+
+    def valid_within_budget(s: int, e: int) -> bool:
+        budget[0] -= 1
+        return budget[0] > 0 and valid(s, e)
+
     while i < len(bounds) - 1:
-        j = next((j for j in range(len(bounds) - 1, i, -1) if valid(bounds[i], bounds[j])), None)
+        s_i = bounds[i]
+        j = next(
+            (
+                j
+                for j in range(len(bounds) - 1, i, -1)
+                if bounds[j] <= next_bad[s_i] and valid(s_i, bounds[j])
+            ),
+            None,
+        )
         if j is None:
             i += 1
             continue
-        ranges.append((bounds[i], bounds[j]))
+        ranges.append((s_i, bounds[j]))
         i = j
     if not ranges:
         return "no part of the loop body can be a function (a return, break or handler in each)"
