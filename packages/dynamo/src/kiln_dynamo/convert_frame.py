@@ -49,7 +49,14 @@ from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import Agreeing
 from kiln_dynamo.guards import Guard, build_guard, guard_tree_text, readable_guards
-from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
+from kiln_dynamo.logs import (
+    bytecode_log,
+    decisions_log,
+    graph_breaks_log,
+    graph_log,
+    guards_log,
+    recompiles_log,
+)
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.resume import SplitPlan
 from kiln_dynamo.shapes import ShapeContext, frame_state
@@ -251,6 +258,7 @@ def _compile_after_loop(code: types.CodeType, loop_entry: int, e: Unsupported) -
     elif done.pieces is not None:
         names = ", ".join(c.co_name for c in done.pieces.codes)
         e.not_split = f"{e.not_split}; the loop body is captured in pieces called per iteration: {names}"
+    decisions_log.info("%s: %s", code.co_name, e.not_split)
     e.loop_code = done.code
     e.loop_after = isinstance(done.after, types.CodeType)
     e.loop_pieces = 0 if not isinstance(done.pieces, loop_pieces.Pieces) else len(done.pieces.codes)

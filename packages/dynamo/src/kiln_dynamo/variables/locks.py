@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 
 if TYPE_CHECKING:
@@ -61,6 +62,11 @@ def enter_lock(tx: Tx, ctx: VT, lock: object, enter_offset: int | None) -> VT:
     if not acquire(blocking=False):
         raise Unsupported(f"with-statement over {ctx.describe()} held by another thread while tracing")
     getattr(lock, "release")()  # noqa: B009
+    decisions_log.info(
+        "with-statement over %s at %s: free while tracing, traced (checked for effects at its exit)",
+        ctx.describe(),
+        tx.where(),
+    )
     return LockExitVariable(ctx, _mark(tx), enter_offset)
 
 
