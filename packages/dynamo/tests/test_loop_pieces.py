@@ -228,3 +228,22 @@ def comprehensions(xs: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict[int
 
 def test_comprehensions_with_a_break_keep_their_accumulator() -> None:
     run(comprehensions, [torch.rand(2) for _ in range(3)])
+
+
+def counter_in_the_body(x: torch.Tensor, n: int) -> torch.Tensor:
+    for i, scale in enumerate([0.5] * n):
+        x = x * scale + i  # reads the loop counter
+        print(i)
+    return x
+
+
+def test_the_loop_counter_is_symbolic_from_the_first_capture() -> None:
+    """With a backend that takes symbolic sizes (dynamo's eager), `i` is a symbolic int in the
+    piece from its first capture: one capture serves every iteration (no recompile per value)."""
+    compiled = kiln_dynamo.compile(counter_in_the_body)
+    x = torch.rand(3)
+    with contextlib.redirect_stdout(io.StringIO()):
+        for n in (4, 4):
+            assert_same(compiled(x, n), counter_in_the_body(x, n))
+    c = kiln_dynamo.counters
+    assert c.loop_pieces == 1 and c.recompiles == 0, c.guard_failures

@@ -33,7 +33,10 @@ are shared through the piece's closure, so its writes to them are the frame's. A
 piece raises leaves the frame as it would (no handler covers a piece); only the locals the
 piece wrote before raising are not seen by the frame's traceback. `KILN_LOOP_PIECES=0`
 (`convert_frame.set_loop_pieces(False)`) turns this off; explain's "not split" line names the
-pieces, `counters.loop_pieces` counts them.
+pieces, `counters.loop_pieces` counts them. The loop's targets (`i` in `for i, layer in
+enumerate(...)`) take a new value every call: where a piece receives one that is an int, it is a
+symbolic int from the piece's first capture under `dynamic=None` (for a backend that takes
+symbolic sizes), rather than a constant recompiled once (Note [Int inputs] in shapes.py).
 
 Note [A piece with nothing before its break]: a piece is called once per iteration with the
 loop's carried values (`hidden_states`, a tuple of them that grows per layer), and every capture
@@ -52,7 +55,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from kiln_dynamo import bytecode, resume
+from kiln_dynamo import bytecode, resume, shapes
 from kiln_dynamo.bytecode import NO_FALLTHROUGH, Instr
 from kiln_dynamo.resume import (
     _ARG_FLAGS,
@@ -272,6 +275,10 @@ def piece_edits(
         return "no part of the loop body can be a function (a return, break or handler in each)"
     live = _liveness(instrs, frozenset(code.co_freevars))
     bound = _bound(code, instrs)
+    # the loop's targets (`i` of `for i, layer in enumerate(...)`): new values every iteration
+    targets = frozenset(
+        f"L[{ins.argval!r}]" for ins in instrs[shape.head + 1 : start] if ins.opname == "STORE_FAST"
+    )
     edits: list[Insertion] = []
     codes: list[types.CodeType] = []
     refused: list[str] = []
@@ -282,6 +289,7 @@ def piece_edits(
             continue
         edits.append(made[0])
         codes.append(made[1])
+        shapes.frame_state(made[1]).dynamic_ints = targets
     if not codes:
         return "; ".join(refused)
     return Pieces(tuple(edits), tuple(codes))
