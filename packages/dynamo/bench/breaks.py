@@ -132,6 +132,15 @@ def print5(x: torch.Tensor) -> torch.Tensor:
     return y @ W
 
 
+def loop3(x: torch.Tensor) -> torch.Tensor:
+    y = x
+    for _ in range(3):  # a break in the loop body: its pieces are graphs (Note [Loop body pieces])
+        y = torch.tanh(y @ W)
+        print("step")
+        y = y @ W
+    return y.sum()
+
+
 # name -> (function, ideal graphs, ideal breaks)
 FUNCTIONS: list[tuple[Callable[..., Any], int, int]] = [
     (branch1, 2, 1),
@@ -144,6 +153,7 @@ FUNCTIONS: list[tuple[Callable[..., Any], int, int]] = [
     (generator2, 2, 1),
     (nograd1, 2, 1),
     (print5, 6, 5),
+    (loop3, 4, 3),  # unrolled, as torch.compile does; kiln: the two pieces, reused, and the tail
 ]
 
 

@@ -291,7 +291,9 @@ def test_break_inside_a_loop_keeps_the_prefix_and_the_layers_compiled() -> None:
     """A break inside a loop over layers: the frame splits before the loop (the iterator of
     `enumerate(self.layers)` crosses the split), the loop runs as plain Python, and each layer's
     own frame is captured (one graph, reused by the three layers); the loop's exit continues in a
-    continuation that is captured too (Note [Compiling what follows a loop])."""
+    continuation that is captured too (Note [Compiling what follows a loop]). With loop body
+    pieces on (Note [Loop body pieces]) the body `layer(x); _LOG.append(i)` is a piece: one graph
+    per value of `i` it appends (the counting backend takes no symbolic sizes)."""
     torch.manual_seed(0)
     model = _Stack().eval()
     x = t(2, 8)
@@ -303,10 +305,30 @@ def test_break_inside_a_loop_keeps_the_prefix_and_the_layers_compiled() -> None:
         for _ in range(2):
             torch.testing.assert_close(compiled(x), ref)
     assert _LOG == [0, 1, 2] * 3
-    assert backend.graphs == 3  # the part before the loop; _Block.forward; `x.sum(-1)` after it
-    assert kiln_dynamo.counters.graph_breaks == 1
+    # the part before the loop; the piece (_Block.forward inlined) for i = 0, 1, 2; `x.sum(-1)`
+    assert backend.graphs == 5 and kiln_dynamo.counters.loop_pieces == 1
+    assert kiln_dynamo.counters.graph_breaks == 4  # before the loop; the piece at print(), per i
     (plain,) = kiln_dynamo.counters.fallbacks  # only the continuation that holds the loop
     assert plain[0].startswith("resume_in_forward_at_")
+
+
+def test_break_inside_a_loop_without_pieces() -> None:
+    """The same, loop body pieces off: the loop body runs as Python, _Block.forward is one graph."""
+    from kiln_dynamo import convert_frame
+
+    model = _Stack().eval()
+    x = t(2, 8)
+    backend = CountingBackend()
+    previous = convert_frame.set_loop_pieces(False)
+    try:
+        compiled = kiln_dynamo.compile(model, backend=backend)
+        with torch.no_grad():
+            for _ in range(2):
+                torch.testing.assert_close(compiled(x), model(x))
+    finally:
+        convert_frame.set_loop_pieces(previous)
+    assert backend.graphs == 3  # the part before the loop; _Block.forward; `x.sum(-1)` after it
+    assert kiln_dynamo.counters.graph_breaks == 1
 
 
 def test_forward_hooks_and_pre_hooks_are_traced() -> None:

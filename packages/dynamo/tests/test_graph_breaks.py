@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import kiln_dynamo
-from kiln_dynamo import resume
+from kiln_dynamo import convert_frame, resume
 
 # --- the generated matrix -----------------------------------------------------------------------
 
@@ -234,7 +234,9 @@ CASES = [(k, p) for k in KINDS for p in POSITIONS]
 
 
 @pytest.mark.parametrize(("kind", "position"), CASES, ids=[f"{k}-{p}" for k, p in CASES])
-def test_break_matrix(kind: str, position: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_break_matrix(
+    kind: str, position: str, capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest
+) -> None:
     name = f"{kind}_at_{position}"
     fn = getattr(MATRIX, name)
     x = torch.rand(4) + 0.5
@@ -242,6 +244,9 @@ def test_break_matrix(kind: str, position: str, capsys: pytest.CaptureFixture[st
         x.requires_grad_(True)
     compiled = kiln_dynamo.compile(fn)
     counters = kiln_dynamo.counters
+    if position == "loop":  # the counts as before loop body pieces: test_break_matrix_loop_pieces
+        previous = convert_frame.set_loop_pieces(False)
+        request.addfinalizer(lambda: convert_frame.set_loop_pieces(previous))
     seen_after_first = graphs_after_first = -1
     for call in range(2):
         expected_out = fn(x)
@@ -282,6 +287,42 @@ def test_break_matrix(kind: str, position: str, capsys: pytest.CaptureFixture[st
         assert not last.split and last.not_split is not None and "inside a loop" in last.not_split
         assert "the code after the loop is captured" in last.not_split
         assert counters.after_loops == 1
+
+
+# (graphs, splits, plain-Python frames, recompiles) with the loop body in pieces (Note [Loop body
+# pieces]): the graph before the loop and the one after it, as before; the piece (`y = y + i`, then
+# the kind) split at the break, captured once with the loop counter i symbolic from the start (the
+# eager backend takes symbolic sizes): one graph before the break and one split; what follows the
+# break in the piece is one more graph where it does tensor work (both branches, `y * <item>`); a
+# Python number read from a tensor (`item`, `tolist`) is guarded by value in that continuation, so
+# its second value recompiles it.
+LOOP_PIECES: dict[str, tuple[int, int, int, int]] = {
+    "branch": (4, 2, 1, 0),
+    "item": (5, 2, 1, 1),
+    "tolist": (5, 2, 1, 1),
+    "print": (3, 2, 1, 0),
+    "c_call": (4, 2, 1, 0),
+    "builtin": (4, 2, 1, 0),
+}
+
+
+@pytest.mark.parametrize("kind", list(LOOP_PIECES))
+def test_break_matrix_loop_pieces(kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    fn = getattr(MATRIX, f"{kind}_at_loop")
+    x = torch.rand(4) + 0.5
+    compiled = kiln_dynamo.compile(fn)
+    for _ in range(3):
+        expected_out = fn(x)
+        printed_eager = capsys.readouterr().out
+        _same(expected_out, compiled(x))
+        assert capsys.readouterr().out == printed_eager
+    c = kiln_dynamo.counters
+    assert c.loop_pieces == 1 and c.after_loops == 1
+    assert (c.graphs, c.graph_breaks, len(c.fallbacks), c.recompiles) == LOOP_PIECES[kind], [
+        str(r) for r in c.break_reasons
+    ]
+    last = [r for r in c.break_reasons if not r.split][-1]
+    assert last.not_split is not None and "the loop body is captured in pieces" in last.not_split
 
 
 def test_matrix_reasons_are_readable() -> None:

@@ -73,11 +73,13 @@ def test_the_code_after_a_decoder_loop_is_a_graph() -> None:
     c = kiln_dynamo.counters
     # before the loop; each layer's forward split at its branch (two graphs, reused by all three
     # layers); the code after the loop (norm, tanh, head, softmax)
+    # (the loop body is a piece, Note [Loop body pieces]: nothing to compile before the layer
+    # call nor after it, so it runs as Python and makes no graph)
     assert backend.graphs == 4 and c.after_loops == 1 and c.recompiles == 0
     after = backend.gms[-1]
     targets = {n.target for n in after.graph.nodes if n.op == "call_function"}
     assert torch.tanh in targets and torch.nn.functional.layer_norm in targets
-    (plain,) = [r for r in c.break_reasons if not r.split]
+    (plain,) = [r for r in c.break_reasons if not r.split and "loop piece" not in str(r.not_split)]
     assert plain.not_split is not None and "the code after the loop is captured" in plain.not_split
     assert "resume_in_forward_at_" in plain.not_split
 
@@ -135,8 +137,10 @@ def loop_with_return_inside(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("n", [1, 5])
 def test_break_statements_in_the_loop(n: int) -> None:
     backend, _ = run_twice(loop_with_break_statement, torch.rand(4), n)
-    assert kiln_dynamo.counters.after_loops == 1
-    assert backend.graphs == 2  # before the loop, after it
+    assert kiln_dynamo.counters.after_loops == 1 and kiln_dynamo.counters.loop_pieces == 1
+    # before the loop, after it, and the piece `y = y + i` once per value of i it ran with (the
+    # counting backend takes no symbolic sizes): i stops at 2
+    assert backend.graphs == 2 + min(n, 3)
     # another count of iterations: the same rewritten code, a new graph only where guards differ
     x = torch.rand(4)
     assert_same(
@@ -146,7 +150,7 @@ def test_break_statements_in_the_loop(n: int) -> None:
 
 def test_a_return_inside_the_loop() -> None:
     backend, _ = run_twice(loop_with_return_inside, torch.rand(4))
-    assert kiln_dynamo.counters.after_loops == 1 and backend.graphs == 2
+    assert kiln_dynamo.counters.after_loops == 1 and backend.graphs == 3  # before, `y + 1`, after
 
 
 def maybe_unbound(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -244,9 +248,18 @@ def two_loops_and_a_while(x: torch.Tensor) -> torch.Tensor:
     return z.exp() + n
 
 
-def test_consecutive_nested_and_while_loops() -> None:
-    backend, compiled = run_twice(two_loops_and_a_while, torch.rand(4))
+@pytest.mark.parametrize("pieces", [False, True])
+def test_consecutive_nested_and_while_loops(pieces: bool) -> None:
+    previous = convert_frame.set_loop_pieces(pieces)
+    try:
+        backend, compiled = run_twice(two_loops_and_a_while, torch.rand(4))
+    finally:
+        convert_frame.set_loop_pieces(previous)
     c = kiln_dynamo.counters
+    if pieces:
+        # one piece per loop body, and one for the inner loop's body inside the nested one's
+        assert c.loop_pieces == 4, [str(r) for r in c.break_reasons]
+        return
     # each loop's exit continues in a continuation: before the first loop, between the loops,
     # after the second, after the while loop
     assert c.after_loops == 3 and backend.graphs == 4, [str(r) for r in c.break_reasons]
@@ -270,6 +283,22 @@ class _WithSuper(_Base):
 def test_zero_argument_super_after_the_loop() -> None:
     backend, _ = run_twice(_WithSuper(), torch.rand(4))
     c = kiln_dynamo.counters
-    assert c.after_loops == 1 and backend.graphs == 1, [str(r) for r in c.break_reasons]
-    (after,) = backend.gms
+    # the loop body is a piece split at its branch: `x.sum() > 0`, and `x + i` per value of i
+    assert c.after_loops == 1 and backend.graphs == 5, [str(r) for r in c.break_reasons]
+    after = backend.gms[-1]
     assert {n.target for n in after.graph.nodes if n.op in ("call_function", "call_method")} >= {"cos"}
+
+
+class _SuperInTheLoop(_Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(2):
+            x = super().forward(x) - 1  # in the loop body: the piece needs `self` and __class__
+            print("x")
+            x = super().forward(x).sin()
+        return x
+
+
+def test_zero_argument_super_in_a_loop_piece(capsys: pytest.CaptureFixture[str]) -> None:
+    backend, _ = run_twice(_SuperInTheLoop(), torch.rand(4))
+    assert kiln_dynamo.counters.loop_pieces == 1
+    assert backend.graphs == 2  # the piece before the print and after it, reused by both iterations

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from kiln_dynamo import bytecode, resume
+from kiln_dynamo import bytecode, loop_pieces, resume
 from kiln_dynamo.backends import ACTIVE, Backend, CompileKey, compile_key
 from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.breaks import CannotSplit, prepare_split
@@ -49,7 +49,14 @@ from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import Agreeing
 from kiln_dynamo.guards import Guard, build_guard, guard_tree_text, readable_guards
-from kiln_dynamo.logs import bytecode_log, graph_breaks_log, graph_log, guards_log, recompiles_log
+from kiln_dynamo.logs import (
+    bytecode_log,
+    decisions_log,
+    graph_breaks_log,
+    graph_log,
+    guards_log,
+    recompiles_log,
+)
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.resume import SplitPlan
 from kiln_dynamo.shapes import ShapeContext, frame_state
@@ -153,7 +160,7 @@ def _capture_or_split(
             raise
         first = e
     try:
-        return _capture(code, entry_values, f_globals, f_builtins, backend, first, key)
+        split = _capture(code, entry_values, f_globals, f_builtins, backend, first, key)
     except CannotSplit as why:
         first.not_split = str(why)
         if why.loop_entry is not None:
@@ -184,7 +191,28 @@ def _capture_or_split(
             _compile_after_loop(code, why.loop_entry, first)
     except Unsupported as e:
         first.not_split = f"the second tracing pass failed: {e.msg}"
+    else:
+        if not (loop_pieces.is_loop_piece(code) and _nothing_compiled(split)):
+            return split
+        # Note [A piece with nothing before its break] (loop_pieces.py)
+        assert first.break_offset is not None
+        rest = loop_pieces.continue_after(code, first.break_offset)
+        if isinstance(rest, str):
+            first.not_split = (
+                f"this loop piece has nothing to compile before the break, and {rest}: it runs as Python"
+            )
+        else:
+            first.not_split = (
+                "this loop piece has nothing to compile before the break: it runs as Python up to the "
+                f"end of the break's statement and continues in {rest[1].co_name}"
+            )
+            first.loop_code = rest[0]
     raise first
+
+
+def _nothing_compiled(captured: CapturedFrame) -> bool:
+    gm = captured.graph_module
+    return (gm is None or _op_count(gm) == 0) and not captured.has_side_effects
 
 
 def after_loops_enabled() -> bool:
@@ -199,22 +227,41 @@ def set_after_loops(on: bool) -> bool:
     return previous
 
 
+def set_loop_pieces(on: bool) -> bool:
+    """Compile the body of a loop that holds a break as pieces the hook captures (Note [Loop
+    body pieces] in loop_pieces.py; KILN_LOOP_PIECES=0 turns it off); returns the previous setting."""
+    global _loop_pieces
+    previous, _loop_pieces = _loop_pieces, on
+    return previous
+
+
 _after_loops = os.environ.get("KILN_AFTER_LOOP", "1") != "0"
+_loop_pieces = os.environ.get("KILN_LOOP_PIECES", "1") != "0"
 
 
 def _compile_after_loop(code: types.CodeType, loop_entry: int, e: Unsupported) -> None:
     """The loop runs as Python: have its exit continue in a continuation the hook captures
-    (Note [Compiling what follows a loop]), and say so in the reason."""
-    if not _after_loops:
+    (Note [Compiling what follows a loop]) and its body call pieces the hook captures (Note
+    [Loop body pieces]), and say so in the reason."""
+    if not (_after_loops or _loop_pieces):
         return
-    rewritten = resume.after_loop_code(code, loop_entry)
-    if isinstance(rewritten, str):
-        e.not_split = f"{e.not_split}; the code after the loop runs as Python too: {rewritten}"
+    done = loop_pieces.loop_code(code, loop_entry, after=_after_loops, pieces=_loop_pieces)
+    if isinstance(done, str):
+        e.not_split = f"{e.not_split}; the code after the loop runs as Python too: {done}"
         return
-    e.after_loop, after = rewritten
-    e.not_split = (
-        f"{e.not_split}; the code after the loop is captured: the loop's exit continues in {after.co_name}"
-    )
+    if isinstance(done.after, str):
+        e.not_split = f"{e.not_split}; the code after the loop runs as Python too: {done.after}"
+    elif done.after is not None:
+        e.not_split = f"{e.not_split}; the code after the loop is captured: the loop's exit continues in {done.after.co_name}"
+    if isinstance(done.pieces, str):
+        e.not_split = f"{e.not_split}; the loop body runs as Python: {done.pieces}"
+    elif done.pieces is not None:
+        names = ", ".join(c.co_name for c in done.pieces.codes)
+        e.not_split = f"{e.not_split}; the loop body is captured in pieces called per iteration: {names}"
+    decisions_log.info("%s: %s", code.co_name, e.not_split)
+    e.loop_code = done.code
+    e.loop_after = isinstance(done.after, types.CodeType)
+    e.loop_pieces = 0 if not isinstance(done.pieces, loop_pieces.Pieces) else len(done.pieces.codes)
 
 
 def _capture(
@@ -424,7 +471,12 @@ def make_callback(
         code: types.CodeType = frame.code
         if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
             return hook.SKIP  # generators and coroutines (a compiled one is reported by compile())
-        if code not in targets and not resume.is_resume_code(code) and not is_user_code(code):
+        if (
+            code not in targets
+            and not resume.is_resume_code(code)
+            and not loop_pieces.is_loop_piece(code)
+            and not is_user_code(code)
+        ):
             return hook.SKIP
         values = tuple(frame.locals.values())
         if values and isinstance(values[0], _FUNCTION_CTX):
@@ -463,14 +515,19 @@ def make_callback(
             if fullgraph and isinstance(e, Unsupported):
                 raise
             if isinstance(e, Unsupported):
-                record_plain(code, e)
-                if e.after_loop is not None:
-                    # Note [Compiling what follows a loop]: the loop runs as Python, its exit
-                    # calls a continuation; the rewrite depends on no value, so nothing to guard
-                    counters.after_loops += 1
+                # a loop piece with nothing to compile before its break (Note [A piece with
+                # nothing before its break]) is not counted again as a frame left to Python: the
+                # loop's own frame, which runs the piece's statements as Python before, already is
+                record_plain(code, e, fallback=not loop_pieces.is_loop_piece(code))
+                if e.loop_code is not None:
+                    # Notes [Compiling what follows a loop], [Loop body pieces]: the loop runs as
+                    # Python, its exit calls a continuation and its body pieces; the rewrite
+                    # depends on no value, so nothing to guard
+                    counters.after_loops += e.loop_after
+                    counters.loop_pieces += e.loop_pieces
                     nvalues = len(values)
                     return hook.GuardedCode(
-                        hook.GuardTree(nvalues, nvalues, [], None, None, "no checks"), e.after_loop
+                        hook.GuardTree(nvalues, nvalues, [], None, None, "no checks"), e.loop_code
                     )
             else:
                 reason = f"internal error: {type(e).__name__}: {e}"
@@ -507,8 +564,9 @@ def _log_break(reason: BreakReason) -> None:
         graph_breaks_log.info("%s", reason)
 
 
-def record_plain(code: types.CodeType, e: Unsupported) -> None:
-    counters.fallbacks.append((code.co_name, str(e)))
+def record_plain(code: types.CodeType, e: Unsupported, fallback: bool = True) -> None:
+    if fallback:
+        counters.fallbacks.append((code.co_name, str(e)))
     reason = BreakReason.of(e, _display_name(code), split=False, not_split=e.not_split)
     counters.break_reasons.append(reason)
     _log_break(reason)

@@ -53,8 +53,11 @@ class Unsupported(Exception):
     not_split: str | None = None  # why the frame could not be split there, once that was tried
     note: str | None = None  # how the frame was split, when not at the break itself
     # the frame's code with its loop's exit calling a continuation (Note [Compiling what follows
-    # a loop] in resume.py), when the break is inside a loop and that rewrite is sound
-    after_loop: types.CodeType | None = None
+    # a loop] in resume.py) and its body calling pieces (Note [Loop body pieces] in
+    # loop_pieces.py), when the break is inside a loop and one of those rewrites is sound
+    loop_code: types.CodeType | None = None
+    loop_after: bool = False  # the rewrite calls a continuation at the loop's exit
+    loop_pieces: int = 0  # how many pieces the loop body calls
 
     def __init__(
         self,

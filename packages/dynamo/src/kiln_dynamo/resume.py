@@ -655,14 +655,65 @@ def _bound(code: types.CodeType, instrs: list[Instr]) -> dict[int, frozenset[str
     return state
 
 
-def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeType, types.CodeType] | str:
-    """`code` rewritten so that the exit of the loop that begins at `loop_entry` (an offset of
-    `code`: the loop's GET_ITER or first instruction) calls the continuation at the exit and
-    returns its result (Note [Compiling what follows a loop]); returns (new code, continuation),
-    or why that is not sound here."""
-    if code.co_cellvars:
-        return "the frame has cell variables"
-    instrs = _copy(facts(code).instrs)
+@dataclass(frozen=True, slots=True)
+class Insertion:
+    """New instructions placed right before `anchor` in a rewritten frame; every jump that
+    targeted `anchor` goes to the first of them instead."""
+
+    anchor: Instr
+    seq: tuple[Instr, ...]
+
+
+def rewrite(
+    code: types.CodeType, instrs: list[Instr], consts: list[object], edits: Sequence[Insertion]
+) -> types.CodeType:
+    """`code` with `edits` applied to `instrs` (a `_copy` of its instructions) and `consts`."""
+    for edit in edits:
+        for ins in instrs:
+            if ins.target is edit.anchor:
+                ins.target = edit.seq[0]
+        k = next(i for i, ins in enumerate(instrs) if ins is edit.anchor)
+        instrs[k:k] = edit.seq
+    asm = bytecode.assemble(instrs, code.co_firstlineno)
+    return code.replace(
+        co_code=asm.code,
+        co_linetable=asm.linetable,
+        co_exceptiontable=asm.exceptiontable,
+        co_consts=tuple(consts),
+        co_stacksize=max(code.co_stacksize, bytecode.stack_depth(instrs) + 1),
+    )
+
+
+def make_function(
+    code: types.CodeType, consts: list[object], fn: types.CodeType, lineno: int | None
+) -> list[Instr]:
+    """PUSH_NULL, then a new function of `fn` that shares the frame's closure (its free
+    variables), ready for its arguments and a call."""
+    consts.append(fn)
+    seq: list[Instr] = [Instr("PUSH_NULL", lineno=lineno)]
+    if code.co_freevars:
+        varnames = list(code.co_varnames)
+        seq += [
+            Instr("LOAD_CLOSURE", _localsplus_index(varnames, code.co_cellvars, code.co_freevars, n))
+            for n in code.co_freevars
+        ]
+        seq += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", len(consts) - 1)]
+        seq.append(Instr("MAKE_FUNCTION", 0x08))
+    else:
+        seq += [Instr("LOAD_CONST", len(consts) - 1), Instr("MAKE_FUNCTION", 0)]
+    return seq
+
+
+@dataclass(frozen=True, slots=True)
+class LoopShape:
+    """The outermost loop that begins at a loop entry, as indices into the frame's instructions."""
+
+    head: int  # the loop's first instruction (FOR_ITER for a `for` loop)
+    back: int  # its last back edge
+    exit: int  # where the loop goes when it ends (past 3.12's END_FOR)
+
+
+def loop_shape(instrs: Sequence[Instr], code: types.CodeType, loop_entry: int) -> LoopShape | str:
     offsets = [ins.offset for ins in instrs]
     loops = [(h, b) for h, b in facts(code).loops if loop_entry <= h <= b]
     if not loops:
@@ -672,63 +723,79 @@ def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeTy
     k_head, k_back = offsets.index(head), offsets.index(back)
     first = instrs[k_head]
     if first.opname == "FOR_ITER" and first.target is not None:
-        k_exit = instrs.index(first.target)  # where the exhausted iterator goes
+        k_exit = next(i for i, ins in enumerate(instrs) if ins is first.target)  # the exhausted iterator
     else:
         k_exit = k_back + 1
     if PY_VERSION >= (3, 12) and k_exit < len(instrs) and instrs[k_exit].opname == "END_FOR":
         k_exit += 1
+    return LoopShape(k_head, k_back, k_exit)
+
+
+def after_loop_edit(
+    code: types.CodeType, instrs: list[Instr], consts: list[object], shape: LoopShape
+) -> tuple[Insertion, types.CodeType] | str:
+    """The insertion at the loop's exit that calls the continuation there and returns its
+    result (Note [Compiling what follows a loop]), with that continuation; or why that is not
+    sound here."""
+    if code.co_cellvars:
+        return "the frame has cell variables"
+    k_exit = shape.exit
     if k_exit >= len(instrs):
         return "the loop ends the code"
-    exit_ins = instrs[k_exit]
-    if _reaches(instrs, k_exit, k_head, k_back):
+    if _reaches(instrs, k_exit, shape.head, shape.back):
         return "the instruction after the loop leads back into it"
-    if exit_ins.exn is not None:
-        return "a try or with block covers the loop's exit"
-    if _depths(instrs).get(k_exit) != 0:
-        return "values are on the stack at the loop's exit"
-    original, exit_at = original_of(code, exit_ins.offset)
-    live = live_locals(original, exit_at)
-    bound = _bound(code, instrs).get(k_exit, frozenset())
+    return continue_at(code, instrs, consts, k_exit, "the loop's exit")
+
+
+def continue_at(
+    code: types.CodeType, instrs: list[Instr], consts: list[object], k: int, where: str
+) -> tuple[Insertion, types.CodeType] | str:
+    """The insertion before instruction `k` (reached at most once per call: the caller checks)
+    that calls the continuation of the code at `k` with the live locals and returns its result,
+    with that continuation; or why that is not sound here (`where` names `k` in the reason)."""
+    if code.co_cellvars:
+        return "the frame has cell variables"
+    at = instrs[k]
+    if at.exn is not None:
+        return f"a try or with block covers {where}"
+    if _depths(instrs).get(k) != 0:
+        return f"values are on the stack at {where}"
+    original, offset = original_of(code, at.offset)
+    live = live_locals(original, offset)
+    bound = _bound(code, instrs).get(k, frozenset())
     if original.co_cellvars and live & set(original.co_cellvars):
-        return "a cell variable is live after the loop"
+        return f"a cell variable is live after {where}"
     live -= set(original.co_freevars)  # the continuation shares the frame's closure
     unbound = sorted(live - bound)
     if unbound:
-        return f"{', '.join(unbound)} may be unbound at the loop's exit"
+        return f"{', '.join(unbound)} may be unbound at {where}"
     names = sorted(live)
     if keeps_first_argument(original):  # Note [Zero-argument super in a continuation]
         self_name = original.co_varnames[0]
         if self_name not in bound:
-            return f"super() needs {self_name!r}, which may be unbound at the loop's exit"
+            return f"super() needs {self_name!r}, which may be unbound at {where}"
         names = [self_name] + [n for n in names if n != self_name]
-    after = resume_code(original, exit_at, (), tuple(names))
-    consts = [*code.co_consts, after]
-    tail: list[Instr] = [Instr("PUSH_NULL", lineno=exit_ins.lineno)]
-    if code.co_freevars:
-        varnames = list(code.co_varnames)
-        tail += [
-            Instr("LOAD_CLOSURE", _localsplus_index(varnames, code.co_cellvars, code.co_freevars, n))
-            for n in code.co_freevars
-        ]
-        tail += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", len(consts) - 1)]
-        tail.append(Instr("MAKE_FUNCTION", 0x08))
-    else:
-        tail += [Instr("LOAD_CONST", len(consts) - 1), Instr("MAKE_FUNCTION", 0)]
+    after = resume_code(original, offset, (), tuple(names))
+    tail = make_function(code, consts, after, at.lineno)
     tail += [Instr("LOAD_FAST", code.co_varnames.index(n)) for n in names]
     tail += _call(len(names))
     tail.append(Instr("RETURN_VALUE"))
     for ins in tail:
-        ins.lineno = exit_ins.lineno
-    for ins in instrs:
-        if ins.target is exit_ins:
-            ins.target = tail[0]
-    instrs[k_exit:k_exit] = tail
-    asm = bytecode.assemble(instrs, code.co_firstlineno)
-    new = code.replace(
-        co_code=asm.code,
-        co_linetable=asm.linetable,
-        co_exceptiontable=asm.exceptiontable,
-        co_consts=tuple(consts),
-        co_stacksize=max(code.co_stacksize, bytecode.stack_depth(instrs) + 1),
-    )
-    return new, after
+        ins.lineno = at.lineno
+    return Insertion(at, tuple(tail)), after
+
+
+def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeType, types.CodeType] | str:
+    """`code` rewritten so that the exit of the loop that begins at `loop_entry` (an offset of
+    `code`: the loop's GET_ITER or first instruction) calls the continuation at the exit and
+    returns its result (Note [Compiling what follows a loop]); returns (new code, continuation),
+    or why that is not sound here."""
+    instrs = _copy(facts(code).instrs)
+    consts = list(code.co_consts)
+    shape = loop_shape(instrs, code, loop_entry)
+    if isinstance(shape, str):
+        return shape
+    edit = after_loop_edit(code, instrs, consts, shape)
+    if isinstance(edit, str):
+        return edit
+    return rewrite(code, instrs, consts, [edit[0]]), edit[1]

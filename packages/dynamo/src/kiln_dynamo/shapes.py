@@ -119,6 +119,9 @@ class FrameState:
 
     sizes: dict[str, tuple[int | None, ...] | None] = field(default_factory=dict)
     static_only: str | None = None  # why this frame compiles static from now on
+    # int arguments symbolic from the first capture under dynamic=None: a loop piece's loop
+    # counter, which takes a new value every call (Note [Loop body pieces] in loop_pieces.py)
+    dynamic_ints: frozenset[str] = frozenset()
 
     def merge(self, name: str, sizes: tuple[int, ...]) -> set[int]:
         """Record `sizes` for `name`; the dims whose size has differed at some capture."""
@@ -239,7 +242,9 @@ class ShapeContext:
             return None
         changed = False
         if self.state is not None and self.mode is None:
-            changed = bool(self.state.merge(source.name(), (value,)))
+            changed = (
+                bool(self.state.merge(source.name(), (value,))) or source.name() in self.state.dynamic_ints
+            )
         if self.mode is not True and not changed:
             return None
         sym = self.env.create_int_symbol(value, ScalarKey(source))

@@ -56,6 +56,7 @@ from kiln_dynamo import bytecode, resume
 from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.output import OutputGraph, source_line
 from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource, Source
+from kiln_dynamo.variables import locks
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
@@ -257,8 +258,13 @@ class InstructionTranslator:
             return r.value
         except Unsupported as e:
             located = e.located(self.where(), self.user_frames(), self.depth)
+            if isinstance(e, locks.LockBlockHasEffects) and e.enter_offset is not None:
+                located = _before_lock(located, e.enter_offset)  # Note [Locks in the frame]
             if self.parent is None and self.current is not None and located.break_offset is None:
                 located.break_offset = self.current.offset
+                held = [v.enter_offset for v in self.stack if isinstance(v, locks.LockExitVariable)]
+                if held and held[0] is not None:  # a break inside the block: split before it
+                    located = _before_lock(located, held[0])
                 located = self._split_before_try(located)
             raise located from e.__cause__
         except RecursionError as e:
@@ -977,6 +983,11 @@ class InstructionTranslator:
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
         ctx = self.pop()
         if not isinstance(ctx, GradModeVariable | AutocastVariable):
+            lock = _lock_of(ctx)
+            if lock is not None:  # Note [Locks in the frame] (variables/locks.py)
+                self.push(locks.enter_lock(self, ctx, lock, inst.offset if self.parent is None else None))
+                self.push(ConstantVariable(True))  # what acquire() returns
+                return
             self._python_with(ctx)
             return
         self.push(WithExitVariable(ctx))
@@ -1162,3 +1173,21 @@ def run_root(
 
 
 _ = (BuiltinVariable, sys)
+
+
+def _lock_of(ctx: VT) -> object | None:
+    """The lock a with-statement enters, when `ctx` is a threading.Lock or RLock."""
+    try:
+        if not issubclass(ctx.python_type(), locks.LOCK_TYPES):
+            return None
+        return ctx.identity()
+    except Unsupported:
+        return None
+
+
+def _before_lock(e: Unsupported, enter_offset: int) -> Unsupported:
+    """The frame splits before the with-block over the lock, which then runs as Python."""
+    moved = Unsupported(e.msg, e.where, advice=e.advice, frames=e.frames, before=True, depth=0)
+    moved.break_offset = enter_offset
+    moved.note = "split before the with-block over the lock: its block runs as Python, under the lock"
+    return moved

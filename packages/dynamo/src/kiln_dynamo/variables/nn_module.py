@@ -96,6 +96,13 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
     return tx.wrap(static, AttrSource(tx.output.const_source(type(obj), type(obj).__qualname__), name))
 
 
+_BACKWARD_HOOKS_ADVICE = (
+    "the module's call runs as Python (its forward is captured on its own) so that autograd runs "
+    "its hooks with eager's gradients, as torch.compile does without compiled autograd; remove "
+    "the hooks from the compiled model to get one graph"
+)
+
+
 class NNModuleVariable(VariableTracker):
     def __init__(self, module: nn.Module, source: Source | None) -> None:
         self.module = module
@@ -241,7 +248,9 @@ class NNModuleVariable(VariableTracker):
         hooks]), with guards that the hooks stay as they were and that no backward hook appears."""
         m = self.module
         if m._backward_hooks or m._backward_pre_hooks:
-            raise Unsupported(f"{self.describe()} has backward hooks")
+            # one break, as torch.compile without compiled autograd: _call_impl runs as Python
+            # and wraps inputs and outputs in the autograd nodes that call the hooks
+            raise Unsupported(f"{self.describe()} has backward hooks", advice=_BACKWARD_HOOKS_ADVICE)
         g = nn.modules.module
         hook_dicts = (
             g._global_forward_hooks,
@@ -250,7 +259,7 @@ class NNModuleVariable(VariableTracker):
             g._global_backward_pre_hooks,
         )
         if any(hook_dicts):
-            raise Unsupported("global module hooks are registered")
+            raise Unsupported("global module hooks are registered", advice=_BACKWARD_HOOKS_ADVICE)
         tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
         hooked = bool(m._forward_hooks or m._forward_pre_hooks)
         if hooked and self.source is None:
