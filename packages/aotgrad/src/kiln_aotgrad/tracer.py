@@ -50,6 +50,7 @@ from kiln_aotgrad.functionalize import (
 )
 from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import forget_source_when_freed
+from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, run_fake
 
 aten = torch.ops.aten
@@ -569,6 +570,14 @@ class Tracer(TorchDispatchMode):
         root.mutated = True
         self.nodes[id(t)] = new
         a.version = root.version
+        # Note [Constant fakes] (kiln_dynamo's constants.py): `t` and its aliases no longer hold
+        # what they held; a write of a constant into a whole tensor keeps it constant
+        value = new.meta.get("val")
+        if isinstance(t, FakeTensor):
+            drop_constants(t)
+            fresh = getattr(value, "constant", None)
+            if not a.chain and fresh is not None and fresh.shape == t.shape and fresh.dtype == t.dtype:
+                set_constant(t, fresh.clone())
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, outputs: list[torch.fx.Node | None]) -> torch.fx.GraphModule:

@@ -1,0 +1,101 @@
+"""Operators that used to run eagerly because capture could not describe their results, compiled
+whole through `kiln.compile` and compared with eager (issue 19's fallback list):
+
+- no meta kernel in torch: kiln's own meta functions (kiln_dynamo's meta.py) for `geqrf`,
+  `histogram`, `histogramdd`, `linalg.lstsq` (drivers whose outputs do not depend on the data),
+  `unique`/`unique_consecutive` of at most one element;
+- data read while tracing, where the data is a constant the program builds (Note [Constant
+  fakes], kiln_dynamo's constants.py): `corrcoef`/`cov` without weights (`equal` on a norm factor),
+  `combinations` (`masked_select` with a mask from `full`/`arange`/`lt`, mutated in place);
+- a module passed to a torch function (Note [torch functions that take a callable]).
+
+Each case must be one graph, no fallback of any kind, eager's values, shapes, dtypes and strides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
+
+import kiln
+
+
+def _cases() -> list[tuple[str, Callable[..., Any], tuple[Any, ...]]]:
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    return [
+        ("geqrf", torch.geqrf, (r(5, 3),)),
+        ("geqrf_batched", torch.geqrf, (r(2, 3, 4),)),
+        ("histogram", lambda x: torch.histogram(x, 5), (r(20),)),
+        ("histogram_edges", torch.histogram, (r(20), torch.tensor([-1.0, 0.0, 2.0]))),
+        ("histogramdd", lambda x: torch.histogramdd(x, [2, 3]), (r(10, 2),)),
+        ("lstsq_gels_tall", lambda a, b: torch.linalg.lstsq(a, b, driver="gels"), (r(5, 3), r(5, 2))),
+        ("lstsq_gelsy_wide", lambda a, b: torch.linalg.lstsq(a, b, driver="gelsy"), (r(2, 3), r(2, 4))),
+        (
+            "lstsq_gelsd_batched",
+            lambda a, b: torch.linalg.lstsq(a, b, driver="gelsd"),
+            (r(2, 3, 3), r(2, 3, 1)),
+        ),
+        ("unique_one", lambda x: torch.unique(x, return_inverse=True, return_counts=True), (r(1, 1),)),
+        ("unique_consecutive_one", lambda x: torch.unique_consecutive(x, return_counts=True), (r(()),)),
+        ("corrcoef", torch.corrcoef, (r(3, 6),)),
+        ("cov", lambda x: torch.cov(x, correction=0), (r(2, 5),)),
+        ("combinations_2", lambda x: torch.combinations(x, 2), (r(5),)),
+        ("combinations_3_replacement", lambda x: torch.combinations(x, 3, with_replacement=True), (r(4),)),
+        (
+            "triplet_module_distance",
+            lambda a, p, n: F.triplet_margin_with_distance_loss(
+                a, p, n, distance_function=torch.nn.PairwiseDistance()
+            ),
+            (r(4, 6), r(4, 6), r(4, 6)),
+        ),
+        (
+            "triplet_function_distance",
+            lambda a, p, n: F.triplet_margin_with_distance_loss(
+                a, p, n, distance_function=lambda x, y: (x - y).abs().sum(-1)
+            ),
+            (r(4, 6), r(4, 6), r(4, 6)),
+        ),
+    ]
+
+
+CASES = _cases()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Any:
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+@pytest.mark.parametrize(("name", "fn", "args"), CASES, ids=[c[0] for c in CASES])
+def test_compiled_whole_and_as_eager(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    want = fn(*args)
+    got = kiln.compile(fn, options={"strict": True})(*args)
+    stats = kiln.capture_stats()
+    assert stats.graphs == 1 and not stats.frames_not_captured and not stats.break_reasons, stats
+    assert not [r for r in kiln.compile_log() if r.fell_back or r.declined]
+    g_leaves, g_spec = tree_flatten(got)
+    w_leaves, w_spec = tree_flatten(want)
+    assert g_spec == w_spec
+    for g, w in zip(g_leaves, w_leaves, strict=True):
+        assert (g.shape, g.dtype, g.stride()) == (w.shape, w.dtype, w.stride()), name
+        torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_a_data_dependent_answer_is_still_a_fallback() -> None:
+    """cov with input weights compares a norm factor computed from them: data, not a constant."""
+    x, w = torch.randn(2, 5), torch.rand(5)
+    got = kiln.compile(lambda x, w: torch.cov(x, aweights=w))(x, w)
+    torch.testing.assert_close(got, torch.cov(x, aweights=w))
+    stats = kiln.capture_stats()
+    assert stats.graphs == 0 and any("aten::equal" in b.reason for b in stats.break_reasons), stats
