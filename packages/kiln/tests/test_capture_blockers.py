@@ -92,6 +92,20 @@ def test_compiled_whole_and_as_eager(name: str, fn: Callable[..., Any], args: tu
         torch.testing.assert_close(g, w, equal_nan=True)
 
 
+def test_a_constant_transposed_in_place_keeps_its_values() -> None:
+    """Note [Constant fakes]: a constant mask transposed in place (dynamo's fake run and aotgrad's
+    `_inplace_view` both move its values with its metadata) is compiled whole, eager's answer."""
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        mask = torch.arange(4).reshape(2, 2) < 2
+        mask.t_()
+        return torch.masked_select(x, mask)
+
+    x = torch.randn(2, 2)
+    got = kiln.compile(fn, options={"strict": True})(x)
+    assert kiln.capture_stats().graphs == 1 and torch.equal(got, fn(x))
+
+
 def test_a_data_dependent_answer_is_still_a_fallback() -> None:
     """cov with input weights compares a norm factor computed from them: data, not a constant."""
     x, w = torch.randn(2, 5), torch.rand(5)

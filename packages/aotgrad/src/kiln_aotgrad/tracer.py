@@ -514,6 +514,9 @@ class Tracer(TorchDispatchMode):
                 torch._C._set_meta_in_tls_dispatch_include(include)
         if isinstance(t, FakeTensor):
             func(t.meta, *args[1:], **kwargs)
+            if t.constant is not None:  # Note [Constant fakes]: the value changes as the metadata
+                with no_dispatch():
+                    func(t.constant, *args[1:], **kwargs)
         self.nodes[id(t)] = node
         self.aliases[id(t)] = Alias(a.root, a.chain, a.version)
         return t
