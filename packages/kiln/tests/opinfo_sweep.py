@@ -79,8 +79,6 @@ KNOWN_FALLBACKS: dict[str, str] = {
     "sparse.sampled_addmm": "not captured: sparse (non-strided) tensor input",
     "nn.functional.linear_cross_entropy.chunked": "not captured: a LinearCrossEntropyOptions argument",
     "nn.functional.linear_cross_entropy.chunked_none": "not captured: a LinearCrossEntropyOptions argument",
-    "resize_": "aotgrad: resize_ changes its input's storage (no functional form); runs as captured",
-    "resize_as_": "aotgrad: resize_as_ changes its input's storage (no functional form); runs as captured",
 }
 
 

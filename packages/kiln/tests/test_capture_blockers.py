@@ -80,7 +80,8 @@ def _reset() -> Any:
 @pytest.mark.parametrize(("name", "fn", "args"), CASES, ids=[c[0] for c in CASES])
 def test_compiled_whole_and_as_eager(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     want = fn(*args)
-    got = kiln.compile(fn, options={"strict": True})(*args)
+    frame = lambda *a: fn(*a)  # noqa: E731, PLW0108  (a frame around torch's builtins)
+    got = kiln.compile(frame, options={"strict": True})(*args)
     stats = kiln.capture_stats()
     assert stats.graphs == 1 and not stats.frames_not_captured and not stats.break_reasons, stats
     assert not [r for r in kiln.compile_log() if r.fell_back or r.declined]
@@ -113,3 +114,58 @@ def test_a_data_dependent_answer_is_still_a_fallback() -> None:
     torch.testing.assert_close(got, torch.cov(x, aweights=w))
     stats = kiln.capture_stats()
     assert stats.graphs == 0 and any("aten::equal" in b.reason for b in stats.break_reasons), stats
+
+
+def _resize(x: torch.Tensor) -> torch.Tensor:
+    return x.resize_(25, 5)
+
+
+def _shrink_then_add(x: torch.Tensor) -> torch.Tensor:
+    x.resize_(2, 3)
+    x.add_(1)
+    return x * 2
+
+
+def _resize_as(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return x.resize_as_(like)
+
+
+def _transpose_in_place(x: torch.Tensor) -> torch.Tensor:
+    x.t_()
+    return x.sum(0)
+
+
+METADATA = [
+    ("resize_same_numel", _resize, (torch.randn(5, 5, 5),)),
+    ("resize_shrink_then_write", _shrink_then_add, (torch.randn(8),)),
+    ("resize_0d_to_3d", lambda x: x.resize_(1, 1, 1), (torch.tensor(2.0),)),
+    ("resize_as", _resize_as, (torch.randn(6), torch.randn(3, 2))),
+    ("t_", _transpose_in_place, (torch.randn(3, 4),)),
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "args"), METADATA, ids=[m[0] for m in METADATA])
+def test_a_metadata_mutation_of_an_input_is_compiled(
+    name: str, fn: Callable[..., Any], args: tuple[Any, ...]
+) -> None:
+    """Note [Metadata mutations of inputs] (kiln_aotgrad): the caller's tensor ends with eager's
+    sizes, strides and values; a result that is the input is the caller's tensor itself."""
+    eager_args = tuple(a.clone() for a in args)
+    mine = tuple(a.clone() for a in args)
+    want = fn(*eager_args)
+    got = kiln.compile(fn, options={"strict": True})(*mine)
+    assert kiln.capture_stats().graphs == 1 and not [r for r in kiln.compile_log() if r.fell_back]
+    for m, e in zip(mine, eager_args, strict=True):
+        assert (m.shape, m.stride(), m.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+        assert torch.equal(m, e)
+    assert (got.shape, got.stride()) == (want.shape, want.stride())
+    torch.testing.assert_close(got, want)
+    assert (got is mine[0]) == (want is eager_args[0])
+
+
+def test_a_resize_that_may_grow_the_storage_runs_as_captured() -> None:
+    x = torch.randn(4)
+    xe = x.clone()
+    with pytest.warns(RuntimeWarning, match="mutating operator without a functional form"):
+        got = kiln.compile(lambda t: t.resize_(3, 3).fill_(1.0))(x)
+    assert x.shape == (3, 3) and torch.equal(got, xe.resize_(3, 3).fill_(1.0))
