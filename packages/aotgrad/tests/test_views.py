@@ -68,13 +68,35 @@ def test_inplace_view_ops_on_intermediates(no_grad: bool) -> None:
     check(f, torch.randn(3, 4, requires_grad=True), no_grad=no_grad)
 
 
-def test_inplace_view_of_a_graph_input_is_refused() -> None:
+def test_inplace_view_of_a_graph_input_restrides_the_callers_tensor() -> None:
+    """Note [Metadata mutations of inputs]: the caller's tensor ends with eager's geometry."""
+
     def f(x: torch.Tensor) -> torch.Tensor:
         x.unsqueeze_(0)
         return x + 1
 
+    x = torch.randn(3)
+    xe = x.clone()
+    out = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)(x)
+    want = f(xe)
+    assert (x.shape, x.stride()) == (xe.shape, xe.stride()) and torch.equal(out, want)
+
+
+def test_inplace_view_of_a_view_of_an_input_or_of_one_requiring_grad_is_refused() -> None:
+    def of_view(x: torch.Tensor) -> torch.Tensor:
+        y = x[1:]
+        y.unsqueeze_(0)
+        return y + 1
+
+    def grad_input(x: torch.Tensor) -> torch.Tensor:
+        y = x * 1
+        x.t_()
+        return y
+
     with pytest.raises(AotgradError, match="unsqueeze_"):
-        kiln_aotgrad.aot_function(f, lambda gm, ex: gm)(torch.randn(3))
+        kiln_aotgrad.aot_function(of_view, lambda gm, ex: gm)(torch.randn(3))
+    with pytest.raises(AotgradError, match="t_"):
+        kiln_aotgrad.aot_function(grad_input, lambda gm, ex: gm)(torch.randn(2, 3, requires_grad=True))
 
 
 @pytest.mark.parametrize("no_grad", [True, False])

@@ -69,7 +69,14 @@ def memory(
     g = aten.index.Tensor(x, [idx])
     acc = aten.index_put.default(x, [rows], vals, True)
     e = aten.sum.dim_IntList(aten.embedding.default(x, tok), [2])
-    return g, acc, e
+    # Note [16-bit atomic adds]: float16's tl.atomic_add, bfloat16's compare-and-swap loop
+    half = [
+        aten.index_put.default(
+            aten._to_copy.default(x, dtype=d), [rows], aten._to_copy.default(vals, dtype=d), True
+        )
+        for d in (torch.float16, torch.bfloat16)
+    ]
+    return g, acc, e, *half
 
 
 def relu(x: torch.Tensor) -> Any:

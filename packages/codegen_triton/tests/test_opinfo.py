@@ -27,12 +27,9 @@ from kiln_loopir.lowering import LOWERINGS, _ensure_registered
 # spellings are swept op by op in test_pointwise.py and test_reductions.py)
 DTYPES = {torch.float32: 2, torch.bfloat16: 1, torch.int64: 1}
 
-# OpInfo name -> why some of its kernels run in loopir's interpreter (correct, only slower)
-DECLINED: dict[str, str] = {
-    "scatter_add": "bfloat16 atomic adds are not generated",
-    "index_put": "bfloat16 atomic adds are not generated",
-    "index_add": "bfloat16 atomic adds are not generated",
-}
+# OpInfo name -> why some of its kernels run in loopir's interpreter (correct, only slower);
+# bfloat16 atomic adds are generated (Note [16-bit atomic adds] in kernel.py)
+DECLINED: dict[str, str] = {}
 
 # ops whose values are unspecified (uninitialized memory): only shape and dtype are compared
 UNSPECIFIED_VALUES = {"empty", "empty_like", "new_empty", "empty_strided"}

@@ -11,9 +11,20 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from triton_check import DEVICES, In, aten, check, eager_supports, graph_of, kinds, make
+from triton_check import (
+    DEVICES,
+    In,
+    aten,
+    check,
+    eager_supports,
+    graph_of,
+    kinds,
+    make,
+    to_device,
+)
 
 from kiln_codegen_triton import TritonBackend
+from kiln_loopir import compile_graph
 
 DTYPES = [
     torch.float32,
@@ -86,12 +97,52 @@ def test_binary_ops(dtype: torch.dtype, device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_declined_kernel_runs_in_the_interpreter(device: str) -> None:
-    """A kernel without a Triton spelling (a bfloat16 atomic add) is declined by name and still
+    """A kernel without a Triton spelling (an int8 atomic add) is declined by name and still
     computed right, by loopir's interpreter on CPU copies of its buffers."""
-    x, rows, vals = make((6, 5), torch.bfloat16), torch.tensor([1, 4, 1]), make((3, 5), torch.bfloat16)
+    x, rows, vals = make((6, 5), torch.int8), torch.tensor([1, 4, 1]), make((3, 5), torch.int8)
     gm = graph_of([(aten.index_put.default, (In(0), [In(1)], In(2), True), {})], 3)
     backend = check(gm, x, rows, vals, device=device, allow_declined=True)
     assert len(backend.last_declined) == 1 and "atomic add" in backend.last_declined[0][1]
+
+
+def _many_adds_into_few_rows() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return make((3, 37), torch.bfloat16), torch.randint(0, 3, (150,)), make((150, 37), torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_accumulating_index_put_is_a_cas_loop_kernel(device: str) -> None:
+    """Note [16-bit atomic adds]: bfloat16 accumulates in a compare-and-swap loop, each add
+    rounded to bfloat16 as eager's index_put rounds it: with 50 adds per element (lanes of one
+    block on the same element retry) bit for bit eager's answer, which summing in float32 and
+    rounding once is not."""
+    x, rows, vals = _many_adds_into_few_rows()
+    gm = graph_of([(aten.index_put.default, (In(0), [In(1)], In(2), True), {})], 3)
+    inputs = to_device([x, rows, vals], device)
+    backend = TritonBackend()
+    (got,) = compile_graph(gm, inputs, backend=backend)(*inputs)
+    assert not backend.last_declined and "k_bf16_atomic_add(p_" in backend.last_source
+    (want,) = gm(x, rows, vals)
+    rounded_once = x.float().index_put((rows,), vals.float(), accumulate=True).bfloat16()
+    assert torch.equal(got.cpu(), want) and not torch.equal(want, rounded_once)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bfloat16_scatter_add_sums_in_float32(device: str) -> None:
+    """Note [Accumulating scatters in low precision]: eager's scatter_add sums in float32 and
+    rounds once; so does kiln's (float32 atomic adds into a float32 copy), bit for bit, where
+    rounding each add is far off."""
+    x, rows, vals = _many_adds_into_few_rows()
+    index = rows[:, None].expand(150, 37).contiguous()
+    gm = graph_of([(aten.scatter_add.default, (In(0), 0, In(1), In(2)), {})], 3)
+    inputs = to_device([x, index, vals], device)
+    backend = TritonBackend()
+    (got,) = compile_graph(gm, inputs, backend=backend)(*inputs)
+    assert not backend.last_declined and "k_bf16_atomic_add(p_" not in backend.last_source
+    assert "tl.atomic_add(" in backend.last_source
+    (want,) = gm(x, index, vals)
+    add_by_add = x.index_put((rows,), vals, accumulate=True)
+    assert torch.equal(got.cpu(), want) and not torch.equal(want, add_by_add)
 
 
 @pytest.mark.parametrize("device", DEVICES)

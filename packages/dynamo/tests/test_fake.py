@@ -146,3 +146,106 @@ def test_attention_traced_on_fakes_runs_the_fused_kernel_eager_runs() -> None:
     assert isinstance(out, FakeTensor) and tuple(out.shape) == (2, 4, 128, 64)
     assert "aten._scaled_dot_product_flash_attention_for_cpu.default" in seen, seen
     assert not any("bmm" in s or "softmax" in s for s in seen), seen
+
+
+def _lstsq(driver: str | None, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[str, Any, tuple[Any, ...]]:
+    fn = lambda x, y: torch.linalg.lstsq(x, y, driver=driver)  # noqa: E731
+    return (f"lstsq_{driver}_{a}_{b}", fn, (torch.randn(a), torch.randn(b)))
+
+
+# kiln's own meta functions (meta.py): torch has no meta kernel for these
+OWN_META: list[tuple[str, Any, tuple[Any, ...]]] = [
+    *[
+        (f"geqrf_{s}", torch.geqrf, (torch.randn(s),))
+        for s in [(5, 5), (5, 2), (2, 5), (5, 0), (3, 4, 2), (0, 3, 3)]
+    ],
+    ("histogram_count", torch.histogram, (torch.randn(7), 4)),
+    ("histogram_edges", torch.histogram, (torch.randn(7), torch.tensor([0.0, 1.0, 3.0]))),
+    ("histogram_0d", torch.histogram, (torch.tensor(1.0), 1)),
+    ("histogramdd_counts", torch.histogramdd, (torch.randn(5, 3), [2, 3, 4])),
+    ("histogramdd_int", torch.histogramdd, (torch.randn(5, 2), 3)),
+    (
+        "histogramdd_edges",
+        torch.histogramdd,
+        (torch.randn(5, 2), [torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0, 2.0])]),
+    ),
+    *[
+        _lstsq(driver, a, b)
+        for driver in ["gels", "gelsy", "gelsd", "gelss", None]
+        for a, b in [
+            ((2, 3), (2, 3)),
+            ((3, 3), (3, 3)),
+            ((4, 3), (4, 3)),
+            ((4, 3), (4,)),
+            ((2, 4, 3), (2, 4, 5)),
+        ]
+        if not (driver in ("gelsd", "gelss") and a[-2] > a[-1])
+    ],
+]
+
+
+@pytest.mark.parametrize(("name", "fn", "args"), OWN_META, ids=[o[0] for o in OWN_META])
+def test_kilns_own_meta_functions_match_eager(name: str, fn: Any, args: tuple[Any, ...]) -> None:
+    test_fake_metadata_equals_eager(name, fn, args)
+
+
+@pytest.mark.parametrize("driver", ["gelsd", "gelss"])
+def test_lstsq_residuals_that_depend_on_the_rank_raise_a_reason(driver: str) -> None:
+    with pytest.raises(FakeUnsupported, match="full-rank"), FakeMode():
+        torch.linalg.lstsq(from_real(torch.randn(4, 3)), from_real(torch.randn(4, 2)), driver=driver)
+
+
+# Note [Constant fakes]
+def test_a_question_about_constants_is_answered_while_tracing() -> None:
+    with FakeMode():
+        n = torch.scalar_tensor(2, dtype=torch.int64)
+        assert torch.equal(n - 1 <= 0, torch.zeros((), dtype=torch.bool))
+        picked = torch.masked_select(from_real(torch.randn(4, 3)), torch.arange(3) < 2)
+    assert isinstance(picked, FakeTensor) and tuple(picked.shape) == (8,) and picked.constant is None
+
+
+def test_inputs_and_their_results_carry_no_constant() -> None:
+    x = from_real(torch.randn(3))
+    with FakeMode():
+        y = x + torch.ones(3)
+        with pytest.raises(FakeUnsupported, match="needs tensor data"):
+            torch.equal(y, y)
+    assert x.constant is None and y.constant is None
+
+
+@pytest.mark.parametrize("through_view", [False, True])
+def test_a_write_of_data_drops_the_constants_of_every_alias(through_view: bool) -> None:
+    x = from_real(torch.randn(2))
+    with FakeMode():
+        c = torch.zeros(4)
+        assert torch.equal(c, torch.zeros(4))
+        (c[1:3] if through_view else c).add_(x if through_view else x.repeat(2))
+        with pytest.raises(FakeUnsupported, match="needs tensor data"):
+            torch.equal(c, torch.zeros(4))
+
+
+def test_a_write_of_constants_keeps_every_alias_constant() -> None:
+    with FakeMode():
+        c = torch.zeros(4)
+        c[1:3].add_(torch.ones(2))
+    assert isinstance(c, FakeTensor) and c.constant is not None
+    assert torch.equal(c.constant, torch.tensor([0.0, 1.0, 1.0, 0.0]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: torch.rand(3), lambda: torch.empty(3), lambda: torch.zeros(5000)],
+    ids=["random", "uninitialized", "large"],
+)
+def test_random_uninitialized_or_large_results_are_not_constants(make: Any) -> None:
+    with FakeMode():
+        t = make()
+    assert t.constant is None
+
+
+def test_unique_of_one_element_has_a_known_size_and_of_more_raises() -> None:
+    with FakeMode():
+        values, inverse, counts = torch.ops.aten._unique2(from_real(torch.randn(1, 1)), True, True, True)
+        assert [tuple(t.shape) for t in (values, inverse, counts)] == [(1,), (1, 1), (1,)]
+        with pytest.raises(FakeUnsupported, match="needs tensor data"):
+            torch.ops.aten._unique2(from_real(torch.randn(2)))

@@ -68,29 +68,17 @@ RTOL, ATOL = TOLERANCES[torch.float32]
 _DATA = "graph break: needs tensor data while tracing"
 _NO_META = "graph break: the op has no meta kernel (no fake tensor can describe its result)"
 KNOWN_FALLBACKS: dict[str, str] = {
-    "combinations": f"{_DATA} (masked_select)",
-    "corrcoef": f"{_DATA} (aten::equal)",
-    "cov": f"{_DATA} (aten::equal)",
+    "cov": f"{_DATA} (aten::equal on a norm factor computed from input weights)",
     "masked_select": f"{_DATA} (data-dependent shape)",
     "narrow": f"{_DATA} (a tensor start is read as an int)",
     "nn.functional.gaussian_nll_loss": f"{_DATA} (an input check reads a value)",
     "nonzero": f"{_DATA} (data-dependent shape)",
     "argwhere": f"{_DATA} (nonzero: data-dependent shape)",
-    "unique": f"{_DATA} (_unique2: data-dependent shape)",
     "tensor_split": "graph break: tensor_split with tensor indices reads their data",
-    "geqrf": _NO_META,
-    "unique_consecutive": _NO_META,
-    "histogram": _NO_META,
-    "histogramdd": _NO_META,
-    "nn.functional.ctc_loss": _NO_META,
-    "linalg.lstsq": _NO_META,
-    "linalg.lstsq.grad_oriented": _NO_META,
+    "nn.functional.ctc_loss": f"{_NO_META}: _ctc_loss.Tensor's log_alpha is sized by max(target_lengths)",
     "sparse.sampled_addmm": "not captured: sparse (non-strided) tensor input",
     "nn.functional.linear_cross_entropy.chunked": "not captured: a LinearCrossEntropyOptions argument",
     "nn.functional.linear_cross_entropy.chunked_none": "not captured: a LinearCrossEntropyOptions argument",
-    "nn.functional.triplet_margin_with_distance_loss": "graph break: a module passed as a distance function",
-    "resize_": "aotgrad: resize_ changes its input's storage (no functional form); runs as captured",
-    "resize_as_": "aotgrad: resize_as_ changes its input's storage (no functional form); runs as captured",
 }
 
 

@@ -39,12 +39,9 @@ SHARD = os.environ.get("KILN_OPINFO_SHARD")
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 # (dtype, op) -> why some of it runs in loopir's interpreter with the Triton code generator
-# (float16 atomic adds are generated: Note [16-bit atomic adds] in kiln_codegen_triton's kernel.py)
-_BF16_ATOMIC = "bfloat16 atomic adds are not generated (an accumulating scatter into a bfloat16 buffer)"
-TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {
-    (torch.bfloat16, name): _BF16_ATOMIC
-    for name in ("index_add", "index_put", "scatter_add", "_unsafe_masked_index_put_accumulate")
-}
+# (float16 and bfloat16 atomic adds are generated: Note [16-bit atomic adds] in
+# kiln_codegen_triton's kernel.py)
+TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {}
 
 # op-name prefix -> why those ops are not captured on CUDA (they run eagerly, whole)
 CUDA_FALLBACKS: dict[str, str] = {

@@ -132,8 +132,40 @@ def _take(x: torch.Tensor, index: torch.Tensor) -> Any:
     return aten.index.Tensor(aten.reshape.default(x, [-1]), [index])
 
 
+_HALF = (torch.bfloat16, torch.float16)
+_CORE_INDEX_ADD = get_decompositions([aten.index_add.default])
+
+
+def _index_add(
+    x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1
+) -> Any:
+    # Note [Accumulating scatters in low precision] (kiln_loopir's lowerings/memory.py): eager
+    # sums a half-precision index_add in float32 and rounds once (more than one dimension; one
+    # dimension rounds each add, and float32 is then the nearer); torch._decomp's entry is an
+    # index_put(accumulate=True) in the element type, rounding each add.
+    core = _CORE_INDEX_ADD[aten.index_add.default]
+    if x.dtype not in _HALF:
+        return core(x, dim, index, source, alpha=alpha)
+    wide = core(
+        aten._to_copy.default(x, dtype=torch.float32),
+        dim,
+        index,
+        aten._to_copy.default(source, dtype=torch.float32),
+        alpha=alpha,
+    )
+    return aten._to_copy.default(wide, dtype=x.dtype)
+
+
+def _index_add_(
+    x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *, alpha: Any = 1
+) -> Any:
+    return aten.copy_.default(x, _index_add(x, dim, index, source, alpha=alpha))
+
+
 # kiln's own entries.
 _KILN: DecompTable = {
+    aten.index_add.default: _index_add,
+    aten.index_add_.default: _index_add_,
     aten.take.default: _take,
     aten.var_mean.correction: _var_mean,
     aten._efficientzerotensor.default: _efficient_zeros,

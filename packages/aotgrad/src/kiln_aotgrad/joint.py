@@ -71,6 +71,8 @@ class TraceMeta:
     training: bool
     num_tangents: int = 0
     grad_inputs: list[int] = field(default_factory=list)  # inputs that receive a gradient
+    # Note [Metadata mutations of inputs]: (input, sizes, strides, offset) it ends with
+    metadata_mutations: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -212,6 +214,11 @@ def trace(
         graph_out_requires_grad=requires if training else [False] * len(graph_nodes),
         input_requires_grad=input_rg,
         training=training,
+        metadata_mutations=[
+            (i, tuple(v.shape), tuple(v.stride()), int(v.storage_offset()))
+            for i, v in enumerate(visible)
+            if id(v) in tracer.metadata_mutated
+        ],
     )
     if not training:
         return Traced(tracer.finish(list(graph_nodes)), meta)

@@ -52,6 +52,15 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
                 target.copy_(v)
 
 
+def _restride(meta: TraceMeta, inputs: Sequence[torch.Tensor]) -> None:
+    """Note [Metadata mutations of inputs]: an input the program resized or viewed in place
+    (`resize_` within its storage, `t_`, `squeeze_`...) gets the sizes and strides it ends with,
+    after its data was written back (in its old geometry)."""
+    for i, size, stride, offset in meta.metadata_mutations:
+        with torch.no_grad():
+            inputs[i].as_strided_(size, stride, offset)
+
+
 def _plain_outputs(meta: TraceMeta) -> bool:
     """Whether the user outputs are exactly the graph outputs, in order, in one flat tuple: then
     `_assemble` is the identity and is skipped (Note [The call fast path] in api.py)."""
@@ -93,7 +102,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
 def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     """`run(*flat_inputs)` for a graph without backward."""
     m = len(meta.mutated_inputs)
-    if m == 0 and _plain_outputs(meta):
+    if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
 
         def run_plain(*inputs: torch.Tensor) -> Any:
             return tuple(_as_list(compiled(*inputs)))
@@ -103,6 +112,7 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     def run(*inputs: torch.Tensor) -> Any:
         outs = _as_list(compiled(*inputs))
         _write_back(meta, inputs, outs[:m])
+        _restride(meta, inputs)
         return _assemble(meta, inputs, outs[m:])
 
     return run
@@ -154,7 +164,7 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
                 result[i] = g
             return tuple(result)
 
-    if m == 0 and _plain_outputs(meta):
+    if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
 
         def run_plain(*inputs: torch.Tensor) -> Any:
             return tuple(_as_list(CompiledFunction.apply(*inputs)))
@@ -165,6 +175,7 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
         outs = CompiledFunction.apply(*inputs)
         outs = _as_list(outs)
         _write_back(meta, inputs, outs[:m])
+        _restride(meta, inputs)
         return _assemble(meta, inputs, outs[m:])
 
     return run

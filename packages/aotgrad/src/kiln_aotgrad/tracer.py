@@ -25,6 +25,7 @@ interpreted, or else the innermost stack frame outside torch and kiln.
 from __future__ import annotations
 
 import contextvars
+import math
 import operator
 import traceback
 from typing import Any
@@ -50,12 +51,47 @@ from kiln_aotgrad.functionalize import (
 )
 from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import forget_source_when_freed
+from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, run_fake
 
 aten = torch.ops.aten
 
 # In-place operators that replace a tensor's storage: not views (functionalize.py rejects them).
 _SETS_STORAGE = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_"})
+_RESIZES = frozenset({"aten::resize_", "aten::resize_as_"})
+
+
+def _resize_as_view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """`resize_` of a contiguous tensor to no more elements keeps its storage and is `as_strided_`
+    to contiguous strides at the same offset: the arguments of that, or None (a resize that may
+    grow the storage has no such form, and stays an error: the graph runs as captured).
+
+    Note [Metadata mutations of inputs]: an in-place view operator (`t_`, `squeeze_`,
+    `as_strided_`, and `resize_` in this form) on a graph input changes the caller's tensor's
+    sizes and strides, not its data. The tracer treats the input as its own view from there on
+    (`_inplace_view`, as for any tensor), and records it (`metadata_mutated`); `joint.trace`
+    stores the sizes, strides and offset the input ends with (`TraceMeta.metadata_mutations`), and
+    the runtime (`runtime._restride`) gives them to the real input with `as_strided_` after any
+    data write-back (which is in the input's old geometry). Only the input itself, not a view of
+    it, and not one that requires grad (autograd would have to see the change)."""
+    t = args[0]
+    if str(func._schema.name) == "aten::resize_as_":
+        size = list(args[1].shape)
+        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+    else:
+        size = list(args[1])
+        fmt = kwargs.get("memory_format", args[2] if len(args) > 2 else None)
+    if fmt not in (None, torch.contiguous_format) or not isinstance(t, torch.Tensor):
+        return None
+    if any(is_symbolic(v) for v in (*size, *t.shape, *t.stride(), t.storage_offset())):
+        return None
+    if not t.is_contiguous() or math.prod(size) > t.numel():
+        return None
+    strides = [1] * len(size)
+    for d in range(len(size) - 2, -1, -1):
+        strides[d] = strides[d + 1] * max(size[d + 1], 1)
+    return (t, size, strides, t.storage_offset())
+
 
 _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
 
@@ -177,6 +213,8 @@ class Tracer(TorchDispatchMode):
         self.origin: str | None = None
         self._expanding: list[Any] = []
         self._inputs: set[int] = set()
+        # Note [Metadata mutations of inputs]: inputs whose sizes and strides the program changes
+        self.metadata_mutated: set[int] = set()
         # Note [One op kept when its decomposition fails]
         self._kept: set[Any] = set()
         self.kept_ops: list[tuple[str, str]] = []
@@ -382,6 +420,10 @@ class Tracer(TorchDispatchMode):
                     return r
         if torch.Tag.inplace_view in func.tags and str(func._schema.name) not in _SETS_STORAGE:
             return self._inplace_view(func, args, kwargs)
+        if str(func._schema.name) in _RESIZES:
+            as_view = _resize_as_view(func, args, kwargs)
+            if as_view is not None:
+                return self._inplace_view(aten.as_strided_.default, as_view, {})
         writes = mutated_arg_names(func)
         if writes:
             return self._mutation(func, args, kwargs, writes)
@@ -490,9 +532,14 @@ class Tracer(TorchDispatchMode):
         name = str(func._schema.name)
         t = args[0]
         self.node_for(t)
-        if self.aliases[id(t)].root in self._inputs:
-            # Eager would change the caller's tensor; the runtime only writes data back.
-            raise AotgradError("in-place view of a graph input (a metadata mutation)", op=name)
+        a_t = self.aliases[id(t)]
+        if a_t.root in self._inputs:
+            if a_t.chain or id(t) != a_t.root or t.requires_grad:
+                # Eager would change a view of the caller's tensor, or one autograd tracks
+                raise AotgradError("in-place view of a graph input (a metadata mutation)", op=name)
+            # Note [Metadata mutations of inputs]: the runtime gives the caller's tensor the
+            # sizes and strides it ends with (kiln_aotgrad's runtime.py)
+            self.metadata_mutated.add(id(t))
         view_fn = _view_variant(func)
         with self:
             view = view_fn(*args, **kwargs)
@@ -513,6 +560,9 @@ class Tracer(TorchDispatchMode):
                 torch._C._set_meta_in_tls_dispatch_include(include)
         if isinstance(t, FakeTensor):
             func(t.meta, *args[1:], **kwargs)
+            if t.constant is not None:  # Note [Constant fakes]: the value changes as the metadata
+                with no_dispatch():
+                    func(t.constant, *args[1:], **kwargs)
         self.nodes[id(t)] = node
         self.aliases[id(t)] = Alias(a.root, a.chain, a.version)
         return t
@@ -569,6 +619,14 @@ class Tracer(TorchDispatchMode):
         root.mutated = True
         self.nodes[id(t)] = new
         a.version = root.version
+        # Note [Constant fakes] (kiln_dynamo's constants.py): `t` and its aliases no longer hold
+        # what they held; a write of a constant into a whole tensor keeps it constant
+        value = new.meta.get("val")
+        if isinstance(t, FakeTensor):
+            drop_constants(t)
+            fresh = getattr(value, "constant", None)
+            if not a.chain and fresh is not None and fresh.shape == t.shape and fresh.dtype == t.dtype:
+                set_constant(t, fresh.clone())
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, outputs: list[torch.fx.Node | None]) -> torch.fx.GraphModule:

@@ -473,13 +473,22 @@ class _Generator:
         if mode == "atomic_add":
             # Note [16-bit atomic adds]: float16 accumulates with tl.atomic_add (PTX has a float16
             # atomic add from sm_70; Triton's interpreter has one too), each add rounded to float16
-            # as eager's CPU and CUDA kernels round. bfloat16's is sm_90 only and the interpreter
-            # has none (numpy has no bfloat16): declined, loopir's interpreter runs the kernel
-            # (a CAS loop or a float32 scratch buffer would lift this)
-            if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.bfloat16):
+            # as eager's CPU and CUDA kernels round. bfloat16's tl.atomic_add is sm_90 only and
+            # the interpreter's is wrong (it holds bfloat16 as uint16 and adds the integers), so
+            # bfloat16 accumulates in a compare-and-swap loop on the 16-bit element
+            # (`k_bf16_atomic_add` in triton_ops.PRELUDE: PTX `atom.cas.b16`, sm_70 on; the
+            # interpreter has it): widen, add in float32, round to nearest even, swap if nobody
+            # wrote in between, else retry with what they wrote. Each add is rounded to bfloat16,
+            # as eager's kernels round. Narrower types have no 16-bit form: declined, loopir's
+            # interpreter runs the kernel.
+            if dtype in (torch.bool, torch.int8, torch.uint8, torch.int16):
                 raise CodegenUnsupported(f"atomic add of {dtype}")
             self.atomic = True
-            self._emit(f"tl.atomic_add({ptr}, {store_expr(dtype, v.expr)}, {mask}, sem='relaxed')")
+            value = store_expr(dtype, v.expr)
+            if dtype == torch.bfloat16:
+                self._emit(f"k_bf16_atomic_add({ptr}, {value}, {mask}, {self._param(name)})")
+                return
+            self._emit(f"tl.atomic_add({ptr}, {value}, {mask}, sem='relaxed')")
             return
         if mode is not None:
             raise CodegenUnsupported(f"store mode {mode}")

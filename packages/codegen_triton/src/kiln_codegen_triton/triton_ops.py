@@ -295,6 +295,22 @@ def k_bf16_narrow(x):
 def k_bf16_widen(x):
     return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
+
+@triton.jit
+def k_bf16_atomic_add(ptr, value, mask, base):
+    # Note [16-bit atomic adds]: a compare-and-swap loop on each 16-bit element; a lane that is
+    # masked off or done swaps the value it read for itself (at `base` when masked: in bounds)
+    p = tl.where(mask, ptr, base).to(tl.pointer_type(tl.int16), bitcast=True)
+    todo = mask
+    old = tl.load(p)
+    add = k_bf16_widen(value)
+    while tl.max(todo.to(tl.int32), axis=None) > 0:
+        sum = k_bf16_narrow(k_bf16_widen(old.to(tl.bfloat16, bitcast=True)) + add)
+        new = tl.where(todo, sum.to(tl.int16, bitcast=True), old)
+        seen = tl.atomic_cas(p, old, new, sem="relaxed")
+        todo = todo & (seen != old)
+        old = seen
+
 @triton.jit
 def k_maximum(a, b):
     return tl.where((a > b) | (a != a), a, b)

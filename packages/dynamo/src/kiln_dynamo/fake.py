@@ -14,6 +14,7 @@ converted on the fly.
 
 An operator without a meta kernel, or one that needs data (`.item()`, `nonzero`), raises
 `FakeUnsupported` naming the operator; the capture records that reason and the frame falls back.
+A few operators torch has no meta kernel for get kiln's own (meta.py) instead.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from kiln_symbolic import GuardOnDataDependent
 from torch._dispatch.python import enable_python_dispatcher
 from torch._prims_common import suggest_memory_format
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
+from kiln_dynamo.constants import CONSTANT_LIMIT, computable, drop_constants, run_on_constants, set_constant
 from kiln_dynamo.exc import FakeUnsupported
+from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_FUNCTIONS
 
 _META = torch.device("meta")
 
@@ -54,7 +57,8 @@ class FakeTensor(torch.Tensor):
     fake_device: torch.device
     is_param: bool
     symbolic: bool  # some size or stride is a SymInt
-    __slots__ = ("fake_device", "is_param", "meta", "symbolic")
+    constant: torch.Tensor | None  # its value, when built from constants (Note [Constant fakes])
+    __slots__ = ("constant", "fake_device", "is_param", "meta", "symbolic")
 
     @staticmethod
     def __new__(
@@ -75,6 +79,7 @@ class FakeTensor(torch.Tensor):
         r.fake_device = device
         r.is_param = is_param
         r.symbolic = any(isinstance(x, torch.SymInt) for x in (*meta.size(), *meta.stride()))
+        r.constant = None
         return r
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
@@ -188,10 +193,17 @@ def _symbolic(x: Any) -> bool:
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
-    if name in _DATA_DEPENDENT:
-        raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")
     flat = _flat(args, kwargs)
     device = _common_device(flat, kwargs)
+    if name in _DATA_DEPENDENT:
+        if computable(func, flat, device):  # Note [Constant fakes]
+            real = run_on_constants(func, args, kwargs, device)
+            if real is not None:
+                return tree_map(lambda x: _from_constant(x, device), real)
+        answer = DATA_META_FUNCTIONS.get(name, _no_answer)(device, *args, **kwargs)
+        if answer is not None:
+            return tree_map(lambda m: FakeTensor(m, device) if isinstance(m, torch.Tensor) else m, answer)
+        raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")
     if name in _ASKS_THE_DEVICE:
         answer = _device_answer(func, device, args, kwargs)
         if answer is not None:
@@ -223,7 +235,10 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     except GuardOnDataDependent as e:
         raise FakeUnsupported(f"operator {name} branches on a data-dependent size: {e}") from e
     except NotImplementedError as e:
-        raise FakeUnsupported(f"operator {name} has no meta kernel ({str(e).splitlines()[0]})") from e
+        own = META_FUNCTIONS.get(name)  # kiln's own (meta.py), when torch has none
+        if own is None:
+            raise FakeUnsupported(f"operator {name} has no meta kernel ({str(e).splitlines()[0]})") from e
+        out = own(device, *m_args, **m_kwargs)
     except RuntimeError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "meta" in msg.lower() or "data-dependent" in msg.lower():
@@ -231,6 +246,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         raise
     if name == "aten::convolution" and device.type == "cpu":
         out = _cpu_convolution_layout(out, m_args)
+    real = _constant_results(func, flat, device, out, args, kwargs)
 
     def wrap(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
@@ -242,7 +258,49 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             return FakeTensor(x, device)
         return x
 
-    return tree_map(wrap, out)
+    result = tree_map(wrap, out)
+    if real is not None:
+        for fake, value in zip(tree_flatten(result)[0], tree_flatten(real)[0], strict=False):
+            if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
+                # only a value laid out as the fake says (a later as_strided reads it so)
+                same = (value.shape, value.stride(), value.storage_offset()) == (
+                    fake.shape,
+                    fake.stride(),
+                    fake.storage_offset(),
+                )
+                set_constant(fake, value if same else None)
+    return result
+
+
+def _no_answer(device: torch.device, *args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _from_constant(x: Any, device: torch.device) -> Any:
+    """A real result computed on constants as a fake tensor carrying it (Note [Constant fakes])."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=_META)
+    fake = FakeTensor(meta, device)
+    set_constant(fake, x)
+    return fake
+
+
+def _constant_results(
+    func: Any, flat: list[Any], device: torch.device, out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """`func`'s real results when its arguments are constants and its results small (Note
+    [Constant fakes]), else None; a write into a constant that is not computed drops it."""
+    metas = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if computable(func, flat, device) and all(t.numel() <= CONSTANT_LIMIT for t in metas):
+        real = run_on_constants(func, args, kwargs, device)
+        if real is not None:
+            return real
+    if any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
+        for x in flat:
+            if isinstance(x, FakeTensor):
+                drop_constants(x)
+    return None
 
 
 class FakeMode(TorchDispatchMode):

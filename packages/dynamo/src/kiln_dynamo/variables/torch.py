@@ -229,7 +229,23 @@ class TorchFunctionVariable(VariableTracker):
         if consts and fn in _FOLD_ON_CONSTANTS:
             out = fn(*[a.as_constant() for a in args], **{k: v.as_constant() for k, v in kwargs.items()})
             return tx.wrap_constant(out)
+        if isinstance(fn, types.FunctionType) and any(
+            _is_callable_argument(a) for a in [*args, *kwargs.values()]
+        ):
+            # Note [torch functions that take a callable]: a graph node cannot hold a module or a
+            # function (`F.triplet_margin_with_distance_loss(..., distance_function=nn.PairwiseDistance())`);
+            # torch's Python function is inlined instead, so the callable is traced where it is called
+            from kiln_dynamo.variables.functions import UserFunctionVariable
+
+            return UserFunctionVariable(fn, self.source).call(tx, args, kwargs)
         return tx.output.create_call(tx, "call_function", fn, args, kwargs)
+
+
+def _is_callable_argument(vt: VT) -> bool:
+    from kiln_dynamo.variables.functions import BaseFunctionVariable
+    from kiln_dynamo.variables.nn_module import NNModuleVariable
+
+    return isinstance(vt, NNModuleVariable | BaseFunctionVariable)
 
 
 class PythonModuleVariable(VariableTracker):
