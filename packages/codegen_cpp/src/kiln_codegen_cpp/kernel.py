@@ -655,8 +655,9 @@ class KernelBuilder:
         A check is branch-free: it folds into two max-reductions, ``kchk`` (the largest failed
         site's code) and ``kchkv`` (the largest offending index), declared at the top of a
         kernel that has checks, carried by a ``reduction(max:...)`` clause on each of its
-        ``omp parallel for`` and ``omp simd`` loops, and copied into the return value at the end.
-        An ``if`` that stores to memory inside the loop body kept GCC from vectorizing it
+        ``omp parallel for`` and ``omp simd`` loops, and copied into the return value at the end
+        (with two failing index sites, the index named may be the other site's: it was the
+        racing threads' last store before). An ``if`` that stores to memory inside the loop body kept GCC from vectorizing it
         ("control flow in loop"): Swin's attention softmax, which gathers its relative-position
         bias through an index, was scalar; its forward kernel ran 193 us at one thread."""
         self.errors.append(site)
