@@ -251,11 +251,17 @@ def test_an_extern_result_that_is_none_passes_through_views() -> None:
     assert "is None else" in backend.last_wrapper  # the views were taken, None-safe
 
 
+@pytest.mark.parametrize("branch_free", [True, False])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_checked_gather_in_a_softmax_row_is_branch_free_and_still_raises(threads: int) -> None:
+def test_checked_gather_in_a_softmax_row_is_branch_free_and_still_raises(
+    threads: int, branch_free: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Note [Kernel errors]: Swin's attention adds a bias gathered through an index to each
     # score row, then a safe softmax (a row of -inf gives zeros: the `any` reduction of Note
-    # [Bool lanes]). The index check folds into max-reductions: no branch in the loop body.
+    # [Bool lanes]). The index check folds into max-reductions: no branch in the loop body
+    # (CppOptions.branch_free_checks off: the `if` with atomic stores, the same results).
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"branch_free_checks={int(branch_free)}")
+
     def fn(x: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> Any:
         bias = aten.index.Tensor(table, [idx])
         return aten._safe_softmax.default(aten.add.Tensor(x, bias), -1)
@@ -270,7 +276,8 @@ def test_checked_gather_in_a_softmax_row_is_branch_free_and_still_raises(threads
         compiled = check(fn, x, table, idx)
         source: str = compiled.backend.last_source  # type: ignore[attr-defined]
         kernel = next(k for k in source.split('extern "C" int64_t ')[1:] if re.search(r"\bind\d+", k))
-        assert "__atomic_store_n" not in kernel and "reduction(max:kchk,kchkv)" in kernel, kernel
+        branchy = "__atomic_store_n" in kernel
+        assert branchy != branch_free and ("reduction(max:kchk,kchkv)" in kernel) == branch_free, kernel
         out = compiled(x, table, idx)
         out = out[0] if isinstance(out, tuple | list) else out
         assert torch.equal(out[5], torch.zeros(16))

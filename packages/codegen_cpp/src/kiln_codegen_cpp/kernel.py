@@ -130,6 +130,8 @@ _PARTIAL_MERGE = {
 }
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# a check of an indirect index or an integer divisor, spelled at render time (Note [Kernel errors])
+CHECK_MARK = "\x00check:"
 # a later r-phase reads these back from a row stash instead of recomputing them when the row
 # takes at most STASH_BYTES (Note [Stashing across phases])
 EXPENSIVE = frozenset({
@@ -268,6 +270,43 @@ def _with_check_reductions(lines: list[str]) -> list[str]:
         else line
         for line in lines
     ]
+
+
+def _spell_checks(lines: list[str], branch_free: bool) -> list[str]:
+    """Note [Kernel errors]: each check marker as C++, branch-free (max-reductions) or with an
+    ``if`` that stores the site's code (and the index) atomically."""
+    out = []
+    for line in lines:
+        at = line.find(CHECK_MARK)
+        if at < 0:
+            out.append(line)
+            continue
+        pad = line[:at]
+        var, value, extent, code = line[at + len(CHECK_MARK) :].split("\x00")
+        if not var:  # an integer divisor
+            if branch_free:
+                out.append(
+                    f"{pad}kchk = std::max<int64_t>(kchk, {value} == 0 ? INT64_C({code}) : INT64_C(0));"
+                )
+            else:
+                out.append(
+                    f"{pad}if ({value} == 0) __atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED);"
+                )
+        elif branch_free:
+            bad = f"{var}_bad"
+            out.append(f"{pad}const bool {bad} = {var} < 0 || {var} >= {extent};")
+            out.append(f"{pad}kchk = std::max<int64_t>(kchk, {bad} ? INT64_C({code}) : INT64_C(0));")
+            out.append(
+                f"{pad}kchkv = std::max<int64_t>(kchkv, {bad} ? static_cast<int64_t>({value}) : INT64_MIN);"
+            )
+            out.append(f"{pad}{var} = {bad} ? INT64_C(0) : {var};")
+        else:
+            out.append(
+                f"{pad}if ({var} < 0 || {var} >= {extent}) {{ "
+                f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({value}), __ATOMIC_RELAXED); "
+                f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
+            )
+    return out
 
 
 def _real_reduction(buffer: ComputedBuffer) -> bool:
@@ -634,15 +673,9 @@ class KernelBuilder:
         self.deps[var] = self._depends(v.expr)
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"{var} = {var} < 0 ? {var} + {extent} : {var};")
-        if check:  # Note [Kernel errors]: no branch, so the loop stays a vector loop
+        if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
             code = self._error_site(ErrorSite(self.name, "", n))
-            bad = f"{var}_bad"
-            self.lines.append(f"const bool {bad} = {var} < 0 || {var} >= {extent};")
-            self.lines.append(f"kchk = std::max<int64_t>(kchk, {bad} ? INT64_C({code}) : INT64_C(0));")
-            self.lines.append(
-                f"kchkv = std::max<int64_t>(kchkv, {bad} ? static_cast<int64_t>({v}) : INT64_MIN);"
-            )
-            self.lines.append(f"{var} = {bad} ? INT64_C(0) : {var};")
+            self.lines.append(f"{CHECK_MARK}{var}\x00{v}\x00{extent}\x00{code}")
         return sympy.Symbol(var, integer=True)
 
     def _error_site(self, site: ErrorSite) -> int:
@@ -668,7 +701,7 @@ class KernelBuilder:
         if divisor.const and divisor.py is not None and int(divisor.py) != 0:
             return
         code = self._error_site(ErrorSite(self.name, "", 0, "zero_division", name))
-        self.lines.append(f"kchk = std::max<int64_t>(kchk, {divisor} == 0 ? INT64_C({code}) : INT64_C(0));")
+        self.lines.append(f"{CHECK_MARK}\x00{divisor}\x00\x00{code}")
 
     # ------------------------------------------------------------------------------ control
 
@@ -974,7 +1007,11 @@ class KernelBuilder:
         # if(false); with one thread the kernel takes a plain copy of the same loops (same
         # iteration order and chunking, so the same results).
         parallel, serial = nest(True), nest(False)
-        if self.errors:  # Note [Kernel errors]: the checks' reductions
+        # Note [Kernel errors]: branch-free checks, except in a kernel with an accumulating
+        # scatter (its loop rarely vectorizes, and LSTM's embedding gradient ran 2x slower so)
+        branch_free = bool(self.errors) and self.options.branch_free_checks and not self.accumulates
+        parallel, serial = _spell_checks(parallel, branch_free), _spell_checks(serial, branch_free)
+        if branch_free:
             out.append("  int64_t kchk = 0, kchkv = INT64_MIN;")
             parallel, serial = _with_check_reductions(parallel), _with_check_reductions(serial)
         log_plan(self.name, self.plan, self._work(), self.weighted)
@@ -997,7 +1034,7 @@ class KernelBuilder:
             out.append("  } else {")
             out.extend("    " + line for line in serial)
             out.append("  }")
-        if self.errors:
+        if branch_free:
             out.append("  if (kchk != 0) { kiln_err_value = kchkv; kerr = kchk; }")
         out.append("  return kerr;")
         out.append("}")
