@@ -1,18 +1,18 @@
 """Training at one thread on six architectures outside the public suite: eager vs kiln (vs inductor).
 
-Issue 20 item 3: kiln's training speed on models the public suite does not hold. Each model is
-built from a ``transformers`` config at the public suite's CPU size (MODELS.md: batch 2, seq 128,
-hidden 256, 2 layers, 4 heads, ffn 1024, vocab 1024; images 64x64, batch 2), dropout 0, random
-weights: roberta (bert-ish), gpt_neox, deit (vit-ish), convnext_v2, swin, and an ``nn.LSTM``
-classifier. A step is forward + cross-entropy + ``backward()`` (no optimizer step), as kiln_bench's
-training mode. Timing: warm-up, then the backends interleaved (A B [C] A B [C] ...), the median of
-each; gradients of every parameter checked against eager (allclose 1e-3, or kiln_bench's RMSE
-rule). ``--profile`` then profiles a few more steps of each backend (``KILN_PROFILE=1``, so each
-kiln C++ kernel is a ``kiln:`` range) and prints the slowest ops of each, eager's next to kiln's,
-which is how the kernels and externs where kiln loses are found. ``--backends eager,kiln,kiln_ab``
-adds a second kiln, on a copy of the model, whose C++ generator runs with ``KILN_CPP_OPTIONS`` set
-to ``--ab-cpp`` (default: this issue's codegen changes off), timed in the same rounds. A benchmark,
-not a test.
+Issue 20 item 3: kiln's training speed on models the public suite does not hold. Each model is built
+from a ``transformers`` config at the public suite's CPU size (MODELS.md: batch 2, seq 128, hidden
+256, 2 layers, 4 heads, ffn 1024, vocab 1024; images 64x64, batch 2), dropout 0, random weights:
+roberta (bert-ish), gpt_neox, deit (vit-ish), convnext_v2, swin, and an ``nn.LSTM`` classifier. A
+step is forward + cross-entropy + ``backward()`` (no optimizer step), as kiln_bench's training mode.
+Timing: warm-up, then the backends interleaved (A B [C] A B [C] ...), the median of each (``--clock
+cpu``: the process's CPU time, steadier on a shared machine); gradients of every parameter checked
+against eager (allclose 1e-3, or kiln_bench's RMSE rule). ``--profile`` then profiles a few more
+steps of each backend (``KILN_PROFILE=1``, so each kiln C++ kernel is a ``kiln:`` range) and prints
+the slowest ops of each, eager's next to kiln's, which is how the kernels and externs where kiln
+loses are found. ``--backends eager,kiln,kiln_ab`` adds a second kiln, on a copy of the model, whose
+C++ generator runs with ``KILN_CPP_OPTIONS`` set to ``--ab-cpp`` (default: this issue's codegen
+changes off), timed in the same rounds. A benchmark, not a test.
 
     python packages/codegen_cpp/bench/train1.py --threads 1 --models roberta,gpt_neox --profile
 """
@@ -195,6 +195,7 @@ def run(
     profile: bool,
     options: dict[str, Any],
     ab_cpp: str = "",
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict:
     w = MODELS[name]()
     w.model.train()
@@ -241,9 +242,9 @@ def run(
     times: dict[str, list[float]] = {b: [] for b in fns}
     for _ in range(repeats):
         for b, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             _step(w, fn, models[b])
-            times[b].append(time.perf_counter() - t0)
+            times[b].append(clock() - t0)
     for b, ts in times.items():
         row[f"{b}_ms"] = round(statistics.median(ts) * 1e3, 3)
     for b in fns:
@@ -268,6 +269,13 @@ def main(argv: list[str] | None = None) -> None:
         default="fuse_mixed_reductions=1,split_reductions=0",
         help=f"{CPP_ENV} of the kiln_ab backend (--backends eager,kiln,kiln_ab)",
     )
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time per step (time.process_time), which other processes on "
+        "the cores hardly move; meaningful at one thread only",
+    )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -277,8 +285,16 @@ def main(argv: list[str] | None = None) -> None:
         options[k] = {"true": True, "false": False}.get(v.lower(), v)
     rows = []
     for name in args.models.split(","):
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         row = run(
-            name, args.backends.split(","), args.repeats, args.warmup, args.profile, options, args.ab_cpp
+            name,
+            args.backends.split(","),
+            args.repeats,
+            args.warmup,
+            args.profile,
+            options,
+            args.ab_cpp,
+            clock,
         )
         rows.append(row)
         top = row.pop("top", None)
@@ -289,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
             row["top"] = top
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
+                json.dump({"threads": args.threads, "clock": args.clock, "rows": rows}, f, indent=1)
     for b in ("kiln", "kiln_ab", "inductor"):
         speed = [r[f"{b}_speedup"] for r in rows if r.get(f"{b}_ok") and f"{b}_speedup" in r]
         if speed:

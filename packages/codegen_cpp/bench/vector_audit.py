@@ -67,7 +67,7 @@ def _audit(source: Path, march: str | None) -> list[dict[str, Any]]:
         if m:
             current = {"kernel": m.group(1), "simd_loops": 0, "vectorized": 0, "reason": ""}
             kernels.append(current)
-        elif current is not None and text.strip() == "#pragma omp simd":
+        elif current is not None and text.strip().startswith("#pragma omp simd"):
             first, last = _extent(lines, number)  # the loop under the pragma (1-based lines)
             current["simd_loops"] += 1
             if any(first <= n <= last for n in vectorized):

@@ -92,9 +92,11 @@ def test_accumulating_scatter_with_repeated_targets_along_a_loop() -> None:
     assert len(scatters) == 3
     embedding, scatter_add, scatter_add0 = scatters
     # the embedding row's columns (x2, 2 of them) are vectorized: a lane per column
-    assert re.search(r"#pragma omp simd\n\s*for \(int64_t x2 = 0; x2 < INT64_C\(2\)", embedding), embedding
+    assert re.search(r"#pragma omp simd[^\n]*\n\s*for \(int64_t x2 = 0; x2 < INT64_C\(2\)", embedding), (
+        embedding
+    )
     assert "#pragma omp simd" not in scatter_add and "not vectorized" in scatter_add, scatter_add
-    assert re.search(r"#pragma omp simd\n\s*for \(int64_t x1 = 0; x1 < INT64_C\(64\)", scatter_add0)
+    assert re.search(r"#pragma omp simd[^\n]*\n\s*for \(int64_t x1 = 0; x1 < INT64_C\(64\)", scatter_add0)
 
 
 def test_creation_ops_and_extern_fallback() -> None:
@@ -247,3 +249,43 @@ def test_an_extern_result_that_is_none_passes_through_views() -> None:
     assert none is None
     torch.testing.assert_close(out, inp * 2 + 1)
     assert "is None else" in backend.last_wrapper  # the views were taken, None-safe
+
+
+@pytest.mark.parametrize("branch_free", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_checked_gather_in_a_softmax_row_is_branch_free_and_still_raises(
+    threads: int, branch_free: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Note [Kernel errors]: Swin's attention adds a bias gathered through an index to each
+    # score row, then a safe softmax (a row of -inf gives zeros: the `any` reduction of Note
+    # [Bool lanes]). The index check folds into max-reductions: no branch in the loop body
+    # (CppOptions.branch_free_checks off: the `if` with atomic stores, the same results).
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"branch_free_checks={int(branch_free)}")
+
+    def fn(x: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> Any:
+        bias = aten.index.Tensor(table, [idx])
+        return aten._safe_softmax.default(aten.add.Tensor(x, bias), -1)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = make((64, 16))
+        x[5] = float("-inf")
+        table = make((49,))
+        idx = torch.randint(-49, 49, (16,))
+        compiled = check(fn, x, table, idx)
+        source: str = compiled.backend.last_source  # type: ignore[attr-defined]
+        kernel = next(k for k in source.split('extern "C" int64_t ')[1:] if re.search(r"\bind\d+", k))
+        branchy = "__atomic_store_n" in kernel
+        assert branchy != branch_free and ("reduction(max:kchk,kchkv)" in kernel) == branch_free, kernel
+        out = compiled(x, table, idx)
+        out = out[0] if isinstance(out, tuple | list) else out
+        assert torch.equal(out[5], torch.zeros(16))
+        for wrong in (49, -50):
+            bad = idx.clone()
+            bad[3] = wrong
+            with pytest.raises(IndexError, match=rf"index {wrong} is out of bounds.*size 49"):
+                compiled(x, table, bad)
+        torch.testing.assert_close(compiled(x, table, idx), out)  # usable after an error
+    finally:
+        torch.set_num_threads(before)

@@ -130,6 +130,8 @@ _PARTIAL_MERGE = {
 }
 SPLIT_R_CHUNK = 32768
 STORE_MARK = "\x00store:"
+# a check of an indirect index or an integer divisor, spelled at render time (Note [Kernel errors])
+CHECK_MARK = "\x00check:"
 # a later r-phase reads these back from a row stash instead of recomputing them when the row
 # takes at most STASH_BYTES (Note [Stashing across phases])
 EXPENSIVE = frozenset({
@@ -258,6 +260,53 @@ def _statements(lines: Sequence[str]) -> int:
     return sum(
         1 for line in lines if ";" in line and not line.lstrip().startswith(("for ", "for(", "#", "//"))
     )
+
+
+def _with_check_reductions(lines: list[str]) -> list[str]:
+    """Note [Kernel errors]: each OpenMP loop carries the checks' max-reductions."""
+    return [
+        f"{line} reduction(max:kchk,kchkv)"
+        if line.lstrip().startswith(("#pragma omp parallel for", "#pragma omp simd"))
+        else line
+        for line in lines
+    ]
+
+
+def _spell_checks(lines: list[str], branch_free: bool) -> list[str]:
+    """Note [Kernel errors]: each check marker as C++, branch-free (max-reductions) or with an
+    ``if`` that stores the site's code (and the index) atomically."""
+    out = []
+    for line in lines:
+        at = line.find(CHECK_MARK)
+        if at < 0:
+            out.append(line)
+            continue
+        pad = line[:at]
+        var, value, extent, code = line[at + len(CHECK_MARK) :].split("\x00")
+        if not var:  # an integer divisor
+            if branch_free:
+                out.append(
+                    f"{pad}kchk = std::max<int64_t>(kchk, {value} == 0 ? INT64_C({code}) : INT64_C(0));"
+                )
+            else:
+                out.append(
+                    f"{pad}if ({value} == 0) __atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED);"
+                )
+        elif branch_free:
+            bad = f"{var}_bad"
+            out.append(f"{pad}const bool {bad} = {var} < 0 || {var} >= {extent};")
+            out.append(f"{pad}kchk = std::max<int64_t>(kchk, {bad} ? INT64_C({code}) : INT64_C(0));")
+            out.append(
+                f"{pad}kchkv = std::max<int64_t>(kchkv, {bad} ? static_cast<int64_t>({value}) : INT64_MIN);"
+            )
+            out.append(f"{pad}{var} = {bad} ? INT64_C(0) : {var};")
+        else:
+            out.append(
+                f"{pad}if ({var} < 0 || {var} >= {extent}) {{ "
+                f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({value}), __ATOMIC_RELAXED); "
+                f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
+            )
+    return out
 
 
 def _real_reduction(buffer: ComputedBuffer) -> bool:
@@ -623,21 +672,27 @@ class KernelBuilder:
         var = self._new("ind")
         self.deps[var] = self._depends(v.expr)
         self.lines.append(f"int64_t {var} = {v};")
-        self.lines.append(f"if ({var} < 0) {var} += {extent};")
-        if check:
+        self.lines.append(f"{var} = {var} < 0 ? {var} + {extent} : {var};")
+        if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
             code = self._error_site(ErrorSite(self.name, "", n))
-            self.lines.append(
-                f"if ({var} < 0 || {var} >= {extent}) {{ "
-                f"__atomic_store_n(&kiln_err_value, static_cast<int64_t>({v}), __ATOMIC_RELAXED); "
-                f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
-            )
+            self.lines.append(f"{CHECK_MARK}{var}\x00{v}\x00{extent}\x00{code}")
         return sympy.Symbol(var, integer=True)
 
     def _error_site(self, site: ErrorSite) -> int:
-        """Note [Kernel errors]: a failed check stores its site's code (1-based) into ``kerr``,
-        the kernel's return value, and computes on with a harmless value (index 0, quotient 0);
-        the wrapper turns a non-zero return into the Python error the site describes. Checks
-        inside ``ops.masked`` run only where the mask holds, as eager never evaluates there."""
+        """Note [Kernel errors]: a failed check makes its site's code (1-based) the kernel's
+        return value, and the kernel computes on with a harmless value (index 0, quotient 0); the
+        wrapper turns a non-zero return into the Python error the site describes (an index error
+        names one offending index, ``kiln_err_value``). Checks inside ``ops.masked`` run only
+        where the mask holds, as eager never evaluates there.
+
+        A check is branch-free: it folds into two max-reductions, ``kchk`` (the largest failed
+        site's code) and ``kchkv`` (the largest offending index), declared at the top of a
+        kernel that has checks, carried by a ``reduction(max:...)`` clause on each of its
+        ``omp parallel for`` and ``omp simd`` loops, and copied into the return value at the end
+        (with two failing index sites, the index named may be the other site's: it was the
+        racing threads' last store before). An ``if`` that stores to memory inside the loop body kept GCC from vectorizing it
+        ("control flow in loop"): Swin's attention softmax, which gathers its relative-position
+        bias through an index, was scalar; its forward kernel ran 193 us at one thread."""
         self.errors.append(site)
         return len(self.errors)
 
@@ -646,7 +701,7 @@ class KernelBuilder:
         if divisor.const and divisor.py is not None and int(divisor.py) != 0:
             return
         code = self._error_site(ErrorSite(self.name, "", 0, "zero_division", name))
-        self.lines.append(f"if ({divisor} == 0) __atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED);")
+        self.lines.append(f"{CHECK_MARK}\x00{divisor}\x00\x00{code}")
 
     # ------------------------------------------------------------------------------ control
 
@@ -842,14 +897,19 @@ class KernelBuilder:
             "max": "kiln::red_max({a}, {b})",
             "min": "kiln::red_min({a}, {b})",
         }
-        if dtype == torch.bool and reduction_type in ("max", "min"):
-            # max of bools is any, min is all (NaN-free, so no red_max needed)
-            inits["max"], inits["min"] = "false", "true"
-            combine["max"], combine["min"] = "{a} || {b}", "{a} && {b}"
-        if reduction_type not in inits:
-            raise CodegenUnsupported(f"reduction {reduction_type}")
         if dtype == torch.bool and reduction_type in ("sum", "prod"):
             raise CodegenUnsupported(f"{reduction_type} of bool")
+        if dtype == torch.bool:
+            # Note [Bool lanes]: max of bools is any, min is all; the lanes are int32 0/1, not
+            # bool: 8 one-byte lanes would need a 64-bit vector, which GCC's x86 vectorizer does
+            # not have, and the whole lane loop stayed scalar ("no vectype") beside float lanes
+            # (the all-masked-row check of a safe softmax)
+            t = "int32_t"
+            inits = {"any": "0", "max": "0", "min": "1"}
+            combine = {"any": "{a} | {b}", "max": "{a} | {b}", "min": "{a} & {b}"}
+            v = CppValue(f"static_cast<int32_t>({v})", dtype)
+        if reduction_type not in inits:
+            raise CodegenUnsupported(f"reduction {reduction_type}")
         fmt = combine[reduction_type]
         if wide:
             # float lanes over blocks of FOLD_BLOCK positions, folded into double lanes
@@ -871,6 +931,8 @@ class KernelBuilder:
         )
         phase.accumulators.append((reduction_type, t, acc))
         result = f"static_cast<float>({acc}_f)" if wide else f"{acc}_f"
+        if dtype == torch.bool:  # Note [Bool lanes]
+            result = f"({acc}_f != 0)"
         if dtype in HALF:
             result = round_expr(dtype, result)
         return CppValue(result, dtype)
@@ -945,6 +1007,13 @@ class KernelBuilder:
         # if(false); with one thread the kernel takes a plain copy of the same loops (same
         # iteration order and chunking, so the same results).
         parallel, serial = nest(True), nest(False)
+        # Note [Kernel errors]: branch-free checks, except in a kernel with an accumulating
+        # scatter (its loop rarely vectorizes, and LSTM's embedding gradient ran 2x slower so)
+        branch_free = bool(self.errors) and self.options.branch_free_checks and not self.accumulates
+        parallel, serial = _spell_checks(parallel, branch_free), _spell_checks(serial, branch_free)
+        if branch_free:
+            out.append("  int64_t kchk = 0, kchkv = INT64_MIN;")
+            parallel, serial = _with_check_reductions(parallel), _with_check_reductions(serial)
         log_plan(self.name, self.plan, self._work(), self.weighted)
         if parallel == serial or self.plan is None or (self.plan.cap <= 1 and not self.symbolic):
             out.extend("  " + line for line in serial)
@@ -965,6 +1034,8 @@ class KernelBuilder:
             out.append("  } else {")
             out.extend("    " + line for line in serial)
             out.append("  }")
+        if branch_free:
+            out.append("  if (kchk != 0) { kiln_err_value = kchkv; kerr = kchk; }")
         out.append("  return kerr;")
         out.append("}")
         members = [m.name for m in self.members]

@@ -12,6 +12,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``vector_width``: 0 (default) leaves the vector width to the compiler's tuning for
   ``-march=native``; 256 or 512 adds ``-mprefer-vector-width=N`` (Note [Vector width] in build.py:
   GCC's tuning for Intel's AVX-512 server cores prefers 256-bit vectors, AMD's Zen 4 512).
+* ``branch_free_checks``: an indirect index's bounds check and an integer divisor's zero check
+  fold into max-reductions instead of an ``if`` in the loop body, so GCC can vectorize the loop
+  (Note [Kernel errors] in kernel.py); off: the ``if`` with atomic stores.
 * ``fuse_mixed_reductions``: let the scheduler fuse a row reduction with a column reduction
   (off by default: Note [Row and column reductions are not fused] in fusion.py).
 """
@@ -33,6 +36,7 @@ class CppOptions:
     fuse_mixed_reductions: bool = False
     weighted_work: bool = True
     vector_width: int = 0
+    branch_free_checks: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
