@@ -89,7 +89,10 @@ def test_reductions_bitwise_equal_across_threads(threads: None) -> None:
         return few_rows, rows, cols, full
 
     x, y = make((3, 50000)), make((4000, 40))
-    compiled = check(fn, x, y)
+    # what this test is about is equality across thread counts; against eager, a float32 sum of
+    # 4000 values in [-2, 2] may differ by more than float32's default tolerance where the column
+    # cancels to near 0 (2.3e-5 seen once, for unseeded data), so that comparison gets 10x slack
+    compiled = check(fn, x, y, scale=10.0)
     one, *others = _across_threads(compiled, x, y)
     for other in others:
         for a, b in zip(one, other, strict=True):
