@@ -35,8 +35,9 @@ from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import KIND, kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
+from kiln_loopir.wrapper_support import symbol_values
 
-from .cudagraphs import CudaGraphRunner, cudagraph_blocker
+from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
 from .heuristics import configs
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
@@ -55,6 +56,9 @@ class TritonBackend(Backend):
     """The ``"triton"`` loopir backend; see the module docstring."""
 
     name = "triton"
+    # Note [Symbolic sizes in Triton kernels]: sizes as kernel arguments, bound by the wrapper
+    # (Note [Symbolic sizes in the Triton wrapper]); CUDA graphs recorded per distinct size
+    symbolic_sizes = True
 
     def __init__(
         self,
@@ -88,7 +92,7 @@ class TritonBackend(Backend):
         self.last_wrapper = ""
         self.last_module_path = ""
         self.last_launchers: dict[str, Launcher] = {}
-        self.last_cudagraphs: CudaGraphRunner | None = None
+        self.last_cudagraphs: CudaGraphRunner | CudaGraphsPerSize | None = None
         self.cudagraph_blocked: str | None = None  # why the last graph is not recorded
         self.codegen_seconds = 0.0
         self.compile_seconds = 0.0
@@ -116,6 +120,11 @@ class TritonBackend(Backend):
         for step, node in enumerate(schedule.nodes):
             if node.name in kernels:
                 groups[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
+        if graph.sizevars.symbolic and self.last_declined:
+            # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
+            # than the static compile the caller falls back to
+            node, why = self.last_declined[0]
+            raise CodegenUnsupported(f"kernel {node}: the Triton generator declined it with symbolic sizes ({why})")
         generated = [s for g in groups.values() if g is not None for s in g.specs]
         launchers: dict[str, Launcher] = {}
         source = ""
@@ -143,7 +152,11 @@ class TritonBackend(Backend):
         self.cudagraph_blocked = None
         if self.cudagraphs and graph.device.type == "cuda":
             blocker = cudagraph_blocker(schedule)
-            if blocker is None:
+            if blocker is None and graph.sizevars.symbolic:  # Note [CUDA graphs per size]
+                fn = self.last_cudagraphs = CudaGraphsPerSize(
+                    fn, symbol_values(graph.sizevars), guarded_inputs=self.guarded_inputs
+                )
+            elif blocker is None:
                 fn = self.last_cudagraphs = CudaGraphRunner(fn, guarded_inputs=self.guarded_inputs)
             else:
                 log.info("no CUDA graphs for this graph: %s", blocker)
@@ -184,7 +197,7 @@ class TritonBackend(Backend):
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
             plan = None
-            if spec.kind in ("persistent", "looped"):
+            if spec.kind in ("persistent", "looped") and not spec.symbolic:
                 plan = plan_split(
                     members,
                     reads,
