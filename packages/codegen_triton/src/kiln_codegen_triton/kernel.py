@@ -26,6 +26,30 @@ lines it came from (``kiln_loopir.source_comment``).
 Every ops value knows its *axes* (which block indices its shape spans), so a load is masked by
 exactly the masks of the indices its address uses (a bias row read in a reduction is masked by
 ``rmask`` only) and a pointer that uses none is broadcast before a masked access.
+
+Note [Symbolic sizes in Triton kernels]: a graph captured with dynamic shapes has sizes that are
+expressions in size symbols (Note [Symbolic sizes in loopir]). One kernel then serves every size:
+
+* every size symbol the kernel's code names (numels, strides in index math, extents of indirect
+  indices) is a kernel argument after the pointers, named as the symbol (``s0``), never a
+  ``tl.constexpr`` (one compile per size); the numels are computed from them in the kernel's
+  head (``xnumel = (3 * s0)``), and static numels stay literals, as in a static kernel. On a GPU
+  the argument is compiled as a generic int64 (``runtime.GENERIC_SIZE``): no divisibility or
+  equal-to-one specialization, so one binary serves every value;
+* masks are the same masks (``xindex < xnumel``, ``rindex < rnumel``): the ragged end of the
+  last block is masked whatever the size; digits of the flat block indices divide by symbols
+  at run time (``(xindex // s1)``) where no static simplification removes them;
+* a reduction over a row of symbolic length is always *looped* (no block is known to hold the
+  row), a persistent one only when the row is static (layer norm over the hidden size with a
+  symbolic batch stays persistent); a 2-D tile only when its y extent is static (its grid must
+  stay under CUDA's y limit); split reductions only for static kernels;
+* index math is int64 (no bound is known, and loopir adds no guard); which block sizes and
+  configs are chosen is decided on the size hints (Note [Block sizes for symbolic sizes] in
+  heuristics.py), and the grid is computed at each launch from the size arguments
+  (``heuristics.grid_source``; the C launcher skips an empty grid).
+
+A static graph generates exactly the kernels it generated before: every symbolic path is
+taken only for a sympy size, and ``scripts/triton_static_dump.py`` checks the generated code.
 """
 
 from __future__ import annotations
