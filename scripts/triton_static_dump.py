@@ -26,12 +26,12 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-static-dump-"))
 
-import torch  # noqa: E402
+import torch
 
-import kiln  # noqa: E402
-import kiln_codegen_triton.backend as tb  # noqa: E402
-from kiln_codegen_triton import wrapper as tw  # noqa: E402
-from kiln_codegen_triton.heuristics import configs, grid  # noqa: E402
+import kiln
+import kiln_codegen_triton.backend as tb
+from kiln_codegen_triton import wrapper as tw
+from kiln_codegen_triton.heuristics import configs, grid
 
 RECORDS: list[dict[str, str]] = []
 
@@ -52,7 +52,9 @@ def _pointer_variant(schedule: Any, graph: Any, groups: Any, launchers: Any, gua
 _make_wrapper = tb.make_wrapper
 
 
-def _recording_make_wrapper(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded_layouts: bool = False) -> Any:
+def _recording_make_wrapper(
+    schedule: Any, graph: Any, groups: Any, launchers: Any, guarded_layouts: bool = False
+) -> Any:
     fn, source = _make_wrapper(schedule, graph, groups, launchers, guarded_layouts=guarded_layouts)
     specs = [s for g in groups.values() if g is not None for s in g.specs]
     lines = []
@@ -124,7 +126,9 @@ def main() -> int:
     options = {"cpu_backend": "triton", "strict": True}
     jobs: list[tuple[str, Any]] = []
     for label, fn, inputs in aten_cases():
-        jobs.append((f"aten-{label}", lambda fn=fn, inputs=inputs: kiln.compile(fn, options=options)(*inputs)))
+        jobs.append(
+            (f"aten-{label}", lambda fn=fn, inputs=inputs: kiln.compile(fn, options=options)(*inputs))
+        )
     for name in filter(None, args.models.split(",")):
 
         def infer(name: str = name) -> None:

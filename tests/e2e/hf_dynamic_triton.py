@@ -15,12 +15,12 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import torch  # noqa: E402
-import tiny_hf  # noqa: E402
-from test_hf_dynamic import SHAPES  # noqa: E402
+import tiny_hf
+import torch
+from test_hf_dynamic import SHAPES
 
-import kiln  # noqa: E402
-import kiln_dynamo  # noqa: E402
+import kiln
+import kiln_dynamo
 
 
 def main(name: str) -> int:

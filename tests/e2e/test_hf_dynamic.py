@@ -67,7 +67,11 @@ def test_lm_compiled_by_kiln_triton_at_many_shapes(name: str) -> None:
     from pathlib import Path
 
     script = Path(__file__).with_name("hf_dynamic_triton.py")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(script.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(script.parent), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         [sys.executable, str(script), name], check=False, env=env, capture_output=True, text=True, timeout=900
     )

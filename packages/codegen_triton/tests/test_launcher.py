@@ -145,7 +145,9 @@ def test_a_kernel_of_symbolic_sizes_takes_them_after_its_pointers_and_computes_i
     for cls in (Launcher36, Launcher38):
         via_run: list[tuple[Any, ...]] = []
         direct: list[tuple[Any, ...]] = []
-        runtime._fast_launcher(compiled(cls(via_run)), spec, Config(XBLOCK=256), direct=False)(7, 100, 200, 5, 300)
+        runtime._fast_launcher(compiled(cls(via_run)), spec, Config(XBLOCK=256), direct=False)(
+            7, 100, 200, 5, 300
+        )
         runtime._fast_launcher(compiled(cls(direct)), spec, Config(XBLOCK=256))(7, 100, 200, 5, 300)
         assert direct == via_run and direct[0][:4] == (6, 1, 1, 7)  # 1500 elements in blocks of 256
         assert runtime.warmup_args(spec)[2:] == [runtime.GENERIC_SIZE] * 2

@@ -50,7 +50,12 @@ def _recording(self: Any, schedule: Any, graph: Any, kernels: Any) -> Any:
 def functions() -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
     def views(x: torch.Tensor) -> Any:
         b = x.shape[0]
-        return x.view(b, -1, 2).transpose(1, 2).reshape(-1), x.t() + 1, x[:, ::2] * 2, x.narrow(0, 1, b - 1).cos()
+        return (
+            x.view(b, -1, 2).transpose(1, 2).reshape(-1),
+            x.t() + 1,
+            x[:, ::2] * 2,
+            x.narrow(0, 1, b - 1).cos(),
+        )
 
     def reductions(x: torch.Tensor) -> Any:
         return (

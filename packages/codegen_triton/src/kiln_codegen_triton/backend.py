@@ -123,8 +123,10 @@ class TritonBackend(Backend):
         if graph.sizevars.symbolic and self.last_declined:
             # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
             # than the static compile the caller falls back to
-            node, why = self.last_declined[0]
-            raise CodegenUnsupported(f"kernel {node}: the Triton generator declined it with symbolic sizes ({why})")
+            declined, why = self.last_declined[0]
+            raise CodegenUnsupported(
+                f"kernel {declined}: the Triton generator declined it with symbolic sizes ({why})"
+            )
         generated = [s for g in groups.values() if g is not None for s in g.specs]
         launchers: dict[str, Launcher] = {}
         source = ""

@@ -314,7 +314,9 @@ class CudaGraphsPerSize:
     size]); ``symbols(*args)`` reads them from a call's arguments. ``runner_kwargs`` go to each
     runner (``capture``, ``guarded_inputs``; a runner makes its own pool unless one is given)."""
 
-    def __init__(self, fn: Callable[..., Any], symbols: Callable[..., tuple[int, ...]], **runner_kwargs: Any) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], symbols: Callable[..., tuple[int, ...]], **runner_kwargs: Any
+    ) -> None:
         self.fn = fn
         self.symbols = symbols
         self.runner_kwargs = runner_kwargs

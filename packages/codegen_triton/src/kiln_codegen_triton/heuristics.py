@@ -112,7 +112,9 @@ def _extents(spec: KernelSpec) -> tuple[int, int, int]:
         return spec.xnumel, spec.ynumel, spec.rnumel
     hints = spec.hints()
     numels = (spec.xnumel, spec.ynumel, spec.rnumel)
-    return tuple(h if isinstance(n, int) else max(h, SYMBOLIC_MIN_EXTENT) for n, h in zip(numels, hints, strict=True))  # type: ignore[return-value]
+    return tuple(
+        h if isinstance(n, int) else max(h, SYMBOLIC_MIN_EXTENT) for n, h in zip(numels, hints, strict=True)
+    )  # type: ignore[return-value]
 
 
 def grid(spec: KernelSpec, config: Config) -> tuple[int, ...]:

@@ -363,7 +363,11 @@ class _Generator:
             self.trivial = member.is_reduction() and not _real_reduction(member)
             rindex: list[sympy.Expr] = []
             if member.is_reduction() and not self.trivial:
-                if not reducing or not _same(math.prod(_size(s) for s in mr), nr) or not _same(numel, nx_total):
+                if (
+                    not reducing
+                    or not _same(math.prod(_size(s) for s in mr), nr)
+                    or not _same(numel, nx_total)
+                ):
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
                 index = self._digits(self.flat_x, msizes)
                 rindex = self._digits(RINDEX, [_size(s) for s in mr])

@@ -85,10 +85,17 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_shape, grad_mode_below_autograd, opaque_inputs, opaque_results
+from kiln_loopir.wrapper_support import (
+    dense_shape,
+    grad_mode_below_autograd,
+    is_static_layout,
+    opaque_inputs,
+    opaque_results,
+    py_size,
+    symbol_bindings,
+)
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
-from kiln_loopir.wrapper_support import is_static_layout, py_size, symbol_bindings
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .interp import interpreting
@@ -484,7 +491,9 @@ class WrapperCodegen:
             )
             self.shaped[buffer.name] = _layout_key(layout)
         else:
-            self.emit(f"{buffer.name} = _empty({self.size(layout.storage_size())}, dtype={dtype}, device=_device)")
+            self.emit(
+                f"{buffer.name} = _empty({self.size(layout.storage_size())}, dtype={dtype}, device=_device)"
+            )
             self.shaped.pop(buffer.name, None)
         self.take_pointer(buffer.name)
 
