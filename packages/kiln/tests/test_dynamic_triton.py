@@ -153,6 +153,15 @@ def test_a_kernel_the_generator_declines_makes_the_graph_static_and_is_logged(
     assert any("declined it with symbolic sizes" in r.getMessage() for r in caplog.records)
 
 
+def test_symbolic_sizes_in_triton_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_TRITON_SYMBOLIC", "0")
+    with torch.no_grad():
+        _sweep(_mlp(), [(torch.randn(b, 8),) for b in (2, 3, 4)], options=TRITON)
+    # the symbolic capture of the second call is refused: the frame compiles static per size
+    assert [f for f, _ in kiln_dynamo.counters.dynamic_fallbacks] == ["forward"]
+    assert kiln_dynamo.counters.graphs == 4
+
+
 def test_symbolic_kernels_compile_for_sm90(tmp_path: Path) -> None:
     """The interpreter accepts programs the real compiler would reject: the kernels of symbolic
     graphs, their size arguments typed as the launcher compiles them, compile for an H100/H200."""

@@ -20,6 +20,8 @@ shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks
 ``guarded_layouts=True`` says so for the default-mode wrapper too (the graph's inputs are the
 frame's tensors: a forward graph), which then checks only storage offsets and alignment.
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
+``symbolic_sizes=False`` (or ``KILN_TRITON_SYMBOLIC=0``) refuses graphs of symbolic sizes (Note
+[Symbolic sizes in Triton kernels]; the caller then compiles them static per size).
 """
 
 from __future__ import annotations
@@ -56,9 +58,6 @@ class TritonBackend(Backend):
     """The ``"triton"`` loopir backend; see the module docstring."""
 
     name = "triton"
-    # Note [Symbolic sizes in Triton kernels]: sizes as kernel arguments, bound by the wrapper
-    # (Note [Symbolic sizes in the Triton wrapper]); CUDA graphs recorded per distinct size
-    symbolic_sizes = True
 
     def __init__(
         self,
@@ -71,6 +70,7 @@ class TritonBackend(Backend):
         split_target_programs: int = 256,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
+        symbolic_sizes: bool | None = None,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -86,6 +86,14 @@ class TritonBackend(Backend):
         # ... before every call, so the wrapper checks only storage offsets (Note [Inputs the frame
         # guard checks] in wrapper.py)
         self.guarded_layouts = guarded_layouts
+        # Note [Symbolic sizes in Triton kernels]: graphs of symbolic sizes compiled as they are
+        # (sizes as kernel arguments, bound by the wrapper; CUDA graphs recorded per size); off,
+        # loopir refuses them and the caller compiles static per size
+        self.symbolic_sizes = (
+            symbolic_sizes
+            if symbolic_sizes is not None
+            else os.environ.get("KILN_TRITON_SYMBOLIC", "1") not in ("", "0")
+        )
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
         self.last_source = ""
@@ -206,6 +214,15 @@ class TritonBackend(Backend):
                     outer=spec.outer,
                     min_rnumel=self.split_min_rnumel,
                     target_programs=self.split_target_programs,
+                )
+            if spec.symbolic:  # Note [Symbolic sizes in Triton kernels]: what the sizes decided
+                log.debug(
+                    "%s: size arguments %s, %s kernel, numels %s at hints %s",
+                    spec.name,
+                    ", ".join(spec.size_params),
+                    spec.kind,
+                    (spec.xnumel, spec.ynumel, spec.rnumel),
+                    spec.hints(),
                 )
             if plan is None:
                 return KernelGroup((spec,))
