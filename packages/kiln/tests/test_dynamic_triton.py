@@ -105,6 +105,23 @@ def test_reductions_softmax_and_layer_norm_over_a_symbolic_dim() -> None:
     assert _graphs() == 1
 
 
+def test_row_kernels_of_symbolic_sizes_index_without_dividing(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Symbolic divisors]: a row-wise looped softmax over [s0, s1] reads ``x[row, col]`` at
+    ``rindex + s1*xindex`` and the row's max at ``xindex``: no division or modulus by a size
+    symbol is left in its index math (each would cost an int64 division per element on a GPU)."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.softmax(-1) * 2
+
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.output_code"):
+        _sweep(f, [(torch.randn(b, n),) for b, n in ((3, 17), (5, 300))], dynamic=True, options=TRITON)
+    assert _graphs() == 1
+    kernels = "\n".join(r.getMessage() for r in caplog.records if r.getMessage().startswith("kernels:"))
+    assert "def triton_red_fused" in kernels and ", s0, s1, XBLOCK: tl.constexpr" in kernels
+    body = kernels[kernels.index("def triton_red_fused") :]
+    assert "//" not in body and "%" not in body, body
+
+
 def test_broadcasting_against_a_size_one_dim() -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * y + x.shape[0]
