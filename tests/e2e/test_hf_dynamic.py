@@ -54,3 +54,27 @@ def test_lm_compiled_by_kiln_at_many_shapes(make: Any, dynamic: bool | None) -> 
     assert counters.fallbacks == [] and counters.dynamic_fallbacks == []
     assert counters.graphs == (2 if dynamic is None else 1)
     assert all(r.fell_back is None and not r.declined for r in kiln.compile_log())
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_lm_compiled_by_kiln_triton_at_many_shapes(name: str) -> None:
+    """The Triton code generator with symbolic sizes (Note [Symbolic sizes in Triton kernels]):
+    one Triton module and wrapper serve every shape; run under Triton's interpreter in a process
+    of its own (hf_dynamic_triton.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("hf_dynamic_triton.py")
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(script.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), name], check=False, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert f"{name} dynamic=None: {len(SHAPES)} shapes equal eager, 2 compiles" in done.stdout
+    assert f"{name} dynamic=True: {len(SHAPES)} shapes equal eager, 1 compiles" in done.stdout

@@ -166,3 +166,29 @@ def test_outputs_that_alias_an_input_are_not_recorded() -> None:
         assert a is x or a.data_ptr() == x.data_ptr()
         torch.testing.assert_close(b, x + 1)
     assert runner.disabled == "an output aliases an input"
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_a_graph_of_symbolic_sizes_is_recorded_per_size(capture: Any) -> None:
+    """Note [CUDA graphs per size]: one runner per tuple of symbol values, each with its own
+    warm-up, recordings and output slots; a size seen again replays its own graph."""
+    from kiln_codegen_triton.cudagraphs import MAX_SIZES, CudaGraphsPerSize
+
+    w = torch.randn(16, 8, device=DEVICE)
+    per_size = CudaGraphsPerSize(_fn, lambda x, w: (x.size(0),), capture=capture)
+    batches = [4, 4, 4, 7, 7, 4, 7, 7, 3]
+    for b in batches:
+        x = torch.randn(b, 16, device=DEVICE)
+        y = per_size(x, w)
+        assert y[0].shape == (b, 8)
+        torch.testing.assert_close(y, _eager(x, w))
+    assert sorted(per_size.runners) == [(3,), (4,), (7,)]
+    four, seven, three = per_size.runners[(4,)], per_size.runners[(7,)], per_size.runners[(3,)]
+    assert (four.plain_calls, four.recordings, four.replays) == (1, 2, 3)
+    assert (seven.plain_calls, seven.recordings, seven.replays) == (1, 2, 3)
+    assert (three.plain_calls, three.recordings) == (1, 0)  # warm-up only
+    assert per_size.disabled is None and per_size.replays == 6
+    for b in range(10, 10 + MAX_SIZES):  # past the limit a new size runs the function directly
+        x = torch.randn(b, 16, device=DEVICE)
+        torch.testing.assert_close(per_size(x, w), _eager(x, w))
+    assert len(per_size.runners) == MAX_SIZES and per_size.plain_calls == 3

@@ -118,3 +118,37 @@ def test_an_unknown_launcher_goes_through_run(monkeypatch: pytest.MonkeyPatch) -
     off: list[tuple[Any, ...]] = []
     runtime._fast_launcher(_compiled(Launcher36(off)), SPEC, Config(XBLOCK=1024))(3, 1, 2)
     assert off[0][5:9] == (False, True, None, None) and SCRATCH[-2:] == [0, 0]  # through __call__
+
+
+def test_a_kernel_of_symbolic_sizes_takes_them_after_its_pointers_and_computes_its_grid() -> None:
+    """Note [Symbolic sizes in Triton kernels]: the size arguments follow the pointers and the
+    grid is computed from them at each launch (both paths pass the same)."""
+    import sympy
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    spec = KernelSpec(
+        name="k", source="", params=("x", "out"), param_dtypes=(torch.float32, torch.float32),
+        kind="pointwise", xnumel=s0 * s1, ynumel=1, rnumel=1, scratch=(), members=(), atomic=False,
+        outer=False, size_params=("s0", "s1"), numel_hints=(12, 1, 1),
+    )  # fmt: skip
+
+    def compiled(run: Any) -> Any:
+        fn = types.SimpleNamespace(arg_names=["p_x", "p_out", "s0", "s1", "XBLOCK"])
+        signature = {"p_x": "*fp32", "p_out": "*fp32", "s0": "i64", "s1": "i64", "XBLOCK": "constexpr"}
+        return types.SimpleNamespace(
+            src=types.SimpleNamespace(signature=signature, fn=fn),
+            run=run,
+            function="cufunction",
+            packed_metadata=("meta",),
+        )
+
+    for cls in (Launcher36, Launcher38):
+        via_run: list[tuple[Any, ...]] = []
+        direct: list[tuple[Any, ...]] = []
+        runtime._fast_launcher(compiled(cls(via_run)), spec, Config(XBLOCK=256), direct=False)(
+            7, 100, 200, 5, 300
+        )
+        runtime._fast_launcher(compiled(cls(direct)), spec, Config(XBLOCK=256))(7, 100, 200, 5, 300)
+        assert direct == via_run and direct[0][:4] == (6, 1, 1, 7)  # 1500 elements in blocks of 256
+        assert runtime.warmup_args(spec)[2:] == [runtime.GENERIC_SIZE] * 2
+    assert direct[0][-1] == (100, 200, 5, 300, 256)  # Triton 3.8's argument tuple: pointers, sizes, XBLOCK

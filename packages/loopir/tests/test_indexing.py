@@ -89,3 +89,28 @@ def test_reshape_index_matches_row_major(old: list[int], new: list[int]) -> None
         assert int(evaluate(simple, env)) == flat
     # a reshape of contiguous memory simplifies to affine arithmetic
     assert as_strided_params(simple, vars_) is not None
+
+
+def test_symbolic_divisors() -> None:
+    """Note [Symbolic divisors]: multiples of a size symbol leave its division, a loop variable
+    whose range is the divisor divides to 0, and a split with symbolic coefficients recombines."""
+    from kiln_loopir.sizevars import SizeVars, using
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    x, r = sympy.symbols("x r", integer=True, nonnegative=True)
+    flat = x * s1 + r
+    assert FloorDiv(flat, s1) == x + FloorDiv(r, s1)
+    assert ModularIndexing(flat, Int(1), s1) == ModularIndexing(r, Int(1), s1)
+    assert FloorDiv(r + 1, s1) == FloorDiv(r + 1, s1)  # nothing to split: unchanged
+    ranges = {x: s0, r: s1}
+    assert simplify_index(FloorDiv(flat, s1), ranges) == x
+    assert simplify_index(ModularIndexing(flat, Int(1), s1), ranges) == r
+    assert simplify_index(FloorDiv(r, s0), ranges) == FloorDiv(r, s0)  # r < s1 says nothing of s0
+    e = r + x * s0
+    split = s1 * FloorDiv(e, s1) + ModularIndexing(e, Int(1), s1)
+    with using(SizeVars(hints={s0: 5, s1: 7})):
+        assert simplify_index(split, {x: s1, r: s0}) == e
+        row = 32 * s1 * FloorDiv(x, s1) + 32 * ModularIndexing(x, Int(1), s1) + r
+        assert simplify_index(row, {x: s0 * s1, r: Int(32)}) == 32 * x + r
+    # outside a graph with those size symbols the coefficients are not known to be sizes
+    assert simplify_index(split, {x: s1, r: s0}) != e

@@ -75,6 +75,7 @@ from kiln_loopir.wrapper_support import (
     opaque_results,
     py_size,
     py_tuple,
+    symbol_bindings,
 )
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
@@ -394,14 +395,8 @@ class WrapperCodegen:
         ``call``, named as the symbol, read once per call from the input that holds it (a size,
         a stride or an int argument); every derived size (allocations, views, kernel arguments)
         is an expression over those variables."""
-        for sym, src in sorted(self.graph.sizevars.sources.items(), key=lambda kv: str(kv[0])):
-            arg = params[src.input]
-            if src.kind == "int":
-                self.emit(f"{sym} = {arg}")
-            elif src.kind == "offset":
-                self.emit(f"{sym} = {arg}.storage_offset()")
-            else:
-                self.emit(f"{sym} = {arg}.{src.kind}({src.dim})")
+        for line in symbol_bindings(self.graph.sizevars, params):
+            self.emit(line)
 
     def symbolic_input(self, spec: InputBuffer) -> None:
         """A graph input with symbolic sizes: its strides as compiled (as expressions of the

@@ -20,6 +20,8 @@ shape, strides and dtype (kiln's frame guards do), so a CUDA-graph replay checks
 ``guarded_layouts=True`` says so for the default-mode wrapper too (the graph's inputs are the
 frame's tensors: a forward graph), which then checks only storage offsets and alignment.
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
+``symbolic_sizes=False`` (or ``KILN_TRITON_SYMBOLIC=0``) refuses graphs of symbolic sizes (Note
+[Symbolic sizes in Triton kernels]; the caller then compiles them static per size).
 
 Note [Autotuning large kernels in the default mode]: a kernel that moves a lot of memory is where
 a block-size miss costs most, and where timing a few configs once costs least relative to what it
@@ -33,8 +35,9 @@ the first call. At 16 MiB it fired on most kernels of the public suite at GPU si
 activations are 25 MB): in that run (H200, bf16 inference) kiln's first-calls time was 1.5-3x
 the previous run's on most models, for 1-4% less GPU time (the two runs were on differently
 loaded hosts, so the share of the tuning in it is an estimate). A kernel moving 128 MiB runs
-≥ 30 µs, where a better config saves more than the tuning costs over a run. ``KILN_LOG=autotune`` says which kernels were timed and what was
-chosen; ``kiln.compile(options={"triton_options": {"autotune_min_bytes": N}})`` moves the line.
+≥ 30 µs, where a better config saves more than the tuning costs over a run. ``KILN_LOG=autotune``
+says which kernels were timed and what was chosen; ``kiln.compile(options={"triton_options":
+{"autotune_min_bytes": N}})`` moves the line.
 """
 
 from __future__ import annotations
@@ -52,8 +55,9 @@ from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import KIND, kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
+from kiln_loopir.wrapper_support import symbol_values
 
-from .cudagraphs import CudaGraphRunner, cudagraph_blocker
+from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
 from .heuristics import configs
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
@@ -79,6 +83,7 @@ TRITON_OPTIONS = {
     "split_outer_target_programs": int,  # Note [Bytes per program] in heuristics.py
     "max_persistent_rblock": int,
     "allow_tiling": bool,
+    "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
 }
 
 
@@ -111,6 +116,7 @@ class TritonBackend(Backend):
         autotune_min_bytes: int | None = None,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
+        symbolic_sizes: bool | None = None,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -129,13 +135,21 @@ class TritonBackend(Backend):
         # ... before every call, so the wrapper checks only storage offsets (Note [Inputs the frame
         # guard checks] in wrapper.py)
         self.guarded_layouts = guarded_layouts
+        # Note [Symbolic sizes in Triton kernels]: graphs of symbolic sizes compiled as they are
+        # (sizes as kernel arguments, bound by the wrapper; CUDA graphs recorded per size); off,
+        # loopir refuses them and the caller compiles static per size
+        self.symbolic_sizes = (
+            symbolic_sizes
+            if symbolic_sizes is not None
+            else os.environ.get("KILN_TRITON_SYMBOLIC", "1") not in ("", "0")
+        )
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
         self.last_source = ""
         self.last_wrapper = ""
         self.last_module_path = ""
         self.last_launchers: dict[str, Launcher] = {}
-        self.last_cudagraphs: CudaGraphRunner | None = None
+        self.last_cudagraphs: CudaGraphRunner | CudaGraphsPerSize | None = None
         self.cudagraph_blocked: str | None = None  # why the last graph is not recorded
         self.codegen_seconds = 0.0
         self.compile_seconds = 0.0
@@ -163,6 +177,13 @@ class TritonBackend(Backend):
         for step, node in enumerate(schedule.nodes):
             if node.name in kernels:
                 groups[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
+        if graph.sizevars.symbolic and self.last_declined:
+            # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
+            # than the static compile the caller falls back to
+            declined, why = self.last_declined[0]
+            raise CodegenUnsupported(
+                f"kernel {declined}: the Triton generator declined it with symbolic sizes ({why})"
+            )
         generated = [s for g in groups.values() if g is not None for s in g.specs]
         launchers: dict[str, Launcher] = {}
         source = ""
@@ -200,7 +221,11 @@ class TritonBackend(Backend):
         self.cudagraph_blocked = None
         if self.cudagraphs and graph.device.type == "cuda":
             blocker = cudagraph_blocker(schedule)
-            if blocker is None:
+            if blocker is None and graph.sizevars.symbolic:  # Note [CUDA graphs per size]
+                fn = self.last_cudagraphs = CudaGraphsPerSize(
+                    fn, symbol_values(graph.sizevars), guarded_inputs=self.guarded_inputs
+                )
+            elif blocker is None:
                 fn = self.last_cudagraphs = CudaGraphRunner(fn, guarded_inputs=self.guarded_inputs)
             else:
                 log.info("no CUDA graphs for this graph: %s", blocker)
@@ -248,7 +273,7 @@ class TritonBackend(Backend):
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
             plan = None
-            if spec.kind in ("persistent", "looped"):
+            if spec.kind in ("persistent", "looped") and not spec.symbolic:
                 plan = plan_split(
                     members,
                     reads,
@@ -256,6 +281,15 @@ class TritonBackend(Backend):
                     min_rnumel=self.split_min_rnumel,
                     target_programs=self.split_target_programs,
                     outer_target_programs=self.split_outer_target_programs,
+                )
+            if spec.symbolic:  # Note [Symbolic sizes in Triton kernels]: what the sizes decided
+                log.debug(
+                    "%s: size arguments %s, %s kernel, numels %s at hints %s",
+                    spec.name,
+                    ", ".join(spec.size_params),
+                    spec.kind,
+                    (spec.xnumel, spec.ynumel, spec.rnumel),
+                    spec.hints(),
                 )
             if plan is None:
                 return KernelGroup((spec,))

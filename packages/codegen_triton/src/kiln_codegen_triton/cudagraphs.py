@@ -42,6 +42,16 @@ tensor), inputs off the GPU; outputs that alias an input (a replay would return 
 call's tensor). A capture that fails (an op that synchronizes, a data-dependent shape) turns the
 runner off for good with the reason in ``disabled`` and ``KILN_LOG=output_code``, and the wrapper
 runs as it is.
+
+Note [CUDA graphs per size]: a CUDA graph replays fixed launches (grids, size arguments,
+allocations), so a wrapper compiled for symbolic sizes (Note [Symbolic sizes in the Triton
+wrapper]) is recorded once per distinct tuple of size-symbol values: :class:`CudaGraphsPerSize`
+reads the symbols from the call's arguments (the same sources the wrapper binds them from) and
+keeps one :class:`CudaGraphRunner` per tuple, each with its own warm-up, static inputs, two
+output slots and memory pool (a replay of one size never writes memory another size's outputs
+live in). A training loop whose last batch is smaller gets a second runner for that size; a
+model served at many sizes gets one per size up to ``MAX_SIZES``, after which a new size runs the
+wrapper directly (slower, never wrong) and ``KILN_LOG=output_code`` says so once.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ log = logging.getLogger("kiln.codegen_triton.output_code")
 
 MAX_RECORDINGS = 8
 SLOTS = 2
+MAX_SIZES = 16  # Note [CUDA graphs per size]
 
 
 def cudagraph_blocker(schedule: Scheduler) -> str | None:
@@ -287,3 +298,43 @@ class CudaGraphRunner:
         self.disabled = reason
         self._slots, self._inputs, self._copy_dst = [], [], []
         log.warning("CUDA graphs off for this graph, running its kernels directly: %s", reason)
+
+
+class CudaGraphsPerSize:
+    """One :class:`CudaGraphRunner` per distinct value of the size symbols (Note [CUDA graphs per
+    size]); ``symbols(*args)`` reads them from a call's arguments. ``runner_kwargs`` go to each
+    runner (``capture``, ``guarded_inputs``; a runner makes its own pool unless one is given)."""
+
+    def __init__(
+        self, fn: Callable[..., Any], symbols: Callable[..., tuple[int, ...]], **runner_kwargs: Any
+    ) -> None:
+        self.fn = fn
+        self.symbols = symbols
+        self.runner_kwargs = runner_kwargs
+        self.runners: dict[tuple[int, ...], CudaGraphRunner] = {}
+        self.plain_calls = 0  # calls at a size beyond MAX_SIZES
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.symbols(*args)
+        runner = self.runners.get(key)
+        if runner is None:
+            if len(self.runners) >= MAX_SIZES:
+                if self.plain_calls == 0:
+                    log.info("CUDA graphs recorded for %d sizes; other sizes run the wrapper", MAX_SIZES)
+                self.plain_calls += 1
+                return self.fn(*args)
+            runner = self.runners[key] = CudaGraphRunner(self.fn, **self.runner_kwargs)
+        return runner(*args)
+
+    @property
+    def disabled(self) -> str | None:
+        """Why a runner turned CUDA graphs off (the first one that did), or None."""
+        return next((r.disabled for r in self.runners.values() if r.disabled is not None), None)
+
+    @property
+    def replays(self) -> int:
+        return sum(r.replays for r in self.runners.values())
+
+    @property
+    def recordings(self) -> int:
+        return sum(r.recordings for r in self.runners.values())

@@ -17,11 +17,21 @@ walks ``OUTER_XBLOCK`` contiguous columns and ``RBLOCK`` rows per step so that a
 ``OUTER_TILE_BYTES`` (4 KB: 16 float32 rows, 32 bfloat16 rows); of the tiles swept on the H200
 (2-8 KB, 4-8 warps) 4 KB tiles were fastest for both dtypes, once the split (split.py) gives
 enough programs.
+
+Note [Block sizes for symbolic sizes]: a kernel compiled for symbolic sizes (Note [Symbolic
+sizes in Triton kernels] in kernel.py) runs one config at every size, so its blocks are chosen
+from the size *hints* (the sizes of the call it was compiled at), with each symbolic extent
+taken as at least ``SYMBOLIC_MIN_EXTENT``: a block too large for a small size wastes masked
+lanes of a cheap kernel, one too small for a large size multiplies the programs of an expensive
+one. The grid is computed at every launch from the run's sizes (:func:`grid_source`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from kiln_loopir.wrapper_support import py_size
 
 from .kernel import KernelSpec, next_pow2
 
@@ -32,6 +42,8 @@ LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
 OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
+# Note [Block sizes for symbolic sizes]
+SYMBOLIC_MIN_EXTENT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +87,8 @@ def configs(
     if autotune == "small":
         return _small(spec, rblock_cap)
     out: list[Config] = []
-    nx = next_pow2(spec.xnumel)
+    xnumel, ynumel, rnumel = _extents(spec)
+    nx = next_pow2(xnumel)
     size = itemsize(spec)
     if spec.kind == "pointwise":
         x = min(POINTWISE_XBLOCK, nx)
@@ -86,19 +99,15 @@ def configs(
                     if xb <= max(nx, 256):
                         out.append(Config(min(xb, nx), num_warps=warps))
     elif spec.kind == "tiled":
-        ny = next_pow2(spec.ynumel)
+        ny = next_pow2(ynumel)
         out.append(Config(min(TILE, nx), min(TILE, ny), num_warps=4))
         if autotune:
             for yb, xb, warps in ((64, 64, 8), (16, 64, 4), (64, 16, 4), (32, 128, 8), (128, 32, 8)):
                 out.append(Config(min(xb, nx), min(yb, ny), num_warps=warps))
     elif spec.kind == "persistent":
-        r = next_pow2(spec.rnumel)
+        r = next_pow2(rnumel)
         # Note [Bytes per program]
-        x = (
-            min(128, nx)
-            if spec.outer
-            else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (spec.rnumel * size))))
-        )
+        x = min(128, nx) if spec.outer else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (rnumel * size))))
         out.append(Config(x, RBLOCK=r, num_warps=_warps(x * r)))
         if autotune:
             for xb in (max(1, x // 2), x, min(nx, x * 2)):
@@ -106,7 +115,7 @@ def configs(
                     if xb * r <= 16384 and (warps * 32 <= xb * r):
                         out.append(Config(xb, RBLOCK=r, num_warps=warps))
     else:  # looped
-        cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
+        cap = max(1, min(rblock_cap, next_pow2(rnumel)))
         if spec.outer:
             x = min(OUTER_XBLOCK, nx)
             r = min(max(8, OUTER_TILE_BYTES // (x * size)), 64, cap)  # Note [Bytes per program]
@@ -132,23 +141,24 @@ def _small(spec: KernelSpec, rblock_cap: int) -> list[Config]:
     persistent reduction, the tile of an outer one, the block of a row loop or a tile), each
     also with the other warp count, which is where the heuristic most often misses."""
     first = configs(spec, rblock_cap=rblock_cap)[0]
-    nx = next_pow2(spec.xnumel)
+    xnumel, ynumel, rnumel = _extents(spec)
+    nx = next_pow2(xnumel)
     out = [first]
     if spec.kind == "persistent":
         for x in (max(1, first.XBLOCK // 2), min(nx, first.XBLOCK * 2)):
             out.append(Config(x, RBLOCK=first.RBLOCK, num_warps=_warps(x * first.RBLOCK)))
         out.append(Config(first.XBLOCK, RBLOCK=first.RBLOCK, num_warps=max(2, first.num_warps // 2)))
     elif spec.kind == "looped" and spec.outer:
-        cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
+        cap = max(1, min(rblock_cap, next_pow2(rnumel)))
         for r in (max(1, first.RBLOCK // 2), min(cap, first.RBLOCK * 2)):
             out.append(Config(first.XBLOCK, RBLOCK=r, num_warps=first.num_warps))
         out.append(Config(first.XBLOCK, RBLOCK=first.RBLOCK, num_warps=8 if first.num_warps < 8 else 4))
     elif spec.kind == "looped":
-        cap = max(1, min(rblock_cap, next_pow2(spec.rnumel)))
+        cap = max(1, min(rblock_cap, next_pow2(rnumel)))
         for r in (max(128, first.RBLOCK // 2), min(cap, first.RBLOCK * 2)):
             out.append(Config(1, RBLOCK=r, num_warps=_warps(r)))
     elif spec.kind == "tiled":
-        ny = next_pow2(spec.ynumel)
+        ny = next_pow2(ynumel)
         for yb, xb, warps in ((64, 64, 8), (16, 64, 4)):
             out.append(Config(min(xb, nx), min(yb, ny), num_warps=warps))
     unique: list[Config] = []
@@ -158,9 +168,37 @@ def _small(spec: KernelSpec, rblock_cap: int) -> list[Config]:
     return unique
 
 
+def _extents(spec: KernelSpec) -> tuple[int, int, int]:
+    """The numels blocks are planned for (Note [Block sizes for symbolic sizes])."""
+    if not spec.symbolic:
+        return spec.xnumel, spec.ynumel, spec.rnumel
+    hints = spec.hints()
+    numels = (spec.xnumel, spec.ynumel, spec.rnumel)
+    return tuple(
+        h if isinstance(n, int) else max(h, SYMBOLIC_MIN_EXTENT) for n, h in zip(numels, hints, strict=True)
+    )  # type: ignore[return-value]
+
+
 def grid(spec: KernelSpec, config: Config) -> tuple[int, ...]:
     """The launch grid of ``spec`` under ``config``."""
     xs = -(-spec.xnumel // config.XBLOCK)
     if spec.kind == "tiled":
         return (xs, -(-spec.ynumel // config.YBLOCK))
+    return (xs,)
+
+
+def grid_source(spec: KernelSpec, config: Config) -> tuple[str, ...]:
+    """The launch grid as Python expressions over the kernel's size arguments (named as the
+    symbols): computed at every launch of a kernel with symbolic sizes; ints for static numels."""
+    if not spec.symbolic:
+        return tuple(str(g) for g in grid(spec, config))
+
+    def blocks(numel: Any, block: int) -> str:
+        if isinstance(numel, int):
+            return str(-(-numel // block))
+        return f"-(-({py_size(numel)}) // {block})"
+
+    xs = blocks(spec.xnumel, config.XBLOCK)
+    if spec.kind == "tiled":
+        return (xs, blocks(spec.ynumel, config.YBLOCK))
     return (xs,)

@@ -26,6 +26,30 @@ lines it came from (``kiln_loopir.source_comment``).
 Every ops value knows its *axes* (which block indices its shape spans), so a load is masked by
 exactly the masks of the indices its address uses (a bias row read in a reduction is masked by
 ``rmask`` only) and a pointer that uses none is broadcast before a masked access.
+
+Note [Symbolic sizes in Triton kernels]: a graph captured with dynamic shapes has sizes that are
+expressions in size symbols (Note [Symbolic sizes in loopir]). One kernel then serves every size:
+
+* every size symbol the kernel's code names (numels, strides in index math, extents of indirect
+  indices) is a kernel argument after the pointers, named as the symbol (``s0``), never a
+  ``tl.constexpr`` (one compile per size); the numels are computed from them in the kernel's
+  head (``xnumel = (3 * s0)``), and static numels stay literals, as in a static kernel. On a GPU
+  the argument is compiled as a generic int64 (``runtime.GENERIC_SIZE``): no divisibility or
+  equal-to-one specialization, so one binary serves every value;
+* masks are the same masks (``xindex < xnumel``, ``rindex < rnumel``): the ragged end of the
+  last block is masked whatever the size; digits of the flat block indices divide by symbols
+  at run time (``(xindex // s1)``) where no static simplification removes them;
+* a reduction over a row of symbolic length is always *looped* (no block is known to hold the
+  row), a persistent one only when the row is static (layer norm over the hidden size with a
+  symbolic batch stays persistent); a 2-D tile only when its y extent is static (its grid must
+  stay under CUDA's y limit); split reductions only for static kernels;
+* index math is int64 (no bound is known, and loopir adds no guard); which block sizes and
+  configs are chosen is decided on the size hints (Note [Block sizes for symbolic sizes] in
+  heuristics.py), and the grid is computed at each launch from the size arguments
+  (``heuristics.grid_source``; the C launcher skips an empty grid).
+
+A static graph generates exactly the kernels it generated before: every symbolic path is
+taken only for a sympy size, and ``scripts/triton_static_dump.py`` checks the generated code.
 """
 
 from __future__ import annotations
@@ -39,6 +63,7 @@ from typing import Any
 import sympy
 import torch
 
+from kiln_loopir import sizevars
 from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, contiguous_strides, simplify_index
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.origins import KIND, source_comment
@@ -116,13 +141,28 @@ class KernelSpec:
     params: tuple[str, ...]
     param_dtypes: tuple[torch.dtype, ...]
     kind: str  # "pointwise" | "tiled" | "persistent" | "looped"
-    xnumel: int
-    ynumel: int
-    rnumel: int
+    xnumel: Any  # int, or a sympy expression of size symbols (Note [Symbolic sizes in Triton kernels])
+    ynumel: Any
+    rnumel: Any
     scratch: tuple[str, ...]
     members: tuple[str, ...]
     atomic: bool  # writes with atomics or into another buffer: running it twice is not idempotent
     outer: bool  # a reduction whose reduced dim is strided and output dim contiguous
+    # Note [Symbolic sizes in Triton kernels]: the size symbols the kernel takes as arguments
+    # after its pointers (sorted by name), and the numels at the graph's size hints (heuristics
+    # only); a static kernel has neither, and its numels are ints
+    size_params: tuple[str, ...] = ()
+    numel_hints: tuple[int, int, int] | None = None
+
+    @property
+    def symbolic(self) -> bool:
+        return bool(self.size_params)
+
+    def hints(self) -> tuple[int, int, int]:
+        """(xnumel, ynumel, rnumel) for heuristics: the numels, or their size hints."""
+        if self.numel_hints is not None:
+            return self.numel_hints
+        return int(self.xnumel), int(self.ynumel), int(self.rnumel)
 
 
 def _int(expr: Any) -> int:
@@ -132,14 +172,32 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
+def _size(expr: Any) -> Any:
+    """A size: an int, or (Note [Symbolic sizes in Triton kernels]) its sympy expression."""
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else expr
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal for every value of the size symbols (ints: plain equality)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
+def _is_static(*sizes: Any) -> bool:
+    return all(isinstance(s, int) for s in sizes)
+
+
 def _real_reduction(buffer: ComputedBuffer) -> bool:
-    """A reduction over more than one element (one over a single element is just its value)."""
-    return buffer.is_reduction() and math.prod(_int(s) for s in buffer.iteration()[1]) != 1
+    """A reduction over more than one element (one over a single element is just its value;
+    a symbolic extent counts as more than one: the general path is right for one element too)."""
+    return buffer.is_reduction() and math.prod(_size(s) for s in buffer.iteration()[1]) != 1
 
 
-def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
+def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
     """The row-major digits of ``flat`` for dims ``sizes``."""
-    strides = contiguous_strides([sympy.Integer(s) for s in sizes])
+    strides = contiguous_strides([sympy.sympify(s) for s in sizes])
     out: list[sympy.Expr] = []
     for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
         if size == 1:
@@ -147,7 +205,7 @@ def unflatten(flat: sympy.Expr, sizes: Sequence[int]) -> list[sympy.Expr]:
         elif pos == 0:
             out.append(FloorDiv(flat, stride))
         else:
-            out.append(ModularIndexing(flat, stride, sympy.Integer(size)))
+            out.append(ModularIndexing(flat, stride, sympy.sympify(size)))
     return out
 
 
@@ -227,9 +285,9 @@ class Plan:
     """How the iteration space is laid onto blocks (see the module docstring)."""
 
     kind: str
-    nx: int
-    ny: int = 1
-    nr: int = 1
+    nx: Any  # int, or a sympy expression (Note [Symbolic sizes in Triton kernels])
+    ny: Any = 1
+    nr: Any = 1
     # Note [Pointwise kernels walk memory order]: the order the x digits are taken in, outermost
     # first (None: the logical order)
     order: tuple[int, ...] | None = None
@@ -274,17 +332,23 @@ class _Generator:
         self.xcse: dict[str, TValue] = {}
         self.trivial = False
         self.looped = plan.kind == "looped"
+        # Note [Symbolic sizes in Triton kernels]: size symbols the kernel's code names
+        self.size_symbols: set[sympy.Symbol] = set()
         if plan.kind == "tiled":
             self.ranges: dict[sympy.Symbol, sympy.Expr] = {
-                YINDEX: sympy.Integer(plan.ny),
-                XINDEX: sympy.Integer(plan.nx),
+                YINDEX: sympy.sympify(plan.ny),
+                XINDEX: sympy.sympify(plan.nx),
             }
             self.flat_x: sympy.Expr = YINDEX * plan.nx + XINDEX
         else:
-            self.ranges = {XINDEX: sympy.Integer(plan.nx)}
+            self.ranges = {XINDEX: sympy.sympify(plan.nx)}
             self.flat_x = XINDEX
         if plan.kind in ("persistent", "looped"):
-            self.ranges[RINDEX] = sympy.Integer(plan.nr)
+            self.ranges[RINDEX] = sympy.sympify(plan.nr)
+        for n in self.ranges.values():
+            self.size_symbols |= n.free_symbols
+        # the row length as the kernel's code spells it
+        self.rnumel_text = str(plan.nr) if isinstance(plan.nr, int) else "rnumel"
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -293,20 +357,24 @@ class _Generator:
         reducing = self.plan.kind in ("persistent", "looped")
         for member, reads in zip(self.members, self.reads, strict=True):
             mx, mr = member.iteration()
-            msizes = [_int(s) for s in mx]
+            msizes = [_size(s) for s in mx]
             numel = math.prod(msizes)
             nx_total = self.plan.nx * self.plan.ny
             self.trivial = member.is_reduction() and not _real_reduction(member)
             rindex: list[sympy.Expr] = []
             if member.is_reduction() and not self.trivial:
-                if not reducing or math.prod(_int(s) for s in mr) != nr or numel != nx_total:
+                if (
+                    not reducing
+                    or not _same(math.prod(_size(s) for s in mr), nr)
+                    or not _same(numel, nx_total)
+                ):
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
                 index = self._digits(self.flat_x, msizes)
-                rindex = self._digits(RINDEX, [_int(s) for s in mr])
+                rindex = self._digits(RINDEX, [_size(s) for s in mr])
                 level = "r"
-            elif numel == nx_total:
+            elif _same(numel, nx_total):
                 index, level = self._digits(self.flat_x, msizes, self.plan.order), "x"
-            elif reducing and numel == nx_total * nr:
+            elif reducing and _same(numel, nx_total * nr):
                 index, level = self._digits(self.flat_x * nr + RINDEX, msizes), "r"
             else:
                 raise CodegenUnsupported(f"member {member.name} does not fit its kernel's blocks")
@@ -320,7 +388,7 @@ class _Generator:
         return self._render()
 
     def _digits(
-        self, flat: sympy.Expr, sizes: list[int], order: tuple[int, ...] | None = None
+        self, flat: sympy.Expr, sizes: list[Any], order: tuple[int, ...] | None = None
     ) -> list[sympy.Expr]:
         if order is None or len(order) != len(sizes):
             return [simplify(e, self.ranges) for e in unflatten(flat, sizes)]
@@ -401,8 +469,10 @@ class _Generator:
         for s in expr.free_symbols:
             if s in AXIS_OF:
                 axes.add(AXIS_OF[s])
-            else:
-                axes |= self.sym_axes.get(s, frozenset())
+            elif s in self.sym_axes:
+                axes |= self.sym_axes[s]
+            else:  # a size symbol (Note [Symbolic sizes in Triton kernels])
+                self.size_symbols.add(s)
         return expr, frozenset(axes)
 
     def _ctx_axes(self) -> frozenset[str]:
@@ -523,7 +593,10 @@ class _Generator:
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         v = self._as(self._value(value), torch.int64)
-        n = _int(size)
+        n = _size(size)
+        if not isinstance(n, int):  # a run-time extent (Note [Symbolic sizes in Triton kernels])
+            self.size_symbols |= n.free_symbols
+            n = index_to_triton(n)
         var = self._new("ind")
         cast = f".to({self.index_dtype})" if self.index_dtype != "tl.int64" else ""
         self._emit(f"{var} = tl.where({v} < 0, {v} + {n}, {v}){cast}")
@@ -615,7 +688,10 @@ class _Generator:
             neutral = _extreme(v.dtype, low=reduction_type == "argmax")
             combine = f"k_{reduction_type}"
             vm = self._cse(f"tl.where({rmask}, {v}, {neutral})", v.dtype, xr)
-            index = self._cse(f"tl.where({rmask}, rindex, {self.plan.nr})", torch.int32, xr)
+            where = f"tl.where({rmask}, rindex, {self.rnumel_text})"
+            if not isinstance(self.plan.nr, int):  # an int64 row length: positions stay int32
+                where += ".to(tl.int32)"
+            index = self._cse(where, torch.int32, xr)
             if not self.looped:
                 _, idx = self._new("_"), self._new("idx")
                 self._emit(f"_, {idx} = tl.reduce(({vm}, {index}), 1, {combine})")
@@ -623,7 +699,7 @@ class _Generator:
             acc, acci = self._new("acc"), self._new("acci")
             section = self.sections[-1]
             section.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {compute_type(v.dtype)})")
-            section.pre.append(f"{acci} = tl.full([XBLOCK, RBLOCK], {self.plan.nr}, tl.int32)")
+            section.pre.append(f"{acci} = tl.full([XBLOCK, RBLOCK], {self.rnumel_text}, tl.int32)")
             self._emit(f"{acc}, {acci} = {combine}({acc}, {acci}, {vm}, {index})")
             idx = self._new("idx")
             section.post.append(f"_, {idx} = tl.reduce(({acc}, {acci}), 1, {combine})")
@@ -634,11 +710,11 @@ class _Generator:
             if not self.looped:
                 # a whole row in registers: the two-pass mean and sum of squared deviations
                 mean_v = self._x_value(
-                    f"tl.sum(tl.where({rmask}, {v}, 0.0), 1)[:, None] / {self.plan.nr}", dtype
+                    f"tl.sum(tl.where({rmask}, {v}, 0.0), 1)[:, None] / {self.rnumel_text}", dtype
                 )
                 dev = self._cse(f"tl.where({rmask}, {v} - {mean_v}, 0.0)", dtype, xr)
                 m2_v = self._x_value(f"tl.sum({dev} * {dev}, 1)[:, None]", dtype)
-                weight = self._x_value(f"tl.full([XBLOCK, 1], {self.plan.nr}, {t})", dtype)
+                weight = self._x_value(f"tl.full([XBLOCK, 1], {self.rnumel_text}, {t})", dtype)
                 return (mean_v, m2_v, weight)
             mean, m2, w = self._new("wmean"), self._new("wm2"), self._new("wweight")
             section = self.sections[-1]
@@ -755,17 +831,18 @@ class _Generator:
         )
         head: list[str] = []
         blocks = ["XBLOCK: tl.constexpr"]
+        numel = {"x": _numel_text(plan.nx), "y": _numel_text(plan.ny), "r": _numel_text(plan.nr)}
         if plan.kind == "pointwise":
             head += [
-                f"xnumel = {plan.nx}",
+                f"xnumel = {numel['x']}",
                 f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)",
                 "xmask = xindex < xnumel",
             ]
         elif plan.kind == "tiled":
             blocks = ["YBLOCK: tl.constexpr", "XBLOCK: tl.constexpr"]
             head += [
-                f"ynumel = {plan.ny}",
-                f"xnumel = {plan.nx}",
+                f"ynumel = {numel['y']}",
+                f"xnumel = {numel['x']}",
                 f"yindex = {prog.format(axis=1)} * YBLOCK + tl.arange(0, YBLOCK)[:, None]",
                 "ymask = yindex < ynumel",
                 f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)[None, :]",
@@ -774,15 +851,17 @@ class _Generator:
         else:
             blocks.append("RBLOCK: tl.constexpr")
             head += [
-                f"xnumel = {plan.nx}",
-                f"rnumel = {plan.nr}",
+                f"xnumel = {numel['x']}",
+                f"rnumel = {numel['r']}",
                 f"xindex = {prog.format(axis=0)} * XBLOCK + tl.arange(0, XBLOCK)[:, None]",
                 "xmask = xindex < xnumel",
                 "rbase = tl.arange(0, RBLOCK)[None, :]",
             ]
             if plan.kind == "persistent":
                 head += ["rindex = rbase", "rmask = rindex < rnumel"]
-        signature = ", ".join([*(f"p_{n}" for n in params), *blocks])
+        # Note [Symbolic sizes in Triton kernels]: the size symbols after the pointers
+        size_params = sorted(str(sym) for sym in self.size_symbols)
+        signature = ", ".join([*(f"p_{n}" for n in params), *size_params, *blocks])
         members = ", ".join(m.name for m in self.members)
         name = self.name.replace(KIND, KIND_PREFIX[plan.kind])
         lines = [
@@ -808,7 +887,18 @@ class _Generator:
             members=tuple(m.name for m in self.members),
             atomic=self.atomic,
             outer=False,
+            size_params=tuple(size_params),
+            numel_hints=(
+                None
+                if _is_static(plan.nx, plan.ny, plan.nr)
+                else (sizevars.hint(plan.nx), sizevars.hint(plan.ny), sizevars.hint(plan.nr))
+            ),
         )
+
+
+def _numel_text(n: Any) -> str:
+    """A numel in the kernel's head: the int, or its expression over the size arguments."""
+    return str(n) if isinstance(n, int) else index_to_triton(n)
 
 
 def _extreme(dtype: torch.dtype, *, low: bool) -> str:
@@ -864,10 +954,12 @@ def build_kernel(
     reduction = next((m for m in members if _real_reduction(m)), None)
     ref = reduction if reduction is not None else members[0]
     xr, rr = ref.iteration()
-    xsizes = [_int(s) for s in xr]
+    xsizes = [_size(s) for s in xr]
     nx = math.prod(xsizes)
-    if nx * math.prod(_int(s) for s in rr) >= 2**31 - 1:
-        # a reduction over a broadcast input can iterate past every buffer's size
+    rsizes = [_size(s) for s in rr]
+    # a reduction over a broadcast input can iterate past every buffer's size; a symbolic
+    # iteration has no known bound, and none is guarded (Note [Symbolic sizes in Triton kernels])
+    if not _is_static(*xsizes, *rsizes) or nx * math.prod(rsizes) >= 2**31 - 1:
         index_dtype = "tl.int64"
 
     def gen(plan: Plan) -> tuple[KernelSpec, _Generator]:
@@ -875,30 +967,45 @@ def build_kernel(
         return g.generate(), g
 
     if reduction is not None:
-        nr = math.prod(_int(s) for s in rr)
+        nr = math.prod(rsizes)
         spec, g = gen(Plan("persistent", nx, 1, nr))
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         outer = any(_unit(e, XINDEX) for _, e, _ in row) and not any(_unit(e, RINDEX) for _, e, _ in row)
-        if next_pow2(nr) > max_persistent_rblock or (outer and nr > OUTER_PERSISTENT_MAX):
+        if not isinstance(nr, int):
+            # Note [Symbolic sizes in Triton kernels]: a row of unknown length never fits a block
+            spec, g = gen(Plan("looped", nx, 1, nr))
+        elif next_pow2(nr) > max_persistent_rblock or (outer and nr > OUTER_PERSISTENT_MAX):
             spec, g = gen(Plan("looped", nx, 1, nr))
         return _with_outer(spec, outer)
     squeezed = [s for s in xsizes if s != 1]
-    if allow_tiling and len(squeezed) >= 2:
-        last = squeezed[-1]
-        ny = nx // last
-        if last >= MIN_TILE and ny >= MIN_TILE and -(-ny // MIN_TILE) <= MAX_GRID_Y:
-            spec, g = gen(Plan("tiled", last, ny))
-            both = [e for _, e, _ in g.accesses if e.has(XINDEX) or e.has(YINDEX)]
-            along_x = any(_unit(e, XINDEX) for e in both)
-            along_y = any(_unit(e, YINDEX) and not _unit(e, XINDEX) for e in both)
-            if along_x and along_y:
-                return spec
+    tile = _tile(squeezed) if allow_tiling and len(squeezed) >= 2 else None
+    if tile is not None:
+        spec, g = gen(Plan("tiled", *tile))
+        both = [e for _, e, _ in g.accesses if e.has(XINDEX) or e.has(YINDEX)]
+        along_x = any(_unit(e, XINDEX) for e in both)
+        along_y = any(_unit(e, YINDEX) and not _unit(e, XINDEX) for e in both)
+        if along_x and along_y:
+            return spec
     spec, _ = gen(Plan("pointwise", nx, order=_memory_order(members, xsizes, internal)))
     return spec
 
 
+def _tile(squeezed: list[Any]) -> tuple[Any, int] | None:
+    """(x extent, y extent) of a 2-D tiling of these dims (size 1 dropped), or None when too small
+    (Note [When to tile]). Note [Symbolic sizes in Triton kernels]: only where the y extent is a
+    known size (its grid must fit CUDA's y limit); a symbolic last dim is judged by its hint."""
+    last = squeezed[-1]
+    ny = math.prod(squeezed[:-1])
+    if not isinstance(ny, int):
+        return None
+    extent = last if isinstance(last, int) else sizevars.hint(last)
+    if extent >= MIN_TILE and ny >= MIN_TILE and -(-ny // MIN_TILE) <= MAX_GRID_Y:
+        return last, ny
+    return None
+
+
 def _memory_order(
-    members: Sequence[ComputedBuffer], xsizes: list[int], internal: Set[str]
+    members: Sequence[ComputedBuffer], xsizes: list[Any], internal: Set[str]
 ) -> tuple[int, ...] | None:
     """Note [Pointwise kernels walk memory order]: a flat pointwise kernel takes its x digits in
     the order of its outputs' strides, outermost first, so that consecutive lanes write
@@ -911,7 +1018,7 @@ def _memory_order(
         return None
     orders = set()
     for m in members:
-        if [_int(s) for s in m.iteration()[0]] != xsizes:
+        if [_size(s) for s in m.iteration()[0]] != xsizes:
             return None
         if m.name in internal:  # never stored: its layout is no one's memory
             continue

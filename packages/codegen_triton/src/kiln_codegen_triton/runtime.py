@@ -62,7 +62,7 @@ import torch
 
 from kiln_loopir.diskcache import cache_root, write_atomic
 
-from .heuristics import Config, grid
+from .heuristics import Config, grid, grid_source
 from .interp import fix_comparisons, interpreting
 from .kernel import KernelSpec
 from .triton_ops import PRELUDE
@@ -184,6 +184,17 @@ def _direct_call(run: Any) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+# Note [Symbolic sizes in Triton kernels]: what a size argument is compiled for: a value that
+# Triton's specialization reads as an int64 divisible by nothing (not 1, not a multiple of 16),
+# so one binary serves every size
+GENERIC_SIZE = 2**33 + 1
+
+
+def warmup_args(spec: KernelSpec) -> list[Any]:
+    """``JITFunction.warmup``'s arguments for ``spec``: the pointers' dtypes, then the sizes."""
+    return [*spec.param_dtypes, *(GENERIC_SIZE for _ in spec.size_params)]
+
+
 def _fast_launcher(
     compiled: Any, spec: KernelSpec, config: Config, direct: bool = True
 ) -> Callable[..., None]:
@@ -195,16 +206,19 @@ def _fast_launcher(
     launch directly]); else ``CompiledKernel.run``."""
     constants = config.kwargs(spec.kind)
     pointers = {name: f"p{i}" for i, name in enumerate(f"p_{n}" for n in spec.params)}
+    sizes = spec.size_params  # Note [Symbolic sizes in Triton kernels]: after the pointers
     signature = compiled.src.signature
     args = []
     for name in compiled.src.fn.arg_names:
         if name in pointers:
             args.append(pointers[name])
+        elif name in sizes:
+            args.append(name)
         elif name in signature:
             args.append(repr(constants[name]))
-    g = grid(spec, config)
+    g: tuple[Any, ...] = grid_source(spec, config) if sizes else grid(spec, config)
     gx, gy = g[0], g[1] if len(g) > 1 else 1
-    params = ", ".join(["stream", *pointers.values()])
+    params = ", ".join(["stream", *pointers.values(), *sizes])
     scope: dict[str, Any] = {
         "run": compiled.run,
         "function": compiled.function,
@@ -250,11 +264,26 @@ class Launcher:
     # --------------------------------------------------------------- Triton's interpreter
 
     def _bind(self, config: Config) -> Callable[..., Any]:
+        if self.spec.symbolic:
+            return self._bind_symbolic(config)
         runner = self.fn[grid(self.spec, config)]
         kwargs = config.kwargs(self.spec.kind)
 
         def launch(*args: Any) -> Any:
             return runner(*args, **kwargs)
+
+        return launch
+
+    def _bind_symbolic(self, config: Config) -> Callable[..., Any]:
+        """Note [Symbolic sizes in Triton kernels]: the grid from the size arguments, per call."""
+        sizes = self.spec.size_params
+        source = f"lambda {', '.join(sizes)}: ({', '.join(grid_source(self.spec, config))},)"
+        grid_of = eval(compile(source, f"<kiln-grid {self.spec.name}>", "eval"))
+        kwargs = config.kwargs(self.spec.kind)
+        fn, n = self.fn, len(sizes)
+
+        def launch(*args: Any) -> Any:
+            return fn[grid_of(*args[len(args) - n :])](*args, **kwargs)
 
         return launch
 
@@ -271,7 +300,7 @@ class Launcher:
 
     def precompile(self, device: torch.device) -> None:
         """Compile every config this launcher may use for ``device`` (no launch)."""
-        dtypes = list(self.spec.param_dtypes)
+        dtypes = warmup_args(self.spec)
         with _on(device):
             for config in self.configs_to_compile():
                 if config in self.compiled:
@@ -431,7 +460,7 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
             for config in launcher.configs_to_compile():
                 if config in launcher.compiled:
                     continue
-                dtypes, kwargs = list(launcher.spec.param_dtypes), config.kwargs(launcher.spec.kind)
+                dtypes, kwargs = warmup_args(launcher.spec), config.kwargs(launcher.spec.kind)
                 try:
                     data = compile_pool.record(functools.partial(fn.warmup, *dtypes, grid=(1,), **kwargs))
                 except Exception as exc:  # e.g. a config Triton's binder rejects: compiled here

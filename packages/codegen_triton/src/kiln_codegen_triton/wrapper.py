@@ -45,6 +45,17 @@ umbrella sets for forward graphs only) checks the storage offset and the alignme
 269 inputs, and the skipped ``stride()``/``shape``/``dtype`` reads were about 0.3 µs each per
 call. A backward graph's inputs (saved values, incoming gradients of any strides) are checked in
 full, as is every graph of a caller that does not say it guards them.
+
+Note [Symbolic sizes in the Triton wrapper]: a graph compiled with symbolic sizes (Note
+[Symbolic sizes in loopir]) reads every size symbol once per call, from the input that holds it
+(``s0 = x.size(0)``: loopir's ``symbol_bindings``, the same lines the C++ wrapper binds), and
+computes every composite size it needs once, right after (``_ks0 = 3*s0``); allocations, views,
+extern arguments and input checks name those variables, and kernels take the symbols as
+arguments after their pointers (Note [Symbolic sizes in Triton kernels] in kernel.py), their
+launchers computing the grid from them. An input's sizes, strides and offset are checked as
+expressions of the symbols just read (a copy into that layout where they differ). A kernel the
+generator declines is not interpreted in such a graph: the backend refuses the graph, and the
+caller compiles it with static sizes. A static graph generates exactly the lines it did before.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
 from kiln_loopir.graph import GraphLowering
@@ -73,7 +85,15 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_shape, grad_mode_below_autograd, opaque_inputs, opaque_results
+from kiln_loopir.wrapper_support import (
+    dense_shape,
+    grad_mode_below_autograd,
+    is_static_layout,
+    opaque_inputs,
+    opaque_results,
+    py_size,
+    symbol_bindings,
+)
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -142,6 +162,9 @@ class WrapperCodegen:
         self.opaque: set[str] = set()
         if self.pointers:
             self.namespace["_get_stream"] = torch._C._cuda_getCurrentRawStream
+        # Note [Symbolic sizes in the Triton wrapper]: composite size -> its variable, computed once
+        self.symbolic = graph.sizevars.symbolic
+        self.derived: dict[str, str] = {}
 
     def _referenced_buffers(self) -> set[str]:
         """Names of the buffers some kernel, extern call or graph output reads."""
@@ -207,15 +230,17 @@ class WrapperCodegen:
 
     def view(self, value: Any) -> str:
         """Python expression for an extern argument or a graph output."""
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            return self.size(value)  # Note [Symbolic sizes in the Triton wrapper]
         if isinstance(value, ReinterpretView):
             # an input's own tensor takes as_strided's offset from its storage's start too
-            return f"{self.storage(value.buffer.name)}.as_strided({_layout_args(value.layout)})"
+            return f"{self.storage(value.buffer.name)}.as_strided({self.layout_args(value.layout)})"
         if isinstance(value, InputBuffer | ConstantBuffer):
             return value.name
         if isinstance(value, Buffer):
             if value.name in self.opaque or self.shaped.get(value.name) == _layout_key(value.layout):
                 return value.name  # Note [Opaque extern results] in kiln_loopir's wrapper_support.py
-            view = f"{value.name}.as_strided({_layout_args(value.layout)})"
+            view = f"{value.name}.as_strided({self.layout_args(value.layout)})"
             if value.name in self.extern_results:  # an extern op may return None for it
                 return f"(None if {value.name} is None else {view})"
             return view
@@ -231,6 +256,9 @@ class WrapperCodegen:
 
     def allocate(self, buffer: Buffer) -> None:
         layout = buffer.layout
+        if not is_static_layout(layout):
+            self.allocate_symbolic(buffer)
+            return
         n = int(layout.storage_size())
         dtype = self.const(layout.dtype)
         shape = dense_shape(layout) if self.pointers else None
@@ -252,11 +280,18 @@ class WrapperCodegen:
         ]
         aligned: list[tuple[str, str]] = []
         opaque = opaque_inputs(graph.gm)
+        if self.symbolic:  # Note [Symbolic sizes in the Triton wrapper]
+            for line in symbol_bindings(graph.sizevars, params):
+                self.emit(line)
+        derived_at = len(self.lines)
         for spec in graph.graph_inputs:
             if spec is None:
                 continue
             if spec.name in opaque:  # Note [Opaque extern results]: taken as it is
                 self.emit(f"# {spec.name}: an opaque extern result, taken as it is")
+                continue
+            if not is_static_layout(spec.layout):
+                self.symbolic_input(spec, aligned)
                 continue
             layout = spec.layout
             stride, offset = tuple(layout.int_stride()), int(layout.offset)
@@ -304,6 +339,7 @@ class WrapperCodegen:
                 if name not in reused_sources and name not in self.schedule.output_names:
                     self.emit(f"del {name}")
         self.emit(f"return {self.view(graph.outputs)}")
+        self.lines[derived_at:derived_at] = [f"{var} = {text}" for text, var in self.derived.items()]
         body = self.lines
         if self.device.type == "cuda" and torch.cuda.device_count() > 1:
             # Triton launches on the current device: make it the graph's
@@ -342,6 +378,9 @@ class WrapperCodegen:
                 # may leave it undefined or give it another shape than its meta kernel promised
                 continue
             value = "_r" + "".join(f"[{i}]" for i in out.path)
+            if not is_static_layout(out.layout):
+                self.extern_output_symbolic(out, value)
+                continue
             n = int(out.layout.storage_size())
             shape = dense_shape(out.layout) if self.pointers else None
             if shape is not None:  # Note [Buffers in their own shape on a GPU]
@@ -390,13 +429,85 @@ class WrapperCodegen:
                 launcher = self.launchers[spec.name]
                 if self.pointers:
                     launcher.install(self.namespace, fn)
-                    args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params)])
+                    args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params), *spec.size_params])
                 else:
                     self.namespace[fn] = launcher
-                    args = ", ".join(self.storage(p) for p in spec.params)
+                    args = ", ".join([*(self.storage(p) for p in spec.params), *spec.size_params])
                 self.emit(f"{fn}({args})  # {spec.name}")
         for name in temporaries:
             self.emit(f"del {name}")
+
+    # ------------------------------------------------- Note [Symbolic sizes in the Triton wrapper]
+
+    def size(self, expr: Any) -> str:
+        """A size as Python source: an int, a symbol's variable, or the variable of a composite
+        size, computed once per call after the symbols are read."""
+        expr = sympy.expand(sympy.sympify(expr))
+        if expr.is_Integer or isinstance(expr, sympy.Symbol):
+            return py_size(expr)
+        text = py_size(expr)
+        if text not in self.derived:
+            self.derived[text] = f"_ks{len(self.derived)}"
+        return self.derived[text]
+
+    def sizes(self, exprs: Any) -> str:
+        items = [self.size(e) for e in exprs]
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+
+    def layout_args(self, layout: Any) -> str:
+        """``size, stride, offset`` of ``layout`` as Python source."""
+        if is_static_layout(layout):
+            return _layout_args(layout)
+        return f"{self.sizes(layout.size)}, {self.sizes(layout.stride)}, {self.size(layout.offset)}"
+
+    def symbolic_input(self, spec: InputBuffer, aligned: list[tuple[str, str]]) -> None:
+        """An input of symbolic layout: checked against the layout as expressions of the symbols."""
+        layout, n = spec.layout, spec.name
+        dtype = self.const(layout.dtype)
+        offset = self.size(layout.offset)
+        conform = f"{n} = _conform({n}, {self.layout_args(layout)}, dtype={dtype}, name={n!r})"
+        if self.guarded_layouts and self.pointers:  # Note [Inputs the frame guard checks]
+            self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
+        else:
+            self.emit(
+                f"if {n}.stride() != {self.sizes(layout.stride)} or {n}.storage_offset() != {offset} "
+                f"or {n}.shape != {self.sizes(layout.size)} or {n}.dtype is not {dtype}: {conform}"
+            )
+        if n in self.flat_inputs:
+            self.emit(f"{n}_flat = {n}.as_strided(({self.size(layout.storage_size())},), (1,), 0)")
+        if self.pointers and n in self.kernel_params:
+            shift = f" - {self.size(layout.offset * layout.dtype.itemsize)}" if layout.offset != 0 else ""
+            self.emit(f"{n}_p = {n}.data_ptr(){shift}")
+            aligned.append((n, f"{conform}; {n}_p = {n}.data_ptr(){shift}"))
+
+    def allocate_symbolic(self, buffer: Buffer) -> None:
+        layout = buffer.layout
+        dtype = self.const(layout.dtype)
+        shape = dense_shape(layout) if self.pointers else None
+        if shape is not None:  # Note [Buffers in their own shape on a GPU]
+            size, stride = shape
+            self.emit(
+                f"{buffer.name} = _empty_strided({self.sizes(size)}, {self.sizes(stride)}, dtype={dtype}, device=_device)"
+            )
+            self.shaped[buffer.name] = _layout_key(layout)
+        else:
+            self.emit(
+                f"{buffer.name} = _empty({self.size(layout.storage_size())}, dtype={dtype}, device=_device)"
+            )
+            self.shaped.pop(buffer.name, None)
+        self.take_pointer(buffer.name)
+
+    def extern_output_symbolic(self, out: Buffer, value: str) -> None:
+        shape = dense_shape(out.layout) if self.pointers else None
+        if shape is not None:  # Note [Buffers in their own shape on a GPU]
+            size, stride = shape
+            self.emit(f"{out.name} = _dense({value}, {self.sizes(size)}, {self.sizes(stride)}, 0)")
+            self.shaped[out.name] = _layout_key(out.layout)
+        else:
+            n = self.size(out.layout.storage_size())
+            self.emit(f"{out.name} = _flat({value}, {n}, {self.layout_args(out.layout)})")
+            self.shaped.pop(out.name, None)
+        self.take_pointer(out.name)
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the Triton generator declined with loopir's interpreter (never wrong)."""
@@ -417,6 +528,8 @@ class WrapperCodegen:
 
 
 def _layout_key(layout: Any) -> tuple[Any, ...]:
+    if not is_static_layout(layout):  # sympy expressions compare by structure
+        return (tuple(layout.size), tuple(layout.stride), layout.offset)
     return (tuple(layout.int_size()), tuple(layout.int_stride()), int(layout.offset))
 
 

@@ -13,9 +13,17 @@ operations that sympy's own ``floor``/``Mod`` handle poorly get their own functi
 Their ``eval`` rules fold constants and strip trivial divisors and moduli; :func:`simplify_index`
 then uses the ranges of the loop variables to remove divisions and moduli that cannot change
 the value (a variable smaller than the divisor, a digit that covers the whole range) and to
-split sums into the part each divisor keeps. :func:`merge_loops` collapses adjacent loop
+split sums into the part each divisor keeps (Note [Symbolic divisors]). :func:`merge_loops` collapses adjacent loop
 dimensions that every access walks contiguously, which is how the scheduler compares accesses
 of kernels whose loops were shaped differently (a ``(4, 8)`` pointwise and a ``(32,)`` one).
+
+Note [Symbolic divisors]: with symbolic sizes (Note [Symbolic sizes in loopir]) a digit divides by
+a size symbol (``(s1*x + r) // s1``). The same identities hold and are applied where they are
+exact for every value of the symbols: terms that are integer multiples of a symbolic divisor
+leave the division (``x + r // s1``); a loop variable whose range is the divisor itself divides
+to 0 (``r // s1`` with ``r < s1``), and one whose range is ``divisor * modulus`` needs no modulus;
+``_recombine_digits`` also undoes splits whose coefficients are size symbols (``s1*(e // s1) +
+e % s1 -> e``). Integer divisors take exactly the paths they took before.
 """
 
 from __future__ import annotations
@@ -46,6 +54,11 @@ class FloorDiv(sympy.Function):
             return sympy.Integer(int(base) // int(divisor))
         if isinstance(base, FloorDiv):
             return FloorDiv(base.args[0], base.args[1] * divisor)
+        if not divisor.is_Number:  # Note [Symbolic divisors]
+            kept, rest = _split_symbolic_multiples(base, divisor)
+            if kept != 0:
+                return kept + FloorDiv(rest, divisor)
+            return None
         if divisor.is_Integer:
             # (k*d*a + b) // d  ->  k*a + b // d  when every kept term is a multiple of d
             kept, rest = _split_multiples(base, int(divisor))
@@ -70,6 +83,11 @@ class ModularIndexing(sympy.Function):
             return sympy.Integer(0)
         if base.is_Integer and divisor.is_Integer and modulus.is_Integer:
             return sympy.Integer((int(base) // int(divisor)) % int(modulus))
+        if not (divisor.is_Number and modulus.is_Number):  # Note [Symbolic divisors]
+            kept, rest = _split_symbolic_multiples(base, divisor * modulus)
+            if kept != 0:
+                return ModularIndexing(rest, divisor, modulus)
+            return None
         if divisor.is_Integer and modulus.is_Integer:
             # terms that are multiples of d*m never change the digit
             _, rest = _split_multiples(base, int(divisor) * int(modulus))
@@ -101,6 +119,21 @@ def _split_multiples(expr: Expr, divisor: int) -> tuple[Expr, Expr]:
         coeff, _ = term.as_coeff_Mul()
         if coeff.is_Integer and int(coeff) % divisor == 0:
             kept.append(term)
+        else:
+            rest.append(term)
+    return sympy.Add(*kept), sympy.Add(*rest)
+
+
+def _split_symbolic_multiples(expr: Expr, divisor: Expr) -> tuple[Expr, Expr]:
+    """Split a sum into (the sum of its terms divided by a symbolic ``divisor``, where each quotient
+    is a product with an integer coefficient, the other terms) (Note [Symbolic divisors])."""
+    kept: list[Expr] = []
+    rest: list[Expr] = []
+    for term in sympy.Add.make_args(expr):
+        q = sympy.cancel(term / divisor)
+        num, den = sympy.fraction(q)
+        if den == 1 and not isinstance(num, sympy.Add) and num.as_coeff_Mul()[0].is_Integer:
+            kept.append(q)
         else:
             rest.append(term)
     return sympy.Add(*kept), sympy.Add(*rest)
@@ -171,6 +204,8 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
             b = bound(base, ranges)
             if b is not None and divisor.is_Integer and b <= int(divisor):
                 return sympy.Integer(0)
+            if not divisor.is_Integer and _below(base, divisor, ranges):  # Note [Symbolic divisors]
+                return sympy.Integer(0)
         if isinstance(node, ModularIndexing):
             base, divisor, modulus = node.args
             b = bound(base, ranges)
@@ -181,9 +216,34 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
                 and b <= int(divisor) * int(modulus)
             ):
                 return FloorDiv(base, divisor)
+            if not (divisor.is_Integer and modulus.is_Integer) and _below(base, divisor * modulus, ranges):
+                return FloorDiv(base, divisor)
         return node
 
     return _recombine_digits(sympy.expand(visit(expr)))
+
+
+def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool:
+    """``expr < limit`` for every value of the size symbols, where ``expr`` is a loop variable
+    whose range is ``limit`` itself (Note [Symbolic divisors])."""
+    size = ranges.get(expr) if isinstance(expr, sympy.Symbol) else None
+    return size is not None and sympy.expand(limit - size) == 0
+
+
+def _digit_term(term: Expr, sizes: frozenset[sympy.Symbol]) -> tuple[Expr, Expr]:
+    """A term as (coefficient, the rest), as ``as_coeff_Mul`` splits it, except that a digit
+    times size symbols keeps the symbols in its coefficient (Note [Symbolic divisors])."""
+    cf, f = term.as_coeff_Mul()
+    if sizes and isinstance(f, sympy.Mul):
+        digits = [a for a in f.args if isinstance(a, FloorDiv | ModularIndexing)]
+        others = [a for a in f.args if not isinstance(a, FloorDiv | ModularIndexing)]
+        if len(digits) == 1 and all(a.free_symbols <= sizes for a in others):
+            return cf * sympy.Mul(*others), digits[0]
+    return cf, f
+
+
+def _equal(a: Expr, b: Expr) -> bool:
+    return bool(a == b or sympy.expand(a - b) == 0)
 
 
 def _recombine_digits(expr: Expr) -> Expr:
@@ -192,11 +252,14 @@ def _recombine_digits(expr: Expr) -> Expr:
     A reshape splits an index into digits and a contiguous layout multiplies them back; this
     undoes the split, so a view chain over contiguous memory collapses to plain arithmetic.
     """
+    from .sizevars import current  # the graph's size symbols (sizevars imports this module)
+
+    sizes = frozenset(current().hints)
     changed = True
     while changed:
         changed = False
         terms = list(sympy.Add.make_args(expr))
-        parts = [t.as_coeff_Mul() for t in terms]
+        parts = [_digit_term(t, sizes) for t in terms]
         for i, (cf, f) in enumerate(parts):
             if not isinstance(f, FloorDiv):
                 continue
@@ -204,7 +267,7 @@ def _recombine_digits(expr: Expr) -> Expr:
                 if not isinstance(m, ModularIndexing) or m.args[0] != f.args[0]:
                     continue
                 e, d1, d2 = m.args
-                if f.args[1] == d1 * d2 and cf == cm * d2:
+                if _equal(f.args[1], d1 * d2) and _equal(cf, cm * d2):
                     rest = [t for k, t in enumerate(terms) if k not in (i, j)]
                     expr = sympy.Add(*rest, cm * FloorDiv(e, d1))
                     changed = True

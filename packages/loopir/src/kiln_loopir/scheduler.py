@@ -657,7 +657,12 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
     n_out, n_in = sympy.Mul(*wdep.sizes), sympy.Mul(*rdep.sizes)
     if n_in == n_out:
         return wdep.canonical() == rdep.canonical()
-    if not (n_in.is_Integer and n_out.is_Integer and int(n_in) > int(n_out)):
+    if n_in.is_Integer and n_out.is_Integer:
+        if int(n_in) <= int(n_out):
+            return False
+    elif sympy.expand(n_in - n_out) == 0:
+        # symbolic (Note [Symbolic sizes in loopir]): the same size spelled differently; else the
+        # reader's leading loops must multiply to the writer's size, checked below as for ints
         return False
     prefix, running = 0, sympy.Integer(1)
     while prefix < len(rdep.sizes) and running != n_out:

@@ -209,6 +209,41 @@ def is_static_layout(layout: Any) -> bool:
     return all(sympy.sympify(e).is_Integer for e in (*layout.size, *layout.stride, layout.offset))
 
 
+def symbol_bindings(sizevars: Any, params: list[str]) -> list[str]:
+    """Note [Symbolic sizes in the wrapper]: the lines of a generated ``call(*params)`` that bind
+    each size symbol of ``sizevars`` (a :class:`~kiln_loopir.sizevars.SizeVars`) to a local
+    variable named as the symbol, read once per call from the input that holds it (a size, a
+    stride, a storage offset or an int argument); every derived size a wrapper prints is then an
+    expression over those variables. Both code generators' wrappers start with these lines."""
+    lines = []
+    for sym, src in sorted(sizevars.sources.items(), key=lambda kv: str(kv[0])):
+        arg = params[src.input]
+        if src.kind == "int":
+            lines.append(f"{sym} = {arg}")
+        elif src.kind == "offset":
+            lines.append(f"{sym} = {arg}.storage_offset()")
+        else:
+            lines.append(f"{sym} = {arg}.{src.kind}({src.dim})")
+    return lines
+
+
+def symbol_values(sizevars: Any) -> Callable[..., tuple[int, ...]]:
+    """A function of a call's arguments returning the value of every size symbol of
+    ``sizevars``, in ``symbol_bindings``' order (a CUDA graph is recorded per distinct tuple)."""
+    items = []
+    for _, src in sorted(sizevars.sources.items(), key=lambda kv: str(kv[0])):
+        arg = f"a[{src.input}]"
+        if src.kind == "int":
+            items.append(arg)
+        elif src.kind == "offset":
+            items.append(f"{arg}.storage_offset()")
+        else:
+            items.append(f"{arg}.{src.kind}({src.dim})")
+    source = f"lambda *a: ({', '.join(items)}{',' if len(items) == 1 else ''})"
+    fn: Callable[..., tuple[int, ...]] = eval(compile(source, "<kiln symbol values>", "eval"))
+    return fn
+
+
 def py_size(expr: Any) -> str:
     """A size expression as Python source over the wrapper's symbol variables (which are named
     as the symbols: ``s0``), with Python's ``//`` and ``%`` (sizes are never negative)."""
