@@ -60,7 +60,17 @@ def test_conv_bias_rides_in_the_next_kernel(device: str, dtype: torch.dtype) -> 
         kept = compile_graph(
             gm, [x, w, b], backend=TritonBackend(), options={**forced(device), "conv_bias": False}
         )
-        assert_same(compiled(x, w, b), gm(x, w, b))
+        got, want = compiled(x, w, b), gm(x, w, b)
+        if dtype == torch.float32:
+            assert_same(got, want)
+        else:
+            # one more rounding than eager, as torch.compile's: the convolution's output is
+            # rounded to bfloat16 before the bias is added (cuDNN adds it before rounding); per
+            # element that and the final rounding are within two bfloat16 steps of the values involved
+            conv = aten.convolution.default(x, w, None, [1, 1], [3, 3], [1, 1], False, [0, 0], 8).float()
+            step = 2.0**-6 * (conv.abs() + conv.mean(1, keepdim=True).abs() + want.float().abs()) + 1e-2
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert bool(((got.float() - want.float()).abs() <= step).all())
     convs = [n for n in compiled.graph.gm.graph.nodes if n.target is aten.convolution.default]
     assert [n.args[2] for n in convs] == [None]
     assert compiled.stats.kernels <= kept.stats.kernels

@@ -255,6 +255,17 @@ def index_to_triton(expr: sympy.Expr) -> str:
         a, d, m = expr.args
         inner = index_to_triton(a) if d == 1 else f"({index_to_triton(a)} // {index_to_triton(d)})"
         return f"({inner} % {index_to_triton(m)})"
+    if isinstance(expr, sympy.Mod):
+        # sympy's Mod is Python's (the sign of the divisor); sizes in symbolic graphs bring it in
+        # (CUDA attention pads a mask to a multiple of 8: Mod(-s0, 8)). Triton's % truncates, so a
+        # dividend that may be negative is brought back into [0, b) for a positive divisor.
+        a, b = expr.args
+        if not b.is_positive:
+            raise NotImplementedError(f"index expression {expr} (Mod by a divisor not known positive)")
+        ta, tb = index_to_triton(a), index_to_triton(b)
+        if a.is_nonnegative:
+            return f"({ta} % {tb})"
+        return f"((({ta} % {tb}) + {tb}) % {tb})"
     if isinstance(expr, sympy.Min | sympy.Max):
         fn = "tl.minimum" if isinstance(expr, sympy.Min) else "tl.maximum"
         out = index_to_triton(expr.args[0])

@@ -57,6 +57,8 @@ def evaluate(expr: sympy.Expr, env: Mapping[sympy.Symbol, Any]) -> Any:
         return args[0] // args[1]
     if isinstance(expr, ModularIndexing):
         return (args[0] // args[1]) % args[2]
+    if isinstance(expr, sympy.Mod):  # Python's modulus, as torch's % on tensors and ints
+        return args[0] % args[1]
     if isinstance(expr, sympy.Min):
         return _fold(torch.minimum, args)
     if isinstance(expr, sympy.Max):
