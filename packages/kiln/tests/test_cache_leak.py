@@ -219,7 +219,7 @@ def test_past_the_cache_limit_nothing_more_is_compiled() -> None:
     # its entries or plain Python (no callback, no counter, no log line per later call)
     assert captures == limit and counters.recompiles == limit
     assert len(counters.guard_failures) == limit and len(counters.fallbacks) == 1
-    assert rss[10_000] - rss[1_000] < 2
+    assert rss[10_000] - rss[4_000] < 2
     assert backend.alive() == 2 * limit and entries.alive() == 3 * limit  # the entries are kept ...
     kiln.reset()
     assert backend.alive() == 0 and entries.alive() == 0  # ... and freed with what they hold
