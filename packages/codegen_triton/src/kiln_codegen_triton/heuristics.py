@@ -107,7 +107,11 @@ def configs(
     elif spec.kind == "persistent":
         r = next_pow2(rnumel)
         # Note [Bytes per program]
-        x = min(128, nx) if spec.outer else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (rnumel * size))))
+        x = (
+            min(128, nx)
+            if spec.outer
+            else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (max(1, rnumel) * size))))
+        )
         out.append(Config(x, RBLOCK=r, num_warps=_warps(x * r)))
         if autotune:
             for xb in (max(1, x // 2), x, min(nx, x * 2)):
