@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from kiln_dynamo import bytecode, resume, shapes
 from kiln_dynamo.bytecode import NO_FALLTHROUGH, Instr
 from kiln_dynamo.resume import (
-    _ARG_FLAGS,
     _GENERATOR_FLAGS,
     _READS,
     Insertion,
@@ -378,20 +377,7 @@ def _piece_code(
     asm = bytecode.assemble(out, code.co_firstlineno)
     start, end = instrs[s].offset, instrs[e].offset
     name = f"piece_of_{code.co_name}_at_{start}_to_{end}"
-    return code.replace(
-        co_code=asm.code,
-        co_linetable=asm.linetable,
-        co_exceptiontable=asm.exceptiontable,
-        co_argcount=len(args),
-        co_posonlyargcount=0,
-        co_kwonlyargcount=0,
-        co_nlocals=len(varnames),
-        co_varnames=tuple(varnames),
-        co_stacksize=bytecode.stack_depth(out) + 1,
-        co_flags=code.co_flags & ~(_GENERATOR_FLAGS | _ARG_FLAGS),
-        co_name=name,
-        co_qualname=f"{code.co_qualname}.<{name}>",
-    )
+    return resume.function_code(code, asm, out, len(args), varnames, name)
 
 
 def _successors(instrs: Sequence[Instr], k: int, index: dict[int, int]) -> list[int]:

@@ -395,20 +395,7 @@ def resume_code(
     instrs = prologue + body
     asm = bytecode.assemble(instrs, original.co_firstlineno)
     name = f"resume_in_{original.co_name}_at_{offset}"
-    code = original.replace(
-        co_code=asm.code,
-        co_linetable=asm.linetable,
-        co_exceptiontable=asm.exceptiontable,
-        co_argcount=len(args),
-        co_posonlyargcount=0,
-        co_kwonlyargcount=0,
-        co_nlocals=len(varnames),
-        co_varnames=tuple(varnames),
-        co_stacksize=bytecode.stack_depth(instrs) + 1,
-        co_flags=original.co_flags & ~(_GENERATOR_FLAGS | _ARG_FLAGS),
-        co_name=name,
-        co_qualname=f"{original.co_qualname}.<{name}>",
-    )
+    code = function_code(original, asm, instrs, len(args), varnames, name)
     to_original = {asm.real[id(ins)]: ins.offset for ins in body}
     _resume_info[code] = ResumeInfo(original, offset, to_original)
     per_code[key] = code
@@ -799,3 +786,30 @@ def after_loop_code(code: types.CodeType, loop_entry: int) -> tuple[types.CodeTy
     if isinstance(edit, str):
         return edit
     return rewrite(code, instrs, consts, [edit[0]]), edit[1]
+
+
+def function_code(
+    original: types.CodeType,
+    asm: bytecode.Assembled,
+    instrs: list[Instr],
+    n_args: int,
+    varnames: list[str],
+    name: str,
+) -> types.CodeType:
+    """``original`` turned into a plain function of ``n_args`` positional arguments running the
+    assembled ``instrs`` (a continuation, a loop piece): no generator or *args/**kwargs flags, its
+    own name, nested under the original's qualified name."""
+    return original.replace(
+        co_code=asm.code,
+        co_linetable=asm.linetable,
+        co_exceptiontable=asm.exceptiontable,
+        co_argcount=n_args,
+        co_posonlyargcount=0,
+        co_kwonlyargcount=0,
+        co_nlocals=len(varnames),
+        co_varnames=tuple(varnames),
+        co_stacksize=bytecode.stack_depth(instrs) + 1,
+        co_flags=original.co_flags & ~(_GENERATOR_FLAGS | _ARG_FLAGS),
+        co_name=name,
+        co_qualname=f"{original.co_qualname}.<{name}>",
+    )
