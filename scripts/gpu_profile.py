@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
 import statistics
 import time
@@ -96,15 +97,24 @@ def _kernels(fn: Callable[..., Any], inputs: dict[str, Any], calls: int) -> dict
         torch.cuda.synchronize()
     totals: dict[str, list[float]] = {}
     count = 0
+    spans = []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "device_time", 0) > 0:
             totals.setdefault(e.name, []).append(e.device_time)
             count += 1
+            spans.append((e.time_range.start, e.time_range.end))
+    # gaps between one kernel's end and the next one's start on the GPU (µs): those under 100 µs
+    # are the GPU waiting inside a call (launch latency, CUDA-graph node gaps), not between calls
+    spans.sort()
+    gaps = [max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(spans)]
+    inner = [g for g in gaps if g < 100]
     busy = sum(sum(v) for v in totals.values()) / calls / 1e3  # ms
     top = sorted(totals.items(), key=lambda kv: -sum(kv[1]))[:6]
     return {
         "gpu_ms": busy,
         "kernels_per_call": count / calls,
+        "inner_gap_ms": sum(inner) / calls / 1e3,
+        "median_gap_us": statistics.median(inner) if inner else 0.0,
         "top": [{"name": k[:90], "ms_per_call": sum(v) / calls / 1e3, "n": len(v) // calls} for k, v in top],
     }
 
@@ -241,7 +251,8 @@ def main() -> int:
                 results.append(row)
                 print(
                     f"{model_name:10} {backend:26} wall {wall:7.2f} ms  cpu {row['cpu_ms']:7.2f} ms  gpu {k['gpu_ms']:6.2f} ms  "
-                    f"kernels {k['kernels_per_call']:6.1f}  idle {row['gpu_idle']:4.0%}  first3 {compile_s[backend]:6.1f}s"
+                    f"kernels {k['kernels_per_call']:6.1f}  idle {row['gpu_idle']:4.0%}  gaps {k['inner_gap_ms']:5.2f} ms "
+                    f"(median {k['median_gap_us']:4.1f} µs)  first3 {compile_s[backend]:6.1f}s"
                 )
                 for t in k["top"][:4]:
                     print(f"      {t['ms_per_call']:6.3f} ms x{t['n']:<3} {t['name']}")
