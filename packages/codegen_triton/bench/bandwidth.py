@@ -172,6 +172,18 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         "kiln": lambda: compiled(*inputs),
         "inductor": lambda: inductor(*inputs),
     }
+    for i, settings in enumerate(filter(None, args.variants.split(";"))):
+        # a variant compiles into a cache of its own: kernels and tuning choices are keyed by source
+        os.environ["KILN_CACHE_DIR"] = os.path.join(_tmp, f"variant-{name}-{size}-{i}")
+        args.apply(settings)
+        variant = kiln_loopir.compile_graph(
+            gm, inputs, backend=TritonBackend(mode=args.mode, autotune_min_bytes=0)
+        )
+        torch.testing.assert_close(
+            variant(*inputs), expected, rtol=tol, atol=tol * max(1.0, expected.abs().max().item())
+        )
+        impls[f"kiln[{settings}]"] = lambda v=variant: v(*inputs)  # type: ignore[misc]
+    args.apply(args.set)
     for f in impls.values():  # warm-up (CUDA graphs record on the second call)
         for _ in range(3):
             f()
@@ -194,6 +206,13 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
         "kernels": compiled.stats.kernels,
     }
     for key, times in samples.items():
+        if key.startswith("kiln["):
+            k = statistics.median(kernel[key])
+            row.setdefault("variants", {})[key[5:-1]] = {
+                "kernel_us": k * 1e6,
+                "kernel_of_peak": moved / k / (args.peak * 1e12),
+            }
+            continue
         median = statistics.median(times)
         row[f"{key}_us"] = median * 1e6
         row[f"{key}_gbps"] = moved / median / 1e9
@@ -220,16 +239,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", default="", help="heuristics constants to override, NAME=INT,...")
     parser.add_argument("--split-target", type=int, default=256, help="TritonBackend split_target_programs")
     parser.add_argument("--split-min", type=int, default=1024, help="TritonBackend split_min_rnumel")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="heuristics settings to compare in one process, ';'-separated --set strings "
+        "(each compiled into a fresh cache, default-mode autotune off); eager and torch.compile once",
+    )
     args = parser.parse_args(argv)
     global ROW, DTYPE
     ROW, DTYPE = args.row, getattr(torch, args.dtype)
     from kiln_codegen_triton import heuristics
 
-    for item in filter(None, args.set.split(",")):
-        key, _, value = item.partition("=")
-        if not hasattr(heuristics, key):
-            parser.error(f"--set: heuristics has no {key}")
-        setattr(heuristics, key, int(value))
+    defaults = {k: getattr(heuristics, k) for k in dir(heuristics) if k.isupper()}
+
+    def apply(settings: str) -> None:
+        for key, value in defaults.items():
+            setattr(heuristics, key, value)
+        for item in filter(None, settings.split(",")):
+            key, _, value = item.partition("=")
+            if key not in defaults:
+                parser.error(f"--set: heuristics has no {key}")
+            setattr(heuristics, key, int(value))
+
+    apply(args.set)
+    args.apply = apply
     if not torch.cuda.is_available():
         print("bandwidth.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -250,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['kiln_kernel_us']:>8.1f} {row['inductor_kernel_us']:>8.1f}",
                 flush=True,
             )
+            for settings, v in row.get("variants", {}).items():
+                print(
+                    f"    variant {settings:<48} kern {100 * v['kernel_of_peak']:5.1f}%  {v['kernel_us']:8.1f} us"
+                )
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -262,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype,
         "row": args.row,
         "set": args.set,
+        "variants": args.variants,
         "split_target": args.split_target,
         "split_min": args.split_min,
         "rows": rows,

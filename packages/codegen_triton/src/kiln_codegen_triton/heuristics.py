@@ -38,6 +38,7 @@ from .kernel import KernelSpec, next_pow2
 POINTWISE_XBLOCK = 1024
 TILE = 32
 PERSISTENT_BYTES = 8192
+PERSISTENT_WARPS = 0  # 0: from the elements per program (_warps); a sweep sets it (bench/bandwidth.py)
 LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
 OUTER_TILE_BYTES = 4096
@@ -112,7 +113,7 @@ def configs(
             if spec.outer
             else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (max(1, rnumel) * size))))
         )
-        out.append(Config(x, RBLOCK=r, num_warps=_warps(x * r)))
+        out.append(Config(x, RBLOCK=r, num_warps=PERSISTENT_WARPS or _warps(x * r)))
         if autotune:
             for xb in (max(1, x // 2), x, min(nx, x * 2)):
                 for warps in (4, 8, 16):
