@@ -79,11 +79,21 @@ def test_bytes_per_program_size_reductions_by_their_element_type() -> None:
     from kiln_codegen_triton.heuristics import configs
     from kiln_codegen_triton.kernel import KernelSpec
 
-    def spec(kind: str, dtype: torch.dtype, *, outer: bool = False, xnumel: int = 4096) -> KernelSpec:
-        return KernelSpec("k", "", ("a", "b"), (dtype, dtype), kind, xnumel, 1, 768, (), ("b",), False, outer)
+    def spec(
+        kind: str, dtype: torch.dtype, *, outer: bool = False, xnumel: int = 4096, rnumel: int = 768
+    ) -> KernelSpec:
+        return KernelSpec(
+            "k", "", ("a", "b"), (dtype, dtype), kind, xnumel, 1, rnumel, (), ("b",), False, outer
+        )
 
-    f32, bf16 = configs(spec("persistent", torch.float32))[0], configs(spec("persistent", torch.bfloat16))[0]
-    assert f32.RBLOCK == bf16.RBLOCK == 1024 and bf16.XBLOCK == 2 * f32.XBLOCK
+    f32 = configs(spec("persistent", torch.float32, rnumel=256))[0]
+    bf16 = configs(spec("persistent", torch.bfloat16, rnumel=256))[0]
+    assert f32.RBLOCK == bf16.RBLOCK == 256 and bf16.XBLOCK == 2 * f32.XBLOCK
+    # Note [One warp per row]: rows of 513-1024 elements, whatever the type
+    for dtype in (torch.float32, torch.bfloat16):
+        row = configs(spec("persistent", dtype))[0]
+        assert (row.XBLOCK, row.RBLOCK, row.num_warps) == (1, 1024, 1)
+    bf16 = configs(spec("persistent", torch.bfloat16))[0]
     outer32 = configs(spec("looped", torch.float32, outer=True), rblock_cap=2048)[0]
     outer16 = configs(spec("looped", torch.bfloat16, outer=True), rblock_cap=2048)[0]
     assert outer32.XBLOCK * outer32.RBLOCK * 4 == outer16.XBLOCK * outer16.RBLOCK * 2 == 4096

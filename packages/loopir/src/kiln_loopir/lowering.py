@@ -18,6 +18,7 @@ result dtype), so one op's output matches eager bit for bit where the math libra
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,11 +28,12 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from . import sizevars
 from .indexing import Expr
-from .ir import ExternKernel, ExternOutput, Index, Pointwise, TensorBox, realize_strided
-from .layout import fixed_from_tensor
+from .ir import ExternKernel, ExternOutput, Index, Pointwise, ReinterpretView, TensorBox, realize_strided
+from .layout import FixedLayout, fixed_from_tensor
 from .virtualized import current_graph, ops
 
 aten = torch.ops.aten
+passes_log = logging.getLogger("kiln.loopir.passes")
 Kind = ELEMENTWISE_TYPE_PROMOTION_KIND
 LoweringFn = Callable[..., Any]
 OpKey = torch._ops.OpOverload | torch._ops.OpOverloadPacket
@@ -233,6 +235,85 @@ def normalize_dim(dim: int, rank: int) -> int:
 # the extern fallback
 
 
+# Note [Aligned attention biases]: the memory-efficient and cuDNN attention kernels read the
+# bias (the additive mask) with vector loads and refuse one whose strides other than the last are
+# not multiples of 8 elements ("attn_bias is not correctly aligned"). Eager SDPA pads such a mask
+# itself before calling them (a pad of the last dim to a multiple of 8, sliced back): a layout
+# that only the padded storage gives. loopir chooses buffers' layouts on its own (a view of a pad
+# may be realized as a copy, a size-1 dim's stride is normalized), so the bias argument of these
+# ops is checked at lowering: unless its layout is provably aligned it is copied into one (the last
+# dim padded to a multiple of 8, dims that were expanded (stride 0) kept expanded, not
+# materialized), as inductor's SDPA stride constraint does. The copy never changes a value.
+ATTENTION_BIAS_ALIGNMENT = 8
+ALIGNED_BIAS_ARGS: dict[Any, int] = {
+    aten._scaled_dot_product_efficient_attention.default: 3,
+    aten._scaled_dot_product_efficient_attention_backward.default: 4,
+    aten._scaled_dot_product_cudnn_attention.default: 3,
+    aten._efficient_attention_forward.default: 3,
+    aten._efficient_attention_backward.default: 4,
+}
+
+
+def _multiple_of(expr: Expr, n: int) -> bool:
+    """Whether ``expr`` is provably a multiple of ``n`` (for every value of its symbols)."""
+    return bool(sympy.Mod(sympy.sympify(expr), n) == 0)
+
+
+def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT) -> Any:
+    """``value`` as memory whose strides (but the last, 1) are multiples of ``alignment``
+    (Note [Aligned attention biases])."""
+    realized = realize_strided(value)
+    layout = realized.layout
+    size, stride = layout.size, layout.stride
+    if not size:
+        return realized
+    if any(n == 1 and not _multiple_of(s, alignment) for n, s in zip(size[:-1], stride[:-1], strict=False)):
+        # a size-1 dim's stride is never followed: 0 says the same and is aligned (no copy)
+        stride = (
+            *(sympy.Integer(0) if n == 1 else s for n, s in zip(size[:-1], stride[:-1], strict=False)),
+            stride[-1],
+        )
+        buffer = realized.buffer if isinstance(realized, ReinterpretView) else realized
+        layout = FixedLayout(layout.device, layout.dtype, size, stride, layout.offset)
+        realized = ReinterpretView(buffer, layout)
+    if (
+        stride[-1] == 1
+        and all(_multiple_of(s, alignment) for s in stride[:-1])
+        and _multiple_of(layout.offset, alignment)
+    ):
+        return realized
+    expanded = [i for i, (n, s) in enumerate(zip(size, stride, strict=True)) if s == 0 and n != 1]
+    base = [sympy.Integer(1) if i in expanded else n for i, n in enumerate(size)]
+    last = base[-1]
+    # the last dim rounded up to a multiple of the alignment: the row stride
+    padded = last + sympy.Mod(-last, alignment)
+    strides: list[Expr] = [sympy.Integer(1)] * len(base)
+    if len(base) >= 2:
+        strides[-2] = padded
+        for i in range(len(base) - 3, -1, -1):
+            strides[i] = strides[i + 1] * base[i + 1]
+    load = value.make_loader()
+
+    def inner(index: Index) -> Any:
+        return load([sympy.Integer(0) if i in expanded else v for i, v in enumerate(index)])
+
+    copy = TensorBox.create(Pointwise(value.get_device(), value.get_dtype(), inner, tuple(base)))
+    storage = copy.storage()
+    assert storage is not None
+    storage.stride_hint = tuple(strides)
+    buffer = storage.realize()
+    view_strides = tuple(sympy.Integer(0) if i in expanded else s for i, s in enumerate(strides))
+    passes_log.info(
+        "attention bias %s: strides %s not provably multiples of %d; copied with strides %s "
+        "(Note [Aligned attention biases])",
+        buffer.name,
+        list(stride),
+        alignment,
+        list(view_strides),
+    )
+    return ReinterpretView(buffer, FixedLayout(layout.device, layout.dtype, tuple(size), view_strides))
+
+
 def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], meta: Any) -> Any:
     """Call ``op`` at run time on realized buffers; ``meta`` is the fx node's output value."""
     graph = current_graph()
@@ -245,7 +326,10 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
             return type(value)(to_ir(v) for v in value)
         return value
 
-    ir_args = tuple(to_ir(a) for a in args)
+    bias = ALIGNED_BIAS_ARGS.get(op)
+    ir_args = tuple(
+        aligned_bias(a) if i == bias and isinstance(a, TensorBox) else to_ir(a) for i, a in enumerate(args)
+    )
     ir_kwargs = {k: to_ir(v) for k, v in kwargs.items()}
     outputs: list[ExternOutput] = []
 

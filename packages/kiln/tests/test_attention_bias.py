@@ -1,0 +1,100 @@
+"""Note [Aligned attention biases] (kiln_loopir/lowering.py): the bias of the memory-efficient and
+cuDNN attention kernels reaches them with every stride but the last a multiple of 8 elements,
+whatever layout loopir chose for it, with expanded dims kept expanded and values unchanged.
+
+Those kernels exist only on CUDA, so a probe op stands in for them here: registered as an op
+whose argument 0 is an attention bias, it records the strides it receives. On both code
+generators, static and symbolic sizes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln_loopir import lowering
+
+seen: list[tuple[int, ...]] = []
+
+
+@torch.library.custom_op("kiln_test::bias_probe", mutates_args=())
+def bias_probe(bias: torch.Tensor) -> torch.Tensor:
+    seen.append(tuple(bias.stride()))
+    return bias * 1.0
+
+
+@bias_probe.register_fake
+def _(bias: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(bias, memory_format=torch.contiguous_format)
+
+
+probe = torch.ops.kiln_test.bias_probe  # called through torch.ops: captured as the op itself
+
+
+@pytest.fixture(autouse=True)
+def probe_is_an_attention_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(lowering.ALIGNED_BIAS_ARGS, torch.ops.kiln_test.bias_probe.default, 0)
+    seen.clear()
+
+
+def dense_mask(x: torch.Tensor) -> torch.Tensor:
+    return probe(torch.where(x > 0, 0.0, -1e9))
+
+
+def expanded_mask(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    m = torch.where(x > 0, 0.0, -1e9).expand(q.size(0), q.size(1), x.size(2), x.size(3))
+    return probe(m)
+
+
+def padded_mask(x: torch.Tensor) -> torch.Tensor:
+    # eager SDPA's own padding: already aligned, nothing to copy
+    s = x.size(-1)
+    return probe(F.pad(torch.where(x > 0, 0.0, -1e9), (0, 8 - s % 8))[..., :s])
+
+
+def _aligned(stride: tuple[int, ...]) -> bool:
+    return stride[-1] == 1 and all(s % 8 == 0 for s in stride[:-1])
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "symbolic"])
+def test_a_bias_reaches_the_kernel_aligned(
+    backend: str, dynamic: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    kiln.reset()
+    caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
+    compiled = kiln.compile(dense_mask, dynamic=dynamic, options={"cpu_backend": backend})
+    for n in (5, 13, 16):
+        x = torch.randn(2, 3, n, n)
+        seen.clear()
+        got = compiled(x)
+        torch.testing.assert_close(got, dense_mask(x), rtol=0, atol=0)
+        assert seen and _aligned(seen[0]), (n, seen)
+        assert seen[0][-2] == -(-n // 8) * 8, seen  # rows padded to a multiple of 8, no more
+    assert [r for r in caplog.records if "attention bias" in r.getMessage()]  # KILN_LOG=passes says so
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_an_expanded_bias_stays_expanded(backend: str) -> None:
+    kiln.reset()
+    compiled = kiln.compile(expanded_mask, options={"cpu_backend": backend})
+    x, q = torch.randn(2, 1, 7, 7), torch.randn(2, 4, 7, 8)
+    got = compiled(x, q)
+    torch.testing.assert_close(got, expanded_mask(x, q), rtol=0, atol=0)
+    (stride,) = seen[:1]
+    assert _aligned(stride) and stride[1] == 0, stride  # the 4 heads share one copy of the mask
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_an_aligned_bias_is_not_copied(backend: str, caplog: pytest.LogCaptureFixture) -> None:
+    kiln.reset()
+    caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
+    compiled = kiln.compile(padded_mask, options={"cpu_backend": backend})
+    x = torch.randn(2, 1, 5, 5)
+    torch.testing.assert_close(compiled(x), padded_mask(x), rtol=0, atol=0)
+    assert _aligned(seen[0]), seen
+    assert not [r for r in caplog.records if "attention bias" in r.getMessage()]
