@@ -387,3 +387,25 @@ def test_number_augmented_by_a_tensor_is_out_of_place() -> None:
     backend = check(number_augmented_by_tensor, t(3, 4))
     targets = {n.target for gm in backend.gms for n in gm.graph.nodes}
     assert not targets & {operator.iadd, operator.imul}
+
+
+@torch.library.custom_op("kiln_dynamo_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.tanh(x) * scale
+
+
+@scaled_tanh.register_fake
+def _(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_called_as_its_python_function_is_one_node() -> None:
+    # `@torch.library.custom_op` returns a CustomOpDef; calling it is calling the registered
+    # operator: one graph node (its fake kernel at trace time), not its Python wrapper inlined
+    def f(x):
+        return scaled_tanh(x + 1, 0.5) * 2
+
+    backend = check(f, t(3, 4))
+    (gm,) = backend.gms
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.kiln_dynamo_test.scaled_tanh.default in targets, targets

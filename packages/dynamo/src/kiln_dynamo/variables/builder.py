@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch._library.custom_ops import CustomOpDef
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.guards import is_plain_constants
@@ -249,6 +250,12 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return TorchFunctionVariable(value, source)
+        if isinstance(value, CustomOpDef):
+            # a `@torch.library.custom_op` function: its call is the registered operator (one graph
+            # node, run through its fake kernel at trace time), not its Python wrapper to inline
+            if source is not None:
+                guards.identity(source, value)
+            return TorchFunctionVariable(value._opoverload, source)
         if isinstance(value, types.FunctionType):
             if source is not None:
                 guards.function(source, value)
