@@ -191,3 +191,34 @@ def test_inplace_result_is_same_object() -> None:
     assert flag is True
     torch.testing.assert_close(out, x * 2)
     assert kiln_dynamo.counters.graphs == 1
+
+
+def test_library_and_stdlib_frames_are_never_captured_on_their_own() -> None:
+    # Note [Frames kiln never captures]: a frame that runs as Python after a break calls
+    # numpy/json helpers; they are not offered for capture (only user code and explicit targets)
+    import json
+
+    import numpy as np
+    import typing_extensions
+
+    from kiln_dynamo import counters
+    from kiln_dynamo.convert_frame import is_user_code
+
+    for module in (np, json, typing_extensions, kiln_dynamo):
+        assert not is_user_code(compile("1", module.__file__, "exec")), module.__name__
+    assert is_user_code(compile("1", __file__, "exec"))
+
+    def f(x):
+        y = x + 1
+        print("a break")  # the rest of the frame runs as a continuation
+        return y * float(np.mean(np.asarray([1.0, 2.0]))) + len(json.dumps({"a": 1}))
+
+    kiln_dynamo.reset()
+    compiled = kiln_dynamo.compile(f, backend=lambda gm, inputs: gm.forward)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), f(x))
+    seen = counters.frames_seen
+    compiled(x)
+    assert counters.frames_seen == seen  # nothing new offered on the second call
+    # frames captured on their own are f and its continuation, never a numpy/json function
+    assert all(r.code_name.startswith("f") for r in counters.break_reasons), counters.break_reasons

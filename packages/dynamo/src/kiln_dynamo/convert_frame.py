@@ -29,6 +29,7 @@ function (and what it calls) are captured, with that compile's backend.
 from __future__ import annotations
 
 import os
+import sysconfig
 import time
 import types
 import warnings
@@ -440,13 +441,59 @@ def _display_name(code: types.CodeType) -> str:
 _TORCH_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.__file__)), "")
 
 
+def _package_path(name: str) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package: its folder
+        return os.path.join(os.path.realpath(next(iter(spec.submodule_search_locations))), "")
+    return os.path.realpath(spec.origin) if spec.origin else None  # a module: its file
+
+
+# Note [Frames kiln never captures]: besides torch's own files, the frames of Python's standard
+# library, of kiln itself (its runtime runs under compiled frames), and of libraries whose code a
+# model only *calls* (numpy, triton, sympy, typing_extensions, the test runner) are never offered
+# for capture as frames of their own: a frame that runs as Python after a break calls into them
+# (lazy imports, numpy helpers, Triton's launcher) and compiling those costs compile time for
+# nothing a user wrote (torch.compile skips the same kinds of files). They are still traced when a
+# captured frame calls them and tracing can follow; an explicit `compile(f)` of one is captured.
+_SKIPPED_PACKAGES = (
+    "numpy",
+    "triton",
+    "sympy",
+    "typing_extensions",
+    "_pytest",
+    "pluggy",
+    "kiln",
+    "kiln_dynamo",
+    "kiln_aotgrad",
+    "kiln_loopir",
+    "kiln_codegen_cpp",
+    "kiln_codegen_triton",
+    "kiln_symbolic",
+    "kiln_frame_hook",
+)
+_STDLIB_DIR = os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "")
+_SKIPPED_DIRS = tuple(
+    d for d in (_TORCH_DIR, *(_package_path(name) for name in _SKIPPED_PACKAGES)) if d is not None
+)
+
+
 def is_user_code(code: types.CodeType) -> bool:
     """Frames worth capturing: not torch's own files, not generated code (`<eval_with_key>`, the
-    runners and guards kiln generates, `exec`'d strings)."""
+    runners and guards kiln generates, `exec`'d strings), not Note [Frames kiln never captures]."""
     filename = code.co_filename
     if filename.startswith("<"):
         return False
-    return not os.path.realpath(filename).startswith(_TORCH_DIR)
+    path = os.path.realpath(filename)
+    if path.startswith(_SKIPPED_DIRS):
+        return False
+    return not (path.startswith(_STDLIB_DIR) and "-packages" + os.sep not in path[len(_STDLIB_DIR) :])
 
 
 _FUNCTION_CTX = torch.autograd.function.FunctionCtx
