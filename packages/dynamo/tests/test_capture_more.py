@@ -387,3 +387,45 @@ def test_number_augmented_by_a_tensor_is_out_of_place() -> None:
     backend = check(number_augmented_by_tensor, t(3, 4))
     targets = {n.target for gm in backend.gms for n in gm.graph.nodes}
     assert not targets & {operator.iadd, operator.imul}
+
+
+def _ordered_by_constant_keys(x: torch.Tensor) -> tuple[Any, ...]:
+    d = {"b": x, "a": x * 2, "c": x + 1}
+    feats = [x[:2], x, x[:3]]
+    by_len = sorted(feats, key=lambda f: f.shape[0])
+    named = sorted(d.items())  # (name, tensor) pairs: the names decide
+    down = sorted(d.items(), key=lambda kv: kv[0], reverse=True)
+    feats.sort(key=lambda f: -f.shape[0])
+    return by_len, named, down, feats, max(feats, key=len), min(d.items()), max([], default=x)
+
+
+def _sort_with_a_type_as_key(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    nums = [10, 9, 100]
+    nums.sort(key=str)  # eager: [10, 100, 9]; kiln ignored the key before
+    return x * nums[-1], nums
+
+
+def test_ordering_by_constant_keys_matches_eager_and_keeps_the_items() -> None:
+    """Note [Ordering by constant keys] (variables/lists.py): one graph, eager's order, and the
+    items themselves (the same tensors) come back."""
+    check(_ordered_by_constant_keys, t(4))
+    check(_sort_with_a_type_as_key, t(4))
+    x = t(4)
+    kiln_dynamo.reset()
+    by_len, *_rest, feats, biggest, _, empty = kiln_dynamo.compile(
+        _ordered_by_constant_keys, backend="eager"
+    )(x)
+    assert [f.shape[0] for f in by_len] == [2, 3, 4] and biggest is feats[0] and empty is x
+
+
+def _equal_heads(x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    return sorted([(1, x), (1, x * 2)])  # equal heads: Python compares the tensors
+
+
+def test_ordering_that_would_compare_tensors_is_a_break_with_eager_error() -> None:
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        _equal_heads(t(4))
+    kiln_dynamo.reset()
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        kiln_dynamo.compile(_equal_heads, backend="eager")(t(4))
+    assert any("not Python constants" in str(r) for r in kiln_dynamo.counters.break_reasons)

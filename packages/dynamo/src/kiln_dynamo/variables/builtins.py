@@ -23,7 +23,13 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
-from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.lists import (
+    ListIteratorVariable,
+    ListVariable,
+    TupleVariable,
+    sort_keys,
+    sort_order,
+)
 from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
@@ -252,11 +258,19 @@ def _sum(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 def _minmax(pick: Callable[..., Any]) -> Handler:
     def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        items = args[0].iterate(tx) if len(args) == 1 else args
-        if not all(i.is_constant() for i in items) or (kwargs and not _consts([], kwargs)):
-            raise Unsupported(f"{pick.__name__}() of non-constant values")
-        kw = {k: v.as_constant() for k, v in kwargs.items()}
-        return tx.wrap_constant(pick([i.as_constant() for i in items], **kw))
+        items = list(args[0].iterate(tx)) if len(args) == 1 else list(args)
+        if set(kwargs) - {"key", "default"}:
+            raise Unsupported(f"{pick.__name__}() with arguments {sorted(kwargs)}")
+        if not items:
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise Unsupported(f"{pick.__name__}() of an empty sequence")  # eager raises ValueError
+        if all(i.is_constant() for i in items) and ("key" not in kwargs or kwargs["key"].is_constant()):
+            kw = {k: v.as_constant() for k, v in kwargs.items() if k == "key"}
+            return tx.wrap_constant(pick([i.as_constant() for i in items], **kw))
+        # Note [Ordering by constant keys]: the first item with the least/greatest key, as Python
+        keys = sort_keys(tx, items, kwargs.get("key"), f"{pick.__name__}()")
+        return items[pick(range(len(items)), key=keys.__getitem__)]
 
     return handler
 
@@ -300,11 +314,12 @@ def _slice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _sorted(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    items = args[0].iterate(tx)
-    if not all(i.is_constant() for i in items) or not _consts([], kwargs):
-        raise Unsupported("sorted() of non-constant values")
-    kw = {k: v.as_constant() for k, v in kwargs.items()}
-    return ListVariable([ConstantVariable(v) for v in sorted([i.as_constant() for i in items], **kw)])
+    items = list(args[0].iterate(tx))
+    if all(i.is_constant() for i in items) and _consts([], kwargs):
+        kw = {k: v.as_constant() for k, v in kwargs.items()}
+        return ListVariable([ConstantVariable(v) for v in sorted([i.as_constant() for i in items], **kw)])
+    # Note [Ordering by constant keys]: the items themselves, in the order of their keys
+    return ListVariable([items[k] for k in sort_order(tx, items, kwargs, "sorted()")])
 
 
 def _binary(fn: Any) -> Handler:
