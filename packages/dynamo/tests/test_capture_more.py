@@ -429,3 +429,24 @@ def test_ordering_that_would_compare_tensors_is_a_break_with_eager_error() -> No
     with pytest.raises(RuntimeError, match="ambiguous"):
         kiln_dynamo.compile(_equal_heads, backend="eager")(t(4))
     assert any("not Python constants" in str(r) for r in kiln_dynamo.counters.break_reasons)
+
+
+def _slice_fields(x: torch.Tensor, n: int) -> tuple[Any, ...]:
+    s = slice(1, n, 2)
+    t = slice(n)
+    return x[s] * s.start, s.stop, s.step, t.start, t.stop, x[: t.stop]
+
+
+def test_slice_fields_are_read_in_the_graph() -> None:
+    check(_slice_fields, t(8), 6)
+
+
+def _keys_view_set_ops(x: torch.Tensor) -> tuple[Any, ...]:
+    d = {"a": x, "b": x * 2, "c": x + 1}
+    e = {"b": 1, "z": 2}
+    common = d.keys() & {"a", "z"}
+    return x * len(common), sorted(d.keys() - {"a"}), d.keys() | {"q"}, d.keys() ^ e.keys(), {"c"} - d.keys()
+
+
+def test_set_operators_on_a_dicts_keys_view() -> None:
+    check(_keys_view_set_ops, t(4))
