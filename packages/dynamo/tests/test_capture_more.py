@@ -450,3 +450,23 @@ def _keys_view_set_ops(x: torch.Tensor) -> tuple[Any, ...]:
 
 def test_set_operators_on_a_dicts_keys_view() -> None:
     check(_keys_view_set_ops, t(4))
+
+
+def _ordered_dict_moves(x: torch.Tensor, outside: collections.OrderedDict[str, Any]) -> tuple[Any, ...]:
+    od = collections.OrderedDict(a=x, b=x * 2, c=x + 1)
+    od.move_to_end("a")
+    od.move_to_end("c", last=False)
+    k, v = od.popitem(last=False)
+    plain = {"p": 1, "q": x}
+    last = plain.popitem()
+    outside.move_to_end("first")  # the caller's dict: its new order is written back
+    outside.popitem(last=True)
+    return v * 2, k, list(od), last, plain
+
+
+def test_ordered_dict_move_to_end_and_popitem() -> None:
+    def state(x: torch.Tensor, outside: collections.OrderedDict[str, Any]) -> list[str]:
+        return list(outside)
+
+    outside = collections.OrderedDict(first=1, second=2, third=3)
+    check(_ordered_dict_moves, t(4), outside, state=state, calls=1)
