@@ -470,3 +470,17 @@ def test_ordered_dict_move_to_end_and_popitem() -> None:
 
     outside = collections.OrderedDict(first=1, second=2, third=3)
     check(_ordered_dict_moves, t(4), outside, state=state, calls=1)
+
+
+def _itertools_more(x: torch.Tensor) -> tuple[Any, ...]:
+    layers = [x, x * 2, x + 1, x - 3]
+    diffs = [b - a for a, b in itertools.pairwise(layers)]
+    running = list(itertools.accumulate(layers))
+    scaled = list(itertools.accumulate([1, 2, 3], operator.mul, initial=2))
+    maxed = list(itertools.accumulate(layers, torch.maximum))
+    flat = list(itertools.chain.from_iterable([[x], (x * 3, x * 4)]))
+    return diffs, running, scaled, maxed, flat, list(itertools.islice(layers, 1, None, 2))
+
+
+def test_itertools_pairwise_accumulate_islice_chain_from_iterable() -> None:
+    check(_itertools_more, t(4))
