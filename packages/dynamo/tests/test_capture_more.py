@@ -484,3 +484,18 @@ def _itertools_more(x: torch.Tensor) -> tuple[Any, ...]:
 
 def test_itertools_pairwise_accumulate_islice_chain_from_iterable() -> None:
     check(_itertools_more, t(4))
+
+
+def _version_checks(x: torch.Tensor) -> tuple[Any, ...]:
+    import sys
+
+    if sys.version_info >= (3, 12):  # both branches: 3.11 and 3.12 are supported
+        x = x * 2
+    else:
+        x = x * 3
+    return x, sys.version_info[:2], sys.version_info.major, sys.version_info
+
+
+def test_sys_version_info_is_a_constant() -> None:
+    """Before: "container subclass version_info" sent the whole frame to Python."""
+    check(_version_checks, t(4))
