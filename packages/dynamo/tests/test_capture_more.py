@@ -409,3 +409,115 @@ def test_a_custom_op_called_as_its_python_function_is_one_node() -> None:
     (gm,) = backend.gms
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert torch.ops.kiln_dynamo_test.scaled_tanh.default in targets, targets
+
+
+def _ordered_by_constant_keys(x: torch.Tensor) -> tuple[Any, ...]:
+    d = {"b": x, "a": x * 2, "c": x + 1}
+    feats = [x[:2], x, x[:3]]
+    by_len = sorted(feats, key=lambda f: f.shape[0])
+    named = sorted(d.items())  # (name, tensor) pairs: the names decide
+    down = sorted(d.items(), key=lambda kv: kv[0], reverse=True)
+    feats.sort(key=lambda f: -f.shape[0])
+    return by_len, named, down, feats, max(feats, key=len), min(d.items()), max([], default=x)
+
+
+def _sort_with_a_type_as_key(x: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    nums = [10, 9, 100]
+    nums.sort(key=str)  # eager: [10, 100, 9]; kiln ignored the key before
+    return x * nums[-1], nums
+
+
+def test_ordering_by_constant_keys_matches_eager_and_keeps_the_items() -> None:
+    """Note [Ordering by constant keys] (variables/lists.py): one graph, eager's order, and the
+    items themselves (the same tensors) come back."""
+    check(_ordered_by_constant_keys, t(4))
+    check(_sort_with_a_type_as_key, t(4))
+    x = t(4)
+    kiln_dynamo.reset()
+    by_len, *_rest, feats, biggest, _, empty = kiln_dynamo.compile(
+        _ordered_by_constant_keys, backend="eager"
+    )(x)
+    assert [f.shape[0] for f in by_len] == [2, 3, 4] and biggest is feats[0] and empty is x
+
+
+def _equal_heads(x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    return sorted([(1, x), (1, x * 2)])  # equal heads: Python compares the tensors
+
+
+def test_ordering_that_would_compare_tensors_is_a_break_with_eager_error() -> None:
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        _equal_heads(t(4))
+    kiln_dynamo.reset()
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        kiln_dynamo.compile(_equal_heads, backend="eager")(t(4))
+    assert any("not Python constants" in str(r) for r in kiln_dynamo.counters.break_reasons)
+
+
+def _slice_fields(x: torch.Tensor, n: int) -> tuple[Any, ...]:
+    s = slice(1, n, 2)
+    t = slice(n)
+    return x[s] * s.start, s.stop, s.step, t.start, t.stop, x[: t.stop]
+
+
+def test_slice_fields_are_read_in_the_graph() -> None:
+    check(_slice_fields, t(8), 6)
+
+
+def _keys_view_set_ops(x: torch.Tensor) -> tuple[Any, ...]:
+    d = {"a": x, "b": x * 2, "c": x + 1}
+    e = {"b": 1, "z": 2}
+    common = d.keys() & {"a", "z"}
+    return x * len(common), sorted(d.keys() - {"a"}), d.keys() | {"q"}, d.keys() ^ e.keys(), {"c"} - d.keys()
+
+
+def test_set_operators_on_a_dicts_keys_view() -> None:
+    check(_keys_view_set_ops, t(4))
+
+
+def _ordered_dict_moves(x: torch.Tensor, outside: collections.OrderedDict[str, Any]) -> tuple[Any, ...]:
+    od = collections.OrderedDict(a=x, b=x * 2, c=x + 1)
+    od.move_to_end("a")
+    od.move_to_end("c", last=False)
+    k, v = od.popitem(last=False)
+    plain = {"p": 1, "q": x}
+    last = plain.popitem()
+    outside.move_to_end("first")  # the caller's dict: its new order is written back
+    outside.popitem(last=True)
+    return v * 2, k, list(od), last, plain
+
+
+def test_ordered_dict_move_to_end_and_popitem() -> None:
+    def state(x: torch.Tensor, outside: collections.OrderedDict[str, Any]) -> list[str]:
+        return list(outside)
+
+    outside = collections.OrderedDict(first=1, second=2, third=3)
+    check(_ordered_dict_moves, t(4), outside, state=state, calls=1)
+
+
+def _itertools_more(x: torch.Tensor) -> tuple[Any, ...]:
+    layers = [x, x * 2, x + 1, x - 3]
+    diffs = [b - a for a, b in itertools.pairwise(layers)]
+    running = list(itertools.accumulate(layers))
+    scaled = list(itertools.accumulate([1, 2, 3], operator.mul, initial=2))
+    maxed = list(itertools.accumulate(layers, torch.maximum))
+    flat = list(itertools.chain.from_iterable([[x], (x * 3, x * 4)]))
+    return diffs, running, scaled, maxed, flat, list(itertools.islice(layers, 1, None, 2))
+
+
+def test_itertools_pairwise_accumulate_islice_chain_from_iterable() -> None:
+    check(_itertools_more, t(4))
+
+
+def _version_checks(x: torch.Tensor) -> tuple[Any, ...]:
+    import sys
+
+    if sys.version_info >= (3, 12):  # both branches: 3.11 and 3.12 are supported
+        x = x * 2
+    else:
+        x = x * 3
+    return x, sys.version_info[:2], sys.version_info.major, sys.version_info
+
+
+def test_sys_version_info_is_a_constant() -> None:
+    """Before: "container subclass version_info" sent the whole frame to Python."""
+    check(_version_checks, t(4))

@@ -247,3 +247,54 @@ def test_the_loop_counter_is_symbolic_from_the_first_capture() -> None:
             assert_same(compiled(x, n), counter_in_the_body(x, n))
     c = kiln_dynamo.counters
     assert c.loop_pieces == 1 and c.recompiles == 0, c.guard_failures
+
+
+def branchy(x: torch.Tensor) -> torch.Tensor:
+    """A callee that breaks (a data-dependent branch): it is captured on its own."""
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+def locals_after_pieces(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    for i in range(3):
+        t = x + i
+        x = branchy(t)
+        u = x * 3  # dead after the piece that writes it: only locals() reads it
+    return x, dict(locals())
+
+
+def locals_after_a_split(x: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
+    u = x * 3  # noqa: F841 - read through vars()
+    x = branchy(x)
+    return x, vars()
+
+
+def vars_of_an_object_still_splits(x: torch.Tensor, obj: Any) -> tuple[torch.Tensor, list[str]]:
+    u = x * 3
+    x = branchy(u)
+    return x, sorted(vars(obj))
+
+
+@pytest.mark.parametrize("fn", [locals_after_pieces, locals_after_a_split], ids=lambda f: f.__name__)
+def test_a_frame_that_reads_its_locals_sees_eager_locals(fn: Callable[..., Any]) -> None:
+    """Note [A frame that reads its own locals] (resume.py): `locals()` and `vars()` see every
+    local eager sees, with eager's values (before: a KeyError for the dead `u`, and kiln's own
+    `___r`); the frame runs as Python with the reason, and its callee is still captured."""
+    backend = run(fn, torch.randn(4), calls=2)
+    c = kiln_dynamo.counters
+    assert c.loop_pieces == 0
+    mine = [r for r in c.break_reasons if not r.split and r.not_split and "reads its locals" in r.not_split]
+    assert mine, [str(r) for r in c.break_reasons]
+    assert any("sum" in str(targets(gm)) for gm in backend.gms)  # branchy's graph
+
+
+def test_vars_with_an_argument_does_not_stop_a_split() -> None:
+    class Obj:
+        def __init__(self) -> None:
+            self.b, self.a = 1, 2
+
+    run(vars_of_an_object_still_splits, torch.randn(4), Obj())
+    assert any(r.split for r in kiln_dynamo.counters.break_reasons)
+    assert resume.reads_own_locals(vars_of_an_object_still_splits.__code__) is None
+    assert "locals()" in (resume.reads_own_locals(locals_after_pieces.__code__) or "")

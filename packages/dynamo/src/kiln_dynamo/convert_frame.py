@@ -160,6 +160,10 @@ def _capture_or_split(
         if not allow_breaks or e.break_offset is None:
             raise
         first = e
+    own_locals = resume.reads_own_locals(code)  # Note [A frame that reads its own locals]
+    if own_locals is not None:
+        first.not_split = own_locals
+        raise first
     try:
         split = _capture(code, entry_values, f_globals, f_builtins, backend, first, key)
     except CannotSplit as why:

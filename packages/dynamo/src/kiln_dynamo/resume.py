@@ -38,6 +38,16 @@ exception raised by the break instruction; the frame splits before the block ins
 with-block over a context manager other than grad mode and autocast (its __exit__ would not run
 on an exception), and at an instruction whose stack effect `effect` does not know. Such a frame
 runs as plain Python with the reason recorded; the functions it calls are still captured.
+
+Note [A frame that reads its own locals]: a continuation receives only the locals live at the
+break (plus its own `___r`, `___stack<i>`), and a loop piece returns only the locals live after
+it; a dead local is gone from the frame that runs on. Eager code can still see it: `locals()`,
+`vars()` and `dir()` without arguments, `eval`/`exec` without a mapping read the frame's own
+locals by name (which liveness cannot see), so a split frame would show kiln's internals and
+miss the user's locals (`locals()["u"]` a KeyError). A frame whose code names one of these
+builtins (`reads_own_locals`) is never split, nor its loop cut into pieces or continued after
+the loop: at a break it runs as plain Python, with the reason; the functions it calls are still
+captured. (A callee reading its caller's frame through `sys._getframe(1).f_locals` is not seen.)
 """
 
 from __future__ import annotations
@@ -98,6 +108,32 @@ class FrameFacts:
 
 
 _facts: weakref.WeakKeyDictionary[types.CodeType, FrameFacts] = weakref.WeakKeyDictionary()
+
+# Builtins that read the calling frame's locals by name (Note [A frame that reads its own
+# locals]); `vars` and `dir` only without an argument (`vars(config)` reads config).
+_FRAME_READERS = frozenset({"locals", "vars", "dir", "eval", "exec"})
+_WITH_ARGUMENT_ONLY = frozenset({"vars", "dir"})
+
+
+def reads_own_locals(code: types.CodeType) -> str | None:
+    """Why `code` may read its own locals by name (a builtin of `_FRAME_READERS` loaded as a
+    global, `vars`/`dir` unless an argument follows), so that no split or loop rewrite of it is
+    sound; None if it does not."""
+    instrs = facts(code).instrs
+    for k, ins in enumerate(instrs):
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in _FRAME_READERS:
+            after = instrs[k + 1] if k + 1 < len(instrs) else None
+            if (
+                ins.argval in _WITH_ARGUMENT_ONLY
+                and after is not None
+                and (after.opname.startswith("LOAD_") or after.opname == "PUSH_NULL")
+            ):
+                continue  # the first argument is being pushed
+            return (
+                f"the frame calls {ins.argval}() (line {ins.lineno}), which reads its locals by name: "
+                "a split would hide the locals a continuation does not take"
+            )
+    return None
 
 
 def facts(code: types.CodeType) -> FrameFacts:

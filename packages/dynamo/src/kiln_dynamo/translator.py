@@ -59,7 +59,7 @@ from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource,
 from kiln_dynamo.variables import locks
 from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
-from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable, SetVariable, key_of
 from kiln_dynamo.variables.exceptions import (
     ExceptionVariable,
     ObservedException,
@@ -175,6 +175,13 @@ class BreakHere(Exception):
         self.tx = tx
         self.inst = inst
         self.grad_mode = torch.is_grad_enabled()
+
+
+_SET_OPERATORS = frozenset({"&", "|", "-", "^"})
+
+
+def _keys_view(v: VT) -> bool:
+    return isinstance(v, DictViewVariable) and v.kind == "keys"
 
 
 class InstructionTranslator:
@@ -407,6 +414,11 @@ class InstructionTranslator:
                 a.call_method(self, "update", [b], {})
                 return a
             return DictVariable({**a.items, **b.items}, a.user_cls)
+        if base in _SET_OPERATORS and (_keys_view(a) or _keys_view(b)):
+            if not all(_keys_view(v) or isinstance(v, SetVariable) for v in (a, b)):
+                raise Unsupported(f"operator {sym} on {a.describe()} and {b.describe()}")
+            # a dict's keys view with a set or another keys view: Python's result is a new set
+            a, b = (SetVariable([key_of(i) for i in v.iterate(self)]) if _keys_view(v) else v for v in (a, b))
         if isinstance(a, SetVariable) and isinstance(b, SetVariable):  # items compare as keys
             out = fn(set(a.items), set(b.items))
             return SetVariable(list(out)) if isinstance(out, set) else ConstantVariable(out)

@@ -240,8 +240,16 @@ class SliceVariable(VariableTracker):
 
         return slice(*(fake_arg(i) for i in self.items))
 
+    def getattr(self, tx: Tx, name: str) -> VariableTracker:
+        if name in _SLICE_FIELDS:
+            return self.items[_SLICE_FIELDS.index(name)]
+        return super().getattr(tx, name)
+
     def reconstruct(self, cg: Reconstructor) -> str:
         return "slice(" + ", ".join(i.reconstruct(cg) for i in self.items) + ")"
+
+
+_SLICE_FIELDS = ("start", "stop", "step")
 
 
 class MethodVariable(VariableTracker):

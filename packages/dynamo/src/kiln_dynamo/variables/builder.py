@@ -21,6 +21,7 @@ import enum
 import functools
 import inspect
 import os
+import sys
 import types
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,9 @@ CONSTANT_TYPES = (
 )
 
 
+_VERSION_INFO = type(sys.version_info)  # `sys.version_info >= (3, 12)`: a constant of the process
+
+
 def is_constant_value(value: Any) -> bool:
     if isinstance(value, CONSTANT_TYPES):
         return True
@@ -99,7 +103,7 @@ def is_constant_value(value: Any) -> bool:
         return all(is_constant_value(v) for v in (value.start, value.stop, value.step))
     if isinstance(value, (frozenset,)):
         return all(is_constant_value(v) for v in value)
-    return isinstance(value, (torch.finfo, torch.iinfo))
+    return isinstance(value, (torch.finfo, torch.iinfo, _VERSION_INFO))
 
 
 class VariableBuilder:

@@ -23,7 +23,13 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
 from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
-from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable, TupleVariable
+from kiln_dynamo.variables.lists import (
+    ListIteratorVariable,
+    ListVariable,
+    TupleVariable,
+    sort_keys,
+    sort_order,
+)
 from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
@@ -252,11 +258,19 @@ def _sum(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 def _minmax(pick: Callable[..., Any]) -> Handler:
     def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        items = args[0].iterate(tx) if len(args) == 1 else args
-        if not all(i.is_constant() for i in items) or (kwargs and not _consts([], kwargs)):
-            raise Unsupported(f"{pick.__name__}() of non-constant values")
-        kw = {k: v.as_constant() for k, v in kwargs.items()}
-        return tx.wrap_constant(pick([i.as_constant() for i in items], **kw))
+        items = list(args[0].iterate(tx)) if len(args) == 1 else list(args)
+        if set(kwargs) - {"key", "default"}:
+            raise Unsupported(f"{pick.__name__}() with arguments {sorted(kwargs)}")
+        if not items:
+            if "default" in kwargs:
+                return kwargs["default"]
+            raise Unsupported(f"{pick.__name__}() of an empty sequence")  # eager raises ValueError
+        if all(i.is_constant() for i in items) and ("key" not in kwargs or kwargs["key"].is_constant()):
+            kw = {k: v.as_constant() for k, v in kwargs.items() if k == "key"}
+            return tx.wrap_constant(pick([i.as_constant() for i in items], **kw))
+        # Note [Ordering by constant keys]: the first item with the least/greatest key, as Python
+        keys = sort_keys(tx, items, kwargs.get("key"), f"{pick.__name__}()")
+        return items[pick(range(len(items)), key=keys.__getitem__)]
 
     return handler
 
@@ -300,11 +314,12 @@ def _slice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _sorted(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    items = args[0].iterate(tx)
-    if not all(i.is_constant() for i in items) or not _consts([], kwargs):
-        raise Unsupported("sorted() of non-constant values")
-    kw = {k: v.as_constant() for k, v in kwargs.items()}
-    return ListVariable([ConstantVariable(v) for v in sorted([i.as_constant() for i in items], **kw)])
+    items = list(args[0].iterate(tx))
+    if all(i.is_constant() for i in items) and _consts([], kwargs):
+        kw = {k: v.as_constant() for k, v in kwargs.items()}
+        return ListVariable([ConstantVariable(v) for v in sorted([i.as_constant() for i in items], **kw)])
+    # Note [Ordering by constant keys]: the items themselves, in the order of their keys
+    return ListVariable([items[k] for k in sort_order(tx, items, kwargs, "sorted()")])
 
 
 def _binary(fn: Any) -> Handler:
@@ -399,6 +414,47 @@ def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ListIteratorVariable([item for a in args for item in a.iterate(tx)])
 
 
+def _chain_from_iterable(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs or len(args) != 1:
+        raise Unsupported("itertools.chain.from_iterable with these arguments")
+    return ListIteratorVariable([item for a in args[0].iterate(tx) for item in a.iterate(tx)])
+
+
+def _pairwise(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs or len(args) != 1:
+        raise Unsupported("itertools.pairwise with these arguments")
+    items = args[0].iterate(tx)
+    return ListIteratorVariable([TupleVariable([a, b]) for a, b in itertools.pairwise(items)])
+
+
+def _accumulate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """itertools.accumulate(iterable[, func], *, initial=None): `func` (default +) traced in order."""
+    if not 1 <= len(args) <= 2 or set(kwargs) - {"func", "initial"}:
+        raise Unsupported("itertools.accumulate with these arguments")
+    func = args[1] if len(args) == 2 else kwargs.get("func")
+    items = list(args[0].iterate(tx))
+    initial = kwargs.get("initial")
+    if initial is not None and not (initial.is_constant() and initial.as_constant() is None):
+        items = [initial, *items]
+    out: list[VT] = []
+    for item in items:
+        if not out:
+            out.append(item)
+        elif func is None or (func.is_constant() and func.as_constant() is None):
+            out.append(tx.binary_op(operator.add, out[-1], item))
+        else:
+            out.append(func.call(tx, [out[-1], item], {}))
+    return ListIteratorVariable(out)
+
+
+def _islice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs or not 2 <= len(args) <= 4 or not _consts(args[1:], {}):
+        raise Unsupported("itertools.islice with these arguments")
+    items = args[0].iterate(tx)
+    bounds = [a.as_constant() for a in args[1:]]
+    return ListIteratorVariable(list(itertools.islice(items, *bounds)))
+
+
 def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     raise Unsupported(
         "print() is a side effect that kiln runs as plain Python",
@@ -458,6 +514,9 @@ _HANDLERS: dict[Any, Handler] = {
     object.__setattr__: _object_setattr,
     itertools.product: _product,
     itertools.chain: _chain,
+    itertools.pairwise: _pairwise,
+    itertools.accumulate: _accumulate,
+    itertools.islice: _islice,
     functools.partial: _partial,
     functools.reduce: _reduce,
     collections.OrderedDict: _ordered_dict,
@@ -558,9 +617,24 @@ class BuiltinVariable(VariableTracker):
     def getattr(self, tx: Tx, name: str) -> VT:
         if name == "__name__":
             return ConstantVariable(self.fn.__name__)
+        if self.fn is itertools.chain and name == "from_iterable":
+            return _ChainFromIterable()
         if isinstance(self.fn, type) and self.fn in (dict, list, tuple, set, str, int, float, object):
             return tx.wrap(getattr(self.fn, name), None)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
 
 BUILTINS = builtins
+
+
+class _ChainFromIterable(VariableTracker):
+    """`itertools.chain.from_iterable` (a classmethod: each access makes a new bound method)."""
+
+    def describe(self) -> str:
+        return "itertools.chain.from_iterable"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return _chain_from_iterable(tx, args, kwargs)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{cg.const(itertools.chain)}.from_iterable"

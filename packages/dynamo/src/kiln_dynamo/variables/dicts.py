@@ -298,6 +298,25 @@ class DictVariable(VariableTracker):
             self._mutate(tx)
             self.items.clear()
             return ConstantVariable(None)
+        ordered = issubclass(self.user_cls, collections.OrderedDict)
+        if name == "popitem" and not args and (ordered or not kwargs) and _consts(kwargs, "last"):
+            if not self._items:
+                raise observed(KeyError, "popitem(): dictionary is empty")
+            last = bool(kwargs["last"].as_constant()) if "last" in kwargs else True
+            k = next(reversed(self.items)) if last else next(iter(self.items))
+            self._mutate(tx)
+            return TupleVariable([key_vt(k), self.items.pop(k)])
+        if name == "move_to_end" and ordered and len(args) == 1 and _consts(kwargs, "last"):
+            k = key_of(args[0])
+            if k not in self._items:
+                raise observed(KeyError, k)
+            self._mutate(tx)
+            value = self.items.pop(k)
+            if "last" not in kwargs or kwargs["last"].as_constant():
+                self.items[k] = value
+            else:
+                self.items = {k: value, **self.items}
+            return ConstantVariable(None)
         raise Unsupported(f"method {name} of {self.describe()}")
 
     def update_from(self, tx: Tx, other: VT) -> None:
@@ -325,6 +344,11 @@ class DictVariable(VariableTracker):
 
 
 _VIEW_TYPES = {"keys": type({}.keys()), "values": type({}.values()), "items": type({}.items())}
+
+
+def _consts(kwargs: dict[str, VT], *names: str) -> bool:
+    """`kwargs` holds only `names`, each a Python constant."""
+    return set(kwargs) <= set(names) and all(v.is_constant() for v in kwargs.values())
 
 
 class DictViewVariable(TupleVariable):

@@ -8,6 +8,16 @@ the caller as in eager.
 
 Iterators (`iter`, `zip`, `enumerate`, `reversed`, `map`, `filter`, dict views) are modelled as
 a list of trackers and a position: everything a model iterates over is finite and known.
+
+Note [Ordering by constant keys]: `sorted`, `list.sort`, `min` and `max` order items that are
+not Python constants (tensors, modules, `(name, tensor)` pairs of `dict.items()`) when what
+Python would compare is constant: the key function's result for every item (the key is traced,
+called once per item in order, as Python calls it), or, without a key, the first element of
+tuples and lists no two of which are equal (Python's lexicographic comparison then never reaches
+a second element). The items themselves are returned in that order, never copies; the order is
+Python's (a stable sort of the keys; `min`/`max` the first item with the extreme key). Anything
+else (a key that is a tensor, equal heads) is a break, as before. A constant key that is a type
+(`key=str`) is applied too: before, `list.sort` ignored it.
 """
 
 from __future__ import annotations
@@ -271,20 +281,40 @@ class ListVariable(BaseListVariable):
             raise Unsupported("list.remove: value not found")
         if name == "copy":
             return ListVariable(list(self.items))
-        if name == "sort":
-            if not self.is_constant():
-                raise Unsupported("list.sort of non-constant items")
-            key = kwargs.get("key")
-            if key is not None and not key.is_constant():
-                raise Unsupported("list.sort with a key function")
+        if name == "sort" and not args:
+            order = sort_order(tx, self.items, kwargs, "list.sort")
             self._mutate(tx)
-            vals = sorted(
-                self.as_constant(),
-                reverse=bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False,
-            )
-            self.items = [ConstantVariable(v) for v in vals]
+            self.items = [self.items[k] for k in order]
             return none
         return super().call_method(tx, name, args, kwargs)
+
+
+def sort_keys(tx: Tx, items: list[VariableTracker], key: VariableTracker | None, what: str) -> list[Any]:
+    """The Python values that order `items`, as `sorted`/`min`/`max`/`list.sort` compare them
+    (Note [Ordering by constant keys])."""
+    if key is not None and not (key.is_constant() and key.as_constant() is None):
+        keys = [key.call(tx, [item], {}) for item in items]
+        if not all(k.is_constant() for k in keys):
+            raise Unsupported(f"{what} with a key that is not a Python constant for every item")
+        return [k.as_constant() for k in keys]
+    if all(i.is_constant() for i in items):
+        return [i.as_constant() for i in items]
+    if all(isinstance(i, BaseListVariable) and i.items and i.items[0].is_constant() for i in items):
+        heads = [i.items[0].as_constant() for i in items]  # type: ignore[attr-defined]
+        if not any(a is b or a == b for k, a in enumerate(heads) for b in heads[k + 1 :]):
+            return [(h,) for h in heads]  # heads no two of which are equal decide every comparison
+    raise Unsupported(f"{what} of values that are not Python constants")
+
+
+def sort_order(
+    tx: Tx, items: list[VariableTracker], kwargs: dict[str, VariableTracker], what: str
+) -> list[int]:
+    """Positions of `items` in sorted order (stable, as Python's sort)."""
+    if set(kwargs) - {"key", "reverse"} or not all(v.is_constant() for k, v in kwargs.items() if k != "key"):
+        raise Unsupported(f"{what} with arguments {sorted(kwargs)}")
+    keys = sort_keys(tx, items, kwargs.get("key"), what)
+    reverse = bool(kwargs["reverse"].as_constant()) if "reverse" in kwargs else False
+    return sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
 
 
 class ListIteratorVariable(VariableTracker):
