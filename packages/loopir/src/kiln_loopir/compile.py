@@ -141,6 +141,7 @@ def compile_graph(
             output_buffer_names(graph.outputs),
             fusion=fusion,
             can_fuse_hook=chosen.can_fuse,
+            reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

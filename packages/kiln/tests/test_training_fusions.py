@@ -1,4 +1,5 @@
-"""Strided and offset slices in training through `kiln.compile`, against eager, forward and gradient.
+"""Training graphs through `kiln.compile` against eager, forward and gradient: view scatters and
+column sums fused with their producers.
 
 Their backward is ``slice_backward`` (a zero fill and ``slice_scatter``) and ``select_backward``
 (``select_scatter``), which loopir lowers to pointwise kernels (Note [View scatters are
@@ -6,6 +7,10 @@ pointwise] in kiln_loopir's lowerings/memory.py). Swin's patch merging takes ``x
 and three more strided quarters; the model here does the same, plus an offset slice and a
 select, at one and two threads, on the C++ generator and (without a GPU) the Triton one under
 its interpreter.
+
+A bias gradient is a column sum of a pointwise gradient, which the C++ generator fuses with its
+producer (Note [Pointwise producers in a column reduction's order] in kiln_loopir's
+scheduler.py); an MLP's training step checks it, at one and two threads.
 """
 
 from __future__ import annotations
@@ -52,5 +57,37 @@ def test_slice_and_select_gradients_match_eager(threads: int, backend: str) -> N
         log = kiln.compile_log()
         assert log and not [f for r in log for f in r.op_fallbacks], [r.op_fallbacks for r in log]
         assert not [d for r in log for d in r.declined]
+    finally:
+        torch.set_num_threads(before)
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(48, 96),
+        torch.nn.GELU(),
+        torch.nn.Linear(96, 48),
+        torch.nn.Tanh(),
+        torch.nn.Linear(48, 10),
+    )
+
+
+@pytest.mark.parametrize("column_sum_fusion", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mlp_gradients_match_eager(threads: int, column_sum_fusion: bool, monkeypatch: Any) -> None:
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"column_sum_fusion={int(column_sum_fusion)}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, ref = _mlp(), _mlp()
+        x = torch.randn(2, 40, 48, generator=torch.Generator().manual_seed(2))
+        out = kiln.compile(model, options={"strict": True})(x)
+        want = ref(x)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        torch.testing.assert_close(out, want)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
     finally:
         torch.set_num_threads(before)
