@@ -13,7 +13,10 @@ nodes were already absorbed; repeat until a round fuses nothing. :meth:`Schedule
 the legality test: both are kernels, their iteration spaces are compatible (see
 :func:`groups_compatible`), every value the consumer reads from the producer is read at the
 position the same loop iteration wrote it (or, from a reduction, after the reduction completed),
-fusing creates no cycle through a third node, and the backend does not veto.
+fusing creates no cycle through a third node, and the backend does not veto. Before fusion, a
+backend may ask for pointwise producers of column reductions to be re-expressed in the
+reduction's loop order so that the two align (Note [Pointwise producers in a column reduction's
+order]).
 
 After fusion the nodes are put in topological order, and a buffer plan follows: buffers written
 and read only inside one fused kernel are kernel-internal (never allocated), every other
@@ -493,7 +496,8 @@ class Scheduler:
                     made = self._reordered(cand, node, name, nx * nr)
                     if made is None:
                         continue
-                    if not self.can_fuse(made, node) or self.will_fusion_create_cycle(made, node):
+                    # the cycle test first: the backend's veto may cache what it saw of ``made``
+                    if self.will_fusion_create_cycle(made, node) or not self.can_fuse(made, node):
                         log.debug("not reordering %s for %s: the pair would not fuse", cand.name, node.name)
                         continue
                     done.add(cand.name)
