@@ -29,7 +29,7 @@ def _bias_grad_3d(a: torch.Tensor, b: torch.Tensor) -> Any:
 
 def _realized_producer(a: torch.Tensor, b: torch.Tensor) -> Any:
     # the gradient is read by the sum and by two more kernels, so it is a buffer of its own
-    g = aten.mul.Tensor(aten.tanh.default(a), b)
+    g = aten.mul.Tensor(aten.relu.default(a), b)
     s = aten.sum.dim_IntList(g, [0])
     return s, aten.mm.default(aten.t.default(g), g), aten.add.Tensor(g, 1.0), aten.exp.default(g)
 
@@ -47,6 +47,16 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...], int, int
     "bias_grad_3d": (_bias_grad_3d, ((2, 16, 128), (2, 16, 128)), 1, 2),
     "not_bijective": (_not_bijective, ((1, 96), (1, 96)), 1, 1),
 }
+
+
+@pytest.fixture(autouse=True)
+def _on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CPP_OPTIONS", "column_sum_fusion=1")  # off by default (the Note)
+
+
+def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KILN_CPP_OPTIONS")
+    assert CppBackend().reorder_for_column_reductions is False
 
 
 @pytest.mark.parametrize("threads", [1, 2])

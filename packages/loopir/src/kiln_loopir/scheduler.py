@@ -466,13 +466,20 @@ class Scheduler:
     #   column reductions vectorize over the outputs, so the reordered producer's loads are
     #   contiguous along the lanes; the Triton generator does not ask), static sizes only;
     # - the producer is one pointwise node (not a scatter) with a row-major layout and exactly
-    #   as many elements as the reduction's iteration space, not already aligned with it;
+    #   as many elements as the reduction's iteration space, not already aligned with it, that
+    #   calls no transcendental function: Swin's GELU backwards (erf, exp) computed in a column
+    #   kernel took 3-4x their own kernel's time (kernel_time.py: 335 us against 79 us), more
+    #   than the separate sum saved;
     # - the reduction's reads of it are all at one index, and that index visits every element
     #   exactly once (checked by evaluating it over the whole iteration space, up to
     #   REORDER_CHECK_LIMIT elements): the producer must still write all of its buffer;
     # - the scheduler (and the backend's veto) would then fuse the pair, so a reordered
     #   producer never runs alone in the other order.
-    # ``Scheduler.reordered`` lists the pairs; KILN_LOG=schedule prints each.
+    # ``Scheduler.reordered`` lists the pairs; KILN_LOG=schedule prints each. Measured on Swin's
+    # training step at one thread (codegen_cpp's bench/kernel_time.py, fastest call of each
+    # kernel summed): 143 -> 128 kernel calls, but 1.30 -> 1.46 ms of kernel time, so the C++
+    # generator leaves it off by default (``CppOptions.column_sum_fusion``); what makes the
+    # reordered producers slow in column blocks is not diagnosed.
 
     def reorder_for_column_reductions(self) -> None:
         readers: dict[str, list[SchedulerNode]] = {}
@@ -528,6 +535,11 @@ class Scheduler:
             return None
         ranges = buffer.data.ranges
         layout = buffer.layout
+        from .graph import TRANSCENDENTAL
+        from .virtualized import op_names
+
+        if op_names(buffer.data.inner_fn, [sympy.Integer(0)] * len(ranges)) & TRANSCENDENTAL:
+            return None  # measured slower in a column kernel (the Note)
         if any(not sympy.sympify(s).is_Integer for s in (*ranges, *layout.stride, layout.offset)):
             return None
         if tuple(layout.size) != tuple(ranges) or int(sympy.Mul(*ranges)) != numel:
