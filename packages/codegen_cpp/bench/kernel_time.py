@@ -8,7 +8,9 @@ compiled wrappers call (``k_<name>`` in the wrapper's namespace) is wrapped by a
 kept: on the shared 2-core machine the fastest call of a kernel hardly moves while whole steps
 move by 10-30%. Also prints the step's median CPU time (``time.process_time``) for eager and
 kiln, interleaved. To compare two versions of the generator, run it from each checkout (or with
-``PYTHONPATH`` naming the other ``codegen_cpp/src``). A benchmark, not a test.
+``PYTHONPATH`` naming the other ``codegen_cpp/src``), or switch one optimization off
+(``KILN_CPP_OPTIONS=column_sum_fusion=0``, ``--kiln-options view_scatter=false``). A benchmark,
+not a test.
 
     python packages/codegen_cpp/bench/kernel_time.py --models swin --top 10
 """
@@ -30,7 +32,7 @@ os.environ.setdefault("KILN_PROFILE", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
-from train1 import MODELS, _step
+from train1 import MODELS, _parse_options, _step
 
 import kiln
 
@@ -59,11 +61,11 @@ def _wrap_kernels(times: dict[str, list[int]]) -> int:
     return wrappers
 
 
-def run(name: str, calls: int, top: int) -> None:
+def run(name: str, calls: int, top: int, options: dict[str, Any] | None = None) -> None:
     w = MODELS[name]()
     w.model.train()
     model = copy.deepcopy(w.model)
-    compiled = kiln.compile(model)
+    compiled = kiln.compile(model, options=options or None)
     _step(w, compiled, model)
     times: dict[str, list[int]] = defaultdict(list)
     wrappers = _wrap_kernels(times)
@@ -99,10 +101,12 @@ def main() -> None:
     parser.add_argument("--models", default="swin")
     parser.add_argument("--calls", type=int, default=15)
     parser.add_argument("--top", type=int, default=10)
+    parser.add_argument("--kiln-options", default="", help="k=v,... passed to kiln.compile(options=)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    options = _parse_options(args.kiln_options)
     for name in args.models.split(","):
-        run(name, args.calls, args.top)
+        run(name, args.calls, args.top, options)
 
 
 if __name__ == "__main__":

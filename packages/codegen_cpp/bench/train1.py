@@ -12,7 +12,8 @@ steps of each backend (``KILN_PROFILE=1``, so each kiln C++ kernel is a ``kiln:`
 the slowest ops of each, eager's next to kiln's, which is how the kernels and externs where kiln
 loses are found. ``--backends eager,kiln,kiln_ab`` adds a second kiln, on a copy of the model, whose
 C++ generator runs with ``KILN_CPP_OPTIONS`` set to ``--ab-cpp`` (default: this issue's codegen
-changes off), timed in the same rounds. A benchmark, not a test.
+changes off) and ``kiln.compile`` options updated by ``--ab-options`` (``view_scatter=false``: loopir's
+slice_scatter lowering off), timed in the same rounds. A benchmark, not a test.
 
     python packages/codegen_cpp/bench/train1.py --threads 1 --models roberta,gpt_neox --profile
 """
@@ -196,6 +197,7 @@ def run(
     options: dict[str, Any],
     ab_cpp: str = "",
     clock: Callable[[], float] = time.perf_counter,
+    ab_options: dict[str, Any] | None = None,
 ) -> dict:
     w = MODELS[name]()
     w.model.train()
@@ -220,7 +222,8 @@ def run(
         try:
             if b == "kiln_ab":
                 # an explicit default makes kiln's cache key differ, so the copy compiles anew
-                fn = _compile("kiln", model, {"layout": True, "pad_mm": True, **options, "attention": True})
+                ab = {"layout": True, "pad_mm": True, **options, "attention": True, **(ab_options or {})}
+                fn = _compile("kiln", model, ab)
             else:
                 fn = _compile(b, model, options if b == "kiln" else {})
             got = _step(w, fn, model)
@@ -255,6 +258,14 @@ def run(
     return row
 
 
+def _parse_options(text: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        k, _, v = item.partition("=")
+        options[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return options
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -270,6 +281,11 @@ def main(argv: list[str] | None = None) -> None:
         help=f"{CPP_ENV} of the kiln_ab backend (--backends eager,kiln,kiln_ab)",
     )
     parser.add_argument(
+        "--ab-options",
+        default="",
+        help="k=v,... kiln.compile options of the kiln_ab backend over --kiln-options (e.g. view_scatter=false)",
+    )
+    parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -279,10 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    options: dict[str, Any] = {}
-    for item in filter(None, args.kiln_options.split(",")):
-        k, _, v = item.partition("=")
-        options[k] = {"true": True, "false": False}.get(v.lower(), v)
+    options, ab_options = _parse_options(args.kiln_options), _parse_options(args.ab_options)
     rows = []
     for name in args.models.split(","):
         clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -295,6 +308,7 @@ def main(argv: list[str] | None = None) -> None:
             options,
             args.ab_cpp,
             clock,
+            ab_options,
         )
         rows.append(row)
         top = row.pop("top", None)

@@ -289,3 +289,36 @@ def test_checked_gather_in_a_softmax_row_is_branch_free_and_still_raises(
         torch.testing.assert_close(compiled(x, table, idx), out)  # usable after an error
     finally:
         torch.set_num_threads(before)
+
+
+def _view_scatters(base: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, s3: torch.Tensor) -> Any:
+    # slice_backward's shape: a zero fill that only feeds the scatter, the src computed pointwise
+    zero = aten.zeros_like.default(base)
+    a = aten.slice_scatter.default(zero, aten.mul.Tensor(s1, s1), 1, 1, 4)
+    b = aten.slice_scatter.default(base, s2, 2, 1, None, 2)  # step 2, odd start: x[:, :, 1::2]
+    c = aten.select_scatter.default(base, s3, 0, -1)
+    d = aten.slice_scatter.default(base, s1, -2, -4, -1)  # negative bounds
+    # chained: two slices of one zero fill, as the backward of a strided split writes it
+    e = aten.slice_scatter.default(aten.slice_scatter.default(zero, s2, 2, 0, 6, 2), s2, 2, 1, None, 2)
+    f = aten.slice_scatter.default(base, aten.zeros_like.default(base), 1, 0, 9)  # all of it
+    return a, b, c, d, e, f
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_view_scatters_are_pointwise(dtype: torch.dtype) -> None:
+    """Note [View scatters are pointwise]: each scatter is a pointwise kernel fused with its
+    producers (the zero fills and the ``mul`` make no buffer of their own), no extern call, and
+    the same answers as eager; off by the ``view_scatter`` option, the extern calls come back."""
+    inputs = (make((2, 6, 7), dtype), make((2, 3, 7), dtype), make((2, 6, 3), dtype), make((6, 7), dtype))
+    compiled = check(_view_scatters, *inputs)
+    assert compiled.stats.extern_calls == 0, compiled.stats.extern_ops
+    assert compiled.stats.fallbacks == ()
+    # one buffer per output: the zero fill and the mul are computed inside the scatters' kernels
+    assert compiled.stats.buffers == 6, compiled.schedule.describe()
+    off = compile_graph(
+        trace(_view_scatters), list(inputs), backend=CppBackend(), options={"view_scatter": False}
+    )
+    assert off.stats.extern_ops.count("slice_scatter.default") == 6, off.stats.extern_ops
+    assert off.stats.extern_ops.count("select_scatter.default") == 1, off.stats.extern_ops
+    for a, e in zip(off(*inputs), compiled(*inputs), strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)

@@ -53,6 +53,8 @@ class CppBackend(Backend):
 
     def __init__(self, options: Mapping[str, Any] | CppOptions | None = None) -> None:
         self.options = CppOptions.from_mapping(options)
+        # Note [Pointwise producers in a column reduction's order] (kiln_loopir's scheduler.py)
+        self.reorder_for_column_reductions = self.options.column_sum_fusion
         self.fusion = FusionPolicy()
         self.last_declined: list[tuple[str, str]] = []
         self.last_source: str = ""

@@ -56,6 +56,9 @@ class Backend:
     """What a code generator implements; see the module docstring."""
 
     name: str = "backend"
+    # Note [Pointwise producers in a column reduction's order] (scheduler.py): whether the
+    # scheduler may re-express a pointwise producer in a column reduction's loop order to fuse them
+    reorder_for_column_reductions: bool = False
 
     def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""

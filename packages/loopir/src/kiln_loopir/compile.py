@@ -128,7 +128,9 @@ def compile_graph(
     t0 = time.perf_counter()
     device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
-    graph = GraphLowering(gm, example_inputs, fusion=fusion, channels_last=passes.channels_last).run()
+    graph = GraphLowering(
+        gm, example_inputs, fusion=fusion, channels_last=passes.channels_last, extern_ops=passes.extern_ops
+    ).run()
     if symbolic:
         _check_symbolic(graph, env, guards_before)
     t1 = time.perf_counter()
@@ -139,6 +141,7 @@ def compile_graph(
             output_buffer_names(graph.outputs),
             fusion=fusion,
             can_fuse_hook=chosen.can_fuse,
+            reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

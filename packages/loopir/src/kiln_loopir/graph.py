@@ -193,6 +193,7 @@ class GraphLowering:
         *,
         fusion: bool = True,
         channels_last: set[torch.fx.Node] | None = None,
+        extern_ops: set[Any] | None = None,
     ) -> None:
         self.gm = gm
         self.example_inputs = list(example_inputs)
@@ -216,6 +217,8 @@ class GraphLowering:
             ctx = PassContext(self.device, PassOptions(), self.example_inputs, not torch.is_grad_enabled())
             channels_last = channels_last_nodes(gm, ctx)
         self.channels_last: set[torch.fx.Node] = channels_last
+        # aten ops an option sends to eager's kernels (PassContext.extern_ops)
+        self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
         # Note [Symbolic sizes in loopir]
@@ -330,6 +333,9 @@ class GraphLowering:
         lowering = find_lowering(target)
         if lowering is not None and extern:
             log.debug("%s runs as an extern kernel: complex values", node.name)
+            lowering = None
+        if lowering is not None and target in self.extern_ops:
+            log.debug("%s runs as an extern kernel: its lowering is switched off", node.name)
             lowering = None
         result: Any = None
         if lowering is not None:

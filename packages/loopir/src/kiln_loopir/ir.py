@@ -196,6 +196,30 @@ class ComputedBuffer(Buffer):
 
 
 @dataclass(frozen=True, slots=True)
+class ReorderedPointwise(ComputedBuffer):
+    """A pointwise buffer computed in another loop order: Note [Pointwise producers in a column
+    reduction's order] (scheduler.py). The loop nest is ``loop_sizes``; at its ``index`` the
+    element ``position(index)`` of ``data`` is computed and stored at memory offset
+    ``offset(index)`` (the layout's offset of that element)."""
+
+    loop_sizes: tuple[Expr, ...] = ()
+    position: Callable[[Index], Index] = field(repr=False, default=lambda index: index)
+    offset: Callable[[Index], Expr] = field(repr=False, default=lambda index: sympy.Integer(0))
+
+    def iteration(self) -> tuple[tuple[Expr, ...], tuple[Expr, ...]]:
+        return self.loop_sizes, ()
+
+    def body(self) -> Callable[[Index, Index], None]:
+        name, data, position, offset = self.name, self.data, self.position, self.offset
+        assert isinstance(data, Pointwise)
+
+        def reordered_body(index: Index, rindex: Index) -> None:
+            ops.store(name, offset(index), data.inner_fn(position(index)))
+
+        return reordered_body
+
+
+@dataclass(frozen=True, slots=True)
 class Scatter(ComputedBuffer):
     """Writes ``data`` into the storage of buffer ``mutates`` at ``output_indexer(index)``.
 

@@ -13,7 +13,10 @@ nodes were already absorbed; repeat until a round fuses nothing. :meth:`Schedule
 the legality test: both are kernels, their iteration spaces are compatible (see
 :func:`groups_compatible`), every value the consumer reads from the producer is read at the
 position the same loop iteration wrote it (or, from a reduction, after the reduction completed),
-fusing creates no cycle through a third node, and the backend does not veto.
+fusing creates no cycle through a third node, and the backend does not veto. Before fusion, a
+backend may ask for pointwise producers of column reductions to be re-expressed in the
+reduction's loop order so that the two align (Note [Pointwise producers in a column reduction's
+order]).
 
 After fusion the nodes are put in topological order, and a buffer plan follows: buffers written
 and read only inside one fused kernel are kernel-internal (never allocated), every other
@@ -30,9 +33,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+import torch
 
-from .indexing import Expr, loop_vars, merge_loop_ranges, merge_loops, simplify_index
-from .ir import Buffer, ComputedBuffer, ExternKernel, Operation, ReinterpretView, Scatter
+from .indexing import (
+    Expr,
+    FloorDiv,
+    ModularIndexing,
+    contiguous_strides,
+    loop_vars,
+    merge_loop_ranges,
+    merge_loops,
+    simplify_index,
+)
+from .ir import (
+    Buffer,
+    ComputedBuffer,
+    ExternKernel,
+    Index,
+    Operation,
+    Pointwise,
+    ReinterpretView,
+    ReorderedPointwise,
+    Scatter,
+)
 from .virtualized import DefaultHandler, set_ops_handler
 
 log = logging.getLogger("kiln.loopir.schedule")
@@ -330,6 +353,7 @@ class Scheduler:
         *,
         fusion: bool = True,
         can_fuse_hook: FusionVeto | None = None,
+        reorder_pointwise: bool = False,
     ) -> None:
         self.name_to_buffer = name_to_buffer
         self.output_names = set(output_names)
@@ -348,6 +372,9 @@ class Scheduler:
         self._groups: list[BaseSchedulerNode] = list(self.nodes)
         self._owner: dict[str, BaseSchedulerNode] = {n.name: n for n in self.nodes}
         self._reader_cache: dict[str, set[int]] | None = None
+        self.reordered: list[tuple[str, str]] = []  # (pointwise, column reduction): Note below
+        if fusion and reorder_pointwise:
+            self.reorder_for_column_reductions()
         if fusion:
             self.fuse_nodes()
         self.nodes = self.topological_sort(self.nodes)
@@ -422,6 +449,151 @@ class Scheduler:
                 anc.add(p)
                 anc |= by_name[p].ancestors
             node.ancestors = anc
+
+    # Note [Pointwise producers in a column reduction's order]
+    # A bias gradient is a column sum, ``g.sum(0)`` of a [tokens, channels] gradient ``g`` that a
+    # pointwise kernel produces (a GELU's backward, a view of a matmul's result scaled...). The
+    # reduction's loop nest is (channels, tokens): its flat iteration ``x * tokens + r`` reads
+    # ``g[r, x]``, while the producer's flat iteration writes ``g`` in memory order, so the two
+    # are not aligned and ran as two kernels, ``g`` written by one and read back by the other.
+    # torch.compile computes such a sum inside its producer. Here the producer is re-expressed in
+    # the reduction's loop order before fusion: a :class:`~kiln_loopir.ir.ReorderedPointwise`
+    # whose loop nest is the reduction's (output and reduced loops, as one pointwise nest) and
+    # whose iteration ``(x, r)`` computes and stores the element the reduction reads there. It
+    # then aligns with the reduction, which fuses it as a member of ``n * r`` elements: one
+    # kernel writes ``g`` for its other readers and sums its columns. Only done when
+    # - the backend asks for it (``Backend.reorder_for_column_reductions``: the C++ generator's
+    #   column reductions vectorize over the outputs, so the reordered producer's loads are
+    #   contiguous along the lanes; the Triton generator does not ask), static sizes only;
+    # - the producer is one pointwise node (not a scatter) with a row-major layout and exactly
+    #   as many elements as the reduction's iteration space, not already aligned with it, that
+    #   calls no transcendental function: Swin's GELU backwards (erf, exp) computed in a column
+    #   kernel took 3-4x their own kernel's time (kernel_time.py: 335 us against 79 us), more
+    #   than the separate sum saved;
+    # - the reduction's reads of it are all at one index, and that index visits every element
+    #   exactly once (checked by evaluating it over the whole iteration space, up to
+    #   REORDER_CHECK_LIMIT elements): the producer must still write all of its buffer;
+    # - the scheduler (and the backend's veto) would then fuse the pair, so a reordered
+    #   producer never runs alone in the other order.
+    # ``Scheduler.reordered`` lists the pairs; KILN_LOG=schedule prints each. Measured on Swin's
+    # training step at one thread (codegen_cpp's bench/kernel_time.py, fastest call of each
+    # kernel summed): 143 -> 128 kernel calls, but 1.30 -> 1.46 ms of kernel time, so the C++
+    # generator leaves it off by default (``CppOptions.column_sum_fusion``); what makes the
+    # reordered producers slow in column blocks is not diagnosed.
+
+    def reorder_for_column_reductions(self) -> None:
+        readers: dict[str, list[SchedulerNode]] = {}
+        for n in self.nodes:
+            if isinstance(n, SchedulerNode):
+                for name in n.read_names():
+                    readers.setdefault(name, []).append(n)
+        done: set[str] = set()
+        for node in list(self.nodes):
+            if not (isinstance(node, SchedulerNode) and node.is_reduction()):
+                continue
+            nx, nr = node.group()
+            if not isinstance(nx, int) or not isinstance(nr, int) or nr == 1:
+                continue
+            for name in sorted(node.read_names()):
+                # the producer of what it reads, then pointwise nodes reading the same buffer
+                candidates = [self.writer.get(name), *readers.get(name, ())]
+                for cand in candidates:
+                    if not isinstance(cand, SchedulerNode) or cand is node or cand.name in done:
+                        continue
+                    made = self._reordered(cand, node, name, nx * nr)
+                    if made is None:
+                        continue
+                    # the cycle test first: the backend's veto may cache what it saw of ``made``
+                    if self.will_fusion_create_cycle(made, node) or not self.can_fuse(made, node):
+                        log.debug("not reordering %s for %s: the pair would not fuse", cand.name, node.name)
+                        continue
+                    done.add(cand.name)
+                    self.nodes = [made if n is cand else n for n in self.nodes]
+                    self.writer = {w: made if n is cand else n for w, n in self.writer.items()}
+                    for group in readers.values():
+                        group[:] = [n for n in group if n is not cand]
+                    self._groups = list(self.nodes)
+                    self._owner = {n.name: n for n in self.nodes}
+                    self.reordered.append((cand.name, node.name))
+                    log.debug(
+                        "reordered %s in the loop order of the column reduction %s", cand.name, node.name
+                    )
+                    break
+
+    def _reordered(
+        self, producer: SchedulerNode, reduction: SchedulerNode, through: str, numel: int
+    ) -> SchedulerNode | None:
+        """``producer`` as a :class:`ReorderedPointwise` in ``reduction``'s loop order, where
+        ``reduction`` reads buffer ``through`` that ``producer`` writes, or reads at the position
+        it writes its own element; None when the Note's conditions do not hold."""
+        buffer = producer.node
+        if (
+            type(buffer) is not ComputedBuffer
+            or buffer.is_reduction()
+            or not isinstance(buffer.data, Pointwise)
+        ):
+            return None
+        ranges = buffer.data.ranges
+        layout = buffer.layout
+        from .graph import TRANSCENDENTAL
+        from .virtualized import op_names
+
+        if op_names(buffer.data.inner_fn, [sympy.Integer(0)] * len(ranges)) & TRANSCENDENTAL:
+            return None  # measured slower in a column kernel (the Note)
+        if any(not sympy.sympify(s).is_Integer for s in (*ranges, *layout.stride, layout.offset)):
+            return None
+        if tuple(layout.size) != tuple(ranges) or int(sympy.Mul(*ranges)) != numel:
+            return None
+        strides = contiguous_strides(ranges)
+        if any(n != 1 and st != c for n, st, c in zip(ranges, layout.stride, strides, strict=True)):
+            return None
+        if layout.offset != 0 or len(producer.writes) != 1 or not isinstance(producer.writes[0], MemoryDep):
+            return None
+        wdep = producer.writes[0]
+        if through != buffer.name:
+            # a horizontal partner: it must read ``through`` where it writes, in every read
+            own = [d for d in producer.reads if d.name == through]
+            if not own or not all(
+                isinstance(d, MemoryDep) and d.canonical() == wdep.canonical() for d in own
+            ):
+                return None
+            anchor: MemoryDep = wdep
+        else:
+            anchor = wdep
+        reads = [d for d in reduction.reads if d.name == through]
+        if not reads or not all(isinstance(d, MemoryDep) for d in reads):
+            return None
+        rdeps = [d for d in reads if isinstance(d, MemoryDep)]
+        if len({(d.index, d.variables, d.sizes) for d in rdeps}) != 1:
+            return None
+        rdep = rdeps[0]
+        if _aligned(anchor, producer, rdep) or not _visits_each_once(rdep, numel):
+            return None
+        variables, sizes, index = rdep.variables, rdep.sizes, sympy.sympify(rdep.index)
+        # each digit of the element at loop position ``variables``, simplified knowing the loops
+        known = dict(zip(variables, sizes, strict=True))
+        digits = [
+            sympy.Integer(0) if n == 1 else _simplified(ModularIndexing(index, st, n), known)
+            for n, st in zip(ranges, strides, strict=True)
+        ]
+
+        def offset(loop_index: Index) -> Expr:
+            return index.xreplace(dict(zip(variables, loop_index, strict=True)))
+
+        def position(loop_index: Index) -> Index:
+            at = dict(zip(variables, loop_index, strict=True))
+            return [d.xreplace(at) for d in digits]
+
+        made = ReorderedPointwise(
+            buffer.name,
+            buffer.layout,
+            data=buffer.data,
+            loop_sizes=tuple(sizes),
+            position=position,
+            offset=offset,
+        )
+        reads_, writes_ = extract_read_writes(made)
+        return SchedulerNode(producer.order, reads_, writes_, ancestors=set(producer.ancestors), node=made)
 
     # fusion ---------------------------------------------------------------------------------
 
@@ -644,6 +816,58 @@ class Scheduler:
             members = ", ".join(m.name for m in n.get_nodes())
             lines.append(f"{step:3d} {kind or 'Kernel'}: {members}")
         return "\n".join(lines)
+
+
+REORDER_CHECK_LIMIT = 1 << 24
+
+
+def _simplified(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
+    """``simplify_index`` to a fixed point: splitting a digit can leave a term (``FloorDiv(x0,
+    128)`` with ``x0 < 128``) that another pass removes."""
+    for _ in range(4):
+        done = simplify_index(expr, ranges)
+        if done == expr:
+            break
+        expr = done
+    return expr
+
+
+def _visits_each_once(dep: MemoryDep, numel: int) -> bool:
+    """Does ``dep.index`` over its loops take each value of ``[0, numel)`` exactly once?
+    Evaluated over the whole iteration space (Note [Pointwise producers in a column reduction's
+    order]); False when it cannot be evaluated or the space is too large to check."""
+    if not dep.sizes or numel > REORDER_CHECK_LIMIT or int(sympy.Mul(*dep.sizes)) != numel:
+        return False
+    shape = [int(s) for s in dep.sizes]
+    env = {}
+    for i, v in enumerate(dep.variables):
+        view = [1] * len(shape)
+        view[i] = shape[i]
+        env[v] = torch.arange(shape[i], dtype=torch.int64).view(view)
+
+    def value(e: Any) -> Any:
+        if e.is_Integer:
+            return int(e)
+        if isinstance(e, sympy.Symbol):
+            return env[e]
+        if isinstance(e, sympy.Add):
+            return functools.reduce(lambda a, b: a + b, [value(a) for a in e.args])
+        if isinstance(e, sympy.Mul):
+            return functools.reduce(lambda a, b: a * b, [value(a) for a in e.args])
+        if isinstance(e, FloorDiv):
+            return value(e.args[0]) // value(e.args[1])
+        if isinstance(e, ModularIndexing):
+            return (value(e.args[0]) // value(e.args[1])) % value(e.args[2])
+        raise ValueError(e)
+
+    try:
+        flat = torch.as_tensor(value(sympy.sympify(dep.index)), dtype=torch.int64).expand(shape).reshape(-1)
+    except (ValueError, KeyError, TypeError, RuntimeError):
+        return False
+    if int(flat.min()) < 0:
+        return False
+    counts = torch.bincount(flat, minlength=numel)
+    return len(counts) == numel and bool((counts == 1).all())
 
 
 def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:

@@ -1,7 +1,8 @@
-"""Memory-shaped lowerings: cat, padding, advanced indexing, gather, scatter, embedding.
+"""Memory-shaped lowerings: cat, padding, view scatters, advanced indexing, gather, scatter, embedding.
 
 They all remain loops over an index space. ``cat`` and ``constant_pad_nd`` are Pointwise bodies
-whose loads are guarded by ``ops.masked`` (the load outside its input's range is never used).
+whose loads are guarded by ``ops.masked`` (the load outside its input's range is never used), and
+so are ``slice_scatter`` and ``select_scatter`` (Note [View scatters are pointwise]).
 Advanced indexing, ``gather`` and ``embedding`` load the index tensor, turn the value into an
 index variable with ``ops.indirect_indexing``, and load the source at an index containing that
 variable. ``scatter``, ``scatter_add`` and ``index_put`` copy ``self`` into a fresh buffer and add a
@@ -18,7 +19,7 @@ from typing import Any
 import sympy
 import torch
 
-from ..indexing import Expr
+from ..indexing import Expr, FloorDiv, ModularIndexing
 from ..ir import Index, Pointwise, Scatter, TensorBox
 from ..layout import flexible
 from ..lowering import (
@@ -101,6 +102,86 @@ def constant_pad_nd(x: TensorBox, pad: Sequence[int], value: float = 0) -> Tenso
         if mask is None:
             return load(src)
         return ops.masked(mask, lambda: load(src), value)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner, tuple(size)))
+
+
+# Note [View scatters are pointwise]
+# ``slice_scatter(base, src, dim, start, end, step)`` (and ``select_scatter``) writes ``src``
+# into a regular part of a copy of ``base``: every output element is either one element of
+# ``src`` (inside the slice) or the same element of ``base`` (outside). So it lowers to a
+# Pointwise over the output, ``where(inside, masked(inside, src[shifted]), base[i])``, which fuses
+# with the producers of ``src`` and ``base`` like any other pointwise body: the zero fill that
+# ``slice_backward`` makes for ``base`` becomes a constant inside the kernel instead of a
+# buffer, and the ``src`` load is never made outside the slice. "Inside" along ``dim`` is
+# ``lo <= i < hi`` and, for a step above 1, ``i % step == lo % step`` (the loop index is
+# never negative, so that test needs no shifted modulo). Only a dimension of static size
+# with integer bounds lowers; a symbolic one runs eager's kernel (an extern call). The
+# lowering is switched by the pass option ``view_scatter`` (off: extern calls, as before).
+
+
+def _slice_bounds(n: int, start: Any, end: Any, step: int) -> tuple[int, int, int]:
+    """``(lo, length, step)`` of ``x[start:end:step]`` along a dimension of size ``n``."""
+    lo = 0 if start is None else (start + n if start < 0 else start)
+    hi = n if end is None else (end + n if end < 0 else end)
+    lo, hi = min(max(lo, 0), n), min(max(hi, 0), n)
+    return lo, max(0, (hi - lo + step - 1) // step), step
+
+
+def _static_dim(x: TensorBox, dim: int, *bounds: Any) -> int:
+    size = x.get_size()[dim]
+    if not size.is_number or not all(b is None or isinstance(b, int) for b in bounds):
+        raise Unsupported("a view scatter along a dimension of symbolic size or with symbolic bounds")
+    return int(size)
+
+
+@register_lowering(aten.slice_scatter.default)
+def slice_scatter(
+    x: TensorBox, src: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> TensorBox:
+    """Note [View scatters are pointwise]."""
+    size = list(x.get_size())
+    dim = normalize_dim(dim, len(size))
+    n = _static_dim(x, dim, start, end, step)
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported("slice_scatter with a step below 1")
+    lo, length, step = _slice_bounds(n, start, end, step)
+    dtype = x.get_dtype()
+    if lo == 0 and length == n and step == 1:
+        return clone(to_dtype(src, dtype))
+    load_x, load_s = x.make_loader(), src.make_loader()
+    hi = lo + (length - 1) * step + 1 if length else lo
+
+    def inner(index: Index) -> Any:
+        i = index[dim]
+        inside = _in_range(i, lo, hi)
+        if step > 1:
+            phase = ops.index_expr(ModularIndexing(i, sympy.Integer(1), sympy.Integer(step)), torch.int64)
+            inside = ops.logical_and(inside, ops.eq(phase, ops.constant(lo % step, torch.int64)))
+        shifted = list(index)
+        shifted[dim] = FloorDiv(i - lo, sympy.Integer(step)) if step > 1 else i - lo
+        picked = ops.masked(inside, lambda: ops.to_dtype(load_s(shifted), dtype), 0)
+        return ops.where(inside, picked, load_x(index))
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, inner, tuple(size)))
+
+
+@register_lowering(aten.select_scatter.default)
+def select_scatter(x: TensorBox, src: TensorBox, dim: int, index: int) -> TensorBox:
+    """Note [View scatters are pointwise]: ``src`` has ``x``'s shape without ``dim``."""
+    size = list(x.get_size())
+    dim = normalize_dim(dim, len(size))
+    n = _static_dim(x, dim, index)
+    pos = index + n if index < 0 else index
+    if not 0 <= pos < n:
+        raise Unsupported("select_scatter index out of range")
+    dtype = x.get_dtype()
+    load_x, load_s = x.make_loader(), src.make_loader()
+
+    def inner(idx: Index) -> Any:
+        inside = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.constant(pos, torch.int64))
+        picked = ops.masked(inside, lambda: ops.to_dtype(load_s([*idx[:dim], *idx[dim + 1 :]]), dtype), 0)
+        return ops.where(inside, picked, load_x(idx))
 
     return TensorBox.create(Pointwise(x.get_device(), dtype, inner, tuple(size)))
 

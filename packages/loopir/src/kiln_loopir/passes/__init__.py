@@ -58,6 +58,9 @@ class PassOptions:
     parameter written through ``p.data`` keeps its version, and a pack made before would be used
     with the old values (Note [Prepacked weights]); turn them on for models whose parameters are
     only changed in place by ordinary ops, or not at all.
+    ``view_scatter``: ``slice_scatter`` and ``select_scatter`` lower to pointwise kernels (Note
+    [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
+    calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
     """
 
     layout: bool = True
@@ -70,6 +73,7 @@ class PassOptions:
     conv_fusion: bool = True
     conv_prepack: bool = False
     linear_pack: bool = False
+    view_scatter: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -91,11 +95,12 @@ class PassOptions:
             made.conv_prepack,
             made.linear_pack,
             made.pad_mm_output_copy,
+            made.view_scatter,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, attention, attention_mask, conv_fusion, conv_prepack, linear_pack and pad_mm_output_copy"
-                " are True or False"
+                "layout, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy"
+                " and view_scatter are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
@@ -117,6 +122,8 @@ class PassContext:
     inference: bool
     # Note [Channels-last for convolutions]: the fx nodes computed in NHWC
     channels_last: set[torch.fx.Node] = field(default_factory=set)
+    # aten ops whose lowering an option turns off: they run as extern calls
+    extern_ops: set[Any] = field(default_factory=set)
     # what each pass did, one line per decision (also logged): for tests and reports
     record: list[tuple[str, str]] = field(default_factory=list)
 
@@ -184,6 +191,13 @@ def run_passes(
             ctx.note(graph_pass.name, "off (option %s=False)", graph_pass.name)
             continue
         gm = graph_pass.run(gm, ctx)
+    if not ctx.options.view_scatter:
+        aten = torch.ops.aten
+        ctx.extern_ops.update((aten.slice_scatter.default, aten.select_scatter.default))
+        ctx.note(
+            "view_scatter",
+            "off (option view_scatter=False): slice_scatter/select_scatter run as extern calls",
+        )
     return gm, ctx
 
 
