@@ -275,3 +275,29 @@ def test_size_arithmetic_with_a_non_int_stays_eager() -> None:
         f(X)
     with pytest.raises(TypeError):
         kiln_dynamo.compile(f)(X)
+
+
+ITERATOR_CASES = {
+    "zip": lambda x: zip([x, x + 1], [1, 2]),
+    "zip advanced": lambda x: (lambda it: (next(it), it)[1])(zip([1, 2, 3], [x, x, x])),
+    "enumerate": lambda x: enumerate([x, x * 2], 3),
+    "map": lambda x: map(lambda t: t + 1, [x, x]),
+    "filter": lambda x: filter(lambda v: v > 0, [1, -1, 2]),
+    "iter of a list": lambda x: iter([x, 1]),
+    "iter of a tuple": lambda x: iter((x, 1)),
+    "reversed list": lambda x: reversed([x, 2, 3]),
+    "chain": lambda x: __import__("itertools").chain([1], [x]),
+    "islice": lambda x: __import__("itertools").islice([1, 2, 3, x], 1, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(ITERATOR_CASES))
+def test_an_iterator_that_leaves_the_frame_has_eager_type(name: str) -> None:
+    # Note [Iterators keep their type] (variables/lists.py): rebuilt as the type eager made, over
+    # the items it has left
+    fn = ITERATOR_CASES[name]
+    kiln_dynamo.reset()
+    compiled = kiln_dynamo.compile(fn, backend=CountingBackend())
+    expected, actual = fn(X), compiled(X)
+    assert type(actual) is type(expected), (type(expected), type(actual))
+    _exact(list(expected), list(actual))

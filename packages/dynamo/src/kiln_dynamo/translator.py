@@ -494,7 +494,7 @@ class InstructionTranslator:
             return gen
         result = child.run()
         if child.yielded is not None:
-            return ListIteratorVariable(child.yielded)
+            return ListIteratorVariable(child.yielded, "generator")
         return result
 
     def call(self, fn: VT, args: list[VT], kwargs: dict[str, VT]) -> VT:

@@ -162,10 +162,18 @@ def _range(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ConstantVariable(range(*[a.as_constant() for a in args]))
 
 
+def _is_list(v: VT) -> bool:
+    try:
+        return v.python_type() is list
+    except Unsupported:
+        return False
+
+
 def _iter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if isinstance(args[0], ListIteratorVariable):
         return args[0]
-    return ListIteratorVariable(args[0].iterate(tx))
+    kind = "list" if _is_list(args[0]) else "tuple"
+    return ListIteratorVariable(args[0].iterate(tx), kind)
 
 
 def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -188,7 +196,7 @@ def _zip(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         and len({len(s) for s in seqs}) > 1
     ):
         raise Unsupported("zip(strict=True) raised ValueError")
-    return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)])
+    return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)], "zip")
 
 
 def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -198,26 +206,28 @@ def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         else (kwargs["start"].as_constant() if "start" in kwargs else 0)
     )
     return ListIteratorVariable(
-        [TupleVariable([ConstantVariable(i), v]) for i, v in enumerate(args[0].iterate(tx), start)]
+        [TupleVariable([ConstantVariable(i), v]) for i, v in enumerate(args[0].iterate(tx), start)],
+        "enumerate",
     )
 
 
 def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    return ListIteratorVariable(list(reversed(args[0].iterate(tx))))
+    kind = "reversed" if _is_list(args[0]) else "tuple"
+    return ListIteratorVariable(list(reversed(args[0].iterate(tx))), kind)
 
 
 def _map(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     fn, *seqs = args
     cols = [s.iterate(tx) for s in seqs]
-    return ListIteratorVariable([fn.call(tx, list(t), {}) for t in zip(*cols, strict=False)])
+    return ListIteratorVariable([fn.call(tx, list(t), {}) for t in zip(*cols, strict=False)], "map")
 
 
 def _filter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     fn, seq = args
     items = seq.iterate(tx)
     if fn.is_constant() and fn.as_constant() is None:
-        return ListIteratorVariable([i for i in items if i.truth(tx)])
-    return ListIteratorVariable([i for i in items if fn.call(tx, [i], {}).truth(tx)])
+        return ListIteratorVariable([i for i in items if i.truth(tx)], "filter")
+    return ListIteratorVariable([i for i in items if fn.call(tx, [i], {}).truth(tx)], "filter")
 
 
 def _tuple(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -411,13 +421,13 @@ def _product(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    return ListIteratorVariable([item for a in args for item in a.iterate(tx)])
+    return ListIteratorVariable([item for a in args for item in a.iterate(tx)], "chain")
 
 
 def _chain_from_iterable(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if kwargs or len(args) != 1:
         raise Unsupported("itertools.chain.from_iterable with these arguments")
-    return ListIteratorVariable([item for a in args[0].iterate(tx) for item in a.iterate(tx)])
+    return ListIteratorVariable([item for a in args[0].iterate(tx) for item in a.iterate(tx)], "chain")
 
 
 def _pairwise(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -452,7 +462,7 @@ def _islice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         raise Unsupported("itertools.islice with these arguments")
     items = args[0].iterate(tx)
     bounds = [a.as_constant() for a in args[1:]]
-    return ListIteratorVariable(list(itertools.islice(items, *bounds)))
+    return ListIteratorVariable(list(itertools.islice(items, *bounds)), "islice")
 
 
 def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:

@@ -22,6 +22,7 @@ else (a key that is a tensor, equal heads) is a break, as before. A constant key
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -317,10 +318,28 @@ def sort_order(
     return sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
 
 
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _always(x: Any) -> bool:
+    return True
+
+
+def _generator(items: tuple[Any, ...]) -> Any:
+    yield from items
+
+
 class ListIteratorVariable(VariableTracker):
-    def __init__(self, items: list[VT]) -> None:
+    """An iterator over items known at trace time. ``kind`` says what eager would have made
+    (Note [Iterators keep their type]): ``iter`` of a tuple (the default), ``list``, ``zip``,
+    ``enumerate``, ``map``, ``filter``, ``reversed`` (of a list), ``chain``, ``islice``,
+    ``generator``."""
+
+    def __init__(self, items: list[VT], kind: str = "tuple") -> None:
         self.items = items
         self.index = 0
+        self.kind = kind
 
     def describe(self) -> str:
         return "iterator"
@@ -354,5 +373,40 @@ class ListIteratorVariable(VariableTracker):
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
         if bound is not None:
             return bound
-        rest = [i.reconstruct(cg) for i in self.items[self.index :]]
-        return f"{cg.const(iter)}(({', '.join(rest)}{',' if len(rest) == 1 else ''}))"
+        items = self.items[self.index :]
+
+        def tup(values: list[str]) -> str:
+            return f"({', '.join(values)}{',' if len(values) == 1 else ''})"
+
+        # Note [Iterators keep their type]: an iterator that leaves the frame (returned, stored)
+        # is rebuilt as the type eager made, over the items it has left; a kind without an exact
+        # rebuild (itertools.product, pairwise, accumulate) stays a tuple iterator
+        kind = self.kind
+        if kind == "zip" and all(isinstance(i, TupleVariable) for i in items):
+            widths = {len(i.items) for i in items}  # type: ignore[attr-defined]
+            if len(widths) <= 1:
+                width = widths.pop() if widths else 0
+                cols = [tup([i.items[c].reconstruct(cg) for i in items]) for c in range(width)]  # type: ignore[attr-defined]
+                return f"{cg.const(zip)}({', '.join(cols)})"
+        if kind == "enumerate" and all(
+            isinstance(i, TupleVariable) and len(i.items) == 2 and i.items[0].is_constant() for i in items
+        ):
+            start = items[0].items[0].as_constant() if items else 0  # type: ignore[attr-defined]
+            values = tup([i.items[1].reconstruct(cg) for i in items])  # type: ignore[attr-defined]
+            return f"{cg.const(enumerate)}({values}, {start!r})"
+        rest = [i.reconstruct(cg) for i in items]
+        if kind == "list":
+            return f"{cg.const(iter)}([{', '.join(rest)}])"
+        if kind == "reversed":  # of a list: a list_reverseiterator over the rest, in order
+            return f"{cg.const(reversed)}([{', '.join(reversed(rest))}])"
+        if kind == "map":
+            return f"{cg.const(map)}({cg.const(_identity)}, {tup(rest)})"
+        if kind == "filter":
+            return f"{cg.const(filter)}({cg.const(_always)}, {tup(rest)})"
+        if kind == "chain":
+            return f"{cg.const(itertools.chain)}({tup(rest)})"
+        if kind == "islice":
+            return f"{cg.const(itertools.islice)}({tup(rest)}, None)"
+        if kind == "generator":
+            return f"{cg.const(_generator)}({tup(rest)})"
+        return f"{cg.const(iter)}({tup(rest)})"

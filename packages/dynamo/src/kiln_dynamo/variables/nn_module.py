@@ -429,8 +429,8 @@ def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: 
     else:
         pairs = members("_parameters" if "parameters" in name else "_buffers")
     if name.startswith("named_"):
-        return ListIteratorVariable([TupleVariable([ConstantVariable(k), v]) for k, v in pairs])
-    return ListIteratorVariable([v for _, v in pairs])
+        return ListIteratorVariable([TupleVariable([ConstantVariable(k), v]) for k, v in pairs], "generator")
+    return ListIteratorVariable([v for _, v in pairs], "generator")
 
 
 class ModuleDefaultCallVariable(VariableTracker):
