@@ -128,6 +128,46 @@ def test_reductions_softmax_and_layer_norm_over_a_symbolic_dim() -> None:
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
 
 
+def _mean_var_norms(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    n = x.shape[-1]
+    return (
+        x.mean(-1),
+        x.mean(),
+        x.var(-1),
+        x.std(0),
+        *torch.var_mean(x, -1, correction=0),
+        x.var(-1, correction=0.0),
+        nn.functional.layer_norm(x, (n,)),
+        nn.functional.rms_norm(x, (n,)),
+        x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),  # LLaMA's RMS norm
+    )
+
+
+def _op_fallbacks() -> list[tuple[str, str]]:
+    return [f for r in kiln.compile_log() for f in r.op_fallbacks]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mean_var_and_norms_over_a_symbolic_dim_are_kernels(dtype: torch.dtype) -> None:
+    """Note [Element counts over symbolic dims]: the divisor is computed in the kernel from the
+    size symbols; no reduction runs as an extern aten call."""
+    shapes = ((3, 17), (5, 31), (9, 100), (2, 8))
+    _sweep(_mean_var_norms, [(torch.randn(b, n, dtype=dtype),) for b, n in shapes], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert _op_fallbacks() == []
+
+
+def test_var_with_a_correction_that_may_exceed_the_symbolic_count_is_extern() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.var(-1, correction=2) + x.std(-1, correction=0.5)
+
+    # n = 2 with correction 2 divides by zero (inf/nan, as eager)
+    _sweep(f, [(torch.randn(b, n),) for b, n in ((3, 17), (5, 2), (4, 9))], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1
+    reasons = [why for op, why in _op_fallbacks()]
+    assert len(reasons) == 2 and all("over the symbolic element count s1" in why for why in reasons)
+
+
 def test_broadcasting_against_a_size_one_dim() -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * y + x.shape[0]
