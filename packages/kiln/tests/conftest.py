@@ -22,8 +22,7 @@ import tempfile
 
 import torch
 
-SESSION_CACHE = tempfile.mkdtemp(prefix="kiln-tests-")
-os.environ["KILN_CACHE_DIR"] = SESSION_CACHE
+os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-tests-")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

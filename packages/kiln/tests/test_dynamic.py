@@ -199,11 +199,18 @@ class Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-def test_sequence_length_change_on_a_transformer_block() -> None:
+def test_sequence_length_change_on_a_transformer_block(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     torch.manual_seed(0)
     block = Block().eval()
-    _sweep(block, [(torch.randn(2, t, 16),) for t in (8, 12, 16, 33, 5, 64)])
+    with caplog.at_level(logging.INFO, logger="kiln.symbolic.dynamic"):
+        _sweep(block, [(torch.randn(2, t, 16),) for t in (8, 12, 16, 33, 5, 64)])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+    # the meta kernels' questions about the sequence length (`Ne(2*Mod(1, s0), 0)`,
+    # `Ne(s0, s0**2)`) are settled by its range s0 >= 2: no guard beyond that range
+    guards = [r.getMessage() for r in caplog.records if "[guard added]" in r.getMessage()]
+    assert guards == []
 
 
 def test_kiln_training_with_a_smaller_last_batch() -> None:
