@@ -128,6 +128,53 @@ def test_reductions_softmax_and_layer_norm_over_a_symbolic_dim() -> None:
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
 
 
+def test_outputs_viewing_an_input_stay_views_with_symbolic_sizes() -> None:
+    """kiln_aotgrad's Note [Symbolic views among the outputs] under the C++ backend: one
+    symbolic graph, and each view output is a view of the caller's tensor, as in eager."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.view(-1), x[1:].t(), x.relu() + 1
+
+    compiled = kiln.compile(f, dynamic=True)
+    storage = torch.randn(100)
+    for b, start in ((3, 0), (5, 0), (7, 11)):
+        x = storage[start : start + 4 * b].view(b, 4)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got[:2], want[:2], strict=True):
+            assert g._base is storage and (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def test_backward_inside_the_compiled_function() -> None:
+    """`loss.backward()` in the compiled function: a graph break; the graph before it trains
+    with symbolic sizes (kiln_aotgrad's Note [Saved sizes]) and the compiled backward's wrapper
+    is not captured as user code (Note [Generated code is not captured])."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+
+    def make_step(m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            return loss.detach()
+
+        return step
+
+    compiled = kiln.compile(make_step(model), dynamic=True)
+    for b in (4, 7, 9, 3):
+        x = torch.randn(b, 6)
+        torch.testing.assert_close(compiled(x), make_step(ref)(x))
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    # the graph before the break and the one after it; the backward break is the only one
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.graph_breaks == 1
+    assert kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())
+
+
 def _mean_var_norms(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     n = x.shape[-1]
     return (
