@@ -215,6 +215,40 @@ def test_var_with_a_correction_that_may_exceed_the_symbolic_count_is_extern() ->
     assert len(reasons) == 2 and all("over the symbolic element count s1" in why for why in reasons)
 
 
+def _cats_and_slices(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    n = x.shape[1]
+    padded = torch.cat([torch.zeros(x.shape[0], 1), x], 1)  # GPT-2's position ids do this
+    return (
+        torch.cat([x, y, x * 2], 0),
+        torch.cat([x, x.cos()], 1).sin(),
+        padded[:, 1:] * 2,
+        x[:, 1:],
+        x[:, n // 2 :] + 1,
+    )
+
+
+CAT_SHAPES = ((3, 4, 5), (5, 2, 7), (2, 9, 3), (6, 6, 6))
+
+
+def test_cat_and_slices_at_symbolic_offsets_are_kernels() -> None:
+    """loopir's cat at offsets in size symbols, and a slice whose start is provably inside the
+    dim (Note [Symbolic sizes in loopir]): no extern call, one graph."""
+    args = [(torch.randn(a, n), torch.randn(b, n)) for a, b, n in CAT_SHAPES]
+    _sweep(_cats_and_slices, args, dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert _op_fallbacks() == []
+
+
+def test_a_slice_whose_start_may_pass_its_end_is_extern() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x[:, 1 : x.shape[1] - 1] + 1  # loopir knows sizes >= 0, not n >= 2
+
+    _sweep(f, [(torch.randn(a, n),) for a, n in ((3, 5), (4, 2), (2, 9))], dynamic=True)
+    assert kiln_dynamo.counters.dynamic_fallbacks == []
+    reasons = {why for _, why in _op_fallbacks()}
+    assert reasons == {"a slice of a symbolic size whose start may pass its end (1 > s1 - 1)"}
+
+
 def test_broadcasting_against_a_size_one_dim() -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * y + x.shape[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dynamic import Block, _mean_var_norms, _mlp, _sweep
+from test_dynamic import CAT_SHAPES, Block, _cats_and_slices, _mean_var_norms, _mlp, _sweep
 from torch import nn
 
 import kiln
@@ -112,6 +112,13 @@ def test_mean_var_and_norms_over_a_symbolic_dim_are_kernels(dtype: torch.dtype) 
     _sweep(
         _mean_var_norms, [(torch.randn(b, n, dtype=dtype),) for b, n in shapes], dynamic=True, options=TRITON
     )
+    assert _graphs() == 1
+    assert [f for r in kiln.compile_log() for f in r.op_fallbacks] == []
+
+
+def test_cat_and_slices_at_symbolic_offsets_are_kernels() -> None:
+    args = [(torch.randn(a, n), torch.randn(b, n)) for a, b, n in CAT_SHAPES]
+    _sweep(_cats_and_slices, args, dynamic=True, options=TRITON)
     assert _graphs() == 1
     assert [f for r in kiln.compile_log() for f in r.op_fallbacks] == []
 

@@ -70,6 +70,17 @@ def test_what_the_range_does_not_settle_still_guards() -> None:
     assert len(env.guards) == 2
 
 
+def test_an_equality_with_a_coefficient_pins_the_symbol() -> None:
+    """`Eq(2*s0, 8)` (a broadcast of `cat([f, f])` against a static 8) makes s0 the value 4:
+    later sizes in s0 are plain 4s (loopir sees `8`, not `2*s0`), and the guards pin the input."""
+    env, (s0, s1) = _env_with(4, 6)
+    assert env.evaluate_expr(sympy.Eq(2 * s0, 8)) is True
+    assert env.replace(2 * s0 + s1) == 8 + s1
+    texts = [g.text for g in env.produce_guards(lambda src: src)]
+    fn = eval(f"lambda x0, x1: {' and '.join(f'({t})' for t in texts)}")
+    assert fn(4, 6) and fn(4, 9) and not fn(5, 6) and not fn(3, 6)
+
+
 def test_hinted_answer_records_a_guard_with_its_line() -> None:
     env, (s0,) = _env_with(4)
     env.where = lambda: "model.py:12"

@@ -391,6 +391,11 @@ class ShapeEnv:
                     else:
                         self._set_replacement(sym, solution, f"solving {guard}")
                     return
+                if coeff.is_Integer and rest.is_Integer and (-rest / coeff).is_Integer:
+                    # `Eq(2*s2, 8)` (a broadcast against a static size): the symbol is a value
+                    solution = -rest / coeff
+                    self._set_range(sym, ValueRange(solution, solution))
+                    return
             return
         if len(free) != 1:
             return
