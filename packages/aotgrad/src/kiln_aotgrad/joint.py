@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import sympy
 import torch
 import torch.fx
 from kiln_symbolic import expr_of, is_symbolic, pexpr
@@ -104,14 +103,14 @@ class OriginInterpreter(torch.fx.Interpreter):
             self.tracer.origin = None
 
 
-def _symbol_names(visible: list[Any]) -> dict[sympy.Symbol, str]:
+def _symbol_names(visible: list[Any]) -> dict[Any, str]:
     """Where each size symbol is read from the flat inputs `a` at run time: an int input, or a
     size, stride or storage offset of a tensor input (the first one that is the bare symbol)."""
-    names: dict[sympy.Symbol, str] = {}
+    names: dict[Any, str] = {}  # sympy symbol -> Python source
 
     def note(value: Any, text: str) -> None:
         e = expr_of(value)
-        if isinstance(e, sympy.Symbol):
+        if e.is_Symbol:
             names.setdefault(e, text)
 
     for i, v in enumerate(visible):
@@ -140,7 +139,7 @@ def symbolic_view_layout(
     names = _symbol_names(visible)
     sizes = [expr_of(n) for n in t.shape]
     strides = [expr_of(n) for n in t.stride()]
-    rel = sympy.expand(expr_of(t.storage_offset()) - expr_of(visible[j].storage_offset()))
+    rel = expr_of(t.storage_offset()) - expr_of(visible[j].storage_offset())
     missing = set().union(*(e.free_symbols for e in (*sizes, *strides, rel))) - names.keys()
     if missing:
         raise AotgradError(f"an output is a view of an input with sizes no input holds ({missing})")
