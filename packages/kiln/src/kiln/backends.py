@@ -41,8 +41,8 @@ cache folder (`kiln_loopir.diskcache.cache_root()`), and the frame hook skips on
 packages, the standard library and torch. A compiled backward that runs inside a compiled frame
 (`loss.backward()` in the compiled function: a graph break, then the autograd engine calls the
 backward's wrapper) was captured by kiln_dynamo as user code: graph breaks on its `data_ptr()`
-calls and one more graph per size. Every compile therefore tells the hook to skip the cache
-folder in use (`_skip_generated_code`).
+calls and one more graph per size. Every compile therefore tells the hook to skip the code
+generators' folders of the cache in use (`_skip_generated_code`).
 """
 
 from __future__ import annotations
@@ -311,10 +311,12 @@ def _skip_generated_code() -> None:
     import kiln_frame_hook
     from kiln_loopir.diskcache import cache_root
 
-    root = os.path.join(str(cache_root()), "")
-    if root not in _SKIPPED_ROOTS:
-        _SKIPPED_ROOTS.add(root)
-        kiln_frame_hook.add_skip_prefix(root)
+    for generator in ("cpp", "triton"):  # the generators' folders only: a cache folder set to
+        # a project's own folder must not hide the project's code from capture
+        root = os.path.join(str(cache_root()), generator, "")
+        if root not in _SKIPPED_ROOTS:
+            _SKIPPED_ROOTS.add(root)
+            kiln_frame_hook.add_skip_prefix(root)
 
 
 def _record(gm: torch.fx.GraphModule) -> GraphCompile:
