@@ -138,10 +138,12 @@ def _count(size: Sequence[Expr], dims: Sequence[int]) -> int | Expr:
     return int(count) if count.is_Integer else count
 
 
-def _number(count: int | Expr, dtype: torch.dtype) -> Any:
+def _number(count: float | Expr, dtype: torch.dtype) -> Any:
     """An element count as a value of ``dtype``: a constant, or the count computed in the kernel
     from its size symbols."""
-    return ops.constant(count, dtype) if isinstance(count, int) else ops.index_expr(count, dtype)
+    if isinstance(count, (int, float)):  # static (var's divisor is a float with a float correction)
+        return ops.constant(count, dtype)
+    return ops.index_expr(count, dtype)
 
 
 def _clamp_nonnegative(count: int | Expr, correction: Any) -> Any:
