@@ -87,19 +87,100 @@ def test_views_reshapes_and_reductions_over_a_symbolic_dim() -> None:
     assert len(rec.graphs) == 1
 
 
-def test_an_output_viewing_an_input_is_refused_and_compiled_static() -> None:
-    def f(x: torch.Tensor) -> torch.Tensor:
-        return x.view(-1)
+def _same_view(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor) -> None:
+    """`got` is what eager's `want` is: a view of `base` with the same layout and values."""
+    torch.testing.assert_close(got, want)
+    assert got._base is (base if base._base is None else base._base)
+    assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert (got.shape, got.stride(), got.storage_offset()) == (
+        want.shape,
+        want.stride(),
+        want.storage_offset(),
+    )
+
+
+def test_outputs_viewing_an_input_stay_views_with_symbolic_sizes() -> None:
+    """Note [Symbolic views among the outputs]: one graph; each output is a view of the real
+    input with the layout eager gives it, computed from the inputs' sizes at every call."""
+
+    def f(x: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+        b = x.shape[0]
+        return (
+            x.view(-1),
+            x.t(),
+            x[1:],
+            x.narrow(0, 1, b - 1)[:, ::2],
+            x.view(b, -1, 2).transpose(1, 2),
+            x[: n - 1].unsqueeze(0),
+            x * n,
+        )
 
     rec = Recorder()
     compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
-    for b in (3, 4):
-        x = torch.randn(b, 2)
-        out = compiled(x)
-        torch.testing.assert_close(out, f(x))
-        assert out._base is x  # still a view, as eager's
-    assert len(rec.graphs) == 2
-    assert counters.dynamic_fallbacks and "view of an input" in counters.dynamic_fallbacks[0][1]
+    storage = torch.randn(200)
+    for b, start in ((3, 0), (4, 0), (9, 0), (5, 7)):  # the last input starts 7 elements in
+        x = storage[start : start + b * 6].view(b, 6)
+        got, want = compiled(x, b), f(x, b)
+        for g, w in zip(got[:-1], want[:-1], strict=True):
+            _same_view(g, w, x)
+        torch.testing.assert_close(got[-1], want[-1])
+        assert got[-1]._base is None
+    assert len(rec.graphs) == 1 and counters.dynamic_fallbacks == []
+    assert _symbolic(rec.graphs[0])
+
+
+def test_an_output_viewing_an_input_in_training() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.view(-1), (x * w).sum(1)
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
+    for b in (3, 5, 8):
+        x, w = torch.randn(b, 4, requires_grad=True), torch.randn(4, requires_grad=True)
+        x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        (v, s), (v2, s2) = compiled(x, w), f(x2, w2)
+        torch.testing.assert_close(v, v2)
+        assert v._base is x and v.requires_grad and v.grad_fn is not None
+        (v.sum() * 2 + s.pow(2).sum()).backward()
+        (v2.sum() * 2 + s2.pow(2).sum()).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+        torch.testing.assert_close(w.grad, w2.grad)
+    assert counters.dynamic_fallbacks == []
+    assert len(rec.graphs) == 2  # one symbolic forward + backward
+    assert all(_symbolic(g) for g in rec.graphs[:1])
+
+
+def test_backward_inside_the_compiled_function_saves_sizes_for_the_backward() -> None:
+    """Note [Saved sizes]: the backward of `mean` over a symbolic batch reads the batch size
+    that the forward computed; the min-cut saves it (8 bytes) instead of failing ("Infinite
+    capacity path")."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+
+    def make_step(m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            loss = m(x).pow(2).mean()
+            loss.backward()  # a graph break: the graph before it is a training graph
+            return loss.detach()
+
+        return step
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(make_step(model), backend=dynamic_backend(rec), dynamic=True)
+    for b in (4, 7, 9, 3):
+        x = torch.randn(b, 6)
+        torch.testing.assert_close(compiled(x), make_step(ref)(x))
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert counters.dynamic_fallbacks == []
+    fw, bw = rec.graphs[0], rec.graphs[1]
+    assert _symbolic(fw)
+    saved_sizes = [
+        n for n in bw.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.SymInt)
+    ]
+    assert saved_sizes  # the batch size (or a product of it) crossed to the backward as an int
 
 
 def test_training_with_a_smaller_last_batch() -> None:

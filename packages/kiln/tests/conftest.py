@@ -1,4 +1,10 @@
-"""Test session setup: Triton's interpreter when there is no GPU.
+"""Test session setup: a private compile cache, and Triton's interpreter when there is no GPU.
+
+The session's kiln cache (C++ builds, Triton modules and autotune choices, pad_mm verdicts:
+`kiln_loopir.diskcache.cache_root`) is a temporary directory of its own, set before anything
+compiles: kernels built by one test are reused by the next, and nothing is read from or written
+to the user's ~/.cache/kiln (or a `KILN_CACHE_DIR` the caller had set), so no test passes or
+fails by what an earlier run left there. Subprocesses the tests start inherit it.
 
 Note [Triton's interpreter is process-wide]: `TRITON_INTERPRET=1` must be set before triton is
 imported: triton's own `@triton.jit` helpers (the combine functions of `tl.sum`, `tl.reduce`)
@@ -12,8 +18,11 @@ sweep runs on CUDA tensors instead.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import torch
+
+os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-tests-")
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

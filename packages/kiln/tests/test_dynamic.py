@@ -128,6 +128,127 @@ def test_reductions_softmax_and_layer_norm_over_a_symbolic_dim() -> None:
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
 
 
+def test_outputs_viewing_an_input_stay_views_with_symbolic_sizes() -> None:
+    """kiln_aotgrad's Note [Symbolic views among the outputs] under the C++ backend: one
+    symbolic graph, and each view output is a view of the caller's tensor, as in eager."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.view(-1), x[1:].t(), x.relu() + 1
+
+    compiled = kiln.compile(f, dynamic=True)
+    storage = torch.randn(100)
+    for b, start in ((3, 0), (5, 0), (7, 11)):
+        x = storage[start : start + 4 * b].view(b, 4)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(got[:2], want[:2], strict=True):
+            assert g._base is storage and (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def test_backward_inside_the_compiled_function() -> None:
+    """`loss.backward()` in the compiled function: a graph break; the graph before it trains
+    with symbolic sizes (kiln_aotgrad's Note [Saved sizes]) and the compiled backward's wrapper
+    is not captured as user code (Note [Generated code is not captured])."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+
+    def make_step(m: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def step(x: torch.Tensor) -> torch.Tensor:
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            return loss.detach()
+
+        return step
+
+    compiled = kiln.compile(make_step(model), dynamic=True)
+    for b in (4, 7, 9, 3):
+        x = torch.randn(b, 6)
+        torch.testing.assert_close(compiled(x), make_step(ref)(x))
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    # the graph before the break and the one after it; the backward break is the only one
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.graph_breaks == 1
+    assert kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())
+
+
+def _mean_var_norms(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    n = x.shape[-1]
+    return (
+        x.mean(-1),
+        x.mean(),
+        x.var(-1),
+        x.std(0),
+        *torch.var_mean(x, -1, correction=0),
+        x.var(-1, correction=0.0),
+        nn.functional.layer_norm(x, (n,)),
+        nn.functional.rms_norm(x, (n,)),
+        x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),  # LLaMA's RMS norm
+    )
+
+
+def _op_fallbacks() -> list[tuple[str, str]]:
+    return [f for r in kiln.compile_log() for f in r.op_fallbacks]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mean_var_and_norms_over_a_symbolic_dim_are_kernels(dtype: torch.dtype) -> None:
+    """Note [Element counts over symbolic dims]: the divisor is computed in the kernel from the
+    size symbols; no reduction runs as an extern aten call."""
+    shapes = ((3, 17), (5, 31), (9, 100), (2, 8))
+    _sweep(_mean_var_norms, [(torch.randn(b, n, dtype=dtype),) for b, n in shapes], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert _op_fallbacks() == []
+
+
+def test_var_with_a_correction_that_may_exceed_the_symbolic_count_is_extern() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.var(-1, correction=2) + x.std(-1, correction=0.5)
+
+    # n = 2 with correction 2 divides by zero (inf/nan, as eager)
+    _sweep(f, [(torch.randn(b, n),) for b, n in ((3, 17), (5, 2), (4, 9))], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1
+    reasons = [why for op, why in _op_fallbacks()]
+    assert len(reasons) == 2 and all("over the symbolic element count s1" in why for why in reasons)
+
+
+def _cats_and_slices(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    n = x.shape[1]
+    padded = torch.cat([torch.zeros(x.shape[0], 1), x], 1)  # GPT-2's position ids do this
+    return (
+        torch.cat([x, y, x * 2], 0),
+        torch.cat([x, x.cos()], 1).sin(),
+        padded[:, 1:] * 2,
+        x[:, 1:],
+        x[:, n // 2 :] + 1,
+    )
+
+
+CAT_SHAPES = ((3, 4, 5), (5, 2, 7), (2, 9, 3), (6, 6, 6))
+
+
+def test_cat_and_slices_at_symbolic_offsets_are_kernels() -> None:
+    """loopir's cat at offsets in size symbols, and a slice whose start is provably inside the
+    dim (Note [Symbolic sizes in loopir]): no extern call, one graph."""
+    args = [(torch.randn(a, n), torch.randn(b, n)) for a, b, n in CAT_SHAPES]
+    _sweep(_cats_and_slices, args, dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert _op_fallbacks() == []
+
+
+def test_a_slice_whose_start_may_pass_its_end_is_extern() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x[:, 1 : x.shape[1] - 1] + 1  # loopir knows sizes >= 0, not n >= 2
+
+    _sweep(f, [(torch.randn(a, n),) for a, n in ((3, 5), (4, 2), (2, 9))], dynamic=True)
+    assert kiln_dynamo.counters.dynamic_fallbacks == []
+    reasons = {why for _, why in _op_fallbacks()}
+    assert reasons == {"a slice of a symbolic size whose start may pass its end (1 > s1 - 1)"}
+
+
 def test_broadcasting_against_a_size_one_dim() -> None:
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return x * y + x.shape[0]
@@ -159,11 +280,18 @@ class Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-def test_sequence_length_change_on_a_transformer_block() -> None:
+def test_sequence_length_change_on_a_transformer_block(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
     torch.manual_seed(0)
     block = Block().eval()
-    _sweep(block, [(torch.randn(2, t, 16),) for t in (8, 12, 16, 33, 5, 64)])
+    with caplog.at_level(logging.INFO, logger="kiln.symbolic.dynamic"):
+        _sweep(block, [(torch.randn(2, t, 16),) for t in (8, 12, 16, 33, 5, 64)])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+    # the meta kernels' questions about the sequence length (`Ne(2*Mod(1, s0), 0)`,
+    # `Ne(s0, s0**2)`) are settled by its range s0 >= 2: no guard beyond that range
+    guards = [r.getMessage() for r in caplog.records if "[guard added]" in r.getMessage()]
+    assert guards == []
 
 
 def test_kiln_training_with_a_smaller_last_batch() -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_dynamic import Block, _mlp, _sweep
+from test_dynamic import CAT_SHAPES, Block, _cats_and_slices, _mean_var_norms, _mlp, _sweep
 from torch import nn
 
 import kiln
@@ -103,6 +103,24 @@ def test_reductions_softmax_and_layer_norm_over_a_symbolic_dim() -> None:
     shapes = ((3, 17), (5, 31), (9, 1000), (2, 8))
     _sweep(f, [(torch.randn(b, n),) for b, n in shapes], dynamic=True, options=TRITON)
     assert _graphs() == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mean_var_and_norms_over_a_symbolic_dim_are_kernels(dtype: torch.dtype) -> None:
+    """Note [Element counts over symbolic dims], as test_dynamic.py checks it for C++."""
+    shapes = ((3, 17), (5, 31), (9, 100), (2, 8))
+    _sweep(
+        _mean_var_norms, [(torch.randn(b, n, dtype=dtype),) for b, n in shapes], dynamic=True, options=TRITON
+    )
+    assert _graphs() == 1
+    assert [f for r in kiln.compile_log() for f in r.op_fallbacks] == []
+
+
+def test_cat_and_slices_at_symbolic_offsets_are_kernels() -> None:
+    args = [(torch.randn(a, n), torch.randn(b, n)) for a, b, n in CAT_SHAPES]
+    _sweep(_cats_and_slices, args, dynamic=True, options=TRITON)
+    assert _graphs() == 1
+    assert [f for r in kiln.compile_log() for f in r.op_fallbacks] == []
 
 
 def test_row_kernels_of_symbolic_sizes_index_without_dividing(caplog: pytest.LogCaptureFixture) -> None:

@@ -362,6 +362,20 @@ def test_users_own_errors_still_raise_as_in_eager(
     assert not [w for w in caught if "kiln backend" in str(w.message)]
 
 
+def test_the_test_session_compiles_into_a_private_cache() -> None:
+    """conftest.py: kiln's tests never read or write the user's ~/.cache/kiln."""
+    import tempfile
+
+    from kiln_loopir.diskcache import cache_root
+
+    root = cache_root()
+    assert root.parent == Path(tempfile.gettempdir()) and root.name.startswith("kiln-tests-")
+    model, x = _fresh(batch=3)
+    with torch.no_grad():
+        kiln.compile(model)(x)
+    assert any((root / "cpp").rglob("*.so"))  # the build went there
+
+
 def test_compile_log_has_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     model, x = _fresh(batch=5)  # a shape no other test compiles: its kernels are not loaded yet

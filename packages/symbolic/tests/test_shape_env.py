@@ -38,6 +38,49 @@ def test_shift_by_lower_bound_proves_products() -> None:
     assert env.guards == []
 
 
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        # torch's meta kernels ask these for a dim of s0 >= 2 (dyn5 saw them as unproved guards)
+        (lambda s0, s1: sympy.Ne(2 * sympy.Mod(1, s0), 0), True),
+        (lambda s0, s1: sympy.Ne(s0, s0**2), True),
+        (lambda s0, s1: sympy.Eq(s0, s0**2), False),
+        (lambda s0, s1: sympy.Eq(sympy.Mod(1, s0), 1), True),
+        (lambda s0, s1: sympy.Eq(sympy.Mod(s0, s0 + 1), s0), True),
+        (lambda s0, s1: sympy.Ne(s0 * s1, s0), True),
+        (lambda s0, s1: sympy.Eq(s0 * s1 + 1, s0), False),
+        (lambda s0, s1: sympy.Lt(sympy.Mod(s1, s0), s0), True),
+        (lambda s0, s1: sympy.Ge(sympy.Mod(s1, s0), 0), True),
+    ],
+)
+def test_facts_about_sizes_of_at_least_two_need_no_guard(make: object, expected: bool) -> None:
+    env, (s0, s1) = _env_with(4, 7)
+    rel = make(s0, s1)  # type: ignore[operator]
+    assert env.evaluate_expr(rel) is expected
+    assert env.guards == []
+    # the answer holds for every size the range allows (and so for the hint)
+    for a, b in itertools.product(range(2, 12), repeat=2):
+        assert bool(rel.xreplace({s0: a, s1: b})) is expected
+
+
+def test_what_the_range_does_not_settle_still_guards() -> None:
+    env, (s0, s1) = _env_with(4, 7)
+    assert env.evaluate_expr(sympy.Eq(sympy.Mod(s1, s0), 3)) is True  # 7 % 4 == 3, not for 8 % 4
+    assert env.evaluate_expr(sympy.Ne(s0, s1**2 - 45)) is False  # 4 == 49 - 45
+    assert len(env.guards) == 2
+
+
+def test_an_equality_with_a_coefficient_pins_the_symbol() -> None:
+    """`Eq(2*s0, 8)` (a broadcast of `cat([f, f])` against a static 8) makes s0 the value 4:
+    later sizes in s0 are plain 4s (loopir sees `8`, not `2*s0`), and the guards pin the input."""
+    env, (s0, s1) = _env_with(4, 6)
+    assert env.evaluate_expr(sympy.Eq(2 * s0, 8)) is True
+    assert env.replace(2 * s0 + s1) == 8 + s1
+    texts = [g.text for g in env.produce_guards(lambda src: src)]
+    fn = eval(f"lambda x0, x1: {' and '.join(f'({t})' for t in texts)}")
+    assert fn(4, 6) and fn(4, 9) and not fn(5, 6) and not fn(3, 6)
+
+
 def test_hinted_answer_records_a_guard_with_its_line() -> None:
     env, (s0,) = _env_with(4)
     env.where = lambda: "model.py:12"

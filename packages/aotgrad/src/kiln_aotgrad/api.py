@@ -46,7 +46,7 @@ from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
 from kiln_aotgrad.logs import graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition
 from kiln_aotgrad.runtime import inference_runner, training_runner
-from kiln_aotgrad.tracer import AotgradError, Tracer
+from kiln_aotgrad.tracer import Tracer
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -108,7 +108,7 @@ def compile_flat(
     )
     fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
     bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, _example_inputs(part.bw))
-    return CompiledArtifacts(traced, part, training_runner(fw, bw, meta))
+    return CompiledArtifacts(traced, part, training_runner(fw, bw, meta, part.saved_sizes))
 
 
 def _viewed_offsets(art: CompiledArtifacts, args: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
@@ -182,8 +182,8 @@ class AotFunction:
             return OriginInterpreter(self.module, tracer).run(*traced)
 
         art = compile_flat(flat_fn, list(fakes), self.opts)
-        if any(o.kind == "input_view" for o in art.traced.meta.outputs):
-            raise AotgradError("an output is a view of an input (symbolic sizes)")
+        # an output viewing an input rebuilds its layout from the inputs at each call, offset
+        # included (Note [Symbolic views among the outputs]): no storage offset to check
         self._only = (art, torch.is_grad_enabled(), [])
         return art
 

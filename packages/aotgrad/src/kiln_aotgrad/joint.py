@@ -21,13 +21,14 @@ eager for non-leaf tensors, and gradients are taken with respect to the leaf.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
-from kiln_symbolic import is_symbolic
+from kiln_symbolic import expr_of, is_symbolic, pexpr
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
@@ -57,6 +58,9 @@ class OutputInfo:
     offset: int = 0
     value: Any = None
     views: tuple[ViewStep, ...] = ()  # "input_view" of another dtype: the view ops to replay
+    # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
+    # (Note [Symbolic views among the outputs])
+    layout: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +101,57 @@ class OriginInterpreter(torch.fx.Interpreter):
             return super().run_node(n)
         finally:
             self.tracer.origin = None
+
+
+def _symbol_names(visible: list[Any]) -> dict[Any, str]:
+    """Where each size symbol is read from the flat inputs `a` at run time: an int input, or a
+    size, stride or storage offset of a tensor input (the first one that is the bare symbol)."""
+    names: dict[Any, str] = {}  # sympy symbol -> Python source
+
+    def note(value: Any, text: str) -> None:
+        e = expr_of(value)
+        if e.is_Symbol:
+            names.setdefault(e, text)
+
+    for i, v in enumerate(visible):
+        if isinstance(v, torch.SymInt):
+            note(v, f"a[{i}]")
+        elif isinstance(v, torch.Tensor):
+            for d, n in enumerate(v.shape):
+                note(n, f"a[{i}].size({d})")
+            for d, n in enumerate(v.stride()):
+                note(n, f"a[{i}].stride({d})")
+            note(v.storage_offset(), f"a[{i}].storage_offset()")
+    return names
+
+
+def symbolic_view_layout(
+    t: torch.Tensor, visible: list[Any], j: int
+) -> Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]]:
+    """Note [Symbolic views among the outputs]: an output that is a view of input `j` stays a
+    view of the real input, as in eager (`_base`, strides, shared storage). Its sizes, strides
+    and storage offset are expressions in the size symbols; they become one Python function of
+    the flat inputs `a`, which reads each symbol where an input holds it (`_symbol_names`) and
+    computes the view's layout once per call. The offset is taken relative to the input's own
+    (`a[j].storage_offset() + ...`), so an input that starts elsewhere in its storage (which the
+    frame's guards let through) still gets the right view. A symbol no input holds is refused
+    (the caller compiles the graph with static sizes)."""
+    names = _symbol_names(visible)
+    sizes = [expr_of(n) for n in t.shape]
+    strides = [expr_of(n) for n in t.stride()]
+    rel = expr_of(t.storage_offset()) - expr_of(visible[j].storage_offset())
+    missing = set().union(*(e.free_symbols for e in (*sizes, *strides, rel))) - names.keys()
+    if missing:
+        raise AotgradError(f"an output is a view of an input with sizes no input holds ({missing})")
+
+    def py(e: Any) -> str:
+        return f"int({pexpr(e, names)})" if e.free_symbols else str(int(e))
+
+    size_src = "".join(f"{py(e)}, " for e in sizes)
+    stride_src = "".join(f"{py(e)}, " for e in strides)
+    src = f"lambda a: (({size_src}), ({stride_src}), a[{j}].storage_offset() + {py(rel)})"
+    fn: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] = eval(src, {"math": math})
+    return fn
 
 
 def _fake_like(t: torch.Tensor) -> FakeTensor:
@@ -177,14 +232,17 @@ def trace(
         size, stride, raw_offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
         symbolic_layout = any(is_symbolic(v) for v in (*size, *stride, raw_offset))
         offset = 0 if symbolic_layout else int(raw_offset)  # a symbolic layout is never rebuilt
-        if rid in input_roots and symbolic_layout and t is not visible[input_roots[rid]]:
-            # Note [Symbolic views among the outputs]: rebuilding a view needs its sizes at run
-            # time; not built yet, the caller compiles this graph with static sizes instead.
-            raise AotgradError("an output is a view of an input with symbolic sizes")
         if rid in input_roots:
             j = input_roots[rid]
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
+            elif symbolic_layout:  # Note [Symbolic views among the outputs]
+                if t.dtype != visible[j].dtype:
+                    raise AotgradError(
+                        "an output is a view of an input of another dtype, with symbolic sizes"
+                    )
+                layout = symbolic_view_layout(t, visible, j)
+                infos.append(OutputInfo("input_view", j, layout=layout))
             else:
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
                 infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))

@@ -22,6 +22,13 @@ there from the saved ones.
   checked by hand.
 
 `Partition` carries both graphs and what was saved; `saved_bytes` is what the benchmark reports.
+
+Note [Saved sizes]: with symbolic sizes the backward reads sizes the forward computed
+(`sym_size(x, 0)` to expand a tangent, `2 * s0` as a mean's divisor). A SymInt node is a
+candidate like a tensor, at 8 bytes (an int64): without a capacity its edge was infinite, and
+a size the backward needs but cannot recompute (`sym_size` of a primal that is not saved) left
+no finite cut ("Infinite capacity path"). A saved size is an int at run time; the training
+runner keeps it beside `save_for_backward`, which takes tensors only (`saved_sizes`).
 """
 
 from __future__ import annotations
@@ -86,6 +93,7 @@ class Partition:
     saved_bytes: int
     recomputed: list[str]  # forward nodes that the backward recomputes
     activation_bytes: int  # saved bytes that are not inputs or views of inputs (extra memory)
+    saved_sizes: tuple[int, ...] = ()  # positions in `saved` of SymInts (Note [Saved sizes])
 
 
 def nbytes(val: Any) -> int:
@@ -184,7 +192,7 @@ def _saved_min_cut(
         if n.op == "get_attr":
             continue  # constants are available to both graphs for free
         val = n.meta.get("val")
-        if isinstance(val, torch.Tensor):
+        if isinstance(val, (torch.Tensor, torch.SymInt)):  # Note [Saved sizes]
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=float(nbytes(val)))
         else:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
@@ -253,7 +261,8 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
         assert recomputable(node), f"partitioner would recompute {node.format_node()}"
     total = sum(nbytes(n.meta.get("val")) for n in saved)
     activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
-    return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations)
+    sizes = tuple(i for i, n in enumerate(saved) if isinstance(n.meta.get("val"), torch.SymInt))
+    return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations, sizes)
 
 
 def _is_input_view(node: torch.fx.Node) -> bool:

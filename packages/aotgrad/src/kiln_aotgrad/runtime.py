@@ -88,6 +88,8 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             flat.append(inputs[info.index])
         elif info.kind == "input_view" and info.views:  # Note [Views that change dtype]
             flat.append(_replay(info.views, inputs[info.index]))
+        elif info.kind == "input_view" and info.layout is not None:  # symbolic sizes (joint.py)
+            flat.append(inputs[info.index].as_strided(*info.layout(inputs)))
         elif info.kind == "input_view":
             flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
         elif info.kind == "output":
@@ -118,8 +120,12 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     return run
 
 
-def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMeta) -> Callable[..., Any]:
-    """`run(*flat_inputs)` that records one autograd node for the whole compiled graph."""
+def training_runner(
+    compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMeta, saved_sizes: Sequence[int] = ()
+) -> Callable[..., Any]:
+    """`run(*flat_inputs)` that records one autograd node for the whole compiled graph.
+    `saved_sizes`: positions of the saved values that are ints (Note [Saved sizes] in
+    partition.py), kept on the autograd context beside the saved tensors."""
     n_out = meta.num_graph_outputs
     m = len(meta.mutated_inputs)
     diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if r]
@@ -141,6 +147,9 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
                     else s
                     for s in saved
                 ]
+            if saved_sizes:
+                ctx.kiln_sizes = [(i, saved[i]) for i in saved_sizes]
+                saved = [None if i in saved_sizes else s for i, s in enumerate(saved)]
             ctx.save_for_backward(*saved)
             result = tuple(outs[:n_out])
             ctx.mark_non_differentiable(*[result[i] for i in non_diff])
@@ -158,6 +167,10 @@ def training_runner(compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMet
                 g = grads[i]
                 tangents.append(g.contiguous() if g is not None else None)
             saved = ctx.saved_tensors
+            if saved_sizes:
+                saved = list(saved)
+                for i, v in ctx.kiln_sizes:
+                    saved[i] = v
             out = _as_list(compiled_bw(*saved, *tangents))
             result: list[Any] = [None] * num_inputs
             for i, g in zip(grad_inputs, out, strict=True):

@@ -35,6 +35,14 @@ with its compile time split into capture (kiln_dynamo's tracing, from the graph'
 what loopir spent inside it), lower and schedule (loopir), codegen (source generation) and compile
 (the native compiler), the last with where its result came from: compiled, or reused from the
 disk or memory cache. `KILN_LOG=perf` prints the record when a graph is done.
+
+Note [Generated code is not captured]: the code generators' wrappers are Python files in kiln's
+cache folder (`kiln_loopir.diskcache.cache_root()`), and the frame hook skips only kiln's own
+packages, the standard library and torch. A compiled backward that runs inside a compiled frame
+(`loss.backward()` in the compiled function: a graph break, then the autograd engine calls the
+backward's wrapper) was captured by kiln_dynamo as user code: graph breaks on its `data_ptr()`
+calls and one more graph per size. Every compile therefore tells the hook to skip the code
+generators' folders of the cache in use (`_skip_generated_code`).
 """
 
 from __future__ import annotations
@@ -295,6 +303,22 @@ class _BackwardFallback:
         return result
 
 
+_SKIPPED_ROOTS: set[str] = set()
+
+
+def _skip_generated_code() -> None:
+    """Note [Generated code is not captured]."""
+    import kiln_frame_hook
+    from kiln_loopir.diskcache import cache_root
+
+    for generator in ("cpp", "triton"):  # the generators' folders only: a cache folder set to
+        # a project's own folder must not hide the project's code from capture
+        root = os.path.join(str(cache_root()), generator, "")
+        if root not in _SKIPPED_ROOTS:
+            _SKIPPED_ROOTS.add(root)
+            kiln_frame_hook.add_skip_prefix(root)
+
+
 def _record(gm: torch.fx.GraphModule) -> GraphCompile:
     meta = getattr(gm, "meta", {})
     record = GraphCompile(
@@ -435,6 +459,7 @@ def make_backend(
                 return _fallback(inner_gm, record, exc, strict, name, "its aten graph")
             _add_loopir_phases(record, compiled.stats)
             record.compiled_at = time.perf_counter()
+            _skip_generated_code()
             return compiled
 
         def inner_backward(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:

@@ -3,7 +3,8 @@
 A `ValueRange(lower, upper)` is a closed interval whose ends may be `-oo`/`oo` (sympy's
 infinities, only ever used as bounds). `bound(expr, ranges)` computes an interval that contains
 every value `expr` takes when each symbol stays in its range: interval arithmetic over `Add`,
-`Mul`, integer powers, `FloorDiv` and `Mod` by a positive constant, `Max`/`Min`. Unknown
+`Mul`, integer powers, `FloorDiv` by a positive constant, `Mod` by a positive constant or size,
+`Max`/`Min`. Unknown
 functions give the whole line. `decide(relation, ranges)` uses it on `lhs - rhs` to answer a
 comparison without a guard when the interval settles it (`s0 >= 2` with `s0` in `[2, oo]`).
 """
@@ -91,12 +92,15 @@ def bound(expr: Any, ranges: Mapping[sympy.Symbol, ValueRange]) -> ValueRange:
             return ValueRange(lo, hi)
         return ValueRange.unknown()
     if isinstance(expr, sympy.Mod):
-        d = expr.args[1]
-        if d.is_Integer and int(d) > 0:
+        # a positive divisor (a constant or a size range) puts `a % d` in [0, d - 1]; a
+        # non-negative `a` below every value of `d` is its own remainder (`1 % s0` is 1)
+        rd = bound(expr.args[1], ranges)
+        if rd.lower >= 1:
             r = bound(expr.args[0], ranges)
-            if r.lower >= 0 and r.upper < d:
+            if r.lower >= 0 and r.upper < rd.lower:
                 return r
-            return ValueRange(sympy.Integer(0), d - 1)
+            hi = rd.upper - 1 if rd.upper.is_finite else rd.upper
+            return ValueRange(sympy.Integer(0), sympy.Min(hi, r.upper) if r.lower >= 0 else hi)
         return ValueRange.unknown()
     if isinstance(expr, (sympy.Max, sympy.Min)):
         rs = [bound(a, ranges) for a in expr.args]

@@ -228,6 +228,7 @@ class ShapeEnv:
         if expr.is_number if isinstance(expr, sympy.Expr) else expr in (sympy.true, sympy.false):
             return expr
         if _is_bool(expr):
+            expr = self._drop_mods(expr)
             answer = decide(expr, self.var_to_range)
             if answer is None:
                 answer = self._decide_shifted(expr)
@@ -235,27 +236,69 @@ class ShapeEnv:
         r = bound(expr, self.var_to_range)
         return r.lower if r.is_singleton() else None
 
+    def _provable(self, rel: Any) -> bool:
+        return decide(rel, self.var_to_range) is True or self._decide_shifted(rel) is True
+
+    def _drop_mods(self, rel: Any) -> Any:
+        """`a % d` is `a` itself when `0 <= a < d` is provable (`s0 % (s0 + 1)`, `1 % s0`)."""
+        mods = [m for m in rel.atoms(sympy.Mod) if not m.args[1].is_Integer]
+        subs = {
+            m: m.args[0]
+            for m in mods
+            if self._provable(sympy.Ge(m.args[0], 0)) and self._provable(sympy.Lt(m.args[0], m.args[1]))
+        }
+        return rel.xreplace(subs) if subs else rel
+
     def _decide_shifted(self, rel: Any) -> bool | None:
-        """Re-express each symbol with a finite lower bound L as L + t (t >= 0), so that sympy's
-        sign reasoning sees e.g. `s0*s1 - s0 >= 0` as `t1 + t0*t1 + ... >= 0`."""
-        if not isinstance(rel, sympy.core.relational.Relational) or isinstance(rel, (sympy.Eq, sympy.Ne)):
+        """Note [Deciding relations over size ranges]: re-express each symbol with a finite lower
+        bound L as L + t (t >= 0), so that sympy's sign reasoning sees e.g. `s0*s1 - s0 >= 0` as
+        `t1 + t0*t1 + ... >= 0`, and `s0 - s0**2` (s0 >= 2) as `-2 - 3*t - t**2`, never 0.
+
+        A remainder `a % d` by a divisor provably >= 1 lies in [0, d - 1]; it is relaxed to a
+        fresh `v >= 0`, and separately to `d - 1 - u` with `u >= 0`. Each relaxation covers every
+        value the remainder can take (and more), so an answer proved under either one is the
+        answer for the remainder too: `s1 % s0 < s0` and `s1 % s0 >= 0` need no guard."""
+        if not isinstance(rel, sympy.core.relational.Relational):
             return None
         diff = rel.lhs - rel.rhs
+        mods = [m for m in diff.atoms(sympy.Mod) if bound(m.args[1], self.var_to_range).lower >= 1]
+        if not mods:
+            return self._decide_shifted_diff(rel, diff)
+        for k, m in enumerate(mods):
+            low = sympy.Symbol(f"_v{k}", integer=True, nonnegative=True)
+            high = m.args[1] - 1 - sympy.Symbol(f"_u{k}", integer=True, nonnegative=True)
+            for relaxed in (diff.xreplace({m: low}), diff.xreplace({m: high})):
+                if relaxed.has(sympy.Mod):
+                    continue
+                answer = self._decide_shifted_diff(rel, relaxed)
+                if answer is not None:
+                    return answer
+        return None
+
+    def _decide_shifted_diff(self, rel: Any, diff: Any) -> bool | None:
         subs = {}
         for s in diff.free_symbols:
+            if s.name.startswith(("_v", "_u")) and s.is_nonnegative:
+                continue  # a relaxed remainder, already >= 0
             r = self.var_to_range.get(s)
             if r is None or not r.lower.is_finite:
                 return None
             subs[s] = r.lower + sympy.Symbol(f"_t_{s.name}", integer=True, nonnegative=True)
         shifted = sympy.expand(diff.xreplace(subs))
-        nonneg, pos = shifted.is_nonnegative, shifted.is_positive
+        nonneg, pos, neg = shifted.is_nonnegative, shifted.is_positive, shifted.is_negative
+        if isinstance(rel, (sympy.Eq, sympy.Ne)):
+            if pos or neg:
+                return isinstance(rel, sympy.Ne)
+            if shifted.is_zero:
+                return isinstance(rel, sympy.Eq)
+            return None
         if isinstance(rel, sympy.Ge):
-            return True if nonneg else (False if shifted.is_negative else None)
+            return True if nonneg else (False if neg else None)
         if isinstance(rel, sympy.Gt):
             return True if pos else (False if shifted.is_nonpositive else None)
         if isinstance(rel, sympy.Le):
             return True if shifted.is_nonpositive else (False if pos else None)
-        return True if shifted.is_negative else (False if nonneg else None)  # Lt
+        return True if neg else (False if nonneg else None)  # Lt
 
     def statically_known_true(self, expr: Any) -> bool:
         return self._maybe_evaluate_static(expr) is sympy.true
@@ -347,6 +390,11 @@ class ShapeEnv:
                         self._set_range(sym, ValueRange(solution, solution))
                     else:
                         self._set_replacement(sym, solution, f"solving {guard}")
+                    return
+                if coeff.is_Integer and rest.is_Integer and (-rest / coeff).is_Integer:
+                    # `Eq(2*s2, 8)` (a broadcast against a static size): the symbol is a value
+                    solution = -rest / coeff
+                    self._set_range(sym, ValueRange(solution, solution))
                     return
             return
         if len(free) != 1:

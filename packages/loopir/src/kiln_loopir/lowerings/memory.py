@@ -37,12 +37,14 @@ from .pointwise import clone
 aten = torch.ops.aten
 
 
-def _in_range(expr: Expr, lo: int, hi: int) -> Any:
-    """ops value: ``lo <= expr < hi``."""
+def _in_range(expr: Expr, lo: int | Expr, hi: int | Expr) -> Any:
+    """ops value: ``lo <= expr < hi``; a bound in size symbols is computed in the kernel."""
     value = ops.index_expr(expr, torch.int64)
-    return ops.logical_and(
-        ops.ge(value, ops.constant(lo, torch.int64)), ops.lt(value, ops.constant(hi, torch.int64))
-    )
+    return ops.logical_and(ops.ge(value, _int64(lo)), ops.lt(value, _int64(hi)))
+
+
+def _int64(v: int | Expr) -> Any:
+    return ops.constant(v, torch.int64) if isinstance(v, int) else ops.index_expr(v, torch.int64)
 
 
 @register_lowering(aten.cat.default)
@@ -55,12 +57,15 @@ def cat(tensors: Sequence[TensorBox], dim: int = 0) -> TensorBox:
     dtype = functools.reduce(torch.promote_types, [t.get_dtype() for t in inputs])
     if len(inputs) == 1:
         return clone(to_dtype(inputs[0], dtype))
-    starts, total = [], 0
+    # offsets along `dim`: ints, or expressions in size symbols (Note [Symbolic sizes in loopir])
+    starts: list[int | Expr] = []
+    total: int | Expr = 0
     for t in inputs:
         starts.append(total)
-        total += int(t.get_size()[dim])
+        n = sympy.sympify(t.get_size()[dim])
+        total = total + (int(n) if n.is_Integer else n)
     size = list(inputs[0].get_size())
-    size[dim] = sympy.Integer(total)
+    size[dim] = sympy.Integer(total) if isinstance(total, int) else total
     loaders = [t.make_loader() for t in inputs]
 
     def inner(index: Index) -> Any:

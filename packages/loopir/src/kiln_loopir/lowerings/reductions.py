@@ -7,11 +7,16 @@ index, so pointwise producers inline into the reduction's loop. A reduction is r
 result dtype lazily. Variance uses Welford: a mean and an m2 Reduction over the same input, which
 the scheduler fuses into one pass. Softmax is max, then sum of ``exp(x - max)``, then a lazy
 pointwise that its consumer (or the output) realizes: at most two reduction loops over the rows.
+
+Note [Element counts over symbolic dims]: mean, var/std and layer norm divide by how many elements
+they combine. Over static dims that count is a constant in the kernel, as it always was; over a
+symbolic dim (Note [Symbolic sizes in loopir]) it is a product of size symbols, computed in the
+kernel by ``ops.index_expr`` (the code generators then take those symbols as size arguments), so
+a layer norm over a varying sequence length is a kernel, not an extern call.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +25,7 @@ import torch
 
 from ..indexing import Expr, contiguous_strides, linear_index
 from ..ir import Index, Pointwise, Reduction, TensorBox
-from ..lowering import broadcast_loader, normalize_dim, opmath, register_lowering, to_dtype
+from ..lowering import Unsupported, broadcast_loader, normalize_dim, opmath, register_lowering, to_dtype
 from ..virtualized import ops
 from .views import unsqueeze, view
 
@@ -120,10 +125,38 @@ def mean(
     dims = _dims(x, dim)
     result = dtype or x.get_dtype()
     acc = opmath(result)
-    count = math.prod(int(x.get_size()[d]) for d in dims)
+    count = _count(x.get_size(), dims)
     total = make_reduction(x, dims, "sum", acc)
-    out = _scale(total, lambda v: ops.truediv(v, ops.constant(count, acc)), result)
+    out = _scale(total, lambda v: ops.truediv(v, _number(count, acc)), result)
     return _keepdim(out, dims, keepdim)
+
+
+def _count(size: Sequence[Expr], dims: Sequence[int]) -> int | Expr:
+    """How many elements a reduction over ``dims`` combines: an int for static sizes, else an
+    expression in the size symbols (Note [Element counts over symbolic dims])."""
+    count = sympy.Mul(*(sympy.sympify(size[d]) for d in dims))
+    return int(count) if count.is_Integer else count
+
+
+def _number(count: float | Expr, dtype: torch.dtype) -> Any:
+    """An element count as a value of ``dtype``: a constant, or the count computed in the kernel
+    from its size symbols."""
+    if isinstance(count, (int, float)):  # static (var's divisor is a float with a float correction)
+        return ops.constant(count, dtype)
+    return ops.index_expr(count, dtype)
+
+
+def _clamp_nonnegative(count: int | Expr, correction: Any) -> Any:
+    """``max(count - correction, 0)``, eager's divisor for var/std. Size symbols are positive
+    integers, so ``N - 1`` is known non-negative; a symbolic count with a correction that is not
+    an integer, or that may exceed it, would need a run-time ``max``: the lowering declines."""
+    if isinstance(count, int):
+        return max(count - correction, 0)
+    if float(correction).is_integer():
+        denom = count - int(correction)
+        if denom.is_nonnegative:
+            return denom
+    raise Unsupported(f"correction {correction} over the symbolic element count {count}")
 
 
 def _scale(box: TensorBox, fn: Callable[[Any], Any], result: torch.dtype) -> TensorBox:
@@ -216,11 +249,11 @@ def _var_parts(
     dims = _dims(x, dim)
     result = x.get_dtype()
     acc = opmath(result)
-    count = math.prod(int(x.get_size()[d]) for d in dims)
+    count = _count(x.get_size(), dims)
     corr = 1 if correction is None else correction
-    denom = max(count - corr, 0)
+    denom = _clamp_nonnegative(count, corr)
     mean_, m2 = welford(x, dims, acc)
-    var = _scale(m2, lambda v: ops.truediv(v, ops.constant(denom, acc)), acc)
+    var = _scale(m2, lambda v: ops.truediv(v, _number(denom, acc)), acc)
     return mean_, var, dims, result
 
 
@@ -340,10 +373,10 @@ def native_layer_norm(
     dims = list(range(axis, len(size)))
     acc = opmath(x.get_dtype())
     mean_, m2 = welford(to_dtype(x, acc), dims, acc)
-    count = math.prod(int(size[d]) for d in dims)
+    count = _count(size, dims)
     rstd = _scale(
         m2,
-        lambda v: ops.rsqrt(ops.add(ops.truediv(v, ops.constant(count, acc)), ops.constant(eps, acc))),
+        lambda v: ops.rsqrt(ops.add(ops.truediv(v, _number(count, acc)), ops.constant(eps, acc))),
         acc,
     )
     mean_k, rstd_k = _keepdim(mean_, dims, True), _keepdim(rstd, dims, True)

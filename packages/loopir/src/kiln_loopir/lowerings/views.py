@@ -196,28 +196,55 @@ def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step:
     return make_view(x, new, reindex)
 
 
+def _nonnegative(e: Expr) -> bool:
+    """Whether ``e`` is provably >= 0 for every value of its (non-negative) size symbols. A
+    ``FloorDiv(a, k)`` (``a >= 0``, ``k`` a positive integer) is relaxed two ways, each covering
+    every value it can take: to some ``q >= 0``, and to ``(a - r) / k`` for some ``r >= 0`` (its
+    remainder). A claim proved under either relaxation holds for the quotient itself
+    (``s1 // 2 >= 0`` by the first, ``s1 - s1 // 2 >= 0`` by the second: ``s1 / 2 + r / 2``)."""
+    if e.is_nonnegative:
+        return True
+    divs = list(e.atoms(FloorDiv))
+    if not divs or not all(d.is_Integer and d > 0 and a.is_nonnegative for a, d in (f.args for f in divs)):
+        return False
+    quotients = {f: sympy.Symbol(f"_q{k}", integer=True, nonnegative=True) for k, f in enumerate(divs)}
+    remainders = {
+        f: (f.args[0] - sympy.Symbol(f"_r{k}", integer=True, nonnegative=True)) / f.args[1]
+        for k, f in enumerate(divs)
+    }
+    return any(bool(sympy.expand(e.xreplace(subs)).is_nonnegative) for subs in (quotients, remainders))
+
+
 def _symbolic_slice(x: TensorBox, old: list[Expr], dim: int, start: Any, end: Any, step: int) -> TensorBox:
-    """Note [Symbolic sizes in loopir]: a slice from the start of a dimension of symbolic size,
-    or to a symbolic end: the length is ``min(end, n)``, exact for every size. Other slices
-    decline (the op runs as an extern kernel)."""
+    """Note [Symbolic sizes in loopir]: a slice of a dimension of symbolic size, or to a symbolic
+    end: the end is ``min(end, n)``, and the start ``lo`` must be provably in ``[0, end]`` from
+    the symbols' assumptions (sizes are non-negative integers: ``x[:, 1:]`` of a dim of size
+    ``s1 + 1`` has length ``s1``), so the length is exact for every size. Other slices (a negative
+    start or end, a start that may pass the end) decline: the op runs as an extern kernel."""
     n = old[dim]
-    if start not in (None, 0) or not isinstance(step, int) or step < 1:
-        raise Unsupported("a slice of a symbolic size that does not start at 0")
+    if not isinstance(step, int) or step < 1:
+        raise Unsupported("a slice of a symbolic size with a symbolic or non-positive step")
+    lo = sizevars.to_loopir(0 if start is None else start)  # `//` as loopir's FloorDiv
+    if not _nonnegative(lo):
+        raise Unsupported("a slice of a symbolic size with a start that may be negative")
     if end is None or (isinstance(end, int) and end >= 2**62):
         hi: Expr = n
     elif isinstance(end, int) and end < 0:
         raise Unsupported("a slice of a symbolic size with a negative end")
     else:
-        e = sympy.sympify(end)
+        e = sizevars.to_loopir(end)
         hi = n if sympy.expand(e - n) == 0 else sympy.Min(e, n)
-    length = hi if step == 1 else FloorDiv(hi + step - 1, sympy.Integer(step))
-    if step == 1 and hi == n:
+    span = sympy.expand(hi - lo)
+    if not _nonnegative(span):
+        raise Unsupported(f"a slice of a symbolic size whose start may pass its end ({lo} > {hi})")
+    length = span if step == 1 else FloorDiv(span + step - 1, sympy.Integer(step))
+    if step == 1 and lo == 0 and hi == n:
         return x
     new = [*old[:dim], length, *old[dim + 1 :]]
 
     def reindex(index: Index) -> Index:
         out = list(index)
-        out[dim] = index[dim] * step
+        out[dim] = index[dim] * step + lo
         return out
 
     return make_view(x, new, reindex)
