@@ -330,6 +330,22 @@ def _generator(items: tuple[Any, ...]) -> Any:
     yield from items
 
 
+# the type eager's iterator of each kind has (`isinstance(params, torch.Tensor)` on a
+# `module.parameters()` generator must answer as eager does)
+_ITERATOR_TYPES: dict[str, type] = {
+    "tuple": type(iter(())),
+    "list": type(iter([])),
+    "zip": zip,
+    "enumerate": enumerate,
+    "map": map,
+    "filter": filter,
+    "reversed": type(reversed([])),
+    "chain": itertools.chain,
+    "islice": itertools.islice,
+    "generator": type(_generator(())),
+}
+
+
 class ListIteratorVariable(VariableTracker):
     """An iterator over items known at trace time. ``kind`` says what eager would have made
     (Note [Iterators keep their type]): ``iter`` of a tuple (the default), ``list``, ``zip``,
@@ -343,6 +359,9 @@ class ListIteratorVariable(VariableTracker):
 
     def describe(self) -> str:
         return "iterator"
+
+    def python_type(self) -> type:
+        return _ITERATOR_TYPES.get(self.kind, type(iter(())))
 
     def next(self, tx: Tx) -> VT | None:
         if self.index >= len(self.items):
