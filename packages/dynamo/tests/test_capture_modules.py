@@ -516,3 +516,33 @@ def test_module_with_parameters_built_in_frame_breaks_without_using_rng() -> Non
     nn.Linear(3, 3)
     assert torch.equal(after, torch.randn(1))  # the capture's trial construction used no RNG
     assert any("holds parameters" in str(r) for r in report.break_reasons), str(report)
+
+
+def test_gradients_of_parameters_are_read_in_the_frame() -> None:
+    # Note [Gradients read in the frame]: `.grad` of a parameter is a graph input (or None,
+    # guarded); scaling it in place writes through to the parameter's gradient as eager does
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 2)
+    lin(torch.randn(4, 3)).sum().backward()
+
+    def scale_grads(s):
+        total = sum(p.grad.pow(2).sum() for p in lin.parameters() if p.grad is not None)
+        for p in lin.parameters():
+            if p.grad is not None:
+                p.grad.mul_(s)
+        return total
+
+    expected_grads = [p.grad.clone() * 0.5 for p in lin.parameters()]
+    backend = CountingBackend()
+    kiln_dynamo.reset()
+    compiled = kiln_dynamo.compile(scale_grads, backend=backend)
+    eager_total = sum(g.pow(2).sum() / 0.25 for g in expected_grads)
+    torch.testing.assert_close(compiled(torch.tensor(0.5)), eager_total)
+    for p, g in zip(lin.parameters(), expected_grads, strict=True):
+        torch.testing.assert_close(p.grad, g)
+    assert backend.graphs == 1 and kiln_dynamo.counters.break_reasons == []
+    lin.weight.grad = None  # the None guard fails: recompiled, the weight skipped as eager does
+    bias_before = lin.bias.grad.clone()
+    compiled(torch.tensor(2.0))
+    torch.testing.assert_close(lin.bias.grad, bias_before * 2)
+    assert lin.weight.grad is None

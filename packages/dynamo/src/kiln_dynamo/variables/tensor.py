@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.source import AttrSource
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.symbolic import SymNodeVariable, is_symbolic_value, set_where, sym_result
 
@@ -133,11 +134,25 @@ class TensorVariable(VariableTracker):
             return tx.wrap_constant(value)
         if name in _TENSOR_ATTRS:
             return tx.output.create_call(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
-        if name in ("grad", "data", "grad_fn", "_version"):
+        if name == "grad":
+            return self._input_grad(tx)
+        if name in ("data", "grad_fn", "_version"):
             raise Unsupported(f"Tensor.{name} inside a compiled frame")
         if not hasattr(self.cls, name):
             return self._missing_attr(tx, name)
         return TensorMethodVariable(self, name)
+
+    def _input_grad(self, tx: Tx) -> VariableTracker:
+        """Note [Gradients read in the frame]: the ``.grad`` of a tensor that comes from outside
+        the frame (a parameter, an input) is read where it lives: ``None`` guarded as ``None``, a
+        tensor as one more graph input under the source ``<tensor>.grad`` with the tensor guards
+        (a training step's ``clip_grad_norm_`` after ``backward()``: the gradients a continuation
+        reads). The gradient of a tensor the graph computes exists only after a backward the graph
+        cannot run: still a break."""
+        for node, source, value in tx.output.inputs:
+            if node.meta.get("val") is self.fake and source is not None and isinstance(value, torch.Tensor):
+                return tx.wrap(value.grad, AttrSource(source, "grad"))
+        raise Unsupported("Tensor.grad of a tensor computed inside the compiled frame")
 
     def _missing_attr(self, tx: Tx, name: str) -> VariableTracker:
         """Note [Tensor attributes that do not exist]: `hasattr(x, "jax")` (transformers' duck
