@@ -9,6 +9,8 @@ joint.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from aot_helpers import check
@@ -116,3 +118,33 @@ def test_views_of_an_input_with_another_dtype(no_grad: bool) -> None:
         assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride()
         assert g.data_ptr() == w.data_ptr()  # still a view of the caller's tensor
         torch.testing.assert_close(g, w)
+
+
+def test_an_inplace_foreach_op_writes_every_tensor_of_its_list() -> None:
+    # `_foreach_mul_` (clip_grad_norm_'s scaling of the gradients) writes a list of inputs: each
+    # one is written back, the op itself returns nothing
+    def scale(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        torch._foreach_mul_([a, b], c)
+        torch._foreach_add_([a, b], 1.0)
+        return a.sum() + b.sum()
+
+    check(scale, torch.randn(3, 4), torch.randn(5), torch.tensor(0.5), no_grad=True)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda a, b: torch._foreach_add([a, b], [b, a], alpha=2.0),
+        lambda a, b: torch._foreach_norm([a, b], 3.0),
+        lambda a, b: torch._foreach_pow(2.0, [a, b]),
+        lambda a, b: torch._foreach_addcmul([a, b], [b, a], [a, b], [0.5, 2.0]),
+        lambda a, b: torch._foreach_lerp([a, b], [b, a], 0.25),
+        lambda a, b: torch._foreach_sqrt([a.abs(), b.abs()]),
+    ],
+    ids=["add.List", "norm", "pow.ScalarAndTensor", "addcmul.ScalarList", "lerp", "sqrt"],
+)
+def test_foreach_ops_decompose_one_tensor_at_a_time(fn: Any) -> None:
+    # Note [Foreach ops, one tensor at a time]: same values as eager, no foreach op left
+    res = check(fn, torch.randn(4, 3), torch.randn(4, 3), no_grad=True)
+    for gm in res.recorder.graphs:
+        assert not [n for n in gm.graph.nodes if "foreach" in str(n.target)], gm.code

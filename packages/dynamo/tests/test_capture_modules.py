@@ -546,3 +546,40 @@ def test_gradients_of_parameters_are_read_in_the_frame() -> None:
     compiled(torch.tensor(2.0))
     torch.testing.assert_close(lin.bias.grad, bias_before * 2)
     assert lin.weight.grad is None
+
+
+def test_clip_grad_norm_is_captured_and_an_optimizer_breaks_at_its_call() -> None:
+    # Note [Grouping tensors at trace time]: clip_grad_norm_'s grouping of the gradients is
+    # answered while tracing, so the clipping is one graph; an optimizer the step closes over is
+    # passed along and breaks at `opt.step()` (before: the whole frame ran as Python at its load)
+    import copy
+
+    torch.manual_seed(0)
+
+    def make_step(model: nn.Module, opt: torch.optim.Optimizer):
+        def step(x):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), norm
+
+        return step
+
+    m1 = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    m2 = copy.deepcopy(m1)
+    eager = make_step(m1, torch.optim.SGD(m1.parameters(), lr=0.1))
+    kiln_dynamo.reset()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(make_step(m2, torch.optim.SGD(m2.parameters(), lr=0.1)), backend=backend)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), eager(x))
+    for p, q in zip(m1.parameters(), m2.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    reasons = [str(r) for r in kiln_dynamo.counters.break_reasons]
+    assert any("clip" not in r and "step of torch object of type SGD" in r for r in reasons), reasons
+    assert not any("_group_tensors" in r or "Tensor.grad" in r for r in reasons), reasons
+    clipping = [g for g in backend.gms if "linalg_vector_norm" in str(g.code) or "norm" in str(g.code)]
+    assert clipping, [str(g.code)[:200] for g in backend.gms]

@@ -173,6 +173,57 @@ _KILN: DecompTable = {
 }
 
 
+# Note [Foreach ops, one tensor at a time]: the functional `_foreach_<op>` overloads (what
+# functionalization makes of `clip_grad_norm_`'s `_foreach_mul_` and the foreach optimizers) have
+# no entry in torch's tables; each is `<op>` applied to the lists element by element (an argument
+# that is a list is indexed, the others are shared), so loopir sees pointwise ops it can fuse.
+_FOREACH_SPECIAL: dict[str, Callable[..., Any]] = {
+    "norm": lambda x, ord=2, dtype=None: aten.linalg_vector_norm.default(x, ord, dtype=dtype),
+    # the foreach forms take the scalar positionally, the elementwise ops as `value=`
+    "addcmul": lambda x, a, b, value=1: aten.addcmul.default(x, a, b, value=value),
+    "addcdiv": lambda x, a, b, value=1: aten.addcdiv.default(x, a, b, value=value),
+}
+_FOREACH_SKIPPED = frozenset({"zero", "copy", "max"})  # no same-named elementwise op
+
+
+def _foreach_entry(per_element: Callable[..., Any]) -> Callable[..., Any]:
+    def decomposition(*args: Any, **kwargs: Any) -> list[Any]:
+        lengths = {len(a) for a in args if isinstance(a, list | tuple)}
+        (n,) = lengths
+        return [
+            per_element(*[a[i] if isinstance(a, list | tuple) else a for a in args], **kwargs)
+            for i in range(n)
+        ]
+
+    return decomposition
+
+
+def _foreach_decompositions() -> DecompTable:
+    table: DecompTable = {}
+    names = {
+        n.split("::")[1].split(".")[0]
+        for n in torch._C._dispatch_get_all_op_names()
+        if n.startswith("aten::_foreach_")
+    }
+    for name in sorted(names):
+        if name.endswith("_"):
+            continue
+        base = name[len("_foreach_") :]
+        per_element = _FOREACH_SPECIAL.get(base) or getattr(aten, base, None)
+        if per_element is None or base in _FOREACH_SKIPPED:
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            op = getattr(packet, overload)
+            # `scalars` given as one tensor (addcmul/addcdiv.Tensor) is no per-element argument
+            per_tensor_scalars = any(
+                a.name == "scalars" and str(a.type) == "Tensor" for a in op._schema.arguments
+            )
+            if not op._schema.is_mutable and not per_tensor_scalars:
+                table[op] = _foreach_entry(per_element)
+    return table
+
+
 def _packets_overloads(packets: list[Any]) -> set[Any]:
     out = set()
     for p in packets:
@@ -186,6 +237,7 @@ def default_decompositions() -> DecompTable:
     table: DecompTable = dict(core_aten_decompositions())
     table.update(get_decompositions(_ADDED))
     table.update(_KILN)
+    table.update(_foreach_decompositions())
     for op in _packets_overloads(_REMOVED):
         table.pop(op, None)
     return table

@@ -577,7 +577,11 @@ class Tracer(TorchDispatchMode):
         for a, v in zip(schema_args, args, strict=False):
             bound[a.name] = v
         bound.update(kwargs)
-        targets = [bound[w] for w in writes]
+        # a foreach op (`_foreach_mul_`) writes a list of tensors: each element is a target, and the
+        # functional form returns one list with a result per element
+        targets = [
+            t for w in writes for t in (bound[w] if isinstance(bound[w], list | tuple) else [bound[w]])
+        ]
         inplace = str(func._schema.name).endswith("_")
         if inplace:
             f_args, f_kwargs = args, kwargs
@@ -587,7 +591,10 @@ class Tracer(TorchDispatchMode):
         # The functional form goes through this mode again, so the table still applies to it.
         with self:
             out = fn(*f_args, **f_kwargs)
-        outs = [out] if isinstance(out, torch.Tensor) else list(out)[: len(targets)]
+        if isinstance(out, torch.Tensor):
+            outs = [out]
+        else:
+            outs = [t for o in out for t in (o if isinstance(o, list | tuple) else [o])][: len(targets)]
         results = [self.node_for(o) for o in outs]
         for target, result in zip(targets, results, strict=True):
             v = result.meta["val"]
@@ -599,7 +606,7 @@ class Tracer(TorchDispatchMode):
                 value = self._emit(aten.clone.default, (value,), {})
             self._write(target, value)
         if inplace:
-            return args[0]
+            return args[0] if func._schema.returns else None
         return targets[0] if len(targets) == 1 else tuple(targets)
 
     def _write(self, t: torch.Tensor, new: torch.fx.Node) -> None:

@@ -331,7 +331,12 @@ class VariableBuilder:
             target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
-            raise Unsupported(f"torch object of type {type(value).__qualname__}")
+            if source is None:
+                raise Unsupported(f"torch object of type {type(value).__qualname__}")
+            # passed along untouched (an optimizer a training step closes over): what the frame
+            # does with it breaks there, not at the load, so the code before it still compiles
+            guards.identity(source, value)
+            return OpaqueVariable(value, source, f"torch object of type {type(value).__qualname__}")
         if source is not None:
             guards.type_match(source, value)
         return UserObjectVariable(value, source)

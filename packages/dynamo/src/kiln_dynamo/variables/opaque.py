@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.source import Source
+from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import VariableTracker
 
 if TYPE_CHECKING:
@@ -93,10 +93,36 @@ class OpaqueVariable(VariableTracker):
         return Unsupported(f"{action} {self.what}: kiln runs it as plain Python")
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        if self.source is not None and callable(getattr(type(self.value), name, None)):
+            # a method: the break comes at its call, where a frame can be split (not at the load)
+            return OpaqueMethodVariable(self, name, AttrSource(self.source, name))
         raise self._unsupported(f"attribute {name!r} of")
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         raise self._unsupported("calling")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        if self.source is None:
+            raise Unsupported(f"{self.what} without a source cannot be rebuilt")
+        return cg.source(self.source)
+
+
+class OpaqueMethodVariable(VariableTracker):
+    """A method of an opaque object, loaded but not yet called: calling it breaks the graph."""
+
+    def __init__(self, owner: OpaqueVariable, name: str, source: Source) -> None:
+        self.owner = owner
+        self.name = name
+        self.source = source
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.owner.what}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise Unsupported(f"calling {self.describe()}: kiln runs it as plain Python")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source)
 
     def iterate(self, tx: Tx) -> list[VT]:
         raise self._unsupported("iterating over")

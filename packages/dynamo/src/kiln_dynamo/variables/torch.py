@@ -198,6 +198,8 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(torch.is_inference_mode_enabled())
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
+        if fn is torch._C._group_tensors_by_device_and_dtype:
+            return _group_by_device_and_dtype(tx, args, kwargs)
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
@@ -239,6 +241,32 @@ class TorchFunctionVariable(VariableTracker):
 
             return UserFunctionVariable(fn, self.source).call(tx, args, kwargs)
         return tx.output.create_call(tx, "call_function", fn, args, kwargs)
+
+
+def _group_by_device_and_dtype(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """Note [Grouping tensors at trace time]: `torch._C._group_tensors_by_device_and_dtype`
+    (how `clip_grad_norm_` and the foreach optimizers batch their tensors) groups by metadata the
+    guards already fix, so it is answered while tracing: {(device, dtype): ([[tensors of each list
+    at the group's indices]], [indices])}, in eager's order of first appearance."""
+    from kiln_dynamo.variables.dicts import DictVariable
+    from kiln_dynamo.variables.lists import ListVariable, TupleVariable
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    bound = dict(zip(("tensorlistlist", "with_indices"), args, strict=False)) | kwargs
+    lists = [list(inner.iterate(tx)) for inner in bound["tensorlistlist"].iterate(tx)]
+    with_indices = bool(bound["with_indices"].as_constant()) if "with_indices" in bound else False
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, first in enumerate(lists[0] if lists else []):
+        if not isinstance(first, TensorVariable):
+            raise Unsupported("_group_tensors_by_device_and_dtype over a list that holds a non-tensor")
+        key = (first.fake.fake_device, first.fake.dtype)  # type: ignore[attr-defined]
+        groups.setdefault(key, []).append(i)
+    out: dict[Any, VT] = {}
+    for key, idx in groups.items():
+        per_list = ListVariable([ListVariable([inner[i] for i in idx]) for inner in lists])
+        indices = ListVariable([ConstantVariable(i) for i in idx]) if with_indices else ListVariable([])
+        out[key] = TupleVariable([per_list, indices])
+    return DictVariable(out)
 
 
 def _is_callable_argument(vt: VT) -> bool:
