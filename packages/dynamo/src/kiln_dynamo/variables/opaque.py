@@ -106,6 +106,12 @@ class OpaqueVariable(VariableTracker):
             raise Unsupported(f"{self.what} without a source cannot be rebuilt")
         return cg.source(self.source)
 
+    def iterate(self, tx: Tx) -> list[VT]:
+        raise self._unsupported("iterating over")
+
+    def truth(self, tx: Tx) -> bool:
+        raise self._unsupported("the truth value of")
+
 
 class OpaqueMethodVariable(VariableTracker):
     """A method of an opaque object, loaded but not yet called: calling it breaks the graph."""
@@ -122,13 +128,8 @@ class OpaqueMethodVariable(VariableTracker):
         raise Unsupported(f"calling {self.describe()}: kiln runs it as plain Python")
 
     def reconstruct(self, cg: Reconstructor) -> str:
+        assert self.source is not None
         return cg.source(self.source)
-
-    def iterate(self, tx: Tx) -> list[VT]:
-        raise self._unsupported("iterating over")
-
-    def truth(self, tx: Tx) -> bool:
-        raise self._unsupported("the truth value of")
 
 
 # Note [Grad mode across a split]: when a frame splits inside `with torch.no_grad():`, the
