@@ -29,7 +29,6 @@ function (and what it calls) are captured, with that compile's backend.
 from __future__ import annotations
 
 import os
-import sysconfig
 import time
 import types
 import warnings
@@ -459,45 +458,38 @@ def _package_path(name: str) -> str | None:
     return os.path.realpath(spec.origin) if spec.origin else None  # a module: its file
 
 
-# Note [Frames kiln never captures]: besides torch's own files, the frames of Python's standard
-# library, of kiln itself (its runtime runs under compiled frames), and of libraries whose code a
-# model only *calls* (numpy, triton, sympy, typing_extensions, the test runner) are never offered
-# for capture as frames of their own: a frame that runs as Python after a break calls into them
-# (lazy imports, numpy helpers, Triton's launcher) and compiling those costs compile time for
-# nothing a user wrote (torch.compile skips the same kinds of files). They are still traced when a
-# captured frame calls them and tracing can follow; an explicit `compile(f)` of one is captured.
-_SKIPPED_PACKAGES = (
-    "numpy",
-    "triton",
-    "sympy",
-    "typing_extensions",
-    "_pytest",
-    "pluggy",
-    "kiln",
-    "kiln_dynamo",
-    "kiln_aotgrad",
-    "kiln_loopir",
-    "kiln_codegen_cpp",
-    "kiln_codegen_triton",
-    "kiln_symbolic",
-    "kiln_frame_hook",
-)
-_STDLIB_DIR = os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "")
-_SKIPPED_DIRS = tuple(
-    d for d in (_TORCH_DIR, *(_package_path(name) for name in _SKIPPED_PACKAGES)) if d is not None
-)
+# Note [Frames kiln never captures]: the frame hook's own rules skip the standard library and
+# kiln's packages; on top of them, libraries whose code a model only *calls* (numpy, triton,
+# sympy, typing_extensions, the test runner) are added to the hook's skip prefixes once: a frame
+# that runs as Python after a break calls into them (lazy imports, numpy helpers, Triton's
+# launcher), and capturing those frames on their own cost compile time for nothing a user wrote
+# (torch.compile skips the same kinds of files). They are still traced when a captured frame calls
+# them and tracing can follow; an explicit `compile(f)` of one is captured.
+_LIBRARIES = ("numpy", "triton", "sympy", "typing_extensions", "_pytest", "pluggy")
+_libraries_skipped = False
+
+
+def skip_libraries() -> None:
+    """Note [Frames kiln never captures]: register the libraries with the frame hook, once."""
+    global _libraries_skipped
+    if _libraries_skipped:
+        return
+    import kiln_frame_hook as hook
+
+    for name in _LIBRARIES:
+        path = _package_path(name)
+        if path is not None:
+            hook.add_skip_prefix(path)
+    _libraries_skipped = True
 
 
 def is_user_code(code: types.CodeType) -> bool:
     """Frames worth capturing: not torch's own files, not generated code (`<eval_with_key>`, the
-    runners and guards kiln generates, `exec`'d strings), not Note [Frames kiln never captures]."""
+    runners and guards kiln generates, `exec`'d strings)."""
     filename = code.co_filename
     if filename.startswith("<"):
         return False
-    path = os.path.realpath(filename)
-    if path.startswith(_SKIPPED_DIRS):
-        return False
-    return not (path.startswith(_STDLIB_DIR) and "-packages" + os.sep not in path[len(_STDLIB_DIR) :])
+    return not os.path.realpath(filename).startswith(_TORCH_DIR)
 
 
 _FUNCTION_CTX = torch.autograd.function.FunctionCtx
@@ -516,6 +508,7 @@ def make_callback(
     """
     import kiln_frame_hook as hook
 
+    skip_libraries()  # Note [Frames kiln never captures]
     key = compile_key(backend, fullgraph, dynamic)
 
     def callback(frame: Any) -> Any:
