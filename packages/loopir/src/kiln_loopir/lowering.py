@@ -28,7 +28,16 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from . import sizevars
 from .indexing import Expr
-from .ir import ExternKernel, ExternOutput, Index, Pointwise, ReinterpretView, TensorBox, realize_strided
+from .ir import (
+    Buffer,
+    ExternKernel,
+    ExternOutput,
+    Index,
+    Pointwise,
+    ReinterpretView,
+    TensorBox,
+    realize_strided,
+)
 from .layout import FixedLayout, fixed_from_tensor
 from .virtualized import current_graph, ops
 
@@ -188,12 +197,12 @@ def pointwise_from(box: TensorBox, fn: Callable[[Any], Any], dtype: torch.dtype)
     return TensorBox.create(Pointwise(box.get_device(), dtype, inner, box.get_size()))
 
 
-def copy_with_strides(box: TensorBox, strides: Sequence[int]) -> TensorBox:
+def copy_with_strides(box: TensorBox, strides: Sequence[int | Expr]) -> TensorBox:
     """A realized copy of ``box`` laid out with ``strides`` (one pointwise kernel)."""
     copy = pointwise_from(box, lambda v: v, box.get_dtype())
     storage = copy.storage()
     assert storage is not None
-    storage.stride_hint = tuple(sympy.Integer(int(s)) for s in strides)
+    storage.stride_hint = tuple(s if isinstance(s, sympy.Expr) else sympy.Integer(int(s)) for s in strides)
     storage.realize()
     return copy
 
@@ -297,11 +306,10 @@ def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT) ->
     def inner(index: Index) -> Any:
         return load([sympy.Integer(0) if i in expanded else v for i, v in enumerate(index)])
 
-    copy = TensorBox.create(Pointwise(value.get_device(), value.get_dtype(), inner, tuple(base)))
-    storage = copy.storage()
-    assert storage is not None
-    storage.stride_hint = tuple(strides)
-    buffer = storage.realize()
+    one_copy = TensorBox.create(Pointwise(value.get_device(), value.get_dtype(), inner, tuple(base)))
+    storage = copy_with_strides(one_copy, strides).storage()
+    assert storage is not None and isinstance(storage.data, Buffer)
+    buffer = storage.data
     view_strides = tuple(sympy.Integer(0) if i in expanded else s for i, s in enumerate(strides))
     passes_log.info(
         "attention bias %s: strides %s not provably multiples of %d; copied with strides %s "
