@@ -15,7 +15,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from kiln_bench.__main__ import main
-from kiln_bench.backends import parse
+from kiln_bench.backends import ABLATION, ablation_variants, parse, variant_options
 from kiln_bench.harness import run_model
 from kiln_bench.profile import CALL, median_call, summarize, table
 
@@ -180,6 +180,33 @@ def test_backends_take_a_compile_mode() -> None:
     (result,) = run_model("mlp", "inference", ["kiln:reduce-overhead"], repeats=1, warmup=0)
     assert result.ok and result.backend == "kiln:reduce-overhead", result.reason
     assert result.extra["graphs"] == 1  # kiln's compile details, found under the mode too
+
+
+def test_a_kiln_variant_carries_its_options_to_kiln_compile() -> None:
+    assert variant_options("kiln::layout=False+triton.allow_tiling=False+cpp.weighted_work=False") == {
+        "layout": False,
+        "triton_options": {"allow_tiling": False},
+        "cpp_options": {"weighted_work": False},
+    }
+    assert parse("kiln:reduce-overhead:pad_mm=False") == ("kiln", "reduce-overhead")
+    for bad in ("inductor::layout=False", "kiln::layout", "kiln::layout=nope", "kiln::x.y=1"):
+        with pytest.raises(KeyError):
+            parse(bad)
+    # the option reaches kiln.compile: a malformed value fails the compile, named in the reason
+    (result,) = run_model("mlp", "inference", ["kiln::layout_policy='sideways'"], repeats=1, warmup=0)
+    assert not result.ok and "layout_policy" in result.reason
+
+
+def test_the_ablation_adds_one_variant_per_switch_and_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    cpu = ablation_variants("kiln", "cpu")
+    assert cpu == [f"kiln::{o}={v!r}" for d, o, v in ABLATION if d == "cpu"]
+    assert ablation_variants("kiln:reduce-overhead", "cuda")[0] == "kiln:reduce-overhead:layout=False"
+    assert main(["--models", "mlp", "--modes", "inference", "--backends", "eager,kiln", "--ablation",
+                 "--repeats", "2", "--warmup", "0"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    table = printed[printed.index("time / kiln") :]
+    for variant in cpu:
+        assert variant in table, (variant, table)
 
 
 @pytest.mark.skipif(

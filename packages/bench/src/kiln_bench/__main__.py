@@ -24,6 +24,7 @@ import torch
 
 from kiln_bench import harness, micro, report
 from kiln_bench import profile as profiling
+from kiln_bench.backends import ablation_variants
 from kiln_bench.backends import parse as parse_backend
 from kiln_bench.models import MODEL_NAMES, SIZES
 
@@ -70,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         "--profile", action="store_true", help="profile each backend's steady-state calls (torch.profiler)"
     )
     parser.add_argument("--profile-calls", type=int, default=5, help="calls profiled per backend (default 5)")
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="add one variant of each kiln backend per optimization switch, turned off (Note [The ablation])",
+    )
     args = parser.parse_args(argv)
     on_gpu = args.device.startswith("cuda")
     profile_calls = max(args.profile_calls, 1) if args.profile else 0
@@ -86,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
             parse_backend(backend)
         except KeyError as e:
             parser.error(str(e.args[0]))
+    if args.ablation:
+        kilns = [b for b in backends if parse_backend(b)[0] == "kiln" and b.count(":") < 2]
+        if not kilns:
+            parser.error("--ablation varies a kiln backend: name one in --backends")
+        backends += [v for b in kilns for v in ablation_variants(b, args.device)]
     settings = {"suite": args.suite, "size": args.size, "device": args.device, "dtype": args.dtype,
                 "repeats": repeats, "warmup": warmup, "profile_calls": profile_calls}  # fmt: skip
     if not on_gpu:
@@ -110,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.out is not None:  # after every model: a run cut short keeps what it measured
                 report.write_json(args.out.with_suffix(".json"), results, {**settings, "partial": True})
     print(report.table(results))
+    ablation = report.ablation_table(results)
+    if ablation:
+        print()
+        print(ablation)
     if profile_calls:
         print()
         print(profiling.table(profile_rows(results)))

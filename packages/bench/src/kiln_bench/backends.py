@@ -5,7 +5,18 @@
   kiln      kiln.compile with its default backend.
 
 A compiler takes a torch.compile mode after a colon: ``kiln:reduce-overhead`` (CUDA graphs),
-``inductor:max-autotune``; the name alone is the default mode.
+``inductor:max-autotune``; the name alone is the default mode. kiln takes options after a second
+colon, ``+``-separated, each value a Python literal: ``kiln::layout=False`` (default mode, the
+layout pass off), ``kiln:reduce-overhead:pad_mm=False+attention=False``; ``triton.NAME=`` and
+``cpp.NAME=`` set the code generators' own switches (``kiln::triton.autotune_min_bytes=0``). Such a
+*variant* is how one pass's effect is measured (``--ablation``: Note [The ablation]).
+
+Note [The ablation]: the paper's ablation table turns each optimization off in turn and reports
+the suite's geomean. :data:`ABLATION` lists kiln's switches that matter on each device, each with
+the value that turns it off; ``python -m kiln_bench --ablation`` adds one variant per switch
+next to the backends asked for, and the report divides each variant's time per model by plain
+kiln's (a ratio above 1: that pass was saving time). CUDA graphs are a mode, not a switch:
+compare ``kiln`` with ``kiln:reduce-overhead``.
 
 Compile time is measured from empty caches: `reset` drops the in-process caches, and the harness
 points on-disk caches (KILN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) at a fresh
@@ -14,6 +25,7 @@ folder per model before the first compiled call.
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -24,14 +36,74 @@ BACKENDS = ("eager", "inductor", "kiln")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+# Note [The ablation]: (device, option, the value that turns it off) — loopir's graph passes by
+# their kiln.compile option name, the code generators' switches as triton./cpp. names
+ABLATION: tuple[tuple[str, str, Any], ...] = (
+    ("cuda", "layout", False),
+    ("cuda", "pad_mm", False),
+    ("cuda", "attention", False),
+    ("cuda", "attention_mask", False),
+    ("cuda", "conv_bias", False),
+    ("cuda", "view_scatter", False),
+    ("cuda", "triton.autotune_min_bytes", 0),
+    ("cuda", "triton.allow_tiling", False),
+    ("cuda", "triton.split_min_rnumel", 1 << 40),
+    ("cpu", "layout", False),
+    ("cpu", "attention", False),
+    ("cpu", "view_scatter", False),
+    ("cpu", "conv_fusion", False),
+    ("cpu", "cpp.split_reductions", False),
+    ("cpu", "cpp.weighted_work", False),
+)
+
+
 def parse(backend: str) -> tuple[str, str | None]:
-    """``"kiln:reduce-overhead"`` -> ``("kiln", "reduce-overhead")``; ``"kiln"`` -> ``("kiln", None)``."""
-    name, _, mode = backend.partition(":")
+    """``"kiln:reduce-overhead"`` -> ``("kiln", "reduce-overhead")``; ``"kiln"`` -> ``("kiln", None)``
+    (a variant's options are checked here too: :func:`variant_options`)."""
+    name, _, rest = backend.partition(":")
+    mode, _, opts = rest.partition(":")
     if name not in BACKENDS:
         raise KeyError(f"unknown backend {backend!r}; expected one of {BACKENDS}, with an optional :mode")
     if mode and (name == "eager" or mode not in COMPILE_MODES):
         raise KeyError(f"unknown mode in {backend!r}; a compiler takes one of {COMPILE_MODES}")
+    if opts:
+        if name != "kiln":
+            raise KeyError(f"options in {backend!r}: only kiln takes options after a second colon")
+        variant_options(backend)
     return name, mode or None
+
+
+def variant_options(backend: str) -> dict[str, Any]:
+    """The kiln.compile options of a variant: ``"kiln::layout=False+triton.allow_tiling=False"`` ->
+    ``{"layout": False, "triton_options": {"allow_tiling": False}}`` (KeyError when malformed)."""
+    opts = backend.split(":", 2)[2] if backend.count(":") >= 2 else ""
+    options: dict[str, Any] = {}
+    for item in (o for o in opts.split("+") if o):
+        key, eq, text = item.partition("=")
+        if not eq or not key:
+            raise KeyError(f"option {item!r} in {backend!r} is not NAME=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise KeyError(f"option {item!r} in {backend!r}: {text!r} is not a Python literal") from None
+        group, dot, sub = key.partition(".")
+        if dot:
+            if group not in ("triton", "cpp"):
+                raise KeyError(f"option {item!r} in {backend!r}: only triton. and cpp. take a dotted name")
+            options.setdefault(f"{group}_options", {})[sub] = value
+        else:
+            options[key] = value
+    return options
+
+
+def ablation_variants(backend: str, device: str) -> list[str]:
+    """One variant of ``backend`` (a kiln backend, with its mode) per switch of :data:`ABLATION`
+    that applies on ``device``."""
+    name, mode = parse(backend)
+    if name != "kiln":
+        raise KeyError(f"the ablation varies kiln, not {backend!r}")
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    return [f"kiln:{mode or ''}:{option}={value!r}" for dev, option, value in ABLATION if dev == kind]
 
 
 def compile_model(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
@@ -44,7 +116,8 @@ def compile_model(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
 
     if not hasattr(kiln, "compile"):
         raise NotImplementedError("kiln.compile is not built yet (the umbrella package has no compile)")
-    compiled: Callable[..., Any] = kiln.compile(model, mode=mode)
+    options = variant_options(backend)
+    compiled: Callable[..., Any] = kiln.compile(model, mode=mode, options=options or None)
     return compiled
 
 

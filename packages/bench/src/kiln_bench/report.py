@@ -33,6 +33,40 @@ def summary(results: Sequence[Result]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def ablation_table(results: Sequence[Result]) -> str:
+    """Note [The ablation] in backends.py: per kiln variant (``kiln:MODE:option=value``), the
+    geomean over models of its time divided by plain ``kiln:MODE``'s (above 1: the switched-off
+    pass was saving that much), the worst model, and its geomean speedup over eager. Empty when
+    the run has no variants."""
+    base: dict[tuple[str, str, str], float] = {}
+    for r in results:
+        if r.ok and r.compiled_ms and r.backend.count(":") < 2:
+            base[(r.model, r.mode, r.backend.rstrip(":"))] = r.compiled_ms
+    rows: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+    for r in results:
+        if r.backend.count(":") < 2:
+            continue
+        name, mode, _ = r.backend.split(":", 2)
+        plain = f"{name}:{mode}" if mode else name
+        ref = base.get((r.model, r.mode, plain))
+        entry = rows.setdefault((r.mode, r.backend), [])
+        if r.ok and r.compiled_ms and ref and r.speedup:
+            entry.append((r.model, r.compiled_ms / ref, r.speedup))
+    if not rows:
+        return ""
+    lines = [f"{'mode':<10} {'variant':<44} {'models':>6} {'time / kiln':>11} {'speedup':>8}  worst model"]
+    for (mode, backend), entries in rows.items():
+        ratio = geomean([e[1] for e in entries])
+        speed = geomean([e[2] for e in entries])
+        worst = max(entries, key=lambda e: e[1], default=None)
+        lines.append(
+            f"{mode:<10} {backend:<44} {len(entries):>6} {format(ratio, '11.3f') if ratio else '-':>11} "
+            f"{format(speed, '8.3f') if speed else '-':>8}  "
+            + (f"{worst[0]} {worst[1]:.3f}" if worst else "-")
+        )
+    return "\n".join(lines)
+
+
 def _graphs(r: Result) -> str:
     """'graphs/breaks' for a backend that reports them (kiln), '-' otherwise."""
     if "graphs" not in r.extra:
