@@ -270,3 +270,69 @@ def test_take_traces_without_reading_its_index(index: torch.Tensor) -> None:
     """kiln's `take` entry: torch._decomp's read a 0-dim index as a Python int (data)."""
     # (inference only: take's backward formula calls aten.put, outside the core operator set)
     check(lambda x, i: torch.take(x, i) * 2, torch.randn(3, 3), index)
+
+
+class _ChannelsLastForward:
+    """A forward compiler that leaves its free outputs channels-last and says so, as
+    kiln_loopir's CompiledGraph does (Note [Saved activations in the forward's layout])."""
+
+    def __init__(self) -> None:
+        self.free: tuple[int, ...] = ()
+        self.bw_inputs: list[torch.Tensor] = []
+        self.output_strides: list[tuple[int, ...] | None] = []
+
+    def fw(self, gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        self.free = tuple(gm.meta.get("free_layout_outputs", ()))
+
+        def run(*args: torch.Tensor) -> object:
+            outs = list(gm(*args))
+            for i in self.free:
+                if isinstance(outs[i], torch.Tensor) and outs[i].dim() == 4:
+                    outs[i] = outs[i].contiguous(memory_format=torch.channels_last)
+            return outs
+
+        fake_outs = [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
+        self.output_strides = [
+            tuple(o.contiguous(memory_format=torch.channels_last).stride())
+            if i in self.free and isinstance(o, torch.Tensor) and o.dim() == 4
+            else (tuple(o.stride()) if isinstance(o, torch.Tensor) else None)
+            for i, o in enumerate(fake_outs)
+        ]
+        run.output_strides = self.output_strides  # type: ignore[attr-defined]
+        return run
+
+    def bw(self, gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        self.bw_inputs = [x for x in inputs if isinstance(x, torch.Tensor)]
+        return gm
+
+
+def test_saved_activations_reach_the_backward_compiler_in_the_forwards_layout() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.conv2d(x, w).relu().sum()
+
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    comp = _ChannelsLastForward()
+    out = aot_function(f, comp.fw, comp.bw)(x, w)
+    out.backward()
+    assert comp.free and min(comp.free) == 1  # after the one user output: the saved values
+    four_d = [t for t in comp.bw_inputs if t.dim() == 4 and t.shape[1] > 1]
+    assert any(t.stride()[1] == 1 for t in four_d), [t.stride() for t in four_d]  # restrided NHWC
+    gx, gw = torch.autograd.grad(f(x, w), (x, w))
+    torch.testing.assert_close(x.grad, gx)
+    torch.testing.assert_close(w.grad, gw)
+
+
+def test_a_forward_compiler_that_says_nothing_keeps_eagers_strides_for_the_backward() -> None:
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    seen: list[torch.Tensor] = []
+
+    def bw(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        seen.extend(t for t in inputs if isinstance(t, torch.Tensor))
+        return gm
+
+    aot_function(lambda x, w: torch.nn.functional.conv2d(x, w).relu().sum(), lambda gm, _: gm, bw)(
+        x, w
+    ).backward()
+    assert seen and all(t.is_contiguous() for t in seen)

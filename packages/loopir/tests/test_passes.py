@@ -15,6 +15,7 @@ import torch.fx
 from helpers import check, make
 
 from kiln_loopir import compile_graph
+from kiln_loopir.graph import FREE_LAYOUT_OUTPUTS
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.passes import PassContext, PassOptions, run_passes
 from kiln_loopir.passes import pad_mm as pad_mm_module
@@ -124,12 +125,45 @@ def test_layout_option_off_keeps_eager_layouts() -> None:
     assert conv_ops(compiled)[1].args[0].layout.stride[-1] == 1  # NCHW
 
 
-def test_cuda_rule_keeps_training_graphs_in_eager_layouts() -> None:
+def test_cuda_rule_runs_training_graphs_channels_last_but_their_outputs_keep_eager_strides() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)
     compiled = check(gm, *inputs, options=CUDA_RULE)  # grad mode on: a training graph
+    assert compiled.graph.channels_last
+    assert any("training graph, 2 convs, none grouped" in text for _, text in compiled.passes.record)
+    for got, want in zip(compiled(*inputs), gm(*inputs), strict=True):
+        assert got.stride() == want.stride()  # no output is declared free: all keep eager's strides
+
+
+def test_outputs_only_the_backward_reads_keep_the_layout_they_were_computed_in() -> None:
+    def two_convs(x: Any, w1: Any, w2: Any) -> Any:
+        a = aten.relu.default(conv(x, w1))  # leads into the second conv: computed NHWC
+        return a, aten.relu.default(conv(a, w2))
+
+    inputs = block_inputs()[:3]
+    gm = with_vals(two_convs, *inputs)
+    gm.meta[FREE_LAYOUT_OUTPUTS] = (0,)  # Note [Outputs only the backward reads]
+    compiled = compile_graph(gm, list(inputs), options=CUDA_RULE)
+    got, want = compiled(*inputs), gm(*inputs)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert got[0].stride()[1] == 1 != want[0].stride()[1]  # left NHWC: no copy back to eager's strides
+    assert got[1].stride() == want[1].stride()  # not declared free: eager's strides
+    assert compiled.output_strides == [tuple(got[0].stride()), tuple(got[1].stride())]
+
+
+def test_cuda_rule_keeps_training_graphs_with_grouped_convolutions_in_eager_layouts() -> None:
+    x, w = make((2, 8, 8, 8)), make((8, 2, 3, 3))  # 4 groups of 2 input channels each
+    gm = with_vals(
+        lambda x, w: torch.relu(
+            aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4)
+        ),
+        x,
+        w,
+    )
+    compiled = check(gm, x, w, options=CUDA_RULE)
     assert not compiled.graph.channels_last
-    assert any("training graph" in text for _, text in compiled.passes.record)
+    assert any("1 grouped convs" in text for _, text in compiled.passes.record)
 
 
 def _policy(gm: torch.fx.GraphModule, inference: bool = True) -> Any:
@@ -149,7 +183,8 @@ def test_cuda_rule_weighs_conv_classes() -> None:
     assert _policy(depthwise).channels_last
     decision = _policy(grouped)
     assert not decision.channels_last and "grouped x1" in decision.reason
-    assert not _policy(depthwise, inference=False).channels_last
+    assert _policy(depthwise, inference=False).channels_last  # training: on, depthwise is not "grouped"
+    assert not _policy(grouped, inference=False).channels_last
 
 
 def test_cuda_rule_skips_graphs_where_convs_are_a_small_part() -> None:

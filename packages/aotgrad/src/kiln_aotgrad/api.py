@@ -106,9 +106,65 @@ def compile_flat(
         ", ".join(part.saved),
         ", ".join(part.recomputed) or "nothing",
     )
+    n_out = meta.num_graph_outputs
+    part.fw.meta[FREE_LAYOUT_OUTPUTS] = tuple(range(n_out, n_out + len(part.saved)))
     fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
-    bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, _example_inputs(part.bw))
+    bw_inputs = _saved_as_the_forward_left_them(part, _example_inputs(part.bw), fw, n_out)
+    bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, bw_inputs)
     return CompiledArtifacts(traced, part, training_runner(fw, bw, meta, part.saved_sizes))
+
+
+# Note [Saved activations in the forward's layout]: the forward graph's outputs after the user's
+# are the activations saved for the backward; nothing else sees them, so a compiler may leave them
+# in whatever layout it computed them in (channels-last around convolutions) instead of copying
+# each into eager's strides. aotgrad lists their positions under this key of the forward graph's
+# ``meta`` (kiln_loopir reads the same key: Note [Outputs only the backward reads]); a compiled
+# forward that says the strides it gave each output (``output_strides``: one tuple or None per
+# output) then gets a backward compiled for exactly those strides: its example inputs are
+# restrided to match, so the backward reads the saved values where they lie, without a copy.
+# A compiler that says nothing (``output_strides`` absent, an eager fallback) keeps eager's strides.
+FREE_LAYOUT_OUTPUTS = "free_layout_outputs"
+
+
+def _saved_as_the_forward_left_them(
+    part: Partition, bw_inputs: list[Any], fw: Callable[..., Any], n_out: int
+) -> list[Any]:
+    strides = getattr(fw, "output_strides", None)
+    if not isinstance(strides, list):
+        return bw_inputs
+    out = list(bw_inputs)
+    for i in range(len(part.saved)):
+        got = strides[n_out + i] if n_out + i < len(strides) else None
+        val = out[i]
+        if got is None or not isinstance(val, torch.Tensor) or len(got) != val.dim():
+            continue
+        if any(isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())):
+            continue
+        shape = tuple(int(n) for n in val.shape)
+        if all(a == b for a, b, n in zip(val.stride(), got, shape, strict=True) if n != 1):
+            continue  # the same layout (a size-1 dim's stride is never read)
+        if not (_dense(shape, tuple(val.stride())) and _dense(shape, got)):
+            continue  # only a permutation of one dense block of memory is restrided
+        out[i] = val.as_strided(val.shape, got, val.storage_offset())
+        placeholder = [n for n in part.bw.graph.nodes if n.op == "placeholder"][i]
+        placeholder.meta["val"] = out[i]
+        partition_log.info(
+            "saved %s reaches the backward with the forward's strides %s (eager's %s)",
+            part.saved[i],
+            got,
+            tuple(val.stride()),
+        )
+    return out
+
+
+def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether these strides lay ``shape`` over exactly its elements, no gap and no overlap."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, stride, strict=True) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _viewed_offsets(art: CompiledArtifacts, args: Sequence[torch.Tensor]) -> list[tuple[int, int]]:

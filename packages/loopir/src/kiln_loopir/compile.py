@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import sympy
 import torch
 
 from .backend import Backend, BuildReport, get_backend
@@ -105,6 +106,21 @@ class CompiledGraph:
 
     def __call__(self, *args: Any) -> Any:
         return self._fn(*args)
+
+    @property
+    def output_strides(self) -> list[tuple[int, ...] | None]:
+        """The strides each output of a flat output list leaves with (None: not a tensor, or
+        symbolic): Note [Outputs only the backward reads] in graph.py."""
+        outputs = self.graph.outputs
+        return [_static_strides(o) for o in (outputs if isinstance(outputs, list | tuple) else [outputs])]
+
+
+def _static_strides(value: Any) -> tuple[int, ...] | None:
+    layout = getattr(value, "layout", None)
+    stride = getattr(layout, "stride", None)
+    if stride is None or not all(isinstance(s, int | sympy.Integer) for s in stride):
+        return None
+    return tuple(int(s) for s in stride)
 
 
 def compile_graph(

@@ -183,6 +183,23 @@ def check_output_devices(
                 )
 
 
+# Note [Outputs only the backward reads]: a training forward graph returns the user's outputs and
+# then the activations it saves for the backward graph. Only the first are seen by the user, so
+# only they must have eager's strides; a saved activation may leave in the layout the graph
+# computed it in (channels-last around convolutions), if the backward graph is compiled for that
+# layout. The caller that compiles both graphs (kiln_aotgrad through kiln's backend) lists those
+# outputs' positions under this key of the forward GraphModule's ``meta``, and reads the strides
+# each output got from ``CompiledGraph.output_strides`` to restride the backward's example inputs
+# (as torch.compile's AOTAutograd does with inductor's forward output strides).
+FREE_LAYOUT_OUTPUTS = "free_layout_outputs"
+
+
+def free_layout_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of ``gm``'s outputs whose strides are the compiler's choice (Note [Outputs only
+    the backward reads])."""
+    return frozenset(getattr(gm, "meta", {}).get(FREE_LAYOUT_OUTPUTS, ()))
+
+
 class GraphLowering:
     """Lowers one FX graph; see the module docstring."""
 
@@ -263,6 +280,7 @@ class GraphLowering:
                     with origins.attributed(own, own | _carried_by_args(node, env)):
                         env[node] = self._call(node, env, metas[node], extern=complex_)
                 elif node.op == "output":
+                    free = free_layout_outputs(self.gm)
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:
                         if not self.channels_last:  # a view of an NHWC value needs eager's strides too
@@ -270,7 +288,18 @@ class GraphLowering:
                         with origins.attributed(origins.NO_ORIGINS, carried(env[n])):
                             return self._eager_strides(n, env[n])
 
-                    self.outputs = self._outputs(torch.fx.node.map_arg(node.args[0], value_of))
+                    out = node.args[0]
+                    if free and isinstance(out, list | tuple):  # Note [Outputs only the backward reads]
+                        self.outputs = self._outputs(
+                            type(out)(
+                                env[o]
+                                if i in free and isinstance(o, torch.fx.Node)
+                                else torch.fx.node.map_arg(o, value_of)
+                                for i, o in enumerate(out)
+                            )
+                        )
+                    else:
+                        self.outputs = self._outputs(torch.fx.node.map_arg(out, value_of))
                 else:
                     raise NotImplementedError(f"fx node kind {node.op} ({node.format_node()})")
         return self

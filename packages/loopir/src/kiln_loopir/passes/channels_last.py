@@ -31,12 +31,16 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
   - inference: a vote weighted by each convolution's FLOPs and by how much faster its class runs
     in NHWC (:data:`NHWC_TIME_RATIO`, time NHWC / time NCHW); on when the weighted sum is at most
     the plain sum, i.e. the FLOP-weighted average ratio is <= 1;
-  - training graphs keep eager's layouts (see below).
-Training graphs keep eager's layouts on both devices (``KILN_CHANNELS_LAST=0`` turns NHWC off
-everywhere): the forward graph's saved activations cross into the backward graph, whose input
-layouts aotgrad fixed when it traced it, so an NHWC forward would pay a copy back per saved
-activation and the backward would convert again; agreeing layouts across the two graphs needs
-aotgrad to trace the backward with the forward's chosen strides, which is not built.
+  - training (forward and backward graphs, whose convolutions are ``convolution_backward``): on,
+    unless a grouped convolution has more than one input channel per group (the anchor's rule:
+    cuDNN's NHWC grouped kernels can be many times slower; depthwise ones are faster).
+The CPU rule keeps training graphs in eager's layouts (``KILN_CHANNELS_LAST=0`` turns NHWC off
+everywhere). On CUDA a training forward leaves the activations it saves for the backward in the
+layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
+only the backward reads] in graph.py, Note [Saved activations in the forward's layout] in
+kiln_aotgrad): no conversion between the two graphs. In the backward graph NHWC spreads from
+each ``convolution_backward`` to the gradients that lead into it, through the backward ops of
+pooling and normalization (:data:`LAYOUT_PRESERVING`) and pointwise ops.
 """
 
 from __future__ import annotations
@@ -85,6 +89,14 @@ LAYOUT_PRESERVING = frozenset(
         aten.upsample_bilinear2d.vec,
         aten.cat.default,
         aten.constant_pad_nd.default,
+        aten.convolution_backward.default,
+        aten.max_pool2d_with_indices_backward.default,
+        aten.avg_pool2d_backward.default,
+        aten._adaptive_avg_pool2d_backward.default,
+        aten.native_batch_norm_backward.default,
+        aten.native_group_norm_backward.default,
+        aten.upsample_nearest2d_backward.default,
+        aten.upsample_bilinear2d_backward.default,
         aten.clone.default,
         aten._to_copy.default,
         aten.mean.dim,
@@ -126,11 +138,29 @@ def conv2d_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return found
 
 
+def conv_backward_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """The backward nodes of 2-D convolutions in ``gm`` (4-D weight and input metadata known)."""
+    found = []
+    for n in gm.graph.nodes:
+        if n.target is aten.convolution_backward.default:
+            w, x = _val(n.args[2]), _val(n.args[1])
+            if isinstance(w, torch.Tensor) and w.dim() == 4 and isinstance(x, torch.Tensor):
+                found.append(n)
+    return found
+
+
+def _weight_and_groups(node: torch.fx.Node) -> tuple[torch.Tensor, int]:
+    """A convolution's (or its backward's) weight metadata and group count."""
+    if node.target is aten.convolution_backward.default:
+        groups_arg: Any = node.args[9] if len(node.args) > 9 else 1
+        return _val(node.args[2]), int(groups_arg)
+    groups_arg = node.args[8] if len(node.args) > 8 else 1
+    return _val(node.args[1]), int(groups_arg)
+
+
 def conv_class(node: torch.fx.Node) -> str:
     """The convolution's class for :data:`NHWC_TIME_RATIO`."""
-    weight = _val(node.args[1])
-    groups_arg: Any = node.args[8] if len(node.args) > 8 else 1
-    groups = int(groups_arg)
+    weight, groups = _weight_and_groups(node)
     out_ch, in_per_group, kh, kw = (int(s) for s in weight.shape)
     in_ch = in_per_group * groups
     if groups > 1 and in_per_group == 1:
@@ -151,7 +181,7 @@ def conv_flops(node: torch.fx.Node) -> int:
 
 
 def _static(node: torch.fx.Node) -> bool:
-    for v in (_val(node), _val(node.args[0]), _val(node.args[1])):
+    for v in (_first_tensor(_val(node)), _val(node.args[0]), _val(node.args[1])):
         if isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.shape):
             return False
     return True
@@ -180,9 +210,7 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
 
 
 def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
-    if not ctx.inference:
-        return LayoutDecision(False, "training graph: layouts stay eager's")
-    convs = conv2d_nodes(gm)
+    convs = conv2d_nodes(gm) + ([] if ctx.inference else conv_backward_nodes(gm))
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
     nodes = len(gm.graph.nodes)
@@ -190,6 +218,11 @@ def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
         return LayoutDecision(False, f"{nodes} nodes for {len(convs)} convs: convolutions are a small part")
     if not all(_static(n) for n in convs):
         return LayoutDecision(False, "a convolution has symbolic sizes")
+    if not ctx.inference:
+        grouped = [n for n in convs if conv_class(n) == "grouped"]
+        if grouped:
+            return LayoutDecision(False, f"training graph with {len(grouped)} grouped convs (slower in NHWC)")
+        return LayoutDecision(True, f"training graph, {len(convs)} convs, none grouped")
     plain = weighted = 0.0
     by_class: dict[str, int] = {}
     for n in convs:
@@ -222,14 +255,16 @@ def preserves_layout(node: torch.fx.Node) -> bool:
 
 
 def _four_d_float(val: Any) -> bool:
-    t = _first_tensor(val)
-    return t is not None and t.dim() == 4 and t.is_floating_point()
+    if isinstance(val, list | tuple):  # a backward's outputs: any of them (grad_input may be None)
+        return any(_four_d_float(v) for v in val)
+    return isinstance(val, torch.Tensor) and val.dim() == 4 and val.is_floating_point()
 
 
 def spread(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The convolutions and every 4-D value that leads into one through layout-preserving ops."""
+    """The convolutions (and their backwards) and every 4-D value that leads into one through
+    layout-preserving ops."""
     chosen: set[torch.fx.Node] = set()
-    convs = set(conv2d_nodes(gm))
+    convs = set(conv2d_nodes(gm)) | set(conv_backward_nodes(gm))
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or not _four_d_float(_val(node)):
             continue
@@ -259,7 +294,9 @@ def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
             ctx.note("layout", "%s rule keeps eager layouts: %s", name, decision.reason)
         return set()
     chosen = spread(gm)
-    convs = sum(1 for n in chosen if n.target is aten.convolution.default)
+    convs = sum(
+        1 for n in chosen if n.target in (aten.convolution.default, aten.convolution_backward.default)
+    )
     ctx.note(
         "layout",
         "%s rule chooses channels-last: %s; %d convs and %d values between them in NHWC",

@@ -1,0 +1,102 @@
+"""Training graphs with convolutions under the CUDA layout rule (forced on CPU tensors with
+``layout_policy="cuda"``): the forward runs channels-last, leaves the activations it saves in that
+layout, and the backward graph is compiled for those strides (Note [Saved activations in the
+forward's layout] in kiln_aotgrad, Note [Outputs only the backward reads] in kiln_loopir). Both
+code generators; gradients against eager over several steps."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+
+
+class _ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise: channels-last still wins
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.body(x)
+        return self.head(y.mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_a_conv_net_trains_channels_last_with_eagers_gradients(
+    cpu_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    torch.manual_seed(0)
+    model = _ConvNet().train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(
+        model, options={"layout_policy": "cuda", "cpu_backend": cpu_backend, "strict": True}
+    )
+    x = torch.randn(2, 3, 8, 8)
+    with (
+        caplog.at_level(logging.INFO, logger="kiln.aotgrad.partition"),
+        caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"),
+    ):
+        for _ in range(2):
+            for p in [*model.parameters(), *reference.parameters()]:
+                p.grad = None
+            out, want = compiled(x), reference(x)
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            assert out.stride() == want.stride()
+            out.square().sum().backward()
+            want.square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                same = [
+                    a == b
+                    for a, b, n in zip(p.grad.stride(), q.grad.stride(), p.shape, strict=True)
+                    if n != 1
+                ]
+                assert all(same), (
+                    name,
+                    p.grad.stride(),
+                    q.grad.stride(),
+                )  # eager's layout (size-1 dims aside)
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+                )
+            for a, b in zip(model.buffers(), reference.buffers(), strict=True):  # BatchNorm running stats
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    chose = [
+        r.getMessage() for r in caplog.records if "chooses channels-last: training graph" in r.getMessage()
+    ]
+    assert len(chose) == 2, chose  # the forward and the backward graph
+    restrided = [
+        r.getMessage()
+        for r in caplog.records
+        if "reaches the backward with the forward's strides" in r.getMessage()
+    ]
+    assert restrided, "no saved activation kept the forward's channels-last layout"
+
+
+def test_a_grouped_convolution_keeps_training_in_eagers_layouts(caplog: pytest.LogCaptureFixture) -> None:
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.ReLU()).train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"layout_policy": "cuda", "strict": True})
+    x = torch.randn(2, 4, 8, 8)
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
+        compiled(x).sum().backward()
+    reference(x).sum().backward()
+    assert "grouped convs (slower in NHWC)" in caplog.text
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
