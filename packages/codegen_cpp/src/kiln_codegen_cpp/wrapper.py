@@ -69,6 +69,7 @@ from kiln_loopir.scheduler import (
 from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
     dense_shape,
+    extern_callable,
     grad_mode_below_autograd,
     is_static_layout,
     opaque_inputs,
@@ -413,7 +414,7 @@ class WrapperCodegen:
 
     def extern(self, kernel: ExternKernel) -> None:
         op = f"_op_{kernel.name}"
-        self.namespace[op] = kernel.op
+        self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         args = [self.view(a) for a in kernel.args]
         kwargs = {k: v for k, v in kernel.kwargs.items()}
         if "device" in kwargs:
@@ -426,7 +427,7 @@ class WrapperCodegen:
             out = kernel.outputs[0]
             shape = dense_shape(out.layout)
             assert shape is not None
-            self.namespace[op] = out_variant
+            self.namespace[op] = extern_callable(out_variant)
             self.emit(f"{out.name} = _P[{len(self.pool_specs)}]")
             self.pool_specs.append((*shape, out.layout.dtype))
             self.shapes[out.name] = shape

@@ -87,6 +87,7 @@ from kiln_loopir.scheduler import (
 from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
     dense_shape,
+    extern_callable,
     grad_mode_below_autograd,
     is_static_layout,
     opaque_inputs,
@@ -349,7 +350,7 @@ class WrapperCodegen:
 
     def extern(self, kernel: ExternKernel) -> None:
         op = f"_op_{kernel.name}"
-        self.namespace[op] = kernel.op
+        self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         args = [self.view(a) for a in kernel.args]
         kwargs = dict(kernel.kwargs)
         if "device" in kwargs:

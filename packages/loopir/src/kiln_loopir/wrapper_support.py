@@ -9,12 +9,15 @@ other strides into the layout the kernels were compiled for, refusing a differen
 another shape than planned (a meta kernel that disagrees with the device's) raises
 ``ExternShapeMismatch`` naming ``op``, never a broadcasting copy. ``OPAQUE_RESULTS`` and
 ``OPAQUE_ARGS`` name the extern results no layout describes (Note [Opaque extern results]).
+``extern_callable`` is what a wrapper binds for an extern op (Note [Extern calls through torch's
+Python bindings]).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -275,3 +278,50 @@ def dense_tensor(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+# Note [Extern calls through torch's Python bindings]: a wrapper calls an extern op on every call
+# of the graph, and a transformer's graph calls dozens (T5 at GPU size: 127 per call, mostly
+# GEMMs and attention). Called as an ``OpOverload`` (``torch.ops.aten.mm.default(a, b)``), each
+# goes through ``OpOverload.__call__`` and the boxed operator's schema matching: 7.1 us for a 2x2
+# ``mm`` on this project's CI machine, against 3.8 us through ``torch.mm``, the generated Python
+# binding eager code and torch.compile's wrappers call (``addmm``: 10.5 against 6.2 us); the
+# H200 host is slower still. Both paths reach the same dispatcher entry with the same arguments
+# (the binding is generated from the same schema: names, defaults, keyword-only arguments), so a
+# wrapper binds the binding for the ops of :data:`BOUND_OPS`, in their ``default`` and ``out``
+# overloads only (where the binding's own overload resolution cannot pick another overload for
+# the arguments a graph passes). Any other op is called as the ``OpOverload`` it is.
+# ``KILN_EXTERN_BINDINGS=0`` (read when a wrapper is generated) calls every op as its OpOverload.
+BOUND_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "addmv",
+        "mv",
+        "dot",
+        "convolution",
+        "embedding",
+        "native_layer_norm",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    }
+)
+
+
+def extern_callable(op: Any) -> Any:
+    """What a wrapper calls for the extern op ``op`` (Note [Extern calls through torch's Python
+    bindings]): torch's Python binding of the same operator where :data:`BOUND_OPS` names it."""
+    if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+        return op
+    if os.environ.get("KILN_EXTERN_BINDINGS", "1") == "0":
+        return op
+    if op._overloadname not in ("default", "out"):
+        return op
+    name = op._schema.name.partition("::")[2]
+    if name not in BOUND_OPS:
+        return op
+    return getattr(torch._C._VariableFunctions, name, op)

@@ -1,0 +1,84 @@
+"""extern_callable: a wrapper calls torch's Python binding of an extern op where it is the same
+operator (Note [Extern calls through torch's Python bindings])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from kiln_loopir.wrapper_support import BOUND_OPS, extern_callable
+
+aten = torch.ops.aten
+
+
+def _samples() -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    q = k = v = torch.randn(1, 2, 4, 8)
+    return [
+        (aten.mm.default, (a, b), {}),
+        (aten.addmm.default, (torch.randn(5), a, b), {"beta": 0.5, "alpha": 2.0}),
+        (aten.bmm.default, (torch.randn(2, 3, 4), torch.randn(2, 4, 5)), {}),
+        (aten.baddbmm.default, (torch.randn(2, 3, 5), torch.randn(2, 3, 4), torch.randn(2, 4, 5)), {}),
+        (aten.addmv.default, (torch.randn(3), a, torch.randn(4)), {}),
+        (aten.mv.default, (a, torch.randn(4)), {}),
+        (aten.dot.default, (torch.randn(4), torch.randn(4)), {}),
+        (
+            aten.convolution.default,
+            (
+                torch.randn(1, 2, 5, 5),
+                torch.randn(3, 2, 3, 3),
+                None,
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                False,
+                [0, 0],
+                1,
+            ),
+            {},
+        ),
+        (aten.embedding.default, (torch.randn(10, 3), torch.tensor([[1, 2], [3, 9]])), {}),
+        (aten.native_layer_norm.default, (torch.randn(2, 6), [6], torch.randn(6), torch.randn(6), 1e-5), {}),
+        (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v), {"scale": 0.5}),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_samples())))
+def test_a_bound_op_gives_the_operators_result(case: int) -> None:
+    op, args, kwargs = _samples()[case]
+    bound = extern_callable(op)
+    assert bound is not op and not isinstance(bound, torch._ops.OpOverload)
+    torch.testing.assert_close(bound(*args, **kwargs), op(*args, **kwargs), rtol=0, atol=0)
+
+
+def test_every_bound_op_has_a_binding_or_stays_an_overload() -> None:
+    for name in BOUND_OPS:
+        op = getattr(aten, name).default
+        assert extern_callable(op) is getattr(torch._C._VariableFunctions, name, op)
+
+
+def test_the_out_overload_writes_into_out() -> None:
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    out = torch.empty(3, 5)
+    extern_callable(aten.mm.out)(a, b, out=out)
+    torch.testing.assert_close(out, a @ b)
+
+
+def test_other_ops_and_overloads_are_called_as_they_are() -> None:
+    for op in (
+        aten.add.Tensor,
+        aten.add.Scalar,
+        aten.sum.dim_IntList,
+        aten.mm.dtype,
+        aten.var_mean.correction,
+    ):
+        assert extern_callable(op) is op
+    f = lambda x: x  # noqa: E731  any callable that is not an OpOverload
+    assert extern_callable(f) is f
+
+
+def test_the_switch_calls_every_op_as_its_overload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_EXTERN_BINDINGS", "0")
+    assert extern_callable(aten.mm.default) is aten.mm.default
