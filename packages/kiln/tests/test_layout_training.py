@@ -1,5 +1,6 @@
 """Training graphs with convolutions under the CUDA layout rule (forced on CPU tensors with
-``layout_policy="cuda"``): the forward runs channels-last, leaves the activations it saves in that
+``layout_policy="cuda"``, and opted into with ``layout_training=True``: off by default, Note
+[Channels-last for convolutions]): the forward runs channels-last, leaves the activations it saves in that
 layout, and the backward graph is compiled for those strides (Note [Saved activations in the
 forward's layout] in kiln_aotgrad, Note [Outputs only the backward reads] in kiln_loopir). Both
 code generators; gradients against eager over several steps."""
@@ -45,7 +46,13 @@ def test_a_conv_net_trains_channels_last_with_eagers_gradients(
     model = _ConvNet().train()
     reference = copy.deepcopy(model)
     compiled = kiln.compile(
-        model, options={"layout_policy": "cuda", "cpu_backend": cpu_backend, "strict": True}
+        model,
+        options={
+            "layout_policy": "cuda",
+            "layout_training": True,
+            "cpu_backend": cpu_backend,
+            "strict": True,
+        },
     )
     x = torch.randn(2, 3, 8, 8)
     with (
@@ -92,7 +99,7 @@ def test_a_conv_net_trains_channels_last_with_eagers_gradients(
 def test_a_grouped_convolution_keeps_training_in_eagers_layouts(caplog: pytest.LogCaptureFixture) -> None:
     model = nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.ReLU()).train()
     reference = copy.deepcopy(model)
-    compiled = kiln.compile(model, options={"layout_policy": "cuda", "strict": True})
+    compiled = kiln.compile(model, options={"layout_policy": "cuda", "layout_training": True, "strict": True})
     x = torch.randn(2, 4, 8, 8)
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
         compiled(x).sum().backward()

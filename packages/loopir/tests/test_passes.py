@@ -27,6 +27,7 @@ aten = torch.ops.aten
 
 
 CUDA_RULE = {"layout_policy": "cuda"}
+CUDA_TRAINING = {"layout_policy": "cuda", "layout_training": True}
 
 
 def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:
@@ -125,10 +126,18 @@ def test_layout_option_off_keeps_eager_layouts() -> None:
     assert conv_ops(compiled)[1].args[0].layout.stride[-1] == 1  # NCHW
 
 
-def test_cuda_rule_runs_training_graphs_channels_last_but_their_outputs_keep_eager_strides() -> None:
+def test_cuda_rule_keeps_training_graphs_in_eager_layouts_by_default() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)
     compiled = check(gm, *inputs, options=CUDA_RULE)  # grad mode on: a training graph
+    assert not compiled.graph.channels_last
+    assert any("layout_training=False" in text for _, text in compiled.passes.record)
+
+
+def test_cuda_rule_runs_training_graphs_channels_last_but_their_outputs_keep_eager_strides() -> None:
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    compiled = check(gm, *inputs, options=CUDA_TRAINING)  # grad mode on: a training graph
     assert compiled.graph.channels_last
     assert any("training graph, 2 convs, none grouped" in text for _, text in compiled.passes.record)
     for got, want in zip(compiled(*inputs), gm(*inputs), strict=True):
@@ -143,7 +152,7 @@ def test_outputs_only_the_backward_reads_keep_the_layout_they_were_computed_in()
     inputs = block_inputs()[:3]
     gm = with_vals(two_convs, *inputs)
     gm.meta[FREE_LAYOUT_OUTPUTS] = (0,)  # Note [Outputs only the backward reads]
-    compiled = compile_graph(gm, list(inputs), options=CUDA_RULE)
+    compiled = compile_graph(gm, list(inputs), options=CUDA_TRAINING)
     got, want = compiled(*inputs), gm(*inputs)
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
@@ -161,13 +170,13 @@ def test_cuda_rule_keeps_training_graphs_with_grouped_convolutions_in_eager_layo
         x,
         w,
     )
-    compiled = check(gm, x, w, options=CUDA_RULE)
+    compiled = check(gm, x, w, options=CUDA_TRAINING)
     assert not compiled.graph.channels_last
     assert any("1 grouped convs" in text for _, text in compiled.passes.record)
 
 
 def _policy(gm: torch.fx.GraphModule, inference: bool = True) -> Any:
-    ctx = PassContext(torch.device("cuda"), PassOptions(), [], inference)
+    ctx = PassContext(torch.device("cuda"), PassOptions(layout_training=True), [], inference)
     return cuda_policy(gm, ctx)
 
 

@@ -35,6 +35,8 @@ class PassOptions:
     ``layout``: the channels-last decision for convolutions (Note [Channels-last for
     convolutions]); ``layout_policy`` chooses whose rule decides: ``"auto"`` (the graph's device),
     ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
+    ``layout_training``: the CUDA rule also runs training graphs channels-last (off by default:
+    measured slower on the H200, see the Note).
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
@@ -65,6 +67,7 @@ class PassOptions:
 
     layout: bool = True
     layout_policy: str = "auto"
+    layout_training: bool = False
     pad_mm: bool | str = True
     pad_mm_output_copy: bool = False
     attention: bool = True
@@ -89,6 +92,7 @@ class PassOptions:
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
         switches = (
             made.layout,
+            made.layout_training,
             made.attention,
             made.attention_mask,
             made.conv_fusion,
@@ -99,7 +103,7 @@ class PassOptions:
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy"
+                "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy"
                 " and view_scatter are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
