@@ -16,7 +16,10 @@ the suite's geomean. :data:`ABLATION` lists kiln's switches that matter on each 
 the value that turns it off; ``python -m kiln_bench --ablation`` adds one variant per switch
 next to the backends asked for, and the report divides each variant's time per model by plain
 kiln's (a ratio above 1: that pass was saving time). CUDA graphs are a mode, not a switch:
-compare ``kiln`` with ``kiln:reduce-overhead``.
+compare ``kiln`` with ``kiln:reduce-overhead``. On a GPU run it with ``--profile``: the table then
+compares GPU busy time, which a pass changes, instead of wall time, which on the H200 the host's
+noise sets in the default mode (seventh session: a ResNet variant that switches off a pass ResNet
+never uses measured 0.69x to 1.25x of plain kiln's wall time).
 
 Compile time is measured from empty caches: `reset` drops the in-process caches, and the harness
 points on-disk caches (KILN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR) at a fresh
