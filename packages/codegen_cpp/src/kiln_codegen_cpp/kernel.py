@@ -1038,7 +1038,10 @@ class KernelBuilder:
         if branch_free:
             out.append("  int64_t kchk = 0, kchkv = INT64_MIN;")
             parallel, serial = _with_check_reductions(parallel), _with_check_reductions(serial)
-        log_plan(self.name, self.plan, self._work(), self.weighted)
+        outputs = (
+            (sizevars.hint(self.nx) if self.symbolic else self.nx) if self.rsizes and self.nr != 1 else None
+        )
+        log_plan(self.name, self.plan, self._work(), self.weighted, outputs)
         if parallel == serial or self.plan is None or (self.plan.cap <= 1 and not self.symbolic):
             out.extend("  " + line for line in serial)
         else:

@@ -20,9 +20,14 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``column_sum_fusion``: the scheduler may re-express a pointwise producer in the loop order of
   a column reduction that reads it (a bias gradient), so the two fuse into one kernel (Note
   [Pointwise producers in a column reduction's order] in kiln_loopir's scheduler.py). Off by
-  default: on Swin's training step at one thread it removed 15 kernel calls but the kernels' own
-  time rose from 1.30 to 1.46 ms (``bench/kernel_time.py``), the producers being slower in
-  column blocks than the separate sums they replace.
+  default. First measured on Swin's training step at one thread: 15 fewer kernel calls but the
+  kernels' own time 1.30 -> 1.46 ms (``bench/kernel_time.py``). Diagnosed: reordered producers
+  had fused with row reductions (strided loads and stores in the row kernel's order), gathered
+  transposes lane by lane, and divided 64-bit indices per lane; with those fixed (the Note),
+  ``bench/kernel_time.py --models swin --ab-cpp column_sum_fusion=1`` (one process, interleaved)
+  gives 143 -> 140 kernel calls and 1.197 -> 1.177 ms (a second run: 1.620 -> 1.639 ms under
+  heavier load): neutral within this machine's noise, as is the whole step on six models
+  (``bench/train1.py --ab-cpp``, both orders), so it stays off.
 """
 
 from __future__ import annotations

@@ -612,8 +612,12 @@ class Scheduler:
         )
         reads_, writes_ = extract_read_writes(made)
         nx = len(reduction.node.iteration()[0])
-        if not all(_lanes_contiguous(d, nx) for d in reads_):
-            return None  # it would gather along the column kernel's lanes (the Note)
+        gathers = [d for d in reads_ if not _lanes_contiguous(d, nx)]
+        if gathers:  # it would gather along the column kernel's lanes (the Note)
+            log.debug(
+                "not reordering %s for %s: it would gather %s", producer.name, reduction.name, gathers[0]
+            )
+            return None
         return SchedulerNode(producer.order, reads_, writes_, ancestors=set(producer.ancestors), node=made)
 
     # fusion ---------------------------------------------------------------------------------
