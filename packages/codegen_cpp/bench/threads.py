@@ -8,16 +8,26 @@ count: ms per call and speedup over the first thread count). kiln compiles once 
 kernels read the thread count at run time (Note [Parallel plan] in kiln_codegen_cpp/parallel.py),
 so the same compiled model is timed at every count, which also checks that claim (accuracy is
 checked again at each count). Inductor bakes the thread count into its C++ (``parallel_num_threads``
-at code generation), so it is compiled again at each count from an empty cache.
+at code generation), so it is compiled again at each count, each time into an empty cache of its
+own (a torch whose FX-graph cache key leaves the thread count out would otherwise reuse the
+graph of another count: on the H200 host, torch 2.11, the 16-thread compile of 2026-12-01 took
+0.5 s against 69 s at one thread, likely such a reuse; torch 2.13 keys on the count).
 
-A time budget (``--budget-s``, default 400) keeps the run under 8 minutes: a model starts only
-when one as long as the median so far would still end within it (inductor's compiles, one per
-thread count, take most of a model's time, and its first compile in a process the longest);
-models left out are reported as skipped. The JSON is rewritten after every model. On the 16-core
-host, the run the lead makes (models in order of interest, ResNet first):
+At the end: a table of every model's medians (ms) and speedups over eager at each thread count
+with a geomean row per count, and where each model's time went (kiln's compile, inductor's
+compiles, the timed rounds, the kernel-scaling pass); the JSON holds the same (``timing_s``,
+``inductor_compile_s``, ``kernel_scaling_s``). A time budget (``--budget-s``, default 400) keeps
+the run bounded: a model starts only when one as long as the median so far would still end
+within it; models left out are reported as skipped. Inductor's compiles take most of a model's
+time (on this 2-core machine 20-60 s each; three per model), the timed rounds little: ``--row-s
+2`` times each (model, count) for about two seconds (5 to 30 rounds) instead of a fixed
+``--repeats``, more rounds for millisecond models, fewer for slow ones. The JSON is rewritten
+after every model. On the 16-core host, the run the lead makes (models in order of interest,
+ResNet first; whether all eight end within 7 minutes there is not measured yet: the
+where-the-time-went table of that run says what to cut):
 
     python packages/codegen_cpp/bench/threads.py --threads 1,4,16 \\
-        --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 420 --out threads.json
+        --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 400 --row-s 2 --out threads.json
 
 ``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
 ``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
