@@ -10,12 +10,16 @@ plan line (serial, or parallel with its kind, units and thread cap) and its elem
 smallest work among those, and two findings that should be empty:
 
 * ``tiny parallel``: a kernel with a parallel region below ``PARALLEL_GRAIN`` weighted
-  element-iterations (the threshold the plans apply; with symbolic sizes it is applied at run
-  time, so such kernels are listed apart);
-* ``unsplit few-output reductions``: a reduction with fewer than ``FEW_OUTPUTS`` outputs and at
-  least ``2 * PARALLEL_GRAIN`` element-iterations whose plan is not ``split`` (so at most that many
-  threads work on it), with its plan, for a look at why (several r-phases, symbolic sizes, too
-  little work per chunk).
+  element-iterations (the threshold the plans apply; with symbolic sizes the kernel applies it
+  at run time, which this audit does not see);
+* ``unsplit few-output reductions``: a reduction with fewer than ``FEW_OUTPUTS`` parallel units
+  (outputs; for a column reduction, blocks of 64 outputs: a bias gradient of 256 channels has 4)
+  and at least ``2 * PARALLEL_GRAIN`` element-iterations, big enough to split, whose plan is
+  not ``split`` (so at most that many threads work on it), with its plan, for a look at why
+  (several r-phases, symbolic sizes).
+
+The table also counts the few-output reductions, how many split and how many are too small to
+split (each piece would hold less than twice ``MIN_SPLIT_WORK``: left whole by design).
 
 ``--strict`` exits 1 when either is not empty. A benchmark-side audit, not a test (the tests in
 tests/test_parallel.py hold the rules on small graphs).
@@ -37,7 +41,7 @@ import torch
 
 import kiln
 from kiln_bench.models import build, logits_of, loss_of
-from kiln_codegen_cpp.parallel import FEW_OUTPUTS, PARALLEL_GRAIN
+from kiln_codegen_cpp.parallel import FEW_OUTPUTS, MIN_SPLIT_WORK, PARALLEL_GRAIN
 
 DEFAULT_MODELS = "resnet,gpt2,bert,mlp,cnn,convnext,t5,llama"
 _LINE = re.compile(
@@ -84,7 +88,8 @@ class _Capture(logging.Handler):
 def audit(name: str, mode: str) -> list[Plan]:
     capture = _Capture()
     logger = logging.getLogger("kiln.codegen_cpp.parallel")
-    level, logger.level = logger.level, logging.DEBUG
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the isEnabledFor cache
     logger.addHandler(capture)
     try:
         kiln.reset()
@@ -105,16 +110,26 @@ def audit(name: str, mode: str) -> list[Plan]:
     return list({p.name: p for p in capture.plans}.values())
 
 
+def _few_outputs(p: Plan) -> bool:
+    """A reduction whose parallel units (outputs, or a column reduction's blocks of outputs) are
+    fewer than ``FEW_OUTPUTS``, with work enough to split; a ``split`` plan is one by definition."""
+    if p.outputs is None or p.work < 2 * PARALLEL_GRAIN:
+        return False
+    return p.kind == "split" or (p.units if p.kind != "serial" else p.outputs) < FEW_OUTPUTS
+
+
+def _too_small(p: Plan) -> bool:
+    """Would each (unit, chunk) piece of a split hold less than ``MIN_SPLIT_WORK`` twice over?
+    (``split_chunks`` then leaves it whole, by design: Note [Reductions with few outputs].)"""
+    units = p.units if p.kind != "serial" else (p.outputs or 1)
+    return p.work // (units * MIN_SPLIT_WORK) < 2
+
+
 def findings(plans: list[Plan]) -> tuple[list[Plan], list[Plan]]:
+    """(tiny kernels with a parallel region, few-output reductions left unsplit though big
+    enough to split)."""
     tiny = [p for p in plans if p.kind != "serial" and p.cap > 1 and p.weighted < PARALLEL_GRAIN]
-    unsplit = [
-        p
-        for p in plans
-        if p.outputs is not None
-        and p.outputs < FEW_OUTPUTS
-        and p.work >= 2 * PARALLEL_GRAIN
-        and p.kind != "split"
-    ]
+    unsplit = [p for p in plans if _few_outputs(p) and p.kind != "split" and not _too_small(p)]
     return tiny, unsplit
 
 
@@ -130,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     bad = 0
     print(
-        f"{'model':10s} {'mode':5s} {'kernels':>7s} {'parallel':>8s} {'least parallel work':>20s}  findings"
+        f"{'model':10s} {'mode':5s} {'kernels':>7s} {'parallel':>8s} {'least parallel work':>20s} "
+        f"{'few-output reductions':>32s}  findings"
     )
     for name in filter(None, args.models.split(",")):
         for mode in filter(None, args.modes.split(",")):
@@ -144,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
             tiny, unsplit = findings(plans)
             bad += len(tiny) + len(unsplit)
             note = "none" if not (tiny or unsplit) else f"{len(tiny)} tiny parallel, {len(unsplit)} unsplit"
-            print(f"{name:10s} {mode:5s} {len(plans):7d} {len(parallel):8d} {least:20d}  {note}", flush=True)
+            few = [p for p in plans if _few_outputs(p)]
+            split = sum(p.kind == "split" for p in few)
+            small = sum(p.kind != "split" and _too_small(p) for p in few)
+            print(
+                f"{name:10s} {mode:5s} {len(plans):7d} {len(parallel):8d} {least:20d} "
+                f"{f'{len(few)} ({split} split, {small} too small)':>32s}  {note}",
+                flush=True,
+            )
             for p in tiny:
                 print(f"    tiny parallel: {p}", flush=True)
             for p in unsplit:

@@ -294,7 +294,8 @@ def test_the_audit_reads_every_plan_line() -> None:
     spec.loader.exec_module(audit)
     capture = audit._Capture()
     logger = logging.getLogger("kiln.codegen_cpp.parallel")
-    level, logger.level = logger.level, logging.DEBUG
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the isEnabledFor cache
     logger.addHandler(capture)
     try:
         check(lambda x: aten.sum.dim_IntList(x, [1]), make((4, 65536)))  # 4 outputs: split
@@ -312,3 +313,6 @@ def test_the_audit_reads_every_plan_line() -> None:
     assert audit.findings(plans) == ([], [])
     unsplit = audit.Plan("k", "outer", 4, 4, 1 << 20, 1 << 20, 4)
     assert audit.findings([unsplit]) == ([], [unsplit])
+    # a [256, 256] bias gradient: 4 column blocks of 16384 element-iterations, too small to split
+    bias = audit.Plan("k", "column", 4, 4, 65536, 65536, 256)
+    assert audit.findings([bias]) == ([], [])
