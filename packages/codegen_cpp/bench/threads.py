@@ -20,8 +20,8 @@ compiles, the timed rounds, the kernel-scaling pass); the JSON holds the same (`
 the run bounded: a model starts only when one as long as the median so far would still end
 within it; models left out are reported as skipped. Inductor's compiles take most of a model's
 time (on this 2-core machine 20-60 s each; three per model), the timed rounds little: ``--row-s
-2`` times each (model, count) for about two seconds (5 to 30 rounds) instead of a fixed
-``--repeats``, more rounds for millisecond models, fewer for slow ones. The JSON is rewritten
+2`` (the default) times each (model, count) for about two seconds (5 to 30 rounds) instead of a
+fixed ``--repeats`` (``--row-s 0``), more rounds for millisecond models, fewer for slow ones. The JSON is rewritten
 after every model. On the 16-core host, the run the lead makes (models in order of interest,
 ResNet first; whether all eight end within 7 minutes there is not measured yet: the
 where-the-time-went table of that run says what to cut):
@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--row-s",
         type=float,
-        default=0.0,
+        default=2.0,
         help="time each (model, thread count) for about this many seconds instead of a fixed "
         "--repeats (between 5 and 3x --repeats rounds); 0: --repeats rounds",
     )
