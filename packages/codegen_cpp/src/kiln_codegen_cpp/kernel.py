@@ -371,7 +371,7 @@ class KernelBuilder:
         # Note [Pointwise producers in a column reduction's order] (kiln_loopir's scheduler.py):
         # a reordered producer's body splits the column kernel's flat position ``x0 + 32*r0``
         # into its own digits; those drop the low term (``((x0 + 32*r0) // 32) % 16 -> r0 % 16``
-        # for ``x0 < 32``), else every lane divides 64-bit integers and the loop stays scalar
+        # for ``x0 < 32``), else every lane divides 64-bit integers (45 against 15 us on Swin)
         self._simplify: Callable[[sympy.Expr, Any], sympy.Expr] = (
             _simplify_reordered if any(isinstance(m, ReorderedPointwise) for m in members) else simplify_index
         )
