@@ -25,9 +25,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   producers fused with row reductions (strided loads and stores in the row kernel's order),
   gathered transposes lane by lane, and divided 64-bit indices per lane. Fixed, in one process
   with the two variants' steps interleaved (``bench/kernel_time.py --models swin --calls 25
-  --ab-cpp column_sum_fusion=1``): 143 -> 140 kernel calls, 1.197 -> 1.177 ms (a second run
-  under heavier load: 1.620 -> 1.639 ms); keeping the gathering transposes: 143 -> 128 calls,
-  1.242 -> 1.254 ms. The whole step (``bench/train1.py --backends eager,kiln,kiln_ab --ab-cpp
+  --ab-cpp column_sum_fusion=1``): 143 -> 140 kernel calls, 1.197 -> 1.177 ms (two more runs:
+  1.620 -> 1.639 ms under heavier load, 1.250 -> 1.219 ms); keeping the gathering transposes:
+  143 -> 128 calls, 1.242 -> 1.254 ms. The whole step (``bench/train1.py --backends eager,kiln,kiln_ab --ab-cpp
   ... --clock cpu``, six models, both orders; ``2026-12-02-cpu-s7-train1-column-sum-ab-*.json``)
   moved by less than the order bias of an A/A run (identical code 1.052x vs 1.080x,
   ``2026-12-02-cpu-s7-train1-aa-order-bias.json``): neutral on this machine, so it stays off.
