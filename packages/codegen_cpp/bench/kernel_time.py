@@ -9,8 +9,10 @@ kept: on the shared 2-core machine the fastest call of a kernel hardly moves whi
 move by 10-30%. Also prints the step's median CPU time (``time.process_time``) for eager and
 kiln, interleaved. To compare two versions of the generator, run it from each checkout (or with
 ``PYTHONPATH`` naming the other ``codegen_cpp/src``), or switch one optimization off
-(``KILN_CPP_OPTIONS=column_sum_fusion=0``, ``--kiln-options view_scatter=false``). A benchmark,
-not a test.
+(``KILN_CPP_OPTIONS=column_sum_fusion=0``, ``--kiln-options view_scatter=false``), or time a
+second copy under other generator switches in the same process, its steps interleaved with the
+first's (``--ab-cpp column_sum_fusion=1``: one process, so the machine's load moves both alike).
+A benchmark, not a test.
 
     python packages/codegen_cpp/bench/kernel_time.py --models swin --top 10
 """
@@ -61,39 +63,74 @@ def _wrap_kernels(times: dict[str, list[int]]) -> int:
     return wrappers
 
 
-def run(name: str, calls: int, top: int, options: dict[str, Any] | None = None) -> None:
-    w = MODELS[name]()
-    w.model.train()
+def _compiled(w: Any, options: dict[str, Any] | None, cpp: str | None) -> tuple[Any, Any]:
+    """A copy of the model compiled by kiln (its C++ generator under ``KILN_CPP_OPTIONS=cpp``
+    when given), after one step, so both of its wrappers exist."""
     model = copy.deepcopy(w.model)
-    compiled = kiln.compile(model, options=options or None)
-    _step(w, compiled, model)
-    times: dict[str, list[int]] = defaultdict(list)
-    wrappers = _wrap_kernels(times)
-    for _ in range(3):
+    saved = os.environ.get("KILN_CPP_OPTIONS")
+    if cpp is not None:
+        os.environ["KILN_CPP_OPTIONS"] = cpp
+        # an explicit default makes kiln's cache key differ, so the copy compiles anew
+        options = {"layout": True, **(options or {})}
+    try:
+        compiled = kiln.compile(model, options=options or None)
         _step(w, compiled, model)
-    times.clear()
-    eager, kiln_cpu = [], []
-    for _ in range(calls):
-        t0 = time.process_time()
-        _step(w, w.model)
-        eager.append(time.process_time() - t0)
-        t0 = time.process_time()
-        _step(w, compiled, model)
-        kiln_cpu.append(time.process_time() - t0)
+    finally:
+        if saved is None:
+            os.environ.pop("KILN_CPP_OPTIONS", None)
+        else:
+            os.environ["KILN_CPP_OPTIONS"] = saved
+    return compiled, model
+
+
+def _rows(times: dict[str, list[int]], calls: int) -> list[tuple[float, int, str]]:
     rows = []
     for kernel, ns in times.items():
         per_step = len(ns) // calls
         if per_step:
             rows.append((sum(min(ns[i::per_step]) for i in range(per_step)) / 1e3, per_step, kernel[2:]))
-    total = sum(r[0] for r in rows)
-    e, k = statistics.median(eager) * 1e3, statistics.median(kiln_cpu) * 1e3
-    print(
-        f"{name}: {wrappers} wrappers, {sum(r[1] for r in rows)} kernel calls a step, fastest-call sum "
-        f"{total / 1e3:.3f} ms; step CPU median eager {e:.3f} ms, kiln {k:.3f} ms ({e / k:.3f}x)",
-        flush=True,
-    )
-    for us, per_step, kernel in sorted(rows, reverse=True)[:top]:
-        print(f"  {us:8.1f} us x{per_step} {kernel}", flush=True)
+    return rows
+
+
+def run(
+    name: str, calls: int, top: int, options: dict[str, Any] | None = None, ab_cpp: str | None = None
+) -> None:
+    w = MODELS[name]()
+    w.model.train()
+    variants: dict[str, tuple[Any, Any, dict[str, list[int]], int]] = {}
+    for label, cpp in (("kiln", None), ("kiln_ab", ab_cpp)):
+        if label == "kiln_ab" and ab_cpp is None:
+            continue
+        compiled, model = _compiled(w, options, cpp)
+        times: dict[str, list[int]] = defaultdict(list)
+        wrappers = _wrap_kernels(times)  # only this copy's: the others are wrapped already
+        variants[label] = (compiled, model, times, wrappers)
+    for compiled, model, _, _ in variants.values():
+        for _ in range(3):
+            _step(w, compiled, model)
+    for _, _, times, _ in variants.values():
+        times.clear()
+    cpu: dict[str, list[float]] = {"eager": [], **{label: [] for label in variants}}
+    for _ in range(calls):  # interleaved: eager, kiln, kiln_ab, eager, ...
+        t0 = time.process_time()
+        _step(w, w.model)
+        cpu["eager"].append(time.process_time() - t0)
+        for label, (compiled, model, _, _) in variants.items():
+            t0 = time.process_time()
+            _step(w, compiled, model)
+            cpu[label].append(time.process_time() - t0)
+    e = statistics.median(cpu["eager"]) * 1e3
+    for label, (_, _, times, wrappers) in variants.items():
+        rows = _rows(times, calls)
+        total = sum(r[0] for r in rows)
+        k = statistics.median(cpu[label]) * 1e3
+        print(
+            f"{name} {label}: {wrappers} wrappers, {sum(r[1] for r in rows)} kernel calls a step, fastest-call "
+            f"sum {total / 1e3:.3f} ms; step CPU median eager {e:.3f} ms, {label} {k:.3f} ms ({e / k:.3f}x)",
+            flush=True,
+        )
+        for us, per_step, kernel in sorted(rows, reverse=True)[:top]:
+            print(f"  {us:8.1f} us x{per_step} {kernel}", flush=True)
 
 
 def main() -> None:
@@ -102,11 +139,17 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=15)
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--kiln-options", default="", help="k=v,... passed to kiln.compile(options=)")
+    parser.add_argument(
+        "--ab-cpp",
+        default=None,
+        help="also time a second kiln copy whose C++ generator runs under KILN_CPP_OPTIONS=AB_CPP "
+        "(e.g. column_sum_fusion=1), its steps interleaved with the first's",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = _parse_options(args.kiln_options)
     for name in args.models.split(","):
-        run(name, args.calls, args.top, options)
+        run(name, args.calls, args.top, options, args.ab_cpp)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,26 @@ count: ms per call and speedup over the first thread count). kiln compiles once 
 kernels read the thread count at run time (Note [Parallel plan] in kiln_codegen_cpp/parallel.py),
 so the same compiled model is timed at every count, which also checks that claim (accuracy is
 checked again at each count). Inductor bakes the thread count into its C++ (``parallel_num_threads``
-at code generation), so it is compiled again at each count from an empty cache.
+at code generation), so it is compiled again at each count, each time into an empty cache of its
+own (a torch whose FX-graph cache key leaves the thread count out would otherwise reuse the
+graph of another count: on the H200 host, torch 2.11, the 16-thread compile of 2026-12-01 took
+0.5 s against 69 s at one thread, likely such a reuse; torch 2.13 keys on the count).
 
-A time budget (``--budget-s``, default 400) keeps the run under 8 minutes: a model starts only
-when one as long as the median so far would still end within it (inductor's compiles, one per
-thread count, take most of a model's time, and its first compile in a process the longest);
-models left out are reported as skipped. The JSON is rewritten after every model. On the 16-core
-host, the run the lead makes (models in order of interest, ResNet first):
+At the end: a table of every model's medians (ms) and speedups over eager at each thread count
+with a geomean row per count, and where each model's time went (kiln's compile, inductor's
+compiles, the timed rounds, the kernel-scaling pass); the JSON holds the same (``timing_s``,
+``inductor_compile_s``, ``kernel_scaling_s``). A time budget (``--budget-s``, default 400) keeps
+the run bounded: a model starts only when one as long as the median so far would still end
+within it; models left out are reported as skipped. Inductor's compiles take most of a model's
+time (on this 2-core machine 20-60 s each; three per model), the timed rounds little: ``--row-s
+2`` (the default) times each (model, count) for about two seconds (5 to 30 rounds) instead of a
+fixed ``--repeats`` (``--row-s 0``), more rounds for millisecond models, fewer for slow ones. The JSON is rewritten
+after every model. On the 16-core host, the run the lead makes (models in order of interest,
+ResNet first; whether all eight end within 7 minutes there is not measured yet: the
+where-the-time-went table of that run says what to cut):
 
     python packages/codegen_cpp/bench/threads.py --threads 1,4,16 \\
-        --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 420 --out threads.json
+        --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 400 --row-s 2 --out threads.json
 
 ``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
 ``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
@@ -165,6 +175,10 @@ def run_model(
                 fns[backend] = compiled[backend]
             elif backend == "inductor":
                 torch.compiler.reset()
+                # an empty cache per thread count: a graph cached at another count would run
+                # with that count's teams (torch versions whose FX-graph cache key leaves the
+                # thread count out: the H200 run of 2026-12-01 "compiled" at 16 threads in 0.5 s)
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_tmp, f"inductor-{n}t-{name}")
                 fn = torch.compile(workload.model)
                 start = time.perf_counter()
                 _call(fn, inputs)
@@ -177,13 +191,15 @@ def run_model(
             row[f"{backend}_ok"] = verdict.ok
             if not verdict.ok:
                 row[f"{backend}_reason"] = verdict.reason
+        start = time.perf_counter()
         for _ in range(args.warmup):
             for fn in fns.values():
                 _call(fn, inputs)
         times: dict[str, list[float]] = {b: [] for b in fns}
-        for _ in range(args.repeats):
+        for _ in range(_repeats(args, sum(_timed(fn, inputs) for fn in fns.values()))):
             for backend, fn in fns.items():
                 times[backend].append(_timed(fn, inputs))
+        row["timing_s"] = round(time.perf_counter() - start, 2)
         for backend, ts in times.items():
             row[f"{backend}_ms"] = round(statistics.median(ts) * 1e3, 4)
         for backend in fns:
@@ -193,14 +209,25 @@ def run_model(
         print(_row_text(name, row, backends), flush=True)
     torch.compiler.reset()
     if "kiln" in backends and args.kernels > 0:
+        start = time.perf_counter()
         try:
             out["kernels"] = _kernel_scaling(workload.model, inputs, counts, options, args.kernels, 3)
         except Exception as e:  # the scaling view is extra: a failure leaves the timings
             out["kernels_error"] = f"{type(e).__name__}: {e}"[:300]
+        out["kernel_scaling_s"] = round(time.perf_counter() - start, 2)
         for k in out["kernels"]:
             scaling = " ".join(f"{n}t {k['ms'][n]:.3f}ms ({k['scaling'][n]}x)" for n in k["ms"])
             print(f"    kernel {k['kernel'][:60]:60s} {scaling}", flush=True)
     return out
+
+
+def _repeats(args: argparse.Namespace, round_s: float) -> int:
+    """``--repeats``, or with ``--row-s`` as many rounds (all backends once) as fit in that many
+    seconds, between 5 and 3 * ``--repeats``: a model whose calls take 2 ms gets more rounds
+    for a steadier median, one whose calls take 200 ms fewer, so the run's length is bounded."""
+    if args.row_s <= 0:
+        return args.repeats
+    return max(5, min(3 * args.repeats, int(args.row_s / max(round_s, 1e-6))))
 
 
 def _row_text(name: str, row: dict[str, Any], backends: list[str]) -> str:
@@ -210,6 +237,46 @@ def _row_text(name: str, row: dict[str, Any], backends: list[str]) -> str:
             ok = "" if row.get(f"{backend}_ok", True) else " ACCURACY FAILED"
             parts.append(f"{backend} {row[backend + '_ms']:9.3f} ms ({row[backend + '_speedup']:.2f}x){ok}")
     return "  ".join(parts)
+
+
+def summary(results: list[dict[str, Any]], counts: list[int], backends: list[str]) -> list[str]:
+    """The per-model medians (ms) and speedups over eager at each thread count, a geomean row per
+    count, and where each model's time went (compiles, timing, the kernel-scaling pass)."""
+    timed = [b for b in backends if b in ("kiln", "kiln_ab", "inductor")]
+    head = f"{'model':10s} {'thr':>3s} {'eager ms':>10s}" + "".join(
+        f" {b + ' ms':>12s} {'x':>6s}" for b in timed
+    )
+    lines = [head]
+    for m in results:
+        for r in m.get("rows", []):
+            cells = "".join(
+                f" {r.get(b + '_ms', float('nan')):12.3f} {r.get(b + '_speedup', float('nan')):5.2f}"
+                + ("!" if not r.get(f"{b}_ok", True) else " ")
+                for b in timed
+            )
+            lines.append(f"{m['model']:10s} {r['threads']:3d} {r['eager_ms']:10.3f}{cells}")
+        if "rows" not in m:
+            lines.append(f"{m['model']:10s} {m.get('skipped') or m.get('error', '')}"[:120])
+    for n, per in _geomeans(results, counts, backends).items():
+        cells = "".join(
+            f" {'':12s} {per[b]['geomean']:5.2f} " if b in per else f" {'':12s} {'-':>5s} " for b in timed
+        )
+        models = max((v["models"] for v in per.values()), default=0)
+        lines.append(f"{'geomean':10s} {int(n):3d} {f'({models} models)':>10s}{cells}")
+    lines.append("")
+    lines.append(
+        f"{'model':10s} {'total s':>8s} {'kiln cc':>8s} {'inductor cc':>12s} {'timing':>7s} {'kernels':>8s}"
+    )
+    for m in results:
+        if "rows" not in m:
+            continue
+        ind = sum(r.get("inductor_compile_s", 0.0) for r in m["rows"])
+        timing = sum(r.get("timing_s", 0.0) for r in m["rows"])
+        lines.append(
+            f"{m['model']:10s} {m.get('elapsed_s', 0.0):8.1f} {m.get('kiln_compile_s', 0.0):8.1f} "
+            f"{ind:12.1f} {timing:7.1f} {m.get('kernel_scaling_s', 0.0):8.1f}"
+        )
+    return lines
 
 
 def _geomeans(results: list[dict[str, Any]], counts: list[int], backends: list[str]) -> dict[str, Any]:
@@ -244,6 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         "--ab-cpp-options", default="", help="kiln_ab's C++ generator switches (CppOptions: k=v,...)"
     )
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--row-s",
+        type=float,
+        default=2.0,
+        help="time each (model, thread count) for about this many seconds instead of a fixed "
+        "--repeats (between 5 and 3x --repeats rounds); 0: --repeats rounds",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--kernels", type=int, default=3, help="kiln kernels whose scaling is shown")
     parser.add_argument("--kiln-options", default="", help="k=v,... loopir pass switches")
@@ -256,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b for b in args.backends.split(",") if b]
     settings = {
         "threads": counts, "models": models, "backends": backends, "repeats": args.repeats,
-        "warmup": args.warmup, "kiln_options": options, "kiln_ab_options": _options(args.ab_options),
+        "warmup": args.warmup, "row_s": args.row_s, "kiln_options": options, "kiln_ab_options": _options(args.ab_options),
         "kiln_ab_cpp_options": _options(args.ab_cpp_options), "cpu": _cpu_model(), "cores": os.cpu_count(),
         "torch": torch.__version__, "size": "cpu", "mode": "inference", "dtype": "float32",
     }  # fmt: skip
@@ -286,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         durations.append(time.perf_counter() - started - elapsed)
         results[-1]["elapsed_s"] = round(durations[-1], 1)
         write(partial=True)
+    print()
+    print("\n".join(summary(results, counts, backends)))
     print()
     for n, per in _geomeans(results, counts, backends).items():
         text = "  ".join(f"{b} {v['geomean']:.2f}x over {v['models']}" for b, v in per.items())

@@ -320,10 +320,34 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"threads": args.threads, "clock": args.clock, "rows": rows}, f, indent=1)
-    for b in ("kiln", "kiln_ab", "inductor"):
+    print()
+    print("\n".join(summary(rows, args.threads, args.clock)))
+
+
+def summary(rows: list[dict[str, Any]], threads: int, clock: str) -> list[str]:
+    """Per-model medians (ms a step) and speedups over eager, then each compiler's geomean over
+    the models it got right ("!" marks a speedup whose gradients did not match)."""
+    timed = [b for b in ("kiln", "kiln_ab", "inductor") if any(f"{b}_ms" in r for r in rows)]
+    lines = [f"training step, {threads} thread(s), {clock} clock: medians in ms, speedup over eager"]
+    lines.append(f"{'model':12s} {'eager':>9s}" + "".join(f" {b:>10s} {'x':>6s}" for b in timed))
+    for r in rows:
+        cells = "".join(
+            f" {r[b + '_ms']:10.3f} {r[b + '_speedup']:5.2f}{' ' if r.get(b + '_ok') else '!'}"
+            if f"{b}_ms" in r
+            else f" {'-':>10s} {'-':>6s}"
+            for b in timed
+        )
+        lines.append(f"{r['model']:12s} {r['eager_ms']:9.3f}{cells}")
+    geo = ""
+    for b in timed:
         speed = [r[f"{b}_speedup"] for r in rows if r.get(f"{b}_ok") and f"{b}_speedup" in r]
-        if speed:
-            print(f"{b} geomean over {len(speed)}: {statistics.geometric_mean(speed):.3f}x")
+        geo += (
+            f" {f'({len(speed)} ok)':>10s} {statistics.geometric_mean(speed):5.2f} "
+            if speed
+            else f" {'':10s} {'-':>6s}"
+        )
+    lines.append(f"{'geomean':12s} {'':9s}{geo}")
+    return lines
 
 
 if __name__ == "__main__":

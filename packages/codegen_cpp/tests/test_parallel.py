@@ -271,3 +271,48 @@ def test_layer_norm_weight_gradient_is_a_column_reduction_of_its_own() -> None:
     inputs = make((2, 128, 256)), make((2, 128, 256)), make((2, 128, 1)), make((2, 128, 1))
     compiled = check(_layer_norm_backward, *inputs)
     assert compiled.stats.kernels == 2 and "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
+
+
+def _relu(x: torch.Tensor) -> Any:
+    return aten.relu.default(x)
+
+
+def test_the_audit_reads_every_plan_line() -> None:
+    """bench/parallel_audit.py parses the KILN_LOG=parallel lines this generator writes: a
+    reduction with few outputs, a tiny pointwise kernel and a large one, each found with its
+    plan (a line it could not parse would hide a finding)."""
+    import importlib.util
+    import logging
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "bench" / "parallel_audit.py"
+    spec = importlib.util.spec_from_file_location("parallel_audit", path)
+    assert spec is not None and spec.loader is not None
+    audit = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = audit  # its dataclass looks its module up
+    spec.loader.exec_module(audit)
+    capture = audit._Capture()
+    logger = logging.getLogger("kiln.codegen_cpp.parallel")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the isEnabledFor cache
+    logger.addHandler(capture)
+    try:
+        check(lambda x: aten.sum.dim_IntList(x, [1]), make((4, 65536)))  # 4 outputs: split
+        check(_relu, make((8, 8)))  # tiny: serial
+        check(lambda x: aten.mul.Tensor(x, x), make((64, 4096)))  # large: parallel
+    finally:
+        logger.removeHandler(capture)
+        logger.setLevel(level)
+    plans = capture.plans
+    assert len(plans) == 3, plans
+    split, tiny, large = plans
+    assert (split.kind, split.outputs, split.work) == ("split", 4, 4 * 65536)
+    assert (tiny.kind, tiny.outputs, tiny.cap) == ("serial", None, 1)
+    assert large.kind in ("outer", "chunked") and large.cap > 1 and large.outputs is None
+    assert audit.findings(plans) == ([], [])
+    unsplit = audit.Plan("k", "outer", 4, 4, 1 << 20, 1 << 20, 4)
+    assert audit.findings([unsplit]) == ([], [unsplit])
+    # a [256, 256] bias gradient: 4 column blocks of 16384 element-iterations, too small to split
+    bias = audit.Plan("k", "column", 4, 4, 65536, 65536, 256)
+    assert audit.findings([bias]) == ([], [])

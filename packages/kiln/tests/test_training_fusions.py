@@ -91,3 +91,48 @@ def test_mlp_gradients_match_eager(threads: int, column_sum_fusion: bool, monkey
             torch.testing.assert_close(p.grad, q.grad, msg=name)
     finally:
         torch.set_num_threads(before)
+
+
+class _NormBlock(torch.nn.Module):
+    """Swin's shape of a block: a window shuffle (a transpose), layer norm, an MLP, a residual:
+    its backward has layer norm's row reductions, its weight and bias column sums, the linear
+    layers' bias sums and transposed producers (Note [Pointwise producers in a column
+    reduction's order])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = torch.nn.LayerNorm(48)
+        self.fc1 = torch.nn.Linear(48, 96)
+        self.fc2 = torch.nn.Linear(96, 48)
+        self.head = torch.nn.Linear(48, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.view(2, 4, 16, 48).transpose(1, 2).reshape(2, 64, 48)
+        x = x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+        return self.head(self.norm(x))
+
+
+@pytest.mark.parametrize("column_sum_fusion", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_layer_norm_block_gradients_match_eager(
+    threads: int, column_sum_fusion: bool, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"column_sum_fusion={int(column_sum_fusion)}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, ref = _NormBlock(), _NormBlock()
+        x = torch.randn(2, 64, 48, generator=torch.Generator().manual_seed(3))
+        xk, xe = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        out = kiln.compile(model, options={"strict": True})(xk)
+        want = ref(xe)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(xk.grad, xe.grad)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+    finally:
+        torch.set_num_threads(before)

@@ -12,6 +12,7 @@ from kiln_loopir.indexing import (
     ModularIndexing,
     as_strided_params,
     contiguous_strides,
+    drop_low_terms,
     linear_index,
     loop_vars,
     merge_loops,
@@ -53,6 +54,31 @@ def test_digits_recombine() -> None:
     e = 2 * x1 + x2
     split = 8 * FloorDiv(e, Int(8)) + ModularIndexing(e, Int(1), Int(8))
     assert simplify_index(split, {x1: Int(8), x2: Int(2)}) == e
+
+
+@pytest.mark.parametrize(
+    ("expr", "want"),
+    [
+        # the column kernel's flat position x0 + 32*x1 (x0 < 32) in a producer's digits
+        (ModularIndexing(x0 + 32 * x1, Int(512), Int(16)), ModularIndexing(x1, Int(16), Int(16))),
+        (FloorDiv(x0 + 32 * x1, Int(8192)), FloorDiv(x1, Int(256))),
+        (ModularIndexing(x0 + 32 * x1, Int(32), Int(16)), ModularIndexing(x1, Int(1), Int(16))),
+        # the low part x0 + 4*x2 reaches 59, past the 32 it must stay below: left alone
+        (FloorDiv(x0 + 4 * x2 + 32 * x1, Int(64)), FloorDiv(x0 + 4 * x2 + 32 * x1, Int(64))),
+        # a negative low term may borrow from the high part: left alone
+        (FloorDiv(32 * x1 - 1, Int(64)), FloorDiv(32 * x1 - 1, Int(64))),
+        # 16 does not divide the low part's bound (32): left alone
+        (FloorDiv(x0 + 32 * x1, Int(16)), FloorDiv(x0 + 32 * x1, Int(16))),
+    ],
+)
+def test_drop_low_terms(expr: sympy.Expr, want: sympy.Expr) -> None:
+    ranges = {x0: Int(32), x1: Int(512), x2: Int(8)}
+    got = drop_low_terms(expr, ranges)
+    assert got == want
+    # the same value at every point (x1 >= 1: index expressions are never negative)
+    for a, b, c in itertools.product(range(0, 32, 5), range(1, 512, 37), range(8)):
+        env = {x0: a, x1: b, x2: c}
+        assert evaluate(got, env) == evaluate(expr, env), (got, expr, env)
 
 
 def test_merge_loops_collapses_contiguous_dims() -> None:

@@ -20,9 +20,17 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``column_sum_fusion``: the scheduler may re-express a pointwise producer in the loop order of
   a column reduction that reads it (a bias gradient), so the two fuse into one kernel (Note
   [Pointwise producers in a column reduction's order] in kiln_loopir's scheduler.py). Off by
-  default: on Swin's training step at one thread it removed 15 kernel calls but the kernels' own
-  time rose from 1.30 to 1.46 ms (``bench/kernel_time.py``), the producers being slower in
-  column blocks than the separate sums they replace.
+  default. First measured on Swin's training step at one thread: 15 fewer kernel calls but the
+  kernels' own time 1.30 -> 1.46 ms (``bench/kernel_time.py``). Diagnosed (the Note): reordered
+  producers fused with row reductions (strided loads and stores in the row kernel's order),
+  gathered transposes lane by lane, and divided 64-bit indices per lane. Fixed, in one process
+  with the two variants' steps interleaved (``bench/kernel_time.py --models swin --calls 25
+  --ab-cpp column_sum_fusion=1``): 143 -> 140 kernel calls, 1.197 -> 1.177 ms (two more runs:
+  1.620 -> 1.639 ms under heavier load, 1.250 -> 1.219 ms); keeping the gathering transposes:
+  143 -> 128 calls, 1.242 -> 1.254 ms. The whole step (``bench/train1.py --backends eager,kiln,kiln_ab --ab-cpp
+  ... --clock cpu``, six models, both orders; ``2026-12-02-cpu-s7-train1-column-sum-ab-*.json``)
+  moved by less than the order bias of an A/A run (identical code 1.052x vs 1.080x,
+  ``2026-12-02-cpu-s7-train1-aa-order-bias.json``): neutral on this machine, so it stays off.
 """
 
 from __future__ import annotations

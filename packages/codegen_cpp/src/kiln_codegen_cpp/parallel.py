@@ -141,10 +141,16 @@ def split_chunks(units: int, work: int, first: int, multiple: int) -> tuple[int,
     return (chunk, chunks) if chunks > 1 else None
 
 
-def log_plan(kernel: str, plan: ParallelPlan | None, work: int, weighted: int | None = None) -> None:
+def log_plan(
+    kernel: str, plan: ParallelPlan | None, work: int, weighted: int | None = None, outputs: int | None = None
+) -> None:
+    """KILN_LOG=parallel: the kernel's plan and work; ``outputs``: a reduction's output count
+    (``bench/parallel_audit.py`` reads these lines)."""
     if not log.isEnabledFor(logging.DEBUG):
         return
     size = f"{work} element-iterations" + (f", weighted {weighted}" if weighted not in (None, work) else "")
+    if outputs is not None:
+        size += f"; a reduction of {outputs} outputs"
     if plan is None or plan.cap <= 1:
         log.debug("kernel %s: serial (%s)", kernel, size)
     else:

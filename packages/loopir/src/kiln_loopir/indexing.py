@@ -223,6 +223,51 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
     return _recombine_digits(sympy.expand(visit(expr)))
 
 
+def drop_low_terms(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
+    """``(a + g*b) // (g*k)  ->  b // k`` and ``((a + g*b) // (g*k)) % m  ->  (b // k) % m``
+    where ``0 <= a < g`` over the loops' ``ranges``, throughout ``expr`` (static divisors only).
+
+    A flat position of one loop order, split into the digits of another's, reads like that: the
+    column reduction's ``x0 + 32*r0`` (``x0 < 32``) taken apart by a producer's ranges ``[16,
+    16, 32]`` (Note [Pointwise producers in a column reduction's order]). ``simplify_index``
+    leaves these alone (the Triton generator's code depends on its exact rules); the scheduler
+    applies this to the positions it re-expresses.
+    """
+
+    def split(base: Expr, divisor: Expr) -> tuple[Expr, int] | None:
+        if not divisor.is_Integer:
+            return None
+        d = int(divisor)
+        coeffs = set()
+        for term in sympy.Add.make_args(base):
+            c, _ = term.as_coeff_Mul()
+            if not c.is_Integer or int(c) < 0:
+                return None  # a negative term: ``a`` may be below 0
+            coeffs.add(math.gcd(d, int(c)))
+        for g in sorted((c for c in coeffs if c > 1), reverse=True):
+            kept, rest = _split_multiples(base, g)
+            b = bound(rest, ranges)
+            if kept != 0 and rest != 0 and b is not None and b <= g:
+                return sympy.expand(kept / g), g
+        return None
+
+    def visit(node: Expr) -> Expr:
+        if not node.args:
+            return node
+        node = node.func(*[visit(a) for a in node.args])
+        if isinstance(node, FloorDiv):
+            found = split(*node.args)
+            if found is not None:
+                return FloorDiv(found[0], node.args[1] / found[1])
+        if isinstance(node, ModularIndexing):
+            found = split(node.args[0], node.args[1])
+            if found is not None:
+                return ModularIndexing(found[0], node.args[1] / found[1], node.args[2])
+        return node
+
+    return visit(sympy.expand(expr)) if expr.has(FloorDiv, ModularIndexing) else expr
+
+
 def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool:
     """``expr < limit`` for every value of the size symbols, where ``expr`` is a loop variable
     whose range is ``limit`` itself (Note [Symbolic divisors])."""

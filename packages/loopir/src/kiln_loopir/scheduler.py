@@ -40,6 +40,7 @@ from .indexing import (
     FloorDiv,
     ModularIndexing,
     contiguous_strides,
+    drop_low_terms,
     loop_vars,
     merge_loop_ranges,
     merge_loops,
@@ -373,10 +374,14 @@ class Scheduler:
         self._owner: dict[str, BaseSchedulerNode] = {n.name: n for n in self.nodes}
         self._reader_cache: dict[str, set[int]] | None = None
         self.reordered: list[tuple[str, str]] = []  # (pointwise, column reduction): Note below
+        # a reordered producer's name -> (its column reduction, the node it replaced)
+        self._reorder_partner: dict[str, tuple[str, SchedulerNode]] = {}
         if fusion and reorder_pointwise:
             self.reorder_for_column_reductions()
         if fusion:
             self.fuse_nodes()
+            if self._reorder_partner and self.restore_unpaired_producers():
+                self.fuse_nodes()
         self.nodes = self.topological_sort(self.nodes)
         self.plan = self.plan_buffers()
 
@@ -473,13 +478,29 @@ class Scheduler:
     # - the reduction's reads of it are all at one index, and that index visits every element
     #   exactly once (checked by evaluating it over the whole iteration space, up to
     #   REORDER_CHECK_LIMIT elements): the producer must still write all of its buffer;
-    # - the scheduler (and the backend's veto) would then fuse the pair, so a reordered
-    #   producer never runs alone in the other order.
-    # ``Scheduler.reordered`` lists the pairs; KILN_LOG=schedule prints each. Measured on Swin's
-    # training step at one thread (codegen_cpp's bench/kernel_time.py, fastest call of each
-    # kernel summed): 143 -> 128 kernel calls, but 1.30 -> 1.46 ms of kernel time, so the C++
-    # generator leaves it off by default (``CppOptions.column_sum_fusion``); what makes the
-    # reordered producers slow in column blocks is not diagnosed.
+    # - every read of the reordered producer is, along the column kernel's lanes (the innermost
+    #   output loop), one vector load or one broadcast value (``_lanes_contiguous``): a
+    #   transpose's read ``256*(x // 16) + x % 16`` gathers lane by lane (Swin's attention
+    #   gradients: 8 us in the column kernel against 2 us for the transpose alone, whose
+    #   separate sum is a contiguous column kernel of a few us; a graph of one such transpose,
+    #   its sum and a matmul: 22.8 -> 29.5 us reordered);
+    # - the scheduler (and the backend's veto) would then fuse the pair.
+    # After reordering, a reordered producer fuses only into a kernel that holds its column
+    # reduction (``_keeps_reorder_partners`` in ``can_fuse``): the greedy loop fuses the best
+    # pair first, and Swin's recomputed layer norm, reordered for its weight gradient's sum,
+    # first joined a row reduction reading the same inputs, whose loops then walked it with
+    # strided loads and stores (57 us against 10 us). A reordered producer that fusion still
+    # leaves alone (its reduction fused elsewhere first) is put back in its own order and
+    # fusion runs again (``restore_unpaired_producers``), so none runs alone in the other order.
+    # Its digits split the column kernel's flat position ``x0 + 32*r0``; ``drop_low_terms``
+    # (indexing.py) takes ``((x0 + 32*r0) // 512) % 16`` to ``(r0 // 16) % 16`` (x0 < 32), here
+    # and in the C++ kernel (else each lane divides 64-bit integers: Swin's reordered view-scatter
+    # gradient ran 45 us, 15 us with the terms dropped).
+    # ``Scheduler.reordered`` lists the pairs; KILN_LOG=schedule prints each.
+    # Measured on Swin's training step at one thread (codegen_cpp's bench/kernel_time.py, fastest
+    # call of each kernel summed) before those three rules: 143 -> 128 kernel calls, but 1.30 ->
+    # 1.46 ms of kernel time; after them 143 -> 140 calls and 1.20 -> 1.18 ms, neutral within
+    # the noise, so the C++ generator still leaves it off (``CppOptions.column_sum_fusion``).
 
     def reorder_for_column_reductions(self) -> None:
         readers: dict[str, list[SchedulerNode]] = {}
@@ -515,6 +536,7 @@ class Scheduler:
                     self._groups = list(self.nodes)
                     self._owner = {n.name: n for n in self.nodes}
                     self.reordered.append((cand.name, node.name))
+                    self._reorder_partner[cand.name] = (node.name, cand)
                     log.debug(
                         "reordered %s in the loop order of the column reduction %s", cand.name, node.name
                     )
@@ -593,6 +615,13 @@ class Scheduler:
             offset=offset,
         )
         reads_, writes_ = extract_read_writes(made)
+        nx = len(reduction.node.iteration()[0])
+        gathers = [d for d in reads_ if not _lanes_contiguous(d, nx)]
+        if gathers:  # it would gather along the column kernel's lanes (the Note)
+            log.debug(
+                "not reordering %s for %s: it would gather %s", producer.name, reduction.name, gathers[0]
+            )
+            return None
         return SchedulerNode(producer.order, reads_, writes_, ancestors=set(producer.ancestors), node=made)
 
     # fusion ---------------------------------------------------------------------------------
@@ -668,6 +697,8 @@ class Scheduler:
             return False
         if not groups_compatible(a.group(), b.group()):
             return False
+        if self._reorder_partner and not self._keeps_reorder_partners(a, b):
+            return False
         vertical = bool(a.names() & b.ancestors)
         if vertical:
             if not self.can_fuse_vertical(a, b):
@@ -675,6 +706,33 @@ class Scheduler:
         elif not (a.read_names() & b.read_names()) or abs(a.order - b.order) > MAX_HORIZONTAL_DISTANCE:
             return False
         return self.can_fuse_hook is None or self.can_fuse_hook(a, b)
+
+    def _keeps_reorder_partners(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
+        """Does every reordered producer of the fused pair share it with its column reduction?
+        (Note [Pointwise producers in a column reduction's order]: a reordered producer fused
+        with anything else walks memory in another kernel's order.)"""
+        names = a.names() | b.names()
+        partner = self._reorder_partner
+        return all(partner[n][0] in names for n in names if n in partner)
+
+    def restore_unpaired_producers(self) -> bool:
+        """Put back, in its own order, every reordered producer that fusion left in a kernel
+        of its own (its column reduction fused elsewhere first); whether any was."""
+        alone = [n for n in self.nodes if isinstance(n, SchedulerNode) and n.name in self._reorder_partner]
+        if not alone:
+            return False
+        restored = {n.name: self._reorder_partner[n.name][1] for n in alone}
+        for made in alone:
+            restored[made.name].ancestors = set(made.ancestors)  # as fusion updated them
+        for name in restored:
+            log.debug("restored %s in its own order: its column reduction fused elsewhere", name)
+            del self._reorder_partner[name]
+        self.reordered = [pair for pair in self.reordered if pair[0] not in restored]
+        self.nodes = [restored.get(n.name, n) if isinstance(n, SchedulerNode) else n for n in self.nodes]
+        self.writer = {
+            w: restored.get(n.name, n) if isinstance(n, SchedulerNode) else n for w, n in self.writer.items()
+        }
+        return True
 
     def can_fuse_vertical(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
         """Every read by ``b`` of a buffer ``a`` writes sees a value already computed."""
@@ -822,14 +880,37 @@ REORDER_CHECK_LIMIT = 1 << 24
 
 
 def _simplified(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
-    """``simplify_index`` to a fixed point: splitting a digit can leave a term (``FloorDiv(x0,
-    128)`` with ``x0 < 128``) that another pass removes."""
+    """``simplify_index`` (after ``drop_low_terms``) to a fixed point: splitting a digit can
+    leave a term (``FloorDiv(x0, 128)`` with ``x0 < 128``) that another pass removes."""
     for _ in range(4):
-        done = simplify_index(expr, ranges)
+        done = simplify_index(drop_low_terms(expr, ranges), ranges)
         if done == expr:
             break
         expr = done
     return expr
+
+
+def _lanes_contiguous(dep: Dep, nx: int) -> bool:
+    """Is a reordered producer's read, in a column kernel whose lanes run along the innermost of
+    the first ``nx`` (output) loops, one vector load or one broadcast value: ``c*v + rest`` with
+    ``c`` 0 or 1 in that loop variable ``v`` and ``rest`` free of it? (Note [Pointwise producers
+    in a column reduction's order]: anything else, a transpose's ``256*(v // 16) + v % 16``,
+    is a gather per lane, which ran Swin's reordered transposes slower than the transpose and
+    its separate sum.)"""
+    if not isinstance(dep, MemoryDep):
+        return False
+    lane = next(
+        (v for v, n in zip(reversed(dep.variables[:nx]), reversed(dep.sizes[:nx]), strict=True) if n != 1),
+        None,
+    )
+    if lane is None:
+        return True
+    index = _simplified(sympy.sympify(dep.index), dict(zip(dep.variables, dep.sizes, strict=True)))
+    if lane not in index.free_symbols:
+        return True
+    index = sympy.expand(index)
+    coeff = index.coeff(lane)
+    return coeff == 1 and lane not in (index - coeff * lane).free_symbols
 
 
 def _visits_each_once(dep: MemoryDep, numel: int) -> bool:
