@@ -83,6 +83,7 @@ from kiln_loopir.scheduler import (
     ExternKernelSchedulerNode,
     NopKernelSchedulerNode,
     Scheduler,
+    TemplateSchedulerNode,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
@@ -101,6 +102,7 @@ from kiln_loopir.wrapper_support import layout_args as _layout_args
 from .interp import interpreting
 from .kernel import KernelGroup
 from .runtime import Launcher
+from .templates import MatmulChoice
 
 
 def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
@@ -129,8 +131,10 @@ class WrapperCodegen:
         groups: dict[str, KernelGroup | None],
         launchers: dict[str, Launcher],
         guarded_layouts: bool = False,
+        templates: dict[str, MatmulChoice] | None = None,
     ) -> None:
         self.schedule = schedule
+        self.templates = templates or {}  # Note [Matmul templates] in templates.py
         self.guarded_layouts = guarded_layouts  # Note [Inputs the frame guard checks]
         self.graph = graph
         self.groups = groups
@@ -152,6 +156,9 @@ class WrapperCodegen:
         self.kernel_params = {
             p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
         }
+        for choice in self.templates.values():
+            if choice.template is not None:
+                self.kernel_params |= set(choice.template.params)
         self.flat_inputs = self._inputs_needing_flat_views()
         self.referenced = self._referenced_buffers()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
@@ -329,6 +336,8 @@ class WrapperCodegen:
         for step, node in enumerate(self.schedule.nodes):
             if isinstance(node, ExternKernelSchedulerNode):
                 self.extern(node.node)
+            elif isinstance(node, TemplateSchedulerNode):
+                self.template(node, step)
             elif isinstance(node, NopKernelSchedulerNode):
                 self.emit(f"# {node.name}: no elements")
                 if node.node.name in plan.allocate:
@@ -437,6 +446,51 @@ class WrapperCodegen:
         for name in temporaries:
             self.emit(f"del {name}")
 
+    def template(self, node: TemplateSchedulerNode, step: int) -> None:
+        """Note [Matmul templates]: one call of the node's :class:`MatmulChoice`, which runs the
+        extern op and the epilogue kernel or the template; without a template, those two lines."""
+        choice = self.templates.get(node.name)
+        group = self.groups.get(node.name)
+        if choice is None or choice.template is None or group is None:
+            self.extern(node.extern.node)
+            self.kernel(node, step)
+            return
+        plan = self.schedule.plan
+        epilogue = group.specs[0]
+        product = node.extern.node.outputs[0].name
+        temporaries = []
+        for m in node.epilogue.get_nodes():
+            buffer = m.node  # type: ignore[attr-defined]
+            if buffer.name in plan.allocate:
+                reuse = plan.allocate[buffer.name]
+                if reuse is not None:
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    self.emit(f"del {reuse}")
+                    self.shaped.pop(buffer.name, None)
+                    self.take_pointer(buffer.name)
+                else:
+                    self.allocate(buffer)
+            elif buffer.name in group.scratch:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+
+        def arg(p: str) -> str:
+            return self.pointer(p) if self.pointers else self.storage(p)
+
+        def tup(items: list[str]) -> str:
+            return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
+
+        fn = f"_t{step}"
+        self.namespace[fn] = choice
+        views = tup([self.view(a) for a in node.extern.node.args])
+        targs = tup([arg(p) for p in choice.template.params])
+        eargs = tup(["None" if p == product else arg(p) for p in epilogue.params])
+        stream = "_stream" if self.pointers else "None"
+        self.emit(f"# {choice.template.name}, or extern {node.extern.node.op} + {epilogue.name}")
+        self.emit(f"{fn}({stream}, {views}, {targs}, {eargs})")
+        for name in temporaries:
+            self.emit(f"del {name}")
+
     # ------------------------------------------------- Note [Symbolic sizes in the Triton wrapper]
 
     def size(self, expr: Any) -> str:
@@ -539,9 +593,10 @@ def make_wrapper(
     groups: dict[str, KernelGroup | None],
     launchers: dict[str, Launcher],
     guarded_layouts: bool = False,
+    templates: dict[str, MatmulChoice] | None = None,
 ) -> tuple[Callable[..., Any], str]:
     """(the ``call`` function, its source)."""
-    gen = WrapperCodegen(schedule, graph, groups, launchers, guarded_layouts)
+    gen = WrapperCodegen(schedule, graph, groups, launchers, guarded_layouts, templates)
     source = gen.generate()
     namespace = gen.namespace
     exec(compile(source, "<kiln-triton-wrapper>", "exec"), namespace)

@@ -1,0 +1,286 @@
+"""Matmul templates with fused epilogues (Note [Matmul templates] in templates.py).
+
+Under Triton's interpreter (CI) the template is forced (``matmul_templates="force"``: the first
+config, no timing) on CPU tensors; the small shapes are odd so that every tile has masked rows,
+columns and a ragged last K step. On a GPU machine the same tests run on CUDA tensors, and the
+CUDA-only tests run the real choice: every candidate timed at the first call, the fastest kept
+and its record read back by a second compile. Select them all with ``-k template``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from triton_check import DEVICES, check
+
+from kiln_codegen_triton import TritonBackend, counters
+from kiln_codegen_triton.templates import (
+    GPU_CONFIGS,
+    GemmConfig,
+    MatmulChoice,
+    TemplateUnsupported,
+    gemm_configs,
+    problem_of,
+)
+from kiln_loopir import compile_graph
+from kiln_loopir.ir import ExternKernel, ExternOutput, InputBuffer
+from kiln_loopir.layout import FixedLayout
+from kiln_loopir.scheduler import TemplateSchedulerNode
+from kiln_loopir.testing import trace
+
+aten = torch.ops.aten
+
+M, K, N = 37, 29, 45  # none a multiple of the interpreter's 16-wide tiles
+
+
+def gelu_bias(x: Any, w: Any, b: Any, r: Any) -> Any:
+    # addmm whose readers are pointwise: loopir lowers it to mm + a lazy bias add (Note [Bias
+    # after the GEMM]), so bias, GELU and the residual add are the epilogue
+    return aten.add.Tensor(aten.gelu.default(aten.addmm.default(b, x, w)), r)
+
+
+def relu_bias(x: Any, w: Any, b: Any, r: Any) -> Any:
+    return aten.relu.default(aten.add.Tensor(aten.mm.default(x, w), b))
+
+
+def residual(x: Any, w: Any, b: Any, r: Any) -> Any:
+    return aten.add.Tensor(aten.mm.default(x, w), r)
+
+
+def to_float(x: Any, w: Any, b: Any, r: Any) -> Any:
+    # the epilogue converts (a half product read in float32 by what follows)
+    return aten.mul.Tensor(aten._to_copy.default(aten.mm.default(x, w), dtype=torch.float32), 2.0)
+
+
+EPILOGUES = {"gelu_bias": gelu_bias, "relu_bias": relu_bias, "residual": residual, "to_float": to_float}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _inputs(dtype: torch.dtype, batch: int | None = None) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    lead = () if batch is None else (batch,)
+    return [
+        torch.randn(*lead, M, K, generator=g).to(dtype),
+        torch.randn(*lead, K, N, generator=g).to(dtype),
+        torch.randn(N, generator=g).to(dtype),
+        torch.randn(*lead, M, N, generator=g).to(dtype),
+    ]
+
+
+def _forced(**kwargs: Any) -> TritonBackend:
+    return TritonBackend(mode="max-autotune-no-cudagraphs", matmul_templates="force", **kwargs)
+
+
+def check_gemm(
+    fn: Any, *inputs: torch.Tensor, device: str, backend: TritonBackend, calls: int = 1
+) -> TritonBackend:
+    """``check`` for a graph with a GEMM. In bfloat16/float16 the template sums K in another
+    order than eager's kernel, so its product may round to the neighbouring value, and an
+    epilogue that cancels (a residual add) or widens (to float32) shows that ulp far beyond the
+    output dtype's tolerance; so with half inputs the output (dtype, shape, device as eager's)
+    must be no further from the float64 answer than twice eager's own distance from it, plus one
+    half ulp of the largest output."""
+    if inputs[0].dtype not in (torch.bfloat16, torch.float16):
+        return check(fn, *inputs, device=device, backend=backend, calls=calls)
+    gm = trace(fn)
+    moved = [t.to(device) for t in inputs]
+    compiled = compile_graph(gm, moved, backend=backend)
+    eager = gm(*moved)
+    exact = gm(*[t.double() for t in moved])
+    ulp = torch.finfo(inputs[0].dtype).eps * float(exact.abs().max())
+    eager_error = float((eager.double() - exact).abs().max())
+    for _ in range(calls):
+        got = compiled(*moved)
+        assert (got.dtype, got.shape, got.device) == (eager.dtype, eager.shape, eager.device)
+        assert float((got.double() - exact).abs().max()) <= 2 * eager_error + ulp
+    assert backend.last_declined == [], backend.last_declined
+    return backend
+
+
+def _template_ran(backend: TritonBackend, count: int = 1) -> None:
+    assert len(backend.last_templates) == count, backend.last_wrapper
+    for choice in backend.last_templates:
+        assert isinstance(choice.chosen, GemmConfig), choice.chosen
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("epilogue", sorted(EPILOGUES))
+def test_template_mm_epilogues(epilogue: str, dtype: torch.dtype, device: str) -> None:
+    backend = check_gemm(EPILOGUES[epilogue], *_inputs(dtype), device=device, backend=_forced())
+    _template_ran(backend)
+    # the product never reaches memory: the wrapper calls the choice, not the extern op
+    assert "_t0(" in backend.last_wrapper or "_t1(" in backend.last_wrapper, backend.last_wrapper
+    assert "_op_" not in backend.last_wrapper
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_template_bmm_epilogue(dtype: torch.dtype, device: str) -> None:
+    def fn(x: Any, w: Any, b: Any, r: Any) -> Any:
+        return aten.mul.Tensor(aten.add.Tensor(aten.bmm.default(x, w), r), 0.5)
+
+    _template_ran(check_gemm(fn, *_inputs(dtype, batch=3), device=device, backend=_forced()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_template_transposed_operands(device: str) -> None:
+    # x @ w.t() (a linear layer's weight) and a bmm of a transposed key: strided operands
+    def linear(x: Any, w: Any) -> Any:
+        return aten.relu.default(aten.mm.default(x, aten.t.default(w)))
+
+    def scores(q: Any, k: Any) -> Any:
+        return aten.mul.Tensor(aten.bmm.default(q, aten.transpose.int(k, 1, 2)), 0.125)
+
+    g = torch.Generator().manual_seed(1)
+    _template_ran(
+        check(
+            linear,
+            torch.randn(M, K, generator=g),
+            torch.randn(N, K, generator=g),
+            device=device,
+            backend=_forced(),
+        )
+    )
+    q, k = torch.randn(2, M, K, generator=g), torch.randn(2, N, K, generator=g)
+    _template_ran(check(scores, q, k, device=device, backend=_forced()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_template_addmm_bias_in_the_template(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an addmm that stays whole (here: by telling the lowering its readers are not pointwise)
+    # adds its bias in the template, before the product is rounded
+    from kiln_loopir.lowerings import linalg
+
+    monkeypatch.setattr(linalg, "_readers_are_pointwise", lambda node, depth=0: False)
+    for dtype in (torch.float32, torch.bfloat16):
+        x, w, b, r = _inputs(dtype)
+        backend = check_gemm(gelu_bias, x, w, b, r, device=device, backend=_forced())
+        _template_ran(backend)
+        assert backend.last_templates[0].template.problem.op == "addmm"  # type: ignore[union-attr]
+        b2 = b.reshape(1, N)  # a [1, N] bias broadcasts over rows the same way
+        _template_ran(check_gemm(gelu_bias, x, w, b2, r, device=device, backend=_forced()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_template_extern_path_matches(device: str) -> None:
+    # the other candidate of the same node: the extern call, then the epilogue kernel
+    backend = TritonBackend(mode="max-autotune-no-cudagraphs", matmul_templates="extern")
+    check_gemm(gelu_bias, *_inputs(torch.bfloat16), device=device, backend=backend, calls=2)
+    assert [c.chosen for c in backend.last_templates] == ["extern"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_template_not_formed(device: str) -> None:
+    def two_readers(x: Any, w: Any, b: Any, r: Any) -> Any:
+        y = aten.mm.default(x, w)
+        return aten.relu.default(y), aten.sum.dim_IntList(y, [0])
+
+    def transposed_read(x: Any, w: Any, b: Any, r: Any) -> Any:
+        y = aten.mm.default(x, w)  # square: the epilogue reads y and y.t() together
+        return aten.add.Tensor(y, aten.t.default(y))
+
+    inputs = _inputs(torch.float32)
+    # the default mode never forms template nodes, and the option turns them off
+    for backend in (TritonBackend(), TritonBackend(mode="max-autotune", matmul_templates=False)):
+        check(gelu_bias, *inputs, device=device, backend=backend)
+        assert backend.last_templates == [] and "_op_" in backend.last_wrapper
+    # the product read by two kernels (one a reduction): extern
+    backend = check(two_readers, *inputs, device=device, backend=_forced())
+    assert backend.last_templates == []
+    # a read of the product away from where a program computes it: the node runs as extern +
+    # kernel, with the same result
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(N, K, generator=g), torch.randn(K, N, generator=g)
+    backend = check(transposed_read, x, w, inputs[2], inputs[3], device=device, backend=_forced())
+    assert backend.last_templates == [] and "_op_" in backend.last_wrapper
+
+
+def test_template_scheduler_node() -> None:
+    # loopir's side: one node for the extern and its epilogue, the product never allocated
+    inputs = _inputs(torch.float32)
+    backend = _forced()
+    compiled = compile_graph(trace(gelu_bias), inputs, backend=backend)
+    nodes = [n for n in compiled.schedule.nodes if isinstance(n, TemplateSchedulerNode)]
+    assert len(nodes) == 1
+    product = nodes[0].extern.node.outputs[0].name
+    assert product not in compiled.schedule.plan.allocate
+    assert compiled.stats.extern_calls == 0
+    # the interpreter backend (no templates) schedules the same graph with the extern node
+    plain = compile_graph(trace(gelu_bias), inputs)
+    assert not any(isinstance(n, TemplateSchedulerNode) for n in plain.schedule.nodes)
+    assert plain.stats.extern_calls == 1
+
+
+def test_template_refuses_symbolic_sizes() -> None:
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    cpu = torch.device("cpu")
+    a = InputBuffer(
+        "a", FixedLayout(cpu, torch.float32, (s0, sympy.Integer(8)), (sympy.Integer(8), sympy.Integer(1)))
+    )
+    b = InputBuffer(
+        "b",
+        FixedLayout(
+            cpu, torch.float32, (sympy.Integer(8), sympy.Integer(4)), (sympy.Integer(4), sympy.Integer(1))
+        ),
+    )
+    out = ExternOutput(
+        "buf0",
+        FixedLayout(cpu, torch.float32, (s0, sympy.Integer(4)), (sympy.Integer(4), sympy.Integer(1))),
+        kernel="buf0",
+    )
+    kernel = ExternKernel("buf0", aten.mm.default, (a, b), {}, (out,))
+    with pytest.raises(TemplateUnsupported, match="symbolic"):
+        problem_of(kernel)
+
+
+def test_template_configs_fit_the_problem() -> None:
+    gpu = gemm_configs(4096, 768, 3072, torch.bfloat16, interpreter=False)
+    assert gpu == list(GPU_CONFIGS)  # a large problem takes every candidate as it is
+    # float32 halves BLOCK_K; a small problem shrinks every tile and drops duplicates
+    fp32 = gemm_configs(4096, 768, 3072, torch.float32, interpreter=False)
+    assert [c.BLOCK_K for c in fp32] == [c.BLOCK_K // 2 for c in GPU_CONFIGS]
+    small = gemm_configs(20, 8, 8, torch.bfloat16, interpreter=False)
+    assert all(c.BLOCK_M <= 32 and c.BLOCK_N == 16 and c.BLOCK_K == 16 for c in small)
+    assert len(set(small)) == len(small)
+
+
+# ----------------------------------------------------------------------------- CUDA only
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="times candidates on a GPU")
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_template_autotune_cuda(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    m, k, n = 512, 768, 3072
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(k, n, generator=g).to(dtype) * 0.05
+    b = torch.randn(n, generator=g).to(dtype)
+    r = torch.randn(m, n, generator=g).to(dtype)
+    backend = TritonBackend(mode="max-autotune-no-cudagraphs")
+    check_gemm(gelu_bias, x, w, b, r, device="cuda", backend=backend)
+    assert len(backend.last_templates) == 1
+    choice: MatmulChoice = backend.last_templates[0]
+    timings = choice.timings_ms
+    assert "extern" in timings and len(timings) >= 2, timings
+    best = min(timings, key=lambda label: timings[label])
+    assert (choice.chosen == "extern") == (best == "extern")
+    # a second compile of the same graph reads the choice back instead of timing
+    hits = counters["autotune_hits"]
+    again = TritonBackend(mode="max-autotune-no-cudagraphs")
+    check_gemm(gelu_bias, x, w, b, r, device="cuda", backend=again)
+    assert counters["autotune_hits"] > hits
+    assert again.last_templates[0].chosen == choice.chosen
+
+
+@cuda_only
+def test_template_cuda_graphs() -> None:
+    # mode="max-autotune": the choice is made at the warm-up call, then recorded and replayed
+    backend = TritonBackend(mode="max-autotune")
+    check_gemm(gelu_bias, *_inputs(torch.bfloat16), device="cuda", backend=backend, calls=3)
+    assert len(backend.last_templates) == 1 and backend.last_templates[0].chosen is not None
