@@ -9,6 +9,10 @@ and its record read back by a second compile. Select them all with ``-k template
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,6 +250,25 @@ def test_template_configs_fit_the_problem() -> None:
     small = gemm_configs(20, 8, 8, torch.bfloat16, interpreter=False)
     assert all(c.BLOCK_M <= 32 and c.BLOCK_N == 16 and c.BLOCK_K == 16 for c in small)
     assert len(set(small)) == len(small)
+
+
+def test_template_compiles_for_sm90(cache_root: str) -> None:
+    # the GPU path without a GPU: the templates compile to a cubin for an H100/H200, with their
+    # half-precision dots on the tensor cores (gpu_compile_templates.py, as test_gpu_compile.py)
+    env = {**os.environ, "TRITON_INTERPRET": "0", "KILN_CACHE_DIR": os.path.join(cache_root, "gpu-templates")}
+    script = Path(__file__).with_name("gpu_compile_templates.py")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=script.parent,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    compiled = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
+    assert len(compiled) == 8 and all("wgmma" in line for line in compiled if "fp32" not in line), done.stdout
 
 
 # ----------------------------------------------------------------------------- CUDA only
