@@ -271,6 +271,56 @@ def test_template_compiles_for_sm90(cache_root: str) -> None:
     assert len(compiled) == 8 and all("wgmma" in line for line in compiled if "fp32" not in line), done.stdout
 
 
+def test_template_choice_timed_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the decision on a GPU, without one: do_bench and the two ways are stand-ins, the choice,
+    # its record on disk, the record read back and a corrupt record are the real code
+    import triton.testing
+
+    backend = _forced()
+    compile_graph(trace(gelu_bias), _inputs(torch.float32), backend=backend)
+    made = backend.last_templates[0]
+    assert made.template is not None
+    first, *_ = made.template.configs
+    fake = {"extern": 2.0, first.label(): 1.0}
+    ran: list[str] = []
+
+    def choice_with() -> MatmulChoice:
+        choice = MatmulChoice(
+            made.kernel, made.epilogue, made.template, made.fn, force=None, pointers=True, conform=lambda r: r
+        )
+        monkeypatch.setattr(choice, "run_extern", lambda *a: ran.append("extern"))
+        monkeypatch.setattr(choice, "template_runner", lambda c: lambda *a: ran.append(c.label()))
+        return choice
+
+    def bench(fn: Any, **kwargs: Any) -> float:
+        fn()
+        return fake[ran[-1]]
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a stand-in GPU")
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    timed = counters["autotuned"]
+    choice = choice_with()
+    choice(0, (), (), ())
+    assert choice.chosen == first and choice.timings_ms == fake and counters["autotuned"] == timed + 1
+    assert ran[-1] == first.label()  # and the call itself ran the template
+    # a second node of the same source reads the record: no timing
+    monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("timed again"))
+    hits = counters["autotune_hits"]
+    again = choice_with()
+    again(0, (), (), ())
+    assert again.chosen == first and counters["autotune_hits"] == hits + 1
+    # a damaged record is reported and timed again; extern wins ties and faster runs
+    records = list((Path(os.environ["KILN_CACHE_DIR"]) / "triton" / "autotune").glob("*.json"))
+    record = next(r for r in records if made.template.name in r.read_text())
+    record.write_text("{not json")
+    fake = {"extern": 1.0, first.label(): 1.0}
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    corrupt = counters["corrupt"]
+    third = choice_with()
+    third(0, (), (), ())
+    assert third.chosen == "extern" and counters["corrupt"] == corrupt + 1 and ran[-1] == "extern"
+
+
 # ----------------------------------------------------------------------------- CUDA only
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="times candidates on a GPU")

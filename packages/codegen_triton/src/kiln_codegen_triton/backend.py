@@ -22,6 +22,9 @@ frame's tensors: a forward graph), which then checks only storage offsets and al
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
 ``symbolic_sizes=False`` (or ``KILN_TRITON_SYMBOLIC=0``) refuses graphs of symbolic sizes (Note
 [Symbolic sizes in Triton kernels]; the caller then compiles them static per size).
+``matmul_templates`` (default True: under max-autotune on a GPU; False: never) lets a GEMM and
+the pointwise kernel after it become one template node, timed against the extern call at the
+first call (Note [Matmul templates] in templates.py).
 
 Note [Autotuning large kernels in the default mode]: a kernel that moves a lot of memory is where
 a block-size miss costs most, and where timing a few configs once costs least relative to what it
