@@ -4,7 +4,7 @@ For the GEMMs of GPT-2 (small) and BERT-base at batch*seq tokens in ``--tokens``
 by default), each with the epilogue it has in the model, the graph is compiled with
 ``TritonBackend(mode="max-autotune-no-cudagraphs")``, so its template node times, at the first
 call, the extern call (cuBLAS) followed by kiln's epilogue kernel against each template config
-(``triton.testing.do_bench``: GPU time per call, median), and keeps the fastest. The table
+(``triton.testing.do_bench``: GPU ms per call, its default mean), and keeps the fastest. The table
 prints those timings: the extern path, the best template and its config, the speedup, and what
 was chosen; every result is first checked against eager. This is a benchmark, not a test.
 The cache of choices is a fresh temporary folder, so every run times again.
@@ -112,7 +112,7 @@ def main() -> int:
         return 2
     dtype = getattr(torch, args.dtype)
     rows = []
-    print(f"{torch.cuda.get_device_name()}, {args.dtype}; GPU ms per call (do_bench median)")
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}; GPU ms per call (triton.testing.do_bench)")
     header = f"{'problem':32} {'M x K x N':>18} {'cuBLAS+epi':>10} {'template':>9} {'speedup':>7}  {'best config':24} chosen"
     print(header)
     print("-" * len(header))

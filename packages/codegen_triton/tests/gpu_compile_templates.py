@@ -31,6 +31,10 @@ def mlp(x: Any, w: Any, b: Any, r: Any) -> Any:
     return aten.add.Tensor(aten.gelu.default(aten.addmm.default(b, x, w)), r)
 
 
+def addmm(x: Any, w: Any, b: Any, r: Any) -> Any:
+    return aten.addmm.default(b, x, w)  # a graph output: a lone template stores the product
+
+
 def scores(q: Any, k: Any) -> Any:
     return aten.mul.Tensor(aten.bmm.default(q, aten.transpose.int(k, 1, 2)), 0.125)
 
@@ -42,6 +46,7 @@ def cases() -> list[tuple[str, Any, list[Any], int]]:
     return [
         ("bf16 mm + bias, gelu, residual", mlp, mlp_inputs(torch.bfloat16), 99),
         ("fp32 mm + bias, gelu, residual", mlp, mlp_inputs(torch.float32), 2),
+        ("bf16 addmm alone", addmm, mlp_inputs(torch.bfloat16), 1),
         (
             "fp16 bmm of a transposed key",
             scores,

@@ -192,15 +192,46 @@ def test_template_not_formed(device: str) -> None:
     for backend in (TritonBackend(), TritonBackend(mode="max-autotune", matmul_templates=False)):
         check(gelu_bias, *inputs, device=device, backend=backend)
         assert backend.last_templates == [] and "_op_" in backend.last_wrapper
-    # the product read by two kernels (one a reduction): extern
+    # the product read by two kernels (one a reduction): no epilogue joins the GEMM, which is
+    # a lone template (below)
     backend = check(two_readers, *inputs, device=device, backend=_forced())
-    assert backend.last_templates == []
+    assert [c.template.lone for c in backend.last_templates if c.template is not None] == [True]
     # a read of the product away from where a program computes it: the node runs as extern +
     # kernel, with the same result
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(N, K, generator=g), torch.randn(K, N, generator=g)
     backend = check(transposed_read, x, w, inputs[2], inputs[3], device=device, backend=_forced())
     assert backend.last_templates == [] and "_op_" in backend.last_wrapper
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_template_lone_gemms(dtype: torch.dtype, device: str) -> None:
+    # a GEMM no epilogue joins (its result is an output, or read by another extern) is a
+    # template of its own that stores the product where the extern's result would be
+    def outputs(x: Any, w: Any, b: Any, r: Any) -> Any:
+        y = aten.mm.default(x, w)
+        return y, aten.addmm.default(b, x, w), aten.mm.default(aten.t.default(y), r)
+
+    def batched(x: Any, w: Any, b: Any, r: Any) -> Any:
+        return aten.bmm.default(x, w)
+
+    if dtype == torch.float32:
+        backend = check(outputs, *_inputs(dtype), device=device, backend=_forced())
+    else:
+        backend = _forced()
+        gm = trace(outputs)
+        inputs = [t.to(device) for t in _inputs(dtype)]
+        got, want = compile_graph(gm, inputs, backend=backend)(*inputs), gm(*inputs)
+        exact = gm(*[t.double() for t in inputs])
+        for g, w, e in zip(got, want, exact, strict=True):
+            assert (g.dtype, g.shape) == (w.dtype, w.shape)
+            ulp = torch.finfo(dtype).eps * float(e.abs().max())
+            assert float((g.double() - e).abs().max()) <= 2 * float((w.double() - e).abs().max()) + ulp
+    _template_ran(backend, 3)
+    assert all(c.template is not None and c.template.lone for c in backend.last_templates)
+    assert "_op_" not in backend.last_wrapper
+    _template_ran(check_gemm(batched, *_inputs(dtype, batch=2), device=device, backend=_forced()))
 
 
 def test_template_scheduler_node() -> None:
@@ -268,7 +299,7 @@ def test_template_compiles_for_sm90(cache_root: str) -> None:
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     compiled = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
-    assert len(compiled) == 8 and all("wgmma" in line for line in compiled if "fp32" not in line), done.stdout
+    assert len(compiled) == 9 and all("wgmma" in line for line in compiled if "fp32" not in line), done.stdout
 
 
 def test_template_choice_timed_and_cached(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,7 +55,7 @@ import torch
 
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.ir import ComputedBuffer, Scatter
+from kiln_loopir.ir import ComputedBuffer, ExternKernel, Scatter
 from kiln_loopir.origins import KIND, kernel_name
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
@@ -75,6 +75,7 @@ from .split import plan_split
 from .templates import (
     TEMPLATE_OPS,
     MatmulChoice,
+    MatmulProblem,
     TemplateSpec,
     TemplateUnsupported,
     build_template,
@@ -204,11 +205,7 @@ class TritonBackend(Backend):
         if kernel_op.op not in TEMPLATE_OPS:
             return False
         try:
-            if self.matmul_templates not in ("force", "extern"):
-                device = kernel_op.outputs[0].layout.device if kernel_op.outputs else None
-                if device is None or device.type != "cuda":
-                    raise TemplateUnsupported("not a CUDA device")
-            problem = problem_of(kernel_op)
+            problem = self._problem(kernel_op)
             members = [
                 b for m in kernel.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)
             ]
@@ -230,6 +227,29 @@ class TritonBackend(Backend):
             kernel.name,
         )
         return True
+
+    def _problem(self, kernel: ExternKernel) -> MatmulProblem:
+        """The GEMM of ``kernel`` if a template may replace it here (else TemplateUnsupported)."""
+        if self.matmul_templates not in ("force", "extern"):
+            device = kernel.outputs[0].layout.device if kernel.outputs else None
+            if device is None or device.type != "cuda":
+                raise TemplateUnsupported("not a CUDA device")
+        return problem_of(kernel)
+
+    def _lone_template(
+        self, node: ExternKernelSchedulerNode, step: int, dtypes: dict[str, Any], index_dtype: str
+    ) -> TemplateSpec | None:
+        """The template of a GEMM no epilogue joined (a plain extern node), or None."""
+        if node.node.op not in TEMPLATE_OPS:
+            return None
+        try:
+            problem = self._problem(node.node)
+            return build_template(
+                f"triton_tem_{problem.op}_{step}", problem, [], [], dtypes, set(), index_dtype=index_dtype
+            )
+        except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
+            log_tune.debug("%s stays extern: %s", node.name, exc)
+            return None
 
     def _template(
         self,
@@ -277,6 +297,10 @@ class TritonBackend(Backend):
                     templates[node.name] = template
             elif node.name in kernels:
                 groups[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
+            elif isinstance(node, ExternKernelSchedulerNode) and self.wants_templates():
+                lone = self._lone_template(node, step, dtypes, index_dtype)
+                if lone is not None:
+                    templates[node.name] = lone
         if graph.sizevars.symbolic and self.last_declined:
             # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
             # than the static compile the caller falls back to
@@ -357,19 +381,25 @@ class TritonBackend(Backend):
         out: dict[str, MatmulChoice] = {}
         for node in schedule.nodes:
             template = templates.get(node.name)
-            if template is None or not isinstance(node, TemplateSchedulerNode):
+            if template is None:
                 continue
-            group = groups[node.name]
-            assert group is not None
-            product = node.extern.node.outputs[0]
+            if isinstance(node, TemplateSchedulerNode):
+                group = groups[node.name]
+                assert group is not None
+                extern, epilogue = node.extern.node, launchers[group.specs[0].name]
+            else:
+                assert isinstance(node, ExternKernelSchedulerNode)
+                extern, epilogue = node.node, None
+            product = extern.outputs[0]
             choice = MatmulChoice(
-                node.extern.node,
-                launchers[group.specs[0].name],
+                extern,
+                epilogue,
                 template,
                 getattr(module, template.name),
                 force="template" if force == "force" else force,
                 pointers=pointers,
                 conform=_conform_product(product.layout, pointers),
+                allocate=_allocate_product(product.layout, pointers, graph.device),
             )
             out[node.name] = choice
             self.last_templates.append(choice)
@@ -452,6 +482,17 @@ def _conform_product(layout: Any, pointers: bool) -> Callable[[torch.Tensor], An
         return lambda r: dense_storage(r, dsize, dstride, 0)
     n = int(layout.storage_size())
     return lambda r: flat_storage(r, n, size, stride, offset)
+
+
+def _allocate_product(layout: Any, pointers: bool, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A new buffer for a lone GEMM's product, held as :func:`_conform_product` holds it."""
+    dtype = layout.dtype
+    shape = dense_shape(layout) if pointers else None
+    if shape is not None:
+        dsize, dstride = shape
+        return lambda: torch.empty_strided(dsize, dstride, dtype=dtype, device=device)
+    n = int(layout.storage_size())
+    return lambda: torch.empty(n, dtype=dtype, device=device)
 
 
 def _buffer_bytes(graph: GraphLowering, groups: dict[str, KernelGroup | None]) -> dict[str, int]:

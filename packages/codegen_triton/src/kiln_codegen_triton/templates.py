@@ -57,7 +57,7 @@ from kiln_loopir.ir import Buffer, ComputedBuffer, ExternKernel, ReinterpretView
 from .interp import interpreting
 from .kernel import CodegenUnsupported, Plan, TValue, _Generator, simplify
 from .runtime import Launcher, cache_dir, counters
-from .triton_ops import HALF, convert_expr, load_expr
+from .triton_ops import HALF, convert_expr, load_expr, store_expr
 
 log = logging.getLogger("kiln.codegen_triton.autotune")
 cache_log = logging.getLogger("kiln.codegen_triton.cache")
@@ -159,6 +159,7 @@ class MatmulProblem:
     bias: Operand | None
     out: str  # the extern's result buffer: what the epilogue reads
     dtype: torch.dtype
+    out_strides: tuple[int, int, int] = (0, 0, 0)  # its (batch, row, column) strides
 
 
 def _static(values: Sequence[Any], what: str) -> list[int]:
@@ -244,7 +245,13 @@ def problem_of(kernel: ExternKernel) -> MatmulProblem:
         raise TemplateUnsupported(f"batch {batch} above the grid's y limit")
     if max(batch * m * n, batch * m * k, batch * k * n) >= 2**31:
         raise TemplateUnsupported("operands of 2**31 elements or more (int32 index math)")
-    return MatmulProblem(op, batch, m, n, k, a, b, bias, out.name, dtype)
+    ostride = _static(out.layout.stride, "stride")
+    ostride = ostride if rank == 3 else [0, *ostride]
+    if _static([out.layout.offset], "offset") != [0]:
+        raise TemplateUnsupported("a result at a storage offset")
+    return MatmulProblem(
+        op, batch, m, n, k, a, b, bias, out.name, dtype, (ostride[0], ostride[1], ostride[2])
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -280,6 +287,9 @@ class TemplateSpec:
     problem: MatmulProblem
     configs: tuple[GemmConfig, ...]
     tf32: bool
+    # no epilogue: the template stores the product itself, into a buffer the choice allocates
+    # and passes last (``params[-1]`` is the product)
+    lone: bool = False
 
     def grid(self, config: GemmConfig) -> tuple[int, int]:
         p = self.problem
@@ -357,8 +367,16 @@ def build_template(
     (TemplateUnsupported when the epilogue cannot be fused; the node then runs as extern)."""
     if index_dtype != "tl.int32":
         raise TemplateUnsupported("int64 index math")
-    body, epilogue_params = _epilogue_body(problem, name, members, reads, dtypes, internal, index_dtype)
     p = problem
+    lone = not members
+    if lone:  # the product itself, stored where the extern's result would be
+        sb, sm, sn = p.out_strides
+        where = f"rm[:, None] * {sm} + rn[None, :] * {sn}"
+        where = f"bid * {sb} + {where}" if p.batch > 1 else where
+        body = [f"    tl.store(p_{p.out} + ({where}), {store_expr(p.dtype, 'acc_out')}, ymask & xmask)"]
+        epilogue_params = [p.out]
+    else:
+        body, epilogue_params = _epilogue_body(problem, name, members, reads, dtypes, internal, index_dtype)
     a, b = p.a, p.b
     params: list[str] = []
     for n in [a.name, b.name, *([p.bias.name] if p.bias else []), *epilogue_params]:
@@ -374,7 +392,11 @@ def build_template(
     k_left = "K - k * BLOCK_K"
     lines = [
         f"# {name}: {p.op} [{p.batch}, {p.m}, {p.k}] x [{p.batch}, {p.k}, {p.n}] {p.dtype}, "
-        f"epilogue {', '.join(m.name for m in members)} fused into the store (Note [Matmul templates])",
+        + (
+            f"epilogue {', '.join(m.name for m in members)} fused into the store (Note [Matmul templates])"
+            if members
+            else "the product stored as the extern would return it (Note [Matmul templates])"
+        ),
         "@triton.jit",
         f"def {name}({', '.join(f'p_{n}' for n in params)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, "
         "BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):",
@@ -436,6 +458,7 @@ def build_template(
         problem=p,
         configs=configs,
         tf32=tf32,
+        lone=lone,
     )
 
 
@@ -456,24 +479,28 @@ class _Pointer:
 
 
 class MatmulChoice:
-    """Runs one template node: the extern call + epilogue kernel, or the template, whichever the
-    first call found fastest (Note [Matmul templates]).
+    """Runs one GEMM node: the extern call (+ the epilogue kernel), or the template, whichever
+    the first call found fastest (Note [Matmul templates]).
 
     The wrapper calls ``choice(stream, views, template_args, epilogue_args)``: the extern op's
     arguments (tensors), the template's parameters and the epilogue kernel's parameters as the
     wrapper passes kernels their buffers (pointers on a GPU, flat storages under the
-    interpreter), the product's slot in the latter left ``None``."""
+    interpreter), the product's slot in the latter left ``None``. A lone GEMM (no epilogue: a
+    plain extern node) has no epilogue arguments, its template parameters stop before the
+    product, and the call returns the product as the wrapper holds an extern's result
+    (``allocate`` makes that buffer for the template)."""
 
     def __init__(
         self,
         kernel: ExternKernel,
-        epilogue: Launcher,
+        epilogue: Launcher | None,
         template: TemplateSpec | None,
         fn: Any,
         *,
         force: str | None,
         pointers: bool,
         conform: Callable[[torch.Tensor], Any],
+        allocate: Callable[[], torch.Tensor] | None = None,
         why_extern: str = "",
     ) -> None:
         self.kernel = kernel
@@ -482,33 +509,38 @@ class MatmulChoice:
         self.epilogue = epilogue
         self.template = template
         self.fn = fn
-        self.slot = epilogue.spec.params.index(kernel.outputs[0].name)
+        self.slot = epilogue.spec.params.index(kernel.outputs[0].name) if epilogue is not None else -1
         self.force = force
         self.pointers = pointers
         self.conform = conform
+        self.allocate = allocate
         self.why_extern = why_extern
         self.chosen: GemmConfig | str | None = None
         self.timings_ms: dict[str, float] = {}
-        self._run: Callable[[Any, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]], None] | None = None
+        self._run: Callable[[Any, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]], Any] | None = None
         self._compiled: dict[GemmConfig, Callable[..., None]] = {}
 
     @property
     def name(self) -> str:
-        return self.template.name if self.template is not None else self.epilogue.spec.name
+        if self.template is not None:
+            return self.template.name
+        return self.epilogue.spec.name if self.epilogue is not None else self.kernel.name
 
     def __call__(
-        self, stream: Any, views: tuple[Any, ...], targs: tuple[Any, ...], eargs: tuple[Any, ...]
-    ) -> None:
+        self, stream: Any, views: tuple[Any, ...], targs: tuple[Any, ...], eargs: tuple[Any, ...] = ()
+    ) -> Any:
         if self._run is None:
             self._run = self._decide(stream, views, targs, eargs)
-        self._run(stream, views, targs, eargs)
+        return self._run(stream, views, targs, eargs)
 
     # the two ways ----------------------------------------------------------------------
 
     def run_extern(
         self, stream: Any, views: tuple[Any, ...], targs: tuple[Any, ...], eargs: tuple[Any, ...]
-    ) -> None:
+    ) -> Any:
         result = self.conform(self.op(*views, **self.kwargs))
+        if self.epilogue is None:
+            return result
         args = list(eargs)
         if self.pointers:
             args[self.slot] = result.data_ptr()
@@ -516,19 +548,28 @@ class MatmulChoice:
         else:
             args[self.slot] = result
             self.epilogue(*args)
+        return None
 
-    def template_runner(self, config: GemmConfig) -> Callable[..., None]:
+    def template_runner(self, config: GemmConfig) -> Callable[..., Any]:
         """``run(stream, views, targs, eargs)`` launching the template with ``config``."""
         assert self.template is not None
         spec = self.template
         grid = spec.grid(config)
         constexprs = spec.constexprs(config)
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        allocate = self.allocate if spec.lone else None
+        if spec.lone and allocate is None:
+            raise ValueError("a lone GEMM's template needs allocate")
         if not self.pointers:
             runner = self.fn[grid]
 
-            def run_interpreted(stream: Any, views: Any, targs: Any, eargs: Any) -> None:
-                runner(*targs, **constexprs, **options)
+            def run_interpreted(stream: Any, views: Any, targs: Any, eargs: Any) -> Any:
+                if allocate is None:
+                    runner(*targs, **constexprs, **options)
+                    return None
+                out = allocate()
+                runner(*targs, out, **constexprs, **options)
+                return out
 
             return run_interpreted
         if config not in self._compiled:
@@ -553,8 +594,13 @@ class MatmulChoice:
             self._compiled[config] = launch
         launch = self._compiled[config]
 
-        def run_compiled(stream: Any, views: Any, targs: Any, eargs: Any) -> None:
-            launch(stream, targs)
+        def run_compiled(stream: Any, views: Any, targs: Any, eargs: Any) -> Any:
+            if allocate is None:
+                launch(stream, targs)
+                return None
+            out = allocate()
+            launch(stream, (*targs, out.data_ptr()))
+            return out
 
         return run_compiled
 
@@ -567,7 +613,7 @@ class MatmulChoice:
         text = json.dumps(
             [
                 self.template.source,
-                self.epilogue.spec.source,
+                self.epilogue.spec.source if self.epilogue is not None else "",
                 str(self.op),
                 device,
                 triton.__version__,
@@ -577,7 +623,7 @@ class MatmulChoice:
         )
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def _decide(self, stream: Any, views: Any, targs: Any, eargs: Any) -> Callable[..., None]:
+    def _decide(self, stream: Any, views: Any, targs: Any, eargs: Any) -> Callable[..., Any]:
         if self.template is None:
             self.chosen = "extern"
             return self.run_extern
@@ -608,7 +654,7 @@ class MatmulChoice:
                 return self.run_extern if label == "extern" else self.template_runner(by_label[label])
         import triton.testing
 
-        candidates: dict[str, Callable[..., None]] = {"extern": self.run_extern}
+        candidates: dict[str, Callable[..., Any]] = {"extern": self.run_extern}
         for config in self.template.configs:
             try:
                 candidates[config.label()] = self.template_runner(config)
@@ -617,6 +663,9 @@ class MatmulChoice:
         timings: dict[str, float] = {}
         for label, run in candidates.items():
             try:
+                # one call first: the epilogue kernel's own first call may tune its config, a
+                # template's loads its binary; neither belongs in the timing
+                run(stream, views, targs, eargs)
                 timings[label] = float(
                     triton.testing.do_bench(
                         lambda run=run: run(stream, views, targs, eargs), warmup=5, rep=25

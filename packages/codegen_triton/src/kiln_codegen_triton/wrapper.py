@@ -157,8 +157,9 @@ class WrapperCodegen:
             p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
         }
         for choice in self.templates.values():
-            if choice.template is not None:
-                self.kernel_params |= set(choice.template.params)
+            if choice.template is not None:  # a lone GEMM's product (the last) is not passed
+                params = choice.template.params
+                self.kernel_params |= set(params[:-1] if choice.template.lone else params)
         self.flat_inputs = self._inputs_needing_flat_views()
         self.referenced = self._referenced_buffers()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
@@ -357,6 +358,10 @@ class WrapperCodegen:
         return "\n".join([*header, *("    " + b for b in body)]) + "\n"
 
     def extern(self, kernel: ExternKernel) -> None:
+        choice = self.templates.get(kernel.name)
+        if choice is not None and choice.template is not None and choice.template.lone:
+            self.lone_template(kernel, choice)
+            return
         op = f"_op_{kernel.name}"
         self.namespace[op] = kernel.op
         args = [self.view(a) for a in kernel.args]
@@ -446,6 +451,27 @@ class WrapperCodegen:
         for name in temporaries:
             self.emit(f"del {name}")
 
+    def lone_template(self, kernel: ExternKernel, choice: MatmulChoice) -> None:
+        """Note [Matmul templates]: a GEMM with no epilogue, run by its choice (the extern op or
+        the template), which returns the product as :meth:`extern` would bind it."""
+        assert choice.template is not None
+        (out,) = kernel.outputs
+        fn = f"_t_{kernel.name}"
+        self.namespace[fn] = choice
+        views = _tuple([self.view(a) for a in kernel.args])
+        targs = _tuple(
+            [self.pointer(p) if self.pointers else self.storage(p) for p in choice.template.params[:-1]]
+        )
+        stream = "_stream" if self.pointers else "None"
+        self.emit(f"# {choice.template.name}, or extern {kernel.op}")
+        self.emit(f"{out.name} = {fn}({stream}, {views}, {targs})")
+        self.extern_results.add(out.name)
+        if self.pointers and dense_shape(out.layout) is not None:
+            self.shaped[out.name] = _layout_key(out.layout)
+        else:
+            self.shaped.pop(out.name, None)
+        self.take_pointer(out.name)
+
     def template(self, node: TemplateSchedulerNode, step: int) -> None:
         """Note [Matmul templates]: one call of the node's :class:`MatmulChoice`, which runs the
         extern op and the epilogue kernel or the template; without a template, those two lines."""
@@ -477,14 +503,11 @@ class WrapperCodegen:
         def arg(p: str) -> str:
             return self.pointer(p) if self.pointers else self.storage(p)
 
-        def tup(items: list[str]) -> str:
-            return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
-
         fn = f"_t{step}"
         self.namespace[fn] = choice
-        views = tup([self.view(a) for a in node.extern.node.args])
-        targs = tup([arg(p) for p in choice.template.params])
-        eargs = tup(["None" if p == product else arg(p) for p in epilogue.params])
+        views = _tuple([self.view(a) for a in node.extern.node.args])
+        targs = _tuple([arg(p) for p in choice.template.params])
+        eargs = _tuple(["None" if p == product else arg(p) for p in epilogue.params])
         stream = "_stream" if self.pointers else "None"
         self.emit(f"# {choice.template.name}, or extern {node.extern.node.op} + {epilogue.name}")
         self.emit(f"{fn}({stream}, {views}, {targs}, {eargs})")
@@ -579,6 +602,11 @@ class WrapperCodegen:
         fn = f"_interpret_{node.name}"
         self.namespace[fn] = _interpreter(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
+
+
+def _tuple(items: list[str]) -> str:
+    """Python source of a tuple of ``items``."""
+    return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
 
 
 def _layout_key(layout: Any) -> tuple[Any, ...]:
