@@ -18,6 +18,12 @@ generates both ways of running it:
   2-D tiled plan, ``yindex`` = the product's rows, ``xindex`` its columns), so both ways compute
   the same expressions; only the product's store and load disappear.
 
+A GEMM that no epilogue joins (its result is a graph output, feeds another extern such as
+attention, or a reduction such as a layer norm reads it) stays a plain extern node, and the
+backend gives it a template too (``TemplateSpec.lone``): the template stores the product where the
+extern's result would be, into a buffer its choice allocates in the layout the wrapper holds
+that result in, and it is timed against the extern call alone.
+
 Which one runs is decided at the node's first call (:class:`MatmulChoice`): on a GPU every
 candidate (the extern call plus its epilogue kernel, and each template config of
 :func:`gemm_configs`) is timed on the real arguments with ``triton.testing.do_bench`` (as
