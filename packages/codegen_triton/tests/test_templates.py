@@ -20,7 +20,7 @@ import sympy
 import torch
 from triton_check import DEVICES, check
 
-from kiln_codegen_triton import TritonBackend, counters
+from kiln_codegen_triton import TritonBackend, check_triton_options, counters
 from kiln_codegen_triton.templates import (
     GPU_CONFIGS,
     GemmConfig,
@@ -232,6 +232,18 @@ def test_template_lone_gemms(dtype: torch.dtype, device: str) -> None:
     assert all(c.template is not None and c.template.lone for c in backend.last_templates)
     assert "_op_" not in backend.last_wrapper
     _template_ran(check_gemm(batched, *_inputs(dtype, batch=2), device=device, backend=_forced()))
+
+
+def test_template_option() -> None:
+    # kiln.compile's triton_options take the switch as a bool; the test-only values are
+    # constructor arguments
+    assert check_triton_options({"matmul_templates": False}) == {"matmul_templates": False}
+    with pytest.raises(ValueError):
+        check_triton_options({"matmul_templates": "force"})
+    with pytest.raises(ValueError):
+        TritonBackend(matmul_templates="sometimes")
+    assert not TritonBackend(mode="max-autotune", matmul_templates=False).wants_templates()
+    assert not TritonBackend().wants_templates()  # the default mode: never
 
 
 def test_template_scheduler_node() -> None:
