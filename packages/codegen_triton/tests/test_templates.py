@@ -23,6 +23,7 @@ from triton_check import DEVICES, check
 from kiln_codegen_triton import TritonBackend, check_triton_options, counters
 from kiln_codegen_triton.templates import (
     GPU_CONFIGS,
+    TEMPLATE_MARGIN,
     GemmConfig,
     MatmulChoice,
     TemplateUnsupported,
@@ -353,11 +354,11 @@ def test_template_choice_timed_and_cached(monkeypatch: pytest.MonkeyPatch) -> No
     again = choice_with()
     again(0, (), (), ())
     assert again.chosen == first and counters["autotune_hits"] == hits + 1
-    # a damaged record is reported and timed again; extern wins ties and faster runs
+    # a damaged record is reported and timed again; a template barely faster loses to extern
     records = list((Path(os.environ["KILN_CACHE_DIR"]) / "triton" / "autotune").glob("*.json"))
     record = next(r for r in records if made.template.name in r.read_text())
     record.write_text("{not json")
-    fake = {"extern": 1.0, first.label(): 1.0}
+    fake = {"extern": 1.0, first.label(): 0.98}  # faster, but within TEMPLATE_MARGIN
     monkeypatch.setattr(triton.testing, "do_bench", bench)
     corrupt = counters["corrupt"]
     third = choice_with()
@@ -368,6 +369,11 @@ def test_template_choice_timed_and_cached(monkeypatch: pytest.MonkeyPatch) -> No
 # ----------------------------------------------------------------------------- CUDA only
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="times candidates on a GPU")
+
+
+def best_config(choice: MatmulChoice, label: str) -> GemmConfig:
+    assert choice.template is not None
+    return next(c for c in choice.template.configs if c.label() == label)
 
 
 @cuda_only
@@ -385,8 +391,9 @@ def test_template_autotune_cuda(dtype: torch.dtype) -> None:
     choice: MatmulChoice = backend.last_templates[0]
     timings = choice.timings_ms
     assert "extern" in timings and len(timings) >= 2, timings
-    best = min(timings, key=lambda label: timings[label])
-    assert (choice.chosen == "extern") == (best == "extern")
+    best = min((label for label in timings if label != "extern"), key=lambda label: timings[label])
+    template_wins = timings[best] < TEMPLATE_MARGIN * timings["extern"]
+    assert choice.chosen == (best_config(choice, best) if template_wins else "extern")
     # a second compile of the same graph reads the choice back instead of timing
     hits = counters["autotune_hits"]
     again = TritonBackend(mode="max-autotune-no-cudagraphs")

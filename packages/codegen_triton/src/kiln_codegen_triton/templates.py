@@ -27,7 +27,8 @@ that result in, and it is timed against the extern call alone.
 Which one runs is decided at the node's first call (:class:`MatmulChoice`): on a GPU every
 candidate (the extern call plus its epilogue kernel, and each template config of
 :func:`gemm_configs`) is timed on the real arguments with ``triton.testing.do_bench`` (as
-runtime.py's max-autotune times kernel configs), the fastest kept, and the choice written to
+runtime.py's max-autotune times kernel configs), the fastest kept (a template only when it is
+faster than the extern path by more than the timing noise, ``TEMPLATE_MARGIN``), and the choice written to
 ``$KILN_CACHE_DIR/triton/autotune/<key>.json`` (keyed by both kernels' sources, which hold the
 shapes, strides and dtypes, the device, the Triton version, the candidates and the TF32 setting),
 so a later process skips the timing. ``KILN_LOG=autotune`` prints each choice with its timings.
@@ -74,6 +75,9 @@ aten = torch.ops.aten
 TEMPLATE_OPS: dict[Any, str] = {aten.mm.default: "mm", aten.addmm.default: "addmm", aten.bmm.default: "bmm"}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BATCH = 65535  # CUDA's grid y limit: one batch per y program
+# a template is chosen only when it takes less than this fraction of the extern path's time:
+# do_bench's means move by a percent or so between runs, and cuBLAS is the known quantity
+TEMPLATE_MARGIN = 0.97
 
 
 class TemplateUnsupported(CodegenUnsupported):
@@ -681,6 +685,8 @@ class MatmulChoice:
                 log.debug("%s: %s failed: %s", self.name, label, exc)
                 timings[label] = math.inf
         best = min(timings, key=lambda label: (timings[label], label != "extern"))
+        if best != "extern" and not timings[best] < TEMPLATE_MARGIN * timings["extern"]:
+            best = "extern"  # within the timing's noise of the extern call: keep cuBLAS
         self.timings_ms = timings
         self.chosen = "extern" if best == "extern" else by_label[best]
         log.debug(
