@@ -52,7 +52,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Sequence, Set
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -476,18 +476,6 @@ def build_template(
 # the choice at run time
 
 
-class _Pointer:
-    """A raw device address Triton's launcher takes as a pointer of ``dtype``."""
-
-    __slots__ = ("address", "dtype")
-
-    def __init__(self, address: int, dtype: torch.dtype) -> None:
-        self.address, self.dtype = address, dtype
-
-    def data_ptr(self) -> int:
-        return self.address
-
-
 class MatmulChoice:
     """Runs one GEMM node: the extern call (+ the epilogue kernel), or the template, whichever
     the first call found fastest (Note [Matmul templates]).
@@ -511,7 +499,6 @@ class MatmulChoice:
         pointers: bool,
         conform: Callable[[torch.Tensor], Any],
         allocate: Callable[[], torch.Tensor] | None = None,
-        why_extern: str = "",
     ) -> None:
         self.kernel = kernel
         self.op = kernel.op
@@ -524,7 +511,6 @@ class MatmulChoice:
         self.pointers = pointers
         self.conform = conform
         self.allocate = allocate
-        self.why_extern = why_extern
         self.chosen: GemmConfig | str | None = None
         self.timings_ms: dict[str, float] = {}
         self._run: Callable[[Any, tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]], Any] | None = None
@@ -699,14 +685,3 @@ class MatmulChoice:
         write_atomic(path, json.dumps(record, indent=1))
         counters["autotuned"] += 1
         return candidates[best]
-
-
-def describe(choice: MatmulChoice) -> dict[str, Any]:
-    """What a template node chose, for reports and tests."""
-    chosen = choice.chosen
-    return {
-        "name": choice.name,
-        "chosen": chosen if isinstance(chosen, str) or chosen is None else asdict(chosen),
-        "timings_ms": dict(choice.timings_ms),
-        "why_extern": choice.why_extern,
-    }
