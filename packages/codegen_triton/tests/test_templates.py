@@ -9,6 +9,7 @@ and its record read back by a second compile. Select them all with ``-k template
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -246,6 +247,21 @@ def test_template_option() -> None:
         TritonBackend(matmul_templates="sometimes")
     assert not TritonBackend(mode="max-autotune", matmul_templates=False).wants_templates()
     assert not TritonBackend().wants_templates()  # the default mode: never
+
+
+def test_template_decisions_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # KILN_LOG=autotune says which GEMMs became template nodes, and why others stay extern
+    def two(x: Any, w: Any, b: Any, r: Any) -> Any:
+        return aten.relu.default(aten.mm.default(x, w)), aten.mm.default(
+            aten._to_copy.default(x, dtype=torch.float64), aten._to_copy.default(w, dtype=torch.float64)
+        )
+
+    monkeypatch.setenv("KILN_LOG", "autotune")
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.autotune"):
+        compile_graph(trace(two), _inputs(torch.float32), backend=_forced())
+    text = caplog.text
+    assert "become one template node" in text
+    assert "stays extern: dtype torch.float64" in text
 
 
 def test_template_scheduler_node() -> None:
