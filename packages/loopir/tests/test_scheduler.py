@@ -200,3 +200,55 @@ def test_loop_ranges_merge_contiguous_dims() -> None:
     (red,) = schedule(reduction, make((2, 3, 4, 5))).nodes
     assert isinstance(red, SchedulerNode)
     assert red.loop_ranges()[:2] == ((Int(6),), (Int(20),))
+
+
+def _mm_epilogue(x: Any, w: Any, b: Any) -> Any:
+    # the GEMM's inputs die at the GEMM unless the template node keeps them; relu(x) is computed
+    # after the GEMM in the original order and could take x's memory otherwise
+    y = aten.mm.default(aten.sin.default(x), w)
+    return aten.relu.default(aten.add.Tensor(y, b))
+
+
+def _mm_two_readers(x: Any, w: Any, b: Any) -> Any:
+    y = aten.mm.default(x, w)  # read by a kernel and by another GEMM
+    return aten.relu.default(y), aten.mm.default(y, aten.t.default(y))
+
+
+def _template_schedule(fn: Any, accept: Any) -> Scheduler:
+    inputs = [torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)]
+    graph = GraphLowering(trace(fn), inputs).run()
+    return Scheduler(
+        graph.operations, graph.name_to_buffer, output_buffer_names(graph.outputs), template_hook=accept
+    )
+
+
+def test_template_nodes() -> None:
+    from kiln_loopir.scheduler import TemplateSchedulerNode
+
+    offered: list[tuple[str, str]] = []
+
+    def accept(extern: ExternKernelSchedulerNode, kernel: BaseSchedulerNode) -> bool:
+        offered.append((extern.name, kernel.name))
+        return True
+
+    s = _template_schedule(_mm_epilogue, accept)
+    templates = [n for n in s.nodes if isinstance(n, TemplateSchedulerNode)]
+    assert len(offered) == 1 and len(templates) == 1
+    node = templates[0]
+    assert node.get_nodes()[0] is node.extern and isinstance(node.extern, ExternKernelSchedulerNode)
+    assert [m.name for m in node.get_nodes()[1:]] == [m.name for m in node.epilogue.get_nodes()]
+    # the product is the extern's result: never allocated, and nothing reads it outside the node
+    product = node.extern.node.outputs[0].name
+    assert product not in s.plan.allocate
+    # sin(x), the GEMM's input, lives until the template node ran
+    step = s.nodes.index(node)
+    sin = next(n for n in s.nodes if not isinstance(n, TemplateSchedulerNode))
+    assert all(sin.name not in s.plan.free_after.get(i, []) for i in range(step))
+    # a backend that declines, a product with two readers: the plain schedule
+    assert not any(
+        isinstance(n, TemplateSchedulerNode)
+        for n in _template_schedule(_mm_epilogue, lambda e, k: False).nodes
+    )
+    offered.clear()
+    two = _template_schedule(_mm_two_readers, accept)
+    assert offered == [] and not any(isinstance(n, TemplateSchedulerNode) for n in two.nodes)

@@ -14,6 +14,8 @@ with loopir, then this package turns the schedule into Triton and runs it:
   plan), launches kernels and extern aten ops in schedule order and returns strided outputs;
   ``cudagraphs``: record-and-replay for ``mode="reduce-overhead"``; ``compile_pool``: kernels
   compiled in worker processes (``warm_compile_pool()`` starts them early);
+* ``templates``: under max-autotune, Triton GEMM templates with the following pointwise kernel
+  fused into their store, timed against the extern call + that kernel at the first call;
 * ``backend``: :class:`TritonBackend`, registered through the ``kiln_loopir.backends`` entry point.
 """
 

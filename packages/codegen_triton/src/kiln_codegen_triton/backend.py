@@ -22,6 +22,9 @@ frame's tensors: a forward graph), which then checks only storage offsets and al
 ``debug=True`` (or ``KILN_TRITON_DEBUG=1``) adds device-side bounds asserts on indirect indices.
 ``symbolic_sizes=False`` (or ``KILN_TRITON_SYMBOLIC=0``) refuses graphs of symbolic sizes (Note
 [Symbolic sizes in Triton kernels]; the caller then compiles them static per size).
+``matmul_templates`` (default True: under max-autotune on a GPU; False: never) lets a GEMM and
+the pointwise kernel after it become one template node, timed against the extern call at the
+first call (Note [Matmul templates] in templates.py).
 
 Note [Autotuning large kernels in the default mode]: a kernel that moves a lot of memory is where
 a block-size miss costs most, and where timing a few configs once costs least relative to what it
@@ -52,10 +55,15 @@ import torch
 
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.ir import ComputedBuffer
+from kiln_loopir.ir import ComputedBuffer, ExternKernel, Scatter
 from kiln_loopir.origins import KIND, kernel_name
-from kiln_loopir.scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
-from kiln_loopir.wrapper_support import symbol_values
+from kiln_loopir.scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    Scheduler,
+    TemplateSchedulerNode,
+)
+from kiln_loopir.wrapper_support import dense_shape, dense_storage, flat_storage, symbol_values
 
 from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
 from .heuristics import configs
@@ -64,6 +72,15 @@ from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
 from .runtime import Launcher, load_module, module_source, precompile
 from .split import plan_split
+from .templates import (
+    TEMPLATE_OPS,
+    MatmulChoice,
+    MatmulProblem,
+    TemplateSpec,
+    TemplateUnsupported,
+    build_template,
+    problem_of,
+)
 from .triton_ops import UnsupportedDtype
 from .wrapper import make_wrapper
 
@@ -84,6 +101,7 @@ TRITON_OPTIONS = {
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
+    "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
 }
 
 
@@ -117,6 +135,7 @@ class TritonBackend(Backend):
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
         symbolic_sizes: bool | None = None,
+        matmul_templates: bool | str = True,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -143,6 +162,15 @@ class TritonBackend(Backend):
             if symbolic_sizes is not None
             else os.environ.get("KILN_TRITON_SYMBOLIC", "1") not in ("", "0")
         )
+        # Note [Matmul templates]: True = under max-autotune on a GPU; False = never; "force" =
+        # always, the template run without timing (tests, under the interpreter too); "extern" =
+        # template nodes formed and generated, the extern path always run (tests)
+        if matmul_templates not in (True, False, "force", "extern"):
+            raise ValueError(
+                f"matmul_templates must be True, False, 'force' or 'extern', not {matmul_templates!r}"
+            )
+        self.matmul_templates = matmul_templates
+        self.last_templates: list[MatmulChoice] = []
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
         self.last_source = ""
@@ -165,6 +193,91 @@ class TritonBackend(Backend):
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         return node
 
+    # ------------------------------------------------------------- Note [Matmul templates]
+
+    def wants_templates(self) -> bool:
+        if self.matmul_templates in ("force", "extern"):
+            return True
+        return bool(self.matmul_templates) and self.autotune and not interpreting()
+
+    def template_epilogue(self, extern: ExternKernelSchedulerNode, kernel: BaseSchedulerNode) -> bool:
+        kernel_op = extern.node
+        if kernel_op.op not in TEMPLATE_OPS:
+            return False
+        try:
+            problem = self._problem(kernel_op)
+            members = [
+                b for m in kernel.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)
+            ]
+            if kernel.is_reduction() or len(members) != len(kernel.get_nodes()):
+                raise TemplateUnsupported(f"{kernel.name} is not a pointwise kernel")
+            if any(isinstance(m, Scatter) for m in members):
+                raise TemplateUnsupported(f"{kernel.name} scatters")
+        except TemplateUnsupported as exc:
+            log_tune.debug("%s stays extern: %s", kernel_op.name, exc)
+            return False
+        log_tune.debug(
+            "%s (%s %dx%dx%d, batch %d) and %s become one template node",
+            kernel_op.name,
+            problem.op,
+            problem.m,
+            problem.n,
+            problem.k,
+            problem.batch,
+            kernel.name,
+        )
+        return True
+
+    def _problem(self, kernel: ExternKernel) -> MatmulProblem:
+        """The GEMM of ``kernel`` if a template may replace it here (else TemplateUnsupported)."""
+        if self.matmul_templates not in ("force", "extern"):
+            device = kernel.outputs[0].layout.device if kernel.outputs else None
+            if device is None or device.type != "cuda":
+                raise TemplateUnsupported("not a CUDA device")
+        return problem_of(kernel)
+
+    def _lone_template(
+        self, node: ExternKernelSchedulerNode, step: int, dtypes: dict[str, Any], index_dtype: str
+    ) -> TemplateSpec | None:
+        """The template of a GEMM no epilogue joined (a plain extern node), or None."""
+        if node.node.op not in TEMPLATE_OPS:
+            return None
+        try:
+            problem = self._problem(node.node)
+            return build_template(
+                f"triton_tem_{problem.op}_{step}", problem, [], [], dtypes, set(), index_dtype=index_dtype
+            )
+        except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
+            log_tune.debug("%s stays extern: %s", node.name, exc)
+            return None
+
+    def _template(
+        self,
+        node: TemplateSchedulerNode,
+        step: int,
+        group: KernelGroup | None,
+        dtypes: dict[str, Any],
+        index_dtype: str,
+        internal: set[str],
+    ) -> TemplateSpec | None:
+        """The template kernel of one template node, or None (then it runs as extern + kernel)."""
+        if group is None or len(group.specs) != 1:
+            return None
+        epilogue = group.specs[0]
+        try:
+            problem = problem_of(node.extern.node)
+            members = [
+                b
+                for m in node.epilogue.get_nodes()
+                if isinstance(b := getattr(m, "node", None), ComputedBuffer)
+            ]
+            reads = [m.read_names() for m in node.epilogue.get_nodes()]
+            name = epilogue.name.replace("triton_poi_", f"triton_tem_{problem.op}_", 1)
+            return build_template(name, problem, members, reads, dtypes, internal, index_dtype=index_dtype)
+        except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
+            log_tune.debug("%s runs as extern + %s: %s", node.extern.name, epilogue.name, exc)
+            return None
+
     def codegen_wrapper(
         self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
     ) -> Callable[..., Any]:
@@ -173,10 +286,21 @@ class TritonBackend(Backend):
         dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
         index_dtype = _index_dtype(graph)
         groups: dict[str, KernelGroup | None] = {}
+        templates: dict[str, TemplateSpec] = {}
         self.last_declined = []
         for step, node in enumerate(schedule.nodes):
-            if node.name in kernels:
+            if isinstance(node, TemplateSchedulerNode):  # Note [Matmul templates]
+                groups[node.name] = group = self._kernel(node.epilogue, step, schedule, dtypes, index_dtype)
+                internal = set(schedule.plan.internal.get(step, ()))
+                template = self._template(node, step, group, dtypes, index_dtype, internal)
+                if template is not None:
+                    templates[node.name] = template
+            elif node.name in kernels:
                 groups[node.name] = self._kernel(node, step, schedule, dtypes, index_dtype)
+            elif isinstance(node, ExternKernelSchedulerNode) and self.wants_templates():
+                lone = self._lone_template(node, step, dtypes, index_dtype)
+                if lone is not None:
+                    templates[node.name] = lone
         if graph.sizevars.symbolic and self.last_declined:
             # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
             # than the static compile the caller falls back to
@@ -212,8 +336,10 @@ class TritonBackend(Backend):
         if launchers and graph.device.type == "cuda" and not interpreting():
             # Note [The launch path]: every kernel compiled before the first call, in parallel
             self.compile_seconds = precompile(list(launchers.values()), graph.device)
+        choices = self._choices(schedule, graph, groups, launchers, templates)
+        extra: dict[str, Any] = {"templates": choices} if choices else {}
         fn, wrapper_source = make_wrapper(
-            schedule, graph, groups, launchers, guarded_layouts=self.guarded_layouts
+            schedule, graph, groups, launchers, guarded_layouts=self.guarded_layouts, **extra
         )
         self.last_specs = generated
         self.last_source, self.last_wrapper, self.last_launchers = source, wrapper_source, launchers
@@ -235,6 +361,49 @@ class TritonBackend(Backend):
             log.debug("kernels: %s\n%s", self.last_module_path or "(none)", source)
             log.debug("wrapper:\n%s", wrapper_source)
         return fn
+
+    def _choices(
+        self,
+        schedule: Scheduler,
+        graph: GraphLowering,
+        groups: dict[str, KernelGroup | None],
+        launchers: dict[str, Launcher],
+        templates: dict[str, TemplateSpec],
+    ) -> dict[str, MatmulChoice]:
+        """Note [Matmul templates]: the run-time choice object of every template node."""
+        self.last_templates = []
+        if not templates:
+            return {}
+        source = module_source([]) + "\n\n" + "\n\n".join(t.source for t in templates.values())
+        module, _ = load_module(source)
+        pointers = graph.device.type == "cuda" and not interpreting()
+        force = self.matmul_templates if self.matmul_templates in ("force", "extern") else None
+        out: dict[str, MatmulChoice] = {}
+        for node in schedule.nodes:
+            template = templates.get(node.name)
+            if template is None:
+                continue
+            if isinstance(node, TemplateSchedulerNode):
+                group = groups[node.name]
+                assert group is not None
+                extern, epilogue = node.extern.node, launchers[group.specs[0].name]
+            else:
+                assert isinstance(node, ExternKernelSchedulerNode)
+                extern, epilogue = node.node, None
+            product = extern.outputs[0]
+            choice = MatmulChoice(
+                extern,
+                epilogue,
+                template,
+                getattr(module, template.name),
+                force="template" if force == "force" else force,
+                pointers=pointers,
+                conform=_conform_product(product.layout, pointers),
+                allocate=_allocate_product(product.layout, pointers, graph.device),
+            )
+            out[node.name] = choice
+            self.last_templates.append(choice)
+        return out
 
     def _autotune_threshold(self, device: torch.device) -> int | None:
         if self.autotune_min_bytes is not None:
@@ -301,6 +470,29 @@ class TritonBackend(Backend):
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
             return None
+
+
+def _conform_product(layout: Any, pointers: bool) -> Callable[[torch.Tensor], Any]:
+    """How the wrapper would hold an extern's result of ``layout`` (Note [Buffers in their own
+    shape on a GPU]): in its own dense shape on a GPU, else as flat storage."""
+    size, stride, offset = tuple(layout.int_size()), tuple(layout.int_stride()), int(layout.offset)
+    shape = dense_shape(layout) if pointers else None
+    if shape is not None:
+        dsize, dstride = shape
+        return lambda r: dense_storage(r, dsize, dstride, 0)
+    n = int(layout.storage_size())
+    return lambda r: flat_storage(r, n, size, stride, offset)
+
+
+def _allocate_product(layout: Any, pointers: bool, device: torch.device) -> Callable[[], torch.Tensor]:
+    """A new buffer for a lone GEMM's product, held as :func:`_conform_product` holds it."""
+    dtype = layout.dtype
+    shape = dense_shape(layout) if pointers else None
+    if shape is not None:
+        dsize, dstride = shape
+        return lambda: torch.empty_strided(dsize, dstride, dtype=dtype, device=device)
+    n = int(layout.storage_size())
+    return lambda: torch.empty(n, dtype=dtype, device=device)
 
 
 def _buffer_bytes(graph: GraphLowering, groups: dict[str, KernelGroup | None]) -> dict[str, int]:

@@ -83,6 +83,7 @@ from kiln_loopir.scheduler import (
     ExternKernelSchedulerNode,
     NopKernelSchedulerNode,
     Scheduler,
+    TemplateSchedulerNode,
 )
 from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
@@ -102,6 +103,7 @@ from kiln_loopir.wrapper_support import layout_args as _layout_args
 from .interp import interpreting
 from .kernel import KernelGroup
 from .runtime import Launcher
+from .templates import MatmulChoice
 
 
 def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
@@ -130,8 +132,10 @@ class WrapperCodegen:
         groups: dict[str, KernelGroup | None],
         launchers: dict[str, Launcher],
         guarded_layouts: bool = False,
+        templates: dict[str, MatmulChoice] | None = None,
     ) -> None:
         self.schedule = schedule
+        self.templates = templates or {}  # Note [Matmul templates] in templates.py
         self.guarded_layouts = guarded_layouts  # Note [Inputs the frame guard checks]
         self.graph = graph
         self.groups = groups
@@ -153,6 +157,10 @@ class WrapperCodegen:
         self.kernel_params = {
             p for g in groups.values() if g is not None for spec in g.specs for p in spec.params
         }
+        for choice in self.templates.values():
+            if choice.template is not None:  # a lone GEMM's product (the last) is not passed
+                params = choice.template.params
+                self.kernel_params |= set(params[:-1] if choice.template.lone else params)
         self.flat_inputs = self._inputs_needing_flat_views()
         self.referenced = self._referenced_buffers()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
@@ -330,6 +338,8 @@ class WrapperCodegen:
         for step, node in enumerate(self.schedule.nodes):
             if isinstance(node, ExternKernelSchedulerNode):
                 self.extern(node.node)
+            elif isinstance(node, TemplateSchedulerNode):
+                self.template(node, step)
             elif isinstance(node, NopKernelSchedulerNode):
                 self.emit(f"# {node.name}: no elements")
                 if node.node.name in plan.allocate:
@@ -349,6 +359,10 @@ class WrapperCodegen:
         return "\n".join([*header, *("    " + b for b in body)]) + "\n"
 
     def extern(self, kernel: ExternKernel) -> None:
+        choice = self.templates.get(kernel.name)
+        if choice is not None and choice.template is not None and choice.template.lone:
+            self.lone_template(kernel, choice)
+            return
         op = f"_op_{kernel.name}"
         self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         args = [self.view(a) for a in kernel.args]
@@ -435,6 +449,69 @@ class WrapperCodegen:
                     self.namespace[fn] = launcher
                     args = ", ".join([*(self.storage(p) for p in spec.params), *spec.size_params])
                 self.emit(f"{fn}({args})  # {spec.name}")
+        for name in temporaries:
+            self.emit(f"del {name}")
+
+    def lone_template(self, kernel: ExternKernel, choice: MatmulChoice) -> None:
+        """Note [Matmul templates]: a GEMM with no epilogue, run by its choice (the extern op or
+        the template), which returns the product as :meth:`extern` would bind it."""
+        assert choice.template is not None
+        (out,) = kernel.outputs
+        fn = f"_t_{kernel.name}"
+        self.namespace[fn] = choice
+        views = _tuple([self.view(a) for a in kernel.args])
+        targs = _tuple(
+            [self.pointer(p) if self.pointers else self.storage(p) for p in choice.template.params[:-1]]
+        )
+        stream = "_stream" if self.pointers else "None"
+        self.emit(f"# {choice.template.name}, or extern {kernel.op}")
+        self.emit(f"{out.name} = {fn}({stream}, {views}, {targs})")
+        self.extern_results.add(out.name)
+        if self.pointers and dense_shape(out.layout) is not None:
+            self.shaped[out.name] = _layout_key(out.layout)
+        else:
+            self.shaped.pop(out.name, None)
+        self.take_pointer(out.name)
+
+    def template(self, node: TemplateSchedulerNode, step: int) -> None:
+        """Note [Matmul templates]: one call of the node's :class:`MatmulChoice`, which runs the
+        extern op and the epilogue kernel or the template; without a template, those two lines."""
+        choice = self.templates.get(node.name)
+        group = self.groups.get(node.name)
+        if choice is None or choice.template is None or group is None:
+            self.extern(node.extern.node)
+            self.kernel(node, step)
+            return
+        plan = self.schedule.plan
+        epilogue = group.specs[0]
+        product = node.extern.node.outputs[0].name
+        temporaries = []
+        for m in node.epilogue.get_nodes():
+            buffer = m.node  # type: ignore[attr-defined]
+            if buffer.name in plan.allocate:
+                reuse = plan.allocate[buffer.name]
+                if reuse is not None:
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    self.emit(f"del {reuse}")
+                    self.shaped.pop(buffer.name, None)
+                    self.take_pointer(buffer.name)
+                else:
+                    self.allocate(buffer)
+            elif buffer.name in group.scratch:
+                self.allocate(buffer)
+                temporaries.append(buffer.name)
+
+        def arg(p: str) -> str:
+            return self.pointer(p) if self.pointers else self.storage(p)
+
+        fn = f"_t{step}"
+        self.namespace[fn] = choice
+        views = _tuple([self.view(a) for a in node.extern.node.args])
+        targs = _tuple([arg(p) for p in choice.template.params])
+        eargs = _tuple(["None" if p == product else arg(p) for p in epilogue.params])
+        stream = "_stream" if self.pointers else "None"
+        self.emit(f"# {choice.template.name}, or extern {node.extern.node.op} + {epilogue.name}")
+        self.emit(f"{fn}({stream}, {views}, {targs}, {eargs})")
         for name in temporaries:
             self.emit(f"del {name}")
 
@@ -528,6 +605,11 @@ class WrapperCodegen:
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
 
 
+def _tuple(items: list[str]) -> str:
+    """Python source of a tuple of ``items``."""
+    return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
+
+
 def _layout_key(layout: Any) -> tuple[Any, ...]:
     if not is_static_layout(layout):  # sympy expressions compare by structure
         return (tuple(layout.size), tuple(layout.stride), layout.offset)
@@ -540,9 +622,10 @@ def make_wrapper(
     groups: dict[str, KernelGroup | None],
     launchers: dict[str, Launcher],
     guarded_layouts: bool = False,
+    templates: dict[str, MatmulChoice] | None = None,
 ) -> tuple[Callable[..., Any], str]:
     """(the ``call`` function, its source)."""
-    gen = WrapperCodegen(schedule, graph, groups, launchers, guarded_layouts)
+    gen = WrapperCodegen(schedule, graph, groups, launchers, guarded_layouts, templates)
     source = gen.generate()
     namespace = gen.namespace
     exec(compile(source, "<kiln-triton-wrapper>", "exec"), namespace)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .graph import GraphLowering
-    from .scheduler import BaseSchedulerNode, Scheduler
+    from .scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
 
 ENTRY_POINT_GROUP = "kiln_loopir.backends"
 
@@ -63,6 +63,16 @@ class Backend:
     def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""
         return True
+
+    def wants_templates(self) -> bool:
+        """Whether the scheduler should offer :meth:`template_epilogue` its extern/kernel pairs
+        (Note [Matmul templates] in kiln_codegen_triton's templates.py); no, by default."""
+        return False
+
+    def template_epilogue(self, extern: ExternKernelSchedulerNode, kernel: BaseSchedulerNode) -> bool:
+        """Should ``extern`` and ``kernel``, the one kernel reading its result, run as one
+        :class:`~kiln_loopir.scheduler.TemplateSchedulerNode`? The backend then generates it."""
+        return False
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         """The kernel that runs one (possibly fused) scheduler node."""

@@ -158,6 +158,7 @@ def compile_graph(
             fusion=fusion,
             can_fuse_hook=chosen.can_fuse,
             reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
+            template_hook=_template_hook(chosen),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)
@@ -188,6 +189,13 @@ def compile_graph(
         )
     schedule_log.debug("stats: %s", stats)
     return CompiledGraph(fn, stats, graph, schedule, passes)
+
+
+def _template_hook(backend: Backend) -> Any:
+    """The backend's ``template_epilogue`` when it asks for template nodes (Note [Matmul
+    templates] in kiln_codegen_triton's templates.py), else None: the scheduler forms none."""
+    wants = getattr(backend, "wants_templates", None)
+    return backend.template_epilogue if wants is not None and wants() else None
 
 
 def _log(graph: GraphLowering, schedule: Scheduler) -> None:

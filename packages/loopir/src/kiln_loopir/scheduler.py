@@ -303,6 +303,20 @@ class FusedSchedulerNode(BaseSchedulerNode):
         )
 
 
+@dataclass(eq=False)
+class TemplateSchedulerNode(FusedSchedulerNode):
+    """An extern GEMM and the one kernel that reads its result, run as one unit: the backend
+    decides how (Note [Matmul templates] in kiln_codegen_triton's templates.py). ``snodes`` are
+    the extern node, then the kernel's members, so the buffer plan sees the kernel's internal
+    buffers as a fused kernel's and keeps the GEMM's inputs alive until the unit runs."""
+
+    extern: ExternKernelSchedulerNode = field(default=None)  # type: ignore[assignment]
+    epilogue: BaseSchedulerNode = field(default=None)  # type: ignore[assignment]
+
+
+TemplateHook = Callable[[ExternKernelSchedulerNode, BaseSchedulerNode], bool]
+
+
 def _as_int(expr: Expr) -> Expr:
     """Plain ints compare far faster than sympy Integers; symbolic sizes stay sympy."""
     return int(expr) if expr.is_Integer else expr
@@ -355,6 +369,7 @@ class Scheduler:
         fusion: bool = True,
         can_fuse_hook: FusionVeto | None = None,
         reorder_pointwise: bool = False,
+        template_hook: TemplateHook | None = None,
     ) -> None:
         self.name_to_buffer = name_to_buffer
         self.output_names = set(output_names)
@@ -382,6 +397,8 @@ class Scheduler:
             self.fuse_nodes()
             if self._reorder_partner and self.restore_unpaired_producers():
                 self.fuse_nodes()
+        if fusion and template_hook is not None:
+            self.form_templates(template_hook)
         self.nodes = self.topological_sort(self.nodes)
         self.plan = self.plan_buffers()
 
@@ -776,6 +793,55 @@ class Scheduler:
     def nbytes(self, name: str) -> int:
         buffer = self.name_to_buffer.get(name)
         return buffer.layout.nbytes() if buffer is not None else 0
+
+    # templates ------------------------------------------------------------------------------
+
+    def form_templates(self, accept: TemplateHook) -> None:
+        """Pair an extern node with the one kernel that reads its only result into a
+        :class:`TemplateSchedulerNode` wherever ``accept(extern, kernel)`` (the backend's
+        ``template_epilogue``) says so. Only when the result is no graph output, nothing else
+        reads it, and no third node runs between the two (it would have to run before and
+        after the pair)."""
+        readers: dict[str, list[BaseSchedulerNode]] = {}
+        for n in self.nodes:
+            for r in n.read_names():
+                readers.setdefault(r, []).append(n)
+        owner = {m.name: n for n in self.nodes for m in n.get_nodes()}
+        replaced: dict[int, BaseSchedulerNode] = {}
+        for e in self.nodes:
+            if not isinstance(e, ExternKernelSchedulerNode) or len(e.write_names()) != 1:
+                continue
+            (out,) = e.write_names()
+            users = readers.get(out, [])
+            if out in self.output_names or len(users) != 1 or not users[0].is_kernel():
+                continue
+            k = users[0]
+            if id(k) in replaced or isinstance(k, TemplateSchedulerNode):
+                continue
+            between = {id(owner[a]) for a in k.ancestors if a in owner} - {id(e), id(k)}
+            if any(e.name in owner_node.ancestors for owner_node in self.nodes if id(owner_node) in between):
+                continue
+            if not accept(e, k):
+                continue
+            names = {e.name, *k.names()}
+            node = TemplateSchedulerNode(
+                order=e.order,
+                reads=[*e.reads, *k.reads],
+                writes=[*e.writes, *k.writes],
+                ancestors=(e.ancestors | k.ancestors) - names,
+                snodes=[e, *k.get_nodes()],
+                extern=e,
+                epilogue=k,
+            )
+            log.debug("template: %s with epilogue %s", e.name, k.name)
+            replaced[id(e)] = replaced[id(k)] = node
+        if replaced:
+            nodes: list[BaseSchedulerNode] = []
+            for n in self.nodes:
+                new = replaced.get(id(n), n)
+                if all(new is not m for m in nodes):
+                    nodes.append(new)
+            self.nodes = nodes
 
     # order and buffers ----------------------------------------------------------------------
 
