@@ -45,7 +45,9 @@ def _as_list(out: Any) -> list[Any]:
 def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Sequence[torch.Tensor]) -> None:
     for i, v in zip(meta.mutated_inputs, new_values, strict=True):
         target = inputs[i]
-        if target.requires_grad and torch.is_grad_enabled():
+        # a leaf that requires grad can only have been mutated under no_grad (eager raises
+        # otherwise): an optimizer step updating parameters (Note [Tracing an optimizer step])
+        if target.requires_grad and torch.is_grad_enabled() and not target.is_leaf:
             target.copy_(v)
         else:
             with torch.no_grad():

@@ -49,6 +49,7 @@ from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVa
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
     LruCacheVariable,
@@ -330,6 +331,9 @@ class VariableBuilder:
                 return GradModeVariable(bool(value.mode), True, cls=type(value), prev=bool(value.prev))
             target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
+        if is_traced_optimizer(value) and source is not None:
+            guards.identity(source, value)  # its state is read by identity (Note [Tracing an optimizer step])
+            return OptimizerVariable(value, source)
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
             if source is None:
                 raise Unsupported(f"torch object of type {type(value).__qualname__}")
