@@ -35,6 +35,7 @@ from kiln_dynamo.guards import is_plain_constants
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
+from kiln_dynamo.variables.diagnostics import wrap_diagnostics
 from kiln_dynamo.variables.dicts import (
     PLAIN_DICTS,
     DefaultDictVariable,
@@ -237,6 +238,9 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return EnvironVariable(value, source)
+        diagnostic = wrap_diagnostics(value, source, self.output)
+        if diagnostic is not None:
+            return diagnostic
         if is_pure_function(value) or (
             isinstance(value, types.FunctionType) and getattr(value, "_dynamo_marked_constant", False) is True
         ):
