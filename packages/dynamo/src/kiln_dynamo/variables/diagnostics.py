@@ -104,11 +104,10 @@ class LoggerVariable(VariableTracker):
             guards.add(f"{fn}({code}) == {level!r}", f"{readable}.getEffectiveLevel() == {level}")
             return ConstantVariable(level)
         if name in _LEVEL_OF:
-            level = _LEVEL_OF[name]
-            if level is None:
-                if not args or not args[0].is_constant():
-                    raise Unsupported(f"{self.describe()}.log with a level that is not a constant")
-                level = int(args[0].as_constant())
+            fixed = _LEVEL_OF[name]
+            if fixed is None and (not args or not args[0].is_constant()):
+                raise Unsupported(f"{self.describe()}.log with a level that is not a constant")
+            level = int(args[0].as_constant()) if fixed is None else fixed
             if not self.enabled(tx, level):
                 return ConstantVariable(None)  # a disabled level: nothing happens, as in eager
             raise Unsupported(
