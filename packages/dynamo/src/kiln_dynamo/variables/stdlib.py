@@ -253,6 +253,10 @@ class NumpyFoldVariable(VariableTracker):
         return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_ufunc
+
+        if any(isinstance(a, NdarrayVariable) for a in [*args, *kwargs.values()]):
+            return ndarray_ufunc(tx, self.fn, args, kwargs)  # Note [NumPy round trips]
         if not all(a.is_constant() for a in [*args, *kwargs.values()]):
             raise Unsupported(f"{self.describe()} called with values that are not constants")
         try:

@@ -260,6 +260,10 @@ class TensorMethodVariable(VariableTracker):
         if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
             tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
             return TensorHookHandleVariable(self.tensor)
+        if name == "numpy" and not args and not kwargs:
+            from kiln_dynamo.variables.ndarray import NdarrayVariable
+
+            return NdarrayVariable.of_tensor(tx, self.tensor)  # Note [NumPy round trips]
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)

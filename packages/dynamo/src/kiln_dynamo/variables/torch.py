@@ -200,6 +200,12 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(fn())
         if fn is torch._C._group_tensors_by_device_and_dtype:
             return _group_by_device_and_dtype(tx, args, kwargs)
+        if fn in (torch.from_numpy, torch.as_tensor, torch.tensor):
+            from kiln_dynamo.variables.ndarray import tensor_from_ndarray
+
+            made = tensor_from_ndarray(tx, fn, args, kwargs)  # Note [NumPy round trips]
+            if made is not None:
+                return made
         if fn in _FOREACH_ADD_PRODUCTS and len(args) == 4 and not kwargs and _is_tensor(args[3]):
             return _foreach_add_product_by_tensor(tx, fn, args)
         answer = trace_time_answer(fn)
