@@ -53,10 +53,12 @@ from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCalla
 from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
+    ListMutatorVariable,
     LruCacheVariable,
     NumpyFoldVariable,
     PureFunctionVariable,
     WeakrefVariable,
+    is_list_mutator,
     is_numpy_callable,
     is_pure_function,
 )
@@ -241,6 +243,10 @@ class VariableBuilder:
         diagnostic = wrap_diagnostics(value, source, self.output)
         if diagnostic is not None:
             return diagnostic
+        if is_list_mutator(value):
+            if source is not None:
+                guards.identity(source, value)
+            return ListMutatorVariable(value, source)
         if is_pure_function(value) or (
             isinstance(value, types.FunctionType) and getattr(value, "_dynamo_marked_constant", False) is True
         ):
