@@ -91,7 +91,7 @@ class LoggerVariable(VariableTracker):
             from kiln_dynamo.variables.base import MethodVariable
 
             return MethodVariable(self, name)
-        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+        return tx.wrap(getattr(self.logger, name), _attr(self.src, name))  # read and guarded as any object's
 
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if name == "isEnabledFor" and len(args) == 1 and args[0].is_constant():

@@ -24,8 +24,10 @@ answered here instead of traced:
 
 Hyperparameters are read from `param_groups` with their sources: a float learning rate is a
 guarded constant, so an LR scheduler that changes it makes the next call recompile (what
-torch.compile does for a float lr; the per-code cache limit then bounds the recompiles); a
-tensor learning rate is a graph input and never recompiles. Anything else that the step would
+torch.compile does for a float lr). A schedule that changes it every step therefore recompiles
+every step until the per-code cache limit (8), after which the step runs as Python (correct,
+uncompiled); a tensor learning rate (`lr=torch.tensor(0.01)`, torch.compile's advice too) is a
+graph input and never recompiles. Anything else that the step would
 do differently — a closure, hooks, fused or differentiable or capturable groups, sparse
 gradients, an optimizer class outside `_TRACED_STEPS` or a subclass with its own `step` —
 breaks at the call with its reason, and CPython runs the step.
