@@ -218,3 +218,22 @@ def test_a_step_hook_breaks_and_runs_in_python() -> None:
     _assert_same_training_state(eager, mine)
     assert calls == ["post"]
     assert any("step hooks" in str(r) for r in kiln_dynamo.counters.break_reasons)
+
+
+def test_addcdiv_with_a_tensor_value_is_rewritten_only_where_eager_agrees() -> None:
+    # Note [A tensor as the value of addcdiv]: floating operands and a value without grad
+    def f(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y.addcdiv_(a, b, value=s)
+        return torch.addcmul(x, a, b, value=s) + y
+
+    args = (torch.randn(4), torch.randn(4), torch.rand(4) + 1, torch.tensor(-0.3))
+    backend = CountingBackend()
+    torch.testing.assert_close(kiln_dynamo.compile(f, backend=backend)(*args), f(*args))
+    assert backend.graphs == 1 and kiln_dynamo.counters.break_reasons == []
+    ints = (torch.arange(4), torch.arange(4), torch.arange(4) + 1, torch.tensor(2))
+    with pytest.raises(RuntimeError):
+        f(*ints)
+    kiln_dynamo.reset()
+    with pytest.raises(RuntimeError):
+        kiln_dynamo.compile(f, backend=CountingBackend())(*ints)

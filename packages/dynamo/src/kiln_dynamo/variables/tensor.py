@@ -288,7 +288,7 @@ class TensorMethodVariable(VariableTracker):
             return tx.wrap_constant(value)
         if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
             raise Unsupported(f"Tensor.{name}() inside a compiled frame")
-        if name in _ADD_PRODUCTS and isinstance(kwargs.get("value"), TensorVariable) and len(args) == 2:
+        if name in _ADD_PRODUCTS and _add_product_by_tensor_applies(self.tensor, args, kwargs):
             return _add_product_by_tensor(tx, self.tensor, name, args, kwargs)
         return tx.output.create_call(tx, "call_method", name, [self.tensor, *args], kwargs)
 
@@ -304,6 +304,22 @@ _ADD_PRODUCTS = {
     "addcmul": operator.mul,
     "addcmul_": operator.mul,
 }
+
+
+def _add_product_by_tensor_applies(
+    x: TensorVariable, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> bool:
+    """Floating tensors only (integer addcdiv raises in eager, and must still raise), and a value
+    that does not require grad (eager's `.item()` cuts it out of autograd; a product would not)."""
+    value = kwargs.get("value")
+    tensors = [x, *args, value]
+    return (
+        len(args) == 2
+        and isinstance(value, TensorVariable)
+        and value.fake.dim() == 0
+        and not value.fake.requires_grad
+        and all(isinstance(t, TensorVariable) and t.fake.dtype.is_floating_point for t in tensors)
+    )
 
 
 def _add_product_by_tensor(

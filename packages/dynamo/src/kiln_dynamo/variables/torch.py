@@ -206,6 +206,15 @@ class TorchFunctionVariable(VariableTracker):
             made = tensor_from_ndarray(tx, fn, args, kwargs)  # Note [NumPy round trips]
             if made is not None:
                 return made
+        if (
+            fn in (torch.addcdiv, torch.addcmul)
+            and len(args) == 3
+            and set(kwargs) == {"value"}
+            and _is_tensor(args[0])
+        ):
+            return args[0].call_method(
+                tx, fn.__name__, args[1:], kwargs
+            )  # Note [A tensor as the value of addcdiv]
         if fn in _FOREACH_ADD_PRODUCTS and len(args) == 4 and not kwargs and _is_tensor(args[3]):
             return _foreach_add_product_by_tensor(tx, fn, args)
         answer = trace_time_answer(fn)
