@@ -20,6 +20,7 @@ reductions (NumPy scalars) and everything else break, and the array is made for 
 from __future__ import annotations
 
 import operator
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,9 +53,11 @@ _BINARY = {
 
 
 def _np() -> Any:
-    import numpy
-
-    return numpy
+    """NumPy, looked up only once the program loaded it (kiln_dynamo does not depend on it)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        raise Unsupported("a numpy array before NumPy is loaded")
+    return np
 
 
 def _ufuncs() -> dict[Any, Any]:
@@ -91,10 +94,7 @@ class NdarrayVariable(VariableTracker):
 
     @staticmethod
     def of_tensor(tx: Tx, t: TensorVariable) -> NdarrayVariable:
-        try:
-            _np()
-        except ImportError as e:
-            raise Unsupported("Tensor.numpy() without NumPy installed (eager raises)") from e
+        _np()
         fake = t.fake
         if fake.requires_grad:
             raise Unsupported("Tensor.numpy() of a tensor that requires grad (eager raises)")
