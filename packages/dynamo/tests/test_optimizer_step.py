@@ -237,3 +237,21 @@ def test_addcdiv_with_a_tensor_value_is_rewritten_only_where_eager_agrees() -> N
     kiln_dynamo.reset()
     with pytest.raises(RuntimeError):
         kiln_dynamo.compile(f, backend=CountingBackend())(*ints)
+
+
+def test_a_step_patched_on_the_class_after_compiling_recompiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    eager, mine = _pair(OPTIMIZERS["adam"])
+    step_e, step_c = _train_step(*eager), kiln_dynamo.compile(_train_step(*mine), backend=CountingBackend())
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(step_c(x), step_e(x))
+    calls: list[int] = []
+    original = torch.optim.Adam.step
+
+    def patched(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", patched)
+    torch.testing.assert_close(step_c(x), step_e(x))
+    _assert_same_training_state(eager, mine)
+    assert calls == [1, 1]  # the compiled step ran the patched method, not the traced one

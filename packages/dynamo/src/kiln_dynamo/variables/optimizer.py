@@ -45,6 +45,7 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, GetItemSource, KeyedSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.lists import ListVariable
+from kiln_dynamo.variables.nn_module import guard_class_attr
 from kiln_dynamo.variables.tensor import TensorVariable
 
 if TYPE_CHECKING:
@@ -100,6 +101,8 @@ class OptimizerVariable(VariableTracker):
             if name in self.value.__dict__:
                 return self._instance_method(tx, name)
             tx.output.guards.no_instance_attr(self.src, name)
+            # the class's method is what was traced (a later monkeypatch recompiles)
+            guard_class_attr(tx, type(self.value), name, inspect.getattr_static(type(self.value), name))
             return OptimizerMethodVariable(self, name)
         if name == "state":
             return OptimizerStateVariable(self)
