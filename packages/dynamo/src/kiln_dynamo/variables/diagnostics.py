@@ -17,8 +17,9 @@ the file and line of the frame `stacklevel` levels up the traced call chain, its
 its `__warningregistry__`, so the "once per location" filters and the message text are eager's.
 Raising filters would raise at the call in eager, before the rest of the frame ran: the guard
 `no warnings filter is "error"` keeps the replay only where no filter raises (else the frame
-recompiles, and with such a filter the call is a break). A warning the frame leaves to a
-continuation, or a `stacklevel` above the traced frames, stays a break.
+recompiles, and with such a filter the call is a break). A `stacklevel` above the traced frames
+stays a break. As every replayed side effect, the warning comes after the graph's own work: a
+graph that fails at run time (where eager would have warned first) does not emit it.
 """
 
 from __future__ import annotations
