@@ -891,3 +891,30 @@ def test_the_users_own_read_of_the_fast_path_flag_sees_its_value() -> None:
     """Only torch.nn's fast-path checks get the False answer (Note [Fused inference fast paths])."""
     x = t(3)
     check(_reads_the_fast_path_flag, x)
+
+
+def test_heapq_and_bisect_on_lists_of_constants() -> None:
+    # Note [Heaps of constants]: run on the constant items; an outside list is rewritten after the graph
+    import bisect
+    import heapq
+
+    milestones = [30, 10, 20]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        heapq.heapify(milestones)
+        beam: list[tuple[float, int]] = []
+        for i, s in enumerate((0.5, 0.1, 0.9)):
+            heapq.heappush(beam, (s, i))
+        best = heapq.heappop(beam)
+        bisect.insort(milestones, 25)
+        return x * best[1] + bisect.bisect_right([1, 3, 5], 4) + heapq.nsmallest(1, milestones)[0]
+
+    x = torch.ones(2)
+    kept = list(milestones)
+    expected = f(x)
+    eager_state = list(milestones)
+    milestones[:] = kept
+    backend = CountingBackend()
+    torch.testing.assert_close(kiln_dynamo.compile(f, backend=backend)(x), expected)
+    assert milestones == eager_state  # heapified, then 25 inserted, as eager left it
+    assert backend.graphs == 1 and kiln_dynamo.counters.break_reasons == []

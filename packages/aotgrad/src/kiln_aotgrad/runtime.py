@@ -43,12 +43,19 @@ def _as_list(out: Any) -> list[Any]:
 
 
 def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Sequence[torch.Tensor]) -> None:
-    for i, v in zip(meta.mutated_inputs, new_values, strict=True):
-        target = inputs[i]
-        if target.requires_grad and torch.is_grad_enabled():
-            target.copy_(v)
-        else:
-            with torch.no_grad():
+    # one no_grad block for all the copies (an optimizer step writes back every parameter and
+    # state tensor: a context per copy cost more than the copies of small tensors); a copy that
+    # autograd must record runs with grad mode back on
+    recording = torch.is_grad_enabled()
+    with torch.no_grad():
+        for i, v in zip(meta.mutated_inputs, new_values, strict=True):
+            target = inputs[i]
+            # a leaf that requires grad can only have been mutated under no_grad (eager raises
+            # otherwise): an optimizer step updating parameters (Note [Tracing an optimizer step])
+            if recording and target.requires_grad and not target.is_leaf:
+                with torch.enable_grad():
+                    target.copy_(v)
+            else:
                 target.copy_(v)
 
 

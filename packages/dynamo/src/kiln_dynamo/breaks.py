@@ -8,6 +8,24 @@ locals and turns them into the runner's tuple (`values`) and a `SplitPlan` for r
 the frame cannot be split safely (Note [What cannot be split] in resume.py), `CannotSplit` says
 why and the frame runs as plain Python.
 
+Note [Breaks deep in a call chain]: a break at depth d of inlined calls (frame f0 calls f1 ...
+calls fd, which holds the unsupported instruction) splits f0 at its call to f1; CPython then runs
+f1 itself, the hook captures f1, whose trace splits at its call to f2, and so on: d + 1 splits,
+each counted as a break, with a graph before and after each where there are ops. torch.compile
+(with its default `nested_graph_breaks=False`) splits the same way: its lower counts on the
+breadth suite come from constructs it traces that kiln does not. Measured (`breaks.py --models
+--only=segformer,wav2vec2 --no-torch`, graphs/breaks/frames in Python): segformer eval and train
+2/5/6 (torch.compile 2/1): transformers installs output-capturing hooks on the first call, under a
+lock, three frames below `forward` (`register_forward_hook` builds a `weakref.ref` in
+torch.utils.hooks); from the second call it is one graph. wav2vec2 train 4/5/3 (torch.compile
+4/3): `hidden_states.requires_grad = True`, two frames below `forward`, makes a new leaf that
+requires grad, which no graph can (torch.compile breaks there too). Neither count changed this
+session. A continuation that resumes the whole chain at once (one resume function per inlined
+frame, called nested, each given its own locals, cells, stack and open with-blocks, with
+exceptions unwinding through them as through the original frames, on 3.11 and 3.12) is not built:
+it would turn d + 1 breaks into one where the chain's frames do work after the break, and these
+two models' extra breaks are a first-call setup and a construct that breaks anyway.
+
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is
 where bugs hide; a fresh pass that stops before the break instruction gives a graph, side effects

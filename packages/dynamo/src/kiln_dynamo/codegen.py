@@ -174,6 +174,8 @@ def generate_runner(
             if target.source is None:
                 raise Unsupported("attribute store on an object without a source")
             emit(f"{cg.const(setattr)}({cg.source(target.source)}, {name!r}, {val})")
+    for fn, fn_args in output.side_effects.calls:
+        emit(f"{cg.const(fn)}(*{cg.const(fn_args)})")
     for vt in output.side_effects.mutated_containers.values():
         assert vt.source is not None
         where = cg.source(vt.source)

@@ -47,6 +47,9 @@ class SideEffects:
         # (input tensor, hook) in call order: `t.register_hook(hook)` replayed after the graph
         # (Note [Hooks on input tensors] in variables/tensor.py)
         self.tensor_hooks: list[tuple[VT, VT]] = []
+        # (function, constant arguments) called after the graph, in order: a warning
+        # (Note [Warnings replayed after the graph] in variables/diagnostics.py)
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
 
     def pending_attr(self, obj: object, name: str) -> VT | None:
         return self._pending.get((id(obj), name))
@@ -63,7 +66,7 @@ class SideEffects:
         return id(container) in self.mutated_containers
 
     def any(self) -> bool:
-        return bool(self.attr_stores or self.mutated_containers or self.tensor_hooks)
+        return bool(self.attr_stores or self.mutated_containers or self.tensor_hooks or self.calls)
 
 
 class OutputGraph:

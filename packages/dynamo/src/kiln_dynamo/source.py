@@ -241,3 +241,21 @@ class WeakrefCallSource(Source):
 
     def needs_globals(self) -> bool:
         return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSource(Source):
+    """`base[key]` where the key is itself an object reached through a source (an optimizer's
+    state, a dict keyed by parameters: Note [Tracing an optimizer step])."""
+
+    base: Source
+    key: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.bind(self.base)}[{ctx.bind(self.key)}]"
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.key.name()}]"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals() or self.key.needs_globals()

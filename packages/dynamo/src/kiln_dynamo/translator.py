@@ -75,6 +75,7 @@ from kiln_dynamo.variables.lists import (
     SizeVariable,
     TupleVariable,
 )
+from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_binary, ndarray_unary
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.symbolic import SymNodeVariable, symbolic_op
 from kiln_dynamo.variables.tensor import TensorVariable
@@ -377,6 +378,8 @@ class InstructionTranslator:
         return obj.getitem(self, key)
 
     def binary_op(self, fn: Any, a: VT, b: VT) -> VT:
+        if isinstance(a, NdarrayVariable) or isinstance(b, NdarrayVariable):
+            return ndarray_binary(self, fn, a, b)  # Note [NumPy round trips]
         if isinstance(b, TensorVariable) and fn in _OUT_OF_PLACE and _is_number(a):
             fn = _OUT_OF_PLACE[fn]  # `n += t` for a number n is `n + t` (FX cannot print `0 += t`)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
@@ -427,6 +430,8 @@ class InstructionTranslator:
         raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
 
     def compare_op(self, fn: Any, a: VT, b: VT) -> VT:
+        if isinstance(a, NdarrayVariable) or isinstance(b, NdarrayVariable):
+            return ndarray_binary(self, fn, a, b)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
         if _symbolic_operands(a, b):
@@ -444,6 +449,8 @@ class InstructionTranslator:
             return ConstantVariable(not a.truth(self))
         if isinstance(a, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a], {})
+        if isinstance(a, NdarrayVariable):
+            return ndarray_unary(self, fn, a)
         if isinstance(a, SymNodeVariable):
             return symbolic_op(self, fn, [a])
         if a.is_constant():

@@ -35,6 +35,7 @@ from kiln_dynamo.guards import is_plain_constants
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
+from kiln_dynamo.variables.diagnostics import wrap_diagnostics
 from kiln_dynamo.variables.dicts import (
     PLAIN_DICTS,
     DefaultDictVariable,
@@ -49,12 +50,15 @@ from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVa
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
+    ListMutatorVariable,
     LruCacheVariable,
     NumpyFoldVariable,
     PureFunctionVariable,
     WeakrefVariable,
+    is_list_mutator,
     is_numpy_callable,
     is_pure_function,
 )
@@ -236,6 +240,13 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return EnvironVariable(value, source)
+        diagnostic = wrap_diagnostics(value, source, self.output)
+        if diagnostic is not None:
+            return diagnostic
+        if is_list_mutator(value):
+            if source is not None:
+                guards.identity(source, value)
+            return ListMutatorVariable(value, source)
         if is_pure_function(value) or (
             isinstance(value, types.FunctionType) and getattr(value, "_dynamo_marked_constant", False) is True
         ):
@@ -330,6 +341,9 @@ class VariableBuilder:
                 return GradModeVariable(bool(value.mode), True, cls=type(value), prev=bool(value.prev))
             target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
+        if is_traced_optimizer(value) and source is not None:
+            guards.identity(source, value)  # its state is read by identity (Note [Tracing an optimizer step])
+            return OptimizerVariable(value, source)
         if type(value).__module__.startswith("torch") and not isinstance(value, nn.Module):
             if source is None:
                 raise Unsupported(f"torch object of type {type(value).__qualname__}")

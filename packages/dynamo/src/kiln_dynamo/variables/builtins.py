@@ -633,6 +633,18 @@ class BuiltinVariable(VariableTracker):
             return tx.wrap(getattr(self.fn, name), None)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        # `list[Tensor]` in a `typing.cast` (torch's foreach optimizers): a type annotation,
+        # built from the real classes and used only as a constant
+        if self.fn in (list, dict, tuple, set, frozenset, type):
+            parts = (
+                key.iterate(tx) if isinstance(key.identity(), tuple) or key.python_type() is tuple else [key]
+            )
+            real = [p.identity() for p in parts]
+            if all(isinstance(r, type) or r is None for r in real):
+                return ConstantVariable(self.fn[tuple(real) if len(real) > 1 else real[0]])
+        raise Unsupported(f"subscript of {self.describe()}")
+
 
 BUILTINS = builtins
 

@@ -44,6 +44,7 @@ class _Mark:
     containers: int
     hooks: int
     nodes: int
+    calls: int = 0
 
 
 def _mark(tx: Tx) -> _Mark:
@@ -53,6 +54,7 @@ def _mark(tx: Tx) -> _Mark:
         len(side.mutated_containers),
         len(side.tensor_hooks),
         len(tx.output.graph.nodes),
+        len(side.calls),
     )
 
 
@@ -92,7 +94,12 @@ class LockExitVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         now = _mark(tx)
         m = self.mark
-        effect = (now.attr_stores, now.containers, now.hooks) != (m.attr_stores, m.containers, m.hooks)
+        effect = (now.attr_stores, now.containers, now.hooks, now.calls) != (
+            m.attr_stores,
+            m.containers,
+            m.hooks,
+            m.calls,
+        )
         nodes = list(tx.output.graph.nodes)[m.nodes :]
         if effect or any(_in_place(n) for n in nodes):
             e = LockBlockHasEffects(

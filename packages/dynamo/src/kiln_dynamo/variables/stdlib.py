@@ -21,6 +21,8 @@ that the answer is fixed for the process.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import os
 import posixpath
 import sys
@@ -45,7 +47,21 @@ PURE_FUNCTIONS: frozenset[Any] = frozenset(
     {getattr(posixpath, n) for n in _PURE_PATH_NAMES}
     | {getattr(os.path, n) for n in _PURE_PATH_NAMES}
     | {os.fspath, os.fsencode, os.fsdecode}
+    | {bisect.bisect_left, bisect.bisect_right, heapq.nlargest, heapq.nsmallest}
 )
+# heapq/bisect functions that reorder or grow their list argument in place (C functions): run on
+# the constant items of the list, which then holds the result (Note [Heaps of constants])
+LIST_MUTATORS: frozenset[Any] = frozenset(
+    {heapq.heapify, heapq.heappush, heapq.heappop, heapq.heapreplace, heapq.heappushpop}
+    | {bisect.insort_left, bisect.insort_right}
+)
+
+
+def is_list_mutator(value: Any) -> bool:
+    try:
+        return value in LIST_MUTATORS
+    except TypeError:  # unhashable
+        return False
 
 
 def is_pure_function(value: Any) -> bool:
@@ -95,6 +111,46 @@ class PureFunctionVariable(VariableTracker):
         if hasattr(self.fn, "__code__"):
             return UserFunctionVariable(self.fn, None).call(tx, args, kwargs)
         return OpaqueCallableVariable(self.fn, None).call(tx, args, kwargs)
+
+
+class ListMutatorVariable(VariableTracker):
+    """Note [Heaps of constants]: `heapq.heappush(h, (score, i))`, `bisect.insort(l, v)` on a list
+    whose items are constants (a beam's scores, an LR schedule's milestones) run for real on a
+    copy of those items; the list's tracker then holds what the call left in it (a list from
+    outside the frame is rewritten after the graph, as any mutated list). Other lists break."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{self.fn.__module__}.{self.fn.__name__}"
+
+    def identity(self) -> object:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.lists import ListVariable
+
+        rest = [*args[1:], *kwargs.values()]
+        if not args or not isinstance(args[0], ListVariable) or not all(a.is_constant() for a in rest):
+            raise Unsupported(f"{self.describe()} on something other than a list of constants")
+        target = args[0]
+        if not all(i.is_constant() for i in target.items):
+            raise Unsupported(f"{self.describe()} on a list that holds values other than constants")
+        real = [i.as_constant() for i in target.items]
+        try:
+            out = self.fn(
+                real, *[a.as_constant() for a in args[1:]], **{k: v.as_constant() for k, v in kwargs.items()}
+            )
+        except Exception as e:
+            raise Unsupported(f"{self.describe()} raised {type(e).__name__}: {e}") from e
+        target._mutate(tx)
+        target.items = [tx.wrap_constant(v) for v in real]
+        return tx.wrap_constant(out)
 
 
 class EnvironVariable(VariableTracker):
@@ -253,6 +309,10 @@ class NumpyFoldVariable(VariableTracker):
         return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_ufunc
+
+        if any(isinstance(a, NdarrayVariable) for a in [*args, *kwargs.values()]):
+            return ndarray_ufunc(tx, self.fn, args, kwargs)  # Note [NumPy round trips]
         if not all(a.is_constant() for a in [*args, *kwargs.values()]):
             raise Unsupported(f"{self.describe()} called with values that are not constants")
         try:

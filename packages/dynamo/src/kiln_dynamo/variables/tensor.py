@@ -151,6 +151,9 @@ class TensorVariable(VariableTracker):
         cannot run: still a break."""
         for node, source, value in tx.output.inputs:
             if node.meta.get("val") is self.fake and source is not None and isinstance(value, torch.Tensor):
+                pending = tx.output.side_effects.pending_attr(value, "grad")  # after zero_grad()
+                if pending is not None:
+                    return pending
                 return tx.wrap(value.grad, AttrSource(source, "grad"))
         raise Unsupported("Tensor.grad of a tensor computed inside the compiled frame")
 
@@ -257,6 +260,10 @@ class TensorMethodVariable(VariableTracker):
         if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
             tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
             return TensorHookHandleVariable(self.tensor)
+        if name == "numpy" and not args and not kwargs:
+            from kiln_dynamo.variables.ndarray import NdarrayVariable
+
+            return NdarrayVariable.of_tensor(tx, self.tensor)  # Note [NumPy round trips]
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
@@ -281,7 +288,49 @@ class TensorMethodVariable(VariableTracker):
             return tx.wrap_constant(value)
         if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
             raise Unsupported(f"Tensor.{name}() inside a compiled frame")
+        if name in _ADD_PRODUCTS and _add_product_by_tensor_applies(self.tensor, args, kwargs):
+            return _add_product_by_tensor(tx, self.tensor, name, args, kwargs)
         return tx.output.create_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+# Note [A tensor as the value of addcdiv]: `x.addcdiv_(a, b, value=s)` takes `s` as a number;
+# eager turns a 0-d tensor there into one with `.item()`, which a graph cannot do (Adam's step
+# size is such a tensor while compiling: `step` stays a tensor). The call is rewritten into the
+# tensor ops of its definition, in the order the CPU kernel computes it (`x + s * a / b`,
+# `x + s * a * b`), as torch.compile rewrites it.
+_ADD_PRODUCTS = {
+    "addcdiv": operator.truediv,
+    "addcdiv_": operator.truediv,
+    "addcmul": operator.mul,
+    "addcmul_": operator.mul,
+}
+
+
+def _add_product_by_tensor_applies(
+    x: TensorVariable, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> bool:
+    """Floating tensors only (integer addcdiv raises in eager, and must still raise), and a value
+    that does not require grad (eager's `.item()` cuts it out of autograd; a product would not)."""
+    value = kwargs.get("value")
+    tensors = [x, *args, value]
+    return (
+        len(args) == 2
+        and isinstance(value, TensorVariable)
+        and value.fake.dim() == 0
+        and not value.fake.requires_grad
+        and all(isinstance(t, TensorVariable) and t.fake.dtype.is_floating_point for t in tensors)
+    )
+
+
+def _add_product_by_tensor(
+    tx: Tx, x: TensorVariable, name: str, args: list[VariableTracker], kwargs: dict[str, VariableTracker]
+) -> VariableTracker:
+    if set(kwargs) != {"value"}:
+        raise Unsupported(f"Tensor.{name} with a tensor value and other keyword arguments")
+    scaled = tx.output.create_call(tx, "call_function", operator.mul, [kwargs["value"], args[0]], {})
+    term = tx.output.create_call(tx, "call_function", _ADD_PRODUCTS[name], [scaled, args[1]], {})
+    add = "add_" if name.endswith("_") else "add"
+    return tx.output.create_call(tx, "call_method", add, [x, term], {})
 
 
 def graph_arg(vt: VariableTracker) -> Any:

@@ -200,6 +200,23 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(fn())
         if fn is torch._C._group_tensors_by_device_and_dtype:
             return _group_by_device_and_dtype(tx, args, kwargs)
+        if fn in (torch.from_numpy, torch.as_tensor, torch.tensor):
+            from kiln_dynamo.variables.ndarray import tensor_from_ndarray
+
+            made = tensor_from_ndarray(tx, fn, args, kwargs)  # Note [NumPy round trips]
+            if made is not None:
+                return made
+        if (
+            fn in (torch.addcdiv, torch.addcmul)
+            and len(args) == 3
+            and set(kwargs) == {"value"}
+            and _is_tensor(args[0])
+        ):
+            return args[0].call_method(
+                tx, fn.__name__, args[1:], kwargs
+            )  # Note [A tensor as the value of addcdiv]
+        if fn in _FOREACH_ADD_PRODUCTS and len(args) == 4 and not kwargs and _is_tensor(args[3]):
+            return _foreach_add_product_by_tensor(tx, fn, args)
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
@@ -243,6 +260,30 @@ class TorchFunctionVariable(VariableTracker):
         return tx.output.create_call(tx, "call_function", fn, args, kwargs)
 
 
+_FOREACH_ADD_PRODUCTS = {torch._foreach_addcdiv_: "addcdiv_", torch._foreach_addcmul_: "addcmul_"}
+
+
+def _is_tensor(vt: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable)
+
+
+def _foreach_add_product_by_tensor(tx: Tx, fn: Any, args: list[VT]) -> VT:
+    """`torch._foreach_addcdiv_(xs, as_, bs, scalars)` with the scalars as one tensor (the foreach
+    Adam's stacked step sizes while compiling): one `x.addcdiv_(a, b, value=scalars[i])` per tensor
+    (Note [A tensor as the value of addcdiv]; the fake kernel of the Tensor overload insists on
+    real CPU scalars)."""
+    xs, as_, bs = (a.iterate(tx) for a in args[:3])
+    scalars = args[3]
+    if not len(xs) == len(as_) == len(bs):
+        raise Unsupported(f"{fn.__name__} over lists of different lengths")
+    for i, (x, a, b) in enumerate(zip(xs, as_, bs, strict=True)):
+        value = scalars.getitem(tx, ConstantVariable(i))
+        x.call_method(tx, _FOREACH_ADD_PRODUCTS[fn], [a, b], {"value": value})
+    return ConstantVariable(None)
+
+
 def _group_by_device_and_dtype(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     """Note [Grouping tensors at trace time]: `torch._C._group_tensors_by_device_and_dtype`
     (how `clip_grad_norm_` and the foreach optimizers batch their tensors) groups by metadata the
@@ -263,7 +304,8 @@ def _group_by_device_and_dtype(tx: Tx, args: list[VT], kwargs: dict[str, VT]) ->
         groups.setdefault(key, []).append(i)
     out: dict[Any, VT] = {}
     for key, idx in groups.items():
-        per_list = ListVariable([ListVariable([inner[i] for i in idx]) for inner in lists])
+        # an empty list (Adam's max_exp_avg_sqs without amsgrad) stays empty in every group
+        per_list = ListVariable([ListVariable([inner[i] for i in idx] if inner else []) for inner in lists])
         indices = ListVariable([ConstantVariable(i) for i in idx]) if with_indices else ListVariable([])
         out[key] = TupleVariable([per_list, indices])
     return DictVariable(out)
