@@ -36,8 +36,13 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
     input channel per group (the anchor's rule: cuDNN's NHWC grouped kernels can be many times
     slower; depthwise ones are faster). Measured on the H200 (seventh session, fp32 training of
     the public suite's CNN at GPU size): 9.8 ms a step in eager layouts, 76.9 ms channels-last
-    (torch.compile 7.9 ms, eager 12.4 ms); not yet diagnosed (no profile was left to take: a
-    column-order BatchNorm reduction that is not split is the first suspect), so it stays opt-in.
+    (torch.compile 7.9 ms, eager 12.4 ms), so it stays opt-in. The likely cause, read from the
+    generated code (no profile was left to take): BatchNorm's batch variance is a Welford
+    reduction over (N, H, W), which the Triton generator never splits (split.py's SPLITTABLE),
+    and in NHWC it is a column reduction given one program per 64 channels: the CNN's first
+    BatchNorm runs as 1 program over 32*224*224 rows. Splitting Welford reductions (partial
+    mean/m2/count per chunk, combined by Chan's formula) would lift it, in NCHW too, where the
+    same reduction runs on only C programs.
 The CPU rule keeps training graphs in eager's layouts (``KILN_CHANNELS_LAST=0`` turns NHWC off
 everywhere). On CUDA a training forward leaves the activations it saves for the backward in the
 layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
