@@ -80,9 +80,9 @@ from kiln_loopir.indexing import (
     FloorDiv,
     ModularIndexing,
     contiguous_strides,
-    drop_low_terms,
     linear_index,
     simplify_index,
+    simplify_reordered,
 )
 from kiln_loopir.ir import ComputedBuffer, ReorderedPointwise, Scatter
 from kiln_loopir.origins import source_comment
@@ -174,16 +174,6 @@ COLUMN_BLOCK = 64
 # 128 positions, as many as a row lane adds per FOLD_BLOCK: 5e-5), and folding at every position
 # ran 2.2x slower (the conversions in the vector loop)
 COLUMN_FOLD = 8
-
-
-def _simplify_reordered(expr: sympy.Expr, ranges: Any) -> sympy.Expr:
-    """``simplify_index`` after ``drop_low_terms``, to a fixed point (a few rounds at most)."""
-    for _ in range(4):
-        done = simplify_index(drop_low_terms(expr, ranges), ranges)
-        if done == expr:
-            break
-        expr = done
-    return expr
 
 
 class CodegenUnsupported(Exception):
@@ -373,7 +363,7 @@ class KernelBuilder:
         # into its own digits; those drop the low term (``((x0 + 32*r0) // 32) % 16 -> r0 % 16``
         # for ``x0 < 32``), else every lane divides 64-bit integers (45 against 15 us on Swin)
         self._simplify: Callable[[sympy.Expr, Any], sympy.Expr] = (
-            _simplify_reordered if any(isinstance(m, ReorderedPointwise) for m in members) else simplify_index
+            simplify_reordered if any(isinstance(m, ReorderedPointwise) for m in members) else simplify_index
         )
         self.counter = 0
         self.param_order: list[str] = []

@@ -61,7 +61,7 @@ caller compiles it with static sizes. A static graph generates exactly the lines
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 import sympy
@@ -408,8 +408,27 @@ class WrapperCodegen:
             self.take_pointer(out.name)
         self.emit("del _r")
 
-    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+    def place(self, buffer: Buffer, scratch: Set[str]) -> bool:
+        """Give a kernel's output buffer its memory: the buffer the plan reuses for it, a new
+        allocation, or (a scratch buffer only this kernel uses) a temporary; True for the last,
+        which the caller deletes after the launch."""
         plan = self.schedule.plan
+        if buffer.name in plan.allocate:
+            reuse = plan.allocate[buffer.name]
+            if reuse is not None:
+                self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                self.emit(f"del {reuse}")
+                self.shaped.pop(buffer.name, None)
+                self.take_pointer(buffer.name)
+            else:
+                self.allocate(buffer)
+            return False
+        if buffer.name in scratch:
+            self.allocate(buffer)
+            return True
+        return False
+
+    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
         group = self.groups.get(node.name)
         members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         scratch = set(group.scratch) if group is not None else {m.name for m in members}
@@ -421,17 +440,7 @@ class WrapperCodegen:
                     self.shaped[buffer.name] = self.shaped[buffer.mutates]
                 self.take_pointer(buffer.name)
                 continue
-            if buffer.name in plan.allocate:
-                reuse = plan.allocate[buffer.name]
-                if reuse is not None:
-                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
-                    self.emit(f"del {reuse}")
-                    self.shaped.pop(buffer.name, None)
-                    self.take_pointer(buffer.name)
-                else:
-                    self.allocate(buffer)
-            elif buffer.name in scratch:
-                self.allocate(buffer)
+            if self.place(buffer, scratch):
                 temporaries.append(buffer.name)
         if group is None:
             self.fallback(node, members)
@@ -482,23 +491,12 @@ class WrapperCodegen:
             self.extern(node.extern.node)
             self.kernel(node, step)
             return
-        plan = self.schedule.plan
         epilogue = group.specs[0]
         product = node.extern.node.outputs[0].name
         temporaries = []
         for m in node.epilogue.get_nodes():
             buffer = m.node  # type: ignore[attr-defined]
-            if buffer.name in plan.allocate:
-                reuse = plan.allocate[buffer.name]
-                if reuse is not None:
-                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
-                    self.emit(f"del {reuse}")
-                    self.shaped.pop(buffer.name, None)
-                    self.take_pointer(buffer.name)
-                else:
-                    self.allocate(buffer)
-            elif buffer.name in group.scratch:
-                self.allocate(buffer)
+            if self.place(buffer, set(group.scratch)):
                 temporaries.append(buffer.name)
 
         def arg(p: str) -> str:

@@ -268,6 +268,19 @@ def drop_low_terms(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
     return visit(sympy.expand(expr)) if expr.has(FloorDiv, ModularIndexing) else expr
 
 
+def simplify_reordered(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
+    """``simplify_index`` after ``drop_low_terms``, to a fixed point (a few rounds at most):
+    splitting a digit can leave a term (``FloorDiv(x0, 128)`` with ``x0 < 128``) that another
+    round removes. For positions re-expressed in another loop order (Note [Pointwise producers
+    in a column reduction's order])."""
+    for _ in range(4):
+        done = simplify_index(drop_low_terms(expr, ranges), ranges)
+        if done == expr:
+            break
+        expr = done
+    return expr
+
+
 def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool:
     """``expr < limit`` for every value of the size symbols, where ``expr`` is a loop variable
     whose range is ``limit`` itself (Note [Symbolic divisors])."""

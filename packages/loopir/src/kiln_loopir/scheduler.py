@@ -40,11 +40,11 @@ from .indexing import (
     FloorDiv,
     ModularIndexing,
     contiguous_strides,
-    drop_low_terms,
     loop_vars,
     merge_loop_ranges,
     merge_loops,
     simplify_index,
+    simplify_reordered,
 )
 from .ir import (
     Buffer,
@@ -612,7 +612,7 @@ class Scheduler:
         # each digit of the element at loop position ``variables``, simplified knowing the loops
         known = dict(zip(variables, sizes, strict=True))
         digits = [
-            sympy.Integer(0) if n == 1 else _simplified(ModularIndexing(index, st, n), known)
+            sympy.Integer(0) if n == 1 else simplify_reordered(ModularIndexing(index, st, n), known)
             for n, st in zip(ranges, strides, strict=True)
         ]
 
@@ -945,17 +945,6 @@ class Scheduler:
 REORDER_CHECK_LIMIT = 1 << 24
 
 
-def _simplified(expr: Expr, ranges: dict[sympy.Symbol, Expr]) -> Expr:
-    """``simplify_index`` (after ``drop_low_terms``) to a fixed point: splitting a digit can
-    leave a term (``FloorDiv(x0, 128)`` with ``x0 < 128``) that another pass removes."""
-    for _ in range(4):
-        done = simplify_index(drop_low_terms(expr, ranges), ranges)
-        if done == expr:
-            break
-        expr = done
-    return expr
-
-
 def _lanes_contiguous(dep: Dep, nx: int) -> bool:
     """Is a reordered producer's read, in a column kernel whose lanes run along the innermost of
     the first ``nx`` (output) loops, one vector load or one broadcast value: ``c*v + rest`` with
@@ -971,7 +960,7 @@ def _lanes_contiguous(dep: Dep, nx: int) -> bool:
     )
     if lane is None:
         return True
-    index = _simplified(sympy.sympify(dep.index), dict(zip(dep.variables, dep.sizes, strict=True)))
+    index = simplify_reordered(sympy.sympify(dep.index), dict(zip(dep.variables, dep.sizes, strict=True)))
     if lane not in index.free_symbols:
         return True
     index = sympy.expand(index)
