@@ -144,14 +144,45 @@ def test_split_reductions(blocking: str, device: str) -> None:
     check(fn, make((31, 23)), make((700, 5)), device=device, backend=backend)
     partials = [s for s in backend.last_specs if s.name.endswith("_partial")]
     assert len(partials) == 2 and len(backend.last_specs) == 4  # a full and a column kernel, split
-    # Welford statistics are not split
+    # Welford statistics split where the chunks divide the rows (700 = 4 * 175), combined by
+    # Chan's formula; a row length no power-of-two chunk count divides stays whole
     var = check(
         lambda x: aten.var.correction(x, [0], correction=1),
         make((700, 5)),
         device=device,
         backend=TritonBackend(**SPLIT),
     )
-    assert not any(s.name.endswith("_partial") for s in var.last_specs)
+    assert any("_partial" in s.name for s in var.last_specs)
+    prime = check(
+        lambda x: aten.var.correction(x, [0], correction=1),
+        make((701, 5)),
+        device=device,
+        backend=TritonBackend(**SPLIT),
+    )
+    assert not any("_partial" in s.name for s in prime.last_specs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batch_statistics_of_few_channels_split(channels_last: bool, device: str) -> None:
+    """BatchNorm's training statistics: mean and variance over (N, H, W) for each of a few
+    channels, in NCHW (rows of H*W) and NHWC (a column reduction): both split into partial
+    Welford kernels combined by Chan's formula, equal to eager."""
+
+    def fn(x: torch.Tensor) -> Any:
+        var, mean = aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+        return (
+            var,
+            mean,
+            aten.mul.Tensor(aten.sub.Tensor(x, mean), aten.rsqrt.default(aten.add.Tensor(var, 1e-5))),
+        )
+
+    x = make((8, 3, 16, 16), low=-3, high=5)  # a mean far from 0: the combine must not cancel
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    backend = TritonBackend(**SPLIT)
+    check(fn, x, device=device, backend=backend)
+    assert any("_partial" in s.name for s in backend.last_specs)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -675,6 +675,8 @@ class _Generator:
     # ---------------------------------------------------------------------------- reduction
 
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: Any) -> Any:
+        if reduction_type == "welford_combine":
+            return self._welford_combine(dtype, value)
         v = self._value(value)
         if self.trivial:
             return self._reduce_one(dtype, reduction_type, v)
@@ -773,6 +775,30 @@ class _Generator:
         section.pre.append(f"{acc} = tl.full([XBLOCK, RBLOCK], {neutral}, {compute_type(dtype_acc)})")
         self._emit(f"{acc} = {update.format(acc=acc, v=masked)}")
         return self._post_value(final.format(acc=acc), result_dtype_)
+
+    def _welford_combine(self, dtype: torch.dtype, value: Any) -> Any:
+        """Partial (mean, m2, weight) triples combined by ``k_welford`` (the second kernel of a
+        split Welford reduction, Note [Split reductions] in split.py); a masked lane weighs 0."""
+        parts = tuple(self._as(self._value(v), dtype) for v in value)
+        if self.trivial:
+            return parts
+        if self.level != "r":
+            raise CodegenUnsupported("reduction outside the reduction axis")
+        xr = frozenset({"x", "r"})
+        masked = [self._cse(f"tl.where(xmask & rmask, {p}, 0.0)", dtype, xr) for p in parts]
+        fm, fm2, fw = self._new("mean"), self._new("m2"), self._new("weight")
+        if not self.looped:
+            self._emit(f"{fm}, {fm2}, {fw} = tl.reduce(({', '.join(str(m) for m in masked)}), 1, k_welford)")
+            return tuple(self._x_value(f"{n}[:, None]", dtype) for n in (fm, fm2, fw))
+        t = compute_type(dtype)
+        accs = self._new("cmean"), self._new("cm2"), self._new("cweight")
+        section = self.sections[-1]
+        for acc in accs:
+            section.pre.append(f"{acc} = tl.zeros([XBLOCK, RBLOCK], {t})")
+        joined = ", ".join(accs)
+        self._emit(f"{joined} = k_welford({joined}, {', '.join(str(m) for m in masked)})")
+        section.post.append(f"{fm}, {fm2}, {fw} = tl.reduce(({joined}), 1, k_welford)")
+        return tuple(self._post_value(f"{n}[:, None]", dtype) for n in (fm, fm2, fw))
 
     def _x_value(self, text: str, dtype: torch.dtype) -> TValue:
         """A reduced value (persistent mode: computed in place, visible to later members)."""

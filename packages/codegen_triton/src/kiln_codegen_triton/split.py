@@ -15,7 +15,11 @@ the partial is a Reduction over ranges ``(S, *ranges)`` whose body is the origin
 reduced position ``s * chunk + r`` (masked past the end), and the second is a Reduction over
 ``(S,)`` that loads the partial. sum, prod, max, min and any split this way because reducing
 partial results with the same operation gives the same result (up to float rounding order,
-as in any parallel reduction); Welford and argmax/argmin are left whole.
+as in any parallel reduction). A Welford reduction (mean and variance: BatchNorm's batch
+statistics in training, over N, H and W for each of a few channels) splits when the chunks
+divide the row exactly: the partial kernel computes each chunk's (mean, m2, weight), and the
+second combines them with Chan's formula (``welford_combine``, ``k_welford``), the same rule
+that already combines the lanes of one kernel. argmax/argmin are left whole.
 
 Note [Split reductions]: only nodes whose members are one reduction followed by x-level
 epilogues are split; a node that also computes r-level values (a fused prologue stored for
@@ -38,7 +42,7 @@ from kiln_loopir.virtualized import ops
 
 from .kernel import _int, _real_reduction, next_pow2, unflatten
 
-SPLITTABLE = ("sum", "prod", "max", "min", "any")
+SPLITTABLE = ("sum", "prod", "max", "min", "any", "welford_reduce")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ def plan_split(
         return None
     chunks = min(-(-target_programs // programs), nr // max(1, min_rnumel // 4))
     chunks = min(next_pow2(chunks), 1024)
+    if any(_welford(m) for m in real):
+        while chunks >= 2 and nr % chunks:  # whole chunks only: a padded position would count
+            chunks //= 2
     if chunks < 2:
         return None
     chunk = -(-nr // chunks)
@@ -118,6 +125,30 @@ def plan_split(
             continue
         data = member.data
         assert isinstance(data, Reduction)
+        if _welford(member):
+            triple = [_partial(member, data, ranges, rsizes, chunks, chunk, output_index=i) for i in range(3)]
+            partials += triple
+            first_reads += [read] * 3
+            combined = _load_partials(triple)
+            second.append(
+                ComputedBuffer(
+                    member.name,
+                    member.layout,
+                    data=Reduction(
+                        data.device,
+                        data.dtype,
+                        combined,
+                        data.ranges,
+                        (sympy.Integer(chunks),),
+                        "welford_combine",
+                        data.dtype,
+                        output_index=data.output_index,
+                        origins=data.origins,
+                    ),
+                )
+            )
+            second_reads.append(frozenset(p.name for p in triple))
+            continue
         partial = _partial(member, data, ranges, rsizes, chunks, chunk)
         partials.append(partial)
         first_reads.append(read)
@@ -141,9 +172,22 @@ def plan_split(
     return SplitPlan(partials, first_reads, second, second_reads, chunks)
 
 
+def _welford(member: ComputedBuffer) -> bool:
+    data = member.data
+    return isinstance(data, Reduction) and data.reduction_type == "welford_reduce"
+
+
 def _partial(
-    red: ComputedBuffer, data: Reduction, ranges: Sequence[Any], rsizes: list[int], chunks: int, chunk: int
+    red: ComputedBuffer,
+    data: Reduction,
+    ranges: Sequence[Any],
+    rsizes: list[int],
+    chunks: int,
+    chunk: int,
+    output_index: int | None = None,
 ) -> ComputedBuffer:
+    """The partial reduction of ``red`` over ``chunks`` chunks; for a Welford reduction, the
+    chunk statistic ``output_index`` (0 mean, 1 m2, 2 weight) of it."""
     nr = math.prod(rsizes)
     inner = data.inner_fn
     neutral = _neutral(data.reduction_type, data.dtype)
@@ -157,8 +201,9 @@ def _partial(
         return ops.masked(inside, lambda: inner(index[1:], original), ops.constant(neutral, data.src_dtype))
 
     partial_ranges = (sympy.Integer(chunks), *ranges)
+    suffix = "_partial" if output_index is None else f"_partial{('_mean', '_m2', '_weight')[output_index]}"
     return ComputedBuffer(
-        f"{red.name}_partial",
+        f"{red.name}{suffix}",
         flexible(data.device, data.dtype, partial_ranges),
         data=Reduction(
             data.device,
@@ -168,9 +213,20 @@ def _partial(
             (sympy.Integer(chunk),),
             data.reduction_type,
             data.src_dtype,
+            output_index=data.output_index if output_index is None else output_index,
             origins=data.origins,
         ),
     )
+
+
+def _load_partials(triple: Sequence[ComputedBuffer]) -> Any:
+    """The (mean, m2, weight) of a chunk, loaded from a split Welford's three partials."""
+    loads = [_load_partial(p) for p in triple]
+
+    def load(index: Sequence[Any], rindex: Sequence[Any]) -> Any:
+        return tuple(f(index, rindex) for f in loads)
+
+    return load
 
 
 def _load_partial(partial: ComputedBuffer) -> Any:

@@ -147,8 +147,16 @@ class GridHandler:
     def reduction(self, dtype: torch.dtype, src_dtype: torch.dtype, reduction_type: str, value: Value) -> Any:
         xshape = self.grid[: self.nx]
         nr = len(self.grid) - self.nx
-        v = torch.as_tensor(value).broadcast_to(self.grid).reshape(*xshape, -1)
         keep = [*xshape, *([1] * nr)]
+        if reduction_type == "welford_combine":  # Chan's formula over the partial triples
+            means, m2s, weights = (
+                torch.as_tensor(t).to(dtype).broadcast_to(self.grid).reshape(*xshape, -1) for t in value
+            )
+            weight = weights.sum(-1)
+            mean = (means * weights).sum(-1) / weight
+            m2 = m2s.sum(-1) + (weights * (means - mean.unsqueeze(-1)) ** 2).sum(-1)
+            return tuple(t.reshape(keep) for t in (mean, m2, weight))
+        v = torch.as_tensor(value).broadcast_to(self.grid).reshape(*xshape, -1)
         if reduction_type == "welford_reduce":
             v = v.to(dtype)
             mean = v.mean(-1) if v.shape[-1] else torch.full(xshape, math.nan, dtype=dtype)

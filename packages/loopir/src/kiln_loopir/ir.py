@@ -86,12 +86,17 @@ class Pointwise(IRNode):
         return self.inner_fn
 
 
+# reductions whose value is a (mean, m2, weight) triple; ``output_index`` picks one
+WELFORD = ("welford_reduce", "welford_combine")
+
+
 @dataclass(frozen=True, slots=True)
 class Reduction(IRNode):
     """``out[index] = reduce(inner_fn(index, rindex) for rindex in reduction_ranges)``.
 
     ``welford_reduce`` yields (mean, m2, weight); ``output_index`` picks one of them, so a
     mean and a variance are two Reductions that the scheduler fuses into one pass.
+    ``welford_combine`` reduces such triples (its ``inner_fn`` returns three values) into one.
     """
 
     device: torch.device
@@ -182,7 +187,7 @@ class ComputedBuffer(Buffer):
             def reduce_body(index: Index, rindex: Index) -> None:
                 value = red.inner_fn(index, rindex)
                 result = ops.reduction(red.dtype, red.src_dtype, red.reduction_type, value)
-                if red.reduction_type == "welford_reduce":
+                if red.reduction_type in WELFORD:
                     result = ops.getitem(result, red.output_index)
                 ops.store_reduction(name, layout.indexer(index), result)
 

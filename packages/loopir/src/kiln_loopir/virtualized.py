@@ -49,7 +49,7 @@ SPECIAL_OPS: tuple[str, ...] = (
     "masked", "where", "constant", "to_dtype", "getitem",
 )  # fmt: skip
 REDUCTION_TYPES: tuple[str, ...] = (
-    "sum", "prod", "min", "max", "argmin", "argmax", "any", "welford_reduce",
+    "sum", "prod", "min", "max", "argmin", "argmax", "any", "welford_reduce", "welford_combine",
 )  # fmt: skip
 
 _state = threading.local()
@@ -82,7 +82,9 @@ class OpsNamespace:
     * ``load(name, index) -> value``: read buffer ``name`` at the sympy offset ``index``.
     * ``store(name, index, value, mode=None)``: write; ``mode="atomic_add"`` accumulates.
     * ``reduction(dtype, src_dtype, reduction_type, value) -> value``: reduce ``value`` over the
-      reduction variables; ``welford_reduce`` returns a (mean, m2, weight) triple.
+      reduction variables; ``welford_reduce`` returns a (mean, m2, weight) triple;
+      ``welford_combine`` takes such triples (partial statistics of disjoint parts, ``value`` a
+      tuple of three) and returns the triple of their union (Chan's formula).
     * ``store_reduction(name, index, value)``: write a reduced value.
     * ``index_expr(expr, dtype) -> value``: a sympy expression of the loop variables as a value.
     * ``indirect_indexing(value, size, check=True) -> sympy.Symbol``: turn a loaded value into an

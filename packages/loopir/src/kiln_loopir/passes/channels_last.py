@@ -40,9 +40,10 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
     generated code (no profile was left to take): BatchNorm's batch variance is a Welford
     reduction over (N, H, W), which the Triton generator never splits (split.py's SPLITTABLE),
     and in NHWC it is a column reduction given one program per 64 channels: the CNN's first
-    BatchNorm runs as 1 program over 32*224*224 rows. Splitting Welford reductions (partial
-    mean/m2/count per chunk, combined by Chan's formula) would lift it, in NCHW too, where the
-    same reduction runs on only C programs.
+    BatchNorm runs as 1 program over 32*224*224 rows. Welford reductions now split (partial
+    mean/m2/weight per chunk, combined by Chan's formula: Note [Split reductions] in
+    kiln_codegen_triton's split.py), in NCHW too, where the same reduction ran on only C
+    programs; channels-last training is to be re-measured with it before it is turned on.
 The CPU rule keeps training graphs in eager's layouts (``KILN_CHANNELS_LAST=0`` turns NHWC off
 everywhere). On CUDA a training forward leaves the activations it saves for the backward in the
 layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
