@@ -56,6 +56,7 @@ from .ir import (
     ReorderedPointwise,
     Scatter,
 )
+from .sizevars import current as current_sizevars
 from .virtualized import DefaultHandler, set_ops_handler
 
 log = logging.getLogger("kiln.loopir.schedule")
@@ -342,6 +343,33 @@ class BufferPlan:
         return sum(1 for v in self.allocate.values() if v is not None)
 
 
+def _symbols_named(node: BaseSchedulerNode) -> set[sympy.Symbol]:
+    """The size symbols in a node's layout, loop ranges, or (an extern's) arguments."""
+    exprs: list[Any] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, sympy.Expr):
+            exprs.append(value)
+        elif isinstance(value, Buffer | ReinterpretView):
+            layout = value.layout
+            exprs.extend((*layout.size, *layout.stride, layout.offset))
+        elif isinstance(value, list | tuple):
+            for v in value:
+                visit(v)
+        elif isinstance(value, dict):
+            visit(list(value.values()))
+
+    if isinstance(node, ExternKernelSchedulerNode):
+        visit([node.node.args, node.node.kwargs])
+    elif isinstance(node, SchedulerNode | NopKernelSchedulerNode):
+        visit(node.node)
+        visit(list(node.node.iteration()))
+    out: set[sympy.Symbol] = set()
+    for e in exprs:
+        out |= {s for s in sympy.sympify(e).free_symbols if isinstance(s, sympy.Symbol)}
+    return out
+
+
 class Scheduler:
     """Builds nodes for ``operations``, fuses them and plans buffers; see the module docstring."""
 
@@ -410,8 +438,11 @@ class Scheduler:
         last_writer: dict[str, str] = {}
         readers: dict[str, list[str]] = {}
         deps: dict[str, set[str]] = {}
+        defined_by = current_sizevars().defined_by()
         for node in self.nodes:
             d: set[str] = set()
+            if defined_by:  # Note [Unbacked sizes in loopir]: after the kernel computing a size
+                d |= {defined_by[s] for s in _symbols_named(node) if s in defined_by}
             for r in node.read_names():
                 if r in last_writer:
                     d.add(last_writer[r])
@@ -431,8 +462,11 @@ class Scheduler:
         needed = set(self.output_names)
         needed |= {self.aliases.get(n, n) for n in self.output_names}
         kept: list[BaseSchedulerNode] = []
+        defines = set(current_sizevars().defined_by().values())  # Note [Unbacked sizes in loopir]
         for node in reversed(self.nodes):
-            mutates = isinstance(node, ExternKernelSchedulerNode) and _is_mutating(node.node)
+            mutates = isinstance(node, ExternKernelSchedulerNode) and (
+                _is_mutating(node.node) or node.name in defines
+            )
             if mutates or node.write_names() & needed:
                 kept.append(node)
                 needed |= node.read_names()

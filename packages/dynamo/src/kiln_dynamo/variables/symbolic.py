@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+from kiln_symbolic import GuardOnDataDependent
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
@@ -54,7 +55,14 @@ class SymNodeVariable(VariableTracker):
 
     def truth(self, tx: Tx) -> bool:
         set_where(tx)
-        return bool(self.value)  # the ShapeEnv guards the answer
+        try:
+            return bool(self.value)  # the ShapeEnv guards the answer
+        except GuardOnDataDependent as e:
+            raise Unsupported(
+                f"data-dependent branch on {self.value.node.expr} (a size or int computed from tensor data)",
+                advice="use torch.where, or torch._check(...) the fact the branch needs, or move the branch "
+                "outside the compiled function",
+            ) from e
 
     def reconstruct(self, cg: Reconstructor) -> str:
         if self.node is None:
@@ -66,7 +74,10 @@ class SymNodeVariable(VariableTracker):
     ) -> VariableTracker:
         if name in ("__int__", "__index__", "__float__", "__bool__") and not args:
             set_where(tx)
-            return ConstantVariable(getattr(self.value, name)())
+            try:
+                return ConstantVariable(getattr(self.value, name)())
+            except GuardOnDataDependent as e:
+                raise Unsupported(f"{self.describe()} made a Python number: it depends on tensor data") from e
         raise Unsupported(f"method {name} of a {self.describe()}")
 
 

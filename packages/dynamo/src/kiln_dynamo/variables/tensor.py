@@ -257,6 +257,9 @@ class TensorMethodVariable(VariableTracker):
         if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
             tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
             return TensorHookHandleVariable(self.tensor)
+        if name == "item" and not args and not kwargs and _item_stays(tx, fake):
+            # Note [Unbacked sizes in capture]: an int from data, a symbol of the graph
+            return tx.output.create_call(tx, "call_method", "item", [self.tensor], {})
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
@@ -282,6 +285,15 @@ class TensorMethodVariable(VariableTracker):
         if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
             raise Unsupported(f"Tensor.{name}() inside a compiled frame")
         return tx.output.create_call(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _item_stays(tx: Tx, fake: torch.Tensor) -> bool:
+    """`.item()` of an integer tensor stays in the graph as an unbacked int when the capture
+    allows data-dependent sizes; a float or bool `.item()` still breaks (it feeds Python
+    arithmetic or a branch)."""
+    dtype = fake.dtype
+    integral = not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
+    return integral and fake.dim() == 0 and tx.output.shapes.unbacked_env is not None
 
 
 def graph_arg(vt: VariableTracker) -> Any:

@@ -17,12 +17,15 @@ import os
 import types
 from typing import TYPE_CHECKING, Any
 
+import sympy
 import torch
+from kiln_symbolic import ConstraintViolation
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -200,6 +203,8 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(fn())
         if fn is torch._C._group_tensors_by_device_and_dtype:
             return _group_by_device_and_dtype(tx, args, kwargs)
+        if fn in (torch._check, torch._check_is_size) and args and isinstance(args[0], SymNodeVariable):
+            return _symbolic_check(tx, fn, args[0])
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
@@ -241,6 +246,21 @@ class TorchFunctionVariable(VariableTracker):
 
             return UserFunctionVariable(fn, self.source).call(tx, args, kwargs)
         return tx.output.create_call(tx, "call_function", fn, args, kwargs)
+
+
+def _symbolic_check(tx: Tx, fn: Any, cond: SymNodeVariable) -> VT:
+    """`torch._check(cond)` / `torch._check_is_size(n)` on a symbolic value: a fact for the
+    ShapeEnv (Note [Unbacked sizes] in kiln_symbolic): a guard when the sizes are backed, a
+    narrower range for a data-dependent one (`torch._check(n >= 0)` makes `n` size-like).
+    Not checked again at run time."""
+    set_where(tx)
+    node = cond.value.node
+    expr = node.expr if fn is torch._check else sympy.Ge(node.expr, 0)
+    try:
+        node.shape_env.expect_true(expr)
+    except ConstraintViolation as e:
+        raise Unsupported(f"{fn.__name__}({expr}) fails for every value: {e}") from e
+    return ConstantVariable(None)
 
 
 def _group_by_device_and_dtype(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
