@@ -41,11 +41,16 @@ def _static_value(v: Any) -> Any:
 
 
 class SymNodeVariable(VariableTracker):
-    __slots__ = ("node", "value")
+    __slots__ = ("node", "recipe", "value")
 
-    def __init__(self, node: torch.fx.Node | None, value: Any) -> None:
+    def __init__(
+        self, node: torch.fx.Node | None, value: Any, recipe: tuple[Any, list[VariableTracker]] | None = None
+    ) -> None:
         self.node = node
         self.value = value
+        # a SymBool's (function, operands): at a graph break on it, the resumed frame computes
+        # it again in Python from the graph's outputs (a condition on a data-dependent size)
+        self.recipe = recipe
 
     def describe(self) -> str:
         return f"symbolic {self.python_type().__name__} {self.value.node.expr}"
@@ -65,6 +70,9 @@ class SymNodeVariable(VariableTracker):
             ) from e
 
     def reconstruct(self, cg: Reconstructor) -> str:
+        if self.node is None and self.recipe is not None:
+            fn, operands = self.recipe
+            return f"{cg.const(fn)}({', '.join(a.reconstruct(cg) for a in operands)})"
         if self.node is None:
             raise Unsupported(f"{self.describe()} leaves the frame")
         return cg.graph_output(self.node)
@@ -131,4 +139,7 @@ def symbolic_op(tx: Tx, fn: Any, args: list[VariableTracker]) -> VariableTracker
     def make() -> torch.fx.Node:
         return tx.output.graph.create_node("call_function", fn, tuple(graph_arg(a) for a in args), {})
 
-    return sym_result(tx, out, make)
+    result = sym_result(tx, out, make)
+    if isinstance(result, SymNodeVariable) and result.node is None:
+        result.recipe = (fn, list(args))
+    return result
