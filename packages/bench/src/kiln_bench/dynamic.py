@@ -170,6 +170,10 @@ def _check(out: Any, expected: Any, dtype: torch.dtype, where: str, sweep: Model
         sweep.mismatches.append(f"{where}: shape {tuple(a.shape)} vs {tuple(b.shape)}, max error {err:.3g}")
 
 
+def _call(fn: Callable[..., Any], feed: dict[str, Any]) -> Callable[[], Any]:
+    return lambda: fn(**feed)
+
+
 def sweep_model(
     name: str,
     backend: str,
@@ -190,7 +194,7 @@ def sweep_model(
     result = ModelSweep(name, backend, str(dynamic), shapes)
     with torch.no_grad():
         expected = [model(**f) for f in feeds]
-        result.eager_ms = [1e3 * _time(lambda f=f: model(**f), device, repeats) for f in feeds]
+        result.eager_ms = [1e3 * _time(_call(model, f), device, repeats) for f in feeds]
         with _torch_recompiles() if backend == "inductor" else contextlib.nullcontext() as counter:
             compiled = _compile(backend, model, dynamic)
             start = time.perf_counter()
@@ -203,14 +207,14 @@ def sweep_model(
                 result.compiles = 1 + counter.count
             else:
                 result.compiles = kiln.capture_stats().graphs
-            result.dynamic_ms = [1e3 * _time(lambda f=f: compiled(**f), device, repeats) for f in feeds]
+            result.dynamic_ms = [1e3 * _time(_call(compiled, f), device, repeats) for f in feeds]
         steady = sum(result.dynamic_ms) / 1e3
         result.compile_s = max(result.first_pass_s - steady, 0.0)
         if static:
             for (b, s), f, e in zip(shapes, feeds, expected, strict=True):
                 fixed = _compile(backend, model, False)
                 _check(fixed(**f), e, dtype, f"batch {b} seq {s} (static)", result)
-                result.static_ms.append(1e3 * _time(lambda f=f, c=fixed: c(**f), device, repeats))
+                result.static_ms.append(1e3 * _time(_call(fixed, f), device, repeats))
     return result
 
 
@@ -305,8 +309,8 @@ def main(argv: list[str] | None = None) -> list[Any]:
             block.append(run_torch(sizes))
         print(f"batch sizes {list(sizes)}, MLP block d=256, CPU")
         print(f"{'backend':<22} {'compiles':>8} {'first pass s':>14} {'second pass s':>15}")
-        for r in block:
-            print(r.row())
+        for b in block:
+            print(b.row())
         return block
     dtype = DTYPES[args.dtype]
     dynamic = {"none": None, "true": True}[args.dynamic]
