@@ -1,5 +1,5 @@
 """Data-dependent sizes end to end (Note [Unbacked sizes in capture], [Unbacked sizes in loopir]):
-`nonzero`, boolean masks, `masked_select` and `.item()` used as a size compile into one graph on
+`nonzero`, boolean masks, `masked_select`, `unique` and `.item()` used as a size compile into one graph on
 the C++ backend: the data-dependent operator runs as an extern call whose result the wrapper
 reads the size from, and later kernels (pointwise, reductions, matmul) take that size as a run-time
 argument. Every result equals eager's (values, shapes, dtypes) over calls whose counts differ,
@@ -74,11 +74,17 @@ def _item_as_size(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return (x[:k] + torch.arange(k).unsqueeze(1)).sum(0) + x.new_zeros(k).sum()
 
 
+def _unique_weighted(x: torch.Tensor) -> torch.Tensor:
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    return (values.float() * counts).sum() + inverse.sum() + values.numel()
+
+
 CASES: list[tuple[Callable[..., Any], list[tuple[Any, ...]]]] = [
     (_nonzero_then_reduce, [(m,) for m in _masks(6, 5)]),
     (_mask_then_matmul, [(m, torch.randn(5, 3)) for m in _masks(7, 5)]),
     (_masked_select_pointwise, [(m,) for m in _masks(6, 5)]),
     (_item_as_size, [(torch.randn(8, 3), torch.tensor(k)) for k in (5, 0, 1, 8, 3)]),
+    (_unique_weighted, [(torch.randint(0, k, (6, 3)),) for k in (5, 1, 2, 9)]),
 ]
 
 

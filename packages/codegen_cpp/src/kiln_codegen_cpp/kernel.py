@@ -1042,8 +1042,9 @@ class KernelBuilder:
         big = self.weighted >= PARALLEL_GRAIN
         source = "\n".join(out)
         size_params: list[str] = []
-        if self.symbolic:
+        if sizevars.current().symbolic:
             # Note [Symbolic sizes in C++ kernels]: every size symbol the code names is an argument
+            # (also in a kernel of static loops that reads a size as a value: `x.sum() + n.numel()`)
             size_params = sorted(
                 {str(sym) for sym in sizevars.current().hints if re.search(rf"\b{sym}\b", source)}
             )

@@ -1,7 +1,7 @@
 """Data-dependent sizes on fake tensors: the operators whose output size depends on tensor data.
 
-Note [Unbacked sizes in capture]: `nonzero`, `masked_select`, indexing with a boolean mask and
-`.item()` of an integer tensor cannot be answered by a meta kernel: the size (or the value) is
+Note [Unbacked sizes in capture]: `nonzero`, `masked_select`, indexing with a boolean mask, `unique`
+and `.item()` of an integer tensor cannot be answered by a meta kernel: the size (or the value) is
 in the data. While a capture with symbolic sizes allowed is running (`unbacked_sizes(env)`),
 fake.py asks this module instead of breaking the graph: each such operator gets a fresh
 unbacked symbol of the capture's ShapeEnv (`u0`, Note [Unbacked sizes] in kiln_symbolic) for
@@ -142,6 +142,26 @@ def _index(env: ShapeEnv, device: torch.device, x: torch.Tensor, indices: list[A
     return _empty(sizes, _contiguous_strides(sizes), x.dtype)
 
 
+def _unique2(
+    env: ShapeEnv,
+    device: torch.device,
+    x: torch.Tensor,
+    sorted: bool = True,
+    return_inverse: bool = False,
+    return_counts: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`torch.unique(x)` (no dim): the distinct values, the inverse (x's shape, or empty when not
+    asked for) and the counts (one per value, or empty)."""
+    n = _size(env, _numel_expr(x.shape), "values of unique")
+    inverse_shape = list(x.shape) if return_inverse else [0]
+    counts_shape = [n] if return_counts else [0]
+    return (
+        _empty([n], [1], x.dtype),
+        _empty(inverse_shape, _contiguous_strides(inverse_shape), torch.long),
+        _empty(counts_shape, [1], torch.long),
+    )
+
+
 def _local_scalar_dense(env: ShapeEnv, device: torch.device, x: torch.Tensor) -> Any:
     """`.item()` of an integer tensor: an int of any sign until `torch._check` says more."""
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype is torch.bool:
@@ -166,6 +186,7 @@ UNBACKED_META_FUNCTIONS: dict[str, UnbackedMeta] = {
     "aten::masked_select": _masked_select,
     "aten::_local_scalar_dense": _local_scalar_dense,
     "aten::index": _index,
+    "aten::_unique2": _unique2,
 }
 
 # operators whose meta kernel would ask for tensor data with these arguments

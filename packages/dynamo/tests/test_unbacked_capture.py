@@ -82,6 +82,11 @@ def _prefix(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return x[:k] + 1
 
 
+def _unique(x: torch.Tensor) -> torch.Tensor:
+    values, counts = torch.unique(x, return_counts=True)
+    return values * counts
+
+
 CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (_rows, lambda: (torch.randn(6, 4),)),
     (_masked, lambda: (torch.randn(6, 4),)),
@@ -90,6 +95,7 @@ CASES: list[tuple[Callable[..., Any], Callable[[], tuple[Any, ...]]]] = [
     (_arange_item, lambda: (torch.randn(3), torch.randint(0, 9, ()))),
     (_zeros_of_count, lambda: (torch.randn(6, 4),)),
     (_prefix, lambda: (torch.randn(6, 4), torch.randint(0, 7, ()))),
+    (_unique, lambda: (torch.randint(0, 4, (5, 3)),)),
 ]
 
 
