@@ -333,3 +333,28 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     assert kiln_dynamo.counters.graphs - graphs == 2
     assert [f for f, _ in kiln_dynamo.counters.dynamic_fallbacks] == ["scatter"]
     assert any("refused symbolic sizes" in r.getMessage() for r in caplog.records)
+
+
+class _Positions(nn.Module):
+    """BERT's pattern: a buffer of positions sliced to the sequence length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("pos", torch.arange(64).unsqueeze(0), persistent=False)
+        self.emb = nn.Embedding(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.emb(self.pos[:, : x.size(1)]) + x[:, 2:].sum() + x[:, 1::3].sum()
+
+
+def test_slices_whose_length_the_capture_decided_are_views() -> None:
+    """Note [Slice lengths decided at capture]: `x[:, 2:]` needs `s1 >= 2` (the range says so),
+    `pos[:, :s1]` of a 64-position buffer needs `s1 <= 64` (a guard); both lower as views of
+    the length capture computed, not as eager's slice kernel."""
+    torch.manual_seed(0)
+    model = _Positions().eval()
+    with torch.no_grad():
+        _sweep(model, [(torch.randn(2, t, 4),) for t in (5, 9, 33, 64)], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    fallbacks = [op for r in kiln.compile_log() for op, _ in r.op_fallbacks]
+    assert not [op for op in fallbacks if "slice" in op], fallbacks
