@@ -152,3 +152,22 @@ def test_the_triton_generator_refuses_with_its_reason() -> None:
     assert "data-dependent sizes (u0) are not built in the Triton generator" in why
     # compiled again without data-dependent sizes: the frame breaks at the operator
     assert "aten::masked_select needs tensor data" in kiln_dynamo.counters.break_reasons[0].reason
+
+
+def test_with_a_dynamic_batch_and_a_count_returned_as_an_int() -> None:
+    """A backed size symbol (the batch, automatic dynamic) and an unbacked one in one graph; a
+    size computed from both leaves the graph as a Python int, as in eager."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        rows = x[x.sum(1) > 0]
+        return rows.softmax(-1).sum(0), torch.nonzero(x > 0).shape[0] + x.shape[0]
+
+    compiled = kiln.compile(f)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for n in (4, 7, 9, 16, 3):
+            x = torch.randn(n, 5)
+            (out, count), (expected, expected_count) = compiled(x), f(x)
+            torch.testing.assert_close(out, expected)
+            assert type(count) is int and count == expected_count
+    assert _clean_compiles() == 2  # static, then one graph with a batch symbol and u0
