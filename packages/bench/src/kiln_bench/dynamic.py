@@ -90,6 +90,9 @@ def _sync(device: str) -> None:
 
 
 def _time(fn: Callable[[], Any], device: str, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one untimed call (first-call costs: allocator,
+    thread pool, a cache entry tried first)."""
+    fn()
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> list[Any]:
     parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
     parser.add_argument("--dynamic", default="none", choices=("none", "true"))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: as it is)")
     parser.add_argument("--no-static", action="store_true", help="skip the per-shape static compiles")
     parser.add_argument("--json", default="", help="write the results here")
     parser.add_argument("--block", action="store_true", help="the MLP-block sweep over --sizes instead")
@@ -312,10 +316,15 @@ def main(argv: list[str] | None = None) -> list[Any]:
         for b in block:
             print(b.row())
         return block
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     dynamic = {"none": None, "true": True}[args.dynamic]
     results: list[ModelSweep] = []
-    print(f"dynamic sweep on {args.device} {args.dtype}, dynamic={dynamic}, median of {args.repeats}")
+    print(
+        f"dynamic sweep on {args.device} {args.dtype}, dynamic={dynamic}, median of {args.repeats}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(HEADER, flush=True)
     for name in args.models.split(","):
         shapes = shapes_for(name, _ints(args.batches), _ints(args.seqs))
