@@ -225,7 +225,7 @@ def _captured_length(dim: int) -> Expr | None:
     symbols' ranges (`s1 >= 2` settles `x[:, 2:]`) and, where those do not settle it, a guard
     that the frame checks on every call (`s1 <= s2` for `position_ids[:, :s1]` of a buffer of
     `s2` positions): for every call that reaches this graph it is the length. None when the node
-    has no such value (the rule below decides alone)."""
+    has no such value, or one of a data-dependent size (the rule below decides alone)."""
     from ..virtualized import current_graph
 
     graph = current_graph()
@@ -237,6 +237,11 @@ def _captured_length(dim: int) -> Expr | None:
         return None
     size = meta.shape[dim]
     if not isinstance(size, torch.SymInt):
+        return None
+    env = getattr(size.node, "shape_env", None)
+    if env is None or env.is_unbacked(sizevars.expr_of(size)):
+        # `x[:k]` of an `.item()` k: capture took `k <= n` from `torch._check`, which nothing
+        # checks at run time; eager's slice clamps (an extern call), a view would read past the end
         return None
     return sizevars.to_loopir(sizevars.expr_of(size))
 
