@@ -343,33 +343,6 @@ class BufferPlan:
         return sum(1 for v in self.allocate.values() if v is not None)
 
 
-def _symbols_named(node: BaseSchedulerNode) -> set[sympy.Symbol]:
-    """The size symbols in a node's layout, loop ranges, or (an extern's) arguments."""
-    exprs: list[Any] = []
-
-    def visit(value: Any) -> None:
-        if isinstance(value, sympy.Expr):
-            exprs.append(value)
-        elif isinstance(value, Buffer | ReinterpretView):
-            layout = value.layout
-            exprs.extend((*layout.size, *layout.stride, layout.offset))
-        elif isinstance(value, list | tuple):
-            for v in value:
-                visit(v)
-        elif isinstance(value, dict):
-            visit(list(value.values()))
-
-    if isinstance(node, ExternKernelSchedulerNode):
-        visit([node.node.args, node.node.kwargs])
-    elif isinstance(node, SchedulerNode | NopKernelSchedulerNode):
-        visit(node.node)
-        visit(list(node.node.iteration()))
-    out: set[sympy.Symbol] = set()
-    for e in exprs:
-        out |= {s for s in sympy.sympify(e).free_symbols if isinstance(s, sympy.Symbol)}
-    return out
-
-
 class Scheduler:
     """Builds nodes for ``operations``, fuses them and plans buffers; see the module docstring."""
 
@@ -438,11 +411,15 @@ class Scheduler:
         last_writer: dict[str, str] = {}
         readers: dict[str, list[str]] = {}
         deps: dict[str, set[str]] = {}
-        defined_by = current_sizevars().defined_by()
+        # Note [Unbacked sizes in loopir]: a node lowered after the extern kernel that computes a
+        # data-dependent size runs after it: its loops, layout or body (`x.sum() + rows.numel()`)
+        # may name the size, and nothing lowered before that kernel can
+        defining = set(current_sizevars().defined_by().values())
+        barriers: list[str] = []
         for node in self.nodes:
-            d: set[str] = set()
-            if defined_by:  # Note [Unbacked sizes in loopir]: after the kernel computing a size
-                d |= {defined_by[s] for s in _symbols_named(node) if s in defined_by}
+            d: set[str] = set(barriers)
+            if node.name in defining:
+                barriers.append(node.name)
             for r in node.read_names():
                 if r in last_writer:
                     d.add(last_writer[r])
