@@ -361,3 +361,23 @@ def test_slices_whose_length_the_capture_decided_are_views() -> None:
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     fallbacks = [op for r in kiln.compile_log() for op, _ in r.op_fallbacks]
     assert not [op for op in fallbacks if "slice" in op], fallbacks
+
+
+def test_convolutions_with_a_dynamic_batch_stay_symbolic() -> None:
+    """The CPU layout policy weighs conv inputs against weights at the size hints: an `int()`
+    of a symbolic numel there guarded on the batch, and loopir refused the graph (ResNet in the
+    dynamic sweep compiled static per batch size)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.Flatten(),
+        nn.LazyLinear(4),
+    )
+    with torch.no_grad():
+        model(torch.randn(2, 3, 16, 16))
+        model.eval()
+        _sweep(model, [(torch.randn(b, 3, 16, 16),) for b in (2, 8, 5, 32)])
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
