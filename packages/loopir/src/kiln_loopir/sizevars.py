@@ -15,9 +15,11 @@ kinds of question are asked of a size, and they are answered differently:
 Note [Unbacked sizes in loopir]: a data-dependent size (`u0`, Note [Unbacked sizes] in
 kiln_symbolic) is held by no input: the extern kernel that computes it (`nonzero`,
 `masked_select`, `.item()`) is its source (`unbacked`: kernel, path into its result, a size of
-it or the int itself). The wrapper binds the symbol right after that call; the scheduler orders
-every node whose sizes name the symbol after that kernel and never drops the kernel. Its hint is
-the ShapeEnv's `optimization_hint` (a fallback clamped into the symbol's range), for heuristics.
+it or the int itself). The wrapper binds the symbol right after that call; the scheduler never
+drops the kernel and runs every node lowered after it after it (a node's loops, layout or body
+may name the symbol; nothing lowered before the kernel can). Its hint is the ShapeEnv's
+`optimization_hint` (a fallback clamped into the symbol's range), for heuristics; a look-ahead
+at a later node's size (`hint`) takes `UNBACKED_HINT` for a `u` symbol not lowered yet.
 
 Nothing here adds a guard: a lowering that would need one declines, and the caller compiles the
 graph with static sizes instead. `current()` is the table of the graph being lowered (a graph
