@@ -100,7 +100,7 @@ def nbytes(val: Any) -> int:
     """Bytes of a tensor; of a symbolic one at its size hint (a weight, never a guard), or
     for a data-dependent size the ShapeEnv's optimization hint (Note [Unbacked sizes])."""
     if isinstance(val, torch.Tensor):
-        numel = val.numel()
+        numel: Any = val.numel()
         hint = hint_of(numel)
         if hint is None:
             hint = numel.node.optimization_hint()
