@@ -35,7 +35,10 @@ def raises(x):
 
 
 def nonzero(x):
-    return x.nonzero()
+    # nonzero itself stays in the graph (an unbacked size); a branch on its row count breaks
+    if x.nonzero().size(0) > 2:
+        return x + 1
+    return x - 1
 
 
 def try_except(x):
@@ -83,7 +86,7 @@ BREAKS: list[tuple[Any, str]] = [
     (data_dependent_branch, "data-dependent branch on a tensor value"),
     (uses_item, "Tensor.item()"),
     (prints, "print()"),
-    (nonzero, "nonzero"),
+    (nonzero, "data-dependent branch on u0 > 2"),
     (calls_unknown_c_function, "C function os.getcwd"),
 ]
 # Frames that still run as plain Python: a break inside a try block splits the frame before the

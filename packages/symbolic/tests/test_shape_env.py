@@ -8,6 +8,7 @@ import itertools
 import pytest
 import sympy
 from kiln_symbolic import (
+    UNBACKED_HINT,
     ConstraintViolation,
     DimDynamic,
     FloorDiv,
@@ -152,6 +153,37 @@ def test_unbacked_symbols_raise_unless_a_fallback_is_given() -> None:
     assert env.evaluate_expr(sympy.Gt(u, 3), fallback=False) is False
     assert env.expect_true(sympy.Gt(u, 3)) is True
     assert len(env.deferred_asserts) == 1 and str(env.var_to_range[u]) == "[4, oo]"
+
+
+def test_an_unbacked_int_of_any_sign_is_not_assumed_negative() -> None:
+    """Note [Unbacked sizes]: an `.item()` is any integer until `torch._check` narrows it (a
+    `nonnegative=False` sympy assumption would have read as "negative" and answered `n > 3`
+    False without a guard: a wrong branch)."""
+    env = ShapeEnv()
+    n = env.create_unbacked_symbol(size_like=False)
+    assert str(env.var_to_range[n]) == "[-oo, oo]"
+    for question in (sympy.Gt(n, 3), sympy.Ge(n, 0), sympy.Lt(n, 0)):
+        with pytest.raises(GuardOnDataDependent):
+            env.evaluate_expr(question)
+    env.expect_true(sympy.Ge(n, 0))  # torch._check(n >= 0): size-like from now on
+    assert env.evaluate_expr(sympy.Ge(n, 0)) is True and env.guards == []
+
+
+def test_unbacked_ranges_bound_questions_and_hints() -> None:
+    env, (s0,) = _env_with(6)
+    rows = env.create_unbacked_symbol(max=sympy.Integer(12))  # the nonzero of 12 elements
+    assert str(env.var_to_range[rows]) == "[0, 12]"
+    assert env.evaluate_expr(sympy.Le(rows, 12)) is True
+    with pytest.raises(GuardOnDataDependent):
+        env.evaluate_expr(sympy.Le(rows, 11))
+    unbounded = env.create_unbacked_symbol(max=3 * s0)  # s0 has no upper bound: none for it either
+    assert str(env.var_to_range[unbounded]) == "[0, oo]"
+    # heuristics only: the fallback, clamped into the range; backed symbols at their hints
+    assert env.optimization_hint(rows) == 12
+    assert env.optimization_hint(unbounded + s0) == UNBACKED_HINT + 6
+    assert env.hint_of(rows) is None
+    # nothing about an unbacked size is guarded: only the input size's range
+    assert [g.text for g in env.produce_guards(str)] == ["2 <= x0"]
 
 
 def test_int_symbols_have_no_range_and_no_zero_one_specialization() -> None:

@@ -47,6 +47,7 @@ from kiln_aotgrad.logs import graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition
 from kiln_aotgrad.runtime import inference_runner, training_runner
 from kiln_aotgrad.tracer import Tracer
+from kiln_dynamo import graph_unbacked_env, unbacked_sizes
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -237,7 +238,11 @@ class AotFunction:
             assert isinstance(self.module, torch.fx.GraphModule)
             return OriginInterpreter(self.module, tracer).run(*traced)
 
-        art = compile_flat(flat_fn, list(fakes), self.opts)
+        # Note [Unbacked sizes in capture]: data-dependent operators traced again get symbols
+        # of the capture's env (no other fake trace would answer them)
+        assert isinstance(self.module, torch.fx.GraphModule)
+        with unbacked_sizes(graph_unbacked_env(self.module)):
+            art = compile_flat(flat_fn, list(fakes), self.opts)
         # an output viewing an input rebuilds its layout from the inputs at each call, offset
         # included (Note [Symbolic views among the outputs]): no storage offset to check
         self._only = (art, torch.is_grad_enabled(), [])

@@ -22,7 +22,7 @@ from kiln_symbolic import is_symbolic
 from kiln_aotgrad.api import Compiler, aot_module
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.logs import dynamic_log
-from kiln_dynamo import DynamicShapesUnsupported
+from kiln_dynamo import DynamicShapesUnsupported, graph_unbacked_env
 
 
 def nop_compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -69,8 +69,11 @@ def aot_backend(
 def symbolic_placeholders(gm: torch.fx.GraphModule) -> list[Any] | None:
     """The placeholders' values (fake tensors, SymInts) when some size or int is symbolic."""
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    if not any(is_symbolic(v) or getattr(v, "symbolic", False) for v in vals):
-        return None
+    if (
+        not any(is_symbolic(v) or getattr(v, "symbolic", False) for v in vals)
+        and graph_unbacked_env(gm) is None
+    ):
+        return None  # a graph of static sizes (one with a data-dependent size is traced symbolically too)
     return vals
 
 

@@ -34,6 +34,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import ViewStep
 from kiln_aotgrad.tracer import AotgradError, Tracer
+from kiln_dynamo import same_unbacked
 from kiln_dynamo.fake import FakeTensor, from_real
 
 
@@ -98,7 +99,8 @@ class OriginInterpreter(torch.fx.Interpreter):
             origin = str(n.meta["stack_trace"]).strip().splitlines()[-1].strip()
         self.tracer.origin = origin or None
         try:
-            return super().run_node(n)
+            with same_unbacked(n.meta.get("val")):  # Note [Tracing a captured graph again]
+                return super().run_node(n)
         finally:
             self.tracer.origin = None
 

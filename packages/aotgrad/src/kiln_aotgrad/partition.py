@@ -97,9 +97,14 @@ class Partition:
 
 
 def nbytes(val: Any) -> int:
-    """Bytes of a tensor; of a symbolic one at its size hint (a weight, never a guard)."""
+    """Bytes of a tensor; of a symbolic one at its size hint (a weight, never a guard), or
+    for a data-dependent size the ShapeEnv's optimization hint (Note [Unbacked sizes])."""
     if isinstance(val, torch.Tensor):
-        return int(hint_of(val.numel())) * val.element_size()
+        numel: Any = val.numel()
+        hint = hint_of(numel)
+        if hint is None:
+            hint = numel.node.optimization_hint()
+        return int(hint) * val.element_size()
     if isinstance(val, torch.SymInt):
         return 8  # a saved size: one int64
     return 0

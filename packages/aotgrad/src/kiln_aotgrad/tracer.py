@@ -198,6 +198,14 @@ def _is_composite(func: Any) -> bool:
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
 
 
+def _at_most_one_element(t: torch.Tensor) -> bool:
+    """`t.numel() <= 1`; False when that depends on tensor data (a data-dependent size)."""
+    small = t.numel() <= 1
+    if isinstance(small, torch.SymBool):
+        return bool(small.node.guard_or_false("", 0))
+    return bool(small)
+
+
 class Tracer(TorchDispatchMode):
     """Records aten operators on fake tensors into `self.graph`, functionalized."""
 
@@ -435,7 +443,29 @@ class Tracer(TorchDispatchMode):
             self._bind_view(func, args, kwargs, out, node)
         else:
             self._bind_fresh(out, node)
+        self._bind_unbacked(out, node)
         return out
+
+    def _bind_unbacked(self, out: Any, node: torch.fx.Node) -> None:
+        """Note [SymInts in the aten graph]: a data-dependent size (Note [Unbacked sizes in
+        capture]) first appears in the output of the operator that computes it: the int an
+        `.item()` returns is that node; a row count is a size of the output tensor."""
+        if isinstance(out, torch.SymInt):
+            self._bind_symbol(out, node, "", 0)
+            return
+        outs = (
+            [out]
+            if isinstance(out, torch.Tensor)
+            else [x for x in out if isinstance(x, torch.Tensor)]
+            if isinstance(out, (tuple, list))
+            else []
+        )
+        for t in outs:
+            if not getattr(t, "symbolic", False):
+                continue
+            holder = self.nodes.get(id(t), node)
+            for dim, v in enumerate(t.shape):
+                self._bind_symbol(v, holder, "size", dim)
 
     def _eager_layout(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Any:
         """Give a decomposition's fresh outputs the strides the operator itself would produce.
@@ -470,7 +500,7 @@ class Tracer(TorchDispatchMode):
                 or a.root in self._inputs
                 or got.shape != want.shape
                 or got.dtype != want.dtype
-                or got.numel() <= 1
+                or _at_most_one_element(got)
                 or got.stride() == want.stride()
             ):
                 out.append(got)

@@ -1059,10 +1059,12 @@ class KernelBuilder:
         big = self.weighted >= PARALLEL_GRAIN
         source = "\n".join(out)
         size_params: list[str] = []
-        if self.symbolic:
+        if sizevars.current().symbolic:
             # Note [Symbolic sizes in C++ kernels]: every size symbol the code names is an argument
+            # (also in a kernel of static loops that reads a size as a value: `x.sum() + n.numel()`)
+            code = re.sub(r"//[^\n]*", "", source)  # not the origin comments' user lines
             size_params = sorted(
-                {str(sym) for sym in sizevars.current().hints if re.search(rf"\b{sym}\b", source)}
+                {str(sym) for sym in sizevars.current().hints if re.search(rf"\b{sym}\b", code)}
             )
             sizes = ", ".join(f"int64_t {p}" for p in size_params)
             source = source.replace("int64_t nt) {", f"{sizes}, int64_t nt) {{", 1) if sizes else source

@@ -77,6 +77,7 @@ from kiln_loopir.wrapper_support import (
     py_size,
     py_tuple,
     symbol_bindings,
+    unbacked_bindings,
 )
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
@@ -442,6 +443,8 @@ class WrapperCodegen:
             self.emit(call, 2)
         else:
             self.emit(call)
+        for line in unbacked_bindings(self.graph.sizevars, kernel.name, "_r"):
+            self.emit(line)  # Note [Unbacked sizes in loopir]
         for out in kernel.outputs:
             self.extern_results.add(out.name)
             value = "_r" + "".join(f"[{i}]" for i in out.path)

@@ -282,6 +282,13 @@ class TritonBackend(Backend):
         self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
     ) -> Callable[..., Any]:
         configure()
+        if graph.sizevars.unbacked:
+            # Note [Unbacked sizes in loopir]: this wrapper binds size symbols from the inputs
+            # only; the caller compiles the frame without data-dependent sizes (a graph break)
+            names = ", ".join(sorted(str(s) for s in graph.sizevars.unbacked))
+            raise CodegenUnsupported(
+                f"data-dependent sizes ({names}) are not built in the Triton generator (the C++ one takes them)"
+            )
         t0 = time.perf_counter()
         dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
         index_dtype = _index_dtype(graph)

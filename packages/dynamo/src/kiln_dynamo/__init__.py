@@ -24,6 +24,7 @@ from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import c_guards_enabled, guard_memo_enabled, set_c_guards, set_guard_memo
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
+from kiln_dynamo.unbacked import graph_unbacked_env, same_unbacked, unbacked_sizes
 from kiln_dynamo.variables.torch import set_torch_fast_paths
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "entry_names",
     "explain",
     "forget_source_when_freed",
+    "graph_unbacked_env",
     "guard_memo_enabled",
     "lookup_backend",
     "mark_dynamic",
@@ -52,9 +54,11 @@ __all__ = [
     "maybe_mark_dynamic",
     "register_backend",
     "reset",
+    "same_unbacked",
     "set_c_guards",
     "set_guard_memo",
     "set_torch_fast_paths",
+    "unbacked_sizes",
 ]
 
 _logs.configure()

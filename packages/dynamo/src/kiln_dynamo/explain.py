@@ -72,6 +72,8 @@ def explain(fn: Any) -> Callable[..., ExplainOutput]:
             out.graphs.append(gm)
             return gm.forward
 
+        backend.__kiln_dynamic_shapes__ = True  # type: ignore[attr-defined]  # as the eager backend
+
         def listen(code_name: str, captured: convert_frame.CapturedFrame) -> None:
             out.frames.append(code_name)
             out.guards.append(readable_guards(captured.guard))

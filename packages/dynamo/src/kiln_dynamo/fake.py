@@ -13,7 +13,8 @@ reported back on the result. Real tensors that meet fake ones inside the mode (c
 converted on the fly.
 
 An operator without a meta kernel, or one that needs data (`.item()`, `nonzero`), raises
-`FakeUnsupported` naming the operator; the capture records that reason and the frame falls back.
+`FakeUnsupported` naming the operator; the capture records that reason and the frame falls back
+-- unless a capture allows data-dependent sizes (Note [Unbacked sizes in capture], unbacked.py).
 A few operators torch has no meta kernel for get kiln's own (meta.py) instead.
 """
 
@@ -33,6 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from kiln_dynamo.constants import CONSTANT_LIMIT, computable, drop_constants, run_on_constants, set_constant
 from kiln_dynamo.exc import FakeUnsupported
 from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_FUNCTIONS
+from kiln_dynamo.unbacked import NEEDS_DATA, UNBACKED_META_FUNCTIONS, current_env
 
 _META = torch.device("meta")
 
@@ -195,12 +197,18 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     name = func._schema.name if hasattr(func, "_schema") else str(func)
     flat = _flat(args, kwargs)
     device = _common_device(flat, kwargs)
-    if name in _DATA_DEPENDENT:
+    needs_data = NEEDS_DATA.get(name)
+    if name in _DATA_DEPENDENT or (needs_data is not None and needs_data(args, kwargs)):
         if computable(func, flat, device):  # Note [Constant fakes]
             real = run_on_constants(func, args, kwargs, device)
             if real is not None:
                 return tree_map(lambda x: _from_constant(x, device), real)
         answer = DATA_META_FUNCTIONS.get(name, _no_answer)(device, *args, **kwargs)
+        env = current_env()
+        if answer is None and env is not None and name in UNBACKED_META_FUNCTIONS:
+            answer = UNBACKED_META_FUNCTIONS[name](
+                env, device, *args, **kwargs
+            )  # Note [Unbacked sizes in capture]
         if answer is not None:
             return tree_map(lambda m: FakeTensor(m, device) if isinstance(m, torch.Tensor) else m, answer)
         raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")

@@ -27,6 +27,7 @@ from kiln_dynamo.fake import FakeMode, FakeTensor, from_real
 from kiln_dynamo.guards import GuardBuilder
 from kiln_dynamo.shapes import ShapeContext
 from kiln_dynamo.source import CodeContext, ConstSource, Source
+from kiln_dynamo.unbacked import unbacked_sizes
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builder import VariableBuilder
 from kiln_dynamo.variables.lists import NamedTupleVariable, SizeVariable, TupleVariable
@@ -180,7 +181,7 @@ class OutputGraph:
         fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
         self.shapes.env.where = tx.where
         try:
-            with FakeMode():
+            with FakeMode(), unbacked_sizes(self.shapes.unbacked_env):
                 if kind == "call_method":
                     out = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
                 else:

@@ -36,6 +36,7 @@ it with a guard (`n == 3`).
 from __future__ import annotations
 
 import logging
+import os
 import types
 import weakref
 from collections.abc import Callable
@@ -193,7 +194,16 @@ class ShapeContext:
         return not self.allowed or (self.state is not None and self.state.static_only is not None)
 
     def has_symbols(self) -> bool:
-        return bool(self.env.var_to_val)
+        return bool(self.env.var_to_val) or bool(self.env.unbacked)
+
+    @property
+    def unbacked_env(self) -> ShapeEnv | None:
+        """The env that data-dependent operators take unbacked symbols from, or None when they
+        break the graph (Note [Unbacked sizes in capture]): a static-only capture, or
+        `KILN_UNBACKED=0`."""
+        if self.static or os.environ.get("KILN_UNBACKED", "1") == "0":
+            return None
+        return self.env
 
     def _policy(self, t: torch.Tensor, source: Source, auto: set[int], d: int) -> DimDynamic:
         if d in _marked(t, "_dynamo_static_indices"):

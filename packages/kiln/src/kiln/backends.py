@@ -425,7 +425,7 @@ def make_backend(
         # with `DynamicShapesUnsupported` and a logged reason (KILN_LOG=dynamic): dynamo then
         # compiles this frame with static sizes, as before. Never an eager fallback for that:
         # the static compile is faster, and always right.
-        symbolic = bool(symbolic_inputs(gm))
+        symbolic = bool(symbolic_inputs(gm)) or kiln_dynamo.graph_unbacked_env(gm) is not None
         record = _record(gm)
 
         def inner(

@@ -39,6 +39,7 @@ from .ir import (
     realize_strided,
 )
 from .layout import FixedLayout, fixed_from_tensor
+from .sizevars import UnbackedSource
 from .virtualized import current_graph, ops
 
 aten = torch.ops.aten
@@ -353,5 +354,14 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         return value
 
     result = wrap(meta, ())
+    if isinstance(result, torch.SymInt):  # an `.item()` (Note [Unbacked sizes in loopir])
+        result = graph.sizevars.define_unbacked(result, UnbackedSource(name, (), "value"))
+    for out in outputs:
+        val = meta
+        for i in out.path:
+            val = val[i]
+        for d, n in enumerate(val.shape):
+            if isinstance(n, torch.SymInt):
+                graph.sizevars.define_unbacked(n, UnbackedSource(name, out.path, "size", d))
     graph.register_operation(ExternKernel(name, op, ir_args, ir_kwargs, tuple(outputs)))
     return result

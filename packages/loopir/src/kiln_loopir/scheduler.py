@@ -57,6 +57,7 @@ from .ir import (
     ReorderedPointwise,
     Scatter,
 )
+from .sizevars import current as current_sizevars
 from .virtualized import DefaultHandler, set_ops_handler
 
 log = logging.getLogger("kiln.loopir.schedule")
@@ -432,8 +433,15 @@ class Scheduler:
         last_writer: dict[str, str] = {}
         readers: dict[str, list[str]] = {}
         deps: dict[str, set[str]] = {}
+        # Note [Unbacked sizes in loopir]: a node lowered after the extern kernel that computes a
+        # data-dependent size runs after it: its loops, layout or body (`x.sum() + rows.numel()`)
+        # may name the size, and nothing lowered before that kernel can
+        defining = set(current_sizevars().defined_by().values())
+        barriers: list[str] = []
         for node in self.nodes:
-            d: set[str] = set()
+            d: set[str] = set(barriers)
+            if node.name in defining:
+                barriers.append(node.name)
             for r in node.read_names():
                 if r in last_writer:
                     d.add(last_writer[r])
@@ -453,8 +461,11 @@ class Scheduler:
         needed = set(self.output_names)
         needed |= {self.aliases.get(n, n) for n in self.output_names}
         kept: list[BaseSchedulerNode] = []
+        defines = set(current_sizevars().defined_by().values())  # Note [Unbacked sizes in loopir]
         for node in reversed(self.nodes):
-            mutates = isinstance(node, ExternKernelSchedulerNode) and _is_mutating(node.node)
+            mutates = isinstance(node, ExternKernelSchedulerNode) and (
+                _is_mutating(node.node) or node.name in defines
+            )
             if mutates or node.write_names() & needed:
                 kept.append(node)
                 needed |= node.read_names()

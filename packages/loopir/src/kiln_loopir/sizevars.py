@@ -12,6 +12,15 @@ kinds of question are asked of a size, and they are answered differently:
 - *run time*: every symbol is bound once per call from the inputs (`sources`: which input's
   size or stride, or which int argument, holds it), and derived sizes are computed from those.
 
+Note [Unbacked sizes in loopir]: a data-dependent size (`u0`, Note [Unbacked sizes] in
+kiln_symbolic) is held by no input: the extern kernel that computes it (`nonzero`,
+`masked_select`, `.item()`) is its source (`unbacked`: kernel, path into its result, a size of
+it or the int itself). The wrapper binds the symbol right after that call; the scheduler never
+drops the kernel and runs every node lowered after it after it (a node's loops, layout or body
+may name the symbol; nothing lowered before the kernel can). Its hint is the ShapeEnv's
+`optimization_hint` (a fallback clamped into the symbol's range), for heuristics; a look-ahead
+at a later node's size (`hint`) takes `UNBACKED_HINT` for a `u` symbol not lowered yet.
+
 Nothing here adds a guard: a lowering that would need one declines, and the caller compiles the
 graph with static sizes instead. `current()` is the table of the graph being lowered (a graph
 with static sizes has an empty one, and `hint` is `int`).
@@ -26,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+from kiln_symbolic import UNBACKED_HINT, expr_of, hint_of
 from kiln_symbolic import FloorDiv as ShapeFloorDiv
-from kiln_symbolic import expr_of, hint_of
 
 from .indexing import FloorDiv
 
@@ -42,12 +51,25 @@ class SymbolSource:
     dim: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class UnbackedSource:
+    """Where a data-dependent size is read at run time (Note [Unbacked sizes in loopir]): from
+    the result of extern kernel `kernel`, at `path` inside it; `kind` is "size" (of dimension
+    `dim` of that tensor) or "value" (the result is the int itself, an `.item()`)."""
+
+    kernel: str
+    path: tuple[int, ...]
+    kind: str
+    dim: int = 0
+
+
 @dataclass(slots=True)
 class SizeVars:
     """The size symbols of one graph; see the module docstring."""
 
     hints: dict[sympy.Symbol, int] = field(default_factory=dict)
     sources: dict[sympy.Symbol, SymbolSource] = field(default_factory=dict)
+    unbacked: dict[sympy.Symbol, UnbackedSource] = field(default_factory=dict)
 
     @property
     def symbolic(self) -> bool:
@@ -68,20 +90,44 @@ class SizeVars:
         expr = sympy.sympify(expr)
         if expr.is_Integer:
             return int(expr)
+        for sym in expr.free_symbols - self.hints.keys():
+            # a data-dependent size not lowered yet (a look-ahead at a later node's size)
+            if str(sym).startswith("u"):
+                self.hints[sym] = UNBACKED_HINT
         return int(expr.xreplace(dict(self.hints)))
 
     def statically_known_equals(self, a: Any, b: Any) -> bool:
         return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
 
     def unbound(self) -> list[sympy.Symbol]:
-        """Symbols no input provides as a plain size, stride or int."""
-        return sorted((s for s in self.hints if s not in self.sources), key=str)
+        """Symbols no input provides as a plain size, stride or int, nor an extern's result."""
+        return sorted((s for s in self.hints if s not in self.sources and s not in self.unbacked), key=str)
+
+    def define_unbacked(self, value: Any, source: UnbackedSource) -> sympy.Expr:
+        """Note [Unbacked sizes in loopir]: `value` (a SymInt) as a loopir expression; a new
+        data-dependent symbol in it is bound to `source`, the extern result that holds it, and
+        gets the ShapeEnv's optimization hint (heuristics only)."""
+        expr = to_loopir(expr_of(value))
+        env = getattr(getattr(value, "node", None), "shape_env", None)
+        fresh = isinstance(expr, sympy.Symbol) and expr not in self.sources and expr not in self.unbacked
+        if fresh and env is not None and env.is_unbacked(expr):
+            self.unbacked[expr] = source
+        for sym in expr.free_symbols:
+            if sym not in self.hints:
+                self.hints[sym] = _symbol_hint(value, sym)
+        return expr
+
+    def defined_by(self) -> dict[sympy.Symbol, str]:
+        """The extern kernel that computes each data-dependent symbol."""
+        return {s: src.kernel for s, src in self.unbacked.items()}
 
 
 def _symbol_hint(value: Any, sym: sympy.Symbol) -> int:
     node = getattr(value, "node", None)
     env = getattr(node, "shape_env", None)
     hint = env.hint_of(sym) if env is not None else None
+    if hint is None and env is not None and env.is_unbacked(sym):
+        hint = env.optimization_hint(sym)  # Note [Unbacked sizes in loopir]
     if hint is None:
         hint = hint_of(value) if isinstance(expr_of(value), sympy.Symbol) else None
     if hint is None:

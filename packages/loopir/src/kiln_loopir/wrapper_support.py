@@ -230,6 +230,19 @@ def symbol_bindings(sizevars: Any, params: list[str]) -> list[str]:
     return lines
 
 
+def unbacked_bindings(sizevars: Any, kernel: str, result: str) -> list[str]:
+    """Note [Unbacked sizes in loopir]: the lines of a generated wrapper that bind each
+    data-dependent symbol extern kernel `kernel` computes, read from its result `result` right
+    after the call (a size of an output tensor, or the int an `.item()` returns)."""
+    lines = []
+    for sym, src in sorted(sizevars.unbacked.items(), key=lambda kv: str(kv[0])):
+        if src.kernel != kernel:
+            continue
+        value = result + "".join(f"[{i}]" for i in src.path)
+        lines.append(f"{sym} = {value}.size({src.dim})" if src.kind == "size" else f"{sym} = int({value})")
+    return lines
+
+
 def symbol_values(sizevars: Any) -> Callable[..., tuple[int, ...]]:
     """A function of a call's arguments returning the value of every size symbol of
     ``sizevars``, in ``symbol_bindings``' order (a CUDA graph is recorded per distinct tuple)."""

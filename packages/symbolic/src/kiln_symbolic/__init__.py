@@ -12,6 +12,7 @@ from kiln_symbolic.functions import FloorDiv, IntTrueDiv
 from kiln_symbolic.printer import PythonPrinter, pexpr
 from kiln_symbolic.ranges import ValueRange, bound, decide
 from kiln_symbolic.shape_env import (
+    UNBACKED_HINT,
     ConstraintViolation,
     DimDynamic,
     GuardOnDataDependent,
@@ -33,6 +34,7 @@ from kiln_symbolic.symnode import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "UNBACKED_HINT",
     "ConstraintViolation",
     "DimDynamic",
     "FloorDiv",

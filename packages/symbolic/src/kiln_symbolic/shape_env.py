@@ -21,9 +21,15 @@ branch on "is this dim 1?" everywhere; with size symbols known to be >= 2, those
 answered statically, and the range guard `2 <= size` sends a size-0 or size-1 input to its own
 static entry. Python ints made symbolic (`create_int_symbol`) do not specialize and have no range.
 
-Unbacked symbols (`u0`: a size that depends on data) have no hint: a branch on one raises
-`GuardOnDataDependent` unless the caller gave a fallback (`guard_or_false`); `expect_true`
-records a runtime assertion instead of a guard (`deferred_asserts`).
+Note [Unbacked sizes]: an unbacked symbol (`u0`) is a size or int that depends on tensor data:
+the row count of `nonzero`, of a boolean-mask selection, an `.item()`. It has no hint. A
+question about it that the ranges settle costs nothing (`u0 >= 0` for a size-like one, `u0 <=
+12` for the nonzero of 12 elements); any other branch raises `GuardOnDataDependent` unless the
+caller gave a fallback (`guard_or_false`), and capture turns that into a graph break naming the
+line. `expect_true` (`torch._check`) records a runtime assertion instead of a guard
+(`deferred_asserts`) and narrows the range, so `torch._check(n >= 0)` makes `n` size-like. No
+guard ever mentions an unbacked symbol: the graph computes it, the inputs do not hold it.
+Heuristics read `optimization_hint` (the fallback `UNBACKED_HINT` clamped into the range).
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from kiln_symbolic.ranges import ValueRange, bound, decide
 
 log = logging.getLogger("kiln.symbolic.dynamic")
 oo = sympy.oo
+# Note [Unbacked sizes]: the value heuristics assume for a data-dependent size (torch's inductor
+# uses the same number): large enough that a kernel over it is parallel, never read for correctness
+UNBACKED_HINT = 8192
 
 
 class DimDynamic(enum.Enum):
@@ -182,12 +191,40 @@ class ShapeEnv:
         log.info("create_symbol %s = %d for int %s", sym, hint, source)
         return sym
 
-    def create_unbacked_symbol(self, size_like: bool = True) -> sympy.Symbol:
-        sym = self._new_symbol("u", nonnegative=size_like)
+    def create_unbacked_symbol(self, size_like: bool = True, max: Any = None, why: str = "") -> sympy.Symbol:
+        """A size that depends on tensor data (Note [Unbacked sizes]): no hint, a range of
+        `[0, max]` when `size_like` (`max` may be an expression of backed symbols), any integer
+        otherwise (an `.item()` before `torch._check_is_size`)."""
+        # no `nonnegative=False` assumption: sympy would read it as "negative"
+        sym = self._new_symbol("u", nonnegative=True) if size_like else self._new_symbol("u")
         self.unbacked.add(sym)
-        self.var_to_range[sym] = ValueRange(sympy.Integer(0), oo) if size_like else ValueRange.unknown()
-        log.info("create_unbacked_symbol %s %s", sym, self.var_to_range[sym])
+        r = ValueRange(sympy.Integer(0), oo) if size_like else ValueRange.unknown()
+        if max is not None:
+            upper = bound(sympy.sympify(max), self.var_to_range).upper
+            if upper.is_finite:
+                r = r.intersect(ValueRange(-oo, upper))
+        self.var_to_range[sym] = r
+        log.info("create_unbacked_symbol %s %s%s at %s", sym, r, f" ({why})" if why else "", self.where())
         return sym
+
+    def optimization_hint(self, expr: Any, fallback: int = UNBACKED_HINT) -> int:
+        """A value of `expr` for heuristics only: the hints, with each unbacked symbol at
+        `fallback` clamped into its range (Note [Unbacked sizes])."""
+        expr = self.replace(expr)
+        subs: dict[Any, Any] = {}
+        for s in expr.free_symbols:
+            if s in self.unbacked:
+                r = self.var_to_range.get(s, ValueRange.unknown())
+                v = fallback
+                if r.upper.is_finite:
+                    v = min(v, int(r.upper))
+                if r.lower.is_finite:
+                    v = max(v, int(r.lower))
+                subs[s] = sympy.Integer(v)
+            elif s in self.var_to_val:
+                subs[s] = sympy.Integer(self.var_to_val[s])
+        value = expr.xreplace(subs)
+        return int(value) if value.is_number else fallback
 
     def constrain_range(self, sym: sympy.Symbol, min: int | None, max: int | None) -> None:
         r = ValueRange(

@@ -140,6 +140,11 @@ class SymNode:
             raise SymbolicUnsupported(f"{self.expr} has no hint (it depends on tensor data)")
         return self._hint
 
+    def optimization_hint(self) -> int:
+        """The hint, or for a data-dependent size the ShapeEnv's guess (Note [Unbacked sizes]):
+        for layout heuristics that decide nothing about correctness."""
+        return self._hint if self._hint is not None else self.shape_env.optimization_hint(self.expr)
+
     def is_int(self) -> bool:
         return self.pytype is int
 
@@ -317,8 +322,8 @@ class SymNode:
     ) -> SymNode:
         """torch's is_channels_last_strides heuristic, decided on the hints (a memory-format
         suggestion, not a correctness fact): strides decrease along `order`'s reverse."""
-        hs = [s.require_hint() for s in sizes]
-        st = [s.require_hint() for s in strides]
+        hs = [s.optimization_hint() for s in sizes]
+        st = [s.optimization_hint() for s in strides]
         minimum = 0
         for d in order:
             if hs[d] == 0:
@@ -345,7 +350,7 @@ class SymNode:
     def is_non_overlapping_and_dense(self, sizes: Sequence[SymNode], strides: Sequence[SymNode]) -> SymNode:
         """Dense in some order: the order of the strides' hints (ties: the later dim inner)."""
         n = len(sizes)
-        order = sorted(range(n), key=lambda d: (strides[d].require_hint(), -d))
+        order = sorted(range(n), key=lambda d: (strides[d].optimization_hint(), -d))
         return self._contiguity(sizes, strides, order)
 
     def is_non_overlapping_and_dense_indicator(
@@ -386,7 +391,7 @@ def wrap(node: SymNode) -> Any:
     return torch.SymInt(node) if node.pytype is int else torch.SymFloat(node)
 
 
-def make_symint(shape_env: ShapeEnv, expr: Any, hint: int) -> Any:
+def make_symint(shape_env: ShapeEnv, expr: Any, hint: int | None) -> Any:
     """An int, or a torch.SymInt over `expr` with `hint`."""
     return wrap(SymNode(expr, shape_env, int, hint))
 

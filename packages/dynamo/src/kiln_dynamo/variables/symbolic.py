@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx
+from kiln_symbolic import GuardOnDataDependent
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
@@ -40,11 +41,16 @@ def _static_value(v: Any) -> Any:
 
 
 class SymNodeVariable(VariableTracker):
-    __slots__ = ("node", "value")
+    __slots__ = ("node", "recipe", "value")
 
-    def __init__(self, node: torch.fx.Node | None, value: Any) -> None:
+    def __init__(
+        self, node: torch.fx.Node | None, value: Any, recipe: tuple[Any, list[VariableTracker]] | None = None
+    ) -> None:
         self.node = node
         self.value = value
+        # a SymBool's (function, operands): at a graph break on it, the resumed frame computes
+        # it again in Python from the graph's outputs (a condition on a data-dependent size)
+        self.recipe = recipe
 
     def describe(self) -> str:
         return f"symbolic {self.python_type().__name__} {self.value.node.expr}"
@@ -54,9 +60,19 @@ class SymNodeVariable(VariableTracker):
 
     def truth(self, tx: Tx) -> bool:
         set_where(tx)
-        return bool(self.value)  # the ShapeEnv guards the answer
+        try:
+            return bool(self.value)  # the ShapeEnv guards the answer
+        except GuardOnDataDependent as e:
+            raise Unsupported(
+                f"data-dependent branch on {self.value.node.expr} (a size or int computed from tensor data)",
+                advice="use torch.where, or torch._check(...) the fact the branch needs, or move the branch "
+                "outside the compiled function",
+            ) from e
 
     def reconstruct(self, cg: Reconstructor) -> str:
+        if self.node is None and self.recipe is not None:
+            fn, operands = self.recipe
+            return f"{cg.const(fn)}({', '.join(a.reconstruct(cg) for a in operands)})"
         if self.node is None:
             raise Unsupported(f"{self.describe()} leaves the frame")
         return cg.graph_output(self.node)
@@ -66,7 +82,10 @@ class SymNodeVariable(VariableTracker):
     ) -> VariableTracker:
         if name in ("__int__", "__index__", "__float__", "__bool__") and not args:
             set_where(tx)
-            return ConstantVariable(getattr(self.value, name)())
+            try:
+                return ConstantVariable(getattr(self.value, name)())
+            except GuardOnDataDependent as e:
+                raise Unsupported(f"{self.describe()} made a Python number: it depends on tensor data") from e
         raise Unsupported(f"method {name} of a {self.describe()}")
 
 
@@ -120,4 +139,7 @@ def symbolic_op(tx: Tx, fn: Any, args: list[VariableTracker]) -> VariableTracker
     def make() -> torch.fx.Node:
         return tx.output.graph.create_node("call_function", fn, tuple(graph_arg(a) for a in args), {})
 
-    return sym_result(tx, out, make)
+    result = sym_result(tx, out, make)
+    if isinstance(result, SymNodeVariable) and result.node is None:
+        result.recipe = (fn, list(args))
+    return result

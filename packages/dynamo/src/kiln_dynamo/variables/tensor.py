@@ -264,6 +264,9 @@ class TensorMethodVariable(VariableTracker):
             from kiln_dynamo.variables.ndarray import NdarrayVariable
 
             return NdarrayVariable.of_tensor(tx, self.tensor)  # Note [NumPy round trips]
+        if name == "item" and not args and not kwargs and _item_stays(tx, fake):
+            # Note [Unbacked sizes in capture]: an int from data, a symbol of the graph
+            return tx.output.create_call(tx, "call_method", "item", [self.tensor], {})
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
@@ -331,6 +334,13 @@ def _add_product_by_tensor(
     term = tx.output.create_call(tx, "call_function", _ADD_PRODUCTS[name], [scaled, args[1]], {})
     add = "add_" if name.endswith("_") else "add"
     return tx.output.create_call(tx, "call_method", add, [x, term], {})
+def _item_stays(tx: Tx, fake: torch.Tensor) -> bool:
+    """`.item()` of an integer tensor stays in the graph as an unbacked int when the capture
+    allows data-dependent sizes; a float or bool `.item()` still breaks (it feeds Python
+    arithmetic or a branch)."""
+    dtype = fake.dtype
+    integral = not (dtype.is_floating_point or dtype.is_complex or dtype is torch.bool)
+    return integral and fake.dim() == 0 and tx.output.shapes.unbacked_env is not None
 
 
 def graph_arg(vt: VariableTracker) -> Any:

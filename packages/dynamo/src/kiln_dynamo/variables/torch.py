@@ -17,12 +17,15 @@ import os
 import types
 from typing import TYPE_CHECKING, Any
 
+import sympy
 import torch
+from kiln_symbolic import ConstraintViolation
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.source import AttrSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -217,6 +220,8 @@ class TorchFunctionVariable(VariableTracker):
             )  # Note [A tensor as the value of addcdiv]
         if fn in _FOREACH_ADD_PRODUCTS and len(args) == 4 and not kwargs and _is_tensor(args[3]):
             return _foreach_add_product_by_tensor(tx, fn, args)
+        if fn in (torch._check, torch._check_is_size) and args and isinstance(args[0], SymNodeVariable):
+            return _symbolic_check(tx, fn, args[0])
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
@@ -281,6 +286,21 @@ def _foreach_add_product_by_tensor(tx: Tx, fn: Any, args: list[VT]) -> VT:
     for i, (x, a, b) in enumerate(zip(xs, as_, bs, strict=True)):
         value = scalars.getitem(tx, ConstantVariable(i))
         x.call_method(tx, _FOREACH_ADD_PRODUCTS[fn], [a, b], {"value": value})
+    return ConstantVariable(None)
+
+
+def _symbolic_check(tx: Tx, fn: Any, cond: SymNodeVariable) -> VT:
+    """`torch._check(cond)` / `torch._check_is_size(n)` on a symbolic value: a fact for the
+    ShapeEnv (Note [Unbacked sizes] in kiln_symbolic): a guard when the sizes are backed, a
+    narrower range for a data-dependent one (`torch._check(n >= 0)` makes `n` size-like).
+    Not checked again at run time."""
+    set_where(tx)
+    node = cond.value.node
+    expr = node.expr if fn is torch._check else sympy.Ge(node.expr, 0)
+    try:
+        node.shape_env.expect_true(expr)
+    except ConstraintViolation as e:
+        raise Unsupported(f"{fn.__name__}({expr}) fails for every value: {e}") from e
     return ConstantVariable(None)
 
 

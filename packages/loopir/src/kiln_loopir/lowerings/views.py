@@ -215,6 +215,37 @@ def _nonnegative(e: Expr) -> bool:
     return any(bool(sympy.expand(e.xreplace(subs)).is_nonnegative) for subs in (quotients, remainders))
 
 
+_SLICE_OPS = frozenset({aten.slice.Tensor, aten.slice_copy.Tensor})
+
+
+def _captured_length(dim: int) -> Expr | None:
+    """Note [Slice lengths decided at capture]: the length of the slice being lowered as the
+    capture computed it (the node's value), when it is an expression of the size symbols. Torch's
+    slice rule (`min(end, n) - start`, clamped at 0) was decided there by the ShapeEnv with the
+    symbols' ranges (`s1 >= 2` settles `x[:, 2:]`) and, where those do not settle it, a guard
+    that the frame checks on every call (`s1 <= s2` for `position_ids[:, :s1]` of a buffer of
+    `s2` positions): for every call that reaches this graph it is the length. None when the node
+    has no such value, or one of a data-dependent size (the rule below decides alone)."""
+    from ..virtualized import current_graph
+
+    graph = current_graph()
+    node = getattr(graph, "current_node", None)
+    if node is None or node.target not in _SLICE_OPS:  # a slice inside another op's lowering
+        return None
+    meta = graph.current_meta
+    if not isinstance(meta, torch.Tensor) or dim >= meta.dim():
+        return None
+    size = meta.shape[dim]
+    if not isinstance(size, torch.SymInt):
+        return None
+    env = getattr(size.node, "shape_env", None)
+    if env is None or env.is_unbacked(sizevars.expr_of(size)):
+        # `x[:k]` of an `.item()` k: capture took `k <= n` from `torch._check`, which nothing
+        # checks at run time; eager's slice clamps (an extern call), a view would read past the end
+        return None
+    return sizevars.to_loopir(sizevars.expr_of(size))
+
+
 def _symbolic_slice(x: TensorBox, old: list[Expr], dim: int, start: Any, end: Any, step: int) -> TensorBox:
     """Note [Symbolic sizes in loopir]: a slice of a dimension of symbolic size, or to a symbolic
     end: the end is ``min(end, n)``, and the start ``lo`` must be provably in ``[0, end]`` from
@@ -227,6 +258,17 @@ def _symbolic_slice(x: TensorBox, old: list[Expr], dim: int, start: Any, end: An
     lo = sizevars.to_loopir(0 if start is None else start)  # `//` as loopir's FloorDiv
     if not _nonnegative(lo):
         raise Unsupported("a slice of a symbolic size with a start that may be negative")
+    captured = _captured_length(dim)
+    if captured is not None:
+        if step == 1 and lo == 0 and sympy.expand(captured - n) == 0:
+            return x
+
+        def shifted(index: Index) -> Index:
+            out = list(index)
+            out[dim] = index[dim] * step + lo
+            return out
+
+        return make_view(x, [*old[:dim], captured, *old[dim + 1 :]], shifted)
     if end is None or (isinstance(end, int) and end >= 2**62):
         hi: Expr = n
     elif isinstance(end, int) and end < 0:

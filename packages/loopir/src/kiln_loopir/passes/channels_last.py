@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from kiln_symbolic import hint_of
 
 from . import PassContext
 
@@ -254,8 +255,13 @@ POLICIES: dict[str, Policy] = {"cpu": cpu_policy, "cuda": cuda_policy}
 
 
 def _numel(node: Any) -> int:
+    """Elements of a node's value; at the size hint when symbolic (a heuristic: an `int()` of a
+    symbolic numel would guard on it, and loopir refuses a graph that specialized a size)."""
     val = _val(node)
-    return int(val.numel()) if isinstance(val, torch.Tensor) else 0
+    if not isinstance(val, torch.Tensor):
+        return 0
+    numel = val.numel()
+    return int(hint_of(numel)) if isinstance(numel, torch.SymInt) else int(numel)
 
 
 def preserves_layout(node: torch.fx.Node) -> bool:
