@@ -334,6 +334,8 @@ def _add_product_by_tensor(
     term = tx.output.create_call(tx, "call_function", _ADD_PRODUCTS[name], [scaled, args[1]], {})
     add = "add_" if name.endswith("_") else "add"
     return tx.output.create_call(tx, "call_method", add, [x, term], {})
+
+
 def _item_stays(tx: Tx, fake: torch.Tensor) -> bool:
     """`.item()` of an integer tensor stays in the graph as an unbacked int when the capture
     allows data-dependent sizes; a float or bool `.item()` still breaks (it feeds Python
