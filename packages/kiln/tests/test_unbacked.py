@@ -171,3 +171,31 @@ def test_with_a_dynamic_batch_and_a_count_returned_as_an_int() -> None:
             torch.testing.assert_close(out, expected)
             assert type(count) is int and count == expected_count
     assert _clean_compiles() == 2  # static, then one graph with a batch symbol and u0
+
+
+def test_a_failing_torch_check_raises_as_in_eager() -> None:
+    """Note [Checks of data-dependent sizes at run time]: the facts capture used are checked by
+    the wrapper; a call whose data break one raises a RuntimeError (eager's type), never runs on
+    a false assumption, and is not taken for a compiler failure (no fallback to eager)."""
+
+    def f(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= x.size(0))
+        return x[:k] + 1
+
+    compiled = kiln.compile(f, dynamic=True, options={"strict": True})
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        for bad_first in (7, 3):  # a failing check on the compiling call, then on a warm one
+            kiln.reset()
+            compiled = kiln.compile(f, dynamic=True, options={"strict": True})
+            if bad_first == 3:
+                torch.testing.assert_close(compiled(x, torch.tensor(3)), f(x, torch.tensor(3)))
+            for bad in (7, -1):
+                with pytest.raises(RuntimeError):
+                    f(x, torch.tensor(bad))
+                with pytest.raises(RuntimeError, match="torch._check"):
+                    compiled(x, torch.tensor(bad))
+            torch.testing.assert_close(compiled(x, torch.tensor(6)), f(x, torch.tensor(6)))
+    assert not any(r.fell_back for r in kiln.compile_log())

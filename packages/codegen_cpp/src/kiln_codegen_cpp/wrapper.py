@@ -66,8 +66,8 @@ from kiln_loopir.scheduler import (
     NopKernelSchedulerNode,
     Scheduler,
 )
-from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
+    DataDependentCheckFailed,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -79,6 +79,7 @@ from kiln_loopir.wrapper_support import (
     symbol_bindings,
     unbacked_bindings,
 )
+from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -172,6 +173,7 @@ class WrapperCodegen:
             "_flat": _flat,
             "_dense": _dense,
             "_conform": _conform,
+            "_CheckFailed": DataDependentCheckFailed,
             "_empty": torch.empty,
             "_empty_strided": torch.empty_strided,
             "_range": torch.profiler.record_function,

@@ -61,6 +61,7 @@ import kiln_dynamo
 from kiln.logs import dynamic_log
 from kiln.logs import perf_log as log
 from kiln_loopir import PassOptions
+from kiln_loopir.wrapper_support import DataDependentCheckFailed
 
 
 class BackendFailed(RuntimeError):
@@ -202,8 +203,8 @@ class _FirstCallFallback:
                 log.info("%s", self.record.summary())
             return result
         except Exception as exc:
-            if isinstance(exc, BackendFailed) or before is None:
-                raise  # strict mode, or a callable that keeps no signatures: not ours to hide
+            if isinstance(exc, BackendFailed | DataDependentCheckFailed) or before is None:
+                raise  # strict mode, a failed torch._check, or a callable that keeps no signatures
             if len(signatures or ()) != before:
                 return self._first_run_failed(exc, args)
             self.fallback = _fallback(

@@ -70,6 +70,9 @@ class SizeVars:
     hints: dict[sympy.Symbol, int] = field(default_factory=dict)
     sources: dict[sympy.Symbol, SymbolSource] = field(default_factory=dict)
     unbacked: dict[sympy.Symbol, UnbackedSource] = field(default_factory=dict)
+    # the ShapeEnv of the data-dependent symbols (its deferred asserts: Note [Checks of
+    # data-dependent sizes at run time] in wrapper_support.py)
+    shape_env: Any = None
 
     @property
     def symbolic(self) -> bool:
@@ -112,6 +115,7 @@ class SizeVars:
         fresh = isinstance(expr, sympy.Symbol) and expr not in self.sources and expr not in self.unbacked
         if fresh and env is not None and env.is_unbacked(expr):
             self.unbacked[expr] = source
+            self.shape_env = env
         for sym in expr.free_symbols:
             if sym not in self.hints:
                 self.hints[sym] = _symbol_hint(value, sym)

@@ -240,7 +240,54 @@ def unbacked_bindings(sizevars: Any, kernel: str, result: str) -> list[str]:
             continue
         value = result + "".join(f"[{i}]" for i in src.path)
         lines.append(f"{sym} = {value}.size({src.dim})" if src.kind == "size" else f"{sym} = int({value})")
+    return lines + unbacked_asserts(sizevars, kernel)
+
+
+# Note [Checks of data-dependent sizes at run time]: `torch._check(k <= x.size(0))` on a
+# data-dependent `k` is a fact capture uses (a narrower range, a view instead of a clamping
+# slice) and that eager checks on every call, raising RuntimeError when it fails. The ShapeEnv
+# keeps each such fact as a deferred assert; the wrapper checks it right after the extern call
+# that binds its data-dependent symbols, so a call whose data break the fact raises as eager
+# does instead of running on a false assumption (``DataDependentCheckFailed``, a RuntimeError as
+# eager's, which kiln's run-time fallback re-raises instead of running the graph eagerly: the
+# captured graph holds no check). A fact over symbols of two extern calls is not checked.
+_RELATIONS = {
+    sympy.GreaterThan: ">=",
+    sympy.StrictGreaterThan: ">",
+    sympy.LessThan: "<=",
+    sympy.StrictLessThan: "<",
+    sympy.Equality: "==",
+    sympy.Unequality: "!=",
+}
+
+
+def unbacked_asserts(sizevars: Any, kernel: str) -> list[str]:
+    """The wrapper lines that check the deferred asserts whose data-dependent symbols extern
+    kernel ``kernel`` binds (Note [Checks of data-dependent sizes at run time])."""
+    env = getattr(sizevars, "shape_env", None)
+    if env is None:
+        return []
+    mine = {s for s, src in sizevars.unbacked.items() if src.kernel == kernel}
+    known = {str(s) for s in (*sizevars.sources, *sizevars.unbacked)}
+    lines = []
+    for guard in getattr(env, "deferred_asserts", ()):
+        expr = guard.expr
+        free = {str(s) for s in expr.free_symbols}
+        unbacked = {s for s in free if s.startswith("u")}
+        if not unbacked or not unbacked <= {str(s) for s in mine} or not free <= known:
+            continue
+        op = _RELATIONS.get(type(expr))
+        if op is None:
+            continue
+        message = f"torch._check({expr}) failed at {guard.where}"
+        lines.append(f"if not ({pexpr(expr.lhs)} {op} {pexpr(expr.rhs)}): raise _CheckFailed({message!r})")
     return lines
+
+
+class DataDependentCheckFailed(RuntimeError):
+    """A ``torch._check`` on a data-dependent size failed at run time (Note [Checks of
+    data-dependent sizes at run time]): the user's error, raised as eager raises it (a
+    RuntimeError), never taken for a compiler failure to fall back from."""
 
 
 def symbol_values(sizevars: Any) -> Callable[..., tuple[int, ...]]:
