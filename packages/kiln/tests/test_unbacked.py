@@ -195,7 +195,7 @@ def test_a_failing_torch_check_raises_as_in_eager() -> None:
             for bad in (7, -1):
                 with pytest.raises(RuntimeError):
                     f(x, torch.tensor(bad))
-                with pytest.raises(RuntimeError, match="torch._check"):
+                with pytest.raises(RuntimeError, match=r"torch\._check"):
                     compiled(x, torch.tensor(bad))
             torch.testing.assert_close(compiled(x, torch.tensor(6)), f(x, torch.tensor(6)))
     assert not any(r.fell_back for r in kiln.compile_log())
