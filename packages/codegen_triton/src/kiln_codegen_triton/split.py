@@ -125,33 +125,14 @@ def plan_split(
             continue
         data = member.data
         assert isinstance(data, Reduction)
-        if _welford(member):
-            triple = [_partial(member, data, ranges, rsizes, chunks, chunk, output_index=i) for i in range(3)]
-            partials += triple
-            first_reads += [read] * 3
-            combined = _load_partials(triple)
-            second.append(
-                ComputedBuffer(
-                    member.name,
-                    member.layout,
-                    data=Reduction(
-                        data.device,
-                        data.dtype,
-                        combined,
-                        data.ranges,
-                        (sympy.Integer(chunks),),
-                        "welford_combine",
-                        data.dtype,
-                        output_index=data.output_index,
-                        origins=data.origins,
-                    ),
-                )
-            )
-            second_reads.append(frozenset(p.name for p in triple))
-            continue
-        partial = _partial(member, data, ranges, rsizes, chunks, chunk)
-        partials.append(partial)
-        first_reads.append(read)
+        if _welford(member):  # each chunk's (mean, m2, weight), combined by Chan's formula
+            mine = [_partial(member, data, ranges, rsizes, chunks, chunk, output_index=i) for i in range(3)]
+            load, kind, index = _load_partials(mine), "welford_combine", data.output_index
+        else:
+            mine = [_partial(member, data, ranges, rsizes, chunks, chunk)]
+            load, kind, index = _load_partial(mine[0]), data.reduction_type, 0
+        partials += mine
+        first_reads += [read] * len(mine)
         second.append(
             ComputedBuffer(
                 member.name,
@@ -159,16 +140,17 @@ def plan_split(
                 data=Reduction(
                     data.device,
                     data.dtype,
-                    _load_partial(partial),
+                    load,
                     data.ranges,
                     (sympy.Integer(chunks),),
-                    data.reduction_type,
+                    kind,
                     data.dtype,
+                    output_index=index,
                     origins=data.origins,
                 ),
             )
         )
-        second_reads.append(frozenset({partial.name}))
+        second_reads.append(frozenset(p.name for p in mine))
     return SplitPlan(partials, first_reads, second, second_reads, chunks)
 
 
