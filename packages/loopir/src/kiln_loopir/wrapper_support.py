@@ -267,14 +267,15 @@ def unbacked_asserts(sizevars: Any, kernel: str) -> list[str]:
     env = getattr(sizevars, "shape_env", None)
     if env is None:
         return []
-    mine = {s for s, src in sizevars.unbacked.items() if src.kernel == kernel}
+    # loopir's symbols and the ShapeEnv's are matched by name (to_loopir rebuilds them)
+    mine = {str(s) for s, src in sizevars.unbacked.items() if src.kernel == kernel}
     known = {str(s) for s in (*sizevars.sources, *sizevars.unbacked)}
     lines = []
-    for guard in getattr(env, "deferred_asserts", ()):
+    for guard in env.deferred_asserts:
         expr = guard.expr
         free = {str(s) for s in expr.free_symbols}
-        unbacked = {s for s in free if s.startswith("u")}
-        if not unbacked or not unbacked <= {str(s) for s in mine} or not free <= known:
+        unbacked = {str(s) for s in expr.free_symbols if env.is_unbacked(s)}
+        if not unbacked or not unbacked <= mine or not free <= known:
             continue
         op = _RELATIONS.get(type(expr))
         if op is None:

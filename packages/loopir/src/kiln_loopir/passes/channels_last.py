@@ -273,9 +273,8 @@ def preserves_layout(node: torch.fx.Node) -> bool:
 
 
 def _four_d_float(val: Any) -> bool:
-    if isinstance(val, list | tuple):  # a backward's outputs: any of them (grad_input may be None)
-        return any(_four_d_float(v) for v in val)
-    return isinstance(val, torch.Tensor) and val.dim() == 4 and val.is_floating_point()
+    t = _first_tensor(val)
+    return t is not None and t.dim() == 4 and t.is_floating_point()
 
 
 def spread(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
@@ -284,8 +283,8 @@ def spread(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
     chosen: set[torch.fx.Node] = set()
     convs = set(conv2d_nodes(gm)) | set(conv_backward_nodes(gm))
     for node in reversed(list(gm.graph.nodes)):
-        if node.op != "call_function" or not _four_d_float(_val(node)):
-            continue
+        if node.op != "call_function" or not (node in convs or _four_d_float(_val(node))):
+            continue  # a convolution_backward counts even where it computes no grad_input
         if node in convs or (preserves_layout(node) and any(u in chosen for u in node.users)):
             chosen.add(node)
     return chosen
