@@ -134,6 +134,7 @@ def _saved_as_the_forward_left_them(
     if not isinstance(strides, list):
         return bw_inputs
     out = list(bw_inputs)
+    placeholders = [n for n in part.bw.graph.nodes if n.op == "placeholder"]
     for i in range(len(part.saved)):
         got = strides[n_out + i] if n_out + i < len(strides) else None
         val = out[i]
@@ -147,8 +148,7 @@ def _saved_as_the_forward_left_them(
         if not (_dense(shape, tuple(val.stride())) and _dense(shape, got)):
             continue  # only a permutation of one dense block of memory is restrided
         out[i] = val.as_strided(val.shape, got, val.storage_offset())
-        placeholder = [n for n in part.bw.graph.nodes if n.op == "placeholder"][i]
-        placeholder.meta["val"] = out[i]
+        placeholders[i].meta["val"] = out[i]
         partition_log.info(
             "saved %s reaches the backward with the forward's strides %s (eager's %s)",
             part.saved[i],
