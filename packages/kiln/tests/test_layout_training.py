@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Iterator
 
 import pytest
 import torch
 from torch import nn
 
 import kiln
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches() -> Iterator[None]:
+    """Compiled frames of torch's own modules (``Sequential.forward``, ``Conv2d.forward``) are
+    cached per code object: start and leave with none, whatever ran before in the session."""
+    kiln.reset()
+    yield
+    kiln.reset()
 
 
 class _ConvNet(nn.Module):
