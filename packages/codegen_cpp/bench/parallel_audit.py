@@ -39,8 +39,6 @@ from dataclasses import dataclass
 
 import torch
 
-import kiln
-from kiln_bench.models import build, logits_of, loss_of
 from kiln_codegen_cpp.parallel import FEW_OUTPUTS, MIN_SPLIT_WORK, PARALLEL_GRAIN
 
 DEFAULT_MODELS = "resnet,gpt2,bert,mlp,cnn,convnext,t5,llama"
@@ -86,6 +84,11 @@ class _Capture(logging.Handler):
 
 
 def audit(name: str, mode: str) -> list[Plan]:
+    # imported here, not at the top: codegen_cpp's tests import this module for its parser, in an
+    # environment without the kiln umbrella or kiln_bench
+    import kiln
+    from kiln_bench.models import build, logits_of, loss_of
+
     capture = _Capture()
     logger = logging.getLogger("kiln.codegen_cpp.parallel")
     level = logger.level
