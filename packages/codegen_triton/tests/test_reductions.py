@@ -128,9 +128,12 @@ SPLIT = {"split_min_rnumel": 64, "split_target_programs": 16}
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [True, False])
 @pytest.mark.parametrize("blocking", list(BLOCKINGS))
-def test_split_reductions(blocking: str, device: str) -> None:
-    """A long reduction with few outputs runs as a partial kernel and a final one."""
+def test_split_reductions(blocking: str, rows: bool, device: str) -> None:
+    """A long reduction with few outputs runs as a partial kernel and a final one; the final one
+    reduces rows of chunk results, or (``split_rows=False``) columns (Note [The second kernel
+    reduces rows])."""
 
     def fn(x: torch.Tensor, c: torch.Tensor) -> Any:
         total = aten.sum.default(x)
@@ -140,10 +143,13 @@ def test_split_reductions(blocking: str, device: str) -> None:
         anyneg = aten.any.dim(aten.lt.Scalar(c, -1.9), 0)
         return total, top, cols, scaled, anyneg
 
-    backend = TritonBackend(**SPLIT, **BLOCKINGS[blocking])
+    backend = TritonBackend(**SPLIT, **BLOCKINGS[blocking], split_rows=rows)
     check(fn, make((31, 23)), make((700, 5)), device=device, backend=backend)
     partials = [s for s in backend.last_specs if s.name.endswith("_partial")]
     assert len(partials) == 2 and len(backend.last_specs) == 4  # a full and a column kernel, split
+    seconds = [s for s in backend.last_specs if not s.name.endswith("_partial")]
+    # the column sum's second kernel: 5 outputs of a few chunks each, as rows or as columns
+    assert any(s.outer for s in seconds) == (not rows)
     # Welford statistics split where the chunks divide the rows (700 = 4 * 175), combined by
     # Chan's formula; a row length no power-of-two chunk count divides stays whole
     var = check(

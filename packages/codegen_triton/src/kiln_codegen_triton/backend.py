@@ -98,6 +98,7 @@ TRITON_OPTIONS = {
     "split_min_rnumel": int,  # split.py
     "split_target_programs": int,
     "split_outer_target_programs": int,  # Note [Bytes per program] in heuristics.py
+    "split_rows": bool,  # Note [The second kernel reduces rows] in split.py
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
@@ -131,6 +132,7 @@ class TritonBackend(Backend):
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
+        split_rows: bool = True,
         autotune_min_bytes: int | None = None,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
@@ -147,6 +149,7 @@ class TritonBackend(Backend):
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
+        self.split_rows = split_rows
         # Note [Autotuning large kernels in the default mode]: None = 128 MiB on a GPU, off elsewhere
         self.autotune_min_bytes = autotune_min_bytes
         # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
@@ -457,6 +460,7 @@ class TritonBackend(Backend):
                     min_rnumel=self.split_min_rnumel,
                     target_programs=self.split_target_programs,
                     outer_target_programs=self.split_outer_target_programs,
+                    rows=self.split_rows,
                 )
             if spec.symbolic:  # Note [Symbolic sizes in Triton kernels]: what the sizes decided
                 log.debug(

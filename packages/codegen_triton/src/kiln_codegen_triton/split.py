@@ -21,6 +21,17 @@ divide the row exactly: the partial kernel computes each chunk's (mean, m2, weig
 second combines them with Chan's formula (``welford_combine``, ``k_welford``), the same rule
 that already combines the lanes of one kernel. argmax/argmin are left whole.
 
+Note [The second kernel reduces rows]: the partial buffer holds each output's ``S`` chunk results
+next to each other (``partial[x, s]``, ``s`` contiguous), so the second kernel is an inner (row)
+reduction: one short row per output, persistent, one program (of one warp, for 513-1024 chunks:
+Note [One warp per row] in heuristics.py) per output. Laid out ``partial[s, x]`` instead, as the
+partial kernel's iteration order would have it, the second kernel was an outer (column) reduction
+of ``ceil(nx / 64)`` programs: a BatchNorm of 64 channels combined its 1024 chunks in *one*
+program walking 64 tiles in sequence (``scripts/triton_kernel_audit.py`` estimates ~130 us on an
+H200 for 1 MB, against ~5 us with a program per channel). The partial kernel's stores become
+strided by ``S``; they are ``S`` times fewer than its loads. ``split_rows=False`` (a
+TritonBackend option) keeps the column layout.
+
 Note [Split reductions]: only nodes whose members are one reduction followed by x-level
 epilogues are split; a node that also computes r-level values (a fused prologue stored for
 later) keeps one kernel, since those values would have to be computed in the partial kernel.
@@ -36,8 +47,9 @@ from typing import Any
 import sympy
 import torch
 
+from kiln_loopir.indexing import contiguous_strides
 from kiln_loopir.ir import ComputedBuffer, Reduction
-from kiln_loopir.layout import flexible
+from kiln_loopir.layout import FixedLayout, Layout, flexible
 from kiln_loopir.virtualized import ops
 
 from .kernel import _int, _real_reduction, next_pow2, unflatten
@@ -77,10 +89,12 @@ def plan_split(
     min_rnumel: int,
     target_programs: int,
     outer_target_programs: int | None = None,
+    rows: bool = True,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
     reduction aims at ``outer_target_programs`` partial programs when given: each of its
-    programs walks a narrow tile, so it needs more of them to keep the memory busy."""
+    programs walks a narrow tile, so it needs more of them to keep the memory busy. ``rows``:
+    Note [The second kernel reduces rows]."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -126,10 +140,13 @@ def plan_split(
         data = member.data
         assert isinstance(data, Reduction)
         if _welford(member):  # each chunk's (mean, m2, weight), combined by Chan's formula
-            mine = [_partial(member, data, ranges, rsizes, chunks, chunk, output_index=i) for i in range(3)]
+            mine = [
+                _partial(member, data, ranges, rsizes, chunks, chunk, rows=rows, output_index=i)
+                for i in range(3)
+            ]
             load, kind, index = _load_partials(mine), "welford_combine", data.output_index
         else:
-            mine = [_partial(member, data, ranges, rsizes, chunks, chunk)]
+            mine = [_partial(member, data, ranges, rsizes, chunks, chunk, rows=rows)]
             load, kind, index = _load_partial(mine[0]), data.reduction_type, 0
         partials += mine
         first_reads += [read] * len(mine)
@@ -166,6 +183,8 @@ def _partial(
     rsizes: list[int],
     chunks: int,
     chunk: int,
+    *,
+    rows: bool,
     output_index: int | None = None,
 ) -> ComputedBuffer:
     """The partial reduction of ``red`` over ``chunks`` chunks; for a Welford reduction, the
@@ -184,9 +203,18 @@ def _partial(
 
     partial_ranges = (sympy.Integer(chunks), *ranges)
     suffix = "_partial" if output_index is None else f"_partial{('_mean', '_m2', '_weight')[output_index]}"
+    layout: Layout = flexible(data.device, data.dtype, partial_ranges)
+    if rows:  # Note [The second kernel reduces rows]: partial[x, s], s contiguous
+        strides = contiguous_strides(tuple(ranges))
+        layout = FixedLayout(
+            data.device,
+            data.dtype,
+            partial_ranges,
+            (sympy.Integer(1), *(sympy.Integer(chunks) * st for st in strides)),
+        )
     return ComputedBuffer(
         f"{red.name}{suffix}",
-        flexible(data.device, data.dtype, partial_ranges),
+        layout,
         data=Reduction(
             data.device,
             data.dtype,
