@@ -19,7 +19,7 @@ for step in "$@"; do
     cold) KILN_TENSOR_CHECKER=0 timeout "${COLD_LIMIT:-300}" python3 scripts/gpu_cold_compile.py --models "${COLD_MODELS:-resnet,bert}" --backends "${COLD_BACKENDS:-kiln,kiln-threads,inductor}" --dtype "${COLD_DTYPE:-bfloat16}" --mode "${COLD_MODE:-inference}" --out "$out/cold-${COLD_MODE:-inference}.json" 2>&1 | grep -v Warning | tee "$out/cold-${COLD_MODE:-inference}.log" ;;
     tests-par)
       t=packages/codegen_triton/tests
-      shards=("$t/test_pointwise.py" "$t/test_reductions.py $t/test_memory_ops.py" "$t/test_wrapper.py $t/test_cudagraphs.py $t/test_launcher.py $t/test_kernel_names.py" "$t/test_opinfo.py $t/test_passes.py $t/test_gpu_compile.py $t/test_codegen_triton_package.py")
+      shards=("$t/test_pointwise.py" "$t/test_reductions.py $t/test_memory_ops.py" "$t/test_wrapper.py $t/test_cudagraphs.py $t/test_launcher.py $t/test_kernel_names.py $t/test_templates.py" "$t/test_opinfo.py $t/test_passes.py $t/test_gpu_compile.py $t/test_codegen_triton_package.py")
       for i in 0 1 2 3; do timeout "${TEST_LIMIT:-240}" python3 -m pytest -q -p no:cacheprovider ${shards[$i]} > "$out/triton-tests-$i.log" 2>&1 & done; wait
       for i in 0 1 2 3; do echo "-- shard $i"; grep -E "passed|failed|error|FAILED|Error" "$out/triton-tests-$i.log" | tail -8; done ;;
     tests) timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -x ${TESTS:-packages/codegen_triton/tests} 2>&1 | tail -25 | tee "$out/triton-tests.log" ;;
