@@ -16,7 +16,8 @@ The estimate (Note [A static estimate of kernel time]): a memory-bound kernel mo
 takes ``B / (COPY_BW * fill)``, where ``fill = min(1, warps in flight / WARPS_TO_FILL)`` and
 warps in flight = programs x warps per program. ``WARPS_TO_FILL`` (132 SMs x 16 warps) is about what
 the H200 needs in flight to reach its copy bandwidth; a kernel with 8 programs of 4 warps gets
-fill 32/2112 and is estimated 66x slower than a full one. It ignores compute, caches and
+fill 32/2112 and is estimated 66x slower than a full one. A kernel's bytes are the sizes of its tensor arguments: an upper bound (a kernel that reads a
+slice, or gathers rows of an embedding table, is charged the whole tensor). It ignores compute, caches and
 launch latency (a floor of ``LAUNCH_US``). Use it to rank kernels and to compare two option
 sets on the same model (``--ab``), never as a time to report.
 
