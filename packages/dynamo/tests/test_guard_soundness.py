@@ -340,3 +340,43 @@ def test_an_operator_raising_inside_no_grad_leaves_grad_mode_as_eager() -> None:
     with pytest.raises(RuntimeError):
         compiled(x.double(), w)
     assert torch.is_grad_enabled()
+
+
+SEEN = {1, 2}
+
+
+def f_global_set(x):
+    return x * (3 in SEEN) + len(SEEN)
+
+
+def _closure_over_a_set() -> tuple[Callable[..., Any], set[int]]:
+    seen = {1, 2}
+
+    def f(x):
+        return x * (3 in seen) - len(seen)
+
+    return f, seen
+
+
+@pytest.mark.parametrize("where", ["global", "closure"])
+def test_a_set_mutated_in_place_recompiles(where: str) -> None:
+    """A set is guarded by its value; the guard holds a copy of the value as captured. It held the
+    live set, which always equalled itself: after `s.add(3)` the stale graph still answered
+    `3 in s` with False (found by a staleness sweep, eighth session)."""
+    fn, seen = (f_global_set, SEEN) if where == "global" else _closure_over_a_set()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend)
+    try:
+        torch.testing.assert_close(compiled(X), fn(X))
+        seen.add(3)
+        torch.testing.assert_close(compiled(X), fn(X))
+        seen.discard(1)
+        torch.testing.assert_close(compiled(X), fn(X))
+        assert kiln_dynamo.counters.recompiles == 2, kiln_dynamo.counters.guard_failures
+        seen.add(1)
+        seen.discard(3)  # back to {1, 2}: the first entry serves again
+        torch.testing.assert_close(compiled(X), fn(X))
+        assert kiln_dynamo.counters.recompiles == 2 and backend.graphs == 3
+    finally:
+        seen.clear()
+        seen.update({1, 2})

@@ -43,6 +43,11 @@ from kiln_dynamo.logs import guards_log
 from kiln_dynamo.source import AttrSource, CodeContext, ConstSource, Source
 from kiln_dynamo.tensor_check import dispatch_keys
 
+# a constant guard compares with a copy of a mutable value (a set read in the frame): holding the
+# object itself, the check compared it with itself after the program mutated it (a stale graph
+# returned `3 in s` as False after `s.add(3)`)
+_MUTABLE: dict[type, Callable[[Any], Any]] = {set: set, list: list, dict: dict, bytearray: bytearray}
+
 
 @dataclass(frozen=True, slots=True)
 class CCheck:
@@ -114,6 +119,8 @@ class GuardBuilder:
             self.add(f"{code} is {value!r}", f"{name} is {value!r}", c=(CCheck("is", source, value),))
             return
         t = type(value)
+        if t in _MUTABLE:  # the value as captured: the live object compared with itself always matches
+            value = _MUTABLE[t](value)
         c = (CCheck("type_is", source, t), CCheck("eq", source, value))
         type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
         if t in (int, str) or (t is float and not math.isnan(value)):  # type: ignore[arg-type]
