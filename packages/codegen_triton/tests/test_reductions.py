@@ -169,6 +169,35 @@ def test_split_reductions(blocking: str, rows: bool, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("peel", [True, False])
+def test_a_reduction_with_stored_row_values_splits_after_peeling(peel: bool, device: str) -> None:
+    """A column sum fused with a full-size value it stores (a layer-scale backward: ``g * gamma``
+    stored, ``sum(g * x)`` over the rows): the stored value is peeled into a pointwise kernel of
+    its own and the sum splits (Note [Split reductions]); ``split_peel=False`` keeps one kernel.
+    A value that reads the node's reduction (``x - max``) is never peeled."""
+
+    def layer_scale_backward(g: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor) -> Any:
+        return aten.mul.Tensor(g, gamma), aten.sum.dim_IntList(aten.mul.Tensor(g, x), [0])
+
+    backend = TritonBackend(**SPLIT, split_peel=peel)
+    check(layer_scale_backward, make((700, 24)), make((700, 24)), make((24,)), device=device, backend=backend)
+    names = [s.name for s in backend.last_specs]
+    if peel:
+        assert len(names) == 3 and names[0].endswith("_rows") and names[1].endswith("_partial"), names
+        assert backend.last_specs[0].kind == "pointwise"
+    else:
+        assert len(names) == 1, names
+
+    def centred(x: torch.Tensor) -> Any:  # the stored value reads the reduction: stays whole
+        top = aten.amax.default(x, [0], True)
+        return aten.sub.Tensor(x, top), top
+
+    backend = TritonBackend(**SPLIT, split_peel=peel)
+    check(centred, make((700, 24)), device=device, backend=backend)
+    assert not any(s.name.endswith("_rows") for s in backend.last_specs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_batch_statistics_of_few_channels_split(channels_last: bool, device: str) -> None:
     """BatchNorm's training statistics: mean and variance over (N, H, W) for each of a few

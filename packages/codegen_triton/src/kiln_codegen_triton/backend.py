@@ -71,7 +71,7 @@ from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
 from .runtime import Launcher, load_module, module_source, precompile
-from .split import plan_split
+from .split import SplitPlan, peel_rows, plan_split
 from .templates import (
     TEMPLATE_OPS,
     MatmulChoice,
@@ -99,6 +99,7 @@ TRITON_OPTIONS = {
     "split_target_programs": int,
     "split_outer_target_programs": int,  # Note [Bytes per program] in heuristics.py
     "split_rows": bool,  # Note [The second kernel reduces rows] in split.py
+    "split_peel": bool,  # Note [Split reductions] in split.py: r-level members peeled off to split
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
@@ -133,6 +134,7 @@ class TritonBackend(Backend):
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
         split_rows: bool = True,
+        split_peel: bool = True,
         autotune_min_bytes: int | None = None,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
@@ -150,6 +152,7 @@ class TritonBackend(Backend):
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
         self.split_rows = split_rows
+        self.split_peel = split_peel
         # Note [Autotuning large kernels in the default mode]: None = 128 MiB on a GPU, off elsewhere
         self.autotune_min_bytes = autotune_min_bytes
         # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
@@ -422,6 +425,17 @@ class TritonBackend(Backend):
             return DEFAULT_AUTOTUNE_MIN_BYTES
         return None
 
+    def _plan_split(self, members: Any, reads: Any, outer: bool) -> SplitPlan | None:
+        return plan_split(
+            members,
+            reads,
+            outer=outer,
+            min_rnumel=self.split_min_rnumel,
+            target_programs=self.split_target_programs,
+            outer_target_programs=self.split_outer_target_programs,
+            rows=self.split_rows,
+        )
+
     def last_build(self) -> BuildReport:
         return BuildReport(
             codegen_seconds=self.codegen_seconds,
@@ -452,16 +466,23 @@ class TritonBackend(Backend):
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
             plan = None
+            head: tuple[KernelSpec, ...] = ()
             if spec.kind in ("persistent", "looped") and not spec.symbolic:
-                plan = plan_split(
-                    members,
-                    reads,
-                    outer=spec.outer,
-                    min_rnumel=self.split_min_rnumel,
-                    target_programs=self.split_target_programs,
-                    outer_target_programs=self.split_outer_target_programs,
-                    rows=self.split_rows,
-                )
+                plan = self._plan_split(members, reads, spec.outer)
+                peel = peel_rows(members, reads, internal) if plan is None and self.split_peel else None
+                if peel is not None:  # Note [Split reductions]: r-level members peeled off
+                    rest_spec = build_kernel(name, peel.rest, peel.rest_reads, dtypes, internal, **options)
+                    plan = self._plan_split(peel.rest, peel.rest_reads, rest_spec.outer)
+                    if plan is not None:
+                        rows_name = kernel_name(f"triton_{KIND}", peel.rows, step) + "_rows"
+                        head = (
+                            build_kernel(rows_name, peel.rows, peel.rows_reads, dtypes, set(), **options),
+                        )
+                        log.debug(
+                            "%s: r-level members %s peeled off to split the reduction",
+                            name,
+                            ", ".join(m.name for m in peel.rows),
+                        )
             if spec.symbolic:  # Note [Symbolic sizes in Triton kernels]: what the sizes decided
                 log.debug(
                     "%s: size arguments %s, %s kernel, numels %s at hints %s",
@@ -476,7 +497,7 @@ class TritonBackend(Backend):
             dtypes = {**dtypes, **{p.name: p.layout.dtype for p in plan.partials}}
             first = build_kernel(f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options)
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
-            return KernelGroup((first, second), tuple(plan.partials))
+            return KernelGroup((*head, first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
