@@ -6,15 +6,24 @@ is the break instruction. The frame is traced a second time, from scratch, and s
 that instruction (Note [Trace twice]); `prepare_split` then reads the evaluator's stack and
 locals and turns them into the runner's tuple (`values`) and a `SplitPlan` for resume.py. When
 the frame cannot be split safely (Note [What cannot be split] in resume.py), `CannotSplit` says
-why and the frame runs as plain Python.
+why and the frame runs as plain Python. A break deep in inlined calls splits the whole chain of
+frames instead, where it can (`prepare_chain`, Note [Resuming a chain of frames]).
 
 Note [Breaks deep in a call chain]: a break at depth d of inlined calls (frame f0 calls f1 ...
 calls fd, which holds the unsupported instruction) splits the whole chain at once where it can
-(Note [Resuming a chain of frames] below): one split, one graph before it. Where a frame of the
-chain cannot take part, the chain ends at the frame above it, whose call into that frame is the
-break instruction; that frame then runs for real, the hook captures it and it splits on its own
-(one more split for each such cut). With no chain at all (KILN_CHAIN_SPLITS=0, or the first
-frame below f0 cannot take part) f0 splits at its call to f1 and so on down: d + 1 splits.
+(Note [Resuming a chain of frames]): one split, one graph before it, one after it. Where a frame
+of the chain cannot take part, the chain ends at the frame above it, whose call into that frame
+is the break instruction; that frame then runs for real, the hook captures it and it splits on
+its own (one more split for each such cut). With no chain at all (KILN_CHAIN_SPLITS=0, or the
+first frame below f0 cannot take part) f0 splits at its call to f1, CPython runs f1, the hook
+captures and splits it at its call to f2, and so on down: d + 1 splits, as torch.compile with its
+default `nested_graph_breaks=False`. Measured (`breaks.py --models --only=segformer,wav2vec2
+--no-torch`, graphs/breaks/frames in Python, before -> after chain splits): wav2vec2 train 4/5/3
+-> 3/3/3 (torch.compile 4/3; `hidden_states.requires_grad = True` several frames below
+`forward` makes a new leaf that requires grad, which no graph can), segformer eval and train
+2/5/6 -> 2/4/5 on the first call only (torch.compile 2/1; transformers installs output-capturing
+hooks under a lock). In both the chain is cut at transformers' `capture_outputs` wrapper, whose
+call into the model sits in a try/finally, and for segformer at the `with lock:` block.
 
 Note [Resuming a chain of frames]: the first pass records, as `Unsupported` leaves each frame's
 evaluator, the instruction that frame was running (`Unsupported.chain`); `chain_path` keeps the
@@ -26,60 +35,37 @@ builtin such as `map`). The second pass stops in the innermost frame at that pat
 
     runner(entry values)                  # the graph: f0 .. fd up to the break
     <fd's break instruction>              # run in f0's split code
-    r = resume_in_fd(stack..., pushed..., fd's live locals)
-    r = resume_in_f(d-1)(stack..., r, f(d-1)'s live locals)   # as if its call had returned r
+    return resume_in_f0(f0's stack..., <f1's arguments>..., f0's live locals)
+
+where each continuation of an outer frame is the usual one (resume.py) with one more step in its
+prologue (`resume_code(..., inner=)`): it calls the continuation of the frame it had called,
+with that frame's arguments, and pushes the result as the value its call returns, then jumps in:
+
+    resume_in_f0:  push f0's stack; push resume_in_f1(f1's stack..., <f2's arguments>..., f1's
+                   locals); jump after f0's call
     ...
-    return resume_in_f0(stack..., r, f0's live locals)
+    resume_in_fd:  the ordinary continuation after the break instruction, taking what it pushed
 
-Each continuation is the usual one (resume.py) of its frame after the instruction that was
-running there; those of inlined frames are functions made at capture with that frame's globals
-and, for a closure, the cells of the function object the trace inlined (a function reached
-through a source is pinned by an identity guard, so those are the cells of the one being
-called). Because the break instruction runs in f0's code, it must not depend on the frame it
-comes from (`resume.FRAME_FREE`: calls, operators, attribute and item stores, a jump on a
-tensor, which gives two paths, each followed by the outer continuations); its name and constant
-arguments are moved into f0's code. A frame takes part only when no try block, with-block or
-loop surrounds its instruction (the handlers and exits of inlined frames are not in f0's code:
-an exception from the break instruction or a continuation must leave the chain exactly as it
-would leave the original frames, and nothing of theirs would run), and, for inlined frames,
-when it is not a generator, has no cell variables (a closure made in the frame would keep the
-old cell), its closure is a real function's, and it does not read its own locals by name.
-Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to the shorter
-path); a chain of one frame is the ordinary split. Exceptions then leave as in eager: raised by
-the break instruction or by a continuation, they propagate out of f0's split code with no
-handler of the chain's frames skipped (none covers those points); tracebacks show the
-continuations' frames instead of the originals.
-
-After the break each frame's continuation is its own frame for the hook: d + 1 graphs where the
-frames do work after the break, not one. torch.compile (with `nested_graph_breaks`) makes the
-outer continuation call the inner one, so the code after the break is traced as one graph; kiln
-does not yet (each continuation's prologue would call the next inner one). Measured on the
-generated matrix (`test_graph_breaks.py`): a break three calls down was 8 graphs / 4 splits, now
-5 graphs / 1 split; `breaks.py --models --only=segformer,wav2vec2 --no-torch` is in the session
-note.
-
-Note [Trace twice]); `prepare_split` then reads the evaluator's stack and
-locals and turns them into the runner's tuple (`values`) and a `SplitPlan` for resume.py. When
-the frame cannot be split safely (Note [What cannot be split] in resume.py), `CannotSplit` says
-why and the frame runs as plain Python.
-
-Note [Breaks deep in a call chain]: a break at depth d of inlined calls (frame f0 calls f1 ...
-calls fd, which holds the unsupported instruction) splits f0 at its call to f1; CPython then runs
-f1 itself, the hook captures f1, whose trace splits at its call to f2, and so on: d + 1 splits,
-each counted as a break, with a graph before and after each where there are ops. torch.compile
-(with its default `nested_graph_breaks=False`) splits the same way: its lower counts on the
-breadth suite come from constructs it traces that kiln does not. Measured (`breaks.py --models
---only=segformer,wav2vec2 --no-torch`, graphs/breaks/frames in Python): segformer eval and train
-2/5/6 (torch.compile 2/1): transformers installs output-capturing hooks on the first call, under a
-lock, three frames below `forward` (`register_forward_hook` builds a `weakref.ref` in
-torch.utils.hooks); from the second call it is one graph. wav2vec2 train 4/5/3 (torch.compile
-4/3): `hidden_states.requires_grad = True`, two frames below `forward`, makes a new leaf that
-requires grad, which no graph can (torch.compile breaks there too). Neither count changed this
-session. A continuation that resumes the whole chain at once (one resume function per inlined
-frame, called nested, each given its own locals, cells, stack and open with-blocks, with
-exceptions unwinding through them as through the original frames, on 3.11 and 3.12) is not built:
-it would turn d + 1 breaks into one where the chain's frames do work after the break, and these
-two models' extra breaks are a first-call setup and a construct that breaks anyway.
+so the hook sees one frame after the break and captures the whole rest of the chain as one graph
+(the inner continuations inline), as torch.compile's nested graph breaks do; if something in them
+breaks again, that continuation splits as a chain in turn (a break at a prologue's call maps back
+to the original frame at the call's return point). Continuations of inlined frames are functions
+made at capture with that frame's globals and, for a closure, the cells of the function object
+the trace inlined (the trace already depends on that object: it read its cells). The break
+instruction runs in f0's code, so it must not depend on the frame it comes from
+(`resume.FRAME_FREE`: calls, operators, attribute and item stores, a jump on a tensor, which gives
+two chains of continuations, one per path); its name and constant arguments are moved into f0's
+code. A frame takes part only when no try block, with-block or loop surrounds its instruction (the
+handlers and exits of inlined frames are not in f0's code: an exception from the break
+instruction or from a continuation must leave the chain as it would leave the original frames),
+and, for inlined frames, when it is not a generator, has no cell variables (a closure made in the
+frame would keep the old cell), its closure is a real function's, and it does not read its own
+locals by name. Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
+the shorter path); a chain of one frame is the ordinary split. Exceptions leave as in eager:
+raised by the break instruction or by a continuation, they propagate out with no handler of the
+chain's frames skipped (none covers those points); tracebacks show the continuations' frames
+instead of the originals. Measured on the generated matrix (`test_graph_breaks.py`): a break
+three calls down was 8 graphs / 4 splits, now 2 / 1, the same as at top level.
 
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is
@@ -235,7 +221,7 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     return values, plan
 
 
-# --- Note [Resuming a chain of frames] ---------------------------------------------------------
+# --- splitting a chain of frames at once (Note [Resuming a chain of frames]) ----------------------
 
 
 class ChainCut(Exception):

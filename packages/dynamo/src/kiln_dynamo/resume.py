@@ -475,7 +475,9 @@ class Tail:
     args: tuple[ArgSource, ...]
     pushed: int  # how many values the break instruction left on this path
     # the continuation as a function made at capture, for a frame inlined below the split one
-    # (its own globals and closure); None: made in the split code with the frame's closure
+    # (its own globals and closure), which the next outer continuation's prologue calls (Note
+    # [Resuming a chain of frames] in breaks.py); None: made in the split code with the frame's
+    # closure
     function: object | None = None
 
 
@@ -568,9 +570,8 @@ def split_code(
         for i in reversed(range(t.pushed)):
             seq.append(Instr("STORE_FAST", varnames.index(f"___t{i}")))
         seq.append(Instr("PUSH_NULL"))
-        if t.function is not None:
-            seq.append(Instr("LOAD_CONST", const(t.function)))
-        elif code.co_freevars:
+        assert t.function is None  # the split code calls its own frame's continuation
+        if code.co_freevars:
             seq += [Instr("LOAD_CLOSURE", lp(n)) for n in code.co_freevars]
             seq += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", const(t.resume))]
             seq.append(Instr("MAKE_FUNCTION", 0x08))
