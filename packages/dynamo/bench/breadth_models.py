@@ -97,6 +97,20 @@ def _bart() -> Built:
     return model, {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}, "seq2seq"
 
 
+def _pegasus() -> Built:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.PegasusConfig(
+        d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB,
+        max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, pad_token_id=0,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    model = transformers.PegasusForConditionalGeneration(cfg).eval()
+    return model, {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}, "seq2seq"
+
+
 def _t5() -> Built:
     import transformers
 
@@ -274,6 +288,9 @@ MODELS: dict[str, Callable[[], Built]] = {
                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0),
     "bloom": _text("BloomForCausalLM", "BloomConfig", "decoder", hidden_size=H, n_layer=LAYERS, n_head=HEADS,
                    vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0),
+    "gptj": _text("GPTJForCausalLM", "GPTJConfig", "decoder", n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=4,
+                  vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "stablelm": _text("StableLmForCausalLM", "StableLmConfig", "decoder", partial_rotary_factor=0.5, **_LLAMAISH),
     # encoder MLMs
     "bert": _text("BertForMaskedLM", "BertConfig", **_BERTISH),
     "roberta": _text("RobertaForMaskedLM", "RobertaConfig", **_BERTISH),
@@ -289,15 +306,20 @@ MODELS: dict[str, Callable[[], Built]] = {
     "distilbert": _text("DistilBertForMaskedLM", "DistilBertConfig", dim=H, n_layers=LAYERS, n_heads=HEADS,
                         hidden_dim=FFN, vocab_size=VOCAB, dropout=0.0, attention_dropout=0.0),
     "clip_text": _clip_text,
+    "funnel": _text("FunnelForMaskedLM", "FunnelConfig", d_model=H, n_head=HEADS, d_head=8, d_inner=FFN,
+                    block_sizes=[1, 1], vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
+                    activation_dropout=0.0),
     # encoder-decoders, audio
     "bart": _bart,
     "t5": _t5,
+    "pegasus": _pegasus,
     "whisper_encoder": _whisper_encoder,
     "wav2vec2": _wav2vec2,
     # vision transformers, hierarchical/windowed, CNNs, segmentation
     "vit": _vision("ViTForImageClassification", "ViTConfig", **_VIT),
     "deit": _vision("DeiTForImageClassification", "DeiTConfig", **_VIT),
     "beit": _vision("BeitForImageClassification", "BeitConfig", **_VIT),
+    "dinov2": _vision("Dinov2ForImageClassification", "Dinov2Config", **{**_VIT, "mlp_ratio": 2}),
     "swin": _swin,
     "convnext_v2": _cnn("ConvNextV2ForImageClassification", "ConvNextV2Config", hidden_sizes=[8, 16, 32, 64],
                         depths=[1, 1, 1, 1]),

@@ -918,3 +918,70 @@ def test_heapq_and_bisect_on_lists_of_constants() -> None:
     torch.testing.assert_close(kiln_dynamo.compile(f, backend=backend)(x), expected)
     assert milestones == eager_state  # heapified, then 25 inserted, as eager left it
     assert backend.graphs == 1 and kiln_dynamo.counters.break_reasons == []
+
+
+# --- torch.no_grad() / enable_grad() applied as decorators inside the frame -----------------------
+
+
+def _decorated_in_frame(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    @torch.no_grad()
+    def frozen(y: torch.Tensor) -> torch.Tensor:
+        return y * 2
+
+    @torch.enable_grad()
+    def tracked(y: torch.Tensor) -> torch.Tensor:
+        return y + 1
+
+    a = frozen(x)
+    b = tracked(x)
+    return a, b, torch.is_grad_enabled()
+
+
+def test_grad_mode_decorators_in_the_frame_are_one_graph() -> None:
+    x = torch.randn(3, requires_grad=True)
+    check(_decorated_in_frame, x)
+    with torch.no_grad():  # enable_grad() inside a no_grad caller
+        expected = _decorated_in_frame(x)
+        got = kiln_dynamo.compile(_decorated_in_frame)(x)
+    for e, g in zip(expected[:2], got[:2], strict=True):
+        assert e.requires_grad == g.requires_grad
+        torch.testing.assert_close(e, g)
+    assert expected[2] == got[2] is False
+
+
+def _decorated_raises(x: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def failing(y: torch.Tensor) -> torch.Tensor:
+        raise KeyError("inside")
+
+    try:
+        return failing(x)
+    except KeyError:
+        return x * torch.is_grad_enabled()  # the decorator restored grad mode before the handler
+
+
+def test_grad_mode_decorator_restores_the_mode_when_the_function_raises() -> None:
+    x = torch.randn(3, requires_grad=True)
+    expected = _decorated_raises(x)
+    got = kiln_dynamo.compile(_decorated_raises)(x)
+    torch.testing.assert_close(expected, got)
+    assert expected.requires_grad == got.requires_grad and torch.is_grad_enabled()
+
+
+def _returns_decorated(x: torch.Tensor) -> Any:
+    @torch.no_grad()
+    def frozen(y: torch.Tensor) -> torch.Tensor:
+        return y * 3
+
+    return frozen(x), frozen
+
+
+def test_a_decorated_function_leaving_the_frame_behaves_as_eager() -> None:
+    x = torch.randn(2, requires_grad=True)
+    expected = _returns_decorated(x)
+    got = kiln_dynamo.compile(_returns_decorated)(x)
+    torch.testing.assert_close(expected[0], got[0])
+    assert callable(got[1]) and type(got[1]) is type(expected[1])
+    out = got[1](x)
+    torch.testing.assert_close(out, expected[1](x))
+    assert not out.requires_grad and torch.is_grad_enabled()

@@ -195,9 +195,10 @@ TRACED_WHOLE = ("try_catch", "generator")  # kinds that no longer break anywhere
 def expected(kind: str, position: str) -> tuple[int, int, int]:
     """(graphs, splits, plain-Python frames) for one case.
 
-    An inlined call that breaks splits its caller at the call site (one more split, and the
-    caller's code before and after the call are two graphs); the callee, run for real, breaks as
-    at top level. A frame is not split inside a loop: it splits before the loop, and the
+    A break in an inlined call splits the whole chain of frames at once (Note [Resuming a chain
+    of frames]): one split, one graph before it holding every frame's code up to the break, and
+    after it the outer frame's continuation, which calls the inner ones: the same counts as at
+    top level. A frame is not split inside a loop: it splits before the loop, and the
     continuation (the loop on) runs as plain Python, but its loop's exit calls a continuation
     that is captured: the code after the loop is one more graph (Note [Compiling what follows a
     loop]). A break inside a try block splits the frame
@@ -206,10 +207,6 @@ def expected(kind: str, position: str) -> tuple[int, int, int]:
     graphs, splits, plain = KINDS[kind][2]
     if kind in TRACED_WHOLE:
         return graphs, splits, plain
-    if position == "inline1":
-        return graphs + 2, splits + 1, plain
-    if position == "inline3":
-        return graphs + 6, splits + 3, plain
     if position == "loop":
         return 2, 1, 1
     if position == "try":
@@ -517,13 +514,14 @@ def test_graph_breaks_log_once_per_site(caplog: pytest.LogCaptureFixture) -> Non
             compiled(torch.rand(n))
     records = [r for r in caplog.records if r.name == "kiln.dynamo.graph_breaks"]
     sites = [r.getMessage() for r in records]
-    assert len(sites) == 2, sites  # the call site in print_at_inline1, the print in the callee
+    # one site: the print in the callee splits both frames at once (Note [Resuming a chain of frames])
+    assert len(sites) == 1, sites
     assert any(f"break_matrix.py:{MARKS['print_at_inline1_inner']}" in s for s in sites)
 
 
 def explained(x: torch.Tensor, n: int) -> torch.Tensor:
     y = x.relu() + n
-    z = MATRIX.print_at_inline1(y)  # splits here; the callee splits at its print
+    z = MATRIX.print_at_inline1(y)  # the print two calls down splits all three frames at once
     if z.sum() > 0:
         z = z * 2
     return z.cos()
@@ -533,18 +531,17 @@ def test_explain_reports_graphs_breaks_ops_and_guards(capsys: pytest.CaptureFixt
     x = torch.rand(4) + 0.5
     report = kiln_dynamo.explain(explained)(x, 3)
     _same(report.result, explained(x, 3))
-    # explained: before the call, between the call and the branch, after the branch; the callee
-    # print_at_inline1 (split at its inlined call) and print_at_inline1_inner (split at print):
-    # two graphs each
-    assert report.graph_count == 7 and len(report.graphs) == 7
-    assert report.graph_break_count == 4
+    # one graph up to the print (all three frames); explained's continuation, which calls those
+    # of print_at_inline1 and print_at_inline1_inner, splits again at its branch: before and after
+    assert report.graph_count == 3 and len(report.graphs) == 3
+    assert report.graph_break_count == 2
     assert [r.reason for r in report.break_reasons].count("data-dependent branch on a tensor value") == 1
     calls = ("call_function", "call_method", "call_module")
     assert report.op_count == [len([n for n in g.graph.nodes if n.op in calls]) for g in report.graphs]
     assert all(n > 0 for n in report.op_count)
     assert any("L['n'] == 3" in g for g in report.guards)
     text = str(report)
-    assert "7 graph(s), 4 graph break(s)" in text
+    assert "3 graph(s), 2 graph break(s)" in text
     assert f"test_graph_breaks.py:{explained.__code__.co_firstlineno + 3}" in text  # the branch's line
     assert "if z.sum() > 0:" in text and "guards of explained" in text
 

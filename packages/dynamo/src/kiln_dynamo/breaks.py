@@ -6,25 +6,66 @@ is the break instruction. The frame is traced a second time, from scratch, and s
 that instruction (Note [Trace twice]); `prepare_split` then reads the evaluator's stack and
 locals and turns them into the runner's tuple (`values`) and a `SplitPlan` for resume.py. When
 the frame cannot be split safely (Note [What cannot be split] in resume.py), `CannotSplit` says
-why and the frame runs as plain Python.
+why and the frame runs as plain Python. A break deep in inlined calls splits the whole chain of
+frames instead, where it can (`prepare_chain`, Note [Resuming a chain of frames]).
 
 Note [Breaks deep in a call chain]: a break at depth d of inlined calls (frame f0 calls f1 ...
-calls fd, which holds the unsupported instruction) splits f0 at its call to f1; CPython then runs
-f1 itself, the hook captures f1, whose trace splits at its call to f2, and so on: d + 1 splits,
-each counted as a break, with a graph before and after each where there are ops. torch.compile
-(with its default `nested_graph_breaks=False`) splits the same way: its lower counts on the
-breadth suite come from constructs it traces that kiln does not. Measured (`breaks.py --models
---only=segformer,wav2vec2 --no-torch`, graphs/breaks/frames in Python): segformer eval and train
-2/5/6 (torch.compile 2/1): transformers installs output-capturing hooks on the first call, under a
-lock, three frames below `forward` (`register_forward_hook` builds a `weakref.ref` in
-torch.utils.hooks); from the second call it is one graph. wav2vec2 train 4/5/3 (torch.compile
-4/3): `hidden_states.requires_grad = True`, two frames below `forward`, makes a new leaf that
-requires grad, which no graph can (torch.compile breaks there too). Neither count changed this
-session. A continuation that resumes the whole chain at once (one resume function per inlined
-frame, called nested, each given its own locals, cells, stack and open with-blocks, with
-exceptions unwinding through them as through the original frames, on 3.11 and 3.12) is not built:
-it would turn d + 1 breaks into one where the chain's frames do work after the break, and these
-two models' extra breaks are a first-call setup and a construct that breaks anyway.
+calls fd, which holds the unsupported instruction) splits the whole chain at once where it can
+(Note [Resuming a chain of frames]): one split, one graph before it, one after it. Where a frame
+of the chain cannot take part, the chain ends at the frame above it, whose call into that frame
+is the break instruction; that frame then runs for real, the hook captures it and it splits on
+its own (one more split for each such cut). With no chain at all (KILN_CHAIN_SPLITS=0, or the
+first frame below f0 cannot take part) f0 splits at its call to f1, CPython runs f1, the hook
+captures and splits it at its call to f2, and so on down: d + 1 splits, as torch.compile with its
+default `nested_graph_breaks=False`. Measured (`breaks.py --models --only=segformer,wav2vec2
+--no-torch`, graphs/breaks/frames in Python, before -> after chain splits): wav2vec2 train 4/5/3
+-> 3/3/3 (torch.compile 4/3; `hidden_states.requires_grad = True` several frames below
+`forward` makes a new leaf that requires grad, which no graph can), segformer eval and train
+2/5/6 -> 2/4/5 on the first call only (torch.compile 2/1; transformers installs output-capturing
+hooks under a lock). In both the chain is cut at transformers' `capture_outputs` wrapper, whose
+call into the model sits in a try/finally, and for segformer at the `with lock:` block.
+
+Note [Resuming a chain of frames]: the first pass records, as `Unsupported` leaves each frame's
+evaluator, the instruction that frame was running (`Unsupported.chain`); `chain_path` keeps the
+frames reached through calls whose result is exactly the inlined frame's return value
+(`InstructionTranslator.direct`, set by `passes_result`: plain and nested functions, methods,
+modules without hooks; not a hooked module, whose hooks see the result, nor a call made by a
+builtin such as `map`). The second pass stops in the innermost frame at that path
+(`OutputGraph.break_path`), and `prepare_chain` builds one split of f0:
+
+    runner(entry values)                  # the graph: f0 .. fd up to the break
+    <fd's break instruction>              # run in f0's split code
+    return resume_in_f0(f0's stack..., <f1's arguments>..., f0's live locals)
+
+where each continuation of an outer frame is the usual one (resume.py) with one more step in its
+prologue (`resume_code(..., inner=)`): it calls the continuation of the frame it had called,
+with that frame's arguments, and pushes the result as the value its call returns, then jumps in:
+
+    resume_in_f0:  push f0's stack; push resume_in_f1(f1's stack..., <f2's arguments>..., f1's
+                   locals); jump after f0's call
+    ...
+    resume_in_fd:  the ordinary continuation after the break instruction, taking what it pushed
+
+so the hook sees one frame after the break and captures the whole rest of the chain as one graph
+(the inner continuations inline), as torch.compile's nested graph breaks do; if something in them
+breaks again, that continuation splits as a chain in turn (a break at a prologue's call maps back
+to the original frame at the call's return point). Continuations of inlined frames are functions
+made at capture with that frame's globals and, for a closure, the cells of the function object
+the trace inlined (the trace already depends on that object: it read its cells). The break
+instruction runs in f0's code, so it must not depend on the frame it comes from
+(`resume.FRAME_FREE`: calls, operators, attribute and item stores, a jump on a tensor, which gives
+two chains of continuations, one per path); its name and constant arguments are moved into f0's
+code. A frame takes part only when no try block, with-block or loop surrounds its instruction (the
+handlers and exits of inlined frames are not in f0's code: an exception from the break
+instruction or from a continuation must leave the chain as it would leave the original frames),
+and, for inlined frames, when it is not a generator, has no cell variables (a closure made in the
+frame would keep the old cell), its closure is a real function's, and it does not read its own
+locals by name. Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
+the shorter path); a chain of one frame is the ordinary split. Exceptions leave as in eager:
+raised by the break instruction or by a continuation, they propagate out with no handler of the
+chain's frames skipped (none covers those points); tracebacks show the continuations' frames
+instead of the originals. Measured on the generated matrix (`test_graph_breaks.py`): a break
+three calls down was 8 graphs / 4 splits, now 2 / 1, the same as at top level.
 
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is
@@ -38,8 +79,10 @@ from __future__ import annotations
 import types
 
 from kiln_dynamo import resume
-from kiln_dynamo.translator import BreakHere
+from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.translator import BreakHere, InstructionTranslator
 from kiln_dynamo.variables.base import NULL, VariableTracker
+from kiln_dynamo.variables.functions import UserFunctionVariable
 from kiln_dynamo.variables.torch import WithExitVariable
 
 VT = VariableTracker
@@ -175,4 +218,187 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
             assert isinstance(exit_slot, WithExitVariable)
             exits.append(exit_slot.real_exit())
     plan = resume.SplitPlan(group, consumed, tuple(cells.items()), fall, branch, tuple(exits), ins.lineno)
+    return values, plan
+
+
+# --- splitting a chain of frames at once (Note [Resuming a chain of frames]) ----------------------
+
+
+class ChainCut(Exception):
+    """Frame `level` of a chain (0: the captured frame) cannot take part in a chain split; the
+    message says why. The chain then ends at the frame above it (`level - 1`), whose call into
+    this frame becomes the break instruction."""
+
+    def __init__(self, level: int, msg: str) -> None:
+        super().__init__(msg)
+        self.level = level
+
+
+def chain_path(e: Unsupported) -> tuple[int, ...] | None:
+    """The offsets, per inlining depth, of the instructions that were running in each frame when
+    `e` escaped, down to the deepest frame reached through calls that return what the inlined
+    frame returns (`InstructionTranslator.direct`); None when that is the captured frame alone."""
+    levels = list(reversed(e.chain))
+    if [depth for depth, _, _ in levels] != list(range(len(levels))):
+        return None  # not one unbroken chain of evaluators (an exception re-raised elsewhere)
+    path = [levels[0][1]] if levels else []
+    for _, offset, direct in levels[1:]:
+        if not direct:
+            break
+        path.append(offset)
+    return tuple(path) if len(path) > 1 else None
+
+
+def _chain_obstacle(tx: InstructionTranslator, level: int, innermost: bool) -> str | None:
+    """Why frame `level` of a chain cannot be resumed by a continuation of its own, or None."""
+    code = tx.code
+    assert tx.current is not None
+    offset = tx.current.offset
+    f = resume.facts(code)
+    if level > 0:
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            return "it is a generator"
+        if code.co_cellvars:
+            return "it has cell variables (a closure made in it would not see a continuation's writes)"
+        if code.co_freevars and type(tx.function) is not UserFunctionVariable:
+            return "its closure was made inside the compiled frames"
+        own = resume.reads_own_locals(code)
+        if own is not None:
+            return own
+    if f.in_loop(offset):
+        return "the call is inside a loop"
+    if f.in_try(offset):
+        return "the call is inside a try block"
+    if f.with_depths(offset):
+        return "the call is inside a with-block"
+    if innermost:
+        ins = f.instrs[f.at(offset)]
+        eff = resume.effect(ins)
+        if ins.opname not in resume.FRAME_FREE or eff is None or eff.falls is None:
+            return f"its break instruction {ins.opname} cannot run in another frame's code"
+    return None
+
+
+def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
+    """The runner's values and the split plan for a break in an inlined frame that splits every
+    frame of the chain at once (Note [Resuming a chain of frames]). Raises ChainCut when a frame
+    of the chain cannot take part."""
+    txs: list[InstructionTranslator] = []
+    t: InstructionTranslator | None = b.tx
+    while t is not None:
+        txs.append(t)
+        t = t.parent
+    txs.reverse()  # outermost first
+    d = len(txs) - 1
+    for level, t in enumerate(txs):
+        why = _chain_obstacle(t, level, level == d)
+        if why is not None:
+            raise ChainCut(level, f"frame {t.code.co_name} of the chain: {why}")
+
+    values: list[VT] = []
+    index_of: dict[int, int] = {}
+
+    def index(vt: VT) -> int:
+        if id(vt) not in index_of:
+            index_of[id(vt)] = len(values)
+            values.append(vt)
+        return index_of[id(vt)]
+
+    cells: dict[str, int] = {}
+
+    def tail(
+        level: int,
+        below: list[int | None],
+        pushed: int,
+        target: int | None = None,
+        inner: resume.Tail | None = None,
+    ) -> resume.Tail:
+        """The continuation of frame `level` after its instruction (at `target` on a jump's
+        other path); with `inner`, one whose prologue calls that inner frame's continuation
+        and takes its arguments too, so `pushed` is the innermost break instruction's."""
+        t = txs[level]
+        assert t.current is not None
+        f = resume.facts(t.code)
+        k = f.at(t.current.offset)
+        original, at = resume.original_of(t.code, f.instrs[k + 1].offset if target is None else target)
+        live = resume.live_locals(original, at)
+        args: list[resume.ArgSource] = [("r", i) for i in below if i is not None]
+        args += list(inner.args) if inner is not None else [("t", j) for j in range(pushed)]
+        names: list[str] = []
+        order = sorted(live)
+        keep_first = resume.keeps_first_argument(original)
+        if keep_first:  # Note [Zero-argument super in a continuation]
+            first = original.co_varnames[0]
+            order = [first] + [n for n in order if n != first]
+            bound = (
+                first in t.cells and t.cells[first].contents is not None
+                if first in t.code.co_cellvars
+                else first in t.locals and t.locals[first] is not NULL
+            )
+            if not bound:
+                raise ChainCut(level, f"super() needs {first!r}, which is not bound at the break")
+        for name in order:
+            if name in t.code.co_cellvars:  # the captured frame only (inner ones have none)
+                cell = t.cells.get(name)
+                if cell is None or cell.contents is None:
+                    continue
+                cells[name] = index(cell.contents)
+                args.append(("c", name))
+            elif name in t.code.co_freevars:
+                continue  # the continuation shares the frame's closure
+            elif name in t.locals and t.locals[name] is not NULL:
+                args.append(("r", index(t.locals[name])))
+            else:
+                continue
+            names.append(name)
+        stack_kinds = tuple(i is not None for i in below) + ((True,) * pushed if inner is None else ())
+        if keep_first:
+            n_stack = len(args) - len(names)
+            args.insert(0, args.pop(n_stack))
+        call = None if inner is None else (inner.function, len(inner.args))
+        code = resume.resume_code(original, at, stack_kinds, tuple(names), call)
+        function: object | None = None
+        if level > 0:
+            closure = None
+            if t.code.co_freevars:
+                assert isinstance(t.function, UserFunctionVariable)
+                closure = t.function.fn.__closure__
+            function = types.FunctionType(code, t.f_globals, code.co_name, None, closure)
+        return resume.Tail(code, tuple(args), pushed, function)
+
+    inner = txs[d]
+    assert inner.current is not None
+    f = resume.facts(inner.code)
+    k = f.at(inner.current.offset)
+    ins = f.instrs[k]
+    eff = resume.effect(ins)
+    assert eff is not None and eff.falls is not None
+    stack = list(inner.stack)
+    if eff.pops > len(stack):
+        raise ChainCut(d, f"the stack at {ins.opname} is shallower than it consumes")
+    slots = [None if vt is NULL else index(vt) for vt in stack]
+    consumed = tuple(slots[len(stack) - eff.pops :])
+
+    def nest(innermost: resume.Tail) -> resume.Tail:
+        t = innermost
+        for level in range(d - 1, -1, -1):
+            below = [None if vt is NULL else index(vt) for vt in txs[level].stack]
+            t = tail(level, below, innermost.pushed, inner=t)
+        return t
+
+    fall = nest(tail(d, slots[: len(stack) - eff.pops], eff.falls))
+    branch = None
+    if eff.branch is not None:  # a jump on a tensor's truth value: a continuation per path
+        assert ins.target is not None
+        branch = nest(tail(d, slots[: len(stack) - eff.pops], eff.branch, ins.target.offset))
+    plan = resume.SplitPlan(
+        tuple(resume.call_group(f, k)),
+        consumed,
+        tuple(cells.items()),
+        fall,
+        branch,
+        (),
+        ins.lineno,
+        group_code=inner.code,
+    )
     return values, plan

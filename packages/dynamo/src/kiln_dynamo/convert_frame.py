@@ -42,7 +42,7 @@ import torch.fx
 from kiln_dynamo import bytecode, loop_pieces, resume
 from kiln_dynamo.backends import ACTIVE, Backend, CompileKey, compile_key
 from kiln_dynamo.backends import eager as eager_backend
-from kiln_dynamo.breaks import CannotSplit, prepare_split
+from kiln_dynamo.breaks import CannotSplit, ChainCut, chain_path, prepare_chain, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
@@ -163,6 +163,20 @@ def _capture_or_split(
     if own_locals is not None:
         first.not_split = own_locals
         raise first
+    path = (
+        chain_path(first)
+        if _chain_splits and not first.before and not loop_pieces.is_loop_piece(code)
+        else None
+    )
+    while path is not None:  # Note [Resuming a chain of frames] in breaks.py
+        try:
+            return _capture(code, entry_values, f_globals, f_builtins, backend, first, key, path)
+        except ChainCut as cut:
+            decisions_log.info("%s: chain split shortened: %s", code.co_name, cut)
+            path = path[: cut.level] if cut.level >= 2 else None
+        except (CannotSplit, Unsupported) as why:
+            decisions_log.info("%s: no chain split: %s", code.co_name, why)
+            path = None
     try:
         split = _capture(code, entry_values, f_globals, f_builtins, backend, first, key)
     except CannotSplit as why:
@@ -240,6 +254,17 @@ def set_loop_pieces(on: bool) -> bool:
 
 
 _after_loops = os.environ.get("KILN_AFTER_LOOP", "1") != "0"
+_chain_splits = os.environ.get("KILN_CHAIN_SPLITS", "1") != "0"
+
+
+def set_chain_splits(on: bool) -> bool:
+    """Split every frame of a call chain at once for a break deep in it (Note [Resuming a chain
+    of frames] in breaks.py; KILN_CHAIN_SPLITS=0 turns it off); returns the previous setting."""
+    global _chain_splits
+    previous, _chain_splits = _chain_splits, on
+    return previous
+
+
 _loop_pieces = os.environ.get("KILN_LOOP_PIECES", "1") != "0"
 
 
@@ -276,6 +301,7 @@ def _capture(
     backend: Backend,
     brk: Unsupported | None,
     key: CompileKey | None = None,
+    chain: tuple[int, ...] | None = None,
 ) -> CapturedFrame:
     t0 = time.perf_counter()
     names = entry_names(code)
@@ -291,12 +317,21 @@ def _capture(
     plan: SplitPlan | None = None
     try:
         result = run_root(
-            output, code, f_globals, f_builtins, entry_values, brk.break_offset if brk is not None else None
+            output,
+            code,
+            f_globals,
+            f_builtins,
+            entry_values,
+            brk.break_offset if brk is not None else None,
+            chain,
         )
         if isinstance(result, BreakHere):
             assert brk is not None
-            before = brk.before and brk.depth == 0
-            values, plan = prepare_split(result, code, before)
+            before = brk.before and brk.depth == 0 and chain is None
+            if chain is not None:
+                values, plan = prepare_chain(result)
+            else:
+                values, plan = prepare_split(result, code, before)
             reenter = _close_autocast_blocks(output, result)
             if before and output.op_count() == 0 and not output.side_effects.any():
                 raise CannotSplit("nothing to compile before it")
@@ -308,7 +343,7 @@ def _capture(
                 raise CannotSplit("the second tracing pass did not reach the break")
             final = _final_grad_mode(output, torch.is_grad_enabled())
             spec, _ = generate_runner(output, result, grad_mode=final)
-    except (Unsupported, CannotSplit):
+    except (Unsupported, CannotSplit, ChainCut):
         raise
     except Exception as e:  # Note [Never a crash]
         raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
@@ -381,7 +416,13 @@ def _capture(
     else:
         assert brk is not None
         new_code = resume.split_code(code, runner, names, plan)
-        split = BreakReason.of(brk, _display_name(code), split=True, note=brk.note)
+        note = brk.note
+        if chain is not None:
+            note = (
+                f"{len(chain)} frames resumed at once: the continuation of {code.co_name} calls those of the "
+                "frames it called (Note [Resuming a chain of frames])"
+            )
+        split = BreakReason.of(brk, _display_name(code), split=True, note=note)
     if bytecode_log.isEnabledFor(20):
         bytecode_log.info("runner for %s:\n%s", code.co_name, spec.source)
         if plan is not None:

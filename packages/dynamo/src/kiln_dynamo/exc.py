@@ -76,6 +76,10 @@ class Unsupported(Exception):
         self.frames = frames
         self.before = before
         self.depth = depth
+        # (inlining depth, offset of the instruction running there, whether that frame's call
+        # returns what the frame returns), appended as the exception leaves each frame's
+        # evaluator: innermost first (Note [Resuming a chain of frames] in breaks.py)
+        self.chain: list[tuple[int, int, bool]] = []
 
     def __str__(self) -> str:
         text = _explain(self.msg, self.where, self.frames, self.advice)

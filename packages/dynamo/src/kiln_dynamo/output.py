@@ -87,6 +87,9 @@ class OutputGraph:
         self.guards = GuardBuilder(self.ctx)
         self.builder = VariableBuilder(self)
         self.side_effects = SideEffects()
+        # where a chain split's second pass stops, per inlining depth (Note [Resuming a chain of
+        # frames] in breaks.py); None for other passes
+        self.break_path: tuple[int, ...] | None = None
         self.inputs: list[tuple[torch.fx.Node, Source, torch.Tensor]] = []
         self._input_by_id: dict[int, TensorVariable] = {}
         self._real_cells: dict[int, CellVariable] = {}

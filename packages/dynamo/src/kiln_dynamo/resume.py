@@ -55,7 +55,7 @@ from __future__ import annotations
 import dis
 import types
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kiln_dynamo import bytecode
@@ -396,19 +396,31 @@ def keeps_first_argument(original: types.CodeType) -> bool:
 
 
 def resume_code(
-    original: types.CodeType, offset: int, stack: tuple[bool, ...], live: tuple[str, ...]
+    original: types.CodeType,
+    offset: int,
+    stack: tuple[bool, ...],
+    live: tuple[str, ...],
+    inner: tuple[object, int] | None = None,
 ) -> types.CodeType:
     """The continuation of `original` at `offset`. `stack[i]` says whether slot i holds a value
     (passed as argument `___stack<i>`) or NULL (pushed by the prologue); `live` are the locals
-    (and cell variables) it receives after the stack values."""
-    key = (offset, stack, live)
+    (and cell variables) it receives after the stack values. With `inner` (a function and its
+    argument count: Note [Resuming a chain of frames] in breaks.py) the prologue calls that
+    function with the arguments `___inner<i>`, which come between the stack values and the
+    locals, and pushes its result as the last stack slot, as the call at `offset - 1` would."""
+    key = (offset, stack, live, inner)
     per_code = _resume_cache.setdefault(original, {})
     hit = per_code.get(key)
     if hit is not None:
         return hit
     f = facts(original)
     body = _copy(f.instrs)
-    args = [f"___stack{i}" for i, is_value in enumerate(stack) if is_value] + list(live)
+    n_inner = inner[1] if inner is not None else 0
+    args = (
+        [f"___stack{i}" for i, is_value in enumerate(stack) if is_value]
+        + [f"___inner{i}" for i in range(n_inner)]
+        + list(live)
+    )
     if keeps_first_argument(original):
         assert live and live[0] == original.co_varnames[0], live
         args.insert(0, args.pop(len(args) - len(live)))  # Note [Zero-argument super in a continuation]
@@ -427,12 +439,23 @@ def resume_code(
         prologue.append(
             Instr("LOAD_FAST", varnames.index(f"___stack{i}")) if is_value else Instr("PUSH_NULL")
         )
-    prologue.append(Instr("JUMP_FORWARD", target=body[f.at(offset)]))
+    consts = original.co_consts
+    if inner is not None:
+        consts = (*consts, inner[0])
+        prologue += [Instr("PUSH_NULL"), Instr("LOAD_CONST", len(consts) - 1)]
+        prologue += [Instr("LOAD_FAST", varnames.index(f"___inner{i}")) for i in range(n_inner)]
+        prologue += _call(n_inner)
+    jump = Instr("JUMP_FORWARD", target=body[f.at(offset)])
+    prologue.append(jump)
     instrs = prologue + body
     asm = bytecode.assemble(instrs, original.co_firstlineno)
     name = f"resume_in_{original.co_name}_at_{offset}"
-    code = function_code(original, asm, instrs, len(args), varnames, name)
+    code = function_code(original, asm, instrs, len(args), varnames, name, consts)
     to_original = {asm.real[id(ins)]: ins.offset for ins in body}
+    if inner is not None:
+        # a break at the prologue's call (the inner continuation splits again) continues at
+        # `offset` with the call's result on the stack: the jump stands for that point
+        to_original[asm.real[id(jump)]] = offset
     _resume_info[code] = ResumeInfo(original, offset, to_original)
     per_code[key] = code
     return code
@@ -451,6 +474,11 @@ class Tail:
     resume: types.CodeType
     args: tuple[ArgSource, ...]
     pushed: int  # how many values the break instruction left on this path
+    # the continuation as a function made at capture, for a frame inlined below the split one
+    # (its own globals and closure), which the next outer continuation's prologue calls (Note
+    # [Resuming a chain of frames] in breaks.py); None: made in the split code with the frame's
+    # closure
+    function: object | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +490,9 @@ class SplitPlan:
     branch: Tail | None
     exits: tuple[object, ...]  # with-block exits to call, innermost first, if the break instruction raises
     lineno: int | None  # the user's line of the break instruction
+    # Note [Resuming a chain of frames] (breaks.py): the code the break instruction comes from,
+    # when it is an inlined frame's
+    group_code: types.CodeType | None = None
 
 
 def _call(n: int) -> list[Instr]:
@@ -477,6 +508,7 @@ def split_code(
     pushed = max((t.pushed for t in (plan.fall, plan.branch) if t is not None), default=0)
     temps = ["___r"] + [f"___t{i}" for i in range(pushed)]
     varnames = list(code.co_varnames) + temps
+    names = list(code.co_names)
     consts: list[object] = list(code.co_consts)
     const_at: dict[tuple[type, object], int] = {}
     lineno = plan.lineno
@@ -523,7 +555,10 @@ def split_code(
     branch_label: Instr | None = None
     for ins in plan.group:
         new = Instr(ins.opname, ins.arg, None, ins.lineno, ins.argval, entry)
-        _remap(new, varnames, code)
+        if plan.group_code is not None:
+            _remap_foreign(new, plan.group_code, names, const)
+        else:
+            _remap(new, varnames, code)
         if ins.target is not None:
             if PY_VERSION == (3, 11):
                 new.opname = new.opname.replace("BACKWARD", "FORWARD")
@@ -535,6 +570,7 @@ def split_code(
         for i in reversed(range(t.pushed)):
             seq.append(Instr("STORE_FAST", varnames.index(f"___t{i}")))
         seq.append(Instr("PUSH_NULL"))
+        assert t.function is None  # the split code calls its own frame's continuation
         if code.co_freevars:
             seq += [Instr("LOAD_CLOSURE", lp(n)) for n in code.co_freevars]
             seq += [Instr("BUILD_TUPLE", len(code.co_freevars)), Instr("LOAD_CONST", const(t.resume))]
@@ -570,11 +606,77 @@ def split_code(
         co_linetable=asm.linetable,
         co_exceptiontable=asm.exceptiontable,
         co_consts=tuple(consts),
+        co_names=tuple(names),
         co_nlocals=len(varnames),
         co_varnames=tuple(varnames),
         co_stacksize=bytecode.stack_depth(out) + 1,
         co_flags=code.co_flags & ~_GENERATOR_FLAGS,
     )
+
+
+# Instructions whose meaning does not depend on the frame that runs them (no local, cell, global
+# or import): the innermost frame's break instruction of a chain split runs in the outermost
+# frame's split code, with its name and constant arguments moved there (Note [Resuming a chain
+# of frames] in breaks.py).
+FRAME_FREE = frozenset(
+    {
+        "POP_JUMP_IF_TRUE",
+        "POP_JUMP_IF_FALSE",
+        "POP_JUMP_FORWARD_IF_TRUE",
+        "POP_JUMP_FORWARD_IF_FALSE",
+        "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE",
+        "JUMP_IF_TRUE_OR_POP",
+        "JUMP_IF_FALSE_OR_POP",
+        "CALL",
+        "CALL_FUNCTION_EX",
+        "BINARY_OP",
+        "BINARY_SUBSCR",
+        "COMPARE_OP",
+        "IS_OP",
+        "CONTAINS_OP",
+        "UNARY_NEGATIVE",
+        "UNARY_POSITIVE",
+        "UNARY_INVERT",
+        "UNARY_NOT",
+        "STORE_ATTR",
+        "LOAD_ATTR",
+        "STORE_SUBSCR",
+        "DELETE_SUBSCR",
+        "BINARY_SLICE",
+        "STORE_SLICE",
+        "FORMAT_VALUE",
+        "BUILD_STRING",
+        "UNPACK_SEQUENCE",
+        "UNPACK_EX",
+    }
+)
+_NAME_OPS = frozenset({"LOAD_ATTR", "STORE_ATTR"})
+
+
+def _remap_foreign(
+    ins: Instr, source: types.CodeType, names: list[str], const: Callable[[object], int]
+) -> None:
+    """An instruction of `source` (FRAME_FREE, or KW_NAMES / PRECALL before a CALL), its name
+    or constant argument re-indexed into the code being built (read from `source` by index:
+    3.11's dis does not resolve KW_NAMES' constant)."""
+    assert ins.arg is not None or ins.opname not in ("KW_NAMES", *_NAME_OPS)
+    if ins.opname == "KW_NAMES":
+        assert ins.arg is not None
+        ins.arg = const(source.co_consts[ins.arg])
+    elif ins.opname in _NAME_OPS:
+        assert ins.arg is not None
+        name = source.co_names[
+            ins.arg >> 1 if ins.opname == "LOAD_ATTR" and PY_VERSION >= (3, 12) else ins.arg
+        ]
+        if name not in names:
+            names.append(name)
+        index = names.index(name)
+        ins.arg = (
+            (index << 1) | (ins.arg & 1) if ins.opname == "LOAD_ATTR" and PY_VERSION >= (3, 12) else index
+        )
+    else:
+        assert ins.opname in FRAME_FREE or ins.opname == "PRECALL", ins.opname
 
 
 # --- compiling what follows a loop that holds a break -------------------------------------------
@@ -831,6 +933,7 @@ def function_code(
     n_args: int,
     varnames: list[str],
     name: str,
+    consts: tuple[object, ...] | None = None,
 ) -> types.CodeType:
     """``original`` turned into a plain function of ``n_args`` positional arguments running the
     assembled ``instrs`` (a continuation, a loop piece): no generator or *args/**kwargs flags, its
@@ -848,4 +951,5 @@ def function_code(
         co_flags=original.co_flags & ~(_GENERATOR_FLAGS | _ARG_FLAGS),
         co_name=name,
         co_qualname=f"{original.co_qualname}.<{name}>",
+        co_consts=original.co_consts if consts is None else consts,
     )

@@ -66,7 +66,7 @@ from kiln_dynamo.variables.exceptions import (
     exception_classes,
     raise_exception,
 )
-from kiln_dynamo.variables.functions import NestedFunctionVariable
+from kiln_dynamo.variables.functions import NestedFunctionVariable, passes_result
 from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
     BaseListVariable,
@@ -218,6 +218,11 @@ class InstructionTranslator:
         self.exc_info: VT = ConstantVariable(None)  # the exception being handled (sys.exc_info())
         self.break_at: int | None = None  # root only: split the frame when this offset is reached
         self.current: dis.Instruction | None = None
+        # this frame was inlined for a call whose result is exactly what the frame returns (no
+        # hook, no builtin around it), so a continuation of it can stand in for the call
+        self.direct = False
+        self.direct_next = False  # the call being made now is such a call
+        self.function: VT | None = None  # the tracker of the function this frame runs, when inlined
 
     # --- locations ----------------------------------------------------------------------------
     def where(self) -> str:
@@ -247,12 +252,14 @@ class InstructionTranslator:
                 self.ip += 1
                 if inst.positions is not None and inst.positions.lineno is not None:
                     self.lineno = inst.positions.lineno
+                self.current = inst
                 if self.parent is None:
-                    self.current = inst
                     if inst.offset == self.break_at:
                         raise BreakHere(self, inst)
                     if FORCED_BREAK.at is not None and self.break_at is None:
                         FORCED_BREAK.maybe_break(inst)
+                elif self._at_break_path(inst):
+                    raise BreakHere(self, inst)
                 handler = getattr(self, inst.opname, None)
                 if handler is None:
                     raise Unsupported(f"opcode {inst.opname} is not supported")
@@ -268,6 +275,8 @@ class InstructionTranslator:
             located = e.located(self.where(), self.user_frames(), self.depth)
             if isinstance(e, locks.LockBlockHasEffects) and e.enter_offset is not None:
                 located = _before_lock(located, e.enter_offset)  # Note [Locks in the frame]
+            if self.current is not None:  # Note [Resuming a chain of frames]
+                located.chain.append((self.depth, self.current.offset, self.depth == 0 or self.direct))
             if self.parent is None and self.current is not None and located.break_offset is None:
                 located.break_offset = self.current.offset
                 held = [v.enter_offset for v in self.stack if isinstance(v, locks.LockExitVariable)]
@@ -293,6 +302,19 @@ class InstructionTranslator:
                 raised.break_offset = offset
                 raised = self._split_before_try(raised)
             raise raised from e
+
+    def _at_break_path(self, inst: dis.Instruction) -> bool:
+        """Whether this inlined frame is where the second pass of a chain split stops: its depth is
+        the path's last, it is at that offset, and every frame above it is at its own."""
+        path = self.output.break_path
+        if path is None or self.depth != len(path) - 1 or inst.offset != path[-1]:
+            return False
+        up = self.parent
+        while up is not None:
+            if up.current is None or up.current.offset != path[up.depth]:
+                return False
+            up = up.parent
+        return True
 
     def _enter_handler(self, inst: dis.Instruction, e: ObservedException) -> bool:
         """Note [Exceptions the frame raises and catches]: go to the handler CPython would run
@@ -487,6 +509,9 @@ class InstructionTranslator:
         for name, cell in zip(code.co_freevars, closure, strict=True):
             cells[name] = cell
         child = InstructionTranslator(self.output, code, f_globals, self.f_builtins, dict(bound), cells, self)
+        child.direct = self.direct_next and not step_by_step
+        child.function = rebuild[0] if rebuild is not None else None
+        self.direct_next = False
         if step_by_step:
             # Note [Generators traced step by step]: a user's generator function runs as its
             # consumer asks, so their effects interleave as in CPython. Generator expressions and
@@ -982,7 +1007,16 @@ class InstructionTranslator:
         if kw_names:
             kwargs = dict(zip(kw_names, args[len(args) - len(kw_names) :], strict=True))
             args = args[: len(args) - len(kw_names)]
-        self.push(self.call(fn, args, kwargs))
+        self.push(self._call_direct(fn, args, kwargs))
+
+    def _call_direct(self, fn: VT, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """A CALL's call, with the frame it inlines marked `direct` when the call returns what that
+        frame returns (Note [Resuming a chain of frames])."""
+        self.direct_next = passes_result(fn)
+        try:
+            return self.call(fn, args, kwargs)
+        finally:
+            self.direct_next = False
 
     def CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
         kwargs_vt = self.pop() if _arg(inst) & 1 else None
@@ -996,7 +1030,7 @@ class InstructionTranslator:
             if not isinstance(kwargs_vt, DictVariable):
                 raise Unsupported(f"**{kwargs_vt.describe()}")
             kwargs = {str(k): v for k, v in kwargs_vt.items.items()}
-        self.push(self.call(fn, args, kwargs))
+        self.push(self._call_direct(fn, args, kwargs))
 
     # --- with -------------------------------------------------------------------------------
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
@@ -1159,6 +1193,7 @@ def run_root(
     f_builtins: dict[str, Any],
     entry_values: dict[str, Any],
     break_at: int | None = None,
+    break_path: tuple[int, ...] | None = None,
 ) -> VT | BreakHere:
     """Trace the frame of `code` whose entry values (arguments, free variables) are given; with
     `break_at`, stop when that instruction is reached and return where the frame stands."""
@@ -1182,7 +1217,10 @@ def run_root(
     for name in code.co_cellvars:
         cells[name] = CellVariable(symbolic.get(name))
     tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
-    tx.break_at = break_at
+    if break_path is not None and len(break_path) > 1:
+        output.break_path = break_path
+    else:
+        tx.break_at = break_at
     try:
         return tx.run()
     except BreakHere as b:

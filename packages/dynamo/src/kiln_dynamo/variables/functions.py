@@ -161,6 +161,28 @@ class UserFunctionVariable(BaseFunctionVariable):
         )
 
 
+def passes_result(fn: VT) -> bool:
+    """Whether calling `fn` inlines one frame whose return value is the call's result, with
+    nothing of kiln's modelling before or after it (Note [Resuming a chain of frames] in
+    breaks.py): plain and nested functions, methods of them, and modules without hooks whose
+    `__call__` is Module's (their `forward` is that frame)."""
+    from torch import nn
+
+    from kiln_dynamo.variables.nn_module import NNModuleVariable
+
+    if type(fn) is BoundMethodVariable:
+        fn = fn.fn
+    if type(fn) is UserFunctionVariable:
+        return fn.fn is not _checkpoint() and fn.fn not in FOLDED_CALLS
+    if type(fn) is NestedFunctionVariable:
+        return True
+    if type(fn) is NNModuleVariable:
+        m = fn.module
+        hooks = m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+        return not hooks and inspect.getattr_static(type(m), "__call__") is nn.Module.__call__
+    return False
+
+
 def _closure_source(fn_source: Source, index: int) -> Source:
     from kiln_dynamo.source import ClosureSource
 

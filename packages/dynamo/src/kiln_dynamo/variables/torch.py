@@ -422,6 +422,46 @@ class GradModeVariable(VariableTracker):
         self.set(tx, self.prev)
         return ConstantVariable(None)
 
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        """`torch.no_grad()(f)` / `enable_grad()(f)`: the decorator, applied in the frame
+        (`@torch.no_grad()` over a nested def). `set_grad_enabled(b)` changes grad mode when it is
+        made, which a decorator does not undo: not modelled."""
+        if self.cls not in (torch.no_grad, torch.enable_grad) or kwargs or len(args) != 1:
+            raise Unsupported(f"calling {self.describe()}")
+        from kiln_dynamo.variables.functions import BaseFunctionVariable
+
+        if not isinstance(args[0], BaseFunctionVariable):
+            raise Unsupported(f"{self.describe()} decorating {args[0].describe()}")
+        return GradModeFunctionVariable(args[0], self.target, self.cls)
+
+
+class GradModeFunctionVariable(VariableTracker):
+    """A function decorated in the frame with `torch.no_grad()` or `torch.enable_grad()`: a
+    call runs it with grad mode set, and restores the caller's mode after it returns or raises,
+    as the decorator's wrapper does."""
+
+    def __init__(self, fn: VT, target: bool, cls: type) -> None:
+        self.fn = fn
+        self.target = target
+        self.cls = cls
+
+    def describe(self) -> str:
+        return f"{self.fn.describe()} decorated with torch.{self.cls.__name__}()"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        prev = torch.is_grad_enabled()
+        tx.output.set_grad_mode(self.target)
+        try:
+            return self.fn.call(tx, args, kwargs)
+        finally:
+            tx.output.set_grad_mode(prev)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{cg.const(self.cls)}()({self.fn.reconstruct(cg)})"
+
 
 class GradModeFactoryVariable(VariableTracker):
     """torch.no_grad, torch.enable_grad or torch.set_grad_enabled, the classes."""

@@ -1,0 +1,405 @@
+"""Breaks deep in a call chain: every frame of the chain split at once (Note [Resuming a chain of
+frames] in breaks.py), compared with eager in values, types, printed text, exceptions and grad
+mode, with the counts of graphs and splits; and the frames a chain must not pass through (a
+with-block or try block around the call, a generator, a hooked module, a call through a builtin)
+behave as eager too."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import kiln_dynamo
+from kiln_dynamo import convert_frame
+from kiln_dynamo.counters import counters
+
+
+@pytest.fixture(autouse=True)
+def _fresh() -> Iterator[None]:
+    kiln_dynamo.reset()
+    yield
+    kiln_dynamo.reset()
+
+
+def _same(a: Any, b: Any) -> None:
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.requires_grad == b.requires_grad and a.shape == b.shape
+        torch.testing.assert_close(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def _run(fn: Callable[..., Any], *args: Any) -> tuple[int, int, int]:
+    """fn compiled against eager on two calls; the counts of the first call (graphs, splits,
+    frames left to Python); the second call captures nothing new."""
+    expected = fn(*args)
+    compiled = kiln_dynamo.compile(fn)
+    _same(expected, compiled(*args))
+    first = (counters.graphs, counters.graph_breaks, len(counters.fallbacks))
+    seen = counters.frames_seen
+    _same(fn(*args), compiled(*args))
+    assert counters.frames_seen == seen and counters.recompiles == 0
+    return first
+
+
+# --- a break three frames down ------------------------------------------------------------------
+
+
+def leaf(y: torch.Tensor, k: int) -> tuple[torch.Tensor, float]:
+    z = y * 2
+    v = z.sum().item()  # the break: a Python float from a tensor
+    return z + v + k, v
+
+
+def mid(x: torch.Tensor) -> torch.Tensor:
+    a = x + 1
+    b, v = leaf(a, 3)
+    return b * a - v
+
+
+def top(x: torch.Tensor) -> tuple[torch.Tensor, str, torch.Size]:
+    t = x.cos()
+    u = mid(t)
+    return u - t, "s", u.shape
+
+
+def test_a_break_two_calls_down_is_one_split() -> None:
+    # one graph before the break (top, mid and leaf up to .item()), one after it: top's
+    # continuation calls mid's, which calls leaf's, and the capture inlines them
+    assert _run(top, torch.randn(4)) == (2, 1, 0)
+    [reason] = counters.break_reasons
+    assert reason.split and reason.note is not None and "3 frames resumed at once" in reason.note
+    assert [f.name for f in reason.frames] == ["top", "mid", "leaf"]
+
+
+def test_the_switch_restores_one_split_per_frame() -> None:
+    previous = convert_frame.set_chain_splits(False)
+    try:
+        assert _run(top, torch.randn(4)) == (6, 3, 0)
+    finally:
+        convert_frame.set_chain_splits(previous)
+
+
+def branchy_leaf(y: torch.Tensor) -> torch.Tensor:
+    y = y + 1
+    if y.sum() > 0:  # a jump on a tensor: one continuation per path, each followed by the chain's
+        return y * 2
+    return y - 3
+
+
+def branchy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = x.sin()
+    z = branchy_leaf(y)
+    return z.exp(), y
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_tensor_branch_deep_in_the_chain(sign: float) -> None:
+    x = torch.full((3,), 2.0) * sign
+    assert _run(branchy, x) == (2, 1, 0)
+
+
+def printing_leaf(y: torch.Tensor, log: list[str]) -> torch.Tensor:
+    log.append("before")
+    print("leaf", y.shape)  # the break: runs as Python, between the two appends
+    log.append("after")
+    return y + len(log)
+
+
+def printing(x: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+    log: list[str] = []
+    y = printing_leaf(x * 2, log)
+    return y, log
+
+
+def test_side_effects_and_printed_text_in_eager_order(capsys: pytest.CaptureFixture[str]) -> None:
+    x = torch.randn(2)
+    expected = printing(x)
+    eager_out = capsys.readouterr().out
+    got = kiln_dynamo.compile(printing)(x)
+    assert capsys.readouterr().out == eager_out
+    _same(expected, got)
+    assert counters.graph_breaks == 1
+
+
+# --- exceptions -----------------------------------------------------------------------------------
+
+
+def raising_leaf(y: torch.Tensor, n: int) -> torch.Tensor:
+    y = y + 1
+    os.getpid()  # the break: a C function kiln does not trace
+    if n > 2:
+        raise ValueError(f"n is {n}")  # raised in the leaf's continuation
+    return y
+
+
+def raising_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    y = x * 3
+    return raising_leaf(y, n) - 1
+
+
+def bad_call_leaf(y: torch.Tensor) -> torch.Tensor:
+    y = y * 2
+    int(os.environ.get("KILN_TEST_NOT_A_NUMBER", "x1"))  # the break instruction itself raises
+    return y
+
+
+def bad_call_top(x: torch.Tensor) -> torch.Tensor:
+    return bad_call_leaf(x + 1) + 1
+
+
+def test_exceptions_leave_the_chain_as_in_eager() -> None:
+    x = torch.randn(3)
+    compiled = kiln_dynamo.compile(raising_top)
+    _same(raising_top(x, 1), compiled(x, 1))
+    with pytest.raises(ValueError, match="n is 5"):
+        raising_top(x, 5)
+    with pytest.raises(ValueError, match="n is 5"):
+        compiled(x, 5)
+    with pytest.raises(ValueError, match="invalid literal"):
+        bad_call_top(x)
+    with pytest.raises(ValueError, match="invalid literal"):
+        kiln_dynamo.compile(bad_call_top)(x)
+    assert torch.is_grad_enabled()
+
+
+# --- frames a chain does not pass through ---------------------------------------------------------
+
+
+def no_grad_mid(x: torch.Tensor, fail: bool) -> torch.Tensor:
+    with torch.no_grad():
+        y = leaf_that_may_fail(x, fail)  # a with-block around the call: the chain ends above it
+    return y + x
+
+
+def leaf_that_may_fail(y: torch.Tensor, fail: bool) -> torch.Tensor:
+    y = y * 2
+    print("grad", torch.is_grad_enabled())
+    if fail:
+        raise KeyError("fail")
+    return y
+
+
+def no_grad_top(x: torch.Tensor, fail: bool) -> torch.Tensor:
+    return no_grad_mid(x.exp(), fail) * 2
+
+
+def test_with_block_around_a_call_in_the_chain(capsys: pytest.CaptureFixture[str]) -> None:
+    x = torch.randn(3, requires_grad=True)
+    expected = no_grad_top(x, False)
+    eager_out = capsys.readouterr().out
+    compiled = kiln_dynamo.compile(no_grad_top)
+    _same(expected, compiled(x, False))
+    assert capsys.readouterr().out == eager_out
+    for fn in (no_grad_top, compiled):
+        with pytest.raises(KeyError):
+            fn(x, True)
+        assert torch.is_grad_enabled()
+
+
+def try_mid(x: torch.Tensor) -> torch.Tensor:
+    try:
+        return bad_call_leaf(x)
+    except ValueError:
+        return x - 100
+
+
+def try_top(x: torch.Tensor) -> torch.Tensor:
+    return try_mid(x * 2) + 1
+
+
+def test_try_block_around_a_call_in_the_chain_still_catches() -> None:
+    _run(try_top, torch.randn(3))
+
+
+def gen_leaf(y: torch.Tensor) -> Iterator[torch.Tensor]:
+    yield y + 1
+    print("in the generator")
+    yield y + 2
+
+
+def gen_top(x: torch.Tensor) -> torch.Tensor:
+    return sum(gen_leaf(x * 2), torch.zeros(3))
+
+
+def test_generator_in_the_chain(capsys: pytest.CaptureFixture[str]) -> None:
+    x = torch.randn(3)
+    expected = gen_top(x)
+    eager_out = capsys.readouterr().out
+    _same(expected, kiln_dynamo.compile(gen_top)(x))
+    assert capsys.readouterr().out == eager_out
+
+
+def map_top(x: torch.Tensor) -> list[torch.Tensor]:
+    return list(map(branchy_leaf, [x, -x]))  # called by a builtin: its result is not the call's
+
+
+def test_a_call_through_a_builtin_is_not_resumed_as_a_chain() -> None:
+    _run(map_top, torch.full((2,), 3.0))
+
+
+# --- closures and modules -------------------------------------------------------------------------
+
+
+def scaled(k: float) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """One decorator code, a closure per use: the chain's continuation of `wrapper` must run
+    with the closure of the wrapper being called."""
+
+    def deco(func: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> torch.Tensor:
+            out = func(*args, **kwargs)
+            return out * k
+
+        return wrapper
+
+    return deco
+
+
+class Leaf(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if h.sum() > 0:  # the break
+            h = h.relu()
+        return h + 1
+
+
+class Wrapped(nn.Module):
+    def __init__(self, deco: Callable[..., Any]) -> None:
+        super().__init__()
+        self.leaf = Leaf()
+        self.run_leaf = deco(self.leaf.forward)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_leaf(x.tanh()) - x
+
+
+def test_decorated_frames_in_the_chain_keep_their_closure() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 4)
+    a, b = Wrapped(scaled(2.0)), Wrapped(scaled(3.0))
+    b.leaf.load_state_dict(a.leaf.state_dict())
+    ca, cb = kiln_dynamo.compile(a), kiln_dynamo.compile(b)
+    for _ in range(2):
+        _same(a(x), ca(x))
+        _same(b(x), cb(x))
+    assert all(r.split for r in counters.break_reasons)
+    notes = [r.note or "" for r in counters.break_reasons]
+    assert any("3 frames resumed at once" in n for n in notes), notes
+
+
+class Outer(nn.Module):
+    def __init__(self, hooked: bool) -> None:
+        super().__init__()
+        self.leaf = Leaf()
+        if hooked:
+            self.leaf.register_forward_hook(lambda m, args, out: out * 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.leaf(x + 1) * 2
+
+
+@pytest.mark.parametrize("hooked", [False, True])
+def test_modules_in_the_chain(hooked: bool) -> None:
+    torch.manual_seed(0)
+    m = Outer(hooked)
+    x = torch.randn(3, 4)
+    graphs, splits, plain = _run(m, x)
+    if not hooked:  # one split through Outer.forward and Leaf.forward
+        assert (graphs, splits, plain) == (2, 1, 0)
+    else:  # a hooked module's forward is not resumed on its own: the hook must see its result
+        assert splits == 2
+    assert all(r.split for r in counters.break_reasons)
+
+
+# --- a second break in the continuation, super() in the chain ----------------------------------------
+
+
+def two_breaks_leaf(y: torch.Tensor) -> tuple[torch.Tensor, float]:
+    y = y + 1
+    print("first")  # the first break: splits the chain
+    y = y * 2
+    v = y.sum().item()  # the second: inside the continuations, which split as a chain again
+    return y - v, v
+
+
+def two_breaks_mid(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    a, v = two_breaks_leaf(x.cos())
+    return a * 3, v
+
+
+def two_breaks(x: torch.Tensor) -> tuple[torch.Tensor, float, torch.Tensor]:
+    b, v = two_breaks_mid(x)
+    return b.exp(), v, x
+
+
+def test_a_second_break_inside_the_continuations(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run(two_breaks, torch.randn(3)) == (3, 2, 0)
+    assert capsys.readouterr().out == "first\n" * 4
+
+
+class Base(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        print("base")  # the break
+        return x * 2
+
+
+class Child(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x + 1)  # zero-argument super(): the continuation keeps `self` first
+        return y + self.bias
+
+    bias = 5.0
+
+
+def test_zero_argument_super_in_the_chain(capsys: pytest.CaptureFixture[str]) -> None:
+    m = Child()
+    assert _run(lambda x: m(x) - 1, torch.randn(3)) == (2, 1, 0)
+
+
+# --- break instructions that carry names and constants ---------------------------------------------
+
+
+def kw_leaf(y: torch.Tensor) -> torch.Tensor:
+    y = y + 1
+    print("kw", end="|")  # CALL with keyword names: their constant moves into the split code
+    return y * 2
+
+
+def store_attr_leaf(y: torch.Tensor) -> torch.Tensor:
+    t = y.detach() * 2
+    t.requires_grad = True  # STORE_ATTR: its name moves into the split code
+    return t
+
+
+def named_top(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = kw_leaf(x.sin())
+    b = store_attr_leaf(a)
+    return a, b
+
+
+def test_keyword_names_and_attribute_names_of_the_break_instruction(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    x = torch.randn(3)
+    expected = named_top(x)
+    eager_out = capsys.readouterr().out
+    got = kiln_dynamo.compile(named_top)(x)
+    assert capsys.readouterr().out == eager_out == "kw|"
+    _same(expected, got)
+    assert got[1].is_leaf and got[1].requires_grad
