@@ -1,7 +1,7 @@
 """Readers that take only a value's shape do not count as readers in the realize heuristic (Note
 [Why a value is realized] (c) in graph.py): ``_safe_softmax``'s decomposition reads its softmax
 once for data and once for ``full_like``'s shape, and the softmax inlines into the ``where``.
-Against eager through the reference interpreter, with the option on and off."""
+Against eager through the reference interpreter, with the option on and off (off by default)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_softmax_read_for_its_shape_inlines(on: bool) -> None:
     assert not torch.isnan(got).any() and torch.equal(got[1, :, 2], torch.zeros(2, 4))
     # on: the softmax is computed inside the where; off: stored and read back
     assert len(realized_pointwise(compiled)) == (0 if on else 1), realized_pointwise(compiled)
-    assert ("shape_only_readers" in str(compiled.passes.record)) is not on
+    assert ("shape_only_readers" in str(compiled.passes.record)) is on
 
 
 @pytest.mark.parametrize("data_readers", [1, 2])
@@ -47,11 +47,16 @@ def test_only_readers_that_load_count(data_readers: int) -> None:
         return aten.add.Tensor(v, 1.0), aten.mul.Tensor(v, 2.0), aten.zeros_like.default(v)
 
     args = [torch.randn(8, 8) for _ in range(5)]
-    compiled = compile_graph(trace(f), args)
+    compiled = compile_graph(trace(f), args, options={"shape_only_readers": True})
     for got, want in zip(compiled(*args), f(*args), strict=True):
         assert_same(got, want, "output")
     # more than MAX_REUSE_LOADS loads: stored once when two readers load it, inlined into one
     assert len(realized_pointwise(compiled)) == data_readers - 1
+
+
+def test_off_by_default() -> None:
+    args = safe_softmax_inputs()
+    assert len(realized_pointwise(compile_graph(trace(safe_softmax), args))) == 1
 
 
 def test_the_table() -> None:

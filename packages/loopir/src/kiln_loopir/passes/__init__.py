@@ -65,7 +65,8 @@ class PassOptions:
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
     ``shape_only_readers``: the realize heuristic does not count readers that take only a value's
     shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
-    graph.py); ``False``: every fx reader counts. Also a decision handed to lowering.
+    graph.py); off by default (measured slower on the one graph it changes, the Note says why
+    not known); ``False``: every fx reader counts. Also a decision handed to lowering.
     """
 
     layout: bool = True
@@ -80,7 +81,7 @@ class PassOptions:
     conv_prepack: bool = False
     linear_pack: bool = False
     view_scatter: bool = True
-    shape_only_readers: bool = True
+    shape_only_readers: bool = False
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -207,8 +208,8 @@ def run_passes(
             "view_scatter",
             "off (option view_scatter=False): slice_scatter/select_scatter run as extern calls",
         )
-    if not ctx.options.shape_only_readers:
-        ctx.note("shape_only_readers", "off (option shape_only_readers=False): full_like and friends count as readers")
+    if ctx.options.shape_only_readers:
+        ctx.note("shape_only_readers", "on: full_like and friends do not count as readers of a value")
     return gm, ctx
 
 
