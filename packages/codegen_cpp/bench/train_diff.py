@@ -28,13 +28,14 @@ os.environ.setdefault("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 _kept = {k: os.environ[k] for k in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR") if k in os.environ}
-import torch
-from train1 import MODELS, _compile, _parse_options, _step
+import torch  # noqa: E402
+from train1 import MODELS, _compile, _parse_options, _step  # noqa: E402
 
 os.environ.update(_kept)  # train1 gives each run fresh caches; a cache named here is kept
 
 GEMMS = frozenset(
-    f"aten::{n}" for n in ("mm", "bmm", "addmm", "baddbmm", "addmv", "mv", "dot", "linear", "matmul", "_mkl_linear")
+    f"aten::{n}"
+    for n in ("mm", "bmm", "addmm", "baddbmm", "addmv", "mv", "dot", "linear", "matmul", "_mkl_linear")
 )
 KERNEL = re.compile(r"^kiln:|(^|_)cpp_")
 # aten ops that only call others (their self time is glue, counted but not as a leaf)
@@ -89,7 +90,7 @@ def profile(w: Any, fn: Any, model: Any, steps: int) -> dict[tuple[str, str], li
     out: dict[tuple[str, str], list[float]] = {}
     for key, per_step in calls.items():
         runs = [r for r in per_step.values() if len(r) == max(len(r) for r in per_step.values())]
-        out[key] = [sum(min(col) for col in zip(*runs)), float(len(runs[0]))]
+        out[key] = [sum(min(col) for col in zip(*runs, strict=True)), float(len(runs[0]))]
     return out
 
 
@@ -131,7 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         keys = sorted({k for s in sums.values() for k in s})
         print(f"{'phase':6} {'class':7} " + " ".join(f"{b:>18}" for b in profs))
         for k in keys:
-            cells = " ".join(f"{sums[b].get(k, [0, 0])[0]:9.3f} /{sums[b].get(k, [0, 0])[1]:6.0f}  " for b in profs)
+            cells = " ".join(
+                f"{sums[b].get(k, [0, 0])[0]:9.3f} /{sums[b].get(k, [0, 0])[1]:6.0f}  " for b in profs
+            )
             print(f"{k[0]:6} {k[1]:7} {cells}")
         for b in profs:
             print(f"  {b} total {sum(v[0] for v in sums[b].values()):.3f} ms")
@@ -143,7 +146,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"-- largest differences ({a} - {c}, ms per step; calls per step)")
             for k in diffs[: args.top]:
                 x, y = profs[a].get(k, [0, 0]), profs[c].get(k, [0, 0])
-                print(f"{k[0]:4} {k[1][:90]:90} {x[0]:8.3f} {y[0]:8.3f} {x[0] - y[0]:+8.3f}  {x[1]:4.0f} {y[1]:4.0f}")
+                print(
+                    f"{k[0]:4} {k[1][:90]:90} {x[0]:8.3f} {y[0]:8.3f} {x[0] - y[0]:+8.3f}  {x[1]:4.0f} {y[1]:4.0f}"
+                )
 
 
 if __name__ == "__main__":

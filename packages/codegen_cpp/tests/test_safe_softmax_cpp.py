@@ -22,14 +22,18 @@ def test_safe_softmax_matches_eager(threads: int, on: bool) -> None:
     torch.set_num_threads(threads)
     try:
         backend = CppBackend()
-        compiled = compile_graph(trace(safe_softmax), args, backend=backend, options={"shape_only_readers": on})
+        compiled = compile_graph(
+            trace(safe_softmax), args, backend=backend, options={"shape_only_readers": on}
+        )
         got = compiled(*args)
     finally:
         torch.set_num_threads(before)
     assert_same(got, eager(safe_softmax, *args), "safe softmax")
     assert torch.equal(got[1, :, 2], torch.zeros(2, 4))
     assert backend.last_declined == []
-    signature = next(line for line in backend.last_source.splitlines() if line.startswith('extern "C" int64_t'))
+    signature = next(
+        line for line in backend.last_source.splitlines() if line.startswith('extern "C" int64_t')
+    )
     written = signature.count("(float* __restrict__") + signature.count(", float* __restrict__")
     # one kernel; the softmax is a second buffer it writes when it is realized
     assert compiled.stats.kernels == 1 and written == (1 if on else 2), signature

@@ -22,7 +22,9 @@ def realized_pointwise(compiled: Any) -> list[str]:
     return [
         name
         for name, b in compiled.graph.name_to_buffer.items()
-        if isinstance(b, ComputedBuffer) and isinstance(b.data, Pointwise) and name not in compiled.schedule.output_names
+        if isinstance(b, ComputedBuffer)
+        and isinstance(b.data, Pointwise)
+        and name not in compiled.schedule.output_names
     ]
 
 

@@ -432,7 +432,9 @@ class GraphLowering:
             if self.shape_only_readers:
                 shape_only = [u.name for u in node.users if u.target in SHAPE_ONLY_READERS]
                 if shape_only and users > 1:
-                    log.debug("%s: %s read only its shape, not counted as readers", node.name, ", ".join(shape_only))
+                    log.debug(
+                        "%s: %s read only its shape, not counted as readers", node.name, ", ".join(shape_only)
+                    )
                 users -= len(shape_only)
             reader = _broadcast_reader(node)
             transcendental: set[str] = set()

@@ -282,7 +282,9 @@ def safe_softmax(s: torch.Tensor, table: torch.Tensor, idx: torch.Tensor, mask: 
     b = aten.permute.default(aten.view.default(aten.index.Tensor(table, [idx]), [4, 4, 2]), [2, 0, 1])
     x = aten.add.Tensor(aten.add.Tensor(s, aten.unsqueeze.default(b, 0)), mask)
     sm = aten._softmax.default(x, -1, False)
-    masked = aten.logical_not.default(aten.any.dim(aten.logical_not.default(aten.eq.Scalar(x, float("-inf"))), -1, True))
+    masked = aten.logical_not.default(
+        aten.any.dim(aten.logical_not.default(aten.eq.Scalar(x, float("-inf"))), -1, True)
+    )
     return aten.where.self(masked, aten.full_like.default(sm, 0), sm)
 
 
@@ -292,4 +294,9 @@ def safe_softmax_inputs() -> list[torch.Tensor]:
     mask = torch.zeros(3, 2, 4, 4)
     mask[1, :, 2, :] = float("-inf")  # a row with nothing to attend to: 0 where eager's softmax is NaN
     mask[2, 0, :, 1] = float("-inf")
-    return [torch.randn(3, 2, 4, 4, generator=g), torch.randn(9, 2, generator=g), torch.randint(0, 9, (16,), generator=g), mask]
+    return [
+        torch.randn(3, 2, 4, 4, generator=g),
+        torch.randn(9, 2, generator=g),
+        torch.randint(0, 9, (16,), generator=g),
+        mask,
+    ]
