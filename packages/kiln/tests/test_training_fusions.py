@@ -136,3 +136,35 @@ def test_layer_norm_block_gradients_match_eager(
             torch.testing.assert_close(p.grad, q.grad, msg=name)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("saved_inputs_as_is", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_weights_saved_as_themselves_gradients_match_eager(
+    threads: int, saved_inputs_as_is: bool, monkeypatch: Any
+) -> None:
+    """The linear layers' weights are saved for the backward as the parameters themselves
+    (Note [Saved inputs returned as themselves] in kiln_codegen_cpp's wrapper.py): two steps, a
+    parameter updated in place between them, gradients as eager's."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"saved_inputs_as_is={int(saved_inputs_as_is)}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, ref = _mlp(), _mlp()
+        step = kiln.compile(model, options={"strict": True})
+        for seed in (4, 5):
+            x = torch.randn(2, 40, 48, generator=torch.Generator().manual_seed(seed))
+            for m in (model, ref):
+                m.zero_grad(set_to_none=True)
+            out, want = step(x), ref(x)
+            out.square().mean().backward()
+            want.square().mean().backward()
+            torch.testing.assert_close(out, want)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                torch.testing.assert_close(p.grad, q.grad, msg=name)
+            with torch.no_grad():
+                for m in (model, ref):
+                    m[0].weight.mul_(0.5)
+    finally:
+        torch.set_num_threads(before)

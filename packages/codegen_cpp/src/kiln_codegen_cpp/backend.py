@@ -91,7 +91,9 @@ class CppBackend(Backend):
         t1 = time.perf_counter()
         built = build(source, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()
-        fn, wrapper_source, path = make_wrapper(schedule, graph, generated, built, dict(self.last_declined))
+        fn, wrapper_source, path = make_wrapper(
+            schedule, graph, generated, built, dict(self.last_declined), options=self.options
+        )
         self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)
         self.compile_seconds = t2 - t1
         self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built

@@ -31,6 +31,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   ... --clock cpu``, six models, both orders; ``2026-12-02-cpu-s7-train1-column-sum-ab-*.json``)
   moved by less than the order bias of an A/A run (identical code 1.052x vs 1.080x,
   ``2026-12-02-cpu-s7-train1-aa-order-bias.json``): neutral on this machine, so it stays off.
+* ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
+  a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
+  returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class CppOptions:
     vector_width: int = 0
     branch_free_checks: bool = True
     column_sum_fusion: bool = False
+    saved_inputs_as_is: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:

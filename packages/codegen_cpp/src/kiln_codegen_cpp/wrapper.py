@@ -30,6 +30,14 @@ such a buffer, as an extern argument or a graph output, is ``None`` for ``None``
 returns None where eager's does (an LSTM's workspace is saved for its backward, which takes None
 as eager's does). A kernel that reads such a buffer still fails loudly at its ``data_ptr()``.
 
+Note [Saved inputs returned as themselves]: a training forward returns, after the user's outputs,
+the values it saves for the backward (Note [Outputs only the backward reads] in kiln_loopir's
+graph.py), and many of those are a parameter seen through a view that changes nothing (the
+weight of ``x @ w.t()`` kept for the backward's ``grad @ w``: ``permute(permute(w))``). Such a
+saved value is returned as the input tensor itself, not as an ``as_strided`` view of it (~1-2 us
+each, 34 a step in Swin's forward): only the backward reads it, so no caller can tell the two
+apart. A user's output keeps its own view object, as in eager.
+
 Nothing loops over kernels or arguments at run time: each call is one line of generated code.
 Kernels the C++ generator cannot express run through loopir's reference interpreter instead
 (``run_computed``), so an unsupported case is slow, never wrong.
@@ -48,7 +56,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_loopir.graph import GraphLowering
+from kiln_loopir.graph import GraphLowering, free_layout_outputs
 from kiln_loopir.indexing import contiguous_strides
 from kiln_loopir.interpret import run_computed
 from kiln_loopir.ir import (
@@ -86,6 +94,7 @@ from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
 from .kernel import CodegenUnsupported, ErrorSite, Kernel
+from .options import CppOptions
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
@@ -167,6 +176,7 @@ class WrapperCodegen:
         self.kernels = kernels
         self.built = built
         self.declined: dict[str, str] = {}  # kernel -> why the C++ generator declined it
+        self.saved_inputs_as_is = True  # Note [Saved inputs returned as themselves]
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "_torch": torch,
@@ -243,6 +253,33 @@ class WrapperCodegen:
         if isinstance(value, sympy.Expr) and not value.is_number:
             return py_size(value)  # Note [Symbolic sizes in the wrapper]
         return self.const(value)
+
+    def _outputs(self, outputs: Any) -> str:
+        """The return value; Note [Saved inputs returned as themselves]."""
+        free = free_layout_outputs(self.graph.gm) if self.saved_inputs_as_is else frozenset()
+        if not free or not isinstance(outputs, list | tuple):
+            return self.view(outputs)
+        parts = [
+            self.var(v.buffer.name) if i in free and self._input_as_laid_out(v) else self.view(v)
+            for i, v in enumerate(outputs)
+        ]
+        if isinstance(outputs, list):
+            return "[" + ", ".join(parts) + "]"
+        return f"({parts[0]},)" if len(parts) == 1 else f"({', '.join(parts)})"
+
+    def _input_as_laid_out(self, value: Any) -> bool:
+        """Whether ``value`` is a view of a graph input with the input's own (static) layout."""
+        if not (isinstance(value, ReinterpretView) and isinstance(value.buffer, InputBuffer)):
+            return False
+        mine, its = value.layout, value.buffer.layout
+        return (
+            is_static_layout(mine)
+            and is_static_layout(its)
+            and mine.dtype == its.dtype
+            and tuple(mine.size) == tuple(its.size)
+            and tuple(mine.stride) == tuple(its.stride)
+            and mine.offset == its.offset
+        )
 
     def _strided(self, name: str, layout: Any) -> str:
         if name in self.opaque:  # Note [Opaque extern results]
@@ -383,7 +420,7 @@ class WrapperCodegen:
                 if name not in reused_sources and name not in self.schedule.output_names:
                     self.emit(f"del {name}")
         self.returning = True
-        self.emit(f"return {self.view(graph.outputs)}")
+        self.emit(f"return {self._outputs(graph.outputs)}")
         body = self.lines
         if self.pool_specs:
             pool = BufferPool(self.pool_specs)
@@ -607,9 +644,11 @@ def make_wrapper(
     kernels: dict[str, Kernel | None],
     built: Built | None,
     declined: dict[str, str] | None = None,
+    options: CppOptions | None = None,
 ) -> tuple[Callable[..., Any], str, str]:
     """(the ``call`` function, its source, where the source was written)."""
     gen = WrapperCodegen(schedule, graph, kernels, built)
+    gen.saved_inputs_as_is = (options or CppOptions()).saved_inputs_as_is
     gen.declined = dict(declined or {})
     source, namespace = gen.generate()
     errors = {k.name: k.errors for k in kernels.values() if k is not None}

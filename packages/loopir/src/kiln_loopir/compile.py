@@ -145,7 +145,12 @@ def compile_graph(
     device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
     graph = GraphLowering(
-        gm, example_inputs, fusion=fusion, channels_last=passes.channels_last, extern_ops=passes.extern_ops
+        gm,
+        example_inputs,
+        fusion=fusion,
+        channels_last=passes.channels_last,
+        extern_ops=passes.extern_ops,
+        shape_only_readers=passes.options.shape_only_readers,
     ).run()
     if symbolic:
         _check_symbolic(graph, env, guards_before)

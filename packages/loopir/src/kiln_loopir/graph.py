@@ -26,7 +26,7 @@ reader of the buffers it is given and before every later one.
 
 Note [Why a value is realized] (the realize heuristic, ``mark_reuse``): pointwise values stay
 lazy and are inlined into each reader, except a value that (a) is a graph output, (b) feeds an
-extern kernel, (c) has more than one reader and a large body (> ``MAX_INLINE_OPS`` ops) or many
+extern kernel, (c) has more than one reader (not counting ``SHAPE_ONLY_READERS``) and a large body (> ``MAX_INLINE_OPS`` ops) or many
 loads (> ``MAX_REUSE_LOADS``), (d) reads more than ``MAX_LOADS`` buffers, or (e) has a body of more
 than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise inline into one
 deeply recursive function), or (f) calls a transcendental function (``TRANSCENDENTAL``) and has a
@@ -119,6 +119,28 @@ SINGLE_READ_OPS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant
 MASKED_READ_FACTOR = 2
 MAX_REUSE_LOADS = 4
 MAX_LOADS = 8
+# Note [Why a value is realized] (c): readers that take a value's size, dtype and device and never
+# an element. ``_safe_softmax`` decomposes to ``where(no_row_all_masked, softmax(x),
+# full_like(softmax(x), 0))``: the softmax has two fx readers but one that loads it, so it can
+# inline into the ``where`` instead of being stored and read back (Swin's window attention: 4 of
+# its forward's kernels). Option ``shape_only_readers`` (PassOptions), OFF by default: on that
+# graph the one kernel gets slower, not faster (rows of 16, 1024 rows, one thread: 400 against
+# 300 us, three interleaved rounds; Swin's 4 kernels 0.31 -> 0.41 ms a step in a profile), although
+# it stores one buffer fewer and every loop is still vectorized (-fopt-info-vec); the `any`
+# reduction then joins the sum's blocked loop instead of the softmax's store loop. Not diagnosed.
+SHAPE_ONLY_READERS = frozenset(
+    {
+        torch.ops.aten.full_like.default,
+        torch.ops.aten.zeros_like.default,
+        torch.ops.aten.ones_like.default,
+        torch.ops.aten.empty_like.default,
+        torch.ops.aten.new_zeros.default,
+        torch.ops.aten.new_ones.default,
+        torch.ops.aten.new_full.default,
+        torch.ops.aten.new_empty.default,
+        torch.ops.aten.new_empty_strided.default,
+    }
+)
 MAX_CHAIN_OPS = 200
 
 
@@ -211,8 +233,10 @@ class GraphLowering:
         fusion: bool = True,
         channels_last: set[torch.fx.Node] | None = None,
         extern_ops: set[Any] | None = None,
+        shape_only_readers: bool = False,
     ) -> None:
         self.gm = gm
+        self.shape_only_readers = shape_only_readers  # Note [Why a value is realized] (c)
         self.example_inputs = list(example_inputs)
         self.fusion = fusion
         self.device = graph_device(gm, self.example_inputs)
@@ -405,6 +429,13 @@ class GraphLowering:
                 continue
             ops_count, loads = count_ops(storage.data.inner_fn, _zeros(storage.data.ranges))
             users = len(node.users)
+            if self.shape_only_readers:
+                shape_only = [u.name for u in node.users if u.target in SHAPE_ONLY_READERS]
+                if shape_only and users > 1:
+                    log.debug(
+                        "%s: %s read only its shape, not counted as readers", node.name, ", ".join(shape_only)
+                    )
+                users -= len(shape_only)
             reader = _broadcast_reader(node)
             transcendental: set[str] = set()
             if reader is not None:

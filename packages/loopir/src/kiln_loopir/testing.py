@@ -273,3 +273,30 @@ def eager_supports(op: Any, *args: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+def safe_softmax(s: torch.Tensor, table: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor) -> Any:
+    """Swin's window attention scores: a gathered bias, a mask (rows all -inf), ``_safe_softmax``
+    as aotgrad decomposes it (Note [Why a value is realized] (c) in graph.py); shared by the
+    tests of loopir and of both code generators."""
+    b = aten.permute.default(aten.view.default(aten.index.Tensor(table, [idx]), [4, 4, 2]), [2, 0, 1])
+    x = aten.add.Tensor(aten.add.Tensor(s, aten.unsqueeze.default(b, 0)), mask)
+    sm = aten._softmax.default(x, -1, False)
+    masked = aten.logical_not.default(
+        aten.any.dim(aten.logical_not.default(aten.eq.Scalar(x, float("-inf"))), -1, True)
+    )
+    return aten.where.self(masked, aten.full_like.default(sm, 0), sm)
+
+
+def safe_softmax_inputs() -> list[torch.Tensor]:
+    """Inputs of :func:`safe_softmax`: one row of the mask all -inf (eager's softmax: NaN, the safe one: 0)."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(3, 2, 4, 4)
+    mask[1, :, 2, :] = float("-inf")  # a row with nothing to attend to: 0 where eager's softmax is NaN
+    mask[2, 0, :, 1] = float("-inf")
+    return [
+        torch.randn(3, 2, 4, 4, generator=g),
+        torch.randn(9, 2, generator=g),
+        torch.randint(0, 9, (16,), generator=g),
+        mask,
+    ]

@@ -63,6 +63,10 @@ class PassOptions:
     ``view_scatter``: ``slice_scatter`` and ``select_scatter`` lower to pointwise kernels (Note
     [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
+    ``shape_only_readers``: the realize heuristic does not count readers that take only a value's
+    shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
+    graph.py); off by default (measured slower on the one graph it changes, the Note says why
+    not known); ``False``: every fx reader counts. Also a decision handed to lowering.
     """
 
     layout: bool = True
@@ -77,6 +81,7 @@ class PassOptions:
     conv_prepack: bool = False
     linear_pack: bool = False
     view_scatter: bool = True
+    shape_only_readers: bool = False
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -100,11 +105,12 @@ class PassOptions:
             made.linear_pack,
             made.pad_mm_output_copy,
             made.view_scatter,
+            made.shape_only_readers,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy"
-                " and view_scatter are True or False"
+                "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
+                " view_scatter and shape_only_readers are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
@@ -202,6 +208,8 @@ def run_passes(
             "view_scatter",
             "off (option view_scatter=False): slice_scatter/select_scatter run as extern calls",
         )
+    if ctx.options.shape_only_readers:
+        ctx.note("shape_only_readers", "on: full_like and friends do not count as readers of a value")
     return gm, ctx
 
 
