@@ -10,6 +10,8 @@ Per model, interleaved rounds of `--calls` calls each, medians over the rounds
 (`time.perf_counter_ns`), µs per call:
 
   eager     the model itself;
+  before    the same compiled model with this issue's per-call cuts switched off (`switched_off`),
+            interleaved with `kiln`: the A/B of what the cuts save;
   kiln      `kiln.compile(model)` as a user calls it;
   tc        `torch.compile(model)` (inductor, CPU; `--no-torch` skips it), the reference;
   layers    the same kiln call with a timer around each layer (a few tenths of a µs each):
@@ -23,14 +25,17 @@ Per model, interleaved rounds of `--calls` calls each, medians over the rounds
               graph    the compiled graph: the generated wrapper and its kernels/extern calls;
   stub      the kiln call with every compiled graph's function replaced by one returning its last
             outputs: kiln's host time per call but for the wrapper and kernels (on a GPU in
-            reduce-overhead: but for the CUDA-graph runner and the replay);
+            reduce-overhead: but for the CUDA-graph runner and the replay), and `before`: the
+            same with the cuts switched off, interleaved;
   counts    graphs run per call, graph inputs (tensors handed to the wrappers), guard-tree ops and
             tensors checked, outputs; and, with `--profile`, a cProfile breakdown of the graph's
             wrapper: its own Python (prologue/epilogue: input checks, buffer bookkeeping) against
             kernels and extern calls, as shares (cProfile inflates small calls: read the shares).
 
-`--mode reduce-overhead` has no effect on the CPU (kiln's CUDA graphs need CUDA): its per-call path
-there is kiln_codegen_triton's CudaGraphRunner, timed with a stand-in capture by `--runner`.
+`--device cuda --dtype bfloat16 --mode reduce-overhead` measures the same split on a GPU (host time:
+the device drained before each round, not after). On the CPU a mode changes nothing (kiln's CUDA
+graphs need CUDA); the CUDA-graph runner's per-call path is timed there with a stand-in capture by
+`--runner`.
 
     python packages/kiln/bench/call_overhead.py [--models mlp,bert,distilbert] [--calls 200]
         [--rounds 15] [--no-torch] [--profile] [--runner]
@@ -42,12 +47,13 @@ load (this machine is shared); compare figures from one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,10 +206,27 @@ def instrument(on: bool) -> None:
 
 
 def per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    """µs per call until the calls return (on CUDA: the device drained first, not after; Note
+    [Host time per call] in kiln_bench.profile)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     t0 = time.perf_counter_ns()
     for _ in range(calls):
         fn()
     return (time.perf_counter_ns() - t0) / calls / 1e3
+
+
+@contextlib.contextmanager
+def switched_off() -> Iterator[None]:
+    """This issue's per-call cuts switched off ("before" in the A/B): Note [A ModelOutput rebuilt
+    without its methods] in kiln_dynamo.variables.model_output."""
+    from kiln_dynamo.variables import model_output
+
+    previous, model_output.FAST_REBUILD = model_output.FAST_REBUILD, False
+    try:
+        yield
+    finally:
+        model_output.FAST_REBUILD = previous
 
 
 def guard_cost(w: models.Workload, calls: int, rounds: int) -> tuple[float, int, int, int]:
@@ -262,22 +285,23 @@ def wrapper_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, float]:
 
 
 def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    w = tiny(name)
+    w = tiny(name).to(args.device, getattr(torch, args.dtype))
     m, inputs = w.model, w.inputs
     kiln.reset()
     row: dict[str, Any] = {"model": name}
+    tol = 1e-3 if args.dtype == "float32" else 5e-2
     with torch.no_grad():
         expected = m(**inputs)
-        k = kiln.compile(m, options=args.options)
+        k = kiln.compile(m, mode=args.mode, options=args.options)
         for _ in range(3):
             got = k(**inputs)
-        ok = torch.allclose(models.logits_of(got), models.logits_of(expected), rtol=1e-3, atol=1e-3)
+        ok = torch.allclose(models.logits_of(got), models.logits_of(expected), rtol=tol, atol=tol)
         row["matches"] = bool(ok)
         row["graphs"] = kiln.capture_stats().graphs
         tc = None
         if not args.no_torch:
             torch._dynamo.reset()
-            tc = torch.compile(m)
+            tc = torch.compile(m, mode=args.mode)
             for _ in range(3):
                 tc(**inputs)
 
@@ -291,16 +315,27 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             assert tc is not None
             return tc(**inputs)
 
-        runs: dict[str, list[float]] = {"eager": [], "kiln": [], "tc": [], "instr": [], "stub": []}
+        runs: dict[str, list[float]] = {
+            "eager": [],
+            "kiln": [],
+            "before": [],
+            "tc": [],
+            "instr": [],
+            "stub": [],
+        }
         layers: dict[str, list[float]] = {layer: [] for layer in LAYERS}
         for _ in range(args.rounds):  # interleaved A/B
             runs["eager"].append(per_call_us(eager, args.calls))
             runs["kiln"].append(per_call_us(kcall, args.calls))
+            with switched_off():
+                runs["before"].append(per_call_us(kcall, args.calls))
             if tc is not None:
                 runs["tc"].append(per_call_us(tcall, args.calls))
             stub_graphs(True)
             try:
                 runs["stub"].append(per_call_us(kcall, args.calls))
+                with switched_off():
+                    runs["stub_before"].append(per_call_us(kcall, args.calls))
             finally:
                 stub_graphs(False)
             instrument(True)
@@ -363,15 +398,19 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile shares of the generated wrapper")
     parser.add_argument("--runner", action="store_true", help="time the CUDA-graph runner's per-call path")
     parser.add_argument("--options", default=None, help="kiln.compile options, a Python dict literal")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--mode", default=None, help="torch.compile's mode, for kiln and torch.compile")
     args = parser.parse_args()
     if args.options:
         import ast
 
         args.options = ast.literal_eval(args.options)
     torch.set_num_threads(1)
+    print(f"tensor checker: {kiln.prepare()}")
     print(
-        f"{'model':<11} {'ok':>3} {'eager':>7} {'kiln':>7} {'tc':>7} | {'outside':>7} {'guard':>6} "
-        f"{'backend':>7} {'aotgrad':>7} {'graph':>7} {'stub':>6} | {'graphs':>6} {'inputs':>6} {'ops':>5} {'tensors':>7}"
+        f"{'model':<11} {'ok':>3} {'eager':>7} {'before':>7} {'kiln':>7} {'tc':>7} | {'outside':>7} {'guard':>6} "
+        f"{'backend':>7} {'aotgrad':>7} {'graph':>7} {'stub':>6} {'before':>6} | {'graphs':>6} {'inputs':>6} {'ops':>5} {'tensors':>7}"
     )
     for name in args.models.split(","):
         r = measure(name, args)
@@ -380,8 +419,8 @@ def main() -> None:
         aot = r["aotgrad"] - r["graph"]
         tc = f"{r['tc']:7.1f}" if r["tc"] is not None else f"{'-':>7}"
         print(
-            f"{r['model']:<11} {'yes' if r['matches'] else 'NO':>3} {r['eager']:7.1f} {r['kiln']:7.1f} {tc} | "
-            f"{outside:7.1f} {r['guard']:6.1f} {backend:7.1f} {aot:7.1f} {r['graph']:7.1f} {r['stub']:6.1f} | "
+            f"{r['model']:<11} {'yes' if r['matches'] else 'NO':>3} {r['eager']:7.1f} {r['before']:7.1f} {r['kiln']:7.1f} {tc} | "
+            f"{outside:7.1f} {r['guard']:6.1f} {backend:7.1f} {aot:7.1f} {r['graph']:7.1f} {r['stub']:6.1f} {r['stub_before']:6.1f} | "
             f"{r['graph_calls']:6.1f} {r['inputs']:6d} {r['ops']:5d} {r['tensors']:7d}",
             flush=True,
         )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -353,7 +354,7 @@ class ModelOutputVariable(DictVariable):
 
 
 def _rebuild(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:
-    plan = _plans.get(cls)
+    plan = _plans.get(cls) if FAST_REBUILD else _SLOW
     if plan is None:  # Note [A ModelOutput rebuilt without its methods]
         obj = _construct(cls, fields, keys)
         _plans[cls] = _plan_for(cls, obj, fields, keys)
@@ -398,7 +399,8 @@ def _construct(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) 
 #     `__post_init__` then reads the first field as (key, value) pairs.
 # What the direct build skips is idempotent (the pytree registration of the class, done by the
 # first rebuild) or a check the capture made (`construct_model_output`). `KILN_FAST_MODEL_OUTPUT=0`
-# turns it off.
+# (or `FAST_REBUILD = False`, as packages/kiln/bench/call_overhead.py's A/B does) turns it off.
+FAST_REBUILD = os.environ.get("KILN_FAST_MODEL_OUTPUT", "1") != "0"
 _SLOW = ("slow",)
 _plans: dict[type, tuple[tuple[str, Any], ...]] = {}
 
@@ -407,9 +409,7 @@ def _plan_for(
     cls: type, built: Any, fields: dict[str, Any], keys: tuple[str, ...] | None
 ) -> tuple[tuple[str, Any], ...]:
     """((field, default) in field order), or _SLOW when the direct build is not provably `cls`'s."""
-    import os
-
-    if os.environ.get("KILN_FAST_MODEL_OUTPUT", "1") == "0" or model_output_base(cls) is None:
+    if model_output_base(cls) is None:
         return _SLOW
     plan = []
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
