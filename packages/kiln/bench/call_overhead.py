@@ -10,8 +10,9 @@ Per model, interleaved rounds of `--calls` calls each, medians over the rounds
 (`time.perf_counter_ns`), µs per call:
 
   eager     the model itself;
-  before    the same compiled model with this issue's per-call cuts switched off (`switched_off`),
-            interleaved with `kiln`: the A/B of what the cuts save;
+  before    the model compiled again with this issue's per-call cuts switched off (the C++
+            wrapper's guarded layouts at compile time, `switched_off` at call time), interleaved
+            with `kiln`: the A/B of what the cuts save;
   kiln      `kiln.compile(model)` as a user calls it;
   tc        `torch.compile(model)` (inductor, CPU; `--no-torch` skips it), the reference;
   layers    the same kiln call with a timer around each layer (a few tenths of a µs each):
@@ -219,7 +220,9 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
 @contextlib.contextmanager
 def switched_off() -> Iterator[None]:
     """This issue's per-call cuts switched off ("before" in the A/B): Note [A ModelOutput rebuilt
-    without its methods] in kiln_dynamo.variables.model_output."""
+    without its methods] in kiln_dynamo.variables.model_output. (The other cut, Note [Inputs the
+    frame guard checks in the C++ wrapper], is chosen at compile time: `measure` compiles the
+    "before" model without it.)"""
     from kiln_dynamo.variables import model_output
 
     previous, model_output.FAST_REBUILD = model_output.FAST_REBUILD, False
@@ -295,6 +298,16 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         k = kiln.compile(m, mode=args.mode, options=args.options)
         for _ in range(3):
             got = k(**inputs)
+        # "before": compiled again without the C++ wrapper's guarded layouts (a compile-time
+        # choice), under an option equal to its default so that it is a cache entry of its own
+        kiln_backends.GUARDED_LAYOUTS = False
+        try:
+            kb = kiln.compile(m, mode=args.mode, options={**(args.options or {}), "linear_pack": False})
+            with switched_off():
+                for _ in range(3):
+                    kb(**inputs)
+        finally:
+            kiln_backends.GUARDED_LAYOUTS = True
         ok = torch.allclose(models.logits_of(got), models.logits_of(expected), rtol=tol, atol=tol)
         row["matches"] = bool(ok)
         row["graphs"] = kiln.capture_stats().graphs
@@ -311,6 +324,9 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         def kcall() -> Any:
             return k(**inputs)
 
+        def bcall() -> Any:
+            return kb(**inputs)
+
         def tcall() -> Any:
             assert tc is not None
             return tc(**inputs)
@@ -322,20 +338,21 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "tc": [],
             "instr": [],
             "stub": [],
+            "stub_before": [],
         }
         layers: dict[str, list[float]] = {layer: [] for layer in LAYERS}
         for _ in range(args.rounds):  # interleaved A/B
             runs["eager"].append(per_call_us(eager, args.calls))
             runs["kiln"].append(per_call_us(kcall, args.calls))
             with switched_off():
-                runs["before"].append(per_call_us(kcall, args.calls))
+                runs["before"].append(per_call_us(bcall, args.calls))
             if tc is not None:
                 runs["tc"].append(per_call_us(tcall, args.calls))
             stub_graphs(True)
             try:
                 runs["stub"].append(per_call_us(kcall, args.calls))
                 with switched_off():
-                    runs["stub_before"].append(per_call_us(kcall, args.calls))
+                    runs["stub_before"].append(per_call_us(bcall, args.calls))
             finally:
                 stub_graphs(False)
             instrument(True)
