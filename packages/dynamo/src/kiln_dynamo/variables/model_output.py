@@ -401,18 +401,18 @@ def _construct(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) 
 # first rebuild) or a check the capture made (`construct_model_output`). `KILN_FAST_MODEL_OUTPUT=0`
 # (or `FAST_REBUILD = False`, as packages/kiln/bench/call_overhead.py's A/B does) turns it off.
 FAST_REBUILD = os.environ.get("KILN_FAST_MODEL_OUTPUT", "1") != "0"
-_SLOW = ("slow",)
-_plans: dict[type, tuple[tuple[str, Any], ...]] = {}
+# a plan: (field, default) in field order; _SLOW (compared by identity): the class builds it
+Plan = tuple[tuple[str, Any], ...]
+_SLOW: Plan = (("slow", None),)
+_plans: dict[type, Plan] = {}
 
 
-def _plan_for(
-    cls: type, built: Any, fields: dict[str, Any], keys: tuple[str, ...] | None
-) -> tuple[tuple[str, Any], ...]:
+def _plan_for(cls: type, built: Any, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Plan:
     """((field, default) in field order), or _SLOW when the direct build is not provably `cls`'s."""
     if model_output_base(cls) is None:
         return _SLOW
     plan = []
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.default is dataclasses.MISSING and f.name not in fields:
             return _SLOW  # a default_factory, or a field the call did not pass
         plan.append((f.name, None if f.default is dataclasses.MISSING else f.default))
@@ -437,7 +437,7 @@ def _same(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
     return len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b, strict=True))
 
 
-def _plain_fields(plan: tuple[tuple[str, Any], ...], fields: dict[str, Any]) -> bool:
+def _plain_fields(plan: Plan, fields: dict[str, Any]) -> bool:
     """Not the case where `__post_init__` reads the first field as (key, value) pairs."""
     (first, default), *rest = plan
     if isinstance(fields.get(first, default), torch.Tensor):
@@ -445,9 +445,7 @@ def _plain_fields(plan: tuple[tuple[str, Any], ...], fields: dict[str, Any]) -> 
     return any(fields.get(name, d) is not None for name, d in rest)
 
 
-def _assemble(
-    cls: type, plan: tuple[tuple[str, Any], ...], fields: dict[str, Any], keys: tuple[str, ...] | None
-) -> Any:
+def _assemble(cls: type, plan: Plan, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:
     obj = cls.__new__(cls)  # type: ignore[call-overload]
     attrs = obj.__dict__
     for name, default in plan:
