@@ -4,7 +4,8 @@ On a GPU in reduce-overhead mode one compiled call is one CUDA-graph replay; eve
 around it is host time that sets the wall on small models (issue 14). All of that, except the
 replay and the kernels, runs the same on the CPU, so it is measured here: the public models at a
 *tiny* size (the GPU size's depth — layers, blocks, parameters — at widths of 8-64 and a batch of
-one, so the kernels are trivial and the call is mostly host time), in eval mode under no_grad.
+one, two for images, so the kernels are trivial and the call is mostly host time), in eval mode
+under no_grad.
 
 Per model, interleaved rounds of `--calls` calls each, medians over the rounds
 (`time.perf_counter_ns`), µs per call:
@@ -104,8 +105,9 @@ def _tiny_vision(name: str) -> models.Workload:
         ccfg = ConvNextConfig(hidden_sizes=[8, 16, 32, 64], depths=[3, 3, 9, 3])
         ccfg.num_labels = classes
         model = ConvNextForImageClassification(ccfg)
-    pixels = torch.randn(1, 3, image, image, generator=gen)
-    return models.Workload(name, model, {"pixel_values": pixels}, classes, torch.zeros(1, dtype=torch.long))
+    # a batch of two: BatchNorm's calibration (train mode) needs more than one value per channel
+    pixels = torch.randn(2, 3, image, image, generator=gen)
+    return models.Workload(name, model, {"pixel_values": pixels}, classes, torch.zeros(2, dtype=torch.long))
 
 
 def tiny(name: str) -> models.Workload:
@@ -124,9 +126,9 @@ def tiny(name: str) -> models.Workload:
         x = torch.randn(8, 32, generator=gen)
         w = models.Workload("mlp", models.MLP(32, 6, 10), {"x": x}, 10, torch.zeros(8, dtype=torch.long))
     elif name == "cnn":
-        x = torch.randn(1, 3, 32, 32, generator=gen)
+        x = torch.randn(2, 3, 32, 32, generator=gen)
         w = models.Workload(
-            "cnn", models.CNN([8, 16, 32, 64], 10), {"x": x}, 10, torch.zeros(1, dtype=torch.long)
+            "cnn", models.CNN([8, 16, 32, 64], 10), {"x": x}, 10, torch.zeros(2, dtype=torch.long)
         )
     else:
         raise KeyError(name)
