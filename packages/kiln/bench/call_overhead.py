@@ -40,7 +40,7 @@ graphs need CUDA); the CUDA-graph runner's per-call path is timed there with a s
 `--runner`.
 
     python packages/kiln/bench/call_overhead.py [--models mlp,bert,distilbert] [--calls 200]
-        [--rounds 15] [--no-torch] [--profile] [--runner]
+        [--rounds 15] [--no-torch] [--profile] [--runner] [--micro]
 
 One thread (`torch.set_num_threads(1)`). A benchmark, not a test: numbers depend on the machine's
 load (this machine is shared); compare figures from one run.
@@ -408,6 +408,51 @@ def runner_us(n_static: int, calls: int, rounds: int) -> float:
     return statistics.median(per_call_us(call, calls) for _ in range(rounds))
 
 
+def micro(calls: int, rounds: int) -> None:
+    """The two cuts by themselves, A/B interleaved: a ModelOutput rebuilt by its class or directly
+    (Note [A ModelOutput rebuilt without its methods]), and the C++ wrapper's entry checks of 107
+    inputs, in full or of the storage offset only (Note [Inputs the frame guard checks in the C++
+    wrapper]), as the generated lines spell them."""
+    from transformers.modeling_outputs import MaskedLMOutput, Seq2SeqLMOutput
+
+    from kiln_dynamo.variables import model_output
+
+    x = torch.randn(2)
+    for cls, fields in (
+        (MaskedLMOutput, {"logits": x}),
+        (Seq2SeqLMOutput, {"logits": x, "encoder_last_hidden_state": x}),
+    ):
+        model_output._rebuild(cls, fields, None)  # the first rebuild runs the class and plans
+
+        def rebuild(cls: type = cls, fields: dict[str, Any] = fields) -> Any:
+            return model_output._rebuild(cls, fields, None)
+
+        fast, slow = [], []
+        for _ in range(rounds):
+            fast.append(per_call_us(rebuild, calls))
+            with switched_off():
+                slow.append(per_call_us(rebuild, calls))
+        print(
+            f"{cls.__name__} rebuilt: by the class {statistics.median(slow):.2f} us, directly {statistics.median(fast):.2f} us"
+        )
+    ts = [torch.randn(32, 32) for _ in range(107)]
+    full = "".join(
+        f"    if ts[{i}].stride() != (32, 1) or ts[{i}].storage_offset() != 0 or ts[{i}].shape != (32, 32) "
+        f"or ts[{i}].dtype is not f32: raise ValueError\n"
+        for i in range(107)
+    )
+    offset = "".join(f"    if ts[{i}].storage_offset() != 0: raise ValueError\n" for i in range(107))
+    scope: dict[str, Any] = {"f32": torch.float32}
+    exec(f"def full(ts):\n{full}\ndef offset(ts):\n{offset}", scope)
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(per_call_us(lambda: scope["full"](ts), calls))
+        b.append(per_call_us(lambda: scope["offset"](ts), calls))
+    print(
+        f"107 input checks: in full {statistics.median(a):.2f} us, storage offset only {statistics.median(b):.2f} us"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default=",".join(models.MODEL_NAMES))
@@ -416,6 +461,7 @@ def main() -> None:
     parser.add_argument("--no-torch", action="store_true", help="skip torch.compile")
     parser.add_argument("--profile", action="store_true", help="cProfile shares of the generated wrapper")
     parser.add_argument("--runner", action="store_true", help="time the CUDA-graph runner's per-call path")
+    parser.add_argument("--micro", action="store_true", help="time the two cuts by themselves, and stop")
     parser.add_argument("--options", default=None, help="kiln.compile options, a Python dict literal")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
@@ -426,6 +472,9 @@ def main() -> None:
 
         args.options = ast.literal_eval(args.options)
     torch.set_num_threads(1)
+    if args.micro:
+        micro(args.calls * 10, args.rounds)
+        return
     print(f"tensor checker: {kiln.prepare()}")
     print(
         f"{'model':<11} {'ok':>3} {'eager':>7} {'before':>7} {'kiln':>7} {'tc':>7} | {'outside':>7} {'guard':>6} "
