@@ -298,3 +298,81 @@ def test_unmodelled_patterns_break_with_a_reason(fn: Any, make_args: Any, words:
     expected = fn(*eager_args)
     assert_same(report.result, expected)
     assert_same(comp_args, eager_args, "args")
+
+
+# --- rebuilt without the class's methods (Note [A ModelOutput rebuilt without its methods]) ------
+
+
+def state(o: Any) -> tuple[Any, ...]:
+    """Type, attributes and items, in order, values by identity."""
+    return (
+        type(o),
+        [(k, id(v)) for k, v in vars(o).items()],
+        [(k, id(v)) for k, v in collections.OrderedDict.items(o)],
+    )
+
+
+def rebuilt_often(x: torch.Tensor, y: torch.Tensor) -> Any:
+    return Out(logits=x * 2, hidden=(x, y)), Out(loss=y.sum(), extra=x + 1)
+
+
+def test_fast_rebuild_is_the_object_the_class_builds() -> None:
+    from kiln_dynamo.variables import model_output
+
+    model_output._plans.pop(Out, None)
+    f = kiln_dynamo.compile(rebuilt_often, backend=CountingBackend())
+    x, y = t(3), t(2)
+    for _ in range(3):  # the first rebuild runs the class and checks the direct build against it
+        got = f(x, y)
+        for o in got:
+            built = Out(**{k: getattr(o, k) for k in ("loss", "logits", "hidden", "extra")})
+            assert state(o) == state(built)
+        same_output(got[0], rebuilt_often(x, y)[0])
+        same_output(got[1], rebuilt_often(x, y)[1])
+    assert model_output._plans[Out] is not model_output._SLOW  # the direct build is in use
+    got[0].extra = x  # still a ModelOutput: a field set later becomes the last key
+    assert list(got[0].keys()) == ["logits", "hidden", "extra"] and got[0][2] is x
+
+
+def test_fast_rebuild_restores_the_frame_key_order() -> None:
+    from kiln_dynamo.variables import model_output
+
+    f = kiln_dynamo.compile(mutate, backend=CountingBackend())
+    for _ in range(3):
+        out = f(t(3))
+        assert list(out[0].keys()) == ["logits", "extra", "hidden"]
+        same_output(out[0], mutate(t(3))[0])
+    assert model_output._plans[Out] is not model_output._SLOW
+
+
+@dataclasses.dataclass
+class Counting(ModelOutput):
+    """Overrides __post_init__: not modelled, so never built directly."""
+
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.__dict__["seen"] = self.__dict__.get("seen", 0) + 1
+
+
+def test_a_class_with_its_own_construction_keeps_it() -> None:
+    from kiln_dynamo.variables import model_output
+
+    x = t(2)
+    for _ in range(3):
+        o = model_output._rebuild(Counting, {"a": x}, None)
+        assert o.seen == 1 and list(o.keys()) == ["a"]
+    assert model_output._plans[Counting] is model_output._SLOW
+
+
+def test_pairs_in_the_first_field_take_the_class_path() -> None:
+    from kiln_dynamo.variables import model_output
+
+    x, y = t(2), t(3)
+    model_output._rebuild(Out, {"logits": x}, None)  # a plan for Out
+    # a first field that is not a tensor with the others None: __post_init__ reads it as pairs
+    o = model_output._rebuild(Out, {"loss": [("logits", x), ("extra", y)]}, None)
+    eager = Out(loss=[("logits", x), ("extra", y)])
+    assert state(o) == state(eager) and o.loss is None and list(o.keys()) == ["logits", "extra"]

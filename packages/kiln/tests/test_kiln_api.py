@@ -483,7 +483,9 @@ def test_cpu_backend_triton_generates_triton_kernels(monkeypatch: pytest.MonkeyP
     assert all(r.declined == [] for r in kiln.compile_log())
     with torch.no_grad():
         kiln.compile(model)(x)  # the C++ backend: another cache entry, not the Triton one
-    assert backends[-1] == "cpp"
+    # a static forward graph gets a CppBackend with guarded layouts (Note [Inputs the frame guard
+    # checks in the C++ wrapper]), others the name
+    assert getattr(backends[-1], "name", backends[-1]) == "cpp"
 
 
 def test_cpu_backend_triton_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

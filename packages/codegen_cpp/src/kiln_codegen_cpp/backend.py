@@ -17,6 +17,9 @@ reference interpreter, and ``CppBackend.last_declined`` records why.
 
 ``CppBackend(options=...)`` switches the generator's own optimizations (``options.CppOptions``;
 the ``KILN_CPP_OPTIONS`` environment variable sets them for the backend ``kiln.compile`` builds).
+``guarded_layouts=True`` says the caller's guards check every input's sizes, strides and dtype
+before each call, so the wrapper checks only the storage offsets (Note [Inputs the frame guard
+checks in the C++ wrapper] in wrapper.py).
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ class CppBackend(Backend):
     # Note [Symbolic sizes in C++ kernels]: sizes as int64_t kernel arguments, bound by the wrapper
     symbolic_sizes = True
 
-    def __init__(self, options: Mapping[str, Any] | CppOptions | None = None) -> None:
+    def __init__(
+        self, options: Mapping[str, Any] | CppOptions | None = None, *, guarded_layouts: bool = False
+    ) -> None:
         self.options = CppOptions.from_mapping(options)
+        self.guarded_layouts = guarded_layouts
         # Note [Pointwise producers in a column reduction's order] (kiln_loopir's scheduler.py)
         self.reorder_for_column_reductions = self.options.column_sum_fusion
         self.fusion = FusionPolicy()
@@ -92,7 +98,13 @@ class CppBackend(Backend):
         built = build(source, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()
         fn, wrapper_source, path = make_wrapper(
-            schedule, graph, generated, built, dict(self.last_declined), options=self.options
+            schedule,
+            graph,
+            generated,
+            built,
+            dict(self.last_declined),
+            options=self.options,
+            guarded_layouts=self.guarded_layouts,
         )
         self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)
         self.compile_seconds = t2 - t1

@@ -38,6 +38,17 @@ saved value is returned as the input tensor itself, not as an ``as_strided`` vie
 each, 34 a step in Swin's forward): only the backward reads it, so no caller can tell the two
 apart. A user's output keeps its own view object, as in eager.
 
+Note [Inputs the frame guard checks in the C++ wrapper]: the kernels index an input with the
+sizes, strides, storage offset and dtype it had at compile time, so the wrapper checks each input
+on entry and copies one that differs into that layout (``_conform``). When the caller's guards
+have just checked each input's sizes, strides and dtype (the kiln umbrella says so with
+``CppBackend(guarded_layouts=True)`` for a static forward graph, whose inputs are the frame's
+tensors: the same rule as the Triton wrapper's, Note [Inputs the frame guard checks] in
+kiln_codegen_triton's wrapper.py), only the storage offset, which no guard checks, is: a call of
+DistilBERT's 107-input graph read ``stride()``, ``shape`` and ``dtype`` of every input, ~0.4 µs
+each (`packages/kiln/bench/call_overhead.py`, issue 14). Backward graphs and every other caller
+keep the full check.
+
 Nothing loops over kernels or arguments at run time: each call is one line of generated code.
 Kernels the C++ generator cannot express run through loopir's reference interpreter instead
 (``run_computed``), so an unsupported case is slow, never wrong.
@@ -170,8 +181,10 @@ class WrapperCodegen:
         graph: GraphLowering,
         kernels: dict[str, Kernel | None],
         built: Built | None,
+        guarded_layouts: bool = False,
     ) -> None:
         self.schedule = schedule
+        self.guarded_layouts = guarded_layouts  # Note [Inputs the frame guard checks in the C++ wrapper]
         self.graph = graph
         self.kernels = kernels
         self.built = built
@@ -394,11 +407,14 @@ class WrapperCodegen:
                 # the kernels index memory with the strides seen at compile time
                 size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
                 n = spec.name
-                self.emit(
-                    f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
-                    f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: "
-                    f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-                )
+                conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
+                if self.guarded_layouts:  # Note [Inputs the frame guard checks in the C++ wrapper]
+                    self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
+                else:
+                    self.emit(
+                        f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
+                        f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
+                    )
                 off = int(spec.layout.offset) * spec.layout.dtype.itemsize
                 self.pointer(spec.name, f"{spec.name}.data_ptr()" + (f" - {off}" if off else ""))
         for name, value in graph.constants.items():
@@ -645,9 +661,11 @@ def make_wrapper(
     built: Built | None,
     declined: dict[str, str] | None = None,
     options: CppOptions | None = None,
+    *,
+    guarded_layouts: bool = False,
 ) -> tuple[Callable[..., Any], str, str]:
     """(the ``call`` function, its source, where the source was written)."""
-    gen = WrapperCodegen(schedule, graph, kernels, built)
+    gen = WrapperCodegen(schedule, graph, kernels, built, guarded_layouts)
     gen.saved_inputs_as_is = (options or CppOptions()).saved_inputs_as_is
     gen.declined = dict(declined or {})
     source, namespace = gen.generate()

@@ -127,6 +127,9 @@ PASS_OPTIONS = tuple(f.name for f in dataclasses.fields(PassOptions))
 COMPILE_LOG: list[GraphCompile] = []
 
 
+# Note [Inputs the frame guard checks in the C++ wrapper]: off with KILN_GUARDED_LAYOUTS=0
+GUARDED_LAYOUTS = os.environ.get("KILN_GUARDED_LAYOUTS", "1") != "0"
+
 # The code generators a CPU graph can get (option `cpu_backend`).
 CPU_BACKENDS = ("cpp", "triton")
 
@@ -380,9 +383,11 @@ def _codegen(
     block-size configurations per kernel (cached on disk), "reduce-overhead" replays CUDA graphs,
     "max-autotune-no-cudagraphs" autotunes without them. `guarded_layouts`: the graph's inputs are
     the frame's tensors, which kiln's frame guards check (shape, strides, dtype, device) before
-    every call (a static forward graph), so the Triton wrapper checks only their storage offsets
-    (Note [Inputs the frame guard checks] in kiln_codegen_triton's wrapper.py); a backward
-    graph's inputs (saved values, incoming gradients of any strides) are checked in full."""
+    every call (a static forward graph), so the Triton and C++ wrappers check only their storage
+    offsets (Note [Inputs the frame guard checks] in kiln_codegen_triton's wrapper.py, Note
+    [Inputs the frame guard checks in the C++ wrapper] in kiln_codegen_cpp's); a backward
+    graph's inputs (saved values, incoming gradients of any strides) are checked in full.
+    `KILN_GUARDED_LAYOUTS=0` makes the C++ wrapper check them in full too."""
     codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
@@ -391,10 +396,11 @@ def _codegen(
         return TritonBackend(
             mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts, **(triton_options or {})
         )
-    if codegen == "cpp" and cpp_options:
+    if codegen == "cpp" and (cpp_options or guarded_layouts):
         from kiln_codegen_cpp import CppBackend
 
-        return CppBackend(cpp_options)
+        # Note [Inputs the frame guard checks in the C++ wrapper] (kiln_codegen_cpp's wrapper.py)
+        return CppBackend(cpp_options, guarded_layouts=guarded_layouts and GUARDED_LAYOUTS)
     return codegen
 
 

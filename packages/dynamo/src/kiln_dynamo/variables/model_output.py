@@ -23,7 +23,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import os
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource
@@ -351,6 +354,17 @@ class ModelOutputVariable(DictVariable):
 
 
 def _rebuild(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:
+    plan = _plans.get(cls) if FAST_REBUILD else _SLOW
+    if plan is None:  # Note [A ModelOutput rebuilt without its methods]
+        obj = _construct(cls, fields, keys)
+        _plans[cls] = _plan_for(cls, obj, fields, keys)
+        return obj
+    if plan is _SLOW or not _plain_fields(plan, fields):
+        return _construct(cls, fields, keys)
+    return _assemble(cls, plan, fields, keys)
+
+
+def _construct(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:
     try:
         import kiln_frame_hook as hook
     except ImportError:
@@ -363,4 +377,82 @@ def _rebuild(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) ->
             hook.set_thread_callback(previous)
     for k in keys or ():
         obj.move_to_end(k)
+    return obj
+
+
+# Note [A ModelOutput rebuilt without its methods]: a runner rebuilds the frame's ModelOutput on
+# every call (Note [Rebuilding a ModelOutput]), and the class's own construction (the dataclass
+# `__init__`, ModelOutput's `__setattr__` per field through `dataclasses.fields`, `__post_init__`,
+# pytree registration) was the largest single cost of a warm call of a small transformers model
+# after the kernels (issue 14: `packages/kiln/bench/call_overhead.py`). The outcome is what this
+# module models: every field an attribute, in field order; the fields that are not None also
+# items, in field order (or `keys`). So after the first rebuild of a class, which runs the class
+# itself, later ones build that state directly: `cls.__new__`, the attributes into `__dict__`,
+# the items with `OrderedDict.__setitem__`. Only where it is provably the same object:
+#   - the class is one this module models (`model_output_base`: nothing below the base overrides
+#     its behaviour, the `__init__` is the one @dataclass generated), and every field not passed
+#     has a plain default;
+#   - the first rebuild is compared with what the direct build gives for the same fields (type,
+#     attributes and items, in order, by identity); any difference keeps the class on the slow
+#     path for good (a transformers version that constructs differently);
+#   - a call whose first field is not a tensor while the others are None takes the slow path:
+#     `__post_init__` then reads the first field as (key, value) pairs.
+# What the direct build skips is idempotent (the pytree registration of the class, done by the
+# first rebuild) or a check the capture made (`construct_model_output`). `KILN_FAST_MODEL_OUTPUT=0`
+# (or `FAST_REBUILD = False`, as packages/kiln/bench/call_overhead.py's A/B does) turns it off.
+FAST_REBUILD = os.environ.get("KILN_FAST_MODEL_OUTPUT", "1") != "0"
+# a plan: (field, default) in field order; _SLOW (compared by identity): the class builds it
+Plan = tuple[tuple[str, Any], ...]
+_SLOW: Plan = (("slow", None),)
+_plans: dict[type, Plan] = {}
+
+
+def _plan_for(cls: type, built: Any, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Plan:
+    """((field, default) in field order), or _SLOW when the direct build is not provably `cls`'s."""
+    if model_output_base(cls) is None:
+        return _SLOW
+    plan = []
+    for f in dataclasses.fields(cls):
+        if f.default is dataclasses.MISSING and f.name not in fields:
+            return _SLOW  # a default_factory, or a field the call did not pass
+        plan.append((f.name, None if f.default is dataclasses.MISSING else f.default))
+    if not _plain_fields(tuple(plan), fields):
+        return _SLOW
+    try:
+        direct = _assemble(cls, tuple(plan), fields, keys)
+    except Exception:
+        return _SLOW
+    od_items = collections.OrderedDict.items
+    if not (
+        type(direct) is type(built)
+        and _same(list(vars(direct).items()), list(vars(built).items()))
+        and _same(list(od_items(direct)), list(od_items(built)))
+    ):
+        return _SLOW
+    return tuple(plan)
+
+
+def _same(a: list[tuple[str, Any]], b: list[tuple[str, Any]]) -> bool:
+    """Same keys in the same order, each value the same object."""
+    return len(a) == len(b) and all(ka == kb and va is vb for (ka, va), (kb, vb) in zip(a, b, strict=True))
+
+
+def _plain_fields(plan: Plan, fields: dict[str, Any]) -> bool:
+    """Not the case where `__post_init__` reads the first field as (key, value) pairs."""
+    (first, default), *rest = plan
+    if isinstance(fields.get(first, default), torch.Tensor):
+        return True
+    return any(fields.get(name, d) is not None for name, d in rest)
+
+
+def _assemble(cls: type, plan: Plan, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:
+    obj = cls.__new__(cls)  # type: ignore[call-overload]
+    attrs = obj.__dict__
+    for name, default in plan:
+        value = fields.get(name, default)
+        attrs[name] = value
+        if value is not None:
+            collections.OrderedDict.__setitem__(obj, name, value)
+    for k in keys or ():
+        collections.OrderedDict.move_to_end(obj, k)
     return obj

@@ -1,0 +1,40 @@
+"""Note [Inputs the frame guard checks in the C++ wrapper]: with ``guarded_layouts`` the wrapper
+checks only each input's storage offset; an input at another offset is still copied into the
+compiled layout, and without it every input is checked in full."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir import compile_graph
+
+aten = torch.ops.aten
+
+
+def f(x: Any, y: Any) -> Any:
+    return aten.mul.Tensor(aten.add.Tensor(x, y), 2.0)
+
+
+def test_guarded_inputs_are_checked_for_their_storage_offset_only() -> None:
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    backend = CppBackend(guarded_layouts=True)
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, y], backend=backend)
+    wrapper = backend.last_wrapper
+    assert "x.stride()" not in wrapper and "x.shape" not in wrapper, wrapper
+    assert "x.storage_offset() != 0" in wrapper, wrapper
+    shifted = torch.cat([torch.zeros(1, 8), x])[1:]  # the same layout at offset 8
+    assert shifted.storage_offset() == 8 and shifted.stride() == x.stride()
+    torch.testing.assert_close(compiled(shifted, y), f(shifted, y))
+    torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
+def test_unguarded_inputs_are_checked_in_full() -> None:
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    backend = CppBackend()
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, y], backend=backend)
+    assert "x.stride() != (8, 1)" in backend.last_wrapper, backend.last_wrapper
+    transposed = x.t().contiguous().t()  # other strides: conformed by the wrapper
+    torch.testing.assert_close(compiled(transposed, y), f(transposed, y))
