@@ -199,3 +199,68 @@ def test_a_failing_torch_check_raises_as_in_eager() -> None:
                     compiled(x, torch.tensor(bad))
             torch.testing.assert_close(compiled(x, torch.tensor(6)), f(x, torch.tensor(6)))
     assert not any(r.fell_back for r in kiln.compile_log())
+
+
+def _two_items_equal(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k, m = a.item(), b.item()
+    torch._check(k >= 0)
+    torch._check(m >= 0)
+    torch._check(k <= x.size(0))
+    torch._check(m <= y.size(0))
+    torch._check(k == m)  # `m` reads as `k` from here on
+    return x[:k] * 2, m
+
+
+def _checked_only(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k, m = a.item(), b.item()
+    torch._check(k >= 0)
+    torch._check(m == k + 1)  # `m` is read by nothing but this check
+    return x * k
+
+
+def _nonzero_rows_equal(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    i, j = x.nonzero(), y.nonzero()
+    torch._check(i.size(0) == j.size(0))
+    return i + j
+
+
+@pytest.mark.parametrize(
+    ("fn", "good", "bad"),
+    [
+        (
+            _two_items_equal,
+            (torch.arange(6.0).view(6, 1), torch.ones(6, 1), torch.tensor(3), torch.tensor(3)),
+            (torch.arange(6.0).view(6, 1), torch.ones(6, 1), torch.tensor(3), torch.tensor(2)),
+        ),
+        (
+            _checked_only,
+            (torch.ones(3), torch.tensor(2), torch.tensor(3)),
+            (torch.ones(3), torch.tensor(2), torch.tensor(2)),
+        ),
+        (
+            _nonzero_rows_equal,
+            (torch.tensor([1.0, 0, 2]), torch.tensor([0.0, 3, 2])),
+            (torch.tensor([1.0, 0, 2]), torch.tensor([0.0, 0, 2])),
+        ),
+    ],
+    ids=["two-items-equal", "checked-only", "two-nonzeros"],
+)
+def test_a_check_over_two_extern_calls_raises_as_in_eager(
+    fn: Callable[..., Any], good: tuple, bad: tuple
+) -> None:
+    """Note [Checks of data-dependent sizes at run time]: a fact relating the symbols of two
+    extern calls is checked after the second; one that became a replacement (`m` reads as `k`)
+    still checks `m`'s own value, and the call computing `m` stays even when nothing else reads
+    it. Before, each of these returned a value where eager raises (the first returned `k` as `m`)."""
+    with pytest.raises(RuntimeError):
+        fn(*bad)
+    for bad_first in (True, False):
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=True, options={"strict": True})
+        with torch.no_grad():
+            if not bad_first:
+                torch.testing.assert_close(compiled(*good), fn(*good))
+            with pytest.raises(RuntimeError, match=r"torch\._check"):
+                compiled(*bad)
+            torch.testing.assert_close(compiled(*good), fn(*good))
+    assert not any(r.fell_back for r in kiln.compile_log())
