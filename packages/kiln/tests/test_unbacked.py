@@ -3,8 +3,8 @@
 the C++ backend: the data-dependent operator runs as an extern call whose result the wrapper
 reads the size from, and later kernels (pointwise, reductions, matmul) take that size as a run-time
 argument. Every result equals eager's (values, shapes, dtypes) over calls whose counts differ,
-with no recompile, no fallback and no kernel left to the interpreter. The Triton generator refuses
-such a graph with its reason, and the frame then breaks at the operator instead."""
+with no recompile, no fallback and no kernel left to the interpreter; the same through the Triton
+generator under Triton's interpreter (Note [Data-dependent sizes in the Triton wrapper])."""
 
 from __future__ import annotations
 
@@ -144,14 +144,43 @@ def test_a_branch_on_a_count_breaks_and_both_sides_are_right() -> None:
 
 
 @pytest.mark.skipif(not interpreting(), reason="the Triton interpreter runs these on CPU tensors")
-def test_the_triton_generator_refuses_with_its_reason() -> None:
+@pytest.mark.parametrize(("fn", "argsets"), CASES, ids=[f.__name__ for f, _ in CASES])
+def test_one_triton_graph_serves_every_count(fn: Callable[..., Any], argsets: list[tuple[Any, ...]]) -> None:
+    """Note [Data-dependent sizes in the Triton wrapper]: the same cases through the Triton
+    generator (kernels under Triton's interpreter): one graph, every count (0 among them: an
+    empty selection, `k = 0`) equal to eager, no fallback, no kernel left to the interpreter."""
     with torch.no_grad():
-        _sweep(_masked_select_pointwise, [(m,) for m in _masks(6, 5)[:3]], options={"cpu_backend": "triton"})
-    ((frame, why),) = kiln_dynamo.counters.dynamic_fallbacks
-    assert frame == "_masked_select_pointwise"
-    assert "data-dependent sizes (u0) are not built in the Triton generator" in why
-    # compiled again without data-dependent sizes: the frame breaks at the operator
-    assert "aten::masked_select needs tensor data" in kiln_dynamo.counters.break_reasons[0].reason
+        _sweep(fn, argsets, options={"cpu_backend": "triton"})
+    assert _clean_compiles() == 1
+
+
+@pytest.mark.skipif(not interpreting(), reason="the Triton interpreter runs these on CPU tensors")
+def test_the_triton_wrapper_reads_the_size_after_the_extern_call(caplog: pytest.LogCaptureFixture) -> None:
+    """The row count is read from the extern call's result, a kernel after it takes it as a size
+    argument (its grid computed from it), and a failing `torch._check` raises as in eager."""
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton"), torch.no_grad():
+        _sweep(_masked_select_pointwise, [(m,) for m in _masks(6, 5)], options={"cpu_backend": "triton"})
+    source = "\n".join(r.getMessage() for r in caplog.records)
+    lines = [line.strip() for line in source.splitlines()]
+    bind = lines.index("u0 = _r.size(0)")
+    assert lines[bind - 2] == "# extern aten.masked_select.default"
+    assert any(line.startswith("_k") and line.split("#")[0].rstrip().endswith("u0)") for line in lines[bind:])
+    assert _clean_compiles() == 1
+
+    def f(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= x.size(0))
+        return x[:k].exp()
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True, options={"strict": True, "cpu_backend": "triton"})
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, torch.tensor(0)), f(x, torch.tensor(0)))
+        with pytest.raises(RuntimeError, match=r"torch\._check"):
+            compiled(x, torch.tensor(7))
+        torch.testing.assert_close(compiled(x, torch.tensor(4)), f(x, torch.tensor(4)))
 
 
 def test_with_a_dynamic_batch_and_a_count_returned_as_an_int() -> None:

@@ -724,7 +724,8 @@ def _binds_checked_symbol(node: torch.fx.Node) -> bool:
     sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
     for size in sizes:
         sym = symbol_of(size)
-        if sym is not None and sym in size.node.shape_env.checked_unbacked():
+        env = getattr(getattr(size, "node", None), "shape_env", None)
+        if sym is not None and env is not None and sym in env.checked_unbacked():
             return True
     return False
 
