@@ -293,3 +293,27 @@ def test_a_check_over_two_extern_calls_raises_as_in_eager(
                 compiled(*bad)
             torch.testing.assert_close(compiled(*good), fn(*good))
     assert not any(r.fell_back for r in kiln.compile_log())
+
+
+_TRITON_ON_CPU = pytest.mark.skipif(
+    not interpreting(), reason="the Triton interpreter runs these on CPU tensors"
+)
+
+
+@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=_TRITON_ON_CPU)])
+def test_a_slice_to_a_checked_count_is_a_view(backend: str) -> None:
+    """`x[:k]` of an `.item()` k with `torch._check(0 <= k <= x.size(0))`: the length capture
+    computed (`k`) is the slice's, a view of `x` instead of eager's slice kernel, since the
+    wrapper checks both facts before anything reads the view (Note [Checks of data-dependent
+    sizes at run time]); k = 0 and k = n included, a k past the end raises as in eager."""
+    options = {"cpu_backend": "triton"} if backend == "triton" else {}
+    with torch.no_grad():
+        _sweep(
+            _item_as_size, [(torch.randn(8, 3), torch.tensor(k)) for k in (5, 0, 1, 8, 3)], options=options
+        )
+        compiled = kiln.compile(_item_as_size, options=options)
+        with pytest.raises(RuntimeError, match=r"torch\._check"):
+            compiled(torch.randn(8, 3), torch.tensor(9))
+    assert _clean_compiles() == 1
+    fallbacks = [op for r in kiln.compile_log() for op, _ in r.op_fallbacks]
+    assert not [op for op in fallbacks if "slice" in op], fallbacks

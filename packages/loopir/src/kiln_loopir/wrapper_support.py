@@ -265,6 +265,11 @@ _RELATIONS = {
 }
 
 
+def checkable_fact(expr: Any) -> bool:
+    """Whether the wrapper checks the deferred assert ``expr`` at run time (a relation)."""
+    return type(expr) in _RELATIONS
+
+
 def unbacked_asserts(sizevars: Any, kernel: str) -> list[str]:
     """The wrapper lines that check the deferred asserts whose last data-dependent symbol extern
     kernel ``kernel`` binds (Note [Checks of data-dependent sizes at run time])."""
