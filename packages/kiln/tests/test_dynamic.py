@@ -442,3 +442,54 @@ def test_slices_of_symbolic_sizes_compile_no_more_often_than_torch(
     assert all(r.fell_back is None for r in kiln.compile_log())
     assert kiln_dynamo.counters.dynamic_fallbacks == []
     assert kiln_dynamo.counters.graphs == compiles
+
+
+POOLS: list[Callable[[torch.Tensor], torch.Tensor]] = [
+    lambda x: nn.functional.max_pool2d(x.relu(), 2) * 2,
+    lambda x: nn.functional.max_pool2d(x, 3, 2, 1).sum((2, 3)),
+    lambda x: nn.functional.max_pool2d(x, 3, 2, 0, ceil_mode=True) + 1,
+    lambda x: nn.functional.max_pool2d(x, 2, 1, 0, 2),
+]
+POOL_SHAPES = [(2, 9, 8), (3, 12, 7), (4, 16, 16), (2, 5, 6), (3, 11, 13)]
+
+
+def _pool_inputs() -> list[tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    xs = [torch.randn(n, 3, h, w) for n, h, w in POOL_SHAPES]
+    xs[0][0, 0, 0, :] = float("nan")  # a NaN wins its window, as in eager
+    return [(x,) for x in xs]
+
+
+@pytest.mark.parametrize("pool", POOLS, ids=["k2", "k3s2p1", "ceil_mode", "dilation"])
+def test_max_pool_over_symbolic_sizes_is_a_kernel(pool: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Note [Max pooling over symbolic sizes]: batch, height and width symbolic, one graph, every
+    result (NaNs, padding, ceil_mode's last window) equal to eager, no extern max_pool2d."""
+    compiled = kiln.compile(pool, dynamic=True)
+    with torch.no_grad():
+        for (x,) in _pool_inputs():
+            out, expected = compiled(x), pool(x)
+            torch.testing.assert_close(out, expected, equal_nan=True)
+            assert out.stride() == expected.stride()
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())
+    assert [op for r in kiln.compile_log() for op, _ in r.op_fallbacks] == []
+
+
+def test_max_pool_over_symbolic_sizes_trains() -> None:
+    """The indices the pooling kernel computes (flat positions over a symbolic width) feed
+    eager's backward: gradients equal eager's at every size, one graph per direction."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    ref.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, dynamic=True)
+    for n, h, w in [(2, 9, 8), (4, 16, 16), (5, 11, 13), (6, 7, 10)]:
+        x = torch.randn(n, 3, h, w)
+        out, expected = compiled(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())
