@@ -347,7 +347,8 @@ class TritonBackend(Backend):
         self.cudagraph_blocked = None
         if self.cudagraphs and graph.device.type == "cuda":
             blocker = cudagraph_blocker(schedule)
-            if blocker is None and graph.sizevars.unbacked:  # Note [Data-dependent sizes in the Triton wrapper]
+            # Note [Data-dependent sizes in the Triton wrapper]: no CUDA graphs
+            if blocker is None and graph.sizevars.unbacked:
                 names = ", ".join(sorted(str(s) for s in graph.sizevars.unbacked))
                 blocker = f"data-dependent sizes ({names}): a replay would keep the recorded ones"
             if blocker is None and graph.sizevars.symbolic:  # Note [CUDA graphs per size]
