@@ -383,7 +383,8 @@ def test_convolutions_with_a_dynamic_batch_stay_symbolic() -> None:
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
 
 
-# Note [Guards from slices and views of symbolic sizes]: which shape guards a slice, view or
+# Note [Guards from slices and views of symbolic sizes] (`python packages/kiln/bench/slice_guards.py`
+# prints the whole table, 24 cases): which shape guards a slice, view or
 # reshape of a symbolic dim costs, against torch.compile 2.13 on the same code. Each case runs
 # with `dynamic=True` at sizes 9, 8, 7, 5, 4, 3, 2, 1, 0 of dim 1; the counts are kiln's compiles
 # and, in the comment, torch.compile's (aot_eager and inductor counted the same where both were
