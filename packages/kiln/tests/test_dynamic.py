@@ -381,3 +381,116 @@ def test_convolutions_with_a_dynamic_batch_stay_symbolic() -> None:
         model.eval()
         _sweep(model, [(torch.randn(b, 3, 16, 16),) for b in (2, 8, 5, 32)])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+# Note [Guards from slices and views of symbolic sizes] (`python packages/kiln/bench/slice_guards.py`
+# prints the whole table, 24 cases): which shape guards a slice, view or
+# reshape of a symbolic dim costs, against torch.compile 2.13 on the same code. Each case runs
+# with `dynamic=True` at sizes 9, 8, 7, 5, 4, 3, 2, 1, 0 of dim 1; the counts are kiln's compiles
+# and, in the comment, torch.compile's (aot_eager and inductor counted the same where both were
+# run). kiln never compiles more often. The guards that remain are torch's too, and needed:
+# - `n - k != 1` for a slice of length n - k (`x[:, 1:n-1]`, `x[:, :-1]`, `x[:, 2:]`): broadcasting
+#   and contiguity branch on "is this dim 1"; a length-1 slice broadcasts against a longer dim
+#   where a longer one raises or must equal it, and a size-1 dim makes any stride contiguous
+#   (eager returns other strides for `.contiguous()`/`.view`). The general path would be wrong.
+# - `n - k != 0` / `numel >= 2` for an empty slice where the result is computed (functional views,
+#   `contiguous`): an empty tensor's strides and the view/copy choice differ from a non-empty one's.
+# - `n // 2 != 2`, `n * ((n // 2) % 2) != 0` for `view`/`reshape` into derived sizes: the view
+#   algorithm needs those products exactly (torch's `_reshape_view_helper` asks the same).
+# - `n <= 64` for `pos[:, :n]` of a 64-row buffer (BERT's position ids): a longer slice is clamped,
+#   so a graph computing length n would read past the buffer.
+# Fewer than torch.compile where a view output needs no functional copy (`x[:, 1:n-1]` alone,
+# `softmax` over it: no `!= 0` guard) and where `chunk`/`split`/`unfold`/`flip` lower without
+# per-size specialization. Sizes 0 and 1 of the input's dim compile static graphs of their own
+# (Note [0/1 specialization]).
+SLICE_CASES: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], int]] = [
+    ("inner", lambda x: x[:, 1 : x.size(1) - 1] * 2, 5),  # torch.compile 5
+    ("inner_view", lambda x: x[:, 1 : x.size(1) - 1], 4),  # torch.compile 5
+    ("inner_softmax", lambda x: x[:, 1 : x.size(1) - 1].softmax(-1), 4),  # torch.compile 5
+    ("shift", lambda x: x[:, :-1] + x[:, 1:], 4),  # torch.compile 4
+    (
+        "rotate_half",
+        lambda x: torch.cat((-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]), dim=-1),
+        4,
+    ),  # 5
+    ("narrow", lambda x: x.narrow(1, 1, x.size(1) - 1) * 2, 3),  # torch.compile 3
+    ("chunk", lambda x: sum(c.sum() for c in x.chunk(2, dim=1)), 3),  # torch.compile 5
+    ("expand", lambda x: x[:, None, :, None].expand(x.size(0), 2, x.size(1), x.size(1)).sum(), 3),  # 3
+]
+
+
+@pytest.mark.parametrize(("fn", "compiles"), [c[1:] for c in SLICE_CASES], ids=[c[0] for c in SLICE_CASES])
+def test_slices_of_symbolic_sizes_compile_no_more_often_than_torch(
+    fn: Callable[[torch.Tensor], torch.Tensor], compiles: int
+) -> None:
+    """Note [Guards from slices and views of symbolic sizes]: results, shapes and dtypes equal
+    eager's at every size down to 0 (strides too, for non-empty results; an error where eager
+    raises), with the compile count of the Note's table."""
+    compiled = kiln.compile(fn, dynamic=True)
+    with torch.no_grad():
+        for n in (9, 8, 7, 5, 4, 3, 2, 1, 0):
+            x = torch.randn(4 if n != 4 else 6, n)
+            try:
+                expected = fn(x)
+            except RuntimeError as error:  # `narrow` to length -1: kiln raises as eager does
+                with pytest.raises(type(error)):
+                    compiled(x)
+                continue
+            out = compiled(x)
+            torch.testing.assert_close(out, expected)
+            if expected.numel():
+                assert out.stride() == expected.stride(), (n, out.stride(), expected.stride())
+    assert all(r.fell_back is None for r in kiln.compile_log())
+    assert kiln_dynamo.counters.dynamic_fallbacks == []
+    assert kiln_dynamo.counters.graphs == compiles
+
+
+POOLS: list[Callable[[torch.Tensor], torch.Tensor]] = [
+    lambda x: nn.functional.max_pool2d(x.relu(), 2) * 2,
+    lambda x: nn.functional.max_pool2d(x, 3, 2, 1).sum((2, 3)),
+    lambda x: nn.functional.max_pool2d(x, 3, 2, 0, ceil_mode=True) + 1,
+    lambda x: nn.functional.max_pool2d(x, 2, 1, 0, 2),
+]
+POOL_SHAPES = [(2, 9, 8), (3, 12, 7), (4, 16, 16), (2, 5, 6), (3, 11, 13)]
+
+
+def _pool_inputs() -> list[tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    xs = [torch.randn(n, 3, h, w) for n, h, w in POOL_SHAPES]
+    xs[0][0, 0, 0, :] = float("nan")  # a NaN wins its window, as in eager
+    return [(x,) for x in xs]
+
+
+@pytest.mark.parametrize("pool", POOLS, ids=["k2", "k3s2p1", "ceil_mode", "dilation"])
+def test_max_pool_over_symbolic_sizes_is_a_kernel(pool: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Note [Max pooling over symbolic sizes]: batch, height and width symbolic, one graph, every
+    result (NaNs, padding, ceil_mode's last window) equal to eager, no extern max_pool2d."""
+    compiled = kiln.compile(pool, dynamic=True)
+    with torch.no_grad():
+        for (x,) in _pool_inputs():
+            out, expected = compiled(x), pool(x)
+            torch.testing.assert_close(out, expected, equal_nan=True)
+            assert out.stride() == expected.stride()
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())
+    assert [op for r in kiln.compile_log() for op, _ in r.op_fallbacks] == []
+
+
+def test_max_pool_over_symbolic_sizes_trains() -> None:
+    """The indices the pooling kernel computes (flat positions over a symbolic width) feed
+    eager's backward: gradients equal eager's at every size, one graph per direction."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+    ref.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, dynamic=True)
+    for n, h, w in [(2, 9, 8), (4, 16, 16), (5, 11, 13), (6, 7, 10)]:
+        x = torch.randn(n, 3, h, w)
+        out, expected = compiled(x), ref(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())

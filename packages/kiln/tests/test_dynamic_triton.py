@@ -12,10 +12,20 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from test_dynamic import CAT_SHAPES, Block, _cats_and_slices, _mean_var_norms, _mlp, _sweep
+from test_dynamic import (
+    CAT_SHAPES,
+    POOLS,
+    Block,
+    _cats_and_slices,
+    _mean_var_norms,
+    _mlp,
+    _pool_inputs,
+    _sweep,
+)
 from torch import nn
 
 import kiln
@@ -121,6 +131,17 @@ def test_cat_and_slices_at_symbolic_offsets_are_kernels() -> None:
     _sweep(_cats_and_slices, args, dynamic=True, options=TRITON)
     assert _graphs() == 1
     assert [f for r in kiln.compile_log() for f in r.op_fallbacks] == []
+
+
+@pytest.mark.parametrize("pool", POOLS, ids=["k2", "k3s2p1", "ceil_mode", "dilation"])
+def test_max_pool_over_symbolic_sizes_is_a_kernel(pool: Any) -> None:
+    """Note [Max pooling over symbolic sizes] through the Triton generator: no extern call."""
+    compiled = kiln.compile(pool, dynamic=True, options=TRITON)
+    with torch.no_grad():
+        for (x,) in _pool_inputs():
+            torch.testing.assert_close(compiled(x), pool(x), equal_nan=True)  # a NaN wins its window
+    assert _graphs() == 1
+    assert [op for r in kiln.compile_log() for op, _ in r.op_fallbacks] == []
 
 
 def test_row_kernels_of_symbolic_sizes_index_without_dividing(caplog: pytest.LogCaptureFixture) -> None:

@@ -3,8 +3,8 @@
 the C++ backend: the data-dependent operator runs as an extern call whose result the wrapper
 reads the size from, and later kernels (pointwise, reductions, matmul) take that size as a run-time
 argument. Every result equals eager's (values, shapes, dtypes) over calls whose counts differ,
-with no recompile, no fallback and no kernel left to the interpreter. The Triton generator refuses
-such a graph with its reason, and the frame then breaks at the operator instead."""
+with no recompile, no fallback and no kernel left to the interpreter; the same through the Triton
+generator under Triton's interpreter (Note [Data-dependent sizes in the Triton wrapper])."""
 
 from __future__ import annotations
 
@@ -144,14 +144,43 @@ def test_a_branch_on_a_count_breaks_and_both_sides_are_right() -> None:
 
 
 @pytest.mark.skipif(not interpreting(), reason="the Triton interpreter runs these on CPU tensors")
-def test_the_triton_generator_refuses_with_its_reason() -> None:
+@pytest.mark.parametrize(("fn", "argsets"), CASES, ids=[f.__name__ for f, _ in CASES])
+def test_one_triton_graph_serves_every_count(fn: Callable[..., Any], argsets: list[tuple[Any, ...]]) -> None:
+    """Note [Data-dependent sizes in the Triton wrapper]: the same cases through the Triton
+    generator (kernels under Triton's interpreter): one graph, every count (0 among them: an
+    empty selection, `k = 0`) equal to eager, no fallback, no kernel left to the interpreter."""
     with torch.no_grad():
-        _sweep(_masked_select_pointwise, [(m,) for m in _masks(6, 5)[:3]], options={"cpu_backend": "triton"})
-    ((frame, why),) = kiln_dynamo.counters.dynamic_fallbacks
-    assert frame == "_masked_select_pointwise"
-    assert "data-dependent sizes (u0) are not built in the Triton generator" in why
-    # compiled again without data-dependent sizes: the frame breaks at the operator
-    assert "aten::masked_select needs tensor data" in kiln_dynamo.counters.break_reasons[0].reason
+        _sweep(fn, argsets, options={"cpu_backend": "triton"})
+    assert _clean_compiles() == 1
+
+
+@pytest.mark.skipif(not interpreting(), reason="the Triton interpreter runs these on CPU tensors")
+def test_the_triton_wrapper_reads_the_size_after_the_extern_call(caplog: pytest.LogCaptureFixture) -> None:
+    """The row count is read from the extern call's result, a kernel after it takes it as a size
+    argument (its grid computed from it), and a failing `torch._check` raises as in eager."""
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton"), torch.no_grad():
+        _sweep(_masked_select_pointwise, [(m,) for m in _masks(6, 5)], options={"cpu_backend": "triton"})
+    source = "\n".join(r.getMessage() for r in caplog.records)
+    lines = [line.strip() for line in source.splitlines()]
+    bind = lines.index("u0 = _r.size(0)")
+    assert lines[bind - 2] == "# extern aten.masked_select.default"
+    assert any(line.startswith("_k") and line.split("#")[0].rstrip().endswith("u0)") for line in lines[bind:])
+    assert _clean_compiles() == 1
+
+    def f(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        k = n.item()
+        torch._check(k >= 0)
+        torch._check(k <= x.size(0))
+        return x[:k].exp()
+
+    kiln.reset()
+    compiled = kiln.compile(f, dynamic=True, options={"strict": True, "cpu_backend": "triton"})
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x, torch.tensor(0)), f(x, torch.tensor(0)))
+        with pytest.raises(RuntimeError, match=r"torch\._check"):
+            compiled(x, torch.tensor(7))
+        torch.testing.assert_close(compiled(x, torch.tensor(4)), f(x, torch.tensor(4)))
 
 
 def test_with_a_dynamic_batch_and_a_count_returned_as_an_int() -> None:
@@ -199,3 +228,92 @@ def test_a_failing_torch_check_raises_as_in_eager() -> None:
                     compiled(x, torch.tensor(bad))
             torch.testing.assert_close(compiled(x, torch.tensor(6)), f(x, torch.tensor(6)))
     assert not any(r.fell_back for r in kiln.compile_log())
+
+
+def _two_items_equal(x: torch.Tensor, y: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k, m = a.item(), b.item()
+    torch._check(k >= 0)
+    torch._check(m >= 0)
+    torch._check(k <= x.size(0))
+    torch._check(m <= y.size(0))
+    torch._check(k == m)  # `m` reads as `k` from here on
+    return x[:k] * 2, m
+
+
+def _checked_only(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    k, m = a.item(), b.item()
+    torch._check(k >= 0)
+    torch._check(m == k + 1)  # `m` is read by nothing but this check
+    return x * k
+
+
+def _nonzero_rows_equal(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    i, j = x.nonzero(), y.nonzero()
+    torch._check(i.size(0) == j.size(0))
+    return i + j
+
+
+@pytest.mark.parametrize(
+    ("fn", "good", "bad"),
+    [
+        (
+            _two_items_equal,
+            (torch.arange(6.0).view(6, 1), torch.ones(6, 1), torch.tensor(3), torch.tensor(3)),
+            (torch.arange(6.0).view(6, 1), torch.ones(6, 1), torch.tensor(3), torch.tensor(2)),
+        ),
+        (
+            _checked_only,
+            (torch.ones(3), torch.tensor(2), torch.tensor(3)),
+            (torch.ones(3), torch.tensor(2), torch.tensor(2)),
+        ),
+        (
+            _nonzero_rows_equal,
+            (torch.tensor([1.0, 0, 2]), torch.tensor([0.0, 3, 2])),
+            (torch.tensor([1.0, 0, 2]), torch.tensor([0.0, 0, 2])),
+        ),
+    ],
+    ids=["two-items-equal", "checked-only", "two-nonzeros"],
+)
+def test_a_check_over_two_extern_calls_raises_as_in_eager(
+    fn: Callable[..., Any], good: tuple, bad: tuple
+) -> None:
+    """Note [Checks of data-dependent sizes at run time]: a fact relating the symbols of two
+    extern calls is checked after the second; one that became a replacement (`m` reads as `k`)
+    still checks `m`'s own value, and the call computing `m` stays even when nothing else reads
+    it. Before, each of these returned a value where eager raises (the first returned `k` as `m`)."""
+    with pytest.raises(RuntimeError):
+        fn(*bad)
+    for bad_first in (True, False):
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=True, options={"strict": True})
+        with torch.no_grad():
+            if not bad_first:
+                torch.testing.assert_close(compiled(*good), fn(*good))
+            with pytest.raises(RuntimeError, match=r"torch\._check"):
+                compiled(*bad)
+            torch.testing.assert_close(compiled(*good), fn(*good))
+    assert not any(r.fell_back for r in kiln.compile_log())
+
+
+_TRITON_ON_CPU = pytest.mark.skipif(
+    not interpreting(), reason="the Triton interpreter runs these on CPU tensors"
+)
+
+
+@pytest.mark.parametrize("backend", ["cpp", pytest.param("triton", marks=_TRITON_ON_CPU)])
+def test_a_slice_to_a_checked_count_is_a_view(backend: str) -> None:
+    """`x[:k]` of an `.item()` k with `torch._check(0 <= k <= x.size(0))`: the length capture
+    computed (`k`) is the slice's, a view of `x` instead of eager's slice kernel, since the
+    wrapper checks both facts before anything reads the view (Note [Checks of data-dependent
+    sizes at run time]); k = 0 and k = n included, a k past the end raises as in eager."""
+    options = {"cpu_backend": "triton"} if backend == "triton" else {}
+    with torch.no_grad():
+        _sweep(
+            _item_as_size, [(torch.randn(8, 3), torch.tensor(k)) for k in (5, 0, 1, 8, 3)], options=options
+        )
+        compiled = kiln.compile(_item_as_size, options=options)
+        with pytest.raises(RuntimeError, match=r"torch\._check"):
+            compiled(torch.randn(8, 3), torch.tensor(9))
+    assert _clean_compiles() == 1
+    fallbacks = [op for r in kiln.compile_log() for op, _ in r.op_fallbacks]
+    assert not [op for op in fallbacks if "slice" in op], fallbacks

@@ -14,7 +14,10 @@ from kiln_symbolic import (
     FloorDiv,
     GuardOnDataDependent,
     ShapeEnv,
+    expr_of,
+    make_symint,
     pexpr,
+    symbol_of,
 )
 
 
@@ -230,3 +233,19 @@ def test_rendered_guards_accept_exactly_the_sizes_that_trace_the_same() -> None:
             accepted = fn(y0, y1)
             same = _trace(y0, y1)[1] == outcome
             assert accepted == same, (x0, x1, y0, y1, guard_texts)
+
+
+def test_a_check_that_became_a_replacement_keeps_both_symbols() -> None:
+    """`torch._check(m == k)` on two data-dependent ints: `m` reads as `k` from then on, but the
+    fact names both (`checked_unbacked`) and `symbol_of` still gives `m`'s own symbol, so a wrapper
+    can read `m` and check it (Note [Checks of data-dependent sizes at run time] in kiln_loopir)."""
+    env = ShapeEnv()
+    k = env.create_unbacked_symbol(size_like=False)
+    m = env.create_unbacked_symbol(size_like=False)
+    other = env.create_unbacked_symbol(size_like=False)
+    env.expect_true(sympy.Eq(m, k))
+    assert env.replace(m) == k
+    assert env.checked_unbacked() == {k, m} and other not in env.checked_unbacked()
+    value = make_symint(env, m, None)
+    assert expr_of(value) == k and symbol_of(value) == m
+    assert symbol_of(make_symint(env, k + 1, None)) is None and symbol_of(3) is None

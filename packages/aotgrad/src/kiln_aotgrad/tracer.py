@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from kiln_symbolic import UnfoldableExpr, expr_of, fold_expr, is_symbolic
+from kiln_symbolic import UnfoldableExpr, expr_of, fold_expr, is_symbolic, symbol_of
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -716,7 +716,22 @@ def _impure(node: torch.fx.Node) -> bool:
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 
+def _binds_checked_symbol(node: torch.fx.Node) -> bool:
+    """`node` computes a data-dependent symbol a `torch._check` fact mentions: the wrapper checks
+    the fact at run time with its value (Note [Checks of data-dependent sizes at run time] in
+    kiln_loopir), so it stays even when nothing reads it."""
+    value = node.meta.get("val")
+    sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+    for size in sizes:
+        sym = symbol_of(size)
+        env = getattr(getattr(size, "node", None), "shape_env", None)
+        if sym is not None and env is not None and sym in env.checked_unbacked():
+            return True
+    return False
+
+
 def eliminate_dead_code(graph: torch.fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
-        if node.op in ("call_function", "get_attr") and not node.users and not _impure(node):
+        dead = node.op in ("call_function", "get_attr") and not node.users and not _impure(node)
+        if dead and not _binds_checked_symbol(node):
             graph.erase_node(node)

@@ -288,13 +288,6 @@ class TritonBackend(Backend):
         self, schedule: Scheduler, graph: GraphLowering, kernels: dict[str, Any]
     ) -> Callable[..., Any]:
         configure()
-        if graph.sizevars.unbacked:
-            # Note [Unbacked sizes in loopir]: this wrapper binds size symbols from the inputs
-            # only; the caller compiles the frame without data-dependent sizes (a graph break)
-            names = ", ".join(sorted(str(s) for s in graph.sizevars.unbacked))
-            raise CodegenUnsupported(
-                f"data-dependent sizes ({names}) are not built in the Triton generator (the C++ one takes them)"
-            )
         t0 = time.perf_counter()
         dtypes = {name: buf.layout.dtype for name, buf in graph.name_to_buffer.items()}
         index_dtype = _index_dtype(graph)
@@ -360,6 +353,10 @@ class TritonBackend(Backend):
         self.cudagraph_blocked = None
         if self.cudagraphs and graph.device.type == "cuda":
             blocker = cudagraph_blocker(schedule)
+            # Note [Data-dependent sizes in the Triton wrapper]: no CUDA graphs
+            if blocker is None and graph.sizevars.unbacked:
+                names = ", ".join(sorted(str(s) for s in graph.sizevars.unbacked))
+                blocker = f"data-dependent sizes ({names}): a replay would keep the recorded ones"
             if blocker is None and graph.sizevars.symbolic:  # Note [CUDA graphs per size]
                 fn = self.last_cudagraphs = CudaGraphsPerSize(
                     fn, symbol_values(graph.sizevars), guarded_inputs=self.guarded_inputs

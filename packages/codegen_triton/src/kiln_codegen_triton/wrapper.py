@@ -56,6 +56,17 @@ launchers computing the grid from them. An input's sizes, strides and offset are
 expressions of the symbols just read (a copy into that layout where they differ). A kernel the
 generator declines is not interpreted in such a graph: the backend refuses the graph, and the
 caller compiles it with static sizes. A static graph generates exactly the lines it did before.
+
+Note [Data-dependent sizes in the Triton wrapper]: a data-dependent size (`u0`, Note [Unbacked
+sizes in loopir]) is held by no input: the extern call that computes it (`nonzero`,
+`masked_select`, `.item()`) runs, and the lines right after it read the symbol from its result
+(``u0 = _r.size(0)``, ``u1 = int(_r)``) and check the `torch._check` facts whose last symbol it
+binds (loopir's ``unbacked_bindings``, the lines the C++ wrapper emits too). Every later
+allocation, view and kernel launch names the variable: kernels take it as a size argument like
+any symbol, their launchers compute the grid from it (an empty result is a grid of 0, which
+launches nothing). A composite size in such a symbol is printed where it is used instead of
+once after the inputs' symbols (the symbol is not bound there yet). CUDA graphs are not recorded
+for such a graph (a replay would keep the sizes of the recorded call).
 """
 
 from __future__ import annotations
@@ -85,8 +96,8 @@ from kiln_loopir.scheduler import (
     Scheduler,
     TemplateSchedulerNode,
 )
-from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import (
+    DataDependentCheckFailed,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -95,7 +106,9 @@ from kiln_loopir.wrapper_support import (
     opaque_results,
     py_size,
     symbol_bindings,
+    unbacked_bindings,
 )
+from kiln_loopir.wrapper_support import conform_input as _conform
 from kiln_loopir.wrapper_support import dense_storage as _dense
 from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -150,6 +163,7 @@ class WrapperCodegen:
             "_empty_strided": torch.empty_strided,
             "_dense": _dense,
             "_device": self.device,
+            "_CheckFailed": DataDependentCheckFailed,
         }
         self.consts = 0
         # Note [Kernel arguments are pointers]
@@ -380,6 +394,8 @@ class WrapperCodegen:
             self.emit(f"    {call}")
         else:
             self.emit(call)
+        for line in unbacked_bindings(self.graph.sizevars, kernel.name, "_r"):
+            self.emit(line)  # Note [Data-dependent sizes in the Triton wrapper]
         for out in kernel.outputs:
             self.extern_results.add(out.name)
             if out in opaque:
@@ -522,6 +538,8 @@ class WrapperCodegen:
         if expr.is_Integer or isinstance(expr, sympy.Symbol):
             return py_size(expr)
         text = py_size(expr)
+        if expr.free_symbols & self.graph.sizevars.unbacked.keys():
+            return f"({text})"  # Note [Data-dependent sizes in the Triton wrapper]
         if text not in self.derived:
             self.derived[text] = f"_ks{len(self.derived)}"
         return self.derived[text]

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from kiln_symbolic import ShapeEnv, expr_of, make_symint
+from kiln_symbolic import ShapeEnv, expr_of, make_symint, symbol_of
 from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._pytree import tree_flatten
 
@@ -77,7 +77,8 @@ def unbacked_symints(value: Any) -> list[Any]:
     for v in tree_flatten(value)[0]:
         for s in v.shape if isinstance(v, torch.Tensor) else (v,):
             if isinstance(s, torch.SymInt):
-                e = expr_of(s)
+                # the symbol as made: a `torch._check(m == k + 1)` made `m` read as `k + 1`
+                e = symbol_of(s) or expr_of(s)
                 env = getattr(s.node, "shape_env", None)
                 if e.is_Symbol and e not in seen and isinstance(env, ShapeEnv) and env.is_unbacked(e):
                     seen.add(e)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
-from kiln_symbolic import UNBACKED_HINT, expr_of, hint_of
+from kiln_symbolic import UNBACKED_HINT, expr_of, hint_of, symbol_of
 from kiln_symbolic import FloorDiv as ShapeFloorDiv
 
 from .indexing import FloorDiv
@@ -112,10 +112,13 @@ class SizeVars:
         gets the ShapeEnv's optimization hint (heuristics only)."""
         expr = to_loopir(expr_of(value))
         env = getattr(getattr(value, "node", None), "shape_env", None)
-        fresh = isinstance(expr, sympy.Symbol) and expr not in self.sources and expr not in self.unbacked
-        if fresh and env is not None and env.is_unbacked(expr):
-            self.unbacked[expr] = source
-            self.shape_env = env
+        # the symbol as made, too: `torch._check(m == k)` makes `m` read as `k`, and the check
+        # of that fact needs `m`'s own value (Note [Checks of data-dependent sizes at run time])
+        for sym in {expr, symbol_of(value)}:
+            fresh = isinstance(sym, sympy.Symbol) and sym not in self.sources and sym not in self.unbacked
+            if fresh and env is not None and env.is_unbacked(sym):
+                self.unbacked[sym] = source
+                self.shape_env = env
         for sym in expr.free_symbols:
             if sym not in self.hints:
                 self.hints[sym] = _symbol_hint(value, sym)

@@ -250,7 +250,11 @@ def unbacked_bindings(sizevars: Any, kernel: str, result: str) -> list[str]:
 # that binds its data-dependent symbols, so a call whose data break the fact raises as eager
 # does instead of running on a false assumption (``DataDependentCheckFailed``, a RuntimeError as
 # eager's, which kiln's run-time fallback re-raises instead of running the graph eagerly: the
-# captured graph holds no check). A fact over symbols of two extern calls is not checked.
+# captured graph holds no check). A fact over the symbols of several extern calls is checked
+# after the last of them (kernels bind in lowering order, which is the order they run in). A
+# fact may have become a replacement (`torch._check(m == k)` makes `m` read as `k`): aotgrad
+# keeps the operator computing `m` even when nothing reads it, and loopir binds `m` to it under
+# its own name (`SizeVars.define_unbacked`), so the check still sees both values.
 _RELATIONS = {
     sympy.GreaterThan: ">=",
     sympy.StrictGreaterThan: ">",
@@ -261,21 +265,31 @@ _RELATIONS = {
 }
 
 
+def checkable_fact(expr: Any) -> bool:
+    """Whether the wrapper checks the deferred assert ``expr`` at run time (a relation)."""
+    return type(expr) in _RELATIONS
+
+
 def unbacked_asserts(sizevars: Any, kernel: str) -> list[str]:
-    """The wrapper lines that check the deferred asserts whose data-dependent symbols extern
+    """The wrapper lines that check the deferred asserts whose last data-dependent symbol extern
     kernel ``kernel`` binds (Note [Checks of data-dependent sizes at run time])."""
     env = getattr(sizevars, "shape_env", None)
     if env is None:
         return []
     # loopir's symbols and the ShapeEnv's are matched by name (to_loopir rebuilds them)
-    mine = {str(s) for s, src in sizevars.unbacked.items() if src.kernel == kernel}
+    order = list(dict.fromkeys(src.kernel for src in sizevars.unbacked.values()))
+    if kernel not in order:
+        return []
+    bound_by = {str(s): src.kernel for s, src in sizevars.unbacked.items()}
     known = {str(s) for s in (*sizevars.sources, *sizevars.unbacked)}
     lines = []
     for guard in env.deferred_asserts:
         expr = guard.expr
         free = {str(s) for s in expr.free_symbols}
         unbacked = {str(s) for s in expr.free_symbols if env.is_unbacked(s)}
-        if not unbacked or not unbacked <= mine or not free <= known:
+        if not unbacked or not unbacked <= bound_by.keys() or not free <= known:
+            continue
+        if max(order.index(bound_by[s]) for s in unbacked) != order.index(kernel):
             continue
         op = _RELATIONS.get(type(expr))
         if op is None:

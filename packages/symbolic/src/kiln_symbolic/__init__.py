@@ -28,6 +28,7 @@ from kiln_symbolic.symnode import (
     is_symbolic,
     make_symfloat,
     make_symint,
+    symbol_of,
     wrap,
 )
 
@@ -57,5 +58,6 @@ __all__ = [
     "make_symfloat",
     "make_symint",
     "pexpr",
+    "symbol_of",
     "wrap",
 ]

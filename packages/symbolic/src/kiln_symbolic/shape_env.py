@@ -259,6 +259,13 @@ class ShapeEnv:
     def is_unbacked(self, expr: Any) -> bool:
         return bool(sympy.sympify(expr).free_symbols & self.unbacked)
 
+    def checked_unbacked(self) -> set[sympy.Symbol]:
+        """The data-dependent symbols some `torch._check` fact mentions (Note [Checks of
+        data-dependent sizes at run time] in kiln_loopir): the operators that compute them stay
+        in the graph even when a replacement made their results unused (`torch._check(m == k)`
+        makes `m` read as `k`; the check still needs `m`)."""
+        return {s for g in self.deferred_asserts for s in g.expr.free_symbols if s in self.unbacked}
+
     def _maybe_evaluate_static(self, expr: Any) -> Any:
         """The value of `expr` when ranges and replacements settle it (a sympy value), else None."""
         expr = self.simplify(expr)

@@ -409,6 +409,15 @@ def expr_of(value: Any) -> Any:
     return sympy.sympify(value)
 
 
+def symbol_of(value: Any) -> Any:
+    """The symbol a SymInt was made as, before any replacement (None for other values or
+    compound expressions): `m` of `torch._check(m == k)` still names its own symbol."""
+    if isinstance(value, torch.SymInt) and isinstance(value.node, SymNode):
+        raw = value.node._expr
+        return raw if isinstance(raw, sympy.Symbol) else None
+    return None
+
+
 def hint_of(value: Any) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return value.node._hint

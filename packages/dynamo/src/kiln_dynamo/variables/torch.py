@@ -292,8 +292,9 @@ def _foreach_add_product_by_tensor(tx: Tx, fn: Any, args: list[VT]) -> VT:
 def _symbolic_check(tx: Tx, fn: Any, cond: SymNodeVariable) -> VT:
     """`torch._check(cond)` / `torch._check_is_size(n)` on a symbolic value: a fact for the
     ShapeEnv (Note [Unbacked sizes] in kiln_symbolic): a guard when the sizes are backed, a
-    narrower range for a data-dependent one (`torch._check(n >= 0)` makes `n` size-like).
-    Not checked again at run time."""
+    narrower range for a data-dependent one (`torch._check(n >= 0)` makes `n` size-like),
+    which the compiled graph's wrapper checks at run time (Note [Checks of data-dependent sizes
+    at run time] in kiln_loopir)."""
     set_where(tx)
     node = cond.value.node
     expr = node.expr if fn is torch._check else sympy.Ge(node.expr, 0)

@@ -9,7 +9,8 @@ output element visits its window in eager's order (rows, then columns, dilation 
 skipping positions in the padding, and takes a value when it is greater than the maximum so far
 or NaN, or when it is the first position in range: so the index of a tie is the first maximum,
 a NaN wins, and a window of all -inf answers its first position, as eager's kernels do. Windows
-over ``_MAX_WINDOW`` elements stay extern calls (the unrolled body would be too long).
+over ``_MAX_WINDOW`` elements stay extern calls (the unrolled body would be too long). With
+symbolic sizes the same body, sized as capture computed (Note [Max pooling over symbolic sizes]).
 """
 
 from __future__ import annotations
@@ -61,11 +62,15 @@ def max_pool2d_with_indices(
         raise Unsupported(f"max_pool2d window of {kh}x{kw} is too large to unroll")
     if not x.get_dtype().is_floating_point:
         raise Unsupported("max_pool2d on integer tensors stays an extern call")
-    size = [int(n) for n in x.get_size()]
-    height, width = size[-2], size[-1]
-    oh = _out_size(height, kh, sh, ph, dh, ceil_mode)
-    ow = _out_size(width, kw, sw, pw, dw, ceil_mode)
-    out_size = tuple(sympy.Integer(n) for n in [*size[:-2], oh, ow])
+    if all(sympy.sympify(n).is_Integer for n in x.get_size()):
+        size: list[Any] = [int(n) for n in x.get_size()]
+        height, width = size[-2], size[-1]
+        oh = _out_size(height, kh, sh, ph, dh, ceil_mode)
+        ow = _out_size(width, kw, sw, pw, dw, ceil_mode)
+        out_size = tuple(sympy.Integer(n) for n in [*size[:-2], oh, ow])
+    else:
+        out_size = _captured_out_size(len(x.get_size()))
+        height, width = x.get_size()[-2], x.get_size()[-1]
     if kh > sh or kw > sw:
         # overlapping windows read each input ~(kh/sh)*(kw/sw) times: compute the producer once
         storage = x.storage()
@@ -107,8 +112,34 @@ def max_pool2d_with_indices(
     return TensorBox.create(values), TensorBox.create(indices)
 
 
-def _in_range(expr: Any, hi: int) -> Any:
+def _in_range(expr: Any, hi: Any) -> Any:
     value = ops.index_expr(expr, torch.int64)
-    return ops.logical_and(
-        ops.ge(value, ops.constant(0, torch.int64)), ops.lt(value, ops.constant(hi, torch.int64))
-    )
+    upper = ops.constant(hi, torch.int64) if isinstance(hi, int) else ops.index_expr(hi, torch.int64)
+    return ops.logical_and(ops.ge(value, ops.constant(0, torch.int64)), ops.lt(value, upper))
+
+
+def _captured_out_size(rank: int) -> tuple[Any, ...]:
+    """Note [Max pooling over symbolic sizes]: the output sizes as capture computed them (the
+    node's value): torch's shape formula, `(H + 2p - d(k-1) - 1 [+ s-1]) // s + 1` with
+    ceil_mode's last-window rule, was decided there, with guards the frame checks where the ranges
+    did not settle it, so for every call that reaches this graph they are the output's sizes. The
+    window body is the static one with the input's height and width as expressions (masks and
+    flat indices). Declined (an extern call) when the node has no such value."""
+    from .. import sizevars
+    from ..virtualized import current_graph
+
+    graph = current_graph()
+    node = getattr(graph, "current_node", None)
+    meta = getattr(graph, "current_meta", None) if node is not None else None
+    if node is None or node.target is not aten.max_pool2d_with_indices.default:
+        raise Unsupported("max_pool2d over symbolic sizes outside its own node")
+    values = meta[0] if isinstance(meta, list | tuple) else None
+    if not isinstance(values, torch.Tensor) or values.dim() != rank:
+        raise Unsupported("max_pool2d over symbolic sizes without the captured output sizes")
+    out = []
+    for n in values.shape:
+        env = getattr(getattr(n, "node", None), "shape_env", None)
+        if env is not None and env.is_unbacked(sizevars.expr_of(n)):
+            raise Unsupported("max_pool2d over data-dependent sizes")
+        out.append(sizevars.to_loopir(sizevars.expr_of(n)))
+    return tuple(out)

@@ -225,7 +225,8 @@ def _captured_length(dim: int) -> Expr | None:
     symbols' ranges (`s1 >= 2` settles `x[:, 2:]`) and, where those do not settle it, a guard
     that the frame checks on every call (`s1 <= s2` for `position_ids[:, :s1]` of a buffer of
     `s2` positions): for every call that reaches this graph it is the length. None when the node
-    has no such value, or one of a data-dependent size (the rule below decides alone)."""
+    has no such value, or one of a data-dependent size whose facts the wrapper cannot check (the
+    rule below decides alone)."""
     from ..virtualized import current_graph
 
     graph = current_graph()
@@ -239,11 +240,22 @@ def _captured_length(dim: int) -> Expr | None:
     if not isinstance(size, torch.SymInt):
         return None
     env = getattr(size.node, "shape_env", None)
-    if env is None or env.is_unbacked(sizevars.expr_of(size)):
-        # `x[:k]` of an `.item()` k: capture took `k <= n` from `torch._check`, which nothing
-        # checks at run time; eager's slice clamps (an extern call), a view would read past the end
+    expr = sizevars.expr_of(size)
+    if env is None or (env.is_unbacked(expr) and not _facts_checked(env, expr)):
         return None
-    return sizevars.to_loopir(sizevars.expr_of(size))
+    return sizevars.to_loopir(expr)
+
+
+def _facts_checked(env: Any, expr: Any) -> bool:
+    """`x[:k]` of an `.item()` k: capture took the length `k` from `torch._check(k <= n)` (and
+    `k >= 0`); the wrapper checks those facts right after the call that computes `k` and before
+    anything reads the view (Note [Checks of data-dependent sizes at run time]), so a call that
+    reaches the view has `0 <= k <= n` and the view is eager's clamped slice. True when every
+    fact on the data-dependent symbols of ``expr`` is one the wrapper checks (a relation)."""
+    from ..wrapper_support import checkable_fact
+
+    mine = {s for s in expr.free_symbols if env.is_unbacked(s)}
+    return all(checkable_fact(g.expr) for g in env.deferred_asserts if g.expr.free_symbols & mine)
 
 
 def _symbolic_slice(x: TensorBox, old: list[Expr], dim: int, start: Any, end: Any, step: int) -> TensorBox:
