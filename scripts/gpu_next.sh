@@ -11,7 +11,8 @@
 #   scripts/triton_kernel_audit.py estimates it fixed; turn it on by default if it wins).
 # call2 (issues 14 + 15): bf16 inference of the whole suite, eager/kiln/torch.compile and both
 #   reduce-overhead modes, profiled (GPU busy time, host time: extern bindings and the host-time
-#   work of overhead8 land here first).
+#   work of overhead8 land here first). call2b: the host time per call by layer on CUDA, reduce-overhead,
+#   BERT against DistilBERT (0.15 vs 0.27 ms on the H200, the same on the CPU: packages/kiln/bench/call_overhead.py).
 # call3 (issue 15): the ablation, GPU busy time (each switch off in turn), half the suite per call.
 # call4 (issues 14 + 15): bf16 training and fp32 training of the whole suite.
 # call5 (issues 17 + 20): the dynamic sweep on the H200, the CPU at 1/4/16 threads.
@@ -35,6 +36,8 @@ for step in "$@"; do
     call2)
       bench inference-bf16 560 --dtype bfloat16 --modes inference --repeats 30 --profile \
         --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead ;;
+    call2b)
+      timeout 400 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --mode reduce-overhead --models bert,distilbert,mlp --no-torch 2>&1 | tail -40 ;;
     call3)
       bench ablation-a 560 --dtype bfloat16 --modes inference --models gpt2,bert,llama,t5,mlp --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
     call3b)
