@@ -77,6 +77,7 @@ same entry values, so the second pass reaches the same instruction with the same
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 
 from kiln_dynamo import resume
 from kiln_dynamo.exc import Unsupported
@@ -95,6 +96,21 @@ class CannotSplit(Exception):
     def __init__(self, msg: str, loop_entry: int | None = None) -> None:
         super().__init__(msg)
         self.loop_entry = loop_entry
+
+
+def _interner() -> tuple[list[VT], Callable[[VT], int]]:
+    """The runner's values, each stack/local value once (by identity), and the function that gives
+    a value's index in them, adding it the first time."""
+    values: list[VT] = []
+    index_of: dict[int, int] = {}
+
+    def index(vt: VT) -> int:
+        if id(vt) not in index_of:
+            index_of[id(vt)] = len(values)
+            values.append(vt)
+        return index_of[id(vt)]
+
+    return values, index
 
 
 def loop_entry(f: resume.FrameFacts, offset: int) -> int:
@@ -154,14 +170,7 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
     if effect.pops > len(stack):
         raise CannotSplit(f"the stack at {ins.opname} is shallower than it consumes")
 
-    values: list[VT] = []
-    index_of: dict[int, int] = {}
-
-    def index(vt: VT) -> int:
-        if id(vt) not in index_of:
-            index_of[id(vt)] = len(values)
-            values.append(vt)
-        return index_of[id(vt)]
+    values, index = _interner()
 
     slots = [None if vt is NULL else index(vt) for vt in stack]
     below = slots[: len(stack) - effect.pops]
@@ -295,14 +304,7 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
         if why is not None:
             raise ChainCut(level, f"frame {t.code.co_name} of the chain: {why}")
 
-    values: list[VT] = []
-    index_of: dict[int, int] = {}
-
-    def index(vt: VT) -> int:
-        if id(vt) not in index_of:
-            index_of[id(vt)] = len(values)
-            values.append(vt)
-        return index_of[id(vt)]
+    values, index = _interner()
 
     cells: dict[str, int] = {}
 
