@@ -41,13 +41,9 @@ DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # (dtype, op) -> why some of it runs in loopir's interpreter with the Triton code generator
 # (float16 and bfloat16 atomic adds are generated: Note [16-bit atomic adds] in
 # kiln_codegen_triton's kernel.py)
-_UNBACKED = (
-    "graph break: data-dependent sizes are compiled by the C++ generator only; the Triton one refuses "
-    "them and the frame breaks at the operator (Note [Unbacked sizes in loopir])"
-)
-TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {
-    (dtype, op): _UNBACKED for dtype in DTYPES for op in ("masked_select", "nonzero", "argwhere")
-}
+# (nonzero, argwhere and masked_select compile whole with data-dependent sizes on the Triton
+# generator too since the eighth session: Note [Data-dependent sizes in the Triton wrapper])
+TRITON_FALLBACKS: dict[tuple[torch.dtype, str], str] = {}
 
 # op-name prefix -> why those ops are not captured on CUDA (they run eagerly, whole)
 CUDA_FALLBACKS: dict[str, str] = {
