@@ -106,3 +106,17 @@ def test_model_output_is_the_object_eager_returns() -> None:
                     assert getattr(got, k) is None
             torch.testing.assert_close(got.logits, expected.logits, rtol=1e-4, atol=1e-4)
             assert got[0] is got.logits is collections.OrderedDict.__getitem__(got, "logits")
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_empty_results_have_eagers_strides(cpu_backend: str) -> None:
+    """A dim of size 0 counts as 1 in the strides before it, as torch computes contiguous strides:
+    ``x[:, 1:1] * 2`` is (4, 0) with strides (1, 1) in eager; kiln gave (0, 1) (found by dyn8)."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x[:, 1:1] * 2, torch.zeros(3, 0, 2) + x.sum(), x.new_empty(0, 5) * 1
+
+    x = torch.randn(4, 9)
+    compiled = kiln.compile(f, options={"cpu_backend": cpu_backend, "strict": True})
+    for expected, got in zip(f(x), compiled(x), strict=True):
+        assert (got.shape, got.stride(), got.dtype) == (expected.shape, expected.stride(), expected.dtype)

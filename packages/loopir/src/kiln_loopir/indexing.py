@@ -424,12 +424,14 @@ def _linear_in(expr: Expr, var: sympy.Symbol) -> bool:
 
 
 def contiguous_strides(sizes: Sequence[Expr]) -> list[Expr]:
-    """Row-major strides for ``sizes``."""
+    """Row-major strides for ``sizes``, as torch computes them: a dim of size 0 counts as 1 in the
+    strides of the dims before it (eager's ``empty((4, 0))`` has strides ``(1, 1)``, not ``(0, 1)``;
+    only empty tensors differ, so no index changes). A symbolic size is taken as it is."""
     strides: list[Expr] = []
     running: Expr = sympy.Integer(1)
     for size in reversed(sizes):
         strides.append(running)
-        running = running * size
+        running = running * (sympy.Integer(1) if size == 0 else size)
     return list(reversed(strides))
 
 
