@@ -65,14 +65,7 @@ def test_aot_eager_training_with_a_smaller_last_batch() -> None:
     ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
     ref.load_state_dict(model.state_dict())
     compiled = kiln.compile(model, backend="aot_eager")
-    for b in [16, 16, 10, 16, 7, 3]:
-        x = torch.randn(b, 6)
-        out, expected = compiled(x), ref(x)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad)
+    _train_against_eager(compiled, model, ref, [torch.randn(b, 6) for b in [16, 16, 10, 16, 7, 3]])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
 
 
@@ -297,20 +290,24 @@ def test_sequence_length_change_on_a_transformer_block(caplog: pytest.LogCapture
     assert guards == []
 
 
-def test_kiln_training_with_a_smaller_last_batch() -> None:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
-    ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
-    ref.load_state_dict(model.state_dict())
-    compiled = kiln.compile(model)
-    for b in [16, 16, 10, 16, 7, 3]:
-        x = torch.randn(b, 6)
+def _train_against_eager(compiled: Any, model: nn.Module, ref: nn.Module, inputs: list[torch.Tensor]) -> None:
+    """One forward and backward per input, compiled and eager: outputs and every gradient equal."""
+    for x in inputs:
         out, expected = compiled(x), ref(x)
         torch.testing.assert_close(out, expected)
         out.sum().backward()
         expected.sum().backward()
         for p, q in zip(model.parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_kiln_training_with_a_smaller_last_batch() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+    ref.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model)
+    _train_against_eager(compiled, model, ref, [torch.randn(b, 6) for b in [16, 16, 10, 16, 7, 3]])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert all(r.fell_back is None for r in kiln.compile_log())
 
@@ -484,13 +481,7 @@ def test_max_pool_over_symbolic_sizes_trains() -> None:
     ref = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
     ref.load_state_dict(model.state_dict())
     compiled = kiln.compile(model, dynamic=True)
-    for n, h, w in [(2, 9, 8), (4, 16, 16), (5, 11, 13), (6, 7, 10)]:
-        x = torch.randn(n, 3, h, w)
-        out, expected = compiled(x), ref(x)
-        torch.testing.assert_close(out, expected)
-        out.sum().backward()
-        expected.sum().backward()
-        for p, q in zip(model.parameters(), ref.parameters(), strict=True):
-            torch.testing.assert_close(p.grad, q.grad)
+    sizes = [(2, 9, 8), (4, 16, 16), (5, 11, 13), (6, 7, 10)]
+    _train_against_eager(compiled, model, ref, [torch.randn(n, 3, h, w) for n, h, w in sizes])
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert all(r.fell_back is None for r in kiln.compile_log())
