@@ -903,6 +903,59 @@ def bytes_str():
 CASES.append(("str len", bytes_str, False))
 
 
+def class_attr_store():
+    class K:
+        n = 0
+        mode = "a"
+
+    class Obj(K):
+        pass
+
+    o = Obj()
+
+    def f(x):
+        K.n += 1  # a class attribute set in the frame (Note [Setting a class attribute])
+        return x * K.n + o.n + (K.mode == "b")
+
+    return f, [
+        lambda: None,
+        lambda: setattr(K, "n", 10),
+        lambda: setattr(K, "mode", "b"),
+        lambda: setattr(o, "n", 5),
+    ]
+
+
+CASES.append(("class attribute set in frame", class_attr_store, False))
+
+
+def id_keyed():
+    class Obj:
+        pass
+
+    holder = {"o": Obj()}
+    first = {"id": id(holder["o"])}
+
+    def f(x):
+        return x * (1.0 if id(holder["o"]) == first["id"] else 2.0)  # Note [id() in the frame]
+
+    return f, [lambda: holder.__setitem__("o", Obj()), lambda: first.__setitem__("id", id(holder["o"]))]
+
+
+CASES.append(("id of an object", id_keyed, False))
+
+_T_SHARED = torch.randn(4, 4)  # one object both sides compare with
+
+
+def id_of_tensor_input():
+    def f(x):
+        return x * (1.0 if id(x) == id(_T_SHARED) else 2.0)
+
+    return f, [lambda: (_T_SHARED,), lambda: (torch.randn(4, 4),), lambda: (_T_SHARED,)]
+
+
+CASES.append(("id of a tensor input", id_of_tensor_input, True))
+
+
 DEFAULT_ARGS = {
     "conv input layout": lambda: (torch.randn(2, 3, 8, 8),),
     "scalar input types": lambda: (torch.randn(4), 1),

@@ -43,7 +43,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.decompositions import DecompTable, default_decompositions
 from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
-from kiln_aotgrad.logs import graphs_log, partition_log
+from kiln_aotgrad.logs import fallbacks_log, graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition
 from kiln_aotgrad.runtime import inference_runner, training_runner
 from kiln_aotgrad.tracer import Tracer
@@ -198,6 +198,26 @@ def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
+# Note [Mutated inputs that share memory]: a graph is traced with every input its own root
+# (functionalize.py), so a write into one input is invisible to another that shares its memory;
+# `f(buf[:4], buf[2:])` with `a.add_(1); b.mul_(2)` returned 4 where eager returns 6, and wrote
+# the buffer wrong. torch.compile traces such inputs as views of one synthetic base. kiln does not
+# build that: a call whose mutated input shares a storage with another input runs the captured
+# program eagerly (logged under KILN_LOG=fallbacks), every such call, compiled or not; others run
+# compiled. The check costs a pass over the inputs only for graphs that mutate an input, and the
+# storage comparison only when some input is a view or one tensor is passed twice (memory shared
+# by other means, `set_` or `as_strided` over another tensor's storage, is not detected).
+def _shares_memory(inputs: Sequence[Any], mutated: Sequence[int]) -> bool:
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if all(t._base is None for t in tensors) and len({id(t) for t in tensors}) == len(tensors):
+        return False
+    count: dict[int, int] = {}
+    for t in tensors:
+        p = t.untyped_storage().data_ptr()
+        count[p] = count.get(p, 0) + 1
+    return any(count[inputs[i].untyped_storage().data_ptr()] > 1 for i in mutated)
+
+
 class AotFunction:
     """The callable `aot_function` returns; `.compiled` maps signatures to their artifacts."""
 
@@ -215,7 +235,9 @@ class AotFunction:
         self.compiled: dict[tuple[Any, ...], CompiledArtifacts] = {}
         # Note [Guarded callers]: (artifacts, grad mode, [(input index, storage offset)])
         self.guarded = guarded
-        self._only: tuple[CompiledArtifacts, bool, list[tuple[int, int]]] | None = None
+        # ... and whether the graph writes an input (Note [Mutated inputs that share memory])
+        self._only: tuple[CompiledArtifacts, bool, list[tuple[int, int]], bool] | None = None
+        self._warned_shared = False
         # Note [The call fast path]: a module with nothing but its own forward code.
         self._stateless = module is None or (
             isinstance(module, torch.fx.GraphModule)
@@ -245,7 +267,7 @@ class AotFunction:
             art = compile_flat(flat_fn, list(fakes), self.opts)
         # an output viewing an input rebuilds its layout from the inputs at each call, offset
         # included (Note [Symbolic views among the outputs]): no storage offset to check
-        self._only = (art, torch.is_grad_enabled(), [])
+        self._only = (art, torch.is_grad_enabled(), [], bool(art.traced.meta.mutated_inputs))
         return art
 
     def _state(self) -> tuple[list[str], list[torch.Tensor]]:
@@ -269,6 +291,8 @@ class AotFunction:
             and not kwargs
             and all(args[i].storage_offset() == off for i, off in only[2])
         ):
+            if only[3]:  # Note [Mutated inputs that share memory]
+                return self._run(only[0], args, args, kwargs)
             return only[0].runner(*args)  # Note [Guarded callers]
         if self._stateless and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
             key = _signature(args)  # Note [The call fast path]
@@ -278,8 +302,9 @@ class AotFunction:
                 art = self._compile(leaves, spec, list(range(len(args))), [], list(args))
                 self.compiled[key] = art
                 if self.guarded and len(self.compiled) == 1:
-                    self._only = (art, torch.is_grad_enabled(), _viewed_offsets(art, args))
-            return art.runner(*args)
+                    mutates = bool(art.traced.meta.mutated_inputs)
+                    self._only = (art, torch.is_grad_enabled(), _viewed_offsets(art, args), mutates)
+            return self._run(art, args, args, kwargs)
         leaves, spec = tree_flatten((args, kwargs))
         state_names, state = self._state()
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -291,7 +316,21 @@ class AotFunction:
         if art is None:
             art = self._compile(leaves, spec, tensor_pos, state_names, flat_inputs)
             self.compiled[key] = art
-        return art.runner(*flat_inputs)
+        return self._run(art, flat_inputs, args, kwargs)
+
+    def _run(self, art: CompiledArtifacts, flat: Sequence[Any], args: Any, kwargs: Any) -> Any:
+        mutated = art.traced.meta.mutated_inputs
+        if mutated and _shares_memory(flat, mutated):  # Note [Mutated inputs that share memory]
+            if not self._warned_shared:
+                self._warned_shared = True
+                fallbacks_log.warning(
+                    "kiln_aotgrad: an input the graph writes in place shares memory with another "
+                    "input; running the program eagerly for such calls (inputs %s)",
+                    ", ".join(str(i) for i in mutated),
+                )
+            target = self.module if self.module is not None else self.fn
+            return target(*args, **kwargs)
+        return art.runner(*flat)
 
     def _compile(
         self,

@@ -128,7 +128,7 @@ def _symbol_names(visible: list[Any]) -> dict[Any, str]:
 
 
 def symbolic_view_layout(
-    t: torch.Tensor, visible: list[Any], j: int
+    t: torch.Tensor, visible: list[Any], j: int | None, base: torch.Tensor | None = None
 ) -> Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]]:
     """Note [Symbolic views among the outputs]: an output that is a view of input `j` stays a
     view of the real input, as in eager (`_base`, strides, shared storage). Its sizes, strides
@@ -137,11 +137,17 @@ def symbolic_view_layout(
     computes the view's layout once per call. The offset is taken relative to the input's own
     (`a[j].storage_offset() + ...`), so an input that starts elsewhere in its storage (which the
     frame's guards let through) still gets the right view. A symbol no input holds is refused
-    (the caller compiles the graph with static sizes)."""
+    (the caller compiles the graph with static sizes). With `base` (another output, a view of
+    whose memory `t` is), the third item is the offset relative to `base`'s, which the runtime
+    adds to the real output's own."""
     names = _symbol_names(visible)
     sizes = [expr_of(n) for n in t.shape]
     strides = [expr_of(n) for n in t.stride()]
-    rel = expr_of(t.storage_offset()) - expr_of(visible[j].storage_offset())
+    start = ""  # with `base`: the offset relative to it
+    if base is None:
+        assert j is not None, "a view of an input names the input"
+        base, start = visible[j], f"a[{j}].storage_offset() + "
+    rel = expr_of(t.storage_offset()) - expr_of(base.storage_offset())
     missing = set().union(*(e.free_symbols for e in (*sizes, *strides, rel))) - names.keys()
     if missing:
         raise AotgradError(f"an output is a view of an input with sizes no input holds ({missing})")
@@ -151,7 +157,7 @@ def symbolic_view_layout(
 
     size_src = "".join(f"{py(e)}, " for e in sizes)
     stride_src = "".join(f"{py(e)}, " for e in strides)
-    src = f"lambda a: (({size_src}), ({stride_src}), a[{j}].storage_offset() + {py(rel)})"
+    src = f"lambda a: (({size_src}), ({stride_src}), {start}{py(rel)})"
     fn: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] = eval(src, {"math": math})
     return fn
 
@@ -250,6 +256,18 @@ def trace(
                 infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
             continue
         same_dtype = rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
+        if same_dtype and symbolic_layout and not (want_training and t.requires_grad):
+            # Note [Symbolic views among the outputs]: a view of another output stays its view
+            # (until the ninth session it became an output of its own: a copy, so writing one
+            # output no longer changed the other as in eager); sizes no input holds keep the copy
+            relative: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None
+            try:
+                relative = symbolic_view_layout(t, visible, None, base=flat_out[first_by_root[rid]])
+            except AotgradError:
+                relative = None
+            if relative is not None:
+                infos.append(OutputInfo("output_view", first_by_root[rid], layout=relative))
+                continue
         if same_dtype and not symbolic_layout and not (want_training and t.requires_grad):
             # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
             # another is right for values, but autograd then routes its gradient through the

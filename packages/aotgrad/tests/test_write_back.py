@@ -1,0 +1,121 @@
+"""Note [Write-backs in one call]: mutated inputs are written back through one `_foreach_copy_`
+where no autograd records the copy and no target is a view; otherwise copy by copy, in order."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+from aot_helpers import check
+
+import kiln_aotgrad
+from kiln_aotgrad import runtime
+
+
+def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = torch._foreach_copy_
+
+    def spy(dst: Any, src: Any, *a: Any, **k: Any) -> Any:
+        calls.append(len(dst))
+        return real(dst, src, *a, **k)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", spy)
+    return calls
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn1 = torch.nn.BatchNorm2d(4)
+        self.bn2 = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn2(torch.relu(self.bn1(self.conv(x)))).sum(dim=(2, 3))
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["training", "no_grad"])
+def test_batchnorm_buffers_are_written_back_in_one_call(monkeypatch: pytest.MonkeyPatch, grad: bool) -> None:
+    calls = _count_batches(monkeypatch)
+    net = Net().train()
+    eager, mine = copy.deepcopy(net), copy.deepcopy(net)
+    compiled = kiln_aotgrad.aot_module(mine, lambda gm, ex: gm)
+    x = torch.randn(2, 3, 8, 8)
+    versions = {n: b._version for n, b in mine.named_buffers()}
+    for _ in range(2):
+        with torch.set_grad_enabled(grad):
+            torch.testing.assert_close(compiled(x), eager(x))
+    for (name, b), (_, e) in zip(mine.named_buffers(), eager.named_buffers(), strict=True):
+        torch.testing.assert_close(b, e)
+        assert b._version > versions[name], name  # autograd and optimizers see the write
+    assert calls == [6, 6]  # two BatchNorms x (mean, var, batches tracked), each call
+
+
+def test_mutated_views_are_written_back_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_batches(monkeypatch)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        b.mul_(2)
+        return a.sum() + b.sum()
+
+    x, y = torch.randn(6), torch.randn(6)
+    check(lambda x, y: f(x[:4], y[2:]), x, y, no_grad=True)  # the graph's inputs: x and y
+    assert calls == [2]
+    calls.clear()
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x2, y2 = x.clone(), y.clone()
+    torch.testing.assert_close(compiled(x2[:4], y2[2:]), f(x[:4], y[2:]))
+    torch.testing.assert_close((x2, y2), (x, y))
+    assert calls == []  # its inputs are views
+
+
+@pytest.mark.parametrize("order", ["shared first", "separate first"])
+def test_mutated_inputs_sharing_memory_run_eagerly(order: str) -> None:
+    # Note [Mutated inputs that share memory]: the graph traces its inputs as separate tensors,
+    # so a call whose written input overlaps another one runs the program eagerly
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        b.mul_(2)
+        return a.sum()
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    plans = (
+        ["shared", "separate", "shared", "same"]
+        if order == "shared first"
+        else ["separate", "shared", "same"]
+    )
+    for plan in plans:
+        got, want = torch.arange(6.0), torch.arange(6.0)
+        if plan == "shared":
+            args_c, args_e = (got[:4], got[2:]), (want[:4], want[2:])
+        elif plan == "same":  # one tensor passed twice
+            args_c, args_e = (got[:4], got[:4]), (want[:4], want[:4])
+        else:
+            args_c, args_e = (got[:4], got[2:].clone()), (want[:4], want[2:].clone())
+        torch.testing.assert_close(compiled(*args_c), f(*args_e), msg=plan)
+        torch.testing.assert_close(got, want, msg=plan)
+        torch.testing.assert_close(args_c[1], args_e[1], msg=plan)
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_batches(monkeypatch)
+    monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)
+    check(Net().train(), torch.randn(2, 3, 8, 8))
+    assert calls == []
+
+
+def test_a_recorded_copy_keeps_the_order_of_the_others() -> None:
+    # a non-leaf that requires grad, mutated with grad on: autograd records its copy, so every
+    # write-back of that call runs copy by copy (and gradients flow through the mutation)
+    def f(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(s)
+        s.add_(1)
+        return y
+
+    x = torch.randn(3, requires_grad=True)
+    check(lambda x, s: f(x.clone(), s), x, torch.zeros(3))
