@@ -985,3 +985,134 @@ def test_a_decorated_function_leaving_the_frame_behaves_as_eager() -> None:
     out = got[1](x)
     torch.testing.assert_close(out, expected[1](x))
     assert not out.requires_grad and torch.is_grad_enabled()
+
+
+# --- id() and class attributes set in the frame (Note [id() in the frame], Note [Setting a class
+# attribute]) --------------------------------------------------------------------------------------
+
+
+class _Tagged:
+    pass
+
+
+_TAG = _Tagged()
+_LIN = nn.Linear(3, 3)
+
+
+def _ids(x: torch.Tensor, m: nn.Module, tag: object) -> tuple[torch.Tensor, bool, bool, int]:
+    same = id(m) == id(_LIN)  # a module from outside: a constant, guarded on the object
+    return m(x) * 2, same, id(tag) == id(_TAG), id(len)
+
+
+def test_id_of_objects_from_outside_is_a_guarded_constant() -> None:
+    x = t(2, 3)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_ids, backend=backend)
+    other = nn.Linear(3, 3)
+    for m, tag in ((_LIN, _TAG), (other, _TAG), (_LIN, _Tagged()), (_LIN, _TAG)):
+        got, expected = compiled(x, m, tag), _ids(x, m, tag)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1:] == expected[1:]  # a new object fails the identity guard: recompiled
+    assert backend.graphs == 3
+
+
+def _tensor_ids(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    return x * 2 + y, id(x) == id(y)
+
+
+def _id_of_computed_tensor(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    y = x + 1
+    return y, id(y) > 0
+
+
+def test_id_of_a_tensor_input_is_guarded_and_of_a_computed_one_a_break() -> None:
+    x, y = t(3), t(4)[:3].clone()
+    compiled = kiln_dynamo.compile(_tensor_ids)
+    for a, b in ((x, x), (x, y), (y, y), (x, x)):
+        got, expected = compiled(a, b), _tensor_ids(a, b)
+        torch.testing.assert_close(got[0], expected[0])
+        assert got[1] is expected[1]
+    explanation = kiln_dynamo.explain(_id_of_computed_tensor)(x)
+    assert any("id() of tensor" in str(b.reason) for b in explanation.break_reasons)
+
+
+def _id_of_new_list(x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    items = [1]
+    return x * 2, id(items) > 0
+
+
+def test_id_of_an_object_made_in_the_frame_is_a_break_with_its_reason() -> None:
+    x = t(3)
+    explanation = kiln_dynamo.explain(_id_of_new_list)(x)
+    assert any("id() of list" in str(b.reason) for b in explanation.break_reasons)
+    assert kiln_dynamo.compile(_id_of_new_list)(x)[1] is True
+
+
+class _Counted:
+    calls = 0
+    mode = "a"
+
+
+class _CountedChild(_Counted):
+    pass
+
+
+class _CountedObj(_CountedChild):
+    def __init__(self) -> None:
+        self.w = 2.0
+
+
+_COUNTED = _CountedObj()
+
+
+def _bump(x: torch.Tensor) -> tuple[torch.Tensor, str, int]:
+    _Counted.calls += 1
+    _Counted.mode = "b"
+    made = _CountedObj()  # reads through new and old instances and a subclass see the store
+    return x * _Counted.calls + _CountedChild.calls + _COUNTED.calls + made.calls, _COUNTED.mode, made.calls
+
+
+def test_a_class_attribute_set_in_the_frame_is_seen_after_and_replayed() -> None:
+    x = t(3)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_bump, backend=backend)
+    results = []
+    for fn in (_bump, compiled):
+        _Counted.calls, _Counted.mode = 0, "a"
+        results.append([fn(x) for _ in range(3)] + [(_Counted.calls, _Counted.mode)])
+    eager, got = results
+    assert got[-1] == eager[-1] == (3, "b")
+    for e, g in zip(eager[:-1], got[:-1], strict=True):
+        torch.testing.assert_close(g[0], e[0])
+        assert g[1:] == e[1:]
+    assert not kiln_dynamo.counters.break_reasons  # a graph per value of the counter, no break
+
+
+def _set_on_module_class(x: torch.Tensor) -> torch.Tensor:
+    nn.Linear.kiln_test_flag = True  # type: ignore[attr-defined]  # a module class: its lookups are kiln's own, a break
+    return x + 1
+
+
+def test_a_class_attribute_on_a_module_class_is_a_break() -> None:
+    x = t(3)
+    try:
+        explanation = kiln_dynamo.explain(_set_on_module_class)(x)
+        assert any("module or autograd.Function class" in str(b.reason) for b in explanation.break_reasons)
+        assert getattr(nn.Linear, "kiln_test_flag", None) is True
+    finally:
+        if hasattr(nn.Linear, "kiln_test_flag"):
+            delattr(nn.Linear, "kiln_test_flag")
+
+
+def _set_on_immutable_type(x: torch.Tensor) -> torch.Tensor:
+    y = x + 1
+    torch.Size.kiln_x = 1  # type: ignore[attr-defined]  # an immutable type: TypeError, as in eager
+    return y
+
+
+def test_a_class_attribute_on_an_immutable_type_raises_as_in_eager() -> None:
+    x = t(3)
+    for fn in (_set_on_immutable_type, kiln_dynamo.compile(_set_on_immutable_type)):
+        with pytest.raises(TypeError, match="immutable type"):
+            fn(x)
+    assert not hasattr(torch.Size, "kiln_x")

@@ -1,8 +1,9 @@
 """Breaks deep in a call chain: every frame of the chain split at once (Note [Resuming a chain of
 frames] in breaks.py), compared with eager in values, types, printed text, exceptions and grad
-mode, with the counts of graphs and splits; and the frames a chain must not pass through (a
-with-block or try block around the call, a generator, a hooked module, a call through a builtin)
-behave as eager too."""
+mode, with the counts of graphs and splits; chains through a try block or a with-block around a
+call (Note [A chain through try and with blocks]): handlers and exits run exactly once, in eager's
+order, whether the break instruction or a continuation raises; and the frames a chain must not pass
+through (a generator, a hooked module, a call through a builtin) behave as eager too."""
 
 from __future__ import annotations
 
@@ -174,12 +175,127 @@ def test_exceptions_leave_the_chain_as_in_eager() -> None:
     assert torch.is_grad_enabled()
 
 
+# --- chains through try and with blocks (Note [A chain through try and with blocks]) ----------
+
+LOG: list[str] = []
+
+
+def log_leaf(y: torch.Tensor, n: int) -> torch.Tensor:
+    y = y * 2
+    LOG.append("leaf")
+    v = y.sum().item()  # the break
+    LOG.append(f"after {n}")
+    if n > 2:
+        raise ValueError(f"n is {n}")  # raised in the leaf's continuation
+    return y + v
+
+
+def log_bad_leaf(y: torch.Tensor, n: int) -> torch.Tensor:
+    y = y * 2
+    LOG.append("leaf")
+    if n > 2:
+        os.getpid(n)  # type: ignore[call-arg]  # the break instruction raises (a TypeError: getpid takes no arguments)
+    os.getpid()  # the break: a C function kiln does not trace
+    return y + 1
+
+
+def capture_outputs(f: Callable[..., torch.Tensor], x: torch.Tensor, n: int) -> torch.Tensor:
+    """Shaped as transformers' `capture_outputs` wrapper: the model called in a try/finally."""
+    LOG.append("enter")
+    try:
+        return f(x, n)
+    finally:
+        LOG.append("exit")
+
+
+def finally_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    t = x.cos()
+    return capture_outputs(log_leaf, t, n) - t
+
+
+def finally_bad_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    return capture_outputs(log_bad_leaf, x.sin(), n) * 2
+
+
+def except_mid(x: torch.Tensor, n: int) -> torch.Tensor:
+    try:
+        return log_leaf(x + 1, n) * 3
+    except ValueError as e:
+        LOG.append(f"caught {e}")
+        return x - 100
+
+
+def except_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    return except_mid(x * 2, n) + 1
+
+
+def nested_with_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    with torch.no_grad():
+        y = capture_outputs(log_leaf, x.exp(), n)
+    return y * x
+
+
+def nested_with_bad_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    with torch.enable_grad():
+        with torch.no_grad():
+            y = capture_outputs(log_bad_leaf, x.exp(), n)  # the break instruction raises in here
+        z = y * x
+    return z + 1
+
+
+def _outcome(fn: Callable[..., Any], *args: Any) -> tuple[Any, list[str], bool]:
+    LOG.clear()
+    try:
+        out: Any = fn(*args)
+    except Exception as e:  # compared with eager's
+        out = e
+    return out, list(LOG), torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize(
+    "fn", [finally_top, finally_bad_top, except_top, nested_with_top, nested_with_bad_top]
+)
+def test_a_chain_through_try_and_with_blocks(fn: Callable[..., torch.Tensor]) -> None:
+    x = torch.randn(3, requires_grad=True)
+    compiled = kiln_dynamo.compile(fn)
+    for n in (1, 5, 1, 5):  # normal, raising after (or at) the break, and again from the cache
+        expected, eager_log, eager_grad = _outcome(fn, x, n)
+        got, log, grad = _outcome(compiled, x, n)
+        assert log == eager_log and grad == eager_grad is True
+        if isinstance(expected, Exception):
+            assert type(got) is type(expected) and str(got) == str(expected)
+        else:
+            _same(expected, got)
+        if n == 1 and counters.recompiles == 0:
+            # one split for the whole chain: the try/with frames take part
+            assert (counters.graphs, counters.graph_breaks, len(counters.fallbacks)) == (2, 1, 0)
+            [reason] = counters.break_reasons
+            assert reason.split and reason.note is not None and "frames resumed at once" in reason.note
+
+
+def test_a_finally_runs_once_when_the_continuation_raises() -> None:
+    compiled = kiln_dynamo.compile(finally_top)
+    LOG.clear()
+    with pytest.raises(ValueError, match="n is 7"):
+        compiled(torch.randn(3), 7)
+    assert LOG == ["enter", "leaf", "after 7", "exit"]
+
+
+def test_the_switch_keeps_the_split_before_the_try_block() -> None:
+    previous = convert_frame.set_chain_splits(False)
+    try:
+        splits = _run(finally_top, torch.randn(3), 1)[1]
+        assert splits > 1
+    finally:
+        convert_frame.set_chain_splits(previous)
+
+
 # --- frames a chain does not pass through ---------------------------------------------------------
 
 
 def no_grad_mid(x: torch.Tensor, fail: bool) -> torch.Tensor:
     with torch.no_grad():
-        y = leaf_that_may_fail(x, fail)  # a with-block around the call: the chain ends above it
+        y = leaf_that_may_fail(x, fail)  # a with-block around the call: its exit is in the chain
     return y + x
 
 

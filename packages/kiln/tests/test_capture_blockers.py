@@ -163,9 +163,28 @@ def test_a_metadata_mutation_of_an_input_is_compiled(
     assert (got is mine[0]) == (want is eager_args[0])
 
 
-def test_a_resize_that_may_grow_the_storage_runs_as_captured() -> None:
+def test_a_resize_that_grows_the_storage_breaks_the_graph() -> None:
+    # Note [In-place changes of a tensor's shape] (kiln_dynamo's fake.py): a fake tensor's storage
+    # cannot grow, so the resize runs eagerly, with the reason
     x = torch.randn(4)
     xe = x.clone()
-    with pytest.warns(RuntimeWarning, match="mutating operator without a functional form"):
-        got = kiln.compile(lambda t: t.resize_(3, 3).fill_(1.0))(x)
+    got = kiln.compile(lambda t: t.resize_(3, 3).fill_(1.0))(x)
     assert x.shape == (3, 3) and torch.equal(got, xe.resize_(3, 3).fill_(1.0))
+    stats = kiln.capture_stats()
+    assert any("grows the tensor's storage" in b.reason for b in stats.break_reasons), stats
+
+
+def test_an_operator_of_python_numbers_is_a_constant() -> None:
+    """Longformer's `torch.div(seq_len, window, rounding_mode="trunc")` on Python ints, used as a
+    view size: a constant fake of its value (kiln_dynamo fake.py), one graph, eager's answer."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        chunks = torch.div(x.shape[1], 4, rounding_mode="trunc")
+        return x.view(x.shape[0], chunks, 4) * 2, chunks
+
+    x = torch.randn(2, 8)
+    got, want = kiln.compile(fn)(x), fn(x)
+    assert kiln.capture_stats().graphs == 1 and not kiln.capture_stats().break_reasons
+    for g, w in zip(got, want, strict=True):
+        assert (g.shape, g.dtype) == (w.shape, w.dtype)
+        torch.testing.assert_close(g, w)

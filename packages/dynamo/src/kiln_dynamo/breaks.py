@@ -55,17 +55,42 @@ the trace inlined (the trace already depends on that object: it read its cells).
 instruction runs in f0's code, so it must not depend on the frame it comes from
 (`resume.FRAME_FREE`: calls, operators, attribute and item stores, a jump on a tensor, which gives
 two chains of continuations, one per path); its name and constant arguments are moved into f0's
-code. A frame takes part only when no try block, with-block or loop surrounds its instruction (the
-handlers and exits of inlined frames are not in f0's code: an exception from the break
-instruction or from a continuation must leave the chain as it would leave the original frames),
-and, for inlined frames, when it is not a generator, has no cell variables (a closure made in the
+code. A frame takes part only when no loop surrounds its instruction; the innermost one also when
+no try block or with-block surrounds its break instruction (that instruction runs in f0's code);
+an outer frame's call may sit in a try block or in a with-block whose exit kiln rebuilds (Note [A
+chain through try and with blocks]); and, for inlined frames, when it is not a generator, has no cell variables (a closure made in the
 frame would keep the old cell), its closure is a real function's, and it does not read its own
 locals by name. Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
 the shorter path); a chain of one frame is the ordinary split. Exceptions leave as in eager:
 raised by the break instruction or by a continuation, they propagate out with no handler of the
-chain's frames skipped (none covers those points); tracebacks show the continuations' frames
-instead of the originals. Measured on the generated matrix (`test_graph_breaks.py`): a break
+chain's frames skipped (Note [A chain through try and with blocks]); tracebacks show the
+continuations' frames instead of the originals. Measured on the generated matrix (`test_graph_breaks.py`): a break
 three calls down was 8 graphs / 4 splits, now 2 / 1, the same as at top level.
+
+Note [A chain through try and with blocks]: transformers calls every model through a wrapper
+whose call sits in a try/finally (`capture_outputs`), so a break in the model must split a chain
+through that frame. An outer frame fi (i < d) whose call into fi+1 sits in a try block, or in a
+with-block over a context manager whose exit the runner rebuilds (grad mode, autocast:
+`WithExitVariable`), takes part; each point where eager would enter fi's handler then enters the
+same handler in fi's continuation:
+- the continuation is a copy of fi's code, exception table included, and its prologue's call of
+  fi+1's continuation stands for fi's call, so it carries that call's handler (`resume_code`):
+  an exception a continuation raises unwinds into fi's handler, with fi's locals (the locals the
+  handler reads are passed too: `handler_at_call`), and a with-block's exit on the stack below;
+- the break instruction runs in f0's split code, where none of those handlers is: there it is
+  covered by a handler that calls a second set of continuations (`SplitPlan.on_raise`), the same
+  frames at the same points, whose innermost call is `reraise(e)` instead of fd's continuation.
+  The exception leaves fd (which may hold no handler at its break instruction) and reaches
+  fd-1's handler, and so on out, as in eager; a handler that catches it returns a value, which
+  the frame above continues with. The split code does not PUSH_EXC_INFO: no handler runs between
+  the break instruction and the frames' own.
+A finally body or `__exit__` so runs exactly once, in eager's order, on every path (tested against
+eager in test_chain_splits.py, on 3.11 and 3.12). What stays as before: an exception raised at run
+time by an operator of the graph before the break (Note [Tracing try blocks] in translator.py).
+The first pass of a frame whose own call sits in a try block moves its break before the block
+(`before`); a chain split is still tried first, and that split is the fallback. Measured
+(`breaks.py --models --only=segformer,wav2vec2 --no-torch`): wav2vec2 train 3/3/3 -> 3/2/2;
+segformer is unchanged (2/4/5: its breaks construct a weakref under transformers' lock).
 
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is
@@ -276,10 +301,17 @@ def _chain_obstacle(tx: InstructionTranslator, level: int, innermost: bool) -> s
             return own
     if f.in_loop(offset):
         return "the call is inside a loop"
-    if f.in_try(offset):
-        return "the call is inside a try block"
-    if f.with_depths(offset):
-        return "the call is inside a with-block"
+    if innermost:
+        if f.in_try(offset):
+            return "the break is inside a try block"
+        if f.with_depths(offset):
+            return "the break is inside a with-block"
+    else:  # Note [A chain through try and with blocks]
+        for d in f.with_depths(offset):
+            slot = tx.stack[d - 1] if 0 < d <= len(tx.stack) else None
+            if not isinstance(slot, WithExitVariable):
+                what = slot.describe() if slot is not None else "an unknown context manager"
+                return f"the call is inside a with-block ({what}) whose exit kiln cannot rebuild"
     if innermost:
         ins = f.instrs[f.at(offset)]
         eff = resume.effect(ins)
@@ -324,6 +356,9 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
         k = f.at(t.current.offset)
         original, at = resume.original_of(t.code, f.instrs[k + 1].offset if target is None else target)
         live = resume.live_locals(original, at)
+        handler = resume.handler_at_call(original, at) if inner is not None else None
+        if handler is not None:  # what the handler around the call reads, when it runs
+            live |= resume.live_locals(original, handler)
         args: list[resume.ArgSource] = [("r", i) for i in below if i is not None]
         args += list(inner.args) if inner is not None else [("t", j) for j in range(pushed)]
         names: list[str] = []
@@ -393,6 +428,9 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
     if eff.branch is not None:  # a jump on a tensor's truth value: a continuation per path
         assert ins.target is not None
         branch = nest(tail(d, slots[: len(stack) - eff.pops], eff.branch, ins.target.offset))
+    on_raise = None
+    if any(_covered(t) for t in txs[:d]):  # Note [A chain through try and with blocks]
+        on_raise = nest(resume.Tail(resume.reraise.__code__, (("x", 0),), 0, resume.reraise))
     plan = resume.SplitPlan(
         tuple(resume.call_group(f, k)),
         consumed,
@@ -402,5 +440,13 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
         (),
         ins.lineno,
         group_code=inner.code,
+        on_raise=on_raise,
     )
     return values, plan
+
+
+def _covered(tx: InstructionTranslator) -> bool:
+    """Whether a handler (try or with-block) covers the call frame `tx` is running."""
+    assert tx.current is not None
+    f = resume.facts(tx.code)
+    return f.instrs[f.at(tx.current.offset)].exn is not None

@@ -165,7 +165,7 @@ def _capture_or_split(
         raise first
     path = (
         chain_path(first)
-        if _chain_splits and not first.before and not loop_pieces.is_loop_piece(code)
+        if _chain_splits and (not first.before or first.inside_try) and not loop_pieces.is_loop_piece(code)
         else None
     )
     while path is not None:  # Note [Resuming a chain of frames] in breaks.py

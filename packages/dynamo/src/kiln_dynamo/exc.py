@@ -51,6 +51,7 @@ class Unsupported(Exception):
 
     break_offset: int | None = None
     not_split: str | None = None  # why the frame could not be split there, once that was tried
+    inside_try: bool = False  # `before` moved the break before a try block around the instruction
     note: str | None = None  # how the frame was split, when not at the break itself
     # the frame's code with its loop's exit calling a continuation (Note [Compiling what follows
     # a loop] in resume.py) and its body calling pieces (Note [Loop body pieces] in

@@ -192,6 +192,69 @@ def _symbolic(x: Any) -> bool:
     return isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
+# Note [In-place changes of a tensor's shape]: a FakeTensor is a wrapper whose sizes and strides
+# are set when it is made, and operators run on its inner meta tensor; an operator that changes
+# its tensor's geometry in place (`t_`, `unsqueeze_`, `resize_`...) changed only the meta tensor,
+# so Python reading `x.shape` afterwards saw the old shape (`x.unsqueeze_(0); return x.shape[0]`
+# returned 4 where eager returns 1; found in the ninth session). After such an operator the
+# wrapper is restrided to its meta tensor's geometry (through the Meta kernel of `as_strided_`,
+# which moves no data). What that cannot express breaks the graph before the operator runs: a
+# resize beyond the tensor's storage (the wrapper's storage cannot grow), `set_` (a fake does not
+# share another's storage), symbolic sizes.
+_METADATA_IN_PLACE = frozenset(
+    f"aten::{op}"
+    for op in (
+        "t_",
+        "transpose_",
+        "swapaxes_",
+        "swapdims_",
+        "unsqueeze_",
+        "squeeze_",
+        "resize_",
+        "resize_as_",
+        "as_strided_",
+    )
+)
+_META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+
+
+def _numel(size: Any) -> int:
+    n = 1
+    for d in size:
+        n *= int(d)
+    return n
+
+
+def _geometry_unsupported(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Why the in-place geometry change `name` cannot be followed (Note [In-place changes of a
+    tensor's shape]), or None."""
+    if name == "aten::set_":
+        return "it makes the tensor view another storage"
+    if name not in _METADATA_IN_PLACE:
+        return None
+    self = args[0] if args else kwargs.get("self")
+    if not isinstance(self, FakeTensor):
+        return None
+    flat = _flat(args, kwargs)
+    if any(_symbolic(x) for x in flat):
+        return "its sizes are symbolic"
+    if name in ("aten::resize_", "aten::resize_as_"):
+        other = args[1] if len(args) > 1 else kwargs.get("size", kwargs.get("the_template"))
+        numel = other.numel() if isinstance(other, torch.Tensor) else _numel(other)
+        need = (self.storage_offset() + numel) * self.element_size()
+        if numel and need > self.untyped_storage().nbytes():
+            return "it grows the tensor's storage"
+    return None
+
+
+def _follow_geometry(fake: FakeTensor) -> None:
+    m = fake.meta
+    if (fake.shape, fake.stride(), fake.storage_offset()) != (m.shape, m.stride(), m.storage_offset()):
+        torch.ops.aten.as_strided_.default.redispatch(
+            _META_KEYS, fake, m.size(), m.stride(), m.storage_offset()
+        )
+
+
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
@@ -212,6 +275,9 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if answer is not None:
             return tree_map(lambda m: FakeTensor(m, device) if isinstance(m, torch.Tensor) else m, answer)
         raise FakeUnsupported(f"operator {name} needs tensor data (not available while tracing)")
+    why = _geometry_unsupported(name, args, kwargs)  # Note [In-place changes of a tensor's shape]
+    if why is not None:
+        raise FakeUnsupported(f"operator {name} changes a tensor's shape in place and {why}")
     if name in _ASKS_THE_DEVICE:
         answer = _device_answer(func, device, args, kwargs)
         if answer is not None:
@@ -256,10 +322,15 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = _cpu_convolution_layout(out, m_args)
     real = _constant_results(func, flat, device, out, args, kwargs)
 
+    from_numbers = not any(isinstance(x, torch.Tensor) for x in flat)
+
     def wrap(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
             if x.device.type != "meta":
-                return x
+                # an operator of Python numbers only (`torch.div(n, 4, rounding_mode="trunc")`,
+                # Longformer's window count) runs for real on the CPU: a constant fake of its
+                # value (Note [Constant fakes]); it was returned as a real tensor, which broke
+                return _from_constant(x, device) if from_numbers else x
             hit = by_meta.get(id(x))
             if hit is not None:
                 return hit  # in-place op or alias returning an input
@@ -267,6 +338,8 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return x
 
     result = tree_map(wrap, out)
+    if name in _METADATA_IN_PLACE and args and isinstance(args[0], FakeTensor):
+        _follow_geometry(args[0])  # Note [In-place changes of a tensor's shape]
     if real is not None:
         for fake, value in zip(tree_flatten(result)[0], tree_flatten(real)[0], strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):

@@ -444,7 +444,11 @@ def resume_code(
         consts = (*consts, inner[0])
         prologue += [Instr("PUSH_NULL"), Instr("LOAD_CONST", len(consts) - 1)]
         prologue += [Instr("LOAD_FAST", varnames.index(f"___inner{i}")) for i in range(n_inner)]
-        prologue += _call(n_inner)
+        # Note [A chain through try and with blocks] (breaks.py): the call stands for the
+        # original's call before `offset`, so the handler around that call covers it too
+        k_call = f.at(offset) - 1
+        exn = body[k_call].exn if k_call >= 0 and body[k_call].opname in _CALLS else None
+        prologue += [Instr(c.opname, c.arg, exn=exn) for c in _call(n_inner)]
     jump = Instr("JUMP_FORWARD", target=body[f.at(offset)])
     prologue.append(jump)
     instrs = prologue + body
@@ -461,11 +465,33 @@ def resume_code(
     return code
 
 
+_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX"})
+
+
+def handler_at_call(original: types.CodeType, offset: int) -> int | None:
+    """The offset of the handler that covers the call right before `offset` in `original` (the
+    call a chain continuation's prologue stands for), or None."""
+    f = facts(original)
+    k = f.at(offset) - 1
+    if k < 0 or f.instrs[k].opname not in _CALLS:
+        return None
+    exn = f.instrs[k].exn
+    return None if exn is None else exn.target.offset
+
+
+def reraise(e: BaseException) -> None:
+    """The innermost call of a chain's continuations on the path where the break instruction
+    raised (Note [A chain through try and with blocks] in breaks.py): the exception leaves the
+    innermost frame as it left the break instruction."""
+    raise e
+
+
 # --- the code that replaces a split frame ------------------------------------------------------
 
 # One source for each kind of value a continuation call receives, in order (Note [Anatomy of a
 # split frame]): ("r", i) item i of the runner's tuple, ("t", i) what the break instruction left
-# in stack position i (0: deepest), ("c", name) the contents of a cell variable of the frame.
+# in stack position i (0: deepest), ("c", name) the contents of a cell variable of the frame,
+# ("x", 0) the exception the break instruction raised (Note [A chain through try and with blocks]).
 ArgSource = tuple[str, object]
 
 
@@ -493,6 +519,9 @@ class SplitPlan:
     # Note [Resuming a chain of frames] (breaks.py): the code the break instruction comes from,
     # when it is an inlined frame's
     group_code: types.CodeType | None = None
+    # Note [A chain through try and with blocks] (breaks.py): the continuation to call with the
+    # exception if the break instruction raises, when a frame of the chain has a handler there
+    on_raise: Tail | None = None
 
 
 def _call(n: int) -> list[Instr]:
@@ -506,7 +535,7 @@ def split_code(
 ) -> types.CodeType:
     """The code object that runs in place of the frame of `code` (Note [Anatomy of a split frame])."""
     pushed = max((t.pushed for t in (plan.fall, plan.branch) if t is not None), default=0)
-    temps = ["___r"] + [f"___t{i}" for i in range(pushed)]
+    temps = ["___r"] + [f"___t{i}" for i in range(pushed)] + (["___e"] if plan.on_raise is not None else [])
     varnames = list(code.co_varnames) + temps
     names = list(code.co_names)
     consts: list[object] = list(code.co_consts)
@@ -551,6 +580,11 @@ def split_code(
         for exit_fn in plan.exits:
             handler += [Instr("PUSH_NULL"), Instr("LOAD_CONST", const(exit_fn)), *_call(0), Instr("POP_TOP")]
         handler.append(Instr("RERAISE", 0))
+    if plan.on_raise is not None:
+        assert not plan.exits  # a chain's with-blocks exit in their own continuations
+        # the exception goes to the continuations as an argument, without PUSH_EXC_INFO: no
+        # handler of the original frames is between the break instruction and theirs
+        handler.append(Instr("STORE_FAST", varnames.index("___e")))
     entry = ExnEntry(handler[0], 0, False) if handler else None
     branch_label: Instr | None = None
     for ins in plan.group:
@@ -583,6 +617,8 @@ def split_code(
                 seq += r_item(x)
             elif kind == "t":
                 seq.append(Instr("LOAD_FAST", varnames.index(f"___t{x}")))
+            elif kind == "x":
+                seq.append(Instr("LOAD_FAST", varnames.index("___e")))
             else:
                 seq.append(Instr("LOAD_DEREF", lp(str(x))))
         seq += _call(len(t.args))
@@ -596,6 +632,8 @@ def split_code(
         seq = tail(plan.branch)
         branch_label.target = seq[0]
         out += seq
+    if plan.on_raise is not None:
+        handler += tail(plan.on_raise)
     out += handler
     for ins in out:
         if ins.lineno is None:

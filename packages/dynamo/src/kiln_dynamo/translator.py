@@ -342,9 +342,19 @@ class InstructionTranslator:
         starts = [start for start, end in self.facts.try_extents if start <= e.break_offset < end]
         if not starts:
             return e
+        start = min(starts)
+        if resume.is_resume_code(self.code):
+            try:
+                resume.original_of(self.code, start)
+            except KeyError:  # a chain continuation's prologue call: no point of the original
+                return e
         moved = Unsupported(e.msg, e.where, advice=e.advice, frames=e.frames, before=True, depth=0)
-        moved.break_offset = min(starts)
+        moved.break_offset = start
         moved.note = "split before the try block around it: kiln does not split a frame inside a try block"
+        # a break in a frame this one calls may still split the chain through the try block
+        # (Note [A chain through try and with blocks] in breaks.py)
+        moved.chain = e.chain
+        moved.inside_try = True
         return moved
 
     def jump(self, inst: dis.Instruction) -> None:

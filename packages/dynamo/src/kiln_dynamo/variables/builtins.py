@@ -365,6 +365,34 @@ def _is(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ConstantVariable(args[0].identity() is args[1].identity())
 
 
+def _id(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """Note [id() in the frame]: `id(obj)` is a constant when `obj` is an object from outside the
+    frame (a module, a user object, a function, a class: a tracker with a source whose identity is
+    the real object; a tensor that is an input of the graph, still its placeholder), guarded to be
+    that same object, as torch.compile does; a builtin's id is a constant too. An object made in
+    the frame, a tensor computed in it, a container kiln models (its tracker is not the real
+    object) has no id known at capture time: a break with that reason."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("id() takes exactly one argument")
+    vt = args[0]
+    obj = vt.identity()
+    if isinstance(vt, BuiltinVariable) and getattr(builtins, getattr(obj, "__name__", ""), None) is obj:
+        return ConstantVariable(id(obj))
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    if isinstance(vt, TensorVariable):  # an input of the graph is the caller's tensor itself
+        for node, source, value in tx.output.inputs:
+            if node is vt.node and isinstance(value, torch.Tensor):
+                tx.output.guards.identity(source, value)
+                return ConstantVariable(id(value))
+    if obj is vt or vt.source is None:
+        raise Unsupported(
+            f"id() of {vt.describe()}: no object from outside the frame whose identity kiln can guard"
+        )
+    tx.output.guards.identity(vt.source, obj)
+    return ConstantVariable(id(obj))
+
+
 def _partial(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.functions import PartialVariable
 
@@ -535,6 +563,7 @@ _HANDLERS: dict[Any, Handler] = {
     operator.getitem: _getitem,
     operator.contains: _contains,
     operator.is_: _is,
+    id: _id,
 }
 _HANDLERS.update({fn: _binary(fn) for fn in BINARY_OPERATORS})
 _HANDLERS.update({fn: _compare(fn) for fn in COMPARE_OPERATORS})

@@ -67,9 +67,25 @@ def guard_class_attr(tx: Tx, cls: type, name: str, static: object) -> None:
         guards.function(attr, static)
 
 
+def pending_class_attr(tx: Tx, cls: type, name: str) -> VT | None:
+    """What the frame has stored as `name` on `cls` or a class before it in the MRO, where that
+    is what a lookup on `cls` finds (Note [Setting a class attribute] in user_defined.py)."""
+    for klass in cls.__mro__:
+        hit = tx.output.side_effects.pending_attr(klass, name)
+        if hit is not None:
+            return hit
+        if name in vars(klass):
+            return None
+    return None
+
+
 def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source | None) -> VT:
     """An attribute found on the class of `obj`: methods bind, properties run, others wrap."""
     from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
+
+    pending = pending_class_attr(tx, type(obj), name)
+    if pending is not None:
+        return pending
 
     try:
         static = inspect.getattr_static(type(obj), name)

@@ -41,6 +41,7 @@ from kiln_dynamo.variables.nn_module import (
     class_attribute,
     construct_module,
     guard_class_attr,
+    pending_class_attr,
 )
 
 if TYPE_CHECKING:
@@ -89,6 +90,11 @@ class UserClassVariable(VariableTracker):
         return self.cls
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        pending = pending_class_attr(tx, self.cls, name)
+        if pending is not None:
+            return pending
+        if name == "__dict__" and _stored_on(tx, self.cls):
+            raise Unsupported(f"{self.describe()}.__dict__ after the frame set a class attribute")
         if name == "apply" and is_autograd_function(self.cls):
             return AutogradFunctionApplyVariable(self.cls)  # Note [autograd.Function in the graph]
         try:
@@ -108,6 +114,38 @@ class UserClassVariable(VariableTracker):
         return tx.wrap(
             getattr(self.cls, name), AttrSource(self.source, name) if self.source is not None else None
         )
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        """Note [Setting a class attribute]: `Cls.flag = value` on a class from outside the frame
+        (a global, a closure, a module attribute: a tracker with a source) is a side effect replayed
+        after the graph, as a store on an existing object is; reads later in the frame see the
+        stored value through every lookup that consults the class (`Cls.flag`, `obj.flag` on an
+        instance, old or made in the frame, `super()`, `hasattr`), since they look for a pending
+        store along the MRO before the real class. Only plain values (numbers, strings, None, a
+        tensor) are stored, so that no lookup has a descriptor to run; not a dunder (the
+        interpreter reads those without kiln), not on a metaclass other than `type`/`ABCMeta` nor
+        on a built-in or immutable type (the store raises TypeError there, at once), and
+        not on a class with a module or autograd.Function below it (their lookups are kiln's own).
+        The guards on what the frame read before the store see the new value on the next call (a
+        counter bumped on every call recompiles every call, as in torch.compile). A class made in
+        the frame, and anything else, stays a break with its reason."""
+        cls: Any = self.cls
+        what = f"setting attribute {name!r} on {self.describe()}"
+        if cls in _LOCAL_CLASSES:
+            raise Unsupported(f"{what}: the class is made in the frame")
+        if name.startswith("__") and name.endswith("__"):
+            raise Unsupported(f"{what}: a dunder, which Python reads without kiln")
+        if type(cls) not in (type, abc.ABCMeta):
+            raise Unsupported(f"{what}: its metaclass is {type(cls).__name__}")
+        if not cls.__flags__ & _HEAPTYPE or cls.__flags__ & _IMMUTABLETYPE:
+            raise Unsupported(f"{what}: a built-in or immutable type, which refuses the store")
+        if any(issubclass(c, (nn.Module, torch.autograd.Function)) for c in _with_subclasses(cls)):
+            raise Unsupported(f"{what}: a module or autograd.Function class, or a base of one")
+        if self.source is None:
+            raise Unsupported(f"{what}: kiln has no source to replay the store through")
+        if not _plain_value(value):
+            raise Unsupported(f"{what}: the value is a {value.describe()}, not a plain value")
+        tx.output.side_effects.store_attr(self, cls, name, value)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         cls: Any = self.cls
@@ -152,6 +190,35 @@ class UserClassVariable(VariableTracker):
         return obj
 
 
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: setting an attribute raises TypeError
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def _with_subclasses(cls: type) -> list[type]:
+    out: list[type] = [cls]
+    todo: list[type] = [cls]
+    while todo:
+        sub: type
+        for sub in type.__subclasses__(todo.pop()):
+            if sub not in out:
+                out.append(sub)
+                todo.append(sub)
+    return out
+
+
+def _plain_value(value: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    if isinstance(value, TensorVariable):
+        return True
+    return isinstance(value, ConstantVariable) and type(value.value) in (int, float, bool, str, type(None))
+
+
+def _stored_on(tx: Tx, cls: type) -> bool:
+    """Whether the frame has stored an attribute on `cls` (Note [Setting a class attribute])."""
+    return any(target.identity() is cls for target, _, _ in tx.output.side_effects.attr_stores)
+
+
 class NewObjectVariable(VariableTracker):
     """An instance of a user class created inside the frame."""
 
@@ -170,6 +237,9 @@ class NewObjectVariable(VariableTracker):
             return self.attrs[name]
         if name == "__class__":
             return tx.wrap(self.cls, None)
+        pending = pending_class_attr(tx, self.cls, name)
+        if pending is not None:
+            return pending
         try:
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
@@ -237,6 +307,8 @@ class SuperVariable(VariableTracker):
         if cls not in mro:
             raise Unsupported("super(): class not in the MRO of the object")
         for klass in mro[mro.index(cls) + 1 :]:
+            if tx.output.side_effects.pending_attr(klass, name) is not None:
+                raise Unsupported(f"super().{name} after the frame set it on {klass.__qualname__}")
             if name in vars(klass):
                 attr = vars(klass)[name]
                 guard_class_attr(tx, klass, name, attr)
