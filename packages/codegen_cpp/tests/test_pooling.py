@@ -9,6 +9,8 @@ import pytest
 import torch
 from cpp_check import aten, check
 
+from kiln_loopir.testing import max_pool_backward_inputs
+
 CASES: list[tuple[tuple[int, ...], Any, Any, Any, Any, bool]] = [
     ((2, 3, 8, 8), [2, 2], [], 0, 1, False),
     ((2, 3, 9, 7), [3, 3], [2, 2], 1, 1, False),
@@ -41,3 +43,24 @@ def test_max_pool2d_after_batch_norm_walks_rows_innermost() -> None:
     loops = re.findall(r"for \(int64_t (x\d) = 0; \1 < INT64_C\((\d+)\)", source)
     # The innermost loop is the output's last dim (4 columns), not the channels (4 too: by name).
     assert loops and loops[-1][0] == "x3", loops
+
+
+BACKWARD_CASES = [*CASES, ((2, 3, 10, 10), [3, 3], [1, 1], 1, 1, False)]
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_backward_gathers(case: Any, dtype: torch.dtype, channels_last: bool) -> None:
+    # Note [Max pooling backward as a gather]: masked candidate windows compile to C++ too
+    shape, k, s, p, d, ceil = case
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x.view(-1)[10:14] = 1.0  # ties: the gradient goes to the first maximum only
+    grad, x, indices = max_pool_backward_inputs(x, case, channels_last)
+    compiled = check(
+        lambda g, x, i: aten.max_pool2d_with_indices_backward.default(g, x, k, s, p, d, ceil, i),
+        grad,
+        x,
+        indices,
+    )
+    assert compiled.stats.extern_calls == 0

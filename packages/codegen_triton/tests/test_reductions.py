@@ -221,6 +221,24 @@ def test_batch_statistics_of_few_channels_split(channels_last: bool, device: str
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("min_chunk", [64, 256])
+def test_channels_last_batch_statistics_split_into_short_chunks(min_chunk: int, device: str) -> None:
+    """Note [Short chunks of column reductions]: NHWC statistics over 8x14x14 = 1568 rows of 64
+    channels split into chunks as short as ``split_outer_min_chunk`` rows (32 chunks of 49 rows by
+    default; 8 of 196 under the row rule's 256), equal to eager either way."""
+
+    def fn(x: torch.Tensor) -> Any:
+        return aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+
+    x = make((8, 64, 14, 14), low=-3, high=5).contiguous(memory_format=torch.channels_last)
+    backend = TritonBackend(split_outer_min_chunk=min_chunk)
+    check(fn, x, device=device, backend=backend)
+    partials = [s for s in backend.last_specs if "_partial" in s.name]
+    assert partials and partials[0].outer
+    assert partials[0].xnumel == 64 * (32 if min_chunk == 64 else 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_mul_then_sum_is_one_kernel(device: str) -> None:
     """Issue 19, fusion bounds: the product inlines into the reduction, the bf16 result is its
     epilogue; the float32 sum of a rounded product likewise (sizes below the split threshold)."""

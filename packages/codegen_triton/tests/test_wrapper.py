@@ -288,3 +288,124 @@ def test_guarded_inputs_are_checked_for_their_storage_offset_only(device: str) -
     assert shifted.storage_offset() == 8 and shifted.stride() == x.stride()
     torch.testing.assert_close(compiled(shifted, y), f(shifted, y))
     torch.testing.assert_close(compiled(x, y), f(x, y))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_input_differing_only_in_size_one_strides_is_not_copied(device: str) -> None:
+    """Note [A lean wrapper]: a dim of one element is never stepped over, so the input check
+    compares strides on the other dims only (a saved BatchNorm statistic of shape (1, C, 1, 1) was
+    copied on every backward call); a stride that does matter still gets the input copied."""
+
+    def f(x: Any, y: Any) -> Any:
+        return aten.mul.Tensor(x, y)
+
+    x, y = to_device([make((1, 8, 1, 1)), make((2, 8, 3, 3))], device)
+    backend = TritonBackend()
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x, y], backend=backend)
+    assert "x.stride(1) != 1 or" in backend.last_wrapper and "x.stride() !=" not in backend.last_wrapper
+    odd = torch.empty_strided((1, 8, 1, 1), (1, 1, 1, 1), device=device).copy_(x)  # as the forward returns it
+    sliced = torch.cat([x, x], dim=1)[:, ::2]  # stride 2 on the dim of 8: must be copied
+    assert sliced.stride(1) == 2
+    for value in (x, odd, sliced):
+        torch.testing.assert_close(compiled(value, y), f(value, y))
+
+
+class _NoLaunch:
+    def install(self, namespace: dict[str, Any], slot: str) -> None:
+        namespace[slot] = lambda *args: None
+
+
+def _gpu_form(monkeypatch: pytest.MonkeyPatch, gm: Any, inputs: list[Any], lean: str) -> dict[str, Any]:
+    """The wrapper a GPU gets for ``gm``, generated for CPU tensors with kernels not launched:
+    its ``source``, ``call`` and ``namespace``."""
+    from kiln_codegen_triton import wrapper as wrapper_module
+
+    class GpuForm(wrapper_module.WrapperCodegen):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.pointers = True
+            self.flat_inputs = self._inputs_needing_flat_views()
+            self.namespace["_get_stream"] = lambda index: 0
+
+    monkeypatch.setenv("KILN_LEAN_WRAPPER", lean)
+    captured: dict[str, Any] = {}
+
+    def make_wrapper(schedule: Any, graph: Any, groups: Any, launchers: Any, *a: Any, **k: Any) -> Any:
+        gen = GpuForm(schedule, graph, groups, {n: _NoLaunch() for n in launchers}, *a, **k)
+        source = gen.generate()
+        exec(compile(source, "<gpu form>", "exec"), gen.namespace)
+        captured.update(source=source, call=gen.namespace["call"], namespace=gen.namespace)
+        return gen.namespace["call"], source
+
+    monkeypatch.setattr("kiln_codegen_triton.backend.make_wrapper", make_wrapper)
+    compile_graph(gm, inputs, backend=TritonBackend())
+    return captured
+
+
+def _conv(x: Any, w: Any) -> Any:
+    return aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+
+
+def test_the_gpu_wrapper_takes_reused_buffers_and_extern_results_in_their_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [A lean wrapper], on the wrapper a GPU gets: a buffer that takes over a freed one of
+    its layout is passed to the next convolution as it is, not re-viewed; int lists are tuple
+    literals; an extern result in its planned layout is taken as returned, one in other strides
+    is copied into it. Switched off, the wrapper builds the views again."""
+
+    def f(x: Any, w1: Any, w2: Any, w3: Any) -> Any:
+        a = aten.relu.default(_conv(x, w1))
+        b = aten.relu.default(_conv(a, w2))
+        c = aten.relu.default(_conv(b, w3))
+        return _conv(c, w3)
+
+    inputs = [make((2, 4, 6, 6)), make((4, 4, 3, 3)), make((4, 4, 3, 3)), make((4, 4, 3, 3))]
+    gm = torch.fx.symbolic_trace(f)
+    sources = {}
+    for lean in ("1", "0"):
+        captured = _gpu_form(monkeypatch, gm, inputs, lean)
+        sources[lean] = captured["source"]
+        want = gm(*inputs)
+        out = captured["call"](*inputs)
+        assert out.shape == want.shape and out.stride() == want.stride()
+        # an extern result in other strides than planned is copied into the planned layout
+        namespace = captured["namespace"]
+        last = max(
+            (s for s in namespace if s.startswith("_op_")), key=lambda s: int(s.removeprefix("_op_extern"))
+        )
+        other = want.to(memory_format=torch.channels_last) if want.is_contiguous() else want.contiguous()
+        namespace[last] = lambda *args, other=other, **kwargs: other
+        out = captured["call"](*inputs)
+        assert out.stride() == want.stride() and out.data_ptr() != other.data_ptr()
+        torch.testing.assert_close(out, want)
+    lean, full = sources["1"], sources["0"]
+    assert "reuses" in lean and "[1, 1]" not in lean and "(1, 1)" in lean, lean
+    assert lean.count(".as_strided(") < full.count(".as_strided("), (lean, full)
+    assert "= _r if _r.shape ==" in lean and "= _r if" not in full
+
+
+def test_the_gpu_wrapper_takes_an_extern_result_differing_only_in_size_one_strides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [A lean wrapper]: a convolution result of shape (N, C, 1, 1) read by the next
+    convolution is taken as returned when its strides differ from the planned ones only on the
+    size-one dims (it was copied on every call); the graph's output keeps eager's strides."""
+
+    def f(x: Any, w1: Any, w2: Any) -> Any:
+        return _conv(aten.relu.default(_conv(x, w1)), w2)
+
+    inputs = [make((2, 4, 1, 1)), make((4, 4, 3, 3)), make((4, 4, 3, 3))]
+    gm = torch.fx.symbolic_trace(f)
+    captured = _gpu_form(monkeypatch, gm, inputs, "1")
+    namespace, want = captured["namespace"], gm(*inputs)
+    first = min(
+        (s for s in namespace if s.startswith("_op_")), key=lambda s: int(s.removeprefix("_op_extern"))
+    )
+    odd = torch.empty_strided((2, 4, 1, 1), (4, 1, 7, 5))
+    namespace[first] = lambda *args, **kwargs: odd
+    copies: list[Any] = []
+    dense = namespace["_dense"]
+    namespace["_dense"] = lambda *args: copies.append(args) or dense(*args)
+    out = captured["call"](*inputs)
+    assert copies == [] and out.shape == want.shape and out.stride() == want.stride()

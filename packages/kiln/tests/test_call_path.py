@@ -53,6 +53,28 @@ def test_input_with_other_strides_recompiles() -> None:
     assert kiln.capture_stats().graphs == 2
 
 
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_symbolic_graphs_check_offsets_and_the_guard_the_rest(cpu_backend: str) -> None:
+    """A symbolic forward graph's wrapper checks only storage offsets too (Note [Inputs the frame
+    guard checks]): an input at another offset is conformed, one with other strides recompiles,
+    a parameter's new tensor of the same layout is read, sizes 2..9 share one graph."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    c = kiln.compile(m, dynamic=True, options={"cpu_backend": cpu_backend})
+    with torch.no_grad():
+        for b in (2, 5, 9):
+            x = torch.randn(b, 8)
+            torch.testing.assert_close(c(x), m(x))
+        shifted = torch.cat([torch.randn(1, 8), torch.randn(6, 8)])[1:]
+        assert shifted.storage_offset() == 8
+        torch.testing.assert_close(c(shifted), m(shifted))
+        assert kiln.capture_stats().graphs == 1
+        m[2].bias.data = torch.randn(4)
+        torch.testing.assert_close(c(x), m(x))
+        t = torch.randn(8, 7).t()  # other strides: the guard sends it to another graph
+        torch.testing.assert_close(c(t), m(t))
+        assert kiln.capture_stats().graphs == 2
+
+
 def test_in_place_parameter_update_is_seen() -> None:
     m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
     x = torch.randn(3, 8)

@@ -1,5 +1,5 @@
 """Training graphs with convolutions under the CUDA layout rule (forced on CPU tensors with
-``layout_policy="cuda"``, and opted into with ``layout_training=True``: off by default, Note
+``layout_policy="cuda"``; ``layout_training``, on by default, named here so the tests say it: Note
 [Channels-last for convolutions]): the forward runs channels-last, leaves the activations it saves in that
 layout, and the backward graph is compiled for those strides (Note [Saved activations in the
 forward's layout] in kiln_aotgrad, Note [Outputs only the backward reads] in kiln_loopir). Both
@@ -38,7 +38,7 @@ class _ConvNet(nn.Module):
             nn.Conv2d(8, 16, 3, padding=1),
             nn.BatchNorm2d(16),
             nn.ReLU(),
-            nn.Conv2d(16, 16, 3, padding=1, groups=16),  # depthwise: channels-last still wins
+            nn.Conv2d(16, 16, 3, padding=1),
             nn.ReLU(),
         )
         self.head = nn.Linear(16, 5)
@@ -106,14 +106,63 @@ def test_a_conv_net_trains_channels_last_with_eagers_gradients(
     assert restrided, "no saved activation kept the forward's channels-last layout"
 
 
-def test_a_grouped_convolution_keeps_training_in_eagers_layouts(caplog: pytest.LogCaptureFixture) -> None:
-    model = nn.Sequential(nn.Conv2d(4, 8, 3, groups=2), nn.ReLU()).train()
+@pytest.mark.parametrize(
+    ("groups", "why"), [(2, "grouped convs (slower in NHWC)"), (4, "depthwise convs (NHWC weight gradient")]
+)
+def test_grouped_and_depthwise_convolutions_keep_training_in_eagers_layouts(
+    groups: int, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = nn.Sequential(nn.Conv2d(4, 8 if groups == 2 else 4, 3, groups=groups), nn.ReLU()).train()
     reference = copy.deepcopy(model)
     compiled = kiln.compile(model, options={"layout_policy": "cuda", "layout_training": True, "strict": True})
     x = torch.randn(2, 4, 8, 8)
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
         compiled(x).sum().backward()
     reference(x).sum().backward()
-    assert "grouped convs (slower in NHWC)" in caplog.text
+    assert why in caplog.text
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+
+
+class _AtenCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops run outside generated kernels, with their tensor arguments."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[torch.Tensor]]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        tensors = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        self.calls.append((str(func.overloadpacket.__name__), tensors))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_layout_conversion_is_left_around_the_convolutions_backward() -> None:
+    """Note [Channels-last for convolutions]: the max-pool backward is a generated kernel (Note [Max
+    pooling backward as a gather]) and every convolution backward gets its gradient and its input
+    in NHWC, the network's image included (an NCHW input beside an NHWC gradient made cuDNN convert
+    the whole gradient)."""
+    torch.manual_seed(0)
+    model = _ConvNet().train()
+    reference = copy.deepcopy(model)
+    options = {"layout_policy": "cuda", "layout_training": True, "cpu_backend": "triton", "strict": True}
+    compiled = kiln.compile(model, options=options)
+    x = torch.randn(2, 3, 8, 8)
+    compiled(x).square().sum().backward()  # compiles both graphs
+    for p in model.parameters():
+        p.grad = None
+    recorder = _AtenCalls()
+    with recorder:
+        out = compiled(x)
+        out.square().sum().backward()
+    reference(x).square().sum().backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-3)
+    names = [name for name, _ in recorder.calls]
+    assert "max_pool2d_with_indices_backward" not in names, names
+    backward_convs = [tensors for name, tensors in recorder.calls if name == "convolution_backward"]
+    assert len(backward_convs) == 3
+    for tensors in backward_convs:
+        grad, inp = tensors[0], tensors[1]
+        assert grad.is_contiguous(memory_format=torch.channels_last), grad.stride()
+        assert inp.is_contiguous(memory_format=torch.channels_last), inp.stride()

@@ -93,6 +93,12 @@ def test_merge_loops_collapses_contiguous_dims() -> None:
 def test_as_strided_params() -> None:
     assert as_strided_params(3 + 5 * x0 + x1, [x0, x1]) == ([5, 1], 3)
     assert as_strided_params(FloorDiv(x0, Int(2)), [x0]) is None
+    # Note [Views with symbolic strides]: size symbols may appear in strides and offset, no other
+    s0, s1, t = sympy.symbols("s0 s1 tmp0", integer=True, positive=True)
+    assert as_strided_params(16 + 48 * s1 * x0 + 48 * x1, [x0, x1], {s0, s1}) == ([48 * s1, 48], 16)
+    assert as_strided_params(s0 + x0, [x0], {s0}) == ([1], s0)
+    assert as_strided_params(48 * s1 * x0, [x0]) is None
+    assert as_strided_params(t * x0, [x0], {s0, s1}) is None
 
 
 RESHAPES = [
@@ -140,3 +146,27 @@ def test_symbolic_divisors() -> None:
         assert simplify_index(row, {x: s0 * s1, r: Int(32)}) == 32 * x + r
     # outside a graph with those size symbols the coefficients are not known to be sizes
     assert simplify_index(split, {x: s1, r: s0}) != e
+
+
+def test_a_rows_offset_leaves_a_symbolic_division() -> None:
+    """Note [Symbolic divisors], ``_drop_low_symbolic``: ``(r + 64*x) // (64*s1)`` with ``r < 64``
+    is ``x // s1``, so a fused layer norm's load of its row statistics is its own store's index
+    (``x``) and the digits of a flat position recombine; a low part that may reach 64 stays."""
+    from kiln_loopir.sizevars import SizeVars, using
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    x, r = sympy.symbols("x r", integer=True, nonnegative=True)
+    flat = r + 64 * x
+    ranges = {x: s0 * s1, r: Int(64)}
+    assert simplify_index(FloorDiv(flat, 64 * s1), ranges) == FloorDiv(x, s1)
+    assert simplify_index(ModularIndexing(flat, 64 * s1, s0), ranges) == FloorDiv(x, s1)  # x < s0*s1
+    assert simplify_index(ModularIndexing(flat, 64 * s1, s0), {x: 2 * s0 * s1, r: Int(64)}) == (
+        ModularIndexing(x, s1, s0)
+    )
+    with using(SizeVars(hints={s0: 5, s1: 7})):
+        stats = s1 * FloorDiv(flat, 64 * s1) + ModularIndexing(x, Int(1), s1)
+        assert simplify_index(stats, ranges) == x
+        store = r + 64 * ModularIndexing(x, Int(1), s1) + 64 * s1 * FloorDiv(flat, 64 * s1)
+        assert simplify_index(store, ranges) == flat
+    wide = {x: s0 * s1, r: Int(65)}
+    assert simplify_index(FloorDiv(flat, 64 * s1), wide) == FloorDiv(flat, 64 * s1)

@@ -126,10 +126,12 @@ def test_layout_option_off_keeps_eager_layouts() -> None:
     assert conv_ops(compiled)[1].args[0].layout.stride[-1] == 1  # NCHW
 
 
-def test_cuda_rule_keeps_training_graphs_in_eager_layouts_by_default() -> None:
+def test_cuda_rule_runs_training_graphs_channels_last_by_default_unless_switched_off() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)
     compiled = check(gm, *inputs, options=CUDA_RULE)  # grad mode on: a training graph
+    assert compiled.graph.channels_last
+    compiled = check(gm, *inputs, options={**CUDA_RULE, "layout_training": False})
     assert not compiled.graph.channels_last
     assert any("layout_training=False" in text for _, text in compiled.passes.record)
 
@@ -192,7 +194,9 @@ def test_cuda_rule_weighs_conv_classes() -> None:
     assert _policy(depthwise).channels_last
     decision = _policy(grouped)
     assert not decision.channels_last and "grouped x1" in decision.reason
-    assert _policy(depthwise, inference=False).channels_last  # training: on, depthwise is not "grouped"
+    # training: depthwise convs keep eager's layouts too (their NHWC weight gradient is slower)
+    decision = _policy(depthwise, inference=False)
+    assert not decision.channels_last and "depthwise" in decision.reason
     assert not _policy(grouped, inference=False).channels_last
 
 

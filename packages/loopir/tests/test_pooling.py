@@ -9,6 +9,7 @@ import torch
 from helpers import aten, check
 
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import max_pool_backward_inputs
 
 # (input shape, kernel, stride, padding, dilation, ceil_mode)
 CASES: list[tuple[tuple[int, ...], Any, Any, Any, Any, bool]] = [
@@ -65,3 +66,60 @@ def test_large_windows_stay_extern() -> None:
     expected = f(x)
     torch.testing.assert_close(values, expected[0])
     assert torch.equal(indices, expected[1])
+
+
+# Note [Max pooling backward as a gather]: the cases above plus windows that overlap (3x3 stride
+# 1, up to 9 candidates per element) and a 1-D-batched 3-D input
+BACKWARD_CASES = [*CASES, ((2, 3, 10, 10), [3, 3], [1, 1], 1, 1, False)]
+
+
+def pool_backward_inputs(
+    shape: tuple[int, ...], case: Any, dtype: torch.dtype, channels_last: bool
+) -> list[torch.Tensor]:
+    """(grad, x, indices) as autograd would pass them: indices from eager's forward, ties planted."""
+    return max_pool_backward_inputs(special_values(shape, dtype), case, channels_last)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_backward_gathers(case: Any, dtype: torch.dtype, channels_last: bool) -> None:
+    shape, k, s, p, d, ceil = case
+    grad, x, indices = pool_backward_inputs(shape, case, dtype, channels_last)
+    compiled = check(
+        lambda g, x, i: aten.max_pool2d_with_indices_backward.default(g, x, k, s, p, d, ceil, i),
+        grad,
+        x,
+        indices,
+    )
+    assert compiled.stats.extern_calls == 0  # a kernel, not eager's scatter
+
+
+def test_max_pool2d_backward_fuses_with_the_relu_backward() -> None:
+    def f(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        dx = aten.max_pool2d_with_indices_backward.default(g, x, [2, 2], [2, 2], 0, 1, False, i)
+        return aten.threshold_backward.default(dx, x, 0.0)
+
+    case = ((2, 4, 8, 8), [2, 2], [2, 2], 0, 1, False)
+    grad, x, indices = pool_backward_inputs(case[0], case, torch.float32, False)
+    compiled = check(f, grad, x, indices)
+    assert compiled.stats.kernels == 1 and compiled.stats.extern_calls == 0
+
+
+def test_max_pool2d_backward_extern_when_asked_or_too_many_windows() -> None:
+    def f(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices_backward.default(g, x, [9, 9], [1, 1], 0, 1, False, i)
+
+    case = ((1, 2, 12, 12), [9, 9], [1, 1], 0, 1, False)
+    grad, x, indices = pool_backward_inputs(case[0], case, torch.float32, False)
+    compiled = check(f, grad, x, indices, allow_fallback=True)
+    assert compiled.stats.extern_calls == 1
+    assert "candidate windows" in compiled.stats.fallbacks[0][1]
+    small = ((2, 3, 8, 8), [2, 2], [2, 2], 0, 1, False)
+    grad, x, indices = pool_backward_inputs(small[0], small, torch.float32, False)
+
+    def g(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices_backward.default(g, x, [2, 2], [2, 2], 0, 1, False, i)
+
+    off = check(g, grad, x, indices, options={"pool_backward": False})
+    assert off.stats.extern_calls == 1

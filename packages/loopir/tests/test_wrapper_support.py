@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from kiln_loopir.wrapper_support import BOUND_OPS, extern_callable
+from kiln_loopir.wrapper_support import BOUND_OPS, NN_BOUND_OPS, extern_callable
 
 aten = torch.ops.aten
 
@@ -16,6 +16,7 @@ aten = torch.ops.aten
 def _samples() -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     a, b = torch.randn(3, 4), torch.randn(4, 5)
     q = k = v = torch.randn(1, 2, 4, 8)
+    x = torch.randn(2, 2, 7, 6).to(memory_format=torch.channels_last)
     return [
         (aten.mm.default, (a, b), {}),
         (aten.addmm.default, (torch.randn(5), a, b), {"beta": 0.5, "alpha": 2.0}),
@@ -42,6 +43,17 @@ def _samples() -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
         (aten.embedding.default, (torch.randn(10, 3), torch.tensor([[1, 2], [3, 9]])), {}),
         (aten.native_layer_norm.default, (torch.randn(2, 6), [6], torch.randn(6), torch.randn(6), 1e-5), {}),
         (aten._scaled_dot_product_flash_attention_for_cpu.default, (q, k, v), {"scale": 0.5}),
+        (aten.max_pool2d_with_indices.default, (x, [3, 3], [2, 2], [1, 1], [1, 1], False), {}),
+        (aten.max_pool2d_with_indices.default, (x, (2, 2)), {"stride": (1, 1), "ceil_mode": True}),
+        (aten.max_pool3d_with_indices.default, (x.unsqueeze(2), [1, 2, 2]), {}),
+        (aten.avg_pool2d.default, (x, [3, 3], [2, 2], [1, 1], True, False, None), {}),
+        (aten.adaptive_max_pool2d.default, (x, [2, 3]), {}),
+        (aten._adaptive_avg_pool2d.default, (x, [1, 1]), {}),
+        (
+            aten._native_batch_norm_legit_no_training.default,
+            (x, torch.randn(2), torch.randn(2), torch.randn(2), torch.rand(2) + 0.5, 0.1, 1e-5),
+            {},
+        ),
     ]
 
 
@@ -57,6 +69,12 @@ def test_every_bound_op_has_a_binding_or_stays_an_overload() -> None:
     for name in BOUND_OPS:
         op = getattr(aten, name).default
         assert extern_callable(op) is getattr(torch._C._VariableFunctions, name, op)
+
+
+def test_every_nn_bound_op_has_its_binding_in_torch_nn() -> None:
+    for name in NN_BOUND_OPS:
+        op = getattr(aten, name).default
+        assert extern_callable(op) is getattr(torch._C._nn, name)
 
 
 def test_the_out_overload_writes_into_out() -> None:

@@ -98,6 +98,7 @@ TRITON_OPTIONS = {
     "split_min_rnumel": int,  # split.py
     "split_target_programs": int,
     "split_outer_target_programs": int,  # Note [Bytes per program] in heuristics.py
+    "split_outer_min_chunk": int,  # Note [Short chunks of column reductions] in split.py
     "split_rows": bool,  # Note [The second kernel reduces rows] in split.py
     "split_peel": bool,  # Note [Split reductions] in split.py: r-level members peeled off to split
     "max_persistent_rblock": int,
@@ -133,6 +134,7 @@ class TritonBackend(Backend):
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
+        split_outer_min_chunk: int = 64,
         split_rows: bool = True,
         split_peel: bool = True,
         autotune_min_bytes: int | None = None,
@@ -151,6 +153,7 @@ class TritonBackend(Backend):
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
+        self.split_outer_min_chunk = split_outer_min_chunk
         self.split_rows = split_rows
         self.split_peel = split_peel
         # Note [Autotuning large kernels in the default mode]: None = 128 MiB on a GPU, off elsewhere
@@ -431,6 +434,7 @@ class TritonBackend(Backend):
             target_programs=self.split_target_programs,
             outer_target_programs=self.split_outer_target_programs,
             rows=self.split_rows,
+            outer_min_chunk=self.split_outer_min_chunk,
         )
 
     def last_build(self) -> BuildReport:

@@ -34,6 +34,15 @@ from the size *hints* (the sizes of the call it was compiled at), with each symb
 taken as at least ``SYMBOLIC_MIN_EXTENT``: a block too large for a small size wastes masked
 lanes of a cheap kernel, one too small for a large size multiplies the programs of an expensive
 one. The grid is computed at every launch from the run's sizes (:func:`grid_source`).
+
+Decided (dyn9, issue 17): hints, not a per-size table picked at run time (torch.compile's
+per-bucket autotuning). ``scripts/triton_kernel_audit.py --model gpt2 --dtype bfloat16 --shapes
+2x16,...,32x512`` compares every launch of the symbolic graph with a static compile at the same
+size: the large kernels (rows of 768, the pointwise epilogues) get the configs the static graph
+gets at all nine shapes, because their blocks depend on static extents or saturate
+(``POINTWISE_XBLOCK``); only small pointwise kernels (<= 16K elements, at the launch-latency
+floor) differ (``X256 w1`` against ``X1024 w4``). A table would matter for a reduction whose
+*reduced* extent is symbolic (persistent vs looped, ``RBLOCK``): revisit when the audit shows one.
 """
 
 from __future__ import annotations

@@ -42,6 +42,15 @@ few programs: ConvNeXt's bfloat16 training step had four column reductions of 3-
 14-67 MB each, estimated at 0.3-2.8 ms apiece on an H200 by ``scripts/triton_kernel_audit.py``.
 Peeled only where every r-level member is stored anyway (not internal to the node) and reads
 nothing the node reduces; ``split_peel=False`` (a TritonBackend option) keeps such nodes whole.
+
+Note [Short chunks of column reductions]: a chunk of a row reduction is at least ``min_rnumel / 4``
+positions (256), one program's worth of long vector loads. A column reduction's program walks a
+tile of 64 columns by a few rows per step, so its chunks may be far shorter (``outer_min_chunk``,
+64 rows by default: ``split_outer_min_chunk``, a TritonBackend option). Channels-last BatchNorm
+statistics are column reductions over N*H*W rows; ResNet-50's at 14x14 and 7x7 (6272 and 1568 rows
+for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule: 64-128 programs
+of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
+kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
 """
 
 from __future__ import annotations
@@ -97,11 +106,13 @@ def plan_split(
     target_programs: int,
     outer_target_programs: int | None = None,
     rows: bool = True,
+    outer_min_chunk: int | None = None,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
     reduction aims at ``outer_target_programs`` partial programs when given: each of its
-    programs walks a narrow tile, so it needs more of them to keep the memory busy. ``rows``:
-    Note [The second kernel reduces rows]."""
+    programs walks a narrow tile, so it needs more of them to keep the memory busy, and its
+    chunks may be as short as ``outer_min_chunk`` rows (Note [Short chunks of column
+    reductions]). ``rows``: Note [The second kernel reduces rows]."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -126,7 +137,8 @@ def plan_split(
         target_programs = outer_target_programs  # Note [Bytes per program] in heuristics.py
     if programs >= target_programs:
         return None
-    chunks = min(-(-target_programs // programs), nr // max(1, min_rnumel // 4))
+    shortest = outer_min_chunk if outer and outer_min_chunk is not None else min_rnumel // 4
+    chunks = min(-(-target_programs // programs), nr // max(1, shortest))
     chunks = min(next_pow2(chunks), 1024)
     if any(_welford(m) for m in real):
         while chunks >= 2 and nr % chunks:  # whole chunks only: a padded position would count

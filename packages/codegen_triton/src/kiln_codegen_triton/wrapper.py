@@ -67,11 +67,40 @@ any symbol, their launchers compute the grid from it (an empty result is a grid 
 launches nothing). A composite size in such a symbol is printed where it is used instead of
 once after the inputs' symbols (the symbol is not bound there yet). CUDA graphs are not recorded
 for such a graph (a replay would keep the sizes of the recorded call).
+
+Note [A lean wrapper]: what the GPU wrapper does per call beyond launches and extern ops, cut where
+the layout is known when the wrapper is generated (measured without a GPU by
+``scripts/triton_wrapper_overhead.py``; ``KILN_LEAN_WRAPPER=0``, read when a wrapper is generated,
+turns all five off):
+
+* an input's strides are checked only on its dims of more than one element. A dim of size one is
+  never stepped over, so its stride does not change a single address; but the full check copied
+  every such input whose stride there differed. In training that was every saved BatchNorm
+  statistic (``(1, C, 1, 1)``, returned by the forward with strides ``(1, 1, 1, 1)``, expected as
+  ``(C, 1, 1, 1)``): a fresh buffer and a copy kernel per statistic per backward call (ResNet: one
+  per BatchNorm layer).
+* a buffer that takes over a freed one's memory (loopir's reuse plan) keeps its own shape: when
+  the freed one held exactly the new layout the variable is taken as it is, else, where an extern
+  op or the caller reads it in that layout (``read_in_shape``), it is re-viewed once, where the
+  reuse happens (a dense layout from offset 0), instead of an ``as_strided`` view at every
+  extern call that reads it (ResNet: the input of almost every convolution). A buffer read only
+  through views of other shapes (ConvNeXt's GEMM inputs) stays flat, as before.
+* an extern argument that views such a variable in exactly its layout takes the variable.
+* an extern op's tensor results are checked inline (shape, strides, offset against the
+  planned dense layout, ``_dense`` only when they differ), not through two Python calls; as for
+  inputs, strides of size-one dims are not compared unless the result is a graph output (ResNet's
+  ``(N, C, 1, 1)`` convolution results, and at batch one every attention output, were copied on
+  every call for such a stride). One of several results (which the op may leave None) is bound to
+  ``_t`` first.
+* constant int lists among an extern op's arguments (a convolution's stride, padding, dilation)
+  are tuple literals, constants of the code object, not lists built on every call.
 """
 
 from __future__ import annotations
 
 import math
+import operator
+import os
 from collections.abc import Callable, Set
 from typing import Any
 
@@ -166,6 +195,7 @@ class WrapperCodegen:
             "_CheckFailed": DataDependentCheckFailed,
         }
         self.consts = 0
+        self.lean = os.environ.get("KILN_LEAN_WRAPPER", "1") != "0"  # Note [A lean wrapper]
         # Note [Kernel arguments are pointers]
         self.pointers = self.device.type == "cuda" and not interpreting()
         self.kernel_params = {
@@ -177,6 +207,7 @@ class WrapperCodegen:
                 self.kernel_params |= set(params[:-1] if choice.template.lone else params)
         self.flat_inputs = self._inputs_needing_flat_views()
         self.referenced = self._referenced_buffers()
+        self.read_in_shape = self._read_in_own_shape()  # Note [A lean wrapper]
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
         self.shaped: dict[str, tuple[Any, ...]] = {}
         # extern results (an extern op may return None for one), and those bound as returned
@@ -202,6 +233,31 @@ class WrapperCodegen:
             if alias in names or root in names:
                 names |= {alias, root}
         return names
+
+    def _read_in_own_shape(self) -> set[str]:
+        """Buffers that an extern op or the caller takes in exactly their own layout."""
+        out: set[str] = set()
+
+        def walk(value: Any) -> None:
+            if isinstance(value, list | tuple):
+                for v in value:
+                    walk(v)
+            elif isinstance(value, ReinterpretView):
+                buffer = self.graph.name_to_buffer.get(value.buffer.name)
+                if buffer is not None and _layout_key(buffer.layout) == _layout_key(value.layout):
+                    out.add(buffer.name)
+            elif isinstance(value, Buffer):
+                out.add(value.name)
+
+        for node in self.schedule.nodes:
+            extern = (
+                node.extern.node if isinstance(node, TemplateSchedulerNode) else getattr(node, "node", None)
+            )
+            if isinstance(extern, ExternKernel):
+                walk(list(extern.args))
+                walk(list(extern.kwargs.values()))
+        walk(self.graph.outputs)
+        return out
 
     def _inputs_needing_flat_views(self) -> set[str]:
         """Inputs whose flat storage tensor the wrapper needs: all under the interpreter; on a
@@ -256,6 +312,9 @@ class WrapperCodegen:
         if isinstance(value, sympy.Expr) and not value.is_number:
             return self.size(value)  # Note [Symbolic sizes in the Triton wrapper]
         if isinstance(value, ReinterpretView):
+            name = value.buffer.name
+            if self.lean and name in self.shaped and self.shaped[name] == _layout_key(value.layout):
+                return name  # Note [A lean wrapper]: the variable holds exactly this view
             # an input's own tensor takes as_strided's offset from its storage's start too
             return f"{self.storage(value.buffer.name)}.as_strided({self.layout_args(value.layout)})"
         if isinstance(value, InputBuffer | ConstantBuffer):
@@ -273,6 +332,23 @@ class WrapperCodegen:
             inner = ", ".join(self.view(v) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
         return self.const(value)
+
+    def stride_check(
+        self, n: str, size: tuple[int, ...], stride: tuple[int, ...], differ: bool = True
+    ) -> str:
+        """``<n's strides differ> or `` (``differ``; else ``<they are equal> and ``) as Python
+        source, or nothing (Note [A lean wrapper]: only the dims of more than one element are
+        compared; ``n`` has ``size``)."""
+        op, join = (" != ", " or ") if differ else (" == ", " and ")
+        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
+        if len(keep) == len(size):
+            return f"{n}.stride(){op}{stride!r}{join}"
+        if not keep:
+            return ""
+        if len(keep) == 1:
+            return f"{n}.stride({keep[0]}){op}{stride[keep[0]]}{join}"
+        getter = self.const(operator.itemgetter(*keep))
+        return f"{getter}({n}.stride()){op}{tuple(stride[i] for i in keep)!r}{join}"
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
@@ -326,7 +402,7 @@ class WrapperCodegen:
                 self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
             else:
                 self.emit(
-                    f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
+                    f"if {self.stride_check(n, size, stride)}{n}.storage_offset() != {offset} "
                     f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
                 )
             if n in self.flat_inputs:
@@ -379,11 +455,12 @@ class WrapperCodegen:
             return
         op = f"_op_{kernel.name}"
         self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
-        args = [self.view(a) for a in kernel.args]
+        aten = isinstance(kernel.op, torch._ops.OpOverload)
+        args = [self.extern_arg(a, aten) for a in kernel.args]
         kwargs = dict(kernel.kwargs)
         if "device" in kwargs:
             kwargs["device"] = self.device
-        args += [f"{k}={self.view(v)}" for k, v in kwargs.items()]
+        args += [f"{k}={self.extern_arg(v, aten)}" for k, v in kwargs.items()]
         self.emit(f"# extern {kernel.op}")
         opaque, grad = opaque_results(kernel, self.referenced.__contains__)
         call = f"_r = {op}({', '.join(args)})"
@@ -396,6 +473,7 @@ class WrapperCodegen:
             self.emit(call)
         for line in unbacked_bindings(self.graph.sizevars, kernel.name, "_r"):
             self.emit(line)  # Note [Data-dependent sizes in the Triton wrapper]
+        took = False  # whether a result was bound to `_t` (Note [A lean wrapper])
         for out in kernel.outputs:
             self.extern_results.add(out.name)
             if out in opaque:
@@ -414,7 +492,23 @@ class WrapperCodegen:
                 continue
             n = int(out.layout.storage_size())
             shape = dense_shape(out.layout) if self.pointers else None
-            if shape is not None:  # Note [Buffers in their own shape on a GPU]
+            if shape is not None and self.lean:
+                size, stride = shape  # Note [A lean wrapper]: checked inline
+                t = "_r"
+                if out.path or not _one_tensor(kernel.op):  # one of several results, maybe None
+                    self.emit(f"_t = {value}")
+                    t, took = "_t", True
+                if out.name in self.schedule.output_names:  # the caller sees every stride
+                    strides = f"{t}.stride() == {stride!r} and "
+                else:
+                    strides = self.stride_check(t, size, stride, differ=False)
+                maybe_none = "" if t == "_r" else f"{t} is not None and "
+                self.emit(
+                    f"{out.name} = {t} if {maybe_none}{t}.shape == {size!r} and {strides}"
+                    f"not {t}.storage_offset() else _dense({t}, {size!r}, {stride!r}, 0)"
+                )
+                self.shaped[out.name] = _layout_key(out.layout)
+            elif shape is not None:  # Note [Buffers in their own shape on a GPU]
                 size, stride = shape
                 self.emit(f"{out.name} = _dense({value}, {size!r}, {stride!r}, 0)")
                 self.shaped[out.name] = _layout_key(out.layout)
@@ -422,7 +516,20 @@ class WrapperCodegen:
                 self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
                 self.shaped.pop(out.name, None)
             self.take_pointer(out.name)
-        self.emit("del _r")
+        self.emit("del _r" + (", _t" if took else ""))
+
+    def extern_arg(self, value: Any, aten: bool) -> str:
+        """An extern op's argument; for an aten op, a list of int constants as a tuple literal
+        (Note [A lean wrapper]), which its binding takes for an ``int[]`` as it takes a list."""
+        if (
+            aten
+            and self.lean
+            and isinstance(value, list)
+            and value
+            and all(type(v) in (int, bool) for v in value)
+        ):
+            return self.view(tuple(value))
+        return self.view(value)
 
     def place(self, buffer: Buffer, scratch: Set[str]) -> bool:
         """Give a kernel's output buffer its memory: the buffer the plan reuses for it, a new
@@ -432,9 +539,19 @@ class WrapperCodegen:
         if buffer.name in plan.allocate:
             reuse = plan.allocate[buffer.name]
             if reuse is not None:
-                self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                key = _layout_key(buffer.layout)
+                shape = dense_shape(buffer.layout) if self.pointers and self.lean else None
+                if shape is not None and self.shaped.get(reuse) == key:  # Note [A lean wrapper]
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}, in its shape")
+                    self.shaped[buffer.name] = key
+                elif shape is not None and buffer.name in self.read_in_shape:
+                    view = f"{reuse}.as_strided({self.layout_args(buffer.layout)})"
+                    self.emit(f"{buffer.name} = {view}  # reuses {reuse}")
+                    self.shaped[buffer.name] = key
+                else:
+                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+                    self.shaped.pop(buffer.name, None)
                 self.emit(f"del {reuse}")
-                self.shaped.pop(buffer.name, None)
                 self.take_pointer(buffer.name)
             else:
                 self.allocate(buffer)
@@ -624,6 +741,14 @@ class WrapperCodegen:
 def _tuple(items: list[str]) -> str:
     """Python source of a tuple of ``items``."""
     return "(" + "".join(f"{i}, " for i in items).rstrip(" ") + ")"
+
+
+def _one_tensor(op: Any) -> bool:
+    """Whether the aten op returns exactly one (never None) tensor."""
+    schema = getattr(op, "_schema", None)
+    if not isinstance(op, torch._ops.OpOverload) or schema is None or len(schema.returns) != 1:
+        return False
+    return str(schema.returns[0].type) == "Tensor"
 
 
 def _layout_key(layout: Any) -> tuple[Any, ...]:

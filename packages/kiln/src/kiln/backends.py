@@ -445,8 +445,12 @@ def make_backend(
             start = time.perf_counter()
             try:
                 # the code generator of the device loopir compiles for (Note [One device per graph])
-                # the frame guard pins every input's sizes only for static graphs
-                guarded = forward and not symbolic  # Note [Inputs the frame guard checks]
+                # Note [Inputs the frame guard checks]: a forward graph's inputs are the frame's
+                # tensors, whose guard checks every static size and stride exactly and, in a
+                # symbolic graph, every symbolic stride against the sizes (dynamo's
+                # `symbolic_stride_guards`) and every size relation (the ShapeEnv's guards):
+                # only the storage offset is left to the wrapper, symbolic or not
+                guarded = forward
                 codegen = _codegen(
                     kiln_loopir.graph_device(inner_gm, inputs),
                     mode,

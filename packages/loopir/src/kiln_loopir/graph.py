@@ -488,7 +488,7 @@ class GraphLowering:
     def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
         meta = self._meta_eager(node, metas)
         if node in self.channels_last:
-            return _nhwc(meta)
+            return _nhwc(meta, integers=node.target in _NHWC_INTEGER_RESULTS)
         return meta
 
     def _meta_eager(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
@@ -544,12 +544,20 @@ META_FIXES: dict[tuple[Any, str], Any] = {
 }
 
 
-def _nhwc(meta: Any) -> Any:
-    """A meta value with its 4-D tensors channels-last (Note [Channels-last for convolutions])."""
-    if isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.is_floating_point():
+# ops whose integer 4-D results walk the same (N, C, H, W) as their values: max pooling's indices
+# are written by the same kernel as the values and read by the backward next to the gradient, so
+# they take the values' layout (an NCHW index store beside an NHWC value store is uncoalesced, and
+# eager's NHWC backward kernel copied NCHW indices before reading them)
+_NHWC_INTEGER_RESULTS = frozenset({torch.ops.aten.max_pool2d_with_indices.default})
+
+
+def _nhwc(meta: Any, integers: bool = False) -> Any:
+    """A meta value with its 4-D tensors channels-last (Note [Channels-last for convolutions]):
+    the floating ones, and with ``integers`` the integer ones too."""
+    if isinstance(meta, torch.Tensor) and meta.dim() == 4 and (integers or meta.is_floating_point()):
         return meta.to(memory_format=torch.channels_last)
     if isinstance(meta, list | tuple):
-        return type(meta)(_nhwc(m) for m in meta)
+        return type(meta)(_nhwc(m, integers) for m in meta)
     return meta
 
 

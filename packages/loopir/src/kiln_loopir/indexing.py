@@ -23,13 +23,16 @@ exact for every value of the symbols: terms that are integer multiples of a symb
 leave the division (``x + r // s1``); a loop variable whose range is the divisor itself divides
 to 0 (``r // s1`` with ``r < s1``), and one whose range is ``divisor * modulus`` needs no modulus;
 ``_recombine_digits`` also undoes splits whose coefficients are size symbols (``s1*(e // s1) +
-e % s1 -> e``). Integer divisors take exactly the paths they took before.
+e % s1 -> e``); and ``(a + g*b) // (g*s1)`` with ``0 <= a < g`` divides to ``b // s1``
+(``_drop_low_symbolic``: a row's offset inside a flat position, as a fused layer norm reads its
+row statistics), without which a kernel's own stores are not recognised by its loads and go
+through memory (a scratch buffer, a barrier, 64-bit divisions per element). Integer divisors take exactly the paths they took before.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import TypeAlias
 
@@ -199,6 +202,10 @@ def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
             return node
         args = [visit(a) for a in node.args]
         node = node.func(*args)
+        if isinstance(node, FloorDiv | ModularIndexing) and not node.args[1].is_Integer:
+            node = _drop_low_symbolic(node, ranges)  # Note [Symbolic divisors]
+            if not isinstance(node, FloorDiv | ModularIndexing):
+                return node
         if isinstance(node, FloorDiv):
             base, divisor = node.args
             b = bound(base, ranges)
@@ -279,6 +286,22 @@ def simplify_reordered(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
             break
         expr = done
     return expr
+
+
+def _drop_low_symbolic(node: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
+    """``(a + g*b) // (g*k) -> b // k`` (and the same digit of ``ModularIndexing``) for a
+    symbolic divisor ``g*k`` with integer ``g`` where ``0 <= a < g`` over the loops' ranges
+    (Note [Symbolic divisors]): a row of 64 flattened with its row index, ``(r0 + 64*x0) //
+    (64*s1)``, is ``x0 // s1``, which the digits around it then recombine into ``x0``."""
+    base, divisor = node.args[0], node.args[1]
+    g, k = divisor.as_coeff_Mul()
+    if not g.is_Integer or int(g) <= 1:
+        return node
+    kept, rest = _split_multiples(base, int(g))
+    b = bound(rest, ranges)
+    if kept == 0 or rest == 0 or b is None or b > int(g):
+        return node
+    return node.func(sympy.expand(kept / g), k, *node.args[2:])
 
 
 def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool:
@@ -440,8 +463,16 @@ def linear_index(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr | 
     return sympy.Add(sympy.sympify(offset), *[i * s for i, s in zip(index, strides, strict=True)])
 
 
-def as_strided_params(index: Expr, variables: Sequence[sympy.Symbol]) -> tuple[list[Expr], Expr] | None:
-    """If ``index`` is ``offset + sum(stride_i * var_i)``, return (strides, offset), else None."""
+def as_strided_params(
+    index: Expr, variables: Sequence[sympy.Symbol], sizes: Iterable[sympy.Symbol] = ()
+) -> tuple[list[Expr], Expr] | None:
+    """If ``index`` is ``offset + sum(stride_i * var_i)``, return (strides, offset), else None.
+
+    Note [Views with symbolic strides]: strides and offset may be expressions of the size
+    symbols in ``sizes`` (the graph's input-bound symbols): a view of a symbolic buffer
+    (``y.view(b, s, n)`` of a ``(b*s, n)`` GEMM result, the heads of a fused QKV projection)
+    is then an ``as_strided`` view as in a static graph, not a copy kernel. Any other symbol
+    (an indirect load's value) keeps the index from being a view."""
     expr = sympy.expand(index)
     if expr.has(FloorDiv, ModularIndexing):
         return None
@@ -451,6 +482,7 @@ def as_strided_params(index: Expr, variables: Sequence[sympy.Symbol]) -> tuple[l
             return None
         strides.append(expr.coeff(var))
     offset = expr.subs({v: 0 for v in variables})
-    if offset.free_symbols or any(s.free_symbols for s in strides):
+    allowed = frozenset(sizes)
+    if not offset.free_symbols <= allowed or any(not s.free_symbols <= allowed for s in strides):
         return None
     return strides, offset

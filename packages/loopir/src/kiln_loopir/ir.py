@@ -453,7 +453,10 @@ def realize_strided(box: TensorBox) -> Buffer | ReinterpretView:
     if index is not None:
         buffer, expr = index
         ranges = dict(zip(variables, size, strict=True))
-        params = as_strided_params(simplify_index(expr, ranges), variables)
+        known = current_graph().sizevars  # Note [Views with symbolic strides] in indexing.py
+        params = as_strided_params(
+            simplify_index(expr, ranges), variables, known.hints.keys() - known.unbacked.keys()
+        )
         if params is not None:
             strides, offset = params
             strides = [s if n != 1 else sympy.Integer(1) for s, n in zip(strides, size, strict=True)]

@@ -124,6 +124,21 @@ def record(
 aten = torch.ops.aten
 
 
+def max_pool_backward_inputs(x: torch.Tensor, case: Any, channels_last: bool) -> list[torch.Tensor]:
+    """``[grad, x, indices]`` as autograd passes them to ``max_pool2d_with_indices_backward`` for
+    ``case = (shape, kernel, stride, padding, dilation, ceil_mode)``: ``x`` channels-last when asked
+    (4-d), the indices from eager's forward, a seeded gradient of the output's shape and layout."""
+    _, k, s, p, d, ceil = case
+    cl = channels_last and x.dim() == 4
+    if cl:
+        x = x.contiguous(memory_format=torch.channels_last)
+    out, indices = aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype)
+    if cl:
+        grad = grad.contiguous(memory_format=torch.channels_last)
+    return [grad, x, indices]
+
+
 def with_vals(fn: Any, *inputs: Any) -> torch.fx.GraphModule:
     """``fn`` traced (or ``fn`` itself, a GraphModule), with ``node.meta["val"]`` on every node as
     aotgrad's graphs carry it, from one eager run on ``inputs``."""

@@ -366,6 +366,11 @@ def dense_tensor(t: torch.Tensor) -> bool:
 # wrapper binds the binding for the ops of :data:`BOUND_OPS`, in their ``default`` and ``out``
 # overloads only (where the binding's own overload resolution cannot pick another overload for
 # the arguments a graph passes). Any other op is called as the ``OpOverload`` it is.
+# The pooling ops a conv net calls have their bindings in ``torch._C._nn`` (:data:`NN_BOUND_OPS`;
+# ``max_pool2d_with_indices`` about half the OpOverload's host time on this CPU); ops with only a
+# ``default`` and an ``out`` overload, so the binding cannot resolve to another. The backward ops
+# (``convolution_backward``, ``max_pool2d_with_indices_backward``) have no binding and stay
+# OpOverloads, as torch.compile's wrapper calls them.
 # ``KILN_EXTERN_BINDINGS=0`` (read when a wrapper is generated) calls every op as its OpOverload.
 BOUND_OPS = frozenset(
     {
@@ -383,7 +388,12 @@ BOUND_OPS = frozenset(
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_cudnn_attention",
         "_scaled_dot_product_flash_attention_for_cpu",
+        "_adaptive_avg_pool2d",
+        "_native_batch_norm_legit_no_training",
     }
+)
+NN_BOUND_OPS = frozenset(
+    {"max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool2d", "adaptive_max_pool2d"}
 )
 
 
@@ -397,6 +407,8 @@ def extern_callable(op: Any) -> Any:
     if op._overloadname not in ("default", "out"):
         return op
     name = op._schema.name.partition("::")[2]
+    if name in NN_BOUND_OPS:
+        return getattr(torch._C._nn, name, op)
     if name not in BOUND_OPS:
         return op
     return getattr(torch._C._VariableFunctions, name, op)

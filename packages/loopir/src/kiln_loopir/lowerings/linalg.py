@@ -1,5 +1,6 @@
 """Matrix-product and convolution lowerings: ``addmm`` as a GEMM whose bias joins the pointwise
-code after it; ``convolution`` with its input in the layout the graph chose for it.
+code after it; ``convolution`` and ``convolution_backward`` with their inputs in the layout the graph
+chose for them.
 
 Note [Bias after the GEMM]: eager's ``addmm(bias, a, b)`` first copies the broadcast bias into the
 output and then accumulates ``a @ b`` onto it (beta=1): one extra pass over the output for the
@@ -82,3 +83,19 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     if node in graph.channels_last and isinstance(x, TensorBox) and len(x.get_size()) == 4:
         x = _as_channels_last(x)
     return fallback(aten.convolution.default, (x, weight, bias, *rest), {}, meta)
+
+
+@register_lowering(aten.convolution_backward.default)
+def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: Any) -> Any:
+    # Note [Channels-last for convolutions]: cuDNN picks the backward's layout from the input and
+    # the weight; an NCHW input (the graph's own image, saved as it came) beside an NHWC gradient
+    # made it convert the whole gradient to NCHW and its results back. Both go in NHWC (a copy of
+    # the input where it is not, the smaller of the two) when the graph chose NHWC for this node.
+    graph = current_graph()
+    node, meta = graph.current_node, graph.current_meta
+    if node in graph.channels_last:
+        grad, x = (
+            _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
+            for t in (grad, x)
+        )
+    return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)

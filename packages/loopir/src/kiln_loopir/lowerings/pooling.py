@@ -11,6 +11,18 @@ or NaN, or when it is the first position in range: so the index of a tie is the 
 a NaN wins, and a window of all -inf answers its first position, as eager's kernels do. Windows
 over ``_MAX_WINDOW`` elements stay extern calls (the unrolled body would be too long). With
 symbolic sizes the same body, sized as capture computed (Note [Max pooling over symbolic sizes]).
+
+Note [Max pooling backward as a gather]: ``max_pool2d_with_indices_backward`` is a Pointwise over
+the *input*: each input element sums the gradients of the output windows that chose it (their saved
+index equals its flat ``h * W + w``). The windows that can cover row ``h`` are ``oh`` with
+``oh * s <= h + p <= oh * s + (k - 1) * d``, at most ``(k - 1) * d // s + 1`` of them, the last being
+``(h + p) // s``; the body visits exactly that many candidates per dimension (``top - a``), masked
+where a candidate falls outside the output, and the index comparison does the rest (a dilated
+window that skips ``h`` never chose it). No scatter, no atomics: it fuses with the ReLU/BatchNorm
+backward that reads it and with the gradient it reads, in either layout, and each element's sum
+runs in the same window order as eager's CUDA kernel, accumulated in float32 for 16-bit types.
+Candidate sets over ``_MAX_GATHER`` stay extern calls. With 2x2 windows of stride 2 there is one
+candidate and no mask: a pure pointwise read of the gradient.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..indexing import FloorDiv
 from ..ir import Index, Pointwise, TensorBox
 from ..lowering import Unsupported, register_lowering
 from ..virtualized import ops
@@ -28,6 +41,8 @@ from ..virtualized import ops
 aten = torch.ops.aten
 
 _MAX_WINDOW = 64
+_MAX_GATHER = 25  # candidate output windows per input element (Note [Max pooling backward as a gather])
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def _pair(value: int | Sequence[int], default: Sequence[int] | None = None) -> tuple[int, int]:
@@ -112,10 +127,92 @@ def max_pool2d_with_indices(
     return TensorBox.create(values), TensorBox.create(indices)
 
 
+@register_lowering(aten.max_pool2d_with_indices_backward.default)
+def max_pool2d_with_indices_backward(
+    grad: TensorBox,
+    x: TensorBox,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: int | Sequence[int],
+    dilation: int | Sequence[int],
+    ceil_mode: bool,
+    indices: TensorBox,
+) -> TensorBox:
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride, default=(kh, kw))
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    wh, ww = (kh - 1) * dh // sh + 1, (kw - 1) * dw // sw + 1
+    if wh * ww > _MAX_GATHER:
+        raise Unsupported(
+            f"max_pool2d backward: {wh}x{ww} candidate windows per element is too many to unroll"
+        )
+    dtype = grad.get_dtype()
+    if not dtype.is_floating_point:
+        raise Unsupported("max_pool2d backward of integer tensors stays an extern call")
+    size = list(x.get_size())
+    height, width = size[-2], size[-1]
+    out_h, out_w = grad.get_size()[-2], grad.get_size()[-1]
+    # the last candidate (h + p) // s can pass the output's end only where the input reaches past it
+    top_may_leave = not _static_below(height, ph, sh, out_h)
+    left_may_leave = not _static_below(width, pw, sw, out_w)
+    load_grad, load_index = grad.make_loader(), indices.make_loader()
+    acc = _WIDE.get(dtype, dtype)
+
+    def body(index: Index) -> Any:
+        *outer, h, w = index
+        flat = ops.index_expr(h * width + w, torch.int64)
+        total: Any = None
+        top, left = FloorDiv(h + ph, sh), FloorDiv(w + pw, sw)
+        for a in range(wh):
+            for b in range(ww):
+                oh, ow = top - a, left - b
+                conds = [
+                    *([_at_least_zero(oh)] if a else []),
+                    *([_below(oh, out_h)] if top_may_leave else []),
+                    *([_at_least_zero(ow)] if b else []),
+                    *([_below(ow, out_w)] if left_may_leave else []),
+                ]
+
+                def pick(oh: Any = oh, ow: Any = ow) -> Any:
+                    chosen = ops.eq(load_index([*outer, oh, ow]), flat)
+                    value = ops.to_dtype(load_grad([*outer, oh, ow]), acc)
+                    return ops.where(chosen, value, ops.constant(0.0, acc))
+
+                if conds:
+                    mask = conds[0]
+                    for c in conds[1:]:
+                        mask = ops.logical_and(mask, c)
+                    term = ops.masked(mask, pick, 0.0)
+                else:
+                    term = pick()
+                total = term if total is None else ops.add(total, term)
+        return ops.to_dtype(total, dtype)
+
+    return TensorBox.create(Pointwise(x.get_device(), dtype, body, tuple(size)))
+
+
+def _static_below(size: Any, pad: int, stride: int, out: Any) -> bool:
+    """Whether ``(h + pad) // stride < out`` for every ``h < size``, known from integer sizes."""
+    size, out = sympy.sympify(size), sympy.sympify(out)
+    return bool(size.is_Integer and out.is_Integer and (int(size) - 1 + pad) // stride < int(out))
+
+
+def _at_least_zero(expr: Any) -> Any:
+    return ops.ge(ops.index_expr(expr, torch.int64), ops.constant(0, torch.int64))
+
+
+def _below(expr: Any, hi: Any) -> Any:
+    upper = (
+        ops.constant(int(hi), torch.int64)
+        if sympy.sympify(hi).is_Integer
+        else ops.index_expr(hi, torch.int64)
+    )
+    return ops.lt(ops.index_expr(expr, torch.int64), upper)
+
+
 def _in_range(expr: Any, hi: Any) -> Any:
-    value = ops.index_expr(expr, torch.int64)
-    upper = ops.constant(hi, torch.int64) if isinstance(hi, int) else ops.index_expr(hi, torch.int64)
-    return ops.logical_and(ops.ge(value, ops.constant(0, torch.int64)), ops.lt(value, upper))
+    return ops.logical_and(_at_least_zero(expr), _below(expr, hi))
 
 
 def _captured_out_size(rank: int) -> tuple[Any, ...]:

@@ -35,8 +35,9 @@ class PassOptions:
     ``layout``: the channels-last decision for convolutions (Note [Channels-last for
     convolutions]); ``layout_policy`` chooses whose rule decides: ``"auto"`` (the graph's device),
     ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
-    ``layout_training``: the CUDA rule also runs training graphs channels-last (off by default:
-    measured slower on the H200, see the Note).
+    ``layout_training``: the CUDA rule also runs training graphs channels-last (on by default,
+    except graphs with grouped or depthwise convolutions; False keeps their layouts eager's: see
+    the Note).
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
@@ -63,6 +64,9 @@ class PassOptions:
     ``view_scatter``: ``slice_scatter`` and ``select_scatter`` lower to pointwise kernels (Note
     [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
+    ``pool_backward``: ``max_pool2d_with_indices_backward`` lowers to a gather kernel that fuses
+    with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py);
+    ``False``: eager's kernel, as an extern call. A decision handed to lowering, as ``view_scatter``.
     ``shape_only_readers``: the realize heuristic does not count readers that take only a value's
     shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
     graph.py); off by default (measured slower on the one graph it changes, the Note says why
@@ -71,7 +75,7 @@ class PassOptions:
 
     layout: bool = True
     layout_policy: str = "auto"
-    layout_training: bool = False
+    layout_training: bool = True
     pad_mm: bool | str = True
     pad_mm_output_copy: bool = False
     attention: bool = True
@@ -81,6 +85,7 @@ class PassOptions:
     conv_prepack: bool = False
     linear_pack: bool = False
     view_scatter: bool = True
+    pool_backward: bool = True
     shape_only_readers: bool = False
 
     @staticmethod
@@ -105,12 +110,13 @@ class PassOptions:
             made.linear_pack,
             made.pad_mm_output_copy,
             made.view_scatter,
+            made.pool_backward,
             made.shape_only_readers,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
-                " view_scatter and shape_only_readers are True or False"
+                " view_scatter, pool_backward and shape_only_readers are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
@@ -207,6 +213,11 @@ def run_passes(
         ctx.note(
             "view_scatter",
             "off (option view_scatter=False): slice_scatter/select_scatter run as extern calls",
+        )
+    if not ctx.options.pool_backward:
+        ctx.extern_ops.add(torch.ops.aten.max_pool2d_with_indices_backward.default)
+        ctx.note(
+            "pool_backward", "off (option pool_backward=False): max_pool2d backward runs as an extern call"
         )
     if ctx.options.shape_only_readers:
         ctx.note("shape_only_readers", "on: full_like and friends do not count as readers of a value")

@@ -31,24 +31,33 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
   - inference: a vote weighted by each convolution's FLOPs and by how much faster its class runs
     in NHWC (:data:`NHWC_TIME_RATIO`, time NHWC / time NCHW); on when the weighted sum is at most
     the plain sum, i.e. the FLOP-weighted average ratio is <= 1;
-  - training (forward and backward graphs, whose convolutions are ``convolution_backward``): off
-    by default; with ``layout_training=True``, on unless a grouped convolution has more than one
-    input channel per group (the anchor's rule: cuDNN's NHWC grouped kernels can be many times
-    slower; depthwise ones are faster). Measured on the H200 (seventh session, fp32 training of
-    the public suite's CNN at GPU size): 9.8 ms a step in eager layouts, 76.9 ms channels-last
-    (torch.compile 7.9 ms, eager 12.4 ms), so it stays opt-in. The likely cause, read from the
-    generated code (no profile was left to take): BatchNorm's batch variance is a Welford
-    reduction over (N, H, W), which the Triton generator never splits (split.py's SPLITTABLE),
-    and in NHWC it is a column reduction given one program per 64 channels: the CNN's first
-    BatchNorm runs as 1 program over 32*224*224 rows. Welford reductions now split (partial
-    mean/m2/weight per chunk, combined by Chan's formula: Note [Split reductions] in
-    kiln_codegen_triton's split.py), in NCHW too, where the same reduction ran on only C
-    programs. ``scripts/triton_kernel_audit.py`` (eighth session, no GPU) confirms the cause: its
-    static estimate of the CNN's generated kernels channels-last was 69 ms before the Welford
-    split (the measured step grew by 67 ms) and is 2.2 ms after it and with the second kernel
-    reducing rows (Note [The second kernel reduces rows]), against 2.1 ms in eager layouts;
-    ResNet-50's 6.7 against 4.5 ms. Channels-last training is to be measured on the H200 before
-    it is turned on (the convolutions' gain is not in that estimate).
+  - training (forward and backward graphs, whose convolutions are ``convolution_backward``): on
+    (``layout_training``, default True; False keeps eager's layouts) unless a grouped convolution
+    has more than one input channel per group (the anchor's rule: cuDNN's NHWC grouped kernels can
+    be many times slower) or the graph has a depthwise convolution. The depthwise exception is
+    kiln's, from the H200 (ninth session, ConvNeXt fp32 training): cuDNN's NHWC weight gradient of
+    the 7x7 depthwise convolution (``wgrad2d_grouped_direct_kernel``) took 7.4 ms a step against
+    3.9 ms for PyTorch's NCHW kernel, and the step was 48.5 ms channels-last against 43.8 ms (the
+    anchor turns such graphs on: torch.compile 46.6 ms), although the same convolution's forward
+    is twice as fast in NHWC (inference keeps the FLOP vote).
+    History: the seventh session measured CNN fp32 training at 76.9 ms a step channels-last
+    against 9.8 ms, because BatchNorm's Welford statistics were an unsplit column reduction in
+    NHWC (one program per 64 channels over 32*224*224 rows); they now split (Note [Split
+    reductions] in kiln_codegen_triton's split.py, Note [The second kernel reduces rows], Note
+    [Short chunks of column reductions]). The ninth session's H200 profile (before the fixes below; bf16 training,
+    NCHW / NHWC ms per step: CNN 5.93 / 6.64, ResNet-50 9.26 / 8.06) put the rest of NHWC's cost
+    in max pooling: eager's NHWC max-pool backward (0.94 ms on the CNN), the int64 indices
+    stored NCHW beside NHWC values (an uncoalesced store; the fused forward kernels that store
+    them took 1.5 ms) and, by our reading, copied to NHWC by that backward (1.0 ms of aten
+    elementwise copies, no other 4-D copy in the step's aten calls). Now the indices are NHWC
+    (``_NHWC_INTEGER_RESULTS`` in graph.py), the backward is a generated gather kernel fused into
+    the BatchNorm/ReLU backward (Note [Max pooling backward as a gather]), and every
+    ``convolution_backward`` gets its gradient and input NHWC (the image too: an NCHW input made
+    cuDNN convert the whole gradient of the first convolution). NCHW keeps cuDNN's own
+    conversions around every convolution (CNN bf16 1.0 ms, ResNet-50 1.8 ms a step), which the
+    generated kernels' extra NHWC cost does not reach (``scripts/triton_kernel_audit.py``, bf16
+    training: CNN 1.20 vs 1.17 ms, ResNet-50 2.80 vs 2.43 ms of generated kernels, estimates).
+    To be confirmed on the H200 (``scripts/gpu_next.sh call1``).
 The CPU rule keeps training graphs in eager's layouts (``KILN_CHANNELS_LAST=0`` turns NHWC off
 everywhere). On CUDA a training forward leaves the activations it saves for the backward in the
 layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
@@ -85,6 +94,11 @@ NHWC_TIME_RATIO: dict[str, float] = {
     "default": 0.823,
 }
 MAX_NODES_PER_CONV = 300
+# conv classes that keep a training graph in eager's layouts (Note [Channels-last for convolutions])
+TRAINING_VETO: dict[str, str] = {
+    "grouped": "slower in NHWC",
+    "depthwise": "NHWC weight gradient measured 1.9x slower",
+}
 
 # non-pointwise ops whose 4-D output has the same (N, C, H, W) meaning as their 4-D input
 LAYOUT_PRESERVING = frozenset(
@@ -237,10 +251,11 @@ def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     if not ctx.inference:
         if not ctx.options.layout_training:
             return LayoutDecision(False, "training graph: layouts stay eager's (layout_training=False)")
-        grouped = [n for n in convs if conv_class(n) == "grouped"]
-        if grouped:
-            return LayoutDecision(False, f"training graph with {len(grouped)} grouped convs (slower in NHWC)")
-        return LayoutDecision(True, f"training graph, {len(convs)} convs, none grouped")
+        for kind, why in TRAINING_VETO.items():
+            vetoed = [n for n in convs if conv_class(n) == kind]
+            if vetoed:
+                return LayoutDecision(False, f"training graph with {len(vetoed)} {kind} convs ({why})")
+        return LayoutDecision(True, f"training graph, {len(convs)} convs, none grouped or depthwise")
     plain = weighted = 0.0
     by_class: dict[str, int] = {}
     for n in convs:
