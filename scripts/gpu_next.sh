@@ -5,17 +5,28 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# call1 (issue 15): the matmul templates' CUDA tests and benchmark (mm7, never run on a GPU), the
-#   split-reduction tests on CUDA (split Welford, second kernel over rows), fp32 training of the
-#   conv models with channels-last training on and off (Note [Channels-last for convolutions]:
-#   scripts/triton_kernel_audit.py estimates it fixed; turn it on by default if it wins).
+# call1 (issue 15, conv9): channels-last training is on by default now (Note [Channels-last for
+#   convolutions]: no grouped/depthwise conv) with max-pool backward generated (Note [Max pooling
+#   backward as a gather]) and short column-reduction chunks (Note [Short chunks of column
+#   reductions]): their CUDA tests, then fp32 and bf16 training of the conv models, profiled, with
+#   each switch off in turn. Keep NHWC on by default if kiln <= kiln:...:layout_training=False on CNN
+#   and ResNet in both dtypes; ConvNeXt must stay in eager layouts (depthwise veto). (The matmul
+#   templates' tests and benchmark, call1 before, ran this session: /work/.device/1/mm-templates.json.)
 # call2 (issues 14 + 15): bf16 inference of the whole suite, eager/kiln/torch.compile and both
-#   reduce-overhead modes, profiled (GPU busy time, host time: extern bindings and the host-time
-#   work of overhead8 land here first). call2b: the host time per call by layer on CUDA, reduce-overhead,
-#   BERT against DistilBERT (0.15 vs 0.27 ms on the H200, the same on the CPU: packages/kiln/bench/call_overhead.py).
+#   reduce-overhead modes, profiled. Ran in the ninth session at f3e0b08 (2.13x vs 1.82x; RO 3.25x vs
+#   2.38x: packages/bench/results/2026-12-02-h200-s9-*); run again after call1/call2c to see their effect.
+#   call2b (host time by layer, RO, BERT vs DistilBERT) ran too (2026-12-02-h200-s9-printed.md).
+# call2c (issue 14, overhead9): default-mode host time of the conv nets and GPT-2, inference and training,
+#   with Note [A lean wrapper] (codegen_triton wrapper.py) off then on
+#   (KILN_LEAN_WRAPPER=0 against the defaults; torch.compile alongside; the new pooling bindings are on in both): host ms per
+#   call and launches from --profile. CPU estimate: scripts/triton_wrapper_overhead.py.
 # call3 (issue 15): the ablation, GPU busy time (each switch off in turn), half the suite per call.
-# call4 (issues 14 + 15): bf16 training and fp32 training of the whole suite.
-# call5 (issues 17 + 20): the dynamic sweep on the H200, the CPU at 1/4/16 threads.
+# call4 (issues 14 + 15): bf16 training (ran in the ninth session: 1.409x vs 1.361x) and fp32 training
+#   (call4b, not run since the seventh session) of the whole suite.
+# call5 (issue 17): the dynamic sweep on the H200. First dyn9's re-check of GPT-2 (was: dynamic/static
+#   geomean 2.12, worst 3.18; dyn9 removed the symbolic wrapper's full input checks, the copies of
+#   views with symbolic strides (logits, QKV heads) and layer-norm statistics through scratch
+#   memory), then LLaMA and ResNet. call5b (issue 20): the CPU at 1/4/16 threads.
 set -uo pipefail
 out="${OUT:-gpu-logs}"; mkdir -p "$out"
 bash scripts/gpu_run.sh >/dev/null 2>&1 </dev/null  # installs the packages into /tmp/kiln-site
@@ -29,15 +40,21 @@ for step in "$@"; do
   echo "== $step ($(date +%T))"
   case "$step" in
     call1)
-      timeout 110 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests -k "template or split or few_channels" 2>&1 | tail -6
-      timeout 120 python3 packages/codegen_triton/bench/matmul_templates.py --tokens 4096 --out "$out/mm-templates.json" 2>&1 | tail -14
-      bench train-f32-conv 300 --dtype float32 --modes training --models cnn,resnet,convnext --repeats 10 --warmup 3 --profile --profile-calls 3 \
-        --backends eager,kiln,kiln:default:layout_training=True,inductor ;;
+      timeout 100 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_pooling_triton.py packages/codegen_triton/tests/test_reductions.py packages/codegen_triton/tests/test_passes.py -k "pool or split or few_channels or short_chunks or channels_last" 2>&1 | tail -6
+      bench train-f32-conv 220 --dtype float32 --modes training --models cnn,resnet,convnext --repeats 10 --warmup 3 --profile --profile-calls 3 \
+        --backends eager,kiln,kiln:default:layout_training=False,inductor
+      bench train-bf16-conv 230 --dtype bfloat16 --modes training --models cnn,resnet --repeats 10 --warmup 3 --profile --profile-calls 3 \
+        --backends kiln,kiln:default:layout_training=False,kiln:default:pool_backward=False,kiln:default:triton.split_outer_min_chunk=256,inductor ;;
     call2)
       bench inference-bf16 560 --dtype bfloat16 --modes inference --repeats 30 --profile \
         --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead ;;
     call2b)
       timeout 400 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --mode reduce-overhead --models bert,distilbert,mlp --no-torch 2>&1 | tail -40 ;;
+    call2c)
+      KILN_LEAN_WRAPPER=0 bench host-lean-off 270 --dtype bfloat16 --modes inference,training \
+        --models resnet,convnext,gpt2 --repeats 20 --warmup 5 --profile --profile-calls 5 --backends kiln,inductor
+      bench host-lean-on 270 --dtype bfloat16 --modes inference,training --models resnet,convnext,gpt2 --repeats 20 \
+        --warmup 5 --profile --profile-calls 5 --backends kiln ;;
     call3)
       bench ablation-a 560 --dtype bfloat16 --modes inference --models gpt2,bert,llama,t5,mlp --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
     call3b)
@@ -47,8 +64,10 @@ for step in "$@"; do
     call4b)
       bench training-f32 560 --dtype float32 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call5)
-      timeout 250 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models gpt2,llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -30
+      timeout 200 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models gpt2 --batches 2,8,32 --seqs 16,128,512 --repeats 5 --json "$out/h200-dynamic-gpt2.json" 2>&1 | tail -8
+      timeout 330 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -30 ;;
+    call5b)
       timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
-    *) echo "unknown step $step (call1 .. call5)" ;;
+    *) echo "unknown step $step (call1 .. call5b)" ;;
   esac
 done

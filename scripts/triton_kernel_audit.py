@@ -39,13 +39,14 @@ from typing import Any
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-kernel-audit-"))
 
+import sympy
 import torch
 import torch.utils._python_dispatch
 import torch.utils._pytree
 
 import kiln
 from kiln_codegen_triton import runtime as triton_runtime
-from kiln_codegen_triton.heuristics import grid
+from kiln_codegen_triton.heuristics import grid, grid_source
 
 # Note [A static estimate of kernel time]: H200 figures (copy bandwidth measured by
 # bench/bandwidth.py on the device; 132 SMs; ~16 resident warps per SM saturate HBM)
@@ -90,10 +91,14 @@ class _Externs(torch.utils._python_dispatch.TorchDispatchMode):
     """Records the aten ops run outside generated kernels (extern calls, views, allocations) with
     the layout of each tensor argument: a mixed-layout call is where a library converts."""
 
+    def __init__(self, copies: bool = False) -> None:
+        super().__init__()
+        self.quiet = _QUIET - _COPIES if copies else _QUIET
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
-        if name not in _QUIET:
+        if name not in self.quiet:
             tensors = [
                 a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)
             ]
@@ -141,9 +146,24 @@ _QUIET = {
 }
 
 
+# the copies among them (``--copies`` lists these too): a layout conversion outside generated code
+# (an extern's result copied into the layout its graph expected, a DtoD copy) shows up as one
+_COPIES = {"copy_", "clone", "_to_copy"}
+
+
 def _recording_call(self: Any, *args: Any) -> None:
     config = self.config or self.candidates[0]
-    g = grid(self.spec, config)
+    spec = self.spec
+    if spec.symbolic:  # the size arguments come last: this launch's numels and grid from them
+        values = dict(zip(spec.size_params, args[len(args) - len(spec.size_params) :], strict=True))
+        numels = tuple(
+            int(e.subs({sym: values[sym.name] for sym in e.free_symbols}))
+            for e in map(sympy.sympify, (spec.xnumel, spec.ynumel, spec.rnumel))
+        )
+        g = tuple(eval(src, {}, dict(values)) for src in grid_source(spec, config))
+    else:
+        numels = spec.hints()
+        g = grid(spec, config)
     programs = 1
     for n in g:
         programs *= int(n)
@@ -151,8 +171,6 @@ def _recording_call(self: Any, *args: Any) -> None:
     for a in args:  # integer outputs (pooling indices) must stay valid for the extern calls after
         if isinstance(a, torch.Tensor) and not a.is_floating_point():
             a.zero_()
-    spec = self.spec
-    numels = spec.hints()
     cfg = f"X{config.XBLOCK}" + (f" Y{config.YBLOCK}" if spec.kind == "tiled" else "")
     cfg += f" R{config.RBLOCK}" if spec.kind in ("persistent", "looped") else ""
     LAUNCHES.append(
@@ -169,7 +187,9 @@ def _recording_call(self: Any, *args: Any) -> None:
     )
 
 
-def run(model: str, mode: str, size: str, dtype: torch.dtype, options: dict[str, Any]) -> list[Launch]:
+def run(
+    model: str, mode: str, size: str, dtype: torch.dtype, options: dict[str, Any], copies: bool = False
+) -> list[Launch]:
     """Compile ``model`` with kiln's Triton generator under ``options`` and record one call's launches
     (the forward, and the backward for ``mode="train"``)."""
     from kiln_bench.models import build, logits_of, loss_of
@@ -184,7 +204,7 @@ def run(model: str, mode: str, size: str, dtype: torch.dtype, options: dict[str,
         compiled(**w.inputs)  # compiles (and runs once)
         LAUNCHES.clear()
         EXTERNS.clear()
-        with _Externs():
+        with _Externs(copies):
             out = compiled(**w.inputs)
             if mode == "train":
                 loss_of(w, out).backward()
@@ -192,6 +212,104 @@ def run(model: str, mode: str, size: str, dtype: torch.dtype, options: dict[str,
                 logits_of(out)
     kiln.reset()
     return list(LAUNCHES)
+
+
+# Note [Heavy extern calls in the audit]: at GPU sizes a GEMM or an attention on this CPU takes
+# seconds (GPT-2's LM head at 32 x 512 tokens alone is ~1 TFLOP), and the audit does not read
+# values. Under --shapes, GEMMs allocate their result (contiguous, as the real call returns it)
+# and compute nothing; attention still runs. Every later kernel sees the layouts it would.
+_HEAVY = {"mm": 0, "addmm": 1, "bmm": 0, "baddbmm": 1}  # op -> index of its first matrix
+
+
+class _FakeHeavy(torch.utils._python_dispatch.TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        first = _HEAVY.get(func.overloadpacket.__name__)
+        real = all(
+            type(t) is torch.Tensor and t.device.type == "cpu"
+            for t in args[:3]
+            if isinstance(t, torch.Tensor)
+        )
+        if first is None or not real:  # not a GEMM, or a trace (fake tensors): as it is
+            return func(*args, **kwargs)
+        if "out" in kwargs:
+            return kwargs["out"]
+        a, b = args[first], args[first + 1]
+        return torch.empty((*a.shape[:-1], b.shape[-1]), dtype=a.dtype)
+
+
+def run_shapes(
+    model: str,
+    dtype: torch.dtype,
+    options: dict[str, Any],
+    dynamic: bool | None,
+    shapes: list[tuple[int, int]],
+) -> list[list[Launch]]:
+    """Note [Kernels of a symbolic graph at each size]: one inference compile of ``model`` (gpu size)
+    under ``dynamic``, called at every (batch, seq) of ``shapes`` in order as kiln_bench.dynamic's
+    sweep does (so automatic dynamic compiles what it would), then one recorded call per shape:
+    the launches each size would make on the GPU. ``dynamic=False`` compiles each shape on its own
+    (the static graphs the sweep compares against)."""
+    from kiln_bench.dynamic import _text_positions, inputs_at
+    from kiln_bench.models import build
+
+    with _text_positions(max(s for _, s in shapes)):
+        w = build(model, "gpu").to("cpu", dtype if dtype != torch.float32 else None)
+    w.model.eval()
+    gen = torch.Generator().manual_seed(1)
+    feeds = [inputs_at(w, b, s, gen) for b, s in shapes]
+    opts = {"cpu_backend": "triton", "layout_policy": "cuda", "strict": True, **options}
+    out: list[list[Launch]] = []
+    kiln.reset()
+    with torch.no_grad(), _FakeHeavy():
+        compiled = kiln.compile(w.model, options=opts, dynamic=dynamic)
+        if dynamic is not False:
+            for f in feeds:
+                compiled(**f)
+        for f in feeds:
+            if dynamic is False:
+                kiln.reset()
+                compiled = kiln.compile(w.model, options=opts, dynamic=False)
+                compiled(**f)
+            LAUNCHES.clear()
+            compiled(**f)
+            out.append(list(LAUNCHES))
+    graphs = kiln.capture_stats().graphs
+    kiln.reset()
+    print(f"-- {model} dynamic={dynamic}: {graphs} graph(s) compiled in the last compile's session")
+    return out
+
+
+def compare_shapes(
+    shapes: list[tuple[int, int]], static: list[list[Launch]], dyn: list[list[Launch]]
+) -> None:
+    """Per shape: estimate static vs symbolic, and every launch whose config differs."""
+    print(
+        f"\n{'shape':>8} {'kernels s/d':>12} {'static us':>10} {'dynamic us':>11} {'ratio':>6} {'configs differ':>15}"
+    )
+    ratios = []
+    diffs: list[str] = []
+    for (b, s), st, dy in zip(shapes, static, dyn, strict=True):
+        ts, td = sum(x.estimate_us for x in st), sum(x.estimate_us for x in dy)
+        ratios.append(td / ts)
+        differ = 0
+        for a, c in zip(sorted(st, key=_key), sorted(dy, key=_key), strict=False):
+            if (a.kind, a.config, a.programs) != (c.kind, c.config, c.programs):
+                differ += 1
+                diffs.append(
+                    f"  {b}x{s}: {a.kind}{'/outer' if a.outer else ''} {'/'.join(map(str, a.numels))}: "
+                    f"static {a.config} {a.programs} progs {a.estimate_us:.1f} us | dynamic {c.kind} "
+                    f"{'/'.join(map(str, c.numels))} {c.config} {c.programs} progs {c.estimate_us:.1f} us"
+                )
+        print(f"{b:>3}x{s:<4} {len(st):>5}/{len(dy):<6} {ts:>10.1f} {td:>11.1f} {td / ts:>6.2f} {differ:>15}")
+    geo = 2.0 ** (sum(__import__("math").log2(r) for r in ratios) / len(ratios))
+    print(f"estimate dynamic/static: geomean {geo:.3f}, worst {max(ratios):.3f}")
+    for line in diffs:
+        print(line)
+
+
+def _key(x: Launch) -> tuple[Any, ...]:
+    return (x.kind, x.outer, x.numels, x.nbytes)
 
 
 def report(label: str, launches: list[Launch], top: int) -> float:
@@ -245,12 +363,30 @@ def main() -> int:
     parser.add_argument("--ab", default=None, help="a second option set to compare, k=v,k=v")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--externs", action="store_true", help="list the aten calls between kernels")
+    parser.add_argument("--copies", action="store_true", help="with --externs, list aten copies too")
+    parser.add_argument(
+        "--shapes",
+        default="",
+        help="batch x seq list (2x16,8x128): inference at each shape, static vs symbolic (--dynamic)",
+    )
+    parser.add_argument("--dynamic", default="none", choices=["none", "true"], help="with --shapes")
     args = parser.parse_args()
     triton_runtime.Launcher.__call__ = _recording_call  # type: ignore[method-assign]
     dtype = getattr(torch, args.dtype)
+    if args.shapes:
+        shapes = [(int(b), int(s)) for b, s in (t.split("x") for t in args.shapes.split(","))]
+        options = _options(args.options)
+        dyn = run_shapes(args.model, dtype, options, {"none": None, "true": True}[args.dynamic], shapes)
+        static = run_shapes(args.model, dtype, options, False, shapes)
+        if args.top:
+            for (b, s), st, dy in zip(shapes, static, dyn, strict=True):
+                report(f"{args.model} {b}x{s} static", st, args.top)
+                report(f"{args.model} {b}x{s} dynamic={args.dynamic}", dy, args.top)
+        compare_shapes(shapes, static, dyn)
+        return 0
     totals = []
     for text in [args.options] + ([args.ab] if args.ab is not None else []):
-        launches = run(args.model, args.mode, args.size, dtype, _options(text))
+        launches = run(args.model, args.mode, args.size, dtype, _options(text), args.copies)
         totals.append(
             report(
                 f"{args.model} {args.mode} {args.size} {args.dtype} [{text or 'defaults'}]",
