@@ -155,6 +155,33 @@ def test_failing_decomposition_keeps_the_op_as_one_aten_call(caplog: pytest.LogC
     assert any("sin" in r.getMessage() and "rank 1" in r.getMessage() for r in caplog.records)
 
 
+def test_a_failing_decomposition_that_wrote_an_input_is_not_kept() -> None:
+    """Note [One op kept when its decomposition fails]: an operator whose schema says it writes
+    nothing may still write its inputs (`native_batch_norm` writes its running statistics). When
+    its decomposition fails after writing one, keeping the operator would run it on the written
+    value: the trace fails instead, naming the operator. A write to a tensor the attempt itself
+    made does not count."""
+    aten = torch.ops.aten
+
+    def writes_then_fails(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        raise RuntimeError("gave up")
+
+    def writes_own_then_fails(x: torch.Tensor) -> torch.Tensor:
+        y = aten.mul.Tensor(x, 2)
+        y.add_(1)
+        raise RuntimeError("gave up")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    with pytest.raises(AotgradError, match=r"sin.*after writing to one of its inputs"):
+        aot_function(f, Recorder(), decompositions={aten.sin.default: writes_then_fails})(torch.randn(4))
+    x = torch.randn(4)
+    out = aot_function(f, Recorder(), decompositions={aten.sin.default: writes_own_then_fails})(x)
+    torch.testing.assert_close(out, f(x))
+
+
 def test_log_artifacts(caplog: pytest.LogCaptureFixture) -> None:
     from kiln_aotgrad import logs
 

@@ -170,3 +170,16 @@ def test_a_rows_offset_leaves_a_symbolic_division() -> None:
         assert simplify_index(store, ranges) == flat
     wide = {x: s0 * s1, r: Int(65)}
     assert simplify_index(FloorDiv(flat, 64 * s1), wide) == FloorDiv(flat, 64 * s1)
+
+
+def test_broadcast_accepts_one_size_written_two_ways() -> None:
+    """A flatten and a view spell one symbolic size differently (`(s - 2)*(4*s - 8)` and
+    `4*s**2 - 16*s + 16`): they broadcast; sizes that differ still do not."""
+    from kiln_loopir.lowering import broadcast_sizes
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    a, b = (s - 2) * (4 * s - 8), 4 * s**2 - 16 * s + 16
+    out = broadcast_sizes((sympy.Integer(3), a), (sympy.Integer(1), b))
+    assert out[0] == 3 and sympy.expand(out[1] - a) == 0
+    with pytest.raises(RuntimeError, match="do not broadcast"):
+        broadcast_sizes((a,), (b + 1,))

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._decomp.decompositions
+from kiln_symbolic import is_symbolic
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -162,6 +164,125 @@ def _index_add_(
     return aten.copy_.default(x, _index_add(x, dim, index, source, alpha=alpha))
 
 
+# Note [Batch norm under symbolic sizes]: torch's entries for the training batch-norm family
+# (`native_batch_norm`, `_native_batch_norm_legit`, `_batch_norm_with_update` and their functional
+# forms) scale the biased variance by `n / (n - 1)` for the running variance, where `n` is the
+# element count per channel: under symbolic sizes that is a SymFloat, which no graph can carry.
+# The entry then failed half-way, after it had written the new running mean, and the operator was
+# kept whole (Note [One op kept when its decomposition fails]) with that half-updated mean as its
+# argument: the running mean moved twice a step under `dynamic=True` (issue 17; a wrong answer,
+# caught by a probe of BatchNorm training at varying batch sizes). Here, when the input has a
+# symbolic size and the op trains, kiln's own entry scales by integers instead (`var * n / (n - 1)`,
+# n a SymInt, no float of sizes in the graph) and otherwise does what torch's entries do. Static
+# shapes keep torch's entries.
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in _HALF else dtype
+
+
+def _symbolic_shape(x: torch.Tensor) -> bool:
+    return any(isinstance(s, torch.SymInt) and is_symbolic(s) for s in x.shape)
+
+
+def _bn_train(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    momentum: float,
+    eps: float,
+    functional: bool,
+) -> tuple[Any, Any, Any, Any, Any]:
+    dims = [0, *range(2, x.dim())]
+    per_channel = [1, -1] + [1] * (x.dim() - 2)
+    wide = aten._to_copy.default(x, dtype=_acc_dtype(x.dtype))
+    biased = aten.var.correction(wide, dims, correction=0, keepdim=True)
+    mean = aten.mean.dim(wide, dims, True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(biased, eps))
+    out = aten.mul.Tensor(aten.sub.Tensor(wide, mean), rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, aten.view.default(weight, per_channel))
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(bias, per_channel))
+    save_mean = aten.squeeze.dims(mean, dims)
+    save_rstd = aten.squeeze.dims(rstd, dims)
+    new_mean = new_var = None
+    if running_mean is not None:
+        new_mean = aten.add.Tensor(
+            aten.mul.Tensor(save_mean, momentum), aten.mul.Tensor(running_mean, 1 - momentum)
+        )
+        if not functional:
+            aten.copy_.default(running_mean, new_mean)
+    if running_var is not None:
+        count = x.numel() // x.shape[1]  # a SymInt: elements per channel
+        unbiased = aten.div.Tensor(aten.mul.Tensor(aten.squeeze.dims(biased, dims), count), count - 1)
+        new_var = aten.add.Tensor(
+            aten.mul.Tensor(unbiased, momentum), aten.mul.Tensor(running_var, 1 - momentum)
+        )
+        if not functional:
+            aten.copy_.default(running_var, new_var)
+    if x.device.type == "cpu":  # eager's CPU kernel saves the statistics in the input's dtype
+        save_mean = aten._to_copy.default(save_mean, dtype=x.dtype)
+        save_rstd = aten._to_copy.default(save_rstd, dtype=x.dtype)
+    return aten._to_copy.default(out, dtype=x.dtype), save_mean, save_rstd, new_mean, new_var
+
+
+def _bn_reserve(x: torch.Tensor, *args: Any) -> Any:
+    reserve = getattr(torch._decomp.decompositions, "_get_batch_norm_reserve_tensor", None)
+    if reserve is not None:
+        return reserve(x, *args, training=True)
+    return aten.empty.memory_format([0], dtype=torch.uint8, device=x.device)
+
+
+def _bn_symbolic_entries() -> DecompTable:
+    torch_entries = get_decompositions(
+        [
+            aten.native_batch_norm.default,
+            aten._native_batch_norm_legit.default,
+            aten._native_batch_norm_legit_functional.default,
+            aten._batch_norm_with_update.default,
+            aten._batch_norm_with_update_functional.default,
+        ]
+    )
+
+    def with_training_arg(op: Any, functional: bool) -> Callable[..., Any]:
+        def entry(
+            x: Any, w: Any, b: Any, rm: Any, rv: Any, training: bool, momentum: float, eps: float
+        ) -> Any:
+            if not (training and _symbolic_shape(x)):
+                return torch_entries[op](x, w, b, rm, rv, training, momentum, eps)
+            out, mean, rstd, new_mean, new_var = _bn_train(x, w, b, rm, rv, momentum, eps, functional)
+            return (out, mean, rstd, new_mean, new_var) if functional else (out, mean, rstd)
+
+        return entry
+
+    def with_update(op: Any, functional: bool) -> Callable[..., Any]:
+        def entry(x: Any, w: Any, b: Any, rm: Any, rv: Any, momentum: float, eps: float) -> Any:
+            if not _symbolic_shape(x):
+                return torch_entries[op](x, w, b, rm, rv, momentum, eps)
+            out, mean, rstd, new_mean, new_var = _bn_train(x, w, b, rm, rv, momentum, eps, functional)
+            reserve = _bn_reserve(x, w, b, rm, rv, eps)
+            return (out, mean, rstd, reserve, new_mean, new_var) if functional else (out, mean, rstd, reserve)
+
+        return entry
+
+    table: DecompTable = {}
+    for op, functional in [
+        (aten.native_batch_norm.default, False),
+        (aten._native_batch_norm_legit.default, False),
+        (aten._native_batch_norm_legit_functional.default, True),
+    ]:
+        if op in torch_entries:
+            table[op] = with_training_arg(op, functional)
+    for op, functional in [
+        (aten._batch_norm_with_update.default, False),
+        (aten._batch_norm_with_update_functional.default, True),
+    ]:
+        if op in torch_entries:
+            table[op] = with_update(op, functional)
+    return table
+
+
 # kiln's own entries.
 _KILN: DecompTable = {
     aten.index_add.default: _index_add,
@@ -237,6 +358,7 @@ def default_decompositions() -> DecompTable:
     table: DecompTable = dict(core_aten_decompositions())
     table.update(get_decompositions(_ADDED))
     table.update(_KILN)
+    table.update(_bn_symbolic_entries())  # Note [Batch norm under symbolic sizes]
     table.update(_foreach_decompositions())
     for op in _packets_overloads(_REMOVED):
         table.pop(op, None)

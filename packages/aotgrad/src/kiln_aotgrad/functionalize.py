@@ -62,6 +62,7 @@ class Root:
     version: int = 0
     mutated: bool = False
     users: list[int] = field(default_factory=list)
+    born: int = 0  # creation order (Note [One op kept when its decomposition fails])
 
 
 def is_view_op(func: Any) -> bool:

@@ -225,6 +225,10 @@ class Tracer(TorchDispatchMode):
         self.metadata_mutated: set[int] = set()
         # Note [One op kept when its decomposition fails]
         self._kept: set[Any] = set()
+        # Note [One op kept when its decomposition fails]: each root's birth number, and the
+        # birth numbers of the roots written or re-viewed in place, in order
+        self._births = 0
+        self._written: list[int] = []
         self.kept_ops: list[tuple[str, str]] = []
         # Note [SymInts in the aten graph]
         self.sym_nodes: dict[Any, torch.fx.Node] = {}
@@ -291,7 +295,8 @@ class Tracer(TorchDispatchMode):
     def _new_root(self, t: torch.Tensor, node: torch.fx.Node) -> None:
         self.keep.append(t)
         self.nodes[id(t)] = node
-        self.roots[id(t)] = Root(node)
+        self._births += 1
+        self.roots[id(t)] = Root(node, born=self._births)
         self.aliases[id(t)] = Alias(id(t), (), 0)
 
     def _constant(self, t: torch.Tensor) -> torch.fx.Node:
@@ -381,13 +386,26 @@ class Tracer(TorchDispatchMode):
         would then run eagerly: the operator is recorded as one aten call instead, which loopir
         lowers or runs as an extern call of eager's kernel. What the failed attempt recorded is
         dead and removed with the dead code. Only for an operator that neither mutates nor
-        aliases its inputs, whose attempt cannot have changed the tracer's view of them."""
+        aliases its inputs, whose attempt cannot have changed the tracer's view of them. The
+        schema is not proof of that: `native_batch_norm` writes its running statistics with no
+        `(a!)` in its schema, and an attempt that had already written one of them was kept with
+        the written value as its argument (the statistic moved twice; Note [Batch norm under
+        symbolic sizes] in decompositions.py). So an attempt that wrote to a tensor that existed
+        before it (or changed one's view in place) fails the trace instead of being kept."""
         if mutated_arg_names(func) or is_view_op(func) or torch.Tag.inplace_view in func.tags:
             return self._expand(func, impl, args, kwargs)
+        mark, born_before = len(self._written), self._births
         try:
             return self._expand(func, impl, args, kwargs)
         except Exception as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if any(b <= born_before for b in self._written[mark:]):
+                raise AotgradError(
+                    f"cannot trace: its decomposition failed ({reason}) after writing to one of "
+                    "its inputs, so it cannot be kept as one call",
+                    op=op_name(func),
+                    origin=self.where(),
+                ) from e
             self._kept.add(func)
             self.kept_ops.append((op_name(func), reason))
             fallbacks_log.info(
@@ -562,6 +580,7 @@ class Tracer(TorchDispatchMode):
         name = str(func._schema.name)
         t = args[0]
         self.node_for(t)
+        self._written.append(self.roots[self.aliases[id(t)].root].born)
         a_t = self.aliases[id(t)]
         if a_t.root in self._inputs:
             if a_t.chain or id(t) != a_t.root or t.requires_grad:
@@ -654,6 +673,7 @@ class Tracer(TorchDispatchMode):
         root.node = node
         root.version += 1
         root.mutated = True
+        self._written.append(root.born)
         self.nodes[id(t)] = new
         a.version = root.version
         # Note [Constant fakes] (kiln_dynamo's constants.py): `t` and its aliases no longer hold

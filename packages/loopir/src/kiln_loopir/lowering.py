@@ -110,7 +110,9 @@ def broadcast_sizes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:
         for size in sizes:
             j = i - (rank - len(size))
             if j >= 0 and size[j] != 1:
-                if dim != 1 and dim != size[j]:
+                # equal expressions in another form (`(s - 2)*(4*s - 8)` against the expanded
+                # `4*s**2 - 16*s + 16`, as a flatten and a view spell one size) broadcast
+                if dim != 1 and dim != size[j] and sympy.expand(dim - size[j]) != 0:
                     raise RuntimeError(f"shapes {sizes} do not broadcast")
                 dim = size[j]
         out.append(dim)
