@@ -57,7 +57,7 @@ def _compare(x: torch.Tensor) -> Any:
         a > b,  # reflected: b.__lt__(a)
         GLOBAL == "relu",
         GLOBAL != "gelu",
-        p == p,
+        p == p,  # noqa: PLR0124
         p != Plain(),
         p == 1,
         a in ["x", "relu"],
