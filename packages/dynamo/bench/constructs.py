@@ -1040,7 +1040,8 @@ def _print_torch_table(rows):
         if (kg, kb, kp) == (1, 0, 0) and (tg, tb) == (1, 0):
             continue
         # worse: more breaks, or a frame left to Python (no graph) where torch.compile made graphs
-        more = tb >= 0 and (kb + kp > tb or (kg == 0 and tg > 0))
+        # (no graph in either: both ran the frame as Python, whatever kiln's count of it says)
+        more = tb >= 0 and ((kb + kp > tb and (kg, tg) != (0, 0)) or (kg == 0 and tg > 0))
         if more:
             worse.append(name)
         note = "kiln breaks more" if more else "torch.compile raised" if tb < 0 else ""

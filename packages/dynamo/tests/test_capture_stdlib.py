@@ -204,3 +204,38 @@ def test_weakref_of_a_type_without_weak_references_raises_as_eager() -> None:
         f(t(2))
     with pytest.raises(TypeError):
         kiln_dynamo.compile(f, backend=CountingBackend())(t(2))
+
+
+CONFIG = {"layers": [1, 2], "name": "m"}
+
+
+def _copies(x: torch.Tensor) -> Any:
+    import copy
+
+    l1 = [x, x + 1]
+    l2 = copy.copy(l1)
+    l2.append(x)
+    d = copy.deepcopy(CONFIG)
+    d["layers"].append(3)  # a deep copy: the global's list is untouched
+    s = copy.copy({1, 2})
+    return l2[1] * 2, len(l1), d, CONFIG["layers"], copy.copy((x,))[0] is x, s, copy.deepcopy(2.5)
+
+
+def test_copy_and_deepcopy_of_plain_values() -> None:
+    global CONFIG
+    x = t(3)
+    got = _one_graph(_copies, x)
+    want = _copies(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] and CONFIG["layers"] == [1, 2]
+    kiln_dynamo.reset()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_copies, backend=backend)
+    compiled(x)
+    old = CONFIG
+    try:
+        CONFIG = {"layers": [7], "name": "n"}  # what the deep copy read changed: recompiled
+        assert compiled(x)[2] == _copies(x)[2] == {"layers": [7, 3], "name": "n"}
+    finally:
+        CONFIG = old
+    assert backend.graphs == 2

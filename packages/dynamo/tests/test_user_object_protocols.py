@@ -168,3 +168,24 @@ def test_counter_of_user_objects_uses_their_equality() -> None:
     report = kiln_dynamo.explain(f)(t(2))
     assert report.graph_count == 1 and report.break_reasons == []
     assert report.result[1] is True
+
+
+def _self_referring_class(x: torch.Tensor) -> Any:
+    class V:
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t = t
+
+        def __add__(self, o: Any) -> Any:
+            return V(self.t + o.t)  # the class's own name, a cell of the frame
+
+    v = V(x) + V(x * 2)
+    return v.t, len([v]), v == v  # noqa: PLR0124
+
+
+def test_class_made_in_the_frame_refers_to_itself() -> None:
+    x = t(3)
+    report = kiln_dynamo.explain(_self_referring_class)(x)
+    assert report.graph_count == 1 and report.break_reasons == []
+    want = _self_referring_class(x)
+    torch.testing.assert_close(report.result[0], want[0])
+    assert report.result[1:] == want[1:]

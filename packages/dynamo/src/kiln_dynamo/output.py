@@ -168,6 +168,10 @@ class OutputGraph:
         self.inputs.append((node, source, value))  # type: ignore[arg-type]
         return SymNodeVariable(node, sym)
 
+    def known_cell(self, cell: types.CellType) -> CellVariable | None:
+        """The tracker already standing for a real cell, if any."""
+        return self._real_cells.get(id(cell))
+
     def real_cell(self, cell: types.CellType, make: Any) -> CellVariable:
         hit = self._real_cells.get(id(cell))
         if hit is None:

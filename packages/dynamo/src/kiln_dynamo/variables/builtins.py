@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import functools
 import itertools
 import math
@@ -467,6 +468,51 @@ def _deque(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return d
 
 
+# Note [copy on traced values]: `copy.copy` of a list, tuple, plain dict/OrderedDict, set or
+# constant made or read in the frame is the container's own copy (a new list/dict/set of the
+# same items; a tuple or constant is itself), and `copy.deepcopy` of a value made only of Python
+# constants is folded into a fresh value of the same type (every constant it reads is guarded,
+# as any read is); anything else inlines copy's own Python code, as before (where `id()` of a
+# constant or a dispatch table keyed by types breaks).
+def _copy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import UserFunctionVariable
+
+    if len(args) == 1 and not kwargs:
+        (x,) = args
+        kind = type(x)
+        if kind is ListVariable:
+            return ListVariable(list(x.items))  # type: ignore[attr-defined]
+        if kind is DictVariable and x.python_type() in (dict, collections.OrderedDict):
+            return x.call_method(tx, "copy", [], {})
+        if kind is SetVariable and not x.frozen:  # type: ignore[attr-defined]
+            return SetVariable(list(x.items))  # type: ignore[attr-defined]
+        if kind is TupleVariable or (isinstance(x, ConstantVariable) and type(x.value) in _ATOMIC):
+            return x
+    return UserFunctionVariable(copy.copy).call(tx, args, kwargs)  # type: ignore[arg-type]
+
+
+def _deepcopy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import UserFunctionVariable
+
+    if len(args) == 1 and not kwargs and _plain_constant(args[0]):
+        return tx.wrap_constant(copy.deepcopy(args[0].as_constant()))
+    return UserFunctionVariable(copy.deepcopy).call(tx, args, kwargs)  # type: ignore[arg-type]
+
+
+_ATOMIC = (int, float, bool, complex, str, bytes, type(None))
+
+
+def _plain_constant(x: VT) -> bool:
+    """Made of Python constants in plain containers (list, tuple, dict, set) only."""
+    if isinstance(x, ConstantVariable):
+        return type(x.value) in _ATOMIC
+    if type(x) in (ListVariable, TupleVariable):
+        return all(_plain_constant(i) for i in x.items)  # type: ignore[attr-defined]
+    if type(x) is DictVariable and x.python_type() is dict:
+        return all(_plain_constant(v) for v in x.items.values())  # type: ignore[attr-defined]
+    return False
+
+
 def _weakref_ref(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.stdlib import new_weakref
 
@@ -642,6 +688,8 @@ _HANDLERS: dict[Any, Handler] = {
     collections.defaultdict: _defaultdict,
     torch.Size: _torch_size,
     weakref.ref: _weakref_ref,
+    copy.copy: _copy,
+    copy.deepcopy: _deepcopy,
     collections.Counter: _counter,
     collections.deque: _deque,
     operator.getitem: _getitem,
