@@ -509,7 +509,7 @@ def _plain_constant(x: VT) -> bool:
     if type(x) in (ListVariable, TupleVariable):
         return all(_plain_constant(i) for i in x.items)  # type: ignore[attr-defined]
     if type(x) is DictVariable and x.python_type() is dict:
-        return all(_plain_constant(v) for v in x.items.values())  # type: ignore[attr-defined]
+        return all(_plain_constant(v) for v in x.items.values())
     return False
 
 

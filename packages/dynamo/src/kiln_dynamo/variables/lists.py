@@ -552,7 +552,7 @@ class CountIteratorVariable(ListIteratorVariable):
         return ConstantVariable(value)
 
     def take(self, n: int) -> list[VT]:
-        out = []
+        out: list[VT] = []
         for _ in range(n):
             out.append(ConstantVariable(self.current()))
             self.index += 1
