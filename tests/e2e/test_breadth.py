@@ -1,4 +1,4 @@
-"""Breadth of capture (issue 16): the 46 models of `packages/dynamo/bench/breadth_models.py`.
+"""Breadth of capture (issue 16): the 47 models of `packages/dynamo/bench/breadth_models.py`.
 
 Each model, built from a tiny config, is one graph with no break and no frame left to Python,
 and matches eager: in eval, in train (forward + loss + backward, gradients compared), and for a
@@ -25,7 +25,7 @@ from breadth import build, run_mode  # type: ignore[import-not-found]
 from breadth_models import MODELS  # type: ignore[import-not-found]
 
 # The breadth suite in CI: every model of `breadth_models.MODELS` (`breaks.py --models` runs the
-# same 46, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
+# same 47, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
 # loss + backward, every parameter's gradient compared; cache: a decoding step with the KV cache a
 # prefill returned, decoder LMs only), with the (graphs, breaks, frames left to Python) that
 # `breadth.run_mode` reports. A count may go down (update the table) but not up, and every row
@@ -40,6 +40,10 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # encoder MLMs and text encoders
     "bert": ENC, "roberta": ENC, "xlm_roberta": ENC, "electra": ENC, "albert": ENC, "deberta_v2": ENC,
     "mobilebert": ENC, "squeezebert": ENC, "mpnet": ENC, "distilbert": ENC, "clip_text": ENC, "funnel": ENC,
+    # each layer's self-attention asks `is_index_global_attn.flatten().any().item()` in Python
+    # (does any token attend globally?): a data-dependent value, one break per layer (2 layers:
+    # 4 graphs, 2 splits; torch.compile 4/3); every graph matches eager
+    "longformer": {"eval": (4, 2, 0), "train": (4, 2, 0)},
     # encoder-decoders, audio
     "bart": ENC, "t5": ENC, "pegasus": ENC, "whisper_encoder": ENC,
     # train: the feature encoder sets `requires_grad = True` on a tensor (a new leaf mid-graph,
@@ -65,7 +69,7 @@ ROWS = [(name, mode) for name, modes in EXPECTED.items() for mode in modes]
 
 def test_the_table_is_the_whole_breadth_suite() -> None:
     """Every model of the bench is a CI row, in eval and train, with the KV-cache step for
-    exactly the decoder LMs (building all 46 tiny models: a few seconds)."""
+    exactly the decoder LMs (building all 47 tiny models: a few seconds)."""
     assert set(EXPECTED) == set(MODELS) and len(EXPECTED) >= 30
     decoders = {name for name, builder in MODELS.items() if builder()[2] == "decoder"}
     assert len(decoders) == 12

@@ -306,6 +306,7 @@ MODELS: dict[str, Callable[[], Built]] = {
     "distilbert": _text("DistilBertForMaskedLM", "DistilBertConfig", dim=H, n_layers=LAYERS, n_heads=HEADS,
                         hidden_dim=FFN, vocab_size=VOCAB, dropout=0.0, attention_dropout=0.0),
     "clip_text": _clip_text,
+    "longformer": _text("LongformerModel", "LongformerConfig", attention_window=4, **_BERTISH),
     "funnel": _text("FunnelForMaskedLM", "FunnelConfig", d_model=H, n_head=HEADS, d_head=8, d_inner=FFN,
                     block_sizes=[1, 1], vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
                     activation_dropout=0.0),

@@ -1,7 +1,12 @@
 # ruff: noqa: E741, E742, UP031, UP036, PLR0124, B007, B028, RUF005, RUF015 - user code as users write it
 """Real-world Python constructs, one small function each: graphs and breaks from `kiln_dynamo.explain`.
 
-Run: python packages/dynamo/bench/constructs.py [name ...]
+Run: python packages/dynamo/bench/constructs.py [--torch] [name ...]
+
+`--torch` also runs each case through `torch._dynamo.explain` (torch.compile's capture, eager
+backend) and prints a table of every case not at one graph in either, kiln's graphs/breaks/frames
+left to Python beside torch.compile's graphs/breaks, and the cases where kiln breaks more (more
+breaks, or the frame left to Python where torch.compile captured a graph).
 
 Each case is the kind of Python that model code writes (containers, itertools, sorting, string
 and math helpers, classes, context managers, numpy, module building). The table lists the cases
@@ -958,8 +963,10 @@ def main():
     import sys
     import warnings
 
-    only = sys.argv[1:]
+    with_torch = "--torch" in sys.argv[1:]
+    only = [a for a in sys.argv[1:] if not a.startswith("--")]
     bad, wrong = [], []
+    rows = []  # (name, kiln graphs, kiln breaks, kiln frames in Python, torch graphs, torch breaks)
     for name, (fn, args) in cases.items():
         if only and name not in only:
             continue
@@ -993,7 +1000,60 @@ def main():
                 f"{name}: graphs={r.graph_count}",
                 "; ".join(str(b).splitlines()[0][:200] for b in r.break_reasons),
             )
+        if with_torch:
+            plain = sum(1 for b in r.break_reasons if str(b).startswith("runs as plain Python"))
+            rows.append((name, r.graph_count, len(r.break_reasons) - plain, plain, *_torch_counts(fn, args)))
     print(f"{len(cases)} cases, {len(bad)} not one graph with no break, {len(wrong)} differ from eager")
+    if with_torch:
+        _print_torch_table(rows)
+
+
+def _torch_counts(fn, args):
+    """torch.compile's graphs and breaks for one case (`torch._dynamo.explain`), (-1, -1) if it raised."""
+    import contextlib as cl
+    import io
+    import warnings
+
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        with cl.redirect_stdout(io.StringIO()), cl.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(0)
+            tex = torch._dynamo.explain(fn)(*args)
+        # a break at the frame's last statement leaves no graph after it, and torch's
+        # graph_break_count does not count it; its break_reasons do
+        return tex.graph_count, max(tex.graph_break_count, len(tex.break_reasons))
+    except Exception:
+        return -1, -1
+    finally:
+        torch._dynamo.reset()
+
+
+def _print_torch_table(rows):
+    """Rows not at 1 graph / 0 breaks in kiln or torch.compile; kiln's frames in Python count as
+    breaks of their own (a frame torch.compile splits, kiln may run whole as Python)."""
+    print(f"\n{'case':<32} kiln g/b/py  torch g/b")
+    worse = []
+    for name, kg, kb, kp, tg, tb in rows:
+        if (kg, kb, kp) == (1, 0, 0) and (tg, tb) == (1, 0):
+            continue
+        # worse: more breaks, or a frame left to Python (no graph) where torch.compile made graphs
+        # (no graph in either: both ran the frame as Python, whatever kiln's count of it says)
+        more = tb >= 0 and ((kb + kp > tb and (kg, tg) != (0, 0)) or (kg == 0 and tg > 0))
+        if more:
+            worse.append(name)
+        note = "kiln breaks more" if more else "torch.compile raised" if tb < 0 else ""
+        t = f"{tg}/{tb}" if tb >= 0 else "-"
+        print(f"{name:<32} {kg:>4}/{kb}/{kp:<4} {t:>6}    {note}")
+    one_k = sum(1 for r in rows if r[1:4] == (1, 0, 0))
+    one_t = sum(1 for r in rows if r[4:6] == (1, 0))
+    print(
+        f"{len(rows)} cases: kiln at 1/0/0 in {one_k}, breaks {sum(r[2] for r in rows)},"
+        f" frames in Python {sum(r[3] for r in rows)}; torch.compile at 1/0 in {one_t},"
+        f" breaks {sum(max(r[5], 0) for r in rows)}; kiln breaks more in {len(worse)}: {', '.join(worse)}"
+    )
 
 
 if __name__ == "__main__":

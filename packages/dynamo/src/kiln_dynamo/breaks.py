@@ -90,7 +90,9 @@ time by an operator of the graph before the break (Note [Tracing try blocks] in 
 The first pass of a frame whose own call sits in a try block moves its break before the block
 (`before`); a chain split is still tried first, and that split is the fallback. Measured
 (`breaks.py --models --only=segformer,wav2vec2 --no-torch`): wav2vec2 train 3/3/3 -> 3/2/2;
-segformer is unchanged (2/4/5: its breaks construct a weakref under transformers' lock).
+segformer is unchanged (2/4/5: its breaks register forward hooks under transformers' lock; since
+capture10 the handle's weakref is modelled, and the break is its counter store on torch's
+`RemovableHandle`, then the hook closure stored into the module).
 
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is

@@ -76,7 +76,7 @@ class Reconstructor:
 def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.functions import BoundMethodVariable
-    from kiln_dynamo.variables.lists import BaseListVariable, ListIteratorVariable
+    from kiln_dynamo.variables.lists import BaseListVariable, IsliceCountVariable, ListIteratorVariable
     from kiln_dynamo.variables.nn_module import ModuleSliceVariable, NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
@@ -92,6 +92,8 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             children = list(vt.appended)  # rebuilt from its source (Note [Lists read only when needed])
         elif isinstance(vt, BaseListVariable | ModuleSliceVariable):
             children = list(vt.items)
+        elif isinstance(vt, IsliceCountVariable):
+            children = [vt.count]
         elif isinstance(vt, ListIteratorVariable):
             children = vt.items[vt.index :]
         elif isinstance(vt, DictVariable):

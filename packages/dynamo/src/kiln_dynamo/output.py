@@ -44,6 +44,7 @@ class SideEffects:
     def __init__(self) -> None:
         self.attr_stores: list[tuple[VT, str, VT]] = []
         self._pending: dict[tuple[int, str], VT] = {}
+        self.unseen_stores: set[int] = set()  # ids of objects `store_unseen` wrote to
         self.mutated_containers: dict[int, VT] = {}
         # (input tensor, hook) in call order: `t.register_hook(hook)` replayed after the graph
         # (Note [Hooks on input tensors] in variables/tensor.py)
@@ -58,6 +59,12 @@ class SideEffects:
     def store_attr(self, target: VT, obj: object, name: str, value: VT) -> None:
         self._pending[(id(obj), name)] = value
         self.attr_stores.append((target, name, value))
+
+    def store_unseen(self, obj: object, name: str, value: VT) -> None:
+        """A store on an object nothing outside the frame can see (a class made in the frame):
+        later reads in the frame see it, nothing is replayed."""
+        self._pending[(id(obj), name)] = value
+        self.unseen_stores.add(id(obj))
 
     def mutated(self, container: VT) -> None:
         if container.source is not None:
@@ -97,6 +104,9 @@ class OutputGraph:
         self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
         self._const_sources: dict[int, ConstSource] = {}
+        # weakref.ref(obj) made in the frame, one per referent's source (Note [Weak references
+        # made in the frame] in variables/stdlib.py)
+        self.new_weakrefs: dict[Source, VariableTracker] = {}
         self.guards.where = f"{code.co_filename}:{code.co_firstlineno} (global state at entry)"
         self.guards.global_state()
 
@@ -157,6 +167,10 @@ class OutputGraph:
         node.meta["source"] = source.name()
         self.inputs.append((node, source, value))  # type: ignore[arg-type]
         return SymNodeVariable(node, sym)
+
+    def known_cell(self, cell: types.CellType) -> CellVariable | None:
+        """The tracker already standing for a real cell, if any."""
+        return self._real_cells.get(id(cell))
 
     def real_cell(self, cell: types.CellType, make: Any) -> CellVariable:
         hit = self._real_cells.get(id(cell))

@@ -70,6 +70,7 @@ from kiln_dynamo.variables.functions import NestedFunctionVariable, passes_resul
 from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
     BaseListVariable,
+    DequeVariable,
     ListIteratorVariable,
     ListVariable,
     SizeVariable,
@@ -77,6 +78,7 @@ from kiln_dynamo.variables.lists import (
 )
 from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_binary, ndarray_unary
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.stdlib import NewWeakrefVariable, WeakrefVariable
 from kiln_dynamo.variables.symbolic import SymNodeVariable, symbolic_op
 from kiln_dynamo.variables.tensor import TensorVariable
 from kiln_dynamo.variables.torch import (
@@ -85,7 +87,12 @@ from kiln_dynamo.variables.torch import (
     GradModeVariable,
     WithExitVariable,
 )
-from kiln_dynamo.variables.user_defined import BuildClassVariable, NewObjectVariable, SuperVariable
+from kiln_dynamo.variables.user_defined import (
+    BuildClassVariable,
+    NewObjectVariable,
+    SuperVariable,
+    UserObjectVariable,
+)
 
 PY = bytecode.PY_VERSION
 if PY not in ((3, 11), (3, 12)):
@@ -179,6 +186,28 @@ class BreakHere(Exception):
 
 
 _SET_OPERATORS = frozenset({"&", "|", "-", "^"})
+
+
+_RICH = {
+    operator.eq: ("__eq__", "__eq__"),
+    operator.ne: ("__ne__", "__ne__"),
+    operator.lt: ("__lt__", "__gt__"),
+    operator.le: ("__le__", "__ge__"),
+    operator.gt: ("__gt__", "__lt__"),
+    operator.ge: ("__ge__", "__le__"),
+}
+_DUNDER_OPS = {
+    "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow",
+    "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift",
+}  # fmt: skip
+_NOT_IMPLEMENTED_SCALARS = (int, float, bool, complex, str, bytes, type(None))
+_USER_OBJECTS = (NewObjectVariable, UserObjectVariable)
+
+
+def _weak_pair(a: VT, b: VT) -> bool:
+    """A weak reference made in the frame and one read from outside (`is` between them)."""
+    kinds = (NewWeakrefVariable, WeakrefVariable)
+    return isinstance(a, kinds) and isinstance(b, kinds) and type(a) is not type(b)
 
 
 def _keys_view(v: VT) -> bool:
@@ -390,6 +419,8 @@ class InstructionTranslator:
             return bool(a.as_constant() == b.as_constant())
         if a.identity() is b.identity():
             return True
+        if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
+            return self.rich_compare(operator.eq, a, b).truth(self)  # Note [Comparing user objects]
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             raise Unsupported("comparing a tensor for equality in Python control flow")
         return False
@@ -414,6 +445,8 @@ class InstructionTranslator:
             return ndarray_binary(self, fn, a, b)  # Note [NumPy round trips]
         if isinstance(b, TensorVariable) and fn in _OUT_OF_PLACE and _is_number(a):
             fn = _OUT_OF_PLACE[fn]  # `n += t` for a number n is `n + t` (FX cannot print `0 += t`)
+        if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
+            return self.user_binary(fn, a, b)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
         if _symbolic_operands(a, b):
@@ -425,6 +458,8 @@ class InstructionTranslator:
                 raise Unsupported(f"{BINARY_OPERATORS.get(fn, fn)} raised {type(e).__name__}: {e}") from e
         sym = BINARY_OPERATORS.get(fn, "")
         base = sym.rstrip("=") if sym.endswith("=") and sym not in ("==",) else sym
+        if (isinstance(a, DequeVariable) or isinstance(b, DequeVariable)) and sym != "+=":
+            raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
         if isinstance(a, BaseListVariable) and base == "+" and isinstance(b, BaseListVariable):
             if sym == "+=" and isinstance(a, ListVariable):
                 a.call_method(self, "extend", [b], {})
@@ -464,6 +499,8 @@ class InstructionTranslator:
     def compare_op(self, fn: Any, a: VT, b: VT) -> VT:
         if isinstance(a, NdarrayVariable) or isinstance(b, NdarrayVariable):
             return ndarray_binary(self, fn, a, b)
+        if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
+            return self.rich_compare(fn, a, b)
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             return self.output.create_call(self, "call_function", fn, [a, b], {})
         if _symbolic_operands(a, b):
@@ -475,6 +512,90 @@ class InstructionTranslator:
             if same or type(a) is not type(b):
                 return ConstantVariable(same if fn is operator.eq else not same)
         raise Unsupported(f"comparison {COMPARE_OPERATORS[fn]} on {a.describe()} and {b.describe()}")
+
+    def user_binary(self, fn: Any, a: VT, b: VT) -> VT:
+        """`a + b` (any binary operator, in place too) with an instance of a user class: Python's
+        protocol, as Note [Comparing user objects]: `a.__iadd__(b)` first for `+=`, then
+        `a.__add__(b)` and `b.__radd__(a)` (the reflected one first when b's class is a proper
+        subclass of a's that defines it; never for two objects of one class), each inlined when
+        the class defines it in Python; `NotImplemented` passes on; a built-in scalar or string
+        answers NotImplemented; anything else on the other side is a break, and so is an operator
+        nobody implements (eager raises TypeError)."""
+        sym = BINARY_OPERATORS.get(fn, "")
+        inplace = sym.endswith("=")
+        op = _DUNDER_OPS.get(sym.rstrip("="))
+        if op is None:
+            raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
+        ta, tb = a.python_type(), b.python_type()
+        order = [(a, f"__{op}__", b), (b, f"__r{op}__", a)]
+        if tb is ta:
+            order.pop()
+        elif issubclass(tb, ta) and inspect.isfunction(inspect.getattr_static(tb, f"__r{op}__", None)):
+            order.reverse()
+        if inplace:
+            order.insert(0, (a, f"__i{op}__", b))
+        for x, meth, y in order:
+            if isinstance(x, ConstantVariable) and type(x.value) in _NOT_IMPLEMENTED_SCALARS:
+                continue
+            if not isinstance(x, _USER_OBJECTS):
+                raise Unsupported(f"operator {sym} of {x.describe()} with {y.describe()}")
+            static = inspect.getattr_static(x.python_type(), meth, None)
+            if static is None:
+                continue
+            if not inspect.isfunction(static):
+                raise Unsupported(f"{x.python_type().__qualname__}.{meth} is not a Python function")
+            r = x.getattr(self, meth).call(self, [y], {})
+            if not (r.is_constant() and r.as_constant() is NotImplemented):
+                return r
+        raise Unsupported(f"operator {sym} that neither operand implements (TypeError)")
+
+    def rich_compare(self, fn: Any, a: VT, b: VT) -> VT:
+        """Note [Comparing user objects]: `a == b` (and `!=`, `<`, ...) where an operand is an
+        instance of a user class runs Python's protocol: the reflected method of `b` first when
+        b's class is a proper subclass of a's that defines it, then `a.__eq__(b)`, then
+        `b.__eq__(a)`, each inlined when the class defines it in Python; `NotImplemented` passes
+        to the next; `object`'s defaults answer identity for `==`/`!=` (`__ne__` inverts a
+        Python `__eq__`), and an ordering nobody implements is a break (eager raises TypeError).
+        A built-in scalar or string on the other side answers NotImplemented, as CPython's do;
+        any other value there (a tensor, a list) is a break. Before, `==` answered identity
+        without asking the class: `E() == "x"` was False for an `__eq__` that says True."""
+        name, reflected = _RICH[fn]
+        order = [(a, name, b), (b, reflected, a)]
+        ta, tb = a.python_type(), b.python_type()
+        if (
+            tb is not ta
+            and issubclass(tb, ta)
+            and inspect.isfunction(inspect.getattr_static(tb, reflected, None))
+        ):
+            order.reverse()
+        for x, meth, y in order:
+            if isinstance(x, ConstantVariable) and type(x.value) in _NOT_IMPLEMENTED_SCALARS:
+                continue  # int/str/None.__eq__(user object) is NotImplemented
+            if not isinstance(x, _USER_OBJECTS):
+                raise Unsupported(f"comparison {COMPARE_OPERATORS[fn]} of {x.describe()} with {y.describe()}")
+            cls = x.python_type()
+            static = inspect.getattr_static(cls, meth, None)
+            if meth == "__ne__" and static is object.__ne__:  # object.__ne__ inverts __eq__
+                eq = inspect.getattr_static(cls, "__eq__", None)
+                if inspect.isfunction(eq):
+                    r = x.getattr(self, "__eq__").call(self, [y], {})
+                    if r.is_constant() and r.as_constant() is NotImplemented:
+                        continue
+                    return ConstantVariable(not r.truth(self))
+                static = eq
+            if inspect.isfunction(static):
+                r = x.getattr(self, meth).call(self, [y], {})
+                if r.is_constant() and r.as_constant() is NotImplemented:
+                    continue
+                return r
+            if static is not getattr(object, meth, None) and not (
+                meth == "__ne__" and static is object.__eq__
+            ):
+                raise Unsupported(f"{cls.__qualname__}.{meth} is not a Python function")
+        if fn in (operator.eq, operator.ne):
+            same = a.identity() is b.identity()
+            return ConstantVariable(same if fn is operator.eq else not same)
+        raise Unsupported(f"comparison {COMPARE_OPERATORS[fn]} that neither operand implements (TypeError)")
 
     def unary_op(self, fn: Any, a: VT) -> VT:
         if fn is operator.not_:
@@ -815,6 +936,10 @@ class InstructionTranslator:
         b = self.pop()
         a = self.pop()
         same = a.identity() is b.identity()
+        if not same and _weak_pair(a, b):
+            # one reference made in the frame, one read from outside: the same object when they
+            # point to the same referent (Note [Weak references made in the frame])
+            raise Unsupported("`is` between a weak reference made in the frame and one from outside")
         if not same and a.is_constant() and b.is_constant():
             same = a.as_constant() is b.as_constant()
         self.push(ConstantVariable(same != bool(_arg(inst))))

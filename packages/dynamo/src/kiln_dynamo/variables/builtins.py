@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import builtins
 import collections
+import copy
 import functools
 import itertools
 import math
 import operator
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -169,10 +171,17 @@ def _is_list(v: VT) -> bool:
         return False
 
 
+def _is_deque(v: VT) -> bool:
+    try:
+        return v.python_type() is collections.deque
+    except Unsupported:
+        return False
+
+
 def _iter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if isinstance(args[0], ListIteratorVariable):
         return args[0]
-    kind = "list" if _is_list(args[0]) else "tuple"
+    kind = "list" if _is_list(args[0]) else "deque" if _is_deque(args[0]) else "tuple"
     return ListIteratorVariable(args[0].iterate(tx), kind)
 
 
@@ -189,7 +198,24 @@ def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _zip(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    seqs = [a.iterate(tx) for a in args]
+    from kiln_dynamo.variables.lists import CountIteratorVariable
+
+    finite = [a.iterate(tx) for a in args if not isinstance(a, CountIteratorVariable)]
+    if len(finite) < len(args):  # zip stops at the shortest; an itertools.count gives that many
+        strict = kwargs.get("strict")
+        if not finite or (strict is not None and not (strict.is_constant() and not strict.as_constant())):
+            raise Unsupported("zip of itertools.count objects only, or with strict=")
+        n = min(len(s) for s in finite)
+        it = iter(finite)
+        seqs = [a.take(n) if isinstance(a, CountIteratorVariable) else next(it) for a in args]
+        # the round that ends zip advances every count before the first iterable that ran out
+        for a, seq in zip(args, seqs, strict=True):
+            if not isinstance(a, CountIteratorVariable) and len(seq) == n:
+                break
+            if isinstance(a, CountIteratorVariable):
+                a.take(1)
+        return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)], "zip")
+    seqs = finite
     if (
         kwargs.get("strict") is not None
         and kwargs["strict"].as_constant()
@@ -212,7 +238,7 @@ def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    kind = "reversed" if _is_list(args[0]) else "tuple"
+    kind = "reversed" if _is_list(args[0]) else "deque_reversed" if _is_deque(args[0]) else "tuple"
     return ListIteratorVariable(list(reversed(args[0].iterate(tx))), kind)
 
 
@@ -416,6 +442,83 @@ def _defaultdict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return d
 
 
+def _counter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.dicts import CounterVariable
+
+    if len(args) > 1:
+        raise Unsupported("collections.Counter with more than one positional argument")
+    c = CounterVariable({})
+    c.count(tx, args[0] if args else None, kwargs, 1)
+    return c
+
+
+def _deque(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import DequeVariable
+
+    if len(args) > 2 or set(kwargs) - {"iterable", "maxlen"}:
+        raise Unsupported("collections.deque with these arguments")
+    iterable = args[0] if args else kwargs.get("iterable")
+    maxlen = args[1] if len(args) == 2 else kwargs.get("maxlen", ConstantVariable(None))
+    n = maxlen.as_constant() if maxlen.is_constant() else "?"
+    if n is not None and not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        raise Unsupported("collections.deque with a maxlen that is not a constant int >= 0")
+    d = DequeVariable([], n)
+    if iterable is not None:
+        d.call_method(tx, "extend", [iterable], {})
+    return d
+
+
+# Note [copy on traced values]: `copy.copy` of a list, tuple, plain dict/OrderedDict, set or
+# constant made or read in the frame is the container's own copy (a new list/dict/set of the
+# same items; a tuple or constant is itself), and `copy.deepcopy` of a value made only of Python
+# constants is folded into a fresh value of the same type (every constant it reads is guarded,
+# as any read is); anything else inlines copy's own Python code, as before (where `id()` of a
+# constant or a dispatch table keyed by types breaks).
+def _copy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import UserFunctionVariable
+
+    if len(args) == 1 and not kwargs:
+        (x,) = args
+        kind = type(x)
+        if kind is ListVariable:
+            return ListVariable(list(x.items))  # type: ignore[attr-defined]
+        if kind is DictVariable and x.python_type() in (dict, collections.OrderedDict):
+            return x.call_method(tx, "copy", [], {})
+        if kind is SetVariable and not x.frozen:  # type: ignore[attr-defined]
+            return SetVariable(list(x.items))  # type: ignore[attr-defined]
+        if kind is TupleVariable or (isinstance(x, ConstantVariable) and type(x.value) in _ATOMIC):
+            return x
+    return UserFunctionVariable(copy.copy).call(tx, args, kwargs)  # type: ignore[arg-type]
+
+
+def _deepcopy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.functions import UserFunctionVariable
+
+    if len(args) == 1 and not kwargs and _plain_constant(args[0]):
+        return tx.wrap_constant(copy.deepcopy(args[0].as_constant()))
+    return UserFunctionVariable(copy.deepcopy).call(tx, args, kwargs)  # type: ignore[arg-type]
+
+
+_ATOMIC = (int, float, bool, complex, str, bytes, type(None))
+
+
+def _plain_constant(x: VT) -> bool:
+    """Made of Python constants in plain containers (list, tuple, dict, set) only."""
+    if isinstance(x, ConstantVariable):
+        return type(x.value) in _ATOMIC
+    if type(x) in (ListVariable, TupleVariable):
+        return all(_plain_constant(i) for i in x.items)  # type: ignore[attr-defined]
+    if type(x) is DictVariable and x.python_type() is dict:
+        return all(_plain_constant(v) for v in x.items.values())
+    return False
+
+
+def _weakref_ref(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.stdlib import new_weakref
+
+    return new_weakref(tx, args, kwargs)
+
+
 def _torch_size(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.lists import SizeVariable
 
@@ -435,7 +538,7 @@ def _object_setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
     obj, name, value = args
     if isinstance(obj, NewObjectVariable):
-        obj.attrs[name.as_constant()] = value  # bypasses a frozen dataclass's __setattr__, as CPython does
+        obj.store(tx, name.as_constant(), value)  # bypasses a frozen dataclass's __setattr__, as CPython does
     else:
         obj.setattr(tx, name.as_constant(), value)
     return ConstantVariable(None)
@@ -485,9 +588,32 @@ def _accumulate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ListIteratorVariable(out)
 
 
+def _count(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import CountIteratorVariable
+
+    if len(args) > 2 or set(kwargs) - {"start", "step"} or not _consts(args, kwargs):
+        raise Unsupported("itertools.count with arguments that are not constants")
+    values = [a.as_constant() for a in args]
+    start = values[0] if values else kwargs["start"].as_constant() if "start" in kwargs else 0
+    step = values[1] if len(values) > 1 else kwargs["step"].as_constant() if "step" in kwargs else 1
+    if not all(isinstance(v, (int, float)) for v in (start, step)):
+        raise Unsupported("itertools.count of values that are not numbers")
+    return CountIteratorVariable(start, step)
+
+
 def _islice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.lists import CountIteratorVariable, IsliceCountVariable
+
     if kwargs or not 2 <= len(args) <= 4 or not _consts(args[1:], {}):
         raise Unsupported("itertools.islice with these arguments")
+    if isinstance(args[0], CountIteratorVariable):
+        sl = slice(*[a.as_constant() for a in args[1:]])
+        start, stop, step = sl.start or 0, sl.stop, 1 if sl.step is None else sl.step
+        if not all(isinstance(v, int) and v >= 0 for v in (start, stop)) or not (
+            isinstance(step, int) and step > 0
+        ):
+            raise Unsupported("itertools.islice of an itertools.count without a stop, or with bad bounds")
+        return IsliceCountVariable(args[0], start, stop, step)
     items = args[0].iterate(tx)
     bounds = [a.as_constant() for a in args[1:]]
     return ListIteratorVariable(list(itertools.islice(items, *bounds)), "islice")
@@ -555,11 +681,17 @@ _HANDLERS: dict[Any, Handler] = {
     itertools.pairwise: _pairwise,
     itertools.accumulate: _accumulate,
     itertools.islice: _islice,
+    itertools.count: _count,
     functools.partial: _partial,
     functools.reduce: _reduce,
     collections.OrderedDict: _ordered_dict,
     collections.defaultdict: _defaultdict,
     torch.Size: _torch_size,
+    weakref.ref: _weakref_ref,
+    copy.copy: _copy,
+    copy.deepcopy: _deepcopy,
+    collections.Counter: _counter,
+    collections.deque: _deque,
     operator.getitem: _getitem,
     operator.contains: _contains,
     operator.is_: _is,

@@ -20,11 +20,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import inspect
+import operator
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
+from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.exceptions import observed
 from kiln_dynamo.variables.lists import ListVariable, TupleVariable
 
@@ -439,6 +440,105 @@ class DefaultDictVariable(DictVariable):
 
     def rebuild(self, cg: Reconstructor, inner: str) -> str:
         return f"{cg.const(collections.defaultdict)}({self.factory.reconstruct(cg)}, {{{inner}}})"
+
+
+# Note [Counters made in the frame]: a `collections.Counter` built in the frame is a dict whose
+# missing keys read as 0 (`__missing__`, without storing the key) and whose methods count: made
+# from an iterable (each element +1) or a mapping (its values), `update`/`subtract` add or take
+# away, `most_common` orders by count (Python's stable sort, ties in insertion order, as
+# `sorted(..., reverse=True)` and `heapq.nlargest` both keep them), `total` sums, `elements`
+# repeats each key by its count. Counts that are not Python constants are added with the traced
+# `+`, and ordering them is a break. A Counter from outside the frame, and its other methods
+# (arithmetic, comparison), stay breaks.
+class CounterVariable(DictVariable):
+    """A `collections.Counter` made in the frame (Note [Counters made in the frame])."""
+
+    def __init__(self, items: Mapping[Any, VT]) -> None:
+        super().__init__(items, collections.Counter)
+
+    def describe(self) -> str:
+        return f"Counter with keys {list(self._items)!r}"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in _COUNTER_METHODS:
+            return MethodVariable(self, name)
+        raise Unsupported(f"attribute {name!r} of a Counter")
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        k = key_of(key)
+        return self.entry(k) if k in self._items else ConstantVariable(0)
+
+    def _mutate(self, tx: Tx) -> None:
+        self.items  # noqa: B018  (made in the frame: no source, nothing to replay)
+
+    def delitem(self, tx: Tx, key: VT) -> None:
+        self.items.pop(key_of(key), None)  # Counter.__delitem__ ignores a missing key
+
+    def count(self, tx: Tx, other: VT | None, kwargs: dict[str, VT], sign: int) -> None:
+        """`update` (sign 1) or `subtract` (sign -1) of `other` then of `kwargs`, each count
+        computed as Counter's own code computes it (`count + old`, `old - count`, `old + 1`)."""
+        for source in (other, DictVariable(kwargs) if kwargs else None):
+            if source is None:
+                continue
+            if isinstance(source, DictVariable):
+                pairs = list(source.items.items())
+                if sign > 0 and not self._items:
+                    self.items.update(pairs)  # an empty Counter takes a mapping's values as they are
+                    continue
+                for k, v in pairs:
+                    old = self.items.get(k, ConstantVariable(0))
+                    self.items[k] = (
+                        tx.binary_op(operator.add, v, old) if sign > 0 else tx.binary_op(operator.sub, old, v)
+                    )
+            else:
+                one = ConstantVariable(1)
+                for e in source.iterate(tx):
+                    k = key_of(e)
+                    old = self.items.get(k, ConstantVariable(0))
+                    self.items[k] = tx.binary_op(operator.add if sign > 0 else operator.sub, old, one)
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.lists import ListIteratorVariable, ListVariable
+
+        if name in ("update", "subtract") and len(args) <= 1:
+            self.count(tx, args[0] if args else None, kwargs, 1 if name == "update" else -1)
+            return ConstantVariable(None)
+        if name == "__getitem__" and len(args) == 1:
+            return self.getitem(tx, args[0])
+        if name == "copy" and not args and not kwargs:
+            return CounterVariable(self.items)
+        if name == "most_common" and len(args) <= 1 and not kwargs:
+            n = args[0].as_constant() if args and args[0].is_constant() else None
+            if args and not (args[0].is_constant() and (n is None or isinstance(n, int))):
+                raise Unsupported("Counter.most_common(n) with n that is not a constant int")
+            if not all(v.is_constant() for v in self.items.values()):
+                raise Unsupported("Counter.most_common of counts that are not Python constants")
+            keys = list(self.items)
+            order = sorted(range(len(keys)), key=lambda i: self.entry(keys[i]).as_constant(), reverse=True)
+            if n is not None:
+                order = order[: max(n, 0)]
+            return ListVariable([TupleVariable([key_vt(keys[i]), self.entry(keys[i])]) for i in order])
+        if name == "total" and not args and not kwargs:
+            acc: VT = ConstantVariable(0)
+            for v in self.items.values():
+                acc = tx.binary_op(operator.add, acc, v)
+            return acc
+        if name == "elements" and not args and not kwargs:
+            out: list[VT] = []
+            for k, v in self.items.items():
+                if not v.is_constant() or not isinstance(v.as_constant(), int):
+                    raise Unsupported("Counter.elements of counts that are not constant ints")
+                out += [key_vt(k)] * max(v.as_constant(), 0)
+            return ListIteratorVariable(out, "chain")
+        if name in _COUNTER_METHODS:
+            return DictVariable.call_builtin(self, tx, name, args, kwargs)
+        raise Unsupported(f"method {name} of a Counter")
+
+
+_COUNTER_METHODS = frozenset(
+    {"update", "subtract", "copy", "most_common", "total", "elements", "get", "keys", "values",
+     "items", "pop", "setdefault", "clear", "__getitem__", "__contains__", "__setitem__"}
+)  # fmt: skip
 
 
 class SetVariable(VariableTracker):

@@ -148,6 +148,10 @@ class UserFunctionVariable(BaseFunctionVariable):
         bound = bind_args(fn.__code__, args, kwargs, defaults, kwdefaults)
         cells: list[CellVariable] = []
         for i, cell in enumerate(fn.__closure__ or ()):
+            known = tx.output.known_cell(cell)
+            if known is not None:  # a frame's cell, also while still empty (a class's own name
+                cells.append(known)  # in its methods: Note [Class definitions in the frame])
+                continue
             try:
                 contents = cell.cell_contents
             except ValueError:

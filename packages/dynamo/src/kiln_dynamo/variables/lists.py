@@ -22,6 +22,7 @@ else (a key that is a tensor, equal heads) is a break, as before. A constant key
 
 from __future__ import annotations
 
+import collections
 import itertools
 import operator
 from collections.abc import Callable
@@ -290,6 +291,94 @@ class ListVariable(BaseListVariable):
         return super().call_method(tx, name, args, kwargs)
 
 
+class DequeVariable(ListVariable):
+    """A `collections.deque` made in the frame: a list of trackers with deque's methods and its
+    bound (`maxlen`: appending to a full deque drops an item from the other end, as deque does).
+    Indexing takes an int only (a deque has no slices). A deque from outside the frame is not
+    modelled (it breaks where it is read)."""
+
+    def __init__(self, items: list[VT], maxlen: int | None) -> None:
+        super().__init__(items)
+        self.maxlen = maxlen
+
+    def describe(self) -> str:
+        return f"deque of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return collections.deque
+
+    def as_constant(self) -> Any:
+        return collections.deque([i.as_constant() for i in self.items], self.maxlen)
+
+    def new(self, items: list[VT]) -> BaseListVariable:
+        return DequeVariable(items, self.maxlen)
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name == "maxlen":
+            return ConstantVariable(self.maxlen)
+        return super().getattr(tx, name)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        if isinstance(_index(key), slice):
+            raise Unsupported("slicing a deque (CPython raises TypeError)")
+        return super().getitem(tx, key)
+
+    def setitem(self, tx: Tx, key: VT, value: VT) -> None:
+        if isinstance(_index(key), slice):
+            raise Unsupported("slicing a deque (CPython raises TypeError)")
+        super().setitem(tx, key, value)
+
+    def delitem(self, tx: Tx, key: VT) -> None:
+        if isinstance(_index(key), slice):
+            raise Unsupported("slicing a deque (CPython raises TypeError)")
+        super().delitem(tx, key)
+
+    def _add(self, items: list[VT], left: bool) -> None:
+        for item in items:
+            if self.maxlen == 0:
+                return
+            if left:
+                self.items.insert(0, item)
+                if self.maxlen is not None and len(self.items) > self.maxlen:
+                    self.items.pop()
+            else:
+                self.items.append(item)
+                if self.maxlen is not None and len(self.items) > self.maxlen:
+                    self.items.pop(0)
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        none = ConstantVariable(None)
+        if kwargs:
+            raise Unsupported(f"deque.{name} with keyword arguments")
+        if name in ("append", "appendleft") and len(args) == 1:
+            self._add([args[0]], name == "appendleft")
+            return none
+        if name in ("extend", "extendleft") and len(args) == 1:
+            items = args[0].iterate(tx) if args[0] is not self else list(self.items)
+            self._add(items, name == "extendleft")
+            return none
+        if name in ("pop", "popleft") and not args:
+            if not self.items:
+                raise observed(IndexError, f"{name} from an empty deque")
+            return self.items.pop(-1 if name == "pop" else 0)
+        if name == "rotate" and len(args) <= 1:
+            n = args[0].as_constant() if args else 1
+            if not isinstance(n, int) or not (args[0].is_constant() if args else True):
+                raise Unsupported("deque.rotate by a count that is not a constant int")
+            if self.items:
+                n %= len(self.items)
+                self.items = self.items[-n:] + self.items[:-n] if n else self.items
+            return none
+        if name == "copy" and not args:
+            return DequeVariable(list(self.items), self.maxlen)
+        if name in ("clear", "reverse", "remove", "count", "index", "__len__", "__getitem__", "__contains__"):
+            return super().call_method(tx, name, args, kwargs)
+        raise Unsupported(f"method {name} of a deque")
+
+    def rebuild(self, cg: Reconstructor, inner: str) -> str:
+        return f"{cg.const(collections.deque)}([{inner}], {self.maxlen!r})"
+
+
 def sort_keys(tx: Tx, items: list[VariableTracker], key: VariableTracker | None, what: str) -> list[Any]:
     """The Python values that order `items`, as `sorted`/`min`/`max`/`list.sort` compare them
     (Note [Ordering by constant keys])."""
@@ -343,6 +432,8 @@ _ITERATOR_TYPES: dict[str, type] = {
     "chain": itertools.chain,
     "islice": itertools.islice,
     "generator": type(_generator(())),
+    "deque": type(iter(collections.deque())),
+    "deque_reversed": type(reversed(collections.deque())),
 }
 
 
@@ -350,7 +441,7 @@ class ListIteratorVariable(VariableTracker):
     """An iterator over items known at trace time. ``kind`` says what eager would have made
     (Note [Iterators keep their type]): ``iter`` of a tuple (the default), ``list``, ``zip``,
     ``enumerate``, ``map``, ``filter``, ``reversed`` (of a list), ``chain``, ``islice``,
-    ``generator``."""
+    ``generator``, ``deque``, ``deque_reversed``."""
 
     def __init__(self, items: list[VT], kind: str = "tuple") -> None:
         self.items = items
@@ -426,6 +517,90 @@ class ListIteratorVariable(VariableTracker):
             return f"{cg.const(itertools.chain)}({tup(rest)})"
         if kind == "islice":
             return f"{cg.const(itertools.islice)}({tup(rest)}, None)"
+        if kind == "deque":
+            return f"{cg.const(iter)}({cg.const(collections.deque)}({tup(rest)}))"
+        if kind == "deque_reversed":
+            return f"{cg.const(reversed)}({cg.const(collections.deque)}({tup(list(reversed(rest)))}))"
         if kind == "generator":
             return f"{cg.const(_generator)}({tup(rest)})"
         return f"{cg.const(iter)}({tup(rest)})"
+
+
+class CountIteratorVariable(ListIteratorVariable):
+    """`itertools.count(start, step)` made in the frame, with constant numbers: `next`, a `for`
+    loop (that breaks out), `islice(count(), n)` and `zip` with a finite iterable take its values
+    one by one; iterating all of it (`list(count())`, which never ends in eager) is a break. It
+    leaves the frame as `itertools.count(<next value>, step)`."""
+
+    def __init__(self, start: Any, step: Any) -> None:
+        super().__init__([], "count")
+        self.start = start
+        self.step = step
+
+    def describe(self) -> str:
+        return "itertools.count"
+
+    def python_type(self) -> type:
+        return itertools.count
+
+    def current(self) -> Any:
+        return self.start + self.index * self.step
+
+    def next(self, tx: Tx) -> VT | None:
+        value = self.current()
+        self.index += 1
+        return ConstantVariable(value)
+
+    def take(self, n: int) -> list[VT]:
+        out: list[VT] = []
+        for _ in range(n):
+            out.append(ConstantVariable(self.current()))
+            self.index += 1
+        return out
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        raise Unsupported("iterating the whole of an itertools.count (it never ends)")
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        return f"{cg.const(itertools.count)}({self.current()!r}, {self.step!r})"
+
+
+class IsliceCountVariable(ListIteratorVariable):
+    """`itertools.islice(count, start, stop, step)` of an `itertools.count` made in the frame: it
+    takes from the count only as it is consumed, skipping and stopping as islice does, so the
+    count's later values are eager's."""
+
+    def __init__(self, count: CountIteratorVariable, start: int, stop: int, step: int) -> None:
+        super().__init__([], "islice")
+        self.count = count
+        self.taken = 0  # islice's `cnt`: values taken from the count
+        self.next_at = start  # islice's `next`: the position of the next value it yields
+        self.stop = stop
+        self.step = step
+
+    def next(self, tx: Tx) -> VT | None:
+        while self.taken < self.next_at:
+            self.count.take(1)
+            self.taken += 1
+        if self.taken >= self.stop:
+            return None
+        (item,) = self.count.take(1)
+        self.taken += 1
+        self.next_at = min(self.next_at + self.step, self.stop)
+        return item
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        out = []
+        while (item := self.next(tx)) is not None:
+            out.append(item)
+        return out
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        skip, stop = self.next_at - self.taken, self.stop - self.taken
+        return f"{cg.const(itertools.islice)}({self.count.reconstruct(cg)}, {skip}, {stop}, {self.step})"

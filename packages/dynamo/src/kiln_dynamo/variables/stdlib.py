@@ -9,6 +9,8 @@ setting or unsetting that variable later recompiles. Writing to the environment 
 A NumPy function or ufunc called on constants folds when it returns a scalar. A
 `functools.lru_cache` wrapper called with constants inlines the function it wraps. A
 `weakref.ref` is called for its referent, which is then guarded through the source `ref()`.
+`weakref.ref(obj)` made in the frame for an object from outside it is modelled too (Note [Weak
+references made in the frame]).
 
 Pure functions of their arguments (`os.path.join`, `os.path.basename`, `os.fspath`, ...) are
 folded when every argument is a constant, as torch.compile folds them; with any other argument
@@ -136,7 +138,7 @@ class ListMutatorVariable(VariableTracker):
         from kiln_dynamo.variables.lists import ListVariable
 
         rest = [*args[1:], *kwargs.values()]
-        if not args or not isinstance(args[0], ListVariable) or not all(a.is_constant() for a in rest):
+        if not args or type(args[0]) is not ListVariable or not all(a.is_constant() for a in rest):
             raise Unsupported(f"{self.describe()} on something other than a list of constants")
         target = args[0]
         if not all(i.is_constant() for i in target.items):
@@ -322,3 +324,56 @@ class NumpyFoldVariable(VariableTracker):
         if not isinstance(out, (bool, int, float, complex)):
             raise Unsupported(f"{self.describe()} returned {type(out).__name__}, not a Python scalar")
         return ConstantVariable(out)
+
+
+# Note [Weak references made in the frame]: `weakref.ref(obj)` (torch's `RemovableHandle` takes one
+# of the module's hook dict when a forward hook is registered) is modelled when `obj` came from
+# outside the frame (its tracker has a source): something outside holds it for the whole call, so
+# calling the reference inside the frame gives `obj` itself, as eager's does, and a reference that
+# leaves the frame is rebuilt by the runner as `weakref.ref(<obj>)`, which CPython answers with the
+# same reference object eager made (without a callback a referent has one shared plain reference).
+# Two references to one source are one tracker (`weakref.ref(o) is weakref.ref(o)` holds, as in
+# eager). What is not modelled is a break with its reason: a callback; an object made in the frame
+# (whether a reference to it is dead depends on the frame's reference counts: `del o; r()`); a type
+# that refuses weak references (CPython raises TypeError there); comparing such a reference with
+# `is` against one read from outside.
+def new_weakref(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    if kwargs or len(args) != 1:
+        raise Unsupported("weakref.ref with a callback inside a compiled frame")
+    (referent,) = args
+    source = getattr(referent, "source", None)
+    if source is None:
+        raise Unsupported(
+            f"weakref.ref of {referent.describe()}, made in the frame: whether the reference dies "
+            "depends on the frame's reference counts"
+        )
+    cls = referent.python_type()
+    if not getattr(cls, "__weakrefoffset__", 0):
+        raise Unsupported(f"weakref.ref of a {cls.__qualname__}, which does not support weak references")
+    # the type read here is guarded already: wrapping a value with a source guards its type
+    memo = tx.output.new_weakrefs
+    if source not in memo:
+        memo[source] = NewWeakrefVariable(referent)
+    return memo[source]
+
+
+class NewWeakrefVariable(VariableTracker):
+    """`weakref.ref(obj)` made in the frame for an object from outside (Note [Weak references
+    made in the frame])."""
+
+    def __init__(self, referent: VT) -> None:
+        self.referent = referent
+
+    def describe(self) -> str:
+        return f"new weak reference to {self.referent.describe()}"
+
+    def python_type(self) -> type:
+        return weakref.ref
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if args or kwargs:
+            raise Unsupported("calling a weak reference with arguments")
+        return self.referent
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{cg.const(weakref.ref)}({self.referent.reconstruct(cg)})"

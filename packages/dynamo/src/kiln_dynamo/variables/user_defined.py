@@ -128,13 +128,20 @@ class UserClassVariable(VariableTracker):
         not on a class with a module or autograd.Function below it (their lookups are kiln's own).
         The guards on what the frame read before the store see the new value on the next call (a
         counter bumped on every call recompiles every call, as in torch.compile). A class made in
-        the frame, and anything else, stays a break with its reason."""
+        the frame (Note [Class definitions in the frame]) takes the same plain values, kept for
+        the frame's later reads and never replayed: nothing outside sees that class, eager makes
+        a fresh one per call and the runner never writes to the one made while tracing, so each
+        call starts from its class body's values, as eager's does. Anything else stays a break
+        with its reason."""
         cls: Any = self.cls
         what = f"setting attribute {name!r} on {self.describe()}"
-        if cls in _LOCAL_CLASSES:
-            raise Unsupported(f"{what}: the class is made in the frame")
         if name.startswith("__") and name.endswith("__"):
             raise Unsupported(f"{what}: a dunder, which Python reads without kiln")
+        if cls in _LOCAL_CLASSES:
+            if not _plain_value(value):
+                raise Unsupported(f"{what}: the value is a {value.describe()}, not a plain value")
+            tx.output.side_effects.store_unseen(cls, name, value)
+            return
         if type(cls) not in (type, abc.ABCMeta):
             raise Unsupported(f"{what}: its metaclass is {type(cls).__name__}")
         if not cls.__flags__ & _HEAPTYPE or cls.__flags__ & _IMMUTABLETYPE:
@@ -216,9 +223,21 @@ def _plain_value(value: VT) -> bool:
 
 def _stored_on(tx: Tx, cls: type) -> bool:
     """Whether the frame has stored an attribute on `cls` (Note [Setting a class attribute])."""
-    return any(target.identity() is cls for target, _, _ in tx.output.side_effects.attr_stores)
+    effects = tx.output.side_effects
+    return id(cls) in effects.unseen_stores or any(
+        target.identity() is cls for target, _, _ in effects.attr_stores
+    )
 
 
+# Note [Stores through data descriptors]: `obj.name = value` on an object made in the frame goes
+# through a data descriptor its class defines for `name`, as CPython's generic store does: a
+# property's setter is inlined with the object and the value (a setter that changes the value or
+# stores it elsewhere is eager's too); any other data descriptor (`__slots__` members, a
+# descriptor class with `__set__`, a property without a setter, where eager raises) is a break.
+# A class that defines `__setattr__` is a break for every store (kiln does not run the hook);
+# `object.__setattr__(obj, ...)` skips the hook but not the descriptor, as in CPython. Before,
+# such a store went into the instance's attributes, and a read found it there first: a setter's
+# work was lost.
 class NewObjectVariable(VariableTracker):
     """An instance of a user class created inside the frame."""
 
@@ -264,7 +283,74 @@ class NewObjectVariable(VariableTracker):
             and name in self.attrs
         ):
             raise Unsupported("assignment to a field of a frozen dataclass")
+        hook = inspect.getattr_static(self.cls, "__setattr__", object.__setattr__)
+        if hook is not object.__setattr__:
+            guard_class_attr(tx, self.cls, "__setattr__", hook)
+            raise Unsupported(
+                f"setting attribute {name!r} on {self.describe()}: its class defines __setattr__"
+            )
+        self.store(tx, name, value)
+
+    def store(self, tx: Tx, name: str, value: VT) -> None:
+        """`object.__setattr__(obj, name, value)`: Note [Stores through data descriptors]."""
+        try:
+            static = inspect.getattr_static(self.cls, name)
+        except AttributeError:
+            static = None
+        if pending_class_attr(tx, self.cls, name) is None and hasattr(type(static), "__set__"):
+            guard_class_attr(tx, self.cls, name, static)
+            if isinstance(static, property) and inspect.isfunction(static.fset):
+                tx.wrap(static.fset, None).call(tx, [self, value], {})
+                return
+            raise Unsupported(
+                f"setting attribute {name!r} on {self.describe()} through a {type(static).__name__}"
+            )
         self.attrs[name] = value
+
+    # Note [Protocols of objects made in the frame]: subscripts, `in`, `len`, truth, iteration
+    # and calls on an object made in the frame run the Python dunder its class defines (inlined,
+    # with the class attribute guarded as every method read is); a class that does not define it
+    # in Python is a break, except truth, which is True when neither `__bool__` nor `__len__`
+    # is defined anywhere (object's default). Binary operators and comparisons go through
+    # InstructionTranslator.user_binary / rich_compare.
+    def _dunder(self, tx: Tx, name: str, what: str) -> VT:
+        if not inspect.isfunction(inspect.getattr_static(self.cls, name, None)):
+            raise Unsupported(f"{what} {self.describe()}")
+        return self.getattr(tx, name)
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        return self._dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
+
+    def setitem(self, tx: Tx, key: VT, value: VT) -> None:
+        self._dunder(tx, "__setitem__", "item assignment on").call(tx, [key, value], {})
+
+    def delitem(self, tx: Tx, key: VT) -> None:
+        self._dunder(tx, "__delitem__", "item deletion on").call(tx, [key], {})
+
+    def contains(self, tx: Tx, item: VT) -> bool:
+        return self._dunder(tx, "__contains__", "`in` on").call(tx, [item], {}).truth(tx)
+
+    def length(self, tx: Tx) -> int:
+        n = self._dunder(tx, "__len__", "len() of").call(tx, [], {})
+        if not (n.is_constant() and type(n.as_constant()) is int and n.as_constant() >= 0):
+            raise Unsupported(f"len() of {self.describe()}: __len__ gave {n.describe()}")
+        return int(n.as_constant())
+
+    def truth(self, tx: Tx) -> bool:
+        if inspect.getattr_static(self.cls, "__bool__", None) is not None:
+            b = self._dunder(tx, "__bool__", "truth value of").call(tx, [], {})
+            if not (b.is_constant() and type(b.as_constant()) is bool):
+                raise Unsupported(f"truth value of {self.describe()}: __bool__ gave {b.describe()}")
+            return bool(b.as_constant())
+        if inspect.getattr_static(self.cls, "__len__", None) is not None:
+            return self.length(tx) != 0
+        return True
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        return self._dunder(tx, "__iter__", "iterating over").call(tx, [], {}).iterate(tx)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self._dunder(tx, "__call__", "calling").call(tx, args, kwargs)
 
     def reconstruct(self, cg: Reconstructor) -> str:
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
@@ -463,24 +549,32 @@ class UserObjectVariable(VariableTracker):
 # Note [Class definitions in the frame]: `class C(Base): ...` inside a traced function (torch.masked
 # defines an autograd.Function per call) is LOAD_BUILD_CLASS, then `__build_class__(body, name,
 # *bases)`. A class body that only binds names (constants, functions, staticmethod/classmethod/
-# property of them, `__classcell__`) has no effect outside the class, so kiln runs it for real
-# while tracing: the body function gets real cells for the frame's cells it closes over, each
-# registered as that symbolic cell (OutputGraph.real_cell), so the class's methods, when the
-# frame calls them, read and write the frame's own cells. The class and its instances may not
-# leave the frame (eager makes a new class on each call, and a method's cells hold trace-time
-# stand-ins), and a class body that calls or reads anything else is a break.
+# property of them, a property's `.setter`/`.getter`/`.deleter`, `__classcell__`) has no effect
+# outside the class, so kiln runs it for real while tracing: the body function gets real cells
+# for the frame's cells it closes over, each registered as that symbolic cell
+# (OutputGraph.real_cell), so the class's methods, when the frame calls them, read and write the
+# frame's own cells. The class and its instances may not leave the frame (eager makes a new
+# class on each call, and a method's cells hold trace-time stand-ins), and a class body that
+# calls or reads anything else is a break. The frame may set plain class attributes on it (Note
+# [Setting a class attribute]): kept for its own reads, never written to the real class.
 _CLASS_BODY_OPS = frozenset(
     {"RESUME", "NOP", "CACHE", "COPY_FREE_VARS", "MAKE_CELL", "LOAD_NAME", "STORE_NAME", "LOAD_CONST",
      "LOAD_CLOSURE", "BUILD_TUPLE", "MAKE_FUNCTION", "PUSH_NULL", "PRECALL", "CALL", "COPY",
      "RETURN_VALUE", "RETURN_CONST", "POP_TOP", "SETUP_ANNOTATIONS", "STORE_SUBSCR", "BUILD_LIST"}
 )  # fmt: skip
 _CLASS_BODY_CALLABLES = frozenset({"staticmethod", "classmethod", "property"})
+# attributes the body may load: the body's names hold only constants, its functions and
+# staticmethod/classmethod/property objects, and on those only a property has these (a
+# constant without them raises AttributeError while the class is built, a break)
+_PROPERTY_DECORATORS = frozenset({"setter", "getter", "deleter"})
 _LOCAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
 
 
 def _class_body_problem(code: types.CodeType) -> str | None:
     stored: set[str] = set()
     for inst in dis.get_instructions(code):
+        if inst.opname in ("LOAD_ATTR", "LOAD_METHOD") and inst.argval in _PROPERTY_DECORATORS:
+            continue  # `@v.setter`: a method of the property the body made (or of `property`)
         if inst.opname not in _CLASS_BODY_OPS:
             return f"{inst.opname} in the class body"
         if inst.opname == "STORE_NAME":
