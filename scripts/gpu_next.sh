@@ -27,6 +27,10 @@
 #   geomean 2.12, worst 3.18; dyn9 removed the symbolic wrapper's full input checks, the copies of
 #   views with symbolic strides (logits, QKV heads) and layer-norm statistics through scratch
 #   memory), then LLaMA and ResNet. call5b (issue 20): the CPU at 1/4/16 threads.
+# call6 (issues 16 + 17): the dynamo suite under the H200 machine's Python 3.12 and torch 2.11
+#   (issue 16 asks for it once), then BatchNorm training under dynamic=True on CUDA (tenth
+#   session's wrong answer, Note [Batch norm under symbolic sizes], fixed and tested on the CPU
+#   and under Triton's interpreter only).
 set -uo pipefail
 out="${OUT:-gpu-logs}"; mkdir -p "$out"
 bash scripts/gpu_run.sh >/dev/null 2>&1 </dev/null  # installs the packages into /tmp/kiln-site
@@ -68,6 +72,24 @@ for step in "$@"; do
       timeout 330 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -30 ;;
     call5b)
       timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
-    *) echo "unknown step $step (call1 .. call5b)" ;;
+    call6)
+      python3 --version
+      timeout 420 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests 2>&1 | tail -8
+      timeout 150 python3 - <<'PY' 2>&1 | tail -4
+import copy, torch, kiln
+from torch import nn
+for dyn in (None, True):
+    kiln.reset(); torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).cuda()
+    r = copy.deepcopy(m); c = kiln.compile(m, dynamic=dyn)
+    for b in (2, 3, 5, 8):
+        x = torch.randn(b, 3, 16, 16, device="cuda")
+        torch.testing.assert_close(c(x), r(x))
+        for p, q in zip(m.buffers(), r.buffers()):
+            torch.testing.assert_close(p, q)
+    print("batch norm training, dynamic =", dyn, ": outputs and running statistics equal eager")
+PY
+      ;;
+    *) echo "unknown step $step (call1 .. call6)" ;;
   esac
 done
