@@ -219,18 +219,18 @@ def test_template_lone_gemms(dtype: torch.dtype, device: str) -> None:
     def batched(x: Any, w: Any, b: Any, r: Any) -> Any:
         return aten.bmm.default(x, w)
 
-    if dtype == torch.float32 and device == "cpu":
-        backend = check(outputs, *_inputs(dtype), device=device, backend=_forced())
-    else:  # half, or float32 on a GPU: cuBLAS and the template sum K in different orders
-        backend = _forced()
-        gm = trace(outputs)
-        inputs = [t.to(device) for t in _inputs(dtype)]
-        got, want = compile_graph(gm, inputs, backend=backend)(*inputs), gm(*inputs)
-        exact = gm(*[t.double() for t in inputs])
-        for g, w, e in zip(got, want, exact, strict=True):
-            assert (g.dtype, g.shape) == (w.dtype, w.shape)
-            ulp = torch.finfo(dtype).eps * float(e.abs().max())
-            assert float((g.double() - e).abs().max()) <= 2 * float((w.double() - e).abs().max()) + ulp
+    # the template and the extern sum K in different orders (on the CPU too: the third GEMM reads
+    # the first one's product, 1 element in 2025 was 1.2e-5 off with atol 1e-5): compared with
+    # float64, no further off than eager's own result is
+    backend = _forced()
+    gm = trace(outputs)
+    inputs = [t.to(device) for t in _inputs(dtype)]
+    got, want = compile_graph(gm, inputs, backend=backend)(*inputs), gm(*inputs)
+    exact = gm(*[t.double() for t in inputs])
+    for g, w, e in zip(got, want, exact, strict=True):
+        assert (g.dtype, g.shape) == (w.dtype, w.shape)
+        ulp = torch.finfo(dtype).eps * float(e.abs().max())
+        assert float((g.double() - e).abs().max()) <= 2 * float((w.double() - e).abs().max()) + ulp
     _template_ran(backend, 3)
     assert all(c.template is not None and c.template.lone for c in backend.last_templates)
     assert "_op_" not in backend.last_wrapper

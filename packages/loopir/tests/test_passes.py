@@ -41,8 +41,10 @@ def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:
 def block_inputs() -> tuple[torch.Tensor, ...]:
     return (
         make((2, 16, 8, 8)),
-        make((16, 16, 3, 3)),
-        make((16, 16, 3, 3)),
+        # weights at the scale of an initialized conv (fan-in 144): unscaled ones gave outputs in
+        # the hundreds, where fp32 sums in another layout's order differ by more than atol
+        make((16, 16, 3, 3), low=-0.1, high=0.1),
+        make((16, 16, 3, 3), low=-0.1, high=0.1),
         make((16,)),
         make((16,), low=0.5, high=2.0),
     )
