@@ -34,6 +34,10 @@ widths, so allocations are small as with the caching allocator).
     python scripts/triton_wrapper_overhead.py --models resnet,convnext,gpt2 --modes infer,train \\
         --dtype bfloat16 --calls 200 --rounds 15 [--micro] [--show resnet] [--symbolic]
 
+``--switch NAME`` takes another switch for ``before``/``after`` (``before``: ``NAME=0``), e.g.
+``KILN_DIRECT_CALLS`` (Note [Allocations and views without torch's Python layer] in wrapper.py)
+for that cut alone.
+
 ``--symbolic`` compares the shipped wrapper of the static graphs with that of the symbolic graphs
 (``dynamic=True``) of the same model instead (issue 17: the symbolic wrapper's extra host work).
 
@@ -172,8 +176,8 @@ def counts(source: str, copies: tuple[int, int] = (0, 0)) -> dict[str, int]:
     return {
         "launches": len(re.findall(r"\b_k\d+(?:_\d+)?\(", text)),
         "externs": len(re.findall(r"\b_op_\w+\(", text)),
-        "views": text.count(".as_strided("),
-        "allocs": len(re.findall(r"\b_empty(?:_strided)?\(", text)),
+        "views": text.count(".as_strided(") + len(re.findall(r"\b_reinterpret\(", text)),
+        "allocs": len(re.findall(r"\b_(?:empty(?:_strided)?|alloc)\(", text)),
         "checks": len(re.findall(r"\b_(?:dense|flat)\(", text)),
         "pointers": len(re.findall(r"^\s+\w+_p = ", text, re.M)),
         "input copies": copies[0],
@@ -379,6 +383,7 @@ def micro(calls: int, rounds: int) -> None:
 
 
 def main() -> int:
+    global SWITCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet,convnext,gpt2")
     parser.add_argument("--modes", default="infer,train")
@@ -387,10 +392,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--micro", action="store_true", help="time the externs' call forms")
     parser.add_argument("--show", default="", help="print the GPU-form wrapper sources of this model")
+    parser.add_argument("--switch", default=SWITCH, help="the env switch of before (=0) and after (=1)")
     parser.add_argument(
         "--symbolic", action="store_true", help="static against dynamic=True graphs instead of before/after"
     )
     args = parser.parse_args()
+    SWITCH = args.switch
     torch.set_num_threads(1)
     if args.micro:
         micro(args.calls, args.rounds)
