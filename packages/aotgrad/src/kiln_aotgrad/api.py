@@ -249,6 +249,9 @@ def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(key)
 
 
+_IS_VIEW = torch.Tensor._is_view
+
+
 # Note [Mutated inputs that share memory]: a graph is traced with every input its own root
 # (functionalize.py), so a write into one input is invisible to another that shares its memory;
 # `f(buf[:4], buf[2:])` with `a.add_(1); b.mul_(2)` returned 4 where eager returns 6, and wrote
@@ -260,7 +263,9 @@ def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
 # by other means, `set_` or `as_strided` over another tensor's storage, is not detected).
 def _shares_memory(inputs: Sequence[Any], mutated: Sequence[int]) -> bool:
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-    if all(t._base is None for t in tensors) and len({id(t) for t in tensors}) == len(tensors):
+    # on every call of such a graph (ResNet's BatchNorm layers: 321 inputs a training step):
+    # `_is_view` mapped in C is half the time of a generator reading `_base` (54 against 100 us)
+    if not any(map(_IS_VIEW, tensors)) and len({id(t) for t in tensors}) == len(tensors):
         return False
     count: dict[int, int] = {}
     for t in tensors:
