@@ -227,6 +227,9 @@ class WrapperCodegen:
         }
         self.consts = 0
         self.lean = os.environ.get("KILN_LEAN_WRAPPER", "1") != "0"  # Note [A lean wrapper]
+        # Note [A lean wrapper], for the results of a graph of symbolic sizes too (the symbolic
+        # GPT-2 copied six attention outputs per call, (1, H, s0, D) with a batch stride of 1)
+        self.lean_symbolic = os.environ.get("KILN_LEAN_SYMBOLIC_RESULTS", "1") != "0"
         # Note [Allocations and views without torch's Python layer]: read when generated
         self.direct = os.environ.get("KILN_DIRECT_CALLS", "1") != "0"
         # variables that hold a tensor of storage offset 0 (allocations, extern results, reuses)
@@ -412,15 +415,17 @@ class WrapperCodegen:
         source, or nothing (Note [A lean wrapper]: only the dims of more than one element are
         compared; ``n`` has ``size``)."""
         op, join = (" != ", " or ") if differ else (" == ", " and ")
+        # a symbolic size is compared (it may be 1 at run time: then a needless copy, never a
+        # missed one); a stride is printed through the symbols' variables
         keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
         if len(keep) == len(size):
-            return f"{n}.stride(){op}{stride!r}{join}"
+            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
         if not keep:
             return ""
         if len(keep) == 1:
-            return f"{n}.stride({keep[0]}){op}{stride[keep[0]]}{join}"
+            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
         getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()){op}{tuple(stride[i] for i in keep)!r}{join}"
+        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
@@ -573,28 +578,33 @@ class WrapperCodegen:
                 # may leave it undefined or give it another shape than its meta kernel promised
                 continue
             value = "_r" + "".join(f"[{i}]" for i in out.path)
-            if not is_static_layout(out.layout):
-                self.extern_output_symbolic(out, value)
-                continue
-            n = int(out.layout.storage_size())
+            static = is_static_layout(out.layout)
             shape = dense_shape(out.layout) if self.pointers else None
-            if shape is not None and self.lean:
+            if shape is not None and self.lean and (static or self.lean_symbolic):
                 size, stride = shape  # Note [A lean wrapper]: checked inline
+                size_text, stride_text = self.sizes(size), self.sizes(stride)
                 t = "_r"
                 if out.path or not _one_tensor(kernel.op):  # one of several results, maybe None
                     self.emit(f"_t = {value}")
                     t, took = "_t", True
                 if out.name in self.schedule.output_names:  # the caller sees every stride
-                    strides = f"{t}.stride() == {stride!r} and "
+                    strides = f"{t}.stride() == {stride_text} and "
                 else:
                     strides = self.stride_check(t, size, stride, differ=False)
                 maybe_none = "" if t == "_r" else f"{t} is not None and "
                 self.emit(
-                    f"{out.name} = {t} if {maybe_none}{t}.shape == {size!r} and {strides}"
-                    f"not {t}.storage_offset() else _dense({t}, {size!r}, {stride!r}, 0)"
+                    f"{out.name} = {t} if {maybe_none}{t}.shape == {size_text} and {strides}"
+                    f"not {t}.storage_offset() else _dense({t}, {size_text}, {stride_text}, 0)"
                 )
                 self.shaped[out.name] = _layout_key(out.layout)
-            elif shape is not None:  # Note [Buffers in their own shape on a GPU]
+                self.offset0.add(out.name)
+                self.take_pointer(out.name)
+                continue
+            if not static:
+                self.extern_output_symbolic(out, value)
+                continue
+            n = int(out.layout.storage_size())
+            if shape is not None:  # Note [Buffers in their own shape on a GPU]
                 size, stride = shape
                 self.emit(f"{out.name} = _dense({value}, {size!r}, {stride!r}, 0)")
                 self.shaped[out.name] = _layout_key(out.layout)
@@ -760,7 +770,7 @@ class WrapperCodegen:
 
     def sizes(self, exprs: Any) -> str:
         items = [self.size(e) for e in exprs]
-        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"  # () for none
 
     def layout_args(self, layout: Any) -> str:
         """``size, stride, offset`` of ``layout`` as Python source."""
