@@ -34,9 +34,10 @@ widths, so allocations are small as with the caching allocator).
     python scripts/triton_wrapper_overhead.py --models resnet,convnext,gpt2 --modes infer,train \\
         --dtype bfloat16 --calls 200 --rounds 15 [--micro] [--show resnet] [--symbolic]
 
-``--switch NAME`` takes another switch for ``before``/``after`` (``before``: ``NAME=0``), e.g.
-``KILN_DIRECT_CALLS`` (Note [Allocations and views without torch's Python layer] in wrapper.py)
-for that cut alone.
+``--switch NAME[,NAME...]`` takes other switches for ``before``/``after`` (``before``: each
+``NAME=0``), e.g. ``KILN_DIRECT_CALLS`` (Note [Allocations and views without torch's Python
+layer] in wrapper.py) for that cut alone. A switch read at compile time (``KILN_LAID_OUT_INPUTS``
+in aotgrad) is on for both forms; the wrapper reads it again when it is generated.
 
 ``--symbolic`` compares the shipped wrapper of the static graphs with that of the symbolic graphs
 (``dynamic=True``) of the same model instead (issue 17: the symbolic wrapper's extra host work).
@@ -110,8 +111,9 @@ GRAPHS: list[Graph] = []
 
 
 def _gpu_form(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded: bool, lean: bool) -> Any:
-    saved = os.environ.get(SWITCH)
-    os.environ[SWITCH] = "1" if lean else "0"
+    switches = SWITCH.split(",")  # several: all off in ``before``
+    saved = {name: os.environ.get(name) for name in switches}
+    os.environ.update(dict.fromkeys(switches, "1" if lean else "0"))
     try:
         fakes = {
             name: _NoLaunch(len(launcher.spec.params) + len(launcher.spec.size_params))
@@ -120,10 +122,11 @@ def _gpu_form(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded: b
         gen = _GpuForm(schedule, graph, groups, fakes, guarded)  # type: ignore[arg-type]
         source = gen.generate()
     finally:
-        if saved is None:
-            del os.environ[SWITCH]
-        else:
-            os.environ[SWITCH] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     exec(compile(source, "<kiln-triton-wrapper gpu form>", "exec"), gen.namespace)
     return gen.namespace["call"], source, gen.namespace
 
@@ -249,7 +252,17 @@ def compile_model(name: str, mode: str, dtype: torch.dtype, dynamic: bool | None
 def time_sets(
     sets: dict[str, list[tuple[Callable[..., Any], Any]]], calls: int, rounds: int
 ) -> dict[str, float]:
-    """us per call of each set of (wrapper, args) together: interleaved ABBA rounds, medians."""
+    """us per call of each set of (wrapper, args) together: interleaved ABBA rounds, medians.
+    Under no_grad, as the wrappers run (inside the autograd.Function in training; an inference
+    graph has no input that requires grad, or grad mode off): the recorded inputs are parameters,
+    and an ``as_strided`` of one in grad mode would record an autograd node on every call."""
+    with torch.no_grad():
+        return _time_sets(sets, calls, rounds)
+
+
+def _time_sets(
+    sets: dict[str, list[tuple[Callable[..., Any], Any]]], calls: int, rounds: int
+) -> dict[str, float]:
     for fns in sets.values():  # warm up (and check that the GPU form runs on these inputs)
         for fn, args in fns:
             fn(*args)
