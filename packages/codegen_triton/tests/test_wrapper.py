@@ -487,4 +487,3 @@ def test_the_gpu_wrapper_checks_inputs_the_forward_laid_out_for_their_offset_onl
     shifted = torch.cat([torch.zeros(1, 6), x])[1:]  # the same layout at offset 6: copied
     captured["call"](shifted, y)
     assert conformed == ["x"]
-
