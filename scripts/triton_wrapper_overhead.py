@@ -34,6 +34,11 @@ widths, so allocations are small as with the caching allocator).
     python scripts/triton_wrapper_overhead.py --models resnet,convnext,gpt2 --modes infer,train \\
         --dtype bfloat16 --calls 200 --rounds 15 [--micro] [--show resnet] [--symbolic]
 
+``--switch NAME[,NAME...]`` takes other switches for ``before``/``after`` (``before``: each
+``NAME=0``), e.g. ``KILN_DIRECT_CALLS`` (Note [Allocations and views without torch's Python
+layer] in wrapper.py) for that cut alone. A switch read at compile time (``KILN_LAID_OUT_INPUTS``
+in aotgrad) is on for both forms; the wrapper reads it again when it is generated.
+
 ``--symbolic`` compares the shipped wrapper of the static graphs with that of the symbolic graphs
 (``dynamic=True``) of the same model instead (issue 17: the symbolic wrapper's extra host work).
 
@@ -106,8 +111,9 @@ GRAPHS: list[Graph] = []
 
 
 def _gpu_form(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded: bool, lean: bool) -> Any:
-    saved = os.environ.get(SWITCH)
-    os.environ[SWITCH] = "1" if lean else "0"
+    switches = SWITCH.split(",")  # several: all off in ``before``
+    saved = {name: os.environ.get(name) for name in switches}
+    os.environ.update(dict.fromkeys(switches, "1" if lean else "0"))
     try:
         fakes = {
             name: _NoLaunch(len(launcher.spec.params) + len(launcher.spec.size_params))
@@ -116,10 +122,11 @@ def _gpu_form(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded: b
         gen = _GpuForm(schedule, graph, groups, fakes, guarded)  # type: ignore[arg-type]
         source = gen.generate()
     finally:
-        if saved is None:
-            del os.environ[SWITCH]
-        else:
-            os.environ[SWITCH] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
     exec(compile(source, "<kiln-triton-wrapper gpu form>", "exec"), gen.namespace)
     return gen.namespace["call"], source, gen.namespace
 
@@ -172,8 +179,8 @@ def counts(source: str, copies: tuple[int, int] = (0, 0)) -> dict[str, int]:
     return {
         "launches": len(re.findall(r"\b_k\d+(?:_\d+)?\(", text)),
         "externs": len(re.findall(r"\b_op_\w+\(", text)),
-        "views": text.count(".as_strided("),
-        "allocs": len(re.findall(r"\b_empty(?:_strided)?\(", text)),
+        "views": text.count(".as_strided(") + len(re.findall(r"\b_reinterpret\(", text)),
+        "allocs": len(re.findall(r"\b_(?:empty(?:_strided)?|alloc)\(", text)),
         "checks": len(re.findall(r"\b_(?:dense|flat)\(", text)),
         "pointers": len(re.findall(r"^\s+\w+_p = ", text, re.M)),
         "input copies": copies[0],
@@ -245,7 +252,17 @@ def compile_model(name: str, mode: str, dtype: torch.dtype, dynamic: bool | None
 def time_sets(
     sets: dict[str, list[tuple[Callable[..., Any], Any]]], calls: int, rounds: int
 ) -> dict[str, float]:
-    """us per call of each set of (wrapper, args) together: interleaved ABBA rounds, medians."""
+    """us per call of each set of (wrapper, args) together: interleaved ABBA rounds, medians.
+    Under no_grad, as the wrappers run (inside the autograd.Function in training; an inference
+    graph has no input that requires grad, or grad mode off): the recorded inputs are parameters,
+    and an ``as_strided`` of one in grad mode would record an autograd node on every call."""
+    with torch.no_grad():
+        return _time_sets(sets, calls, rounds)
+
+
+def _time_sets(
+    sets: dict[str, list[tuple[Callable[..., Any], Any]]], calls: int, rounds: int
+) -> dict[str, float]:
     for fns in sets.values():  # warm up (and check that the GPU form runs on these inputs)
         for fn, args in fns:
             fn(*args)
@@ -379,6 +396,7 @@ def micro(calls: int, rounds: int) -> None:
 
 
 def main() -> int:
+    global SWITCH
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet,convnext,gpt2")
     parser.add_argument("--modes", default="infer,train")
@@ -387,10 +405,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--micro", action="store_true", help="time the externs' call forms")
     parser.add_argument("--show", default="", help="print the GPU-form wrapper sources of this model")
+    parser.add_argument("--switch", default=SWITCH, help="the env switch of before (=0) and after (=1)")
     parser.add_argument(
         "--symbolic", action="store_true", help="static against dynamic=True graphs instead of before/after"
     )
     args = parser.parse_args()
+    SWITCH = args.switch
     torch.set_num_threads(1)
     if args.micro:
         micro(args.calls, args.rounds)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.fx
@@ -363,3 +365,76 @@ def test_a_forward_compiler_that_says_nothing_keeps_eagers_strides_for_the_backw
         x, w
     ).backward()
     assert seen and all(t.is_contiguous() for t in seen)
+
+
+def _user_output_saved(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.nn.functional.conv2d(x, w).relu()
+    return y, (y * y).sum()  # saves y, a user output
+
+
+def _activation_saved(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.nn.functional.conv2d(x, w).relu()
+    return y.sum(1), (y * y).sum()
+
+
+@pytest.mark.parametrize("f", [_user_output_saved, _activation_saved])
+def test_the_backward_is_told_which_inputs_the_compiled_forward_laid_out(f: Any) -> None:
+    """Note [Backward inputs the forward laid out]: the saved values the compiled forward computed
+    are listed under the backward graph's meta key; the forward's inputs among the saved values,
+    a saved user output and the tangents are not; a forward that says nothing lists none."""
+    x = torch.randn(2, 3, 6, 6, requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, requires_grad=True)
+    comp = _ChannelsLastForward()
+    seen: list[torch.fx.GraphModule] = []
+
+    def bw(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        seen.append(gm)
+        return comp.bw(gm, inputs)
+
+    fn = aot_function(f, comp.fw, bw)
+    fn(x, w)[1].backward()
+    (gm,) = seen
+    laid_out = gm.meta.get("laid_out_inputs", ())
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    art = next(iter(fn.compiled.values()))
+    assert art.partition is not None
+    saved = art.partition.saved
+    fw_out = next(n for n in art.partition.fw.graph.nodes if n.op == "output").args[0]
+    n_out = len(fw_out) - len(saved)
+    for i in range(len(placeholders)):
+        node = fw_out[n_out + i] if i < len(saved) else None
+        computed = node is not None and node.op != "placeholder" and node not in fw_out[:n_out]
+        assert (i in laid_out) == computed, (i, node, laid_out)
+    if f is _activation_saved:
+        assert laid_out, saved
+    else:  # y is saved, and returned to the user
+        assert not laid_out and "relu_default" in saved, saved
+    gx, gw = torch.autograd.grad(f(x, w)[1], (x, w))
+    torch.testing.assert_close(x.grad, gx)
+    torch.testing.assert_close(w.grad, gw)
+
+    seen.clear()
+    x.grad = w.grad = None
+    aot_function(f, lambda gm, _: gm, bw)(x, w)[1].backward()  # no output_strides: nothing listed
+    assert "laid_out_inputs" not in seen[0].meta
+
+
+@pytest.mark.parametrize("make", ["dense", "channels_last", "gapped", "expanded", "offset"])
+def test_a_saved_value_copied_before_a_write_back_keeps_its_strides(make: str) -> None:
+    """The one copy the training runner makes of a saved value (it shares memory with an input the
+    forward writes) keeps the value's strides, dense or not (Note [Backward inputs the forward laid
+    out]); its storage offset becomes 0."""
+    from kiln_aotgrad.runtime import _copy_strided
+
+    base = torch.randn(2, 3, 4, 5)
+    t = {
+        "dense": base,
+        "channels_last": base.contiguous(memory_format=torch.channels_last),
+        "gapped": base[:, ::2, :, 1:4],
+        "expanded": torch.randn(3, 1).expand(3, 4),
+        "offset": base.view(-1)[7:31].view(4, 6).t(),
+    }[make]
+    got = _copy_strided(t)
+    assert got.shape == t.shape and got.stride() == t.stride() and got.storage_offset() == 0
+    assert got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    torch.testing.assert_close(got, t)

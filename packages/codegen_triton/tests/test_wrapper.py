@@ -381,7 +381,8 @@ def test_the_gpu_wrapper_takes_reused_buffers_and_extern_results_in_their_shape(
         torch.testing.assert_close(out, want)
     lean, full = sources["1"], sources["0"]
     assert "reuses" in lean and "[1, 1]" not in lean and "(1, 1)" in lean, lean
-    assert lean.count(".as_strided(") < full.count(".as_strided("), (lean, full)
+    views = [src.count(".as_strided(") + src.count("_reinterpret(") for src in (lean, full)]
+    assert views[0] < views[1], (lean, full)
     assert "= _r if _r.shape ==" in lean and "= _r if" not in full
 
 
@@ -409,3 +410,80 @@ def test_the_gpu_wrapper_takes_an_extern_result_differing_only_in_size_one_strid
     namespace["_dense"] = lambda *args: copies.append(args) or dense(*args)
     out = captured["call"](*inputs)
     assert copies == [] and out.shape == want.shape and out.stride() == want.stride()
+
+
+@pytest.mark.parametrize("gpu_form", [False, True])
+def test_views_and_allocations_without_torchs_python_layer(
+    monkeypatch: pytest.MonkeyPatch, gpu_form: bool
+) -> None:
+    """Note [Allocations and views without torch's Python layer]: an extern op's arguments that
+    view an input of nonzero storage offset, or another op's result, are built by
+    ``_reinterpret`` with the offset relative to the variable's own; buffers by ``_alloc``. The
+    results equal eager's, strides included, and equal the wrapper's with the switch off. A
+    graph output that views a buffer is still an ``as_strided`` view (it shares the version
+    counter of what it views)."""
+
+    def f(x: Any, w: Any, v: Any) -> Any:
+        h = aten.mm.default(aten.view.default(x, [6, 4]), aten.permute.default(w, [1, 0]))  # (6, 5)
+        g = aten.mm.default(aten.permute.default(h, [1, 0]), v)  # (5, 3): a view of a result
+        r = aten.relu.default(g)
+        return aten.permute.default(r, [1, 0]), aten.slice.Tensor(h, 0, 1, 4)
+
+    base = make((30,))
+    x = base[6:].view(2, 3, 4)  # storage offset 6
+    inputs = [x, make((5, 4)), make((6, 3))]
+    gm = torch.fx.symbolic_trace(f)
+    want = gm(*inputs)
+    sources = {}
+    for direct in ("1", "0"):
+        monkeypatch.setenv("KILN_DIRECT_CALLS", direct)
+        if gpu_form:
+            captured = _gpu_form(monkeypatch, gm, inputs, "1")
+            source, call = captured["source"], captured["call"]
+        else:
+            backend = TritonBackend()
+            call = compile_graph(gm, inputs, backend=backend)
+            source = backend.last_wrapper
+        sources[direct] = source
+        got = call(*inputs)
+        for g, w in zip(got, want, strict=True):
+            assert (
+                g.shape == w.shape and g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+            )
+            if not gpu_form or g is got[1]:  # the GPU form's kernels are not launched (relu)
+                torch.testing.assert_close(g, w)
+    fast, slow = sources["1"], sources["0"]
+    assert "_reinterpret(x, (6, 4), (4, 1), 0)" in fast or gpu_form is False, fast
+    assert "_reinterpret(" in fast and "_reinterpret(" not in slow, fast
+    assert "_alloc(" in fast and "_alloc(" not in slow, fast
+    assert fast.splitlines()[-1].count(".as_strided(") == slow.splitlines()[-1].count(".as_strided(")
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_the_gpu_wrapper_checks_inputs_the_forward_laid_out_for_their_offset_only(
+    monkeypatch: pytest.MonkeyPatch, switch: str
+) -> None:
+    """Note [Inputs the forward laid out]: a backward graph's input that kiln_aotgrad lists as laid
+    out by the compiled forward is checked for its storage offset only (a moved one is still
+    copied into place); the others in full. ``KILN_LAID_OUT_INPUTS=0`` checks all in full."""
+
+    def f(x: Any, y: Any) -> Any:
+        return aten.mm.default(aten.relu.default(x), y)
+
+    x, y = make((4, 6)), make((6, 3))
+    gm = torch.fx.symbolic_trace(f)
+    gm.meta["laid_out_inputs"] = (0,)
+    monkeypatch.setenv("KILN_LAID_OUT_INPUTS", switch)
+    captured = _gpu_form(monkeypatch, gm, [x, y], "1")
+    source = captured["source"]
+    if switch == "1":
+        assert "if x.storage_offset() != 0: x = _conform(" in source and "x.stride()" not in source, source
+    else:
+        assert "x.stride()" in source, source
+    assert "y.stride()" in source, source
+    conformed: list[str] = []
+    conform = captured["namespace"]["_conform"]
+    captured["namespace"]["_conform"] = lambda t, *a, **k: conformed.append(k["name"]) or conform(t, *a, **k)
+    shifted = torch.cat([torch.zeros(1, 6), x])[1:]  # the same layout at offset 6: copied
+    captured["call"](shifted, y)
+    assert conformed == ["x"]

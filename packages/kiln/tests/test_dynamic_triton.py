@@ -230,3 +230,75 @@ def test_symbolic_kernels_compile_for_sm90(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert last.endswith(" failed") and " 0 failed" in last, last
+
+
+@pytest.mark.parametrize("lean", ["1", "0"])
+def test_the_gpu_wrapper_of_symbolic_sizes_takes_a_result_differing_only_in_size_one_strides(
+    monkeypatch: pytest.MonkeyPatch, lean: str
+) -> None:
+    """Note [A lean wrapper] (kiln_codegen_triton's wrapper.py), in the wrapper a GPU gets for a
+    graph of symbolic sizes: an attention result of shape (1, H, s0, D) returned with a batch
+    stride of 1 where (H * s0 * D) was planned is taken as it is (the symbolic GPT-2 copied six a
+    call); ``KILN_LEAN_SYMBOLIC_RESULTS=0`` copies it; strides that differ on a dim of more than
+    one element are copied either way. The graph has no kernels (the GPU form launches none) and
+    its externs run, so every result equals eager's."""
+    import kiln_codegen_triton.backend as tb
+    from kiln_codegen_triton import wrapper as wrapper_module
+
+    class GpuForm(wrapper_module.WrapperCodegen):  # scripts/triton_wrapper_overhead.py's
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.pointers = True
+            self.flat_inputs = self._inputs_needing_flat_views()
+            self.namespace["_get_stream"] = lambda index: 0
+
+    forms: list[dict[str, Any]] = []
+
+    def make_wrapper(schedule: Any, graph: Any, groups: Any, launchers: Any, *a: Any, **k: Any) -> Any:
+        gen = GpuForm(schedule, graph, groups, launchers, *a, **k)
+        source = gen.generate()
+        exec(compile(source, "<gpu form>", "exec"), gen.namespace)
+        gen.namespace["__source__"] = source
+        forms.append(gen.namespace)
+        return gen.namespace["call"], source
+
+    monkeypatch.setenv("KILN_LEAN_SYMBOLIC_RESULTS", lean)
+    monkeypatch.setattr(tb, "make_wrapper", make_wrapper)
+    w = torch.randn(16, 5)
+
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25) @ w
+
+    compiled = kiln.compile(f, dynamic=True, options=TRITON)
+    copies: list[Any] = []
+    for s in (8, 11):
+        q, k, v = (torch.randn(1, 2, s, 16) for _ in range(3))
+        with torch.no_grad():
+            want = f(q, k, v)
+            torch.testing.assert_close(compiled(q, k, v), want)
+        (namespace,) = forms
+        source = namespace["__source__"]
+        assert "s0" in source and "_k" not in source.replace("_ks", ""), source
+        dense = namespace.setdefault("__dense__", namespace["_dense"])
+
+        def counting(t: Any, *args: Any, dense: Any = dense) -> Any:
+            out = dense(t, *args)
+            if out is not None and out.data_ptr() != t.data_ptr():  # a copy
+                copies.append(args)
+            return out
+
+        namespace["_dense"] = counting
+        (op,) = (n for n in namespace if n.startswith("_op_") and "attention" in str(namespace[n]))
+        real = namespace.setdefault("__real__", namespace[op])
+        got = real(q, k, v, scale=0.25)[0]
+        planned = (2 * s * 16, s * 16, 16, 1)
+        for stride in ((1, s * 16, 16, 1), planned, (s * 32, 16, 32, 1)):
+            odd = torch.empty_strided(got.shape, stride).copy_(got)
+            namespace[op] = lambda *a, odd=odd, real=real, **kw: (odd, *real(*a, **kw)[1:])
+            copies.clear()
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(q, k, v), want)
+            copied = stride[1:] != planned[1:] or (lean == "0" and stride != planned)
+            assert len(copies) == int(copied), (stride, source)
+        namespace[op] = real
+    assert _graphs() == 1

@@ -89,6 +89,18 @@ def _restride(meta: TraceMeta, inputs: Sequence[torch.Tensor]) -> None:
             inputs[i].as_strided_(size, stride, offset)
 
 
+def _copy_strided(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` with its strides, whatever they are (``clone`` makes a tensor that is not
+    dense contiguous): the backward reads a saved value in the layout the forward gave it (Note
+    [Backward inputs the forward laid out] in api.py). Its storage offset becomes 0."""
+    with torch.no_grad():
+        if t.numel() == 0:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+        span = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+        region = t.detach().as_strided((span,), (1,), t.storage_offset()).clone()
+        return region.as_strided(t.shape, t.stride(), 0)
+
+
 def _plain_outputs(meta: TraceMeta) -> bool:
     """Whether the user outputs are exactly the graph outputs, in order, in one flat tuple: then
     `_assemble` is the identity and is skipped (Note [The call fast path] in api.py)."""
@@ -174,7 +186,7 @@ def training_runner(
                 # A saved input that the write-back will overwrite: keep its pre-mutation value.
                 written = {inputs[i].untyped_storage().data_ptr() for i in meta.mutated_inputs}
                 saved = [
-                    s.detach().clone()
+                    _copy_strided(s)
                     if isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() in written
                     else s
                     for s in saved

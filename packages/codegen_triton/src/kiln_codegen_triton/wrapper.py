@@ -94,6 +94,26 @@ turns all five off):
   ``_t`` first.
 * constant int lists among an extern op's arguments (a convolution's stride, padding, dilation)
   are tuple literals, constants of the code object, not lists built on every call.
+
+Note [Allocations and views without torch's Python layer]: ``torch.empty_strided(size, stride,
+dtype=..., device=...)`` parses its keyword arguments and goes through the dispatcher;
+``t.as_strided(...)`` builds an autograd view (a view record, a shared version counter). torch
+ships the two calls inductor's wrappers make instead, in ``torch._C._dynamo.guards``:
+``_empty_strided_<device type>(size, stride, dtype)`` (on the current device, which is the graph's:
+the body runs under the graph's device where there are several) and ``_reinterpret_tensor(t, size,
+stride, offset)``, a tensor over ``t``'s storage at ``t.storage_offset() + offset`` that is no
+autograd view. On this project's CPU: 3.1 against 4.9 us an allocation, 1.6 against 3.2 us a view
+(``scripts/triton_wrapper_overhead.py --switch KILN_DIRECT_CALLS``). Every allocation goes through
+``_alloc``. ``_reinterpret`` builds only views nothing sees after the call that takes them: the
+arguments of an aten extern op whose schema has no alias annotation (it writes none of them and
+returns none of them), and a buffer's re-view of a freed one's memory (the freed one is dead).
+The offset is relative, so only variables whose storage offset is known when the wrapper is
+generated are viewed so: what the wrapper allocated, an extern result (checked or copied into a
+layout from offset 0), a flat view, a static input (its check made its offset the compiled one).
+A graph output stays an ``as_strided`` view: the caller, and autograd, may see that it shares
+memory, and in-place writes to one must count against the other's version. Under Triton's
+interpreter too (its tests run these lines). ``KILN_DIRECT_CALLS=0``, read when a wrapper is
+generated, emits the torch calls.
 """
 
 from __future__ import annotations
@@ -164,6 +184,17 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
     return run
 
 
+# Note [Inputs the forward laid out]: a backward graph's inputs that kiln_aotgrad lists under this
+# key of the graph's ``meta`` are saved values the compiled forward returned in exactly the layout
+# the backward was compiled for (Note [Backward inputs the forward laid out] in kiln_aotgrad's
+# api.py): the GPU wrapper checks their storage offset (and alignment) only, as it does a forward
+# graph's inputs behind the frame guard (Note [Inputs the frame guard checks]); the incoming
+# gradients and the forward's inputs among the saved values are checked in full.
+# ``KILN_LAID_OUT_INPUTS=0``, read when aotgrad compiles and when a wrapper is generated, checks
+# them in full too.
+LAID_OUT_INPUTS = "laid_out_inputs"
+
+
 class WrapperCodegen:
     """Builds the wrapper source and its namespace for one schedule."""
 
@@ -196,6 +227,15 @@ class WrapperCodegen:
         }
         self.consts = 0
         self.lean = os.environ.get("KILN_LEAN_WRAPPER", "1") != "0"  # Note [A lean wrapper]
+        # Note [A lean wrapper], for the results of a graph of symbolic sizes too (the symbolic
+        # GPT-2 copied six attention outputs per call, (1, H, s0, D) with a batch stride of 1)
+        self.lean_symbolic = os.environ.get("KILN_LEAN_SYMBOLIC_RESULTS", "1") != "0"
+        # Note [Allocations and views without torch's Python layer]: read when generated
+        self.direct = os.environ.get("KILN_DIRECT_CALLS", "1") != "0"
+        # variables that hold a tensor of storage offset 0 (allocations, extern results, reuses)
+        self.offset0: set[str] = set()
+        self.opaque_inputs: set[str] = set()
+        self.fast = False  # set by generate() (Note [Allocations and views without torch's Python layer])
         # Note [Kernel arguments are pointers]
         self.pointers = self.device.type == "cuda" and not interpreting()
         self.kernel_params = {
@@ -302,36 +342,71 @@ class WrapperCodegen:
         """A kernel argument: the pointer variable on a GPU, the flat storage under the interpreter."""
         return f"{name}_p" if self.pointers else self.storage(name)
 
+    def direct_calls(self) -> bool:
+        """Whether this wrapper allocates and views through Note [Allocations and views without
+        torch's Python layer] (the switch on, the functions present): binds them."""
+        functions = _direct_functions(self.device) if self.direct else None
+        if functions is None:
+            return False
+        self.namespace["_alloc"], self.namespace["_reinterpret"] = functions
+        return True
+
     def take_pointer(self, name: str) -> None:
         """After ``name`` is bound to its flat storage: read its address once, if a kernel needs it."""
         if self.pointers and name in self.kernel_params:
             self.emit(f"{name}_p = {name}.data_ptr()")
 
-    def view(self, value: Any) -> str:
-        """Python expression for an extern argument or a graph output."""
+    def view(self, value: Any, transient: bool = False) -> str:
+        """Python expression for an extern argument or a graph output; ``transient``: an argument
+        of an op that neither writes nor returns it (Note [Allocations and views without torch's
+        Python layer])."""
         if isinstance(value, sympy.Expr) and not value.is_number:
             return self.size(value)  # Note [Symbolic sizes in the Triton wrapper]
         if isinstance(value, ReinterpretView):
             name = value.buffer.name
             if self.lean and name in self.shaped and self.shaped[name] == _layout_key(value.layout):
                 return name  # Note [A lean wrapper]: the variable holds exactly this view
+            base = self.storage(name)
+            direct = self.reinterpret(name, base, value.layout) if transient else None
             # an input's own tensor takes as_strided's offset from its storage's start too
-            return f"{self.storage(value.buffer.name)}.as_strided({self.layout_args(value.layout)})"
+            return direct or f"{base}.as_strided({self.layout_args(value.layout)})"
         if isinstance(value, InputBuffer | ConstantBuffer):
             return value.name
         if isinstance(value, Buffer):
             if value.name in self.opaque or self.shaped.get(value.name) == _layout_key(value.layout):
                 return value.name  # Note [Opaque extern results] in kiln_loopir's wrapper_support.py
-            view = f"{value.name}.as_strided({self.layout_args(value.layout)})"
+            direct = self.reinterpret(value.name, value.name, value.layout) if transient else None
+            view = direct or f"{value.name}.as_strided({self.layout_args(value.layout)})"
             if value.name in self.extern_results:  # an extern op may return None for it
                 return f"(None if {value.name} is None else {view})"
             return view
         if isinstance(value, list):
-            return "[" + ", ".join(self.view(v) for v in value) + "]"
+            return "[" + ", ".join(self.view(v, transient) for v in value) + "]"
         if isinstance(value, tuple):
-            inner = ", ".join(self.view(v) for v in value)
+            inner = ", ".join(self.view(v, transient) for v in value)
             return f"({inner},)" if len(value) == 1 else f"({inner})"
         return self.const(value)
+
+    def reinterpret(self, name: str, base: str, layout: Any) -> str | None:
+        """``_reinterpret(base, size, stride, offset)``: a view of ``base`` (the variable holding
+        buffer ``name``) in ``layout`` without torch's Python layer, where the variable's storage
+        offset is known when the wrapper is generated (the offset is relative to it); else None
+        (Note [Allocations and views without torch's Python layer])."""
+        if not self.fast:
+            return None
+        buffer = self.graph.name_to_buffer.get(name)
+        if base != name or name in self.offset0:  # a flat view, an allocation, an extern result
+            start = 0
+        elif isinstance(buffer, InputBuffer) and name not in self.opaque_inputs:
+            if not is_static_layout(buffer.layout):
+                return None
+            start = int(buffer.layout.offset)  # the input check made it so
+        else:
+            return None
+        if not is_static_layout(layout):
+            return None if start else f"_reinterpret({base}, {self.layout_args(layout)})"
+        size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
+        return f"_reinterpret({base}, {size!r}, {stride!r}, {int(layout.offset) - start})"
 
     def stride_check(
         self, n: str, size: tuple[int, ...], stride: tuple[int, ...], differ: bool = True
@@ -340,15 +415,17 @@ class WrapperCodegen:
         source, or nothing (Note [A lean wrapper]: only the dims of more than one element are
         compared; ``n`` has ``size``)."""
         op, join = (" != ", " or ") if differ else (" == ", " and ")
+        # a symbolic size is compared (it may be 1 at run time: then a needless copy, never a
+        # missed one); a stride is printed through the symbols' variables
         keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
         if len(keep) == len(size):
-            return f"{n}.stride(){op}{stride!r}{join}"
+            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
         if not keep:
             return ""
         if len(keep) == 1:
-            return f"{n}.stride({keep[0]}){op}{stride[keep[0]]}{join}"
+            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
         getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()){op}{tuple(stride[i] for i in keep)!r}{join}"
+        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
 
     def emit(self, line: str) -> None:
         self.lines.append(line)
@@ -361,13 +438,21 @@ class WrapperCodegen:
         n = int(layout.storage_size())
         dtype = self.const(layout.dtype)
         shape = dense_shape(layout) if self.pointers else None
-        if shape is not None:  # Note [Buffers in their own shape on a GPU]
+        if shape is not None and self.fast:  # Note [Allocations and views without torch's Python layer]
+            size, stride = shape
+            self.emit(f"{buffer.name} = _alloc({size!r}, {stride!r}, {dtype})")
+            self.shaped[buffer.name] = _layout_key(layout)
+        elif shape is not None:  # Note [Buffers in their own shape on a GPU]
             size, stride = shape
             self.emit(f"{buffer.name} = _empty_strided({size!r}, {stride!r}, dtype={dtype}, device=_device)")
             self.shaped[buffer.name] = _layout_key(layout)
+        elif self.fast:
+            self.emit(f"{buffer.name} = _alloc(({n},), (1,), {dtype})")
+            self.shaped.pop(buffer.name, None)
         else:
             self.emit(f"{buffer.name} = _empty({n}, dtype={dtype}, device=_device)")
             self.shaped.pop(buffer.name, None)
+        self.offset0.add(buffer.name)
         self.take_pointer(buffer.name)
 
     # --------------------------------------------------------------------------------- body
@@ -378,19 +463,24 @@ class WrapperCodegen:
             spec.name if spec is not None else f"_unused{i}" for i, spec in enumerate(graph.graph_inputs)
         ]
         aligned: list[tuple[str, str]] = []
-        opaque = opaque_inputs(graph.gm)
+        opaque = self.opaque_inputs = opaque_inputs(graph.gm)
+        self.fast = self.direct_calls()
         if self.symbolic:  # Note [Symbolic sizes in the Triton wrapper]
             for line in symbol_bindings(graph.sizevars, params):
                 self.emit(line)
         derived_at = len(self.lines)
-        for spec in graph.graph_inputs:
+        laid_out = frozenset(graph.gm.meta.get(LAID_OUT_INPUTS, ()))  # Note [Inputs the forward laid out]
+        if os.environ.get("KILN_LAID_OUT_INPUTS", "1") == "0":
+            laid_out = frozenset()
+        for position, spec in enumerate(graph.graph_inputs):
             if spec is None:
                 continue
             if spec.name in opaque:  # Note [Opaque extern results]: taken as it is
                 self.emit(f"# {spec.name}: an opaque extern result, taken as it is")
                 continue
+            guarded = self.guarded_layouts or position in laid_out
             if not is_static_layout(spec.layout):
-                self.symbolic_input(spec, aligned)
+                self.symbolic_input(spec, aligned, guarded)
                 continue
             layout = spec.layout
             stride, offset = tuple(layout.int_stride()), int(layout.offset)
@@ -398,7 +488,7 @@ class WrapperCodegen:
             n = spec.name
             # the kernels index memory with the strides seen at compile time
             conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-            if self.guarded_layouts and self.pointers:  # Note [Inputs the frame guard checks]
+            if guarded and self.pointers:  # Note [Inputs the frame guard checks]
                 self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
             else:
                 self.emit(
@@ -456,11 +546,12 @@ class WrapperCodegen:
         op = f"_op_{kernel.name}"
         self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         aten = isinstance(kernel.op, torch._ops.OpOverload)
-        args = [self.extern_arg(a, aten) for a in kernel.args]
+        transient = self.fast and _aliases_nothing(kernel.op)
+        args = [self.extern_arg(a, aten, transient) for a in kernel.args]
         kwargs = dict(kernel.kwargs)
         if "device" in kwargs:
             kwargs["device"] = self.device
-        args += [f"{k}={self.extern_arg(v, aten)}" for k, v in kwargs.items()]
+        args += [f"{k}={self.extern_arg(v, aten, transient)}" for k, v in kwargs.items()]
         self.emit(f"# extern {kernel.op}")
         opaque, grad = opaque_results(kernel, self.referenced.__contains__)
         call = f"_r = {op}({', '.join(args)})"
@@ -487,40 +578,47 @@ class WrapperCodegen:
                 # may leave it undefined or give it another shape than its meta kernel promised
                 continue
             value = "_r" + "".join(f"[{i}]" for i in out.path)
-            if not is_static_layout(out.layout):
-                self.extern_output_symbolic(out, value)
-                continue
-            n = int(out.layout.storage_size())
+            static = is_static_layout(out.layout)
             shape = dense_shape(out.layout) if self.pointers else None
-            if shape is not None and self.lean:
+            if shape is not None and self.lean and (static or self.lean_symbolic):
                 size, stride = shape  # Note [A lean wrapper]: checked inline
+                size_text, stride_text = self.sizes(size), self.sizes(stride)
                 t = "_r"
                 if out.path or not _one_tensor(kernel.op):  # one of several results, maybe None
                     self.emit(f"_t = {value}")
                     t, took = "_t", True
                 if out.name in self.schedule.output_names:  # the caller sees every stride
-                    strides = f"{t}.stride() == {stride!r} and "
+                    strides = f"{t}.stride() == {stride_text} and "
                 else:
                     strides = self.stride_check(t, size, stride, differ=False)
                 maybe_none = "" if t == "_r" else f"{t} is not None and "
                 self.emit(
-                    f"{out.name} = {t} if {maybe_none}{t}.shape == {size!r} and {strides}"
-                    f"not {t}.storage_offset() else _dense({t}, {size!r}, {stride!r}, 0)"
+                    f"{out.name} = {t} if {maybe_none}{t}.shape == {size_text} and {strides}"
+                    f"not {t}.storage_offset() else _dense({t}, {size_text}, {stride_text}, 0)"
                 )
                 self.shaped[out.name] = _layout_key(out.layout)
-            elif shape is not None:  # Note [Buffers in their own shape on a GPU]
+                self.offset0.add(out.name)
+                self.take_pointer(out.name)
+                continue
+            if not static:
+                self.extern_output_symbolic(out, value)
+                continue
+            n = int(out.layout.storage_size())
+            if shape is not None:  # Note [Buffers in their own shape on a GPU]
                 size, stride = shape
                 self.emit(f"{out.name} = _dense({value}, {size!r}, {stride!r}, 0)")
                 self.shaped[out.name] = _layout_key(out.layout)
             else:
                 self.emit(f"{out.name} = _flat({value}, {n}, {_layout_args(out.layout)})")
                 self.shaped.pop(out.name, None)
+            self.offset0.add(out.name)  # checked or copied into a layout from offset 0
             self.take_pointer(out.name)
         self.emit("del _r" + (", _t" if took else ""))
 
-    def extern_arg(self, value: Any, aten: bool) -> str:
+    def extern_arg(self, value: Any, aten: bool, transient: bool = False) -> str:
         """An extern op's argument; for an aten op, a list of int constants as a tuple literal
-        (Note [A lean wrapper]), which its binding takes for an ``int[]`` as it takes a list."""
+        (Note [A lean wrapper]), which its binding takes for an ``int[]`` as it takes a list.
+        ``transient``: the op neither writes nor returns its arguments (:meth:`view`)."""
         if (
             aten
             and self.lean
@@ -529,7 +627,7 @@ class WrapperCodegen:
             and all(type(v) in (int, bool) for v in value)
         ):
             return self.view(tuple(value))
-        return self.view(value)
+        return self.view(value, transient)
 
     def place(self, buffer: Buffer, scratch: Set[str]) -> bool:
         """Give a kernel's output buffer its memory: the buffer the plan reuses for it, a new
@@ -545,12 +643,18 @@ class WrapperCodegen:
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}, in its shape")
                     self.shaped[buffer.name] = key
                 elif shape is not None and buffer.name in self.read_in_shape:
-                    view = f"{reuse}.as_strided({self.layout_args(buffer.layout)})"
+                    # the freed buffer is dead: the view escapes only as this one's variable
+                    view = self.reinterpret(reuse, reuse, buffer.layout) or (
+                        f"{reuse}.as_strided({self.layout_args(buffer.layout)})"
+                    )
                     self.emit(f"{buffer.name} = {view}  # reuses {reuse}")
                     self.shaped[buffer.name] = key
+                    self.offset0.add(buffer.name)
                 else:
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
                     self.shaped.pop(buffer.name, None)
+                if reuse in self.offset0:
+                    self.offset0.add(buffer.name)
                 self.emit(f"del {reuse}")
                 self.take_pointer(buffer.name)
             else:
@@ -568,9 +672,12 @@ class WrapperCodegen:
         temporaries = []
         for buffer in members:
             if isinstance(buffer, Scatter):
-                self.emit(f"{buffer.name} = {self.storage(buffer.mutates)}")
+                storage = self.storage(buffer.mutates)
+                self.emit(f"{buffer.name} = {storage}")
                 if buffer.mutates in self.shaped:
                     self.shaped[buffer.name] = self.shaped[buffer.mutates]
+                if buffer.mutates in self.offset0 or storage != buffer.mutates:  # or a flat view
+                    self.offset0.add(buffer.name)
                 self.take_pointer(buffer.name)
                 continue
             if self.place(buffer, scratch):
@@ -663,7 +770,7 @@ class WrapperCodegen:
 
     def sizes(self, exprs: Any) -> str:
         items = [self.size(e) for e in exprs]
-        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"  # () for none
 
     def layout_args(self, layout: Any) -> str:
         """``size, stride, offset`` of ``layout`` as Python source."""
@@ -671,13 +778,14 @@ class WrapperCodegen:
             return _layout_args(layout)
         return f"{self.sizes(layout.size)}, {self.sizes(layout.stride)}, {self.size(layout.offset)}"
 
-    def symbolic_input(self, spec: InputBuffer, aligned: list[tuple[str, str]]) -> None:
-        """An input of symbolic layout: checked against the layout as expressions of the symbols."""
+    def symbolic_input(self, spec: InputBuffer, aligned: list[tuple[str, str]], guarded: bool) -> None:
+        """An input of symbolic layout: checked against the layout as expressions of the symbols
+        (``guarded``: its storage offset only, Note [Inputs the frame guard checks])."""
         layout, n = spec.layout, spec.name
         dtype = self.const(layout.dtype)
         offset = self.size(layout.offset)
         conform = f"{n} = _conform({n}, {self.layout_args(layout)}, dtype={dtype}, name={n!r})"
-        if self.guarded_layouts and self.pointers:  # Note [Inputs the frame guard checks]
+        if guarded and self.pointers:  # Note [Inputs the frame guard checks]
             self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
         else:
             self.emit(
@@ -695,17 +803,25 @@ class WrapperCodegen:
         layout = buffer.layout
         dtype = self.const(layout.dtype)
         shape = dense_shape(layout) if self.pointers else None
-        if shape is not None:  # Note [Buffers in their own shape on a GPU]
+        if shape is not None and self.fast:  # Note [Allocations and views without torch's Python layer]
+            size, stride = shape
+            self.emit(f"{buffer.name} = _alloc({self.sizes(size)}, {self.sizes(stride)}, {dtype})")
+            self.shaped[buffer.name] = _layout_key(layout)
+        elif shape is not None:  # Note [Buffers in their own shape on a GPU]
             size, stride = shape
             self.emit(
                 f"{buffer.name} = _empty_strided({self.sizes(size)}, {self.sizes(stride)}, dtype={dtype}, device=_device)"
             )
             self.shaped[buffer.name] = _layout_key(layout)
+        elif self.fast:
+            self.emit(f"{buffer.name} = _alloc(({self.size(layout.storage_size())},), (1,), {dtype})")
+            self.shaped.pop(buffer.name, None)
         else:
             self.emit(
                 f"{buffer.name} = _empty({self.size(layout.storage_size())}, dtype={dtype}, device=_device)"
             )
             self.shaped.pop(buffer.name, None)
+        self.offset0.add(buffer.name)
         self.take_pointer(buffer.name)
 
     def extern_output_symbolic(self, out: Buffer, value: str) -> None:
@@ -718,6 +834,7 @@ class WrapperCodegen:
             n = self.size(out.layout.storage_size())
             self.emit(f"{out.name} = _flat({value}, {n}, {self.layout_args(out.layout)})")
             self.shaped.pop(out.name, None)
+        self.offset0.add(out.name)  # checked or copied into a layout from offset 0
         self.take_pointer(out.name)
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
@@ -736,6 +853,26 @@ class WrapperCodegen:
         fn = f"_interpret_{node.name}"
         self.namespace[fn] = _interpreter(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
+
+
+def _direct_functions(device: torch.device) -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+    """(allocate, reinterpret) of Note [Allocations and views without torch's Python layer] for
+    ``device``, where this torch has them."""
+    guards = getattr(getattr(torch._C, "_dynamo", None), "guards", None)
+    alloc = getattr(guards, f"_empty_strided_{device.type}", None)
+    reinterpret = getattr(guards, "_reinterpret_tensor", None)
+    if alloc is None or reinterpret is None:
+        return None
+    return alloc, reinterpret
+
+
+def _aliases_nothing(op: Any) -> bool:
+    """Whether the aten op writes none of its arguments and returns none of them (its schema has
+    no alias annotation): a view passed to it is not seen after the call."""
+    schema = getattr(op, "_schema", None)
+    if not isinstance(op, torch._ops.OpOverload) or schema is None:
+        return False
+    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
 
 
 def _tuple(items: list[str]) -> str:
