@@ -49,6 +49,9 @@ for step in "$@"; do
         --backends eager,kiln,kiln:default:layout_training=False,inductor
       bench train-bf16-conv 230 --dtype bfloat16 --modes training --models cnn,resnet --repeats 10 --warmup 3 --profile --profile-calls 3 \
         --backends kiln,kiln:default:layout_training=False,kiln:default:pool_backward=False,kiln:default:triton.split_outer_min_chunk=256,inductor ;;
+    call1b)
+      bench train-bf16-conv 230 --dtype bfloat16 --modes training --models cnn,resnet --repeats 10 --warmup 3 --profile --profile-calls 3 \
+        --backends kiln,kiln:default:layout_training=False,inductor ;;
     call2)
       bench inference-bf16 560 --dtype bfloat16 --modes inference --repeats 30 --profile \
         --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead ;;
@@ -72,9 +75,12 @@ for step in "$@"; do
       timeout 330 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -30 ;;
     call5b)
       timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
-    call6)
+    call6b)
       python3 --version
-      timeout 420 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests 2>&1 | tail -8
+      timeout "${DYNAMO_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests > "$out/dynamo-tests-py312.log" 2>&1
+      tail -8 "$out/dynamo-tests-py312.log" ;;
+    call6|call6a)
+      [ "$step" = call6 ] && bash "$0" call6b
       timeout 150 python3 - <<'PY' 2>&1 | tail -4
 import copy, torch, kiln
 from torch import nn

@@ -249,3 +249,23 @@ def test_unique_of_one_element_has_a_known_size_and_of_more_raises() -> None:
         assert [tuple(t.shape) for t in (values, inverse, counts)] == [(1,), (1, 1), (1,)]
         with pytest.raises(FakeUnsupported, match="needs tensor data"):
             torch.ops.aten._unique2(from_real(torch.randn(2)))
+
+
+def test_metadata_queries_as_operators_answer_symbolic_sizes() -> None:
+    # Note [Metadata queries as operators]: torch 2.11's batched matmul asks `aten::size` through
+    # the dispatcher; re-running that on the meta tensor failed there, breaking every batched `@`.
+    from kiln_symbolic import ShapeEnv, make_symint
+
+    env = ShapeEnv()
+    s = make_symint(env, env.create_symbol(5, "s"), 5)
+    fake = from_real(torch.randn(2, 5, 3), layout=([2, s, 3], [3 * s, 3, 1]))
+    with FakeMode():
+        assert torch.ops.aten.size.default(fake) == [2, s, 3]
+        assert torch.ops.aten.sym_size.int(fake, 1) == s
+        assert torch.ops.aten.stride.default(fake) == [3 * s, 3, 1]
+        assert torch.ops.aten.sym_stride.int(fake, 0) == 3 * s
+        assert torch.ops.aten.sym_numel.default(fake) == 6 * s
+        assert torch.ops.aten.dim.default(fake) == 3
+        assert torch.ops.aten.sym_storage_offset.default(fake) == 0
+        out = fake @ from_real(torch.randn(2, 3, 5), layout=([2, 3, s], [3 * s, s, 1]))
+    assert isinstance(out, FakeTensor) and list(out.shape) == [2, s, s]

@@ -255,9 +255,53 @@ def _follow_geometry(fake: FakeTensor) -> None:
         )
 
 
+# Note [Metadata queries as operators]: a composite can ask a tensor's geometry through the
+# dispatcher (`aten::size`, `aten::sym_stride`...); torch 2.11's matmul does so for batched
+# operands. Re-running such a query on the inner meta tensor with symbolic sizes failed inside
+# torch there (an internal assert in its argument parser), so every batched `@` under dynamic
+# shapes broke the graph (found on the H200 machine's torch 2.11; torch 2.13 answers). The answer
+# is the wrapper's own metadata, which equals the meta tensor's: it is read, never dispatched.
+def _size(t: torch.Tensor, *dim: Any) -> Any:
+    return t.size(*dim) if dim else list(t.size())
+
+
+def _stride(t: torch.Tensor, *dim: Any) -> Any:
+    return t.stride(*dim) if dim else list(t.stride())
+
+
+_METADATA_QUERIES: dict[str, Callable[..., Any]] = {
+    "aten::size": _size,
+    "aten::sym_size": _size,
+    "aten::stride": _stride,
+    "aten::sym_stride": _stride,
+    "aten::numel": lambda t: t.numel(),
+    "aten::sym_numel": lambda t: t.numel(),
+    "aten::dim": lambda t: t.dim(),
+    "aten::storage_offset": lambda t: t.storage_offset(),
+    "aten::sym_storage_offset": lambda t: t.storage_offset(),
+}
+
+
+_NO_ANSWER = object()
+
+
+def _metadata_answer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The answer of a metadata query (Note [Metadata queries as operators]), or _NO_ANSWER."""
+    query = _METADATA_QUERIES.get(name)
+    if query is None or kwargs or not args or not isinstance(args[0], FakeTensor):
+        return _NO_ANSWER
+    dims = args[1:]
+    if any(not isinstance(d, int) for d in dims):
+        return _NO_ANSWER  # a named dimension: the meta kernel answers
+    return query(args[0].meta, *dims)
+
+
 def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Run `func` on meta tensors and wrap the results as fake tensors on the right device."""
     name = func._schema.name if hasattr(func, "_schema") else str(func)
+    answer = _metadata_answer(name, args, kwargs)
+    if answer is not _NO_ANSWER:
+        return answer
     flat = _flat(args, kwargs)
     device = _common_device(flat, kwargs)
     needs_data = NEEDS_DATA.get(name)
