@@ -603,3 +603,27 @@ def test_batch_norm_training_updates_its_running_statistics_once(
     assert _op_fallbacks() == []
     assert all(r.fell_back is None for r in kiln.compile_log())
     assert kiln_dynamo.counters.graphs == (1 if dynamic else 2)
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_a_gemm_of_symbolic_tokens_is_padded_along_its_static_dims(
+    cpu_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Note [Padding GEMMs of symbolic size] (loopir pad_mm.py): a tied LM head whose vocabulary
+    is misaligned is padded along N in the symbolic graph too (its tokens M = batch*length stay
+    unpadded), compiled once, equal to eager at every size, the logits a view of the padded GEMM."""
+    torch.manual_seed(0)
+    emb, ln = nn.Embedding(1001, 16), nn.LayerNorm(16)
+
+    def lm(ids: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(ln(emb(ids)), emb.weight)
+
+    compiled = kiln.compile(lm, dynamic=True, options={"cpu_backend": cpu_backend, "pad_mm": "force"})
+    with caplog.at_level("DEBUG", logger="kiln.loopir.passes"), torch.no_grad():
+        for b, t in ((2, 5), (3, 7), (4, 16)):
+            ids = torch.randint(0, 1001, (b, t))
+            got = compiled(ids)
+            torch.testing.assert_close(got, lm(ids))
+            assert got.shape == (b, t, 1001) and got.stride() == (t * 1004, 1004, 1)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert "pad_mm: pad mm_default (aten.mm.default, torch.float32): N 1001->1004" in caplog.text

@@ -21,6 +21,16 @@ more GPU time than the padding saves in part (0.22 ms of the 0.67 ms on the H200
 ``pad_mm_output_copy=True`` copies such outputs to eager's contiguous strides instead (code that
 calls ``.view`` in a way only a contiguous tensor allows needs it, as with torch.compile).
 
+Note [Padding GEMMs of symbolic size]: under dynamic shapes (``dynamic=True``, or automatic
+dynamic after a size change) a language model's tokens M = batch*length are symbolic while K and
+N are weights' sizes. Such a GEMM is padded along its static misaligned dims only (symbolic ones
+are left as they are, unpadded and unsliced): the LM head's N = 50257 is what sent cuBLAS to the
+slow kernel, and it is static. Without this, GPT-2's dynamic graph ran 3x slower than its static one
+at batch 32, length 512 on the H200 (17.5 ms against 5.8 ms; torch.compile's dynamic graph the
+same 17.5 ms). The verdict is timed at the size hints (the sizes of the call that compiled) and
+applies to every size; the pass reads hints, never ``int()`` of a symbolic size (that would add a
+guard), and builds its nodes' values with the symbolic sizes.
+
 When it pays is decided per shape (:func:`should_pad`): ``pad_mm="force"`` pads every candidate on
 any device (tests); otherwise only on CUDA, not for memory-bound shapes (arithmetic intensity
 M*N*K / (M*K + K*N + M*N) below :data:`MIN_INTENSITY`: padding cannot speed up a GEMM that waits on
@@ -43,6 +53,8 @@ from typing import Any
 
 import torch
 import torch.fx
+from kiln_symbolic import hint_of
+from torch._dispatch.python import enable_python_dispatcher
 
 from ..diskcache import cache_root, write_atomic
 from ..lowering import VIEW_OPS
@@ -98,6 +110,22 @@ def _val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
+def _hint(size: Any) -> int | None:
+    """A size's value in the call that compiled (Note [Padding GEMMs of symbolic size]); None for
+    a data-dependent size."""
+    value = hint_of(size)
+    return None if value is None else int(value)
+
+
+def _hints(sizes: Sequence[Any]) -> list[int]:
+    out = []
+    for s in sizes:
+        h = _hint(s)
+        assert h is not None, sizes
+        out.append(h)
+    return out
+
+
 def _operands(node: torch.fx.Node) -> tuple[Any, Any, Any]:
     """(bias, a, b) of a GEMM node (bias None for mm and bmm)."""
     if node.target is aten.addmm.default:
@@ -113,12 +141,17 @@ def candidate(node: torch.fx.Node) -> Candidate | None:
     if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or va.dtype != vb.dtype:
         return None
     align = alignment(va.dtype)
-    if align is None or not all(isinstance(s, int) for s in (*va.shape, *vb.shape)):
+    if align is None or any(_hint(s) is None for s in (*va.shape, *vb.shape)):
         return None
-    m, k, n = int(va.shape[-2]), int(va.shape[-1]), int(vb.shape[-1])
+    sizes = (va.shape[-2], va.shape[-1], vb.shape[-1])
+    m, k, n = (int(hint_of(s)) for s in sizes)
     if 0 in (m, k, n):
         return None
-    pads = tuple(padded_length(s, align) - s for s in (m, k, n))
+    # a symbolic size is never padded (Note [Padding GEMMs of symbolic size])
+    pads = tuple(
+        padded_length(h, align) - h if isinstance(s, int) else 0
+        for s, h in zip(sizes, (m, k, n), strict=True)
+    )
     if not any(pads):
         return None
     return Candidate(node, m, k, n, (pads[0], pads[1], pads[2]), va.dtype)
@@ -157,7 +190,7 @@ def decision_key(c: Candidate, device: torch.device, copy_out: bool = False) -> 
     parts: list[Any] = [str(c.node.target)]
     for operand in (bias, a, b):
         v = _val(operand)
-        parts.append(None if not isinstance(v, torch.Tensor) else (list(v.shape), list(v.stride())))
+        parts.append(None if not isinstance(v, torch.Tensor) else (_hints(v.shape), _hints(v.stride())))
     # "v2": verdicts timed since the padded operand is timed in the rewrite's layout
     parts += [str(c.dtype), device_name(device), torch.__version__, copy_out, "v2"]
     return json.dumps(parts)
@@ -238,7 +271,7 @@ def time_ms(fn: Callable[[], Any], device: torch.device) -> float:
 
 
 def _random_like(val: torch.Tensor, device: torch.device) -> torch.Tensor:
-    shape, stride = [int(s) for s in val.shape], [int(s) for s in val.stride()]
+    shape, stride = _hints(val.shape), _hints(val.stride())
     try:
         t = torch.empty_strided(shape, stride, dtype=val.dtype, device=device)
     except RuntimeError:
@@ -269,7 +302,7 @@ def _operand_pads(c: Candidate) -> tuple[dict[int, int], dict[int, int], dict[in
     if isinstance(vbias, torch.Tensor):
         rank = vbias.dim()
         for d, (size, extra) in zip((rank - 2, rank - 1), ((c.m, pm), (c.n, pn)), strict=True):
-            if d >= 0 and extra and int(vbias.shape[d]) == size and size != 1:
+            if d >= 0 and extra and isinstance(vbias.shape[d], int) and vbias.shape[d] == size and size != 1:
                 pad_bias[d] = extra
     return pad_bias, pad_a, pad_b
 
@@ -381,24 +414,23 @@ def _permutation(node: torch.fx.Node) -> list[int] | None:
 
 
 def _with_val(node: torch.fx.Node) -> torch.fx.Node:
-    """Give a node the pass inserted its meta value (run on meta tensors)."""
+    """Give a node the pass inserted its meta value (run on meta tensors; symbolic sizes stay
+    symbolic, through torch's Python meta kernels)."""
 
     def meta(v: Any) -> Any:
         if isinstance(v, torch.fx.Node):
             val = _val(v)
             if isinstance(val, torch.Tensor):
                 return torch.empty_strided(
-                    [int(s) for s in val.shape],
-                    [int(s) for s in val.stride()],
-                    dtype=val.dtype,
-                    device="meta",
+                    list(val.shape), list(val.stride()), dtype=val.dtype, device="meta"
                 )
             return val
         return v
 
-    args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), meta)
     assert callable(node.target)
-    node.meta["val"] = node.target(*args, **kwargs)
+    with enable_python_dispatcher():
+        args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), meta)
+        node.meta["val"] = node.target(*args, **kwargs)
     return node
 
 
