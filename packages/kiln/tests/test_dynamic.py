@@ -627,3 +627,31 @@ def test_a_gemm_of_symbolic_tokens_is_padded_along_its_static_dims(
             assert got.shape == (b, t, 1001) and got.stride() == (t * 1004, 1004, 1)
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert "pad_mm: pad mm_default (aten.mm.default, torch.float32): N 1001->1004" in caplog.text
+
+
+def test_a_padding_rewrite_that_fails_leaves_the_gemm_unpadded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GEMM whose padding cannot be written into the symbolic graph stays as it was: the graph
+    still compiles once with symbolic sizes, equal to eager, and the log says why."""
+    from kiln_loopir.passes import pad_mm
+
+    def fail(node: Any) -> Any:
+        raise NotImplementedError("no value")
+
+    monkeypatch.setattr(pad_mm, "_symbolic_val", fail)
+    lin = nn.Linear(16, 1001, bias=False)  # a parameter: its sizes stay static
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        return lin(torch.relu(x))
+
+    compiled = kiln.compile(head, dynamic=True, options={"pad_mm": "force"})
+    with caplog.at_level("DEBUG", logger="kiln.loopir.passes"):
+        for b in (2, 3, 5):
+            x = torch.randn(b, 4, 16)
+            with torch.no_grad():
+                got = compiled(x)
+                torch.testing.assert_close(got, head(x))
+            assert got.stride() == (4 * 1001, 1001, 1)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert "the rewrite failed (NotImplementedError: no value)" in caplog.text

@@ -256,11 +256,15 @@ def _follow_geometry(fake: FakeTensor) -> None:
 
 
 # Note [Metadata queries as operators]: a composite can ask a tensor's geometry through the
-# dispatcher (`aten::size`, `aten::sym_stride`...); torch 2.11's matmul does so for batched
-# operands. Re-running such a query on the inner meta tensor with symbolic sizes failed inside
-# torch there (an internal assert in its argument parser), so every batched `@` under dynamic
-# shapes broke the graph (found on the H200 machine's torch 2.11; torch 2.13 answers). The answer
-# is the wrapper's own metadata, which equals the meta tensor's: it is read, never dispatched.
+# dispatcher (`aten::size`, `aten::sym_stride`...); torch 2.11's batched matmul does so. Re-running
+# such a query on the inner meta tensor with symbolic sizes failed inside torch there (an internal
+# assert in its argument parser: "dispatch_on_subclass called with NO overloaded args"), so every
+# batched `@` under dynamic shapes broke the graph on the H200 machine (torch 2.13 answers). The
+# answer is the wrapper's own metadata, which equals the meta tensor's: it is read, never
+# dispatched. On torch 2.11 this answers `aten::size` (tested there), but a 4-d `q @ k.transpose`
+# with a symbolic length still breaks at a later operator of the same matmul, not yet identified
+# (the device time ran out: dynamo's test_sequence_length_change_on_a_transformer_block fails
+# there, 6 graphs for 2).
 def _size(t: torch.Tensor, *dim: Any) -> Any:
     return t.size(*dim) if dim else list(t.size())
 

@@ -29,7 +29,12 @@ slow kernel, and it is static. Without this, GPT-2's dynamic graph ran 3x slower
 at batch 32, length 512 on the H200 (17.5 ms against 5.8 ms; torch.compile's dynamic graph the
 same 17.5 ms). The verdict is timed at the size hints (the sizes of the call that compiled) and
 applies to every size; the pass reads hints, never ``int()`` of a symbolic size (that would add a
-guard), and builds its nodes' values with the symbolic sizes.
+guard). The values of the nodes it inserts are computed from their operands' sizes and strides
+(:func:`_symbolic_val`), not by torch's meta kernels on symbolic meta tensors: on the H200 machine's
+torch 2.11 the first form of this pass, which ran those kernels, made every symbolic compile of
+GPT-2 fall back to static graphs (9 compiles for 9 shapes; the likely cause is the failure of Note
+[Metadata queries as operators] in kiln_dynamo, not confirmed there). A rewrite that fails anyway
+leaves its GEMM unpadded, with the reason in ``KILN_LOG=passes``.
 
 When it pays is decided per shape (:func:`should_pad`): ``pad_mm="force"`` pads every candidate on
 any device (tests); otherwise only on CUDA, not for memory-bound shapes (arithmetic intensity
@@ -413,24 +418,78 @@ def _permutation(node: torch.fx.Node) -> list[int] | None:
     return None
 
 
+def _symbolic(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and any(
+        isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())
+    )
+
+
+def _contiguous_strides(shape: Sequence[Any]) -> list[Any]:
+    strides: list[Any] = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    return strides
+
+
+def _laid_out(shape: Sequence[Any], stride: Sequence[Any] | None, dtype: torch.dtype) -> torch.Tensor:
+    strides = list(stride) if stride is not None else _contiguous_strides(shape)
+    with enable_python_dispatcher():
+        return torch.empty_strided(list(shape), strides, dtype=dtype, device="meta")
+
+
+def _symbolic_val(node: torch.fx.Node) -> torch.Tensor:
+    """The meta value of a node the pass inserted into a symbolic graph, from its operands' sizes
+    and strides alone (Note [Padding GEMMs of symbolic size]): no meta kernel of torch runs on
+    symbolic meta tensors here (torch 2.11 failed some of them inside its argument parser)."""
+    target, args = node.target, node.args
+    x = _val(args[1] if target is aten.addmm.default else args[0])
+    assert isinstance(x, torch.Tensor)
+    if target is aten.constant_pad_nd.default:
+        spec: Any = args[1]
+        shape = list(x.shape)
+        for i in range(len(spec) // 2):
+            shape[-1 - i] = shape[-1 - i] + spec[2 * i] + spec[2 * i + 1]
+        return _laid_out(shape, None, x.dtype)
+    perm = _permutation(node)
+    if perm is not None:
+        assert x.storage_offset() == 0  # a transposed pad: its source is a fresh pad
+        return _laid_out([x.shape[p] for p in perm], [x.stride()[p] for p in perm], x.dtype)
+    if target in GEMMS:
+        other = _val(args[-1])
+        return _laid_out([*x.shape[:-1], other.shape[-1]], None, x.dtype)
+    if target is aten.slice.Tensor and args[2] == 0:
+        dim: Any = args[1]
+        shape = list(x.shape)
+        shape[dim] = args[3]
+        return _laid_out(shape, x.stride(), x.dtype)
+    if target is aten.clone.default:
+        return _laid_out(x.shape, None, x.dtype)
+    raise NotImplementedError(f"pad_mm: no symbolic value for {target}")
+
+
 def _with_val(node: torch.fx.Node) -> torch.fx.Node:
-    """Give a node the pass inserted its meta value (run on meta tensors; symbolic sizes stay
-    symbolic, through torch's Python meta kernels)."""
+    """Give a node the pass inserted its meta value (run on meta tensors; in a symbolic graph
+    computed from the operands' layouts instead: :func:`_symbolic_val`)."""
+    if any(_symbolic(_val(a)) for a in node.args if isinstance(a, torch.fx.Node)):
+        node.meta["val"] = _symbolic_val(node)
+        return node
 
     def meta(v: Any) -> Any:
         if isinstance(v, torch.fx.Node):
             val = _val(v)
             if isinstance(val, torch.Tensor):
                 return torch.empty_strided(
-                    list(val.shape), list(val.stride()), dtype=val.dtype, device="meta"
+                    [int(s) for s in val.shape],
+                    [int(s) for s in val.stride()],
+                    dtype=val.dtype,
+                    device="meta",
                 )
             return val
         return v
 
+    args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), meta)
     assert callable(node.target)
-    with enable_python_dispatcher():
-        args, kwargs = torch.fx.node.map_aggregate((node.args, node.kwargs), meta)
-        node.meta["val"] = node.target(*args, **kwargs)
+    node.meta["val"] = node.target(*args, **kwargs)
     return node
 
 
@@ -489,7 +548,13 @@ def pad_mm_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphMod
     for node in chosen:
         c = candidate(env[node])
         assert c is not None
-        _rewrite(copied, c, _copies_out(c, ctx))
+        before = set(copied.graph.nodes)
+        try:
+            _rewrite(copied, c, _copies_out(c, ctx))
+        except Exception as e:  # a GEMM left unpadded is slower, never wrong: undo the inserts
+            for inserted in reversed([n for n in copied.graph.nodes if n not in before]):
+                copied.graph.erase_node(inserted)
+            ctx.note("pad_mm", "keep %s: the rewrite failed (%s: %s)", c.describe(), type(e).__name__, e)
     copied.graph.lint()
     copied.recompile()
     return copied
