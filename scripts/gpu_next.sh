@@ -5,6 +5,10 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Eleventh session: call1 (both halves), call6 (call6a + call6b) and call5's GPT-2 ran (README, the
+#   eleventh session's paragraph). Next: call5 again (GPT-2's symbolic graph after Note [Padding GEMMs
+#   of symbolic size]'s second form, then LLaMA and ResNet), call6b (the Block test on torch 2.11),
+#   call2c, call2, call4, call4b.
 # call1 (issue 15, conv9): channels-last training is on by default now (Note [Channels-last for
 #   convolutions]: no grouped/depthwise conv) with max-pool backward generated (Note [Max pooling
 #   backward as a gather]) and short column-reduction chunks (Note [Short chunks of column
