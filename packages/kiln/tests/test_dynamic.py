@@ -655,3 +655,33 @@ def test_a_padding_rewrite_that_fails_leaves_the_gemm_unpadded(
             assert got.stride() == (4 * 1001, 1001, 1)
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert "the rewrite failed (NotImplementedError: no value)" in caplog.text
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_arange_keeps_its_start_and_step_with_a_symbolic_end(cpu_backend: str) -> None:
+    """Note [The bounds of arange] (loopir creation.py): ``arange(-2, s + 2)`` (reflection padding's
+    index) counted from 0 under symbolic sizes, a wrong answer; reflection, replication and circular
+    padding, and aranges whose start, end or step are sizes, equal eager at every size."""
+
+    def pads(x: torch.Tensor) -> torch.Tensor:
+        y = x.unsqueeze(0)
+        return torch.cat(
+            [torch.nn.functional.pad(y, (2, 3), mode=m) for m in ("reflect", "replicate", "circular")], -1
+        )
+
+    def ranges(x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        a = torch.arange(n, 3 * n + 1, 2)
+        c = torch.arange(-3, n, n - 1)
+        return a.sum() + c.sum() + x.sum()
+
+    def float_range(x: torch.Tensor) -> torch.Tensor:  # its length is a ceiling: compiled static
+        return torch.arange(-1.5, x.shape[0], 0.5).sum() + x.sum()
+
+    for fn in (pads, ranges, float_range):
+        kiln.reset()
+        compiled = kiln.compile(fn, dynamic=True, options={"cpu_backend": cpu_backend})
+        for n in (4, 5, 9):
+            x = torch.randn(n, 6)
+            torch.testing.assert_close(compiled(x), fn(x))
+        assert fn is float_range or kiln_dynamo.counters.dynamic_fallbacks == []

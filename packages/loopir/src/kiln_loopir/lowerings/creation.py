@@ -86,25 +86,34 @@ def scalar_tensor(value: Any, **kwargs: Any) -> TensorBox:
     return _filled(value, _device((), kwargs))
 
 
+# Note [The bounds of arange]: arange's start and step are read by position (``(end)``,
+# ``(start, end)``, ``(start, end, step)``), never picked out by type. They were once the
+# arguments that were Python numbers, so a symbolic end dropped out and the start took its place:
+# ``arange(-2, s + 2)`` (reflection padding's index under dynamic shapes) counted from 0, a wrong
+# answer found in the eleventh session. A symbolic start or step is a size expression, read with
+# ``index_expr``.
 @register_lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def arange(*args: Any, **kwargs: Any) -> TensorBox:
-    numbers = [a for a in args if isinstance(a, int | float)]
-    start: float
-    step: float
-    if len(numbers) == 1:
-        start, step = 0, 1
-    elif len(numbers) == 2:
-        start, step = numbers[0], 1
+    if len(args) >= 2:
+        start: Any = args[0]
+        step: Any = args[2] if len(args) > 2 else kwargs.get("step", 1)
     else:
-        start, step = numbers[0], numbers[2]
+        start, step = kwargs.get("start", 0), kwargs.get("step", 1)
     meta = _meta()
     dtype = meta.dtype
     # eager computes start + i * step in double for floats, in int64 for integers
     compute = torch.float64 if dtype.is_floating_point else torch.int64
 
+    def scalar(value: Any) -> Any:
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            return ops.to_dtype(ops.index_expr(value, torch.int64), compute)
+        if isinstance(value, sympy.Expr):
+            value = int(value) if value.is_integer else float(value)
+        return ops.constant(value, compute)
+
     def inner(index: Index) -> Any:
         i = ops.index_expr(index[0], compute)
-        value = ops.add(ops.constant(start, compute), ops.mul(i, ops.constant(step, compute)))
+        value = ops.add(scalar(start), ops.mul(i, scalar(step)))
         return ops.to_dtype(value, dtype)
 
     return TensorBox.create(Pointwise(_device((), kwargs), dtype, inner, symbolic(meta.shape)))
