@@ -443,3 +443,31 @@ def test_len_of_a_tensor_stays_symbolic_and_dynamic_true_makes_ints_symbolic_at_
     vals = [n.meta["val"] for n in backend.gms[0].graph.nodes if n.op == "placeholder"]
     assert isinstance(vals[1], torch.SymInt)  # k: symbolic from the first call
     assert not any("L['x'].size(0) ==" in t for t in guard_texts(f))
+
+
+def _size_comparisons(x: torch.Tensor) -> tuple[Any, ...]:
+    n = x.size(0)
+    h = torch.zeros(1, n, 8)
+    return (
+        x + 1,
+        h.size() != (1, n, 8),
+        h.size() == (1, x.size(0), 8),
+        h.shape == (1, x.shape[0], 8),
+        x.shape[:1] == (n,),
+        [n] == [x.shape[0]],
+        (n, 8) == [n, 8],  # a tuple never equals a list
+        h.size() == x.size(),
+        n in [x.size(0), 7],
+        [x.size(1), n].count(n),
+        n in (2, 3, 5),
+    )
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_sizes_and_sequences_compare_as_python_does(dynamic: bool | None) -> None:
+    """Note [Equality of sizes and sequences]: under symbolic sizes a torch.Size compared to a
+    tuple answered by type, and a size `in` a tuple of ints by identity: both False (wrong
+    answers; `nn.LSTM` raised its hidden-size check where eager ran). Every comparison equals
+    eager's at every size, with no break."""
+    run_sizes(_size_comparisons, lambda n: (torch.randn(n, 8),), [2, 3, 4, 5, 6], dynamic=dynamic)
+    assert counters.graph_breaks == 0  # (`n in (2, 3, 5)` specializes n where it holds, as in eager's branch)

@@ -685,3 +685,18 @@ def test_arange_keeps_its_start_and_step_with_a_symbolic_end(cpu_backend: str) -
             x = torch.randn(n, 6)
             torch.testing.assert_close(compiled(x), fn(x))
         assert fn is float_range or kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_recurrent_layers_under_symbolic_sizes_run_as_eager(cpu_backend: str) -> None:
+    """nn.LSTM/nn.GRU check their hidden state's size against a tuple; under symbolic sizes that
+    comparison was False (Note [Equality of sizes and sequences] in kiln_dynamo's translator), so
+    the compiled layer raised "Expected hidden[0] size (1, 2, 8), got [1, 2, 8]" where eager ran."""
+    torch.manual_seed(0)
+    for layer in (nn.LSTM(8, 8, batch_first=True), nn.GRU(8, 8, batch_first=True)):
+        kiln.reset()
+        compiled = kiln.compile(layer, dynamic=True, options={"cpu_backend": cpu_backend})
+        for b, t in ((2, 5), (3, 7)):
+            x = torch.randn(b, t, 8)
+            with torch.no_grad():
+                torch.testing.assert_close(compiled(x)[0], layer(x)[0])

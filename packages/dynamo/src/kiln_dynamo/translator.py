@@ -125,6 +125,27 @@ def _sequence_result(a: VT, b: VT | None, items: list[VT]) -> BaseListVariable:
     return TupleVariable(items)
 
 
+def _sequence_items(v: VT) -> tuple[type, list[VT]] | None:
+    """(tuple or list, items) of a tuple/list/Size tracker or a constant tuple/list; None for
+    anything else (a deque compares only with deques: left to the callers' other rules)."""
+    if isinstance(v, DequeVariable):
+        return None
+    if isinstance(v, BaseListVariable):
+        items = list(v.items)
+        kind = v.python_type()
+    elif v.is_constant() and isinstance(v.as_constant(), (tuple, list)):
+        value = v.as_constant()
+        items = [ConstantVariable(x) for x in value]
+        kind = type(value)
+    else:
+        return None
+    if issubclass(kind, tuple):
+        return tuple, items
+    if issubclass(kind, list):
+        return list, items
+    return None
+
+
 def _symbolic_operands(a: VT, b: VT) -> bool:
     """A size symbol with a number or another size symbol: arithmetic for the ShapeEnv."""
     if not (isinstance(a, SymNodeVariable) or isinstance(b, SymNodeVariable)):
@@ -415,15 +436,39 @@ class InstructionTranslator:
         return obj.getattr(self, name)
 
     def values_equal(self, a: VT, b: VT) -> bool:
+        """`a == b` as `in`, `list.count`/`index` and sequence comparison ask it: identity first,
+        then equality (Note [Equality of sizes and sequences])."""
         if a.is_constant() and b.is_constant():
             return bool(a.as_constant() == b.as_constant())
         if a.identity() is b.identity():
             return True
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, operator.eq, [a, b]).truth(self)
         if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
             return self.rich_compare(operator.eq, a, b).truth(self)  # Note [Comparing user objects]
         if isinstance(a, TensorVariable) or isinstance(b, TensorVariable):
             raise Unsupported("comparing a tensor for equality in Python control flow")
+        seq = self.sequences_equal(a, b)
+        if seq is not None:
+            return seq
         return False
+
+    def sequences_equal(self, a: VT, b: VT) -> bool | None:
+        """Note [Equality of sizes and sequences]: two tuples (a `torch.Size` is one), or two lists,
+        are equal when their lengths are and their items are, pairwise, as Python compares them
+        (identity, then `==`); a list never equals a tuple. None when `a` and `b` are not both such
+        sequences. Items that are size symbols compare through the ShapeEnv, which guards the
+        answer. Before, a `torch.Size` with a symbolic size compared to a tuple answered by type
+        (`x.shape == (b, t)` was False), and a size symbol `in` a tuple of ints answered by
+        identity (False), under dynamic shapes: wrong answers, found in the eleventh session
+        (`nn.LSTM` raised its hidden-size error where eager ran)."""
+        sa, sb = _sequence_items(a), _sequence_items(b)
+        if sa is None or sb is None:
+            return None
+        (kind_a, items_a), (kind_b, items_b) = sa, sb
+        if kind_a is not kind_b or len(items_a) != len(items_b):
+            return False
+        return all(self.values_equal(x, y) for x, y in zip(items_a, items_b, strict=True))
 
     def contains(self, container: VT, item: VT) -> bool:
         if hasattr(container, "contains"):
@@ -508,6 +553,9 @@ class InstructionTranslator:
         if a.is_constant() and b.is_constant():
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
         if fn in (operator.eq, operator.ne):
+            seq = self.sequences_equal(a, b)  # Note [Equality of sizes and sequences]
+            if seq is not None:
+                return ConstantVariable(seq if fn is operator.eq else not seq)
             same = a.identity() is b.identity()
             if same or type(a) is not type(b):
                 return ConstantVariable(same if fn is operator.eq else not same)

@@ -288,7 +288,8 @@ class TensorMethodVariable(VariableTracker):
                 return sym_result(
                     tx, value, lambda: graph.create_node("call_method", name, node_args, ckwargs)
                 )
-            return tx.wrap_constant(value)
+            # a size a guard has fixed (`n in (2, 3)` answered True: s0 == 3) is still a SymInt
+            return tx.wrap_constant(_concrete(value))
         if name in ("requires_grad_", "retain_grad", "share_memory_", "pin_memory"):
             raise Unsupported(f"Tensor.{name}() inside a compiled frame")
         if name in _ADD_PRODUCTS and _add_product_by_tensor_applies(self.tensor, args, kwargs):
@@ -467,3 +468,19 @@ def constant_value(vt: TensorVariable) -> torch.Tensor | None:
     except Exception as e:
         raise Unsupported(f"computing a tensor made of constants raised {type(e).__name__}: {e}") from e
     return value if isinstance(value, torch.Tensor) else None
+
+
+def _concrete(value: Any) -> Any:
+    """`value` with every SymInt/SymFloat/SymBool whose expression a guard made a constant
+    replaced by that constant (a `torch.Size` stays one)."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.Size):
+        return torch.Size([_concrete(v) for v in value])
+    if type(value) is tuple:
+        return tuple(_concrete(v) for v in value)
+    return value
