@@ -459,9 +459,9 @@ def _symbolic_val(node: torch.fx.Node) -> torch.Tensor:
         return _laid_out([*x.shape[:-1], other.shape[-1]], None, x.dtype)
     if target is aten.slice.Tensor and args[2] == 0:
         dim: Any = args[1]
-        shape = list(x.shape)
-        shape[dim] = args[3]
-        return _laid_out(shape, x.stride(), x.dtype)
+        sliced: list[Any] = list(x.shape)
+        sliced[dim] = args[3]
+        return _laid_out(sliced, x.stride(), x.dtype)
     if target is aten.clone.default:
         return _laid_out(x.shape, None, x.dtype)
     raise NotImplementedError(f"pad_mm: no symbolic value for {target}")
