@@ -700,3 +700,22 @@ def test_recurrent_layers_under_symbolic_sizes_run_as_eager(cpu_backend: str) ->
             x = torch.randn(b, t, 8)
             with torch.no_grad():
                 torch.testing.assert_close(compiled(x)[0], layer(x)[0])
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_floor_division_of_negative_size_expressions(cpu_backend: str) -> None:
+    """Note [Floor division of values that may be negative] (loopir indexing.py): a size used as a
+    scalar divides by floor as in Python; C++'s ``/`` and Triton's ``//`` truncate, and gave -1
+    where Python gives -2 (``(-5) // 4``), a wrong answer in both code generators."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.shape[0]
+        cols = [x[:, 0] + (-n) // 4, x[:, 0] + (n - 7) // 3, x[:, 0] + (1 - n) % 3, x[:, 0] + (-n) % 4]
+        return torch.stack(cols), x + (-n) // 4
+
+    for dynamic in (None, True):
+        kiln.reset()
+        compiled = kiln.compile(f, dynamic=dynamic, options={"cpu_backend": cpu_backend})
+        for n in (4, 5, 6, 7, 9):
+            x = torch.randn(n, 3)
+            torch.testing.assert_close(compiled(x), f(x))

@@ -183,3 +183,38 @@ def test_broadcast_accepts_one_size_written_two_ways() -> None:
     assert out[0] == 3 and sympy.expand(out[1] - a) == 0
     with pytest.raises(RuntimeError, match="do not broadcast"):
         broadcast_sizes((a,), (b + 1,))
+
+
+class _Truncating(int):
+    """An int whose ``//`` and ``%`` truncate toward zero, as C++'s and Triton's do."""
+
+    def __floordiv__(self, other: int) -> _Truncating:  # type: ignore[override]
+        q = abs(int(self)) // abs(int(other))
+        return _Truncating(q if (self < 0) == (other < 0) else -q)
+
+    def __mod__(self, other: int) -> _Truncating:  # type: ignore[override]
+        return _Truncating(int(self) - int(other) * int(self // other))
+
+    def __add__(self, other: int) -> _Truncating:  # type: ignore[override]
+        return _Truncating(int(self) + int(other))
+
+    def __sub__(self, other: int) -> _Truncating:  # type: ignore[override]
+        return _Truncating(int(self) - int(other))
+
+
+def test_floor_division_text_floors_with_truncating_operators() -> None:
+    """Note [Floor division of values that may be negative]: the text both code generators emit
+    for ``a // b`` and ``a % b`` gives Python's floor results when run with truncating operators,
+    for a numerator of any sign; a numerator known non-negative keeps the plain form."""
+    from kiln_loopir.indexing import floor_division_text, floor_modulo_text
+
+    s = sympy.Symbol("s", integer=True, positive=True)
+    a = 3 - s  # any sign
+    div = floor_division_text(a, sympy.Integer(4), "a", "b", "//")
+    mod = floor_modulo_text(a, sympy.Integer(4), "a", "b")
+    for value in range(-13, 14):
+        env = {"a": _Truncating(value), "b": _Truncating(4)}
+        assert eval(div, env) == value // 4 and eval(mod, env) == value % 4, value
+    assert floor_division_text(s, sympy.Integer(4), "a", "b", "/") == "(a / b)"
+    with pytest.raises(NotImplementedError):
+        floor_division_text(a, -s, "a", "b", "//")

@@ -15,7 +15,7 @@ from functools import cache
 import sympy
 import torch
 
-from kiln_loopir.indexing import FloorDiv, ModularIndexing
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, floor_division_text, floor_modulo_text
 
 HALF = (torch.bfloat16, torch.float16)
 
@@ -244,12 +244,13 @@ def index_to_cpp(expr: sympy.Expr, names: dict[sympy.Symbol, str] | None = None)
         return "(" + " + ".join(index_to_cpp(a, names) for a in expr.args) + ")"
     if isinstance(expr, sympy.Mul):
         return "(" + " * ".join(index_to_cpp(a, names) for a in expr.args) + ")"
-    if isinstance(expr, FloorDiv):
+    if isinstance(expr, FloorDiv):  # Note [Floor division of values that may be negative]
         a, b = expr.args
-        return f"({index_to_cpp(a, names)} / {index_to_cpp(b, names)})"
+        return floor_division_text(a, b, index_to_cpp(a, names), index_to_cpp(b, names), "/")
     if isinstance(expr, ModularIndexing):
         a, d, m = expr.args
-        return f"(({index_to_cpp(a, names)} / {index_to_cpp(d, names)}) % {index_to_cpp(m, names)})"
+        inner = floor_division_text(a, d, index_to_cpp(a, names), index_to_cpp(d, names), "/")
+        return floor_modulo_text(a, m, inner, index_to_cpp(m, names))
     if isinstance(expr, sympy.Min | sympy.Max):
         fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
         out = index_to_cpp(expr.args[0], names)

@@ -690,7 +690,7 @@ class KernelBuilder:
         if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
             code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(f"{CHECK_MARK}{var}\x00{v}\x00{extent}\x00{code}")
-        return sympy.Symbol(var, integer=True)
+        return sympy.Symbol(var, integer=True, nonnegative=True)  # wrapped into [0, n) above
 
     def _error_site(self, site: ErrorSite) -> int:
         """Note [Kernel errors]: a failed check makes its site's code (1-based) the kernel's

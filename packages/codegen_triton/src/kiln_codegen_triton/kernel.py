@@ -606,7 +606,7 @@ class _Generator:
             cond = f"({ok}) | ~({mask})" if mask else ok
             check_fn = "k_device_assert" if interpreting() else "tl.device_assert"
             self._emit(f'{check_fn}({cond}, "index out of bounds: 0 <= index < {n}")')
-        symbol = sympy.Symbol(var, integer=True)
+        symbol = sympy.Symbol(var, integer=True, nonnegative=True)  # wrapped into [0, n) above
         self.sym_axes[symbol] = v.axes
         return symbol
 

@@ -22,7 +22,7 @@ from functools import cache
 import sympy
 import torch
 
-from kiln_loopir.indexing import FloorDiv, ModularIndexing
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, floor_division_text, floor_modulo_text
 
 from .interp import interpreting
 
@@ -233,11 +233,15 @@ def result_dtype(name: str, dtypes: tuple[tuple[torch.dtype, bool], ...]) -> tor
 # index expressions
 
 
+def _floor_div(a: sympy.Expr, b: sympy.Expr) -> str:
+    return floor_division_text(a, b, index_to_triton(a), index_to_triton(b), "//")
+
+
 def index_to_triton(expr: sympy.Expr) -> str:
     """A sympy index expression as Triton integer arithmetic (variables by name).
 
-    Index values are non-negative, so ``//`` and ``%`` (which truncate in Triton) are floor
-    division and modulus here.
+    ``//`` and ``%`` truncate in Triton: an operand not known non-negative is divided by floor
+    (Note [Floor division of values that may be negative], kiln_loopir.indexing).
     """
     expr = sympy.sympify(expr)
     if expr.is_Integer:
@@ -250,11 +254,11 @@ def index_to_triton(expr: sympy.Expr) -> str:
         return "(" + " * ".join(index_to_triton(a) for a in expr.args) + ")"
     if isinstance(expr, FloorDiv):
         a, b = expr.args
-        return f"({index_to_triton(a)} // {index_to_triton(b)})"
+        return _floor_div(a, b)
     if isinstance(expr, ModularIndexing):
         a, d, m = expr.args
-        inner = index_to_triton(a) if d == 1 else f"({index_to_triton(a)} // {index_to_triton(d)})"
-        return f"({inner} % {index_to_triton(m)})"
+        inner = index_to_triton(a) if d == 1 else _floor_div(a, d)
+        return floor_modulo_text(a, m, inner, index_to_triton(m))
     if isinstance(expr, sympy.Mod):
         # sympy's Mod is Python's (the sign of the divisor); sizes in symbolic graphs bring it in
         # (CUDA attention pads a mask to a multiple of 8: Mod(-s0, 8)). Triton's % truncates, so a

@@ -152,6 +152,34 @@ def _symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
+def floor_division_text(a: Expr, b: Expr, ta: str, tb: str, div: str) -> str:
+    """Note [Floor division of values that may be negative]: the generated languages' integer
+    division (C++'s ``/``, Triton's ``//``) and ``%`` truncate toward zero. Index values are
+    non-negative, where truncation and floor agree; a size used as a scalar can be negative
+    (``x + (-n) // 4``, ``(n - 7) // 3`` for small n), where truncation gave -1 for Python's -2 in
+    both code generators (a wrong answer found in the eleventh session). A numerator not known
+    non-negative over a positive divisor is first rounded down to a multiple of the divisor, which
+    truncation then divides exactly. ``ta``/``tb`` are the operands' text, ``div`` the language's
+    operator. Divisors are sizes and strides, positive whether or not sympy can prove it
+    (``s - 2`` under a range of at least 3); one known not positive raises NotImplementedError
+    (the kernel is declined)."""
+    if b.is_nonpositive:
+        raise NotImplementedError(f"index expression {a} // {b} (a divisor that is not positive)")
+    if a.is_nonnegative:
+        return f"({ta} {div} {tb})"
+    return f"(({ta} - ((({ta} % {tb}) + {tb}) % {tb})) {div} {tb})"
+
+
+def floor_modulo_text(a: Expr, m: Expr, ta: str, tm: str) -> str:
+    """Python's ``a % m`` (the divisor's sign) from a truncating ``%`` (Note [Floor division of
+    values that may be negative])."""
+    if m.is_nonpositive:
+        raise NotImplementedError(f"index expression {a} % {m} (a modulus that is not positive)")
+    if a.is_nonnegative:
+        return f"({ta} % {tm})"
+    return f"((({ta} % {tm}) + {tm}) % {tm})"
+
+
 def bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> int | None:
     """An upper bound (exclusive) of a non-negative integer expression, if easy to prove."""
     if expr.is_Integer:
