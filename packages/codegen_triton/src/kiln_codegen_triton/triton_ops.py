@@ -266,10 +266,7 @@ def index_to_triton(expr: sympy.Expr) -> str:
         a, b = expr.args
         if not b.is_positive:
             raise NotImplementedError(f"index expression {expr} (Mod by a divisor not known positive)")
-        ta, tb = index_to_triton(a), index_to_triton(b)
-        if a.is_nonnegative:
-            return f"({ta} % {tb})"
-        return f"((({ta} % {tb}) + {tb}) % {tb})"
+        return floor_modulo_text(a, b, index_to_triton(a), index_to_triton(b))
     if isinstance(expr, sympy.Min | sympy.Max):
         fn = "tl.minimum" if isinstance(expr, sympy.Min) else "tl.maximum"
         out = index_to_triton(expr.args[0])

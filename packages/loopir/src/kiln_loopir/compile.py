@@ -27,7 +27,7 @@ from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
 from .passes import PassContext, PassOptions, run_passes
 from .scheduler import ExternKernelSchedulerNode, Scheduler, output_buffer_names
-from .sizevars import using
+from .sizevars import has_symbols, using
 from .virtualized import format_body
 
 ir_log = logging.getLogger("kiln.loopir.ir")
@@ -42,9 +42,7 @@ class SymbolicSizesUnsupported(NotImplementedError):
 def _is_symbolic(x: Any) -> bool:
     if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
         return True
-    return isinstance(x, torch.Tensor) and any(
-        isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())
-    )
+    return isinstance(x, torch.Tensor) and has_symbols(x)
 
 
 def _shape_env(values: Sequence[Any]) -> Any:

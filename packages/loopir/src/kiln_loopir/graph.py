@@ -68,7 +68,7 @@ from .ir import (
 )
 from .layout import FixedLayout, fixed_from_tensor, symbolic
 from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
-from .sizevars import SizeVars, SymbolSource, to_loopir, using
+from .sizevars import SizeVars, SymbolSource, has_symbols, to_loopir, using
 from .sizevars import hint as sizevars_hint
 from .virtualized import count_ops, op_names, set_graph
 from .wrapper_support import dense_tensor
@@ -334,7 +334,7 @@ class GraphLowering:
             if isinstance(value, torch.SymInt):  # Note [Symbolic sizes in loopir]
                 return self.sizevars.add(value, SymbolSource(position, "int"))
             return value
-        if _has_symbols(value):
+        if has_symbols(value):
             layout = FixedLayout(
                 self.device,
                 value.dtype,
@@ -566,7 +566,7 @@ def _numel(node: torch.fx.Node) -> int | None:
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return None
-    return sizevars_hint(to_loopir(expr_of(val.numel()))) if _has_symbols(val) else val.numel()
+    return sizevars_hint(to_loopir(expr_of(val.numel()))) if has_symbols(val) else val.numel()
 
 
 def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -605,7 +605,7 @@ def _hint_strides(result: Any, meta: Any) -> None:
     storage = result.data
     if not isinstance(storage, StorageBox) or storage.is_realized():
         return
-    if _has_symbols(meta):  # Note [Symbolic sizes in loopir]: decided on expressions, no guards
+    if has_symbols(meta):  # Note [Symbolic sizes in loopir]: decided on expressions, no guards
         size, stride = symbolic(meta.shape), symbolic(meta.stride())
         expected = contiguous_strides(size)
         if all(n == 1 or sympy.expand(a - b) == 0 for n, a, b in zip(size, stride, expected, strict=True)):
@@ -641,12 +641,8 @@ def _zeros(ranges: Sequence[Any]) -> list[Any]:
     return [sympy.Integer(0)] * len(ranges)
 
 
-def _has_symbols(t: torch.Tensor) -> bool:
-    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))
-
-
 def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and _has_symbols(value):
+    if isinstance(value, torch.Tensor) and has_symbols(value):
         # the fake tensor itself: a new meta tensor of symbolic sizes would guard on them
         return value
     if isinstance(value, torch.Tensor):

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
+import torch
 from kiln_symbolic import UNBACKED_HINT, expr_of, hint_of, symbol_of
 from kiln_symbolic import FloorDiv as ShapeFloorDiv
 
@@ -183,3 +184,8 @@ def is_static(expr: Any) -> bool:
 
 def hints_of(exprs: Mapping[Any, Any]) -> dict[Any, int]:
     return {k: hint(v) for k, v in exprs.items()}
+
+
+def has_symbols(t: torch.Tensor) -> bool:
+    """Whether a (fake or meta) tensor's sizes, strides or storage offset hold a size symbol."""
+    return any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride(), t.storage_offset()))

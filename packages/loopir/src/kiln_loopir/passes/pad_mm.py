@@ -63,6 +63,7 @@ from torch._dispatch.python import enable_python_dispatcher
 
 from ..diskcache import cache_root, write_atomic
 from ..lowering import VIEW_OPS
+from ..sizevars import has_symbols
 from . import PassContext, copy_graph
 
 cache_log = logging.getLogger("kiln.loopir.cache")
@@ -149,7 +150,7 @@ def candidate(node: torch.fx.Node) -> Candidate | None:
     if align is None or any(_hint(s) is None for s in (*va.shape, *vb.shape)):
         return None
     sizes = (va.shape[-2], va.shape[-1], vb.shape[-1])
-    m, k, n = (int(hint_of(s)) for s in sizes)
+    m, k, n = _hints(sizes)
     if 0 in (m, k, n):
         return None
     # a symbolic size is never padded (Note [Padding GEMMs of symbolic size])
@@ -418,13 +419,9 @@ def _permutation(node: torch.fx.Node) -> list[int] | None:
     return None
 
 
-def _symbolic(val: Any) -> bool:
-    return isinstance(val, torch.Tensor) and any(
-        isinstance(s, torch.SymInt) for s in (*val.shape, *val.stride())
-    )
-
-
 def _contiguous_strides(shape: Sequence[Any]) -> list[Any]:
+    """Row-major strides of torch.SymInt sizes (``indexing.contiguous_strides`` takes sympy
+    sizes and compares each with 0, which on a SymInt would add a guard)."""
     strides: list[Any] = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * shape[d + 1]
@@ -470,7 +467,8 @@ def _symbolic_val(node: torch.fx.Node) -> torch.Tensor:
 def _with_val(node: torch.fx.Node) -> torch.fx.Node:
     """Give a node the pass inserted its meta value (run on meta tensors; in a symbolic graph
     computed from the operands' layouts instead: :func:`_symbolic_val`)."""
-    if any(_symbolic(_val(a)) for a in node.args if isinstance(a, torch.fx.Node)):
+    vals = [_val(a) for a in node.args if isinstance(a, torch.fx.Node)]
+    if any(isinstance(v, torch.Tensor) and has_symbols(v) for v in vals):
         node.meta["val"] = _symbolic_val(node)
         return node
 
