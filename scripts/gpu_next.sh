@@ -83,7 +83,11 @@ for step in "$@"; do
     call7)
       TRITON_INTERPRET=1 timeout 300 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py packages/dynamo/tests/test_fake.py \
         packages/kiln/tests/test_dynamic.py > "$out/dynamic-tests-torch211.log" 2>&1
-      tail -12 "$out/dynamic-tests-torch211.log" ;;
+      tail -12 "$out/dynamic-tests-torch211.log"
+      timeout 120 python3 scripts/diag_fake_failures.py > "$out/diag-fake-failures.log" 2>&1
+      grep -E "^(torch|===|   break|--- run_fake)" "$out/diag-fake-failures.log" | cut -c1-300 | head -30 ;;
+    call5a)
+      timeout 200 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models gpt2 --batches 2,8,32 --seqs 16,128,512 --repeats 5 --json "$out/h200-dynamic-gpt2.json" 2>&1 | tail -8 ;;
     call6b)
       python3 --version
       timeout "${DYNAMO_LIMIT:-420}" python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests > "$out/dynamo-tests-py312.log" 2>&1
