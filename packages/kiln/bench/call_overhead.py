@@ -289,6 +289,24 @@ def wrapper_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, float]:
     return {k: v / total if total else 0.0 for k, v in out.items()}
 
 
+def top_functions(fn: Callable[[], Any], calls: int, n: int) -> list[tuple[float, float, str]]:
+    """The `n` functions with the most own time over `calls` calls of `fn` (cProfile): µs of own
+    time per call, calls per call, and the function, most first. cProfile inflates small calls:
+    read the order and the counts, not the absolute µs."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_, nc, tt, _, _) in stats.items():
+        where = f"{Path(file).name}:{line}({func})" if file != "~" else func
+        rows.append((tt / calls * 1e6, nc / calls, where))
+    rows.sort(reverse=True)
+    return rows[:n]
+
+
 def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     w = tiny(name).to(args.device, getattr(torch, args.dtype))
     m, inputs = w.model, w.inputs
@@ -375,6 +393,10 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             row[layer] = statistics.median(layers[layer])
         if args.profile:
             row["shares"] = wrapper_breakdown(kcall, args.calls)
+        if args.top:
+            row["top"] = {"kiln": top_functions(kcall, args.calls, args.top)}
+            if tc is not None:
+                row["top"]["tc"] = top_functions(tcall, args.calls, args.top)
     row["guard"], row["frames"], row["ops"], row["tensors"] = guard_cost(w, args.calls, args.rounds)
     kiln.reset()
     return row
@@ -460,6 +482,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--no-torch", action="store_true", help="skip torch.compile")
     parser.add_argument("--profile", action="store_true", help="cProfile shares of the generated wrapper")
+    parser.add_argument(
+        "--top", type=int, default=0, help="cProfile: the N functions with the most own time, kiln and tc"
+    )
     parser.add_argument("--runner", action="store_true", help="time the CUDA-graph runner's per-call path")
     parser.add_argument("--micro", action="store_true", help="time the two cuts by themselves, and stop")
     parser.add_argument("--options", default=None, help="kiln.compile options, a Python dict literal")
@@ -498,6 +523,10 @@ def main() -> None:
                 f"{'':<11} wrapper shares (cProfile): own Python and metadata {s['wrapper']:.0%}, "
                 f"kernels {s['kernels']:.0%}, extern calls {s['extern']:.0%}"
             )
+        for who, rows in r.get("top", {}).items():
+            print(f"{'':<11} {who}: own time per call (cProfile), calls per call, function")
+            for us, n, where in rows:
+                print(f"{'':<13} {us:8.1f} us {n:7.1f}  {where[:150]}")
     if args.runner:
         for n in (20, 100, 270):
             us = runner_us(n, args.calls * 10, args.rounds)
