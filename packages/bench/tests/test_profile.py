@@ -141,7 +141,8 @@ def test_table_prints_a_line_per_backend_and_its_kernels() -> None:
     ]  # fmt: skip
     # GPU idle is against the harness's wall, not the profiled calls'
     assert lines[1].endswith("100.0% triton_poi_fused_add_0")
-    assert lines[2].endswith("Err: x") and lines[-1].startswith("CUDA:")
+    assert lines[2].endswith("by family: generated 1 / 0.02 ms")
+    assert lines[3].endswith("Err: x") and lines[-1].startswith("CUDA:")
 
 
 def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
@@ -228,3 +229,30 @@ def test_profile_flag_end_to_end_on_cuda(tmp_path: Path) -> None:
     for r in results[1:]:  # kiln's own kernels are named for what they fuse
         names = [h["name"] for h in r["extra"]["profile"]["top"]]
         assert any(re.match(r"triton_(poi|per|red)_fused_\w+_\d+$", n) for n in names), names
+
+
+def test_cuda_kernels_are_counted_by_family() -> None:
+    # Note [Kernel families]: per call, how many kernels of each kind and their time
+    events = [
+        _gpu("triton_poi_fused_relu_0", 0, 10),
+        _gpu("triton_red_fused_sum_1", 10, 30),
+        _gpu("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", 30, 70),
+        _gpu("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 70, 100),
+        _gpu("void cudnn::ops::nchwToNhwcKernel<__nv_bfloat16>", 100, 105),
+        _gpu("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits>", 105, 125),
+        _gpu("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", 125, 126),
+        _gpu("Memset (Device)", 126, 127, activity="gpu_memset"),
+    ]
+    p = summarize(events, calls=1, wall_ms=0.2, cuda=True)
+    assert p.families is not None
+    assert {k: c for k, (c, _) in p.families.items()} == {
+        "aten": 1.0,
+        "attention": 1.0,
+        "conv": 2.0,
+        "gemm": 1.0,
+        "generated": 2.0,
+    }
+    assert p.families["generated"][1] == pytest.approx(0.030)
+    assert p.families["conv"][1] == pytest.approx(0.035)
+    assert "by family: aten 1 / 0.00 ms" in table([("m", "inference", "kiln", p.to_json(), "")])
+    assert summarize([], calls=1, wall_ms=None, cuda=False).families is None

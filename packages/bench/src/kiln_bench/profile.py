@@ -62,6 +62,34 @@ COPY_PREFIXES = ("Memcpy", "Memset")
 ANNOTATION_ACTIVITIES = frozenset({"gpu_user_annotation", "user_annotation"})
 
 
+# Note [Kernel families]: a CUDA kernel's family by its name, so that two backends' launches per
+# call can be set side by side by where they come from (ResNet-50 training: kiln 825 launches
+# against torch.compile's 691, which of them differ?). "generated": Triton kernels (kiln's and
+# torch.compile's are both named triton_*); "gemm": cuBLAS/cuBLASLt/CUTLASS matmuls (nvjet, sm90
+# xmma, cutlass, gemv); "conv": cuDNN and PyTorch's own convolution kernels, with cuDNN's layout
+# conversions; "attention": flash/memory-efficient/cuDNN attention; "aten": the rest of eager's
+# kernels (elementwise, reductions, copies by kernel, indexing); the order of the patterns decides.
+FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("generated", re.compile(r"^triton_|^kiln_|^kernel\d")),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.IGNORECASE)),
+    (
+        "conv",
+        re.compile(
+            r"conv|cudnn|nchwToNhwc|nhwcToNchw|implicit_convolve|wgrad|dgrad|xmma_fprop", re.IGNORECASE
+        ),
+    ),
+    ("gemm", re.compile(r"gemm|gemv|nvjet|cutlass|sm\d+_xmma|cublas", re.IGNORECASE)),
+)
+
+
+def family(name: str) -> str:
+    """The family of a CUDA kernel by its name (Note [Kernel families])."""
+    for label, pattern in FAMILIES:
+        if pattern.search(name):
+            return label
+    return "aten"
+
+
 @dataclass(frozen=True, slots=True)
 class Hot:
     """One kernel (or op) name among the slowest: per call, and its share of all device time."""
@@ -87,6 +115,8 @@ class Profile:
     idle_share: float | None  # 1 - busy / wall
     top: tuple[Hot, ...]
     host_ms: float | None = None  # CUDA: Note [Host time per call]
+    # CUDA: kernels per call and kernel ms per call by family (Note [Kernel families])
+    families: dict[str, tuple[float, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,10 +199,16 @@ def summarize(
         total = device_us + sum(_duration_us(e, True) for e in copies)
         busy_us = _union_us((e.time_range.start, e.time_range.end) for e in [*kernels, *copies])
         unit, launches, ranked = "kernel", len(kernels), [*kernels, *copies]
+        by_family: dict[str, tuple[float, float]] = {}
+        for e in kernels:
+            count, ms = by_family.get(family(str(e.name)), (0.0, 0.0))
+            by_family[family(str(e.name))] = (count + 1 / calls, ms + _duration_us(e, True) / calls / 1e3)
+        families: dict[str, tuple[float, float]] | None = dict(sorted(by_family.items()))
     else:
         ops = cpu_ops(events)
         device_us = total = busy_us = sum(_duration_us(e, False) for e in ops)
         unit, launches, ranked, copies = "op", sum(1 for e in ops if not e.cpu_children), ops, []
+        families = None
     busy_ms = busy_us / calls / 1e3
     against = wall_ms if cuda or not profiled_wall_ms else profiled_wall_ms
     idle = max(0.0, 1.0 - busy_ms / against) if against else None
@@ -187,6 +223,7 @@ def summarize(
         copies=len(copies) / calls,
         idle_share=idle,
         top=_top(ranked, cuda, calls, total),
+        families=families,
     )
 
 
@@ -287,6 +324,9 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
                         _ms(p.get("profiled_wall_ms")), _ms(p["device_ms"]), f"{p['launches']:.1f}", idle, hot[0])
         )  # fmt: skip
         lines.extend(lead.format("", "", "", "", "", "", "", "", "", h) for h in hot[1:])
+        if p.get("families"):
+            parts = [f"{name} {count:.0f} / {ms:.2f} ms" for name, (count, ms) in p["families"].items()]
+            lines.append(lead.format("", "", "", "", "", "", "", "", "", "by family: " + ", ".join(parts)))
     lines.append("wall ms: the harness's median call; the rest: the median profiled call (prof ms its wall)")
     if "kernel" in units:
         lines.append(
