@@ -4,6 +4,7 @@ with a graph-only backend; every result is compared with eager."""
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -235,6 +236,53 @@ def test_sequence_length_change_on_a_transformer_block() -> None:
             assert_same(block(x), compiled(x))
     assert backend.graphs == 2 and counters.fallbacks == []
     assert backend.placeholder_sizes(1)[0] == ("2", "s0", "16")
+
+
+# composite operators (their kernels decompose before a fake tensor sees them) under a symbolic
+# length, every dim of the arguments that has it marked dynamic: Note [Composite operators under symbolic sizes].
+# On torch 2.11 (the H200 machine's) `a @ w` and `F.linear` of a 3-d input broke the graph and a
+# 4-d `q @ k^T` specialized the length, without the Python dispatcher.
+_COMPOSITES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[torch.Tensor, ...]]]] = {
+    "matmul_4d": (
+        lambda q, k: q @ k.transpose(-2, -1),
+        lambda t: (torch.randn(2, t, 2, 8), torch.randn(2, t, 2, 8)),
+    ),
+    "matmul_3d_2d": (lambda a, w: a @ w, lambda t: (torch.randn(2, t, 8), torch.randn(8, 4))),
+    "linear_3d": (
+        lambda a, w: torch.nn.functional.linear(a, w),  # noqa: PLW0108 - a frame to capture
+        lambda t: (torch.randn(2, t, 8), torch.randn(4, 8)),
+    ),
+    "einsum": (
+        lambda a, b: torch.einsum("btd,bsd->bts", a, b),
+        lambda t: (torch.randn(2, t, 8), torch.randn(2, t, 8)),
+    ),
+    "tensordot": (
+        lambda a, w: torch.tensordot(a, w, dims=([2], [0])),
+        lambda t: (torch.randn(2, t, 8), torch.randn(8, 4)),
+    ),
+    "baddbmm": (
+        lambda c, a, b: torch.baddbmm(c, a, b.transpose(1, 2)),
+        lambda t: (torch.randn(2, t, t), torch.randn(2, t, 4), torch.randn(2, t, 4)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COMPOSITES))
+def test_composite_operators_keep_a_marked_length_symbolic(name: str) -> None:
+    fn, make = _COMPOSITES[name]
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend)
+    for t in (6, 9, 13):
+        args = make(t)
+        for a in args:
+            for d in range(a.dim()):
+                if a.shape[d] == t:
+                    kiln_dynamo.mark_dynamic(a, d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "you marked ... as dynamic but the code specialized it"
+            assert_same(fn(*args), compiled(*args))
+    assert backend.graphs == 1 and counters.fallbacks == [], (backend.graphs, counters.fallbacks)
+    assert "s0" in backend.placeholder_sizes(0)[0]
 
 
 def test_training_with_a_smaller_last_batch() -> None:

@@ -269,3 +269,21 @@ def test_metadata_queries_as_operators_answer_symbolic_sizes() -> None:
         assert torch.ops.aten.sym_storage_offset.default(fake) == 0
         out = fake @ from_real(torch.randn(2, 3, 5), layout=([2, 3, s], [3 * s, s, 1]))
     assert isinstance(out, FakeTensor) and list(out.shape) == [2, s, s]
+
+
+def test_composite_operators_run_under_the_python_dispatcher_only_with_symbolic_sizes() -> None:
+    # Note [Composite operators under symbolic sizes]: torch's Python decompositions of composite
+    # operators (matmul, linear) keep sizes symbolic where some versions' C++ reads them as ints
+    from kiln_symbolic import ShapeEnv, make_symint
+
+    from kiln_dynamo.fake import dispatch_for
+
+    key = torch._C.DispatchKey.PythonDispatcher
+    env = ShapeEnv()
+    s = make_symint(env, env.create_symbol(5, "s"), 5)
+    symbolic = from_real(torch.randn(2, 5), layout=([2, s], [s, 1]))
+    static = from_real(torch.randn(2, 5))
+    for values, on in (([static, 3], False), ([static, symbolic], True), ([static, s], True), ([], False)):
+        with dispatch_for(values):
+            assert torch._C._dispatch_tls_is_dispatch_key_included(key) is on, values
+    assert not torch._C._dispatch_tls_is_dispatch_key_included(key)

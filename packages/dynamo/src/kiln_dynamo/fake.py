@@ -20,8 +20,8 @@ A few operators torch has no meta kernel for get kiln's own (meta.py) instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, ClassVar
 
 import torch
@@ -447,6 +447,25 @@ class FakeMode(TorchDispatchMode):
 def fake_mode() -> Iterator[None]:
     with FakeMode():
         yield
+
+
+# Note [Composite operators under symbolic sizes]: an operator whose kernel is composite
+# (CompositeImplicitAutograd: `matmul`, `linear`, `einsum`...) is decomposed by torch before a fake
+# tensor sees any of it, and how it is decomposed depends on the torch version. Torch 2.11's C++
+# `matmul` of two batched 4-d tensors reads a size as a plain int, so a symbolic length was
+# specialized to its hint through `SymInt.__index__` (the H200 machine's torch: every hand-written
+# attention recompiled per length; torch 2.13's C++ keeps it symbolic). Torch registers Python
+# decompositions of these operators for symbolic sizes (`py_impl` kernels of
+# CompositeImplicitAutograd), which run only under the Python dispatcher; torch.compile's capture
+# runs every fake operation under it. kiln turns it on for a call that has a symbolic size among
+# its arguments (:func:`dispatch_for`), and only then: the Python dispatcher costs time on every
+# operator, and static sizes have nothing to lose in C++.
+def dispatch_for(values: Iterable[Any]) -> AbstractContextManager[Any]:
+    """The dispatcher context for a fake call on `values` (flattened arguments): the Python
+    dispatcher when one of them has a symbolic size, Note [Composite operators under symbolic sizes]."""
+    if any(_symbolic(x) for x in values):
+        return enable_python_dispatcher()
+    return nullcontext()
 
 
 def call_fake(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -23,7 +23,7 @@ import torch.fx
 from torch.utils._pytree import tree_flatten
 
 from kiln_dynamo.exc import Unsupported
-from kiln_dynamo.fake import FakeMode, FakeTensor, from_real
+from kiln_dynamo.fake import FakeMode, FakeTensor, dispatch_for, from_real
 from kiln_dynamo.guards import GuardBuilder
 from kiln_dynamo.shapes import ShapeContext
 from kiln_dynamo.source import CodeContext, ConstSource, Source
@@ -198,7 +198,12 @@ class OutputGraph:
         fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
         self.shapes.env.where = tx.where
         try:
-            with FakeMode(), unbacked_sizes(self.shapes.unbacked_env):
+            # Note [Composite operators under symbolic sizes]
+            with (
+                FakeMode(),
+                unbacked_sizes(self.shapes.unbacked_env),
+                dispatch_for(tree_flatten((fargs, fkwargs))[0]),
+            ):
                 if kind == "call_method":
                     out = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
                 else:
