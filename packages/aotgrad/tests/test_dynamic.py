@@ -202,3 +202,21 @@ def test_training_with_a_smaller_last_batch() -> None:
     # static forward+backward for 16, then one symbolic forward+backward for every other size
     assert len(rec.graphs) == 4
     assert _symbolic(rec.graphs[2])
+
+
+def test_a_batched_matmul_keeps_the_length_symbolic() -> None:
+    # Note [Composite operators under symbolic sizes] (kiln_dynamo.fake): the trace of a batched
+    # `@` runs torch's Python decomposition of matmul under a symbolic length. On torch 2.11 the
+    # C++ one specialized the length here (and asked `aten::size` through the dispatcher, which
+    # the tracer refused: Note [Metadata queries as operators]); torch 2.13's C++ does neither,
+    # so on this torch the test guards the result, on 2.11 (the H200 machine's) the fix.
+    def f(q: torch.Tensor, k: torch.Tensor) -> Any:
+        return (q @ k.transpose(-2, -1)).softmax(-1) * q.shape[2]
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
+    for t in (5, 8, 13):
+        q, k = torch.randn(2, 2, t, 4), torch.randn(2, 2, t, 4)
+        torch.testing.assert_close(compiled(q, k), f(q, k))
+    assert len(rec.graphs) == 1 and counters.dynamic_fallbacks == []
+    assert _symbolic(rec.graphs[0])

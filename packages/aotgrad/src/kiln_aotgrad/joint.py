@@ -35,7 +35,7 @@ from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import ViewStep
 from kiln_aotgrad.tracer import AotgradError, Tracer
 from kiln_dynamo import same_unbacked
-from kiln_dynamo.fake import FakeTensor, from_real
+from kiln_dynamo.fake import FakeTensor, dispatch_for, from_real
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +193,10 @@ def trace(
     last_primal = list(tracer.graph.nodes)[-1] if inputs else None
 
     grad_ctx = torch.enable_grad() if want_training else torch.no_grad()
-    with grad_ctx, tracer:
+    # Note [Composite operators under symbolic sizes] (kiln_dynamo.fake): with a symbolic size
+    # among the inputs, composites decompose through torch's Python decompositions, which keep it
+    # symbolic (torch 2.11's C++ matmul specialized it here, as in capture)
+    with grad_ctx, tracer, dispatch_for(leaves):
         out = fn(tracer, visible)
     flat_out, spec = tree_flatten(out)
 

@@ -52,7 +52,7 @@ from kiln_aotgrad.functionalize import (
 from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import forget_source_when_freed
 from kiln_dynamo.constants import drop_constants, set_constant
-from kiln_dynamo.fake import FakeTensor, from_real, run_fake
+from kiln_dynamo.fake import FakeTensor, from_real, is_metadata_query, run_fake
 
 aten = torch.ops.aten
 
@@ -425,6 +425,8 @@ class Tracer(TorchDispatchMode):
             self._expanding.pop()
 
     def _dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if is_metadata_query(func):  # Note [Metadata queries as operators] (kiln_dynamo.fake)
+            return run_fake(func, args, kwargs)
         if func in _IDENTITY:
             out = run_fake(func, args, kwargs)
             src = args[0]

@@ -261,10 +261,12 @@ def _follow_geometry(fake: FakeTensor) -> None:
 # assert in its argument parser: "dispatch_on_subclass called with NO overloaded args"), so every
 # batched `@` under dynamic shapes broke the graph on the H200 machine (torch 2.13 answers). The
 # answer is the wrapper's own metadata, which equals the meta tensor's: it is read, never
-# dispatched. On torch 2.11 this answers `aten::size` (tested there), but a 4-d `q @ k.transpose`
-# with a symbolic length still breaks at a later operator of the same matmul, not yet identified
-# (the device time ran out: dynamo's test_sequence_length_change_on_a_transformer_block fails
-# there, 6 graphs for 2).
+# dispatched. aotgrad's tracer meets the same queries when it re-traces the graph
+# (:func:`is_metadata_query`): it answers them from the fake tensor and records no node; asking
+# the dispatcher whether `aten::size` has a composite kernel raised "operator aten::size does not
+# exist" on torch 2.11, and the symbolic graph was refused. The later failure of a 4-d
+# `q @ k.transpose` on torch 2.11 was a specialization in C++: Note [Composite operators under
+# symbolic sizes].
 def _size(t: torch.Tensor, *dim: Any) -> Any:
     return t.size(*dim) if dim else list(t.size())
 
@@ -287,6 +289,13 @@ _METADATA_QUERIES: dict[str, Callable[..., Any]] = {
 
 
 _NO_ANSWER = object()
+
+
+def is_metadata_query(func: Any) -> bool:
+    """Whether operator `func` only reads a tensor's geometry (Note [Metadata queries as
+    operators]): a tracer answers it from the fake tensor and records nothing."""
+    name = func._schema.name if hasattr(func, "_schema") else None
+    return name in _METADATA_QUERIES
 
 
 def _metadata_answer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
