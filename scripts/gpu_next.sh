@@ -5,11 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# Eleventh session: call1 (both halves), call6 (call6a + call6b) and call5's GPT-2 ran (README, the
-#   eleventh session's paragraph). Next: call5 again (GPT-2's symbolic graph after Note [Padding GEMMs
-#   of symbolic size]'s second form, then LLaMA and ResNet), call7 (the dynamic-shape tests under
-#   the machine's torch 2.11: the Block test of call6b fails there, Note [Metadata queries as
-#   operators]), call2c, call2, call4, call4b.
+# Twelfth session: the device refused every call until late; torch 2.11's capture failures were
+#   reproduced and fixed on the CPU with torch 2.11's wheel (Note [Composite operators under
+#   symbolic sizes]). Next: call7 (confirms them on the H200: dynamo's and kiln's dynamic tests,
+#   diag_fake_failures.py), call5a / call5 (GPT-2 then LLaMA/ResNet dynamic: compiles should be 3
+#   for GPT-2 now on 2.11 too), call8 (host time by layer and function), call2c, call2, call4, call4b.
 # call1 (issue 15, conv9): channels-last training is on by default now (Note [Channels-last for
 #   convolutions]: no grouped/depthwise conv) with max-pool backward generated (Note [Max pooling
 #   backward as a gather]) and short column-reduction chunks (Note [Short chunks of column
