@@ -172,6 +172,29 @@ def test_a_rows_offset_leaves_a_symbolic_division() -> None:
     assert simplify_index(FloorDiv(flat, 64 * s1), wide) == FloorDiv(flat, 64 * s1)
 
 
+def test_a_digit_whose_modulus_is_a_size_symbol_folds_where_the_position_is_below_it() -> None:
+    """Note [Digits under symbolic sizes]: GPT-2's ``view(b, t, 256)`` read in its own loops,
+    ``(r + 256*x1) // 256 % s1`` with ``r < 256`` and ``x1 < s1``, is ``x1``; the proof uses the
+    largest value as an expression (``255 + 256*(s1 - 1)`` below ``256*s1``), and fails (the
+    digit stays) when a loop may reach past it. Each answer is checked against the arithmetic."""
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    r = sympy.Symbol("r", integer=True, nonnegative=True)
+    digit = ModularIndexing(r + 256 * x1, Int(256), s1)
+    ranges = {x0: s0, x1: s1, r: Int(256)}
+    assert simplify_index(r + 256 * digit + 256 * s1 * x0, ranges) == r + 256 * x1 + 256 * s1 * x0
+    assert simplify_index(digit, ranges) == x1
+    assert simplify_index(ModularIndexing(x1, Int(1), s1), ranges) == x1
+    # r may reach 256 (a carry into the next digit), x1 may reach s1: neither folds
+    assert simplify_index(digit, {**ranges, r: Int(257)}).has(ModularIndexing)
+    assert simplify_index(digit, {**ranges, x1: s1 + 1}).has(ModularIndexing)
+    # a factor without a range (a size symbol) gives no bound: left as it is
+    assert simplify_index(ModularIndexing(r + 256 * s0, Int(256), s1), ranges).has(ModularIndexing)
+    for hs0, hs1, vx0, vx1, vr in itertools.product((2, 3), (2, 5), (0, 1), (0, 1), (0, 255)):
+        env = {s0: hs0, s1: hs1, x0: vx0, x1: min(vx1, hs1 - 1), r: vr}
+        whole = r + 256 * digit + 256 * s1 * x0
+        assert int(evaluate(whole, env)) == int(evaluate(simplify_index(whole, ranges), env))
+
+
 def test_broadcast_accepts_one_size_written_two_ways() -> None:
     """A flatten and a view spell one symbolic size differently (`(s - 2)*(4*s - 8)` and
     `4*s**2 - 16*s + 16`): they broadcast; sizes that differ still do not."""
