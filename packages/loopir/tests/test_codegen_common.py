@@ -3,6 +3,9 @@ spellings and printer hooks only, and gets promotion, lookup order and floor-cor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 import sympy
 import torch
@@ -10,11 +13,15 @@ import torch
 from kiln_loopir.codegen_common import (
     HALF,
     IndexPrinter,
+    OpsHandlerBase,
     OpSpellings,
     constant_value,
     math_dtypes,
     result_dtype,
+    same_size,
     scalar_dtype,
+    size_of,
+    unflatten,
 )
 from kiln_loopir.indexing import FloorDiv, ModularIndexing
 
@@ -102,3 +109,70 @@ def test_constants_as_a_tensor_holds_them() -> None:
     assert scalar_dtype(True) == torch.bool and scalar_dtype(3) == torch.int64
     assert scalar_dtype(0.5) == torch.get_default_dtype()
     assert set(HALF) == {torch.bfloat16, torch.float16}
+
+
+def test_size_helpers() -> None:
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    x = sympy.Symbol("x", integer=True, nonnegative=True)
+    four = size_of(sympy.Integer(4))
+    assert four == 4 and isinstance(four, int)
+    assert size_of(2 * s) == 2 * s
+    assert same_size(2 * (s + 1), 2 * s + 2) and not same_size(s, s + 1)
+    assert same_size(3, 3) and not same_size(3, 4)
+    assert unflatten(x, [2, 1, 3]) == [FloorDiv(x, 3), 0, ModularIndexing(x, 1, 3)]
+
+
+@dataclass
+class ToyValue:
+    expr: str
+    dtype: torch.dtype
+    const: bool = False
+    py: Any = None
+
+
+class ToyHandler(OpsHandlerBase):
+    """A third backend's ops handler: only constants, conversions and math are its own."""
+
+    value_type = ToyValue
+    unsupported = LookupError
+
+    def __init__(self) -> None:
+        self.counter = 0
+        self.scopes = [([], {}, {})]
+        self.param_order = []
+
+    def constant(self, value: Any, dtype: torch.dtype) -> ToyValue:
+        return ToyValue(repr(constant_value(value, dtype)), dtype, True, value)
+
+    def _as(self, v: ToyValue, dtype: torch.dtype) -> ToyValue:
+        if v.dtype == dtype:
+            return v
+        return ToyValue(f"{str(dtype)[6:]}({v.expr})", dtype, v.const, v.py)
+
+    def _math(self, name: str, *args: Any) -> ToyValue:
+        values, out, _ = self._math_operands(name, args)
+        return ToyValue(f"{name}({', '.join(v.expr for v in values)})", out)
+
+
+def test_ops_handler_skeleton() -> None:
+    h = ToyHandler()
+    x = ToyValue("x", torch.int32)
+    assert h.add(x, 2.5) == ToyValue("add(float32(x), 2.5)", torch.float32)
+    assert h.lt(x, 2.5) == ToyValue("lt(float32(x), 2.5)", torch.bool)  # compared as float
+    assert h.mul(x, 3) == ToyValue("mul(x, int32(3))", torch.int32)  # a Python int does not upcast
+    with pytest.raises(LookupError):
+        h.no_such_op(x)
+    assert h.to_dtype(3, torch.float64) == ToyValue("float64(3)", torch.float64, True, 3)
+    y = ToyValue("y", torch.float16)
+    va, vb, dtype = h._where_operands(1, y)
+    assert dtype == torch.float16 and va == ToyValue("1.0", torch.float16, True, 1) and vb is y
+    assert h._reduce_one(torch.int64, "argmax", y) == ToyValue("0", torch.int64, True, 0)
+    mean, m2, weight = h._reduce_one(torch.float32, "welford_reduce", y)
+    assert (mean.expr, m2.expr, weight.expr) == ("float32(y)", "0.0", "1.0")
+    assert (h._new(), h._new("ind"), h._param("buf0"), h._param("buf0")) == (
+        "tmp1",
+        "ind2",
+        "p_buf0",
+        "p_buf0",
+    )
+    assert h.param_order == ["buf0"] and h.lines == []

@@ -10,7 +10,11 @@ do not depend on the language live here, so that a backend fills in tables and h
 * the printer of sympy index expressions (:class:`IndexPrinter`: the recursion over
   ``FloorDiv`` / ``ModularIndexing`` / ``Min`` / ``Max`` / powers, with floor-correct division of
   values that may be negative, Note [Floor division of values that may be negative] in
-  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written.
+  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written;
+* the size helpers both kernel builders use (:func:`size_of`, :func:`same_size`,
+  :func:`real_reduction`, :func:`unflatten`) and the parts of their ``ops`` handlers that print
+  nothing of their own (:class:`OpsHandlerBase`: constants as values, operand promotion, the
+  trivial reduction, fresh variable names, parameters).
 
 Note [Shared code generation parts]: what moves here is what the C++ and Triton generators held
 twice with the same logic; each generator keeps its public names (``cpp_ops.result_dtype``,
@@ -22,7 +26,8 @@ the wrappers' skeletons, whose calls, allocation and launch code differ).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -30,7 +35,8 @@ from typing import Any
 import sympy
 import torch
 
-from .indexing import FloorDiv, ModularIndexing, floor_division_text, floor_modulo_text
+from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
+from .ir import ComputedBuffer
 
 HALF = (torch.bfloat16, torch.float16)
 
@@ -207,3 +213,133 @@ class IndexPrinter:
         if isinstance(expr, sympy.Rational):
             raise NotImplementedError(f"non-integer index {expr}")
         raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+
+
+# -------------------------------------------------------------------------------------------
+# sizes of a kernel's iteration space
+
+
+def size_of(expr: Any) -> Any:
+    """A size: an int, or (Note [Symbolic sizes in loopir]) its sympy expression."""
+    expr = sympy.sympify(expr)
+    return int(expr) if expr.is_Integer else expr
+
+
+def same_size(a: Any, b: Any) -> bool:
+    """Equal for every value of the size symbols (ints: plain equality)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return bool(a == b or sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
+def real_reduction(buffer: ComputedBuffer) -> bool:
+    """A reduction over more than one element (one over a single element is just its value;
+    a symbolic extent counts as more than one: the general path is right for one element too)."""
+    return buffer.is_reduction() and math.prod(size_of(s) for s in buffer.iteration()[1]) != 1
+
+
+def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
+    """The row-major digits of ``flat`` for dims ``sizes``."""
+    strides = contiguous_strides([sympy.sympify(s) for s in sizes])
+    out: list[sympy.Expr] = []
+    for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
+        if size == 1:
+            out.append(sympy.Integer(0))
+        elif pos == 0:
+            out.append(FloorDiv(flat, stride))
+        else:
+            out.append(ModularIndexing(flat, stride, sympy.sympify(size)))
+    return out
+
+
+# -------------------------------------------------------------------------------------------
+# the ops handler's skeleton
+
+
+class OpsHandlerBase:
+    """What a kernel builder's ``ops`` handler does the same way in every language.
+
+    A subclass keeps ``counter`` (the last fresh variable's number), ``scopes`` (a stack of
+    ``(lines, cse, forwarded stores)``, innermost last) and ``param_order`` (the buffers the
+    kernel takes, in first-use order), and implements ``constant`` (a Python scalar as a value of
+    its value class ``value_type``), ``_as`` (a value converted to a dtype) and ``_math``; it
+    names its own ``unsupported`` exception. Values are the subclass's: this class only moves
+    them around.
+    """
+
+    value_type: type = object
+    unsupported: type[Exception] = NotImplementedError
+    counter: int
+    scopes: list[tuple[list[str], dict[Any, Any], dict[Any, Any]]]
+    param_order: list[str]
+
+    def constant(self, value: Any, dtype: torch.dtype) -> Any:
+        raise NotImplementedError
+
+    def _as(self, v: Any, dtype: torch.dtype) -> Any:
+        raise NotImplementedError
+
+    def _math(self, name: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _new(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    @property
+    def lines(self) -> list[str]:
+        return self.scopes[-1][0]
+
+    def _param(self, name: str) -> str:
+        if name not in self.param_order:
+            self.param_order.append(name)
+        return f"p_{name}"
+
+    def _value(self, v: Any, dtype: torch.dtype | None = None) -> Any:
+        """``v`` as a value: itself, or a Python scalar as a constant (of ``dtype`` if given)."""
+        if isinstance(v, self.value_type):
+            return v
+        return self.constant(v, dtype or scalar_dtype(v))
+
+    def _where_operands(self, a: Any, b: Any) -> tuple[Any, Any, torch.dtype]:
+        """``where``'s two branches at their common dtype; a constant branch takes the other's
+        dtype first (a Python scalar does not decide the result's type)."""
+        va, vb = self._value(a), self._value(b)
+        if va.const and not vb.const and va.py is not None:
+            va = self._value(va.py, vb.dtype)
+        if vb.const and not va.const and vb.py is not None:
+            vb = self._value(vb.py, va.dtype)
+        dtype = result_dtype("where", ((va.dtype, va.const), (vb.dtype, vb.const)))
+        return self._as(va, dtype), self._as(vb, dtype), dtype
+
+    def _math_operands(self, name: str, args: Sequence[Any]) -> tuple[list[Any], torch.dtype, torch.dtype]:
+        """``ops.name``'s operands cast to the dtype it computes in, that dtype and the result's
+        (:func:`math_dtypes`)."""
+        values = [self._value(a) for a in args]
+        out, operand = math_dtypes(name, tuple((v.dtype, v.const) for v in values))
+        return [self._as(v, operand) for v in values], out, operand
+
+    def to_dtype(self, value: Any, dtype: torch.dtype, *args: Any, **kwargs: Any) -> Any:
+        return self._as(self._value(value), dtype)
+
+    def getitem(self, value: Any, index: int) -> Any:
+        return value[index]
+
+    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: Any) -> Any:
+        """A reduction over a single element: the element itself (index 0 for argmax/argmin)."""
+        if reduction_type in ("argmax", "argmin"):
+            return self.constant(0, torch.int64)
+        if reduction_type == "welford_reduce":
+            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
+        if reduction_type == "any":
+            return self._as(v, torch.bool)
+        return self._as(v, dtype)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        from .virtualized import BINARY_OPS, UNARY_OPS
+
+        if name in UNARY_OPS or name in BINARY_OPS:
+            return lambda *args: self._math(name, *args)
+        raise self.unsupported(f"ops.{name}")
