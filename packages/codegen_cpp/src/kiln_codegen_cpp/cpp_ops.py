@@ -14,34 +14,7 @@ import math
 import sympy
 import torch
 
-from kiln_loopir.codegen_common import (
-    ALWAYS_BOOL,
-    FLOAT_ONLY,
-    HALF,
-    IndexPrinter,
-    OpSpellings,
-    UnsupportedDtype,
-    constant_value,
-    result_dtype,
-)
-
-# one floor down (kiln_loopir.codegen_common, Note [Shared code generation parts]), re-exported
-__all__ = [
-    "ALWAYS_BOOL",
-    "FLOAT_ONLY",
-    "HALF",
-    "UnsupportedDtype",
-    "compute_type",
-    "constant_expr",
-    "convert_expr",
-    "index_to_cpp",
-    "load_expr",
-    "result_dtype",
-    "round_expr",
-    "spell",
-    "storage_type",
-    "store_expr",
-]
+from kiln_loopir.codegen_common import HALF, IndexPrinter, OpSpellings, UnsupportedDtype, constant_value
 
 # dtype -> (type held in memory, type computed with)
 CTYPES: dict[torch.dtype, tuple[str, str]] = {

@@ -76,7 +76,7 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import OpsHandlerBase
+from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
@@ -92,7 +92,6 @@ from kiln_loopir.origins import source_comment
 from kiln_loopir.virtualized import op_names
 
 from .cpp_ops import (
-    ALWAYS_BOOL,
     HALF,
     compute_type,
     constant_expr,

@@ -64,7 +64,7 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import OpsHandlerBase, unflatten
+from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase, unflatten
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
@@ -75,7 +75,6 @@ from kiln_loopir.virtualized import set_ops_handler
 
 from .interp import interpreting
 from .triton_ops import (
-    ALWAYS_BOOL,
     HALF,
     compute_dtype,
     compute_type,

@@ -22,36 +22,15 @@ import sympy
 import torch
 
 from kiln_loopir.codegen_common import (
-    ALWAYS_BOOL,
     FLOAT_ONLY,
     HALF,
     IndexPrinter,
     OpSpellings,
     UnsupportedDtype,
     constant_value,
-    result_dtype,
 )
 
 from .interp import interpreting
-
-# one floor down (kiln_loopir.codegen_common, Note [Shared code generation parts]), re-exported
-__all__ = [
-    "ALWAYS_BOOL",
-    "FLOAT_ONLY",
-    "HALF",
-    "PRELUDE",
-    "UnsupportedDtype",
-    "compute_dtype",
-    "compute_type",
-    "constant_expr",
-    "convert_expr",
-    "index_to_triton",
-    "load_expr",
-    "result_dtype",
-    "spell",
-    "store_expr",
-    "tl_type",
-]
 
 TL_TYPES: dict[torch.dtype, str] = {
     torch.float32: "tl.float32",

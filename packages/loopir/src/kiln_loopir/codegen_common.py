@@ -17,8 +17,9 @@ do not depend on the language live here, so that a backend fills in tables and h
   trivial reduction, fresh variable names, parameters).
 
 Note [Shared code generation parts]: what moves here is what the C++ and Triton generators held
-twice with the same logic; each generator keeps its public names (``cpp_ops.result_dtype``,
-``triton_ops.HALF``, ...) as re-exports, and the generated source is byte for byte what it was.
+twice with the same logic; the generators import it from here (``cpp_ops.HALF`` and
+``UnsupportedDtype`` stay importable where they were), and the generated source is byte for byte
+what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
 the wrappers' skeletons, whose calls, allocation and launch code differ).
