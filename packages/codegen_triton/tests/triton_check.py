@@ -30,18 +30,8 @@ import torch
 import torch.fx
 
 from kiln_codegen_triton import TritonBackend, interpreting
-from kiln_loopir import compile_graph
-from kiln_loopir.testing import (
-    TOLERANCES,
-    Call,
-    In,
-    assert_outputs,
-    assert_same,
-    eager_supports,
-    graph_of,
-    make,
-    trace,
-)
+from kiln_loopir import compile_graph, testing
+from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
 
@@ -143,7 +133,7 @@ def check(
         if elementwise_at:
             assert isinstance(expected, tuple), "elementwise_at needs a graph of several outputs"
             expected = tuple(reconcile_elementwise(gm, inputs, expected, actual, elementwise_at))
-        assert_outputs(actual, expected, names, scale)
+        testing.assert_outputs(actual, expected, names, scale)
     if not allow_declined:
         assert backend.last_declined == [], backend.last_declined
     return backend
