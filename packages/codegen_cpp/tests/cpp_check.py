@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from kiln_codegen_cpp import CppBackend
-from kiln_loopir import CompiledGraph, compile_graph
+from kiln_loopir import CompiledGraph, compile_graph, testing
 from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
@@ -66,11 +66,7 @@ def check(
     backend = CppBackend()
     compiled = compile_graph(gm, list(inputs), backend=backend)
     actual = compiled(*inputs)
-    if names is not None and isinstance(expected, tuple):
-        for name, a, e in zip(names, actual, expected, strict=True):
-            assert_same(a, e, name, scale)
-    else:
-        assert_same(actual, expected, "output", scale)
+    testing.assert_outputs(actual, expected, names, scale)
     if not allow_interpreted:
         assert backend.last_declined == [], backend.last_declined
     compiled.backend = backend  # type: ignore[attr-defined]

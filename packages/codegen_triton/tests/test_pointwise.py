@@ -25,40 +25,10 @@ from triton_check import (
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.testing import SWEEP_BINARY, SWEEP_DTYPES, SWEEP_UNARY, aten_op
 
-DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.bfloat16,
-    torch.float16,
-    torch.int8,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-]
-
-UNARY = [
-    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin",
-    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "sigmoid", "erf", "erfc", "erfinv", "floor", "ceil", "round", "trunc", "sign", "frac",
-    "isnan", "isinf", "logical_not", "relu", "reciprocal", "bitwise_not", "signbit", "square",
-    "lgamma", "gelu", "silu", "hardtanh", "leaky_relu", "elu", "softplus", "hardsigmoid",
-    "hardswish", "mish",
-]  # fmt: skip
-
-BINARY = [
-    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "maximum.default", "minimum.default",
-    "fmax.default", "fmin.default", "eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor",
-    "ge.Tensor", "logical_and.default", "logical_or.default", "logical_xor.default",
-    "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor", "pow.Tensor_Tensor",
-    "atan2.default", "fmod.Tensor", "remainder.Tensor", "floor_divide.default", "copysign.Tensor",
-    "hypot.default", "nextafter.default",
-]  # fmt: skip
-
-
-def _op(name: str) -> Any:
-    packet, _, overload = name.partition(".")
-    return getattr(getattr(aten, packet), overload or "default")
+# the sweeps' ops and dtypes, the same for every code generator (kiln_loopir.testing)
+DTYPES, UNARY, BINARY, _op = SWEEP_DTYPES, SWEEP_UNARY, SWEEP_BINARY, aten_op
 
 
 def _sweep(

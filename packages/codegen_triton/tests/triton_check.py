@@ -30,7 +30,7 @@ import torch
 import torch.fx
 
 from kiln_codegen_triton import TritonBackend, interpreting
-from kiln_loopir import compile_graph
+from kiln_loopir import compile_graph, testing
 from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
@@ -133,11 +133,7 @@ def check(
         if elementwise_at:
             assert isinstance(expected, tuple), "elementwise_at needs a graph of several outputs"
             expected = tuple(reconcile_elementwise(gm, inputs, expected, actual, elementwise_at))
-        if names is not None and isinstance(expected, tuple):
-            for name, a, e in zip(names, actual, expected, strict=True):
-                assert_same(a, e, name, scale)
-        else:
-            assert_same(actual, expected, "output", scale)
+        testing.assert_outputs(actual, expected, names, scale)
     if not allow_declined:
         assert backend.last_declined == [], backend.last_declined
     return backend

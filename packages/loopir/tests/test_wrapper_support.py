@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from kiln_loopir.wrapper_support import BOUND_OPS, NN_BOUND_OPS, extern_callable
+from kiln_loopir.wrapper_support import BOUND_OPS, NN_BOUND_OPS, WrapperConstants, extern_callable
 
 aten = torch.ops.aten
 
@@ -100,3 +100,17 @@ def test_other_ops_and_overloads_are_called_as_they_are() -> None:
 def test_the_switch_calls_every_op_as_its_overload(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_EXTERN_BINDINGS", "0")
     assert extern_callable(aten.mm.default) is aten.mm.default
+
+
+def test_wrapper_constants_name_what_has_no_literal() -> None:
+    class Wrapper(WrapperConstants):
+        def __init__(self) -> None:
+            self.consts = 0
+            self.namespace: dict[str, Any] = {}
+
+    w = Wrapper()
+    t = torch.ones(2)
+    literals = [w.const(v) for v in (None, True, 3, "a", 0.5, torch.float16)]
+    assert literals == ["None", "True", "3", "'a'", "0.5", "_torch.float16"]
+    assert (w.const(float("inf")), w.const(t)) == ("_c0", "_c1")
+    assert w.namespace["_c0"] == float("inf") and w.namespace["_c1"] is t and w.consts == 2

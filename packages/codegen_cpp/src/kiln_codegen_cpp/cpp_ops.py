@@ -10,14 +10,11 @@ rounds each op's result), so the C++ computes "in float" and matches eager's rou
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import sympy
 import torch
 
-from kiln_loopir.indexing import FloorDiv, ModularIndexing, floor_division_text, floor_modulo_text
-
-HALF = (torch.bfloat16, torch.float16)
+from kiln_loopir.codegen_common import HALF, IndexPrinter, OpSpellings, UnsupportedDtype, constant_value
 
 # dtype -> (type held in memory, type computed with)
 CTYPES: dict[torch.dtype, tuple[str, str]] = {
@@ -32,10 +29,6 @@ CTYPES: dict[torch.dtype, tuple[str, str]] = {
     torch.int64: ("int64_t", "int64_t"),
     torch.bool: ("bool", "bool"),
 }
-
-
-class UnsupportedDtype(Exception):
-    """A dtype the C++ generator cannot hold (complex, float8, ...)."""
 
 
 def storage_type(dtype: torch.dtype) -> str:
@@ -96,18 +89,14 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "true" if bool(value) else "false"
     if dtype.is_floating_point:
-        f = float(value)  # type: ignore[arg-type]
-        if dtype in HALF:
-            f = float(torch.tensor(f, dtype=dtype).float())
+        f = float(constant_value(value, dtype))
         if math.isnan(f):
             return f"std::numeric_limits<{ctype}>::quiet_NaN()"
         if math.isinf(f):
             sign = "-" if f < 0 else ""
             return f"{sign}std::numeric_limits<{ctype}>::infinity()"
         return f"static_cast<{ctype}>({f.hex()})"
-    i = int(value)  # type: ignore[call-overload]
-    info = torch.iinfo(dtype)
-    i = (i - info.min) % (info.max - info.min + 1) + info.min  # wrap like a tensor conversion
+    i = int(constant_value(value, dtype))  # wrapped like a tensor conversion
     if i == -(2**63):
         return "std::numeric_limits<int64_t>::min()"
     return f"static_cast<{ctype}>(INT64_C({i}))"
@@ -178,88 +167,45 @@ HALF_BINARY: dict[torch.dtype, dict[str, str]] = {
     torch.float16: {"nextafter": "kiln::nextafter_fp16({a}, {b})"},
 }
 
-ALWAYS_BOOL = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
-    "isnan", "isinf", "signbit",
-}  # fmt: skip
+SPELLINGS = OpSpellings(
+    FLOAT_UNARY, FLOAT_BINARY, INT_UNARY, INT_BINARY, BOOL_UNARY, BOOL_BINARY, HALF_BINARY
+)
 
 
 def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
     """The C++ expression of math op ``name`` on operands of compute dtype ``dtype``."""
-    unary = len(operands) == 1
-    tables: list[dict[str, str]] = []
-    if dtype in HALF_BINARY and not unary:
-        tables.append(HALF_BINARY[dtype])
-    if dtype == torch.bool:
-        tables.append(BOOL_UNARY if unary else BOOL_BINARY)
-    if not dtype.is_floating_point:
-        tables.append(INT_UNARY if unary else INT_BINARY)
-    tables.append(FLOAT_UNARY if unary else FLOAT_BINARY)
-    for table in tables:
-        fmt = table.get(name)
-        if fmt is not None:
-            a = operands[0]
-            b = operands[1] if len(operands) > 1 else ""
-            return fmt.format(a=a, b=b, t=compute_type(dtype))
-    raise NotImplementedError(f"no C++ spelling of ops.{name}")
-
-
-@cache
-def result_dtype(name: str, dtypes: tuple[tuple[torch.dtype, bool], ...]) -> torch.dtype:
-    """The dtype of ``ops.name`` on operands (dtype, is_scalar_constant), as eager computes it.
-
-    Scalar constants behave like 0-dim tensors in type promotion (they do not upcast a tensor of
-    the same category), which is what the reference interpreter's ``ops.constant`` gives.
-    """
-    if name in ALWAYS_BOOL:
-        return torch.bool
-    args = [torch.zeros((), dtype=d) if const else torch.zeros((1,), dtype=d) for d, const in dtypes]
-    promoted = torch.result_type(args[0], args[1]) if len(args) == 2 else args[0].dtype
-    if name == "truediv" and not promoted.is_floating_point:
-        return torch.get_default_dtype()
-    if name in FLOAT_ONLY and not promoted.is_floating_point:
-        return torch.get_default_dtype()
-    return promoted
-
-
-FLOAT_ONLY = {
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan",
-    "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf",
-    "erfc", "erfinv", "reciprocal", "lgamma", "atan2",
-}  # fmt: skip
+    fmt = SPELLINGS.lookup(name, dtype, len(operands) == 1)
+    if fmt is None:
+        raise NotImplementedError(f"no C++ spelling of ops.{name}")
+    a = operands[0]
+    b = operands[1] if len(operands) > 1 else ""
+    return fmt.format(a=a, b=b, t=compute_type(dtype))
 
 
 # -------------------------------------------------------------------------------------------
 # index expressions
 
 
+class CppIndexPrinter(IndexPrinter):
+    """Index expressions as int64 C++: ``INT64_C`` literals, ``std::min<int64_t>``."""
+
+    def __init__(self, names: dict[sympy.Symbol, str] | None = None) -> None:
+        self.names = names
+
+    def integer(self, value: int) -> str:
+        return f"INT64_C({value})"
+
+    def symbol(self, symbol: sympy.Symbol) -> str:
+        return self.names.get(symbol, symbol.name) if self.names else symbol.name
+
+    def minmax(self, is_min: bool, a: str, b: str) -> str:
+        return f"{'std::min' if is_min else 'std::max'}<int64_t>({a}, {b})"
+
+
+_PRINTER = CppIndexPrinter()
+
+
 def index_to_cpp(expr: sympy.Expr, names: dict[sympy.Symbol, str] | None = None) -> str:
-    """A sympy index expression as int64 C++ (loop variables by name)."""
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return f"INT64_C({int(expr)})"
-    if isinstance(expr, sympy.Symbol):
-        return names.get(expr, expr.name) if names else expr.name
-    if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(index_to_cpp(a, names) for a in expr.args) + ")"
-    if isinstance(expr, sympy.Mul):
-        return "(" + " * ".join(index_to_cpp(a, names) for a in expr.args) + ")"
-    if isinstance(expr, FloorDiv):  # Note [Floor division of values that may be negative]
-        a, b = expr.args
-        return floor_division_text(a, b, index_to_cpp(a, names), index_to_cpp(b, names), "/")
-    if isinstance(expr, ModularIndexing):
-        a, d, m = expr.args
-        inner = floor_division_text(a, d, index_to_cpp(a, names), index_to_cpp(d, names), "/")
-        return floor_modulo_text(a, m, inner, index_to_cpp(m, names))
-    if isinstance(expr, sympy.Min | sympy.Max):
-        fn = "std::min" if isinstance(expr, sympy.Min) else "std::max"
-        out = index_to_cpp(expr.args[0], names)
-        for a in expr.args[1:]:
-            out = f"{fn}<int64_t>({out}, {index_to_cpp(a, names)})"
-        return out
-    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
-        base = index_to_cpp(expr.args[0], names)
-        return "(" + " * ".join([base] * int(expr.args[1])) + ")"
-    if isinstance(expr, sympy.Rational):
-        raise NotImplementedError(f"non-integer index {expr}")
-    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+    """A sympy index expression as int64 C++ (loop variables by name; Note [Floor division of
+    values that may be negative] in kiln_loopir.indexing)."""
+    return (CppIndexPrinter(names) if names else _PRINTER).print(expr)

@@ -76,9 +76,12 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
+from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase
+from kiln_loopir.codegen_common import real_reduction as _real_reduction
+from kiln_loopir.codegen_common import same_size as _same
+from kiln_loopir.codegen_common import size_of as _size
+from kiln_loopir.codegen_common import unflatten as _unflatten
 from kiln_loopir.indexing import (
-    FloorDiv,
-    ModularIndexing,
     contiguous_strides,
     linear_index,
     simplify_index,
@@ -89,14 +92,12 @@ from kiln_loopir.origins import source_comment
 from kiln_loopir.virtualized import op_names
 
 from .cpp_ops import (
-    ALWAYS_BOOL,
     HALF,
     compute_type,
     constant_expr,
     convert_expr,
     index_to_cpp,
     load_expr,
-    result_dtype,
     round_expr,
     spell,
     storage_type,
@@ -252,16 +253,6 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
-def _size(expr: Any) -> Any:
-    """A size: an int, or (Note [Symbolic sizes in C++ kernels]) its sympy expression."""
-    expr = sympy.sympify(expr)
-    return int(expr) if expr.is_Integer else expr
-
-
-def _same(a: Any, b: Any) -> bool:
-    return bool(a == b or sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
-
-
 def _statements(lines: Sequence[str]) -> int:
     """C++ statements among generated lines (not loops, braces, pragmas or comments)."""
     return sum(
@@ -316,31 +307,16 @@ def _spell_checks(lines: list[str], branch_free: bool) -> list[str]:
     return out
 
 
-def _real_reduction(buffer: ComputedBuffer) -> bool:
-    """A reduction over more than one element (one over a single element is just its value)."""
-    return buffer.is_reduction() and sympy.Mul(*buffer.iteration()[1]) != 1
-
-
 def _rename(expr: str, mapping: dict[str, str]) -> str:
     """``expr`` with each variable in ``mapping`` replaced by its image."""
     return _VARIABLE.sub(lambda m: mapping.get(m.group(0), m.group(0)), expr)
 
 
-def _unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
-    strides = contiguous_strides([sympy.sympify(s) for s in sizes])
-    out: list[sympy.Expr] = []
-    for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
-        if size == 1:
-            out.append(sympy.Integer(0))
-        elif pos == 0:
-            out.append(FloorDiv(flat, stride))
-        else:
-            out.append(ModularIndexing(flat, stride, sympy.sympify(size)))
-    return out
-
-
-class KernelBuilder:
+class KernelBuilder(OpsHandlerBase):
     """Generates one kernel; while members' bodies run it is the ``ops`` handler."""
+
+    value_type = CppValue
+    unsupported = CodegenUnsupported
 
     def __init__(
         self,
@@ -498,14 +474,6 @@ class KernelBuilder:
 
     # --------------------------------------------------------------------------------- helpers
 
-    def _new(self, prefix: str = "tmp") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    @property
-    def lines(self) -> list[str]:
-        return self.scopes[-1][0]
-
     def _cse(self, expr: str, dtype: torch.dtype, const: bool = False, expensive: bool = False) -> CppValue:
         for _, cse, _ in reversed(self.scopes):
             hit = cse.get(expr)
@@ -591,18 +559,6 @@ class KernelBuilder:
             phase.body.append(f"{name}[{index_to_cpp(self.flat_r)}] = {var};")
         return f"{name}[{index_to_cpp(self.flat_r)}]"
 
-    def _value(self, v: Any, dtype: torch.dtype | None = None) -> CppValue:
-        if isinstance(v, CppValue):
-            return v
-        if isinstance(v, bool):
-            d = torch.bool
-        elif isinstance(v, int):
-            d = torch.int64
-        else:
-            d = torch.get_default_dtype()
-        d = dtype or d
-        return CppValue(constant_expr(v, d), d, True, v)
-
     def _as(self, v: CppValue, dtype: torch.dtype) -> CppValue:
         if v.dtype == dtype:
             return v
@@ -614,11 +570,6 @@ class KernelBuilder:
         expr = self._simplify(sympy.sympify(index), self.ranges)
         self.accesses.append(expr)
         return expr
-
-    def _param(self, name: str) -> str:
-        if name not in self.param_order:
-            self.param_order.append(name)
-        return f"p_{name}"
 
     # ---------------------------------------------------------------------------- memory ops
 
@@ -765,35 +716,16 @@ class KernelBuilder:
 
     def where(self, cond: Any, a: Any, b: Any) -> CppValue:
         c = self._as(self._value(cond), torch.bool)
-        va, vb = self._value(a), self._value(b)
-        if va.const and not vb.const:
-            va = self._value(va.py, vb.dtype) if va.py is not None else va
-        if vb.const and not va.const:
-            vb = self._value(vb.py, va.dtype) if vb.py is not None else vb
-        dtype = result_dtype("where", ((va.dtype, va.const), (vb.dtype, vb.const)))
-        va, vb = self._as(va, dtype), self._as(vb, dtype)
+        va, vb, dtype = self._where_operands(a, b)
         return self._cse(f"({c} ? {va} : {vb})", dtype, va.const and vb.const)
 
     def constant(self, value: Any, dtype: torch.dtype) -> CppValue:
         return CppValue(constant_expr(value, dtype), dtype, True, value)
 
-    def to_dtype(self, value: Any, dtype: torch.dtype, *args: Any, **kwargs: Any) -> CppValue:
-        return self._as(self._value(value), dtype)
-
-    def getitem(self, value: Any, index: int) -> Any:
-        return value[index]
-
     # --------------------------------------------------------------------------------- math
 
     def _math(self, name: str, *args: Any) -> CppValue:
-        values = [self._value(a) for a in args]
-        key = tuple((v.dtype, v.const) for v in values)
-        out = result_dtype(name, key)
-        if name in ALWAYS_BOOL:
-            operand = values[0].dtype if len(values) == 1 else result_dtype("add", key)
-        else:
-            operand = out
-        values = [self._as(v, operand) for v in values]
+        values, out, operand = self._math_operands(name, args)
         if name in INT_DIVISION and not operand.is_floating_point and operand != torch.bool:
             self._check_divisor(name, values[1])
         text = spell(name, operand, *[v.expr for v in values])
@@ -803,15 +735,6 @@ class KernelBuilder:
             text = convert_expr(text, operand, out)
         expensive = name in EXPENSIVE and operand.is_floating_point
         return self._cse(text, out, all(v.const for v in values), expensive)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS
-
-        if name in UNARY_OPS or name in BINARY_OPS:
-            return lambda *args: self._math(name, *args)
-        raise CodegenUnsupported(f"ops.{name}")
 
     # ---------------------------------------------------------------------------- reduction
 
@@ -950,15 +873,6 @@ class KernelBuilder:
         if dtype in HALF:
             result = round_expr(dtype, result)
         return CppValue(result, dtype)
-
-    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: CppValue) -> Any:
-        if reduction_type in ("argmax", "argmin"):
-            return self.constant(0, torch.int64)
-        if reduction_type == "welford_reduce":
-            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
-        if reduction_type == "any":
-            return self._as(v, torch.bool)
-        return self._as(v, dtype)
 
     # ------------------------------------------------------------------------------ render
 

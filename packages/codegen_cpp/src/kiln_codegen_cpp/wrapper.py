@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import os
 import threading
 from collections.abc import Callable
@@ -87,6 +86,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import (
     DataDependentCheckFailed,
+    WrapperConstants,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -172,7 +172,7 @@ class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
     """
 
 
-class WrapperCodegen:
+class WrapperCodegen(WrapperConstants):
     """Builds the wrapper source and its namespace for one schedule."""
 
     def __init__(
@@ -234,18 +234,6 @@ class WrapperCodegen:
         self.division_ops = ", ".join(sorted(set(divisions))) or "an integer division"
 
     # ------------------------------------------------------------------------------- pieces
-
-    def const(self, value: Any) -> str:
-        if value is None or isinstance(value, bool | int | str):
-            return repr(value)
-        if isinstance(value, torch.dtype):
-            return f"_torch.{str(value).removeprefix('torch.')}"
-        if isinstance(value, float) and math.isfinite(value):
-            return repr(value)
-        name = f"_c{self.consts}"
-        self.consts += 1
-        self.namespace[name] = value
-        return name
 
     def var(self, name: str) -> str:
         return name

@@ -64,14 +64,17 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, contiguous_strides, simplify_index
+from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase, unflatten
+from kiln_loopir.codegen_common import real_reduction as _real_reduction
+from kiln_loopir.codegen_common import same_size as _same
+from kiln_loopir.codegen_common import size_of as _size
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, simplify_index
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.origins import KIND, source_comment
-from kiln_loopir.virtualized import BINARY_OPS, UNARY_OPS, set_ops_handler
+from kiln_loopir.virtualized import set_ops_handler
 
 from .interp import interpreting
 from .triton_ops import (
-    ALWAYS_BOOL,
     HALF,
     compute_dtype,
     compute_type,
@@ -79,7 +82,6 @@ from .triton_ops import (
     convert_expr,
     index_to_triton,
     load_expr,
-    result_dtype,
     spell,
     store_expr,
     tl_type,
@@ -172,41 +174,8 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
-def _size(expr: Any) -> Any:
-    """A size: an int, or (Note [Symbolic sizes in Triton kernels]) its sympy expression."""
-    expr = sympy.sympify(expr)
-    return int(expr) if expr.is_Integer else expr
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal for every value of the size symbols (ints: plain equality)."""
-    if isinstance(a, int) and isinstance(b, int):
-        return a == b
-    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
-
-
 def _is_static(*sizes: Any) -> bool:
     return all(isinstance(s, int) for s in sizes)
-
-
-def _real_reduction(buffer: ComputedBuffer) -> bool:
-    """A reduction over more than one element (one over a single element is just its value;
-    a symbolic extent counts as more than one: the general path is right for one element too)."""
-    return buffer.is_reduction() and math.prod(_size(s) for s in buffer.iteration()[1]) != 1
-
-
-def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
-    """The row-major digits of ``flat`` for dims ``sizes``."""
-    strides = contiguous_strides([sympy.sympify(s) for s in sizes])
-    out: list[sympy.Expr] = []
-    for pos, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
-        if size == 1:
-            out.append(sympy.Integer(0))
-        elif pos == 0:
-            out.append(FloorDiv(flat, stride))
-        else:
-            out.append(ModularIndexing(flat, stride, sympy.sympify(size)))
-    return out
 
 
 def _nonnegative(term: sympy.Expr) -> bool:
@@ -293,8 +262,11 @@ class Plan:
     order: tuple[int, ...] | None = None
 
 
-class _Generator:
+class _Generator(OpsHandlerBase):
     """Generates one kernel for one plan; while members' bodies run it is the ``ops`` handler."""
+
+    value_type = TValue
+    unsupported = CodegenUnsupported
 
     def __init__(
         self,
@@ -419,14 +391,6 @@ class _Generator:
 
     # --------------------------------------------------------------------------------- helpers
 
-    def _new(self, prefix: str = "tmp") -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
-
-    @property
-    def lines(self) -> list[str]:
-        return self.scopes[-1][0]
-
     def _emit(self, line: str) -> None:
         self.lines.append(line)
 
@@ -440,18 +404,6 @@ class _Generator:
         value = TValue(var, dtype, axes)
         self.scopes[-1][1][expr] = value
         return value
-
-    def _value(self, v: Any, dtype: torch.dtype | None = None) -> TValue:
-        if isinstance(v, TValue):
-            return v
-        if isinstance(v, bool):
-            d = torch.bool
-        elif isinstance(v, int):
-            d = torch.int64
-        else:
-            d = torch.get_default_dtype()
-        d = dtype or d
-        return TValue(constant_expr(v, d), d, frozenset(), v)
 
     def _as(self, v: TValue, dtype: torch.dtype) -> TValue:
         if v.dtype == dtype:
@@ -501,11 +453,6 @@ class _Generator:
         if not want <= axes:
             ptr += f" + tl.zeros({self._shape(want | axes)}, tl.int32)"
         return ptr
-
-    def _param(self, name: str) -> str:
-        if name not in self.param_order:
-            self.param_order.append(name)
-        return f"p_{name}"
 
     # ---------------------------------------------------------------------------- memory ops
 
@@ -625,35 +572,16 @@ class _Generator:
 
     def where(self, cond: Any, a: Any, b: Any) -> TValue:
         c = self._as(self._value(cond), torch.bool)
-        va, vb = self._value(a), self._value(b)
-        if va.const and not vb.const:
-            va = self._value(va.py, vb.dtype)
-        if vb.const and not va.const:
-            vb = self._value(vb.py, va.dtype)
-        dtype = result_dtype("where", ((va.dtype, va.const), (vb.dtype, vb.const)))
-        va, vb = self._as(va, dtype), self._as(vb, dtype)
+        va, vb, dtype = self._where_operands(a, b)
         return self._cse(f"tl.where({c}, {va}, {vb})", dtype, c.axes | va.axes | vb.axes)
 
     def constant(self, value: Any, dtype: torch.dtype) -> TValue:
         return TValue(constant_expr(value, dtype), dtype, frozenset(), value)
 
-    def to_dtype(self, value: Any, dtype: torch.dtype, *args: Any, **kwargs: Any) -> TValue:
-        return self._as(self._value(value), dtype)
-
-    def getitem(self, value: Any, index: int) -> Any:
-        return value[index]
-
     # --------------------------------------------------------------------------------- math
 
     def _math(self, name: str, *args: Any) -> TValue:
-        values = [self._value(a) for a in args]
-        key = tuple((v.dtype, v.const) for v in values)
-        out = result_dtype(name, key)
-        if name in ALWAYS_BOOL:
-            operand = values[0].dtype if len(values) == 1 else result_dtype("add", key)
-        else:
-            operand = out
-        values = [self._as(v, operand) for v in values]
+        values, out, operand = self._math_operands(name, args)
         if name == "nextafter" and operand in HALF:
             text = f"k_nextafter_half({values[0]}, {values[1]}, {tl_type(operand)})"
         else:
@@ -664,13 +592,6 @@ class _Generator:
             text = convert_expr(text, operand, out)
         axes = frozenset().union(*(v.axes for v in values))
         return self._cse(text, out, axes)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        if name in UNARY_OPS or name in BINARY_OPS:
-            return lambda *args: self._math(name, *args)
-        raise CodegenUnsupported(f"ops.{name}")
 
     # ---------------------------------------------------------------------------- reduction
 
@@ -809,15 +730,6 @@ class _Generator:
         var = self._new()
         self.sections[-1].post.append(f"{var} = {text}")
         return TValue(var, dtype, frozenset({"x"}))
-
-    def _reduce_one(self, dtype: torch.dtype, reduction_type: str, v: TValue) -> Any:
-        if reduction_type in ("argmax", "argmin"):
-            return self.constant(0, torch.int64)
-        if reduction_type == "welford_reduce":
-            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
-        if reduction_type == "any":
-            return self._as(v, torch.bool)
-        return self._as(v, dtype)
 
     # ------------------------------------------------------------------------------ render
 

@@ -17,16 +17,20 @@ Helpers too long for one expression (NaN-propagating maximum, Python's remainder
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import sympy
 import torch
 
-from kiln_loopir.indexing import FloorDiv, ModularIndexing, floor_division_text, floor_modulo_text
+from kiln_loopir.codegen_common import (
+    FLOAT_ONLY,
+    HALF,
+    IndexPrinter,
+    OpSpellings,
+    UnsupportedDtype,
+    constant_value,
+)
 
 from .interp import interpreting
-
-HALF = (torch.bfloat16, torch.float16)
 
 TL_TYPES: dict[torch.dtype, str] = {
     torch.float32: "tl.float32",
@@ -40,10 +44,6 @@ TL_TYPES: dict[torch.dtype, str] = {
     torch.int64: "tl.int64",
     torch.bool: "tl.int1",
 }
-
-
-class UnsupportedDtype(Exception):
-    """A dtype the Triton generator cannot hold (complex, float8, ...)."""
 
 
 def tl_type(dtype: torch.dtype) -> str:
@@ -69,9 +69,7 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return f"tl.full([], {bool(value)}, tl.int1)"
     if dtype.is_floating_point:
-        f = float(value)  # type: ignore[arg-type]
-        if dtype in HALF:
-            f = float(torch.tensor(f, dtype=dtype).float())
+        f = float(constant_value(value, dtype))
         if math.isnan(f):
             text = 'float("nan")'
         elif math.isinf(f):
@@ -79,9 +77,7 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
         else:
             text = repr(f)
         return f"tl.full([], {text}, {ttype})"
-    i = int(value)  # type: ignore[call-overload]
-    info = torch.iinfo(dtype)
-    i = (i - info.min) % (info.max - info.min + 1) + info.min  # wrap like a tensor conversion
+    i = int(constant_value(value, dtype))  # wrapped like a tensor conversion
     return f"tl.full([], {i}, {ttype})"
 
 
@@ -182,59 +178,38 @@ BOOL_BINARY: dict[str, str] = {
     "bitwise_xor": "({a} ^ {b})", "sub": "({a} ^ {b})", "fmax": "({a} | {b})", "fmin": "({a} & {b})",
 }  # fmt: skip
 
-ALWAYS_BOOL = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not",
-    "isnan", "isinf", "signbit",
-}  # fmt: skip
-
-FLOAT_ONLY = {
-    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin", "cos", "tan",
-    "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "sigmoid", "erf",
-    "erfc", "erfinv", "reciprocal", "lgamma", "atan2",
-}  # fmt: skip
+SPELLINGS = OpSpellings(FLOAT_UNARY, FLOAT_BINARY, INT_UNARY, INT_BINARY, BOOL_UNARY, BOOL_BINARY)
 
 
 def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
     """The Triton expression of math op ``name`` on operands of compute dtype ``dtype``."""
-    unary = len(operands) == 1
-    tables: list[dict[str, str]] = []
-    if dtype == torch.bool:
-        tables.append(BOOL_UNARY if unary else BOOL_BINARY)
-    if not dtype.is_floating_point:
-        tables.append(INT_UNARY if unary else INT_BINARY)
-        if name in FLOAT_ONLY or name in ("copysign", "hypot", "nextafter"):
-            raise NotImplementedError(f"ops.{name} on {dtype}")
-    tables.append(FLOAT_UNARY if unary else FLOAT_BINARY)
-    for table in tables:
-        fmt = table.get(name)
-        if fmt is not None:
-            b = operands[1] if len(operands) > 1 else ""
-            return fmt.format(a=operands[0], b=b, bits=dtype.itemsize * 8 - 1)
-    raise NotImplementedError(f"no Triton spelling of ops.{name}")
-
-
-@cache
-def result_dtype(name: str, dtypes: tuple[tuple[torch.dtype, bool], ...]) -> torch.dtype:
-    """The dtype of ``ops.name`` on operands (dtype, is_scalar_constant), as eager computes it.
-
-    Scalar constants behave like 0-dim tensors in type promotion (they do not upcast a tensor of
-    the same category), which is what the reference interpreter's ``ops.constant`` gives.
-    """
-    if name in ALWAYS_BOOL:
-        return torch.bool
-    args = [torch.zeros((), dtype=d) if const else torch.zeros((1,), dtype=d) for d, const in dtypes]
-    promoted = torch.result_type(args[0], args[1]) if len(args) == 2 else args[0].dtype
-    if (name == "truediv" or name in FLOAT_ONLY) and not promoted.is_floating_point:
-        return torch.get_default_dtype()
-    return promoted
+    if not dtype.is_floating_point and (name in FLOAT_ONLY or name in ("copysign", "hypot", "nextafter")):
+        raise NotImplementedError(f"ops.{name} on {dtype}")
+    fmt = SPELLINGS.lookup(name, dtype, len(operands) == 1)
+    if fmt is None:
+        raise NotImplementedError(f"no Triton spelling of ops.{name}")
+    b = operands[1] if len(operands) > 1 else ""
+    return fmt.format(a=operands[0], b=b, bits=dtype.itemsize * 8 - 1)
 
 
 # -------------------------------------------------------------------------------------------
 # index expressions
 
 
-def _floor_div(a: sympy.Expr, b: sympy.Expr) -> str:
-    return floor_division_text(a, b, index_to_triton(a), index_to_triton(b), "//")
+class TritonIndexPrinter(IndexPrinter):
+    """Index expressions as Triton integer arithmetic: ``//`` (truncating, made floor-correct
+    where a value may be negative), ``tl.minimum``; sympy's ``Mod`` too (symbolic sizes bring it
+    in), and a digit by 1 undivided."""
+
+    div = "//"
+    unit_digit = True
+    python_mod = True
+
+    def minmax(self, is_min: bool, a: str, b: str) -> str:
+        return f"{'tl.minimum' if is_min else 'tl.maximum'}({a}, {b})"
+
+
+_PRINTER = TritonIndexPrinter()
 
 
 def index_to_triton(expr: sympy.Expr) -> str:
@@ -243,40 +218,7 @@ def index_to_triton(expr: sympy.Expr) -> str:
     ``//`` and ``%`` truncate in Triton: an operand not known non-negative is divided by floor
     (Note [Floor division of values that may be negative], kiln_loopir.indexing).
     """
-    expr = sympy.sympify(expr)
-    if expr.is_Integer:
-        return str(int(expr))
-    if isinstance(expr, sympy.Symbol):
-        return expr.name
-    if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(index_to_triton(a) for a in expr.args) + ")"
-    if isinstance(expr, sympy.Mul):
-        return "(" + " * ".join(index_to_triton(a) for a in expr.args) + ")"
-    if isinstance(expr, FloorDiv):
-        a, b = expr.args
-        return _floor_div(a, b)
-    if isinstance(expr, ModularIndexing):
-        a, d, m = expr.args
-        inner = index_to_triton(a) if d == 1 else _floor_div(a, d)
-        return floor_modulo_text(a, m, inner, index_to_triton(m))
-    if isinstance(expr, sympy.Mod):
-        # sympy's Mod is Python's (the sign of the divisor); sizes in symbolic graphs bring it in
-        # (CUDA attention pads a mask to a multiple of 8: Mod(-s0, 8)). Triton's % truncates, so a
-        # dividend that may be negative is brought back into [0, b) for a positive divisor.
-        a, b = expr.args
-        if not b.is_positive:
-            raise NotImplementedError(f"index expression {expr} (Mod by a divisor not known positive)")
-        return floor_modulo_text(a, b, index_to_triton(a), index_to_triton(b))
-    if isinstance(expr, sympy.Min | sympy.Max):
-        fn = "tl.minimum" if isinstance(expr, sympy.Min) else "tl.maximum"
-        out = index_to_triton(expr.args[0])
-        for a in expr.args[1:]:
-            out = f"{fn}({out}, {index_to_triton(a)})"
-        return out
-    if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
-        base = index_to_triton(expr.args[0])
-        return "(" + " * ".join([base] * int(expr.args[1])) + ")"
-    raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+    return _PRINTER.print(expr)
 
 
 # -------------------------------------------------------------------------------------------

@@ -118,7 +118,6 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 from collections.abc import Callable, Set
@@ -147,6 +146,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import (
     DataDependentCheckFailed,
+    WrapperConstants,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -195,7 +195,7 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
 LAID_OUT_INPUTS = "laid_out_inputs"
 
 
-class WrapperCodegen:
+class WrapperCodegen(WrapperConstants):
     """Builds the wrapper source and its namespace for one schedule."""
 
     def __init__(
@@ -316,18 +316,6 @@ class WrapperCodegen:
         return needed & inputs
 
     # ------------------------------------------------------------------------------- pieces
-
-    def const(self, value: Any) -> str:
-        if value is None or isinstance(value, bool | int | str):
-            return repr(value)
-        if isinstance(value, torch.dtype):
-            return f"_torch.{str(value).removeprefix('torch.')}"
-        if isinstance(value, float) and math.isfinite(value):
-            return repr(value)
-        name = f"_c{self.consts}"
-        self.consts += 1
-        self.namespace[name] = value
-        return name
 
     def storage(self, name: str) -> str:
         """The variable holding buffer ``name``'s flat storage."""

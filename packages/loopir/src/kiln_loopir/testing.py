@@ -19,7 +19,10 @@ What every code generator's tests compare with eager through is here too (each p
 ``*_check.py`` adds only its backend and its reference): :data:`TOLERANCES` by dtype (integers
 and bools exactly), :func:`assert_same` (type, dtype, shape, device and values, recursively, with
 a label that says which output differed), :func:`trace`, and :func:`graph_of` with :class:`In`
-for graphs written as a list of aten calls.
+for graphs written as a list of aten calls; :func:`assert_outputs` compares a graph's outputs,
+labelled by name. The pointwise sweeps of both code generators run the same ops on the same
+dtypes (:data:`SWEEP_DTYPES`, :data:`SWEEP_UNARY`, :data:`SWEEP_BINARY`, by aten name through
+:func:`aten_op`).
 """
 
 from __future__ import annotations
@@ -272,6 +275,50 @@ def assert_same(actual: Any, expected: Any, label: str = "output", scale: float 
             assert_same(a, e, f"{label}[{i}]", scale)
     else:
         assert actual == expected, f"{label}: {actual!r} != {expected!r}"
+
+
+def assert_outputs(
+    actual: Any, expected: Any, names: Sequence[str] | None = None, scale: float = 1.0
+) -> None:
+    """A compiled graph's outputs are eager's (:func:`assert_same`): with ``names``, each output of
+    a tuple is labelled by its name, so a failure says which op differed."""
+    if names is not None and isinstance(expected, tuple):
+        for name, a, e in zip(names, actual, expected, strict=True):
+            assert_same(a, e, name, scale)
+    else:
+        assert_same(actual, expected, "output", scale)
+
+
+# the pointwise sweeps every code generator's tests run (one graph per dtype holding every op
+# eager supports on it): dtypes, unary ops by aten packet, binary ops by aten overload
+SWEEP_DTYPES = [
+    torch.float32, torch.float64, torch.bfloat16, torch.float16,
+    torch.int8, torch.int32, torch.int64, torch.bool,
+]  # fmt: skip
+
+SWEEP_UNARY = [
+    "abs", "neg", "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "sqrt", "rsqrt", "sin",
+    "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "sigmoid", "erf", "erfc", "erfinv", "floor", "ceil", "round", "trunc", "sign", "frac",
+    "isnan", "isinf", "logical_not", "relu", "reciprocal", "bitwise_not", "signbit", "square",
+    "lgamma", "gelu", "silu", "hardtanh", "leaky_relu", "elu", "softplus", "hardsigmoid",
+    "hardswish", "mish",
+]  # fmt: skip
+
+SWEEP_BINARY = [
+    "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "maximum.default", "minimum.default",
+    "fmax.default", "fmin.default", "eq.Tensor", "ne.Tensor", "lt.Tensor", "le.Tensor", "gt.Tensor",
+    "ge.Tensor", "logical_and.default", "logical_or.default", "logical_xor.default",
+    "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor", "pow.Tensor_Tensor",
+    "atan2.default", "fmod.Tensor", "remainder.Tensor", "floor_divide.default", "copysign.Tensor",
+    "hypot.default", "nextafter.default",
+]  # fmt: skip
+
+
+def aten_op(name: str) -> Any:
+    """The aten overload ``packet.overload`` names (``"add.Tensor"``; a bare packet: its default)."""
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
 
 
 def make(

@@ -10,7 +10,8 @@ another shape than planned (a meta kernel that disagrees with the device's) rais
 ``ExternShapeMismatch`` naming ``op``, never a broadcasting copy. ``OPAQUE_RESULTS`` and
 ``OPAQUE_ARGS`` name the extern results no layout describes (Note [Opaque extern results]).
 ``extern_callable`` is what a wrapper binds for an extern op (Note [Extern calls through torch's
-Python bindings]).
+Python bindings]). ``WrapperConstants`` is the part of a wrapper generator that puts a
+compile-time value into the generated source or, when it has no literal, into the namespace.
 """
 
 from __future__ import annotations
@@ -412,3 +413,25 @@ def extern_callable(op: Any) -> Any:
     if name not in BOUND_OPS:
         return op
     return getattr(torch._C._VariableFunctions, name, op)
+
+
+class WrapperConstants:
+    """How a wrapper generator names a compile-time value in its source: a literal where Python
+    has one (None, bools, ints, strings, finite floats, dtypes as ``_torch.<name>``), otherwise a
+    fresh ``_c<N>`` bound in the wrapper's namespace. A subclass keeps ``consts`` (values bound
+    so far) and ``namespace``."""
+
+    consts: int
+    namespace: dict[str, Any]
+
+    def const(self, value: Any) -> str:
+        if value is None or isinstance(value, bool | int | str):
+            return repr(value)
+        if isinstance(value, torch.dtype):
+            return f"_torch.{str(value).removeprefix('torch.')}"
+        if isinstance(value, float) and math.isfinite(value):
+            return repr(value)
+        name = f"_c{self.consts}"
+        self.consts += 1
+        self.namespace[name] = value
+        return name
