@@ -78,6 +78,11 @@ for step in "$@"; do
     call5)
       timeout 200 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models gpt2 --batches 2,8,32 --seqs 16,128,512 --repeats 5 --json "$out/h200-dynamic-gpt2.json" 2>&1 | tail -8
       timeout 330 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -30 ;;
+    call5c)
+      timeout 330 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models llama,resnet --batches 2,8,32 --seqs 16,128,512 --repeats 10 --json "$out/h200-dynamic.json" 2>&1 | tail -12 ;;
+    call8s)  # call8 on two models, fewer rounds (fits beside another step)
+      timeout 200 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --models convnext,resnet \
+        --calls 30 --rounds 3 --top 12 > "$out/host-top.log" 2>&1; cut -c1-200 "$out/host-top.log" | tail -60 ;;
     call8)  # issue 14: host time per call by layer and the functions that take it, kiln against torch.compile
       timeout 420 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --models convnext,resnet,gpt2 \
         --calls 50 --rounds 5 --top 14 > "$out/host-top.log" 2>&1; cut -c1-200 "$out/host-top.log" | tail -80 ;;
