@@ -53,11 +53,14 @@ from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCalla
 from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
+    FrozenValueVariable,
     ListMutatorVariable,
     LruCacheVariable,
+    NamedTupleFactoryVariable,
     NumpyFoldVariable,
     PureFunctionVariable,
     WeakrefVariable,
+    frozen_kind,
     is_list_mutator,
     is_numpy_callable,
     is_pure_function,
@@ -153,6 +156,11 @@ class VariableBuilder:
             if source is not None:
                 guards.constant(source, value)
             return ConstantVariable(value)
+        kind = frozen_kind(value)
+        if kind is not None:  # Note [Frozen values] in stdlib.py
+            if source is not None:
+                guards.constant(source, value)
+            return FrozenValueVariable(value, kind, source)
         if isinstance(value, torch.Size):
             if source is not None:
                 guards.constant(source, value)
@@ -243,6 +251,10 @@ class VariableBuilder:
         diagnostic = wrap_diagnostics(value, source, self.output)
         if diagnostic is not None:
             return diagnostic
+        if value is collections.namedtuple:  # Note [namedtuple made in the frame] in stdlib.py
+            if source is not None:
+                guards.identity(source, value)
+            return NamedTupleFactoryVariable(value, source)
         if is_list_mutator(value):
             if source is not None:
                 guards.identity(source, value)

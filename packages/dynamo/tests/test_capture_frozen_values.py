@@ -1,0 +1,186 @@
+"""Pure standard-library calls on constants, folded without a break (issue 16): `re` on constant
+strings (Note [Frozen values]), `packaging.version` comparisons of `torch.__version__`,
+`collections.namedtuple` called in the frame (Note [namedtuple made in the frame]) and
+`functools.wraps` on a function made in the frame (Note [Attributes of a function made in the
+frame]). Each case compares with eager (values and types) and counts graphs and breaks; values
+read from outside the frame are changed to check that the guard recompiles."""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+from typing import Any
+
+import torch
+from conftest import CountingBackend, assert_same
+from packaging import version
+
+import kiln_dynamo
+
+
+def t(*shape: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7 * sum(shape) + 3)
+    return torch.randn(*shape, generator=g)
+
+
+def _one_graph(fn: Any, *args: Any) -> Any:
+    report = kiln_dynamo.explain(fn)(*args)
+    assert report.graph_count == 1, report
+    assert report.break_reasons == [], report
+    return report.result
+
+
+def _re_ops(x: torch.Tensor) -> Any:
+    m = re.match(r"layer_(\d+)\.(?P<kind>\w+)", "layer_12.attn")
+    p = re.compile(r"h\.(\d+)", re.IGNORECASE)
+    n = int(m.group(1)) + len(re.findall(r"\d", "a1b22"))
+    parts = re.split(r"[._]", "model.layers_3.mlp")
+    s = re.sub(r"\.(\d+)\.", r"[\1].", "blocks.4.norm")
+    miss = re.fullmatch(r"\d+", "12a")
+    found = p.search("H.7")
+    return (x * n, m.groups(), m.groupdict(), m.span(1), m[2], parts, s, miss is None,
+            found.group(1), p.pattern, bool(found), re.escape("a.b"), m.string)  # fmt: skip
+
+
+def test_re_on_constant_strings_folds() -> None:
+    x = t(3)
+    got = _one_graph(_re_ops, x)
+    assert_same(got, _re_ops(x))
+
+
+_PAT = re.compile(r"(\d+)")
+
+
+def _global_pattern(x: torch.Tensor) -> Any:
+    return x * int(_PAT.match("35").group(1)), _PAT.match("35")
+
+
+def test_pattern_from_a_global_is_guarded() -> None:
+    global _PAT
+    x = t(4)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_global_pattern, backend=backend)
+    got = compiled(x)
+    torch.testing.assert_close(got[0], _global_pattern(x)[0])
+    assert type(got[1]) is re.Match and got[1].group(0) == "35"
+    old = _PAT
+    try:
+        _PAT = re.compile(r"(\d)")  # another pattern: the guard recompiles, and the answer follows
+        torch.testing.assert_close(compiled(x)[0], x * 3)
+    finally:
+        _PAT = old
+    assert backend.graphs == 2
+
+
+def _re_on_tensor_repr(x: torch.Tensor) -> Any:
+    return re.sub(r"\d", lambda m: m.group(0) * 2, "a1") + str(x.shape[0])
+
+
+def test_re_with_a_callable_repl_keeps_its_break() -> None:
+    x = t(2)
+    report = kiln_dynamo.explain(_re_on_tensor_repr)(x)
+    assert report.result == _re_on_tensor_repr(x)
+    assert report.break_reasons or report.graph_count == 0
+
+
+def _finditer(x: torch.Tensor) -> Any:
+    return x * sum(int(m.group(0)) for m in re.compile(r"\d").finditer("1 2 3"))
+
+
+def test_pattern_method_outside_the_table_breaks_and_stays_right() -> None:
+    x = t(3)
+    report = kiln_dynamo.explain(_finditer)(x)
+    assert any("finditer" in str(r) for r in report.break_reasons), report
+    torch.testing.assert_close(report.result, _finditer(x))
+
+
+def _version_check(x: torch.Tensor) -> Any:
+    v = version.parse(torch.__version__)
+    if v >= version.parse("2.0") and v.major >= 2:
+        x = x * 2
+    if version.Version("1.9") > v:
+        x = x + 100
+    return x, v.release[:2] == (v.major, v.minor), str(version.Version("2.1.0"))
+
+
+def test_packaging_version_comparison_folds() -> None:
+    x = t(3)
+    got = _one_graph(_version_check, x)
+    assert_same(got, _version_check(x))
+
+
+_MIN = version.parse("2.0")
+
+
+def _version_global(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if version.parse(torch.__version__) >= _MIN else x + 1
+
+
+def test_version_from_a_global_is_guarded() -> None:
+    global _MIN
+    x = t(5)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_version_global, backend=backend)
+    torch.testing.assert_close(compiled(x), x * 2)
+    old = _MIN
+    try:
+        _MIN = version.parse("99.0")  # the guard on the global recompiles; the branch flips
+        torch.testing.assert_close(compiled(x), x + 1)
+    finally:
+        _MIN = old
+    assert backend.graphs == 2
+
+
+def _namedtuple(x: torch.Tensor) -> Any:
+    P = collections.namedtuple("P", "a b", defaults=[0])
+    p = P(x, x + 1)
+    return p, P(x)._asdict(), p._fields, p.a + p[1]
+
+
+def test_namedtuple_made_in_the_frame() -> None:
+    x = t(3)
+    got = _one_graph(_namedtuple, x)
+    want = _namedtuple(x)
+    assert type(got[0]).__name__ == "P" and type(got[0]).__module__ == __name__
+    assert type(got[0])._fields == type(want[0])._fields
+    assert_same(tuple(got[0]), tuple(want[0]))
+    assert_same(got[1:], want[1:])
+
+
+def _namedtuple_bad(x: torch.Tensor) -> Any:
+    return collections.namedtuple("P", "a a")
+
+
+def test_namedtuple_with_an_invalid_field_list_raises_as_eager() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="Encountered duplicate field name"):
+        _namedtuple_bad(t(1))
+    with pytest.raises(ValueError, match="Encountered duplicate field name"):
+        kiln_dynamo.compile(_namedtuple_bad, backend=CountingBackend())(t(1))
+
+
+def _wraps(x: torch.Tensor) -> Any:
+    def deco(f: Any) -> Any:
+        @functools.wraps(f)
+        def w(*a: Any, **k: Any) -> Any:
+            return f(*a, **k) + 1
+
+        w.flag = True  # type: ignore[attr-defined]
+        return w
+
+    @deco
+    def g(y: torch.Tensor) -> torch.Tensor:
+        """Doubles."""
+        return y * 2
+
+    return (g(x), g.__name__, g.__qualname__, g.__doc__, g.__module__, g.__wrapped__(x),
+            getattr(g, "flag", None), getattr(g, "missing", 5), hasattr(g, "nothing"),
+            sorted(g.__annotations__))  # fmt: skip
+
+
+def test_functools_wraps_on_a_function_made_in_the_frame() -> None:
+    x = t(3)
+    got = _one_graph(_wraps, x)
+    assert_same(got, _wraps(x))
