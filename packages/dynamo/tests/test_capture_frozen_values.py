@@ -184,3 +184,131 @@ def test_functools_wraps_on_a_function_made_in_the_frame() -> None:
     x = t(3)
     got = _one_graph(_wraps, x)
     assert_same(got, _wraps(x))
+
+
+def _vars(x: torch.Tensor) -> Any:
+    class C:
+        pass
+
+    c = C()
+    c.a = 1  # type: ignore[attr-defined]
+    d = vars(c)
+    d["b"] = 2  # seen by c.b
+    c.e = 3  # type: ignore[attr-defined]  (seen by d)
+    return x * c.b + getattr(c, "a", 0), dict(d), "e" in d, c.__dict__ == d, len(vars(c))
+
+
+def test_vars_of_an_object_made_in_the_frame_is_its_live_dict() -> None:
+    x = t(3)
+    got = _one_graph(_vars, x)
+    assert_same(got, _vars(x))
+
+
+class _Outside:
+    def __init__(self) -> None:
+        self.k = 2
+
+
+def _vars_outside(x: torch.Tensor, o: _Outside) -> Any:
+    return x * vars(o)["k"]
+
+
+def test_vars_of_an_outside_object_is_guarded() -> None:
+    x, o = t(3), _Outside()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_vars_outside, backend=backend)
+    torch.testing.assert_close(compiled(x, o), x * 2)
+    o.k = 5
+    torch.testing.assert_close(compiled(x, o), x * 5)
+
+
+def _inference_block(x: torch.Tensor) -> Any:
+    y = x + 1
+    with torch.inference_mode():
+        z = y * 2
+        inner = torch.is_inference_mode_enabled()
+    return z - 1, z, inner, torch.is_inference_mode_enabled()
+
+
+def _inference_return_inside(x: torch.Tensor) -> Any:
+    y = x.sin()
+    with torch.inference_mode():
+        return y * 2
+
+
+def _inference_off_inside(x: torch.Tensor) -> Any:
+    with torch.inference_mode(mode=False):
+        return x * 3
+
+
+def _same_inference(got: Any, want: Any) -> None:
+    assert_same(got, want)
+    pairs = zip(
+        got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,), strict=True
+    )
+    for g, w in pairs:
+        if isinstance(w, torch.Tensor):
+            assert g.is_inference() == w.is_inference()
+
+
+def test_inference_mode_block_is_two_clean_breaks_and_matches_eager() -> None:
+    x = t(3)
+    report = kiln_dynamo.explain(_inference_block)(x)
+    reasons = [b.reason for b in report.break_reasons]
+    assert len(reasons) == 2 and all("torch.inference_mode inside a compiled frame" in r for r in reasons), (
+        reasons
+    )
+    assert all(b.note is None for b in report.break_reasons)  # no chain of frames: at the with line
+    assert report.graph_count == 3
+    _same_inference(report.result, _inference_block(x))
+    xg = t(3).requires_grad_()
+    _same_inference(kiln_dynamo.compile(_inference_block)(xg), _inference_block(xg))
+    with torch.inference_mode():  # entered already: the same code, the mode guarded
+        _same_inference(kiln_dynamo.compile(_inference_block)(x), _inference_block(x))
+
+
+def test_inference_mode_block_variants_match_eager() -> None:
+    for fn in (_inference_return_inside, _inference_off_inside):
+        x = t(4)
+        _same_inference(kiln_dynamo.compile(fn)(x), fn(x))
+        xg = t(4).requires_grad_()
+        _same_inference(kiln_dynamo.compile(fn)(xg), fn(xg))
+    assert not torch.is_inference_mode_enabled()
+
+
+def _seeded(x: torch.Tensor) -> torch.Tensor:
+    import random
+
+    random.seed(0)
+    return x * random.random()
+
+
+def _drawn(x: torch.Tensor) -> torch.Tensor:
+    import random
+
+    y = x * 2
+    return y * random.uniform(1.0, 2.0)
+
+
+def test_python_random_is_a_clean_break_in_program_order() -> None:
+    import random
+
+    report = kiln_dynamo.explain(_seeded)(t(3))
+    assert report.graph_count == 1
+    reasons = [b.reason for b in report.break_reasons]
+    assert len(reasons) == 2 and all("Python's random number generator" in r for r in reasons), reasons
+    for fn in (_seeded, _drawn):
+        compiled = kiln_dynamo.compile(fn, backend=CountingBackend())
+        x = t(3)
+        random.seed(5)
+        got = [compiled(x) for _ in range(3)]
+        random.seed(5)
+        want = [fn(x) for _ in range(3)]
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    random.seed(9)
+    kiln_dynamo.compile(_drawn, backend=CountingBackend())(t(3))
+    after_compiled = random.random()
+    random.seed(9)
+    _drawn(t(3))
+    assert random.random() == after_compiled  # the generator's state advanced exactly as in eager

@@ -49,7 +49,14 @@ from kiln_dynamo.variables.inspection import MappingProxyVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
-from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.opaque import (
+    AutocastExit,
+    GradModeExit,
+    InferenceModeExitVariable,
+    OpaqueCallableVariable,
+    OpaqueVariable,
+    is_inference_mode_method,
+)
 from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
@@ -59,11 +66,13 @@ from kiln_dynamo.variables.stdlib import (
     NamedTupleFactoryVariable,
     NumpyFoldVariable,
     PureFunctionVariable,
+    PythonRngCallVariable,
     WeakrefVariable,
     frozen_kind,
     is_list_mutator,
     is_numpy_callable,
     is_pure_function,
+    is_python_rng_method,
 )
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
@@ -255,6 +264,10 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return NamedTupleFactoryVariable(value, source)
+        if is_python_rng_method(value):  # Note [Python's random module] in stdlib.py
+            if source is not None:
+                guards.identity(source, value)
+            return PythonRngCallVariable(value, source)
         if is_list_mutator(value):
             if source is not None:
                 guards.identity(source, value)
@@ -287,6 +300,10 @@ class VariableBuilder:
             if source is not None:
                 guards.function(source, value)
             return UserFunctionVariable(value, source)
+        if is_inference_mode_method(value):  # Note [inference_mode in the frame] in opaque.py
+            if source is not None:
+                guards.type_match(source, value)
+            return InferenceModeExitVariable(value, source)
         if isinstance(value, types.MethodType):
             f_src = AttrSource(source, "__func__") if source is not None else None
             s_src = AttrSource(source, "__self__") if source is not None else None

@@ -29,6 +29,7 @@ import os
 import posixpath
 import re
 import sys
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -300,6 +301,49 @@ class NamedTupleFactoryVariable(VariableTracker):
             raise Unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}") from e
         tx.output.builder.keepalive.append(cls)
         return UserClassVariable(cls, None)
+
+
+def is_python_rng_method(value: Any) -> bool:
+    """A method of a `random.Random` (the `random` module's functions are those of its hidden
+    instance: `random.seed`, `random.random`, `random.uniform`, ...)."""
+    import random
+
+    return isinstance(value, (types.MethodType, types.BuiltinMethodType)) and isinstance(
+        getattr(value, "__self__", None), random.Random
+    )
+
+
+class PythonRngCallVariable(VariableTracker):
+    """Note [Python's random module]: `random.seed(0)`, `random.random()`, `rng.uniform(a, b)` read
+    or set the state of a `random.Random` (the `random` module's hidden one, for its functions).
+    No graph carries that state, and folding a draw at capture time would replay one number on
+    every call, so each call is one clean break at the call: CPython runs it on the real
+    generator, in program order (a seed before a draw stays before it), and the frame resumes
+    after it with the result. torch.compile draws module-level values before its graph instead;
+    kiln does not (a seed in the same frame would then come after the draw)."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"random.{getattr(self.fn, '__name__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise Unsupported(
+            f"{self.describe()}() uses the state of Python's random number generator, which no graph "
+            "carries (Note [Python's random module]); the call runs in Python",
+            advice="draw the number outside the compiled function, or use torch's generator",
+        )
 
 
 class EnvironVariable(VariableTracker):
