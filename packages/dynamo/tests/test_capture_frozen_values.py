@@ -312,3 +312,76 @@ def test_python_random_is_a_clean_break_in_program_order() -> None:
     random.seed(9)
     _drawn(t(3))
     assert random.random() == after_compiled  # the generator's state advanced exactly as in eager
+
+
+class _Obj:
+    def __init__(self) -> None:
+        self.k = 2
+
+
+def _write_dict_read_attr(x: torch.Tensor, o: _Obj) -> Any:
+    vars(o)["k"] = 3
+    return x * o.k
+
+
+def _write_dunder_dict_read_attr(x: torch.Tensor, o: _Obj) -> Any:
+    o.__dict__["k"] = 3
+    return x * o.k
+
+
+def _store_then_read_dict(x: torch.Tensor, o: _Obj) -> Any:
+    o.k = 4
+    return x * vars(o)["k"]
+
+
+def _read_dict_then_store(x: torch.Tensor, o: _Obj) -> Any:
+    d = o.__dict__
+    o.k = 5
+    return x * d["k"]
+
+
+def _read_both(x: torch.Tensor, o: _Obj) -> Any:
+    return x * o.__dict__["k"] * o.k
+
+
+def test_instance_dict_and_attributes_of_an_outside_object_stay_coherent() -> None:
+    """Note [Two views of an instance dict]: each of these gave the value from before the write."""
+    for fn in (
+        _write_dict_read_attr,
+        _write_dunder_dict_read_attr,
+        _store_then_read_dict,
+        _read_dict_then_store,
+    ):
+        got_o, want_o = _Obj(), _Obj()
+        report = kiln_dynamo.explain(fn)(t(3), got_o)
+        assert_same(report.result, fn(t(3), want_o))
+        assert got_o.k == want_o.k
+        assert any("Two views of an instance dict" in b.reason for b in report.break_reasons), fn
+    o = _Obj()
+    torch.testing.assert_close(_one_graph(_read_both, t(3), o), t(3) * 4)
+
+
+class _Mod(torch.nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.k = 2
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "write_dict":
+            self.__dict__["k"] = 3
+            return x * self.k
+        if self.how == "vars_write":
+            vars(self)["k"] = 6
+            return x * self.k
+        self.k = 4
+        return x * self.__dict__["k"]
+
+
+def test_instance_dict_and_attributes_of_a_module_stay_coherent() -> None:
+    for how in ("write_dict", "vars_write", "store_then_dict"):
+        got_m, want_m = _Mod(how), _Mod(how)
+        report = kiln_dynamo.explain(got_m)(t(3))
+        assert_same(report.result, want_m(t(3)))
+        assert got_m.k == want_m.k
+        assert any("Two views of an instance dict" in b.reason for b in report.break_reasons), how

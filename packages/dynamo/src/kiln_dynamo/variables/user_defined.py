@@ -507,6 +507,7 @@ class UserObjectVariable(VariableTracker):
     def __init__(self, obj: object, source: Source | None) -> None:
         self.obj = obj
         self.source = source
+        self.dict_exposed = False  # Note [Two views of an instance dict]
 
     def describe(self) -> str:
         return f"{type(self.obj).__qualname__} object"
@@ -531,9 +532,33 @@ class UserObjectVariable(VariableTracker):
             return tx.wrap(custom, None).call(tx, [self, ConstantVariable(name)], {})
         return self.generic_getattr(tx, name)
 
+    # Note [Two views of an instance dict]: an attribute store on an object from outside the frame
+    # is a pending store (replayed after the graph) that attribute reads consult, while its
+    # `__dict__` (`vars(o)`, `o.__dict__`) is a dict tracker whose writes are replayed as a
+    # mutated container; neither sees the other. So once the frame mixes them, the later one
+    # breaks: reading `__dict__` after an attribute store, storing an attribute after `__dict__`
+    # was read, or reading an attribute after a write through `__dict__` (each gave the value from
+    # before the write).
+    def _dict_tracker(self, tx: Tx) -> VT | None:
+        d = getattr(self.obj, "__dict__", None)
+        return tx.output.builder.cache.get(id(d)) if isinstance(d, dict) else None
+
     def generic_getattr(self, tx: Tx, name: str) -> VT:
         """object.__getattribute__: the instance dict, then the class."""
-        pending = tx.output.side_effects.pending_attr(self.obj, name)
+        side = tx.output.side_effects
+        if name == "__dict__" and side.has_pending_attrs(self.obj):
+            raise Unsupported(
+                f"__dict__ of {self.describe()} after an attribute store in the frame (Note [Two views of an instance dict])"
+            )
+        if name == "__dict__":
+            self.dict_exposed = True  # the frame holds the dict itself from here on
+        dict_vt = self._dict_tracker(tx) if name != "__dict__" else None
+        if dict_vt is not None and side.is_mutated(dict_vt):
+            raise Unsupported(
+                f"attribute {name!r} of {self.describe()} after a write through its __dict__ "
+                "(Note [Two views of an instance dict])"
+            )
+        pending = side.pending_attr(self.obj, name)
         if pending is not None:
             return pending
         d = getattr(self.obj, "__dict__", {})
@@ -564,6 +589,11 @@ class UserObjectVariable(VariableTracker):
             raise Unsupported(f"setting an attribute on {self.describe()} without a source")
         if type(self.obj).__setattr__ is not object.__setattr__:
             raise Unsupported(f"{self.describe()} customises __setattr__")
+        if self.dict_exposed:
+            raise Unsupported(
+                f"setting attribute {name!r} on {self.describe()} after its __dict__ was read "
+                "(Note [Two views of an instance dict])"
+            )
         tx.output.side_effects.store_attr(self, self.obj, name, value)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
