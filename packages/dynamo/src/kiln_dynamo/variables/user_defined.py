@@ -167,8 +167,8 @@ class UserClassVariable(VariableTracker):
         if cls is torch.inference_mode:  # Note [inference_mode in the frame] (opaque.py)
             from kiln_dynamo.variables.opaque import InferenceModeVariable
 
-            bound = inspect.signature(torch.inference_mode.__init__).bind(None, *args, **kwargs)
-            mode = bound.arguments.get("mode", ConstantVariable(True))
+            im_args = inspect.signature(torch.inference_mode.__init__).bind(None, *args, **kwargs)
+            mode = im_args.arguments.get("mode", ConstantVariable(True))
             if not mode.is_constant():
                 raise Unsupported("torch.inference_mode with a mode that is not a constant")
             return InferenceModeVariable(bool(mode.as_constant()))
@@ -259,7 +259,7 @@ def instance_dict_of(tx: Tx, obj: NewObjectVariable) -> VT:
                 self.user_cls = dict
                 self.source = None
 
-            @property  # type: ignore[override]
+            @property
             def _items(self) -> dict[Any, Any]:
                 return obj.attrs
 
