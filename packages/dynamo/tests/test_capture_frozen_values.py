@@ -385,3 +385,33 @@ def test_instance_dict_and_attributes_of_a_module_stay_coherent() -> None:
         assert_same(report.result, want_m(t(3)))
         assert got_m.k == want_m.k
         assert any("Two views of an instance dict" in b.reason for b in report.break_reasons), how
+
+
+def _outside(y: torch.Tensor) -> torch.Tensor:
+    """Triples."""
+    return y * 3
+
+
+_outside.tag = "a"  # type: ignore[attr-defined]
+
+
+def _wraps_outside(x: torch.Tensor) -> Any:
+    @functools.wraps(_outside)
+    def w(y: torch.Tensor) -> torch.Tensor:
+        return _outside(y) + 1
+
+    return w(x), w.__name__, w.__doc__, w.__wrapped__ is _outside, w.tag, sorted(w.__annotations__)  # type: ignore[attr-defined]
+
+
+def test_functools_wraps_of_an_outside_function_reads_its_attributes_guarded() -> None:
+    x = t(3)
+    assert_same(_one_graph(_wraps_outside, x), _wraps_outside(x))
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_wraps_outside, backend=backend)
+    assert compiled(x)[4] == "a"
+    try:
+        _outside.tag = "b"  # type: ignore[attr-defined]  (read through its source: recompiles)
+        assert compiled(x)[4] == "b"
+    finally:
+        _outside.tag = "a"  # type: ignore[attr-defined]
+    assert backend.graphs == 2

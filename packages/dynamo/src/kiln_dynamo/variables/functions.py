@@ -125,6 +125,12 @@ class UserFunctionVariable(BaseFunctionVariable):
     def getattr(self, tx: Tx, name: str) -> VT:
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
+        if name in ("__annotations__", "__dict__") or (
+            not name.startswith("__") and name in getattr(self.fn, "__dict__", {})
+        ):
+            # read through its source, so guarded as any value is (`functools.wraps(outside_fn)`
+            # reads the first two; a flag set on a function, `fn._is_hook`, the last)
+            return tx.wrap(getattr(self.fn, name), AttrSource(self._src(), name))
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
