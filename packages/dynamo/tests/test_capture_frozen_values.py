@@ -415,3 +415,17 @@ def test_functools_wraps_of_an_outside_function_reads_its_attributes_guarded() -
     finally:
         _outside.tag = "a"  # type: ignore[attr-defined]
     assert backend.graphs == 2
+
+
+def test_a_random_generator_object_from_outside_is_a_clean_break() -> None:
+    import random
+
+    rng_a, rng_b = random.Random(3), random.Random(3)
+
+    def draw(x: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        return (x + 1) * rng.random()
+
+    report = kiln_dynamo.explain(draw)(t(3), rng_a)
+    assert any("Python's random number generator" in b.reason for b in report.break_reasons)
+    assert_same(report.result, draw(t(3), rng_b))
+    assert rng_a.getstate() == rng_b.getstate()
