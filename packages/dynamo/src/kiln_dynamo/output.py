@@ -56,6 +56,9 @@ class SideEffects:
     def pending_attr(self, obj: object, name: str) -> VT | None:
         return self._pending.get((id(obj), name))
 
+    def has_pending_attrs(self, obj: object) -> bool:
+        return any(k[0] == id(obj) for k in self._pending)
+
     def store_attr(self, target: VT, obj: object, name: str, value: VT) -> None:
         self._pending[(id(obj), name)] = value
         self.attr_stores.append((target, name, value))

@@ -1157,13 +1157,14 @@ class InstructionTranslator:
         code = code_vt.as_constant()
         flags = _arg(inst)
         closure = self.pop().iterate(self) if flags & 0x08 else []
-        if flags & 0x04:
-            self.pop()  # annotations
+        annotations = self.pop() if flags & 0x04 else None
         kwdefaults = self.pop() if flags & 0x02 else None
         defaults = self.pop().iterate(self) if flags & 0x01 else []
         kwd = {k: v for k, v in kwdefaults.items.items()} if isinstance(kwdefaults, DictVariable) else {}
         cells = [c for c in closure if isinstance(c, CellVariable)]
-        self.push(NestedFunctionVariable(code, self.f_globals, defaults, kwd, cells, code.co_qualname))
+        self.push(
+            NestedFunctionVariable(code, self.f_globals, defaults, kwd, cells, code.co_qualname, annotations)
+        )
 
     def LOAD_BUILD_CLASS(self, inst: dis.Instruction) -> None:
         self.push(BuildClassVariable())  # Note [Class definitions in the frame]

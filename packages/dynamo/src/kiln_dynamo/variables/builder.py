@@ -49,18 +49,30 @@ from kiln_dynamo.variables.inspection import MappingProxyVariable
 from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
-from kiln_dynamo.variables.opaque import AutocastExit, GradModeExit, OpaqueCallableVariable, OpaqueVariable
+from kiln_dynamo.variables.opaque import (
+    AutocastExit,
+    GradModeExit,
+    InferenceModeExitVariable,
+    OpaqueCallableVariable,
+    OpaqueVariable,
+    is_inference_mode_method,
+)
 from kiln_dynamo.variables.optimizer import OptimizerVariable, is_traced_optimizer
 from kiln_dynamo.variables.stdlib import (
     EnvironVariable,
+    FrozenValueVariable,
     ListMutatorVariable,
     LruCacheVariable,
+    NamedTupleFactoryVariable,
     NumpyFoldVariable,
     PureFunctionVariable,
+    PythonRngCallVariable,
     WeakrefVariable,
+    frozen_kind,
     is_list_mutator,
     is_numpy_callable,
     is_pure_function,
+    is_python_rng_method,
 )
 from kiln_dynamo.variables.torch import (
     _FOLD_ON_CONSTANTS,
@@ -153,6 +165,11 @@ class VariableBuilder:
             if source is not None:
                 guards.constant(source, value)
             return ConstantVariable(value)
+        kind = frozen_kind(value)
+        if kind is not None:  # Note [Frozen values] in stdlib.py
+            if source is not None:
+                guards.constant(source, value)
+            return FrozenValueVariable(value, kind, source)
         if isinstance(value, torch.Size):
             if source is not None:
                 guards.constant(source, value)
@@ -243,6 +260,14 @@ class VariableBuilder:
         diagnostic = wrap_diagnostics(value, source, self.output)
         if diagnostic is not None:
             return diagnostic
+        if value is collections.namedtuple:  # Note [namedtuple made in the frame] in stdlib.py
+            if source is not None:
+                guards.identity(source, value)
+            return NamedTupleFactoryVariable(value, source)
+        if is_python_rng_method(value):  # Note [Python's random module] in stdlib.py
+            if source is not None:
+                guards.identity(source, value)
+            return PythonRngCallVariable(value, source)
         if is_list_mutator(value):
             if source is not None:
                 guards.identity(source, value)
@@ -275,6 +300,10 @@ class VariableBuilder:
             if source is not None:
                 guards.function(source, value)
             return UserFunctionVariable(value, source)
+        if is_inference_mode_method(value):  # Note [inference_mode in the frame] in opaque.py
+            if source is not None:
+                guards.type_match(source, value)
+            return InferenceModeExitVariable(value, source)
         if isinstance(value, types.MethodType):
             f_src = AttrSource(source, "__func__") if source is not None else None
             s_src = AttrSource(source, "__self__") if source is not None else None

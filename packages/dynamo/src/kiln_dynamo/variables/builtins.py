@@ -151,6 +151,21 @@ def _hasattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ConstantVariable(True)
 
 
+def _vars(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """`vars(obj)`: Note [vars of an object made in the frame] in user_defined.py; `vars()` (the
+    caller's locals) is a break."""
+    if kwargs or len(args) != 1:
+        raise Unsupported("vars() without an argument (the caller's locals) inside a compiled frame")
+    from kiln_dynamo.variables.user_defined import NewObjectVariable, instance_dict_of
+
+    if isinstance(args[0], NewObjectVariable):
+        return instance_dict_of(tx, args[0])
+    try:
+        return tx.load_attr(args[0], "__dict__")
+    except AttributeError:
+        raise Unsupported(f"vars() of {args[0].describe()} raised TypeError (no __dict__)") from None
+
+
 def _setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     args[0].setattr(tx, args[1].as_constant(), args[2])
     return ConstantVariable(None)
@@ -648,6 +663,7 @@ _HANDLERS: dict[Any, Handler] = {
     getattr: _getattr,
     hasattr: _hasattr,
     setattr: _setattr,
+    vars: _vars,
     len: _len,
     range: _range,
     iter: _iter,

@@ -125,6 +125,12 @@ class UserFunctionVariable(BaseFunctionVariable):
     def getattr(self, tx: Tx, name: str) -> VT:
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
+        if name in ("__annotations__", "__dict__") or (
+            not name.startswith("__") and name in getattr(self.fn, "__dict__", {})
+        ):
+            # read through its source, so guarded as any value is (`functools.wraps(outside_fn)`
+            # reads the first two; a flag set on a function, `fn._is_hook`, the last)
+            return tx.wrap(getattr(self.fn, name), AttrSource(self._src(), name))
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -193,6 +199,20 @@ def _closure_source(fn_source: Source, index: int) -> Source:
     return ClosureSource(fn_source, index)
 
 
+# Note [Attributes of a function made in the frame]: `functools.wraps(f)(w)` (a decorator
+# defined or applied inside a forward) reads `__module__`, `__name__`, `__qualname__`, `__doc__`,
+# `__annotations__` and `__dict__` of the wrapped function and sets them, and `__wrapped__`, on
+# the wrapper; user code sets flags on functions too (`fn._is_hook = True`). A function made in
+# the frame never leaves it as a real function object (it has no way to be rebuilt), so its
+# attributes live on its tracker: the slot attributes as CPython's function object answers them
+# (`__doc__` is the code's first constant when it is a string, `__module__` its globals'
+# `__name__`) until the frame sets them, everything else in its own `__dict__` dict, which
+# `getattr(f, "__dict__").update(...)` mutates in place. `__code__`, `__defaults__`,
+# `__closure__` and `__globals__` stay a break (nothing here tracks writes to them), and a
+# missing attribute raises AttributeError, as eager does (`getattr(f, "x", d)`, `hasattr`).
+_FUNCTION_SLOTS = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__"})
+
+
 class NestedFunctionVariable(BaseFunctionVariable):
     """A function (def, lambda, comprehension) created inside the traced frames."""
 
@@ -204,6 +224,7 @@ class NestedFunctionVariable(BaseFunctionVariable):
         kwdefaults: dict[str, VT],
         closure: list[CellVariable],
         qualname: str,
+        annotations: VT | None = None,
     ) -> None:
         self.code = code
         self.f_globals = f_globals
@@ -211,6 +232,10 @@ class NestedFunctionVariable(BaseFunctionVariable):
         self.kwdefaults = kwdefaults
         self.closure = closure
         self.qualname = qualname
+        self.annotations = annotations
+        # Note [Attributes of a function made in the frame]
+        self.slots: dict[str, VT] = {}
+        self.fdict: DictVariable | None = None
 
     def describe(self) -> str:
         return f"function {self.qualname}"
@@ -218,10 +243,65 @@ class NestedFunctionVariable(BaseFunctionVariable):
     def get_code(self) -> types.CodeType:
         return self.code
 
+    def _dict(self) -> DictVariable:
+        if self.fdict is None:
+            self.fdict = DictVariable({})
+        return self.fdict
+
     def getattr(self, tx: Tx, name: str) -> VT:
+        if name in self.slots:
+            return self.slots[name]
+        if name == "__name__":
+            return ConstantVariable(self.code.co_name)
+        if name == "__qualname__":
+            return ConstantVariable(self.qualname)
+        if name == "__module__":
+            return tx.wrap_constant(self.f_globals.get("__name__"))
+        if name == "__doc__":  # what CPython's function constructor takes as the docstring
+            consts = self.code.co_consts
+            return ConstantVariable(consts[0] if consts and isinstance(consts[0], str) else None)
+        if name == "__annotations__":
+            self.slots[name] = self._annotations(tx)
+            return self.slots[name]
+        if name == "__dict__":
+            return self._dict()
+        if name in _FUNCTION_SLOTS or (
+            name.startswith("__") and name.endswith("__") and name != "__wrapped__"
+        ):
+            raise Unsupported(f"attribute {name!r} of {self.describe()}")
+        if self.fdict is not None and name in self.fdict.items:
+            return self.fdict.entry(name)
+        raise AttributeError(f"'function' object has no attribute {name!r}")
+
+    def _annotations(self, tx: Tx) -> VT:
+        if self.annotations is None:
+            return DictVariable({})
+        flat = self.annotations.iterate(tx)  # (name, value, name, value, ...) as MAKE_FUNCTION gets it
+        if not all(k.is_constant() and isinstance(k.as_constant(), str) for k in flat[::2]):
+            raise Unsupported(f"annotations of {self.describe()} with a name that is not a string")
+        return DictVariable({k.as_constant(): v for k, v in zip(flat[::2], flat[1::2], strict=True)})
+
+    def setattr(self, tx: Tx, name: str, value: VT) -> None:
+        what = f"setting attribute {name!r} on {self.describe()}"
         if name in ("__name__", "__qualname__"):
-            return ConstantVariable(self.qualname.rsplit(".", 1)[-1] if name == "__name__" else self.qualname)
-        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+            if not (value.is_constant() and isinstance(value.as_constant(), str)):
+                raise Unsupported(f"{what}: not a constant string")
+            self.slots[name] = value
+        elif name in ("__module__", "__doc__"):
+            self.slots[name] = value
+        elif name == "__annotations__":
+            if not isinstance(value, DictVariable) or value.user_cls is not dict:
+                raise Unsupported(f"{what}: not a dict")
+            self.slots[name] = value
+        elif (
+            name in _FUNCTION_SLOTS
+            or name == "__dict__"
+            or (name.startswith("__") and name.endswith("__") and name != "__wrapped__")
+        ):
+            raise Unsupported(what)
+        else:
+            d = self._dict()
+            d.items = {**d.items, name: value}
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         bound = bind_args(self.code, args, kwargs, self.defaults, self.kwdefaults)

@@ -123,6 +123,7 @@ class NNModuleVariable(VariableTracker):
     def __init__(self, module: nn.Module, source: Source | None) -> None:
         self.module = module
         self.source = source
+        self.dict_exposed = False  # Note [Two views of an instance dict] (user_defined.py)
 
     def describe(self) -> str:
         return f"module {type(self.module).__name__}"
@@ -138,10 +139,26 @@ class NNModuleVariable(VariableTracker):
 
     def getattr(self, tx: Tx, name: str) -> VT:
         m = self.module
-        pending = tx.output.side_effects.pending_attr(m, name)
+        side = tx.output.side_effects
+        d = m.__dict__
+        # Note [Two views of an instance dict] (user_defined.py)
+        if name == "__dict__":
+            if side.has_pending_attrs(m):
+                raise Unsupported(
+                    f"__dict__ of {self.describe()} after an attribute store in the frame "
+                    "(Note [Two views of an instance dict])"
+                )
+            self.dict_exposed = True
+        else:
+            dict_vt = tx.output.builder.cache.get(id(d))
+            if dict_vt is not None and side.is_mutated(dict_vt):
+                raise Unsupported(
+                    f"attribute {name!r} of {self.describe()} after a write through its __dict__ "
+                    "(Note [Two views of an instance dict])"
+                )
+        pending = side.pending_attr(m, name)
         if pending is not None:
             return pending
-        d = m.__dict__
         if name in d.get("_parameters", {}):
             return tx.wrap(d["_parameters"][name], self._entry("_parameters", name))
         if name in d.get("_buffers", {}):
@@ -169,6 +186,11 @@ class NNModuleVariable(VariableTracker):
     def setattr(self, tx: Tx, name: str, value: VT) -> None:
         if self.source is None:
             raise Unsupported("setting an attribute on a module without a source")
+        if self.dict_exposed:
+            raise Unsupported(
+                f"setting attribute {name!r} on {self.describe()} after its __dict__ was read "
+                "(Note [Two views of an instance dict])"
+            )
         tx.output.side_effects.store_attr(self, self.module, name, value)
 
     def _children(self) -> list[tuple[str, nn.Module]]:

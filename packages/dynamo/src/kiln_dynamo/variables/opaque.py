@@ -132,6 +132,60 @@ class OpaqueMethodVariable(VariableTracker):
         return cg.source(self.source)
 
 
+# Note [inference_mode in the frame]: the tensors made under `torch.inference_mode()` are
+# inference tensors, which no graph makes, so the mode is never entered inside a graph. Making the
+# object (`torch.inference_mode()`, `torch.inference_mode(False)`) has no effect and is modelled
+# (rebuilt as the same call if it crosses a split); entering the block is one break with the
+# reason, at the `with` line: CPython enters the mode on the real object, and the block's body is
+# captured on its own in the continuation, which the hook sees while the mode is on (its graph is
+# traced and guarded under it). The block's exit is one more break, at the call of the real
+# object's `__exit__` in that continuation (not inside torch's Python `__exit__`), and the code
+# after the block is captured in a third graph. Before, the object's construction, its
+# `__enter__` and two reads inside torch's `__exit__` were four breaks (two of them chains of two
+# frames). As a decorator (`torch.inference_mode()(fn)`) it stays a break at the call.
+_INFERENCE_REASON = (
+    "torch.inference_mode inside a compiled frame: the tensors it makes are inference tensors, "
+    "which no graph makes; entering and leaving the block run as Python, and its body is a graph of its own"
+)
+_INFERENCE_ADVICE = (
+    "call the compiled function under torch.inference_mode() (or use torch.no_grad() inside it)"
+)
+
+
+class InferenceModeVariable(VariableTracker):
+    """`torch.inference_mode(mode)` made in the frame (Note [inference_mode in the frame])."""
+
+    def __init__(self, mode: bool) -> None:
+        self.mode = mode
+
+    def describe(self) -> str:
+        return f"torch.inference_mode({self.mode})"
+
+    def python_type(self) -> type:
+        return torch.inference_mode
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        raise Unsupported(_INFERENCE_REASON, advice=_INFERENCE_ADVICE)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise Unsupported(_INFERENCE_REASON, advice=_INFERENCE_ADVICE)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return f"{cg.const(torch.inference_mode)}({self.mode!r})"
+
+
+class InferenceModeExitVariable(OpaqueCallableVariable):
+    """The `__exit__` of a real `torch.inference_mode` object, as a continuation inside the block
+    receives it (Note [inference_mode in the frame]): calling it is one break."""
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise Unsupported(_INFERENCE_REASON, advice=_INFERENCE_ADVICE)
+
+
+def is_inference_mode_method(value: Any) -> bool:
+    return isinstance(value, types.MethodType) and isinstance(value.__self__, torch.inference_mode)
+
+
 # Note [Grad mode across a split]: when a frame splits inside `with torch.no_grad():`, the
 # continuation runs the rest of the block, so it needs the block's __exit__ on its stack. The
 # split passes one of these two objects in that slot; CPython calls it like any __exit__ (on the

@@ -27,13 +27,20 @@ import bisect
 import heapq
 import os
 import posixpath
+import re
 import sys
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import Source
-from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
+from kiln_dynamo.variables.base import (
+    ConstantMethodVariable,
+    ConstantVariable,
+    MethodVariable,
+    VariableTracker,
+)
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -50,6 +57,8 @@ PURE_FUNCTIONS: frozenset[Any] = frozenset(
     | {getattr(os.path, n) for n in _PURE_PATH_NAMES}
     | {os.fspath, os.fsencode, os.fsdecode}
     | {bisect.bisect_left, bisect.bisect_right, heapq.nlargest, heapq.nsmallest}
+    | {re.match, re.fullmatch, re.search, re.sub, re.subn, re.split, re.findall, re.compile, re.escape}
+    | {sys.intern}
 )
 # heapq/bisect functions that reorder or grow their list argument in place (C functions): run on
 # the constant items of the list, which then holds the result (Note [Heaps of constants])
@@ -66,11 +75,98 @@ def is_list_mutator(value: Any) -> bool:
         return False
 
 
+def _packaging_versions() -> list[Any]:
+    """The `packaging.version` modules the program loaded (kiln_dynamo does not depend on
+    packaging; torch vendors its own copy for `TorchVersion`)."""
+    return [m for n in _VERSION_MODULES if (m := sys.modules.get(n)) is not None]
+
+
+_VERSION_MODULES = ("packaging.version", "torch._vendor.packaging.version")
+
+
 def is_pure_function(value: Any) -> bool:
     try:
-        return value in PURE_FUNCTIONS
+        if value in PURE_FUNCTIONS:
+            return True
     except TypeError:  # unhashable
         return False
+    # Note [Frozen values]: `version.parse(torch.__version__)` and `Version("2.0")`
+    return any(
+        value is getattr(m, "parse", None) or value is getattr(m, "Version", None)
+        for m in _packaging_versions()
+    )
+
+
+# Note [Frozen values]: a compiled `re.Pattern`, a `re.Match` and a `packaging.version.Version`
+# never change once made, and what model code reads from them is a pure function of the strings
+# they were made from (`re.match(r"layer_(\d+)", name).group(1)`, transformers' and user code's
+# `version.parse(torch.__version__) >= version.parse("2.0")`). The `re` functions above and
+# `version.parse`/`Version` are folded on constant arguments, and the object they give is a
+# constant: its methods in the table below fold on constant arguments, its listed attributes
+# read as constants, and comparisons (`Version >= Version`) run for real at capture time. Such an
+# object from outside the frame (a module-level `_PAT = re.compile(...)`, a parsed version kept
+# in a global) is guarded on its type and `==` (a pattern compares its pattern string and flags,
+# a version its parsed key, a match its identity). Anything else on them breaks with its name:
+# `finditer`/`scanner` give iterators that are not constants, and a call with an argument that
+# is not a constant (a callable `repl`, a string made from a tensor) keeps the break it had.
+_FROZEN_METHODS: dict[str, frozenset[str]] = {
+    "Pattern": frozenset({"match", "fullmatch", "search", "sub", "subn", "split", "findall"}),
+    "Match": frozenset({"group", "groups", "groupdict", "start", "end", "span", "expand", "__getitem__"}),
+    "Version": frozenset({"__str__", "__repr__", "__hash__"}),
+}
+_FROZEN_ATTRS: dict[str, frozenset[str]] = {
+    "Pattern": frozenset({"pattern", "flags", "groups"}),
+    "Match": frozenset({"string", "re", "pos", "endpos", "lastindex", "lastgroup"}),
+    "Version": frozenset(
+        {"epoch", "release", "pre", "post", "dev", "local", "public", "base_version", "is_prerelease",
+         "is_postrelease", "is_devrelease", "major", "minor", "micro"}
+    ),
+}  # fmt: skip
+
+
+def frozen_kind(value: Any) -> str | None:
+    """Which row of the Note [Frozen values] tables `value` is (its exact type), else None."""
+    t = type(value)
+    if t is re.Pattern:
+        return "Pattern"
+    if t is re.Match:
+        return "Match"
+    if any(t is getattr(m, "Version", None) for m in _packaging_versions()):
+        return "Version"
+    return None
+
+
+class FrozenValueVariable(ConstantVariable):
+    """A `re.Pattern`, `re.Match` or `packaging` `Version` (Note [Frozen values])."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, value: Any, kind: str, source: Source | None = None) -> None:
+        super().__init__(value, source)
+        self.kind = kind
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.value!r}"
+
+    def getattr(self, tx: Tx, name: str) -> VT:
+        if name in _FROZEN_METHODS[self.kind]:
+            return ConstantMethodVariable(self, name)
+        if name in _FROZEN_ATTRS[self.kind]:
+            return tx.wrap_constant(getattr(self.value, name))
+        raise Unsupported(f"attribute {name!r} of {self.kind} {self.value!r} (Note [Frozen values])")
+
+    def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if name not in _FROZEN_METHODS[self.kind]:
+            raise Unsupported(f"method {name!r} of {self.kind} {self.value!r} (Note [Frozen values])")
+        return ConstantMethodVariable(self, name).call(tx, args, kwargs)
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        raise Unsupported(f"iterating over {self.kind} {self.value!r}")
+
+    def getitem(self, tx: Tx, key: VT) -> VT:
+        if self.kind != "Match":
+            raise Unsupported(f"indexing {self.kind} {self.value!r}")
+        return super().getitem(tx, key)
 
 
 class PureFunctionVariable(VariableTracker):
@@ -109,7 +205,10 @@ class PureFunctionVariable(VariableTracker):
             return tx.wrap_constant(out)
         from kiln_dynamo.variables.functions import UserFunctionVariable
         from kiln_dynamo.variables.opaque import OpaqueCallableVariable
+        from kiln_dynamo.variables.user_defined import UserClassVariable
 
+        if isinstance(self.fn, type):
+            return UserClassVariable(self.fn, None).call(tx, args, kwargs)
         if hasattr(self.fn, "__code__"):
             return UserFunctionVariable(self.fn, None).call(tx, args, kwargs)
         return OpaqueCallableVariable(self.fn, None).call(tx, args, kwargs)
@@ -153,6 +252,98 @@ class ListMutatorVariable(VariableTracker):
         target._mutate(tx)
         target.items = [tx.wrap_constant(v) for v in real]
         return tx.wrap_constant(out)
+
+
+# Note [namedtuple made in the frame]: `P = collections.namedtuple("P", "a b")` inside a forward
+# builds its class with `sys._getframe`, `eval` and `type(...)`, which the capture cannot step
+# through. With constant arguments the call is made for real once, while tracing (as
+# torch.compile does), with `module=` set to the calling frame's `__name__` as namedtuple itself
+# would read it; the compiled code then uses that one class on every call. Instances behave as
+# eager's (fields, indexing, `_fields`, `_asdict`, repr, equality with tuples); what differs is
+# only that eager makes a new class per call, so `type(f(x)) is type(f(y))` is True compiled and
+# False in eager — the same trade torch.compile makes. A field list or name that is not a
+# constant breaks, and an invalid one raises the same error as eager at trace time, which breaks.
+class NamedTupleFactoryVariable(VariableTracker):
+    """`collections.namedtuple` (Note [namedtuple made in the frame])."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return "collections.namedtuple"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        from kiln_dynamo.variables.user_defined import UserClassVariable
+
+        if not all(a.is_constant() for a in [*args, *kwargs.values()]):
+            raise Unsupported("collections.namedtuple called with a name or fields that are not constants")
+        kw = {k: v.as_constant() for k, v in kwargs.items()}
+        kw.setdefault("module", getattr(tx, "f_globals", {}).get("__name__", "__main__"))
+        try:
+            cls = self.fn(*[a.as_constant() for a in args], **kw)
+        except Exception as e:
+            raise Unsupported(f"collections.namedtuple raised {type(e).__name__}: {e}") from e
+        tx.output.builder.keepalive.append(cls)
+        return UserClassVariable(cls, None)
+
+
+def is_python_rng_method(value: Any) -> bool:
+    """A method of a `random.Random` (the `random` module's functions are those of its hidden
+    instance: `random.seed`, `random.random`, `random.uniform`, ...)."""
+    import random
+
+    return isinstance(value, (types.MethodType, types.BuiltinMethodType)) and isinstance(
+        getattr(value, "__self__", None), random.Random
+    )
+
+
+class PythonRngCallVariable(VariableTracker):
+    """Note [Python's random module]: `random.seed(0)`, `random.random()`, `rng.uniform(a, b)` read
+    or set the state of a `random.Random` (the `random` module's hidden one, for its functions).
+    No graph carries that state, and folding a draw at capture time would replay one number on
+    every call, so each call is one clean break at the call: CPython runs it on the real
+    generator, in program order (a seed before a draw stays before it), and the frame resumes
+    after it with the result. torch.compile draws module-level values before its graph instead;
+    kiln does not (a seed in the same frame would then come after the draw)."""
+
+    def __init__(self, fn: Any, source: Source | None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"random.{getattr(self.fn, '__name__', '?')}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def identity(self) -> object:
+        return self.fn
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        raise Unsupported(
+            f"{self.describe()}() uses the state of Python's random number generator, which no graph "
+            "carries (Note [Python's random module]); the call runs in Python",
+            advice="draw the number outside the compiled function, or use torch's generator",
+        )
 
 
 class EnvironVariable(VariableTracker):

@@ -56,16 +56,6 @@ def is_namedtuple_class(cls: type) -> bool:
     return issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
 
 
-# Classes whose construction is one break with its reason (and the advice), not "has a C base".
-_UNSUPPORTED_CLASSES: dict[type, tuple[str, str]] = {
-    torch.inference_mode: (
-        "torch.inference_mode inside a compiled frame: the tensors it makes are inference tensors, "
-        "which no graph makes; the block runs as Python",
-        "call the compiled function under torch.inference_mode() (or use torch.no_grad() inside it)",
-    ),
-}
-
-
 class UserClassVariable(VariableTracker):
     def __init__(self, cls: type, source: Source | None) -> None:
         self.cls = cls
@@ -174,8 +164,14 @@ class UserClassVariable(VariableTracker):
             )
         if issubclass(cls, nn.Module):
             return construct_module(tx, cls, args, kwargs)
-        if cls in _UNSUPPORTED_CLASSES:
-            raise Unsupported(_UNSUPPORTED_CLASSES[cls][0], advice=_UNSUPPORTED_CLASSES[cls][1])
+        if cls is torch.inference_mode:  # Note [inference_mode in the frame] (opaque.py)
+            from kiln_dynamo.variables.opaque import InferenceModeVariable
+
+            im_args = inspect.signature(torch.inference_mode.__init__).bind(None, *args, **kwargs)
+            mode = im_args.arguments.get("mode", ConstantVariable(True))
+            if not mode.is_constant():
+                raise Unsupported("torch.inference_mode with a mode that is not a constant")
+            return InferenceModeVariable(bool(mode.as_constant()))
         if is_plain_exception_class(cls):
             if kwargs:
                 raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
@@ -238,12 +234,54 @@ def _stored_on(tx: Tx, cls: type) -> bool:
 # `object.__setattr__(obj, ...)` skips the hook but not the descriptor, as in CPython. Before,
 # such a store went into the instance's attributes, and a read found it there first: a setter's
 # work was lost.
+# Note [vars of an object made in the frame]: `vars(obj)` (and `obj.__dict__`) of an instance
+# made in the frame is its instance dict, live in both directions: `vars(c)["k"] = v` is seen by
+# `c.k`, and a later `c.k = v` by the dict. The tracker of that dict keeps its entries in the
+# object's own attribute table, so there is one copy of the truth. The object itself never
+# leaves the frame (it has no way to be rebuilt), so a dict that does is rebuilt as a plain dict
+# with the same entries, which is all the caller can observe of eager's. A class that defines
+# `__slots__` without `__dict__`, or its own `__getattribute__`/`__setattr__`, is a break.
+def instance_dict_of(tx: Tx, obj: NewObjectVariable) -> VT:
+    from kiln_dynamo.variables.dicts import DictVariable
+
+    cls = obj.cls
+    if not isinstance(inspect.getattr_static(cls, "__dict__", None), _GETSET) or any(
+        inspect.getattr_static(cls, n, None) is not getattr(object, n)
+        for n in ("__getattribute__", "__setattr__")
+    ):
+        raise Unsupported(
+            f"the instance dict of {obj.describe()}: its class has slots or its own attribute hooks"
+        )
+    if obj.instance_dict is None:
+
+        class _InstanceDict(DictVariable):
+            def __init__(self) -> None:  # no entries of its own: they are obj.attrs
+                self.user_cls = dict
+                self.source = None
+
+            @property
+            def _items(self) -> dict[Any, Any]:
+                return obj.attrs
+
+            @_items.setter
+            def _items(self, value: dict[Any, Any]) -> None:
+                if not all(isinstance(k, str) for k in value):
+                    raise Unsupported(f"a key that is not a string in the instance dict of {obj.describe()}")
+                if value is not obj.attrs:
+                    obj.attrs.clear()
+                    obj.attrs.update(value)
+
+        obj.instance_dict = _InstanceDict()
+    return obj.instance_dict
+
+
 class NewObjectVariable(VariableTracker):
     """An instance of a user class created inside the frame."""
 
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.attrs: dict[str, VT] = {}
+        self.instance_dict: VT | None = None  # Note [vars of an object made in the frame]
 
     def describe(self) -> str:
         return f"new {self.cls.__qualname__} object"
@@ -256,6 +294,8 @@ class NewObjectVariable(VariableTracker):
             return self.attrs[name]
         if name == "__class__":
             return tx.wrap(self.cls, None)
+        if name == "__dict__":
+            return instance_dict_of(tx, self)
         pending = pending_class_attr(tx, self.cls, name)
         if pending is not None:
             return pending
@@ -467,6 +507,7 @@ class UserObjectVariable(VariableTracker):
     def __init__(self, obj: object, source: Source | None) -> None:
         self.obj = obj
         self.source = source
+        self.dict_exposed = False  # Note [Two views of an instance dict]
 
     def describe(self) -> str:
         return f"{type(self.obj).__qualname__} object"
@@ -491,9 +532,33 @@ class UserObjectVariable(VariableTracker):
             return tx.wrap(custom, None).call(tx, [self, ConstantVariable(name)], {})
         return self.generic_getattr(tx, name)
 
+    # Note [Two views of an instance dict]: an attribute store on an object from outside the frame
+    # is a pending store (replayed after the graph) that attribute reads consult, while its
+    # `__dict__` (`vars(o)`, `o.__dict__`) is a dict tracker whose writes are replayed as a
+    # mutated container; neither sees the other. So once the frame mixes them, the later one
+    # breaks: reading `__dict__` after an attribute store, storing an attribute after `__dict__`
+    # was read, or reading an attribute after a write through `__dict__` (each gave the value from
+    # before the write).
+    def _dict_tracker(self, tx: Tx) -> VT | None:
+        d = getattr(self.obj, "__dict__", None)
+        return tx.output.builder.cache.get(id(d)) if isinstance(d, dict) else None
+
     def generic_getattr(self, tx: Tx, name: str) -> VT:
         """object.__getattribute__: the instance dict, then the class."""
-        pending = tx.output.side_effects.pending_attr(self.obj, name)
+        side = tx.output.side_effects
+        if name == "__dict__" and side.has_pending_attrs(self.obj):
+            raise Unsupported(
+                f"__dict__ of {self.describe()} after an attribute store in the frame (Note [Two views of an instance dict])"
+            )
+        if name == "__dict__":
+            self.dict_exposed = True  # the frame holds the dict itself from here on
+        dict_vt = self._dict_tracker(tx) if name != "__dict__" else None
+        if dict_vt is not None and side.is_mutated(dict_vt):
+            raise Unsupported(
+                f"attribute {name!r} of {self.describe()} after a write through its __dict__ "
+                "(Note [Two views of an instance dict])"
+            )
+        pending = side.pending_attr(self.obj, name)
         if pending is not None:
             return pending
         d = getattr(self.obj, "__dict__", {})
@@ -524,6 +589,11 @@ class UserObjectVariable(VariableTracker):
             raise Unsupported(f"setting an attribute on {self.describe()} without a source")
         if type(self.obj).__setattr__ is not object.__setattr__:
             raise Unsupported(f"{self.describe()} customises __setattr__")
+        if self.dict_exposed:
+            raise Unsupported(
+                f"setting attribute {name!r} on {self.describe()} after its __dict__ was read "
+                "(Note [Two views of an instance dict])"
+            )
         tx.output.side_effects.store_attr(self, self.obj, name, value)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
