@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import kiln
-import kiln_dynamo.fake as fake
+from kiln_dynamo import fake
 
 _run_fake = fake.run_fake
 _seen: set[str] = set()
@@ -86,6 +86,7 @@ def main() -> None:
         print(f"=== {label}: {report.graph_count} graph(s), {report.graph_break_count} break(s)")
         for reason in report.break_reasons:
             print("   break:", str(reason)[:400])
+
 
 if __name__ == "__main__":
     main()
