@@ -5,11 +5,12 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# Twelfth session: the device refused every call until late; torch 2.11's capture failures were
-#   reproduced and fixed on the CPU with torch 2.11's wheel (Note [Composite operators under
-#   symbolic sizes]). Next: call7 (confirms them on the H200: dynamo's and kiln's dynamic tests,
-#   diag_fake_failures.py), call5a / call5 (GPT-2 then LLaMA/ResNet dynamic: compiles should be 3
-#   for GPT-2 now on 2.11 too), call8 (host time by layer and function), call2c, call2, call4, call4b.
+# Twelfth session: call5a, call5c, call8s ran (README, the twelfth session's paragraph), and call7's
+#   tests by hand (dynamo 146 passed; kiln test_dynamic 45 passed, 6 failed, all torch 2.11/Triton 3.6
+#   only: 4 max-pool cases, a parity guard of torch 2.11's pooling meta kernel, and 2 batch-norm
+#   cases under Triton 3.6's interpreter, which cannot take `range()` over a symbolic rnumel; the
+#   same runs locally with `scripts/torch_version_check.sh`). Next: call2 (bf16 inference suite
+#   and reduce-overhead, after this session's changes), call4, call4b, call2c, call3/call3b.
 # call1 (issue 15, conv9): channels-last training is on by default now (Note [Channels-last for
 #   convolutions]: no grouped/depthwise conv) with max-pool backward generated (Note [Max pooling
 #   backward as a gather]) and short column-reduction chunks (Note [Short chunks of column
@@ -89,8 +90,10 @@ for step in "$@"; do
     call5b)
       timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
     call7)
-      TRITON_INTERPRET=1 timeout 300 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py packages/dynamo/tests/test_fake.py \
-        packages/kiln/tests/test_dynamic.py > "$out/dynamic-tests-torch211.log" 2>&1
+      # one pytest process per package (their conftest modules collide in one)
+      TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py \
+        packages/dynamo/tests/test_fake.py > "$out/dynamic-tests-torch211.log" 2>&1
+      TRITON_INTERPRET=1 timeout 240 python3 -m pytest -q -p no:cacheprovider packages/kiln/tests/test_dynamic.py >> "$out/dynamic-tests-torch211.log" 2>&1
       tail -12 "$out/dynamic-tests-torch211.log"
       timeout 120 python3 scripts/diag_fake_failures.py > "$out/diag-fake-failures.log" 2>&1
       grep -E "^(torch|===|   break|--- run_fake)" "$out/diag-fake-failures.log" | cut -c1-300 | head -30 ;;
