@@ -169,15 +169,13 @@ class FrozenValueVariable(ConstantVariable):
         return super().getitem(tx, key)
 
 
-class PureFunctionVariable(VariableTracker):
-    """A pure standard-library function: folded on constant arguments, else inlined."""
+class _CallableVariable(VariableTracker):
+    """A standard-library (or NumPy) callable reached from the frame: what its variables share
+    (the function, where it came from, its type and identity, and how the frame gets it back)."""
 
     def __init__(self, fn: Any, source: Source | None) -> None:
         self.fn = fn
         self.source = source
-
-    def describe(self) -> str:
-        return f"function {getattr(self.fn, '__module__', '?')}.{self.fn.__name__}"
 
     def python_type(self) -> type:
         return type(self.fn)
@@ -185,14 +183,21 @@ class PureFunctionVariable(VariableTracker):
     def identity(self) -> object:
         return self.fn
 
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
+
+
+class PureFunctionVariable(_CallableVariable):
+    """A pure standard-library function: folded on constant arguments, else inlined."""
+
+    def describe(self) -> str:
+        return f"function {getattr(self.fn, '__module__', '?')}.{self.fn.__name__}"
+
     def is_constant(self) -> bool:
         return True
 
     def as_constant(self) -> Any:
         return self.fn
-
-    def reconstruct(self, cg: Reconstructor) -> str:
-        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if all(a.is_constant() for a in [*args, *kwargs.values()]):
@@ -263,30 +268,17 @@ class ListMutatorVariable(VariableTracker):
 # only that eager makes a new class per call, so `type(f(x)) is type(f(y))` is True compiled and
 # False in eager — the same trade torch.compile makes. A field list or name that is not a
 # constant breaks, and an invalid one raises the same error as eager at trace time, which breaks.
-class NamedTupleFactoryVariable(VariableTracker):
+class NamedTupleFactoryVariable(_CallableVariable):
     """`collections.namedtuple` (Note [namedtuple made in the frame])."""
-
-    def __init__(self, fn: Any, source: Source | None) -> None:
-        self.fn = fn
-        self.source = source
 
     def describe(self) -> str:
         return "collections.namedtuple"
-
-    def python_type(self) -> type:
-        return type(self.fn)
-
-    def identity(self) -> object:
-        return self.fn
 
     def is_constant(self) -> bool:
         return True
 
     def as_constant(self) -> Any:
         return self.fn
-
-    def reconstruct(self, cg: Reconstructor) -> str:
-        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         from kiln_dynamo.variables.user_defined import UserClassVariable
@@ -313,7 +305,7 @@ def is_python_rng_method(value: Any) -> bool:
     )
 
 
-class PythonRngCallVariable(VariableTracker):
+class PythonRngCallVariable(_CallableVariable):
     """Note [Python's random module]: `random.seed(0)`, `random.random()`, `rng.uniform(a, b)` read
     or set the state of a `random.Random` (the `random` module's hidden one, for its functions).
     No graph carries that state, and folding a draw at capture time would replay one number on
@@ -322,21 +314,8 @@ class PythonRngCallVariable(VariableTracker):
     after it with the result. torch.compile draws module-level values before its graph instead;
     kiln does not (a seed in the same frame would then come after the draw)."""
 
-    def __init__(self, fn: Any, source: Source | None) -> None:
-        self.fn = fn
-        self.source = source
-
     def describe(self) -> str:
         return f"random.{getattr(self.fn, '__name__', '?')}"
-
-    def python_type(self) -> type:
-        return type(self.fn)
-
-    def identity(self) -> object:
-        return self.fn
-
-    def reconstruct(self, cg: Reconstructor) -> str:
-        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         raise Unsupported(
@@ -481,25 +460,12 @@ def is_numpy_callable(value: Any) -> bool:
     return callable(value) and mod.split(".")[0] == "numpy"
 
 
-class NumpyFoldVariable(VariableTracker):
+class NumpyFoldVariable(_CallableVariable):
     """A NumPy function called on constants (`np.sqrt(d)`, `np.log(2)`), folded when it returns a
     scalar; with a tensor or an array result it breaks (kiln does not trace NumPy as tensor ops)."""
 
-    def __init__(self, fn: Any, source: Source | None) -> None:
-        self.fn = fn
-        self.source = source
-
     def describe(self) -> str:
         return f"numpy.{getattr(self.fn, '__name__', '?')}"
-
-    def python_type(self) -> type:
-        return type(self.fn)
-
-    def identity(self) -> object:
-        return self.fn
-
-    def reconstruct(self, cg: Reconstructor) -> str:
-        return cg.source(self.source) if self.source is not None else cg.const(self.fn)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_ufunc
