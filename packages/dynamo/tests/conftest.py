@@ -27,6 +27,14 @@ class CountingBackend:
         return gm.forward
 
 
+def one_graph(fn: Any, *args: Any) -> Any:
+    """`fn` captured as one graph with no break (kiln_dynamo.explain); returns its result."""
+    report = kiln_dynamo.explain(fn)(*args)
+    assert report.graph_count == 1, report
+    assert report.break_reasons == [], report
+    return report.result
+
+
 def assert_same(a: Any, b: Any, path: str = "out") -> None:
     assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
     if isinstance(a, torch.Tensor):

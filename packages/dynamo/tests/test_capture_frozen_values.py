@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import torch
-from conftest import CountingBackend, assert_same
+from conftest import CountingBackend, assert_same, one_graph
 from packaging import version
 
 import kiln_dynamo
@@ -22,13 +22,6 @@ import kiln_dynamo
 def t(*shape: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(7 * sum(shape) + 3)
     return torch.randn(*shape, generator=g)
-
-
-def _one_graph(fn: Any, *args: Any) -> Any:
-    report = kiln_dynamo.explain(fn)(*args)
-    assert report.graph_count == 1, report
-    assert report.break_reasons == [], report
-    return report.result
 
 
 def _re_ops(x: torch.Tensor) -> Any:
@@ -45,7 +38,7 @@ def _re_ops(x: torch.Tensor) -> Any:
 
 def test_re_on_constant_strings_folds() -> None:
     x = t(3)
-    got = _one_graph(_re_ops, x)
+    got = one_graph(_re_ops, x)
     assert_same(got, _re_ops(x))
 
 
@@ -106,7 +99,7 @@ def _version_check(x: torch.Tensor) -> Any:
 
 def test_packaging_version_comparison_folds() -> None:
     x = t(3)
-    got = _one_graph(_version_check, x)
+    got = one_graph(_version_check, x)
     assert_same(got, _version_check(x))
 
 
@@ -140,7 +133,7 @@ def _namedtuple(x: torch.Tensor) -> Any:
 
 def test_namedtuple_made_in_the_frame() -> None:
     x = t(3)
-    got = _one_graph(_namedtuple, x)
+    got = one_graph(_namedtuple, x)
     want = _namedtuple(x)
     assert type(got[0]).__name__ == "P" and type(got[0]).__module__ == __name__
     assert type(got[0])._fields == type(want[0])._fields
@@ -182,7 +175,7 @@ def _wraps(x: torch.Tensor) -> Any:
 
 def test_functools_wraps_on_a_function_made_in_the_frame() -> None:
     x = t(3)
-    got = _one_graph(_wraps, x)
+    got = one_graph(_wraps, x)
     assert_same(got, _wraps(x))
 
 
@@ -200,7 +193,7 @@ def _vars(x: torch.Tensor) -> Any:
 
 def test_vars_of_an_object_made_in_the_frame_is_its_live_dict() -> None:
     x = t(3)
-    got = _one_graph(_vars, x)
+    got = one_graph(_vars, x)
     assert_same(got, _vars(x))
 
 
@@ -358,7 +351,7 @@ def test_instance_dict_and_attributes_of_an_outside_object_stay_coherent() -> No
         assert got_o.k == want_o.k
         assert any("Two views of an instance dict" in b.reason for b in report.break_reasons), fn
     o = _Obj()
-    torch.testing.assert_close(_one_graph(_read_both, t(3), o), t(3) * 4)
+    torch.testing.assert_close(one_graph(_read_both, t(3), o), t(3) * 4)
 
 
 class _Mod(torch.nn.Module):
@@ -405,7 +398,7 @@ def _wraps_outside(x: torch.Tensor) -> Any:
 
 def test_functools_wraps_of_an_outside_function_reads_its_attributes_guarded() -> None:
     x = t(3)
-    assert_same(_one_graph(_wraps_outside, x), _wraps_outside(x))
+    assert_same(one_graph(_wraps_outside, x), _wraps_outside(x))
     backend = CountingBackend()
     compiled = kiln_dynamo.compile(_wraps_outside, backend=backend)
     assert compiled(x)[4] == "a"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CountingBackend
+from conftest import CountingBackend, one_graph
 
 import kiln_dynamo
 
@@ -21,14 +21,6 @@ import kiln_dynamo
 def t(*shape: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(11 * sum(shape) + 1)
     return torch.randn(*shape, generator=g)
-
-
-def _one_graph(fn: Any, *args: Any) -> Any:
-    """`fn` captured as one graph with no break; returns the compiled result."""
-    report = kiln_dynamo.explain(fn)(*args)
-    assert report.graph_count == 1, report
-    assert report.break_reasons == [], report
-    return report.result
 
 
 def _deque_ops(x: torch.Tensor) -> Any:
@@ -51,7 +43,7 @@ def _same_deque(a: collections.deque[Any], b: collections.deque[Any]) -> None:
 
 def test_deque_methods_and_maxlen_match_eager() -> None:
     x = t(3)
-    got = _one_graph(_deque_ops, x)
+    got = one_graph(_deque_ops, x)
     want = _deque_ops(x)
     torch.testing.assert_close(got[0], want[0])
     _same_deque(got[1], want[1])
@@ -89,7 +81,7 @@ def _counter_ops(x: torch.Tensor) -> Any:
 def test_counter_matches_eager_and_guards_what_it_counts() -> None:
     global SCALE
     x = t(4)
-    got = _one_graph(_counter_ops, x)
+    got = one_graph(_counter_ops, x)
     want = _counter_ops(x)
     torch.testing.assert_close(got[0], want[0])
     assert type(got[1]) is collections.Counter and list(got[1].items()) == list(want[1].items())
@@ -113,7 +105,7 @@ def test_counter_of_tensors_counts_them_in_the_graph() -> None:
         c.update({"a": x * 2, "b": x})
         return c
 
-    got, want = _one_graph(f, t(3)), f(t(3))
+    got, want = one_graph(f, t(3)), f(t(3))
     assert list(got) == list(want)
     for k in want:
         torch.testing.assert_close(got[k], want[k])
@@ -132,7 +124,7 @@ def _count_ops(x: torch.Tensor) -> Any:
 
 def test_itertools_count_matches_eager_and_leaves_at_its_position() -> None:
     x = t(2)
-    got = _one_graph(_count_ops, x)
+    got = one_graph(_count_ops, x)
     want = _count_ops(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1:4] == want[1:4]
@@ -146,7 +138,7 @@ def test_islice_of_count_takes_only_what_is_consumed() -> None:
         a = next(s)
         return x + a, next(c), s, c  # the islice left the count at 3
 
-    got, want = _one_graph(f, t(2)), f(t(2))
+    got, want = one_graph(f, t(2)), f(t(2))
     torch.testing.assert_close(got[0], want[0])
     assert got[1] == want[1]
     assert list(got[2]) == list(want[2]) and next(got[3]) == next(want[3])
@@ -167,7 +159,7 @@ def _weak(x: torch.Tensor) -> Any:
 def test_weakref_of_an_outside_object_is_its_own_reference() -> None:
     global HELD
     x = t(3)
-    got = _one_graph(_weak, x)
+    got = one_graph(_weak, x)
     want = _weak(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1] is want[1] is weakref.ref(HELD) and got[2] is True
@@ -224,7 +216,7 @@ def _copies(x: torch.Tensor) -> Any:
 def test_copy_and_deepcopy_of_plain_values() -> None:
     global CONFIG
     x = t(3)
-    got = _one_graph(_copies, x)
+    got = one_graph(_copies, x)
     want = _copies(x)
     torch.testing.assert_close(got[0], want[0])
     assert got[1:] == want[1:] and CONFIG["layers"] == [1, 2]
