@@ -519,3 +519,23 @@ def test_sizes_and_sequences_compare_as_python_does(dynamic: bool | None) -> Non
     eager's at every size, with no break."""
     run_sizes(_size_comparisons, lambda n: (torch.randn(n, 8),), [2, 3, 4, 5, 6], dynamic=dynamic)
     assert counters.graph_breaks == 0  # (`n in (2, 3, 5)` specializes n where it holds, as in eager's branch)
+
+
+class _WithBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(8), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # `view(2, 4)` of the buffer asks its size to be 8: a guard on the buffer's size
+        return x.sum(1, keepdim=True) + self.table.view(2, 4).sum(0).repeat(2)[: x.shape[0]].unsqueeze(1)
+
+
+def test_a_module_buffer_stays_static_and_never_pins_an_input_size() -> None:
+    # a buffer read as `self.table` comes through the module's `_buffers` (its source's name
+    # reads as the attribute): static, as Parameters are. Duck-sized with an input dim of the
+    # same size, its own guard (size 8) pinned that dim: one compile per length under dynamic=True
+    backend = run_sizes(_WithBuffer(), lambda n: (torch.randn(4, n),), [8, 5, 11, 8], dynamic=True)
+    assert backend.graphs == 1
+    sizes = backend.placeholder_sizes(0)
+    assert sizes[0][1].startswith("s") and ("8",) in sizes, sizes

@@ -315,14 +315,19 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     tol = 1e-3 if args.dtype == "float32" else 5e-2
     with torch.no_grad():
         expected = m(**inputs)
-        k = kiln.compile(m, mode=args.mode, options=args.options)
+        k = kiln.compile(m, mode=args.mode, options=args.options, dynamic=args.dynamic)
         for _ in range(3):
             got = k(**inputs)
         # "before": compiled again without the C++ wrapper's guarded layouts (a compile-time
         # choice), under an option equal to its default so that it is a cache entry of its own
         kiln_backends.GUARDED_LAYOUTS = False
         try:
-            kb = kiln.compile(m, mode=args.mode, options={**(args.options or {}), "linear_pack": False})
+            kb = kiln.compile(
+                m,
+                mode=args.mode,
+                options={**(args.options or {}), "linear_pack": False},
+                dynamic=args.dynamic,
+            )
             with switched_off():
                 for _ in range(3):
                     kb(**inputs)
@@ -334,7 +339,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         tc = None
         if not args.no_torch:
             torch._dynamo.reset()
-            tc = torch.compile(m, mode=args.mode)
+            tc = torch.compile(m, mode=args.mode, dynamic=True if args.dynamic else None)
             for _ in range(3):
                 tc(**inputs)
 
@@ -489,6 +494,9 @@ def main() -> None:
     parser.add_argument("--micro", action="store_true", help="time the two cuts by themselves, and stop")
     parser.add_argument("--options", default=None, help="kiln.compile options, a Python dict literal")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--dynamic", action="store_true", help="kiln with dynamic=True (symbolic sizes from the first call)"
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--mode", default=None, help="torch.compile's mode, for kiln and torch.compile")
     args = parser.parse_args()

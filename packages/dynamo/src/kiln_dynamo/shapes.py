@@ -48,7 +48,7 @@ import torch
 from kiln_symbolic import ConstraintViolation, DimDynamic, ShapeEnv, expr_of, make_symint
 
 from kiln_dynamo.logs import recompiles_log
-from kiln_dynamo.source import Source
+from kiln_dynamo.source import DictEntrySource, Source
 
 log = logging.getLogger("kiln.dynamo.dynamic")
 
@@ -92,6 +92,17 @@ def maybe_mark_dynamic(t: torch.Tensor, index: int | list[int] | tuple[int, ...]
         if not hasattr(t, "_dynamo_weak_dynamic_indices"):
             t._dynamo_weak_dynamic_indices = set()  # type: ignore[attr-defined]
         t._dynamo_weak_dynamic_indices.add(d)  # type: ignore[attr-defined]
+
+
+def _module_buffer(source: Source) -> bool:
+    """Whether `source` reads a module's buffer: `m.inv_freq` resolves through `m._buffers`
+    (DictEntrySource, whose name reads as the attribute). The name test alone missed those, so
+    under `dynamic=True` LLaMA's rotary `inv_freq` (size head_dim / 2) was duck-sized with a
+    sequence length that happened to equal it, and the guard the rotary's `cat` put on the buffer
+    pinned the length: a dynamic graph compiled static (twelfth session, tiny LLaMA at length 8)."""
+    if isinstance(source, DictEntrySource) and source.dict_attr == "_buffers":
+        return True
+    return "._buffers[" in source.name()
 
 
 def mark_static(t: torch.Tensor, index: int | list[int] | tuple[int, ...] | None = None) -> None:
@@ -212,7 +223,7 @@ class ShapeContext:
             return DimDynamic.DYNAMIC
         if self.static or self.mode is False:
             return DimDynamic.STATIC
-        if isinstance(t, torch.nn.Parameter) or "._buffers[" in source.name():
+        if isinstance(t, torch.nn.Parameter) or _module_buffer(source):
             return DimDynamic.STATIC
         if d in auto or d in _marked(t, "_dynamo_weak_dynamic_indices"):
             return DimDynamic.DYNAMIC
