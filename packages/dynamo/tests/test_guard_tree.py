@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import logging
 import math
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -333,6 +334,36 @@ def test_a_check_the_tree_cannot_express_goes_to_the_residual_guard() -> None:
     cfg.alpha = 0.25
     assert tree(cfg) is False and guard.fn(cfg) is False
     assert tree(3) is False and guard.fn(3) is False
+
+
+def test_the_residual_guard_binds_only_what_its_checks_read() -> None:
+    # Note [The residual guard's bindings]: the residual evaluates the bindings its own checks
+    # read (transitively), not every binding of the frame's guard; the tree loads the others
+    from kiln_dynamo.guards import GuardPart, _needed_bindings
+
+    part = GuardPart("2 <= v4.size(1)", (("2 <= v4.size(1)", "2 <= x.size(1)"),), "here")
+    items: list[Any] = ["v0 = L0[0]", "v1 = v0.model", "v2 = L1['ids']", "v4 = v2.t()", "v5 = v1.w", part]
+    assert _needed_bindings(items) == ["v2 = L1['ids']", "v4 = v2.t()", part]
+    assert _needed_bindings(["if x: pass", part]) == ["if x: pass", part]  # not a plain binding: all kept
+
+    class Unusual(AttrSource):
+        """A source kind the tree compiler does not know."""
+
+    ctx = CodeContext(["x"])
+    builder = GuardBuilder(ctx)
+    for i in range(20):
+        builder.constant(AttrSource(LocalSource("x"), f"p{i}"), i)
+    builder.constant(Unusual(LocalSource("x"), "alpha"), 0.5)
+    guard = build_guard(builder, 1, {}, "test")
+    assert guard.residual_parts == 1
+    cfg = types.SimpleNamespace(alpha=0.5, **{f"p{i}": i for i in range(20)})
+    assert guard.tree(cfg) is True
+    cfg.alpha = 0.25
+    assert guard.tree(cfg) is False
+    cfg.alpha, cfg.p3 = 0.5, 7
+    assert guard.tree(cfg) is False  # a check the tree runs
+    del cfg.p5
+    assert guard.tree(cfg) is False  # a binding that raises still fails the guard
 
 
 def test_c_guards_can_be_switched_off_and_recompile_reasons_read_the_same() -> None:

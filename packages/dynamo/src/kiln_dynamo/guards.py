@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -491,6 +492,43 @@ def _compile(
     return fn
 
 
+# Note [The residual guard's bindings]: the checks the C tree cannot run (a symbolic size's range,
+# `2 <= v4.size(1)`; a tensor with symbolic sizes) go to a residual Python guard. It used to
+# evaluate every binding of the frame's guard too (`v0 = L0[0]` ... one per source the guard
+# reads: 460 for a tiny LLaMA), about 35-50 us a call under dynamic shapes, for three checks that
+# read one of them. The tree already loads every bound source, so that a load that raises fails
+# the tree as it fails the Python guard (guard_tree.compile_tree); the residual needs only the
+# bindings its own checks read, transitively. When the tree could not load some binding (index
+# -1), or a line is not a plain `vN = ...` binding, every line is kept, as before.
+_BINDING = re.compile(r"^(v\d+) = (.*)$", re.DOTALL)
+_NAME = re.compile(r"\bv\d+\b")
+
+
+def _needed_bindings(items: list[str | GuardPart]) -> list[str | GuardPart]:
+    """`items` with only the bindings the guard parts among them read (Note [The residual
+    guard's bindings]); all of `items` when a line is not a plain binding."""
+    defs: dict[str, str] = {}
+    for item in items:
+        if isinstance(item, str):
+            m = _BINDING.match(item)
+            if m is None:
+                return items
+            defs[m.group(1)] = m.group(2)
+    todo = [n for item in items if not isinstance(item, str) for n in _NAME.findall(item.code)]
+    need: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in need or name not in defs:
+            continue
+        need.add(name)
+        todo.extend(_NAME.findall(defs[name]))
+    return [
+        item
+        for item in items
+        if not isinstance(item, str) or ((m := _BINDING.match(item)) is not None and m.group(1) in need)
+    ]
+
+
 def build_guard(
     builder: GuardBuilder, n_entries: int, globals_dict: dict[str, Any], title: str = "?"
 ) -> Guard:
@@ -504,7 +542,7 @@ def build_guard(
     if guard_tree.c_guards_enabled():
 
         def residual(indices: list[int]) -> Callable[..., Any]:
-            # every binding (cheap, and a binding that raises fails the guard) and the residual parts
+            # the residual parts and the bindings they read (Note [The residual guard's bindings])
             keep, k = set(indices), 0
             out: list[str | GuardPart] = []
             for item in items:
@@ -514,6 +552,8 @@ def build_guard(
                     if k in keep:
                         out.append(item)
                     k += 1
+            if -1 not in keep:
+                out = _needed_bindings(out)
             return _compile(out, n_entries, consts, globals_dict, explain=False)
 
         bound = list(builder.ctx.cse or ())
