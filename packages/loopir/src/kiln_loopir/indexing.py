@@ -181,42 +181,10 @@ def floor_modulo_text(a: Expr, m: Expr, ta: str, tm: str) -> str:
 
 
 def bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> int | None:
-    """An upper bound (exclusive) of a non-negative integer expression, if easy to prove."""
-    if expr.is_Integer:
-        return int(expr) + 1
-    if isinstance(expr, sympy.Symbol):
-        size = ranges.get(expr)
-        return int(size) if size is not None and size.is_Integer else None
-    if isinstance(expr, sympy.Add):
-        total = 1 - len(expr.args)
-        for arg in expr.args:
-            b = bound(arg, ranges)
-            if b is None:
-                return None
-            total += b
-        return total
-    if isinstance(expr, sympy.Mul):
-        coeff, rest = expr.as_coeff_Mul()
-        if rest == expr:  # a product of non-numbers (a loop variable times a size symbol)
-            prod = 1
-            for arg in expr.args:
-                ab = bound(arg, ranges)
-                if ab is None:
-                    return None
-                prod *= ab - 1
-            return prod + 1
-        b = bound(rest, ranges)
-        if coeff.is_Integer and int(coeff) >= 0 and b is not None:
-            return int(coeff) * (b - 1) + 1
-        return None
-    if isinstance(expr, FloorDiv):
-        b = bound(expr.args[0], ranges)
-        d = expr.args[1]
-        return (b - 1) // int(d) + 1 if b is not None and d.is_Integer else None
-    if isinstance(expr, ModularIndexing):
-        m = expr.args[2]
-        return int(m) if m.is_Integer else None
-    return None
+    """An upper bound (exclusive) of a non-negative integer expression, if easy to prove: one
+    more than its largest value (:func:`_max_value`) when that is a number."""
+    top = _max_value(expr, ranges)
+    return int(top) + 1 if top is not None and top.is_Integer else None
 
 
 def simplify_index(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
@@ -358,9 +326,10 @@ def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool
 # no answer and is left as it is.
 def _max_value(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
     """The largest value of a non-negative index expression over the loops' ``ranges`` (each
-    variable ``v`` in ``[0, ranges[v])``), an expression in the size symbols, or None."""
+    variable ``v`` in ``[0, ranges[v])``), an integer, an expression in the size symbols, or
+    None when a factor has no bound. :func:`bound` is its integer form."""
     if expr.is_Integer:
-        return expr if int(expr) >= 0 else None
+        return expr
     if isinstance(expr, sympy.Symbol):
         size = ranges.get(expr)
         return sympy.expand(size - 1) if size is not None else None
@@ -374,8 +343,11 @@ def _max_value(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
         factors = [_max_value(a, ranges) for a in sympy.Mul.make_args(rest)]
         return None if any(f is None for f in factors) else coeff * sympy.Mul(*factors)
     if isinstance(expr, FloorDiv):
-        top = _max_value(expr.args[0], ranges)
-        return None if top is None else top / expr.args[1]  # an upper bound of the quotient
+        top, divisor = _max_value(expr.args[0], ranges), expr.args[1]
+        if top is None:
+            return None
+        # the quotient's largest value, or with a symbolic divisor an upper bound of it
+        return top // divisor if top.is_Integer and divisor.is_Integer else top / divisor
     if isinstance(expr, ModularIndexing):
         return sympy.expand(expr.args[2] - 1)
     return None
