@@ -268,14 +268,19 @@ def _kind(func: tuple[str, int, str]) -> str:
     return "wrapper"
 
 
-def wrapper_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, float]:
-    """Shares of the generated wrapper's time (its callees classified by `_kind`), from cProfile."""
+def _profile_stats(fn: Callable[[], Any], calls: int) -> dict[Any, Any]:
+    """cProfile's raw table over `calls` calls of `fn`: function -> (cc, nc, tt, ct, callers)."""
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
         fn()
     prof.disable()
-    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    return pstats.Stats(prof).stats  # type: ignore[attr-defined,no-any-return]
+
+
+def wrapper_breakdown(fn: Callable[[], Any], calls: int) -> dict[str, float]:
+    """Shares of the generated wrapper's time (its callees classified by `_kind`), from cProfile."""
+    stats = _profile_stats(fn, calls)
     total = sum(ct for func, (_, _, _, ct, _) in stats.items() if func[2] == "call" and "wrapper_" in func[0])
     out = {"kernels": 0.0, "extern": 0.0}
     for func, (_, _, _, _, callers) in stats.items():
@@ -293,12 +298,7 @@ def top_functions(fn: Callable[[], Any], calls: int, n: int) -> list[tuple[float
     """The `n` functions with the most own time over `calls` calls of `fn` (cProfile): µs of own
     time per call, calls per call, and the function, most first. cProfile inflates small calls:
     read the order and the counts, not the absolute µs."""
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    stats = _profile_stats(fn, calls)
     rows = []
     for (file, line, func), (_, nc, tt, _, _) in stats.items():
         where = f"{Path(file).name}:{line}({func})" if file != "~" else func
