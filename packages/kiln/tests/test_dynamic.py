@@ -3,6 +3,7 @@ number of compiles follows torch.compile's contract."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -449,6 +450,27 @@ def test_convolutions_with_a_dynamic_batch_stay_symbolic() -> None:
         model.eval()
         _sweep(model, [(torch.randn(b, 3, 16, 16),) for b in (2, 8, 5, 32)])
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+    # the CPU's channels-last input of each convolution is laid out with symbolic strides (its
+    # `int()` of a symbolic size sent every convolution of a symbolic graph to a plain extern)
+    assert _op_fallbacks() == []
+
+
+def test_a_symbolic_size_that_a_guard_made_equal_to_a_static_one_broadcasts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Note [Equalities of one symbol of higher degree] (kiln_symbolic): a valid 3x3 convolution
+    over an `s x s` image flattened into `BatchNorm1d(64)` guards `Eq(4*(s - 2)**2, 64)`; loopir
+    saw two different sizes and sent each broadcast of the batch norm to an extern call, and the
+    guard was asked again by every operator. Now `s` is pinned to 6 and every op is a kernel."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(1), nn.BatchNorm1d(64), nn.ReLU()).eval()
+    with caplog.at_level(logging.INFO, logger="kiln.symbolic.dynamic"):
+        _sweep(model, [(torch.randn(b, 3, 6, 6),) for b in (2, 3, 7)], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert _op_fallbacks() == []
+    asked = [r.getMessage() for r in caplog.records if "[guard added]" in r.getMessage()]
+    assert sum("64" in m and "(s2 - 2)**2" in m for m in asked) == 1, asked
+    assert any(m.startswith("pin s2 = 6") for m in (r.getMessage() for r in caplog.records))
 
 
 # Note [Guards from slices and views of symbolic sizes] (`python packages/kiln/bench/slice_guards.py`

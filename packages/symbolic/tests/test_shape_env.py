@@ -85,6 +85,30 @@ def test_an_equality_with_a_coefficient_pins_the_symbol() -> None:
     assert fn(4, 6) and fn(4, 9) and not fn(5, 6) and not fn(3, 6)
 
 
+def test_an_equality_of_higher_degree_in_one_symbol_pins_it_to_its_hint() -> None:
+    """Note [Equalities of one symbol of higher degree]: `Eq(4*(s0 - 2)**2, 64)` (a valid 3x3
+    convolution's flatten against BatchNorm1d(64)) holds only for s0 = 6 among sizes: s0 becomes
+    6, the question is not asked again, and the guard is the plain `x0 == 6`."""
+    env, (s0, s1) = _env_with(6, 5)
+    assert env.evaluate_expr(sympy.Eq(4 * (s0 - 2) ** 2, 64)) is True
+    assert env.replace(4 * (s0 - 2) ** 2) == 64 and env.replace(s0 * s1) == 6 * s1
+    guards = len(env.guards)
+    assert env.evaluate_expr(sympy.Eq(4 * (s0 - 2) ** 2, 64)) is True and len(env.guards) == guards
+    texts = [g.text for g in env.produce_guards(lambda src: src)]
+    assert "x0 == 6" in texts
+    fn = eval(f"lambda x0, x1: {' and '.join(f'({t})' for t in texts)}")
+    assert fn(6, 5) and fn(6, 9) and not fn(-2, 5) and not fn(7, 5)
+
+
+def test_an_equality_with_infinitely_many_solutions_stays_a_guard() -> None:
+    """`Eq(Mod(s0, 4), 0)`, `Eq(s0 // 2, 3)` and `Eq(s0*s1, 24)` hold for other values too: no pin."""
+    env, (s0, s1) = _env_with(8, 3)
+    assert env.evaluate_expr(sympy.Eq(sympy.Mod(s0, 4), 0)) is True
+    assert env.evaluate_expr(sympy.Eq(FloorDiv(s0, 2) * 1, 4)) is True
+    assert env.evaluate_expr(sympy.Eq(s0 * s1, 24)) is True
+    assert env.replace(s0) == s0 and env.replace(s1) == s1
+
+
 def test_hinted_answer_records_a_guard_with_its_line() -> None:
     env, (s0,) = _env_with(4)
     env.where = lambda: "model.py:12"

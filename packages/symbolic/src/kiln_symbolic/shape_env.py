@@ -440,6 +440,8 @@ class ShapeEnv:
                     solution = -rest / coeff
                     self._set_range(sym, ValueRange(solution, solution))
                     return
+            if len(free) == 1:
+                self._pin_polynomial_root(free[0], diff)
             return
         if len(free) != 1:
             return
@@ -466,6 +468,33 @@ class ShapeEnv:
             self._set_range(sym, ValueRange(r.lower + 1, r.upper))
         elif op is sympy.Ne and value == r.upper:
             self._set_range(sym, ValueRange(r.lower, r.upper - 1))
+
+    def _pin_polynomial_root(self, sym: sympy.Symbol, diff: Any) -> None:
+        """Note [Equalities of one symbol of higher degree]: a guard `Eq(p(s), 0)` with `p` a
+        polynomial of degree 2 or more in one backed symbol holds for finitely many values of
+        `s` (`Eq(4*(s2 - 2)**2, 64)`: a flatten of a valid convolution over an `s2 x s2` image
+        fed to `BatchNorm1d(64)`; only `s2 = 6` among sizes). Left as a guard, every later
+        question about the same expression asks it again, and loopir, which proves equalities
+        without guards, saw `4*(s2 - 2)**2` and `64` as different sizes and sent the broadcast to
+        an extern call. The graph serves only those few values anyway: `s` becomes its hint (a
+        root, since the guard held), and the tracked input's guard `size == 6` replaces the
+        polynomial one (a stricter guard, never a looser one). Anything that is not a polynomial
+        of `s` (`Mod`, `FloorDiv`: infinitely many solutions) stays a guard."""
+        if sym in self.unbacked or sym not in self.var_to_val or sym in self.replacements:
+            return
+        if diff.has(sympy.Mod, FloorDiv, sympy.Max, sympy.Min):
+            return
+        try:
+            poly = sympy.Poly(diff, sym)
+        except sympy.PolynomialError:
+            return
+        if poly.degree() < 2 or not all(c.is_number for c in poly.all_coeffs()):
+            return
+        hint = sympy.Integer(self.var_to_val[sym])
+        if poly.eval(hint) != 0:
+            return
+        log.info("pin %s = %s (Eq(%s, 0) has finitely many solutions)", sym, hint, diff)
+        self._set_range(sym, ValueRange(hint, hint))
 
     # --- guards as Python ---------------------------------------------------------------------
     def produce_guards(self, render: Callable[[Hashable], str]) -> list[RenderedGuard]:

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 
+from .. import sizevars
 from ..ir import TensorBox, realize_strided
 from ..lowering import VIEW_OPS, copy_with_strides, fallback, find_lowering, register_lowering
 from ..virtualized import current_graph
@@ -59,17 +61,24 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     return add(product, bias)
 
 
-def _channels_last_strides(size: list[int]) -> tuple[int, ...]:
+def _channels_last_strides(size: list[sympy.Expr]) -> tuple[sympy.Expr, ...]:
     _, c, h, w = size
-    return (h * w * c, 1, w * c, c)
+    return (h * w * c, sympy.Integer(1), w * c, c)
 
 
 def _as_channels_last(x: TensorBox) -> TensorBox:
-    """``x`` in NHWC memory: itself when it already is, else a copy (one kernel)."""
-    size = [int(s) for s in x.get_size()]
-    stride = [int(s) for s in realize_strided(x).layout.stride]
+    """``x`` in NHWC memory: itself when it already is, else a copy (one kernel).
+
+    Sizes and strides may be expressions in size symbols (a batch of images of any size):
+    a stride counts as NHWC's only when it provably equals it (Note [Symbolic sizes in loopir]);
+    a size symbol is never 1 (Note [0/1 specialization] in kiln_symbolic)."""
+    size = [sympy.sympify(s) for s in x.get_size()]
+    stride = realize_strided(x).layout.stride
     wanted = _channels_last_strides(size)
-    if all(st == w for st, w, n in zip(stride, wanted, size, strict=True) if n != 1):
+    known = sizevars.current()
+    if all(
+        known.statically_known_equals(st, w) for st, w, n in zip(stride, wanted, size, strict=True) if n != 1
+    ):
         return x
     return copy_with_strides(x, wanted)
 
