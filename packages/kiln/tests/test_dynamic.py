@@ -4,7 +4,9 @@ number of compiles follows torch.compile's contract."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -471,6 +473,37 @@ def test_a_symbolic_size_that_a_guard_made_equal_to_a_static_one_broadcasts(
     asked = [r.getMessage() for r in caplog.records if "[guard added]" in r.getMessage()]
     assert sum("64" in m and "(s2 - 2)**2" in m for m in asked) == 1, asked
     assert any(m.startswith("pin s2 = 6") for m in (r.getMessage() for r in caplog.records))
+
+
+def test_a_pooled_image_of_symbolic_size_is_indexed_without_max_or_digits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A CNN over `s x s` images under `dynamic=True`: torch's strides of each pooled stage are
+    `max(1, s // 2**k)` products. The pooling checks bound `s` from below (Note [Lower bounds
+    through floor divisions], kiln_symbolic), which settles each `max` (Note [Max and Min settled
+    by ranges]); and the mean over the last stage reads its flat positions' digits over the size
+    expression `s // 8` (Note [Digits under symbolic sizes], loopir). Before, the convolutions'
+    results took the wrappers' flat path and the last kernel kept `std::max`, three divisions and
+    moduli per element: 40x slower than the static kernel. Equal to eager at every size."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    channels = 3
+    for out in (8, 16, 16):
+        layers += [nn.Conv2d(channels, out, 3, padding=1), nn.BatchNorm2d(out), nn.ReLU(), nn.MaxPool2d(2)]
+        channels = out
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4)).eval()
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"):
+        _sweep(model, [(torch.randn(b, 3, n, n),) for b, n in ((2, 32), (3, 24), (2, 40))], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and _op_fallbacks() == []
+    wrapper = "\n".join(r.getMessage() for r in caplog.records)
+    paths = re.findall(r"kernels: (\S+)", wrapper)
+    assert paths and "_flat(" not in wrapper
+    kernels = "".join(Path(p).read_text() for p in paths)
+    assert "cpp_fused" in kernels
+    # the loop bodies (the thread count, computed once per call, may keep a `max`)
+    kernels = "\n".join(line for line in kernels.splitlines() if "ntk" not in line)
+    assert not re.search(r"std::max<int64_t>\(INT64_C\(1\), \(+s\d", kernels)
+    assert not re.search(r"% \(+s\d", kernels)
 
 
 # Note [Guards from slices and views of symbolic sizes] (`python packages/kiln/bench/slice_guards.py`

@@ -7,6 +7,7 @@ import itertools
 import pytest
 import sympy
 
+from kiln_loopir import sizevars
 from kiln_loopir.indexing import (
     FloorDiv,
     ModularIndexing,
@@ -241,3 +242,33 @@ def test_floor_division_text_floors_with_truncating_operators() -> None:
     assert floor_division_text(s, sympy.Integer(4), "a", "b", "/") == "(a / b)"
     with pytest.raises(NotImplementedError):
         floor_division_text(a, -s, "a", "b", "//")
+
+
+def test_a_size_expression_is_its_own_largest_value() -> None:
+    """Note [Digits under symbolic sizes]: a mean over a pooled image of symbolic size reads its
+    input at the flat position ``r1 + n*r0 + n*n*x1`` with ``n = s2 // 16`` and ``r0, r1 < n``;
+    its digits fold to ``x1``, ``r0``, ``r1`` only when ``n``, a size expression, bounds itself
+    (without that, a small CNN's last kernel kept three divisions and moduli per element and ran
+    ~40x slower than the static one). A loop variable never counts as a size. Each answer is
+    checked against the arithmetic."""
+    s2 = sympy.Symbol("s2", integer=True, positive=True)
+    n = FloorDiv(s2, Int(16))
+    r0, r1 = loop_vars("r", 2)
+    ranges = {x0: Int(2), x1: Int(128), r0: n, r1: n}
+    flat = r1 + r0 * n + x1 * n * n
+    digits = {
+        FloorDiv(flat, n * n): x1,
+        ModularIndexing(flat, n, n): r0,
+        ModularIndexing(flat, Int(1), n): r1,
+    }
+    for expr, folded in list(digits.items())[:2]:
+        assert simplify_index(expr, ranges) != folded  # no size symbols known: no bound
+    with sizevars.using(sizevars.SizeVars(hints={s2: 64})):
+        for expr, folded in digits.items():
+            assert simplify_index(expr, ranges) == folded
+            assert simplify_index(ModularIndexing(flat + x2, n, n), ranges).has(ModularIndexing)
+    for hs2, vx1, vr0, vr1 in itertools.product((16, 40, 64), (0, 5), (0, 1, 3), (0, 2, 3)):
+        hn = hs2 // 16
+        env = {s2: hs2, x1: vx1, r0: min(vr0, hn - 1), r1: min(vr1, hn - 1)}
+        for expr, folded in digits.items():
+            assert int(evaluate(expr, env)) == int(evaluate(folded, env))

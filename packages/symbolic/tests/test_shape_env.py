@@ -273,3 +273,33 @@ def test_a_check_that_became_a_replacement_keeps_both_symbols() -> None:
     value = make_symint(env, m, None)
     assert expr_of(value) == k and symbol_of(value) == m
     assert symbol_of(make_symint(env, k + 1, None)) is None and symbol_of(3) is None
+
+
+def test_a_question_already_answered_records_no_second_guard() -> None:
+    """Note [Answers already given]: the same question asked again (a meta kernel per operator
+    asks it) answers from the first answer; a static answer is remembered too."""
+    env, (s0, s1) = _env_with(8, 3)
+    question = sympy.Ge(s0 * s1, 20)
+    assert env.evaluate_expr(question) is True and len(env.guards) == 1
+    assert env.evaluate_expr(question) is True and env.evaluate_expr(sympy.Ge(s1 * s0, 20)) is True
+    assert len(env.guards) == 1
+    assert env.evaluate_expr(s0 * s1) == 24 and len(env.guards) == 2
+    assert env.evaluate_expr(s0 * s1) == 24 and len(env.guards) == 2
+
+
+def test_a_floor_division_guard_raises_the_lower_bound() -> None:
+    """Note [Lower bounds through floor divisions]: four 2x2 poolings of a padded image check
+    their output `((((s - 2)//2 - 1)//2 - 1)//2 - 1)//2 + 1 >= 1`, which holds exactly for
+    `s >= 16`; the range says so, so `max(1, s // 16)` is `s // 16` (Note [Max and Min settled by
+    ranges]). A guard that is not monotone in `s` leaves the range alone."""
+    env, (s0, s1) = _env_with(64, 5)
+    e = FloorDiv(FloorDiv(FloorDiv(FloorDiv(s0 - 2, 2) - 1, 2) - 1, 2) - 1, 2) + 1
+    assert env.evaluate_expr(sympy.Ge(e, 1)) is True
+    assert str(env.var_to_range[s0]) == "[16, oo]"
+    for v in range(2, 40):  # the bound is the exact threshold
+        assert (((((v - 2) // 2 - 1) // 2 - 1) // 2 - 1) // 2 + 1 >= 1) == (v >= 16)
+    assert env.settle_min_max(sympy.Max(1, FloorDiv(s0, 16))) == FloorDiv(s0, 16)
+    assert env.settle_min_max(sympy.Min(1, FloorDiv(s0, 16))) == 1
+    assert env.settle_min_max(sympy.Max(2, FloorDiv(s0, 16))) == sympy.Max(2, FloorDiv(s0, 16))
+    assert env.evaluate_expr(sympy.Ne(sympy.Mod(s1, 3), 1)) is True
+    assert str(env.var_to_range[s1]) == "[2, oo]"

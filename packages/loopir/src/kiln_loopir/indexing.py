@@ -332,7 +332,14 @@ def _max_value(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
         return expr
     if isinstance(expr, sympy.Symbol):
         size = ranges.get(expr)
-        return sympy.expand(size - 1) if size is not None else None
+        if size is not None:
+            return sympy.expand(size - 1)
+    if expr.free_symbols and not expr.has(ModularIndexing) and expr.free_symbols <= _size_symbols():
+        # a size expression (`s2 // 16`, a reduction's length over a pooled image) is the same
+        # in every iteration: its own largest value (Note [Digits under symbolic sizes])
+        return expr
+    if isinstance(expr, sympy.Symbol):
+        return None
     if isinstance(expr, sympy.Add):
         parts = [_max_value(a, ranges) for a in expr.args]
         return None if any(p is None for p in parts) else sympy.Add(*parts)
@@ -351,6 +358,13 @@ def _max_value(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr | None:
     if isinstance(expr, ModularIndexing):
         return sympy.expand(expr.args[2] - 1)
     return None
+
+
+def _size_symbols() -> frozenset[sympy.Symbol]:
+    """The size symbols of the graph being lowered (none for a static graph)."""
+    from .sizevars import current  # sizevars imports this module
+
+    return frozenset(current().hints)
 
 
 def _digit_term(term: Expr, sizes: frozenset[sympy.Symbol]) -> tuple[Expr, Expr]:

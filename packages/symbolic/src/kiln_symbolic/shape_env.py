@@ -104,6 +104,25 @@ def to_python(value: Any) -> int | float | bool:
     return float(value)
 
 
+def _non_decreasing(expr: Any, sym: sympy.Symbol) -> bool:
+    """Whether `expr` (over `sym` alone) never decreases as `sym` grows: constants, `sym`, sums of
+    such, their multiples by non-negative numbers, and their floor divisions by positive
+    integers (Note [Lower bounds through floor divisions])."""
+    if expr.is_number:
+        return True
+    if expr == sym:
+        return True
+    if isinstance(expr, sympy.Add):
+        return all(_non_decreasing(a, sym) for a in expr.args)
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        return bool(coeff.is_nonnegative) and not isinstance(rest, sympy.Mul) and _non_decreasing(rest, sym)
+    if isinstance(expr, FloorDiv):
+        divisor = expr.args[1]
+        return bool(divisor.is_Integer and divisor > 0) and _non_decreasing(expr.args[0], sym)
+    return False
+
+
 class ShapeEnv:
     def __init__(self, specialize_zero_one: bool = True, duck_shape: bool = True) -> None:
         self.specialize_zero_one = specialize_zero_one
@@ -119,6 +138,7 @@ class ShapeEnv:
         self.unbacked: set[sympy.Symbol] = set()
         self.specialized: list[tuple[Hashable, int, str]] = []  # (source, value, why)
         self.frozen = False
+        self._answers: dict[Any, Any] = {}  # Note [Answers already given]
         self.where: Callable[[], str] = lambda: "?"  # the user's line now (capture sets it)
         self._counter = 0
 
@@ -245,6 +265,22 @@ class ShapeEnv:
             return expr
         return sympy.expand(expr) if expr.is_Add or expr.is_Mul else expr
 
+    def settle_min_max(self, expr: Any) -> Any:
+        """Note [Max and Min settled by ranges]: `Max(a, b)` is `a` when `a >= b` holds for every
+        value the ranges allow, and likewise for `Min`; no guard either way. torch's contiguous
+        strides are `max(1, size)` products (`Max(1, s2 // 2)` for a convolution's output over
+        an `s2 x s2` image): left in, every kernel reading that buffer indexed through
+        `std::max` in its inner loop, and the buffer's storage size was no product of its sizes,
+        so the wrappers took the general (flat) path. Ranges only narrow during a capture, so
+        an answer settled now holds for the whole graph."""
+        if not isinstance(expr, (sympy.Max, sympy.Min)) or len(expr.args) != 2:
+            return expr
+        a, b = expr.args
+        for x, y in ((a, b), (b, a)):
+            if self._maybe_evaluate_static(sympy.Ge(x, y)) is sympy.true:  # x >= y everywhere
+                return x if isinstance(expr, sympy.Max) else y
+        return expr
+
     def hint_of(self, expr: Any) -> int | float | bool | None:
         """The value of `expr` in this run (None when an unbacked symbol is in it)."""
         expr = self.replace(expr)
@@ -352,10 +388,19 @@ class ShapeEnv:
         """The Python value of `expr` (a sympy expression or relation) in this run. Statically
         settled answers cost nothing; otherwise the hint answers and a guard is recorded."""
         expr = sympy.sympify(expr)
+        # Note [Answers already given]: a question settled once (statically, or by a guard that
+        # is already recorded) has the same answer for the rest of the capture: ranges only
+        # narrow and a recorded guard holds on every call that reaches this graph. Without the
+        # memo, each meta kernel on the way asked the same contiguity or broadcast question again
+        # (a small CNN under `dynamic=True`: one guard recorded 19 times, ~180 guards in all).
+        key = self.simplify(expr)
+        if (known := self._answers.get(key)) is not None:
+            return known
         static = self._maybe_evaluate_static(expr)
         if static is not None:
-            return to_python(static)
-        expr = self.simplify(expr)
+            self._answers[key] = to_python(static)
+            return self._answers[key]
+        expr = key
         if self.is_unbacked(expr):
             if fallback is not None:
                 return fallback
@@ -367,7 +412,10 @@ class ShapeEnv:
         assert value is not None
         guard = (expr if value else sympy.Not(expr)) if _is_bool(expr) else sympy.Eq(expr, value)
         self.add_guard(guard)
-        return to_python(value) if not isinstance(value, (bool, int, float)) else value
+        value = to_python(value) if not isinstance(value, (bool, int, float)) else value
+        if not self.frozen:  # a dropped guard must be asked again (and warned about again)
+            self._answers[key] = value
+        return value
 
     def add_guard(self, guard: Any, where: str | None = None) -> None:
         where = where if where is not None else self.where()
@@ -449,6 +497,7 @@ class ShapeEnv:
         coeff = diff.coeff(sym)
         rest = sympy.expand(diff - coeff * sym)
         if coeff not in (1, -1) or rest.free_symbols:
+            self._raise_lower_bound(sym, guard)
             return
         # guard is `coeff*sym + rest OP 0`, i.e. `sym OP' value`
         value = -rest * coeff
@@ -468,6 +517,44 @@ class ShapeEnv:
             self._set_range(sym, ValueRange(r.lower + 1, r.upper))
         elif op is sympy.Ne and value == r.upper:
             self._set_range(sym, ValueRange(r.lower, r.upper - 1))
+
+    def _raise_lower_bound(self, sym: sympy.Symbol, guard: Any) -> None:
+        """Note [Lower bounds through floor divisions]: a guard `f(s) > c` or `f(s) >= c` over
+        one size symbol, with `f` non-decreasing in `s` (sums, positive multiples and floor
+        divisions by positive integers of `s`), holds exactly for `s` from some value on: a
+        pooling's output check `((s - 2)//2 - 1)//2 + 1 > 0` means `s >= 6`. The smallest such
+        `s` between the symbol's lower bound and its hint (which satisfies the guard) becomes the
+        new lower bound, found by bisection. Without it, torch's `max(1, size // 4)` strides
+        of a pooled image stayed unsettled (Note [Max and Min settled by ranges]) and every
+        kernel reading such a buffer indexed it through `std::max` and a flat view."""
+        if sym in self.unbacked or sym not in self.var_to_val:
+            return
+        if isinstance(guard, (sympy.Gt, sympy.Ge)):
+            f, strict = guard.lhs - guard.rhs, isinstance(guard, sympy.Gt)
+        elif isinstance(guard, (sympy.Lt, sympy.Le)):
+            f, strict = guard.rhs - guard.lhs, isinstance(guard, sympy.Lt)
+        else:
+            return
+        if not _non_decreasing(f, sym):
+            return
+        r = self.var_to_range.get(sym, ValueRange.unknown())
+        hint = self.var_to_val[sym]
+        if not r.lower.is_finite or r.lower > hint:
+            return
+
+        def holds(v: int) -> bool:
+            value = f.xreplace({sym: sympy.Integer(v)})
+            return bool(value > 0) if strict else bool(value >= 0)
+
+        if not holds(hint):
+            return
+        lo, hi = int(r.lower), hint  # holds(hi); find the smallest value that holds
+        if holds(lo):
+            return
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+        self._set_range(sym, r.intersect(ValueRange(sympy.Integer(hi), oo)))
 
     def _pin_polynomial_root(self, sym: sympy.Symbol, diff: Any) -> None:
         """Note [Equalities of one symbol of higher degree]: a guard `Eq(p(s), 0)` with `p` a

@@ -212,6 +212,8 @@ class SymNode:
         if out_type is bool and self.pytype is bool and other.pytype is bool and name in ("eq", "ne"):
             build = sympy.Equivalent if name == "eq" else sympy.Xor
         expr = build(self.expr, other.expr)
+        if name in ("sym_max", "sym_min") and isinstance(expr, (sympy.Max, sympy.Min)):
+            expr = self.shape_env.settle_min_max(expr)
         hint = _safe(py)(self._hint, other._hint)
         if hint is not None and out_type is not bool:
             hint = out_type(hint)
