@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -504,6 +505,68 @@ def test_a_pooled_image_of_symbolic_size_is_indexed_without_max_or_digits(
     kernels = "\n".join(line for line in kernels.splitlines() if "ntk" not in line)
     assert not re.search(r"std::max<int64_t>\(INT64_C\(1\), \(+s\d", kernels)
     assert not re.search(r"% \(+s\d", kernels)
+
+
+def test_scratch_buffers_of_symbolic_size_are_kept_for_the_last_size(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Scratch buffers of symbolic size] (codegen_cpp wrapper.py): a symbolic graph keeps
+    its scratch buffers between calls at one size and makes them again when the size changes;
+    results equal eager's and an output is never overwritten by a later call, also from several
+    threads at once; `symbolic_scratch=0` allocates at every call as before."""
+    import kiln_codegen_cpp.wrapper as cpp_wrapper
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.Softmax(-1), nn.Linear(64, 8)
+    ).eval()
+    made: list[tuple[int, ...]] = []
+    fresh = cpp_wrapper.SizedBufferPool.fresh
+
+    def counting(pool: Any, key: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        made.append(key)
+        return fresh(pool, key)
+
+    monkeypatch.setattr(cpp_wrapper.SizedBufferPool, "fresh", counting)
+    compiled = kiln.compile(model, dynamic=True)
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"), torch.no_grad():
+        compiled(torch.randn(4, 16))
+        assert "_P = _take(s0)" in "\n".join(r.getMessage() for r in caplog.records)
+        kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for b in (8, 8, 8, 3, 3, 8, 17):
+            x = torch.randn(b, 16)
+            before = len(made)
+            out = compiled(x)
+            kept.append((x, out, out.clone()))
+            torch.testing.assert_close(out, model(x))
+            changed = len(kept) == 1 or kept[-2][0].size(0) != b
+            assert (len(made) > before) == changed, (b, made[before:])
+        for _x, out, copy in kept:  # later calls left every output alone
+            torch.testing.assert_close(out, copy, rtol=0, atol=0)
+        results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def worker(i: int) -> None:
+            with torch.no_grad():  # grad mode is per thread
+                for _ in range(20):
+                    x = torch.randn(2 + i % 3, 16)
+                    results[i] = (x, compiled(x))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for x, out in results.values():
+            torch.testing.assert_close(out, model(x))
+    assert kiln_dynamo.counters.graphs == 1 and _op_fallbacks() == []
+    kiln.reset()
+    caplog.clear()
+    monkeypatch.setenv("KILN_CPP_OPTIONS", "symbolic_scratch=0")
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"), torch.no_grad():
+        x = torch.randn(5, 16)
+        torch.testing.assert_close(kiln.compile(model, dynamic=True)(x), model(x))
+    source = "\n".join(r.getMessage() for r in caplog.records)
+    assert "def call(" in source and "_take(" not in source
 
 
 # Note [Guards from slices and views of symbolic sizes] (`python packages/kiln/bench/slice_guards.py`

@@ -34,6 +34,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
+* ``symbolic_scratch``: a graph with symbolic sizes keeps its scratch buffers between calls for
+  the symbol values of the last call, as a static graph keeps its own (Note [Scratch buffers of
+  symbolic size] in wrapper.py); the wrapper's source shows ``_pool_shapes`` and ``_take(s0,
+  ...)``. ``KILN_CPP_OPTIONS=symbolic_scratch=0`` allocates them fresh at every call as before.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class CppOptions:
     branch_free_checks: bool = True
     column_sum_fusion: bool = False
     saved_inputs_as_is: bool = True
+    symbolic_scratch: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
