@@ -211,9 +211,10 @@ class SymNode:
             out_type = float if float in (self.pytype, other.pytype) else self.pytype
         if out_type is bool and self.pytype is bool and other.pytype is bool and name in ("eq", "ne"):
             build = sympy.Equivalent if name == "eq" else sympy.Xor
-        expr = build(self.expr, other.expr)
-        if name in ("sym_max", "sym_min") and isinstance(expr, (sympy.Max, sympy.Min)):
-            expr = self.shape_env.settle_min_max(expr)
+        if name in ("sym_max", "sym_min"):  # Note [Max and Min settled by ranges]
+            expr = self.shape_env.min_max(name == "sym_max", self.expr, other.expr)
+        else:
+            expr = build(self.expr, other.expr)
         hint = _safe(py)(self._hint, other._hint)
         if hint is not None and out_type is not bool:
             hint = out_type(hint)
