@@ -54,9 +54,18 @@ team runs it is decided at run time from the run-time work, times the body's wei
 hints (Note [Work of a kernel]; ``ntk``: 1 below ``PARALLEL_GRAIN``, else at most one thread per
 ``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
 inner loop). Only heuristics read the size hints (``sizevars.hint``); correctness never does.
-Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): column
-and split reductions and row stashes (their blocking is static), and accumulating scatters. A
-static kernel takes exactly the code path it took before.
+Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): split
+reductions and row stashes (their blocking is static), and accumulating scatters. A static
+kernel takes exactly the code path it took before.
+
+Note [Column reductions over symbolic lengths]: a column reduction (Note [Column reductions])
+blocks its innermost *output* loop; when that one is static (a mean over the `h x w` positions
+of a channels-last image of any size and batch, 128 channels), the column plan applies as it is,
+the other loops running to run-time bounds (never split into chunks: their chunking is decided
+from static lengths; whether to run in parallel is judged at the size hints, the team chosen at
+run time as for every symbolic kernel). Before, such a kernel vectorized the reduced
+loop instead, whose elements are a channel-stride apart, and at a length of 4 ran all in the
+scalar tail: a small CNN's last kernel under `dynamic=True` took 0.77 ms against 0.09 ms static.
 
 Kernel-internal buffers (written and read only inside the kernel) are never stored when every
 read of them sees the value in a C++ variable (same index, same loop); otherwise they are stored
@@ -1020,13 +1029,12 @@ class KernelBuilder(OpsHandlerBase):
         """
         if self.serial or not self.rsizes or not sections or not isinstance(sections[0], RPhase):
             return False
-        if self.symbolic:
-            return False  # Note [Symbolic sizes in C++ kernels]: blocks of static length only
         if any(isinstance(s, RPhase) for s in sections[1:]):
             return False
         xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         rs = [v for v in self.rvars if isinstance(v, sympy.Symbol)]
-        if not xs or not rs or xs[-1][1] < 16:
+        # Note [Column reductions over symbolic lengths]: the blocked output loop must be static
+        if not xs or not rs or not isinstance(xs[-1][1], int) or xs[-1][1] < 16:
             return False
         xl, rl = xs[-1][0], rs[-1]
         out_vars = {v for v, _ in xs}
@@ -1049,7 +1057,7 @@ class KernelBuilder(OpsHandlerBase):
     def _column_split(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) of the outermost reduced loop when a column reduction has too few
         column blocks to keep the threads busy (Note [Reductions with few outputs]), else None."""
-        if not self.options.split_reductions:
+        if not self.options.split_reductions or self.symbolic:  # chunks of a static length only
             return None
         xs = [n for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         rs = [n for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
@@ -1074,6 +1082,8 @@ class KernelBuilder(OpsHandlerBase):
         block = min(COLUMN_BLOCK, xsize)  # fewer columns: one block of a constant trip count
         nblocks = -(-xsize // block)
         units = math.prod(n for _, n in outer) * nblocks
+        if self.symbolic:  # Note [Column reductions over symbolic lengths]: heuristics at the hints
+            units = sizevars.hint(units)
         chunks = split[1] if split is not None else 1
         parallel = par and self.weighted >= PARALLEL_GRAIN and units * chunks > 1
         parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
