@@ -150,6 +150,26 @@ def compile_details(backend: str) -> dict[str, Any]:
     }
 
 
+def kernel_bytes(backend: str) -> dict[str, int]:
+    """The bytes each kernel kiln generated in the compile that just ran takes (kiln only, and
+    only the generators that say: the Triton one), by kernel name; a name two kernels of other
+    sizes share is left out. What the profile's bandwidth per kernel divides by time (Note
+    [Bandwidth of generated kernels] in profile.py)."""
+    if backend.partition(":")[0] != "kiln":
+        return {}
+    import kiln
+
+    out: dict[str, int] = {}
+    ambiguous: set[str] = set()
+    for record in kiln.compile_log():
+        for name, nbytes in record.kernel_bytes.items():
+            if nbytes is None or out.get(name, nbytes) != nbytes:
+                ambiguous.add(name)
+            else:
+                out[name] = nbytes
+    return {name: nbytes for name, nbytes in out.items() if name not in ambiguous}
+
+
 def prepare_kiln() -> None:
     """kiln's one-time setup (the guard checker, once per torch version) before any measurement:
     each model then compiles in fresh caches (harness.py) without rebuilding it, as a user's
