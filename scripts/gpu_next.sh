@@ -70,6 +70,9 @@ for step in "$@"; do
         --warmup 5 --profile --profile-calls 5 --backends kiln ;;
     call3)
       bench ablation-a 560 --dtype bfloat16 --modes inference --models gpt2,bert,llama,t5,mlp --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
+    call3c)  # the ablation over the whole suite in one call: GPU busy time only, so few timed calls
+      bench ablation-all 430 --dtype bfloat16 --modes inference --models resnet,convnext,vit,gpt2,t5,bert,llama,cnn,mlp,distilbert \
+        --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
     call3b)
       bench ablation-b 560 --dtype bfloat16 --modes inference --models vit,resnet,convnext,cnn,distilbert --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
     call4)
@@ -88,7 +91,8 @@ for step in "$@"; do
       timeout 420 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --models convnext,resnet,gpt2 \
         --calls 50 --rounds 5 --top 14 > "$out/host-top.log" 2>&1; cut -c1-200 "$out/host-top.log" | tail -80 ;;
     call5b)
-      timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
+      timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama \
+        --budget-s 280 --out "$out/threads.json" > "$out/threads.log" 2>&1; grep -v Warning "$out/threads.log" | tail -60 ;;
     call7)
       # one pytest process per package (their conftest modules collide in one)
       TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py \
