@@ -5,6 +5,12 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirteenth session: call2, call4, call5b and call3c ran (README, the thirteenth session's paragraph;
+#   results/2026-12-03-h200-s13-*). Next: call5b again (its rows were not kept: it now writes
+#   threads.json), call3c for the other five models (vit,resnet,convnext,gpt2,t5 done: reorder),
+#   call4b (fp32 training), the ConvNeXt/ViT layer-norm kernels at 15-37% of copy bandwidth
+#   (KILN_LOG=output_code on the H200: the CPU audit of the same models does not reproduce their
+#   NCHW reads), then call2 to measure Note [One sum of a row].
 # Twelfth session: call5a, call5c, call8s ran (README, the twelfth session's paragraph), and call7's
 #   tests by hand (dynamo 146 passed; kiln test_dynamic 45 passed, 6 failed, all torch 2.11/Triton 3.6
 #   only: 4 max-pool cases, a parity guard of torch 2.11's pooling meta kernel, and 2 batch-norm
