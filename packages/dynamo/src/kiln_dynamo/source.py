@@ -170,10 +170,11 @@ class DictEntrySource(Source):
 @dataclass(frozen=True, slots=True)
 class GetItemSource(Source):
     base: Source
-    index: object  # int or str key
+    index: object  # an int or str key, an enum member, a class (Note [Classes as dict keys])
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{ctx.bind(self.base)}[{self.index!r}]"
+        literal = type(self.index) in (int, str, bool, float, type(None))
+        return f"{ctx.bind(self.base)}[{repr(self.index) if literal else ctx.const(self.index)}]"
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.index!r}]"

@@ -127,12 +127,40 @@ def _identity_hashed(vt: VT) -> bool:
     return hash_fn is object.__hash__ and eq_fn is object.__eq__
 
 
+# Note [Classes as dict keys]: a registry keyed by classes (`torch.utils._pytree`'s
+# SUPPORTED_NODES, `type(x) in HANDLERS`) is read like any dict. A class whose metaclass keeps
+# object's `__hash__` and `__eq__` is hashed and compared by identity, so the class object itself
+# is the key, whatever tracker stands for it (a user class, a builtin type, a torch class): one
+# key for one class, as in eager. An outside dict's keys are guarded as a list (`dict_keys`,
+# equality of classes and functions is identity), and an item's source indexes with the key held
+# as a constant. A plain function key (pytree registers `namedtuple` itself) is an ObjectKey
+# (Note [Object keys]). A metaclass with its own `__eq__`/`__hash__` stays unsupported.
+def class_key(obj: object) -> type | None:
+    """Note [Classes as dict keys]: `obj` when it is a class hashed and compared by identity."""
+    if isinstance(obj, type) and type(obj).__hash__ is object.__hash__ and type(obj).__eq__ is object.__eq__:
+        return obj
+    return None
+
+
 def key_vt(k: Any) -> VT:
     """The tracker of a dict key or set item (the inverse of `key_of`)."""
-    return k.vt if isinstance(k, ObjectKey) else ConstantVariable(k)
+    if isinstance(k, ObjectKey):
+        return k.vt
+    if class_key(k) is not None:
+        from kiln_dynamo.variables.builtins import BuiltinVariable
+        from kiln_dynamo.variables.torch import _FOLD_ON_CONSTANTS, TorchFunctionVariable
+        from kiln_dynamo.variables.user_defined import UserClassVariable
+
+        if k in _FOLD_ON_CONSTANTS:  # as VariableBuilder wraps a class
+            return TorchFunctionVariable(k, None)
+        return BuiltinVariable(k) if k.__module__ == "builtins" else UserClassVariable(k, None)
+    return ConstantVariable(k)
 
 
 def key_of(vt: VT) -> Any:
+    ident = vt.identity()
+    if ident is not vt and class_key(ident) is not None:  # Note [Classes as dict keys]
+        return ident
     if not vt.is_constant() and _identity_hashed(vt):
         return ObjectKey(vt)
     if vt.is_constant():

@@ -375,11 +375,13 @@ class ModelOutputVariable(DictVariable):
             return bound
         cls = self.user_cls
         first, *rest = self.fields.values()
-        if all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first):
-            # Note [A ModelOutput built from its first field alone]: the class keeps a non-empty
-            # list or tuple whose head is not a pair (that head is what the runner passes too)
-            if not (_first_field_kept(first) and first.items):  # type: ignore[attr-defined]
-                raise Unsupported(f"rebuilding a {cls.__qualname__} whose only field is not a tensor")
+        alone = (
+            all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first)
+        )
+        # Note [A ModelOutput built from its first field alone]: the class keeps a non-empty list or
+        # tuple whose head is not a pair (that head is what the runner passes too)
+        if alone and not (_first_field_kept(first) and first.items):  # type: ignore[attr-defined]
+            raise Unsupported(f"rebuilding a {cls.__qualname__} whose only field is not a tensor")
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         args = ", ".join(
             f"{k!r}: {v.reconstruct(cg)}"
