@@ -1,13 +1,18 @@
 """Constructs that architectures added to the breadth suite in its thirteenth session reach
 (`bench/breadth_models.py`): registries keyed by classes (torch's pytree, Note [Classes as dict
-keys]), each compared with eager and counted (graphs, breaks, recompiles)."""
+keys]), dict subclasses with their own subscript (transformers' ACT2FN, Note [A dict subclass's
+own subscript]), each compared with eager and counted (graphs, breaks, recompiles)."""
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
+import pytest
 import torch
+import torch.nn.functional as F
 from conftest import CountingBackend, assert_same, check
+from torch import nn
 
 import kiln_dynamo
 
@@ -75,3 +80,100 @@ def test_torch_pytree_leaves_is_one_graph() -> None:
     """torch.utils._pytree reads its node registry (a dict keyed by classes, and by the
     `namedtuple` function) for every node."""
     check(pytree_of, t(2), t(3))
+
+
+class Instantier(collections.OrderedDict):
+    """transformers' ClassInstantier, written out: a subscript builds the registered module."""
+
+    def __getitem__(self, key: str) -> Any:
+        content = super().__getitem__(key)
+        cls, kwargs = content if isinstance(content, tuple) else (content, {})
+        return cls(**kwargs)
+
+
+ACTS = Instantier({"relu": nn.ReLU, "leaky": (nn.LeakyReLU, {"negative_slope": 0.25}), "tanh": nn.Tanh})
+
+
+def activations(x: torch.Tensor, name: str) -> Any:
+    y = ACTS[name](x) + ACTS["leaky"](x)
+    # `get`, `in` and `len` do not go through `__getitem__` in CPython: the raw entries
+    return y, ACTS.get("relu") is nn.ReLU, "tanh" in ACTS, len(ACTS), ACTS.get("leaky")[1]
+
+
+def test_a_dict_subclass_with_its_own_subscript_is_inlined() -> None:
+    """Note [A dict subclass's own subscript]: the override runs at `d[k]` (building a torch.nn
+    module, Note [Modules made in the frame]), dict's behaviour everywhere else."""
+    check(activations, t(5), "relu")
+    check(activations, t(5), "tanh")
+
+
+def test_the_entries_behind_an_own_subscript_are_guarded() -> None:
+    backend = CountingBackend()
+    f = kiln_dynamo.compile(activations, backend=backend)
+    x = t(5)
+    assert_same(f(x, "relu"), activations(x, "relu"))
+    dict.__setitem__(ACTS, "relu", nn.Sigmoid)  # what the guard reads is the raw entry
+    try:
+        assert_same(f(x, "relu"), activations(x, "relu"))
+        torch.testing.assert_close(f(x, "relu")[0], torch.sigmoid(x) + F.leaky_relu(x, 0.25))
+    finally:
+        dict.__setitem__(ACTS, "relu", nn.ReLU)
+    assert backend.graphs == 2
+
+
+class Doubling(dict):
+    """An override whose answer differs from the raw entry: a subscript must not bypass it."""
+
+    def __getitem__(self, key: str) -> Any:
+        return super().__getitem__(key) * 2
+
+
+SCALES = Doubling({"a": 1.5, "b": 3})
+
+
+def doubled(x: torch.Tensor) -> Any:
+    return x * SCALES["a"] + SCALES["b"], SCALES.get("a"), SCALES.__getitem__("b")
+
+
+def test_an_override_is_never_bypassed() -> None:
+    check(doubled, t(4))
+    assert doubled(t(4))[1:] == (1.5, 6)
+
+
+def transformers_activations(x: torch.Tensor, name: str) -> torch.Tensor:
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name](x) + ACT2FN["gelu_new"](x) + ACT2FN["gelu_10"](x)
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu", "relu", "quick_gelu"])
+def test_transformers_act2fn_in_a_forward_is_one_graph(name: str) -> None:
+    """mamba's, jamba's and lfm2's convolutions and deberta's pooler call `ACT2FN[name](x)` in
+    their forward: the registry's subscript and the activation module it builds are traced."""
+    pytest.importorskip("transformers")
+    check(transformers_activations, t(6), name)
+
+
+class Counted(nn.Module):
+    made = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Counted.made += 1  # eager counts every construction: built while tracing it would not
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def build_user_module(x: torch.Tensor) -> torch.Tensor:
+    return Counted()(x)
+
+
+def test_a_user_module_built_in_the_frame_still_breaks() -> None:
+    """Note [Modules made in the frame], which classes: a user's constructor may have effects
+    (a counter here) that building once while tracing would not repeat."""
+    report = kiln_dynamo.explain(build_user_module)(t(3))
+    assert any("constructing Counted inside the frame" in r.reason for r in report.break_reasons)
+    before = Counted.made
+    kiln_dynamo.compile(build_user_module, backend=CountingBackend())(t(3))
+    assert Counted.made == before + 1

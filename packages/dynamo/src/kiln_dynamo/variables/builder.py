@@ -32,7 +32,7 @@ from torch._library.custom_ops import CustomOpDef
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.guards import is_plain_constants
-from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
+from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, RawItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.diagnostics import wrap_diagnostics
@@ -45,6 +45,7 @@ from kiln_dynamo.variables.dicts import (
     SetVariable,
     class_key,
     modelled_dict_subclass,
+    own_subscript,
 )
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.inspection import MappingProxyVariable
@@ -209,6 +210,8 @@ class VariableBuilder:
                 guards.type_match(source, value)
                 guards.dict_keys(source, value)
             keys = {k: self._dict_key(k) for k in value}
+            # Note [A dict subclass's own subscript]: entries read without the override
+            item = GetItemSource if own_subscript(type(value)) is None else RawItemSource
             if type(value) is collections.defaultdict:
                 fsrc = AttrSource(source, "default_factory") if source is not None else None
                 factory = self.wrap(value.default_factory, fsrc)
@@ -216,11 +219,11 @@ class VariableBuilder:
                     return DefaultDictVariable(
                         {keys[k]: self.wrap(v, None) for k, v in value.items()}, factory
                     )
-                lazy = {keys[k]: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+                lazy = {keys[k]: LazyEntry(v, item(source, k), self.wrap) for k, v in value.items()}
                 return DefaultDictVariable(lazy, factory, source)
             if source is None:
                 return DictVariable({keys[k]: self.wrap(v, None) for k, v in value.items()}, type(value))
-            lazy = {keys[k]: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+            lazy = {keys[k]: LazyEntry(v, item(source, k), self.wrap) for k, v in value.items()}
             return DictVariable(lazy, type(value), source)  # Note [Lazy dict entries]
         if isinstance(value, types.MappingProxyType):
             if source is None:

@@ -47,14 +47,31 @@ _READ_PROTOCOL = ("__getitem__", "__iter__", "keys", "items", "values", "__len__
 
 
 def modelled_dict_subclass(cls: type) -> bool:
-    """A Python subclass of plain dict (not OrderedDict, not a dataclass) that leaves reading to
-    dict (Note [Dict subclasses])."""
+    """A Python subclass of dict or OrderedDict (not a dataclass) that leaves reading to dict
+    (Note [Dict subclasses]), or overrides only `__getitem__`, with a Python function (Note [A dict
+    subclass's own subscript])."""
     return (
-        cls.__mro__[1] is dict
+        cls.__mro__[1] in (dict, collections.OrderedDict)
         and cls.__module__ not in ("builtins", "collections")
         and not dataclasses.is_dataclass(cls)
-        and all(python_override(cls, name) is None for name in _READ_PROTOCOL)
+        and all(python_override(cls, name) is None for name in _READ_PROTOCOL if name != "__getitem__")
+        and (python_override(cls, "__getitem__") is None or own_subscript(cls) is not None)
     )
+
+
+# Note [A dict subclass's own subscript]: transformers' `ACT2FN` is an OrderedDict subclass whose
+# `__getitem__` builds the activation module registered under the key (`ACT2FN["silu"](x)` in
+# mamba's, lfm2's and jamba's convolutions, deberta's and funnel's heads). A subclass that
+# overrides only `__getitem__`, with a Python function, is modelled: `d[k]` inlines that function
+# with the DictVariable as `self`, and its `super().__getitem__(k)` (dict's own) reads the entry.
+# What does not go through `__getitem__` in CPython (`get`, `in`, `len`, iteration) is dict's
+# behaviour as for any subclass; views and copies still break (Note [Dict subclasses]). The
+# entries of such a dict from outside the frame are read and guarded through `dict.__getitem__`
+# (RawItemSource), never through the override, which a guard must not run.
+def own_subscript(cls: type) -> Any:
+    """Note [A dict subclass's own subscript]: the Python `__getitem__` `cls` defines, or None."""
+    attr = python_override(cls, "__getitem__")
+    return attr if inspect.isfunction(attr) else None
 
 
 def python_override(cls: type, name: str) -> Any:
@@ -256,7 +273,14 @@ class DictVariable(VariableTracker):
         return key_of(key) in self._items
 
     def getitem(self, tx: Tx, key: VT) -> VT:
+        if self.user_cls not in PLAIN_DICTS:
+            own = own_subscript(self.user_cls)
+            if own is not None:  # Note [A dict subclass's own subscript]
+                return tx.wrap(own, None).call(tx, [self, key], {})
         self._builtin("__getitem__")
+        return self._entry_or_key_error(key)
+
+    def _entry_or_key_error(self, key: VT) -> VT:
         k = key_of(key)
         if k not in self._items:
             raise observed(KeyError, k)
@@ -294,7 +318,8 @@ class DictVariable(VariableTracker):
                 return self.entry(k)
             return args[1] if len(args) == 2 else ConstantVariable(None)
         if name == "__getitem__" and len(args) == 1:
-            return self.getitem(tx, args[0])
+            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
+            return self._entry_or_key_error(args[0])
         if name == "__contains__" and len(args) == 1:
             return ConstantVariable(self.contains(tx, args[0]))
         if name == "__setitem__" and len(args) == 2:
@@ -461,7 +486,8 @@ class DefaultDictVariable(DictVariable):
 
     def call_builtin(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if name == "__getitem__" and len(args) == 1:
-            return self.getitem(tx, args[0])
+            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
+            return self._entry_or_key_error(args[0])
         if name == "copy":
             return DefaultDictVariable(self.items, self.factory)
         return super().call_builtin(tx, name, args, kwargs)
@@ -532,7 +558,8 @@ class CounterVariable(DictVariable):
             self.count(tx, args[0] if args else None, kwargs, 1 if name == "update" else -1)
             return ConstantVariable(None)
         if name == "__getitem__" and len(args) == 1:
-            return self.getitem(tx, args[0])
+            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
+            return self._entry_or_key_error(args[0])
         if name == "copy" and not args and not kwargs:
             return CounterVariable(self.items)
         if name == "most_common" and len(args) <= 1 and not kwargs:
