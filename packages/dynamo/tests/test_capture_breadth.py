@@ -177,3 +177,58 @@ def test_a_user_module_built_in_the_frame_still_breaks() -> None:
     before = Counted.made
     kiln_dynamo.compile(build_user_module, backend=CountingBackend())(t(3))
     assert Counted.made == before + 1
+
+
+def recurrence(left: Any, right: Any) -> Any:
+    a_left, b_left = left
+    a_right, b_right = right
+    return a_left * a_right, a_right * b_left + b_right
+
+
+def scans(a: torch.Tensor, b: torch.Tensor) -> Any:
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    _, states = associative_scan(recurrence, (a, b), dim=2, combine_mode="generic")  # mamba's scan
+    suffix = associative_scan(lambda x, y: x + y, b, dim=-1, reverse=True, combine_mode="generic")
+    as_list = associative_scan(lambda x, y: [x[0] * y[0]], [a], dim=0, combine_mode="generic")
+    return states, suffix, as_list
+
+
+def test_associative_scan_is_traced_through_its_stand_in() -> None:
+    """Note [Stand-ins for torch's higher-order functions]: torch's associative_scan (vmap,
+    pytree specs) is traced as the sequential scan; values and output types match eager's call
+    of the real function, and the recurrence equals mamba's eager loop."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.rand(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    check(scans, a, b)
+    state, loop = torch.zeros(2, 3), []
+    for i in range(5):
+        state = a[:, :, i] * state + b[:, :, i]
+        loop.append(state)
+    got = kiln_dynamo.compile(scans, backend=CountingBackend())(a, b)
+    torch.testing.assert_close(got[0], torch.stack(loop, 2))
+    torch.testing.assert_close(got[1], b.flip(-1).cumsum(-1).flip(-1))
+
+
+def pointwise_scan_on_cpu(x: torch.Tensor) -> Any:
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    try:
+        return associative_scan(lambda u, v: u + v, x, dim=0)  # "pointwise" wants CUDA: ValueError
+    except ValueError:
+        return x * 2
+
+
+def test_a_call_the_stand_in_does_not_cover_goes_to_the_real_function() -> None:
+    report = kiln_dynamo.explain(pointwise_scan_on_cpu)(t(4))
+    torch.testing.assert_close(report.result, t(4) * 2)
+
+
+def test_stand_ins_can_be_switched_off(monkeypatch: Any) -> None:
+    from kiln_dynamo import stand_ins
+
+    monkeypatch.setattr(stand_ins, "ENABLED", False)
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.rand(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    report = kiln_dynamo.explain(scans)(a, b)
+    assert report.graph_count != 1 or report.break_reasons  # torch's own body: not traced whole
