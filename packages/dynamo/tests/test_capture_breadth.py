@@ -6,6 +6,7 @@ own subscript]), each compared with eager and counted (graphs, breaks, recompile
 from __future__ import annotations
 
 import collections
+import collections.abc
 from typing import Any
 
 import pytest
@@ -232,3 +233,66 @@ def test_stand_ins_can_be_switched_off(monkeypatch: Any) -> None:
     a, b = torch.rand(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
     report = kiln_dynamo.explain(scans)(a, b)
     assert report.graph_count != 1 or report.break_reasons  # torch's own body: not traced whole
+
+
+def from_keys(x: torch.Tensor, n: int) -> Any:
+    states = dict.fromkeys(range(n))  # transformers' cache layers build their state dicts so
+    flags = dict.fromkeys(["conv", "ssm"], False)
+    shared = dict.fromkeys((1, 2), [])  # noqa: RUF024 (the shared value is the point)
+    shared[1].append(x)
+    states[0] = x * 2
+    return states, flags, shared, shared[1] is shared[2], len(states)
+
+
+def test_dict_fromkeys_shares_its_one_value() -> None:
+    check(from_keys, t(3), 3)
+    out = kiln_dynamo.compile(from_keys, backend=CountingBackend())(t(3), 2)
+    assert out[2][1] is out[2][2] and out[3] is True
+
+
+class LayerView(collections.abc.Sequence):
+    """transformers' per-layer config view: `__len__` from the config, read by its own subscript."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return self.layers
+
+    def __getitem__(self, i: Any) -> Any:
+        if i < 0 or i >= len(self):
+            raise IndexError("list index out of range")
+        return i * 10
+
+
+VIEW = LayerView(3)
+
+
+class BadLength:
+    def __len__(self) -> Any:
+        return 2.0  # noqa: PLE0303 (len() raises TypeError in eager)
+
+
+def lengths(x: torch.Tensor) -> Any:
+    return x * len(VIEW) + VIEW[2], len(VIEW)
+
+
+def test_len_of_an_outside_object_runs_its_python_len() -> None:
+    """Note [Mapping protocol of user objects]: `len()` inlines the class's `__len__`."""
+    check(lengths, t(3))
+
+
+BAD = BadLength()
+
+
+def bad_length(x: torch.Tensor) -> Any:
+    try:
+        return x + len(BAD)
+    except TypeError:
+        return x - 1
+
+
+def test_a_len_that_is_not_an_int_is_not_traced() -> None:
+    report = kiln_dynamo.explain(bad_length)(t(2))
+    assert any("__len__ gave" in r.reason for r in report.break_reasons), report
+    torch.testing.assert_close(report.result, t(2) - 1)

@@ -599,10 +599,11 @@ class UserObjectVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.getattr(tx, "__call__").call(tx, args, kwargs)
 
-    # Note [Mapping protocol of user objects]: `in` and subscripts on an instance whose class
-    # defines `__contains__`/`__getitem__` in Python (transformers' AttentionInterface, a
-    # MutableMapping over a class-level dict) inline that method, as any method call does: what
-    # it reads is guarded through its sources. A method written in C stays a break.
+    # Note [Mapping protocol of user objects]: `in`, subscripts and `len()` on an instance whose
+    # class defines `__contains__`/`__getitem__`/`__len__` in Python (transformers'
+    # AttentionInterface, a MutableMapping over a class-level dict; its per-layer config view, a
+    # Sequence) inline that method, as any method call does: what it reads is guarded through its
+    # sources. A method written in C stays a break; `__len__` must give a constant int >= 0.
     def _python_dunder(self, tx: Tx, name: str, what: str) -> VT:
         if not inspect.isfunction(inspect.getattr_static(type(self.obj), name, None)):
             raise Unsupported(f"{what} {self.describe()}")
@@ -614,6 +615,12 @@ class UserObjectVariable(VariableTracker):
 
     def getitem(self, tx: Tx, key: VT) -> VT:
         return self._python_dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
+
+    def length(self, tx: Tx) -> int:
+        n = self._python_dunder(tx, "__len__", "len() of").call(tx, [], {})
+        if not (n.is_constant() and type(n.as_constant()) is int and n.as_constant() >= 0):
+            raise Unsupported(f"len() of {self.describe()}: __len__ gave {n.describe()}")
+        return int(n.as_constant())
 
 
 # Note [Class definitions in the frame]: `class C(Base): ...` inside a traced function (torch.masked
