@@ -5,8 +5,8 @@ Run: PYTHONPATH=packages/dynamo/src:packages/frame_hook/src python packages/dyna
 
 For each model of `breadth_models.MODELS` and each mode: `eval` (eval mode, no_grad), `train`
 (train mode, forward + a loss on the main output + backward, gradients compared with eager),
-`cache` (decoder LMs only: a prefill with `use_cache=True`, then one decoding step with the
-returned cache, which is what is counted: the KV-cache path of generation), kiln's counts come
+`cache` (decoder LMs and encoder-decoders: a prefill with `use_cache=True`, then one decoding
+step with the returned cache, which is what is counted: the KV-cache path of generation), kiln's counts come
 from `kiln_dynamo.explain` (capture with the eager backend), its result is compared with eager,
 and torch.compile's counts from `torch._dynamo.explain` (the baseline; bench code only).
 """
@@ -84,13 +84,28 @@ def _loss(out: Any) -> torch.Tensor:
 
 
 def _step_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One decoding step after a prefill: a decoder LM's next token with its KV cache; an
+    encoder-decoder's next decoder token with the encoder's output and the decoder's cache (what
+    `generate` runs per token)."""
     with torch.no_grad():
         pre = model(**inputs, use_cache=True)
-    nxt = torch.randint(0, 64, (inputs["input_ids"].shape[0], 1), generator=torch.Generator().manual_seed(5))
+    batch = next(iter(inputs.values())).shape[0]
+    nxt = torch.randint(0, 64, (batch, 1), generator=torch.Generator().manual_seed(5))
     # the cache under the name the forward takes: transformers 5 renamed `past_key_values` to
     # `cache`, and not every model maps the old name (mamba ignored it and started a new cache)
     name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    if "decoder_input_ids" in inputs:
+        encoded = (pre.encoder_last_hidden_state,)
+        return {
+            "decoder_input_ids": nxt,
+            "encoder_outputs": encoded,
+            name: pre.past_key_values,
+            "use_cache": True,
+        }
     return {"input_ids": nxt, name: pre.past_key_values, "use_cache": True}
+
+
+CACHED = ("decoder", "seq2seq")  # the kinds with a `cache` mode
 
 
 def build(name: str, mode: str) -> tuple[Any, dict[str, Any], str]:
@@ -98,7 +113,9 @@ def build(name: str, mode: str) -> tuple[Any, dict[str, Any], str]:
     for m in model.modules():  # T5's stacks hold copies of the config
         config = getattr(m, "config", None)
         if config is not None and "use_cache" in vars(config):
-            config.use_cache = mode == "cache"  # eval and train without the KV cache
+            # eval and train without the KV cache; an encoder-decoder's step asks for it by
+            # argument (T5's encoder stack refuses a config that sets it)
+            config.use_cache = mode == "cache" and kind == "decoder"
     if mode == "train":
         model.train()
     return model, inputs, kind
@@ -111,7 +128,7 @@ def run_mode(name: str, mode: str, with_torch: bool) -> dict[str, Any]:
     except Exception as e:
         return {**row, "graphs": -1, "breaks": -1, "plain": -1, "match": False, "seconds": 0.0,
                 "reasons": [f"BUILD {type(e).__name__}: {e}"[:300]]}  # fmt: skip
-    if mode == "cache" and kind != "decoder":
+    if mode == "cache" and kind not in CACHED:
         return {}
     ref_model = copy.deepcopy(model)
     if mode == "cache":

@@ -296,3 +296,51 @@ def test_a_len_that_is_not_an_int_is_not_traced() -> None:
     report = kiln_dynamo.explain(bad_length)(t(2))
     assert any("__len__ gave" in r.reason for r in report.break_reasons), report
     torch.testing.assert_close(report.result, t(2) - 1)
+
+
+class Plain:
+    pass
+
+
+class Sized:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Flagged:
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __bool__(self) -> bool:
+        return self.on
+
+    def __len__(self) -> int:
+        return 0  # __bool__ wins
+
+
+PLAIN, EMPTY, FULL, FLAG = Plain(), Sized(0), Sized(2), Flagged(True)
+
+
+def truths(x: torch.Tensor) -> torch.Tensor:
+    # whisper's attention: `if is_cross_attention and cache and is_updated`
+    return x + (1 if PLAIN else 0) + (2 if EMPTY else 0) + (4 if FULL else 0) + (8 if FLAG else 0)
+
+
+def test_truth_of_an_outside_object() -> None:
+    """`if obj:` on an object from outside the frame: its Python `__bool__`, else `__len__`, else
+    True; what they read is guarded (a change recompiles)."""
+    check(truths, t(2))
+    backend = CountingBackend()
+    f = kiln_dynamo.compile(truths, backend=backend)
+    x = t(2)
+    torch.testing.assert_close(f(x), x + 13)
+    FULL.n, FLAG.on = 0, False
+    try:
+        torch.testing.assert_close(f(x), truths(x))
+        torch.testing.assert_close(f(x), x + 1)
+    finally:
+        FULL.n, FLAG.on = 2, True
+    assert backend.graphs == 2

@@ -599,8 +599,8 @@ class UserObjectVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.getattr(tx, "__call__").call(tx, args, kwargs)
 
-    # Note [Mapping protocol of user objects]: `in`, subscripts and `len()` on an instance whose
-    # class defines `__contains__`/`__getitem__`/`__len__` in Python (transformers'
+    # Note [Mapping protocol of user objects]: `in`, subscripts, `len()` and truth on an instance
+    # whose class defines `__contains__`/`__getitem__`/`__len__`/`__bool__` in Python (transformers'
     # AttentionInterface, a MutableMapping over a class-level dict; its per-layer config view, a
     # Sequence) inline that method, as any method call does: what it reads is guarded through its
     # sources. A method written in C stays a break; `__len__` must give a constant int >= 0.
@@ -621,6 +621,19 @@ class UserObjectVariable(VariableTracker):
         if not (n.is_constant() and type(n.as_constant()) is int and n.as_constant() >= 0):
             raise Unsupported(f"len() of {self.describe()}: __len__ gave {n.describe()}")
         return int(n.as_constant())
+
+    def truth(self, tx: Tx) -> bool:
+        """`if obj:` (`if cache and ...` in whisper's attention): `__bool__`, else `__len__() != 0`,
+        each inlined from Python; True when the class defines neither (object's default)."""
+        cls = type(self.obj)
+        if inspect.getattr_static(cls, "__bool__", None) is not None:
+            b = self._python_dunder(tx, "__bool__", "truth value of").call(tx, [], {})
+            if not (b.is_constant() and type(b.as_constant()) is bool):
+                raise Unsupported(f"truth value of {self.describe()}: __bool__ gave {b.describe()}")
+            return bool(b.as_constant())
+        if inspect.getattr_static(cls, "__len__", None) is not None:
+            return self.length(tx) != 0
+        return True
 
 
 # Note [Class definitions in the frame]: `class C(Base): ...` inside a traced function (torch.masked
