@@ -27,13 +27,14 @@ from breadth_models import MODELS  # type: ignore[import-not-found]
 # The breadth suite in CI: every model of `breadth_models.MODELS` (`breaks.py --models` runs the
 # same 97, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
 # loss + backward, every parameter's gradient compared; cache: a decoding step with the KV cache a
-# prefill returned, decoder LMs only), with the (graphs, breaks, frames left to Python) that
-# `breadth.run_mode` reports. A count may go down (update the table) but not up, and every row
-# matches eager. About three and a half minutes here (2 shared cores; 1.5 with the 47 models of
-# the twelfth session).
+# prefill returned, decoder LMs and encoder-decoders), with the (graphs, breaks, frames left to
+# Python) that `breadth.run_mode` reports. A count may go down (update the table) but not up, and
+# every row matches eager. About three and a half minutes here (2 shared cores; 1.5 with the 47
+# models of the twelfth session).
 ONE = (1, 0, 0)
 LM = {"eval": ONE, "train": ONE, "cache": ONE}  # decoder LMs
 ENC = {"eval": ONE, "train": ONE}
+S2S = LM  # encoder-decoders: the cache mode is one decoder step with the encoder's output
 EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # decoder LMs (grouped-query attention: llama, mistral, qwen2, gemma)
     "gpt2": LM, "llama": LM, "mistral": LM, "qwen2": LM, "gemma": LM, "phi": LM, "falcon": LM,
@@ -53,7 +54,7 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # 4 graphs, 2 splits; torch.compile 4/3); every graph matches eager
     "longformer": {"eval": (4, 2, 0), "train": (4, 2, 0)},
     # encoder-decoders, audio
-    "bart": ENC, "t5": ENC, "pegasus": ENC, "whisper_encoder": ENC,
+    "bart": S2S, "t5": S2S, "pegasus": S2S, "whisper_encoder": ENC,
     # train: the feature encoder sets `requires_grad = True` on a tensor (a new leaf mid-graph,
     # which aotgrad cannot trace: one break at the store, as torch.compile's 4/3), several
     # inlined calls deep; the chain splits at once through the output-capturing wrapper, whose
@@ -62,10 +63,10 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # the same feature encoder, the same break (torch.compile 4/3)
     "hubert": {"eval": ONE, "train": (3, 2, 2)}, "wavlm": {"eval": ONE, "train": (3, 2, 2)},
     "data2vec_audio": {"eval": ONE, "train": (3, 2, 2)},
-    "mbart": ENC, "marian": ENC, "blenderbot": ENC, "blenderbot_small": ENC, "led": ENC, "whisper": ENC,
+    "mbart": S2S, "marian": S2S, "blenderbot": S2S, "blenderbot_small": S2S, "led": S2S, "whisper": S2S,
     # train: LayerDrop, `if torch.rand([]) < self.layerdrop` in each layer of both stacks, a random
     # branch (torch.compile 9/8); eval 1/0/0
-    "m2m100": {"eval": ONE, "train": (9, 13, 4)},
+    "m2m100": {"eval": ONE, "train": (9, 13, 4), "cache": ONE},
     # text and vision towers together
     "clip": ENC, "siglip": ENC, "blip": ENC,
     # vision transformers, hierarchical/windowed, CNNs
@@ -95,10 +96,10 @@ ROWS = [(name, mode) for name, modes in EXPECTED.items() for mode in modes]
 
 def test_the_table_is_the_whole_breadth_suite() -> None:
     """Every model of the bench is a CI row, in eval and train, with the KV-cache step for
-    exactly the decoder LMs (building all 97 tiny models: a few seconds)."""
+    exactly the decoder LMs and encoder-decoders (building all 97 tiny models: a few seconds)."""
     assert set(EXPECTED) == set(MODELS) and len(EXPECTED) >= 30
-    decoders = {name for name, builder in MODELS.items() if builder()[2] == "decoder"}
-    assert len(decoders) == 29
+    decoders = {name for name, builder in MODELS.items() if builder()[2] in ("decoder", "seq2seq")}
+    assert len(decoders) == 39  # 29 decoder LMs, 10 encoder-decoders
     for name, modes in EXPECTED.items():
         assert {"eval", "train"} <= set(modes), name
         assert ("cache" in modes) == (name in decoders), name
