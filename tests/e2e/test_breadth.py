@@ -1,4 +1,4 @@
-"""Breadth of capture (issue 16): the 97 models of `packages/dynamo/bench/breadth_models.py`.
+"""Breadth of capture (issue 16): the 104 models of `packages/dynamo/bench/breadth_models.py`.
 
 Each model, built from a tiny config, is one graph with no break and no frame left to Python,
 and matches eager: in eval, in train (forward + loss + backward, gradients compared), and for a
@@ -25,7 +25,7 @@ from breadth import build, run_mode  # type: ignore[import-not-found]
 from breadth_models import MODELS  # type: ignore[import-not-found]
 
 # The breadth suite in CI: every model of `breadth_models.MODELS` (`breaks.py --models` runs the
-# same 97, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
+# same 104, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
 # loss + backward, every parameter's gradient compared; cache: a decoding step with the KV cache a
 # prefill returned, decoder LMs and encoder-decoders), with the (graphs, breaks, frames left to
 # Python) that `breadth.run_mode` reports. A count may go down (update the table) but not up, and
@@ -44,7 +44,8 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # subscript] and [Stand-ins for torch's higher-order functions])
     "qwen3": LM, "phi3": LM, "gemma2": LM, "gemma3": LM, "olmo": LM, "olmo2": LM, "starcoder2": LM,
     "cohere": LM, "granite": LM, "persimmon": LM, "mpt": LM, "codegen": LM, "gpt_bigcode": LM, "gpt_neo": LM,
-    "mixtral": LM, "qwen2_moe": LM, "mamba": LM,
+    "mixtral": LM, "qwen2_moe": LM, "mamba": LM, "falcon_mamba": LM, "mamba2": LM, "jamba": LM, "lfm2": LM,
+    "deepseek_v3": LM, "gpt_oss": LM, "qwen3_moe": LM,
     # encoder MLMs and text encoders
     "bert": ENC, "roberta": ENC, "xlm_roberta": ENC, "electra": ENC, "albert": ENC, "deberta_v2": ENC,
     "mobilebert": ENC, "squeezebert": ENC, "mpnet": ENC, "distilbert": ENC, "clip_text": ENC, "funnel": ENC,
@@ -96,10 +97,10 @@ ROWS = [(name, mode) for name, modes in EXPECTED.items() for mode in modes]
 
 def test_the_table_is_the_whole_breadth_suite() -> None:
     """Every model of the bench is a CI row, in eval and train, with the KV-cache step for
-    exactly the decoder LMs and encoder-decoders (building all 97 tiny models: a few seconds)."""
+    exactly the decoder LMs and encoder-decoders (building all 104 tiny models: a few seconds)."""
     assert set(EXPECTED) == set(MODELS) and len(EXPECTED) >= 30
     decoders = {name for name, builder in MODELS.items() if builder()[2] in ("decoder", "seq2seq")}
-    assert len(decoders) == 39  # 29 decoder LMs, 10 encoder-decoders
+    assert len(decoders) == 46  # 36 decoder LMs, 10 encoder-decoders
     for name, modes in EXPECTED.items():
         assert {"eval", "train"} <= set(modes), name
         assert ("cache" in modes) == (name in decoders), name
