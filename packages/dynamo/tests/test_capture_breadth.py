@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import inspect
 from typing import Any
 
 import pytest
@@ -344,3 +345,58 @@ def test_truth_of_an_outside_object() -> None:
     finally:
         FULL.n, FLAG.on = 2, True
     assert backend.graphs == 2
+
+
+def scaled(x: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+    return x * scale
+
+
+SIGNATURE = inspect.signature(scaled)  # as a decorator computes it once
+
+
+def bound_call(x: torch.Tensor) -> Any:
+    # a decorator's `signature.bind(...)`: BoundArguments keeps its state in slots
+    bound = SIGNATURE.bind(x)
+    bound.apply_defaults()
+    return scaled(*bound.args, **bound.kwargs), dict(bound.arguments)
+
+
+class Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Any) -> None:
+        self.a = a
+
+
+def slots(x: torch.Tensor) -> Any:
+    s = Slotted(x + 1)
+    has_b = hasattr(s, "b")  # a slot never set: AttributeError in eager
+    s.b = x * 3
+    return s.a + s.b, has_b, s
+
+
+def test_slots_of_objects_made_in_the_frame() -> None:
+    """Note [Slots of objects made in the frame]: stores through member descriptors, an unset
+    slot reads as missing, and the object rebuilt after the graph has its slots set."""
+    check(bound_call, t(3))
+    out = kiln_dynamo.compile(slots, backend=CountingBackend())(t(3))
+    want = slots(t(3))
+    assert_same(out[:2], want[:2])
+    assert type(out[2]) is Slotted and not hasattr(out[2], "__dict__")
+    torch.testing.assert_close(out[2].b, want[2].b)
+    report = kiln_dynamo.explain(slots)(t(3))
+    assert report.graph_count == 1 and not report.break_reasons, report
+
+
+def no_dict(x: torch.Tensor) -> Any:
+    s = Slotted(x)
+    try:
+        s.c = 1  # not a slot, and no __dict__: AttributeError in eager
+    except AttributeError:
+        return x - 1
+    return x
+
+
+def test_a_name_that_is_not_a_slot_is_not_stored() -> None:
+    report = kiln_dynamo.explain(no_dict)(t(2))
+    torch.testing.assert_close(report.result, t(2) - 1)
