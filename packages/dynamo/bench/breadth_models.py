@@ -291,6 +291,24 @@ def _detr() -> Built:
     return transformers.DetrForObjectDetection(cfg).eval(), {"pixel_values": _image(64)}, "vision"
 
 
+def _llava() -> Built:
+    """A vision-language model: CLIP's vision tower, a projector, a llama LM; the image's patch
+    features replace the image tokens of the prompt."""
+    import transformers
+
+    torch.manual_seed(0)
+    vision = transformers.CLIPVisionConfig(**_VISION_TOWER)
+    cfg = transformers.LlavaConfig(
+        vision_config=vision, text_config=transformers.LlamaConfig(**_LLAMAISH), image_token_id=VOCAB - 1,
+        projector_hidden_act="gelu", vision_feature_layer=-1,
+    )  # fmt: skip
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    patches = (32 // 8) ** 2
+    ids = torch.randint(0, VOCAB - 2, (BATCH, 4 + patches + 3), generator=torch.Generator().manual_seed(1))
+    ids[:, 4 : 4 + patches] = VOCAB - 1
+    return model, {"input_ids": ids, "pixel_values": _image(32)}, "vision"
+
+
 class _TorchEncoder(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -494,6 +512,7 @@ MODELS: dict[str, Callable[[], Built]] = {
     "clip": _pair("CLIPModel", "CLIPConfig", projection_dim=16),
     "siglip": _pair("SiglipModel", "SiglipConfig"),
     "blip": _pair("BlipModel", "BlipConfig", projection_dim=16),
+    "llava": _llava,
     # vision transformers, hierarchical/windowed, CNNs, segmentation
     "vit": _vision("ViTForImageClassification", "ViTConfig", **_VIT),
     "deit": _vision("DeiTForImageClassification", "DeiTConfig", **_VIT),
