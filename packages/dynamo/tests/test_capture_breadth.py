@@ -400,3 +400,20 @@ def no_dict(x: torch.Tensor) -> Any:
 def test_a_name_that_is_not_a_slot_is_not_stored() -> None:
     report = kiln_dynamo.explain(no_dict)(t(2))
     torch.testing.assert_close(report.result, t(2) - 1)
+
+
+def explicit_getitem(x: torch.Tensor) -> Any:
+    # `d.__getitem__(k)`: a defaultdict's missing key calls its factory, a Counter's reads 0, a
+    # plain dict's raises KeyError (dict's own subscript, as `super().__getitem__` reaches it)
+    d = collections.defaultdict(list)
+    d.__getitem__("a").append(x)
+    counts = collections.Counter(["p"])
+    try:
+        {"k": 1}.__getitem__("missing")
+    except KeyError:
+        missing = True
+    return d, counts.__getitem__("z"), counts.__getitem__("p"), missing, x + 1
+
+
+def test_explicit_getitem_keeps_each_mappings_missing_key_rule() -> None:
+    check(explicit_getitem, t(2))

@@ -486,8 +486,7 @@ class DefaultDictVariable(DictVariable):
 
     def call_builtin(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if name == "__getitem__" and len(args) == 1:
-            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
-            return self._entry_or_key_error(args[0])
+            return self.getitem(tx, args[0])
         if name == "copy":
             return DefaultDictVariable(self.items, self.factory)
         return super().call_builtin(tx, name, args, kwargs)
@@ -558,8 +557,7 @@ class CounterVariable(DictVariable):
             self.count(tx, args[0] if args else None, kwargs, 1 if name == "update" else -1)
             return ConstantVariable(None)
         if name == "__getitem__" and len(args) == 1:
-            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
-            return self._entry_or_key_error(args[0])
+            return self.getitem(tx, args[0])
         if name == "copy" and not args and not kwargs:
             return CounterVariable(self.items)
         if name == "most_common" and len(args) <= 1 and not kwargs:
