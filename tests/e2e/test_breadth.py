@@ -29,7 +29,7 @@ from breadth_models import MODELS  # type: ignore[import-not-found]
 # loss + backward, every parameter's gradient compared; cache: a decoding step with the KV cache a
 # prefill returned, decoder LMs and encoder-decoders), with the (graphs, breaks, frames left to
 # Python) that `breadth.run_mode` reports. A count may go down (update the table) but not up, and
-# every row matches eager. About three and a half minutes here (2 shared cores; 1.5 with the 47
+# every row matches eager. About four minutes here (2 shared cores; 1.5 with the 47
 # models of the twelfth session).
 ONE = (1, 0, 0)
 LM = {"eval": ONE, "train": ONE, "cache": ONE}  # decoder LMs
