@@ -132,8 +132,12 @@ def run_mode(name: str, mode: str, with_torch: bool) -> dict[str, Any]:
         return {}
     ref_model = copy.deepcopy(model)
     if mode == "cache":
-        step = _step_inputs(model, inputs)
-        ref_step = _step_inputs(ref_model, inputs)
+        try:
+            step = _step_inputs(model, inputs)
+            ref_step = _step_inputs(ref_model, inputs)
+        except Exception as e:  # the eager prefill itself (a model that returns no cache)
+            return {**row, "graphs": -1, "breaks": -1, "plain": -1, "match": False, "seconds": 0.0,
+                    "reasons": [f"PREFILL {type(e).__name__}: {e}"[:300]]}  # fmt: skip
     t0 = time.perf_counter()
     try:
         kiln_dynamo.reset()
