@@ -438,3 +438,19 @@ def test_a_saved_value_copied_before_a_write_back_keeps_its_strides(make: str) -
     assert got.shape == t.shape and got.stride() == t.stride() and got.storage_offset() == 0
     assert got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     torch.testing.assert_close(got, t)
+
+
+def _checked(x: torch.Tensor) -> torch.Tensor:
+    torch._assert_async((x > -100).all(), "values out of range")
+    return x * 2
+
+
+def test_a_run_time_assertion_is_not_dead_code() -> None:
+    """`torch._assert_async` has no output, but raising is its effect: dead-code elimination keeps
+    it, so the compiled function raises where eager raises (before, it was dropped)."""
+    rec = Recorder()
+    cf = aot_function(_checked, rec)
+    torch.testing.assert_close(cf(torch.ones(3)), torch.ones(3) * 2)
+    assert any("_assert_async" in str(n.target) for n in rec.graphs[0].graph.nodes)
+    with pytest.raises(RuntimeError, match="values out of range"):
+        cf(torch.full((3,), -200.0))

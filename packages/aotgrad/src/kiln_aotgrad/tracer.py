@@ -733,8 +733,14 @@ def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return args, kwargs
 
 
+# run-time assertions: no output, but their effect (raising) is the program's
+_ASSERTS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg})
+
+
 def _impure(node: torch.fx.Node) -> bool:
     t = node.target
+    if t in _ASSERTS:
+        return True
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 
