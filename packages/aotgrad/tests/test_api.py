@@ -454,3 +454,16 @@ def test_a_run_time_assertion_is_not_dead_code() -> None:
     assert any("_assert_async" in str(n.target) for n in rec.graphs[0].graph.nodes)
     with pytest.raises(RuntimeError, match="values out of range"):
         cf(torch.full((3,), -200.0))
+
+
+def test_a_run_time_assertion_stays_in_the_training_forward() -> None:
+    """The partitioner keeps an assertion nothing reads in the forward graph (it took only what
+    the forward's outputs and the saved values need, and dropped it)."""
+    rec = Recorder()
+    cf = aot_function(lambda x: _checked(x).sum(), rec)
+    x = torch.ones(3, requires_grad=True)
+    cf(x).backward()
+    forward = rec.graphs[0]
+    assert any("_assert_async" in str(n.target) for n in forward.graph.nodes), forward.code
+    with pytest.raises(RuntimeError, match="values out of range"):
+        cf(torch.full((3,), -200.0, requires_grad=True))

@@ -214,6 +214,13 @@ class _FirstCallFallback:
                 raise  # strict mode, a failed torch._check, or a callable that keeps no signatures
             if len(signatures or ()) != before:
                 return self._first_run_failed(exc, args)
+            # a later call: if eager fails on these arguments too, the error is the user's (a
+            # run-time assertion, Note [Extern calls kept for their effect] in kiln_loopir):
+            # eager's exception, and the compiled code stays in use for the next call
+            try:
+                self.gm.forward(*args)
+            except Exception as eager_exc:
+                raise eager_exc from exc
             self.fallback = _fallback(
                 self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
             )
