@@ -10,7 +10,9 @@
 #   threads.json), call3c for the other five models (vit,resnet,convnext,gpt2,t5 done: reorder),
 #   call4b (fp32 training), the ConvNeXt/ViT layer-norm kernels at 15-37% of copy bandwidth
 #   (KILN_LOG=output_code on the H200: the CPU audit of the same models does not reproduce their
-#   NCHW reads), then call2 to measure Note [One sum of a row].
+#   NCHW reads), then call2 to measure Note [One sum of a row] and Note [Patch convolutions as
+#   GEMMs] (ViT, ConvNeXt: kiln against kiln:default:patch_conv=False; keep it on if ViT's conv
+#   family drops from 0.32 ms and no model's GPU time grows).
 # Twelfth session: call5a, call5c, call8s ran (README, the twelfth session's paragraph), and call7's
 #   tests by hand (dynamo 146 passed; kiln test_dynamic 45 passed, 6 failed, all torch 2.11/Triton 3.6
 #   only: 4 max-pool cases, a parity guard of torch 2.11's pooling meta kernel, and 2 batch-norm

@@ -47,6 +47,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "attention", False),
     ("cuda", "attention_mask", False),
     ("cuda", "conv_bias", False),
+    ("cuda", "patch_conv", False),
     ("cuda", "view_scatter", False),
     ("cuda", "layout_training", False),
     ("cuda", "pool_backward", False),
