@@ -10,7 +10,8 @@
 #   threads.json), call3c for the other five models (vit,resnet,convnext,gpt2,t5 done: reorder),
 #   call4b (fp32 training), the ConvNeXt/ViT layer-norm kernels at 15-37% of copy bandwidth
 #   (KILN_LOG=output_code on the H200: the CPU audit of the same models does not reproduce their
-#   NCHW reads), then call2 to measure Note [One sum of a row] and Note [Patch convolutions as
+#   NCHW reads), call5d (the C++ parallel plans' thresholds at 16 threads, issue 20), then call2
+#   to measure Note [One sum of a row] and Note [Patch convolutions as
 #   GEMMs] (ViT, ConvNeXt: kiln against kiln:default:patch_conv=False; keep it on if ViT's conv
 #   family drops from 0.32 ms and no model's GPU time grows).
 # Twelfth session: call5a, call5c, call8s ran (README, the twelfth session's paragraph), and call7's
@@ -101,6 +102,11 @@ for step in "$@"; do
     call5b)
       timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama \
         --budget-s 280 --out "$out/threads.json" > "$out/threads.log" 2>&1; grep -v Warning "$out/threads.log" | tail -60 ;;
+    call5d)  # issue 20: the parallel plans' thresholds at 4 and 16 threads (CppOptions.parallel_grain,
+      # min_work_per_thread): ConvNeXt was slower at 16 threads than at 4 in the thirteenth session
+      timeout 330 python3 packages/codegen_cpp/bench/threads.py --threads 4,16 --models convnext,cnn,resnet,gpt2,bert \
+        --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options min_work_per_thread=16384,parallel_grain=65536 \
+        --budget-s 300 --out "$out/threads-plans.json" > "$out/threads-plans.log" 2>&1; grep -v Warning "$out/threads-plans.log" | tail -40 ;;
     call7)
       # one pytest process per package (their conftest modules collide in one)
       TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py \
