@@ -122,16 +122,23 @@ def _t5() -> Built:
     return model, {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}, "seq2seq"
 
 
-def _whisper_encoder() -> Built:
+def _whisper_config() -> Any:
+    """The tiny Whisper both rows build (the encoder alone, and encoder and decoder)."""
     import transformers
 
-    torch.manual_seed(0)
-    cfg = transformers.WhisperConfig(
+    return transformers.WhisperConfig(
         d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
         decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB,
         num_mel_bins=16, max_source_positions=16, max_target_positions=16, dropout=0.0, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, decoder_start_token_id=3,
     )  # fmt: skip
+
+
+def _whisper_encoder() -> Built:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = _whisper_config()
     model = transformers.WhisperModel(cfg).get_encoder().eval()
     feats = torch.randn(BATCH, 16, 32, generator=torch.Generator().manual_seed(2))
     return model, {"input_features": feats}, "audio"
@@ -219,12 +226,7 @@ def _whisper() -> Built:
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.WhisperConfig(
-        d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
-        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB,
-        num_mel_bins=16, max_source_positions=16, max_target_positions=16, dropout=0.0, pad_token_id=0,
-        bos_token_id=1, eos_token_id=2, decoder_start_token_id=3,
-    )  # fmt: skip
+    cfg = _whisper_config()
     model = transformers.WhisperForConditionalGeneration(cfg).eval()
     feats = torch.randn(BATCH, 16, 32, generator=torch.Generator().manual_seed(2))
     return model, {"input_features": feats, "decoder_input_ids": _ids(seq=5)}, "seq2seq"
