@@ -688,7 +688,7 @@ def patch_embed(n: int, kh: int, kw: int) -> Any:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("image", "kernel"), [((2, 3, 32, 32), 8), ((2, 3, 30, 35), 4), ((1, 5, 16, 24), (4, 8))]
+    ("image", "kernel"), [((2, 3, 32, 32), 8), ((2, 3, 30, 35), 4), ((1, 5, 16, 48), (4, 16))]
 )
 def test_a_patch_convolution_is_a_gemm(dtype: torch.dtype, image: tuple[int, ...], kernel: Any) -> None:
     kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
@@ -719,6 +719,17 @@ def test_only_convolutions_that_tile_their_input_are_patches() -> None:
             with_vals(_conv_of(stride, padding, groups), x, w), x, w, options={"patch_conv": "force"}
         )
         assert len(_conv_nodes(compiled)) == 1
+
+
+def test_short_patches_of_many_channels_stay_convolutions() -> None:
+    # ConvNeXt's 2x2 downsampling: rows of 2 elements, 16 channels (float32: 8 bytes a row)
+    x, w = make((2, 16, 8, 8)), make((32, 16, 2, 2))
+    compiled = check(with_vals(_conv_of([2, 2], [0, 0], 1), x, w), x, w, options={"patch_conv": "force"})
+    assert len(_conv_nodes(compiled)) == 1
+    # an image's 3 channels with the same short rows: a GEMM (Swin's and ConvNeXt's stems)
+    x, w = make((2, 3, 8, 8)), make((32, 3, 2, 2))
+    compiled = check(with_vals(_conv_of([2, 2], [0, 0], 1), x, w), x, w, options={"patch_conv": "force"})
+    assert _conv_nodes(compiled) == []
 
 
 def _conv_of(stride: list[int], padding: list[int], groups: int) -> Any:

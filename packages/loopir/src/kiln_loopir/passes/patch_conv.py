@@ -23,7 +23,11 @@ whose result is the convolution's (N, O, H', W') with channels-last strides: a r
 graph output, the output is a contiguous copy, with the strides the convolution gave it. Rows the convolution
 drops (H or W not a multiple of the kernel) are sliced off first. Values are eager's up to the
 order of the sum over a patch. Only static sizes, 4-D floating inputs, and a contiguous weight
-(its view must not copy). Not on the CPU by default (oneDNN runs such convolutions well and its
+(its view must not copy). The copy of the patches reads rows of ``kw`` input elements: where a row
+is shorter than a 32-byte sector the reads waste most of each sector, so such a convolution is
+rewritten only when its input has at most 4 channels (an image: a few MB, and cuDNN would convert
+it too); ConvNeXt's 2x2 downsampling convolutions over 96-768 channels stay convolutions, which
+the layout pass runs in NHWC. Not on the CPU by default (oneDNN runs such convolutions well and its
 result layout is what the CPU layout rule plans for); ``patch_conv="force"`` rewrites on any device
 (tests), ``False`` never.
 """
@@ -63,7 +67,16 @@ def is_patch_conv(node: torch.fx.Node) -> bool:
     kh, kw = int(wv.shape[2]), int(wv.shape[3])
     if _ints(stride, 2) != [kh, kw] or _ints(padding, 2) != [0, 0] or _ints(dilation, 2) != [1, 1]:
         return False
-    return bool(wv.is_contiguous()) and xv.shape[2] >= kh and xv.shape[3] >= kw
+    # Note [Patch convolutions as GEMMs]: the patch copy reads rows of kw elements; shorter than a
+    # 32-byte sector, only an image's few channels are worth it (ConvNeXt's 2x2 downsampling of
+    # 96-768 channels stays a convolution, which the layout pass runs in NHWC)
+    rows_long = kw * xv.element_size() >= 32
+    return (
+        bool(wv.is_contiguous())
+        and xv.shape[2] >= kh
+        and xv.shape[3] >= kw
+        and (xv.shape[1] <= 4 or rows_long)
+    )
 
 
 def patch_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
