@@ -229,6 +229,9 @@ def test_profile_flag_end_to_end_on_cuda(tmp_path: Path) -> None:
     for r in results[1:]:  # kiln's own kernels are named for what they fuse
         names = [h["name"] for h in r["extra"]["profile"]["top"]]
         assert any(re.match(r"triton_(poi|per|red)_fused_\w+_\d+$", n) for n in names), names
+        # Note [Bandwidth of generated kernels]: the MLP's layer norms move 24 MB at gpu size
+        b = r["extra"]["profile"]["bandwidth"]
+        assert b is not None and b["kernels"] >= 1 and b["copy_gbps"] > 100, b
 
 
 def test_cuda_kernels_are_counted_by_family() -> None:
