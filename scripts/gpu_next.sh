@@ -5,6 +5,15 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirteenth session: call2, call4, call5b and call3c ran (README, the thirteenth session's paragraph;
+#   results/2026-12-03-h200-s13-*). Next: call5b again (its rows were not kept: it now writes
+#   threads.json), call3c for the other five models (vit,resnet,convnext,gpt2,t5 done: reorder),
+#   call4b (fp32 training), the ConvNeXt/ViT layer-norm kernels at 15-37% of copy bandwidth
+#   (KILN_LOG=output_code on the H200: the CPU audit of the same models does not reproduce their
+#   NCHW reads), call5d (the C++ parallel plans' thresholds at 16 threads, issue 20), then call2
+#   to measure Note [One sum of a row] and Note [Patch convolutions as
+#   GEMMs] (ViT, ConvNeXt: kiln against kiln:default:patch_conv=False; keep it on if ViT's conv
+#   family drops from 0.32 ms and no model's GPU time grows).
 # Twelfth session: call5a, call5c, call8s ran (README, the twelfth session's paragraph), and call7's
 #   tests by hand (dynamo 146 passed; kiln test_dynamic 45 passed, 6 failed, all torch 2.11/Triton 3.6
 #   only: 4 max-pool cases, a parity guard of torch 2.11's pooling meta kernel, and 2 batch-norm
@@ -70,6 +79,9 @@ for step in "$@"; do
         --warmup 5 --profile --profile-calls 5 --backends kiln ;;
     call3)
       bench ablation-a 560 --dtype bfloat16 --modes inference --models gpt2,bert,llama,t5,mlp --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
+    call3c)  # the ablation over the whole suite in one call: GPU busy time only, so few timed calls
+      bench ablation-all 430 --dtype bfloat16 --modes inference --models resnet,convnext,vit,gpt2,t5,bert,llama,cnn,mlp,distilbert \
+        --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
     call3b)
       bench ablation-b 560 --dtype bfloat16 --modes inference --models vit,resnet,convnext,cnn,distilbert --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
     call4)
@@ -88,7 +100,13 @@ for step in "$@"; do
       timeout 420 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --models convnext,resnet,gpt2 \
         --calls 50 --rounds 5 --top 14 > "$out/host-top.log" 2>&1; cut -c1-200 "$out/host-top.log" | tail -80 ;;
     call5b)
-      timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 280 2>&1 | tail -30 ;;
+      timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama \
+        --budget-s 280 --out "$out/threads.json" > "$out/threads.log" 2>&1; grep -v Warning "$out/threads.log" | tail -60 ;;
+    call5d)  # issue 20: the parallel plans' thresholds at 4 and 16 threads (CppOptions.parallel_grain,
+      # min_work_per_thread): ConvNeXt was slower at 16 threads than at 4 in the thirteenth session
+      timeout 330 python3 packages/codegen_cpp/bench/threads.py --threads 4,16 --models convnext,cnn,resnet,gpt2,bert \
+        --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options min_work_per_thread=16384,parallel_grain=65536 \
+        --budget-s 300 --out "$out/threads-plans.json" > "$out/threads-plans.log" 2>&1; grep -v Warning "$out/threads-plans.log" | tail -40 ;;
     call7)
       # one pytest process per package (their conftest modules collide in one)
       TRITON_INTERPRET=1 timeout 120 python3 -m pytest -q -p no:cacheprovider packages/dynamo/tests/test_dynamic_shapes.py \

@@ -438,3 +438,32 @@ def test_a_saved_value_copied_before_a_write_back_keeps_its_strides(make: str) -
     assert got.shape == t.shape and got.stride() == t.stride() and got.storage_offset() == 0
     assert got.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
     torch.testing.assert_close(got, t)
+
+
+def _checked(x: torch.Tensor) -> torch.Tensor:
+    torch._assert_async((x > -100).all(), "values out of range")
+    return x * 2
+
+
+def test_a_run_time_assertion_is_not_dead_code() -> None:
+    """`torch._assert_async` has no output, but raising is its effect: dead-code elimination keeps
+    it, so the compiled function raises where eager raises (before, it was dropped)."""
+    rec = Recorder()
+    cf = aot_function(_checked, rec)
+    torch.testing.assert_close(cf(torch.ones(3)), torch.ones(3) * 2)
+    assert any("_assert_async" in str(n.target) for n in rec.graphs[0].graph.nodes)
+    with pytest.raises(RuntimeError, match="values out of range"):
+        cf(torch.full((3,), -200.0))
+
+
+def test_a_run_time_assertion_stays_in_the_training_forward() -> None:
+    """The partitioner keeps an assertion nothing reads in the forward graph (it took only what
+    the forward's outputs and the saved values need, and dropped it)."""
+    rec = Recorder()
+    cf = aot_function(lambda x: _checked(x).sum(), rec)
+    x = torch.ones(3, requires_grad=True)
+    cf(x).backward()
+    forward = rec.graphs[0]
+    assert any("_assert_async" in str(n.target) for n in forward.graph.nodes), forward.code
+    with pytest.raises(RuntimeError, match="values out of range"):
+        cf(torch.full((3,), -200.0, requires_grad=True))

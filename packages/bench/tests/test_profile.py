@@ -229,6 +229,9 @@ def test_profile_flag_end_to_end_on_cuda(tmp_path: Path) -> None:
     for r in results[1:]:  # kiln's own kernels are named for what they fuse
         names = [h["name"] for h in r["extra"]["profile"]["top"]]
         assert any(re.match(r"triton_(poi|per|red)_fused_\w+_\d+$", n) for n in names), names
+        # Note [Bandwidth of generated kernels]: the MLP's layer norms move 24 MB at gpu size
+        b = r["extra"]["profile"]["bandwidth"]
+        assert b is not None and b["kernels"] >= 1 and b["copy_gbps"] > 100, b
 
 
 def test_cuda_kernels_are_counted_by_family() -> None:
@@ -256,3 +259,37 @@ def test_cuda_kernels_are_counted_by_family() -> None:
     assert p.families["conv"][1] == pytest.approx(0.035)
     assert "by family: aten 1 / 0.00 ms" in table([("m", "inference", "kiln", p.to_json(), "")])
     assert summarize([], calls=1, wall_ms=None, cuda=False).families is None
+
+
+def test_generated_kernels_are_set_against_the_copy_bandwidth() -> None:
+    # Note [Bandwidth of generated kernels]: 1000 GB/s copy; a 32 MiB kernel at 40 us per launch
+    # (839 GB/s, 84%), a 64 MiB one at 160 us (419 GB/s, 42%: below 70%), a 1 MiB one (too small
+    # to count) and an extern GEMM (no bytes)
+    mib = 1 << 20
+    events = [
+        _gpu("triton_poi_fused_add_0", 0, 40),
+        _gpu("triton_poi_fused_add_0", 50, 90),
+        _gpu("triton_red_fused_sum_1", 100, 260),
+        _gpu("triton_poi_fused_relu_2", 300, 301),
+        _gpu("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", 400, 500),
+    ]
+    sizes = {
+        "triton_poi_fused_add_0": 32 * mib,
+        "triton_red_fused_sum_1": 64 * mib,
+        "triton_poi_fused_relu_2": mib,
+    }
+    p = summarize(events, calls=1, wall_ms=1.0, cuda=True, kernel_bytes=sizes, copy_gbps=1000.0)
+    b = p.bandwidth
+    assert b is not None and (b.kernels, b.at_target) == (2, 1)
+    assert b.below_ms == pytest.approx(0.160)
+    (slow_name, slow_mb, slow_us, slow_share), (fast_name, _, fast_us, fast_share) = b.slowest
+    assert (slow_name, slow_mb, fast_name) == ("triton_red_fused_sum_1", 64.0, "triton_poi_fused_add_0")
+    assert (slow_us, fast_us) == (pytest.approx(160.0), pytest.approx(40.0))
+    assert slow_share == pytest.approx(64 * mib / 160e-6 / 1e12) and fast_share == pytest.approx(
+        32 * mib / 40e-6 / 1e12
+    )
+    line = table([("m", "inference", "kiln", p.to_json(), "")])
+    assert "bandwidth: 1/2 generated kernels >= 16 MB at >= 70% of copy (1000 GB/s)" in line
+    assert "42% triton_red_fused_sum_1 (64 MB, 160 us)" in line
+    # without bytes (torch.compile, eager, the CPU) there is no bandwidth
+    assert summarize(events, calls=1, wall_ms=1.0, cuda=True).bandwidth is None

@@ -182,6 +182,30 @@ def test_cpp_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
         CppBackend()
 
 
+def test_the_grain_and_the_work_per_thread_are_options(threads: None) -> None:
+    """CppOptions.parallel_grain / min_work_per_thread move the plans' thresholds (to measure
+    them at 16 threads): a kernel above the default grain runs serial under a higher one, and a
+    larger share per thread caps the team lower; results stay eager's at every thread count."""
+
+    def fn(x: torch.Tensor) -> Any:
+        return aten.mul.Tensor(aten.relu.default(x), 3.0)
+
+    x = make((64, 2048))  # 131072 elements: parallel by default
+    assert outer_plan([64], x.numel()) is not None
+    capped = outer_plan([64], x.numel(), min_work=x.numel() // 2)
+    assert capped is not None and capped.cap == 2
+    assert pointwise_plan([64], 2048, x.numel(), grain=x.numel() + 1) is None
+    default = check(fn, x)
+    assert "omp parallel" in default.backend.last_source  # type: ignore[attr-defined]
+    serial_backend = CppBackend({"parallel_grain": x.numel() + 1})
+    serial = compile_graph(torch.fx.symbolic_trace(fn), [x], backend=serial_backend)
+    assert "omp parallel" not in serial_backend.last_source
+    for out in _across_threads(serial, x):
+        torch.testing.assert_close(out, fn(x))
+    with pytest.raises(ValueError, match="min_work_per_thread"):
+        CppOptions(min_work_per_thread=0)
+
+
 def test_tiny_kernel_has_no_parallel_region() -> None:
     def fn(x: torch.Tensor) -> Any:
         return aten.mul.Tensor(aten.sum.dim_IntList(x, [1], True), x)

@@ -147,6 +147,26 @@ def test_fused_chain_is_one_1d_kernel(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_build_report_gives_each_kernel_the_bytes_of_its_buffers(device: str) -> None:
+    # what a profile divides by a kernel's time (Note [Bandwidth of generated kernels] in
+    # kiln_bench): x, y and the result (16 x 40) and the broadcast row b (40), float32
+    def fn(x: torch.Tensor, y: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.relu.default(aten.add.Tensor(aten.mul.Tensor(x, y), b))
+
+    inputs = [make((16, 40)), make((16, 40)), make((40,))]
+    backend = check(fn, *inputs, device=device)
+    (spec,) = backend.last_specs
+    assert dict(backend.last_build().kernel_bytes) == {spec.name: (3 * 16 * 40 + 40) * 4}
+    # a split sum: both kernels, the first charged for the input and its partial sums
+    x = make((1 << 16,))
+    backend = check(graph_of([(aten.sum.default, (In(0),), {})], 1), x, device=device)
+    first, second = backend.last_specs
+    report = dict(backend.last_build().kernel_bytes)
+    assert set(report) == {first.name, second.name}
+    assert report[first.name] > x.numel() * 4 > report[second.name] > 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_transpose_is_tiled(dtype: torch.dtype, device: str) -> None:
     def fn(x: torch.Tensor) -> Any:

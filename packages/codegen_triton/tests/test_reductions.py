@@ -84,6 +84,22 @@ def test_softmax_and_layer_norm_are_one_kernel(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_layer_norm_sums_its_row_once(dtype: torch.dtype, device: str) -> None:
+    # Note [One sum of a row]: aotgrad's layer norm is a var and a mean of the same row; in a
+    # persistent kernel the var's mean and the mean are one tl.sum (two before: three reductions)
+    def fn(x: torch.Tensor, w: torch.Tensor) -> Any:
+        var = aten.var.correction(x, [1], correction=0, keepdim=True)
+        mean = aten.mean.dim(x, [1], True)
+        normed = aten.mul.Tensor(aten.sub.Tensor(x, mean), aten.rsqrt.default(aten.add.Tensor(var, 1e-5)))
+        return (aten.mul.Tensor(normed, w),)
+
+    backend = check(fn, make((8, 96), dtype), make((96,), dtype), device=device, scale=2.0)
+    assert kinds(backend) == ["persistent"]
+    assert backend.last_source.count("tl.sum(") == 2, backend.last_source
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [20, 300])
 def test_outer_reduction(rows: int, device: str) -> None:
     """x.sum(0): the reduced dim is strided; short persistent rows or a looped tile of columns."""

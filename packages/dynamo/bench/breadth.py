@@ -5,8 +5,8 @@ Run: PYTHONPATH=packages/dynamo/src:packages/frame_hook/src python packages/dyna
 
 For each model of `breadth_models.MODELS` and each mode: `eval` (eval mode, no_grad), `train`
 (train mode, forward + a loss on the main output + backward, gradients compared with eager),
-`cache` (decoder LMs only: a prefill with `use_cache=True`, then one decoding step with the
-returned cache, which is what is counted: the KV-cache path of generation), kiln's counts come
+`cache` (decoder LMs and encoder-decoders: a prefill with `use_cache=True`, then one decoding
+step with the returned cache, which is what is counted: the KV-cache path of generation), kiln's counts come
 from `kiln_dynamo.explain` (capture with the eager backend), its result is compared with eager,
 and torch.compile's counts from `torch._dynamo.explain` (the baseline; bench code only).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import io
 import json
 import sys
@@ -83,10 +84,28 @@ def _loss(out: Any) -> torch.Tensor:
 
 
 def _step_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """One decoding step after a prefill: a decoder LM's next token with its KV cache; an
+    encoder-decoder's next decoder token with the encoder's output and the decoder's cache (what
+    `generate` runs per token)."""
     with torch.no_grad():
         pre = model(**inputs, use_cache=True)
-    nxt = torch.randint(0, 64, (inputs["input_ids"].shape[0], 1), generator=torch.Generator().manual_seed(5))
-    return {"input_ids": nxt, "past_key_values": pre.past_key_values, "use_cache": True}
+    batch = next(iter(inputs.values())).shape[0]
+    nxt = torch.randint(0, 64, (batch, 1), generator=torch.Generator().manual_seed(5))
+    # the cache under the name the forward takes: transformers 5 renamed `past_key_values` to
+    # `cache`, and not every model maps the old name (mamba ignored it and started a new cache)
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    if "decoder_input_ids" in inputs:
+        encoded = (pre.encoder_last_hidden_state,)
+        return {
+            "decoder_input_ids": nxt,
+            "encoder_outputs": encoded,
+            name: pre.past_key_values,
+            "use_cache": True,
+        }
+    return {"input_ids": nxt, name: pre.past_key_values, "use_cache": True}
+
+
+CACHED = ("decoder", "seq2seq")  # the kinds with a `cache` mode
 
 
 def build(name: str, mode: str) -> tuple[Any, dict[str, Any], str]:
@@ -94,7 +113,9 @@ def build(name: str, mode: str) -> tuple[Any, dict[str, Any], str]:
     for m in model.modules():  # T5's stacks hold copies of the config
         config = getattr(m, "config", None)
         if config is not None and "use_cache" in vars(config):
-            config.use_cache = mode == "cache"  # eval and train without the KV cache
+            # eval and train without the KV cache; an encoder-decoder's step asks for it by
+            # argument (T5's encoder stack refuses a config that sets it)
+            config.use_cache = mode == "cache" and kind == "decoder"
     if mode == "train":
         model.train()
     return model, inputs, kind
@@ -107,19 +128,25 @@ def run_mode(name: str, mode: str, with_torch: bool) -> dict[str, Any]:
     except Exception as e:
         return {**row, "graphs": -1, "breaks": -1, "plain": -1, "match": False, "seconds": 0.0,
                 "reasons": [f"BUILD {type(e).__name__}: {e}"[:300]]}  # fmt: skip
-    if mode == "cache" and kind != "decoder":
+    if mode == "cache" and kind not in CACHED:
         return {}
     ref_model = copy.deepcopy(model)
     if mode == "cache":
-        step = _step_inputs(model, inputs)
-        ref_step = _step_inputs(ref_model, inputs)
+        try:
+            step = _step_inputs(model, inputs)
+            ref_step = _step_inputs(ref_model, inputs)
+        except Exception as e:  # the eager prefill itself (a model that returns no cache)
+            return {**row, "graphs": -1, "breaks": -1, "plain": -1, "match": False, "seconds": 0.0,
+                    "reasons": [f"PREFILL {type(e).__name__}: {e}"[:300]]}  # fmt: skip
     t0 = time.perf_counter()
     try:
         kiln_dynamo.reset()
         with contextlib.redirect_stdout(io.StringIO()):
             if mode == "eval":
-                with torch.no_grad():
+                with torch.no_grad():  # seeded: vit_mae draws its patch mask in eval too
+                    torch.manual_seed(3)
                     report = kiln_dynamo.explain(model)(**inputs)
+                    torch.manual_seed(3)
                     ref = ref_model(**inputs)
                 ok = _close(report.result, ref)
             elif mode == "train":

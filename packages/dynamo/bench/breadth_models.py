@@ -2,7 +2,7 @@
 
 `MODELS` maps a name to a builder that returns `(model, inputs, kind)`: `model` in eval mode,
 `inputs` a dict of keyword arguments, `kind` one of "decoder" (a causal LM: also run with
-`use_cache=True`), "encoder", "seq2seq", "vision", "audio", "torch". Every builder seeds torch,
+`use_cache=True`), "encoder", "seq2seq", "vision" (text+vision pairs too), "audio", "torch". Every builder seeds torch,
 so the same name always gives the same weights and inputs. Used by `breaks.py --models` (the
 table of graphs / breaks / frames in Python per model, against torch.compile) and by the CI test
 `tests/e2e/test_breadth.py` over a fast subset.
@@ -122,16 +122,23 @@ def _t5() -> Built:
     return model, {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}, "seq2seq"
 
 
-def _whisper_encoder() -> Built:
+def _whisper_config() -> Any:
+    """The tiny Whisper both rows build (the encoder alone, and encoder and decoder)."""
     import transformers
 
-    torch.manual_seed(0)
-    cfg = transformers.WhisperConfig(
+    return transformers.WhisperConfig(
         d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
         decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB,
         num_mel_bins=16, max_source_positions=16, max_target_positions=16, dropout=0.0, pad_token_id=0,
         bos_token_id=1, eos_token_id=2, decoder_start_token_id=3,
     )  # fmt: skip
+
+
+def _whisper_encoder() -> Built:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = _whisper_config()
     model = transformers.WhisperModel(cfg).get_encoder().eval()
     feats = torch.randn(BATCH, 16, 32, generator=torch.Generator().manual_seed(2))
     return model, {"input_features": feats}, "audio"
@@ -195,6 +202,113 @@ def _swin() -> Built:
 
 def _cnn(cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[], Built]:
     return _vision(cls_name, cfg_name, num_labels=10, **cfg)
+
+
+def _s2s(cls_name: str, cfg_name: str, **extra: Any) -> Callable[[], Built]:
+    """An encoder-decoder LM of the BART family (mBART, Marian, Blenderbot, M2M100, LED)."""
+
+    def build() -> Built:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, cfg_name)(
+            d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB,
+            dropout=0.0, attention_dropout=0.0, pad_token_id=0, decoder_start_token_id=0, **extra,
+        )  # fmt: skip
+        model = getattr(transformers, cls_name)(cfg).eval()
+        return model, {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}, "seq2seq"
+
+    return build
+
+
+def _whisper() -> Built:
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = _whisper_config()
+    model = transformers.WhisperForConditionalGeneration(cfg).eval()
+    feats = torch.randn(BATCH, 16, 32, generator=torch.Generator().manual_seed(2))
+    return model, {"input_features": feats, "decoder_input_ids": _ids(seq=5)}, "seq2seq"
+
+
+def _wav(cls_name: str, cfg_name: str) -> Callable[[], Built]:
+    """A wav2vec2-style speech encoder with a CTC head (HuBERT, WavLM, Data2VecAudio)."""
+
+    def build() -> Built:
+        import transformers
+
+        torch.manual_seed(0)
+        cfg = getattr(transformers, cfg_name)(
+            hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
+        )  # fmt: skip
+        model = getattr(transformers, cls_name)(cfg).eval()
+        return (
+            model,
+            {"input_values": torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(2))},
+            "audio",
+        )
+
+    return build
+
+
+_TEXT_TOWER = {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+               "intermediate_size": FFN, "vocab_size": VOCAB, "max_position_embeddings": 64}  # fmt: skip
+_VISION_TOWER = {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+                 "intermediate_size": FFN, "image_size": 32, "patch_size": 8}  # fmt: skip
+
+
+def _pair(cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[], Built]:
+    """A text tower and a vision tower scored against each other (CLIP, SigLIP, BLIP)."""
+
+    def build() -> Built:
+        import transformers
+
+        torch.manual_seed(0)
+        text = {**_TEXT_TOWER, "max_position_embeddings": SEQ} if cfg_name != "BlipConfig" else _TEXT_TOWER
+        config = getattr(transformers, cfg_name)(text_config=text, vision_config=_VISION_TOWER, **cfg)
+        model = getattr(transformers, cls_name)(config).eval()
+        return model, {"input_ids": _ids(), "pixel_values": _image(32)}, "vision"
+
+    return build
+
+
+def _detr() -> Built:
+    import transformers
+
+    torch.manual_seed(0)
+    backbone = transformers.ResNetConfig(
+        embedding_size=8, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], layer_type="basic",
+        out_features=["stage4"],
+    )  # fmt: skip
+    cfg = transformers.DetrConfig(
+        use_timm_backbone=False, use_pretrained_backbone=False, backbone=None, backbone_config=backbone,
+        d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS, encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, num_queries=6, dropout=0.0,
+        attention_dropout=0.0, num_labels=5,
+    )  # fmt: skip
+    return transformers.DetrForObjectDetection(cfg).eval(), {"pixel_values": _image(64)}, "vision"
+
+
+def _llava() -> Built:
+    """A vision-language model: CLIP's vision tower, a projector, a llama LM; the image's patch
+    features replace the image tokens of the prompt."""
+    import transformers
+
+    torch.manual_seed(0)
+    vision = transformers.CLIPVisionConfig(**_VISION_TOWER)
+    cfg = transformers.LlavaConfig(
+        vision_config=vision, text_config=transformers.LlamaConfig(**_LLAMAISH), image_token_id=VOCAB - 1,
+        projector_hidden_act="gelu", vision_feature_layer=-1,
+    )  # fmt: skip
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    patches = (32 // 8) ** 2
+    ids = torch.randint(0, VOCAB - 2, (BATCH, 4 + patches + 3), generator=torch.Generator().manual_seed(1))
+    ids[:, 4 : 4 + patches] = VOCAB - 1
+    return model, {"input_ids": ids, "pixel_values": _image(32)}, "vision"
 
 
 class _TorchEncoder(nn.Module):
@@ -291,6 +405,64 @@ MODELS: dict[str, Callable[[], Built]] = {
     "gptj": _text("GPTJForCausalLM", "GPTJConfig", "decoder", n_embd=H, n_layer=LAYERS, n_head=HEADS, rotary_dim=4,
                   vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "stablelm": _text("StableLmForCausalLM", "StableLmConfig", "decoder", partial_rotary_factor=0.5, **_LLAMAISH),
+    # added in the thirteenth session: newer decoder LMs, mixture-of-experts, a state-space model
+    "qwen3": _text("Qwen3ForCausalLM", "Qwen3Config", "decoder", head_dim=8, **_LLAMAISH),
+    "phi3": _text("Phi3ForCausalLM", "Phi3Config", "decoder", pad_token_id=0, **_LLAMAISH),
+    "gemma2": _text("Gemma2ForCausalLM", "Gemma2Config", "decoder", head_dim=8, sliding_window=4, **_LLAMAISH),
+    "gemma3": _text("Gemma3ForCausalLM", "Gemma3TextConfig", "decoder", head_dim=8, sliding_window=4, **_LLAMAISH),
+    "olmo": _text("OlmoForCausalLM", "OlmoConfig", "decoder", **_LLAMAISH),
+    "olmo2": _text("Olmo2ForCausalLM", "Olmo2Config", "decoder", **_LLAMAISH),
+    "starcoder2": _text("Starcoder2ForCausalLM", "Starcoder2Config", "decoder", **_LLAMAISH),
+    "cohere": _text("CohereForCausalLM", "CohereConfig", "decoder", **_LLAMAISH),
+    "granite": _text("GraniteForCausalLM", "GraniteConfig", "decoder", **_LLAMAISH),
+    "persimmon": _text("PersimmonForCausalLM", "PersimmonConfig", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                       num_attention_heads=HEADS, intermediate_size=FFN, vocab_size=VOCAB, max_position_embeddings=64,
+                       hidden_dropout=0.0, attention_dropout=0.0),
+    "mpt": _text("MptForCausalLM", "MptConfig", "decoder", d_model=H, n_heads=HEADS, n_layers=LAYERS, vocab_size=VOCAB,
+                 max_seq_len=64),
+    "codegen": _text("CodeGenForCausalLM", "CodeGenConfig", "decoder", n_embd=H, n_layer=LAYERS, n_head=HEADS,
+                     rotary_dim=4, vocab_size=VOCAB, n_positions=64, n_ctx=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                     attn_pdrop=0.0),
+    "gpt_bigcode": _text("GPTBigCodeForCausalLM", "GPTBigCodeConfig", "decoder", n_embd=H, n_layer=LAYERS,
+                         n_head=HEADS, vocab_size=VOCAB, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                         attn_pdrop=0.0),
+    "gpt_neo": _text("GPTNeoForCausalLM", "GPTNeoConfig", "decoder", hidden_size=H, num_layers=LAYERS,
+                     num_heads=HEADS, attention_types=[[["global", "local"], 1]], window_size=4, vocab_size=VOCAB,
+                     max_position_embeddings=64, intermediate_size=FFN, embed_dropout=0.0, attention_dropout=0.0,
+                     resid_dropout=0.0),
+    "mixtral": _text("MixtralForCausalLM", "MixtralConfig", "decoder", num_local_experts=4, num_experts_per_tok=2,
+                     **_LLAMAISH),
+    "qwen2_moe": _text("Qwen2MoeForCausalLM", "Qwen2MoeConfig", "decoder", num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=16, shared_expert_intermediate_size=32, **_LLAMAISH),
+    "mamba": _text("MambaForCausalLM", "MambaConfig", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                   vocab_size=VOCAB, state_size=8, expand=2, conv_kernel=4),
+    "falcon_mamba": _text("FalconMambaForCausalLM", "FalconMambaConfig", "decoder", hidden_size=H,
+                          num_hidden_layers=LAYERS, vocab_size=VOCAB, state_size=8, expand=2, conv_kernel=4),
+    "mamba2": _text("Mamba2ForCausalLM", "Mamba2Config", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                    vocab_size=VOCAB, state_size=8, expand=2, conv_kernel=4, num_heads=8, head_dim=8, n_groups=1,
+                    chunk_size=4),
+    # hybrids: attention with mamba layers (and experts), attention with short convolutions
+    "jamba": _text("JambaForCausalLM", "JambaConfig", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                   num_attention_heads=HEADS, num_key_value_heads=2, intermediate_size=FFN, vocab_size=VOCAB,
+                   num_experts=2, num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1,
+                   attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                   mamba_dt_rank=4, use_mamba_kernels=False),
+    "lfm2": _text("Lfm2ForCausalLM", "Lfm2Config", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, num_key_value_heads=2, intermediate_size=FFN, vocab_size=VOCAB,
+                  max_position_embeddings=64, layer_types=["conv", "full_attention"], conv_L_cache=3),
+    # mixtures of experts with latent attention / attention sinks
+    "deepseek_v3": _text("DeepseekV3ForCausalLM", "DeepseekV3Config", "decoder", hidden_size=H,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                         intermediate_size=FFN, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                         n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=8, q_lora_rank=16,
+                         qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, vocab_size=VOCAB,
+                         max_position_embeddings=64),
+    "gpt_oss": _text("GptOssForCausalLM", "GptOssConfig", "decoder", hidden_size=H, num_hidden_layers=LAYERS,
+                     num_attention_heads=HEADS, num_key_value_heads=2, head_dim=8, intermediate_size=FFN,
+                     num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=64,
+                     sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    "qwen3_moe": _text("Qwen3MoeForCausalLM", "Qwen3MoeConfig", "decoder", head_dim=8, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=16, **_LLAMAISH),
     # encoder MLMs
     "bert": _text("BertForMaskedLM", "BertConfig", **_BERTISH),
     "roberta": _text("RobertaForMaskedLM", "RobertaConfig", **_BERTISH),
@@ -310,12 +482,39 @@ MODELS: dict[str, Callable[[], Built]] = {
     "funnel": _text("FunnelForMaskedLM", "FunnelConfig", d_model=H, n_head=HEADS, d_head=8, d_inner=FFN,
                     block_sizes=[1, 1], vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
                     activation_dropout=0.0),
+    "modernbert": _text("ModernBertForMaskedLM", "ModernBertConfig", hidden_size=H, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, intermediate_size=FFN, vocab_size=VOCAB, max_position_embeddings=64,
+                        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                        local_attention=4),
+    "deberta": _text("DebertaForMaskedLM", "DebertaConfig", **_BERTISH),
+    "roformer": _text("RoFormerForMaskedLM", "RoFormerConfig", embedding_size=H, **_BERTISH),
+    "convbert": _text("ConvBertForMaskedLM", "ConvBertConfig", embedding_size=H, **_BERTISH),
+    "ernie": _text("ErnieForMaskedLM", "ErnieConfig", **_BERTISH),
+    "xlnet": _text("XLNetLMHeadModel", "XLNetConfig", d_model=H, n_layer=LAYERS, n_head=HEADS, d_inner=FFN,
+                   vocab_size=VOCAB, dropout=0.0),
     # encoder-decoders, audio
     "bart": _bart,
     "t5": _t5,
     "pegasus": _pegasus,
     "whisper_encoder": _whisper_encoder,
     "wav2vec2": _wav2vec2,
+    "mbart": _s2s("MBartForConditionalGeneration", "MBartConfig", max_position_embeddings=64),
+    "marian": _s2s("MarianMTModel", "MarianConfig", max_position_embeddings=64),
+    "blenderbot": _s2s("BlenderbotForConditionalGeneration", "BlenderbotConfig", max_position_embeddings=64),
+    "blenderbot_small": _s2s("BlenderbotSmallForConditionalGeneration", "BlenderbotSmallConfig",
+                             max_position_embeddings=64),
+    "m2m100": _s2s("M2M100ForConditionalGeneration", "M2M100Config", max_position_embeddings=64),
+    "led": _s2s("LEDForConditionalGeneration", "LEDConfig", attention_window=4, max_encoder_position_embeddings=64,
+                max_decoder_position_embeddings=64),
+    "whisper": _whisper,
+    "hubert": _wav("HubertForCTC", "HubertConfig"),
+    "wavlm": _wav("WavLMForCTC", "WavLMConfig"),
+    "data2vec_audio": _wav("Data2VecAudioForCTC", "Data2VecAudioConfig"),
+    # text and vision towers together
+    "clip": _pair("CLIPModel", "CLIPConfig", projection_dim=16),
+    "siglip": _pair("SiglipModel", "SiglipConfig"),
+    "blip": _pair("BlipModel", "BlipConfig", projection_dim=16),
+    "llava": _llava,
     # vision transformers, hierarchical/windowed, CNNs, segmentation
     "vit": _vision("ViTForImageClassification", "ViTConfig", **_VIT),
     "deit": _vision("DeiTForImageClassification", "DeiTConfig", **_VIT),
@@ -333,6 +532,37 @@ MODELS: dict[str, Callable[[], Built]] = {
     "resnet": _cnn("ResNetForImageClassification", "ResNetConfig", embedding_size=8, hidden_sizes=[8, 16, 32, 64],
                    depths=[1, 1, 1, 1], layer_type="basic"),
     "segformer": _segformer,
+    "detr": _detr,
+    "yolos": _vision("YolosForObjectDetection", "YolosConfig", image_size=[32, 32], num_detection_tokens=5,
+                     **{k: v for k, v in _VIT.items() if k != "image_size"}),
+    "dpt": _vision("DPTForDepthEstimation", "DPTConfig", **{**_VIT, "num_hidden_layers": 4,
+                   "backbone_out_indices": [0, 1, 2, 3], "neck_hidden_sizes": [8, 8, 16, 16],
+                   "fusion_hidden_size": 16, "num_labels": 2}),
+    "vit_mae": _vision("ViTMAEModel", "ViTMAEConfig", mask_ratio=0.5, **_VIT),
+    "hiera": _vision("HieraForImageClassification", "HieraConfig", image_size=[32, 32], patch_size=[3, 3],
+                     patch_stride=[2, 2], patch_padding=[1, 1], embed_dim=16, num_heads=[1, 2], depths=[1, 1],
+                     query_stride=[2, 2], masked_unit_size=[4, 4], num_query_pool=1, num_labels=10),
+    "swinv2": _vision("Swinv2ForImageClassification", "Swinv2Config", image_size=32, patch_size=2, embed_dim=16,
+                      depths=[1, 1], num_heads=[2, 4], window_size=4, num_labels=10),
+    "focalnet": _cnn("FocalNetForImageClassification", "FocalNetConfig", image_size=32, embed_dim=16, depths=[1, 1],
+                     patch_size=2),
+    "cvt": _cnn("CvtForImageClassification", "CvtConfig", embed_dim=[16, 32], num_heads=[1, 2], depth=[1, 2],
+                patch_sizes=[7, 3], patch_stride=[4, 2], patch_padding=[2, 1], mlp_ratio=[2.0, 2.0],
+                attention_drop_rate=[0.0, 0.0], drop_rate=[0.0, 0.0], drop_path_rate=[0.0, 0.0],
+                qkv_bias=[True, True], cls_token=[False, True], qkv_projection_method=["dw_bn", "dw_bn"],
+                kernel_qkv=[3, 3], padding_kv=[1, 1], stride_kv=[2, 2], padding_q=[1, 1], stride_q=[1, 1]),
+    "pvt_v2": _cnn("PvtV2ForImageClassification", "PvtV2Config", hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+                   num_attention_heads=[1, 1, 2, 2]),
+    "levit": _cnn("LevitForImageClassification", "LevitConfig", image_size=32, hidden_sizes=[16, 32, 48],
+                  num_attention_heads=[1, 2, 3], depths=[1, 1, 1], key_dim=[8, 8, 8]),
+    "mobilevit": _cnn("MobileViTForImageClassification", "MobileViTConfig", image_size=32, hidden_sizes=[16, 24, 32],
+                      neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 48], num_attention_heads=2),
+    "convnext": _cnn("ConvNextForImageClassification", "ConvNextConfig", hidden_sizes=[8, 16, 32, 64],
+                     depths=[1, 1, 1, 1]),
+    "poolformer": _cnn("PoolFormerForImageClassification", "PoolFormerConfig", hidden_sizes=[8, 16, 32, 64],
+                       depths=[1, 1, 1, 1]),
+    "bit": _cnn("BitForImageClassification", "BitConfig", num_groups=4, embedding_size=16,
+                hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1]),
     # torch.nn built-ins
     "nn_transformer_encoder": _torch(_TorchEncoder, x=_seq),
     "nn_transformer": _torch(_TorchTransformer, src=_seq, tgt=_seq),

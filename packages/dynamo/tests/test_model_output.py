@@ -125,6 +125,45 @@ def test_none_fields_are_not_keys() -> None:
     check(none_fields, t(4))
 
 
+@dataclasses.dataclass
+class Maps(ModelOutput):
+    """First field a tuple, as transformers' BackboneOutput."""
+
+    feature_maps: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def first_field_alone(x: torch.Tensor) -> Any:
+    # Note [A ModelOutput built from its first field alone]: a tuple or list whose head is not a
+    # (str, value) pair is kept as the field; an empty one leaves the field None and no key
+    full = Maps(feature_maps=(x * 2, x + 1), hidden_states=(x,))
+    filtered = type(full)(**{k: v for k, v in full.items() if k != "hidden_states"})  # DETR's backbone
+    listed = Maps([x.sin(), x.cos()])
+    pairs = Maps(((x, x * 3), (x * 4, x)))  # pairs of tensors, not (str, value) pairs
+    odd = Maps((1, "a"))
+    empty = Maps(())
+    outs = (filtered, listed, pairs, odd, empty)
+    return (
+        outs,
+        [len(o) for o in outs],
+        [list(o.keys()) for o in outs],
+        empty.feature_maps,
+        filtered[0][1] * 2,
+    )
+
+
+def test_first_field_alone_is_kept_when_not_pairs() -> None:
+    x = t(3)
+    check(first_field_alone, x)
+    got = kiln_dynamo.compile(first_field_alone, backend=CountingBackend())(x)
+    want = first_field_alone(x)
+    for g, w in zip(got[0], want[0], strict=True):
+        same_output(g, w)
+    assert got[2] == [["feature_maps"], ["feature_maps"], ["feature_maps"], ["feature_maps"], []]
+    assert type(got[0][1].feature_maps) is list and got[0][4].feature_maps is None
+
+
 def test_positional_fields_and_hf_old_cache_name() -> None:
     fields = [f.name for f in dataclasses.fields(transformers.modeling_outputs.BaseModelOutputWithPast)]
 

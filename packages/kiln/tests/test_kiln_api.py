@@ -415,6 +415,25 @@ def test_training_graph_sums_forward_and_backward_phases(
     assert record.cache["compile"].split("+") == ["compiled", "compiled"]
 
 
+def test_compile_log_gives_generated_kernels_their_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Note [Bandwidth of generated kernels] (kiln_bench's profile.py): the Triton generator says
+    # what each kernel's buffers span, forward and backward kernels together; C++ says nothing
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    model, x = _fresh(batch=7)
+    kiln.compile(model, options={"cpu_backend": "triton"})(x).sum().backward()
+    (record,) = kiln.compile_log()
+    assert record.kernel_bytes and all(n.startswith("triton_") for n in record.kernel_bytes), record
+    known = [b for b in record.kernel_bytes.values() if b is not None]
+    assert known and min(known) > 0 and max(known) >= x.numel() * x.element_size(), record.kernel_bytes
+    kiln.reset()
+    model, x = _fresh(batch=7)
+    kiln.compile(model)(x).sum().backward()
+    (record,) = kiln.compile_log()
+    assert record.kernel_bytes == {}
+
+
 @pytest.fixture
 def _kiln_log_levels() -> Any:
     """configure() turns an artifact off by removing its handler, not its level: left at INFO,

@@ -670,3 +670,79 @@ def test_a_corrupt_padding_verdict_is_reported_and_decided_again(
     monkeypatch.setattr(pad_mm_module, "_MEMORY", {})
     caplog.clear()
     assert pad_mm_module.cached_decision(key) is False and "corrupt" not in caplog.text
+
+
+# -- patch convolutions (Note [Patch convolutions as GEMMs]) ------------------------------------
+
+
+def patch_embed(n: int, kh: int, kw: int) -> Any:
+    """A vision transformer's patch embedding: conv(stride = kernel), flatten, tokens first."""
+
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        y = aten.convolution.default(x, w, b, [kh, kw], [0, 0], [1, 1], False, [0, 0], 1)
+        tokens = aten.permute.default(aten.view.default(y, [n, 16, -1]), [0, 2, 1])
+        return aten.add.Tensor(tokens, 1.0), y
+
+    return fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("image", "kernel"), [((2, 3, 32, 32), 8), ((2, 3, 30, 35), 4), ((1, 5, 16, 48), (4, 16))]
+)
+def test_a_patch_convolution_is_a_gemm(dtype: torch.dtype, image: tuple[int, ...], kernel: Any) -> None:
+    kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+    x, w, b = make(image, dtype), make((16, image[1], kh, kw), dtype), make((16,), dtype)
+    embed = patch_embed(image[0], kh, kw)
+    gm = with_vals(embed, x, w, b)
+    rewritten = check(gm, x, w, b, options={"patch_conv": "force"})
+    assert _conv_nodes(rewritten) == []
+    targets = {n.target for n in rewritten.graph.gm.graph.nodes}
+    assert aten.addmm.default in targets
+    assert any(n == "patch_conv" and "1 patch convolutions" in t for n, t in rewritten.passes.record)
+    # the convolution's result is channels-last: the tokens' (N, HW, C) view reads it densely
+    (tokens, y) = rewritten(x, w, b)
+    assert y.stride() == embed(x, w, b)[1].stride()  # a graph output leaves with eager's strides
+    assert tokens.shape == embed(x, w, b)[0].shape
+    kept = check(gm, x, w, b, options={"patch_conv": False})
+    assert len(_conv_nodes(kept)) == 1
+
+
+def test_only_convolutions_that_tile_their_input_are_patches() -> None:
+    x = make((2, 3, 16, 16))
+    for stride, padding, groups, w in (
+        ([2, 2], [0, 0], 1, make((8, 3, 4, 4))),  # overlapping windows
+        ([4, 4], [1, 1], 1, make((8, 3, 4, 4))),  # padded
+        ([4, 4], [0, 0], 3, make((6, 1, 4, 4))),  # grouped
+    ):
+        compiled = check(
+            with_vals(_conv_of(stride, padding, groups), x, w), x, w, options={"patch_conv": "force"}
+        )
+        assert len(_conv_nodes(compiled)) == 1
+
+
+def test_short_patches_of_many_channels_stay_convolutions() -> None:
+    # ConvNeXt's 2x2 downsampling: rows of 2 elements, 16 channels (float32: 8 bytes a row)
+    x, w = make((2, 16, 8, 8)), make((32, 16, 2, 2))
+    compiled = check(with_vals(_conv_of([2, 2], [0, 0], 1), x, w), x, w, options={"patch_conv": "force"})
+    assert len(_conv_nodes(compiled)) == 1
+    # an image's 3 channels with the same short rows: a GEMM (Swin's and ConvNeXt's stems)
+    x, w = make((2, 3, 8, 8)), make((32, 3, 2, 2))
+    compiled = check(with_vals(_conv_of([2, 2], [0, 0], 1), x, w), x, w, options={"patch_conv": "force"})
+    assert _conv_nodes(compiled) == []
+
+
+def _conv_of(stride: list[int], padding: list[int], groups: int) -> Any:
+    def fn(x: Any, w: Any) -> Any:
+        return aten.convolution.default(x, w, None, stride, padding, [1, 1], False, [0, 0], groups)
+
+    return fn
+
+
+def test_patch_convolutions_stay_convolutions_on_the_cpu() -> None:
+    x, w, b = make((2, 3, 32, 32)), make((16, 3, 8, 8)), make((16,))
+    compiled = check(with_vals(patch_embed(2, 8, 8), x, w, b), x, w, b)
+    assert len(_conv_nodes(compiled)) == 1
+    assert any(n == "patch_conv" and "not on CUDA" in t for n, t in compiled.passes.record)
+    with pytest.raises(ValueError, match="patch_conv"):
+        PassOptions.from_mapping({"patch_conv": "sometimes"})

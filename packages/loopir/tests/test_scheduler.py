@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import sympy
 import torch
 from helpers import aten, check, make, trace
@@ -252,3 +253,15 @@ def test_template_nodes() -> None:
     offered.clear()
     two = _template_schedule(_mm_two_readers, accept)
     assert offered == [] and not any(isinstance(n, TemplateSchedulerNode) for n in two.nodes)
+
+
+def test_a_run_time_assertion_is_kept_although_nothing_reads_it() -> None:
+    # Note [Extern calls kept for their effect]: dead-code elimination dropped it before
+    def fn(x: torch.Tensor) -> Any:
+        aten._assert_async.msg(aten.all.default(aten.gt.Scalar(x, -100)), "x below -100")
+        return (aten.mul.Tensor(x, 2),)
+
+    compiled = check(fn, make((4,)))
+    assert compiled.stats.extern_ops == ("_assert_async.msg",)
+    with pytest.raises(RuntimeError, match="x below -100"):
+        compiled(torch.full((4,), -200.0))

@@ -42,6 +42,7 @@ import torch
 import torch.fx
 from kiln_symbolic import hint_of
 
+from kiln_aotgrad.tracer import effectful
 from kiln_dynamo import forget_source_when_freed
 
 aten = torch.ops.aten
@@ -252,9 +253,13 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
     else:
         saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs)
     saved_set = set(saved)
-    fw_keep = _ancestors([*fw_outs, *saved], set())
+    # run-time assertions read by nothing run where their inputs are: the forward's, unless they
+    # check a gradient (Note [Extern calls kept for their effect] in kiln_loopir's scheduler.py)
+    checks = [n for n in nodes if effectful(n)]
+    fw_checks = [n for n in checks if n not in tangent_dep]
+    fw_keep = _ancestors([*fw_outs, *saved, *fw_checks], set())
     fw = _copy_graph(nodes, fw_keep, primals, [*fw_outs, *saved], joint)
-    bw_keep = _ancestors(bw_outs, saved_set | set(tangents))
+    bw_keep = _ancestors([*bw_outs, *(n for n in checks if n in tangent_dep)], saved_set | set(tangents))
     bw = _copy_graph(nodes, bw_keep - saved_set, [*saved, *tangents], bw_outs, joint)
     recomputed = [
         n.name

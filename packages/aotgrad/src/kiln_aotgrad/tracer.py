@@ -733,8 +733,29 @@ def _with_defaults(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     return args, kwargs
 
 
+# run-time assertions (and printing): no output, but their effect (raising) is the program's
+_ASSERTS = frozenset(
+    op
+    for name, overload in (
+        ("_assert_async", "default"),
+        ("_assert_async", "msg"),
+        ("_assert_scalar", "default"),
+    )
+    if (op := getattr(getattr(torch.ops.aten, name, None), overload, None)) is not None
+)
+
+
+def effectful(node: torch.fx.Node) -> bool:
+    """A node kept for its effect although nothing reads it: a run-time assertion (dead-code
+    elimination and the partitioner keep it; Note [Extern calls kept for their effect] in
+    kiln_loopir's scheduler.py)."""
+    return node.op == "call_function" and node.target in _ASSERTS
+
+
 def _impure(node: torch.fx.Node) -> bool:
     t = node.target
+    if effectful(node):
+        return True
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 

@@ -47,6 +47,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "attention", False),
     ("cuda", "attention_mask", False),
     ("cuda", "conv_bias", False),
+    ("cuda", "patch_conv", False),
     ("cuda", "view_scatter", False),
     ("cuda", "layout_training", False),
     ("cuda", "pool_backward", False),
@@ -148,6 +149,26 @@ def compile_details(backend: str) -> dict[str, Any]:
         "graphs_fell_back": sum(1 for record in log if record.fell_back),
         "phases_s": {phase: round(seconds, 4) for phase, seconds in phases.items()},
     }
+
+
+def kernel_bytes(backend: str) -> dict[str, int]:
+    """The bytes each kernel kiln generated in the compile that just ran takes (kiln only, and
+    only the generators that say: the Triton one), by kernel name; a name two kernels of other
+    sizes share is left out. What the profile's bandwidth per kernel divides by time (Note
+    [Bandwidth of generated kernels] in profile.py)."""
+    if backend.partition(":")[0] != "kiln":
+        return {}
+    import kiln
+
+    out: dict[str, int] = {}
+    ambiguous: set[str] = set()
+    for record in kiln.compile_log():
+        for name, nbytes in record.kernel_bytes.items():
+            if nbytes is None or out.get(name, nbytes) != nbytes:
+                ambiguous.add(name)
+            else:
+                out[name] = nbytes
+    return {name: nbytes for name, nbytes in out.items() if name not in ambiguous}
 
 
 def prepare_kiln() -> None:

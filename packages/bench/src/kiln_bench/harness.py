@@ -167,6 +167,7 @@ def _measure(
             _sync(device)
             result.compile_s = time.perf_counter() - start
             result.extra.update(backends.compile_details(backend))
+            traffic = backends.kernel_bytes(backend) if profile_calls else {}
             verdict = accuracy.check(names, reference, outputs, exact, tol)
             if out_names != names:
                 verdict = accuracy.Verdict(
@@ -187,17 +188,31 @@ def _measure(
             result.speedup = result.eager_ms / result.compiled_ms
             result.ok = True
             if profile_calls:
-                add_profile(result, lambda: _step(workload, compiled, mode), device, profile_calls)
+                add_profile(
+                    result,
+                    lambda: _step(workload, compiled, mode),
+                    device,
+                    profile_calls,
+                    kernel_bytes=traffic,
+                )
         except Exception as e:  # a failing backend is a result, not a crash of the suite
             result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return result
 
 
-def add_profile(result: Result, step: Callable[[], Any], device: str, calls: int) -> None:
-    """Profile ``calls`` more calls of ``step`` into ``result.extra["profile"]``; a profiler that
-    fails leaves the measured result as it is and says why in ``extra["profile_error"]``."""
+def add_profile(
+    result: Result,
+    step: Callable[[], Any],
+    device: str,
+    calls: int,
+    kernel_bytes: dict[str, int] | None = None,
+) -> None:
+    """Profile ``calls`` more calls of ``step`` into ``result.extra["profile"]`` (with the
+    bandwidth of the generated kernels ``kernel_bytes`` names); a profiler that fails leaves the
+    measured result as it is and says why in ``extra["profile_error"]``."""
     try:
-        result.extra["profile"] = profiling.profile(step, device, calls, result.compiled_ms).to_json()
+        profile = profiling.profile(step, device, calls, result.compiled_ms, kernel_bytes=kernel_bytes)
+        result.extra["profile"] = profile.to_json()
     except Exception as e:
         result.extra["profile_error"] = f"{type(e).__name__}: {e}"[:300]
 

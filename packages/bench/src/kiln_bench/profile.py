@@ -44,7 +44,7 @@ import bisect
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -82,6 +82,86 @@ FAMILIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# Note [Bandwidth of generated kernels]: issue 15's target is that every generated memory-bound
+# kernel moving at least 16 MB runs at 70% or more of the device's copy bandwidth. A kernel's
+# bytes come from kiln's code generator (loopir's BuildReport.kernel_bytes: the storage of every
+# buffer the kernel takes, at the size hints), its time from the profile: the median profiled
+# call's total for that name divided by its launches. The copy bandwidth is measured once per
+# process on the same device: a 256 MiB device-to-device ``copy_``, its bytes read plus written
+# over the median time of a few copies. The bytes are an upper bound (a kernel that reads a slice
+# of a buffer, or gathers rows of a table, is charged the whole buffer), so a kernel that reads
+# less than it takes looks faster than it is; a kernel below the line is slow for certain.
+# Matmul templates and extern kernels have no bytes here: they are not memory-bound kernels of
+# kiln's making. A kernel name that two generated kernels of other sizes share is left out.
+BANDWIDTH_MIN_BYTES = 16 << 20
+BANDWIDTH_TARGET = 0.70
+SLOWEST = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Bandwidth:
+    """The generated kernels of at least :data:`BANDWIDTH_MIN_BYTES` against the copy bandwidth
+    (Note [Bandwidth of generated kernels])."""
+
+    copy_gbps: float
+    kernels: int  # distinct kernel names that move at least the minimum
+    at_target: int  # of those, how many reach BANDWIDTH_TARGET of copy_gbps
+    below_ms: float  # ms per call of the launches below the target
+    # the slowest against the copy, fewest first: (name, MB, us per launch, share of copy_gbps)
+    slowest: tuple[tuple[str, float, float, float], ...]
+
+
+def bandwidth(
+    kernels: Sequence[Any], calls: int, kernel_bytes: Mapping[str, int], copy_gbps: float
+) -> Bandwidth:
+    """Note [Bandwidth of generated kernels] over ``calls`` calls' CUDA kernel events."""
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        name = str(e.name)
+        if kernel_bytes.get(name, 0) >= BANDWIDTH_MIN_BYTES:
+            by_name.setdefault(name, []).append(_duration_us(e, True))
+    rows = []
+    below_us = 0.0
+    for name, durations in by_name.items():
+        per_launch_us = sum(durations) / len(durations)
+        gbps = kernel_bytes[name] / per_launch_us / 1e3 if per_launch_us > 0 else float("inf")
+        share = gbps / copy_gbps
+        if share < BANDWIDTH_TARGET:
+            below_us += sum(durations)
+        rows.append((name, kernel_bytes[name] / 2**20, per_launch_us, share))
+    rows.sort(key=lambda row: (row[3], row[0]))
+    return Bandwidth(
+        copy_gbps=copy_gbps,
+        kernels=len(rows),
+        at_target=sum(1 for row in rows if row[3] >= BANDWIDTH_TARGET),
+        below_ms=below_us / max(calls, 1) / 1e3,
+        slowest=tuple(rows[:SLOWEST]),
+    )
+
+
+_COPY_GBPS: dict[str, float] = {}
+
+
+def copy_bandwidth(device: str, nbytes: int = 256 << 20, repeats: int = 7) -> float:
+    """GB/s of a device-to-device copy of ``nbytes`` (read plus written bytes over the median
+    time), measured once per device and process (Note [Bandwidth of generated kernels])."""
+    if device not in _COPY_GBPS:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        _COPY_GBPS[device] = 2 * nbytes / statistics.median(times) / 1e9
+        del src, dst
+    return _COPY_GBPS[device]
+
+
 def family(name: str) -> str:
     """The family of a CUDA kernel by its name (Note [Kernel families])."""
     for label, pattern in FAMILIES:
@@ -117,6 +197,8 @@ class Profile:
     host_ms: float | None = None  # CUDA: Note [Host time per call]
     # CUDA: kernels per call and kernel ms per call by family (Note [Kernel families])
     families: dict[str, tuple[float, float]] | None = None
+    # CUDA, kiln: Note [Bandwidth of generated kernels]
+    bandwidth: Bandwidth | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,8 +271,11 @@ def summarize(
     *,
     cuda: bool,
     profiled_wall_ms: float | None = None,
+    kernel_bytes: Mapping[str, int] | None = None,
+    copy_gbps: float | None = None,
 ) -> Profile:
-    """Boil ``calls`` calls' profiler events down to one Profile (Note [What the profile counts])."""
+    """Boil ``calls`` calls' profiler events down to one Profile (Note [What the profile counts]);
+    with ``kernel_bytes`` and ``copy_gbps``, the bandwidth of the generated kernels too."""
     events = list(events)
     calls = max(calls, 1)
     if cuda:
@@ -204,11 +289,12 @@ def summarize(
             count, ms = by_family.get(family(str(e.name)), (0.0, 0.0))
             by_family[family(str(e.name))] = (count + 1 / calls, ms + _duration_us(e, True) / calls / 1e3)
         families: dict[str, tuple[float, float]] | None = dict(sorted(by_family.items()))
+        traffic = bandwidth(kernels, calls, kernel_bytes, copy_gbps) if kernel_bytes and copy_gbps else None
     else:
         ops = cpu_ops(events)
         device_us = total = busy_us = sum(_duration_us(e, False) for e in ops)
         unit, launches, ranked, copies = "op", sum(1 for e in ops if not e.cpu_children), ops, []
-        families = None
+        families, traffic = None, None
     busy_ms = busy_us / calls / 1e3
     against = wall_ms if cuda or not profiled_wall_ms else profiled_wall_ms
     idle = max(0.0, 1.0 - busy_ms / against) if against else None
@@ -224,6 +310,7 @@ def summarize(
         idle_share=idle,
         top=_top(ranked, cuda, calls, total),
         families=families,
+        bandwidth=traffic,
     )
 
 
@@ -265,16 +352,31 @@ def split_calls(events: Iterable[Any]) -> list[tuple[float, list[Any]]]:
     ]
 
 
-def median_call(events: Iterable[Any], wall_ms: float | None, *, cuda: bool) -> Profile:
+def median_call(
+    events: Iterable[Any],
+    wall_ms: float | None,
+    *,
+    cuda: bool,
+    kernel_bytes: Mapping[str, int] | None = None,
+    copy_gbps: float | None = None,
+) -> Profile:
     """Note [The median call]: the profile of the profiled call with the median wall time. On a
     shared machine one of a few calls is often preempted; a mean would carry that call into
     every figure, the median call is a real call that was not. Events without call ranges
     (synthetic ones) are summarized as one window."""
     calls = split_calls(events)
     if not calls:
-        return summarize(events, 1, wall_ms, cuda=cuda)
+        return summarize(events, 1, wall_ms, cuda=cuda, kernel_bytes=kernel_bytes, copy_gbps=copy_gbps)
     middle = sorted(calls, key=lambda call: call[0])[(len(calls) - 1) // 2]
-    profile = summarize(middle[1], 1, wall_ms, cuda=cuda, profiled_wall_ms=middle[0])
+    profile = summarize(
+        middle[1],
+        1,
+        wall_ms,
+        cuda=cuda,
+        profiled_wall_ms=middle[0],
+        kernel_bytes=kernel_bytes,
+        copy_gbps=copy_gbps,
+    )
     return replace(profile, calls=len(calls))
 
 
@@ -290,13 +392,38 @@ def host_ms(step: Callable[[], Any], calls: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def profile(step: Callable[[], Any], device: str, calls: int, wall_ms: float | None) -> Profile:
+def profile(
+    step: Callable[[], Any],
+    device: str,
+    calls: int,
+    wall_ms: float | None,
+    kernel_bytes: Mapping[str, int] | None = None,
+) -> Profile:
     cuda = device.startswith("cuda")
     host = host_ms(step, 2 * calls + 1) if cuda else None
-    return replace(median_call(record(step, device, calls), wall_ms, cuda=cuda), host_ms=host)
+    copy_gbps = copy_bandwidth(device) if cuda and kernel_bytes else None
+    events = record(step, device, calls)
+    p = median_call(events, wall_ms, cuda=cuda, kernel_bytes=kernel_bytes, copy_gbps=copy_gbps)
+    return replace(p, host_ms=host)
 
 
 NAME_WIDTH = 90
+
+
+def bandwidth_line(b: dict[str, Any]) -> str:
+    """One line of the profile view for Note [Bandwidth of generated kernels]."""
+    head = (
+        f"bandwidth: {b['at_target']}/{b['kernels']} generated kernels >= {BANDWIDTH_MIN_BYTES >> 20} MB"
+        f" at >= {BANDWIDTH_TARGET:.0%} of copy ({b['copy_gbps']:.0f} GB/s)"
+    )
+    if b["at_target"] == b["kernels"]:
+        return head
+    slow = [
+        f"{share:.0%} {name[:48]} ({mb:.0f} MB, {us:.0f} us)"
+        for name, mb, us, share in b["slowest"]
+        if share < BANDWIDTH_TARGET
+    ]
+    return f"{head}; below, {b['below_ms']:.2f} ms a call: " + ", ".join(slow[:3])
 
 
 def _ms(value: float | None) -> str:
@@ -327,6 +454,8 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
         if p.get("families"):
             parts = [f"{name} {count:.0f} / {ms:.2f} ms" for name, (count, ms) in p["families"].items()]
             lines.append(lead.format("", "", "", "", "", "", "", "", "", "by family: " + ", ".join(parts)))
+        if p.get("bandwidth"):
+            lines.append(lead.format("", "", "", "", "", "", "", "", "", bandwidth_line(p["bandwidth"])))
     lines.append("wall ms: the harness's median call; the rest: the median profiled call (prof ms its wall)")
     if "kernel" in units:
         lines.append(

@@ -115,8 +115,6 @@ from .cpp_ops import (
 from .options import CppOptions
 from .parallel import (
     MIN_CHUNK,
-    MIN_WORK_PER_THREAD,
-    PARALLEL_GRAIN,
     ParallelPlan,
     cap_for,
     log_plan,
@@ -964,8 +962,9 @@ class KernelBuilder(OpsHandlerBase):
                 factor = max(1, self.weighted // max(self._work(), 1))
                 work = index_to_cpp(self.nx * sympy.Max(self.nr, 1) * factor)
                 out.append(
-                    f"  const int64_t ntk = {work} < INT64_C({PARALLEL_GRAIN}) ? 1 : "
-                    f"std::min<int64_t>(nt, std::max<int64_t>(INT64_C(1), {work} / INT64_C({MIN_WORK_PER_THREAD})));"
+                    f"  const int64_t ntk = {work} < INT64_C({self.options.parallel_grain}) ? 1 : "
+                    f"std::min<int64_t>(nt, std::max<int64_t>(INT64_C(1), {work} / "
+                    f"INT64_C({self.options.min_work_per_thread})));"
                 )
             else:
                 out.append(f"  const int64_t ntk = std::min<int64_t>(nt, INT64_C({self.plan.cap}));")
@@ -979,7 +978,7 @@ class KernelBuilder(OpsHandlerBase):
         out.append("  return kerr;")
         out.append("}")
         members = [m.name for m in self.members]
-        big = self.weighted >= PARALLEL_GRAIN
+        big = self.weighted >= self.options.parallel_grain
         source = "\n".join(out)
         size_params: list[str] = []
         if sizevars.current().symbolic:
@@ -1085,7 +1084,7 @@ class KernelBuilder(OpsHandlerBase):
         if self.symbolic:  # Note [Column reductions over symbolic lengths]: heuristics at the hints
             units = sizevars.hint(units)
         chunks = split[1] if split is not None else 1
-        parallel = par and self.weighted >= PARALLEL_GRAIN and units * chunks > 1
+        parallel = par and self.weighted >= self.options.parallel_grain and units * chunks > 1
         parts = {"welford": ("_mean", "_m2", "_w"), "argmax": ("", "_i"), "argmin": ("", "_i")}
         lines: list[str] = []
         if split is not None:
@@ -1103,7 +1102,12 @@ class KernelBuilder(OpsHandlerBase):
         if parallel:
             collapse = len(outer) + 1 + (split is not None)
             kind = "column" if split is None else "split"
-            self.plan = ParallelPlan(kind, collapse, units * chunks, cap_for(units * chunks, self.weighted))
+            self.plan = ParallelPlan(
+                kind,
+                collapse,
+                units * chunks,
+                cap_for(units * chunks, self.weighted, self.options.min_work_per_thread),
+            )
             lines.append(f"#pragma omp parallel for collapse({collapse}) num_threads(ntk)")
         depth = 0
         for var, size in outer:
@@ -1213,7 +1217,7 @@ class KernelBuilder(OpsHandlerBase):
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
         work = self.weighted  # Note [Work of a kernel]
         # symbolic: always a parallel copy, which the run-time threshold in `_render` chooses
-        parallel = par and not self.serial and (self.symbolic or work >= PARALLEL_GRAIN)
+        parallel = par and not self.serial and (self.symbolic or work >= self.options.parallel_grain)
         if not loops:
             return ["{", *("  " + b for b in body), "}"]
         is_reduction = bool(self.rsizes)
@@ -1244,12 +1248,24 @@ class KernelBuilder(OpsHandlerBase):
             # across threads; the team size is decided at run time in `_render`
             collapse = max(len(outer), 1) if not is_reduction else len(outer)
             units = math.prod(sizevars.hint(size) for _, size in loops[:collapse]) if collapse else 1
-            plan = ParallelPlan("outer", collapse, units, cap_for(units, work)) if collapse else None
+            plan = (
+                ParallelPlan("outer", collapse, units, cap_for(units, work, self.options.min_work_per_thread))
+                if collapse
+                else None
+            )
         elif parallel:
             if is_reduction:
-                plan = outer_plan(outer_sizes, work)
+                plan = outer_plan(
+                    outer_sizes, work, self.options.parallel_grain, self.options.min_work_per_thread
+                )
             else:
-                plan = pointwise_plan(outer_sizes, loops[-1][1], work)
+                plan = pointwise_plan(
+                    outer_sizes,
+                    loops[-1][1],
+                    work,
+                    self.options.parallel_grain,
+                    self.options.min_work_per_thread,
+                )
         if plan is not None:
             self.plan = plan
         for i, (var, size) in enumerate(loops):
@@ -1519,7 +1535,9 @@ class KernelBuilder(OpsHandlerBase):
                 ctype = "int64_t" if suffix == "_i" else t
                 lines.append(f"{ctype} {acc}{suffix}_part[{slots}][{LANES}];")
         if par:
-            self.plan = ParallelPlan("split", len(xs) + 1, slots, cap_for(slots, self.weighted))
+            self.plan = ParallelPlan(
+                "split", len(xs) + 1, slots, cap_for(slots, self.weighted, self.options.min_work_per_thread)
+            )
             lines.append(
                 f"#pragma omp parallel for collapse({len(xs) + 1}) num_threads(ntk) schedule(static)"
             )

@@ -31,6 +31,12 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   ... --clock cpu``, six models, both orders; ``2026-12-02-cpu-s7-train1-column-sum-ab-*.json``)
   moved by less than the order bias of an A/A run (identical code 1.052x vs 1.080x,
   ``2026-12-02-cpu-s7-train1-aa-order-bias.json``): neutral on this machine, so it stays off.
+* ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
+  runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
+  (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
+  Switches for measuring the plans at many threads (the 16-core host: ConvNeXt at CPU size was
+  slower at 16 threads than at 4 in the thirteenth session), e.g. ``KILN_CPP_OPTIONS=
+  min_work_per_thread=16384`` or threads.py's ``--ab-cpp-options``.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -47,6 +53,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from .parallel import MIN_WORK_PER_THREAD, PARALLEL_GRAIN
+
 ENV = "KILN_CPP_OPTIONS"
 VECTOR_WIDTHS = (0, 128, 256, 512)
 
@@ -61,10 +69,16 @@ class CppOptions:
     column_sum_fusion: bool = False
     saved_inputs_as_is: bool = True
     symbolic_scratch: bool = True
+    parallel_grain: int = PARALLEL_GRAIN
+    min_work_per_thread: int = MIN_WORK_PER_THREAD
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
             raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}, not {self.vector_width!r}")
+        for name in ("parallel_grain", "min_work_per_thread"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
 
     def compiler_flags(self) -> tuple[str, ...]:
         """Flags these options add to the compiler's command line (and to the cache key)."""
@@ -100,4 +114,4 @@ class CppOptions:
         return CppOptions(**values)
 
 
-_INT_FIELDS = frozenset({"vector_width"})
+_INT_FIELDS = frozenset({"vector_width", "parallel_grain", "min_work_per_thread"})

@@ -99,30 +99,35 @@ def weighted_work(nx: int, nr: int, x_statements: int, r_statements: int) -> int
     return max(plain, statements // STATEMENTS_PER_ITERATION)
 
 
-def cap_for(units: int, work: int) -> int:
-    """The most threads worth using for ``units`` pieces holding ``work`` element-iterations."""
-    return max(1, min(units, work // MIN_WORK_PER_THREAD))
+def cap_for(units: int, work: int, min_work: int = MIN_WORK_PER_THREAD) -> int:
+    """The most threads worth using for ``units`` pieces holding ``work`` element-iterations, each
+    thread at least ``min_work`` of them (``CppOptions.min_work_per_thread``)."""
+    return max(1, min(units, work // min_work))
 
 
-def outer_plan(outer: list[int], work: int) -> ParallelPlan | None:
+def outer_plan(
+    outer: list[int], work: int, grain: int = PARALLEL_GRAIN, min_work: int = MIN_WORK_PER_THREAD
+) -> ParallelPlan | None:
     """Threads over the collapsed ``outer`` loops (a reduction's outputs), or None if not worth it."""
     units = math.prod(outer)
-    if work < PARALLEL_GRAIN or not outer or units < 2:
+    if work < grain or not outer or units < 2:
         return None
-    return ParallelPlan("outer", len(outer), units, cap_for(units, work))
+    return ParallelPlan("outer", len(outer), units, cap_for(units, work, min_work))
 
 
-def pointwise_plan(outer: list[int], inner: int, work: int) -> ParallelPlan | None:
+def pointwise_plan(
+    outer: list[int], inner: int, work: int, grain: int = PARALLEL_GRAIN, min_work: int = MIN_WORK_PER_THREAD
+) -> ParallelPlan | None:
     """A pointwise loop nest: outer loops, plus the innermost cut into chunks when they are few."""
-    if work < PARALLEL_GRAIN:
+    if work < grain:
         return None
     outer_n = math.prod(outer)
     if outer_n >= TARGET_UNITS or inner < 2 * MIN_CHUNK:
         if not outer or outer_n < 2:
             return None
-        return ParallelPlan("outer", len(outer), outer_n, cap_for(outer_n, work))
+        return ParallelPlan("outer", len(outer), outer_n, cap_for(outer_n, work, min_work))
     units = outer_n * (-(-inner // MIN_CHUNK))
-    return ParallelPlan("chunked", len(outer) + 1, units, cap_for(units, work))
+    return ParallelPlan("chunked", len(outer) + 1, units, cap_for(units, work, min_work))
 
 
 def split_chunks(units: int, work: int, first: int, multiple: int) -> tuple[int, int] | None:

@@ -182,6 +182,7 @@ class TritonBackend(Backend):
         self.last_templates: list[MatmulChoice] = []
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
+        self.last_kernel_bytes: tuple[tuple[str, int], ...] = ()
         self.last_source = ""
         self.last_wrapper = ""
         self.last_module_path = ""
@@ -351,6 +352,9 @@ class TritonBackend(Backend):
             schedule, graph, groups, launchers, guarded_layouts=self.guarded_layouts, **extra
         )
         self.last_specs = generated
+        # BuildReport.kernel_bytes: what each kernel moves at most, for bandwidth reports
+        at_hints = _buffer_bytes(graph, groups, hints=True) if generated else {}
+        self.last_kernel_bytes = tuple((spec.name, _moved_bytes(spec, at_hints)) for spec in generated)
         self.last_source, self.last_wrapper, self.last_launchers = source, wrapper_source, launchers
         self.last_cudagraphs = None
         self.cudagraph_blocked = None
@@ -443,6 +447,7 @@ class TritonBackend(Backend):
             compile_seconds=self.compile_seconds,
             cache="compiled" if self.compile_seconds else "",
             declined=tuple(self.last_declined),
+            kernel_bytes=self.last_kernel_bytes,
         )
 
     def _kernel(
@@ -528,16 +533,21 @@ def _allocate_product(layout: Any, pointers: bool, device: torch.device) -> Call
     return lambda: torch.empty(n, dtype=dtype, device=device)
 
 
-def _buffer_bytes(graph: GraphLowering, groups: dict[str, KernelGroup | None]) -> dict[str, int]:
-    """Bytes of every buffer a kernel may name: the graph's and the split reductions' partials."""
+def _buffer_bytes(
+    graph: GraphLowering, groups: dict[str, KernelGroup | None], *, hints: bool = False
+) -> dict[str, int]:
+    """Bytes of every buffer a kernel may name: the graph's and the split reductions' partials.
+    A buffer of symbolic size is left out, or with ``hints`` counted at the graph's size hints."""
     out: dict[str, int] = {}
     buffers = list(graph.name_to_buffer.values())
     buffers += [p for g in groups.values() if g is not None for p in g.temporaries]
     for buffer in buffers:
+        size = buffer.layout.storage_size()
         try:
-            out[buffer.name] = int(buffer.layout.storage_size()) * buffer.layout.dtype.itemsize
-        except TypeError:  # a symbolic size: unknown here
+            elements = graph.sizevars.hint(size) if hints else int(size)
+        except (TypeError, KeyError):  # a symbolic size: unknown here
             continue
+        out[buffer.name] = elements * buffer.layout.dtype.itemsize
     return out
 
 

@@ -631,10 +631,12 @@ class _Generator(OpsHandlerBase):
             v = self._as(v, dtype)
             t = compute_type(dtype)
             if not self.looped:
-                # a whole row in registers: the two-pass mean and sum of squared deviations
-                mean_v = self._x_value(
-                    f"tl.sum(tl.where({rmask}, {v}, 0.0), 1)[:, None] / {self.rnumel_text}", dtype
-                )
+                # a whole row in registers: the two-pass mean and sum of squared deviations.
+                # Note [One sum of a row]: the row's sum is spelled as a "sum" reduction's is,
+                # so a layer norm's mean (a sum of the same value in the same kernel) reuses it
+                masked = self._cse(f"tl.where({rmask}, {v}, 0)", dtype, xr)
+                total = self._x_value(f"tl.sum({masked}, 1)[:, None]", dtype)
+                mean_v = self._x_value(f"{total} / {self.rnumel_text}", dtype)
                 dev = self._cse(f"tl.where({rmask}, {v} - {mean_v}, 0.0)", dtype, xr)
                 m2_v = self._x_value(f"tl.sum({dev} * {dev}, 1)[:, None]", dtype)
                 weight = self._x_value(f"tl.full([XBLOCK, 1], {self.rnumel_text}, {t})", dtype)

@@ -170,13 +170,34 @@ class DictEntrySource(Source):
 @dataclass(frozen=True, slots=True)
 class GetItemSource(Source):
     base: Source
-    index: object  # int or str key
+    index: object  # an int or str key, an enum member, a class (Note [Classes as dict keys])
 
     def code(self, ctx: CodeContext) -> str:
-        return f"{ctx.bind(self.base)}[{self.index!r}]"
+        literal = type(self.index) in (int, str, bool, float, type(None))
+        return f"{ctx.bind(self.base)}[{repr(self.index) if literal else ctx.const(self.index)}]"
 
     def name(self) -> str:
         return f"{self.base.name()}[{self.index!r}]"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class RawItemSource(Source):
+    """`dict.__getitem__(base, index)`: an entry of a dict subclass read without the subclass's
+    own `__getitem__` (Note [A dict subclass's own subscript])."""
+
+    base: Source
+    index: object
+
+    def code(self, ctx: CodeContext) -> str:
+        literal = type(self.index) in (int, str, bool, float, type(None))
+        key = repr(self.index) if literal else ctx.const(self.index)
+        return f"{ctx.const(dict.__getitem__)}({ctx.bind(self.base)}, {key})"
+
+    def name(self) -> str:
+        return f"dict.__getitem__({self.base.name()}, {self.index!r})"
 
     def needs_globals(self) -> bool:
         return self.base.needs_globals()

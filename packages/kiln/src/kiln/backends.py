@@ -95,6 +95,10 @@ class GraphCompile:
     # ops that ran eager's kernel inside the compiled graph: (aten op, why its lowering declined)
     op_fallbacks: list[tuple[str, str]] = field(default_factory=list)
     declined: list[tuple[str, str]] = field(default_factory=list)  # kernels loopir's interpreter ran
+    # generated kernel -> the bytes its buffers span (loopir's BuildReport.kernel_bytes), for a
+    # profile's bandwidth per kernel; forward and backward graphs' kernels together, None for a
+    # name two kernels of other sizes share (a profiler could not tell them apart either)
+    kernel_bytes: dict[str, int | None] = field(default_factory=dict)
     loopir_seconds: float = 0.0  # lower + schedule + codegen + compile, kept as a running sum
     compiled_at: float = 0.0  # perf_counter() when loopir last finished compiling an aten graph
 
@@ -210,6 +214,13 @@ class _FirstCallFallback:
                 raise  # strict mode, a failed torch._check, or a callable that keeps no signatures
             if len(signatures or ()) != before:
                 return self._first_run_failed(exc, args)
+            # a later call: if eager fails on these arguments too, the error is the user's (a
+            # run-time assertion, Note [Extern calls kept for their effect] in kiln_loopir):
+            # eager's exception, and the compiled code stays in use for the next call
+            try:
+                self.gm.forward(*args)
+            except Exception as eager_exc:
+                raise eager_exc from exc
             self.fallback = _fallback(
                 self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
             )
@@ -364,6 +375,9 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
     record.add("codegen", stats.codegen_seconds)
     record.add("compile", stats.compile_seconds)
     record.declined.extend(stats.declined)
+    for name, nbytes in getattr(stats, "kernel_bytes", ()):
+        seen = record.kernel_bytes.get(name, nbytes)
+        record.kernel_bytes[name] = nbytes if seen == nbytes else None
     if stats.compile_cache:
         before = record.cache.get("compile")
         record.cache["compile"] = f"{before}+{stats.compile_cache}" if before else stats.compile_cache

@@ -43,13 +43,18 @@ class BuildReport:
     ``cache`` is ``"compiled"`` (the native compiler ran), ``"disk"`` or ``"memory"`` (a cached
     build was reused) or ``""`` (nothing needed compiling, or the backend compiles nothing).
     ``declined`` names the kernels the generator could not express, with why: they run in the
-    reference interpreter (right, but not compiled).
+    reference interpreter (right, but not compiled). ``kernel_bytes`` gives each generated
+    kernel's name and the bytes of the buffers it takes at the size hints: what a memory-bound
+    kernel moves at most, which a profile divides by the kernel's time for its bandwidth (Note
+    [Bandwidth of generated kernels] in kiln_bench's profile.py); empty where a backend does not
+    say.
     """
 
     codegen_seconds: float = 0.0
     compile_seconds: float = 0.0
     cache: str = ""
     declined: tuple[tuple[str, str], ...] = ()
+    kernel_bytes: tuple[tuple[str, int], ...] = ()
 
 
 class Backend:

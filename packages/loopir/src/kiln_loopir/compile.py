@@ -83,6 +83,7 @@ class CompileStats:
     compile_cache: str = ""
     extern_ops: tuple[str, ...] = field(default=())
     declined: tuple[tuple[str, str], ...] = ()  # kernels run by the reference interpreter, and why
+    kernel_bytes: tuple[tuple[str, int], ...] = ()  # BuildReport.kernel_bytes: generated kernels' bytes
 
 
 class CompiledGraph:
@@ -189,6 +190,7 @@ def compile_graph(
             compile_cache=build.cache,
             extern_ops=tuple(str(getattr(n.node.op, "__name__", n.node.op)) for n in externs),
             declined=build.declined,
+            kernel_bytes=build.kernel_bytes,
         )
     schedule_log.debug("stats: %s", stats)
     return CompiledGraph(fn, stats, graph, schedule, passes)

@@ -1055,8 +1055,30 @@ def _returns_alias(kernel: ExternKernel) -> bool:
 
 
 def _is_mutating(kernel: ExternKernel) -> bool:
+    """Whether dead-code elimination must keep ``kernel`` although nothing reads its result: it
+    mutates an input, or its effect is the program's (Note [Extern calls kept for their effect])."""
+    if kernel.op in _EFFECTFUL:
+        return True
     schema = getattr(kernel.op, "_schema", None)
     return bool(schema is not None and schema.is_mutable)
+
+
+# Note [Extern calls kept for their effect]: a run-time assertion returns nothing, and what it does
+# (raise when its condition is false) is the program's behaviour: ``torch._assert_async`` dropped as
+# dead code turned a program that raises in eager into one that returns (a wrong answer, found by
+# the thirteenth session's breadth work on llava's image-token check). aotgrad keeps such nodes in
+# its graph; the scheduler keeps their extern calls.
+_EFFECTFUL = frozenset(
+    op
+    for name, overload in (
+        ("_assert_async", "default"),
+        ("_assert_async", "msg"),
+        ("_assert_scalar", "default"),
+        ("_assert_tensor_metadata", "default"),
+        ("_print", "default"),
+    )
+    if (op := getattr(getattr(torch.ops.aten, name, None), overload, None)) is not None
+)
 
 
 def output_buffer_names(outputs: Any) -> list[str]:

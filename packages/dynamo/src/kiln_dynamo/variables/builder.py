@@ -32,7 +32,7 @@ from torch._library.custom_ops import CustomOpDef
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.guards import is_plain_constants
-from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
+from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, RawItemSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.diagnostics import wrap_diagnostics
@@ -41,8 +41,11 @@ from kiln_dynamo.variables.dicts import (
     DefaultDictVariable,
     DictVariable,
     LazyEntry,
+    ObjectKey,
     SetVariable,
+    class_key,
     modelled_dict_subclass,
+    own_subscript,
 )
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.inspection import MappingProxyVariable
@@ -206,19 +209,21 @@ class VariableBuilder:
             if source is not None:
                 guards.type_match(source, value)
                 guards.dict_keys(source, value)
-            for k in value:
-                if not isinstance(k, (str, int, enum.Enum)):
-                    raise Unsupported(f"dict with a key of type {type(k).__name__}")
+            keys = {k: self._dict_key(k) for k in value}
+            # Note [A dict subclass's own subscript]: entries read without the override
+            item = GetItemSource if own_subscript(type(value)) is None else RawItemSource
             if type(value) is collections.defaultdict:
                 fsrc = AttrSource(source, "default_factory") if source is not None else None
                 factory = self.wrap(value.default_factory, fsrc)
                 if source is None:
-                    return DefaultDictVariable({k: self.wrap(v, None) for k, v in value.items()}, factory)
-                lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+                    return DefaultDictVariable(
+                        {keys[k]: self.wrap(v, None) for k, v in value.items()}, factory
+                    )
+                lazy = {keys[k]: LazyEntry(v, item(source, k), self.wrap) for k, v in value.items()}
                 return DefaultDictVariable(lazy, factory, source)
             if source is None:
-                return DictVariable({k: self.wrap(v, None) for k, v in value.items()}, type(value))
-            lazy = {k: LazyEntry(v, GetItemSource(source, k), self.wrap) for k, v in value.items()}
+                return DictVariable({keys[k]: self.wrap(v, None) for k, v in value.items()}, type(value))
+            lazy = {keys[k]: LazyEntry(v, item(source, k), self.wrap) for k, v in value.items()}
             return DictVariable(lazy, type(value), source)  # Note [Lazy dict entries]
         if isinstance(value, types.MappingProxyType):
             if source is None:
@@ -383,6 +388,15 @@ class VariableBuilder:
         if source is not None:
             guards.type_match(source, value)
         return UserObjectVariable(value, source)
+
+    def _dict_key(self, k: Any) -> Any:
+        """The key of an outside dict's entry in its DictVariable: the key itself for a string, int,
+        enum member or class, an ObjectKey for a function (Note [Classes as dict keys])."""
+        if isinstance(k, (str, int, enum.Enum)) or class_key(k) is not None:
+            return k
+        if type(k) is types.FunctionType:
+            return ObjectKey(self.wrap(k, None))
+        raise Unsupported(f"dict with a key of type {type(k).__name__}")
 
     def _unsupported(self, value: Any) -> VT:
         raise Unsupported(f"container subclass {type(value).__qualname__}")

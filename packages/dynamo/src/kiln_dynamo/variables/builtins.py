@@ -287,6 +287,15 @@ def _dict(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return d
 
 
+def _dict_fromkeys(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    """`dict.fromkeys(keys, value=None)`: every key maps to the one `value` (transformers' caches
+    build their per-layer state dicts this way)."""
+    if kwargs or not 1 <= len(args) <= 2:
+        raise Unsupported("dict.fromkeys with keyword arguments or no keys")
+    value = args[1] if len(args) == 2 else ConstantVariable(None)
+    return DictVariable({key_of(k): value for k in args[0].iterate(tx)})
+
+
 def _set(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return SetVariable([key_of(v) for v in args[0].iterate(tx)] if args else [])
 
@@ -676,6 +685,7 @@ _HANDLERS: dict[Any, Handler] = {
     tuple: _tuple,
     list: _list,
     dict: _dict,
+    dict.fromkeys: _dict_fromkeys,
     set: _set,
     frozenset: _frozenset,
     bool: _bool,

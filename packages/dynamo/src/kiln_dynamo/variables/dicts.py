@@ -47,14 +47,31 @@ _READ_PROTOCOL = ("__getitem__", "__iter__", "keys", "items", "values", "__len__
 
 
 def modelled_dict_subclass(cls: type) -> bool:
-    """A Python subclass of plain dict (not OrderedDict, not a dataclass) that leaves reading to
-    dict (Note [Dict subclasses])."""
+    """A Python subclass of dict or OrderedDict (not a dataclass) that leaves reading to dict
+    (Note [Dict subclasses]), or overrides only `__getitem__`, with a Python function (Note [A dict
+    subclass's own subscript])."""
     return (
-        cls.__mro__[1] is dict
+        cls.__mro__[1] in (dict, collections.OrderedDict)
         and cls.__module__ not in ("builtins", "collections")
         and not dataclasses.is_dataclass(cls)
-        and all(python_override(cls, name) is None for name in _READ_PROTOCOL)
+        and all(python_override(cls, name) is None for name in _READ_PROTOCOL if name != "__getitem__")
+        and (python_override(cls, "__getitem__") is None or own_subscript(cls) is not None)
     )
+
+
+# Note [A dict subclass's own subscript]: transformers' `ACT2FN` is an OrderedDict subclass whose
+# `__getitem__` builds the activation module registered under the key (`ACT2FN["silu"](x)` in
+# mamba's, lfm2's and jamba's convolutions, deberta's and funnel's heads). A subclass that
+# overrides only `__getitem__`, with a Python function, is modelled: `d[k]` inlines that function
+# with the DictVariable as `self`, and its `super().__getitem__(k)` (dict's own) reads the entry.
+# What does not go through `__getitem__` in CPython (`get`, `in`, `len`, iteration) is dict's
+# behaviour as for any subclass; views and copies still break (Note [Dict subclasses]). The
+# entries of such a dict from outside the frame are read and guarded through `dict.__getitem__`
+# (RawItemSource), never through the override, which a guard must not run.
+def own_subscript(cls: type) -> Any:
+    """Note [A dict subclass's own subscript]: the Python `__getitem__` `cls` defines, or None."""
+    attr = python_override(cls, "__getitem__")
+    return attr if inspect.isfunction(attr) else None
 
 
 def python_override(cls: type, name: str) -> Any:
@@ -127,12 +144,40 @@ def _identity_hashed(vt: VT) -> bool:
     return hash_fn is object.__hash__ and eq_fn is object.__eq__
 
 
+# Note [Classes as dict keys]: a registry keyed by classes (`torch.utils._pytree`'s
+# SUPPORTED_NODES, `type(x) in HANDLERS`) is read like any dict. A class whose metaclass keeps
+# object's `__hash__` and `__eq__` is hashed and compared by identity, so the class object itself
+# is the key, whatever tracker stands for it (a user class, a builtin type, a torch class): one
+# key for one class, as in eager. An outside dict's keys are guarded as a list (`dict_keys`,
+# equality of classes and functions is identity), and an item's source indexes with the key held
+# as a constant. A plain function key (pytree registers `namedtuple` itself) is an ObjectKey
+# (Note [Object keys]). A metaclass with its own `__eq__`/`__hash__` stays unsupported.
+def class_key(obj: object) -> type | None:
+    """Note [Classes as dict keys]: `obj` when it is a class hashed and compared by identity."""
+    if isinstance(obj, type) and type(obj).__hash__ is object.__hash__ and type(obj).__eq__ is object.__eq__:
+        return obj
+    return None
+
+
 def key_vt(k: Any) -> VT:
     """The tracker of a dict key or set item (the inverse of `key_of`)."""
-    return k.vt if isinstance(k, ObjectKey) else ConstantVariable(k)
+    if isinstance(k, ObjectKey):
+        return k.vt
+    if class_key(k) is not None:
+        from kiln_dynamo.variables.builtins import BuiltinVariable
+        from kiln_dynamo.variables.torch import _FOLD_ON_CONSTANTS, TorchFunctionVariable
+        from kiln_dynamo.variables.user_defined import UserClassVariable
+
+        if k in _FOLD_ON_CONSTANTS:  # as VariableBuilder wraps a class
+            return TorchFunctionVariable(k, None)
+        return BuiltinVariable(k) if k.__module__ == "builtins" else UserClassVariable(k, None)
+    return ConstantVariable(k)
 
 
 def key_of(vt: VT) -> Any:
+    ident = vt.identity()
+    if ident is not vt and class_key(ident) is not None:  # Note [Classes as dict keys]
+        return ident
     if not vt.is_constant() and _identity_hashed(vt):
         return ObjectKey(vt)
     if vt.is_constant():
@@ -228,7 +273,14 @@ class DictVariable(VariableTracker):
         return key_of(key) in self._items
 
     def getitem(self, tx: Tx, key: VT) -> VT:
+        if self.user_cls not in PLAIN_DICTS:
+            own = own_subscript(self.user_cls)
+            if own is not None:  # Note [A dict subclass's own subscript]
+                return tx.wrap(own, None).call(tx, [self, key], {})
         self._builtin("__getitem__")
+        return self._entry_or_key_error(key)
+
+    def _entry_or_key_error(self, key: VT) -> VT:
         k = key_of(key)
         if k not in self._items:
             raise observed(KeyError, k)
@@ -266,7 +318,8 @@ class DictVariable(VariableTracker):
                 return self.entry(k)
             return args[1] if len(args) == 2 else ConstantVariable(None)
         if name == "__getitem__" and len(args) == 1:
-            return self.getitem(tx, args[0])
+            # dict's own subscript (`super().__getitem__(k)` from a subclass's override too)
+            return self._entry_or_key_error(args[0])
         if name == "__contains__" and len(args) == 1:
             return ConstantVariable(self.contains(tx, args[0]))
         if name == "__setitem__" and len(args) == 2:

@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiln_dynamo.exc import Unsupported
+from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, Source
+from kiln_dynamo.stand_ins import STAND_INS_FILE, stand_in_for
 from kiln_dynamo.variables.base import CellVariable, ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, LazyEntry
 from kiln_dynamo.variables.inspection import FOLDED_CALLS
@@ -139,6 +141,12 @@ class UserFunctionVariable(BaseFunctionVariable):
             return trace_checkpoint(tx, args, kwargs)  # Note [Activation checkpointing]
         if fn in FOLDED_CALLS:
             return FOLDED_CALLS[fn](tx, args, kwargs)
+        stand_in = stand_in_for(fn)
+        if stand_in is not None and tx.code.co_filename != STAND_INS_FILE:
+            # Note [Stand-ins for torch's higher-order functions]; the stand-in's own fallback
+            # call of `fn` is traced as `fn`
+            decisions_log.info("%s.%s traced as kiln's stand-in", fn.__module__, fn.__qualname__)
+            return UserFunctionVariable(stand_in, None).call(tx, args, kwargs)  # type: ignore[arg-type]
         src = self._src()
         # Read from the end: parameter i's default is __defaults__[i - co_argcount] whatever the
         # tuple's length, so guarding only the defaults used stays exact.

@@ -32,7 +32,7 @@ from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource
 from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, key_of
-from kiln_dynamo.variables.lists import TupleVariable
+from kiln_dynamo.variables.lists import BaseListVariable, TupleVariable
 from kiln_dynamo.variables.tensor import TensorVariable
 
 if TYPE_CHECKING:
@@ -162,9 +162,44 @@ def construct_model_output(
     first, *rest = ordered.values()
     if all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first):
         # __post_init__ then reads the first field as an iterator of (key, value) pairs.
-        raise Unsupported(f"{name} built from a non-tensor first field alone")
+        if not _first_field_kept(first):
+            raise Unsupported(f"{name} built from a non-tensor first field alone")
+        if not first.items:  # type: ignore[attr-defined]
+            ordered[fields[0].name] = ConstantVariable(None)
     items = {k: v for k, v in ordered.items() if not _is_none(v)}
     return ModelOutputVariable(cls, base, ordered, items)
+
+
+# Note [A ModelOutput built from its first field alone]: when every field but the first is None
+# and the first is not a tensor, ModelOutput's `__post_init__` iterates the first field: if its
+# first element is a 2-item list or tuple headed by a string, the elements are (key, value) pairs
+# that set fields by name; otherwise the field is kept as it is (and an empty iterable leaves the
+# field None and no key). A tuple or list of tensors (DETR's backbone returns
+# `BackboneOutput(feature_maps=(t,))`) is the common case, and its element types are known while
+# tracing, so it is modelled; a head that may be a pair, a dict or any other iterable breaks.
+
+
+def _first_field_kept(first: VT) -> bool:
+    """Note [A ModelOutput built from its first field alone]: is `first` a list or tuple that
+    `__post_init__` keeps as the field (its head is certainly not a (str, value) pair)?"""
+    if not isinstance(first, BaseListVariable) or not issubclass(first.python_type(), (list, tuple)):
+        return False
+    if not first.items:
+        return True
+    head = first.items[0]
+    if isinstance(head, TensorVariable):
+        return True
+    if isinstance(head, ConstantVariable):
+        v = head.value
+        return not (isinstance(v, (list, tuple)) and len(v) == 2 and isinstance(v[0], str))
+    if isinstance(head, BaseListVariable) and issubclass(head.python_type(), (list, tuple)):
+        if len(head.items) != 2:
+            return True
+        key = head.items[0]
+        return isinstance(key, TensorVariable) or (
+            isinstance(key, ConstantVariable) and not isinstance(key.value, str)
+        )
+    return False
 
 
 def wrap_model_output(builder: VariableBuilder, value: Any, base: type, source: Source | None) -> VT:
@@ -340,7 +375,12 @@ class ModelOutputVariable(DictVariable):
             return bound
         cls = self.user_cls
         first, *rest = self.fields.values()
-        if all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first):
+        alone = (
+            all(_is_none(v) for v in rest) and not isinstance(first, TensorVariable) and not _is_none(first)
+        )
+        # Note [A ModelOutput built from its first field alone]: the class keeps a non-empty list or
+        # tuple whose head is not a pair (that head is what the runner passes too)
+        if alone and not (_first_field_kept(first) and first.items):  # type: ignore[attr-defined]
             raise Unsupported(f"rebuilding a {cls.__qualname__} whose only field is not a tensor")
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         args = ", ".join(

@@ -583,12 +583,22 @@ class NewModuleVariable(NNModuleVariable):
         return f"{cg.const(type(self.module))}({', '.join(args)})"
 
 
+# Note [Modules made in the frame], which classes: built once while tracing, a module's
+# constructor does not run on later calls, so only classes whose constructors just store their
+# arguments are built: torch.nn's own modules, and transformers' activation modules (what its
+# `ACT2FN[name]` registry builds on each subscript, Note [A dict subclass's own subscript]; their
+# `__init__`s set attributes only, and the one that makes parameters, xIELU, is refused below).
+# Any other class's constructor may change state outside the module (a counter, a registry, a
+# log) that eager changes on every call: that stays a break.
+BUILT_WHILE_TRACING = ("torch.nn.modules.", "transformers.activations")
+
+
 def construct_module(tx: Tx, cls: type[nn.Module], args: list[VT], kwargs: dict[str, VT]) -> VT:
     """`cls(*args, **kwargs)` for an nn.Module class inside the frame (Note [Modules made in the
     frame])."""
     what = f"constructing {cls.__qualname__} inside the frame"
-    if not cls.__module__.startswith("torch.nn.modules."):
-        raise Unsupported(f"{what} (only torch.nn's own modules are built)")
+    if not cls.__module__.startswith(BUILT_WHILE_TRACING):
+        raise Unsupported(f"{what} (only torch.nn's modules and transformers' activations are built)")
     if not all(a.is_constant() for a in [*args, *kwargs.values()]):
         raise Unsupported(f"{what} from arguments that are not constants")
     with torch.random.fork_rng(devices=[]):

@@ -295,6 +295,8 @@ class NewObjectVariable(VariableTracker):
         if name == "__class__":
             return tx.wrap(self.cls, None)
         if name == "__dict__":
+            if self.cls.__dictoffset__ == 0:
+                raise Unsupported(f"__dict__ of {self.describe()}, whose class has only slots")
             return instance_dict_of(tx, self)
         pending = pending_class_attr(tx, self.cls, name)
         if pending is not None:
@@ -305,6 +307,8 @@ class NewObjectVariable(VariableTracker):
             raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}") from None
         from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
 
+        if _is_slot(self.cls, name, static):  # an empty slot: Note [Slots of objects made in the frame]
+            raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}")
         guard_class_attr(tx, self.cls, name, static)  # Note [Class attributes read through an instance]
         if inspect.isfunction(static):
             return BoundMethodVariable(UserFunctionVariable(static, None), self)
@@ -337,6 +341,11 @@ class NewObjectVariable(VariableTracker):
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
             static = None
+        if _is_slot(self.cls, name, static):  # Note [Slots of objects made in the frame]
+            self.attrs[name] = value
+            return
+        if self.cls.__dictoffset__ == 0 and static is None:
+            raise Unsupported(f"setting attribute {name!r} on {self.describe()}, which has no __dict__")
         if pending_class_attr(tx, self.cls, name) is None and hasattr(type(static), "__set__"):
             guard_class_attr(tx, self.cls, name, static)
             if isinstance(static, property) and inspect.isfunction(static.fset):
@@ -406,6 +415,21 @@ class NewObjectVariable(VariableTracker):
 
 
 _NOT_FROZEN: Any = type("_NotFrozen", (), {"frozen": False})()
+
+
+# Note [Slots of objects made in the frame]: a class with `__slots__` (inspect's BoundArguments,
+# which `inspect.signature(f).bind(...)` in a decorator makes) stores its attributes through
+# member descriptors, not an instance dict. For an object made in the frame such a store is kept
+# with its other attributes, and a read of a slot not yet set raises AttributeError as in eager;
+# the runner's rebuild sets slots with object.__setattr__ as it sets dict attributes. A class
+# whose instances have no `__dict__` refuses other names (eager raises) and has no `vars()`.
+def _is_slot(cls: type, name: str, static: Any) -> bool:
+    if not isinstance(static, types.MemberDescriptorType):
+        return False
+    owner = getattr(static, "__objclass__", None)
+    slots = vars(owner).get("__slots__", ()) if isinstance(owner, type) else ()
+    slots = (slots,) if isinstance(slots, str) else tuple(slots)
+    return owner in cls.__mro__ and name in slots and owner.__module__ != "builtins"
 
 
 def _rebuild_object(cls: type, attrs: tuple[tuple[str, Any], ...]) -> Any:
@@ -599,10 +623,11 @@ class UserObjectVariable(VariableTracker):
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return self.getattr(tx, "__call__").call(tx, args, kwargs)
 
-    # Note [Mapping protocol of user objects]: `in` and subscripts on an instance whose class
-    # defines `__contains__`/`__getitem__` in Python (transformers' AttentionInterface, a
-    # MutableMapping over a class-level dict) inline that method, as any method call does: what
-    # it reads is guarded through its sources. A method written in C stays a break.
+    # Note [Mapping protocol of user objects]: `in`, subscripts, `len()` and truth on an instance
+    # whose class defines `__contains__`/`__getitem__`/`__len__`/`__bool__` in Python (transformers'
+    # AttentionInterface, a MutableMapping over a class-level dict; its per-layer config view, a
+    # Sequence) inline that method, as any method call does: what it reads is guarded through its
+    # sources. A method written in C stays a break; `__len__` must give a constant int >= 0.
     def _python_dunder(self, tx: Tx, name: str, what: str) -> VT:
         if not inspect.isfunction(inspect.getattr_static(type(self.obj), name, None)):
             raise Unsupported(f"{what} {self.describe()}")
@@ -614,6 +639,25 @@ class UserObjectVariable(VariableTracker):
 
     def getitem(self, tx: Tx, key: VT) -> VT:
         return self._python_dunder(tx, "__getitem__", "subscript of").call(tx, [key], {})
+
+    def length(self, tx: Tx) -> int:
+        n = self._python_dunder(tx, "__len__", "len() of").call(tx, [], {})
+        if not (n.is_constant() and type(n.as_constant()) is int and n.as_constant() >= 0):
+            raise Unsupported(f"len() of {self.describe()}: __len__ gave {n.describe()}")
+        return int(n.as_constant())
+
+    def truth(self, tx: Tx) -> bool:
+        """`if obj:` (`if cache and ...` in whisper's attention): `__bool__`, else `__len__() != 0`,
+        each inlined from Python; True when the class defines neither (object's default)."""
+        cls = type(self.obj)
+        if inspect.getattr_static(cls, "__bool__", None) is not None:
+            b = self._python_dunder(tx, "__bool__", "truth value of").call(tx, [], {})
+            if not (b.is_constant() and type(b.as_constant()) is bool):
+                raise Unsupported(f"truth value of {self.describe()}: __bool__ gave {b.describe()}")
+            return bool(b.as_constant())
+        if inspect.getattr_static(cls, "__len__", None) is not None:
+            return self.length(tx) != 0
+        return True
 
 
 # Note [Class definitions in the frame]: `class C(Base): ...` inside a traced function (torch.masked

@@ -3,8 +3,9 @@
 A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may return the graph
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
-run in the order of ``_passes()``: the rewrites first (attention, then matmul padding, which must
-not pad the products attention replaces, then the convolution bias on CUDA), then the layout
+run in the order of ``_passes()``: the rewrites first (attention, then patch convolutions as GEMMs on CUDA,
+then matmul padding, which must not pad the products attention replaces and may pad the patch
+GEMMs, then the convolution bias on CUDA), then the layout
 decision, which must see the final nodes,
 then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
 CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
@@ -51,6 +52,9 @@ class PassOptions:
     ``conv_bias``: on CUDA a convolution's bias is added after it in generated code, where the
     scheduler fuses it into the result's readers (Note [Convolution bias after the convolution]);
     ``"force"`` on any device (tests), ``False`` never.
+    ``patch_conv``: on CUDA a convolution whose stride equals its kernel size, without padding (a
+    vision transformer's patch embedding), is computed as a GEMM of the patches (Note [Patch
+    convolutions as GEMMs]); ``"force"`` on any device (tests), ``False`` never.
     ``conv_fusion``: on CPU inference graphs, 2-D convolutions with their eval-mode BatchNorm
     folded in and ReLU / residual-add post-ops run as one oneDNN call (Note [Convolutions through
     oneDNN]), with its weights prepacked once per parameter version (``conv_prepack``: without
@@ -81,6 +85,7 @@ class PassOptions:
     attention: bool = True
     attention_mask: bool = True
     conv_bias: bool | str = True
+    patch_conv: bool | str = True
     conv_fusion: bool = True
     conv_prepack: bool = False
     linear_pack: bool = False
@@ -122,6 +127,8 @@ class PassOptions:
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         if made.conv_bias not in (True, False, "force"):
             raise ValueError(f"conv_bias must be True, False or 'force', not {made.conv_bias!r}")
+        if made.patch_conv not in (True, False, "force"):
+            raise ValueError(f"patch_conv must be True, False or 'force', not {made.patch_conv!r}")
         return made
 
 
@@ -176,9 +183,11 @@ def _passes() -> tuple[GraphPass, ...]:
     from .conv_fusion import conv_fusion_pass
     from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
+    from .patch_conv import patch_conv_pass
 
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
+        GraphPass("patch_conv", patch_conv_pass, lambda o: o.patch_conv is not False),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
         GraphPass("layout", layout_pass, lambda o: o.layout),
