@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -96,13 +97,31 @@ def _install_packages(session: nox.Session, folders: list[str]) -> None:
     session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy", "expecttest")
 
 
+def _free_virtualenv(session: nox.Session) -> None:
+    """Delete a test session's virtual environment once its tests have run.
+
+    Every session installs its own torch (about 1 GB, 2 GB with triton or transformers); eleven of
+    them kept side by side filled CI's disk ("No space left on device" in the last session). So
+    `nox -t tests` holds one environment at a time. `KILN_NOX_KEEP_VENVS=1` keeps them, for
+    `nox -r` reuse while working on one package.
+    """
+    if os.environ.get("KILN_NOX_KEEP_VENVS") == "1":
+        return
+    location = getattr(session.virtualenv, "location", None)
+    if location and os.path.isdir(location):
+        shutil.rmtree(location, ignore_errors=True)
+
+
 def _run_package_tests(session: nox.Session, folder: str) -> None:
-    _install_packages(session, _sibling_closure(folder))
-    env = {}
-    if folder == "codegen_triton":
-        # No GPU in CI: Triton kernels run on CPU tensors through Triton's interpreter.
-        env["TRITON_INTERPRET"] = "1"
-    session.run("pytest", "-q", str(PACKAGES_DIR / folder / "tests"), *session.posargs, env=env)
+    try:
+        _install_packages(session, _sibling_closure(folder))
+        env = {}
+        if folder == "codegen_triton":
+            # No GPU in CI: Triton kernels run on CPU tensors through Triton's interpreter.
+            env["TRITON_INTERPRET"] = "1"
+        session.run("pytest", "-q", str(PACKAGES_DIR / folder / "tests"), *session.posargs, env=env)
+    finally:
+        _free_virtualenv(session)
 
 
 for _folder in PACKAGES:
@@ -124,8 +143,11 @@ def tests_frame_hook_312(session: nox.Session) -> None:
 @nox.session(name="tests-e2e", python="3.11", tags=["tests"])
 def tests_e2e(session: nox.Session) -> None:
     """The umbrella installed with everything under it; end-to-end tests and the layering rules."""
-    _install_packages(session, _sibling_closure("bench"))
-    session.run("pytest", "-q", str(ROOT / "tests" / "e2e"), *session.posargs)
+    try:
+        _install_packages(session, _sibling_closure("bench"))
+        session.run("pytest", "-q", str(ROOT / "tests" / "e2e"), *session.posargs)
+    finally:
+        _free_virtualenv(session)
 
 
 @nox.session(python="3.11")
