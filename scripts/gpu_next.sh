@@ -5,6 +5,9 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Fourteenth session: no device time (the session's budget was spent by the thirteenth, whose
+#   submission it completes). The queue stands as below, with call9 (scripts/gpu_diag_kernels.py:
+#   T5's math-path attention, ConvNeXt's `clone` layer norms) to run beside call2.
 # Thirteenth session: call2, call4, call5b and call3c ran (README, the thirteenth session's paragraph;
 #   results/2026-12-03-h200-s13-*). Next: call5b again (its rows were not kept: it now writes
 #   threads.json), call3c for the other five models (vit,resnet,convnext,gpt2,t5 done: reorder),
@@ -138,6 +141,9 @@ for dyn in (None, True):
     print("batch norm training, dynamic =", dyn, ": outputs and running statistics equal eager")
 PY
       ;;
+    call9)  # issue 15: why T5's decoder attention takes torch's math SDPA on the H200, and the source of
+      # ConvNeXt's stage-2 layer-norm kernels that carry a `clone` there only (28% of copy bandwidth)
+      timeout 300 python3 scripts/gpu_diag_kernels.py --out "$out" 2>&1 | cut -c1-400 | tail -80 ;;
     *) echo "unknown step $step (call1 .. call6)" ;;
   esac
 done
