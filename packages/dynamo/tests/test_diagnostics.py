@@ -275,3 +275,25 @@ def test_a_stacklevel_above_a_continuation_still_breaks() -> None:
 
 def _call_module_fn(f, x):  # type: ignore[no-untyped-def]
     return f(x)
+
+
+def _names_its_caller() -> str:
+    return sys._getframe(1).f_code.co_name
+
+
+def _warns_its_caller() -> None:
+    warnings.warn("x", stacklevel=2)
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+def test_which_python_functions_count_as_frame_readers() -> None:
+    """Note [A break that reads its caller's frame]: a Python function called as a chain's break
+    instruction stops the chain when its own code reads frames (`_getframe`, a `stacklevel`)."""
+    from kiln_dynamo.breaks import _reads_frames
+
+    assert _reads_frames(_names_its_caller.__code__)
+    assert _reads_frames(_warns_its_caller.__code__)
+    assert not _reads_frames(_plain.__code__)
