@@ -297,26 +297,50 @@ class OwnCall(nn.Module):
         return x + 5
 
 
+class TrainingFlagMixin:
+    sets = 0
+
+    @property
+    def training(self) -> bool:
+        return True
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        TrainingFlagMixin.sets += 1  # Module.__init__ stores `training`: found after the base
+
+
+class WithMixin(nn.Module, TrainingFlagMixin):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
 def build_noted(x: torch.Tensor) -> Any:
     return Noted()(x)
+
+
+def build_with_mixin(x: torch.Tensor) -> Any:
+    return WithMixin()(x)
 
 
 def build_own_call(x: torch.Tensor) -> Any:
     return OwnCall()(x)
 
 
-@pytest.mark.parametrize("fn", [build_noted, build_own_call])
+@pytest.mark.parametrize("fn", [build_noted, build_own_call, build_with_mixin])
 def test_a_subclass_whose_construction_reaches_user_code_still_breaks(fn: Any) -> None:
-    """A data descriptor the constructor stores through, or a dunder of its own: a break, and
-    the user code runs as in eager (the setter once per call)."""
+    """A data descriptor the constructor stores through (in the class or in a mixin after the
+    torch.nn base), or a dunder of its own: a break, and the user code runs as in eager (the
+    setter once per call)."""
     got = kiln_dynamo.explain(fn)(t(3))
     assert any("inside the frame" in r.reason for r in got.break_reasons), got
-    before = Noted.stores
+    before = Noted.stores, TrainingFlagMixin.sets
     kiln_dynamo.reset()
     f = kiln_dynamo.compile(fn, backend=CountingBackend())
     assert_same(f(t(3)), fn(t(3)))
     if fn is build_noted:
-        assert Noted.stores == before + 2
+        assert Noted.stores == before[0] + 2
+    if fn is build_with_mixin:
+        assert TrainingFlagMixin.sets == before[1] + 2
 
 
 def recurrence(left: Any, right: Any) -> Any:

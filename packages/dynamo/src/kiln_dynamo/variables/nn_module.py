@@ -605,7 +605,8 @@ BUILT_WHILE_TRACING = ("torch.nn.modules.", "transformers.activations")
 # own dicts, up to the torch.nn base in the MRO, is class metadata (`__module__`, `__doc__`, ...)
 # or a name the base does not have (so the constructor never reaches it), or `forward`/
 # `extra_repr`; none is a data descriptor (a property would run user code when the constructor
-# stores an attribute of that name). Any other dunder (`__init__`, `__new__`, `__setattr__`,
+# stores an attribute of that name). Mixins after the torch.nn base in the MRO are held to the
+# same rule (their properties are found by the base's own stores). Any other dunder (`__init__`, `__new__`, `__setattr__`,
 # `__getattr__`, ...) or a metaclass keeps the break: a user constructor may have effects. An
 # instance of a class defined in the frame may not leave it (eager makes a new class per call).
 _CLASS_METADATA = frozenset(
@@ -622,7 +623,9 @@ def _torch_constructed(cls: type) -> bool:
     if i is None or i == 0:
         return i == 0
     base = mro[i]
-    for c in mro[:i]:
+    for c in mro:  # a mixin after the base too: a property there would catch the base's stores
+        if c is object or c.__module__.startswith((*BUILT_WHILE_TRACING, "torch.")):
+            continue
         if type(c) is not type:
             return False
         for name, value in vars(c).items():
