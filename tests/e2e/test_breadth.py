@@ -1,4 +1,5 @@
-"""Breadth of capture (issue 16): the 105 models of `packages/dynamo/bench/breadth_models.py`.
+"""Breadth of capture (issue 16): the 121 models of `packages/dynamo/bench/breadth_models.py`
+(105 built from configs, 16 hand-written programs: bench/breadth_programs.py).
 
 Each model, built from a tiny config, is one graph with no break and no frame left to Python,
 and matches eager: in eval, in train (forward + loss + backward, gradients compared), and for a
@@ -25,7 +26,7 @@ from breadth import build, run_mode  # type: ignore[import-not-found]
 from breadth_models import MODELS  # type: ignore[import-not-found]
 
 # The breadth suite in CI: every model of `breadth_models.MODELS` (`breaks.py --models` runs the
-# same 105, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
+# same 121, and adds torch.compile's counts), every mode that applies to it (eval; train: forward +
 # loss + backward, every parameter's gradient compared; cache: a decoding step with the KV cache a
 # prefill returned, decoder LMs and encoder-decoders), with the (graphs, breaks, frames left to
 # Python) that `breadth.run_mode` reports. A count may go down (update the table) but not up, and
@@ -95,13 +96,21 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # torch.nn built-ins, a recommender
     "nn_transformer_encoder": ENC, "nn_transformer": ENC, "nn_multihead_attention": ENC, "nn_lstm": ENC,
     "nn_gru": ENC, "embedding_bag_recommender": ENC,
+    # hand-written programs (breadth14, bench/breadth_programs.py)
+    "unet_blocks": ENC, "detection_head": ENC, "lstm_lm": ENC, "moe_topk": ENC, "checkpointed_mlp": ENC,
+    "dataclass_output": ENC, "gru_attention_decoder": ENC, "gnn_message_passing": ENC, "vae": ENC,
+    "config_driven": ENC, "vocoder_weight_norm": ENC, "spatial_transformer": ENC, "autocast_mlp": ENC,
+    "greedy_decode": ENC, "namedtuple_pooler": ENC,
+    # pack_padded_sequence: the packed batch sizes are data (`_pack_padded_sequence` needs its
+    # lengths on the CPU as values, and the unpacking slices by them): three breaks
+    "packed_lstm": {"eval": (4, 3, 0), "train": (4, 3, 0)},
 }  # fmt: skip
 ROWS = [(name, mode) for name, modes in EXPECTED.items() for mode in modes]
 
 
 def test_the_table_is_the_whole_breadth_suite() -> None:
     """Every model of the bench is a CI row, in eval and train, with the KV-cache step for
-    exactly the decoder LMs and encoder-decoders (building all 105 tiny models: a few seconds)."""
+    exactly the decoder LMs and encoder-decoders (building all 121 tiny models: a few seconds)."""
     assert set(EXPECTED) == set(MODELS) and len(EXPECTED) >= 30
     decoders = {name for name, builder in MODELS.items() if builder()[2] in ("decoder", "seq2seq")}
     assert len(decoders) == 46  # 36 decoder LMs, 10 encoder-decoders

@@ -10,10 +10,12 @@ table of graphs / breaks / frames in Python per model, against torch.compile) an
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from breadth_programs import PROGRAMS  # type: ignore[import-not-found]
 from torch import nn
 
 H, LAYERS, HEADS, FFN, VOCAB, BATCH, SEQ = 32, 2, 4, 64, 96, 2, 8
@@ -572,6 +574,10 @@ MODELS: dict[str, Callable[[], Built]] = {
     "embedding_bag_recommender": _torch(
         _Recommender, users=_bags, items=_bags, offsets=lambda g: torch.arange(0, 32, 4)
     ),
+    # hand-written programs (breadth14; bench/breadth_programs.py): UNet blocks, a detection head,
+    # an LSTM LM, a top-k MoE, checkpointing, dataclass outputs, a GRU attention decoder, a GNN, a
+    # VAE, a config-driven block
+    **PROGRAMS,
 }  # fmt: skip
 
 
@@ -585,4 +591,6 @@ def first_tensor(out: Any) -> torch.Tensor:
                 return v
     if isinstance(out, (tuple, list)):
         return first_tensor(out[0])
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):  # a ModelOutput is a dict, above
+        return first_tensor([v for f in dataclasses.fields(out) if (v := getattr(out, f.name)) is not None])
     raise TypeError(f"no tensor in {type(out).__name__}")

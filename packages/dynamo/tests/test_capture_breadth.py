@@ -181,6 +181,168 @@ def test_a_user_module_built_in_the_frame_still_breaks() -> None:
     assert Counted.made == before + 1
 
 
+class Swish(nn.Module):
+    """Adds only methods to nn.Module (Note [User modules with torch's constructor])."""
+
+    beta = 1.5  # a plain class attribute nn.Module does not have
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(self.beta * x) + self.shift(x)
+
+    def shift(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 0 + 1
+
+
+class GatedSiLU(nn.SiLU):  # a torch.nn class with its own constructor arguments
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def build_swish(x: torch.Tensor) -> Any:
+    act = Swish()
+    gated = GatedSiLU(inplace=False)
+    return act(x) + gated(x), act.training, type(act).__name__
+
+
+def test_a_user_module_that_adds_only_methods_is_built_in_the_frame() -> None:
+    """Note [User modules with torch's constructor]: one graph, no break, eager's values."""
+    check(build_swish, t(3, 4))
+    got = kiln_dynamo.explain(build_swish)(t(3, 4))
+    assert (got.graph_count, got.break_reasons) == (1, []), got
+    assert_same(got.result, build_swish(t(3, 4)))
+
+
+def build_and_return(x: torch.Tensor) -> Any:
+    m = Swish()
+    return m(x), m
+
+
+def test_a_user_module_built_in_the_frame_leaves_it_rebuilt() -> None:
+    """Leaving the frame, it is built again by the runner, a new module per call as in eager."""
+    kiln_dynamo.reset()
+    f = kiln_dynamo.compile(build_and_return, backend=CountingBackend())
+    y1, m1 = f(t(2, 3))
+    _, m2 = f(t(2, 3))
+    assert type(m1) is Swish and type(m2) is Swish and m1 is not m2 and m1.training
+    torch.testing.assert_close(y1, build_and_return(t(2, 3))[0])
+
+
+def test_a_user_modules_forward_is_guarded() -> None:
+    """The class's `forward` is read through a guarded class attribute: replacing it recompiles."""
+    kiln_dynamo.reset()
+    backend = CountingBackend()
+    f = kiln_dynamo.compile(build_swish, backend=backend)
+    x = t(3, 4)
+    f(x)
+    old = Swish.forward
+    try:
+        Swish.forward = lambda self, x: x * 10  # type: ignore[method-assign]
+        assert_same(f(x), build_swish(x))
+    finally:
+        Swish.forward = old  # type: ignore[method-assign]
+    assert backend.graphs == 2
+    assert_same(f(x), build_swish(x))
+
+
+def build_local_chain(x: torch.Tensor) -> Any:
+    class A(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    class B(A):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) * 2
+
+    return B()(x)
+
+
+def local_module_leaves(x: torch.Tensor) -> Any:
+    class C(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x - 1
+
+    c = C()
+    return c(x), c
+
+
+def test_a_module_class_defined_in_the_frame() -> None:
+    """A module class defined in the frame is built too (`super()` through its own cell); an
+    instance of it may not leave the frame (eager makes a new class per call): a break there,
+    with eager's values."""
+    check(build_local_chain, t(4))
+    got = kiln_dynamo.explain(local_module_leaves)(t(4))
+    assert any("defined in the frame, cannot leave it" in r.reason for r in got.break_reasons), got
+    want = local_module_leaves(t(4))
+    torch.testing.assert_close(got.result[0], want[0])
+    assert type(got.result[1]).__qualname__ == type(want[1]).__qualname__
+
+
+class Noted(nn.ReLU):
+    stores = 0
+
+    @property
+    def inplace(self) -> bool:
+        return False
+
+    @inplace.setter
+    def inplace(self, value: bool) -> None:
+        Noted.stores += 1  # ReLU's constructor stores `inplace`: user code runs
+
+
+class OwnCall(nn.Module):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 5
+
+
+class TrainingFlagMixin:
+    sets = 0
+
+    @property
+    def training(self) -> bool:
+        return True
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        TrainingFlagMixin.sets += 1  # Module.__init__ stores `training`: found after the base
+
+
+class WithMixin(nn.Module, TrainingFlagMixin):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
+def build_noted(x: torch.Tensor) -> Any:
+    return Noted()(x)
+
+
+def build_with_mixin(x: torch.Tensor) -> Any:
+    return WithMixin()(x)
+
+
+def build_own_call(x: torch.Tensor) -> Any:
+    return OwnCall()(x)
+
+
+@pytest.mark.parametrize("fn", [build_noted, build_own_call, build_with_mixin])
+def test_a_subclass_whose_construction_reaches_user_code_still_breaks(fn: Any) -> None:
+    """A data descriptor the constructor stores through (in the class or in a mixin after the
+    torch.nn base), or a dunder of its own: a break, and the user code runs as in eager (the
+    setter once per call)."""
+    got = kiln_dynamo.explain(fn)(t(3))
+    assert any("inside the frame" in r.reason for r in got.break_reasons), got
+    before = Noted.stores, TrainingFlagMixin.sets
+    kiln_dynamo.reset()
+    f = kiln_dynamo.compile(fn, backend=CountingBackend())
+    assert_same(f(t(3)), fn(t(3)))
+    if fn is build_noted:
+        assert Noted.stores == before[0] + 2
+    if fn is build_with_mixin:
+        assert TrainingFlagMixin.sets == before[1] + 2
+
+
 def recurrence(left: Any, right: Any) -> Any:
     a_left, b_left = left
     a_right, b_right = right

@@ -103,8 +103,10 @@ same entry values, so the second pass reaches the same instruction with the same
 
 from __future__ import annotations
 
+import sys
 import types
 from collections.abc import Callable
+from typing import Any
 
 from kiln_dynamo import resume
 from kiln_dynamo.exc import Unsupported
@@ -319,6 +321,77 @@ def _chain_obstacle(tx: InstructionTranslator, level: int, innermost: bool) -> s
         eff = resume.effect(ins)
         if ins.opname not in resume.FRAME_FREE or eff is None or eff.falls is None:
             return f"its break instruction {ins.opname} cannot run in another frame's code"
+        reader = _frame_reader(tx, ins)
+        if reader is not None:
+            return f"its break instruction calls {reader}, which reads its caller's frame"
+    return None
+
+
+# Note [A break that reads its caller's frame]: a chain's innermost break instruction runs in the
+# outermost frame's split code, so what it calls sees that frame as its caller. A log call at an
+# enabled level (the record's funcName, file and line), `warnings.warn` (its stacklevel),
+# `sys._getframe`, and a Python function whose own code names a frame reader (`_getframe`,
+# `currentframe`, `stack`, `f_back`, `findCaller`, or passes a `stacklevel`) would see the outer
+# frame where eager's sees the inner one: before breadth14, `log.warning(...)` in an inlined
+# helper recorded the outer function's name. Such a break stops the chain at the innermost
+# frame, which then runs as a real call and is split on its own (as with KILN_CHAIN_SPLITS=0).
+# Any other Python function called as the break instruction keeps the chain (the common case: a
+# call kiln could not inline, whose frame the hook then compiles); only its own code is looked
+# at, so a frame reader two calls below it still sees the outer frame (a known limit).
+_FRAME_READERS = frozenset(
+    f for f in (getattr(sys, "_getframe", None), getattr(sys, "_getframemodulename", None)) if f
+)
+_FRAME_READING_NAMES = frozenset({"_getframe", "currentframe", "stack", "f_back", "findCaller", "stacklevel"})
+
+
+def _reads_frames(code: types.CodeType) -> bool:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, tuple):  # KW_NAMES: `stacklevel=` in a call
+            names.update(x for x in c if isinstance(x, str))
+    return not names.isdisjoint(_FRAME_READING_NAMES)
+
+
+def _python_code(fn: VariableTracker) -> types.CodeType | None:
+    from kiln_dynamo.variables.functions import BoundMethodVariable, NestedFunctionVariable
+
+    if isinstance(fn, BoundMethodVariable):
+        fn = fn.fn
+    if isinstance(fn, UserFunctionVariable):
+        return getattr(fn.fn, "__code__", None)
+    if isinstance(fn, NestedFunctionVariable):
+        return fn.code
+    return None
+
+
+def _frame_reader(tx: InstructionTranslator, ins: Any) -> str | None:
+    """What the call at `ins` calls, when that may read its caller's frame, else None."""
+    from kiln_dynamo.variables.base import MethodVariable
+    from kiln_dynamo.variables.diagnostics import LoggerVariable, WarnVariable
+    from kiln_dynamo.variables.opaque import OpaqueCallableVariable
+
+    if ins.opname in ("PRECALL", "CALL"):
+        n = ins.arg or 0
+        if len(tx.stack) < n + 2:
+            return None
+        below, above = tx.stack[-n - 2], tx.stack[-n - 1]
+        fn = above if below is NULL else below
+    elif ins.opname == "CALL_FUNCTION_EX":
+        k = 3 if (ins.arg or 0) & 1 else 2
+        if len(tx.stack) < k:
+            return None
+        fn = tx.stack[-k]
+    else:
+        return None
+    if isinstance(fn, WarnVariable):
+        return "warnings.warn"
+    if isinstance(fn, MethodVariable) and isinstance(fn.obj, LoggerVariable):
+        return f"{fn.obj.describe()}.{fn.name}"
+    if isinstance(fn, OpaqueCallableVariable):
+        return fn.label if fn.fn in _FRAME_READERS else None
+    code = _python_code(fn)
+    if code is not None and _reads_frames(code):
+        return f"the Python function {fn.describe()}"
     return None
 
 

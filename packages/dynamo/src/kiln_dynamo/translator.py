@@ -272,6 +272,10 @@ class InstructionTranslator:
         # hook, no builtin around it), so a continuation of it can stand in for the call
         self.direct = False
         self.direct_next = False  # the call being made now is such a call
+        # eager's caller of this frame is `parent` itself: a plain call, no Module.__call__ or
+        # hook or stand-in frames between them (Note [Warnings from above the compiled frame])
+        self.same_caller = False
+        self.same_caller_next = False
         self.function: VT | None = None  # the tracker of the function this frame runs, when inlined
 
     # --- locations ----------------------------------------------------------------------------
@@ -689,8 +693,10 @@ class InstructionTranslator:
             cells[name] = cell
         child = InstructionTranslator(self.output, code, f_globals, self.f_builtins, dict(bound), cells, self)
         child.direct = self.direct_next and not step_by_step
+        child.same_caller = self.same_caller_next and not step_by_step
         child.function = rebuild[0] if rebuild is not None else None
         self.direct_next = False
+        self.same_caller_next = False
         if step_by_step:
             # Note [Generators traced step by step]: a user's generator function runs as its
             # consumer asks, so their effects interleave as in CPython. Generator expressions and
@@ -1197,10 +1203,12 @@ class InstructionTranslator:
         """A CALL's call, with the frame it inlines marked `direct` when the call returns what that
         frame returns (Note [Resuming a chain of frames])."""
         self.direct_next = passes_result(fn)
+        self.same_caller_next = self.direct_next and not isinstance(fn, NNModuleVariable)
         try:
             return self.call(fn, args, kwargs)
         finally:
             self.direct_next = False
+            self.same_caller_next = False
 
     def CALL_FUNCTION_EX(self, inst: dis.Instruction) -> None:
         kwargs_vt = self.pop() if _arg(inst) & 1 else None

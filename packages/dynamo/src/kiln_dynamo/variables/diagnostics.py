@@ -18,7 +18,8 @@ its `__warningregistry__`, so the "once per location" filters and the message te
 Raising filters would raise at the call in eager, before the rest of the frame ran: the guard
 `no warnings filter is "error"` keeps the replay only where no filter raises (else the frame
 recompiles, and with such a filter the call is a break). A `stacklevel` above the traced frames
-stays a break. As every replayed side effect, the warning comes after the graph's own work: a
+is replayed through the real frames above the compiled one (Note [Warnings from above the
+compiled frame]; a break before breadth14). As every replayed side effect, the warning comes after the graph's own work: a
 graph that fails at run time (where eager would have warned first) does not emit it.
 """
 
@@ -181,14 +182,20 @@ class WarnVariable(VariableTracker):
         if not _no_error_filters():
             raise Unsupported("warnings.warn while a warnings filter turns warnings into errors")
         frame: Any = tx
-        for _ in range(max(stacklevel, 1) - 1):
+        guards = tx.output.guards
+        for level in range(max(stacklevel, 1) - 1):
+            if frame.parent is None:
+                self._warn_above(tx, frame, message, category, stacklevel - level - 1)
+                return ConstantVariable(None)
+            if not frame.same_caller:  # Note [Warnings from above the compiled frame]
+                raise Unsupported(
+                    "warnings.warn whose stacklevel passes a call that eager makes through frames "
+                    "kiln does not trace (Module.__call__, a hook, a stand-in)"
+                )
             frame = frame.parent
-            if frame is None:
-                raise Unsupported("warnings.warn with a stacklevel above the compiled frame")
         g = frame.f_globals
         lineno = frame.lineno if frame.lineno is not None else frame.code.co_firstlineno
         registry = g.setdefault("__warningregistry__", {})
-        guards = tx.output.guards
         guards.add(f"{guards.ctx.const(_no_error_filters)}()", "no warnings filter is 'error'")
         tx.output.side_effects.calls.append(
             (
@@ -198,8 +205,40 @@ class WarnVariable(VariableTracker):
         )
         return ConstantVariable(None)
 
+    @staticmethod
+    def _warn_above(tx: Tx, root: Any, message: str, category: type[Warning], above: int) -> None:
+        """A `stacklevel` that reaches `above` frames past the compiled frame (Note [Warnings
+        from above the compiled frame])."""
+        from kiln_dynamo import loop_pieces, resume
+
+        if resume.is_resume_code(root.code) or loop_pieces.is_loop_piece(root.code):
+            raise Unsupported(
+                "warnings.warn with a stacklevel above a continuation or loop piece (its callers are "
+                "kiln's split code, not the frame's)"
+            )
+        guards = tx.output.guards
+        guards.add(f"{guards.ctx.const(_no_error_filters)}()", "no warnings filter is 'error'")
+        tx.output.side_effects.calls.append((_warn_from_runner, (message, category, above)))
+
     def reconstruct(self, cg: Reconstructor) -> str:
         return cg.const(warnings.warn)
+
+
+# Note [Warnings from above the compiled frame]: `warnings.warn(msg, stacklevel=2)` in a module's
+# forward names the forward's caller (library code warns on behalf of its caller). The frames
+# above the compiled frame are not traced, but they are the real ones at run time: the runner,
+# which the compiled frame's own code (the trampoline, or a split frame's code) calls directly,
+# calls this function directly, so the compiled frame is 3 levels above `warnings.warn` here,
+# and the frame `above` levels past it is `3 + above`. `warnings.warn` then computes file, line,
+# module and registry from the real frame, as eager's call does. Not for a continuation or a
+# loop piece, whose caller is kiln's split code (a break, as before). Inside the traced chain a
+# level is one frame only across a plain call (`InstructionTranslator.same_caller`): a module's
+# `forward` is inlined without eager's `_wrapped_call_impl`/`_call_impl` frames (and hooks and
+# stand-ins without theirs), so a stacklevel that passes such a call is a break. Before
+# breadth14, `stacklevel=2` in a submodule's forward named the outer forward's line where eager
+# names `_call_impl`'s: a wrong location.
+def _warn_from_runner(message: str, category: type[Warning], above: int) -> None:
+    warnings.warn(message, category, stacklevel=3 + above)
 
 
 def wrap_diagnostics(value: object, source: Source | None, tx_output: Any) -> VT | None:

@@ -578,6 +578,12 @@ class NewModuleVariable(NNModuleVariable):
         bound = cg.bound(self)
         if bound is not None:
             return bound
+        from kiln_dynamo.variables.user_defined import is_local_class
+
+        if is_local_class(type(self.module)):  # Note [Class definitions in the frame]
+            raise Unsupported(
+                f"an instance of {type(self.module).__qualname__}, defined in the frame, cannot leave it"
+            )
         args = [a.reconstruct(cg) for a in self.args]
         args += [f"{k}={v.reconstruct(cg)}" for k, v in self.kwargs.items()]
         return f"{cg.const(type(self.module))}({', '.join(args)})"
@@ -592,13 +598,57 @@ class NewModuleVariable(NNModuleVariable):
 # log) that eager changes on every call: that stays a break.
 BUILT_WHILE_TRACING = ("torch.nn.modules.", "transformers.activations")
 
+# Note [User modules with torch's constructor]: a user's module class that adds only methods to
+# a torch.nn class (`class Swish(nn.Module): def forward(...)`, defined at module level or in
+# the frame) is constructed by that class's constructor alone, so it is built like the torch.nn
+# class (Note [Modules made in the frame]). "Only methods": every name in the user classes'
+# own dicts, up to the torch.nn base in the MRO, is class metadata (`__module__`, `__doc__`, ...)
+# or a name the base does not have (so the constructor never reaches it), or `forward`/
+# `extra_repr`; none is a data descriptor (a property would run user code when the constructor
+# stores an attribute of that name). Mixins after the torch.nn base in the MRO are held to the
+# same rule (their properties are found by the base's own stores). Any other dunder (`__init__`, `__new__`, `__setattr__`,
+# `__getattr__`, ...) or a metaclass keeps the break: a user constructor may have effects. An
+# instance of a class defined in the frame may not leave it (eager makes a new class per call).
+_CLASS_METADATA = frozenset(
+    {"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+     "__firstlineno__", "__static_attributes__", "__classcell__", "__orig_bases__", "__parameters__"}
+)  # fmt: skip
+
+
+def _torch_constructed(cls: type) -> bool:
+    """Whether building `cls` runs only a built-while-tracing class's constructor (Note [User
+    modules with torch's constructor])."""
+    mro = cls.__mro__
+    i = next((i for i, c in enumerate(mro) if c.__module__.startswith(BUILT_WHILE_TRACING)), None)
+    if i is None or i == 0:
+        return i == 0
+    base = mro[i]
+    for c in mro:  # a mixin after the base too: a property there would catch the base's stores
+        if c is object or c.__module__.startswith((*BUILT_WHILE_TRACING, "torch.")):
+            continue
+        if type(c) is not type:
+            return False
+        for name, value in vars(c).items():
+            if name in _CLASS_METADATA:
+                continue
+            if name.startswith("__") and name.endswith("__"):
+                return False
+            if hasattr(base, name) and name not in ("forward", "extra_repr"):
+                return False
+            if hasattr(type(value), "__set__") or hasattr(type(value), "__delete__"):
+                return False
+    return True
+
 
 def construct_module(tx: Tx, cls: type[nn.Module], args: list[VT], kwargs: dict[str, VT]) -> VT:
     """`cls(*args, **kwargs)` for an nn.Module class inside the frame (Note [Modules made in the
     frame])."""
     what = f"constructing {cls.__qualname__} inside the frame"
-    if not cls.__module__.startswith(BUILT_WHILE_TRACING):
-        raise Unsupported(f"{what} (only torch.nn's modules and transformers' activations are built)")
+    if not _torch_constructed(cls):
+        raise Unsupported(
+            f"{what} (only torch.nn's modules, transformers' activations and subclasses of them "
+            "that add only methods are built)"
+        )
     if not all(a.is_constant() for a in [*args, *kwargs.values()]):
         raise Unsupported(f"{what} from arguments that are not constants")
     with torch.random.fork_rng(devices=[]):

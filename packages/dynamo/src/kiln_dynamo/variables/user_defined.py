@@ -684,6 +684,11 @@ _PROPERTY_DECORATORS = frozenset({"setter", "getter", "deleter"})
 _LOCAL_CLASSES: weakref.WeakSet[type] = weakref.WeakSet()
 
 
+def is_local_class(cls: type) -> bool:
+    """Whether `cls` was defined in a traced frame (Note [Class definitions in the frame])."""
+    return cls in _LOCAL_CLASSES
+
+
 def _class_body_problem(code: types.CodeType) -> str | None:
     stored: set[str] = set()
     for inst in dis.get_instructions(code):
