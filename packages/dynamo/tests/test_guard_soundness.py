@@ -332,27 +332,29 @@ def _flag_reader(x):
 
 @pytest.mark.parametrize(
     "change",
-    [
-        lambda mp: mp.setattr(torch.backends.mkldnn, "enabled", not torch.backends.mkldnn.enabled),
-        lambda mp: mp.setattr(torch.backends.cudnn, "enabled", not torch.backends.cudnn.enabled),
-        lambda mp: torch.use_deterministic_algorithms(not torch.are_deterministic_algorithms_enabled()),
+    [  # torch's setters: torch's test utilities may have frozen the properties
+        lambda: torch._C._set_mkldnn_enabled(not torch.backends.mkldnn.enabled),
+        lambda: torch._C._set_cudnn_enabled(not torch.backends.cudnn.enabled),
+        lambda: torch.use_deterministic_algorithms(not torch.are_deterministic_algorithms_enabled()),
     ],
     ids=["mkldnn.enabled", "cudnn.enabled", "deterministic"],
 )
-def test_a_torch_setting_read_in_the_frame_is_guarded(change: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_torch_setting_read_in_the_frame_is_guarded(change: Any) -> None:
     # Note [Flags in torch's namespace], Note [Settings read through torch functions]
     deterministic = torch.are_deterministic_algorithms_enabled()
+    flags = (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)
     backend = CountingBackend()
     compiled = kiln_dynamo.compile(_flag_reader, backend=backend)
     torch.testing.assert_close(compiled(X), _flag_reader(X))
     try:
-        change(monkeypatch)
+        change()
         torch.testing.assert_close(compiled(X), _flag_reader(X))
         torch.testing.assert_close(compiled(X), _flag_reader(X))
         assert kiln_dynamo.counters.recompiles == 1
     finally:
         torch.use_deterministic_algorithms(deterministic)
-        monkeypatch.undo()
+        torch._C._set_mkldnn_enabled(flags[0])
+        torch._C._set_cudnn_enabled(flags[1])
     torch.testing.assert_close(compiled(X), _flag_reader(X))  # the first entry serves again
     assert kiln_dynamo.counters.recompiles == 1
 

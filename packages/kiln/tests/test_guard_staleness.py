@@ -1166,8 +1166,10 @@ def backends_flags():
         return y * 5 if torch.are_deterministic_algorithms_enabled() else y
 
     return f, [
-        lambda: setattr(torch.backends.mkldnn, "enabled", False),
-        lambda: setattr(torch.backends.cudnn, "enabled", False),
+        # torch's setters, not the modules' properties: torch's test utilities (imported by the
+        # OpInfo sweep in the same session) freeze the properties (`disable_global_flags`)
+        lambda: torch._C._set_mkldnn_enabled(False),
+        lambda: torch._C._set_cudnn_enabled(False),
         lambda: torch.use_deterministic_algorithms(True),
         lambda: torch.use_deterministic_algorithms(False),
     ]
@@ -1432,7 +1434,8 @@ def _fresh() -> Any:
     yield
     torch.set_default_dtype(dtype)
     torch.set_grad_enabled(True)
-    torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled = flags
+    torch._C._set_mkldnn_enabled(flags[0])  # not the properties: torch's test utilities freeze them
+    torch._C._set_cudnn_enabled(flags[1])
     torch.use_deterministic_algorithms(deterministic)
     for handle in _GLOBAL_HOOKS.values():
         handle.remove()
