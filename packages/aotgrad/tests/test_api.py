@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -467,3 +468,26 @@ def test_a_run_time_assertion_stays_in_the_training_forward() -> None:
     assert any("_assert_async" in str(n.target) for n in forward.graph.nodes), forward.code
     with pytest.raises(RuntimeError, match="values out of range"):
         cf(torch.full((3,), -200.0, requires_grad=True))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(8, 4)[::2].detach().requires_grad_(),  # a strided slice
+        lambda: torch.randn(4, 1).requires_grad_().expand(4, 4),  # stride 0 (a non-leaf)
+        lambda: torch.randn(4, 4).t().detach().requires_grad_(),  # dense, transposed
+    ],
+    ids=["strided", "expanded", "transposed"],
+)
+def test_an_input_that_requires_grad_keeps_its_strides_in_the_forward(make: Callable[[], Any]) -> None:
+    # Note [A clone with its input's strides]: a code generator compiles the forward's loads for
+    # the placeholder's layout; the frame's guard checks the real input's, so they must agree
+    # (a strided slice's placeholder was contiguous: a kernel then read the wrong elements)
+    w, x = make(), torch.randn(4, 4)
+    rec = Recorder()
+    out = aot_function(lambda x, w: x * w + 1, rec)(x, w)  # check() would clone w contiguous
+    torch.testing.assert_close(out, x * w + 1)
+    placeholder = [n for n in rec.graphs[0].graph.nodes if n.op == "placeholder"][1]
+    assert placeholder.meta["val"].stride() == w.stride()
+    (grad,) = torch.autograd.grad(out.sum(), w)
+    torch.testing.assert_close(grad, torch.autograd.grad((x * w + 1).sum(), w)[0])

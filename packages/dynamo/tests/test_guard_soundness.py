@@ -311,6 +311,54 @@ def test_a_global_forward_hook_registered_after_capture_is_seen() -> None:
     assert kiln_dynamo.counters.recompiles == 1
 
 
+def test_a_global_forward_hook_on_the_compiled_module_fires_once() -> None:
+    # Note [Global module hooks and the wrapper]: the wrapper's own call fired it a second time
+    m = nn.Linear(3, 3)
+    compiled = kiln_dynamo.compile(m)
+    torch.testing.assert_close(compiled(X), m(X))
+    handle = nn.modules.module.register_module_forward_hook(lambda mod, args, out: out + 10)
+    try:
+        torch.testing.assert_close(compiled(X), m(X))
+    finally:
+        handle.remove()
+    torch.testing.assert_close(compiled(X), m(X))
+
+
+def _flag_reader(x):
+    y = x * 2 if torch.backends.mkldnn.enabled else x * 3
+    y = y + 1 if torch.backends.cudnn.enabled else y - 1
+    return y * 5 if torch.are_deterministic_algorithms_enabled() else y
+
+
+@pytest.mark.parametrize(
+    "change",
+    [  # torch's setters: torch's test utilities may have frozen the properties
+        lambda: torch._C._set_mkldnn_enabled(not torch.backends.mkldnn.enabled),
+        lambda: torch._C._set_cudnn_enabled(not torch.backends.cudnn.enabled),
+        lambda: torch.use_deterministic_algorithms(not torch.are_deterministic_algorithms_enabled()),
+    ],
+    ids=["mkldnn.enabled", "cudnn.enabled", "deterministic"],
+)
+def test_a_torch_setting_read_in_the_frame_is_guarded(change: Any) -> None:
+    # Note [Flags in torch's namespace], Note [Settings read through torch functions]
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    flags = (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(_flag_reader, backend=backend)
+    torch.testing.assert_close(compiled(X), _flag_reader(X))
+    try:
+        change()
+        torch.testing.assert_close(compiled(X), _flag_reader(X))
+        torch.testing.assert_close(compiled(X), _flag_reader(X))
+        assert kiln_dynamo.counters.recompiles == 1
+    finally:
+        torch.use_deterministic_algorithms(deterministic)
+        torch._C._set_mkldnn_enabled(flags[0])
+        torch._C._set_cudnn_enabled(flags[1])
+    torch.testing.assert_close(compiled(X), _flag_reader(X))  # the first entry serves again
+    assert kiln_dynamo.counters.recompiles == 1
+
+
 def test_a_backward_hook_registered_after_capture_is_called() -> None:
     m = UsesTwice()
     compiled = kiln_dynamo.compile(m)

@@ -173,8 +173,9 @@ def test_global_backward_hooks_run() -> None:
         ref(x).backward()
     finally:
         handle.remove()
-    # Outer, Inner, and the two Linear layers; the compiled wrapper is a module too, and its call
-    # runs the global hook as well (torch.compile's OptimizedModule does the same)
-    assert sorted(got) == sorted([*log, "CompiledModule"]) and len(log) == 4
+    # Outer, Inner, and the two Linear layers, as in eager: the compiled wrapper is a module too,
+    # but its call does not fire the global hooks a second time (torch.compile's OptimizedModule
+    # does, with a warning; Note [Global module hooks and the wrapper])
+    assert sorted(got) == sorted(log) and len(log) == 4
     for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)

@@ -16,7 +16,7 @@ Samples that eager itself rejects, that return nothing tensor-like, or whose op 
 uninitialized memory are not compared. Run as a script for the whole table:
 
     python packages/kiln/tests/opinfo_sweep.py [--samples 3] [--shard I/N] [--ops a,b] [--json F]
-        [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton]
+        [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton] [--grad]
 
 Note [The test harness's RNG wrapper runs outside the frame]: some OpInfos (scaled_dot_product_attention,
 multi_head_attention_forward, svd_lowrank, pca_lowrank) call their op through the test suite's
@@ -231,8 +231,36 @@ def _seeded(fn: Any, *args: Any) -> Any:
         return fn(*args)
 
 
+def _clone_leaf(x: Any) -> Any:
+    """A clone that is a leaf requiring grad where `x` requires grad (Note [Gradients in the sweep])."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone().requires_grad_(x.requires_grad)
+    return x
+
+
+def _gradients(out: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor | None] | None:
+    """Note [Gradients in the sweep]: with `--grad` the samples require grad (ops that support
+    autograd), and after the forward is compared, the same random cotangent for every
+    differentiable output is pulled back through eager's and kiln's results; the gradients of
+    the inputs must match. None when no output is differentiable."""
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    outs = [t for t in outs if t.dtype.is_floating_point or t.dtype.is_complex]
+    wrt = [t for t in inputs if t.requires_grad]
+    if not outs or not wrt:
+        return None
+    gen = torch.Generator().manual_seed(1234)
+    cots = [torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype) for t in outs]
+    grads = torch.autograd.grad(outs, wrt, cots, allow_unused=True)
+    return [g.detach() if g is not None else None for g in grads]
+
+
 def run_sample(
-    info: Any, index: int, sample: Any, dtype: torch.dtype = torch.float32, cpu_backend: str = "cpp"
+    info: Any,
+    index: int,
+    sample: Any,
+    dtype: torch.dtype = torch.float32,
+    cpu_backend: str = "cpp",
+    grad: bool = False,
 ) -> Outcome | None:
     """One sample's outcome, or None when eager rejects it or it returns nothing comparable."""
     op, name = info.op, key(info)
@@ -240,8 +268,9 @@ def run_sample(
     def frame(inp: Any, args: Any, kwargs: Any, op: Any = op) -> Any:
         return op(inp, *args, **kwargs)
 
-    e_args = tree_map(_clone, (sample.input, sample.args, sample.kwargs))
-    c_args = tree_map(_clone, (sample.input, sample.args, sample.kwargs))
+    clone = _clone_leaf if grad else _clone
+    e_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
+    c_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
     try:
         want = _seeded(frame, *e_args)
     except Exception:
@@ -268,6 +297,22 @@ def run_sample(
     )
     if problem:
         return Outcome(name, index, "mismatch", problem[:400])
+    if grad:  # Note [Gradients in the sweep]
+        try:
+            want_grads = _gradients(want, e_in)
+        except Exception:
+            want_grads = None
+        if want_grads is not None:
+            try:
+                got_grads = _gradients(got, c_in)
+            except Exception as exc:
+                msg = f"backward: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                return Outcome(name, index, "error", msg)
+            problem = compare(
+                got_grads, want_grads, [], [], TOLERANCES[dtype] if dtype != torch.float32 else (1e-3, 1e-4)
+            )
+            if problem:
+                return Outcome(name, index, "mismatch", f"gradients: {problem}"[:400])
     stats = kiln.capture_stats()
     fell_back = [r.fell_back for r in kiln.compile_log() if r.fell_back]
     # a graph the backend refused (symbolic sizes it cannot take) was captured again: not compiled
@@ -294,21 +339,28 @@ def run_sample(
 
 
 def sweep_op(
-    info: Any, samples: int, dtype: torch.dtype = torch.float32, cpu_backend: str = "cpp", device: str = "cpu"
+    info: Any,
+    samples: int,
+    dtype: torch.dtype = torch.float32,
+    cpu_backend: str = "cpp",
+    device: str = "cpu",
+    grad: bool = False,
 ) -> list[Outcome]:
     """The outcome of each of `info`'s first `samples` samples on `device` (kiln compiles CUDA
-    tensors with Triton, CPU tensors with `cpu_backend`)."""
+    tensors with Triton, CPU tensors with `cpu_backend`); with `grad`, of forward and backward
+    (Note [Gradients in the sweep])."""
     out: list[Outcome] = []
     with warnings.catch_warnings(), seeded_calls():
         warnings.simplefilter("ignore")
         try:
             torch.manual_seed(0)  # the same samples on every run
-            generator = iter(info.sample_inputs(device, dtype, requires_grad=False))
+            requires_grad = grad and info.supports_autograd
+            generator = iter(info.sample_inputs(device, dtype, requires_grad=requires_grad))
             for index in range(samples):
                 sample = next(generator, None)
                 if sample is None:
                     break
-                outcome = run_sample(info, index, sample, dtype, cpu_backend)
+                outcome = run_sample(info, index, sample, dtype, cpu_backend, grad)
                 if outcome is not None:
                     out.append(outcome)
         except Exception as exc:  # a sample generator that fails is not kiln's to test
@@ -348,6 +400,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--cpu-backend", default="cpp", choices=["cpp", "triton"])
+    parser.add_argument("--grad", action="store_true", help="compare gradients too")
     a = parser.parse_args(argv)
     if a.cpu_backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: kernels run on CPU tensors
@@ -355,7 +408,7 @@ def main(argv: list[str]) -> None:
     rows: dict[str, list[Outcome]] = {}
     dtype = getattr(torch, a.dtype)
     for info in select(a.shard, a.ops, dtype):
-        rows[key(info)] = sweep_op(info, a.samples, dtype, a.cpu_backend)
+        rows[key(info)] = sweep_op(info, a.samples, dtype, a.cpu_backend, grad=a.grad)
         kind = op_outcome(rows[key(info)])
         if kind not in ("pass", "skipped"):
             detail = next(o.detail for o in rows[key(info)] if o.kind == kind)

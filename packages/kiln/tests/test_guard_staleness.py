@@ -8,6 +8,17 @@ A case is ``(name, builder, takes_inputs)``: ``builder()`` returns ``(fn, change
 ``takes_inputs`` each change returns the call's arguments (input metadata changes), else the input
 is a fixed (4, 4) tensor (or ``DEFAULT_ARGS[name]``). Found here, eighth session: a set read in the
 frame was guarded against the live set itself (`3 in s` stayed False after `s.add(3)`).
+
+Fourteenth session: the brief's full list (module attributes of every Python type, `training`,
+parameters replaced or re-strided, globals, closure cells, torch settings, input dims/views/
+layouts, `resize_`/`set_` of buffers, hooks added and removed, ModuleList lengths), and every
+case without input changes again under automatic dynamic (Note [Staleness after automatic
+dynamic]). Found: a requires-grad input or parameter whose `.data` is a strided slice or
+expanded was read at contiguous offsets (Note [A clone with its input's strides] in
+kiln_aotgrad.joint); `torch.backends` flags and `torch.are_deterministic_algorithms_enabled()`
+were unguarded constants (Notes [Flags in torch's namespace], [Settings read through torch
+functions] in kiln_dynamo.variables.torch); a global module forward hook fired twice through a
+compiled module (Note [Global module hooks and the wrapper] in kiln_dynamo.eval_frame).
 """
 
 # ruff: noqa: E741, E742, B007, F841, PLW0108, RUF015
@@ -956,10 +967,445 @@ def id_of_tensor_input():
 CASES.append(("id of a tensor input", id_of_tensor_input, True))
 
 
+# The cases below are the fourteenth session's (ops14): the brief's list of things a compiled
+# function reads, each changed between calls, where the cases above do not yet cover it.
+
+
+class Knobs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.k = 2
+        self.mode = "relu"
+        self.shift = None
+        self.flag = True
+        self.cfg = {"scale": 1.0}
+
+    def forward(self, x):
+        y = self.lin(x)[:, : self.k]
+        y = torch.relu(y) if self.mode == "relu" else torch.tanh(y)
+        if self.shift is not None:
+            y = y + self.shift
+        if self.flag:
+            y = y * 2
+        return y * self.cfg["scale"]
+
+
+def module_knobs():
+    m = Knobs()
+    return m, [
+        lambda: setattr(m, "k", 3),
+        lambda: setattr(m, "mode", "tanh"),
+        lambda: setattr(m, "shift", 1.5),
+        lambda: setattr(m, "shift", torch.full((1,), 2.0)),
+        lambda: setattr(m, "shift", None),
+        lambda: setattr(m, "flag", False),
+        lambda: m.cfg.__setitem__("scale", 3.0),
+        lambda: setattr(m, "cfg", {"scale": -1.0}),
+    ]
+
+
+CASES.append(("module int/str/None/bool/dict attrs", module_knobs, False))
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 4))
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y * 2 if self.training else y - 1
+
+
+def module_training():
+    m = Branchy()
+    return m, [lambda: m.eval(), lambda: m.train(), lambda: setattr(m, "training", False)]
+
+
+CASES.append(("module.training read", module_training, False))
+
+
+def submodule_training():
+    m = nn.Sequential(nn.Linear(4, 4), Branchy())
+    return m, [lambda: m[1].eval(), lambda: setattr(m[1], "training", True)]
+
+
+CASES.append(("submodule.training read", submodule_training, False))
+
+
+class WithParam(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        return x @ self.w
+
+
+def parameter_replaced():
+    m = WithParam()
+    return m, [
+        lambda: setattr(m, "w", nn.Parameter(torch.randn(4, 4))),
+        lambda: setattr(m, "w", nn.Parameter(torch.randn(4, 2))),
+        lambda: setattr(m, "w", nn.Parameter(torch.randn(4, 4).t())),  # new strides
+        lambda: m.w.requires_grad_(False),
+        lambda: m.w.requires_grad_(True),
+    ]
+
+
+CASES.append(("parameter replaced", parameter_replaced, False))
+
+
+def parameter_data_strides():
+    lin = nn.Linear(4, 4)
+
+    def f(x):
+        return lin(x)
+
+    def transposed():
+        lin.weight.data = torch.randn(4, 4).t()
+
+    def strided():
+        lin.weight.data = torch.randn(8, 4)[::2]
+
+    def offset():
+        lin.bias.data = torch.randn(6)[2:]
+
+    def set_storage():
+        with torch.no_grad():
+            lin.weight.set_(torch.randn(4, 4).t().contiguous().t())
+
+    return f, [transposed, strided, offset, set_storage]
+
+
+CASES.append(("parameter .data/set_ strides", parameter_data_strides, False))
+
+GT = torch.ones(4)
+GN = 2
+
+
+def global_tensor_and_int():
+    def f(x):
+        return x * GN + GT
+
+    def new_tensor():
+        global GT
+        GT = torch.arange(4.0)
+
+    def broadcast():
+        global GT
+        GT = torch.full((1,), 5.0)
+
+    def new_dtype():
+        global GT
+        GT = torch.ones(4, dtype=torch.float64)
+
+    def new_int():
+        global GN
+        GN = 7
+
+    def restore():
+        global GT, GN
+        GT, GN = torch.ones(4), 2
+
+    return f, [new_tensor, broadcast, new_dtype, new_int, restore]
+
+
+CASES.append(("global tensor and int", global_tensor_and_int, False))
+
+
+def closure_tensor_rebound():
+    t = torch.ones(4)
+
+    def f(x):
+        return x + t
+
+    def rebind(v):
+        def mut():
+            nonlocal t
+            t = v
+
+        return mut
+
+    return f, [
+        rebind(torch.zeros(4)),
+        rebind(torch.ones(1)),
+        rebind(torch.ones(4, 4).t()),
+        rebind(torch.ones(4, dtype=torch.float64)),
+    ]
+
+
+CASES.append(("closure tensor rebound", closure_tensor_rebound, False))
+
+
+def grad_enabled_read():
+    def f(x):
+        return x * 2 if torch.is_grad_enabled() else x * 3
+
+    return f, [lambda: torch.set_grad_enabled(False), lambda: torch.set_grad_enabled(True)]
+
+
+CASES.append(("is_grad_enabled read", grad_enabled_read, False))
+
+
+def default_dtype_read():
+    def f(x):
+        return x.to(torch.get_default_dtype()) + torch.arange(4) * 0.5 + torch.tensor(1.0)
+
+    return f, [lambda: torch.set_default_dtype(torch.float64), lambda: torch.set_default_dtype(torch.float32)]
+
+
+CASES.append(("default dtype read", default_dtype_read, False))
+
+
+def backends_flags():
+    def f(x):
+        y = x * 2 if torch.backends.mkldnn.enabled else x * 3
+        y = y + 1 if torch.backends.cudnn.enabled else y - 1
+        return y * 5 if torch.are_deterministic_algorithms_enabled() else y
+
+    return f, [
+        # torch's setters, not the modules' properties: torch's test utilities (imported by the
+        # OpInfo sweep in the same session) freeze the properties (`disable_global_flags`)
+        lambda: torch._C._set_mkldnn_enabled(False),
+        lambda: torch._C._set_cudnn_enabled(False),
+        lambda: torch.use_deterministic_algorithms(True),
+        lambda: torch.use_deterministic_algorithms(False),
+    ]
+
+
+CASES.append(("torch.backends flags", backends_flags, False))
+
+
+def input_dims():
+    def f(x):
+        return x * 2 + x.sum(-1, keepdim=True) + x.dim()
+
+    variants = iter([torch.randn(4, 4, 1), torch.randn(4), torch.randn(2, 2, 2, 2), torch.tensor(3.0)])
+    return f, [lambda: (next(variants),) for _ in range(4)]
+
+
+CASES.append(("input dims", input_dims, True))
+
+
+def input_requires_grad_read():
+    def f(x):
+        y = x * 2 if x.requires_grad else x - 2
+        return y.detach()
+
+    variants = iter([torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)])
+    return f, [lambda: (next(variants),) for _ in range(2)]
+
+
+CASES.append(("input requires_grad read", input_requires_grad_read, True))
+
+
+def requires_grad_input_layouts():
+    def f(x):
+        return x * 2 + 1  # Note [A clone with its input's strides] (kiln_aotgrad.joint)
+
+    variants = iter(
+        [
+            torch.randn(8, 4)[::2].detach().requires_grad_(),
+            torch.randn(4, 1).requires_grad_().expand(4, 4),
+            torch.randn(4, 4).t().detach().requires_grad_(),
+            torch.randn(5, 4)[1:].detach().requires_grad_(),
+        ]
+    )
+    return f, [lambda: (next(variants),) for _ in range(4)]
+
+
+CASES.append(("requires-grad input layouts", requires_grad_input_layouts, True))
+
+
+def input_views():
+    def f(x):
+        return x.view(-1)[:6] + x.stride(0) + x.storage_offset()
+
+    base = torch.randn(8, 8)
+    variants = iter(
+        [base[:4, :4], base[2:6, 1:5], base.t()[:4, :4], torch.randn(4, 4).t(), torch.randn(4, 4)]
+    )
+
+    def call():
+        x = next(variants)
+        try:
+            x.view(-1)
+        except RuntimeError:
+            x = x.contiguous()
+        return (x,)
+
+    return f, [call for _ in range(5)]
+
+
+CASES.append(("input became a view", input_views, True))
+
+
+def input_view_mutated():
+    def f(x):
+        x.mul_(2)
+        return x.sum()
+
+    variants = iter([torch.randn(8, 8)[2:6, 1:5], torch.randn(4, 4).t(), torch.randn(4, 4)])
+    return f, [lambda: (next(variants),) for _ in range(3)]
+
+
+CASES.append(("mutated input became a view", input_view_mutated, True))
+
+
+def list_input_len():
+    def f(x, ws):
+        for w in ws:
+            x = x * w
+        return x + len(ws)
+
+    variants = iter([[2.0, 3.0, 4.0], [2.0], [], [5.0, 3.0]])
+    return f, [lambda: (torch.randn(4, 4), next(variants)) for _ in range(4)]
+
+
+CASES.append(("list input length", list_input_len, True))
+
+
+def buffer_resize_set():
+    m = nn.Module()
+    m.register_buffer("b", torch.arange(4.0))
+
+    def f(x):
+        return torch.cat([x.flatten(), m.b]) * 2
+
+    def shrink():
+        m.b.resize_(2)
+
+    def grow():
+        m.b.resize_(6)
+        m.b.fill_(3.0)  # what resize_ adds is uninitialized
+
+    def set_new():
+        m.b.set_(torch.arange(5.0))
+
+    def set_strided():
+        src = torch.arange(10.0)
+        m.b.set_(src.untyped_storage(), 1, (3,), (2,))
+
+    def set_2d():
+        m.b.set_(torch.ones(2, 2))
+
+    return f, [shrink, grow, set_new, set_strided]
+
+
+CASES.append(("buffer resize_/set_", buffer_resize_set, False))
+
+
+def buffer_resize_in_module():
+    class B(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.arange(4.0))
+
+        def forward(self, x):
+            return x[:, : self.b.shape[0]] + self.b
+
+    m = B()
+
+    def shrink():
+        m.b.resize_(2)
+
+    def set_offset():
+        m.b.set_(torch.arange(8.0).untyped_storage(), 4, (4,), (1,))
+
+    return m, [shrink, set_offset]
+
+
+CASES.append(("module buffer resize_/set_", buffer_resize_in_module, False))
+
+
+def hooks_added_removed():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    handles = {}
+
+    def add_fwd():
+        handles["f"] = m[0].register_forward_hook(lambda mod, i, o: o * 2)
+
+    def add_pre():
+        handles["p"] = m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+
+    return m, [
+        add_fwd,
+        add_pre,
+        lambda: handles.pop("f").remove(),
+        lambda: handles.pop("p").remove(),
+    ]
+
+
+CASES.append(("hooks added and removed", hooks_added_removed, False))
+
+
+_GLOBAL_HOOKS: dict[str, Any] = {}  # process-wide state: both sides' changes register it once
+
+
+def global_module_hook():
+    m = nn.Linear(4, 4)
+
+    def add():
+        if "g" not in _GLOBAL_HOOKS:
+            _GLOBAL_HOOKS["g"] = nn.modules.module.register_module_forward_hook(lambda mod, i, o: o + 10)
+
+    def remove():
+        if "g" in _GLOBAL_HOOKS:
+            _GLOBAL_HOOKS.pop("g").remove()
+
+    return m, [add, remove]
+
+
+CASES.append(("global module hook", global_module_hook, False))
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x * len(self.layers)
+
+
+def modulelist_len():
+    m = Stack()
+    return m, [
+        lambda: m.layers.append(nn.Linear(4, 4)),
+        lambda: m.layers.append(nn.Tanh()),
+        lambda: m.layers.__delitem__(0),
+    ]
+
+
+CASES.append(("len(ModuleList) read", modulelist_len, False))
+
+
+def module_dtype():
+    m = nn.Linear(4, 4)
+
+    def to64():
+        m.double()
+        return (torch.randn(4, 4, dtype=torch.float64),)
+
+    def to32():
+        m.float()
+        return (torch.randn(4, 4),)
+
+    return m, [to64, to32]
+
+
+CASES.append(("module dtype", module_dtype, True))
+
+
 DEFAULT_ARGS = {
     "conv input layout": lambda: (torch.randn(2, 3, 8, 8),),
     "scalar input types": lambda: (torch.randn(4), 1),
     "int returns": lambda: (torch.randn(4), 2),
+    "list input length": lambda: (torch.randn(4, 4), [2.0, 3.0]),
 }
 
 
@@ -983,9 +1429,17 @@ def _difference(e: Any, c: Any) -> str | None:
 def _fresh() -> Any:
     kiln.reset()
     dtype = torch.get_default_dtype()
+    flags = (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)
+    deterministic = torch.are_deterministic_algorithms_enabled()
     yield
     torch.set_default_dtype(dtype)
     torch.set_grad_enabled(True)
+    torch._C._set_mkldnn_enabled(flags[0])  # not the properties: torch's test utilities freeze them
+    torch._C._set_cudnn_enabled(flags[1])
+    torch.use_deterministic_algorithms(deterministic)
+    for handle in _GLOBAL_HOOKS.values():
+        handle.remove()
+    _GLOBAL_HOOKS.clear()
     kiln.reset()
 
 
@@ -1007,3 +1461,58 @@ def test_no_stale_answer_after_a_change(name: str, builder: Callable[[], Any], t
         expected = fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         got = compiled(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         assert _difference(expected, got) is None, f"after change {step}: {_difference(expected, got)}"
+
+
+# Note [Staleness after automatic dynamic]: under `dynamic=None` the first compile is static and
+# a call with another size compiles the frame again with that dim symbolic; from then on the
+# symbolic graph serves every size, so its guards (not the static graph's) are the ones a change
+# must fail. Each case without input changes runs again here: two warm-up calls at batch sizes
+# 4 and 6 (the second one recompiles symbolic), then every change, each called at a size the
+# frame has not seen. Where eager raises at a size (a reshape to a fixed shape), kiln must too.
+_DYNAMIC_SIZES = (4, 6, 5, 7, 3, 9, 10, 11, 12, 13, 14, 15)
+_STATIC_ONLY = {c[0] for c in CASES if c[2]}
+
+
+def _call(fn: Any, args: tuple[Any, ...]) -> tuple[Any, type[BaseException] | None]:
+    try:
+        return fn(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args]), None
+    except Exception as exc:  # eager rejecting a size is an answer kiln must give too
+        return None, type(exc)
+
+
+@pytest.mark.parametrize(
+    ("name", "builder"), [c[:2] for c in CASES if c[0] not in _STATIC_ONLY],
+    ids=[c[0] for c in CASES if c[0] not in _STATIC_ONLY],
+)  # fmt: skip
+def test_no_stale_answer_after_automatic_dynamic(name: str, builder: Callable[[], Any]) -> None:
+    torch.manual_seed(0)
+    fn, changes = builder()
+    torch.manual_seed(0)
+    fn2, changes2 = builder()
+    compiled = kiln.compile(fn2, dynamic=None)
+    steps = [(lambda: None, lambda: None)] * 2 + list(zip(changes, changes2, strict=True))
+    for step, ((change, change2), n) in enumerate(zip(steps, _DYNAMIC_SIZES, strict=False)):
+        torch.manual_seed(step)
+        change()
+        torch.manual_seed(step)
+        change2()
+        args = (torch.randn(n, 4),)
+        expected, e_exc = _call(fn, args)
+        got, c_exc = _call(compiled, args)
+        assert (e_exc is None) == (c_exc is None), f"step {step} (batch {n}): eager {e_exc}, kiln {c_exc}"
+        assert _difference(expected, got) is None, f"step {step} (batch {n}): {_difference(expected, got)}"
+
+
+def test_a_change_recompiles_once_and_the_old_entry_serves_again() -> None:
+    torch.manual_seed(0)
+    m = Knobs()
+    compiled = kiln.compile(m)
+    x = torch.randn(4, 4)
+    graphs = []
+    for change in [None, None, ("k", 3), None, ("mode", "tanh"), ("k", 2), ("mode", "relu")]:
+        if change is not None:
+            setattr(m, *change)
+        assert _difference(m(x), compiled(x)) is None, change
+        graphs.append(kiln.capture_stats().graphs)
+    # a new state compiles once; the original state (k=2, relu) finds its first entry again
+    assert graphs == [1, 1, 2, 2, 3, 4, 4], graphs

@@ -17,6 +17,16 @@
 Every input is a graph input (`primals_<i>`); an input that requires grad is seen by the traced
 function as a non-leaf clone of a fake leaf, so in-place updates of it trace as they run in
 eager for non-leaf tensors, and gradients are taken with respect to the leaf.
+
+Note [A clone with its input's strides]: the placeholder of a graph input carries the layout the
+code generators compile its loads for, and a static forward graph's wrapper trusts the frame's
+guard for it (it checks only storage offsets, Note [Inputs the frame guard checks] in kiln's
+backends.py). `clone()` keeps the strides of a dense input (a transpose) but makes a strided
+slice (`w[::2]`) or an expanded one (stride 0) contiguous, and the kernel then read such an input
+at contiguous offsets: a wrong answer for a parameter whose `.data` became a slice, out-of-bounds
+reads for an expanded input (found by the fourteenth session's staleness sweep). Those inputs are
+cloned into a fake tensor of the leaf's own strides instead (`new_empty_strided(...).copy_`,
+differentiable as the clone is).
 """
 
 from __future__ import annotations
@@ -187,6 +197,9 @@ def trace(
         if not want_training and leaf.requires_grad:
             leaf = FakeTensor(leaf.meta, leaf.fake_device, False, leaf.is_param)
         seen = leaf.clone() if leaf.requires_grad else leaf
+        if seen is not leaf and not leaf.symbolic and seen.stride() != leaf.stride():
+            # Note [A clone with its input's strides]
+            seen = leaf.new_empty_strided(leaf.shape, leaf.stride()).copy_(leaf)
         leaves.append(leaf)
         visible.append(seen)
         tracer.placeholder(f"primals_{i + 1}", seen)

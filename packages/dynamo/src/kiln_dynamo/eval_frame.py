@@ -206,6 +206,16 @@ def _builtins_of(f: types.FunctionType) -> dict[str, Any]:
     return b if isinstance(b, dict) else vars(b)
 
 
+def _global_hooks() -> bool:
+    g = nn.modules.module
+    return bool(
+        g._global_forward_hooks
+        or g._global_forward_pre_hooks
+        or g._global_backward_hooks
+        or g._global_backward_pre_hooks
+    )
+
+
 class CompiledModule(nn.Module):
     """Wraps a module: `forward` is captured; attributes, state_dict, train/eval go to the module."""
 
@@ -221,11 +231,21 @@ class CompiledModule(nn.Module):
         object.__setattr__(self, "_kiln_callback", cb)
         object.__setattr__(self, "_kiln_key", compile_key(backend, fullgraph, dynamic))
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Note [Global module hooks and the wrapper]: torch's global module hooks
+        # (`register_module_forward_hook`) fire for every module call, and the wrapped module's
+        # call below fires them once; the wrapper's own Module.__call__ would fire them a second
+        # time (a global forward hook adding 10 added 20; torch.compile's wrapper does so too,
+        # with a warning). So the wrapper runs its forward directly unless it has hooks of its own.
+        if self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if self._kiln_callback is not None:
             return _call_hooked(self._kiln_callback, self._kiln_key, mod, args, kwargs)
-        if mod._forward_hooks or mod._forward_pre_hooks:
+        if mod._forward_hooks or mod._forward_pre_hooks or _global_hooks():
             return mod(*args, **kwargs)
         f, bound = _as_function(mod.forward)
         return _run_compiled(f, bound, self._kiln_backend, self._kiln_key, args, kwargs)

@@ -345,6 +345,17 @@ class GuardBuilder:
         c = (CCheck("call_eq", None, (length, ()), 0),)
         self.add(f"{self.ctx.const(length)}() == 0", "no torch dispatch mode is active", c=c)
 
+    def setting(self, reader: Any, value: object) -> None:
+        """The frame read a torch setting through `reader()`, a function of no arguments, and
+        folded its answer `value` (Note [Settings read through torch functions] in
+        variables/torch.py): the next call must find the same answer."""
+        label = getattr(reader, "__qualname__", None) or repr(reader)
+        self.add(
+            f"{self.ctx.const(reader)}() == {self.ctx.const(value)}",
+            f"torch setting {label}() == {value!r}",
+            c=(CCheck("call_eq", None, (reader, ()), value),),
+        )
+
     def inference_mode(self) -> None:
         """The frame read `torch.is_inference_mode_enabled()` (grad mode alone does not tell
         inference mode from no_grad)."""

@@ -23,7 +23,7 @@ from kiln_symbolic import ConstraintViolation
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.logs import decisions_log
-from kiln_dynamo.source import AttrSource, Source
+from kiln_dynamo.source import AttrSource, ConstSource, Source
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
@@ -199,6 +199,10 @@ class TorchFunctionVariable(VariableTracker):
         if fn is torch.is_inference_mode_enabled:
             tx.output.guards.inference_mode()
             return ConstantVariable(torch.is_inference_mode_enabled())
+        if fn in SETTING_READERS and not args and not kwargs:  # Note [Settings read through torch functions]
+            value = fn()
+            tx.output.guards.setting(fn, value)
+            return ConstantVariable(value)
         if fn in (torch.jit.is_scripting, torch.jit.is_tracing, torch._C._get_tracing_state):
             return ConstantVariable(fn())
         if fn is torch._C._group_tensors_by_device_and_dtype:
@@ -225,6 +229,7 @@ class TorchFunctionVariable(VariableTracker):
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
+            tx.output.guards.setting(fn, answer)  # Note [Settings read through torch functions]
         elif answer is False:
             decisions_log.info(
                 "%s() answers False while tracing: torch's fused inference kernels are not taken "
@@ -339,6 +344,39 @@ def _is_callable_argument(vt: VT) -> bool:
     return isinstance(vt, NNModuleVariable | BaseFunctionVariable)
 
 
+# Note [Settings read through torch functions]: a torch function of no arguments that reads a
+# process-wide setting is answered while tracing (its answer is no tensor) and the answer is
+# guarded, `fn() == answer`, as grad mode and the default dtype are: a branch on
+# `torch.are_deterministic_algorithms_enabled()` kept its first answer after the setting changed
+# until the fourteenth session. (torch.backends' flags read as attributes: Note [Flags in torch's
+# namespace].)
+SETTING_READERS = frozenset(
+    {
+        torch.are_deterministic_algorithms_enabled,
+        torch.is_deterministic_algorithms_warn_only_enabled,
+        torch.get_float32_matmul_precision,
+        torch.get_num_threads,
+        torch._C._get_deterministic_algorithms,
+        torch._C._get_deterministic_algorithms_warn_only,
+        torch._C._get_cudnn_enabled,
+        torch._C._get_mkldnn_enabled,
+        torch._C._get_cudnn_deterministic,
+        torch._C._get_cudnn_benchmark,
+        torch._C._get_cudnn_allow_tf32,
+        torch._C._get_cublas_allow_tf32,
+    }
+)
+
+# Note [Flags in torch's namespace]: torch's modules are trusted, their functions and classes
+# read without a guard, but a module attribute that is a plain value is a setting the program can
+# change between calls: `torch.backends.mkldnn.enabled`, `torch.backends.cudnn.benchmark`
+# (properties of the module that read torch's global state), `torch.backends.mha`'s flags. Such a
+# value is guarded where it is read, through the module object itself (a trusted module may be
+# reached without a source). Until the fourteenth session it was a constant of the graph: a
+# branch on `torch.backends.mkldnn.enabled` kept its first answer after the flag was flipped.
+_FLAG_TYPES = (bool, int, float, str, type(None))
+
+
 class PythonModuleVariable(VariableTracker):
     def __init__(self, module: types.ModuleType, source: Source | None) -> None:
         self.module = module
@@ -362,6 +400,8 @@ class PythonModuleVariable(VariableTracker):
         # the standard library's modules are not (`math.sqrt = ...` recompiles).
         trusted = self.module.__name__.split(".")[0] == "torch"
         src = None if trusted or self.source is None else AttrSource(self.source, name)
+        if trusted and type(value) in _FLAG_TYPES:  # Note [Flags in torch's namespace]
+            src = AttrSource(ConstSource(self.module, self.module.__name__), name)
         vt = tx.wrap(value, src)
         from kiln_dynamo.variables.opaque import OpaqueCallableVariable
 
