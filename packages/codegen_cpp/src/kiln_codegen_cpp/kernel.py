@@ -155,7 +155,18 @@ EXPENSIVE = frozenset({
     "lgamma", "pow", "atan2", "hypot",
 })  # fmt: skip
 STASH_BYTES = 65536
-_VARIABLE = re.compile(r"\btmp\d+\b")
+_VARIABLE = re.compile(r"\b(?:tmp|ind)\d+\b")  # values and indirect indices
+# Note [Indirect indices are common subexpressions]: ``indirect_indexing`` of one value (with one
+# extent and check) in one scope returns the index variable made the first time, keyed in the
+# scope's CSE table as ``_INDIRECT_KEY`` + value, so a second gather through it (Swin's
+# window-attention softmax reads its relative-position bias table twice in its normalising pass:
+# once for the softmax, once for ``where(x == -inf)``) is one load, and the values computed from
+# it are common subexpressions too. An index variable also joins its r-phase's values (Note
+# [Stashing across phases]): a later phase's index is matched with the earlier phase's, so what
+# is computed from a gathered value matches across phases, and the softmax's exp is read back
+# from the row stash instead of recomputed (with the bias gathered and bounds-checked again)
+# in the normalising pass. ``CppOptions.cse_indirect`` (default on) turns both off.
+_INDIRECT_KEY = "\x01indirect\x00"
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 _KERNEL_VALUE = re.compile(r"(?:tmp|ind|stash|acc)\d+")  # names that _new() gives
 # ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
@@ -641,6 +652,12 @@ class KernelBuilder(OpsHandlerBase):
         n, extent = (
             (size, f"INT64_C({size})") if isinstance(size, int) else (sizevars.hint(size), index_to_cpp(size))
         )
+        key = f"{_INDIRECT_KEY}{v.expr}\x00{extent}\x00{int(check)}"
+        if self.options.cse_indirect:  # Note [Indirect indices are common subexpressions]
+            for _, cse, _ in reversed(self.scopes):
+                hit = cse.get(key)
+                if hit is not None:
+                    return sympy.Symbol(hit.expr, integer=True, nonnegative=True)
         var = self._new("ind")
         self.deps[var] = self._depends(v.expr)
         self.lines.append(f"int64_t {var} = {v};")
@@ -648,6 +665,13 @@ class KernelBuilder(OpsHandlerBase):
         if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
             code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(f"{CHECK_MARK}{var}\x00{v}\x00{extent}\x00{code}")
+        if self.options.cse_indirect:
+            earlier = self._in_earlier_phase(key, torch.int64)
+            if earlier is not None:
+                self.equiv[var] = earlier
+            if self.phase is not None:
+                self.phase.defined.add(var)
+            self.scopes[-1][1][key] = CppValue(var, torch.int64)
         return sympy.Symbol(var, integer=True, nonnegative=True)  # wrapped into [0, n) above
 
     def _error_site(self, site: ErrorSite) -> int:
