@@ -35,6 +35,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   index matches an earlier phase's, so gathers through it and what is computed from them are
   common subexpressions, stashed across phases like other values (Note [Indirect indices are
   common subexpressions] in kernel.py).
+* ``buffers_as_viewed``: a computed buffer is allocated in the dense shape its extern readers
+  and the graph outputs view it with most often, so they take the tensor itself instead of an
+  ``as_strided`` view (Note [Buffers allocated as their readers view them] in wrapper.py).
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -74,6 +77,7 @@ class CppOptions:
     saved_inputs_as_is: bool = True
     symbolic_scratch: bool = True
     cse_indirect: bool = True
+    buffers_as_viewed: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
