@@ -38,6 +38,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``buffers_as_viewed``: a computed buffer is allocated in the dense shape its extern readers
   and the graph outputs view it with most often, so they take the tensor itself instead of an
   ``as_strided`` view (Note [Buffers allocated as their readers view them] in wrapper.py).
+* ``hoist_reductions``: in a kernel whose members all walk the rows, each member runs in the
+  earliest r-phase its inputs allow, so a reduction of the inputs joins the first pass (Note
+  [Reductions in the earliest phase] in kernel.py: _safe_softmax's ``any`` and ``where``). Off
+  by default: Swin's softmax kernel ran 87 -> 125 us with it (three passes instead of four).
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -78,6 +82,7 @@ class CppOptions:
     symbolic_scratch: bool = True
     cse_indirect: bool = True
     buffers_as_viewed: bool = True
+    hoist_reductions: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
