@@ -448,6 +448,7 @@ class WrapperCodegen(WrapperConstants):
                 for v in value:
                     visit(v)
                 return
+            layout: Any
             if isinstance(value, ReinterpretView):
                 buffer, layout = value.buffer, value.layout
             elif isinstance(value, Buffer):
