@@ -35,7 +35,6 @@ from typing import Any
 _tmp = tempfile.mkdtemp(prefix="kiln-train1-")
 for _var in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
     os.environ[_var] = os.path.join(_tmp, _var.lower())
-os.environ.setdefault("KILN_PROFILE", "1")  # kernel ranges (cost: one record_function check a call)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -294,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    if args.profile:
+        # kernel ranges for the tables; read when a wrapper is generated. Unprofiled steps pay
+        # ~0.1 us a kernel for them (Note [Kernel ranges cost nothing unprofiled] in wrapper.py);
+        # before that Note, this was set for every run and cost kiln ~10 us a kernel call
+        os.environ.setdefault("KILN_PROFILE", "1")
     torch.set_num_threads(args.threads)
     options, ab_options = _parse_options(args.kiln_options), _parse_options(args.ab_options)
     rows = []

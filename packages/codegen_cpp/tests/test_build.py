@@ -131,6 +131,7 @@ def test_output_code_is_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.L
         compile_graph(_unique_graph(0.875), [make((8,))], backend=CppBackend())
     text = caplog.text
     assert "def call(" in text and "wrapper_" in text and "kernels.cpp" in text
+    assert "options: CppOptions(" in text and "cse_indirect=True" in text
     logging.getLogger("kiln.codegen_cpp.output_code").setLevel(logging.NOTSET)
 
 

@@ -106,6 +106,33 @@ def test_kiln_profile_names_kernel_calls_in_profiler_tables(monkeypatch: Any) ->
     assert names and {f"kiln:{n}" for n in names} <= keys, sorted(keys)
 
 
+def test_kiln_profile_ranges_cost_nothing_without_a_profiler(monkeypatch: Any) -> None:
+    # Note [Kernel ranges cost nothing unprofiled]: no record_function is built unless a profiler
+    # records; the results are the same either way
+    monkeypatch.setenv("KILN_PROFILE", "1")
+    built: list[str] = []
+    real = torch.profiler.record_function
+
+    def counting(name: str, *args: Any) -> Any:
+        built.append(name)
+        return real(name, *args)
+
+    monkeypatch.setattr(torch.profiler, "record_function", counting)
+    x, w = make((8, 32)), make((32,))
+    backend = CppBackend()
+    compiled = compile_graph(torch.fx.symbolic_trace(_graph), [x, w], backend=backend)
+    names = _names(backend.last_source)
+    assert names and "_range('kiln:" in backend.last_wrapper
+    out = compiled(x, w)
+    assert built == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        profiled = compiled(x, w)
+    assert sorted(built) == sorted(f"kiln:{n}" for n in names)
+    for a, b, ref in zip(out, profiled, _graph(x, w), strict=True):
+        torch.testing.assert_close(a, ref)
+        torch.testing.assert_close(b, ref)
+
+
 CHILD = textwrap.dedent(
     """
     import json, re, torch, kiln_loopir

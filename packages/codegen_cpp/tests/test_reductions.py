@@ -308,3 +308,49 @@ def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
     assert check(with_vals(mul_sum, a, b), a, b).stats.kernels == 1
     a, b = make((256, 8)), make((256, 8))
     assert check(with_vals(downcast_mul_sum, a, b), a, b).stats.kernels == 1
+
+
+def _biased_softmax(x: torch.Tensor, idx: torch.Tensor, table: torch.Tensor) -> Any:
+    # Swin's window attention: a relative-position bias gathered through an index, a softmax,
+    # and the where(-inf) of _safe_softmax, which gathers the bias a second time
+    bias = aten.permute.default(aten.view.default(aten.index.Tensor(table, [idx]), [16, 16, 2]), [2, 0, 1])
+    s = aten.add.Tensor(x, bias)
+    sm = aten._softmax.default(s, -1, False)
+    # _safe_softmax: a row that is all -inf gives zeros (its any() is a second reduction)
+    keep = aten.any.dim(aten.logical_not.default(aten.eq.Scalar(s, float("-inf"))), -1, True)
+    return (aten.where.self(aten.logical_not.default(keep), aten.full_like.default(sm, 0.0), sm),)
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+@pytest.mark.parametrize("cse", [True, False])
+def test_biased_safe_softmax_gathers_once_a_pass(
+    cse: bool, hoist: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Indirect indices are common subexpressions]: one index variable per gathered value
+    and phase, and the softmax's exp read back from the row stash in the normalising pass.
+    Note [Reductions in the earliest phase]: the any() joins the max's pass, so the where runs
+    in the normalising pass, without a fourth pass over a stored softmax."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"cse_indirect={int(cse)},hoist_reductions={int(hoist)}")
+    g = torch.Generator().manual_seed(0)
+    x, table = make((4, 2, 16, 16)), torch.randn(49, 2, generator=g)
+    x[0, 0, 3] = -float("inf")  # a row of -inf: _safe_softmax's zeros
+    x[1, 1, 2, 5] = -float("inf")
+    idx = torch.randint(-49, 49, (256,), generator=g)  # negative indices wrap
+    compiled = check(_biased_softmax, x, idx, table)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert source.count('extern "C" int64_t cpp_fused') == 1
+    source = source[source.index('extern "C" int64_t cpp_fused') :]  # the kernel, not the prelude
+    signature = source[: source.index(")")]
+    # one serial loop nest; r-phases: max (+ any), sum, normalise (+ where) [, where]
+    phases = 3 if hoist else 4
+    assert source.count("for (int64_t rb = INT64_C(0)") + source.count("for (int64_t rbo") == phases
+    # an index per phase that gathers, against one per gather (the any() gathers again)
+    assert source.count("int64_t ind") == (3 if cse else 4)
+    assert source.count("std::exp(") == (1 if cse else 2)
+    assert ("stash" in source) == cse
+    # the softmax is stored for a fourth pass only without hoisting
+    assert signature.count("p_buf") == (1 if hoist else 2)
+    bad = idx.clone()
+    bad[37] = 49
+    with pytest.raises(IndexError):
+        compiled(x, bad, table)

@@ -111,6 +111,7 @@ class CppBackend(Backend):
         self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built
         if log.isEnabledFor(logging.DEBUG):
             where = built.source_path if built is not None else "(no C++ kernels)"
+            log.debug("options: %s", self.options)
             log.debug("kernels: %s", where)
             log.debug("wrapper: %s\n%s", path, wrapper_source)
         return fn

@@ -1,7 +1,7 @@
 """``KILN_LOG`` artifacts of codegen_cpp, through stdlib logging under ``kiln.codegen_cpp``.
 
 ``KILN_LOG=output_code`` (or ``all``) sets logger ``kiln.codegen_cpp.output_code`` to DEBUG: each
-compiled graph logs the path and source of its wrapper and the path of its C++ translation
+compiled graph logs its ``CppOptions``, the path and source of its wrapper and the path of its C++ translation
 unit, and each accumulating scatter the loop it is vectorized along, if any (Note [Scatter loops
 and omp simd] in kernel.py). ``cache`` logs each translation unit's disk hit or compile; ``parallel`` logs each kernel's parallel plan (serial, or
 which loops run on how many threads at most: Note [Parallel plan] in parallel.py); ``fusion``

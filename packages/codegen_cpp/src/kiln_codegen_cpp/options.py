@@ -31,6 +31,17 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   ... --clock cpu``, six models, both orders; ``2026-12-02-cpu-s7-train1-column-sum-ab-*.json``)
   moved by less than the order bias of an A/A run (identical code 1.052x vs 1.080x,
   ``2026-12-02-cpu-s7-train1-aa-order-bias.json``): neutral on this machine, so it stays off.
+* ``cse_indirect``: an indirect index of one value is made once per scope, and an r-phase's
+  index matches an earlier phase's, so gathers through it and what is computed from them are
+  common subexpressions, stashed across phases like other values (Note [Indirect indices are
+  common subexpressions] in kernel.py).
+* ``buffers_as_viewed``: a computed buffer is allocated in the dense shape its extern readers
+  and the graph outputs view it with most often, so they take the tensor itself instead of an
+  ``as_strided`` view (Note [Buffers allocated as their readers view them] in wrapper.py).
+* ``hoist_reductions``: in a kernel whose members all walk the rows, each member runs in the
+  earliest r-phase its inputs allow, so a reduction of the inputs joins the first pass (Note
+  [Reductions in the earliest phase] in kernel.py: _safe_softmax's ``any`` and ``where``). Off
+  by default: Swin's softmax kernel ran 87 -> 125 us with it (three passes instead of four).
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -69,6 +80,9 @@ class CppOptions:
     column_sum_fusion: bool = False
     saved_inputs_as_is: bool = True
     symbolic_scratch: bool = True
+    cse_indirect: bool = True
+    buffers_as_viewed: bool = True
+    hoist_reductions: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
