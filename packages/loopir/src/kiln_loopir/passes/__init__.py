@@ -5,7 +5,8 @@ it was given (it only looked, or only recorded a decision in ``ctx``) or a rewri
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
 run in the order of ``_passes()``: the rewrites first (attention, then patch convolutions as GEMMs on CUDA,
 then matmul padding, which must not pad the products attention replaces and may pad the patch
-GEMMs, then the convolution bias on CUDA), then the layout
+GEMMs, then the convolution bias on CUDA), then common subexpressions (which also merges what the
+rewrites made twice, such as two paddings of one tied weight), then the layout
 decision, which must see the final nodes,
 then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
 CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
@@ -71,6 +72,8 @@ class PassOptions:
     ``pool_backward``: ``max_pool2d_with_indices_backward`` lowers to a gather kernel that fuses
     with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py);
     ``False``: eager's kernel, as an extern call. A decision handed to lowering, as ``view_scatter``.
+    ``cse``: a node computing what an earlier node computes (the same pure operator on the same
+    arguments) is replaced by it (Note [Common subexpressions of the graph] in passes/cse.py).
     ``shape_only_readers``: the realize heuristic does not count readers that take only a value's
     shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
     graph.py); off by default (measured slower on the one graph it changes, the Note says why
@@ -92,6 +95,7 @@ class PassOptions:
     view_scatter: bool = True
     pool_backward: bool = True
     shape_only_readers: bool = False
+    cse: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -117,11 +121,12 @@ class PassOptions:
             made.view_scatter,
             made.pool_backward,
             made.shape_only_readers,
+            made.cse,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
-                " view_scatter, pool_backward and shape_only_readers are True or False"
+                " view_scatter, pool_backward, shape_only_readers and cse are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
@@ -181,6 +186,7 @@ def _passes() -> tuple[GraphPass, ...]:
     from .channels_last import layout_pass
     from .conv_bias import conv_bias_pass
     from .conv_fusion import conv_fusion_pass
+    from .cse import cse_pass
     from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
     from .patch_conv import patch_conv_pass
@@ -190,6 +196,7 @@ def _passes() -> tuple[GraphPass, ...]:
         GraphPass("patch_conv", patch_conv_pass, lambda o: o.patch_conv is not False),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
+        GraphPass("cse", cse_pass, lambda o: o.cse),
         GraphPass("layout", layout_pass, lambda o: o.layout),
         GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
         GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),
