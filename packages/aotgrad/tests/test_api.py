@@ -491,3 +491,29 @@ def test_an_input_that_requires_grad_keeps_its_strides_in_the_forward(make: Call
     assert placeholder.meta["val"].stride() == w.stride()
     (grad,) = torch.autograd.grad(out.sum(), w)
     torch.testing.assert_close(grad, torch.autograd.grad((x * w + 1).sum(), w)[0])
+
+
+def test_a_gradient_only_an_unread_output_reaches_is_none_as_in_eager() -> None:
+    # Note [Gradients that no read output reaches]: eager leaves w2.grad None when the loss reads
+    # only the first output; a zero gradient would let weight decay and momentum move w2
+    def f(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor) -> Any:
+        h = x @ w1
+        return h.relu(), torch.layer_norm(h @ w2, [4]) * 2, (h @ w3).sum()
+
+    x = torch.randn(3, 4)
+    ws = [torch.randn(4, 4, requires_grad=True) for _ in range(3)]
+    ref = [w.detach().clone().requires_grad_() for w in ws]
+    cf = aot_function(f, Recorder())
+    a, _, c = cf(x, *ws)
+    (a.sum() + c).backward()
+    ea, _, ec = f(x, *ref)
+    (ea.sum() + ec).backward()
+    assert ws[1].grad is None and ref[1].grad is None
+    for w, r in zip([ws[0], ws[2]], [ref[0], ref[2]], strict=True):
+        torch.testing.assert_close(w.grad, r.grad)
+    # all outputs read: every gradient, as before
+    for w in ws:
+        w.grad = None
+    a, b, c = cf(x, *ws)
+    (a.sum() + b.sum() + c).backward()
+    assert all(w.grad is not None for w in ws)

@@ -86,6 +86,9 @@ class TraceMeta:
     training: bool
     num_tangents: int = 0
     grad_inputs: list[int] = field(default_factory=list)  # inputs that receive a gradient
+    # Note [Gradients that no read output reaches]: per grad input, the tangents (indices into
+    # the differentiable outputs) its gradient depends on
+    grad_tangents: list[frozenset[int]] = field(default_factory=list)
     # Note [Metadata mutations of inputs]: (input, sizes, strides, offset) it ends with
     metadata_mutations: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = field(default_factory=list)
 
@@ -337,4 +340,33 @@ def trace(
     grad_nodes: list[torch.fx.Node | None] = [None if g is None else tracer.node_for(g) for g in grads]
     meta.num_tangents = len(tangents)
     meta.grad_inputs = grad_inputs
+    meta.grad_tangents = _tangents_reaching(grad_nodes, tracer.graph)
     return Traced(tracer.finish([*graph_nodes, *grad_nodes]), meta)
+
+
+# Note [Gradients that no read output reaches]: autograd hands a compiled function's backward a
+# zero tensor for each output the loss never read (a hidden state a graph break returned, then
+# dropped), and the compiled backward turns those zeros into zero gradients. Eager leaves such a
+# parameter's `.grad` as None, and optimizers act on the difference: AdamW applies weight decay and
+# momentum to a zero gradient, and skips a None one (dpt's final layer norm, llava's vision
+# post-layer-norm moved under kiln where eager left them, found by
+# `packages/kiln/bench/breadth_compile.py`). So the trace records which tangents each gradient
+# depends on (`TraceMeta.grad_tangents`), the runtime asks autograd for None in place of unread
+# outputs' gradients (`set_materialize_grads(False)`), feeds zeros to the compiled backward and
+# returns None for a gradient whose tangents were all absent.
+def _tangents_reaching(grad_nodes: list[torch.fx.Node | None], graph: torch.fx.Graph) -> list[frozenset[int]]:
+    index = {
+        n: int(n.name.removeprefix("tangents_")) - 1
+        for n in graph.nodes
+        if n.op == "placeholder" and n.name.startswith("tangents_") and n.name[9:].isdigit()
+    }
+    memo: dict[torch.fx.Node, frozenset[int]] = {}
+    for node in graph.nodes:  # topological: a node's inputs come first
+        if node in index:
+            memo[node] = frozenset({index[node]})
+        else:
+            deps: set[int] = set()
+            for a in node.all_input_nodes:
+                deps |= memo.get(a, frozenset())
+            memo[node] = frozenset(deps)
+    return [frozenset() if g is None else memo.get(g, frozenset()) for g in grad_nodes]

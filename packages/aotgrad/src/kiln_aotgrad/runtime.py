@@ -177,6 +177,10 @@ def training_runner(
     grad_inputs = meta.grad_inputs
     num_inputs = meta.num_inputs
 
+    reachable = list(getattr(meta, "grad_tangents", []) or [])
+    if len(reachable) != len(grad_inputs):
+        reachable = []
+
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
@@ -196,6 +200,9 @@ def training_runner(
                 saved = [None if i in saved_sizes else s for i, s in enumerate(saved)]
             ctx.save_for_backward(*saved)
             result = tuple(outs[:n_out])
+            if reachable:  # Note [Gradients that no read output reaches] in joint.py
+                ctx.set_materialize_grads(False)
+                ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             ctx.mark_non_differentiable(*[result[i] for i in non_diff])
             return result
 
@@ -207,8 +214,13 @@ def training_runner(
                     "supported: its backward graph is compiled for first-order gradients only"
                 )
             tangents = []
-            for i in diff:
+            absent: set[int] = set()
+            for k, i in enumerate(diff):
                 g = grads[i]
+                if g is None and reachable:
+                    absent.add(k)
+                    shape, dtype, device = ctx.kiln_zeros[k]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
                 tangents.append(g.contiguous() if g is not None else None)
             saved = ctx.saved_tensors
             if saved_sizes:
@@ -217,8 +229,9 @@ def training_runner(
                     saved[i] = v
             out = _as_list(compiled_bw(*saved, *tangents))
             result: list[Any] = [None] * num_inputs
-            for i, g in zip(grad_inputs, out, strict=True):
-                result[i] = g
+            for k, (i, g) in enumerate(zip(grad_inputs, out, strict=True)):
+                # a gradient reached only through outputs the loss never read is eager's None
+                result[i] = None if absent and reachable[k] and reachable[k] <= absent else g
             return tuple(result)
 
     if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
