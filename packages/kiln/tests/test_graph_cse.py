@@ -18,14 +18,18 @@ def two_attentions(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return F.scaled_dot_product_attention(h, k, v, attn_mask=mask)
 
 
+def attention_inputs() -> tuple[torch.Tensor, ...]:
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    return q, k, v, torch.tril(torch.ones(16, 16, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_a_boolean_mask_shared_by_two_attentions_is_converted_once(
     backend: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kiln.reset()
-    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
-    mask = torch.tril(torch.ones(16, 16, dtype=torch.bool))
+    q, k, v, mask = attention_inputs()
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
         got = kiln.compile(two_attentions, options={"strict": True, "cpu_backend": backend})(q, k, v, mask)
     torch.testing.assert_close(got, two_attentions(q, k, v, mask))
@@ -34,8 +38,7 @@ def test_a_boolean_mask_shared_by_two_attentions_is_converted_once(
 
 def test_the_pass_can_be_switched_off(caplog: pytest.LogCaptureFixture) -> None:
     kiln.reset()
-    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
-    mask = torch.tril(torch.ones(16, 16, dtype=torch.bool))
+    q, k, v, mask = attention_inputs()
     with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
         got = kiln.compile(two_attentions, options={"strict": True, "cse": False})(q, k, v, mask)
     torch.testing.assert_close(got, two_attentions(q, k, v, mask))
