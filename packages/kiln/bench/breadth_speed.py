@@ -1,0 +1,306 @@
+"""Speed of the breadth suite's architectures: eager, kiln and torch.compile per call, side by side.
+
+The public model suite is ten models; kiln is judged on many more. This times every architecture
+of the breadth suite (`packages/dynamo/bench/breadth_models.py`, 105 architectures and 16
+hand-written programs, built from configs at tiny size) in inference, on any device and dtype:
+
+    python packages/kiln/bench/breadth_speed.py --device cuda --dtype bfloat16 [--only gpt2,bert]
+        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--procs 4] [--budget-s 500]
+        [--json out.json]
+
+Per model and backend: the first call's seconds (capture and compile), the wall time per call
+(median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round:
+A B C A B C, so a slow stretch of a shared machine hits all of them), kiln's graphs and graph
+breaks (torch.compile's unique graphs beside them), and whether the main output matches eager's
+(dtype-aware tolerance; a mismatch is reported, never hidden). At tiny size a call costs the
+host more than the device: these rows measure what a compiler adds or saves per call (guards,
+wrappers, launches, graph breaks), which decides models of moderate size on a fast GPU.
+
+`--procs N` runs the models in N processes (shards) and merges their rows: compile dominates the
+time, and the device's host has cores to spare. Rows from concurrent processes are noisier;
+compare within a row (ratios), and re-time an outlier alone (`--only`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+BENCH = Path(__file__).resolve().parents[2] / "dynamo" / "bench"
+sys.path.insert(0, str(BENCH))
+import breadth_models  # type: ignore[import-not-found]  # noqa: E402
+from breadth import build  # type: ignore[import-not-found]  # noqa: E402
+from breadth_models import MODELS, first_tensor  # type: ignore[import-not-found]  # noqa: E402
+
+TOL = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+def _to(x: Any, device: str, dtype: torch.dtype) -> Any:
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        t = t.to(device)
+        return t.to(dtype) if t.is_floating_point() else t
+
+    return pytree.tree_map(move, x)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _compiled(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
+    torch.compiler.reset()
+    if backend == "eager":
+        return model
+    if backend == "inductor":
+        return torch.compile(model)
+    import kiln
+
+    kiln.reset()
+    return kiln.compile(model)
+
+
+def _details(backend: str) -> dict[str, Any]:
+    if backend == "kiln":
+        import kiln
+        import kiln_dynamo
+
+        log = kiln.compile_log()
+        return {
+            "graphs": len(log),
+            "breaks": kiln_dynamo.counters.graph_breaks,
+            "fell_back": sorted({str(g.fell_back)[:160] for g in log if g.fell_back}),
+        }
+    if backend == "inductor":
+        from torch._dynamo.utils import counters  # bench code only: the baseline's own counts
+
+        return {"graphs": counters["stats"]["unique_graphs"]}
+    return {}
+
+
+def _mismatch(got: Any, ref: Any, dtype: torch.dtype) -> str:
+    try:
+        a, b = first_tensor(got), first_tensor(ref)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{tuple(a.shape)} {a.dtype} != {tuple(b.shape)} {b.dtype}"
+        tol = TOL.get(dtype, 1e-3)
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol, equal_nan=True)
+    except AssertionError as e:
+        return " ".join(str(e).split())[:200]
+    except Exception as e:  # a result with no tensor is reported, not fatal
+        return f"{type(e).__name__}: {e}"[:200]
+    return ""
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": name}
+    dtype = getattr(torch, args.dtype)
+    try:
+        model, inputs, kind = build(name, "eval")
+        model = model.to(args.device).to(dtype)
+        inputs = _to(inputs, args.device, dtype)
+    except Exception as e:
+        return {**row, "error": f"BUILD {type(e).__name__}: {e}"[:300]}
+    row["kind"] = kind
+    calls: dict[str, Callable[[], Any]] = {}
+    ref = None
+    for backend in args.backends:
+        entry: dict[str, Any] = {}
+        row[backend] = entry
+        try:
+            fn = _compiled(backend, model if backend == "eager" else copy.deepcopy(model))
+            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                torch.manual_seed(3)
+                t0 = time.perf_counter()
+                out = fn(**inputs)
+                _sync(args.device)
+                entry["first_call_s"] = round(time.perf_counter() - t0, 3)
+                for _ in range(args.warmup):
+                    torch.manual_seed(3)
+                    out = fn(**inputs)
+            entry.update(_details(backend))
+            if backend == "eager":
+                ref = out
+            elif ref is not None:
+                entry["mismatch"] = _mismatch(out, ref, dtype)
+
+            def call(fn: Callable[..., Any] = fn) -> Any:
+                return fn(**inputs)
+
+            calls[backend] = call
+        except Exception as e:  # a crash is a row
+            entry["error"] = f"{type(e).__name__}: {e}"[:300]
+            traceback.print_exc(file=sys.stderr)
+    times: dict[str, list[float]] = {b: [] for b in calls}
+    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for _ in range(args.rounds):
+            for backend, call in calls.items():
+                _sync(args.device)
+                t0 = time.perf_counter()
+                for _ in range(args.calls):
+                    call()
+                _sync(args.device)
+                times[backend].append((time.perf_counter() - t0) / args.calls * 1e3)
+    for backend, ts in times.items():
+        row[backend]["ms"] = round(statistics.median(ts), 4)
+    eager = row.get("eager", {}).get("ms")
+    for backend in calls:
+        ms = row[backend].get("ms")
+        if eager and ms:
+            row[backend]["speedup"] = round(eager / ms, 3)
+    torch.compiler.reset()
+    return row
+
+
+def _summary(rows: list[dict[str, Any]], backends: list[str]) -> str:
+    lines = []
+    head = f"{'model':24s}" + "".join(f"{b:>22s}" for b in backends) + "  graphs/breaks kiln, tc"
+    lines.append(head)
+    speedups: dict[str, list[float]] = {b: [] for b in backends}
+    for row in rows:
+        cells = []
+        for b in backends:
+            e = row.get(b, {})
+            if "error" in e or "error" in row:
+                cells.append(f"{'ERROR':>22s}")
+                continue
+            sp = e.get("speedup")
+            flag = "!" if e.get("mismatch") else " "
+            cells.append(f"{e.get('ms', float('nan')):9.3f}ms {sp if sp else 0:6.2f}x{flag}    ")
+            if sp:
+                speedups[b].append(sp)
+        k, t = row.get("kiln", {}), row.get("inductor", {})
+        lines.append(
+            f"{row['model']:24s}"
+            + "".join(cells)
+            + f"  {k.get('graphs', '-')}/{k.get('breaks', '-')}, {t.get('graphs', '-')}"
+        )
+    for b in backends:
+        s = speedups[b]
+        if s:
+            g = statistics.geometric_mean(s)
+            slower = sum(1 for v in s if v < 1.0)
+            lines.append(
+                f"{b}: geomean {g:.3f}x over eager on {len(s)} models; slower than eager on {slower}"
+            )
+    if "kiln" in backends and "inductor" in backends:
+        pairs = [
+            (r["kiln"]["ms"], r["inductor"]["ms"])
+            for r in rows
+            if r.get("kiln", {}).get("ms") and r.get("inductor", {}).get("ms")
+        ]
+        if pairs:
+            g = statistics.geometric_mean([t / k for k, t in pairs])
+            behind = sum(1 for k, t in pairs if k > t * 1.05)
+            lines.append(
+                f"kiln over torch.compile: {g:.3f}x geomean on {len(pairs)}; behind by >5% on {behind}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--skip", default="")
+    parser.add_argument("--backends", default="eager,kiln,inductor")
+    parser.add_argument("--batch", type=int, default=0, help="the suite's batch (0: its own, 2)")
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--procs", type=int, default=1)
+    parser.add_argument("--shard", default="0/1")
+    parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    args.backends = [b for b in args.backends.split(",") if b]
+    if args.batch:
+        breadth_models.BATCH = args.batch
+    names = [n for n in (args.only.split(",") if args.only else MODELS) if n]
+    names = [n for n in names if n not in set(args.skip.split(","))]
+    if args.procs > 1:
+        return _fan_out(names, args, argv if argv is not None else sys.argv[1:])
+    i, n = (int(v) for v in args.shard.split("/"))
+    names = names[i::n]
+    start = time.perf_counter()
+    if "kiln" in args.backends:
+        import kiln
+
+        kiln.prepare()
+    rows = []
+    for name in names:
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+            rows.append({"model": name, "error": "not run: budget spent"})
+            continue
+        t0 = time.perf_counter()
+        row = run_model(name, args)
+        row["seconds"] = round(time.perf_counter() - t0, 1)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        if args.json:  # written as it goes: a run cut short keeps its rows
+            Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    print(_summary(rows, args.backends))
+    return 0
+
+
+def _fan_out(names: list[str], args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the models in `args.procs` child processes, one shard each; merge their JSONs."""
+    out = Path(args.json) if args.json else Path(f"/tmp/breadth-speed-{os.getpid()}.json")
+    drop = {"--procs", "--json", "--shard"}
+    base: list[str] = []
+    skip_next = False
+    for i, a in enumerate(argv):
+        if skip_next:
+            skip_next = False
+            continue
+        key = a.split("=", 1)[0]
+        if key in drop:
+            skip_next = "=" not in a and i + 1 < len(argv)
+            continue
+        base.append(a)
+    children = []
+    parts = Path(tempfile.mkdtemp(prefix="breadth-speed-"))  # beside no one's results
+    for i in range(args.procs):
+        part = parts / f"part{i}.json"
+        cmd = [sys.executable, __file__, *base, "--shard", f"{i}/{args.procs}", "--json", str(part)]
+        log = open(parts / f"part{i}.log", "w")  # noqa: SIM115 - closed below
+        children.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), part, log))
+    rows: list[dict[str, Any]] = []
+    for proc, part, log in children:
+        proc.wait()
+        log.close()
+        if part.exists():
+            rows.extend(json.loads(part.read_text())["rows"])
+        if proc.returncode:
+            print(f"shard {part.stem} exited {proc.returncode}:", Path(log.name).read_text()[-1500:])
+    order = {n: i for i, n in enumerate(names)}
+    rows.sort(key=lambda r: order.get(r["model"], len(order)))
+    out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+    print(_summary(rows, args.backends))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
