@@ -117,16 +117,51 @@ def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None
     return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
 
 
-def _common_device(args: list[Any], kwargs: dict[str, Any]) -> torch.device:
+# Note [Operators on two devices]: eager refuses most operators whose tensor arguments live on two
+# devices ("Expected all tensors to be on the same device"), and a meta kernel never does: it
+# sees meta tensors only. A traced `cuda_x * torch.arange(n)` (a CPU tensor made in the frame)
+# would then compile and run where eager raises, hiding the user's bug. So an operator whose
+# tensors are on two devices is not traced (FakeUnsupported: a graph break), and eager runs it,
+# raising its own error or, for an operator that takes two devices, its result. Two exceptions
+# stay traced, as eager takes them: a 0-dim CPU tensor (a scalar) beside any device, and the
+# operators of `_TWO_DEVICES`, which take their index or length tensors on the CPU, or copy
+# between devices.
+_TWO_DEVICES = frozenset(
+    {
+        "aten::copy_", "aten::copy", "aten::_copy_from", "aten::_copy_from_and_resize", "aten::_to_copy",
+        "aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_",
+        "aten::_unsafe_index_put", "aten::_pack_padded_sequence", "aten::_pad_packed_sequence",
+        "aten::tensor_split", "aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu",
+        "aten::ctc_loss", "aten::_ctc_loss", "aten::_use_cudnn_ctc_loss", "aten::_cudnn_ctc_loss",
+        "aten::set_", "prims::device_put",
+    }
+)  # fmt: skip
+
+
+def _common_device(args: list[Any], kwargs: dict[str, Any], name: str = "") -> torch.device:
     if "device" in kwargs and kwargs["device"] is not None:
         return torch.device(kwargs["device"])
     found: torch.device | None = None
+    scalar_only = True  # `found` came from 0-dim CPU tensors only
     for a in args:
-        # A 0-dim CPU tensor mixes with tensors on any device; another device wins.
-        if isinstance(a, FakeTensor) and (
-            found is None or (found.type == "cpu" and a.fake_device.type != "cpu")
-        ):
-            found = a.fake_device
+        if not isinstance(a, FakeTensor):
+            continue
+        device = a.fake_device
+        scalar = device.type == "cpu" and a.dim() == 0
+        if found is None:
+            found, scalar_only = device, scalar
+        elif device != found:
+            if scalar:  # a 0-dim CPU tensor mixes with tensors on any device
+                continue
+            if not scalar_only and name not in _TWO_DEVICES and not name.startswith("aten::_foreach_"):
+                raise FakeUnsupported(  # Note [Operators on two devices]
+                    f"operator {name} takes tensors on {found} and {device}: eager runs it "
+                    "(and refuses it, unless the operator takes two devices)"
+                )
+            if scalar_only or found.type == "cpu":  # another device wins over the CPU
+                found, scalar_only = device, scalar
+        elif not scalar:
+            scalar_only = False
     return found if found is not None else torch.device("cpu")
 
 
@@ -316,7 +351,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if answer is not _NO_ANSWER:
         return answer
     flat = _flat(args, kwargs)
-    device = _common_device(flat, kwargs)
+    device = _common_device(flat, kwargs, name)
     needs_data = NEEDS_DATA.get(name)
     if name in _DATA_DEPENDENT or (needs_data is not None and needs_data(args, kwargs)):
         if computable(func, flat, device):  # Note [Constant fakes]

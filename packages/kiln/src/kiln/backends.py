@@ -383,6 +383,34 @@ def _add_loopir_phases(record: GraphCompile, stats: Any) -> None:
         record.cache["compile"] = f"{before}+{stats.compile_cache}" if before else stats.compile_cache
 
 
+# Note [Graphs no code generator can run]: the code generators compile for one device (Note [One
+# device per graph] in kiln_loopir), chosen by the graph's first tensor input, and their kernels
+# read every input's memory directly. Two kinds of graph break that: inputs on the `meta` device,
+# which have no memory (a C++ kernel would read through null pointers: a segfault; eager computes
+# only their metadata), and inputs on two devices (a CPU index tensor beside CUDA values, which
+# eager's `index` takes: a kernel of either device would read the other's memory). Such a graph
+# runs as captured, eagerly, which is what eager does with it, and says why (KILN_LOG=compile,
+# `kiln.compile_log()`'s `fell_back`). A 0-dim CPU tensor is a scalar that every device's kernels
+# read by value, as eager's do, so it counts for no device.
+
+
+def _input_devices(example_inputs: list[Any]) -> str | None:
+    """Why no code generator can run a graph with these inputs (Note [Graphs no code generator
+    can run]), or None."""
+    devices: set[str] = set()
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.device.type == "meta":
+            return "an input is a meta tensor (no data to compute on): kiln runs the graph as captured"
+        if t.device.type == "cpu" and t.dim() == 0:
+            continue
+        devices.add(str(t.device))
+    if len(devices) > 1:
+        return f"inputs on {', '.join(sorted(devices))}: kiln compiles for one device, so it runs the graph as captured"
+    return None
+
+
 def _codegen(
     device: torch.device,
     mode: str | None,
@@ -439,6 +467,13 @@ def make_backend(
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         import kiln_aotgrad
+
+        devices = _input_devices(example_inputs)
+        if devices is not None:  # Note [Graphs no code generator can run]
+            record = _record(gm)
+            record.fell_back = devices
+            log.info("%s: runs as captured: %s", record.frame or record.graph, devices)
+            return gm.forward
 
         # Note [Dynamic shapes in the backend]: a graph with symbolic sizes is traced by
         # kiln_aotgrad now, from its fake placeholders (Note [Symbolic signatures]), and every
