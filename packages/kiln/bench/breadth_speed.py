@@ -69,6 +69,9 @@ def _sync(device: str) -> None:
 
 def _compiled(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     torch.compiler.reset()
+    from torch._dynamo.utils import counters  # bench code only: the baseline's own counts
+
+    counters.clear()
     if backend == "eager":
         return model
     if backend == "inductor":
@@ -85,10 +88,13 @@ def _details(backend: str) -> dict[str, Any]:
         import kiln_dynamo
 
         log = kiln.compile_log()
+        stats = kiln.capture_stats()
         return {
             "graphs": len(log),
             "breaks": kiln_dynamo.counters.graph_breaks,
             "fell_back": sorted({str(g.fell_back)[:160] for g in log if g.fell_back}),
+            "break_reasons": sorted({" ".join(str(r).split())[:300] for r in stats.break_reasons})[:8],
+            "frames_not_captured": len(stats.frames_not_captured),
         }
     if backend == "inductor":
         from torch._dynamo.utils import counters  # bench code only: the baseline's own counts
@@ -164,6 +170,16 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 times[backend].append((time.perf_counter() - t0) / args.calls * 1e3)
     for backend, ts in times.items():
         row[backend]["ms"] = round(statistics.median(ts), 4)
+        if args.profile:  # where the time goes: kiln_bench's profile view of a few more calls
+            from kiln_bench import profile
+
+            try:
+                with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                    warnings.simplefilter("ignore")
+                    found = profile.profile(calls[backend], args.device, 3, row[backend]["ms"])
+                row[backend]["profile"] = found.to_json()
+            except Exception as e:  # a profiler failure leaves the timing as it is
+                row[backend]["profile_error"] = f"{type(e).__name__}: {e}"[:200]
     eager = row.get("eager", {}).get("ms")
     for backend in calls:
         ms = row[backend].get("ms")
@@ -196,6 +212,17 @@ def _summary(rows: list[dict[str, Any]], backends: list[str]) -> str:
             + "".join(cells)
             + f"  {k.get('graphs', '-')}/{k.get('breaks', '-')}, {t.get('graphs', '-')}"
         )
+    for row in rows:  # the profile view, where asked
+        for b in backends:
+            p = row.get(b, {}).get("profile")
+            if p:
+                hot = ", ".join(f"{h['name'][:40]} {h['share']:.0%}" for h in p.get("top", [])[:3])
+                lines.append(
+                    f"  {row['model']:22s} {b:9s} dev {p.get('device_ms', 0):7.3f} ms  launches "
+                    f"{p.get('launches', 0):5}  host {p.get('host_ms') or 0:7.3f} ms  {hot}"
+                )
+        for reason in row.get("kiln", {}).get("break_reasons", [])[:4]:
+            lines.append(f"  {row['model']:22s} break: {reason[:170]}")
     for b in backends:
         s = speedups[b]
         if s:
@@ -234,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", default="0/1")
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", action="store_true", help="kiln_bench's profile view per backend")
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
     if args.batch:
