@@ -144,7 +144,7 @@ PY
     call10)  # issues 14 + 15 + 16: the breadth suite's 121 architectures and programs on the H200, bf16
       # inference, eager / kiln / torch.compile per call (packages/kiln/bench/breadth_speed.py), 8 shards
       KILN_COMPILE_WORKERS=2 TORCHINDUCTOR_COMPILE_THREADS=2 timeout 560 python3 packages/kiln/bench/breadth_speed.py \
-        --device cuda --dtype bfloat16 --procs 8 --budget-s "${BUDGET:-450}" ${ONLY:+--only $ONLY} ${PROFILE:+--profile} \
+        --device cuda --dtype bfloat16 --procs "${PROCS:-8}" --budget-s "${BUDGET:-450}" ${ONLY:+--only $ONLY} ${PROFILE:+--profile} \
         --json "$out/breadth-speed.json" > "$out/breadth-speed.log" 2>&1; tail -n 140 "$out/breadth-speed.log" | cut -c1-200 ;;
     call9)  # issue 15: why T5's decoder attention takes torch's math SDPA on the H200, and the source of
       # ConvNeXt's stage-2 layer-norm kernels that carry a `clone` there only (28% of copy bandwidth)
