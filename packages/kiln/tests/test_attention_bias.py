@@ -98,3 +98,42 @@ def test_an_aligned_bias_is_not_copied(backend: str, caplog: pytest.LogCaptureFi
     torch.testing.assert_close(compiled(x), padded_mask(x), rtol=0, atol=0)
     assert _aligned(seen[0]), seen
     assert not [r for r in caplog.records if "attention bias" in r.getMessage()]
+
+
+@torch.library.custom_op("kiln_test::operand_probe", mutates_args=())
+def operand_probe(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    seen.extend((tuple(q.stride()), tuple(k.stride()), tuple(v.stride())))
+    seen.append((q.storage_offset(), k.storage_offset(), v.storage_offset()))
+    return q @ k.transpose(-1, -2) @ v
+
+
+@operand_probe.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def split_heads(x: torch.Tensor) -> torch.Tensor:
+    # LeViT's heads: one projection split into q, k, v of head dims 4, 4 and 12 (offsets 4 and 8
+    # elements into each row: not multiples of 8, the kernels' alignment)
+    b, n, _ = x.shape
+    q, k, v = (x * 2).view(b, n, 2, -1).split([4, 4, 12], dim=3)
+    return torch.ops.kiln_test.operand_probe(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_attention_operands_reach_the_kernel_aligned(
+    backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Note [Aligned attention operands]: the query, key and value of the fused attention
+    kernels reach them with strides and offsets that are multiples of 8 elements."""
+    monkeypatch.setitem(lowering.ALIGNED_OPERAND_ARGS, torch.ops.kiln_test.operand_probe.default, (0, 1, 2))
+    kiln.reset()
+    caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
+    x = torch.randn(2, 5, 40)
+    seen.clear()
+    got = kiln.compile(split_heads, options={"cpu_backend": backend})(x)
+    torch.testing.assert_close(got, split_heads(x))
+    *strides, offsets = seen[:4]
+    assert all(_aligned(s) for s in strides), strides
+    assert all(o % 8 == 0 for o in offsets), offsets
+    assert [r for r in caplog.records if "attention operand" in r.getMessage()]

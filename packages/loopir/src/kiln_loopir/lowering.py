@@ -266,14 +266,33 @@ ALIGNED_BIAS_ARGS: dict[Any, int] = {
 }
 
 
+# Note [Aligned attention operands]: the same kernels read the query, key and value with vector
+# loads too, and pick their kernel by the operands' alignment: with a stride (but the last) or an
+# offset that is not a multiple of 8 elements, cutlass's memory-efficient attention may find no
+# kernel at all ("cutlassF: no kernel found to launch!", seen on LeViT's split heads on the H200,
+# which made the whole graph fall back to eager). Eager chooses the kernel per call from the
+# tensors it is given; kiln chose it when tracing, from eager's layouts, and loopir may hand the
+# op other ones. So the forward ops' query, key and value are aligned as their bias is (a copy
+# only where the layout is not provably aligned). The backward ops are left as they are: their
+# output-gradient and output arguments need one particular stride order, which a copy here
+# would not keep.
+ALIGNED_OPERAND_ARGS: dict[Any, tuple[int, ...]] = {
+    aten._scaled_dot_product_efficient_attention.default: (0, 1, 2),
+    aten._scaled_dot_product_flash_attention.default: (0, 1, 2),
+    aten._scaled_dot_product_cudnn_attention.default: (0, 1, 2),
+    aten._efficient_attention_forward.default: (0, 1, 2),
+    aten._flash_attention_forward.default: (0, 1, 2),
+}
+
+
 def _multiple_of(expr: Expr, n: int) -> bool:
     """Whether ``expr`` is provably a multiple of ``n`` (for every value of its symbols)."""
     return bool(sympy.Mod(sympy.sympify(expr), n) == 0)
 
 
-def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT) -> Any:
-    """``value`` as memory whose strides (but the last, 1) are multiples of ``alignment``
-    (Note [Aligned attention biases])."""
+def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT, what: str = "attention bias") -> Any:
+    """``value`` as memory whose strides (but the last, 1) and offset are multiples of
+    ``alignment`` (Note [Aligned attention biases], Note [Aligned attention operands])."""
     realized = realize_strided(value)
     layout = realized.layout
     size, stride = layout.size, layout.stride
@@ -315,8 +334,9 @@ def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT) ->
     buffer = storage.data
     view_strides = tuple(sympy.Integer(0) if i in expanded else s for i, s in enumerate(strides))
     passes_log.info(
-        "attention bias %s: strides %s not provably multiples of %d; copied with strides %s "
+        "%s %s: strides %s not provably multiples of %d; copied with strides %s "
         "(Note [Aligned attention biases])",
+        what,
         buffer.name,
         list(stride),
         alignment,
@@ -338,8 +358,12 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         return value
 
     bias = ALIGNED_BIAS_ARGS.get(op)
+    operands = ALIGNED_OPERAND_ARGS.get(op, ())
     ir_args = tuple(
-        aligned_bias(a) if i == bias and isinstance(a, TensorBox) else to_ir(a) for i, a in enumerate(args)
+        aligned_bias(a, what="attention operand" if i in operands else "attention bias")
+        if (i == bias or i in operands) and isinstance(a, TensorBox)
+        else to_ir(a)
+        for i, a in enumerate(args)
     )
     ir_kwargs = {k: to_ir(v) for k, v in kwargs.items()}
     outputs: list[ExternOutput] = []
