@@ -231,3 +231,23 @@ def test_copy_and_deepcopy_of_plain_values() -> None:
     finally:
         CONFIG = old
     assert backend.graphs == 2
+
+
+def test_device_probes_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Device probes]: `torch.cuda.get_device_capability(...)` and friends are folded on
+    constant arguments (the answer of this process's device), so a check before a fused path
+    does not break the graph."""
+    from types import SimpleNamespace
+
+    from kiln_dynamo.variables.stdlib import DEVICE_PROBES
+
+    assert torch.cuda.get_device_capability in DEVICE_PROBES
+    props = SimpleNamespace(major=9, minor=0, name="probe")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: props)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if torch.cuda.is_available() or torch.cuda.get_device_capability(torch.device("cuda", 0)) >= (8, 0):
+            return x + 1
+        return x * 2
+
+    torch.testing.assert_close(one_graph(f, torch.ones(3)), f(torch.ones(3)))

@@ -33,6 +33,8 @@ import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import Source
 from kiln_dynamo.variables.base import (
@@ -60,6 +62,18 @@ PURE_FUNCTIONS: frozenset[Any] = frozenset(
     | {re.match, re.fullmatch, re.search, re.sub, re.subn, re.split, re.findall, re.compile, re.escape}
     | {sys.intern}
 )
+# Note [Device probes]: what the process's devices are never changes while it runs, so the
+# functions that ask (`torch.cuda.get_device_capability(w.device) >= (8, 0)`, transformers'
+# check before its grouped-GEMM experts; `get_device_properties(0).major`) are folded on constant
+# arguments, as torch.compile folds them, without a guard; their C calls would otherwise break the
+# graph inside every MoE layer on CUDA. A properties object is a frozen value (Note [Frozen
+# values]): its plain attributes read as constants.
+DEVICE_PROBES: frozenset[Any] = frozenset(
+    {
+        torch.cuda.get_device_capability, torch.cuda.get_device_properties, torch.cuda.get_device_name,
+        torch.cuda.is_available, torch.cuda.device_count, torch.cuda.is_bf16_supported,
+    }
+)  # fmt: skip
 # heapq/bisect functions that reorder or grow their list argument in place (C functions): run on
 # the constant items of the list, which then holds the result (Note [Heaps of constants])
 LIST_MUTATORS: frozenset[Any] = frozenset(
@@ -86,7 +100,7 @@ _VERSION_MODULES = ("packaging.version", "torch._vendor.packaging.version")
 
 def is_pure_function(value: Any) -> bool:
     try:
-        if value in PURE_FUNCTIONS:
+        if value in PURE_FUNCTIONS or value in DEVICE_PROBES:
             return True
     except TypeError:  # unhashable
         return False
@@ -113,6 +127,7 @@ _FROZEN_METHODS: dict[str, frozenset[str]] = {
     "Pattern": frozenset({"match", "fullmatch", "search", "sub", "subn", "split", "findall"}),
     "Match": frozenset({"group", "groups", "groupdict", "start", "end", "span", "expand", "__getitem__"}),
     "Version": frozenset({"__str__", "__repr__", "__hash__"}),
+    "DeviceProperties": frozenset(),
 }
 _FROZEN_ATTRS: dict[str, frozenset[str]] = {
     "Pattern": frozenset({"pattern", "flags", "groups"}),
@@ -120,6 +135,13 @@ _FROZEN_ATTRS: dict[str, frozenset[str]] = {
     "Version": frozenset(
         {"epoch", "release", "pre", "post", "dev", "local", "public", "base_version", "is_prerelease",
          "is_postrelease", "is_devrelease", "major", "minor", "micro"}
+    ),
+    "DeviceProperties": frozenset(
+        {"name", "major", "minor", "total_memory", "multi_processor_count", "is_integrated",
+         "is_multi_gpu_board", "warp_size", "max_threads_per_multi_processor", "L2_cache_size",
+         "regs_per_multiprocessor", "shared_memory_per_block", "shared_memory_per_block_optin",
+         "shared_memory_per_multiprocessor", "gcnArchName", "clock_rate", "memory_clock_rate",
+         "memory_bus_width"}
     ),
 }  # fmt: skip
 
@@ -133,6 +155,8 @@ def frozen_kind(value: Any) -> str | None:
         return "Match"
     if any(t is getattr(m, "Version", None) for m in _packaging_versions()):
         return "Version"
+    if t is getattr(torch._C, "_CudaDeviceProperties", None):  # Note [Device probes]
+        return "DeviceProperties"
     return None
 
 
