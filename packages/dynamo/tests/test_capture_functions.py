@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check
+from conftest import check, one_graph
 
 SCALE = 0.5
 OFFSETS = (1, 2, 3)
@@ -746,3 +746,19 @@ def test_global_write() -> None:
 
 def test_object_attr_write() -> None:
     check(c_obj_attr_write, t(3), Holder(t(3)), state=lambda x, h: (h.w, h.k), calls=1)
+
+
+@torch.jit.script
+def _scripted_scale(x: torch.Tensor, factor: int) -> torch.Tensor:
+    return torch.sqrt(torch.tensor(x.size(-1), dtype=torch.float) * factor)
+
+
+def test_scripted_function_is_inlined() -> None:
+    """Note [Scripted functions]: a `@torch.jit.script` function called in the frame is traced
+    through the Python function it was compiled from (DeBERTa's attention), with no break."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x / _scripted_scale(x, 2)
+
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(one_graph(f, x), f(x))

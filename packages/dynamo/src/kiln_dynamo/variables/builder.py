@@ -301,6 +301,17 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             return TorchFunctionVariable(value._opoverload, source)
+        if isinstance(value, torch.jit.ScriptFunction) and isinstance(
+            getattr(value, "_torchdynamo_inline", None), types.FunctionType
+        ):
+            # Note [Scripted functions]: `@torch.jit.script` keeps the Python function it compiled
+            # (`_torchdynamo_inline`, set for tracers such as this one); eager runs TorchScript's
+            # compilation of the same code, so the Python function is inlined (DeBERTa's
+            # `scaled_size_sqrt` broke every attention layer on CUDA before)
+            if source is not None:
+                guards.identity(source, value)
+            inner = AttrSource(source, "_torchdynamo_inline") if source is not None else None
+            return UserFunctionVariable(value._torchdynamo_inline, inner)
         if isinstance(value, types.FunctionType):
             if source is not None:
                 guards.function(source, value)
