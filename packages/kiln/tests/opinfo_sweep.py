@@ -6,7 +6,8 @@ loopir -> C++) and through eager, on separate clones of the sample, and sorted i
   pass      compiled (no fallback anywhere) and the same as eager;
   mismatch  kiln returned something else than eager: values (assert_close), shape, dtype, Python
             types and structure of the result, the strides and storage of an output that is a
-            view of an input in eager, or the inputs after the call (mutations);
+            view of an input in eager, memory an output shares with an input or another output
+            where eager's does not, or the inputs after the call (mutations);
   error     kiln raised where eager ran (or raised another exception type than eager);
   fallback  the result was right but some of it ran eagerly: a frame not captured, or a backend
             fallback with a warning, or a kernel the code generator declined and loopir's
@@ -117,6 +118,31 @@ def _view_problem(
     return ""
 
 
+def _storage(t: torch.Tensor) -> int | None:
+    return t.untyped_storage().data_ptr() if t.numel() else None
+
+
+def _sharing_problem(
+    got: list[Any], want: list[Any], c_in: list[torch.Tensor], e_in: list[torch.Tensor]
+) -> str:
+    """Note [Memory kiln shares where eager does not]: an output of kiln's that shares memory with
+    an input, or with another output, where eager's does not is a wrong answer waiting for an
+    in-place update (``permute_copy(x)`` returned a view of ``x`` until the fifteenth session);
+    `_view_problem` checks the other direction."""
+    pairs = [(g, w) for g, w in zip(got, want, strict=True) if isinstance(g, torch.Tensor)]
+    for k, (g, w) in enumerate(pairs):
+        ptr = _storage(g)
+        if ptr is None:
+            continue
+        for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
+            if ptr == _storage(ci) and _storage(w) != _storage(ei):
+                return f"output {k} shares memory with input {i}, eager's does not"
+        for j, (g2, w2) in enumerate(pairs[:k]):
+            if ptr == _storage(g2) and _storage(w) != _storage(w2):
+                return f"outputs {j} and {k} share memory, eager's do not"
+    return ""
+
+
 def _upcast(x: Any) -> Any:
     if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16):
         return x.detach().to(torch.float64)
@@ -195,6 +221,9 @@ def compare(
             and not (isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g))
         ):
             return f"output {i}: {g!r} != eager {w!r}"
+    problem = _sharing_problem(g_leaves, w_leaves, c_in, e_in) if c_in else ""
+    if problem:
+        return problem
     for i, (ci, ei) in enumerate(zip(c_in, e_in, strict=True)):
         try:
             torch.testing.assert_close(ci, ei, rtol=tol[0], atol=tol[1], equal_nan=True, check_stride=False)

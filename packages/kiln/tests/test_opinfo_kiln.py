@@ -1,7 +1,8 @@
 """PyTorch's OpInfo database through `kiln.compile` on the CPU (float32, 3 samples per op): every
 eligible op must be compiled and give eager's answer: values, shapes, dtypes, the Python types and
-structure of results, the strides and storage of outputs that view an input, and the inputs after
-the call (opinfo_sweep.py says how each sample is judged).
+structure of results, the strides and storage of outputs that view an input, memory an output
+shares with an input or another output where eager's does not, and the inputs after the call
+(opinfo_sweep.py says how each sample is judged).
 
 One test per op. An op in `KNOWN_FALLBACKS` must still give eager's answer, and may run some of
 it eagerly for the reason given; when it compiles whole, its test fails until its entry is
@@ -19,7 +20,8 @@ import os
 from typing import Any
 
 import pytest
-from opinfo_sweep import KNOWN_FALLBACKS, key, op_outcome, select, sweep_op
+import torch
+from opinfo_sweep import KNOWN_FALLBACKS, compare, key, op_outcome, select, sweep_op
 
 import kiln
 
@@ -52,3 +54,22 @@ def test_opinfo_through_kiln(info: Any) -> None:
 def test_known_fallbacks_name_real_ops() -> None:
     names = {key(info) for info in select()}
     assert set(KNOWN_FALLBACKS) <= names, set(KNOWN_FALLBACKS) - names
+
+
+def test_memory_shared_where_eager_does_not_is_a_mismatch() -> None:
+    # Note [Memory kiln shares where eager does not] in opinfo_sweep.py
+    e_in, c_in = [torch.randn(4, 4)], [torch.randn(4, 4)]
+    c_in[0].copy_(e_in[0])
+    fresh = e_in[0].permute(1, 0).clone()
+    assert compare(c_in[0].permute(1, 0), fresh, c_in, e_in) == (
+        "output 0 shares memory with input 0, eager's does not"
+    )
+    assert compare(c_in[0].permute(1, 0).clone(), fresh, c_in, e_in) == ""
+    # a view where eager returns a view is eager's answer
+    assert compare(c_in[0].permute(1, 0), e_in[0].permute(1, 0), c_in, e_in) == ""
+    one = c_in[0] + 1
+    assert compare((one, one.view(-1)), (e_in[0] + 1, (e_in[0] + 1).view(-1)), c_in, e_in) == (
+        "outputs 0 and 1 share memory, eager's do not"
+    )
+    two = e_in[0] + 1
+    assert compare((one, one.view(-1)), (two, two.view(-1)), c_in, e_in) == ""

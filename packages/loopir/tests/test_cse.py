@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from helpers import check, make
 
@@ -132,3 +133,129 @@ def test_a_graph_that_mutates_an_intermediate_is_left_alone() -> None:
     rewritten, ctx = run_passes(gm, [x], torch.device("cpu"))
     assert rewritten is gm
     assert any(n == "cse" and "skipped" in t for n, t in ctx.record)
+
+
+def _merged(ctx_or_compiled: Any) -> list[str]:
+    record = ctx_or_compiled.passes.record if hasattr(ctx_or_compiled, "passes") else ctx_or_compiled.record
+    return [t for n, t in record if n == "cse" and "merged" in t]
+
+
+UNANNOTATED_VIEWS = {
+    "_unsafe_view": lambda t: aten._unsafe_view.default(t, [-1]),
+    "unsafe_split": lambda t: aten.unsafe_split.Tensor(t, 2)[0],
+    "unsafe_split_with_sizes": lambda t: aten.unsafe_split_with_sizes.default(t, [1, 3])[1],
+    "unsafe_chunk": lambda t: aten.unsafe_chunk.default(t, 2)[1],
+}
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpp"])
+@pytest.mark.parametrize("name", sorted(UNANNOTATED_VIEWS))
+def test_views_without_an_alias_annotation_still_keep_outputs_apart(name: str, backend: str) -> None:
+    # Note [Views that do not say so]: `_unsafe_view` returns a view of its argument although its
+    # schema has no alias annotation; the two adds it views must stay two buffers
+    view = UNANNOTATED_VIEWS[name]
+
+    def fn(x: Any) -> Any:
+        return view(aten.add.Tensor(x, 1)), view(aten.add.Tensor(x, 1))
+
+    x = make((4, 4))
+    compiled = compile_graph(with_vals(fn, x), [x], backend=backend)
+    a, b = compiled(x)
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    a.add_(1)  # an in-place update of one output leaves the other as eager leaves it
+    torch.testing.assert_close(b, view(x + 1))
+
+
+def _mutate_add_(x: Any, y: Any) -> None:
+    aten.add_.Tensor(x, y)
+
+
+def _mutate_copy_(x: Any, y: Any) -> None:
+    aten.copy_.default(x, y)
+
+
+def _mutate_out(x: Any, y: Any) -> None:
+    aten.mul.out(y, 3, out=x)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpp"])
+@pytest.mark.parametrize("mutate", [_mutate_add_, _mutate_copy_, _mutate_out], ids=["add_", "copy_", "out="])
+def test_reads_of_an_input_around_its_mutation_are_not_merged(mutate: Any, backend: str) -> None:
+    # Note [Reads around an input's mutation]: the second `mul` reads the updated input
+    def fn(x: Any, y: Any) -> Any:
+        before = aten.mul.Tensor(aten.view.default(x, [-1]), 2)
+        mutate(x, y)
+        after = aten.mul.Tensor(aten.view.default(x, [-1]), 2)
+        return aten.sub.Tensor(after, before), aten.mul.Tensor(aten.view.default(x, [-1]), 2)
+
+    x, y = make((8,)), make((8,))
+    gm = with_vals(fn, x.clone(), y)
+    e_x, c_x = x.clone(), x.clone()
+    expected = gm(e_x, y)
+    compiled = compile_graph(gm, [x.clone(), y], backend=backend)
+    got = compiled(c_x, y)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e)
+    torch.testing.assert_close(c_x, e_x)
+    # the two views after the mutation are still one (and the one before stays apart)
+    assert any("merged 1 nodes" in t and "view.default x1" in t for t in _merged(compiled))
+
+
+def test_an_in_place_update_of_a_view_of_an_input_leaves_the_graph_alone() -> None:
+    def fn(x: Any) -> Any:
+        before = aten.mul.Tensor(x, 2)
+        aten.add_.Tensor(aten.slice.Tensor(x, 0, 0, 4), 1)
+        return aten.sub.Tensor(aten.mul.Tensor(x, 2), before)
+
+    x = make((8,))
+    gm = with_vals(fn, x.clone())
+    rewritten, ctx = run_passes(gm, [x], torch.device("cpu"))
+    assert rewritten is gm and any(n == "cse" and "skipped" in t for n, t in ctx.record)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        aten.empty_like.default,
+        lambda x: aten.empty_permuted.default([4, 4], [1, 0]),
+        lambda x: aten.new_empty.default(x, [4, 4]),
+    ],
+    ids=["empty_like", "empty_permuted", "new_empty"],
+)
+def test_uninitialized_memory_is_never_merged(factory: Any) -> None:
+    def fn(x: Any) -> Any:
+        return aten.add.Tensor(factory(x), factory(x))
+
+    x = make((4, 4))
+    gm = with_vals(fn, x)
+    _, ctx = run_passes(gm, [x], torch.device("cpu"))
+    assert not _merged(ctx)
+
+
+def test_random_ops_with_a_generator_are_two_draws() -> None:
+    gen = torch.Generator().manual_seed(0)
+
+    def fn(x: Any) -> Any:
+        a = aten.rand_like.generator(x, generator=gen)
+        b = aten.rand_like.generator(x, generator=gen)
+        return aten.sub.Tensor(a, b)
+
+    x = make((64,))
+    gm = torch.fx.symbolic_trace(fn)
+    rewritten, _ = run_passes(gm, [x], torch.device("cpu"))
+    assert [n.target for n in rewritten.graph.nodes].count(aten.rand_like.generator) == 2
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_equal_index_puts_merged_give_eager_results(accumulate: bool) -> None:
+    # index_put with repeated indices and accumulate: merging two equal calls must not add twice
+    def fn(x: Any, idx: Any, v: Any) -> Any:
+        a = aten.index_put.default(aten.zeros_like.default(x), [idx], v, accumulate)
+        b = aten.index_put.default(aten.zeros_like.default(x), [idx], v, accumulate)
+        return aten.add.Tensor(aten.mul.Tensor(a, 2), b), aten.mul.Tensor(a, b)
+
+    x, idx, v = make((8,)), torch.tensor([1, 3, 1, 1]), make((4,))
+    if not accumulate:
+        v = torch.full((4,), 1.5)  # the same value at a repeated index: eager's result is defined
+    compiled = check(with_vals(fn, x, idx, v), x, idx, v)
+    assert _merged(compiled)

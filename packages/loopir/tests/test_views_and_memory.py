@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import pytest
 import torch
 from helpers import aten, check, make, unary
+
+from kiln_loopir import compile_graph
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool]
 
@@ -174,3 +177,50 @@ def test_wrapper_support_refuses_an_extern_result_of_another_shape() -> None:
     t = torch.arange(6.0).view(2, 3)
     assert dense_storage(t, (2, 3), (3, 1), 0) is t
     torch.testing.assert_close(dense_storage(t.t(), (3, 2), (2, 1), 0), t.t())
+
+
+COPYING_VIEWS = {
+    "view_copy": (aten.view_copy.default, ([-1],)),
+    "view_copy_same_shape": (aten.view_copy.default, ([4, 6],)),
+    "permute_copy": (aten.permute_copy.default, ([1, 0],)),
+    "transpose_copy": (aten.transpose_copy.int, (0, 1)),
+    "expand_copy": (aten.expand_copy.default, ([2, 4, 6],)),
+    "unsqueeze_copy": (aten.unsqueeze_copy.default, (0,)),
+    "squeeze_copy_nothing": (aten.squeeze_copy.dim, (0,)),
+    "slice_copy": (aten.slice_copy.Tensor, (0, 1, 3)),
+    "slice_copy_whole": (aten.slice_copy.Tensor, (0, 0, 4)),
+    "select_copy": (aten.select_copy.int, (0, 1)),
+    "as_strided_copy": (aten.as_strided_copy.default, ([2, 2], [6, 1])),
+}
+
+
+@pytest.mark.parametrize("backend", ["interpret", "cpp"])
+@pytest.mark.parametrize("name", sorted(COPYING_VIEWS))
+def test_copying_views_return_new_memory(name: str, backend: str) -> None:
+    # Note [The copying variants of views are copies] in lowerings/views.py: a graph output
+    # `permute_copy(x)` was a view of the input x, where eager's is a new tensor
+    op, args = COPYING_VIEWS[name]
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    g.output((g.call_function(op, (x, *args)),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    inp = make((4, 6))
+    expected = op(inp.clone(), *args)
+    (out,) = compile_graph(gm, [inp], backend=backend)(inp)
+    torch.testing.assert_close(out, expected)
+    assert out.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr()
+    out.fill_(7.0)  # an in-place update of the result leaves the input as it was
+    torch.testing.assert_close(op(inp, *args), expected)
+
+
+def test_split_copy_returns_new_memory() -> None:
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    parts = g.call_function(aten.split_copy.Tensor, (x, 2))
+    g.output(tuple(g.call_function(operator.getitem, (parts, i)) for i in range(2)))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    inp = make((4, 6))
+    outs = compile_graph(gm, [inp])(inp)
+    for out, expected in zip(outs, aten.split_copy.Tensor(inp, 2), strict=True):
+        torch.testing.assert_close(out, expected)
+        assert out.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr()

@@ -1,4 +1,4 @@
-"""View lowerings: index remapping, never a copy.
+"""View lowerings: index remapping, never a copy (but for the ``*_copy`` variants, which copy).
 
 Each view op returns a :class:`~kiln_loopir.ir.View` whose ``reindex`` maps an index of the new
 shape to an index of the old one. A reshape groups old and new dimensions into runs of equal
@@ -18,7 +18,7 @@ import torch
 
 from .. import sizevars
 from ..indexing import Expr, FloorDiv, ModularIndexing, contiguous_strides, linear_index
-from ..ir import Index, ReinterpretView, TensorBox, View, realize_strided
+from ..ir import Index, Pointwise, ReinterpretView, TensorBox, View, realize_strided
 from ..layout import FixedLayout, symbolic
 from ..lowering import Unsupported, normalize_dim, register_lowering
 
@@ -86,7 +86,7 @@ def reshape_indexer(old: Sequence[Expr], new: Sequence[Expr]) -> Any:
     return reindex
 
 
-@register_lowering(aten.view.default, aten.reshape, aten._unsafe_view, aten.view_copy.default)
+@register_lowering(aten.view.default, aten.reshape, aten._unsafe_view)
 def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
     old = x.get_size()
     new = _infer_size(old, size)
@@ -97,7 +97,7 @@ def view(x: TensorBox, size: Sequence[Any]) -> TensorBox:
     return make_view(x, new, reshape_indexer(old, new))
 
 
-@register_lowering(aten.permute, aten.permute_copy)
+@register_lowering(aten.permute)
 def permute(x: TensorBox, dims: Sequence[int]) -> TensorBox:
     rank = len(x.get_size())
     dims = [normalize_dim(d, rank) for d in dims]
@@ -110,7 +110,7 @@ def permute(x: TensorBox, dims: Sequence[int]) -> TensorBox:
     return make_view(x, size, reindex)
 
 
-@register_lowering(aten.transpose.int, aten.transpose_copy.int)
+@register_lowering(aten.transpose.int)
 def transpose(x: TensorBox, a: int, b: int) -> TensorBox:
     rank = len(x.get_size())
     dims = list(range(rank))
@@ -126,7 +126,7 @@ def t(x: TensorBox) -> TensorBox:
     return transpose(x, 0, 1) if len(x.get_size()) == 2 else x
 
 
-@register_lowering(aten.expand.default, aten.expand_copy.default)
+@register_lowering(aten.expand.default)
 def expand(x: TensorBox, size: Sequence[Any], *, implicit: bool = False) -> TensorBox:
     old = x.get_size()
     skip = len(size) - len(old)
@@ -140,7 +140,7 @@ def expand(x: TensorBox, size: Sequence[Any], *, implicit: bool = False) -> Tens
     return make_view(x, new, reindex)
 
 
-@register_lowering(aten.unsqueeze, aten.unsqueeze_copy)
+@register_lowering(aten.unsqueeze)
 def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
     old = list(x.get_size())
     dim = normalize_dim(dim, len(old) + 1)
@@ -152,7 +152,7 @@ def unsqueeze(x: TensorBox, dim: int) -> TensorBox:
     return make_view(x, new, reindex)
 
 
-@register_lowering(aten.squeeze, aten.squeeze_copy)
+@register_lowering(aten.squeeze)
 def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
     old = list(x.get_size())
     if dim is None:
@@ -173,7 +173,7 @@ def squeeze(x: TensorBox, dim: Any = None) -> TensorBox:
     return make_view(x, [old[i] for i in keep], reindex)
 
 
-@register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+@register_lowering(aten.slice.Tensor)
 def slice_(x: TensorBox, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> TensorBox:
     old = list(x.get_size())
     dim = normalize_dim(dim, len(old))
@@ -309,7 +309,7 @@ def narrow(x: TensorBox, dim: int, start: int, length: int) -> TensorBox:
     return slice_(x, dim, start, start + length)
 
 
-@register_lowering(aten.select.int, aten.select_copy.int)
+@register_lowering(aten.select.int)
 def select(x: TensorBox, dim: int, index: int) -> TensorBox:
     old = list(x.get_size())
     dim = normalize_dim(dim, len(old))
@@ -321,7 +321,7 @@ def select(x: TensorBox, dim: int, index: int) -> TensorBox:
     return make_view(x, [*old[:dim], *old[dim + 1 :]], reindex)
 
 
-@register_lowering(aten.split.Tensor, aten.split_with_sizes, aten.split_copy.Tensor)
+@register_lowering(aten.split.Tensor, aten.split_with_sizes)
 def split(x: TensorBox, sizes: Any, dim: int = 0) -> list[TensorBox]:
     rank = len(x.get_size())
     dim = normalize_dim(dim, rank)
@@ -346,7 +346,7 @@ def alias(x: TensorBox) -> TensorBox:
     return x
 
 
-@register_lowering(aten.as_strided, aten.as_strided_copy)
+@register_lowering(aten.as_strided)
 def as_strided(
     x: TensorBox, size: Sequence[Any], stride: Sequence[Any], storage_offset: Any = None
 ) -> TensorBox:
@@ -356,3 +356,39 @@ def as_strided(
     offset = own_offset if storage_offset is None else sympy.Integer(int(storage_offset))
     layout = FixedLayout(base.get_device(), base.get_dtype(), symbolic(size), symbolic(stride), offset)
     return TensorBox(ReinterpretView(buffer, layout))
+
+
+# Note [The copying variants of views are copies]: ``view_copy``, ``permute_copy``, ``select_copy``
+# and the rest compute the view's values into a new tensor: eager's result never shares memory with
+# the input. Lowered as the view itself (as they were until the fifteenth session), a graph output
+# ``permute_copy(x)`` was a view of the input ``x``, and an in-place update of either showed in the
+# other (``torch.permute_copy`` under kiln.compile returned a tensor aliasing its argument). Each is
+# the view read through a new, lazy Pointwise: inside the graph it inlines into its readers like
+# the view (no kernel, no buffer); only where it is realized (a graph output) is it a copy.
+
+
+def _fresh(box: TensorBox) -> TensorBox:
+    return TensorBox.create(Pointwise(box.get_device(), box.get_dtype(), box.make_loader(), box.get_size()))
+
+
+def _copying(view_lowering: Any) -> Any:
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        out = view_lowering(*args, **kwargs)
+        return [_fresh(b) for b in out] if isinstance(out, list) else _fresh(out)
+
+    return lower
+
+
+for _copy_op, _view_lowering in (
+    (aten.view_copy.default, view),
+    (aten.permute_copy, permute),
+    (aten.transpose_copy.int, transpose),
+    (aten.expand_copy.default, expand),
+    (aten.unsqueeze_copy, unsqueeze),
+    (aten.squeeze_copy, squeeze),
+    (aten.slice_copy.Tensor, slice_),
+    (aten.select_copy.int, select),
+    (aten.split_copy.Tensor, split),
+    (aten.as_strided_copy, as_strided),
+):
+    register_lowering(_copy_op)(_copying(_view_lowering))

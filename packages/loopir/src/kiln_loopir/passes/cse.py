@@ -23,8 +23,11 @@ with their type (``1``, ``1.0`` and ``True`` differ; floats by ``repr``, so ``-0
   (their values are not a function of their arguments);
 * a node whose memory can leave the graph (a graph output, or an input of a view or ``getitem``
   chain that ends in one): merging two such nodes would return two outputs that share memory where
-  eager returns two, and an in-place update of one would show in the other. The earlier node may
-  leave the graph: the later one's readers then read it, inside the graph, which is safe;
+  eager returns two, and an in-place update of one would show in the other. A view is an operator
+  whose schema says its result aliases an argument, and the few that alias without saying so
+  (``_unsafe_view``, ``unsafe_split``, ...: Note [Views that do not say so]);
+* a node and an earlier one with a mutation of a graph input between them (Note [Reads around an
+  input's mutation]);
 * any node of a graph that mutates a value other than an input (not functional: the pass leaves it
   alone and says so).
 
@@ -53,6 +56,20 @@ _UNMERGED_FACTORIES = frozenset(
         aten.empty_like.default,
         aten.new_empty.default,
         aten.new_empty_strided.default,
+        aten.empty_permuted.default,
+    }
+)
+
+# Note [Views that do not say so]: these return a view of their argument (eager's result shares its
+# memory, and loopir lowers them as views) but their schemas carry no alias annotation. Read as
+# copies, ``_unsafe_view(add(x, 1))`` returned next to ``_unsafe_view(add(x, 1))`` had its ``add``
+# merged with the other's, and the two outputs came back sharing memory (fifteenth session).
+_UNANNOTATED_VIEWS = frozenset(
+    {
+        aten._unsafe_view.default,
+        aten.unsafe_split.Tensor,
+        aten.unsafe_split_with_sizes.default,
+        aten.unsafe_chunk.default,
     }
 )
 
@@ -73,7 +90,7 @@ def _pure(node: torch.fx.Node) -> bool:
 
 def _aliases_input(node: torch.fx.Node) -> bool:
     """Whether ``node``'s result may share memory with one of its tensor arguments."""
-    if node.target is operator.getitem:
+    if node.target is operator.getitem or node.target in _UNANNOTATED_VIEWS:
         return True
     schema = getattr(node.target, "_schema", None)
     return schema is not None and any(r.alias_info is not None for r in schema.returns)
@@ -110,6 +127,15 @@ def _mutates_an_intermediate(graph: torch.fx.Graph) -> torch.fx.Node | None:
             if any(isinstance(v, torch.fx.Node) and v.op != "placeholder" for v in values):
                 return node
     return None
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    """Whether ``node`` may write to memory (an in-place operator, or one the pass cannot read)."""
+    if node.op != "call_function":
+        return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable
+    return isinstance(node.target, torch._ops.HigherOrderOperator)
 
 
 def _key(value: Any) -> Any:
@@ -162,11 +188,22 @@ def cse_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule
     escaping = _escaping(gm.graph)
     seen: dict[Any, torch.fx.Node] = {}
     twins: dict[torch.fx.Node, torch.fx.Node] = {}
+    # Note [Reads around an input's mutation]: a graph may update an input in place (the copy_
+    # of a mutated input, a BatchNorm's running statistics) and read it again afterwards; a read
+    # after the update is not the read before it (``mul(x, 2); add_(x, 1); mul(x, 2)``: the second
+    # ``mul`` merged into the first returned the old values, fifteenth session). Each mutation
+    # starts a new epoch, and only nodes of one epoch are merged. Functionalized graphs mutate
+    # inputs at their end, so this costs them nothing.
+    epoch = 0
     for node in gm.graph.nodes:
+        if _mutates(node):
+            epoch += 1
+            continue
         if not _pure(node) or node in escaping:
             continue
         try:
             key = (
+                epoch,
                 node.target,
                 _key(torch.fx.map_arg(node.args, lambda n: twins.get(n, n))),
                 _key(torch.fx.map_arg(node.kwargs, lambda n: twins.get(n, n))),
