@@ -584,3 +584,51 @@ def test_clip_grad_norm_and_the_optimizer_step_are_one_graph_after_backward() ->
     after_backward = str(backend.gms[1].code)
     assert "norm" in after_backward and "add_" in after_backward, after_backward[:400]
     assert all(p.grad is None for p in m2.parameters())
+
+
+class _UserHead(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("shift", torch.ones(4) * scale)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + self.shift
+
+
+def _builds_user_module(x: torch.Tensor) -> Any:
+    head = _UserHead(2.0)
+    return head(x), head
+
+
+@pytest.mark.parametrize("skipped", [True, False])
+def test_module_constructor_runs_as_python_after_its_break(skipped: bool) -> None:
+    """Note [Module constructors run as Python]: building a user module with parameters in the
+    frame is one break; its `__init__` is not captured (before: one more break per parameter
+    holder and `super().__setattr__`). Values, RNG use and the module itself match eager."""
+    from kiln_dynamo import convert_frame
+
+    x = torch.randn(3, 4)
+    torch.manual_seed(1)
+    want, want_head = _builds_user_module(x)
+    after_eager = torch.randn(2)
+    prev = convert_frame.set_module_inits_skipped(skipped)
+    try:
+        kiln_dynamo.reset()
+        torch.manual_seed(1)
+        got, got_head = kiln_dynamo.compile(_builds_user_module)(x)
+        after = torch.randn(2)
+        inits = kiln_dynamo.counters.module_inits
+        breaks = len(kiln_dynamo.counters.break_reasons)
+    finally:
+        convert_frame.set_module_inits_skipped(prev)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(after, after_eager)  # the same RNG draws, in the same order
+    assert type(got_head) is _UserHead and got_head.lin.weight.requires_grad
+    torch.testing.assert_close(got_head.lin.weight, want_head.lin.weight)
+    assert got.requires_grad and got.grad_fn is not None
+    if skipped:
+        assert inits == 1 and breaks == 1, kiln_dynamo.counters.break_reasons
+    else:
+        assert inits == 0 and breaks > 1
