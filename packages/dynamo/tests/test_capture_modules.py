@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CountingBackend, check
+from conftest import CountingBackend, assert_same, check
 from torch import nn
 
 import kiln_dynamo
@@ -632,3 +632,61 @@ def test_module_constructor_runs_as_python_after_its_break(skipped: bool) -> Non
         assert inits == 1 and breaks == 1, kiln_dynamo.counters.break_reasons
     else:
         assert inits == 0 and breaks > 1
+
+
+_SHARED = nn.Linear(4, 4)
+
+
+def _containers_in_frame(x: torch.Tensor) -> Any:
+    s = nn.Sequential(nn.ReLU(), _SHARED, nn.Tanh())
+    ml = nn.ModuleList([_SHARED, nn.GELU()])
+    d = nn.ModuleDict({"a": _SHARED, "b": nn.Sigmoid()})
+    nested = nn.Sequential(_SHARED, nn.Sequential(nn.ReLU(), _SHARED))
+    y = s(x)
+    for m in ml:
+        y = m(y)
+    for k, m in d.items():
+        y = d[k](y) + m(y)  # noqa: PLR1733 - the ModuleDict subscript is what is tested
+    y = nested(y)
+    names = [n for n, _ in nested.named_modules()]
+    params = [n for n, _ in nested.named_parameters()]
+    count = sum(1 for _ in nested.modules()) + len(list(nested.children())) + len(list(d.values()))
+    return y, len(s), list(d.keys()), "a" in d, "z" in d, names, params, count, s, ml, d, s[1:]
+
+
+def test_containers_built_in_the_frame_over_modules_it_holds() -> None:
+    """Note [Containers made in the frame]: one graph, eager's values, and the containers leave
+    the frame as new containers over the same children."""
+    x = torch.randn(2, 4)
+    want = _containers_in_frame(x)
+    kiln_dynamo.reset()
+    report = kiln_dynamo.explain(_containers_in_frame)(x)
+    assert report.graph_count == 1 and not report.break_reasons, report
+    for got in (report.result, kiln_dynamo.compile(_containers_in_frame)(x)):
+        assert_same(got[:8], want[:8])
+        s, ml, d, tail = got[8:]
+        assert (
+            type(s) is nn.Sequential
+            and s[1] is _SHARED
+            and [type(m) for m in s] == [nn.ReLU, nn.Linear, nn.Tanh]
+        )
+        assert type(ml) is nn.ModuleList and ml[0] is _SHARED and type(ml[1]) is nn.GELU
+        assert type(d) is nn.ModuleDict and list(d.keys()) == ["a", "b"] and d["a"] is _SHARED
+        assert type(tail) is nn.Sequential and tail[0] is _SHARED and list(tail._modules) == ["1", "2"]
+
+
+def _container_then_unmodelled(x: torch.Tensor) -> Any:
+    m = nn.Sequential(nn.Dropout(0.5), _SHARED)
+    m.eval()  # not modelled on a container made in the frame: a break at the call
+    return m(x), m.training, m[0].training
+
+
+def test_unmodelled_method_of_a_container_made_in_the_frame_breaks_at_its_call() -> None:
+    x = torch.randn(2, 4)
+    want = _container_then_unmodelled(x)
+    kiln_dynamo.reset()
+    report = kiln_dynamo.explain(_container_then_unmodelled)(x)
+    assert [b.reason for b in report.break_reasons] == ["method eval of a Sequential slice of 2"], report
+    assert report.graph_count == 1
+    torch.testing.assert_close(report.result[0], want[0])
+    assert report.result[1:] == want[1:] == (False, False)
