@@ -546,13 +546,13 @@ class ModuleSliceVariable(VariableTracker):
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
         if self.cls is nn.ModuleDict and not args and not kwargs and name in _DICT_VIEWS:
-            keys = [ConstantVariable(k) for k in self.keys]
-            rows = {
+            keys: list[VT] = [ConstantVariable(k) for k in self.keys]
+            views: dict[str, list[VT]] = {
                 "keys": keys,
                 "values": list(self.items),
                 "items": [TupleVariable([k, v]) for k, v in zip(keys, self.items, strict=True)],
-            }[name]
-            return TupleVariable(rows)  # iterated or listed: a dict view leaves as a tuple (README)
+            }
+            return TupleVariable(views[name])  # iterated or listed: a dict view leaves as a tuple (README)
         if self.cls is nn.ModuleDict and name == "__contains__" and len(args) == 1:
             return ConstantVariable(self.contains(tx, args[0]))
         if name in _TRAVERSALS and not args and not kwargs:  # Note [Module traversal]
@@ -560,8 +560,8 @@ class ModuleSliceVariable(VariableTracker):
 
             pairs = self.named(tx, name.removeprefix("named_"), "")
             if name.startswith("named_"):
-                rows: list[VT] = [TupleVariable([ConstantVariable(k), v]) for k, v in pairs]
-                return ListIteratorVariable(rows, "generator")
+                named: list[VT] = [TupleVariable([ConstantVariable(k), v]) for k, v in pairs]
+                return ListIteratorVariable(named, "generator")
             return ListIteratorVariable([v for _, v in pairs], "generator")
         raise Unsupported(f"method {name} of a {self.describe()}")
 
