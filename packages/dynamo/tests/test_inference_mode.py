@@ -226,3 +226,27 @@ def test_called_under_the_mode_then_outside_recompiles() -> None:
     with torch.inference_mode():
         _same(compiled(x, w), _queries(x, w))
     _same(compiled(x, w), _queries(x, w))
+
+
+@pytest.mark.parametrize(
+    ("fn", "copies"), [(_return_inside, False), (_calls_decorated, True), (_block_between, True)]
+)
+def test_a_graph_wholly_inside_a_block_runs_under_the_mode_without_a_copy(
+    fn: Callable[..., Any], copies: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [inference_mode traced]: when every operator of the graph is in the block, the runner
+    calls the graph under the mode (no copy); otherwise it copies the marked outputs."""
+    from kiln_dynamo import inference
+
+    calls: list[int] = []
+    real = inference.to_inference
+
+    def counting(outs: Any, indices: tuple[int, ...]) -> Any:
+        calls.append(len(indices))
+        return real(outs, indices)
+
+    monkeypatch.setattr(inference, "to_inference", counting)
+    x, w = t(4, 4, grad=True), t(4, 4, grad=True)
+    kiln_dynamo.reset()
+    _same(kiln_dynamo.compile(fn)(x, w), fn(x, w))
+    assert bool(calls) == copies

@@ -11,7 +11,9 @@ kiln traces the block as a grad-mode block (`_set_grad_enabled(False)` / back, g
 keeps the inference part as a mark on the fake tensors (`mark_results`): a fresh result made
 inside a traced block is marked, a view takes its base's mark, an in-place result is its input.
 `Tensor.is_inference()` answers the mark while tracing. No graph makes inference tensors, so the
-runner turns each graph output whose fake is marked into one after the graph returns
+runner calls a graph whose every operator was traced inside a block under the mode itself
+(`call_in_mode`: what it makes is made inference, no copy); any other graph has each output
+whose fake is marked turned into one after the graph returns
 (`to_inference`: one copy of its storage under `torch.inference_mode()`, shared by the outputs
 that share a storage, so aliases among them stay aliases); an output already an inference tensor
 (the whole call made under `torch.inference_mode()`) is passed as it is. That copy is the price
@@ -31,10 +33,11 @@ keeps that older way for every block. The decorator (`@torch.inference_mode()`, 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.fx
 from torch.utils._pytree import tree_flatten
 
 _trace = os.environ.get("KILN_TRACE_INFERENCE_MODE", "1") != "0"
@@ -120,6 +123,24 @@ def check_use(kind: str, target: Any, args: Sequence[Any], kwargs: dict[str, Any
             "(eager refuses to save it for backward)"
         )
     return None
+
+
+IN_BLOCK = "kiln_in_inference_block"  # node.meta key: traced inside a block (or under the mode)
+
+
+def whole_graph_in_block(nodes: Iterable[torch.fx.Node]) -> bool:
+    """Every operator of the graph was traced inside an inference block: the runner may call
+    the graph under the mode, and its new results are inference tensors as they are made."""
+    import operator
+
+    ops = [n for n in nodes if n.op in ("call_function", "call_method", "call_module")]
+    ops = [n for n in ops if n.target not in (torch._C._set_grad_enabled, operator.getitem)]
+    return bool(ops) and all(n.meta.get(IN_BLOCK, False) for n in ops)
+
+
+def call_in_mode(compiled: Callable[..., Any], *args: Any) -> Any:
+    with torch.inference_mode():
+        return compiled(*args)
 
 
 def to_inference(outs: Sequence[Any], indices: tuple[int, ...]) -> list[Any]:

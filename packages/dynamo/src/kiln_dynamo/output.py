@@ -235,6 +235,7 @@ class OutputGraph:
         node.meta["source_line"] = tx.where()
         node.meta["stack_trace"] = tx.stack_trace()
         inference.mark_results(tree_flatten(out)[0], tree_flatten((fargs, fkwargs))[0], in_block)
+        node.meta[inference.IN_BLOCK] = in_block
         return self.wrap_result(node, out)
 
     def wrap_result(self, node: torch.fx.Node, out: Any) -> VT:
