@@ -794,9 +794,14 @@ def _inference_block(x: torch.Tensor) -> torch.Tensor:
     return y + 1
 
 
-def test_inference_mode_inside_the_frame_is_one_break_with_its_reason() -> None:
+def test_inference_mode_untraced_is_a_break_with_its_reason() -> None:
+    """KILN_TRACE_INFERENCE_MODE=0 (traced blocks: tests/test_inference_mode.py)."""
     x = t(3)
-    out = kiln_dynamo.compile(_inference_block)(x)
+    prev = kiln_dynamo.set_trace_inference_mode(False)
+    try:
+        out = kiln_dynamo.compile(_inference_block)(x)
+    finally:
+        kiln_dynamo.set_trace_inference_mode(prev)
     expected = _inference_block(x)
     torch.testing.assert_close(out, expected)
     assert out.is_inference() == expected.is_inference()

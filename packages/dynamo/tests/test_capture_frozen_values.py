@@ -244,7 +244,16 @@ def _same_inference(got: Any, want: Any) -> None:
             assert g.is_inference() == w.is_inference()
 
 
-def test_inference_mode_block_is_two_clean_breaks_and_matches_eager() -> None:
+def test_inference_mode_block_untraced_is_two_clean_breaks_and_matches_eager() -> None:
+    """With KILN_TRACE_INFERENCE_MODE=0 (tests/test_inference_mode.py has the traced block)."""
+    prev = kiln_dynamo.set_trace_inference_mode(False)
+    try:
+        _two_clean_breaks()
+    finally:
+        kiln_dynamo.set_trace_inference_mode(prev)
+
+
+def _two_clean_breaks() -> None:
     x = t(3)
     report = kiln_dynamo.explain(_inference_block)(x)
     reasons = [b.reason for b in report.break_reasons]

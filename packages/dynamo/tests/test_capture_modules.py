@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import CountingBackend, check
+from conftest import CountingBackend, assert_same, check
 from torch import nn
 
 import kiln_dynamo
@@ -584,3 +584,109 @@ def test_clip_grad_norm_and_the_optimizer_step_are_one_graph_after_backward() ->
     after_backward = str(backend.gms[1].code)
     assert "norm" in after_backward and "add_" in after_backward, after_backward[:400]
     assert all(p.grad is None for p in m2.parameters())
+
+
+class _UserHead(nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("shift", torch.ones(4) * scale)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale + self.shift
+
+
+def _builds_user_module(x: torch.Tensor) -> Any:
+    head = _UserHead(2.0)
+    return head(x), head
+
+
+@pytest.mark.parametrize("skipped", [True, False])
+def test_module_constructor_runs_as_python_after_its_break(skipped: bool) -> None:
+    """Note [Module constructors run as Python]: building a user module with parameters in the
+    frame is one break; its `__init__` is not captured (before: one more break per parameter
+    holder and `super().__setattr__`). Values, RNG use and the module itself match eager."""
+    from kiln_dynamo import convert_frame
+
+    x = torch.randn(3, 4)
+    torch.manual_seed(1)
+    want, want_head = _builds_user_module(x)
+    after_eager = torch.randn(2)
+    prev = convert_frame.set_module_inits_skipped(skipped)
+    try:
+        kiln_dynamo.reset()
+        torch.manual_seed(1)
+        got, got_head = kiln_dynamo.compile(_builds_user_module)(x)
+        after = torch.randn(2)
+        inits = kiln_dynamo.counters.module_inits
+        breaks = len(kiln_dynamo.counters.break_reasons)
+    finally:
+        convert_frame.set_module_inits_skipped(prev)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(after, after_eager)  # the same RNG draws, in the same order
+    assert type(got_head) is _UserHead and got_head.lin.weight.requires_grad
+    torch.testing.assert_close(got_head.lin.weight, want_head.lin.weight)
+    assert got.requires_grad and got.grad_fn is not None
+    if skipped:
+        assert inits == 1 and breaks == 1, kiln_dynamo.counters.break_reasons
+    else:
+        assert inits == 0 and breaks > 1
+
+
+_SHARED = nn.Linear(4, 4)
+
+
+def _containers_in_frame(x: torch.Tensor) -> Any:
+    s = nn.Sequential(nn.ReLU(), _SHARED, nn.Tanh())
+    ml = nn.ModuleList([_SHARED, nn.GELU()])
+    d = nn.ModuleDict({"a": _SHARED, "b": nn.Sigmoid()})
+    nested = nn.Sequential(_SHARED, nn.Sequential(nn.ReLU(), _SHARED))
+    y = s(x)
+    for m in ml:
+        y = m(y)
+    for k, m in d.items():
+        y = d[k](y) + m(y)  # noqa: PLR1733 - the ModuleDict subscript is what is tested
+    y = nested(y)
+    names = [n for n, _ in nested.named_modules()]
+    params = [n for n, _ in nested.named_parameters()]
+    count = sum(1 for _ in nested.modules()) + len(list(nested.children())) + len(list(d.values()))
+    return y, len(s), list(d.keys()), "a" in d, "z" in d, names, params, count, s, ml, d, s[1:]
+
+
+def test_containers_built_in_the_frame_over_modules_it_holds() -> None:
+    """Note [Containers made in the frame]: one graph, eager's values, and the containers leave
+    the frame as new containers over the same children."""
+    x = torch.randn(2, 4)
+    want = _containers_in_frame(x)
+    kiln_dynamo.reset()
+    report = kiln_dynamo.explain(_containers_in_frame)(x)
+    assert report.graph_count == 1 and not report.break_reasons, report
+    for got in (report.result, kiln_dynamo.compile(_containers_in_frame)(x)):
+        assert_same(got[:8], want[:8])
+        s, ml, d, tail = got[8:]
+        assert (
+            type(s) is nn.Sequential
+            and s[1] is _SHARED
+            and [type(m) for m in s] == [nn.ReLU, nn.Linear, nn.Tanh]
+        )
+        assert type(ml) is nn.ModuleList and ml[0] is _SHARED and type(ml[1]) is nn.GELU
+        assert type(d) is nn.ModuleDict and list(d.keys()) == ["a", "b"] and d["a"] is _SHARED
+        assert type(tail) is nn.Sequential and tail[0] is _SHARED and list(tail._modules) == ["1", "2"]
+
+
+def _container_then_unmodelled(x: torch.Tensor) -> Any:
+    m = nn.Sequential(nn.Dropout(0.5), _SHARED)
+    m.eval()  # not modelled on a container made in the frame: a break at the call
+    return m(x), m.training, m[0].training
+
+
+def test_unmodelled_method_of_a_container_made_in_the_frame_breaks_at_its_call() -> None:
+    x = torch.randn(2, 4)
+    want = _container_then_unmodelled(x)
+    kiln_dynamo.reset()
+    report = kiln_dynamo.explain(_container_then_unmodelled)(x)
+    assert [b.reason for b in report.break_reasons] == ["method eval of a Sequential slice of 2"], report
+    assert report.graph_count == 1
+    torch.testing.assert_close(report.result[0], want[0])
+    assert report.result[1:] == want[1:] == (False, False)

@@ -22,6 +22,7 @@ from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported, 
 from kiln_dynamo.explain import ExplainOutput, explain
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import c_guards_enabled, guard_memo_enabled, set_c_guards, set_guard_memo
+from kiln_dynamo.inference import set_trace_inference_mode
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 from kiln_dynamo.unbacked import graph_unbacked_env, same_unbacked, unbacked_sizes
@@ -58,6 +59,7 @@ __all__ = [
     "set_c_guards",
     "set_guard_memo",
     "set_torch_fast_paths",
+    "set_trace_inference_mode",
     "unbacked_sizes",
 ]
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln_dynamo import inference
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.source import CodeContext, Source
@@ -216,6 +217,18 @@ def generate_runner(
             emit(f"{cg.const(_enter_autocast)}(*{cg.const(block)})")
         emit(f"return ({''.join(names[id(vt)] + ', ' for vt in values)})")
     needs_graph = bool(cg.outputs) or output.op_count() > 0
+    made_inference = tuple(i for i, n in enumerate(cg.outputs) if inference.is_inference(n.meta.get("val")))
+    if made_inference and needs_graph:  # Note [inference_mode traced] (inference.py)
+        if inference.whole_graph_in_block(output.graph.nodes):
+            call = body[graph_call_at]
+            assert call.startswith("___o = ___compiled(")
+            body[graph_call_at] = call.replace(
+                "___compiled(", f"{cg.const(inference.call_in_mode)}(___compiled, ", 1
+            )
+        else:
+            body.insert(
+                graph_call_at + 1, f"___o = {cg.const(inference.to_inference)}(___o, {made_inference!r})"
+            )
     if not needs_graph:
         del body[graph_call_at]
     elif grad_mode is None and any(

@@ -268,6 +268,32 @@ def set_chain_splits(on: bool) -> bool:
 _loop_pieces = os.environ.get("KILN_LOOP_PIECES", "1") != "0"
 
 
+# Note [Module constructors run as Python]: when a frame builds a module kiln does not build in
+# the trace (one with parameters, or a user's class), the construction is a break and CPython
+# runs `cls(...)`; the hook then sees the class's `__init__` (and its bases' `super().__init__()`).
+# Capturing those frames finds little to compile (attribute stores, parameter creation, in-place
+# random initialisation) and breaks at each of them: `Module.__setattr__` through
+# `super().__setattr__`, new `Parameter`s, submodules with parameters, so a user module with one
+# `nn.Linear` made four breaks more and five frames' captures. A constructor frame (`__init__`
+# whose `self` is an `nn.Module`) therefore runs as Python, uncaptured, as its break already says
+# (counters.module_inits, KILN_LOG=decisions). Functions it calls are still offered to the hook.
+# An `__init__` the user compiled explicitly is captured; KILN_CAPTURE_MODULE_INIT=1
+# (`set_module_inits_skipped(False)`) captures every one, as before.
+_module_inits_skipped = os.environ.get("KILN_CAPTURE_MODULE_INIT", "0") != "1"
+
+
+def set_module_inits_skipped(on: bool) -> bool:
+    """Run nn.Module constructors as Python, uncaptured (Note [Module constructors run as
+    Python]); returns the previous setting."""
+    global _module_inits_skipped
+    previous, _module_inits_skipped = _module_inits_skipped, on
+    return previous
+
+
+def _module_init(code: types.CodeType, values: tuple[Any, ...]) -> bool:
+    return code.co_name == "__init__" and bool(values) and isinstance(values[0], torch.nn.Module)
+
+
 def _compile_after_loop(code: types.CodeType, loop_entry: int, e: Unsupported) -> None:
     """The loop runs as Python: have its exit continue in a continuation the hook captures
     (Note [Compiling what follows a loop]) and its body call pieces the hook captures (Note
@@ -564,6 +590,15 @@ def make_callback(
         ):
             return hook.SKIP
         values = tuple(frame.locals.values())
+        if _module_inits_skipped and code not in targets and _module_init(code, values):
+            counters.module_inits += 1  # Note [Module constructors run as Python]
+            decisions_log.info(
+                "%s.__init__ (%s:%s) runs as Python: a module constructor (KILN_CAPTURE_MODULE_INIT=1 captures it)",
+                type(values[0]).__qualname__,
+                code.co_filename,
+                code.co_firstlineno,
+            )
+            return hook.SKIP
         if values and isinstance(values[0], _FUNCTION_CTX):
             # An autograd.Function's forward/backward run by autograd itself: the call of
             # `apply` that led here was already a break with its reason (Note [autograd.Function

@@ -23,6 +23,7 @@ class Counters:
     graph_breaks: int = 0  # frames split at a graph break (each split counted once, at capture)
     after_loops: int = 0  # frames whose loop (holding a break) runs as Python, its exit continuing
     loop_pieces: int = 0  # pieces of such loops' bodies the frames call (Note [Loop body pieces])
+    module_inits: int = 0  # nn.Module constructors run as Python (Note [Module constructors run as Python])
     break_reasons: list[BreakReason] = field(default_factory=list)  # splits and plain-Python frames
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
     guard_failures: list[str] = field(default_factory=list)
@@ -39,6 +40,7 @@ class Counters:
         self.graph_breaks = 0
         self.after_loops = 0
         self.loop_pieces = 0
+        self.module_inits = 0
         self.break_reasons.clear()
         self.fallbacks.clear()
         self.guard_failures.clear()

@@ -22,6 +22,7 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_flatten
 
+from kiln_dynamo import inference
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.fake import FakeMode, FakeTensor, dispatch_for, from_real
 from kiln_dynamo.guards import GuardBuilder
@@ -106,6 +107,8 @@ class OutputGraph:
         self.fallback_reasons: list[str] = []
         self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
+        # torch.inference_mode() blocks open in the trace (Note [inference_mode traced])
+        self.inference_depth = 0
         self._const_sources: dict[int, ConstSource] = {}
         # weakref.ref(obj) made in the frame, one per referent's source (Note [Weak references
         # made in the frame] in variables/stdlib.py)
@@ -135,6 +138,7 @@ class OutputGraph:
             raise Unsupported(f"non-strided tensor at {source.name()}")
         layout = self.shapes.fake_layout(value, source)
         fake = from_real(value, layout)
+        inference.mark_input(fake, value)
         if layout is not None:
             self.shapes.dynamic_inputs.append((source, fake))
         self.guards.tensor(source, value, fake)
@@ -199,6 +203,14 @@ class OutputGraph:
             )
         fargs = [fake_arg(a) for a in args]
         fkwargs = {k: fake_arg(v) for k, v in kwargs.items()}
+        in_block = self.inference_depth > 0
+        if not in_block and torch.is_inference_mode_enabled():
+            in_block = True  # the frame runs under the mode: what it makes is inference too
+            self.guards.inference_mode()
+        if not in_block:
+            refused = inference.check_use(kind, target, fargs, fkwargs)
+            if refused is not None:  # Note [inference_mode traced]
+                raise Unsupported(refused, advice="keep the inference tensor's uses inside the block")
         self.shapes.env.where = tx.where
         try:
             # Note [Composite operators under symbolic sizes]
@@ -222,6 +234,8 @@ class OutputGraph:
         node = self.graph.create_node(kind, target, gargs, gkwargs)
         node.meta["source_line"] = tx.where()
         node.meta["stack_trace"] = tx.stack_trace()
+        inference.mark_results(tree_flatten(out)[0], tree_flatten((fargs, fkwargs))[0], in_block)
+        node.meta[inference.IN_BLOCK] = in_block
         return self.wrap_result(node, out)
 
     def wrap_result(self, node: torch.fx.Node, out: Any) -> VT:

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from kiln_dynamo import bytecode, resume
+from kiln_dynamo import bytecode, inference, resume
 from kiln_dynamo.exc import Unsupported, UserFrame
 from kiln_dynamo.output import OutputGraph, source_line
 from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource, Source
@@ -78,6 +78,7 @@ from kiln_dynamo.variables.lists import (
 )
 from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_binary, ndarray_unary
 from kiln_dynamo.variables.nn_module import NNModuleVariable
+from kiln_dynamo.variables.opaque import InferenceModeVariable, TracedInferenceExitVariable
 from kiln_dynamo.variables.stdlib import NewWeakrefVariable, WeakrefVariable
 from kiln_dynamo.variables.symbolic import SymNodeVariable, symbolic_op
 from kiln_dynamo.variables.tensor import TensorVariable
@@ -336,6 +337,9 @@ class InstructionTranslator:
                 held = [v.enter_offset for v in self.stack if isinstance(v, locks.LockExitVariable)]
                 if held and held[0] is not None:  # a break inside the block: split before it
                     located = _before_lock(located, held[0])
+                blocks = [v.enter_offset for v in self.stack if isinstance(v, TracedInferenceExitVariable)]
+                if blocks and blocks[0] is not None:
+                    located = _at_inference_block(located, blocks[0])
                 located = self._split_before_try(located)
             raise located from e.__cause__
         except RecursionError as e:
@@ -1227,6 +1231,11 @@ class InstructionTranslator:
     # --- with -------------------------------------------------------------------------------
     def BEFORE_WITH(self, inst: dis.Instruction) -> None:
         ctx = self.pop()
+        if isinstance(ctx, InferenceModeVariable) and inference.trace_enabled():
+            # Note [inference_mode traced] (inference.py)
+            self.push(TracedInferenceExitVariable(ctx, inst.offset if self.parent is None else None))
+            self.push(ctx.enter(self))
+            return
         if not isinstance(ctx, GradModeVariable | AutocastVariable):
             lock = _lock_of(ctx)
             if lock is not None:  # Note [Locks in the frame] (variables/locks.py)
@@ -1432,6 +1441,19 @@ def _lock_of(ctx: VT) -> object | None:
         return ctx.identity()
     except Unsupported:
         return None
+
+
+def _at_inference_block(e: Unsupported, enter_offset: int) -> Unsupported:
+    """A break inside a traced `torch.inference_mode()` block of the frame itself moves to the
+    block's BEFORE_WITH: CPython enters the mode there and the continuation, which holds the
+    block's body, is captured under it (Note [inference_mode traced] in inference.py)."""
+    moved = Unsupported(e.msg, e.where, advice=e.advice, frames=e.frames, depth=0)
+    moved.break_offset = enter_offset
+    moved.note = (
+        "split at the torch.inference_mode() block around it: CPython enters the mode, and the "
+        "block's body is captured on its own under it"
+    )
+    return moved
 
 
 def _before_lock(e: Unsupported, enter_offset: int) -> Unsupported:

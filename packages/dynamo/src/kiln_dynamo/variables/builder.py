@@ -386,6 +386,13 @@ class VariableBuilder:
                 return GradModeVariable(bool(value.mode), True, cls=type(value), prev=bool(value.prev))
             target = isinstance(value, torch.enable_grad)
             return GradModeVariable(target, applied_on_create=False, cls=type(value))
+        if type(value) is torch.inference_mode and source is not None and isinstance(value.mode, bool):
+            # the object behind `@torch.inference_mode()` (Note [inference_mode traced] in inference.py)
+            from kiln_dynamo.variables.opaque import InferenceModeVariable
+
+            guards.type_match(source, value)
+            guards.constant(AttrSource(source, "mode"), value.mode)
+            return InferenceModeVariable(value.mode)
         if is_traced_optimizer(value) and source is not None:
             guards.identity(source, value)  # its state is read by identity (Note [Tracing an optimizer step])
             return OptimizerVariable(value, source)

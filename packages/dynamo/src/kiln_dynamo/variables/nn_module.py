@@ -494,7 +494,7 @@ class ModuleSliceVariable(VariableTracker):
 
     def __init__(self, cls: type[nn.Module], keys: list[str], items: list[VT]) -> None:
         self.cls = cls
-        self.keys = keys if cls is nn.Sequential else [str(i) for i in range(len(items))]
+        self.keys = keys if cls in (nn.Sequential, nn.ModuleDict) else [str(i) for i in range(len(items))]
         self.items = items
         self.source = None
 
@@ -511,10 +511,16 @@ class ModuleSliceVariable(VariableTracker):
         return bool(self.items)
 
     def iterate(self, tx: Tx) -> list[VT]:
+        if self.cls is nn.ModuleDict:
+            return [ConstantVariable(k) for k in self.keys]
         return list(self.items)
 
     def getitem(self, tx: Tx, key: VT) -> VT:
         k = key.as_constant()
+        if self.cls is nn.ModuleDict:
+            if k not in self.keys:
+                raise Unsupported(f"key {k!r} missing from a {self.describe()}")
+            return self.items[self.keys.index(k)]
         if isinstance(k, slice):
             return ModuleSliceVariable(self.cls, self.keys[k], self.items[k])
         if not isinstance(k, int):
@@ -539,12 +545,65 @@ class ModuleSliceVariable(VariableTracker):
             return ConstantVariable(len(self.items))
         if name == "__getitem__" and len(args) == 1:
             return self.getitem(tx, args[0])
+        if self.cls is nn.ModuleDict and not args and not kwargs and name in _DICT_VIEWS:
+            keys: list[VT] = [ConstantVariable(k) for k in self.keys]
+            views: dict[str, list[VT]] = {
+                "keys": keys,
+                "values": list(self.items),
+                "items": [TupleVariable([k, v]) for k, v in zip(keys, self.items, strict=True)],
+            }
+            return TupleVariable(views[name])  # iterated or listed: a dict view leaves as a tuple (README)
+        if self.cls is nn.ModuleDict and name == "__contains__" and len(args) == 1:
+            return ConstantVariable(self.contains(tx, args[0]))
+        if name in _TRAVERSALS and not args and not kwargs:  # Note [Module traversal]
+            from kiln_dynamo.variables.lists import ListIteratorVariable
+
+            pairs = self.named(tx, name.removeprefix("named_"), "")
+            if name.startswith("named_"):
+                named: list[VT] = [TupleVariable([ConstantVariable(k), v]) for k, v in pairs]
+                return ListIteratorVariable(named, "generator")
+            return ListIteratorVariable([v for _, v in pairs], "generator")
         raise Unsupported(f"method {name} of a {self.describe()}")
 
+    def named(self, tx: Tx, what: str, prefix: str) -> list[tuple[str, VT]]:
+        """`named_<what>(prefix)` of the container as torch walks it (each object once)."""
+        out: list[tuple[str, VT]] = [(prefix, self)] if what == "modules" else []
+        for key, item in zip(self.keys, self.items, strict=True):
+            sub = f"{prefix}.{key}" if prefix else key
+            if what == "children":
+                out.append((key, item))
+            elif isinstance(item, ModuleSliceVariable):
+                out += item.named(tx, what, sub)
+            else:
+                assert isinstance(item, NNModuleVariable)
+                walked = traverse(tx, item, f"named_{what}", [], {"prefix": ConstantVariable(sub)})
+                for row in walked.items:  # type: ignore[attr-defined]
+                    k, v = row.items
+                    out.append((k.as_constant(), v))
+        seen: set[int] = set()
+        unique = []
+        for k, v in out:
+            ident = id(v.identity())
+            if ident not in seen:
+                seen.add(ident)
+                unique.append((k, v))
+        return unique
+
+    def contains(self, tx: Tx, item: VT) -> bool:
+        if self.cls is not nn.ModuleDict or not item.is_constant():
+            raise Unsupported(f"`in` on a {self.describe()}")
+        return item.as_constant() in self.keys
+
     def getattr(self, tx: Tx, name: str) -> VT:
-        if name in ("forward", "__getitem__", "__len__"):
+        if self.cls is nn.ModuleDict and name in _DICT_VIEWS:
             from kiln_dynamo.variables.base import MethodVariable
 
+            return MethodVariable(self, name)
+        if name in ("forward", "__getitem__", "__len__") or callable(getattr(self.cls, name, None)):
+            from kiln_dynamo.variables.base import MethodVariable
+
+            # a method it does not model (`parameters`, `eval`) breaks at its call, where the frame
+            # can split, not at the attribute load
             return MethodVariable(self, name)
         raise Unsupported(f"attribute {name!r} of a {self.describe()}")
 
@@ -553,6 +612,9 @@ class ModuleSliceVariable(VariableTracker):
         if bound is not None:
             return bound
         items = [i.reconstruct(cg) for i in self.items]
+        if self.cls is nn.ModuleDict:
+            pairs = ", ".join(f"({k!r}, {v})" for k, v in zip(self.keys, items, strict=True))
+            return f"{cg.const(self.cls)}([{pairs}])"
         if self.cls is nn.Sequential:
             pairs = ", ".join(f"({k!r}, {v})" for k, v in zip(self.keys, items, strict=True))
             return f"{cg.const(self.cls)}({cg.const(collections.OrderedDict)}([{pairs}]))"
@@ -640,10 +702,49 @@ def _torch_constructed(cls: type) -> bool:
     return True
 
 
+_DICT_VIEWS = ("keys", "values", "items")
+
+
+# Note [Containers made in the frame]: `nn.Sequential(a, b)`, `nn.ModuleList([a, b])` and
+# `nn.ModuleDict({"a": a, "b": b})` built in the frame over modules the trace already holds
+# (modules from outside the frame, read through their sources and guarded as usual; modules made
+# in the frame; containers made so) are the same thing as a slice of a container (Note [Container
+# slices]): a tracker over the children's trackers that indexes, iterates, calls (a Sequential)
+# and lists its keys, values and items (a ModuleDict), and that leaves the frame as a fresh
+# container over the real children, as eager makes one per call. What it does not model (its
+# `parameters()`, `train()`, a store into it) is a break, as the construction was before.
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _is_module_tracker(vt: VT) -> bool:
+    return isinstance(vt, NNModuleVariable | ModuleSliceVariable)
+
+
+def _container_of_trackers(cls: type[nn.Module], args: list[VT]) -> VT | None:
+    from kiln_dynamo.variables.dicts import DictVariable
+    from kiln_dynamo.variables.lists import BaseListVariable
+
+    if cls is nn.Sequential and args and all(_is_module_tracker(a) for a in args):
+        return ModuleSliceVariable(cls, [str(i) for i in range(len(args))], list(args))
+    if cls is nn.ModuleList and len(args) == 1 and isinstance(args[0], BaseListVariable):
+        items = list(args[0].items)
+        if all(_is_module_tracker(i) for i in items):
+            return ModuleSliceVariable(cls, [], items)
+    if cls is nn.ModuleDict and len(args) == 1 and type(args[0]) is DictVariable:
+        entries = list(args[0].items.items())
+        if all(isinstance(k, str) and _is_module_tracker(v) for k, v in entries):
+            return ModuleSliceVariable(cls, [k for k, _ in entries], [v for _, v in entries])
+    return None
+
+
 def construct_module(tx: Tx, cls: type[nn.Module], args: list[VT], kwargs: dict[str, VT]) -> VT:
     """`cls(*args, **kwargs)` for an nn.Module class inside the frame (Note [Modules made in the
     frame])."""
     what = f"constructing {cls.__qualname__} inside the frame"
+    if cls in _CONTAINERS and not kwargs and not all(a.is_constant() for a in args):
+        built = _container_of_trackers(cls, args)  # Note [Containers made in the frame]
+        if built is not None:
+            return built
     if not _torch_constructed(cls):
         raise Unsupported(
             f"{what} (only torch.nn's modules, transformers' activations and subclasses of them "

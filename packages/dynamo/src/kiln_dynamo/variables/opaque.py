@@ -132,7 +132,9 @@ class OpaqueMethodVariable(VariableTracker):
         return cg.source(self.source)
 
 
-# Note [inference_mode in the frame]: the tensors made under `torch.inference_mode()` are
+# Note [inference_mode in the frame]: since capture15 a block is traced whole (Note [inference_mode
+# traced] in inference.py); what follows is the way kept for a break inside the block and for
+# KILN_TRACE_INFERENCE_MODE=0. The tensors made under `torch.inference_mode()` are
 # inference tensors, which no graph makes, so the mode is never entered inside a graph. Making the
 # object (`torch.inference_mode()`, `torch.inference_mode(False)`) has no effect and is modelled
 # (rebuilt as the same call if it crosses a split); entering the block is one break with the
@@ -142,7 +144,7 @@ class OpaqueMethodVariable(VariableTracker):
 # object's `__exit__` in that continuation (not inside torch's Python `__exit__`), and the code
 # after the block is captured in a third graph. Before, the object's construction, its
 # `__enter__` and two reads inside torch's `__exit__` were four breaks (two of them chains of two
-# frames). As a decorator (`torch.inference_mode()(fn)`) it stays a break at the call.
+# frames).
 _INFERENCE_REASON = (
     "torch.inference_mode inside a compiled frame: the tensors it makes are inference tensors, "
     "which no graph makes; entering and leaving the block run as Python, and its body is a graph of its own"
@@ -157,6 +159,7 @@ class InferenceModeVariable(VariableTracker):
 
     def __init__(self, mode: bool) -> None:
         self.mode = mode
+        self.prev_grad = True
 
     def describe(self) -> str:
         return f"torch.inference_mode({self.mode})"
@@ -165,6 +168,16 @@ class InferenceModeVariable(VariableTracker):
         return torch.inference_mode
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        from kiln_dynamo.variables.base import ConstantVariable
+
+        if name == "mode":
+            return ConstantVariable(self.mode)
+        if name in ("__class__", "clone"):  # torch's decorator: `self.__class__(self.mode)`
+            from kiln_dynamo.variables.functions import BoundMethodVariable
+
+            if name == "__class__":
+                return tx.wrap(torch.inference_mode, None)
+            return BoundMethodVariable(tx.wrap(torch.inference_mode.clone, None), self)
         raise Unsupported(_INFERENCE_REASON, advice=_INFERENCE_ADVICE)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -172,6 +185,54 @@ class InferenceModeVariable(VariableTracker):
 
     def reconstruct(self, cg: Reconstructor) -> str:
         return f"{cg.const(torch.inference_mode)}({self.mode!r})"
+
+    def enter(self, tx: Tx) -> VT:
+        """Entering the block as a traced one (Note [inference_mode traced] in inference.py):
+        grad mode off in the graph, and what the block makes is marked inference."""
+        from kiln_dynamo.variables.base import ConstantVariable
+
+        tx.output.guards.inference_mode()
+        if not self.mode:
+            if tx.output.inference_depth or torch.is_inference_mode_enabled():
+                raise Unsupported(
+                    "torch.inference_mode(False) inside an inference_mode block", advice=_INFERENCE_ADVICE
+                )
+            return ConstantVariable(None)  # outside the mode, (False) changes nothing
+        from kiln_dynamo.logs import decisions_log
+
+        decisions_log.info(
+            "torch.inference_mode() block at %s traced: grad mode off in the graph, its results made "
+            "inference tensors after the graph (KILN_TRACE_INFERENCE_MODE=0: two breaks instead)",
+            tx.where(),
+        )
+        self.prev_grad = torch.is_grad_enabled()
+        tx.output.set_grad_mode(False)
+        tx.output.inference_depth += 1
+        return ConstantVariable(None)
+
+    def exit(self, tx: Tx) -> VT:
+        from kiln_dynamo.variables.base import ConstantVariable
+
+        if self.mode:
+            tx.output.inference_depth -= 1
+            tx.output.set_grad_mode(self.prev_grad)
+        return ConstantVariable(None)
+
+
+class TracedInferenceExitVariable(VariableTracker):
+    """The `__exit__` BEFORE_WITH leaves for a traced `torch.inference_mode()` block (Note
+    [inference_mode traced] in inference.py); `enter_offset` is the BEFORE_WITH of the frame
+    itself, where a break inside the block moves (None in an inlined frame)."""
+
+    def __init__(self, ctx: InferenceModeVariable, enter_offset: int | None) -> None:
+        self.ctx = ctx
+        self.enter_offset = enter_offset
+
+    def describe(self) -> str:
+        return "__exit__ of " + self.ctx.describe()
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        return self.ctx.exit(tx)
 
 
 class InferenceModeExitVariable(OpaqueCallableVariable):
@@ -183,7 +244,13 @@ class InferenceModeExitVariable(OpaqueCallableVariable):
 
 
 def is_inference_mode_method(value: Any) -> bool:
-    return isinstance(value, types.MethodType) and isinstance(value.__self__, torch.inference_mode)
+    """The bound `__exit__` of a real `torch.inference_mode` (its other methods, `clone` behind
+    the decorator, are traced as any method)."""
+    return (
+        isinstance(value, types.MethodType)
+        and isinstance(value.__self__, torch.inference_mode)
+        and value.__func__ is torch.inference_mode.__exit__
+    )
 
 
 # Note [Grad mode across a split]: when a frame splits inside `with torch.no_grad():`, the

@@ -62,7 +62,6 @@ _METADATA_ATTRS = frozenset(
         "is_mps",
         "is_xpu",
         "is_sparse_csr",
-        "is_inference",
     }
 )
 _TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
@@ -270,6 +269,11 @@ class TensorMethodVariable(VariableTracker):
         if name in _NOT_TRACEABLE:
             reason, advice = _NOT_TRACEABLE[name]
             raise Unsupported(reason, advice=advice)
+        if name == "is_inference" and not args and not kwargs:  # Note [inference_mode traced]
+            from kiln_dynamo import inference
+
+            tx.output.guards.inference_mode()
+            return ConstantVariable(inference.is_inference(fake))
         if name in _METADATA_METHODS or (name == "type" and not args and not kwargs):
             if not all(a.is_constant() for a in [*args, *kwargs.values()]):
                 raise Unsupported(f"Tensor.{name} with non-constant arguments")

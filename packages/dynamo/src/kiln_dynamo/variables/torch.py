@@ -198,7 +198,8 @@ class TorchFunctionVariable(VariableTracker):
             return ConstantVariable(torch.get_default_dtype())
         if fn is torch.is_inference_mode_enabled:
             tx.output.guards.inference_mode()
-            return ConstantVariable(torch.is_inference_mode_enabled())
+            # a traced block's mode is on (Note [inference_mode traced] in inference.py)
+            return ConstantVariable(tx.output.inference_depth > 0 or torch.is_inference_mode_enabled())
         if fn in SETTING_READERS and not args and not kwargs:  # Note [Settings read through torch functions]
             value = fn()
             tx.output.guards.setting(fn, value)
