@@ -37,7 +37,7 @@ chosen only when it pays at every batch of the range. Counting at the size hint,
 call's batch, made one program's layouts depend on the order of its calls (issue 17: ConvNeXt
 compiled at batch 2 kept eager's layouts, at batch 8 chose NHWC). Measured at one thread on
 static compiles, NHWC / eager layouts forced by patching ``POLICIES["cpu"]``, batch 2 / 8 / 32
-(kiln_bench's cpu-size models, interleaved, medians of 21 calls, ``/tmp``-style script of the
+(kiln_bench's cpu-size models, interleaved, medians of 21 calls, a script of the
 fifteenth session): ResNet 1.23 / 1.17 / 1.06, CNN 1.00 / 0.88-1.01 / 0.99-1.18 (noisy): without
 a depthwise convolution the loss of eager layouts at a large batch is small, NHWC's at a small
 batch is not. A symbolic spatial size is counted at its hint (images seldom change size).
