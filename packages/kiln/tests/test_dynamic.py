@@ -856,3 +856,65 @@ def test_floor_division_of_negative_size_expressions(cpu_backend: str) -> None:
         for n in (4, 5, 6, 7, 9):
             x = torch.randn(n, 3)
             torch.testing.assert_close(compiled(x), f(x))
+
+
+def _convnext() -> nn.Module:
+    """A tiny ConvNeXt: a patch convolution, channels-first LayerNorms, 7x7 depthwise convolutions and
+    Linear layers over a permute to [N, H, W, C] and back."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], num_labels=10)
+    return transformers.ConvNextForImageClassification(cfg).eval()
+
+
+def test_views_over_a_pooled_image_of_symbolic_size_are_not_copies(caplog: pytest.LogCaptureFixture) -> None:
+    """A ConvNeXt block under `dynamic=True` (batch and image size symbolic): the permutes around
+    its LayerNorms and the `[N*H*W, C]` views its Linear layers read are strides over `s // 4`,
+    a size expression (Note [Views with symbolic strides], Note [Symbolic divisors], loopir).
+    Before, `s // 4` counted as a digit of a loop variable, and each view became a copy kernel
+    (issue 17: ConvNeXt 1.14x slower than its static compiles). Equal to eager at every size."""
+    torch.manual_seed(0)
+    model = _convnext()
+    sizes = ((2, 64), (8, 64), (3, 96), (2, 64))
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.output_code"):
+        _sweep(model, [(torch.randn(b, 3, n, n),) for b, n in sizes], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and _op_fallbacks() == []
+    wrapper = "\n".join(r.getMessage() for r in caplog.records)
+    kernels = re.findall(r"k_(cpp_fused_\w+?)_\d+\(", wrapper)
+    assert kernels and not [k for k in kernels if k.endswith(("_view", "_permute"))], kernels
+
+
+@pytest.mark.parametrize("model_kind", ["resnet_block", "convnext_block"])
+def test_the_cpu_layout_rule_does_not_depend_on_the_first_batch(
+    model_kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Note [The CPU rule under a symbolic batch] (loopir): a graph with a symbolic batch counts
+    the convolutions' inputs at the smallest batch, so its layouts are the same whichever batch
+    it is first called with; equal to eager at every batch."""
+    torch.manual_seed(0)
+    if model_kind == "resnet_block":
+        model: nn.Module = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4),
+        ).eval()  # fmt: skip
+    else:
+        model = _convnext()
+    verdicts = []
+    for first in (2, 16):
+        kiln.reset()
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
+            image = 64 if model_kind == "convnext_block" else 8  # the ResNet block: 2432 < 2736 < 19456
+            _sweep(model, [(torch.randn(b, 3, image, image),) for b in (first, 5, 18 - first)], dynamic=True)
+        assert kiln_dynamo.counters.graphs == 1
+        verdicts += [r.getMessage() for r in caplog.records if r.getMessage().startswith("layout:")]
+    assert len(verdicts) == 2 and verdicts[0] == verdicts[1], verdicts
+    # ConvNeXt's depthwise convolutions choose NHWC at any batch (Note [Depthwise convolutions on
+    # the CPU]); the ResNet block's inputs are counted at batch 2, where they weigh less
+    want = (
+        "channels-last"
+        if model_kind == "convnext_block"
+        else "eager layouts: conv inputs (2432 elements at the smallest batch)"
+    )
+    assert want in verdicts[0], verdicts

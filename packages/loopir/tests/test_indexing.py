@@ -272,3 +272,22 @@ def test_a_size_expression_is_its_own_largest_value() -> None:
         env = {s2: hs2, x1: vx1, r0: min(vr0, hn - 1), r1: min(vr1, hn - 1)}
         for expr, folded in digits.items():
             assert int(evaluate(expr, env)) == int(evaluate(folded, env))
+
+
+def test_a_division_of_sizes_is_a_stride_not_a_digit() -> None:
+    """Note [Views with symbolic strides], Note [Symbolic divisors]: over a pooled image of side
+    ``n = s2 // 4`` (ConvNeXt's stem under ``dynamic=True``), the ``[N*n*n, C]`` view of an
+    ``[N, n, n, C]`` buffer recombines to ``C*v0 + v1`` and is an ``as_strided`` view, and a
+    permute's strides ``(C*n*n, 1, C*n, C)`` are strides; a division of a loop variable is not."""
+    s0, s2 = sympy.symbols("s0 s2", integer=True, positive=True)
+    n = FloorDiv(s2, Int(4))
+    old, new = [s0, n, n, Int(32)], [s0 * n * n, Int(32)]
+    v = loop_vars("v", 2)
+    with sizevars.using(sizevars.SizeVars(hints={s0: 2, s2: 64})):
+        flat = linear_index(reshape_indexer(old, new)(list(v)), contiguous_strides(old))
+        assert simplify_index(flat, dict(zip(v, new, strict=True))) == 32 * v[0] + v[1]
+    assert as_strided_params(32 * v[0] + v[1], v, {s0, s2}) == ([32, 1], 0)
+    x = loop_vars("x", 4)
+    permuted = 32 * n * n * x[0] + x[1] + 32 * n * x[2] + 32 * x[3]
+    assert as_strided_params(permuted, x, {s0, s2}) == ([32 * n**2, 1, 32 * n, 32], 0)
+    assert as_strided_params(32 * FloorDiv(x[0], n) + x[1], x[:2], {s0, s2}) is None

@@ -555,10 +555,22 @@ def _nhwc(meta: Any, integers: bool = False) -> Any:
     """A meta value with its 4-D tensors channels-last (Note [Channels-last for convolutions]):
     the floating ones, and with ``integers`` the integer ones too."""
     if isinstance(meta, torch.Tensor) and meta.dim() == 4 and (integers or meta.is_floating_point()):
+        if has_symbols(meta):
+            return _nhwc_symbolic(meta)
         return meta.to(memory_format=torch.channels_last)
     if isinstance(meta, list | tuple):
         return type(meta)(_nhwc(m, integers) for m in meta)
     return meta
+
+
+def _nhwc_symbolic(meta: torch.Tensor) -> torch.Tensor:
+    """Note [Channels-last values of symbolic size]: ``meta.to(memory_format=channels_last)``
+    asks whether each spatial size is 1 (torch's contiguity checks), a guard that made loopir
+    refuse every NHWC graph whose image size is symbolic (ConvNeXt's last stage, ``s // 32``), so
+    the strides are written out, ``(C*H*W, 1, W*C, C)``: torch's own for every size but 0, and a
+    size-1 dim's stride is never used to index."""
+    _, c, h, w = meta.shape
+    return torch.empty_strided(meta.shape, (c * h * w, 1, w * c, c), dtype=meta.dtype, device="meta")
 
 
 def _numel(node: torch.fx.Node) -> int | None:

@@ -27,6 +27,11 @@ e % s1 -> e``); and ``(a + g*b) // (g*s1)`` with ``0 <= a < g`` divides to ``b /
 (``_drop_low_symbolic``: a row's offset inside a flat position, as a fused layer norm reads its
 row statistics), without which a kernel's own stores are not recognised by its loads and go
 through memory (a scratch buffer, a barrier, 64-bit divisions per element). Integer divisors take exactly the paths they took before.
+A division of sizes only (``s2 // 4``: an image's side after a stride-4 convolution) is a size,
+not a digit: it may be a coefficient of a digit, and it may be a view's stride
+(:func:`as_strided_params`); only a division of a loop variable is a digit. Before, ConvNeXt's
+``[N*H*W, C]`` views and the permutes around its LayerNorms were copy kernels under
+``dynamic=True`` (issue 17: 8 view and 4 permute copies a call, 1.12x the static compiles).
 """
 
 from __future__ import annotations
@@ -372,8 +377,11 @@ def _digit_term(term: Expr, sizes: frozenset[sympy.Symbol]) -> tuple[Expr, Expr]
     times size symbols keeps the symbols in its coefficient (Note [Symbolic divisors])."""
     cf, f = term.as_coeff_Mul()
     if sizes and isinstance(f, sympy.Mul):
-        digits = [a for a in f.args if isinstance(a, FloorDiv | ModularIndexing)]
-        others = [a for a in f.args if not isinstance(a, FloorDiv | ModularIndexing)]
+        # a division of sizes only (``s2 // 4``, a pooled image's side) is a size, not a digit
+        digits = [
+            a for a in f.args if isinstance(a, FloorDiv | ModularIndexing) and not a.free_symbols <= sizes
+        ]
+        others = [a for a in f.args if a not in digits]
         if len(digits) == 1 and all(a.free_symbols <= sizes for a in others):
             return cf * sympy.Mul(*others), digits[0]
     return cf, f
@@ -530,8 +538,8 @@ def as_strided_params(
     is then an ``as_strided`` view as in a static graph, not a copy kernel. Any other symbol
     (an indirect load's value) keeps the index from being a view."""
     expr = sympy.expand(index)
-    if expr.has(FloorDiv, ModularIndexing):
-        return None
+    if any(not d.free_symbols.isdisjoint(variables) for d in expr.atoms(FloorDiv, ModularIndexing)):
+        return None  # a digit of a loop variable; one of sizes only (``s2 // 4``) is a stride
     strides = []
     for var in variables:
         if not _linear_in(expr, var):

@@ -16,9 +16,31 @@ reorder a contiguous weight themselves when the input is NHWC.
 
 The CPU rule (:func:`cpu_policy`): inference graphs, oneDNN present and enabled, and either the
 convolutions run through oneDNN with prepacked weights (the conv_fusion pass, Note
-[Convolutions through oneDNN], with conv_prepack) or the convolutions' inputs hold at least as
-many elements as their weights (a contiguous weight is reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost 10%; on the plain CNN, 3.4 as
-many, it gained 50%).
+[Convolutions through oneDNN], with conv_prepack) or one of them is depthwise (Note [Depthwise
+convolutions on the CPU]) or the convolutions' inputs hold at least as many elements as their
+weights (a contiguous weight is reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost
+10%; on the plain CNN, 3.4 as many, it gained 50%), a symbolic batch counted at its smallest value
+(Note [The CPU rule under a symbolic batch]).
+
+Note [Depthwise convolutions on the CPU]: a graph with a depthwise convolution (one input channel
+per group) runs NHWC whatever its sizes: oneDNN's NHWC depthwise kernels beat its NCHW ones by more
+than the weight reorders cost, even where the inputs weigh less than the weights. Measured as
+below, NHWC / eager layouts at batch 2 / 8 / 32: MobileNetV2 (breadth suite) 0.89 / 0.70 / 0.64,
+EfficientNet (breadth) 0.99 / 0.84 / 0.82, ConvNeXt (kiln_bench cpu size) 0.95 / 0.99 / 0.98; the
+element-count rule kept all three in eager layouts at batch 2 (MobileNetV2 at batch 8 too).
+
+Note [The CPU rule under a symbolic batch]: the rule's cost, the weight reorder, is paid once per
+call and its gain grows with the batch, so with a symbolic batch the inputs are counted at the
+smallest batch the graph accepts (the lower end of the batch symbol's range: 2 under
+``dynamic=True``, ``kiln.mark_dynamic``'s ``min``), the other dims at their size hints; NHWC is
+chosen only when it pays at every batch of the range. Counting at the size hint, i.e. the first
+call's batch, made one program's layouts depend on the order of its calls (issue 17: ConvNeXt
+compiled at batch 2 kept eager's layouts, at batch 8 chose NHWC). Measured at one thread on
+static compiles, NHWC / eager layouts forced by patching ``POLICIES["cpu"]``, batch 2 / 8 / 32
+(kiln_bench's cpu-size models, interleaved, medians of 21 calls, a script of the
+fifteenth session): ResNet 1.23 / 1.17 / 1.06, CNN 1.00 / 0.88-1.01 / 0.99-1.18 (noisy): without
+a depthwise convolution the loss of eager layouts at a large batch is small, NHWC's at a small
+batch is not. A symbolic spatial size is counted at its hint (images seldom change size).
 
 The CUDA rule (:func:`cuda_policy`), after the anchor's ``decide_layout_opt``: cuDNN is fastest in
 NHWC, and on NCHW tensors it either converts each activation around every convolution (ResNet-50 on
@@ -77,7 +99,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from kiln_symbolic import hint_of
+from kiln_symbolic import bound, hint_of
 
 from . import PassContext
 
@@ -230,13 +252,19 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     if enabled_on(ctx) is None:
         # Note [Convolutions through oneDNN]: prepacked weights are not reordered per call
         return LayoutDecision(True, f"{len(convs)} convs through oneDNN (conv_fusion)")
-    activations = sum(_numel(n.args[0]) for n in convs)
+    depthwise = [n for n in convs if conv_class(n) == "depthwise"]
+    if depthwise:  # Note [Depthwise convolutions on the CPU]
+        return LayoutDecision(True, f"{len(convs)} convs, {len(depthwise)} depthwise")
+    # Note [The CPU rule under a symbolic batch]
+    activations = sum(_numel_at_smallest_batch(n.args[0]) for n in convs)
     weights = sum(_numel(n.args[1]) for n in convs)
+    symbolic_batch = any(isinstance(getattr(_val(n.args[0]), "shape", (0,))[0], torch.SymInt) for n in convs)
+    at = " at the smallest batch" if symbolic_batch else ""
     if activations < weights:
         return LayoutDecision(
-            False, f"conv inputs ({activations} elements) weigh less than weights ({weights})"
+            False, f"conv inputs ({activations} elements{at}) weigh less than weights ({weights})"
         )
-    return LayoutDecision(True, f"{len(convs)} convs, inputs {activations} >= weights {weights} elements")
+    return LayoutDecision(True, f"{len(convs)} convs, inputs {activations}{at} >= weights {weights} elements")
 
 
 def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
@@ -282,6 +310,33 @@ def _numel(node: Any) -> int:
         return 0
     numel = val.numel()
     return int(hint_of(numel)) if isinstance(numel, torch.SymInt) else int(numel)
+
+
+def _smallest(size: Any) -> int:
+    """The smallest value a (symbolic) size may take: the lower end of its symbols' ranges
+    (``kiln.mark_dynamic``'s ``min``; 2 for a dynamic batch, 0 and 1 being specialized), at least 1;
+    an int as it is."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    node = size.node
+    env = getattr(node, "shape_env", None)
+    ranges = getattr(env, "var_to_range", None)
+    if ranges is None:
+        return int(hint_of(size))
+    lower = bound(node.expr, ranges).lower
+    return max(int(lower), 1) if lower.is_number and lower.is_finite else 1
+
+
+def _numel_at_smallest_batch(node: Any) -> int:
+    """Elements of a 4-D (or any) value with its batch (dim 0) at its smallest value and every
+    other dim at its size hint (Note [The CPU rule under a symbolic batch])."""
+    val = _val(node)
+    if not isinstance(val, torch.Tensor) or val.dim() == 0 or not isinstance(val.shape[0], torch.SymInt):
+        return _numel(node)
+    per_sample = 1
+    for s in val.shape[1:]:
+        per_sample *= int(hint_of(s)) if isinstance(s, torch.SymInt) else int(s)
+    return per_sample * _smallest(val.shape[0])
 
 
 def preserves_layout(node: torch.fx.Node) -> bool:
