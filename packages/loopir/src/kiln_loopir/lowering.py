@@ -290,7 +290,9 @@ def _multiple_of(expr: Expr, n: int) -> bool:
     return bool(sympy.Mod(sympy.sympify(expr), n) == 0)
 
 
-def aligned_bias(value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT, what: str = "attention bias") -> Any:
+def aligned_bias(
+    value: TensorBox, alignment: int = ATTENTION_BIAS_ALIGNMENT, what: str = "attention bias"
+) -> Any:
     """``value`` as memory whose strides (but the last, 1) and offset are multiples of
     ``alignment`` (Note [Aligned attention biases], Note [Aligned attention operands])."""
     realized = realize_strided(value)

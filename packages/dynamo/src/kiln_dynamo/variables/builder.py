@@ -311,7 +311,7 @@ class VariableBuilder:
             if source is not None:
                 guards.identity(source, value)
             inner = AttrSource(source, "_torchdynamo_inline") if source is not None else None
-            return UserFunctionVariable(value._torchdynamo_inline, inner)
+            return UserFunctionVariable(value._torchdynamo_inline, inner)  # type: ignore[attr-defined]
         if isinstance(value, types.FunctionType):
             if source is not None:
                 guards.function(source, value)
