@@ -5,6 +5,12 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Fifteenth session: call10 (new: the breadth suite timed, packages/kiln/bench/breadth_speed.py) three
+#   times (all, the 14 behind models with --profile, all again) and the public suite in bf16 without
+#   profile (results/2026-12-03-h200-s15-*). Next: call10 ONLY=levit,deberta,deberta_v2 PROFILE=1
+#   PROCS=1 (LeViT's attention-operand alignment, committed after the run; DeBERTa's recompiles),
+#   then call2 + call9 (call9 ran only its ConvNeXt half: T5's part did not print), call3c (with
+#   cse), call5b, call5d, call4b, call8, as below.
 # Fourteenth session: no device time (the session's budget was spent by the thirteenth, whose
 #   submission it completes). The queue stands as below, with call9 (scripts/gpu_diag_kernels.py:
 #   T5's math-path attention, ConvNeXt's `clone` layer norms) to run beside call2.
