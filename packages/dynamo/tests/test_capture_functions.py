@@ -762,3 +762,21 @@ def test_scripted_function_is_inlined() -> None:
 
     x = torch.randn(2, 8)
     torch.testing.assert_close(one_graph(f, x), f(x))
+    check(f, x, calls=3)  # one graph, no recompile on the calls after the first
+
+    import scripted_helpers  # a scripted helper read from another module's globals
+
+    check(lambda x: scripted_helpers.attention_scale(scripted_helpers.attention_scale(x)), x, calls=3)
+
+
+def test_tensor_of_python_numbers_as_a_slice_bound() -> None:
+    """Note [Tensors made from Python numbers]: `torch.tensor(n)` of constants carries its value,
+    so using it as a slice bound (DeBERTa's attention span) does not break the graph."""
+
+    def f(q: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        span = torch.tensor(min(q.size(-2), 16))
+        return emb[16 - span : 16 + span, :] * 2
+
+    q, emb = torch.randn(2, 8, 4), torch.randn(32, 4)
+    torch.testing.assert_close(one_graph(f, q, emb), f(q, emb))
+    check(f, q, emb, calls=3)

@@ -430,6 +430,8 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return x
 
     result = tree_map(wrap, out)
+    if real is None and name in _LIFTS and isinstance(result, FakeTensor):
+        real = _lifted_constant(args[0], device)  # Note [Tensors made from Python numbers]
     if name in _METADATA_IN_PLACE and args and isinstance(args[0], FakeTensor):
         _follow_geometry(args[0])  # Note [In-place changes of a tensor's shape]
     if real is not None:
@@ -443,6 +445,24 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 )
                 set_constant(fake, value if same else None)
     return result
+
+
+# Note [Tensors made from Python numbers]: `torch.tensor(8)`, `torch.tensor([0, 2, 5])` build a
+# real CPU tensor from the numbers and hand it to `lift_fresh`, so the fake that comes back is
+# the first thing tracing sees of it. Those numbers are constants of the trace (literals, static
+# sizes, guarded values), so the fake carries them (Note [Constant fakes]), with the same rules
+# as any constant: small, and on a device other than the CPU integers and bools only. Without it
+# `torch.tensor(min(q.size(-2), k.size(-2)))` used as a slice bound (DeBERTa's
+# `compute_attention_span`) or in `int()` became a data-dependent size and broke the graph.
+_LIFTS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy", "aten::lift"})
+
+
+def _lifted_constant(x: Any, device: torch.device) -> torch.Tensor | None:
+    if not isinstance(x, torch.Tensor) or isinstance(x, FakeTensor) or x.device.type != "cpu":
+        return None
+    if x.numel() > CONSTANT_LIMIT or (device.type != "cpu" and (x.is_floating_point() or x.is_complex())):
+        return None
+    return x.detach().clone()
 
 
 def _no_answer(device: torch.device, *args: Any, **kwargs: Any) -> None:

@@ -308,10 +308,11 @@ class VariableBuilder:
             # (`_torchdynamo_inline`, set for tracers such as this one); eager runs TorchScript's
             # compilation of the same code, so the Python function is inlined (DeBERTa's
             # `scaled_size_sqrt` broke every attention layer on CUDA before)
+            # (the scripted function is guarded by identity, and it never changes the Python
+            # function it holds: that one is inlined as a function made in the frame, sourceless)
             if source is not None:
                 guards.identity(source, value)
-            inner = AttrSource(source, "_torchdynamo_inline") if source is not None else None
-            return UserFunctionVariable(value._torchdynamo_inline, inner)  # type: ignore[attr-defined]
+            return UserFunctionVariable(value._torchdynamo_inline, None)  # type: ignore[attr-defined]
         if isinstance(value, types.FunctionType):
             if source is not None:
                 guards.function(source, value)
