@@ -858,14 +858,55 @@ def test_floor_division_of_negative_size_expressions(cpu_backend: str) -> None:
             torch.testing.assert_close(compiled(x), f(x))
 
 
-def _convnext() -> nn.Module:
-    """A tiny ConvNeXt: a patch convolution, channels-first LayerNorms, 7x7 depthwise convolutions and
-    Linear layers over a permute to [N, H, W, C] and back."""
-    import transformers
+class _ChannelsFirstNorm(nn.Module):
+    """ConvNeXt's LayerNorm over the channels of an [N, C, H, W] image (as transformers writes it)."""
 
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.randn(c) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + 1e-6)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+class _ConvNeXtBlock(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.up, self.act, self.down = nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(x).permute(0, 2, 3, 1)  # (N, C, H, W) -> (N, H, W, C)
+        y = self.down(self.act(self.up(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class _ConvNeXt(nn.Module):
+    """A tiny ConvNeXt as transformers builds it: a 4x4 patch convolution, channels-first
+    LayerNorms, 7x7 depthwise convolutions and Linear layers over a permute to [N, H, W, C] and back,
+    2x2 downsampling convolutions, a pooled head."""
+
+    def __init__(self, widths: tuple[int, ...] = (32, 64, 128, 256)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 4, stride=4), _ChannelsFirstNorm(widths[0])]
+        for i, c in enumerate(widths):
+            if i:
+                layers += [_ChannelsFirstNorm(widths[i - 1]), nn.Conv2d(widths[i - 1], c, 2, stride=2)]
+            layers.append(_ConvNeXtBlock(c))
+        self.features = nn.Sequential(*layers)
+        self.norm, self.head = nn.LayerNorm(widths[-1]), nn.Linear(widths[-1], 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.features(x).mean([-2, -1])))
+
+
+def _convnext() -> nn.Module:
     torch.manual_seed(0)
-    cfg = transformers.ConvNextConfig(hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], num_labels=10)
-    return transformers.ConvNextForImageClassification(cfg).eval()
+    return _ConvNeXt().eval()
 
 
 def test_views_over_a_pooled_image_of_symbolic_size_are_not_copies(caplog: pytest.LogCaptureFixture) -> None:
