@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in (args.only.split(",") if args.only else MODELS) if n]
     names = [n for n in names if n not in set(args.skip.split(","))]
     if args.procs > 1:
-        return _fan_out(names, args, argv if argv is not None else sys.argv[1:])
+        return _fan_out(names, args)
     i, n = (int(v) for v in args.shard.split("/"))
     names = names[i::n]
     start = time.perf_counter()
@@ -293,21 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _fan_out(names: list[str], args: argparse.Namespace, argv: list[str]) -> int:
+def _fan_out(names: list[str], args: argparse.Namespace) -> int:
     """Run the models in `args.procs` child processes, one shard each; merge their JSONs."""
     out = Path(args.json) if args.json else Path(f"/tmp/breadth-speed-{os.getpid()}.json")
-    drop = {"--procs", "--json", "--shard"}
-    base: list[str] = []
-    skip_next = False
-    for i, a in enumerate(argv):
-        if skip_next:
-            skip_next = False
-            continue
-        key = a.split("=", 1)[0]
-        if key in drop:
-            skip_next = "=" not in a and i + 1 < len(argv)
-            continue
-        base.append(a)
+    base = [  # the child's arguments, from what was parsed: the models named, one process each
+        f"--device={args.device}", f"--dtype={args.dtype}", f"--only={','.join(names)}",
+        f"--backends={','.join(args.backends)}", f"--batch={args.batch}", f"--calls={args.calls}",
+        f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
+        *(["--profile"] if args.profile else []),
+    ]  # fmt: skip
     children = []
     parts = Path(tempfile.mkdtemp(prefix="breadth-speed-"))  # beside no one's results
     for i in range(args.procs):
