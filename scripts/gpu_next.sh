@@ -154,7 +154,8 @@ PY
         --json "$out/breadth-speed.json" > "$out/breadth-speed.log" 2>&1; tail -n 140 "$out/breadth-speed.log" | cut -c1-200 ;;
     call9)  # issue 15: why T5's decoder attention takes torch's math SDPA on the H200, and the source of
       # ConvNeXt's stage-2 layer-norm kernels that carry a `clone` there only (28% of copy bandwidth)
-      timeout 300 python3 scripts/gpu_diag_kernels.py --out "$out" 2>&1 | cut -c1-400 | tail -80 ;;
+      timeout 300 python3 scripts/gpu_diag_kernels.py --out "$out" > "$out/diag.log" 2>&1; grep -c . "$out/diag.log"
+      cut -c1-400 "$out/diag.log" | head -70 ;;
     *) echo "unknown step $step (call1 .. call6)" ;;
   esac
 done
