@@ -95,6 +95,11 @@ for step in "$@"; do
       bench ablation-b 560 --dtype bfloat16 --modes inference --models vit,resnet,convnext,cnn,distilbert --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
     call4)
       bench training-bf16 560 --dtype bfloat16 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
+    call4c)  # fp32 training of the whole suite with fewer timed calls (fits one device call beside a short step)
+      bench training-f32 430 --dtype float32 --modes training --repeats 8 --warmup 3 --backends eager,kiln,inductor ;;
+    call11)  # sixteenth session: T5's position-bias masks made dense (Note [Attention masks read across their rows])
+      bench t5-dense-mask 150 --dtype bfloat16 --modes inference --models t5 --repeats 15 --profile --profile-calls 3 \
+        --backends eager,kiln,kiln:default:attention_dense_mask=False,inductor ;;
     call4b)
       bench training-f32 560 --dtype float32 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call5)

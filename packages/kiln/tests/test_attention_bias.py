@@ -137,3 +137,32 @@ def test_attention_operands_reach_the_kernel_aligned(
     assert all(_aligned(s) for s in strides), strides
     assert all(o % 8 == 0 for o in offsets), offsets
     assert [r for r in caplog.records if "attention operand" in r.getMessage()]
+
+
+def levit_attention(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    # an explicit attention over split heads (head dims 8, 8, 16 of one projection), which the
+    # attention pass rewrites into the public scaled_dot_product_attention
+    b, n, _ = x.shape
+    q, k, v = (x * 2).view(b, n, 3, -1).split([8, 8, 16], dim=3)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return ((q @ k.transpose(-2, -1)) * 0.25 + bias).softmax(dim=-1) @ v
+
+
+def test_public_attention_aligned_on_cuda_only(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Aligned attention operands]: the public SDPA the attention pass emits picks its kernel
+    at run time, so on CUDA its operands and mask are aligned; on the CPU (any layout) none is
+    copied, and the rewritten attention equals eager's."""
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    assert lowering.aligned_args(sdpa, torch.device("cuda", 0)) == (3, (0, 1, 2))
+    assert lowering.aligned_args(sdpa, torch.device("cpu")) == (None, ())
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention.default
+    assert lowering.aligned_args(efficient, torch.device("cpu")) == (3, (0, 1, 2))
+    kiln.reset()
+    caplog.set_level(logging.DEBUG, logger="kiln.loopir.passes")
+    x, bias = torch.randn(2, 5, 96), torch.randn(3, 5, 5)
+    with torch.no_grad():
+        got = kiln.compile(levit_attention)(x, bias)
+    torch.testing.assert_close(got, levit_attention(x, bias))
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("scaled_dot_product_attention" in m for m in messages), messages
+    assert not [m for m in messages if "attention operand" in m or "attention bias" in m]

@@ -598,6 +598,65 @@ def test_attention_masks_are_left_alone_off_cuda_with_dropout_or_switched_off() 
     assert prepare_torch_graph(gm, {"attention_mask": False}) is gm
 
 
+def _strided_mask_graph(
+    on_cuda: bool, mask_kind: str, **sdpa_kwargs: Any
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """T5's mask: a ``[L, S, H]`` lookup permuted to ``[1, H, L, S]`` (its last stride H)."""
+    import torch.nn.functional as F
+
+    def fn(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        mask = m.permute(2, 0, 1).unsqueeze(0)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask, scale=0.25, **sdpa_kwargs)
+
+    gm = torch.fx.symbolic_trace(fn)
+    q = torch.randn(2, 3, 16, 8)
+    keep = torch.rand(16, 16, 3) > 0.3
+    keep[4, :, 1] = False  # a row excluded everywhere, in one head
+    m: torch.Tensor = keep
+    if mask_kind == "float":
+        m = torch.where(keep, torch.randn(16, 16, 3), float("-inf"))
+    env: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = q if node.name == "q" else m
+        elif node.op in ("call_function", "call_method"):
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+            if node.op == "call_method":
+                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                env[node.name] = node.target(*args, **kwargs)
+        if node.op != "output":
+            v = env[node.name]
+            node.meta["val"] = _OnCuda(v) if on_cuda and isinstance(v, torch.Tensor) else v
+    return gm, [q, m]
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_attention_masks_strided_along_rows_are_made_dense(mask_kind: str) -> None:
+    """Note [Attention masks read across their rows]: the mask reaches SDPA dense, and a row
+    excluded everywhere is 0, as eager's math path answers."""
+    from kiln_loopir.passes import prepare_torch_graph
+
+    gm, (q, m) = _strided_mask_graph(True, mask_kind)
+    record: list[str] = []
+    out = prepare_torch_graph(gm, None, record)
+    assert out is not gm and len(record) == 1 and "strides [3, 1, 48, 3]" in record[0], record
+    sdpa = [n for n in out.graph.nodes if "scaled_dot_product" in str(n.target)]
+    assert len(sdpa) == 1
+    dense = sdpa[0].args[3] if len(sdpa[0].args) > 3 else sdpa[0].kwargs.get("attn_mask")
+    assert isinstance(dense, torch.fx.Node) and dense.target == "contiguous"
+    got = out(q, m)
+    ref = gm(q.double(), m.double() if m.is_floating_point() else m)
+    torch.testing.assert_close(got, ref.float())
+    assert (got[0, 1, 4] == 0).all() and (got[:, [0, 2], 4] != 0).any()
+    assert prepare_torch_graph(gm, {"attention_dense_mask": False}) is gm
+    cpu_gm = _strided_mask_graph(False, mask_kind)[0]
+    assert prepare_torch_graph(cpu_gm) is cpu_gm  # the CPU kernels read any mask stride
+    with_dropout = _strided_mask_graph(True, mask_kind, dropout_p=0.1)[0]
+    assert prepare_torch_graph(with_dropout) is with_dropout
+
+
 # -- convolution bias (Note [Convolution bias after the convolution]) ---------------------------
 
 

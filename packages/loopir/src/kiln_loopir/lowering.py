@@ -276,6 +276,14 @@ ALIGNED_BIAS_ARGS: dict[Any, int] = {
 # only where the layout is not provably aligned). The backward ops are left as they are: their
 # output-gradient and output arguments need one particular stride order, which a copy here
 # would not keep.
+#
+# The attention pass (Note [Attention rewrite]) emits the public ``scaled_dot_product_attention``,
+# which picks its kernel at run time from the tensors loopir hands it; its own checks look at the
+# head dims and the last stride but not at the other strides, and cutlass then rejects every
+# kernel when a head or row stride is not a multiple of 8 (LeViT's rewritten attention on the
+# H200 still fell back after the private ops were aligned). So on a CUDA graph its query, key,
+# value and mask are aligned too (``ALIGNED_ON_CUDA``); on the CPU its kernels read any layout, and
+# no copy is made.
 ALIGNED_OPERAND_ARGS: dict[Any, tuple[int, ...]] = {
     aten._scaled_dot_product_efficient_attention.default: (0, 1, 2),
     aten._scaled_dot_product_flash_attention.default: (0, 1, 2),
@@ -283,6 +291,18 @@ ALIGNED_OPERAND_ARGS: dict[Any, tuple[int, ...]] = {
     aten._efficient_attention_forward.default: (0, 1, 2),
     aten._flash_attention_forward.default: (0, 1, 2),
 }
+# ops aligned only where the graph runs on CUDA: (bias argument, operand arguments)
+ALIGNED_ON_CUDA: dict[Any, tuple[int, tuple[int, ...]]] = {
+    aten.scaled_dot_product_attention.default: (3, (0, 1, 2)),
+}
+
+
+def aligned_args(op: Any, device: torch.device) -> tuple[int | None, tuple[int, ...]]:
+    """The bias argument and the operand arguments of ``op`` that reach it aligned on ``device``
+    (Note [Aligned attention biases], Note [Aligned attention operands])."""
+    if op in ALIGNED_ON_CUDA:
+        return ALIGNED_ON_CUDA[op] if device.type == "cuda" else (None, ())
+    return ALIGNED_BIAS_ARGS.get(op), ALIGNED_OPERAND_ARGS.get(op, ())
 
 
 def _multiple_of(expr: Expr, n: int) -> bool:
@@ -359,8 +379,7 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
             return type(value)(to_ir(v) for v in value)
         return value
 
-    bias = ALIGNED_BIAS_ARGS.get(op)
-    operands = ALIGNED_OPERAND_ARGS.get(op, ())
+    bias, operands = aligned_args(op, graph.device)
     ir_args = tuple(
         aligned_bias(a, what="attention operand" if i in operands else "attention bias")
         if (i == bias or i in operands) and isinstance(a, TensorBox)

@@ -49,7 +49,9 @@ class PassOptions:
     ``attention_mask``: on CUDA, an SDPA mask that is constant along each row of scores (its last
     dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
     [Attention masks that are constant along a row]; a pass over the torch-level graph, run by
-    the umbrella before aotgrad).
+    the umbrella before aotgrad). ``attention_dense_mask``: on CUDA, an SDPA mask strided along
+    its rows (T5's position bias) is made dense so that a fused kernel runs (Note [Attention masks
+    read across their rows], the same pass).
     ``conv_bias``: on CUDA a convolution's bias is added after it in generated code, where the
     scheduler fuses it into the result's readers (Note [Convolution bias after the convolution]);
     ``"force"`` on any device (tests), ``False`` never.
@@ -87,6 +89,7 @@ class PassOptions:
     pad_mm_output_copy: bool = False
     attention: bool = True
     attention_mask: bool = True
+    attention_dense_mask: bool = True
     conv_bias: bool | str = True
     patch_conv: bool | str = True
     conv_fusion: bool = True
@@ -114,6 +117,7 @@ class PassOptions:
             made.layout_training,
             made.attention,
             made.attention_mask,
+            made.attention_dense_mask,
             made.conv_fusion,
             made.conv_prepack,
             made.linear_pack,
@@ -125,7 +129,7 @@ class PassOptions:
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
+                "layout, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
                 " view_scatter, pool_backward, shape_only_readers and cse are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
@@ -252,8 +256,13 @@ def prepare_torch_graph(
     opts = PassOptions.from_mapping(options)
     if not opts.attention_mask:
         log.debug("attention_mask: off (option attention_mask=False)")
+    if not opts.attention_dense_mask:
+        log.debug("attention_mask: dense masks off (option attention_dense_mask=False)")
+    if not (opts.attention_mask or opts.attention_dense_mask):
         return gm
-    return unmask_row_constant_attention(gm, record)
+    return unmask_row_constant_attention(
+        gm, record, row_constant=opts.attention_mask, dense=opts.attention_dense_mask
+    )
 
 
 __all__ = [

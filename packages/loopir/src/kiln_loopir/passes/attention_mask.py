@@ -26,6 +26,22 @@ everywhere, which is what eager returns 0 for.
 
 It applies on CUDA only (the CPU kernels accept any mask stride), without dropout and without
 ``is_causal`` (SDPA refuses a mask with it anyway).
+
+Note [Attention masks read across their rows]: the other layout the fused kernels refuse is a
+mask whose last dimension is strided (neither 1 nor 0). T5's relative position bias is one: an
+embedding lookup ``[L, S, H]`` permuted to ``[1, H, L, S]`` (last stride H), added to the padding
+mask or not; eager then runs every encoder layer's attention as the upcast math decomposition
+(the H200's T5 at batch 8, sequence 512: fp32 scores ``[8, 12, 512, 512]`` per layer), and so did
+kiln, which traces eager's choice. kiln goes further than eager here: the mask is made dense
+(``contiguous()``, one copy of the mask) before SDPA, which then picks a fused kernel. What must
+stay eager's is the row excluded everywhere (all ``-inf``, or all False): the math path's
+``_safe_softmax`` answers 0 there, the fused kernels garbage; so
+
+    sdpa(q, k, v, mask)  ->  where(any(mask, -1), sdpa(q, k, v, dense(mask)), 0)          boolean
+    sdpa(q, k, v, mask)  ->  where(all(mask == -inf, -1), 0, sdpa(q, k, v, dense(mask)))  float
+
+(one reduction over the mask). The same conditions as above (CUDA, no dropout, not causal);
+``attention_dense_mask=False`` switches it off.
 """
 
 from __future__ import annotations
@@ -72,6 +88,44 @@ def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
     return mask if (v.size(-1) == 1 or v.stride(-1) == 0) else None
 
 
+def _strided_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The mask of an SDPA call made dense (Note [Attention masks read across their rows])."""
+    if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
+        return None
+    bound = _arguments(node)
+    mask = bound.get("attn_mask")
+    v = _value(mask)
+    if not isinstance(v, torch.Tensor) or v.device.type != "cuda" or v.dim() < 1:
+        return None
+    if bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) is not False:
+        return None
+    if not (v.dtype == torch.bool or v.is_floating_point()):
+        return None
+    if not all(isinstance(n, int) for n in (*v.shape, *v.stride())):
+        return None
+    return mask if v.size(-1) > 1 and v.stride(-1) not in (0, 1) else None
+
+
+def _densify(graph: torch.fx.Graph, node: torch.fx.Node, mask: torch.fx.Node) -> None:
+    kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
+    args = node.args[:3]
+    rest = node.args[4:] if len(node.args) > 3 else ()
+    target = node.target
+    assert callable(target)
+    with graph.inserting_before(node):
+        dense = graph.call_method("contiguous", (mask,))
+        fused = graph.call_function(target, (*args, dense, *rest), kwargs)
+        if _value(mask).dtype == torch.bool:
+            keep = graph.call_method("any", (mask, -1), {"keepdim": True})
+            out = graph.call_function(torch.where, (keep, fused, 0.0))
+        else:
+            minus_inf = graph.call_function(operator.eq, (mask, float("-inf")))
+            excluded = graph.call_method("all", (minus_inf, -1), {"keepdim": True})
+            out = graph.call_function(torch.where, (excluded, 0.0, fused))
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+
+
 def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, mask: torch.fx.Node) -> torch.fx.Node:
     kwargs = {k: v for k, v in node.kwargs.items() if k != "attn_mask"}
     args = node.args[:3]
@@ -95,21 +149,33 @@ def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node, mask: torch.fx.Node) ->
 
 
 def unmask_row_constant_attention(
-    gm: torch.fx.GraphModule, record: list[str] | None = None
+    gm: torch.fx.GraphModule,
+    record: list[str] | None = None,
+    *,
+    row_constant: bool = True,
+    dense: bool = True,
 ) -> torch.fx.GraphModule:
     """``gm`` (a torch-level graph), or a rewritten copy whose row-constant attention masks are
-    applied after an unmasked SDPA."""
-    targets = [(n, m) for n in gm.graph.nodes if (m := _row_constant_mask(n)) is not None]
+    applied after an unmasked SDPA (``row_constant``) and whose masks strided along their rows
+    are made dense (``dense``)."""
+    targets: list[tuple[torch.fx.Node, torch.fx.Node, bool]] = []
+    for n in gm.graph.nodes:
+        if row_constant and (m := _row_constant_mask(n)) is not None:
+            targets.append((n, m, False))
+        elif dense and (m := _strided_mask(n)) is not None:
+            targets.append((n, m, True))
     if not targets:
         return gm
     copied, env = copy_graph(gm)
-    for old, mask in targets:
+    for old, mask, densify in targets:
         v = _value(mask)
-        _rewrite(copied.graph, env[old], env[mask])
-        text = (
-            f"unmasked {old.name}: {mask.name} {list(v.shape)} {v.dtype} strides {list(v.stride())} "
-            "is constant along each row (a fused GPU kernel runs; rows it excludes are 0, as eager's)"
-        )
+        if densify:
+            _densify(copied.graph, env[old], env[mask])
+            what = "is strided along its rows: made dense (a fused GPU kernel runs; rows it excludes are 0, as eager's)"
+        else:
+            _rewrite(copied.graph, env[old], env[mask])
+            what = "is constant along each row (a fused GPU kernel runs; rows it excludes are 0, as eager's)"
+        text = f"{'dense mask of' if densify else 'unmasked'} {old.name}: {mask.name} {list(v.shape)} {v.dtype} strides {list(v.stride())} {what}"
         log.debug("attention_mask: %s", text)
         if record is not None:
             record.append(text)
