@@ -124,3 +124,43 @@ def test_parameter_made_in_the_frame_returned() -> None:
     assert report.graph_break_count == 1
     assert type(report.result[1]) is torch.nn.Parameter and report.result[1].requires_grad
     torch.testing.assert_close(report.result[1], ref[1])
+
+
+class _HooksOnFirstCall(torch.nn.Module):
+    """transformers' output capturing in miniature: the first call registers a forward hook on a
+    child that records its output, then runs the child, whose output the hook must see."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(3, 3)
+        self.installed = False
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.tanh()
+        if not self.installed:
+            self.inner.register_forward_hook(lambda m, args, out: self.seen.append(out * 2))
+            self.installed = True
+        return self.inner(h) + 1
+
+
+def test_module_hook_registered_in_the_frame_is_one_clean_break_and_runs() -> None:
+    """Note [Module hooks registered in the frame]: the registration breaks with its reason, the
+    child's call after it runs the new hook (its output recorded as eager records it), and the
+    second call, with the hook in place, is one graph."""
+    x = t(2, 3)
+    eager = _HooksOnFirstCall()
+    compiled_model = _HooksOnFirstCall()
+    compiled_model.load_state_dict(eager.state_dict())
+    report = kiln_dynamo.explain(compiled_model)(x)
+    assert report.graph_break_count >= 1
+    assert "Module.register_forward_hook() inside the compiled frame" in str(report.break_reasons[0])
+    ref = eager(x)
+    torch.testing.assert_close(report.result, ref)
+    assert len(compiled_model.seen) == len(eager.seen) == 1
+    torch.testing.assert_close(compiled_model.seen[0], eager.seen[0])
+    again = kiln_dynamo.explain(compiled_model)(x)
+    assert (again.graph_count, again.graph_break_count) == (1, 0)
+    torch.testing.assert_close(again.result, eager(x))
+    assert len(compiled_model.seen) == len(eager.seen) == 2
+    torch.testing.assert_close(compiled_model.seen[1], eager.seen[1])
