@@ -78,8 +78,10 @@ EXPECTED: dict[str, dict[str, tuple[int, int, int]]] = {
     # vision transformers, hierarchical/windowed, CNNs
     "vit": ENC, "deit": ENC, "beit": ENC, "dinov2": ENC, "swin": ENC, "convnext_v2": ENC, "mobilenet_v2": ENC,
     "efficientnet": ENC, "regnet": ENC, "resnet": ENC,
-    # segmentation; its first call installs output-capturing hooks under a threading.Lock (a
-    # break before the block, which writes; the same break as torch.compile's 2/1; the chain above
+    # segmentation; its first call installs output-capturing hooks under a threading.Lock
+    # (`register_forward_hook` inside the frame: one break at each registration, Note [Module hooks
+    # registered in the frame], kept because the calls captured after it must run the new hooks;
+    # the same break as torch.compile's 2/1; the chain above
     # it splits at once down to a frame whose call is inside a with-block or try block, and the
     # hook-installing frames have nothing to compile); from the second call on it is 1/0/0 (see
     # below)

@@ -743,6 +743,12 @@ def _symbolic_length(vt: VT) -> bool:
     return isinstance(vt, TensorVariable) and vt.fake.dim() > 0 and isinstance(vt.fake.shape[0], torch.SymInt)
 
 
+def _is_tensor(vt: VT) -> bool:
+    from kiln_dynamo.variables.tensor import TensorVariable
+
+    return isinstance(vt, TensorVariable)
+
+
 def specialize(tx: Tx, vt: VT) -> VT:
     """A symbolic number as the constant it is in this run (the ShapeEnv records the guard)."""
     if not isinstance(vt, SymNodeVariable):
@@ -786,6 +792,10 @@ class BuiltinVariable(VariableTracker):
 
             assert isinstance(args[0], TensorVariable)
             return args[0].dim_value(tx, "size", 0, args[0].fake.shape[0])  # stays symbolic
+        if fn in (int, float, complex) and len(args) == 1 and not kwargs and _is_tensor(args[0]):
+            # `int(t)` calls `t.__int__()`: folded when `t` is a constant of the trace (Note
+            # [Tensors computed from constants]), a break with its reason otherwise
+            return args[0].getattr(tx, f"__{fn.__name__}__").call(tx, [], {})
         if any(isinstance(a, SymNodeVariable) for a in (*args, *kwargs.values())):
             # builtins take plain numbers: a symbolic size is specialized here, with a guard
             args = [specialize(tx, a) for a in args]

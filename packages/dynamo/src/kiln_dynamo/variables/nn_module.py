@@ -169,6 +169,10 @@ class NNModuleVariable(VariableTracker):
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
+        if name in _HOOK_REGISTRATIONS and inspect.getattr_static(type(m), name, None) is getattr(
+            nn.Module, name
+        ):
+            raise Unsupported(_HOOK_REGISTRATION.format(name=name), advice=_HOOK_REGISTRATION_ADVICE)
         if name in _TRAVERSALS and inspect.getattr_static(type(m), name, None) is getattr(nn.Module, name):
             if self.source is not None:
                 tx.output.guards.no_instance_attr(self.source, name)
@@ -385,6 +389,28 @@ _MODULE_CALL = nn.Module.__dict__["__call__"]
 # walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
 # key list, and every entry it yields on its type (a module) or its tensor properties, so a
 # module added, removed or replaced later recompiles.
+# Note [Module hooks registered in the frame]: `m.register_forward_hook(hook)` inside the compiled
+# frame (transformers' output-capturing hooks, installed by the model's first call) writes the hook
+# into `m._forward_hooks`, a dict the capture reads from the real module when it inlines a call of
+# `m` (Note [Forward hooks]). Traced as a side effect replayed after the graph, the hook would be
+# missing from the very calls the graph captured after it: a wrong answer. So each registration is
+# one clean break at its call, named here (it used to break deeper, at `RemovableHandle.next_id +=
+# 1`, a class-attribute store that kiln cannot replay); the hook is registered by eager's code and
+# the calls after it, captured again, see and guard it. Registrations are first-call work: from
+# the second call on the frame compiles whole.
+_HOOK_REGISTRATIONS = frozenset(
+    {
+        "register_forward_hook",
+        "register_forward_pre_hook",
+        "register_full_backward_hook",
+        "register_full_backward_pre_hook",
+        "register_backward_hook",
+        "register_state_dict_pre_hook",
+        "register_load_state_dict_post_hook",
+    }
+)
+_HOOK_REGISTRATION = "Module.{name}() inside the compiled frame: the hook is registered in Python"
+_HOOK_REGISTRATION_ADVICE = "register module hooks before calling the compiled model"
 _TRAVERSALS = frozenset(
     {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
      "modules", "named_modules"}

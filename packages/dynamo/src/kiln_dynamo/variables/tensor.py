@@ -65,6 +65,7 @@ _METADATA_ATTRS = frozenset(
     }
 )
 _TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+_PYTHON_NUMBER_ADVICE = "keep the value as a 0-d tensor so that the arithmetic stays in the graph"
 # Methods that leave the graph: (reason, advice). The attribute loads fine; calling it breaks.
 _NOT_TRACEABLE: dict[str, tuple[str, str | None]] = {
     "item": (
@@ -83,7 +84,15 @@ _NOT_TRACEABLE: dict[str, tuple[str, str | None]] = {
     "data_ptr": ("Tensor.data_ptr() depends on storage", None),
     "register_hook": ("tensor hooks", None),
     "__bool__": ("data-dependent branch on a tensor value", None),
+    "__int__": ("int() of a tensor turns tensor data into a Python number", _PYTHON_NUMBER_ADVICE),
+    "__float__": ("float() of a tensor turns tensor data into a Python number", _PYTHON_NUMBER_ADVICE),
+    "__complex__": ("complex() of a tensor turns tensor data into a Python number", _PYTHON_NUMBER_ADVICE),
+    "__index__": ("a tensor used as a Python index turns tensor data into a Python number", None),
 }
+# The reads of a tensor's value as Python values, folded when the tensor is a constant of the
+# trace (Note [Tensors computed from constants]): `bool(t)`, `int(t)`, `float(t)` (the builtins
+# call these, builtins.py), `t.item()`, `t.tolist()`.
+_FOLDED_READS = frozenset({"__bool__", "__int__", "__float__", "__complex__", "__index__", "item", "tolist"})
 _BRANCH_ADVICE = "compute both branches and pick with torch.where(cond, a, b), or move the branch outside the compiled function"
 
 
@@ -252,10 +261,13 @@ class TensorMethodVariable(VariableTracker):
     ) -> VariableTracker:
         name = self.name
         fake = self.tensor.fake
-        if name in ("__bool__", "item", "tolist") and not args and not kwargs:
+        if name in _FOLDED_READS and not args and not kwargs:
             value = constant_value(self.tensor)
             if value is not None:  # Note [Tensors computed from constants]
-                return tx.wrap_constant(bool(value) if name == "__bool__" else getattr(value, name)())
+                try:
+                    return tx.wrap_constant(getattr(value, name)())
+                except (RuntimeError, TypeError, ValueError) as e:  # eager raises the same
+                    raise Unsupported(f"Tensor.{name}() raised {type(e).__name__}: {e}") from e
         if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
             tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
             return TensorHookHandleVariable(self.tensor)

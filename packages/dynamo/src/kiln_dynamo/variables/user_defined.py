@@ -56,6 +56,17 @@ def is_namedtuple_class(cls: type) -> bool:
     return issubclass(cls, tuple) and hasattr(cls, "_fields") and hasattr(cls, "_make")
 
 
+# Note [Parameters made in the frame]: `nn.Parameter(t)` makes a new leaf tensor that requires
+# grad and shares `t`'s storage (lazily built weights, a bias made per call). A graph cannot make
+# a leaf: aotgrad traces the tensors that require grad as its inputs, and the gradient of a leaf
+# made mid-graph would have to land in that new object's `.grad`. torch.compile makes the
+# parameter before its graph, as one more input, and copies the data in; kiln does not yet make
+# objects for its graphs, so the constructor is one clean break: the graph before it, the
+# parameter made in Python (eager's own object, type and `.grad`), the rest resumed.
+_NEW_PARAMETER = "nn.Parameter(...) made inside the compiled frame (a new leaf tensor that requires grad)"
+_NEW_PARAMETER_ADVICE = "create the parameter in the module's __init__, or outside the compiled function"
+
+
 class UserClassVariable(VariableTracker):
     def __init__(self, cls: type, source: Source | None) -> None:
         self.cls = cls
@@ -176,6 +187,8 @@ class UserClassVariable(VariableTracker):
             if kwargs:
                 raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
             return ExceptionVariable(cls, args)  # Note [Exceptions the frame raises and catches]
+        if issubclass(cls, nn.Parameter):
+            raise Unsupported(_NEW_PARAMETER, advice=_NEW_PARAMETER_ADVICE)
         if cls.__new__ is not object.__new__:
             raise Unsupported(f"constructing {cls.__qualname__}, which defines __new__ or has a C base")
         if type(cls) is abc.ABCMeta and getattr(cls, "__abstractmethods__", None):
