@@ -517,3 +517,40 @@ def test_a_gradient_only_an_unread_output_reaches_is_none_as_in_eager() -> None:
     a, b, c = cf(x, *ws)
     (a.sum() + b.sum() + c).backward()
     assert all(w.grad is not None for w in ws)
+
+
+def _no_grad_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        y = x @ w
+    return y.relu() * 2
+
+
+def _no_grad_matmul_and_a_detached_one(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    with torch.no_grad():
+        y = x @ w
+    return y @ w.t(), x.detach() @ w, x[0]
+
+
+@pytest.mark.parametrize("f", [_no_grad_matmul, _no_grad_matmul_and_a_detached_one])
+def test_an_inference_graph_of_inputs_that_require_grad_runs_without_grad(f: Any) -> None:
+    """Note [Inference graphs of inputs that require grad]: no output requires grad, so the graph
+    has no backward; its compiled code runs in no_grad (the Recorder's graph, run in grad mode,
+    recorded history: its output required grad where eager's did not)."""
+    modes: list[bool] = []
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
+            modes.append(torch.is_grad_enabled())
+            return gm(*args)
+
+        return run
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
+    res = check(f, x, w)
+    assert len(res.recorder.graphs) == 1  # an inference graph
+    out = aot_function(f, compiler)(x, w)
+    assert modes == [False]
+    expected = f(x, w)
+    flat = out if isinstance(out, tuple) else (out,)
+    flat_e = expected if isinstance(expected, tuple) else (expected,)
+    assert [t.requires_grad for t in flat] == [t.requires_grad for t in flat_e]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from aot_helpers import check
+from aot_helpers import Recorder, check
 
 import kiln_aotgrad
 from kiln_aotgrad import AotgradError
@@ -148,3 +148,52 @@ def test_foreach_ops_decompose_one_tensor_at_a_time(fn: Any) -> None:
     res = check(fn, torch.randn(4, 3), torch.randn(4, 3), no_grad=True)
     for gm in res.recorder.graphs:
         assert not [n for n in gm.graph.nodes if "foreach" in str(n.target)], gm.code
+
+
+def _resolved_conj(z: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(z.conj().resolve_conj()) + 1
+
+
+def _conj_then_base_written(z: torch.Tensor) -> torch.Tensor:
+    y = z.conj()
+    z.mul_(2)
+    return y * 1
+
+
+def _written_through_conj(z: torch.Tensor) -> torch.Tensor:
+    y = z.conj()
+    y.add_(1j)
+    return z * 1
+
+
+def _conj_of_an_intermediate_and_its_base(z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = z * 2
+    return y, y.conj(), (y.conj() * 1j).imag
+
+
+@pytest.mark.parametrize(
+    "f",
+    [_resolved_conj, _conj_then_base_written, _written_through_conj, _conj_of_an_intermediate_and_its_base],
+)
+def test_conjugate_views_are_traced_as_computations(f: Any) -> None:
+    """Note [Conjugate and negative views are traced as computations]: `_resolved_conj` returned
+    z's imaginary part unnegated (resolve_conj found no bit on the fake and the output became an
+    as_strided view of z); the others write through or under a conjugate view."""
+    res = check(f, torch.randn(3, 4, dtype=torch.complex64))
+    for gm in res.recorder.graphs:
+        assert all(n.target is not torch.ops.aten._conj.default for n in gm.graph.nodes)
+
+
+def test_conj_of_an_input_is_returned_as_its_computed_values() -> None:
+    """The cost in the note: eager's lazy view comes back as kiln's copy (values only)."""
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    out = kiln_aotgrad.aot_function(lambda t: t.conj(), Recorder())(z)
+    torch.testing.assert_close(out.resolve_conj(), z.conj().resolve_conj())
+    assert not out.is_conj() and out.untyped_storage().data_ptr() != z.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("kwargs", [{"norm": "ortho"}, {"n": 10, "dim": 1}])
+def test_hfft_of_a_real_input_traces_its_backward(kwargs: dict[str, Any]) -> None:
+    """The backward of `fft.hfft` of a real input took `view_as_real` of a conjugate gradient:
+    the meta tensor had the bit the fake wrapper lacked, and the trace raised."""
+    check(lambda x: torch.fft.hfft(x, **kwargs), torch.randn(5, 6, 7, requires_grad=True), atol=1e-4)

@@ -780,3 +780,17 @@ def test_tensor_of_python_numbers_as_a_slice_bound() -> None:
     q, emb = torch.randn(2, 8, 4), torch.randn(32, 4)
     torch.testing.assert_close(one_graph(f, q, emb), f(q, emb))
     check(f, q, emb, calls=3)
+
+
+def _branch_on_lazy_bits(z: torch.Tensor) -> torch.Tensor:
+    y = z.conj()
+    n = torch._neg_view(z)
+    return (
+        (y * 2 if y.is_conj() else y * 3) + (n * 5 if n.is_neg() else n * 7) + (z * 11 if z.is_conj() else z)
+    )
+
+
+def test_lazy_conj_and_neg_bits_are_the_meta_tensors() -> None:
+    """Note [Lazy bits live on the meta tensor]: the fake wrapper of `z.conj()` answered
+    `is_conj()` False, and the branch took eager's other side."""
+    check(_branch_on_lazy_bits, torch.randn(3, 4, dtype=torch.complex64))

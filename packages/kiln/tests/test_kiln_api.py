@@ -60,6 +60,55 @@ def test_training_gradients_match_eager(backend: str) -> None:
         torch.testing.assert_close(p.grad, g)
 
 
+def _matmul_under_no_grad(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    with torch.no_grad():
+        y = x @ w
+    return y.relu() * 2, y
+
+
+def _matmul_under_no_grad_with_a_loss(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    with torch.no_grad():
+        y = x @ w
+    return (x.t() @ y).sum(), y
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+@pytest.mark.parametrize("f", [_matmul_under_no_grad, _matmul_under_no_grad_with_a_loss])
+def test_a_no_grad_block_on_inputs_that_require_grad(cpu_backend: str, f: Any) -> None:
+    """Note [Inference graphs of inputs that require grad] (kiln_aotgrad): the C++ generator's
+    mm(out=...) raised in grad mode (a run-time fallback) and an output required grad where
+    eager's did not."""
+    x, w = torch.randn(4, 8, requires_grad=True), torch.randn(8, 3)
+    compiled = kiln.compile(f, options={"strict": True, "cpu_backend": cpu_backend})
+    got, want = compiled(x, w), f(x, w)
+    torch.testing.assert_close(got, want)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    if want[0].requires_grad:
+        (gx,) = torch.autograd.grad(got[0], x)
+        torch.testing.assert_close(gx, torch.autograd.grad(want[0], x)[0])
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_conjugate_views_compile_to_eagers_values(cpu_backend: str) -> None:
+    """Note [Conjugate and negative views are traced as computations] (kiln_aotgrad): a resolved
+    conjugate came back as the input itself, and hfft's backward fell back."""
+    opts = {"strict": True, "cpu_backend": cpu_backend}
+
+    def resolved(z: torch.Tensor) -> torch.Tensor:
+        return torch.view_as_real(z.conj().resolve_conj()) * 2
+
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    torch.testing.assert_close(kiln.compile(resolved, options=opts)(z), resolved(z))
+
+    def hfft(x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.hfft(x, norm="ortho")
+
+    x = torch.randn(3, 5, requires_grad=True)
+    got, want = kiln.compile(hfft, options=opts)(x), hfft(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+
+
 def test_torch_compile_accepts_kiln_backend() -> None:
     model, x = _fresh()
     compiled = torch.compile(model, backend=kiln.backend)

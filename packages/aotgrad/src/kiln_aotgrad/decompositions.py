@@ -98,6 +98,11 @@ KEPT_NON_CORE = frozenset(
         "aten::empty_like",
         "aten::_scaled_dot_product_flash_attention_for_cpu",
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        # complex values (extern kernels in kiln_loopir): the tracer records conjugate views as
+        # `conj_physical` (Note [Conjugate and negative views are traced as computations] in
+        # tracer.py), and `real`/`imag` of a complex tensor are `view_as_real`
+        "aten::conj_physical",
+        "aten::view_as_real",
     }
 )
 

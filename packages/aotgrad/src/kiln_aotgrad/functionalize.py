@@ -159,6 +159,8 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
         return emit(aten.squeeze.dim, (new, rest[0]), {})
     if name in ("aten::alias", "aten::detach"):
         return new
+    if name in ("aten::_conj", "aten::_neg_view"):  # each its own inverse (recorded as computed:
+        return emit(f, (new,), {})  # Note [Conjugate and negative views are traced as computations])
     if name == "aten::t":
         return emit(aten.t.default, (new,), {})
     if name == "aten::transpose":

@@ -43,7 +43,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import ViewStep
-from kiln_aotgrad.tracer import AotgradError, Tracer
+from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer
 from kiln_dynamo import same_unbacked
 from kiln_dynamo.fake import FakeTensor, dispatch_for, from_real
 
@@ -259,7 +259,11 @@ def trace(
         size, stride, raw_offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
         symbolic_layout = any(is_symbolic(v) for v in (*size, *stride, raw_offset))
         offset = 0 if symbolic_layout else int(raw_offset)  # a symbolic layout is never rebuilt
-        if rid in input_roots:
+        # Note [Conjugate and negative views are traced as computations] (tracer.py): a tensor
+        # reached through `_conj` or `_neg_view` is an output of its own, holding the computed
+        # values, never rebuilt as a view (`as_strided` drops the lazy bit)
+        lazy = any(step.func in PHYSICAL_VIEWS for step in tracer.chain_of(t))
+        if rid in input_roots and not lazy:
             j = input_roots[rid]
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
@@ -274,7 +278,7 @@ def trace(
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
                 infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
             continue
-        same_dtype = rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
+        same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):
             # Note [Symbolic views among the outputs]: a view of another output stays its view
             # (until the ninth session it became an output of its own: a copy, so writing one
@@ -294,7 +298,8 @@ def trace(
             # outputs that take part in autograd are graph outputs of their own.
             infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
             continue
-        first_by_root.setdefault(rid, k)
+        if not lazy:
+            first_by_root.setdefault(rid, k)
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
         graph_nodes.append(tracer.node_for(t))
         graph_vals.append(t)

@@ -145,9 +145,22 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
     return tree_unflatten(flat, meta.out_spec)
 
 
+# Note [Inference graphs of inputs that require grad]: a graph traced in grad mode whose inputs
+# require grad is still an inference graph when none of its outputs does (the program computed
+# them under `torch.no_grad()`, or from detached values): it has no backward. Its compiled code
+# then runs with grad mode off, as the trace did. In grad mode the compiled code's torch calls
+# would see inputs that require grad: an extern op written through its out= overload raised
+# ("mm(): functions with out=... arguments don't support automatic differentiation", a run-time
+# fallback), and one called as a function recorded autograd history on an output that eager
+# computed without (its requires_grad True where eager's was False: a wrong answer).
+# Write-backs and the rebuilt views of inputs run after it in the caller's grad mode, as before.
+
+
 def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     """`run(*flat_inputs)` for a graph without backward."""
     m = len(meta.mutated_inputs)
+    if any(meta.input_requires_grad):  # Note [Inference graphs of inputs that require grad]
+        compiled = _without_grad(compiled)
     if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
 
         def run_plain(*inputs: torch.Tensor) -> Any:
@@ -162,6 +175,14 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
         return _assemble(meta, inputs, outs[m:])
 
     return run
+
+
+def _without_grad(compiled: Compiled) -> Compiled:
+    def call(*inputs: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return compiled(*inputs)
+
+    return call
 
 
 def training_runner(

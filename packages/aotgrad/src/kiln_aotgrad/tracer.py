@@ -96,6 +96,29 @@ def _resize_as_view(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
 _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
 
 
+# Note [Conjugate and negative views are traced as computations]: `_conj` (what `conj()` of a
+# complex tensor calls) and `_neg_view` return a view with a lazy bit (`is_conj`, `is_neg`) that
+# changes what the view's memory means. A fake tensor does not carry these bits: its wrapper
+# reports `is_conj()` False while the meta tensor inside has it set. Recorded as the view ops
+# they are, the two disagreed: `resolve_conj` asked the wrapper, found nothing to resolve and
+# returned the view, which the runtime rebuilt as an `as_strided` view of the input, without the
+# bit: `view_as_real(z.conj().resolve_conj())` returned z's imaginary part unnegated (a wrong
+# answer); `view_as_real` of a conjugate gradient (the backward of `fft.hfft` of a real input)
+# asked the meta tensor and raised. So the tracer records them as the computations they stand
+# for, `conj_physical` and `neg`, whose results carry no bit anywhere, and every tensor of the
+# graph holds the values it shows. The result still joins its input's alias chain with the view
+# op as its step: a mutation of the base regenerates it (replayed through `_emit`, which records
+# the computation again), and a write into it goes back through the same involution
+# (`inverse_step`). A returned tensor reached through one of them is an output of its own, its
+# computed values (joint.py), not a view rebuilt on the input: the trace cannot tell eager's
+# lazy view (`return z.conj()`) from its resolved copy (`z.conj().resolve_conj()`, which asks
+# the wrapper and returns the same fake), and a rebuilt lazy view where eager returned a fresh
+# tensor would share the input's memory (a write into it would reach the input) and keep the bit
+# (`view_as_real` of it raises). The cost: an output that eager returned as a lazy conjugate view
+# of an input is kiln's copy, without the bit and without the shared memory.
+PHYSICAL_VIEWS = {aten._conj.default: aten.conj_physical.default, aten._neg_view.default: aten.neg.default}
+
+
 # Note [Meta kernels that ask the device]: a fake tensor's meta kernel runs on `meta` tensors, and
 # torch's Python meta registrations that depend on the device ask `device_hint` (about 25 places:
 # `_embedding_bag`, the FFTs, `linalg_eig`, `_linalg_svd`, median/mode, scaled_mm, reflection
@@ -356,6 +379,8 @@ class Tracer(TorchDispatchMode):
         def val(x: Any) -> Any:
             return x.meta["val"] if isinstance(x, torch.fx.Node) else x
 
+        # Note [Conjugate and negative views are traced as computations]
+        func = PHYSICAL_VIEWS.get(func, func)
         vargs = tree_map(val, args)
         vkwargs = tree_map(val, kwargs)
         out = fake_call(func, vargs, vkwargs) if func is not operator.getitem else vargs[0][vargs[1]]
@@ -455,6 +480,14 @@ class Tracer(TorchDispatchMode):
         writes = mutated_arg_names(func)
         if writes:
             return self._mutation(func, args, kwargs, writes)
+        if func in PHYSICAL_VIEWS:  # Note [Conjugate and negative views are traced as computations]
+            computed = PHYSICAL_VIEWS[func]
+            out = fake_call(computed, args, kwargs)
+            node = self.graph.call_function(computed, (self.node_for(args[0]),))
+            node.meta["val"] = out
+            self._stamp(node)
+            self._bind_view(func, args, kwargs, out, node)
+            return out
         out = fake_call(func, args, kwargs)
         node = self.graph.call_function(func, tree_map(self._to_node, args), tree_map(self._to_node, kwargs))
         node.meta["val"] = out
