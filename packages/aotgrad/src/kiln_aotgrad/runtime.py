@@ -179,6 +179,8 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
 
 def _without_grad(compiled: Compiled) -> Compiled:
     def call(*inputs: torch.Tensor) -> Any:
+        if not torch.is_grad_enabled():  # the common case (inference under no_grad): no context
+            return compiled(*inputs)
         with torch.no_grad():
             return compiled(*inputs)
 
