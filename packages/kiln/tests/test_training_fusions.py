@@ -168,3 +168,42 @@ def test_weights_saved_as_themselves_gradients_match_eager(
                     m[0].weight.mul_(0.5)
     finally:
         torch.set_num_threads(before)
+
+
+class _PostNorm(torch.nn.Module):
+    """Post-norm residual blocks (BART's): ``norm(x + fc(x))``, the sum saved for the backward,
+    with the scheduler's far output fusion on and off (Note [Outputs fused across the graph] in
+    kiln_loopir's scheduler.py; its own test there checks the fusion happens)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fcs = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(12))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(32) for _ in range(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for fc, norm in zip(self.fcs, self.norms, strict=True):
+            x = norm(x + fc(x))
+        return x
+
+
+@pytest.mark.parametrize("far", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_saved_residual_sums_fused_match_eager(threads: int, far: bool) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, ref = _PostNorm(), _PostNorm()
+        x = torch.randn(2, 24, 32, generator=torch.Generator().manual_seed(2))
+        out = kiln.compile(model, options={"strict": True, "far_output_fusion": far})(x)
+        want = ref(x)
+        out.square().mean().backward()
+        want.square().mean().backward()
+        torch.testing.assert_close(out, want)
+        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        log = kiln.compile_log()
+        assert log and not [f for r in log for f in r.op_fallbacks], [r.op_fallbacks for r in log]
+    finally:
+        torch.set_num_threads(before)

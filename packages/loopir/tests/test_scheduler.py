@@ -265,3 +265,37 @@ def test_a_run_time_assertion_is_kept_although_nothing_reads_it() -> None:
     assert compiled.stats.extern_ops == ("_assert_async.msg",)
     with pytest.raises(RuntimeError, match="x below -100"):
         compiled(torch.full((4,), -200.0))
+
+
+def _far_output(x: Any, w: Any) -> Any:
+    # a row reduction of x + 1 first, a chain of 70 GEMMs, then x + 1 again as a graph output
+    # only (a training forward's saved residual sum): the two kernels share x, 71 nodes apart
+    s = aten.sum.dim_IntList(aten.add.Tensor(x, 1.0), [1])
+    h = w
+    for _ in range(70):
+        h = aten.mm.default(h, w)
+    return s, h, aten.add.Tensor(x, 1.0)
+
+
+@pytest.mark.parametrize("far", [True, False])
+def test_far_output_fuses_with_distant_reader_of_its_inputs(far: bool) -> None:
+    # Note [Outputs fused across the graph]: beyond MAX_HORIZONTAL_DISTANCE a kernel that writes
+    # graph outputs only still fuses with the kernel that reads the same inputs
+    x, w = make((8, 16)), make((4, 4), low=-0.5, high=0.5)
+    compiled = check(_far_output, x, w, options={"far_output_fusion": far, "cse": False})
+    assert compiled.stats.kernels == (1 if far else 2)
+
+
+def test_far_fusion_not_for_a_kernel_others_read() -> None:
+    # the late kernel's result feeds another kernel: hoisting it would lengthen that buffer's
+    # life, so the distance limit holds
+    def fn(x: Any, w: Any) -> Any:
+        s = aten.sum.dim_IntList(aten.add.Tensor(x, 1.0), [1])
+        h = w
+        for _ in range(70):
+            h = aten.mm.default(h, w)
+        late = aten.add.Tensor(x, 1.0)
+        return s, h, late, aten.mm.default(late, aten.t.default(late))
+
+    s = schedule(fn, make((8, 16)), make((4, 4)))
+    assert len(s.kernels()) == 2

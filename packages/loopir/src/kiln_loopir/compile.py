@@ -163,6 +163,7 @@ def compile_graph(
             can_fuse_hook=chosen.can_fuse,
             reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
             template_hook=_template_hook(chosen),
+            far_output_fusion=passes.options.far_output_fusion,
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

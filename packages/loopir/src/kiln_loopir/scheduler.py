@@ -371,8 +371,10 @@ class Scheduler:
         can_fuse_hook: FusionVeto | None = None,
         reorder_pointwise: bool = False,
         template_hook: TemplateHook | None = None,
+        far_output_fusion: bool = True,
     ) -> None:
         self.name_to_buffer = name_to_buffer
+        self.far_output_fusion = far_output_fusion
         self.output_names = set(output_names)
         self.can_fuse_hook = can_fuse_hook
         self.nodes: list[BaseSchedulerNode] = [self._create(i, op) for i, op in enumerate(operations)]
@@ -386,6 +388,11 @@ class Scheduler:
         self.dead_code_elimination()
         self.deps = self.compute_deps()
         self.compute_ancestors()
+        # buffer name -> the names of the nodes that read it (Note [Outputs fused across the graph])
+        self._read_by: dict[str, set[str]] = {}
+        for n in self.nodes:
+            for r in n.read_names():
+                self._read_by.setdefault(r, set()).add(n.name)
         self._groups: list[BaseSchedulerNode] = list(self.nodes)
         self._owner: dict[str, BaseSchedulerNode] = {n.name: n for n in self.nodes}
         self._reader_cache: dict[str, set[int]] | None = None
@@ -731,9 +738,38 @@ class Scheduler:
         if vertical:
             if not self.can_fuse_vertical(a, b):
                 return False
-        elif not (a.read_names() & b.read_names()) or abs(a.order - b.order) > MAX_HORIZONTAL_DISTANCE:
+        elif not (a.read_names() & b.read_names()) or (
+            abs(a.order - b.order) > MAX_HORIZONTAL_DISTANCE and not self._far_output(a, b)
+        ):
             return False
         return self.can_fuse_hook is None or self.can_fuse_hook(a, b)
+
+    # Note [Outputs fused across the graph]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # Two kernels that only share inputs fuse horizontally when they are close in the graph's
+    # order (MAX_HORIZONTAL_DISTANCE): fusing distant ones would hoist the later one's work, and
+    # with it the life of what it writes, far ahead. A training forward's values that only the
+    # backward reads break that pattern: a residual sum ``x + (h @ W + b)`` is inlined into the
+    # layer norm that reads it, and the same sum is realized again at the graph's end, where the
+    # forward returns its saved values, as a kernel of its own that re-reads ``x``, ``h @ W`` and
+    # ``b`` (BART's training forward at one thread: 6 such kernels of 23, each another pass over
+    # the activations its layer norm had just read). When the later kernel of the pair writes
+    # only buffers that no other node reads (graph outputs: nothing waits for them), running it
+    # early with the kernel that reads the same inputs lengthens no buffer's life the graph did
+    # not already hold to its end, so the distance limit does not apply. Legality is unchanged
+    # (cycles, the backend's veto). ``PassOptions.far_output_fusion=False`` keeps the limit.
+    def _far_output(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
+        """May the distant pair fuse because its later node writes graph outputs only?"""
+        if not self.far_output_fusion:
+            return False
+        late = a if a.order > b.order else b
+        names = {m.name for m in late.get_nodes()}
+        if any(isinstance(m, SchedulerNode) and isinstance(m.node, Scatter) for m in late.get_nodes()):
+            return False
+        only = all(self._read_by.get(w, set()) <= names for w in late.write_names())
+        if only:
+            log.debug("far output fusion: %s (order %s) with %s (order %s)", b.name, b.order, a.name, a.order)
+        return only
 
     def _keeps_reorder_partners(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
         """Does every reordered producer of the fused pair share it with its column reduction?

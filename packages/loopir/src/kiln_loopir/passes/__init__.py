@@ -80,6 +80,10 @@ class PassOptions:
     shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
     graph.py); off by default (measured slower on the one graph it changes, the Note says why
     not known); ``False``: every fx reader counts. Also a decision handed to lowering.
+    ``far_output_fusion``: the scheduler fuses a kernel that writes only graph outputs with a
+    distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
+    scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
+    within ``MAX_HORIZONTAL_DISTANCE``. A decision handed to the scheduler.
     """
 
     layout: bool = True
@@ -99,6 +103,7 @@ class PassOptions:
     pool_backward: bool = True
     shape_only_readers: bool = False
     cse: bool = True
+    far_output_fusion: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -126,11 +131,12 @@ class PassOptions:
             made.pool_backward,
             made.shape_only_readers,
             made.cse,
+            made.far_output_fusion,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack, pad_mm_output_copy,"
-                " view_scatter, pool_backward, shape_only_readers and cse are True or False"
+                "layout, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack,"
+                " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse and far_output_fusion are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
