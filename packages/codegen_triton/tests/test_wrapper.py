@@ -86,9 +86,14 @@ def test_bytes_per_program_size_reductions_by_their_element_type() -> None:
             "k", "", ("a", "b"), (dtype, dtype), kind, xnumel, 1, rnumel, (), ("b",), False, outer
         )
 
-    f32 = configs(spec("persistent", torch.float32, rnumel=256))[0]
-    bf16 = configs(spec("persistent", torch.bfloat16, rnumel=256))[0]
-    assert f32.RBLOCK == bf16.RBLOCK == 256 and bf16.XBLOCK == 2 * f32.XBLOCK
+    f32 = configs(spec("persistent", torch.float32, rnumel=128))[0]
+    bf16 = configs(spec("persistent", torch.bfloat16, rnumel=128))[0]
+    assert f32.RBLOCK == bf16.RBLOCK == 128 and bf16.XBLOCK == 2 * f32.XBLOCK
+    # Note [One warp per 1024 elements]: half-precision rows of 129-512 elements
+    for rnumel, rows in ((192, 4), (384, 2)):
+        half = configs(spec("persistent", torch.bfloat16, rnumel=rnumel))[0]
+        assert (half.XBLOCK, half.num_warps, half.XBLOCK * half.RBLOCK) == (rows, 1, 1024)
+        assert configs(spec("persistent", torch.float32, rnumel=rnumel))[0].num_warps > 1
     # Note [One warp per row]: rows of 513-1024 elements, whatever the type
     for dtype in (torch.float32, torch.bfloat16):
         row = configs(spec("persistent", dtype))[0]

@@ -28,6 +28,16 @@ layer norm), and many small programs keep every SM busy. On the H200 (``bench/ba
 fast either way (95-98%). Shorter rows keep the bytes-per-program rule (bfloat16 rows of 128: it
 was as fast as one or two warps over eight rows).
 
+Note [One warp per 1024 elements]: the same holds for the half-precision rows between: a row that
+rounds up to 256 or 512 lanes (129-512 elements: ConvNeXt's layer norms over 192 and 384
+channels) gives a program of one warp over 1024 // RBLOCK rows (4 rows of 256, 2 of 512). Swept
+on the H200 (sixteenth session, ``bench/bandwidth.py --dtype bfloat16 --row R --only layer_norm
+--sizes 12 --variants ...``, 12M elements): rows of 192 went from 75% of copy bandwidth (16 rows,
+eight warps) to 85% (torch.compile 87%), rows of 384 from 64% to 83% (torch.compile 84%); rows
+of 96 (RBLOCK 128) were best as they were (80%; one warp over 8 rows: 74%), so the rule stops
+at 256. Float32 rows keep the bytes-per-program rule (not measured). ``WARP_ELEMENTS = 0`` turns
+the rule off.
+
 Note [Block sizes for symbolic sizes]: a kernel compiled for symbolic sizes (Note [Symbolic
 sizes in Triton kernels] in kernel.py) runs one config at every size, so its blocks are chosen
 from the size *hints* (the sizes of the call it was compiled at), with each symbolic extent
@@ -59,6 +69,7 @@ TILE = 32
 PERSISTENT_BYTES = 8192
 PERSISTENT_WARPS = 0  # 0: from the elements per program (_warps); a sweep sets it (bench/bandwidth.py)
 WARP_ROW_RBLOCK = 1024  # Note [One warp per row]; 0 turns the rule off
+WARP_ELEMENTS = 1024  # Note [One warp per 1024 elements]; 0 turns the rule off
 LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
 OUTER_TILE_BYTES = 4096
@@ -136,6 +147,8 @@ def configs(
         warps = PERSISTENT_WARPS or _warps(x * r)
         if not spec.outer and r == WARP_ROW_RBLOCK and not PERSISTENT_WARPS:  # Note [One warp per row]
             x, warps = 1, 1
+        elif not spec.outer and not PERSISTENT_WARPS and size == 2 and 256 <= r < WARP_ELEMENTS:
+            x, warps = min(nx, WARP_ELEMENTS // r), 1  # Note [One warp per 1024 elements]
         out.append(Config(x, RBLOCK=r, num_warps=warps))
         if autotune:
             for xb in (max(1, x // 2), x, min(nx, x * 2)):
