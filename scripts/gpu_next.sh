@@ -100,6 +100,10 @@ for step in "$@"; do
     call11)  # sixteenth session: T5's position-bias masks made dense (Note [Attention masks read across their rows])
       bench t5-dense-mask 150 --dtype bfloat16 --modes inference --models t5 --repeats 15 --profile --profile-calls 3 \
         --backends eager,kiln,kiln:default:attention_dense_mask=False,inductor ;;
+    call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
+      # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
+      bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
+      ONLY=t5,bart,mbart,swin,swinv2,convnext,convnext_v2,levit,deberta,deberta_v2,mobilevit,gpt2 PROCS=4 BUDGET=110 bash "$0" call10 | grep -v '^{' | tail -22 ;;
     call4b)
       bench training-f32 560 --dtype float32 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call5)
