@@ -534,6 +534,24 @@ class _OnCuda(torch.Tensor):
         raise AssertionError(f"the pass computed on a value: {func}")
 
 
+def _example_values(gm: torch.fx.GraphModule, inputs: dict[str, torch.Tensor], on_cuda: bool) -> None:
+    """Each node's example value in ``meta["val"]``, as dynamo leaves them (on CUDA: ``_OnCuda``)."""
+    env: dict[str, Any] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = inputs[node.name]
+        elif node.op in ("call_function", "call_method"):
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
+            if node.op == "call_method":
+                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
+            else:
+                env[node.name] = node.target(*args, **kwargs)
+        if node.op != "output":
+            v = env[node.name]
+            node.meta["val"] = _OnCuda(v) if on_cuda and isinstance(v, torch.Tensor) else v
+
+
 def _row_mask_graph(
     on_cuda: bool, mask_kind: str, **sdpa_kwargs: Any
 ) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
@@ -550,20 +568,7 @@ def _row_mask_graph(
     if mask_kind == "float":  # finite shifts, excluded rows, and one NaN row
         m = torch.where(keep, torch.randn(2, 16), float("-inf"))
         m[1, 5] = float("nan")
-    env: dict[str, Any] = {}
-    for node in gm.graph.nodes:  # example values, as dynamo leaves them
-        if node.op == "placeholder":
-            env[node.name] = q if node.name == "q" else m
-        elif node.op in ("call_function", "call_method"):
-            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
-            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-            if node.op == "call_method":
-                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                env[node.name] = node.target(*args, **kwargs)
-        if node.op != "output":
-            v = env[node.name]
-            node.meta["val"] = _OnCuda(v) if on_cuda and isinstance(v, torch.Tensor) else v
+    _example_values(gm, {"q": q, "m": m}, on_cuda)
     return gm, [q, m]
 
 
@@ -615,20 +620,7 @@ def _strided_mask_graph(
     m: torch.Tensor = keep
     if mask_kind == "float":
         m = torch.where(keep, torch.randn(16, 16, 3), float("-inf"))
-    env: dict[str, Any] = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node.name] = q if node.name == "q" else m
-        elif node.op in ("call_function", "call_method"):
-            args = torch.fx.node.map_arg(node.args, lambda n: env[n.name])
-            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-            if node.op == "call_method":
-                env[node.name] = getattr(args[0], node.target)(*args[1:], **kwargs)
-            else:
-                env[node.name] = node.target(*args, **kwargs)
-        if node.op != "output":
-            v = env[node.name]
-            node.meta["val"] = _OnCuda(v) if on_cuda and isinstance(v, torch.Tensor) else v
+    _example_values(gm, {"q": q, "m": m}, on_cuda)
     return gm, [q, m]
 
 

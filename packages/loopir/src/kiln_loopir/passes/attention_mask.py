@@ -72,8 +72,9 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any]:
     return bound
 
 
-def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
-    """The mask of an SDPA call the pass rewrites (Note [Attention masks that are constant along a row])."""
+def _cuda_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.Tensor] | None:
+    """The mask of an SDPA call on CUDA that either rewrite may take, and its value: a boolean or
+    floating mask, without dropout and without ``is_causal``."""
     if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
         return None
     bound = _arguments(node)
@@ -85,22 +86,24 @@ def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
         return None
     if not (v.dtype == torch.bool or v.is_floating_point()):
         return None
+    return mask, v
+
+
+def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The mask of an SDPA call the pass rewrites (Note [Attention masks that are constant along a row])."""
+    found = _cuda_mask(node)
+    if found is None:
+        return None
+    mask, v = found
     return mask if (v.size(-1) == 1 or v.stride(-1) == 0) else None
 
 
 def _strided_mask(node: torch.fx.Node) -> torch.fx.Node | None:
     """The mask of an SDPA call made dense (Note [Attention masks read across their rows])."""
-    if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
+    found = _cuda_mask(node)
+    if found is None:
         return None
-    bound = _arguments(node)
-    mask = bound.get("attn_mask")
-    v = _value(mask)
-    if not isinstance(v, torch.Tensor) or v.device.type != "cuda" or v.dim() < 1:
-        return None
-    if bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) is not False:
-        return None
-    if not (v.dtype == torch.bool or v.is_floating_point()):
-        return None
+    mask, v = found
     if not all(isinstance(n, int) for n in (*v.shape, *v.stride())):
         return None
     return mask if v.size(-1) > 1 and v.stride(-1) not in (0, 1) else None
