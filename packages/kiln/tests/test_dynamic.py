@@ -959,3 +959,15 @@ def test_the_cpu_layout_rule_does_not_depend_on_the_first_batch(
         else "eager layouts: conv inputs (2432 elements at the smallest batch)"
     )
     assert want in verdicts[0], verdicts
+
+
+def test_stride_4_patchify_stem_compiles_once_under_dynamic_true() -> None:
+    """A ConvNeXt/Swin-style stem (a 4x4 convolution of stride 4) under ``dynamic=True``: its
+    NHWC result is copied back to eager's symbolic strides without guarding on them (Note
+    [Symbolic sizes in loopir]: ``copy_with_strides``, ``dense_tensor``); before, loopir
+    specialized the image side and dynamo fell back to a static graph per size."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 4, stride=4), nn.GELU(), nn.Conv2d(16, 8, 1)).eval()
+    _sweep(model, [(torch.randn(b, 3, s, s),) for b, s in ((2, 32), (3, 64), (5, 40))], dynamic=True)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert all(r.fell_back is None for r in kiln.compile_log())

@@ -291,3 +291,38 @@ def test_a_division_of_sizes_is_a_stride_not_a_digit() -> None:
     permuted = 32 * n * n * x[0] + x[1] + 32 * n * x[2] + 32 * x[3]
     assert as_strided_params(permuted, x, {s0, s2}) == ([32 * n**2, 1, 32 * n, 32], 0)
     assert as_strided_params(32 * FloorDiv(x[0], n) + x[1], x[:2], {s0, s2}) is None
+
+
+def test_an_expanded_size_divides_a_group_of_terms() -> None:
+    """Note [Multiples of an expanded divisor]: after a padded stride-2 pooling an image's side is
+    ``n = (s2 - 1) // 32 + 1`` (ResNet's last stage under ``dynamic=True``) and its area ``n*n``
+    is kept expanded, ``q**2 + 2*q + 1``; the flat position ``r1 + n*r0 + n*n*x1`` of a mean over
+    that area divides by it only as a group of terms. Its digits fold to ``x1``, ``r0``, ``r1``
+    (before: chains of divisions and moduli per element, ResNet's last kernel 20x its static
+    compile's time), and each answer is checked against the arithmetic."""
+    s2 = sympy.Symbol("s2", integer=True, positive=True)
+    n = FloorDiv(s2 - 1, Int(32)) + 1
+    area = sympy.expand(n * n)
+    r0, r1 = loop_vars("r", 2)
+    ranges = {x0: Int(2), x1: Int(256), r0: n, r1: n}
+    flat = sympy.expand(r1 + r0 * n + x1 * area)
+    assert FloorDiv(flat, area) == x1 + FloorDiv(sympy.expand(r1 + r0 * n), area)
+    assert FloorDiv(flat + 3 * x1, area).has(FloorDiv)  # 4*x1 + ... is not a multiple: kept
+    digits = {
+        FloorDiv(flat, area): x1,
+        ModularIndexing(flat, n, n): r0,
+        ModularIndexing(flat, Int(1), n): r1,
+        ModularIndexing(flat, area, Int(256)): x1,
+    }
+    with sizevars.using(sizevars.SizeVars(hints={s2: 64})):
+        for expr, folded in digits.items():
+            assert simplify_index(expr, ranges) == folded, expr
+    for hs2, vx1, vr0, vr1 in itertools.product((1, 33, 64, 100), (0, 5, 255), (0, 1, 3), (0, 2, 3)):
+        hn = (hs2 - 1) // 32 + 1
+        env = {s2: hs2, x1: vx1, r0: min(vr0, hn - 1), r1: min(vr1, hn - 1)}
+        for expr, folded in digits.items():
+            assert int(evaluate(expr, env)) == int(evaluate(folded, env))
+        env[x1] = vx1 + 7
+        assert int(evaluate(FloorDiv(flat + 3 * x1, area), env)) == (
+            int(evaluate(flat, env)) + 3 * (vx1 + 7)
+        ) // (hn * hn)

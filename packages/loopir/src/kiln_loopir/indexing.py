@@ -144,7 +144,40 @@ def _split_symbolic_multiples(expr: Expr, divisor: Expr) -> tuple[Expr, Expr]:
             kept.append(q)
         else:
             rest.append(term)
+    if len(rest) > 1:  # Note [Multiples of an expanded divisor]
+        grouped, rest = _split_grouped_multiples(rest, divisor)
+        kept.extend(grouped)
     return sympy.Add(*kept), sympy.Add(*rest)
+
+
+def _split_grouped_multiples(terms: list[Expr], divisor: Expr) -> tuple[list[Expr], list[Expr]]:
+    """Note [Multiples of an expanded divisor]: a divisor that is a sum of size terms (the
+    elements of a pooled image, ``(s2 // 32 + 1)**2`` kept expanded as ``q**2 + 2*q + 1``) divides
+    no single term of ``x*q**2 + 2*x*q + x``, only their sum. Terms are grouped by the part that
+    does not involve the divisor's symbols (a loop variable's monomial, its integer coefficient
+    apart) and a group whose sum the divisor divides into a polynomial with integer coefficients
+    leaves the division as that quotient times the monomial. Without it, a global average pool
+    under ``dynamic=True`` read its input through chains of 64-bit divisions and moduli (issue 17:
+    ResNet's last kernel 20x its static compile's time)."""
+    atoms = divisor.free_symbols
+    groups: dict[Expr, list[Expr]] = {}
+    for term in terms:
+        independent, dependent = term.as_independent(*atoms, as_Add=False)
+        coeff, key = independent.as_coeff_Mul()
+        groups.setdefault(key, []).append(coeff * dependent)
+    kept: list[Expr] = []
+    rest: list[Expr] = []
+    for key, parts in groups.items():
+        if len(parts) > 1 and key.free_symbols:
+            q = sympy.cancel(sympy.Add(*parts) / divisor)
+            num, den = sympy.fraction(q)
+            if den == 1 and all(
+                t.as_coeff_Mul()[0].is_Integer for t in sympy.Add.make_args(sympy.expand(num))
+            ):
+                kept.append(key * q)
+                continue
+        rest.extend(key * p for p in parts)
+    return kept, rest
 
 
 def loop_vars(prefix: str, count: int) -> list[sympy.Symbol]:

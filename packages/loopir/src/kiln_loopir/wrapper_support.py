@@ -27,7 +27,7 @@ import sympy
 import torch
 import torch.fx
 from kiln_symbolic import FloorDiv as ShapeFloorDiv
-from kiln_symbolic import pexpr
+from kiln_symbolic import expr_of, hint_of, pexpr
 
 from .indexing import FloorDiv, ModularIndexing
 from .layout import Layout
@@ -347,12 +347,33 @@ def py_tuple(exprs: Any) -> str:
 
 def dense_tensor(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: ``t``'s layout is a permutation of a contiguous one."""
+    if any(isinstance(v, torch.SymInt) for v in (*t.stride(), *t.shape)):
+        return _dense_symbolic(t)
     pairs = sorted((s, n) for s, n in zip(t.stride(), t.shape, strict=True) if n != 1)
     expected = 1
     for stride, size in pairs:
         if stride != expected:
             return False
         expected *= size
+    return True
+
+
+def _dense_symbolic(t: torch.Tensor) -> bool:
+    """``dense_tensor`` over symbolic sizes and strides, decided on expressions ordered by their
+    hints: comparing SymInts would guard on them, and a guard added while loopir lowers refuses
+    the graph (Note [Symbolic sizes in loopir]). A symbolic size is never taken for 1 (0/1 are
+    specialized); a stride must equal the product of the smaller dims' sizes as expressions."""
+    dims = [
+        (int(hint_of(s)), int(hint_of(n)), sympy.sympify(expr_of(s)), sympy.sympify(expr_of(n)))
+        for s, n in zip(t.stride(), t.shape, strict=True)
+        if isinstance(n, torch.SymInt) or n != 1
+    ]
+    pairs = [(stride, size) for _, _, stride, size in sorted(dims, key=lambda d: (d[0], d[1]))]
+    expected: sympy.Expr = sympy.Integer(1)
+    for stride, size in pairs:
+        if sympy.expand(stride - expected) != 0:
+            return False
+        expected = expected * size
     return True
 
 
