@@ -128,7 +128,7 @@ TYPING_CONSTANT_TYPES: tuple[type, ...] = (
     types.UnionType,
     types.GenericAlias,
     typing._GenericAlias,  # type: ignore[attr-defined]  # Union[...], Optional[...], Literal[...]
-    typing._SpecialForm,  # type: ignore[attr-defined]  # Union, Optional, Literal, ClassVar
+    typing._SpecialForm,  # Union, Optional, Literal, ClassVar
 )
 
 

@@ -142,4 +142,3 @@ def fold_copy(tx: Tx, x: UserObjectVariable, deep: bool) -> NewObjectVariable | 
         new.attrs.update(state)
     log.debug("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
     return new
-

@@ -381,7 +381,9 @@ class NewObjectVariable(VariableTracker):
         if hasattr(type(static), "__set__") or hasattr(type(static), "__delete__"):
             raise Unsupported(f"deleting attribute {name!r} of {self.describe()} through a descriptor")
         if name not in self.attrs:
-            raise Unsupported(f"deleting attribute {name!r} that {self.describe()} does not have (AttributeError)")
+            raise Unsupported(
+                f"deleting attribute {name!r} that {self.describe()} does not have (AttributeError)"
+            )
         del self.attrs[name]
 
     def store(self, tx: Tx, name: str, value: VT) -> None:
