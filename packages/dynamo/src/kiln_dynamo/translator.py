@@ -932,9 +932,9 @@ class InstructionTranslator:
 
     def DELETE_ATTR(self, inst: dis.Instruction) -> None:
         obj = self.pop()
-        if not isinstance(obj, NewObjectVariable) or inst.argval not in obj.attrs:
+        if not isinstance(obj, NewObjectVariable):
             raise Unsupported("del of an attribute")
-        del obj.attrs[inst.argval]  # an object made in the frame: nothing outside sees it yet
+        obj.delete(self, inst.argval)  # an object made in the frame: nothing outside sees it yet
 
     def LOAD_SUPER_ATTR(self, inst: dis.Instruction) -> None:  # 3.12
         obj = self.pop()

@@ -152,7 +152,11 @@ class ConstantVariable(VariableTracker):
             attr = getattr(self.value, name)
         except AttributeError:
             raise
-        if callable(attr) and not isinstance(attr, type):
+        from kiln_dynamo.variables.builder import TYPING_CONSTANT_TYPES
+
+        # an annotation's `__origin__` (`typing.Union`) is callable but a constant: Note [Type
+        # annotations as constants]
+        if callable(attr) and not isinstance(attr, (type, TYPING_CONSTANT_TYPES)):
             return ConstantMethodVariable(self, name)
         return tx.wrap_constant(attr)
 

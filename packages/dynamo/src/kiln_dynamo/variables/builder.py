@@ -23,6 +23,7 @@ import inspect
 import os
 import sys
 import types
+import typing
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -115,8 +116,26 @@ CONSTANT_TYPES = (
 _VERSION_INFO = type(sys.version_info)  # `sys.version_info >= (3, 12)`: a constant of the process
 
 
+# Note [Type annotations as constants]: an annotation object (`int | None`, `Optional[int]`,
+# `list[str]`, `Literal["a"]`, `typing.Union` itself) is immutable, hashed and compared by its
+# structure, and what code reads from it (`__args__`, `__origin__`, `typing.get_args`) is a pure
+# function of that structure. huggingface_hub's strict dataclasses (every transformers config)
+# validate each attribute store against its field's annotation, dispatching through a dict keyed
+# by `Union`/`Literal`/`list`: so annotations are constants, guarded on their type and `==` like
+# any constant, and usable as dict keys. Before, a store on a config made in the frame broke on
+# `tp.__args__` ("customises attribute lookup in C") and on that dict's keys.
+TYPING_CONSTANT_TYPES: tuple[type, ...] = (
+    types.UnionType,
+    types.GenericAlias,
+    typing._GenericAlias,  # type: ignore[attr-defined]  # Union[...], Optional[...], Literal[...]
+    typing._SpecialForm,  # Union, Optional, Literal, ClassVar
+)
+
+
 def is_constant_value(value: Any) -> bool:
     if isinstance(value, CONSTANT_TYPES):
+        return True
+    if isinstance(value, TYPING_CONSTANT_TYPES):
         return True
     if isinstance(value, slice):
         return all(is_constant_value(v) for v in (value.start, value.stop, value.step))
@@ -411,8 +430,8 @@ class VariableBuilder:
     def _dict_key(self, k: Any) -> Any:
         """The key of an outside dict's entry in its DictVariable: the key itself for a string, int,
         enum member or class, an ObjectKey for a function (Note [Classes as dict keys])."""
-        if isinstance(k, (str, int, enum.Enum)) or class_key(k) is not None:
-            return k
+        if isinstance(k, (str, int, enum.Enum, TYPING_CONSTANT_TYPES)) or class_key(k) is not None:
+            return k  # an annotation: Note [Type annotations as constants]
         if type(k) is types.FunctionType:
             return ObjectKey(self.wrap(k, None))
         raise Unsupported(f"dict with a key of type {type(k).__name__}")

@@ -156,11 +156,7 @@ def _vars(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     caller's locals) is a break."""
     if kwargs or len(args) != 1:
         raise Unsupported("vars() without an argument (the caller's locals) inside a compiled frame")
-    from kiln_dynamo.variables.user_defined import NewObjectVariable, instance_dict_of
-
-    if isinstance(args[0], NewObjectVariable):
-        return instance_dict_of(tx, args[0])
-    try:
+    try:  # an object made in the frame: Note [vars of an object made in the frame]
         return tx.load_attr(args[0], "__dict__")
     except AttributeError:
         raise Unsupported(f"vars() of {args[0].describe()} raised TypeError (no __dict__)") from None
@@ -168,6 +164,15 @@ def _vars(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 def _setattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     args[0].setattr(tx, args[1].as_constant(), args[2])
+    return ConstantVariable(None)
+
+
+def _delattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    if kwargs or len(args) != 2 or not isinstance(args[0], NewObjectVariable) or not args[1].is_constant():
+        raise Unsupported("delattr() of an object not made in the frame")
+    args[0].delete(tx, args[1].as_constant())
     return ConstantVariable(None)
 
 
@@ -496,7 +501,8 @@ def _deque(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 # constant made or read in the frame is the container's own copy (a new list/dict/set of the
 # same items; a tuple or constant is itself), and `copy.deepcopy` of a value made only of Python
 # constants is folded into a fresh value of the same type (every constant it reads is guarded,
-# as any read is); anything else inlines copy's own Python code, as before (where `id()` of a
+# as any read is); either of an existing user object of constants is folded into a new object
+# (Note [Copying an object of constants]); anything else inlines copy's own Python code, as before (where `id()` of a
 # constant or a dispatch table keyed by types breaks).
 def _copy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     from kiln_dynamo.variables.functions import UserFunctionVariable
@@ -512,6 +518,9 @@ def _copy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
             return SetVariable(list(x.items))  # type: ignore[attr-defined]
         if kind is TupleVariable or (isinstance(x, ConstantVariable) and type(x.value) in _ATOMIC):
             return x
+        folded = _fold_object_copy(tx, x, deep=False)
+        if folded is not None:
+            return folded
     return UserFunctionVariable(copy.copy).call(tx, args, kwargs)  # type: ignore[arg-type]
 
 
@@ -520,10 +529,22 @@ def _deepcopy(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
     if len(args) == 1 and not kwargs and _plain_constant(args[0]):
         return tx.wrap_constant(copy.deepcopy(args[0].as_constant()))
+    if len(args) == 1 and not kwargs:
+        folded = _fold_object_copy(tx, args[0], deep=True)
+        if folded is not None:
+            return folded
     return UserFunctionVariable(copy.deepcopy).call(tx, args, kwargs)  # type: ignore[arg-type]
 
 
 _ATOMIC = (int, float, bool, complex, str, bytes, type(None))
+
+
+def _fold_object_copy(tx: Tx, x: VT, deep: bool) -> VT | None:
+    """Note [Copying an object of constants] (object_copy.py), for an existing user object."""
+    from kiln_dynamo.variables.object_copy import fold_copy
+    from kiln_dynamo.variables.user_defined import UserObjectVariable
+
+    return fold_copy(tx, x, deep) if type(x) is UserObjectVariable else None
 
 
 def _plain_constant(x: VT) -> bool:
@@ -532,7 +553,7 @@ def _plain_constant(x: VT) -> bool:
         return type(x.value) in _ATOMIC
     if type(x) in (ListVariable, TupleVariable):
         return all(_plain_constant(i) for i in x.items)  # type: ignore[attr-defined]
-    if type(x) is DictVariable and x.python_type() is dict:
+    if isinstance(x, DictVariable) and x.python_type() is dict:  # an instance dict too
         return all(_plain_constant(v) for v in x.items.values())
     return False
 
@@ -672,6 +693,7 @@ _HANDLERS: dict[Any, Handler] = {
     getattr: _getattr,
     hasattr: _hasattr,
     setattr: _setattr,
+    delattr: _delattr,
     vars: _vars,
     len: _len,
     range: _range,

@@ -101,6 +101,9 @@ class BaseFunctionVariable(VariableTracker):
     def get_code(self) -> types.CodeType:
         raise NotImplementedError
 
+    def truth(self, tx: Tx) -> bool:
+        return True  # a function is always true (`if validator := TABLE.get(key):`)
+
 
 class UserFunctionVariable(BaseFunctionVariable):
     """A real Python function, inlined when called."""

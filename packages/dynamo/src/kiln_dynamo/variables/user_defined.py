@@ -253,18 +253,15 @@ def _stored_on(tx: Tx, cls: type) -> bool:
 # object's own attribute table, so there is one copy of the truth. The object itself never
 # leaves the frame (it has no way to be rebuilt), so a dict that does is rebuilt as a plain dict
 # with the same entries, which is all the caller can observe of eager's. A class that defines
-# `__slots__` without `__dict__`, or its own `__getattribute__`/`__setattr__`, is a break.
+# `__slots__` without `__dict__` is a break. A class with its own `__getattribute__` runs it to
+# reach `__dict__` (Note [Attribute hooks of objects made in the frame]); a write through the
+# dict skips its `__setattr__`, as in eager.
 def instance_dict_of(tx: Tx, obj: NewObjectVariable) -> VT:
     from kiln_dynamo.variables.dicts import DictVariable
 
     cls = obj.cls
-    if not isinstance(inspect.getattr_static(cls, "__dict__", None), _GETSET) or any(
-        inspect.getattr_static(cls, n, None) is not getattr(object, n)
-        for n in ("__getattribute__", "__setattr__")
-    ):
-        raise Unsupported(
-            f"the instance dict of {obj.describe()}: its class has slots or its own attribute hooks"
-        )
+    if not isinstance(inspect.getattr_static(cls, "__dict__", None), _GETSET):
+        raise Unsupported(f"the instance dict of {obj.describe()}: its class has slots")
     if obj.instance_dict is None:
 
         class _InstanceDict(DictVariable):
@@ -303,6 +300,30 @@ class NewObjectVariable(VariableTracker):
         return self.cls
 
     def getattr(self, tx: Tx, name: str) -> VT:
+        hook = self._attribute_hook(tx, "__getattribute__")
+        if hook is not None:  # Note [Attribute hooks of objects made in the frame]
+            return hook.call(tx, [self, ConstantVariable(name)], {})
+        return self.generic_getattr(tx, name)
+
+    # Note [Attribute hooks of objects made in the frame]: a class that defines `__getattribute__`,
+    # `__setattr__` or `__delattr__` in Python (transformers' configs remap names through
+    # `attribute_map`; huggingface_hub's strict dataclasses validate every store) runs that hook
+    # for every read, store or delete on an object made in the frame, inlined as eager runs it;
+    # its `super().__getattribute__` / `__setattr__` / `__delattr__` (object's own) come back to
+    # the generic lookup, store and delete below. A hook written in C is a break. Before, reads
+    # skipped the hook (a remapped name read the wrong entry) and every store was a break.
+    def _attribute_hook(self, tx: Tx, name: str) -> VT | None:
+        default = getattr(object, name)
+        hook = inspect.getattr_static(self.cls, name, default)
+        if hook is default:
+            return None
+        if not inspect.isfunction(hook):
+            raise Unsupported(f"{self.describe()}: its class defines {name} in C")
+        guard_class_attr(tx, self.cls, name, hook)
+        return tx.wrap(hook, None)
+
+    def generic_getattr(self, tx: Tx, name: str) -> VT:
+        """object.__getattribute__: the instance's attributes, then the class."""
         if name in self.attrs:
             return self.attrs[name]
         if name == "__class__":
@@ -340,13 +361,30 @@ class NewObjectVariable(VariableTracker):
             and name in self.attrs
         ):
             raise Unsupported("assignment to a field of a frozen dataclass")
-        hook = inspect.getattr_static(self.cls, "__setattr__", object.__setattr__)
-        if hook is not object.__setattr__:
-            guard_class_attr(tx, self.cls, "__setattr__", hook)
-            raise Unsupported(
-                f"setting attribute {name!r} on {self.describe()}: its class defines __setattr__"
-            )
+        hook = self._attribute_hook(tx, "__setattr__")
+        if hook is not None:  # Note [Attribute hooks of objects made in the frame]
+            hook.call(tx, [self, ConstantVariable(name), value], {})
+            return
         self.store(tx, name, value)
+
+    def delete(self, tx: Tx, name: str) -> None:
+        """`del obj.name` / `delattr(obj, name)`."""
+        hook = self._attribute_hook(tx, "__delattr__")
+        if hook is not None:  # Note [Attribute hooks of objects made in the frame]
+            hook.call(tx, [self, ConstantVariable(name)], {})
+            return
+        self.generic_delete(tx, name)
+
+    def generic_delete(self, tx: Tx, name: str) -> None:
+        """object.__delattr__: only an instance attribute (a descriptor's `__delete__` is a break)."""
+        static = inspect.getattr_static(self.cls, name, None)
+        if hasattr(type(static), "__set__") or hasattr(type(static), "__delete__"):
+            raise Unsupported(f"deleting attribute {name!r} of {self.describe()} through a descriptor")
+        if name not in self.attrs:
+            raise Unsupported(
+                f"deleting attribute {name!r} that {self.describe()} does not have (AttributeError)"
+            )
+        del self.attrs[name]
 
     def store(self, tx: Tx, name: str, value: VT) -> None:
         """`object.__setattr__(obj, name, value)`: Note [Stores through data descriptors]."""
@@ -482,9 +520,11 @@ class SuperVariable(VariableTracker):
                 if (
                     klass is object
                     and name == "__getattribute__"
-                    and isinstance(self.obj, UserObjectVariable)
+                    and isinstance(self.obj, (UserObjectVariable, NewObjectVariable))
                 ):
                     return _GenericGetattrVariable(self.obj)
+                if klass is object and name in _GENERIC_STORES and isinstance(self.obj, NewObjectVariable):
+                    return _GenericStoreVariable(self.obj, name)
                 if inspect.isfunction(attr):
                     return BoundMethodVariable(UserFunctionVariable(attr, None), self.obj)
                 if klass in PLAIN_DICTS and isinstance(self.obj, DictVariable) and callable(attr):
@@ -502,9 +542,9 @@ class SuperVariable(VariableTracker):
 
 
 class _GenericGetattrVariable(VariableTracker):
-    """`super().__getattribute__` bound to an existing object: the default attribute lookup."""
+    """`super().__getattribute__` bound to an object: the default attribute lookup."""
 
-    def __init__(self, obj: UserObjectVariable) -> None:
+    def __init__(self, obj: UserObjectVariable | NewObjectVariable) -> None:
         self.obj = obj
 
     def describe(self) -> str:
@@ -514,6 +554,30 @@ class _GenericGetattrVariable(VariableTracker):
         # An AttributeError propagates out of the inlined __getattribute__ to getattr()/hasattr(),
         # which model it; anywhere else it becomes Unsupported.
         return self.obj.generic_getattr(tx, args[0].as_constant())
+
+
+_GENERIC_STORES = ("__setattr__", "__delattr__")
+
+
+class _GenericStoreVariable(VariableTracker):
+    """`super().__setattr__` / `super().__delattr__` reaching object's own, bound to an object made
+    in the frame (Note [Attribute hooks of objects made in the frame])."""
+
+    def __init__(self, obj: NewObjectVariable, name: str) -> None:
+        self.obj = obj
+        self.name = name
+
+    def describe(self) -> str:
+        return f"object.{self.name}"
+
+    def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if kwargs or len(args) != (2 if self.name == "__setattr__" else 1) or not args[0].is_constant():
+            raise Unsupported(f"object.{self.name} with these arguments")
+        if self.name == "__setattr__":
+            self.obj.store(tx, args[0].as_constant(), args[1])
+        else:
+            self.obj.generic_delete(tx, args[0].as_constant())
+        return ConstantVariable(None)
 
 
 class _DictMethodVariable(VariableTracker):
