@@ -80,7 +80,9 @@ def _cuda_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.Tensor] | None
     bound = _arguments(node)
     mask = bound.get("attn_mask")
     v = _value(mask)
-    if not isinstance(v, torch.Tensor) or v.device.type != "cuda" or v.dim() < 1:
+    if not isinstance(mask, torch.fx.Node) or not isinstance(v, torch.Tensor):
+        return None
+    if v.device.type != "cuda" or v.dim() < 1:
         return None
     if bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) is not False:
         return None
