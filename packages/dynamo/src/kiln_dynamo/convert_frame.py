@@ -156,8 +156,8 @@ def _capture_or_split(
     try:
         return _capture(code, entry_values, f_globals, f_builtins, backend, None, key)
     except Unsupported as e:
-        if not allow_breaks or e.break_offset is None:
-            raise
+        if not allow_breaks or e.break_offset is None or e.only_raises:
+            raise  # Note [A frame that only raises]: nothing to split off
         first = e
     own_locals = resume.reads_own_locals(code)  # Note [A frame that reads its own locals]
     if own_locals is not None:
@@ -634,6 +634,11 @@ def make_callback(
         except Exception as e:  # Note [Never a crash]: anything but fullgraph's Unsupported falls back
             if fullgraph and isinstance(e, Unsupported):
                 raise
+            if isinstance(e, Unsupported) and e.only_raises:
+                # Note [A frame that only raises]: as a frame without tensor work
+                counters.frames_without_graph += 1
+                decisions_log.info("%s runs as Python: it only raises (%s)", code.co_name, e.msg)
+                return hook.SKIP
             if isinstance(e, Unsupported):
                 # a loop piece with nothing to compile before its break (Note [A piece with
                 # nothing before its break]) is not counted again as a frame left to Python: the
@@ -660,6 +665,15 @@ def make_callback(
             _log_break(captured.split)
         elif captured.graph_module is None and not captured.has_side_effects:
             # Note [Frames without tensor work]: nothing to compile; plain Python is as fast.
+            #
+            # Note [A frame that only raises]: a frame whose traced path ends in an exception of
+            # the program's own (an ObservedException that no handler of the frame takes: a
+            # config's `__getattribute__` called by getattr(config, name, default) from a frame
+            # that runs as Python) has nothing after the raise; when nothing before it was an
+            # operator or a side effect either (run_root checks), it is a frame without tensor
+            # work too: it runs as Python, counted in `frames_without_graph`, and is not tried
+            # again, rather than being reported as a frame left to Python. One that did tensor
+            # work before the raise stays a break there, so that the work before is compiled.
             counters.frames_without_graph += 1
             return hook.SKIP
         counters.frames_captured += 1

@@ -59,6 +59,9 @@ class Unsupported(Exception):
     loop_code: types.CodeType | None = None
     loop_after: bool = False  # the rewrite calls a continuation at the loop's exit
     loop_pieces: int = 0  # how many pieces the loop body calls
+    # the program's own exception leaves the frame, which did nothing a graph or a replay would
+    # hold before it (Note [A frame that only raises] in convert_frame.py)
+    only_raises: bool = False
 
     def __init__(
         self,

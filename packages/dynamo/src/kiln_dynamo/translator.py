@@ -1426,6 +1426,9 @@ def run_root(
         return tx.run()
     except BreakHere as b:
         return b
+    except ObservedException as e:  # Note [A frame that only raises] in convert_frame.py
+        e.only_raises = output.op_count() == 0 and not output.side_effects.any()
+        raise
     except (AttributeError, KeyError, IndexError) as e:  # raised by the modelled code itself
         raise Unsupported(f"{type(e).__name__} raised inside the compiled frame: {e}", tx.where()) from e
 

@@ -55,12 +55,14 @@ class VariableTracker:
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
     def hasattr(self, tx: Tx, name: str) -> bool:
+        from kiln_dynamo.variables.exceptions import missing_attribute
+
         try:
             self.getattr(tx, name)
-        except Unsupported:
+        except (Unsupported, AttributeError) as e:
+            if missing_attribute(e):
+                return False
             raise
-        except AttributeError:
-            return False
         return True
 
     def setattr(self, tx: Tx, name: str, value: VariableTracker) -> None:

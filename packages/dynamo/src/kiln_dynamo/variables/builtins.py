@@ -24,7 +24,13 @@ import torch
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
-from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
+from kiln_dynamo.variables.exceptions import (
+    ExceptionVariable,
+    ObservedException,
+    is_plain_exception_class,
+    missing_attribute,
+    observed,
+)
 from kiln_dynamo.variables.lists import (
     ListIteratorVariable,
     ListVariable,
@@ -137,16 +143,22 @@ def _getattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     name = args[1].as_constant()
     try:
         return tx.load_attr(args[0], name)
-    except AttributeError:
+    except (AttributeError, ObservedException) as e:
+        if not missing_attribute(e):
+            raise
         if len(args) == 3:
             return args[2]
+        if isinstance(e, ObservedException):
+            raise
         raise Unsupported(f"AttributeError: {name!r} raised inside a compiled frame") from None
 
 
 def _hasattr(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     try:
         tx.load_attr(args[0], args[1].as_constant())
-    except AttributeError:
+    except (AttributeError, ObservedException) as e:
+        if not missing_attribute(e):
+            raise
         return ConstantVariable(False)
     return ConstantVariable(True)
 

@@ -106,6 +106,16 @@ class ObservedException(Unsupported):
         )
 
 
+def missing_attribute(e: BaseException) -> bool:
+    """Whether `e`, raised by an attribute lookup, is the AttributeError that getattr's default,
+    hasattr and `except AttributeError` take: one kiln's modelling raised (a tracker with no such
+    attribute) or one of the program's own (`super().__getattribute__` in a class's Python
+    `__getattribute__`, inlined: Note [Missing attributes seen by the program])."""
+    return isinstance(e, AttributeError) or (
+        isinstance(e, ObservedException) and issubclass(e.exc.cls, AttributeError)
+    )
+
+
 def observed(cls: type[BaseException], *args: Any, msg: str | None = None) -> ObservedException:
     """The exception `cls(*args)` raised by the modelled program (args are plain values)."""
     if not all(a is None or isinstance(a, (str, int, float, bool)) for a in args):

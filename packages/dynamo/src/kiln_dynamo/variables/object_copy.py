@@ -36,6 +36,7 @@ import torch
 from kiln_dynamo.logs import get_artifact_logger
 from kiln_dynamo.source import GetItemSource, InstanceDictSource
 from kiln_dynamo.variables.base import VariableTracker
+from kiln_dynamo.variables.exceptions import ObservedException, missing_attribute
 
 if TYPE_CHECKING:
     from kiln_dynamo.variables.base import Tx
@@ -75,7 +76,9 @@ def _absent(tx: Tx, obj: VT, name: str) -> bool:
     """`getattr(obj, name, None) is None`, traced as copy does it."""
     try:
         found = tx.load_attr(obj, name)
-    except AttributeError:
+    except (AttributeError, ObservedException) as e:
+        if not missing_attribute(e):
+            raise
         return True
     return found.is_constant() and found.as_constant() is None
 

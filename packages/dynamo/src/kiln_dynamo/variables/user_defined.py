@@ -32,7 +32,7 @@ from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, So
 from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
-from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class
+from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
 from kiln_dynamo.variables.nn_module import (
@@ -551,9 +551,16 @@ class _GenericGetattrVariable(VariableTracker):
         return "object.__getattribute__"
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-        # An AttributeError propagates out of the inlined __getattribute__ to getattr()/hasattr(),
-        # which model it; anywhere else it becomes Unsupported.
-        return self.obj.generic_getattr(tx, args[0].as_constant())
+        # Note [Missing attributes seen by the program]: the AttributeError of the default lookup
+        # is the program's own exception here (its __getattribute__ asked for it), so it is
+        # observed: it leaves the inlined __getattribute__ like any exception the program raises,
+        # for getattr's default, hasattr or an `except AttributeError` of a traced caller to
+        # take (Note [Exceptions the frame raises and catches]); one that leaves the captured
+        # frame is Note [A frame that only raises] in convert_frame.py, or a break.
+        try:
+            return self.obj.generic_getattr(tx, args[0].as_constant())
+        except AttributeError as e:
+            raise observed(AttributeError, str(e)) from None
 
 
 _GENERIC_STORES = ("__setattr__", "__delattr__")
