@@ -5,6 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Sixteenth session: call10 (LeViT, DeBERTa), call9 (T5's math SDPA: its position bias's last stride), call11 (T5's
+#   dense mask), call4c (fp32 training), call2 (bf16 inference, profiled), two bandwidth sweeps and call12
+#   (results/2026-12-04-h200-s16-*). Next: call4 (bf16 training, not run since the thirteenth), call3c
+#   (the ablation: cse, attention_dense_mask, far_output_fusion are new switches), call10 over all 121
+#   (PROCS=8), fp32 inference (call2 with --dtype float32), call5 (dynamic on the H200), call5b/call5d.
 # Fifteenth session: call10 (new: the breadth suite timed, packages/kiln/bench/breadth_speed.py) three
 #   times (all, the 14 behind models with --profile, all again) and the public suite in bf16 without
 #   profile (results/2026-12-03-h200-s15-*). Next: call10 ONLY=levit,deberta,deberta_v2 PROFILE=1
