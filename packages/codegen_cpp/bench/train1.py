@@ -48,13 +48,18 @@ CPP_ENV = "KILN_CPP_OPTIONS"
 B, SEQ, H, LAYERS, HEADS, FFN, VOCAB, IMAGE, CLASSES = 2, 128, 256, 2, 4, 1024, 1024, 64, 10
 
 
+def _model(cls_name: str, cfg_name: str, cfg: dict[str, Any]) -> nn.Module:
+    """A transformers model built from its config class, seeded."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = getattr(transformers, cfg_name)(**cfg)
+    return getattr(transformers, cls_name)(config)
+
+
 def _text(name: str, cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[], Workload]:
     def make() -> Workload:
-        import transformers
-
-        torch.manual_seed(0)
-        config = getattr(transformers, cfg_name)(**cfg)
-        model = getattr(transformers, cls_name)(config)
+        model = _model(cls_name, cfg_name, cfg)
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, VOCAB, (B, SEQ), generator=g)
         labels = torch.randint(0, VOCAB, (B, SEQ), generator=g)
@@ -67,11 +72,7 @@ def _seq2seq(name: str, cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[]
     """An encoder-decoder LM: the decoder reads a shifted copy of the labels (seq SEQ // 2)."""
 
     def make() -> Workload:
-        import transformers
-
-        torch.manual_seed(0)
-        config = getattr(transformers, cfg_name)(**cfg)
-        model = getattr(transformers, cls_name)(config)
+        model = _model(cls_name, cfg_name, cfg)
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, VOCAB, (B, SEQ), generator=g)
         dec = torch.randint(0, VOCAB, (B, SEQ // 2), generator=g)
