@@ -797,3 +797,54 @@ def test_patch_convolutions_stay_convolutions_on_the_cpu() -> None:
     assert any(n == "patch_conv" and "not on CUDA" in t for n, t in compiled.passes.record)
     with pytest.raises(ValueError, match="patch_conv"):
         PassOptions.from_mapping({"patch_conv": "sometimes"})
+
+
+# -- the CPU rule under a symbolic batch -----------------------------------------------------------
+def _two_convs_of_symbolic_batch(
+    min_batch: int | None = None, max_batch: int | None = None
+) -> tuple[Any, list[Any]]:
+    """Two 3x3 convolutions (3 -> 16 -> 16 channels) of an 8x8 image whose batch is a size symbol
+    (meta tensors): inputs 192 + 1024 elements a sample, weights 432 + 2304 elements."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    env = ShapeEnv()
+    hint = min(4, max_batch or 4)
+    batch = make_symint(
+        env, env.create_symbol(hint, "x", DimDynamic.DYNAMIC, min=min_batch, max=max_batch), hint
+    )
+    inputs = [torch.empty(batch, 3, 8, 8, device="meta"), torch.empty(16, 3, 3, 3), torch.empty(16, 16, 3, 3)]
+    inputs[1:] = [w.to("meta") for w in inputs[1:]]
+    return with_vals(lambda x, w1, w2: conv(conv(x, w1), w2), *inputs), inputs
+
+
+@pytest.mark.parametrize(
+    ("min_batch", "max_batch", "per_batch", "want"),
+    [
+        (None, None, True, "NHWC from batch 3, eager layouts below"),  # ceil(2736 / 1216) = 3
+        (3, None, True, "NHWC at every batch from 3"),
+        (None, None, False, "conv inputs (2432 elements at the smallest batch)"),
+    ],
+)
+def test_cpu_rule_under_a_symbolic_batch_picks_the_layout_per_batch(
+    min_batch: int | None, max_batch: int | None, per_batch: bool, want: str
+) -> None:
+    """Note [Both layouts under a symbolic batch]: the element-count rule, linear in the batch,
+    gives the batch from which NHWC pays; inside the symbol's range both layouts are compiled and
+    the call's batch is read from input 0's size 0; outside it one layout is chosen;
+    ``layout_per_batch=False`` counts at the smallest batch (Note [The CPU rule under a symbolic
+    batch])."""
+    from kiln_loopir.passes.channels_last import channels_last_nodes
+
+    gm, inputs = _two_convs_of_symbolic_batch(min_batch, max_batch)
+    ctx = PassContext(torch.device("cpu"), PassOptions(layout_per_batch=per_batch), inputs, True)
+    chosen = channels_last_nodes(gm, ctx)
+    (text,) = [t for name, t in ctx.record if name == "layout"]
+    assert want in text, text
+    split = ctx.channels_last_from
+    if want.startswith("NHWC from"):
+        assert split is not None and (split.input, split.dim, split.start) == (0, 0, 3)
+        assert split.batch_of([torch.empty(7, 3, 8, 8)]) == 7
+        assert len([n for n in chosen if n.target is aten.convolution.default]) == 2
+    else:
+        assert split is None
+        assert bool(chosen) == want.startswith("NHWC")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sympy
@@ -25,7 +25,7 @@ from .backend import Backend, BuildReport, get_backend
 from .graph import GraphLowering, graph_device
 from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
-from .passes import PassContext, PassOptions, run_passes
+from .passes import BatchSplit, PassContext, PassOptions, run_passes
 from .scheduler import ExternKernelSchedulerNode, Scheduler, output_buffer_names
 from .sizevars import has_symbols, using
 from .virtualized import format_body
@@ -114,6 +114,30 @@ class CompiledGraph:
         return [_static_strides(o) for o in (outputs if isinstance(outputs, list | tuple) else [outputs])]
 
 
+class _PerBatch(CompiledGraph):
+    """Note [Both layouts under a symbolic batch]: two compiles of one graph, eager layouts and
+    channels-last; each call runs the one its batch picks. ``graph``, ``schedule`` and ``stats``
+    are the channels-last compile's (its compile times include the other's)."""
+
+    def __init__(self, small: CompiledGraph, large: CompiledGraph, split: BatchSplit) -> None:
+        stats = replace(
+            large.stats,
+            lower_seconds=small.stats.lower_seconds + large.stats.lower_seconds,
+            schedule_seconds=small.stats.schedule_seconds + large.stats.schedule_seconds,
+            codegen_seconds=small.stats.codegen_seconds + large.stats.codegen_seconds,
+            compile_seconds=small.stats.compile_seconds + large.stats.compile_seconds,
+        )
+        super().__init__(large._fn, stats, large.graph, large.schedule, large.passes)
+        self.small, self.large, self.split = small, large, split
+        read, start = split.batch_of, split.start
+        small_fn, large_fn = small._fn, large._fn
+
+        def run(*args: Any) -> Any:
+            return (large_fn if read(args) >= start else small_fn)(*args)
+
+        self._fn = run
+
+
 def _static_strides(value: Any) -> tuple[int, ...] | None:
     layout = getattr(value, "layout", None)
     stride = getattr(layout, "stride", None)
@@ -143,11 +167,55 @@ def compile_graph(
     t0 = time.perf_counter()
     device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
+    split = passes.channels_last_from
+    if split is None:
+        return _generate(
+            gm,
+            example_inputs,
+            chosen,
+            fusion,
+            passes,
+            passes.channels_last,
+            bool(symbolic),
+            env,
+            guards_before,
+            t0,
+        )
+    # Note [Both layouts under a symbolic batch]
+    small = _generate(gm, example_inputs, chosen, fusion, passes, set(), True, env, guards_before, t0)
+    large = _generate(
+        gm,
+        example_inputs,
+        chosen,
+        fusion,
+        passes,
+        passes.channels_last,
+        True,
+        env,
+        guards_before,
+        time.perf_counter(),
+    )
+    return _PerBatch(small, large, split)
+
+
+def _generate(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    chosen: Backend,
+    fusion: bool,
+    passes: PassContext,
+    channels_last: set[torch.fx.Node],
+    symbolic: bool,
+    env: Any,
+    guards_before: int,
+    t0: float,
+) -> CompiledGraph:
+    """Lower, schedule and generate ``gm`` (its passes run) with ``channels_last`` in NHWC."""
     graph = GraphLowering(
         gm,
         example_inputs,
         fusion=fusion,
-        channels_last=passes.channels_last,
+        channels_last=channels_last,
         extern_ops=passes.extern_ops,
         shape_only_readers=passes.options.shape_only_readers,
     ).run()

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 
@@ -37,6 +38,9 @@ class PassOptions:
     ``layout``: the channels-last decision for convolutions (Note [Channels-last for
     convolutions]); ``layout_policy`` chooses whose rule decides: ``"auto"`` (the graph's device),
     ``"cpu"`` or ``"cuda"`` (forced, so tests on CPU tensors can exercise the CUDA rule).
+    ``layout_per_batch``: under a symbolic batch whose range holds the CPU rule's crossover,
+    both layouts are compiled and each call runs the one the rule picks for its batch (Note
+    [Both layouts under a symbolic batch]); ``False``: one layout, decided at the smallest batch.
     ``layout_training``: the CUDA rule also runs training graphs channels-last (on by default,
     except graphs with grouped or depthwise convolutions; False keeps their layouts eager's: see
     the Note).
@@ -88,6 +92,7 @@ class PassOptions:
 
     layout: bool = True
     layout_policy: str = "auto"
+    layout_per_batch: bool = True
     layout_training: bool = True
     pad_mm: bool | str = True
     pad_mm_output_copy: bool = False
@@ -119,6 +124,7 @@ class PassOptions:
             raise ValueError(f"layout_policy must be 'auto', 'cpu' or 'cuda', not {made.layout_policy!r}")
         switches = (
             made.layout,
+            made.layout_per_batch,
             made.layout_training,
             made.attention,
             made.attention_mask,
@@ -135,7 +141,7 @@ class PassOptions:
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack,"
+                "layout, layout_per_batch, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack,"
                 " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse and far_output_fusion are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
@@ -150,6 +156,22 @@ class PassOptions:
 OPTION_NAMES = tuple(f.name for f in fields(PassOptions))
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSplit:
+    """Where a call's batch is read (``example_inputs[input]``, itself when ``dim`` is None, else
+    its size ``dim``) and the batch from which the channels-last layouts hold (Note [Both layouts
+    under a symbolic batch])."""
+
+    symbol: sympy.Symbol
+    input: int
+    dim: int | None
+    start: int
+
+    def batch_of(self, args: Sequence[Any]) -> int:
+        value = args[self.input]
+        return int(value if self.dim is None else value.shape[self.dim])
+
+
 @dataclass(slots=True)
 class PassContext:
     """What passes know about the compile, and the decisions they hand on to lowering."""
@@ -160,6 +182,9 @@ class PassContext:
     inference: bool
     # Note [Channels-last for convolutions]: the fx nodes computed in NHWC
     channels_last: set[torch.fx.Node] = field(default_factory=set)
+    # Note [Both layouts under a symbolic batch]: set when ``channels_last`` holds only for calls
+    # whose batch is at least ``start`` (smaller ones keep eager's layouts); None: for every call
+    channels_last_from: BatchSplit | None = None
     # aten ops whose lowering an option turns off: they run as extern calls
     extern_ops: set[Any] = field(default_factory=set)
     # what each pass did, one line per decision (also logged): for tests and reports

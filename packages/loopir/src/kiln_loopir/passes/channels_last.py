@@ -19,8 +19,9 @@ convolutions run through oneDNN with prepacked weights (the conv_fusion pass, No
 [Convolutions through oneDNN], with conv_prepack) or one of them is depthwise (Note [Depthwise
 convolutions on the CPU]) or the convolutions' inputs hold at least as many elements as their
 weights (a contiguous weight is reordered on every call: on ResNet at 64 px, 0.1 as many, NHWC lost
-10%; on the plain CNN, 3.4 as many, it gained 50%), a symbolic batch counted at its smallest value
-(Note [The CPU rule under a symbolic batch]).
+10%; on the plain CNN, 3.4 as many, it gained 50%). Under a symbolic batch the rule is applied per
+call (Note [Both layouts under a symbolic batch]), or, with ``layout_per_batch=False``, at the
+batch's smallest value (Note [The CPU rule under a symbolic batch]).
 
 Note [Depthwise convolutions on the CPU]: a graph with a depthwise convolution (one input channel
 per group) runs NHWC whatever its sizes: oneDNN's NHWC depthwise kernels beat its NCHW ones by more
@@ -41,6 +42,26 @@ static compiles, NHWC / eager layouts forced by patching ``POLICIES["cpu"]``, ba
 fifteenth session): ResNet 1.23 / 1.17 / 1.06, CNN 1.00 / 0.88-1.01 / 0.99-1.18 (noisy): without
 a depthwise convolution the loss of eager layouts at a large batch is small, NHWC's at a small
 batch is not. A symbolic spatial size is counted at its hint (images seldom change size).
+This is now the fallback (``layout_per_batch=False``, or batches that are not whole multiples of
+one symbol): at a large batch it kept the CNN in eager's layouts, 2x slower (next Note).
+
+Note [Both layouts under a symbolic batch]: the element-count rule is linear in the batch: the
+convolutions' inputs hold ``fixed + per_sample * b`` elements, so it picks NHWC from the batch
+``ceil((weights - fixed) / per_sample)`` on. When that batch lies inside the symbol's range the
+graph is lowered and generated twice, in eager's layouts and channels-last, and the wrapper
+(``_PerBatch`` in compile.py) reads the call's batch from an input's size (``BatchSplit``) and
+runs the compile the rule picks for it: no guard, one graph, and each batch gets the layouts a
+static compile at that batch gets, so neither the order of calls nor the range's ends decide.
+Chosen over deciding at one representative batch (the first call's, or a large one) because the
+rule's choice does flip inside common ranges, and a single choice loses at one end: measured at
+one thread, dynamic=True compiles forced to each layout (min of two blocks of 11 calls, ms,
+NHWC / eager layouts): kiln_bench's CNN batch 2 0.87 / 1.02, 8 2.26 / 2.87, 32 8.20 / 16.10;
+ResNet 2 3.03 / 2.64, 8 6.20 / 5.83, 32 20.58 / 18.65 (so NHWC at a large batch is not free
+either: a representative-batch rule would move ResNet's whole range to NHWC). The cost is a
+second code generation and native compile for graphs whose crossover is in range (only CPU
+inference graphs with convolutions outside oneDNN fusion and without a depthwise one), and
+twice the generated code in memory; the batch split adds one size read per call. With no input
+holding the batch symbol itself (only expressions of it) the graph keeps eager's layouts.
 
 The CUDA rule (:func:`cuda_policy`), after the anchor's ``decide_layout_opt``: cuDNN is fastest in
 NHWC, and on NCHW tensors it either converts each activation around every convolution (ResNet-50 on
@@ -93,15 +114,16 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 from kiln_symbolic import bound, hint_of
 
-from . import PassContext
+from . import BatchSplit, PassContext
 
 aten = torch.ops.aten
 
@@ -164,6 +186,8 @@ LAYOUT_PRESERVING = frozenset(
 class LayoutDecision:
     channels_last: bool
     reason: str
+    # Note [Both layouts under a symbolic batch]: (batch symbol, b): NHWC only for batches >= b
+    from_batch: tuple[sympy.Symbol, int] | None = None
 
 
 Policy = Callable[[torch.fx.GraphModule, PassContext], LayoutDecision]
@@ -255,9 +279,13 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     depthwise = [n for n in convs if conv_class(n) == "depthwise"]
     if depthwise:  # Note [Depthwise convolutions on the CPU]
         return LayoutDecision(True, f"{len(convs)} convs, {len(depthwise)} depthwise")
+    weights = sum(_numel(n.args[1]) for n in convs)
+    if ctx.options.layout_per_batch:  # Note [Both layouts under a symbolic batch]
+        per_batch = _per_batch_decision(convs, weights)
+        if per_batch is not None:
+            return per_batch
     # Note [The CPU rule under a symbolic batch]
     activations = sum(_numel_at_smallest_batch(n.args[0]) for n in convs)
-    weights = sum(_numel(n.args[1]) for n in convs)
     symbolic_batch = any(isinstance(getattr(_val(n.args[0]), "shape", (0,))[0], torch.SymInt) for n in convs)
     at = " at the smallest batch" if symbolic_batch else ""
     if activations < weights:
@@ -265,6 +293,63 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
             False, f"conv inputs ({activations} elements{at}) weigh less than weights ({weights})"
         )
     return LayoutDecision(True, f"{len(convs)} convs, inputs {activations}{at} >= weights {weights} elements")
+
+
+def _per_batch_decision(convs: list[torch.fx.Node], weights: int) -> LayoutDecision | None:
+    """The CPU element-count rule as a function of a symbolic batch (Note [Both layouts under a
+    symbolic batch]): None when no convolution's batch is symbolic, or the batches are not all
+    whole multiples of one symbol (then the rule counts at the smallest batch)."""
+    symbol: sympy.Symbol | None = None
+    fixed = per_batch = 0  # the convolutions' input elements: fixed + per_batch * symbol
+    for n in convs:
+        val = _val(n.args[0])
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or not isinstance(val.shape[0], torch.SymInt):
+            fixed += _numel(n.args[0])
+            continue
+        expr = val.shape[0].node.expr
+        free = expr.free_symbols
+        if len(free) != 1:
+            return None
+        (s,) = free
+        if symbol is not None and s != symbol:
+            return None
+        factor = sympy.simplify(expr / s)
+        if not (factor.is_Integer and factor > 0):
+            return None
+        symbol = s
+        sample = 1
+        for d in val.shape[1:]:
+            sample *= int(hint_of(d)) if isinstance(d, torch.SymInt) else int(d)
+        per_batch += int(factor) * sample
+    if symbol is None or per_batch == 0:
+        return None
+    # the rule chooses NHWC where fixed + per_batch * b >= weights
+    start = max(-(-(weights - fixed) // per_batch), 1)
+    lowest, highest = _range_of(convs, symbol)
+    counts = f"inputs {fixed} + {per_batch} x {symbol} elements, weights {weights}"
+    if start <= lowest:
+        return LayoutDecision(True, f"{len(convs)} convs, {counts}: NHWC at every batch from {lowest}")
+    if highest is not None and start > highest:
+        return LayoutDecision(False, f"{counts}: eager layouts at every batch up to {highest}")
+    return LayoutDecision(
+        True, f"{len(convs)} convs, {counts}: NHWC from batch {start}, eager layouts below", (symbol, start)
+    )
+
+
+def _range_of(convs: list[torch.fx.Node], symbol: sympy.Symbol) -> tuple[int, int | None]:
+    """The smallest and largest value of a batch symbol (None: unbounded), as :func:`_smallest`."""
+    for n in convs:
+        size = _val(n.args[0]).shape[0]
+        if isinstance(size, torch.SymInt) and size.node.expr.free_symbols == {symbol}:
+            env = getattr(size.node, "shape_env", None)
+            ranges = getattr(env, "var_to_range", None)
+            if ranges is None:
+                break
+            r = bound(symbol, ranges)
+            lowest = max(int(r.lower), 1) if r.lower.is_number and r.lower.is_finite else 1
+            highest = int(r.upper) if r.upper.is_number and r.upper.is_finite else None
+            return lowest, highest
+    return 1, None
 
 
 def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
@@ -339,6 +424,18 @@ def _numel_at_smallest_batch(node: Any) -> int:
     return per_sample * _smallest(val.shape[0])
 
 
+def _batch_split(inputs: Sequence[Any], symbol: sympy.Symbol, start: int) -> BatchSplit | None:
+    """The first input that is the batch symbol, or has it as a size."""
+    for i, x in enumerate(inputs):
+        if isinstance(x, torch.SymInt) and x.node.expr == symbol:
+            return BatchSplit(symbol, i, None, start)
+        if isinstance(x, torch.Tensor):
+            for d, size in enumerate(x.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                    return BatchSplit(symbol, i, d, start)
+    return None
+
+
 def preserves_layout(node: torch.fx.Node) -> bool:
     """Whether ``node``'s 4-D result has its 4-D input's (N, C, H, W) meaning."""
     target = node.target
@@ -386,6 +483,12 @@ def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
             ctx.note("layout", "%s rule keeps eager layouts: %s", name, decision.reason)
         return set()
     chosen = spread(gm)
+    if decision.from_batch is not None:
+        symbol, start = decision.from_batch
+        ctx.channels_last_from = _batch_split(ctx.example_inputs, symbol, start)
+        if ctx.channels_last_from is None:  # cannot dispatch: the rule at the smallest batch
+            ctx.note("layout", "%s rule keeps eager layouts: no input holds the batch %s", name, symbol)
+            return set()
     convs = sum(
         1 for n in chosen if n.target in (aten.convolution.default, aten.convolution_backward.default)
     )
