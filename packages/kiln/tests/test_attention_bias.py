@@ -56,6 +56,13 @@ def padded_mask(x: torch.Tensor) -> torch.Tensor:
     return probe(F.pad(torch.where(x > 0, 0.0, -1e9), (0, 8 - s % 8))[..., :s])
 
 
+def _device(backend: str) -> str:
+    """Where a backend's test inputs live: the Triton generator runs on CUDA tensors where there is
+    a GPU (the session's interpreter is off there: conftest.py), on CPU tensors under its
+    interpreter otherwise."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
 def _aligned(stride: tuple[int, ...]) -> bool:
     return stride[-1] == 1 and all(s % 8 == 0 for s in stride[:-1])
 
@@ -69,7 +76,7 @@ def test_a_bias_reaches_the_kernel_aligned(
     caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
     compiled = kiln.compile(dense_mask, dynamic=dynamic, options={"cpu_backend": backend})
     for n in (5, 13, 16):
-        x = torch.randn(2, 3, n, n)
+        x = torch.randn(2, 3, n, n, device=_device(backend))
         seen.clear()
         got = compiled(x)
         torch.testing.assert_close(got, dense_mask(x), rtol=0, atol=0)
@@ -82,7 +89,7 @@ def test_a_bias_reaches_the_kernel_aligned(
 def test_an_expanded_bias_stays_expanded(backend: str) -> None:
     kiln.reset()
     compiled = kiln.compile(expanded_mask, options={"cpu_backend": backend})
-    x, q = torch.randn(2, 1, 7, 7), torch.randn(2, 4, 7, 8)
+    x, q = torch.randn(2, 1, 7, 7, device=_device(backend)), torch.randn(2, 4, 7, 8, device=_device(backend))
     got = compiled(x, q)
     torch.testing.assert_close(got, expanded_mask(x, q), rtol=0, atol=0)
     (stride,) = seen[:1]
@@ -94,7 +101,7 @@ def test_an_aligned_bias_is_not_copied(backend: str, caplog: pytest.LogCaptureFi
     kiln.reset()
     caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
     compiled = kiln.compile(padded_mask, options={"cpu_backend": backend})
-    x = torch.randn(2, 1, 5, 5)
+    x = torch.randn(2, 1, 5, 5, device=_device(backend))
     torch.testing.assert_close(compiled(x), padded_mask(x), rtol=0, atol=0)
     assert _aligned(seen[0]), seen
     assert not [r for r in caplog.records if "attention bias" in r.getMessage()]
@@ -129,7 +136,7 @@ def test_attention_operands_reach_the_kernel_aligned(
     monkeypatch.setitem(lowering.ALIGNED_OPERAND_ARGS, torch.ops.kiln_test.operand_probe.default, (0, 1, 2))
     kiln.reset()
     caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
-    x = torch.randn(2, 5, 40)
+    x = torch.randn(2, 5, 40, device=_device(backend))
     seen.clear()
     got = kiln.compile(split_heads, options={"cpu_backend": backend})(x)
     torch.testing.assert_close(got, split_heads(x))
