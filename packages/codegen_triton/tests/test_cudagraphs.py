@@ -24,10 +24,16 @@ def fake_capture(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Ca
     outputs = fn(*args)
 
     def replay() -> None:
-        for static, new in zip(outputs, fn(*args), strict=True):
+        for static, new in zip(_leaves(outputs), _leaves(fn(*args)), strict=True):
             static.copy_(new)
 
     return replay, outputs
+
+
+def _leaves(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for o in out for t in _leaves(o)]
 
 
 CAPTURES = [fake_capture] + ([capture_cuda] if "cuda" in DEVICES else [])
@@ -192,3 +198,31 @@ def test_a_graph_of_symbolic_sizes_is_recorded_per_size(capture: Any) -> None:
         x = torch.randn(b, 16, device=DEVICE)
         torch.testing.assert_close(per_size(x, w), _eager(x, w))
     assert len(per_size.runners) == MAX_SIZES and per_size.plain_calls == 3
+
+
+def _many(x: torch.Tensor, *ws: torch.Tensor) -> Any:
+    h = x
+    for w in ws:
+        h = torch.relu(h @ w)
+    return (h, [h.sum(0)]) if h.shape[0] == 3 else (h, h.sum(0))
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("rows", [4, 3])  # a flat tuple of outputs; one with a list inside
+def test_many_static_inputs_one_of_which_moves(capture: Any, rows: int) -> None:
+    """Note [The runner's per-call path]: the planned picks check every static input, whichever
+    moves, and the caller gets fresh tensor objects over the graph's outputs, in their structure."""
+    ws = [torch.randn(8, 8, device=DEVICE) for _ in range(5)]
+    runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True)
+    seen: list[Any] = []
+    for i in range(8):
+        x = torch.randn(rows, 8, device=DEVICE)
+        if i == 5:
+            ws[3] = torch.randn(8, 8, device=DEVICE)  # a parameter replaced: a new address
+        y = runner(x, *ws)
+        torch.testing.assert_close(y, _many(x.clone(), *[w.clone() for w in ws]))
+        assert type(y) is tuple and type(y[1]) is (list if rows == 3 else torch.Tensor)
+        assert all(y[0] is not s[0] for s in seen)  # a new object each call
+        seen = [y]
+    assert runner.disabled is None and 4 in runner._copy_idx and runner._static_idx == [1, 2, 3, 5]
+    assert runner.recordings >= 3 and runner.replays >= 4

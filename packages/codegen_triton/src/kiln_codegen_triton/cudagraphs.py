@@ -57,6 +57,7 @@ wrapper directly (slower, never wrong) and ``KILN_LOG=output_code`` says so once
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,12 +96,27 @@ _ptrs_equal: Callable[[list[Any], list[int | None], list[int]], bool] | None = g
     torch._C, "_tensors_data_ptrs_at_indices_equal", None
 )
 _use_count: Callable[[int], int] = torch._C._storage_Use_Count
+_data_ptr = torch.Tensor.data_ptr
+_detach = torch.Tensor.detach
 
 
-def _static_ptrs_equal(args: Sequence[Any], ptrs: list[int | None], idxs: list[int]) -> bool:
-    if _ptrs_equal is not None:
-        return bool(_ptrs_equal(list(args), ptrs, idxs))
-    return all(args[i].data_ptr() == ptrs[i] for i in idxs)
+# Note [The runner's per-call path]: a replay is preceded by bookkeeping whose cost is host time
+# on every call (issue 14: `packages/kiln/bench/call_overhead.py --runner`), and most of it scales
+# with the inputs (ResNet-50: ~270 static ones) or the outputs. So what a call does is planned
+# when a graph is recorded, and each step is one C-level pass where it can be: the static and the
+# copied inputs picked out of the arguments by one `operator.itemgetter`; where torch lacks the
+# C pointer check, the pointers read by `map(Tensor.data_ptr, ...)` and compared as one list; a
+# slot's use counts read by `map` and compared as one list; a flat tuple or list of plain tensors
+# aliased by `map(Tensor.detach, ...)`. The checks are the same ones, on the same values: this
+# changes how they run, never what they check.
+def _picker(idxs: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """args -> (args[i] for i in idxs), as a tuple, in one C call."""
+    if not idxs:
+        return lambda args: ()
+    if len(idxs) == 1:
+        only = idxs[0]
+        return lambda args: (args[only],)
+    return operator.itemgetter(*idxs)
 
 
 def _static_copy(t: torch.Tensor) -> torch.Tensor:
@@ -155,19 +171,28 @@ def capture_cuda(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Ca
 class _Slot:
     replay: Callable[[], None]
     outputs: Any
-    storages: list[tuple[int, int]] = field(default_factory=list)  # (StorageImpl, baseline use count)
+    cdatas: list[int] = field(default_factory=list)  # the outputs' StorageImpls
+    baselines: list[int] = field(default_factory=list)  # their use counts with only the runner's references
+    flat: bool = False  # outputs is a tuple or list of plain tensors (Note [The runner's per-call path])
 
     def free(self) -> bool:
-        return all(_use_count(cdata) == base for cdata, base in self.storages)
+        return list(map(_use_count, self.cdatas)) == self.baselines
+
+    def aliases(self) -> Any:
+        """What the caller gets (Note [Outputs of a CUDA graph])."""
+        if self.flat:
+            return type(self.outputs)(map(_detach, self.outputs))
+        return _aliases(self.outputs)
 
 
 def _slot(replay: Callable[[], None], outputs: Any) -> _Slot:
-    cdatas = []
+    cdatas: list[int] = []
     for t in _flat_tensors(outputs):
         cdata = t.untyped_storage()._cdata
         if cdata not in cdatas:
             cdatas.append(cdata)
-    return _Slot(replay, outputs, [(c, _use_count(c)) for c in cdatas])
+    flat = type(outputs) in (tuple, list) and all(type(o) is torch.Tensor for o in outputs)
+    return _Slot(replay, outputs, cdatas, [_use_count(c) for c in cdatas], flat)
 
 
 class CudaGraphRunner:
@@ -201,6 +226,10 @@ class CudaGraphRunner:
         self._inputs: list[Any] = []  # what the graph reads: the caller's tensor or our copy
         self._copy_dst: list[torch.Tensor] = []
         self._copy_idx: list[int] = []
+        # Note [The runner's per-call path]: planned at each recording
+        self._pick_static: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
+        self._pick_copied: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
+        self._static_ptr_list: list[int] = []  # _static_ptrs at _static_idx, in order
         self._all_meta: list[Any] = []
         self._slots: list[_Slot] = []
 
@@ -213,7 +242,7 @@ class CudaGraphRunner:
             return self.fn(*args)
         if not self._slots:
             return self._record_first(args)
-        if not _static_ptrs_equal(args, self._static_ptrs, self._static_idx):
+        if not self._statics_in_place(args):
             moved = [i for i in self._static_idx if args[i].data_ptr() != self._static_ptrs[i]]
             log.debug("CUDA graph: inputs %s moved; recording again with them copied", moved)
             self._copied.update(moved)
@@ -221,12 +250,16 @@ class CudaGraphRunner:
         if not self.guarded_inputs and [_meta(a) for a in args] != self._all_meta:
             self.plain_calls += 1  # the graph was recorded for other inputs
             return self.fn(*args)
-        for i, static in zip(self._copy_idx, self._copy_dst, strict=True):
-            a = args[i]
+        copied = self._pick_copied(args)
+        for a, static in zip(copied, self._copy_dst, strict=True):
             if a.shape != static.shape or a.dtype != static.dtype:  # a copy would broadcast or cast
                 self.plain_calls += 1
                 return self.fn(*args)
-        slot = next((s for s in self._slots if s.free()), None)
+        slot = None
+        for s in self._slots:
+            if s.free():
+                slot = s
+                break
         if slot is None:
             if len(self._slots) < SLOTS and self.recordings < MAX_RECORDINGS:
                 slot = self._record_slot()
@@ -235,11 +268,17 @@ class CudaGraphRunner:
             else:  # every slot's outputs are still held by the caller
                 self.plain_calls += 1
                 return self.fn(*args)
-        if self._copy_idx:
-            torch._foreach_copy_(self._copy_dst, [args[i] for i in self._copy_idx])
+        if copied:
+            torch._foreach_copy_(self._copy_dst, list(copied))
         slot.replay()
         self.replays += 1
-        return _aliases(slot.outputs)
+        return slot.aliases()
+
+    def _statics_in_place(self, args: tuple[Any, ...]) -> bool:
+        """Whether every static input is at its recorded address (Note [Static inputs of a CUDA graph])."""
+        if _ptrs_equal is not None:
+            return bool(_ptrs_equal(list(args), self._static_ptrs, self._static_idx))
+        return list(map(_data_ptr, self._pick_static(args))) == self._static_ptr_list
 
     # ------------------------------------------------------------------------------ recording
 
@@ -270,12 +309,14 @@ class CudaGraphRunner:
                 self._inputs.append(static)
                 self._copy_dst.append(static)
                 self._copy_idx.append(i)
+        self._pick_static, self._pick_copied = _picker(self._static_idx), _picker(self._copy_idx)
+        self._static_ptr_list = [a.data_ptr() for a in self._pick_static(args)]
         slot = self._record_slot()
         if slot is None:
             return self.fn(*args)
         slot.replay()
         self.replays += 1
-        return _aliases(slot.outputs)
+        return slot.aliases()
 
     def _record_slot(self) -> _Slot | None:
         if self._pool is None and self.capture is capture_cuda:
