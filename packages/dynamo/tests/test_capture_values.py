@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import check
+from conftest import CountingBackend, check
 
 import kiln_dynamo
 
@@ -164,3 +164,37 @@ def test_module_hook_registered_in_the_frame_is_one_clean_break_and_runs() -> No
     torch.testing.assert_close(again.result, eager(x))
     assert len(compiled_model.seen) == len(eager.seen) == 2
     torch.testing.assert_close(compiled_model.seen[1], eager.seen[1])
+
+
+class _LstmLm(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.rnn = torch.nn.LSTM(8, 16, batch_first=True)
+        self.head = torch.nn.Linear(16, 20)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(ids) * 2)
+        return self.head(out).log_softmax(-1)
+
+
+def test_recurrent_modules_on_cuda_are_one_clean_break(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Recurrent modules on CUDA]: the module call breaks (its cuDNN kernel runs eagerly);
+    the layers before and after it compile, and the answer is eager's. The CUDA condition is
+    stood in for on the CPU (the predicate is what decides)."""
+    from kiln_dynamo.variables import nn_module
+
+    model = _LstmLm().eval()
+    ids = torch.randint(0, 20, (2, 5), generator=torch.Generator().manual_seed(1))
+    assert not nn_module.runs_cudnn_rnn(model.rnn)  # CPU weights: traced as before
+    assert not nn_module.runs_cudnn_rnn(model.head)
+    monkeypatch.setattr(nn_module, "runs_cudnn_rnn", lambda m: isinstance(m, torch.nn.RNNBase))
+    kiln_dynamo.reset()
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(model, backend=backend)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(compiled(ids), model(ids))
+    assert backend.graphs == 2, backend.graphs  # the embedding, then the head
+    reasons = [str(r) for r in kiln_dynamo.counters.break_reasons]
+    assert any("cuDNN" in r and "LSTM" in r for r in reasons), reasons
