@@ -137,11 +137,11 @@ def fold_new_copy(tx: Tx, x: NewObjectVariable, deep: bool) -> NewObjectVariable
 
     why = foldable_class(x.cls)
     if why is not None:
-        log.debug("copy of %s not folded: %s", x.describe(), why)
+        log.info("copy of %s not folded: %s", x.describe(), why)
         return None
     hook = "__deepcopy__" if deep else "__copy__"
     if not _absent(tx, x, hook):
-        log.debug("copy of %s not folded: it has %s", x.describe(), hook)
+        log.info("copy of %s not folded: it has %s", x.describe(), hook)
         return None
     new = NewObjectVariable(x.cls)
     if not _absent(tx, new, "__setstate__"):
@@ -150,13 +150,13 @@ def fold_new_copy(tx: Tx, x: NewObjectVariable, deep: bool) -> NewObjectVariable
         seen: set[int] = set()
         bad = next((k for k, v in x.attrs.items() if not _plain_trackers(v, seen)), None)
         if bad is not None:
-            log.debug("deepcopy of %s not folded: %r is not a plain constant", x.describe(), bad)
+            log.info("deepcopy of %s not folded: %r is not a plain constant", x.describe(), bad)
             return None
         values = copy.deepcopy({k: v.as_constant() for k, v in x.attrs.items()})
         new.attrs.update({k: tx.wrap_constant(v) for k, v in values.items()})
     else:
         new.attrs.update(x.attrs)
-    log.debug("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
+    log.info("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
     return new
 
 
