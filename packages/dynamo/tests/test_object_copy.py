@@ -141,3 +141,79 @@ def test_a_class_with_its_own_deepcopy_runs_it() -> None:
     x = t(2)
     report = kiln_dynamo.explain(_own_hook)(x)
     torch.testing.assert_close(report.result, x * 10)
+
+
+# --- an object made in the frame (the second part of Note [Copying an object of constants]) ---
+
+
+def _copy_of_new_config(x: torch.Tensor) -> Any:
+    made = Config()  # made in the frame, as WhisperConfig.get_text_config makes its sub-config
+    c = made.text_config()
+    c.sizes.append(3)  # the copy's list, not the made object's
+    c.hidden = 4  # through attribute_map: the copy's d_model
+    out = x * c.num_layers + c.hidden + len(c.sizes) + made.d_model
+    return out, c is made, made.sizes, c.sizes, c.id2label is made.id2label, sorted(vars(c)), made, c
+
+
+def test_deepcopy_of_an_object_made_in_the_frame_is_one_graph() -> None:
+    x = t(3)
+    got = one_graph(_copy_of_new_config, x)
+    want = _copy_of_new_config(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:6] == want[1:6] == (False, [1, 2], [1, 2, 3], False, want[5])
+    made, c = got[6:]  # both objects come out of the graph with their own state
+    assert type(made) is type(c) is Config and made is not c
+    assert vars(made) == vars(want[6]) and vars(c) == vars(want[7])
+    assert made.sizes is not c.sizes and made.id2label is not c.id2label
+
+
+class Pair:
+    def __init__(self, value: Any) -> None:
+        self.a = value
+        self.b = value
+        self.n = 2
+
+
+def _shared_list(x: torch.Tensor) -> Any:
+    p = Pair([1])
+    q = copy.deepcopy(p)
+    q.a.append(2)  # deepcopy's memo keeps the two attributes one list
+    return x * len(q.b), q.a is q.b, p.a
+
+
+def test_deepcopy_keeps_a_list_shared_by_two_attributes_shared() -> None:
+    x = t(2)
+    report = kiln_dynamo.explain(_shared_list)(x)  # not folded: copy's own code runs
+    want = _shared_list(x)
+    torch.testing.assert_close(report.result[0], want[0])
+    assert report.result[1:] == want[1:] == (True, [1])
+
+
+def _tensor_attr(x: torch.Tensor) -> Any:
+    p = Pair(x * 2)
+    q = copy.deepcopy(p)
+    return q.a + 1, q.a is p.a
+
+
+def test_deepcopy_of_a_made_object_holding_a_tensor_is_not_folded() -> None:
+    x = t(2)
+    report = kiln_dynamo.explain(_tensor_attr)(x)
+    want = _tensor_attr(x)
+    torch.testing.assert_close(report.result[0], want[0])
+    assert report.result[1] is want[1] is False
+
+
+def _shallow_new(x: torch.Tensor) -> Any:
+    p = Pair([1.0])
+    q = copy.copy(p)
+    q.n = 3  # the copy's own attribute
+    q.a.append(2.0)  # the shared list
+    return x * q.n * p.n * len(p.b), q.a is p.a, q is p
+
+
+def test_shallow_copy_of_an_object_made_in_the_frame_shares_values() -> None:
+    x = t(2)
+    got = one_graph(_shallow_new, x)
+    want = _shallow_new(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == (True, False)

@@ -33,7 +33,7 @@ from kiln_dynamo.output import OutputGraph
 from kiln_dynamo.source import CodeContext, Source
 from kiln_dynamo.variables.base import VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable
-from kiln_dynamo.variables.lists import ListVariable
+from kiln_dynamo.variables.lists import ListVariable, OutsideIteratorVariable, advance_iterator
 
 
 class Reconstructor:
@@ -155,6 +155,8 @@ def generate_runner(
     emit(f"___o = ___compiled({args})")
     roots = [v for _, _, v in output.side_effects.attr_stores]
     for vt in output.side_effects.mutated_containers.values():
+        if isinstance(vt, OutsideIteratorVariable):
+            continue  # advanced in place below: nothing of it is rebuilt
         if isinstance(vt, ListVariable) and vt.unread:
             roots += vt.appended
         else:
@@ -191,6 +193,8 @@ def generate_runner(
             emit(f"{where}.clear(); {where}.update({{{inner}}})")
         elif isinstance(vt, SetVariable):
             emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
+        elif isinstance(vt, OutsideIteratorVariable):  # Note [Iterators over a dict from outside]
+            emit(f"{cg.const(advance_iterator)}({where}, {vt.index}, {vt.exhausted})")
         else:
             raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
     for tensor, hook in output.side_effects.tensor_hooks:  # Note [Hooks on input tensors]

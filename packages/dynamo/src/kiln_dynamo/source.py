@@ -264,6 +264,29 @@ class WeakrefCallSource(Source):
         return self.base.needs_globals()
 
 
+def iterator_rest(it: object) -> object:
+    """The items a dict or OrderedDict iterator has left, read without advancing it: its
+    `__reduce__` is `(iter, (list_of_the_rest,))` (Note [Iterators over a dict from outside])."""
+    r = it.__reduce__()
+    return r[1][0] if r[0] is iter and len(r) == 2 and type(r[1][0]) is list else None
+
+
+@dataclass(frozen=True, slots=True)
+class IteratorRestSource(Source):
+    """The items left in the dict iterator at `base`, as a list (`iterator_rest`)."""
+
+    base: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.const(iterator_rest)}({ctx.bind(self.base)})"
+
+    def name(self) -> str:
+        return f"rest({self.base.name()})"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
 @dataclass(frozen=True, slots=True)
 class KeyedSource(Source):
     """`base[key]` where the key is itself an object reached through a source (an optimizer's

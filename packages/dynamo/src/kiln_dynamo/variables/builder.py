@@ -33,7 +33,16 @@ from torch._library.custom_ops import CustomOpDef
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.guards import is_plain_constants
-from kiln_dynamo.source import AttrSource, ConstSource, GetItemSource, RawItemSource, Source
+from kiln_dynamo.logs import get_artifact_logger
+from kiln_dynamo.source import (
+    AttrSource,
+    ConstSource,
+    GetItemSource,
+    IteratorRestSource,
+    RawItemSource,
+    Source,
+    iterator_rest,
+)
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
 from kiln_dynamo.variables.diagnostics import wrap_diagnostics
@@ -50,7 +59,13 @@ from kiln_dynamo.variables.dicts import (
 )
 from kiln_dynamo.variables.functions import BoundMethodVariable, PartialVariable, UserFunctionVariable
 from kiln_dynamo.variables.inspection import MappingProxyVariable
-from kiln_dynamo.variables.lists import ListVariable, NamedTupleVariable, SizeVariable, TupleVariable
+from kiln_dynamo.variables.lists import (
+    ListVariable,
+    NamedTupleVariable,
+    OutsideIteratorVariable,
+    SizeVariable,
+    TupleVariable,
+)
 from kiln_dynamo.variables.model_output import model_output_base, wrap_model_output
 from kiln_dynamo.variables.nn_module import NNModuleVariable
 from kiln_dynamo.variables.opaque import (
@@ -113,6 +128,12 @@ CONSTANT_TYPES = (
 )
 
 
+# iterators whose `__reduce__` hands back the items they have left (Note [Iterators over a dict
+# from outside]): OrderedDict's one type for keys, values and items, and dict's three
+log = get_artifact_logger("decisions")
+_DICT_ITERATORS: frozenset[type] = frozenset(
+    map(type, (iter(collections.OrderedDict().items()), iter({}), iter({}.values()), iter({}.items())))
+)
 _VERSION_INFO = type(sys.version_info)  # `sys.version_info >= (3, 12)`: a constant of the process
 
 
@@ -196,6 +217,14 @@ class VariableBuilder:
             if source is not None:
                 guards.constant(source, value)
             return SizeVariable([ConstantVariable(int(s)) for s in value])
+        if type(value) in _DICT_ITERATORS and source is not None:  # Note [Iterators over a dict from outside]
+            rest = iterator_rest(value)
+            if type(rest) is list:
+                guards.type_match(source, value)
+                rest_source = IteratorRestSource(source)
+                guards.type_match(rest_source, rest)
+                log.info("%s: a %s over the %d items it has left", source, type(value).__name__, len(rest))
+                return OutsideIteratorVariable(self._list_items(rest, rest_source), type(value), source)
         if type(value) is list and source is not None:
             # Note [Lists read only when needed]: an outside list is guarded on its type now and on
             # its length and items only when the frame reads them; appends to it before any read

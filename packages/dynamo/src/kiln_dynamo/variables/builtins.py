@@ -552,10 +552,12 @@ _ATOMIC = (int, float, bool, complex, str, bytes, type(None))
 
 
 def _fold_object_copy(tx: Tx, x: VT, deep: bool) -> VT | None:
-    """Note [Copying an object of constants] (object_copy.py), for an existing user object."""
-    from kiln_dynamo.variables.object_copy import fold_copy
-    from kiln_dynamo.variables.user_defined import UserObjectVariable
+    """Note [Copying an object of constants] (object_copy.py), for a user object."""
+    from kiln_dynamo.variables.object_copy import fold_copy, fold_new_copy
+    from kiln_dynamo.variables.user_defined import NewObjectVariable, UserObjectVariable
 
+    if type(x) is NewObjectVariable:
+        return fold_new_copy(tx, x, deep)
     return fold_copy(tx, x, deep) if type(x) is UserObjectVariable else None
 
 

@@ -36,6 +36,7 @@ from kiln_dynamo.variables.exceptions import observed
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
+    from kiln_dynamo.source import Source
     from kiln_dynamo.variables.base import Tx
 
 VT = VariableTracker
@@ -524,6 +525,58 @@ class ListIteratorVariable(VariableTracker):
         if kind == "generator":
             return f"{cg.const(_generator)}({tup(rest)})"
         return f"{cg.const(iter)}({tup(rest)})"
+
+
+# Note [Iterators over a dict from outside]: a frame can receive a live iterator over a dict or
+# an OrderedDict (`iter(d.items())`, `keys()`, `values()`, or the dict itself): a comprehension's
+# `.0` when the frame that made it runs as plain Python (transformers' `{k: v for k, v in
+# output.items() if ...}` over a ModelOutput, an OrderedDict), or an iterator a caller hands on.
+# The items it has left are read without advancing it through its `__reduce__`, which CPython
+# defines for these types as `(iter, (list of the rest,))`: that list is wrapped as an outside
+# list (its length and items guarded at each call, through `IteratorRestSource`), and the frame
+# iterates over it. The real iterator is not touched by tracing; what the frame consumed is
+# replayed on it after the graph (`advance_iterator`: `n` steps, or to its end when the frame
+# saw the end), and it leaves the frame (a split, a return) as itself, so the frame's caller
+# and the continuation see it as eager leaves it. Not modelled: a frame that resizes the dict
+# while iterating (eager raises RuntimeError at the next step; the trace iterates the snapshot).
+class OutsideIteratorVariable(ListIteratorVariable):
+    """A dict or OrderedDict iterator from outside the frame (Note [Iterators over a dict from
+    outside]): its rest read at entry, its consumption replayed on it after the graph."""
+
+    def __init__(self, items: list[VT], cls: type, source: Source) -> None:
+        super().__init__(items)
+        self.cls = cls
+        self.source: Source = source
+        self.exhausted = False
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} from outside"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def next(self, tx: Tx) -> VT | None:
+        tx.output.side_effects.mutated(self)
+        item = super().next(tx)
+        self.exhausted = item is None
+        return item
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        tx.output.side_effects.mutated(self)
+        self.exhausted = True
+        return super().iterate(tx)
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        return cg.source(self.source)  # itself, advanced after the graph as the frame advanced it
+
+
+def advance_iterator(it: Any, steps: int, to_end: bool) -> None:
+    """Replay on a real iterator what the frame consumed (Note [Iterators over a dict from outside])."""
+    for _ in range(steps):
+        next(it)
+    if to_end:
+        for _ in it:  # (none left: the guards saw the rest the frame consumed) marks it exhausted
+            pass
 
 
 class CountIteratorVariable(ListIteratorVariable):

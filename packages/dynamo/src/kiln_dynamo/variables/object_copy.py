@@ -21,6 +21,15 @@ dict holds copies of the original's entries. So kiln folds the call into a `NewO
 Every value is read through the instance dict's source, and the dict's keys are guarded, so the
 graph is reused only while the original holds the same state. Anything else inlines copy's own
 Python code as before.
+
+The same holds for an object made in the frame (a `NewObjectVariable`: transformers'
+`get_text_config` deep-copies a sub-config that `WhisperConfig.get_text_config` built in the same
+call; copy's `id(x)` of an object with no identity outside the frame used to break). Its state is
+the tracker's own attributes, known at trace time, so no guard is needed: nothing is read from
+outside the frame. A deep copy needs every attribute to be a constant tree of exact trackers
+(constants, lists, tuples, plain dicts, sets) with no list, dict or set tracker reached twice
+(the copy would share it where the fold makes two); a shallow copy takes the same trackers. The
+class and the `__deepcopy__`/`__copy__`/`__setstate__` lookups are checked as above.
 """
 
 from __future__ import annotations
@@ -98,6 +107,57 @@ def _constant_tree(value: Any, seen: set[int]) -> bool:
             _constant_tree(v, seen) for v in value.values()
         )
     return False
+
+
+def _plain_trackers(v: VT, seen: set[int]) -> bool:
+    """A constant tree of exact container trackers, none of list, dict or set reached twice."""
+    from kiln_dynamo.variables.base import ConstantVariable
+    from kiln_dynamo.variables.dicts import DictVariable, SetVariable
+    from kiln_dynamo.variables.lists import ListVariable, TupleVariable
+
+    kind = type(v)
+    if kind is ConstantVariable:
+        return _constant_tree(v.as_constant(), set())
+    if kind in (ListVariable, DictVariable, SetVariable):
+        if id(v) in seen:
+            return False
+        seen.add(id(v))
+    if kind in (ListVariable, TupleVariable):
+        return all(_plain_trackers(i, seen) for i in v.items)  # type: ignore[attr-defined]
+    if kind is DictVariable and v.python_type() is dict:
+        return v.is_constant() and all(_plain_trackers(i, seen) for i in v.items.values())  # type: ignore[attr-defined]
+    if kind is SetVariable:
+        return v.is_constant() and _constant_tree(v.as_constant(), set())
+    return False
+
+
+def fold_new_copy(tx: Tx, x: NewObjectVariable, deep: bool) -> NewObjectVariable | None:
+    """The copy of an object made in the frame (Note [Copying an object of constants]), or None."""
+    from kiln_dynamo.variables.user_defined import NewObjectVariable
+
+    why = foldable_class(x.cls)
+    if why is not None:
+        log.info("copy of %s not folded: %s", x.describe(), why)
+        return None
+    hook = "__deepcopy__" if deep else "__copy__"
+    if not _absent(tx, x, hook):
+        log.info("copy of %s not folded: it has %s", x.describe(), hook)
+        return None
+    new = NewObjectVariable(x.cls)
+    if not _absent(tx, new, "__setstate__"):
+        return None
+    if deep:
+        seen: set[int] = set()
+        bad = next((k for k, v in x.attrs.items() if not _plain_trackers(v, seen)), None)
+        if bad is not None:
+            log.info("deepcopy of %s not folded: %r is not a plain constant", x.describe(), bad)
+            return None
+        values = copy.deepcopy({k: v.as_constant() for k, v in x.attrs.items()})
+        new.attrs.update({k: tx.wrap_constant(v) for k, v in values.items()})
+    else:
+        new.attrs.update(x.attrs)
+    log.info("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
+    return new
 
 
 def fold_copy(tx: Tx, x: UserObjectVariable, deep: bool) -> NewObjectVariable | None:
