@@ -25,6 +25,16 @@ import kiln
 BACKENDS = ["cpp"] if torch.cuda.is_available() else ["cpp", "triton"]
 
 
+def _same_step(model: torch.nn.Module, ref: torch.nn.Module, out: torch.Tensor, want: torch.Tensor) -> None:
+    """One training step's outputs and every parameter's gradient equal eager's."""
+    out.square().mean().backward()
+    want.square().mean().backward()
+    torch.testing.assert_close(out, want)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
 def _merge(x: torch.Tensor) -> torch.Tensor:
     y = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
     return (y * y).sum(-1) + x[:, 1:5, 2].sum(-1, keepdim=True) + x[:, -1, :, 0].sum(-1)[:, None, None]
@@ -83,12 +93,7 @@ def test_mlp_gradients_match_eager(threads: int, column_sum_fusion: bool, monkey
         x = torch.randn(2, 40, 48, generator=torch.Generator().manual_seed(2))
         out = kiln.compile(model, options={"strict": True})(x)
         want = ref(x)
-        out.square().mean().backward()
-        want.square().mean().backward()
-        torch.testing.assert_close(out, want)
-        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-            assert p.grad is not None and q.grad is not None
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        _same_step(model, ref, out, want)
     finally:
         torch.set_num_threads(before)
 
@@ -197,12 +202,7 @@ def test_saved_residual_sums_fused_match_eager(threads: int, far: bool) -> None:
         x = torch.randn(2, 24, 32, generator=torch.Generator().manual_seed(2))
         out = kiln.compile(model, options={"strict": True, "far_output_fusion": far})(x)
         want = ref(x)
-        out.square().mean().backward()
-        want.square().mean().backward()
-        torch.testing.assert_close(out, want)
-        for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-            assert p.grad is not None and q.grad is not None
-            torch.testing.assert_close(p.grad, q.grad, msg=name)
+        _same_step(model, ref, out, want)
         log = kiln.compile_log()
         assert log and not [f for r in log for f in r.op_fallbacks], [r.op_fallbacks for r in log]
     finally:

@@ -168,33 +168,26 @@ def compile_graph(
     device = graph_device(gm, example_inputs)
     gm, passes = run_passes(gm, example_inputs, device, options)
     split = passes.channels_last_from
-    if split is None:
+
+    def generate(channels_last: set[torch.fx.Node], symbolic_sizes: bool, start: float) -> CompiledGraph:
         return _generate(
             gm,
             example_inputs,
             chosen,
             fusion,
             passes,
-            passes.channels_last,
-            bool(symbolic),
+            channels_last,
+            symbolic_sizes,
             env,
             guards_before,
-            t0,
+            start,
         )
+
+    if split is None:
+        return generate(passes.channels_last, bool(symbolic), t0)
     # Note [Both layouts under a symbolic batch]
-    small = _generate(gm, example_inputs, chosen, fusion, passes, set(), True, env, guards_before, t0)
-    large = _generate(
-        gm,
-        example_inputs,
-        chosen,
-        fusion,
-        passes,
-        passes.channels_last,
-        True,
-        env,
-        guards_before,
-        time.perf_counter(),
-    )
+    small = generate(set(), True, t0)
+    large = generate(passes.channels_last, True, time.perf_counter())
     return _PerBatch(small, large, split)
 
 
