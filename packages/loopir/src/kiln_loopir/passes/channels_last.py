@@ -300,6 +300,7 @@ def _per_batch_decision(convs: list[torch.fx.Node], weights: int) -> LayoutDecis
     symbolic batch]): None when no convolution's batch is symbolic, or the batches are not all
     whole multiples of one symbol (then the rule counts at the smallest batch)."""
     symbol: sympy.Symbol | None = None
+    size: Any = None  # a batch size that is a multiple of ``symbol`` (its shape env bounds it)
     fixed = per_batch = 0  # the convolutions' input elements: fixed + per_batch * symbol
     for n in convs:
         val = _val(n.args[0])
@@ -316,16 +317,13 @@ def _per_batch_decision(convs: list[torch.fx.Node], weights: int) -> LayoutDecis
         factor = sympy.simplify(expr / s)
         if not (factor.is_Integer and factor > 0):
             return None
-        symbol = s
-        sample = 1
-        for d in val.shape[1:]:
-            sample *= int(hint_of(d)) if isinstance(d, torch.SymInt) else int(d)
-        per_batch += int(factor) * sample
+        symbol, size = s, val.shape[0]
+        per_batch += int(factor) * _per_sample(val)
     if symbol is None or per_batch == 0:
         return None
     # the rule chooses NHWC where fixed + per_batch * b >= weights
     start = max(-(-(weights - fixed) // per_batch), 1)
-    lowest, highest = _range_of(convs, symbol)
+    lowest, highest = _bounds(size, symbol) or (1, None)
     counts = f"inputs {fixed} + {per_batch} x {symbol} elements, weights {weights}"
     if start <= lowest:
         return LayoutDecision(True, f"{len(convs)} convs, {counts}: NHWC at every batch from {lowest}")
@@ -334,22 +332,6 @@ def _per_batch_decision(convs: list[torch.fx.Node], weights: int) -> LayoutDecis
     return LayoutDecision(
         True, f"{len(convs)} convs, {counts}: NHWC from batch {start}, eager layouts below", (symbol, start)
     )
-
-
-def _range_of(convs: list[torch.fx.Node], symbol: sympy.Symbol) -> tuple[int, int | None]:
-    """The smallest and largest value of a batch symbol (None: unbounded), as :func:`_smallest`."""
-    for n in convs:
-        size = _val(n.args[0]).shape[0]
-        if isinstance(size, torch.SymInt) and size.node.expr.free_symbols == {symbol}:
-            env = getattr(size.node, "shape_env", None)
-            ranges = getattr(env, "var_to_range", None)
-            if ranges is None:
-                break
-            r = bound(symbol, ranges)
-            lowest = max(int(r.lower), 1) if r.lower.is_number and r.lower.is_finite else 1
-            highest = int(r.upper) if r.upper.is_number and r.upper.is_finite else None
-            return lowest, highest
-    return 1, None
 
 
 def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
@@ -397,19 +379,35 @@ def _numel(node: Any) -> int:
     return int(hint_of(numel)) if isinstance(numel, torch.SymInt) else int(numel)
 
 
+def _bounds(size: torch.SymInt, expr: Any) -> tuple[int, int | None] | None:
+    """The smallest and largest value ``expr`` (a size's expression, or a symbol of it) may take
+    under the ranges of ``size``'s shape env (largest None: unbounded), the smallest at least 1;
+    None when the size carries no ranges."""
+    env = getattr(size.node, "shape_env", None)
+    ranges = getattr(env, "var_to_range", None)
+    if ranges is None:
+        return None
+    r = bound(expr, ranges)
+    lowest = max(int(r.lower), 1) if r.lower.is_number and r.lower.is_finite else 1
+    return lowest, (int(r.upper) if r.upper.is_number and r.upper.is_finite else None)
+
+
 def _smallest(size: Any) -> int:
     """The smallest value a (symbolic) size may take: the lower end of its symbols' ranges
     (``kiln.mark_dynamic``'s ``min``; 2 for a dynamic batch, 0 and 1 being specialized), at least 1;
-    an int as it is."""
+    its hint without ranges; an int as it is."""
     if not isinstance(size, torch.SymInt):
         return int(size)
-    node = size.node
-    env = getattr(node, "shape_env", None)
-    ranges = getattr(env, "var_to_range", None)
-    if ranges is None:
-        return int(hint_of(size))
-    lower = bound(node.expr, ranges).lower
-    return max(int(lower), 1) if lower.is_number and lower.is_finite else 1
+    bounds = _bounds(size, size.node.expr)
+    return bounds[0] if bounds is not None else int(hint_of(size))
+
+
+def _per_sample(val: torch.Tensor) -> int:
+    """Elements of one batch entry of ``val``, every dim but the first at its size hint."""
+    per_sample = 1
+    for s in val.shape[1:]:
+        per_sample *= int(hint_of(s)) if isinstance(s, torch.SymInt) else int(s)
+    return per_sample
 
 
 def _numel_at_smallest_batch(node: Any) -> int:
@@ -418,10 +416,7 @@ def _numel_at_smallest_batch(node: Any) -> int:
     val = _val(node)
     if not isinstance(val, torch.Tensor) or val.dim() == 0 or not isinstance(val.shape[0], torch.SymInt):
         return _numel(node)
-    per_sample = 1
-    for s in val.shape[1:]:
-        per_sample *= int(hint_of(s)) if isinstance(s, torch.SymInt) else int(s)
-    return per_sample * _smallest(val.shape[0])
+    return _per_sample(val) * _smallest(val.shape[0])
 
 
 def _batch_split(inputs: Sequence[Any], symbol: sympy.Symbol, start: int) -> BatchSplit | None:
