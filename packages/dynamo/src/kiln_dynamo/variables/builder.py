@@ -128,9 +128,9 @@ CONSTANT_TYPES = (
 )
 
 
+log = get_artifact_logger("decisions")
 # iterators whose `__reduce__` hands back the items they have left (Note [Iterators over a dict
 # from outside]): OrderedDict's one type for keys, values and items, and dict's three
-log = get_artifact_logger("decisions")
 _DICT_ITERATORS: frozenset[type] = frozenset(
     map(type, (iter(collections.OrderedDict().items()), iter({}), iter({}.values()), iter({}.items())))
 )

@@ -404,13 +404,6 @@ def runs_cudnn_rnn(m: nn.Module) -> bool:
     return any(p.is_cuda for p in m._parameters.values() if p is not None)
 
 
-# Note [Module traversal]: `parameters()`, `named_modules()` and the rest are generators in
-# eager (which the capture does not step through); the tracker walks the real module tree the
-# way torch does (pre-order, each module, parameter and buffer once by identity, names joined
-# with "."), and hands back an iterator over trackers that carry their sources. Every dict the
-# walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
-# key list, and every entry it yields on its type (a module) or its tensor properties, so a
-# module added, removed or replaced later recompiles.
 # Note [Module hooks registered in the frame]: `m.register_forward_hook(hook)` inside the compiled
 # frame (transformers' output-capturing hooks, installed by the model's first call) writes the hook
 # into `m._forward_hooks`, a dict the capture reads from the real module when it inlines a call of
@@ -433,6 +426,15 @@ _HOOK_REGISTRATIONS = frozenset(
 )
 _HOOK_REGISTRATION = "Module.{name}() inside the compiled frame: the hook is registered in Python"
 _HOOK_REGISTRATION_ADVICE = "register module hooks before calling the compiled model"
+
+
+# Note [Module traversal]: `parameters()`, `named_modules()` and the rest are generators in
+# eager (which the capture does not step through); the tracker walks the real module tree the
+# way torch does (pre-order, each module, parameter and buffer once by identity, names joined
+# with "."), and hands back an iterator over trackers that carry their sources. Every dict the
+# walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
+# key list, and every entry it yields on its type (a module) or its tensor properties, so a
+# module added, removed or replaced later recompiles.
 _TRAVERSALS = frozenset(
     {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
      "modules", "named_modules"}

@@ -131,39 +131,53 @@ def _plain_trackers(v: VT, seen: set[int]) -> bool:
     return False
 
 
-def fold_new_copy(tx: Tx, x: NewObjectVariable, deep: bool) -> NewObjectVariable | None:
-    """The copy of an object made in the frame (Note [Copying an object of constants]), or None."""
+def _hook_absent(tx: Tx, x: VT, deep: bool) -> bool:
+    """No `__deepcopy__` / `__copy__` on `x`, looked up as copy looks it up."""
+    hook = "__deepcopy__" if deep else "__copy__"
+    if _absent(tx, x, hook):
+        return True
+    log.info("copy of %s not folded: it has %s", x.describe(), hook)
+    return False
+
+
+def _made(
+    tx: Tx, x: VT, cls: type, state: dict[str, VT], deep: bool, plain: bool
+) -> NewObjectVariable | None:
+    """The new object holding `state` (deep: copies of its constants, which `plain` says they
+    are; shallow: the same trackers), or None where copy's protocol would do otherwise."""
     from kiln_dynamo.variables.user_defined import NewObjectVariable
 
+    new = NewObjectVariable(cls)
+    if not _absent(tx, new, "__setstate__"):  # looked up on the empty new object, as copy does
+        return None
+    if deep:
+        if not plain:
+            log.info("deepcopy of %s not folded: a value is not a plain constant", x.describe())
+            return None
+        values = copy.deepcopy({k: v.as_constant() for k, v in state.items()})
+        new.attrs.update({k: tx.wrap_constant(v) for k, v in values.items()})
+    else:
+        new.attrs.update(state)
+    log.info("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
+    return new
+
+
+def fold_new_copy(tx: Tx, x: NewObjectVariable, deep: bool) -> NewObjectVariable | None:
+    """The copy of an object made in the frame (Note [Copying an object of constants]), or None."""
     why = foldable_class(x.cls)
     if why is not None:
         log.info("copy of %s not folded: %s", x.describe(), why)
         return None
-    hook = "__deepcopy__" if deep else "__copy__"
-    if not _absent(tx, x, hook):
-        log.info("copy of %s not folded: it has %s", x.describe(), hook)
+    if not _hook_absent(tx, x, deep):
         return None
-    new = NewObjectVariable(x.cls)
-    if not _absent(tx, new, "__setstate__"):
-        return None
-    if deep:
-        seen: set[int] = set()
-        bad = next((k for k, v in x.attrs.items() if not _plain_trackers(v, seen)), None)
-        if bad is not None:
-            log.info("deepcopy of %s not folded: %r is not a plain constant", x.describe(), bad)
-            return None
-        values = copy.deepcopy({k: v.as_constant() for k, v in x.attrs.items()})
-        new.attrs.update({k: tx.wrap_constant(v) for k, v in values.items()})
-    else:
-        new.attrs.update(x.attrs)
-    log.info("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
-    return new
+    seen: set[int] = set()
+    plain = not deep or all(_plain_trackers(v, seen) for v in x.attrs.values())
+    return _made(tx, x, x.cls, dict(x.attrs), deep, plain)
 
 
 def fold_copy(tx: Tx, x: UserObjectVariable, deep: bool) -> NewObjectVariable | None:
     """The copy as a new object (Note [Copying an object of constants]), or None to inline copy."""
     from kiln_dynamo.variables.dicts import DictVariable
-    from kiln_dynamo.variables.user_defined import NewObjectVariable
 
     obj, cls = x.obj, type(x.obj)
     why = foldable_class(cls)
@@ -172,12 +186,10 @@ def fold_copy(tx: Tx, x: UserObjectVariable, deep: bool) -> NewObjectVariable | 
     if why is None and tx.output.side_effects.has_pending_attrs(obj):
         why = "the frame stored attributes on it"
     if why is not None:
-        log.debug("copy of %s not folded: %s", x.describe(), why)
+        log.info("copy of %s not folded: %s", x.describe(), why)
         return None
     assert x.source is not None
-    hook = "__deepcopy__" if deep else "__copy__"
-    if not _absent(tx, x, hook):
-        log.debug("copy of %s not folded: it has %s", x.describe(), hook)
+    if not _hook_absent(tx, x, deep):
         return None
     d = object.__getattribute__(obj, "__dict__")
     dict_vt = tx.wrap(d, InstanceDictSource(x.source))  # guards its keys
@@ -188,20 +200,8 @@ def fold_copy(tx: Tx, x: UserObjectVariable, deep: bool) -> NewObjectVariable | 
         if type(k) is not str:
             return None
         state[k] = tx.wrap(d[k], GetItemSource(InstanceDictSource(x.source), k))
-    new = NewObjectVariable(cls)
-    if not _absent(tx, new, "__setstate__"):  # looked up on the empty new object, as copy does
-        return None
-    if deep:
-        if not all(v.is_constant() for v in state.values()):
-            log.debug("deepcopy of %s not folded: a value is not a constant", x.describe())
-            return None
-        values = {k: v.as_constant() for k, v in state.items()}
-        if not _constant_tree(values, set()):
-            log.debug("deepcopy of %s not folded: a value is not a plain constant", x.describe())
-            return None
-        values = copy.deepcopy(values)
-        new.attrs.update({k: tx.wrap_constant(v) for k, v in values.items()})
-    else:
-        new.attrs.update(state)
-    log.debug("%s of %s folded into a new object", "deepcopy" if deep else "copy", x.describe())
-    return new
+    plain = not deep or (
+        all(v.is_constant() for v in state.values())
+        and _constant_tree({k: v.as_constant() for k, v in state.items()}, set())
+    )
+    return _made(tx, x, cls, state, deep, plain)
