@@ -24,7 +24,6 @@ from typing import Any
 
 import sympy
 import torch
-from kiln_symbolic import expr_of
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from . import sizevars
@@ -39,7 +38,7 @@ from .ir import (
     TensorBox,
     realize_strided,
 )
-from .layout import FixedLayout, fixed_from_tensor
+from .layout import FixedLayout, fixed_from_tensor, symbolic
 from .sizevars import UnbackedSource
 from .virtualized import current_graph, ops
 
@@ -201,24 +200,14 @@ def pointwise_from(box: TensorBox, fn: Callable[[Any], Any], dtype: torch.dtype)
     return TensorBox.create(Pointwise(box.get_device(), dtype, inner, box.get_size()))
 
 
-def _stride_expr(stride: Any) -> Expr:
-    """A stride as a loopir expression. Note [Symbolic sizes in loopir]: a SymInt stride (an eager
-    output's strides under dynamic shapes) is taken as its expression, never as ``int()``, which
-    would guard on its hint and specialize the graph (issue 17: a stride-4 patchify stem whose
-    NHWC result is copied back to eager's strides was refused under ``dynamic=True``)."""
-    if isinstance(stride, sympy.Expr):
-        return stride
-    if isinstance(stride, torch.SymInt):
-        return sizevars.to_loopir(expr_of(stride))
-    return sympy.Integer(int(stride))
-
-
 def copy_with_strides(box: TensorBox, strides: Sequence[Any]) -> TensorBox:
     """A realized copy of ``box`` laid out with ``strides`` (one pointwise kernel)."""
     copy = pointwise_from(box, lambda v: v, box.get_dtype())
     storage = copy.storage()
     assert storage is not None
-    storage.stride_hint = tuple(_stride_expr(s) for s in strides)
+    # SymInt strides (an eager output's under dynamic shapes) by their expression, never int():
+    # that would guard on the hint (Note [Symbolic sizes in loopir])
+    storage.stride_hint = symbolic(strides)
     storage.realize()
     return copy
 
