@@ -105,6 +105,13 @@ for step in "$@"; do
     call11)  # sixteenth session: T5's position-bias masks made dense (Note [Attention masks read across their rows])
       bench t5-dense-mask 150 --dtype bfloat16 --modes inference --models t5 --repeats 15 --profile --profile-calls 3 \
         --backends eager,kiln,kiln:default:attention_dense_mask=False,inductor ;;
+    call13)  # seventeenth session: where reduce-overhead's host time goes on the H200 (issue 14): the replay's own
+      # floor, then host time by layer in reduce-overhead and default mode (tiny models: the call is mostly host)
+      timeout 60 python3 scripts/gpu_replay_floor.py 2>&1 | tail -5
+      timeout 260 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --mode reduce-overhead \
+        --models resnet,gpt2,bert,mlp --calls 50 --rounds 5 --top 12 > "$out/host-ro.log" 2>&1; cut -c1-200 "$out/host-ro.log" | tail -75
+      timeout 200 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 \
+        --models resnet,bert,cnn,mlp --calls 50 --rounds 5 > "$out/host-default.log" 2>&1; cut -c1-200 "$out/host-default.log" | tail -8 ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
