@@ -9,6 +9,7 @@ the same tests run with real CUDA graphs as well."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -87,14 +88,17 @@ def test_a_static_input_that_moves_is_recorded_again_and_copied_from_then_on(cap
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
-def test_outputs_the_caller_keeps_are_never_overwritten(capture: Any) -> None:
+def test_outputs_the_caller_keeps_are_never_overwritten(capture: Any, caplog: Any) -> None:
     w = torch.randn(16, 8, device=DEVICE)
     runner = _runner(capture)
     kept, inputs = [], []
-    for _ in range(6):
-        x = torch.randn(4, 16, device=DEVICE)
-        inputs.append(x)
-        kept.append(runner(x, w))
+    with caplog.at_level(logging.INFO, logger="kiln.codegen_triton.output_code"):
+        for _ in range(6):
+            x = torch.randn(4, 16, device=DEVICE)
+            inputs.append(x)
+            kept.append(runner(x, w))
+    # said once, not once per call
+    assert sum("still held by the caller" in r.getMessage() for r in caplog.records) == 1
     for x, y in zip(inputs, kept, strict=True):
         torch.testing.assert_close(y, _eager(x, w))
     # warm-up, slot one, slot two; then both slots are held: the plain wrapper runs

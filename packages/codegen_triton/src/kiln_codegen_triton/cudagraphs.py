@@ -218,6 +218,7 @@ class CudaGraphRunner:
         self.replays = 0
         self.recordings = 0
         self.plain_calls = 0  # calls that ran the wrapper: warm-up, every slot busy, inputs changed
+        self._busy_logged = False
         self._pool = pool
         self._warm_ptrs: list[int | None] | None = None
         self._copied: set[int] = set()  # Note [Static inputs of a CUDA graph]
@@ -266,6 +267,14 @@ class CudaGraphRunner:
                 if slot is None:
                     return self.fn(*args)
             else:  # every slot's outputs are still held by the caller
+                if not self._busy_logged:
+                    self._busy_logged = True
+                    log.info(
+                        "CUDA graph: the outputs of its %d recordings are all still held by the caller;"
+                        " running the kernels directly (slower) until one is released"
+                        " (Note [Outputs of a CUDA graph])",
+                        len(self._slots),
+                    )
                 self.plain_calls += 1
                 return self.fn(*args)
         if copied:
