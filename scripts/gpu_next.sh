@@ -112,6 +112,16 @@ for step in "$@"; do
         --models resnet,gpt2,bert,mlp --calls 50 --rounds 5 --top 12 > "$out/host-ro.log" 2>&1; cut -c1-200 "$out/host-ro.log" | tail -75
       timeout 200 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 \
         --models resnet,bert,cnn,mlp --calls 50 --rounds 5 > "$out/host-default.log" 2>&1; cut -c1-200 "$out/host-default.log" | tail -8 ;;
+    call14)  # seventeenth session, after call13's finding (its stubs held a CUDA graph slot): host time by layer
+      # in reduce-overhead at tiny and at gpu size, default mode at gpu size, and the recurrent breadth rows
+      # re-timed after Note [Recurrent modules on CUDA]
+      timeout 150 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --mode reduce-overhead \
+        --models resnet,gpt2,bert,mlp --calls 50 --rounds 5 --top 14 > "$out/host-ro.log" 2>&1; cut -c1-200 "$out/host-ro.log" | grep -v "^ .*us .*tc:" | head -80
+      timeout 170 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --mode reduce-overhead --size gpu \
+        --models resnet,bert,distilbert,gpt2 --calls 20 --rounds 3 > "$out/host-ro-gpu.log" 2>&1; cut -c1-200 "$out/host-ro-gpu.log" | tail -8
+      timeout 130 python3 packages/kiln/bench/call_overhead.py --device cuda --dtype bfloat16 --size gpu \
+        --models bert,cnn,mlp --calls 20 --rounds 3 --top 10 > "$out/host-default-gpu.log" 2>&1; cut -c1-200 "$out/host-default-gpu.log" | tail -40
+      ONLY=nn_lstm,nn_gru,lstm_lm,gru_attention_decoder PROCS=2 BUDGET=100 bash "$0" call10 | grep -v '^{' | tail -8 ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
