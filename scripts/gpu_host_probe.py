@@ -40,16 +40,19 @@ def host_us(step: Callable[[], Any], calls: int, synced: bool) -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="resnet,bert")
-    p.add_argument("--mode", default="reduce-overhead")
+    p.add_argument("--mode", default="reduce-overhead", help="'default' for kiln's default mode")
     p.add_argument("--calls", type=int, default=30)
+    p.add_argument("--threads", default="0,1", help="torch.set_num_threads per pass (0: as it is)")
     args = p.parse_args()
+    print("tensor checker:", kiln.prepare())  # as kiln_bench does: guards read tensors in C
+    default_threads = torch.get_num_threads()
     for name in args.models.split(","):
         torch.manual_seed(0)
         w = models.BUILDERS[name]("gpu", torch.Generator().manual_seed(0))
         models.calibrate_batchnorm(w.model, w.inputs)
         w = w.to("cuda", torch.bfloat16)
         w.model.eval()
-        k = kiln.compile(w.model, mode=args.mode)
+        k = kiln.compile(w.model, mode=None if args.mode == "default" else args.mode)
 
         def step(k: Any = k, w: models.Workload = w) -> None:
             with torch.no_grad():
@@ -58,17 +61,21 @@ def main() -> None:
         for _ in range(5):
             step()
         rows = []
-        for synced in (True, False):
-            for collect in (True, False):
-                if not collect:
-                    gc.disable()
-                try:
-                    rows.append((synced, collect, host_us(step, args.calls, synced)))
-                finally:
-                    gc.enable()
-        for synced, collect, us in rows:
+        for threads in (int(t) or default_threads for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            for synced in (True, False, True, False):
+                for collect in (True, False):
+                    if not collect:
+                        gc.disable()
+                    try:
+                        rows.append((threads, synced, collect, host_us(step, args.calls, synced)))
+                    finally:
+                        gc.enable()
+        torch.set_num_threads(default_threads)
+        for threads, synced, collect, us in rows:
             print(
-                f"{name:8} {'synced' if synced else 'back to back':13} gc {'on ' if collect else 'off'} {us:8.1f} us"
+                f"{name:8} {args.mode:16} threads {threads:2d} {'synced' if synced else 'back to back':13} "
+                f"gc {'on ' if collect else 'off'} {us:8.1f} us"
             )
         prof = cProfile.Profile()
         for _ in range(args.calls):

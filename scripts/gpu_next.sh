@@ -123,7 +123,8 @@ for step in "$@"; do
         --models bert,cnn,mlp --calls 20 --rounds 3 --top 10 > "$out/host-default-gpu.log" 2>&1; cut -c1-200 "$out/host-default-gpu.log" | tail -40
       ONLY=nn_lstm,nn_gru,lstm_lm,gru_attention_decoder PROCS=2 BUDGET=100 bash "$0" call10 | grep -v '^{' | tail -8 ;;
     call15)  # seventeenth session: kiln_bench's synced host time per reduce-overhead call against back to back
-      timeout 200 python3 scripts/gpu_host_probe.py --models resnet,bert,distilbert 2>&1 | grep -v Warn | tail -45 ;;
+      timeout 150 python3 scripts/gpu_host_probe.py --models resnet,bert 2>&1 | grep -v Warn | tail -60
+      timeout 100 python3 scripts/gpu_host_probe.py --models bert --mode default 2>&1 | grep -v Warn | tail -30 ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
