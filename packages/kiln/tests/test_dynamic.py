@@ -969,3 +969,102 @@ def test_stride_4_patchify_stem_compiles_once_under_dynamic_true() -> None:
     _sweep(model, [(torch.randn(b, 3, s, s),) for b, s in ((2, 32), (3, 64), (5, 40))], dynamic=True)
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert all(r.fell_back is None for r in kiln.compile_log())
+
+
+# --- sizes at the edges: a hint of 1, a size of 0, dims equal on the first call -----------------
+class _PoolNet(nn.Module):
+    """Convolution, BatchNorm, max-pool: a 3-channel input, so a batch of 3 equals the channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn, self.head = (
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+            nn.Conv2d(8, 8, 3, padding=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return nn.functional.adaptive_avg_pool2d(self.head(y), 1).flatten(1)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.qkv, self.out, self.norm, self.heads = (
+            nn.Linear(d, 3 * d),
+            nn.Linear(d, d),
+            nn.LayerNorm(d),
+            heads,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            y.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+            for y in self.qkv(self.norm(x)).split(c, -1)
+        )
+        a = ((q @ k.transpose(-1, -2)) * (c // self.heads) ** -0.5).softmax(-1)
+        return x + self.out((a @ v).transpose(1, 2).reshape(b, t, c))
+
+
+def _edge_model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8)).eval()
+    return (_PoolNet() if kind == "cnn" else _Attention()).eval()
+
+
+_EDGE_INPUTS: dict[str, Callable[[int], torch.Tensor]] = {
+    "mlp": lambda b: torch.randn(b, 32),
+    "cnn": lambda b: torch.randn(b, 3, 16, 16),
+    "attention": lambda b: torch.randn(b, 8, 32),
+}
+
+
+# (batches, dynamic, graphs per model) with torch.compile 2.13's count (backend="eager") in the
+# comment where it differs. Every call is compared with eager, empty outputs included.
+@pytest.mark.parametrize(
+    ("batches", "dynamic", "graphs"),
+    [
+        ((1, 4, 7), True, {"mlp": 2, "cnn": 2, "attention": 2}),  # 1 is static, then one dynamic graph
+        ((4, 8, 1, 16), None, {"mlp": 3, "cnn": 3, "attention": 3}),  # torch: cnn 4
+        ((4, 8, 0, 5), None, {"mlp": 3, "cnn": 3, "attention": 3}),
+        # batch 3 after batch 0: the changed batch gets a symbol of its own, not the channels'
+        # duck-sized one (Note [Automatic dynamic under dynamic=True]); the CNN compiled 3 before
+        ((0, 3, 5), True, {"mlp": 2, "cnn": 2, "attention": 2}),
+        # batch 3 first: duck-sized with the channels, which the convolution pins; 3 as torch
+        ((3, 0, 5), True, {"mlp": 2, "cnn": 3, "attention": 2}),
+    ],
+)
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "attention"])
+def test_batches_of_one_and_zero_compile_as_often_as_torch(
+    kind: str, batches: tuple[int, ...], dynamic: bool | None, graphs: dict[str, int]
+) -> None:
+    _sweep(_edge_model(kind), [(_EDGE_INPUTS[kind](b),) for b in batches], dynamic=dynamic)
+    assert kiln_dynamo.counters.graphs == graphs[kind] and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+class _SquareUse(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x @ x.t()).relu().sum(1) + x.sum(1), x.softmax(-1), x.mean(0, keepdim=True) - x
+
+
+@pytest.mark.parametrize(
+    ("kind", "shapes", "graphs"),
+    [
+        # a square matrix, then rows and columns apart
+        ("square", [(16, 16), (16, 8), (8, 16), (5, 5)], {None: 3, True: 2}),
+        # sequence length == hidden size on the first call
+        ("attention", [(2, 32, 32), (2, 16, 32), (4, 8, 32)], {None: 3, True: 2}),
+        # batch 32 of 32x32 images; torch: 3 under dynamic=True
+        ("cnn", [(32, 3, 32, 32), (8, 3, 32, 32), (16, 3, 24, 24), (32, 3, 32, 32)], {None: 3, True: 2}),
+    ],
+)
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_dims_equal_on_the_first_call_then_apart(
+    kind: str, shapes: list[tuple[int, ...]], graphs: dict[bool | None, int], dynamic: bool | None
+) -> None:
+    model = _SquareUse() if kind == "square" else _edge_model(kind)
+    _sweep(model, [(torch.randn(*s),) for s in shapes], dynamic=dynamic)
+    assert kiln_dynamo.counters.graphs == graphs[dynamic] and kiln_dynamo.counters.dynamic_fallbacks == []

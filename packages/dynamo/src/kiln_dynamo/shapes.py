@@ -11,7 +11,7 @@ guards (duck sizes, recorded branches, ranges) over the input sources once the b
 Per-dim precedence (torch.compile's, DYNAMIC.md §1): `mark_static` → static; `mark_dynamic`
 (with its min/max) → a symbol of its own, whatever the mode; `dynamic=False` → static; a Parameter or a module
 buffer → static; a dim whose size changed between captures of this frame (automatic dynamic,
-`dynamic=None`) → a symbol of its own; `maybe_mark_dynamic` → a symbol of its own;
+`dynamic=None` or `True`) → a symbol of its own; `maybe_mark_dynamic` → a symbol of its own;
 `dynamic=True` → a duck-sized symbol; otherwise static. Sizes 0 and 1 always stay static
 (Note [0/1 specialization] in kiln_symbolic.shape_env).
 
@@ -21,6 +21,15 @@ deciding, so the capture that a size change triggers already makes that dim symb
 `recompiles` log says which dim went dynamic and why. A frame whose dynamic graph the backend
 refused (`DynamicShapesUnsupported`) is marked `static_only` and recompiles per size, as with
 `dynamic=False`.
+
+Note [Automatic dynamic under dynamic=True]: the frame state is merged under `dynamic=True` too
+(torch keeps `automatic_dynamic_shapes` on there), and a dim that changed gets a symbol of its
+own rather than a duck-sized one. Duck sizing only shares a symbol among dims that were equal on
+the capture that allocated them; once a recompile has shown that a dim varies, tying it to
+whichever other dim has the same value at that moment guesses again. Batch 3 of 3-channel images
+after a batch-0 call was duck-sized with the channel dim, the convolution's weight pinned the
+channel to 3, and the batch became the constant 3: a third compile at batch 5 that torch does
+not make.
 
 The marker attributes are torch's own (`_dynamo_dynamic_indices`, `_dynamo_weak_dynamic_indices`,
 `_dynamo_static_indices`, `_dynamo_dynamic_range`), so code written for torch.compile's
@@ -235,7 +244,7 @@ class ShapeContext:
         """Symbolic sizes and strides for the fake of input `t`, or None when all stay static."""
         sizes = tuple(int(s) for s in t.size())
         auto: set[int] = set()
-        if self.state is not None and self.mode is None and not self.static:  # Note [Automatic dynamic]
+        if self.state is not None and self.mode is not False and not self.static:  # Note [Automatic dynamic]
             auto = self.state.merge(source.name(), sizes)
         exprs: list[Any] = []
         for d, n in enumerate(sizes):
