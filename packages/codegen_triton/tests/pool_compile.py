@@ -22,9 +22,9 @@ import torch.fx  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from kiln_codegen_triton import TritonBackend, compile_pool  # noqa: E402
+from kiln_codegen_triton import TritonBackend, compile_pool, runtime  # noqa: E402
 from kiln_codegen_triton.compile_worker import TargetOnlyDriver  # noqa: E402
-from kiln_codegen_triton.runtime import _compile_in_pool, counters  # noqa: E402
+from kiln_codegen_triton.runtime import _compile_in_pool, counters, precompile_start  # noqa: E402
 from kiln_loopir import compile_graph  # noqa: E402
 
 aten = torch.ops.aten
@@ -95,6 +95,31 @@ def main() -> int:
         print(f"pool ok: {n} kernels, {hits} hits of {hits + misses}")
         if hits != n or misses:
             return 1
+    # Note [Kernels compiled while the next graph is built]: a graph's kernels submitted, another
+    # graph built meanwhile, then the wait loads them and rebinds each installed slot
+    # (the stand-in driver cannot build Triton's C launcher: a stand-in fast launcher per kernel)
+    runtime._fast_launcher = lambda compiled, spec, config: lambda *args: None
+    launchers = _launchers(
+        lambda t: (aten.amax.default(aten.exp.default(t), [0]), aten.sigmoid.default(t)), [x]
+    )
+    namespace: dict[str, Any] = {}
+    for i, launcher in enumerate(launchers):
+        launcher.install(namespace, f"k{i}")
+    pending = precompile_start(launchers, torch.device("cpu"))
+    if not all(launcher.pending is pending for launcher in launchers) or pending.done:
+        print("deferred: the launchers were not handed the pending compile")
+        return 1
+    _launchers(lambda t: aten.sum.dim_IntList(aten.cos.default(t), [1]), [x])  # the next graph
+    pending.wait()
+    pending.wait()  # once only
+    for i, launcher in enumerate(launchers):
+        config = launcher.configs_to_compile()[0]
+        if not launcher.compiled[config].asm.get("cubin") or namespace[f"k{i}"] is not launcher.fast:
+            print(f"deferred: {launcher.spec.name} not loaded or its slot not rebound")
+            return 1
+        if launcher.pending is not None:
+            return 1
+    print(f"deferred ok: {len(launchers)} kernels loaded after another graph was built")
     # Note [When the workers' binaries are not found]: workers not told this process's ptxas
     # version file under other keys; the loads miss, and the pool switches itself off
     compile_pool.shutdown()

@@ -9,6 +9,7 @@ in interpreter mode).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,5 +43,9 @@ def test_kernels_compiled_by_the_worker_pool_are_cache_hits_for_the_parent(cache
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert done.stdout.count("pool ok: 2 kernels, 2 hits of 2") == 2, done.stdout
+    # Note [Kernels compiled while the next graph is built]
+    assert re.search(r"deferred ok: [1-9]\d* kernels loaded after another graph was built", done.stdout), (
+        done.stdout
+    )
     # Note [When the workers' binaries are not found]
     assert "pool off: True after 2 of 2 loads missed" in done.stdout, done.stdout

@@ -70,7 +70,7 @@ from .heuristics import configs
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
-from .runtime import Launcher, load_module, module_source, precompile
+from .runtime import Launcher, PendingCompile, load_module, module_source, precompile, precompile_start
 from .split import SplitPlan, peel_rows, plan_split
 from .templates import (
     TEMPLATE_OPS,
@@ -105,6 +105,7 @@ TRITON_OPTIONS = {
     "allow_tiling": bool,
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
+    "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
 }
 
 
@@ -142,6 +143,7 @@ class TritonBackend(Backend):
         guarded_layouts: bool = False,
         symbolic_sizes: bool | None = None,
         matmul_templates: bool | str = True,
+        overlap_compile: bool = True,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -179,6 +181,10 @@ class TritonBackend(Backend):
                 f"matmul_templates must be True, False, 'force' or 'extern', not {matmul_templates!r}"
             )
         self.matmul_templates = matmul_templates
+        # Note [Kernels compiled while the next graph is built] (runtime.py): kernels submitted by
+        # the compile and loaded by the first launch
+        self.overlap_compile = overlap_compile
+        self.last_pending: PendingCompile | None = None
         self.last_templates: list[MatmulChoice] = []
         self.last_declined: list[tuple[str, str]] = []
         self.last_specs: list[KernelSpec] = []
@@ -343,9 +349,17 @@ class TritonBackend(Backend):
                         len(candidates),
                     )
         self.compile_seconds = 0.0
+        self.last_pending = None
         if launchers and graph.device.type == "cuda" and not interpreting():
             # Note [The launch path]: every kernel compiled before the first call, in parallel
-            self.compile_seconds = precompile(list(launchers.values()), graph.device)
+            if self.overlap_compile and not templates:
+                # Note [Kernels compiled while the next graph is built]: submitted now, loaded
+                # by the first launch
+                submitted = time.perf_counter()
+                self.last_pending = precompile_start(list(launchers.values()), graph.device)
+                self.compile_seconds = time.perf_counter() - submitted
+            else:
+                self.compile_seconds = precompile(list(launchers.values()), graph.device)
         choices = self._choices(schedule, graph, groups, launchers, templates)
         extra: dict[str, Any] = {"templates": choices} if choices else {}
         fn, wrapper_source = make_wrapper(

@@ -52,6 +52,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -260,6 +261,7 @@ class Launcher:
         self.fast: Callable[..., None] | None = None
         self.namespace: dict[str, Any] | None = None
         self.slot = ""
+        self.pending: PendingCompile | None = None  # Note [Kernels compiled while the next graph is built]
 
     # --------------------------------------------------------------- Triton's interpreter
 
@@ -322,7 +324,11 @@ class Launcher:
         namespace[slot] = self.fast if self.fast is not None else self.launch
 
     def launch(self, stream: int, *pointers: int) -> None:
-        """First GPU launch of an autotuned kernel: tune on these arguments, then rebind."""
+        """First GPU launch of a kernel whose graph's compile is still pending (wait for it: Note
+        [Kernels compiled while the next graph is built]), or of an autotuned kernel (tune on
+        these arguments); then rebind."""
+        if self.pending is not None:
+            self.pending.wait()
         if self.fast is None:
             self.config = self._tune(pointers, stream=stream)
             self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)
@@ -399,14 +405,85 @@ def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: 
     compiles alone, so that Triton's one-time initialization (driver, LLVM targets) never runs in
     two threads at once."""
     start = time.perf_counter()
+    precompile_start(launchers, device, workers=workers).wait()
+    return time.perf_counter() - start
+
+
+# Note [Kernels compiled while the next graph is built]: a training graph is two compiles in a
+# row, the forward's then the backward's (aotgrad builds the backward from the forward's output
+# strides, which the schedule fixes, not the binaries), and each waited for its own kernels before
+# returning: the workers sat idle while the parent lowered the backward, and the backward's
+# kernels started only after the forward's last one was loaded. So a graph's compile only
+# *submits* its kernels (:func:`precompile_start`), and the wait, loading each binary here, is
+# done by the first launch of any of its kernels (:meth:`Launcher.launch`), which then rebinds
+# every kernel's slot in the wrapper to its fast launcher: later calls never see the wait. The
+# pool compiles the forward's kernels while the backward is lowered and scheduled, and both sets
+# of kernels together. A kernel that fails to compile raises at that first call (the umbrella's
+# first-call fallback takes it) instead of in the compile. The time waited counts in the first
+# call (kiln's "first run" phase; ``PendingCompile.waited``) and is said under
+# ``KILN_LOG=compile``; ``triton_options={"overlap_compile": False}`` waits in the compile as
+# before, and so does a graph with matmul templates (their choice objects hold launchers).
+class PendingCompile:
+    """The kernels of one graph submitted for compiling; :meth:`wait` loads them (once)."""
+
+    def __init__(
+        self,
+        launchers: Sequence[Launcher],
+        device: torch.device,
+        workers: int | None,
+        pool_state: _PoolJobs | None,
+        here: list[Launcher],
+    ) -> None:
+        self.launchers = list(launchers)
+        self.device = device
+        self.workers = workers
+        self._pool_state = pool_state
+        self._here = here
+        self._lock = threading.Lock()
+        self.done = False
+        self.waited = 0.0  # seconds the wait took
+
+    def wait(self) -> None:
+        """Load every kernel (compiling here what the pool did not), then point each installed
+        launcher's slot at its fast launcher."""
+        with self._lock:
+            if self.done:
+                return
+            start = time.perf_counter()
+            here = self._here
+            if self._pool_state is not None:
+                here = here + self._pool_state.finish(self.device)
+            _compile_here(here, self.device, self.workers)
+            for launcher in self.launchers:
+                launcher.pending = None
+                if launcher.fast is not None and launcher.namespace is not None:
+                    launcher.namespace[launcher.slot] = launcher.fast
+            self.done = True
+            self.waited = time.perf_counter() - start
+
+
+def precompile_start(
+    launchers: Sequence[Launcher], device: torch.device, *, workers: int | None = None
+) -> PendingCompile:
+    """Submit the kernels of one graph to the pool (Note [Kernels compiled while the next graph
+    is built]); each launcher knows the returned handle, whose ``wait`` loads them."""
     pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
     if not pending:
-        return 0.0
-    pending = _compile_in_pool(pending, device)
-    if not pending:
-        return time.perf_counter() - start
-    pending[0].precompile(device)
-    rest = pending[1:]
+        handle = PendingCompile([], device, workers, None, [])
+        handle.done = True
+        return handle
+    state, here = _submit_to_pool(pending, device)
+    handle = PendingCompile(pending, device, workers, state, here)
+    for launcher in pending:
+        launcher.pending = handle
+    return handle
+
+
+def _compile_here(launchers: Sequence[Launcher], device: torch.device, workers: int | None) -> None:
+    if not launchers:
+        return
+    launchers[0].precompile(device)
+    rest = launchers[1:]
     if workers is None:
         workers = int(os.environ.get("KILN_COMPILE_THREADS", "0")) or min(16, os.cpu_count() or 1)
     if workers <= 1 or len(rest) <= 1:
@@ -418,7 +495,6 @@ def precompile(launchers: Sequence[Launcher], device: torch.device, *, workers: 
         with ThreadPoolExecutor(max_workers=min(workers, len(rest))) as pool:
             for future in [pool.submit(launcher.precompile, device) for launcher in rest]:
                 future.result()
-    return time.perf_counter() - start
 
 
 def _on(device: torch.device) -> Any:
@@ -429,14 +505,88 @@ def _on(device: torch.device) -> Any:
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> list[Launcher]:
-    """Note [Compiling in worker processes]: record every config still to compile, have the
-    pool's workers compile them into Triton's disk cache, and load each launcher here as soon as
-    its configs are done (a disk-cache hit). Returns the launchers left to compile here: all of
-    them without a pool, else those a worker could not compile (this never raises for a kernel:
-    a real compile error surfaces when the caller compiles it here)."""
-    from concurrent.futures import FIRST_COMPLETED, wait
+class _PoolJobs:
+    """The configs of one graph the pool's workers are compiling (Note [Compiling in worker
+    processes]); :meth:`finish` loads each launcher as soon as its configs are done."""
 
+    def __init__(self, pool: Any, start: float, recorded: float) -> None:
+        self.pool = pool
+        self.start, self.recorded = start, recorded
+        self.waiting: dict[Any, Launcher] = {}  # future -> its launcher
+        self.left: dict[int, int] = {}  # id(launcher) -> configs still compiling
+
+    def finish(self, device: torch.device) -> list[Launcher]:
+        """Wait for the workers and load their binaries; the launchers left to compile here."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        from . import compile_pool
+
+        waited_from = time.perf_counter()
+        jobs = len(self.waiting)
+        failed: list[str] = []
+        here: list[Launcher] = []
+        found = missed = 0  # loads that were Triton disk-cache hits, and compiles here
+        worker_seconds = 0.0
+        load_seconds = 0.0
+        with _on(device):
+            while self.waiting:
+                done, _ = wait(list(self.waiting), return_when=FIRST_COMPLETED)
+                for future in done:
+                    launcher = self.waiting.pop(future)
+                    status, detail = future.result()
+                    if status == "ok":
+                        worker_seconds += detail
+                    else:
+                        failed.append(detail)
+                    self.left[id(launcher)] -= 1
+                    if self.left[id(launcher)] == 0:
+                        loaded = time.perf_counter()
+                        hits, compiles = compile_pool.count_hits(
+                            functools.partial(_load, launcher, device, here)
+                        )
+                        found += hits
+                        missed += compiles - hits
+                        load_seconds += time.perf_counter() - loaded
+        for detail in failed[:3]:
+            compile_log.debug("a compile worker failed; compiling in this process:\n%s", detail)
+        counters["pool_hits"] += found
+        counters["pool_misses"] += missed
+        if missed and missed >= found:  # Note [When the workers' binaries are not found]
+            compile_pool.disable(
+                f"{missed} of {found + missed} kernels they compiled were not found in the cache"
+            )
+        end = time.perf_counter()
+        compile_log.info(
+            "%d kernel configs in %d workers: recorded in %.2f s, done after %.2f s, %.2f s of it waited"
+            " for (%.1f s of worker time, %.2f s loading here, %d failed there, %d of %d loads missed the cache)",
+            jobs,
+            self.pool.size,
+            self.recorded - self.start,
+            end - self.start,
+            end - waited_from,
+            worker_seconds,
+            load_seconds,
+            len(failed),
+            missed,
+            found + missed,
+        )
+        return here
+
+
+def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> list[Launcher]:
+    """Submit to the pool and load at once (:func:`_submit_to_pool` then
+    :meth:`_PoolJobs.finish`): the launchers left to compile here."""
+    jobs, here = _submit_to_pool(launchers, device)
+    return here + (jobs.finish(device) if jobs is not None else [])
+
+
+def _submit_to_pool(
+    launchers: Sequence[Launcher], device: torch.device
+) -> tuple[_PoolJobs | None, list[Launcher]]:
+    """Note [Compiling in worker processes]: record every config still to compile and hand it to
+    the pool's workers. Returns the jobs (None without a pool) and the launchers to compile here
+    (all of them without a pool; never raises for a kernel: a real compile error surfaces when
+    the caller compiles it here)."""
     from . import compile_pool
 
     todo = [
@@ -445,14 +595,14 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
         if any(config not in launcher.compiled for config in launcher.configs_to_compile())
     ]
     if sum(len(launcher.configs_to_compile()) for launcher in todo) < 2:
-        return list(launchers)
+        return None, list(launchers)
     pool = compile_pool.warm()
     if pool is None:
-        return list(launchers)
+        return None, list(launchers)
     start = time.perf_counter()
-    waiting: dict[Any, Launcher] = {}  # future -> its launcher
-    left: dict[int, int] = {}  # id(launcher) -> configs still compiling
     here: list[Launcher] = []
+    waiting: dict[Any, Launcher] = {}
+    left: dict[int, int] = {}
     with _on(device):
         for launcher in todo:
             fn = launcher.fn
@@ -472,51 +622,10 @@ def _compile_in_pool(launchers: Sequence[Launcher], device: torch.device) -> lis
                     left[id(launcher)] = left.get(id(launcher), 0) + 1
             if id(launcher) not in left:
                 here.append(launcher)
-        recorded = time.perf_counter()
-        jobs = len(waiting)
-        failed: list[str] = []
-        found = missed = 0  # loads that were Triton disk-cache hits, and compiles here
-        worker_seconds = 0.0
-        load_seconds = 0.0
-        while waiting:
-            done, _ = wait(list(waiting), return_when=FIRST_COMPLETED)
-            for future in done:
-                launcher = waiting.pop(future)
-                status, detail = future.result()
-                if status == "ok":
-                    worker_seconds += detail
-                else:
-                    failed.append(detail)
-                left[id(launcher)] -= 1
-                if left[id(launcher)] == 0:
-                    loaded = time.perf_counter()
-                    hits, compiles = compile_pool.count_hits(functools.partial(_load, launcher, device, here))
-                    found += hits
-                    missed += compiles - hits
-                    load_seconds += time.perf_counter() - loaded
     here.extend(launcher for launcher in launchers if launcher not in todo)
-    for detail in failed[:3]:
-        compile_log.debug("a compile worker failed; compiling in this process:\n%s", detail)
-    counters["pool_hits"] += found
-    counters["pool_misses"] += missed
-    if missed and missed >= found:  # Note [When the workers' binaries are not found]
-        compile_pool.disable(
-            f"{missed} of {found + missed} kernels they compiled were not found in the cache"
-        )
-    compile_log.info(
-        "%d kernel configs in %d workers: recorded in %.2f s, done after %.2f s (%.1f s of worker time, "
-        "%.2f s loading here, %d failed there, %d of %d loads missed the cache)",
-        jobs,
-        pool.size,
-        recorded - start,
-        time.perf_counter() - start,
-        worker_seconds,
-        load_seconds,
-        len(failed),
-        missed,
-        found + missed,
-    )
-    return here
+    jobs = _PoolJobs(pool, start, time.perf_counter())
+    jobs.waiting, jobs.left = waiting, left
+    return jobs, here
 
 
 def _load(launcher: Launcher, device: torch.device, here: list[Launcher]) -> None:
