@@ -39,6 +39,8 @@ _METADATA_METHODS = frozenset(
         "get_device",
         "storage_offset",
         "__len__",
+        "is_conj",  # Note [Lazy bits of fake tensors] (fake.py)
+        "is_neg",
     }
 )
 _METADATA_ATTRS = frozenset(
@@ -286,12 +288,6 @@ class TensorMethodVariable(VariableTracker):
 
             tx.output.guards.inference_mode()
             return ConstantVariable(inference.is_inference(fake))
-        if name in ("is_conj", "is_neg") and not args and not kwargs:
-            # Note [Lazy bits live on the meta tensor]: a fake tensor's wrapper is built from sizes,
-            # strides and dtype only, so its `is_conj()` was False for `z.conj()`: a branch on it
-            # took eager's other side (a wrong answer). The meta tensor inside carries the bit its
-            # meta kernels set (`_conj`, `_neg_view`); that is the answer eager's tensor gives.
-            return ConstantVariable(bool(getattr(getattr(fake, "meta", fake), name)()))
         if name in _METADATA_METHODS or (name == "type" and not args and not kwargs):
             if not all(a.is_constant() for a in [*args, *kwargs.values()]):
                 raise Unsupported(f"Tensor.{name} with non-constant arguments")
