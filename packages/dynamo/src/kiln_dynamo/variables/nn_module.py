@@ -431,7 +431,14 @@ def runs_cudnn_rnn(m: nn.Module) -> bool:
 # one clean break at its call, named here (it used to break deeper, at `RemovableHandle.next_id +=
 # 1`, a class-attribute store that kiln cannot replay); the hook is registered by eager's code and
 # the calls after it, captured again, see and guard it. Registrations are first-call work: from
-# the second call on the frame compiles whole.
+# the second call on the frame compiles whole. Deferring the registration to after the graph (a
+# side effect, with a guard that fails next call so the new hook is captured then) is not enough:
+# transformers installs its output-capturing hooks at the start of the first call, and the same
+# call's layers run them (they append to the collector when hidden states or attentions are
+# asked for), so the calls after the registration inside the graph must run the new hook. A sound
+# capture needs the registration as a pending entry of `m._forward_hooks` that the module-call
+# inliner reads (Note [Forward hooks]) and a `RemovableHandle` built after the graph with the id
+# eager gives it (`RemovableHandle.next_id`, a class counter); not done (looked at in capture17).
 _HOOK_REGISTRATIONS = frozenset(
     {
         "register_forward_hook",
