@@ -12,7 +12,10 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import check, one_graph
+from conftest import assert_same, check, one_graph
+
+import kiln_dynamo
+from kiln_dynamo.fake import call_fake, from_real
 
 SCALE = 0.5
 OFFSETS = (1, 2, 3)
@@ -791,6 +794,49 @@ def _branch_on_lazy_bits(z: torch.Tensor) -> torch.Tensor:
 
 
 def test_lazy_conj_and_neg_bits_are_the_meta_tensors() -> None:
-    """Note [Lazy bits live on the meta tensor]: the fake wrapper of `z.conj()` answered
+    """Note [Lazy bits of fake tensors] (fake.py): the fake wrapper of `z.conj()` answered
     `is_conj()` False, and the branch took eager's other side."""
     check(_branch_on_lazy_bits, torch.randn(3, 4, dtype=torch.complex64))
+
+
+def _lazy_bits_after_resolving(z: torch.Tensor) -> Any:
+    y = z.conj()
+    n = torch._neg_view(z.real)
+    return (
+        y.resolve_conj().is_conj(),
+        y[0].is_conj(),
+        y.clone().is_conj(),
+        (y + 0).is_conj(),
+        n.resolve_neg().is_neg(),
+        torch._neg_view(n).is_neg(),
+        torch.view_as_real(y.resolve_conj()) * 2,
+    )
+
+
+def test_lazy_bits_of_fakes_follow_eager() -> None:
+    """Note [Lazy bits of fake tensors]: `z.conj().resolve_conj()` returned the view itself on
+    fakes, and `is_conj()` read from its meta tensor answered True where eager answers False."""
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    fake = call_fake(lambda t: (t.conj(), torch._neg_view(t)), from_real(z))
+    assert (fake[0].is_conj(), fake[0].is_neg(), fake[1].is_conj(), fake[1].is_neg()) == (
+        True,
+        False,
+        False,
+        True,
+    )
+    check(_lazy_bits_after_resolving, z)
+
+
+def test_conjugate_view_passed_in_reads_as_one() -> None:
+    """A real conjugate view passed in: its fake had no bit, so `z.is_conj()` was False while
+    tracing and the branch took eager's other side (a wrong answer)."""
+
+    def f(z: torch.Tensor) -> Any:
+        return (z * 2 if z.is_conj() else z * 3) + 1, z.is_conj(), z.resolve_conj().is_conj()
+
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    check(f, z.conj())
+    kiln_dynamo.reset()
+    compiled = kiln_dynamo.compile(f)
+    for arg in (z.conj(), z, torch._neg_view(z)):
+        assert_same(f(arg), compiled(arg))

@@ -98,9 +98,11 @@ _IDENTITY = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.
 
 # Note [Conjugate and negative views are traced as computations]: `_conj` (what `conj()` of a
 # complex tensor calls) and `_neg_view` return a view with a lazy bit (`is_conj`, `is_neg`) that
-# changes what the view's memory means. A fake tensor does not carry these bits: its wrapper
-# reports `is_conj()` False while the meta tensor inside has it set. Recorded as the view ops
-# they are, the two disagreed: `resolve_conj` asked the wrapper, found nothing to resolve and
+# changes what the view's memory means. A fake tensor did not carry these bits: its wrapper
+# reported `is_conj()` False while the meta tensor inside had it set (it carries them now: Note
+# [Lazy bits of fake tensors] in kiln_dynamo; what follows still holds: a backend reads plain
+# values, and a view rebuilt with `as_strided` loses the bit). Recorded as the view ops they
+# are, the two disagreed: `resolve_conj` asked the wrapper, found nothing to resolve and
 # returned the view, which the runtime rebuilt as an `as_strided` view of the input, without the
 # bit: `view_as_real(z.conj().resolve_conj())` returned z's imaginary part unnegated (a wrong
 # answer); `view_as_real` of a conjugate gradient (the backward of `fft.hfft` of a real input)

@@ -52,6 +52,18 @@ _DATA_DEPENDENT = frozenset(
 )
 
 
+# Note [Lazy bits of fake tensors]: `z.conj()` of a complex tensor and `torch._neg_view(x)` are
+# views whose memory means its conjugate or its negation: a bit on the tensor (`is_conj()`,
+# `is_neg()`, and the Conjugate / Negative dispatch keys, whose fallbacks materialize the values
+# before an operator that cannot read the view). A fake carries both bits as the real tensor
+# does, on its meta tensor and on its wrapper: meta kernels set them on the meta result of
+# `_conj` / `_neg_view`, `FakeTensor` copies them onto the wrapper it builds, and `from_real`
+# copies a real tensor's bits (a conjugate view passed in) onto the meta tensor. So a program's
+# `is_conj()` reads the wrapper and gives eager's answer, and `resolve_conj()` / `resolve_neg()`,
+# which ask the wrapper, resolve where eager does. Before, the wrapper was built from sizes,
+# strides and dtype only: its `is_conj()` was False for `z.conj()` (a branch took eager's other
+# side), `z.conj().resolve_conj()` returned the view itself (its `is_conj()` read from the meta
+# tensor stayed True where eager's is False), and a conjugate view passed in read as plain.
 class FakeTensor(torch.Tensor):
     """Metadata of a tensor on `fake_device`, computed by meta kernels on `meta`."""
 
@@ -77,6 +89,10 @@ class FakeTensor(torch.Tensor):
             device=device,
             requires_grad=requires_grad,
         )
+        if meta.is_conj():  # Note [Lazy bits of fake tensors]
+            torch._C._set_conj(r, True)
+        if meta.is_neg():
+            torch._C._set_neg(r, True)
         r.meta = meta
         r.fake_device = device
         r.is_param = is_param
@@ -108,13 +124,23 @@ def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None
         if layout is not None:
             with enable_python_dispatcher():
                 meta = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=_META)
+            _copy_lazy_bits(t, meta)
             return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
         if t.storage_offset():
             meta = torch.empty(
                 t.untyped_storage().nbytes() // max(t.element_size(), 1) + 1, dtype=t.dtype, device=_META
             ).as_strided(t.size(), t.stride(), t.storage_offset())
+        _copy_lazy_bits(t, meta)
     return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+
+
+def _copy_lazy_bits(t: torch.Tensor, meta: torch.Tensor) -> None:
+    """`t`'s conjugate and negative bits on `meta` (Note [Lazy bits of fake tensors])."""
+    if t.is_conj():
+        torch._C._set_conj(meta, True)
+    if t.is_neg():
+        torch._C._set_neg(meta, True)
 
 
 # Note [Operators on two devices]: eager refuses most operators whose tensor arguments live on two

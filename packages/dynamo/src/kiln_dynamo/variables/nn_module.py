@@ -67,6 +67,24 @@ def guard_class_attr(tx: Tx, cls: type, name: str, static: object) -> None:
         guards.function(attr, static)
 
 
+# Note [Class attributes found missing]: a read that misses on the class as well as the instance
+# (getattr's default, hasattr, `except AttributeError`, a class's `__getattr__` fallback) holds
+# only while no class of the MRO gets that name: `Cls.opt = 7` after the capture makes the next
+# eager read find it. So each class of the MRO that Python lets a program change (a class made
+# by a class statement, not an immutable or built-in type) gets a guard `name not in
+# Cls.__dict__`, one per (class, name). Before, only the instance's own dict was guarded, and a
+# class attribute set after the capture was never read.
+def guard_no_class_attr(tx: Tx, cls: type, name: str) -> None:
+    """Guard that no class of `cls.__mro__` has `name` (see the Note above)."""
+    for klass in cls.__mro__:
+        if klass.__flags__ & _HEAPTYPE and not klass.__flags__ & _IMMUTABLETYPE:
+            tx.output.guards.no_instance_attr(tx.output.const_source(klass, klass.__qualname__), name)
+
+
+_IMMUTABLETYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
 def pending_class_attr(tx: Tx, cls: type, name: str) -> VT | None:
     """What the frame has stored as `name` on `cls` or a class before it in the MRO, where that
     is what a lookup on `cls` finds (Note [Setting a class attribute] in user_defined.py)."""
@@ -90,6 +108,7 @@ def class_attribute(tx: Tx, obj_vt: VT, obj: object, name: str, source: Source |
     try:
         static = inspect.getattr_static(type(obj), name)
     except AttributeError:
+        guard_no_class_attr(tx, type(obj), name)  # Note [Class attributes found missing]
         raise
     guard_class_attr(tx, type(obj), name, static)
     if isinstance(static, staticmethod):
@@ -412,7 +431,14 @@ def runs_cudnn_rnn(m: nn.Module) -> bool:
 # one clean break at its call, named here (it used to break deeper, at `RemovableHandle.next_id +=
 # 1`, a class-attribute store that kiln cannot replay); the hook is registered by eager's code and
 # the calls after it, captured again, see and guard it. Registrations are first-call work: from
-# the second call on the frame compiles whole.
+# the second call on the frame compiles whole. Deferring the registration to after the graph (a
+# side effect, with a guard that fails next call so the new hook is captured then) is not enough:
+# transformers installs its output-capturing hooks at the start of the first call, and the same
+# call's layers run them (they append to the collector when hidden states or attentions are
+# asked for), so the calls after the registration inside the graph must run the new hook. A sound
+# capture needs the registration as a pending entry of `m._forward_hooks` that the module-call
+# inliner reads (Note [Forward hooks]) and a `RemovableHandle` built after the graph with the id
+# eager gives it (`RemovableHandle.next_id`, a class counter); not done (looked at in capture17).
 _HOOK_REGISTRATIONS = frozenset(
     {
         "register_forward_hook",

@@ -39,6 +39,8 @@ _METADATA_METHODS = frozenset(
         "get_device",
         "storage_offset",
         "__len__",
+        "is_conj",  # Note [Lazy bits of fake tensors] (fake.py)
+        "is_neg",
     }
 )
 _METADATA_ATTRS = frozenset(
@@ -135,6 +137,10 @@ class TensorVariable(VariableTracker):
     def getattr(self, tx: Tx, name: str) -> VariableTracker:
         if name == "shape" and is_symbolic_value(self.fake.shape):
             return self.sizes(tx, "size")
+        if name == "is_leaf" and self.fake.requires_grad and self.fake.is_leaf:
+            leaf = self._input_is_leaf(tx)  # Note [is_leaf of an input]
+            if leaf is not None:
+                return ConstantVariable(leaf)
         if name in _METADATA_ATTRS:
             value = getattr(self.fake, name)
             if name == "device":
@@ -164,6 +170,50 @@ class TensorVariable(VariableTracker):
                     return pending
                 return tx.wrap(value.grad, AttrSource(source, "grad"))
         raise Unsupported("Tensor.grad of a tensor computed inside the compiled frame")
+
+    # Note [requires_grad set in the frame]: `t.requires_grad = flag` (wav2vec2-family feature
+    # encoders set it on a view of their input in training, "for gradient checkpointing") is
+    # traced only where eager does nothing: `t` is a leaf whose flag already has that value. On a
+    # leaf it changes, it makes a new leaf tensor in the middle of the graph (its gradient lands
+    # in that object's `.grad`, and a graph makes no leaves: Note [Parameters made in the frame]
+    # in user_defined.py), and on a non-leaf eager raises RuntimeError; both are one break with
+    # that reason, as torch.compile breaks there too.
+    def setattr(self, tx: Tx, name: str, value: VariableTracker) -> None:
+        if name != "requires_grad":
+            super().setattr(tx, name, value)
+            return
+        if not (value.is_constant() and type(value.as_constant()) is bool):
+            raise Unsupported(f"setting requires_grad on {self.describe()} to {value.describe()}, not a bool")
+        want = bool(value.as_constant())
+        fake = self.fake
+        leaf = fake.is_leaf
+        if fake.requires_grad and leaf:
+            leaf = self._input_is_leaf(tx) is not False  # Note [is_leaf of an input]
+        if leaf and fake.requires_grad == want:
+            return
+        if not leaf:
+            raise Unsupported(
+                f"setting requires_grad on {self.describe()}, which autograd computed (eager raises "
+                "RuntimeError: only a leaf tensor's flag can change)"
+            )
+        raise Unsupported(
+            f"setting requires_grad = {want} on {self.describe()} inside the compiled frame: it makes a "
+            "new leaf tensor in the middle of the graph",
+            advice="set requires_grad outside the compiled function (before the call)",
+        )
+
+    # Note [is_leaf of an input]: a fake made from a real tensor is a leaf whatever the real one
+    # is, so `x.is_leaf` of an input computed by autograd outside the frame (`f(a.exp())`, `a`
+    # requiring grad) answered True where eager answers False. A fake that requires grad and is
+    # still a leaf (no operation of the frame made it a non-leaf) answers what the real input was
+    # when the frame started, guarded (`L['x'].is_leaf is False`). A tensor that does not require
+    # grad is a leaf in eager too.
+    def _input_is_leaf(self, tx: Tx) -> bool | None:
+        for node, source, value in tx.output.inputs:
+            if node.meta.get("val") is self.fake and source is not None and isinstance(value, torch.Tensor):
+                tx.output.guards.constant(AttrSource(source, "is_leaf"), value.is_leaf)
+                return bool(value.is_leaf)
+        return None
 
     def _missing_attr(self, tx: Tx, name: str) -> VariableTracker:
         """Note [Tensor attributes that do not exist]: `hasattr(x, "jax")` (transformers' duck
@@ -286,12 +336,6 @@ class TensorMethodVariable(VariableTracker):
 
             tx.output.guards.inference_mode()
             return ConstantVariable(inference.is_inference(fake))
-        if name in ("is_conj", "is_neg") and not args and not kwargs:
-            # Note [Lazy bits live on the meta tensor]: a fake tensor's wrapper is built from sizes,
-            # strides and dtype only, so its `is_conj()` was False for `z.conj()`: a branch on it
-            # took eager's other side (a wrong answer). The meta tensor inside carries the bit its
-            # meta kernels set (`_conj`, `_neg_view`); that is the answer eager's tensor gives.
-            return ConstantVariable(bool(getattr(getattr(fake, "meta", fake), name)()))
         if name in _METADATA_METHODS or (name == "type" and not args and not kwargs):
             if not all(a.is_constant() for a in [*args, *kwargs.values()]):
                 raise Unsupported(f"Tensor.{name} with non-constant arguments")

@@ -32,7 +32,13 @@ from kiln_dynamo.source import AttrSource, GetItemSource, InstanceDictSource, So
 from kiln_dynamo.variables.autograd_function import AutogradFunctionApplyVariable, is_autograd_function
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.dicts import PLAIN_DICTS, DictVariable
-from kiln_dynamo.variables.exceptions import ExceptionVariable, is_plain_exception_class, observed
+from kiln_dynamo.variables.exceptions import (
+    ExceptionVariable,
+    ObservedException,
+    is_plain_exception_class,
+    missing_attribute,
+    observed,
+)
 from kiln_dynamo.variables.lists import NamedTupleVariable
 from kiln_dynamo.variables.model_output import construct_model_output, model_output_base
 from kiln_dynamo.variables.nn_module import (
@@ -41,6 +47,7 @@ from kiln_dynamo.variables.nn_module import (
     class_attribute,
     construct_module,
     guard_class_attr,
+    guard_no_class_attr,
     pending_class_attr,
 )
 
@@ -285,6 +292,33 @@ def instance_dict_of(tx: Tx, obj: NewObjectVariable) -> VT:
     return obj.instance_dict
 
 
+# Note [The __getattr__ fallback]: CPython's attribute read on an instance of a class that defines
+# `__getattr__` runs `type(obj).__getattribute__(obj, name)` (object's generic lookup or the
+# class's own hook) and, only when that raises AttributeError (no instance attribute, no class
+# attribute, an empty slot, a property getter or `__getattribute__` that raised it), calls
+# `type(obj).__getattr__(obj, name)`; whatever that returns or raises is the read's result. kiln
+# does the same for an object made in the frame and for one from outside: the lookup as before,
+# and on its AttributeError (kiln's own for a missing name, or the program's, observed) the
+# class's Python `__getattr__` inlined with the object and the name, its method read guarded as
+# every class attribute read is; what it raises is the program's (getattr's default, hasattr
+# and `except AttributeError` take it). A normal hit never calls the hook, and a `__getattr__`
+# written in C is a break. Before, an object made in the frame skipped the hook (getattr's
+# default and hasattr answered as if the class had none: a wrong answer), and one from outside
+# was a break on every miss.
+def getattr_fallback(tx: Tx, obj: VT, cls: type, name: str, e: AttributeError | ObservedException) -> VT:
+    """After the normal lookup of `obj.name` raised `e`: `cls.__getattr__(obj, name)` when the class
+    defines one, else `e` again."""
+    if not missing_attribute(e):
+        raise e
+    static = inspect.getattr_static(cls, "__getattr__", None)  # a dunder: never a pending store
+    if static is None:
+        raise e
+    if not inspect.isfunction(static):
+        raise Unsupported(f"{cls.__qualname__} defines __getattr__ in C") from None
+    guard_class_attr(tx, cls, "__getattr__", static)
+    return tx.wrap(static, None).call(tx, [obj, ConstantVariable(name)], {})
+
+
 class NewObjectVariable(VariableTracker):
     """An instance of a user class created inside the frame."""
 
@@ -301,9 +335,12 @@ class NewObjectVariable(VariableTracker):
 
     def getattr(self, tx: Tx, name: str) -> VT:
         hook = self._attribute_hook(tx, "__getattribute__")
-        if hook is not None:  # Note [Attribute hooks of objects made in the frame]
-            return hook.call(tx, [self, ConstantVariable(name)], {})
-        return self.generic_getattr(tx, name)
+        try:
+            if hook is not None:  # Note [Attribute hooks of objects made in the frame]
+                return hook.call(tx, [self, ConstantVariable(name)], {})
+            return self.generic_getattr(tx, name)
+        except (AttributeError, ObservedException) as e:
+            return getattr_fallback(tx, self, self.cls, name, e)  # Note [The __getattr__ fallback]
 
     # Note [Attribute hooks of objects made in the frame]: a class that defines `__getattribute__`,
     # `__setattr__` or `__delattr__` in Python (transformers' configs remap names through
@@ -338,6 +375,7 @@ class NewObjectVariable(VariableTracker):
         try:
             static = inspect.getattr_static(self.cls, name)
         except AttributeError:
+            guard_no_class_attr(tx, self.cls, name)  # Note [Class attributes found missing]
             raise AttributeError(f"{self.cls.__name__!r} object has no attribute {name!r}") from None
         from kiln_dynamo.variables.functions import BoundMethodVariable, UserFunctionVariable
 
@@ -632,13 +670,16 @@ class UserObjectVariable(VariableTracker):
             return pending
         cls: Any = type(self.obj)
         custom = cls.__getattribute__
-        if custom is not object.__getattribute__:
-            if not inspect.isfunction(custom):
-                raise Unsupported(f"{self.describe()} customises attribute lookup in C")
-            # A Python __getattribute__ (e.g. transformers' configs): inline it; its
-            # super().__getattribute__ comes back to generic_getattr below.
-            return tx.wrap(custom, None).call(tx, [self, ConstantVariable(name)], {})
-        return self.generic_getattr(tx, name)
+        if custom is not object.__getattribute__ and not inspect.isfunction(custom):
+            raise Unsupported(f"{self.describe()} customises attribute lookup in C")
+        try:
+            if custom is not object.__getattribute__:
+                # A Python __getattribute__ (e.g. transformers' configs): inline it; its
+                # super().__getattribute__ comes back to generic_getattr below.
+                return tx.wrap(custom, None).call(tx, [self, ConstantVariable(name)], {})
+            return self.generic_getattr(tx, name)
+        except (AttributeError, ObservedException) as e:
+            return getattr_fallback(tx, self, cls, name, e)  # Note [The __getattr__ fallback]
 
     # Note [Two views of an instance dict]: an attribute store on an object from outside the frame
     # is a pending store (replayed after the graph) that attribute reads consult, while its
@@ -688,8 +729,6 @@ class UserObjectVariable(VariableTracker):
         try:
             return class_attribute(tx, self, self.obj, name, self.source)
         except AttributeError:
-            if hasattr(type(self.obj), "__getattr__"):
-                raise Unsupported(f"{self.describe()} defines __getattr__") from None
             raise AttributeError(f"{type(self.obj).__name__!r} object has no attribute {name!r}") from None
 
     def setattr(self, tx: Tx, name: str, value: VT) -> None:
