@@ -6,7 +6,8 @@ slow for a reason visible without running them: too few programs for 132 SMs (a 
 outputs left whole, a column reduction walking a huge extent in one program), or a launch config
 whose tiles are tiny. This script compiles a model of kiln_bench at any size on CPU tensors through
 the Triton generator (``cpu_backend="triton"``, the CUDA layout rule forced with
-``layout_policy="cuda"``), and instead of running each kernel under Triton's interpreter it records
+``layout_policy="cuda"``; T5's strided attention mask made dense as on CUDA,
+``attention_dense_mask="force"``), and instead of running each kernel under Triton's interpreter it records
 what the GPU would be asked to do: kind, numels, config, grid, the bytes of its tensor arguments.
 Extern calls (convolutions, GEMMs) still run for real on the CPU (they give the next kernel its
 inputs' shapes and strides); generated kernels are skipped, so values are garbage and nothing is
@@ -74,6 +75,14 @@ class Launch:
     def estimate_us(self) -> float:
         return max(LAUNCH_US, self.nbytes / (COPY_BW * self.fill) * 1e6)
 
+
+# the CUDA decisions forced on CPU tensors: the layout rule, and T5's strided SDPA mask made dense
+_CUDA_RULES: dict[str, Any] = {
+    "cpu_backend": "triton",
+    "layout_policy": "cuda",
+    "attention_dense_mask": "force",
+    "strict": True,
+}
 
 LAUNCHES: list[Launch] = []
 EXTERNS: list[str] = []
@@ -197,7 +206,7 @@ def run(
     LAUNCHES.clear()
     kiln.reset()
     w = build(model, size).to("cpu", dtype if dtype != torch.float32 else None)
-    opts = {"cpu_backend": "triton", "layout_policy": "cuda", "strict": True, **options}
+    opts = {**_CUDA_RULES, **options}
     compiled = kiln.compile(w.model, options=opts)
     w.model.train(mode == "train")
     with torch.set_grad_enabled(mode == "train"):
@@ -258,7 +267,7 @@ def run_shapes(
     w.model.eval()
     gen = torch.Generator().manual_seed(1)
     feeds = [inputs_at(w, b, s, gen) for b, s in shapes]
-    opts = {"cpu_backend": "triton", "layout_policy": "cuda", "strict": True, **options}
+    opts = {**_CUDA_RULES, **options}
     out: list[list[Launch]] = []
     kiln.reset()
     with torch.no_grad(), _FakeHeavy():

@@ -113,6 +113,28 @@ def test_outer_reduction(rows: int, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reorder", [True, False])
+def test_rows_strided_both_ways_are_taken_in_memory_order(reorder: bool, device: str) -> None:
+    """Note [Reductions walk their reads' memory order]: T5's mask, ``[L, S, H]`` read as
+    ``[1, H, L, S]`` rows over S, densified and reduced in one kernel; rows taken ``(l, h)`` so that
+    a block's rows are side by side in memory (an outer reduction), a row still one program's."""
+
+    def fn(x: torch.Tensor) -> Any:
+        mask = aten.unsqueeze.default(aten.permute.default(x, [2, 0, 1]), 0)
+        dense = aten.clone.default(mask, memory_format=torch.contiguous_format)
+        excluded = aten.all.dim(aten.eq.Scalar(mask, float("-inf")), -1, True)
+        return dense, excluded, aten.sum.dim_IntList(mask, [-1])
+
+    x = make((24, 40, 3))
+    x[5, :, 1] = float("-inf")  # a row excluded everywhere
+    backend = check(fn, x, device=device, backend=TritonBackend(reorder_reductions=reorder))
+    spec = backend.last_specs[0]
+    assert spec.reordered == reorder and spec.outer == reorder and spec.kind == "persistent"
+    if reorder:  # the rows' loads walk x's last dim as the block's rows
+        assert "(xindex % 3)" in spec.source and "(3 * rindex)" in spec.source
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_full_reduction_and_epilogue(device: str) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
         total = aten.sum.default(aten.mul.Tensor(x, y))  # prologue fused into the reduction

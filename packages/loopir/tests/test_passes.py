@@ -645,6 +645,11 @@ def test_attention_masks_strided_along_rows_are_made_dense(mask_kind: str) -> No
     assert prepare_torch_graph(gm, {"attention_dense_mask": False}) is gm
     cpu_gm = _strided_mask_graph(False, mask_kind)[0]
     assert prepare_torch_graph(cpu_gm) is cpu_gm  # the CPU kernels read any mask stride
+    forced = prepare_torch_graph(cpu_gm, {"attention_dense_mask": "force"})  # the audit's CPU run
+    assert forced is not cpu_gm
+    torch.testing.assert_close(forced(q, m), ref.float())
+    with pytest.raises(ValueError, match="attention_dense_mask"):
+        prepare_torch_graph(cpu_gm, {"attention_dense_mask": "yes"})
     with_dropout = _strided_mask_graph(True, mask_kind, dropout_p=0.1)[0]
     assert prepare_torch_graph(with_dropout) is with_dropout
 

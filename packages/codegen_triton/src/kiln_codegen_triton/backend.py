@@ -103,6 +103,7 @@ TRITON_OPTIONS = {
     "split_peel": bool,  # Note [Split reductions] in split.py: r-level members peeled off to split
     "max_persistent_rblock": int,
     "allow_tiling": bool,
+    "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -132,6 +133,7 @@ class TritonBackend(Backend):
         debug: bool | None = None,
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
+        reorder_reductions: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -152,6 +154,7 @@ class TritonBackend(Backend):
         self.debug = debug if debug is not None else os.environ.get("KILN_TRITON_DEBUG", "0") not in ("", "0")
         self.max_persistent_rblock = max_persistent_rblock
         self.allow_tiling = allow_tiling
+        self.reorder_reductions = reorder_reductions
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -482,17 +485,23 @@ class TritonBackend(Backend):
             "debug": self.debug,
             "max_persistent_rblock": self.max_persistent_rblock,
             "allow_tiling": self.allow_tiling,
+            "reorder_reductions": self.reorder_reductions,
         }
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
             plan = None
             head: tuple[KernelSpec, ...] = ()
-            if spec.kind in ("persistent", "looped") and not spec.symbolic:
+            # a reordered reduction stays whole: split.py plans its chunks in logical order
+            if spec.kind in ("persistent", "looped") and not spec.symbolic and not spec.reordered:
                 plan = self._plan_split(members, reads, spec.outer)
                 peel = peel_rows(members, reads, internal) if plan is None and self.split_peel else None
                 if peel is not None:  # Note [Split reductions]: r-level members peeled off
                     rest_spec = build_kernel(name, peel.rest, peel.rest_reads, dtypes, internal, **options)
-                    plan = self._plan_split(peel.rest, peel.rest_reads, rest_spec.outer)
+                    plan = (
+                        None
+                        if rest_spec.reordered
+                        else self._plan_split(peel.rest, peel.rest_reads, rest_spec.outer)
+                    )
                     if plan is not None:
                         rows_name = kernel_name(f"triton_{KIND}", peel.rows, step) + "_rows"
                         head = (

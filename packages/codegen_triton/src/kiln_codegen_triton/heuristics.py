@@ -72,6 +72,9 @@ WARP_ROW_RBLOCK = 1024  # Note [One warp per row]; 0 turns the rule off
 WARP_ELEMENTS = 1024  # Note [One warp per 1024 elements]; 0 turns the rule off
 LOOPED_RBLOCK = 2048
 OUTER_XBLOCK = 64
+# a reordered persistent reduction's rows per program: 16 rows of 2 bytes fill a 32-byte sector at
+# each position of the row (Note [Reductions walk their reads' memory order] in kernel.py)
+REORDERED_XBLOCK = 16
 OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
 # Note [Block sizes for symbolic sizes]
@@ -141,11 +144,14 @@ def configs(
         # Note [Bytes per program]
         x = (
             min(128, nx)
-            if spec.outer
+            if spec.outer and not spec.reordered
             else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (max(1, rnumel) * size))))
         )
         warps = PERSISTENT_WARPS or _warps(x * r)
-        if not spec.outer and r == WARP_ROW_RBLOCK and not PERSISTENT_WARPS:  # Note [One warp per row]
+        if spec.reordered:  # Note [Reductions walk their reads' memory order] in kernel.py
+            x = min(nx, REORDERED_XBLOCK)
+            warps = PERSISTENT_WARPS or _warps(x * r, 4)
+        elif not spec.outer and r == WARP_ROW_RBLOCK and not PERSISTENT_WARPS:  # Note [One warp per row]
             x, warps = 1, 1
         elif not spec.outer and not PERSISTENT_WARPS and size == 2 and 256 <= r < WARP_ELEMENTS:
             x, warps = min(nx, WARP_ELEMENTS // r), 1  # Note [One warp per 1024 elements]

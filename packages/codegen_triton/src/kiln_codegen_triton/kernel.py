@@ -54,6 +54,7 @@ taken only for a sympy size, and ``scripts/triton_static_dump.py`` checks the ge
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Callable, Sequence, Set
@@ -86,6 +87,8 @@ from .triton_ops import (
     store_expr,
     tl_type,
 )
+
+log = logging.getLogger("kiln.codegen_triton.output_code")
 
 XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
@@ -150,6 +153,8 @@ class KernelSpec:
     members: tuple[str, ...]
     atomic: bool  # writes with atomics or into another buffer: running it twice is not idempotent
     outer: bool  # a reduction whose reduced dim is strided and output dim contiguous
+    # Note [Reductions walk their reads' memory order]: its x digits are not in logical order
+    reordered: bool = False
     # Note [Symbolic sizes in Triton kernels]: the size symbols the kernel takes as arguments
     # after its pointers (sorted by name), and the numels at the graph's size hints (heuristics
     # only); a static kernel has neither, and its numels are ints
@@ -341,13 +346,22 @@ class _Generator(OpsHandlerBase):
                     or not _same(numel, nx_total)
                 ):
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
-                index = self._digits(self.flat_x, msizes)
+                index = self._digits(self.flat_x, msizes, self.plan.order if reducing else None)
                 rindex = self._digits(RINDEX, [_size(s) for s in mr])
                 level = "r"
             elif _same(numel, nx_total):
                 index, level = self._digits(self.flat_x, msizes, self.plan.order), "x"
             elif reducing and _same(numel, nx_total * nr):
-                index, level = self._digits(self.flat_x * nr + RINDEX, msizes), "r"
+                order = self.plan.order
+                if order is not None and len(msizes) > len(order):
+                    # Note [Reductions walk their reads' memory order]: the x digits in the
+                    # plan's order, the reduced digits after them as they are
+                    nxd = len(order)
+                    index = self._digits(self.flat_x, msizes[:nxd], order)
+                    index += self._digits(RINDEX, msizes[nxd:])
+                else:
+                    index = self._digits(self.flat_x * nr + RINDEX, msizes)
+                level = "r"
             else:
                 raise CodegenUnsupported(f"member {member.name} does not fit its kernel's blocks")
             if self.trivial:
@@ -875,6 +889,7 @@ def build_kernel(
     debug: bool = False,
     max_persistent_rblock: int = 4096,
     allow_tiling: bool = True,
+    reorder_reductions: bool = True,
 ) -> KernelSpec:
     """Generate the kernel for one scheduler node's members, choosing how to block it.
 
@@ -911,12 +926,28 @@ def build_kernel(
         spec, g = gen(Plan("persistent", nx, 1, nr))
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         outer = any(_unit(e, XINDEX) for _, e, _ in row) and not any(_unit(e, RINDEX) for _, e, _ in row)
+        order = None
+        loads = [e for _, e, store in row if not store]
+        if reorder_reductions and loads and not any(_unit(e, s) for e in loads for s in (XINDEX, RINDEX)):
+            for candidate in _reduction_orders(members, xsizes, rsizes):
+                spec2, g2 = gen(Plan("persistent", nx, 1, nr, order=candidate))
+                loads2 = [e for _, e, store in g2.accesses if not store and e.has(RINDEX)]
+                if any(_unit(e, XINDEX) for e in loads2) and not any(_unit(e, RINDEX) for e in loads2):
+                    spec, g, outer, order = spec2, g2, True, candidate
+                    log.debug(
+                        "%s: rows taken in dim order %s (Note [Reductions walk their reads' memory order])",
+                        name.replace("{kind}", "*"),
+                        candidate,
+                    )
+                    break
         if not isinstance(nr, int):
             # Note [Symbolic sizes in Triton kernels]: a row of unknown length never fits a block
-            spec, g = gen(Plan("looped", nx, 1, nr))
-        elif next_pow2(nr) > max_persistent_rblock or (outer and nr > OUTER_PERSISTENT_MAX):
-            spec, g = gen(Plan("looped", nx, 1, nr))
-        return _with_outer(spec, outer)
+            spec, g = gen(Plan("looped", nx, 1, nr, order=order))
+        elif next_pow2(nr) > max_persistent_rblock or (order is None and outer and nr > OUTER_PERSISTENT_MAX):
+            # a reordered row stays persistent where it fits: its tile is a few rows deep (enough
+            # for a sector of each row) and one row long, so the grid stays full
+            spec, g = gen(Plan("looped", nx, 1, nr, order=order))
+        return _with_outer(spec, outer, order is not None)
     squeezed = [s for s in xsizes if s != 1]
     tile = _tile(squeezed) if allow_tiling and len(squeezed) >= 2 else None
     if tile is not None:
@@ -991,7 +1022,40 @@ class KernelGroup:
         return tuple(n for s in self.specs for n in s.scratch)
 
 
-def _with_outer(spec: KernelSpec, outer: bool) -> KernelSpec:
+def _with_outer(spec: KernelSpec, outer: bool, reordered: bool = False) -> KernelSpec:
     from dataclasses import replace
 
-    return replace(spec, outer=outer)
+    return replace(spec, outer=outer, reordered=reordered)
+
+
+def _reduction_orders(
+    members: Sequence[ComputedBuffer], xsizes: list[Any], rsizes: list[Any]
+) -> list[tuple[int, ...]]:
+    """Note [Reductions walk their reads' memory order]: a reduction whose every row read is
+    strided both along the row and across rows (T5's position-bias mask made dense: ``[L, S, H]``
+    read as ``[H, L, S]`` rows over S, so consecutive rows are ``L`` elements apart and a row's
+    elements ``H`` apart) reads one useful element per 32-byte sector. Taking the x digits in
+    another order, one dim moved innermost, can make consecutive rows consecutive in memory
+    (rows ``(l, h)``: the ``H`` rows of one ``l`` lie side by side); then the reduction is an
+    *outer* one, loaded as ``[XBLOCK, RBLOCK]`` tiles whose rows are coalesced, and Triton
+    converts the layout for a store along the row (the dense copy) through shared memory. The
+    candidates: each static x dim of size > 1 but the innermost, moved innermost. Only when every
+    member iterates the reference's dims as they are (x dims, or x dims then reduced dims: each
+    takes the same digits); none otherwise. Switch: ``triton_options={"reorder_reductions":
+    False}``."""
+    nxd = len(xsizes)
+    if nxd < 2 or not all(isinstance(s, int) for s in (*xsizes, *rsizes)):
+        return []
+    for m in members:
+        sizes = [_size(s) for s in m.iteration()[0]]
+        if m.is_reduction():
+            if sizes != xsizes:
+                return []
+        elif sizes not in (xsizes, [*xsizes, *rsizes]):
+            return []
+    logical = list(range(nxd))
+    out = []
+    for d in range(nxd - 1):
+        if xsizes[d] > 1:
+            out.append(tuple([*(i for i in logical if i != d), d]))
+    return out

@@ -55,7 +55,8 @@ class PassOptions:
     [Attention masks that are constant along a row]; a pass over the torch-level graph, run by
     the umbrella before aotgrad). ``attention_dense_mask``: on CUDA, an SDPA mask strided along
     its rows (T5's position bias) is made dense so that a fused kernel runs (Note [Attention masks
-    read across their rows], the same pass).
+    read across their rows], the same pass); ``"force"`` on any device (tests, and the Triton
+    kernel audit on CPU tensors).
     ``conv_bias``: on CUDA a convolution's bias is added after it in generated code, where the
     scheduler fuses it into the result's readers (Note [Convolution bias after the convolution]);
     ``"force"`` on any device (tests), ``False`` never.
@@ -98,7 +99,7 @@ class PassOptions:
     pad_mm_output_copy: bool = False
     attention: bool = True
     attention_mask: bool = True
-    attention_dense_mask: bool = True
+    attention_dense_mask: bool | str = True
     conv_bias: bool | str = True
     patch_conv: bool | str = True
     conv_fusion: bool = True
@@ -128,7 +129,6 @@ class PassOptions:
             made.layout_training,
             made.attention,
             made.attention_mask,
-            made.attention_dense_mask,
             made.conv_fusion,
             made.conv_prepack,
             made.linear_pack,
@@ -141,11 +141,15 @@ class PassOptions:
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_per_batch, layout_training, attention, attention_mask, attention_dense_mask, conv_fusion, conv_prepack, linear_pack,"
+                "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
                 " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse and far_output_fusion are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
+        if made.attention_dense_mask not in (True, False, "force"):
+            raise ValueError(
+                f"attention_dense_mask must be True, False or 'force', not {made.attention_dense_mask!r}"
+            )
         if made.conv_bias not in (True, False, "force"):
             raise ValueError(f"conv_bias must be True, False or 'force', not {made.conv_bias!r}")
         if made.patch_conv not in (True, False, "force"):
@@ -292,7 +296,11 @@ def prepare_torch_graph(
     if not (opts.attention_mask or opts.attention_dense_mask):
         return gm
     return unmask_row_constant_attention(
-        gm, record, row_constant=opts.attention_mask, dense=opts.attention_dense_mask
+        gm,
+        record,
+        row_constant=opts.attention_mask,
+        dense=bool(opts.attention_dense_mask),
+        dense_any_device=opts.attention_dense_mask == "force",
     )
 
 

@@ -72,9 +72,9 @@ def _arguments(node: torch.fx.Node) -> dict[str, Any]:
     return bound
 
 
-def _cuda_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.Tensor] | None:
-    """The mask of an SDPA call on CUDA that either rewrite may take, and its value: a boolean or
-    floating mask, without dropout and without ``is_causal``."""
+def _cuda_mask(node: torch.fx.Node, any_device: bool = False) -> tuple[torch.fx.Node, torch.Tensor] | None:
+    """The mask of an SDPA call on CUDA (on any device under ``any_device``) that either rewrite may
+    take, and its value: a boolean or floating mask, without dropout and without ``is_causal``."""
     if node.op != "call_function" or node.target not in _SDPA or len(node.args) < 3:
         return None
     bound = _arguments(node)
@@ -82,7 +82,7 @@ def _cuda_mask(node: torch.fx.Node) -> tuple[torch.fx.Node, torch.Tensor] | None
     v = _value(mask)
     if not isinstance(mask, torch.fx.Node) or not isinstance(v, torch.Tensor):
         return None
-    if v.device.type != "cuda" or v.dim() < 1:
+    if (v.device.type != "cuda" and not any_device) or v.dim() < 1:
         return None
     if bound.get("dropout_p", 0.0) != 0.0 or bound.get("is_causal", False) is not False:
         return None
@@ -100,9 +100,9 @@ def _row_constant_mask(node: torch.fx.Node) -> torch.fx.Node | None:
     return mask if (v.size(-1) == 1 or v.stride(-1) == 0) else None
 
 
-def _strided_mask(node: torch.fx.Node) -> torch.fx.Node | None:
+def _strided_mask(node: torch.fx.Node, any_device: bool = False) -> torch.fx.Node | None:
     """The mask of an SDPA call made dense (Note [Attention masks read across their rows])."""
-    found = _cuda_mask(node)
+    found = _cuda_mask(node, any_device)
     if found is None:
         return None
     mask, v = found
@@ -159,15 +159,16 @@ def unmask_row_constant_attention(
     *,
     row_constant: bool = True,
     dense: bool = True,
+    dense_any_device: bool = False,
 ) -> torch.fx.GraphModule:
     """``gm`` (a torch-level graph), or a rewritten copy whose row-constant attention masks are
     applied after an unmasked SDPA (``row_constant``) and whose masks strided along their rows
-    are made dense (``dense``)."""
+    are made dense (``dense``; on any device, not only CUDA, under ``dense_any_device``)."""
     targets: list[tuple[torch.fx.Node, torch.fx.Node, bool]] = []
     for n in gm.graph.nodes:
         if row_constant and (m := _row_constant_mask(n)) is not None:
             targets.append((n, m, False))
-        elif dense and (m := _strided_mask(n)) is not None:
+        elif dense and (m := _strided_mask(n, dense_any_device)) is not None:
             targets.append((n, m, True))
     if not targets:
         return gm
