@@ -11,6 +11,8 @@ import pytest
 import torch
 from cpp_check import In, aten, check, graph_of, make
 
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir import compile_graph
 from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
 
 DIM_SETS = [list(c) for r in (1, 2, 3) for c in itertools.combinations(range(3), r)]
@@ -215,10 +217,11 @@ def test_gelu_layer_norm_and_softmax_reuse_the_first_pass(cols: int) -> None:
     source = compiled.backend.last_source  # type: ignore[attr-defined]
     assert ("stash" in source) == (cols * 4 <= 65536)
     # layer norm's mean and m2 share one accumulator: no two updates of the same value in a row
+    # (Note [Shifted Welford blocks]: shifted_add's value is its fifth argument)
     updates = [
-        (line.split("(")[1].split("_")[0], line.split(",")[3])
+        (line.split("(")[1].split("_")[0], line.split(",")[3 if "welford_add" in line else 4])
         for line in source.splitlines()
-        if "kiln::welford_add(acc" in line
+        if "kiln::welford_add(acc" in line or "kiln::shifted_add(acc" in line
     ]
     assert updates and all(a[0] == b[0] or a[1] != b[1] for a, b in itertools.pairwise(updates))
 
@@ -295,9 +298,13 @@ def test_reductions_at_special_values(dtype: torch.dtype) -> None:
         (aten.var.correction, (In(2), None), {"correction": 0}),
     ]
     scale = 4.0 if dtype == torch.bfloat16 else 1.0
-    compiled = check(graph_of(calls, 3), x, x.t().contiguous(), long, scale=scale)
+    # with meta values, as aotgrad's graphs: each row's mean and var become one var_mean (Note [One
+    # Welford for a variance and its mean] in kiln_loopir), whose mean is still mean.dim's here
+    inputs = x, x.t().contiguous(), long
+    compiled = check(with_vals(graph_of(calls, 3), *inputs), *inputs, scale=scale)
     source = compiled.backend.last_source  # type: ignore[attr-defined]
     assert "xblk" in source and "_part[" in source  # column and split kernels took part
+    assert "var_mean" in source
 
 
 def test_bfloat16_mul_then_sum_is_one_kernel() -> None:
@@ -354,3 +361,46 @@ def test_biased_safe_softmax_gathers_once_a_pass(
     bad[37] = 49
     with pytest.raises(IndexError):
         compiled(x, bad, table)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shifted", [True, False])
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
+    dtype: torch.dtype, shifted: bool, offset: float
+) -> None:
+    """Note [One Welford for a variance and its mean] (kiln_loopir) and Note [Shifted Welford
+    blocks]: rows of offset + randn(768) normalize at least as accurately as eager's CPU layer
+    norm, against float64, the mean coming from the variance's Welford; with ``shifted_welford``
+    off the Welford is updated per element in double, as before."""
+    torch.manual_seed(0)
+    n = 768
+    x = (offset + torch.randn(64, n, dtype=torch.float64)).to(dtype)
+    w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
+
+    def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        # aotgrad's decomposition of native_layer_norm: var and mean of the same (upcast) rows
+        xf = aten._to_copy.default(x, dtype=torch.float32)
+        var = aten.var.correction(xf, [1], correction=0, keepdim=True)
+        mean = aten.mean.dim(xf, [1], True)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+        out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd), w), b)
+        return aten._to_copy.default(out, dtype=x.dtype), mean, rstd
+
+    gm = with_vals(layer_norm, x, w, b)
+    backend = CppBackend(options={"shifted_welford": shifted})
+    compiled = compile_graph(gm, [x, w, b], backend=backend)
+    source = backend.last_source
+    assert ("kiln::shifted_add(acc" in source) == shifted
+    assert ("kiln::welford_add(acc" in source) != shifted
+    assert "_b[l] = " not in source  # no float sum of the rows for the mean
+    got = compiled(x, w, b)
+    exact = torch.nn.functional.layer_norm(x.double(), [n], w.double(), b.double(), 1e-5)
+    eager = torch.nn.functional.layer_norm(x, [n], w, b, 1e-5)
+    assert got[0].dtype == dtype and got[0].shape == x.shape
+    err = (got[0].double() - exact).abs().max().item()
+    eager_err = (eager.double() - exact).abs().max().item()
+    # bfloat16 outputs round alike; float32: no worse than eager's own error
+    assert err <= 1.05 * eager_err + 1e-7, (err, eager_err)
+    mean_err = (got[1].double() - x.double().mean(1, keepdim=True)).abs().max().item()
+    assert mean_err <= 1e-6 * (1 + offset), mean_err

@@ -245,7 +245,12 @@ class RPhase:
     stashed: dict[str, str] = field(default_factory=dict)  # variable -> its row stash
     results: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # reduction CSE
     accumulators: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, ctype, name)
-    folds: list[str] = field(default_factory=list)  # float32 sums: float block lanes -> double
+    # float32 sums and Welford statistics: lane l's statement that folds its float block
+    # accumulators into its double ones and clears them (Note [float32 accumulation])
+    folds: list[str] = field(default_factory=list)
+    # (ctype, name) of the Welford accumulators updated per element by welford_add, which reads
+    # ``winv`` (Note [Welford reciprocal])
+    welford_adds: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -825,21 +830,49 @@ class KernelBuilder(OpsHandlerBase):
         acc = self._new("acc")
         # Note [float32 accumulation]: float32 sums add FOLD_BLOCK positions per lane in float,
         # then fold into double lanes (a two-level cascade, full float speed); Welford
-        # statistics accumulate in double. A long row or a full reduction stays as accurate as
-        # eager's cascade summation.
+        # statistics accumulate in double, from float blocks of shifted sums (Note [Shifted
+        # Welford blocks]). A long row or a full reduction stays as accurate as eager's cascade
+        # summation.
         wide = dtype == torch.float32 and reduction_type in ("sum", "welford_reduce")
         if reduction_type == "welford_reduce":
             t = "double" if wide else compute_type(dtype)
             v = self._as(v, dtype)
-            if wide:
-                v = CppValue(f"static_cast<double>({v})", dtype)
             for part in ("mean", "m2", "w"):
                 phase.pre.append(f"{t} {acc}_{part}[KL] = {{}};")
             phase.accumulators.append(("welford", t, acc))
-            # Note [Welford reciprocal]: ``winv`` is 1 / (count after this element), defined by
-            # the loop around the body: one scalar division per lane step where every lane has
-            # the same count (the main lane loop, column blocks), per lane elsewhere.
-            self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v}, winv);")
+            if wide and self.options.shifted_welford:
+                # Note [Shifted Welford blocks]: Welford's update is a subtract and a multiply-add
+                # on each lane's dependency chain (its running mean), so a row of float lanes ran
+                # at one lane step per ~8 cycles however wide the vector. Per block instead (the
+                # FOLD_BLOCK blocks of float sums), a lane keeps its first finite element k and the
+                # sums of d = v - k (float) and d * d: one add on each chain. At the block's end
+                # the lane's (k + s1 / n, s2 - s1 * s1 / n, n) is merged into its double Welford
+                # lanes (Chan's formula), so everything after the fold (lane combine, split and
+                # column partials) is Welford's as before. The shift keeps the sums small (s2 -
+                # s1 * s1 / n cancels at most a factor n, Samuelson's bound on a sample's distance
+                # from the mean). The sums are double: in float (``shifted_welford_float``) the
+                # rounding of s1 showed through that cancellation, rows of randn(768) normalized
+                # with 4.2e-6 error against eager's 1.7e-6 (25% faster than double sums). cpu17,
+                # bench/layer_norm_ab.py at one thread, 256 rows of 768: forward 86 -> 79 us
+                # (old -> new, CPU time), error at 1000 + randn 7.9e-4 -> 1.3e-4 (eager 3.3e-4).
+                sums = "float" if self.options.shifted_welford_float else "double"
+                for part, ctype in (("k", "float"), ("s1", sums), ("s2", sums), ("n", "float")):
+                    phase.pre.append(f"{ctype} {acc}_b{part}[KL] = {{}};")
+                phase.folds.append(
+                    f"kiln::shifted_fold({acc}_mean[l], {acc}_m2[l], {acc}_w[l], "
+                    f"{acc}_bk[l], {acc}_bs1[l], {acc}_bs2[l], {acc}_bn[l]);"
+                )
+                self.lines.append(
+                    f"kiln::shifted_add({acc}_bk[l], {acc}_bs1[l], {acc}_bs2[l], {acc}_bn[l], {v});"
+                )
+            else:
+                if wide:
+                    v = CppValue(f"static_cast<double>({v})", dtype)
+                phase.welford_adds.append((t, acc))
+                # Note [Welford reciprocal]: ``winv`` is 1 / (count after this element), defined
+                # by the loop around the body: one scalar division per lane step where every lane
+                # has the same count (the main lane loop, column blocks), per lane elsewhere.
+                self.lines.append(f"kiln::welford_add({acc}_mean[l], {acc}_m2[l], {acc}_w[l], {v}, winv);")
             # the mean of no elements is NaN (as eager's, and loopir's interpreter's); m2 stays 0
             nan = f"std::numeric_limits<{t}>::quiet_NaN()"
             phase.pick.append(
@@ -922,7 +955,7 @@ class KernelBuilder(OpsHandlerBase):
             t = "double"
             phase.pre.append(f"float {acc}_b[KL];")
             phase.pre.append(f"for (int l = 0; l < KL; ++l) {acc}_b[l] = 0.0f;")
-            phase.folds.append(acc)
+            phase.folds.append(f"{acc}[l] += {acc}_b[l]; {acc}_b[l] = 0.0f;")
             self.lines.append(f"{acc}_b[l] = {acc}_b[l] + {v};")
         else:
             self.lines.append(f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=v)};")
@@ -1219,7 +1252,7 @@ class KernelBuilder(OpsHandlerBase):
         lines.append(f"{inner}}}")
         # Note [float32 accumulation] in column blocks: each float lane (a column) adds
         # COLUMN_FOLD positions before it folds into its double lane, and once more at the end
-        fold = [f"{a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds]
+        fold = phase.folds
         if fold:
             lines.append(f"{inner}if ((({seen}) + 1) % {COLUMN_FOLD} == 0) {{")
             lines.append(f"{inner}  #pragma omp simd")
@@ -1471,7 +1504,7 @@ class KernelBuilder(OpsHandlerBase):
             lines.append(pad + "  const int l = 0;")
             lines.extend(pad + "  " + w for w in lane_winv)
             lines.extend(pad + "  " + b for b in body)
-            lines.extend(f"{pad}  {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f;" for a in phase.folds)
+            lines.extend(f"{pad}  {f}" for f in phase.folds)
             lines.append(pad + "}")
         else:
             var, size = loops[-1]
@@ -1488,10 +1521,7 @@ class KernelBuilder(OpsHandlerBase):
                 main = size - size % LANES
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
                 has_main, has_tail = bool(main), bool(size % LANES)
-            fold = [
-                f"for (int l = 0; l < {LANES}; ++l) {{ {a}[l] += {a}_b[l]; {a}_b[l] = 0.0f; }}"
-                for a in phase.folds
-            ]
+            fold = [f"for (int l = 0; l < {LANES}; ++l) {{ {f} }}" for f in phase.folds]
             if has_main:
                 inner = pad
                 origin = start
@@ -1533,10 +1563,9 @@ class KernelBuilder(OpsHandlerBase):
     def _winv(self, phase: RPhase, count: str | None) -> list[str]:
         """The definition of ``winv`` (Note [Welford reciprocal]) for a body that updates
         Welford lanes: from ``count``, shared by all lanes, or per lane from its weight."""
-        welford = [(t, acc) for kind, t, acc in phase.accumulators if kind == "welford"]
-        if not welford:
+        if not phase.welford_adds:
             return []
-        t, acc = welford[0]
+        t, acc = phase.welford_adds[0]
         if count is None:
             return [f"const {t} winv = {t}(1) / ({acc}_w[l] + {t}(1));"]
         return [f"const {t} winv = {t}(1) / static_cast<{t}>({count});"]

@@ -42,6 +42,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   earliest r-phase its inputs allow, so a reduction of the inputs joins the first pass (Note
   [Reductions in the earliest phase] in kernel.py: _safe_softmax's ``any`` and ``where``). Off
   by default: Swin's softmax kernel ran 87 -> 125 us with it (three passes instead of four).
+* ``shifted_welford``: float32 Welford statistics (variance, layer norm) accumulate per float
+  block as shifted sums, folded into double Welford lanes (Note [Shifted Welford blocks] in
+  kernel.py); off: a double Welford update per element, as before. ``shifted_welford_float``:
+  the block's shifted sums in float instead of double (faster, less accurate on centred rows:
+  the Note).
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -83,6 +88,8 @@ class CppOptions:
     cse_indirect: bool = True
     buffers_as_viewed: bool = True
     hoist_reductions: bool = False
+    shifted_welford: bool = True
+    shifted_welford_float: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 

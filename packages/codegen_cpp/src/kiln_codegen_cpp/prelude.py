@@ -230,7 +230,8 @@ template <typename T> static inline void arg_min_merge(T& acc, int64_t& idx, T v
 template <typename T, typename U> static inline void welford_add(T& mean, T& m2, T& w, T v, U inv) {
   w += T(1);
   T d = v - mean;
-  mean += d * static_cast<T>(inv);
+  // an infinity on either side: the sum's mean (as welford_merge's), not inf - inf
+  mean = d - d == T(0) ? mean + d * static_cast<T>(inv) : mean + v;
   m2 += d * (v - mean);
 }
 template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T mb, T m2b, T wb) {
@@ -239,9 +240,35 @@ template <typename T> static inline void welford_merge(T& mean, T& m2, T& w, T m
   T n = w + wb;
   T d = mb - mean;
   T f = wb / n;
-  mean += d * f;
+  // an infinite mean on either side: the sum's answer (inf + finite = inf, inf - inf = NaN), not
+  // inf - inf from d (a mean of finite values and +inf is +inf, as mean.dim's)
+  mean = d - d == T(0) ? mean + d * f : mean + mb;
   m2 += m2b + d * d * w * f;
   w = n;
+}
+// Note [Shifted Welford blocks] (kernel.py): a lane's float block of one Welford statistic is
+// its first finite element k and the sums of v - k and (v - k)^2 over n elements
+template <typename S1, typename S>
+static inline void shifted_add(float& k, S1& s1, S& s2, float& n, float v) {
+  k = (n == 0.0f && v - v == 0.0f) ? v : k;
+  const float d = v - k;
+  s1 += static_cast<S1>(d);
+  s2 += static_cast<S>(d) * static_cast<S>(d);
+  n += 1.0f;
+}
+// merges the block (mean k + s1 / n, m2 s2 - s1^2 / n, weight n) into Welford lanes, in T;
+// clears the block
+template <typename T, typename S1, typename S>
+static inline void shifted_fold(T& mean, T& m2, T& w, float& k, S1& s1, S& s2, float& n) {
+  if (n != 0.0f) {
+    const T nb = static_cast<T>(n), a = static_cast<T>(s1);
+    const T q = static_cast<T>(s2) - a * a / nb;
+    welford_merge(mean, m2, w, static_cast<T>(k) + a / nb, q < T(0) ? T(0) : q, nb);
+  }
+  k = 0.0f;
+  s1 = S1(0);
+  s2 = S(0);
+  n = 0.0f;
 }
 
 }  // namespace kiln

@@ -6,7 +6,8 @@ edits the caller's graph, because the caller (aotgrad, a fallback to eager) may 
 run in the order of ``_passes()``: the rewrites first (attention, then patch convolutions as GEMMs on CUDA,
 then matmul padding, which must not pad the products attention replaces and may pad the patch
 GEMMs, then the convolution bias on CUDA), then common subexpressions (which also merges what the
-rewrites made twice, such as two paddings of one tied weight), then the layout
+rewrites made twice, such as two paddings of one tied weight), then a variance and a mean of the
+same rows into one ``var_mean`` (after common subexpressions: one mean per rows), then the layout
 decision, which must see the final nodes,
 then the CPU convolution fusion, which keeps the layout decision for the nodes it makes, and the
 CPU linear packing (after pad_mm: a padded product is not a plain linear layer any more).
@@ -89,6 +90,9 @@ class PassOptions:
     distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
     scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
     within ``MAX_HORIZONTAL_DISTANCE``. A decision handed to the scheduler.
+    ``var_mean``: a ``var.correction`` and a ``mean.dim`` of the same rows become one ``var_mean``,
+    one Welford reduction with two outputs (Note [One Welford for a variance and its mean] in
+    passes/var_mean.py); ``False``: the variance's Welford and a separate sum for the mean.
     """
 
     layout: bool = True
@@ -110,6 +114,7 @@ class PassOptions:
     shape_only_readers: bool = False
     cse: bool = True
     far_output_fusion: bool = True
+    var_mean: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -138,11 +143,13 @@ class PassOptions:
             made.shape_only_readers,
             made.cse,
             made.far_output_fusion,
+            made.var_mean,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse and far_output_fusion are True or False"
+                " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse, far_output_fusion and var_mean"
+                " are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
@@ -229,6 +236,7 @@ def _passes() -> tuple[GraphPass, ...]:
     from .linear_pack import linear_pack_pass
     from .pad_mm import pad_mm_pass
     from .patch_conv import patch_conv_pass
+    from .var_mean import var_mean_pass
 
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
@@ -236,6 +244,7 @@ def _passes() -> tuple[GraphPass, ...]:
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
         GraphPass("cse", cse_pass, lambda o: o.cse),
+        GraphPass("var_mean", var_mean_pass, lambda o: o.var_mean),
         GraphPass("layout", layout_pass, lambda o: o.layout),
         GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
         GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),
