@@ -55,6 +55,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "triton.autotune_min_bytes", 0),
     ("cuda", "triton.allow_tiling", False),
     ("cuda", "triton.split_min_rnumel", 1 << 40),
+    ("cuda", "triton.reorder_reductions", False),
     ("cpu", "layout", False),
     ("cpu", "attention", False),
     ("cpu", "cse", False),
@@ -63,6 +64,8 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cpu", "conv_fusion", False),
     ("cpu", "cpp.split_reductions", False),
     ("cpu", "cpp.weighted_work", False),
+    ("cpu", "var_mean", False),
+    ("cpu", "cpp.shifted_welford", False),
 )
 
 
