@@ -125,6 +125,19 @@ for step in "$@"; do
     call15)  # seventeenth session: kiln_bench's synced host time per reduce-overhead call against back to back
       timeout 150 python3 scripts/gpu_host_probe.py --models resnet,bert 2>&1 | grep -v Warn | tail -60
       timeout 100 python3 scripts/gpu_host_probe.py --models bert --mode default 2>&1 | grep -v Warn | tail -30 ;;
+    call16)  # seventeenth session: the deferred kernel loads (Note [Kernels compiled while the next graph is built]) and
+      # the reordered reductions (Note [Reductions walk their reads' memory order]) on CUDA: tests, compile time A/B, T5 A/B
+      timeout 150 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_gpu_compile.py \
+        packages/codegen_triton/tests/test_cudagraphs.py packages/codegen_triton/tests/test_reductions.py 2>&1 | tail -4
+      bench compile-overlap 170 --dtype float32 --modes training --models mlp,cnn,bert --repeats 3 --warmup 1 \
+        --backends kiln,kiln::triton.overlap_compile=False
+      python3 - "$out/compile-overlap.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    print(r["model"], r["backend"], "compile", round(r["compile_s"] or 0, 2), "phases", r["extra"].get("phases_s"), r["reason"][:80])
+PY
+      bench t5-reorder 120 --dtype bfloat16 --modes inference --models t5 --repeats 10 --profile --profile-calls 3 \
+        --backends kiln,kiln::triton.reorder_reductions=False ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
