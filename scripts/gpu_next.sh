@@ -138,6 +138,15 @@ for r in json.load(open(sys.argv[1]))["results"]:
 PY
       bench t5-reorder 120 --dtype bfloat16 --modes inference --models t5 --repeats 10 --profile --profile-calls 3 \
         --backends kiln,kiln::triton.reorder_reductions=False ;;
+    call17)  # seventeenth session: the CUDA failure of test_many_static_inputs_one_of_which_moves, and compile time
+      # with and without the deferred loads, each in its own process (a backend after another in one process finds
+      # the kernels in Triton's in-memory caches), the pool started by a first model whose compile is not counted
+      timeout 60 python3 -m pytest -q -x -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py -k many_static 2>&1 \
+        | grep -E "^E |assert|Error" | head -30
+      for b in kiln kiln::triton.overlap_compile=False; do
+        bench "overlap-$b" 150 --dtype float32 --modes training --models mlp,cnn,bert,llama --repeats 2 --warmup 1 --backends "$b" \
+          | grep -E "training +kiln"
+      done ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
