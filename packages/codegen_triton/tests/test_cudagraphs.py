@@ -230,3 +230,26 @@ def test_many_static_inputs_one_of_which_moves(capture: Any, rows: int) -> None:
         seen = [y]
     assert runner.disabled is None and 4 in runner._copy_idx and runner._static_idx == [1, 2, 3, 5]
     assert runner.recordings >= 3 and runner.replays >= 4
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_recording_again_from_scratch_takes_a_fresh_pool(capture: Any) -> None:
+    """Note [A pool outlives its graphs only while one is alive]: the second slot shares the first
+    one's pool; a recording that drops every slot (a static input moved) takes a new pool, since
+    torch releases a private pool with its last graph."""
+    pools: list[Any] = []
+
+    def seen(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
+        pools.append(pool)
+        return capture(fn, args, pool)
+
+    w = torch.randn(16, 8, device=DEVICE)
+    runner = CudaGraphRunner(_eager, capture=seen, guarded_inputs=True)
+    x = torch.randn(4, 16, device=DEVICE)
+    held = [runner(x, w) for _ in range(3)]  # warm-up, slot one, slot two (the first is held)
+    assert len(pools) == 2 and pools[0] is pools[1]
+    w2 = torch.randn(16, 8, device=DEVICE)  # the parameter moved: recorded again from scratch
+    torch.testing.assert_close(runner(x, w2), _eager(x, w2))
+    assert len(pools) == 3 and pools[2] is not pools[0]
+    for y in held:  # outputs held across the new recording are intact
+        torch.testing.assert_close(y, _eager(x, w))

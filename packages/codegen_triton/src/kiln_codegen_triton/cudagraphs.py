@@ -220,6 +220,7 @@ class CudaGraphRunner:
         self.plain_calls = 0  # calls that ran the wrapper: warm-up, every slot busy, inputs changed
         self._busy_logged = False
         self._pool = pool
+        self._own_pool = pool is None  # Note [A pool outlives its graphs only while one is alive]
         self._warm_ptrs: list[int | None] | None = None
         self._copied: set[int] = set()  # Note [Static inputs of a CUDA graph]
         self._static_idx: list[int] = []
@@ -297,6 +298,14 @@ class CudaGraphRunner:
             self._disable(f"recorded {self.recordings} times: inputs keep moving")
             return self.fn(*args)
         assert self._warm_ptrs is not None
+        if self._slots and self._own_pool:
+            # Note [A pool outlives its graphs only while one is alive]: torch releases a private
+            # pool when the last graph recorded into it dies, and a capture into the released
+            # handle fails inside torch's allocator (an internal assert on the H200, torch 2.11),
+            # leaving the CUDA generator in capture mode: the program's next `torch.randn` on
+            # the GPU raised. Dropping every slot drops every graph, so the next recording gets a
+            # fresh pool; outputs the caller still holds keep their blocks until released.
+            self._pool = None
         self._slots = []
         self._static_idx, self._static_ptrs = [], [None] * len(args)
         self._inputs, self._copy_dst, self._copy_idx = [], [], []
@@ -328,8 +337,8 @@ class CudaGraphRunner:
         return slot.aliases()
 
     def _record_slot(self) -> _Slot | None:
-        if self._pool is None and self.capture is capture_cuda:
-            self._pool = torch.cuda.graph_pool_handle()
+        if self._pool is None:  # a stand-in capture gets a stand-in pool (tests see which one)
+            self._pool = torch.cuda.graph_pool_handle() if self.capture is capture_cuda else object()
         try:
             replay, outputs = self.capture(self.fn, self._inputs, self._pool)
         except Exception as exc:  # capture is impossible for this graph: run it plainly
