@@ -31,6 +31,22 @@ def test_max_pool2d_values_and_indices(case: Any, dtype: torch.dtype) -> None:
     check(lambda x: aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil), x)
 
 
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_values_alone_are_a_plain_max(case: Any, dtype: torch.dtype) -> None:
+    """Note [Max pooling values without their indices]: no index chain in the kernel, eager's
+    values (NaN, -inf, ties planted)."""
+    shape, k, s, p, d, ceil = case
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    flat = x.view(-1)
+    flat[::5] = float("-inf")
+    flat[3] = float("nan")
+    flat[20:26] = 0.5
+    compiled = check(lambda x: aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil)[0], x)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert "std::isnan" in source and "INT64_C(-1)) ==" not in source
+
+
 def test_max_pool2d_after_batch_norm_walks_rows_innermost() -> None:
     # Note [Loop order counts full-size accesses first]: per-channel scale and shift must not
     # pull the channel loop innermost.

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import DEVICES, assert_same, make, to_device
+from triton_check import DEVICES, assert_same, check, make, to_device
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
@@ -75,3 +75,27 @@ def test_max_pool2d_backward_fuses_with_relu_backward(channels_last: bool, devic
     assert compiled.stats.kernels == 1 and compiled.stats.extern_calls == 0
     off = compile_graph(gm, [grad, x, indices], backend=TritonBackend(), options={"pool_backward": False})
     assert off.stats.extern_calls == 1  # options={"pool_backward": False}: eager's kernel
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_values_alone_are_a_plain_max(
+    case: Any, dtype: torch.dtype, channels_last: bool, device: str
+) -> None:
+    """Note [Max pooling values without their indices] in kiln_loopir's lowerings/pooling.py: the
+    kernel selects, never rounds a step to bfloat16 and carries no int64 index; eager's values
+    with NaN, -inf and ties planted."""
+    shape, k, s, p, d, ceil = case
+    x = make(shape, torch.float32).to(dtype)
+    flat = x.view(-1)
+    flat[::5] = float("-inf")
+    flat[3] = float("nan")
+    flat[20:26] = 0.5
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    backend = check(lambda x: aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil)[0], x, device=device)
+    kernel = backend.last_source.split("def triton_", 1)[1]  # past the prelude's helpers
+    assert "k_maximum" not in kernel and "k_bf16_round(" not in kernel
+    assert "== tl.full([], -1, tl.int64)" not in kernel

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -52,6 +53,49 @@ def test_max_pool2d_fuses_with_its_producer_and_drops_dead_indices() -> None:
     x = torch.randn(2, 4, 8, 8)
     compiled = check(f, x)
     assert compiled.stats.kernels == 1
+
+
+PLAIN_MAX = "indices unread, values as a plain maximum"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("plain", [True, False])
+def test_max_pool2d_values_alone(
+    case: Any, dtype: torch.dtype, plain: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Note [Max pooling values without their indices]: with the indices dead the values are a
+    plain maximum (NaN, -inf and ties planted), exactly eager's; option off, the take chain."""
+    shape, k, s, p, d, ceil = case
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices.default(x, k, s, p, d, ceil)[0]
+
+    caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
+    check(f, special_values(shape, dtype), options={"pool_values_max": plain})
+    assert (PLAIN_MAX in caplog.text) == plain
+
+
+def test_max_pool2d_values_alone_nan_windows_and_signed_zeros() -> None:
+    x = torch.tensor([[[[-0.0, 0.0, 1.0, float("nan")], [0.0, -0.0, float("nan"), 2.0]]]])
+    x = torch.cat([x, torch.full_like(x, float("-inf"))], dim=1)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices.default(x, [2, 2], [2, 2], 0, 1, False)[0]
+
+    compiled = compile_graph(torch.fx.symbolic_trace(f), [x])
+    actual, expected = compiled(x), f(x)
+    torch.testing.assert_close(actual, expected, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(actual.signbit(), expected.signbit())  # the first of equal zeros
+
+
+def test_max_pool2d_with_read_indices_keeps_the_take_chain(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kiln.loopir.passes")
+    check(
+        lambda x: aten.max_pool2d_with_indices.default(x, [3, 3], [2, 2], 1, 1, False),
+        special_values((2, 3, 9, 7), torch.float32),
+    )
+    assert PLAIN_MAX not in caplog.text
 
 
 def test_large_windows_stay_extern() -> None:

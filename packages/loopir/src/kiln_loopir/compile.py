@@ -211,6 +211,7 @@ def _generate(
         channels_last=channels_last,
         extern_ops=passes.extern_ops,
         shape_only_readers=passes.options.shape_only_readers,
+        pool_values_max=passes.options.pool_values_max,
     ).run()
     if symbolic:
         _check_symbolic(graph, env, guards_before)

@@ -234,9 +234,12 @@ class GraphLowering:
         channels_last: set[torch.fx.Node] | None = None,
         extern_ops: set[Any] | None = None,
         shape_only_readers: bool = False,
+        pool_values_max: bool = True,
     ) -> None:
         self.gm = gm
         self.shape_only_readers = shape_only_readers  # Note [Why a value is realized] (c)
+        # Note [Max pooling values without their indices] (lowerings/pooling.py)
+        self.pool_values_max = pool_values_max
         self.example_inputs = list(example_inputs)
         self.fusion = fusion
         self.device = graph_device(gm, self.example_inputs)

@@ -80,6 +80,10 @@ class PassOptions:
     ``pool_backward``: ``max_pool2d_with_indices_backward`` lowers to a gather kernel that fuses
     with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py);
     ``False``: eager's kernel, as an extern call. A decision handed to lowering, as ``view_scatter``.
+    ``pool_values_max``: where nothing reads a ``max_pool2d_with_indices``' indices (inference),
+    its values are a plain NaN-propagating maximum over the window, without the index chain (Note
+    [Max pooling values without their indices] in lowerings/pooling.py); ``False``: the values
+    keep the argmax's take condition. Also a decision handed to lowering.
     ``cse``: a node computing what an earlier node computes (the same pure operator on the same
     arguments) is replaced by it (Note [Common subexpressions of the graph] in passes/cse.py).
     ``shape_only_readers``: the realize heuristic does not count readers that take only a value's
@@ -111,6 +115,7 @@ class PassOptions:
     linear_pack: bool = False
     view_scatter: bool = True
     pool_backward: bool = True
+    pool_values_max: bool = True
     shape_only_readers: bool = False
     cse: bool = True
     far_output_fusion: bool = True
@@ -140,6 +145,7 @@ class PassOptions:
             made.pad_mm_output_copy,
             made.view_scatter,
             made.pool_backward,
+            made.pool_values_max,
             made.shape_only_readers,
             made.cse,
             made.far_output_fusion,
@@ -148,7 +154,8 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " pad_mm_output_copy, view_scatter, pool_backward, shape_only_readers, cse, far_output_fusion and var_mean"
+                " pad_mm_output_copy, view_scatter, pool_backward, pool_values_max, shape_only_readers, cse, far_output_fusion"
+                " and var_mean"
                 " are True or False"
             )
         if made.pad_mm not in (True, False, "force"):
@@ -282,6 +289,11 @@ def run_passes(
         ctx.extern_ops.add(torch.ops.aten.max_pool2d_with_indices_backward.default)
         ctx.note(
             "pool_backward", "off (option pool_backward=False): max_pool2d backward runs as an extern call"
+        )
+    if not ctx.options.pool_values_max:
+        ctx.note(
+            "pool_values_max",
+            "off (option pool_values_max=False): max_pool2d values keep the argmax's take condition",
         )
     if ctx.options.shape_only_readers:
         ctx.note("shape_only_readers", "on: full_like and friends do not count as readers of a value")
