@@ -178,7 +178,7 @@ def generate_runner(
         else:
             if target.source is None:
                 raise Unsupported("attribute store on an object without a source")
-            emit(f"{cg.const(setattr)}({cg.source(target.source)}, {name!r}, {val})")
+            emit(f"{cg.const(target.replay_store())}({cg.source(target.source)}, {name!r}, {val})")
     for fn, fn_args in output.side_effects.calls:
         emit(f"{cg.const(fn)}(*{cg.const(fn_args)})")
     for vt in output.side_effects.mutated_containers.values():

@@ -108,6 +108,12 @@ class VariableTracker:
         """What `is` compares: the real object when known, else the tracker itself."""
         return self
 
+    def replay_store(self) -> Any:
+        """What the runner calls, as `f(obj, name, value)`, to replay an attribute store recorded
+        on this tracker (SideEffects.store_attr): `setattr`, unless the object's class needs
+        otherwise (a ModelOutput: Note [Stores into a ModelOutput from outside])."""
+        return setattr
+
 
 class ConstantVariable(VariableTracker):
     """An immutable Python value known at capture time (guarded when it came from outside)."""

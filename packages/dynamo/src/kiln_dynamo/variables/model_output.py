@@ -15,7 +15,8 @@ and nothing between the two overrides that behaviour; anything else stays a grap
 
 A new one that escapes the frame is rebuilt by calling its class with the fields as keyword
 arguments (Note [Rebuilding a ModelOutput]). One from outside the frame is read through its
-attributes under guards on its type and keys (`wrap_model_output`); mutating it is not modelled.
+attributes under guards on its type and keys (`wrap_model_output`); a store into one is replayed
+after the graph (Note [Stores into a ModelOutput from outside]).
 """
 
 from __future__ import annotations
@@ -222,7 +223,9 @@ def wrap_model_output(builder: VariableBuilder, value: Any, base: type, source: 
     builder.output.guards.type_match(source, value)
     builder.output.guards.dict_keys(source, value)
     fields = {n: builder.wrap(attrs[n], AttrSource(source, n)) for n in names}
-    return ModelOutputVariable(cls, base, fields, {k: fields[k] for k in value}, source)
+    out = ModelOutputVariable(cls, base, fields, {k: fields[k] for k in value}, source)
+    out.value = value
+    return out
 
 
 class ModelOutputVariable(DictVariable):
@@ -235,6 +238,7 @@ class ModelOutputVariable(DictVariable):
         super().__init__(items, cls, source)
         self.base = base
         self.fields = dict(fields)
+        self.value: Any = None  # the object itself, for one from outside the frame
 
     def describe(self) -> str:
         return f"{self.user_cls.__qualname__} with keys {list(self.items)!r}"
@@ -326,11 +330,20 @@ class ModelOutputVariable(DictVariable):
         # Anything else indexes to_tuple() (which a subclass may override).
         return self.call_method(tx, "to_tuple", [], {}).getitem(tx, key)
 
-    # --- mutation of a new one -----------------------------------------------------------------
-    def _store(self, name: Any, value: VT, what: str) -> None:
+    # --- mutation -------------------------------------------------------------------------------
+    # Note [Stores into a ModelOutput from outside]: `out.pooler_output = x` or `out["x"] = v` on
+    # a ModelOutput the frame received (llava's get_image_features sets a field of its vision
+    # tower's output) changes the tracker as it does a new one's, so reads later in the frame see
+    # the new field, and records an attribute store (SideEffects.store_attr) that the runner
+    # replays after the graph with `set_field`: ModelOutput's `__setattr__` and `__setitem__` give
+    # the same state for a value that is not None (the attribute, and the item, appended to the
+    # keys when the field was not one), and a None into a field that is not a key sets only the
+    # attribute, as here. `set_field` runs the class's `__setattr__` with no frame callback, as
+    # `_construct` runs its `__init__`. The keys the frame entered with stay guarded.
+    def _store(self, tx: Tx, name: Any, value: VT, what: str) -> None:
         cls = self.user_cls.__qualname__
-        if self.source is not None:
-            raise Unsupported(f"{what} on a {cls} from outside the frame")
+        if self.source is not None and self.value is None:
+            raise Unsupported(f"{what} on a {cls} from outside the frame without its object")
         name = _renamed(self.user_cls, self.base, name)
         if name not in self.fields:
             raise Unsupported(f"{what} {name!r}, which is not a field of {cls}")
@@ -341,12 +354,18 @@ class ModelOutputVariable(DictVariable):
         else:
             self.items[name] = value
         self.fields[name] = value
+        if self.source is not None:
+            tx.output.side_effects.store_attr(self, self.value, name, value)
 
     def setattr(self, tx: Tx, name: str, value: VT) -> None:
-        self._store(name, value, "setting attribute")
+        self._store(tx, name, value, "setting attribute")
 
     def setitem(self, tx: Tx, key: VT, value: VT) -> None:
-        self._store(key_of(key), value, "setting item")
+        self._store(tx, key_of(key), value, "setting item")
+
+    def replay_store(self) -> Any:
+        """What the runner calls for a store recorded on this tracker (codegen.py)."""
+        return set_field
 
     def delitem(self, tx: Tx, key: VT) -> None:
         raise Unsupported(f"del on a {self.user_cls.__qualname__} (ModelOutput raises)")
@@ -391,6 +410,21 @@ class ModelOutputVariable(DictVariable):
         keys = tuple(self.items)
         in_field_order = list(keys) == [k for k, v in self.fields.items() if not _is_none(v)]
         return f"{cg.const(_rebuild)}({cg.const(cls)}, {{{args}}}, {None if in_field_order else keys!r})"
+
+
+def set_field(obj: Any, name: str, value: Any) -> None:
+    """A store into a ModelOutput replayed after the graph (Note [Stores into a ModelOutput from
+    outside]), through the class's own `__setattr__`, with no frame callback on this thread."""
+    try:
+        import kiln_frame_hook as hook
+    except ImportError:
+        setattr(obj, name, value)
+        return
+    previous = hook.set_thread_callback(None)
+    try:
+        setattr(obj, name, value)
+    finally:
+        hook.set_thread_callback(previous)
 
 
 def _rebuild(cls: type, fields: dict[str, Any], keys: tuple[str, ...] | None) -> Any:

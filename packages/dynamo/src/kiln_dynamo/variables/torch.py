@@ -227,6 +227,10 @@ class TorchFunctionVariable(VariableTracker):
             return _foreach_add_product_by_tensor(tx, fn, args)
         if fn in (torch._check, torch._check_is_size) and args and isinstance(args[0], SymNodeVariable):
             return _symbolic_check(tx, fn, args[0])
+        if fn in _TENSOR_CHECKS:
+            checked = _tensor_check(tx, fn, args, kwargs)
+            if checked is not None:
+                return checked
         answer = trace_time_answer(fn)
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
@@ -308,6 +312,49 @@ def _symbolic_check(tx: Tx, fn: Any, cond: SymNodeVariable) -> VT:
         node.shape_env.expect_true(expr)
     except ConstraintViolation as e:
         raise Unsupported(f"{fn.__name__}({expr}) fails for every value: {e}") from e
+    return ConstantVariable(None)
+
+
+# Note [A check of a whole tensor as an assertion in the graph]: `torch._check_tensor_all(cond)`
+# (transformers' `torch_compilable_check` while compiling: llava's image-token count) raises
+# RuntimeError unless every element of the bool tensor `cond` is true. Eager reads the answer with
+# `.item()`, which a trace cannot; the graph gets `torch._assert_async(cond.all(), msg)` instead,
+# which raises RuntimeError at run time on the same condition and which aotgrad and the scheduler
+# keep for its effect (Note [Extern calls kept for their effect] in kiln_loopir). Its message is
+# eager's default text: a callable message (which may read tensor data) is not called, so only
+# the text differs from eager's, not the error type. `_check_tensor_all_with` is taken only with
+# RuntimeError as its error type (another type would change what is raised); anything else, a
+# message that is not callable (eager raises TypeError on failure) or a `cond` that is not a bool
+# tensor (eager raises TypeError), is traced as before and breaks.
+_TENSOR_CHECKS = {torch._check_tensor_all: ("cond", "message"),
+                  torch._check_tensor_all_with: ("error_type", "cond", "message")}  # fmt: skip
+
+
+def _tensor_check(tx: Tx, fn: Any, args: list[VT], kwargs: dict[str, VT]) -> VT | None:
+    """`torch._check_tensor_all[_with]` as an in-graph assertion, or None when it is not one."""
+    names = _TENSOR_CHECKS[fn]
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        return None
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    cond = bound.get("cond")
+    if "error_type" in bound and not (
+        bound["error_type"].is_constant() and bound["error_type"].as_constant() is RuntimeError
+    ):
+        return None
+    if cond is None or not _is_tensor(cond) or cond.fake.dtype != torch.bool:  # type: ignore[attr-defined]
+        return None
+    message = bound.get("message")
+    if message is not None and message.is_constant() and message.as_constant() is not None:
+        return None  # a message that is not callable: eager raises TypeError when cond fails
+    text = "Expected cond to be True, but got False"
+    every = cond.call_method(tx, "all", [], {})
+    tx.output.create_call(tx, "call_function", torch._assert_async, [every, ConstantVariable(text)], {})
+    decisions_log.info(
+        "%s(%s) becomes torch._assert_async in the graph (Note [A check of a whole tensor as an "
+        "assertion in the graph])",
+        fn.__name__,
+        cond.describe(),
+    )
     return ConstantVariable(None)
 
 
