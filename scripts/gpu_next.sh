@@ -147,6 +147,11 @@ PY
         bench "overlap-$b" 150 --dtype float32 --modes training --models mlp,cnn,bert,llama --repeats 2 --warmup 1 --backends "$b" \
           | grep -E "training +kiln"
       done ;;
+    call18)  # seventeenth session: the runner's fresh pool on re-recording (the CUDA failure of call16), and the
+      # plain-maximum pooling values (Note [Max pooling values without their indices]) on the conv nets
+      timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py 2>&1 | tail -2
+      bench pool-values 120 --dtype bfloat16 --modes inference --models cnn,resnet --repeats 10 --profile --profile-calls 2 \
+        --backends kiln,kiln::pool_values_max=False | grep -E "^(cnn|resnet) |bandwidth" ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
