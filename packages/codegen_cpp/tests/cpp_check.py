@@ -59,12 +59,14 @@ def check(
     names: Sequence[str] | None = None,
     scale: float = 1.0,
     allow_interpreted: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> CompiledGraph:
-    """Compile ``fn`` for ``inputs`` with the cpp backend, run it, compare with eager."""
+    """Compile ``fn`` for ``inputs`` with the cpp backend (and loopir pass ``options``), run it,
+    compare with eager."""
     gm = trace(fn)
     expected = eager(gm, *inputs)
     backend = CppBackend()
-    compiled = compile_graph(gm, list(inputs), backend=backend)
+    compiled = compile_graph(gm, list(inputs), backend=backend, options=options)
     actual = compiled(*inputs)
     testing.assert_outputs(actual, expected, names, scale)
     if not allow_interpreted:

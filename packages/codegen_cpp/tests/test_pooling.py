@@ -78,5 +78,25 @@ def test_max_pool2d_backward_gathers(case: Any, dtype: torch.dtype, channels_las
         grad,
         x,
         indices,
+        options={"pool_backward": "force"},  # overlapping windows too (Note [Overlapping max ...])
     )
     assert compiled.stats.extern_calls == 0
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["default", "force"])
+def test_overlapping_max_pool2d_backward_is_eager_scatter_on_cpu(force: bool) -> None:
+    # Note [Overlapping max pooling backward on the CPU]: ResNet's stem pool (3x3, stride 2, pad 1)
+    # behind a ReLU backward; by default eager's scatter, under "force" the gather kernel
+    case = ((2, 4, 9, 9), [3, 3], [2, 2], [1, 1], 1, False)
+    x = torch.randn(case[0], generator=torch.Generator().manual_seed(0))
+    grad, x, indices = max_pool_backward_inputs(x, case, False)
+
+    def f(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        dx = aten.max_pool2d_with_indices_backward.default(
+            aten.relu.default(g), x, [3, 3], [2, 2], [1, 1], 1, False, i
+        )
+        return aten.threshold_backward.default(dx, x, 0.0)
+
+    compiled = check(f, grad, x, indices, options={"pool_backward": "force"} if force else None)
+    assert compiled.stats.extern_calls == (0 if force else 1)
+    assert not compiled.stats.fallbacks  # a decision, not a lowering that failed

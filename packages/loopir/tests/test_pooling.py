@@ -135,6 +135,7 @@ def test_max_pool2d_backward_gathers(case: Any, dtype: torch.dtype, channels_las
         grad,
         x,
         indices,
+        options={"pool_backward": "force"},  # Note [Overlapping max pooling backward on the CPU]
     )
     assert compiled.stats.extern_calls == 0  # a kernel, not eager's scatter
 
@@ -156,7 +157,7 @@ def test_max_pool2d_backward_extern_when_asked_or_too_many_windows() -> None:
 
     case = ((1, 2, 12, 12), [9, 9], [1, 1], 0, 1, False)
     grad, x, indices = pool_backward_inputs(case[0], case, torch.float32, False)
-    compiled = check(f, grad, x, indices, allow_fallback=True)
+    compiled = check(f, grad, x, indices, allow_fallback=True, options={"pool_backward": "force"})
     assert compiled.stats.extern_calls == 1
     assert "candidate windows" in compiled.stats.fallbacks[0][1]
     small = ((2, 3, 8, 8), [2, 2], [2, 2], 0, 1, False)
@@ -167,3 +168,15 @@ def test_max_pool2d_backward_extern_when_asked_or_too_many_windows() -> None:
 
     off = check(g, grad, x, indices, options={"pool_backward": False})
     assert off.stats.extern_calls == 1
+    # Note [Overlapping max pooling backward on the CPU]: on the CPU a 3x3 stride-2 pool's backward
+    # is eager's scatter by default; 2x2 stride 2 (one candidate window) stays a kernel
+    overlap = ((2, 3, 9, 9), [3, 3], [2, 2], [1, 1], 1, False)
+    grad, x, indices = pool_backward_inputs(overlap[0], overlap, torch.float32, False)
+
+    def h(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices_backward.default(g, x, [3, 3], [2, 2], [1, 1], 1, False, i)
+
+    assert check(h, grad, x, indices).stats.extern_calls == 1
+    assert check(g, *pool_backward_inputs(small[0], small, torch.float32, False)).stats.extern_calls == 0
+    with pytest.raises(ValueError, match="pool_backward"):
+        check(h, grad, x, indices, options={"pool_backward": "sometimes"})

@@ -261,7 +261,7 @@ class GraphLowering:
             ctx = PassContext(self.device, PassOptions(), self.example_inputs, not torch.is_grad_enabled())
             channels_last = channels_last_nodes(gm, ctx)
         self.channels_last: set[torch.fx.Node] = channels_last
-        # aten ops an option sends to eager's kernels (PassContext.extern_ops)
+        # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
@@ -390,7 +390,7 @@ class GraphLowering:
         if lowering is not None and extern:
             log.debug("%s runs as an extern kernel: complex values", node.name)
             lowering = None
-        if lowering is not None and target in self.extern_ops:
+        if lowering is not None and (target in self.extern_ops or node in self.extern_ops):
             log.debug("%s runs as an extern kernel: its lowering is switched off", node.name)
             lowering = None
         result: Any = None

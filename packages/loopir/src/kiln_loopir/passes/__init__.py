@@ -78,8 +78,10 @@ class PassOptions:
     [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
     ``pool_backward``: ``max_pool2d_with_indices_backward`` lowers to a gather kernel that fuses
-    with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py);
-    ``False``: eager's kernel, as an extern call. A decision handed to lowering, as ``view_scatter``.
+    with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py), except
+    on the CPU where windows overlap (Note [Overlapping max pooling backward on the CPU]);
+    ``"force"``: the gather there too; ``False``: eager's kernel, as an extern call, everywhere.
+    A decision handed to lowering, as ``view_scatter``.
     ``pool_values_max``: where nothing reads a ``max_pool2d_with_indices``' indices (inference),
     its values are a plain NaN-propagating maximum over the window, without the index chain (Note
     [Max pooling values without their indices] in lowerings/pooling.py); ``False``: the values
@@ -114,7 +116,7 @@ class PassOptions:
     conv_prepack: bool = False
     linear_pack: bool = False
     view_scatter: bool = True
-    pool_backward: bool = True
+    pool_backward: bool | str = True
     pool_values_max: bool = True
     shape_only_readers: bool = False
     cse: bool = True
@@ -144,7 +146,6 @@ class PassOptions:
             made.linear_pack,
             made.pad_mm_output_copy,
             made.view_scatter,
-            made.pool_backward,
             made.pool_values_max,
             made.shape_only_readers,
             made.cse,
@@ -154,10 +155,12 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " pad_mm_output_copy, view_scatter, pool_backward, pool_values_max, shape_only_readers, cse, far_output_fusion"
+                " pad_mm_output_copy, view_scatter, pool_values_max, shape_only_readers, cse, far_output_fusion"
                 " and var_mean"
                 " are True or False"
             )
+        if made.pool_backward not in (True, False, "force"):
+            raise ValueError(f"pool_backward must be True, False or 'force', not {made.pool_backward!r}")
         if made.pad_mm not in (True, False, "force"):
             raise ValueError(f"pad_mm must be True, False or 'force', not {made.pad_mm!r}")
         if made.attention_dense_mask not in (True, False, "force"):
@@ -290,6 +293,18 @@ def run_passes(
         ctx.note(
             "pool_backward", "off (option pool_backward=False): max_pool2d backward runs as an extern call"
         )
+    elif ctx.options.pool_backward is True and ctx.device.type == "cpu":
+        # Note [Overlapping max pooling backward on the CPU]
+        from ..lowerings.pooling import overlapping_pool_backwards
+
+        for node in overlapping_pool_backwards(gm):
+            ctx.extern_ops.add(node)
+            ctx.note(
+                "pool_backward",
+                "%s: overlapping windows on the CPU run eager's scatter as an extern call"
+                " (pool_backward='force': the gather kernel)",
+                node.name,
+            )
     if not ctx.options.pool_values_max:
         ctx.note(
             "pool_values_max",
