@@ -287,3 +287,33 @@ def test_composite_operators_run_under_the_python_dispatcher_only_with_symbolic_
         with dispatch_for(values):
             assert torch._C._dispatch_tls_is_dispatch_key_included(key) is on, values
     assert not torch._C._dispatch_tls_is_dispatch_key_included(key)
+
+
+# Note [Fused GRU cell] in meta.py: a CUDA-only kernel with no meta kernel. No GPU here, so the
+# stand-in is fake tensors that say "cuda" over meta storage: the dispatch takes the same path
+# (torch's meta kernel missing, kiln's own answers).
+@pytest.mark.parametrize("biased", [False, True])
+def test_fused_gru_cell_on_stand_in_cuda_fakes(biased: bool) -> None:
+    cuda = torch.device("cuda")
+
+    def fake(*shape: int, dtype: torch.dtype = torch.float16) -> FakeTensor:
+        return FakeTensor(torch.empty(shape, dtype=dtype, device="meta"), cuda)
+
+    batch, hidden = 3, 5
+    gates = [fake(batch, 3 * hidden), fake(batch, 3 * hidden)]
+    hx = fake(batch, hidden)
+    bias = [fake(3 * hidden), fake(3 * hidden)] if biased else []
+    with FakeMode():
+        hy, workspace = torch.ops.aten._thnn_fused_gru_cell(*gates, hx, *bias)
+    for t in (hy, workspace):
+        assert isinstance(t, FakeTensor) and t.device == cuda and t.dtype == torch.float16
+    assert tuple(hy.shape) == (batch, hidden) and hy.stride() == (hidden, 1)
+    assert tuple(workspace.shape) == (batch, 5 * hidden) and workspace.is_contiguous()
+
+
+def test_fused_gru_cell_with_mismatched_shapes_raises_a_reason() -> None:
+    cuda = torch.device("cuda")
+    gates = FakeTensor(torch.empty((3, 12), device="meta"), cuda)
+    hx = FakeTensor(torch.empty((3, 5), device="meta"), cuda)
+    with pytest.raises(FakeUnsupported, match="_thnn_fused_gru_cell"), FakeMode():
+        torch.ops.aten._thnn_fused_gru_cell(gates, gates, hx)

@@ -44,6 +44,9 @@ class Reconstructor:
         self.memo: dict[int, str] = {}  # Note [One object, one rebuild]
         self._out_index: dict[torch.fx.Node, int] = {}
         self.needs_globals = False
+        # the runner ends the frame (not a split): the frame's own cells hold their last values
+        # (Note [Functions made in the frame that leave it])
+        self.final = True
 
     def source(self, source: Source) -> str:
         if source.needs_globals():
@@ -76,7 +79,7 @@ class Reconstructor:
 # reconstruction of that tracker is the local.
 def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     from kiln_dynamo.variables.base import MethodVariable
-    from kiln_dynamo.variables.functions import BoundMethodVariable
+    from kiln_dynamo.variables.functions import BoundMethodVariable, NestedFunctionVariable
     from kiln_dynamo.variables.lists import BaseListVariable, IsliceCountVariable, ListIteratorVariable
     from kiln_dynamo.variables.nn_module import ModuleSliceVariable, NewModuleVariable
     from kiln_dynamo.variables.user_defined import NewObjectVariable
@@ -105,6 +108,8 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             children = [vt.obj]
         elif isinstance(vt, BoundMethodVariable):
             children = [vt.fn, vt.obj]
+        elif isinstance(vt, NestedFunctionVariable):  # Note [Functions made in the frame that leave it]
+            children = vt.escape_children()
         for child in children:
             visit(child)
         mutable = isinstance(
@@ -114,7 +119,8 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
             | NewObjectVariable
             | NewModuleVariable
             | ModuleSliceVariable
-            | ListIteratorVariable,
+            | ListIteratorVariable
+            | NestedFunctionVariable,
         ) or (isinstance(vt, SetVariable) and not vt.frozen)
         if mutable and vt.source is None:
             out.append(vt)
@@ -144,6 +150,7 @@ def generate_runner(
     from kiln_dynamo.translator import _GlobalsTarget
 
     cg = Reconstructor(output)
+    cg.final = values is None
     body: list[str] = []
 
     def emit(line: str) -> None:
@@ -164,9 +171,21 @@ def generate_runner(
                 list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
             )
     roots += values if values is not None else [result] if result is not None else []
-    for k, vt in enumerate(_mutables(roots)):
-        emit(f"___m{k} = {vt.reconstruct(cg)}")
-        cg.memo[id(vt)] = f"___m{k}"
+
+    # Note [Module hooks registered in the frame]: the hooks, then their registrations, then the
+    # rest, so that anything rebuilt after them holds the real handles
+    def bind_mutables(vts: list[VariableTracker]) -> None:
+        for vt in _mutables(vts):
+            if id(vt) not in cg.memo:
+                local = f"___m{len(cg.memo)}"
+                emit(f"{local} = {vt.reconstruct(cg)}")
+                cg.memo[id(vt)] = local
+
+    bind_mutables([reg.hook for reg in output.side_effects.module_hooks])
+    for k, reg in enumerate(output.side_effects.module_hooks):
+        emit(f"___h{k} = {reg.replay(cg)}")
+        cg.memo[id(reg.handle)] = f"___h{k}"
+    bind_mutables(roots)
     for target, name, value in output.side_effects.attr_stores:
         val = value.reconstruct(cg)
         if isinstance(target, _GlobalsTarget):

@@ -147,6 +147,26 @@ def _masked_select(device: torch.device, x: torch.Tensor, mask: torch.Tensor) ->
     return torch.empty((count,), dtype=x.dtype, device=torch.device("meta"))
 
 
+# Note [Fused GRU cell]: `nn.GRUCell` (and a GRU step) on CUDA calls `aten::_thnn_fused_gru_cell`,
+# a CUDA-only kernel torch gives no meta kernel, so the frame broke there (the breadth suite's GRU
+# attention decoder on the H200). Its outputs follow from `hx` alone: the new hidden state is
+# `empty_like(hx)` in the legacy contiguous format, and the workspace that its backward reads is
+# (batch, 5 * hidden) in the gates' options (five saved gate values per unit).
+def _fused_gru_cell(
+    device: torch.device,
+    input_gates: torch.Tensor,
+    hidden_gates: torch.Tensor,
+    hx: torch.Tensor,
+    input_bias: torch.Tensor | None = None,
+    hidden_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if hx.dim() != 2 or input_gates.shape != hidden_gates.shape or input_gates.shape[1] != 3 * hx.shape[1]:
+        raise FakeUnsupported("_thnn_fused_gru_cell: unexpected shapes (left to the kernel's own checks)")
+    hy = torch.empty(hx.shape, dtype=hx.dtype, device=hx.device)
+    workspace = input_gates.new_empty((hx.shape[0], 5 * hx.shape[1]))
+    return hy, workspace
+
+
 # "aten::name" -> meta function(device, *args, **kwargs) over meta tensors
 META_FUNCTIONS: dict[str, MetaFunction] = {
     "aten::unique_consecutive": _unique_consecutive,
@@ -156,6 +176,7 @@ META_FUNCTIONS: dict[str, MetaFunction] = {
     "aten::_histogramdd_from_bin_cts": _histogramdd_from_bin_cts,
     "aten::_histogramdd_from_bin_tensors": _histogramdd_from_bin_tensors,
     "aten::linalg_lstsq": _linalg_lstsq,
+    "aten::_thnn_fused_gru_cell": _fused_gru_cell,  # Note [Fused GRU cell]
 }
 
 # data-dependent operators that some arguments still answer: "aten::name" -> function(device,

@@ -37,6 +37,7 @@ from kiln_dynamo.variables.tensor import TensorVariable, fake_arg, graph_arg
 
 if TYPE_CHECKING:
     from kiln_dynamo.translator import InstructionTranslator
+    from kiln_dynamo.variables.module_hooks import ModuleHookRegistration
 
 VT = VariableTracker
 
@@ -50,6 +51,9 @@ class SideEffects:
         # (input tensor, hook) in call order: `t.register_hook(hook)` replayed after the graph
         # (Note [Hooks on input tensors] in variables/tensor.py)
         self.tensor_hooks: list[tuple[VT, VT]] = []
+        # module hook registrations replayed after the graph, in call order (Note [Module hooks
+        # registered in the frame] in variables/module_hooks.py)
+        self.module_hooks: list[ModuleHookRegistration] = []
         # (function, constant arguments) called after the graph, in order: a warning
         # (Note [Warnings replayed after the graph] in variables/diagnostics.py)
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
@@ -78,7 +82,13 @@ class SideEffects:
         return id(container) in self.mutated_containers
 
     def any(self) -> bool:
-        return bool(self.attr_stores or self.mutated_containers or self.tensor_hooks or self.calls)
+        return bool(
+            self.attr_stores
+            or self.mutated_containers
+            or self.tensor_hooks
+            or self.module_hooks
+            or self.calls
+        )
 
 
 class OutputGraph:

@@ -714,6 +714,8 @@ class InstructionTranslator:
             root.generators.append(gen)
             return gen
         result = child.run()
+        for name in code.co_cellvars:  # Note [Functions made in the frame that leave it]
+            cells[name].closed = True  # type: ignore[attr-defined]
         if child.yielded is not None:
             return ListIteratorVariable(child.yielded, "generator")
         return result
@@ -1417,6 +1419,7 @@ def run_root(
             symbolic[name] = vt
     for name in code.co_cellvars:
         cells[name] = CellVariable(symbolic.get(name))
+        cells[name].root_cell = True  # type: ignore[attr-defined]  # Note [Functions made in the frame that leave it]
     tx = InstructionTranslator(output, code, f_globals, f_builtins, symbolic, cells)
     if break_path is not None and len(break_path) > 1:
         output.break_path = break_path

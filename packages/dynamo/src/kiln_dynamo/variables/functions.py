@@ -320,6 +320,102 @@ class NestedFunctionVariable(BaseFunctionVariable):
             self.code, self.f_globals, bound, self.closure, self.describe(), (self, args, kwargs)
         )
 
+    def escape_children(self) -> list[VT]:
+        """What its rebuild reads (Note [Functions made in the frame that leave it])."""
+        return [*self.defaults, *self.kwdefaults.values(), *(c.contents for c in self.closure if c.contents)]
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        # Note [Functions made in the frame that leave it]
+        bound = cg.bound(self)
+        if bound is not None:
+            return bound
+        what = f"{self.describe()}, made in the frame, leaving it"
+        if self.slots or self.fdict is not None:
+            raise Unsupported(f"{what}: it was given attributes")
+        if len(self.closure) != len(self.code.co_freevars):
+            raise Unsupported(f"{what}: closure does not match its free variables")
+        if _writes_free_vars(self.code):
+            raise Unsupported(f"{what}: it rebinds a variable of an enclosing function (nonlocal)")
+        if getattr(self, "_rebuilding", False):
+            raise Unsupported(f"{what}: its closure refers to itself")
+        self._rebuilding = True
+        try:
+            cells = []
+            for name, cell in zip(self.code.co_freevars, self.closure, strict=True):
+                if not (getattr(cell, "closed", False) or (getattr(cell, "root_cell", False) and cg.final)):
+                    raise Unsupported(
+                        f"{what}: its free variable {name!r} belongs to a function still running after "
+                        "the compiled code (its later value would not reach the rebuilt function)"
+                    )
+                cells.append("None" if cell.contents is None else _escaping_value(cell.contents, cg, what))
+            annotations = "None"
+            if self.annotations is not None:
+                flat = self.annotations.items if isinstance(self.annotations, TupleVariable) else None
+                if flat is None or not all(v.is_constant() for v in flat):
+                    raise Unsupported(f"{what}: its annotations are not constants")
+                annotations = cg.const(tuple(v.as_constant() for v in flat))
+            empty = tuple(i for i, c in enumerate(self.closure) if c.contents is None)
+            defaults = "".join(_escaping_value(d, cg, what) + ", " for d in self.defaults)
+            kwdefaults = ", ".join(
+                f"{k!r}: {_escaping_value(v, cg, what)}" for k, v in self.kwdefaults.items()
+            )
+            return (
+                f"{cg.const(make_function)}({cg.const(self.code)}, {cg.const(self.f_globals)}, "
+                f"{self.qualname!r}, ({defaults}), {{{kwdefaults}}}, ({''.join(c + ', ' for c in cells)}), "
+                f"{empty!r}, {annotations})"
+            )
+        finally:
+            self._rebuilding = False
+
+
+# Note [Functions made in the frame that leave it]: a function a `def` or `lambda` made inside
+# the traced frames may leave them (returned, stored, or registered as a module hook: Note
+# [Module hooks registered in the frame]); the runner builds it again from its code, globals,
+# defaults and closure, once (Note [One object, one rebuild]). Its closure is the subtle part:
+# a rebuilt function gets fresh cells holding the values the variables had when the traced code
+# ended, which is what eager's function sees only if nothing writes those variables later. So
+# each cell must belong to a function that returned while tracing: an inlined call (its cells
+# marked `closed` by the inliner when it returns) or the frame itself when the runner ends it
+# (not a split, after which the frame's code goes on); a frame still running after a split, a
+# generator's or a real function's cells are refused. The function must not rebind one
+# (`nonlocal`), and
+# each value must be rebuilt as the same object eager holds: a constant, an object read from
+# outside (its source), or another such function. Anything else stays a clean refusal.
+def _writes_free_vars(code: types.CodeType) -> bool:
+    import dis
+
+    free = set(code.co_freevars)
+    return any(
+        i.opname in ("STORE_DEREF", "DELETE_DEREF") and i.argval in free for i in dis.get_instructions(code)
+    )
+
+
+def _escaping_value(vt: VT, cg: Reconstructor, what: str) -> str:
+    immutable = isinstance(vt, ConstantVariable) or (isinstance(vt, TupleVariable) and vt.is_constant())
+    if immutable or vt.source is not None or isinstance(vt, NestedFunctionVariable):
+        return vt.reconstruct(cg)
+    raise Unsupported(f"{what}: it holds {vt.describe()}, which the runner cannot rebuild as the same object")
+
+
+def make_function(
+    code: types.CodeType,
+    f_globals: dict[str, Any],
+    qualname: str,
+    defaults: tuple[Any, ...],
+    kwdefaults: dict[str, Any],
+    cell_values: tuple[Any, ...],
+    empty: tuple[int, ...],
+    annotations: tuple[Any, ...] | None,
+) -> types.FunctionType:
+    """The function MAKE_FUNCTION would make (Note [Functions made in the frame that leave it])."""
+    closure = tuple(types.CellType() if i in empty else types.CellType(v) for i, v in enumerate(cell_values))
+    fn = types.FunctionType(code, f_globals, code.co_name, defaults or None, closure or None)
+    fn.__qualname__ = qualname
+    fn.__kwdefaults__ = kwdefaults or None
+    if annotations is not None:
+        fn.__annotations__ = dict(zip(annotations[::2], annotations[1::2], strict=True))
+    return fn
+
 
 class BoundMethodVariable(VariableTracker):
     """`obj.method`: a function with its first argument bound."""

@@ -52,7 +52,7 @@ def _mark(tx: Tx) -> _Mark:
     return _Mark(
         len(side.attr_stores),
         len(side.mutated_containers),
-        len(side.tensor_hooks),
+        len(side.tensor_hooks) + len(side.module_hooks),
         len(tx.output.graph.nodes),
         len(side.calls),
     )

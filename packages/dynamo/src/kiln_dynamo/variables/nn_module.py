@@ -24,6 +24,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, DictEntrySource, Source, TypeSource
+from kiln_dynamo.variables import module_hooks
 from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.lists import TupleVariable
 
@@ -184,13 +185,22 @@ class NNModuleVariable(VariableTracker):
             return tx.wrap(d["_buffers"][name], self._entry("_buffers", name))
         if name in d.get("_modules", {}):
             return tx.wrap(d["_modules"][name], self._entry("_modules", name))
+        if name in module_hooks.HOOK_DICTS and module_hooks.has_pending(tx, m):
+            raise Unsupported(
+                f"{name} of {self.describe()} read after a hook registration in the frame "
+                "(Note [Module hooks registered in the frame])"
+            )
         if name in d:
             return tx.wrap(d[name], AttrSource(self.source, name) if self.source is not None else None)
         if name == "__class__":
             return tx.wrap(type(m), TypeSource(self.source) if self.source is not None else None)
-        if name in _HOOK_REGISTRATIONS and inspect.getattr_static(type(m), name, None) is getattr(
-            nn.Module, name
-        ):
+        static = inspect.getattr_static(type(m), name, None)
+        if name in module_hooks.TRACED_REGISTRATIONS and static is getattr(nn.Module, name):
+            if self.source is not None:  # Note [Module hooks registered in the frame]
+                tx.output.guards.no_instance_attr(self.source, name)
+            guard_class_attr(tx, type(m), name, static)
+            return MethodVariable(self, name)
+        if name in _HOOK_REGISTRATIONS and static is getattr(nn.Module, name):
             raise Unsupported(_HOOK_REGISTRATION.format(name=name), advice=_HOOK_REGISTRATION_ADVICE)
         if name in _TRAVERSALS and inspect.getattr_static(type(m), name, None) is getattr(nn.Module, name):
             if self.source is not None:
@@ -290,6 +300,8 @@ class NNModuleVariable(VariableTracker):
             return traverse(tx, self, name, args, kwargs)
         if name == "__call__":
             return self.call(tx, args, kwargs)
+        if name in module_hooks.TRACED_REGISTRATIONS and isinstance(self.getattr(tx, name), MethodVariable):
+            return module_hooks.register(tx, self, name, args, kwargs)
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -324,7 +336,7 @@ class NNModuleVariable(VariableTracker):
         if any(hook_dicts):
             raise Unsupported("global module hooks are registered", advice=_BACKWARD_HOOKS_ADVICE)
         tx.output.guards.empty_dicts(hook_dicts, "no global module hooks are registered")
-        hooked = bool(m._forward_hooks or m._forward_pre_hooks)
+        hooked = bool(m._forward_hooks or m._forward_pre_hooks or module_hooks.has_pending(tx, m))
         if hooked and self.source is None:
             raise Unsupported(f"{self.describe()} has forward hooks but no source to guard them by")
         if self.source is not None:
@@ -351,15 +363,17 @@ class NNModuleVariable(VariableTracker):
     # kwargs) when registered with_kwargs) and may replace the arguments; each forward hook gets
     # (module, args, result) (or with kwargs) and may replace the result. The hook dicts are read
     # through the module's source, so their keys (the handles) and each hook (a function,
-    # pinned with its code) are guarded: adding or removing a hook recompiles. Backward hooks
-    # and torch's global hooks stay unsupported.
-    def _hooks(self, tx: Tx, attr: str) -> tuple[list[tuple[int, VT]], set[int]]:
+    # pinned with its code) are guarded: adding or removing a hook recompiles. Hooks registered
+    # earlier in the frame follow the real ones (Note [Module hooks registered in the frame]).
+    # Backward hooks and torch's global hooks stay unsupported.
+    def _hooks(self, tx: Tx, attr: str) -> tuple[list[tuple[object, VT]], set[object]]:
         assert self.source is not None
         d = getattr(self.module, attr)
         dvt = tx.wrap(d, AttrSource(self.source, attr))
-        with_kwargs = set(getattr(self.module, f"{attr}_with_kwargs"))
+        with_kwargs: set[object] = set(getattr(self.module, f"{attr}_with_kwargs"))
         tx.wrap(getattr(self.module, f"{attr}_with_kwargs"), AttrSource(self.source, f"{attr}_with_kwargs"))
-        return [(k, dvt.getitem(tx, ConstantVariable(k))) for k in d], with_kwargs
+        real: list[tuple[object, VT]] = [(k, dvt.getitem(tx, ConstantVariable(k))) for k in d]
+        return module_hooks.merged(tx, self.module, attr, real, with_kwargs)
 
     def _run_pre_hooks(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> tuple[list[VT], dict[str, VT]]:
         from kiln_dynamo.variables.dicts import DictVariable
@@ -423,26 +437,12 @@ def runs_cudnn_rnn(m: nn.Module) -> bool:
     return any(p.is_cuda for p in m._parameters.values() if p is not None)
 
 
-# Note [Module hooks registered in the frame]: `m.register_forward_hook(hook)` inside the compiled
-# frame (transformers' output-capturing hooks, installed by the model's first call) writes the hook
-# into `m._forward_hooks`, a dict the capture reads from the real module when it inlines a call of
-# `m` (Note [Forward hooks]). Traced as a side effect replayed after the graph, the hook would be
-# missing from the very calls the graph captured after it: a wrong answer. So each registration is
-# one clean break at its call, named here (it used to break deeper, at `RemovableHandle.next_id +=
-# 1`, a class-attribute store that kiln cannot replay); the hook is registered by eager's code and
-# the calls after it, captured again, see and guard it. Registrations are first-call work: from
-# the second call on the frame compiles whole. Deferring the registration to after the graph (a
-# side effect, with a guard that fails next call so the new hook is captured then) is not enough:
-# transformers installs its output-capturing hooks at the start of the first call, and the same
-# call's layers run them (they append to the collector when hidden states or attentions are
-# asked for), so the calls after the registration inside the graph must run the new hook. A sound
-# capture needs the registration as a pending entry of `m._forward_hooks` that the module-call
-# inliner reads (Note [Forward hooks]) and a `RemovableHandle` built after the graph with the id
-# eager gives it (`RemovableHandle.next_id`, a class counter); not done (looked at in capture17).
+# Note [Module hooks registered in the frame] (variables/module_hooks.py): forward hooks and
+# pre-hooks registered in the frame are traced; the registrations below (backward hooks, state-dict
+# hooks) stay one clean break at their call: the hook is registered by eager's code, and the calls
+# after it, captured again, see and guard it.
 _HOOK_REGISTRATIONS = frozenset(
     {
-        "register_forward_hook",
-        "register_forward_pre_hook",
         "register_full_backward_hook",
         "register_full_backward_pre_hook",
         "register_backward_hook",

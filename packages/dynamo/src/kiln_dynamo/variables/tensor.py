@@ -319,6 +319,8 @@ class TensorMethodVariable(VariableTracker):
                 except (RuntimeError, TypeError, ValueError) as e:  # eager raises the same
                     raise Unsupported(f"Tensor.{name}() raised {type(e).__name__}: {e}") from e
         if name == "register_hook" and _hook_on_input(self.tensor, args, kwargs):
+            if tx.output.side_effects.module_hooks:  # Note [Module hooks registered in the frame]
+                raise Unsupported("a tensor hook registered after a module hook in the frame")
             tx.output.side_effects.tensor_hooks.append((self.tensor, args[0]))
             return TensorHookHandleVariable(self.tensor)
         if name == "numpy" and not args and not kwargs:
