@@ -2,7 +2,8 @@
 
 Issue 20 (cpu17): the statistics of a CPU layer norm. Variants: ``new`` (the defaults: loopir's
 ``var_mean`` pass and the C++ generator's ``shifted_welford``), ``old`` (both off: the variance's
-double Welford and a separate float sum for the mean), and the two in between. Timing (the process's CPU time, steadier on a shared machine): the
+double Welford and a separate float sum for the mean), and the two in between; ``lanes8``: the defaults with 8 lanes per row (cpu17c, Note [Lane
+accumulators]). Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
 against a float64 reference, eager's next to each variant's, rows ``offset + randn`` (float32 and
@@ -30,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "old": {"var_mean": False, "cpp_options": {"shifted_welford": False}},
     "var_mean": {"var_mean": True, "cpp_options": {"shifted_welford": False}},
     "shifted": {"var_mean": False, "cpp_options": {"shifted_welford": True}},
+    "lanes8": {"cpp_options": {"reduction_lanes": 8}},
     "new": {},
 }
 

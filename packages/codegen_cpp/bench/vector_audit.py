@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln_bench.models import build, logits_of  # noqa: E402
+from kiln_codegen_cpp import CppOptions  # noqa: E402
 from kiln_codegen_cpp.build import BASE_FLAGS, compiler, flags  # noqa: E402
 
 _KERNEL = re.compile(r'^extern "C" int64_t (\w+)\(')
@@ -41,6 +42,7 @@ _REPORT = re.compile(r":(\d+):\d+: (optimized|missed): (.*)$")
 def _audit(source: Path, march: str | None) -> list[dict[str, Any]]:
     lines = source.read_text().splitlines()
     opt = [f for f in flags() if f not in BASE_FLAGS and f != "-shared"]
+    opt += CppOptions.from_env().compiler_flags()  # KILN_CPP_OPTIONS, as the kernels were built
     if march:
         opt = [f for f in opt if not f.startswith("-march=")] + [f"-march={march}"]
     base = [f for f in BASE_FLAGS if f not in ("-shared", "-fPIC")]

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from cpp_check import In, aten, check, graph_of, make
+from cpp_check import In, aten, check, eager, graph_of, make
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
-from kiln_loopir.testing import downcast_mul_sum, mul_sum, with_vals
+from kiln_loopir.testing import assert_outputs, downcast_mul_sum, mul_sum, with_vals
 
 DIM_SETS = [list(c) for r in (1, 2, 3) for c in itertools.combinations(range(3), r)]
 
@@ -404,3 +404,45 @@ def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
     assert err <= 1.05 * eager_err + 1e-7, (err, eager_err)
     mean_err = (got[1].double() - x.double().mean(1, keepdim=True)).abs().max().item()
     assert mean_err <= 1e-6 * (1 + offset), mean_err
+
+
+@pytest.mark.parametrize("lanes", [8, 16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(6, 300), (3, 257), (2, 70001), (131075,)], ids=str)
+def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    """Note [More lanes on long rows]: rows of at least WIDE_LANES_MIN_ROW take
+    ``reduction_lanes`` lanes (with a tail into the low lanes, a split into chunks for few
+    outputs or one), except a kernel with a float32 Welford of shifted blocks; every kind of
+    reduction matches eager, with the same bits whatever the thread count."""
+    x = make(shape, dtype, low=-1.5, high=1.5)
+    sweeps = {
+        "lanes": [
+            (aten.sum.dim_IntList, (In(0), [-1]), {}),
+            (aten.amax.default, (In(0), [-1]), {}),
+            (aten.amin.default, (In(0), [-1]), {}),
+            (aten.argmax.default, (In(0), -1), {}),
+            (aten.argmin.default, (In(0), -1), {}),
+            (aten._softmax.default, (In(0), -1, False), {}),
+        ],
+        "welford": [(aten.var_mean.correction, (In(0), [-1]), {"correction": 0})],
+    }
+    for kind, calls in sweeps.items():
+        gm = graph_of(calls, 1)
+        expected = eager(gm, x)
+        backend = CppBackend(options={"reduction_lanes": lanes})
+        compiled = compile_graph(gm, [x], backend=backend)
+        want = 8 if kind == "welford" else lanes  # a half type's statistic is a float32 one
+        assert f"for (int l = 0; l < {want}; ++l)" in backend.last_source
+        assert want == 8 or "for (int l = 0; l < 8; ++l)" not in backend.last_source
+        results = []
+        for threads in (1, 2):
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                results.append(compiled(x))
+            finally:
+                torch.set_num_threads(before)
+            assert_outputs(results[-1], expected, None, 4.0 if dtype == torch.bfloat16 else 1.0)
+        flat = [torch.utils._pytree.tree_leaves(r) for r in results]
+        for one, two in zip(*flat, strict=True):  # the same bits at any thread count
+            assert torch.equal(one, two)

@@ -21,6 +21,19 @@ loop into AVX registers (sum, max, argmax and Welford alike) and, because the co
 depends only on the sizes, results do not depend on the number of threads: threads only ever
 split the outer loops, or (``split_r``) fixed chunks of a full reduction combined in order.
 
+Note [More lanes on long rows]: a lane's accumulator is one dependency chain (an add or a
+max-and-blend per step, ~4-6 cycles), so 8 lanes in one vector run a row at one vector per chain
+latency, not at the load rate. A row reduction whose innermost reduced loop is static and at least
+``WIDE_LANES_MIN_ROW`` long takes ``CppOptions.reduction_lanes`` (default 16) lanes instead: the
+lane loop of 16 is two vectors, two independent chains, combined in lane order at the end (still
+independent of the thread count). cpu17c, one thread, 256 rows of 768 (``bench/minmax_ab.py --old
+reduction_lanes=8``): amax 27.7 -> 23.5 us, sum 16.2 -> 15.0, softmax 162 -> 154; bfloat16 amax
+43.9 -> 32.6, softmax 309 -> 193. Not in a kernel with a float32 Welford of shifted blocks (Note
+[Shifted Welford blocks]): float32 layer norm ran slower with 16 lanes (``bench/layer_norm_ab.py``:
+85.8 -> 92.6 us at 768), so such a kernel keeps 8 lanes (a bfloat16 layer norm, whose
+statistic is such a float32 one, ran 278 -> 151 us with 16: the cause is not found yet). The
+decision is logged under ``output_code``.
+
 Note [Why scalar C++ and omp simd]: kernels are scalar C++ over float/double with
 ``#pragma omp simd`` on the innermost loop; GCC vectorizes them at ``-O3 -march=native`` (AVX2
 here) and, because prelude.py declares the math functions ``omp declare simd``, calls glibc's
@@ -142,6 +155,9 @@ from .parallel import (
 log = logging.getLogger("kiln.codegen_cpp.output_code")
 
 LANES = 8
+# a row reduction whose innermost reduced loop is at least this long takes
+# CppOptions.reduction_lanes lanes (Note [More lanes on long rows])
+WIDE_LANES_MIN_ROW = 256
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
 
@@ -251,6 +267,7 @@ class RPhase:
     # (ctype, name) of the Welford accumulators updated per element by welford_add, which reads
     # ``winv`` (Note [Welford reciprocal])
     welford_adds: list[tuple[str, str]] = field(default_factory=list)
+    shifted: bool = False  # a Welford statistic of shifted blocks (Note [More lanes on long rows])
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +452,7 @@ class KernelBuilder(OpsHandlerBase):
         self.loop_names = frozenset(str(v) for v in self.ranges)
         self.nx = math.prod(self.xsizes)
         self.nr = math.prod(self.rsizes)
+        self.lanes = LANES  # decided at render time, when the accumulators are known
         flat_x = linear_index(self.xvars, contiguous_strides([sympy.sympify(s) for s in self.xsizes]))
         flat_r = linear_index(self.rvars, contiguous_strides([sympy.sympify(s) for s in self.rsizes]))
         if self.symbolic:
@@ -856,6 +874,7 @@ class KernelBuilder(OpsHandlerBase):
                 # bench/layer_norm_ab.py at one thread, 256 rows of 768: forward 86 -> 79 us
                 # (old -> new, CPU time), error at 1000 + randn 7.9e-4 -> 1.3e-4 (eager 3.3e-4).
                 sums = "float" if self.options.shifted_welford_float else "double"
+                phase.shifted = True
                 for part, ctype in (("k", "float"), ("s1", sums), ("s2", sums), ("n", "float")):
                     phase.pre.append(f"{ctype} {acc}_b{part}[KL] = {{}};")
                 phase.folds.append(
@@ -881,7 +900,7 @@ class KernelBuilder(OpsHandlerBase):
             )
             phase.combine.append(f"{t} {acc}_fmean = 0, {acc}_fm2 = 0, {acc}_fw = 0;")
             phase.combine.append(
-                f"for (int l = 0; l < {LANES}; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
+                f"for (int l = 0; l < KL; ++l) kiln::welford_merge({acc}_fmean, {acc}_fm2, {acc}_fw, "
                 f"{acc}_mean[l], {acc}_m2[l], {acc}_w[l]);"
             )
             phase.combine.append(f"if ({acc}_fw == 0) {acc}_fmean = {nan};")
@@ -909,7 +928,7 @@ class KernelBuilder(OpsHandlerBase):
             phase.pick.append(f"{t} {acc}_fv = {acc}[l]; int64_t {acc}_f = {acc}_i[l];")
             phase.combine.append(f"{t} {acc}_fv = {acc}[0]; int64_t {acc}_f = {acc}_i[0];")
             merge = f"kiln::{fn}_merge({acc}_fv, {acc}_f, {acc}[l], {acc}_i[l]);"
-            phase.combine.append(f"for (int l = 1; l < {LANES}; ++l) {merge}")
+            phase.combine.append(f"for (int l = 1; l < KL; ++l) {merge}")
             phase.accumulators.append((reduction_type, t, acc))
             return CppValue(f"{acc}_f", torch.int64)
         t = compute_type(dtype)
@@ -966,7 +985,7 @@ class KernelBuilder(OpsHandlerBase):
         phase.pick.append(f"{t} {acc}_f = {acc}[l];")
         phase.combine.append(f"{t} {acc}_f = {acc}[0];")
         phase.combine.append(
-            f"for (int l = 1; l < {LANES}; ++l) {acc}_f = {fmt.format(a=f'{acc}_f', b=f'{acc}[l]')};"
+            f"for (int l = 1; l < KL; ++l) {acc}_f = {fmt.format(a=f'{acc}_f', b=f'{acc}[l]')};"
         )
         phase.accumulators.append((reduction_type, t, acc))
         result = f"static_cast<float>({acc}_f)" if wide else f"{acc}_f"
@@ -979,6 +998,7 @@ class KernelBuilder(OpsHandlerBase):
     # ------------------------------------------------------------------------------ render
 
     def _render(self, sections: list[XSection | RPhase]) -> Kernel:
+        self.lanes = self._lanes(sections)
         elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
         scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
 
@@ -1476,10 +1496,22 @@ class KernelBuilder(OpsHandlerBase):
         best = max(enumerate(loops), key=score)[0]
         return [*loops[:best], *loops[best + 1 :], loops[best]]
 
+    def _lanes(self, sections: list[XSection | RPhase]) -> int:
+        """Note [More lanes on long rows]: the lanes of this kernel's row reductions."""
+        inner = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        want = self.options.reduction_lanes
+        if want == LANES or not inner or not isinstance(inner[-1], int) or inner[-1] < WIDE_LANES_MIN_ROW:
+            return LANES
+        if any(isinstance(s, RPhase) and s.shifted for s in sections):
+            log.debug("%s: %d lanes (a Welford of shifted blocks)", self.name, LANES)
+            return LANES
+        log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
+        return want
+
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
-        lines = [p.replace("KL", str(LANES)) for p in phase.pre]
+        lines = [p.replace("KL", str(self.lanes)) for p in phase.pre]
         lines.extend(self._render_rloops(phase, clean, None))
-        lines.extend(phase.combine)
+        lines.extend(c.replace("KL", str(self.lanes)) for c in phase.combine)
         lines.extend(clean(phase.post))
         return lines
 
@@ -1510,18 +1542,20 @@ class KernelBuilder(OpsHandlerBase):
             var, size = loops[-1]
             if chunk is not None and len(loops) == 1:
                 lo, hi = chunk
-                lines.append(f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {LANES}) * {LANES};")
+                lines.append(
+                    f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {self.lanes}) * {self.lanes};"
+                )
                 start, main_end, end = lo, "rmain", hi
                 has_main = has_tail = True
             elif not isinstance(size, int):  # a run-time length: lanes, then a scalar tail
                 n = index_to_cpp(size)
-                start, main_end, end = "INT64_C(0)", f"({n} / {LANES} * {LANES})", n
+                start, main_end, end = "INT64_C(0)", f"({n} / {self.lanes} * {self.lanes})", n
                 has_main = has_tail = True
             else:
-                main = size - size % LANES
+                main = size - size % self.lanes
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
-                has_main, has_tail = bool(main), bool(size % LANES)
-            fold = [f"for (int l = 0; l < {LANES}; ++l) {{ {f} }}" for f in phase.folds]
+                has_main, has_tail = bool(main), bool(size % self.lanes)
+            fold = [f"for (int l = 0; l < {self.lanes}; ++l) {{ {f} }}" for f in phase.folds]
             if has_main:
                 inner = pad
                 origin = start
@@ -1535,12 +1569,12 @@ class KernelBuilder(OpsHandlerBase):
                     start, stop, inner = "rbo", "rbe", pad + "  "
                 else:
                     stop = main_end
-                lines.append(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {LANES}) {{")
-                # one loop: every lane has seen (rb - origin) / LANES elements before this one
-                uniform = self._winv(phase, f"(rb - {origin}) / {LANES} + 1") if len(loops) == 1 else []
+                lines.append(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {self.lanes}) {{")
+                # one loop: every lane has seen (rb - origin) / self.lanes elements before this one
+                uniform = self._winv(phase, f"(rb - {origin}) / {self.lanes} + 1") if len(loops) == 1 else []
                 lines.extend(f"{inner}  {w}" for w in uniform)
                 lines.append(f"{inner}  #pragma omp simd")
-                lines.append(f"{inner}  for (int l = 0; l < {LANES}; ++l) {{")
+                lines.append(f"{inner}  for (int l = 0; l < {self.lanes}; ++l) {{")
                 lines.append(f"{inner}    const int64_t {var} = rb + l;")
                 lines.extend(f"{inner}    {w}" for w in ([] if uniform else lane_winv))
                 lines.extend(f"{inner}    {b}" for b in body)
@@ -1586,12 +1620,12 @@ class KernelBuilder(OpsHandlerBase):
         if self.nx != 1:
             if not self.options.split_reductions or self._column_mode(sections):
                 return None
-            return split_chunks(self.nx, self.nx * self.nr, first, LANES if len(loops) == 1 else 1)
+            return split_chunks(self.nx, self.nx * self.nr, first, self.lanes if len(loops) == 1 else 1)
         if self.nr < SPLIT_R_MIN:
             return None
         chunk = max(1, SPLIT_R_CHUNK // inner)
         if len(loops) == 1:
-            chunk = max(LANES, chunk - chunk % LANES)
+            chunk = max(self.lanes, chunk - chunk % self.lanes)
         chunks = -(-first // chunk)
         while chunks > 1024:
             chunk *= 2
@@ -1624,7 +1658,7 @@ class KernelBuilder(OpsHandlerBase):
         for kind, t, acc in phase.accumulators:
             for suffix in parts.get(kind, ("",)):
                 ctype = "int64_t" if suffix == "_i" else t
-                lines.append(f"{ctype} {acc}{suffix}_part[{slots}][{LANES}];")
+                lines.append(f"{ctype} {acc}{suffix}_part[{slots}][{self.lanes}];")
         if par:
             self.plan = ParallelPlan(
                 "split", len(xs) + 1, slots, cap_for(slots, self.weighted, self.options.min_work_per_thread)
@@ -1641,12 +1675,12 @@ class KernelBuilder(OpsHandlerBase):
             lines.append(f"{pad}  {flat}")
         lines.append(f"{pad}  const int64_t lo = c * {chunk};")
         lines.append(f"{pad}  const int64_t hi = std::min<int64_t>(lo + {chunk}, INT64_C({first}));")
-        lines.extend(f"{pad}  " + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.extend(f"{pad}  " + p.replace("KL", str(self.lanes)) for p in phase.pre)
         lines.extend(f"{pad}  " + b for b in self._render_rloops(phase, clean, ("lo", "hi")))
         for kind, _, acc in phase.accumulators:
             for suffix in parts.get(kind, ("",)):
                 lines.append(
-                    f"{pad}  for (int l = 0; l < {LANES}; ++l) {acc}{suffix}_part[{slot}][l] = {acc}{suffix}[l];"
+                    f"{pad}  for (int l = 0; l < {self.lanes}; ++l) {acc}{suffix}_part[{slot}][l] = {acc}{suffix}[l];"
                 )
         lines.append(f"{pad}}}")
         for d in range(len(xs) - 1, -1, -1):
@@ -1656,14 +1690,14 @@ class KernelBuilder(OpsHandlerBase):
             lines.append("  " * d + self._loop(var, size) + " {")
         if xs:
             lines.append(f"{pad}{flat}")
-        lines.extend(pad + p.replace("KL", str(LANES)) for p in phase.pre)
+        lines.extend(pad + p.replace("KL", str(self.lanes)) for p in phase.pre)
         lines.append(f"{pad}for (int64_t c = 0; c < INT64_C({chunks}); ++c) {{")
-        lines.append(f"{pad}  for (int l = 0; l < {LANES}; ++l) {{")
+        lines.append(f"{pad}  for (int l = 0; l < {self.lanes}; ++l) {{")
         for kind, _, acc in phase.accumulators:
             lines.append(f"{pad}    " + _PARTIAL_MERGE[kind].format(a=acc, s=slot))
         lines.append(f"{pad}  }}")
         lines.append(f"{pad}}}")
-        lines.extend(pad + c for c in phase.combine)
+        lines.extend(pad + c.replace("KL", str(self.lanes)) for c in phase.combine)
         lines.extend(pad + c for c in clean(phase.post))
         for section in sections[1:]:
             assert isinstance(section, XSection)

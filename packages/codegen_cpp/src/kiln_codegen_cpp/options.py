@@ -47,6 +47,12 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   kernel.py); off: a double Welford update per element, as before. ``shifted_welford_float``:
   the block's shifted sums in float instead of double (faster, less accurate on centred rows:
   the Note).
+* ``select_minmax``: ``maximum``/``minimum`` and the max/min reductions' combines are two
+  selects (an ordered compare, then the NaN), not one select on ``a > b || a != a`` (Note
+  [Maximum and minimum as two selects] in prelude.py); off: the old spelling (``-DKILN_MINMAX_OR``).
+* ``reduction_lanes``: 8, 16 (default) or 32 lanes per row reduction whose innermost reduced
+  loop is static and at least 256 long, except a kernel with a Welford of shifted blocks (Note
+  [More lanes on long rows] in kernel.py); 8: the old single vector of lanes.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -73,6 +79,7 @@ from .parallel import MIN_WORK_PER_THREAD, PARALLEL_GRAIN
 
 ENV = "KILN_CPP_OPTIONS"
 VECTOR_WIDTHS = (0, 128, 256, 512)
+REDUCTION_LANES = (8, 16, 32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +97,18 @@ class CppOptions:
     hoist_reductions: bool = False
     shifted_welford: bool = True
     shifted_welford_float: bool = False
+    select_minmax: bool = True
+    reduction_lanes: int = 16
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
             raise ValueError(f"vector_width must be one of {VECTOR_WIDTHS}, not {self.vector_width!r}")
+        if self.reduction_lanes not in REDUCTION_LANES:
+            raise ValueError(
+                f"reduction_lanes must be one of {REDUCTION_LANES}, not {self.reduction_lanes!r}"
+            )
         for name in ("parallel_grain", "min_work_per_thread"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
@@ -103,7 +116,10 @@ class CppOptions:
 
     def compiler_flags(self) -> tuple[str, ...]:
         """Flags these options add to the compiler's command line (and to the cache key)."""
-        return (f"-mprefer-vector-width={self.vector_width}",) if self.vector_width else ()
+        out: tuple[str, ...] = (f"-mprefer-vector-width={self.vector_width}",) if self.vector_width else ()
+        if not self.select_minmax:  # Note [Maximum and minimum as two selects] in prelude.py
+            out += ("-DKILN_MINMAX_OR",)
+        return out
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | CppOptions | None) -> CppOptions:
@@ -135,4 +151,4 @@ class CppOptions:
         return CppOptions(**values)
 
 
-_INT_FIELDS = frozenset({"vector_width", "parallel_grain", "min_work_per_thread"})
+_INT_FIELDS = frozenset({"vector_width", "reduction_lanes", "parallel_grain", "min_work_per_thread"})

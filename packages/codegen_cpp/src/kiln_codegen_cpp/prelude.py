@@ -108,8 +108,27 @@ template <float (*To)(uint16_t), uint16_t (*From)(float)> static inline float ne
 static inline float nextafter_bf16(float a, float b) { return nextafter16<bf16_to_float, float_to_bf16>(a, b); }
 static inline float nextafter_fp16(float a, float b) { return nextafter16<fp16_to_float, float_to_fp16>(a, b); }
 
+// Note [Maximum and minimum as two selects]: NaN in either operand wins and of equal values
+// (-0.0 and 0.0) the second is kept, as eager's vectorized CPU kernels do (its scalar tail keeps
+// the first: eager's own sign of a zero tie depends on the position). Spelled as one select
+// on an or'ed condition, GCC 12 turns `a > b || a != a` into a branch on the data in scalar
+// loops (mispredicted at every new maximum) and left some loops scalar; as two selects, the
+// ordered compare first, it is a maxps/minps and a blend on an unordered compare (the max-pool
+// finding, Note [Max pooling values without their indices] in kiln_loopir). The same for the
+// reductions' combines below. CppOptions.select_minmax (off: -DKILN_MINMAX_OR, the old form).
+#if defined(KILN_MINMAX_OR)
 template <typename T> static inline T maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+#else
+template <typename T> static inline T maximum(T a, T b) {
+  const T bigger = a > b ? a : b;
+  return a != a ? a : bigger;
+}
+template <typename T> static inline T minimum(T a, T b) {
+  const T smaller = a < b ? a : b;
+  return a != a ? a : smaller;
+}
+#endif
 template <typename T> static inline T relu(T a) { return a < T(0) ? T(0) : a; }
 // relu of a float in integer bits: it clears the value when it is below zero (not -0.0, not a
 // NaN). Written as a select, GCC 12 pushes a later isnan() through it into a select of booleans
@@ -203,8 +222,9 @@ template <typename T> static inline T erfinv(T y) {
 }
 
 // reduction combines; NaN wins for max/min (as eager), the first index wins ties for arg*.
-template <typename T> static inline T red_max(T acc, T v) { return (v > acc || v != v) ? v : acc; }
-template <typename T> static inline T red_min(T acc, T v) { return (v < acc || v != v) ? v : acc; }
+// (Note [Maximum and minimum as two selects]: the same as maximum(v, acc))
+template <typename T> static inline T red_max(T acc, T v) { return maximum(v, acc); }
+template <typename T> static inline T red_min(T acc, T v) { return minimum(v, acc); }
 template <typename T> static inline void arg_max(T& acc, int64_t& idx, T v, int64_t i) {
   if (acc != acc) return;
   if (v > acc || v != v) { acc = v; idx = i; }
