@@ -5,6 +5,13 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Seventeenth session: call13/call14/call15 (host time: call_overhead.py's reduce-overhead rows had timed the plain
+#   wrapper, fixed; kiln's host time per call is half of torch.compile's or less), call16 and call17 (deferred
+#   kernel loads: compile time; the T5 reorder did not fire) (results/2026-12-04-h200-s17-*). Next: call18 FIRST
+#   (the CUDA-graph runner's fresh pool on re-recording: test_cudagraphs.py failed 3 cases on CUDA before the fix;
+#   pool_values_max on the conv nets), then call2 (the whole suite after this session: overlap_compile,
+#   reorder_reductions, pool_values_max, hooks traced in the frame), call4c (fp32 training: compile time
+#   against torch.compile with the deferred loads), call10 over all 121 (PROCS=8), call3c (ablation).
 # Sixteenth session: call10 (LeViT, DeBERTa), call9 (T5's math SDPA: its position bias's last stride), call11 (T5's
 #   dense mask), call4c (fp32 training), call2 (bf16 inference, profiled), two bandwidth sweeps and call12
 #   (results/2026-12-04-h200-s16-*). Next: call4 (bf16 training, not run since the thirteenth), call3c
