@@ -5,8 +5,9 @@ A module seen by the capture stays a real object: reading `self.weight` looks in
 and wraps what it finds with a source that goes through the same dict (`L['self']._parameters
 ['weight']`), so the guard and the runner skip Module.__getattr__. Parameters and buffers become
 graph inputs; plain attributes become guarded constants; `training` is guarded when read.
-Calling a module inlines `type(m).forward` (the module must have no forward hooks, and a guard
-says so). Containers: Sequential and ModuleList index, slice, iterate and len; ModuleDict keys,
+Calling a module inlines `type(m).forward` with its forward hooks and pre-hooks around it (Note
+[Forward hooks]; the hook dicts are guarded, and hooks registered earlier in the same frame run
+too: Note [Module hooks registered in the frame] in module_hooks.py). Containers: Sequential and ModuleList index, slice, iterate and len; ModuleDict keys,
 values, items and subscripts.
 
 Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed after the graph.
