@@ -92,6 +92,12 @@ def timing(rows: int, n: int, calls: int, repeats: int, backward: bool) -> dict[
     for f in fns.values():
         for _ in range(3):
             step(f)
+    return interleaved_us(fns, step, calls, repeats)
+
+
+def interleaved_us(fns: dict[str, Any], step: Any, calls: int, repeats: int) -> dict[str, float]:
+    """CPU µs per call of `step(f)` for each of `fns`, the variants interleaved (A B C A B C ...),
+    median of `repeats` rounds of `calls` calls (also minmax_ab.py's clock)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, f in fns.items():

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,9 @@ os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-minmax-ab-
 import torch
 
 import kiln
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from layer_norm_ab import interleaved_us
 
 F = torch.nn.functional
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {
@@ -61,14 +63,7 @@ def timing(
     want = fn(x, y)
     for f in fns.values():
         torch.testing.assert_close(f(x, y), want, rtol=1e-4, atol=1e-4)  # a sanity check
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
-            t0 = time.process_time()
-            for _ in range(calls):
-                f(x, y)
-            times[name].append((time.process_time() - t0) / calls * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved_us(fns, lambda f: f(x, y), calls, repeats)
 
 
 def main() -> None:
