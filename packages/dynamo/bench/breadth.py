@@ -234,11 +234,24 @@ def _torch_counts(name: str, mode: str) -> tuple[int, int]:
         torch._dynamo.reset()
 
 
+def _option(argv: list[str], name: str) -> str | None:
+    """`--name=value` or `--name value` (the last one given); None when absent."""
+    found = None
+    for i, a in enumerate(argv):
+        if a.startswith(name + "="):
+            found = a.split("=", 1)[1]
+        elif a == name:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise SystemExit(f"{name} needs a value")
+            found = argv[i + 1]
+    return found
+
+
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
-    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--only=")), None)
-    modes = next((a.split("=", 1)[1] for a in argv if a.startswith("--modes=")), ",".join(MODES)).split(",")
-    out = next((a.split("=", 1)[1] for a in argv if a.startswith("--json=")), None)
+    only = _option(argv, "--only")
+    modes = (_option(argv, "--modes") or ",".join(MODES)).split(",")
+    out = _option(argv, "--json")
     names = only.split(",") if only else list(MODELS)
     rows = []
     for name in names:

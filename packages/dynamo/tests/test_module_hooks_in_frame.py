@@ -6,6 +6,7 @@ real one with eager's id, and the next call captures the hook as an ordinary one
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import torch
@@ -233,3 +234,89 @@ def test_a_function_that_rebinds_a_closure_variable_is_not_rebuilt() -> None:
     bump, _ = report.result
     assert (bump(), bump()) == (1, 2)  # the real closure (the frame ran as Python)
     assert any("nonlocal" in str(r) for r in report.break_reasons), report.break_reasons
+
+
+# --- transformers' double-checked installation under a lock (Note [Effects under a lock
+# replayed under it] in variables/locks.py) ---------------------------------------------------
+
+INSTALL_LOCK = threading.Lock()
+
+
+def maybe_install(model: nn.Module) -> None:
+    if getattr(model, "installed", False):
+        return
+    with INSTALL_LOCK:
+        if getattr(model, "installed", False):
+            return
+        install_all(model)
+
+
+class LockedCapturing(Capturing):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        maybe_install(self)
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_hooks_installed_under_a_lock_are_registered_under_it() -> None:
+    torch.manual_seed(0)
+    eager = LockedCapturing()
+    model = copy.deepcopy(eager)
+    report = kiln_dynamo.explain(copy.deepcopy(eager))(torch.randn(2, 4))
+    assert (report.graph_count, report.graph_break_count) == (1, 0), report.break_reasons
+    kiln_dynamo.reset()
+    backend = _compare(eager, model, lambda m: m, torch.randn(2, 4), calls=3)
+    assert backend.graphs == 2 and counters.recompiles == 1
+    assert not INSTALL_LOCK.locked()
+
+
+class InstallsMeanwhile(CountingBackend):
+    """Stands for another thread that installs the hooks while the frame is being compiled."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if self.graphs == 0:
+            with INSTALL_LOCK:
+                install_all(self.model)
+        return super().__call__(gm, example_inputs)
+
+
+def test_state_changed_under_the_lock_while_capturing_runs_the_frame_as_python() -> None:
+    torch.manual_seed(0)
+    eager, model = LockedCapturing(), LockedCapturing()
+    model.load_state_dict(eager.state_dict())
+    install_all(eager)  # what eager sees: the hooks installed by the other thread
+    x = torch.randn(2, 4)
+    compiled = kiln_dynamo.compile(model, backend=InstallsMeanwhile(model))
+    for _ in range(2):
+        COLLECT.clear()
+        expected = eager(x)
+        seen = list(COLLECT)
+        COLLECT.clear()
+        torch.testing.assert_close(compiled(x), expected)
+        assert [k for k, _ in COLLECT] == [k for k, _ in seen]
+        assert _hook_state(model) == _hook_state(eager)  # one set of hooks, not two
+    assert not INSTALL_LOCK.locked()
+
+
+def test_another_thread_installing_first_is_seen() -> None:
+    """Whichever thread takes the lock first installs; the other sees the hooks (its guard fails,
+    with or without the lock held)."""
+    torch.manual_seed(0)
+    eager = LockedCapturing()
+    models = [copy.deepcopy(eager) for _ in range(2)]
+    x = torch.randn(2, 4)
+    compiled = kiln_dynamo.compile(lambda m, t: m(t), backend=CountingBackend())
+    compiled(models[0], x)  # captures the installing path
+    COLLECT.clear()
+    other = models[1]
+    with INSTALL_LOCK:
+        worker = threading.Thread(target=compiled, args=(other, x))
+        worker.start()  # waits at the lock (in the guard) or runs after it
+        install_all(other)
+    worker.join()
+    assert _hook_state(other) == _hook_state(models[0])
+    assert [k for k, _ in COLLECT] == ["a", "b"]  # the worker's call ran the installed hooks once
+    assert not INSTALL_LOCK.locked()

@@ -26,6 +26,7 @@ from kiln_dynamo.inference import set_trace_inference_mode
 from kiln_dynamo.logs import configure_artifacts
 from kiln_dynamo.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 from kiln_dynamo.unbacked import graph_unbacked_env, same_unbacked, unbacked_sizes
+from kiln_dynamo.variables.locks import set_replay_under_locks
 from kiln_dynamo.variables.torch import set_torch_fast_paths
 
 __version__ = "0.1.0"
@@ -58,6 +59,7 @@ __all__ = [
     "same_unbacked",
     "set_c_guards",
     "set_guard_memo",
+    "set_replay_under_locks",
     "set_torch_fast_paths",
     "set_trace_inference_mode",
     "unbacked_sizes",

@@ -130,6 +130,9 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
     return out
 
 
+_RELEASE = "# the lock is released here"
+
+
 @dataclass(slots=True)
 class RunnerSpec:
     source: str
@@ -160,17 +163,41 @@ def generate_runner(
     args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
     graph_call_at = len(body) + len(cg.ctx.stmts)
     emit(f"___o = ___compiled({args})")
-    roots = [v for _, _, v in output.side_effects.attr_stores]
-    for vt in output.side_effects.mutated_containers.values():
-        if isinstance(vt, OutsideIteratorVariable):
-            continue  # advanced in place below: nothing of it is rebuilt
-        if isinstance(vt, ListVariable) and vt.unread:
-            roots += vt.appended
-        else:
-            roots += (
-                list(vt.items.values()) if isinstance(vt, DictVariable) else list(getattr(vt, "items", []))
-            )
-    roots += values if values is not None else [result] if result is not None else []
+    side = output.side_effects
+    held = side.held_lock
+    containers = list(side.mutated_containers.values())
+    # Note [Effects under a lock replayed under it]: each effect log up to the block's exit is
+    # replayed while the lock is held, the rest after it is released
+    cuts = (
+        [
+            (0, 0, 0, 0, 0),
+            (held.module_hooks, held.attr_stores, held.calls, held.containers, held.tensor_hooks),
+        ]
+        if held is not None
+        else [(0, 0, 0, 0, 0)]
+    )
+    ends = (
+        len(side.module_hooks),
+        len(side.attr_stores),
+        len(side.calls),
+        len(containers),
+        len(side.tensor_hooks),
+    )
+
+    def container_roots(vts: list[VariableTracker]) -> list[VariableTracker]:
+        roots: list[VariableTracker] = []
+        for vt in vts:
+            if isinstance(vt, OutsideIteratorVariable):
+                continue  # advanced in place below: nothing of it is rebuilt
+            if isinstance(vt, ListVariable) and vt.unread:
+                roots += vt.appended
+            else:
+                roots += (
+                    list(vt.items.values())
+                    if isinstance(vt, DictVariable)
+                    else list(getattr(vt, "items", []))
+                )
+        return roots
 
     # Note [Module hooks registered in the frame]: the hooks, then their registrations, then the
     # rest, so that anything rebuilt after them holds the real handles
@@ -181,43 +208,53 @@ def generate_runner(
                 emit(f"{local} = {vt.reconstruct(cg)}")
                 cg.memo[id(vt)] = local
 
-    bind_mutables([reg.hook for reg in output.side_effects.module_hooks])
-    for k, reg in enumerate(output.side_effects.module_hooks):
-        emit(f"___h{k} = {reg.replay(cg)}")
-        cg.memo[id(reg.handle)] = f"___h{k}"
-    bind_mutables(roots)
-    for target, name, value in output.side_effects.attr_stores:
-        val = value.reconstruct(cg)
-        if isinstance(target, _GlobalsTarget):
-            if target.is_root:
-                cg.needs_globals = True
-                emit(f"G[{name!r}] = {val}")
+    bind_mutables([reg.hook for reg in side.module_hooks])
+    for part, lo in enumerate(cuts):
+        hi = cuts[part + 1] if part + 1 < len(cuts) else ends
+        for k in range(lo[0], hi[0]):
+            reg = side.module_hooks[k]
+            emit(f"___h{k} = {reg.replay(cg)}")
+            cg.memo[id(reg.handle)] = f"___h{k}"
+        stores = side.attr_stores[lo[1] : hi[1]]
+        changed = containers[lo[3] : hi[3]]
+        roots = [v for _, _, v in stores] + container_roots(changed)
+        if part == len(cuts) - 1:
+            roots += values if values is not None else [result] if result is not None else []
+        bind_mutables(roots)
+        for target, name, value in stores:
+            val = value.reconstruct(cg)
+            if isinstance(target, _GlobalsTarget):
+                if target.is_root:
+                    cg.needs_globals = True
+                    emit(f"G[{name!r}] = {val}")
+                else:
+                    emit(f"{cg.const(target.f_globals)}[{name!r}] = {val}")
             else:
-                emit(f"{cg.const(target.f_globals)}[{name!r}] = {val}")
-        else:
-            if target.source is None:
-                raise Unsupported("attribute store on an object without a source")
-            emit(f"{cg.const(target.replay_store())}({cg.source(target.source)}, {name!r}, {val})")
-    for fn, fn_args in output.side_effects.calls:
-        emit(f"{cg.const(fn)}(*{cg.const(fn_args)})")
-    for vt in output.side_effects.mutated_containers.values():
-        assert vt.source is not None
-        where = cg.source(vt.source)
-        if isinstance(vt, ListVariable) and vt.unread:  # Note [Lists read only when needed]
-            emit(f"{where}.extend(({''.join(i.reconstruct(cg) + ', ' for i in vt.appended)}))")
-        elif isinstance(vt, ListVariable):
-            emit(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
-        elif isinstance(vt, DictVariable):
-            inner = ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in vt.items.items())
-            emit(f"{where}.clear(); {where}.update({{{inner}}})")
-        elif isinstance(vt, SetVariable):
-            emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
-        elif isinstance(vt, OutsideIteratorVariable):  # Note [Iterators over a dict from outside]
-            emit(f"{cg.const(advance_iterator)}({where}, {vt.index}, {vt.exhausted})")
-        else:
-            raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
-    for tensor, hook in output.side_effects.tensor_hooks:  # Note [Hooks on input tensors]
-        emit(f"{tensor.reconstruct(cg)}.register_hook({hook.reconstruct(cg)})")
+                if target.source is None:
+                    raise Unsupported("attribute store on an object without a source")
+                emit(f"{cg.const(target.replay_store())}({cg.source(target.source)}, {name!r}, {val})")
+        for fn, fn_args in side.calls[lo[2] : hi[2]]:
+            emit(f"{cg.const(fn)}(*{cg.const(fn_args)})")
+        for vt in changed:
+            assert vt.source is not None
+            where = cg.source(vt.source)
+            if isinstance(vt, ListVariable) and vt.unread:  # Note [Lists read only when needed]
+                emit(f"{where}.extend(({''.join(i.reconstruct(cg) + ', ' for i in vt.appended)}))")
+            elif isinstance(vt, ListVariable):
+                emit(f"{where}[:] = [{', '.join(i.reconstruct(cg) for i in vt.items)}]")
+            elif isinstance(vt, DictVariable):
+                inner = ", ".join(f"{k!r}: {v.reconstruct(cg)}" for k, v in vt.items.items())
+                emit(f"{where}.clear(); {where}.update({{{inner}}})")
+            elif isinstance(vt, SetVariable):
+                emit(f"{where}.clear(); {where}.update({cg.const(tuple(vt.items))})")
+            elif isinstance(vt, OutsideIteratorVariable):  # Note [Iterators over a dict from outside]
+                emit(f"{cg.const(advance_iterator)}({where}, {vt.index}, {vt.exhausted})")
+            else:
+                raise Unsupported(f"mutation of {vt.describe()} visible outside the frame")
+        for tensor, hook in side.tensor_hooks[lo[4] : hi[4]]:  # Note [Hooks on input tensors]
+            emit(f"{tensor.reconstruct(cg)}.register_hook({hook.reconstruct(cg)})")
+        if part + 1 < len(cuts):
+            emit(_RELEASE)
     if values is None:
         assert result is not None
         out = result.reconstruct(cg)
@@ -271,6 +308,15 @@ def generate_runner(
         ]
     if cg.needs_globals or any(s.needs_globals() for _, s, _ in output.inputs):
         body.insert(0, "G = ___frame_globals(1)")
+    if held is not None:  # Note [Effects under a lock replayed under it]
+        cut = body.index(_RELEASE)
+        body = [
+            "try:",
+            *(f"    {line}" for line in body[:cut] or ["pass"]),
+            "finally:",
+            f"    {cg.const(held.lock)}.release()",
+            *body[cut + 1 :],
+        ]
     params = ", ".join(f"L{i}" for i in range(len(output.entry_names)))
     src = "def ___make(___c, ___compiled, ___frame_globals):\n"
     src += f"    def ___run({params}):\n"

@@ -48,7 +48,7 @@ from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import Agreeing
-from kiln_dynamo.guards import Guard, build_guard, guard_tree_text, readable_guards
+from kiln_dynamo.guards import Guard, LockTakingGuard, build_guard, guard_tree_text, readable_guards
 from kiln_dynamo.logs import (
     bytecode_log,
     decisions_log,
@@ -431,6 +431,8 @@ def _capture(
     # the frame's objects) alive too
     shape_ctx.env.where = _after_capture
     guard = build_guard(output.guards, len(names), f_globals, code.co_name)
+    if output.side_effects.held_lock is not None:  # Note [Effects under a lock replayed under it]
+        guard.lock = output.side_effects.held_lock.lock
     if guards_log.isEnabledFor(20):
         guards_log.info("guards for %s:\n%s", code.co_name, readable_guards(guard))
         tree = guard_tree_text(guard)
@@ -680,6 +682,14 @@ def make_callback(
         for listen in capture_listeners:
             listen(_display_name(code), captured)
         hook.skip_code(captured.runner.__code__)
+        if captured.guard.lock is not None and not captured.guard(*values):
+            # Note [Effects under a lock replayed under it]: the hook runs a new entry without
+            # its guard; another thread changed what the block read while it was captured
+            decisions_log.info(
+                "%s: state read under a lock changed while it was captured: runs as Python this time",
+                code.co_name,
+            )
+            return hook.RUN
         return hook.GuardedCode(captured.guard.for_hook(), captured.code)
 
     return callback
@@ -711,7 +721,7 @@ def _failure_reason(entries: Any, values: tuple[Any, ...]) -> str:
 
     for entry in entries:
         guard = entry.guard
-        if isinstance(guard, (hook.GuardTree, Agreeing)):
+        while isinstance(guard, (hook.GuardTree, Agreeing, LockTakingGuard)):
             guard = guard.reference  # the readable Python guard explains the failure
         if isinstance(guard, Guard):
             reason = guard.failure_reason(values)

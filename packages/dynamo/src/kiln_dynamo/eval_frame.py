@@ -198,6 +198,8 @@ def _run_cached(
         counters.break_reasons.append(captured.split)
     entry = _Entry(captured, _make_function(f, captured.code))
     cache.entries.insert(0, entry)
+    if captured.guard.lock is not None and not captured.guard(*values):
+        return f(*bound_self, *args, **kwargs)  # Note [Effects under a lock replayed under it]
     return entry.fn(*call_args, **kwargs)
 
 

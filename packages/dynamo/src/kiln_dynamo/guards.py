@@ -431,11 +431,15 @@ class Guard:
     _explain: Callable[..., Any] | None = None
     tree: Any = None  # the kiln_frame_hook.GuardTree compiled from the same checks, or None
     residual_parts: int = 0  # parts the tree leaves to a residual Python guard
+    # a lock the entry's code releases: a passing guard returns holding it (Note [Effects under
+    # a lock replayed under it] in variables/locks.py)
+    lock: Any = None
 
     def __call__(self, *entry_values: Any) -> bool:
-        if self.tree is not None:
-            return bool(self.tree(*entry_values))
-        return self.fn(*entry_values)
+        check = self.tree if self.tree is not None else self.fn
+        if self.lock is not None:
+            return take_lock_if(self.lock, check, entry_values)
+        return bool(check(*entry_values))
 
     def __repr__(self) -> str:
         return f"<kiln guard of {len(self.parts)} checks>"
@@ -449,7 +453,8 @@ class Guard:
         if tree is None:
             return self
         log = guard_tree.agreement()
-        return tree if log is None else guard_tree.Agreeing(tree, log)
+        check = tree if log is None else guard_tree.Agreeing(tree, log)
+        return check if self.lock is None else LockTakingGuard(check, self.lock)
 
     def failure_reason(self, entry_values: tuple[Any, ...]) -> str | None:
         """The first failing part on these entry values (readable, with the user's line)."""
@@ -538,6 +543,36 @@ def _needed_bindings(items: list[str | GuardPart]) -> list[str | GuardPart]:
         for item in items
         if not isinstance(item, str) or ((m := _BINDING.match(item)) is not None and m.group(1) in need)
     ]
+
+
+def take_lock_if(lock: Any, check: Callable[..., Any], entry_values: tuple[Any, ...]) -> bool:
+    """Note [Effects under a lock replayed under it]: True holding `lock` when `check` passes
+    with it held; False, not holding it, otherwise. The first check, without the lock, keeps a
+    frame that would not reach the block from waiting for it."""
+    if not check(*entry_values):
+        return False
+    lock.acquire()
+    try:
+        ok = bool(check(*entry_values))
+    except BaseException:
+        lock.release()
+        raise
+    if not ok:
+        lock.release()
+    return ok
+
+
+class LockTakingGuard:
+    """The hook's guard of an entry whose code releases a lock: `reference` is the check."""
+
+    __slots__ = ("lock", "reference")
+
+    def __init__(self, reference: Callable[..., Any], lock: Any) -> None:
+        self.reference = reference
+        self.lock = lock
+
+    def __call__(self, *entry_values: Any) -> bool:
+        return take_lock_if(self.lock, self.reference, entry_values)
 
 
 def build_guard(

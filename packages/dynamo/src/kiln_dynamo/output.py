@@ -37,6 +37,7 @@ from kiln_dynamo.variables.tensor import TensorVariable, fake_arg, graph_arg
 
 if TYPE_CHECKING:
     from kiln_dynamo.translator import InstructionTranslator
+    from kiln_dynamo.variables.locks import HeldLock
     from kiln_dynamo.variables.module_hooks import ModuleHookRegistration
 
 VT = VariableTracker
@@ -48,6 +49,7 @@ class SideEffects:
         self._pending: dict[tuple[int, str], VT] = {}
         self.unseen_stores: set[int] = set()  # ids of objects `store_unseen` wrote to
         self.mutated_containers: dict[int, VT] = {}
+        self.mutations = 0
         # (input tensor, hook) in call order: `t.register_hook(hook)` replayed after the graph
         # (Note [Hooks on input tensors] in variables/tensor.py)
         self.tensor_hooks: list[tuple[VT, VT]] = []
@@ -57,6 +59,9 @@ class SideEffects:
         # (function, constant arguments) called after the graph, in order: a warning
         # (Note [Warnings replayed after the graph] in variables/diagnostics.py)
         self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        # the with-block over a lock whose effects are replayed under it (Note [Effects under a
+        # lock replayed under it] in variables/locks.py)
+        self.held_lock: HeldLock | None = None
 
     def pending_attr(self, obj: object, name: str) -> VT | None:
         return self._pending.get((id(obj), name))
@@ -77,6 +82,7 @@ class SideEffects:
     def mutated(self, container: VT) -> None:
         if container.source is not None:
             self.mutated_containers[id(container)] = container
+            self.mutations += 1  # counts a container mutated again too (variables/locks.py)
 
     def is_mutated(self, container: VT) -> bool:
         return id(container) in self.mutated_containers

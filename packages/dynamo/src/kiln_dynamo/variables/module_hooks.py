@@ -23,7 +23,8 @@ on their keys (Note [Forward hooks]) or on being empty, so the new entry recompi
 capture runs the hook as an ordinary one. Reading the hook dicts in the frame after a pending
 registration, or registering after the frame changed them directly, is a break (the two views
 would disagree). Backward hooks and the other registrations stay one clean break at their call.
-A registration inside a `with lock:` block is an effect of the block (Note [Locks in the frame]).
+A registration inside a `with lock:` block is an effect of the block, replayed under the real lock
+(Note [Effects under a lock replayed under it] in variables/locks.py).
 """
 
 from __future__ import annotations
