@@ -4,6 +4,7 @@ reason; an unchanged call never re-enters the callback."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import pytest
@@ -504,3 +505,51 @@ def test_module_attribute_absent_or_on_the_class_is_guarded() -> None:
     m.forward = lambda x: x * 0  # type: ignore[method-assign]
     torch.testing.assert_close(cm(x), m(x))
     assert kiln_dynamo.counters.recompiles == 2 and backend.graphs == 4  # the lambda: a new frame
+
+
+GLOBAL_F = math.nan
+
+
+def use_global_float(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 0, GLOBAL_F, x) + 1 / (x.abs() * GLOBAL_F)
+
+
+@pytest.mark.parametrize(
+    "value", [math.nan, -0.0, 0.0, complex(math.nan, 1.0)], ids=["nan", "-0", "0", "cnan"]
+)
+def test_float_constant_guard_nan_and_signed_zero(value: float) -> None:
+    # Note [Guards on NaN and signed zeros]: a NaN constant equals itself for the guard (it
+    # recompiled on every call: `G['torch.nan'] == nan` never held); -0.0 and 0.0 do not.
+    global GLOBAL_F
+    f, backend = _compiled(lambda x: x * GLOBAL_F if isinstance(GLOBAL_F, complex) else use_global_float(x))
+    x = torch.tensor([1.0, -2.0, 0.5])
+    GLOBAL_F = value
+    try:
+        for _ in range(3):
+            want = x * value if isinstance(value, complex) else use_global_float(x)
+            torch.testing.assert_close(f(x), want, equal_nan=True)
+        assert backend.graphs == 1
+        if isinstance(value, float) and value == 0.0:
+            GLOBAL_F = -value
+            torch.testing.assert_close(f(x), use_global_float(x))
+            assert torch.equal(f(x).signbit(), use_global_float(x).signbit())
+            assert backend.graphs == 2
+    finally:
+        GLOBAL_F = math.nan
+
+
+GLOBAL_FS = (1.0, 0.0)
+
+
+def test_float_sequence_guard_signed_zero() -> None:
+    # a tuple holding a zero float is guarded item by item (Note [Guards on NaN and signed zeros])
+    global GLOBAL_FS
+    f, backend = _compiled(lambda x: 1 / (x * GLOBAL_FS[1]))
+    x = torch.tensor([1.0, -2.0])
+    try:
+        assert torch.equal(f(x), 1 / (x * 0.0))
+        GLOBAL_FS = (1.0, -0.0)
+        assert torch.equal(f(x), 1 / (x * -0.0))
+        assert backend.graphs == 2
+    finally:
+        GLOBAL_FS = (1.0, 0.0)

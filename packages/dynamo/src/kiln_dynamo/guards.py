@@ -50,6 +50,56 @@ from kiln_dynamo.tensor_check import dispatch_keys
 _MUTABLE: dict[type, Callable[[Any], Any]] = {set: set, list: list, dict: dict, bytearray: bytearray}
 
 
+# Note [Guards on NaN and signed zeros]: a constant guard is `value == captured`, which a NaN
+# never passes (`nan == nan` is False, in Python and in the C tree's rich compare alike): a
+# frame that read `torch.nan` or `float("nan")` from a global or an attribute recompiled on
+# every call, each capture guarding on a NaN that failed again. And `-0.0 == 0.0` passes,
+# although the graph baked in the sign (`1 / (x * z)` is -inf or inf). A float (or complex)
+# constant that is a NaN or a zero is compared through `SameFloat`, whose `__eq__` says whether
+# the value is the same float, bit for bit up to the NaN payload: the frame's float returns
+# NotImplemented for a foreign right-hand side, so Python (and the C tree's PyObject_RichCompare)
+# ask the reflected `SameFloat.__eq__`. Other floats keep the plain `==` (and its literal form).
+def _same_float(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+
+
+class SameFloat:
+    """Equal to a float (complex) that is the same as `value`: NaN equals NaN, -0.0 not 0.0."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float | complex) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        v = self.value
+        if type(other) is not type(v):
+            return False
+        if isinstance(v, complex):
+            assert isinstance(other, complex)
+            return _same_float(other.real, v.real) and _same_float(other.imag, v.imag)
+        assert isinstance(other, float)
+        return _same_float(other, v)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def _needs_same_float(value: object) -> bool:
+    if type(value) is float:
+        return math.isnan(value) or value == 0.0
+    if type(value) is complex:
+        return any(math.isnan(p) or p == 0.0 for p in (value.real, value.imag))
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class CCheck:
     """One check in the form the C guard tree runs (guard_tree.py): `kind` over the value at
@@ -122,9 +172,11 @@ class GuardBuilder:
         t = type(value)
         if t in _MUTABLE:  # the value as captured: the live object compared with itself always matches
             value = _MUTABLE[t](value)
+        if _needs_same_float(value):  # Note [Guards on NaN and signed zeros]
+            value = SameFloat(value)  # type: ignore[arg-type]
         c = (CCheck("type_is", source, t), CCheck("eq", source, value))
         type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
-        if t in (int, str) or (t is float and not math.isnan(value)):  # type: ignore[arg-type]
+        if t in (int, str) or (t is float and not isinstance(value, SameFloat)):
             value_part = (f"{code} == {value!r}", f"{name} == {value!r}")
         else:
             value_part = (f"{code} == {self.ctx.const(value)}", f"{name} == {value!r}")
@@ -411,9 +463,10 @@ _PLAIN_CONSTANT_TYPES = (int, str, bool, type(None))
 
 
 def is_plain_constants(value: tuple[Any, ...] | list[Any]) -> bool:
-    """Items whose repr is their value and whose `==` is exact (no NaN), at most 16 of them."""
+    """Items whose repr is their value and whose `==` is exact (no NaN, no zero float: Note
+    [Guards on NaN and signed zeros]), at most 16 of them."""
     return len(value) <= 16 and all(
-        type(v) in _PLAIN_CONSTANT_TYPES or (type(v) is float and not math.isnan(v)) for v in value
+        type(v) in _PLAIN_CONSTANT_TYPES or (type(v) is float and not _needs_same_float(v)) for v in value
     )
 
 
