@@ -58,7 +58,8 @@ Measured on ResNet's stem pool (3x3, stride 2, pad 1, [2, 32, 32, 32], one threa
 steps): the fused gather 0.58 ms, 0.54 ms with its gradient realized first (0.24 ms called alone
 with the inputs in cache), eager's kernel 0.02 ms. On the GPU the gather stays (coalesced, no
 atomics; Note [Max pooling backward as a gather]); on the CPU one candidate (2x2 stride 2) is a
-plain pointwise read that vectorizes, and stays a kernel.
+plain pointwise read that vectorizes, and stays a kernel. The rule goes by the graph's device, so
+the Triton generator's CPU tests (its interpreter) force the gather they exist to check.
 """
 
 from __future__ import annotations
