@@ -186,8 +186,23 @@ def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
 # index expressions
 
 
+# Note [Python's modulus in C++ index expressions]: a size used as a scalar under symbolic sizes
+# brings sympy's Mod (Python's modulus: the result takes the divisor's sign) into index and value
+# expressions, e.g. `(1 - n) % 3` is `Mod(1 - s0, 3)`. The C++ printer declined it, so a graph
+# with one fell back to static shapes and compiled once per size (issue 17: 5 graphs for the
+# dynamic probe `scalar_floor_division` where torch.compile makes 1 under dynamic=True). It is
+# printed as the Triton printer prints it (kiln_loopir's IndexPrinter with `python_mod`): over a
+# divisor known positive (sizes are), a dividend that sympy proves non-negative (loop variables,
+# sizes, their sums and products) keeps C++'s plain `%`, where truncation and floor agree; any
+# other is brought back into [0, b) as `((a % b) + b) % b` (Note [Floor division of values that
+# may be negative] in kiln_loopir.indexing, which does the same for `FloorDiv`). A divisor not
+# known positive is still declined (the kernel runs in the interpreter, a symbolic graph falls
+# back to static sizes) rather than guessed.
 class CppIndexPrinter(IndexPrinter):
-    """Index expressions as int64 C++: ``INT64_C`` literals, ``std::min<int64_t>``."""
+    """Index expressions as int64 C++: ``INT64_C`` literals, ``std::min<int64_t>``; sympy's
+    ``Mod`` too (Note [Python's modulus in C++ index expressions])."""
+
+    python_mod = True
 
     def __init__(self, names: dict[sympy.Symbol, str] | None = None) -> None:
         self.names = names
