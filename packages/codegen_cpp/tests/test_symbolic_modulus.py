@@ -99,3 +99,25 @@ def test_sizes_as_scalars_under_symbolic_sizes_match_eager() -> None:
         got = compiled(xx)
         got = got[0] if isinstance(got, tuple | list) else got
         torch.testing.assert_close(got, _values_of_sizes(xx))
+
+
+def _selects(x: Any) -> Any:
+    rows = aten.sym_size.int(x, 0)
+    return (
+        aten.select.int(x, 1, -1),  # a negative index on a dim of symbolic size
+        aten.select.int(x, 0, (1 - rows) % 3),  # a symbolic index, provably non-negative
+        aten.add.Tensor(aten.select.int(x, 0, rows - 2), 1.0),
+    )
+
+
+def test_select_under_symbolic_sizes_matches_eager() -> None:
+    """loopir's select: a negative constant index on a dim of symbolic size counts from its end (it
+    read the size with ``int()``), a symbolic index must be provably non-negative (comparing it
+    with 0 raised a TypeError while lowering)."""
+    n, m = _symbolic(5, 4)
+    x = torch.empty(n, m, device="meta")
+    compiled = compile_graph(with_vals(_selects, x), [x], backend=CppBackend())
+    for rows, cols in ((3, 4), (5, 2), (8, 7)):
+        xx = torch.randn(rows, cols)
+        for got, want in zip(compiled(xx), _selects(xx), strict=True):
+            torch.testing.assert_close(got, want)

@@ -310,13 +310,22 @@ def narrow(x: TensorBox, dim: int, start: int, length: int) -> TensorBox:
 
 
 @register_lowering(aten.select.int)
-def select(x: TensorBox, dim: int, index: int) -> TensorBox:
+def select(x: TensorBox, dim: int, index: Any) -> TensorBox:
+    """``x.select(dim, index)``. A negative constant index counts from the end of the dim, whose
+    size may be symbolic (``index + s0``); a symbolic index (a size expression) must be provably
+    non-negative, else the op declines and runs as an extern kernel (it used to raise a TypeError
+    comparing the expression with 0)."""
     old = list(x.get_size())
     dim = normalize_dim(dim, len(old))
-    pos = index + int(old[dim]) if index < 0 else index
+    if isinstance(index, int):
+        pos: Expr = sympy.Integer(index) + old[dim] if index < 0 else sympy.Integer(index)
+    else:
+        pos = sizevars.to_loopir(index)
+        if not _nonnegative(pos):
+            raise Unsupported(f"select at a symbolic index that may be negative ({pos})")
 
     def reindex(idx: Index) -> Index:
-        return [*idx[:dim], sympy.Integer(pos), *idx[dim:]]
+        return [*idx[:dim], pos, *idx[dim:]]
 
     return make_view(x, [*old[:dim], *old[dim + 1 :]], reindex)
 
