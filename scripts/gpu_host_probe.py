@@ -13,7 +13,6 @@ import argparse
 import cProfile
 import gc
 import pstats
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,19 +21,20 @@ import torch
 
 import kiln
 from kiln_bench import models
+from kiln_bench.profile import host_ms
 
 
 def host_us(step: Callable[[], Any], calls: int, synced: bool) -> float:
-    times = []
+    """Synced: kiln_bench's host time (Note [Host time per call]); else back to back, drained first."""
+    if synced:
+        return host_ms(step, calls) * 1e3
     torch.cuda.synchronize()
+    start = time.perf_counter()
     for _ in range(calls):
-        if synced:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - start
     torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
+    return elapsed / calls * 1e6
 
 
 def main() -> None:

@@ -161,13 +161,7 @@ def test_weights_saved_as_themselves_gradients_match_eager(
             x = torch.randn(2, 40, 48, generator=torch.Generator().manual_seed(seed))
             for m in (model, ref):
                 m.zero_grad(set_to_none=True)
-            out, want = step(x), ref(x)
-            out.square().mean().backward()
-            want.square().mean().backward()
-            torch.testing.assert_close(out, want)
-            for (name, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
-                assert p.grad is not None and q.grad is not None
-                torch.testing.assert_close(p.grad, q.grad, msg=name)
+            _same_step(model, ref, step(x), ref(x))
             with torch.no_grad():
                 for m in (model, ref):
                     m[0].weight.mul_(0.5)
