@@ -45,9 +45,7 @@ def test_max_pool2d_backward_is_a_kernel(
         return aten.max_pool2d_with_indices_backward.default(g, x, k, s, p, d, ceil, i)
 
     gm = with_vals(f, *inputs)
-    # the gather is what the GPU runs; a CPU graph takes eager's scatter where windows overlap
-    # unless forced (Note [Overlapping max pooling backward on the CPU] in kiln_loopir)
-    compiled = compile_graph(gm, inputs, backend=TritonBackend(), options={"pool_backward": "force"})
+    compiled = compile_graph(gm, inputs, backend=TritonBackend())
     got, want = compiled(*inputs), gm(*inputs)
     assert got.stride() == want.stride()  # NHWC in, NHWC out, as eager
     if dtype == torch.bfloat16:
@@ -72,7 +70,7 @@ def test_max_pool2d_backward_fuses_with_relu_backward(channels_last: bool, devic
 
     gm = with_vals(f, grad, x, indices)
     backend = TritonBackend()
-    compiled = compile_graph(gm, [grad, x, indices], backend=backend, options={"pool_backward": "force"})
+    compiled = compile_graph(gm, [grad, x, indices], backend=backend)
     assert_same(compiled(grad, x, indices), gm(grad, x, indices))
     assert compiled.stats.kernels == 1 and compiled.stats.extern_calls == 0
     off = compile_graph(gm, [grad, x, indices], backend=TritonBackend(), options={"pool_backward": False})

@@ -56,11 +56,12 @@ def check(
     fusion: bool = True,
     allow_fallback: bool = False,
     options: dict[str, Any] | None = None,
+    backend: Any = "interpret",
 ) -> CompiledGraph:
     """Compile ``fn`` for ``inputs``, run it, compare with eager; return the compiled graph."""
     gm = trace(fn)
     expected = gm(*[_clone(x) for x in inputs])
-    compiled = compile_graph(gm, list(inputs), fusion=fusion, options=options)
+    compiled = compile_graph(gm, list(inputs), backend=backend, fusion=fusion, options=options)
     actual = compiled(*[_clone(x) for x in inputs])
     assert_same(actual, expected)
     if not allow_fallback:

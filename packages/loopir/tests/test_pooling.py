@@ -10,6 +10,7 @@ import torch
 from helpers import aten, check
 
 from kiln_loopir import compile_graph
+from kiln_loopir.interpret import InterpretBackend
 from kiln_loopir.testing import max_pool_backward_inputs
 
 # (input shape, kernel, stride, padding, dilation, ceil_mode)
@@ -117,6 +118,13 @@ def test_large_windows_stay_extern() -> None:
 BACKWARD_CASES = [*CASES, ((2, 3, 10, 10), [3, 3], [1, 1], 1, 1, False)]
 
 
+class _ScalarGathers(InterpretBackend):
+    """The reference interpreter standing in for a generator whose gathers stay scalar (the C++
+    one: Note [Overlapping max pooling backward on the CPU])."""
+
+    scalar_gathers = True
+
+
 def pool_backward_inputs(
     shape: tuple[int, ...], case: Any, dtype: torch.dtype, channels_last: bool
 ) -> list[torch.Tensor]:
@@ -168,15 +176,18 @@ def test_max_pool2d_backward_extern_when_asked_or_too_many_windows() -> None:
 
     off = check(g, grad, x, indices, options={"pool_backward": False})
     assert off.stats.extern_calls == 1
-    # Note [Overlapping max pooling backward on the CPU]: on the CPU a 3x3 stride-2 pool's backward
-    # is eager's scatter by default; 2x2 stride 2 (one candidate window) stays a kernel
+    # Note [Overlapping max pooling backward on the CPU]: for a generator whose gathers stay scalar a
+    # 3x3 stride-2 pool's backward is eager's scatter by default; 2x2 stride 2 (one candidate
+    # window) stays a kernel; a generator that vectorizes gathers keeps the kernel
     overlap = ((2, 3, 9, 9), [3, 3], [2, 2], [1, 1], 1, False)
     grad, x, indices = pool_backward_inputs(overlap[0], overlap, torch.float32, False)
 
     def h(g: torch.Tensor, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
         return aten.max_pool2d_with_indices_backward.default(g, x, [3, 3], [2, 2], [1, 1], 1, False, i)
 
-    assert check(h, grad, x, indices).stats.extern_calls == 1
-    assert check(g, *pool_backward_inputs(small[0], small, torch.float32, False)).stats.extern_calls == 0
+    assert check(h, grad, x, indices, backend=_ScalarGathers()).stats.extern_calls == 1
+    small_inputs = pool_backward_inputs(small[0], small, torch.float32, False)
+    assert check(g, *small_inputs, backend=_ScalarGathers()).stats.extern_calls == 0
+    assert check(h, grad, x, indices).stats.extern_calls == 0
     with pytest.raises(ValueError, match="pool_backward"):
         check(h, grad, x, indices, options={"pool_backward": "sometimes"})

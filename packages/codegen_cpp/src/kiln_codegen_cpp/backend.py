@@ -53,6 +53,9 @@ class CppBackend(Backend):
     name = "cpp"
     # Note [Symbolic sizes in C++ kernels]: sizes as int64_t kernel arguments, bound by the wrapper
     symbolic_sizes = True
+    # Note [Overlapping max pooling backward on the CPU] (kiln_loopir): GCC leaves a gather's masked
+    # loads at computed indices scalar
+    scalar_gathers = True
 
     def __init__(
         self, options: Mapping[str, Any] | CppOptions | None = None, *, guarded_layouts: bool = False

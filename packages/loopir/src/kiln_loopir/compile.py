@@ -166,7 +166,7 @@ def compile_graph(
     guards_before = len(env.guards) if env is not None else 0
     t0 = time.perf_counter()
     device = graph_device(gm, example_inputs)
-    gm, passes = run_passes(gm, example_inputs, device, options)
+    gm, passes = run_passes(gm, example_inputs, device, options, scalar_gathers=chosen.scalar_gathers)
     split = passes.channels_last_from
 
     def generate(channels_last: set[torch.fx.Node], symbolic_sizes: bool, start: float) -> CompiledGraph:

@@ -47,8 +47,8 @@ Candidate sets over ``_MAX_GATHER`` stay extern calls. With 2x2 windows of strid
 candidate and no mask: a pure pointwise read of the gradient.
 
 Note [Overlapping max pooling backward on the CPU]: where windows overlap (several candidates per
-element, :func:`candidate_windows`), a CPU graph runs eager's scatter as an extern call instead of
-the gather (option ``pool_backward``: ``"force"`` keeps the gather, ``False`` sends every max-pool
+element, :func:`candidate_windows`), a graph for a code generator that says its gathers stay scalar
+(``Backend.scalar_gathers``: the C++ one) runs eager's scatter as an extern call instead of the gather (option ``pool_backward``: ``"force"`` keeps the gather, ``False`` sends every max-pool
 backward to eager). The gather visits every *input* element and each of its candidates, a masked
 load of the saved index and of the gradient at an index that is a floor division of the loop
 variable: gcc does not vectorize those masked loads (``-fopt-info-vec``: "data ref analysis
@@ -58,8 +58,8 @@ Measured on ResNet's stem pool (3x3, stride 2, pad 1, [2, 32, 32, 32], one threa
 steps): the fused gather 0.58 ms, 0.54 ms with its gradient realized first (0.24 ms called alone
 with the inputs in cache), eager's kernel 0.02 ms. On the GPU the gather stays (coalesced, no
 atomics; Note [Max pooling backward as a gather]); on the CPU one candidate (2x2 stride 2) is a
-plain pointwise read that vectorizes, and stays a kernel. The rule goes by the graph's device, so
-the Triton generator's CPU tests (its interpreter) force the gather they exist to check.
+plain pointwise read that vectorizes, and stays a kernel. The rule goes by the generator, not the
+device: Triton graphs of CPU tensors (its interpreter, the OpInfo sweep) keep the gather the GPU runs.
 """
 
 from __future__ import annotations

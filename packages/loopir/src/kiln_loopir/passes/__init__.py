@@ -201,6 +201,8 @@ class PassContext:
     options: PassOptions
     example_inputs: Sequence[Any]
     inference: bool
+    # the code generator's Backend.scalar_gathers (Note [Overlapping max pooling backward on the CPU])
+    scalar_gathers: bool = False
     # Note [Channels-last for convolutions]: the fx nodes computed in NHWC
     channels_last: set[torch.fx.Node] = field(default_factory=set)
     # Note [Both layouts under a symbolic batch]: set when ``channels_last`` holds only for calls
@@ -268,6 +270,7 @@ def run_passes(
     options: Mapping[str, Any] | PassOptions | None = None,
     *,
     inference: bool | None = None,
+    scalar_gathers: bool = False,
 ) -> tuple[torch.fx.GraphModule, PassContext]:
     """Run every enabled pass over ``gm``; the graph to lower and the decisions made."""
     ctx = PassContext(
@@ -275,6 +278,7 @@ def run_passes(
         options=PassOptions.from_mapping(options),
         example_inputs=example_inputs,
         inference=not torch.is_grad_enabled() if inference is None else inference,
+        scalar_gathers=scalar_gathers,
     )
     for graph_pass in _passes():
         if not graph_pass.enabled(ctx.options):
@@ -293,7 +297,7 @@ def run_passes(
         ctx.note(
             "pool_backward", "off (option pool_backward=False): max_pool2d backward runs as an extern call"
         )
-    elif ctx.options.pool_backward is True and ctx.device.type == "cpu":
+    elif ctx.options.pool_backward is True and ctx.scalar_gathers:
         # Note [Overlapping max pooling backward on the CPU]
         from ..lowerings.pooling import overlapping_pool_backwards
 
@@ -301,7 +305,7 @@ def run_passes(
             ctx.extern_ops.add(node)
             ctx.note(
                 "pool_backward",
-                "%s: overlapping windows on the CPU run eager's scatter as an extern call"
+                "%s: overlapping windows run eager's scatter as an extern call (the gather would be scalar)"
                 " (pool_backward='force': the gather kernel)",
                 node.name,
             )
