@@ -140,6 +140,13 @@ def tests_frame_hook_312(session: nox.Session) -> None:
     _run_package_tests(session, "frame_hook")
 
 
+@nox.session(name="tests-dynamo-3.12", python=_python312())
+def tests_dynamo_312(session: nox.Session) -> None:
+    """The capture layer's tests under CPython 3.12 (not in `-t tests`, for CI's time: run it
+    when capture or the frame hook changes)."""
+    _run_package_tests(session, "dynamo")
+
+
 @nox.session(name="tests-e2e", python="3.11", tags=["tests"])
 def tests_e2e(session: nox.Session) -> None:
     """The umbrella installed with everything under it; end-to-end tests and the layering rules."""
