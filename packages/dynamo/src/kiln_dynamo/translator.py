@@ -66,6 +66,7 @@ from kiln_dynamo.variables.exceptions import (
     exception_classes,
     raise_exception,
 )
+from kiln_dynamo.variables.formatted import FormattedStringVariable, can_defer
 from kiln_dynamo.variables.functions import NestedFunctionVariable, passes_result
 from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
@@ -145,6 +146,14 @@ def _sequence_items(v: VT) -> tuple[type, list[VT]] | None:
     if issubclass(kind, list):
         return list, items
     return None
+
+
+def _characters_needed(a: VT, b: VT) -> None:
+    """A string formatted from tensor data compares by its characters, which capture does not
+    have: a break (Note [Strings formatted from tensors]), never an answer by identity."""
+    for v in (a, b):
+        if isinstance(v, FormattedStringVariable):
+            v.as_constant()
 
 
 def _symbolic_operands(a: VT, b: VT) -> bool:
@@ -450,6 +459,7 @@ class InstructionTranslator:
             return bool(a.as_constant() == b.as_constant())
         if a.identity() is b.identity():
             return True
+        _characters_needed(a, b)
         if _symbolic_operands(a, b):
             return symbolic_op(self, operator.eq, [a, b]).truth(self)
         if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
@@ -560,6 +570,7 @@ class InstructionTranslator:
             return symbolic_op(self, fn, [a, b])
         if a.is_constant() and b.is_constant():
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
+        _characters_needed(a, b)
         if fn in (operator.eq, operator.ne):
             seq = self.sequences_equal(a, b)  # Note [Equality of sizes and sequences]
             if seq is not None:
@@ -1092,15 +1103,25 @@ class InstructionTranslator:
 
     def BUILD_STRING(self, inst: dis.Instruction) -> None:
         parts = self.popn(_arg(inst))
+        if any(isinstance(p, FormattedStringVariable) for p in parts):
+            self.push(FormattedStringVariable.join(parts))  # Note [Strings formatted from tensors]
+            return
         self.push(ConstantVariable("".join(p.as_constant() for p in parts)))
 
     def FORMAT_VALUE(self, inst: dis.Instruction) -> None:
         fmt = self.pop().as_constant() if (_arg(inst) & 0x04) else ""
         value = self.pop()
+        conv = _arg(inst) & 0x03
+        if isinstance(value, FormattedStringVariable) and conv in (0, 1) and fmt == "":
+            self.push(value)  # a string formatted as itself
+            return
+        if can_defer(value, conv):  # Note [Strings formatted from tensors]
+            assert isinstance(value, TensorVariable)
+            self.push(FormattedStringVariable.of_tensor(self, value, fmt))
+            return
         if not value.is_constant():
             raise Unsupported(f"formatting {value.describe()} into a string")
         v = value.as_constant()
-        conv = _arg(inst) & 0x03
         v = {0: v, 1: str(v), 2: repr(v), 3: ascii(v)}[conv]
         self.push(ConstantVariable(format(v, fmt)))
 
