@@ -25,10 +25,19 @@ def _filtered(d: Any) -> dict[str, Any]:
     return {k: v * 2 for k, v in d.items() if k != "hidden_states"}
 
 
-# the comprehension's own code, called as a frame with its `.0` a live iterator, as CPython does
-_DICTCOMP = types.FunctionType(
-    next(c for c in _filtered.__code__.co_consts if getattr(c, "co_name", "") == "<dictcomp>"), globals()
-)
+def _filtered_items(it: Iterator[tuple[str, Any]]) -> dict[str, Any]:
+    return {k: v * 2 for k, v in it if k != "hidden_states"}
+
+
+def _comprehension_frame() -> Any:
+    """The comprehension's own code, called as a frame with its `.0` a live iterator, as CPython
+    3.11 does. 3.12 inlines comprehensions into their function (PEP 709): there a function that
+    takes the live iterator as its argument is the frame that receives it."""
+    code = next((c for c in _filtered.__code__.co_consts if getattr(c, "co_name", "") == "<dictcomp>"), None)
+    return _filtered_items if code is None else types.FunctionType(code, globals())
+
+
+_DICTCOMP = _comprehension_frame()
 
 
 def _ordered(x: torch.Tensor) -> collections.OrderedDict[str, torch.Tensor]:
