@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -130,8 +131,12 @@ class UserFunctionVariable(BaseFunctionVariable):
     def getattr(self, tx: Tx, name: str) -> VT:
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__code__"):
             return ConstantVariable(getattr(self.fn, name))
-        if name in ("__annotations__", "__dict__") or (
-            not name.startswith("__") and name in getattr(self.fn, "__dict__", {})
+        if (
+            name in ("__annotations__", "__dict__")
+            or (
+                name == "__type_params__" and hasattr(self.fn, name)  # 3.12: what `functools.wraps` reads
+            )
+            or (not name.startswith("__") and name in getattr(self.fn, "__dict__", {}))
         ):
             # read through its source, so guarded as any value is (`functools.wraps(outside_fn)`
             # reads the first two; a flag set on a function, `fn._is_hook`, the last)
@@ -276,6 +281,8 @@ class NestedFunctionVariable(BaseFunctionVariable):
             return self.slots[name]
         if name == "__dict__":
             return self._dict()
+        if name == "__type_params__" and sys.version_info >= (3, 12):
+            return tx.wrap_constant(())  # MAKE_FUNCTION's; a generic `def f[T]` sets them after
         if name in _FUNCTION_SLOTS or (
             name.startswith("__") and name.endswith("__") and name != "__wrapped__"
         ):
@@ -299,6 +306,11 @@ class NestedFunctionVariable(BaseFunctionVariable):
                 raise Unsupported(f"{what}: not a constant string")
             self.slots[name] = value
         elif name in ("__module__", "__doc__"):
+            self.slots[name] = value
+        elif name == "__type_params__" and sys.version_info >= (3, 12):
+            # what `functools.wraps` copies under 3.12; CPython takes only a tuple
+            if not (isinstance(value, TupleVariable) and value.is_constant()):
+                raise Unsupported(f"{what}: not a constant tuple")
             self.slots[name] = value
         elif name == "__annotations__":
             if not isinstance(value, DictVariable) or value.user_cls is not dict:
