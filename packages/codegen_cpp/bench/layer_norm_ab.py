@@ -3,7 +3,8 @@
 Issue 20 (cpu17): the statistics of a CPU layer norm. Variants: ``new`` (the defaults: loopir's
 ``var_mean`` pass and the C++ generator's ``shifted_welford``), ``old`` (both off: the variance's
 double Welford and a separate float sum for the mean), and the two in between; ``lanes8``: the defaults with 8 lanes per row (cpu17c, Note [Lane
-accumulators]). Timing (the process's CPU time, steadier on a shared machine): the
+accumulators]); ``narrow0``: the defaults without ``narrow_lanes`` (cpu18, Note [Lanes cover a
+vector of the narrowest type]; ``--dtypes float32,bfloat16`` times bfloat16 rows too). Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
 against a float64 reference, eager's next to each variant's, rows ``offset + randn`` (float32 and
@@ -32,6 +33,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "var_mean": {"var_mean": True, "cpp_options": {"shifted_welford": False}},
     "shifted": {"var_mean": False, "cpp_options": {"shifted_welford": True}},
     "lanes8": {"cpp_options": {"reduction_lanes": 8}},
+    "narrow0": {"cpp_options": {"narrow_lanes": False}},
     "new": {},
 }
 
@@ -75,12 +77,14 @@ def accuracy(rows: int, n: int, dtype: torch.dtype, offset: float) -> dict[str, 
     return out
 
 
-def timing(rows: int, n: int, calls: int, repeats: int, backward: bool) -> dict[str, float]:
-    x = torch.randn(rows, n, requires_grad=backward)
-    grad = torch.randn(rows, n)
-    fns = {"eager": _compiled(n, torch.float32, {})[0]}
+def timing(
+    rows: int, n: int, calls: int, repeats: int, backward: bool, dtype: torch.dtype = torch.float32
+) -> dict[str, float]:
+    x = torch.randn(rows, n, dtype=dtype, requires_grad=backward)
+    grad = torch.randn(rows, n, dtype=dtype)
+    fns = {"eager": _compiled(n, dtype, {})[0]}
     for name, options in VARIANTS.items():
-        fns[name] = _compiled(n, torch.float32, options)[1]
+        fns[name] = _compiled(n, dtype, options)[1]
 
     def step(f: Any) -> None:
         if backward:
@@ -118,6 +122,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtypes", default="float32", help="dtypes timed, e.g. float32,bfloat16")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     args = parser.parse_args()
@@ -126,12 +131,13 @@ def main() -> None:
     names = ["eager", *VARIANTS]
     if not args.skip_timing:
         print(f"time per call, us (CPU time, median of {args.repeats} x {args.calls}), rows={args.rows}")
-        print(f"{'n':>6} {'pass':>8} " + " ".join(f"{k:>9}" for k in names))
-        for n in sizes:
-            for backward in (False, True):
-                t = timing(args.rows, n, args.calls, args.repeats, backward)
-                kind = "fwd+bwd" if backward else "fwd"
-                print(f"{n:>6} {kind:>8} " + " ".join(f"{t[k]:9.1f}" for k in names), flush=True)
+        print(f"{'n':>6} {'pass':>12} " + " ".join(f"{k:>9}" for k in names))
+        for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+            for n in sizes:
+                for backward in (False, True):
+                    t = timing(args.rows, n, args.calls, args.repeats, backward, dtype)
+                    kind = ("fwd+bwd" if backward else "fwd") + ("" if dtype == torch.float32 else " bf16")
+                    print(f"{n:>6} {kind:>12} " + " ".join(f"{t[k]:9.1f}" for k in names), flush=True)
     if not args.skip_accuracy:
         print("max abs error of the output against float64")
         print(f"{'dtype':>9} {'n':>6} {'offset':>7} " + " ".join(f"{k:>9}" for k in names))

@@ -412,7 +412,8 @@ def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
 def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     """Note [More lanes on long rows]: rows of at least WIDE_LANES_MIN_ROW take
     ``reduction_lanes`` lanes (with a tail into the low lanes, a split into chunks for few
-    outputs or one), except a kernel with a float32 Welford of shifted blocks; every kind of
+    outputs or one), except a kernel with a float32 Welford of shifted blocks, and at least 16
+    for bfloat16 rows (Note [Lanes cover a vector of the narrowest type]); every kind of
     reduction matches eager, with the same bits whatever the thread count."""
     x = make(shape, dtype, low=-1.5, high=1.5)
     sweeps = {
@@ -432,6 +433,8 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
         backend = CppBackend(options={"reduction_lanes": lanes})
         compiled = compile_graph(gm, [x], backend=backend)
         want = 8 if kind == "welford" else lanes  # a half type's statistic is a float32 one
+        if dtype == torch.bfloat16:  # Note [Lanes cover a vector of the narrowest type]
+            want = max(want, 16)
         assert f"for (int l = 0; l < {want}; ++l)" in backend.last_source
         assert want == 8 or "for (int l = 0; l < 8; ++l)" not in backend.last_source
         results = []
@@ -446,3 +449,44 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
         flat = [torch.utils._pytree.tree_leaves(r) for r in results]
         for one, two in zip(*flat, strict=True):  # the same bits at any thread count
             assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("narrow", [True, False])
+@pytest.mark.parametrize(
+    ("dtype", "n", "want"),
+    [(torch.bfloat16, 768, 16), (torch.float16, 40, 16), (torch.bfloat16, 12, 8), (torch.float32, 768, 8)],
+    ids=str,
+)
+def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, want: int) -> None:
+    """Note [Lanes cover a vector of the narrowest type]: a layer norm's statistics over 2-byte
+    rows take 16 lanes (a Welford of shifted blocks otherwise keeps 8; a row shorter than 16
+    keeps 8, float32 rows keep 8), ``narrow_lanes=False`` keeps 8; both match eager."""
+    x = make((5, n), dtype, low=-2.0, high=2.0)
+    w, b = make((n,), dtype), make((n,), dtype)
+
+    def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        # aotgrad's decomposition, as in test_layer_norm_of_offset_rows_is_as_accurate_as_eager
+        xf = aten._to_copy.default(x, dtype=torch.float32)
+        var = aten.var.correction(xf, [1], correction=0, keepdim=True)
+        mean = aten.mean.dim(xf, [1], True)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+        out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd), w), b)
+        return aten._to_copy.default(out, dtype=x.dtype), mean, rstd
+
+    gm = with_vals(layer_norm, x, w, b)
+    backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16})
+    compiled = compile_graph(gm, [x, w, b], backend=backend)
+    lanes = want if narrow else 8
+    assert f"for (int l = 0; l < {lanes}; ++l)" in backend.last_source
+    assert_outputs(compiled(x, w, b), eager(gm, x, w, b), None, 4.0 if dtype != torch.float32 else 1.0)
+
+
+def test_narrow_lanes_bytes() -> None:
+    """Note [Lanes cover a vector of the narrowest type]: a row reduction that loads 1-byte
+    elements (a sum of bools) takes 32 lanes, and matches eager."""
+    x = torch.rand(6, 300) > 0.3
+    gm = graph_of([(aten.sum.dim_IntList, (In(0), [-1]), {})], 1)
+    backend = CppBackend()
+    compiled = compile_graph(gm, [x], backend=backend)
+    assert "for (int l = 0; l < 32; ++l)" in backend.last_source
+    assert_outputs(compiled(x), eager(gm, x), None, 1.0)

@@ -31,8 +31,21 @@ reduction_lanes=8``): amax 27.7 -> 23.5 us, sum 16.2 -> 15.0, softmax 162 -> 154
 43.9 -> 32.6, softmax 309 -> 193. Not in a kernel with a float32 Welford of shifted blocks (Note
 [Shifted Welford blocks]): float32 layer norm ran slower with 16 lanes (``bench/layer_norm_ab.py``:
 85.8 -> 92.6 us at 768), so such a kernel keeps 8 lanes (a bfloat16 layer norm, whose
-statistic is such a float32 one, ran 278 -> 151 us with 16: the cause is not found yet). The
-decision is logged under ``output_code``.
+statistic is such a float32 one, ran 278 -> 151 us with 16: the cause was its 2-byte loads, Note
+[Lanes cover a vector of the narrowest type]). The decision is logged under ``output_code``.
+
+Note [Lanes cover a vector of the narrowest type]: GCC vectorizes a loop with one vector size
+for all its types, the largest whose vector of the loop's narrowest element still fits the trip
+count. A lane loop of 8 that loads bfloat16 (2 bytes) therefore runs at 16-byte vectors, 8
+uint16 = one xmm, and every float of it in xmm halves and every double in quarters: SSE code on
+an AVX-512 machine (GCC: "loop vectorized using 16 byte vectors"). So a row reduction whose
+lane loop loads or stores elements narrower than a float takes enough lanes for one 256-bit
+vector of them (16 for 2 bytes, 32 for 1 byte; ``CppOptions.vector_width`` sets the vector),
+when its static row is at least that long, over both the lane count above and the Welford
+exception. cpu18, one thread, bfloat16 layer norm over 256 rows of 768 (``bench/layer_norm_ab.py
+--dtypes bfloat16 --sizes 768``, another process on the second core): forward 336 -> 187 us
+(eager 104), forward + backward 822 -> 643 us (eager 535). ``narrow_lanes=0`` keeps the lanes as
+above; the choice is logged under ``output_code``.
 
 Note [Why scalar C++ and omp simd]: kernels are scalar C++ over float/double with
 ``#pragma omp simd`` on the innermost loop; GCC vectorizes them at ``-O3 -march=native`` (AVX2
@@ -140,7 +153,7 @@ from .cpp_ops import (
     storage_type,
     store_expr,
 )
-from .options import CppOptions
+from .options import REDUCTION_LANES, CppOptions
 from .parallel import (
     MIN_CHUNK,
     ParallelPlan,
@@ -160,6 +173,9 @@ LANES = 8
 WIDE_LANES_MIN_ROW = 256
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
+# Note [Lanes cover a vector of the narrowest type]: the vector GCC prefers at -march=native on
+# the machines kiln is tuned on (256-bit; CppOptions.vector_width overrides)
+VECTOR_BYTES = 32
 
 # how a split reduction's combine folds partial `s` of accumulator `a` into it, per reduction kind
 # (Note [Split reductions], Note [Reductions with few outputs] in parallel.py)
@@ -420,6 +436,10 @@ class KernelBuilder(OpsHandlerBase):
         # Note [Parallel plan]: what the parallel rendering of the loop nest chose
         self.plan: ParallelPlan | None = None
         self.weighted = 0  # Note [Work of a kernel]: set by _render
+        # Note [Lanes cover a vector of the narrowest type]: the element sizes of the loads and
+        # stores that move with the innermost reduced loop (the lane loop)
+        self.lane_itemsizes: set[int] = set()
+        self.lane_var: sympy.Symbol | None = None
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -450,6 +470,7 @@ class KernelBuilder(OpsHandlerBase):
             if isinstance(v, sympy.Symbol)
         }
         self.loop_names = frozenset(str(v) for v in self.ranges)
+        self.lane_var = next((v for v in reversed(self.rvars) if isinstance(v, sympy.Symbol)), None)
         self.nx = math.prod(self.xsizes)
         self.nr = math.prod(self.rsizes)
         self.lanes = LANES  # decided at render time, when the accumulators are known
@@ -645,15 +666,17 @@ class KernelBuilder(OpsHandlerBase):
             return CppValue(constant_expr(v.py, dtype), dtype, True, v.py)
         return self._cse(convert_expr(v.expr, v.dtype, dtype), dtype, v.const)
 
-    def _index(self, index: Any) -> sympy.Expr:
+    def _index(self, index: Any, name: str | None = None) -> sympy.Expr:
         expr = self._simplify(sympy.sympify(index), self.ranges)
         self.accesses.append(expr)
+        if name is not None and self.lane_var is not None and self.lane_var in expr.free_symbols:
+            self.lane_itemsizes.add(self.dtypes[name].itemsize)
         return expr
 
     # ---------------------------------------------------------------------------- memory ops
 
     def load(self, name: str, index: Any) -> CppValue:
-        expr = self._index(index)
+        expr = self._index(index, name)
         key = (name, str(expr))
         for _, _, fwd in reversed(self.scopes):
             hit = fwd.get(key)
@@ -671,7 +694,7 @@ class KernelBuilder(OpsHandlerBase):
         return self._cse(load_expr(dtype, ref), dtype)
 
     def store(self, name: str, index: Any, value: Any, mode: str | None = None) -> None:
-        expr = self._index(index)
+        expr = self._index(index, name)
         dtype = self.dtypes[name]
         v = self._as(self._value(value, dtype), dtype)
         ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
@@ -1497,16 +1520,31 @@ class KernelBuilder(OpsHandlerBase):
         return [*loops[:best], *loops[best + 1 :], loops[best]]
 
     def _lanes(self, sections: list[XSection | RPhase]) -> int:
-        """Note [More lanes on long rows]: the lanes of this kernel's row reductions."""
+        """Note [More lanes on long rows] and Note [Lanes cover a vector of the narrowest type]:
+        the lanes of this kernel's row reductions."""
         inner = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         want = self.options.reduction_lanes
-        if want == LANES or not inner or not isinstance(inner[-1], int) or inner[-1] < WIDE_LANES_MIN_ROW:
-            return LANES
-        if any(isinstance(s, RPhase) and s.shifted for s in sections):
-            log.debug("%s: %d lanes (a Welford of shifted blocks)", self.name, LANES)
-            return LANES
-        log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
-        return want
+        static = bool(inner) and isinstance(inner[-1], int)
+        lanes = LANES
+        if want != LANES and static and inner[-1] >= WIDE_LANES_MIN_ROW:
+            if any(isinstance(s, RPhase) and s.shifted for s in sections):
+                log.debug("%s: %d lanes (a Welford of shifted blocks)", self.name, LANES)
+            else:
+                log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
+                lanes = want
+        if self.options.narrow_lanes and static and self.lane_itemsizes:
+            vector_bytes = self.options.vector_width // 8 if self.options.vector_width else VECTOR_BYTES
+            cover = min(max(REDUCTION_LANES), vector_bytes // min(self.lane_itemsizes))
+            if cover > lanes and inner[-1] >= cover:
+                log.debug(
+                    "%s: %d lanes, a vector of its %d-byte elements (not %d)",
+                    self.name,
+                    cover,
+                    min(self.lane_itemsizes),
+                    lanes,
+                )
+                lanes = cover
+        return lanes
 
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
         lines = [p.replace("KL", str(self.lanes)) for p in phase.pre]

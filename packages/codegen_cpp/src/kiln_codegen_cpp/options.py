@@ -53,6 +53,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``reduction_lanes``: 8, 16 (default) or 32 lanes per row reduction whose innermost reduced
   loop is static and at least 256 long, except a kernel with a Welford of shifted blocks (Note
   [More lanes on long rows] in kernel.py); 8: the old single vector of lanes.
+* ``narrow_lanes``: a row reduction whose lane loop reads or writes 1- or 2-byte elements
+  (bfloat16, float16, bool, int8) takes 32 or 16 lanes, one 256-bit vector of them, so GCC does
+  not fall back to 16-byte vectors for the whole loop (Note [Lanes cover a vector of the narrowest
+  type] in kernel.py). Off: the lanes of ``reduction_lanes`` and its exceptions.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -99,6 +103,7 @@ class CppOptions:
     shifted_welford_float: bool = False
     select_minmax: bool = True
     reduction_lanes: int = 16
+    narrow_lanes: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
