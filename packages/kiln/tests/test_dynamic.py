@@ -4,6 +4,7 @@ number of compiles follows torch.compile's contract."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable
@@ -393,13 +394,14 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     import logging
 
     def scatter(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # an accumulating scatter: the C++ generator declines it with symbolic sizes
-        return torch.zeros(x.shape[0], 4).index_add_(0, idx, x)
+        # a float computed from a size as a tensor's fill value: aotgrad refuses a SymFloat (an
+        # accumulating scatter was the example until the C++ generator took it symbolically)
+        return torch.full((x.shape[0], 4), x.shape[0] / 3).index_add_(0, idx, x)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.relu() * 2
 
-    with caplog.at_level(logging.INFO, logger="kiln.dynamic"):
+    with caplog.at_level(logging.INFO, logger="kiln.aotgrad.dynamic"):
         _sweep(scatter, [(torch.randn(b, 4), torch.randint(0, b, (b,))) for b in (3, 5, 9)])
         graphs = kiln_dynamo.counters.graphs
         # the refusal is per graph: another function still compiles with symbolic sizes
@@ -407,7 +409,7 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     assert graphs == 4  # static 3, refused dynamic capture, static 5, static 9
     assert kiln_dynamo.counters.graphs - graphs == 2
     assert [f for f, _ in kiln_dynamo.counters.dynamic_fallbacks] == ["scatter"]
-    assert any("refused symbolic sizes" in r.getMessage() for r in caplog.records)
+    assert any("symbolic sizes refused" in r.getMessage() for r in caplog.records)
 
 
 class _Positions(nn.Module):
@@ -1069,3 +1071,36 @@ def test_dims_equal_on_the_first_call_then_apart(
     model = _SquareUse() if kind == "square" else _edge_model(kind)
     _sweep(model, [(torch.randn(*s),) for s in shapes], dynamic=dynamic)
     assert kiln_dynamo.counters.graphs == graphs[dynamic] and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _size_builtins(x: torch.Tensor) -> Any:
+    n = x.shape[0]
+    q, r = divmod(n, 3)
+    return x * max(n, 4) + min(n, x.shape[1]) + x[: max(n - 3, 2)].sum(), (
+        q,
+        r,
+        math.ceil(n / 2),
+        int(n * 0.5),
+        round(n / 3),
+        abs(3 - n),
+        float(n),
+        bool(n),
+        n / 2,
+        pow(n, 2),
+        math.floor(n / 4),
+    )
+
+
+def test_builtins_on_sizes_stay_symbolic() -> None:
+    """Note [Builtins on symbolic numbers] and Note [Symbolic numbers stay out of the graph until a
+    tensor needs them] (kiln_dynamo): `max`, `min`, `divmod`, `round`, `math.ceil`, `int`, `abs`,
+    `float`, `bool` on sizes no longer specialize them: one graph for every size under
+    `dynamic=True`, `max`/`min` computed in the kernels, the Python results (ints and floats of
+    eager's types) computed from the sizes when the frame returns."""
+    compiled = kiln.compile(_size_builtins, dynamic=True)
+    for rows, cols in ((4, 6), (5, 6), (7, 8), (6, 10), (2, 3), (3, 9)):
+        x = torch.randn(rows, cols)
+        got, want = compiled(x), _size_builtins(x)
+        torch.testing.assert_close(got, want)
+        assert [type(v) for v in got[1]] == [type(v) for v in want[1]]
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []

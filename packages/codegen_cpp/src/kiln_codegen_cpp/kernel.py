@@ -81,8 +81,9 @@ hints (Note [Work of a kernel]; ``ntk``: 1 below ``PARALLEL_GRAIN``, else at mos
 ``MIN_WORK_PER_THREAD``); the outer loops are split (no chunked
 inner loop). Only heuristics read the size hints (``sizevars.hint``); correctness never does.
 Declined with symbolic sizes (``CodegenUnsupported``, and the graph is compiled static): split
-reductions and row stashes (their blocking is static), and accumulating scatters. A static
-kernel takes exactly the code path it took before.
+reductions and row stashes (their blocking is static). Accumulating scatters run serially as
+they do with static sizes, vectorized only along a loop proved to separate their targets (Note
+[Scatter lanes over symbolic sizes]). A static kernel takes exactly the code path it took before.
 
 Note [Column reductions over symbolic lengths]: a column reduction (Note [Column reductions])
 blocks its innermost *output* loop; when that one is static (a mean over the `h x w` positions
@@ -376,6 +377,29 @@ def _spell_checks(lines: list[str], branch_free: bool) -> list[str]:
                 f"__atomic_store_n(&kerr, INT64_C({code}), __ATOMIC_RELAXED); {var} = 0; }}"
             )
     return out
+
+
+def _size_factor(term: sympy.Expr) -> sympy.Expr | None:
+    """The integer and size-symbol factors of a product (Note [Scatter lanes over symbolic sizes]),
+    the rest being integer-valued (loop variables, indirect indices); None for a term that is no
+    such product (a non-integer coefficient)."""
+    sizes = sizevars.current().hints
+    factor: sympy.Expr = sympy.Integer(1)
+    for arg in sympy.Mul.make_args(term):
+        if arg.is_Number:
+            if not arg.is_Integer:
+                return None
+            factor *= arg
+        elif arg in sizes or (arg.is_Pow and arg.base in sizes and arg.exp.is_Integer and arg.exp > 0):
+            factor *= arg
+    return factor
+
+
+def _provably_nonnegative(expr: sympy.Expr) -> bool:
+    """Whether ``expr`` is >= 0 for every value its symbols' assumptions allow (sizes are
+    non-negative integers)."""
+    expr = sympy.expand(expr)
+    return bool(expr.is_Integer and expr >= 0) or expr.is_nonnegative is True
 
 
 def _rename(expr: str, mapping: dict[str, str]) -> str:
@@ -1361,8 +1385,6 @@ class KernelBuilder(OpsHandlerBase):
         is_reduction = bool(self.rsizes)
         if self.accumulates and is_reduction:
             raise CodegenUnsupported("an accumulating scatter in a reduction kernel")
-        if self.accumulates and self.symbolic:
-            raise CodegenUnsupported("an accumulating scatter with symbolic sizes")
         lines: list[str] = []
         simd = True
         if not is_reduction:
@@ -1455,7 +1477,7 @@ class KernelBuilder(OpsHandlerBase):
                 return [*loops[:pos], *loops[pos + 1 :], loops[pos]], True
         return loops, False
 
-    def _lanes_apart(self, var: sympy.Symbol, size: int) -> bool:
+    def _lanes_apart(self, var: sympy.Symbol, size: Any) -> bool:
         """Do the ``size`` iterations of loop ``var`` (all else fixed) add into distinct elements?
 
         Each accumulating store's index must read ``c*var + g + K*f``: ``c`` a non-zero integer,
@@ -1463,6 +1485,12 @@ class KernelBuilder(OpsHandlerBase):
         (through an indirect index that depends on it) scaled by multiples of a ``K >= |c|*size``
         (``out[idx[i, j], j] += src[i, j]``: ``j + n*idx``). Two lanes then differ by less than
         ``K`` in ``c*var`` and by a multiple of ``K`` in the rest, so never by zero.
+
+        Note [Scatter lanes over symbolic sizes]: with symbolic sizes (``j + s1*idx`` over a loop
+        of ``s1``) ``K`` is the polynomial gcd of the moving terms' coefficients, each a product
+        of an integer and size symbols (so each is ``K`` times an integer), and ``K >= |c|*size``
+        must be provable from the symbols' assumptions (sizes are non-negative); what cannot be
+        proved leaves the loop scalar, which is always right.
         """
         for index in self.accumulates:
             expr = sympy.expand(index)
@@ -1472,15 +1500,16 @@ class KernelBuilder(OpsHandlerBase):
             rest = expr - coeff * var
             if var in rest.free_symbols:
                 return False
-            step = 0  # gcd of the factors of the terms that move with var
+            step: sympy.Expr = sympy.Integer(0)  # gcd of the factors of the terms that move with var
             for term in sympy.Add.make_args(rest):
-                if not any(self._moves_with(symbol, var) for symbol in term.free_symbols):
+                moving = [s for s in term.free_symbols if self._moves_with(s, var)]
+                if not moving:
                     continue
-                factor, _ = term.as_coeff_Mul()
-                if not factor.is_Integer:
+                factor = _size_factor(term)
+                if factor is None:
                     return False
-                step = math.gcd(step, abs(int(factor)))
-            if step != 0 and step < abs(int(coeff)) * size:
+                step = sympy.gcd(step, factor)
+            if step != 0 and not _provably_nonnegative(abs(step) - abs(int(coeff)) * size):
                 return False
         return True
 

@@ -760,4 +760,6 @@ SIZE_FUNCTIONS: dict[Any, Any] = {
     operator.floordiv: lambda a, b: FloorDiv(sympy.sympify(a), sympy.sympify(b)),
     operator.mod: sympy.Mod,
     operator.pow: operator.pow,
+    torch.sym_max: sympy.Max,
+    torch.sym_min: sympy.Min,
 }

@@ -3,7 +3,7 @@
 A consumer that must *compute* a symbolic size at run time (an FX graph that reads `s0` from an
 input and multiplies, a wrapper that binds symbols once per call) walks the expression with
 `fold_expr`: `leaf(symbol)` gives the value of a symbol, `call(op, args)` combines values, with
-`op` one of Python's `operator` functions, so the consumer never needs sympy itself. Operands of
+`op` one of Python's `operator` functions (or `torch.sym_max`/`sym_min`, which take plain ints too), so the consumer never needs sympy itself. Operands of
 sums and products are visited in a stable order (symbols before numbers), so the same expression
 always folds to the same calls.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import sympy
+import torch
 
 from kiln_symbolic.functions import FloorDiv
 
@@ -56,6 +57,13 @@ def fold_expr(
             out = call(operator.floordiv, (go(e.args[0]), go(e.args[1])))
         elif isinstance(e, sympy.Mod):
             out = call(operator.mod, (go(e.args[0]), go(e.args[1])))
+        elif isinstance(e, (sympy.Max, sympy.Min)):
+            # `max(n, 4)` on sizes (Note [Builtins on symbolic numbers] in kiln_dynamo)
+            fn = torch.sym_max if isinstance(e, sympy.Max) else torch.sym_min
+            terms = sorted(e.args, key=lambda a: (bool(a.is_number), sympy.default_sort_key(a)))
+            out = go(terms[0])
+            for t in terms[1:]:
+                out = call(fn, (out, go(t)))
         elif isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             out = call(operator.pow, (go(e.base), int(e.exp)))
         else:

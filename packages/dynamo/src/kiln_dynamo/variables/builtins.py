@@ -38,7 +38,7 @@ from kiln_dynamo.variables.lists import (
     sort_keys,
     sort_order,
 )
-from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
+from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where, symbolic_builtin
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -832,8 +832,12 @@ class BuiltinVariable(VariableTracker):
             # `int(t)` calls `t.__int__()`: folded when `t` is a constant of the trace (Note
             # [Tensors computed from constants]), a break with its reason otherwise
             return args[0].getattr(tx, f"__{fn.__name__}__").call(tx, [], {})
+        if any(isinstance(a, SymNodeVariable) for a in args) and not kwargs:
+            kept = symbolic_builtin(tx, fn, args)  # Note [Builtins on symbolic numbers]
+            if kept is not None:
+                return kept
         if any(isinstance(a, SymNodeVariable) for a in (*args, *kwargs.values())):
-            # builtins take plain numbers: a symbolic size is specialized here, with a guard
+            # other builtins take plain numbers: a symbolic size is specialized here, with a guard
             args = [specialize(tx, a) for a in args]
             kwargs = {k: specialize(tx, v) for k, v in kwargs.items()}
         if fn in _FOLDABLE and fn not in (sum, bool, len) and _consts(args, kwargs):

@@ -6,10 +6,20 @@ and computes the new SymInt through kiln_symbolic; passing it to a tensor operat
 node. Branching on it (`if x.size(0) > 4:`) asks the ShapeEnv, which answers with this run's
 value and records a guard with the user's line. A SymBool needs no node: it only ever decides a
 branch. `sym_result` is the one door that turns a value computed on fakes into a tracker.
+
+Note [Symbolic numbers stay out of the graph until a tensor needs them]: a number computed from
+sizes in Python (`n // 2`, `n / 3`, `max(n, 4)`, `math.ceil(n / 2)`) gets no graph node when it is
+made, only its recipe (function and operands). A value that only leaves the frame (returned,
+stored, formatted) is computed again in Python from its operands there (`reconstruct`), like a
+SymBool, so the graph never outputs a float of sizes or an expression (`Max`, `ceiling`) that
+the backends cannot compute. Only a tensor operation that takes the number makes its node
+(`graph_node`, recursively for its operands), and the backend then decides what it can compute
+(kiln compiles a graph it cannot with static sizes).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,7 +51,7 @@ def _static_value(v: Any) -> Any:
 
 
 class SymNodeVariable(VariableTracker):
-    __slots__ = ("node", "recipe", "value")
+    __slots__ = ("make", "node", "recipe", "value")
 
     def __init__(
         self, node: torch.fx.Node | None, value: Any, recipe: tuple[Any, list[VariableTracker]] | None = None
@@ -51,6 +61,9 @@ class SymNodeVariable(VariableTracker):
         # a SymBool's (function, operands): at a graph break on it, the resumed frame computes
         # it again in Python from the graph's outputs (a condition on a data-dependent size)
         self.recipe = recipe
+        # a number's node, made when a tensor operation first needs it (Note [Symbolic numbers
+        # stay out of the graph until a tensor needs them])
+        self.make: Callable[[], torch.fx.Node] | None = None
 
     def describe(self) -> str:
         return f"symbolic {self.python_type().__name__} {self.value.node.expr}"
@@ -68,6 +81,12 @@ class SymNodeVariable(VariableTracker):
                 advice="use torch.where, or torch._check(...) the fact the branch needs, or move the branch "
                 "outside the compiled function",
             ) from e
+
+    def graph_node(self) -> torch.fx.Node | None:
+        """The node computing this number, made now if it was deferred."""
+        if self.node is None and self.make is not None:
+            self.node, self.make = self.make(), None
+        return self.node
 
     def reconstruct(self, cg: Reconstructor) -> str:
         if self.node is None and self.recipe is not None:
@@ -94,7 +113,9 @@ def set_where(tx: Tx) -> None:
     tx.output.shapes.env.where = tx.where
 
 
-def sym_result(tx: Tx, value: Any, make_node: Callable[[], torch.fx.Node | None]) -> VariableTracker:
+def sym_result(
+    tx: Tx, value: Any, make_node: Callable[[], torch.fx.Node | None], lazy: bool = False
+) -> VariableTracker:
     """The tracker for `value` (a number, SymInt, SymFloat or SymBool); `make_node` adds the node
     that computes it at run time, called only when the value is symbolic."""
     if not isinstance(value, SYM_TYPES):
@@ -103,6 +124,8 @@ def sym_result(tx: Tx, value: Any, make_node: Callable[[], torch.fx.Node | None]
     if static is not None:
         return ConstantVariable(static)
     if isinstance(value, torch.SymBool):
+        return SymNodeVariable(None, value)
+    if lazy:  # Note [Symbolic numbers stay out of the graph until a tensor needs them]
         return SymNodeVariable(None, value)
     node = make_node()
     if node is not None:
@@ -139,7 +162,66 @@ def symbolic_op(tx: Tx, fn: Any, args: list[VariableTracker]) -> VariableTracker
     def make() -> torch.fx.Node:
         return tx.output.graph.create_node("call_function", fn, tuple(graph_arg(a) for a in args), {})
 
-    result = sym_result(tx, out, make)
+    result = sym_result(tx, out, make, lazy=True)
     if isinstance(result, SymNodeVariable) and result.node is None:
         result.recipe = (fn, list(args))
+        if not isinstance(out, torch.SymBool):
+            where = tx.where()
+
+            def make_later() -> torch.fx.Node:
+                node = make()
+                node.meta["val"] = out
+                node.meta["source_line"] = where
+                return node
+
+            result.make = make_later
     return result
+
+
+def _bool(a: Any) -> Any:
+    return a if isinstance(a, torch.SymBool) else a != 0
+
+
+# Note [Builtins on symbolic numbers]: Python's builtins called on a size (`max(n, 4)`,
+# `divmod(n, 3)`, `round(n / 3)`, `math.ceil(n / 2)`, `int(n * 0.5)`, `abs(n - 5)`) are computed
+# on the SymInts, as torch's `sym_*` functions and the numbers' own `__ceil__`/`__round__`/...
+# do, instead of specializing the size: the ShapeEnv then guards only what a branch decides.
+# `max`/`min` are folded pairwise (torch.sym_max); what has no symbolic form here (a `key=`, a
+# `round` to digits, `math.sqrt`) still specializes, with a guard. Each entry: the function the
+# graph calls, and how many positional arguments it takes.
+SYMBOLIC_BUILTINS: dict[Any, tuple[Callable[..., Any], int]] = {
+    abs: (operator.abs, 1),
+    int: (torch.sym_int, 1),
+    float: (torch.sym_float, 1),
+    bool: (_bool, 1),
+    round: (round, 1),
+    pow: (operator.pow, 2),
+    math.ceil: (math.ceil, 1),
+    math.floor: (math.floor, 1),
+    math.trunc: (math.trunc, 1),
+}
+
+
+def symbolic_builtin(tx: Tx, fn: Any, args: list[VariableTracker]) -> VariableTracker | None:
+    """Note [Builtins on symbolic numbers]: `fn(*args)` kept symbolic, or None when `fn` with
+    these arguments has no symbolic form here (the caller specializes)."""
+    from kiln_dynamo.variables.lists import TupleVariable
+
+    numbers = all(
+        isinstance(a, SymNodeVariable) or (a.is_constant() and isinstance(a.as_constant(), (int, float)))
+        for a in args
+    )
+    if not numbers:
+        return None
+    if fn in (max, min) and len(args) >= 2:
+        pick = torch.sym_max if fn is max else torch.sym_min
+        out = args[0]
+        for a in args[1:]:
+            out = symbolic_op(tx, pick, [out, a])
+        return out
+    if fn is divmod and len(args) == 2:
+        return TupleVariable([symbolic_op(tx, operator.floordiv, args), symbolic_op(tx, operator.mod, args)])
+    entry = SYMBOLIC_BUILTINS.get(fn)
+    if entry is None or len(args) != entry[1]:
+        return None
+    return symbolic_op(tx, entry[0], args)

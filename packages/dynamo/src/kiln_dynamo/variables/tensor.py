@@ -422,9 +422,10 @@ def graph_arg(vt: VariableTracker) -> Any:
     if isinstance(vt, TensorVariable):
         return vt.node
     if isinstance(vt, SymNodeVariable):
-        if vt.node is None:
+        node = vt.graph_node()
+        if node is None:
             raise Unsupported(f"{vt.describe()} cannot be passed to a tensor operation")
-        return vt.node
+        return node
     if isinstance(vt, SliceVariable):
         return vt.as_graph_arg()
     if isinstance(vt, BaseListVariable):
