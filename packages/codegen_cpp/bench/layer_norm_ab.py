@@ -2,9 +2,12 @@
 
 Issue 20 (cpu17): the statistics of a CPU layer norm. Variants: ``new`` (the defaults: loopir's
 ``var_mean`` pass and the C++ generator's ``shifted_welford``), ``old`` (both off: the variance's
-double Welford and a separate float sum for the mean), and the two in between; ``lanes8``: the defaults with 8 lanes per row (cpu17c, Note [Lane
-accumulators]); ``narrow0``: the defaults without ``narrow_lanes`` (cpu18, Note [Lanes cover a
-vector of the narrowest type]; ``--dtypes float32,bfloat16`` times bfloat16 rows too). Timing (the process's CPU time, steadier on a shared machine): the
+double Welford and a separate float sum for the mean), and the two in between; ``lanes8``: the
+defaults with 8 lanes per row (cpu17c, Note [Lane accumulators]); ``narrow0``: the defaults
+without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest type];
+``--dtypes float32,bfloat16`` times bfloat16 rows too); ``peel0``: the defaults without
+``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]).
+Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
 against a float64 reference, eager's next to each variant's, rows ``offset + randn`` (float32 and
@@ -34,6 +37,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "shifted": {"var_mean": False, "cpp_options": {"shifted_welford": True}},
     "lanes8": {"cpp_options": {"reduction_lanes": 8}},
     "narrow0": {"cpp_options": {"narrow_lanes": False}},
+    "peel0": {"cpp_options": {"peel_shifted_blocks": False}},
     "new": {},
 }
 

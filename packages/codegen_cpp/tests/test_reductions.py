@@ -217,11 +217,13 @@ def test_gelu_layer_norm_and_softmax_reuse_the_first_pass(cols: int) -> None:
     source = compiled.backend.last_source  # type: ignore[attr-defined]
     assert ("stash" in source) == (cols * 4 <= 65536)
     # layer norm's mean and m2 share one accumulator: no two updates of the same value in a row
-    # (Note [Shifted Welford blocks]: shifted_add's value is its fifth argument)
+    # (Note [Shifted Welford blocks]: shifted_add's value is its fifth argument, as
+    # shifted_first's and shifted_next's, Note [Peeled shifted blocks])
+    shifted = ("kiln::shifted_add(acc", "kiln::shifted_first(acc", "kiln::shifted_next(acc")
     updates = [
         (line.split("(")[1].split("_")[0], line.split(",")[3 if "welford_add" in line else 4])
         for line in source.splitlines()
-        if "kiln::welford_add(acc" in line or "kiln::shifted_add(acc" in line
+        if "kiln::welford_add(acc" in line or any(s in line for s in shifted)
     ]
     assert updates and all(a[0] == b[0] or a[1] != b[1] for a, b in itertools.pairwise(updates))
 
@@ -391,7 +393,7 @@ def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
     backend = CppBackend(options={"shifted_welford": shifted})
     compiled = compile_graph(gm, [x, w, b], backend=backend)
     source = backend.last_source
-    assert ("kiln::shifted_add(acc" in source) == shifted
+    assert ("kiln::shifted_next(acc" in source) == shifted  # Note [Peeled shifted blocks]
     assert ("kiln::welford_add(acc" in source) != shifted
     assert "_b[l] = " not in source  # no float sum of the rows for the mean
     got = compiled(x, w, b)
@@ -404,6 +406,36 @@ def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
     assert err <= 1.05 * eager_err + 1e-7, (err, eager_err)
     mean_err = (got[1].double() - x.double().mean(1, keepdim=True)).abs().max().item()
     assert mean_err <= 1e-6 * (1 + offset), mean_err
+
+
+@pytest.mark.parametrize("shape", [(4, 768), (3, 2500), (20000,)], ids=str)
+def test_peeled_shifted_blocks_give_the_same_bits(shape: tuple[int, ...]) -> None:
+    """Note [Peeled shifted blocks]: a float32 variance and mean with each block's first lane step
+    peeled and its count from the block's length match the unpeeled kernel bit for bit (rows of
+    one block, several blocks and a tail, a full reduction split in chunks), with a NaN and
+    infinities at blocks' first positions (where the shift is chosen) and elsewhere."""
+    x = make(shape, torch.float32, low=-3.0, high=3.0) + 100.0
+    flat = x.view(-1)
+    flat[0], flat[1024 % flat.numel()], flat[7] = float("inf"), float("nan"), -float("inf")
+    if len(shape) > 1:
+        x[1:, 3] = float("inf")  # a row whose first position is finite, a later one infinite
+
+    last = len(shape) - 1
+
+    def fn(x: torch.Tensor) -> Any:
+        return aten.var_mean.correction(x, [last], correction=0)
+
+    gm = with_vals(fn, x)
+    results, sources = [], []
+    for peel in (True, False):
+        backend = CppBackend(options={"peel_shifted_blocks": peel})
+        results.append(compile_graph(gm, [x], backend=backend)(x))
+        sources.append(backend.last_source)
+    assert "kiln::shifted_first(acc" in sources[0] and "kiln::shifted_first(acc" not in sources[1]
+    for got, ref in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+    finite = make(shape, torch.float32, low=-3.0, high=3.0) + 100.0
+    check(fn, finite)
 
 
 @pytest.mark.parametrize("lanes", [8, 16, 32])

@@ -165,6 +165,67 @@ def test_outputs_only_the_backward_reads_keep_the_layout_they_were_computed_in()
     assert compiled.output_strides == [tuple(got[0].stride()), tuple(got[1].stride())]
 
 
+def _mixed_backward(
+    depthwise: bool, grad_out: bool = False
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """A convolution backward whose gradient eager computes NCHW (the sum of an NCHW and an NHWC
+    gradient takes its first operand's format) beside an NHWC input, as at ConvNeXt's
+    downsampling convolutions."""
+    cin, cout, k, stride, pad, groups = (8, 8, 3, 1, 1, 8) if depthwise else (8, 16, 2, 2, 0, 1)
+    x = make((2, cin, 6, 6)).contiguous(memory_format=torch.channels_last)
+    w = make((cout, cin // groups, k, k))
+    side = 6 // stride
+    g1 = make((2, cout, side, side))
+    g2 = make((2, cout, side, side)).contiguous(memory_format=torch.channels_last)
+
+    def backward(x: Any, w: Any, g1: Any, g2: Any) -> Any:
+        grad = aten.mul.Tensor(aten.add.Tensor(g1, g2), 0.5)
+        gx, gw, gb = aten.convolution_backward.default(
+            grad,
+            x,
+            w,
+            [cout],
+            [stride, stride],
+            [pad, pad],
+            [1, 1],
+            False,
+            [0, 0],
+            groups,
+            [True, True, True],
+        )
+        return (gx, gw, gb, grad) if grad_out else (gx, gw, gb)
+
+    return with_vals(backward, x, w, g1, g2), [x, w, g1, g2]
+
+
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_a_convolution_backward_gets_its_gradient_in_onednns_format(depthwise: bool) -> None:
+    """Note [A convolution backward's gradient in oneDNN's format]: on the CPU the gradient is
+    computed NHWC, the input's format (by the kernel that computes it: no conversion copy), and
+    the gradients match eager's; ``conv_grad_format=False`` keeps eager's NCHW gradient."""
+    gm, inputs = _mixed_backward(depthwise)
+    grad_node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    assert grad_node.meta["val"].is_contiguous()  # eager's gradient: NCHW
+    compiled = check(gm, *inputs)
+    (op,) = conv_ops(compiled)
+    assert op.args[0].layout.stride[1] == 1  # NHWC
+    producer = compiled.graph.name_to_buffer[op.args[0].name]
+    assert not is_plain_copy(producer)  # written so by the add/mul kernel
+    assert any("gradient NCHW -> NHWC" in text for _, text in compiled.passes.record)
+    off = check(gm, *inputs, options={"conv_grad_format": False})
+    (op,) = conv_ops(off)
+    assert op.args[0].layout.stride[-1] == 1  # NCHW, as eager's
+    assert not any("gradient NCHW" in text for _, text in off.passes.record)
+
+
+def test_a_gradient_that_leaves_the_graph_keeps_eager_strides() -> None:
+    gm, inputs = _mixed_backward(False, grad_out=True)
+    grad_node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    compiled = check(gm, *inputs)
+    assert not any("gradient NCHW" in text for _, text in compiled.passes.record)
+    assert compiled(*inputs)[-1].stride() == grad_node.meta["val"].stride()
+
+
 def test_cuda_rule_keeps_training_graphs_with_grouped_convolutions_in_eager_layouts() -> None:
     x, w = make((2, 8, 8, 8)), make((8, 2, 3, 3))  # 4 groups of 2 input channels each
     gm = with_vals(

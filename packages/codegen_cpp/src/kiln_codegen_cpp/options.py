@@ -47,6 +47,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   kernel.py); off: a double Welford update per element, as before. ``shifted_welford_float``:
   the block's shifted sums in float instead of double (faster, less accurate on centred rows:
   the Note).
+* ``peel_shifted_blocks``: in a row's main lane loop, each block's first step of a shifted
+  Welford statistic is peeled (it picks the shift), the rest only add, and the block's count
+  comes from its length (Note [Peeled shifted blocks] in kernel.py); off: ``shifted_add`` per
+  element.
 * ``select_minmax``: ``maximum``/``minimum`` and the max/min reductions' combines are two
   selects (an ordered compare, then the NaN), not one select on ``a > b || a != a`` (Note
   [Maximum and minimum as two selects] in prelude.py); off: the old spelling (``-DKILN_MINMAX_OR``).
@@ -101,6 +105,7 @@ class CppOptions:
     hoist_reductions: bool = False
     shifted_welford: bool = True
     shifted_welford_float: bool = False
+    peel_shifted_blocks: bool = True
     select_minmax: bool = True
     reduction_lanes: int = 16
     narrow_lanes: bool = True

@@ -276,6 +276,21 @@ static inline void shifted_add(float& k, S1& s1, S& s2, float& n, float v) {
   s2 += static_cast<S>(d) * static_cast<S>(d);
   n += 1.0f;
 }
+// Note [Peeled shifted blocks] (kernel.py): a block's first element (k: it when finite, else 0,
+// as shifted_add chooses it) and its later ones (k fixed); n is set from the block's length
+template <typename S1, typename S>
+static inline void shifted_first(float& k, S1& s1, S& s2, float&, float v) {
+  k = v - v == 0.0f ? v : 0.0f;
+  const float d = v - k;
+  s1 += static_cast<S1>(d);
+  s2 += static_cast<S>(d) * static_cast<S>(d);
+}
+template <typename S1, typename S>
+static inline void shifted_next(const float& k, S1& s1, S& s2, float&, float v) {
+  const float d = v - k;
+  s1 += static_cast<S1>(d);
+  s2 += static_cast<S>(d) * static_cast<S>(d);
+}
 // merges the block (mean k + s1 / n, m2 s2 - s1^2 / n, weight n) into Welford lanes, in T;
 // clears the block
 template <typename T, typename S1, typename S>

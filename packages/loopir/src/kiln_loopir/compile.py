@@ -212,6 +212,7 @@ def _generate(
         extern_ops=passes.extern_ops,
         shape_only_readers=passes.options.shape_only_readers,
         pool_values_max=passes.options.pool_values_max,
+        conv_grad_formats=passes.conv_grad_formats,
     ).run()
     if symbolic:
         _check_symbolic(graph, env, guards_before)

@@ -235,6 +235,7 @@ class GraphLowering:
         extern_ops: set[Any] | None = None,
         shape_only_readers: bool = False,
         pool_values_max: bool = True,
+        conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
     ) -> None:
         self.gm = gm
         self.shape_only_readers = shape_only_readers  # Note [Why a value is realized] (c)
@@ -261,6 +262,8 @@ class GraphLowering:
             ctx = PassContext(self.device, PassOptions(), self.example_inputs, not torch.is_grad_enabled())
             channels_last = channels_last_nodes(gm, ctx)
         self.channels_last: set[torch.fx.Node] = channels_last
+        # Note [A convolution backward's gradient in oneDNN's format] (passes/channels_last.py)
+        self.conv_grad_formats = conv_grad_formats or {}
         # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0

@@ -21,7 +21,8 @@ import sympy
 import torch
 
 from .. import sizevars
-from ..ir import TensorBox, realize_strided
+from ..indexing import contiguous_strides
+from ..ir import StorageBox, TensorBox, realize_strided
 from ..lowering import VIEW_OPS, copy_with_strides, fallback, find_lowering, register_lowering
 from ..virtualized import current_graph
 
@@ -107,4 +108,20 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
             _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
             for t in (grad, x)
         )
+    elif node in graph.conv_grad_formats and isinstance(grad, TensorBox):
+        _free_layout(grad, graph.conv_grad_formats[node])
     return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)
+
+
+def _free_layout(x: TensorBox, memory_format: torch.memory_format) -> None:
+    """Note [A convolution backward's gradient in oneDNN's format]: a lazy 4-D value (not yet a
+    buffer, not a view) is given ``memory_format``'s strides for when it is realized; anything
+    else keeps its layout."""
+    storage = x.data
+    if not isinstance(storage, StorageBox) or storage.is_realized() or len(x.get_size()) != 4:
+        return
+    size = [sympy.sympify(s) for s in x.get_size()]
+    if memory_format == torch.channels_last:
+        storage.stride_hint = _channels_last_strides(size)
+    else:
+        storage.stride_hint = tuple(contiguous_strides(size))

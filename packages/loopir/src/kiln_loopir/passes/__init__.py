@@ -96,6 +96,11 @@ class PassOptions:
     distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
     scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
     within ``MAX_HORIZONTAL_DISTANCE``. A decision handed to the scheduler.
+    ``conv_grad_format``: on the CPU, a ``convolution_backward`` kept in eager's layouts whose
+    gradient eager has in another memory format than the one oneDNN computes in (from the input
+    and the weight) gets the gradient computed in that format where nothing has fixed its layout
+    yet (Note [A convolution backward's gradient in oneDNN's format] in passes/channels_last.py);
+    ``False``: the gradient in eager's strides, oneDNN converting it.
     ``var_mean``: a ``var.correction`` and a ``mean.dim`` of the same rows become one ``var_mean``,
     one Welford reduction with two outputs (Note [One Welford for a variance and its mean] in
     passes/var_mean.py); ``False``: the variance's Welford and a separate sum for the mean.
@@ -122,6 +127,7 @@ class PassOptions:
     cse: bool = True
     far_output_fusion: bool = True
     var_mean: bool = True
+    conv_grad_format: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -151,12 +157,13 @@ class PassOptions:
             made.cse,
             made.far_output_fusion,
             made.var_mean,
+            made.conv_grad_format,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
                 " pad_mm_output_copy, view_scatter, pool_values_max, shape_only_readers, cse, far_output_fusion"
-                " and var_mean"
+                ", var_mean and conv_grad_format"
                 " are True or False"
             )
         if made.pool_backward not in (True, False, "force"):
@@ -208,6 +215,9 @@ class PassContext:
     # Note [Both layouts under a symbolic batch]: set when ``channels_last`` holds only for calls
     # whose batch is at least ``start`` (smaller ones keep eager's layouts); None: for every call
     channels_last_from: BatchSplit | None = None
+    # Note [A convolution backward's gradient in oneDNN's format]: convolution_backward nodes ->
+    # the memory format their gradient is computed in where its layout is still free
+    conv_grad_formats: dict[torch.fx.Node, torch.memory_format] = field(default_factory=dict)
     # aten ops whose lowering an option turns off: they run as extern calls
     extern_ops: set[Any] = field(default_factory=set)
     # what each pass did, one line per decision (also logged): for tests and reports

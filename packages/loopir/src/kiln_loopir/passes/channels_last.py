@@ -498,9 +498,76 @@ def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
     return chosen
 
 
+def _format_of(t: torch.Tensor) -> torch.memory_format | None:
+    """channels_last or contiguous_format for a dense 4-D value of static sizes that is one of the
+    two and not both (a value with size-1 dims can be both), else None."""
+    if t.dim() != 4 or not all(isinstance(s, int) for s in (*t.shape, *t.stride())):
+        return None
+    nhwc, nchw = t.is_contiguous(memory_format=torch.channels_last), t.is_contiguous()
+    if nhwc == nchw:
+        return None
+    return torch.channels_last if nhwc else torch.contiguous_format
+
+
+def onednn_format(x: torch.Tensor, weight: torch.Tensor, depthwise: bool) -> torch.memory_format | None:
+    """The memory format eager's oneDNN convolution backward computes in: channels-last when the
+    input is, or the weight is and the convolution is not depthwise (a depthwise weight's format
+    measured without effect), else contiguous; None when the input's format is unknown."""
+    fx = _format_of(x)
+    if fx is None:
+        return None
+    if fx == torch.channels_last or (not depthwise and _format_of(weight) == torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def conv_grad_formats(
+    gm: torch.fx.GraphModule, ctx: PassContext, chosen: set[torch.fx.Node]
+) -> dict[torch.fx.Node, torch.memory_format]:
+    """Note [A convolution backward's gradient in oneDNN's format]: on the CPU, eager's oneDNN
+    convolution backward converts its gradient, input and weight to one memory format, chosen
+    from the input and the weight (channels-last when either is; for a depthwise convolution the
+    input alone). A gradient that eager holds in the other format is copied inside the call on
+    every step; ConvNeXt's downsampling convolutions get an NCHW gradient (the sum of the
+    residual branches' gradients, one of them NCHW) beside an NHWC input, in eager and
+    torch.compile alike. Here each such backward (outside the channels-last set, whose operands
+    are NHWC already) records the format its gradient should be computed in; the lowering gives
+    it that layout where the gradient is still a lazy value (its producing kernel writes it so,
+    at no cost), and leaves a realized one as it is (oneDNN converting it, as before). Inputs
+    and weights keep their layouts: they are saved activations and parameters, whose layouts
+    other readers and the graph's outputs rely on. ``conv_grad_format=False`` off."""
+    if not ctx.options.conv_grad_format or ctx.device.type != "cpu":
+        return {}
+    out: dict[torch.fx.Node, torch.memory_format] = {}
+    for n in conv_backward_nodes(gm):
+        grad = _val(n.args[0])
+        if n in chosen or not isinstance(grad, torch.Tensor):
+            continue
+        source = n.args[0]
+        if isinstance(source, torch.fx.Node) and any(u.op == "output" for u in source.users):
+            continue  # a graph output keeps eager's strides
+        weight, x = _val(n.args[2]), _val(n.args[1])
+        want = onednn_format(x, weight, conv_class(n) == "depthwise")
+        have = _format_of(grad)
+        if want is not None and have is not None and have != want:
+            out[n] = want
+            ctx.note(
+                "layout",
+                "%s: gradient %s -> %s (oneDNN's format from input %s, weight %s)",
+                n.name,
+                "NCHW" if have == torch.contiguous_format else "NHWC",
+                "NCHW" if want == torch.contiguous_format else "NHWC",
+                list(x.shape),
+                list(weight.shape),
+            )
+    return out
+
+
 def layout_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
-    """Record the layout decision in ``ctx.channels_last``; the graph is unchanged."""
+    """Record the layout decision in ``ctx.channels_last`` (and the convolution gradients' formats
+    in ``ctx.conv_grad_formats``); the graph is unchanged."""
     ctx.channels_last = channels_last_nodes(gm, ctx)
+    ctx.conv_grad_formats = conv_grad_formats(gm, ctx, ctx.channels_last)
     return gm
 
 
@@ -510,8 +577,10 @@ __all__ = [
     "LayoutDecision",
     "channels_last_nodes",
     "conv_class",
+    "conv_grad_formats",
     "cpu_policy",
     "cuda_policy",
     "layout_pass",
+    "onednn_format",
     "spread",
 ]
