@@ -519,3 +519,100 @@ def test_keyword_names_and_attribute_names_of_the_break_instruction(
     assert capsys.readouterr().out == eager_out == "kw|"
     _same(expected, got)
     assert got[1].is_leaf and got[1].requires_grad
+
+
+# --- frames of the chain with cell variables (Note [Cells of a chain's frames] in breaks.py) -------
+
+
+def cell_leaf(y: torch.Tensor) -> torch.Tensor:
+    v = y.sum().item()  # the break
+    return y + v
+
+
+def comprehensions_around(x: torch.Tensor, ks: tuple[int, ...]) -> torch.Tensor:
+    # x and ks are cells (read by the comprehensions); `late` is one bound after the break only
+    by_k = {k: x * k for k in ks}
+    firsts = [x + k for k in ks]
+    total = sum(k for k in ks if (n := k) > 0) + n  # the walrus writes the frame's cell n
+    y = cell_leaf(by_k[ks[0]] + firsts[-1])
+    late = y.mean()
+    return y * total + sum(x * k - late for k in ks)  # a generator expression after the break
+
+
+def cells_top(x: torch.Tensor) -> torch.Tensor:
+    t = x.cos()
+    return comprehensions_around(t, (1, 2, 3)) - t
+
+
+def test_cells_of_inlined_frames_resume_in_one_split() -> None:
+    # one split through cells_top, comprehensions_around and cell_leaf, as without the cells
+    assert _run(cells_top, torch.randn(5)) == (2, 1, 0)
+
+
+def counts_calls(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    n = 0
+
+    def bump() -> None:  # made and called before the break only
+        nonlocal n
+        n += 1
+
+    bump()
+    y = cell_leaf(x * n)
+
+    def bump_twice() -> None:
+        nonlocal n
+        n += 2
+
+    bump_twice()
+    return y * n, n
+
+
+def counts_top(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    y, n = counts_calls(x.sin())
+    return y + 1, n
+
+
+def test_writes_through_closures_on_both_sides_of_the_break() -> None:
+    # bump writes the traced cell before the break; after it, bump_twice writes the
+    # continuation's cell, which the return reads
+    assert _run(counts_top, torch.randn(4)) == (2, 1, 0)
+
+
+def closure_across(x: torch.Tensor, k: int) -> torch.Tensor:
+    g = lambda: x * k  # noqa: E731  # made before the break, called after it
+    y = cell_leaf(g())
+    k = 3  # eager's g sees this write: its cell is the frame's
+    return y + g()
+
+
+def closure_top(x: torch.Tensor) -> torch.Tensor:
+    return closure_across(x.sin(), 2) - 1
+
+
+def test_a_closure_made_before_the_break_is_not_resumed_with_a_new_cell() -> None:
+    # a continuation has cells of its own: a closure made before the break that lives on would
+    # keep the old one and miss k = 3. kiln refuses that chain (the rebuilt closure's cell would
+    # belong to a frame still running) and closure_across runs as Python: eager's answer.
+    # (g runs twice for real, with k = 2 then k = 3: a recompile of g, so no `_run` here)
+    x = torch.randn(4)
+    compiled = kiln_dynamo.compile(closure_top)
+    for _ in range(2):
+        _same(closure_top(x), compiled(x))
+    assert [code for code, _ in counters.fallbacks] == ["closure_across"]
+    reasons = [str(r) for r in counters.break_reasons if not r.split]
+    assert any("belongs to a function still running" in r for r in reasons), reasons
+
+
+def test_a_cell_index_that_reaches_a_plain_local_is_refused() -> None:
+    # Note [Cell slots of rewritten code] (resume.py): CPython would read the local as a cell
+    from kiln_dynamo import resume
+
+    def made(a: int) -> Callable[[], int]:
+        b = a + 1
+        return lambda: b
+
+    code = made.__code__
+    assert resume.check_cell_slots(code) is code
+    plain = code.replace(co_varnames=("a", "b"), co_nlocals=2, co_cellvars=())
+    with pytest.raises(ValueError, match="not a cell"):
+        resume.check_cell_slots(plain)

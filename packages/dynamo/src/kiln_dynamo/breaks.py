@@ -58,9 +58,9 @@ two chains of continuations, one per path); its name and constant arguments are 
 code. A frame takes part only when no loop surrounds its instruction; the innermost one also when
 no try block or with-block surrounds its break instruction (that instruction runs in f0's code);
 an outer frame's call may sit in a try block or in a with-block whose exit kiln rebuilds (Note [A
-chain through try and with blocks]); and, for inlined frames, when it is not a generator, has no cell variables (a closure made in the
-frame would keep the old cell), its closure is a real function's, and it does not read its own
-locals by name. Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
+chain through try and with blocks]); and, for inlined frames, when it is not a generator, its
+closure is a real function's, and it does not read its own locals by name (cell variables are
+fine: Note [Cells of a chain's frames]). Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
 the shorter path); a chain of one frame is the ordinary split. Exceptions leave as in eager:
 raised by the break instruction or by a continuation, they propagate out with no handler of the
 chain's frames skipped (Note [A chain through try and with blocks]); tracebacks show the
@@ -93,6 +93,26 @@ The first pass of a frame whose own call sits in a try block moves its break bef
 segformer is unchanged (2/4/5: its breaks register forward hooks under transformers' lock; since
 capture10 the handle's weakref is modelled, and the break is its counter store on torch's
 `RemovableHandle`, then the hook closure stored into the module).
+
+Note [Cells of a chain's frames]: a continuation makes its cells afresh (resume.py's prologue:
+MAKE_CELL wraps the value it receives as an argument), so after the split each frame of a chain
+runs with new cell objects holding the values the trace had at the break. The captured frame f0
+gets its cells' values through its split code's own cells (`SplitPlan.cells`: the break
+instruction may read or write them); an inlined frame's cells are modelled only (`CellVariable`),
+so their values go to its continuation as plain arguments from the runner's tuple. A new cell is
+what eager's code after the break sees exactly when nothing made before the break still holds the
+old one. A comprehension (3.11) made before the break ran in the trace, and a generator expression
+ran to completion where it was made (Note [Generators traced step by step] in translator.py):
+neither holds a cell after the break. A closure made before the break that lives on (a live local, a stack
+slot, stored somewhere) has to be rebuilt by the runner, and the runner refuses a closure over a
+cell of a frame still running after the compiled code (Note [Functions made in the frame that
+leave it] in functions.py): that chain fails, the frame above splits at its call instead, and the
+frame that made the closure runs as plain Python, with the reason. So a closure never misses a
+write made after the break. Before capture18b a frame of the chain with any cell variable cut the
+chain: transformers' `capture_outputs` wrapper (cells for its dict comprehensions) and
+Longformer's encoder (generator expressions) split once per frame. Measured (`breaks.py --models
+--no-torch --only=...`, graphs/breaks/frames in Python, before -> after): wav2vec2 and hubert
+train 3/2/1 -> 2/1/0, longformer eval and train 4/2/0 -> 2/1/0, m2m100 train 9/13/4 -> 9/8/4.
 
 Note [Trace twice]: the first pass has already put into the graph whatever the failing inlined
 call did before it failed, and has recorded its side effects and guards. Undoing that piecemeal is
@@ -296,8 +316,6 @@ def _chain_obstacle(tx: InstructionTranslator, level: int, innermost: bool) -> s
     if level > 0:
         if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
             return "it is a generator"
-        if code.co_cellvars:
-            return "it has cell variables (a closure made in it would not see a continuation's writes)"
         if code.co_freevars and type(tx.function) is not UserFunctionVariable:
             return "its closure was made inside the compiled frames"
         own = resume.reads_own_locals(code)
@@ -450,12 +468,15 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
             if not bound:
                 raise ChainCut(level, f"super() needs {first!r}, which is not bound at the break")
         for name in order:
-            if name in t.code.co_cellvars:  # the captured frame only (inner ones have none)
+            if name in t.code.co_cellvars:  # Note [Cells of a chain's frames]
                 cell = t.cells.get(name)
                 if cell is None or cell.contents is None:
-                    continue
-                cells[name] = index(cell.contents)
-                args.append(("c", name))
+                    continue  # unbound here: an empty cell in the continuation too
+                if level == 0:  # through f0's own cell, which the break instruction may use
+                    cells[name] = index(cell.contents)
+                    args.append(("c", name))
+                else:  # a modelled cell: its value, which the continuation puts in a new cell
+                    args.append(("r", index(cell.contents)))
             elif name in t.code.co_freevars:
                 continue  # the continuation shares the frame's closure
             elif name in t.locals and t.locals[name] is not NULL:

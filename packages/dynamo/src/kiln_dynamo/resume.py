@@ -365,6 +365,33 @@ def _localsplus_index(
     return len(varnames) + len(cells) + freevars.index(name)
 
 
+# Note [Cell slots of rewritten code]: the instructions that take a cell (MAKE_CELL,
+# LOAD_CLOSURE, LOAD_DEREF, STORE_DEREF, DELETE_DEREF, LOAD_CLASSDEREF) index the frame's
+# "fast locals plus" array, whose layout CPython derives from co_varnames, co_cellvars and
+# co_freevars (a cell variable that is also a local shares the local's slot). A continuation
+# renumbers that array (its arguments first), and CPython does not check at run time that such
+# an index reaches a cell: a LOAD_CLOSURE of a plain local puts a non-cell into a closure, and
+# the generator expression or closure made from it crashes the process on its first
+# LOAD_DEREF. So every code object built here is checked once, against CPython's own reading of
+# its layout (`dis` resolves each index to a name): an index that reaches no cell or free
+# variable is a ValueError, which capture turns into the frame running as plain Python (Note
+# [Never a crash] in convert_frame.py), never a crash.
+_CELL_OPS = frozenset(dis.hasfree)
+
+
+def check_cell_slots(code: types.CodeType) -> types.CodeType:
+    """`code`, after checking that every cell instruction of it reaches a cell or free variable
+    (Note [Cell slots of rewritten code]); ValueError if one does not."""
+    cells = set(code.co_cellvars)
+    shared = cells | set(code.co_freevars)
+    for ins in dis.get_instructions(code):
+        if ins.opcode in _CELL_OPS and ins.argval not in (cells if ins.opname == "MAKE_CELL" else shared):
+            raise ValueError(
+                f"{ins.opname} at {ins.offset} of {code.co_name} reaches {ins.argval!r}, not a cell"
+            )
+    return code
+
+
 def _copy(instrs: tuple[Instr, ...]) -> list[Instr]:
     new = {id(i): Instr(i.opname, i.arg, None, i.lineno, i.argval, None, i.offset) for i in instrs}
     entries: dict[int, ExnEntry] = {}
@@ -639,7 +666,7 @@ def split_code(
         if ins.lineno is None:
             ins.lineno = lineno
     asm = bytecode.assemble(out, code.co_firstlineno)
-    return code.replace(
+    split = code.replace(
         co_code=asm.code,
         co_linetable=asm.linetable,
         co_exceptiontable=asm.exceptiontable,
@@ -650,6 +677,7 @@ def split_code(
         co_stacksize=bytecode.stack_depth(out) + 1,
         co_flags=code.co_flags & ~_GENERATOR_FLAGS,
     )
+    return check_cell_slots(split)  # Note [Cell slots of rewritten code]
 
 
 # Instructions whose meaning does not depend on the frame that runs them (no local, cell, global
@@ -976,7 +1004,7 @@ def function_code(
     """``original`` turned into a plain function of ``n_args`` positional arguments running the
     assembled ``instrs`` (a continuation, a loop piece): no generator or *args/**kwargs flags, its
     own name, nested under the original's qualified name."""
-    return original.replace(
+    made = original.replace(
         co_code=asm.code,
         co_linetable=asm.linetable,
         co_exceptiontable=asm.exceptiontable,
@@ -991,3 +1019,4 @@ def function_code(
         co_qualname=f"{original.co_qualname}.<{name}>",
         co_consts=original.co_consts if consts is None else consts,
     )
+    return check_cell_slots(made)  # Note [Cell slots of rewritten code]
