@@ -1104,3 +1104,40 @@ def test_builtins_on_sizes_stay_symbolic() -> None:
         torch.testing.assert_close(got, want)
         assert [type(v) for v in got[1]] == [type(v) for v in want[1]]
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _size_comparisons(x: torch.Tensor, n: int) -> Any:
+    m = x.shape[0]
+    return x * 2, (
+        m in (4, 7),
+        m not in (4, 7),
+        x.shape[:1] == (n * 2,),
+        x.shape[:1] != (n * 2,),
+        [m, n] == [8, 2],
+        n in (2, 4, "four"),  # a string among the items: Python's one-by-one answer
+        (m, "a") == (m, "a"),
+    )
+
+
+def _branch_on_membership(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if x.shape[0] in (4, 7) else x - 1
+
+
+def test_comparisons_of_sizes_stay_symbolic() -> None:
+    """Note [Comparisons of sizes stay symbolic] (kiln_dynamo): `in` and sequence equality over
+    size symbols are SymBools computed when the frame returns, not guards that pin the size:
+    one graph under `dynamic=True`, as torch.compile; a branch on one is one guard."""
+    compiled = kiln.compile(_size_comparisons, dynamic=True)
+    for rows, n in ((4, 2), (8, 2), (7, 3), (10, 5), (6, 4), (12, 6)):
+        x = torch.randn(rows, 3)
+        got, want = compiled(x, n), _size_comparisons(x, n)
+        torch.testing.assert_close(got, want)
+        assert [type(v) for v in got[1]] == [type(v) for v in want[1]]
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    kiln.reset()
+    branch = kiln.compile(_branch_on_membership, dynamic=True)
+    for rows in (4, 5, 7, 6, 4):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(branch(x), _branch_on_membership(x))
+    # one graph for the sizes in (4, 7) and one for the others: the guard is the `Or`, not `== 4`
+    assert kiln_dynamo.counters.graphs == 2
