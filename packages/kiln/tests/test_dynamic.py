@@ -1141,3 +1141,27 @@ def test_comparisons_of_sizes_stay_symbolic() -> None:
         torch.testing.assert_close(branch(x), _branch_on_membership(x))
     # one graph for the sizes in (4, 7) and one for the others: the guard is the `Or`, not `== 4`
     assert kiln_dynamo.counters.graphs == 2
+
+
+def _floats_of_sizes(x: torch.Tensor, n: int) -> Any:
+    m = x.shape[0]
+    return (
+        torch.full((2, x.shape[1]), n / 3),
+        x + (m / 7 + 1) + 2,
+        x * (float(m) * 0.1 * 3),
+        torch.full((3,), (n - m) / 3, dtype=torch.int64),
+        torch.full((2,), -(n / 3.0), dtype=torch.float64),
+    )
+
+
+def test_floats_of_sizes_are_computed_in_the_kernel() -> None:
+    """Note [A float of sizes keeps its Python operations] (kiln_aotgrad) and Note [Floats of
+    sizes in C++]: a Python float computed from sizes (`n / 3`) as a fill value or a scalar
+    operand no longer compiles the graph static per size: one graph under `dynamic=True`, and
+    bit-for-bit eager's values (double arithmetic in Python's order, then eager's conversion)."""
+    compiled = kiln.compile(_floats_of_sizes, dynamic=True, options={"cpu_backend": "cpp"})
+    for rows, n in ((8, 2), (8, 3), (12, 4), (10, 5), (6, 3), (13, 7)):
+        x = torch.randn(rows, 5)
+        for got, want in zip(compiled(x, n), _floats_of_sizes(x, n), strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
