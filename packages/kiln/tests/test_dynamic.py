@@ -394,9 +394,11 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     import logging
 
     def scatter(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # a float computed from a size as a tensor's fill value: aotgrad refuses a SymFloat (an
-        # accumulating scatter was the example until the C++ generator took it symbolically)
-        return torch.full((x.shape[0], 4), x.shape[0] / 3).index_add_(0, idx, x)
+        # a float computed from a size by `**` as a tensor's fill value: aotgrad refuses a
+        # SymFloat made by an operation loopir does not compute in double (an accumulating
+        # scatter was the example until the C++ generator took it symbolically, then `n / 3`
+        # until Note [A float of sizes keeps its Python operations])
+        return torch.full((x.shape[0], 4), x.shape[0] ** 0.5).index_add_(0, idx, x)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.relu() * 2
