@@ -394,9 +394,11 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     import logging
 
     def scatter(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # a float computed from a size as a tensor's fill value: aotgrad refuses a SymFloat (an
-        # accumulating scatter was the example until the C++ generator took it symbolically)
-        return torch.full((x.shape[0], 4), x.shape[0] / 3).index_add_(0, idx, x)
+        # a float computed from a size by `**` as a tensor's fill value: aotgrad refuses a
+        # SymFloat made by an operation loopir does not compute in double (an accumulating
+        # scatter was the example until the C++ generator took it symbolically, then `n / 3`
+        # until Note [A float of sizes keeps its Python operations])
+        return torch.full((x.shape[0], 4), x.shape[0] ** 0.5).index_add_(0, idx, x)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.relu() * 2
@@ -1103,4 +1105,65 @@ def test_builtins_on_sizes_stay_symbolic() -> None:
         got, want = compiled(x), _size_builtins(x)
         torch.testing.assert_close(got, want)
         assert [type(v) for v in got[1]] == [type(v) for v in want[1]]
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _size_comparisons(x: torch.Tensor, n: int) -> Any:
+    m = x.shape[0]
+    return x * 2, (
+        m in (4, 7),
+        m not in (4, 7),
+        x.shape[:1] == (n * 2,),
+        x.shape[:1] != (n * 2,),
+        [m, n] == [8, 2],
+        n in (2, 4, "four"),  # a string among the items: Python's one-by-one answer
+        (m, "a") == (m, "a"),
+    )
+
+
+def _branch_on_membership(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 if x.shape[0] in (4, 7) else x - 1
+
+
+def test_comparisons_of_sizes_stay_symbolic() -> None:
+    """Note [Comparisons of sizes stay symbolic] (kiln_dynamo): `in` and sequence equality over
+    size symbols are SymBools computed when the frame returns, not guards that pin the size:
+    one graph under `dynamic=True`, as torch.compile; a branch on one is one guard."""
+    compiled = kiln.compile(_size_comparisons, dynamic=True)
+    for rows, n in ((4, 2), (8, 2), (7, 3), (10, 5), (6, 4), (12, 6)):
+        x = torch.randn(rows, 3)
+        got, want = compiled(x, n), _size_comparisons(x, n)
+        torch.testing.assert_close(got, want)
+        assert [type(v) for v in got[1]] == [type(v) for v in want[1]]
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    kiln.reset()
+    branch = kiln.compile(_branch_on_membership, dynamic=True)
+    for rows in (4, 5, 7, 6, 4):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(branch(x), _branch_on_membership(x))
+    # one graph for the sizes in (4, 7) and one for the others: the guard is the `Or`, not `== 4`
+    assert kiln_dynamo.counters.graphs == 2
+
+
+def _floats_of_sizes(x: torch.Tensor, n: int) -> Any:
+    m = x.shape[0]
+    return (
+        torch.full((2, x.shape[1]), n / 3),
+        x + (m / 7 + 1) + 2,
+        x * (float(m) * 0.1 * 3),
+        torch.full((3,), (n - m) / 3, dtype=torch.int64),
+        torch.full((2,), -(n / 3.0), dtype=torch.float64),
+    )
+
+
+def test_floats_of_sizes_are_computed_in_the_kernel() -> None:
+    """Note [A float of sizes keeps its Python operations] (kiln_aotgrad) and Note [Floats of
+    sizes in C++]: a Python float computed from sizes (`n / 3`) as a fill value or a scalar
+    operand no longer compiles the graph static per size: one graph under `dynamic=True`, and
+    bit-for-bit eager's values (double arithmetic in Python's order, then eager's conversion)."""
+    compiled = kiln.compile(_floats_of_sizes, dynamic=True, options={"cpu_backend": "cpp"})
+    for rows, n in ((8, 2), (8, 3), (12, 4), (10, 5), (6, 3), (13, 7)):
+        x = torch.randn(rows, 5)
+        for got, want in zip(compiled(x, n), _floats_of_sizes(x, n), strict=True):
+            assert got.dtype == want.dtype and torch.equal(got, want)
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []

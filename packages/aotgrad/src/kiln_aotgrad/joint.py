@@ -113,7 +113,11 @@ class OriginInterpreter(torch.fx.Interpreter):
         self.tracer.origin = origin or None
         try:
             with same_unbacked(n.meta.get("val")):  # Note [Tracing a captured graph again]
-                return super().run_node(n)
+                out = super().run_node(n)
+            if n.op == "call_function" and isinstance(out, torch.SymFloat) and not n.kwargs:
+                # Note [A float of sizes keeps its Python operations] (tracer.py)
+                self.tracer.note_sym_float(out, n.target, self.fetch_args_kwargs_from_env(n)[0])
+            return out
         finally:
             self.tracer.origin = None
 

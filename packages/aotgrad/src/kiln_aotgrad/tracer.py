@@ -258,6 +258,9 @@ class Tracer(TorchDispatchMode):
         # Note [SymInts in the aten graph]
         self.sym_nodes: dict[Any, torch.fx.Node] = {}
         self._sym_sources: dict[Any, tuple[torch.fx.Node, str, int]] = {}
+        # Note [A float of sizes keeps its Python operations]: id(SymNode) -> (value, fn, args)
+        self._float_recipes: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
+        self._float_nodes: dict[int, torch.fx.Node] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def placeholder(self, name: str, fake: Any) -> torch.fx.Node:
@@ -364,9 +367,42 @@ class Tracer(TorchDispatchMode):
             return self.node_for(x)
         if isinstance(x, torch.SymInt) and is_symbolic(x):
             return self.sym_node_for(x)
+        if isinstance(x, torch.SymFloat) and is_symbolic(x) and id(x.node) in self._float_recipes:
+            return self._sym_float_node(x)
         if isinstance(x, (torch.SymFloat, torch.SymBool)) and is_symbolic(x):
             raise AotgradError(f"a symbolic {type(x).__name__} argument ({x})", origin=self.where())
         return x
+
+    # Note [A float of sizes keeps its Python operations]: a SymFloat argument of an operator
+    # (`torch.full(shape, n / 3)`, `x * (n / 2)`) is computed in the graph by the Python
+    # operations that made it, in their order (the captured graph's `truediv(n, 3)`, replayed
+    # here as the interpreter runs it), never rebuilt from its sympy expression, whose Add and
+    # Mul reorder float operations (Note [Python float arithmetic on sizes, in its order] in
+    # kiln_symbolic). Only the operations loopir computes as doubles are kept; a SymFloat made
+    # any other way is refused as before (the graph compiles with static sizes).
+    FLOAT_OPS = frozenset(
+        {operator.truediv, operator.mul, operator.add, operator.sub, operator.neg, torch.sym_float}
+    )
+
+    def note_sym_float(self, value: torch.SymFloat, fn: Any, args: tuple[Any, ...]) -> None:
+        """Remember how the captured graph computed SymFloat `value` (Note [A float of sizes
+        keeps its Python operations])."""
+        if fn not in self.FLOAT_OPS or not is_symbolic(value):
+            return
+        if all(
+            isinstance(a, (int, float, torch.SymInt, torch.SymFloat)) and not isinstance(a, bool)
+            for a in args
+        ):
+            self._float_recipes[id(value.node)] = (value, fn, tuple(args))
+
+    def _sym_float_node(self, value: torch.SymFloat) -> Any:
+        key = id(value.node)
+        node = self._float_nodes.get(key)
+        if node is None:
+            _, fn, args = self._float_recipes[key]
+            node = self._sym_call(fn, tuple(self._to_node(a) for a in args))
+            self._float_nodes[key] = node
+        return node
 
     def where(self) -> str | None:
         return self.origin or _user_frame()

@@ -14,7 +14,20 @@ import math
 import sympy
 import torch
 
-from kiln_loopir.codegen_common import HALF, IndexPrinter, OpSpellings, UnsupportedDtype, constant_value
+from kiln_loopir.codegen_common import (
+    HALF,
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatOp,
+    FloatSub,
+    FloatTrueDiv,
+    IndexPrinter,
+    OpSpellings,
+    ToFloat,
+    UnsupportedDtype,
+    constant_value,
+)
 
 # dtype -> (type held in memory, type computed with)
 CTYPES: dict[torch.dtype, tuple[str, str]] = {
@@ -215,6 +228,35 @@ class CppIndexPrinter(IndexPrinter):
 
     def minmax(self, is_min: bool, a: str, b: str) -> str:
         return f"{'std::min' if is_min else 'std::max'}<int64_t>({a}, {b})"
+
+    # Note [Floats of sizes in C++]: a float computed from sizes (`torch.full(shape, n / 3)`,
+    # Note [Python float arithmetic on sizes, in its order] in kiln_symbolic) is one double
+    # operation per Python operation, in Python's order: int operands (sizes, their integer
+    # expressions) are converted to double first, as Python converts an int meeting a float
+    # (exact below 2**53; an int / int true division of such ints is the correctly rounded
+    # quotient, as Python's); float literals are printed with Python's repr, which C++ reads
+    # back as the same double. `index_expr` then converts the double to the kernel's type, as
+    # eager converts the Python scalar.
+    def float_op(self, expr: FloatOp) -> str:
+        ops = {FloatTrueDiv: "/", FloatMul: "*", FloatAdd: "+", FloatSub: "-"}
+        args = [self._double(a) for a in expr.args]
+        if isinstance(expr, ToFloat):
+            return args[0]
+        if isinstance(expr, FloatNeg):
+            return f"(-{args[0]})"
+        return f"({args[0]} {ops[type(expr)]} {args[1]})"
+
+    def _double(self, e: sympy.Expr) -> str:
+        if isinstance(e, FloatOp):
+            return self.float_op(e)
+        if isinstance(e, sympy.Float):
+            value = float(e)
+            if not math.isfinite(value):
+                raise NotImplementedError(f"a float of sizes with a non-finite literal ({e})")
+            return f"({value!r})"
+        if not e.is_integer:
+            raise NotImplementedError(f"a float of sizes with a non-integer operand ({e})")
+        return f"static_cast<double>({self.print(e)})"
 
 
 _PRINTER = CppIndexPrinter()

@@ -488,6 +488,89 @@ class InstructionTranslator:
             return False
         return all(self.values_equal(x, y) for x, y in zip(items_a, items_b, strict=True))
 
+    # Note [Comparisons of sizes stay symbolic]: `n in (4, 7)`, `x.shape[:1] == (2 * n,)` and
+    # `[n, m] != [4, 4]` over size symbols are SymBools (an `Or` of `Eq`s, an `And` of them), not
+    # Python bools: asking the ShapeEnv for the answer guards it, and a guard `Eq(s0, 4)` pins
+    # the size (a replacement) or `Eq(s0, 2*s2)` ties two symbols, so the next size recompiles
+    # although nothing in the frame branched on the answer. A SymBool that only leaves the frame
+    # is computed again in Python from its operands there (Note [Symbolic numbers stay out of
+    # the graph until a tensor needs them]); one that decides a branch is guarded then, as one
+    # guard over the whole comparison. Only when every pair compared is numbers or sequences of
+    # them (a tensor or a user object among the items keeps Python's one-by-one, short-circuit
+    # answer through `values_equal`; a string or None never equals a number); constant pairs are
+    # decided at once, and a pair known unequal (different lengths, a constant False) decides
+    # the whole comparison.
+    # Measured: `size_comparisons` and `int_logic` of bench/dynamic_probes.py compiled 3 and 5
+    # graphs under dynamic=True where torch.compile (which also returns these as SymBools)
+    # compiled 1 and 2.
+    def symbolic_equal(self, a: VT, b: VT) -> VT | None:
+        """`a == b` as a tracker, a SymBool when sizes decide it (Note [Comparisons of sizes stay
+        symbolic]); None when a pair is not numbers or sequences of them."""
+        if a.is_constant() and b.is_constant():
+            if isinstance(a.as_constant(), (tuple, list)) or isinstance(b.as_constant(), (tuple, list)):
+                return ConstantVariable(self.values_equal(a, b))
+            return (
+                ConstantVariable(bool(a.as_constant() == b.as_constant()))
+                if _is_number(a) and _is_number(b)
+                else None
+            )
+        if a.identity() is b.identity():
+            return ConstantVariable(True)
+        if _symbolic_operands(a, b):
+            return symbolic_op(self, operator.eq, [a, b])
+        for x, y in ((a, b), (b, a)):
+            if (
+                isinstance(x, SymNodeVariable)
+                and y.is_constant()
+                and isinstance(y.as_constant(), (str, bytes, type(None)))
+            ):
+                return ConstantVariable(False)  # a number never equals a string or None
+        sa, sb = _sequence_items(a), _sequence_items(b)
+        if sa is None or sb is None:
+            return None
+        (kind_a, items_a), (kind_b, items_b) = sa, sb
+        if kind_a is not kind_b or len(items_a) != len(items_b):
+            return ConstantVariable(False)
+        parts = []
+        for x, y in zip(items_a, items_b, strict=True):
+            part = self.symbolic_equal(x, y)
+            if part is None:
+                return None
+            parts.append(part)
+        return self._fold_bools(operator.and_, parts)
+
+    def symbolic_contains(self, container: VT, item: VT) -> VT | None:
+        """`item in container` for a tuple or list as a tracker, a SymBool when sizes decide it
+        (Note [Comparisons of sizes stay symbolic]); None when that does not apply."""
+        if not isinstance(container, BaseListVariable | ConstantVariable):
+            return None  # asking another container whether it is a constant reads all its entries
+        seq = _sequence_items(container)
+        if seq is None:
+            return None
+        items = seq[1]
+        if not any(isinstance(v, SymNodeVariable) for v in (item, *items)):
+            return None
+        parts = []
+        for x in items:
+            part = self.symbolic_equal(x, item)
+            if part is None:
+                return None
+            parts.append(part)
+        return self._fold_bools(operator.or_, parts)
+
+    def _fold_bools(self, fn: Any, parts: list[VT]) -> VT:
+        """`and`/`or` (`fn` is operator.and_ or operator.or_) of constant and symbolic bools: a
+        constant that decides it (False for and, True for or) answers at once."""
+        decisive = fn is operator.or_
+        out: VT | None = None
+        for part in parts:
+            if part.is_constant():
+                if bool(part.as_constant()) is decisive:
+                    return ConstantVariable(decisive)
+                continue
+            out = part if out is None else symbolic_op(self, fn, [out, part])
+        return out if out is not None else ConstantVariable(not decisive)
+
     def contains(self, container: VT, item: VT) -> bool:
         if hasattr(container, "contains"):
             return bool(container.contains(self, item))
@@ -572,6 +655,9 @@ class InstructionTranslator:
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
         _characters_needed(a, b)
         if fn in (operator.eq, operator.ne):
+            equal = self.symbolic_equal(a, b)  # Note [Comparisons of sizes stay symbolic]
+            if isinstance(equal, SymNodeVariable):
+                return equal if fn is operator.eq else symbolic_op(self, torch.sym_not, [equal])
             seq = self.sequences_equal(a, b)  # Note [Equality of sizes and sequences]
             if seq is not None:
                 return ConstantVariable(seq if fn is operator.eq else not seq)
@@ -1018,7 +1104,15 @@ class InstructionTranslator:
     def CONTAINS_OP(self, inst: dis.Instruction) -> None:
         container = self.pop()
         item = self.pop()
-        self.push(ConstantVariable(self.contains(container, item) != bool(_arg(inst))))
+        found = self.symbolic_contains(container, item)  # Note [Comparisons of sizes stay symbolic]
+        if found is None:
+            self.push(ConstantVariable(self.contains(container, item) != bool(_arg(inst))))
+        elif not _arg(inst):
+            self.push(found)
+        elif isinstance(found, SymNodeVariable):
+            self.push(symbolic_op(self, torch.sym_not, [found]))
+        else:
+            self.push(ConstantVariable(not found.as_constant()))
 
     def UNARY_NEGATIVE(self, inst: dis.Instruction) -> None:
         self.push(self.unary_op(operator.neg, self.pop()))

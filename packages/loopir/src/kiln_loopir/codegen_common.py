@@ -36,6 +36,9 @@ from typing import Any
 import sympy
 import torch
 
+# the float functions are re-exported for the code generators (Note [Floats of sizes in C++])
+from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatOp, FloatSub, FloatTrueDiv, ToFloat  # noqa: F401
+
 from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
 from .ir import ComputedBuffer
 
@@ -211,9 +214,17 @@ class IndexPrinter:
         if isinstance(expr, sympy.Pow) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
             base = self.print(expr.args[0])
             return "(" + " * ".join([base] * int(expr.args[1])) + ")"
+        if isinstance(expr, FloatOp):
+            return self.float_op(expr)
         if isinstance(expr, sympy.Rational):
             raise NotImplementedError(f"non-integer index {expr}")
         raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
+
+    def float_op(self, expr: FloatOp) -> str:
+        """A float of sizes (Note [Python float arithmetic on sizes, in its order] in
+        kiln_symbolic) as the language's double arithmetic; a backend that cannot spell it
+        declines, and the graph compiles with static sizes."""
+        raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
 
 
 # -------------------------------------------------------------------------------------------

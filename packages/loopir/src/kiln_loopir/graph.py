@@ -49,7 +49,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from kiln_symbolic import expr_of
+from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatSub, FloatTrueDiv, ToFloat, expr_of
 
 from . import origins
 from .indexing import FloorDiv, contiguous_strides
@@ -376,6 +376,14 @@ class GraphLowering:
         target = node.target
         if target is operator.getitem:
             return args[0][args[1]]
+        float_fn = FLOAT_FUNCTIONS.get(target)
+        if (
+            float_fn is not None
+            and isinstance(meta, torch.SymFloat)
+            and _size_arithmetic(target, args, floats=True)
+        ):
+            # Note [A float of sizes keeps its Python operations] (kiln_aotgrad)
+            return float_fn(*[sympy.Float(a, 53) if isinstance(a, float) else sympy.sympify(a) for a in args])
         size_fn = SIZE_FUNCTIONS.get(target)
         if size_fn is not None and _size_arithmetic(target, args):
             return size_fn(*args)  # Note [Symbolic sizes in loopir]: computed here, not in a kernel
@@ -742,12 +750,26 @@ def _sym_numel(x: Any) -> Any:
     return sympy.Mul(*x.get_size())
 
 
-def _size_arithmetic(target: Any, args: Sequence[Any]) -> bool:
+def _size_arithmetic(target: Any, args: Sequence[Any], floats: bool = False) -> bool:
     """`sym_size`-like calls always; `operator` calls only on sizes (a traced `x * 2` on a
-    tensor has its own lowering)."""
+    tensor has its own lowering), and on Python floats when `floats`."""
     if isinstance(target, torch._ops.OpOverload):
         return True
-    return all(isinstance(a, int | sympy.Expr) and not isinstance(a, bool) for a in args)
+    kinds = int | float | sympy.Expr if floats else int | sympy.Expr
+    return all(isinstance(a, kinds) and not isinstance(a, bool) for a in args)
+
+
+# Note [A float of sizes keeps its Python operations] (kiln_aotgrad): a SymFloat the graph
+# computes from sizes becomes an ordered float expression (Note [Python float arithmetic on
+# sizes, in its order] in kiln_symbolic), which a kernel reads with `ops.index_expr` in double
+FLOAT_FUNCTIONS: dict[Any, Any] = {
+    operator.truediv: FloatTrueDiv,
+    operator.mul: FloatMul,
+    operator.add: FloatAdd,
+    operator.sub: FloatSub,
+    operator.neg: FloatNeg,
+    torch.sym_float: ToFloat,
+}
 
 
 # Note [Symbolic sizes in loopir]: the size arithmetic aotgrad leaves in the graph (Note [SymInts

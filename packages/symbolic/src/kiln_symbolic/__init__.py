@@ -8,7 +8,17 @@ meta kernels and decompositions run on fake tensors with symbolic sizes. Express
 """
 
 from kiln_symbolic.fold import UnfoldableExpr, fold_expr
-from kiln_symbolic.functions import FloorDiv, IntTrueDiv
+from kiln_symbolic.functions import (
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatOp,
+    FloatSub,
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    ToFloat,
+)
 from kiln_symbolic.printer import PythonPrinter, pexpr
 from kiln_symbolic.ranges import ValueRange, bound, decide
 from kiln_symbolic.shape_env import (
@@ -38,6 +48,12 @@ __all__ = [
     "UNBACKED_HINT",
     "ConstraintViolation",
     "DimDynamic",
+    "FloatAdd",
+    "FloatMul",
+    "FloatNeg",
+    "FloatOp",
+    "FloatSub",
+    "FloatTrueDiv",
     "FloorDiv",
     "GuardOnDataDependent",
     "IntTrueDiv",
@@ -47,6 +63,7 @@ __all__ = [
     "ShapeGuard",
     "SymNode",
     "SymbolicUnsupported",
+    "ToFloat",
     "UnfoldableExpr",
     "ValueRange",
     "bound",

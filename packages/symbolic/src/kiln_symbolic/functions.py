@@ -53,5 +53,58 @@ class IntTrueDiv(sympy.Function):
         return None
 
 
+# Note [Python float arithmetic on sizes, in its order]: `n / 3 + 0.5` computed from sizes is
+# Python float (double) arithmetic, whose rounding depends on the order of the operations; sympy's
+# Add and Mul reorder and merge their terms (`(n / 3 + 1) + 2` becomes `n / 3 + 3`, which may
+# round differently). A float a kernel computes from sizes (a fill value, a scalar operand) is
+# therefore spelled with these functions, one per Python operation, which sympy never
+# rearranges: each takes its operands as written and is one double operation (ints converted to
+# double first, as Python does). On numbers they evaluate to that double at once (the loopir
+# interpreter substitutes the sizes and reads the number).
+class FloatOp(sympy.Function):
+    """A Python float operation on sizes, kept in its order."""
+
+    is_real = True
+    is_integer = False
+    python: Any = None
+
+    @classmethod
+    def eval(cls, *args: Any) -> Any:
+        if all(a.is_number for a in args):
+            values = [int(a) if a.is_Integer else float(a) for a in args]
+            return sympy.Float(float(cls.python(*values)), 53)
+        return None
+
+
+class FloatTrueDiv(FloatOp):
+    nargs = (2,)
+    python = staticmethod(lambda a, b: a / b)
+
+
+class FloatMul(FloatOp):
+    nargs = (2,)
+    python = staticmethod(lambda a, b: a * b)
+
+
+class FloatAdd(FloatOp):
+    nargs = (2,)
+    python = staticmethod(lambda a, b: a + b)
+
+
+class FloatSub(FloatOp):
+    nargs = (2,)
+    python = staticmethod(lambda a, b: a - b)
+
+
+class FloatNeg(FloatOp):
+    nargs = (1,)
+    python = staticmethod(lambda a: -a)
+
+
+class ToFloat(FloatOp):
+    nargs = (1,)
+    python = staticmethod(float)
+
+
 def sym_eq(a: Any, b: Any) -> Any:
     return sympy.Eq(sympy.sympify(a), sympy.sympify(b))

@@ -52,6 +52,10 @@ def _filled(value: Any, device: torch.device) -> TensorBox:
         return TensorBox.create(Pointwise(device, dtype, from_tensor, symbolic(meta.shape)))
 
     def inner(index: Index) -> Any:
+        if isinstance(value, sympy.Expr) and not value.is_number:
+            # a size, or a float of sizes (Note [A float of sizes keeps its Python operations]
+            # in kiln_aotgrad): computed from the size symbols, then converted as eager does
+            return ops.index_expr(value, dtype)
         return ops.constant(value, dtype)
 
     return TensorBox.create(Pointwise(device, dtype, inner, symbolic(meta.shape)))

@@ -1,0 +1,30 @@
+"""Note [Floats of sizes in C++]: a float computed from sizes is printed as double arithmetic,
+one operation per Python operation in Python's order, and equals Python's value."""
+
+from __future__ import annotations
+
+import sympy
+from kiln_symbolic import FloatAdd, FloatMul, FloatTrueDiv, ToFloat
+
+from kiln_codegen_cpp.cpp_ops import index_to_cpp
+
+
+def test_a_float_of_sizes_is_double_arithmetic_in_python_order() -> None:
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    s1 = sympy.Symbol("s1", integer=True)
+    # (s1 / 3 + 1) + 2 and float(s0) * 0.1 * 3: sympy's Add/Mul would merge the constants
+    expr = FloatAdd(FloatAdd(FloatTrueDiv(s1 - s0, 3), 1), 2)
+    first = index_to_cpp(expr).replace("static_cast<double>", "static_cast_double")
+    for v0 in range(1, 9):
+        for v1 in range(-5, 30):
+            names = {"static_cast_double": float, "INT64_C": int, "s0": v0, "s1": v1}
+            assert eval(first, names) == ((v1 - v0) / 3 + 1) + 2
+    prod = FloatMul(FloatMul(ToFloat(s0), 0.1), 3)
+    text = index_to_cpp(prod)
+    assert text == "((static_cast<double>(s0) * (0.1)) * static_cast<double>(INT64_C(3)))"
+    for v0 in range(1, 40):
+        # the printed text evaluated as Python doubles (static_cast<double> is float()) is Python's
+        names = {"static_cast_double": float, "INT64_C": int, "s0": v0}
+        got = eval(text.replace("static_cast<double>", "static_cast_double"), names)
+        assert got == float(v0) * 0.1 * 3
+        assert float(prod.subs(s0, v0)) == float(v0) * 0.1 * 3  # the interpreter's value too
