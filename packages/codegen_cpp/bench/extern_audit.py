@@ -13,7 +13,8 @@ eager and in kiln, in one process, interleaved, and times every such call:
 
 Both sides are timed the same way (``time.thread_time`` around the aten call inside the mode: the
 thread's CPU time, which other processes on a shared machine hardly move). A call is keyed by its
-op (overload dropped: ``mm.out`` is ``mm``) and the shapes of its tensor arguments (an ``out=``
+op (overload dropped: ``mm.out`` is ``mm``; ``addmm`` is ``mm`` with ``+bias`` noted, as kiln
+may add a linear layer's bias in a kernel where eager's ``addmm`` does) and the shapes of its tensor arguments (an ``out=``
 tensor left out); per step, the time of each key is summed, and the median over ``--steps`` steps
 is taken. Keys of kiln's externs are matched with eager's; the table lists the keys where kiln's
 median exceeds eager's by more than ``--threshold-us`` and ``--ratio``, with the strides (and
@@ -36,16 +37,18 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train1  # noqa: E402  (sets the cache directories before kiln is imported)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train1 sets the cache directories
+import torch
+import train1
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_flatten  # noqa: E402
-
-import kiln  # noqa: E402
+import kiln
 
 Key = tuple[str, tuple[tuple[int, ...], ...]]
+# eager's linear layers call addmm where kiln may call mm and add the bias in a kernel (or the
+# reverse): both are keyed as the GEMM, the bias shown with the strides
+FOLDED = {"addmm": "mm", "baddbmm": "bmm"}
 
 
 def _layout(t: torch.Tensor) -> str:
@@ -74,8 +77,11 @@ class Timer(TorchDispatchMode):
         dt = time.thread_time() - t0
         flat, _ = tree_flatten((args, {k: v for k, v in kwargs.items() if k != "out"}))
         tensors = [a for a in flat if isinstance(a, torch.Tensor)]
-        key = (func.overloadpacket.__name__, tuple(tuple(t.shape) for t in tensors))
-        strides = " ".join(_layout(t) for t in tensors) + self.site
+        op, bias = func.overloadpacket.__name__, ""
+        if op in FOLDED:  # a GEMM with its bias added in the call: keyed as the GEMM
+            op, bias, tensors = FOLDED[op], f" +bias{_layout(tensors[0])}", tensors[1:]
+        key = (op, tuple(tuple(t.shape) for t in tensors))
+        strides = " ".join(_layout(t) for t in tensors) + bias + self.site
         self.calls.append((key, strides, dt))
         return out
 
@@ -100,7 +106,9 @@ def _instrument(timer: Timer) -> int:
             if not name.startswith("_op_") or getattr(fn, "_audited", False):
                 continue
 
-            def timed(*args: Any, _fn: Callable[..., Any] = fn, _site: str = f" [{name[4:]}]", **kwargs: Any) -> Any:
+            def timed(
+                *args: Any, _fn: Callable[..., Any] = fn, _site: str = f" [{name[4:]}]", **kwargs: Any
+            ) -> Any:
                 timer.site = _site
                 try:
                     with timer:
@@ -132,8 +140,12 @@ def audit(name: str, steps: int, warmup: int, options: dict[str, Any]) -> dict[s
         train1._step(w, compiled)
     timer = Timer()
     wrapped = _instrument(timer)
-    eager_steps, kiln_steps = [], []
-    strides: dict[str, dict[Key, Counter[str]]] = {"eager": defaultdict(Counter), "kiln": defaultdict(Counter)}
+    eager_steps: list[dict[Key, float]] = []
+    kiln_steps: list[dict[Key, float]] = []
+    strides: dict[str, dict[Key, Counter[str]]] = {
+        "eager": defaultdict(Counter),
+        "kiln": defaultdict(Counter),
+    }
     for _ in range(steps):
         for side in ("eager", "kiln"):
             timer.calls = []
@@ -148,10 +160,14 @@ def audit(name: str, steps: int, warmup: int, options: dict[str, Any]) -> dict[s
                 for k, c in s.items():
                     strides[side][k] = c
     keys = set().union(*kiln_steps)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for key in keys:
         k_us = statistics.median(st.get(key, 0.0) for st in kiln_steps) * 1e6
-        e_us = statistics.median(st.get(key, 0.0) for st in eager_steps) * 1e6 if key in strides["eager"] else None
+        e_us = (
+            statistics.median(st.get(key, 0.0) for st in eager_steps) * 1e6
+            if key in strides["eager"]
+            else None
+        )
         rows.append(
             {
                 "op": key[0],
@@ -179,7 +195,9 @@ def table(result: dict[str, Any], threshold_us: float, ratio: float) -> list[str
         f"{result['model']}: {result['wrapped_externs']} extern callables; kiln's externs "
         f"{result['kiln_extern_us']:.0f} us a step, eager's calls of the same keys {result['eager_same_us']:.0f} us"
     ]
-    lines.append(f"  {'op':28s} {'kiln us':>8s} {'eager us':>8s} {'n':>5s}  shapes / kiln strides / eager strides")
+    lines.append(
+        f"  {'op':28s} {'kiln us':>8s} {'eager us':>8s} {'n':>5s}  shapes / kiln strides / eager strides"
+    )
     unmatched = []
     for r in result["rows"]:
         e = r["eager_us"]
@@ -195,7 +213,9 @@ def table(result: dict[str, Any], threshold_us: float, ratio: float) -> list[str
     if unmatched:
         lines.append("  kiln externs with no eager call of the same op and shapes:")
         for r in unmatched:
-            lines.append(f"    {r['op']:26s} {r['kiln_us']:8.1f} {r['kiln_calls']:>5d}  {r['shapes']} {r['kiln_strides']}")
+            lines.append(
+                f"    {r['op']:26s} {r['kiln_us']:8.1f} {r['kiln_calls']:>5d}  {r['shapes']} {r['kiln_strides']}"
+            )
     return lines
 
 

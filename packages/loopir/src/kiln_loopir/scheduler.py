@@ -904,7 +904,9 @@ class Scheduler:
             if id(n) in done:
                 return
             done.add(id(n))
-            for p in sorted(self.producers(n), key=lambda name: position[id(owner[name])] if name in owner else 0):
+            for p in sorted(
+                self.producers(n), key=lambda name: position[id(owner[name])] if name in owner else 0
+            ):
                 if p in owner:
                     visit(owner[p])
             result.append(n)
