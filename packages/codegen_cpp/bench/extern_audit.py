@@ -18,8 +18,10 @@ may add a linear layer's bias in a kernel where eager's ``addmm`` does) and the 
 tensor left out); per step, the time of each key is summed, and the median over ``--steps`` steps
 is taken. Keys of kiln's externs are matched with eager's; the table lists the keys where kiln's
 median exceeds eager's by more than ``--threshold-us`` and ``--ratio``, with the strides (and
-storage offsets) each side passed. Keys kiln calls that eager never does are listed apart. A
-benchmark, not a test.
+storage offsets) each side passed. Keys kiln calls that eager never does are listed apart.
+``AUDIT_HOT=1`` runs each call twice and times the second, its operands then in the caches: a gap
+that disappears so is where the operands were (the schedule's order), not how they are laid out.
+A benchmark, not a test.
 
     python packages/codegen_cpp/bench/extern_audit.py --models convnext_v2 --steps 15
 """
