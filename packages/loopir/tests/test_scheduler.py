@@ -299,3 +299,40 @@ def test_far_fusion_not_for_a_kernel_others_read() -> None:
 
     s = schedule(fn, make((8, 16)), make((4, 4)))
     assert len(s.kernels()) == 2
+
+
+def _read_late(x: Any, w: Any) -> Any:
+    # a value computed from the inputs at the graph's start (a backward's recomputed forward
+    # value; a reduction, so it is realized where the graph computes it) that only the last
+    # GEMM reads, after a chain of GEMMs that do not need it
+    a = aten.sum.dim_IntList(aten.sin.default(x), [1], True)
+    h = w
+    for _ in range(4):
+        h = aten.mm.default(h, w)
+    return (aten.mm.default(h, a),)
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_late_placement_runs_a_kernel_before_its_first_reader(late: bool) -> None:
+    # Note [Kernels placed where they are first needed]
+    x, w = make((4, 4)), make((4, 4), low=-0.5, high=0.5)
+    compiled = check(_read_late, x, w, options={"late_placement": late})
+    kinds = [type(n) for n in compiled.schedule.nodes]
+    kernel = next(i for i, k in enumerate(kinds) if k is not ExternKernelSchedulerNode)
+    # late: the sum runs between the chain and the GEMM that reads it; else first
+    assert kernel == (len(kinds) - 2 if late else 0)
+
+
+def test_late_placement_keeps_outputs_and_externs_in_the_graph_order() -> None:
+    # a kernel writing a graph output stays where the graph computes it; extern calls keep
+    # their order although none of them waits for the others
+    def fn(x: Any, w: Any) -> Any:
+        s = aten.sum.dim_IntList(x, [1])  # a reduction: realized where the graph computes it
+        m1 = aten.mm.default(w, w)
+        m2 = aten.mm.default(x, w)
+        return m2, s, m1
+
+    s = schedule(fn, make((4, 4)), make((4, 4)))
+    names = [type(n).__name__ for n in s.nodes]
+    assert names == ["SchedulerNode", "ExternKernelSchedulerNode", "ExternKernelSchedulerNode"]
+    assert len(set(s.nodes[1].node.input_names())) == 1  # w @ w first, then x @ w

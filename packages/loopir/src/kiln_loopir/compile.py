@@ -227,6 +227,7 @@ def _generate(
             reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
             template_hook=_template_hook(chosen),
             far_output_fusion=passes.options.far_output_fusion,
+            late_placement=passes.options.late_placement,
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

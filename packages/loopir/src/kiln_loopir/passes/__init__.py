@@ -96,6 +96,11 @@ class PassOptions:
     distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
     scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
     within ``MAX_HORIZONTAL_DISTANCE``. A decision handed to the scheduler.
+    ``late_placement``: the scheduler runs each kernel just before the first node that needs it
+    (graph outputs and extern calls keep their place in the graph), not at its earliest fused
+    member's place (Note [Kernels placed where they are first needed] in scheduler.py: a
+    backward's recomputed forward values and the weight-gradient GEMMs that read them);
+    ``False``: the earliest members' order. A decision handed to the scheduler.
     ``conv_grad_format``: on the CPU, a ``convolution_backward`` kept in eager's layouts whose
     gradient eager has in another memory format than the one oneDNN computes in (from the input
     and the weight) gets the gradient computed in that format where nothing has fixed its layout
@@ -126,6 +131,7 @@ class PassOptions:
     shape_only_readers: bool = False
     cse: bool = True
     far_output_fusion: bool = True
+    late_placement: bool = True
     var_mean: bool = True
     conv_grad_format: bool = True
 
@@ -156,6 +162,7 @@ class PassOptions:
             made.shape_only_readers,
             made.cse,
             made.far_output_fusion,
+            made.late_placement,
             made.var_mean,
             made.conv_grad_format,
         )
@@ -163,7 +170,7 @@ class PassOptions:
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
                 " pad_mm_output_copy, view_scatter, pool_values_max, shape_only_readers, cse, far_output_fusion"
-                ", var_mean and conv_grad_format"
+                ", late_placement, var_mean and conv_grad_format"
                 " are True or False"
             )
         if made.pool_backward not in (True, False, "force"):
