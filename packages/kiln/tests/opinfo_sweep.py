@@ -18,6 +18,7 @@ uninitialized memory are not compared. Run as a script for the whole table:
 
     python packages/kiln/tests/opinfo_sweep.py [--samples 3] [--shard I/N] [--ops a,b] [--json F]
         [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton] [--grad] [--dynamic none|true|auto]
+        [--grow]
 
 Note [The test harness's RNG wrapper runs outside the frame]: some OpInfos (scaled_dot_product_attention,
 multi_head_attention_forward, svd_lowrank, pca_lowrank) call their op through the test suite's
@@ -44,6 +45,7 @@ import math
 import os
 import sys
 import time
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -376,6 +378,37 @@ def run_sample(
     return Outcome(name, index, "pass")
 
 
+def _grown(x: Any) -> Any:
+    """`x` with every dim of size two or more one longer, its values wrapped around (index i of a
+    grown dim of size n reads i % n): sizes equal before stay equal, ones and zeros stay, and an
+    index tensor keeps values in range (Note [Grown samples])."""
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+        return x
+    out = x.detach()
+    for d, n in enumerate(x.shape):
+        if n >= 2:
+            out = out.index_select(d, torch.arange(n + 1) % n)
+    return out.contiguous().requires_grad_(x.requires_grad)
+
+
+def grow(sample: Any) -> Any:
+    """Note [Grown samples]: OpInfo samples of one op mostly differ in rank or arguments, so a
+    dynamic frame recompiles for most of them and few calls reuse a symbolic graph at a new
+    size; `--grow` follows each sample with a copy whose every dim of size two or more is one
+    longer (`_grown`), through the same frame. Relations between sizes (equal dims, broadcast
+    ones, empty dims) hold in the copy, so an op that took the sample takes the copy (where
+    eager rejects it, the copy is not compared), and a symbolic graph's guards and kernels meet
+    another size."""
+    return types.SimpleNamespace(
+        input=tree_map(_grown, sample.input),
+        args=tree_map(_grown, sample.args),
+        kwargs=tree_map(_grown, sample.kwargs),
+    )
+
+
+GROWN = 100  # a grown sample's index: its sample's plus this
+
+
 @dataclass(slots=True)
 class Compiles:
     """Note [Dynamic shapes in the sweep]: with `--dynamic`, one compiled frame per op serves all
@@ -407,11 +440,13 @@ def sweep_op(
     grad: bool = False,
     dynamic: str = "none",
     compiles: Compiles | None = None,
+    grown: bool = False,
 ) -> list[Outcome]:
     """The outcome of each of `info`'s first `samples` samples on `device` (kiln compiles CUDA
     tensors with Triton, CPU tensors with `cpu_backend`); with `grad`, of forward and backward
     (Note [Gradients in the sweep]). `dynamic` "true" or "auto": one compiled frame for all the
-    samples (Note [Dynamic shapes in the sweep]), what it compiled counted in `compiles`."""
+    samples (Note [Dynamic shapes in the sweep]), what it compiled counted in `compiles`; with
+    `grown`, each sample followed by its grown copy (Note [Grown samples])."""
     out: list[Outcome] = []
     compiled = None
     if dynamic != "none":
@@ -432,6 +467,12 @@ def sweep_op(
                 outcome = run_sample(info, index, sample, dtype, cpu_backend, grad, compiled)
                 if outcome is not None:
                     out.append(outcome)
+                if grown and compiled is not None:  # Note [Grown samples]
+                    outcome = run_sample(
+                        info, GROWN + index, grow(sample), dtype, cpu_backend, grad, compiled
+                    )
+                    if outcome is not None:
+                        out.append(outcome)
         except Exception as exc:  # a sample generator that fails is not kiln's to test
             out.append(Outcome(key(info), -1, "skipped", f"sample generation: {type(exc).__name__}"))
     if compiles is not None and dynamic != "none":
@@ -481,6 +522,7 @@ def main(argv: list[str]) -> None:
         choices=["none", "true", "auto"],
         help="one compiled frame per op for all its samples (Note [Dynamic shapes in the sweep])",
     )
+    parser.add_argument("--grow", action="store_true", help="with --dynamic: Note [Grown samples]")
     a = parser.parse_args(argv)
     if a.cpu_backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: kernels run on CPU tensors
@@ -498,6 +540,7 @@ def main(argv: list[str]) -> None:
             grad=a.grad,
             dynamic=a.dynamic,
             compiles=compiles[key(info)],
+            grown=a.grow,
         )
         kind = op_outcome(rows[key(info)])
         if kind not in ("pass", "skipped"):
