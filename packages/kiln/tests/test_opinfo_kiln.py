@@ -15,7 +15,8 @@ and `KILN_OPINFO_SHARD=i/n` runs shard i of n (for splitting it over CI sessions
 
 With symbolic sizes (Note [Dynamic shapes in the sweep]): every `KILN_OPINFO_DYNAMIC_STRIDE`-th op
 (DYNAMIC_STRIDE below, from another offset than the static slice) runs its first four samples through one
-`kiln.compile(dynamic=True)` frame, so later samples run through symbolic kernels; judged the same way.
+`kiln.compile(dynamic=True)` frame, each followed by its copy one longer in every dim (Note [Grown
+samples]), so symbolic graphs' guards and kernels meet other sizes; judged the same way.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def test_opinfo_through_kiln(info: Any) -> None:
 @pytest.mark.parametrize("info", DYNAMIC_OPS, ids=key)
 def test_opinfo_through_kiln_dynamic(info: Any) -> None:
     compiles = Compiles()
-    outcomes = sweep_op(info, 4, dynamic="true", compiles=compiles)
+    outcomes = sweep_op(info, 4, dynamic="true", compiles=compiles, grown=True)
     kind = op_outcome(outcomes)
     if kind == "skipped":
         pytest.skip(f"no float32 CPU sample of {key(info)} that eager runs returns a tensor")
