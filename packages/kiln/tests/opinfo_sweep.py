@@ -17,7 +17,8 @@ Samples that eager itself rejects, that return nothing tensor-like, or whose op 
 uninitialized memory are not compared. Run as a script for the whole table:
 
     python packages/kiln/tests/opinfo_sweep.py [--samples 3] [--shard I/N] [--ops a,b] [--json F]
-        [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton] [--grad]
+        [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton] [--grad] [--dynamic none|true|auto]
+        [--grow]
 
 Note [The test harness's RNG wrapper runs outside the frame]: some OpInfos (scaled_dot_product_attention,
 multi_head_attention_forward, svd_lowrank, pca_lowrank) call their op through the test suite's
@@ -44,6 +45,7 @@ import math
 import os
 import sys
 import time
+import types
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -283,6 +285,13 @@ def _gradients(out: Any, inputs: list[torch.Tensor]) -> list[torch.Tensor | None
     return [g.detach() if g is not None else None for g in grads]
 
 
+def _frame(op: Any) -> Any:
+    def frame(inp: Any, args: Any, kwargs: Any, op: Any = op) -> Any:
+        return op(inp, *args, **kwargs)
+
+    return frame
+
+
 def run_sample(
     info: Any,
     index: int,
@@ -290,13 +299,13 @@ def run_sample(
     dtype: torch.dtype = torch.float32,
     cpu_backend: str = "cpp",
     grad: bool = False,
+    compiled: Any = None,
 ) -> Outcome | None:
-    """One sample's outcome, or None when eager rejects it or it returns nothing comparable."""
+    """One sample's outcome, or None when eager rejects it or it returns nothing comparable.
+    `compiled`: the op's compiled frame that earlier samples ran through (Note [Dynamic shapes in
+    the sweep]); without it, a fresh compile of this sample alone."""
     op, name = info.op, key(info)
-
-    def frame(inp: Any, args: Any, kwargs: Any, op: Any = op) -> Any:
-        return op(inp, *args, **kwargs)
-
+    frame = _frame(op)
     clone = _clone_leaf if grad else _clone
     e_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
     c_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
@@ -306,11 +315,13 @@ def run_sample(
         return None
     if not any(isinstance(t, torch.Tensor) for t in tree_flatten(want)[0]):
         return None
-    kiln.reset()
+    if compiled is None:
+        kiln.reset()
+        compiled = kiln.compile(frame, options={"cpu_backend": cpu_backend})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            got = _seeded(kiln.compile(frame, options={"cpu_backend": cpu_backend}), *c_args)
+            got = _seeded(compiled, *c_args)
         except Exception as exc:
             return Outcome(name, index, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     e_in = [t for t in tree_flatten(e_args)[0] if isinstance(t, torch.Tensor)]
@@ -367,6 +378,59 @@ def run_sample(
     return Outcome(name, index, "pass")
 
 
+def _grown(x: Any) -> Any:
+    """`x` with every dim of size two or more one longer, its values wrapped around (index i of a
+    grown dim of size n reads i % n): sizes equal before stay equal, ones and zeros stay, and an
+    index tensor keeps values in range (Note [Grown samples])."""
+    if not isinstance(x, torch.Tensor) or x.layout != torch.strided:
+        return x
+    out = x.detach()
+    for d, n in enumerate(x.shape):
+        if n >= 2:
+            out = out.index_select(d, torch.arange(n + 1) % n)
+    return out.contiguous().requires_grad_(x.requires_grad)
+
+
+def grow(sample: Any) -> Any:
+    """Note [Grown samples]: OpInfo samples of one op mostly differ in rank or arguments, so a
+    dynamic frame recompiles for most of them and few calls reuse a symbolic graph at a new
+    size; `--grow` follows each sample with a copy whose every dim of size two or more is one
+    longer (`_grown`), through the same frame. Relations between sizes (equal dims, broadcast
+    ones, empty dims) hold in the copy, so an op that took the sample takes the copy (where
+    eager rejects it, the copy is not compared), and a symbolic graph's guards and kernels meet
+    another size."""
+    return types.SimpleNamespace(
+        input=tree_map(_grown, sample.input),
+        args=tree_map(_grown, sample.args),
+        kwargs=tree_map(_grown, sample.kwargs),
+    )
+
+
+GROWN = 100  # a grown sample's index: its sample's plus this
+
+
+@dataclass(slots=True)
+class Compiles:
+    """Note [Dynamic shapes in the sweep]: with `--dynamic`, one compiled frame per op serves all
+    its samples, in order (`dynamic="true"`: `kiln.compile(dynamic=True)`, every size symbolic
+    from the first call; `"auto"`: the default, static first, and the sizes that changed become
+    symbolic when a later sample's guard fails). A later sample then runs through a symbolic
+    graph's kernels, or through a static recompile where the backend refused symbolic sizes
+    (kiln_dynamo's `dynamic_fallbacks`, with their reasons). What the op's samples compiled:
+    `graphs` compiles in all, `symbolic` of them with symbolic sizes, `refused` the reasons of
+    symbolic graphs compiled static instead. An op whose graphs are all static although it
+    recompiled never reached the symbolic code: `never_symbolic`.
+    Each sample is judged as in the static sweep, its fallback from everything the op compiled
+    so far: a sample that reuses an earlier graph has no compile of its own to judge."""
+
+    graphs: int = 0
+    symbolic: int = 0
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+    def never_symbolic(self, dynamic: str) -> bool:
+        return self.symbolic == 0 and self.graphs > (0 if dynamic == "true" else 1)
+
+
 def sweep_op(
     info: Any,
     samples: int,
@@ -374,11 +438,22 @@ def sweep_op(
     cpu_backend: str = "cpp",
     device: str = "cpu",
     grad: bool = False,
+    dynamic: str = "none",
+    compiles: Compiles | None = None,
+    grown: bool = False,
 ) -> list[Outcome]:
     """The outcome of each of `info`'s first `samples` samples on `device` (kiln compiles CUDA
     tensors with Triton, CPU tensors with `cpu_backend`); with `grad`, of forward and backward
-    (Note [Gradients in the sweep])."""
+    (Note [Gradients in the sweep]). `dynamic` "true" or "auto": one compiled frame for all the
+    samples (Note [Dynamic shapes in the sweep]), what it compiled counted in `compiles`; with
+    `grown`, each sample followed by its grown copy (Note [Grown samples])."""
     out: list[Outcome] = []
+    compiled = None
+    if dynamic != "none":
+        kiln.reset()
+        compiled = kiln.compile(
+            _frame(info.op), dynamic=True if dynamic == "true" else None, options={"cpu_backend": cpu_backend}
+        )
     with warnings.catch_warnings(), seeded_calls():
         warnings.simplefilter("ignore")
         try:
@@ -389,11 +464,22 @@ def sweep_op(
                 sample = next(generator, None)
                 if sample is None:
                     break
-                outcome = run_sample(info, index, sample, dtype, cpu_backend, grad)
+                outcome = run_sample(info, index, sample, dtype, cpu_backend, grad, compiled)
                 if outcome is not None:
                     out.append(outcome)
+                if grown and compiled is not None:  # Note [Grown samples]
+                    outcome = run_sample(
+                        info, GROWN + index, grow(sample), dtype, cpu_backend, grad, compiled
+                    )
+                    if outcome is not None:
+                        out.append(outcome)
         except Exception as exc:  # a sample generator that fails is not kiln's to test
             out.append(Outcome(key(info), -1, "skipped", f"sample generation: {type(exc).__name__}"))
+    if compiles is not None and dynamic != "none":
+        log = kiln.compile_log()
+        compiles.graphs = len(log)
+        compiles.symbolic = sum(r.symbolic for r in log)
+        compiles.refused = [reason[:300] for _, reason in kiln_dynamo.counters.dynamic_fallbacks]
     return out
 
 
@@ -430,14 +516,32 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--cpu-backend", default="cpp", choices=["cpp", "triton"])
     parser.add_argument("--grad", action="store_true", help="compare gradients too")
+    parser.add_argument(
+        "--dynamic",
+        default="none",
+        choices=["none", "true", "auto"],
+        help="one compiled frame per op for all its samples (Note [Dynamic shapes in the sweep])",
+    )
+    parser.add_argument("--grow", action="store_true", help="with --dynamic: Note [Grown samples]")
     a = parser.parse_args(argv)
     if a.cpu_backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: kernels run on CPU tensors
     start = time.perf_counter()
     rows: dict[str, list[Outcome]] = {}
+    compiles: dict[str, Compiles] = {}
     dtype = getattr(torch, a.dtype)
     for info in select(a.shard, a.ops, dtype):
-        rows[key(info)] = sweep_op(info, a.samples, dtype, a.cpu_backend, grad=a.grad)
+        compiles[key(info)] = Compiles()
+        rows[key(info)] = sweep_op(
+            info,
+            a.samples,
+            dtype,
+            a.cpu_backend,
+            grad=a.grad,
+            dynamic=a.dynamic,
+            compiles=compiles[key(info)],
+            grown=a.grow,
+        )
         kind = op_outcome(rows[key(info)])
         if kind not in ("pass", "skipped"):
             detail = next(o.detail for o in rows[key(info)] if o.kind == kind)
@@ -447,9 +551,30 @@ def main(argv: list[str]) -> None:
         f"{len(rows)} ops, {sum(len(v) for v in rows.values())} samples, {time.perf_counter() - start:.0f} s"
     )
     print("  ".join(f"{k} {table[k]}" for k in ("pass", "mismatch", "error", "fallback", "skipped")))
+    never = [
+        k for k, c in compiles.items() if c.never_symbolic(a.dynamic) and op_outcome(rows[k]) != "skipped"
+    ]
+    if a.dynamic != "none":
+        graphs = sum(c.graphs for c in compiles.values())
+        symbolic = sum(c.symbolic for c in compiles.values())
+        print(
+            f"dynamic={a.dynamic}: {graphs} graphs compiled, {symbolic} symbolic; never symbolic: {len(never)} ops"
+        )
+        for k in never:
+            print(
+                f"  never symbolic {k}: {compiles[k].graphs} static graphs; {'; '.join(compiles[k].refused)[:300]}"
+            )
     if a.json:
+        results: dict[str, Any] = {k: [dataclasses.asdict(o) for o in v] for k, v in rows.items()}
+        if a.dynamic != "none":  # Note [Dynamic shapes in the sweep]
+            results = {
+                "dynamic": a.dynamic,
+                "ops": results,
+                "compiles": {k: dataclasses.asdict(c) for k, c in compiles.items()},
+                "never_symbolic": never,
+            }
         with open(a.json, "w") as f:
-            json.dump({k: [dataclasses.asdict(o) for o in v] for k, v in rows.items()}, f, indent=1)
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ def test_batch_sizes_2_to_64(backend: str) -> None:
     if backend == "kiln":
         log = kiln.compile_log()
         assert len(log) == 2 and all(r.fell_back is None and not r.declined for r in log)
+        assert [r.symbolic for r in log] == [False, True]  # static first, then symbolic sizes
 
 
 def test_dynamic_true_and_mark_dynamic_are_accepted() -> None:

@@ -12,6 +12,11 @@ Budget: the full sweep (643 ops, 1,782 samples) took 397 s on the 2-core CI-clas
 warm kiln cache (`python packages/kiln/tests/opinfo_sweep.py`). By default the suite runs every
 `KILN_OPINFO_STRIDE`-th op (4: about a quarter of that); `KILN_OPINFO_STRIDE=1` runs all of them,
 and `KILN_OPINFO_SHARD=i/n` runs shard i of n (for splitting it over CI sessions).
+
+With symbolic sizes (Note [Dynamic shapes in the sweep]): every `KILN_OPINFO_DYNAMIC_STRIDE`-th op
+(DYNAMIC_STRIDE below, from another offset than the static slice) runs its first four samples through one
+`kiln.compile(dynamic=True)` frame, each followed by its copy one longer in every dim (Note [Grown
+samples]), so symbolic graphs' guards and kernels meet other sizes; judged the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from opinfo_sweep import KNOWN_FALLBACKS, compare, key, op_outcome, select, sweep_op
+from opinfo_sweep import KNOWN_FALLBACKS, Compiles, compare, key, op_outcome, select, sweep_op
 
 import kiln
 
@@ -30,6 +35,8 @@ STRIDE = int(os.environ.get("KILN_OPINFO_STRIDE", "4"))
 SHARD = os.environ.get("KILN_OPINFO_SHARD")
 
 OPS = select(SHARD) if SHARD else select()[::STRIDE]
+DYNAMIC_STRIDE = int(os.environ.get("KILN_OPINFO_DYNAMIC_STRIDE", "16"))
+DYNAMIC_OPS = select()[1::DYNAMIC_STRIDE]
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +56,20 @@ def test_opinfo_through_kiln(info: Any) -> None:
         assert kind == "fallback", f"{key(info)} now compiles whole: remove it from KNOWN_FALLBACKS"
     else:
         assert kind == "pass", details
+
+
+@pytest.mark.parametrize("info", DYNAMIC_OPS, ids=key)
+def test_opinfo_through_kiln_dynamic(info: Any) -> None:
+    compiles = Compiles()
+    outcomes = sweep_op(info, 4, dynamic="true", compiles=compiles, grown=True)
+    kind = op_outcome(outcomes)
+    if kind == "skipped":
+        pytest.skip(f"no float32 CPU sample of {key(info)} that eager runs returns a tensor")
+    details = "\n".join(f"sample {o.sample}: {o.kind}: {o.detail}" for o in outcomes if o.kind != "pass")
+    assert kind in ("pass", "fallback"), details
+    if key(info) not in KNOWN_FALLBACKS:
+        assert kind == "pass", details
+    assert compiles.graphs >= 1
 
 
 def test_known_fallbacks_name_real_ops() -> None:

@@ -101,6 +101,9 @@ class GraphCompile:
     kernel_bytes: dict[str, int | None] = field(default_factory=dict)
     loopir_seconds: float = 0.0  # lower + schedule + codegen + compile, kept as a running sum
     compiled_at: float = 0.0  # perf_counter() when loopir last finished compiling an aten graph
+    # the graph has symbolic sizes (dynamic shapes: a placeholder's size or stride, or an unbacked
+    # size); a graph the backend refused them for is not logged, its static recompile is
+    symbolic: bool = False
 
     def add(self, phase: str, seconds: float) -> None:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
@@ -483,6 +486,7 @@ def make_backend(
         # the static compile is faster, and always right.
         symbolic = bool(symbolic_inputs(gm)) or kiln_dynamo.graph_unbacked_env(gm) is not None
         record = _record(gm)
+        record.symbolic = symbolic
 
         def inner(
             inner_gm: torch.fx.GraphModule, inputs: list[Any], forward: bool = True
