@@ -5,6 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Eighteenth session: no device time (no machine was lent). Next, unchanged: call18 FIRST, then call2 — it now also
+#   measures loopir's kernel order (Note [Kernels placed where they are first needed], option late_placement: every
+#   backend's kernels move to just before their first reader; compare kiln against kiln:default:late_placement=False
+#   on the suite's GPU time and peak memory), then call4c, call10, call3c, call5 (the dynamic sweep: comparisons and
+#   builtins of sizes now stay symbolic), call5b/call5d (threads: narrow_lanes and peel_shifted_blocks are new).
 # Seventeenth session: call13/call14/call15 (host time: call_overhead.py's reduce-overhead rows had timed the plain
 #   wrapper, fixed; kiln's host time per call is half of torch.compile's or less), call16 and call17 (deferred
 #   kernel loads: compile time; the T5 reorder did not fire) (results/2026-12-04-h200-s17-*). Next: call18 FIRST
