@@ -85,6 +85,7 @@ from kiln_dynamo.variables.lists import (
     ListVariable,
     SizeVariable,
     TupleVariable,
+    iterator_of,
 )
 from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_binary, ndarray_unary
 from kiln_dynamo.variables.nn_module import NNModuleVariable
@@ -1402,6 +1403,12 @@ class InstructionTranslator:
 
     def GET_ITER(self, inst: dis.Instruction) -> None:
         v = self.pop()
+        if (isinstance(v, ListVariable) and v.python_type() is list) or type(v) in (
+            DictVariable,
+            DictViewVariable,
+        ):
+            self.push(iterator_of(self, v))  # Note [Lazy iterators]: a list is read at each step
+            return
         self.push(v if isinstance(v, ListIteratorVariable) else ListIteratorVariable(v.iterate(self)))
 
     def FOR_ITER(self, inst: dis.Instruction) -> None:
