@@ -26,10 +26,11 @@ the one case where the compiled frame differs from eager, and only on inputs tha
 operator fail.
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
-parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
-torch's own generators run to completion in a child translator that collects the yielded values
-into a list iterator; a user's generator function runs step by step as its consumer asks (Note
-[Generators traced step by step] in variables/generators.py).
+parent's OutputGraph, so the whole call tree lands in one graph. A generator runs step by step
+as its consumer asks (Note [Generators traced step by step] in variables/generators.py); a
+generator expression or torch's own generator that a consuming builtin takes at once runs to
+completion in a child translator that collects the yielded values into a list iterator (Note
+[Generators consumed where they are made]).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
