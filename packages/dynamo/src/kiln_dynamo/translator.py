@@ -26,10 +26,11 @@ the one case where the compiled frame differs from eager, and only on inputs tha
 operator fail.
 
 Calls inline: a user function runs in a child translator (`inline_call`) that shares the
-parent's OutputGraph, so the whole call tree lands in one graph. Generator expressions and
-torch's own generators run to completion in a child translator that collects the yielded values
-into a list iterator; a user's generator function runs step by step as its consumer asks (Note
-[Generators traced step by step] in variables/generators.py).
+parent's OutputGraph, so the whole call tree lands in one graph. A generator runs step by step
+as its consumer asks (Note [Generators traced step by step] in variables/generators.py); a
+generator expression or torch's own generator that a consuming builtin takes at once runs to
+completion in a child translator that collects the yielded values into a list iterator (Note
+[Generators consumed where they are made]).
 
 Note [3.11 and 3.12]: the opcodes that differ are handled explicitly: PRECALL (3.11 only),
 LOAD_METHOD (3.11) vs the method bit of LOAD_ATTR (3.12), the NULL bit of LOAD_GLOBAL, the
@@ -54,10 +55,19 @@ import torch
 
 from kiln_dynamo import bytecode, inference, resume
 from kiln_dynamo.exc import Unsupported, UserFrame
+from kiln_dynamo.logs import decisions_log
 from kiln_dynamo.output import OutputGraph, source_line
 from kiln_dynamo.source import ForeignGlobalSource, GetItemSource, GlobalSource, Source
 from kiln_dynamo.variables import locks
-from kiln_dynamo.variables.base import NULL, CellVariable, ConstantVariable, SliceVariable, VariableTracker
+from kiln_dynamo.variables.base import (
+    NULL,
+    CellVariable,
+    ConstantMethodVariable,
+    ConstantVariable,
+    MethodVariable,
+    SliceVariable,
+    VariableTracker,
+)
 from kiln_dynamo.variables.builtins import BINARY_OPERATORS, COMPARE_OPERATORS, BuiltinVariable
 from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable, SetVariable, key_of
 from kiln_dynamo.variables.exceptions import (
@@ -76,6 +86,7 @@ from kiln_dynamo.variables.lists import (
     ListVariable,
     SizeVariable,
     TupleVariable,
+    iterator_of,
 )
 from kiln_dynamo.variables.ndarray import NdarrayVariable, ndarray_binary, ndarray_unary
 from kiln_dynamo.variables.nn_module import NNModuleVariable
@@ -165,6 +176,24 @@ def _symbolic_operands(a: VT, b: VT) -> bool:
 
 def _is_number(vt: VT) -> bool:
     return vt.is_constant() and isinstance(vt.as_constant(), (bool, int, float, complex))
+
+
+_GENERATOR_FAST_PATH = os.environ.get("KILN_GENERATOR_FAST_PATH", "1") != "0"
+_NO_OPS = frozenset({"PRECALL", "CACHE", "EXTENDED_ARG"})
+# Builtins that take their (last) argument's items all at once (Note [Generators consumed where
+# they are made]); any and all stop at the first decisive item, zip, map, enumerate are lazy
+_WHOLE_CONSUMERS = frozenset({sum, tuple, list, set, frozenset, sorted, min, max, dict})
+
+
+def _consumes_whole(v: VariableTracker) -> bool:
+    if isinstance(v, BuiltinVariable):
+        return any(v.fn is c for c in _WHOLE_CONSUMERS)
+    return (
+        isinstance(v, (MethodVariable, ConstantMethodVariable))
+        and v.name == "join"
+        and v.obj.is_constant()
+        and isinstance(v.obj.as_constant(), str)
+    )
 
 
 def _arg(inst: dis.Instruction) -> int:
@@ -776,10 +805,9 @@ class InstructionTranslator:
             raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {label}")
         if code.co_flags & (0x80 | 0x100 | 0x200):
             raise Unsupported(f"{label} is a coroutine or async generator")
-        step_by_step = bool(
-            code.co_flags & 0x20
-            and code.co_name != "<genexpr>"
-            and not code.co_filename.startswith(_TORCH_DIR)
+        step_by_step = bool(code.co_flags & 0x20) and not (
+            (code.co_name == "<genexpr>" or code.co_filename.startswith(_TORCH_DIR))
+            and self._consumed_at_once(code)
         )
         cells: dict[str, CellVariable] = {}
         for name in code.co_cellvars:
@@ -799,9 +827,9 @@ class InstructionTranslator:
         self.direct_next = False
         self.same_caller_next = False
         if step_by_step:
-            # Note [Generators traced step by step]: a user's generator function runs as its
-            # consumer asks, so their effects interleave as in CPython. Generator expressions and
-            # torch's own generators (Module.parameters, ...) run to completion here.
+            # Note [Generators traced step by step]: a generator runs as its consumer asks, so
+            # their effects interleave as in CPython; only one a consuming builtin takes at once
+            # runs to completion here (Note [Generators consumed where they are made]).
             child.step_by_step = True
             root: InstructionTranslator = self
             while root.parent is not None:
@@ -816,6 +844,43 @@ class InstructionTranslator:
         if child.yielded is not None:
             return ListIteratorVariable(child.yielded, "generator")
         return result
+
+    def _consumed_at_once(self, code: types.CodeType) -> bool:
+        """Note [Generators consumed where they are made]: a generator expression, or a
+        generator of torch's own code, runs to completion where it is made only when the bytecode
+        shows that nothing runs between its creation and its consumption: the CALL that makes
+        it is followed directly (PRECALL, CACHE and EXTENDED_ARG aside) by the CALL of a
+        builtin that consumes its last positional argument whole, with no keyword arguments
+        (`sum(x * s for x in xs)`, `tuple(...)`, `", ".join(...)`), and the generator is that
+        argument (the CALL's argument count says which stack slots hold the consumer). Nothing
+        the generator reads can then change before it has run, and running it here keeps the
+        child translator's chain-split flags (Note [Resuming a chain of frames]). A user's
+        generator function is always stepped (a break in its body then splits at its call). Any
+        other generator (stored in a variable, handed to `zip`, `map` or a user function, consumed
+        by `any`/`all`, which stop early) is a `GeneratorObjectVariable` stepped as its
+        consumer asks (Note [Generators traced step by step]): before, generator expressions
+        always ran here, and read a variable rebound, a list mutated or a tensor changed in
+        place between creation and consumption with its old value (a wrong answer). Off with
+        KILN_GENERATOR_FAST_PATH=0 (every generator is stepped)."""
+        if not _GENERATOR_FAST_PATH or self.current is None:
+            return False
+        nxt = self.ip
+        while nxt < len(self.instructions) and self.instructions[nxt].opname in _NO_OPS:
+            nxt += 1
+        if nxt >= len(self.instructions) or self.instructions[nxt].opname != "CALL":
+            return False
+        n = _arg(self.instructions[nxt])
+        if n < 1 or self.kw_names or len(self.stack) < n + 1:
+            return False
+        callee = self.stack[len(self.stack) - (n - 1) - 2 : len(self.stack) - (n - 1)]
+        ok = any(_consumes_whole(v) for v in callee)
+        decisions_log.info(
+            "%s made at %s: %s",
+            code.co_qualname,
+            self.where(),
+            "consumed at once, runs to completion" if ok else "traced step by step",
+        )
+        return ok
 
     def call(self, fn: VT, args: list[VT], kwargs: dict[str, VT]) -> VT:
         return fn.call(self, args, kwargs)
@@ -1433,6 +1498,12 @@ class InstructionTranslator:
 
     def GET_ITER(self, inst: dis.Instruction) -> None:
         v = self.pop()
+        if (isinstance(v, ListVariable) and v.python_type() is list) or type(v) in (
+            DictVariable,
+            DictViewVariable,
+        ):
+            self.push(iterator_of(self, v))  # Note [Lazy iterators]: a list is read at each step
+            return
         self.push(v if isinstance(v, ListIteratorVariable) else ListIteratorVariable(v.iterate(self)))
 
     def FOR_ITER(self, inst: dis.Instruction) -> None:

@@ -16,14 +16,14 @@ import itertools
 import math
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, SliceVariable, VariableTracker
-from kiln_dynamo.variables.dicts import DictVariable, SetVariable, key_of
+from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable, SetVariable, key_of
 from kiln_dynamo.variables.exceptions import (
     ExceptionVariable,
     ObservedException,
@@ -32,9 +32,13 @@ from kiln_dynamo.variables.exceptions import (
     observed,
 )
 from kiln_dynamo.variables.lists import (
+    BaseListVariable,
+    LazyIteratorVariable,
     ListIteratorVariable,
     ListVariable,
     TupleVariable,
+    is_pure_iterator,
+    iterator_of,
     sort_keys,
     sort_order,
 )
@@ -213,8 +217,18 @@ def _is_deque(v: VT) -> bool:
 def _iter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if isinstance(args[0], ListIteratorVariable):
         return args[0]
+    if (isinstance(args[0], ListVariable) and _is_list(args[0])) or type(args[0]) in (
+        DictVariable,
+        DictViewVariable,
+    ):
+        return iterator_of(tx, args[0])  # Note [Lazy iterators]: read live
     kind = "list" if _is_list(args[0]) else "deque" if _is_deque(args[0]) else "tuple"
     return ListIteratorVariable(args[0].iterate(tx), kind)
+
+
+def _lazy(kind: str, pull: Callable[[Tx], VT | None], parts: Sequence[VT], calls: bool) -> VT:
+    """Note [Lazy iterators]: an iterator whose items `pull` computes as they are asked for."""
+    return LazyIteratorVariable(kind, pull, not calls and all(is_pure_iterator(p) for p in parts))
 
 
 def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -230,31 +244,30 @@ def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
 
 
 def _zip(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    from kiln_dynamo.variables.lists import CountIteratorVariable
+    """Note [Lazy iterators]: each step pulls one item from each argument's iterator, in order,
+    and stops at the first that has ended (strict=True: then every other must have ended)."""
+    if set(kwargs) - {"strict"}:
+        raise Unsupported(f"zip() with arguments {sorted(kwargs)}")
+    strict_vt = kwargs.get("strict")
+    if strict_vt is not None and not strict_vt.is_constant():
+        raise Unsupported("zip(strict=) that is not a constant")
+    strict = bool(strict_vt.as_constant()) if strict_vt is not None else False
+    its = [iterator_of(tx, a) for a in args]
 
-    finite = [a.iterate(tx) for a in args if not isinstance(a, CountIteratorVariable)]
-    if len(finite) < len(args):  # zip stops at the shortest; an itertools.count gives that many
-        strict = kwargs.get("strict")
-        if not finite or (strict is not None and not (strict.is_constant() and not strict.as_constant())):
-            raise Unsupported("zip of itertools.count objects only, or with strict=")
-        n = min(len(s) for s in finite)
-        it = iter(finite)
-        seqs = [a.take(n) if isinstance(a, CountIteratorVariable) else next(it) for a in args]
-        # the round that ends zip advances every count before the first iterable that ran out
-        for a, seq in zip(args, seqs, strict=True):
-            if not isinstance(a, CountIteratorVariable) and len(seq) == n:
-                break
-            if isinstance(a, CountIteratorVariable):
-                a.take(1)
-        return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)], "zip")
-    seqs = finite
-    if (
-        kwargs.get("strict") is not None
-        and kwargs["strict"].as_constant()
-        and len({len(s) for s in seqs}) > 1
-    ):
-        raise Unsupported("zip(strict=True) raised ValueError")
-    return ListIteratorVariable([TupleVariable(list(t)) for t in zip(*seqs, strict=False)], "zip")
+    def pull(t: Tx) -> VT | None:
+        if not its:
+            return None
+        row: list[VT] = []
+        for k, it in enumerate(its):
+            item = it.next(t)
+            if item is None:
+                if strict and (k > 0 or any(o.next(t) is not None for o in its[1:])):
+                    raise Unsupported("zip(strict=True) raised ValueError")
+                return None
+            row.append(item)
+        return TupleVariable(row)
+
+    return _lazy("zip", pull, its, strict)
 
 
 def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -263,29 +276,67 @@ def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if len(args) > 1
         else (kwargs["start"].as_constant() if "start" in kwargs else 0)
     )
-    return ListIteratorVariable(
-        [TupleVariable([ConstantVariable(i), v]) for i, v in enumerate(args[0].iterate(tx), start)],
-        "enumerate",
-    )
+    it = iterator_of(tx, args[0])
+    count = [start]
+
+    def pull(t: Tx) -> VT | None:
+        item = it.next(t)
+        if item is None:
+            return None
+        count[0] += 1
+        return TupleVariable([ConstantVariable(count[0] - 1), item])
+
+    return _lazy("enumerate", pull, [it], False)
 
 
 def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    kind = "reversed" if _is_list(args[0]) else "deque_reversed" if _is_deque(args[0]) else "tuple"
-    return ListIteratorVariable(list(reversed(args[0].iterate(tx))), kind)
+    seq = args[0]
+    if isinstance(seq, ListVariable) and _is_list(seq):
+        # Note [Lazy iterators]: CPython's list_reverseiterator reads l[i] at each step, from
+        # the last index at creation down, and ends early when the list has shrunk below i
+        pos = [len(seq.items) - 1]
+
+        def pull(t: Tx) -> VT | None:
+            i = pos[0]
+            if i < 0 or i >= len(seq.items):
+                pos[0] = -1
+                return None
+            pos[0] -= 1
+            return seq.items[i]
+
+        return LazyIteratorVariable("reversed", pull, True)
+    kind = "reversed" if _is_list(seq) else "deque_reversed" if _is_deque(seq) else "tuple"
+    return ListIteratorVariable(list(reversed(seq.iterate(tx))), kind)
 
 
 def _map(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     fn, *seqs = args
-    cols = [s.iterate(tx) for s in seqs]
-    return ListIteratorVariable([fn.call(tx, list(t), {}) for t in zip(*cols, strict=False)], "map")
+    its = [iterator_of(tx, s) for s in seqs]
+
+    def pull(t: Tx) -> VT | None:
+        row: list[VT] = []
+        for it in its:
+            item = it.next(t)
+            if item is None:
+                return None
+            row.append(item)
+        return fn.call(t, row, {}) if its else None
+
+    return _lazy("map", pull, its, True)
 
 
 def _filter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     fn, seq = args
-    items = seq.iterate(tx)
-    if fn.is_constant() and fn.as_constant() is None:
-        return ListIteratorVariable([i for i in items if i.truth(tx)], "filter")
-    return ListIteratorVariable([i for i in items if fn.call(tx, [i], {}).truth(tx)], "filter")
+    it = iterator_of(tx, seq)
+    identity = fn.is_constant() and fn.as_constant() is None
+
+    def pull(t: Tx) -> VT | None:
+        while (item := it.next(t)) is not None:
+            if (item if identity else fn.call(t, [item], {})).truth(t):
+                return item
+        return None
+
+    return _lazy("filter", pull, [it], True)
 
 
 def _tuple(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -354,6 +405,12 @@ def _minmax(pick: Callable[..., Any]) -> Handler:
 
 def _all_any(pick: Callable[..., Any]) -> Handler:
     def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+        if isinstance(args[0], ListIteratorVariable):  # stops at the first decisive item, as eager
+            it = args[0]
+            while (item := it.next(tx)) is not None:
+                if item.truth(tx) is (pick is any):
+                    return ConstantVariable(pick is any)
+            return ConstantVariable(pick is all)
         return ConstantVariable(pick(i.truth(tx) for i in args[0].iterate(tx)))
 
     return handler
@@ -610,21 +667,63 @@ def _product(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ListIteratorVariable([TupleVariable(list(p)) for p in itertools.product(*pools)])
 
 
+def _chained(tx: Tx, outer: ListIteratorVariable, pure: bool) -> VT:
+    """Note [Lazy iterators]: each iterable `outer` yields is made an iterator when the one
+    before it has ended, as `itertools.chain` does."""
+    current: list[ListIteratorVariable] = []
+
+    def pull(t: Tx) -> VT | None:
+        while True:
+            if current:
+                item = current[0].next(t)
+                if item is not None:
+                    return item
+                current.clear()
+            nxt = outer.next(t)
+            if nxt is None:
+                return None
+            it = iterator_of(t, nxt)
+            if t is None and not is_pure_iterator(it):
+                raise Unsupported("a chain iterator over an impure iterator leaves the frame unfinished")
+            current.append(it)
+
+    return _lazy("chain", pull, [outer], not pure)
+
+
 def _chain(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
-    return ListIteratorVariable([item for a in args for item in a.iterate(tx)], "chain")
+    return _chained(tx, ListIteratorVariable(list(args)), all(_pure_iterable(a) for a in args))
+
+
+def _pure_iterable(v: VT) -> bool:
+    return is_pure_iterator(v) if isinstance(v, ListIteratorVariable) else isinstance(v, BaseListVariable)
 
 
 def _chain_from_iterable(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if kwargs or len(args) != 1:
         raise Unsupported("itertools.chain.from_iterable with these arguments")
-    return ListIteratorVariable([item for a in args[0].iterate(tx) for item in a.iterate(tx)], "chain")
+    return _chained(tx, iterator_of(tx, args[0]), False)
 
 
 def _pairwise(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if kwargs or len(args) != 1:
         raise Unsupported("itertools.pairwise with these arguments")
-    items = args[0].iterate(tx)
-    return ListIteratorVariable([TupleVariable([a, b]) for a, b in itertools.pairwise(items)])
+    it = iterator_of(tx, args[0])
+    last: list[VT] = []
+
+    def pull(t: Tx) -> VT | None:
+        if not last:
+            first = it.next(t)
+            if first is None:
+                return None
+            last.append(first)
+        item = it.next(t)
+        if item is None:
+            return None
+        pair = TupleVariable([last[0], item])
+        last[0] = item
+        return pair
+
+    return _lazy("pairwise", pull, [it], False)
 
 
 def _accumulate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -632,19 +731,30 @@ def _accumulate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     if not 1 <= len(args) <= 2 or set(kwargs) - {"func", "initial"}:
         raise Unsupported("itertools.accumulate with these arguments")
     func = args[1] if len(args) == 2 else kwargs.get("func")
-    items = list(args[0].iterate(tx))
+    it = iterator_of(tx, args[0])
     initial = kwargs.get("initial")
+    total: list[VT] = []
     if initial is not None and not (initial.is_constant() and initial.as_constant() is None):
-        items = [initial, *items]
-    out: list[VT] = []
-    for item in items:
-        if not out:
-            out.append(item)
+        total.append(initial)
+        pending = [initial]  # yielded first, before anything is pulled
+    else:
+        pending = []
+
+    def pull(t: Tx) -> VT | None:
+        if pending:
+            return pending.pop()
+        item = it.next(t)
+        if item is None:
+            return None
+        if not total:
+            total.append(item)
         elif func is None or (func.is_constant() and func.as_constant() is None):
-            out.append(tx.binary_op(operator.add, out[-1], item))
+            total[0] = t.binary_op(operator.add, total[0], item)
         else:
-            out.append(func.call(tx, [out[-1], item], {}))
-    return ListIteratorVariable(out)
+            total[0] = func.call(t, [total[0], item], {})
+        return total[0]
+
+    return _lazy("accumulate", pull, [it], True)
 
 
 def _count(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -673,9 +783,31 @@ def _islice(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         ):
             raise Unsupported("itertools.islice of an itertools.count without a stop, or with bad bounds")
         return IsliceCountVariable(args[0], start, stop, step)
-    items = args[0].iterate(tx)
-    bounds = [a.as_constant() for a in args[1:]]
-    return ListIteratorVariable(list(itertools.islice(items, *bounds)), "islice")
+    it = iterator_of(tx, args[0])
+    sl = slice(*[a.as_constant() for a in args[1:]])
+    stop = sl.stop
+    step = 1 if sl.step is None else sl.step
+    state = [0, sl.start or 0]  # CPython's islice: items pulled from `it`, index of the next yield
+    if stop is not None and state[1] > stop:
+        state[1] = stop
+
+    def pull(t: Tx) -> VT | None:
+        while state[0] < state[1]:  # skipped items are pulled (and dropped) as CPython does
+            if it.next(t) is None:
+                return None
+            state[0] += 1
+        if stop is not None and state[0] >= stop:
+            return None
+        item = it.next(t)
+        if item is None:
+            return None
+        state[0] += 1
+        state[1] += step
+        if stop is not None and state[1] > stop:
+            state[1] = stop
+        return item
+
+    return _lazy("islice", pull, [it], False)
 
 
 def _print(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:

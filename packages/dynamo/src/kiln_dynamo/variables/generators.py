@@ -10,7 +10,9 @@ order of prints, appends, graph nodes). A generator that has not started can cro
 is rebuilt as a fresh call of its function: nothing of its body has run); one that has started
 cannot leave the frame. A break inside the generator's body (an unsupported construct it runs)
 moves to the instruction of the frame that created it: that call runs in CPython and the real
-generator object runs as plain Python (Note [Generators run as Python]).
+generator object runs as plain Python (Note [Generators run as Python]). Generator expressions
+and torch's own generators are stepped the same way, unless the bytecode shows that a consuming
+builtin takes them at once (Note [Generators consumed where they are made] in translator.py).
 """
 
 from __future__ import annotations

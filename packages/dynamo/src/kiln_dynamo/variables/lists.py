@@ -444,10 +444,21 @@ class ListIteratorVariable(VariableTracker):
     ``enumerate``, ``map``, ``filter``, ``reversed`` (of a list), ``chain``, ``islice``,
     ``generator``, ``deque``, ``deque_reversed``."""
 
-    def __init__(self, items: list[VT], kind: str = "tuple") -> None:
-        self.items = items
+    def __init__(self, items: list[VT], kind: str = "tuple", over: ListVariable | None = None) -> None:
+        self._items = items
+        self.over = over  # a list made or read by the frame: read live (Note [Lazy iterators])
+        self.ended = False
         self.index = 0
         self.kind = kind
+
+    @property
+    def items(self) -> list[VT]:
+        return self.over.items if self.over is not None else self._items
+
+    @items.setter
+    def items(self, items: list[VT]) -> None:
+        self._items = items
+        self.over = None
 
     def describe(self) -> str:
         return "iterator"
@@ -456,15 +467,19 @@ class ListIteratorVariable(VariableTracker):
         return _ITERATOR_TYPES.get(self.kind, type(iter(())))
 
     def next(self, tx: Tx) -> VT | None:
-        if self.index >= len(self.items):
+        if self.ended or self.index >= len(self.items):
+            self.ended = True  # an exhausted list iterator stays so, as CPython's
             return None
         item = self.items[self.index]
         self.index += 1
         return item
 
     def iterate(self, tx: Tx) -> list[VT]:
+        if self.ended:
+            return []
         rest = self.items[self.index :]
         self.index = len(self.items)
+        self.ended = True
         return rest
 
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -525,6 +540,109 @@ class ListIteratorVariable(VariableTracker):
         if kind == "generator":
             return f"{cg.const(_generator)}({tup(rest)})"
         return f"{cg.const(iter)}({tup(rest)})"
+
+
+# Note [Lazy iterators]: CPython's iterators compute each item when it is asked for: `iter(l)`
+# of a list reads `l[i]` at each step (an append made before the end is seen), `map(f, xs)` calls
+# `f` at each step, `zip`, `enumerate`, `filter`, `reversed(l)`, `itertools.chain`, `islice`,
+# `accumulate` and `pairwise` pull from their arguments' iterators at each step. Computed where
+# they were made, they read a list mutated, a variable rebound or a tensor changed in place
+# between creation and consumption with its old value (a wrong answer with no break). So:
+# an iterator over a list the frame holds (`ListVariable`) keeps the list (`over`) and reads
+# it at each step, and the others are `LazyIteratorVariable`s whose `pull` computes the next
+# item from their sub-iterators when a consumer asks (a FOR_ITER, `next`, `sum`, `list`). An
+# iterator that leaves the frame unfinished (a split, a return) is rebuilt over the items it has
+# left, computed then, when computing them runs nothing of the user's (`pure`: no function is
+# called, no outside iterator is advanced); otherwise that is a break ("evaluated lazily").
+# Tuples, ranges, strings and torch's module containers are read when the iterator is made:
+# the frame cannot change them.
+class LazyIteratorVariable(ListIteratorVariable):
+    """An iterator computed item by item as its consumer asks (Note [Lazy iterators])."""
+
+    def __init__(self, kind: str, pull: Callable[[Tx], VT | None], pure: bool) -> None:
+        super().__init__([], kind)
+        self.pull = pull
+        self.pure = pure
+
+    def describe(self) -> str:
+        return f"{self.kind} iterator"
+
+    def next(self, tx: Tx) -> VT | None:
+        if self.index < len(self._items):  # items computed for a rebuild (`items`)
+            self.index += 1
+            return self._items[self.index - 1]
+        if self.ended:
+            return None
+        item = self.pull(tx)
+        if item is None:
+            self.ended = True
+        return item
+
+    def iterate(self, tx: Tx) -> list[VT]:
+        out = []
+        while (item := self.next(tx)) is not None:
+            out.append(item)
+        return out
+
+    @property
+    def items(self) -> list[VT]:
+        """The items it has left, computed now (for its rebuild when it leaves the frame)."""
+        if not self.ended:
+            if not self.pure:
+                raise Unsupported(
+                    f"a {self.kind} iterator made in the frame, evaluated lazily, leaves it unfinished"
+                )
+            rest = self._items[self.index :]
+            while (item := self.pull(None)) is not None:  # type: ignore[arg-type]
+                rest.append(item)
+            self._items, self.index, self.ended = rest, 0, True
+        return self._items
+
+    @items.setter
+    def items(self, items: list[VT]) -> None:
+        self._items = items
+
+
+def is_pure_iterator(it: VT) -> bool:
+    """Whether computing `it`'s items runs nothing of the user's (Note [Lazy iterators])."""
+    if isinstance(it, LazyIteratorVariable):
+        return it.pure
+    return type(it) is ListIteratorVariable
+
+
+def iterator_of(tx: Tx, v: VT) -> ListIteratorVariable:
+    """`iter(v)` as CPython makes it: a list read live, an iterator itself, anything else read now."""
+    if isinstance(v, ListIteratorVariable):
+        return v
+    if isinstance(v, ListVariable) and v.python_type() is list:
+        return ListIteratorVariable([], "list", over=v)
+    from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable, key_vt
+
+    d = v.d if isinstance(v, DictViewVariable) else v
+    if isinstance(d, DictVariable) and type(d) is DictVariable:
+        # a dict's iterator: its keys in order, each value read at its step; eager raises
+        # RuntimeError at the step after the dict changed size (a break here)
+        view = v.kind if isinstance(v, DictViewVariable) else "keys"
+        d.iterate(tx)  # a dict class's own __iter__ is a break there
+        order = list(d._items)
+        size = len(order)
+        pos = [0]
+
+        def pull(t: Tx) -> VT | None:
+            if len(d._items) != size:
+                raise Unsupported("a dict changed size during iteration (RuntimeError in eager)")
+            if pos[0] >= size:
+                return None
+            k = order[pos[0]]
+            pos[0] += 1
+            if view == "keys":
+                return key_vt(k)
+            value = d.items[k]
+            return value if view == "values" else TupleVariable([key_vt(k), value])
+
+        return LazyIteratorVariable("tuple", pull, True)
+    kind = "deque" if isinstance(v, DequeVariable) else "tuple"
+    return ListIteratorVariable(v.iterate(tx), kind)
 
 
 # Note [Iterators over a dict from outside]: a frame can receive a live iterator over a dict or
