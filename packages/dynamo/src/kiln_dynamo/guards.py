@@ -266,6 +266,13 @@ class GuardBuilder:
         c = tuple(CCheck("not_in", AttrSource(source, d), attr) for d in dicts)
         self.add(f"not ({where})", f"{name} has no attribute {attr!r}", c=c)
 
+    def not_registered(self, source: Source, attr: str, dicts: tuple[str, ...]) -> None:
+        """`attr` is a key of none of the module's registries `dicts` (`_parameters`, ...)."""
+        code, name = self._src(source)
+        where = " or ".join(f"{attr!r} in {code}.{d}" for d in dicts)
+        c = tuple(CCheck("not_in", AttrSource(source, d), attr) for d in dicts)
+        self.add(f"not ({where})", f"{name} has no {attr!r} in {', '.join(dicts)}", c=c)
+
     def no_hooks(self, source: Source, instance_forward: bool = False) -> None:
         """No forward or backward hooks, and a forward of the instance's own only if there was one."""
         code, name = self._src(source)

@@ -16,8 +16,10 @@ Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed afte
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import types
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +27,7 @@ from torch import nn
 
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.source import AttrSource, DictEntrySource, Source, TypeSource
-from kiln_dynamo.variables import module_hooks
+from kiln_dynamo.variables import module_hooks, module_state
 from kiln_dynamo.variables.base import ConstantVariable, MethodVariable, VariableTracker
 from kiln_dynamo.variables.lists import TupleVariable
 
@@ -180,12 +182,20 @@ class NNModuleVariable(VariableTracker):
         pending = side.pending_attr(m, name)
         if pending is not None:
             return pending
-        if name in d.get("_parameters", {}):
-            return tx.wrap(d["_parameters"][name], self._entry("_parameters", name))
-        if name in d.get("_buffers", {}):
-            return tx.wrap(d["_buffers"][name], self._entry("_buffers", name))
-        if name in d.get("_modules", {}):
-            return tx.wrap(d["_modules"][name], self._entry("_modules", name))
+        if name in _REGISTRY_ATTRS and side.has_pending_attrs(m):
+            raise Unsupported(
+                f"{name} of {self.describe()} after an attribute store in the frame "
+                "(Note [The frame's view of a module's registries])"
+            )
+        if module_state.has_changes(tx, m):  # a registry written in the frame: read its view
+            st = module_state.state(tx, self)
+            for attr in module_state.REGISTRIES:
+                if name in st.regs[attr]:
+                    return st.get(tx, attr, name)
+        else:
+            for attr in module_state.REGISTRIES:
+                if name in d.get(attr, {}):
+                    return tx.wrap(d[attr][name], self._entry(attr, name))
         if name in module_hooks.HOOK_DICTS and module_hooks.has_pending(tx, m):
             raise Unsupported(
                 f"{name} of {self.describe()} read after a hook registration in the frame "
@@ -225,36 +235,46 @@ class NNModuleVariable(VariableTracker):
                 f"setting attribute {name!r} on {self.describe()} after its __dict__ was read "
                 "(Note [Two views of an instance dict])"
             )
+        module_state.check_store(tx, self, name, value)
         tx.output.side_effects.store_attr(self, self.module, name, value)
 
-    def _children(self) -> list[tuple[str, nn.Module]]:
-        return [(k, v) for k, v in self.module._modules.items() if v is not None]
+    def _registry(self, tx: Tx, attr: str) -> list[tuple[str, Callable[[], VT]]]:
+        """`_modules` or `_parameters` of a container as the frame has it, None entries included,
+        each wrapped when read (Note [The frame's view of a module's registries]); its length (or
+        the key lists the view starts from) guarded."""
+        if module_state.has_changes(tx, self.module):
+            st = module_state.state(tx, self)
+        else:
+            st = module_state.unchanged(self)
+            if self.source is not None:
+                tx.output.guards.length(AttrSource(self.source, attr), getattr(self.module, attr))
+        return [(k, functools.partial(st.get, tx, attr, k)) for k in st.keys(attr)]
 
-    def _guard_len(self, tx: Tx) -> None:
-        if self.source is not None:
-            tx.output.guards.length(AttrSource(self.source, "_modules"), self.module._modules)
+    def _children(self, tx: Tx) -> list[tuple[str, VT]]:
+        """The non-None entries of `_modules` as the frame has them, wrapped."""
+        entries = [(k, get()) for k, get in self._registry(tx, "_modules")]
+        return [(k, v) for k, v in entries if not (v.is_constant() and v.as_constant() is None)]
 
     def length(self, tx: Tx) -> int:
-        if isinstance(self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.ParameterList)):
-            self._guard_len(tx)
-            return len(self.module)
+        if isinstance(self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            return len(self._registry(tx, "_modules"))
+        if isinstance(self.module, nn.ParameterList):
+            return len(self._registry(tx, "_parameters"))
         raise Unsupported(f"len() of {self.describe()}")
 
     def iterate(self, tx: Tx) -> list[VT]:
         m = self.module
-        self._guard_len(tx)
         if isinstance(m, (nn.Sequential, nn.ModuleList)):
-            return [tx.wrap(v, self._entry("_modules", k)) for k, v in self._children()]
+            return [v for _, v in self._children(tx)]
         if isinstance(m, nn.ModuleDict):
-            return [ConstantVariable(k) for k, _ in self._children()]
+            return [ConstantVariable(k) for k, _ in self._children(tx)]
         if isinstance(m, nn.ParameterList):
-            return [tx.wrap(p, self._entry("_parameters", k)) for k, p in m._parameters.items()]
+            return [get() for _, get in self._registry(tx, "_parameters")]
         raise Unsupported(f"iterating over {self.describe()}")
 
     def truth(self, tx: Tx) -> bool:
-        if isinstance(m := self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
-            self._guard_len(tx)
-            return len(m) > 0
+        if isinstance(self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            return len(self._registry(tx, "_modules")) > 0
         return True
 
     def getitem(self, tx: Tx, key: VT) -> VT:
@@ -265,29 +285,24 @@ class NNModuleVariable(VariableTracker):
                 raise Unsupported(f"subscript of {self.describe()}, which overrides __getitem__")
             return self.getattr(tx, k)  # a ParameterDict keeps each entry as an attribute
         if isinstance(m, (nn.Sequential, nn.ModuleList)):
-            self._guard_len(tx)
-            keys = list(m._modules.keys())
+            entries = self._registry(tx, "_modules")
             if isinstance(k, slice):
                 if type(m) not in (nn.Sequential, nn.ModuleList):
                     raise Unsupported(f"slicing a {type(m).__qualname__} (a container subclass)")
-                items = [tx.wrap(m._modules[n], self._entry("_modules", n)) for n in keys]
-                return ModuleSliceVariable(type(m), keys, items).getitem(tx, key)
-            name = keys[k]
-            return tx.wrap(m._modules[name], self._entry("_modules", name))
+                keys = [n for n, _ in entries]
+                return ModuleSliceVariable(type(m), keys, [get() for _, get in entries]).getitem(tx, key)
+            return entries[k][1]()
         if isinstance(m, nn.ParameterList):
-            self._guard_len(tx)
-            name = list(m._parameters.keys())[k]
-            return tx.wrap(m._parameters[name], self._entry("_parameters", name))
+            return self._registry(tx, "_parameters")[k][1]()
         raise Unsupported(f"subscript of {self.describe()}")
 
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         m = self.module
         if isinstance(m, nn.ModuleDict) and name in ("keys", "values", "items"):
-            self._guard_len(tx)
-            kids = self._children()
+            kids = self._children(tx)
             if name == "keys":
                 return TupleVariable([ConstantVariable(k) for k, _ in kids])
-            vals = [tx.wrap(v, self._entry("_modules", k)) for k, v in kids]
+            vals = [v for _, v in kids]
             if name == "values":
                 return TupleVariable(vals)
             return TupleVariable(
@@ -442,6 +457,10 @@ def runs_cudnn_rnn(m: nn.Module) -> bool:
 # pre-hooks registered in the frame are traced; the registrations below (backward hooks, state-dict
 # hooks) stay one clean break at their call: the hook is registered by eager's code, and the calls
 # after it, captured again, see and guard it.
+# a module's registries, which the frame's attribute stores change only as Note [The frame's view
+# of a module's registries] (module_state.py) follows
+_REGISTRY_ATTRS = (*module_state.REGISTRIES, "_non_persistent_buffers_set")
+
 _HOOK_REGISTRATIONS = frozenset(
     {
         "register_full_backward_hook",
@@ -483,16 +502,14 @@ def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: 
     opts = bound.arguments
     if opts.get("memo") is not None:
         raise Unsupported(f"Module.{name}() with a memo set")
-    guards = tx.output.guards
+    views: dict[int, module_state.ModuleState] = {}
 
-    def keys(vt: NNModuleVariable, attr: str) -> dict[str, Any]:
-        d: dict[str, Any] = getattr(vt.module, attr)
-        if vt.source is not None:
-            guards.dict_keys(AttrSource(vt.source, attr), d)
-        return d
-
-    def child(vt: NNModuleVariable, attr: str, k: str) -> VT:
-        return tx.wrap(getattr(vt.module, attr)[k], vt._entry(attr, k))
+    def view(vt: NNModuleVariable) -> module_state.ModuleState:
+        # each module's registries as the frame has them, the real ones' key lists guarded
+        st = views.get(id(vt.module))
+        if st is None:
+            st = views[id(vt.module)] = module_state.state(tx, vt)
+        return st
 
     def named_modules(prefix: str, dedupe: bool) -> list[tuple[str, NNModuleVariable]]:
         out: list[tuple[str, NNModuleVariable]] = []
@@ -504,8 +521,9 @@ def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: 
             if dedupe:
                 seen.add(id(vt.module))
             out.append((pre, vt))
-            for k in keys(vt, "_modules"):
-                sub = child(vt, "_modules", k)
+            st = view(vt)
+            for k in st.keys("_modules"):
+                sub = st.get(tx, "_modules", k)
                 if isinstance(sub, NNModuleVariable):
                     walk(sub, pre + ("." if pre else "") + k)
                 elif not (sub.is_constant() and sub.as_constant() is None):
@@ -520,13 +538,15 @@ def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: 
         seen: set[int] = set()
         out: list[tuple[str, VT]] = []
         for pre, vt in mods:
-            for k in keys(vt, attr):
-                value = getattr(vt.module, attr)[k]
-                entry = child(vt, attr, k)  # guarded, None included
-                if value is None or id(value) in seen:
+            st = view(vt)
+            for k in st.keys(attr):
+                entry = st.get(tx, attr, k)  # guarded, None included
+                if entry.is_constant() and entry.as_constant() is None:
+                    continue
+                if id(entry.identity()) in seen:
                     continue
                 if dedupe:
-                    seen.add(id(value))
+                    seen.add(id(entry.identity()))
                 out.append((pre + ("." if pre else "") + k, entry))
         return out
 
@@ -536,8 +556,9 @@ def traverse(tx: Tx, root: NNModuleVariable, name: str, args: list[VT], kwargs: 
     elif name in ("children", "named_children"):
         seen: set[int] = set()
         pairs = []
-        for k in keys(root, "_modules"):
-            sub = child(root, "_modules", k)
+        st = view(root)
+        for k in st.keys("_modules"):
+            sub = st.get(tx, "_modules", k)
             if isinstance(sub, NNModuleVariable) and id(sub.module) not in seen:
                 seen.add(id(sub.module))
                 pairs.append((k, sub))
