@@ -50,7 +50,11 @@ def bias_none_then_forward(m: Net, x: torch.Tensor) -> Any:
 
 def parameter_from_outside_replaces(m: Net, x: torch.Tensor) -> Any:
     m.lin.weight = m.other.weight  # a replaced key keeps its place; the shared one is walked once
-    return total(m.parameters()), names(m.named_parameters()), names(m.named_parameters(remove_duplicate=False))
+    return (
+        total(m.parameters()),
+        names(m.named_parameters()),
+        names(m.named_parameters(remove_duplicate=False)),
+    )
 
 
 def parameter_made_in_frame(m: Net, x: torch.Tensor) -> Any:

@@ -14,6 +14,8 @@ module's registries]).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,11 +76,17 @@ class ModuleState:
     vt: NNModuleVariable
     regs: dict[str, dict[str, Entry]] = field(default_factory=dict)
     changed: bool = False
+    # the real registries read as they are, whose key lists are guarded when first walked
+    unguarded: dict[str, Callable[[], None]] = field(default_factory=dict)
 
     def keys(self, attr: str) -> list[str]:
+        guard = self.unguarded.pop(attr, None)
+        if guard is not None:
+            guard()
         return list(self.regs[attr])
 
     def get(self, tx: Tx, attr: str, key: str) -> VT:
+        self.keys(attr)
         e = self.regs[attr][key]
         if isinstance(e, _Real):
             return tx.wrap(e.value, self.vt._entry(attr, key))
@@ -89,7 +97,7 @@ class ModuleState:
         return e.value is None if isinstance(e, _Real) else _is_none(e)
 
     def items(self, tx: Tx, attr: str) -> list[tuple[str, VT]]:
-        return [(k, self.get(tx, attr, k)) for k in self.regs[attr]]
+        return [(k, self.get(tx, attr, k)) for k in self.keys(attr)]
 
 
 def unchanged(vt: NNModuleVariable) -> ModuleState:
@@ -114,11 +122,14 @@ def _stores(tx: Tx, m: nn.Module) -> list[tuple[str, VT]]:
     ]
 
 
+def registry_written(tx: Tx, m: nn.Module) -> bool:
+    """Whether the frame wrote into one of `m`'s registries (through their dict trackers)."""
+    return any(_tracked(tx, m.__dict__[a]) is not None for a in REGISTRIES if a in m.__dict__)
+
+
 def has_changes(tx: Tx, m: nn.Module) -> bool:
     """Whether the frame stored an attribute on `m` or wrote into one of its registries."""
-    if _stores(tx, m):
-        return True
-    return any(_tracked(tx, m.__dict__.get(a)) is not None for a in REGISTRIES if a in m.__dict__)
+    return bool(_stores(tx, m)) or registry_written(tx, m)
 
 
 def registries_read(tx: Tx, m: nn.Module) -> bool:
@@ -146,7 +157,9 @@ def state(tx: Tx, vt: NNModuleVariable, guard: bool = True) -> ModuleState:
             out.changed = True
         else:
             if guard and vt.source is not None:
-                tx.output.guards.dict_keys(AttrSource(vt.source, attr), real)
+                out.unguarded[attr] = functools.partial(
+                    tx.output.guards.dict_keys, AttrSource(vt.source, attr), real
+                )
             out.regs[attr] = {k: _Real(v) for k, v in real.items()}
     stores = _stores(tx, m)
     if stores and out.changed:
@@ -154,6 +167,9 @@ def state(tx: Tx, vt: NNModuleVariable, guard: bool = True) -> ModuleState:
             f"{vt.describe()}: attribute stores and writes into its registries in one frame "
             "(Note [The frame's view of a module's registries])"
         )
+    if stores:  # where each store lands depends on every registry's keys
+        for attr in REGISTRIES:
+            out.keys(attr)
     for name, value in stores:
         _apply(tx, out, name, value)
         out.changed = True

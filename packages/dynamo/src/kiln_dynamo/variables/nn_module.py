@@ -10,7 +10,9 @@ Calling a module inlines `type(m).forward` with its forward hooks and pre-hooks 
 too: Note [Module hooks registered in the frame] in module_hooks.py). Containers: Sequential and ModuleList index, slice, iterate and len; ModuleDict keys,
 values, items and subscripts.
 
-Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed after the graph.
+Writes (`self.x = ...`) from the frame go to `SideEffects` and are replayed after the graph;
+reads that walk the registries afterwards (traversals, a container's len and items) see them
+through module_state.py's view of the module.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ class NNModuleVariable(VariableTracker):
                 f"{name} of {self.describe()} after an attribute store in the frame "
                 "(Note [The frame's view of a module's registries])"
             )
-        if module_state.has_changes(tx, m):  # a registry written in the frame: read its view
+        if module_state.registry_written(tx, m):  # read the registries as the frame has them
             st = module_state.state(tx, self)
             for attr in module_state.REGISTRIES:
                 if name in st.regs[attr]:
@@ -480,7 +482,10 @@ _HOOK_REGISTRATION_ADVICE = "register module hooks before calling the compiled m
 # with "."), and hands back an iterator over trackers that carry their sources. Every dict the
 # walk reads (`_modules`, `_parameters`, `_buffers` of each module visited) is guarded on its
 # key list, and every entry it yields on its type (a module) or its tensor properties, so a
-# module added, removed or replaced later recompiles.
+# module added, removed or replaced later recompiles. It walks each module's registries as the
+# frame has them, its attribute stores and registry writes applied (Note [The frame's view of a
+# module's registries] in module_state.py), not the real module, which gets them only after
+# the graph.
 _TRAVERSALS = frozenset(
     {"parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children",
      "modules", "named_modules"}
