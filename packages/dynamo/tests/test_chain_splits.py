@@ -616,3 +616,135 @@ def test_a_cell_index_that_reaches_a_plain_local_is_refused() -> None:
     plain = code.replace(co_varnames=("a", "b"), co_nlocals=2, co_cellvars=())
     with pytest.raises(ValueError, match="not a cell"):
         resume.check_cell_slots(plain)
+
+
+# --- a break inside a try block of the chain's innermost frame ----------------------------------
+# (Note [A break inside a try block of the innermost frame] in breaks.py)
+
+
+def looped_layer(h: torch.Tensor, n: int) -> torch.Tensor:
+    h = h * 2
+    if h.sum() > 0:  # the break: data-dependent, as a LayerDrop test or an isfinite check
+        h = h - 1
+    if n > 2:
+        raise ValueError(f"n is {n}")
+    return h + 1
+
+
+def looped_encoder(h: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(2):  # the chain is cut here: the call is inside a loop
+        h = looped_layer(h, n)
+    return h
+
+
+def caught_merge(f: Callable[..., torch.Tensor], h: torch.Tensor, n: int) -> torch.Tensor:
+    """Shaped as transformers' `merge_with_config_defaults` over `capture_outputs`: two wrappers
+    whose calls sit in try blocks, above a model whose layers run in a loop."""
+    try:
+        return capture_outputs(f, h, n) * 3
+    except ValueError as e:
+        LOG.append(f"caught {e}")
+        return h - 100
+
+
+def wrapped_encoder_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    t = x.cos()
+    return caught_merge(looped_encoder, t, n) + t
+
+
+def test_a_chain_cut_at_a_call_inside_a_try_block() -> None:
+    # the chain is cut at the loop: its innermost frame is `capture_outputs`, whose break
+    # instruction (the call into the encoder) sits in a try/finally; the frames above still split
+    # as one chain (before: that wrapper cut the chain again, and `caught_merge` split before its
+    # try block with nothing to compile before it, leaving its continuation to Python)
+    x = torch.randn(3)
+    assert _run(wrapped_encoder_top, x, 1) == (4, 2, 1)  # the encoder's loop runs as Python
+    reasons = [r for r in counters.break_reasons if r.note is not None and "3 frames resumed" in r.note]
+    assert len(reasons) == 1
+    compiled = kiln_dynamo.compile(wrapped_encoder_top)
+    for n in (1, 5, 1, 7):  # raised by the break instruction: reaches the finally, then the except
+        expected, eager_log, _ = _outcome(wrapped_encoder_top, x, n)
+        got, log, _ = _outcome(compiled, x, n)
+        assert log == eager_log
+        _same(expected, got)
+
+
+def getpid_in_try(y: torch.Tensor, n: int) -> torch.Tensor:
+    y = y + 1
+    try:
+        LOG.append("try")
+        os.getpid(*range(n))  # the break instruction, inside the try: raises a TypeError for n > 0
+        LOG.append("after")
+        if n < 0:
+            raise KeyError(n)  # raised in the continuation, inside the try
+    except TypeError as e:
+        LOG.append(f"caught {type(e).__name__}")
+        y = y * 10
+    except KeyError:
+        LOG.append("key")
+        return y - 1
+    finally:
+        LOG.append("finally")
+    return y * 2
+
+
+def getpid_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    return getpid_in_try(x.sin(), n) + 1
+
+
+def branch_in_try(y: torch.Tensor) -> torch.Tensor:
+    y = y * 3
+    try:
+        if y:  # the break: a jump on a tensor; a RuntimeError for more than one element
+            LOG.append("true")
+            y = y + 1
+        LOG.append("after")
+    except RuntimeError:
+        LOG.append("ambiguous")
+        y = y - 1
+    return y
+
+
+def branch_top(x: torch.Tensor) -> torch.Tensor:
+    return branch_in_try(x.exp()) * 2
+
+
+def no_grad_leaf(y: torch.Tensor, n: int) -> torch.Tensor:
+    y = y * 2
+    with torch.no_grad():
+        os.getpid(*range(n))  # the break instruction, inside a grad-mode block
+        z = y + 1
+    return z * y
+
+
+def no_grad_leaf_top(x: torch.Tensor, n: int) -> torch.Tensor:
+    return no_grad_leaf(x.exp(), n) - x
+
+
+@pytest.mark.parametrize(
+    ("fn", "cases"),
+    [
+        (getpid_top, ((0,), (1,), (-1,), (0,))),
+        (branch_top, ((),)),
+        (no_grad_leaf_top, ((0,), (2,), (0,))),
+    ],
+)
+def test_the_break_instruction_inside_a_try_or_with_block(
+    fn: Callable[..., torch.Tensor], cases: tuple[tuple[int, ...], ...]
+) -> None:
+    for shape in ((), (3,)):  # one element, and an ambiguous truth value
+        kiln_dynamo.reset()
+        x = torch.randn(shape, requires_grad=True)
+        compiled = kiln_dynamo.compile(fn)
+        for i, extra in enumerate(cases):
+            expected, eager_log, eager_grad = _outcome(fn, x, *extra)
+            got, log, grad = _outcome(compiled, x, *extra)
+            assert log == eager_log and grad == eager_grad is True
+            if isinstance(expected, Exception):
+                assert type(got) is type(expected) and str(got) == str(expected)
+            else:
+                _same(expected, got)
+            if i == 0 and shape == ():  # one split, through the innermost frame's try or with block
+                assert (counters.graphs, counters.graph_breaks, len(counters.fallbacks)) == (2, 1, 0)
+                [reason] = counters.break_reasons
+                assert reason.note is not None and "2 frames resumed at once" in reason.note

@@ -121,3 +121,74 @@ def test_a_loop_over_it_that_breaks_stays_correct() -> None:
     assert report.break_reasons  # the loop splits (the iterator crosses the split as itself)
     torch.testing.assert_close(report.result, _loop_with_break(iter(d.items()), x))
     assert list(it) == []
+
+
+# --- list and tuple iterators from outside (detr: `{f: framework_to_test[f] for f in frameworks}`) --
+
+
+def _scaled(xs: list[torch.Tensor], k: dict[int, float]) -> dict[int, torch.Tensor]:
+    return {i: x * k[i] for i, x in enumerate(xs)}
+
+
+def _sum_rest(it: Iterator[Any], x: torch.Tensor) -> torch.Tensor:
+    for v in it:
+        x = x + v
+    return x
+
+
+def _times_next(it: Iterator[Any], x: torch.Tensor) -> torch.Tensor:
+    return x * next(it)
+
+
+SHARED: list[Any] = []
+
+
+def _sum_and_grow(it: Iterator[Any], x: torch.Tensor) -> torch.Tensor:
+    for v in it:
+        if v == 1:
+            SHARED.append(10)  # the list the iterator runs over: eager's loop sees the new item
+        x = x + v
+    return x
+
+
+def test_list_and_tuple_iterators_from_outside() -> None:
+    x = t(3)
+    for make in (lambda: iter([1.0, 2.0, 3.0]), lambda: iter((4, 5)), lambda: iter([x, x * 2])):
+        for skip in (0, 1):
+            it, ref = make(), make()
+            for _ in range(skip):
+                next(it), next(ref)
+            kiln_dynamo.reset()
+            got = one_graph(_sum_rest, it, x)
+            torch.testing.assert_close(got, _sum_rest(ref, x))
+            assert list(it) == list(ref) == []
+    it, ref = iter([2.0, 3.0]), iter([2.0, 3.0])
+    kiln_dynamo.reset()
+    torch.testing.assert_close(one_graph(_times_next, it, x), _times_next(ref, x))
+    assert list(it) == list(ref) == [3.0]  # advanced by one step, as eager leaves it
+
+
+def test_a_comprehension_over_a_live_list_iterator() -> None:
+    code = next((c for c in _scaled.__code__.co_consts if getattr(c, "co_name", "") == "<dictcomp>"), None)
+    if code is None:  # 3.12 inlines comprehensions (PEP 709)
+        return
+    k = {0: 2.0, 1: 3.0}
+    comp = types.FunctionType(code, globals(), None, None, (types.CellType(k),))
+    xs = [t(2), t(3)]
+    got = one_graph(comp, iter(list(enumerate(xs))))
+    want = _scaled(xs, k)
+    assert list(got) == list(want)
+    for i in want:
+        torch.testing.assert_close(got[i], want[i])
+
+
+def test_a_list_changed_while_its_iterator_runs_is_never_stale() -> None:
+    x = t(3)
+    SHARED[:] = [1, 2, 3]
+    want = _sum_and_grow(iter(SHARED), x)
+    assert SHARED == [1, 2, 3, 10]
+    SHARED[:] = [1, 2, 3]
+    kiln_dynamo.reset()
+    got = kiln_dynamo.compile(_sum_and_grow)(iter(SHARED), x)
+    torch.testing.assert_close(got, want)
+    assert SHARED == [1, 2, 3, 10]

@@ -55,10 +55,10 @@ the trace inlined (the trace already depends on that object: it read its cells).
 instruction runs in f0's code, so it must not depend on the frame it comes from
 (`resume.FRAME_FREE`: calls, operators, attribute and item stores, a jump on a tensor, which gives
 two chains of continuations, one per path); its name and constant arguments are moved into f0's
-code. A frame takes part only when no loop surrounds its instruction; the innermost one also when
-no try block or with-block surrounds its break instruction (that instruction runs in f0's code);
-an outer frame's call may sit in a try block or in a with-block whose exit kiln rebuilds (Note [A
-chain through try and with blocks]); and, for inlined frames, when it is not a generator, its
+code. A frame takes part only when no loop surrounds its instruction; its instruction (an outer
+frame's call, or the innermost one's break instruction) may sit in a try block or in a
+with-block whose exit kiln rebuilds (Note [A chain through try and with blocks], Note [A break
+inside a try block of the innermost frame]); and, for inlined frames, when it is not a generator, its
 closure is a real function's, and it does not read its own locals by name (cell variables are
 fine: Note [Cells of a chain's frames]). Otherwise `ChainCut` ends the chain above that frame (a third pass traces up to
 the shorter path); a chain of one frame is the ordinary split. Exceptions leave as in eager:
@@ -79,9 +79,10 @@ same handler in fi's continuation:
   handler reads are passed too: `handler_at_call`), and a with-block's exit on the stack below;
 - the break instruction runs in f0's split code, where none of those handlers is: there it is
   covered by a handler that calls a second set of continuations (`SplitPlan.on_raise`), the same
-  frames at the same points, whose innermost call is `reraise(e)` instead of fd's continuation.
-  The exception leaves fd (which may hold no handler at its break instruction) and reaches
-  fd-1's handler, and so on out, as in eager; a handler that catches it returns a value, which
+  frames at the same points, whose innermost call is `reraise(e)` instead of fd's continuation
+  (or fd's raising continuation, when a handler of fd covers the break instruction: Note [A break
+  inside a try block of the innermost frame]). The exception leaves fd and reaches fd-1's
+  handler, and so on out, as in eager; a handler that catches it returns a value, which
   the frame above continues with. The split code does not PUSH_EXC_INFO: no handler runs between
   the break instruction and the frames' own.
 A finally body or `__exit__` so runs exactly once, in eager's order, on every path (tested against
@@ -93,6 +94,28 @@ The first pass of a frame whose own call sits in a try block moves its break bef
 segformer is unchanged (2/4/5: its breaks register forward hooks under transformers' lock; since
 capture10 the handle's weakref is modelled, and the break is its counter store on torch's
 `RemovableHandle`, then the hook closure stored into the module).
+
+Note [A break inside a try block of the innermost frame]: the innermost frame fd's break
+instruction runs in f0's split code, outside fd's handlers; fd may still take part when a try
+block (or a with-block whose exit kiln rebuilds) covers that instruction. Its continuation on the
+normal path is a copy of fd's code with its exception table (as for any frame of the chain), so
+what runs after the break instruction is covered as in eager. On the raising path (`on_raise`),
+fd gets a continuation too, at the same point, whose prologue pushes the stack below the consumed
+slots and calls `reraise(e)` covered by the break instruction's own handler (`resume_code(...,
+pushes=)`: the call stands for the break instruction, whatever it is, and never returns, so the
+prologue only keeps the stack's depth what the code expects); the handler sees fd's locals (the
+ones it reads are passed: `handler_at_call`) and the stack below as in eager, and a handler that
+catches returns or falls through into fd's code, whose result the frame above continues with.
+The handler's depth must not reach into the consumed slots (a try starts at a statement, so it
+never does in compiled code; refused otherwise). A continuation's own prologue call of `reraise`
+is never the innermost break instruction of a new chain: its split would build again the very
+continuations being captured (they are cached by their shape), a recursion; that frame is cut
+and splits on its own as before. Before capture18c the innermost frame in a try block cut the
+chain: transformers' `capture_outputs` wrapper (the chain is cut below it at the encoder's layer
+loop) and the `merge_with_config_defaults` wrapper above it each cut it, and the latter split
+before its try block with nothing to compile before it, leaving its continuation to Python.
+Measured (`breaks.py --models --no-torch --only detr,m2m100`, graphs/breaks/frames in Python,
+before -> after): detr train 5/5/4 -> 5/4/2, m2m100 train 9/8/4 -> 9/6/2.
 
 Note [Cells of a chain's frames]: a continuation makes its cells afresh (resume.py's prologue:
 MAKE_CELL wraps the value it receives as an argument), so after the split each frame of a chain
@@ -323,22 +346,24 @@ def _chain_obstacle(tx: InstructionTranslator, level: int, innermost: bool) -> s
             return own
     if f.in_loop(offset):
         return "the call is inside a loop"
-    if innermost:
-        if f.in_try(offset):
-            return "the break is inside a try block"
-        if f.with_depths(offset):
-            return "the break is inside a with-block"
-    else:  # Note [A chain through try and with blocks]
-        for d in f.with_depths(offset):
-            slot = tx.stack[d - 1] if 0 < d <= len(tx.stack) else None
-            if not isinstance(slot, WithExitVariable):
-                what = slot.describe() if slot is not None else "an unknown context manager"
-                return f"the call is inside a with-block ({what}) whose exit kiln cannot rebuild"
+    # Note [A chain through try and with blocks], Note [A break inside a try block of the
+    # innermost frame]
+    for d in f.with_depths(offset):
+        slot = tx.stack[d - 1] if 0 < d <= len(tx.stack) else None
+        if not isinstance(slot, WithExitVariable):
+            what = slot.describe() if slot is not None else "an unknown context manager"
+            return f"the call is inside a with-block ({what}) whose exit kiln cannot rebuild"
     if innermost:
         ins = f.instrs[f.at(offset)]
         eff = resume.effect(ins)
         if ins.opname not in resume.FRAME_FREE or eff is None or eff.falls is None:
             return f"its break instruction {ins.opname} cannot run in another frame's code"
+        if ins.exn is not None and ins.exn.depth > len(tx.stack) - eff.pops:
+            return "the handler around its break instruction expects the values it consumes"
+        if ins.exn is not None and _calls_reraise(tx, ins):
+            # Note [A break inside a try block of the innermost frame]: the raising path's own
+            # re-raise; its split would build the very continuations being captured
+            return "its break instruction re-raises the exception of a split's raising path"
         reader = _frame_reader(tx, ins)
         if reader is not None:
             return f"its break instruction calls {reader}, which reads its caller's frame"
@@ -382,24 +407,33 @@ def _python_code(fn: VariableTracker) -> types.CodeType | None:
     return None
 
 
+def _callee(tx: InstructionTranslator, ins: Any) -> VariableTracker | None:
+    """What the call at `ins` (the instruction `tx` is at) calls, or None for another instruction."""
+    if ins.opname in ("PRECALL", "CALL"):
+        n = ins.arg or 0
+        if len(tx.stack) < n + 2:
+            return None
+        below, above = tx.stack[-n - 2], tx.stack[-n - 1]
+        return above if below is NULL else below
+    if ins.opname == "CALL_FUNCTION_EX":
+        k = 3 if (ins.arg or 0) & 1 else 2
+        return tx.stack[-k] if len(tx.stack) >= k else None
+    return None
+
+
+def _calls_reraise(tx: InstructionTranslator, ins: Any) -> bool:
+    fn = _callee(tx, ins)
+    return isinstance(fn, UserFunctionVariable) and fn.fn is resume.reraise
+
+
 def _frame_reader(tx: InstructionTranslator, ins: Any) -> str | None:
     """What the call at `ins` calls, when that may read its caller's frame, else None."""
     from kiln_dynamo.variables.base import MethodVariable
     from kiln_dynamo.variables.diagnostics import LoggerVariable, WarnVariable
     from kiln_dynamo.variables.opaque import OpaqueCallableVariable
 
-    if ins.opname in ("PRECALL", "CALL"):
-        n = ins.arg or 0
-        if len(tx.stack) < n + 2:
-            return None
-        below, above = tx.stack[-n - 2], tx.stack[-n - 1]
-        fn = above if below is NULL else below
-    elif ins.opname == "CALL_FUNCTION_EX":
-        k = 3 if (ins.arg or 0) & 1 else 2
-        if len(tx.stack) < k:
-            return None
-        fn = tx.stack[-k]
-    else:
+    fn = _callee(tx, ins)
+    if fn is None:
         return None
     if isinstance(fn, WarnVariable):
         return "warnings.warn"
@@ -439,10 +473,13 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
         pushed: int,
         target: int | None = None,
         inner: resume.Tail | None = None,
+        pushes: int = 1,
     ) -> resume.Tail:
         """The continuation of frame `level` after its instruction (at `target` on a jump's
         other path); with `inner`, one whose prologue calls that inner frame's continuation
-        and takes its arguments too, so `pushed` is the innermost break instruction's."""
+        and takes its arguments too, so `pushed` is the innermost break instruction's; `pushes`
+        is what the instruction the prologue's call stands for leaves on the stack (the
+        innermost frame's break instruction, on the raising path, where `inner` is `reraise`)."""
         t = txs[level]
         assert t.current is not None
         f = resume.facts(t.code)
@@ -489,7 +526,7 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
             n_stack = len(args) - len(names)
             args.insert(0, args.pop(n_stack))
         call = None if inner is None else (inner.function, len(inner.args))
-        code = resume.resume_code(original, at, stack_kinds, tuple(names), call)
+        code = resume.resume_code(original, at, stack_kinds, tuple(names), call, pushes)
         function: object | None = None
         if level > 0:
             closure = None
@@ -525,8 +562,12 @@ def prepare_chain(b: BreakHere) -> tuple[list[VT], resume.SplitPlan]:
         assert ins.target is not None
         branch = nest(tail(d, slots[: len(stack) - eff.pops], eff.branch, ins.target.offset))
     on_raise = None
-    if any(_covered(t) for t in txs[:d]):  # Note [A chain through try and with blocks]
-        on_raise = nest(resume.Tail(resume.reraise.__code__, (("x", 0),), 0, resume.reraise))
+    if any(_covered(t) for t in txs):  # Note [A chain through try and with blocks]
+        reraise = resume.Tail(resume.reraise.__code__, (("x", 0),), 0, resume.reraise)
+        if _covered(inner):  # Note [A break inside a try block of the innermost frame]
+            below = slots[: len(stack) - eff.pops]
+            reraise = tail(d, below, 0, inner=reraise, pushes=eff.falls)
+        on_raise = nest(reraise)
     plan = resume.SplitPlan(
         tuple(resume.call_group(f, k)),
         consumed,

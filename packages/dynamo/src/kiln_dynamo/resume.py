@@ -428,14 +428,19 @@ def resume_code(
     stack: tuple[bool, ...],
     live: tuple[str, ...],
     inner: tuple[object, int] | None = None,
+    pushes: int = 1,
 ) -> types.CodeType:
     """The continuation of `original` at `offset`. `stack[i]` says whether slot i holds a value
     (passed as argument `___stack<i>`) or NULL (pushed by the prologue); `live` are the locals
     (and cell variables) it receives after the stack values. With `inner` (a function and its
     argument count: Note [Resuming a chain of frames] in breaks.py) the prologue calls that
     function with the arguments `___inner<i>`, which come between the stack values and the
-    locals, and pushes its result as the last stack slot, as the call at `offset - 1` would."""
-    key = (offset, stack, live, inner)
+    locals, and pushes its result as the last stack slot, as the call at `offset - 1` would.
+    `pushes`: how many stack slots the instruction at `offset - 1` leaves, when it is no call
+    (Note [A break inside a try block of the innermost frame] in breaks.py): `inner` then never
+    returns, and the prologue only keeps the stack's depth what the code at `offset` expects."""
+    assert pushes == 1 or inner is not None
+    key = (offset, stack, live, inner, pushes)
     per_code = _resume_cache.setdefault(original, {})
     hit = per_code.get(key)
     if hit is not None:
@@ -472,10 +477,14 @@ def resume_code(
         prologue += [Instr("PUSH_NULL"), Instr("LOAD_CONST", len(consts) - 1)]
         prologue += [Instr("LOAD_FAST", varnames.index(f"___inner{i}")) for i in range(n_inner)]
         # Note [A chain through try and with blocks] (breaks.py): the call stands for the
-        # original's call before `offset`, so the handler around that call covers it too
+        # original's instruction before `offset` (a call, or the innermost frame's break
+        # instruction), so the handler around that instruction covers it too
         k_call = f.at(offset) - 1
-        exn = body[k_call].exn if k_call >= 0 and body[k_call].opname in _CALLS else None
+        exn = body[k_call].exn if k_call >= 0 else None
         prologue += [Instr(c.opname, c.arg, exn=exn) for c in _call(n_inner)]
+        if pushes == 0:  # dead code after a call that never returns: the depth at `offset`
+            prologue.append(Instr("POP_TOP"))
+        prologue += [Instr("COPY", 1) for _ in range(pushes - 1)]
     jump = Instr("JUMP_FORWARD", target=body[f.at(offset)])
     prologue.append(jump)
     instrs = prologue + body
@@ -492,15 +501,13 @@ def resume_code(
     return code
 
 
-_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX"})
-
-
 def handler_at_call(original: types.CodeType, offset: int) -> int | None:
-    """The offset of the handler that covers the call right before `offset` in `original` (the
-    call a chain continuation's prologue stands for), or None."""
+    """The offset of the handler that covers the instruction right before `offset` in `original`
+    (the call, or the innermost frame's break instruction, that a chain continuation's prologue
+    stands for), or None."""
     f = facts(original)
     k = f.at(offset) - 1
-    if k < 0 or f.instrs[k].opname not in _CALLS:
+    if k < 0:
         return None
     exn = f.instrs[k].exn
     return None if exn is None else exn.target.offset

@@ -265,10 +265,22 @@ class WeakrefCallSource(Source):
 
 
 def iterator_rest(it: object) -> object:
-    """The items a dict or OrderedDict iterator has left, read without advancing it: its
-    `__reduce__` is `(iter, (list_of_the_rest,))` (Note [Iterators over a dict from outside])."""
+    """The items a dict, OrderedDict, list or tuple iterator has left, as a new list, read
+    without advancing it: a dict iterator's `__reduce__` is `(iter, (list_of_the_rest,))`, a
+    list or tuple iterator's `(iter, (sequence,), position)`, or `(iter, ([],))` once exhausted
+    (Note [Iterators over a dict from outside] in variables/lists.py)."""
     r = it.__reduce__()
-    return r[1][0] if r[0] is iter and len(r) == 2 and type(r[1][0]) is list else None
+    if r[0] is not iter or type(r[1][0]) not in (list, tuple):
+        return None
+    if len(r) == 2:
+        return r[1][0] if type(r[1][0]) is list else None
+    return list(r[1][0][r[2] :]) if len(r) == 3 and type(r[2]) is int else None
+
+
+def iterator_sequence(it: object) -> object:
+    """The list a list iterator runs over (None once it is exhausted), read without advancing it."""
+    r = it.__reduce__()
+    return r[1][0] if len(r) == 3 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +294,22 @@ class IteratorRestSource(Source):
 
     def name(self) -> str:
         return f"rest({self.base.name()})"
+
+    def needs_globals(self) -> bool:
+        return self.base.needs_globals()
+
+
+@dataclass(frozen=True, slots=True)
+class IteratorSequenceSource(Source):
+    """The list the list iterator at `base` runs over (`iterator_sequence`)."""
+
+    base: Source
+
+    def code(self, ctx: CodeContext) -> str:
+        return f"{ctx.const(iterator_sequence)}({ctx.bind(self.base)})"
+
+    def name(self) -> str:
+        return f"sequence({self.base.name()})"
 
     def needs_globals(self) -> bool:
         return self.base.needs_globals()

@@ -39,9 +39,11 @@ from kiln_dynamo.source import (
     ConstSource,
     GetItemSource,
     IteratorRestSource,
+    IteratorSequenceSource,
     RawItemSource,
     Source,
     iterator_rest,
+    iterator_sequence,
 )
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.builtins import BuiltinVariable, is_builtin_handled
@@ -134,6 +136,8 @@ log = get_artifact_logger("decisions")
 _DICT_ITERATORS: frozenset[type] = frozenset(
     map(type, (iter(collections.OrderedDict().items()), iter({}), iter({}.values()), iter({}.items())))
 )
+_LIST_ITERATOR: type = type(iter([]))
+_OUTSIDE_ITERATORS = _DICT_ITERATORS | {_LIST_ITERATOR, type(iter(()))}
 _VERSION_INFO = type(sys.version_info)  # `sys.version_info >= (3, 12)`: a constant of the process
 
 
@@ -217,14 +221,21 @@ class VariableBuilder:
             if source is not None:
                 guards.constant(source, value)
             return SizeVariable([ConstantVariable(int(s)) for s in value])
-        if type(value) in _DICT_ITERATORS and source is not None:  # Note [Iterators over a dict from outside]
+        if (
+            type(value) in _OUTSIDE_ITERATORS and source is not None
+        ):  # Note [Iterators over a dict from outside]
             rest = iterator_rest(value)
             if type(rest) is list:
                 guards.type_match(source, value)
                 rest_source = IteratorRestSource(source)
                 guards.type_match(rest_source, rest)
                 log.info("%s: a %s over the %d items it has left", source, type(value).__name__, len(rest))
-                return OutsideIteratorVariable(self._list_items(rest, rest_source), type(value), source)
+                backing = None
+                seq = iterator_sequence(value) if type(value) is _LIST_ITERATOR else None
+                if type(seq) is list:  # the list itself, which the frame may reach another way too
+                    backing = self.wrap(seq, IteratorSequenceSource(source))
+                rest_items = self._list_items(rest, rest_source)
+                return OutsideIteratorVariable(rest_items, type(value), source, backing)
         if type(value) is list and source is not None:
             # Note [Lists read only when needed]: an outside list is guarded on its type now and on
             # its length and items only when the frame reads them; appends to it before any read

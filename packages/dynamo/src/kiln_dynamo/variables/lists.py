@@ -657,15 +657,31 @@ def iterator_of(tx: Tx, v: VT) -> ListIteratorVariable:
 # saw the end), and it leaves the frame (a split, a return) as itself, so the frame's caller
 # and the continuation see it as eager leaves it. Not modelled: a frame that resizes the dict
 # while iterating (eager raises RuntimeError at the next step; the trace iterates the snapshot).
+# A list or tuple iterator is read the same way (its `__reduce__` is `(iter, (sequence,),
+# position)`): a 3.11 comprehension called by a frame that runs as Python (transformers'
+# `{f: framework_to_test[f] for f in frameworks}` in `is_tensor`, under a ModelOutput made by the
+# runner) was a frame left to Python ("for-loop over list_iterator object"). A list iterator reads
+# its list at each step, so a frame that changes that list (reached another way: the builder
+# wraps the list itself, one variable per object) cannot use the snapshot: `next` is then a
+# break, never a stale item.
 class OutsideIteratorVariable(ListIteratorVariable):
-    """A dict or OrderedDict iterator from outside the frame (Note [Iterators over a dict from
-    outside]): its rest read at entry, its consumption replayed on it after the graph."""
+    """A dict, OrderedDict, list or tuple iterator from outside the frame (Note [Iterators over
+    a dict from outside]): its rest read at entry, its consumption replayed on it after the
+    graph; `backing` is the list a list iterator runs over."""
 
-    def __init__(self, items: list[VT], cls: type, source: Source) -> None:
+    def __init__(self, items: list[VT], cls: type, source: Source, backing: VT | None = None) -> None:
         super().__init__(items)
         self.cls = cls
         self.source: Source = source
         self.exhausted = False
+        self.backing = backing
+
+    def _check_backing(self, tx: Tx) -> None:
+        if self.backing is not None and tx.output.side_effects.is_mutated(self.backing):
+            raise Unsupported(
+                "a list iterator from outside the frame runs over a list the frame changed",
+                advice="iterate over a copy of the list",
+            )
 
     def describe(self) -> str:
         return f"{self.cls.__name__} from outside"
@@ -674,12 +690,14 @@ class OutsideIteratorVariable(ListIteratorVariable):
         return self.cls
 
     def next(self, tx: Tx) -> VT | None:
+        self._check_backing(tx)
         tx.output.side_effects.mutated(self)
         item = super().next(tx)
         self.exhausted = item is None
         return item
 
     def iterate(self, tx: Tx) -> list[VT]:
+        self._check_backing(tx)
         tx.output.side_effects.mutated(self)
         self.exhausted = True
         return super().iterate(tx)
