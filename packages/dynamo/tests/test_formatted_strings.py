@@ -3,8 +3,10 @@ tensors]): no break where the string is only handed on, eager's characters where
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from conftest import assert_same, check
+from conftest import CountingBackend, assert_same, check
 
 import kiln_dynamo
 
@@ -99,3 +101,69 @@ def test_comparisons_of_the_string_are_breaks_not_identity() -> None:
     assert report.break_reasons and "formatted from tensor data" in report.break_reasons[0].reason
     assert_same(f(x), report.result)
     assert report.result[0] is True
+
+
+class _SymbolicBackend(CountingBackend):
+    __kiln_dynamic_shapes__ = True  # takes graphs of symbolic sizes (and runs them eagerly)
+
+
+def _over_sizes(fn: Any, sizes: list[tuple[int, int]]) -> CountingBackend:
+    """`fn` under `dynamic=True` at each size: eager's results (strings, lists and their types)."""
+    kiln_dynamo.reset()
+    backend = _SymbolicBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend, dynamic=True)
+    for a, b in sizes:
+        x = torch.randn(a, b)
+        want, got = fn(x), compiled(x)
+        assert_same(want, got)
+        assert repr(want) == repr(got)  # the same characters and Python types all the way down
+    assert kiln_dynamo.counters.fallbacks == []
+    return backend
+
+
+def test_strings_of_symbolic_sizes_are_built_after_the_graph() -> None:
+    """Note [Strings formatted from symbolic sizes]: f-strings and `str()` of sizes, tuples and
+    lists of symbolic sizes are no break and no guard: one graph serves every size."""
+
+    def f(x: torch.Tensor) -> Any:
+        n, m = x.shape
+        return x + 1, (
+            f"n={n}, m={m:>4}, half={n / 2}, {n!r}",
+            str(x.shape),
+            repr(x.shape),
+            str((n, 3)),
+            str((m,)),
+            str([n, m, 7]),
+            f"{x.shape}",
+            "rows " + f"{n}",
+        )
+
+    backend = _over_sizes(f, [(4, 6), (5, 6), (7, 8), (16, 3), (12, 100)])
+    assert backend.graphs == 1
+
+
+def test_characters_of_a_string_of_sizes_needed_during_capture_specialize() -> None:
+    # the characters decide a branch: the sizes are specialized there (guarded), not a break
+    def f(x: torch.Tensor) -> Any:
+        text = f"{x.shape[0]}x{x.shape[1]}"
+        return (x * 2 if text == "4x6" else x * 3), len(text), text
+
+    backend = _over_sizes(f, [(4, 6), (5, 6), (4, 6)])
+    assert backend.graphs == 2  # one per specialized size, reused for the repeated one
+    kiln_dynamo.reset()
+    report = kiln_dynamo.explain(f)(torch.randn(4, 6))
+    assert report.break_reasons == []
+
+
+def test_sorted_sizes_guard_their_order() -> None:
+    """Note [Ordering by constant keys]: `sorted`, `min` and `max` of symbolic sizes and numbers
+    order by this run's values, each comparison guarded: a graph per order, not per size."""
+
+    def f(x: torch.Tensor) -> Any:
+        a, b = x.shape
+        order = sorted([b, a, 5])
+        return x + 1, order, sorted((a, b), reverse=True), min([a, b, 9]), max([b, a])
+
+    backend = _over_sizes(f, [(4, 6), (3, 7), (7, 8), (6, 10), (9, 2), (12, 4)])
+    # orders: a < 5 < b; 5 < a < b (twice); b < 5 < a (twice): three graphs
+    assert backend.graphs == 3

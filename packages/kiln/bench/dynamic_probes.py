@@ -405,9 +405,13 @@ def _train_step(call: Probe, x: torch.Tensor) -> tuple[Any, list[torch.Tensor], 
     return out, [g if g is not None else torch.zeros(()) for g in grads], _state()
 
 
-def _torch_compiles(fn: Probe, dynamic: bool | None, inputs: list[tuple[Any, ...]], train: bool) -> int:
+def _torch_compiles(
+    fn: Probe, dynamic: bool | None, inputs: list[tuple[Any, ...]], train: bool
+) -> tuple[int, int]:
     """How many graphs torch.compile captures for the same calls (its `eager` backend: the count
-    is the capture layer's, nothing is compiled)."""
+    is the capture layer's, nothing is compiled), and how many frames it gave up on and ran
+    eagerly (a frame skipped on an error Dynamo cannot trace captures no graph at all, so its
+    count is lower than a compiler that captures the frame: `size_builtins`' `divmod` of a size)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -419,8 +423,11 @@ def _torch_compiles(fn: Probe, dynamic: bool | None, inputs: list[tuple[Any, ...
                 _train_step(compiled, args[0])
             else:
                 compiled(*args)
+    frames = torch._dynamo.utils.counters["frames"]
+    skipped = int(frames["total"]) - int(frames["ok"])
+    graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
     torch._dynamo.reset()
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    return graphs, skipped
 
 
 def run(backends: list[str], only: set[str] | None, counts: bool = False) -> int:
@@ -472,8 +479,10 @@ def run(backends: list[str], only: set[str] | None, counts: bool = False) -> int
                             _restore(saved)
                     if counts:
                         ours = kiln.capture_stats().graphs
-                        theirs = _torch_compiles(fn, dynamic, inputs, train)
-                        flag = "  <-- more than torch" if ours > theirs else ""
+                        theirs, skipped = _torch_compiles(fn, dynamic, inputs, train)
+                        flag = "  <-- more than torch" if ours > theirs and not skipped else ""
+                        if skipped:
+                            flag = f"  (torch ran {skipped} frame(s) eagerly: its count is not comparable)"
                         print(
                             f"compiles {backend} {fn.__name__} dynamic={dynamic}: kiln {ours}, torch {theirs}{flag}"
                         )

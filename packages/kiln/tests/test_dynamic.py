@@ -1168,3 +1168,26 @@ def test_floats_of_sizes_are_computed_in_the_kernel() -> None:
         for got, want in zip(compiled(x, n), _floats_of_sizes(x, n), strict=True):
             assert got.dtype == want.dtype and torch.equal(got, want)
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _size_text_and_order(x: torch.Tensor) -> Any:
+    return x + 1, (
+        f"n={x.shape[0]}",
+        str(x.shape),
+        sorted([x.shape[1], x.shape[0], 5]),
+        list(reversed(x.shape)),
+    )
+
+
+def test_strings_and_order_of_sizes_stay_symbolic() -> None:
+    """Note [Strings formatted from symbolic sizes] (kiln_dynamo): `f"n={n}"` and `str(x.shape)`
+    are built by the runner, `sorted` of sizes guards the order: no break, a graph per order of
+    the sizes (torch.compile: a graph per size and frame, 12 for these sizes)."""
+    compiled = kiln.compile(_size_text_and_order, dynamic=True, options={"cpu_backend": "cpp"})
+    for a, b in ((4, 6), (5, 6), (7, 8), (6, 10), (3, 9)):
+        x = torch.randn(a, b)
+        got, want = compiled(x), _size_text_and_order(x)
+        torch.testing.assert_close(got[0], want[0])
+        assert repr(got[1]) == repr(want[1]) and [type(v) for v in got[1]] == [type(v) for v in want[1]]
+    # a < 5 < b (4x6, 5x6, 3x9), then 5 < a < b (7x8, 6x10)
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []

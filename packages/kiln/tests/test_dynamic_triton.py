@@ -21,6 +21,7 @@ from test_dynamic import (
     POOLS,
     Block,
     _cats_and_slices,
+    _floats_of_sizes,
     _mean_var_norms,
     _mlp,
     _pool_inputs,
@@ -208,6 +209,29 @@ def test_a_kernel_the_generator_declines_makes_the_graph_static_and_is_logged(
         )
     assert [f for f, _ in kiln_dynamo.counters.dynamic_fallbacks] == ["scatter"]
     assert any("declined it with symbolic sizes" in r.getMessage() for r in caplog.records)
+
+
+def test_floats_of_sizes_are_float64_arguments(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Floats of sizes in Triton] (kiln_codegen_triton's kernel.py): a Python float computed
+    from sizes (`n / 3`, `float(m) * 0.1 * 3`) keeps the graph symbolic on the Triton side too: the
+    wrapper computes it as Python does and the kernel takes it as a float64 argument; one graph,
+    bit-for-bit eager's values in every dtype (a float32 computation would differ at n / 3)."""
+
+    def doubles(x: torch.Tensor, n: int) -> Any:
+        m = x.shape[0]
+        return x.double() * (float(m) * 0.1 * 3) + n / 3, torch.full((2,), m / 7 + 1e-17, dtype=torch.float64)
+
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.output_code"):
+        for fn in (_floats_of_sizes, doubles):
+            kiln.reset()
+            compiled = kiln.compile(fn, dynamic=True, options=TRITON)
+            for rows, n in ((8, 2), (8, 3), (12, 4), (10, 5), (6, 3), (13, 7)):
+                x = torch.randn(rows, 5)
+                for got, want in zip(compiled(x, n), fn(x, n), strict=True):
+                    assert got.dtype == want.dtype and torch.equal(got, want)
+            assert _graphs() == 1
+    kernels = "\n".join(r.getMessage() for r in caplog.records if r.getMessage().startswith("kernels:"))
+    assert "kf0: tl.float64" in kernels and "tl.full([], kf0, tl.float64)" in kernels
 
 
 def test_symbolic_sizes_in_triton_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -70,6 +70,11 @@ def functions() -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
     def gather(x: torch.Tensor, idx: torch.Tensor) -> Any:
         return x[idx] * 2, x.t().contiguous()
 
+    def floats_of_sizes(x: torch.Tensor) -> Any:
+        # Note [Floats of sizes in Triton]: float64 arguments the wrapper computes
+        m = x.shape[0]
+        return x * (m / 3), torch.full((2, x.shape[1]), float(m) * 0.1, dtype=torch.float64)
+
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4))
     return [
@@ -77,6 +82,7 @@ def functions() -> list[tuple[str, Any, list[tuple[Any, ...]]]]:
         ("reductions", reductions, [(torch.randn(6, 40),)]),
         ("gather", gather, [(torch.randn(6, 40), torch.tensor([0, 5, 2]))]),
         ("mlp training", mlp, [(torch.randn(6, 8),)]),
+        ("floats of sizes", floats_of_sizes, [(torch.randn(6, 8),)]),
     ]
 
 
@@ -93,7 +99,7 @@ def main() -> int:
                 if isinstance(out, torch.Tensor) and out.requires_grad:
                     out.sum().backward()
     target = GPUTarget("cuda", 90, 32)
-    failures = symbolic = 0
+    failures = symbolic = floating = 0
     for spec, jit in RECORDED:
         config = configs(spec)[0]
         blocks = {k: v for k, v in config.kwargs(spec.kind).items() if k.endswith("BLOCK")}
@@ -101,6 +107,12 @@ def main() -> int:
         # what warmup makes of GENERIC_SIZE: an int64 with no specialization
         assert triton.runtime.jit.mangle_type(GENERIC_SIZE, True) == "i64"
         signature.update(dict.fromkeys(spec.size_params, "i64"))
+        # Note [Floats of sizes in Triton]: a float of sizes is annotated float64, which the
+        # launcher's signature takes as it is (floats are never specialized)
+        floats = [name for name, _ in spec.float_params]
+        assert [p.annotation_type for p in jit.params if p.name in floats] == ["fp64"] * len(floats)
+        signature.update(dict.fromkeys(floats, "fp64"))
+        floating += bool(floats)
         signature.update(dict.fromkeys(blocks, "constexpr"))
         symbolic += spec.symbolic
         try:
@@ -110,8 +122,10 @@ def main() -> int:
         except Exception:
             failures += 1
             print(f"FAIL  {spec.name} ({spec.kind})\n{spec.source}\n{traceback.format_exc()}")
-    print(f"{len(RECORDED)} kernels, {symbolic} with symbolic sizes, {failures} failed")
-    return 1 if failures or not symbolic else 0
+    print(
+        f"{len(RECORDED)} kernels, {symbolic} with symbolic sizes, {floating} with floats of sizes, {failures} failed"
+    )
+    return 1 if failures or not symbolic or not floating else 0
 
 
 if __name__ == "__main__":

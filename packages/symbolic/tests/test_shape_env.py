@@ -11,9 +11,15 @@ from kiln_symbolic import (
     UNBACKED_HINT,
     ConstraintViolation,
     DimDynamic,
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatSub,
+    FloatTrueDiv,
     FloorDiv,
     GuardOnDataDependent,
     ShapeEnv,
+    ToFloat,
     expr_of,
     make_symint,
     pexpr,
@@ -169,6 +175,23 @@ def test_floordiv_simplifies_exact_quotients() -> None:
     assert FloorDiv(sympy.Integer(-7), 2) == -4  # Python semantics
     assert isinstance(FloorDiv(s0, 2), FloorDiv)
     assert pexpr(FloorDiv(s0 + 1, 2), {s0: "n"}) == "(n + 1) // 2"
+
+
+def test_floats_of_sizes_print_as_the_python_operations_they_stand_for() -> None:
+    """Note [Python float arithmetic on sizes, in its order]: the printed text, run as Python
+    over int sizes, is the double Python computes (int / int correctly rounded, literals exact)."""
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    exprs = {
+        FloatAdd(FloatAdd(FloatTrueDiv(s1 - s0, 3), 1), 2): lambda a, b: ((b - a) / 3 + 1) + 2,
+        FloatMul(FloatMul(ToFloat(s0), sympy.Float(0.1, 53)), 3): lambda a, b: float(a) * 0.1 * 3,
+        FloatSub(FloatNeg(FloatTrueDiv(s0, s1)), sympy.Float(1e-17, 53)): lambda a, b: -(a / b) - 1e-17,
+    }
+    assert pexpr(FloatTrueDiv(s0, 3)) == "s0 / 3"
+    big = 2**60 + 1  # int / int is not float(int) / float(int) past 2**53
+    for expr, python in exprs.items():
+        text = pexpr(expr)
+        for a, b in ((1, 2), (7, 3), (13, 40), (big, 3), (3, big)):
+            assert eval(text, {"s0": a, "s1": b}) == python(a, b), text
 
 
 def test_unbacked_symbols_raise_unless_a_fallback_is_given() -> None:

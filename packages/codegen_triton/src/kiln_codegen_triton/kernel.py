@@ -65,7 +65,7 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase, unflatten
+from kiln_loopir.codegen_common import ALWAYS_BOOL, FloatOp, OpsHandlerBase, unflatten
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
@@ -160,6 +160,9 @@ class KernelSpec:
     # only); a static kernel has neither, and its numels are ints
     size_params: tuple[str, ...] = ()
     numel_hints: tuple[int, int, int] | None = None
+    # Note [Floats of sizes in Triton]: the float64 arguments that end size_params, each with the
+    # float expression of sizes (kiln_symbolic's FloatOp) the wrapper computes for it
+    float_params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def symbolic(self) -> bool:
@@ -311,6 +314,8 @@ class _Generator(OpsHandlerBase):
         self.looped = plan.kind == "looped"
         # Note [Symbolic sizes in Triton kernels]: size symbols the kernel's code names
         self.size_symbols: set[sympy.Symbol] = set()
+        # Note [Floats of sizes in Triton]: float of sizes -> the float64 argument that holds it
+        self.float_params: dict[sympy.Expr, str] = {}
         if plan.kind == "tiled":
             self.ranges: dict[sympy.Symbol, sympy.Expr] = {
                 YINDEX: sympy.sympify(plan.ny),
@@ -547,10 +552,32 @@ class _Generator(OpsHandlerBase):
         self.xforward[(name, str(expr))] = v
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> TValue:
+        if isinstance(expr, FloatOp):
+            return self._float_of_sizes(expr, dtype)
         e, axes = self._index(expr)
         if e.is_Integer:
             return self._value(int(e), dtype)
         return self._cse(f"({index_to_triton(e)}).to({tl_type(compute_dtype(dtype))})", dtype, axes)
+
+    # Note [Floats of sizes in Triton]: a float computed from sizes (`torch.full(shape, n / 3)`,
+    # Note [Python float arithmetic on sizes, in its order] in kiln_symbolic) is not computed in
+    # the kernel: Triton divides two ints in float32, spells a float literal in float32, and on
+    # a GPU may contract `a * b + c` into one fused multiply-add, each a different double than
+    # Python's. The wrapper computes it once per call as the same Python operations on the same
+    # int sizes (eager's value exactly, Note [Symbolic sizes in the Triton wrapper]) and passes it
+    # as a float64 argument (`kf0: tl.float64`, after the size arguments); the kernel converts
+    # it to its compute type as `index_expr` converts a size. `tl.full([], kf0, tl.float64)`
+    # reads it as float64 both on a GPU (a float64 scalar, cast to itself) and in Triton's
+    # interpreter (which passes a Python float through untyped: `kf0 + x` would make it float32).
+    def _float_of_sizes(self, expr: Any, dtype: torch.dtype) -> TValue:
+        if not expr.free_symbols or any(s in AXIS_OF or s in self.sym_axes for s in expr.free_symbols):
+            raise CodegenUnsupported(f"a float of sizes over a kernel index ({expr})")
+        if any(a.is_number and not isinstance(a, sympy.Integer | sympy.Float) for a in expr.atoms()):
+            raise CodegenUnsupported(f"a float of sizes with a non-finite operand ({expr})")
+        name = self.float_params.setdefault(expr, f"kf{len(self.float_params)}")
+        return self._cse(
+            f"tl.full([], {name}, tl.float64).to({tl_type(compute_dtype(dtype))})", dtype, frozenset()
+        )
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         v = self._as(self._value(value), torch.int64)
@@ -815,7 +842,10 @@ class _Generator(OpsHandlerBase):
                 head += ["rindex = rbase", "rmask = rindex < rnumel"]
         # Note [Symbolic sizes in Triton kernels]: the size symbols after the pointers
         size_params = sorted(str(sym) for sym in self.size_symbols)
-        signature = ", ".join([*(f"p_{n}" for n in params), *size_params, *blocks])
+        floats = list(self.float_params.values())  # Note [Floats of sizes in Triton]
+        signature = ", ".join(
+            [*(f"p_{n}" for n in params), *size_params, *(f"{f}: tl.float64" for f in floats), *blocks]
+        )
         members = ", ".join(m.name for m in self.members)
         name = self.name.replace(KIND, KIND_PREFIX[plan.kind])
         lines = [
@@ -841,7 +871,8 @@ class _Generator(OpsHandlerBase):
             members=tuple(m.name for m in self.members),
             atomic=self.atomic,
             outer=False,
-            size_params=tuple(size_params),
+            size_params=(*size_params, *floats),
+            float_params=tuple((name, e) for e, name in self.float_params.items()),
             numel_hints=(
                 None
                 if _is_static(plan.nx, plan.ny, plan.nr)

@@ -193,7 +193,8 @@ GENERIC_SIZE = 2**33 + 1
 
 def warmup_args(spec: KernelSpec) -> list[Any]:
     """``JITFunction.warmup``'s arguments for ``spec``: the pointers' dtypes, then the sizes."""
-    return [*spec.param_dtypes, *(GENERIC_SIZE for _ in spec.size_params)]
+    floats = {name for name, _ in spec.float_params}  # Note [Floats of sizes in Triton] in kernel.py
+    return [*spec.param_dtypes, *(0.5 if p in floats else GENERIC_SIZE for p in spec.size_params)]
 
 
 def _fast_launcher(

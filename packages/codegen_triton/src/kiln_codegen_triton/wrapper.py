@@ -681,10 +681,12 @@ class WrapperCodegen(WrapperConstants):
                 launcher = self.launchers[spec.name]
                 if self.pointers:
                     launcher.install(self.namespace, fn)
-                    args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params), *spec.size_params])
+                    args = ", ".join(
+                        ["_stream", *(self.pointer(p) for p in spec.params), *self.size_args(spec)]
+                    )
                 else:
                     self.namespace[fn] = launcher
-                    args = ", ".join([*(self.storage(p) for p in spec.params), *spec.size_params])
+                    args = ", ".join([*(self.storage(p) for p in spec.params), *self.size_args(spec)])
                 self.emit(f"{fn}({args})  # {spec.name}")
         for name in temporaries:
             self.emit(f"del {name}")
@@ -743,10 +745,11 @@ class WrapperCodegen(WrapperConstants):
 
     # ------------------------------------------------- Note [Symbolic sizes in the Triton wrapper]
 
-    def size(self, expr: Any) -> str:
+    def size(self, expr: Any, floating: bool = False) -> str:
         """A size as Python source: an int, a symbol's variable, or the variable of a composite
-        size, computed once per call after the symbols are read."""
-        expr = sympy.expand(sympy.sympify(expr))
+        size, computed once per call after the symbols are read. ``floating``: a float of sizes,
+        kept as it is (Note [Python float arithmetic on sizes, in its order] in kiln_symbolic)."""
+        expr = sympy.sympify(expr) if floating else sympy.expand(sympy.sympify(expr))
         if expr.is_Integer or isinstance(expr, sympy.Symbol):
             return py_size(expr)
         text = py_size(expr)
@@ -755,6 +758,13 @@ class WrapperCodegen(WrapperConstants):
         if text not in self.derived:
             self.derived[text] = f"_ks{len(self.derived)}"
         return self.derived[text]
+
+    def size_args(self, spec: Any) -> list[str]:
+        """A kernel's size arguments: the symbols' variables, then the variables of its floats of
+        sizes (Note [Floats of sizes in Triton] in kernel.py), computed once per call as Python
+        computes them, with the composite sizes."""
+        floats = dict(spec.float_params)
+        return [self.size(floats[p], floating=True) if p in floats else p for p in spec.size_params]
 
     def sizes(self, exprs: Any) -> str:
         items = [self.size(e) for e in exprs]

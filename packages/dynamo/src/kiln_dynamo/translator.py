@@ -76,7 +76,7 @@ from kiln_dynamo.variables.exceptions import (
     exception_classes,
     raise_exception,
 )
-from kiln_dynamo.variables.formatted import FormattedStringVariable, can_defer
+from kiln_dynamo.variables.formatted import FormattedStringVariable, can_defer, sequence_text
 from kiln_dynamo.variables.functions import NestedFunctionVariable, passes_result
 from kiln_dynamo.variables.generators import GeneratorObjectVariable
 from kiln_dynamo.variables.lists import (
@@ -159,12 +159,25 @@ def _sequence_items(v: VT) -> tuple[type, list[VT]] | None:
     return None
 
 
-def _characters_needed(a: VT, b: VT) -> None:
+def _characters_needed(a: VT, b: VT) -> tuple[VT, VT]:
     """A string formatted from tensor data compares by its characters, which capture does not
-    have: a break (Note [Strings formatted from tensors]), never an answer by identity."""
-    for v in (a, b):
-        if isinstance(v, FormattedStringVariable):
-            v.as_constant()
+    have: a break (Note [Strings formatted from tensors]), never an answer by identity. One made
+    of symbolic sizes becomes its characters, the sizes specialized (Note [Strings formatted from
+    symbolic sizes])."""
+    a, b = (
+        ConstantVariable(v.as_constant()) if isinstance(v, FormattedStringVariable) else v for v in (a, b)
+    )
+    return a, b
+
+
+def _joinable_strings(a: VT, b: VT) -> bool:
+    """`a + b` of strings one of which is built after the graph: that string, longer."""
+    if not (isinstance(a, FormattedStringVariable) or isinstance(b, FormattedStringVariable)):
+        return False
+    return all(
+        isinstance(v, FormattedStringVariable) or (v.is_constant() and type(v.as_constant()) is str)
+        for v in (a, b)
+    )
 
 
 def _symbolic_operands(a: VT, b: VT) -> bool:
@@ -488,7 +501,9 @@ class InstructionTranslator:
             return bool(a.as_constant() == b.as_constant())
         if a.identity() is b.identity():
             return True
-        _characters_needed(a, b)
+        a, b = _characters_needed(a, b)
+        if a.is_constant() and b.is_constant():
+            return bool(a.as_constant() == b.as_constant())
         if _symbolic_operands(a, b):
             return symbolic_op(self, operator.eq, [a, b]).truth(self)
         if isinstance(a, _USER_OBJECTS) or isinstance(b, _USER_OBJECTS):
@@ -633,6 +648,8 @@ class InstructionTranslator:
                 raise Unsupported(f"{BINARY_OPERATORS.get(fn, fn)} raised {type(e).__name__}: {e}") from e
         sym = BINARY_OPERATORS.get(fn, "")
         base = sym.rstrip("=") if sym.endswith("=") and sym not in ("==",) else sym
+        if base == "+" and _joinable_strings(a, b):
+            return FormattedStringVariable.join([a, b])  # Note [Strings formatted from tensors]
         if (isinstance(a, DequeVariable) or isinstance(b, DequeVariable)) and sym != "+=":
             raise Unsupported(f"operator {sym or fn} on {a.describe()} and {b.describe()}")
         if isinstance(a, BaseListVariable) and base == "+" and isinstance(b, BaseListVariable):
@@ -682,7 +699,9 @@ class InstructionTranslator:
             return symbolic_op(self, fn, [a, b])
         if a.is_constant() and b.is_constant():
             return ConstantVariable(fn(a.as_constant(), b.as_constant()))
-        _characters_needed(a, b)
+        a, b = _characters_needed(a, b)
+        if a.is_constant() and b.is_constant():
+            return ConstantVariable(fn(a.as_constant(), b.as_constant()))
         if fn in (operator.eq, operator.ne):
             equal = self.symbolic_equal(a, b)  # Note [Comparisons of sizes stay symbolic]
             if isinstance(equal, SymNodeVariable):
@@ -1274,9 +1293,15 @@ class InstructionTranslator:
         if isinstance(value, FormattedStringVariable) and conv in (0, 1) and fmt == "":
             self.push(value)  # a string formatted as itself
             return
-        if can_defer(value, conv):  # Note [Strings formatted from tensors]
-            assert isinstance(value, TensorVariable)
-            self.push(FormattedStringVariable.of_tensor(self, value, fmt))
+        text = sequence_text(value) if fmt == "" else None  # `f"{x.shape}"` is `str(x.shape)`
+        if text is not None:  # Note [Strings formatted from symbolic sizes]
+            self.push(text)
+            return
+        if can_defer(value, conv, fmt):  # Note [Strings formatted from tensors]
+            if isinstance(value, TensorVariable):
+                self.push(FormattedStringVariable.of_tensor(self, value, fmt))
+            else:  # Note [Strings formatted from symbolic sizes]
+                self.push(FormattedStringVariable.of_number(self, value, fmt))
             return
         if not value.is_constant():
             raise Unsupported(f"formatting {value.describe()} into a string")

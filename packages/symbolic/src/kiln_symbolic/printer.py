@@ -15,7 +15,16 @@ from typing import Any
 import sympy
 from sympy.printing.str import StrPrinter
 
-from kiln_symbolic.functions import FloorDiv, IntTrueDiv
+from kiln_symbolic.functions import (
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatSub,
+    FloatTrueDiv,
+    FloorDiv,
+    IntTrueDiv,
+    ToFloat,
+)
 
 _REL_OPS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
@@ -74,6 +83,33 @@ class PythonPrinter(StrPrinter):
 
     def _print_IntTrueDiv(self, expr: IntTrueDiv) -> str:
         return f"{self._p(expr.args[0])} / {self._p(expr.args[1])}"
+
+    # Note [Python float arithmetic on sizes, in its order]: each float function is the Python
+    # operation it stands for, on the same operands (ints stay ints: `s1 / 3` is Python's
+    # correctly rounded int true division), so the printed text computes eager's double exactly;
+    # a float literal is printed with `repr`, which reads back as the same double.
+    def _float_operand(self, e: Any) -> str:
+        if isinstance(e, sympy.Float):  # finite: sympy makes an infinite Float `oo`
+            return f"({float(e)!r})"
+        return self._p(e)
+
+    def _print_FloatTrueDiv(self, expr: FloatTrueDiv) -> str:
+        return f"{self._float_operand(expr.args[0])} / {self._float_operand(expr.args[1])}"
+
+    def _print_FloatMul(self, expr: FloatMul) -> str:
+        return f"{self._float_operand(expr.args[0])} * {self._float_operand(expr.args[1])}"
+
+    def _print_FloatAdd(self, expr: FloatAdd) -> str:
+        return f"{self._float_operand(expr.args[0])} + {self._float_operand(expr.args[1])}"
+
+    def _print_FloatSub(self, expr: FloatSub) -> str:
+        return f"{self._float_operand(expr.args[0])} - {self._float_operand(expr.args[1])}"
+
+    def _print_FloatNeg(self, expr: FloatNeg) -> str:
+        return f"-{self._float_operand(expr.args[0])}"
+
+    def _print_ToFloat(self, expr: ToFloat) -> str:
+        return f"float({self._print(expr.args[0])})"
 
     def _print_Mod(self, expr: sympy.Mod) -> str:
         return f"{self._p(expr.args[0])} % {self._p(expr.args[1])}"

@@ -964,6 +964,12 @@ class BuiltinVariable(VariableTracker):
             # `int(t)` calls `t.__int__()`: folded when `t` is a constant of the trace (Note
             # [Tensors computed from constants]), a break with its reason otherwise
             return args[0].getattr(tx, f"__{fn.__name__}__").call(tx, [], {})
+        if fn in (str, repr) and len(args) == 1 and not kwargs:
+            from kiln_dynamo.variables.formatted import sequence_text
+
+            text = sequence_text(args[0])  # Note [Strings formatted from symbolic sizes]
+            if text is not None:
+                return text
         if any(isinstance(a, SymNodeVariable) for a in args) and not kwargs:
             kept = symbolic_builtin(tx, fn, args)  # Note [Builtins on symbolic numbers]
             if kept is not None:

@@ -15,8 +15,12 @@ Python would compare is constant: the key function's result for every item (the 
 called once per item in order, as Python calls it), or, without a key, the first element of
 tuples and lists no two of which are equal (Python's lexicographic comparison then never reaches
 a second element). The items themselves are returned in that order, never copies; the order is
-Python's (a stable sort of the keys; `min`/`max` the first item with the extreme key). Anything
-else (a key that is a tensor, equal heads) is a break, as before. A constant key that is a type
+Python's (a stable sort of the keys; `min`/`max` the first item with the extreme key). Items that
+are symbolic sizes (ints, floats of sizes) mixed with numbers are ordered by their values in this
+run: each comparison Python's sort makes asks the ShapeEnv, which records its answer as a guard
+(`s1 < s0`), so the order holds for every size the graph is reused for (torch guards the order the
+same way). Anything else (a key that is a tensor, equal heads, a data-dependent size) is a break,
+as before. A constant key that is a type
 (`key=str`) is applied too: before, `list.sort` ignored it.
 """
 
@@ -33,6 +37,7 @@ import torch
 from kiln_dynamo.exc import Unsupported
 from kiln_dynamo.variables.base import ConstantVariable, VariableTracker
 from kiln_dynamo.variables.exceptions import observed
+from kiln_dynamo.variables.symbolic import SymNodeVariable, set_where
 
 if TYPE_CHECKING:
     from kiln_dynamo.codegen import Reconstructor
@@ -390,11 +395,45 @@ def sort_keys(tx: Tx, items: list[VariableTracker], key: VariableTracker | None,
         return [k.as_constant() for k in keys]
     if all(i.is_constant() for i in items):
         return [i.as_constant() for i in items]
+    if all(_orderable_number(i) for i in items):
+        return [_GuardedKey(tx, i, what) for i in items]  # Note [Ordering by constant keys]
     if all(isinstance(i, BaseListVariable) and i.items and i.items[0].is_constant() for i in items):
         heads = [i.items[0].as_constant() for i in items]  # type: ignore[attr-defined]
         if not any(a is b or a == b for k, a in enumerate(heads) for b in heads[k + 1 :]):
             return [(h,) for h in heads]  # heads no two of which are equal decide every comparison
     raise Unsupported(f"{what} of values that are not Python constants")
+
+
+def _orderable_number(item: VariableTracker) -> bool:
+    if isinstance(item, SymNodeVariable):
+        return item.python_type() in (int, float)
+    return item.is_constant() and type(item.as_constant()) in (int, float)
+
+
+class _GuardedKey:
+    """A number or symbolic size as a sort key: each comparison is answered by the ShapeEnv,
+    which guards it (Note [Ordering by constant keys])."""
+
+    __slots__ = ("tx", "value", "what")
+
+    def __init__(self, tx: Tx, item: VariableTracker, what: str) -> None:
+        self.tx, self.what = tx, what
+        self.value = item.value if isinstance(item, SymNodeVariable) else item.as_constant()
+
+    def _compare(self, op: Callable[[Any, Any], Any], other: _GuardedKey) -> bool:
+        from kiln_symbolic import GuardOnDataDependent
+
+        set_where(self.tx)
+        try:
+            return bool(op(self.value, other.value))
+        except GuardOnDataDependent as e:
+            raise Unsupported(f"{self.what} of sizes computed from tensor data") from e
+
+    def __lt__(self, other: _GuardedKey) -> bool:
+        return self._compare(operator.lt, other)
+
+    def __gt__(self, other: _GuardedKey) -> bool:
+        return self._compare(operator.gt, other)
 
 
 def sort_order(
