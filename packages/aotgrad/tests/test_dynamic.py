@@ -221,3 +221,19 @@ def test_a_batched_matmul_keeps_the_length_symbolic() -> None:
         torch.testing.assert_close(compiled(q, k), f(q, k))
     assert len(rec.graphs) == 1 and counters.dynamic_fallbacks == []
     assert _symbolic(rec.graphs[0])
+
+
+def test_a_refusal_is_one_line_naming_the_operator() -> None:
+    # align_corners' scale (n - 1) / 2 is a SymFloat that no Python operation of the captured
+    # graph made (the decomposition computes it), so the tracer refuses it: the reason names the
+    # aten op that takes it, on one line (torch.fx's "While executing" note stays in the log)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.interpolate(x, size=(3, 3), mode="bilinear", align_corners=True)
+
+    compiled = kiln_dynamo.compile(f, backend=kiln_aotgrad.aot_eager, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(1, 2, n, n)
+        torch.testing.assert_close(compiled(x), f(x))
+    ((_, reason),) = counters.dynamic_fallbacks
+    assert reason.startswith("kiln_aotgrad: aten::mul.Tensor: a symbolic SymFloat argument ("), reason
+    assert "\n" not in reason, reason

@@ -318,6 +318,7 @@ def run_sample(
     if compiled is None:
         kiln.reset()
         compiled = kiln.compile(frame, options={"cpu_backend": cpu_backend})
+    compiled_before = len(kiln.compile_log())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -354,7 +355,10 @@ def run_sample(
             if problem:
                 return Outcome(name, index, "mismatch", f"gradients: {problem}"[:400])
     stats = kiln.capture_stats()
-    fell_back = [r.fell_back for r in kiln.compile_log() if r.fell_back]
+    judged = kiln.compile_log()
+    if len(judged) > compiled_before and not stats.break_reasons:  # Note [Dynamic shapes in the sweep]
+        judged = judged[compiled_before:]
+    fell_back = [r.fell_back for r in judged if r.fell_back]
     # a graph the backend refused (symbolic sizes it cannot take) was captured again: not compiled
     compiled_graphs = stats.graphs - len(kiln_dynamo.counters.dynamic_fallbacks)
     if stats.frames_not_captured or compiled_graphs == 0:
@@ -370,7 +374,7 @@ def run_sample(
     backend_warnings = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
     if backend_warnings:
         return Outcome(name, index, "fallback", backend_warnings[0].splitlines()[0][:300])
-    declined = [d for r in kiln.compile_log() for d in r.declined]
+    declined = [d for r in judged for d in r.declined]
     if declined:
         return Outcome(
             name, index, "fallback", f"kernel {declined[0][0]} interpreted: {declined[0][1][:250]}"
@@ -420,8 +424,12 @@ class Compiles:
     `graphs` compiles in all, `symbolic` of them with symbolic sizes, `refused` the reasons of
     symbolic graphs compiled static instead. An op whose graphs are all static although it
     recompiled never reached the symbolic code: `never_symbolic`.
-    Each sample is judged as in the static sweep, its fallback from everything the op compiled
-    so far: a sample that reuses an earlier graph has no compile of its own to judge."""
+    Each sample is judged as in the static sweep. A sample that compiled a graph of its own (the
+    frame has no graph break, so its call ran that graph alone) is judged by what it compiled; one
+    that reused an earlier graph, or ran several frames, by everything the op compiled so far
+    (which entry it ran is not known). Before, every sample after a fallback was a fallback:
+    `index_fill`'s samples 2-3 under `--dynamic auto --grad` were blamed for sample 1's static
+    graph, whose backward needs `_unique` (no meta kernel), though they compiled and passed."""
 
     graphs: int = 0
     symbolic: int = 0

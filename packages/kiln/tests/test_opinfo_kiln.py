@@ -94,3 +94,13 @@ def test_memory_shared_where_eager_does_not_is_a_mismatch() -> None:
     )
     two = e_in[0] + 1
     assert compare((one, one.view(-1)), (two, two.view(-1)), c_in, e_in) == ""
+
+
+def test_a_dynamic_sample_is_judged_by_the_graph_it_compiled() -> None:
+    # Note [Dynamic shapes in the sweep]: index_fill's sample 1 (a tensor value) compiles a static
+    # graph whose backward needs `_unique` (no meta kernel): a fallback; sample 2, a scalar value,
+    # compiles and passes, though it runs after that fallback in the same frame
+    (info,) = select(ops="index_fill")
+    outcomes = {o.sample: o for o in sweep_op(info, 3, grad=True, dynamic="auto")}
+    assert outcomes[1].kind == "fallback" and "_unique" in outcomes[1].detail, outcomes[1]
+    assert outcomes[2].kind == "pass", outcomes[2]

@@ -914,3 +914,21 @@ def test_cpu_rule_under_a_symbolic_batch_picks_the_layout_per_batch(
     else:
         assert split is None
         assert bool(chosen) == want.startswith("NHWC")
+
+
+def test_cpu_rule_reads_symbolic_channels_at_their_hints_without_guarding() -> None:
+    """A convolution whose channel counts are symbolic (``dynamic=True``) is classed at their
+    hints: an ``int()`` of the SymInt guarded ``Eq(s0, 3)`` and the graph compiled static."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    from kiln_loopir.passes.channels_last import channels_last_nodes, conv_class
+
+    env = ShapeEnv()
+    c_in, c_out = (make_symint(env, env.create_symbol(h, f"c{h}", DimDynamic.DYNAMIC), h) for h in (3, 80))
+    x, w = torch.empty(2, c_in, 8, 8, device="meta"), torch.empty(c_out, c_in, 3, 3, device="meta")
+    gm = with_vals(_conv_of([1, 1], [1, 1], 1), x, w)
+    (conv,) = [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+    assert conv_class(conv) == "default"  # 80 out, 3 in, at their hints
+    ctx = PassContext(torch.device("cpu"), PassOptions(), [x, w], True)
+    channels_last_nodes(gm, ctx)
+    assert env.guards == [], [str(g.expr) for g in env.guards]

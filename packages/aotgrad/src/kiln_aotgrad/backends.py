@@ -58,9 +58,12 @@ def aot_backend(
                 dynamic_log.info("%s: symbolic sizes refused: %s", gm.meta.get("frame", "graph"), e)
                 raise
             except Exception as e:
-                # refused per graph: kiln_dynamo compiles this frame with static sizes instead
+                # refused per graph: kiln_dynamo compiles this frame with static sizes instead; the
+                # reason is the error's first line (torch.fx appends the node and a traceback to
+                # errors raised while it interprets a graph: those are in the log)
                 dynamic_log.info("%s: symbolic sizes refused: %s", gm.meta.get("frame", "graph"), e)
-                raise DynamicShapesUnsupported(f"kiln_aotgrad: {e}") from e
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise DynamicShapesUnsupported(f"kiln_aotgrad: {first}") from e
         return fn
 
     return backend

@@ -362,7 +362,9 @@ class Tracer(TorchDispatchMode):
     def chain_of(self, t: torch.Tensor) -> tuple[ViewStep, ...]:
         return self.aliases[id(t)].chain
 
-    def _to_node(self, x: Any) -> Any:
+    def _to_node(self, x: Any, func: Any = None) -> Any:
+        """`x` as the graph's argument: a tensor's node, a symbolic number's node, or itself.
+        `func`: the operator it is an argument of, named in a refusal."""
         if isinstance(x, torch.Tensor):
             return self.node_for(x)
         if isinstance(x, torch.SymInt) and is_symbolic(x):
@@ -370,7 +372,8 @@ class Tracer(TorchDispatchMode):
         if isinstance(x, torch.SymFloat) and is_symbolic(x) and id(x.node) in self._float_recipes:
             return self._sym_float_node(x)
         if isinstance(x, (torch.SymFloat, torch.SymBool)) and is_symbolic(x):
-            raise AotgradError(f"a symbolic {type(x).__name__} argument ({x})", origin=self.where())
+            op = func.name() if hasattr(func, "name") else None
+            raise AotgradError(f"a symbolic {type(x).__name__} argument ({x})", op=op, origin=self.where())
         return x
 
     # Note [A float of sizes keeps its Python operations]: a SymFloat argument of an operator
@@ -527,7 +530,11 @@ class Tracer(TorchDispatchMode):
             self._bind_view(func, args, kwargs, out, node)
             return out
         out = fake_call(func, args, kwargs)
-        node = self.graph.call_function(func, tree_map(self._to_node, args), tree_map(self._to_node, kwargs))
+        node = self.graph.call_function(
+            func,
+            tree_map(lambda a: self._to_node(a, func), args),
+            tree_map(lambda a: self._to_node(a, func), kwargs),
+        )
         node.meta["val"] = out
         self._stamp(node)
         if is_view_op(func):

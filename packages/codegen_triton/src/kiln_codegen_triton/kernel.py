@@ -186,6 +186,13 @@ def _is_static(*sizes: Any) -> bool:
     return all(isinstance(s, int) for s in sizes)
 
 
+def _prod(sizes: Sequence[Any]) -> Any:
+    """The product of sizes: an int where it is a number, even of symbolic factors (a dim of 0
+    beside a symbolic one), since a static kernel's numels are ints; else its expression."""
+    product = math.prod(sizes)
+    return int(product) if isinstance(product, sympy.Integer) else product
+
+
 def _nonnegative(term: sympy.Expr) -> bool:
     coeff, rest = term.as_coeff_Mul()
     if rest == 1:
@@ -941,7 +948,7 @@ def build_kernel(
     ref = reduction if reduction is not None else members[0]
     xr, rr = ref.iteration()
     xsizes = [_size(s) for s in xr]
-    nx = math.prod(xsizes)
+    nx = _prod(xsizes)
     rsizes = [_size(s) for s in rr]
     # a reduction over a broadcast input can iterate past every buffer's size; a symbolic
     # iteration has no known bound, and none is guarded (Note [Symbolic sizes in Triton kernels])
@@ -953,7 +960,7 @@ def build_kernel(
         return g.generate(), g
 
     if reduction is not None:
-        nr = math.prod(rsizes)
+        nr = _prod(rsizes)
         spec, g = gen(Plan("persistent", nx, 1, nr))
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         outer = any(_unit(e, XINDEX) for _, e, _ in row) and not any(_unit(e, RINDEX) for _, e, _ in row)

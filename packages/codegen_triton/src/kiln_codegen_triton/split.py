@@ -97,6 +97,10 @@ def _neutral(reduction_type: str, dtype: torch.dtype) -> Any:
     return info.min if reduction_type == "max" else info.max
 
 
+def _static(*sizes: Sequence[Any]) -> bool:
+    return all(sympy.sympify(s).is_Integer for group in sizes for s in group)
+
+
 def plan_split(
     members: Sequence[ComputedBuffer],
     reads: Sequence[Set[str]],
@@ -119,6 +123,10 @@ def plan_split(
         return None
     first = real[0]
     ranges, rranges = first.iteration()
+    if not all(_static(*m.iteration()) for m in members):
+        # only static kernels are planned, but a static kernel's ranges may hold symbols whose
+        # product is static (a dim of 0 beside a symbolic one): nothing to split there
+        return None
     nx = math.prod(_int(s) for s in ranges)
     rsizes = [_int(s) for s in rranges]
     nr = math.prod(rsizes)

@@ -20,11 +20,13 @@ from typing import Any
 
 import sympy
 import torch
+from kiln_symbolic import symbol_of
 
 from .backend import Backend, BuildReport, get_backend
 from .graph import GraphLowering, graph_device
 from .ir import ComputedBuffer, Pointwise, Reduction, Scatter
 from .logs import configure
+from .origins import of_members
 from .passes import BatchSplit, PassContext, PassOptions, run_passes
 from .scheduler import ExternKernelSchedulerNode, Scheduler, output_buffer_names
 from .sizevars import has_symbols, using
@@ -53,16 +55,63 @@ def _shape_env(values: Sequence[Any]) -> Any:
     return None
 
 
-def _check_symbolic(graph: GraphLowering, env: Any, guards_before: int) -> None:
+def _check_symbolic(graph: GraphLowering, env: Any, guards_before: int, phase: str) -> None:
     """Note [Symbolic sizes in loopir]: lowering and code generation must not have specialized
     a symbol (a guard recorded while they ran), and the wrapper must be able to read every
-    symbol from the inputs."""
+    symbol from the inputs. `phase`: what just ran ("lowering", "code generation"); the
+    reason names the fx node that added the guard where lowering knows it."""
     if env is not None and len(env.guards) != guards_before:
         added = ", ".join(str(g.expr) for g in env.guards[guards_before:])
-        raise SymbolicSizesUnsupported(f"lowering specialized a symbolic size ({added})")
+        node = graph.specialized_by
+        by = f" at {_describe_node(node)}" if node is not None else ""
+        raise SymbolicSizesUnsupported(f"{phase} specialized a symbolic size ({added}){by}")
     unbound = graph.sizevars.unbound()
     if unbound:
         raise SymbolicSizesUnsupported(f"no input holds size symbols {unbound}")
+
+
+def _describe_node(node: torch.fx.Node) -> str:
+    """`node`'s op, its name, and its symbolic inputs (their sizes, or values for numbers)."""
+    symbolic = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if isinstance(value, torch.Tensor) and has_symbols(value):
+            # each size as made, the symbol it was before a guard of this lowering replaced it
+            sizes = ", ".join(str(symbol_of(d) or d) for d in value.shape)
+            symbolic.append(f"{arg.name} of size [{sizes}]")
+        elif isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            symbolic.append(f"{arg.name} = {value}")
+    what = "; symbolic: " + ", ".join(symbolic[:4]) if symbolic else ""
+    if len(symbolic) > 4:
+        what += f" (+{len(symbolic) - 4} more)"
+    return f"{node.target} at node {node.name}{what}"
+
+
+def _refusal(exc: Exception, where: str) -> SymbolicSizesUnsupported:
+    """Note [Symbolic refusals name the op]: an exception that escapes the graph passes,
+    lowering or code generation of a graph with symbolic sizes is a refusal (kiln compiles the
+    graph static instead, KILN_LOG=dynamic), so its reason is all a user sees of it. A bare
+    library error ("Cannot convert symbols to int", sympy asked for an int of a symbol) names
+    neither the op nor the size: the reason says where it happened (the fx node and its aten op
+    with its symbolic inputs, or the kernel and the ops it computes), then the error. A guard
+    added meanwhile is reported the same way (`_check_symbolic`, `GraphLowering.specialized_by`).
+    Exceptions kiln raises with its own reason (a code generator's decline) are kept as they
+    are (`_worded`). Static graphs are untouched: their errors reach kiln's backend fallback."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return SymbolicSizesUnsupported(f"{where}: {type(exc).__name__}: {first}")
+
+
+def _worded(exc: Exception) -> bool:
+    """Whether kiln raised `exc` with its own reason (a code generator's decline, a refusal):
+    kept as it is (Note [Symbolic refusals name the op])."""
+    return type(exc).__module__.split(".")[0].startswith("kiln_")
+
+
+def _kernel_ops(node: Any) -> str:
+    """The aten ops a scheduled kernel computes (its members' origins), in graph order."""
+    members = [getattr(m, "node", None) for m in node.get_nodes()]
+    found = sorted(of_members(members), key=lambda o: o.order)
+    return ", ".join(f"{o.op} at node {o.node}" for o in found) or "no fx node recorded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +215,15 @@ def compile_graph(
     guards_before = len(env.guards) if env is not None else 0
     t0 = time.perf_counter()
     device = graph_device(gm, example_inputs)
-    gm, passes = run_passes(gm, example_inputs, device, options, scalar_gathers=chosen.scalar_gathers)
+    try:
+        gm, passes = run_passes(gm, example_inputs, device, options, scalar_gathers=chosen.scalar_gathers)
+    except Exception as exc:  # Note [Symbolic refusals name the op]
+        if not symbolic or _worded(exc):
+            raise
+        raise _refusal(exc, "the graph passes") from exc
+    if env is not None and len(env.guards) != guards_before:
+        added = ", ".join(str(g.expr) for g in env.guards[guards_before:])
+        raise SymbolicSizesUnsupported(f"a graph pass specialized a symbolic size ({added})")
     split = passes.channels_last_from
 
     def generate(channels_last: set[torch.fx.Node], symbolic_sizes: bool, start: float) -> CompiledGraph:
@@ -213,9 +270,20 @@ def _generate(
         shape_only_readers=passes.options.shape_only_readers,
         pool_values_max=passes.options.pool_values_max,
         conv_grad_formats=passes.conv_grad_formats,
-    ).run()
+    )
     if symbolic:
-        _check_symbolic(graph, env, guards_before)
+        graph.shape_env = env
+        try:
+            graph.run()
+        except Exception as exc:  # Note [Symbolic refusals name the op]
+            if _worded(exc):
+                raise
+            node = graph.current_node
+            where = f"lowering {_describe_node(node)}" if node is not None else "lowering"
+            raise _refusal(exc, where) from exc
+        _check_symbolic(graph, env, guards_before, "lowering")
+    else:
+        graph.run()
     t1 = time.perf_counter()
     with using(graph.sizevars):  # Note [Symbolic sizes in loopir]: hints for heuristics
         schedule = Scheduler(
@@ -231,10 +299,22 @@ def _generate(
         )
         t2 = time.perf_counter()
         _log(graph, schedule)
-        kernels = {n.name: chosen.codegen_kernel(n, graph) for n in schedule.kernels()}
-        fn = chosen.codegen_wrapper(schedule, graph, kernels)
+        kernels = {}
+        for n in schedule.kernels():
+            try:
+                kernels[n.name] = chosen.codegen_kernel(n, graph)
+            except Exception as exc:  # Note [Symbolic refusals name the op]
+                if not symbolic or _worded(exc):
+                    raise
+                raise _refusal(exc, f"generating kernel {n.name} ({_kernel_ops(n)})") from exc
+        try:
+            fn = chosen.codegen_wrapper(schedule, graph, kernels)
+        except Exception as exc:  # Note [Symbolic refusals name the op]
+            if not symbolic or _worded(exc):
+                raise
+            raise _refusal(exc, "generating the wrapper") from exc
         if symbolic:
-            _check_symbolic(graph, env, guards_before)
+            _check_symbolic(graph, env, guards_before, "code generation")
         t3 = time.perf_counter()
         build = chosen.last_build()
         if build == BuildReport():  # the backend reports nothing: all of it was code generation

@@ -253,6 +253,10 @@ class GraphLowering:
         self.fallbacks: list[tuple[str, str]] = []
         self.current_meta: Any = None
         self.current_node: torch.fx.Node | None = None
+        # Note [Symbolic refusals name the op] (compile.py): the ShapeEnv whose guards lowering
+        # must not add, and the first node that added one
+        self.shape_env: Any = None
+        self.specialized_by: torch.fx.Node | None = None
         # Note [Channels-last for convolutions] (passes/channels_last.py): decided by the layout
         # pass; a GraphLowering built directly applies its device's rule with default options
         if channels_last is None:
@@ -303,13 +307,19 @@ class GraphLowering:
                     metas[node] = _to_meta(value)
                     env[node] = self._constant(node, value)
                 elif node.op == "call_function":
+                    self.current_node = node
+                    guards = len(self.shape_env.guards) if self.shape_env is not None else 0
                     metas[node] = self._meta(node, metas)
                     own = frozenset({origins.origin_of(node, order)})
                     # Note [Complex values run as extern kernels]
                     complex_ = any(_is_complex(metas.get(n)) for n in (node, *node.all_input_nodes))
                     with origins.attributed(own, own | _carried_by_args(node, env)):
                         env[node] = self._call(node, env, metas[node], extern=complex_)
+                    specialized = self.shape_env is not None and len(self.shape_env.guards) != guards
+                    if specialized and self.specialized_by is None:
+                        self.specialized_by = node
                 elif node.op == "output":
+                    self.current_node = node
                     free = free_layout_outputs(self.gm)
 
                     def value_of(n: torch.fx.Node, env: dict[torch.fx.Node, Any] = env) -> Any:

@@ -229,15 +229,22 @@ def _weight_and_groups(node: torch.fx.Node) -> tuple[torch.Tensor, int]:
     """A convolution's (or its backward's) weight metadata and group count."""
     if node.target is aten.convolution_backward.default:
         groups_arg: Any = node.args[9] if len(node.args) > 9 else 1
-        return _val(node.args[2]), int(groups_arg)
+        return _val(node.args[2]), _at_hint(groups_arg)
     groups_arg = node.args[8] if len(node.args) > 8 else 1
-    return _val(node.args[1]), int(groups_arg)
+    return _val(node.args[1]), _at_hint(groups_arg)
+
+
+def _at_hint(size: Any) -> int:
+    """A size as an int, a symbolic one at its hint: the layout rules are heuristics, and an
+    `int()` of a SymInt would guard on its value and specialize the graph (a symbolic channel
+    count under ``dynamic=True``)."""
+    return int(hint_of(size)) if isinstance(size, torch.SymInt) else int(size)
 
 
 def conv_class(node: torch.fx.Node) -> str:
     """The convolution's class for :data:`NHWC_TIME_RATIO`."""
     weight, groups = _weight_and_groups(node)
-    out_ch, in_per_group, kh, kw = (int(s) for s in weight.shape)
+    out_ch, in_per_group, kh, kw = (_at_hint(s) for s in weight.shape)
     in_ch = in_per_group * groups
     if groups > 1 and in_per_group == 1:
         return "depthwise"
@@ -252,8 +259,8 @@ def conv_class(node: torch.fx.Node) -> str:
 
 def conv_flops(node: torch.fx.Node) -> int:
     out, weight = _val(node), _val(node.args[1])
-    _, in_per_group, kh, kw = (int(s) for s in weight.shape)
-    return 2 * int(out.numel()) * in_per_group * kh * kw
+    _, in_per_group, kh, kw = (_at_hint(s) for s in weight.shape)
+    return 2 * _at_hint(out.numel()) * in_per_group * kh * kw
 
 
 def _static(node: torch.fx.Node) -> bool:

@@ -1,0 +1,33 @@
+"""Graphs with symbolic sizes through the Triton generator (run by Triton's interpreter on the
+CPU): what it plans from sizes must not need them static where the kernel is static."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+from kiln_codegen_triton import TritonBackend
+from kiln_loopir import compile_graph
+from kiln_loopir.testing import with_vals
+
+aten = torch.ops.aten
+
+
+def test_a_static_reduction_over_a_symbolic_range_is_not_planned_for_splitting() -> None:
+    # a (0, n) input: the kernel's numels are static (0), its ranges hold n; planning a split
+    # reduction asked for n as an int and the whole graph compiled static (OpInfo var.unbiased,
+    # std_mean.unbiased, ... under dynamic=True with --grow)
+    env = ShapeEnv()
+    n = make_symint(env, env.create_symbol(6, "x0", DimDynamic.DYNAMIC), 6)
+
+    def f(x: Any, y: Any) -> Any:
+        return aten.var.correction(x, None, correction=1), aten.sum.default(y)
+
+    meta = (torch.empty(0, n, device="meta"), torch.empty(n, device="meta"))
+    compiled = compile_graph(with_vals(f, *meta), list(meta), backend=TritonBackend())
+    for cols in (6, 9, 2):
+        x, y = torch.empty(0, cols), torch.randn(cols)
+        for got, want in zip(compiled(x, y), f(x, y), strict=True):
+            torch.testing.assert_close(got, want, equal_nan=True)
