@@ -99,7 +99,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         elif isinstance(vt, IsliceCountVariable):
             children = [vt.count]
         elif isinstance(vt, ListIteratorVariable):
-            children = vt.items[vt.index :]
+            children = vt.rebuild_parts()
         elif isinstance(vt, DictVariable):
             children = vt.wrapped_values()  # Note [Lazy dict entries]
         elif isinstance(vt, NewObjectVariable):
