@@ -349,3 +349,59 @@ def test_an_unfinished_pure_iterator_leaves_over_what_it_has_left() -> None:
     assert [i for i, _ in got] == [i for i, _ in expected]
     for (_, a), (_, b) in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b)
+
+
+# --- iterators over a live list that leave the frame unfinished ------------------------------------
+# Note [Iterators that leave the frame over a live list]: eager's iterator keeps reading the list
+# after the frame returns; rebuilt over the items it had left at the exit, the next call missed
+# what was appended, replaced or removed in between (found by the eighteenth session's sweep).
+
+
+def _keeps(make: Any) -> Any:
+    ws = [1.0, 2.0, 4.0]
+    bs = [5.0, 6.0, 7.0, 8.0]
+    st: dict[str, Any] = {}
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        out = x
+        if "it" in st:
+            for item in st.pop("it"):
+                out = out + (item[1] * item[0] if isinstance(item, tuple) else item)
+        it = make(ws, bs)
+        next(it)
+        st["it"] = it
+        return out
+
+    changes = [
+        lambda: ws.append(3.0),
+        lambda: ws.insert(0, 9.0),
+        ws.pop,
+        lambda: bs.__setitem__(slice(None), [1.0]),
+        lambda: ws.__setitem__(slice(None), [2.5, 0.5]),
+        lambda: None,
+    ]
+    return f, changes
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ws, bs: iter(ws),
+        lambda ws, bs: reversed(ws),
+        lambda ws, bs: zip(ws, bs, strict=False),
+        lambda ws, bs: enumerate(ws, 3),
+        lambda ws, bs: enumerate(reversed(ws)),
+        lambda ws, bs: itertools.islice(ws, 3),  # no exact rebuild: a break, eager's answer
+    ],
+    ids=["iter", "reversed", "zip", "enumerate", "enumerate-reversed", "islice"],
+)
+def test_a_list_iterator_kept_by_the_frame_reads_the_list_on_the_next_call(make: Any) -> None:
+    eager, changes = _keeps(make)
+    fn, changes2 = _keeps(make)
+    compiled = kiln_dynamo.compile(fn)
+    x = torch.zeros(2)
+    torch.testing.assert_close(compiled(x), eager(x))
+    for change, change2 in zip(changes, changes2, strict=True):
+        change()
+        change2()
+        torch.testing.assert_close(compiled(x), eager(x))

@@ -19,9 +19,18 @@ kiln_aotgrad.joint); `torch.backends` flags and `torch.are_deterministic_algorit
 were unguarded constants (Notes [Flags in torch's namespace], [Settings read through torch
 functions] in kiln_dynamo.variables.torch); a global module forward hook fired twice through a
 compiled module (Note [Global module hooks and the wrapper] in kiln_dynamo.eval_frame).
+
+Eighteenth session (fuzz18): the session's new ways of tracing (lazy iterators and generator
+expressions, module walks over the frame's pending changes, strings formatted after the graph,
+symbolic builtins and comparisons of sizes, chain splits through cells and try blocks,
+functools.wraps), the state each reads changed between calls. Found: a value popped from a
+container and returned raised KeyError in the runner (Note [Sources are read before the
+effects] in kiln_dynamo.codegen); an iterator over a list kept by the frame for the next call
+was rebuilt over a snapshot of the list (Note [Iterators that leave the frame over a live list]
+in kiln_dynamo.variables.lists).
 """
 
-# ruff: noqa: E741, E742, B007, F841, PLW0108, RUF015
+# ruff: noqa: E741, E742, B007, B905, F841, PLW0108, RUF015
 # mypy: ignore-errors
 from __future__ import annotations
 
@@ -1401,6 +1410,558 @@ def module_dtype():
 CASES.append(("module dtype", module_dtype, True))
 
 
+# The cases below are the eighteenth session's (fuzz18): state read by the ways of tracing this
+# session added (lazy iterators and generator expressions, module walks over the frame's pending
+# changes, strings formatted after the graph, symbolic builtins and comparisons of sizes, chain
+# splits through cells and try blocks, functools.wraps), each changed between calls. They run
+# under dynamic=True too (`test_no_stale_answer_under_dynamic_true`) where they read sizes; each
+# of them passed under dynamic=True when written (for CI's time only those stay there).
+NEW18: list[str] = []
+
+
+def _case18(name: str, builder: Callable[[], Any], sizes: bool = False) -> None:
+    CASES.append((name, builder, False))
+    if sizes:
+        NEW18.append(name)
+
+
+GW = [1.0, 2.0]
+
+
+def genexpr_global_list():
+    GW[:] = [1.0, 2.0]  # both sides read this one list; each change is applied twice
+
+    def f(x):
+        g = (x * w for w in GW)  # made, then consumed later: reads GW at each step
+        first = next(g)
+        return first + sum(g)
+
+    return f, [
+        lambda: GW.append(3.0),
+        lambda: GW.__setitem__(0, -1.0),
+        lambda: GW.__setitem__(slice(None), [6.0]),
+        lambda: GW.extend([4.0, 5.0]),
+    ]
+
+
+_case18("genexpr over a global list", genexpr_global_list)
+
+
+def genexpr_cell_and_consumed_at_once():
+    ws = [1.0, 2.0]
+    k = 2.0
+
+    def f(x):
+        a = sum(x * w * k for w in ws)  # consumed where it is made
+        b = torch.stack([x + w for w in ws if w > k]) if any(w > k for w in ws) else x
+        return a + b.sum(0)
+
+    def rebind(v):
+        def mut():
+            nonlocal k
+            k = v
+
+        return mut
+
+    return f, [rebind(1.5), lambda: ws.append(4.0), rebind(0.5), lambda: ws.__delitem__(slice(None))]
+
+
+_case18("genexpr reads a cell", genexpr_cell_and_consumed_at_once)
+
+
+def lazy_builtins():
+    st = {"ws": [1.0, 2.0, 3.0], "bs": [0.5, 0.25], "th": 1.5, "start": 0}
+
+    def f(x):
+        ys = list(map(lambda w: x * w, st["ws"]))
+        kept = [w for w in filter(lambda w: w > st["th"], st["ws"])]
+        acc = x * 0
+        for i, (w, b) in enumerate(zip(st["ws"], st["bs"]), st["start"]):
+            acc = acc + (w * i + b) * x
+        for w in reversed(st["ws"]):
+            acc = acc * 0.5 + w
+        return sum(ys) + acc + len(kept)
+
+    return f, [
+        lambda: st["ws"].append(4.0),
+        lambda: st.__setitem__("th", 0.0),
+        lambda: st["bs"].extend([1.0, 2.0, 3.0]),
+        lambda: st.__setitem__("start", 3),
+        lambda: st["ws"].__setitem__(0, -2.0),
+        lambda: st.__setitem__("ws", []),
+    ]
+
+
+_case18("map/filter/zip/enumerate/reversed", lazy_builtins)
+
+
+def lazy_itertools():
+    import itertools
+
+    st = {"a": [1.0, 2.0], "b": [3.0], "n": 2}
+
+    def f(x):
+        out = x * 0
+        for w in itertools.chain(st["a"], st["b"]):
+            out = out + w * x
+        for w in itertools.islice(st["a"] + st["b"], st["n"]):
+            out = out - w
+        for p, q in itertools.pairwise(st["a"]):
+            out = out + p * q
+        return out + sum(itertools.accumulate(st["b"]))
+
+    return f, [
+        lambda: st["b"].append(5.0),
+        lambda: st.__setitem__("n", 0),
+        lambda: st["a"].extend([7.0, 1.0]),
+        lambda: st["a"].clear(),
+    ]
+
+
+_case18("itertools chain/islice/pairwise/accumulate", lazy_itertools)
+
+
+def iterator_mutated_in_frame():
+    ws = [1.0, 2.0]
+    st = {"extra": 3.0}
+
+    def f(x):
+        it = iter(ws)
+        first = next(it)
+        ws.append(st["extra"])  # the iterator sees it
+        out = x * first
+        for w in it:
+            out = out + w
+        ws.pop()
+        return out
+
+    return f, [
+        lambda: st.__setitem__("extra", -1.0),
+        lambda: ws.insert(0, 5.0),
+        lambda: ws.__setitem__(slice(None), [9.0]),
+    ]
+
+
+_case18("list iterator sees appends in the frame", iterator_mutated_in_frame)
+
+
+def dict_iterator_values():
+    d = {"a": 1.0, "b": 2.0}
+
+    def f(x):
+        out = x
+        for k, v in d.items():
+            out = out * v + len(k)
+        return out + sum(d.values())
+
+    return f, [
+        lambda: d.__setitem__("a", 5.0),
+        lambda: d.__setitem__("cc", 0.5),
+        lambda: d.pop("a"),
+        lambda: d.__setitem__("a", 2.0),  # same keys as before, new order
+    ]
+
+
+_case18("dict iterator values and order", dict_iterator_values)
+
+
+def outside_iterator():
+    holder = {"it": iter({"a": 1.0, "b": 2.0}.items())}
+
+    def f(x):
+        out = x
+        for k, v in holder["it"]:  # a live iterator handed to the frame; advanced for real
+            out = out * v + len(k)
+        return out
+
+    def partly_consumed():
+        it = iter({"a": 3.0, "b": 4.0, "c": 5.0}.items())
+        next(it)
+        holder["it"] = it
+
+    return f, [
+        lambda: None,  # exhausted by the call before: eager iterates nothing
+        lambda: holder.__setitem__("it", iter({"x": 2.0}.items())),
+        partly_consumed,
+        lambda: holder.__setitem__("it", iter(collections.OrderedDict(q=3.0, r=1.0).items())),
+    ]
+
+
+_case18("dict iterator from outside", outside_iterator)
+
+
+def outside_iterator_next():
+    holder = {"it": iter({"a": 1.0, "b": 2.0, "c": 3.0}.values())}
+
+    def f(x):
+        return x * next(holder["it"], 10.0)
+
+    return f, [
+        lambda: None,
+        lambda: None,
+        lambda: None,
+        lambda: holder.__setitem__("it", iter({"z": 7.0}.values())),
+    ]
+
+
+_case18("next() of an outside iterator", outside_iterator_next)
+
+
+class Walks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("buf", torch.ones(4))
+        self.drop_bias = False
+
+    def forward(self, x):
+        if self.drop_bias:
+            self.lin.bias = None  # a pending change the walks below must see
+        n = sum(p.numel() for p in self.parameters())
+        names = [k for k, _ in self.named_buffers()]
+        y = self.lin(x)
+        for b in self.buffers():
+            y = y + b
+        return y * n + len(names)
+
+
+def module_walks():
+    m = Walks()
+
+    def buf_none():
+        m.buf = None
+
+    def new_buffer():
+        m.register_buffer("extra", torch.full((4,), 2.0))
+
+    def bias_none():
+        m.lin.bias = None  # the key stays in _parameters, its value None
+
+    def bias_back():
+        m.lin.bias = nn.Parameter(torch.randn(4))  # None to a parameter under the same key
+
+    return m, [
+        lambda: setattr(m, "drop_bias", True),
+        buf_none,
+        new_buffer,
+        lambda: m.lin.register_parameter("bias", nn.Parameter(torch.zeros(4))),
+        lambda: setattr(m, "drop_bias", False),
+        bias_none,
+        bias_back,
+    ]
+
+
+_case18("module walks after parameters set to None", module_walks)
+
+
+class Registers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.mode = "buffer"
+
+    def forward(self, x):
+        if self.mode == "buffer":
+            self.register_buffer("scale", x.sum(0).detach())  # a registry write in the frame
+        elif self.mode == "none":
+            self.scale = None
+        else:
+            self.scale = 2.0  # a plain attribute: guarded that no registry holds the name
+        total = x * 0
+        for name, b in self.named_buffers():
+            total = total + b + len(name)
+        return self.lin(x) + total + len(list(self.children()))
+
+
+def module_registry_writes():
+    m = Registers()
+
+    def to_attr():
+        if "scale" in m._buffers:
+            del m._buffers["scale"]
+        m.mode = "attr"
+
+    def back_to_buffer():
+        m.__dict__.pop("scale", None)
+        m.mode = "buffer"
+
+    return m, [
+        lambda: None,
+        lambda: setattr(m, "mode", "none"),
+        to_attr,
+        back_to_buffer,
+        lambda: m.add_module("act", nn.ReLU()),
+    ]
+
+
+_case18("module registry writes in the frame", module_registry_writes)
+
+
+class SetsAttr(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.last = x.sum(0).detach()  # guards.not_registered: 'last' in no registry (else a buffer)
+        return self.lin(x) + sum(self.buffers(), x * 0) + len(list(self.named_buffers()))
+
+
+def module_name_registered_between_calls():
+    m = SetsAttr()
+
+    def register():
+        m.__dict__.pop("last", None)
+        m.register_buffer("last", None)  # the frame's store now goes into _buffers
+
+    def unregister():
+        del m._buffers["last"]
+
+    return m, [lambda: None, register, lambda: None, unregister]
+
+
+_case18("a stored name registered between calls", module_name_registered_between_calls)
+
+GFMT = "x"
+
+
+def formatted_tensor_strings():
+    global GFMT
+    GFMT = "x"
+    st = {"spec": ".2f", "w": 6}
+
+    def f(x):
+        s = x.round().sum()  # exact in any order of summation: the digits compared are eager's
+        return f"{GFMT}={s:{st['spec']}}|{x.max():>{st['w']}.1f}", s
+
+    def g():
+        global GFMT
+        GFMT = "total"
+
+    return f, [
+        lambda: st.__setitem__("spec", ".5e"),
+        g,
+        lambda: st.__setitem__("w", 12),
+        lambda: st.__setitem__("spec", ""),
+    ]
+
+
+_case18("format spec and global in an f-string", formatted_tensor_strings)
+
+
+def formatted_captured_tensor():
+    t = torch.tensor(1.5)
+    holder = {"t": torch.tensor(2)}
+
+    def f(x):
+        return f"{t} {holder['t']:>4}", x + t
+
+    return f, [
+        lambda: t.add_(1),
+        lambda: holder.__setitem__("t", torch.tensor(3.25)),
+        lambda: holder.__setitem__("t", torch.tensor(True)),
+        lambda: holder.__setitem__("t", torch.tensor(7, dtype=torch.int8)),
+    ]
+
+
+_case18("captured 0-d tensors formatted", formatted_captured_tensor)
+
+
+def formatted_sizes():
+    st = {"k": 2, "spec": "d"}
+
+    def f(x):
+        n = x.shape[0]
+        return f"rows={n} k={n * st['k']:{st['spec']}} half={n // 2}", x * n
+
+    return f, [
+        lambda: st.__setitem__("k", 3),
+        lambda: st.__setitem__("spec", ">5"),
+        lambda: st.__setitem__("spec", "x"),
+    ]
+
+
+_case18("sizes formatted into strings", formatted_sizes, sizes=True)
+
+
+def size_builtins():
+    st = {"lo": 5, "cap": 9}
+
+    def f(x):
+        n = x.shape[0]
+        m = max(n, st["lo"])
+        k = min(n * 2, st["cap"])
+        q, r = divmod(n, 3)
+        return x[: min(n, st["lo"])] * m, k, q + r, round(n / 4), math.ceil(n / st["lo"]), abs(n - st["lo"])
+
+    return f, [
+        lambda: st.__setitem__("lo", 2),
+        lambda: st.__setitem__("cap", 100),
+        lambda: st.__setitem__("lo", 8),
+    ]
+
+
+_case18("builtins on sizes", size_builtins, sizes=True)
+
+
+def size_comparisons():
+    st = {"sizes": (5, 7), "ref": [4, 4]}
+
+    def f(x):
+        n = x.shape[0]
+        hit = n in st["sizes"]
+        same = list(x.shape) == st["ref"]
+        y = x * 2 if n in st["sizes"] else x - 1  # a branch on the comparison
+        return y, hit, same, n != st["ref"][0], (n, 4) == tuple(st["ref"])
+
+    return f, [
+        lambda: st.__setitem__("sizes", (4, 6, 9)),
+        lambda: st.__setitem__("ref", [5, 4]),
+        lambda: st.__setitem__("sizes", ()),
+        lambda: st.__setitem__("ref", [7, 4]),
+    ]
+
+
+_case18("comparisons of sizes", size_comparisons, sizes=True)
+
+
+def sorted_sizes():
+    st = {"k": 5, "rev": False}
+
+    def f(x):
+        n = x.shape[0]
+        order = sorted([n, st["k"], 4], reverse=st["rev"])
+        lo, hi = min(n, st["k"], 6), max([n, st["k"]])
+        return x[: order[0]] * hi, order, lo
+
+    return f, [
+        lambda: st.__setitem__("k", 1),
+        lambda: st.__setitem__("rev", True),
+        lambda: st.__setitem__("k", 8),
+    ]
+
+
+_case18("sorted/min/max of sizes", sorted_sizes, sizes=True)
+
+
+def _chain_leaf(y):
+    v = y.sum().item()  # the break
+    return y + v * 0
+
+
+def chain_cells():
+    st = {"k": 2.0, "ks": (1, 2)}
+
+    def inner(x):
+        k = st["k"]
+        by = [x * j for j in st["ks"]]  # a comprehension: x is a cell
+        scale = lambda: k * 2  # noqa: E731  (k a cell, the closure does not live on)
+        s = scale()
+        y = _chain_leaf(by[-1] + s)
+        return y * k + sum(x * j for j in st["ks"])
+
+    def f(x):
+        return inner(x.cos()) - 1
+
+    return f, [
+        lambda: st.__setitem__("k", 5.0),
+        lambda: st.__setitem__("ks", (3,)),
+        lambda: st.__setitem__("ks", (1, 1, 4)),
+    ]
+
+
+_case18("chain split through cells", chain_cells, sizes=True)
+
+
+def chain_try():
+    st = {"key": "a", "k": 2.0}
+
+    def inner(x, d):
+        y = x * st["k"]
+        try:
+            y = _chain_leaf(y) + d[st["key"]]  # the break inside a try block
+        except KeyError:
+            y = y - 100
+        finally:
+            y = y * 2
+        return y
+
+    def f(x):
+        return inner(x.sin(), {"a": 1.0}) + 1
+
+    return f, [
+        lambda: st.__setitem__("key", "b"),
+        lambda: st.__setitem__("k", 3.0),
+        lambda: st.__setitem__("key", "a"),
+    ]
+
+
+_case18("chain split through a try block", chain_try)
+
+
+def iterators_kept_between_calls():
+    ws = [1.0, 2.0, 4.0]
+    bs = [5.0, 6.0, 7.0]
+    st = {}
+
+    def f(x):
+        out = x
+        if "its" in st:  # the iterators the call before made: they read ws and bs now
+            a, b, c = st.pop("its")
+            out = out + sum(a) + sum(w for w in b) + sum(i * w for i, (w, _) in c)
+        a, b, c = iter(ws), reversed(ws), enumerate(zip(ws, bs))
+        next(a), next(b), next(c)
+        st["its"] = (a, b, c)
+        return out
+
+    return f, [
+        lambda: ws.append(3.0),
+        lambda: ws.insert(0, 9.0),
+        lambda: bs.__setitem__(slice(None), [1.0]),
+        lambda: ws.pop(0),
+    ]
+
+
+_case18("list iterators kept between calls", iterators_kept_between_calls)
+
+
+def popped_and_returned():
+    class Obj:
+        pass
+
+    st = {"o": Obj(), "n": 2}
+
+    def f(x):
+        o = st.pop("o", None)
+        n = st.pop("n", 1)
+        return x * n, o is None, n
+
+    return f, [lambda: None, lambda: st.update(o=Obj(), n=3), lambda: st.__setitem__("n", 5)]
+
+
+_case18("values popped from a dict", popped_and_returned)
+
+
+def wraps_decorated():
+    ns = {"act": torch.relu}
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(x):
+            return fn(x) * 2
+
+        return wrapper
+
+    def f(x):
+        w = deco(ns["act"])
+        return w(x), w.__name__
+
+    return f, [lambda: ns.__setitem__("act", torch.tanh), lambda: ns.__setitem__("act", torch.sigmoid)]
+
+
+_case18("functools.wraps in the frame", wraps_decorated)
+
+
 DEFAULT_ARGS = {
     "conv input layout": lambda: (torch.randn(2, 3, 8, 8),),
     "scalar input types": lambda: (torch.randn(4), 1),
@@ -1485,11 +2046,21 @@ def _call(fn: Any, args: tuple[Any, ...]) -> tuple[Any, type[BaseException] | No
     ids=[c[0] for c in CASES if c[0] not in _STATIC_ONLY],
 )  # fmt: skip
 def test_no_stale_answer_after_automatic_dynamic(name: str, builder: Callable[[], Any]) -> None:
+    _changes_at_new_sizes(builder, dynamic=None)
+
+
+@pytest.mark.parametrize("name", NEW18)
+def test_no_stale_answer_under_dynamic_true(name: str) -> None:
+    # the eighteenth session's cases with every size symbolic from the first compile
+    _changes_at_new_sizes(next(c[1] for c in CASES if c[0] == name), dynamic=True)
+
+
+def _changes_at_new_sizes(builder: Callable[[], Any], dynamic: bool | None) -> None:
     torch.manual_seed(0)
     fn, changes = builder()
     torch.manual_seed(0)
     fn2, changes2 = builder()
-    compiled = kiln.compile(fn2, dynamic=None)
+    compiled = kiln.compile(fn2, dynamic=dynamic)
     steps = [(lambda: None, lambda: None)] * 2 + list(zip(changes, changes2, strict=True))
     for step, ((change, change2), n) in enumerate(zip(steps, _DYNAMIC_SIZES, strict=False)):
         torch.manual_seed(step)

@@ -99,7 +99,7 @@ def _mutables(roots: list[VariableTracker]) -> list[VariableTracker]:
         elif isinstance(vt, IsliceCountVariable):
             children = [vt.count]
         elif isinstance(vt, ListIteratorVariable):
-            children = vt.items[vt.index :]
+            children = vt.rebuild_parts()
         elif isinstance(vt, DictVariable):
             children = vt.wrapped_values()  # Note [Lazy dict entries]
         elif isinstance(vt, NewObjectVariable):
@@ -155,14 +155,25 @@ def generate_runner(
     cg = Reconstructor(output)
     cg.final = values is None
     body: list[str] = []
+    # Note [Sources are read before the effects]: every value the runner reaches through a source
+    # is the object that path held at the frame's entry (a value the frame stored there is its
+    # tracker, not the source); so each source is read right after the graph call, before the
+    # first effect is replayed, wherever the line that needs it is. Read at that line, after an
+    # effect replayed on the container above it, the path reached what the frame put there, or
+    # nothing: `o = st.pop("o"); return o` raised KeyError in the runner, and a dict iterator
+    # the frame popped, held on the stack across a split before its loop, was looked up again
+    # in the emptied dict (found by the eighteenth session's staleness sweep).
+    reads: list[str] = []
+    effects: list[str] = []
 
     def emit(line: str) -> None:
-        body.extend(cg.ctx.drain())
-        body.append(line)
+        reads.extend(cg.ctx.drain())
+        effects.append(line)
 
     args = ", ".join(cg.source(src) for _, src, _ in output.inputs)
-    graph_call_at = len(body) + len(cg.ctx.stmts)
-    emit(f"___o = ___compiled({args})")
+    body.extend(cg.ctx.drain())
+    graph_call_at = len(body)
+    body.append(f"___o = ___compiled({args})")
     side = output.side_effects
     held = side.held_lock
     containers = list(side.mutated_containers.values())
@@ -276,6 +287,7 @@ def generate_runner(
 
             emit(f"{cg.const(_enter_autocast)}(*{cg.const(block)})")
         emit(f"return ({''.join(names[id(vt)] + ', ' for vt in values)})")
+    body += reads + effects
     needs_graph = bool(cg.outputs) or output.op_count() > 0
     made_inference = tuple(i for i, n in enumerate(cg.outputs) if inference.is_inference(n.meta.get("val")))
     if made_inference and needs_graph:  # Note [inference_mode traced] (inference.py)

@@ -39,6 +39,7 @@ from kiln_dynamo.variables.lists import (
     TupleVariable,
     is_pure_iterator,
     iterator_of,
+    list_reverseiterator_at,
     sort_keys,
     sort_order,
 )
@@ -226,9 +227,18 @@ def _iter(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return ListIteratorVariable(args[0].iterate(tx), kind)
 
 
-def _lazy(kind: str, pull: Callable[[Tx], VT | None], parts: Sequence[VT], calls: bool) -> VT:
-    """Note [Lazy iterators]: an iterator whose items `pull` computes as they are asked for."""
-    return LazyIteratorVariable(kind, pull, not calls and all(is_pure_iterator(p) for p in parts))
+def _lazy(
+    kind: str,
+    pull: Callable[[Tx], VT | None],
+    parts: Sequence[VT],
+    calls: bool,
+    rebuild: Callable[[Reconstructor], str] | None = None,
+) -> VT:
+    """Note [Lazy iterators]: an iterator whose items `pull` computes as they are asked for;
+    `rebuild` renders it over its parts' rebuilds (Note [Iterators that leave the frame over a
+    live list])."""
+    pure = not calls and all(is_pure_iterator(p) for p in parts)
+    return LazyIteratorVariable(kind, pull, pure, parts, rebuild)
 
 
 def _next(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -267,7 +277,10 @@ def _zip(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
             row.append(item)
         return TupleVariable(row)
 
-    return _lazy("zip", pull, its, strict)
+    def rebuild(cg: Reconstructor) -> str:
+        return f"{cg.const(zip)}({''.join(it.reconstruct(cg) + ', ' for it in its)}strict={strict})"
+
+    return _lazy("zip", pull, its, strict, rebuild)
 
 
 def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -286,7 +299,10 @@ def _enumerate(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         count[0] += 1
         return TupleVariable([ConstantVariable(count[0] - 1), item])
 
-    return _lazy("enumerate", pull, [it], False)
+    def rebuild(cg: Reconstructor) -> str:
+        return f"{cg.const(enumerate)}({it.reconstruct(cg)}, {count[0]!r})"
+
+    return _lazy("enumerate", pull, [it], False, rebuild)
 
 
 def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
@@ -304,7 +320,10 @@ def _reversed(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
             pos[0] -= 1
             return seq.items[i]
 
-        return LazyIteratorVariable("reversed", pull, True)
+        def rebuild(cg: Reconstructor) -> str:  # Note [Iterators that leave the frame over a live list]
+            return f"{cg.const(list_reverseiterator_at)}({seq.reconstruct(cg)}, {pos[0]})"
+
+        return LazyIteratorVariable("reversed", pull, True, [seq], rebuild, live=True)
     kind = "reversed" if _is_list(seq) else "deque_reversed" if _is_deque(seq) else "tuple"
     return ListIteratorVariable(list(reversed(seq.iterate(tx))), kind)
 

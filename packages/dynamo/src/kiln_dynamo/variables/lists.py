@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import itertools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -521,6 +521,13 @@ class ListIteratorVariable(VariableTracker):
         self.ended = True
         return rest
 
+    def rebuild_parts(self) -> list[VT]:
+        """What its rebuild reconstructs (for Note [One object, one rebuild]): the live list it
+        reads, or the items it has left."""
+        if self.over is not None and self.kind == "list" and not self.ended:
+            return [self.over]
+        return self.items[self.index :]
+
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         if name == "__next__":
             item = self.next(tx)
@@ -538,6 +545,9 @@ class ListIteratorVariable(VariableTracker):
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
         if bound is not None:
             return bound
+        if self.over is not None and self.kind == "list" and not self.ended:
+            # Note [Iterators that leave the frame over a live list]
+            return f"{cg.const(list_iterator_at)}({self.over.reconstruct(cg)}, {self.index})"
         items = self.items[self.index :]
 
         def tup(values: list[str]) -> str:
@@ -595,13 +605,75 @@ class ListIteratorVariable(VariableTracker):
 # called, no outside iterator is advanced); otherwise that is a break ("evaluated lazily").
 # Tuples, ranges, strings and torch's module containers are read when the iterator is made:
 # the frame cannot change them.
-class LazyIteratorVariable(ListIteratorVariable):
-    """An iterator computed item by item as its consumer asks (Note [Lazy iterators])."""
+# Note [Iterators that leave the frame over a live list]: an iterator the frame made over a list
+# reads that list at each step in eager, after the frame too: one stored in a global and consumed
+# by the next call sees what was appended in between. Rebuilt over the items it had left at the
+# frame's exit, it missed that (a stale answer, found by the eighteenth session's staleness
+# sweep). So a list iterator (`iter(l)`, a for-loop's) that leaves unfinished is rebuilt over the
+# list itself at its position (`list_iterator_at`, CPython's own `__setstate__`), the list being
+# the outside one or the frame's one rebuild of it (Note [One object, one rebuild]); `reversed(l)`
+# likewise; `zip` and `enumerate` over such iterators are rebuilt over their parts' rebuilds.
+# Another lazy kind (`chain`, `islice`, `pairwise`, ...) reading a live list that leaves unfinished
+# is a break ("evaluated lazily"), as one that calls the user's code is.
+def list_iterator_at(seq: list[Any], index: int) -> Any:
+    """`iter(seq)` advanced to `index`, without reading its items."""
+    it: Any = iter(seq)
+    it.__setstate__(index)
+    return it
 
-    def __init__(self, kind: str, pull: Callable[[Tx], VT | None], pure: bool) -> None:
+
+def list_reverseiterator_at(seq: list[Any], index: int) -> Any:
+    """`reversed(seq)` whose next item is `seq[index]` (ended when the index is out of range)."""
+    if not 0 <= index < len(seq):
+        return reversed([])
+    it: Any = reversed(seq)
+    it.__setstate__(index)
+    return it
+
+
+def is_live(it: VT) -> bool:
+    """Whether `it` reads a list at each step and has not ended (Note [Iterators that leave the
+    frame over a live list])."""
+    if isinstance(it, LazyIteratorVariable):
+        return it.live and not it.ended
+    return isinstance(it, ListIteratorVariable) and it.over is not None and not it.ended
+
+
+class LazyIteratorVariable(ListIteratorVariable):
+    """An iterator computed item by item as its consumer asks (Note [Lazy iterators]). `parts`
+    are the iterators it pulls from; `rebuild` renders it exactly over their rebuilds, where
+    that is needed and possible (Note [Iterators that leave the frame over a live list])."""
+
+    def __init__(
+        self,
+        kind: str,
+        pull: Callable[[Tx], VT | None],
+        pure: bool,
+        parts: Sequence[VT] = (),
+        rebuild: Callable[[Reconstructor], str] | None = None,
+        live: bool = False,
+    ) -> None:
         super().__init__([], kind)
         self.pull = pull
         self.pure = pure
+        self.parts = list(parts)
+        self.rebuild = rebuild
+        self.live = live or any(is_live(p) for p in parts)
+
+    def _exact(self) -> bool:
+        return self.live and not self.ended and not self._items and self.rebuild is not None
+
+    def rebuild_parts(self) -> list[VT]:
+        return self.parts if self._exact() else super().rebuild_parts()
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)
+        if bound is not None:
+            return bound
+        if self._exact():
+            assert self.rebuild is not None
+            return self.rebuild(cg)
+        return super().reconstruct(cg)
 
     def describe(self) -> str:
         return f"{self.kind} iterator"
@@ -627,9 +699,10 @@ class LazyIteratorVariable(ListIteratorVariable):
     def items(self) -> list[VT]:
         """The items it has left, computed now (for its rebuild when it leaves the frame)."""
         if not self.ended:
-            if not self.pure:
+            if not self.pure or (self.live and self.rebuild is None):
                 raise Unsupported(
                     f"a {self.kind} iterator made in the frame, evaluated lazily, leaves it unfinished"
+                    + (" (it reads a list at each step)" if self.pure else "")
                 )
             rest = self._items[self.index :]
             while (item := self.pull(None)) is not None:  # type: ignore[arg-type]
