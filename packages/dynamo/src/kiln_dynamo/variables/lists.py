@@ -615,6 +615,7 @@ class ListIteratorVariable(VariableTracker):
 # likewise; `zip` and `enumerate` over such iterators are rebuilt over their parts' rebuilds.
 # Another lazy kind (`chain`, `islice`, `pairwise`, ...) reading a live list that leaves unfinished
 # is a break ("evaluated lazily"), as one that calls the user's code is.
+# A dict iterator likewise: Note [Dict iterators that leave the frame].
 def list_iterator_at(seq: list[Any], index: int) -> Any:
     """`iter(seq)` advanced to `index`, without reading its items."""
     it: Any = iter(seq)
@@ -728,7 +729,7 @@ def iterator_of(tx: Tx, v: VT) -> ListIteratorVariable:
         return v
     if isinstance(v, ListVariable) and v.python_type() is list:
         return ListIteratorVariable([], "list", over=v)
-    from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable, key_vt
+    from kiln_dynamo.variables.dicts import DictVariable, DictViewVariable
 
     d = v.d if isinstance(v, DictViewVariable) else v
     if isinstance(d, DictVariable) and type(d) is DictVariable:
@@ -736,25 +737,91 @@ def iterator_of(tx: Tx, v: VT) -> ListIteratorVariable:
         # RuntimeError at the step after the dict changed size (a break here)
         view = v.kind if isinstance(v, DictViewVariable) else "keys"
         d.iterate(tx)  # a dict class's own __iter__ is a break there
-        order = list(d._items)
-        size = len(order)
-        pos = [0]
-
-        def pull(t: Tx) -> VT | None:
-            if len(d._items) != size:
-                raise Unsupported("a dict changed size during iteration (RuntimeError in eager)")
-            if pos[0] >= size:
-                return None
-            k = order[pos[0]]
-            pos[0] += 1
-            if view == "keys":
-                return key_vt(k)
-            value = d.items[k]
-            return value if view == "values" else TupleVariable([key_vt(k), value])
-
-        return LazyIteratorVariable("tuple", pull, True)
+        return DictIteratorVariable(d, view)
     kind = "deque" if isinstance(v, DequeVariable) else "tuple"
     return ListIteratorVariable(v.iterate(tx), kind)
+
+
+# Note [Dict iterators that leave the frame]: a dict iterator the frame made (`iter(d.values())`,
+# `iter(d.items())`, `iter(d)`, a for-loop's) reads each value at its step in eager, after the frame
+# too, and raises RuntimeError at the next step once the dict's size has changed. Rebuilt over a
+# copy of the items it had left at the frame's exit, the next call read a value set in between
+# with its old value, and a key added in between raised nothing (a stale answer; the eighteenth
+# session's staleness sweep). CPython's dict iterators have no `__setstate__`, so one that leaves
+# unfinished is rebuilt over the dict itself (the outside one, or the frame's one rebuild of it,
+# Note [One object, one rebuild]) and advanced by the steps it took (`dict_iterator_at`): its
+# next item, the values it reads and its size check are then eager's. That is exact when the dict
+# holds, at the exit, the keys the iterator started over, in that order (checked while tracing;
+# an outside dict's keys are guarded): anything else (a key added, removed or moved by the frame
+# after the iterator was made, on which eager raises or skips) is a break. An exhausted one
+# leaves as an empty iterator of its type. Not modelled: eager's iterator keeps a position in
+# the dict's entry table, which a resize (an insertion between calls that keeps the size, after
+# a deletion) moves under it; the rebuild's position is the same logical one, not the same slot.
+class DictIteratorVariable(LazyIteratorVariable):
+    """`iter` of a dict or of its keys/values/items view, made in the frame: each value read at
+    its step (Note [Lazy iterators]), rebuilt over the live dict when it leaves unfinished
+    (Note [Dict iterators that leave the frame])."""
+
+    def __init__(self, d: Any, view: str) -> None:
+        self.d = d
+        self.view = view
+        self.order = list(d._items)
+        self.pos = 0
+        super().__init__("tuple", self._pull, True, [d], self._rebuild, live=True)
+
+    def _base(self) -> type:
+        """The class whose view method eager's iterator came from (a dict subclass that does not
+        override it iterates as dict does)."""
+        return collections.OrderedDict if issubclass(self.d.user_cls, collections.OrderedDict) else dict
+
+    def python_type(self) -> type:
+        return type(iter(getattr(self._base()(), self.view)()))
+
+    def describe(self) -> str:
+        return f"dict {self.view} iterator"
+
+    def _pull(self, tx: Tx) -> VT | None:
+        from kiln_dynamo.variables.dicts import key_vt
+
+        if len(self.d._items) != len(self.order):
+            raise Unsupported("a dict changed size during iteration (RuntimeError in eager)")
+        if self.pos >= len(self.order):
+            return None
+        k = self.order[self.pos]
+        if k not in self.d._items:
+            raise Unsupported("a dict's keys changed during iteration")
+        self.pos += 1
+        if self.view == "keys":
+            return key_vt(k)
+        value = self.d.entry(k)
+        return value if self.view == "values" else TupleVariable([key_vt(k), value])
+
+    def _rebuild(self, cg: Reconstructor) -> str:
+        if list(self.d._items) != self.order:
+            raise Unsupported(
+                "a dict iterator made in the frame leaves it unfinished over a dict whose keys changed"
+                " after it was made"
+            )
+        view = f"{cg.const(self._base())}.{self.view}"
+        return f"{cg.const(dict_iterator_at)}({view}, {self.d.reconstruct(cg)}, {self.pos})"
+
+    def reconstruct(self, cg: Reconstructor) -> str:
+        bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
+        if bound is not None:
+            return bound
+        if self._exact():
+            return self._rebuild(cg)
+        if self.ended and self.index >= len(self._items):  # exhausted: an empty one of its type
+            return f"{cg.const(iter)}({cg.const(self._base())}().{self.view}())"
+        raise Unsupported("a dict iterator made in the frame leaves it unfinished after its rest was read")
+
+
+def dict_iterator_at(view: Callable[[Any], Any], d: Any, steps: int) -> Any:
+    """`iter(view(d))` advanced by `steps` (Note [Dict iterators that leave the frame])."""
+    it = iter(view(d))
+    for _ in range(steps):
+        next(it)
+    return it
 
 
 # Note [Iterators over a dict from outside]: a frame can receive a live iterator over a dict or
