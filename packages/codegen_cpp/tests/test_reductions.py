@@ -365,6 +365,16 @@ def test_biased_safe_softmax_gathers_once_a_pass(
         compiled(x, bad, table)
 
 
+def _decomposed_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+    """aotgrad's decomposition of native_layer_norm: var and mean of the same (upcast) rows."""
+    xf = aten._to_copy.default(x, dtype=torch.float32)
+    var = aten.var.correction(xf, [1], correction=0, keepdim=True)
+    mean = aten.mean.dim(xf, [1], True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+    out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd), w), b)
+    return aten._to_copy.default(out, dtype=x.dtype), mean, rstd
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shifted", [True, False])
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
@@ -380,16 +390,7 @@ def test_layer_norm_of_offset_rows_is_as_accurate_as_eager(
     x = (offset + torch.randn(64, n, dtype=torch.float64)).to(dtype)
     w, b = torch.randn(n).to(dtype), torch.randn(n).to(dtype)
 
-    def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
-        # aotgrad's decomposition of native_layer_norm: var and mean of the same (upcast) rows
-        xf = aten._to_copy.default(x, dtype=torch.float32)
-        var = aten.var.correction(xf, [1], correction=0, keepdim=True)
-        mean = aten.mean.dim(xf, [1], True)
-        rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
-        out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd), w), b)
-        return aten._to_copy.default(out, dtype=x.dtype), mean, rstd
-
-    gm = with_vals(layer_norm, x, w, b)
+    gm = with_vals(_decomposed_layer_norm, x, w, b)
     backend = CppBackend(options={"shifted_welford": shifted})
     compiled = compile_graph(gm, [x, w, b], backend=backend)
     source = backend.last_source
@@ -496,16 +497,7 @@ def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, want: int) -> No
     x = make((5, n), dtype, low=-2.0, high=2.0)
     w, b = make((n,), dtype), make((n,), dtype)
 
-    def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
-        # aotgrad's decomposition, as in test_layer_norm_of_offset_rows_is_as_accurate_as_eager
-        xf = aten._to_copy.default(x, dtype=torch.float32)
-        var = aten.var.correction(xf, [1], correction=0, keepdim=True)
-        mean = aten.mean.dim(xf, [1], True)
-        rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
-        out = aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd), w), b)
-        return aten._to_copy.default(out, dtype=x.dtype), mean, rstd
-
-    gm = with_vals(layer_norm, x, w, b)
+    gm = with_vals(_decomposed_layer_norm, x, w, b)
     backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16})
     compiled = compile_graph(gm, [x, w, b], backend=backend)
     lanes = want if narrow else 8

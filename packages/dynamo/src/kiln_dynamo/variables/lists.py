@@ -640,6 +640,14 @@ def is_live(it: VT) -> bool:
     return isinstance(it, ListIteratorVariable) and it.over is not None and not it.ended
 
 
+def _drain(it: ListIteratorVariable, tx: Tx) -> list[VT]:
+    """Every item `it.next` has left, pulled one by one (each pull may run traced code)."""
+    out = []
+    while (item := it.next(tx)) is not None:
+        out.append(item)
+    return out
+
+
 class LazyIteratorVariable(ListIteratorVariable):
     """An iterator computed item by item as its consumer asks (Note [Lazy iterators]). `parts`
     are the iterators it pulls from; `rebuild` renders it exactly over their rebuilds, where
@@ -691,10 +699,7 @@ class LazyIteratorVariable(ListIteratorVariable):
         return item
 
     def iterate(self, tx: Tx) -> list[VT]:
-        out = []
-        while (item := self.next(tx)) is not None:
-            out.append(item)
-        return out
+        return _drain(self, tx)
 
     @property
     def items(self) -> list[VT]:
@@ -961,10 +966,7 @@ class IsliceCountVariable(ListIteratorVariable):
         return item
 
     def iterate(self, tx: Tx) -> list[VT]:
-        out = []
-        while (item := self.next(tx)) is not None:
-            out.append(item)
-        return out
+        return _drain(self, tx)
 
     def reconstruct(self, cg: Reconstructor) -> str:
         bound = cg.bound(self)  # Note [One object, one rebuild] in codegen.py
