@@ -152,6 +152,8 @@ def tests_e2e(session: nox.Session) -> None:
     try:
         _install_packages(session, _sibling_closure("bench"))
         session.run("pytest", "-q", str(ROOT / "tests" / "e2e"), *session.posargs)
+        # dynamo's transformers ModelOutput cases: its own session has no transformers, this one does.
+        session.run("pytest", "-q", str(PACKAGES_DIR / "dynamo" / "tests" / "test_model_output.py"))
     finally:
         _free_virtualenv(session)
 
