@@ -346,6 +346,19 @@ def test_recompile_log_says_which_dim_went_dynamic(caplog: pytest.LogCaptureFixt
     assert any("marking L['x'].size(0) dynamic: 2 != 3" in m for m in lines), lines
 
 
+def test_recompile_log_names_an_int_argument_by_itself(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    def f(x: torch.Tensor, n: int) -> torch.Tensor:
+        return x * n
+
+    with caplog.at_level(logging.INFO, logger="kiln.dynamo.recompiles"):
+        run_sizes(f, lambda n: (torch.randn(4), n), [2, 3])
+    lines = [r.getMessage() for r in caplog.records if r.name == "kiln.dynamo.recompiles"]
+    assert any("marking L['n'] dynamic: 2 != 3" in m for m in lines), lines
+    assert not any("L['n'].size" in m for m in lines), lines
+
+
 def test_guard_soundness_fuzz() -> None:
     """Random sizes around 0, 1, 2 and equal/unequal pairs: a compiled answer is always eager's."""
 

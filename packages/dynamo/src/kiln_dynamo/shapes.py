@@ -144,8 +144,9 @@ class FrameState:
     # counter, which takes a new value every call (Note [Loop body pieces] in loop_pieces.py)
     dynamic_ints: frozenset[str] = frozenset()
 
-    def merge(self, name: str, sizes: tuple[int, ...]) -> set[int]:
-        """Record `sizes` for `name`; the dims whose size has differed at some capture."""
+    def merge(self, name: str, sizes: tuple[int, ...], scalar: bool = False) -> set[int]:
+        """Record `sizes` for `name`; the dims whose size has differed at some capture. `scalar`:
+        `name` is an int argument, recorded as a one-element tuple and logged by its own name."""
         old = self.sizes.get(name, ())
         if name not in self.sizes:
             self.sizes[name] = sizes
@@ -157,8 +158,9 @@ class FrameState:
         for d, (a, b) in enumerate(zip(old, sizes, strict=True)):
             if a is not None and a != b:
                 # KILN_LOG=recompiles tells why the new entry is dynamic; =dynamic too
+                what = name if scalar else f"{name}.size({d})"
                 for logger in (recompiles_log, log):
-                    logger.info("automatic dynamic: marking %s.size(%d) dynamic: %s != %s", name, d, a, b)
+                    logger.info("automatic dynamic: marking %s dynamic: %s != %s", what, a, b)
         self.sizes[name] = merged
         return {d for d, v in enumerate(merged) if v is None}
 
@@ -273,7 +275,8 @@ class ShapeContext:
         changed = False
         if self.state is not None and self.mode is None:
             changed = (
-                bool(self.state.merge(source.name(), (value,))) or source.name() in self.state.dynamic_ints
+                bool(self.state.merge(source.name(), (value,), scalar=True))
+                or source.name() in self.state.dynamic_ints
             )
         if self.mode is not True and not changed:
             return None
