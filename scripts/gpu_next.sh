@@ -5,6 +5,7 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Nineteenth session (t5mask19): no device time (loans paused). Add call19 (T5's 5.17 mask kernel, issue 15) after call18.
 # Eighteenth session: no device time (no machine was lent). Next, unchanged: call18 FIRST, then call2 — it now also
 #   measures loopir's kernel order (Note [Kernels placed where they are first needed], option late_placement: every
 #   backend's kernels move to just before their first reader; compare kiln against kiln:default:late_placement=False
@@ -164,6 +165,28 @@ PY
       timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py 2>&1 | tail -2
       bench pool-values 120 --dtype bfloat16 --modes inference --models cnn,resnet --repeats 10 --profile --profile-calls 2 \
         --backends kiln,kiln::pool_values_max=False | grep -E "^(cnn|resnet) |bandwidth" ;;
+    call19)  # nineteenth session: T5's position-bias mask kernel under the H200's transformers 5.17 (issue 15; it ran
+      # at a fifth of copy bandwidth, 61 us), rows taken (b, l, h) (Note [Gathers along a row walk the rows]): the
+      # kernel's time with the switch on and off (triton_per_fused__to_copy_abs_add_any_arange_clone_5 and the
+      # decoder's triton_per_fused_add_any_arange_clone_embedding_eq_*), and the test on CUDA
+      python3 -c "import transformers; print('transformers', transformers.__version__)"
+      timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_reductions.py \
+        -k "gathers_along or strided_both" 2>&1 | tail -2
+      bench t5-gathers 150 --dtype bfloat16 --modes inference --models t5 --repeats 15 --profile --profile-calls 3 \
+        --backends kiln,kiln::triton.reorder_gathers=False
+      python3 - "$out/t5-gathers.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    p = r["extra"].get("profile") or {}
+    print(r["backend"], "ms", r["compiled_ms"])
+    for k in p.get("top", []):
+        if "any_arange" in k["name"]:
+            print("   top:", k["name"], round(k["ms_per_call"] * 1e3, 1), "us/call")
+    for name, mb, us, share in (p.get("bandwidth") or {}).get("slowest", []):
+        if "any_arange" in name:
+            print("   bandwidth:", name, round(mb), "MB", round(us, 1), "us", f"{share:.0%} of copy")
+PY
+      ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln

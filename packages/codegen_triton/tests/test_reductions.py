@@ -135,6 +135,40 @@ def test_rows_strided_both_ways_are_taken_in_memory_order(reorder: bool, device:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reorder", [True, False])
+def test_gathers_along_the_row_take_their_column_as_the_rows(reorder: bool, device: str) -> None:
+    """Note [Gathers along a row walk the rows]: T5's mask under transformers 5.17, the embedding
+    lookup of the position bias fused into the densified mask and its ``all(== -inf)``: rows taken
+    ``(b, l, h)``, so the gather steps by 1 along a program's rows and the bucket input is one row
+    for the heads of a program; values as eager's (a head excluded everywhere, one bucket excluded)."""
+    b, h, length = 2, 3, 40
+
+    def fn(bucket: torch.Tensor, weight: torch.Tensor, keep: torch.Tensor) -> Any:
+        values = aten.embedding.default(weight, bucket)  # [L, S, H]
+        bias = aten.unsqueeze.default(aten.permute.default(values, [2, 0, 1]), 0)  # [1, H, L, S]
+        keep4 = aten.expand.default(keep, [b, 1, length, length])
+        mask = aten.where.self(keep4, bias, aten.scalar_tensor.default(-1e30))
+        dense = aten.clone.default(mask, memory_format=torch.contiguous_format)
+        return dense, aten.all.dim(aten.eq.Scalar(mask, float("-inf")), -1, True)
+
+    gen = torch.Generator().manual_seed(0)
+    bucket = torch.randint(0, 7, (length, length), generator=gen)
+    weight = make((7, h))
+    weight[:, 1] = float("-inf")  # head 1: every row excluded everywhere
+    weight[4, 2] = float("-inf")  # one bucket of head 2
+    keep = torch.rand(b, 1, 1, length, generator=gen) > 0.3
+    keep[0] = True  # batch 0: head 1's rows are -inf everywhere
+    excluded = fn(bucket, weight, keep)[1]
+    assert excluded[0, 1].all() and not excluded[1].any() and not excluded[:, 2].any()
+    backend = check(fn, bucket, weight, keep, device=device, backend=TritonBackend(reorder_gathers=reorder))
+    spec = next(s for s in backend.last_specs if s.kind == "persistent")
+    assert spec.reordered == reorder and not spec.outer
+    gather = next(line for line in spec.source.splitlines() if "tl.load(p_weight" in line)
+    # in logical order the head is the middle digit, (xindex // 40) % 3; reordered, the last
+    assert ("(xindex % 3)" in gather) == reorder, gather
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_full_reduction_and_epilogue(device: str) -> None:
     def fn(x: torch.Tensor, y: torch.Tensor) -> Any:
         total = aten.sum.default(aten.mul.Tensor(x, y))  # prologue fused into the reduction

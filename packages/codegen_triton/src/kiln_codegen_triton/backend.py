@@ -104,6 +104,7 @@ TRITON_OPTIONS = {
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
+    "reorder_gathers": bool,  # Note [Gathers along a row walk the rows] in kernel.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -134,6 +135,7 @@ class TritonBackend(Backend):
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
         reorder_reductions: bool = True,
+        reorder_gathers: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -155,6 +157,7 @@ class TritonBackend(Backend):
         self.max_persistent_rblock = max_persistent_rblock
         self.allow_tiling = allow_tiling
         self.reorder_reductions = reorder_reductions
+        self.reorder_gathers = reorder_gathers
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -486,6 +489,7 @@ class TritonBackend(Backend):
             "max_persistent_rblock": self.max_persistent_rblock,
             "allow_tiling": self.allow_tiling,
             "reorder_reductions": self.reorder_reductions,
+            "reorder_gathers": self.reorder_gathers,
         }
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)

@@ -928,6 +928,7 @@ def build_kernel(
     max_persistent_rblock: int = 4096,
     allow_tiling: bool = True,
     reorder_reductions: bool = True,
+    reorder_gathers: bool = True,
 ) -> KernelSpec:
     """Generate the kernel for one scheduler node's members, choosing how to block it.
 
@@ -976,6 +977,19 @@ def build_kernel(
                         "%s: rows taken in dim order %s (Note [Reductions walk their reads' memory order])",
                         name.replace("{kind}", "*"),
                         candidate,
+                    )
+                    break
+        if reorder_gathers and order is None and (gathers := _row_gathers(g)):
+            for candidate in _reduction_orders(members, xsizes, rsizes):
+                spec2, g2 = gen(Plan("persistent", nx, 1, nr, order=candidate))
+                if all(_unit(e, XINDEX) for e in _row_gathers(g2)):
+                    spec, g, order = spec2, g2, candidate
+                    log.debug(
+                        "%s: rows taken in dim order %s: %d gather(s) along the row walk the rows "
+                        "(Note [Gathers along a row walk the rows])",
+                        name.replace("{kind}", "*"),
+                        candidate,
+                        len(gathers),
                     )
                     break
         if not isinstance(nr, int):
@@ -1064,6 +1078,35 @@ def _with_outer(spec: KernelSpec, outer: bool, reordered: bool = False) -> Kerne
     from dataclasses import replace
 
     return replace(spec, outer=outer, reordered=reordered)
+
+
+def _row_gathers(g: _Generator) -> list[sympy.Expr]:
+    """Note [Gathers along a row walk the rows]: T5's position-bias mask (transformers 5.17, where
+    the bias reaches SDPA's mask without a ``contiguous()``) is one persistent reduction over rows
+    ``(b, h, l)`` of ``S`` (the dense mask written, ``all(mask == -inf)`` reduced, Note [Attention
+    masks read across their rows] in kiln_loopir), and the bias is no buffer: the embedding lookup
+    is fused, so each element computes its bucket from an int64 ``[L, S]`` input and gathers
+    ``weight[bucket, h]`` from the ``[32, H]`` table at ``H * bucket + h``. In logical order a
+    program's rows are ``(b, h, l), (b, h, l + 1)``: every one of the ``B * H * L`` rows loads its
+    own row of the bucket input, 8 bytes per 2-byte element written, so the ``[L, S]`` input is
+    read ``B * H`` times over from L2 (201 MB for a 50 MB mask at the H200's batch 8, sequence 512,
+    12 heads; the H200 ran the kernel at a fifth of copy bandwidth), while the gather's address
+    jumps by ``H`` times a data-dependent step along the row. Taking the x digits with the dim the
+    gather's address holds with step 1 (``h``) innermost, as in Note [Reductions walk their
+    reads' memory order], puts the heads of one ``(b, l)`` in one program's rows: the gather steps
+    by 1 along the rows, and everything the bucket is computed from is the same for a program's
+    rows, so a 16-row program reads 2 rows of the bucket input (the rest are L1 hits) where 16
+    programs read 16, and the stores stay along the row. What Triton emits for the gather itself
+    is the same either way (its lanes lie along the row: the index is a loaded value, so no
+    contiguity is known across rows); the table is 768 bytes and stays in L1. The gathers here:
+    loads whose address holds an indirect index that varies along the row. Taken only when every
+    such gather then steps by 1 along the rows, and never together with that Note's reorder.
+    Switch: ``triton_options={"reorder_gathers": False}``."""
+    return [
+        e
+        for _, e, store in g.accesses
+        if not store and any("r" in g.sym_axes.get(s, frozenset()) for s in e.free_symbols)
+    ]
 
 
 def _reduction_orders(
