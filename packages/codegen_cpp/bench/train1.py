@@ -42,7 +42,7 @@ from torch import nn  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln_bench import accuracy  # noqa: E402
-from kiln_bench.models import Workload, loss_of  # noqa: E402
+from kiln_bench.models import MODEL_NAMES, Workload, build, loss_of  # noqa: E402
 
 CPP_ENV = "KILN_CPP_OPTIONS"
 B, SEQ, H, LAYERS, HEADS, FFN, VOCAB, IMAGE, CLASSES = 2, 128, 256, 2, 4, 1024, 1024, 64, 10
@@ -223,6 +223,9 @@ MODELS: dict[str, Callable[[], Workload]] = {
         classifier_dropout_prob=0.0,
     ),
 }
+# the public suite's models too, as ``suite.<name>`` (kiln_bench's builders, CPU size), so that
+# kernel_time.py and train_diff.py can take them apart
+MODELS.update({f"suite.{n}": (lambda n=n: build(n, "cpu")) for n in MODEL_NAMES})
 
 
 def _step(w: Workload, fn: Callable[..., Any], model: nn.Module | None = None) -> list[torch.Tensor]:
@@ -334,7 +337,7 @@ def _parse_options(text: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(n for n in MODELS if not n.startswith("suite.")))
     parser.add_argument("--backends", default="eager,kiln")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=20)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from typing import Any
 
 import pytest
@@ -514,3 +515,38 @@ def test_narrow_lanes_bytes() -> None:
     compiled = compile_graph(gm, [x], backend=backend)
     assert "for (int l = 0; l < 32; ++l)" in backend.last_source
     assert_outputs(compiled(x), eager(gm, x), None, 1.0)
+
+
+def _embedded_rms_norm(ids: torch.Tensor, table: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> Any:
+    # Llama's first RMSNorm: an embedding row (one index per token) plus the residual, normalised
+    h = aten.add.Tensor(aten.embedding.default(table, ids), r)
+    rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(aten.mul.Tensor(h, h), [-1], True), 1e-6))
+    return aten.mul.Tensor(w, aten.mul.Tensor(h, rstd)), h
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+@pytest.mark.parametrize("width", [256, 100])
+def test_row_invariant_index_before_the_row_loops(
+    hoist: bool, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Row-invariant values before the row loops]: the token's embedding index (and its
+    check) is made once per row, before each pass's loops; the row's loads through it stay in
+    the lane loop. Results match eager, and a bad index still raises."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"hoist_row_invariant={int(hoist)}")
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (2, 8), generator=g)
+    table, r, w = make((50, width)), make((2, 8, width)), make((width,))
+    compiled = check(_embedded_rms_norm, ids, table, r, w)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    kernel = source[source.index('extern "C" int64_t cpp_fused') :]
+    kernel = kernel[: kernel.index("\n}\n")]
+    serial = kernel[kernel.rindex("} else {") :] if "} else {" in kernel else kernel
+    indices = list(dict.fromkeys(re.findall(r"int64_t (ind\d+) = ", serial)))
+    assert len(indices) == 2  # one a pass: the sum of squares, the normalisation
+    # inside a lane loop: after its pragma with no closing brace between
+    inside = [re.search(rf"#pragma omp simd[^}}]*int64_t {i} = ", serial) is not None for i in indices]
+    assert inside == [not hoist] * 2
+    bad = ids.clone()
+    bad[1, 5] = 50
+    with pytest.raises(IndexError):
+        compiled(bad, table, r, w)

@@ -61,6 +61,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   (bfloat16, float16, bool, int8) takes 32 or 16 lanes, one 256-bit vector of them, so GCC does
   not fall back to 16-byte vectors for the whole loop (Note [Lanes cover a vector of the narrowest
   type] in kernel.py). Off: the lanes of ``reduction_lanes`` and its exceptions.
+* ``hoist_row_invariant``: in a row reduction's loops over a static row, the values and indirect
+  indices that no reduced position changes (an embedding row's index, read per token) are
+  computed once per row before the loops, so the row's loads through them are contiguous vector
+  loads, not gathers (Note [Row-invariant values before the row loops] in kernel.py); off: they
+  stay in the lane loop, as before.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -109,6 +114,7 @@ class CppOptions:
     select_minmax: bool = True
     reduction_lanes: int = 16
     narrow_lanes: bool = True
+    hoist_row_invariant: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
