@@ -197,3 +197,39 @@ def test_hfft_of_a_real_input_traces_its_backward(kwargs: dict[str, Any]) -> Non
     """The backward of `fft.hfft` of a real input took `view_as_real` of a conjugate gradient:
     the meta tensor had the bit the fake wrapper lacked, and the trace raised."""
     check(lambda x: torch.fft.hfft(x, **kwargs), torch.randn(5, 6, 7, requires_grad=True), atol=1e-4)
+
+
+def test_view_of_an_offset_input_that_requires_grad_keeps_its_offset() -> None:
+    # Note [Offsets of views of inputs that require grad] (joint.py): found by kiln's
+    # test_alias_fuzz.py; the view started at the storage's first element, not the input's
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(7, 3)[1:].requires_grad_()
+    out = compiled(x)
+    assert out.storage_offset() == x.storage_offset() == 3
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, f(x))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(g, torch.ones_like(x))
+
+
+def test_write_into_one_row_of_an_expanded_input_runs_eagerly() -> None:
+    # Note [Mutated inputs that share memory] (api.py): eager writes the expanded rows' shared
+    # memory once; a write-back of the whole functional value into the expanded input fails
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.add_(2.0)
+        x[1] *= 2
+        return x + y
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base_e, base_c = torch.randn(1, 4), torch.randn(1, 4)
+    base_c.copy_(base_e)
+    ye, yc = torch.randn(2, 4), torch.zeros(2, 4)
+    yc.copy_(ye)
+    out_e = f(base_e.expand(2, 4), ye)
+    out_c = compiled(base_c.expand(2, 4), yc)
+    torch.testing.assert_close(out_c, out_e)
+    torch.testing.assert_close(base_c, base_e)
+    torch.testing.assert_close(yc, ye)

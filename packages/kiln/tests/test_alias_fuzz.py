@@ -36,7 +36,7 @@ from alias_compare import aliasing, compare_inputs, compare_outputs, grads
 if __name__ == "__main__" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Note [Triton's interpreter is process-wide]
 
-import kiln  # noqa: E402
+import kiln
 
 
 @dataclass
@@ -79,7 +79,11 @@ SIZES = (1, 2, 3, 4, 5, 6)
 def _maker(r: random.Random, grad: bool) -> str:
     nd = r.choice((1, 2, 2, 2, 3))
     shape = [r.choice(SIZES[1:]) for _ in range(nd)]
-    kind = r.choice(("plain", "plain", "t", "step", "offset", "expand")) if nd >= 2 else r.choice(("plain", "step"))
+    kind = (
+        r.choice(("plain", "plain", "t", "step", "offset", "expand"))
+        if nd >= 2
+        else r.choice(("plain", "step"))
+    )
     if kind == "t":
         expr = f"torch.randn({', '.join(map(str, shape[::-1]))}, generator=g).transpose(0, {nd - 1})"
     elif kind == "step":
@@ -91,7 +95,7 @@ def _maker(r: random.Random, grad: bool) -> str:
         s[0] += 1
         expr = f"torch.randn({', '.join(map(str, s))}, generator=g)[1:]"
     elif kind == "expand" and not grad:
-        s = [1] + shape[1:]
+        s = [1, *shape[1:]]
         expr = f"torch.randn({', '.join(map(str, s))}, generator=g).expand({', '.join(map(str, shape))})"
     else:
         expr = f"torch.randn({', '.join(map(str, shape))}, generator=g)"
@@ -301,7 +305,7 @@ class _Gen:
         try:
             with torch.no_grad() if ng else _nullctx():
                 exec(stmt, self.env)
-        except Exception as e:  # noqa: BLE001 - eager's verdict on the candidate
+        except Exception as e:
             return e
         return None
 
@@ -419,23 +423,25 @@ def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
     for call in range(2):
         try:
             oe = fe(*ae)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             try:
                 comp(*ac)
-            except Exception as e2:  # noqa: BLE001
+            except Exception as e2:
                 if type(e2) is not type(e):
                     return f"call {call}: eager raised {type(e).__name__}: {e}\nkiln raised {type(e2).__name__}: {e2}"
                 return None
             return f"call {call}: eager raised {type(e).__name__}: {e}\nkiln did not raise"
         try:
             oc = comp(*ac)
-        except Exception:  # noqa: BLE001
+        except Exception:
             return f"call {call}: kiln raised, eager did not:\n{traceback.format_exc()}"
         try:
             compare_outputs(oe, oc, ae + be())
             compare_inputs(ae + be(), ac + bc(), names)
             ale, alc = aliasing(oe, ae + be()), aliasing(oc, ac + bc())
-            assert alc == ale, f"aliasing {[x for x in alc if x not in ale]} != eager {[x for x in ale if x not in alc]}"
+            assert alc == ale, (
+                f"aliasing {[x for x in alc if x not in ale]} != eager {[x for x in ale if x not in alc]}"
+            )
         except AssertionError as e:
             return f"call {call}: {e}"
         wrt_e = [a for a in ae if a.requires_grad and a.is_leaf]
@@ -497,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             print(p.source)
         try:
             msg = check(p, dyn, a.backend)
-        except Exception:  # noqa: BLE001 - the harness itself must not stop a long run
+        except Exception:
             msg = "harness: " + traceback.format_exc()
         if msg:
             bad += 1

@@ -226,3 +226,31 @@ def test_mutation_and_aliasing_match_eager(f, spec, dynamic) -> None:
                 sum(e.sum() for e in fc if isinstance(e, torch.Tensor) and e.requires_grad), ac
             )
             torch.testing.assert_close(gc, ge)
+
+
+def _written_under_no_grad_then_untraceable(x0, b1):
+    with torch.no_grad():
+        x0.add_(2)
+    t6, _ = b1.chunk(2, 2)
+    t6.masked_fill_(x0[2] > 0, 3.0)  # a write through a split of a non-contiguous tensor
+    return t6
+
+
+def test_a_graph_that_fails_to_compile_writes_its_inputs_once() -> None:
+    """Found by test_alias_fuzz.py (seed 6): when aotgrad failed to compile the graph, the
+    fallback ran the captured graph eagerly to see whether eager fails too, then ran it again for
+    the result: `x0.add_(2)` was applied twice."""
+
+    def mk():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(8, generator=g)[::2].requires_grad_(), torch.randn(5, 6, 3, generator=g).transpose(
+            0, 2
+        )
+
+    ae, ac = mk(), mk()
+    f = _written_under_no_grad_then_untraceable
+    with pytest.warns(RuntimeWarning):
+        oc = kiln.compile(f)(*ac)
+    oe = f(*ae)
+    torch.testing.assert_close(oc, oe)
+    torch.testing.assert_close(ac, ae)

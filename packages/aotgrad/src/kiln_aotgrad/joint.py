@@ -279,8 +279,18 @@ def trace(
                 layout = symbolic_view_layout(t, visible, j)
                 infos.append(OutputInfo("input_view", j, layout=layout))
             else:
+                # Note [Offsets of views of inputs that require grad]: such an input is traced
+                # through a clone (`seen`), which starts at offset 0 of its own storage, while the
+                # real input may start further in (`x[1:]`): the view's offset is taken relative
+                # to the traced input's and moved to the real input's (`_assemble` uses absolute
+                # offsets), else `x[1:].requires_grad_().view(-1)` viewed the storage's start.
+                start = leaves[j].storage_offset() - visible[j].storage_offset()
+                if is_symbolic(start):
+                    layout = symbolic_view_layout(t, visible, j)
+                    infos.append(OutputInfo("input_view", j, layout=layout))
+                    continue
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
-                infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
+                infos.append(OutputInfo("input_view", j, size, stride, offset + int(start), views=views))
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):

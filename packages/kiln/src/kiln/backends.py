@@ -219,15 +219,17 @@ class _FirstCallFallback:
                 return self._first_run_failed(exc, args)
             # a later call: if eager fails on these arguments too, the error is the user's (a
             # run-time assertion, Note [Extern calls kept for their effect] in kiln_loopir):
-            # eager's exception, and the compiled code stays in use for the next call
+            # eager's exception, and the compiled code stays in use for the next call. Eager's
+            # run is this call's result: running the graph again would apply its in-place writes
+            # to the inputs twice (Note [Run-time fallback])
             try:
-                self.gm.forward(*args)
+                result = self.gm.forward(*args)
             except Exception as eager_exc:
                 raise eager_exc from exc
             self.fallback = _fallback(
                 self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
             )
-            return self.fallback(*args)
+            return result
 
     def _first_run_failed(self, exc: Exception, args: tuple[Any, ...]) -> Any:
         """Note [Run-time fallback]: the compiled code failed on the call that compiled it.
