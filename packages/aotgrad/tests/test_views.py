@@ -233,3 +233,22 @@ def test_write_into_one_row_of_an_expanded_input_runs_eagerly() -> None:
     torch.testing.assert_close(out_c, out_e)
     torch.testing.assert_close(base_c, base_e)
     torch.testing.assert_close(yc, ye)
+
+
+def test_view_of_an_input_taken_under_no_grad_passes_no_gradient() -> None:
+    # Note [Views taken under no_grad] (joint.py): found by kiln's test_alias_fuzz.py; the view
+    # was rebuilt in grad mode and the input got the gradient of `v` that eager does not give
+    def f(x: torch.Tensor) -> Any:
+        with torch.no_grad():
+            v = x.view(1, 18)
+        return [x, v]
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(3, 6, requires_grad=True)
+    out_e, out_c = f(x), compiled(x)
+    assert [o.requires_grad for o in out_c] == [o.requires_grad for o in out_e] == [True, True]
+    assert out_c[1].grad_fn is None and out_e[1].grad_fn is None
+    assert out_c[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    (ge,) = torch.autograd.grad(out_e[0].sum() + out_e[1].sum(), x)
+    (gc,) = torch.autograd.grad(out_c[0].sum() + out_c[1].sum(), x)
+    torch.testing.assert_close(gc, ge)

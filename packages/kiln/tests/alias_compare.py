@@ -44,7 +44,9 @@ def _views_another(t: torch.Tensor, others: Sequence[torch.Tensor]) -> bool:
     (writes through one show in the other), where a view of an intermediate nobody else holds is
     as good as a fresh tensor."""
     ptr = t.untyped_storage().data_ptr()
-    return t.numel() > 0 and any(o is not t and o.untyped_storage().data_ptr() == ptr for o in others)
+    return t.numel() > 0 and any(
+        o is not t and o.numel() > 0 and o.untyped_storage().data_ptr() == ptr for o in others
+    )
 
 
 def _strides(t: torch.Tensor) -> tuple[int, ...]:

@@ -72,6 +72,9 @@ class OutputInfo:
     # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
     # (Note [Symbolic views among the outputs])
     layout: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
+    # "input_view" taken under `torch.no_grad()` of an input that requires grad: rebuilt under
+    # no_grad too (Note [Views taken under no_grad])
+    no_grad: bool = False
 
 
 @dataclass(slots=True)
@@ -269,6 +272,12 @@ def trace(
         lazy = any(step.func in PHYSICAL_VIEWS for step in tracer.chain_of(t))
         if rid in input_roots and not lazy:
             j = input_roots[rid]
+            # Note [Views taken under no_grad]: eager's view of an input that requires grad,
+            # taken under `torch.no_grad()`, requires grad but has no grad_fn: no gradient flows
+            # through it to the input. The traced fake view says so the same way; the runtime
+            # then rebuilds it under no_grad (it rebuilt it in grad mode: `x` got the gradient
+            # of `with torch.no_grad(): v = x.view(-1)` / `return v` that eager does not give)
+            ng = bool(t.requires_grad and t.grad_fn is None and t is not visible[j])
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
@@ -277,7 +286,7 @@ def trace(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(OutputInfo("input_view", j, layout=layout))
+                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng))
             else:
                 # Note [Offsets of views of inputs that require grad]: such an input is traced
                 # through a clone (`seen`), which starts at offset 0 of its own storage, while the
@@ -287,10 +296,12 @@ def trace(
                 start = leaves[j].storage_offset() - visible[j].storage_offset()
                 if is_symbolic(start):
                     layout = symbolic_view_layout(t, visible, j)
-                    infos.append(OutputInfo("input_view", j, layout=layout))
+                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng))
                     continue
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
-                infos.append(OutputInfo("input_view", j, size, stride, offset + int(start), views=views))
+                infos.append(
+                    OutputInfo("input_view", j, size, stride, offset + int(start), views=views, no_grad=ng)
+                )
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):

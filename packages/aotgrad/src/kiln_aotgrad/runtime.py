@@ -23,6 +23,7 @@ mutated input is cloned first, so the backward reads the value the forward saw.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.functionalize import SELF, ViewStep
-from kiln_aotgrad.joint import TraceMeta
+from kiln_aotgrad.joint import OutputInfo, TraceMeta
 from kiln_aotgrad.tracer import AotgradError
 
 Compiled = Callable[..., Any]
@@ -119,6 +120,14 @@ def _replay(views: Sequence[ViewStep], base: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    if info.views:  # Note [Views that change dtype]
+        return _replay(info.views, inputs[info.index])
+    if info.layout is not None:  # symbolic sizes (joint.py)
+        return inputs[info.index].as_strided(*info.layout(inputs))
+    return inputs[info.index].as_strided(info.size, info.stride, info.offset)
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = []
     for info in meta.outputs:
@@ -126,12 +135,11 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             flat.append(graph_outs[info.index])
         elif info.kind == "input":
             flat.append(inputs[info.index])
-        elif info.kind == "input_view" and info.views:  # Note [Views that change dtype]
-            flat.append(_replay(info.views, inputs[info.index]))
-        elif info.kind == "input_view" and info.layout is not None:  # symbolic sizes (joint.py)
-            flat.append(inputs[info.index].as_strided(*info.layout(inputs)))
         elif info.kind == "input_view":
-            flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
+            with (
+                torch.no_grad() if info.no_grad else contextlib.nullcontext()
+            ):  # Note [Views taken under no_grad]
+                flat.append(_input_view(info, inputs))
         elif info.kind == "output":
             flat.append(flat[info.index])
         elif info.kind == "output_view" and info.layout is not None:  # symbolic sizes (joint.py)
