@@ -252,3 +252,31 @@ def test_view_of_an_input_taken_under_no_grad_passes_no_gradient() -> None:
     (ge,) = torch.autograd.grad(out_e[0].sum() + out_e[1].sum(), x)
     (gc,) = torch.autograd.grad(out_c[0].sum() + out_c[1].sum(), x)
     torch.testing.assert_close(gc, ge)
+
+
+def _view_of_a_no_grad_view(x: torch.Tensor) -> Any:
+    with torch.no_grad():
+        v = x.view_as(x)
+    return v.unsqueeze(0).expand(2, *v.shape)
+
+
+def _detached_alias(x: torch.Tensor) -> Any:
+    with torch.no_grad():
+        d = x.detach()
+    return d.float()
+
+
+@pytest.mark.parametrize("f", [_view_of_a_no_grad_view, _detached_alias])
+def test_outputs_that_view_an_input_without_a_gradient_path(f: Any) -> None:
+    """Note [Views taken under no_grad]: a view taken in grad mode of a no_grad view reaches no
+    input (eager gives x no gradient), and a detached alias does not require grad."""
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(5, 6, requires_grad=True)
+    out_e, out_c = f(x), compiled(x)
+    assert out_c.requires_grad == out_e.requires_grad
+    assert out_c.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out_c, out_e)
+    if out_e.requires_grad:
+        (ge,) = torch.autograd.grad(out_e.sum(), x, allow_unused=True)
+        (gc,) = torch.autograd.grad(out_c.sum(), x, allow_unused=True)
+        assert ge is None and gc is None

@@ -130,7 +130,15 @@ class _Gen:
     def other(self, v: str) -> str:
         """A tensor or scalar broadcastable to v (for binary in-place ops)."""
         t = self.env[v]
-        cands = [w for w in self.tensors if w != v and _broadcasts_to(self.env[w].shape, t.shape)]
+        # not one that shares memory with v: eager reads such an operand while writing v, in
+        # its loop order, and refuses only the overlaps it can prove (`x.add_(x.diagonal())` on a
+        # strided x runs), where kiln, as torch.compile, reads the values from before the write
+        ptr = t.untyped_storage().data_ptr()
+        cands = [
+            w
+            for w in self.tensors
+            if self.env[w].untyped_storage().data_ptr() != ptr and _broadcasts_to(self.env[w].shape, t.shape)
+        ]
         if cands and self.r.random() < 0.6:
             return self.r.choice(cands)
         return repr(self.r.choice((0.5, 2.0, -1.0, 1.5)))

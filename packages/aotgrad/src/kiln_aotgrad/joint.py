@@ -72,9 +72,11 @@ class OutputInfo:
     # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
     # (Note [Symbolic views among the outputs])
     layout: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
-    # "input_view" taken under `torch.no_grad()` of an input that requires grad: rebuilt under
-    # no_grad too (Note [Views taken under no_grad])
+    # "input_view" through which no gradient reaches an input (taken under `torch.no_grad()`):
+    # rebuilt under no_grad; "input_view" of a detached alias: rebuilt on `input.detach()`
+    # (Note [Views taken under no_grad])
     no_grad: bool = False
+    detach: bool = False
 
 
 @dataclass(slots=True)
@@ -145,6 +147,20 @@ def _symbol_names(visible: list[Any]) -> dict[Any, str]:
                 note(n, f"a[{i}].stride({d})")
             note(v.storage_offset(), f"a[{i}].storage_offset()")
     return names
+
+
+def _reaches_a_leaf(t: torch.Tensor, leaf_ids: set[int]) -> bool:
+    """Whether `t`'s autograd graph leads to one of these leaves (a gradient of `t` reaches it)."""
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if id(getattr(fn, "variable", None)) in leaf_ids:
+            return True
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return False
 
 
 def symbolic_view_layout(
@@ -236,6 +252,7 @@ def trace(
             graph_vals.append(v)
 
     input_roots = {id(v): i for i, v in enumerate(visible)}
+    leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     infos: list[OutputInfo] = []
     first_by_root: dict[int, int] = {}
     first_by_obj: dict[int, int] = {}
@@ -273,11 +290,15 @@ def trace(
         if rid in input_roots and not lazy:
             j = input_roots[rid]
             # Note [Views taken under no_grad]: eager's view of an input that requires grad,
-            # taken under `torch.no_grad()`, requires grad but has no grad_fn: no gradient flows
-            # through it to the input. The traced fake view says so the same way; the runtime
-            # then rebuilds it under no_grad (it rebuilt it in grad mode: `x` got the gradient
-            # of `with torch.no_grad(): v = x.view(-1)` / `return v` that eager does not give)
-            ng = bool(t.requires_grad and t.grad_fn is None and t is not visible[j])
+            # taken under `torch.no_grad()`, requires grad but has no grad_fn, and a view of it
+            # taken later in grad mode has a grad_fn that stops there: no gradient flows through
+            # either to the input. The traced fake views have the same autograd graphs; when no
+            # path leads from one to an input's leaf, the runtime rebuilds it under no_grad (it
+            # rebuilt it in grad mode: `x` got the gradient of `with torch.no_grad(): v =
+            # x.view(-1)` / `return v` that eager does not give). A view that does not require
+            # grad of an input that does (`x.detach()`, `.data`) is rebuilt on `x.detach()`.
+            ng = bool(t.requires_grad and t is not visible[j] and not _reaches_a_leaf(t, leaf_ids))
+            dt = bool(want_training and not t.requires_grad and visible[j].requires_grad)
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
@@ -286,7 +307,7 @@ def trace(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng))
+                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
             else:
                 # Note [Offsets of views of inputs that require grad]: such an input is traced
                 # through a clone (`seen`), which starts at offset 0 of its own storage, while the
@@ -296,11 +317,13 @@ def trace(
                 start = leaves[j].storage_offset() - visible[j].storage_offset()
                 if is_symbolic(start):
                     layout = symbolic_view_layout(t, visible, j)
-                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng))
+                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
                 infos.append(
-                    OutputInfo("input_view", j, size, stride, offset + int(start), views=views, no_grad=ng)
+                    OutputInfo(
+                        "input_view", j, size, stride, offset + int(start), views=views, no_grad=ng, detach=dt
+                    )
                 )
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype

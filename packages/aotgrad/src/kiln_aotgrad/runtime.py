@@ -121,11 +121,14 @@ def _replay(views: Sequence[ViewStep], base: torch.Tensor) -> torch.Tensor:
 
 
 def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    base = (
+        inputs[info.index].detach() if info.detach else inputs[info.index]
+    )  # Note [Views taken under no_grad]
     if info.views:  # Note [Views that change dtype]
-        return _replay(info.views, inputs[info.index])
+        return _replay(info.views, base)
     if info.layout is not None:  # symbolic sizes (joint.py)
-        return inputs[info.index].as_strided(*info.layout(inputs))
-    return inputs[info.index].as_strided(info.size, info.stride, info.offset)
+        return base.as_strided(*info.layout(inputs))
+    return base.as_strided(info.size, info.stride, info.offset)
 
 
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
