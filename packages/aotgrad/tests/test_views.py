@@ -280,3 +280,24 @@ def test_outputs_that_view_an_input_without_a_gradient_path(f: Any) -> None:
         (ge,) = torch.autograd.grad(out_e.sum(), x, allow_unused=True)
         (gc,) = torch.autograd.grad(out_c.sum(), x, allow_unused=True)
         assert ge is None and gc is None
+
+
+def test_an_intermediate_returned_after_a_view_of_it_is_the_graph_output() -> None:
+    # Note [The root among the outputs first] (joint.py): found by kiln's test_alias_fuzz.py
+    def f(x0: torch.Tensor, x1: torch.Tensor) -> Any:
+        t1 = x0 * 1
+        t2 = t1.diagonal(-1, 1, 0)
+        x1.add_(t2)
+        return [t2, t1]
+
+    rec = Recorder()
+    compiled = kiln_aotgrad.aot_function(f, rec)
+    x0, x1 = torch.randn(8, 5, 4), torch.randn(4, 4)
+    y1 = x1.clone()
+    out_e, out_c = f(x0, x1), compiled(x0, y1)
+    torch.testing.assert_close(out_c, out_e)
+    torch.testing.assert_close(y1, x1)
+    assert out_c[0].untyped_storage().data_ptr() == out_c[1].untyped_storage().data_ptr()
+    (gm,) = rec.graphs
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert [o.target for o in outs] == [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor]

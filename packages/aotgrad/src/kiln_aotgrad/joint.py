@@ -252,6 +252,16 @@ def trace(
             graph_vals.append(v)
 
     input_roots = {id(v): i for i, v in enumerate(visible)}
+    # Note [The root among the outputs first]: outputs that view one intermediate are rebuilt as
+    # views of one graph output. When the intermediate itself is among the outputs it is that
+    # graph output, even behind a view of it (`return t.diagonal(), t`): a code generator may
+    # return a graph output that is a view as a copy of its elements (an extern view op whose
+    # offset it did not plan), and the intermediate rebuilt over such a copy read out of its
+    # bounds; the run-time fallback then ran the program again over inputs already written.
+    root_output: dict[int, int] = {}
+    for k, t in enumerate(flat_out):
+        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
+            root_output.setdefault(id(t), k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     infos: list[OutputInfo] = []
     first_by_root: dict[int, int] = {}
@@ -325,6 +335,16 @@ def trace(
                         "input_view", j, size, stride, offset + int(start), views=views, no_grad=ng, detach=dt
                     )
                 )
+            continue
+        later = root_output.get(rid, k)
+        if (
+            later > k
+            and not lazy
+            and flat_out[later].dtype == t.dtype
+            and not symbolic_layout
+            and not (want_training and t.requires_grad)
+        ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
+            infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):

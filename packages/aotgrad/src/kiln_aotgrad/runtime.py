@@ -23,7 +23,6 @@ mutated input is cloned first, so the backward reads the value the forward saw.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -132,27 +131,34 @@ def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tenso
 
 
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
-    flat: list[Any] = []
-    for info in meta.outputs:
+    flat: list[Any] = [None] * len(meta.outputs)
+    # outputs that are other outputs or their views come second: a view's base may follow it
+    # (Note [The root among the outputs first] in joint.py)
+    second: list[int] = []
+    for k, info in enumerate(meta.outputs):
         if info.kind == "graph":
-            flat.append(graph_outs[info.index])
+            flat[k] = graph_outs[info.index]
         elif info.kind == "input":
-            flat.append(inputs[info.index])
+            flat[k] = inputs[info.index]
+        elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
+            with torch.no_grad():
+                flat[k] = _input_view(info, inputs)
         elif info.kind == "input_view":
-            with (
-                torch.no_grad() if info.no_grad else contextlib.nullcontext()
-            ):  # Note [Views taken under no_grad]
-                flat.append(_input_view(info, inputs))
-        elif info.kind == "output":
-            flat.append(flat[info.index])
-        elif info.kind == "output_view" and info.layout is not None:  # symbolic sizes (joint.py)
+            flat[k] = _input_view(info, inputs)
+        elif info.kind in ("output", "output_view"):
+            second.append(k)
+        else:
+            flat[k] = info.value
+    for k in second:
+        info = meta.outputs[k]
+        if info.kind == "output":
+            flat[k] = flat[info.index]
+        elif info.layout is not None:  # symbolic sizes (joint.py)
             base = flat[info.index]
             size, stride, rel = info.layout(inputs)
-            flat.append(base.as_strided(size, stride, base.storage_offset() + rel))
-        elif info.kind == "output_view":
-            flat.append(flat[info.index].as_strided(info.size, info.stride, info.offset))
+            flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
         else:
-            flat.append(info.value)
+            flat[k] = flat[info.index].as_strided(info.size, info.stride, info.offset)
     return tree_unflatten(flat, meta.out_spec)
 
 
