@@ -29,9 +29,12 @@ def prog(*argspec):
 
 
 # argspec: functions producing fresh args from a generator seed
-def T(*shape, grad=False, nc=False):
+def T(*shape, grad=False, nc=False, step=False):
     def mk(g):
-        t = torch.randn(*shape, generator=g)
+        if step:  # every other element of a row: strided, its own leaf
+            t = torch.randn(*shape[:-1], 2 * shape[-1], generator=g)[..., ::2].detach()
+        else:
+            t = torch.randn(*shape, generator=g)
         if nc:
             t = t.t()
         return t.requires_grad_(grad) if grad else t
@@ -173,6 +176,31 @@ def grad_view_mut(x):
     v = y.view(16)
     v.add_(1)
     return y
+
+
+# found by test_alias_fuzz.py (Note [Views taken under no_grad], Note [The root among the outputs
+# first], the clone of a strided input that requires grad under dynamic=True)
+@prog(T(6, grad=True, step=True))
+def view_of_strided_grad_input(x):
+    with torch.no_grad():
+        x.clamp_(-0.5, 0.5)
+    return x.view(1, 6).expand(3, 6), x, torch.relu(x) @ x
+
+
+@prog(T(3, 6, grad=True))
+def views_without_a_gradient_path(x):
+    with torch.no_grad():
+        v = x.view(1, 18)
+        d = x.detach()
+    return x, v, v.unsqueeze(0).expand(2, 1, 18), d
+
+
+@prog(T(8, 5, 4), T(4, 4))
+def intermediate_after_its_view(x, y):
+    t = x * 1
+    d = t.diagonal(-1, 1, 0)
+    y.add_(d)
+    return d, t
 
 
 def struct(outs, args):

@@ -308,7 +308,27 @@ def trace(
             # x.view(-1)` / `return v` that eager does not give). A view that does not require
             # grad of an input that does (`x.detach()`, `.data`) is rebuilt on `x.detach()`.
             ng = bool(t.requires_grad and t is not visible[j] and not _reaches_a_leaf(t, leaf_ids))
-            dt = bool(want_training and not t.requires_grad and visible[j].requires_grad)
+            # (an inference trace made its leaves not require grad: there the chain says detach)
+            dt = bool(
+                getattr(inputs[j], "requires_grad", False)
+                and (
+                    not t.requires_grad
+                    if want_training
+                    else any(step.func is torch.ops.aten.detach.default for step in tracer.chain_of(t))
+                )
+            )
+            if (
+                t is not visible[j]
+                and visible[j] is not leaves[j]
+                and [expr_of(n) for n in visible[j].stride()] != [expr_of(n) for n in leaves[j].stride()]
+            ):
+                # an input that requires grad is traced through a clone, which has its
+                # strides only with static sizes (Note [A clone with its input's strides]):
+                # the view's layout, read off the clone, would not be the input's
+                raise AotgradError(
+                    "an output is a view of an input that requires grad, strided unlike its "
+                    "traced clone, with symbolic sizes"
+                )
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
