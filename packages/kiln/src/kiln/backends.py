@@ -193,6 +193,19 @@ class _FirstCallFallback:
         self.fallback: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
+        # Note [Grad mode after an exception]: a captured graph holds the user's `with
+        # torch.no_grad():` as `_set_grad_enabled` calls; run eagerly (a fallback, or aotgrad's
+        # run of a program whose written input shares memory), an exception between them left
+        # grad mode off for the rest of the process, where eager's `with` restores it. Found by
+        # test_alias_fuzz.py: a later, unrelated program then computed without autograd.
+        grad = torch.is_grad_enabled()
+        try:
+            return self._call(*args)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            raise
+
+    def _call(self, *args: Any) -> Any:
         if self.fallback is not None:
             return self.fallback(*args)
         signatures = getattr(self.compiled, "compiled", None)
