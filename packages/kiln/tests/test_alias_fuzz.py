@@ -474,9 +474,13 @@ def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
     return None
 
 
-# CI's share (a cold compile cache: about half a second a seed with C++); long runs use __main__
-CI_SEEDS = {None: range(0, 60), True: range(1000, 1040)}
-CI_TRITON_SEEDS = range(2000, 2030)
+# CI's share (a cold compile cache: about a second a seed with C++ on a shared 2-core machine);
+# long runs use __main__
+CI_SEEDS = {None: range(0, 25), True: range(1000, 1020)}
+CI_TRITON_SEEDS = range(3000, 3015)
+
+# the programs write expanded tensors (eager's deprecation warnings) and make kiln fall back
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
 
 
 @pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
