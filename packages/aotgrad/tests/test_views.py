@@ -197,3 +197,107 @@ def test_hfft_of_a_real_input_traces_its_backward(kwargs: dict[str, Any]) -> Non
     """The backward of `fft.hfft` of a real input took `view_as_real` of a conjugate gradient:
     the meta tensor had the bit the fake wrapper lacked, and the trace raised."""
     check(lambda x: torch.fft.hfft(x, **kwargs), torch.randn(5, 6, 7, requires_grad=True), atol=1e-4)
+
+
+def test_view_of_an_offset_input_that_requires_grad_keeps_its_offset() -> None:
+    # Note [Offsets of views of inputs that require grad] (joint.py): found by kiln's
+    # test_alias_fuzz.py; the view started at the storage's first element, not the input's
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.view(-1)
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(7, 3)[1:].requires_grad_()
+    out = compiled(x)
+    assert out.storage_offset() == x.storage_offset() == 3
+    assert out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, f(x))
+    (g,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(g, torch.ones_like(x))
+
+
+def test_write_into_one_row_of_an_expanded_input_runs_eagerly() -> None:
+    # Note [Mutated inputs that share memory] (api.py): eager writes the expanded rows' shared
+    # memory once; a write-back of the whole functional value into the expanded input fails
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.add_(2.0)
+        x[1] *= 2
+        return x + y
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base_e, base_c = torch.randn(1, 4), torch.randn(1, 4)
+    base_c.copy_(base_e)
+    ye, yc = torch.randn(2, 4), torch.zeros(2, 4)
+    yc.copy_(ye)
+    out_e = f(base_e.expand(2, 4), ye)
+    out_c = compiled(base_c.expand(2, 4), yc)
+    torch.testing.assert_close(out_c, out_e)
+    torch.testing.assert_close(base_c, base_e)
+    torch.testing.assert_close(yc, ye)
+
+
+def test_view_of_an_input_taken_under_no_grad_passes_no_gradient() -> None:
+    # Note [Views taken under no_grad] (joint.py): found by kiln's test_alias_fuzz.py; the view
+    # was rebuilt in grad mode and the input got the gradient of `v` that eager does not give
+    def f(x: torch.Tensor) -> Any:
+        with torch.no_grad():
+            v = x.view(1, 18)
+        return [x, v]
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(3, 6, requires_grad=True)
+    out_e, out_c = f(x), compiled(x)
+    assert [o.requires_grad for o in out_c] == [o.requires_grad for o in out_e] == [True, True]
+    assert out_c[1].grad_fn is None and out_e[1].grad_fn is None
+    assert out_c[1].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    (ge,) = torch.autograd.grad(out_e[0].sum() + out_e[1].sum(), x)
+    (gc,) = torch.autograd.grad(out_c[0].sum() + out_c[1].sum(), x)
+    torch.testing.assert_close(gc, ge)
+
+
+def _view_of_a_no_grad_view(x: torch.Tensor) -> Any:
+    with torch.no_grad():
+        v = x.view_as(x)
+    return v.unsqueeze(0).expand(2, *v.shape)
+
+
+def _detached_alias(x: torch.Tensor) -> Any:
+    with torch.no_grad():
+        d = x.detach()
+    return d.float()
+
+
+@pytest.mark.parametrize("f", [_view_of_a_no_grad_view, _detached_alias])
+def test_outputs_that_view_an_input_without_a_gradient_path(f: Any) -> None:
+    """Note [Views taken under no_grad]: a view taken in grad mode of a no_grad view reaches no
+    input (eager gives x no gradient), and a detached alias does not require grad."""
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    x = torch.randn(5, 6, requires_grad=True)
+    out_e, out_c = f(x), compiled(x)
+    assert out_c.requires_grad == out_e.requires_grad
+    assert out_c.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out_c, out_e)
+    if out_e.requires_grad:
+        (ge,) = torch.autograd.grad(out_e.sum(), x, allow_unused=True)
+        (gc,) = torch.autograd.grad(out_c.sum(), x, allow_unused=True)
+        assert ge is None and gc is None
+
+
+def test_an_intermediate_returned_after_a_view_of_it_is_the_graph_output() -> None:
+    # Note [The root among the outputs first] (joint.py): found by kiln's test_alias_fuzz.py
+    def f(x0: torch.Tensor, x1: torch.Tensor) -> Any:
+        t1 = x0 * 1
+        t2 = t1.diagonal(-1, 1, 0)
+        x1.add_(t2)
+        return [t2, t1]
+
+    rec = Recorder()
+    compiled = kiln_aotgrad.aot_function(f, rec)
+    x0, x1 = torch.randn(8, 5, 4), torch.randn(4, 4)
+    y1 = x1.clone()
+    out_e, out_c = f(x0, x1), compiled(x0, y1)
+    torch.testing.assert_close(out_c, out_e)
+    torch.testing.assert_close(y1, x1)
+    assert out_c[0].untyped_storage().data_ptr() == out_c[1].untyped_storage().data_ptr()
+    (gm,) = rec.graphs
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert [o.target for o in outs] == [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor]

@@ -29,9 +29,12 @@ def prog(*argspec):
 
 
 # argspec: functions producing fresh args from a generator seed
-def T(*shape, grad=False, nc=False):
+def T(*shape, grad=False, nc=False, step=False):
     def mk(g):
-        t = torch.randn(*shape, generator=g)
+        if step:  # every other element of a row: strided, its own leaf
+            t = torch.randn(*shape[:-1], 2 * shape[-1], generator=g)[..., ::2].detach()
+        else:
+            t = torch.randn(*shape, generator=g)
         if nc:
             t = t.t()
         return t.requires_grad_(grad) if grad else t
@@ -175,6 +178,31 @@ def grad_view_mut(x):
     return y
 
 
+# found by test_alias_fuzz.py (Note [Views taken under no_grad], Note [The root among the outputs
+# first], the clone of a strided input that requires grad under dynamic=True)
+@prog(T(6, grad=True, step=True))
+def view_of_strided_grad_input(x):
+    with torch.no_grad():
+        x.clamp_(-0.5, 0.5)
+    return x.view(1, 6).expand(3, 6), x, torch.relu(x) @ x
+
+
+@prog(T(3, 6, grad=True))
+def views_without_a_gradient_path(x):
+    with torch.no_grad():
+        v = x.view(1, 18)
+        d = x.detach()
+    return x, v, v.unsqueeze(0).expand(2, 1, 18), d
+
+
+@prog(T(8, 5, 4), T(4, 4))
+def intermediate_after_its_view(x, y):
+    t = x * 1
+    d = t.diagonal(-1, 1, 0)
+    y.add_(d)
+    return d, t
+
+
 def struct(outs, args):
     # aliasing relationships among outputs and args
     flat = outs if isinstance(outs, tuple) else (outs,)
@@ -226,3 +254,31 @@ def test_mutation_and_aliasing_match_eager(f, spec, dynamic) -> None:
                 sum(e.sum() for e in fc if isinstance(e, torch.Tensor) and e.requires_grad), ac
             )
             torch.testing.assert_close(gc, ge)
+
+
+def _written_under_no_grad_then_untraceable(x0, b1):
+    with torch.no_grad():
+        x0.add_(2)
+    t6, _ = b1.chunk(2, 2)
+    t6.masked_fill_(x0[2] > 0, 3.0)  # a write through a split of a non-contiguous tensor
+    return t6
+
+
+def test_a_graph_that_fails_to_compile_writes_its_inputs_once() -> None:
+    """Found by test_alias_fuzz.py (seed 6): when aotgrad failed to compile the graph, the
+    fallback ran the captured graph eagerly to see whether eager fails too, then ran it again for
+    the result: `x0.add_(2)` was applied twice."""
+
+    def mk():
+        g = torch.Generator().manual_seed(0)
+        return torch.randn(8, generator=g)[::2].requires_grad_(), torch.randn(5, 6, 3, generator=g).transpose(
+            0, 2
+        )
+
+    ae, ac = mk(), mk()
+    f = _written_under_no_grad_then_untraceable
+    with pytest.warns(RuntimeWarning):
+        oc = kiln.compile(f)(*ac)
+    oe = f(*ae)
+    torch.testing.assert_close(oc, oe)
+    torch.testing.assert_close(ac, ae)

@@ -261,7 +261,18 @@ _IS_VIEW = torch.Tensor._is_view
 # compiled. The check costs a pass over the inputs only for graphs that mutate an input, and the
 # storage comparison only when some input is a view or one tensor is passed twice (memory shared
 # by other means, `set_` or `as_strided` over another tensor's storage, is not detected).
+#
+# A mutated input whose own elements overlap (an `expand`ed tensor: a stride 0 over a size above
+# 1) is run eagerly too: eager writes it through a view without overlap (`x[1] *= 2` writes one
+# row of the expanded rows' shared memory), while the write-back copies the whole functional value
+# into it, which `copy_` refuses ("more than one element of the written-to tensor refers to a
+# single memory location"), after earlier write-backs had run: the run-time fallback then ran the
+# program a second time over inputs already written (found by test_alias_fuzz.py).
 def _shares_memory(inputs: Sequence[Any], mutated: Sequence[int]) -> bool:
+    for i in mutated:
+        t = inputs[i]
+        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True)):
+            return True
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     # on every call of such a graph (ResNet's BatchNorm layers: 321 inputs a training step):
     # `_is_view` mapped in C is half the time of a generator reading `_base` (54 against 100 us)
@@ -381,7 +392,7 @@ class AotFunction:
                 self._warned_shared = True
                 fallbacks_log.warning(
                     "kiln_aotgrad: an input the graph writes in place shares memory with another "
-                    "input; running the program eagerly for such calls (inputs %s)",
+                    "input or overlaps itself; running the program eagerly for such calls (inputs %s)",
                     ", ".join(str(i) for i in mutated),
                 )
             target = self.module if self.module is not None else self.fn

@@ -72,6 +72,11 @@ class OutputInfo:
     # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
     # (Note [Symbolic views among the outputs])
     layout: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
+    # "input_view" through which no gradient reaches an input (taken under `torch.no_grad()`):
+    # rebuilt under no_grad; "input_view" of a detached alias: rebuilt on `input.detach()`
+    # (Note [Views taken under no_grad])
+    no_grad: bool = False
+    detach: bool = False
 
 
 @dataclass(slots=True)
@@ -142,6 +147,20 @@ def _symbol_names(visible: list[Any]) -> dict[Any, str]:
                 note(n, f"a[{i}].stride({d})")
             note(v.storage_offset(), f"a[{i}].storage_offset()")
     return names
+
+
+def _reaches_a_leaf(t: torch.Tensor, leaf_ids: set[int]) -> bool:
+    """Whether `t`'s autograd graph leads to one of these leaves (a gradient of `t` reaches it)."""
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if id(getattr(fn, "variable", None)) in leaf_ids:
+            return True
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return False
 
 
 def symbolic_view_layout(
@@ -233,6 +252,17 @@ def trace(
             graph_vals.append(v)
 
     input_roots = {id(v): i for i, v in enumerate(visible)}
+    # Note [The root among the outputs first]: outputs that view one intermediate are rebuilt as
+    # views of one graph output. When the intermediate itself is among the outputs it is that
+    # graph output, even behind a view of it (`return t.diagonal(), t`): a code generator may
+    # return a graph output that is a view as a copy of its elements (an extern view op whose
+    # offset it did not plan), and the intermediate rebuilt over such a copy read out of its
+    # bounds; the run-time fallback then ran the program again over inputs already written.
+    root_output: dict[int, int] = {}
+    for k, t in enumerate(flat_out):
+        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
+            root_output.setdefault(id(t), k)
+    leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     infos: list[OutputInfo] = []
     first_by_root: dict[int, int] = {}
     first_by_obj: dict[int, int] = {}
@@ -269,6 +299,36 @@ def trace(
         lazy = any(step.func in PHYSICAL_VIEWS for step in tracer.chain_of(t))
         if rid in input_roots and not lazy:
             j = input_roots[rid]
+            # Note [Views taken under no_grad]: eager's view of an input that requires grad,
+            # taken under `torch.no_grad()`, requires grad but has no grad_fn, and a view of it
+            # taken later in grad mode has a grad_fn that stops there: no gradient flows through
+            # either to the input. The traced fake views have the same autograd graphs; when no
+            # path leads from one to an input's leaf, the runtime rebuilds it under no_grad (it
+            # rebuilt it in grad mode: `x` got the gradient of `with torch.no_grad(): v =
+            # x.view(-1)` / `return v` that eager does not give). A view that does not require
+            # grad of an input that does (`x.detach()`, `.data`) is rebuilt on `x.detach()`.
+            ng = bool(t.requires_grad and t is not visible[j] and not _reaches_a_leaf(t, leaf_ids))
+            # (an inference trace made its leaves not require grad: there the chain says detach)
+            dt = bool(
+                getattr(inputs[j], "requires_grad", False)
+                and (
+                    not t.requires_grad
+                    if want_training
+                    else any(step.func is torch.ops.aten.detach.default for step in tracer.chain_of(t))
+                )
+            )
+            if (
+                t is not visible[j]
+                and visible[j] is not leaves[j]
+                and [expr_of(n) for n in visible[j].stride()] != [expr_of(n) for n in leaves[j].stride()]
+            ):
+                # an input that requires grad is traced through a clone, which has its
+                # strides only with static sizes (Note [A clone with its input's strides]):
+                # the view's layout, read off the clone, would not be the input's
+                raise AotgradError(
+                    "an output is a view of an input that requires grad, strided unlike its "
+                    "traced clone, with symbolic sizes"
+                )
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
@@ -277,10 +337,34 @@ def trace(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(OutputInfo("input_view", j, layout=layout))
+                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
             else:
+                # Note [Offsets of views of inputs that require grad]: such an input is traced
+                # through a clone (`seen`), which starts at offset 0 of its own storage, while the
+                # real input may start further in (`x[1:]`): the view's offset is taken relative
+                # to the traced input's and moved to the real input's (`_assemble` uses absolute
+                # offsets), else `x[1:].requires_grad_().view(-1)` viewed the storage's start.
+                start = leaves[j].storage_offset() - visible[j].storage_offset()
+                if is_symbolic(start):
+                    layout = symbolic_view_layout(t, visible, j)
+                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
+                    continue
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
-                infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
+                infos.append(
+                    OutputInfo(
+                        "input_view", j, size, stride, offset + int(start), views=views, no_grad=ng, detach=dt
+                    )
+                )
+            continue
+        later = root_output.get(rid, k)
+        if (
+            later > k
+            and not lazy
+            and flat_out[later].dtype == t.dtype
+            and not symbolic_layout
+            and not (want_training and t.requires_grad)
+        ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
+            infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):

@@ -31,7 +31,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.functionalize import SELF, ViewStep
-from kiln_aotgrad.joint import TraceMeta
+from kiln_aotgrad.joint import OutputInfo, TraceMeta
 from kiln_aotgrad.tracer import AotgradError
 
 Compiled = Callable[..., Any]
@@ -119,29 +119,46 @@ def _replay(views: Sequence[ViewStep], base: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    base = (
+        inputs[info.index].detach() if info.detach else inputs[info.index]
+    )  # Note [Views taken under no_grad]
+    if info.views:  # Note [Views that change dtype]
+        return _replay(info.views, base)
+    if info.layout is not None:  # symbolic sizes (joint.py)
+        return base.as_strided(*info.layout(inputs))
+    return base.as_strided(info.size, info.stride, info.offset)
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
-    flat: list[Any] = []
-    for info in meta.outputs:
+    flat: list[Any] = [None] * len(meta.outputs)
+    # outputs that are other outputs or their views come second: a view's base may follow it
+    # (Note [The root among the outputs first] in joint.py)
+    second: list[int] = []
+    for k, info in enumerate(meta.outputs):
         if info.kind == "graph":
-            flat.append(graph_outs[info.index])
+            flat[k] = graph_outs[info.index]
         elif info.kind == "input":
-            flat.append(inputs[info.index])
-        elif info.kind == "input_view" and info.views:  # Note [Views that change dtype]
-            flat.append(_replay(info.views, inputs[info.index]))
-        elif info.kind == "input_view" and info.layout is not None:  # symbolic sizes (joint.py)
-            flat.append(inputs[info.index].as_strided(*info.layout(inputs)))
+            flat[k] = inputs[info.index]
+        elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
+            with torch.no_grad():
+                flat[k] = _input_view(info, inputs)
         elif info.kind == "input_view":
-            flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
-        elif info.kind == "output":
-            flat.append(flat[info.index])
-        elif info.kind == "output_view" and info.layout is not None:  # symbolic sizes (joint.py)
+            flat[k] = _input_view(info, inputs)
+        elif info.kind in ("output", "output_view"):
+            second.append(k)
+        else:
+            flat[k] = info.value
+    for k in second:
+        info = meta.outputs[k]
+        if info.kind == "output":
+            flat[k] = flat[info.index]
+        elif info.layout is not None:  # symbolic sizes (joint.py)
             base = flat[info.index]
             size, stride, rel = info.layout(inputs)
-            flat.append(base.as_strided(size, stride, base.storage_offset() + rel))
-        elif info.kind == "output_view":
-            flat.append(flat[info.index].as_strided(info.size, info.stride, info.offset))
+            flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
         else:
-            flat.append(info.value)
+            flat[k] = flat[info.index].as_strided(info.size, info.stride, info.offset)
     return tree_unflatten(flat, meta.out_spec)
 
 

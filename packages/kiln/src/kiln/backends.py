@@ -193,6 +193,19 @@ class _FirstCallFallback:
         self.fallback: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
+        # Note [Grad mode after an exception]: a captured graph holds the user's `with
+        # torch.no_grad():` as `_set_grad_enabled` calls; run eagerly (a fallback, or aotgrad's
+        # run of a program whose written input shares memory), an exception between them left
+        # grad mode off for the rest of the process, where eager's `with` restores it. Found by
+        # test_alias_fuzz.py: a later, unrelated program then computed without autograd.
+        grad = torch.is_grad_enabled()
+        try:
+            return self._call(*args)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            raise
+
+    def _call(self, *args: Any) -> Any:
         if self.fallback is not None:
             return self.fallback(*args)
         signatures = getattr(self.compiled, "compiled", None)
@@ -219,15 +232,17 @@ class _FirstCallFallback:
                 return self._first_run_failed(exc, args)
             # a later call: if eager fails on these arguments too, the error is the user's (a
             # run-time assertion, Note [Extern calls kept for their effect] in kiln_loopir):
-            # eager's exception, and the compiled code stays in use for the next call
+            # eager's exception, and the compiled code stays in use for the next call. Eager's
+            # run is this call's result: running the graph again would apply its in-place writes
+            # to the inputs twice (Note [Run-time fallback])
             try:
-                self.gm.forward(*args)
+                result = self.gm.forward(*args)
             except Exception as eager_exc:
                 raise eager_exc from exc
             self.fallback = _fallback(
                 self.gm, self.record, exc, self.strict, self.backend, "the captured graph"
             )
-            return self.fallback(*args)
+            return result
 
     def _first_run_failed(self, exc: Exception, args: tuple[Any, ...]) -> Any:
         """Note [Run-time fallback]: the compiled code failed on the call that compiled it.
