@@ -130,6 +130,21 @@ def test_outputs_viewing_an_input_stay_views_with_symbolic_sizes() -> None:
     assert _symbolic(rec.graphs[0])
 
 
+def test_a_view_whose_sizes_specialized_starts_at_the_inputs_offset() -> None:
+    """Note [Static views of inputs start at the input's offset]: the fake of a symbolic input
+    starts at storage offset 0; `expand(5, 5, 5)` specializes the view's sizes, and its offset
+    must still be the real input's."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.expand(5, 5, 5)
+
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(Recorder()), dynamic=True)
+    storage = torch.randn(20)
+    for start in (3, 0, 7):
+        x = storage.as_strided((5, 1, 1), (1, 1, 1), start)
+        _same_view(compiled(x), f(x), x)
+
+
 def test_an_output_viewing_an_input_in_training() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.view(-1), (x * w).sum(1)

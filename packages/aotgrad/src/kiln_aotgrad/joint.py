@@ -60,13 +60,21 @@ class OutputInfo:
     with another dtype (`view_as_complex`, `view_as_real`, `view(dtype)`) is rebuilt by replaying
     its view operators (`views`) on the real input instead; a view of an output with another
     dtype is a graph output of its own.
+
+    Note [Static views of inputs start at the input's offset]: an "input_view"'s `offset` is
+    relative to the real input's storage offset, as a symbolic view's is (Note [Symbolic views
+    among the outputs]). A fake input with symbolic sizes is built at storage offset 0
+    (`from_real` with a layout), so where its view's sizes all specialized to constants
+    (`x.expand(5, 5, 5)` of an `(s0, 1, 1)` input: s0 == 5) the fake view's absolute offset 0
+    was rebuilt on an input that starts at 3: every element wrong (the OpInfo sweep's `--layout
+    mixed --dynamic true`, `expand`).
     """
 
     kind: str
     index: int = -1
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
-    offset: int = 0
+    offset: int = 0  # "input_view": relative to the input's storage offset
     value: Any = None
     views: tuple[ViewStep, ...] = ()  # "input_view" of another dtype: the view ops to replay
     # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
@@ -278,9 +286,10 @@ def trace(
                     )
                 layout = symbolic_view_layout(t, visible, j)
                 infos.append(OutputInfo("input_view", j, layout=layout))
-            else:
+            else:  # Note [Static views of inputs start at the input's offset]
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
-                infos.append(OutputInfo("input_view", j, size, stride, offset, views=views))
+                rel = offset - int(visible[j].storage_offset())
+                infos.append(OutputInfo("input_view", j, size, stride, rel, views=views))
             continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):

@@ -131,7 +131,8 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         elif info.kind == "input_view" and info.layout is not None:  # symbolic sizes (joint.py)
             flat.append(inputs[info.index].as_strided(*info.layout(inputs)))
         elif info.kind == "input_view":
-            flat.append(inputs[info.index].as_strided(info.size, info.stride, info.offset))
+            base = inputs[info.index]  # Note [Static views of inputs start at the input's offset]
+            flat.append(base.as_strided(info.size, info.stride, base.storage_offset() + info.offset))
         elif info.kind == "output":
             flat.append(flat[info.index])
         elif info.kind == "output_view" and info.layout is not None:  # symbolic sizes (joint.py)
