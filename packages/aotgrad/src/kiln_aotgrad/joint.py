@@ -63,11 +63,16 @@ class OutputInfo:
 
     Note [Static views of inputs start at the input's offset]: an "input_view"'s `offset` is
     relative to the real input's storage offset, as a symbolic view's is (Note [Symbolic views
-    among the outputs]). A fake input with symbolic sizes is built at storage offset 0
-    (`from_real` with a layout), so where its view's sizes all specialized to constants
-    (`x.expand(5, 5, 5)` of an `(s0, 1, 1)` input: s0 == 5) the fake view's absolute offset 0
-    was rebuilt on an input that starts at 3: every element wrong (the OpInfo sweep's `--layout
-    mixed --dynamic true`, `expand`).
+    among the outputs]). A fake input with symbolic sizes was built at storage offset 0
+    (kiln_dynamo's `from_real` with a layout), so where its view's sizes all specialized to
+    constants (`x.expand(5, 5, 5)` of an `(s0, 1, 1)` input: s0 == 5) the fake view's absolute
+    offset 0 was rebuilt on an input that starts at 3: every element wrong (the OpInfo sweep's
+    `--layout mixed --dynamic true`, `expand`). The fake now starts where the real input does
+    (`as_strided` with an explicit, absolute offset needs that), and the relative offset keeps
+    the rebuilt view right for any input offset either way.
+    Not yet right: a view through `as_strided` with an explicit (absolute) offset, called again
+    with the input at another offset that the frame's guards let through, is rebuilt relative
+    to the new offset (eager's stays absolute); such views need a guard on the input's offset.
     """
 
     kind: str

@@ -124,6 +124,8 @@ def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None
         if layout is not None:
             with enable_python_dispatcher():
                 meta = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=_META)
+                if t.storage_offset():  # Note [Static views of inputs start at the input's offset]
+                    meta = meta.as_strided(layout[0], layout[1], t.storage_offset())
             _copy_lazy_bits(t, meta)
             return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
