@@ -130,6 +130,26 @@ def test_outputs_viewing_an_input_stay_views_with_symbolic_sizes() -> None:
     assert _symbolic(rec.graphs[0])
 
 
+def test_a_view_whose_sizes_specialized_starts_at_the_inputs_offset() -> None:
+    """Note [Static views of inputs start at the input's offset]: `expand(5, 5, 5)` specializes
+    the view's sizes, and its offset must still be the real input's; `as_strided` names an
+    absolute offset, which the fake of a symbolic input must see from the input's real one."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.expand(5, 5, 5)
+
+    def g(x: torch.Tensor) -> torch.Tensor:  # an absolute storage offset: the fake's must be real
+        return x.as_strided((2, 2), (1, 2), 1)
+
+    # g at one input offset only: see the note's last paragraph
+    for fn, starts in ((f, (3, 0, 7)), (g, (3,))):
+        compiled = kiln_dynamo.compile(fn, backend=dynamic_backend(Recorder()), dynamic=True)
+        storage = torch.randn(20)
+        for start in starts:
+            x = storage.as_strided((5, 1, 1), (1, 1, 1), start)
+            _same_view(compiled(x), fn(x), x)
+
+
 def test_an_output_viewing_an_input_in_training() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.view(-1), (x * w).sum(1)

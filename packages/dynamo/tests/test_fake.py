@@ -181,6 +181,11 @@ OWN_META: list[tuple[str, Any, tuple[Any, ...]]] = [
         ]
         if not (driver in ("gelsd", "gelss") and a[-2] > a[-1])
     ],
+    # Note [view_copy of a tensor no view can describe]: torch's meta kernel rejects these
+    ("view_copy_transposed", torch.view_copy, (torch.randn(3, 4).t(), (12,))),
+    ("view_copy_permuted", torch.view_copy, (torch.randn(2, 3, 4).permute(2, 0, 1), (4, -1))),
+    ("view_copy_viewable", torch.view_copy, (torch.randn(3, 4).t(), (4, 3))),
+    ("view_copy_dtype", torch.view_copy, (torch.randn(3, 4).t(), torch.int32)),
 ]
 
 

@@ -18,7 +18,7 @@ uninitialized memory are not compared. Run as a script for the whole table:
 
     python packages/kiln/tests/opinfo_sweep.py [--samples 3] [--shard I/N] [--ops a,b] [--json F]
         [--dtype float32|bfloat16|float16] [--cpu-backend cpp|triton] [--grad] [--dynamic none|true|auto]
-        [--grow]
+        [--grow] [--layout contiguous|transposed|strided|offset|channels_last|mixed]
 
 Note [The test harness's RNG wrapper runs outside the frame]: some OpInfos (scaled_dot_product_attention,
 multi_head_attention_forward, svd_lowrank, pca_lowrank) call their op through the test suite's
@@ -43,6 +43,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import sys
 import time
 import types
@@ -102,6 +103,69 @@ def key(info: Any) -> str:
 
 def _clone(x: Any) -> Any:
     return x.detach().clone() if isinstance(x, torch.Tensor) else x
+
+
+LAYOUTS = ("contiguous", "transposed", "strided", "offset", "channels_last", "mixed")
+
+
+def _relaid_one(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """`t`'s values, dtype and shape stored in `layout` (Note [Layouts in the sweep]); a
+    detached tensor, contiguous where the layout does not apply to `t`'s rank."""
+    t = t.detach()
+    shape = t.shape
+    if layout == "transposed" and t.dim() >= 2:
+        rev = tuple(range(t.dim() - 1, -1, -1))
+        return t.permute(rev).contiguous().permute(rev)
+    if layout == "strided" and t.dim() >= 1:
+        buf = torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=t.dtype, device=t.device)
+        out = buf[..., ::2]
+        out.copy_(t)
+        return out
+    if layout == "offset":
+        offset = 3
+        buf = torch.zeros(t.numel() + offset + 2, dtype=t.dtype, device=t.device)
+        out = buf.as_strided(shape, t.contiguous().stride(), offset)
+        out.copy_(t)
+        return out
+    if layout == "channels_last" and t.dim() in (4, 5):
+        fmt = torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+        return t.contiguous(memory_format=fmt)
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+class Relayout:
+    """Note [Layouts in the sweep]: OpInfo samples are almost all contiguous, but programs hand
+    compiled code transposed, sliced, strided, offset and channels-last tensors, and both code
+    generators index them by strides. `--layout L` replaces every tensor argument of a sample
+    (the input, tensors in args, kwargs and lists) before the call by one with the same values,
+    dtype, shape and requires_grad stored another way: `transposed` dims reversed in memory
+    (ndim >= 2), `strided` every element at step 2 of a buffer twice as long in the last dim,
+    `offset` a contiguous view at storage offset 3 of a larger buffer, `channels_last`
+    channels-last (channels-last-3d for 5-d), `mixed` a choice among all of these per argument,
+    seeded by the sample's index so eager's and kiln's clones agree. A layout that does not fit
+    a tensor's rank leaves it contiguous. The relaid tensor is itself the leaf (a view of a
+    buffer that does not require grad), so `--grad` compares its `.grad`."""
+
+    def __init__(self, layout: str, seed: int) -> None:
+        self.layout = layout
+        self.rng = random.Random(seed)
+
+    def __call__(self, x: Any, leaf: bool = False) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.layout != torch.strided or self.layout == "contiguous":
+            return x.detach().clone().requires_grad_(x.requires_grad and leaf)
+        layout = self.layout
+        if layout == "mixed":
+            layout = self.rng.choice(LAYOUTS[:-1])
+        out = _relaid_one(x, layout)
+        return out.requires_grad_(x.requires_grad and leaf)
+
+
+def _relaid(sample_args: Any, layout: str, seed: int, leaf: bool) -> Any:
+    """Clones of (input, args, kwargs) in `layout` (Note [Layouts in the sweep])."""
+    relay = Relayout(layout, seed)
+    return tree_map(lambda x: relay(x, leaf), sample_args)
 
 
 def _view_problem(
@@ -300,15 +364,21 @@ def run_sample(
     cpu_backend: str = "cpp",
     grad: bool = False,
     compiled: Any = None,
+    layout: str = "contiguous",
 ) -> Outcome | None:
     """One sample's outcome, or None when eager rejects it or it returns nothing comparable.
     `compiled`: the op's compiled frame that earlier samples ran through (Note [Dynamic shapes in
-    the sweep]); without it, a fresh compile of this sample alone."""
+    the sweep]); without it, a fresh compile of this sample alone. `layout`: how its tensor
+    arguments are stored (Note [Layouts in the sweep])."""
     op, name = info.op, key(info)
     frame = _frame(op)
-    clone = _clone_leaf if grad else _clone
-    e_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
-    c_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
+    if layout == "contiguous":
+        clone = _clone_leaf if grad else _clone
+        e_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
+        c_args = tree_map(clone, (sample.input, sample.args, sample.kwargs))
+    else:  # Note [Layouts in the sweep]
+        e_args = _relaid((sample.input, sample.args, sample.kwargs), layout, index, grad)
+        c_args = _relaid((sample.input, sample.args, sample.kwargs), layout, index, grad)
     try:
         want = _seeded(frame, *e_args)
     except Exception:
@@ -449,12 +519,14 @@ def sweep_op(
     dynamic: str = "none",
     compiles: Compiles | None = None,
     grown: bool = False,
+    layout: str = "contiguous",
 ) -> list[Outcome]:
     """The outcome of each of `info`'s first `samples` samples on `device` (kiln compiles CUDA
     tensors with Triton, CPU tensors with `cpu_backend`); with `grad`, of forward and backward
     (Note [Gradients in the sweep]). `dynamic` "true" or "auto": one compiled frame for all the
     samples (Note [Dynamic shapes in the sweep]), what it compiled counted in `compiles`; with
-    `grown`, each sample followed by its grown copy (Note [Grown samples])."""
+    `grown`, each sample followed by its grown copy (Note [Grown samples]); `layout`: how the
+    samples' tensors are stored (Note [Layouts in the sweep])."""
     out: list[Outcome] = []
     compiled = None
     if dynamic != "none":
@@ -472,12 +544,12 @@ def sweep_op(
                 sample = next(generator, None)
                 if sample is None:
                     break
-                outcome = run_sample(info, index, sample, dtype, cpu_backend, grad, compiled)
+                outcome = run_sample(info, index, sample, dtype, cpu_backend, grad, compiled, layout)
                 if outcome is not None:
                     out.append(outcome)
                 if grown and compiled is not None:  # Note [Grown samples]
                     outcome = run_sample(
-                        info, GROWN + index, grow(sample), dtype, cpu_backend, grad, compiled
+                        info, GROWN + index, grow(sample), dtype, cpu_backend, grad, compiled, layout
                     )
                     if outcome is not None:
                         out.append(outcome)
@@ -531,6 +603,7 @@ def main(argv: list[str]) -> None:
         help="one compiled frame per op for all its samples (Note [Dynamic shapes in the sweep])",
     )
     parser.add_argument("--grow", action="store_true", help="with --dynamic: Note [Grown samples]")
+    parser.add_argument("--layout", default="contiguous", choices=LAYOUTS, help="Note [Layouts in the sweep]")
     a = parser.parse_args(argv)
     if a.cpu_backend == "triton":
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: kernels run on CPU tensors
@@ -549,6 +622,7 @@ def main(argv: list[str]) -> None:
             dynamic=a.dynamic,
             compiles=compiles[key(info)],
             grown=a.grow,
+            layout=a.layout,
         )
         kind = op_outcome(rows[key(info)])
         if kind not in ("pass", "skipped"):
@@ -577,10 +651,13 @@ def main(argv: list[str]) -> None:
         if a.dynamic != "none":  # Note [Dynamic shapes in the sweep]
             results = {
                 "dynamic": a.dynamic,
+                "layout": a.layout,
                 "ops": results,
                 "compiles": {k: dataclasses.asdict(c) for k, c in compiles.items()},
                 "never_symbolic": never,
             }
+        elif a.layout != "contiguous":  # Note [Layouts in the sweep]
+            results = {"layout": a.layout, "ops": results}
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
 

@@ -60,13 +60,26 @@ class OutputInfo:
     with another dtype (`view_as_complex`, `view_as_real`, `view(dtype)`) is rebuilt by replaying
     its view operators (`views`) on the real input instead; a view of an output with another
     dtype is a graph output of its own.
+
+    Note [Static views of inputs start at the input's offset]: an "input_view"'s `offset` is
+    relative to the real input's storage offset, as a symbolic view's is (Note [Symbolic views
+    among the outputs]). A fake input with symbolic sizes was built at storage offset 0
+    (kiln_dynamo's `from_real` with a layout), so where its view's sizes all specialized to
+    constants (`x.expand(5, 5, 5)` of an `(s0, 1, 1)` input: s0 == 5) the fake view's absolute
+    offset 0 was rebuilt on an input that starts at 3: every element wrong (the OpInfo sweep's
+    `--layout mixed --dynamic true`, `expand`). The fake now starts where the real input does
+    (`as_strided` with an explicit, absolute offset needs that), and the relative offset keeps
+    the rebuilt view right for any input offset either way.
+    Not yet right: a view through `as_strided` with an explicit (absolute) offset, called again
+    with the input at another offset that the frame's guards let through, is rebuilt relative
+    to the new offset (eager's stays absolute); such views need a guard on the input's offset.
     """
 
     kind: str
     index: int = -1
     size: tuple[int, ...] = ()
     stride: tuple[int, ...] = ()
-    offset: int = 0
+    offset: int = 0  # "input_view": relative to the input's storage offset
     value: Any = None
     views: tuple[ViewStep, ...] = ()  # "input_view" of another dtype: the view ops to replay
     # "input_view" with symbolic sizes: (flat inputs) -> (size, stride, offset) at run time
@@ -339,21 +352,19 @@ def trace(
                 layout = symbolic_view_layout(t, visible, j)
                 infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
             else:
-                # Note [Offsets of views of inputs that require grad]: such an input is traced
-                # through a clone (`seen`), which starts at offset 0 of its own storage, while the
-                # real input may start further in (`x[1:]`): the view's offset is taken relative
-                # to the traced input's and moved to the real input's (`_assemble` uses absolute
-                # offsets), else `x[1:].requires_grad_().view(-1)` viewed the storage's start.
-                start = leaves[j].storage_offset() - visible[j].storage_offset()
-                if is_symbolic(start):
+                # Notes [Offsets of views of inputs that require grad], [Static views of inputs
+                # start at the input's offset]: the view's offset is kept relative to the traced
+                # input's (a clone at offset 0 for an input that requires grad, a fake at the real
+                # input's offset otherwise) and added to the real input's offset at run time, else
+                # `x[1:].requires_grad_().view(-1)` viewed the storage's start.
+                rel = offset - visible[j].storage_offset()
+                if is_symbolic(rel):
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
                 views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
                 infos.append(
-                    OutputInfo(
-                        "input_view", j, size, stride, offset + int(start), views=views, no_grad=ng, detach=dt
-                    )
+                    OutputInfo("input_view", j, size, stride, int(rel), views=views, no_grad=ng, detach=dt)
                 )
             continue
         later = root_output.get(rid, k)

@@ -127,7 +127,8 @@ def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tenso
         return _replay(info.views, base)
     if info.layout is not None:  # symbolic sizes (joint.py)
         return base.as_strided(*info.layout(inputs))
-    return base.as_strided(info.size, info.stride, info.offset)
+    # Note [Static views of inputs start at the input's offset] in joint.py: the offset is relative
+    return base.as_strided(info.size, info.stride, base.storage_offset() + info.offset)
 
 
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:

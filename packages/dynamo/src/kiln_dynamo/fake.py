@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln_dynamo.constants import CONSTANT_LIMIT, computable, drop_constants, run_on_constants, set_constant
 from kiln_dynamo.exc import FakeUnsupported
-from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_FUNCTIONS
+from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_CORRECTIONS, META_FUNCTIONS
 from kiln_dynamo.unbacked import NEEDS_DATA, UNBACKED_META_FUNCTIONS, current_env
 
 _META = torch.device("meta")
@@ -124,6 +124,8 @@ def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None
         if layout is not None:
             with enable_python_dispatcher():
                 meta = torch.empty_strided(layout[0], layout[1], dtype=t.dtype, device=_META)
+                if t.storage_offset():  # Note [Static views of inputs start at the input's offset]
+                    meta = meta.as_strided(layout[0], layout[1], t.storage_offset())
             _copy_lazy_bits(t, meta)
             return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
@@ -416,8 +418,12 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     m_kwargs = tree_map(to_meta, kwargs)
     if "device" in m_kwargs and m_kwargs["device"] is not None:
         m_kwargs["device"] = _META
+    correction = META_CORRECTIONS.get(name)  # Note [view_copy of a tensor no view can describe]
+    out = correction(device, *m_args, **m_kwargs) if correction is not None else None
     try:
-        if any(_symbolic(x) for x in flat):
+        if out is not None:
+            pass
+        elif any(_symbolic(x) for x in flat):
             # Note [Symbolic fakes]: Python meta kernels and decompositions (torch._decomp,
             # torch._refs) handle SymInt sizes where some C++ meta kernels call sizes()
             with enable_python_dispatcher():

@@ -179,6 +179,26 @@ META_FUNCTIONS: dict[str, MetaFunction] = {
     "aten::_thnn_fused_gru_cell": _fused_gru_cell,  # Note [Fused GRU cell]
 }
 
+
+def _view_copy(device: torch.device, x: torch.Tensor, size: Any) -> torch.Tensor | None:
+    """Note [view_copy of a tensor no view can describe]: eager's ``view_copy`` computes
+    ``reshape(size)`` into a new contiguous tensor when ``x``'s strides admit no view of that
+    size (a transposed input flattened), but torch's meta kernel is ``view`` followed by a copy
+    and raises there, so a frame calling ``torch.view_copy`` on such an input fell back to eager
+    (the OpInfo sweep's ``--layout transposed``). Its result is contiguous either way. The
+    ``dtype`` overload (a reinterpretation) is torch's kernel's to answer."""
+    if isinstance(size, torch.dtype):
+        return None
+    return x.new_empty(x.reshape(size).shape)
+
+
+# "aten::name" -> meta function(device, *args, **kwargs) over meta tensors, used instead of
+# torch's meta kernel where that kernel rejects arguments the CPU kernel takes; None from the
+# function: torch's kernel answers (another overload's arguments)
+META_CORRECTIONS: dict[str, MetaFunction] = {
+    "aten::view_copy": _view_copy,
+}
+
 # data-dependent operators that some arguments still answer: "aten::name" -> function(device,
 # *args, **kwargs) over the fake arguments, giving meta results or None (no answer)
 DATA_META_FUNCTIONS: dict[str, MetaFunction] = {
