@@ -45,7 +45,7 @@ ROUNDS = 4
 
 def _paren(src: str) -> str:
     """Parenthesize a compound expression, so that `.method()` or an operator may follow it."""
-    return f"({src})" if any(c in src for c in " -*%") and not src.startswith("-") or src.startswith("-") else src
+    return f"({src})" if any(c in src for c in " -*%") else src
 
 
 # --- the generator --------------------------------------------------------------------------------
@@ -89,7 +89,6 @@ class Gen:
 
     # expressions ---------------------------------------------------------------------------------
     def expr(self, kind: str, depth: int = 2) -> str:
-        r = self.rng
         if depth <= 0 or self.chance(0.3):
             var = self.pick(kind)
             if var is not None and self.chance(0.7):
@@ -152,6 +151,14 @@ class Gen:
             lambda: f"Point({e('int', d)}, {e('int', d)}).norm1()",
             lambda: f"(lambda q: q * 2 + 1)({e('int', d)}) % 97",
             lambda: f"sum(1 for _ in zip({e('list', d)}, {e('tuple', d)}))",
+            lambda: f"sum(gen_double({e('list', d)})) % 97",
+            lambda: f"bump_global({e('int', d)})",
+            lambda: (
+                f"push({self.pick('list') if self.pick('list') not in self.scope.frozen else 'hist'}, {e('int', d)})"
+            ),
+            lambda: "len(hist)",
+            lambda: f"{e('tensor', d)}.ndim + int({e('tensor', d)}.is_contiguous())",
+            lambda: "k",
         ]
         return self.rng.choice(opts)()
 
@@ -187,7 +194,9 @@ class Gen:
             lambda: f"{e('int', d)} in {e('list', d)}",
             lambda: f"{e('int', d)} in {e('set', d)}",
             lambda: f"{e('str', d)} in {e('dict', d)}",
-            lambda: f"isinstance({e(self.rng.choice(KINDS), d)}, {self.rng.choice(['int', 'list', 'torch.Tensor', 'str', '(int, float)'])})",
+            lambda: (
+                f"isinstance({e(self.rng.choice(KINDS), d)}, {self.rng.choice(['int', 'list', 'torch.Tensor', 'str', '(int, float)'])})"
+            ),
             lambda: f"hasattr(obj, {self.rng.choice(['extra', 'a', 'nope'])!r})",
             lambda: f"not {e('bool', d)}",
             lambda: f"({e('bool', d)} and {e('bool', d)})",
@@ -197,14 +206,16 @@ class Gen:
             lambda: f"{e('list', d)} == sorted({e('list', 0)})",
             lambda: f"{e('str', d)}.startswith({e('str', 0)})",
             lambda: f"{e('tensor', d)}.shape[0] > {e('int', d)}",
-            lambda: f"obj.flag",
+            lambda: "obj.flag",
         ]
         return self.rng.choice(opts)()
 
     def expr_str(self, d: int) -> str:
         e = self.expr
         opts: list[Callable[[], str]] = [
-            lambda: f'f"{{{e("int", d)}}}-{{{e("str", d)}}}"[:8]',
+            lambda: f'f"{{{self.pick("int") or "k"}}}-{{{self.pick("str") or "G_s"}}}"[:8]',
+            lambda: f'f"{{{self.pick("int") or "k"}:03d}}|{{{self.pick("float") or "obj.scale"}:.2f}}"',
+            lambda: f"(str({e('int', d)}) + '-' + {e('str', d)})[:8]",
             lambda: f"({e('str', d)} + 'x')[:8]",
             lambda: f"'%d' % {e('int', d)}",
             lambda: f"str({e('int', d)})",
@@ -325,6 +336,9 @@ class Gen:
             (1, self.s_cell),
             (1, self.s_unpack),
             (1, self.s_inplace),
+            (2, self.s_lazy),
+            (1, self.s_class),
+            (2, self.s_misc),
         ]
         compound = [
             (3, self.s_if),
@@ -433,7 +447,7 @@ class Gen:
         e = self.expr
         opts = [
             f"G_i = ({e('int', 1)}) % 1000",
-            f"G_i += 1",
+            "G_i += 1",
             f"G_s = {e('str', 1)}",
             "G_l.append(G_i)" if "G_l" not in self.scope.frozen else "G_i -= 1",
             f"G_l = {e('list', 1)}" if "G_l" not in self.scope.frozen else "G_i += 2",
@@ -456,12 +470,108 @@ class Gen:
             self.scope.vars[a] = "int"
             self.scope.vars[b] = "tensor"
 
+    def s_lazy(self, ind: int, depth: int) -> None:
+        """A lazy iterator made, its source changed, then drained: the drain sees the change."""
+        lst = self.pick("list") or "lst"
+        if lst in self.scope.frozen:
+            lst = "obj.items"
+        it, out = self.fresh("it"), self.fresh()
+        made = self.rng.choice(
+            [
+                f"(v * 2 for v in {lst})",
+                f"map(helper, {lst})",
+                f"filter(lambda q: q > 1, {lst})",
+                f"iter({lst})",
+                f"reversed({lst})",
+                f"enumerate({lst})",
+                f"zip({lst}, {lst})",
+                "iter(d)",
+                "iter(d.values())",
+                "(t.sum() for t in [x, y])",
+            ]
+        )
+        self.emit(ind, f"{it} = {made}")
+        if self.chance(0.4):
+            self.emit(ind, f"next({it}, None)")
+        change = self.rng.choice(
+            [
+                f"{lst}.append({self.expr('int', 1)})",
+                f"{lst}.insert(0, {self.expr('int', 1)})",
+                f"if {lst}:\n{'    ' * (ind + 1)}{lst}.pop(0)",
+                f"{lst}[:] = [9, 8]",
+                "d['zz'] = 1",
+                "d['a'] = 5",
+                "x.add_(2)",
+            ]
+        )
+        self.emit(ind, change)
+        self.emit(ind, f"{out} = str(list({it}))[:30]")
+        self.scope.vars[out] = "str"
+
+    def s_class(self, ind: int, depth: int) -> None:
+        e = self.expr
+        opts = [
+            f"Obj.cls_attr = ({e('int', 1)}) % 50",
+            f"{self.fresh()} = obj.dyn_{self.rng.choice(['ab', 'xyz'])}",  # Obj.__getattr__
+            f"{self.fresh()} = sorted({e('list', 1)}, key=lambda q: (q % 3, -q))",
+            f"{self.fresh()} = getattr(obj, 'missing', None)",
+        ]
+        line = self.rng.choice(opts)
+        self.emit(ind, line)
+        if not line.startswith("Obj."):
+            name = line.split(" ")[0]
+            kind = "int" if "dyn_" in line else "list" if "sorted" in line else None
+            if kind:
+                self.scope.vars[name] = kind
+
     def s_inplace(self, ind: int, depth: int) -> None:
-        self.emit(ind, self.rng.choice(["x.add_(1)", "x.mul_(0.5)", f"x[0] = {self.expr('float', 1)}"]))
+        self.emit(
+            ind,
+            self.rng.choice(
+                [
+                    "x.add_(1)",
+                    "x.mul_(0.5)",
+                    f"x[0] = {self.expr('float', 1)}",
+                    "x[:2].add_(1)",
+                    "x.view(-1)[1:].mul_(-1)",
+                    "hist.append(len(hist))\n" + "    " * ind + "del hist[5:]",
+                ]
+            ),
+        )
+
+    def s_misc(self, ind: int, depth: int) -> None:
+        e = self.expr
+        name = self.fresh()
+        opts = [
+            (f"{name} = list(gen_double({e('list', 1)}))", "list"),
+            (f"{name} = Point({e('int', 1)}, {e('int', 1)})", None),
+            (
+                f"{name} = {e('int', 1)}\n{'    ' * ind}try:\n{'    ' * (ind + 1)}{name} = checked({name})\n"
+                f"{'    ' * ind}except ValueError:\n{'    ' * (ind + 1)}{name} = -1",
+                "int",
+            ),
+            (
+                f"with Tracker(hist) as tr{self.counter}:\n{'    ' * (ind + 1)}{name} = len(tr{self.counter}.log)",
+                "int",
+            ),
+            (f"{name} = [helper(v) for v in {e('list', 1)} if v != {e('int', 0)}]", "list"),
+            (f"{name} = {{kk: vv * 2 for kk, vv in d.items() if vv > 1}}", "dict"),
+        ]
+        line, kind = self.rng.choice(opts)
+        self.emit(ind, line)
+        if kind:
+            self.scope.vars[name] = kind
+        elif "Point" in line:
+            self.scope.vars[name] = "point"
+            self.emit(ind, f"{name}.y = {e('int', 1)}")
 
     def s_if(self, ind: int, depth: int) -> None:
         cond = self.rng.choice(
-            [self.expr("bool", 2), f"{self.expr('tensor', 1)}.sum() > {self.expr('float', 1)}", f"{self.expr('int', 1)}"]
+            [
+                self.expr("bool", 2),
+                f"{self.expr('tensor', 1)}.sum() > {self.expr('float', 1)}",
+                f"{self.expr('int', 1)}",
+            ]
         )
         self.emit(ind, f"if {cond}:")
         self._scoped(lambda: self.block(ind + 1, depth - 1))
@@ -603,7 +713,7 @@ class Gen:
         return PRELUDE + "\n".join(body) + f"\n        return {ret}\n" + EPILOGUE
 
 
-PRELUDE = '''\
+PRELUDE = """\
 import math
 from dataclasses import dataclass
 
@@ -638,6 +748,11 @@ class Obj:
     def count_items(self):
         return len(self.items)
 
+    def __getattr__(self, name):
+        if name.startswith("dyn_"):
+            return len(name) * self.a
+        raise AttributeError(name)
+
 
 @dataclass
 class Point:
@@ -660,6 +775,45 @@ def kw_helper(*args, **kw):
     return (len(args) + sum(kw.values())) % 97
 
 
+def gen_double(items):
+    for v in items:
+        if v > 50:
+            return
+        yield v * 2
+
+
+def bump_global(n):
+    global G_i
+    G_i = (G_i + n) % 1000
+    return G_i
+
+
+def push(items, v):
+    items.append(v)
+    del items[8:]
+    return len(items)
+
+
+def checked(v):
+    if v % 3 == 0:
+        raise ValueError("multiple of 3")
+    return v
+
+
+class Tracker:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append(1)
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(2)
+        del self.log[8:]
+        return False
+
+
 def make():
     cell = 0
 
@@ -670,10 +824,10 @@ def make():
     def get_cell():
         return cell
 
-    def f(x, y, lst, obj, d, k=3):
+    def f(x, y, lst, obj, d, k=3, hist=[]):
         global G_i, G_l, G_s
         nonlocal cell
-'''
+"""
 
 EPILOGUE = """
     return f, set_cell, get_cell
@@ -690,11 +844,14 @@ class Mismatch(AssertionError):
 
 
 def same(a: Any, b: Any, path: str) -> None:
-    if type(a) is not type(b):
+    ta, tb = type(a), type(b)
+    if ta is not tb and not (ta.__qualname__ == tb.__qualname__ and ta.__module__.startswith("pyfuzz_")):
         raise Mismatch(f"{path}: type {type(a).__name__} != {type(b).__name__} ({a!r} vs {b!r})")
     if isinstance(a, torch.Tensor):
         if a.shape != b.shape or a.dtype != b.dtype or a.requires_grad != b.requires_grad:
-            raise Mismatch(f"{path}: {a.shape}/{a.dtype}/{a.requires_grad} != {b.shape}/{b.dtype}/{b.requires_grad}")
+            raise Mismatch(
+                f"{path}: {a.shape}/{a.dtype}/{a.requires_grad} != {b.shape}/{b.dtype}/{b.requires_grad}"
+            )
         try:
             torch.testing.assert_close(a.detach(), b.detach(), equal_nan=True)
         except AssertionError as e:
@@ -702,7 +859,7 @@ def same(a: Any, b: Any, path: str) -> None:
     elif isinstance(a, (list, tuple)):
         if len(a) != len(b):
             raise Mismatch(f"{path}: len {len(a)} != {len(b)} ({a!r} vs {b!r})")
-        for i, (u, v) in enumerate(zip(a, b)):
+        for i, (u, v) in enumerate(zip(a, b, strict=True)):
             same(u, v, f"{path}[{i}]")
     elif isinstance(a, dict):
         if list(a) != list(b):
@@ -710,12 +867,11 @@ def same(a: Any, b: Any, path: str) -> None:
         for key in a:
             same(a[key], b[key], f"{path}[{key!r}]")
     elif isinstance(a, float):
-        if not (a == b or (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)):
+        if not (
+            a == b or (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5)
+        ):
             raise Mismatch(f"{path}: {a!r} != {b!r}")
-    elif isinstance(a, set):
-        if a != b:
-            raise Mismatch(f"{path}: {a!r} != {b!r}")
-    elif isinstance(a, (int, str, bool, type(None))):
+    elif isinstance(a, (set, int, str, bool, type(None))):
         if a != b:
             raise Mismatch(f"{path}: {a!r} != {b!r}")
     elif hasattr(a, "__dict__"):
@@ -737,6 +893,8 @@ class World:
     lst: list[int]
     obj: Any
     d: dict[str, int]
+    raw_f: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -750,6 +908,7 @@ class World:
             "obj": dict(vars(self.obj)),
             "cls_attr": self.ns["Obj"].cls_attr,
             "d": dict(self.d),
+            "hist": list(self.raw_f.__defaults__[1]),
         }
 
 
@@ -762,13 +921,13 @@ def build_world(code: Any, seed: int, tag: str) -> World:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(5, generator=g)
     y = torch.randn(5, generator=g)
-    return World(ns, f, set_cell, get_cell, x, y, [4, 0, 7], ns["Obj"](), {"a": 1, "k1": 5})
+    return World(ns, f, set_cell, get_cell, x, y, [4, 0, 7], ns["Obj"](), {"a": 1, "k1": 5}, f)
 
 
 def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
     """Change the outside state between calls (the same draws in both worlds: rng is shared-seeded)."""
     for _ in range(rng.randint(1, 3)):
-        c = rng.randrange(11)
+        c = rng.randrange(12)
         if c == 0:
             w.ns["G_i"] = (w.ns["G_i"] + 1 + rnd) % 1000
         elif c == 1:
@@ -792,6 +951,8 @@ def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
             w.ns["Obj"].cls_attr += 1
         elif c == 9:
             w.obj.flag = not w.obj.flag
+        elif c == 11:
+            w.kwargs = {"k": rnd % 4} if rng.random() < 0.7 else {}
         elif c == 10 and dynamic_sizes:
             n = rng.choice([3, 4, 6, 7])
             g = torch.Generator().manual_seed(rnd)
@@ -801,8 +962,8 @@ def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
 
 def call(w: World) -> tuple[str, Any]:
     try:
-        return "ok", w.f(w.x, w.y, w.lst, w.obj, w.d)
-    except Exception as e:  # noqa: BLE001 - any exception is an outcome to compare
+        return "ok", w.f(w.x, w.y, w.lst, w.obj, w.d, **w.kwargs)
+    except Exception as e:
         return "raise", type(e)
 
 
@@ -826,12 +987,15 @@ def run_seed(
     path = os.path.join(tempfile.gettempdir(), f"pyfuzz_{seed}.py")
     with open(path, "w") as fh:
         fh.write(source)
-    code = compile(source, path, "exec")
+    try:
+        code = compile(source, path, "exec")
+    except SyntaxError:
+        return Outcome(seed, False, "the generator wrote invalid Python:\n" + traceback.format_exc(), source)
     eager = build_world(code, seed, "eager")
     comp = build_world(code, seed, "compiled")
     try:
         comp.f = compile_fn(comp.f)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return Outcome(seed, False, "compile_fn raised:\n" + traceback.format_exc(), source)
     rng_e, rng_c = random.Random(seed + 1), random.Random(seed + 1)
     for rnd in range(rounds):
@@ -841,7 +1005,7 @@ def run_seed(
         want = call(eager)
         try:
             got = call(comp)
-        except BaseException:  # noqa: BLE001 - a crash inside the compiler
+        except BaseException:
             return Outcome(seed, False, f"round {rnd}: crash\n" + traceback.format_exc(), source)
         try:
             if want[0] != got[0]:
@@ -853,7 +1017,9 @@ def run_seed(
     return Outcome(seed, True, source=source)
 
 
-def dynamo_compile(backend: Any = "eager", dynamic: bool | None = None) -> Callable[[Callable[..., Any]], Any]:
+def dynamo_compile(
+    backend: Any = "eager", dynamic: bool | None = None
+) -> Callable[[Callable[..., Any]], Any]:
     import kiln_dynamo
 
     return lambda fn: kiln_dynamo.compile(fn, backend, dynamic=dynamic)
