@@ -309,6 +309,12 @@ class Gen:
             lambda: f"({e('tensor', d)} + len({e('list', d)}))",
             lambda: f"torch.cat([{e('tensor', d)}[:1], {e('tensor', d)}[1:]])",
             lambda: f"{e('tensor', d)}.abs().sqrt()",
+            lambda: "obj.t",
+            lambda: "sum(obj.tl)",
+            lambda: f"sum({self.pick('tlist') or 'obj.tl'})",
+            lambda: f"torch.stack({self.pick('tlist') or '[x, y]'}).sum(0)",
+            lambda: f"({self.pick('tdict') or '{1: x}'}).get('p', x)",
+            lambda: f"sum(t * i for i, t in enumerate({self.pick('tlist') or 'obj.tl'}))",
         ]
         return self.rng.choice(opts)()
 
@@ -339,6 +345,7 @@ class Gen:
             (2, self.s_lazy),
             (1, self.s_class),
             (2, self.s_misc),
+            (1, self.s_tlist_mut),
         ]
         compound = [
             (3, self.s_if),
@@ -421,6 +428,25 @@ class Gen:
             f"for kk in list({name}):\n{'    ' * (ind + 1)}{name}[kk] = ({name}[kk] + 1) % 50",
         ]
         self.emit(ind, self.rng.choice(opts))
+
+    def s_tlist_mut(self, ind: int, depth: int) -> None:
+        name = self.pick("tlist")
+        if name is None or name in self.scope.frozen:
+            return self.s_misc(ind, depth)
+        e = self.expr
+        self.emit(
+            ind,
+            self.rng.choice(
+                [
+                    f"{name}.append({e('tensor', 1)})",
+                    f"{name}[0] = {e('tensor', 1)}",
+                    f"{name}.pop()\n{'    ' * ind}{name}.append(y)",
+                    f"{name}[-1].add_(1) if {name}[-1] is not y else None",
+                    f"for j{self.counter}, t{self.counter} in enumerate({name}):\n{'    ' * (ind + 1)}"
+                    f"{name}[j{self.counter}] = t{self.counter} * 2",
+                ]
+            ),
+        )
 
     def s_set_mut(self, ind: int, depth: int) -> None:
         name = self.pick("set")
@@ -556,12 +582,16 @@ class Gen:
             ),
             (f"{name} = [helper(v) for v in {e('list', 1)} if v != {e('int', 0)}]", "list"),
             (f"{name} = {{kk: vv * 2 for kk, vv in d.items() if vv > 1}}", "dict"),
+            (f"{name} = [x, {e('tensor', 1)}]", "tlist"),
+            (f"obj.t = {e('tensor', 1)}", None),
+            (f"obj.tl.append({e('tensor', 1)})\n{'    ' * ind}del obj.tl[3:]", None),
+            (f"{name} = {{'p': {e('tensor', 1)}, 'q': y}}", "tdict"),
         ]
         line, kind = self.rng.choice(opts)
         self.emit(ind, line)
         if kind:
             self.scope.vars[name] = kind
-        elif "Point" in line:
+        elif "Point(" in line:
             self.scope.vars[name] = "point"
             self.emit(ind, f"{name}.y = {e('int', 1)}")
 
@@ -733,6 +763,8 @@ class Obj:
         self.items = [3, 1, 2]
         self.flag = True
         self.name = "obj"
+        self.t = torch.zeros(1)
+        self.tl = [torch.ones(1)]
 
     @property
     def double(self):
@@ -895,6 +927,7 @@ class World:
     d: dict[str, int]
     raw_f: Any = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    grad: bool = True
 
     def state(self) -> dict[str, Any]:
         return {
@@ -921,13 +954,14 @@ def build_world(code: Any, seed: int, tag: str) -> World:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(5, generator=g)
     y = torch.randn(5, generator=g)
+    y.requires_grad_(seed % 4 == 0)
     return World(ns, f, set_cell, get_cell, x, y, [4, 0, 7], ns["Obj"](), {"a": 1, "k1": 5}, f)
 
 
 def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
     """Change the outside state between calls (the same draws in both worlds: rng is shared-seeded)."""
     for _ in range(rng.randint(1, 3)):
-        c = rng.randrange(12)
+        c = rng.randrange(17)
         if c == 0:
             w.ns["G_i"] = (w.ns["G_i"] + 1 + rnd) % 1000
         elif c == 1:
@@ -950,7 +984,46 @@ def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
         elif c == 8:
             w.ns["Obj"].cls_attr += 1
         elif c == 9:
-            w.obj.flag = not w.obj.flag
+            w.obj.flag = not getattr(w.obj, "flag", False)
+        elif c == 12:
+            w.grad = not w.grad
+        elif c == 13:  # aliasing between inputs and outside state
+            alias = rng.randrange(5)
+            if alias == 0:
+                w.lst = w.obj.items
+            elif alias == 1:
+                w.lst = w.ns["G_l"]
+            elif alias == 2:
+                w.y = w.x
+            elif alias == 3:
+                w.lst = list(w.lst)
+            else:
+                w.obj.tl = [w.x, w.y]
+        elif c == 14:  # a value changes type
+            change = rng.randrange(5)
+            if change == 0:
+                w.ns["G_i"] = rng.choice([True, 2.5, -4])
+            elif change == 1:
+                w.obj.a = rng.choice([1.5, False, 7])
+            elif change == 2:
+                w.obj.flag = rng.choice([0, 1, None, [1]])
+            elif change == 3:
+                w.d["a"] = rng.choice([2.0, True, 3])
+            else:
+                w.lst.append(rng.choice([True, 1.25, -2]))
+        elif c == 15:  # functions and methods replaced
+            change = rng.randrange(4)
+            if change == 0:
+                w.ns["helper"] = lambda a: (a + 5) % 97
+            elif change == 1:
+                w.obj.method = lambda t: t * 3
+            elif change == 2:
+                w.ns["Obj"].double = property(lambda self: self.a * 3)
+            else:
+                w.obj.cls_attr = 11  # shadows the class attribute
+        elif c == 16:
+            if "flag" in vars(w.obj):
+                del w.obj.flag  # Obj.__getattr__ raises AttributeError now
         elif c == 11:
             w.kwargs = {"k": rnd % 4} if rng.random() < 0.7 else {}
         elif c == 10 and dynamic_sizes:
@@ -962,7 +1035,8 @@ def mutate(w: World, rnd: int, rng: random.Random, dynamic_sizes: bool) -> None:
 
 def call(w: World) -> tuple[str, Any]:
     try:
-        return "ok", w.f(w.x, w.y, w.lst, w.obj, w.d, **w.kwargs)
+        with torch.set_grad_enabled(w.grad):
+            return "ok", w.f(w.x, w.y, w.lst, w.obj, w.d, **w.kwargs)
     except Exception as e:
         return "raise", type(e)
 
