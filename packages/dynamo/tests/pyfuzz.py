@@ -74,6 +74,7 @@ class Gen:
             }
         )
         self.budget = self.rng.randint(6, 18)  # statements left
+        self.loops = 0  # loops around the statement being generated
 
     # helpers
     def fresh(self, prefix: str = "v") -> str:
@@ -180,6 +181,9 @@ class Gen:
             lambda: f"float({e('int', d)})",
             lambda: f"sum({e('tensor', d)}.tolist())",
             lambda: f"math.sqrt(abs({e('float', d)}))",
+            lambda: f"sum(t.item() for t in {e('tensor', d)})",
+            lambda: f"sum([float(v) for v in {e('tensor', d)}])",
+            lambda: f"max((t.sum().item() for t in {self.pick('tlist') or '[x, y]'}), default=0.0)",
         ]
         return self.rng.choice(opts)()
 
@@ -346,6 +350,7 @@ class Gen:
             (1, self.s_class),
             (2, self.s_misc),
             (1, self.s_tlist_mut),
+            (2, self.s_jump),
         ]
         compound = [
             (3, self.s_if),
@@ -664,7 +669,9 @@ class Gen:
             if self.chance(0.3):
                 self.emit(ind + 1, f"if {self.expr('bool', 1)}:")
                 self.emit(ind + 2, self.rng.choice(["break", "continue"]))
+            self.loops += 1
             self.block(ind + 1, depth - 1)
+            self.loops -= 1
             self.scope.frozen = was
 
         self._scoped(body)
@@ -681,14 +688,24 @@ class Gen:
         if self.chance(0.3):
             self.emit(ind + 1, f"if {self.expr('bool', 1)}:")
             self.emit(ind + 2, "break")
+        self.loops += 1
         self._scoped(lambda: self.block(ind + 1, depth - 1))
+        self.loops -= 1
+        if self.chance(0.2):
+            self.emit(ind, "else:")
+            self.emit(ind + 1, "G_i = (G_i + 7) % 1000")
 
     def s_try(self, ind: int, depth: int) -> None:
         self.emit(ind, "try:")
         exc = self.rng.choice(["ValueError", "KeyError", "IndexError", "ZeroDivisionError"])
 
+        has_finally = self.chance(0.4)
+
         def body() -> None:
             self.block(ind + 1, depth - 1)
+            if has_finally and self.chance(0.3):
+                self.emit(ind + 1, f"if {self.expr('bool', 1)}:")
+                self.emit(ind + 2, f"return {self.ret_expr()}")
             raiser = {
                 "ValueError": f"raise ValueError({self.expr('str', 1)})",
                 "KeyError": f"{self.pick('dict') or 'd'}['missing_key']",
@@ -704,9 +721,18 @@ class Gen:
         self.emit(ind, f"except {caught} as {as_}:")
         self.emit(ind + 1, f"G_s = type({as_}).__name__")
         self._scoped(lambda: self.block(ind + 1, depth - 1, 1))
-        if self.chance(0.4):
+        if has_finally:
             self.emit(ind, "finally:")
             self._scoped(lambda: self.block(ind + 1, depth - 1, 1))
+
+    def s_jump(self, ind: int, depth: int) -> None:
+        """`break`/`continue` anywhere in a loop's body: inside try/finally, with, if."""
+        if not self.loops:
+            return self.s_assign(ind, depth)
+        self.emit(ind, f"if {self.expr('bool', 1)}:")
+        if self.chance(0.5):
+            self.emit(ind + 1, "G_i = (G_i + 1) % 1000")
+        self.emit(ind + 1, self.rng.choice(["break", "continue"]))
 
     def s_no_grad(self, ind: int, depth: int) -> None:
         self.emit(ind, "with torch.no_grad():")
