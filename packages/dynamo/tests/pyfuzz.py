@@ -153,6 +153,10 @@ class Gen:
             lambda: f"(lambda q: q * 2 + 1)({e('int', d)}) % 97",
             lambda: f"sum(1 for _ in zip({e('list', d)}, {e('tuple', d)}))",
             lambda: f"sum(gen_double({e('list', d)})) % 97",
+            lambda: f"global_then_break({e('tensor', d)})",
+            lambda: f"obj_then_break(obj, {e('tensor', d)})",
+            lambda: f"obj.peek({e('tensor', d)})",
+            lambda: f"int(side_then_break({self._growable()}, {e('tensor', d)}))",
             lambda: f"bump_global({e('int', d)})",
             lambda: (
                 f"push({self.pick('list') if self.pick('list') not in self.scope.frozen else 'hist'}, {e('int', d)})"
@@ -162,6 +166,10 @@ class Gen:
             lambda: "k",
         ]
         return self.rng.choice(opts)()
+
+    def _growable(self) -> str:
+        names = [n for n, k in self.scope.vars.items() if k == "list" and n not in self.scope.frozen]
+        return self.rng.choice(names) if names else "hist"
 
     def _guarded_index(self, d: int) -> str:
         lst = self.pick("list") or "lst"
@@ -359,6 +367,7 @@ class Gen:
             (2, self.s_try),
             (1, self.s_no_grad),
             (1, self.s_closure),
+            (1, self.s_closure_break),
         ]
         table = simple + (compound if depth > 0 and self.budget > 0 else [])
         weights = [w for w, _ in table]
@@ -742,6 +751,21 @@ class Gen:
         if self.chance(0.5):
             self.block(ind + 1, depth - 1, 1)
 
+    def s_closure_break(self, ind: int, depth: int) -> None:
+        """A closure made in the frame whose body breaks the graph, reading and writing the frame's cells."""
+        fn, box = self.fresh("fn"), self.fresh("box")
+        self.emit(ind, f"{box} = [{self.expr('int', 1)}]")
+        self.emit(ind, f"def {fn}(t, z={self.expr('int', 0)}):")
+        self.emit(ind + 1, f"{box}.append(z)")
+        self.emit(ind + 1, f"del {box}[4:]")
+        self.emit(ind + 1, "if t.sum() > 0:")
+        self.emit(ind + 2, f"return t * len({box})")
+        self.emit(ind + 1, f"return t - {box}[0]")
+        self.scope.vars[box] = "list"
+        name = self.fresh()
+        self.emit(ind, f"{name} = {fn}({self.expr('tensor', 1)}) + {fn}(y, z=2)")
+        self.scope.vars[name] = "tensor"
+
     def s_closure(self, ind: int, depth: int) -> None:
         acc, fn = self.fresh("acc"), self.fresh("fn")
         self.emit(ind, f"{acc} = {self.expr('int', 1)}")
@@ -806,6 +830,12 @@ class Obj:
     def count_items(self):
         return len(self.items)
 
+    def peek(self, t):
+        self.a = (self.a + 1) % 50
+        self.items.append(len(t.tolist()))
+        del self.items[8:]
+        return self.a
+
     def __getattr__(self, name):
         if name.startswith("dyn_"):
             return len(name) * self.a
@@ -850,6 +880,30 @@ def push(items, v):
     items.append(v)
     del items[8:]
     return len(items)
+
+
+def side_then_break(items, t):
+    items.append(len(items))
+    del items[8:]
+    v = t.sum().item()
+    items.append(int(v > 0))
+    return v
+
+
+def global_then_break(t):
+    global G_i
+    G_i = (G_i + 1) % 1000
+    if t.sum() > 0:
+        G_i = (G_i + 2) % 1000
+    return G_i
+
+
+def obj_then_break(o, t):
+    o.a = (o.a + 1) % 50
+    n = int(t.argmax())
+    o.items.append(n)
+    del o.items[8:]
+    return o.a + n
 
 
 def checked(v):
