@@ -154,6 +154,12 @@ class Gen:
             lambda: f"sum(1 for _ in zip({e('list', d)}, {e('tuple', d)}))",
             lambda: f"sum(gen_double({e('list', d)})) % 97",
             lambda: f"global_then_break({e('tensor', d)})",
+            lambda: f"len({self._bag(d)})",
+            lambda: f"sum({self._bag(d)}) % 97",
+            lambda: f"{self._bag(d)}.first",
+            lambda: f"Bag.twice({e('int', d)})",
+            lambda: "Bag.made % 7",
+            lambda: f"({self._bag(d)}[0] if len({self.pick('bag') or 'Bag([1])'}) > 1 else 0)",
             lambda: f"obj_then_break(obj, {e('tensor', d)})",
             lambda: f"obj.peek({e('tensor', d)})",
             lambda: f"int(side_then_break({self._growable()}, {e('tensor', d)}))",
@@ -166,6 +172,18 @@ class Gen:
             lambda: "k",
         ]
         return self.rng.choice(opts)()
+
+    def _bag(self, d: int) -> str:
+        name = self.pick("bag")
+        if name is not None and self.chance(0.7):
+            return name
+        return self.rng.choice(
+            [
+                f"Bag({self.expr('list', d)})",
+                f"SortedBag({self.expr('list', d)})",
+                f"Bag.of({self.expr('int', d)})",
+            ]
+        )
 
     def _growable(self) -> str:
         names = [n for n, k in self.scope.vars.items() if k == "list" and n not in self.scope.frozen]
@@ -205,6 +223,7 @@ class Gen:
             lambda: f"bool(({e('tensor', d)} > {e('float', d)}).any())",
             lambda: f"{e('int', d)} in {e('list', d)}",
             lambda: f"{e('int', d)} in {e('set', d)}",
+            lambda: f"{e('int', d)} in {self._bag(d)}",
             lambda: f"{e('str', d)} in {e('dict', d)}",
             lambda: (
                 f"isinstance({e(self.rng.choice(KINDS), d)}, {self.rng.choice(['int', 'list', 'torch.Tensor', 'str', '(int, float)'])})"
@@ -598,6 +617,8 @@ class Gen:
             (f"{name} = {{kk: vv * 2 for kk, vv in d.items() if vv > 1}}", "dict"),
             (f"{name} = [x, {e('tensor', 1)}]", "tlist"),
             (f"obj.t = {e('tensor', 1)}", None),
+            (f"{name} = {self._bag(1)}\n{'    ' * ind}{name}.first = {e('int', 1)}", "bag"),
+            (f"{name} = [v + 1 for v in {self._bag(1)}]", "list"),
             (f"obj.tl.append({e('tensor', 1)})\n{'    ' * ind}del obj.tl[3:]", None),
             (f"{name} = {{'p': {e('tensor', 1)}, 'q': y}}", "tdict"),
         ]
@@ -842,6 +863,55 @@ class Obj:
         raise AttributeError(name)
 
 
+class Bag:
+    # a user container: protocols, a property with a setter, class/static methods, super()
+
+    made = 0
+
+    def __init__(self, items):
+        self.items = list(items)
+        Bag.made += 1
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __contains__(self, v):
+        return v in self.items
+
+    @property
+    def first(self):
+        return self.items[0] if self.items else -1
+
+    @first.setter
+    def first(self, v):
+        if self.items:
+            self.items[0] = v
+        else:
+            self.items.append(v)
+
+    @classmethod
+    def of(cls, n):
+        return cls(range(n % 4))
+
+    @staticmethod
+    def twice(v):
+        return v * 2
+
+
+class SortedBag(Bag):
+    def __init__(self, items):
+        super().__init__(sorted(items))
+
+    def __len__(self):
+        return super().__len__() + 1
+
+
 @dataclass
 class Point:
     x: int
@@ -1008,6 +1078,7 @@ class World:
     raw_f: Any = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     grad: bool = True
+    last_traceback: str = ""
 
     def state(self) -> dict[str, Any]:
         return {
@@ -1118,6 +1189,7 @@ def call(w: World) -> tuple[str, Any]:
         with torch.set_grad_enabled(w.grad):
             return "ok", w.f(w.x, w.y, w.lst, w.obj, w.d, **w.kwargs)
     except Exception as e:
+        w.last_traceback = traceback.format_exc()
         return "raise", type(e)
 
 
@@ -1137,7 +1209,18 @@ def run_seed(
     sizes_change: bool = True,
 ) -> Outcome:
     """Run program `seed` as plain Python and compiled (`compile_fn(f)`), `rounds` calls each."""
-    source = generate(seed)
+    return run_source(generate(seed), seed, compile_fn, rounds=rounds, sizes_change=sizes_change)
+
+
+def run_source(
+    source: str,
+    seed: int,
+    compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]],
+    *,
+    rounds: int = ROUNDS,
+    sizes_change: bool = True,
+) -> Outcome:
+    """`run_seed` over a given program (a generated one, edited by hand to minimize a failure)."""
     path = os.path.join(tempfile.gettempdir(), f"pyfuzz_{seed}.py")
     with open(path, "w") as fh:
         fh.write(source)
@@ -1163,7 +1246,7 @@ def run_seed(
             return Outcome(seed, False, f"round {rnd}: crash\n" + traceback.format_exc(), source)
         try:
             if want[0] != got[0]:
-                raise Mismatch(f"outcome {want} != {got}")
+                raise Mismatch(f"outcome {want} != {got}\n{eager.last_traceback}\n{comp.last_traceback}")
             same(want[1], got[1], "result")
             same(eager.state(), comp.state(), "state")
         except Mismatch as m:
