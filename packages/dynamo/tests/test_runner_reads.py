@@ -94,3 +94,50 @@ def test_an_iterator_popped_then_split_before_its_loop() -> None:
     x = torch.zeros(2)
     for _ in range(3):
         torch.testing.assert_close(compiled(x), eager(x))
+
+
+def _run_calls(fn: Any, d: dict[str, int], items: list[int]) -> list[Any]:
+    out: list[Any] = []
+    for i in range(3):
+        try:
+            out.append(fn(torch.ones(2), items, d))
+        except RuntimeError as e:
+            out.append(repr(e))
+        d[f"k{i}"] = i
+    return out
+
+
+def test_dict_iterator_made_after_a_key_is_added_is_rebuilt_after_the_effects() -> None:
+    # Note [What leaves the frame is rebuilt after the effects]: pyfuzz seed 141, minimized. The
+    # iterator crosses the split at `tolist`; rebuilt before `d.clear(); d.update(...)` replayed
+    # 'zz', its next step in the continuation raised "dictionary changed size during iteration".
+    def f(y: torch.Tensor, items: list[int], d: dict[str, int]) -> list[int]:
+        d["zz"] = 1
+        it = iter(d.values())
+        items.insert(0, len(y.tolist()))  # a graph break
+        return list(it)
+
+    want = _run_calls(f, {"a": 1}, [])
+    got = _run_calls(kiln_dynamo.compile(f), {"a": 1}, [])
+    assert got == want == [[1, 1], [1, 1, 0], [1, 1, 0, 1]]
+
+
+def test_reversed_iterator_over_a_grown_list_is_rebuilt_after_the_effects() -> None:
+    # the same order for `reversed(l)` over an outside list the frame grew before making it:
+    # rebuilt before the list's replay, its position was out of range of the old list
+    def f(x: torch.Tensor, items: list[int], d: dict[str, int]) -> tuple[torch.Tensor, list[int]]:
+        items.append(len(items))
+        items.append(7)
+        it = reversed(items)
+        next(it)
+        n = len(x.tolist())  # a graph break
+        return x + n, list(it)
+
+    def calls(fn: Any) -> list[Any]:
+        items: list[int] = []
+        return [fn(torch.ones(2), items, {}) for _ in range(3)]
+
+    want, got = calls(f), calls(kiln_dynamo.compile(f))
+    for (wx, wl), (gx, gl) in zip(want, got, strict=True):
+        torch.testing.assert_close(gx, wx)
+        assert gl == wl

@@ -228,10 +228,7 @@ def generate_runner(
             cg.memo[id(reg.handle)] = f"___h{k}"
         stores = side.attr_stores[lo[1] : hi[1]]
         changed = containers[lo[3] : hi[3]]
-        roots = [v for _, _, v in stores] + container_roots(changed)
-        if part == len(cuts) - 1:
-            roots += values if values is not None else [result] if result is not None else []
-        bind_mutables(roots)
+        bind_mutables([v for _, _, v in stores] + container_roots(changed))
         for target, name, value in stores:
             val = value.reconstruct(cg)
             if isinstance(target, _GlobalsTarget):
@@ -266,6 +263,15 @@ def generate_runner(
             emit(f"{tensor.reconstruct(cg)}.register_hook({hook.reconstruct(cg)})")
         if part + 1 < len(cuts):
             emit(_RELEASE)
+    # Note [What leaves the frame is rebuilt after the effects]: the objects the frame made that
+    # only its result or the continuation's values reach are bound after every effect is
+    # replayed. A live iterator among them (Note [Iterators that leave the frame over a live
+    # list], Note [Dict iterators that leave the frame]) is rebuilt over the outside container
+    # as the frame left it: rebuilt before `d.clear(); d.update(...)` replayed a key the frame
+    # added before making `iter(d.values())`, its next step raised "dictionary changed size
+    # during iteration" (found by pyfuzz, seed 141). Sources are still read before the effects
+    # (Note [Sources are read before the effects]); objects an effect stores are bound before it.
+    bind_mutables(values if values is not None else [result] if result is not None else [])
     if values is None:
         assert result is not None
         out = result.reconstruct(cg)
