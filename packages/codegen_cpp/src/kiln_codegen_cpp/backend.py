@@ -145,7 +145,9 @@ class CppBackend(Backend):
                 aliased |= {m.name, source}
         name = kernel_name("cpp", members, step)
         try:
-            return KernelBuilder(name, members, reads, dtypes, internal, self.options, aliased=aliased).build()
+            return KernelBuilder(
+                name, members, reads, dtypes, internal, self.options, aliased=aliased
+            ).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
