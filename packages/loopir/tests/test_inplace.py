@@ -4,6 +4,7 @@ where the rule allows."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -148,3 +149,10 @@ def _reduction(a: Any, b: Any, c: Any) -> Any:
 def test_not_in_a_reduction_kernel() -> None:
     compiled = check(_reduction, make((32, 32)), make((32, 32)), make((32, 8)))
     assert _taken(compiled) == {}
+
+
+def test_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.schedule"):
+        compiled = check(_mm_relu_mm, *_args())
+    ((name, source),) = _taken(compiled).items()
+    assert f"in place: {name} takes over {source}" in caplog.text
