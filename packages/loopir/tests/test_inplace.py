@@ -11,6 +11,7 @@ import pytest
 from helpers import aten, check, make
 
 from kiln_loopir import CompiledGraph
+from kiln_loopir.interpret import InterpretBackend
 from kiln_loopir.scheduler import ExternKernelSchedulerNode, MemoryDep
 
 
@@ -156,3 +157,11 @@ def test_logged(caplog: pytest.LogCaptureFixture) -> None:
         compiled = check(_mm_relu_mm, *_args())
     ((name, source),) = _taken(compiled).items()
     assert f"in place: {name} takes over {source}" in caplog.text
+
+
+class _NoInplace(InterpretBackend):
+    inplace_buffers = False
+
+
+def test_backend_without_the_capability() -> None:
+    assert _taken(check(_mm_relu_mm, *_args(), backend=_NoInplace())) == {}
