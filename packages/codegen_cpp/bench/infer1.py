@@ -6,7 +6,8 @@ a model it lists behind torch.compile may not be. Here each backend's call is ti
 process's CPU time (``time.process_time``, one thread), the backends interleaved (A B C A B C
 ...), medians of ``--repeats`` calls; every backend's logits are checked against eager's first.
 ``kiln_ab`` is kiln with its C++ generator under ``KILN_CPP_OPTIONS=--ab-cpp`` (an A/B of one
-switch in one process). A benchmark, not a test.
+switch in one process), its ``kiln.compile`` options updated by ``--ab-options`` (a loopir switch:
+``inplace_reuse=false``). A benchmark, not a test.
 
     python packages/codegen_cpp/bench/infer1.py --models t5,llama --backends eager,kiln,kiln_ab,inductor \
         --ab-cpp hoist_row_invariant=0
@@ -29,7 +30,17 @@ import kiln
 from kiln_bench.models import build, logits_of
 
 
-def _compiled(backend: str, model: torch.nn.Module, inputs: dict[str, Any], ab_cpp: str) -> Any:
+def _parse_options(text: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        k, _, v = item.partition("=")
+        options[k] = {"true": True, "false": False}.get(v.lower(), v)
+    return options
+
+
+def _compiled(
+    backend: str, model: torch.nn.Module, inputs: dict[str, Any], ab_cpp: str, ab_options: dict[str, Any]
+) -> Any:
     if backend == "eager":
         return model
     if backend == "inductor":
@@ -38,7 +49,8 @@ def _compiled(backend: str, model: torch.nn.Module, inputs: dict[str, Any], ab_c
     options = None
     if backend == "kiln_ab":
         os.environ["KILN_CPP_OPTIONS"] = ab_cpp
-        options = {"layout": True}  # an explicit default: another cache key, so a fresh compile
+        # an explicit default: another cache key, so a fresh compile
+        options = {"layout": True, **ab_options}
     try:
         fn = kiln.compile(model, options=options)
         with torch.no_grad():
@@ -51,10 +63,12 @@ def _compiled(backend: str, model: torch.nn.Module, inputs: dict[str, Any], ab_c
     return fn
 
 
-def run(name: str, backends: list[str], repeats: int, ab_cpp: str) -> dict[str, float]:
+def run(
+    name: str, backends: list[str], repeats: int, ab_cpp: str, ab_options: dict[str, Any]
+) -> dict[str, float]:
     w = build(name, "cpu")
     w.model.eval()
-    fns = {b: _compiled(b, w.model, w.inputs, ab_cpp) for b in backends}
+    fns = {b: _compiled(b, w.model, w.inputs, ab_cpp, ab_options) for b in backends}
     times: dict[str, list[float]] = {b: [] for b in fns}
     with torch.no_grad():
         ref = logits_of(w.model(**w.inputs))
@@ -77,12 +91,15 @@ def main() -> None:
     parser.add_argument("--backends", default="eager,kiln,inductor")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--ab-cpp", default="", help="KILN_CPP_OPTIONS of the kiln_ab backend")
+    parser.add_argument(
+        "--ab-options", default="", help="k=v,... kiln.compile options of the kiln_ab backend"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     backends = args.backends.split(",")
     print("inference, 1 thread, cpu clock: medians in ms (speedup over the first backend)")
     for name in args.models.split(","):
-        ms = run(name, backends, args.repeats, args.ab_cpp)
+        ms = run(name, backends, args.repeats, args.ab_cpp, _parse_options(args.ab_options))
         first = ms[backends[0]]
         print(f"{name:12} " + " ".join(f"{b} {v:8.3f} ({first / v:.3f}x)" for b, v in ms.items()), flush=True)
 

@@ -56,6 +56,9 @@ class CppBackend(Backend):
     # Note [Overlapping max pooling backward on the CPU] (kiln_loopir): GCC leaves a gather's masked
     # loads at computed indices scalar
     scalar_gathers = True
+    # Note [A kernel's output in place of an input that dies in it] (kiln_loopir): the pair of
+    # pointers of one memory is declared without ``__restrict__``
+    inplace_buffers = True
 
     def __init__(
         self, options: Mapping[str, Any] | CppOptions | None = None, *, guarded_layouts: bool = False
@@ -134,9 +137,17 @@ class CppBackend(Backend):
         members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
         reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
         internal = set(schedule.plan.internal.get(step, ()))
+        # Note [A kernel's output in place of an input that dies in it] (kiln_loopir): the two
+        # names of one memory lose ``__restrict__``
+        aliased = set()
+        for m in members:
+            if (source := schedule.plan.inplace.get(m.name)) is not None:
+                aliased |= {m.name, source}
         name = kernel_name("cpp", members, step)
         try:
-            return KernelBuilder(name, members, reads, dtypes, internal, self.options).build()
+            return KernelBuilder(
+                name, members, reads, dtypes, internal, self.options, aliased=aliased
+            ).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
             log.debug("kernel %s runs in the interpreter: %s", node.name, exc)

@@ -449,8 +449,11 @@ class KernelBuilder(OpsHandlerBase):
         dtypes: dict[str, torch.dtype],
         internal: set[str],
         options: CppOptions | None = None,
+        *,
+        aliased: Set[str] = frozenset(),
     ) -> None:
         self.name = name
+        self.aliased = aliased  # buffers that share memory with another parameter
         self.options = options or CppOptions()
         self.members = list(members)
         self.reads = list(reads)
@@ -1113,7 +1116,7 @@ class KernelBuilder(OpsHandlerBase):
         for name in params:
             const = "const " if name not in self.stored else ""
             types.append(f"{const}{storage_type(self.dtypes[name])}*")
-            sig.append(f"{types[-1]}{restrict} p_{name}")
+            sig.append(f"{types[-1]}{'' if name in self.aliased else restrict} p_{name}")
         sig.append("int64_t nt")
         out: list[str] = [
             *source_comment(self.name, self.members, "//"),

@@ -708,7 +708,9 @@ class WrapperCodegen(WrapperConstants):
                     self.pointer(
                         buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()"
                     )
-                    self.emit(f"del {reuse}")
+                    # after the call: an input taken over in place (Note [A kernel's output in
+                    # place of an input that dies in it]) is still an argument of the kernel
+                    temporaries.append(reuse)
                 else:
                     self.allocate(buffer)
             elif buffer.name in scratch:

@@ -67,6 +67,9 @@ class Backend:
     # Note [Overlapping max pooling backward on the CPU] (lowerings/pooling.py): whether a gather
     # kernel's masked loads at computed indices leave its loop scalar in this generator
     scalar_gathers: bool = False
+    # Note [A kernel's output in place of an input that dies in it] (scheduler.py): whether this
+    # generator's kernels stay correct when an output and an input are one memory
+    inplace_buffers: bool = False
 
     def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""

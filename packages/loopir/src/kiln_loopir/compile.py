@@ -296,6 +296,7 @@ def _generate(
             template_hook=_template_hook(chosen),
             far_output_fusion=passes.options.far_output_fusion,
             late_placement=passes.options.late_placement,
+            inplace=passes.options.inplace_reuse and bool(getattr(chosen, "inplace_buffers", False)),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

@@ -243,6 +243,7 @@ class InterpretBackend(Backend):
     """The ``"interpret"`` backend; see the module docstring."""
 
     name = "interpret"
+    inplace_buffers = True  # each member's loads are evaluated before its store
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]

@@ -6,7 +6,7 @@ loggers to DEBUG and gives them a stderr handler if the application configured n
 * ``ir`` (logger ``kiln.loopir.ir``): each fx node's lowering and each buffer's loop body as
   pseudo code, one ``ops`` call per line;
 * ``schedule`` (logger ``kiln.loopir.schedule``): dead code removed, every fusion with its score,
-  the final order of kernels and the buffer plan;
+  the final order of kernels and the buffer plan (each output written in place of an input);
 * ``passes`` (logger ``kiln.loopir.passes``): what each graph pass before lowering rewrote, padded
   or re-laid, and why (the layout rule's verdict, each matmul padded or left with its timing);
 * ``fallbacks`` (logger ``kiln.loopir.fallbacks``): every op whose lowering declined or failed,

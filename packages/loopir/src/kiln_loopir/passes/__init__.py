@@ -109,6 +109,11 @@ class PassOptions:
     ``var_mean``: a ``var.correction`` and a ``mean.dim`` of the same rows become one ``var_mean``,
     one Welford reduction with two outputs (Note [One Welford for a variance and its mean] in
     passes/var_mean.py); ``False``: the variance's Welford and a separate sum for the mean.
+    ``inplace_reuse``: a pointwise kernel writes its output over an input buffer it reads for the
+    last time, at the same positions (Note [A kernel's output in place of an input that dies in
+    it] in scheduler.py), where the backend says it can (``Backend.inplace_buffers``); ``False``:
+    every output gets a buffer of its own or one freed before its kernel. A decision handed to
+    the scheduler.
     """
 
     layout: bool = True
@@ -134,6 +139,7 @@ class PassOptions:
     late_placement: bool = True
     var_mean: bool = True
     conv_grad_format: bool = True
+    inplace_reuse: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -165,12 +171,13 @@ class PassOptions:
             made.late_placement,
             made.var_mean,
             made.conv_grad_format,
+            made.inplace_reuse,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
                 " pad_mm_output_copy, view_scatter, pool_values_max, shape_only_readers, cse, far_output_fusion"
-                ", late_placement, var_mean and conv_grad_format"
+                ", late_placement, var_mean, conv_grad_format and inplace_reuse"
                 " are True or False"
             )
         if made.pool_backward not in (True, False, "force"):
