@@ -1191,3 +1191,44 @@ def test_strings_and_order_of_sizes_stay_symbolic() -> None:
         assert repr(got[1]) == repr(want[1]) and [type(v) for v in got[1]] == [type(v) for v in want[1]]
     # a < 5 < b (4x6, 5x6, 3x9), then 5 < a < b (7x8, 6x10)
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _grads_against_eager(
+    fn: Callable[..., Any], argsets: list[tuple[torch.Tensor, ...]], **compile_kw: Any
+) -> None:
+    """Each call's output and every input's gradient (a random output weighting) as eager's."""
+    compiled = kiln.compile(fn, **compile_kw)
+    for args in argsets:
+        mine = [a.detach().clone().requires_grad_() for a in args]
+        ref = [a.detach().clone().requires_grad_() for a in args]
+        out, want = compiled(*mine), fn(*ref)
+        torch.testing.assert_close(out, want)
+        weight = torch.randn_like(want)
+        (out * weight).sum().backward()
+        (want * weight).sum().backward()
+        for a, b in zip(mine, ref, strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
+    assert all(r.fell_back is None for r in kiln.compile_log())
+
+
+def _kv_cat_and_padding(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # a KV concat, a rotary half-swap `cat` and padding, each backward a slice at a symbolic offset
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+    kv = torch.cat([k, rot], 1) * 2
+    padded = torch.nn.functional.pad(kv, (0, 0, 1, 2), value=0.5)
+    reflected = torch.nn.functional.pad(kv.unsqueeze(0), (0, 0, 2, 1), mode="reflect").squeeze(0)
+    replicated = torch.nn.functional.pad(kv.unsqueeze(0), (0, 0, 1, 1), mode="replicate").squeeze(0)
+    return padded[:, 1:-2] + reflected[:, 2:-1] + replicated[:, 1:-1]
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_cat_and_pad_backwards_compile_once_for_every_length(cpu_backend: str) -> None:
+    """kiln_aotgrad's Note [Symbols the backward binds]: the backward of `cat` and `pad` slices
+    a tangent of size `s1 + s2`; the symbols reach it as saved ints, so one forward and one
+    backward serve every length (each length compiled static before)."""
+    lengths = (5, 7, 10, 17)  # no length equal to another size (duck sizing would guard it)
+    argsets = [(torch.randn(2, n, 4), torch.randn(2, n + 1, 4)) for n in lengths]
+    _grads_against_eager(_kv_cat_and_padding, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]
