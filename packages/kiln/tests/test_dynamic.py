@@ -1211,24 +1211,32 @@ def _grads_against_eager(
     assert all(r.fell_back is None for r in kiln.compile_log())
 
 
-def _kv_cat_and_padding(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    # a KV concat, a rotary half-swap `cat` and padding, each backward a slice at a symbolic offset
+def _kv_cat(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([k, x], 1) * 2
+
+
+def _rotary_half_swap(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-    kv = torch.cat([k, rot], 1) * 2
-    padded = torch.nn.functional.pad(kv, (0, 0, 1, 2), value=0.5)
-    reflected = torch.nn.functional.pad(kv.unsqueeze(0), (0, 0, 2, 1), mode="reflect").squeeze(0)
-    replicated = torch.nn.functional.pad(kv.unsqueeze(0), (0, 0, 1, 1), mode="replicate").squeeze(0)
-    return padded[:, 1:-2] + reflected[:, 2:-1] + replicated[:, 1:-1]
+    return torch.cat([-x[..., half:], x[..., :half]], -1) * k.sum()
+
+
+def _pads(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    padded = torch.nn.functional.pad(k, (0, 0, 1, 2), value=0.5)
+    reflected = torch.nn.functional.pad(k.unsqueeze(0), (0, 0, 2, 1), mode="reflect").squeeze(0)
+    replicated = torch.nn.functional.pad(k.unsqueeze(0), (0, 0, 1, 1), mode="replicate").squeeze(0)
+    return padded[:, 1:-2] * 2 + reflected[:, 2:-1] * 3 + replicated[:, 1:-1] + x.sum()
 
 
 @pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
-def test_cat_and_pad_backwards_compile_once_for_every_length(cpu_backend: str) -> None:
+@pytest.mark.parametrize("fn", [_kv_cat, _rotary_half_swap, _pads], ids=["kv_cat", "rotary", "pads"])
+def test_cat_and_pad_backwards_compile_once_for_every_length(
+    cpu_backend: str, fn: Callable[..., Any]
+) -> None:
     """kiln_aotgrad's Note [Symbols the backward binds]: the backward of `cat` and `pad` slices
-    a tangent of size `s1 + s2`; the symbols reach it as saved ints, so one forward and one
-    backward serve every length (each length compiled static before)."""
+    a tangent of size `s1 + s2` (or `s1 + 3`); the symbols reach it as saved ints, so one
+    forward and one backward serve every length (before: each length compiled static)."""
     lengths = (5, 7, 10, 17)  # no length equal to another size (duck sizing would guard it)
     argsets = [(torch.randn(2, n, 4), torch.randn(2, n + 1, 4)) for n in lengths]
-    _grads_against_eager(_kv_cat_and_padding, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [True]
