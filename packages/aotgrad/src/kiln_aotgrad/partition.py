@@ -28,7 +28,10 @@ Note [Saved sizes]: with symbolic sizes the backward reads sizes the forward com
 candidate like a tensor, at 8 bytes (an int64): without a capacity its edge was infinite, and
 a size the backward needs but cannot recompute (`sym_size` of a primal that is not saved) left
 no finite cut ("Infinite capacity path"). A saved size is an int at run time; the training
-runner keeps it beside `save_for_backward`, which takes tensors only (`saved_sizes`).
+runner keeps it beside `save_for_backward`, which takes tensors only (`saved_sizes`). Python
+arithmetic on sizes (`operator.add` of SymInts, a float of sizes such as var's `2.0 / (n - 1)`:
+Note [Floats of sizes remember their operation] in kiln_symbolic) is recomputable; a float is
+never saved (its edge stays infinite), the ints it is computed from are.
 
 Note [Symbols the backward binds]: the backward's code generator reads every size symbol from
 its own inputs: a saved SymInt that is a plain symbol, or a plain-symbol size or stride of a
@@ -138,6 +141,10 @@ def recomputable(node: torch.fx.Node) -> bool:
     t = node.target
     if t is operator.getitem:
         return recomputable(node.args[0])  # type: ignore[arg-type]
+    if isinstance(node.meta.get("val"), torch.SymInt | torch.SymFloat) and not isinstance(
+        t, torch._ops.OpOverload
+    ):
+        return True  # Note [Saved sizes]: arithmetic on sizes, recomputed from the saved ints
     if not isinstance(t, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in t.tags:
