@@ -244,11 +244,12 @@ def test_a_batched_matmul_keeps_the_length_symbolic() -> None:
 
 
 def test_a_refusal_is_one_line_naming_the_operator() -> None:
-    # align_corners' scale (n - 1) / 2 is a SymFloat that no Python operation of the captured
-    # graph made (the decomposition computes it), so the tracer refuses it: the reason names the
-    # aten op that takes it, on one line (torch.fx's "While executing" note stays in the log)
+    # `n ** 0.5` is a SymFloat made by an operation loopir does not compute in double (Note
+    # [Floats of sizes remember their operation] in kiln_symbolic keeps no recipe for `**`), so
+    # the tracer refuses it: the reason names the aten op that takes it, on one line (torch.fx's
+    # "While executing" note stays in the log)
     def f(x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.interpolate(x, size=(3, 3), mode="bilinear", align_corners=True)
+        return x * (x.shape[-1] ** 0.5)
 
     compiled = kiln_dynamo.compile(f, backend=kiln_aotgrad.aot_eager, dynamic=True)
     for n in (5, 7):
@@ -257,3 +258,49 @@ def test_a_refusal_is_one_line_naming_the_operator() -> None:
     ((_, reason),) = counters.dynamic_fallbacks
     assert reason.startswith("kiln_aotgrad: aten::mul.Tensor: a symbolic SymFloat argument ("), reason
     assert "\n" not in reason, reason
+
+
+def _symbols_of(val: Any) -> set[Any]:
+    from kiln_symbolic import expr_of, is_symbolic
+
+    parts = [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else [val]
+    return {s for p in parts if is_symbolic(p) for s in expr_of(p).free_symbols}
+
+
+def _plain_symbols(val: Any) -> set[Any]:
+    from kiln_symbolic import expr_of
+
+    parts = [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else [val]
+    return {expr_of(p) for p in parts if isinstance(p, torch.SymInt) and expr_of(p).is_Symbol}
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, y: torch.cat([x, y], 0) * 2,
+        lambda x, y: torch.nn.functional.pad(x, (1, 2), value=0.5) * 2 + y.sum(),
+    ],
+    ids=["cat", "pad"],
+)
+def test_the_backward_inputs_bind_every_symbol_it_uses(fn: Callable[..., Any]) -> None:
+    """Note [Symbols the backward binds]: `cat`'s and `pad`'s backwards slice a tangent of size
+    `s0 + s1` / `s1 + 3`; the forward saves the symbols themselves so that the backward's
+    inputs (plain-symbol ints and sizes) give every symbol its values mention."""
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(fn, backend=dynamic_backend(rec), dynamic=True)
+    for n in (3, 5, 8, 17):
+        x = torch.randn(n, 4, requires_grad=True)
+        y = torch.randn(n + 2, 4, requires_grad=True)
+        xr, yr = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+        out, want = compiled(x, y), fn(xr, yr)
+        torch.testing.assert_close(out, want)
+        g = torch.randn_like(want)
+        out.backward(g)
+        want.backward(g)
+        torch.testing.assert_close(x.grad, xr.grad)
+        torch.testing.assert_close(y.grad, yr.grad)
+    assert counters.dynamic_fallbacks == [] and len(rec.graphs) == 2
+    bw = rec.graphs[1]
+    bound = set().union(*(_plain_symbols(n.meta["val"]) for n in bw.graph.nodes if n.op == "placeholder"))
+    used = set().union(*(_symbols_of(n.meta["val"]) for n in bw.graph.nodes if "val" in n.meta))
+    assert used and used <= bound, (used, bound)

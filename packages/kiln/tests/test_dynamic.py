@@ -1191,3 +1191,99 @@ def test_strings_and_order_of_sizes_stay_symbolic() -> None:
         assert repr(got[1]) == repr(want[1]) and [type(v) for v in got[1]] == [type(v) for v in want[1]]
     # a < 5 < b (4x6, 5x6, 3x9), then 5 < a < b (7x8, 6x10)
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+
+
+def _grads_against_eager(
+    fn: Callable[..., Any], argsets: list[tuple[torch.Tensor, ...]], **compile_kw: Any
+) -> None:
+    """Each call's output and every input's gradient (a random output weighting) as eager's."""
+    compiled = kiln.compile(fn, **compile_kw)
+    for args in argsets:
+        mine = [a.detach().clone().requires_grad_() for a in args]
+        ref = [a.detach().clone().requires_grad_() for a in args]
+        out, want = compiled(*mine), fn(*ref)
+        torch.testing.assert_close(out, want)
+        weight = torch.randn_like(want)
+        (out * weight).sum().backward()
+        (want * weight).sum().backward()
+        for a, b in zip(mine, ref, strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
+    assert all(r.fell_back is None for r in kiln.compile_log())
+
+
+def _kv_cat(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([k, x], 1) * 2
+
+
+def _rotary_half_swap(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[1] // 2
+    return torch.cat([-x[:, half:], x[:, :half]], 1) * k.sum()
+
+
+def _constant_pad(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(k, (0, 0, 1, 2), value=0.5) * 2 + x.sum()
+
+
+def _reflect_and_replicate_pads(k: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    reflected = torch.nn.functional.pad(k.unsqueeze(0), (0, 0, 2, 1), mode="reflect").squeeze(0)
+    replicated = torch.nn.functional.pad(x.unsqueeze(0), (0, 0, 1, 1), mode="replicate").squeeze(0)
+    return reflected[:, 2:-1] * 3 + replicated[:, 1:-2]
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+@pytest.mark.parametrize(
+    "fn",
+    [_kv_cat, _rotary_half_swap, _constant_pad, _reflect_and_replicate_pads],
+    ids=["kv_cat", "rotary", "constant_pad", "reflect_replicate"],
+)
+def test_cat_and_pad_backwards_compile_once_for_every_length(
+    cpu_backend: str, fn: Callable[..., Any]
+) -> None:
+    """kiln_aotgrad's Note [Symbols the backward binds]: the backward of `cat` and `pad` slices
+    a tangent of size `s1 + s2` (or `s1 + 3`); the symbols reach it as saved ints, so one
+    forward and one backward serve every length (before: the KV concat and the constant pad
+    compiled static per length)."""
+    lengths = (5, 7, 10, 17)  # no length equal to another size (duck sizing would guard it)
+    argsets = [(torch.randn(2, n, 4), torch.randn(2, n + 1, 4)) for n in lengths]
+    _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _interpolate_align_corners(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    up = torch.nn.functional.interpolate(x, size=(2 * x.shape[-1] + 1,), mode="linear", align_corners=True)
+    return (
+        up.sum(-1)
+        + torch.nn.functional.interpolate(y, size=(7, 9), mode="bilinear", align_corners=True).sum()
+    )
+
+
+def _sdpa_default_scale(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, k * 2)
+
+
+def _var_backward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x.var(-1) * 2 + x.std(-1) + y.var(1, correction=0).sum()
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+@pytest.mark.parametrize(
+    ("fn", "shapes"),
+    [
+        (_interpolate_align_corners, lambda n: [(1, 3, n), (1, 2, n + 1, n + 3)]),
+        (_sdpa_default_scale, lambda n: [(1, 2, 6, n), (1, 2, 9, n)]),
+        (_var_backward, lambda n: [(6, n), (9, n + 2)]),
+    ],
+    ids=["interpolate", "sdpa", "var"],
+)
+def test_floats_of_sizes_inside_decompositions_stay_symbolic(
+    cpu_backend: str, fn: Callable[..., Any], shapes: Callable[[int], list[tuple[int, ...]]]
+) -> None:
+    """kiln_symbolic's Note [Floats of sizes remember their operation]: align_corners' scale
+    `(n - 1) / (m - 1)`, SDPA's `1 / sqrt(E)` and var's backward `2.0 / (n - 1)` are computed
+    from sizes inside decompositions; the trace replays their operations in the graph, so one
+    compile serves every size (before: refused, a static compile per size)."""
+    argsets = [tuple(torch.randn(s) for s in shapes(n)) for n in (5, 7, 11, 16)]
+    _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]

@@ -4,6 +4,7 @@ the magic methods) and method by method over the list that torch's C++ side call
 from __future__ import annotations
 
 import math
+import operator
 
 import pytest
 import sympy
@@ -90,3 +91,34 @@ def test_broadcast_against_a_static_size_guards_equality() -> None:
     assert out.shape == (3, 4)
     assert any(str(g.expr) == "Eq(s0, 3)" for g in env.guards)
     assert env.replace(sympy.Symbol("s0", integer=True, positive=True, nonnegative=True)) == 3
+
+
+def _replay(value: object) -> object:
+    """A float of sizes recomputed from its recipes, its sizes at their hints."""
+    node = value.node if isinstance(value, torch.SymFloat | torch.SymInt) else value
+    if isinstance(node, SymNode):
+        if node.constant is not None:
+            return node.constant
+        if node.recipe is None:
+            assert node.pytype is int, node
+            return node.hint
+        fn, operands = node.recipe
+        return fn(*(_replay(o) for o in operands))
+    return node
+
+
+def test_floats_of_sizes_remember_their_operation() -> None:
+    """Note [Floats of sizes remember their operation]: each float operation on sizes records
+    the Python function and its operands, so the value can be recomputed in its order (the
+    sympy expression `2.0/(s0 - 1.0)` has reordered it); `**` keeps none."""
+    env = ShapeEnv()
+    n, m = _sym(env, 7, "n"), _sym(env, 3, "m")
+    scale = 2.0 / (n - 1.0)
+    assert scale.node.recipe is not None and scale.node.recipe[0] is operator.truediv
+    assert _replay(scale) == 2.0 / (7 - 1.0)
+    ratio = (n - 1) / (2 * m - 1) * 0.5 + 0.1
+    assert _replay(ratio) == (7 - 1) / (2 * 3 - 1) * 0.5 + 0.1
+    assert _replay(-torch.sym_float(m) / 3) == -3.0 / 3
+    assert (n**0.5).node.recipe is None
+    assert (n + m).node.recipe is None  # ints are rebuilt from their expression
+    assert env.guards == []

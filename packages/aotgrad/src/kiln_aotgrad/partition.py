@@ -28,7 +28,21 @@ Note [Saved sizes]: with symbolic sizes the backward reads sizes the forward com
 candidate like a tensor, at 8 bytes (an int64): without a capacity its edge was infinite, and
 a size the backward needs but cannot recompute (`sym_size` of a primal that is not saved) left
 no finite cut ("Infinite capacity path"). A saved size is an int at run time; the training
-runner keeps it beside `save_for_backward`, which takes tensors only (`saved_sizes`).
+runner keeps it beside `save_for_backward`, which takes tensors only (`saved_sizes`). Python
+arithmetic on sizes (`operator.add` of SymInts, a float of sizes such as var's `2.0 / (n - 1)`:
+Note [Floats of sizes remember their operation] in kiln_symbolic) is recomputable; a float is
+never saved (its edge stays infinite), the ints it is computed from are.
+
+Note [Symbols the backward binds]: the backward's code generator reads every size symbol from
+its own inputs: a saved SymInt that is a plain symbol, or a plain-symbol size or stride of a
+saved tensor or a tangent (kiln_loopir's Note [Symbolic sizes in the wrapper]). A cut chooses
+values, not symbols: `cat([x, y], 1)`'s backward slices the tangent of size `s1 + s2` at `s1`
+and saves `s1` and `s1 + s2`, so `s2` alone reaches it nowhere and the backward was refused
+("no input holds size symbols [s2]"), the frame compiled static per size. After the cut, every
+symbol a backward value mentions that its inputs do not bind is saved too: the forward node
+that is that symbol (`sym_size(y, 1)`), or a new `sym_size`/`sym_stride` of the primal whose
+size or stride it is (`_bind_backward_symbols`). One int64 each; data-dependent symbols are
+left to loopir (an extern's result binds them).
 """
 
 from __future__ import annotations
@@ -40,7 +54,7 @@ from typing import Any
 import networkx as nx
 import torch
 import torch.fx
-from kiln_symbolic import hint_of
+from kiln_symbolic import expr_of, hint_of, is_symbolic
 
 from kiln_aotgrad.tracer import effectful
 from kiln_dynamo import forget_source_when_freed
@@ -127,6 +141,10 @@ def recomputable(node: torch.fx.Node) -> bool:
     t = node.target
     if t is operator.getitem:
         return recomputable(node.args[0])  # type: ignore[arg-type]
+    if isinstance(node.meta.get("val"), torch.SymInt | torch.SymFloat) and not isinstance(
+        t, torch._ops.OpOverload
+    ):
+        return True  # Note [Saved sizes]: arithmetic on sizes, recomputed from the saved ints
     if not isinstance(t, torch._ops.OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded in t.tags:
@@ -252,6 +270,8 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
         saved = _saved_default(nodes, tangent_dep, bw_need, outs)
     else:
         saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs)
+    saved = _bind_backward_symbols(joint, nodes, saved, tangents, tangent_dep, bw_outs)
+    nodes = list(joint.graph.nodes)  # with the sizes read for the backward, if any
     saved_set = set(saved)
     # run-time assertions read by nothing run where their inputs are: the forward's, unless they
     # check a gradient (Note [Extern calls kept for their effect] in kiln_loopir's scheduler.py)
@@ -273,6 +293,95 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
     activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
     sizes = tuple(i for i, n in enumerate(saved) if isinstance(n.meta.get("val"), torch.SymInt))
     return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations, sizes)
+
+
+def _symbols(val: Any) -> set[Any]:
+    """The size symbols of a value: a SymInt/SymFloat/SymBool's, a tensor's sizes, strides and
+    storage offset's."""
+    if isinstance(val, torch.Tensor):
+        parts: list[Any] = [*val.shape, *val.stride(), val.storage_offset()]
+    else:
+        parts = [val]
+    out: set[Any] = set()
+    for p in parts:
+        if is_symbolic(p):
+            out |= expr_of(p).free_symbols
+    return out
+
+
+def _binds(val: Any) -> set[Any]:
+    """The symbols an input of this value gives the backward: itself if a plain-symbol SymInt,
+    its plain-symbol sizes and strides if a tensor (Note [Symbols the backward binds])."""
+    parts = [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else [val]
+    found = set()
+    for p in parts:
+        if isinstance(p, torch.SymInt) and expr_of(p).is_Symbol:
+            found.add(expr_of(p))
+    return found
+
+
+def _shape_env(val: Any) -> Any:
+    parts = [*val.shape, *val.stride()] if isinstance(val, torch.Tensor) else [val]
+    for p in parts:
+        if is_symbolic(p):
+            return p.node.shape_env
+    return None
+
+
+def _bind_backward_symbols(
+    joint: torch.fx.GraphModule,
+    nodes: list[torch.fx.Node],
+    saved: list[Any],
+    tangents: list[torch.fx.Node],
+    tangent_dep: set[torch.fx.Node],
+    bw_outs: list[Any],
+) -> list[Any]:
+    """`saved` plus a node for each symbol the backward needs and its inputs do not bind
+    (Note [Symbols the backward binds]); may add `sym_size` nodes to `joint`."""
+    saved_set = set(saved)
+    bw_nodes = _ancestors(
+        [*bw_outs, *(n for n in nodes if effectful(n) and n in tangent_dep)], saved_set | set(tangents)
+    )
+    needed: set[Any] = set()
+    env = None
+    for n in bw_nodes:
+        val = n.meta.get("val")
+        syms = _symbols(val)
+        if syms:
+            needed |= syms
+            env = env or _shape_env(val)
+    if not needed:
+        return saved
+    bound: set[Any] = set()
+    for n in [*saved, *tangents]:
+        bound |= _binds(n.meta.get("val"))
+    missing = sorted((s for s in needed - bound if env is None or not env.is_unbacked(s)), key=str)
+    if not missing:
+        return saved
+    providers: dict[Any, torch.fx.Node] = {}
+    for n in nodes:
+        val = n.meta.get("val")
+        if n in tangent_dep or not isinstance(val, torch.SymInt):
+            continue
+        expr = expr_of(val)
+        if expr.is_Symbol and expr in missing and expr not in providers:
+            providers[expr] = n
+    first_op = next(n for n in nodes if n.op != "placeholder")
+    for p in (n for n in nodes if n.op == "placeholder" and n not in tangent_dep):
+        val = p.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for op, values in ((aten.sym_size.int, val.shape), (aten.sym_stride.int, val.stride())):
+            for dim, v in enumerate(values):
+                expr = expr_of(v) if isinstance(v, torch.SymInt) else None
+                if expr is None or not expr.is_Symbol or expr not in missing or expr in providers:
+                    continue
+                with joint.graph.inserting_before(first_op):
+                    read = joint.graph.call_function(op, (p, dim))
+                read.meta["val"] = v
+                providers[expr] = read
+    extra = [providers[s] for s in missing if s in providers]
+    return [*saved, *(n for n in dict.fromkeys(extra) if n not in saved_set)]
 
 
 def _is_input_view(node: torch.fx.Node) -> bool:

@@ -261,6 +261,7 @@ class Tracer(TorchDispatchMode):
         # Note [A float of sizes keeps its Python operations]: id(SymNode) -> (value, fn, args)
         self._float_recipes: dict[int, tuple[Any, Any, tuple[Any, ...]]] = {}
         self._float_nodes: dict[int, torch.fx.Node] = {}
+        self._float_keep: list[Any] = []
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def placeholder(self, name: str, fake: Any) -> torch.fx.Node:
@@ -371,6 +372,8 @@ class Tracer(TorchDispatchMode):
             return self.sym_node_for(x)
         if isinstance(x, torch.SymFloat) and is_symbolic(x) and id(x.node) in self._float_recipes:
             return self._sym_float_node(x)
+        if isinstance(x, torch.SymFloat) and is_symbolic(x) and self._recipe_of(x.node) is not None:
+            return self._sym_float_node(x)
         if isinstance(x, (torch.SymFloat, torch.SymBool)) and is_symbolic(x):
             op = func.name() if hasattr(func, "name") else None
             raise AotgradError(f"a symbolic {type(x).__name__} argument ({x})", op=op, origin=self.where())
@@ -398,13 +401,39 @@ class Tracer(TorchDispatchMode):
         ):
             self._float_recipes[id(value.node)] = (value, fn, tuple(args))
 
+    def _recipe_of(self, node: Any) -> tuple[Any, tuple[Any, ...]] | None:
+        """How a SymFloat's node was computed: from the captured graph, or (Note [Floats of
+        sizes remember their operation] in kiln_symbolic) the node's own operation, its operands
+        as SymInt / SymFloat / numbers; None if any operand float has no recipe either."""
+        known = self._float_recipes.get(id(node))
+        if known is not None:
+            return known[1], known[2]
+        recipe = getattr(node, "recipe", None)
+        if recipe is None:
+            return None
+        fn, operands = recipe
+        args: list[Any] = []
+        for o in operands:
+            if o.constant is not None:
+                args.append(o.constant)
+            elif o.pytype is int:
+                args.append(torch.SymInt(o))
+            elif o.pytype is float and self._recipe_of(o) is not None:
+                args.append(torch.SymFloat(o))
+            else:
+                return None
+        return fn, tuple(args)
+
     def _sym_float_node(self, value: torch.SymFloat) -> Any:
         key = id(value.node)
         node = self._float_nodes.get(key)
         if node is None:
-            _, fn, args = self._float_recipes[key]
+            recipe = self._recipe_of(value.node)
+            assert recipe is not None, value
+            fn, args = recipe
             node = self._sym_call(fn, tuple(self._to_node(a) for a in args))
             self._float_nodes[key] = node
+            self._float_keep.append(value)  # keeps id(value.node) from being reused
         return node
 
     def where(self) -> str | None:

@@ -51,6 +51,26 @@ statistics are column reductions over N*H*W rows; ResNet-50's at 14x14 and 7x7 (
 for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule: 64-128 programs
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
 kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
+
+Note [Split reductions under symbolic sizes]: a kernel with symbolic sizes is never split
+(``spec.symbolic`` in backend.py, ``_static`` here); its reduction runs as one looped kernel,
+correct at every size but with as few programs as it has outputs. What splitting one would take,
+and why it is not done yet:
+- the plan is decided on integers: the chunk count ``S`` from the program count and the row
+  length. ``S`` could be chosen once from the size hints (a heuristic, no guard), but the chunk
+  length ``ceil(nr / S)``, the partial buffer ``S * nx`` and the partial kernel's position
+  ``s * chunk + r`` then become expressions in the size symbols: the partial Reduction built
+  here (``_partial``) takes only ints, and its mask ``s * chunk + r < nr`` must be emitted over
+  symbols and checked by the wrapper's allocation;
+- a Welford split needs the chunks to divide the row exactly (a padded position would count in
+  the weight): under symbols that is a divisibility fact only a guard could give (recompiles
+  per residue class, which kiln never adds: DYNAMIC.md), so Welford stays whole or needs masked
+  weights in the partial;
+- the sizes the hints picked ``S`` for may be far from the run's: a row of 64 split in 64
+  chunks of 1 is slower than whole, so a symbolic split needs a run-time choice (two kernels
+  and a branch in the wrapper on ``nr``), or a bound from the ShapeEnv's ranges.
+Until then the looped kernel is kept: long reductions with few outputs under dynamic shapes
+(``x.sum()`` of an [s0, 1024] activation) run on few programs (not measured on a GPU yet).
 """
 
 from __future__ import annotations
@@ -124,7 +144,7 @@ def plan_split(
     first = real[0]
     ranges, rranges = first.iteration()
     if not all(_static(*m.iteration()) for m in members):
-        # only static kernels are planned, but a static kernel's ranges may hold symbols whose
+        # Note [Split reductions under symbolic sizes]: only static kernels are planned, but a static kernel's ranges may hold symbols whose
         # product is static (a dim of 0 beside a symbolic one): nothing to split there
         return None
     nx = math.prod(_int(s) for s in ranges)

@@ -94,6 +94,26 @@ _BINARY: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any], t
 }
 
 
+# Note [Floats of sizes remember their operation]: a float computed from sizes inside a
+# decomposition or a C++ derivative (align_corners' `(n - 1) / (m - 1)`, var's backward
+# `2.0 / (n - 1)`, SDPA's `1 / sqrt(E)`) never passes through the captured graph, so the trace
+# cannot replay its Python operations (Note [A float of sizes keeps its Python operations] in
+# kiln_aotgrad) from there, and its sympy expression reorders float arithmetic. Each SymNode
+# made by one of these operations keeps it: `recipe` = (the Python function, its operand
+# nodes), from which a consumer rebuilds the value in the same order, one double operation
+# each. Other float operations (`**`, `sqrt`) keep none.
+_FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "float_truediv": operator.truediv,
+    "int_truediv": operator.truediv,
+    "neg": operator.neg,
+    "sym_float": torch.sym_float,
+}
+
+
 def _round(x: Any) -> Any:
     return sympy.Function("round")(x)
 
@@ -117,14 +137,24 @@ _UNARY: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any], type | None]
 class SymNode:
     """A symbolic int, float or bool over a kiln ShapeEnv (see the module docstring)."""
 
-    __slots__ = ("_expr", "_hint", "constant", "pytype", "shape_env")
+    __slots__ = ("_expr", "_hint", "constant", "pytype", "recipe", "shape_env")
 
-    def __init__(self, expr: Any, shape_env: ShapeEnv, pytype: type, hint: Any, constant: Any = None) -> None:
+    def __init__(
+        self,
+        expr: Any,
+        shape_env: ShapeEnv,
+        pytype: type,
+        hint: Any,
+        constant: Any = None,
+        recipe: tuple[Callable[..., Any], tuple[SymNode, ...]] | None = None,
+    ) -> None:
         self._expr = sympy.sympify(expr)
         self.shape_env = shape_env
         self.pytype = pytype
         self._hint = hint
         self.constant = constant
+        # Note [Floats of sizes remember their operation]
+        self.recipe = recipe
 
     # --- what torch reads ---------------------------------------------------------------------
     @property
@@ -218,14 +248,18 @@ class SymNode:
         hint = _safe(py)(self._hint, other._hint)
         if hint is not None and out_type is not bool:
             hint = out_type(hint)
-        return SymNode(expr, self.shape_env, out_type, hint)
+        recipe = (
+            (_FLOAT_RECIPES[name], (self, other)) if out_type is float and name in _FLOAT_RECIPES else None
+        )
+        return SymNode(expr, self.shape_env, out_type, hint, recipe=recipe)
 
     def _unary(self, name: str) -> SymNode:
         build, py, out_type = _UNARY[name]
         out_type = out_type or self.pytype
         if name in ("floor", "ceil", "trunc", "sym_int") and self.pytype is int:
             return self
-        return SymNode(build(self.expr), self.shape_env, out_type, _safe(py)(self._hint))
+        recipe = (_FLOAT_RECIPES[name], (self,)) if out_type is float and name in _FLOAT_RECIPES else None
+        return SymNode(build(self.expr), self.shape_env, out_type, _safe(py)(self._hint), recipe=recipe)
 
     def sym_ite(self, then: SymNode, other: SymNode) -> SymNode:
         expr = sympy.Piecewise((then.expr, self.expr), (other.expr, True))
