@@ -1280,9 +1280,10 @@ def test_floats_of_sizes_inside_decompositions_stay_symbolic(
     cpu_backend: str, fn: Callable[..., Any], shapes: Callable[[int], list[tuple[int, ...]]]
 ) -> None:
     """kiln_symbolic's Note [Floats of sizes remember their operation]: align_corners' scale
-    `(n - 1) / (m - 1)`, SDPA's `1 / sqrt(E)` and var's backward `2.0 / (n - 1)` are computed
-    from sizes inside decompositions; the trace replays their operations in the graph, so one
-    compile serves every size (before: refused, a static compile per size)."""
+    `(n - 1) / (m - 1)` and var's backward `2.0 / (n - 1)` are computed from sizes inside
+    decompositions; the trace replays their operations in the graph, so one compile serves every
+    size (before: refused, a static compile per size). SDPA's `1 / sqrt(E)` compiled symbolically
+    before too: its case guards that it stays so."""
     argsets = [tuple(torch.randn(s) for s in shapes(n)) for n in (5, 7, 11, 16)]
     _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
