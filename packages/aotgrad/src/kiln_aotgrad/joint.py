@@ -226,6 +226,13 @@ def trace(
         if seen is not leaf and not leaf.symbolic and seen.stride() != leaf.stride():
             # Note [A clone with its input's strides]
             seen = leaf.new_empty_strided(leaf.shape, leaf.stride()).copy_(leaf)
+        elif seen is not leaf and [expr_of(n) for n in seen.stride()] != [expr_of(n) for n in leaf.stride()]:
+            # Note [A clone with its input's strides], symbolic: the placeholder kept the
+            # clone's contiguous layout and the kernel read a `w[::2]` input that requires grad
+            # at contiguous offsets (test_alias_fuzz.py, seed 147 under dynamic=True)
+            raise AotgradError(
+                "an input that requires grad is strided unlike its traced clone, with symbolic sizes"
+            )
         leaves.append(leaf)
         visible.append(seen)
         tracer.placeholder(f"primals_{i + 1}", seen)
@@ -252,6 +259,7 @@ def trace(
             graph_vals.append(v)
 
     input_roots = {id(v): i for i, v in enumerate(visible)}
+    symbolic_trace = any(getattr(x, "symbolic", False) or is_symbolic(x) for x in leaves)
     # Note [The root among the outputs first]: outputs that view one intermediate are rebuilt as
     # views of one graph output. When the intermediate itself is among the outputs it is that
     # graph output, even behind a view of it (`return t.diagonal(), t`): a code generator may
@@ -345,7 +353,13 @@ def trace(
                 # to the traced input's and moved to the real input's (`_assemble` uses absolute
                 # offsets), else `x[1:].requires_grad_().view(-1)` viewed the storage's start.
                 start = leaves[j].storage_offset() - visible[j].storage_offset()
-                if is_symbolic(start):
+                # Note [Static views of inputs in a symbolic trace]: a graph compiled from its
+                # placeholders serves every storage offset the frame's guards let through (no
+                # offset is checked, Note [Symbolic signatures] in api.py), so a view whose
+                # sizes came out static (`t.unflatten(0, (2, 1))` pinned the symbol) is rebuilt
+                # relative to the real input's offset too: the fake's absolute offset rebuilt
+                # `x[1:].data.t()` from the storage's start (test_alias_fuzz.py, seed 165)
+                if is_symbolic(start) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
