@@ -54,7 +54,9 @@ class OutputInfo:
 
     kind: "graph" (graph output `index`), "input" (input `index` itself), "input_view" (view of
     input `index`), "output" (the same object as user output `index`), "output_view" (view of
-    user output `index`), "const" (`value`).
+    user output `index`), "graph_view" (view of graph output `index`, an intermediate no user
+    output is: Note [Views sharing an intermediate that is no output]; `offset` relative to
+    its), "const" (`value`).
 
     Note [Views that change dtype]: `as_strided` keeps its base's dtype, so a view of an input
     with another dtype (`view_as_complex`, `view_as_real`, `view(dtype)`) is rebuilt by replaying
@@ -271,6 +273,20 @@ def trace(
         if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
             root_output.setdefault(id(t), k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
+    # Note [Views sharing an intermediate that is no output]: outputs that view one intermediate
+    # the program does not return (`t2 = t1[:, 3]; return t2.view_as(t2), t2`) were rebuilt as
+    # views of the first of them, a graph output that is itself a view; a code generator may
+    # return such an output as a compact copy of its elements (Note [The root among the outputs
+    # first]), and the second was laid over the copy with the intermediate's strides: out of its
+    # bounds (test_alias_fuzz.py, seed 190). The intermediate itself becomes a graph output no
+    # user sees ("graph_view": its views are laid over it as eager lays them), only where two
+    # outputs share it, so a program returning one view of a result keeps the plain outputs.
+    kept = {id(x): x for x in tracer.keep}
+    sharing: dict[int, set[int]] = {}
+    for t in flat_out:
+        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None:
+            sharing.setdefault(tracer.root_of(t), set()).add(id(t))  # type: ignore[arg-type]
+    hidden_roots: dict[int, int] = {}
     infos: list[OutputInfo] = []
     first_by_root: dict[int, int] = {}
     first_by_obj: dict[int, int] = {}
@@ -400,6 +416,36 @@ def trace(
             # outputs that take part in autograd are graph outputs of their own.
             infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
             continue
+        root_t = kept.get(rid)
+        if (
+            not lazy
+            and rid not in first_by_root
+            and rid not in root_output
+            and len(sharing.get(rid, ())) > 1
+            and tracer.chain_of(t)
+            and isinstance(root_t, torch.Tensor)
+            and root_t.dtype == t.dtype
+            and not (want_training and root_t.requires_grad)
+        ):  # Note [Views sharing an intermediate that is no output]
+            rel_layout = None
+            if symbolic_layout or is_symbolic(root_t.storage_offset()):
+                try:
+                    rel_layout = symbolic_view_layout(t, visible, None, base=root_t)
+                except AotgradError:
+                    rel_layout = None
+            if rel_layout is not None or not (symbolic_layout or is_symbolic(root_t.storage_offset())):
+                g = hidden_roots.get(rid)
+                if g is None:
+                    g = hidden_roots[rid] = len(graph_nodes) - len(mutated)
+                    graph_nodes.append(tracer.node_for(root_t))
+                    graph_vals.append(root_t)
+                if rel_layout is not None:
+                    infos.append(OutputInfo("graph_view", g, layout=rel_layout))
+                else:
+                    rel = offset - int(root_t.storage_offset())
+                    infos.append(OutputInfo("graph_view", g, size, stride, rel))
+                first_by_root[rid] = k
+                continue
         if not lazy:
             first_by_root.setdefault(rid, k)
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
