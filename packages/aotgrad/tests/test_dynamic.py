@@ -237,3 +237,18 @@ def test_a_refusal_is_one_line_naming_the_operator() -> None:
     ((_, reason),) = counters.dynamic_fallbacks
     assert reason.startswith("kiln_aotgrad: aten::mul.Tensor: a symbolic SymFloat argument ("), reason
     assert "\n" not in reason, reason
+
+
+def test_a_strided_input_that_requires_grad_keeps_its_strides_in_the_graph() -> None:
+    # Note [A clone with its input's strides], symbolic (test_alias_fuzz.py seed 147): the
+    # placeholder kept the clone's contiguous layout; now the graph is compiled static instead
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.unsqueeze(0).expand(3, *x.shape).permute(1, 0).reshape(9, 1)
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
+    x = torch.randn(6)[::2].detach().requires_grad_()
+    torch.testing.assert_close(compiled(x), f(x))
+    primals = [n for gm in rec.graphs for n in gm.graph.nodes if n.op == "placeholder" and n.name == "primals_1"]
+    assert primals and all(n.meta["val"].stride() == x.stride() for n in primals)
+

@@ -530,6 +530,72 @@ def test_an_exception_under_no_grad_restores_grad_mode() -> None:
     assert torch.is_grad_enabled()
 
 
+class _Unsqueezed(torch.nn.Module):  # seed 1026, minimized
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", torch.randn(7, 2))
+
+    def forward(self, x):
+        self.b.unsqueeze_(2)
+        return x * 2
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_an_in_place_geometry_change_of_a_buffer_applies_once(dynamic) -> None:
+    # Note [Placeholders keep their entry geometry] (kiln_dynamo): [7, 2, 1, 1] under dynamic=True
+    m = _Unsqueezed()
+    kiln.compile(m, dynamic=dynamic)(torch.randn(3))
+    assert m.b.shape == (7, 2, 1) and m.b.stride() == (2, 1, 1)
+    kiln.reset()
+
+
+def _data_view(x0):  # seed 165, minimized
+    t2 = torch.relu(x0)
+    t4 = x0.data.t()
+    t2.unflatten(0, (2, 1))
+    return (t4,)
+
+
+def test_a_static_view_of_an_input_at_an_offset_under_dynamic() -> None:
+    # Note [Static views of inputs in a symbolic trace] (kiln_aotgrad's joint.py)
+    x = torch.randn(3, 2)[1:]
+    got, want = kiln.compile(_data_view, dynamic=True)(x), _data_view(x)
+    kiln.reset()
+    torch.testing.assert_close(got, want)
+    assert got[0].storage_offset() == want[0].storage_offset() == 2
+
+
+def _written_then_viewed(x):
+    x.mul_(-1.0)
+    return x.t()
+
+
+def test_a_call_failing_after_its_write_back_is_not_run_again(monkeypatch) -> None:
+    # Note [Run-time fallback]: a failure after the inputs were written back raises (eager's
+    # re-run would apply `mul_` a second time); later calls run eagerly
+    c = kiln.compile(_written_then_viewed)
+    x = torch.randn(2, 3)
+    c(x.clone())  # compiles
+    real = torch.Tensor.as_strided
+
+    def failing(self, *args, **kwargs):
+        if self is x:  # aotgrad rebuilds the returned view of the input with as_strided
+            raise RuntimeError("forced failure after the write-back")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "as_strided", failing)
+    before = x.clone()
+    with pytest.warns(RuntimeWarning, match="forced failure"), pytest.raises(RuntimeError) as info:
+        c(x)
+    assert "not run again" in str(info.value)
+    torch.testing.assert_close(x, -before)  # written once
+    monkeypatch.undo()
+    y = x.clone()
+    torch.testing.assert_close(c(x), _written_then_viewed(y))  # eagerly from then on
+    torch.testing.assert_close(x, y)
+    kiln.reset()
+
+
 def test_alias_fuzz_triton() -> None:
     failures = []
     for seed in CI_TRITON_SEEDS:

@@ -396,6 +396,21 @@ def trace(
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
             infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
+        if (
+            later > k
+            and not lazy
+            and flat_out[later].dtype == t.dtype
+            and symbolic_layout
+            and not (want_training and t.requires_grad)
+        ):  # the same, with symbolic sizes: laid out relative to the root (a view of a view that
+            # a code generator returned compact read out of its bounds: test_alias_fuzz.py seed 50)
+            try:
+                later_layout = symbolic_view_layout(t, visible, None, base=flat_out[later])
+            except AotgradError:
+                later_layout = None
+            if later_layout is not None:
+                infos.append(OutputInfo("output_view", later, layout=later_layout))
+                continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):
             # Note [Symbolic views among the outputs]: a view of another output stays its view
