@@ -477,7 +477,7 @@ def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
 # CI's share (a cold compile cache: about a second a seed with C++ on a shared 2-core machine);
 # long runs use __main__
 CI_SEEDS = {None: range(0, 25), True: range(1000, 1020)}
-CI_TRITON_SEEDS = range(3000, 3015)
+CI_TRITON_SEEDS = range(2000, 2015)  # 2010: Note [Index checks in the interpreter]
 
 # the programs write expanded tensors (eager's deprecation warnings) and make kiln fall back
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::RuntimeWarning")
