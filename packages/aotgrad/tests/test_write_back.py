@@ -204,3 +204,26 @@ def test_a_failure_inside_the_graph_leaves_the_inputs_unwritten() -> None:
         compiled(x)
     assert not kiln_aotgrad.inputs_written(info.value)
     torch.testing.assert_close(x, before)
+
+
+def test_a_value_that_requires_grad_written_into_an_input_that_does_not() -> None:
+    # Note [Writing a value that requires grad into an input that does not] (seed 158)
+    def f(x: torch.Tensor, w: torch.Tensor) -> Any:
+        x.mul_(w)
+        y = x * 2
+        x.zero_()
+        return y, x
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    w = torch.randn(2, requires_grad=True)
+    x = torch.randn(4)[::2]
+    ref = torch.zeros(4)[::2].copy_(x)
+    got, want = compiled(x, w), f(ref, w)
+    for g_, w_ in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w_)
+        assert g_.requires_grad == w_.requires_grad
+    assert x.requires_grad and ref.requires_grad
+    assert got[1] is x
+    (gw,) = torch.autograd.grad(got[0].sum() + got[1].sum(), w)
+    (ew,) = torch.autograd.grad(want[0].sum() + want[1].sum(), w)
+    torch.testing.assert_close(gw, ew)
