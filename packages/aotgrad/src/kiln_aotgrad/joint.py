@@ -238,6 +238,8 @@ def trace(
         leaves.append(leaf)
         visible.append(seen)
         tracer.placeholder(f"primals_{i + 1}", seen)
+        if seen is not leaf:  # Note [as_strided within a tensor's own elements] (tracer.py)
+            tracer.input_offsets[id(seen)] = leaf.storage_offset()
     last_primal = list(tracer.graph.nodes)[-1] if inputs else None
 
     grad_ctx = torch.enable_grad() if want_training else torch.no_grad()
