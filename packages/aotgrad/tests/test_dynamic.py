@@ -249,6 +249,7 @@ def test_a_strided_input_that_requires_grad_keeps_its_strides_in_the_graph() -> 
     compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
     x = torch.randn(6)[::2].detach().requires_grad_()
     torch.testing.assert_close(compiled(x), f(x))
-    primals = [n for gm in rec.graphs for n in gm.graph.nodes if n.op == "placeholder" and n.name == "primals_1"]
+    primals = [
+        n for gm in rec.graphs for n in gm.graph.nodes if n.op == "placeholder" and n.name == "primals_1"
+    ]
     assert primals and all(n.meta["val"].stride() == x.stride() for n in primals)
-

@@ -199,7 +199,9 @@ def _cpu_embedding_bag_fast_path(func: Any, args: tuple[Any, ...], kwargs: dict[
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill one range of storage positions, each once (static sizes)."""
     expected = 1
-    for n, st in sorted(((int(n), int(st)) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1), key=lambda p: p[1]):
+    for n, st in sorted(
+        ((int(n), int(st)) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1), key=lambda p: p[1]
+    ):
         if st != expected:
             return False
         expected *= n

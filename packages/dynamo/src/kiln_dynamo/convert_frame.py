@@ -45,8 +45,8 @@ from kiln_dynamo.backends import eager as eager_backend
 from kiln_dynamo.breaks import CannotSplit, ChainCut, chain_path, prepare_chain, prepare_split
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
-from kiln_dynamo.fake import FakeTensor, restore_geometry
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
+from kiln_dynamo.fake import FakeTensor, restore_geometry
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import Agreeing
 from kiln_dynamo.guards import Guard, LockTakingGuard, build_guard, guard_tree_text, readable_guards

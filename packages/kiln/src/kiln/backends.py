@@ -234,7 +234,13 @@ class _FirstCallFallback:
                 # run eagerly (Note [Run-time fallback])
                 if not self.strict:
                     self.fallback = _fallback(
-                        self.gm, self.record, exc, False, self.backend, "the captured graph", when="at run time"
+                        self.gm,
+                        self.record,
+                        exc,
+                        False,
+                        self.backend,
+                        "the captured graph",
+                        when="at run time",
                     )
                 raise
             if len(signatures or ()) != before:
