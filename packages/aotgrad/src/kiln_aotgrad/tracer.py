@@ -267,7 +267,7 @@ class Tracer(TorchDispatchMode):
         self.root_tensors: dict[int, Any] = {}
         # an input traced through a clone (joint.py): the real input's storage offset, where
         # the clone starts at 0 (Note [as_strided within a tensor's own elements])
-        self.input_offsets: dict[int, int] = {}
+        self.input_offsets: dict[int, int | torch.SymInt] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.origin: str | None = None
         self._expanding: list[Any] = []
@@ -660,7 +660,8 @@ class Tracer(TorchDispatchMode):
         geometry += (*root.shape, *root.stride(), root.storage_offset())
         if any(isinstance(v, torch.SymInt) for v in geometry):
             return "with symbolic sizes (whether it stays within its tensor's elements is unknown)"
-        if root_id in self.input_offsets and self.input_offsets[root_id] != root.storage_offset():
+        real_offset = self.input_offsets.get(root_id, root.storage_offset())
+        if isinstance(real_offset, torch.SymInt) or real_offset != root.storage_offset():
             return "of an input that requires grad at a storage offset (traced through a clone)"
         if view.numel() == 0:
             return None
