@@ -66,7 +66,12 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
             targets = [inputs[i] for i in meta.mutated_inputs]
             if not any(
                 t._base is not None or (recording and t.requires_grad and not t.is_leaf) for t in targets
-            ) and not (recording and any(v.requires_grad for v in new_values)):
+            ) and not (
+                recording
+                and any(
+                    v.requires_grad and not t.requires_grad for t, v in zip(targets, new_values, strict=True)
+                )
+            ):
                 torch._foreach_copy_(targets, list(new_values))  # Note [Write-backs in one call]
                 return
         for i, v in zip(meta.mutated_inputs, new_values, strict=True):
@@ -76,8 +81,12 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
             # Note [Writing a value that requires grad into an input that does not]: eager's
             # `x.mul_(w)` (`w` requiring grad, `x` not) leaves `x` requiring grad, and a later
             # `x.zero_()` keeps it so; the copy under no_grad left it not requiring grad
-            # (test_alias_fuzz.py seed 158). Autograd records the copy of such a value too.
-            if recording and ((target.requires_grad and not target.is_leaf) or v.requires_grad):
+            # (test_alias_fuzz.py seed 158). Autograd records the copy of such a value too (not
+            # into a leaf that requires grad: its new value was computed under no_grad).
+            if recording and (
+                (target.requires_grad and not target.is_leaf)
+                or (v.requires_grad and not target.requires_grad)
+            ):
                 with torch.enable_grad():
                     target.copy_(v)
             else:
