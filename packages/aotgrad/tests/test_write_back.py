@@ -227,3 +227,25 @@ def test_a_value_that_requires_grad_written_into_an_input_that_does_not() -> Non
     (gw,) = torch.autograd.grad(got[0].sum() + got[1].sum(), w)
     (ew,) = torch.autograd.grad(want[0].sum() + want[1].sum(), w)
     torch.testing.assert_close(gw, ew)
+
+
+def test_a_leaf_that_requires_grad_updated_under_no_grad_is_written_without_autograd() -> None:
+    # the new value is a graph output that requires grad as a whole; the copy into the leaf is
+    # not recorded (eager: "a leaf Variable that requires grad is being used in an in-place
+    # operation"), which the write-back of Note [Writing a value that requires grad into an
+    # input that does not] must not change (test_alias_fuzz.py seed 30)
+    def f(w: torch.Tensor, x: torch.Tensor) -> Any:
+        x.add_(2.0)
+        y = w * 0.5
+        with torch.no_grad():
+            w.index_add_(0, torch.tensor([0, 2]), torch.ones(2), alpha=2)
+        return w, y
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    w = torch.randn(10)[::2].detach().requires_grad_()
+    x = torch.randn(4, 6).t()
+    w2, x2 = w.detach().clone().requires_grad_(), x.clone()
+    got, want = compiled(w, x), f(w2, x2)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(x, x2)
+    assert got[0] is w and w.is_leaf and w.requires_grad
