@@ -27,7 +27,9 @@ and, where the failing node is known, the user's source line (`options={"strict"
     returned long before, so the captured graph cannot be re-run; the backward's own aten graph
     runs eagerly on the same saved tensors and gradients instead, the same way.
 Re-running eagerly is safe: compiling touches no real tensor, and an error that is the user's own
-is raised again by eager. A wrong answer is never an option: a failure is a fallback or an error.
+is raised again by eager; a call that failed after writing its inputs back is not re-run but
+raised (Note [Run-time fallback]). A wrong answer is never an option: a failure is a fallback or
+an error.
 
 Note [Compile time by phase]: each compiled graph gets a `GraphCompile` record (`kiln.compile_log()`)
 with its compile time split into capture (kiln_dynamo's tracing, from the graph's `meta`), aotgrad
