@@ -648,11 +648,15 @@ class Tracer(TorchDispatchMode):
     # input is a buffer of them: `x = base[2:6]` brings 4 elements, not `base`) and its
     # intermediates. A view reaching past the elements of the tensor it is traced from read
     # other memory: a wrong answer (test_alias_fuzz.py, found by its first session). The trace
-    # refuses it (kiln then runs the graph eagerly, with this reason): unless every element the
-    # view reaches is an element of its root (the input or intermediate its chain starts at),
-    # known statically, in the root's storage coordinates (an input traced through a clone at
-    # another offset is refused too).
+    # refuses such a view of an input (kiln then runs the graph eagerly, with this reason) unless
+    # every element it reaches is an element of the input, known statically (an input traced
+    # through a clone at another offset is refused too). A view of an intermediate needs no
+    # check: its storage is its own allocation in eager as in the graph.
     def _outside_elements(self, view: torch.Tensor, root_id: int) -> str | None:
+        if root_id not in self._inputs:
+            # an intermediate's storage is its own allocation, in eager as in the graph: the
+            # fake `as_strided` already checked the view against it
+            return None
         root = self.root_tensors.get(root_id)
         if root is None:
             return "of a tensor the trace does not know"
