@@ -139,7 +139,7 @@ def test_a_view_whose_sizes_specialized_starts_at_the_inputs_offset() -> None:
         return x.expand(5, 5, 5)
 
     def g(x: torch.Tensor) -> torch.Tensor:  # an absolute storage offset: the fake's must be real
-        return x.as_strided((2, 2), (1, 2), 1)
+        return x.as_strided((2, 2), (1, 2), 4)  # within x's elements 3..7 (else refused)
 
     # g at one input offset only: see the note's last paragraph
     for fn, starts in ((f, (3, 0, 7)), (g, (3,))):
@@ -304,3 +304,19 @@ def test_the_backward_inputs_bind_every_symbol_it_uses(fn: Callable[..., Any]) -
     bound = set().union(*(_plain_symbols(n.meta["val"]) for n in bw.graph.nodes if n.op == "placeholder"))
     used = set().union(*(_symbols_of(n.meta["val"]) for n in bw.graph.nodes if "val" in n.meta))
     assert used and used <= bound, (used, bound)
+
+
+def test_a_strided_input_that_requires_grad_keeps_its_strides_in_the_graph() -> None:
+    # Note [A clone with its input's strides], symbolic (test_alias_fuzz.py seed 147): the
+    # placeholder kept the clone's contiguous layout; now the graph is compiled static instead
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.unsqueeze(0).expand(3, *x.shape).permute(1, 0).reshape(9, 1)
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
+    x = torch.randn(6)[::2].detach().requires_grad_()
+    torch.testing.assert_close(compiled(x), f(x))
+    primals = [
+        n for gm in rec.graphs for n in gm.graph.nodes if n.op == "placeholder" and n.name == "primals_1"
+    ]
+    assert primals and all(n.meta["val"].stride() == x.stride() for n in primals)

@@ -301,3 +301,30 @@ def test_an_intermediate_returned_after_a_view_of_it_is_the_graph_output() -> No
     (gm,) = rec.graphs
     outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     assert [o.target for o in outs] == [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor]
+
+
+def _outside(x: torch.Tensor) -> torch.Tensor:
+    return x.as_strided((2, 2), (1, 1), 0) * 2  # `x` starts at offset 2: elements before it
+
+
+def _within(x: torch.Tensor) -> Any:
+    t = (x + 1)[1:3]  # within the intermediate `x + 1`, outside `t`'s own elements
+    return t.as_strided((2,), (1,), 0) * 2, x.as_strided((2, 2), (2, 1), x.storage_offset() + 1) * 3
+
+
+def test_as_strided_outside_its_tensors_elements_is_refused() -> None:
+    # Note [as_strided within a tensor's own elements]
+    compiled = kiln_aotgrad.aot_function(_outside, kiln_aotgrad.nop_compiler)
+    with pytest.raises(AotgradError, match="outside the elements"):
+        compiled(torch.randn(8)[2:6])
+    strided = kiln_aotgrad.aot_function(lambda x: x.as_strided((2,), (1,), 0) + 1, kiln_aotgrad.nop_compiler)
+    with pytest.raises(AotgradError, match="outside the elements"):
+        strided(torch.randn(8)[::2])  # position 1 is a gap of the strided input
+    leaf = torch.randn(8)[2:6].detach().requires_grad_()  # traced through a clone at offset 0
+    cloned = kiln_aotgrad.aot_function(lambda x: x.as_strided((2,), (1,), 2) + 1, kiln_aotgrad.nop_compiler)
+    with pytest.raises(AotgradError, match="requires grad at a storage offset"):
+        cloned(leaf)
+
+
+def test_as_strided_within_its_roots_elements_compiles() -> None:
+    check(_within, torch.randn(8)[1:7])

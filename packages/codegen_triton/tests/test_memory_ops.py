@@ -41,7 +41,8 @@ def test_indirect_indexing(debug: bool, device: str) -> None:
     w = make((50, 16))
     tok = torch.randint(0, 50, (3, 7))
     backend = check(_gathers, x, idx, g, w, tok, device=device, backend=TritonBackend(debug=debug))
-    assert ("device_assert(" in backend.last_source) == debug
+    # Note [Index checks in the interpreter]: interpreted kernels check in any mode
+    assert ("device_assert(" in backend.last_source) == (debug or interpreting())
 
 
 @pytest.mark.skipif(not interpreting(), reason="a device assert on a GPU poisons the CUDA context")
@@ -51,6 +52,19 @@ def test_out_of_range_index_asserts_in_debug_mode() -> None:
     compiled = compile_graph(gm, [x, bad], backend=TritonBackend(debug=True))
     with pytest.raises(Exception, match="index out of bounds"):  # the interpreter wraps IndexError
         compiled(x, bad)
+
+
+@pytest.mark.skipif(not interpreting(), reason="checked without debug only in the interpreter")
+def test_out_of_range_index_put_raises_in_the_interpreter() -> None:
+    # Note [Index checks in the interpreter]: the store wrote past the host copy's heap block
+    # (test_alias_fuzz.py seed 2010: `free(): invalid next size`)
+    gm = torch.fx.symbolic_trace(lambda x, i, v: aten.index_put.default(x, [i], v))
+    x, bad, v = make((4, 5)), torch.tensor([0, 1, 2, 4]), make((4, 5))
+    compiled = compile_graph(gm, [x, bad, v], backend=TritonBackend())
+    with pytest.raises(Exception, match="index out of bounds"):
+        compiled(x, bad, v)
+    good = torch.tensor([0, 1, 3, 2])
+    torch.testing.assert_close(compiled(x, good, v), aten.index_put.default(x, [good], v))
 
 
 @pytest.mark.parametrize("device", DEVICES)

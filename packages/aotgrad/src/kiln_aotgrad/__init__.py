@@ -13,6 +13,7 @@ from kiln_aotgrad.api import AotFunction, CompiledArtifacts, aot_function, aot_m
 from kiln_aotgrad.backends import aot_backend, aot_eager, nop_compiler
 from kiln_aotgrad.decompositions import KEPT_NON_CORE, default_decompositions, surviving_ops_ok
 from kiln_aotgrad.partition import Partition, partition
+from kiln_aotgrad.runtime import InputsWrittenError, inputs_written
 from kiln_aotgrad.tracer import AotgradError
 
 __version__ = "0.1.0"
@@ -22,6 +23,7 @@ __all__ = [
     "AotFunction",
     "AotgradError",
     "CompiledArtifacts",
+    "InputsWrittenError",
     "Partition",
     "aot_backend",
     "aot_eager",
@@ -29,6 +31,7 @@ __all__ = [
     "aot_module",
     "compile_flat",
     "default_decompositions",
+    "inputs_written",
     "nop_compiler",
     "partition",
     "surviving_ops_ok",

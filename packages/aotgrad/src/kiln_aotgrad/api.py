@@ -396,7 +396,13 @@ class AotFunction:
                     ", ".join(str(i) for i in mutated),
                 )
             target = self.module if self.module is not None else self.fn
-            return target(*args, **kwargs)
+            try:
+                return target(*args, **kwargs)
+            except Exception as exc:
+                # eager's own error, after some of the program's in-place writes ran: not to be
+                # run again (Note [Failures after the write-back] in runtime.py)
+                exc.kiln_inputs_written = True  # type: ignore[attr-defined]
+                raise
         return art.runner(*flat)
 
     def _compile(

@@ -54,7 +54,9 @@ class OutputInfo:
 
     kind: "graph" (graph output `index`), "input" (input `index` itself), "input_view" (view of
     input `index`), "output" (the same object as user output `index`), "output_view" (view of
-    user output `index`), "const" (`value`).
+    user output `index`), "graph_view" (view of graph output `index`, an intermediate no user
+    output is: Note [Views sharing an intermediate that is no output]; `offset` relative to
+    its), "const" (`value`).
 
     Note [Views that change dtype]: `as_strided` keeps its base's dtype, so a view of an input
     with another dtype (`view_as_complex`, `view_as_real`, `view(dtype)`) is rebuilt by replaying
@@ -239,9 +241,18 @@ def trace(
         if seen is not leaf and not leaf.symbolic and seen.stride() != leaf.stride():
             # Note [A clone with its input's strides]
             seen = leaf.new_empty_strided(leaf.shape, leaf.stride()).copy_(leaf)
+        elif seen is not leaf and [expr_of(n) for n in seen.stride()] != [expr_of(n) for n in leaf.stride()]:
+            # Note [A clone with its input's strides], symbolic: the placeholder kept the
+            # clone's contiguous layout and the kernel read a `w[::2]` input that requires grad
+            # at contiguous offsets (test_alias_fuzz.py, seed 147 under dynamic=True)
+            raise AotgradError(
+                "an input that requires grad is strided unlike its traced clone, with symbolic sizes"
+            )
         leaves.append(leaf)
         visible.append(seen)
         tracer.placeholder(f"primals_{i + 1}", seen)
+        if seen is not leaf:  # Note [as_strided within a tensor's own elements] (tracer.py)
+            tracer.input_offsets[id(seen)] = leaf.storage_offset()
     last_primal = list(tracer.graph.nodes)[-1] if inputs else None
 
     grad_ctx = torch.enable_grad() if want_training else torch.no_grad()
@@ -265,6 +276,7 @@ def trace(
             graph_vals.append(v)
 
     input_roots = {id(v): i for i, v in enumerate(visible)}
+    symbolic_trace = any(getattr(x, "symbolic", False) or is_symbolic(x) for x in leaves)
     # Note [The root among the outputs first]: outputs that view one intermediate are rebuilt as
     # views of one graph output. When the intermediate itself is among the outputs it is that
     # graph output, even behind a view of it (`return t.diagonal(), t`): a code generator may
@@ -276,6 +288,20 @@ def trace(
         if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
             root_output.setdefault(id(t), k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
+    # Note [Views sharing an intermediate that is no output]: outputs that view one intermediate
+    # the program does not return (`t2 = t1[:, 3]; return t2.view_as(t2), t2`) were rebuilt as
+    # views of the first of them, a graph output that is itself a view; a code generator may
+    # return such an output as a compact copy of its elements (Note [The root among the outputs
+    # first]), and the second was laid over the copy with the intermediate's strides: out of its
+    # bounds (test_alias_fuzz.py, seed 190). The intermediate itself becomes a graph output no
+    # user sees ("graph_view": its views are laid over it as eager lays them), only where two
+    # outputs share it, so a program returning one view of a result keeps the plain outputs.
+    kept = {id(x): x for x in tracer.keep}
+    sharing: dict[int, set[int]] = {}
+    for t in flat_out:
+        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None:
+            sharing.setdefault(tracer.root_of(t), set()).add(id(t))  # type: ignore[arg-type]
+    hidden_roots: dict[int, int] = {}
     infos: list[OutputInfo] = []
     first_by_root: dict[int, int] = {}
     first_by_obj: dict[int, int] = {}
@@ -358,7 +384,12 @@ def trace(
                 # input's offset otherwise) and added to the real input's offset at run time, else
                 # `x[1:].requires_grad_().view(-1)` viewed the storage's start.
                 rel = offset - visible[j].storage_offset()
-                if is_symbolic(rel):
+                # Note [Static views of inputs in a symbolic trace]: a graph compiled from its
+                # placeholders serves every storage offset the frame's guards let through (no
+                # offset is checked, Note [Symbolic signatures] in api.py), so a view whose
+                # sizes came out static (`t.unflatten(0, (2, 1))` pinned the symbol) takes the
+                # symbolic view's run-time layout too (test_alias_fuzz.py, seed 165)
+                if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
@@ -377,6 +408,21 @@ def trace(
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
             infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
+        if (
+            later > k
+            and not lazy
+            and flat_out[later].dtype == t.dtype
+            and symbolic_layout
+            and not (want_training and t.requires_grad)
+        ):  # the same, with symbolic sizes: laid out relative to the root (a view of a view that
+            # a code generator returned compact read out of its bounds: test_alias_fuzz.py seed 50)
+            try:
+                later_layout = symbolic_view_layout(t, visible, None, base=flat_out[later])
+            except AotgradError:
+                later_layout = None
+            if later_layout is not None:
+                infos.append(OutputInfo("output_view", later, layout=later_layout))
+                continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         if same_dtype and symbolic_layout and not (want_training and t.requires_grad):
             # Note [Symbolic views among the outputs]: a view of another output stays its view
@@ -397,6 +443,36 @@ def trace(
             # outputs that take part in autograd are graph outputs of their own.
             infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
             continue
+        root_t = kept.get(rid)
+        if (
+            not lazy
+            and rid not in first_by_root
+            and rid not in root_output
+            and len(sharing.get(rid, ())) > 1
+            and tracer.chain_of(t)
+            and isinstance(root_t, torch.Tensor)
+            and root_t.dtype == t.dtype
+            and not (want_training and root_t.requires_grad)
+        ):  # Note [Views sharing an intermediate that is no output]
+            rel_layout = None
+            if symbolic_layout or is_symbolic(root_t.storage_offset()):
+                try:
+                    rel_layout = symbolic_view_layout(t, visible, None, base=root_t)
+                except AotgradError:
+                    rel_layout = None
+            if rel_layout is not None or not (symbolic_layout or is_symbolic(root_t.storage_offset())):
+                g = hidden_roots.get(rid)
+                if g is None:
+                    g = hidden_roots[rid] = len(graph_nodes) - len(mutated)
+                    graph_nodes.append(tracer.node_for(root_t))
+                    graph_vals.append(root_t)
+                if rel_layout is not None:
+                    infos.append(OutputInfo("graph_view", g, layout=rel_layout))
+                else:
+                    rel = offset - int(root_t.storage_offset())
+                    infos.append(OutputInfo("graph_view", g, size, stride, rel))
+                first_by_root[rid] = k
+                continue
         if not lazy:
             first_by_root.setdefault(rid, k)
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))

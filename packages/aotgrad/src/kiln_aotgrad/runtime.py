@@ -66,6 +66,11 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
             targets = [inputs[i] for i in meta.mutated_inputs]
             if not any(
                 t._base is not None or (recording and t.requires_grad and not t.is_leaf) for t in targets
+            ) and not (
+                recording
+                and any(
+                    v.requires_grad and not t.requires_grad for t, v in zip(targets, new_values, strict=True)
+                )
             ):
                 torch._foreach_copy_(targets, list(new_values))  # Note [Write-backs in one call]
                 return
@@ -73,11 +78,53 @@ def _write_back(meta: TraceMeta, inputs: Sequence[torch.Tensor], new_values: Seq
             target = inputs[i]
             # a leaf that requires grad can only have been mutated under no_grad (eager raises
             # otherwise): an optimizer step updating parameters (Note [Tracing an optimizer step])
-            if recording and target.requires_grad and not target.is_leaf:
+            # Note [Writing a value that requires grad into an input that does not]: eager's
+            # `x.mul_(w)` (`w` requiring grad, `x` not) leaves `x` requiring grad, and a later
+            # `x.zero_()` keeps it so; the copy under no_grad left it not requiring grad
+            # (test_alias_fuzz.py seed 158). Autograd records the copy of such a value too (not
+            # into a leaf that requires grad: its new value was computed under no_grad).
+            if recording and (
+                (target.requires_grad and not target.is_leaf)
+                or (v.requires_grad and not target.requires_grad)
+            ):
                 with torch.enable_grad():
                     target.copy_(v)
             else:
                 target.copy_(v)
+
+
+class InputsWrittenError(AotgradError):
+    """A compiled call failed after it began to write its inputs back (Note [Failures after
+    the write-back]): the inputs hold part of the call's effect, so it must not be run again."""
+
+
+# Note [Failures after the write-back]: a compiled graph is functional, so a call that fails
+# inside it (a kernel, a run-time check) left its inputs as they were, and the caller may run the
+# captured program again eagerly on them (kiln's Note [Run-time fallback]). Everything after it
+# is not: the write-back of mutated inputs, their restriding, and the outputs rebuilt as views
+# (`_assemble`), which can fail too (a view laid over a graph output a code generator returned
+# compact: `as_strided` out of bounds). An eager re-run then applied the program's in-place writes
+# a second time (`x.mul_(-1)` left `x` unchanged: test_alias_fuzz.py, seed 190 under
+# dynamic=True). So a failure from the write-back on, in a program that writes or restrides an
+# input, is raised as `InputsWrittenError` (chained to the cause), which callers do not re-run.
+def inputs_written(exc: BaseException) -> bool:
+    """Whether a failed call left its inputs written (Note [Failures after the write-back]): the
+    caller must not run the program again on them."""
+    return isinstance(exc, InputsWrittenError) or getattr(exc, "kiln_inputs_written", False)
+
+
+def _after_call(meta: TraceMeta, inputs: Sequence[torch.Tensor], outs: list[Any], m: int) -> Any:
+    try:
+        _write_back(meta, inputs, outs[:m])
+        _restride(meta, inputs)
+        return _assemble(meta, inputs, outs[m:])
+    except Exception as exc:
+        if not (m or meta.metadata_mutations):
+            raise
+        raise InputsWrittenError(
+            f"the compiled program failed after writing its inputs back ({type(exc).__name__}: {exc}); "
+            "it is not run again, which would apply its in-place writes twice"
+        ) from exc
 
 
 def _restride(meta: TraceMeta, inputs: Sequence[torch.Tensor]) -> None:
@@ -139,6 +186,13 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
     for k, info in enumerate(meta.outputs):
         if info.kind == "graph":
             flat[k] = graph_outs[info.index]
+        elif info.kind == "graph_view":  # Note [Views sharing an intermediate that is no output]
+            g = graph_outs[info.index]
+            if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
+                size, stride, rel = info.layout(inputs)
+                flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
+            else:
+                flat[k] = g.as_strided(info.size, info.stride, g.storage_offset() + info.offset)
         elif info.kind == "input":
             flat[k] = inputs[info.index]
         elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
@@ -188,9 +242,7 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
 
     def run(*inputs: torch.Tensor) -> Any:
         outs = _as_list(compiled(*inputs))
-        _write_back(meta, inputs, outs[:m])
-        _restride(meta, inputs)
-        return _assemble(meta, inputs, outs[m:])
+        return _after_call(meta, inputs, outs, m)  # Note [Failures after the write-back]
 
     return run
 
@@ -285,8 +337,6 @@ def training_runner(
     def run(*inputs: torch.Tensor) -> Any:
         outs = CompiledFunction.apply(*inputs)
         outs = _as_list(outs)
-        _write_back(meta, inputs, outs[:m])
-        _restride(meta, inputs)
-        return _assemble(meta, inputs, outs[m:])
+        return _after_call(meta, inputs, outs, m)  # Note [Failures after the write-back]
 
     return run

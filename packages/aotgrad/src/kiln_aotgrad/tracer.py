@@ -196,6 +196,28 @@ def _cpu_embedding_bag_fast_path(func: Any, args: tuple[Any, ...], kwargs: dict[
     return (out[0], run_fake(aten.new_empty.default, (bound["offsets"], [0]), {}), *out[2:])
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill one range of storage positions, each once (static sizes)."""
+    expected = 1
+    for n, st in sorted(
+        ((int(n), int(st)) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1), key=lambda p: p[1]
+    ):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _addresses(t: torch.Tensor, limit: int = 1 << 16) -> set[int] | None:
+    """The storage positions of ``t``'s elements (static sizes), or None past ``limit``."""
+    if t.numel() > limit:
+        return None
+    out = {int(t.storage_offset())}
+    for n, st in zip(t.shape, t.stride(), strict=True):
+        out = {a + i * int(st) for a in out for i in range(int(n))}
+    return out
+
+
 class AotgradError(RuntimeError):
     """An operator kiln_aotgrad cannot trace; names the operator and the user's source line."""
 
@@ -242,6 +264,10 @@ class Tracer(TorchDispatchMode):
         self.aliases: dict[int, Alias] = {}
         self.roots: dict[int, Root] = {}
         self.keep: list[Any] = []
+        self.root_tensors: dict[int, Any] = {}
+        # an input traced through a clone (joint.py): the real input's storage offset, where
+        # the clone starts at 0 (Note [as_strided within a tensor's own elements])
+        self.input_offsets: dict[int, int | torch.SymInt] = {}
         self.constants: dict[str, torch.Tensor] = {}
         self.origin: str | None = None
         self._expanding: list[Any] = []
@@ -322,6 +348,7 @@ class Tracer(TorchDispatchMode):
         return node
 
     def _new_root(self, t: torch.Tensor, node: torch.fx.Node) -> None:
+        self.root_tensors[id(t)] = t
         self.keep.append(t)
         self.nodes[id(t)] = node
         self._births += 1
@@ -645,6 +672,50 @@ class Tracer(TorchDispatchMode):
             return result
         return out[0] if single else type(result)(out)
 
+    # Note [as_strided within a tensor's own elements]: eager's `as_strided` may reach any
+    # element of the storage; a traced program holds only its inputs' own elements (a graph
+    # input is a buffer of them: `x = base[2:6]` brings 4 elements, not `base`) and its
+    # intermediates. A view reaching past the elements of the tensor it is traced from read
+    # other memory: a wrong answer (test_alias_fuzz.py, found by its first session). The trace
+    # refuses such a view of an input (kiln then runs the graph eagerly, with this reason) unless
+    # every element it reaches is an element of the input, known statically (an input traced
+    # through a clone at another offset is refused too). A view of an intermediate needs no
+    # check: its storage is its own allocation in eager as in the graph.
+    def _outside_elements(self, view: torch.Tensor, root_id: int) -> str | None:
+        if root_id not in self._inputs:
+            # an intermediate's storage is its own allocation, in eager as in the graph: the
+            # fake `as_strided` already checked the view against it
+            return None
+        root = self.root_tensors.get(root_id)
+        if root is None:
+            return "of a tensor the trace does not know"
+        geometry = (*view.shape, *view.stride(), view.storage_offset())
+        geometry += (*root.shape, *root.stride(), root.storage_offset())
+        if any(isinstance(v, torch.SymInt) for v in geometry):
+            return "with symbolic sizes (whether it stays within its tensor's elements is unknown)"
+        real_offset = self.input_offsets.get(root_id, root.storage_offset())
+        if isinstance(real_offset, torch.SymInt) or real_offset != root.storage_offset():
+            return "of an input that requires grad at a storage offset (traced through a clone)"
+        if view.numel() == 0:
+            return None
+        if _dense(root):  # its elements are one range of positions: compare the ends
+            lo = hi = int(view.storage_offset())
+            for n, st in zip(view.shape, view.stride(), strict=True):
+                reach = (int(n) - 1) * int(st)
+                lo, hi = lo + min(0, reach), hi + max(0, reach)
+            start = int(root.storage_offset())
+            if start <= lo and hi < start + root.numel():
+                return None
+        mine = _addresses(view)
+        if mine is None or (theirs := _addresses(root)) is None:
+            return "over too many elements to check"
+        if not mine <= theirs:
+            return (
+                "reaches memory outside the elements of the tensor it views (eager reads the "
+                "storage there; a compiled graph holds only the tensor's own elements)"
+            )
+        return None
+
     def _bind_fresh(self, out: Any, node: torch.fx.Node) -> None:
         if isinstance(out, torch.Tensor):
             if id(out) not in self.aliases:
@@ -663,6 +734,10 @@ class Tracer(TorchDispatchMode):
     ) -> None:
         parent = args[0]
         pa = self.aliases[id(parent)]
+        if func is aten.as_strided.default and isinstance(out, torch.Tensor):
+            why = self._outside_elements(out, pa.root)
+            if why:
+                raise AotgradError(f"as_strided {why}", op="aten::as_strided", origin=self.where())
         version = self.roots[pa.root].version
         rest = (SELF, *args[1:])
         if isinstance(out, torch.Tensor):

@@ -586,6 +586,14 @@ class _Generator(OpsHandlerBase):
             f"tl.full([], {name}, tl.float64).to({tl_type(compute_dtype(dtype))})", dtype, frozenset()
         )
 
+    # Note [Index checks in the interpreter]: an indirect index out of range (eager's IndexError:
+    # `x.index_put_((torch.tensor([4]),), v)` once `x.t_()` left dim 0 of size 4) was loaded or
+    # stored unchecked unless `debug`; Triton's interpreter runs kernels on host copies of the
+    # arguments, so the store wrote past a heap block: `free(): invalid next size`, an abort of
+    # the process (test_alias_fuzz.py seed 2010 under cpu_backend="triton"). Interpreted kernels
+    # always check (the check costs little there and raises eager's IndexError). On a GPU the
+    # checks stay behind `debug` (`tl.device_assert` needs Triton's debug mode): an out-of-range
+    # index there is still undefined, where kiln's C++ kernels always check.
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         v = self._as(self._value(value), torch.int64)
         n = _size(size)
@@ -595,7 +603,7 @@ class _Generator(OpsHandlerBase):
         var = self._new("ind")
         cast = f".to({self.index_dtype})" if self.index_dtype != "tl.int64" else ""
         self._emit(f"{var} = tl.where({v} < 0, {v} + {n}, {v}){cast}")
-        if check and self.debug:
+        if check and (self.debug or interpreting()):  # Note [Index checks in the interpreter]
             mask = self._mask(self._ctx_axes(), self.mask_stack)
             ok = f"(0 <= {var}) & ({var} < {n})"
             cond = f"({ok}) | ~({mask})" if mask else ok

@@ -318,6 +318,29 @@ def _follow_geometry(fake: FakeTensor) -> None:
         )
 
 
+def restore_geometry(fake: FakeTensor, real: torch.Tensor) -> bool:
+    """Give an input's fake the geometry of its real tensor again, when an in-place geometry
+    change (Note [In-place changes of a tensor's shape]) moved it during capture; whether it did.
+
+    Note [Placeholders keep their entry geometry]: a placeholder's `meta["val"]` is the fake the
+    capture ran on, so after `b.unsqueeze_(2)` it had the shape the frame ends with. A backend
+    that traces from the placeholders (kiln_aotgrad's symbolic signatures under dynamic=True)
+    then applied the change to an input that already had it: the buffer came out [7, 2, 1, 1]
+    where eager's is [7, 2, 1] (found by test_alias_fuzz.py, seed 1026). Before the graph goes
+    to the backend, each such fake is restrided back to its input's geometry. Only fakes of
+    static sizes can have moved (a symbolic one breaks the graph first), so the comparison adds
+    no guard."""
+    if fake.symbolic:
+        return False
+    geometry = (tuple(real.shape), real.stride(), real.storage_offset())
+    if (tuple(fake.shape), fake.stride(), fake.storage_offset()) == geometry:
+        return False
+    with torch.no_grad():
+        torch.ops.aten.as_strided_.default.redispatch(_META_KEYS, fake.meta, *geometry)
+    _follow_geometry(fake)
+    return True
+
+
 # Note [Metadata queries as operators]: a composite can ask a tensor's geometry through the
 # dispatcher (`aten::size`, `aten::sym_stride`...); torch 2.11's batched matmul does so. Re-running
 # such a query on the inner meta tensor with symbolic sizes failed inside torch there (an internal

@@ -27,7 +27,9 @@ and, where the failing node is known, the user's source line (`options={"strict"
     returned long before, so the captured graph cannot be re-run; the backward's own aten graph
     runs eagerly on the same saved tensors and gradients instead, the same way.
 Re-running eagerly is safe: compiling touches no real tensor, and an error that is the user's own
-is raised again by eager. A wrong answer is never an option: a failure is a fallback or an error.
+is raised again by eager; a call that failed after writing its inputs back is not re-run but
+raised (Note [Run-time fallback]). A wrong answer is never an option: a failure is a fallback or
+an error.
 
 Note [Compile time by phase]: each compiled graph gets a `GraphCompile` record (`kiln.compile_log()`)
 with its compile time split into capture (kiln_dynamo's tracing, from the graph's `meta`), aotgrad
@@ -57,6 +59,7 @@ from typing import Any
 
 import torch
 
+import kiln_aotgrad
 import kiln_dynamo
 from kiln.logs import dynamic_log
 from kiln.logs import perf_log as log
@@ -228,6 +231,20 @@ class _FirstCallFallback:
         except Exception as exc:
             if isinstance(exc, BackendFailed | DataDependentCheckFailed) or before is None:
                 raise  # strict mode, a failed torch._check, or a callable that keeps no signatures
+            if kiln_aotgrad.inputs_written(exc):
+                # the inputs hold part of this call's writes: raised, not re-run; later calls
+                # run eagerly (Note [Run-time fallback])
+                if not self.strict:
+                    self.fallback = _fallback(
+                        self.gm,
+                        self.record,
+                        exc,
+                        False,
+                        self.backend,
+                        "the captured graph",
+                        when="at run time",
+                    )
+                raise
             if len(signatures or ()) != before:
                 return self._first_run_failed(exc, args)
             # a later call: if eager fails on these arguments too, the error is the user's (a
@@ -253,8 +270,12 @@ class _FirstCallFallback:
         code is wrong to fail: with a warning naming the exception, the graph's frame and the
         node's user line when the exception names one, the graph runs eagerly from then on and
         this call returns eager's result (`strict` raises `BackendFailed` instead). Re-running
-        is safe: a compiled graph is functional (aotgrad writes mutated inputs back only after
-        it returns), so a failed call left the inputs as they were.
+        is safe only where the failed call left the inputs as they were: a compiled graph is
+        functional, and aotgrad writes mutated inputs back only after it returns. A failure
+        from the write-back on (or in aotgrad's eager run of a program whose written input
+        shares memory) says so (`kiln_aotgrad.inputs_written`, Note [Failures after the
+        write-back] in kiln_aotgrad's runtime.py): that call raises instead of re-running, which
+        would apply the program's in-place writes twice, and later calls run eagerly.
         """
         try:
             result = self.gm.forward(*args)
