@@ -748,3 +748,54 @@ def test_the_break_instruction_inside_a_try_or_with_block(
                 assert (counters.graphs, counters.graph_breaks, len(counters.fallbacks)) == (2, 1, 0)
                 [reason] = counters.break_reasons
                 assert reason.note is not None and "2 frames resumed at once" in reason.note
+
+
+# --- a display built across a chain split (Note [Displays built across a break]) ----------------
+
+
+class _Peeker:
+    def __init__(self) -> None:
+        self.items = [3, 1, 2]
+        self.flag = True
+
+    def peek(self, t: torch.Tensor) -> int:
+        self.items.append(len(t.tolist()))  # breaks here, then again at list.append
+        return 5
+
+
+def dict_display(x: torch.Tensor, lst: list[int], obj: _Peeker, d: dict[str, int]) -> Any:
+    v = {**d, "z": obj.peek(x), "w": 1}
+    for _ in lst:  # a side effect after the breaks: the last continuation gets a runner
+        obj.flag = hasattr(obj, "nope")
+    return v
+
+
+def list_display(x: torch.Tensor, lst: list[int], obj: _Peeker, d: dict[str, int]) -> Any:
+    v = [*lst, obj.peek(x), *d]
+    for _ in lst:
+        obj.flag = hasattr(obj, "nope")
+    return v
+
+
+def set_display(x: torch.Tensor, lst: list[int], obj: _Peeker, d: dict[str, int]) -> Any:
+    v = {*lst, obj.peek(x), *d}
+    for _ in lst:
+        obj.flag = hasattr(obj, "nope")
+    return v
+
+
+@pytest.mark.parametrize("fn", [dict_display, list_display, set_display])
+def test_a_display_half_built_at_a_chain_split_is_finished(fn: Callable[..., Any]) -> None:
+    # pyfuzz seed 5714: the half-built dict reached the continuation as an argument and the
+    # keys added after the break were dropped from the returned dict
+    compiled = kiln_dynamo.compile(fn)
+    for _ in range(2):
+        eager_obj, comp_obj = _Peeker(), _Peeker()
+        args = (torch.ones(3), [1, 2], {"a": 1, "k1": 2})
+        expected = fn(args[0], args[1], eager_obj, args[2])
+        got = compiled(args[0], args[1], comp_obj, args[2])
+        assert type(got) is type(expected) and got == expected
+        if isinstance(got, dict):
+            assert list(got) == list(expected)
+        assert comp_obj.__dict__ == eager_obj.__dict__
+    assert counters.graph_breaks >= 1

@@ -1309,43 +1309,48 @@ class InstructionTranslator:
         v = {0: v, 1: str(v), 2: repr(v), 3: ascii(v)}[conv]
         self.push(ConstantVariable(format(v, fmt)))
 
+    # Note [Displays built across a break]: LIST_APPEND, SET_ADD, MAP_ADD, LIST_EXTEND,
+    # SET_UPDATE and DICT_UPDATE/DICT_MERGE add to a list, set or dict lower on the stack. In the
+    # original frame that object is one BUILD_LIST/BUILD_SET/BUILD_MAP made (no source, nothing
+    # to replay), but a display split by a graph break (`{**d, 'z': obj.peek(x)}` where `peek`
+    # breaks) reaches its continuation half built, as an argument `___stack<i>`: a real object
+    # with a source, which the continuation's runner returns as is. Each of these opcodes
+    # therefore records the mutation like the container's own methods do, so the runner replays
+    # it on the real object (a no-op for an object made in the frame).
+    def _build_target(self, inst: dis.Instruction, kind: type) -> Any:
+        target = self.stack[-_arg(inst)]
+        assert isinstance(target, kind)
+        self.output.side_effects.mutated(target)
+        return target
+
     def LIST_APPEND(self, inst: dis.Instruction) -> None:
         v = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, ListVariable)
-        target.items.append(v)
+        self._build_target(inst, ListVariable).items.append(v)
 
     def SET_ADD(self, inst: dis.Instruction) -> None:
         v = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, SetVariable)
-        target.items[key_of(v)] = None
+        self._build_target(inst, SetVariable).items[key_of(v)] = None
 
     def MAP_ADD(self, inst: dis.Instruction) -> None:
         v = self.pop()
         k = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, DictVariable)
-        target.items[key_of(k)] = v
+        self._build_target(inst, DictVariable).items[key_of(k)] = v
 
     def LIST_EXTEND(self, inst: dis.Instruction) -> None:
         v = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, ListVariable)
-        target.items.extend(v.iterate(self))
+        items = v.iterate(self)
+        self._build_target(inst, ListVariable).items.extend(items)
 
     def SET_UPDATE(self, inst: dis.Instruction) -> None:
         v = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, SetVariable)
-        for item in v.iterate(self):
+        items = v.iterate(self)
+        target = self._build_target(inst, SetVariable)
+        for item in items:
             target.items[key_of(item)] = None
 
     def DICT_UPDATE(self, inst: dis.Instruction) -> None:
         v = self.pop()
-        target = self.stack[-_arg(inst)]
-        assert isinstance(target, DictVariable)
-        target.update_from(self, v)
+        self._build_target(inst, DictVariable).update_from(self, v)
 
     DICT_MERGE = DICT_UPDATE
 
