@@ -5,7 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# Nineteenth session (t5mask19): no device time (loans paused). Add call19 (T5's 5.17 mask kernel, issue 15) after call18.
+# Nineteenth session: no device time (loans paused). Order: call18 FIRST, then call19 (T5's 5.17 mask kernel,
+#   reorder_gathers on/off, issue 15), then call2 (also covers loopir's inplace_reuse: off for Triton, so no GPU
+#   change expected; the Triton interpreter's index checks are interpreter-only), call4c, call10, call3c, call5
+#   (dynamic: cat/pad backward and floats of sizes in decompositions are now symbolic), call5b/call5d (threads:
+#   hoist_row_invariant is new).
 # Eighteenth session: no device time (no machine was lent). Next, unchanged: call18 FIRST, then call2 — it now also
 #   measures loopir's kernel order (Note [Kernels placed where they are first needed], option late_placement: every
 #   backend's kernels move to just before their first reader; compare kiln against kiln:default:late_placement=False
