@@ -101,6 +101,26 @@ def test_mutated_inputs_sharing_memory_run_eagerly(order: str) -> None:
         torch.testing.assert_close(args_c[1], args_e[1], msg=plan)
 
 
+@pytest.mark.parametrize("how", ["detach", "data"])
+def test_mutated_input_sharing_memory_without_a_view(how: str) -> None:
+    # Note [Mutated inputs that share memory]: `x.detach()` and `x.data` share x's storage and are
+    # no views; the check must see it (test_alias_fuzz.py seed 563)
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.fill_(-2.0)
+        return b + 0
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    for _ in range(2):
+        got, want = torch.arange(5.0), torch.arange(5.0)
+        other_c = got.detach() if how == "detach" else got.data
+        other_e = want.detach() if how == "detach" else want.data
+        torch.testing.assert_close(compiled(got, other_c), f(want, other_e))
+        torch.testing.assert_close(got, want)
+    alone, want = torch.arange(5.0), torch.arange(5.0)
+    torch.testing.assert_close(compiled(alone, torch.ones(5)), f(want, torch.ones(5)))
+    torch.testing.assert_close(alone, want)
+
+
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_batches(monkeypatch)
     monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)

@@ -203,6 +203,17 @@ def intermediate_after_its_view(x, y):
     return d, t
 
 
+# test_alias_fuzz.py seed 563: the break at `x.data` hands the continuation `x` and `t` as two
+# inputs sharing a storage though neither is a view (Note [Mutated inputs that share memory])
+@prog(T(5, grad=True, step=True))
+def data_read_after_fill(x):
+    t = x.data
+    with torch.no_grad():
+        x.fill_(-2.0)
+        u = t + 0
+    return (u,)
+
+
 def struct(outs, args):
     # aliasing relationships among outputs and args
     flat = outs if isinstance(outs, tuple) else (outs,)
