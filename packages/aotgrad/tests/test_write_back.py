@@ -121,6 +121,32 @@ def test_mutated_input_sharing_memory_without_a_view(how: str) -> None:
     torch.testing.assert_close(alone, want)
 
 
+@pytest.mark.parametrize("piece", ["split", "split_with_sizes", "chunk", "unbind", "narrow"])
+def test_writes_through_pieces_of_an_input_at_an_offset(piece: str) -> None:
+    # Note [Pieces written back as slices] (test_alias_fuzz.py seed 686): the write-back of a
+    # piece used an offset relative to the input, which aten's as_strided_scatter reads as absolute
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if piece == "split":
+            p = x.split(3, 1)[1]
+        elif piece == "split_with_sizes":
+            p = x.split_with_sizes([1, 2], 0)[1]
+        elif piece == "chunk":
+            p = x.chunk(2, -1)[1]
+        elif piece == "unbind":
+            p = x.unbind(1)[3]
+        else:
+            p = x.narrow(1, 2, 3)
+        p.add_(1.5)
+        return p * 2
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base = torch.randn(4, 5)
+    got, want = base.clone()[1:], base.clone()[1:]
+    assert got.storage_offset() == 5
+    torch.testing.assert_close(compiled(got), f(want))
+    torch.testing.assert_close(got, want)
+
+
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_batches(monkeypatch)
     monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)

@@ -29,9 +29,11 @@ def prog(*argspec):
 
 
 # argspec: functions producing fresh args from a generator seed
-def T(*shape, grad=False, nc=False, step=False):
+def T(*shape, grad=False, nc=False, step=False, off=False):
     def mk(g):
-        if step:  # every other element of a row: strided, its own leaf
+        if off:  # rows of a larger tensor from its second on: a storage offset
+            t = torch.randn(shape[0] + 1, *shape[1:], generator=g)[1:]
+        elif step:  # every other element of a row: strided, its own leaf
             t = torch.randn(*shape[:-1], 2 * shape[-1], generator=g)[..., ::2].detach()
         else:
             t = torch.randn(*shape, generator=g)
@@ -212,6 +214,26 @@ def data_read_after_fill(x):
         x.fill_(-2.0)
         u = t + 0
     return (u,)
+
+
+# test_alias_fuzz.py seeds 686, 1051, 1198: a write through pieces of an input at a storage
+# offset (Note [Pieces written back as slices] in kiln_aotgrad's functionalize.py)
+@prog(T(2, 5, off=True))
+def write_through_split_of_offset_input(x):
+    with torch.no_grad():
+        _, b = x.split(3, 1)
+        c = b.add_(1.5)
+        d = c.view(2, 2)
+    return (d.shape,)
+
+
+@prog(T(3, 6, off=True))
+def write_through_pieces_of_offset_input(x):
+    x.chunk(2, 1)[1].mul_(2)
+    x.unbind(0)[2].add_(1)
+    x.narrow(1, 1, 2).sub_(3)
+    x.split_with_sizes([1, 2], 0)[1].mul_(-1)
+    return x.sum()
 
 
 def struct(outs, args):
