@@ -236,6 +236,13 @@ def write_through_pieces_of_offset_input(x):
     return x.sum()
 
 
+# test_alias_fuzz.py seed 391: the gradient of as_strided after another view of an input (Note
+# [as_strided after a view is replayed] in kiln_aotgrad's joint.py)
+@prog(T(6, 5, grad=True))
+def as_strided_of_a_narrow_view(x):
+    return (x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), 22),)
+
+
 def struct(outs, args):
     # aliasing relationships among outputs and args
     flat = outs if isinstance(outs, tuple) else (outs,)
