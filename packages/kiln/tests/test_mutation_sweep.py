@@ -243,6 +243,15 @@ def as_strided_of_a_narrow_view(x):
     return (x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), 22),)
 
 
+# test_alias_fuzz.py seed 681: a transposed intermediate written by index_put_, returned with a
+# view of it (Note [A scatter's copy in eager's strides] in kiln_loopir's lowerings/memory.py)
+@prog(T(6, 6, nc=True))
+def index_put_into_a_transposed_intermediate(x):
+    t = x * 0.5
+    t.index_put_((torch.tensor([0, 1, 3, 4, 5]),), torch.full((5, 6), 4.0))
+    return t.select(0, 4), t
+
+
 def struct(outs, args):
     # aliasing relationships among outputs and args
     flat = outs if isinstance(outs, tuple) else (outs,)
