@@ -147,6 +147,25 @@ def test_writes_through_pieces_of_an_input_at_an_offset(piece: str) -> None:
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("offset", [0, 6])
+@pytest.mark.parametrize("view", ["unfold", "view_dtype"])
+def test_writes_through_other_views_of_an_input_at_an_offset(view: str, offset: int) -> None:
+    # Note [Pieces written back as slices]: the general write-back (as_strided_scatter) scatters
+    # into a fresh copy of the parent; a view of another dtype goes back by its bits
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if view == "unfold":
+            x.unfold(1, 2, 2).mul_(2)
+        else:
+            x.view(torch.int32).bitwise_xor_(1)
+        return x * 1
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base = torch.randn(4, 6)
+    got, want = base.clone()[offset // 6 :], base.clone()[offset // 6 :]
+    torch.testing.assert_close(compiled(got), f(want))
+    assert torch.equal(got, want)
+
+
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_batches(monkeypatch)
     monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)

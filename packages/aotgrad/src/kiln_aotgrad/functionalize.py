@@ -147,6 +147,8 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
     f = step.func
     rest = step.args[1:]
     name = str(f._schema.name)
+    if f is aten.view.dtype:  # back to the parent's dtype (the bits, not the values)
+        return emit(aten.view.dtype, (new, _val(parent).dtype), {})
     if name in (
         "aten::view",
         "aten::_unsafe_view",
@@ -192,8 +194,14 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
         raise NotImplementedError(f"mutation through view {name} of a non-contiguous tensor")
     offset = child.storage_offset() - pv.storage_offset()
     del nv
+    # Note [Pieces written back as slices]: aten's as_strided_scatter reads the offset in its
+    # input's storage; a fresh copy of the parent starts at 0 wherever the parent's value lives
+    # (a graph input at an offset, a view the compiled code keeps as one), so the relative offset
+    # is right on it (`x.unfold(1, 2, 2).mul_(2)`, `x.view(torch.int32).bitwise_xor_(1)` on
+    # `x = base[1:]` wrote before x)
+    fresh = emit(aten.clone.default, (parent,), {"memory_format": torch.contiguous_format})
     return emit(
-        aten.as_strided_scatter.default, (parent, new, list(child.shape), list(child.stride()), offset), {}
+        aten.as_strided_scatter.default, (fresh, new, list(child.shape), list(child.stride()), offset), {}
     )
 
 
