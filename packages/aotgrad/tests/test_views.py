@@ -328,3 +328,14 @@ def test_as_strided_outside_its_tensors_elements_is_refused() -> None:
 
 def test_as_strided_within_its_roots_elements_compiles() -> None:
     check(_within, torch.randn(8)[1:7])
+
+
+@pytest.mark.parametrize("offset", [22, 23])
+def test_as_strided_of_a_view_of_an_input_keeps_eager_gradient(offset: int) -> None:
+    # Note [as_strided after a view is replayed] (test_alias_fuzz.py seed 391): the returned view
+    # was rebuilt as one as_strided of the input, whose gradient reached elements outside the
+    # narrow view that eager's does not
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), offset),)
+
+    check(f, torch.randn(6, 5, requires_grad=True))

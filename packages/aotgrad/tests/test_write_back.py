@@ -101,6 +101,71 @@ def test_mutated_inputs_sharing_memory_run_eagerly(order: str) -> None:
         torch.testing.assert_close(args_c[1], args_e[1], msg=plan)
 
 
+@pytest.mark.parametrize("how", ["detach", "data"])
+def test_mutated_input_sharing_memory_without_a_view(how: str) -> None:
+    # Note [Mutated inputs that share memory]: `x.detach()` and `x.data` share x's storage and are
+    # no views; the check must see it (test_alias_fuzz.py seed 563)
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.fill_(-2.0)
+        return b + 0
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    for _ in range(2):
+        got, want = torch.arange(5.0), torch.arange(5.0)
+        other_c = got.detach() if how == "detach" else got.data
+        other_e = want.detach() if how == "detach" else want.data
+        torch.testing.assert_close(compiled(got, other_c), f(want, other_e))
+        torch.testing.assert_close(got, want)
+    alone, want = torch.arange(5.0), torch.arange(5.0)
+    torch.testing.assert_close(compiled(alone, torch.ones(5)), f(want, torch.ones(5)))
+    torch.testing.assert_close(alone, want)
+
+
+@pytest.mark.parametrize("piece", ["split", "split_with_sizes", "chunk", "unbind", "narrow"])
+def test_writes_through_pieces_of_an_input_at_an_offset(piece: str) -> None:
+    # Note [Pieces written back as slices] (test_alias_fuzz.py seed 686): the write-back of a
+    # piece used an offset relative to the input, which aten's as_strided_scatter reads as absolute
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if piece == "split":
+            p = x.split(3, 1)[1]
+        elif piece == "split_with_sizes":
+            p = x.split_with_sizes([1, 2], 0)[1]
+        elif piece == "chunk":
+            p = x.chunk(2, -1)[1]
+        elif piece == "unbind":
+            p = x.unbind(1)[3]
+        else:
+            p = x.narrow(1, 2, 3)
+        p.add_(1.5)
+        return p * 2
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base = torch.randn(4, 5)
+    got, want = base.clone()[1:], base.clone()[1:]
+    assert got.storage_offset() == 5
+    torch.testing.assert_close(compiled(got), f(want))
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("offset", [0, 6])
+@pytest.mark.parametrize("view", ["unfold", "view_dtype"])
+def test_writes_through_other_views_of_an_input_at_an_offset(view: str, offset: int) -> None:
+    # Note [Pieces written back as slices]: the general write-back (as_strided_scatter) scatters
+    # into a fresh copy of the parent; a view of another dtype goes back by its bits
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if view == "unfold":
+            x.unfold(1, 2, 2).mul_(2)
+        else:
+            x.view(torch.int32).bitwise_xor_(1)
+        return x * 1
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base = torch.randn(4, 6)
+    got, want = base.clone()[offset // 6 :], base.clone()[offset // 6 :]
+    torch.testing.assert_close(compiled(got), f(want))
+    assert torch.equal(got, want)
+
+
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_batches(monkeypatch)
     monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)

@@ -29,9 +29,11 @@ def prog(*argspec):
 
 
 # argspec: functions producing fresh args from a generator seed
-def T(*shape, grad=False, nc=False, step=False):
+def T(*shape, grad=False, nc=False, step=False, off=False):
     def mk(g):
-        if step:  # every other element of a row: strided, its own leaf
+        if off:  # rows of a larger tensor from its second on: a storage offset
+            t = torch.randn(shape[0] + 1, *shape[1:], generator=g)[1:]
+        elif step:  # every other element of a row: strided, its own leaf
             t = torch.randn(*shape[:-1], 2 * shape[-1], generator=g)[..., ::2].detach()
         else:
             t = torch.randn(*shape, generator=g)
@@ -203,6 +205,53 @@ def intermediate_after_its_view(x, y):
     return d, t
 
 
+# test_alias_fuzz.py seed 563: the break at `x.data` hands the continuation `x` and `t` as two
+# inputs sharing a storage though neither is a view (Note [Mutated inputs that share memory])
+@prog(T(5, grad=True, step=True))
+def data_read_after_fill(x):
+    t = x.data
+    with torch.no_grad():
+        x.fill_(-2.0)
+        u = t + 0
+    return (u,)
+
+
+# test_alias_fuzz.py seeds 686, 1051, 1198: a write through pieces of an input at a storage
+# offset (Note [Pieces written back as slices] in kiln_aotgrad's functionalize.py)
+@prog(T(2, 5, off=True))
+def write_through_split_of_offset_input(x):
+    with torch.no_grad():
+        _, b = x.split(3, 1)
+        c = b.add_(1.5)
+        d = c.view(2, 2)
+    return (d.shape,)
+
+
+@prog(T(3, 6, off=True))
+def write_through_pieces_of_offset_input(x):
+    x.chunk(2, 1)[1].mul_(2)
+    x.unbind(0)[2].add_(1)
+    x.narrow(1, 1, 2).sub_(3)
+    x.split_with_sizes([1, 2], 0)[1].mul_(-1)
+    return x.sum()
+
+
+# test_alias_fuzz.py seed 391: the gradient of as_strided after another view of an input (Note
+# [as_strided after a view is replayed] in kiln_aotgrad's joint.py)
+@prog(T(6, 5, grad=True))
+def as_strided_of_a_narrow_view(x):
+    return (x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), 22),)
+
+
+# test_alias_fuzz.py seed 681: a transposed intermediate written by index_put_, returned with a
+# view of it (Note [A scatter's copy in eager's strides] in kiln_loopir's lowerings/memory.py)
+@prog(T(6, 6, nc=True))
+def index_put_into_a_transposed_intermediate(x):
+    t = x * 0.5
+    t.index_put_((torch.tensor([0, 1, 3, 4, 5]),), torch.full((5, 6), 4.0))
+    return t.select(0, 4), t
+
+
 def struct(outs, args):
     # aliasing relationships among outputs and args
     flat = outs if isinstance(outs, tuple) else (outs,)
@@ -259,8 +308,9 @@ def test_mutation_and_aliasing_match_eager(f, spec, dynamic) -> None:
 def _written_under_no_grad_then_untraceable(x0, b1):
     with torch.no_grad():
         x0.add_(2)
-    t6, _ = b1.chunk(2, 2)
-    t6.masked_fill_(x0[2] > 0, 3.0)  # a write through a split of a non-contiguous tensor
+    t6 = b1.unfold(2, 2, 2)
+    t6.masked_fill_(x0[2] > 0, 3.0)  # a write through unfold of a non-contiguous tensor (a split
+    # was untraceable too until Note [Pieces written back as slices] in kiln_aotgrad)
     return t6
 
 

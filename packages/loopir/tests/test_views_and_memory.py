@@ -224,3 +224,26 @@ def test_split_copy_returns_new_memory() -> None:
     for out, expected in zip(outs, aten.split_copy.Tensor(inp, 2), strict=True):
         torch.testing.assert_close(out, expected)
         assert out.untyped_storage().data_ptr() != inp.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("op", ["index_put", "scatter"])
+def test_a_scatter_keeps_eager_strides(op: str) -> None:
+    # Note [A scatter's copy in eager's strides] (test_alias_fuzz.py seed 681): the copy of a
+    # transposed tensor was row-major, unlike eager's
+    rows = torch.tensor([0, 1, 3])
+
+    def fn(x: Any, v: Any) -> Any:
+        if op == "index_put":
+            y = aten.index_put.default(aten.mul.Tensor(x, 0.5), [rows], v)
+        else:
+            idx = aten.expand.default(aten.unsqueeze.default(rows, 1), [3, 6])
+            y = aten.scatter.src(aten.mul.Tensor(x, 0.5), 0, idx, v)
+        return y, aten.select.int(y, 0, 1)
+
+    x, v = make((6, 6)).t(), make((3, 6))
+    compiled = check(fn, x, v)
+    want = fn(x, v)
+    got = compiled(x, v)
+    assert [t.stride() for t in got] == [t.stride() for t in want]
+    if op == "index_put":  # eager's keeps the input's layout (its scatter is row-major)
+        assert want[0].stride() == (1, 6)

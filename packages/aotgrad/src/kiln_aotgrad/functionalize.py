@@ -147,6 +147,8 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
     f = step.func
     rest = step.args[1:]
     name = str(f._schema.name)
+    if f is aten.view.dtype:  # back to the parent's dtype (the bits, not the values)
+        return emit(aten.view.dtype, (new, _val(parent).dtype), {})
     if name in (
         "aten::view",
         "aten::_unsafe_view",
@@ -181,6 +183,9 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
         return emit(aten.as_strided_scatter.default, (parent, new, *rest), step.kwargs)
     if name == "aten::expand":
         raise NotImplementedError("writing into an expanded tensor (eager rejects it too)")
+    piece = _piece_scatter(emit, step, name, parent, new)  # Note [Pieces written back as slices]
+    if piece is not None:
+        return piece
     # Anything else: scatter through the view's own strides, relative to a dense parent.
     pv = _val(parent)
     nv = _val(new)
@@ -189,9 +194,52 @@ def inverse_step(emit: Emit, step: ViewStep, parent: torch.fx.Node, new: torch.f
         raise NotImplementedError(f"mutation through view {name} of a non-contiguous tensor")
     offset = child.storage_offset() - pv.storage_offset()
     del nv
+    # Note [Pieces written back as slices]: aten's as_strided_scatter reads the offset in its
+    # input's storage; a fresh copy of the parent starts at 0 wherever the parent's value lives
+    # (a graph input at an offset, a view the compiled code keeps as one), so the relative offset
+    # is right on it (`x.unfold(1, 2, 2).mul_(2)`, `x.view(torch.int32).bitwise_xor_(1)` on
+    # `x = base[1:]` wrote before x)
+    fresh = emit(aten.clone.default, (parent,), {"memory_format": torch.contiguous_format})
     return emit(
-        aten.as_strided_scatter.default, (parent, new, list(child.shape), list(child.stride()), offset), {}
+        aten.as_strided_scatter.default, (fresh, new, list(child.shape), list(child.stride()), offset), {}
     )
+
+
+# Note [Pieces written back as slices]: a piece of `split`, `split_with_sizes`, `chunk`,
+# `unbind` or `narrow` is a slice (a select for `unbind`) of its parent along one dimension, so
+# its new value goes back through `slice_scatter` (`select_scatter`), as a `slice` view's does.
+# They used to take the general path below, `as_strided_scatter` with the piece's offset
+# relative to its parent, which is wrong wherever the parent is an input at a storage offset:
+# aten's `as_strided_scatter` reads its offset in the storage of its input, absolute, not from
+# the input's first element (test_alias_fuzz.py seed 686: `x.split(3, 1)[1].add_(1.5)` on
+# `x = base[1:]` wrote two elements before `x` and left its second row as it was; seeds 1051 and
+# 1198, the same through `split`/`chunk` of inputs with symbolic sizes). A slice has no offset,
+# and its bounds are sizes, symbolic where the parent's are.
+def _piece_scatter(emit: Emit, step: ViewStep, name: str, parent: torch.fx.Node, new: torch.fx.Node) -> Any:
+    if name not in ("aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unbind", "aten::narrow"):
+        return None
+    bound = step.func._schema.arguments
+    vals: dict[str, Any] = {a.name: a.default_value for a in bound if a.has_default_value()}
+    vals.update({a.name: v for a, v in zip(bound[1:], step.args[1:], strict=False)})
+    vals.update(step.kwargs)
+    pv = _val(parent)
+    dim = int(vals.get("dim", 0)) % pv.dim()
+    i = step.index
+    if name == "aten::narrow":
+        start = vals["start"]
+        return emit(aten.slice_scatter.default, (parent, new, dim, start, start + vals["length"], 1), {})
+    assert i is not None
+    if name == "aten::unbind":
+        return emit(aten.select_scatter.default, (parent, new, dim, i), {})
+    if name == "aten::split":
+        start = i * vals["split_size"]
+    elif name == "aten::split_with_sizes":
+        start = sum(vals["split_sizes"][:i])
+    else:  # chunk: pieces of ceil(size / chunks)
+        chunks = vals["chunks"]
+        start = i * ((pv.shape[dim] + chunks - 1) // chunks)
+    end = start + _val(new).shape[dim]
+    return emit(aten.slice_scatter.default, (parent, new, dim, start, end, 1), {})
 
 
 def _child_meta(step: ViewStep, parent_val: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import ViewStep
+from kiln_aotgrad.logs import graphs_log
 from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer
 from kiln_dynamo import same_unbacked
 from kiln_dynamo.fake import FakeTensor, dispatch_for, from_real
@@ -211,6 +212,20 @@ def symbolic_view_layout(
     src = f"lambda a: (({size_src}), ({stride_src}), {start}{py(rel)})"
     fn: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] = eval(src, {"math": math})
     return fn
+
+
+# Note [as_strided after a view is replayed]: a returned view of an input is rebuilt at run
+# time as one `as_strided` of the real input, whose backward sends the gradient to every element
+# it covers. Eager's `x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), 22)` covers the same four
+# elements, but its backward goes through the narrow view's: only the one element of the narrow
+# view gets a gradient (test_alias_fuzz.py seed 391: gradient 1 where eager gives 0). The one
+# `as_strided` gives eager's gradient for a chain of other views, whose backward scatters into
+# the elements it covers; a chain with `as_strided` after another view is rebuilt by replaying
+# its view operators on the real input instead, as a view of another dtype is (Note [Views that
+# change dtype]); the as_strided's offset is absolute, and the static signature holds the input
+# at the offset it was traced at.
+def _as_strided_after_a_view(chain: tuple[ViewStep, ...]) -> bool:
+    return any(step.func is torch.ops.aten.as_strided.default for step in chain[1:])
 
 
 def _fake_like(t: torch.Tensor) -> FakeTensor:
@@ -393,7 +408,16 @@ def trace(
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
-                views = tracer.chain_of(t) if t.dtype != visible[j].dtype else ()
+                chain = tracer.chain_of(t)
+                replay = t.dtype != visible[j].dtype
+                if not replay and _as_strided_after_a_view(chain):
+                    replay = True  # Note [as_strided after a view is replayed]
+                    graphs_log.info(
+                        "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views",
+                        k,
+                        j,
+                    )
+                views = chain if replay else ()
                 infos.append(
                     OutputInfo("input_view", j, size, stride, int(rel), views=views, no_grad=ng, detach=dt)
                 )

@@ -433,7 +433,7 @@ class GraphLowering:
         if result is None:
             assert callable(target)
             result = fallback(target, args, kwargs, meta)
-        _hint_strides(result, meta)
+        hint_eager_strides(result, meta)
         self._after(node, result)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s -> %s", node.format_node(), _describe(result))
@@ -630,11 +630,11 @@ def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def _hint_strides(result: Any, meta: Any) -> None:
+def hint_eager_strides(result: Any, meta: Any) -> None:
     """Give unrealized results the dense strides eager produces (see StorageBox.stride_hint)."""
     if isinstance(result, list | tuple) and isinstance(meta, list | tuple):
         for r, m in zip(result, meta, strict=False):
-            _hint_strides(r, m)
+            hint_eager_strides(r, m)
         return
     if not (isinstance(result, TensorBox) and isinstance(meta, torch.Tensor)):
         return

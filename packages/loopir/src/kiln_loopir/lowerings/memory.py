@@ -21,7 +21,7 @@ import torch
 
 from ..indexing import Expr, FloorDiv, ModularIndexing
 from ..ir import Index, Pointwise, Scatter, TensorBox
-from ..layout import flexible
+from ..layout import symbolic
 from ..lowering import (
     Unsupported,
     broadcast_loader,
@@ -268,17 +268,33 @@ def embedding(weight: TensorBox, indices: TensorBox, *args: Any) -> TensorBox:
 def _scatter_into(
     x: TensorBox, ranges: Sequence[Expr], value_fn: Any, out_indexer: Any, mode: str | None
 ) -> TensorBox:
-    """Copy ``x`` into a new buffer, then store ``value_fn(i)`` at ``out_indexer(i)`` into it."""
+    """Copy ``x`` into a new buffer, then store ``value_fn(i)`` at ``out_indexer(i)`` into it.
+
+    Note [A scatter's copy in eager's strides]: eager's functional ``index_put`` clones ``self``
+    keeping its layout (``scatter`` does not), and an in-place one keeps the written tensor's;
+    the copy here was laid out row-major whatever eager's strides, so an output (or a
+    view rebuilt from it by the runtime) of a transposed tensor written by ``index_put_`` had
+    other strides than eager's, and a view of it rebuilt with eager's strides read the wrong
+    elements (test_alias_fuzz.py seed 681). The copy takes the strides of the node's meta value
+    where they are dense (the graph's rule for values it computes, StorageBox.stride_hint), and
+    the scatter stores through the copy's own layout."""
+    graph = current_graph()
     target_box = clone(x)
     storage = target_box.storage()
     assert storage is not None
+    meta = getattr(graph, "current_meta", None)
+    if isinstance(meta, torch.Tensor) and symbolic(meta.shape) == tuple(
+        sympy.sympify(n) for n in x.get_size()
+    ):
+        from ..graph import hint_eager_strides
+
+        hint_eager_strides(target_box, meta)
     target = storage.realize()
-    graph = current_graph()
     dtype = x.get_dtype()
     data = Pointwise(x.get_device(), dtype, lambda i: ops.to_dtype(value_fn(i), dtype), tuple(ranges))
     node = Scatter(
         graph.new_buffer_name(),
-        flexible(x.get_device(), dtype, x.get_size()),
+        target.layout,
         data=data,
         mutates=target.name,
         output_indexer=out_indexer,
