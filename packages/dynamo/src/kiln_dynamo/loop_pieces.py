@@ -50,6 +50,7 @@ follows a loop]), which the hook captures; where that is not sound it runs as pl
 
 from __future__ import annotations
 
+import sys
 import types
 import weakref
 from collections.abc import Callable, Sequence
@@ -193,6 +194,13 @@ def piece_edits(
     call them from the frame, and their codes; or why no piece could be made."""
     if code.co_cellvars:
         return "the frame has cell variables"
+    if set(code.co_freevars) - {"__class__"} and sys.version_info >= (3, 12):
+        # Note [Pieces of closures under 3.12]: a piece of a frame with free variables (other
+        # than zero-argument super's `__class__`, tested under 3.12) read a
+        # closure cell where it should read a constant, a local or a global under 3.12 (pyfuzz
+        # seeds 42, 148, 154: "'cell' object has no attribute ..."); until the piece's
+        # localsplus layout is fixed there, such loops run as Python
+        return "the frame has free variables (Python 3.12)"
     if code.co_flags & _GENERATOR_FLAGS:
         return "the frame is a generator"
     depth = _depths(instrs)
