@@ -572,6 +572,20 @@ def op_outcome(outcomes: list[Outcome]) -> str:
     return "skipped"
 
 
+def assert_passes(info: Any, outcomes: list[Outcome]) -> None:
+    """The CI slices' verdict on one op: skipped when no sample was comparable, else every sample
+    passes, or falls back where the op is one of KNOWN_FALLBACKS."""
+    import pytest
+
+    kind = op_outcome(outcomes)
+    if kind == "skipped":
+        pytest.skip(f"no float32 CPU sample of {key(info)} that eager runs returns a tensor")
+    details = "\n".join(f"sample {o.sample}: {o.kind}: {o.detail}" for o in outcomes if o.kind != "pass")
+    assert kind in ("pass", "fallback"), details
+    if key(info) not in KNOWN_FALLBACKS:
+        assert kind == "pass", details
+
+
 def select(
     shard: str | None = None, ops: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> list[Any]:

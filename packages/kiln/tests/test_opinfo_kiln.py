@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from opinfo_sweep import KNOWN_FALLBACKS, Compiles, compare, key, op_outcome, select, sweep_op
+from opinfo_sweep import KNOWN_FALLBACKS, Compiles, assert_passes, compare, key, op_outcome, select, sweep_op
 
 import kiln
 
@@ -62,13 +62,7 @@ def test_opinfo_through_kiln(info: Any) -> None:
 def test_opinfo_through_kiln_dynamic(info: Any) -> None:
     compiles = Compiles()
     outcomes = sweep_op(info, 4, dynamic="true", compiles=compiles, grown=True)
-    kind = op_outcome(outcomes)
-    if kind == "skipped":
-        pytest.skip(f"no float32 CPU sample of {key(info)} that eager runs returns a tensor")
-    details = "\n".join(f"sample {o.sample}: {o.kind}: {o.detail}" for o in outcomes if o.kind != "pass")
-    assert kind in ("pass", "fallback"), details
-    if key(info) not in KNOWN_FALLBACKS:
-        assert kind == "pass", details
+    assert_passes(info, outcomes)
     assert compiles.graphs >= 1
 
 
