@@ -550,3 +550,33 @@ def test_row_invariant_index_before_the_row_loops(
     bad[1, 5] = 50
     with pytest.raises(IndexError):
         compiled(bad, table, r, w)
+
+
+@pytest.mark.parametrize(("hoist", "scoped"), [(True, True), (True, False), (False, True)])
+def test_check_reductions_only_where_a_check_is(
+    hoist: bool, scoped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Check reductions only where a check is]: with the embedding index's check hoisted
+    before the row loops, the lane loops carry no ``reduction(max:kchk,kchkv)`` clause (the row
+    loops that hold the check still do); with the check in the lane loop, or the switch off,
+    they carry it. Results match eager, and a bad index still raises."""
+    monkeypatch.setenv(
+        "KILN_CPP_OPTIONS", f"hoist_row_invariant={int(hoist)},scoped_check_reductions={int(scoped)}"
+    )
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 40, (2, 8), generator=g)
+    table, r, w = make((40, 256)), make((2, 8, 256)), make((256,))
+    compiled = check(_embedded_rms_norm, ids, table, r, w)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    kernel = source[source.index('extern "C" int64_t cpp_fused') :]
+    kernel = kernel[: kernel.index("\n}\n")]
+    simd = re.findall(r"#pragma omp simd.*", kernel)
+    assert simd
+    carried = ["reduction(max:kchk,kchkv)" in line for line in simd]
+    assert carried == [not (hoist and scoped)] * len(simd), simd
+    if "#pragma omp parallel for" in kernel:  # the row loops hold the hoisted check
+        assert all("reduction(max:kchk" in p for p in re.findall(r"#pragma omp parallel for.*", kernel))
+    bad = ids.clone()
+    bad[0, 3] = -41
+    with pytest.raises(IndexError):
+        compiled(bad, table, r, w)

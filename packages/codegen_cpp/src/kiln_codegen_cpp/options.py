@@ -66,6 +66,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   computed once per row before the loops, so the row's loads through them are contiguous vector
   loads, not gathers (Note [Row-invariant values before the row loops] in kernel.py); off: they
   stay in the lane loop, as before.
+* ``scoped_check_reductions``: the max-reductions of a kernel's branch-free index and divisor
+  checks go only on the OpenMP loops whose body has a check (Note [Check reductions only where a
+  check is] in kernel.py); off: on every ``omp parallel for`` and ``omp simd`` loop of the kernel.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -115,6 +118,7 @@ class CppOptions:
     reduction_lanes: int = 16
     narrow_lanes: bool = True
     hoist_row_invariant: bool = True
+    scoped_check_reductions: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
