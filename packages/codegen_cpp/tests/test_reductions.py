@@ -580,3 +580,19 @@ def test_check_reductions_only_where_a_check_is(
     bad[0, 3] = -41
     with pytest.raises(IndexError):
         compiled(bad, table, r, w)
+
+
+@pytest.mark.parametrize("tree", [True, False])
+@pytest.mark.parametrize("op", [aten.sum.dim_IntList, aten.amax.default, aten.amin.default])
+def test_lanes_combined_as_a_tree(tree: bool, op: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Lanes combined as a tree]: a row reduction's lanes are combined pairwise (off: left
+    to right); results match eager, a NaN in any lane included."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"tree_lane_combine={int(tree)}")
+    x = make((6, 300))
+    x[2, 17] = float("nan")
+    x[4, 299] = float("nan")
+    gm = graph_of([(op, (In(0), [-1]), {})], 1)
+    backend = CppBackend()
+    compiled = compile_graph(gm, [x], backend=backend)
+    assert ("for (int h = " in backend.last_source) == tree
+    assert_outputs(compiled(x), eager(gm, x), None, 1.0)

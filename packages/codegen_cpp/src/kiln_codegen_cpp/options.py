@@ -69,6 +69,8 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``scoped_check_reductions``: the max-reductions of a kernel's branch-free index and divisor
   checks go only on the OpenMP loops whose body has a check (Note [Check reductions only where a
   check is] in kernel.py); off: on every ``omp parallel for`` and ``omp simd`` loop of the kernel.
+* ``tree_lane_combine``: a reduction's lanes are combined pairwise after the row (Note [Lanes
+  combined as a tree] in kernel.py); off: left to right, one dependency chain.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -119,6 +121,7 @@ class CppOptions:
     narrow_lanes: bool = True
     hoist_row_invariant: bool = True
     scoped_check_reductions: bool = True
+    tree_lane_combine: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
