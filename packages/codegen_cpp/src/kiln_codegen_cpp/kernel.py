@@ -22,8 +22,8 @@ depends only on the sizes, results do not depend on the number of threads: threa
 split the outer loops, or (``split_r``) fixed chunks of a full reduction combined in order.
 
 Note [Lanes combined as a tree]: after a row's loop the lanes of a sum, product, max or min
-are combined pairwise, ``acc[l] += acc[l + h]`` for h = L/2, ..., 1, not left to right: the
-left-to-right fold is one dependency chain of L - 1 combines per row (16 double adds of ~4 cycles
+are combined pairwise, ``acc[l] += acc[l + ceil(n/2)]`` for n = L, ceil(L/2), ..., 2 (any L),
+not left to right: the left-to-right fold is one dependency chain of L - 1 combines per row (16 double adds of ~4 cycles
 after a float32 RMSNorm's 16 lanes, ~60 cycles a row against a row loop of 16 vectors), the tree
 log2(L) steps of independent vector operations. The order is still fixed by the sizes alone
 (Note [Lane accumulators]). ``CppOptions.tree_lane_combine`` (off: left to right, as before).
@@ -1126,8 +1126,8 @@ class KernelBuilder(OpsHandlerBase):
         phase.pick.append(f"{t} {acc}_f = {acc}[l];")
         if self.options.tree_lane_combine:  # Note [Lanes combined as a tree]
             phase.combine.append(
-                f"for (int h = KL / 2; h > 0; h /= 2) for (int l = 0; l < h; ++l) "
-                f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=f'{acc}[l + h]')};"
+                f"for (int n = KL; n > 1; n = (n + 1) / 2) for (int l = 0; l < n / 2; ++l) "
+                f"{acc}[l] = {fmt.format(a=f'{acc}[l]', b=f'{acc}[l + (n + 1) / 2]')};"
             )
             phase.combine.append(f"{t} {acc}_f = {acc}[0];")
         else:
