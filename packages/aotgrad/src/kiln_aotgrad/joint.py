@@ -42,7 +42,7 @@ from kiln_symbolic import expr_of, is_symbolic, pexpr
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
-from kiln_aotgrad.functionalize import ViewStep
+from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.logs import graphs_log
 from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer
 from kiln_dynamo import same_unbacked
@@ -224,8 +224,50 @@ def symbolic_view_layout(
 # its view operators on the real input instead, as a view of another dtype is (Note [Views that
 # change dtype]); the as_strided's offset is absolute, and the static signature holds the input
 # at the offset it was traced at.
+#
+# Under symbolic sizes (dynamic=True, or a recompile that made another input's sizes dynamic)
+# the view was rebuilt from its symbolic layout as one `as_strided` too, with the same wrong
+# gradient (`w.narrow(1, 3, 1).as_strided(...)` of a static `w` beside a dynamic `x`). The views
+# are replayed there as well when every argument of the chain is a constant (the chain then
+# reads nothing of the sizes that vary, so replaying it is eager's view for every call the
+# graph serves); a chain with a symbolic argument is refused (static sizes instead).
 def _as_strided_after_a_view(chain: tuple[ViewStep, ...]) -> bool:
     return any(step.func is torch.ops.aten.as_strided.default for step in chain[1:])
+
+
+class _Symbolic(Exception):
+    """A view argument that depends on a size symbol."""
+
+
+def _constant(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return type(v)(_constant(x) for x in v)
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        e = expr_of(v)
+        if e.free_symbols:
+            raise _Symbolic(v)
+        return (
+            int(e) if isinstance(v, torch.SymInt) else float(e) if isinstance(v, torch.SymFloat) else bool(e)
+        )
+    if isinstance(v, torch.Tensor):
+        raise _Symbolic(v)
+    return v
+
+
+def _constant_chain(chain: tuple[ViewStep, ...]) -> tuple[ViewStep, ...] | None:
+    """``chain`` with its SymInt arguments of constant value as ints; None if one is symbolic."""
+    try:
+        return tuple(
+            ViewStep(
+                step.func,
+                tuple(a if a is SELF else _constant(a) for a in step.args),
+                {k: _constant(v) for k, v in step.kwargs.items()},
+                step.index,
+            )
+            for step in chain
+        )
+    except _Symbolic:
+        return None
 
 
 def _fake_like(t: torch.Tensor) -> FakeTensor:
@@ -383,8 +425,20 @@ def trace(
                     "an output is a view of an input that requires grad, strided unlike its "
                     "traced clone, with symbolic sizes"
                 )
+            chain = tracer.chain_of(t)
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
+            elif _as_strided_after_a_view(chain) and (symbolic_layout or symbolic_trace):
+                # Note [as_strided after a view is replayed], under symbolic sizes
+                views = _constant_chain(chain)
+                if views is None:
+                    raise AotgradError(
+                        "an output is as_strided after another view of an input, with symbolic view arguments"
+                    )
+                graphs_log.info(
+                    "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
+                )
+                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
@@ -408,7 +462,6 @@ def trace(
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
                     continue
-                chain = tracer.chain_of(t)
                 replay = t.dtype != visible[j].dtype
                 if not replay and _as_strided_after_a_view(chain):
                     replay = True  # Note [as_strided after a view is replayed]
