@@ -263,6 +263,7 @@ def _constant_chain(chain: tuple[ViewStep, ...]) -> tuple[ViewStep, ...] | None:
                 tuple(a if a is SELF else _constant(a) for a in step.args),
                 {k: _constant(v) for k, v in step.kwargs.items()},
                 step.index,
+                step.root_offset,
             )
             for step in chain
         )
