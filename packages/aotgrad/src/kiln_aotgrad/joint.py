@@ -93,6 +93,9 @@ class OutputInfo:
     # (Note [Views taken under no_grad])
     no_grad: bool = False
     detach: bool = False
+    # "input_view" the graph took in grad mode, of an input that requires grad: rebuilt in grad
+    # mode (Note [Views taken in grad mode])
+    grad: bool = False
 
 
 @dataclass(slots=True)
@@ -427,6 +430,19 @@ def trace(
                     "traced clone, with symbolic sizes"
                 )
             chain = tracer.chain_of(t)
+            # Note [Views taken in grad mode]: the runtime rebuilds a view of an input after
+            # the compiled call, in the caller's grad mode, which is not the one the graph took
+            # the view in where the graph turns grad mode on (a resume function entered inside a
+            # `with torch.no_grad():` block that the graph leaves: the view came back with
+            # requires_grad and no grad_fn, and no gradient reached the input; test_alias_fuzz.py
+            # seed 3252). A view taken in grad mode, of an input that requires grad, with a
+            # gradient path to it, is rebuilt in grad mode.
+            chain_grad = bool(
+                tracer.view_grad_mode.get(id(t), False)
+                and getattr(inputs[j], "requires_grad", False)
+                and not ng
+                and not dt
+            )
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif _as_strided_after_a_view(chain) and (symbolic_layout or symbolic_trace):
@@ -439,14 +455,16 @@ def trace(
                 graphs_log.info(
                     "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
                 )
-                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt))
+                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt, grad=chain_grad))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
+                infos.append(
+                    OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                )
             else:
                 # Notes [Offsets of views of inputs that require grad], [Static views of inputs
                 # start at the input's offset]: the view's offset is kept relative to the traced
@@ -461,7 +479,9 @@ def trace(
                 # symbolic view's run-time layout too (test_alias_fuzz.py, seed 165)
                 if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
-                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
+                    infos.append(
+                        OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                    )
                     continue
                 replay = t.dtype != visible[j].dtype
                 if not replay and _as_strided_after_a_view(chain):
@@ -473,7 +493,17 @@ def trace(
                     )
                 views = chain if replay else ()
                 infos.append(
-                    OutputInfo("input_view", j, size, stride, int(rel), views=views, no_grad=ng, detach=dt)
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        size,
+                        stride,
+                        int(rel),
+                        views=views,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                    )
                 )
             continue
         later = root_output.get(rid, k)

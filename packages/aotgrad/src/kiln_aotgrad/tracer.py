@@ -277,6 +277,9 @@ class Tracer(TorchDispatchMode):
         self.aliases: dict[int, Alias] = {}
         self.roots: dict[int, Root] = {}
         self.keep: list[Any] = []
+        # id() of each view -> whether grad mode was on when the graph took it (Note [Views
+        # taken in grad mode] in joint.py)
+        self.view_grad_mode: dict[int, bool] = {}
         self.root_tensors: dict[int, Any] = {}
         # an input traced through a clone (joint.py): the real input's storage offset, where
         # the clone starts at 0 (Note [as_strided within a tensor's own elements])
@@ -753,6 +756,8 @@ class Tracer(TorchDispatchMode):
                 raise AotgradError(f"as_strided {why}", op="aten::as_strided", origin=self.where())
         version = self.roots[pa.root].version
         rest = (SELF, *args[1:])
+        for v in [out] if isinstance(out, torch.Tensor) else out:
+            self.view_grad_mode[id(v)] = torch.is_grad_enabled()
         if isinstance(out, torch.Tensor):
             self.keep.append(out)
             self.nodes[id(out)] = node
