@@ -368,3 +368,23 @@ def test_a_view_taken_in_grad_mode_is_rebuilt_in_grad_mode() -> None:
     (got[0].sum() + got[1].sum() * 2).backward()
     (want[0].sum() + want[1].sum() * 2).backward()
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+def _computes_in_grad_mode(x: torch.Tensor) -> torch.Tensor:
+    torch._C._set_grad_enabled(True)
+    y = torch.where(x > 0, x, x * 2)
+    torch._C._set_grad_enabled(False)
+    return y
+
+
+def test_a_graph_that_turns_grad_mode_on_over_inputs_that_require_grad_is_refused() -> None:
+    # Note [Graphs that turn grad mode on] (joint.py, test_alias_fuzz.py seed 3500): entered in
+    # no_grad, the inference trace returned `y` without requires_grad, which eager's has
+    compiled = kiln_aotgrad.aot_function(_computes_in_grad_mode, lambda gm, ex: gm)
+    x = torch.randn(4, 3, requires_grad=True)
+    with torch.no_grad():
+        assert _computes_in_grad_mode(x).requires_grad
+        with pytest.raises(AotgradError, match="turns grad mode on"):
+            compiled(x)
+        # nothing requires grad: the inference trace is right
+        torch.testing.assert_close(compiled(x.detach()), _computes_in_grad_mode(x.detach()))

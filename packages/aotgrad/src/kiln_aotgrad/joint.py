@@ -322,6 +322,22 @@ def trace(
     # symbolic (torch 2.11's C++ matmul specialized it here, as in capture)
     with grad_ctx, tracer, dispatch_for(leaves):
         out = fn(tracer, visible)
+    # Note [Graphs that turn grad mode on]: a graph entered with grad mode off is traced for
+    # inference, its inputs made not to require grad; a graph that turns grad mode on itself (a
+    # resume function entered inside a `with torch.no_grad():` block that the graph leaves)
+    # computed results that require grad in eager from inputs that do, and the inference graph
+    # returned them without (test_alias_fuzz.py seed 3500: `torch.where(m, a, t4)` of a `t4`
+    # that requires grad). Refused (the graph runs eagerly) when an operator other than a view
+    # ran in grad mode; a view alone is rebuilt in grad mode (Note [Views taken in grad mode]).
+    if (
+        not want_training
+        and tracer.computed_in_grad_mode
+        and any(getattr(x, "requires_grad", False) for x in inputs)
+    ):
+        raise AotgradError(
+            "the graph turns grad mode on, entered with it off, over inputs that require grad "
+            "(an inference trace would drop their gradients)"
+        )
     flat_out, spec = tree_flatten(out)
 
     graph_nodes: list[torch.fx.Node] = []

@@ -280,6 +280,7 @@ class Tracer(TorchDispatchMode):
         # id() of each view -> whether grad mode was on when the graph took it (Note [Views
         # taken in grad mode] in joint.py)
         self.view_grad_mode: dict[int, bool] = {}
+        self.computed_in_grad_mode = False  # an operator other than a view ran in grad mode
         self.root_tensors: dict[int, Any] = {}
         # an input traced through a clone (joint.py): the real input's storage offset, where
         # the clone starts at 0 (Note [as_strided within a tensor's own elements])
@@ -510,6 +511,8 @@ class Tracer(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if not self.computed_in_grad_mode and torch.is_grad_enabled() and not is_view_op(func):
+            self.computed_in_grad_mode = True  # Note [Graphs that turn grad mode on] (joint.py)
         try:
             return self._dispatch(func, args, kwargs)
         except AotgradError:
