@@ -320,3 +320,54 @@ def test_a_strided_input_that_requires_grad_keeps_its_strides_in_the_graph() -> 
         n for gm in rec.graphs for n in gm.graph.nodes if n.op == "placeholder" and n.name == "primals_1"
     ]
     assert primals and all(n.meta["val"].stride() == x.stride() for n in primals)
+
+
+class _NarrowThenStrided(nn.Module):
+    """A static parameter beside a dynamic input (test_alias_fuzz.py seed 391's view)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.w.narrow(1, 3, 1).as_strided((2, 2), (2, 1), 22), x * 2
+
+
+def test_as_strided_after_a_view_keeps_eager_gradient_under_dynamic_true() -> None:
+    # Note [as_strided after a view is replayed] (joint.py), under symbolic sizes: the returned
+    # view was rebuilt from its layout as one as_strided of the parameter, whose gradient reached
+    # the elements outside the narrow view (1 where eager gives 0)
+    torch.manual_seed(0)
+    model = _NarrowThenStrided()
+    ref = _NarrowThenStrided()
+    ref.load_state_dict(model.state_dict())
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(model, backend=dynamic_backend(rec), dynamic=True)
+    for b in (3, 5, 8):
+        x = torch.randn(b, 2)
+        (v, y), (v2, y2) = compiled(x), ref(x)
+        torch.testing.assert_close((v, y), (v2, y2))
+        assert v._base is model.w and v.stride() == v2.stride()
+        (v.sum() * 3 + y.sum()).backward()
+        (v2.sum() * 3 + y2.sum()).backward()
+        torch.testing.assert_close(model.w.grad, ref.w.grad)
+    assert counters.dynamic_fallbacks == [] and _symbolic(rec.graphs[0])
+
+
+def test_as_strided_after_a_view_with_a_symbolic_argument_is_refused() -> None:
+    # the view chain reads a varying size (`expand` to x's batch): no constant chain to replay,
+    # so the graph is compiled with static sizes instead, never rebuilt as one as_strided
+    def f(w: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return w.narrow(1, 3, 1).as_strided((2, 1), (2, 1), 22).expand(2, x.shape[0]), x * 2
+
+    w = torch.randn(6, 5, requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(Recorder()))
+    for b in (3, 4, 5):  # the second call makes x's batch dynamic (w stays static)
+        x = torch.randn(b, 2)
+        (v, y), (v2, y2) = compiled(w, x), f(w2, x)
+        torch.testing.assert_close((v, y), (v2, y2))
+        v.sum().backward()
+        v2.sum().backward()
+        torch.testing.assert_close(w.grad, w2.grad)
+    assert any("symbolic view arguments" in reason for _, reason in counters.dynamic_fallbacks)

@@ -339,3 +339,52 @@ def test_as_strided_of_a_view_of_an_input_keeps_eager_gradient(offset: int) -> N
         return (x.narrow(1, 3, 1).as_strided((2, 2), (2, 1), offset),)
 
     check(f, torch.randn(6, 5, requires_grad=True))
+
+
+def _grad_mode_on_inside(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # as a resume function entered inside `with torch.no_grad():` that the graph leaves
+    torch._C._set_grad_enabled(True)
+    v = x.unflatten(1, (3, 1)).view(-1)
+    w = x.t()
+    torch._C._set_grad_enabled(False)
+    with torch.no_grad():
+        u = x.view(-1)
+    return v, w, u
+
+
+def test_a_view_taken_in_grad_mode_is_rebuilt_in_grad_mode() -> None:
+    # Note [Views taken in grad mode] (joint.py, test_alias_fuzz.py seed 3252): called in
+    # no_grad, the view the graph took in grad mode came back without a grad_fn
+    compiled = kiln_aotgrad.aot_function(_grad_mode_on_inside, lambda gm, ex: gm)
+    x = torch.randn(7, 3)[1:].detach().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    with torch.no_grad():
+        got = compiled(x)
+        want = _grad_mode_on_inside(x2)
+    assert torch.is_grad_enabled()
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+        assert (g.requires_grad, g.grad_fn is None) == (w.requires_grad, w.grad_fn is None)
+    (got[0].sum() + got[1].sum() * 2).backward()
+    (want[0].sum() + want[1].sum() * 2).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def _computes_in_grad_mode(x: torch.Tensor) -> torch.Tensor:
+    torch._C._set_grad_enabled(True)
+    y = torch.where(x > 0, x, x * 2)
+    torch._C._set_grad_enabled(False)
+    return y
+
+
+def test_a_graph_that_turns_grad_mode_on_over_inputs_that_require_grad_is_refused() -> None:
+    # Note [Graphs that turn grad mode on] (joint.py, test_alias_fuzz.py seed 3500): entered in
+    # no_grad, the inference trace returned `y` without requires_grad, which eager's has
+    compiled = kiln_aotgrad.aot_function(_computes_in_grad_mode, lambda gm, ex: gm)
+    x = torch.randn(4, 3, requires_grad=True)
+    with torch.no_grad():
+        assert _computes_in_grad_mode(x).requires_grad
+        with pytest.raises(AotgradError, match="turns grad mode on"):
+            compiled(x)
+        # nothing requires grad: the inference trace is right
+        torch.testing.assert_close(compiled(x.detach()), _computes_in_grad_mode(x.detach()))

@@ -166,6 +166,30 @@ def test_writes_through_other_views_of_an_input_at_an_offset(view: str, offset: 
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("root", ["intermediate", "input", "input_at_offset"])
+@pytest.mark.parametrize("through", ["as_strided", "view_then_as_strided"])
+def test_writes_through_as_strided_go_into_the_root(root: str, through: str) -> None:
+    # Note [Writes through as_strided go into the root] (tracer.py, test_alias_fuzz.py seed
+    # 3476): as_strided's offset is absolute in the storage; written back into the one-element
+    # view it was taken from, the write was lost
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = x.reshape(-1) * 1 if root == "intermediate" else x.view(-1)
+        base = t.select(0, 11).unsqueeze(0) if through == "view_then_as_strided" else t
+        start = t.storage_offset()
+        with torch.no_grad():
+            w = base.as_strided((2, 2), (3, 1), start + 5)
+        w[1:] = 7.0
+        w.mul_(2)
+        return t * 1, w
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    base = torch.randn(4, 6)
+    got = base.clone()[1:] if root == "input_at_offset" else base.clone()
+    want = got.clone() if root != "input_at_offset" else base.clone()[1:]
+    torch.testing.assert_close(compiled(got), f(want))
+    assert torch.equal(got, want)
+
+
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _count_batches(monkeypatch)
     monkeypatch.setattr(runtime, "BATCHED_WRITE_BACK", False)

@@ -13,7 +13,7 @@ from cpp_check import aten, check, make, trace
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
-from kiln_loopir.testing import with_vals
+from kiln_loopir.testing import scatter_of_no_elements, with_vals
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool], ids=str)
@@ -322,3 +322,11 @@ def test_view_scatters_are_pointwise(dtype: torch.dtype) -> None:
     assert off.stats.extern_ops.count("select_scatter.default") == 1, off.stats.extern_ops
     for a, e in zip(off(*inputs), compiled(*inputs), strict=True):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+def test_a_scatter_of_no_elements_binds_its_name() -> None:
+    """Note [Scatters with no elements] (wrapper.py): alias fuzzer seed 881, an ``index_add_``
+    into a zero-size ``narrow``; the wrapper read ``p_buf1`` it never bound (a NameError)."""
+    compiled = check(scatter_of_no_elements, make((5, 6)), torch.tensor([0, 2, 4]))
+    wrapper: str = compiled.backend.last_wrapper  # type: ignore[attr-defined]
+    assert "no elements" in wrapper, wrapper

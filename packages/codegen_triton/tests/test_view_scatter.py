@@ -11,7 +11,7 @@ from triton_check import DEVICES, aten, check, make
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
-from kiln_loopir.testing import trace
+from kiln_loopir.testing import scatter_of_no_elements, trace
 
 
 def _view_scatters(base: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, s3: torch.Tensor) -> Any:
@@ -33,3 +33,9 @@ def test_view_scatters_are_pointwise(dtype: torch.dtype, device: str) -> None:
     compiled = compile_graph(trace(_view_scatters), moved, backend=TritonBackend())
     assert compiled.stats.extern_calls == 0, compiled.stats.extern_ops
     assert compiled.stats.buffers == 5, compiled.schedule.describe()  # one per output
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_scatter_of_no_elements_binds_its_name(device: str) -> None:
+    # Note [Scatters with no elements] (codegen_cpp's wrapper): alias fuzzer seed 881
+    check(scatter_of_no_elements, make((5, 6), torch.float32), torch.tensor([0, 2, 4]), device=device)

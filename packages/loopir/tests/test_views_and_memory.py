@@ -150,6 +150,17 @@ def test_index_put() -> None:
     check(put_overwrite, x, rows, values)
 
 
+def test_a_scatter_of_no_elements_is_a_no_op_node() -> None:
+    # Note [Scatters with no elements] (codegen_cpp's wrapper): a no-op node, read by name later
+    from kiln_loopir.ir import Scatter
+    from kiln_loopir.scheduler import NopKernelSchedulerNode
+    from kiln_loopir.testing import scatter_of_no_elements
+
+    compiled = check(scatter_of_no_elements, make((5, 6)), torch.tensor([0, 2, 4]))
+    nops = [n.node for n in compiled.schedule.nodes if isinstance(n, NopKernelSchedulerNode)]
+    assert any(isinstance(b, Scatter) for b in nops), compiled.schedule.describe()
+
+
 def test_creation_ops() -> None:
     def fn(x: Any) -> Any:
         a = aten.arange.start_step(2, 14, 3, dtype=torch.float32, device=torch.device("cpu"))

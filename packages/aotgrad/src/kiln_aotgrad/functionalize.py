@@ -45,6 +45,9 @@ class ViewStep:
     args: tuple[Any, ...]  # SELF stands for the parent
     kwargs: dict[str, Any]
     index: int | None  # which output of a multi-output view (split, unbind)
+    # `as_strided` with an explicit offset: the root's storage offset when it was recorded
+    # (Note [Writes through as_strided go into the root] in tracer.py)
+    root_offset: Any = None
 
 
 @dataclass(slots=True)

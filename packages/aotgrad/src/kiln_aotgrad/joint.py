@@ -42,7 +42,7 @@ from kiln_symbolic import expr_of, is_symbolic, pexpr
 from torch.utils._pytree import TreeSpec, tree_flatten
 
 from kiln_aotgrad.decompositions import DecompTable
-from kiln_aotgrad.functionalize import ViewStep
+from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.logs import graphs_log
 from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer
 from kiln_dynamo import same_unbacked
@@ -93,6 +93,9 @@ class OutputInfo:
     # (Note [Views taken under no_grad])
     no_grad: bool = False
     detach: bool = False
+    # "input_view" the graph took in grad mode, of an input that requires grad: rebuilt in grad
+    # mode (Note [Views taken in grad mode])
+    grad: bool = False
 
 
 @dataclass(slots=True)
@@ -224,8 +227,51 @@ def symbolic_view_layout(
 # its view operators on the real input instead, as a view of another dtype is (Note [Views that
 # change dtype]); the as_strided's offset is absolute, and the static signature holds the input
 # at the offset it was traced at.
+#
+# Under symbolic sizes (dynamic=True, or a recompile that made another input's sizes dynamic)
+# the view was rebuilt from its symbolic layout as one `as_strided` too, with the same wrong
+# gradient (`w.narrow(1, 3, 1).as_strided(...)` of a static `w` beside a dynamic `x`). The views
+# are replayed there as well when every argument of the chain is a constant (the chain then
+# reads nothing of the sizes that vary, so replaying it is eager's view for every call the
+# graph serves); a chain with a symbolic argument is refused (static sizes instead).
 def _as_strided_after_a_view(chain: tuple[ViewStep, ...]) -> bool:
     return any(step.func is torch.ops.aten.as_strided.default for step in chain[1:])
+
+
+class _Symbolic(Exception):
+    """A view argument that depends on a size symbol."""
+
+
+def _constant(v: Any) -> Any:
+    if isinstance(v, list | tuple):
+        return type(v)(_constant(x) for x in v)
+    if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
+        e = expr_of(v)
+        if e.free_symbols:
+            raise _Symbolic(v)
+        return (
+            int(e) if isinstance(v, torch.SymInt) else float(e) if isinstance(v, torch.SymFloat) else bool(e)
+        )
+    if isinstance(v, torch.Tensor):
+        raise _Symbolic(v)
+    return v
+
+
+def _constant_chain(chain: tuple[ViewStep, ...]) -> tuple[ViewStep, ...] | None:
+    """``chain`` with its SymInt arguments of constant value as ints; None if one is symbolic."""
+    try:
+        return tuple(
+            ViewStep(
+                step.func,
+                tuple(a if a is SELF else _constant(a) for a in step.args),
+                {k: _constant(v) for k, v in step.kwargs.items()},
+                step.index,
+                step.root_offset,
+            )
+            for step in chain
+        )
+    except _Symbolic:
+        return None
 
 
 def _fake_like(t: torch.Tensor) -> FakeTensor:
@@ -276,6 +322,22 @@ def trace(
     # symbolic (torch 2.11's C++ matmul specialized it here, as in capture)
     with grad_ctx, tracer, dispatch_for(leaves):
         out = fn(tracer, visible)
+    # Note [Graphs that turn grad mode on]: a graph entered with grad mode off is traced for
+    # inference, its inputs made not to require grad; a graph that turns grad mode on itself (a
+    # resume function entered inside a `with torch.no_grad():` block that the graph leaves)
+    # computed results that require grad in eager from inputs that do, and the inference graph
+    # returned them without (test_alias_fuzz.py seed 3500: `torch.where(m, a, t4)` of a `t4`
+    # that requires grad). Refused (the graph runs eagerly) when an operator other than a view
+    # ran in grad mode; a view alone is rebuilt in grad mode (Note [Views taken in grad mode]).
+    if (
+        not want_training
+        and tracer.computed_in_grad_mode
+        and any(getattr(x, "requires_grad", False) for x in inputs)
+    ):
+        raise AotgradError(
+            "the graph turns grad mode on, entered with it off, over inputs that require grad "
+            "(an inference trace would drop their gradients)"
+        )
     flat_out, spec = tree_flatten(out)
 
     graph_nodes: list[torch.fx.Node] = []
@@ -383,15 +445,42 @@ def trace(
                     "an output is a view of an input that requires grad, strided unlike its "
                     "traced clone, with symbolic sizes"
                 )
+            chain = tracer.chain_of(t)
+            # Note [Views taken in grad mode]: the runtime rebuilds a view of an input after
+            # the compiled call, in the caller's grad mode, which is not the one the graph took
+            # the view in where the graph turns grad mode on (a resume function entered inside a
+            # `with torch.no_grad():` block that the graph leaves: the view came back with
+            # requires_grad and no grad_fn, and no gradient reached the input; test_alias_fuzz.py
+            # seed 3252). A view taken in grad mode, of an input that requires grad, with a
+            # gradient path to it, is rebuilt in grad mode.
+            chain_grad = bool(
+                tracer.view_grad_mode.get(id(t), False)
+                and getattr(inputs[j], "requires_grad", False)
+                and not ng
+                and not dt
+            )
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
+            elif _as_strided_after_a_view(chain) and (symbolic_layout or symbolic_trace):
+                # Note [as_strided after a view is replayed], under symbolic sizes
+                views = _constant_chain(chain)
+                if views is None:
+                    raise AotgradError(
+                        "an output is as_strided after another view of an input, with symbolic view arguments"
+                    )
+                graphs_log.info(
+                    "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
+                )
+                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt, grad=chain_grad))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
+                infos.append(
+                    OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                )
             else:
                 # Notes [Offsets of views of inputs that require grad], [Static views of inputs
                 # start at the input's offset]: the view's offset is kept relative to the traced
@@ -406,9 +495,10 @@ def trace(
                 # symbolic view's run-time layout too (test_alias_fuzz.py, seed 165)
                 if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
-                    infos.append(OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt))
+                    infos.append(
+                        OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                    )
                     continue
-                chain = tracer.chain_of(t)
                 replay = t.dtype != visible[j].dtype
                 if not replay and _as_strided_after_a_view(chain):
                     replay = True  # Note [as_strided after a view is replayed]
@@ -419,7 +509,17 @@ def trace(
                     )
                 views = chain if replay else ()
                 infos.append(
-                    OutputInfo("input_view", j, size, stride, int(rel), views=views, no_grad=ng, detach=dt)
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        size,
+                        stride,
+                        int(rel),
+                        views=views,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                    )
                 )
             continue
         later = root_output.get(rid, k)

@@ -198,6 +198,9 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
             with torch.no_grad():
                 flat[k] = _input_view(info, inputs)
+        elif info.kind == "input_view" and info.grad:  # Note [Views taken in grad mode] (joint.py)
+            with torch.enable_grad():
+                flat[k] = _input_view(info, inputs)
         elif info.kind == "input_view":
             flat[k] = _input_view(info, inputs)
         elif info.kind in ("output", "output_view"):

@@ -196,6 +196,19 @@ def _cpu_embedding_bag_fast_path(func: Any, args: tuple[Any, ...], kwargs: dict[
     return (out[0], run_fake(aten.new_empty.default, (bound["offsets"], [0]), {}), *out[2:])
 
 
+def _bound(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``func``'s arguments after the first, by name, defaults filled in."""
+    schema = func._schema.arguments
+    vals: dict[str, Any] = {a.name: a.default_value for a in schema if a.has_default_value()}
+    vals.update({a.name: v for a, v in zip(schema[1:], args[1:], strict=False)})
+    vals.update(kwargs)
+    return vals
+
+
+def _explicit_offset(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return _bound(func, args, kwargs).get("storage_offset")
+
+
 def _dense(t: torch.Tensor) -> bool:
     """Whether ``t``'s elements fill one range of storage positions, each once (static sizes)."""
     expected = 1
@@ -264,6 +277,10 @@ class Tracer(TorchDispatchMode):
         self.aliases: dict[int, Alias] = {}
         self.roots: dict[int, Root] = {}
         self.keep: list[Any] = []
+        # id() of each view -> whether grad mode was on when the graph took it (Note [Views
+        # taken in grad mode] in joint.py)
+        self.view_grad_mode: dict[int, bool] = {}
+        self.computed_in_grad_mode = False  # an operator other than a view ran in grad mode
         self.root_tensors: dict[int, Any] = {}
         # an input traced through a clone (joint.py): the real input's storage offset, where
         # the clone starts at 0 (Note [as_strided within a tensor's own elements])
@@ -378,7 +395,7 @@ class Tracer(TorchDispatchMode):
         if a.version != root.version:
             node = root.node
             for step in a.chain:
-                node = replay_step(self._emit, step, node)
+                node = self._replay(step, node, root.node)
             self.nodes[id(t)] = node
             a.version = root.version
         return self.nodes[id(t)]
@@ -494,6 +511,8 @@ class Tracer(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         kwargs = kwargs or {}
+        if not self.computed_in_grad_mode and torch.is_grad_enabled() and not is_view_op(func):
+            self.computed_in_grad_mode = True  # Note [Graphs that turn grad mode on] (joint.py)
         try:
             return self._dispatch(func, args, kwargs)
         except AotgradError:
@@ -740,10 +759,17 @@ class Tracer(TorchDispatchMode):
                 raise AotgradError(f"as_strided {why}", op="aten::as_strided", origin=self.where())
         version = self.roots[pa.root].version
         rest = (SELF, *args[1:])
+        for v in [out] if isinstance(out, torch.Tensor) else out:
+            self.view_grad_mode[id(v)] = torch.is_grad_enabled()
         if isinstance(out, torch.Tensor):
             self.keep.append(out)
             self.nodes[id(out)] = node
-            self.aliases[id(out)] = Alias(pa.root, (*pa.chain, ViewStep(func, rest, kwargs, None)), version)
+            root_offset = None
+            if func is aten.as_strided.default and _explicit_offset(func, rest, kwargs) is not None:
+                # Note [Writes through as_strided go into the root]
+                root_offset = self.roots[pa.root].node.meta["val"].storage_offset()
+            step = ViewStep(func, rest, kwargs, None, root_offset)
+            self.aliases[id(out)] = Alias(pa.root, (*pa.chain, step), version)
             return
         for i, el in enumerate(out):
             g = self.graph.call_function(operator.getitem, (node, i))
@@ -851,8 +877,12 @@ class Tracer(TorchDispatchMode):
         if a.chain:
             parents = [root.node]
             for step in a.chain[:-1]:
-                parents.append(replay_step(self._emit, step, parents[-1]))
+                parents.append(self._replay(step, parents[-1], root.node))
             for step, parent in zip(reversed(a.chain), reversed(parents), strict=True):
+                if step.func is aten.as_strided.default:
+                    # Note [Writes through as_strided go into the root]
+                    node = self._strided_write(step, parent, root.node, node)
+                    break
                 node = inverse_step(self._emit, step, parent, node)
         root.node = node
         root.version += 1
@@ -868,6 +898,49 @@ class Tracer(TorchDispatchMode):
             fresh = getattr(value, "constant", None)
             if not a.chain and fresh is not None and fresh.shape == t.shape and fresh.dtype == t.dtype:
                 set_constant(t, fresh.clone())
+
+    # Note [Writes through as_strided go into the root]: `as_strided`'s offset is absolute in the
+    # storage, whatever view it is applied to: `t.select(0, 38).unsqueeze(0).as_strided((1, 1),
+    # (2, 1), 21)` views element 21 of `t`, outside the one-element view it was taken from. Its
+    # write went back as `as_strided_scatter` into that parent, which clones the parent (one
+    # element, at offset 0) and writes at 21 of the clone: out of its bounds, and the element of
+    # `t` kept its old value (test_alias_fuzz.py seed 3476). The write goes into the root instead,
+    # skipping the views between: `as_strided_scatter` of the root's value at the view's offset
+    # relative to the root's, into a copy of the root where it is at a storage offset (Note
+    # [Pieces written back as slices]); that copy has the root's positions for a dense root (a
+    # root with gaps or overlaps would be compacted by it, and is refused). The same absolute
+    # offset is why an `as_strided` step records the root's storage offset (`root_offset`): once
+    # written, the root's value is a fresh tensor at offset 0, and the step replayed on it (to
+    # read the view again, or to write through it a second time) moves its offset by as much;
+    # replayed unmoved on an input at offset 6 it read 6 elements too far.
+    def _strided_write(
+        self, step: ViewStep, parent: torch.fx.Node, root: torch.fx.Node, new: torch.fx.Node
+    ) -> torch.fx.Node:
+        pv, rv = parent.meta["val"], root.meta["val"]
+        vals = _bound(step.func, step.args, step.kwargs)
+        start = vals["storage_offset"]
+        geometry = (*rv.shape, *rv.stride())
+        dense = rv.is_contiguous() if any(isinstance(v, torch.SymInt) for v in geometry) else _dense(rv)
+        if not dense:
+            raise AotgradError("a write through as_strided into a tensor with gaps or overlaps")
+        offset = pv.storage_offset() - rv.storage_offset() if start is None else start - step.root_offset
+        if isinstance(rv.storage_offset(), torch.SymInt) or rv.storage_offset() != 0:
+            # Note [Pieces written back as slices] (functionalize.py): aten's as_strided_scatter
+            # reads the offset in its input's storage; a copy starts at 0 with the root's strides
+            root = self._emit(aten.clone.default, (root,), {})
+        return self._emit(
+            aten.as_strided_scatter.default, (root, new, list(vals["size"]), list(vals["stride"]), offset), {}
+        )
+
+    def _replay(self, step: ViewStep, parent: torch.fx.Node, root: torch.fx.Node) -> torch.fx.Node:
+        """``step`` replayed on ``parent``, a view of ``root``'s current value: an explicit
+        `as_strided` offset moves with the root's storage offset (Note [Writes through as_strided
+        go into the root]: a written root's new value is a fresh tensor, at offset 0)."""
+        if step.root_offset is None:
+            return replay_step(self._emit, step, parent)
+        vals = _bound(step.func, step.args, step.kwargs)
+        offset = vals["storage_offset"] - step.root_offset + root.meta["val"].storage_offset()
+        return self._emit(step.func, (parent, list(vals["size"]), list(vals["stride"]), offset), {})
 
     # -- result ----------------------------------------------------------------------------------
     def finish(self, outputs: list[torch.fx.Node | None]) -> torch.fx.GraphModule:

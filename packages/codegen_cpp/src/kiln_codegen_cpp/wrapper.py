@@ -569,7 +569,9 @@ class WrapperCodegen(WrapperConstants):
                 self.extern(node.node)
             elif isinstance(node, NopKernelSchedulerNode):
                 self.emit(f"# {node.name}: no elements")
-                if node.node.name in plan.allocate:
+                if isinstance(node.node, Scatter):  # Note [Scatters with no elements]
+                    self.alias_scatter(node.node)
+                elif node.node.name in plan.allocate:
                     self.allocate(node.node)
             else:
                 self.kernel(node, step, reused_sources)
@@ -686,6 +688,19 @@ class WrapperCodegen(WrapperConstants):
                 read.update(node.node.input_names())
         return read
 
+    def alias_scatter(self, buffer: Scatter) -> None:
+        """A scatter's name is the buffer it writes into (Scatter's docstring).
+
+        Note [Scatters with no elements]: a scatter of no elements (an ``index_add_`` into a
+        zero-size view, or of zero-size values) runs nothing, and the scheduler makes it a no-op
+        node; its name must still be bound to the buffer it mutates, because later kernels read
+        the scattered result by the scatter's name (their loads of it may be of no elements
+        too, but the kernel takes its pointer all the same)."""
+        self.emit(f"{buffer.name} = {buffer.mutates}")
+        if buffer.mutates in self.shapes:
+            self.shapes[buffer.name] = self.shapes[buffer.mutates]
+        self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
+
     def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
         plan = self.schedule.plan
         compiled = self.kernels.get(node.name)
@@ -694,10 +709,7 @@ class WrapperCodegen(WrapperConstants):
         temporaries = []
         for buffer in members:
             if isinstance(buffer, Scatter):
-                self.emit(f"{buffer.name} = {buffer.mutates}")
-                if buffer.mutates in self.shapes:
-                    self.shapes[buffer.name] = self.shapes[buffer.mutates]
-                self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
+                self.alias_scatter(buffer)
                 continue
             if buffer.name in plan.allocate:
                 reuse = plan.allocate[buffer.name]

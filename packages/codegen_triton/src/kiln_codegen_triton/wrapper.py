@@ -510,7 +510,9 @@ class WrapperCodegen(WrapperConstants):
                 self.template(node, step)
             elif isinstance(node, NopKernelSchedulerNode):
                 self.emit(f"# {node.name}: no elements")
-                if node.node.name in plan.allocate:
+                if isinstance(node.node, Scatter):  # Note [Scatters with no elements] (codegen_cpp)
+                    self.alias_scatter(node.node)
+                elif node.node.name in plan.allocate:
                     self.allocate(node.node)
             else:
                 self.kernel(node, step)
@@ -653,6 +655,17 @@ class WrapperCodegen(WrapperConstants):
             return True
         return False
 
+    def alias_scatter(self, buffer: Scatter) -> None:
+        """A scatter's name is the buffer it writes into, also when it has no elements (Note
+        [Scatters with no elements] in codegen_cpp's wrapper)."""
+        storage = self.storage(buffer.mutates)
+        self.emit(f"{buffer.name} = {storage}")
+        if buffer.mutates in self.shaped:
+            self.shaped[buffer.name] = self.shaped[buffer.mutates]
+        if buffer.mutates in self.offset0 or storage != buffer.mutates:  # or a flat view
+            self.offset0.add(buffer.name)
+        self.take_pointer(buffer.name)
+
     def kernel(self, node: BaseSchedulerNode, step: int) -> None:
         group = self.groups.get(node.name)
         members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
@@ -660,13 +673,7 @@ class WrapperCodegen(WrapperConstants):
         temporaries = []
         for buffer in members:
             if isinstance(buffer, Scatter):
-                storage = self.storage(buffer.mutates)
-                self.emit(f"{buffer.name} = {storage}")
-                if buffer.mutates in self.shaped:
-                    self.shaped[buffer.name] = self.shaped[buffer.mutates]
-                if buffer.mutates in self.offset0 or storage != buffer.mutates:  # or a flat view
-                    self.offset0.add(buffer.name)
-                self.take_pointer(buffer.name)
+                self.alias_scatter(buffer)
                 continue
             if self.place(buffer, scratch):
                 temporaries.append(buffer.name)

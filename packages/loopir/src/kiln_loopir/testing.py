@@ -350,6 +350,17 @@ def safe_softmax(s: torch.Tensor, table: torch.Tensor, idx: torch.Tensor, mask: 
     return aten.where.self(masked, aten.full_like.default(sm, 0), sm)
 
 
+def scatter_of_no_elements(x: torch.Tensor, rows: torch.Tensor) -> Any:
+    """An in-place ``index_add_`` into a zero-size ``narrow`` of ``x`` as aotgrad functionalizes
+    it (alias fuzzer seed 881): an ``index_put`` of no elements whose result a ``slice_scatter``
+    reads by name (Note [Scatters with no elements] in codegen_cpp's wrapper); shared by the
+    tests of loopir and of both code generators. ``x``: 6 columns; ``rows``: 3 row indices."""
+    cut = aten.slice.Tensor(x, 1, 6, 6)
+    values = aten.mul.Tensor(aten.full.default([3, 0], 1.0, dtype=torch.float32), 2)
+    added = aten.copy.default(cut, aten.index_put.default(cut, [rows], values, True))
+    return aten.mul.Tensor(aten.slice_scatter.default(x, added, 1, 6, 6), 3)
+
+
 def safe_softmax_inputs() -> list[torch.Tensor]:
     """Inputs of :func:`safe_softmax`: one row of the mask all -inf (eager's softmax: NaN, the safe one: 0)."""
     g = torch.Generator().manual_seed(0)
