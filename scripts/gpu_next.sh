@@ -191,6 +191,13 @@ for r in json.load(open(sys.argv[1]))["results"]:
             print("   bandwidth:", name, round(mb), "MB", round(us, 1), "us", f"{share:.0%} of copy")
 PY
       ;;
+    call20a)  # twentieth session (little device time): the runner's fresh pool on re-recording (call18's test),
+      # T5's gathers A/B (call19), the tiny HF LMs under dynamic shapes on CUDA and GPT-2's dynamic sweep (issue 17)
+      timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py 2>&1 | tail -2
+      bash "$0" call19 2>&1 | grep -v "^== "
+      timeout 100 python3 scripts/gpu_dynamic_check.py --quick 2>&1 | grep -v Warn | tail -12
+      timeout 150 python3 -m kiln_bench.dynamic --device cuda --dtype bfloat16 --models gpt2 --batches 2,8,32 --seqs 16,128,512 \
+        --repeats 3 --json "$out/h200-dynamic-gpt2.json" 2>&1 | tail -8 ;;
     call12)  # sixteenth session: Note [One warp per 1024 elements] on ConvNeXt's and T5's kernels (kiln only:
       # compare the dev ms with the same session's call2), and the dense-mask / aligned-SDPA rows of the breadth suite
       bench ln-rule 150 --dtype bfloat16 --modes inference --models convnext,t5 --repeats 10 --profile --profile-calls 3 --backends kiln
