@@ -395,11 +395,12 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     import logging
 
     def scatter(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # a float computed from a size by `**` as a tensor's fill value: aotgrad refuses a
-        # SymFloat made by an operation loopir does not compute in double (an accumulating
-        # scatter was the example until the C++ generator took it symbolically, then `n / 3`
-        # until Note [A float of sizes keeps its Python operations])
-        return torch.full((x.shape[0], 4), x.shape[0] ** 0.5).index_add_(0, idx, x)
+        # a float computed from a size by a float `max` as a tensor's fill value: aotgrad
+        # refuses a SymFloat made by an operation loopir does not compute in double (an
+        # accumulating scatter was the example until the C++ generator took it symbolically,
+        # then `n / 3` until Note [A float of sizes keeps its Python operations], then `n ** 0.5`
+        # until Note [Floats of sizes remember their operation] kept `**`)
+        return torch.full((x.shape[0], 4), max(x.shape[0] / 2, 2.0)).index_add_(0, idx, x)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.relu() * 2
@@ -1286,5 +1287,26 @@ def test_floats_of_sizes_inside_decompositions_stay_symbolic(
     before too: its case guards that it stays so."""
     argsets = [tuple(torch.randn(s) for s in shapes(n)) for n in (5, 7, 11, 16)]
     _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _scales_of_the_head_dim(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    e = q.shape[-1]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(e) + q.sum(-1, keepdim=True) * e**-0.5
+    return scores.softmax(-1) @ k * torch.sym_sqrt(e) + torch.nn.functional.scaled_dot_product_attention(
+        q, k, k * 2
+    )
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_square_roots_and_powers_of_sizes_stay_symbolic(cpu_backend: str) -> None:
+    """kiln_symbolic's Note [Floats of sizes remember their operation]: `x / math.sqrt(E)`
+    (dynamo's `torch.sym_sqrt`), `E ** -0.5` and SDPA's default scale over a symbolic head dim
+    are one C `sqrt`/`pow` of doubles in the kernels (the wrapper's Python under Triton), so
+    one compile serves every head dim (before: `**` and `sym_sqrt` were refused, a static
+    compile per size, and `math.sqrt` specialized the size in capture)."""
+    argsets = [(torch.randn(1, 2, 6, e), torch.randn(1, 2, 9, e)) for e in (5, 7, 11, 16)]
+    _grads_against_eager(_scales_of_the_head_dim, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [True]

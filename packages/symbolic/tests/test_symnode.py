@@ -9,7 +9,17 @@ import operator
 import pytest
 import sympy
 import torch
-from kiln_symbolic import DimDynamic, ShapeEnv, SymbolicUnsupported, SymNode, expr_of, make_symint
+from kiln_symbolic import (
+    DimDynamic,
+    FloatPow,
+    FloatSqrt,
+    ShapeEnv,
+    SymbolicUnsupported,
+    SymNode,
+    expr_of,
+    make_symint,
+    pexpr,
+)
 from torch._dispatch.python import enable_python_dispatcher
 
 # Methods torch 2.11-2.13's python_symnode.h forwards to a Python node.
@@ -110,7 +120,7 @@ def _replay(value: object) -> object:
 def test_floats_of_sizes_remember_their_operation() -> None:
     """Note [Floats of sizes remember their operation]: each float operation on sizes records
     the Python function and its operands, so the value can be recomputed in its order (the
-    sympy expression `2.0/(s0 - 1.0)` has reordered it); `**` keeps none."""
+    sympy expression `2.0/(s0 - 1.0)` has reordered it); `log2` keeps none."""
     env = ShapeEnv()
     n, m = _sym(env, 7, "n"), _sym(env, 3, "m")
     scale = 2.0 / (n - 1.0)
@@ -119,6 +129,31 @@ def test_floats_of_sizes_remember_their_operation() -> None:
     ratio = (n - 1) / (2 * m - 1) * 0.5 + 0.1
     assert _replay(ratio) == (7 - 1) / (2 * 3 - 1) * 0.5 + 0.1
     assert _replay(-torch.sym_float(m) / 3) == -3.0 / 3
-    assert (n**0.5).node.recipe is None
+    assert n.node.sym_log2().recipe is None
     assert (n + m).node.recipe is None  # ints are rebuilt from their expression
     assert env.guards == []
+
+
+def test_powers_and_square_roots_of_sizes_remember_their_operation() -> None:
+    """`n ** -0.5`, `torch.sym_sqrt(n)` (what `math.sqrt(n)` becomes under capture) and SDPA's
+    `1 / sqrt(E)` keep their operation: one C `pow` or `sqrt` of doubles, as Python computes them."""
+    env = ShapeEnv()
+    n, m = _sym(env, 7, "n"), _sym(env, 3, "m")
+    inv = n**-0.5
+    assert inv.node.recipe is not None and inv.node.recipe[0] is operator.pow
+    assert _replay(inv) == 7**-0.5
+    root = torch.sym_sqrt(n * m)
+    assert root.node.recipe is not None and root.node.recipe[0] is torch.sym_sqrt
+    assert _replay(1.0 / root) == 1.0 / math.sqrt(21)
+    assert _replay(torch.sym_float(m) ** 1.5 / n) == float(3) ** 1.5 / 7
+    assert env.guards == []
+
+
+def test_float_powers_and_roots_print_and_evaluate_as_python() -> None:
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    pw, root = FloatPow(s0, sympy.Float(-0.5, 53)), FloatSqrt(s0 * 3)
+    for v in (1, 2, 5, 7, 1000, 12345):
+        assert float(pw.subs(s0, v)) == v**-0.5
+        assert float(root.subs(s0, v)) == math.sqrt(3 * v)
+        assert eval(pexpr(pw), {"s0": v}) == v**-0.5
+        assert eval(pexpr(root), {"s0": v, "math": math}) == math.sqrt(3 * v)

@@ -20,6 +20,8 @@ from kiln_loopir.codegen_common import (
     FloatMul,
     FloatNeg,
     FloatOp,
+    FloatPow,
+    FloatSqrt,
     FloatSub,
     FloatTrueDiv,
     IndexPrinter,
@@ -244,6 +246,10 @@ class CppIndexPrinter(IndexPrinter):
             return args[0]
         if isinstance(expr, FloatNeg):
             return f"(-{args[0]})"
+        if isinstance(expr, FloatPow):  # C's pow and sqrt, as Python's float ** and math.sqrt
+            return f"std::pow({args[0]}, {args[1]})"
+        if isinstance(expr, FloatSqrt):
+            return f"std::sqrt({args[0]})"
         return f"({args[0]} {ops[type(expr)]} {args[1]})"
 
     def _double(self, e: sympy.Expr) -> str:

@@ -118,6 +118,7 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Callable, Set
@@ -216,6 +217,7 @@ class WrapperCodegen(WrapperConstants):
         self.lines: list[str] = []
         self.device = graph.device
         self.namespace: dict[str, Any] = {
+            "math": math,  # floats of sizes (`math.sqrt(s1)`, Note [Floats of sizes in Triton])
             "_torch": torch,
             "_flat": _flat,
             "_conform": _conform,

@@ -37,7 +37,17 @@ import sympy
 import torch
 
 # the float functions are re-exported for the code generators (Note [Floats of sizes in C++])
-from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatOp, FloatSub, FloatTrueDiv, ToFloat  # noqa: F401
+from kiln_symbolic import (  # noqa: F401
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatOp,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    ToFloat,
+)
 
 from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
 from .ir import ComputedBuffer

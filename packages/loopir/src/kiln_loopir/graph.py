@@ -49,7 +49,17 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatSub, FloatTrueDiv, ToFloat, expr_of
+from kiln_symbolic import (
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    ToFloat,
+    expr_of,
+)
 
 from . import origins
 from .indexing import FloorDiv, contiguous_strides
@@ -778,7 +788,9 @@ FLOAT_FUNCTIONS: dict[Any, Any] = {
     operator.add: FloatAdd,
     operator.sub: FloatSub,
     operator.neg: FloatNeg,
+    operator.pow: FloatPow,
     torch.sym_float: ToFloat,
+    torch.sym_sqrt: FloatSqrt,
 }
 
 

@@ -12,6 +12,7 @@ with an exact rational.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy
@@ -99,6 +100,21 @@ class FloatSub(FloatOp):
 class FloatNeg(FloatOp):
     nargs = (1,)
     python = staticmethod(lambda a: -a)
+
+
+class FloatPow(FloatOp):
+    """Python's `a ** b` with a float result (a float operand, or an int raised to a negative
+    int: both converted to double, as Python does): C's `pow` on the two doubles."""
+
+    nargs = (2,)
+    python = staticmethod(lambda a, b: float(a) ** float(b))
+
+
+class FloatSqrt(FloatOp):
+    """`math.sqrt(a)` (`torch.sym_sqrt`): IEEE's correctly rounded square root of the double."""
+
+    nargs = (1,)
+    python = staticmethod(math.sqrt)
 
 
 class ToFloat(FloatOp):

@@ -19,6 +19,8 @@ from kiln_symbolic.functions import (
     FloatAdd,
     FloatMul,
     FloatNeg,
+    FloatPow,
+    FloatSqrt,
     FloatSub,
     FloatTrueDiv,
     FloorDiv,
@@ -107,6 +109,12 @@ class PythonPrinter(StrPrinter):
 
     def _print_FloatNeg(self, expr: FloatNeg) -> str:
         return f"-{self._float_operand(expr.args[0])}"
+
+    def _print_FloatPow(self, expr: FloatPow) -> str:
+        return f"float({self._float_operand(expr.args[0])}) ** float({self._float_operand(expr.args[1])})"
+
+    def _print_FloatSqrt(self, expr: FloatSqrt) -> str:
+        return f"math.sqrt({self._print(expr.args[0])})"
 
     def _print_ToFloat(self, expr: ToFloat) -> str:
         return f"float({self._print(expr.args[0])})"

@@ -101,7 +101,9 @@ _BINARY: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any], t
 # kiln_aotgrad) from there, and its sympy expression reorders float arithmetic. Each SymNode
 # made by one of these operations keeps it: `recipe` = (the Python function, its operand
 # nodes), from which a consumer rebuilds the value in the same order, one double operation
-# each. Other float operations (`**`, `sqrt`) keep none.
+# each; `**` with a float result (`n ** -0.5`) and `sqrt` (`math.sqrt(n)`, SDPA's default scale)
+# are one C `pow` / correctly rounded `sqrt` each, the same double in C++ as in Python. Other
+# float operations (`log2`, ...) keep none.
 _FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
     "add": operator.add,
     "sub": operator.sub,
@@ -111,6 +113,9 @@ _FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
     "int_truediv": operator.truediv,
     "neg": operator.neg,
     "sym_float": torch.sym_float,
+    "pow": operator.pow,
+    "float_pow": operator.pow,
+    "sym_sqrt": torch.sym_sqrt,
 }
 
 
