@@ -1310,3 +1310,29 @@ def test_square_roots_and_powers_of_sizes_stay_symbolic(cpu_backend: str) -> Non
     _grads_against_eager(_scales_of_the_head_dim, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _interpolate_by_scale(x: torch.Tensor) -> torch.Tensor:
+    f = torch.nn.functional.interpolate
+    outs = [
+        f(x, scale_factor=1.5, mode="nearest"),
+        f(x, scale_factor=1.5, mode="bilinear", align_corners=False),
+        f(x, scale_factor=1.5, mode="bilinear", align_corners=True),
+        f(x, scale_factor=(0.7, 1 / 3), mode="bilinear"),
+        f(x, size=(x.shape[-2] + 3, 2 * x.shape[-1] - 1), mode="nearest"),
+        f(x, size=(x.shape[-2] + 3, 2 * x.shape[-1] - 1), mode="bilinear", align_corners=True),
+    ]
+    return torch.cat([o.flatten(1) for o in outs], 1)
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_interpolate_by_a_non_integer_scale_stays_symbolic(cpu_backend: str) -> None:
+    """kiln_symbolic's Note [Integers of floats of sizes]: the output size of
+    `interpolate(scale_factor=1.5)` is `trunc(float(n) * 1.5)`, the integer part of Python's
+    double (printed as `std::trunc` of the double in C++, computed by the wrapper under Triton),
+    so one forward and one backward serve every size, odd ones included (before: refused, a
+    static compile per size)."""
+    argsets = [(torch.randn(1, 2, h, h + 2),) for h in (5, 7, 10, 13)]
+    _grads_against_eager(_interpolate_by_scale, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]

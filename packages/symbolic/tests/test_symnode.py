@@ -13,10 +13,13 @@ from kiln_symbolic import (
     DimDynamic,
     FloatPow,
     FloatSqrt,
+    FloorOfFloat,
     ShapeEnv,
+    TruncOfFloat,
     SymbolicUnsupported,
     SymNode,
     expr_of,
+    fold_expr,
     make_symint,
     pexpr,
 )
@@ -157,3 +160,34 @@ def test_float_powers_and_roots_print_and_evaluate_as_python() -> None:
         assert float(root.subs(s0, v)) == math.sqrt(3 * v)
         assert eval(pexpr(pw), {"s0": v}) == v**-0.5
         assert eval(pexpr(root), {"s0": v, "math": math}) == math.sqrt(3 * v)
+
+
+def test_an_int_of_a_float_of_sizes_is_the_integer_part_of_its_double() -> None:
+    """Note [Integers of floats of sizes]: `int(float(n) * scale)` (interpolate's output size)
+    is the integer part of the double Python computes, not sympy's `floor(c*n)`: with `c = 1/3`
+    as a double, `3 * c` rounds up to 1.0, whose floor is 1 where the exact product's is 0. Its
+    expression prints, folds and evaluates as that Python, with no guard."""
+    env = ShapeEnv()
+    third = 1 / 3
+    for hint in (3, 5, 6, 7, 49, 300):
+        n = _sym(env, hint, f"n{hint}")
+        size = math.floor(torch.sym_float(n) * third)
+        assert isinstance(expr_of(size), FloorOfFloat)
+        assert hint_of_int(size) == math.floor(float(hint) * third)
+        trunc = torch.sym_int(n * 1.5 + 0.25)  # a chain of float operations, in their order
+        assert isinstance(expr_of(trunc), TruncOfFloat)
+        assert hint_of_int(trunc) == int(hint * 1.5 + 0.25)
+        (sym,) = expr_of(size).free_symbols
+        for v in (2, 3, 6, 9, 10, 299, 2**40 + 1):
+            want = math.floor(float(v) * third)
+            assert int(expr_of(size).subs(sym, v)) == want
+            assert eval(pexpr(expr_of(size)), {sym.name: v, "math": math}) == want
+            # folded into Python calls, as aotgrad computes it in the graph
+            folded = fold_expr(expr_of(size), lambda _: v, lambda fn, args: fn(*args))
+            assert folded == want and type(folded) is int
+    assert math.floor(3.0 * third) == 1  # the rounding the expression keeps
+    assert env.guards == []
+
+
+def hint_of_int(value: object) -> object:
+    return value.node.hint if isinstance(value, torch.SymInt) else value

@@ -81,6 +81,7 @@ from .triton_ops import (
     compute_type,
     constant_expr,
     convert_expr,
+    deriving_ints,
     index_to_triton,
     load_expr,
     spell,
@@ -163,6 +164,9 @@ class KernelSpec:
     # Note [Floats of sizes in Triton]: the float64 arguments that end size_params, each with the
     # float expression of sizes (kiln_symbolic's FloatOp) the wrapper computes for it
     float_params: tuple[tuple[str, Any], ...] = ()
+    # Note [Integers of floats of sizes in Triton] (triton_ops.py): the int arguments between
+    # the size symbols and the floats, each with the integer of a float of sizes it holds
+    int_params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def symbolic(self) -> bool:
@@ -323,6 +327,8 @@ class _Generator(OpsHandlerBase):
         self.size_symbols: set[sympy.Symbol] = set()
         # Note [Floats of sizes in Triton]: float of sizes -> the float64 argument that holds it
         self.float_params: dict[sympy.Expr, str] = {}
+        # Note [Integers of floats of sizes in Triton]: such an integer -> the int argument
+        self.int_params: dict[sympy.Expr, str] = {}
         if plan.kind == "tiled":
             self.ranges: dict[sympy.Symbol, sympy.Expr] = {
                 YINDEX: sympy.sympify(plan.ny),
@@ -342,6 +348,10 @@ class _Generator(OpsHandlerBase):
     # ----------------------------------------------------------------------------------- setup
 
     def generate(self) -> KernelSpec:
+        with deriving_ints(self.int_params):  # Note [Integers of floats of sizes in Triton]
+            return self._generate()
+
+    def _generate(self) -> KernelSpec:
         nr = self.plan.nr
         reducing = self.plan.kind in ("persistent", "looped")
         for member, reads in zip(self.members, self.reads, strict=True):
@@ -857,9 +867,10 @@ class _Generator(OpsHandlerBase):
                 head += ["rindex = rbase", "rmask = rindex < rnumel"]
         # Note [Symbolic sizes in Triton kernels]: the size symbols after the pointers
         size_params = sorted(str(sym) for sym in self.size_symbols)
+        ints = list(self.int_params.values())  # Note [Integers of floats of sizes in Triton]
         floats = list(self.float_params.values())  # Note [Floats of sizes in Triton]
         signature = ", ".join(
-            [*(f"p_{n}" for n in params), *size_params, *(f"{f}: tl.float64" for f in floats), *blocks]
+            [*(f"p_{n}" for n in params), *size_params, *ints, *(f"{f}: tl.float64" for f in floats), *blocks]
         )
         members = ", ".join(m.name for m in self.members)
         name = self.name.replace(KIND, KIND_PREFIX[plan.kind])
@@ -886,8 +897,9 @@ class _Generator(OpsHandlerBase):
             members=tuple(m.name for m in self.members),
             atomic=self.atomic,
             outer=False,
-            size_params=(*size_params, *floats),
+            size_params=(*size_params, *ints, *floats),
             float_params=tuple((name, e) for e, name in self.float_params.items()),
+            int_params=tuple((name, e) for e, name in self.int_params.items()),
             numel_hints=(
                 None
                 if _is_static(plan.nx, plan.ny, plan.nr)

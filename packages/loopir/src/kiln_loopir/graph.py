@@ -42,6 +42,7 @@ kernel for sin and cos and one for the cat. Reductions are always realized. With
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,9 @@ import sympy
 import torch
 import torch.fx
 from kiln_symbolic import (
+    CeilOfFloat,
+    FloorOfFloat,
+    TruncOfFloat,
     FloatAdd,
     FloatMul,
     FloatNeg,
@@ -809,4 +813,8 @@ SIZE_FUNCTIONS: dict[Any, Any] = {
     operator.pow: operator.pow,
     torch.sym_max: sympy.Max,
     torch.sym_min: sympy.Min,
+    # Note [Integers of floats of sizes] in kiln_symbolic: `int(n * 1.5)`, interpolate's sizes
+    math.floor: FloorOfFloat,
+    math.ceil: CeilOfFloat,
+    math.trunc: TruncOfFloat,
 }
