@@ -15,9 +15,9 @@ from kiln_symbolic import (
     FloatSqrt,
     FloorOfFloat,
     ShapeEnv,
-    TruncOfFloat,
     SymbolicUnsupported,
     SymNode,
+    TruncOfFloat,
     expr_of,
     fold_expr,
     make_symint,
@@ -183,7 +183,7 @@ def test_an_int_of_a_float_of_sizes_is_the_integer_part_of_its_double() -> None:
             assert int(expr_of(size).subs(sym, v)) == want
             assert eval(pexpr(expr_of(size)), {sym.name: v, "math": math}) == want
             # folded into Python calls, as aotgrad computes it in the graph
-            folded = fold_expr(expr_of(size), lambda _: v, lambda fn, args: fn(*args))
+            folded = fold_expr(expr_of(size), lambda _, v=v: v, lambda fn, args: fn(*args))
             assert folded == want and type(folded) is int
     assert math.floor(3.0 * third) == 1  # the rounding the expression keeps
     assert env.guards == []

@@ -52,8 +52,6 @@ import torch
 import torch.fx
 from kiln_symbolic import (
     CeilOfFloat,
-    FloorOfFloat,
-    TruncOfFloat,
     FloatAdd,
     FloatMul,
     FloatNeg,
@@ -61,7 +59,9 @@ from kiln_symbolic import (
     FloatSqrt,
     FloatSub,
     FloatTrueDiv,
+    FloorOfFloat,
     ToFloat,
+    TruncOfFloat,
     expr_of,
 )
 

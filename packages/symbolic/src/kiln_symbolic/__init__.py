@@ -9,6 +9,7 @@ meta kernels and decompositions run on fake tensors with symbolic sizes. Express
 
 from kiln_symbolic.fold import UnfoldableExpr, fold_expr
 from kiln_symbolic.functions import (
+    CeilOfFloat,
     FloatAdd,
     FloatMul,
     FloatNeg,
@@ -17,13 +18,12 @@ from kiln_symbolic.functions import (
     FloatSqrt,
     FloatSub,
     FloatTrueDiv,
-    CeilOfFloat,
     FloorDiv,
     FloorOfFloat,
     IntOfFloat,
-    TruncOfFloat,
     IntTrueDiv,
     ToFloat,
+    TruncOfFloat,
 )
 from kiln_symbolic.printer import PythonPrinter, pexpr
 from kiln_symbolic.ranges import ValueRange, bound, decide
@@ -52,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "UNBACKED_HINT",
+    "CeilOfFloat",
     "ConstraintViolation",
     "DimDynamic",
     "FloatAdd",
@@ -62,12 +63,10 @@ __all__ = [
     "FloatSqrt",
     "FloatSub",
     "FloatTrueDiv",
-    "CeilOfFloat",
     "FloorDiv",
     "FloorOfFloat",
-    "IntOfFloat",
-    "TruncOfFloat",
     "GuardOnDataDependent",
+    "IntOfFloat",
     "IntTrueDiv",
     "PythonPrinter",
     "RenderedGuard",
@@ -76,6 +75,7 @@ __all__ = [
     "SymNode",
     "SymbolicUnsupported",
     "ToFloat",
+    "TruncOfFloat",
     "UnfoldableExpr",
     "ValueRange",
     "bound",
