@@ -3,8 +3,11 @@ the magic methods) and method by method over the list that torch's C++ side call
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sympy
@@ -183,10 +186,18 @@ def test_an_int_of_a_float_of_sizes_is_the_integer_part_of_its_double() -> None:
             assert int(expr_of(size).subs(sym, v)) == want
             assert eval(pexpr(expr_of(size)), {sym.name: v, "math": math}) == want
             # folded into Python calls, as aotgrad computes it in the graph
-            folded = fold_expr(expr_of(size), lambda _, v=v: v, lambda fn, args: fn(*args))
+            folded = fold_expr(expr_of(size), functools.partial(_value, v), _apply)
             assert folded == want and type(folded) is int
     assert math.floor(3.0 * third) == 1  # the rounding the expression keeps
     assert env.guards == []
+
+
+def _value(v: int, _: object) -> int:
+    return v
+
+
+def _apply(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)
 
 
 def hint_of_int(value: object) -> object:
