@@ -42,7 +42,8 @@ expressions in size symbols (Note [Symbolic sizes in loopir]). One kernel then s
 * a reduction over a row of symbolic length is always *looped* (no block is known to hold the
   row), a persistent one only when the row is static (layer norm over the hidden size with a
   symbolic batch stays persistent); a 2-D tile only when its y extent is static (its grid must
-  stay under CUDA's y limit); split reductions only for static kernels;
+  stay under CUDA's y limit); split reductions only over a symbolic row with static outputs
+  (Note [Split reductions under symbolic sizes] in split.py);
 * index math is int64 (no bound is known, and loopir adds no guard); which block sizes and
   configs are chosen is decided on the size hints (Note [Block sizes for symbolic sizes] in
   heuristics.py), and the grid is computed at each launch from the size arguments
