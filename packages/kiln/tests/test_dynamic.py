@@ -1336,3 +1336,25 @@ def test_interpolate_by_a_non_integer_scale_stays_symbolic(cpu_backend: str) -> 
     _grads_against_eager(_interpolate_by_scale, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _long_reductions(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x * w
+    return h.sum() * 0.5 + h.amax(0).sum() + h.sum(0).sum()
+
+
+def test_a_long_reduction_over_symbolic_rows_splits_under_triton(caplog: pytest.LogCaptureFixture) -> None:
+    """kiln_codegen_triton's Note [Split reductions under symbolic sizes]: `h.sum()` and the
+    column reductions of a [n, 24] activation over n rows split in chunks counted at the n of
+    the symbolic compile (the second call's) and of length ceil(n / S) after; forward and
+    backward are one compile for every later n, odd and far below the hint included (before:
+    one looped kernel of a few programs)."""
+    argsets = [
+        (torch.randn(n, 24, dtype=torch.float64), torch.randn(24, dtype=torch.float64))
+        for n in (2500, 3100, 7, 1031, 3)
+    ]
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.output_code"):
+        _grads_against_eager(_long_reductions, argsets, options={"cpu_backend": "triton"})
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [False, True]
+    assert any("chunks over the symbolic row" in r.getMessage() for r in caplog.records)
