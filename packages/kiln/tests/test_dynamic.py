@@ -7,7 +7,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1195,7 +1195,7 @@ def test_strings_and_order_of_sizes_stay_symbolic() -> None:
 
 
 def _grads_against_eager(
-    fn: Callable[..., Any], argsets: list[tuple[torch.Tensor, ...]], **compile_kw: Any
+    fn: Callable[..., Any], argsets: Sequence[tuple[torch.Tensor, ...]], **compile_kw: Any
 ) -> None:
     """Each call's output and every input's gradient (a random output weighting) as eager's."""
     compiled = kiln.compile(fn, **compile_kw)
