@@ -244,12 +244,12 @@ def test_a_batched_matmul_keeps_the_length_symbolic() -> None:
 
 
 def test_a_refusal_is_one_line_naming_the_operator() -> None:
-    # `n ** 0.5` is a SymFloat made by an operation loopir does not compute in double (Note
-    # [Floats of sizes remember their operation] in kiln_symbolic keeps no recipe for `**`), so
-    # the tracer refuses it: the reason names the aten op that takes it, on one line (torch.fx's
-    # "While executing" note stays in the log)
+    # `max(n / 2, 3.0)` is a SymFloat made by an operation loopir does not compute in double
+    # (Note [Floats of sizes remember their operation] in kiln_symbolic keeps no recipe for a
+    # float `max`), so the tracer refuses it: the reason names the aten op that takes it, on one
+    # line (torch.fx's "While executing" note stays in the log)
     def f(x: torch.Tensor) -> torch.Tensor:
-        return x * (x.shape[-1] ** 0.5)
+        return x * max(x.shape[-1] / 2, 3.0)
 
     compiled = kiln_dynamo.compile(f, backend=kiln_aotgrad.aot_eager, dynamic=True)
     for n in (5, 7):

@@ -12,6 +12,9 @@ The eleventh session's sweep found three wrong answers this way (Note [The bound
 Note [Equality of sizes and sequences], Note [Floor division of values that may be negative]),
 each now a test in packages/kiln/tests/test_dynamic.py.
 
+The twentieth session added `interpolate_by_scale` and `roots_and_powers_of_sizes` (floats and
+ints of sizes that used to compile static per size).
+
 The seventeenth session added two families over a varying batch / row count: max pooling
 (values only, with indices, ties, NaN and -inf; training through a conv/BN/ReLU stem with
 overlapping and 2x2 windows) on [n, 3, h, h], and layer norm / var_mean / group, batch and
@@ -100,6 +103,29 @@ def norms_and_softmax(x: torch.Tensor) -> Any:
 def interpolate_and_pool(x: torch.Tensor) -> Any:
     up = F.interpolate(x[None, None], scale_factor=2, mode="bilinear", align_corners=False)[0, 0]
     return up.sum() + F.avg_pool1d(x[None], 2, ceil_mode=True).sum() + F.max_pool1d(x[None], 3, 2, 1).sum()
+
+
+@probe
+def interpolate_by_scale(x: torch.Tensor) -> Any:
+    # Note [Integers of floats of sizes] (kiln_symbolic): the output size trunc(float(n) * 1.5)
+    y = x[None, None]
+    return (
+        F.interpolate(y, scale_factor=1.5, mode="nearest"),
+        F.interpolate(y, scale_factor=(1.5, 0.7), mode="bilinear", align_corners=True),
+        F.interpolate(y, scale_factor=1 / 3, mode="bilinear"),
+        int(x.shape[0] * 1.5),
+    )
+
+
+@probe
+def roots_and_powers_of_sizes(x: torch.Tensor) -> Any:
+    # Note [Floats of sizes remember their operation] (kiln_symbolic): C's sqrt / pow of doubles
+    e = x.shape[-1]
+    q = x[None, None]
+    return (
+        x / math.sqrt(e) + x * e**-0.5 + torch.sym_sqrt(e),
+        F.scaled_dot_product_attention(q, q * 2, q + 1),
+    )
 
 
 @probe

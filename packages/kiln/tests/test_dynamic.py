@@ -7,7 +7,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -395,11 +395,12 @@ def test_what_cannot_take_symbolic_sizes_is_compiled_static_and_logged(
     import logging
 
     def scatter(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        # a float computed from a size by `**` as a tensor's fill value: aotgrad refuses a
-        # SymFloat made by an operation loopir does not compute in double (an accumulating
-        # scatter was the example until the C++ generator took it symbolically, then `n / 3`
-        # until Note [A float of sizes keeps its Python operations])
-        return torch.full((x.shape[0], 4), x.shape[0] ** 0.5).index_add_(0, idx, x)
+        # a float computed from a size by a float `max` as a tensor's fill value: aotgrad
+        # refuses a SymFloat made by an operation loopir does not compute in double (an
+        # accumulating scatter was the example until the C++ generator took it symbolically,
+        # then `n / 3` until Note [A float of sizes keeps its Python operations], then `n ** 0.5`
+        # until Note [Floats of sizes remember their operation] kept `**`)
+        return torch.full((x.shape[0], 4), max(x.shape[0] / 2, 2.0)).index_add_(0, idx, x)
 
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.relu() * 2
@@ -1194,7 +1195,7 @@ def test_strings_and_order_of_sizes_stay_symbolic() -> None:
 
 
 def _grads_against_eager(
-    fn: Callable[..., Any], argsets: list[tuple[torch.Tensor, ...]], **compile_kw: Any
+    fn: Callable[..., Any], argsets: Sequence[tuple[torch.Tensor, ...]], **compile_kw: Any
 ) -> None:
     """Each call's output and every input's gradient (a random output weighting) as eager's."""
     compiled = kiln.compile(fn, **compile_kw)
@@ -1288,3 +1289,72 @@ def test_floats_of_sizes_inside_decompositions_stay_symbolic(
     _grads_against_eager(fn, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
     assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _scales_of_the_head_dim(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    e = q.shape[-1]
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(e) + q.sum(-1, keepdim=True) * e**-0.5
+    return scores.softmax(-1) @ k * torch.sym_sqrt(e) + torch.nn.functional.scaled_dot_product_attention(
+        q, k, k * 2
+    )
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_square_roots_and_powers_of_sizes_stay_symbolic(cpu_backend: str) -> None:
+    """kiln_symbolic's Note [Floats of sizes remember their operation]: `x / math.sqrt(E)`
+    (dynamo's `torch.sym_sqrt`), `E ** -0.5` and SDPA's default scale over a symbolic head dim
+    are one C `sqrt`/`pow` of doubles in the kernels (the wrapper's Python under Triton), so
+    one compile serves every head dim (before: `**` and `sym_sqrt` were refused, a static
+    compile per size, and `math.sqrt` specialized the size in capture)."""
+    argsets = [(torch.randn(1, 2, 6, e), torch.randn(1, 2, 9, e)) for e in (5, 7, 11, 16)]
+    _grads_against_eager(_scales_of_the_head_dim, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _interpolate_by_scale(x: torch.Tensor) -> torch.Tensor:
+    f = torch.nn.functional.interpolate
+    outs = [
+        f(x, scale_factor=1.5, mode="nearest"),
+        f(x, scale_factor=1.5, mode="bilinear", align_corners=False),
+        f(x, scale_factor=1.5, mode="bilinear", align_corners=True),
+        f(x, scale_factor=(0.7, 1 / 3), mode="bilinear"),
+        f(x, size=(x.shape[-2] + 3, 2 * x.shape[-1] - 1), mode="nearest"),
+        f(x, size=(x.shape[-2] + 3, 2 * x.shape[-1] - 1), mode="bilinear", align_corners=True),
+    ]
+    return torch.cat([o.flatten(1) for o in outs], 1)
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_interpolate_by_a_non_integer_scale_stays_symbolic(cpu_backend: str) -> None:
+    """kiln_symbolic's Note [Integers of floats of sizes]: the output size of
+    `interpolate(scale_factor=1.5)` is `trunc(float(n) * 1.5)`, the integer part of Python's
+    double (printed as `std::trunc` of the double in C++, computed by the wrapper under Triton),
+    so one forward and one backward serve every size, odd ones included (before: refused, a
+    static compile per size)."""
+    argsets = [(torch.randn(1, 2, h, h + 2),) for h in (5, 7, 10, 13)]
+    _grads_against_eager(_interpolate_by_scale, argsets, dynamic=True, options={"cpu_backend": cpu_backend})
+    assert kiln_dynamo.counters.graphs == 1 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [True]
+
+
+def _long_reductions(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = x * w
+    return h.sum() * 0.5 + h.amax(0).sum() + h.sum(0).sum()
+
+
+def test_a_long_reduction_over_symbolic_rows_splits_under_triton(caplog: pytest.LogCaptureFixture) -> None:
+    """kiln_codegen_triton's Note [Split reductions under symbolic sizes]: `h.sum()` and the
+    column reductions of a [n, 24] activation over n rows split in chunks counted at the n of
+    the symbolic compile (the second call's) and of length ceil(n / S) after; forward and
+    backward are one compile for every later n, odd and far below the hint included (before:
+    one looped kernel of a few programs)."""
+    argsets = [
+        (torch.randn(n, 24, dtype=torch.float64), torch.randn(24, dtype=torch.float64))
+        for n in (2500, 3100, 7, 1031, 3)
+    ]
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_triton.output_code"):
+        _grads_against_eager(_long_reductions, argsets, options={"cpu_backend": "triton"})
+    assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
+    assert [r.symbolic for r in kiln.compile_log()] == [False, True]
+    assert any("chunks over the symbolic row" in r.getMessage() for r in caplog.records)

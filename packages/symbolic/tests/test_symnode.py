@@ -3,13 +3,29 @@ the magic methods) and method by method over the list that torch's C++ side call
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sympy
 import torch
-from kiln_symbolic import DimDynamic, ShapeEnv, SymbolicUnsupported, SymNode, expr_of, make_symint
+from kiln_symbolic import (
+    DimDynamic,
+    FloatPow,
+    FloatSqrt,
+    FloorOfFloat,
+    ShapeEnv,
+    SymbolicUnsupported,
+    SymNode,
+    TruncOfFloat,
+    expr_of,
+    fold_expr,
+    make_symint,
+    pexpr,
+)
 from torch._dispatch.python import enable_python_dispatcher
 
 # Methods torch 2.11-2.13's python_symnode.h forwards to a Python node.
@@ -110,7 +126,7 @@ def _replay(value: object) -> object:
 def test_floats_of_sizes_remember_their_operation() -> None:
     """Note [Floats of sizes remember their operation]: each float operation on sizes records
     the Python function and its operands, so the value can be recomputed in its order (the
-    sympy expression `2.0/(s0 - 1.0)` has reordered it); `**` keeps none."""
+    sympy expression `2.0/(s0 - 1.0)` has reordered it); `log2` keeps none."""
     env = ShapeEnv()
     n, m = _sym(env, 7, "n"), _sym(env, 3, "m")
     scale = 2.0 / (n - 1.0)
@@ -119,6 +135,70 @@ def test_floats_of_sizes_remember_their_operation() -> None:
     ratio = (n - 1) / (2 * m - 1) * 0.5 + 0.1
     assert _replay(ratio) == (7 - 1) / (2 * 3 - 1) * 0.5 + 0.1
     assert _replay(-torch.sym_float(m) / 3) == -3.0 / 3
-    assert (n**0.5).node.recipe is None
+    assert n.node.sym_log2().recipe is None
     assert (n + m).node.recipe is None  # ints are rebuilt from their expression
     assert env.guards == []
+
+
+def test_powers_and_square_roots_of_sizes_remember_their_operation() -> None:
+    """`n ** -0.5`, `torch.sym_sqrt(n)` (what `math.sqrt(n)` becomes under capture) and SDPA's
+    `1 / sqrt(E)` keep their operation: one C `pow` or `sqrt` of doubles, as Python computes them."""
+    env = ShapeEnv()
+    n, m = _sym(env, 7, "n"), _sym(env, 3, "m")
+    inv = n**-0.5
+    assert inv.node.recipe is not None and inv.node.recipe[0] is operator.pow
+    assert _replay(inv) == 7**-0.5
+    root = torch.sym_sqrt(n * m)
+    assert root.node.recipe is not None and root.node.recipe[0] is torch.sym_sqrt
+    assert _replay(1.0 / root) == 1.0 / math.sqrt(21)
+    assert _replay(torch.sym_float(m) ** 1.5 / n) == float(3) ** 1.5 / 7
+    assert env.guards == []
+
+
+def test_float_powers_and_roots_print_and_evaluate_as_python() -> None:
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    pw, root = FloatPow(s0, sympy.Float(-0.5, 53)), FloatSqrt(s0 * 3)
+    for v in (1, 2, 5, 7, 1000, 12345):
+        assert float(pw.subs(s0, v)) == v**-0.5
+        assert float(root.subs(s0, v)) == math.sqrt(3 * v)
+        assert eval(pexpr(pw), {"s0": v}) == v**-0.5
+        assert eval(pexpr(root), {"s0": v, "math": math}) == math.sqrt(3 * v)
+
+
+def test_an_int_of_a_float_of_sizes_is_the_integer_part_of_its_double() -> None:
+    """Note [Integers of floats of sizes]: `int(float(n) * scale)` (interpolate's output size)
+    is the integer part of the double Python computes, not sympy's `floor(c*n)`: with `c = 1/3`
+    as a double, `3 * c` rounds up to 1.0, whose floor is 1 where the exact product's is 0. Its
+    expression prints, folds and evaluates as that Python, with no guard."""
+    env = ShapeEnv()
+    third = 1 / 3
+    for hint in (3, 5, 6, 7, 49, 300):
+        n = _sym(env, hint, f"n{hint}")
+        size = math.floor(torch.sym_float(n) * third)
+        assert isinstance(expr_of(size), FloorOfFloat)
+        assert hint_of_int(size) == math.floor(float(hint) * third)
+        trunc = torch.sym_int(n * 1.5 + 0.25)  # a chain of float operations, in their order
+        assert isinstance(expr_of(trunc), TruncOfFloat)
+        assert hint_of_int(trunc) == int(hint * 1.5 + 0.25)
+        (sym,) = expr_of(size).free_symbols
+        for v in (2, 3, 6, 9, 10, 299, 2**40 + 1):
+            want = math.floor(float(v) * third)
+            assert int(expr_of(size).subs(sym, v)) == want
+            assert eval(pexpr(expr_of(size)), {sym.name: v, "math": math}) == want
+            # folded into Python calls, as aotgrad computes it in the graph
+            folded = fold_expr(expr_of(size), functools.partial(_value, v), _apply)
+            assert folded == want and type(folded) is int
+    assert math.floor(3.0 * third) == 1  # the rounding the expression keeps
+    assert env.guards == []
+
+
+def _value(v: int, _: object) -> int:
+    return v
+
+
+def _apply(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    return fn(*args)
+
+
+def hint_of_int(value: object) -> object:
+    return value.node.hint if isinstance(value, torch.SymInt) else value

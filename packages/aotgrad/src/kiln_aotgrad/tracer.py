@@ -431,7 +431,16 @@ class Tracer(TorchDispatchMode):
     # kiln_symbolic). Only the operations loopir computes as doubles are kept; a SymFloat made
     # any other way is refused as before (the graph compiles with static sizes).
     FLOAT_OPS = frozenset(
-        {operator.truediv, operator.mul, operator.add, operator.sub, operator.neg, torch.sym_float}
+        {
+            operator.truediv,
+            operator.mul,
+            operator.add,
+            operator.sub,
+            operator.neg,
+            operator.pow,
+            torch.sym_float,
+            torch.sym_sqrt,
+        }
     )
 
     def note_sym_float(self, value: torch.SymFloat, fn: Any, args: tuple[Any, ...]) -> None:

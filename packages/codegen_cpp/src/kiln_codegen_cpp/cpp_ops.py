@@ -20,9 +20,12 @@ from kiln_loopir.codegen_common import (
     FloatMul,
     FloatNeg,
     FloatOp,
+    FloatPow,
+    FloatSqrt,
     FloatSub,
     FloatTrueDiv,
     IndexPrinter,
+    IntOfFloat,
     OpSpellings,
     ToFloat,
     UnsupportedDtype,
@@ -244,7 +247,17 @@ class CppIndexPrinter(IndexPrinter):
             return args[0]
         if isinstance(expr, FloatNeg):
             return f"(-{args[0]})"
+        if isinstance(expr, FloatPow):  # C's pow and sqrt, as Python's float ** and math.sqrt
+            return f"std::pow({args[0]}, {args[1]})"
+        if isinstance(expr, FloatSqrt):
+            return f"std::sqrt({args[0]})"
         return f"({args[0]} {ops[type(expr)]} {args[1]})"
+
+    # Note [Integers of floats of sizes] (kiln_symbolic): `math.floor` / `ceil` / `trunc` of the
+    # double, converted to int64 (exact: the double is integral after rounding)
+    def int_of_float(self, expr: IntOfFloat) -> str:
+        rounding = {"FloorOfFloat": "std::floor", "CeilOfFloat": "std::ceil", "TruncOfFloat": "std::trunc"}
+        return f"static_cast<int64_t>({rounding[type(expr).__name__]}({self._double(expr.args[0])}))"
 
     def _double(self, e: sympy.Expr) -> str:
         if isinstance(e, FloatOp):

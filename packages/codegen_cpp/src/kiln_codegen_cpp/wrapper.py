@@ -80,6 +80,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import threading
 from collections import Counter
@@ -294,6 +295,7 @@ class WrapperCodegen(WrapperConstants):
         self.viewed_as: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
+            "math": math,  # sizes from floats of sizes (Note [Integers of floats of sizes])
             "_torch": torch,
             "_flat": _flat,
             "_dense": _dense,

@@ -101,6 +101,7 @@ TRITON_OPTIONS = {
     "split_outer_min_chunk": int,  # Note [Short chunks of column reductions] in split.py
     "split_rows": bool,  # Note [The second kernel reduces rows] in split.py
     "split_peel": bool,  # Note [Split reductions] in split.py: r-level members peeled off to split
+    "split_symbolic": bool,  # Note [Split reductions under symbolic sizes] in split.py
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
@@ -142,6 +143,7 @@ class TritonBackend(Backend):
         split_outer_min_chunk: int = 64,
         split_rows: bool = True,
         split_peel: bool = True,
+        split_symbolic: bool = True,
         autotune_min_bytes: int | None = None,
         guarded_inputs: bool = False,
         guarded_layouts: bool = False,
@@ -164,6 +166,7 @@ class TritonBackend(Backend):
         self.split_outer_min_chunk = split_outer_min_chunk
         self.split_rows = split_rows
         self.split_peel = split_peel
+        self.split_symbolic = split_symbolic
         # Note [Autotuning large kernels in the default mode]: None = 128 MiB on a GPU, off elsewhere
         self.autotune_min_bytes = autotune_min_bytes
         # the caller guards every input's shape, strides and dtype (Note [Static inputs of a CUDA graph])
@@ -449,11 +452,14 @@ class TritonBackend(Backend):
             return DEFAULT_AUTOTUNE_MIN_BYTES
         return None
 
-    def _plan_split(self, members: Any, reads: Any, outer: bool) -> SplitPlan | None:
+    def _plan_split(self, members: Any, reads: Any, spec: KernelSpec) -> SplitPlan | None:
+        # Note [Split reductions under symbolic sizes]: the row length's hint, for the heuristics
+        rnumel_hint = spec.hints()[2] if spec.symbolic and self.split_symbolic else None
         return plan_split(
             members,
             reads,
-            outer=outer,
+            outer=spec.outer,
+            rnumel_hint=rnumel_hint,
             min_rnumel=self.split_min_rnumel,
             target_programs=self.split_target_programs,
             outer_target_programs=self.split_outer_target_programs,
@@ -496,15 +502,15 @@ class TritonBackend(Backend):
             plan = None
             head: tuple[KernelSpec, ...] = ()
             # a reordered reduction stays whole: split.py plans its chunks in logical order
-            if spec.kind in ("persistent", "looped") and not spec.symbolic and not spec.reordered:
-                plan = self._plan_split(members, reads, spec.outer)
+            if spec.kind in ("persistent", "looped") and not spec.reordered:
+                plan = self._plan_split(members, reads, spec)
                 peel = peel_rows(members, reads, internal) if plan is None and self.split_peel else None
                 if peel is not None:  # Note [Split reductions]: r-level members peeled off
                     rest_spec = build_kernel(name, peel.rest, peel.rest_reads, dtypes, internal, **options)
                     plan = (
                         None
                         if rest_spec.reordered
-                        else self._plan_split(peel.rest, peel.rest_reads, rest_spec.outer)
+                        else self._plan_split(peel.rest, peel.rest_reads, rest_spec)
                     )
                     if plan is not None:
                         rows_name = kernel_name(f"triton_{KIND}", peel.rows, step) + "_rows"
@@ -527,6 +533,14 @@ class TritonBackend(Backend):
                 )
             if plan is None:
                 return KernelGroup((spec,))
+            if spec.symbolic:  # Note [Split reductions under symbolic sizes] in split.py
+                log.debug(
+                    "%s: split into %d chunks over the symbolic row %s (chosen at its hint %d)",
+                    name,
+                    plan.chunks,
+                    spec.rnumel,
+                    spec.hints()[2],
+                )
             dtypes = {**dtypes, **{p.name: p.layout.dtype for p in plan.partials}}
             first = build_kernel(f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options)
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)

@@ -60,6 +60,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
+
 from kiln_loopir.wrapper_support import py_size
 
 from .kernel import KernelSpec, next_pow2
@@ -240,10 +242,14 @@ def grid_source(spec: KernelSpec, config: Config) -> tuple[str, ...]:
     if not spec.symbolic:
         return tuple(str(g) for g in grid(spec, config))
 
+    # an integer of a float of sizes is the argument that holds it (Note [Integers of floats of
+    # sizes in Triton] in triton_ops.py)
+    derived = {e: sympy.Symbol(name) for name, e in spec.int_params}
+
     def blocks(numel: Any, block: int) -> str:
         if isinstance(numel, int):
             return str(-(-numel // block))
-        return f"-(-({py_size(numel)}) // {block})"
+        return f"-(-({py_size(sympy.sympify(numel).xreplace(derived))}) // {block})"
 
     xs = blocks(spec.xnumel, config.XBLOCK)
     if spec.kind == "tiled":

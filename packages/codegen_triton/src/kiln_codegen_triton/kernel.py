@@ -42,7 +42,8 @@ expressions in size symbols (Note [Symbolic sizes in loopir]). One kernel then s
 * a reduction over a row of symbolic length is always *looped* (no block is known to hold the
   row), a persistent one only when the row is static (layer norm over the hidden size with a
   symbolic batch stays persistent); a 2-D tile only when its y extent is static (its grid must
-  stay under CUDA's y limit); split reductions only for static kernels;
+  stay under CUDA's y limit); split reductions only over a symbolic row with static outputs
+  (Note [Split reductions under symbolic sizes] in split.py);
 * index math is int64 (no bound is known, and loopir adds no guard); which block sizes and
   configs are chosen is decided on the size hints (Note [Block sizes for symbolic sizes] in
   heuristics.py), and the grid is computed at each launch from the size arguments
@@ -81,6 +82,7 @@ from .triton_ops import (
     compute_type,
     constant_expr,
     convert_expr,
+    deriving_ints,
     index_to_triton,
     load_expr,
     spell,
@@ -163,6 +165,9 @@ class KernelSpec:
     # Note [Floats of sizes in Triton]: the float64 arguments that end size_params, each with the
     # float expression of sizes (kiln_symbolic's FloatOp) the wrapper computes for it
     float_params: tuple[tuple[str, Any], ...] = ()
+    # Note [Integers of floats of sizes in Triton] (triton_ops.py): the int arguments between
+    # the size symbols and the floats, each with the integer of a float of sizes it holds
+    int_params: tuple[tuple[str, Any], ...] = ()
 
     @property
     def symbolic(self) -> bool:
@@ -323,6 +328,8 @@ class _Generator(OpsHandlerBase):
         self.size_symbols: set[sympy.Symbol] = set()
         # Note [Floats of sizes in Triton]: float of sizes -> the float64 argument that holds it
         self.float_params: dict[sympy.Expr, str] = {}
+        # Note [Integers of floats of sizes in Triton]: such an integer -> the int argument
+        self.int_params: dict[sympy.Expr, str] = {}
         if plan.kind == "tiled":
             self.ranges: dict[sympy.Symbol, sympy.Expr] = {
                 YINDEX: sympy.sympify(plan.ny),
@@ -342,6 +349,10 @@ class _Generator(OpsHandlerBase):
     # ----------------------------------------------------------------------------------- setup
 
     def generate(self) -> KernelSpec:
+        with deriving_ints(self.int_params):  # Note [Integers of floats of sizes in Triton]
+            return self._generate()
+
+    def _generate(self) -> KernelSpec:
         nr = self.plan.nr
         reducing = self.plan.kind in ("persistent", "looped")
         for member, reads in zip(self.members, self.reads, strict=True):
@@ -857,9 +868,10 @@ class _Generator(OpsHandlerBase):
                 head += ["rindex = rbase", "rmask = rindex < rnumel"]
         # Note [Symbolic sizes in Triton kernels]: the size symbols after the pointers
         size_params = sorted(str(sym) for sym in self.size_symbols)
+        ints = list(self.int_params.values())  # Note [Integers of floats of sizes in Triton]
         floats = list(self.float_params.values())  # Note [Floats of sizes in Triton]
         signature = ", ".join(
-            [*(f"p_{n}" for n in params), *size_params, *(f"{f}: tl.float64" for f in floats), *blocks]
+            [*(f"p_{n}" for n in params), *size_params, *ints, *(f"{f}: tl.float64" for f in floats), *blocks]
         )
         members = ", ".join(m.name for m in self.members)
         name = self.name.replace(KIND, KIND_PREFIX[plan.kind])
@@ -886,8 +898,9 @@ class _Generator(OpsHandlerBase):
             members=tuple(m.name for m in self.members),
             atomic=self.atomic,
             outer=False,
-            size_params=(*size_params, *floats),
+            size_params=(*size_params, *ints, *floats),
             float_params=tuple((name, e) for e, name in self.float_params.items()),
+            int_params=tuple((name, e) for e, name in self.int_params.items()),
             numel_hints=(
                 None
                 if _is_static(plan.nx, plan.ny, plan.nr)

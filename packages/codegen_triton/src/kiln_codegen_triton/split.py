@@ -52,25 +52,24 @@ for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule:
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
 kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
 
-Note [Split reductions under symbolic sizes]: a kernel with symbolic sizes is never split
-(``spec.symbolic`` in backend.py, ``_static`` here); its reduction runs as one looped kernel,
-correct at every size but with as few programs as it has outputs. What splitting one would take,
-and why it is not done yet:
-- the plan is decided on integers: the chunk count ``S`` from the program count and the row
-  length. ``S`` could be chosen once from the size hints (a heuristic, no guard), but the chunk
-  length ``ceil(nr / S)``, the partial buffer ``S * nx`` and the partial kernel's position
-  ``s * chunk + r`` then become expressions in the size symbols: the partial Reduction built
-  here (``_partial``) takes only ints, and its mask ``s * chunk + r < nr`` must be emitted over
-  symbols and checked by the wrapper's allocation;
-- a Welford split needs the chunks to divide the row exactly (a padded position would count in
-  the weight): under symbols that is a divisibility fact only a guard could give (recompiles
-  per residue class, which kiln never adds: DYNAMIC.md), so Welford stays whole or needs masked
-  weights in the partial;
-- the sizes the hints picked ``S`` for may be far from the run's: a row of 64 split in 64
-  chunks of 1 is slower than whole, so a symbolic split needs a run-time choice (two kernels
-  and a branch in the wrapper on ``nr``), or a bound from the ShapeEnv's ranges.
-Until then the looped kernel is kept: long reductions with few outputs under dynamic shapes
-(``x.sum()`` of an [s0, 1024] activation) run on few programs (not measured on a GPU yet).
+Note [Split reductions under symbolic sizes]: a reduction whose outputs are static and whose
+row length ``nr`` is symbolic (``x.sum()`` of an [s0, 1024] activation, a bias gradient's column
+sum over s0 tokens) splits as a static one does, with three differences:
+- the chunk count ``S`` is chosen from the row length's size hint (the sizes of the call it was
+  compiled at; a heuristic, no guard) and stays fixed; the chunk length is the expression
+  ``ceil(nr / S)`` (``FloorDiv(nr + S - 1, S)``), so the partial kernel's row length and its
+  position ``s * chunk + r`` are expressions in the size symbols, its mask ``s * chunk + r < nr``
+  is emitted over them, and the partial buffer (``S * nx``) stays static;
+- a Welford reduction stays whole: its chunks must divide the row exactly (a padded position
+  would count in the weight), a divisibility fact only a guard could give (recompiles per
+  residue class, which kiln never adds: DYNAMIC.md);
+- at a run's sizes far below the hint, chunks are short or empty (a row of 2 in 64 chunks: 62
+  chunks of nothing, their neutral element): correct, and slower than one whole kernel would be
+  there; far above it, there are fewer programs per element than the static heuristics would
+  pick. A run-time choice between the two (two kernels and a branch in the wrapper) is not done.
+Outputs of symbolic size (a row sum of [s0, 1024]) are not split: they already have a program
+per output, and the partial buffer would be symbolic. ``split_symbolic=False`` (a TritonBackend
+option) keeps every symbolic kernel whole.
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_loopir.indexing import contiguous_strides
+from kiln_loopir.indexing import FloorDiv, contiguous_strides
 from kiln_loopir.ir import ComputedBuffer, Reduction
 from kiln_loopir.layout import FixedLayout, Layout, flexible
 from kiln_loopir.virtualized import ops
@@ -131,25 +130,33 @@ def plan_split(
     outer_target_programs: int | None = None,
     rows: bool = True,
     outer_min_chunk: int | None = None,
+    rnumel_hint: int | None = None,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
     reduction aims at ``outer_target_programs`` partial programs when given: each of its
     programs walks a narrow tile, so it needs more of them to keep the memory busy, and its
     chunks may be as short as ``outer_min_chunk`` rows (Note [Short chunks of column
-    reductions]). ``rows``: Note [The second kernel reduces rows]."""
+    reductions]). ``rows``: Note [The second kernel reduces rows]. ``rnumel_hint``: the row
+    length's size hint when it is symbolic (Note [Split reductions under symbolic sizes]; None:
+    only static kernels split)."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
         return None
     first = real[0]
     ranges, rranges = first.iteration()
-    if not all(_static(*m.iteration()) for m in members):
-        # Note [Split reductions under symbolic sizes]: only static kernels are planned, but a static kernel's ranges may hold symbols whose
-        # product is static (a dim of 0 beside a symbolic one): nothing to split there
+    if not all(_static(m.iteration()[0]) for m in members):
+        # Note [Split reductions under symbolic sizes]: the outputs must be static
+        return None
+    symbolic = not all(_static(m.iteration()[1]) for m in members)
+    if symbolic and rnumel_hint is None:
+        # static kernels only; a static kernel's ranges may hold symbols whose product is static
+        # (a dim of 0 beside a symbolic one): nothing to split there
         return None
     nx = math.prod(_int(s) for s in ranges)
-    rsizes = [_int(s) for s in rranges]
-    nr = math.prod(rsizes)
+    rsizes: list[Any] = [sympy.sympify(s) for s in rranges]
+    nr_size: Any = sympy.Mul(*rsizes)  # Note [Split reductions under symbolic sizes]: may be symbolic
+    nr = rnumel_hint if symbolic and rnumel_hint is not None else _int(nr_size)
     for member, read in zip(members, reads, strict=True):
         if _real_reduction(member):
             data = member.data
@@ -168,13 +175,17 @@ def plan_split(
     shortest = outer_min_chunk if outer and outer_min_chunk is not None else min_rnumel // 4
     chunks = min(-(-target_programs // programs), nr // max(1, shortest))
     chunks = min(next_pow2(chunks), 1024)
+    if symbolic and any(_welford(m) for m in real):
+        return None  # Note [Split reductions under symbolic sizes]: whole chunks need a guard
     if any(_welford(m) for m in real):
         while chunks >= 2 and nr % chunks:  # whole chunks only: a padded position would count
             chunks //= 2
     if chunks < 2:
         return None
-    chunk = -(-nr // chunks)
+    chunk: Any = -(-nr // chunks)
     chunks = -(-nr // chunk)
+    if symbolic:  # Note [Split reductions under symbolic sizes]: S from the hint, chunks of ceil(nr / S)
+        chunk = FloorDiv(nr_size + chunks - 1, chunks)
     partials: list[ComputedBuffer] = []
     first_reads: list[Set[str]] = []
     second: list[ComputedBuffer] = []
@@ -227,25 +238,28 @@ def _partial(
     red: ComputedBuffer,
     data: Reduction,
     ranges: Sequence[Any],
-    rsizes: list[int],
+    rsizes: list[Any],
     chunks: int,
-    chunk: int,
+    chunk: Any,
     *,
     rows: bool,
     output_index: int | None = None,
 ) -> ComputedBuffer:
     """The partial reduction of ``red`` over ``chunks`` chunks; for a Welford reduction, the
     chunk statistic ``output_index`` (0 mean, 1 m2, 2 weight) of it."""
-    nr = math.prod(rsizes)
+    nr = sympy.Mul(*rsizes)
     inner = data.inner_fn
     neutral = _neutral(data.reduction_type, data.dtype)
+    exact = sympy.expand(chunk * chunks - nr) == 0
 
     def body(index: Sequence[Any], rindex: Sequence[Any]) -> Any:
         flat = index[0] * chunk + rindex[0]
         original = unflatten(flat, rsizes)
-        if chunk * chunks == nr:
+        if exact:
             return inner(index[1:], original)
-        inside = ops.lt(ops.index_expr(flat, torch.int64), ops.constant(nr, torch.int64))
+        # past the row's end (a symbolic row: Note [Split reductions under symbolic sizes])
+        end = ops.constant(int(nr), torch.int64) if nr.is_Integer else ops.index_expr(nr, torch.int64)
+        inside = ops.lt(ops.index_expr(flat, torch.int64), end)
         return ops.masked(inside, lambda: inner(index[1:], original), ops.constant(neutral, data.src_dtype))
 
     partial_ranges = (sympy.Integer(chunks), *ranges)
@@ -267,7 +281,7 @@ def _partial(
             data.dtype,
             body,
             partial_ranges,
-            (sympy.Integer(chunk),),
+            (sympy.sympify(chunk),),
             data.reduction_type,
             data.src_dtype,
             output_index=data.output_index if output_index is None else output_index,
@@ -312,8 +326,8 @@ def peel_rows(
     each of them is stored anyway and reads nothing the node reduces or computes after its
     reduction. None if there is nothing to peel or it is not legal."""
     real = [m for m in members if _real_reduction(m)]
-    if not real:
-        return None
+    if not real or not all(_static(m.iteration()[0]) for m in members):
+        return None  # symbolic outputs are not split (Note [Split reductions under symbolic sizes])
     nx = math.prod(_int(s) for s in real[0].iteration()[0])
     rows: list[ComputedBuffer] = []
     rows_reads: list[Set[str]] = []

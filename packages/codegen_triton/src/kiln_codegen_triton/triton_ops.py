@@ -16,7 +16,10 @@ Helpers too long for one expression (NaN-propagating maximum, Python's remainder
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from typing import Any
 
 import sympy
 import torch
@@ -25,6 +28,7 @@ from kiln_loopir.codegen_common import (
     FLOAT_ONLY,
     HALF,
     IndexPrinter,
+    IntOfFloat,
     OpSpellings,
     UnsupportedDtype,
     constant_value,
@@ -205,11 +209,34 @@ class TritonIndexPrinter(IndexPrinter):
     unit_digit = True
     python_mod = True
 
+    # Note [Integers of floats of sizes in Triton]: the kernel being generated, while it prints,
+    # names each integer of a float of sizes (kiln_symbolic's Note [Integers of floats of
+    # sizes]) as an int argument (`ki0`) that the wrapper computes once per call in Python, as
+    # a float of sizes is (Note [Floats of sizes in Triton] in kernel.py): Triton's float32
+    # arithmetic would round `float(n) * 1.5` differently. Outside a kernel it declines.
+    derived: dict[Any, str] | None = None
+
     def minmax(self, is_min: bool, a: str, b: str) -> str:
         return f"{'tl.minimum' if is_min else 'tl.maximum'}({a}, {b})"
 
+    def int_of_float(self, expr: IntOfFloat) -> str:
+        if self.derived is None:
+            return super().int_of_float(expr)
+        return self.derived.setdefault(expr, f"ki{len(self.derived)}")
+
 
 _PRINTER = TritonIndexPrinter()
+
+
+@contextlib.contextmanager
+def deriving_ints(names: dict[Any, str]) -> Iterator[None]:
+    """Note [Integers of floats of sizes in Triton]: while the block runs, integers of floats of
+    sizes print as the argument names recorded in ``names``."""
+    saved, _PRINTER.derived = _PRINTER.derived, names
+    try:
+        yield
+    finally:
+        _PRINTER.derived = saved
 
 
 def index_to_triton(expr: sympy.Expr) -> str:

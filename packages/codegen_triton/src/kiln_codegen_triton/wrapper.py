@@ -118,6 +118,7 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Callable, Set
@@ -216,6 +217,7 @@ class WrapperCodegen(WrapperConstants):
         self.lines: list[str] = []
         self.device = graph.device
         self.namespace: dict[str, Any] = {
+            "math": math,  # floats of sizes (`math.sqrt(s1)`, Note [Floats of sizes in Triton])
             "_torch": torch,
             "_flat": _flat,
             "_conform": _conform,
@@ -770,8 +772,9 @@ class WrapperCodegen(WrapperConstants):
         """A kernel's size arguments: the symbols' variables, then the variables of its floats of
         sizes (Note [Floats of sizes in Triton] in kernel.py), computed once per call as Python
         computes them, with the composite sizes."""
-        floats = dict(spec.float_params)
-        return [self.size(floats[p], floating=True) if p in floats else p for p in spec.size_params]
+        # and the integers of floats of sizes (Note [Integers of floats of sizes in Triton])
+        derived = {**dict(spec.float_params), **dict(spec.int_params)}
+        return [self.size(derived[p], floating=True) if p in derived else p for p in spec.size_params]
 
     def sizes(self, exprs: Any) -> str:
         items = [self.size(e) for e in exprs]

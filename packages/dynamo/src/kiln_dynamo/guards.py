@@ -561,7 +561,9 @@ def _compile(
         f"            return {fail}\n"
         "    return ___guard\n"
     )
-    scope: dict[str, Any] = {}
+    # shape guards print `math.inf` bounds and `math.floor(...)` of floats of sizes (kiln_symbolic's
+    # Note [Integers of floats of sizes])
+    scope: dict[str, Any] = {"math": math}
     exec(compile(src, "<kiln guard>", "exec"), scope)
     fn: Callable[..., Any] = scope["___make"](consts, g)
     fn.__kiln_source__ = src  # type: ignore[attr-defined]

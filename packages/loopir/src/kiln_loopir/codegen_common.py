@@ -37,7 +37,18 @@ import sympy
 import torch
 
 # the float functions are re-exported for the code generators (Note [Floats of sizes in C++])
-from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatOp, FloatSub, FloatTrueDiv, ToFloat  # noqa: F401
+from kiln_symbolic import (  # noqa: F401
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatOp,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    IntOfFloat,
+    ToFloat,
+)
 
 from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
 from .ir import ComputedBuffer
@@ -216,6 +227,8 @@ class IndexPrinter:
             return "(" + " * ".join([base] * int(expr.args[1])) + ")"
         if isinstance(expr, FloatOp):
             return self.float_op(expr)
+        if isinstance(expr, IntOfFloat):
+            return self.int_of_float(expr)
         if isinstance(expr, sympy.Rational):
             raise NotImplementedError(f"non-integer index {expr}")
         raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
@@ -225,6 +238,11 @@ class IndexPrinter:
         kiln_symbolic) as the language's double arithmetic; a backend that cannot spell it
         declines, and the graph compiles with static sizes."""
         raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
+
+    def int_of_float(self, expr: IntOfFloat) -> str:
+        """The integer part of a float of sizes (Note [Integers of floats of sizes] in
+        kiln_symbolic); a backend that cannot spell it declines, as for `float_op`."""
+        raise NotImplementedError(f"an integer of a float of sizes ({expr}) in {type(self).__name__}")
 
 
 # -------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ kernel for sin and cos and one for the cat. Reductions are always realized. With
 from __future__ import annotations
 
 import logging
+import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -49,7 +50,20 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from kiln_symbolic import FloatAdd, FloatMul, FloatNeg, FloatSub, FloatTrueDiv, ToFloat, expr_of
+from kiln_symbolic import (
+    CeilOfFloat,
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    FloorOfFloat,
+    ToFloat,
+    TruncOfFloat,
+    expr_of,
+)
 
 from . import origins
 from .indexing import FloorDiv, contiguous_strides
@@ -778,7 +792,9 @@ FLOAT_FUNCTIONS: dict[Any, Any] = {
     operator.add: FloatAdd,
     operator.sub: FloatSub,
     operator.neg: FloatNeg,
+    operator.pow: FloatPow,
     torch.sym_float: ToFloat,
+    torch.sym_sqrt: FloatSqrt,
 }
 
 
@@ -797,4 +813,8 @@ SIZE_FUNCTIONS: dict[Any, Any] = {
     operator.pow: operator.pow,
     torch.sym_max: sympy.Max,
     torch.sym_min: sympy.Min,
+    # Note [Integers of floats of sizes] in kiln_symbolic: `int(n * 1.5)`, interpolate's sizes
+    math.floor: FloorOfFloat,
+    math.ceil: CeilOfFloat,
+    math.trunc: TruncOfFloat,
 }

@@ -9,15 +9,21 @@ meta kernels and decompositions run on fake tensors with symbolic sizes. Express
 
 from kiln_symbolic.fold import UnfoldableExpr, fold_expr
 from kiln_symbolic.functions import (
+    CeilOfFloat,
     FloatAdd,
     FloatMul,
     FloatNeg,
     FloatOp,
+    FloatPow,
+    FloatSqrt,
     FloatSub,
     FloatTrueDiv,
     FloorDiv,
+    FloorOfFloat,
+    IntOfFloat,
     IntTrueDiv,
     ToFloat,
+    TruncOfFloat,
 )
 from kiln_symbolic.printer import PythonPrinter, pexpr
 from kiln_symbolic.ranges import ValueRange, bound, decide
@@ -46,16 +52,21 @@ __version__ = "0.1.0"
 
 __all__ = [
     "UNBACKED_HINT",
+    "CeilOfFloat",
     "ConstraintViolation",
     "DimDynamic",
     "FloatAdd",
     "FloatMul",
     "FloatNeg",
     "FloatOp",
+    "FloatPow",
+    "FloatSqrt",
     "FloatSub",
     "FloatTrueDiv",
     "FloorDiv",
+    "FloorOfFloat",
     "GuardOnDataDependent",
+    "IntOfFloat",
     "IntTrueDiv",
     "PythonPrinter",
     "RenderedGuard",
@@ -64,6 +75,7 @@ __all__ = [
     "SymNode",
     "SymbolicUnsupported",
     "ToFloat",
+    "TruncOfFloat",
     "UnfoldableExpr",
     "ValueRange",
     "bound",

@@ -10,6 +10,7 @@ always folds to the same calls.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,9 +18,38 @@ from typing import Any, TypeVar
 import sympy
 import torch
 
-from kiln_symbolic.functions import FloorDiv
+from kiln_symbolic.functions import (
+    CeilOfFloat,
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    FloorDiv,
+    FloorOfFloat,
+    ToFloat,
+    TruncOfFloat,
+)
 
 T = TypeVar("T")
+
+# Note [Integers of floats of sizes] (functions.py): the ordered float functions and the integer
+# parts of their doubles, as the Python calls they stand for
+_CALLS: dict[type, Callable[..., Any]] = {
+    FloatAdd: operator.add,
+    FloatSub: operator.sub,
+    FloatMul: operator.mul,
+    FloatTrueDiv: operator.truediv,
+    FloatNeg: operator.neg,
+    FloatPow: operator.pow,
+    FloatSqrt: torch.sym_sqrt,
+    ToFloat: torch.sym_float,
+    FloorOfFloat: math.floor,
+    CeilOfFloat: math.ceil,
+    TruncOfFloat: math.trunc,
+}
 
 
 class UnfoldableExpr(ValueError):
@@ -64,6 +94,8 @@ def fold_expr(
             out = go(terms[0])
             for t in terms[1:]:
                 out = call(fn, (out, go(t)))
+        elif type(e) in _CALLS:
+            out = call(_CALLS[type(e)], tuple(go(a) for a in e.args))
         elif isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
             out = call(operator.pow, (go(e.base), int(e.exp)))
         else:

@@ -12,6 +12,7 @@ with an exact rational.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import sympy
@@ -101,9 +102,57 @@ class FloatNeg(FloatOp):
     python = staticmethod(lambda a: -a)
 
 
+class FloatPow(FloatOp):
+    """Python's `a ** b` with a float result (a float operand, or an int raised to a negative
+    int: both converted to double, as Python does): C's `pow` on the two doubles."""
+
+    nargs = (2,)
+    python = staticmethod(lambda a, b: float(a) ** float(b))
+
+
+class FloatSqrt(FloatOp):
+    """`math.sqrt(a)` (`torch.sym_sqrt`): IEEE's correctly rounded square root of the double."""
+
+    nargs = (1,)
+    python = staticmethod(math.sqrt)
+
+
 class ToFloat(FloatOp):
     nargs = (1,)
     python = staticmethod(float)
+
+
+# Note [Integers of floats of sizes]: an int made from a float of sizes (`int(n * 1.5)`, the
+# output size `floor(float(n) * scale)` of `interpolate(scale_factor=1.5)`) is the integer part
+# of that double, whose rounding sympy's `floor(1.5*s0)` does not keep (`float(n) * c` may round
+# up to an integer the exact product stays below). So the int's expression is one of these
+# functions over the float's ordered operations (Note [Python float arithmetic on sizes, in its
+# order]): an integer sympy never rearranges, evaluated on numbers as Python's `math.floor` /
+# `math.ceil` / `math.trunc` of the double, printed as those (C++: `std::floor` of the double).
+class IntOfFloat(sympy.Function):
+    """The integer part of a float of sizes, rounded as `python` rounds it."""
+
+    nargs = (1,)
+    is_integer = True
+    python: Any = None
+
+    @classmethod
+    def eval(cls, a: Any) -> Any:
+        if a.is_number:
+            return sympy.Integer(cls.python(float(a)))
+        return None
+
+
+class FloorOfFloat(IntOfFloat):
+    python = staticmethod(math.floor)
+
+
+class CeilOfFloat(IntOfFloat):
+    python = staticmethod(math.ceil)
+
+
+class TruncOfFloat(IntOfFloat):
+    python = staticmethod(math.trunc)
 
 
 def sym_eq(a: Any, b: Any) -> Any:

@@ -19,9 +19,12 @@ from kiln_symbolic.functions import (
     FloatAdd,
     FloatMul,
     FloatNeg,
+    FloatPow,
+    FloatSqrt,
     FloatSub,
     FloatTrueDiv,
     FloorDiv,
+    IntOfFloat,
     IntTrueDiv,
     ToFloat,
 )
@@ -107,6 +110,19 @@ class PythonPrinter(StrPrinter):
 
     def _print_FloatNeg(self, expr: FloatNeg) -> str:
         return f"-{self._float_operand(expr.args[0])}"
+
+    def _print_FloatPow(self, expr: FloatPow) -> str:
+        return f"float({self._float_operand(expr.args[0])}) ** float({self._float_operand(expr.args[1])})"
+
+    def _print_FloatSqrt(self, expr: FloatSqrt) -> str:
+        return f"math.sqrt({self._print(expr.args[0])})"
+
+    # Note [Integers of floats of sizes]: `math.floor` / `math.ceil` / `math.trunc` (sympy picks
+    # a printing method by the class's own name, never a Function subclass's base)
+    def _print_IntOfFloat(self, expr: IntOfFloat) -> str:
+        return f"math.{type(expr).python.__name__}({self._print(expr.args[0])})"
+
+    _print_FloorOfFloat = _print_CeilOfFloat = _print_TruncOfFloat = _print_IntOfFloat
 
     def _print_ToFloat(self, expr: ToFloat) -> str:
         return f"float({self._print(expr.args[0])})"

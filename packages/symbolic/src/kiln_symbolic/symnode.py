@@ -22,7 +22,22 @@ from typing import TYPE_CHECKING, Any
 import sympy
 import torch
 
-from kiln_symbolic.functions import FloorDiv, IntTrueDiv
+from kiln_symbolic.functions import (
+    CeilOfFloat,
+    FloatAdd,
+    FloatMul,
+    FloatNeg,
+    FloatPow,
+    FloatSqrt,
+    FloatSub,
+    FloatTrueDiv,
+    FloorDiv,
+    FloorOfFloat,
+    IntOfFloat,
+    IntTrueDiv,
+    ToFloat,
+    TruncOfFloat,
+)
 
 if TYPE_CHECKING:
     from kiln_symbolic.shape_env import ShapeEnv
@@ -101,7 +116,9 @@ _BINARY: dict[str, tuple[Callable[[Any, Any], Any], Callable[[Any, Any], Any], t
 # kiln_aotgrad) from there, and its sympy expression reorders float arithmetic. Each SymNode
 # made by one of these operations keeps it: `recipe` = (the Python function, its operand
 # nodes), from which a consumer rebuilds the value in the same order, one double operation
-# each. Other float operations (`**`, `sqrt`) keep none.
+# each; `**` with a float result (`n ** -0.5`) and `sqrt` (`math.sqrt(n)`, SDPA's default scale)
+# are one C `pow` / correctly rounded `sqrt` each, the same double in C++ as in Python. Other
+# float operations (`log2`, ...) keep none.
 _FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
     "add": operator.add,
     "sub": operator.sub,
@@ -111,7 +128,47 @@ _FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
     "int_truediv": operator.truediv,
     "neg": operator.neg,
     "sym_float": torch.sym_float,
+    "pow": operator.pow,
+    "float_pow": operator.pow,
+    "sym_sqrt": torch.sym_sqrt,
 }
+
+
+# Note [Integers of floats of sizes] (functions.py): a recipe's operation as its ordered float
+# function, and the int-making operations as the integer part of that double
+_ORDERED_FLOAT: dict[Callable[..., Any], Any] = {
+    operator.add: FloatAdd,
+    operator.sub: FloatSub,
+    operator.mul: FloatMul,
+    operator.truediv: FloatTrueDiv,
+    operator.neg: FloatNeg,
+    operator.pow: FloatPow,
+    torch.sym_float: ToFloat,
+    torch.sym_sqrt: FloatSqrt,
+}
+_INT_OF_FLOAT: dict[str, type[IntOfFloat]] = {
+    "floor": FloorOfFloat,
+    "ceil": CeilOfFloat,
+    "trunc": TruncOfFloat,
+    "sym_int": TruncOfFloat,
+}
+
+
+def ordered_float(node: SymNode) -> Any:
+    """The float `node` as its ordered float functions (Note [Python float arithmetic on sizes,
+    in its order]) over size expressions, or None when an operand has no recipe."""
+    if node.constant is not None:
+        c = node.constant
+        return sympy.Integer(c) if isinstance(c, int) else sympy.Float(float(c), 53)
+    if node.pytype is int:
+        return node.expr
+    if node.recipe is None:
+        return None
+    fn, operands = node.recipe
+    args = [ordered_float(o) for o in operands]
+    if any(a is None for a in args):
+        return None
+    return _ORDERED_FLOAT[fn](*args)
 
 
 def _round(x: Any) -> Any:
@@ -258,6 +315,11 @@ class SymNode:
         out_type = out_type or self.pytype
         if name in ("floor", "ceil", "trunc", "sym_int") and self.pytype is int:
             return self
+        if name in _INT_OF_FLOAT and self.pytype is float:  # Note [Integers of floats of sizes]
+            exact = ordered_float(self)
+            if exact is not None:
+                expr = _INT_OF_FLOAT[name](exact)
+                return SymNode(expr, self.shape_env, int, _safe(py)(self._hint))
         recipe = (_FLOAT_RECIPES[name], (self,)) if out_type is float and name in _FLOAT_RECIPES else None
         return SymNode(build(self.expr), self.shape_env, out_type, _safe(py)(self._hint), recipe=recipe)
 

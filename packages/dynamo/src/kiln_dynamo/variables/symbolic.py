@@ -187,8 +187,10 @@ def _bool(a: Any) -> Any:
 # on the SymInts, as torch's `sym_*` functions and the numbers' own `__ceil__`/`__round__`/...
 # do, instead of specializing the size: the ShapeEnv then guards only what a branch decides.
 # `max`/`min` are folded pairwise (torch.sym_max); what has no symbolic form here (a `key=`, a
-# `round` to digits, `math.sqrt`) still specializes, with a guard. Each entry: the function the
-# graph calls, and how many positional arguments it takes.
+# `round` to digits, `math.log`) still specializes, with a guard. `math.sqrt` is `torch.sym_sqrt`
+# (`x / math.sqrt(x.shape[-1])`: Note [Floats of sizes remember their operation] in
+# kiln_symbolic). Each entry: the function the graph calls, and how many positional arguments it
+# takes.
 SYMBOLIC_BUILTINS: dict[Any, tuple[Callable[..., Any], int]] = {
     abs: (operator.abs, 1),
     int: (torch.sym_int, 1),
@@ -199,6 +201,7 @@ SYMBOLIC_BUILTINS: dict[Any, tuple[Callable[..., Any], int]] = {
     math.ceil: (math.ceil, 1),
     math.floor: (math.floor, 1),
     math.trunc: (math.trunc, 1),
+    math.sqrt: (torch.sym_sqrt, 1),
 }
 
 
