@@ -244,7 +244,10 @@ def test_recording_again_from_scratch_takes_a_fresh_pool(capture: Any) -> None:
         return capture(fn, args, pool)
 
     w = torch.randn(16, 8, device=DEVICE)
-    runner = CudaGraphRunner(_eager, capture=seen, guarded_inputs=True)
+    # `seen` wraps the capture: on a GPU it must still record into CUDA's pools (a stand-in object
+    # made torch.cuda.graph raise on the H200, and the runner ran without graphs)
+    new_pool = torch.cuda.graph_pool_handle if capture is capture_cuda else None
+    runner = CudaGraphRunner(_eager, capture=seen, new_pool=new_pool, guarded_inputs=True)
     x = torch.randn(4, 16, device=DEVICE)
     held = [runner(x, w) for _ in range(3)]  # warm-up, slot one, slot two (the first is held)
     assert len(pools) == 2 and pools[0] is pools[1]
@@ -253,3 +256,4 @@ def test_recording_again_from_scratch_takes_a_fresh_pool(capture: Any) -> None:
     assert len(pools) == 3 and pools[2] is not pools[0]
     for y in held:  # outputs held across the new recording are intact
         torch.testing.assert_close(y, _eager(x, w))
+    assert runner.disabled is None and runner.recordings == 3

@@ -199,7 +199,9 @@ class CudaGraphRunner:
     """Records and replays ``fn``; see the module docstring and its notes.
 
     ``capture(fn, args, pool) -> (replay, outputs)`` records one graph (:func:`capture_cuda` on a
-    GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU)."""
+    GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU). ``new_pool()`` makes
+    a fresh memory pool (default: CUDA's ``graph_pool_handle`` for :func:`capture_cuda`, a stand-in
+    object for any other capture; a test that wraps ``capture_cuda`` passes CUDA's)."""
 
     def __init__(
         self,
@@ -209,10 +211,14 @@ class CudaGraphRunner:
             [Callable[..., Any], list[Any], Any], tuple[Callable[[], None], Any]
         ] = capture_cuda,
         pool: Any = None,
+        new_pool: Callable[[], Any] | None = None,
         guarded_inputs: bool = False,
     ) -> None:
         self.fn = fn
         self.capture = capture
+        if new_pool is None:
+            new_pool = torch.cuda.graph_pool_handle if capture is capture_cuda else object
+        self._new_pool = new_pool
         self.guarded_inputs = guarded_inputs
         self.disabled: str | None = None
         self.replays = 0
@@ -338,7 +344,7 @@ class CudaGraphRunner:
 
     def _record_slot(self) -> _Slot | None:
         if self._pool is None:  # a stand-in capture gets a stand-in pool (tests see which one)
-            self._pool = torch.cuda.graph_pool_handle() if self.capture is capture_cuda else object()
+            self._pool = self._new_pool()
         try:
             replay, outputs = self.capture(self.fn, self._inputs, self._pool)
         except Exception as exc:  # capture is impossible for this graph: run it plainly
