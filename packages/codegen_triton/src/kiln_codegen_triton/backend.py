@@ -136,7 +136,7 @@ class TritonBackend(Backend):
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
         reorder_reductions: bool = True,
-        reorder_gathers: bool = True,
+        reorder_gathers: bool = False,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,

@@ -949,7 +949,7 @@ def build_kernel(
     max_persistent_rblock: int = 4096,
     allow_tiling: bool = True,
     reorder_reductions: bool = True,
-    reorder_gathers: bool = True,
+    reorder_gathers: bool = False,
 ) -> KernelSpec:
     """Generate the kernel for one scheduler node's members, choosing how to block it.
 
@@ -1122,7 +1122,12 @@ def _row_gathers(g: _Generator) -> list[sympy.Expr]:
     contiguity is known across rows); the table is 768 bytes and stays in L1. The gathers here:
     loads whose address holds an indirect index that varies along the row. Taken only when every
     such gather then steps by 1 along the rows, and never together with that Note's reorder.
-    Switch: ``triton_options={"reorder_gathers": False}``."""
+    Measured on the H200 (twentieth session, T5 bf16 inference at gpu size, transformers 5.17,
+    `2026-12-05-h200-s20-t5-gathers.json`): the reorder made both mask kernels slower, 61.5 ->
+    69.3 us and 54.8 -> 60.4 us (21% -> 19% and 24% -> 22% of copy bandwidth): the L2 re-reads
+    of the bucket input were not what bounds them (likely the rows' int64 bucket arithmetic and
+    the stores, whose rows of one program now lie H rows apart in memory). So it is off by
+    default. Switch: ``triton_options={"reorder_gathers": True}``."""
     return [
         e
         for _, e, store in g.accesses
