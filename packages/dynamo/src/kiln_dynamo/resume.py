@@ -909,6 +909,7 @@ class LoopShape:
     head: int  # the loop's first instruction (FOR_ITER for a `for` loop)
     back: int  # its last back edge
     exit: int  # where the loop goes when it ends (past 3.12's END_FOR)
+    body: frozenset[int]  # the instructions of one iteration (Note [A loop body is not a range])
 
 
 def loop_shape(instrs: Sequence[Instr], code: types.CodeType, loop_entry: int) -> LoopShape | str:
@@ -926,7 +927,68 @@ def loop_shape(instrs: Sequence[Instr], code: types.CodeType, loop_entry: int) -
         k_exit = k_back + 1
     if PY_VERSION >= (3, 12) and k_exit < len(instrs) and instrs[k_exit].opname == "END_FOR":
         k_exit += 1
-    return LoopShape(k_head, k_back, k_exit)
+    return LoopShape(k_head, k_back, k_exit, loop_body(instrs, k_head))
+
+
+# Note [A loop body is not a range]: the instructions between a loop's head and its last back
+# edge are not always its body. CPython 3.12 moves cold blocks (exception handlers, the path of
+# a `break`) after the function's hot code: an `except` clause at the end of a `for` body ends
+# with a JUMP_BACKWARD to the loop's FOR_ITER from past the code that follows the loop, so the
+# range [head, last back edge] holds the code after the loop too, where values of that code's
+# own expressions sit on the stack at the loop's depth (`"-".join(...)`: the string, where the
+# body has the iterator). Loop pieces (Note [Loop body pieces] in loop_pieces.py) cut from such
+# a range took the string's slot for the iterator's: the piece began after the string was
+# pushed, popped below its own stack and read the frame's last fast local (under 3.12 the
+# closure cell of a frame with free variables: "'cell' object has no attribute 'join'", or a
+# NULL, a crash). `loop_body` is the loop as a set: the instructions reachable from the head
+# that reach one of its back edges (jumps to the head, through handlers too) without passing
+# the head again; pieces are cut from those only. 3.11 keeps handlers in line, where the two
+# readings agree. (Closures had nothing to do with it: an earlier gate made no pieces for
+# frames with free variables under 3.12 (Note [Pieces of closures under 3.12], now removed):
+# that hid the symptom in the fuzzer, whose functions all close over a cell, and kept the crash.) A jump
+# back to the head from a cold block is a back edge like any other: a piece may end at any of
+# them with a `continue` inside it.
+
+
+def loop_body(instrs: Sequence[Instr], head: int) -> frozenset[int]:
+    """The indices of the instructions of the loop whose first instruction is `head`: those
+    that only `head` leads to (every path from the code's entry passes it) and that reach a
+    jump back to it without passing it again (Note [A loop body is not a range])."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    preds: list[list[int]] = [[] for _ in instrs]
+    succs: list[list[int]] = []
+    for k, ins in enumerate(instrs):
+        nexts = [index[id(t)] for t in (ins.target, ins.exn.target if ins.exn else None) if t is not None]
+        if ins.opname not in NO_FALLTHROUGH and k + 1 < len(instrs):
+            nexts.append(k + 1)
+        succs.append(nexts)
+        for j in nexts:
+            preds[j].append(k)
+    # reachable from the entry without passing the head: not dominated by it, so not in the loop
+    outside = set() if head == 0 else {0}
+    work = list(outside)
+    while work:
+        for j in succs[work.pop()]:
+            if j != head and j not in outside:
+                outside.add(j)
+                work.append(j)
+    inside = {head}  # reachable from the head (dead code is in no loop)
+    work = [head]
+    while work:
+        for j in succs[work.pop()]:
+            if j not in inside:
+                inside.add(j)
+                work.append(j)
+    outside |= set(range(len(instrs))) - inside
+    body = {head}
+    work = [k for k in preds[head] if k not in outside]  # the back edges' sources
+    body.update(work)
+    while work:
+        for j in preds[work.pop()]:
+            if j not in body and j not in outside:
+                body.add(j)
+                work.append(j)
+    return frozenset(body)
 
 
 def after_loop_edit(
