@@ -346,11 +346,14 @@ def test_the_loop_body_leaves_out_the_code_after_the_loop() -> None:
     lines = {instrs[k].lineno for k in shape.body}
     assert first + 8 in lines  # x = x - 1
     assert first + 9 not in lines and first + 10 not in lines  # joined = ...; return
+    f = resume.facts(code)
+    assert all(not f.in_loop(ins.offset) for ins in instrs if ins.lineno in (first + 9, first + 10))
 
 
 @pytest.mark.parametrize("fn", [handler_ends_the_body, make_closure()], ids=["plain", "closure"])
 def test_pieces_of_a_body_that_ends_in_a_handler(fn: Callable[..., Any]) -> None:
-    """The pieces are cut from the loop body only: before, under 3.12, a piece was cut from
+    """The pieces are cut from the loop body only, and the code after the loop is continued
+    as after any loop: before, under 3.12, a piece was cut from
     `"-".join(...)` after the loop, popped below its stack and read the frame's last local (the
     closure's cell: "'cell' object has no attribute 'join'"; without free variables, a crash).
     The frame with a closure gets its pieces too, under both Pythons."""
@@ -366,6 +369,7 @@ def test_pieces_of_a_body_that_ends_in_a_handler(fn: Callable[..., Any]) -> None
         assert got_out.getvalue() == want_out.getvalue()
     c = kiln_dynamo.counters
     assert c.loop_pieces >= 1, [str(r) for r in c.break_reasons]
+    assert c.after_loops >= 1, [str(r) for r in c.break_reasons]  # the code after the loop: a graph
     joined_line = fn.__code__.co_firstlineno + (9 if fn is handler_ends_the_body else 10)
     for piece in loop_pieces._pieces:
         if piece.co_name.startswith(f"piece_of_{fn.__name__}_"):
