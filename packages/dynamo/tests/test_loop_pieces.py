@@ -5,6 +5,7 @@ the loop body's own tensor work, and where a piece is not sound its statements r
 from __future__ import annotations
 
 import contextlib
+import dis
 import io
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -298,3 +299,81 @@ def test_vars_with_an_argument_does_not_stop_a_split() -> None:
     assert any(r.split for r in kiln_dynamo.counters.break_reasons)
     assert resume.reads_own_locals(vars_of_an_object_still_splits.__code__) is None
     assert "locals()" in (resume.reads_own_locals(locals_after_pieces.__code__) or "")
+
+
+def handler_ends_the_body(x: torch.Tensor, items: list[int]) -> tuple[torch.Tensor, str]:
+    for i in items:
+        x = x * 2 + i
+        print(i)  # the break: the body is cut into pieces
+        try:
+            if i > 100:
+                raise IndexError(i)
+        except IndexError:
+            x = x - 1  # 3.12 places this handler after the code that follows the loop
+    joined = "-".join(str(v) for v in items)
+    return x.sin(), joined
+
+
+def make_closure() -> Callable[[torch.Tensor, list[int]], tuple[torch.Tensor, str, int]]:
+    cell = 1
+
+    def closes_over_a_cell(x: torch.Tensor, items: list[int]) -> tuple[torch.Tensor, str, int]:
+        nonlocal cell
+        for i in items:
+            x = x * cell + i
+            print(i)
+            cell = cell % 3 + 1  # a write to the frame's free variable, from a piece
+            try:
+                if i > 100:
+                    raise IndexError(i)
+            except IndexError:
+                x = x - 1
+        joined = "-".join(str(v) for v in items)
+        return x.sin(), joined, cell
+
+    return closes_over_a_cell
+
+
+def test_the_loop_body_leaves_out_the_code_after_the_loop() -> None:
+    """Note [A loop body is not a range] (resume.py): under 3.12 the handler's jump back to the
+    loop head comes after `joined = ...`; that statement is not in the body, the handler is."""
+    code = handler_ends_the_body.__code__
+    instrs = resume.facts(code).instrs
+    entry = next(ins.offset for ins in instrs if ins.opname == "GET_ITER")
+    shape = resume.loop_shape(list(instrs), code, entry)
+    assert isinstance(shape, resume.LoopShape)
+    first = code.co_firstlineno
+    lines = {instrs[k].lineno for k in shape.body}
+    assert first + 8 in lines  # x = x - 1
+    assert first + 9 not in lines and first + 10 not in lines  # joined = ...; return
+    f = resume.facts(code)
+    assert all(not f.in_loop(ins.offset) for ins in instrs if ins.lineno in (first + 9, first + 10))
+
+
+@pytest.mark.parametrize("fn", [handler_ends_the_body, make_closure()], ids=["plain", "closure"])
+def test_pieces_of_a_body_that_ends_in_a_handler(fn: Callable[..., Any]) -> None:
+    """The pieces are cut from the loop body only, and the code after the loop is continued
+    as after any loop: before, under 3.12, a piece was cut from
+    `"-".join(...)` after the loop, popped below its stack and read the frame's last local (the
+    closure's cell: "'cell' object has no attribute 'join'"; without free variables, a crash).
+    The frame with a closure gets its pieces too, under both Pythons."""
+    backend = CountingBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend)
+    eager = make_closure() if fn.__name__ == "closes_over_a_cell" else fn
+    for items in ([1, 2, 3], [4, 200, 5]):
+        with contextlib.redirect_stdout(io.StringIO()) as got_out:
+            got = compiled(torch.ones(3), items)
+        with contextlib.redirect_stdout(io.StringIO()) as want_out:
+            want = eager(torch.ones(3), items)
+        assert_same(got, want)
+        assert got_out.getvalue() == want_out.getvalue()
+    c = kiln_dynamo.counters
+    assert c.loop_pieces >= 1, [str(r) for r in c.break_reasons]
+    assert c.after_loops >= 1, [str(r) for r in c.break_reasons]  # the code after the loop: a graph
+    joined_line = fn.__code__.co_firstlineno + (9 if fn is handler_ends_the_body else 10)
+    for piece in loop_pieces._pieces:
+        if piece.co_name.startswith(f"piece_of_{fn.__name__}_"):
+            assert all(
+                ins.positions is None or ins.positions.lineno != joined_line
+                for ins in dis.get_instructions(piece)
+            )

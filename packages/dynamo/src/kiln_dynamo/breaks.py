@@ -188,7 +188,7 @@ def _interner() -> tuple[list[VT], Callable[[VT], int]]:
 def loop_entry(f: resume.FrameFacts, offset: int) -> int:
     """Where the outermost loop around `offset` begins: its GET_ITER for a for loop (the iterator
     cannot cross a split, the iterable can), else the loop's first instruction."""
-    head = min(h for h, back in f.loops if h <= offset <= back)
+    head = min(f.loop_heads(offset))
     k = f.at(head)
     return f.instrs[k - 1].offset if k > 0 and f.instrs[k - 1].opname == "GET_ITER" else head
 
@@ -217,7 +217,7 @@ def prepare_split(b: BreakHere, code: types.CodeType, before: bool) -> tuple[lis
         )
     # a split before the loop at its first instruction (a while loop's body: its entry test came
     # before) leaves the whole loop to the continuation, as a for loop's GET_ITER does
-    starts_loop = before and all(head == offset for head, back in f.loops if head <= offset <= back)
+    starts_loop = before and all(head == offset for head in f.loop_heads(offset))
     if f.in_loop(offset) and not starts_loop:
         raise CannotSplit(
             "the break is inside a loop, and kiln does not split a frame inside a loop", loop_entry(f, offset)

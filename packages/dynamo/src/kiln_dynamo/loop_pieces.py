@@ -5,11 +5,13 @@ loop runs as plain Python. Its callees were already captured on their own, and t
 loop too (Note [Compiling what follows a loop]); this module compiles the loop body's own
 statements as well (Note [Loop body pieces]).
 
-Note [Loop body pieces]: the loop body (after the loop target is stored) is cut, at statement
-boundaries (stack at the loop's own depth), into the longest ranges of instructions that behave
-like a straight function body: control enters only at the range's first instruction and leaves
-only by falling off its end (or, for a range that ends at a `for` loop's back edge, by a
-`continue`); no return, yield, exception handler or with block inside. Each such range becomes
+Note [Loop body pieces]: the loop body (after the loop target is stored; its instructions as a
+set, not the range up to the last back edge: Note [A loop body is not a range] in resume.py) is
+cut, at statement boundaries (stack at the loop's own depth), into the longest ranges of
+instructions that behave like a straight function body: control enters only at the range's
+first instruction and leaves only by falling off its end (or, for a range that ends at a `for`
+loop's back edge, by a `continue`); no return, yield, exception handler or with block inside.
+Each such range becomes
 a *piece*, a function `piece_of_<fn>_at_<start>_to_<end>` whose code is a copy of the range
 behind a prologue and before an epilogue that returns the locals the frame reads afterwards. The
 frame's code calls the piece in place of the range, stores what it returns and jumps to the
@@ -50,7 +52,6 @@ follows a loop]), which the hook captures; where that is not sound it runs as pl
 
 from __future__ import annotations
 
-import sys
 import types
 import weakref
 from collections.abc import Callable, Sequence
@@ -194,13 +195,6 @@ def piece_edits(
     call them from the frame, and their codes; or why no piece could be made."""
     if code.co_cellvars:
         return "the frame has cell variables"
-    if set(code.co_freevars) - {"__class__"} and sys.version_info >= (3, 12):
-        # Note [Pieces of closures under 3.12]: a piece of a frame with free variables (other
-        # than zero-argument super's `__class__`, tested under 3.12) read a
-        # closure cell where it should read a constant, a local or a global under 3.12 (pyfuzz
-        # seeds 42, 148, 154: "'cell' object has no attribute ..."); until the piece's
-        # localsplus layout is fixed there, such loops run as Python
-        return "the frame has free variables (Python 3.12)"
     if code.co_flags & _GENERATOR_FLAGS:
         return "the frame is a generator"
     depth = _depths(instrs)
@@ -221,8 +215,12 @@ def piece_edits(
         if lo <= k <= hi or lo <= t <= hi
     ]
     handlers = {index[id(ins.exn.target)] for ins in instrs if ins.exn is not None}
-    back = instrs[shape.back]
-    continues = back.opname == "JUMP_BACKWARD" and back.target is instrs[shape.head]
+    # the back edges a range may end at while a `continue` inside it jumps to the head
+    continues_at = {
+        k
+        for k in shape.body
+        if instrs[k].opname == "JUMP_BACKWARD" and instrs[k].target is instrs[shape.head]
+    }
     # bad[k]: instruction k can be in no piece; work_before[k]: work instructions before k
     bad = [False] * (hi + 2)
     work_before = [0] * (hi + 2)
@@ -235,6 +233,7 @@ def piece_edits(
             or (d is not None and d < base)
             or (d is not None and d - base < _REACH.get(ins.opname, _NO_REACH)(ins.arg))
             or k in handlers
+            or k not in shape.body  # Note [A loop body is not a range] in resume.py
         )  # (a reach below the piece's own stack: a comprehension's list)
         work_before[k + 1] = work_before[k] + (ins.opname in _WORK)
     next_bad = [hi + 1] * (hi + 2)
@@ -247,7 +246,7 @@ def piece_edits(
         for k, t in edges:
             if s <= k < e:
                 if t == shape.head:
-                    if not (continues and e == shape.back):
+                    if e not in continues_at:
                         return False
                 elif not s <= t <= e:
                     return False

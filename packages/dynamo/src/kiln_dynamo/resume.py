@@ -86,12 +86,18 @@ _ARG_FLAGS = 0x04 | 0x08
 @dataclass(frozen=True, slots=True)
 class FrameFacts:
     instrs: tuple[Instr, ...]
-    loops: tuple[tuple[int, int], ...]  # (head, back edge) offsets: a loop body lies between
+    loops: tuple[tuple[int, int], ...]  # (head, back edge) offsets
     try_extents: tuple[tuple[int, int], ...]  # [start, end) covered by a try/except/finally handler
     with_extents: tuple[tuple[int, int, int], ...]  # [start, end) of a with body, handler depth
+    # the offsets of each loop's body, as `loops` (Note [A loop body is not a range])
+    bodies: tuple[frozenset[int], ...]
 
     def in_loop(self, offset: int) -> bool:
-        return any(head <= offset <= back for head, back in self.loops)
+        return any(offset in body for body in self.bodies)
+
+    def loop_heads(self, offset: int) -> list[int]:
+        """The heads of the loops whose body holds `offset`."""
+        return [head for (head, _), body in zip(self.loops, self.bodies, strict=True) if offset in body]
 
     def in_try(self, offset: int) -> bool:
         return any(start <= offset < end for start, end in self.try_extents)
@@ -141,15 +147,22 @@ def facts(code: types.CodeType) -> FrameFacts:
     if hit is not None:
         return hit
     instrs = tuple(bytecode.disassemble(code))
-    loops = tuple(
-        (ins.target.offset, ins.offset)
-        for k, ins in enumerate(instrs)
-        if ins.target is not None and ins.target.offset <= ins.offset and _closes_loop(instrs, k)
-    )
+    offsets = [ins.offset for ins in instrs]
+    body_of: dict[int, frozenset[int]] = {}
+    loops: list[tuple[int, int]] = []
+    bodies: list[frozenset[int]] = []
+    for k, ins in enumerate(instrs):
+        if ins.target is None or ins.target.offset > ins.offset or not _closes_loop(instrs, k):
+            continue
+        head = ins.target.offset
+        if head not in body_of:
+            body_of[head] = frozenset(offsets[j] for j in loop_body(instrs, offsets.index(head)))
+        if ins.offset in body_of[head]:  # else a jump back from a handler its target does not lead to
+            loops.append((head, ins.offset))
+            bodies.append(body_of[head])
     by_target: dict[int, list[tuple[int, int, int]]] = {}
     for e in bytecode.parse_exception_table(code):
         by_target.setdefault(e.target, []).append((e.start, e.end, e.depth))
-    offsets = [ins.offset for ins in instrs]
     tries: list[tuple[int, int]] = []
     withs: list[tuple[int, int, int]] = []
     for target, ranges in by_target.items():
@@ -161,7 +174,7 @@ def facts(code: types.CodeType) -> FrameFacts:
             withs.append((*extent, ranges[0][2]))
         else:
             tries.append(extent)
-    result = FrameFacts(instrs, loops, tuple(tries), tuple(withs))
+    result = FrameFacts(instrs, tuple(loops), tuple(tries), tuple(withs), tuple(bodies))
     _facts[code] = result
     return result
 
@@ -794,7 +807,15 @@ def _depths(instrs: list[Instr]) -> dict[int, int]:
     return depth_at
 
 
-def _reaches(instrs: Sequence[Instr], start: int, lo: int, hi: int, *, handlers: bool = True) -> bool:
+def _reaches(
+    instrs: Sequence[Instr],
+    start: int,
+    lo: int,
+    hi: int,
+    *,
+    handlers: bool = True,
+    among: frozenset[int] = frozenset(),
+) -> bool:
     """Whether some path from instruction `start` (jumps, fall-through, and exception handlers
     unless `handlers` is False) reaches one of instructions lo..hi: then `start` is not past the
     loop that spans them (3.12 places a loop's cold blocks, such as the path of a `break`, after
@@ -804,7 +825,7 @@ def _reaches(instrs: Sequence[Instr], start: int, lo: int, hi: int, *, handlers:
     work = [start]
     while work:
         k = work.pop()
-        if lo <= k <= hi:
+        if lo <= k <= hi or k in among:
             return True
         ins = instrs[k]
         exn = ins.exn.target if ins.exn and handlers else None
@@ -909,6 +930,7 @@ class LoopShape:
     head: int  # the loop's first instruction (FOR_ITER for a `for` loop)
     back: int  # its last back edge
     exit: int  # where the loop goes when it ends (past 3.12's END_FOR)
+    body: frozenset[int]  # the instructions of one iteration (Note [A loop body is not a range])
 
 
 def loop_shape(instrs: Sequence[Instr], code: types.CodeType, loop_entry: int) -> LoopShape | str:
@@ -920,13 +942,91 @@ def loop_shape(instrs: Sequence[Instr], code: types.CodeType, loop_entry: int) -
     back = max(b for h, b in loops if h == head)  # (an if/else body has one per branch)
     k_head, k_back = offsets.index(head), offsets.index(back)
     first = instrs[k_head]
+    body = loop_body(instrs, k_head)
     if first.opname == "FOR_ITER" and first.target is not None:
         k_exit = next(i for i, ins in enumerate(instrs) if ins is first.target)  # the exhausted iterator
     else:
-        k_exit = k_back + 1
+        # where the body's own jumps and fall-throughs leave it, when that is one place (3.12's
+        # last back edge may be a cold block's: Note [A loop body is not a range])
+        index = {id(ins): k for k, ins in enumerate(instrs)}
+        exits = {
+            j
+            for k in body
+            for j in (
+                index[id(instrs[k].target)] if instrs[k].target is not None else None,
+                None if instrs[k].opname in NO_FALLTHROUGH else k + 1,
+            )
+            if j is not None and j not in body
+        }
+        k_exit = exits.pop() if len(exits) == 1 else k_back + 1
     if PY_VERSION >= (3, 12) and k_exit < len(instrs) and instrs[k_exit].opname == "END_FOR":
         k_exit += 1
-    return LoopShape(k_head, k_back, k_exit)
+    return LoopShape(k_head, k_back, k_exit, body)
+
+
+# Note [A loop body is not a range]: the instructions between a loop's head and its last back
+# edge are not always its body. CPython 3.12 moves cold blocks (exception handlers, the path of
+# a `break`) after the function's hot code: an `except` clause at the end of a `for` body ends
+# with a JUMP_BACKWARD to the loop's FOR_ITER from past the code that follows the loop, so the
+# range [head, last back edge] holds the code after the loop too, where values of that code's
+# own expressions sit on the stack at the loop's depth (`"-".join(...)`: the string, where the
+# body has the iterator). Loop pieces (Note [Loop body pieces] in loop_pieces.py) cut from such
+# a range took the string's slot for the iterator's: the piece began after the string was
+# pushed, popped below its own stack and read the frame's last fast local (under 3.12 the
+# closure cell of a frame with free variables: "'cell' object has no attribute 'join'", or a
+# NULL, a crash). `loop_body` is the loop as a set: the instructions reachable from the head
+# that reach one of its back edges (jumps to the head, through handlers too) without passing
+# the head again; pieces are cut from those only. The frame's facts read loops the same way
+# (`FrameFacts.in_loop`): the code after such a loop is not inside it, so a break there splits
+# the frame and the loop's exit may be continued (Note [Compiling what follows a loop]), as
+# under 3.11; a jump back from a handler that its target does not lead to (3.12: the end of an
+# `except` clause, back to the statement after its `try`) closes no loop. 3.11 keeps handlers
+# in line, where the two readings agree. (Closures had nothing to do with it: an earlier gate made no pieces for
+# frames with free variables under 3.12 (Note [Pieces of closures under 3.12], now removed):
+# that hid the symptom in the fuzzer, whose functions all close over a cell, and kept the crash.) A jump
+# back to the head from a cold block is a back edge like any other: a piece may end at any of
+# them with a `continue` inside it.
+
+
+def loop_body(instrs: Sequence[Instr], head: int) -> frozenset[int]:
+    """The indices of the instructions of the loop whose first instruction is `head`: those
+    that only `head` leads to (every path from the code's entry passes it) and that reach a
+    jump back to it without passing it again (Note [A loop body is not a range])."""
+    index = {id(ins): k for k, ins in enumerate(instrs)}
+    preds: list[list[int]] = [[] for _ in instrs]
+    succs: list[list[int]] = []
+    for k, ins in enumerate(instrs):
+        nexts = [index[id(t)] for t in (ins.target, ins.exn.target if ins.exn else None) if t is not None]
+        if ins.opname not in NO_FALLTHROUGH and k + 1 < len(instrs):
+            nexts.append(k + 1)
+        succs.append(nexts)
+        for j in nexts:
+            preds[j].append(k)
+    # reachable from the entry without passing the head: not dominated by it, so not in the loop
+    outside = set() if head == 0 else {0}
+    work = list(outside)
+    while work:
+        for j in succs[work.pop()]:
+            if j != head and j not in outside:
+                outside.add(j)
+                work.append(j)
+    inside = {head}  # reachable from the head (dead code is in no loop)
+    work = [head]
+    while work:
+        for j in succs[work.pop()]:
+            if j not in inside:
+                inside.add(j)
+                work.append(j)
+    outside |= set(range(len(instrs))) - inside
+    body = {head}
+    work = [k for k in preds[head] if k not in outside]  # the back edges' sources
+    body.update(work)
+    while work:
+        for j in preds[work.pop()]:
+            if j not in body and j not in outside:
+                body.add(j)
+                work.append(j)
+    return frozenset(body)
 
 
 def after_loop_edit(
@@ -940,7 +1040,7 @@ def after_loop_edit(
     k_exit = shape.exit
     if k_exit >= len(instrs):
         return "the loop ends the code"
-    if _reaches(instrs, k_exit, shape.head, shape.back):
+    if k_exit in shape.body or _reaches(instrs, k_exit, 0, -1, among=shape.body):
         return "the instruction after the loop leads back into it"
     return continue_at(code, instrs, consts, k_exit, "the loop's exit")
 
