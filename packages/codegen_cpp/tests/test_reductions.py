@@ -467,8 +467,9 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
         backend = CppBackend(options={"reduction_lanes": lanes})
         compiled = compile_graph(gm, [x], backend=backend)
         want = 8 if kind == "welford" else lanes  # a half type's statistic is a float32 one
-        if dtype == torch.bfloat16:  # Note [Lanes cover a vector of the narrowest type]
-            want = max(want, 16)
+        # Note [Lanes cover a vector of the narrowest type]: one vector of the row's elements,
+        # 16 bfloat16 at 256 bits, 32 bfloat16 or 16 float32 at 512 (an AVX-512 build target)
+        want = max(want, min(32, backend.options.vector_bits() // 8 // dtype.itemsize))
         assert f"for (int l = 0; l < {want}; ++l)" in backend.last_source
         assert want == 8 or "for (int l = 0; l < 8; ++l)" not in backend.last_source
         results = []
@@ -487,19 +488,28 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
 
 @pytest.mark.parametrize("narrow", [True, False])
 @pytest.mark.parametrize(
-    ("dtype", "n", "want"),
-    [(torch.bfloat16, 768, 16), (torch.float16, 40, 16), (torch.bfloat16, 12, 8), (torch.float32, 768, 8)],
+    ("dtype", "n", "width", "want"),
+    [
+        (torch.bfloat16, 768, 256, 16),
+        (torch.float16, 40, 256, 16),
+        (torch.bfloat16, 12, 256, 8),
+        (torch.float32, 768, 256, 8),
+        (torch.bfloat16, 768, 512, 32),
+        (torch.float16, 20, 512, 8),
+        (torch.float32, 768, 512, 16),
+    ],
     ids=str,
 )
-def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, want: int) -> None:
+def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, width: int, want: int) -> None:
     """Note [Lanes cover a vector of the narrowest type]: a layer norm's statistics over 2-byte
-    rows take 16 lanes (a Welford of shifted blocks otherwise keeps 8; a row shorter than 16
-    keeps 8, float32 rows keep 8), ``narrow_lanes=False`` keeps 8; both match eager."""
+    rows take 16 lanes for 256-bit vectors and 32 for 512-bit ones, float32 rows 8 and 16 (a
+    Welford of shifted blocks otherwise keeps 8; a row shorter than the cover keeps 8),
+    ``narrow_lanes=False`` keeps 8; both match eager."""
     x = make((5, n), dtype, low=-2.0, high=2.0)
     w, b = make((n,), dtype), make((n,), dtype)
 
     gm = with_vals(_decomposed_layer_norm, x, w, b)
-    backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16})
+    backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16, "vector_width": width})
     compiled = compile_graph(gm, [x, w, b], backend=backend)
     lanes = want if narrow else 8
     assert f"for (int l = 0; l < {lanes}; ++l)" in backend.last_source

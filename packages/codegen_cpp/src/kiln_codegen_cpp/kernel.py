@@ -47,7 +47,10 @@ count. A lane loop of 8 that loads bfloat16 (2 bytes) therefore runs at 16-byte 
 uint16 = one xmm, and every float of it in xmm halves and every double in quarters: SSE code on
 an AVX-512 machine (GCC: "loop vectorized using 16 byte vectors"). So a row reduction whose
 lane loop loads or stores elements narrower than a float takes enough lanes for one 256-bit
-vector of them (16 for 2 bytes, 32 for 1 byte; ``CppOptions.vector_width`` sets the vector),
+vector of them (16 for 2 bytes, 32 for 1 byte; where the kernels are compiled for 512-bit
+vectors, 32 for 2 bytes and 16 for float32 rows, whose 8 lanes would otherwise keep the loop at
+256 bits, over the Welford exception too: ``CppOptions.vector_bits``, Note [512-bit vectors on
+AVX-512 targets]),
 when its static row is at least that long, over both the lane count above and the Welford
 exception. cpu18, one thread, bfloat16 layer norm over 256 rows of 768 (``bench/layer_norm_ab.py
 --dtypes bfloat16 --sizes 768``, another process on the second core): forward 336 -> 187 us
@@ -196,9 +199,6 @@ LANES = 8
 WIDE_LANES_MIN_ROW = 256
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
-# Note [Lanes cover a vector of the narrowest type]: the vector GCC prefers at -march=native on
-# the machines kiln is tuned on (256-bit; CppOptions.vector_width overrides)
-VECTOR_BYTES = 32
 
 # how a split reduction's combine folds partial `s` of accumulator `a` into it, per reduction kind
 # (Note [Split reductions], Note [Reductions with few outputs] in parallel.py)
@@ -1667,7 +1667,7 @@ class KernelBuilder(OpsHandlerBase):
                 log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
                 lanes = want
         if self.options.narrow_lanes and static and self.lane_itemsizes:
-            vector_bytes = self.options.vector_width // 8 if self.options.vector_width else VECTOR_BYTES
+            vector_bytes = self.options.vector_bits() // 8  # 64 on an AVX-512 target
             cover = min(max(REDUCTION_LANES), vector_bytes // min(self.lane_itemsizes))
             if cover > lanes and inner[-1] >= cover:
                 log.debug(
