@@ -73,6 +73,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   check is] in kernel.py); off: on every ``omp parallel for`` and ``omp simd`` loop of the kernel.
 * ``tree_lane_combine``: a reduction's lanes are combined pairwise after the row (Note [Lanes
   combined as a tree] in kernel.py); off: left to right, one dependency chain.
+* ``table_columns_inner``: a pointwise kernel that gathers from a small table through an index
+  that does not move with the loop over the table's columns runs that loop innermost and scalar,
+  after the index is computed once for all columns (Note [A small table's columns innermost] in
+  kernel.py: T5's relative-position bias); off: the loop order of the stores, gathers per column.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -142,6 +146,7 @@ class CppOptions:
     scoped_check_reductions: bool = True
     tree_lane_combine: bool = True
     wide_vectors: bool = True
+    table_columns_inner: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
