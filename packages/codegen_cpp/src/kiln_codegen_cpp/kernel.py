@@ -47,10 +47,9 @@ count. A lane loop of 8 that loads bfloat16 (2 bytes) therefore runs at 16-byte 
 uint16 = one xmm, and every float of it in xmm halves and every double in quarters: SSE code on
 an AVX-512 machine (GCC: "loop vectorized using 16 byte vectors"). So a row reduction whose
 lane loop loads or stores elements narrower than a float takes enough lanes for one 256-bit
-vector of them (16 for 2 bytes, 32 for 1 byte; where the kernels are compiled for 512-bit
-vectors, 32 for 2 bytes and 16 for float32 rows, whose 8 lanes would otherwise keep the loop at
-256 bits, over the Welford exception too: ``CppOptions.vector_bits``, Note [512-bit vectors on
-AVX-512 targets]),
+vector of them (16 for 2 bytes, 32 for 1 byte; ``CppOptions.vector_width=128`` halves them;
+also where the kernels are compiled for 512-bit vectors the lanes cover 256 bits, not 512: Note
+[512-bit vectors on AVX-512 targets]),
 when its static row is at least that long, over both the lane count above and the Welford
 exception. cpu18, one thread, bfloat16 layer norm over 256 rows of 768 (``bench/layer_norm_ab.py
 --dtypes bfloat16 --sizes 768``, another process on the second core): forward 336 -> 187 us
@@ -216,6 +215,9 @@ WIDE_LANES_MIN_ROW = 256
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
 
+# Note [512-bit vectors on AVX-512 targets] (options.py): the lanes of a row reduction cover at
+# most this many bits of its narrowest elements (Note [Lanes cover a vector of the narrowest type])
+COVER_BITS_MAX = 256
 # Note [A small table's columns innermost]: the most columns (the loop's size) and elements of a
 # gathered table whose column loop moves innermost
 TABLE_COLUMNS_MAX = 16
@@ -1755,7 +1757,8 @@ class KernelBuilder(OpsHandlerBase):
                 log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
                 lanes = want
         if self.options.narrow_lanes and static and self.lane_itemsizes:
-            vector_bytes = self.options.vector_bits() // 8  # 64 on an AVX-512 target
+            # at most 256 bits: Note [512-bit vectors on AVX-512 targets]
+            vector_bytes = min(self.options.vector_bits(), COVER_BITS_MAX) // 8
             cover = min(max(REDUCTION_LANES), vector_bytes // min(self.lane_itemsizes))
             if cover > lanes and inner[-1] >= cover:
                 log.debug(

@@ -111,9 +111,15 @@ from .parallel import MIN_WORK_PER_THREAD, PARALLEL_GRAIN
 # AVX-512F (the compiler's predefined macros for its flags, ``-march=native``: asked once per
 # process, build.target_has_avx512) and ``vector_width`` is 0, the kernels are compiled with
 # -mprefer-vector-width=512; an AVX2 target is left to the compiler as before. The flag is part
-# of the compiler flags, hence of the cache key; the lane counts that follow the vector (Note
-# [Lanes cover a vector of the narrowest type] in kernel.py) take the same width
-# (:meth:`CppOptions.vector_bits`). KILN_LOG=output_code prints the decision with the options.
+# of the compiler flags, hence of the cache key. KILN_LOG=output_code prints the decision with
+# the options. The lanes of a row reduction that cover a vector of its narrowest elements (Note
+# [Lanes cover a vector of the narrowest type] in kernel.py) do not follow the width past 256
+# bits: covering 512 gave float32 rows 16 lanes (over the Welford exception) and bfloat16 rows
+# 32, and layer norm's forward over rows of 64 ran 18.6 -> 29.4 us (float32) and 33.5 -> 54.2
+# us (bfloat16), over rows of 256 30.3 -> 34.1 and 68.7 -> 80.2 (bench/layer_norm_ab.py, w256
+# against new; ConvNeXt's layer norms, rows of 32 to 256 channels, 11 -> 34 us each): too few
+# elements a lane to pay for the lanes' setup and combine. 256 bits already keeps GCC off
+# 16-byte vectors, which is what the cover is for.
 
 ENV = "KILN_CPP_OPTIONS"
 # the vector GCC prefers at -march=native when no width is asked for, on the machines kiln is
