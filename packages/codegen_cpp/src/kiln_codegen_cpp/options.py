@@ -104,9 +104,11 @@ from .parallel import MIN_WORK_PER_THREAD, PARALLEL_GRAIN
 # Note [512-bit vectors on AVX-512 targets]: GCC's tuning for Intel's AVX-512 server cores
 # (skylake-avx512 to sapphirerapids) prefers 256-bit vectors against the frequency drop of
 # heavy 512-bit code, and torch.compile's C++ kernels use 512-bit vectors on such machines. At
-# one thread on a Sapphire Rapids core (cpu20b, bench/infer1.py and train1.py --clock cpu, the
-# public suite, 512 against the tuning's 256) whole models ran 0-10% faster with 512 (CNN 9.8%,
-# LLaMA and the MLP ~5%, GPT-2 and BERT ~3%), none clearly slower (the figures in
+# one thread on a Sapphire Rapids core (cpu20b: bench/infer1.py and train1.py --clock cpu over
+# the public suite, each run in both orders of the two variants, 512 against the tuning's 256):
+# inference 0-4% faster (GPT-2 4.4%, T5 and ViT 2.2%; geomean ~2%), training steps even (-2.5%
+# to +2.9%, within the order bias of one run), and the kernels of LLaMA's training step 2.52 ->
+# 2.34 ms (bench/kernel_time.py); no model clearly slower (the figures in
 # packages/bench/results/2026-12-05-cpu-s20b-vector-width.md). So where the build target has
 # AVX-512F (the compiler's predefined macros for its flags, ``-march=native``: asked once per
 # process, build.target_has_avx512) and ``vector_width`` is 0, the kernels are compiled with
