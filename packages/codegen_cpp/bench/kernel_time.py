@@ -15,6 +15,9 @@ first's (``--ab-cpp column_sum_fusion=1``: one process, so the machine's load mo
 A benchmark, not a test.
 
     python packages/codegen_cpp/bench/kernel_time.py --models swin --top 10
+
+``--inference`` times no-grad forward calls of the model in eval mode instead of training steps
+(``--models suite.t5 --inference --ab-cpp table_columns_inner=0``).
 """
 
 from __future__ import annotations
@@ -63,7 +66,15 @@ def _wrap_kernels(times: dict[str, list[int]]) -> int:
     return wrappers
 
 
-def _compiled(w: Any, options: dict[str, Any] | None, cpp: str | None) -> tuple[Any, Any]:
+def _infer(w: Any, fn: Callable[..., Any], model: Any = None) -> Any:
+    """One inference call (``--inference``), in place of a training step."""
+    with torch.no_grad():
+        return fn(**w.inputs)
+
+
+def _compiled(
+    w: Any, options: dict[str, Any] | None, cpp: str | None, step: Callable[..., Any] = _step
+) -> tuple[Any, Any]:
     """A copy of the model compiled by kiln (its C++ generator under ``KILN_CPP_OPTIONS=cpp``
     when given), after one step, so both of its wrappers exist."""
     model = copy.deepcopy(w.model)
@@ -74,7 +85,7 @@ def _compiled(w: Any, options: dict[str, Any] | None, cpp: str | None) -> tuple[
         options = {"layout": True, **(options or {})}
     try:
         compiled = kiln.compile(model, options=options or None)
-        _step(w, compiled, model)
+        step(w, compiled, model)
     finally:
         if saved is None:
             os.environ.pop("KILN_CPP_OPTIONS", None)
@@ -93,31 +104,37 @@ def _rows(times: dict[str, list[int]], calls: int) -> list[tuple[float, int, str
 
 
 def run(
-    name: str, calls: int, top: int, options: dict[str, Any] | None = None, ab_cpp: str | None = None
+    name: str,
+    calls: int,
+    top: int,
+    options: dict[str, Any] | None = None,
+    ab_cpp: str | None = None,
+    inference: bool = False,
 ) -> None:
     w = MODELS[name]()
-    w.model.train()
+    w.model.train(not inference)
+    step = _infer if inference else _step
     variants: dict[str, tuple[Any, Any, dict[str, list[int]], int]] = {}
     for label, cpp in (("kiln", None), ("kiln_ab", ab_cpp)):
         if label == "kiln_ab" and ab_cpp is None:
             continue
-        compiled, model = _compiled(w, options, cpp)
+        compiled, model = _compiled(w, options, cpp, step)
         times: dict[str, list[int]] = defaultdict(list)
         wrappers = _wrap_kernels(times)  # only this copy's: the others are wrapped already
         variants[label] = (compiled, model, times, wrappers)
     for compiled, model, _, _ in variants.values():
         for _ in range(3):
-            _step(w, compiled, model)
+            step(w, compiled, model)
     for _, _, times, _ in variants.values():
         times.clear()
     cpu: dict[str, list[float]] = {"eager": [], **{label: [] for label in variants}}
     for _ in range(calls):  # interleaved: eager, kiln, kiln_ab, eager, ...
         t0 = time.process_time()
-        _step(w, w.model)
+        step(w, w.model)
         cpu["eager"].append(time.process_time() - t0)
         for label, (compiled, model, _, _) in variants.items():
             t0 = time.process_time()
-            _step(w, compiled, model)
+            step(w, compiled, model)
             cpu[label].append(time.process_time() - t0)
     e = statistics.median(cpu["eager"]) * 1e3
     for label, (_, _, times, wrappers) in variants.items():
@@ -145,11 +162,12 @@ def main() -> None:
         help="also time a second kiln copy whose C++ generator runs under KILN_CPP_OPTIONS=AB_CPP "
         "(e.g. column_sum_fusion=1), its steps interleaved with the first's",
     )
+    parser.add_argument("--inference", action="store_true", help="time no-grad forward calls, not steps")
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = _parse_options(args.kiln_options)
     for name in args.models.split(","):
-        run(name, args.calls, args.top, options, args.ab_cpp)
+        run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
 
 
 if __name__ == "__main__":

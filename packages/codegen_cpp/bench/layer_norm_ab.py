@@ -6,7 +6,8 @@ double Welford and a separate float sum for the mean), and the two in between; `
 defaults with 8 lanes per row (cpu17c, Note [Lane accumulators]); ``narrow0``: the defaults
 without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest type];
 ``--dtypes float32,bfloat16`` times bfloat16 rows too); ``peel0``: the defaults without
-``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]).
+``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]); ``w256``: the defaults without
+``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]).
 Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
@@ -38,6 +39,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lanes8": {"cpp_options": {"reduction_lanes": 8}},
     "narrow0": {"cpp_options": {"narrow_lanes": False}},
     "peel0": {"cpp_options": {"peel_shifted_blocks": False}},
+    "w256": {"cpp_options": {"wide_vectors": False}},
     "new": {},
 }
 

@@ -467,8 +467,9 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
         backend = CppBackend(options={"reduction_lanes": lanes})
         compiled = compile_graph(gm, [x], backend=backend)
         want = 8 if kind == "welford" else lanes  # a half type's statistic is a float32 one
-        if dtype == torch.bfloat16:  # Note [Lanes cover a vector of the narrowest type]
-            want = max(want, 16)
+        # Note [Lanes cover a vector of the narrowest type]: 256 bits of the row's elements,
+        # 16 bfloat16, also where the kernels are compiled for 512-bit vectors
+        want = max(want, 32 // dtype.itemsize)
         assert f"for (int l = 0; l < {want}; ++l)" in backend.last_source
         assert want == 8 or "for (int l = 0; l < 8; ++l)" not in backend.last_source
         results = []
@@ -487,19 +488,30 @@ def test_reduction_lanes(lanes: int, dtype: torch.dtype, shape: tuple[int, ...])
 
 @pytest.mark.parametrize("narrow", [True, False])
 @pytest.mark.parametrize(
-    ("dtype", "n", "want"),
-    [(torch.bfloat16, 768, 16), (torch.float16, 40, 16), (torch.bfloat16, 12, 8), (torch.float32, 768, 8)],
+    ("dtype", "n", "width", "want"),
+    [
+        (torch.bfloat16, 768, 256, 16),
+        (torch.float16, 40, 256, 16),
+        (torch.bfloat16, 12, 256, 8),
+        (torch.float32, 768, 256, 8),
+        (torch.bfloat16, 768, 512, 16),
+        (torch.float16, 40, 512, 16),
+        (torch.float32, 768, 512, 8),
+        (torch.float16, 40, 128, 8),
+    ],
     ids=str,
 )
-def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, want: int) -> None:
+def test_narrow_lanes(narrow: bool, dtype: torch.dtype, n: int, width: int, want: int) -> None:
     """Note [Lanes cover a vector of the narrowest type]: a layer norm's statistics over 2-byte
-    rows take 16 lanes (a Welford of shifted blocks otherwise keeps 8; a row shorter than 16
-    keeps 8, float32 rows keep 8), ``narrow_lanes=False`` keeps 8; both match eager."""
+    rows take 16 lanes, 256 bits of them, also for 512-bit vectors (Note [512-bit vectors on
+    AVX-512 targets]), 8 for 128-bit ones (a Welford of shifted blocks otherwise keeps 8; a row
+    shorter than 16 keeps 8, float32 rows keep 8),
+    ``narrow_lanes=False`` keeps 8; both match eager."""
     x = make((5, n), dtype, low=-2.0, high=2.0)
     w, b = make((n,), dtype), make((n,), dtype)
 
     gm = with_vals(_decomposed_layer_norm, x, w, b)
-    backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16})
+    backend = CppBackend(options={"narrow_lanes": narrow, "reduction_lanes": 16, "vector_width": width})
     compiled = compile_graph(gm, [x, w, b], backend=backend)
     lanes = want if narrow else 8
     assert f"for (int l = 0; l < {lanes}; ++l)" in backend.last_source

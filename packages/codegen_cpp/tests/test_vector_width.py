@@ -3,7 +3,8 @@
 The generated C++ names no width, so the same translation unit is compiled here for an Intel
 AVX-512 server core (``-march=skylake-avx512``, to assembly only: it need not run here) with
 GCC's own preference and with ``CppOptions.vector_width=512``; and the option reaches the
-compiler, the cache key and the results at 1 and 2 threads.
+compiler, the cache key and the results at 1 and 2 threads. Note [512-bit vectors on AVX-512
+targets] (options.py): the default's decision, with the target's features injected.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from cpp_check import aten, check, make
 
 from kiln_codegen_cpp import CppBackend, CppOptions
-from kiln_codegen_cpp.build import cache_key, compiler
+from kiln_codegen_cpp.build import cache_key, compiler, target_has_avx512, target_macros
 from kiln_loopir import compile_graph
 
 
@@ -73,8 +74,36 @@ def test_kernels_compile_for_avx512_at_either_width(tmp_path: Path) -> None:
     assert re.search(r"_ZGV\w*N(8|16)v_expf", wide) and re.search(r"_ZGV\w*N(8|16)v_tanhf", wide)
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+def test_wide_vectors_decision(avx512: bool) -> None:
+    """Note [512-bit vectors on AVX-512 targets]: with the target's features injected, 0 takes
+    512 on an AVX-512 target and leaves an AVX2 one to the compiler; an explicit width and
+    ``wide_vectors=0`` override; the lanes' vector follows."""
+    auto = CppOptions()
+    assert auto.compiler_flags(avx512) == (("-mprefer-vector-width=512",) if avx512 else ())
+    assert auto.vector_bits(avx512) == (512 if avx512 else 256)
+    assert CppOptions(wide_vectors=False).compiler_flags(avx512) == ()
+    assert CppOptions(wide_vectors=False).vector_bits(avx512) == 256
+    for width in (128, 256, 512):
+        assert CppOptions(vector_width=width).compiler_flags(avx512) == (f"-mprefer-vector-width={width}",)
+        assert CppOptions(vector_width=width).vector_bits(avx512) == width
+
+
+@pytest.mark.parametrize(
+    ("march", "avx512"),
+    [("skylake-avx512", True), ("haswell", False), ("x86-64-v4", True), ("x86-64-v3", False)],
+)
+def test_target_features_from_the_compiler(march: str, avx512: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The build target's AVX-512 comes from the compiler's predefined macros for its flags
+    (``KILN_CPP_FLAGS`` replaces ``-march=native``), not from this machine's CPU."""
+    monkeypatch.setenv("KILN_CPP_FLAGS", f"-O3 -march={march}")
+    assert target_has_avx512() is avx512
+    assert ("__AVX2__" in target_macros(compiler(), ("-O3", f"-march={march}"))) is True
+    assert CppOptions().compiler_flags() == (("-mprefer-vector-width=512",) if avx512 else ())
+
+
 def test_vector_width_option(threads: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert CppOptions().compiler_flags() == ()
+    assert CppOptions(wide_vectors=False).compiler_flags() == ()
     assert CppOptions(vector_width=256).compiler_flags() == ("-mprefer-vector-width=256",)
     with pytest.raises(ValueError, match="vector_width"):
         CppOptions(vector_width=384)

@@ -35,7 +35,7 @@ from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
 
-from .build import Built, build
+from .build import Built, build, target_has_avx512
 from .cpp_ops import UnsupportedDtype
 from .fusion import FusionPolicy
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
@@ -118,6 +118,16 @@ class CppBackend(Backend):
         if log.isEnabledFor(logging.DEBUG):
             where = built.source_path if built is not None else "(no C++ kernels)"
             log.debug("options: %s", self.options)
+            # Note [512-bit vectors on AVX-512 targets]
+            width = self.options.preferred_width()
+            log.debug(
+                "vector width: %s (%s)",
+                width or "the compiler's tuning",
+                "CppOptions.vector_width"
+                if self.options.vector_width
+                else f"build target {'has' if target_has_avx512() else 'lacks'} AVX-512F, "
+                f"wide_vectors={int(self.options.wide_vectors)}",
+            )
             log.debug("kernels: %s", where)
             log.debug("wrapper: %s\n%s", path, wrapper_source)
         return fn

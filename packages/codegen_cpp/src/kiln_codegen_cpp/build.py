@@ -61,6 +61,8 @@ from .prelude import MODULE_TOKEN
 # generated code assumes a width: the 8 accumulator lanes (Note [Lane accumulators]) are a fixed
 # summation order, one ymm of floats or one zmm of doubles. CppOptions.vector_width overrides
 # the preference (-mprefer-vector-width); tests compile kernels for skylake-avx512 both ways.
+# Since cpu20b an AVX-512 target gets 512 by default (Note [512-bit vectors on AVX-512 targets]
+# in options.py).
 # -O3 -march=native: -O2 compiled a typical graph ~0.3 s faster (0.9 s against 1.2 s) but does not
 # vectorize as much of the lane loops; -fno-math-errno lets GCC vectorize calls into libmvec and
 # inline sqrt; trapping math off lets it if-convert the NaN-propagating max/min. No -ffast-math:
@@ -112,6 +114,28 @@ def compiler_identity(cxx: str) -> str:
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         return f"missing:{exc}"
     return out.stdout.splitlines()[0] if out.stdout else f"unknown:{out.returncode}"
+
+
+def target_has_avx512() -> bool:
+    """Does the build target (the compiler and its optimisation flags, ``-march=native`` by
+    default) have AVX-512F? Note [512-bit vectors on AVX-512 targets] in options.py."""
+    custom = os.environ.get("KILN_CPP_FLAGS")
+    return "__AVX512F__" in target_macros(compiler(), tuple(shlex.split(custom) if custom else DEFAULT_FLAGS))
+
+
+@functools.cache
+def target_macros(cxx: str, opt_flags: tuple[str, ...]) -> frozenset[str]:
+    """The macros ``cxx`` predefines for ``opt_flags`` (``-dM -E``): the target's features, as
+    the compiler sees them. Asked once per process for each compiler and flags; empty when the
+    compiler cannot be run (the kernels' compile then reports why)."""
+    cmd = [cxx, *opt_flags, "-dM", "-E", "-x", "c++", os.devnull]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    except (FileNotFoundError, PermissionError, NotADirectoryError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(
+        parts[1] for parts in (line.split() for line in out.stdout.splitlines()) if len(parts) >= 2
+    )
 
 
 @functools.cache

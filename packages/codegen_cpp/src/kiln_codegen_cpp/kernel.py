@@ -47,12 +47,30 @@ count. A lane loop of 8 that loads bfloat16 (2 bytes) therefore runs at 16-byte 
 uint16 = one xmm, and every float of it in xmm halves and every double in quarters: SSE code on
 an AVX-512 machine (GCC: "loop vectorized using 16 byte vectors"). So a row reduction whose
 lane loop loads or stores elements narrower than a float takes enough lanes for one 256-bit
-vector of them (16 for 2 bytes, 32 for 1 byte; ``CppOptions.vector_width`` sets the vector),
+vector of them (16 for 2 bytes, 32 for 1 byte; ``CppOptions.vector_width=128`` halves them;
+also where the kernels are compiled for 512-bit vectors the lanes cover 256 bits, not 512: Note
+[512-bit vectors on AVX-512 targets]),
 when its static row is at least that long, over both the lane count above and the Welford
 exception. cpu18, one thread, bfloat16 layer norm over 256 rows of 768 (``bench/layer_norm_ab.py
 --dtypes bfloat16 --sizes 768``, another process on the second core): forward 336 -> 187 us
 (eager 104), forward + backward 822 -> 643 us (eager 535). ``narrow_lanes=0`` keeps the lanes as
 above; the choice is logged under ``output_code``.
+
+Note [A small table's columns innermost]: T5's relative-position bias (and Swin's) gathers a
+row of a small table, ``bias[h, q, k] = table[bucket(q, k), h]``, into an output laid out heads
+first, so the loop order (Note [Loop order counts full-size accesses first]) keeps the head
+loop outermost, as the output's stores walk ``k``: every head recomputes the bucket (compares,
+a load, mins, the index check) and GCC vectorizes the ``k`` loop with a gather of 64-bit indices
+(``vgatherqps``, 8 floats per two instructions; slow where the Gather Data Sampling mitigation
+is on). When a pointwise kernel loads a table through indirect indices that do not move with a
+loop ``h`` whose variable is the load's contiguous column (coefficient 1) of at most
+``TABLE_COLUMNS_MAX`` iterations, and the table has at most ``TABLE_ELEMENTS_MAX`` elements,
+``h`` becomes a scalar loop inside the others, after the statements that do not move with it
+(the index and its check, computed once for all columns), and the loop around it is no longer
+``omp simd`` (vectorized, it would gather again). Only where at least as many statements move
+out of ``h`` as stay in it. cpu20b, one thread, T5's decoder bias kernel by itself (a copy of
+its source, 4 heads of 128 x 128 from a 32 x 4 table): 67 -> 27 us at 256-bit vectors, 46 ->
+25 us at 512. ``CppOptions.table_columns_inner``; the choice is logged under ``output_code``.
 
 Note [Row-invariant values before the row loops]: a row reduction's body is written once per
 reduced position, so a value no reduced position changes (the token's embedding index in
@@ -196,9 +214,14 @@ LANES = 8
 WIDE_LANES_MIN_ROW = 256
 # a full reduction (one output) of at least this many elements is split into fixed chunks
 SPLIT_R_MIN = 65536
-# Note [Lanes cover a vector of the narrowest type]: the vector GCC prefers at -march=native on
-# the machines kiln is tuned on (256-bit; CppOptions.vector_width overrides)
-VECTOR_BYTES = 32
+
+# Note [512-bit vectors on AVX-512 targets] (options.py): the lanes of a row reduction cover at
+# most this many bits of its narrowest elements (Note [Lanes cover a vector of the narrowest type])
+COVER_BITS_MAX = 256
+# Note [A small table's columns innermost]: the most columns (the loop's size) and elements of a
+# gathered table whose column loop moves innermost
+TABLE_COLUMNS_MAX = 16
+TABLE_ELEMENTS_MAX = 16384
 
 # how a split reduction's combine folds partial `s` of accumulator `a` into it, per reduction kind
 # (Note [Split reductions], Note [Reductions with few outputs] in parallel.py)
@@ -544,6 +567,10 @@ class KernelBuilder(OpsHandlerBase):
         # stores that move with the innermost reduced loop (the lane loop)
         self.lane_itemsizes: set[int] = set()
         self.lane_var: sympy.Symbol | None = None
+        # Note [A small table's columns innermost]: the loads through an indirect index, and each
+        # indirect index's extent
+        self.gathers: list[sympy.Expr] = []
+        self.extents: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------- setup
 
@@ -790,6 +817,8 @@ class KernelBuilder(OpsHandlerBase):
         if hit is not None:
             return hit
         self.loaded.add(name)
+        if any(str(sym) in self.extents for sym in expr.free_symbols):
+            self.gathers.append(expr)
         dtype = self.dtypes[name]
         offset = index_to_cpp(expr)
         if self.masks:  # Note [Masked loads without a branch]
@@ -848,6 +877,7 @@ class KernelBuilder(OpsHandlerBase):
                     return sympy.Symbol(hit.expr, integer=True, nonnegative=True)
         var = self._new("ind")
         self.deps[var] = self._depends(v.expr)
+        self.extents[var] = n
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"{var} = {var} < 0 ? {var} + {extent} : {var};")
         if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
@@ -1504,6 +1534,10 @@ class KernelBuilder(OpsHandlerBase):
                         self.name,
                         f"vectorized along {loops[-1][0]}" if simd else "not vectorized: targets may repeat",
                     )
+        if not is_reduction and not self.accumulates and self.options.table_columns_inner:
+            loops, body, column = self._table_columns_inner(loops, body, say=not par)
+            if column:
+                simd = False
         depth = 0
         outer = loops[:-1] if not is_reduction else loops
         outer_sizes = [size for _, size in outer]
@@ -1566,6 +1600,62 @@ class KernelBuilder(OpsHandlerBase):
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
+
+    def _table_column(self, loops: list[tuple[sympy.Expr, Any]]) -> tuple[sympy.Symbol, int] | None:
+        """Note [A small table's columns innermost]: the loop (and its size) that walks the
+        columns of a small table gathered through an index that does not move with it."""
+        sizes = {v: s for v, s in loops if isinstance(s, int)}
+        innermost = loops[-1][0]
+        for expr in self.gathers:
+            e = sympy.expand(expr)
+            own = [sym for sym in e.free_symbols if sym in sizes or str(sym) in self.loop_names]
+            indices = [sym for sym in e.free_symbols if str(sym) in self.extents]
+            if len(own) != 1 or not indices or len(own) + len(indices) != len(e.free_symbols):
+                continue
+            var = own[0]
+            if var == innermost or var not in sizes or e.coeff(var) != 1 or var in (e - var).free_symbols:
+                continue
+            if sizes[var] > TABLE_COLUMNS_MAX:
+                continue
+            # the index moves with the other loops only (else there is nothing to hoist)
+            deps = [self.deps.get(str(i), self.loop_names) for i in indices]
+            if any(str(var) in d or not d for d in deps):
+                continue
+            if sizes[var] * math.prod(self.extents[str(i)] for i in indices) > TABLE_ELEMENTS_MAX:
+                continue
+            return var, sizes[var]
+        return None
+
+    def _table_columns_inner(
+        self, loops: list[tuple[sympy.Expr, Any]], body: list[str], say: bool
+    ) -> tuple[list[tuple[sympy.Expr, Any]], list[str], bool]:
+        """Note [A small table's columns innermost]: (the other loops, the body with the column
+        loop inside, after the statements that do not move with it; whether it applied)."""
+        found = self._table_column(loops)
+        if found is None:
+            return loops, body, False
+        var, size = found
+        hoisted, rest = self._invariant(body, {str(var)})
+        if len(hoisted) < len(rest):
+            if say:  # rendered twice (Note [Serial path]): say it once
+                log.debug(
+                    "%s: columns %s of a gathered table stay outer: %d statements move with it, %d do not",
+                    self.name,
+                    var,
+                    len(rest),
+                    len(hoisted),
+                )
+            return loops, body, False
+        if say:
+            log.debug(
+                "%s: the gathered table's columns %s innermost (%d), %d statements once for them",
+                self.name,
+                var,
+                size,
+                len(hoisted),
+            )
+        inner = [*hoisted, f"{self._loop(var, size)} {{", *("  " + r for r in rest), "}"]
+        return [(v, s) for v, s in loops if v != var], inner, True
 
     def _order_scatter(
         self, loops: list[tuple[sympy.Expr, int]]
@@ -1667,7 +1757,8 @@ class KernelBuilder(OpsHandlerBase):
                 log.debug("%s: %d lanes per row of %d", self.name, want, inner[-1])
                 lanes = want
         if self.options.narrow_lanes and static and self.lane_itemsizes:
-            vector_bytes = self.options.vector_width // 8 if self.options.vector_width else VECTOR_BYTES
+            # at most 256 bits: Note [512-bit vectors on AVX-512 targets]
+            vector_bytes = min(self.options.vector_bits(), COVER_BITS_MAX) // 8
             cover = min(max(REDUCTION_LANES), vector_bytes // min(self.lane_itemsizes))
             if cover > lanes and inner[-1] >= cover:
                 log.debug(
@@ -1790,7 +1881,12 @@ class KernelBuilder(OpsHandlerBase):
     def _row_invariant(self, body: list[str]) -> tuple[list[str], list[str]]:
         """Note [Row-invariant values before the row loops]: (statements of ``body`` that no
         reduced position changes, the rest), each in its order."""
-        rnames = {str(v) for v in self.rvars if isinstance(v, sympy.Symbol)}
+        return self._invariant(body, {str(v) for v in self.rvars if isinstance(v, sympy.Symbol)})
+
+    def _invariant(self, body: list[str], rnames: set[str]) -> tuple[list[str], list[str]]:
+        """(statements of ``body`` that none of the loops ``rnames`` changes, the rest), each in
+        its order: top-level value definitions, indirect indices and their checks whose inputs
+        are all hoisted (Note [Row-invariant values before the row loops])."""
         blocked = rnames | _LANE_NAMES
         hoisted: set[str] = set()
         out: list[str] = []

@@ -9,9 +9,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``weighted_work``: whether a kernel is worth a team, and how many threads, is decided from its
   element-iterations weighted by the statements of its body (Note [Work of a kernel] in
   parallel.py); off: element-iterations only.
-* ``vector_width``: 0 (default) leaves the vector width to the compiler's tuning for
-  ``-march=native``; 256 or 512 adds ``-mprefer-vector-width=N`` (Note [Vector width] in build.py:
-  GCC's tuning for Intel's AVX-512 server cores prefers 256-bit vectors, AMD's Zen 4 512).
+* ``vector_width``: 0 (default) takes the build target's width: 512 where it has AVX-512 and
+  ``wide_vectors`` is on (Note [512-bit vectors on AVX-512 targets] below), else the compiler's
+  tuning for ``-march=native``; 128, 256 or 512 adds ``-mprefer-vector-width=N`` (Note [Vector
+  width] in build.py: GCC's tuning for Intel's AVX-512 server cores prefers 256-bit vectors, AMD's
+  Zen 4 512). ``wide_vectors=0``: the compiler's tuning, as before cpu20b.
 * ``branch_free_checks``: an indirect index's bounds check and an integer divisor's zero check
   fold into max-reductions instead of an ``if`` in the loop body, so GCC can vectorize the loop
   (Note [Kernel errors] in kernel.py); off: the ``if`` with atomic stores.
@@ -71,6 +73,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   check is] in kernel.py); off: on every ``omp parallel for`` and ``omp simd`` loop of the kernel.
 * ``tree_lane_combine``: a reduction's lanes are combined pairwise after the row (Note [Lanes
   combined as a tree] in kernel.py); off: left to right, one dependency chain.
+* ``table_columns_inner``: a pointwise kernel that gathers from a small table through an index
+  that does not move with the loop over the table's columns runs that loop innermost and scalar,
+  after the index is computed once for all columns (Note [A small table's columns innermost] in
+  kernel.py: T5's relative-position bias); off: the loop order of the stores, gathers per column.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -95,7 +101,32 @@ from typing import Any
 
 from .parallel import MIN_WORK_PER_THREAD, PARALLEL_GRAIN
 
+# Note [512-bit vectors on AVX-512 targets]: GCC's tuning for Intel's AVX-512 server cores
+# (skylake-avx512 to sapphirerapids) prefers 256-bit vectors against the frequency drop of
+# heavy 512-bit code, and torch.compile's C++ kernels use 512-bit vectors on such machines. At
+# one thread on a Sapphire Rapids core (cpu20b: bench/infer1.py and train1.py --clock cpu over
+# the public suite, each run in both orders of the two variants, 512 against the tuning's 256):
+# inference 0-4% faster (GPT-2 4.4%, T5 and ViT 2.2%; geomean ~2%), training steps even (-2.5%
+# to +2.9%, within the order bias of one run), and the kernels of LLaMA's training step 2.52 ->
+# 2.34 ms (bench/kernel_time.py); no model clearly slower (the figures in
+# packages/bench/results/2026-12-05-cpu-s20b-vector-width.md). So where the build target has
+# AVX-512F (the compiler's predefined macros for its flags, ``-march=native``: asked once per
+# process, build.target_has_avx512) and ``vector_width`` is 0, the kernels are compiled with
+# -mprefer-vector-width=512; an AVX2 target is left to the compiler as before. The flag is part
+# of the compiler flags, hence of the cache key. KILN_LOG=output_code prints the decision with
+# the options. The lanes of a row reduction that cover a vector of its narrowest elements (Note
+# [Lanes cover a vector of the narrowest type] in kernel.py) do not follow the width past 256
+# bits: covering 512 gave float32 rows 16 lanes (over the Welford exception) and bfloat16 rows
+# 32, and layer norm's forward over rows of 64 ran 18.6 -> 29.4 us (float32) and 33.5 -> 54.2
+# us (bfloat16), over rows of 256 30.3 -> 34.1 and 68.7 -> 80.2 (bench/layer_norm_ab.py, w256
+# against new; ConvNeXt's layer norms, rows of 32 to 256 channels, 11 -> 34 us each): too few
+# elements a lane to pay for the lanes' setup and combine. 256 bits already keeps GCC off
+# 16-byte vectors, which is what the cover is for.
+
 ENV = "KILN_CPP_OPTIONS"
+# the vector GCC prefers at -march=native when no width is asked for, on the machines kiln is
+# tuned on (AVX2, and Intel's AVX-512 tuning)
+DEFAULT_VECTOR_BITS = 256
 VECTOR_WIDTHS = (0, 128, 256, 512)
 REDUCTION_LANES = (8, 16, 32)
 
@@ -122,6 +153,8 @@ class CppOptions:
     hoist_row_invariant: bool = True
     scoped_check_reductions: bool = True
     tree_lane_combine: bool = True
+    wide_vectors: bool = True
+    table_columns_inner: bool = True
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
@@ -137,9 +170,27 @@ class CppOptions:
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
 
-    def compiler_flags(self) -> tuple[str, ...]:
+    def preferred_width(self, avx512: bool | None = None) -> int:
+        """The ``-mprefer-vector-width`` these options ask for, 0 for none (Note [512-bit vectors
+        on AVX-512 targets]); ``avx512``: whether the build target has AVX-512F (default: ask the
+        compiler, once per process)."""
+        if self.vector_width or not self.wide_vectors:
+            return self.vector_width
+        if avx512 is None:
+            from .build import target_has_avx512
+
+            avx512 = target_has_avx512()
+        return 512 if avx512 else 0
+
+    def vector_bits(self, avx512: bool | None = None) -> int:
+        """The width of the vectors the kernels are compiled for (256 where left to the
+        compiler's tuning: Note [Lanes cover a vector of the narrowest type] in kernel.py)."""
+        return self.preferred_width(avx512) or DEFAULT_VECTOR_BITS
+
+    def compiler_flags(self, avx512: bool | None = None) -> tuple[str, ...]:
         """Flags these options add to the compiler's command line (and to the cache key)."""
-        out: tuple[str, ...] = (f"-mprefer-vector-width={self.vector_width}",) if self.vector_width else ()
+        width = self.preferred_width(avx512)
+        out: tuple[str, ...] = (f"-mprefer-vector-width={width}",) if width else ()
         if not self.select_minmax:  # Note [Maximum and minimum as two selects] in prelude.py
             out += ("-DKILN_MINMAX_OR",)
         return out
