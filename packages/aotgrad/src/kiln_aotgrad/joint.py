@@ -113,6 +113,9 @@ class TraceMeta:
     # Note [Gradients that no read output reaches]: per grad input, the tangents (indices into
     # the differentiable outputs) its gradient depends on
     grad_tangents: list[frozenset[int]] = field(default_factory=list)
+    # inputs that require grad and whose traced gradient is None (Note [Inputs whose gradient
+    # comes only through their new values] in runtime.py)
+    no_gradient: frozenset[int] = frozenset()
     # Note [Metadata mutations of inputs]: (input, sizes, strides, offset) it ends with
     metadata_mutations: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = field(default_factory=list)
 
@@ -645,6 +648,7 @@ def trace(
     meta.num_tangents = len(tangents)
     meta.grad_inputs = grad_inputs
     meta.grad_tangents = _tangents_reaching(grad_nodes, tracer.graph)
+    meta.no_gradient = frozenset(i for i, g in zip(grad_inputs, grads, strict=True) if g is None)
     return Traced(tracer.finish([*graph_nodes, *grad_nodes]), meta)
 
 

@@ -1,0 +1,94 @@
+"""Note [Inputs whose gradient comes only through their new values] (runtime.py): the compiled
+autograd Function links to an input's history only where one of its outputs' gradients reaches
+the input; an input reached only through its new value is linked through the mutation node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import kiln_aotgrad
+
+
+def _freed_history(w: torch.Tensor) -> torch.Tensor:
+    """A tensor that requires grad whose history saved tensors a backward already freed."""
+    b = w * w
+    b.sum().backward()
+    return b
+
+
+def _writes_and_ignores(x: torch.Tensor, b: torch.Tensor) -> Any:
+    b.add_(x.sum())  # `b`'s new value depends on its old one; the returned value does not
+    return x.sin()
+
+
+def test_an_output_that_does_not_read_a_mutated_input_does_not_reach_its_history() -> None:
+    # test_alias_fuzz.py seed 3127: eager's backward from the output never meets `b`'s history
+    compiled = kiln_aotgrad.aot_function(_writes_and_ignores, kiln_aotgrad.nop_compiler)
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    b_e, b_c = _freed_history(w), _freed_history(w)
+    want, got = _writes_and_ignores(x, b_e), compiled(x, b_c)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(b_c, b_e)
+    ge = torch.autograd.grad(want.sum(), (x, w), allow_unused=True)
+    # raised "Trying to backward through the graph a second time"
+    gc = torch.autograd.grad(got.sum(), (x, w), allow_unused=True)
+    torch.testing.assert_close(gc, ge)
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+def test_the_new_value_still_carries_the_gradient_into_the_old_history(op: str) -> None:
+    def f(x: torch.Tensor, b: torch.Tensor) -> Any:
+        getattr(b, f"{op}_")(x * 2)
+        return x.cos()
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    b_e, b_c = w * 3, w * 3
+    want, got = f(x, b_e), compiled(x, b_c)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(b_c, b_e)
+    ge = torch.autograd.grad(want.sum() + (b_e * b_e).sum(), (x, w))
+    gc = torch.autograd.grad(got.sum() + (b_c * b_c).sum(), (x, w))
+    torch.testing.assert_close(gc, ge)
+    # the new value alone: no gradient of the output flows
+    b_e, b_c = w * 3, w * 3
+    f(x, b_e), compiled(x, b_c)
+    torch.testing.assert_close(torch.autograd.grad(b_c.sum(), (x, w)), torch.autograd.grad(b_e.sum(), (x, w)))
+
+
+def test_an_output_that_reads_the_old_value_reaches_the_history_as_in_eager() -> None:
+    # eager backpropagates through `b`'s old history and raises there: so does the compiled one
+    def f(x: torch.Tensor, b: torch.Tensor) -> Any:
+        y = x + b
+        b.add_(x.sum())
+        return y
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    want, got = f(x, _freed_history(w)), compiled(x, _freed_history(w))
+    torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(want.sum(), (x, w))
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(got.sum(), (x, w))
+
+
+def test_an_input_without_gradient_is_passed_detached() -> None:
+    # `b` requires grad but the graph reads only its shape: no gradient, no edge to its history
+    def f(x: torch.Tensor, b: torch.Tensor) -> Any:
+        return x * b.detach()
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    w = torch.randn(3, requires_grad=True)
+    x = torch.randn(3, requires_grad=True)
+    want, got = f(x, _freed_history(w)), compiled(x, _freed_history(w))
+    torch.testing.assert_close(got, want)
+    ge = torch.autograd.grad(want.sum(), (x, w), allow_unused=True)
+    gc = torch.autograd.grad(got.sum(), (x, w), allow_unused=True)
+    torch.testing.assert_close(gc, ge)
