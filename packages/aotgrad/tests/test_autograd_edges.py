@@ -92,3 +92,48 @@ def test_an_input_without_gradient_is_passed_detached() -> None:
     ge = torch.autograd.grad(want.sum(), (x, w), allow_unused=True)
     gc = torch.autograd.grad(got.sum(), (x, w), allow_unused=True)
     torch.testing.assert_close(gc, ge)
+
+
+# Note [Views of intermediates leave the Function as views of its outputs] (joint.py)
+def _view_of_intermediate(x: torch.Tensor) -> Any:
+    return x.t().flatten()[8]  # test_alias_fuzz.py seed 3212
+
+
+def _root_and_view(x: torch.Tensor) -> Any:
+    t = x.t().flatten()
+    return t[8:12], t
+
+
+def _view_and_root(x: torch.Tensor) -> Any:
+    t = x.t().flatten()
+    return t, t[8:12]
+
+
+def _pieces(x: torch.Tensor) -> Any:
+    y = x * 2
+    return y[:, :2], y[:, 2:4], y[:, 4:]  # q, k, v of one intermediate
+
+
+@pytest.mark.parametrize(
+    "fn", [_view_of_intermediate, _root_and_view, _view_and_root, _pieces], ids=lambda f: f.__name__
+)
+def test_a_view_of_an_intermediate_can_be_written_in_place(fn: Any) -> None:
+    def program(x: torch.Tensor) -> Any:
+        return fn(x)
+
+    compiled = kiln_aotgrad.aot_function(program, kiln_aotgrad.nop_compiler)
+    x_e = torch.randn(4, 6, requires_grad=True)
+    x_c = x_e.detach().clone().requires_grad_()
+    results = []
+    for outs in (program(x_e), compiled(x_c)):
+        results.append(list(outs) if isinstance(outs, (tuple, list)) else [outs])
+    want, got = results
+    for k, w_ in enumerate(want):
+        if w_._base is not None:  # eager's views: written in place in both
+            for o in (w_, got[k]):
+                o.mul_(3.0)  # raised: "is a view and is being modified inplace"
+                o.add_(0.5)
+    torch.testing.assert_close(got, want)
+    loss_e = sum((o * (k + 1)).sum() for k, o in enumerate(want))
+    loss_c = sum((o * (k + 1)).sum() for k, o in enumerate(got))
+    torch.testing.assert_close(torch.autograd.grad(loss_c, x_c), torch.autograd.grad(loss_e, x_e))
