@@ -137,3 +137,22 @@ def test_a_view_of_an_intermediate_can_be_written_in_place(fn: Any) -> None:
     loss_e = sum((o * (k + 1)).sum() for k, o in enumerate(want))
     loss_c = sum((o * (k + 1)).sum() for k, o in enumerate(got))
     torch.testing.assert_close(torch.autograd.grad(loss_c, x_c), torch.autograd.grad(loss_e, x_e))
+
+
+def test_as_strided_after_a_view_of_an_intermediate_keeps_eager_gradient() -> None:
+    # test_alias_fuzz.py seed 3218: laid over the intermediate, the as_strided view's gradient
+    # reached an element eager's (through the select's geometry) does not
+    def f(x: torch.Tensor) -> Any:
+        t2 = (x * 0.5).permute(1, 0)
+        t5 = t2.select(1, 3)
+        t7 = t5.as_strided((1, 1), (2, 1), 22)
+        return [t7, t2, t7]
+
+    compiled = kiln_aotgrad.aot_function(f, kiln_aotgrad.nop_compiler)
+    x_e = torch.randn(5, 5, requires_grad=True)
+    x_c = x_e.detach().clone().requires_grad_()
+    want, got = f(x_e), compiled(x_c)
+    torch.testing.assert_close(got, want)
+    loss_e = sum((o * (k + 1)).sum() for k, o in enumerate(want))
+    loss_c = sum((o * (k + 1)).sum() for k, o in enumerate(got))
+    torch.testing.assert_close(torch.autograd.grad(loss_c, x_c), torch.autograd.grad(loss_e, x_e))

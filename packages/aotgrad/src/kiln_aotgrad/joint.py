@@ -212,7 +212,9 @@ def _grad_reaches(t: torch.Tensor, base: torch.Tensor) -> bool:
 # in-place writes reach the base's history as eager's do. Its gradient goes through the base's
 # geometry (`as_strided` backward), which covers it: only the root intermediate serves as a
 # base, never another output that views part of it (Note [Outputs sharing an intermediate]),
-# and only for a view autograd links to the root (not one taken under no_grad).
+# and only for a view autograd links to the root (not one taken under no_grad) through no
+# `as_strided` after another view, whose eager gradient covers only the earlier view's elements
+# (Note [as_strided after a view is replayed]; test_alias_fuzz.py seed 3218).
 
 
 def symbolic_view_layout(
@@ -563,6 +565,7 @@ def trace(
             and t.requires_grad
             and not lazy
             and tracer.chain_of(t)
+            and not _as_strided_after_a_view(tracer.chain_of(t))
             and isinstance(root_t, torch.Tensor)
             and root_t.requires_grad
             and _grad_reaches(t, root_t)
