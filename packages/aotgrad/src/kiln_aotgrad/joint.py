@@ -212,7 +212,11 @@ def _grad_reaches(t: torch.Tensor, base: torch.Tensor) -> bool:
 # in-place writes reach the base's history as eager's do. Its gradient goes through the base's
 # geometry (`as_strided` backward), which covers it: only the root intermediate serves as a
 # base, never another output that views part of it (Note [Outputs sharing an intermediate]),
-# and only for a view autograd links to the root (not one taken under no_grad) through no
+# The base is the view's autograd base (`_base`), not the tracer's root of its memory: a
+# decomposed `reshape` returns an `_unsafe_view` of a clone, an alias for the tracer and no view
+# for autograd, and the clone's autograd history misses writes through it (seed 3575: a
+# gradient where eager's `fill_` leaves none). Only for a view autograd links to its base
+# (not one taken under no_grad) through no
 # `as_strided` after another view, whose eager gradient covers only the earlier view's elements
 # (Note [as_strided after a view is replayed]; test_alias_fuzz.py seed 3218).
 
@@ -560,23 +564,25 @@ def trace(
         later = root_output.get(rid, k)
         root_t = kept.get(rid)
         # Note [Views of intermediates leave the Function as views of its outputs]
+        ag_base = t._base if want_training and t.requires_grad else None
         train_view = bool(
-            want_training
-            and t.requires_grad
-            and not lazy
+            not lazy
             and tracer.chain_of(t)
             and not _as_strided_after_a_view(tracer.chain_of(t))
-            and isinstance(root_t, torch.Tensor)
-            and root_t.requires_grad
-            and _grad_reaches(t, root_t)
+            and isinstance(ag_base, torch.Tensor)
+            and ag_base.requires_grad
+            and ag_base.dtype == t.dtype
+            and _grad_reaches(t, ag_base)
         )
+        if train_view:
+            root_t = ag_base
         untracked = not (want_training and t.requires_grad)  # no autograd to keep
         if (
             later > k
             and not lazy
             and flat_out[later].dtype == t.dtype
             and not symbolic_layout
-            and (untracked or train_view)
+            and (untracked or (train_view and flat_out[later] is ag_base))
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
             infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
@@ -585,7 +591,7 @@ def trace(
             and not lazy
             and flat_out[later].dtype == t.dtype
             and symbolic_layout
-            and (untracked or train_view)
+            and (untracked or (train_view and flat_out[later] is ag_base))
         ):  # the same, with symbolic sizes: laid out relative to the root (a view of a view that
             # a code generator returned compact read out of its bounds: test_alias_fuzz.py seed 50)
             try:
@@ -598,7 +604,7 @@ def trace(
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         # in training, a view of the root output itself (never of another view of it: Note
         # [Outputs sharing an intermediate])
-        of_root = untracked or (train_view and same_dtype and flat_out[first_by_root[rid]] is root_t)
+        of_root = untracked or (train_view and same_dtype and flat_out[first_by_root[rid]] is ag_base)
         if same_dtype and symbolic_layout and of_root:
             # Note [Symbolic views among the outputs]: a view of another output stays its view
             # (until the ninth session it became an output of its own: a copy, so writing one
@@ -621,7 +627,8 @@ def trace(
         if (
             not lazy
             and (
-                (rid not in first_by_root and rid not in root_output) or (train_view and rid in hidden_roots)
+                (rid not in first_by_root and rid not in root_output)
+                or (train_view and id(root_t) in hidden_roots)
             )
             and (len(sharing.get(rid, ())) > 1 or train_view)
             and tracer.chain_of(t)
@@ -636,9 +643,10 @@ def trace(
                 except AotgradError:
                     rel_layout = None
             if rel_layout is not None or not (symbolic_layout or is_symbolic(root_t.storage_offset())):
-                g = hidden_roots.get(rid)
+                hidden = id(root_t) if train_view else rid  # training: the autograd base
+                g = hidden_roots.get(hidden)
                 if g is None:
-                    g = hidden_roots[rid] = len(graph_nodes) - len(mutated)
+                    g = hidden_roots[hidden] = len(graph_nodes) - len(mutated)
                     graph_nodes.append(tracer.node_for(root_t))
                     graph_vals.append(root_t)
                 if rel_layout is not None:
