@@ -113,6 +113,9 @@ class TraceMeta:
     # Note [Gradients that no read output reaches]: per grad input, the tangents (indices into
     # the differentiable outputs) its gradient depends on
     grad_tangents: list[frozenset[int]] = field(default_factory=list)
+    # inputs that require grad and whose traced gradient is None (Note [Inputs whose gradient
+    # comes only through their new values] in runtime.py)
+    no_gradient: frozenset[int] = frozenset()
     # Note [Metadata mutations of inputs]: (input, sizes, strides, offset) it ends with
     metadata_mutations: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = field(default_factory=list)
 
@@ -180,6 +183,42 @@ def _reaches_a_leaf(t: torch.Tensor, leaf_ids: set[int]) -> bool:
             return True
         stack.extend(nxt for nxt, _ in fn.next_functions)
     return False
+
+
+def _grad_reaches(t: torch.Tensor, base: torch.Tensor) -> bool:
+    """Whether `t`'s autograd graph leads to `base`'s node (`t` is a differentiable view of it)."""
+    target = base.grad_fn
+    stack, seen = [t.grad_fn], set()
+    while target is not None and stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        if fn is target:
+            return True
+        seen.add(id(fn))
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return False
+
+
+# Note [Views of intermediates leave the Function as views of its outputs]: a training graph's
+# outputs leave one autograd Function, and autograd forbids in-place writes into an output that
+# is a view made inside a custom Function ("Output 0 of CompiledFunction is a view and is being
+# modified inplace"). A graph output that views an intermediate (`t2 = x.t().flatten(); t3 =
+# t2[8]; return t3`, a graph break before `t3.copy_(2.0)`: test_alias_fuzz.py seed 3212) came
+# back as such a view, and the resume function's write into it raised where eager's works. So
+# in training, as in inference, a view of an intermediate leaves the Function through its base:
+# the intermediate is a graph output (a user output, or one no user sees: "graph_view") and the
+# view is laid over it after the Function returned, an ordinary differentiable view whose
+# in-place writes reach the base's history as eager's do. Its gradient goes through the base's
+# geometry (`as_strided` backward), which covers it: only the root intermediate serves as a
+# base, never another output that views part of it (Note [Outputs sharing an intermediate]),
+# The base is the view's autograd base (`_base`), not the tracer's root of its memory: a
+# decomposed `reshape` returns an `_unsafe_view` of a clone, an alias for the tracer and no view
+# for autograd, and the clone's autograd history misses writes through it (seed 3575: a
+# gradient where eager's `fill_` leaves none). Only for a view autograd links to its base
+# (not one taken under no_grad) through no
+# `as_strided` after another view, whose eager gradient covers only the earlier view's elements
+# (Note [as_strided after a view is replayed]; test_alias_fuzz.py seed 3218).
 
 
 def symbolic_view_layout(
@@ -523,12 +562,27 @@ def trace(
                 )
             continue
         later = root_output.get(rid, k)
+        root_t = kept.get(rid)
+        # Note [Views of intermediates leave the Function as views of its outputs]
+        ag_base = t._base if want_training and t.requires_grad else None
+        train_view = bool(
+            not lazy
+            and tracer.chain_of(t)
+            and not _as_strided_after_a_view(tracer.chain_of(t))
+            and isinstance(ag_base, torch.Tensor)
+            and ag_base.requires_grad
+            and ag_base.dtype == t.dtype
+            and _grad_reaches(t, ag_base)
+        )
+        if train_view:
+            root_t = ag_base
+        untracked = not (want_training and t.requires_grad)  # no autograd to keep
         if (
             later > k
             and not lazy
             and flat_out[later].dtype == t.dtype
             and not symbolic_layout
-            and not (want_training and t.requires_grad)
+            and (untracked or (train_view and flat_out[later] is ag_base))
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
             infos.append(OutputInfo("output_view", later, size, stride, offset))
             continue
@@ -537,7 +591,7 @@ def trace(
             and not lazy
             and flat_out[later].dtype == t.dtype
             and symbolic_layout
-            and not (want_training and t.requires_grad)
+            and (untracked or (train_view and flat_out[later] is ag_base))
         ):  # the same, with symbolic sizes: laid out relative to the root (a view of a view that
             # a code generator returned compact read out of its bounds: test_alias_fuzz.py seed 50)
             try:
@@ -548,7 +602,10 @@ def trace(
                 infos.append(OutputInfo("output_view", later, layout=later_layout))
                 continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
-        if same_dtype and symbolic_layout and not (want_training and t.requires_grad):
+        # in training, a view of the root output itself (never of another view of it: Note
+        # [Outputs sharing an intermediate])
+        of_root = untracked or (train_view and same_dtype and flat_out[first_by_root[rid]] is ag_base)
+        if same_dtype and symbolic_layout and of_root:
             # Note [Symbolic views among the outputs]: a view of another output stays its view
             # (until the ninth session it became an output of its own: a copy, so writing one
             # output no longer changed the other as in eager); sizes no input holds keep the copy
@@ -560,23 +617,24 @@ def trace(
             if relative is not None:
                 infos.append(OutputInfo("output_view", first_by_root[rid], layout=relative))
                 continue
-        if same_dtype and not symbolic_layout and not (want_training and t.requires_grad):
+        if same_dtype and not symbolic_layout and of_root:
             # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
             # another is right for values, but autograd then routes its gradient through the
             # other output's geometry, which need not cover it (q, k, v split from one matmul):
             # outputs that take part in autograd are graph outputs of their own.
             infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
             continue
-        root_t = kept.get(rid)
         if (
             not lazy
-            and rid not in first_by_root
-            and rid not in root_output
-            and len(sharing.get(rid, ())) > 1
+            and (
+                (rid not in first_by_root and rid not in root_output)
+                or (train_view and id(root_t) in hidden_roots)
+            )
+            and (len(sharing.get(rid, ())) > 1 or train_view)
             and tracer.chain_of(t)
             and isinstance(root_t, torch.Tensor)
             and root_t.dtype == t.dtype
-            and not (want_training and root_t.requires_grad)
+            and (not (want_training and root_t.requires_grad) or train_view)
         ):  # Note [Views sharing an intermediate that is no output]
             rel_layout = None
             if symbolic_layout or is_symbolic(root_t.storage_offset()):
@@ -585,9 +643,10 @@ def trace(
                 except AotgradError:
                     rel_layout = None
             if rel_layout is not None or not (symbolic_layout or is_symbolic(root_t.storage_offset())):
-                g = hidden_roots.get(rid)
+                hidden = id(root_t) if train_view else rid  # training: the autograd base
+                g = hidden_roots.get(hidden)
                 if g is None:
-                    g = hidden_roots[rid] = len(graph_nodes) - len(mutated)
+                    g = hidden_roots[hidden] = len(graph_nodes) - len(mutated)
                     graph_nodes.append(tracer.node_for(root_t))
                     graph_vals.append(root_t)
                 if rel_layout is not None:
@@ -645,6 +704,7 @@ def trace(
     meta.num_tangents = len(tangents)
     meta.grad_inputs = grad_inputs
     meta.grad_tangents = _tangents_reaching(grad_nodes, tracer.graph)
+    meta.no_gradient = frozenset(i for i, g in zip(grad_inputs, grads, strict=True) if g is None)
     return Traced(tracer.finish([*graph_nodes, *grad_nodes]), meta)
 
 

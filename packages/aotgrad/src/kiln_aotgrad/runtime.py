@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.joint import OutputInfo, TraceMeta
+from kiln_aotgrad.logs import graphs_log
 from kiln_aotgrad.tracer import AotgradError
 
 Compiled = Callable[..., Any]
@@ -260,6 +262,79 @@ def _without_grad(compiled: Compiled) -> Compiled:
     return call
 
 
+# Note [Inputs whose gradient comes only through their new values]: one autograd Function for a
+# whole graph has an edge to every input that requires grad, so a backward from any of its
+# outputs reaches every input's history, where eager's graph reaches only the inputs that output
+# depends on. The autograd engine calls a node it reaches even when every gradient it gets is
+# None, and a node whose saved tensors were freed then raises. A module buffer that `b.add_(t)`
+# (t requiring grad) left with history requires grad on the next call; that call's outputs read
+# nothing of `b`'s old value, but its Function linked to the previous call's graph, whose saved
+# tensors the previous backward had freed: "Trying to backward through the graph a second time"
+# (test_alias_fuzz.py seed 3127; torch.compile's aot_eager raises the same). So the trace's
+# `grad_tangents` (which tangents each input's gradient depends on) sort the inputs:
+# - no tangent: the gradient is structurally None; the input is passed detached (no edge), as
+#   torch's AOTAutograd detaches inputs whose backward output is None;
+# - only tangents of mutated inputs' new values: the Function takes the input detached, and a
+#   second node (`MutationNode`) between the Function and the write-back holds its edge: it
+#   passes the new values through, and its backward runs the compiled backward with their
+#   gradients (zeros for the other outputs) for those inputs' gradients, then hands the new
+#   values' gradients on to the Function. The old value's history is then reached only through
+#   the input's new value, as in eager; the backward runs twice only when both are reached;
+# - a tangent of a user output: an edge on the Function, and a backward from that output
+#   reaches the input's history as eager's does (raising where eager raises).
+@dataclass(frozen=True, slots=True)
+class _EdgePlan:
+    none: tuple[int, ...] = ()  # inputs whose gradient is structurally None
+    new_value_only: tuple[int, ...] = ()  # inputs reached only through mutated inputs' new values
+
+
+def _edge_plan(meta: TraceMeta, diff: Sequence[int], reachable: Sequence[frozenset[int]]) -> _EdgePlan:
+    """Note [Inputs whose gradient comes only through their new values]."""
+    if not reachable:
+        return _EdgePlan()
+    m = len(meta.mutated_inputs)
+    new_values = {k for k, i in enumerate(diff) if i < m}
+    metadata = {i for i, *_ in meta.metadata_mutations}
+    none: list[int] = []
+    new_value_only: list[int] = []
+    for i, tangents in zip(meta.grad_inputs, reachable, strict=True):
+        if i in metadata:
+            continue
+        if i in getattr(meta, "no_gradient", ()):
+            none.append(i)
+        elif tangents <= new_values:
+            new_value_only.append(i)
+    if len(none) + len(new_value_only) == len(meta.grad_inputs):
+        # the Function needs one edge for its outputs to require grad, as eager's do (`x.angle()`
+        # of a real `x` requires grad with a zero gradient, traced as None)
+        return _EdgePlan()
+    if none or new_value_only:
+        graphs_log.info(
+            "kiln_aotgrad: inputs %s passed detached (no gradient), %s linked through their new values only",
+            none,
+            new_value_only,
+        )
+    return _EdgePlan(tuple(none), tuple(new_value_only))
+
+
+def _first_order_only() -> None:
+    if torch.is_grad_enabled():
+        raise AotgradError(
+            "double backward (create_graph=True) through a kiln_aotgrad compiled graph is not "
+            "supported: its backward graph is compiled for first-order gradients only"
+        )
+
+
+def _saved(ctx: Any) -> Sequence[Any]:
+    """The saved values of a compiled call, its saved sizes put back (Note [Saved sizes])."""
+    saved: Sequence[Any] = ctx.saved_tensors
+    if ctx.kiln_sizes:
+        saved = list(saved)
+        for i, v in ctx.kiln_sizes:
+            saved[i] = v
+    return saved
+
+
 def training_runner(
     compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMeta, saved_sizes: Sequence[int] = ()
 ) -> Callable[..., Any]:
@@ -276,10 +351,17 @@ def training_runner(
     reachable = list(getattr(meta, "grad_tangents", []) or [])
     if len(reachable) != len(grad_inputs):
         reachable = []
+    # Note [Inputs whose gradient comes only through their new values]: which inputs the
+    # Function takes with their autograd edge, and which go to the mutation node instead
+    plan = _edge_plan(meta, diff, reachable)
+    # positions in `diff` (tangents) of the mutated inputs' new values that require grad
+    new_value_tangents = [k for k, i in enumerate(diff) if i < m]
+    detached = set(plan.none) | set(plan.new_value_only)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, *inputs: torch.Tensor) -> Any:
+        def forward(ctx: Any, *args: Any) -> Any:
+            stash, inputs = args[0], args[1:]
             outs = _as_list(compiled_fw(*inputs))
             saved = outs[n_out:]
             if meta.mutated_inputs:
@@ -291,24 +373,25 @@ def training_runner(
                     else s
                     for s in saved
                 ]
+            sizes: list[tuple[int, Any]] = []
             if saved_sizes:
-                ctx.kiln_sizes = [(i, saved[i]) for i in saved_sizes]
+                sizes = [(i, saved[i]) for i in saved_sizes]
                 saved = [None if i in saved_sizes else s for i, s in enumerate(saved)]
+            ctx.kiln_sizes = sizes
             ctx.save_for_backward(*saved)
             result = tuple(outs[:n_out])
+            if reachable or stash is not None:
+                ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
+            if stash is not None:  # for the mutation node, which runs the backward again
+                stash.extend((saved, sizes, ctx.kiln_zeros))
             if reachable:  # Note [Gradients that no read output reaches] in joint.py
                 ctx.set_materialize_grads(False)
-                ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             ctx.mark_non_differentiable(*[result[i] for i in non_diff])
             return result
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            if torch.is_grad_enabled():
-                raise AotgradError(
-                    "double backward (create_graph=True) through a kiln_aotgrad compiled graph is not "
-                    "supported: its backward graph is compiled for first-order gradients only"
-                )
+            _first_order_only()
             tangents = []
             absent: set[int] = set()
             for k, i in enumerate(diff):
@@ -318,28 +401,66 @@ def training_runner(
                     shape, dtype, device = ctx.kiln_zeros[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 tangents.append(g.contiguous() if g is not None else None)
-            saved = ctx.saved_tensors
-            if saved_sizes:
-                saved = list(saved)
-                for i, v in ctx.kiln_sizes:
-                    saved[i] = v
-            out = _as_list(compiled_bw(*saved, *tangents))
+            out = _as_list(compiled_bw(*_saved(ctx), *tangents))
             result: list[Any] = [None] * num_inputs
             for k, (i, g) in enumerate(zip(grad_inputs, out, strict=True)):
+                if i in detached:
+                    continue  # no edge (the mutation node hands out a new-value-only gradient)
                 # a gradient reached only through outputs the loss never read is eager's None
                 result[i] = None if absent and reachable[k] and reachable[k] <= absent else g
-            return tuple(result)
+            return (None, *result)
+
+    class MutationNode(torch.autograd.Function):
+        """Note [Inputs whose gradient comes only through their new values]: the new values of
+        mutated inputs, passed through, with the autograd edges of the inputs whose gradient
+        only they carry."""
+
+        @staticmethod
+        def forward(ctx: Any, stash: list[Any], *args: Any) -> Any:
+            saved, sizes, zeros = stash
+            ctx.kiln_sizes = sizes
+            ctx.kiln_zeros = zeros
+            ctx.save_for_backward(*saved)
+            values = args[len(plan.new_value_only) :]
+            return tuple(values)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            _first_order_only()
+            tangents = [
+                torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.kiln_zeros
+            ]
+            for k, g in zip(new_value_tangents, grads, strict=True):
+                if g is not None:
+                    tangents[k] = g.contiguous()
+            out = _as_list(compiled_bw(*_saved(ctx), *tangents))
+            by_input = dict(zip(grad_inputs, out, strict=True))
+            return (None, *[by_input[i] for i in plan.new_value_only], *grads)
+
+    def apply(inputs: Sequence[torch.Tensor]) -> list[Any]:
+        if not detached:
+            return _as_list(CompiledFunction.apply(None, *inputs))
+        args = [x.detach() if i in detached else x for i, x in enumerate(inputs)]
+        if not plan.new_value_only:
+            return _as_list(CompiledFunction.apply(None, *args))
+        stash: list[Any] = []
+        outs = _as_list(CompiledFunction.apply(stash, *args))
+        values = [outs[diff[k]] for k in new_value_tangents]
+        if torch.is_grad_enabled():
+            values = list(MutationNode.apply(stash, *[inputs[i] for i in plan.new_value_only], *values))
+        for k, v in zip(new_value_tangents, values, strict=True):
+            outs[diff[k]] = v
+        return outs
 
     if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
 
         def run_plain(*inputs: torch.Tensor) -> Any:
-            return tuple(_as_list(CompiledFunction.apply(*inputs)))
+            return tuple(apply(inputs))
 
         return run_plain
 
     def run(*inputs: torch.Tensor) -> Any:
-        outs = CompiledFunction.apply(*inputs)
-        outs = _as_list(outs)
+        outs = apply(inputs)
         return _after_call(meta, inputs, outs, m)  # Note [Failures after the write-back]
 
     return run
