@@ -5,6 +5,14 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twentieth session: the device started only after five refusals (~20 min of waiting); call20a (call18's
+#   cudagraph test: its one CUDA failure was the test's own stand-in pool, fixed; call19: reorder_gathers made T5's mask
+#   kernels slower, now off; gpu_dynamic_check --quick all ok; GPT-2's dynamic sweep) and call2 ran
+#   (results/2026-12-05-h200-s20-*). A third call (call5b threads + call5c) ended with "the device machine stopped
+#   answering": nothing came back, and the budget was spent. Next: call5b FIRST (issue 20: 1/4/16 threads, now with
+#   512-bit vectors on AVX-512, Note [512-bit vectors on AVX-512 targets]; if it hangs the machine again, run
+#   --threads 1,4 and 16 in separate calls), call5c (dynamic LLaMA/ResNet), call3c (ablation), call4c + call4
+#   (training), call2 with --dtype float32, call10.
 # Nineteenth session: no device time (loans paused). Order: call18 FIRST, then call19 (T5's 5.17 mask kernel,
 #   reorder_gathers on/off, issue 15), then call2 (also covers loopir's inplace_reuse: off for Triton, so no GPU
 #   change expected; the Triton interpreter's index checks are interpreter-only), call4c, call10, call3c, call5
