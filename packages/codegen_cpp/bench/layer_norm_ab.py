@@ -7,9 +7,9 @@ defaults with 8 lanes per row (cpu17c, Note [Lane accumulators]); ``narrow0``: t
 without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest type];
 ``--dtypes float32,bfloat16`` times bfloat16 rows too); ``peel0``: the defaults without
 ``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]); ``w256``: the defaults without
-``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]); ``pass8``: the defaults
-without ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]).
-``--variants pass8`` times only those (and eager, new).
+``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]); ``pass32``: the defaults
+with ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]).
+``--variants pass32`` times only those (and eager, new).
 Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
@@ -42,7 +42,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "narrow0": {"cpp_options": {"narrow_lanes": False}},
     "peel0": {"cpp_options": {"peel_shifted_blocks": False}},
     "w256": {"cpp_options": {"wide_vectors": False}},
-    "pass8": {"cpp_options": {"wide_pointwise_passes": False}},
+    "pass32": {"cpp_options": {"wide_pointwise_passes": True}},
     "new": {},
 }
 
