@@ -7,7 +7,9 @@ defaults with 8 lanes per row (cpu17c, Note [Lane accumulators]); ``narrow0``: t
 without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest type];
 ``--dtypes float32,bfloat16`` times bfloat16 rows too); ``peel0``: the defaults without
 ``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]); ``w256``: the defaults without
-``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]).
+``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]); ``pass32``: the defaults
+with ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]).
+``--variants pass32`` times only those (and eager, new).
 Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
 (``torch.no_grad``) and forward + backward. Accuracy: the largest error of the forward output
@@ -40,11 +42,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "narrow0": {"cpp_options": {"narrow_lanes": False}},
     "peel0": {"cpp_options": {"peel_shifted_blocks": False}},
     "w256": {"cpp_options": {"wide_vectors": False}},
+    "pass32": {"cpp_options": {"wide_pointwise_passes": True}},
     "new": {},
 }
 
 
 _made = 0
+_only: set[str] = set()  # --variants: the variants timed, with new (empty: all)
 
 
 def _compiled(n: int, dtype: torch.dtype, options: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
@@ -90,6 +94,8 @@ def timing(
     grad = torch.randn(rows, n, dtype=dtype)
     fns = {"eager": _compiled(n, dtype, {})[0]}
     for name, options in VARIANTS.items():
+        if _only and name not in _only:
+            continue
         fns[name] = _compiled(n, dtype, options)[1]
 
     def step(f: Any) -> None:
@@ -106,11 +112,12 @@ def timing(
 
 
 def interleaved_us(fns: dict[str, Any], step: Any, calls: int, repeats: int) -> dict[str, float]:
-    """CPU µs per call of `step(f)` for each of `fns`, the variants interleaved (A B C A B C ...),
+    """CPU µs per call of `step(f)` for each of `fns`, the variants interleaved (A B C C B A ...),
     median of `repeats` rounds of `calls` calls (also minmax_ab.py's clock)."""
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, f in fns.items():
+    for i in range(repeats):
+        # every other round in reverse order, so no variant keeps the position after another
+        for name, f in list(fns.items())[:: 1 if i % 2 == 0 else -1]:
             t0 = time.process_time()
             for _ in range(calls):
                 step(f)
@@ -129,12 +136,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtypes", default="float32", help="dtypes timed, e.g. float32,bfloat16")
+    parser.add_argument("--variants", default="", help="time only these variants (and eager, new)")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--skip-timing", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = [int(s) for s in args.sizes.split(",")]
-    names = ["eager", *VARIANTS]
+    if args.variants:
+        _only.update({*args.variants.split(","), "new"})
+    names = ["eager", *(v for v in VARIANTS if not _only or v in _only)]
     if not args.skip_timing:
         print(f"time per call, us (CPU time, median of {args.repeats} x {args.calls}), rows={args.rows}")
         print(f"{'n':>6} {'pass':>12} " + " ".join(f"{k:>9}" for k in names))

@@ -151,7 +151,15 @@ def test_reductions_with_few_outputs_split(threads: None) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_split_reductions_at_ties_nans_and_low_precision(dtype: torch.dtype) -> None:
     """The combine keeps eager's answers where chunk order matters: the first of tied extrema,
-    the first NaN, a NaN in one chunk only; and float32's blocked sums in split columns."""
+    the first NaN, a NaN in one chunk only; and float32's blocked sums in split columns.
+
+    The data is seeded: unseeded, it came from whatever the earlier tests had left in torch's
+    generator, and a column whose 6000 values cancel to near 0 then failed float32's absolute
+    1e-5 against eager after some test orders and not alone. That 1e-5 is below eager's own
+    rounding here (its float32 column sums are up to 3.6e-5 off float64 over seeds 0-11, kiln's
+    up to 1.4e-5: Note [float32 accumulation]), so float32 compares with eager at 4x the
+    tolerance and the column sums against float64, where kiln must be no worse than eager."""
+    torch.manual_seed(0)
     x = torch.zeros(3, 50000, dtype=dtype)
     x[0, 30000] = float("nan")
     x[2, 49999] = 5.0
@@ -169,8 +177,14 @@ def test_split_reductions_at_ties_nans_and_low_precision(dtype: torch.dtype) -> 
             aten.amin.default(y, [0]),
         )
 
-    compiled = check(fn, x, y)
+    compiled = check(fn, x, y, scale=4.0 if dtype == torch.float32 else 1.0)
     assert compiled.backend.last_source.count("_part[") >= 2  # type: ignore[attr-defined]
+    if dtype == torch.float32:
+        exact = y.double().sum(0)
+        finite = ~exact.isnan()
+        kiln_err = (compiled(x, y)[5].double() - exact)[finite].abs().max()
+        eager_err = (fn(x, y)[5].double() - exact)[finite].abs().max()
+        assert kiln_err <= eager_err, (kiln_err, eager_err)
 
 
 def test_cpp_options_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

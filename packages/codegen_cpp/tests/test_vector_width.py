@@ -123,3 +123,30 @@ def test_vector_width_option(threads: None, monkeypatch: pytest.MonkeyPatch) -> 
             torch.set_num_threads(n)
             for got, want in zip(fn(x, y), expected, strict=True):
                 torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("width", [256, 512])
+def test_a_rows_pointwise_pass_takes_two_vectors(width: int) -> None:
+    """Note [A row's pointwise pass takes two vectors]: layer norm's normalisation after its
+    statistics (a kernel of 8 lanes, Note [More lanes on long rows]) runs two vectors of float32
+    lanes at the kernels' width; with the switch off the kernel's 8; both are eager's, bitwise
+    equal to each other; rows shorter than two vectors, a softmax's sums and the lanes of the
+    statistics themselves keep theirs."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
+        return aten.native_layer_norm.default(x, [x.shape[-1]], w, b, 1e-5)
+
+    wide = 2 * width // 32
+    for n, widened in ((768, True), (wide - 1, False)):
+        x, w, b = make((6, n)), make((n,)), make((n,))
+        outs = []
+        for on in (True, False):
+            backend = CppBackend({"vector_width": width, "wide_pointwise_passes": on})
+            compiled = compile_graph(torch.fx.symbolic_trace(fn), [x, w, b], backend=backend)
+            source = backend.last_source
+            assert ("l < 8;" in source) == (n >= 8)  # the statistics' lanes
+            assert (f"l < {wide}; ++l) {{" in source) == (on and widened), (n, on)
+            outs.append(compiled(x, w, b))
+        check(fn, x, w, b)
+        for a, c in zip(*outs, strict=True):
+            assert torch.equal(a, c)

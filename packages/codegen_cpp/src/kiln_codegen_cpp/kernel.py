@@ -41,6 +41,25 @@ reduction_lanes=8``): amax 27.7 -> 23.5 us, sum 16.2 -> 15.0, softmax 162 -> 154
 statistic is such a float32 one, ran 278 -> 151 us with 16: the cause was its 2-byte loads, Note
 [Lanes cover a vector of the narrowest type]). The decision is logged under ``output_code``.
 
+Note [A row's pointwise pass takes two vectors]: the lanes above are for accumulators; an
+r-phase that reduces nothing (layer norm's normalisation, ``(x - mean) * rstd * w + b``, after
+its statistics; softmax's division after its sum) has none, so its lane count is only how many
+positions one step of its loop covers, but it took the kernel's: 8 in a kernel with a Welford of
+shifted blocks, and GCC then ran the pass on 256-bit vectors even where the kernels are built for
+512. Such a phase (no accumulators, folds or Welford updates, no statement indexed by the lane)
+over a static row at least that long takes two vectors of float32 lanes at the build's width (32
+at 512 bits, 16 at 256), never fewer than the kernel's lanes. Results are bitwise the same (each
+position is computed alone). cpu20c, one thread, layer norm's training forward over 256 rows of
+768 (the generated kernel called by itself, fastest of 40 rounds of 20 calls, both orders): 8
+lanes 92-110 us, 16 lanes 82-88, 32 lanes 78-86. But in the step (each kernel's fastest call
+among 60 interleaved fwd+bwd calls of ``LayerNorm``, the two variants alternating, its buffers as
+the step leaves them) it did not hold: rows of 768, training forward 106.4 -> 105.1 us (16 lanes:
+115.8 -> 106.9), inference 71.0 -> 70.8 (65.0 -> 66.4); rows of 256, inference 23.8 -> 27.1 (16
+lanes: 20.9 -> 24.0), training forward 28.3 -> 31.1. With cold operands the pass is bound by its
+loads and stores, not its vectors, and short rows lose to the wider vectors' cost (as in Note
+[512-bit vectors on AVX-512 targets]). So ``CppOptions.wide_pointwise_passes`` is off by default
+(the kernel's lanes); KILN_LOG=output_code logs each widened pass when it is on.
+
 Note [Lanes cover a vector of the narrowest type]: GCC vectorizes a loop with one vector size
 for all its types, the largest whose vector of the loop's narrowest element still fits the trip
 count. A lane loop of 8 that loads bfloat16 (2 bytes) therefore runs at 16-byte vectors, 8
@@ -268,6 +287,8 @@ _INVARIANT_CANDIDATE = re.compile(
     r"(?:const [\w:<>]+ (?P<const>tmp\d+)|int64_t (?P<decl>ind\d+)|(?P<assign>ind\d+)) = (?P<expr>.*);"
 )
 _LANE_NAMES = frozenset({"l", "rb", "rbo", "rbe", "rmain", "winv"})
+# a statement that reads or writes lane l's slot of an array (an accumulator)
+_LANE_INDEX = re.compile(r"\[l\]")
 # ops.* that divide: on integers a zero divisor is an error (Note [Kernel errors])
 INT_DIVISION = frozenset({"floordiv", "truncdiv", "mod", "fmod", "remainder"})
 # ops that can fail for some operand (an error site): a masked body with one keeps its branch
@@ -1771,6 +1792,26 @@ class KernelBuilder(OpsHandlerBase):
                 lanes = cover
         return lanes
 
+    def _phase_lanes(self, phase: RPhase) -> int:
+        """Note [A row's pointwise pass takes two vectors]: the lanes of ``phase``'s loop."""
+        wide = 2 * self.options.vector_bits() // 32
+        if (
+            not self.options.wide_pointwise_passes
+            or wide <= self.lanes
+            or phase.accumulators
+            or phase.folds
+            or phase.welford_adds
+            or phase.shifted
+            or any(_LANE_INDEX.search(b) for b in phase.body)
+        ):
+            return self.lanes
+        inner = [s for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        if not inner or not isinstance(inner[-1], int) or inner[-1] < wide:
+            return self.lanes
+        if phase.body:
+            log.debug("%s: a pointwise pass over the row in %d lanes (not %d)", self.name, wide, self.lanes)
+        return wide
+
     def _render_phase(self, phase: RPhase, clean: Callable[[list[str]], list[str]]) -> list[str]:
         lines = [p.replace("KL", str(self.lanes)) for p in phase.pre]
         lines.extend(self._render_rloops(phase, clean, None))
@@ -1782,6 +1823,7 @@ class KernelBuilder(OpsHandlerBase):
         self, phase: RPhase, clean: Callable[[list[str]], list[str]], chunk: tuple[str, str] | None
     ) -> list[str]:
         """The reduction loops; ``chunk`` = (lo, hi) bounds the outermost one (split reductions)."""
+        lanes = self.lanes if chunk is not None else self._phase_lanes(phase)
         loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         body = clean(phase.body)
         lines: list[str] = []
@@ -1809,20 +1851,18 @@ class KernelBuilder(OpsHandlerBase):
             var, size = loops[-1]
             if chunk is not None and len(loops) == 1:
                 lo, hi = chunk
-                lines.append(
-                    f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {self.lanes}) * {self.lanes};"
-                )
+                lines.append(f"{pad}const int64_t rmain = {lo} + (({hi} - {lo}) / {lanes}) * {lanes};")
                 start, main_end, end = lo, "rmain", hi
                 has_main = has_tail = True
             elif not isinstance(size, int):  # a run-time length: lanes, then a scalar tail
                 n = index_to_cpp(size)
-                start, main_end, end = "INT64_C(0)", f"({n} / {self.lanes} * {self.lanes})", n
+                start, main_end, end = "INT64_C(0)", f"({n} / {lanes} * {lanes})", n
                 has_main = has_tail = True
             else:
-                main = size - size % self.lanes
+                main = size - size % lanes
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
-                has_main, has_tail = bool(main), bool(size % self.lanes)
-            fold = [f"for (int l = 0; l < {self.lanes}; ++l) {{ {f} }}" for f in phase.folds]
+                has_main, has_tail = bool(main), bool(size % lanes)
+            fold = [f"for (int l = 0; l < {lanes}; ++l) {{ {f} }}" for f in phase.folds]
             if has_main:
                 inner = pad
                 origin = start
@@ -1836,15 +1876,15 @@ class KernelBuilder(OpsHandlerBase):
                     start, stop, inner = "rbo", "rbe", pad + "  "
                 else:
                     stop = main_end
-                # one loop: every lane has seen (rb - origin) / self.lanes elements before this one
-                uniform = self._winv(phase, f"(rb - {origin}) / {self.lanes} + 1") if len(loops) == 1 else []
-                steps = [(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {self.lanes}) {{", body)]
+                # one loop: every lane has seen (rb - origin) / lanes elements before this one
+                uniform = self._winv(phase, f"(rb - {origin}) / {lanes} + 1") if len(loops) == 1 else []
+                steps = [(f"{inner}for (int64_t rb = {start}; rb < {stop}; rb += {lanes}) {{", body)]
                 peel = bool(fold) and phase.shifted and self.options.peel_shifted_blocks
                 if peel:  # Note [Peeled shifted blocks]
                     steps = [
                         (f"{inner}{{ const int64_t rb = {start};", _shifted_step(body, "first")),
                         (
-                            f"{inner}for (int64_t rb = {start} + {self.lanes}; rb < {stop}; rb += {self.lanes}) {{",
+                            f"{inner}for (int64_t rb = {start} + {lanes}; rb < {stop}; rb += {lanes}) {{",
                             _shifted_step(body, "next"),
                         ),
                     ]
@@ -1852,16 +1892,16 @@ class KernelBuilder(OpsHandlerBase):
                     lines.append(head)
                     lines.extend(f"{inner}  {w}" for w in uniform)
                     lines.append(f"{inner}  #pragma omp simd")
-                    lines.append(f"{inner}  for (int l = 0; l < {self.lanes}; ++l) {{")
+                    lines.append(f"{inner}  for (int l = 0; l < {lanes}; ++l) {{")
                     lines.append(f"{inner}    const int64_t {var} = rb + l;")
                     lines.extend(f"{inner}    {w}" for w in ([] if uniform else lane_winv))
                     lines.extend(f"{inner}    {b}" for b in step)
                     lines.append(f"{inner}  }}")
                     lines.append(f"{inner}}}")
                 if peel:
-                    count = f"static_cast<float>(({stop} - {start}) / {self.lanes})"
+                    count = f"static_cast<float>(({stop} - {start}) / {lanes})"
                     lines.extend(
-                        f"{inner}for (int l = 0; l < {self.lanes}; ++l) {n}[l] = {count};"
+                        f"{inner}for (int l = 0; l < {lanes}; ++l) {n}[l] = {count};"
                         for n in phase.shifted_counts
                     )
                 if fold:

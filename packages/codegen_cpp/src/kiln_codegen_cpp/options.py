@@ -77,6 +77,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   that does not move with the loop over the table's columns runs that loop innermost and scalar,
   after the index is computed once for all columns (Note [A small table's columns innermost] in
   kernel.py: T5's relative-position bias); off: the loop order of the stores, gathers per column.
+* ``wide_pointwise_passes``: a row kernel's pass over the row that reduces nothing (layer norm's
+  normalisation after its statistics) runs two vectors of float32 lanes (32 at 512 bits), not the
+  lanes of the kernel's reductions (8 beside a Welford of shifted blocks): Note [A row's pointwise
+  pass takes two vectors] in kernel.py. Off by default: faster with operands hot, not in the
+  training step (the Note's figures).
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -155,6 +160,7 @@ class CppOptions:
     tree_lane_combine: bool = True
     wide_vectors: bool = True
     table_columns_inner: bool = True
+    wide_pointwise_passes: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 
