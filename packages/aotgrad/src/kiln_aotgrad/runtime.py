@@ -317,7 +317,9 @@ def _without_grad(compiled: Compiled) -> Compiled:
 # `grad_tangents` (which tangents each input's gradient depends on) sort the inputs:
 # - no tangent: the gradient is structurally None; the input is passed detached (no edge), as
 #   torch's AOTAutograd detaches inputs whose backward output is None;
-# - only tangents of mutated inputs' new values: the Function takes the input detached, and a
+# - only tangents of mutated inputs' new values (one at least: a gradient that reads no tangent
+#   is a constant and keeps its edge, eager's zeros for `nextafter`'s `other` came back None
+#   through a mutation node that had no new value to carry): the Function takes the input detached, and a
 #   second node (`MutationNode`) between the Function and the write-back holds its edge: it
 #   passes the new values through, and its backward runs the compiled backward with their
 #   gradients (zeros for the other outputs) for those inputs' gradients, then hands the new
@@ -345,7 +347,9 @@ def _edge_plan(meta: TraceMeta, diff: Sequence[int], reachable: Sequence[frozens
             continue
         if i in getattr(meta, "no_gradient", ()):
             none.append(i)
-        elif tangents <= new_values:
+        elif tangents and tangents <= new_values:
+            # (a gradient that reads no tangent is a constant, `nextafter`'s zeros for `other`:
+            # its edge stays on the Function, as eager's node keeps its edge to the input)
             new_value_only.append(i)
     if len(none) + len(new_value_only) == len(meta.grad_inputs):
         # the Function needs one edge for its outputs to require grad, as eager's do (`x.angle()`
