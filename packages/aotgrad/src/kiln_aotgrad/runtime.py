@@ -446,7 +446,9 @@ def training_runner(
                 stash.extend((saved, sizes, ctx.kiln_zeros))
             if reachable:  # Note [Gradients that no read output reaches] in joint.py
                 ctx.set_materialize_grads(False)
-            ctx.mark_non_differentiable(*[result[i] for i in non_diff])
+            # a symbolic size among the outputs (`x.shape[0] * 2` under dynamic shapes) is an int,
+            # which mark_non_differentiable refuses ("only accepts variable arguments")
+            ctx.mark_non_differentiable(*[result[i] for i in non_diff if isinstance(result[i], torch.Tensor)])
             return result
 
         @staticmethod
