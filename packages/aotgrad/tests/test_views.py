@@ -388,3 +388,43 @@ def test_a_graph_that_turns_grad_mode_on_over_inputs_that_require_grad_is_refuse
             compiled(x)
         # nothing requires grad: the inference trace is right
         torch.testing.assert_close(compiled(x.detach()), _computes_in_grad_mode(x.detach()))
+
+
+def _returns_views(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """A compiler that returns every tensor output as a view of itself, as a code generator may
+    return a buffer allocated in another shape (the C++ wrapper's `buf0.as_strided(...)` under
+    symbolic sizes)."""
+
+    def call(*args: Any) -> Any:
+        return [o.unsqueeze(0).squeeze(0) if isinstance(o, torch.Tensor) else o for o in gm(*args)]
+
+    return call
+
+
+@pytest.mark.parametrize("shared_with_saved", [False, True])
+def test_outputs_returned_as_views_take_in_place_writes(shared_with_saved: bool) -> None:
+    """Note [Outputs the code generator returns as views] (runtime.py): eager's reshape copy is
+    a fresh tensor that takes in-place writes; the compiled output came back as a view made
+    inside the autograd Function, which autograd forbids writing into (test_alias_fuzz.py seed
+    3212 under --dynamic true). With `shared_with_saved` the backward of `sin` saves `y`, so
+    the output's memory is also a saved value's."""
+
+    def f(x: torch.Tensor) -> Any:
+        y = (x * 3).t().flatten()
+        if shared_with_saved:
+            return y, y.sin()
+        return (y,)
+
+    cf = kiln_aotgrad.aot_function(f, _returns_views, Recorder())
+    x = torch.randn(4, 6, requires_grad=True)
+    xc = x.detach().clone().requires_grad_()
+    ye, yc = f(x)[0], cf(xc)[0]
+    assert not yc._is_view()
+    ye.add_(1)
+    ye[8:10].mul_(2)
+    yc.add_(1)
+    yc[8:10].mul_(2)
+    torch.testing.assert_close(yc, ye)
+    ye.sum().backward()
+    yc.sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad)

@@ -599,6 +599,30 @@ def test_a_call_failing_after_its_write_back_is_not_run_again(monkeypatch) -> No
     kiln.reset()
 
 
+def _flat_view_written(x0, x1):  # seed 3212, minimized
+    t3 = x0.t().flatten()[8]
+    x1.t_()  # a graph break: the resume function writes into t3
+    t3.copy_(2.0)
+    t3[...] += 0.5
+    return t3
+
+
+def test_a_write_into_a_view_of_a_reshape_copy_under_dynamic() -> None:
+    # Note [Outputs the code generator returns as views] (kiln_aotgrad's runtime.py): the C++
+    # wrapper returned the flattened copy as `buf0.as_strided(...)`, a view made inside the
+    # autograd Function, and the resume function's write into its view raised
+    args = [torch.randn(4, 6).requires_grad_(), torch.randn(4, 5)]
+    want_args = [args[0].detach().clone().requires_grad_(), args[1].clone()]
+    got = kiln.compile(_flat_view_written, dynamic=True)(*args)
+    want = _flat_view_written(*want_args)
+    kiln.reset()
+    torch.testing.assert_close(got, want)
+    got.backward()
+    want.backward()
+    torch.testing.assert_close(args[0].grad, want_args[0].grad)
+    torch.testing.assert_close(args[1], want_args[1])
+
+
 def test_alias_fuzz_triton() -> None:
     failures = []
     for seed in CI_TRITON_SEEDS:

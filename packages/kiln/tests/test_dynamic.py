@@ -1358,3 +1358,21 @@ def test_a_long_reduction_over_symbolic_rows_splits_under_triton(caplog: pytest.
     assert kiln_dynamo.counters.graphs == 2 and kiln_dynamo.counters.dynamic_fallbacks == []
     assert [r.symbolic for r in kiln.compile_log()] == [False, True]
     assert any("chunks over the symbolic row" in r.getMessage() for r in caplog.records)
+
+
+def test_a_training_graph_that_returns_a_symbolic_size() -> None:
+    # the autograd Function marked every output that needs no gradient non-differentiable, the
+    # size among them: "mark_non_differentiable only accepts variable arguments", and the
+    # graph ran eagerly (four graphs of pyfuzz --dynamic true --backend kiln over seeds 400:800)
+    def f(x: torch.Tensor) -> Any:
+        return x * 2, x.shape[0] * 2
+
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 3, requires_grad=True)
+        got, size = compiled(x)
+        assert size == 2 * n and type(size) is int
+        torch.testing.assert_close(got, x * 2)
+        got.sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((n, 3), 2.0))
+    assert all(r.fell_back is None for r in kiln.compile_log())

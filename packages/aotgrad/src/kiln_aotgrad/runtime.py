@@ -252,6 +252,49 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     return run
 
 
+# Note [Outputs the code generator returns as views]: autograd marks every output of a custom
+# Function that is a view (of anything, even a tensor made inside it) as "created inside a custom
+# Function" and forbids in-place writes into it and its views. A code generator may return a
+# graph output as a view of a buffer allocated in another shape (the C++ wrapper's
+# `buf0.as_strided((s0 * s1,), (1,), 0)` for `x.t().flatten()` under symbolic sizes, where
+# Note [Buffers allocated as their readers view them] does not apply), though the traced value
+# is no view: eager's reshape copy is a fresh tensor, and the user's `out.add_(1)` or a resume
+# function's write into a view of it (test_alias_fuzz.py seed 3212 under --dynamic true) raised
+# "Output 0 of CompiledFunction is a view and is being modified inplace". A user output that
+# views an intermediate is no graph output (Note [Views of intermediates leave the Function as
+# views of its outputs] in joint.py), so such a view only ever stands for a fresh tensor. The
+# Function returns in its place a tensor that is no view, over the same memory (`set_`, no
+# copy), when the memory is its alone among the outputs, inputs and saved values; a tensor of
+# its own has its own version counter, so where a saved value shares the memory the output is a
+# copy instead (a write into it then leaves the value the backward reads alone, as eager's
+# saved copy would be). Memory shared with another output or an input stays a view, its
+# aliasing kept.
+def _own_tensor(t: torch.Tensor, saved: Sequence[Any]) -> torch.Tensor:
+    """Note [Outputs the code generator returns as views]: ``t`` as a tensor that is no view."""
+    with torch.no_grad():
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr and any(isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() == ptr for s in saved):
+            return _copy_strided(t)
+        own = torch.empty((0,), dtype=t.dtype, device=t.device)
+        return own.set_(storage, t.storage_offset(), t.shape, t.stride())
+
+
+def _views_to_own(result: Sequence[Any], inputs: Sequence[Any], diff: Sequence[int], m: int) -> list[int]:
+    """The positions of the user graph outputs that need `_own_tensor` (Note [Outputs the code
+    generator returns as views]): differentiable views whose memory no other output or input
+    shares."""
+    views = [i for i in diff if i >= m and isinstance(result[i], torch.Tensor) and result[i]._is_view()]
+    if not views:
+        return []
+    count: dict[int, int] = {}
+    for t in (*result, *inputs):
+        if isinstance(t, torch.Tensor):
+            ptr = t.untyped_storage().data_ptr()
+            count[ptr] = count.get(ptr, 0) + 1
+    return [i for i in views if (p := result[i].untyped_storage().data_ptr()) == 0 or count[p] == 1]
+
+
 def _without_grad(compiled: Compiled) -> Compiled:
     def call(*inputs: torch.Tensor) -> Any:
         if not torch.is_grad_enabled():  # the common case (inference under no_grad): no context
@@ -274,7 +317,9 @@ def _without_grad(compiled: Compiled) -> Compiled:
 # `grad_tangents` (which tangents each input's gradient depends on) sort the inputs:
 # - no tangent: the gradient is structurally None; the input is passed detached (no edge), as
 #   torch's AOTAutograd detaches inputs whose backward output is None;
-# - only tangents of mutated inputs' new values: the Function takes the input detached, and a
+# - only tangents of mutated inputs' new values (one at least: a gradient that reads no tangent
+#   is a constant and keeps its edge, eager's zeros for `nextafter`'s `other` came back None
+#   through a mutation node that had no new value to carry): the Function takes the input detached, and a
 #   second node (`MutationNode`) between the Function and the write-back holds its edge: it
 #   passes the new values through, and its backward runs the compiled backward with their
 #   gradients (zeros for the other outputs) for those inputs' gradients, then hands the new
@@ -302,7 +347,9 @@ def _edge_plan(meta: TraceMeta, diff: Sequence[int], reachable: Sequence[frozens
             continue
         if i in getattr(meta, "no_gradient", ()):
             none.append(i)
-        elif tangents <= new_values:
+        elif tangents and tangents <= new_values:
+            # (a gradient that reads no tangent is a constant, `nextafter`'s zeros for `other`:
+            # its edge stays on the Function, as eager's node keeps its edge to the input)
             new_value_only.append(i)
     if len(none) + len(new_value_only) == len(meta.grad_inputs):
         # the Function needs one edge for its outputs to require grad, as eager's do (`x.angle()`
@@ -357,6 +404,7 @@ def training_runner(
     # positions in `diff` (tangents) of the mutated inputs' new values that require grad
     new_value_tangents = [k for k, i in enumerate(diff) if i < m]
     detached = set(plan.none) | set(plan.new_value_only)
+    logged: list[bool] = []  # Note [Outputs the code generator returns as views], logged once
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -380,13 +428,27 @@ def training_runner(
             ctx.kiln_sizes = sizes
             ctx.save_for_backward(*saved)
             result = tuple(outs[:n_out])
+            own = _views_to_own(result, inputs, diff, m)
+            if own:  # Note [Outputs the code generator returns as views]
+                if not logged:
+                    logged.append(True)
+                    graphs_log.info(
+                        "kiln_aotgrad: graph outputs %s came back as views; returned as tensors of their own",
+                        own,
+                    )
+                listed = list(result)
+                for i in own:
+                    listed[i] = _own_tensor(listed[i], saved)
+                result = tuple(listed)
             if reachable or stash is not None:
                 ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             if stash is not None:  # for the mutation node, which runs the backward again
                 stash.extend((saved, sizes, ctx.kiln_zeros))
             if reachable:  # Note [Gradients that no read output reaches] in joint.py
                 ctx.set_materialize_grads(False)
-            ctx.mark_non_differentiable(*[result[i] for i in non_diff])
+            # a symbolic size among the outputs (`x.shape[0] * 2` under dynamic shapes) is an int,
+            # which mark_non_differentiable refuses ("only accepts variable arguments")
+            ctx.mark_non_differentiable(*[result[i] for i in non_diff if isinstance(result[i], torch.Tensor)])
             return result
 
         @staticmethod
