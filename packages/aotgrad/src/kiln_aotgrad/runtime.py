@@ -345,7 +345,7 @@ def _edge_plan(meta: TraceMeta, diff: Sequence[int], reachable: Sequence[frozens
     for i, tangents in zip(meta.grad_inputs, reachable, strict=True):
         if i in metadata:
             continue
-        if i in getattr(meta, "no_gradient", ()):
+        if i in meta.no_gradient:
             none.append(i)
         elif tangents and tangents <= new_values:
             # (a gradient that reads no tangent is a constant, `nextafter`'s zeros for `other`:
