@@ -8,7 +8,9 @@ without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest typ
 ``--dtypes float32,bfloat16`` times bfloat16 rows too); ``peel0``: the defaults without
 ``peel_shifted_blocks`` (cpu18b, Note [Peeled shifted blocks]); ``w256``: the defaults without
 ``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]); ``pass32``: the defaults
-with ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]).
+with ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]);
+``saves0``: the defaults without aotgrad's ``fusion_aware_saves`` (ln21, Note [What saving a
+value costs]: the training forward saves xhat instead of x and the row statistics).
 ``--variants pass32`` times only those (and eager, new).
 Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
@@ -43,6 +45,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "peel0": {"cpp_options": {"peel_shifted_blocks": False}},
     "w256": {"cpp_options": {"wide_vectors": False}},
     "pass32": {"cpp_options": {"wide_pointwise_passes": True}},
+    "saves0": {"fusion_aware_saves": False},
     "new": {},
 }
 

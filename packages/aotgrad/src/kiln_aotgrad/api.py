@@ -70,6 +70,9 @@ class AotOptions:
     decompositions: DecompTable | None = None
     partition: str = "min_cut"
     table: DecompTable = field(default_factory=dict)
+    # the min-cut weighs a value the forward would fuse away at twice its bytes (Note [What
+    # saving a value costs] in partition.py)
+    fusion_aware_saves: bool = True
 
     def __post_init__(self) -> None:
         if self.partition not in ("default", "min_cut"):
@@ -98,16 +101,19 @@ def compile_flat(
         with torch.no_grad():
             compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
-    part = partition(traced.gm, meta.num_graph_outputs, opts.partition)
+    part = partition(traced.gm, meta.num_graph_outputs, opts.partition, opts.fusion_aware_saves)
     graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
     partition_log.info(
-        "%s: saved %d bytes (%d of activations): %s; recomputed in backward: %s",
+        "%s: saved %d bytes (%d of activations, %d written only to be saved): %s; recomputed in backward: %s",
         opts.partition,
         part.saved_bytes,
         part.activation_bytes,
+        part.forward_writes,
         ", ".join(part.saved),
         ", ".join(part.recomputed) or "nothing",
     )
+    if part.cost_note:
+        partition_log.info("%s", part.cost_note)
     n_out = meta.num_graph_outputs
     part.fw.meta[FREE_LAYOUT_OUTPUTS] = tuple(range(n_out, n_out + len(part.saved)))
     fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
@@ -467,9 +473,18 @@ def aot_function(
     inference_compiler: Compiler | None = None,
     decompositions: DecompTable | None = None,
     partition: str = "min_cut",
+    fusion_aware_saves: bool = True,
 ) -> AotFunction:
-    """Compile `fn` ahead of time through aten graphs; `decompositions` extend kiln's table."""
-    opts = AotOptions(fw_compiler, bw_compiler, inference_compiler, decompositions, partition)
+    """Compile `fn` ahead of time through aten graphs; `decompositions` extend kiln's table;
+    `fusion_aware_saves`: Note [What saving a value costs] in partition.py."""
+    opts = AotOptions(
+        fw_compiler,
+        bw_compiler,
+        inference_compiler,
+        decompositions,
+        partition,
+        fusion_aware_saves=fusion_aware_saves,
+    )
     return AotFunction(fn, opts)
 
 
@@ -482,8 +497,16 @@ def aot_module(
     decompositions: DecompTable | None = None,
     partition: str = "min_cut",
     guarded: bool = False,
+    fusion_aware_saves: bool = True,
 ) -> AotFunction:
     """Like `aot_function` for `module(*args)`, with its parameters and buffers as graph inputs;
     `guarded`: every call passes guards on its tensors' metadata (Note [Guarded callers])."""
-    opts = AotOptions(fw_compiler, bw_compiler, inference_compiler, decompositions, partition)
+    opts = AotOptions(
+        fw_compiler,
+        bw_compiler,
+        inference_compiler,
+        decompositions,
+        partition,
+        fusion_aware_saves=fusion_aware_saves,
+    )
     return AotFunction(module.forward, opts, module, guarded=guarded)

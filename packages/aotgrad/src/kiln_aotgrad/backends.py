@@ -37,8 +37,10 @@ def aot_backend(
     inference_compiler: Compiler | None = None,
     decompositions: DecompTable | None = None,
     partition: str = "min_cut",
+    fusion_aware_saves: bool = True,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
-    """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`."""
+    """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`;
+    `partition` and `fusion_aware_saves` as `AotOptions`'."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         fn = aot_module(
@@ -48,6 +50,7 @@ def aot_backend(
             inference_compiler=inference_compiler,
             decompositions=decompositions,
             partition=partition,
+            fusion_aware_saves=fusion_aware_saves,
             guarded=True,  # Note [Guarded callers]: a dynamo backend runs behind the frame's guards
         )
         fakes = symbolic_placeholders(gm)

@@ -18,10 +18,34 @@ there from the saved ones.
   `_to_copy`, `expand`, factories, `where`...), and reductions whose output is at most 4x
   smaller than their input. Never recomputed: matmul, convolution, softmax, embedding and
   gathers, larger reductions, and random operators (`nondeterministic_seeded`; see
-  Note [RNG in compiled graphs] in decompositions.py). Weights are plain bytes, so a cut can be
-  checked by hand.
+  Note [RNG in compiled graphs] in decompositions.py). A weight is the value's bytes, twice
+  that for a value the forward would otherwise fuse away (Note [What saving a value costs]), so
+  a cut can still be checked by hand.
 
 `Partition` carries both graphs and what was saved; `saved_bytes` is what the benchmark reports.
+
+Note [What saving a value costs]: saving a value costs the backward one read of it and keeps its
+bytes alive until the backward runs. A value the forward writes anyway (a graph input, a forward
+output, the result of an op no fused kernel computes: a matmul, a convolution, an attention, a
+reduction's few values, and anything such an op reads) costs nothing more in the forward; one the
+forward's kernels would keep in registers (a pointwise or view chain read only by fusible ops)
+must now also be written there: a full pass over its bytes in a kernel that otherwise writes
+less. With bytes alone the cut cannot tell them apart, and a tie goes either way: LayerNorm's
+backward reads `xhat = (x - mean) * rstd`, and saving xhat (N bytes) beat saving x, mean and rstd
+(N + 2 rows of floats) by 2 KB, so the forward wrote xhat besides y (at 256 x 768, a 786 KB
+write) and the backward read it where it could read x. So a fused-away value weighs twice its
+bytes (its write and its read), a materialized one its bytes (as torch's min-cut partitioner
+weighs them); LayerNorm, RMSNorm and the like then save their row statistics and the backward's
+kernels recompute the normalized value from x, which they read anyway.
+What is materialized is decided here from op kinds alone (aotgrad knows nothing of loopir's
+scheduler): fusible are pointwise ops, views, the cheap data movement of `_RECOMPUTABLE_NAMES`
+and reductions (as readers); a reduction's own output counts as written. Where the guess is
+wrong the value weighs its bytes, the old weight, never less.
+Twice the bytes can move the cut towards saving more bytes: training memory is a real cost.
+So the bytes-only cut is computed too, and the fusion-aware one is taken only when it saves at
+most `_MEMORY_SLACK` more bytes than that (LayerNorm: 0.13%); otherwise the bytes-only cut
+stands (both figures in `KILN_LOG=partition`). `AotOptions.fusion_aware_saves` (kiln.compile's
+`fusion_aware_saves` option) switches it off.
 
 Note [Saved sizes]: with symbolic sizes the backward reads sizes the forward computed
 (`sym_size(x, 0)` to expand a tangent, `2 * s0` as a mean's divisor). A SymInt node is a
@@ -109,6 +133,10 @@ class Partition:
     recomputed: list[str]  # forward nodes that the backward recomputes
     activation_bytes: int  # saved bytes that are not inputs or views of inputs (extra memory)
     saved_sizes: tuple[int, ...] = ()  # positions in `saved` of SymInts (Note [Saved sizes])
+    # bytes of saved values the forward would not write otherwise (Note [What saving a value costs])
+    forward_writes: int = 0
+    # what the cost model decided, for KILN_LOG=partition ("" with bytes-only weights)
+    cost_note: str = ""
 
 
 def nbytes(val: Any) -> int:
@@ -203,8 +231,89 @@ def _saved_default(
     return saved
 
 
+# Note [What saving a value costs]: how many more bytes than the bytes-only cut a fusion-aware
+# cut may save (a fraction of the bytes-only cut's saved bytes)
+_MEMORY_SLACK = 1 / 32
+
+
+def _fusible_reader(node: torch.fx.Node) -> bool:
+    """Can `node` read its tensor inputs inside a fused kernel (so they need not be written)?"""
+    if node.op != "call_function":
+        return node.op == "output"  # the forward's outputs are handled apart
+    t = node.target
+    if t is operator.getitem:
+        return _fusible_reader(node.args[0])  # type: ignore[arg-type]
+    if not isinstance(t, torch._ops.OpOverload):
+        return True  # arithmetic on sizes; reads no tensor data
+    if t in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
+        return True
+    name = _name(t)
+    return bool(
+        torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES or name in _REDUCTIONS
+    )
+
+
+def _writes_its_output(node: torch.fx.Node) -> bool:
+    """Does the forward write `node`'s value whatever is saved (an extern op, a reduction)?"""
+    if node.op != "call_function":
+        return node.op == "placeholder"
+    t = node.target
+    if t is operator.getitem:
+        return _writes_its_output(node.args[0])  # type: ignore[arg-type]
+    if not isinstance(t, torch._ops.OpOverload):
+        return False
+    name = _name(t)
+    if name in _REDUCTIONS:
+        return True
+    return not (torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES)
+
+
+def _forward_materialized(
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], fw_outs: list[Any]
+) -> set[torch.fx.Node]:
+    """The forward values the forward writes to memory whatever the cut saves (Note [What saving
+    a value costs]); a view is materialized with its base, a base with a view of it."""
+    out: set[torch.fx.Node] = {o for o in fw_outs if isinstance(o, torch.fx.Node)}
+    for n in nodes:
+        if n in tangent_dep or n.op == "output":
+            continue
+        if _writes_its_output(n):
+            out.add(n)
+        if any(u not in tangent_dep and not _fusible_reader(u) for u in n.users):
+            out.add(n)
+    views = [
+        n
+        for n in nodes
+        if n.op == "call_function" and getattr(n.target, "is_view", False) and n not in tangent_dep
+    ]
+    changed = True
+    while changed:
+        changed = False
+        for v in views:
+            base = v.args[0]
+            if not isinstance(base, torch.fx.Node):
+                continue
+            if (v in out) != (base in out):
+                out |= {v, base}
+                changed = True
+    return out
+
+
+def _save_weight(node: torch.fx.Node, materialized: set[torch.fx.Node] | None) -> float:
+    """The capacity of `node`'s edge: its bytes, twice them if the forward would fuse it away."""
+    val = node.meta.get("val")
+    size = float(nbytes(val))
+    if materialized is None or node in materialized or not isinstance(val, torch.Tensor):
+        return size
+    return 2 * size
+
+
 def _saved_min_cut(
-    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any], bw_outs: set[Any]
+    nodes: list[torch.fx.Node],
+    tangent_dep: set[torch.fx.Node],
+    bw_need: set[Any],
+    bw_outs: set[Any],
+    materialized: set[torch.fx.Node] | None = None,
 ) -> list[Any]:
     bw_nodes = {n for n in bw_need if n in tangent_dep}
     # A gradient that depends on no tangent (zeros, say) is still needed by the backward.
@@ -217,7 +326,7 @@ def _saved_min_cut(
             continue  # constants are available to both graphs for free
         val = n.meta.get("val")
         if isinstance(val, (torch.Tensor, torch.SymInt)):  # Note [Saved sizes]
-            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=float(nbytes(val)))
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=_save_weight(n, materialized))
         else:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
         if n.op == "placeholder" or not recomputable(n):
@@ -259,17 +368,48 @@ def _copy_graph(
     return gm
 
 
-def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = "min_cut") -> Partition:
-    """Split `joint` with `strategy` ("default" or "min_cut")."""
+def _bytes(saved: list[Any]) -> int:
+    return sum(nbytes(n.meta.get("val")) for n in saved)
+
+
+def _fused_bytes(saved: list[Any], materialized: set[torch.fx.Node]) -> int:
+    return sum(
+        nbytes(n.meta.get("val"))
+        for n in saved
+        if n not in materialized and isinstance(n.meta.get("val"), torch.Tensor)
+    )
+
+
+def partition(
+    joint: torch.fx.GraphModule,
+    num_fw_outputs: int,
+    strategy: str = "min_cut",
+    fusion_aware: bool = True,
+) -> Partition:
+    """Split `joint` with `strategy` ("default" or "min_cut"); `fusion_aware`: the min-cut weighs
+    a value the forward would fuse away at twice its bytes (Note [What saving a value costs])."""
     if strategy not in ("default", "min_cut"):
         raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
     nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
     bw_need = _ancestors(bw_outs, set())
     outs = {o for o in bw_outs if isinstance(o, torch.fx.Node)}
+    materialized = _forward_materialized(nodes, tangent_dep, fw_outs)
+    cost_note = ""
     if strategy == "default":
         saved = _saved_default(nodes, tangent_dep, bw_need, outs)
     else:
         saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs)
+        if fusion_aware:
+            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized)
+            plain, mine = _bytes(saved), _bytes(aware)
+            writes = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
+            took = mine <= plain * (1 + _MEMORY_SLACK)
+            cost_note = (
+                f"fusion-aware cut {'taken' if took else 'refused (memory)'}: saved bytes "
+                f"{plain} -> {mine}, forward writes for the backward {writes[0]} -> {writes[1]}"
+            )
+            if took:
+                saved = aware
     saved = _bind_backward_symbols(joint, nodes, saved, tangents, tangent_dep, bw_outs)
     nodes = list(joint.graph.nodes)  # with the sizes read for the backward, if any
     saved_set = set(saved)
@@ -292,7 +432,10 @@ def partition(joint: torch.fx.GraphModule, num_fw_outputs: int, strategy: str = 
     total = sum(nbytes(n.meta.get("val")) for n in saved)
     activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
     sizes = tuple(i for i, n in enumerate(saved) if isinstance(n.meta.get("val"), torch.SymInt))
-    return Partition(fw, bw, [n.name for n in saved], total, recomputed, activations, sizes)
+    writes = _fused_bytes(saved, materialized)
+    return Partition(
+        fw, bw, [n.name for n in saved], total, recomputed, activations, sizes, writes, cost_note
+    )
 
 
 def _symbols(val: Any) -> set[Any]:

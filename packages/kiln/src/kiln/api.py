@@ -10,7 +10,9 @@ import kiln_dynamo
 import kiln_loopir
 from kiln.backends import BACKENDS, COMPILE_LOG, CPU_BACKENDS, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
-_OPTIONS = frozenset({"strict", "cpu_backend", "cpp_options", "triton_options", *PASS_OPTIONS})
+_OPTIONS = frozenset(
+    {"strict", "cpu_backend", "cpp_options", "triton_options", "fusion_aware_saves", *PASS_OPTIONS}
+)
 
 
 def compile(
@@ -36,6 +38,10 @@ def compile(
     `{"triton_options": {"autotune_min_bytes": 0}}` the Triton code generator's
     (kiln_codegen_triton.TRITON_OPTIONS: the default mode's autotuning of large kernels, split
     reductions, tiling).
+    `{"fusion_aware_saves": False}` makes a training graph's partition weigh every saved value
+    by its bytes alone (kiln_aotgrad's Note [What saving a value costs]: by default a value the
+    forward would fuse away weighs twice its bytes, so LayerNorm saves x and its row statistics,
+    not the normalized rows).
     Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
     static first and makes the dims that changed symbolic on the next compile, True makes every
     size symbolic from the first call, False never does (a backend that cannot compile symbolic
@@ -75,6 +81,7 @@ def compile(
             cpu_backend=cpu_backend,
             cpp_options=cpp_options,
             triton_options=triton_options,
+            fusion_aware_saves=_bool_option(options, "fusion_aware_saves", True),
         )
     elif callable(backend):
         resolved = backend
@@ -85,6 +92,13 @@ def compile(
         return kiln_dynamo.compile(target, resolved, fullgraph=fullgraph, dynamic=dynamic)
 
     return wrap if model_or_fn is None else wrap(model_or_fn)
+
+
+def _bool_option(options: dict[str, Any] | None, name: str, default: bool) -> bool:
+    value = (options or {}).get(name, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"kiln.compile option {name!r} must be True or False, not {value!r}")
+    return value
 
 
 def reset() -> None:
