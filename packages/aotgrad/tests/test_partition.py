@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
-from aot_helpers import check
+from aot_helpers import Recorder, check
 from torch import nn
 
+import kiln_aotgrad
 from kiln_aotgrad import Partition
 from kiln_aotgrad.partition import recomputable
 
@@ -69,3 +72,133 @@ def test_dropout_gradients_match_eager_for_the_same_seed() -> None:
     model = nn.Sequential(nn.Linear(16, 16), nn.Dropout(0.5), nn.Linear(16, 4)).train()
     for seed in (0, 1, 2):
         check(model, torch.randn(32, 16, requires_grad=True), seed=seed)
+
+
+# Note [What saving a value costs]: the row statistics cross to the backward, not the
+# normalized rows.
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def _full_size_saved(p: Partition, numel: int) -> list[str]:
+    """Saved values as large as the rows that are neither graph inputs nor views of them."""
+    output = next(n for n in reversed(p.fw.graph.nodes) if n.op == "output")
+    values = list(output.args[0])[-len(p.saved) :]
+    out = []
+    for n in values:
+        base = n
+        while base.op == "call_function" and getattr(base.target, "is_view", False):
+            base = base.args[0]
+        val = n.meta.get("val")
+        if base.op != "placeholder" and isinstance(val, torch.Tensor) and val.numel() >= numel:
+            out.append(n.name)
+    return out
+
+
+def _norm_and_rows() -> list[tuple[nn.Module, torch.Tensor]]:
+    torch.manual_seed(0)
+    return [
+        (nn.LayerNorm(96), torch.randn(64, 96, requires_grad=True)),
+        (_RMSNorm(96), torch.randn(64, 96, requires_grad=True)),
+    ]
+
+
+def test_layer_norm_and_rms_norm_save_the_statistics_not_the_normalized_rows() -> None:
+    for model, x in _norm_and_rows():
+        p = _partition_of(check(model, x, atol=1e-4, rtol=1e-4))  # gradients equal eager
+        assert _full_size_saved(p, x.numel()) == [], (type(model).__name__, p.saved)
+        assert p.forward_writes == 0, p.saved
+        assert "taken" in p.cost_note, p.cost_note
+        assert p.recomputed  # the normalized rows, in the backward's kernels
+        # the statistics: a few floats a row, besides x and the weight
+        assert p.saved_bytes <= x.numel() * 4 + 96 * 4 * 2 + 64 * 4 * 3, p.saved_bytes
+
+
+def test_fusion_aware_saves_off_saves_the_normalized_rows() -> None:
+    model, x = _norm_and_rows()[0]
+    rec_on = check(model, x, atol=1e-4, rtol=1e-4)
+    rec = Recorder()
+    compiled = kiln_aotgrad.aot_module(copy.deepcopy(model), rec, fusion_aware_saves=False)
+    compiled(x.detach().requires_grad_()).sum().backward()
+    (art,) = compiled.compiled.values()
+    off = art.partition
+    assert off is not None and off.cost_note == ""
+    assert _full_size_saved(off, x.numel())  # xhat
+    assert off.forward_writes >= x.numel() * 4
+    assert _partition_of(rec_on).saved_bytes - off.saved_bytes <= 64 * 4 * 2  # a stat a row more
+
+
+def test_a_matmul_result_is_saved_not_recomputed() -> None:
+    # h = x @ w is written by the forward (an extern op); its LayerNorm's backward reads h, mean
+    # and rstd. The cut may not recompute the matmul for it, whatever the weights.
+    torch.manual_seed(0)
+    x = torch.randn(32, 16, requires_grad=True)
+    w = torch.randn(16, 48, requires_grad=True)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x @ w, (48,)).sin()
+
+    p = _partition_of(check(f, x, w, atol=1e-4, rtol=1e-4))
+    by_name = {n.name: n for n in p.bw.graph.nodes}
+    recomputed = {str(by_name[name].target) for name in p.recomputed}
+    assert not any("mm" in t for t in recomputed), recomputed
+    saved = {n.name: n for n in p.fw.graph.nodes if n.name in p.saved}
+    assert any(str(n.target).startswith("aten.mm") for n in saved.values()), p.saved
+    assert p.forward_writes <= 32 * 48 * 4, (p.forward_writes, p.saved)  # at most sin's input
+
+
+def test_a_cut_that_holds_much_more_memory_is_refused() -> None:
+    # Bytes alone save h = x[:, :90] + x[:, 10:] (0.9 of x); at twice h's bytes x is cheaper (it
+    # is an input: no write), but holds 11% more bytes: over the slack, the bytes-only cut stands.
+    x = torch.randn(64, 100, requires_grad=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x[:, :90] + x[:, 10:]).sin().sum()
+
+    p = _partition_of(check(f, x))
+    assert "refused (memory)" in p.cost_note, p.cost_note
+    assert p.saved_bytes == 64 * 90 * 4, (p.saved, p.saved_bytes)
+
+
+def test_layer_norm_with_symbolic_rows_saves_the_statistics() -> None:
+    import kiln_dynamo
+
+    kiln_dynamo.reset()
+    try:
+        torch.manual_seed(0)
+        model = nn.LayerNorm(32)
+        ref = copy.deepcopy(model)
+        rec = Recorder()
+        backend = kiln_aotgrad.aot_backend(rec)
+        backend.__kiln_dynamic_shapes__ = True  # type: ignore[attr-defined]
+        compiled = kiln_dynamo.compile(model, backend=backend, dynamic=True)
+        for rows in (5, 9, 17):
+            x = torch.randn(rows, 32)
+            out, want = compiled(x.clone().requires_grad_()), ref(x)
+            torch.testing.assert_close(out, want)
+            out.sum().backward()
+            want.sum().backward()
+            for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+        assert len(rec.graphs) == 2, len(rec.graphs)  # one symbolic forward and backward
+        fw = rec.graphs[0]
+        saved = [n for n in next(n for n in reversed(fw.graph.nodes) if n.op == "output").args[0][1:]]
+        rows_sized = [
+            n.name
+            for n in saved
+            if isinstance(n, torch.fx.Node)
+            and n.op != "placeholder"
+            and isinstance(n.meta.get("val"), torch.Tensor)
+            and n.meta["val"].dim() == 2
+            and n.meta["val"].shape[1] == 32
+        ]
+        assert rows_sized == [], rows_sized
+    finally:
+        kiln_dynamo.reset()
