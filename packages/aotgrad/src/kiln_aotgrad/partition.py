@@ -402,11 +402,11 @@ def partition(
         if fusion_aware:
             aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized)
             plain, mine = _bytes(saved), _bytes(aware)
-            writes = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
+            written = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
             took = mine <= plain * (1 + _MEMORY_SLACK)
             cost_note = (
                 f"fusion-aware cut {'taken' if took else 'refused (memory)'}: saved bytes "
-                f"{plain} -> {mine}, forward writes for the backward {writes[0]} -> {writes[1]}"
+                f"{plain} -> {mine}, forward writes for the backward {written[0]} -> {written[1]}"
             )
             if took:
                 saved = aware
