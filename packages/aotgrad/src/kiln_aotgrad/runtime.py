@@ -275,7 +275,8 @@ def _own_tensor(t: torch.Tensor, saved: Sequence[Any]) -> torch.Tensor:
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr and any(isinstance(s, torch.Tensor) and s.untyped_storage().data_ptr() == ptr for s in saved):
-            return _copy_strided(t)
+            t = _copy_strided(t)  # itself a view (`as_strided` of the copied region): set_ below
+            storage = t.untyped_storage()
         own = torch.empty((0,), dtype=t.dtype, device=t.device)
         return own.set_(storage, t.storage_offset(), t.shape, t.stride())
 
