@@ -36,19 +36,9 @@ from typing import Any
 import sympy
 import torch
 
-# the float functions are re-exported for the code generators (Note [Floats of sizes in C++])
-from kiln_symbolic import (  # noqa: F401
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatOp,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
-    IntOfFloat,
-    ToFloat,
-)
+# re-exported for the code generators, which do not import kiln_symbolic (Note [Floats of sizes
+# in a printer])
+from kiln_symbolic import FloatOp, IntOfFloat
 
 from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
 from .ir import ComputedBuffer
@@ -233,16 +223,51 @@ class IndexPrinter:
             raise NotImplementedError(f"non-integer index {expr}")
         raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
 
+    # Note [Floats of sizes in a printer]: a float of sizes (Note [Python float arithmetic on
+    # sizes, in its order] in kiln_symbolic) prints as one double operation of the language per
+    # Python operation, in Python's order; an integer part of one (Note [Integers of floats of
+    # sizes]) as the language's rounding of that double. A backend fills in the two tables,
+    # keyed by the function's name (``"FloatTrueDiv"``: ``"({a} / {b})"``), and says how a float
+    # literal and an integer operand become doubles; with the tables empty it declines, and the
+    # graph compiles with static sizes. A literal must read back as the same double, and an
+    # integer converts exactly (sizes are below 2**53), as Python converts an int meeting a float.
+    float_spellings: Mapping[str, str] = {}
+    int_of_float_spellings: Mapping[str, str] = {}
+
     def float_op(self, expr: FloatOp) -> str:
-        """A float of sizes (Note [Python float arithmetic on sizes, in its order] in
-        kiln_symbolic) as the language's double arithmetic; a backend that cannot spell it
-        declines, and the graph compiles with static sizes."""
-        raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
+        """A float of sizes as the language's double arithmetic (Note [Floats of sizes in a
+        printer])."""
+        fmt = self.float_spellings.get(type(expr).__name__)
+        if fmt is None:
+            raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
+        return fmt.format(**dict(zip("ab", (self._double(a) for a in expr.args), strict=False)))
 
     def int_of_float(self, expr: IntOfFloat) -> str:
-        """The integer part of a float of sizes (Note [Integers of floats of sizes] in
-        kiln_symbolic); a backend that cannot spell it declines, as for `float_op`."""
-        raise NotImplementedError(f"an integer of a float of sizes ({expr}) in {type(self).__name__}")
+        """The integer part of a float of sizes (Note [Floats of sizes in a printer])."""
+        fmt = self.int_of_float_spellings.get(type(expr).__name__)
+        if fmt is None:
+            raise NotImplementedError(f"an integer of a float of sizes ({expr}) in {type(self).__name__}")
+        return fmt.format(a=self._double(expr.args[0]))
+
+    def float_literal(self, value: float) -> str:
+        """A finite float literal that the language reads back as the same double."""
+        raise NotImplementedError
+
+    def int_as_double(self, text: str) -> str:
+        """An integer expression's text converted to double."""
+        raise NotImplementedError
+
+    def _double(self, e: sympy.Expr) -> str:
+        if isinstance(e, FloatOp):
+            return self.float_op(e)
+        if isinstance(e, sympy.Float):
+            value = float(e)
+            if not math.isfinite(value):
+                raise NotImplementedError(f"a float of sizes with a non-finite literal ({e})")
+            return self.float_literal(value)
+        if not e.is_integer:
+            raise NotImplementedError(f"a float of sizes with a non-integer operand ({e})")
+        return self.int_as_double(self.print(e))
 
 
 # -------------------------------------------------------------------------------------------
