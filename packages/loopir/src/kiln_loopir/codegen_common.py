@@ -28,7 +28,7 @@ the wrappers' skeletons, whose calls, allocation and launch code differ).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -314,9 +314,8 @@ def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
 class OpsHandlerBase:
     """What a kernel builder's ``ops`` handler does the same way in every language.
 
-    A subclass keeps ``counter`` (the last fresh variable's number), ``scopes`` (a stack of
-    ``(lines, cse, forwarded stores)``, innermost last) and ``param_order`` (the buffers the
-    kernel takes, in first-use order), and implements ``constant`` (a Python scalar as a value of
+    The state every builder keeps is set by ``__init__``; a subclass keeps ``scopes`` (a stack of
+    ``(lines, cse, forwarded stores)``, innermost last) and implements ``constant`` (a Python scalar as a value of
     its value class ``value_type``), ``_as`` (a value converted to a dtype) and ``_math``; it
     names its own ``unsupported`` exception. Values are the subclass's: this class only moves
     them around.
@@ -324,9 +323,30 @@ class OpsHandlerBase:
 
     value_type: type = object
     unsupported: type[Exception] = NotImplementedError
-    counter: int
     scopes: list[tuple[list[str], dict[Any, Any], dict[Any, Any]]]
-    param_order: list[str]
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[ComputedBuffer],
+        reads: Sequence[Set[str]],
+        dtypes: dict[str, torch.dtype],
+        internal: set[str],
+    ) -> None:
+        """The state every kernel builder keeps: the kernel's name, its member buffers and what
+        each reads, every buffer's dtype, the buffers internal to the kernel; the last fresh
+        variable's number, the parameters in first-use order, the buffers loaded and stored, and
+        whether the reduction being generated is trivial (a reduction over one element)."""
+        self.name = name
+        self.members = list(members)
+        self.reads = list(reads)
+        self.dtypes = dtypes
+        self.internal = internal
+        self.counter = 0
+        self.param_order: list[str] = []
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.trivial = False
 
     def constant(self, value: Any, dtype: torch.dtype) -> Any:
         raise NotImplementedError
@@ -344,6 +364,24 @@ class OpsHandlerBase:
     @property
     def lines(self) -> list[str]:
         return self.scopes[-1][0]
+
+    def _computed(self, expr: str, dtype: torch.dtype) -> Any:
+        """The value of ``expr`` at ``dtype`` that this scope or an enclosing one already holds
+        (common subexpressions), or None."""
+        for _, cse, _ in reversed(self.scopes):
+            hit = cse.get(expr)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        return None
+
+    def _forwarded(self, key: tuple[str, str]) -> Any:
+        """The value this scope or an enclosing one stored at ``key`` (buffer name, index text),
+        which a later load reads instead of memory; or None."""
+        for _, _, fwd in reversed(self.scopes):
+            hit = fwd.get(key)
+            if hit is not None:
+                return hit
+        return None
 
     def _param(self, name: str) -> str:
         if name not in self.param_order:
