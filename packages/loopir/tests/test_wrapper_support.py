@@ -114,3 +114,18 @@ def test_wrapper_constants_name_what_has_no_literal() -> None:
     assert literals == ["None", "True", "3", "'a'", "0.5", "_torch.float16"]
     assert (w.const(float("inf")), w.const(t)) == ("_c0", "_c1")
     assert w.namespace["_c0"] == float("inf") and w.namespace["_c1"] is t and w.consts == 2
+
+
+def test_wrapper_namespace_holds_the_shared_names() -> None:
+    from kiln_loopir.wrapper_support import (
+        DataDependentCheckFailed,
+        conform_input,
+        dense_storage,
+        flat_storage,
+        wrapper_namespace,
+    )
+
+    ns = wrapper_namespace()
+    assert (ns["_flat"], ns["_dense"], ns["_conform"]) == (flat_storage, dense_storage, conform_input)
+    assert ns["_CheckFailed"] is DataDependentCheckFailed and ns["_torch"] is torch
+    assert wrapper_namespace() is not ns  # each wrapper adds its own names to a fresh dict
