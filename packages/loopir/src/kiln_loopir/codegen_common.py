@@ -10,11 +10,13 @@ do not depend on the language live here, so that a backend fills in tables and h
 * the printer of sympy index expressions (:class:`IndexPrinter`: the recursion over
   ``FloorDiv`` / ``ModularIndexing`` / ``Min`` / ``Max`` / powers, with floor-correct division of
   values that may be negative, Note [Floor division of values that may be negative] in
-  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written;
+  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written, and
+  fills in the tables of how a float of sizes is spelled (Note [Floats of sizes in a printer]);
 * the size helpers both kernel builders use (:func:`size_of`, :func:`same_size`,
   :func:`real_reduction`, :func:`unflatten`) and the parts of their ``ops`` handlers that print
-  nothing of their own (:class:`OpsHandlerBase`: constants as values, operand promotion, the
-  trivial reduction, fresh variable names, parameters).
+  nothing of their own (:class:`OpsHandlerBase`: the state every builder sets up, constants as
+  values, operand promotion, the trivial reduction, fresh variable names, parameters, the lookup
+  of common subexpressions and forwarded stores through the scopes).
 
 Note [Shared code generation parts]: what moves here is what the C++ and Triton generators held
 twice with the same logic; the generators import it from here (``cpp_ops.HALF`` and
@@ -22,7 +24,9 @@ twice with the same logic; the generators import it from here (``cpp_ops.HALF`` 
 what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
-the wrappers' skeletons, whose calls, allocation and launch code differ).
+the wrappers' skeletons, whose calls, allocation and launch code differ: only the names both
+wrappers' sources use are shared, ``wrapper_support.wrapper_namespace``; the spelling tables and
+launch heuristics, which are each language's own).
 """
 
 from __future__ import annotations
