@@ -121,8 +121,10 @@ def test_max_autotune_times_configs_once_and_caches_on_disk(device: str, cache_r
     assert tuned >= 1 and counters["autotuned"] - before["autotuned"] == tuned  # first call only
     chosen = [launcher.config for launcher in backend.last_launchers.values()]
     assert all(c is not None for c in chosen)
-    records = list((Path(cache_root) / "triton" / "autotune").glob("*.json"))
-    assert len(records) >= tuned and "config" in json.loads(records[0].read_text())
+    # the session's cache also holds the records of other tests (a matmul template's choice has
+    # no "config"), in no fixed order: count the kernels' records only
+    records = [json.loads(p.read_text()) for p in (Path(cache_root) / "triton" / "autotune").glob("*.json")]
+    assert len([r for r in records if "config" in r]) >= tuned
     # a new compilation (another process, say) reads the choices instead of timing again
     again = check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"))
     assert counters["autotune_hits"] - before["autotune_hits"] == tuned
