@@ -19,6 +19,7 @@ os.environ["KILN_CACHE_DIR"] = _CACHE
 
 import kiln_loopir  # noqa: E402
 from kiln_codegen_cpp import CppBackend  # noqa: E402
+from kiln_loopir.testing import seed_generators  # noqa: E402
 
 if not any(ep.name == "cpp" for ep in importlib.metadata.entry_points(group="kiln_loopir.backends")):
     kiln_loopir.register_backend("cpp", CppBackend)
@@ -27,3 +28,8 @@ if not any(ep.name == "cpp" for ep in importlib.metadata.entry_points(group="kil
 @pytest.fixture
 def cache_root() -> str:
     return _CACHE
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest) -> None:
+    seed_generators(request.node.nodeid)  # Note [Seeded tests] in kiln_loopir.testing

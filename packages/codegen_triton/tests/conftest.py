@@ -24,6 +24,7 @@ os.environ["KILN_CACHE_DIR"] = _CACHE
 
 import kiln_loopir  # noqa: E402
 from kiln_codegen_triton import TritonBackend  # noqa: E402
+from kiln_loopir.testing import seed_generators  # noqa: E402
 
 if not any(ep.name == "triton" for ep in importlib.metadata.entry_points(group="kiln_loopir.backends")):
     kiln_loopir.register_backend("triton", TritonBackend)
@@ -38,3 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture
 def cache_root() -> str:
     return _CACHE
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest) -> None:
+    seed_generators(request.node.nodeid)  # Note [Seeded tests] in kiln_loopir.testing

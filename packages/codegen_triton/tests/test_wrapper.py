@@ -121,8 +121,10 @@ def test_max_autotune_times_configs_once_and_caches_on_disk(device: str, cache_r
     assert tuned >= 1 and counters["autotuned"] - before["autotuned"] == tuned  # first call only
     chosen = [launcher.config for launcher in backend.last_launchers.values()]
     assert all(c is not None for c in chosen)
-    records = list((Path(cache_root) / "triton" / "autotune").glob("*.json"))
-    assert len(records) >= tuned and "config" in json.loads(records[0].read_text())
+    # the session's cache also holds the records of other tests (a matmul template's choice has
+    # no "config"), in no fixed order: count the kernels' records only
+    records = [json.loads(p.read_text()) for p in (Path(cache_root) / "triton" / "autotune").glob("*.json")]
+    assert len([r for r in records if "config" in r]) >= tuned
     # a new compilation (another process, say) reads the choices instead of timing again
     again = check(fn, x, device=device, backend=TritonBackend(mode="max-autotune"))
     assert counters["autotune_hits"] - before["autotune_hits"] == tuned
@@ -194,8 +196,9 @@ def test_graphs_that_mutate_inputs_are_not_recorded(device: str) -> None:
 def test_extern_outputs_returned_as_none_pass_through() -> None:
     # CUDA flash attention returns None for cum_seq_q/cum_seq_k, which its meta kernel gives as
     # tensors; the wrapper's _flat must not fail on them (bf16 GPT-2 on the H200 did).
-    from kiln_codegen_triton.wrapper import _flat
+    from kiln_loopir.wrapper_support import wrapper_namespace
 
+    _flat = wrapper_namespace()["_flat"]  # Note [The names every wrapper uses]
     assert _flat(None, 4, (4,), (1,), 0) is None
     t = torch.arange(6.0).view(2, 3)
     flat = _flat(t.t(), 6, (3, 2), (2, 1), 0)

@@ -3,6 +3,7 @@ spellings and printer hooks only, and gets promotion, lookup order and floor-cor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,9 +138,8 @@ class ToyHandler(OpsHandlerBase):
     unsupported = LookupError
 
     def __init__(self) -> None:
-        self.counter = 0
+        super().__init__("k", [], [], {}, set())
         self.scopes = [([], {}, {})]
-        self.param_order = []
 
     def constant(self, value: Any, dtype: torch.dtype) -> ToyValue:
         return ToyValue(repr(constant_value(value, dtype)), dtype, True, value)
@@ -176,3 +176,40 @@ def test_ops_handler_skeleton() -> None:
         "p_buf0",
     )
     assert h.param_order == ["buf0"] and h.lines == []
+    h.scopes.append(([], {}, {}))
+    h.scopes[0][1]["a + b"] = x
+    h.scopes[0][2][("buf0", "x0")] = y
+    assert h._computed("a + b", torch.int32) is x and h._computed("a + b", torch.int64) is None
+    assert h._forwarded(("buf0", "x0")) is y and h._forwarded(("buf1", "x0")) is None
+
+
+class FloatPrinter(PyPrinter):
+    """The toy backend with doubles: Note [Floats of sizes in a printer]."""
+
+    float_spellings: Mapping[str, str] = {
+        "FloatTrueDiv": "({a} / {b})",
+        "FloatAdd": "({a} + {b})",
+        "ToFloat": "{a}",
+    }
+    int_of_float_spellings: Mapping[str, str] = {"FloorOfFloat": "floor({a})"}
+
+    def float_literal(self, value: float) -> str:
+        return repr(value)
+
+    def int_as_double(self, text: str) -> str:
+        return f"double({text})"
+
+
+def test_floats_of_sizes_print_from_the_backends_tables() -> None:
+    from kiln_symbolic import FloatAdd, FloatSqrt, FloatTrueDiv, FloorOfFloat, ToFloat
+
+    n = sympy.Symbol("s0", integer=True, positive=True)
+    half = FloatAdd(FloatTrueDiv(n, 3), sympy.Float(0.5, 53))
+    assert FloatPrinter().print(half) == "((double(s0) / double(3)) + 0.5)"
+    assert FloatPrinter().print(FloorOfFloat(ToFloat(n + 1))) == "floor(double((1 + s0)))"
+    with pytest.raises(NotImplementedError, match="float of sizes"):
+        FloatPrinter().print(FloatSqrt(n))  # not in the table: declined
+    with pytest.raises(NotImplementedError, match="float of sizes"):
+        PyPrinter().print(half)  # no tables at all
+    with pytest.raises(NotImplementedError, match="non-integer operand"):
+        FloatPrinter().print(FloatAdd(n, sympy.Rational(1, 3)))

@@ -114,3 +114,35 @@ def test_wrapper_constants_name_what_has_no_literal() -> None:
     assert literals == ["None", "True", "3", "'a'", "0.5", "_torch.float16"]
     assert (w.const(float("inf")), w.const(t)) == ("_c0", "_c1")
     assert w.namespace["_c0"] == float("inf") and w.namespace["_c1"] is t and w.consts == 2
+
+
+def test_wrapper_namespace_holds_the_shared_names() -> None:
+    from kiln_loopir.wrapper_support import (
+        DataDependentCheckFailed,
+        conform_input,
+        dense_storage,
+        flat_storage,
+        wrapper_namespace,
+    )
+
+    ns = wrapper_namespace()
+    assert (ns["_flat"], ns["_dense"], ns["_conform"]) == (flat_storage, dense_storage, conform_input)
+    assert ns["_CheckFailed"] is DataDependentCheckFailed and ns["_torch"] is torch
+    assert wrapper_namespace() is not ns  # each wrapper adds its own names to a fresh dict
+
+
+def test_seed_generators_seeds_per_test_and_base(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Seeded tests]: the same test id draws the same data; another id or base, other data."""
+    import random
+
+    from kiln_loopir.testing import seed_generators
+
+    def draw(test_id: str) -> tuple[float, list[float]]:
+        seed_generators(test_id)
+        return random.random(), torch.randn(4).tolist()
+
+    monkeypatch.delenv("KILN_TEST_SEED", raising=False)
+    first = draw("tests/a.py::test_x")
+    assert draw("tests/a.py::test_x") == first and draw("tests/a.py::test_y") != first
+    monkeypatch.setenv("KILN_TEST_SEED", "1")
+    assert draw("tests/a.py::test_x") != first

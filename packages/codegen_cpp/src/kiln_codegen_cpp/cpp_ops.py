@@ -10,24 +10,15 @@ rounds each op's result), so the C++ computes "in float" and matches eager's rou
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import sympy
 import torch
 
 from kiln_loopir.codegen_common import (
     HALF,
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatOp,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
     IndexPrinter,
-    IntOfFloat,
     OpSpellings,
-    ToFloat,
     UnsupportedDtype,
     constant_value,
 )
@@ -234,42 +225,31 @@ class CppIndexPrinter(IndexPrinter):
 
     # Note [Floats of sizes in C++]: a float computed from sizes (`torch.full(shape, n / 3)`,
     # Note [Python float arithmetic on sizes, in its order] in kiln_symbolic) is one double
-    # operation per Python operation, in Python's order: int operands (sizes, their integer
-    # expressions) are converted to double first, as Python converts an int meeting a float
-    # (exact below 2**53; an int / int true division of such ints is the correctly rounded
-    # quotient, as Python's); float literals are printed with Python's repr, which C++ reads
-    # back as the same double. `index_expr` then converts the double to the kernel's type, as
-    # eager converts the Python scalar.
-    def float_op(self, expr: FloatOp) -> str:
-        ops = {FloatTrueDiv: "/", FloatMul: "*", FloatAdd: "+", FloatSub: "-"}
-        args = [self._double(a) for a in expr.args]
-        if isinstance(expr, ToFloat):
-            return args[0]
-        if isinstance(expr, FloatNeg):
-            return f"(-{args[0]})"
-        if isinstance(expr, FloatPow):  # C's pow and sqrt, as Python's float ** and math.sqrt
-            return f"std::pow({args[0]}, {args[1]})"
-        if isinstance(expr, FloatSqrt):
-            return f"std::sqrt({args[0]})"
-        return f"({args[0]} {ops[type(expr)]} {args[1]})"
-
+    # operation per Python operation, in Python's order (Note [Floats of sizes in a printer] in
+    # kiln_loopir): int operands (sizes, their integer expressions) are converted to double
+    # first, as Python converts an int meeting a float (exact below 2**53; an int / int true
+    # division of such ints is the correctly rounded quotient, as Python's); float literals are
+    # printed with Python's repr, which C++ reads back as the same double; C's pow and sqrt, as
+    # Python's float ** and math.sqrt. `index_expr` then converts the double to the kernel's
+    # type, as eager converts the Python scalar.
+    float_spellings: Mapping[str, str] = {
+        "FloatTrueDiv": "({a} / {b})", "FloatMul": "({a} * {b})", "FloatAdd": "({a} + {b})",
+        "FloatSub": "({a} - {b})", "FloatNeg": "(-{a})", "FloatPow": "std::pow({a}, {b})",
+        "FloatSqrt": "std::sqrt({a})", "ToFloat": "{a}",
+    }  # fmt: skip
     # Note [Integers of floats of sizes] (kiln_symbolic): `math.floor` / `ceil` / `trunc` of the
     # double, converted to int64 (exact: the double is integral after rounding)
-    def int_of_float(self, expr: IntOfFloat) -> str:
-        rounding = {"FloorOfFloat": "std::floor", "CeilOfFloat": "std::ceil", "TruncOfFloat": "std::trunc"}
-        return f"static_cast<int64_t>({rounding[type(expr).__name__]}({self._double(expr.args[0])}))"
+    int_of_float_spellings: Mapping[str, str] = {
+        "FloorOfFloat": "static_cast<int64_t>(std::floor({a}))",
+        "CeilOfFloat": "static_cast<int64_t>(std::ceil({a}))",
+        "TruncOfFloat": "static_cast<int64_t>(std::trunc({a}))",
+    }
 
-    def _double(self, e: sympy.Expr) -> str:
-        if isinstance(e, FloatOp):
-            return self.float_op(e)
-        if isinstance(e, sympy.Float):
-            value = float(e)
-            if not math.isfinite(value):
-                raise NotImplementedError(f"a float of sizes with a non-finite literal ({e})")
-            return f"({value!r})"
-        if not e.is_integer:
-            raise NotImplementedError(f"a float of sizes with a non-integer operand ({e})")
-        return f"static_cast<double>({self.print(e)})"
+    def float_literal(self, value: float) -> str:
+        return f"({value!r})"
+
+    def int_as_double(self, text: str) -> str:
+        return f"static_cast<double>({text})"
 
 
 _PRINTER = CppIndexPrinter()

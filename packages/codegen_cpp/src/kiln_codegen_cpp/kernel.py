@@ -545,13 +545,9 @@ class KernelBuilder(OpsHandlerBase):
         *,
         aliased: Set[str] = frozenset(),
     ) -> None:
-        self.name = name
+        super().__init__(name, members, reads, dtypes, internal)
         self.aliased = aliased  # buffers that share memory with another parameter
         self.options = options or CppOptions()
-        self.members = list(members)
-        self.reads = list(reads)
-        self.dtypes = dtypes
-        self.internal = internal
         self.serial = any(isinstance(m, Scatter) for m in members)
         # Note [Pointwise producers in a column reduction's order] (kiln_loopir's scheduler.py):
         # a reordered producer's body splits the column kernel's flat position ``x0 + 32*r0``
@@ -560,10 +556,6 @@ class KernelBuilder(OpsHandlerBase):
         self._simplify: Callable[[sympy.Expr, Any], sympy.Expr] = (
             simplify_reordered if any(isinstance(m, ReorderedPointwise) for m in members) else simplify_index
         )
-        self.counter = 0
-        self.param_order: list[str] = []
-        self.loaded: set[str] = set()
-        self.stored: set[str] = set()
         self.errors: list[ErrorSite] = []
         self.accesses: list[sympy.Expr] = []
         # Note [Scatter loops and omp simd]: the index of every accumulating store, and for each
@@ -575,7 +567,6 @@ class KernelBuilder(OpsHandlerBase):
         self.masks: list[str] = []  # the masks around a branch-free masked body
         self.xforward: dict[tuple[str, str], CppValue] = {}
         self.phase: RPhase | None = None
-        self.trivial = False
         # Note [Stashing across phases]: the r-phases that are finished, and for each variable
         # of the current phase the variable of an earlier phase that holds the same value
         self.done_phases: list[RPhase] = []
@@ -727,10 +718,9 @@ class KernelBuilder(OpsHandlerBase):
     # --------------------------------------------------------------------------------- helpers
 
     def _cse(self, expr: str, dtype: torch.dtype, const: bool = False, expensive: bool = False) -> CppValue:
-        for _, cse, _ in reversed(self.scopes):
-            hit = cse.get(expr)
-            if hit is not None and hit.dtype == dtype:
-                return hit
+        hit = self._computed(expr, dtype)
+        if hit is not None:
+            return hit
         var = self._new()
         earlier = self._in_earlier_phase(expr, dtype)
         if earlier is not None and expensive and self._may_stash(dtype):
@@ -830,10 +820,9 @@ class KernelBuilder(OpsHandlerBase):
     def load(self, name: str, index: Any) -> CppValue:
         expr = self._index(index, name)
         key = (name, str(expr))
-        for _, _, fwd in reversed(self.scopes):
-            hit = fwd.get(key)
-            if hit is not None:
-                return hit
+        hit = self._forwarded(key)
+        if hit is not None:
+            return hit
         hit = self.xforward.get(key)
         if hit is not None:
             return hit

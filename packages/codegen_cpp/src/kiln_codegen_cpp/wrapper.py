@@ -80,7 +80,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import threading
 from collections import Counter
@@ -109,7 +108,6 @@ from kiln_loopir.scheduler import (
     Scheduler,
 )
 from kiln_loopir.wrapper_support import (
-    DataDependentCheckFailed,
     WrapperConstants,
     dense_shape,
     extern_callable,
@@ -121,10 +119,8 @@ from kiln_loopir.wrapper_support import (
     py_tuple,
     symbol_bindings,
     unbacked_bindings,
+    wrapper_namespace,
 )
-from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_storage as _dense
-from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
@@ -294,17 +290,7 @@ class WrapperCodegen(WrapperConstants):
         self.buffers_as_viewed = True  # Note [Buffers allocated as their readers view them]
         self.viewed_as: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {
-            "math": math,  # sizes from floats of sizes (Note [Integers of floats of sizes])
-            "_torch": torch,
-            "_flat": _flat,
-            "_dense": _dense,
-            "_conform": _conform,
-            "_CheckFailed": DataDependentCheckFailed,
-            "_empty": torch.empty,
-            "_empty_strided": torch.empty_strided,
-            "_range": _kernel_range,
-        }
+        self.namespace: dict[str, Any] = wrapper_namespace() | {"_range": _kernel_range}
         # KILN_PROFILE=1: every kernel call is a named range in torch.profiler's tables
         self.profile = os.environ.get("KILN_PROFILE", "") not in ("", "0")
         self.inputs: dict[str, InputBuffer] = {}

@@ -300,18 +300,10 @@ class _Generator(OpsHandlerBase):
         index_dtype: str,
         debug: bool,
     ) -> None:
-        self.name = name
-        self.members = list(members)
-        self.reads = list(reads)
-        self.dtypes = dtypes
-        self.internal = internal
+        super().__init__(name, members, reads, dtypes, internal)
         self.plan = plan
         self.index_dtype = index_dtype
         self.debug = debug
-        self.counter = 0
-        self.param_order: list[str] = []
-        self.loaded: set[str] = set()
-        self.stored: set[str] = set()
         self.accesses: list[tuple[str, sympy.Expr, bool]] = []
         self.atomic = any(isinstance(m, Scatter) for m in members)
         self.sym_axes: dict[sympy.Symbol, frozenset[str]] = {}
@@ -322,7 +314,6 @@ class _Generator(OpsHandlerBase):
         self.scopes: list[tuple[list[str], dict[str, TValue], dict[tuple[str, str], TValue]]] = []
         self.xforward: dict[tuple[str, str], TValue] = {}
         self.xcse: dict[str, TValue] = {}
-        self.trivial = False
         self.looped = plan.kind == "looped"
         # Note [Symbolic sizes in Triton kernels]: size symbols the kernel's code names
         self.size_symbols: set[sympy.Symbol] = set()
@@ -432,10 +423,9 @@ class _Generator(OpsHandlerBase):
         self.lines.append(line)
 
     def _cse(self, expr: str, dtype: torch.dtype, axes: frozenset[str]) -> TValue:
-        for _, cse, _ in reversed(self.scopes):
-            hit = cse.get(expr)
-            if hit is not None and hit.dtype == dtype:
-                return hit
+        hit = self._computed(expr, dtype)
+        if hit is not None:
+            return hit
         var = self._new()
         self._emit(f"{var} = {expr}")
         value = TValue(var, dtype, axes)
@@ -496,10 +486,9 @@ class _Generator(OpsHandlerBase):
     def load(self, name: str, index: Any) -> TValue:
         expr, axes = self._index(index)
         key = (name, str(expr))
-        for _, _, fwd in reversed(self.scopes):
-            hit = fwd.get(key)
-            if hit is not None:
-                return hit
+        hit = self._forwarded(key)
+        if hit is not None:
+            return hit
         self.accesses.append((name, expr, False))
         dtype = self.dtypes[name]
         extra = list(self.mask_stack)

@@ -118,7 +118,6 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 from collections.abc import Callable, Set
@@ -146,7 +145,6 @@ from kiln_loopir.scheduler import (
     TemplateSchedulerNode,
 )
 from kiln_loopir.wrapper_support import (
-    DataDependentCheckFailed,
     WrapperConstants,
     dense_shape,
     extern_callable,
@@ -157,10 +155,8 @@ from kiln_loopir.wrapper_support import (
     py_size,
     symbol_bindings,
     unbacked_bindings,
+    wrapper_namespace,
 )
-from kiln_loopir.wrapper_support import conform_input as _conform
-from kiln_loopir.wrapper_support import dense_storage as _dense
-from kiln_loopir.wrapper_support import flat_storage as _flat
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .interp import interpreting
@@ -216,17 +212,8 @@ class WrapperCodegen(WrapperConstants):
         self.launchers = launchers
         self.lines: list[str] = []
         self.device = graph.device
-        self.namespace: dict[str, Any] = {
-            "math": math,  # floats of sizes (`math.sqrt(s1)`, Note [Floats of sizes in Triton])
-            "_torch": torch,
-            "_flat": _flat,
-            "_conform": _conform,
-            "_empty": torch.empty,
-            "_empty_strided": torch.empty_strided,
-            "_dense": _dense,
-            "_device": self.device,
-            "_CheckFailed": DataDependentCheckFailed,
-        }
+        # `math`: floats of sizes (`math.sqrt(s1)`, Note [Floats of sizes in Triton])
+        self.namespace: dict[str, Any] = wrapper_namespace() | {"_device": self.device}
         self.consts = 0
         self.lean = os.environ.get("KILN_LEAN_WRAPPER", "1") != "0"  # Note [A lean wrapper]
         # Note [A lean wrapper], for the results of a graph of symbolic sizes too (the symbolic

@@ -10,11 +10,13 @@ do not depend on the language live here, so that a backend fills in tables and h
 * the printer of sympy index expressions (:class:`IndexPrinter`: the recursion over
   ``FloorDiv`` / ``ModularIndexing`` / ``Min`` / ``Max`` / powers, with floor-correct division of
   values that may be negative, Note [Floor division of values that may be negative] in
-  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written;
+  ``indexing.py``); a backend says how integers, symbols and ``min``/``max`` are written, and
+  fills in the tables of how a float of sizes is spelled (Note [Floats of sizes in a printer]);
 * the size helpers both kernel builders use (:func:`size_of`, :func:`same_size`,
   :func:`real_reduction`, :func:`unflatten`) and the parts of their ``ops`` handlers that print
-  nothing of their own (:class:`OpsHandlerBase`: constants as values, operand promotion, the
-  trivial reduction, fresh variable names, parameters).
+  nothing of their own (:class:`OpsHandlerBase`: the state every builder sets up, constants as
+  values, operand promotion, the trivial reduction, fresh variable names, parameters, the lookup
+  of common subexpressions and forwarded stores through the scopes).
 
 Note [Shared code generation parts]: what moves here is what the C++ and Triton generators held
 twice with the same logic; the generators import it from here (``cpp_ops.HALF`` and
@@ -22,13 +24,15 @@ twice with the same logic; the generators import it from here (``cpp_ops.HALF`` 
 what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
-the wrappers' skeletons, whose calls, allocation and launch code differ).
+the wrappers' skeletons, whose calls, allocation and launch code differ: only the names both
+wrappers' sources use are shared, ``wrapper_support.wrapper_namespace``; the spelling tables and
+launch heuristics, which are each language's own).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -36,19 +40,9 @@ from typing import Any
 import sympy
 import torch
 
-# the float functions are re-exported for the code generators (Note [Floats of sizes in C++])
-from kiln_symbolic import (  # noqa: F401
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatOp,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
-    IntOfFloat,
-    ToFloat,
-)
+# re-exported for the code generators, which do not import kiln_symbolic (Note [Floats of sizes
+# in a printer])
+from kiln_symbolic import FloatOp, IntOfFloat
 
 from .indexing import FloorDiv, ModularIndexing, contiguous_strides, floor_division_text, floor_modulo_text
 from .ir import ComputedBuffer
@@ -233,16 +227,51 @@ class IndexPrinter:
             raise NotImplementedError(f"non-integer index {expr}")
         raise NotImplementedError(f"index expression {expr} ({type(expr).__name__})")
 
+    # Note [Floats of sizes in a printer]: a float of sizes (Note [Python float arithmetic on
+    # sizes, in its order] in kiln_symbolic) prints as one double operation of the language per
+    # Python operation, in Python's order; an integer part of one (Note [Integers of floats of
+    # sizes]) as the language's rounding of that double. A backend fills in the two tables,
+    # keyed by the function's name (``"FloatTrueDiv"``: ``"({a} / {b})"``), and says how a float
+    # literal and an integer operand become doubles; with the tables empty it declines, and the
+    # graph compiles with static sizes. A literal must read back as the same double, and an
+    # integer converts exactly (sizes are below 2**53), as Python converts an int meeting a float.
+    float_spellings: Mapping[str, str] = {}
+    int_of_float_spellings: Mapping[str, str] = {}
+
     def float_op(self, expr: FloatOp) -> str:
-        """A float of sizes (Note [Python float arithmetic on sizes, in its order] in
-        kiln_symbolic) as the language's double arithmetic; a backend that cannot spell it
-        declines, and the graph compiles with static sizes."""
-        raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
+        """A float of sizes as the language's double arithmetic (Note [Floats of sizes in a
+        printer])."""
+        fmt = self.float_spellings.get(type(expr).__name__)
+        if fmt is None:
+            raise NotImplementedError(f"a float of sizes ({expr}) in {type(self).__name__}")
+        return fmt.format(**dict(zip("ab", (self._double(a) for a in expr.args), strict=False)))
 
     def int_of_float(self, expr: IntOfFloat) -> str:
-        """The integer part of a float of sizes (Note [Integers of floats of sizes] in
-        kiln_symbolic); a backend that cannot spell it declines, as for `float_op`."""
-        raise NotImplementedError(f"an integer of a float of sizes ({expr}) in {type(self).__name__}")
+        """The integer part of a float of sizes (Note [Floats of sizes in a printer])."""
+        fmt = self.int_of_float_spellings.get(type(expr).__name__)
+        if fmt is None:
+            raise NotImplementedError(f"an integer of a float of sizes ({expr}) in {type(self).__name__}")
+        return fmt.format(a=self._double(expr.args[0]))
+
+    def float_literal(self, value: float) -> str:
+        """A finite float literal that the language reads back as the same double."""
+        raise NotImplementedError
+
+    def int_as_double(self, text: str) -> str:
+        """An integer expression's text converted to double."""
+        raise NotImplementedError
+
+    def _double(self, e: sympy.Expr) -> str:
+        if isinstance(e, FloatOp):
+            return self.float_op(e)
+        if isinstance(e, sympy.Float):
+            value = float(e)
+            if not math.isfinite(value):
+                raise NotImplementedError(f"a float of sizes with a non-finite literal ({e})")
+            return self.float_literal(value)
+        if not e.is_integer:
+            raise NotImplementedError(f"a float of sizes with a non-integer operand ({e})")
+        return self.int_as_double(self.print(e))
 
 
 # -------------------------------------------------------------------------------------------
@@ -289,9 +318,8 @@ def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
 class OpsHandlerBase:
     """What a kernel builder's ``ops`` handler does the same way in every language.
 
-    A subclass keeps ``counter`` (the last fresh variable's number), ``scopes`` (a stack of
-    ``(lines, cse, forwarded stores)``, innermost last) and ``param_order`` (the buffers the
-    kernel takes, in first-use order), and implements ``constant`` (a Python scalar as a value of
+    The state every builder keeps is set by ``__init__``; a subclass keeps ``scopes`` (a stack of
+    ``(lines, cse, forwarded stores)``, innermost last) and implements ``constant`` (a Python scalar as a value of
     its value class ``value_type``), ``_as`` (a value converted to a dtype) and ``_math``; it
     names its own ``unsupported`` exception. Values are the subclass's: this class only moves
     them around.
@@ -299,9 +327,30 @@ class OpsHandlerBase:
 
     value_type: type = object
     unsupported: type[Exception] = NotImplementedError
-    counter: int
     scopes: list[tuple[list[str], dict[Any, Any], dict[Any, Any]]]
-    param_order: list[str]
+
+    def __init__(
+        self,
+        name: str,
+        members: Sequence[ComputedBuffer],
+        reads: Sequence[Set[str]],
+        dtypes: dict[str, torch.dtype],
+        internal: set[str],
+    ) -> None:
+        """The state every kernel builder keeps: the kernel's name, its member buffers and what
+        each reads, every buffer's dtype, the buffers internal to the kernel; the last fresh
+        variable's number, the parameters in first-use order, the buffers loaded and stored, and
+        whether the reduction being generated is trivial (a reduction over one element)."""
+        self.name = name
+        self.members = list(members)
+        self.reads = list(reads)
+        self.dtypes = dtypes
+        self.internal = internal
+        self.counter = 0
+        self.param_order: list[str] = []
+        self.loaded: set[str] = set()
+        self.stored: set[str] = set()
+        self.trivial = False
 
     def constant(self, value: Any, dtype: torch.dtype) -> Any:
         raise NotImplementedError
@@ -319,6 +368,24 @@ class OpsHandlerBase:
     @property
     def lines(self) -> list[str]:
         return self.scopes[-1][0]
+
+    def _computed(self, expr: str, dtype: torch.dtype) -> Any:
+        """The value of ``expr`` at ``dtype`` that this scope or an enclosing one already holds
+        (common subexpressions), or None."""
+        for _, cse, _ in reversed(self.scopes):
+            hit = cse.get(expr)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        return None
+
+    def _forwarded(self, key: tuple[str, str]) -> Any:
+        """The value this scope or an enclosing one stored at ``key`` (buffer name, index text),
+        which a later load reads instead of memory; or None."""
+        for _, _, fwd in reversed(self.scopes):
+            hit = fwd.get(key)
+            if hit is not None:
+                return hit
+        return None
 
     def _param(self, name: str) -> str:
         if name not in self.param_order:

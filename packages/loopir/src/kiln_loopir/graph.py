@@ -42,7 +42,6 @@ kernel for sin and cos and one for the cat. Reductions are always realized. With
 from __future__ import annotations
 
 import logging
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -50,20 +49,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from kiln_symbolic import (
-    CeilOfFloat,
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
-    FloorOfFloat,
-    ToFloat,
-    TruncOfFloat,
-    expr_of,
-)
+from kiln_symbolic import FLOAT_OF_CALL, INT_OF_FLOAT_CALL, expr_of
 
 from . import origins
 from .indexing import FloorDiv, contiguous_strides
@@ -786,16 +772,8 @@ def _size_arithmetic(target: Any, args: Sequence[Any], floats: bool = False) -> 
 # Note [A float of sizes keeps its Python operations] (kiln_aotgrad): a SymFloat the graph
 # computes from sizes becomes an ordered float expression (Note [Python float arithmetic on
 # sizes, in its order] in kiln_symbolic), which a kernel reads with `ops.index_expr` in double
-FLOAT_FUNCTIONS: dict[Any, Any] = {
-    operator.truediv: FloatTrueDiv,
-    operator.mul: FloatMul,
-    operator.add: FloatAdd,
-    operator.sub: FloatSub,
-    operator.neg: FloatNeg,
-    operator.pow: FloatPow,
-    torch.sym_float: ToFloat,
-    torch.sym_sqrt: FloatSqrt,
-}
+# (Note [The Python calls of the float functions] in kiln_symbolic)
+FLOAT_FUNCTIONS: dict[Any, Any] = FLOAT_OF_CALL
 
 
 # Note [Symbolic sizes in loopir]: the size arithmetic aotgrad leaves in the graph (Note [SymInts
@@ -814,7 +792,5 @@ SIZE_FUNCTIONS: dict[Any, Any] = {
     torch.sym_max: sympy.Max,
     torch.sym_min: sympy.Min,
     # Note [Integers of floats of sizes] in kiln_symbolic: `int(n * 1.5)`, interpolate's sizes
-    math.floor: FloorOfFloat,
-    math.ceil: CeilOfFloat,
-    math.trunc: TruncOfFloat,
+    **INT_OF_FLOAT_CALL,
 }

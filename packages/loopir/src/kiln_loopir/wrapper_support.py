@@ -436,6 +436,25 @@ def extern_callable(op: Any) -> Any:
     return getattr(torch._C._VariableFunctions, name, op)
 
 
+# Note [The names every wrapper uses]: both code generators' wrappers are Python source run
+# in a namespace of their own. The names the two spell the same way (the helpers above, the
+# error a failed check raises, torch's allocations) come from here, so a third backend's wrapper
+# starts from them; each generator adds its own (the C++ kernels' profiler range, the Triton
+# wrapper's device).
+def wrapper_namespace() -> dict[str, Any]:
+    """The names every generated wrapper's source may use (Note [The names every wrapper uses])."""
+    return {
+        "math": math,  # sizes from floats of sizes (Note [Integers of floats of sizes])
+        "_torch": torch,
+        "_flat": flat_storage,
+        "_dense": dense_storage,
+        "_conform": conform_input,
+        "_CheckFailed": DataDependentCheckFailed,
+        "_empty": torch.empty,
+        "_empty_strided": torch.empty_strided,
+    }
+
+
 class WrapperConstants:
     """How a wrapper generator names a compile-time value in its source: a literal where Python
     has one (None, bools, ints, strings, finite floats, dtypes as ``_torch.<name>``), otherwise a

@@ -9,6 +9,8 @@ meta kernels and decompositions run on fake tensors with symbolic sizes. Express
 
 from kiln_symbolic.fold import UnfoldableExpr, fold_expr
 from kiln_symbolic.functions import (
+    FLOAT_OF_CALL,
+    INT_OF_FLOAT_CALL,
     CeilOfFloat,
     FloatAdd,
     FloatMul,
@@ -51,6 +53,8 @@ from kiln_symbolic.symnode import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "FLOAT_OF_CALL",
+    "INT_OF_FLOAT_CALL",
     "UNBACKED_HINT",
     "CeilOfFloat",
     "ConstraintViolation",

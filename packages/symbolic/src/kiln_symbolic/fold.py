@@ -10,7 +10,6 @@ always folds to the same calls.
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,37 +17,14 @@ from typing import Any, TypeVar
 import sympy
 import torch
 
-from kiln_symbolic.functions import (
-    CeilOfFloat,
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
-    FloorDiv,
-    FloorOfFloat,
-    ToFloat,
-    TruncOfFloat,
-)
+from kiln_symbolic.functions import FLOAT_OF_CALL, INT_OF_FLOAT_CALL, FloorDiv
 
 T = TypeVar("T")
 
-# Note [Integers of floats of sizes] (functions.py): the ordered float functions and the integer
-# parts of their doubles, as the Python calls they stand for
+# Note [The Python calls of the float functions] (functions.py): each ordered float function and
+# integer part of a float as the Python call it stands for
 _CALLS: dict[type, Callable[..., Any]] = {
-    FloatAdd: operator.add,
-    FloatSub: operator.sub,
-    FloatMul: operator.mul,
-    FloatTrueDiv: operator.truediv,
-    FloatNeg: operator.neg,
-    FloatPow: operator.pow,
-    FloatSqrt: torch.sym_sqrt,
-    ToFloat: torch.sym_float,
-    FloorOfFloat: math.floor,
-    CeilOfFloat: math.ceil,
-    TruncOfFloat: math.trunc,
+    function: call for call, function in (FLOAT_OF_CALL | INT_OF_FLOAT_CALL).items()
 }
 
 

@@ -13,9 +13,12 @@ with an exact rational.
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import sympy
+import torch
 
 
 class FloorDiv(sympy.Function):
@@ -153,6 +156,28 @@ class CeilOfFloat(IntOfFloat):
 
 class TruncOfFloat(IntOfFloat):
     python = staticmethod(math.trunc)
+
+
+# Note [The Python calls of the float functions]: the Python call each ordered float function,
+# and each integer part of a float, stands for in a traced graph (`operator.truediv` of a
+# SymFloat, `torch.sym_float`, `math.floor`). The SymNode recipes that build these functions,
+# loopir's lowering of a graph's size arithmetic and `fold_expr`, which turns them back into
+# calls, all read these two tables, so the three cannot disagree on what a node means.
+FLOAT_OF_CALL: dict[Callable[..., Any], type[FloatOp]] = {
+    operator.add: FloatAdd,
+    operator.sub: FloatSub,
+    operator.mul: FloatMul,
+    operator.truediv: FloatTrueDiv,
+    operator.neg: FloatNeg,
+    operator.pow: FloatPow,
+    torch.sym_float: ToFloat,
+    torch.sym_sqrt: FloatSqrt,
+}
+INT_OF_FLOAT_CALL: dict[Callable[..., Any], type[IntOfFloat]] = {
+    math.floor: FloorOfFloat,
+    math.ceil: CeilOfFloat,
+    math.trunc: TruncOfFloat,
+}
 
 
 def sym_eq(a: Any, b: Any) -> Any:

@@ -23,19 +23,11 @@ import sympy
 import torch
 
 from kiln_symbolic.functions import (
-    CeilOfFloat,
-    FloatAdd,
-    FloatMul,
-    FloatNeg,
-    FloatPow,
-    FloatSqrt,
-    FloatSub,
-    FloatTrueDiv,
+    FLOAT_OF_CALL,
+    INT_OF_FLOAT_CALL,
     FloorDiv,
-    FloorOfFloat,
     IntOfFloat,
     IntTrueDiv,
-    ToFloat,
     TruncOfFloat,
 )
 
@@ -135,23 +127,10 @@ _FLOAT_RECIPES: dict[str, Callable[..., Any]] = {
 
 
 # Note [Integers of floats of sizes] (functions.py): a recipe's operation as its ordered float
-# function, and the int-making operations as the integer part of that double
-_ORDERED_FLOAT: dict[Callable[..., Any], Any] = {
-    operator.add: FloatAdd,
-    operator.sub: FloatSub,
-    operator.mul: FloatMul,
-    operator.truediv: FloatTrueDiv,
-    operator.neg: FloatNeg,
-    operator.pow: FloatPow,
-    torch.sym_float: ToFloat,
-    torch.sym_sqrt: FloatSqrt,
-}
-_INT_OF_FLOAT: dict[str, type[IntOfFloat]] = {
-    "floor": FloorOfFloat,
-    "ceil": CeilOfFloat,
-    "trunc": TruncOfFloat,
-    "sym_int": TruncOfFloat,
-}
+# function (Note [The Python calls of the float functions]), and the int-making operations as the
+# integer part of that double (`sym_int` truncates, as `int()` does)
+_INT_OF_FLOAT: dict[str, type[IntOfFloat]] = {call.__name__: f for call, f in INT_OF_FLOAT_CALL.items()}
+_INT_OF_FLOAT["sym_int"] = TruncOfFloat
 
 
 def ordered_float(node: SymNode) -> Any:
@@ -168,7 +147,7 @@ def ordered_float(node: SymNode) -> Any:
     args = [ordered_float(o) for o in operands]
     if any(a is None for a in args):
         return None
-    return _ORDERED_FLOAT[fn](*args)
+    return FLOAT_OF_CALL[fn](*args)
 
 
 def _round(x: Any) -> Any:
