@@ -10,7 +10,8 @@ without ``narrow_lanes`` (cpu18, Note [Lanes cover a vector of the narrowest typ
 ``wide_vectors`` (cpu20b, Note [512-bit vectors on AVX-512 targets]); ``pass32``: the defaults
 with ``wide_pointwise_passes`` (cpu20c, Note [A row's pointwise pass takes two vectors]);
 ``saves0``: the defaults without aotgrad's ``fusion_aware_saves`` (ln21, Note [What saving a
-value costs]: the training forward saves xhat instead of x and the row statistics).
+value costs]: the training forward saves xhat instead of x and the row statistics); ``rowcol1`` /
+``rowcol0``: ``row_column_sums`` on / off (lncol21, Note [Column sums in a row kernel]).
 ``--variants pass32`` times only those (and eager, new).
 Timing (the process's CPU time, steadier on a shared machine): the
 variants interleaved, medians of ``--repeats`` rounds of ``--calls`` calls, forward alone
@@ -46,6 +47,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "w256": {"cpp_options": {"wide_vectors": False}},
     "pass32": {"cpp_options": {"wide_pointwise_passes": True}},
     "saves0": {"fusion_aware_saves": False},
+    "rowcol1": {"cpp_options": {"row_column_sums": True}},
+    "rowcol0": {"cpp_options": {"row_column_sums": False}},
     "new": {},
 }
 

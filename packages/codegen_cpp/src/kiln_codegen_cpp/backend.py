@@ -33,7 +33,7 @@ from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import kernel_name
-from kiln_loopir.scheduler import BaseSchedulerNode, Scheduler
+from kiln_loopir.scheduler import BaseSchedulerNode, RowColumnSchedulerNode, Scheduler
 
 from .build import Built, build, target_has_avx512
 from .cpp_ops import UnsupportedDtype
@@ -80,6 +80,12 @@ class CppBackend(Backend):
         if self.options.fuse_mixed_reductions:
             return True
         return not self.fusion.mixed_reductions(node1, node2)
+
+    def can_fuse_row_column(self, row: BaseSchedulerNode, column: BaseSchedulerNode) -> bool:
+        """Note [Column sums in a row kernel] (kiln_loopir's scheduler.py; fusion.py)."""
+        if not self.options.row_column_sums:
+            return False
+        return self.fusion.row_column(row, column)
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         return node
@@ -154,9 +160,11 @@ class CppBackend(Backend):
             if (source := schedule.plan.inplace.get(m.name)) is not None:
                 aliased |= {m.name, source}
         name = kernel_name("cpp", members, step)
+        # Note [Column sums in a row kernel]: the members that sum the row kernel's columns
+        columns = node.columns if isinstance(node, RowColumnSchedulerNode) else frozenset()
         try:
             return KernelBuilder(
-                name, members, reads, dtypes, internal, self.options, aliased=aliased
+                name, members, reads, dtypes, internal, self.options, aliased=aliased, columns=columns
             ).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))

@@ -14,6 +14,9 @@ read its input gradient: 0.5-0.6 ms per kernel at one thread, the C++ kernels of
 5.27 ms, against 3.79 ms with this veto (``bench/kernel_ab.py``). Such a pair is refused
 (``CppOptions.fuse_mixed_reductions`` turns the veto off), and each runs in its own kernel: the
 row one over rows, the column one alone in column blocks. KILN_LOG=fusion prints each refusal.
+The exception is Note [Column sums in a row kernel] (kiln_loopir's scheduler.py, kernel.py):
+column sums over the row kernel's own ``[rows, cols]`` operands join it as per-column partials,
+not as a second loop nest (``CppOptions.row_column_sums``; ``FusionPolicy.row_column`` says which).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 
 import sympy
 
+from kiln_loopir.ir import ReorderedPointwise, Scatter
 from kiln_loopir.scheduler import BaseSchedulerNode, MemoryDep, SchedulerNode
 
 log = logging.getLogger("kiln.codegen_cpp.fusion")
@@ -132,3 +136,35 @@ class FusionPolicy:
             "not fusing %s (%s) with %s (%s): one loop nest walks rows or columns", a.name, *oa, b.name, *ob
         )
         return True
+
+    def row_column(self, row: BaseSchedulerNode, column: BaseSchedulerNode) -> bool:
+        """May the column reductions ``column`` run inside the row kernel ``row`` (Note [Column
+        sums in a row kernel])? Static sizes; ``column``: float sums whose reads walk their
+        outputs (columns) contiguously; ``row``: a row reduction kernel, no scatter or reordered
+        producer. Each decision is logged (KILN_LOG=fusion)."""
+
+        def say(why: str) -> bool:
+            log.debug("column sums %s in row kernel %s: %s", column.name, row.name, why)
+            return why == "fused"
+
+        sizes = (*row.group(), *column.group())
+        if not all(isinstance(s, int) for s in sizes):
+            return say("not fused: symbolic sizes")
+        for m in column.get_nodes():
+            if not isinstance(m, SchedulerNode) or isinstance(m.node, (Scatter, ReorderedPointwise)):
+                return say(f"not fused: {m.name} is not a plain reduction")
+            data = m.node.data
+            if getattr(data, "reduction_type", None) != "sum" or not m.node.get_dtype().is_floating_point:
+                return say(f"not fused: {m.name} is not a floating-point sum")
+            if self._orientation.setdefault(m.name, orientation(m)) != "column":
+                return say(f"not fused: {m.name} does not walk its columns")
+        rows = False
+        for m in row.get_nodes():
+            if not isinstance(m, SchedulerNode) or isinstance(m.node, (Scatter, ReorderedPointwise)):
+                return say(f"not fused: {m.name} is a scatter or a reordered producer")
+            if m.is_reduction() and self._orientation.setdefault(m.name, orientation(m)) == "column":
+                return say(f"not fused: {m.name} is a column reduction")
+            rows = rows or (m.is_reduction() and self._orientation[m.name] == "row")
+        if not rows:
+            return say("not fused: no row reduction")
+        return say("fused")

@@ -313,6 +313,9 @@ COLUMN_BLOCK = 64
 # 128 positions, as many as a row lane adds per FOLD_BLOCK: 5e-5), and folding at every position
 # ran 2.2x slower (the conversions in the vector loop)
 COLUMN_FOLD = 8
+# Note [Column sums in a row kernel]: the rows are cut into at most this many chunks (each a
+# multiple of COLUMN_FOLD rows), one column partial per chunk
+ROW_CHUNKS = 16
 
 
 def _shifted_step(body: list[str], kind: str) -> list[str]:
@@ -544,8 +547,15 @@ class KernelBuilder(OpsHandlerBase):
         options: CppOptions | None = None,
         *,
         aliased: Set[str] = frozenset(),
+        columns: Set[str] = frozenset(),
     ) -> None:
         super().__init__(name, members, reads, dtypes, internal)
+        # Note [Column sums in a row kernel]: the members that are column sums over the rows, and
+        # for each its accumulator's name and block type, and the stores after the row loop
+        self.columns = columns
+        self.column_member = False
+        self.colsums: list[tuple[str, str]] = []
+        self.colstores: list[str] = []
         self.aliased = aliased  # buffers that share memory with another parameter
         self.options = options or CppOptions()
         self.serial = any(isinstance(m, Scatter) for m in members)
@@ -647,6 +657,16 @@ class KernelBuilder(OpsHandlerBase):
                     sizes = [*self.xsizes, *self.rsizes]
                     index = self._map(flat_x * self.nr + flat_r, msizes, sizes, None)
                     rindex = [sympy.Integer(0)] * len(mr)
+            elif member.name in self.columns:
+                # Note [Column sums in a row kernel]: its outputs are the kernel's columns, its
+                # reduced positions the kernel's rows
+                if self.symbolic or reduction is None:
+                    raise CodegenUnsupported(f"column sum {member.name} needs a row kernel of static sizes")
+                if not _same(math.prod(as_size(s) for s in mr), self.nx) or not _same(numel, self.nr):
+                    raise CodegenUnsupported(f"column sum {member.name} does not match its row kernel")
+                index = self._map(flat_r, msizes, self.rsizes, self.rvars)
+                rindex = self._map(flat_x, [as_size(s) for s in mr], self.xsizes, self.xvars)
+                place = "r"
             elif member.is_reduction():
                 if not _same(math.prod(as_size(s) for s in mr), self.nr) or not _same(numel, self.nx):
                     raise CodegenUnsupported(f"reduction {member.name} does not match its kernel")
@@ -674,9 +694,13 @@ class KernelBuilder(OpsHandlerBase):
                 self.scopes.append((self.phase.body, self.phase.cse, {}))
             from kiln_loopir.virtualized import set_ops_handler
 
+            self.column_member = member.name in self.columns
             with set_ops_handler(self):
                 member.body()(index, rindex)
-            if member.is_reduction() and not self.trivial and self.phase is not None:
+            self.column_member = False
+            if self.phase is not None and member.name in self.columns:
+                pass  # its sums are complete only after the row loop (Note [Column sums in a row kernel])
+            elif member.is_reduction() and not self.trivial and self.phase is not None:
                 self.phase.reduced.add(member.name)
         self._close_phase()
         return self._render(sections)
@@ -865,6 +889,9 @@ class KernelBuilder(OpsHandlerBase):
             v = CppValue(convert_expr(v.expr, v.dtype, dtype), dtype)
         ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
         self.stored.add(name)
+        if self.column_member:  # Note [Column sums in a row kernel]: stored after the row loop
+            self.colstores.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+            return
         self.phase.post.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
         self.xforward[(name, str(expr))] = v
 
@@ -1002,6 +1029,8 @@ class KernelBuilder(OpsHandlerBase):
         v = self._value(value)
         if self.trivial:
             return self._reduce_one(dtype, reduction_type, v)
+        if self.column_member:
+            return self._column_sum(dtype, reduction_type, v)
         phase = self.phase
         if phase is None:
             raise CodegenUnsupported("reduction outside a reduction loop")
@@ -1011,6 +1040,22 @@ class KernelBuilder(OpsHandlerBase):
         if key not in phase.results:
             phase.results[key] = self._reduction(dtype, reduction_type, v, phase)
         return phase.results[key]
+
+    def _column_sum(self, dtype: torch.dtype, reduction_type: str, v: CppValue) -> CppValue:
+        """Note [Column sums in a row kernel]: the member's sum over the rows, accumulated per
+        column (the kernel's reduced position) into its chunk's block; its value, read after the
+        row loop, is the chunks' partials added in chunk order."""
+        if reduction_type != "sum" or not dtype.is_floating_point:
+            raise CodegenUnsupported(f"a column {reduction_type} of {dtype} in a row kernel")
+        acc = self._new("cacc")
+        block = "double" if dtype == torch.float64 else "float"
+        v = self._as(v, dtype)
+        self.colsums.append((acc, block))
+        self.lines.append(f"{acc}_b[{index_to_cpp(self.flat_r)}] += {v};")
+        result = f"static_cast<{compute_type(dtype)}>({acc}_f)"
+        if dtype in HALF:
+            result = round_expr(dtype, result)
+        return CppValue(result, dtype)
 
     def _reduction(self, dtype: torch.dtype, reduction_type: str, v: CppValue, phase: RPhase) -> Any:
         acc = self._new("acc")
@@ -1200,7 +1245,7 @@ class KernelBuilder(OpsHandlerBase):
             return [k for k in (keep(line) for line in lines) if k is not None]
 
         used = set()
-        for section in sections:
+        for section in [*sections, XSection(self.colstores)]:
             texts = section.lines if isinstance(section, XSection) else [*section.body, *section.post]
             for line in clean(texts):
                 for name in self.param_order:
@@ -1222,8 +1267,9 @@ class KernelBuilder(OpsHandlerBase):
             "  (void)nt;",
         ]
         self.weighted = self._weigh(sections, clean)
-        split = self._split_plan(sections)
-        column = split is None and self._column_mode(sections)
+        rows = bool(self.colsums)  # Note [Column sums in a row kernel]: the row loop in chunks
+        split = None if rows else self._split_plan(sections)
+        column = split is None and not rows and self._column_mode(sections)
         column_split = self._column_split(sections) if column else None
         body: list[str] = []
         if split is None and not column:
@@ -1238,6 +1284,8 @@ class KernelBuilder(OpsHandlerBase):
                 return self._render_split(sections, clean, split, par)
             if column:
                 return self._render_column(sections, clean, par, column_split)
+            if rows:
+                return self._render_row_chunks(body, clean, par)
             return self._render_x(body, par)
 
         # Note [Serial path]: a loop under "#pragma omp parallel for" is compiled into an
@@ -1514,6 +1562,66 @@ class KernelBuilder(OpsHandlerBase):
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
         return lines
+
+    def _render_row_chunks(self, body: list[str], clean: Callable[[list[str]], list[str]], par: bool) -> list[str]:
+        """Note [Column sums in a row kernel]: the rows in fixed chunks, each with its column
+        partials; after the chunks, the partials added in chunk order and stored."""
+        nx, nr = self.nx, self.nr
+        assert isinstance(nx, int) and isinstance(nr, int)
+        chunk = max(COLUMN_FOLD, -(-nx // ROW_CHUNKS))
+        chunk = -(-chunk // COLUMN_FOLD) * COLUMN_FOLD
+        chunks = -(-nx // chunk)
+        xs = [(v, n) for v, n in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        lines: list[str] = []
+        for acc, block in self.colsums:
+            lines.append(f"double* {acc}_part = new double[{chunks * nr}];")
+            lines.append(f"{block}* {acc}_blk = new {block}[{chunks * nr}];")
+        if par:
+            self.plan = ParallelPlan(
+                "rows", 1, chunks, cap_for(chunks, self.weighted, self.options.min_work_per_thread)
+            )
+            lines.append("#pragma omp parallel for num_threads(ntk) schedule(static)")
+        lines.append(f"for (int64_t xc = 0; xc < INT64_C({chunks}); ++xc) {{")
+        for acc, block in self.colsums:
+            lines.append(f"  {block}* __restrict__ {acc}_b = {acc}_blk + xc * INT64_C({nr});")
+            lines.append(f"  double* __restrict__ {acc} = {acc}_part + xc * INT64_C({nr});")
+        zero = " ".join(f"{acc}_b[c] = 0; {acc}[c] = 0;" for acc, _ in self.colsums)
+        fold = " ".join(f"{acc}[c] += {acc}_b[c]; {acc}_b[c] = 0;" for acc, _ in self.colsums)
+        lines.append("  #pragma omp simd")
+        lines.append(f"  for (int64_t c = 0; c < INT64_C({nr}); ++c) {{ {zero} }}")
+        lines.append(f"  const int64_t xlo = xc * INT64_C({chunk});")
+        lines.append(f"  const int64_t xhi = std::min<int64_t>(xlo + INT64_C({chunk}), INT64_C({nx}));")
+        lines.append("  for (int64_t xf = xlo; xf < xhi; ++xf) {")
+        stride = 1
+        for var, size in reversed(xs):
+            lines.append(f"    const int64_t {var} = xf / INT64_C({stride}) % INT64_C({size});")
+            stride *= size
+        lines.extend("    " + b for b in body)
+        lines.append(f"    if ((xf - xlo) % {COLUMN_FOLD} == {COLUMN_FOLD - 1} || xf == xhi - 1) {{")
+        lines.append("      #pragma omp simd")
+        lines.append(f"      for (int64_t c = 0; c < INT64_C({nr}); ++c) {{ {fold} }}")
+        lines.append("    }")
+        lines.append("  }")
+        lines.append("}")
+        # the combine: each column's partials in chunk order, on the calling thread
+        for acc, _ in self.colsums:
+            lines.append(f"for (int64_t xc = 1; xc < INT64_C({chunks}); ++xc) {{")
+            lines.append("  #pragma omp simd")
+            lines.append(f"  for (int64_t c = 0; c < INT64_C({nr}); ++c) {acc}_part[c] += {acc}_part[xc * INT64_C({nr}) + c];")
+            lines.append("}")
+        rloops = [(v, n) for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        for d, (var, size) in enumerate(rloops):
+            lines.append("  " * d + self._loop(var, size) + " {")
+        pad = "  " * len(rloops)
+        flat = index_to_cpp(self.flat_r)
+        lines.extend(f"{pad}const double {acc}_f = {acc}_part[{flat}];" for acc, _ in self.colsums)
+        lines.extend(pad + line for line in clean(self.colstores))
+        for d in range(len(rloops) - 1, -1, -1):
+            lines.append("  " * d + "}")
+        for acc, _ in self.colsums:
+            lines.append(f"delete[] {acc}_part;")
+            lines.append(f"delete[] {acc}_blk;")
+        return ["{", *("  " + line for line in lines), "}"]
 
     def _loop(self, var: sympy.Expr, size: Any) -> str:
         if not isinstance(size, int):  # a run-time bound (Note [Symbolic sizes in C++ kernels])

@@ -82,6 +82,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   lanes of the kernel's reductions (8 beside a Welford of shifted blocks): Note [A row's pointwise
   pass takes two vectors] in kernel.py. Off by default: faster with operands hot, not in the
   training step (the Note's figures).
+* ``row_column_sums``: a row kernel over ``[rows, cols]`` (a norm's backward) also computes
+  the column sums over the same operands (its weight and bias gradients), per chunk of rows in
+  the row loop, instead of a column kernel of their own (Note [Column sums in a row kernel] in
+  kiln_loopir's scheduler.py and kernel.py). ``KILN_LOG=fusion`` prints each decision.
 * ``parallel_grain`` and ``min_work_per_thread``: a kernel with less weighted work than the grain
   runs on the calling thread, and a team gives each thread at least ``min_work_per_thread`` of it
   (Note [Parallel plan] in parallel.py; defaults ``PARALLEL_GRAIN`` and ``MIN_WORK_PER_THREAD``).
@@ -161,6 +165,7 @@ class CppOptions:
     wide_vectors: bool = True
     table_columns_inner: bool = True
     wide_pointwise_passes: bool = False
+    row_column_sums: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
 

@@ -75,6 +75,11 @@ class Backend:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""
         return True
 
+    def can_fuse_row_column(self, row: BaseSchedulerNode, column: BaseSchedulerNode) -> bool:
+        """May the row kernel ``row`` also compute the column reductions ``column`` (Note [Column
+        sums in a row kernel] in scheduler.py)? No, by default."""
+        return False
+
     def wants_templates(self) -> bool:
         """Whether the scheduler should offer :meth:`template_epilogue` its extern/kernel pairs
         (Note [Matmul templates] in kiln_codegen_triton's templates.py); no, by default."""

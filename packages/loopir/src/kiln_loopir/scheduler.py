@@ -318,6 +318,19 @@ class TemplateSchedulerNode(FusedSchedulerNode):
 TemplateHook = Callable[[ExternKernelSchedulerNode, BaseSchedulerNode], bool]
 
 
+@dataclass(eq=False)
+class RowColumnSchedulerNode(FusedSchedulerNode):
+    """A row kernel and column reductions over the same ``[rows, cols]`` operands, run as one
+    kernel (Note [Column sums in a row kernel]): ``snodes`` are the row kernel's members, then
+    the column reductions'; ``columns`` names the latter. ``group()`` is the row kernel's."""
+
+    columns: frozenset[str] = frozenset()
+
+
+# (row kernel, column reductions) -> may they run as one RowColumnSchedulerNode?
+RowColumnHook = Callable[[BaseSchedulerNode, BaseSchedulerNode], bool]
+
+
 def _as_int(expr: Expr) -> Expr:
     """Plain ints compare far faster than sympy Integers; symbolic sizes stay sympy."""
     return int(expr) if expr.is_Integer else expr
@@ -377,6 +390,7 @@ class Scheduler:
         far_output_fusion: bool = True,
         late_placement: bool = True,
         inplace: bool = False,
+        row_column_hook: RowColumnHook | None = None,
     ) -> None:
         self.name_to_buffer = name_to_buffer
         self.inplace = inplace  # Note [A kernel's output in place of an input that dies in it]
@@ -412,6 +426,8 @@ class Scheduler:
             self.fuse_nodes()
             if self._reorder_partner and self.restore_unpaired_producers():
                 self.fuse_nodes()
+            if row_column_hook is not None:
+                self.fuse_rows_with_columns(row_column_hook)
         if fusion and template_hook is not None:
             self.form_templates(template_hook)
         self.nodes = self.topological_sort(self.nodes)
@@ -804,6 +820,74 @@ class Scheduler:
             w: restored.get(n.name, n) if isinstance(n, SchedulerNode) else n for w, n in self.writer.items()
         }
         return True
+
+    # Note [Column sums in a row kernel]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A norm's backward over ``[rows, cols]`` is a row kernel (its sums over each row, then dx)
+    # and column reductions over the same operands (the weight and bias gradients, sums over the
+    # rows). Their iteration spaces are ``(rows, cols)`` and ``(cols, rows)``: not compatible
+    # (groups_compatible), so they run as two kernels and the operands are read twice. A backend
+    # that can keep the column sums as per-column partials updated inside the row loop (C++:
+    # one partial per fixed chunk of rows, combined in chunk order after the loop) may take the
+    # pair as one node: after greedy fusion, a kernel node whose members are all reductions of
+    # ``(c, r)`` and a reduction kernel node of ``(r, c)`` that share a read, with no dependency
+    # either way (directly or through a third node), become a RowColumnSchedulerNode when the
+    # backend's hook agrees (``Backend.can_fuse_row_column``; no by default, so the Triton
+    # generator's schedule is unchanged). Pairs that save the most bytes go first.
+    def fuse_rows_with_columns(self, hook: RowColumnHook) -> None:
+        """Note [Column sums in a row kernel]."""
+        while True:
+            owner = {m.name: n for n in self.nodes for m in n.get_nodes()}
+            self._owner = owner
+            best: tuple[int, BaseSchedulerNode, BaseSchedulerNode] | None = None
+            for column in self.nodes:
+                if not self._column_node(column):
+                    continue
+                cols, rows = column.group()
+                for row in self.nodes:
+                    if row is column or isinstance(row, RowColumnSchedulerNode) or not row.is_kernel():
+                        continue
+                    if not row.is_reduction() or row.group() != (rows, cols):
+                        continue
+                    if not (row.read_names() & column.read_names()):
+                        continue
+                    if row.names() & column.ancestors or column.names() & row.ancestors:
+                        continue
+                    if len(row.get_nodes()) + len(column.get_nodes()) > MAX_FUSION_SIZE:
+                        continue
+                    if self.will_fusion_create_cycle(row, column) or self.will_fusion_create_cycle(column, row):
+                        continue
+                    saved = self.bytes_saved(row, column)
+                    if (best is None or saved > best[0]) and hook(row, column):
+                        best = (saved, row, column)
+            if best is None:
+                return
+            _, row, column = best
+            names = row.names() | column.names()
+            fused = RowColumnSchedulerNode(
+                order=min(row.order, column.order),
+                reads=[*row.reads, *column.reads],
+                writes=[*row.writes, *column.writes],
+                ancestors=(row.ancestors | column.ancestors) - names,
+                snodes=[*row.get_nodes(), *column.get_nodes()],
+                columns=column.names(),
+            )
+            log.debug("row kernel %s takes the column sums %s", row.name, column.name)
+            self.nodes = [n for n in self.nodes if n is not row and n is not column] + [fused]
+            for n in self.nodes:
+                if n.ancestors & names:
+                    n.ancestors = (n.ancestors | fused.ancestors) - n.names()
+
+    @staticmethod
+    def _column_node(node: BaseSchedulerNode) -> bool:
+        """Is ``node`` a kernel of reductions of one group only (a column-sum candidate)?"""
+        if not node.is_kernel() or isinstance(node, (RowColumnSchedulerNode, TemplateSchedulerNode)):
+            return False
+        members = node.get_nodes()
+        group = node.group()
+        if group[1] == 1 or group[0] == 1:
+            return False
+        return all(isinstance(m, SchedulerNode) and m.is_reduction() and m.group() == group for m in members)
 
     def can_fuse_vertical(self, a: BaseSchedulerNode, b: BaseSchedulerNode) -> bool:
         """Every read by ``b`` of a buffer ``a`` writes sees a value already computed."""
