@@ -21,6 +21,20 @@ loop into AVX registers (sum, max, argmax and Welford alike) and, because the co
 depends only on the sizes, results do not depend on the number of threads: threads only ever
 split the outer loops, or (``split_r``) fixed chunks of a full reduction combined in order.
 
+Note [Column sums in a row kernel] (the scheduler's half in kiln_loopir's scheduler.py): the
+members of a RowColumnSchedulerNode's column part are float sums whose outputs are the kernel's
+reduced positions (columns) and whose reduced positions are its rows. Each adds its value into a
+per-column block, ``cacc_b[r0] += v``, in whichever r-phase it falls (contiguous along the lane
+loop), and stores nothing until the end. The rows run in fixed chunks (at most ROW_CHUNKS, each a
+multiple of COLUMN_FOLD rows: decided by the sizes alone, so results do not depend on the thread
+count), each chunk with its own float block and double partial (heap arrays of chunks x columns),
+the block folded into the partial every COLUMN_FOLD rows (Note [float32 accumulation]); the
+threads split the chunks; after them the partials are added in chunk order and stored. Static
+sizes only; the column part must be sums only (a bfloat16 column kernel's rounding epilogues
+keep it apart). lncol21, one thread, ``bench/layer_norm_ab.py --variants rowcol1,rowcol0``
+(LayerNorm(768) over 256 rows, fwd+bwd, loaded 2-core machine): rowcol1 590.9 us against 565.8
+(rowcol0) and 552.8 (new, also off): slower, so ``CppOptions.row_column_sums`` is off.
+
 Note [Lanes combined as a tree]: after a row's loop the lanes of a sum, product, max or min
 are combined pairwise, ``acc[l] += acc[l + ceil(n/2)]`` for n = L, ceil(L/2), ..., 2 (any L),
 not left to right: the left-to-right fold is one dependency chain of L - 1 combines per row (16 double adds of ~4 cycles
@@ -1563,7 +1577,9 @@ class KernelBuilder(OpsHandlerBase):
             lines.append("  " * d + "}")
         return lines
 
-    def _render_row_chunks(self, body: list[str], clean: Callable[[list[str]], list[str]], par: bool) -> list[str]:
+    def _render_row_chunks(
+        self, body: list[str], clean: Callable[[list[str]], list[str]], par: bool
+    ) -> list[str]:
         """Note [Column sums in a row kernel]: the rows in fixed chunks, each with its column
         partials; after the chunks, the partials added in chunk order and stored."""
         nx, nr = self.nx, self.nr
@@ -1607,7 +1623,9 @@ class KernelBuilder(OpsHandlerBase):
         for acc, _ in self.colsums:
             lines.append(f"for (int64_t xc = 1; xc < INT64_C({chunks}); ++xc) {{")
             lines.append("  #pragma omp simd")
-            lines.append(f"  for (int64_t c = 0; c < INT64_C({nr}); ++c) {acc}_part[c] += {acc}_part[xc * INT64_C({nr}) + c];")
+            lines.append(
+                f"  for (int64_t c = 0; c < INT64_C({nr}); ++c) {acc}_part[c] += {acc}_part[xc * INT64_C({nr}) + c];"
+            )
             lines.append("}")
         rloops = [(v, n) for v, n in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
         for d, (var, size) in enumerate(rloops):

@@ -855,7 +855,9 @@ class Scheduler:
                         continue
                     if len(row.get_nodes()) + len(column.get_nodes()) > MAX_FUSION_SIZE:
                         continue
-                    if self.will_fusion_create_cycle(row, column) or self.will_fusion_create_cycle(column, row):
+                    if self.will_fusion_create_cycle(row, column) or self.will_fusion_create_cycle(
+                        column, row
+                    ):
                         continue
                     saved = self.bytes_saved(row, column)
                     if (best is None or saved > best[0]) and hook(row, column):
