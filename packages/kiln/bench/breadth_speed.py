@@ -5,8 +5,8 @@ of the breadth suite (`packages/dynamo/bench/breadth_models.py`, 105 architectur
 hand-written programs, built from configs at tiny size) in inference, on any device and dtype:
 
     python packages/kiln/bench/breadth_speed.py --device cuda --dtype bfloat16 [--only gpt2,bert]
-        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--procs 4] [--budget-s 500]
-        [--json out.json]
+        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--threads 1] [--procs 4]
+        [--budget-s 500] [--json out.json]
 
 Per model and backend: the first call's seconds (capture and compile), the wall time per call
 (median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round:
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's own)")
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--shard", default="0/1")
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
@@ -264,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="kiln_bench's profile view per backend")
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
+    if args.threads:  # eager and the compiled kernels alike read torch's thread count
+        torch.set_num_threads(args.threads)
     if args.batch:
         breadth_models.BATCH = args.batch
     names = [n for n in (args.only.split(",") if args.only else MODELS) if n]
@@ -299,6 +302,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
     base = [  # the child's arguments, from what was parsed: the models named, one process each
         f"--device={args.device}", f"--dtype={args.dtype}", f"--only={','.join(names)}",
         f"--backends={','.join(args.backends)}", f"--batch={args.batch}", f"--calls={args.calls}",
+        f"--threads={args.threads}",
         f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
         *(["--profile"] if args.profile else []),
     ]  # fmt: skip
