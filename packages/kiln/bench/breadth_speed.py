@@ -9,8 +9,10 @@ hand-written programs, built from configs at tiny size) in inference, on any dev
         [--budget-s 500] [--json out.json]
 
 Per model and backend: the first call's seconds (capture and compile), the wall time per call
-(median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round:
-A B C A B C, so a slow stretch of a shared machine hits all of them), kiln's graphs and graph
+(median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round,
+the order rotated per round: A B C, B C A, ..., so a slow stretch of a shared machine hits all of
+them and no backend always runs after the same one; on a loaded machine `--calls 1 --rounds 300`
+interleaves call by call), kiln's graphs and graph
 breaks (torch.compile's unique graphs beside them), and whether the main output matches eager's
 (dtype-aware tolerance; a mismatch is reported, never hidden). At tiny size a call costs the
 host more than the device: these rows measure what a compiler adds or saves per call (guards,
@@ -160,8 +162,12 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[float]] = {b: [] for b in calls}
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        for _ in range(args.rounds):
-            for backend, call in calls.items():
+        order = list(calls.items())
+        for r in range(args.rounds):
+            # each round starts at the next backend (A B C, B C A, ...): running right after
+            # another backend's calls was measured to favour or hurt one position by up to ~10%
+            # on tiny models (caches, the allocator), which a fixed order charged to one backend
+            for backend, call in order[r % len(order) :] + order[: r % len(order)]:
                 _sync(args.device)
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
