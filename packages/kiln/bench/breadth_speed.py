@@ -11,8 +11,12 @@ hand-written programs, built from configs at tiny size) in inference, on any dev
 Per model and backend: the first call's seconds (capture and compile), the wall time per call
 (median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round,
 the order rotated per round: A B C, B C A, ..., so a slow stretch of a shared machine hits all of
-them and no backend always runs after the same one; on a loaded machine `--calls 1 --rounds 300`
-interleaves call by call), kiln's graphs and graph
+them and no backend always runs after the same one) and the speedup over eager (the median of the
+rounds' ratios, each round timing the backends back to back; 5 rounds of 20 calls, the old
+default, put 2-3 rows per run below eager on a loaded 2-core machine, different ones each run; on
+such a machine `--calls 1 --rounds 300` interleaves call by call). Tiny models that one extern call
+dominates (an LSTM) run slower when another model instance runs between their calls, eager's too
+(~10%): compare such rows with every backend interleaved, never one alone, kiln's graphs and graph
 breaks (torch.compile's unique graphs beside them), and whether the main output matches eager's
 (dtype-aware tolerance; a mismatch is reported, never hidden). At tiny size a call costs the
 host more than the device: these rows measure what a compiler adds or saves per call (guards,
@@ -186,11 +190,10 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 row[backend]["profile"] = found.to_json()
             except Exception as e:  # a profiler failure leaves the timing as it is
                 row[backend]["profile_error"] = f"{type(e).__name__}: {e}"[:200]
-    eager = row.get("eager", {}).get("ms")
-    for backend in calls:
-        ms = row[backend].get("ms")
-        if eager and ms:
-            row[backend]["speedup"] = round(eager / ms, 3)
+    for backend in calls:  # the median of the rounds' ratios: a round times the backends back to back
+        if "eager" in times and times[backend] and all(times[backend]):
+            ratios = [e / t for e, t in zip(times["eager"], times[backend], strict=True)]
+            row[backend]["speedup"] = round(statistics.median(ratios), 3)
     torch.compiler.reset()
     return row
 
@@ -260,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="")
     parser.add_argument("--backends", default="eager,kiln,inductor")
     parser.add_argument("--batch", type=int, default=0, help="the suite's batch (0: its own, 2)")
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's own)")
     parser.add_argument("--procs", type=int, default=1)
