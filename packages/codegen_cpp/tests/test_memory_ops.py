@@ -125,6 +125,35 @@ def test_out_of_range_index_raises_index_error_naming_the_op() -> None:
     torch.testing.assert_close(compiled(x, good), torch.gather(x, 1, good))
 
 
+def test_index_select_as_a_gather_in_cpp() -> None:
+    """loopir's Note [index_select is a gather] in C++: rows (vector loads along the row), a
+    middle and the last dim (scalar gathers), a negative-free int32 index, a fused sum; an index
+    out of range raises eager's IndexError kind, and the graph stays usable."""
+
+    def fn(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> Any:
+        a = aten.index_select.default(x, 0, rows)
+        b = aten.index_select.default(x, 1, cols)
+        c = aten.index_select.default(x, 2, rows)
+        return a, aten.sum.dim_IntList(a, [1]), b, c
+
+    x = make((6, 5, 40))
+    rows = torch.tensor([5, 0, 5, 2])
+    cols = torch.tensor([4, 1], dtype=torch.int32)
+    compiled = check(fn, x, rows, cols)
+    assert compiled.stats.extern_calls == 0
+    with pytest.raises(IndexError, match=r"index 6 is out of bounds.*size 6"):
+        compiled(x, torch.tensor([6, 0, 1, 2]), cols)
+    torch.testing.assert_close(compiled(x, rows, cols)[0], torch.index_select(x, 0, rows))
+
+    def scalar(v: torch.Tensor, i: torch.Tensor) -> Any:
+        return aten.index_select.default(v, 0, i)
+
+    v = make(())
+    compiled = check(scalar, v, torch.tensor([0]))
+    with pytest.raises(IndexError, match=r"index 1 is out of bounds.*size 1"):
+        compiled(v, torch.tensor([1]))
+
+
 def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     # complex values, the declined kind once, no longer reach kernels (loopir's Note [Complex
     # values run as extern kernels]): a builder that declines every kernel reading `abs` stands in

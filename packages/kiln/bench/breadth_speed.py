@@ -5,12 +5,18 @@ of the breadth suite (`packages/dynamo/bench/breadth_models.py`, 105 architectur
 hand-written programs, built from configs at tiny size) in inference, on any device and dtype:
 
     python packages/kiln/bench/breadth_speed.py --device cuda --dtype bfloat16 [--only gpt2,bert]
-        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--procs 4] [--budget-s 500]
-        [--json out.json]
+        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--threads 1] [--procs 4]
+        [--budget-s 500] [--json out.json]
 
 Per model and backend: the first call's seconds (capture and compile), the wall time per call
-(median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round:
-A B C A B C, so a slow stretch of a shared machine hits all of them), kiln's graphs and graph
+(median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round,
+the order rotated per round: A B C, B C A, ..., so a slow stretch of a shared machine hits all of
+them and no backend always runs after the same one) and the speedup over eager (the median of the
+rounds' ratios, each round timing the backends back to back; 5 rounds of 20 calls, the old
+default, put 2-3 rows per run below eager on a loaded 2-core machine, different ones each run; on
+such a machine `--calls 1 --rounds 300` interleaves call by call). Tiny models that one extern call
+dominates (an LSTM) run slower when another model instance runs between their calls, eager's too
+(~10%): compare such rows with every backend interleaved, never one alone, kiln's graphs and graph
 breaks (torch.compile's unique graphs beside them), and whether the main output matches eager's
 (dtype-aware tolerance; a mismatch is reported, never hidden). At tiny size a call costs the
 host more than the device: these rows measure what a compiler adds or saves per call (guards,
@@ -160,8 +166,12 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[float]] = {b: [] for b in calls}
     with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        for _ in range(args.rounds):
-            for backend, call in calls.items():
+        order = list(calls.items())
+        for r in range(args.rounds):
+            # each round starts at the next backend (A B C, B C A, ...): running right after
+            # another backend's calls was measured to favour or hurt one position by up to ~10%
+            # on tiny models (caches, the allocator), which a fixed order charged to one backend
+            for backend, call in order[r % len(order) :] + order[: r % len(order)]:
                 _sync(args.device)
                 t0 = time.perf_counter()
                 for _ in range(args.calls):
@@ -180,11 +190,10 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 row[backend]["profile"] = found.to_json()
             except Exception as e:  # a profiler failure leaves the timing as it is
                 row[backend]["profile_error"] = f"{type(e).__name__}: {e}"[:200]
-    eager = row.get("eager", {}).get("ms")
-    for backend in calls:
-        ms = row[backend].get("ms")
-        if eager and ms:
-            row[backend]["speedup"] = round(eager / ms, 3)
+    for backend in calls:  # the median of the rounds' ratios: a round times the backends back to back
+        if "eager" in times and times[backend] and all(times[backend]):
+            ratios = [e / t for e, t in zip(times["eager"], times[backend], strict=True)]
+            row[backend]["speedup"] = round(statistics.median(ratios), 3)
     torch.compiler.reset()
     return row
 
@@ -254,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="")
     parser.add_argument("--backends", default="eager,kiln,inductor")
     parser.add_argument("--batch", type=int, default=0, help="the suite's batch (0: its own, 2)")
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's own)")
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--shard", default="0/1")
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
@@ -264,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="kiln_bench's profile view per backend")
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
+    if args.threads:  # eager and the compiled kernels alike read torch's thread count
+        torch.set_num_threads(args.threads)
     if args.batch:
         breadth_models.BATCH = args.batch
     names = [n for n in (args.only.split(",") if args.only else MODELS) if n]
@@ -299,6 +311,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
     base = [  # the child's arguments, from what was parsed: the models named, one process each
         f"--device={args.device}", f"--dtype={args.dtype}", f"--only={','.join(names)}",
         f"--backends={','.join(args.backends)}", f"--batch={args.batch}", f"--calls={args.calls}",
+        f"--threads={args.threads}",
         f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
         *(["--profile"] if args.profile else []),
     ]  # fmt: skip

@@ -128,6 +128,33 @@ def test_layout_option_off_keeps_eager_layouts() -> None:
     assert conv_ops(compiled)[1].args[0].layout.stride[-1] == 1  # NCHW
 
 
+def test_a_random_op_reads_eager_layouts_inside_a_channels_last_graph() -> None:
+    """Note [Random ops read eager's layouts]: a VAE's reparameterisation between convolutions run
+    NHWC; at one seed the noise (and so the result) is eager's, the NHWC ``std`` being copied to
+    eager's strides for ``randn_like``; dropout's mask likewise."""
+
+    def vae(x: Any, w1: Any, w2: Any) -> Any:
+        std = aten.exp.default(conv(x, w1))
+        z = aten.add.Tensor(std, aten.mul.Tensor(std, aten.randn_like.default(std)))
+        return conv(z, w2), aten.native_dropout.default(std, 0.5, True)[0]
+
+    inputs = (
+        make((2, 8, 6, 6)),
+        make((8, 8, 3, 3), low=-0.1, high=0.1),
+        make((8, 8, 3, 3), low=-0.1, high=0.1),
+    )
+    gm = with_vals(vae, *inputs)
+    with torch.no_grad():
+        compiled = compile_graph(gm, list(inputs), backend="interpret", options=CUDA_RULE)
+        assert compiled.graph.channels_last
+        assert conv_ops(compiled)[1].args[0].layout.stride[1] == 1  # z (and std) are NHWC
+        torch.manual_seed(5)
+        got = compiled(*inputs)
+        torch.manual_seed(5)
+        want = gm(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_cuda_rule_runs_training_graphs_channels_last_by_default_unless_switched_off() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)

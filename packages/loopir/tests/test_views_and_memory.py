@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -113,6 +114,32 @@ def test_gather_and_embedding() -> None:
 
     check(gather, x, idx)
     check(embed, make((10, 8), torch.bfloat16), torch.randint(0, 10, (2, 3)))
+
+
+def test_index_select_is_a_gather_fused_with_its_reader() -> None:
+    """Note [index_select is a gather]: every dim, int32 and 0-d indices, repeated indices; the
+    select and the sum over it are one kernel, and option index_select=False restores the extern."""
+    x = make((4, 5, 6))
+    rows = torch.tensor([3, 0, 3, 1, 2])
+
+    def select_sum(x: Any, i: Any) -> Any:
+        return aten.sum.dim_IntList(aten.index_select.default(x, 0, i), [1])
+
+    on = check(select_sum, x, rows)
+    assert on.stats.kernels == 1 and on.stats.extern_calls == 0
+    off = check(select_sum, x, rows, options={"index_select": False})
+    assert off.stats.extern_calls == 1 and off.stats.extern_ops == ("index_select.default",)
+
+    def along(dim: int) -> Callable[[Any, Any], Any]:
+        def select(x: Any, i: Any) -> Any:
+            return aten.index_select.default(x, dim, i)
+
+        return select
+
+    for dim, idx in [(1, torch.tensor([4, 0], dtype=torch.int32)), (-1, torch.tensor(5)), (2, rows)]:
+        assert check(along(dim), x, idx).stats.extern_calls == 0
+    assert check(along(0), make(()), torch.tensor([0])).stats.extern_calls == 0
+    assert check(along(-1), make(()), torch.tensor(0)).stats.extern_calls == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64])

@@ -369,6 +369,42 @@ def aligned_bias(
     return ReinterpretView(buffer, FixedLayout(layout.device, layout.dtype, tuple(size), view_strides))
 
 
+# Note [Random ops read eager's layouts]: kiln's compiled graphs call the random operators eager
+# calls, in eager's order, so one generator state gives eager's values (aotgrad's Note [RNG in
+# compiled graphs]). But a random op fills its result in *memory* order: `randn_like` of an NHWC
+# tensor puts the same numbers at other (n, c, h, w) positions than `randn_like` of an NCHW one,
+# and so do dropout's and bernoulli's masks. loopir chooses layouts of its own (the layout pass's
+# channels-last convolutions, a buffer realized in another order), so a random op handed such a
+# value gave other values than eager: the VAE of the breadth suite, whose `randn_like(std)` read
+# an NHWC `std`, returned a reconstruction 0.09 off eager's at the same seed. Each tensor argument
+# of a seeded random op (`torch.Tag.nondeterministic_seeded`) of the result's shape is therefore
+# given in the strides of eager's result (a copy only where its layout differs on a dim of more
+# than one element); the result itself keeps eager's strides as every extern output does.
+def _eager_layout_for_random(op: Any, value: TensorBox, meta: Any) -> Any:
+    """``value`` realized for a seeded random ``op`` whose eager result (or tuple of results) is
+    ``meta``."""
+    realized = realize_strided(value)
+    shape = tuple(sympy.sympify(n) for n in value.get_size())
+    results = (
+        [meta] if isinstance(meta, torch.Tensor) else list(meta) if isinstance(meta, list | tuple) else []
+    )
+    results = [t for t in results if isinstance(t, torch.Tensor)]
+    like = next((t for t in results if symbolic(t.shape) == shape), None)  # dropout: (result, mask)
+    if like is None:
+        return realized
+    want = symbolic(like.stride())
+    have = realized.layout.stride
+    if all(n == 1 or sympy.sympify(a) == b for n, a, b in zip(shape, have, want, strict=True)):
+        return realized
+    passes_log.info(
+        "random op %s: an argument with strides %s copied to eager's %s (Note [Random ops read eager's layouts])",
+        op,
+        list(have),
+        list(want),
+    )
+    return realize_strided(copy_with_strides(value, want))
+
+
 def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any], meta: Any) -> Any:
     """Call ``op`` at run time on realized buffers; ``meta`` is the fx node's output value."""
     graph = current_graph()
@@ -382,6 +418,8 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         return value
 
     bias, operands = aligned_args(op, graph.device)
+    if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()):
+        args = [_eager_layout_for_random(op, a, meta) if isinstance(a, TensorBox) else a for a in args]
     ir_args = tuple(
         aligned_bias(a, what="attention operand" if i in operands else "attention bias")
         if (i == bias or i in operands) and isinstance(a, TensorBox)

@@ -1,9 +1,10 @@
-"""Memory-shaped lowerings: cat, padding, view scatters, advanced indexing, gather, scatter, embedding.
+"""Memory-shaped lowerings: cat, padding, view scatters, advanced indexing, gather, index_select,
+scatter, embedding.
 
 They all remain loops over an index space. ``cat`` and ``constant_pad_nd`` are Pointwise bodies
 whose loads are guarded by ``ops.masked`` (the load outside its input's range is never used), and
 so are ``slice_scatter`` and ``select_scatter`` (Note [View scatters are pointwise]).
-Advanced indexing, ``gather`` and ``embedding`` load the index tensor, turn the value into an
+Advanced indexing, ``gather``, ``index_select`` and ``embedding`` load the index tensor, turn the value into an
 index variable with ``ops.indirect_indexing``, and load the source at an index containing that
 variable. ``scatter``, ``scatter_add`` and ``index_put`` copy ``self`` into a fresh buffer and add a
 :class:`~kiln_loopir.ir.Scatter` node that stores into it at indirect positions (accumulating for
@@ -249,6 +250,38 @@ def gather(x: TensorBox, dim: int, index_: TensorBox, *, sparse_grad: bool = Fal
         return load(src)
 
     return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, index_.get_size()))
+
+
+@register_lowering(aten.index_select.default)
+def index_select(x: TensorBox, dim: int, index_: TensorBox) -> TensorBox:
+    """Note [index_select is a gather]: ``index_select(x, dim, i)`` is ``x`` with its ``dim``
+    coordinate read through ``i``: a Pointwise body like ``embedding``'s, which the scheduler fuses
+    with its readers (a sum over the selected rows, a permutation of an LSTM's state before a
+    linear layer). As an extern call it cost a Python dispatch and a buffer of its own per call,
+    which at the sizes where host time decides (packed sequences, GNN messages, beam reordering)
+    was more than the copy. A 0-d ``i`` selects one element, like a 1-d ``i`` of one; a 0-d ``x``
+    is itself, its one index checked. Option ``index_select=False``: extern."""
+    size = list(x.get_size())
+    load, load_i = x.make_loader(), index_.make_loader()
+    scalar_index = len(index_.get_size()) == 0
+    if not size:  # its one index must be 0 (checked); the result is the 0-d value itself
+
+        def only(i: Index) -> Any:
+            ops.indirect_indexing(load_i([] if scalar_index else [sympy.Integer(0)]), sympy.Integer(1))
+            return load([])
+
+        return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), only, ()))
+    dim = normalize_dim(dim, len(size))
+    n = size[dim]
+
+    def inner(i: Index) -> Any:
+        src = list(i)
+        src[dim] = ops.indirect_indexing(load_i([] if scalar_index else [i[dim]]), n)
+        return load(src)
+
+    out = list(size)
+    out[dim] = sympy.Integer(1) if scalar_index else index_.get_size()[0]
+    return TensorBox.create(Pointwise(x.get_device(), x.get_dtype(), inner, tuple(out)))
 
 
 @register_lowering(aten.embedding.default)

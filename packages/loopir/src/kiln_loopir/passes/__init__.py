@@ -77,6 +77,9 @@ class PassOptions:
     ``view_scatter``: ``slice_scatter`` and ``select_scatter`` lower to pointwise kernels (Note
     [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).
+    ``index_select``: ``index_select`` lowers to a gather kernel that fuses with its readers (Note
+    [index_select is a gather] in lowerings/memory.py); ``False``: eager's kernel, as an extern
+    call. A decision handed to lowering, as ``view_scatter``.
     ``pool_backward``: ``max_pool2d_with_indices_backward`` lowers to a gather kernel that fuses
     with its neighbours (Note [Max pooling backward as a gather] in lowerings/pooling.py), except
     on the CPU where windows overlap (Note [Overlapping max pooling backward on the CPU]);
@@ -131,6 +134,7 @@ class PassOptions:
     conv_prepack: bool = False
     linear_pack: bool = False
     view_scatter: bool = True
+    index_select: bool = True
     pool_backward: bool | str = True
     pool_values_max: bool = True
     shape_only_readers: bool = False
@@ -164,6 +168,7 @@ class PassOptions:
             made.linear_pack,
             made.pad_mm_output_copy,
             made.view_scatter,
+            made.index_select,
             made.pool_values_max,
             made.shape_only_readers,
             made.cse,
@@ -176,7 +181,7 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " pad_mm_output_copy, view_scatter, pool_values_max, shape_only_readers, cse, far_output_fusion"
+                " pad_mm_output_copy, view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion"
                 ", late_placement, var_mean, conv_grad_format and inplace_reuse"
                 " are True or False"
             )
@@ -315,6 +320,16 @@ def run_passes(
         ctx.note(
             "view_scatter",
             "off (option view_scatter=False): slice_scatter/select_scatter run as extern calls",
+        )
+    selects = sum(1 for n in gm.graph.nodes if n.target is torch.ops.aten.index_select.default)
+    if selects and not ctx.options.index_select:
+        ctx.extern_ops.add(torch.ops.aten.index_select.default)
+        ctx.note(
+            "index_select", "off (option index_select=False): %d index_select run as extern calls", selects
+        )
+    elif selects:
+        ctx.note(
+            "index_select", "%d index_select lowered to gathers (index_select=False: extern calls)", selects
         )
     if not ctx.options.pool_backward:
         ctx.extern_ops.add(torch.ops.aten.max_pool2d_with_indices_backward.default)
