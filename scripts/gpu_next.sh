@@ -5,6 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-first session: no device time (loans paused). New first: call21a (aotgrad's fusion-aware saves, Note [What
+#   saving a value costs]: every training graph's forward now saves a norm's input and row statistics instead of the
+#   normalised rows; bf16 training, GPU time against fusion_aware_saves=False, and loopir's index_select gather kernels
+#   ride along). Then the twentieth session's queue unchanged: call5b FIRST among the rest, call5c, call3c, call4c +
+#   call4, call2 --dtype float32, call10.
 # Twentieth session: the device started only after five refusals (~20 min of waiting); call20a (call18's
 #   cudagraph test: its one CUDA failure was the test's own stand-in pool, fixed; call19: reorder_gathers made T5's mask
 #   kernels slower, now off; gpu_dynamic_check --quick all ok; GPT-2's dynamic sweep) and call2 ran
@@ -123,6 +128,9 @@ for step in "$@"; do
         --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
     call3b)
       bench ablation-b 560 --dtype bfloat16 --modes inference --models vit,resnet,convnext,cnn,distilbert --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
+    call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
+      bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
+        --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
     call4)
       bench training-bf16 560 --dtype bfloat16 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call4c)  # fp32 training of the whole suite with fewer timed calls (fits one device call beside a short step)
