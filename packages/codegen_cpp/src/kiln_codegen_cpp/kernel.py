@@ -34,6 +34,21 @@ sizes only; the column part must be sums only (a bfloat16 column kernel's roundi
 keep it apart). lncol21, one thread, ``bench/layer_norm_ab.py --variants rowcol1,rowcol0``
 (LayerNorm(768) over 256 rows, fwd+bwd, loaded 2-core machine): rowcol1 590.9 us against 565.8
 (rowcol0) and 552.8 (new, also off): slower, so ``CppOptions.row_column_sums`` is off.
+rowcol21, the kernels by themselves (``bench/row_column_kernels.py``, and hand-edited copies of
+the generated source, 256 rows of 768, one thread, fastest of 40 rounds of 20 calls): fused 126
+us; row kernel 59 + column kernel 32 = 85; eager's native_layer_norm_backward 98-105. Not the
+heap: static buffers 123. The fold every COLUMN_FOLD rows ~10 us (123 -> 113 without it), the
+``cacc_b[r0] += v`` load + store per vector per sum in the row pass ~35 (84 without the sums): the
+pass is bound by its loads and stores, and the sums add two of each to its three loads and one
+store. The cure, prototyped by hand and bitwise equal: the last r-phase over a block of
+COLUMN_FOLD rows at once, the columns outer (64 at a time) and the block's rows inner, each
+column's float block a register (the same float additions in the same row order, then folded into
+the double partial), the earlier phases' row values kept in arrays of COLUMN_FOLD: 89 us, still
+not below the two kernels' 85 at 256 rows (the operands, 1.5 MB, stay in the 2 MB L2 for the
+column kernel); at 1024 rows (operands beyond L2) 437 against 811 fastest (645 against 1011
+median, a loaded machine). So: off until the generator emits that row-blocked form (it needs the
+last phase re-rendered with a row loop inside the column vectors, and its tails and
+multi-dimensional rows handled), and then re-measure at 256 and 1024 rows.
 
 Note [Lanes combined as a tree]: after a row's loop the lanes of a sum, product, max or min
 are combined pairwise, ``acc[l] += acc[l + ceil(n/2)]`` for n = L, ceil(L/2), ..., 2 (any L),
