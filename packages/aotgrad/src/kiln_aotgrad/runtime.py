@@ -213,12 +213,15 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         info = meta.outputs[k]
         if info.kind == "output":
             flat[k] = flat[info.index]
-        elif info.layout is not None:  # symbolic sizes (joint.py)
-            base = flat[info.index]
+            continue
+        base = flat[info.index]
+        if info.detach:  # Note [Detached views of outputs] in joint.py
+            base = base.detach()
+        if info.layout is not None:  # symbolic sizes (joint.py)
             size, stride, rel = info.layout(inputs)
             flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
         else:
-            flat[k] = flat[info.index].as_strided(info.size, info.stride, info.offset)
+            flat[k] = base.as_strided(info.size, info.stride, info.offset)
     return tree_unflatten(flat, meta.out_spec)
 
 
