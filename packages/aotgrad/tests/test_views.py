@@ -341,6 +341,52 @@ def test_as_strided_of_a_view_of_an_input_keeps_eager_gradient(offset: int) -> N
     check(f, torch.randn(6, 5, requires_grad=True))
 
 
+def _detached_views_of_outputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    t = torch.tanh(x)
+    u = t[:, 0:1]
+    return t, t.detach(), u, u.detach(), t.detach()[1:].t()
+
+
+def test_a_detached_view_of_an_output_does_not_require_grad() -> None:
+    # Note [Detached views of outputs] (joint.py, test_alias_fuzz.py seed 4832): rebuilt as a
+    # view of the returned `t`, `t.detach()` came back requiring grad
+    res = check(_detached_views_of_outputs, torch.randn(6, 5)[1:].detach().requires_grad_())
+    x = torch.randn(4, 3, requires_grad=True)
+    out = res.compiled(x)
+    assert [o.requires_grad for o in out] == [True, False, True, False, False]
+    assert all(o.grad_fn is None for o in out[1::2])
+    out[1].add_(1.0)  # still an alias of the output, as eager's
+    torch.testing.assert_close(out[0], out[1])
+
+
+def _no_grad_views_of_outputs(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    t = torch.tanh(x)
+    with torch.no_grad():
+        a = t[1:]
+        b = t.t()
+    return a, t, b
+
+
+def test_a_view_of_an_output_taken_under_no_grad_keeps_eager_autograd() -> None:
+    # Note [Detached views of outputs] (joint.py): eager's view requires grad with no grad_fn; as
+    # a graph output of its own it failed the backward trace and the graph ran eagerly
+    rec = Recorder()
+    compiled = kiln_aotgrad.aot_function(_no_grad_views_of_outputs, rec)
+    x = torch.randn(4, 3, requires_grad=True)
+    got, want = compiled(x), _no_grad_views_of_outputs(x)
+    assert rec.graphs, "the graph ran eagerly"
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+        assert (g.requires_grad, g.grad_fn is None, g.stride()) == (
+            w.requires_grad,
+            w.grad_fn is None,
+            w.stride(),
+        )
+    assert got[0]._base is not None and got[0].data_ptr() == got[1][1:].data_ptr()
+    got[1].sum().backward()
+    torch.testing.assert_close(x.grad, 1 - torch.tanh(x.detach()) ** 2)
+
+
 def _grad_mode_on_inside(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # as a resume function entered inside `with torch.no_grad():` that the graph leaves
     torch._C._set_grad_enabled(True)

@@ -196,6 +196,22 @@ def test_a_digit_whose_modulus_is_a_size_symbol_folds_where_the_position_is_belo
         assert int(evaluate(whole, env)) == int(evaluate(simplify_index(whole, ranges), env))
 
 
+def test_a_negative_base_is_not_below_a_symbolic_divisor() -> None:
+    """Note [Bounds of indices that may be negative]: position ``s0**2 - 19`` of a flat
+    ``(s0, s0)`` view splits into ``s0 + (-19 // s0)`` and ``-19 % s0``; -19's largest value is
+    below any size, but the base is negative: the digits stay (they folded to ``s0`` and ``-19``,
+    a read 18 rows before the tensor). Checked against the arithmetic."""
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    pos = s0**2 - 19
+    with sizevars.using(sizevars.SizeVars(hints={s0: 5})):
+        digits = reshape_indexer([s0, s0], [s0**2])([pos])
+        got = [simplify_index(d, {}) for d in digits]
+    for n in (5, 6, 9):
+        assert [int(evaluate(d, {s0: n})) for d in got] == list(divmod(n * n - 19, n))
+    assert simplify_index(FloorDiv(Int(-3), Int(4)), {}) == -1
+    assert simplify_index(ModularIndexing(x0 - 1, Int(1), Int(4)), {x0: Int(3)}).has(ModularIndexing)
+
+
 def test_broadcast_accepts_one_size_written_two_ways() -> None:
     """A flatten and a view spell one symbolic size differently (`(s - 2)*(4*s - 8)` and
     `4*s**2 - 16*s + 16`): they broadcast; sizes that differ still do not."""

@@ -326,3 +326,15 @@ def test_a_floor_division_guard_raises_the_lower_bound() -> None:
     assert env.settle_min_max(sympy.Max(2, FloorDiv(s0, 16))) == sympy.Max(2, FloorDiv(s0, 16))
     assert env.evaluate_expr(sympy.Ne(sympy.Mod(s1, 3), 1)) is True
     assert str(env.var_to_range[s1]) == "[2, oo]"
+
+
+def test_an_int_symbol_pinned_by_a_float_is_an_integer() -> None:
+    # Note [An int symbol pinned by a float] (shape_env.py): `round(float(k), 3)` specialized
+    # `float(k)` with `Eq(s0, 3.0)`, and the int `k` came back from the frame as 3.0
+    env, (s0,) = _env_with(3)
+    env.add_guard(sympy.Eq(s0, sympy.Float(3.0)))
+    value = env.simplify(s0)
+    assert value.is_Integer and int(value) == 3
+    env2, (s1,) = _env_with(3)
+    env2.add_guard(sympy.Eq(s1, sympy.Float(2.5)))  # no integer: left as the guard says
+    assert not env2.simplify(s1).is_Integer

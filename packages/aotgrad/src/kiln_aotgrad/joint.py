@@ -90,7 +90,9 @@ class OutputInfo:
     layout: Callable[[Any], tuple[tuple[int, ...], tuple[int, ...], int]] | None = None
     # "input_view" through which no gradient reaches an input (taken under `torch.no_grad()`):
     # rebuilt under no_grad; "input_view" of a detached alias: rebuilt on `input.detach()`
-    # (Note [Views taken under no_grad])
+    # (Note [Views taken under no_grad]); "output_view" that does not require grad: rebuilt on
+    # its output detached, one taken under no_grad: rebuilt under no_grad (Note [Detached views
+    # of outputs])
     no_grad: bool = False
     detach: bool = False
     # "input_view" the graph took in grad mode, of an input that requires grad: rebuilt in grad
@@ -577,21 +579,41 @@ def trace(
         if train_view:
             root_t = ag_base
         untracked = not (want_training and t.requires_grad)  # no autograd to keep
+        # Note [Detached views of outputs]: a view rebuilt over another output that requires
+        # grad requires grad itself; one that eager detached (`t.detach()`, `t.detach()[1:]` of
+        # a returned `t`) is rebuilt over the output detached (it came back requiring grad, with
+        # an AsStridedBackward: test_alias_fuzz.py seed 4832)
+        off_graph = bool(want_training and not t.requires_grad)
+        # ... and one taken under `torch.no_grad()` requires grad with no grad_fn: it is
+        # rebuilt over a returned base that requires grad under no_grad, as eager took it (as a
+        # graph output of its own it failed the backward trace, "element 1 of tensors does not
+        # require grad and does not have a grad_fn", and the graph ran eagerly)
+        ng_view = bool(
+            want_training
+            and t.requires_grad
+            and t.grad_fn is None
+            and isinstance(t._base, torch.Tensor)
+            and t._base.requires_grad
+        )
+        over_later = untracked or (ng_view and bool(flat_out[later].requires_grad))
+
         if (
             later > k
             and not lazy
             and flat_out[later].dtype == t.dtype
             and not symbolic_layout
-            and (untracked or (train_view and flat_out[later] is ag_base))
+            and (over_later or (train_view and flat_out[later] is ag_base))
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
-            infos.append(OutputInfo("output_view", later, size, stride, offset))
+            infos.append(
+                OutputInfo("output_view", later, size, stride, offset, no_grad=ng_view, detach=off_graph)
+            )
             continue
         if (
             later > k
             and not lazy
             and flat_out[later].dtype == t.dtype
             and symbolic_layout
-            and (untracked or (train_view and flat_out[later] is ag_base))
+            and (over_later or (train_view and flat_out[later] is ag_base))
         ):  # the same, with symbolic sizes: laid out relative to the root (a view of a view that
             # a code generator returned compact read out of its bounds: test_alias_fuzz.py seed 50)
             try:
@@ -599,12 +621,16 @@ def trace(
             except AotgradError:
                 later_layout = None
             if later_layout is not None:
-                infos.append(OutputInfo("output_view", later, layout=later_layout))
+                infos.append(
+                    OutputInfo("output_view", later, layout=later_layout, no_grad=ng_view, detach=off_graph)
+                )
                 continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
         # in training, a view of the root output itself (never of another view of it: Note
         # [Outputs sharing an intermediate])
-        of_root = untracked or (train_view and same_dtype and flat_out[first_by_root[rid]] is ag_base)
+        of_root = (
+            same_dtype and (untracked or (ng_view and bool(flat_out[first_by_root[rid]].requires_grad)))
+        ) or (train_view and same_dtype and flat_out[first_by_root[rid]] is ag_base)
         if same_dtype and symbolic_layout and of_root:
             # Note [Symbolic views among the outputs]: a view of another output stays its view
             # (until the ninth session it became an output of its own: a copy, so writing one
@@ -615,14 +641,22 @@ def trace(
             except AotgradError:
                 relative = None
             if relative is not None:
-                infos.append(OutputInfo("output_view", first_by_root[rid], layout=relative))
+                infos.append(
+                    OutputInfo(
+                        "output_view", first_by_root[rid], layout=relative, no_grad=ng_view, detach=off_graph
+                    )
+                )
                 continue
         if same_dtype and not symbolic_layout and of_root:
             # Note [Outputs sharing an intermediate]: rebuilding one output as a strided view of
             # another is right for values, but autograd then routes its gradient through the
             # other output's geometry, which need not cover it (q, k, v split from one matmul):
             # outputs that take part in autograd are graph outputs of their own.
-            infos.append(OutputInfo("output_view", first_by_root[rid], size, stride, offset))
+            infos.append(
+                OutputInfo(
+                    "output_view", first_by_root[rid], size, stride, offset, no_grad=ng_view, detach=off_graph
+                )
+            )
             continue
         if (
             not lazy

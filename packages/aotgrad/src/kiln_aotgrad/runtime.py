@@ -23,6 +23,7 @@ mutated input is cloned first, so the backward reads the value the forward saw.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -213,12 +214,16 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         info = meta.outputs[k]
         if info.kind == "output":
             flat[k] = flat[info.index]
-        elif info.layout is not None:  # symbolic sizes (joint.py)
-            base = flat[info.index]
-            size, stride, rel = info.layout(inputs)
-            flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
-        else:
-            flat[k] = flat[info.index].as_strided(info.size, info.stride, info.offset)
+            continue
+        base = flat[info.index]
+        if info.detach:  # Note [Detached views of outputs] in joint.py
+            base = base.detach()
+        with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+            if info.layout is not None:  # symbolic sizes (joint.py)
+                size, stride, rel = info.layout(inputs)
+                flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
+            else:
+                flat[k] = base.as_strided(info.size, info.stride, info.offset)
     return tree_unflatten(flat, meta.out_spec)
 
 

@@ -218,9 +218,40 @@ def floor_modulo_text(a: Expr, m: Expr, ta: str, tm: str) -> str:
     return f"((({ta} % {tm}) + {tm}) % {tm})"
 
 
+# Note [Bounds of indices that may be negative]: `bound` and `_below` prove `base < divisor`
+# from the base's largest value, which folds `base // divisor` to 0 and `base % divisor` to
+# `base` only where the base is also at least 0. A negative constant index counted from the end
+# of a symbolic length (`t.reshape(-1)[-19]` under dynamic shapes: position `s0**2 - 19`, split
+# into the digits `s0 + (-19 // s0)` and `-19 % s0` of an `(s0, s0)` view) has a base of -19,
+# whose largest value is below any size: it folded to the digits `(s0, -19)` and the kernel read
+# 18 rows before the tensor (test_alias_fuzz.py --dynamic true, seed 3676). Both now answer only
+# for a base proven non-negative (`_nonnegative`).
+def _nonnegative(expr: Expr) -> bool:
+    """``expr >= 0`` for every value of the loop variables (non-negative) and size symbols."""
+    if expr.is_Integer:
+        return int(expr) >= 0
+    if isinstance(expr, sympy.Symbol):
+        return expr.is_nonnegative is True or expr in _size_symbols()
+    if isinstance(expr, ModularIndexing):
+        return True
+    if isinstance(expr, FloorDiv):
+        return _nonnegative(expr.args[0]) and expr.args[1].is_positive is not False
+    if isinstance(expr, sympy.Add):  # sympy's sign rules know `s2 - 1` of a positive size
+        return all(_nonnegative(a) for a in expr.args) or expr.is_nonnegative is True
+    if isinstance(expr, sympy.Mul):
+        coeff, rest = expr.as_coeff_Mul()
+        return bool(coeff >= 0) and all(_nonnegative(a) for a in sympy.Mul.make_args(rest))
+    if isinstance(expr, sympy.Pow):
+        return expr.exp.is_Integer and int(expr.exp) > 0 and _nonnegative(expr.base)
+    return expr.is_nonnegative is True
+
+
 def bound(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> int | None:
     """An upper bound (exclusive) of a non-negative integer expression, if easy to prove: one
-    more than its largest value (:func:`_max_value`) when that is a number."""
+    more than its largest value (:func:`_max_value`) when that is a number; None for one that
+    may be negative (Note [Bounds of indices that may be negative])."""
+    if not _nonnegative(expr):
+        return None
     top = _max_value(expr, ranges)
     return int(top) + 1 if top is not None and top.is_Integer else None
 
@@ -345,6 +376,8 @@ def _below(expr: Expr, limit: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> bool
     size = ranges.get(expr) if isinstance(expr, sympy.Symbol) else None
     if size is not None and sympy.expand(limit - size) == 0:
         return True
+    if not _nonnegative(expr):  # Note [Bounds of indices that may be negative]
+        return False
     top = _max_value(expr, ranges)
     return top is not None and sympy.expand(limit - 1 - top).is_nonnegative is True
 

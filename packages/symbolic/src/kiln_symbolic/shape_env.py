@@ -504,6 +504,12 @@ class ShapeEnv:
                     solution = -rest / coeff
                     if any(s in self.unbacked for s in solution.free_symbols) and sym not in self.unbacked:
                         continue  # never express a backed size through a data-dependent one
+                    if solution.is_Float and sym.is_integer and float(solution).is_integer():
+                        # Note [An int symbol pinned by a float]: `round(float(k), 3)` specializes
+                        # `float(k)` with the guard `Eq(s0, 3.0)`; the symbol of the int `k` is the
+                        # integer 3, not the float (the frame returned `k` as 3.0: pyfuzz.py
+                        # --dynamic true, seed 1132)
+                        solution = sympy.Integer(int(solution))
                     if solution.is_Integer:
                         self._set_range(sym, ValueRange(solution, solution))
                     else:
