@@ -155,6 +155,25 @@ def test_a_random_op_reads_eager_layouts_inside_a_channels_last_graph() -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_only_elementwise_random_ops_take_eager_layouts() -> None:
+    """Note [Random ops read eager's layouts]: attention and RNN operators carry the seeded tag
+    for their dropout but draw nothing in their operands' memory order; their strided operands
+    must not be copied (that added a copy before every attention)."""
+    from kiln_loopir.lowering import _draws_per_element
+
+    aten = torch.ops.aten
+    for op in (aten.randn_like.default, aten.bernoulli.p, aten.native_dropout.default, aten.uniform_.default):
+        assert _draws_per_element(op), op
+    for op in (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten.lstm.input,
+        aten.add.Tensor,
+        aten.randperm.default,
+    ):
+        assert not _draws_per_element(op), op
+
+
 def test_cuda_rule_runs_training_graphs_channels_last_by_default_unless_switched_off() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)

@@ -380,6 +380,45 @@ def aligned_bias(
 # of a seeded random op (`torch.Tag.nondeterministic_seeded`) of the result's shape is therefore
 # given in the strides of eager's result (a copy only where its layout differs on a dim of more
 # than one element); the result itself keeps eager's strides as every extern output does.
+# Only ops that draw one number per element of such an argument (:data:`_ELEMENTWISE_RANDOM`):
+# attention and RNN operators carry the same tag for their dropout, but draw nothing in their
+# operands' memory order, and copying their strided query/key/value views into eager's output
+# strides added a copy kernel before every attention (the symbolic-GEMM views test caught it).
+_ELEMENTWISE_RANDOM = frozenset(
+    {
+        "aten::bernoulli",
+        "aten::native_dropout",
+        "aten::_fused_dropout",
+        "aten::dropout",
+        "aten::alpha_dropout",
+        "aten::feature_alpha_dropout",
+        "aten::feature_dropout",
+        "aten::rand_like",
+        "aten::randn_like",
+        "aten::randint_like",
+        "aten::normal",
+        "aten::uniform",
+        "aten::exponential",
+        "aten::geometric",
+        "aten::cauchy",
+        "aten::log_normal",
+        "aten::poisson",
+        "aten::_standard_gamma",
+        "aten::rrelu_with_noise",
+        "aten::rrelu_with_noise_functional",
+    }
+)
+
+
+def _draws_per_element(op: Any) -> bool:
+    """Is ``op`` a seeded random op that draws its numbers in its tensor argument's memory order
+    (Note [Random ops read eager's layouts])?"""
+    if torch.Tag.nondeterministic_seeded not in getattr(op, "tags", ()):
+        return False
+    schema = getattr(op, "_schema", None)
+    return schema is not None and str(schema.name).rstrip("_") in _ELEMENTWISE_RANDOM
+
+
 def _eager_layout_for_random(op: Any, value: TensorBox, meta: Any) -> Any:
     """``value`` realized for a seeded random ``op`` whose eager result (or tuple of results) is
     ``meta``."""
@@ -418,7 +457,7 @@ def fallback(op: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         return value
 
     bias, operands = aligned_args(op, graph.device)
-    if torch.Tag.nondeterministic_seeded in getattr(op, "tags", ()):
+    if _draws_per_element(op):
         args = [_eager_layout_for_random(op, a, meta) if isinstance(a, TensorBox) else a for a in args]
     ir_args = tuple(
         aligned_bias(a, what="attention operand" if i in operands else "attention bias")
