@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 import os
@@ -50,14 +51,26 @@ from breadth import build  # type: ignore[import-not-found]  # noqa: E402
 from breadth_models import MODELS  # type: ignore[import-not-found]  # noqa: E402
 
 
+def _open(x: Any) -> Any:
+    """``x`` with plain dataclass instances (which pytree treats as leaves) opened into their
+    type's name and a dict of their fields, so their tensors are compared and reach the loss."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and not isinstance(x, dict):
+        return (type(x).__name__, {f.name: _open(getattr(x, f.name)) for f in dataclasses.fields(x)})
+    if type(x) is dict:
+        return {k: _open(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_open(v) for v in x)
+    return x  # tensors, and containers pytree knows (ModelOutput, namedtuples)
+
+
 def _structure(x: Any) -> Any:
     """The Python shape of a result: container types, keys and lengths (tensors as a marker)."""
-    leaves, spec = pytree.tree_flatten(x)
+    leaves, spec = pytree.tree_flatten(_open(x))
     return str(spec), [type(v).__name__ if not isinstance(v, torch.Tensor) else "T" for v in leaves]
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
-    return [v for v in pytree.tree_leaves(x) if isinstance(v, torch.Tensor)]
+    return [v for v in pytree.tree_leaves(_open(x)) if isinstance(v, torch.Tensor)]
 
 
 def _compare(got: Any, ref: Any, rtol: float, atol: float) -> str:
