@@ -185,7 +185,12 @@ def recomputable(node: torch.fx.Node) -> bool:
         if isinstance(inp, torch.fx.Node):
             return nbytes(inp.meta.get("val")) <= 4 * max(nbytes(node.meta.get("val")), 1)
         return True
-    return bool(torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES)
+    return _cheap(t)
+
+
+def _cheap(t: torch._ops.OpOverload) -> bool:
+    """A pointwise op, a view or cheap data movement: recomputable, and fused by its readers."""
+    return bool(torch.Tag.pointwise in t.tags or t.is_view or _name(t) in _RECOMPUTABLE_NAMES)
 
 
 def _split(joint: torch.fx.GraphModule, num_fw_outputs: int) -> tuple[Any, ...]:
@@ -247,10 +252,7 @@ def _fusible_reader(node: torch.fx.Node) -> bool:
         return True  # arithmetic on sizes; reads no tensor data
     if t in (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default):
         return True
-    name = _name(t)
-    return bool(
-        torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES or name in _REDUCTIONS
-    )
+    return _cheap(t) or _name(t) in _REDUCTIONS
 
 
 def _writes_its_output(node: torch.fx.Node) -> bool:
@@ -262,10 +264,7 @@ def _writes_its_output(node: torch.fx.Node) -> bool:
         return _writes_its_output(node.args[0])  # type: ignore[arg-type]
     if not isinstance(t, torch._ops.OpOverload):
         return False
-    name = _name(t)
-    if name in _REDUCTIONS:
-        return True
-    return not (torch.Tag.pointwise in t.tags or t.is_view or name in _RECOMPUTABLE_NAMES)
+    return _name(t) in _REDUCTIONS or not _cheap(t)
 
 
 def _forward_materialized(
