@@ -33,7 +33,7 @@ from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import kernel_name
-from kiln_loopir.scheduler import BaseSchedulerNode, RowColumnSchedulerNode, Scheduler
+from kiln_loopir.scheduler import BaseSchedulerNode, RowColumnHook, RowColumnSchedulerNode, Scheduler
 
 from .build import Built, build, target_has_avx512
 from .cpp_ops import UnsupportedDtype
@@ -81,11 +81,10 @@ class CppBackend(Backend):
             return True
         return not self.fusion.mixed_reductions(node1, node2)
 
-    def can_fuse_row_column(self, row: BaseSchedulerNode, column: BaseSchedulerNode) -> bool:
-        """Note [Column sums in a row kernel] (kiln_loopir's scheduler.py; fusion.py)."""
-        if not self.options.row_column_sums:
-            return False
-        return self.fusion.row_column(row, column)
+    def row_column_hook(self) -> RowColumnHook | None:
+        """Note [Column sums in a row kernel] (kiln_loopir's scheduler.py; fusion.py): asked only
+        with ``CppOptions.row_column_sums`` on, so the scheduler's pair search costs nothing off."""
+        return self.fusion.row_column if self.options.row_column_sums else None
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         return node

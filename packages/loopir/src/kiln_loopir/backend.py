@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .graph import GraphLowering
-    from .scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, Scheduler
+    from .scheduler import BaseSchedulerNode, ExternKernelSchedulerNode, RowColumnHook, Scheduler
 
 ENTRY_POINT_GROUP = "kiln_loopir.backends"
 
@@ -75,10 +75,11 @@ class Backend:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""
         return True
 
-    def can_fuse_row_column(self, row: BaseSchedulerNode, column: BaseSchedulerNode) -> bool:
-        """May the row kernel ``row`` also compute the column reductions ``column`` (Note [Column
-        sums in a row kernel] in scheduler.py)? No, by default."""
-        return False
+    def row_column_hook(self) -> RowColumnHook | None:
+        """Whether the row kernel ``row`` may also compute the column reductions ``column`` (Note
+        [Column sums in a row kernel] in scheduler.py), as a ``(row, column) -> bool`` the
+        scheduler asks; None (the default): the scheduler does not look for such pairs at all."""
+        return None
 
     def wants_templates(self) -> bool:
         """Whether the scheduler should offer :meth:`template_epilogue` its extern/kernel pairs

@@ -297,7 +297,7 @@ def _generate(
             far_output_fusion=passes.options.far_output_fusion,
             late_placement=passes.options.late_placement,
             inplace=passes.options.inplace_reuse and bool(getattr(chosen, "inplace_buffers", False)),
-            row_column_hook=_row_column_hook(chosen),
+            row_column_hook=chosen.row_column_hook(),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)
@@ -348,13 +348,6 @@ def _template_hook(backend: Backend) -> Any:
     templates] in kiln_codegen_triton's templates.py), else None: the scheduler forms none."""
     wants = getattr(backend, "wants_templates", None)
     return backend.template_epilogue if wants is not None and wants() else None
-
-
-def _row_column_hook(backend: Backend) -> Any:
-    """The backend's ``can_fuse_row_column`` when it has its own (Note [Column sums in a row
-    kernel] in scheduler.py), else None: the scheduler does not look for such pairs."""
-    method = getattr(type(backend), "can_fuse_row_column", None)
-    return backend.can_fuse_row_column if method not in (None, Backend.can_fuse_row_column) else None
 
 
 def _log(graph: GraphLowering, schedule: Scheduler) -> None:

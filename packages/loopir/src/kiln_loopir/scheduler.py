@@ -832,7 +832,7 @@ class Scheduler:
     # pair as one node: after greedy fusion, a kernel node whose members are all reductions of
     # ``(c, r)`` and a reduction kernel node of ``(r, c)`` that share a read, with no dependency
     # either way (directly or through a third node), become a RowColumnSchedulerNode when the
-    # backend's hook agrees (``Backend.can_fuse_row_column``; no by default, so the Triton
+    # backend's hook agrees (``Backend.row_column_hook``; None by default, so the Triton
     # generator's schedule is unchanged). Pairs that save the most bytes go first.
     def fuse_rows_with_columns(self, hook: RowColumnHook) -> None:
         """Note [Column sums in a row kernel]."""
