@@ -131,6 +131,15 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call22a)  # twenty-second session: BERT's bf16 training after Note [Bases returned in another layout] (its
+      # padded LM head's logits were read with the unpadded strides: loss and gradients wrong), bf16 depthwise
+      # training NHWC (Note [Depthwise convolutions in half-precision training]), ResNet/CNN bf16 training
+      TAIL=30 bench train-bf16-s22 330 --dtype bfloat16 --modes training --models bert,distilbert,gpt2,resnet,cnn,convnext \
+        --repeats 10 --warmup 3 --backends eager,kiln,inductor
+      TAIL=12 bench train-bf16-convnext-layout 120 --dtype bfloat16 --modes training --models convnext --repeats 10 --warmup 3 \
+        --backends kiln,kiln:default:layout_training=False
+      TAIL=14 bench infer-bf16-text 100 --dtype bfloat16 --modes inference --models bert,distilbert,gpt2 --repeats 10 \
+        --backends eager,kiln ;;
     call4)
       bench training-bf16 560 --dtype bfloat16 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call4c)  # fp32 training of the whole suite with fewer timed calls (fits one device call beside a short step)

@@ -9,6 +9,7 @@ joint.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -474,3 +475,54 @@ def test_outputs_returned_as_views_take_in_place_writes(shared_with_saved: bool)
     ye.sum().backward()
     yc.sum().backward()
     torch.testing.assert_close(xc.grad, x.grad)
+
+
+def _padded_outputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """A compiler that returns every 2-D graph output as a slice of a wider buffer, as loopir's
+    matmul padding returns a padded GEMM's result (Note [Bases returned in another layout])."""
+
+    def run(*args: Any) -> Any:
+        outs = gm(*args)
+        relaid = []
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.dim() == 2:
+                wide = torch.cat([o, torch.zeros(o.shape[0], 3, dtype=o.dtype)], 1)
+                relaid.append(wide[:, : o.shape[1]])
+            else:
+                relaid.append(o)
+        return type(outs)(relaid)
+
+    return run
+
+
+def _logits_and_last(x: torch.Tensor, w: torch.Tensor) -> Any:
+    logits = x.view(-1, x.shape[-1]) @ w  # a 2-D intermediate, viewed back to 3-D twice
+    out = logits.view(x.shape[0], x.shape[1], -1)
+    return out, out[:, -1]
+
+
+def _logits_and_its_view(x: torch.Tensor, w: torch.Tensor) -> Any:
+    logits = x.view(-1, x.shape[-1]) @ w
+    return logits, logits.view(x.shape[0], x.shape[1], -1)[:, 1:]
+
+
+@pytest.mark.parametrize("fn", [_logits_and_last, _logits_and_its_view])
+@pytest.mark.parametrize("grad", [False, True])
+def test_views_over_a_base_returned_in_another_layout(fn: Callable[..., Any], grad: bool) -> None:
+    # Note [Bases returned in another layout] (joint.py): BERT's logits on the H200, whose LM
+    # head loopir padded, were laid over the padded buffer with the unpadded strides
+    x, w = torch.randn(2, 4, 5), torch.randn(5, 7)
+    if grad:
+        x.requires_grad_()
+        w.requires_grad_()
+    compiled = kiln_aotgrad.aot_function(fn, _padded_outputs)
+    out_e, out_c = fn(x, w), compiled(x, w)
+    torch.testing.assert_close(out_c, out_e)
+    assert [o.shape for o in out_c] == [o.shape for o in out_e]
+    if fn is _logits_and_its_view:  # the user outputs alias each other as eager's do
+        assert out_c[1].untyped_storage().data_ptr() == out_c[0].untyped_storage().data_ptr()
+    if grad:
+        weights = [torch.randn(o.shape) for o in out_e]
+        ge = torch.autograd.grad(sum((o * g).sum() for o, g in zip(out_e, weights, strict=True)), (x, w))
+        gc = torch.autograd.grad(sum((o * g).sum() for o, g in zip(out_c, weights, strict=True)), (x, w))
+        torch.testing.assert_close(gc, ge)

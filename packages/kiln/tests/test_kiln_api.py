@@ -688,6 +688,46 @@ def test_pass_options_reach_loopir(caplog: pytest.LogCaptureFixture) -> None:
         kiln.compile(model, options={"pad_mm": "sometimes"})
 
 
+class TiedHead(nn.Module):
+    """A language model's tied LM head with a bias (BERT's), vocabulary misaligned for padding."""
+
+    def __init__(self, vocab: int = 30, hidden: int = 16) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.bias = nn.Parameter(torch.randn(vocab))
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(self.norm(self.emb(ids)), self.emb.weight, self.bias)
+        return logits, logits[:, -1]
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+@pytest.mark.parametrize("train", [False, True])
+def test_outputs_viewing_a_padded_gemm_match_eager(cpu_backend: str, train: bool) -> None:
+    """Note [Bases returned in another layout] (kiln_aotgrad joint.py): the padded LM head's
+    result is a slice of the padded buffer, and the logits viewed over it came back laid out with
+    the unpadded strides (BERT's training on the H200: the loss and every gradient wrong)."""
+    torch.manual_seed(0)
+    model, ids = TiedHead(), torch.randint(0, 30, (2, 8))
+    labels = torch.randint(0, 30, (2, 8))
+    compiled = kiln.compile(model, options={"pad_mm": "force", "strict": True, "cpu_backend": cpu_backend})
+
+    def step(fn: Any) -> list[torch.Tensor]:
+        model.zero_grad()
+        with torch.set_grad_enabled(train):
+            logits, last = fn(ids)
+            loss = F.cross_entropy(logits.view(-1, 30), labels.view(-1))
+            if not train:
+                return [logits, last, loss]
+            loss.backward()
+        return [logits.detach(), last.detach(), loss.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    expected = step(model)
+    for _ in range(2):
+        torch.testing.assert_close(step(compiled), expected)
+
+
 class HandWrittenAttention(nn.Module):
     """Attention as older models write it: explicit scores, additive mask, softmax, product."""
 

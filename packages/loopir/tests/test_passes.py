@@ -303,10 +303,17 @@ def test_cuda_rule_weighs_conv_classes() -> None:
     assert _policy(depthwise).channels_last
     decision = _policy(grouped)
     assert not decision.channels_last and "grouped x1" in decision.reason
-    # training: depthwise convs keep eager's layouts too (their NHWC weight gradient is slower)
+    # training: float32 depthwise convs keep eager's layouts too (their NHWC weight gradient is
+    # slower); bfloat16/float16 ones go NHWC (Note [Depthwise convolutions in half-precision training])
     decision = _policy(depthwise, inference=False)
     assert not decision.channels_last and "depthwise" in decision.reason
     assert not _policy(grouped, inference=False).channels_last
+    for dtype in (torch.bfloat16, torch.float16):
+        half = with_vals(lambda a, w: conv(a, w, 32), x.to(dtype), make((32, 1, 3, 3)).to(dtype))
+        decision = _policy(half, inference=False)
+        assert decision.channels_last and "1 depthwise in 16-bit floats" in decision.reason
+    grouped_half = with_vals(lambda a, w: conv(a, w, 4), x.half(), make((32, 8, 3, 3)).half())
+    assert not _policy(grouped_half, inference=False).channels_last
 
 
 def test_cuda_rule_skips_graphs_where_convs_are_a_small_part() -> None:

@@ -98,6 +98,11 @@ class OutputInfo:
     # "input_view" the graph took in grad mode, of an input that requires grad: rebuilt in grad
     # mode (Note [Views taken in grad mode])
     grad: bool = False
+    # "graph_view" / "output_view": the base's strides as traced (None where one is symbolic),
+    # and its storage offset; a base a code generator returns in another layout is copied into
+    # this one before the view is laid over it (Note [Bases returned in another layout])
+    base_stride: tuple[int, ...] | None = None
+    base_offset: int | None = None
 
 
 @dataclass(slots=True)
@@ -275,6 +280,32 @@ def symbolic_view_layout(
 # are replayed there as well when every argument of the chain is a constant (the chain then
 # reads nothing of the sizes that vary, so replaying it is eager's view for every call the
 # graph serves); a chain with a symbolic argument is refused (static sizes instead).
+# Note [Bases returned in another layout]: an output rebuilt as a view of a graph output
+# ("graph_view", "output_view") is laid over it with the strides it was traced with, which holds
+# only if the code generator returns that base in its traced layout. loopir's matmul padding
+# (Note [Matmul padding]) returns a padded GEMM's result as a slice of the padded buffer (row
+# stride 30528 for BERT's vocabulary of 30522), so the logits `view`ed to (batch, length, vocab)
+# over it read every row but the first from the wrong place: a training step's loss and every
+# gradient wrong on the H200 (BERT in bfloat16, gradients 10-100x eager's error; `(logits,
+# logits[:, -1])` in inference too). Each such output records its base's traced strides (dims of
+# size 1 aside, where strides mean nothing) and storage offset; at run time a base that comes
+# back in another layout is copied into the traced one first, once per call for all views over
+# it, and an "output_view" base that is a user output is replaced by that copy too, so the user
+# outputs alias each other as eager's do. A static view's offset is taken relative to its base's
+# (the copy starts at 0). A base with a symbolic stride is not checked; a static view over a base
+# at a symbolic offset keeps its absolute offset.
+def _base_geometry(b: torch.Tensor) -> dict[str, Any]:
+    """``base_stride`` / ``base_offset`` of an OutputInfo over base ``b`` (Note [Bases returned in
+    another layout])."""
+    stride, offset = tuple(b.stride()), b.storage_offset()
+    geometry: dict[str, Any] = {}
+    if not any(is_symbolic(s) for s in stride):
+        geometry["base_stride"] = tuple(int(s) for s in stride)
+    if not is_symbolic(offset):
+        geometry["base_offset"] = int(offset)
+    return geometry
+
+
 def _as_strided_after_a_view(chain: tuple[ViewStep, ...]) -> bool:
     return any(step.func is torch.ops.aten.as_strided.default for step in chain[1:])
 
@@ -605,7 +636,16 @@ def trace(
             and (over_later or (train_view and flat_out[later] is ag_base))
         ):  # Note [The root among the outputs first]: `_assemble` builds it after its base
             infos.append(
-                OutputInfo("output_view", later, size, stride, offset, no_grad=ng_view, detach=off_graph)
+                OutputInfo(
+                    "output_view",
+                    later,
+                    size,
+                    stride,
+                    offset,
+                    no_grad=ng_view,
+                    detach=off_graph,
+                    **_base_geometry(flat_out[later]),
+                )
             )
             continue
         if (
@@ -622,7 +662,14 @@ def trace(
                 later_layout = None
             if later_layout is not None:
                 infos.append(
-                    OutputInfo("output_view", later, layout=later_layout, no_grad=ng_view, detach=off_graph)
+                    OutputInfo(
+                        "output_view",
+                        later,
+                        layout=later_layout,
+                        no_grad=ng_view,
+                        detach=off_graph,
+                        **_base_geometry(flat_out[later]),
+                    )
                 )
                 continue
         same_dtype = not lazy and rid in first_by_root and flat_out[first_by_root[rid]].dtype == t.dtype
@@ -643,7 +690,12 @@ def trace(
             if relative is not None:
                 infos.append(
                     OutputInfo(
-                        "output_view", first_by_root[rid], layout=relative, no_grad=ng_view, detach=off_graph
+                        "output_view",
+                        first_by_root[rid],
+                        layout=relative,
+                        no_grad=ng_view,
+                        detach=off_graph,
+                        **_base_geometry(flat_out[first_by_root[rid]]),
                     )
                 )
                 continue
@@ -654,7 +706,14 @@ def trace(
             # outputs that take part in autograd are graph outputs of their own.
             infos.append(
                 OutputInfo(
-                    "output_view", first_by_root[rid], size, stride, offset, no_grad=ng_view, detach=off_graph
+                    "output_view",
+                    first_by_root[rid],
+                    size,
+                    stride,
+                    offset,
+                    no_grad=ng_view,
+                    detach=off_graph,
+                    **_base_geometry(flat_out[first_by_root[rid]]),
                 )
             )
             continue
@@ -684,10 +743,10 @@ def trace(
                     graph_nodes.append(tracer.node_for(root_t))
                     graph_vals.append(root_t)
                 if rel_layout is not None:
-                    infos.append(OutputInfo("graph_view", g, layout=rel_layout))
+                    infos.append(OutputInfo("graph_view", g, layout=rel_layout, **_base_geometry(root_t)))
                 else:
                     rel = offset - int(root_t.storage_offset())
-                    infos.append(OutputInfo("graph_view", g, size, stride, rel))
+                    infos.append(OutputInfo("graph_view", g, size, stride, rel, **_base_geometry(root_t)))
                 first_by_root[rid] = k
                 continue
         if not lazy:

@@ -181,16 +181,37 @@ def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tenso
     return base.as_strided(info.size, info.stride, base.storage_offset() + info.offset)
 
 
+def _in_layout(t: torch.Tensor, stride: tuple[int, ...] | None) -> bool:
+    """Whether ``t`` has the traced ``stride`` (dims of size 1 aside): Note [Bases returned in
+    another layout] in joint.py."""
+    if stride is None:
+        return True
+    got = t.stride()
+    return got == stride or all(n == 1 or a == b for n, a, b in zip(t.shape, got, stride, strict=True))
+
+
+def _to_layout(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """``t`` copied into the traced ``stride`` (differentiable: the gradient goes back to ``t``)."""
+    out = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = [None] * len(meta.outputs)
     # outputs that are other outputs or their views come second: a view's base may follow it
     # (Note [The root among the outputs first] in joint.py)
     second: list[int] = []
+    conformed: dict[int, torch.Tensor] = {}  # Note [Bases returned in another layout] (joint.py)
     for k, info in enumerate(meta.outputs):
         if info.kind == "graph":
             flat[k] = graph_outs[info.index]
         elif info.kind == "graph_view":  # Note [Views sharing an intermediate that is no output]
             g = graph_outs[info.index]
+            if not _in_layout(g, info.base_stride):
+                assert info.base_stride is not None
+                if info.index not in conformed:
+                    conformed[info.index] = _to_layout(g, info.base_stride)
+                g = conformed[info.index]
             if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                 size, stride, rel = info.layout(inputs)
                 flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
@@ -210,6 +231,11 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             second.append(k)
         else:
             flat[k] = info.value
+    for k in second:  # bases in another layout first: every output that is or views one sees the copy
+        info = meta.outputs[k]
+        if info.kind == "output_view" and not _in_layout(flat[info.index], info.base_stride):
+            assert info.base_stride is not None
+            flat[info.index] = _to_layout(flat[info.index], info.base_stride)
     for k in second:
         info = meta.outputs[k]
         if info.kind == "output":
@@ -222,8 +248,12 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
-            else:
+            elif info.base_offset is None:
                 flat[k] = base.as_strided(info.size, info.stride, info.offset)
+            else:  # the offset relative to the base's as traced (Note [Bases returned in another layout])
+                flat[k] = base.as_strided(
+                    info.size, info.stride, base.storage_offset() + info.offset - info.base_offset
+                )
     return tree_unflatten(flat, meta.out_spec)
 
 

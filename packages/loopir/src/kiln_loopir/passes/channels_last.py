@@ -77,7 +77,8 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
   - training (forward and backward graphs, whose convolutions are ``convolution_backward``): on
     (``layout_training``, default True; False keeps eager's layouts) unless a grouped convolution
     has more than one input channel per group (the anchor's rule: cuDNN's NHWC grouped kernels can
-    be many times slower) or the graph has a depthwise convolution. The depthwise exception is
+    be many times slower) or the graph has a float32 depthwise convolution (16-bit ones go NHWC:
+    Note [Depthwise convolutions in half-precision training]). The depthwise exception is
     kiln's, from the H200 (ninth session, ConvNeXt fp32 training): cuDNN's NHWC weight gradient of
     the 7x7 depthwise convolution (``wgrad2d_grouped_direct_kernel``) took 7.4 ms a step against
     3.9 ms for PyTorch's NCHW kernel, and the step was 48.5 ms channels-last against 43.8 ms (the
@@ -141,8 +142,26 @@ MAX_NODES_PER_CONV = 300
 # conv classes that keep a training graph in eager's layouts (Note [Channels-last for convolutions])
 TRAINING_VETO: dict[str, str] = {
     "grouped": "slower in NHWC",
-    "depthwise": "NHWC weight gradient measured 1.9x slower",
+    # float32 only: Note [Depthwise convolutions in half-precision training]
+    "depthwise": "NHWC weight gradient measured 1.9x slower in float32",
 }
+
+
+# Note [Depthwise convolutions in half-precision training]: the depthwise veto above was measured
+# in float32 (ninth session). In bfloat16 it is the other way round: PyTorch's NCHW depthwise
+# kernels (`conv_depthwise2d_grad_weight_kernel<BFloat16>` and its forward and input-gradient
+# siblings) are slow where cuDNN's NHWC ones are not. ConvNeXt's bf16 training step on an H100
+# (twenty-second session, `2026-12-05-h100-s22-train-bf16-saves.json`): kiln in eager layouts
+# 18.9 ms (convolutions 8.64 ms of 17.2 ms of kernels, slower than eager's 16.4 ms), torch.compile
+# channels-last 14.7 ms (convolutions 2.88 ms). So the veto holds for float32 depthwise
+# convolutions only; a graph whose depthwise convolutions are float16/bfloat16 goes NHWC.
+def _vetoes(kind: str, node: torch.fx.Node) -> bool:
+    """Whether convolution ``node`` of class ``kind`` keeps its training graph in eager's layouts."""
+    if kind != "depthwise":
+        return True
+    weight = _val(node.args[1])
+    return not (isinstance(weight, torch.Tensor) and weight.dtype in (torch.float16, torch.bfloat16))
+
 
 # non-pointwise ops whose 4-D output has the same (N, C, H, W) meaning as their 4-D input
 LAYOUT_PRESERVING = frozenset(
@@ -354,9 +373,14 @@ def cuda_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
         if not ctx.options.layout_training:
             return LayoutDecision(False, "training graph: layouts stay eager's (layout_training=False)")
         for kind, why in TRAINING_VETO.items():
-            vetoed = [n for n in convs if conv_class(n) == kind]
+            vetoed = [n for n in convs if conv_class(n) == kind and _vetoes(kind, n)]
             if vetoed:
                 return LayoutDecision(False, f"training graph with {len(vetoed)} {kind} convs ({why})")
+        half = sum(conv_class(n) == "depthwise" for n in convs)
+        if half:  # Note [Depthwise convolutions in half-precision training]
+            return LayoutDecision(
+                True, f"training graph, {len(convs)} convs, {half} depthwise in 16-bit floats"
+            )
         return LayoutDecision(True, f"training graph, {len(convs)} convs, none grouped or depthwise")
     plain = weighted = 0.0
     by_class: dict[str, int] = {}
