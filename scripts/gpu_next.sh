@@ -140,6 +140,17 @@ for step in "$@"; do
         --backends kiln,kiln:default:layout_training=False
       TAIL=14 bench infer-bf16-text 100 --dtype bfloat16 --modes inference --models bert,distilbert,gpt2 --repeats 10 \
         --backends eager,kiln ;;
+    call22b)  # twenty-second session: GPT-2 at 16 threads was 23x slower than eager (call5b): Note [One OpenMP
+      # runtime] (codegen_cpp build.py) links torch's libgomp by path where its file name is hashed
+      ls /opt/torch/.venv/lib/python3.12/site-packages/torch/lib | grep -i omp
+      for e in KILN_OMP_LINK=0 KILN_OMP_LINK=1; do
+        env $e KILN_CACHE_DIR=/tmp/kiln-cache-$e timeout 60 python3 scripts/omp_probe.py --threads 16 --models gpt2,bert 2>&1 | grep -v -i warn
+      done
+      timeout 150 python3 packages/codegen_cpp/bench/threads.py --threads 16 --models gpt2,bert,resnet,convnext,t5,llama \
+        --budget-s 140 --out "$out/threads16.json" > "$out/threads16.log" 2>&1; grep -v Warning "$out/threads16.log" | tail -12
+      # Note [Row statistics do not decide a column reduction] (codegen_triton kernel.py): norm weight gradients
+      TAIL=24 bench train-bf16-outer 250 --dtype bfloat16 --modes training --models gpt2,llama,vit,t5,bert --repeats 10 --warmup 3 \
+        --profile --profile-calls 2 --backends kiln,kiln::triton.outer_by_tiles=False ;;
     call4)
       bench training-bf16 560 --dtype bfloat16 --modes training --repeats 20 --warmup 5 --backends eager,kiln,inductor ;;
     call4c)  # fp32 training of the whole suite with fewer timed calls (fits one device call beside a short step)

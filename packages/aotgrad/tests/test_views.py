@@ -501,12 +501,17 @@ def _logits_and_last(x: torch.Tensor, w: torch.Tensor) -> Any:
     return out, out[:, -1]
 
 
+def _logits_reshaped(x: torch.Tensor, w: torch.Tensor) -> Any:
+    logits = x.view(-1, x.shape[-1]) @ w  # a reshape of the whole base: taken with `view`, no copy
+    return logits.view(x.shape[0], x.shape[1], -1), logits.view(x.shape[1], x.shape[0], -1)
+
+
 def _logits_and_its_view(x: torch.Tensor, w: torch.Tensor) -> Any:
     logits = x.view(-1, x.shape[-1]) @ w
     return logits, logits.view(x.shape[0], x.shape[1], -1)[:, 1:]
 
 
-@pytest.mark.parametrize("fn", [_logits_and_last, _logits_and_its_view])
+@pytest.mark.parametrize("fn", [_logits_and_last, _logits_and_its_view, _logits_reshaped])
 @pytest.mark.parametrize("grad", [False, True])
 def test_views_over_a_base_returned_in_another_layout(fn: Callable[..., Any], grad: bool) -> None:
     # Note [Bases returned in another layout] (joint.py): BERT's logits on the H200, whose LM
@@ -519,8 +524,12 @@ def test_views_over_a_base_returned_in_another_layout(fn: Callable[..., Any], gr
     out_e, out_c = fn(x, w), compiled(x, w)
     torch.testing.assert_close(out_c, out_e)
     assert [o.shape for o in out_c] == [o.shape for o in out_e]
-    if fn is _logits_and_its_view:  # the user outputs alias each other as eager's do
-        assert out_c[1].untyped_storage().data_ptr() == out_c[0].untyped_storage().data_ptr()
+    # the user outputs alias each other as eager's do
+    assert out_c[1].untyped_storage().data_ptr() == out_c[0].untyped_storage().data_ptr()
+    if (
+        fn is _logits_reshaped and grad
+    ):  # viewed over the padded rows as they came (row stride 7 + 3), no copy
+        assert out_c[0].stride() == (40, 10, 1) and out_c[1].stride() == (20, 10, 1)
     if grad:
         weights = [torch.randn(o.shape) for o in out_e]
         ge = torch.autograd.grad(sum((o * g).sum() for o, g in zip(out_e, weights, strict=True)), (x, w))

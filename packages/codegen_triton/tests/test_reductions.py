@@ -311,6 +311,28 @@ def test_channels_last_batch_statistics_split_into_short_chunks(min_chunk: int, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("by_tiles", [True, False])
+def test_norm_weight_gradient_with_row_statistics_is_a_column_reduction(by_tiles: bool, device: str) -> None:
+    """Note [Row statistics do not decide a column reduction]: a layer norm's weight gradient
+    loads each token's mean and rstd along its row; it is still a column reduction (split into
+    partial chunks of wide column tiles), not one program per column reading 2 bytes a sector."""
+
+    def fn(g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> Any:
+        normed = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        return aten.sum.dim_IntList(aten.mul.Tensor(g, normed), [0]), aten.sum.dim_IntList(g, [0])
+
+    g, x = make((1024, 384), torch.bfloat16), make((1024, 384), torch.bfloat16)  # 384 outputs: whole as rows
+    mean, rstd = make((1024, 1), torch.bfloat16), make((1024, 1), torch.bfloat16, low=0.5, high=2)
+    backend = TritonBackend(outer_by_tiles=by_tiles)
+    check(fn, g, x, mean, rstd, device=device, backend=backend, scale=4.0)
+    partials = [s for s in backend.last_specs if "_partial" in s.name]
+    if by_tiles:
+        assert partials and backend.last_specs[-1].kind == "persistent", backend.last_specs
+    else:  # as before: a row reduction per column, whole
+        assert not partials and not backend.last_specs[0].outer
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_mul_then_sum_is_one_kernel(device: str) -> None:
     """Issue 19, fusion bounds: the product inlines into the reduction, the bf16 result is its
     epilogue; the float32 sum of a rounded product likewise (sizes below the split threshold)."""

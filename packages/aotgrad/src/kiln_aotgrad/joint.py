@@ -291,7 +291,9 @@ def symbolic_view_layout(
 # size 1 aside, where strides mean nothing) and storage offset; at run time a base that comes
 # back in another layout is copied into the traced one first, once per call for all views over
 # it, and an "output_view" base that is a user output is replaced by that copy too, so the user
-# outputs alias each other as eager's do. A static view's offset is taken relative to its base's
+# outputs alias each other as eager's do. A "graph_view" that reshapes its whole base (the
+# logits' `view` to (batch, length, vocab)) is taken with `view` on the base as it came, where
+# its strides allow (the padded rows do), with no copy. A static view's offset is taken relative to its base's
 # (the copy starts at 0). A base with a symbolic stride is not checked; a static view over a base
 # at a symbolic offset keeps its absolute offset.
 def _base_geometry(b: torch.Tensor) -> dict[str, Any]:

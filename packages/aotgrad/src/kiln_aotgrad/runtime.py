@@ -24,6 +24,7 @@ mutated input is cloned first, so the backward reads the value the forward saw.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -196,12 +197,35 @@ def _to_layout(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return out.copy_(t)
 
 
+def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    expected = 1
+    for n, s in reversed(list(zip(shape, stride, strict=True))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _reshaped(g: torch.Tensor, info: OutputInfo) -> torch.Tensor | None:
+    """A view that is a reshape of its whole base (both traced row-major, offset 0) taken with
+    ``view`` on a base in another layout, where ``view`` can (no copy: the padded logits split
+    into (batch, length, vocab)); None where it cannot (Note [Bases returned in another layout])."""
+    if info.offset != 0 or info.base_stride is None or math.prod(info.size) != g.numel():
+        return None
+    if not (_dense(info.size, info.stride) and _dense(g.shape, info.base_stride)):
+        return None
+    try:
+        return g.view(info.size)
+    except RuntimeError:
+        return None
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = [None] * len(meta.outputs)
     # outputs that are other outputs or their views come second: a view's base may follow it
     # (Note [The root among the outputs first] in joint.py)
     second: list[int] = []
-    conformed: dict[int, torch.Tensor] = {}  # Note [Bases returned in another layout] (joint.py)
+    conformed: dict[int, torch.Tensor | None] = {}  # Note [Bases returned in another layout] (joint.py)
     for k, info in enumerate(meta.outputs):
         if info.kind == "graph":
             flat[k] = graph_outs[info.index]
@@ -209,9 +233,15 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             g = graph_outs[info.index]
             if not _in_layout(g, info.base_stride):
                 assert info.base_stride is not None
-                if info.index not in conformed:
-                    conformed[info.index] = _to_layout(g, info.base_stride)
-                g = conformed[info.index]
+                if info.index not in conformed:  # views of one base alias as eager's: all or none copied
+                    views = [o for o in meta.outputs if o.kind == "graph_view" and o.index == info.index]
+                    reshaped = all(o.layout is None and _reshaped(g, o) is not None for o in views)
+                    conformed[info.index] = None if reshaped else _to_layout(g, info.base_stride)
+                base = conformed[info.index]
+                if base is None:
+                    flat[k] = _reshaped(g, info)
+                    continue
+                g = base
             if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                 size, stride, rel = info.layout(inputs)
                 flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)

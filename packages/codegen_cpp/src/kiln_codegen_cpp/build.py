@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sysconfig
@@ -78,6 +79,43 @@ BASE_FLAGS = (
     f"-I{sysconfig.get_paths()['include']}",
 )
 LIBS = ("-lmvec", "-lm")
+
+# Note [One OpenMP runtime]: kiln's kernels must run in the OpenMP runtime torch already loaded
+# (Note [Parallel plan] in parallel.py), one pool of threads for both. `-fopenmp` links
+# `libgomp.so.1`, which is that runtime where torch's own copy has that name (the CPU wheels: the
+# loader finds a library of that soname already loaded and reuses it). Where torch carries its
+# libgomp under another name (`libgomp-<hash>.so.1`, as wheels repaired by auditwheel do), the
+# kernels load the system's libgomp beside it: two pools, each with a team of the thread count,
+# whose idle threads spin after every parallel region while the other pool's run, on the same
+# cores. So when the runtime this process loaded is a libgomp under another name, the kernels
+# link it by path, ahead of the driver's `-lgomp` (dropped by `--as-needed` since nothing is left
+# for it): their GOMP_* calls bind to torch's pool. `KILN_OMP_LINK=0` keeps the driver's
+# `-lgomp`; KILN_LOG=output_code's build log names the runtime linked.
+OMP_LIB = re.compile(r"^libgomp([-.][^/]*)?\.so(\.\d+)*$")
+
+
+@functools.cache
+def loaded_openmp() -> str | None:
+    """The path of the GNU OpenMP runtime mapped into this process, if one is (Note [One OpenMP
+    runtime])."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = {line.split()[-1] for line in f if "/" in line and "omp" in line}
+    except OSError:
+        return None
+    found = sorted(p for p in paths if OMP_LIB.match(os.path.basename(p)))
+    return found[0] if found else None
+
+
+def openmp_libs() -> tuple[str, ...]:
+    """Link arguments binding the kernels to the loaded OpenMP runtime (Note [One OpenMP runtime])."""
+    if os.environ.get("KILN_OMP_LINK", "1") == "0":
+        return ()
+    path = loaded_openmp()
+    if path is None or os.path.basename(path) == "libgomp.so.1":
+        return ()
+    return ("-Wl,--as-needed", path)
+
 
 counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "corrupt": 0}
 """How translation units were obtained in this process (tests assert on them)."""
@@ -160,7 +198,7 @@ def cache_key(source: str, extra: tuple[str, ...] = ()) -> str:
     parts = [
         source,
         " ".join((*flags(), *extra)),
-        " ".join(LIBS),
+        " ".join((*LIBS, *openmp_libs())),
         cxx,
         compiler_identity(cxx),
         cpu_identity(),
@@ -269,7 +307,10 @@ def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = (
     cxx = compiler()
     fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
-    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
+    omp = openmp_libs()
+    if omp:
+        log.debug("linking the loaded OpenMP runtime %s (Note [One OpenMP runtime])", omp[-1])
+    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *omp, *LIBS]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -106,6 +106,7 @@ TRITON_OPTIONS = {
     "allow_tiling": bool,
     "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
     "reorder_gathers": bool,  # Note [Gathers along a row walk the rows] in kernel.py
+    "outer_by_tiles": bool,  # Note [Row statistics do not decide a column reduction] in kernel.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -137,6 +138,7 @@ class TritonBackend(Backend):
         allow_tiling: bool = True,
         reorder_reductions: bool = True,
         reorder_gathers: bool = False,
+        outer_by_tiles: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -160,6 +162,7 @@ class TritonBackend(Backend):
         self.allow_tiling = allow_tiling
         self.reorder_reductions = reorder_reductions
         self.reorder_gathers = reorder_gathers
+        self.outer_by_tiles = outer_by_tiles
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -496,6 +499,7 @@ class TritonBackend(Backend):
             "allow_tiling": self.allow_tiling,
             "reorder_reductions": self.reorder_reductions,
             "reorder_gathers": self.reorder_gathers,
+            "outer_by_tiles": self.outer_by_tiles,
         }
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
