@@ -281,6 +281,18 @@ def test_kernels_link_torchs_openmp_runtime_under_another_name(
 
     loaded = build.loaded_openmp()
     assert loaded is not None and build.openmp_libs() == ()  # this machine's torch: libgomp.so.1
+    maps = tmp_path / "maps"  # another package's hashed copy mapped beside torch's is never chosen
+    maps.write_text(
+        f"7f00-7f01 r-xp 0 0:0 1 /site/scikit_learn.libs/libgomp-e985bcbb.so.1.0.0\n7f02-7f03 r-xp 0 0:0 1 {loaded}\n"
+    )
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda f, *a, **k: real_open(maps if f == "/proc/self/maps" else f, *a, **k)
+    )
+    build.loaded_openmp.cache_clear()
+    assert build.loaded_openmp() == loaded
+    monkeypatch.undo()
+    build.loaded_openmp.cache_clear()
     renamed = tmp_path / "libgomp-kilntest.so.1"
     renamed.symlink_to(loaded)
     plain_key = build.cache_key("source")

@@ -490,3 +490,30 @@ def test_the_checker_is_built_in_the_background_and_loaded_from_the_cache(
         tensor_check.uninstall()
         monkeypatch.undo()
         tensor_check.install()
+
+
+def test_the_background_build_runs_at_the_lowest_priority(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [The background build yields the cores]: the background compiler runs under `nice -n
+    19`; a foreground build (the caller waits) at normal priority."""
+    import shutil
+    import subprocess
+
+    from kiln_dynamo import tensor_check
+
+    commands: list[list[str]] = []
+
+    def fake_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    source, library = tmp_path / "x.cpp", tmp_path / "x.so"
+    tensor_check._compile(source, library, "x", background=True)
+    tensor_check._compile(source, library, "x")
+    background, foreground = commands
+    nice = shutil.which("nice")
+    assert nice is not None  # coreutils: present wherever kiln builds C++
+    assert background[:3] == [nice, "-n", "19"] and background[3:] == foreground
+    assert str(source) in foreground and "nice" not in foreground[0]

@@ -80,30 +80,42 @@ BASE_FLAGS = (
 )
 LIBS = ("-lmvec", "-lm")
 
-# Note [One OpenMP runtime]: kiln's kernels must run in the OpenMP runtime torch already loaded
-# (Note [Parallel plan] in parallel.py), one pool of threads for both. `-fopenmp` links
-# `libgomp.so.1`, which is that runtime where torch's own copy has that name (the CPU wheels: the
-# loader finds a library of that soname already loaded and reuses it). Where torch carries its
-# libgomp under another name (`libgomp-<hash>.so.1`, as wheels repaired by auditwheel do), the
-# kernels load the system's libgomp beside it: two pools, each with a team of the thread count,
-# whose idle threads spin after every parallel region while the other pool's run, on the same
-# cores. So when the runtime this process loaded is a libgomp under another name, the kernels
-# link it by path, ahead of the driver's `-lgomp` (dropped by `--as-needed` since nothing is left
-# for it): their GOMP_* calls bind to torch's pool. `KILN_OMP_LINK=0` keeps the driver's
-# `-lgomp`; KILN_LOG=output_code's build log names the runtime linked.
+# Note [One OpenMP runtime]: kiln's kernels must run in the OpenMP runtime torch loaded (Note
+# [Parallel plan] in parallel.py): one pool of threads for both. `-fopenmp` links `libgomp.so.1`,
+# which is that runtime where torch's own copy has that name (the CPU wheels here, and the CUDA
+# wheel of the H100/H200 machines: `torch/lib/libgomp.so.1`); the loader finds a library of that
+# soname already loaded and reuses it. A torch that carries its libgomp under another name
+# (`libgomp-<hash>.so.1`, as auditwheel-repaired wheels do: PyTorch's issue of its CPU wheels
+# loading libgomp twice) would get the system's libgomp beside its own: two pools, each with a
+# team of the thread count, whose idle threads spin after their regions on the same cores. So
+# where torch's own runtime (a libgomp inside torch's folder, mapped into this process) has
+# another name, the kernels link it by path, ahead of the driver's `-lgomp` (dropped by
+# `--as-needed`), and their GOMP_* calls bind to torch's pool. Only torch's folder counts: other
+# packages carry hashed copies of their own (scikit-learn's `libgomp-<hash>.so.1.0.0` was mapped
+# into the benchmark processes on the H100 machine, imported through transformers), and linking
+# one of those would make the second pool this guards against. `KILN_OMP_LINK=0` keeps the
+# driver's `-lgomp`; `KILN_LOG=output_code`'s build log names the runtime linked.
+# (Twenty-second session: this was suspected of GPT-2's 23x slowdown at 16 threads on the H100
+# host's CPU; the probe, `scripts/omp_probe.py`, found torch's runtime named `libgomp.so.1` there,
+# so it was not the cause; see gpu_next.sh.)
 OMP_LIB = re.compile(r"^libgomp([-.][^/]*)?\.so(\.\d+)*$")
 
 
 @functools.cache
 def loaded_openmp() -> str | None:
-    """The path of the GNU OpenMP runtime mapped into this process, if one is (Note [One OpenMP
-    runtime])."""
+    """The path of torch's GNU OpenMP runtime (inside torch's folder) mapped into this process,
+    if there is one (Note [One OpenMP runtime])."""
+    import torch
+
+    home = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:
             paths = {line.split()[-1] for line in f if "/" in line and "omp" in line}
     except OSError:
         return None
-    found = sorted(p for p in paths if OMP_LIB.match(os.path.basename(p)))
+    found = sorted(
+        p for p in paths if OMP_LIB.match(os.path.basename(p)) and os.path.realpath(p).startswith(home)
+    )
     return found[0] if found else None
 
 
