@@ -992,8 +992,8 @@ def build_kernel(
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         # Note [Row statistics do not decide a column reduction]: only accesses that move with
         # both the outputs and the row say how the tile's loads coalesce
-        tile = [a for a in row if a[1].has(XINDEX)] if outer_by_tiles else row
-        outer = any(_unit(e, XINDEX) for _, e, _ in tile) and not any(_unit(e, RINDEX) for _, e, _ in tile)
+        both = [a for a in row if a[1].has(XINDEX)] if outer_by_tiles else row
+        outer = any(_unit(e, XINDEX) for _, e, _ in both) and not any(_unit(e, RINDEX) for _, e, _ in both)
         order = None
         loads = [e for _, e, store in row if not store]
         if reorder_reductions and loads and not any(_unit(e, s) for e in loads for s in (XINDEX, RINDEX)):
