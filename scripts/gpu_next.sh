@@ -11,9 +11,12 @@
 #   training was slower than eager in eager layouts (Note [Depthwise convolutions in half-precision
 #   training]), norm weight gradients at 9% of copy bandwidth (Note [Row statistics do not decide a column
 #   reduction], codegen_triton), GPT-2 at 16 CPU threads 23x slower than eager (suspected second OpenMP
-#   runtime: Note [One OpenMP runtime], codegen_cpp; not yet confirmed). Next: call22d FIRST (the OpenMP
-#   probe and the column-reduction A/B; if it did not run, call22b is its full form), then call2 (bf16
-#   inference, all), call4c (fp32 training), call2 --dtype float32, call3c, call5c, call10.
+#   runtime: Note [One OpenMP runtime], codegen_cpp). call22d then ran (H100): one OpenMP runtime there
+#   (torch's libgomp.so.1), so not that; the guard checker's background build beside the timed calls slows
+#   OpenMP at 16 threads 40-100x (now `nice -n 19`, and threads.py builds it first); outer_by_tiles A/B:
+#   LLaMA's generated kernels 1.80 -> 1.09 ms a step. Next: call2 FIRST (bf16 inference of the whole suite
+#   after this session's changes), then call5b (threads, to see whether GPT-2 at 16 threads was the build),
+#   call4c (fp32 training), call2 --dtype float32, call3c (ablation: outer_by_tiles is new), call5c, call10.
 # Twenty-first session: no device time (loans paused). New first: call21a (aotgrad's fusion-aware saves, Note [What
 #   saving a value costs]: every training graph's forward now saves a norm's input and row statistics instead of the
 #   normalised rows; bf16 training, GPU time against fusion_aware_saves=False, and loopir's index_select gather kernels
