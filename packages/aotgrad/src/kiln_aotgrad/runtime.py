@@ -197,7 +197,8 @@ def _to_layout(t: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return out.copy_(t)
 
 
-def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+def _row_major(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether ``stride`` lays ``shape`` out contiguously, last dim fastest (dims of size 1 aside)."""
     expected = 1
     for n, s in reversed(list(zip(shape, stride, strict=True))):
         if n != 1 and s != expected:
@@ -212,7 +213,7 @@ def _reshaped(g: torch.Tensor, info: OutputInfo) -> torch.Tensor | None:
     into (batch, length, vocab)); None where it cannot (Note [Bases returned in another layout])."""
     if info.offset != 0 or info.base_stride is None or math.prod(info.size) != g.numel():
         return None
-    if not (_dense(info.size, info.stride) and _dense(g.shape, info.base_stride)):
+    if not (_row_major(info.size, info.stride) and _row_major(g.shape, info.base_stride)):
         return None
     try:
         return g.view(info.size)
