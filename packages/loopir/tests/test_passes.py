@@ -389,6 +389,19 @@ def test_padded_addmm_and_bmm_equal_unpadded() -> None:
     assert any("bmm" in text for _, text in compiled.passes.record)
 
 
+def _strided_reads(a: Any, b: Any) -> Any:
+    # as_strided over a view of the product: it addresses eager's contiguous (6, 5) storage
+    rows = aten.slice.Tensor(aten.mm.default(a, b), 0, 1, 6)
+    return aten.add.Tensor(aten.as_strided.default(rows, [2, 2], [1, 1], 8), 0)
+
+
+def test_a_padded_product_that_as_strided_reads_has_eager_strides() -> None:
+    # Note [Readers of a GEMM's strides]: the padded buffer's rows are 8 wide, not 5
+    a, b = make((6, 3)), make((3, 5))
+    compiled = check(with_vals(_strided_reads, a, b), a, b, options={"pad_mm": "force"})
+    assert any(n == "pad_mm" and text.startswith("pad ") for n, text in compiled.passes.record)
+
+
 def test_aligned_or_integer_matmuls_are_left_alone() -> None:
     a, b = make((8, 16)), make((16, 8))
     compiled = check(with_vals(mm, a, b), a, b, options={"pad_mm": "force"})
