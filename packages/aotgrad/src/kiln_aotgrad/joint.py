@@ -774,6 +774,19 @@ def trace(
                 continue
         if not lazy:
             first_by_root.setdefault(rid, k)
+        # Note [A returned tensor that is already a hidden base]: an earlier output's view made
+        # `t` a graph output no user sees ("graph_view", Note [Views of intermediates leave the
+        # Function as views of its outputs]); `t` itself is that graph output, not a second
+        # one. Returned twice, the Function's two outputs shared their memory, so under
+        # symbolic sizes, where the C++ wrapper returns the buffer as a view (Note [Outputs the
+        # code generator returns as views] in runtime.py), both stayed views made inside the
+        # Function, and an in-place write into the view laid over one of them raised where
+        # eager's runs (`t6 = x.reshape(-1); t7 = t6.view(-1); t7.unsqueeze_(1)` under
+        # dynamic=True, a graph break at `unsqueeze_`: test_alias_fuzz.py seed 20240).
+        hidden = hidden_roots.get(id(t))
+        if hidden is not None and graph_vals[hidden + len(mutated)] is t:
+            infos.append(OutputInfo("graph", hidden))
+            continue
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
         graph_nodes.append(tracer.node_for(t))
         graph_vals.append(t)
