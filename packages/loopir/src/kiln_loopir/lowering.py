@@ -212,6 +212,18 @@ def copy_with_strides(box: TensorBox, strides: Sequence[Any]) -> TensorBox:
     return copy
 
 
+# aten ops that address their (first) input's storage with explicit strides and offset: they
+# need its layout eager's (Notes [Readers of a GEMM's strides] in passes/pad_mm.py, [Storage
+# readers of NHWC values] in graph.py)
+READS_STORAGE = frozenset(
+    {
+        aten.as_strided.default,
+        aten.as_strided_copy.default,
+        aten.as_strided_scatter.default,
+    }
+)
+
+
 # aten ops that only reinterpret their input's memory (for analyses that look through views)
 VIEW_OPS = frozenset(
     {

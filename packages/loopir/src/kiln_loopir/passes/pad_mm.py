@@ -63,7 +63,7 @@ from kiln_symbolic import hint_of
 from torch._dispatch.python import enable_python_dispatcher
 
 from ..diskcache import cache_root, write_atomic
-from ..lowering import VIEW_OPS
+from ..lowering import READS_STORAGE, VIEW_OPS
 from ..sizevars import has_symbols
 from . import PassContext, copy_graph
 
@@ -375,15 +375,6 @@ def _eager_versions(
 # eager reads row 1 col 3; test_alias_fuzz.py --pad-mm seed 20271, a wrong answer). A padded
 # result such a reader reaches, through views, is copied to eager's contiguous strides (as option
 # `pad_mm_output_copy` copies one), and timed with that copy.
-_READS_STRIDES = frozenset(
-    {
-        aten.as_strided.default,
-        aten.as_strided_copy.default,
-        aten.as_strided_scatter.default,
-    }
-)
-
-
 def reads_strides(node: torch.fx.Node) -> bool:
     """Whether an op that addresses storage reads ``node``'s value, directly or through views
     (Note [Readers of a GEMM's strides])."""
@@ -391,7 +382,7 @@ def reads_strides(node: torch.fx.Node) -> bool:
     while pending:
         current = pending.pop()
         for user in current.users:
-            if user.target in _READS_STRIDES and user.args and user.args[0] is current:
+            if user.target in READS_STORAGE and user.args and user.args[0] is current:
                 return True
             view = user.target is operator.getitem or (
                 isinstance(user.target, torch._ops.OpOverload) and user.target.is_view
