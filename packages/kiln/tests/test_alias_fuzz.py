@@ -16,7 +16,8 @@ dropped and another drawn, so nearly every program is valid without the generato
 shapes or autograd's rules. Now and then a rejected statement is kept as the program's last one,
 to check that kiln raises eager's error.
 
-Long runs: python test_alias_fuzz.py --seeds 0:2000 [--dynamic none|true] [--backend cpp|triton]
+Long runs: python test_alias_fuzz.py --seeds 0:2000 [--dynamic none|true] [--backend cpp|triton] [--pad-mm]
+(`--pad-mm`: programs with matrix products, compiled with `pad_mm="force"`).
 """
 
 # mypy: ignore-errors
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from alias_compare import aliasing, compare_inputs, compare_outputs, grads
+from alias_compare import aliasing, compare_inputs, compare_outputs, flat_tensors, grads
 
 if __name__ == "__main__" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Note [Triton's interpreter is process-wide]
@@ -281,6 +282,50 @@ class _Gen:
             return f"{v}.transpose_({r.randrange(nd)}, {r.randrange(nd)})", []
         return None
 
+    def mm(self):
+        """A matrix product of recent tensors (option ``--pad-mm``): with ``pad_mm="force"`` loopir
+        pads every misaligned GEMM and returns its result as a slice of the padded buffer, a
+        graph output in another layout than eager's (Note [Bases returned in another layout] in
+        kiln_aotgrad's joint.py), which the views drawn after it then read."""
+        r, v = self.r, self.pick()
+        t = self.env[v]
+        o = self.fresh()
+        if t.dim() == 0:
+            return None
+        c = r.randrange(6)
+        k = t.shape[-1]
+        rows = [w for w in self.tensors if self.env[w].dim() == 2 and self.env[w].shape[0] == k]
+        if c == 0 and rows:
+            return f"{o} = {v} @ {r.choice(rows)}", [o]
+        if c == 1 and t.dim() >= 2:
+            return f"{o} = {v} @ {v}.transpose(-1, -2)", [o]
+        if c == 2 and t.dim() == 2:
+            m = t.shape[0]
+            bias = [
+                w
+                for w in self.tensors
+                if self.env[w].dim() <= 2 and _broadcasts_to(self.env[w].shape, (m, m))
+            ]
+            b = r.choice(bias) if bias and r.random() < 0.7 else f"torch.ones({m})"
+            return f"{o} = torch.addmm({b}, {v}, {v}.t(){r.choice(('', ', alpha=0.5', ', beta=2'))})", [o]
+        cols = [w for w in self.tensors if self.env[w].dim() == 2 and self.env[w].shape[-1] == k]
+        if c == 3 and cols:
+            w = r.choice(cols)
+            n = self.env[w].shape[0]
+            bias = [b for b in self.tensors if self.env[b].dim() == 1 and self.env[b].shape[0] == n]
+            b = f", {r.choice(bias)}" if bias and r.random() < 0.5 else ""
+            return f"{o} = torch.nn.functional.linear({v}, {w}{b})", [o]
+        if c == 4 and t.dim() == 3:
+            mats = [
+                w for w in self.tensors if self.env[w].dim() == 3 and self.env[w].shape[:2] == (t.shape[0], k)
+            ]
+            if mats:
+                return f"{o} = torch.bmm({v}, {r.choice(mats)})", [o]
+            return f"{o} = torch.bmm({v}, {v}.transpose(1, 2))", [o]
+        if c == 5:
+            return f"{o} = {v} @ torch.linspace(-1.0, 1.0, {k * r.choice((3, 5, 6))}).view({k}, -1)", [o]
+        return None
+
     def pure(self):
         r, v = self.r, self.pick()
         t = self.env[v]
@@ -356,7 +401,9 @@ def _row_of(g: _Gen, v: str, k: int) -> str:
     return f"torch.full(({k},) + tuple({v}.shape[1:]), 4.0)" if g.r.random() < 0.5 else "5.0"
 
 
-def generate(seed: int) -> Program:
+def generate(seed: int, mm: bool = False) -> Program:
+    """Seed ``seed``'s program; ``mm`` adds matrix products (``--pad-mm``; other seeds' programs
+    are unchanged without it)."""
     r = random.Random(seed * 7919 + 1)
     gen = _Gen(seed)
     n_in = r.choice((1, 1, 2, 2, 3))
@@ -382,7 +429,7 @@ def generate(seed: int) -> Program:
         tries += 1
         if ng_left == 0 and r.random() < 0.1:
             ng_left = r.randrange(1, 4)
-        kind = r.choices(("view", "write", "pure"), (4, 4, 2))[0]
+        kind = r.choices(("view", "write", "pure", "mm"), (4, 4, 2, 3 if mm else 0))[0]
         got = getattr(gen, kind)()
         if got is None:
             continue
@@ -429,11 +476,14 @@ def _instantiate(p: Program):
     return ns["f"], args, lambda: []
 
 
-def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
+def check(p: Program, dynamic: bool | None, backend: str = "cpp", options: dict | None = None) -> str | None:
     """None when the compiled program matches eager; else a description of the mismatch."""
     fe, ae, be = _instantiate(p)
     fc, ac, bc = _instantiate(p)
-    opts = {"cpu_backend": backend} if backend != "cpp" else None
+    opts = dict(options or {})
+    if backend != "cpp":
+        opts["cpu_backend"] = backend
+    opts = opts or None
     comp = kiln.compile(fc, dynamic=dynamic, options=opts)
     names = [n for n, _ in p.inputs] + [n for n, _ in p.buffers]
     for call in range(2):
@@ -451,13 +501,16 @@ def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
             oc = comp(*ac)
         except Exception:
             return f"call {call}: kiln raised, eager did not:\n{traceback.format_exc()}"
+        free = bool(opts and opts.get("pad_mm"))  # padded results keep their own layout
         try:
-            compare_outputs(oe, oc, ae + be())
+            compare_outputs(oe, oc, ae + be(), inputs_only=free)
             compare_inputs(ae + be(), ac + bc(), names)
             ale, alc = aliasing(oe, ae + be()), aliasing(oc, ac + bc())
             assert alc == ale, (
                 f"aliasing {[x for x in alc if x not in ale]} != eager {[x for x in ale if x not in alc]}"
             )
+            if free:  # their strides aside, outputs that share memory must share the same elements
+                _write_probe(oe, oc, ae + be(), ac + bc(), names)
         except AssertionError as e:
             return f"call {call}: {e}"
         wrt_e = [a for a in ae if a.requires_grad and a.is_leaf]
@@ -475,6 +528,25 @@ def check(p: Program, dynamic: bool | None, backend: str = "cpp") -> str | None:
         except AssertionError as e:
             return f"call {call}: gradients differ: {e}"
     return None
+
+
+def _write_probe(oe, oc, eager_args, compiled_args, names) -> None:
+    """Write through the first returned tensor (of a call whose outputs need no gradient) and
+    compare every output and input again: views over a base the compiler returned in another
+    layout must still see the write where eager's do (Note [Bases returned in another layout] in
+    kiln_aotgrad's joint.py)."""
+    te, tc = flat_tensors(oe), flat_tensors(oc)
+    if not te or any(t.requires_grad for t in te) or not te[0].is_floating_point():
+        return
+    try:
+        with torch.no_grad():
+            te[0].add_(1.0)
+    except RuntimeError:
+        return  # eager refuses the write (an expanded output): nothing to compare
+    with torch.no_grad():
+        tc[0].add_(1.0)
+    compare_outputs(oe, oc, eager_args, "after a write into out[0]: out", inputs_only=True)
+    compare_inputs(eager_args, compiled_args, names)
 
 
 # CI's share (a cold compile cache: about a second a seed with C++ on a shared 2-core machine);
@@ -634,7 +706,7 @@ def test_alias_fuzz_triton() -> None:
     assert not failures, "\n\n".join(failures[:3]) + f"\n({len(failures)} failing seeds)"
 
 
-def minimize(p: Program, dynamic: bool | None, backend: str = "cpp") -> Program:
+def minimize(p: Program, dynamic: bool | None, backend: str = "cpp", options: dict | None = None) -> Program:
     """Drop statements (and returned values) one at a time while the program still fails."""
 
     def fails(q: Program) -> bool:
@@ -645,7 +717,7 @@ def minimize(p: Program, dynamic: bool | None, backend: str = "cpp") -> Program:
             if not p.expect_error:
                 return False  # dropping a statement broke the program itself
         try:
-            return check(q, dynamic, backend) is not None
+            return check(q, dynamic, backend, options) is not None
         except Exception:
             return False
 
@@ -679,24 +751,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show", action="store_true", help="print each program")
     ap.add_argument("-q", action="store_true", help="only the seeds that fail")
     ap.add_argument("--minimize", action="store_true", help="print a minimized program for each failure")
+    ap.add_argument(
+        "--pad-mm",
+        action="store_true",
+        help="programs with matrix products, compiled with pad_mm='force' (padded GEMMs return non-contiguous results)",
+    )
     a = ap.parse_args(argv)
     lo, hi = map(int, a.seeds.split(":"))
     dyn = None if a.dynamic == "none" else True
+    opts = {"pad_mm": "force"} if a.pad_mm else None
     bad = 0
     for seed in range(lo, hi):
-        p = generate(seed)
+        p = generate(seed, mm=a.pad_mm)
         if a.show:
             print(p.source)
         try:
-            msg = check(p, dyn, a.backend)
+            msg = check(p, dyn, a.backend, opts)
         except Exception:
             msg = "harness: " + traceback.format_exc()
+        if not torch.is_grad_enabled():  # a leak would change the programs of later seeds
+            msg = (msg or "") + "grad mode left off after the calls\n"
+            torch.set_grad_enabled(True)
         if msg:
             bad += 1
             print(f"=== seed {seed} FAIL\n{p.source}{msg}\n", flush=True)
             if a.minimize:
-                m = minimize(p, dyn, a.backend)
-                print(f"--- seed {seed} minimized\n{m.source}{check(m, dyn, a.backend)}\n", flush=True)
+                m = minimize(p, dyn, a.backend, opts)
+                print(f"--- seed {seed} minimized\n{m.source}{check(m, dyn, a.backend, opts)}\n", flush=True)
         elif not a.q:
             print(f"seed {seed} ok", flush=True)
         kiln.reset()

@@ -1376,3 +1376,18 @@ def test_a_training_graph_that_returns_a_symbolic_size() -> None:
         got.sum().backward()
         torch.testing.assert_close(x.grad, torch.full((n, 3), 2.0))
     assert all(r.fell_back is None for r in kiln.compile_log())
+
+
+def _copy_of_a_chunk(x0: torch.Tensor, x1: torch.Tensor) -> None:
+    x1.copy_(x0.chunk(3, 0)[2])  # one element, stretched over x1
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_an_expand_of_a_size_the_trace_proved_1(cpu_backend: str) -> None:
+    # Note [Stretched sizes the trace proved 1] (kiln_loopir lowering.py): the chunk's length is
+    # `s0 - 2*((s0 + 2)//3)`, 1 by a guard, and the expand read past its one element
+    x0, x1 = torch.randn(3), torch.randn(5)
+    want = x1.clone()
+    _copy_of_a_chunk(x0, want)
+    kiln.compile(_copy_of_a_chunk, dynamic=True, options={"cpu_backend": cpu_backend})(x0, x1)
+    torch.testing.assert_close(x1, want)

@@ -342,3 +342,16 @@ def test_an_expanded_size_divides_a_group_of_terms() -> None:
         assert int(evaluate(FloorDiv(flat + 3 * x1, area), env)) == (
             int(evaluate(flat, env)) + 3 * (vx1 + 7)
         ) // (hn * hn)
+
+
+def test_a_size_one_at_its_hint_stretched_to_one_that_is_not_is_stretched() -> None:
+    # Note [Stretched sizes the trace proved 1] (lowering.py)
+    from kiln_loopir.lowering import stretched
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    tail = s0 - 2 * FloorDiv(s0 + 2, sympy.Integer(3))  # a chunk's length, 1 at s0 = 3
+    with sizevars.using(sizevars.SizeVars(hints={s0: 3, s1: 5})):
+        assert stretched(sympy.Integer(1), s1) and stretched(tail, s1)
+        assert not stretched(s1, s1) and not stretched(tail, tail) and not stretched(s0, s1)
+    with sizevars.using(sizevars.SizeVars(hints={s0: 3, s1: 1})):
+        assert not stretched(tail, s1)  # both 1 at the hints: not a stretch the trace decided

@@ -389,6 +389,55 @@ def test_padded_addmm_and_bmm_equal_unpadded() -> None:
     assert any("bmm" in text for _, text in compiled.passes.record)
 
 
+def _strided_reads(a: Any, b: Any) -> Any:
+    # as_strided over a view of the product: it addresses eager's contiguous (6, 5) storage
+    rows = aten.slice.Tensor(aten.mm.default(a, b), 0, 1, 6)
+    return aten.add.Tensor(aten.as_strided.default(rows, [2, 2], [1, 1], 8), 0)
+
+
+def test_a_padded_product_that_as_strided_reads_has_eager_strides() -> None:
+    # Note [Readers of a GEMM's strides]: the padded buffer's rows are 8 wide, not 5
+    a, b = make((6, 3)), make((3, 5))
+    compiled = check(with_vals(_strided_reads, a, b), a, b, options={"pad_mm": "force"})
+    assert any(n == "pad_mm" and text.startswith("pad ") for n, text in compiled.passes.record)
+
+
+def _conv_read_strided(x: Any, w: Any) -> Any:
+    y = conv(x, w)  # (2, 4, 8, 8), eager's strides contiguous
+    inner = aten.slice.Tensor(aten.select.int(y, 0, 1), 0, 1, 4)  # as_strided's offset is the storage's
+    return (
+        aten.add.Tensor(aten.as_strided.default(y, [2, 3], [1, 2], 5), 0),
+        aten.add.Tensor(aten.as_strided.default(inner, [3, 2], [64, 9], 300), 0),
+    )
+
+
+@pytest.mark.parametrize("options", [CUDA_RULE, {"layout_policy": "cpu"}], ids=["cuda_rule", "cpu_rule"])
+def test_as_strided_of_a_channels_last_value_reads_eager_storage(options: dict[str, Any]) -> None:
+    # Note [Storage readers of NHWC values] (graph.py): the convolution computed NHWC, and
+    # as_strided addressed its storage with eager's strides
+    x, w = make((2, 3, 8, 8)), make((4, 3, 3, 3))
+    with torch.no_grad():
+        compiled = check(with_vals(_conv_read_strided, x, w), x, w, options=options)
+    assert compiled.graph.channels_last
+
+
+def _patch_conv_read_strided(x: Any, w: Any) -> Any:
+    y = aten.convolution.default(x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+    return aten.add.Tensor(aten.as_strided.default(y, [2, 3], [1, 2], 5), 0)
+
+
+def test_as_strided_of_a_patch_convolution_reads_eager_storage() -> None:
+    # Note [Readers of a GEMM's strides] (pad_mm.py): the patch GEMM's result is channels-last
+    x, w = make((2, 3, 8, 8)), make((4, 3, 2, 2))
+    compiled = check(
+        with_vals(_patch_conv_read_strided, x, w),
+        x,
+        w,
+        options={"patch_conv": "force", "layout": False},
+    )
+    assert ("patch_conv", "1 patch convolutions computed as GEMMs") in compiled.passes.record
+
+
 def test_aligned_or_integer_matmuls_are_left_alone() -> None:
     a, b = make((8, 16)), make((16, 8))
     compiled = check(with_vals(mm, a, b), a, b, options={"pad_mm": "force"})

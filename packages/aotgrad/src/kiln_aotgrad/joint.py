@@ -98,10 +98,12 @@ class OutputInfo:
     # "input_view" the graph took in grad mode, of an input that requires grad: rebuilt in grad
     # mode (Note [Views taken in grad mode])
     grad: bool = False
-    # "graph_view" / "output_view": the base's strides as traced (None where one is symbolic),
-    # and its storage offset; a base a code generator returns in another layout is copied into
-    # this one before the view is laid over it (Note [Bases returned in another layout])
+    # "graph_view" / "output_view": the base's strides as traced (`base_stride_of`, a function
+    # of the flat inputs, where one is symbolic), and its storage offset; a base a code
+    # generator returns in another layout is copied into this one before the view is laid over
+    # it (Note [Bases returned in another layout])
     base_stride: tuple[int, ...] | None = None
+    base_stride_of: Callable[[Any], tuple[int, ...]] | None = None
     base_offset: int | None = None
 
 
@@ -294,15 +296,30 @@ def symbolic_view_layout(
 # outputs alias each other as eager's do. A "graph_view" that reshapes its whole base (the
 # logits' `view` to (batch, length, vocab)) is taken with `view` on the base as it came, where
 # its strides allow (the padded rows do), with no copy. A static view's offset is taken relative to its base's
-# (the copy starts at 0). A base with a symbolic stride is not checked; a static view over a base
-# at a symbolic offset keeps its absolute offset.
-def _base_geometry(b: torch.Tensor) -> dict[str, Any]:
-    """``base_stride`` / ``base_offset`` of an OutputInfo over base ``b`` (Note [Bases returned in
-    another layout])."""
+# (the copy starts at 0). A static view over a base at a symbolic offset keeps its absolute offset.
+#
+# A base with a symbolic stride is checked too, against its traced strides computed from the
+# inputs' sizes at run time (`base_stride_of`, as Note [Symbolic views among the outputs] computes
+# a view's layout). Until the twenty-second session it was not checked at all: under dynamic=True
+# a linear layer of static, misaligned sizes over an input of symbolic (batch, length) returned
+# its padded result with strides (40, 8, 1) where the trace had (s1*7, 7, 1), and `(y[:, -1],
+# y.view(-1, 7))` read both outputs from the wrong rows (test_views.py, the fuzzer's `--pad-mm`).
+# A base whose strides name a symbol no input holds is refused (static sizes instead).
+def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
+    """``base_stride`` (or ``base_stride_of``) / ``base_offset`` of an OutputInfo over base ``b``
+    (Note [Bases returned in another layout])."""
     stride, offset = tuple(b.stride()), b.storage_offset()
     geometry: dict[str, Any] = {}
     if not any(is_symbolic(s) for s in stride):
         geometry["base_stride"] = tuple(int(s) for s in stride)
+    else:
+        names = _symbol_names(visible)
+        exprs = [expr_of(s) for s in stride]
+        missing = set().union(*(e.free_symbols for e in exprs)) - names.keys()
+        if missing:
+            raise AotgradError(f"an output is a view of an output with strides no input holds ({missing})")
+        src = "".join(f"int({pexpr(e, names)}), " if e.free_symbols else f"{int(e)}, " for e in exprs)
+        geometry["base_stride_of"] = eval(f"lambda a: ({src})", {"math": math})
     if not is_symbolic(offset):
         geometry["base_offset"] = int(offset)
     return geometry
@@ -646,7 +663,7 @@ def trace(
                     offset,
                     no_grad=ng_view,
                     detach=off_graph,
-                    **_base_geometry(flat_out[later]),
+                    **_base_geometry(flat_out[later], visible),
                 )
             )
             continue
@@ -670,7 +687,7 @@ def trace(
                         layout=later_layout,
                         no_grad=ng_view,
                         detach=off_graph,
-                        **_base_geometry(flat_out[later]),
+                        **_base_geometry(flat_out[later], visible),
                     )
                 )
                 continue
@@ -697,7 +714,7 @@ def trace(
                         layout=relative,
                         no_grad=ng_view,
                         detach=off_graph,
-                        **_base_geometry(flat_out[first_by_root[rid]]),
+                        **_base_geometry(flat_out[first_by_root[rid]], visible),
                     )
                 )
                 continue
@@ -715,7 +732,7 @@ def trace(
                     offset,
                     no_grad=ng_view,
                     detach=off_graph,
-                    **_base_geometry(flat_out[first_by_root[rid]]),
+                    **_base_geometry(flat_out[first_by_root[rid]], visible),
                 )
             )
             continue
@@ -745,14 +762,31 @@ def trace(
                     graph_nodes.append(tracer.node_for(root_t))
                     graph_vals.append(root_t)
                 if rel_layout is not None:
-                    infos.append(OutputInfo("graph_view", g, layout=rel_layout, **_base_geometry(root_t)))
+                    infos.append(
+                        OutputInfo("graph_view", g, layout=rel_layout, **_base_geometry(root_t, visible))
+                    )
                 else:
                     rel = offset - int(root_t.storage_offset())
-                    infos.append(OutputInfo("graph_view", g, size, stride, rel, **_base_geometry(root_t)))
+                    infos.append(
+                        OutputInfo("graph_view", g, size, stride, rel, **_base_geometry(root_t, visible))
+                    )
                 first_by_root[rid] = k
                 continue
         if not lazy:
             first_by_root.setdefault(rid, k)
+        # Note [A returned tensor that is already a hidden base]: an earlier output's view made
+        # `t` a graph output no user sees ("graph_view", Note [Views of intermediates leave the
+        # Function as views of its outputs]); `t` itself is that graph output, not a second
+        # one. Returned twice, the Function's two outputs shared their memory, so under
+        # symbolic sizes, where the C++ wrapper returns the buffer as a view (Note [Outputs the
+        # code generator returns as views] in runtime.py), both stayed views made inside the
+        # Function, and an in-place write into the view laid over one of them raised where
+        # eager's runs (`t6 = x.reshape(-1); t7 = t6.view(-1); t7.unsqueeze_(1)` under
+        # dynamic=True, a graph break at `unsqueeze_`: test_alias_fuzz.py seed 20240).
+        base_index = hidden_roots.get(id(t))
+        if base_index is not None and graph_vals[base_index + len(mutated)] is t:
+            infos.append(OutputInfo("graph", base_index))
+            continue
         infos.append(OutputInfo("graph", len(graph_nodes) - len(mutated)))
         graph_nodes.append(tracer.node_for(t))
         graph_vals.append(t)

@@ -207,13 +207,21 @@ def _row_major(shape: Sequence[int], stride: Sequence[int]) -> bool:
     return True
 
 
-def _reshaped(g: torch.Tensor, info: OutputInfo) -> torch.Tensor | None:
+def _traced_base_stride(info: OutputInfo, inputs: Sequence[Any]) -> tuple[int, ...] | None:
+    """The strides the base of a "graph_view" / "output_view" was traced with, computed from the
+    inputs where they are symbolic (Note [Bases returned in another layout] in joint.py)."""
+    if info.base_stride_of is not None:
+        return info.base_stride_of(inputs)
+    return info.base_stride
+
+
+def _reshaped(g: torch.Tensor, info: OutputInfo, base_stride: tuple[int, ...] | None) -> torch.Tensor | None:
     """A view that is a reshape of its whole base (both traced row-major, offset 0) taken with
     ``view`` on a base in another layout, where ``view`` can (no copy: the padded logits split
     into (batch, length, vocab)); None where it cannot (Note [Bases returned in another layout])."""
-    if info.offset != 0 or info.base_stride is None or math.prod(info.size) != g.numel():
+    if info.offset != 0 or base_stride is None or math.prod(info.size) != g.numel():
         return None
-    if not (_row_major(info.size, info.stride) and _row_major(g.shape, info.base_stride)):
+    if not (_row_major(info.size, info.stride) and _row_major(g.shape, base_stride)):
         return None
     try:
         return g.view(info.size)
@@ -232,15 +240,16 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             flat[k] = graph_outs[info.index]
         elif info.kind == "graph_view":  # Note [Views sharing an intermediate that is no output]
             g = graph_outs[info.index]
-            if not _in_layout(g, info.base_stride):
-                assert info.base_stride is not None
+            traced = _traced_base_stride(info, inputs)
+            if not _in_layout(g, traced):
+                assert traced is not None
                 if info.index not in conformed:  # views of one base alias as eager's: all or none copied
                     views = [o for o in meta.outputs if o.kind == "graph_view" and o.index == info.index]
-                    reshaped = all(o.layout is None and _reshaped(g, o) is not None for o in views)
-                    conformed[info.index] = None if reshaped else _to_layout(g, info.base_stride)
+                    reshaped = all(o.layout is None and _reshaped(g, o, traced) is not None for o in views)
+                    conformed[info.index] = None if reshaped else _to_layout(g, traced)
                 base = conformed[info.index]
                 if base is None:
-                    flat[k] = _reshaped(g, info)
+                    flat[k] = _reshaped(g, info, traced)
                     continue
                 g = base
             if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
@@ -264,9 +273,12 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             flat[k] = info.value
     for k in second:  # bases in another layout first: every output that is or views one sees the copy
         info = meta.outputs[k]
-        if info.kind == "output_view" and not _in_layout(flat[info.index], info.base_stride):
-            assert info.base_stride is not None
-            flat[info.index] = _to_layout(flat[info.index], info.base_stride)
+        if info.kind != "output_view":
+            continue
+        traced = _traced_base_stride(info, inputs)
+        if not _in_layout(flat[info.index], traced):
+            assert traced is not None
+            flat[info.index] = _to_layout(flat[info.index], traced)
     for k in second:
         info = meta.outputs[k]
         if info.kind == "output":

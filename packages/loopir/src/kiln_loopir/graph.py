@@ -67,7 +67,7 @@ from .ir import (
     realize_strided,
 )
 from .layout import FixedLayout, fixed_from_tensor, symbolic
-from .lowering import VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
+from .lowering import READS_STORAGE, VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
 from .sizevars import SizeVars, SymbolSource, has_symbols, to_loopir, using
 from .sizevars import hint as sizevars_hint
 from .virtualized import count_ops, op_names, set_graph
@@ -384,6 +384,10 @@ class GraphLowering:
         mapped: Any = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n])
         args, kwargs = mapped
         target = node.target
+        if self.channels_last and target in READS_STORAGE and isinstance(node.args[0], torch.fx.Node):
+            eager = self._in_eager_storage(node.args[0], env)  # Note [Storage readers of NHWC values]
+            if eager is not None:
+                args = (eager, *args[1:])
         if target is operator.getitem:
             return args[0][args[1]]
         float_fn = FLOAT_FUNCTIONS.get(target)
@@ -508,6 +512,47 @@ class GraphLowering:
             if same and int(layout.offset) == val.storage_offset():
                 return value
         return copy_with_strides(value, val.stride())
+
+    # Note [Storage readers of NHWC values]: `as_strided` (and its copy and scatter) addresses
+    # its input's storage with eager's strides and offset, so it must see eager's layout of the
+    # value it views, where a graph that runs channels-last computed the value NHWC (the CPU
+    # rule's default for a convolution: `conv2d(x, w).as_strided((2, 3), (1, 2), 5)` read other
+    # elements than eager's, a wrong answer in inference). The value at the root of the view
+    # chain is copied into eager's strides (as a graph output is: `_eager_strides`) and the
+    # chain's views are lowered again over the copy.
+    def _in_eager_storage(self, node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
+        """``node``'s value over its view chain's root laid out as eager lays it, or None where
+        nothing on the chain runs channels-last (Note [Storage readers of NHWC values])."""
+        chain: list[torch.fx.Node] = []
+        root = node
+        while root.op == "call_function" and root.args and isinstance(root.args[0], torch.fx.Node):
+            target = root.target
+            if not (
+                target is operator.getitem or (isinstance(target, torch._ops.OpOverload) and target.is_view)
+            ):
+                break
+            chain.append(root)
+            root = root.args[0]
+        if root not in self.channels_last and not any(n in self.channels_last for n in chain):
+            return None
+        value = self._eager_strides(root, env[root])
+        for view in reversed(chain):
+            base = view.args[0]
+            if view.target is operator.getitem:
+                value = value[view.args[1]]
+                continue
+            lowering = find_lowering(view.target)
+            if lowering is None:
+                raise Unsupported(
+                    f"{view.target} (a view before as_strided of an NHWC value) has no lowering"
+                )
+
+            def arg(n: torch.fx.Node, base: Any = base, value: Any = value) -> Any:
+                return value if n is base else env[n]
+
+            vargs, vkwargs = torch.fx.node.map_arg((view.args, view.kwargs), arg)
+            value = lowering(*vargs, **vkwargs)
+        return value
 
     def _meta(self, node: torch.fx.Node, metas: dict[torch.fx.Node, Any]) -> Any:
         meta = self._meta_eager(node, metas)

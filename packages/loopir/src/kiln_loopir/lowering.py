@@ -119,14 +119,33 @@ def broadcast_sizes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:
     return tuple(out)
 
 
+# Note [Stretched sizes the trace proved 1]: a size that is 1 only by the guards of the trace
+# (`x.chunk(3)[2]` of an (s0,) input is `s0 - 2*((s0 + 2)//3)` long, 1 for s0 = 3, a guard says
+# so) is no literal 1, and an expand of it to (s1,) read element i of the chunk, past its end,
+# where eager stretches its one element (`x1.copy_(x0.chunk(3)[2])` under dynamic=True wrote
+# other memory into x1: test_alias_fuzz.py --pad-mm --dynamic true seed 20677). The trace
+# checked broadcasting at the sizes it was called with (the hints) and guarded what it decided,
+# so a dim whose size is 1 at its hint, stretched to a size that is not, is stretched for every
+# call the graph serves.
+def stretched(own: Expr, target: Expr) -> bool:
+    """Whether a dim of size ``own`` is stretched to ``target`` by a broadcast or an expand (Note
+    [Stretched sizes the trace proved 1])."""
+    if own == 1:
+        return True
+    if own == target or not isinstance(own, sympy.Expr) or not own.free_symbols:
+        return False
+    return sizevars.hint(own) == 1 and sizevars.hint(target) != 1
+
+
 def broadcast_loader(box: TensorBox, size: Sequence[Expr]) -> Callable[[Index], Any]:
     """Load ``box`` as if expanded to ``size``."""
     own = box.get_size()
     inner = box.make_loader()
     skip = len(size) - len(own)
+    stretch = [stretched(own[i], size[i + skip]) for i in range(len(own))]
 
     def load(index: Index) -> Any:
-        picked = [sympy.Integer(0) if own[i] == 1 else index[i + skip] for i in range(len(own))]
+        picked = [sympy.Integer(0) if stretch[i] else index[i + skip] for i in range(len(own))]
         return inner(picked)
 
     return load
@@ -210,6 +229,18 @@ def copy_with_strides(box: TensorBox, strides: Sequence[Any]) -> TensorBox:
     storage.stride_hint = symbolic(strides)
     storage.realize()
     return copy
+
+
+# aten ops that address their (first) input's storage with explicit strides and offset: they
+# need its layout eager's (Notes [Readers of a GEMM's strides] in passes/pad_mm.py, [Storage
+# readers of NHWC values] in graph.py)
+READS_STORAGE = frozenset(
+    {
+        aten.as_strided.default,
+        aten.as_strided_copy.default,
+        aten.as_strided_scatter.default,
+    }
+)
 
 
 # aten ops that only reinterpret their input's memory (for analyses that look through views)

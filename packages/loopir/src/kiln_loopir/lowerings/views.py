@@ -20,7 +20,7 @@ from .. import sizevars
 from ..indexing import Expr, FloorDiv, ModularIndexing, contiguous_strides, linear_index
 from ..ir import Index, Pointwise, ReinterpretView, TensorBox, View, realize_strided
 from ..layout import FixedLayout, symbolic
-from ..lowering import Unsupported, normalize_dim, register_lowering
+from ..lowering import Unsupported, normalize_dim, register_lowering, stretched
 
 aten = torch.ops.aten
 ZERO = sympy.Integer(0)
@@ -133,9 +133,12 @@ def expand(x: TensorBox, size: Sequence[Any], *, implicit: bool = False) -> Tens
     new = [old[i - skip] if _is_minus_one(s) else symbolic([s])[0] for i, s in enumerate(size)]
     if list(new) == list(old):
         return x
+    stretch = [
+        stretched(old[i], new[i + skip]) for i in range(len(old))
+    ]  # Note [Stretched sizes the trace proved 1]
 
     def reindex(index: Index) -> Index:
-        return [ZERO if old[i] == 1 else index[i + skip] for i in range(len(old))]
+        return [ZERO if stretch[i] else index[i + skip] for i in range(len(old))]
 
     return make_view(x, new, reindex)
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,7 @@ from kiln_symbolic import hint_of
 from torch._dispatch.python import enable_python_dispatcher
 
 from ..diskcache import cache_root, write_atomic
-from ..lowering import VIEW_OPS
+from ..lowering import READS_STORAGE, VIEW_OPS
 from ..sizevars import has_symbols
 from . import PassContext, copy_graph
 
@@ -366,10 +367,37 @@ def _eager_versions(
     return original, padded
 
 
+# Note [Readers of a GEMM's strides]: the slice of the padded buffer is the GEMM's value with
+# other strides, which no reader can tell apart, except one that addresses the storage itself:
+# `as_strided` (and `as_strided_scatter`) of the result or of a view of it takes eager's
+# contiguous strides and offset as given, and over the padded rows it read other elements
+# (`(a @ b).as_strided((2, 2), (1, 1), 8)` of a (6, 5) product: row 1 of the padded buffer where
+# eager reads row 1 col 3; test_alias_fuzz.py --pad-mm seed 20271, a wrong answer). A padded
+# result such a reader reaches, through views, is copied to eager's contiguous strides (as option
+# `pad_mm_output_copy` copies one), and timed with that copy.
+def reads_strides(node: torch.fx.Node) -> bool:
+    """Whether an op that addresses storage reads ``node``'s value, directly or through views
+    (Note [Readers of a GEMM's strides])."""
+    pending, seen = [node], {node}
+    while pending:
+        current = pending.pop()
+        for user in current.users:
+            if user.target in READS_STORAGE and user.args and user.args[0] is current:
+                return True
+            view = user.target is operator.getitem or (
+                isinstance(user.target, torch._ops.OpOverload) and user.target.is_view
+            )
+            if view and user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return False
+
+
 def _copies_out(c: Candidate, ctx: PassContext) -> bool:
-    """Whether the padded result is copied to eager's strides: only where it leaves the graph
-    and option ``pad_mm_output_copy`` asks for it (Note [Matmul padding])."""
-    return ctx.options.pad_mm_output_copy and reaches_output(c.node)
+    """Whether the padded result is copied to eager's strides: where it leaves the graph and
+    option ``pad_mm_output_copy`` asks for it (Note [Matmul padding]), and where a reader
+    addresses its storage (Note [Readers of a GEMM's strides])."""
+    return (ctx.options.pad_mm_output_copy and reaches_output(c.node)) or reads_strides(c.node)
 
 
 def should_pad(c: Candidate, ctx: PassContext, timer: Timer = time_ms) -> tuple[bool, str]:
@@ -519,7 +547,7 @@ def _rewrite(gm: torch.fx.GraphModule, c: Candidate, copy_out: bool) -> None:
         for dim, size, extra in ((rank - 2, c.m, c.pads[0]), (rank - 1, c.n, c.pads[2])):
             if extra:
                 out = _with_val(graph.call_function(aten.slice.Tensor, (out, dim, 0, size)))
-        if copy_out:  # option pad_mm_output_copy: outputs keep eager's (contiguous) strides
+        if copy_out:  # eager's (contiguous) strides: Notes [Matmul padding], [Readers of a GEMM's strides]
             out = _with_val(
                 graph.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
             )

@@ -38,7 +38,7 @@ import torch
 import torch.fx
 
 from . import PassContext, copy_graph
-from .pad_mm import _val, _with_val
+from .pad_mm import _val, _with_val, reads_strides
 
 aten = torch.ops.aten
 
@@ -121,14 +121,16 @@ def patch_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Grap
         for made in (dense, product, out):
             made.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         outputs = [u for u in node.users if u.op == "output"]
+        strided = reads_strides(node)  # Note [Readers of a GEMM's strides] (pad_mm.py)
         eager = _val(node)
         node.replace_all_uses_with(out)
-        if outputs and eager.is_contiguous() and not _val(out).is_contiguous():
-            # a result the caller sees keeps the convolution's strides
+        if (outputs or strided) and eager.is_contiguous() and not _val(out).is_contiguous():
+            # a result the caller sees, or `as_strided` reads, keeps the convolution's strides
             with graph.inserting_after(out):
                 shown = call(aten.clone.default, out, memory_format=torch.contiguous_format)
-            for user in outputs:
-                user.replace_input_with(out, shown)
+            for user in list(out.users) if strided else outputs:
+                if user is not shown:
+                    user.replace_input_with(out, shown)
         graph.erase_node(node)
     ctx.note("patch_conv", "%d patch convolutions computed as GEMMs", len(found))
     graph.lint()
