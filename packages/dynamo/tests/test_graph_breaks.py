@@ -483,6 +483,40 @@ def test_exception_in_a_split_no_grad_block_restores_grad_mode() -> None:
         assert torch.is_grad_enabled()
 
 
+def raises_after_a_split_no_grad_block(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        y = x * 2
+        os.getpid()  # the continuation begins inside the block and leaves it
+    return y.index_select(0, i).sum() + x  # raises after the block: grad mode is back on in eager
+
+
+def _restoring_backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """A backend that puts back the grad mode it was called in when its graph raises, as kiln's
+    does (Note [Grad mode after an exception] in kiln's backends.py)."""
+
+    def run(*args: Any) -> Any:
+        grad = torch.is_grad_enabled()
+        try:
+            return gm(*args)
+        except BaseException:
+            torch._C._set_grad_enabled(grad)
+            raise
+
+    return run
+
+
+def test_an_exception_after_a_split_no_grad_block_leaves_grad_mode_on() -> None:
+    # Note [Grad mode when a graph raises] (codegen.py): the continuation's graph raised after
+    # leaving the block, and grad mode stayed the one it was entered in (off) for good
+    compiled = kiln_dynamo.compile(raises_after_a_split_no_grad_block, _restoring_backend)
+    x = torch.ones(3, requires_grad=True)
+    assert compiled(x, torch.tensor([0, 2])).requires_grad
+    for _ in range(2):
+        with pytest.raises(IndexError):
+            compiled(x, torch.tensor([0, 5]))
+        assert torch.is_grad_enabled()
+
+
 def grad_modes(x: torch.Tensor) -> Any:
     with torch.enable_grad():
         a = x * 2

@@ -309,13 +309,19 @@ def generate_runner(
             )
     if not needs_graph:
         del body[graph_call_at]
-    elif grad_mode is None and any(
-        n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in output.graph.nodes
-    ):
+    elif any(n.op == "call_function" and n.target is torch._C._set_grad_enabled for n in output.graph.nodes):
         # Note [Grad mode when a graph raises]: the graph enters and leaves the frame's grad-mode
         # blocks itself; an operator that raises inside one would leave its mode set, where
-        # eager's `with` exit restores it. The mode at entry is pinned by the guard.
-        restore = f"{cg.const(torch._C._set_grad_enabled)}({output.initial_grad_mode})"
+        # eager's `with` exit restores it. The mode at entry is pinned by the guard, and is the
+        # mode outside every block the graph opens (a frame split inside a block: eager's exit
+        # restores it on the way out). A continuation that began inside a block and leaves it
+        # (`with torch.no_grad(): x.t_()`, a break at `t_`, then `x.index_add_(...)` raising after
+        # the block) raises in the mode outside that block, as eager's exit restored it before
+        # the raising operator: the entry mode left grad mode off for the rest of the process
+        # (test_alias_fuzz.py --pad-mm seed 20980). Not modelled: a `torch.set_grad_enabled(b)`
+        # called as a function in the graph (eager's mode at the raise depends on which side of
+        # the call the raising operator is).
+        restore = f"{cg.const(torch._C._set_grad_enabled)}({output.unwind_grad_mode})"
         call = body[graph_call_at]
         body[graph_call_at : graph_call_at + 1] = [
             "try:",

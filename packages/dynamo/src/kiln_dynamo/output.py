@@ -123,6 +123,10 @@ class OutputGraph:
         self.fallback_reasons: list[str] = []
         self.open_contexts: list[Any] = []  # real autocast contexts entered while tracing
         self.initial_grad_mode = torch.is_grad_enabled()
+        # the grad mode an exception leaving the graph leaves behind (Note [Grad mode when a
+        # graph raises] in codegen.py): the entry mode, or the mode outside the grad-mode blocks a
+        # continuation began inside, once the graph left them
+        self.unwind_grad_mode = self.initial_grad_mode
         # torch.inference_mode() blocks open in the trace (Note [inference_mode traced])
         self.inference_depth = 0
         self._const_sources: dict[int, ConstSource] = {}

@@ -526,10 +526,10 @@ class GraphLowering:
         chain: list[torch.fx.Node] = []
         root = node
         while root.op == "call_function" and root.args and isinstance(root.args[0], torch.fx.Node):
-            target = root.target
-            if not (
-                target is operator.getitem or (isinstance(target, torch._ops.OpOverload) and target.is_view)
-            ):
+            target, source = root.target, root.args[0]
+            # an item of a split is a view; an item of another op's results (a norm's) is a root
+            item_of_a_view = target is operator.getitem and _is_view(source.target)
+            if not (item_of_a_view or _is_view(target)):
                 break
             chain.append(root)
             root = root.args[0]
@@ -590,6 +590,10 @@ class GraphLowering:
             Recorder(self.gm).run(*self.example_inputs)
             self._real_env = env
         return self._real_env[node]
+
+
+def _is_view(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
 
 
 def _carried_by_args(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> frozenset[origins.Origin]:

@@ -418,7 +418,9 @@ class VariableBuilder:
 
             if source is not None:
                 guards.identity(source, value)
-            return WithExitVariable(GradModeVariable(torch.is_grad_enabled(), True, prev=value.prev))
+            block = GradModeVariable(torch.is_grad_enabled(), True, prev=value.prev)
+            block.outside = True  # entered before the split: Note [Grad mode when a graph raises]
+            return WithExitVariable(block)
         if isinstance(value, AutocastExit):
             from kiln_dynamo.variables.torch import AutocastVariable, WithExitVariable
 

@@ -472,6 +472,7 @@ class GradModeVariable(VariableTracker):
         self.prev = torch.is_grad_enabled() if prev is None else prev
         self.applied = applied_on_create
         self.cls = cls
+        self.outside = False  # a block entered before the frame split (Note [Grad mode across a split])
 
     def getattr(self, tx: Tx, name: str) -> VT:
         if name == "__class__":
@@ -509,6 +510,8 @@ class GradModeVariable(VariableTracker):
 
     def exit(self, tx: Tx) -> VT:
         self.set(tx, self.prev)
+        if self.outside:  # Note [Grad mode when a graph raises] (codegen.py)
+            tx.output.unwind_grad_mode = self.prev
         return ConstantVariable(None)
 
     def call(self, tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
