@@ -535,3 +535,20 @@ def test_views_over_a_base_returned_in_another_layout(fn: Callable[..., Any], gr
         ge = torch.autograd.grad(sum((o * g).sum() for o, g in zip(out_e, weights, strict=True)), (x, w))
         gc = torch.autograd.grad(sum((o * g).sum() for o, g in zip(out_c, weights, strict=True)), (x, w))
         torch.testing.assert_close(gc, ge)
+
+
+def _as_strided_of_a_diagonal(x: torch.Tensor) -> torch.Tensor:
+    return x.diagonal(offset=1).as_strided((2, 2), (1, 1), 12) * 2
+
+
+def test_as_strided_of_a_view_reads_its_roots_storage() -> None:
+    # Note [as_strided reads its root's storage] (tracer.py): the graph's as_strided views the
+    # input itself (its offset counts the storage's positions), not the diagonal it was called on
+    rec = Recorder()
+    x = torch.randn(5, 4)[1:]  # at storage offset 4
+    torch.testing.assert_close(
+        kiln_aotgrad.aot_function(_as_strided_of_a_diagonal, rec)(x), _as_strided_of_a_diagonal(x)
+    )
+    (gm,) = rec.graphs
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.as_strided.default]
+    assert node.args[0].op == "placeholder" and node.args[3] == 12

@@ -728,6 +728,19 @@ def test_outputs_viewing_a_padded_gemm_match_eager(cpu_backend: str, train: bool
         torch.testing.assert_close(step(compiled), expected)
 
 
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_as_strided_of_a_view_of_an_offset_input_matches_eager(cpu_backend: str) -> None:
+    """Note [as_strided reads its root's storage] (kiln_aotgrad tracer.py): the diagonal became an
+    extern view held in a buffer of its own, and as_strided's storage offset read past it."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        t = x.diagonal(offset=1).as_strided((2, 2), (1, 1), 12)
+        return t * -1, F.pad(t, (0, 2, 0, 2))
+
+    x = torch.randn(5, 4)[1:]
+    torch.testing.assert_close(kiln.compile(f, options={"strict": True, "cpu_backend": cpu_backend})(x), f(x))
+
+
 class HandWrittenAttention(nn.Module):
     """Attention as older models write it: explicit scores, additive mask, softmax, product."""
 

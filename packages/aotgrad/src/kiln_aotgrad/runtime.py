@@ -291,7 +291,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
-            elif info.base_offset is None:
+            elif info.base_offset is None or math.prod(info.size) == 0:  # an empty view addresses nothing
                 flat[k] = base.as_strided(info.size, info.stride, info.offset)
             else:  # the offset relative to the base's as traced (Note [Bases returned in another layout])
                 flat[k] = base.as_strided(

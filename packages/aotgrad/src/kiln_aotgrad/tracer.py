@@ -744,6 +744,27 @@ class Tracer(TorchDispatchMode):
             )
         return None
 
+    # Note [as_strided reads its root's storage]: `as_strided` with an explicit offset addresses
+    # the storage, whatever view it is applied to, so in the graph it views the root's value, not
+    # the view it was called on: a code generator may hold a view's elements in a buffer of their
+    # own (an extern `diagonal` of an input at offset 4 became an 11-element copy holding the
+    # diagonal), and the absolute offset 12 then read past that copy's elements:
+    # `x.diagonal(offset=1).as_strided((2, 2), (1, 1), 12)` read uninitialised memory (test_alias_fuzz.py
+    # --pad-mm seed 22016, minimised). Only where the root's value still has the storage positions
+    # the offset counts in: an input not written in the graph (its buffer keeps the storage's
+    # positions) or an intermediate (its own storage, from 0), of the view's dtype.
+    def _read_through_root(self, node: torch.fx.Node, pa: Alias, out: torch.Tensor) -> None:
+        if not pa.chain or not node.args:
+            return
+        root = self.roots[pa.root]
+        value = root.node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.dtype != out.dtype:
+            return
+        unwritten_input = root.node.op == "placeholder"
+        intermediate = pa.root not in self._inputs and value.storage_offset() == 0
+        if unwritten_input or intermediate:
+            node.args = (root.node, *node.args[1:])
+
     def _bind_fresh(self, out: Any, node: torch.fx.Node) -> None:
         if isinstance(out, torch.Tensor):
             if id(out) not in self.aliases:
@@ -777,6 +798,7 @@ class Tracer(TorchDispatchMode):
             if func is aten.as_strided.default and _explicit_offset(func, rest, kwargs) is not None:
                 # Note [Writes through as_strided go into the root]
                 root_offset = self.roots[pa.root].node.meta["val"].storage_offset()
+                self._read_through_root(node, pa, out)
             step = ViewStep(func, rest, kwargs, None, root_offset)
             self.aliases[id(out)] = Alias(pa.root, (*pa.chain, step), version)
             return

@@ -472,7 +472,7 @@ class GradModeVariable(VariableTracker):
         self.prev = torch.is_grad_enabled() if prev is None else prev
         self.applied = applied_on_create
         self.cls = cls
-        self.outside = False  # a block entered before the frame split (Note [Grad mode across a split])
+        self.outside = False  # a block entered before the frame split (Note [Grad mode when a graph raises] in codegen.py)
 
     def getattr(self, tx: Tx, name: str) -> VT:
         if name == "__class__":
