@@ -11,7 +11,7 @@
 #   training was slower than eager in eager layouts (Note [Depthwise convolutions in half-precision
 #   training]), norm weight gradients at 9% of copy bandwidth (Note [Row statistics do not decide a column
 #   reduction], codegen_triton), GPT-2 at 16 CPU threads 23x slower than eager (suspected second OpenMP
-#   runtime: Note [One OpenMP runtime], codegen_cpp). call22d then ran (H100): one OpenMP runtime there
+#   runtime; a link-by-path change for it was dropped after the probe). call22d then ran (H100): one OpenMP runtime there
 #   (torch's libgomp.so.1), so not that; the guard checker's background build beside the timed calls slows
 #   OpenMP at 16 threads 40-100x (now `nice -n 19`, and threads.py builds it first); outer_by_tiles A/B:
 #   LLaMA's generated kernels 1.80 -> 1.09 ms a step. Next: call2 FIRST (bf16 inference of the whole suite
@@ -152,11 +152,11 @@ for step in "$@"; do
         --backends kiln,kiln:default:layout_training=False
       TAIL=14 bench infer-bf16-text 100 --dtype bfloat16 --modes inference --models bert,distilbert,gpt2 --repeats 10 \
         --backends eager,kiln ;;
-    call22b)  # twenty-second session: GPT-2 at 16 threads was 23x slower than eager (call5b): Note [One OpenMP
-      # runtime] (codegen_cpp build.py) links torch's libgomp by path where its file name is hashed
+    call22b)  # twenty-second session: GPT-2 at 16 threads was 23x slower than eager (call5b); the probe, with the
+      # guard checker built in the background (--no-prepare) and before timing
       ls /opt/torch/.venv/lib/python3.12/site-packages/torch/lib | grep -i omp
-      for e in KILN_OMP_LINK=0 KILN_OMP_LINK=1; do
-        env $e KILN_CACHE_DIR=/tmp/kiln-cache-$e timeout 60 python3 scripts/omp_probe.py --threads 16 --models gpt2,bert 2>&1 | grep -v -i warn
+      for e in --no-prepare --prepare; do
+        env KILN_CACHE_DIR=/tmp/kiln-cache$e timeout 60 python3 scripts/omp_probe.py $e --threads 16 --models gpt2,bert 2>&1 | grep -v -i warn
       done
       timeout 150 python3 packages/codegen_cpp/bench/threads.py --threads 16 --models gpt2,bert,resnet,convnext,t5,llama \
         --budget-s 140 --out "$out/threads16.json" > "$out/threads16.log" 2>&1; grep -v Warning "$out/threads16.log" | tail -12
@@ -164,14 +164,14 @@ for step in "$@"; do
       TAIL=24 bench train-bf16-outer 250 --dtype bfloat16 --modes training --models gpt2,llama,vit,t5,bert --repeats 10 --warmup 3 \
         --profile --profile-calls 2 --backends kiln,kiln::triton.outer_by_tiles=False ;;
     call22c)  # call22b cut to the device time left: the OpenMP probe, then the column-reduction fix on three models
-      for e in KILN_OMP_LINK=0 KILN_OMP_LINK=1; do
-        env $e KILN_CACHE_DIR=/tmp/kiln-cache-$e timeout 45 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 2>&1 | grep -v -i warn
+      for e in --no-prepare --prepare; do
+        env KILN_CACHE_DIR=/tmp/kiln-cache$e timeout 45 python3 scripts/omp_probe.py $e --threads 16 --models gpt2 --calls 10 2>&1 | grep -v -i warn
       done
       TAIL=16 bench train-bf16-outer 190 --dtype bfloat16 --modes training --models gpt2,llama,vit --repeats 8 --warmup 3 \
         --profile --profile-calls 2 --backends kiln,kiln::triton.outer_by_tiles=False ;;
     call22d)  # call22c cut again (under 5 minutes of device time left)
-      for e in KILN_OMP_LINK=0 KILN_OMP_LINK=1; do
-        env $e KILN_CACHE_DIR=/tmp/kiln-cache-$e timeout 40 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 2>&1 | grep -v -i warn
+      for e in --no-prepare --prepare; do
+        env KILN_CACHE_DIR=/tmp/kiln-cache$e timeout 40 python3 scripts/omp_probe.py $e --threads 16 --models gpt2 --calls 10 2>&1 | grep -v -i warn
       done
       TAIL=12 bench train-bf16-outer 110 --dtype bfloat16 --modes training --models gpt2,llama --repeats 6 --warmup 2 \
         --profile --profile-calls 1 --backends kiln,kiln::triton.outer_by_tiles=False ;;

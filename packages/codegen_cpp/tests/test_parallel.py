@@ -271,46 +271,6 @@ def test_kernels_share_torchs_openmp_runtime(threads: None) -> None:
         assert omp.omp_get_max_threads() == n == torch.get_num_threads()
 
 
-def test_kernels_link_torchs_openmp_runtime_under_another_name(
-    threads: None, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Note [One OpenMP runtime] (build.py): where torch's libgomp has another file name
-    (`libgomp-<hash>.so.1`, the CUDA wheels), the kernels link it by path, so the process still
-    holds one runtime; a cache entry built so is keyed apart from one linked by `-lgomp`."""
-    from kiln_codegen_cpp import build
-
-    loaded = build.loaded_openmp()
-    assert loaded is not None and build.openmp_libs() == ()  # this machine's torch: libgomp.so.1
-    maps = tmp_path / "maps"  # another package's hashed copy mapped beside torch's is never chosen
-    maps.write_text(
-        f"7f00-7f01 r-xp 0 0:0 1 /site/scikit_learn.libs/libgomp-e985bcbb.so.1.0.0\n7f02-7f03 r-xp 0 0:0 1 {loaded}\n"
-    )
-    real_open = open
-    monkeypatch.setattr(
-        "builtins.open", lambda f, *a, **k: real_open(maps if f == "/proc/self/maps" else f, *a, **k)
-    )
-    build.loaded_openmp.cache_clear()
-    assert build.loaded_openmp() == loaded
-    monkeypatch.undo()
-    build.loaded_openmp.cache_clear()
-    renamed = tmp_path / "libgomp-kilntest.so.1"
-    renamed.symlink_to(loaded)
-    plain_key = build.cache_key("source")
-    monkeypatch.setattr(build, "loaded_openmp", lambda: str(renamed))
-    assert build.openmp_libs() == ("-Wl,--as-needed", str(renamed))
-    assert build.cache_key("source") != plain_key
-    x = make((300, 301))
-    with caplog.at_level("DEBUG", logger="kiln.codegen_cpp.cache"):
-        compiled = check(lambda t: aten.mul.Tensor(aten.add.Tensor(t, 1.5), t), x)
-    assert f"linking the loaded OpenMP runtime {renamed}" in caplog.text
-    assert "omp parallel" in compiled.backend.last_source  # type: ignore[attr-defined]
-    with open("/proc/self/maps") as maps:
-        gomp = {line.split()[-1] for line in maps if "libgomp" in line}
-    assert gomp == {loaded}
-    monkeypatch.setenv("KILN_OMP_LINK", "0")
-    assert build.openmp_libs() == ()
-
-
 def _row_and_column(g: torch.Tensor, x: torch.Tensor) -> Any:
     # layer norm's backward over rows, and the bias gradient over columns, of one gradient
     row = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [1])

@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sysconfig
@@ -79,55 +78,6 @@ BASE_FLAGS = (
     f"-I{sysconfig.get_paths()['include']}",
 )
 LIBS = ("-lmvec", "-lm")
-
-# Note [One OpenMP runtime]: kiln's kernels must run in the OpenMP runtime torch loaded (Note
-# [Parallel plan] in parallel.py): one pool of threads for both. `-fopenmp` links `libgomp.so.1`,
-# which is that runtime where torch's own copy has that name (the CPU wheels here, and the CUDA
-# wheel of the H100/H200 machines: `torch/lib/libgomp.so.1`); the loader finds a library of that
-# soname already loaded and reuses it. A torch that carries its libgomp under another name
-# (`libgomp-<hash>.so.1`, as auditwheel-repaired wheels do: PyTorch's issue of its CPU wheels
-# loading libgomp twice) would get the system's libgomp beside its own: two pools, each with a
-# team of the thread count, whose idle threads spin after their regions on the same cores. So
-# where torch's own runtime (a libgomp inside torch's folder, mapped into this process) has
-# another name, the kernels link it by path, ahead of the driver's `-lgomp` (dropped by
-# `--as-needed`), and their GOMP_* calls bind to torch's pool. Only torch's folder counts: other
-# packages carry hashed copies of their own (scikit-learn's `libgomp-<hash>.so.1.0.0` was mapped
-# into the benchmark processes on the H100 machine, imported through transformers), and linking
-# one of those would make the second pool this guards against. `KILN_OMP_LINK=0` keeps the
-# driver's `-lgomp`; `KILN_LOG=output_code`'s build log names the runtime linked.
-# (Twenty-second session: this was suspected of GPT-2's 23x slowdown at 16 threads on the H100
-# host's CPU; the probe, `scripts/omp_probe.py`, found torch's runtime named `libgomp.so.1` there,
-# so it was not the cause; see gpu_next.sh.)
-OMP_LIB = re.compile(r"^libgomp([-.][^/]*)?\.so(\.\d+)*$")
-
-
-@functools.cache
-def loaded_openmp() -> str | None:
-    """The path of torch's GNU OpenMP runtime (inside torch's folder) mapped into this process,
-    if there is one (Note [One OpenMP runtime])."""
-    import torch
-
-    home = os.path.realpath(os.path.dirname(torch.__file__)) + os.sep
-    try:
-        with open("/proc/self/maps", encoding="utf-8") as f:
-            paths = {line.split()[-1] for line in f if "/" in line and "omp" in line}
-    except OSError:
-        return None
-    found = sorted(
-        p for p in paths if OMP_LIB.match(os.path.basename(p)) and os.path.realpath(p).startswith(home)
-    )
-    return found[0] if found else None
-
-
-def openmp_libs() -> tuple[str, ...]:
-    """Link arguments binding the kernels to the loaded OpenMP runtime (Note [One OpenMP runtime])."""
-    if os.environ.get("KILN_OMP_LINK", "1") == "0":
-        return ()
-    path = loaded_openmp()
-    if path is None or os.path.basename(path) == "libgomp.so.1":
-        return ()
-    return ("-Wl,--as-needed", path)
-
 
 counters: dict[str, int] = {"compiles": 0, "disk_hits": 0, "memory_hits": 0, "corrupt": 0}
 """How translation units were obtained in this process (tests assert on them)."""
@@ -210,7 +160,7 @@ def cache_key(source: str, extra: tuple[str, ...] = ()) -> str:
     parts = [
         source,
         " ".join((*flags(), *extra)),
-        " ".join((*LIBS, *openmp_libs())),
+        " ".join(LIBS),
         cxx,
         compiler_identity(cxx),
         cpu_identity(),
@@ -319,10 +269,7 @@ def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = (
     cxx = compiler()
     fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
-    omp = openmp_libs()
-    if omp:
-        log.debug("linking the loaded OpenMP runtime %s (Note [One OpenMP runtime])", omp[-1])
-    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *omp, *LIBS]
+    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
     try:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)

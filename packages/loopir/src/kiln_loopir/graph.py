@@ -67,7 +67,15 @@ from .ir import (
     realize_strided,
 )
 from .layout import FixedLayout, fixed_from_tensor, symbolic
-from .lowering import READS_STORAGE, VIEW_OPS, Unsupported, copy_with_strides, fallback, find_lowering
+from .lowering import (
+    READS_STORAGE,
+    VIEW_OPS,
+    Unsupported,
+    copy_with_strides,
+    fallback,
+    find_lowering,
+    is_view_op,
+)
 from .sizevars import SizeVars, SymbolSource, has_symbols, to_loopir, using
 from .sizevars import hint as sizevars_hint
 from .virtualized import count_ops, op_names, set_graph
@@ -528,8 +536,8 @@ class GraphLowering:
         while root.op == "call_function" and root.args and isinstance(root.args[0], torch.fx.Node):
             target, source = root.target, root.args[0]
             # an item of a split is a view; an item of another op's results (a norm's) is a root
-            item_of_a_view = target is operator.getitem and _is_view(source.target)
-            if not (item_of_a_view or _is_view(target)):
+            item_of_a_view = target is operator.getitem and is_view_op(source.target)
+            if not (item_of_a_view or is_view_op(target)):
                 break
             chain.append(root)
             root = root.args[0]
@@ -590,10 +598,6 @@ class GraphLowering:
             Recorder(self.gm).run(*self.example_inputs)
             self._real_env = env
         return self._real_env[node]
-
-
-def _is_view(target: Any) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
 
 
 def _carried_by_args(node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> frozenset[origins.Origin]:

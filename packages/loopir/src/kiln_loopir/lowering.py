@@ -243,6 +243,13 @@ READS_STORAGE = frozenset(
 )
 
 
+def is_view_op(target: Any) -> bool:
+    """Whether ``target`` is an aten overload whose result views its first input (torch's
+    ``is_view`` tag): the walks of Notes [Readers of a GEMM's strides] and [Storage readers of
+    NHWC values]."""
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
 # aten ops that only reinterpret their input's memory (for analyses that look through views)
 VIEW_OPS = frozenset(
     {

@@ -63,7 +63,7 @@ from kiln_symbolic import hint_of
 from torch._dispatch.python import enable_python_dispatcher
 
 from ..diskcache import cache_root, write_atomic
-from ..lowering import READS_STORAGE, VIEW_OPS
+from ..lowering import READS_STORAGE, VIEW_OPS, is_view_op
 from ..sizevars import has_symbols
 from . import PassContext, copy_graph
 
@@ -384,9 +384,7 @@ def reads_strides(node: torch.fx.Node) -> bool:
         for user in current.users:
             if user.target in READS_STORAGE and user.args and user.args[0] is current:
                 return True
-            view = user.target is operator.getitem or (
-                isinstance(user.target, torch._ops.OpOverload) and user.target.is_view
-            )
+            view = user.target is operator.getitem or is_view_op(user.target)
             if view and user not in seen:
                 seen.add(user)
                 pending.append(user)
