@@ -395,7 +395,7 @@ class Tracer(TorchDispatchMode):
         if a.version != root.version:
             node = root.node
             for step in a.chain:
-                node = self._replay(step, node, root.node)
+                node = self._replay(step, node, a.root)
             self.nodes[id(t)] = node
             a.version = root.version
         return self.nodes[id(t)]
@@ -750,20 +750,47 @@ class Tracer(TorchDispatchMode):
     # own (an extern `diagonal` of an input at offset 4 became an 11-element copy holding the
     # diagonal), and the absolute offset 12 then read past that copy's elements:
     # `x.diagonal(offset=1).as_strided((2, 2), (1, 1), 12)` read uninitialised memory (test_alias_fuzz.py
-    # --pad-mm seed 22016, minimised). Only where the root's value still has the storage positions
-    # the offset counts in: an input not written in the graph (its buffer keeps the storage's
-    # positions) or an intermediate (its own storage, from 0), of the view's dtype.
-    def _read_through_root(self, node: torch.fx.Node, pa: Alias, out: torch.Tensor) -> None:
-        if not pa.chain or not node.args:
-            return
-        root = self.roots[pa.root]
+    # --pad-mm seed 22016, minimised). The offset counts from the storage's start, where the root
+    # tensor (as the program holds it) begins at its own storage offset, its `origin`; the root's
+    # value in the graph may begin elsewhere (a written input's value is a fresh tensor at 0), so
+    # the step is taken on that value at `offset - origin + value's offset`. The same holds when
+    # the view is read again after a write of its root (`_replay`): replayed on the rewritten
+    # `diagonal` it read past that copy too (seed 22016 under --pad-mm, a wrong answer), and an
+    # `as_strided` taken after its input was written counted its offset from the written value's
+    # 0 instead of the input's 4. Only where the root's value keeps the root's positions: the
+    # same dtype, sizes and strides (a written dense tensor's value has its layout); otherwise
+    # the trace refuses.
+    def _root_origin(self, root_id: int) -> Any:
+        """The storage offset the root tensor starts at, as the traced program holds it."""
+        return self.root_tensors[root_id].storage_offset()
+
+    def _strided_on_root(self, step: ViewStep, root_id: int, view_dtype: torch.dtype) -> torch.fx.Node | None:
+        """``step`` (an `as_strided` with an explicit offset) taken on ``root_id``'s current
+        value (Note [as_strided reads its root's storage]); None where the root's value is of
+        another dtype (the offset counts in the view's elements)."""
+        root = self.roots[root_id]
         value = root.node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or value.dtype != out.dtype:
-            return
-        unwritten_input = root.node.op == "placeholder"
-        intermediate = pa.root not in self._inputs and value.storage_offset() == 0
-        if unwritten_input or intermediate:
-            node.args = (root.node, *node.args[1:])
+        if not isinstance(value, torch.Tensor) or value.dtype != view_dtype:
+            return None
+        held = self.root_tensors[root_id]
+        if (*value.shape, *value.stride()) != (*held.shape, *held.stride()):
+            raise AotgradError(
+                "as_strided of a tensor whose value in the graph has another layout",
+                op="aten::as_strided",
+                origin=self.where(),
+            )
+        vals = _bound(step.func, step.args, step.kwargs)
+        node = root.node
+        if node.op != "placeholder" and (
+            isinstance(value.storage_offset(), torch.SymInt) or value.storage_offset() != 0
+        ):
+            # a computed value at an offset of its own storage (aten's `copy` keeps its input's):
+            # a code generator holds it in a buffer of its own from 0, so the view is taken on a
+            # copy, which starts at 0 in eager too (as `_strided_write` does)
+            node = self._emit(aten.clone.default, (node,), {})
+            value = node.meta["val"]
+        offset = vals["storage_offset"] - step.root_offset + value.storage_offset()
+        return self._emit(step.func, (node, list(vals["size"]), list(vals["stride"]), offset), {})
 
     def _bind_fresh(self, out: Any, node: torch.fx.Node) -> None:
         if isinstance(out, torch.Tensor):
@@ -794,12 +821,13 @@ class Tracer(TorchDispatchMode):
         if isinstance(out, torch.Tensor):
             self.keep.append(out)
             self.nodes[id(out)] = node
-            root_offset = None
+            step = ViewStep(func, rest, kwargs, None)
             if func is aten.as_strided.default and _explicit_offset(func, rest, kwargs) is not None:
-                # Note [Writes through as_strided go into the root]
-                root_offset = self.roots[pa.root].node.meta["val"].storage_offset()
-                self._read_through_root(node, pa, out)
-            step = ViewStep(func, rest, kwargs, None, root_offset)
+                # Notes [Writes through as_strided go into the root], [as_strided reads its root's storage]
+                step.root_offset = self._root_origin(pa.root)
+                on_root = self._strided_on_root(step, pa.root, out.dtype)
+                if on_root is not None:
+                    self.nodes[id(out)] = on_root  # `node` is left to dead-code elimination
             self.aliases[id(out)] = Alias(pa.root, (*pa.chain, step), version)
             return
         for i, el in enumerate(out):
@@ -908,7 +936,7 @@ class Tracer(TorchDispatchMode):
         if a.chain:
             parents = [root.node]
             for step in a.chain[:-1]:
-                parents.append(self._replay(step, parents[-1], root.node))
+                parents.append(self._replay(step, parents[-1], a.root))
             for step, parent in zip(reversed(a.chain), reversed(parents), strict=True):
                 if step.func is aten.as_strided.default:
                     # Note [Writes through as_strided go into the root]
@@ -963,14 +991,19 @@ class Tracer(TorchDispatchMode):
             aten.as_strided_scatter.default, (root, new, list(vals["size"]), list(vals["stride"]), offset), {}
         )
 
-    def _replay(self, step: ViewStep, parent: torch.fx.Node, root: torch.fx.Node) -> torch.fx.Node:
-        """``step`` replayed on ``parent``, a view of ``root``'s current value: an explicit
-        `as_strided` offset moves with the root's storage offset (Note [Writes through as_strided
-        go into the root]: a written root's new value is a fresh tensor, at offset 0)."""
+    def _replay(self, step: ViewStep, parent: torch.fx.Node, root_id: int) -> torch.fx.Node:
+        """``step`` replayed on ``parent``, a view of root ``root_id``'s current value: an
+        explicit `as_strided` offset is taken on the root's value, where it moves with the value's
+        storage offset (Notes [as_strided reads its root's storage], [Writes through as_strided go
+        into the root]: a written root's new value is a fresh tensor, at offset 0)."""
         if step.root_offset is None:
             return replay_step(self._emit, step, parent)
+        on_root = self._strided_on_root(step, root_id, parent.meta["val"].dtype)
+        if on_root is not None:
+            return on_root
         vals = _bound(step.func, step.args, step.kwargs)
-        offset = vals["storage_offset"] - step.root_offset + root.meta["val"].storage_offset()
+        value = self.roots[root_id].node.meta["val"]
+        offset = vals["storage_offset"] - step.root_offset + value.storage_offset()
         return self._emit(step.func, (parent, list(vals["size"]), list(vals["stride"]), offset), {})
 
     # -- result ----------------------------------------------------------------------------------
