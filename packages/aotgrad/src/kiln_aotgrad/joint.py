@@ -44,7 +44,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.logs import graphs_log
-from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer
+from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer, _addresses
 from kiln_dynamo import same_unbacked
 from kiln_dynamo.fake import FakeTensor, dispatch_for, from_real
 
@@ -323,6 +323,53 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
     if not is_symbolic(offset):
         geometry["base_offset"] = int(offset)
     return geometry
+
+
+# Note [A view laid over an output that does not hold it]: a view of an intermediate rebuilt over
+# the first output of that intermediate ("output_view", Note [Outputs sharing an intermediate])
+# reads that output's storage, which holds the whole intermediate only while the code generator
+# returns the output in its traced place. Where it returns it in another layout (a padded GEMM,
+# Note [Bases returned in another layout]) the runtime copies the output's own elements, and a
+# view reaching past them read outside the copy: `t9 = t6.permute(1, 0)` under no_grad and
+# `t19 = t9[1:1]` returned as `(t19, t9)` laid t9 over t19's empty copy, "invalid storage offset
+# -1" (test_alias_fuzz.py seed 22364 under --pad-mm). Such a view is laid over the intermediate
+# itself, a graph output no user sees ("graph_view", Note [Views sharing an intermediate that is
+# no output]), taken as eager took it (under no_grad, or of the output detached); an output holds
+# the view where it is the intermediate itself or all of it rearranged (`view`, `permute`, ...),
+# or (static sizes) where the view's storage positions are among its own.
+_aten = torch.ops.aten
+# view operators whose result holds every element of their input
+_WHOLE_VIEWS = frozenset(
+    {
+        _aten.view.default,
+        _aten._unsafe_view.default,
+        _aten.reshape.default,
+        _aten.permute.default,
+        _aten.transpose.int,
+        _aten.t.default,
+        _aten.unsqueeze.default,
+        _aten.squeeze.default,
+        _aten.squeeze.dim,
+        _aten.squeeze.dims,
+        _aten.expand.default,
+        _aten.alias.default,
+        _aten.detach.default,
+    }
+)
+
+
+def _holds(base: torch.Tensor, t: torch.Tensor, tracer: Tracer) -> bool:
+    """Whether output ``base``'s elements include every element of ``t``, a view of the same
+    intermediate (Note [A view laid over an output that does not hold it])."""
+    if all(step.func in _WHOLE_VIEWS for step in tracer.chain_of(base)):
+        return True  # the intermediate itself, or all of it rearranged (symbolic sizes too)
+    geometry = (*base.shape, *base.stride(), base.storage_offset(), *t.shape, *t.stride(), t.storage_offset())
+    if any(is_symbolic(v) for v in geometry):
+        return False
+    if t.numel() == 0:
+        return True
+    mine, theirs = _addresses(t), _addresses(base)
+    return mine is not None and theirs is not None and mine <= theirs
 
 
 def _as_strided_after_a_view(chain: tuple[ViewStep, ...]) -> bool:
@@ -697,6 +744,9 @@ def trace(
         of_root = (
             same_dtype and (untracked or (ng_view and bool(flat_out[first_by_root[rid]].requires_grad)))
         ) or (train_view and same_dtype and flat_out[first_by_root[rid]] is ag_base)
+        # Note [A view laid over an output that does not hold it]
+        uncovered = of_root and not _holds(flat_out[first_by_root[rid]], t, tracer)
+        of_root = of_root and not uncovered
         if same_dtype and symbolic_layout and of_root:
             # Note [Symbolic views among the outputs]: a view of another output stays its view
             # (until the ninth session it became an output of its own: a copy, so writing one
@@ -741,12 +791,13 @@ def trace(
             and (
                 (rid not in first_by_root and rid not in root_output)
                 or (train_view and id(root_t) in hidden_roots)
+                or uncovered
             )
             and (len(sharing.get(rid, ())) > 1 or train_view)
             and tracer.chain_of(t)
             and isinstance(root_t, torch.Tensor)
             and root_t.dtype == t.dtype
-            and (not (want_training and root_t.requires_grad) or train_view)
+            and (not (want_training and root_t.requires_grad) or train_view or uncovered)
         ):  # Note [Views sharing an intermediate that is no output]
             rel_layout = None
             if symbolic_layout or is_symbolic(root_t.storage_offset()):
@@ -761,16 +812,24 @@ def trace(
                     g = hidden_roots[hidden] = len(graph_nodes) - len(mutated)
                     graph_nodes.append(tracer.node_for(root_t))
                     graph_vals.append(root_t)
+                # an uncovered view keeps how eager's was taken (Notes [Detached views of
+                # outputs], [A view laid over an output that does not hold it])
+                flags = {"no_grad": ng_view, "detach": off_graph} if uncovered else {}
                 if rel_layout is not None:
                     infos.append(
-                        OutputInfo("graph_view", g, layout=rel_layout, **_base_geometry(root_t, visible))
+                        OutputInfo(
+                            "graph_view", g, layout=rel_layout, **flags, **_base_geometry(root_t, visible)
+                        )
                     )
                 else:
                     rel = offset - int(root_t.storage_offset())
                     infos.append(
-                        OutputInfo("graph_view", g, size, stride, rel, **_base_geometry(root_t, visible))
+                        OutputInfo(
+                            "graph_view", g, size, stride, rel, **flags, **_base_geometry(root_t, visible)
+                        )
                     )
-                first_by_root[rid] = k
+                if not uncovered:
+                    first_by_root[rid] = k
                 continue
         if not lazy:
             first_by_root.setdefault(rid, k)

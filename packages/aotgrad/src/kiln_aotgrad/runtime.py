@@ -252,11 +252,14 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
                     flat[k] = _reshaped(g, info, traced)
                     continue
                 g = base
-            if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
-                size, stride, rel = info.layout(inputs)
-                flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
-            else:
-                flat[k] = g.as_strided(info.size, info.stride, g.storage_offset() + info.offset)
+            if info.detach:  # Note [A view laid over an output that does not hold it] (joint.py)
+                g = g.detach()
+            with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+                if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
+                    size, stride, rel = info.layout(inputs)
+                    flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
+                else:
+                    flat[k] = g.as_strided(info.size, info.stride, g.storage_offset() + info.offset)
         elif info.kind == "input":
             flat[k] = inputs[info.index]
         elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
