@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from aot_helpers import Recorder
 
 import kiln_aotgrad
 
@@ -186,3 +187,30 @@ def test_a_constant_gradient_keeps_its_edge() -> None:
     gc = torch.autograd.grad(compiled(a, b).sum(), (a, b), allow_unused=True)
     assert gc[1] is not None
     torch.testing.assert_close(gc, ge)
+
+
+def _sum_and_add(x: torch.Tensor) -> torch.Tensor:
+    return x.sum() + 1.0
+
+
+def test_a_backward_that_saved_nothing_runs_again() -> None:
+    # Note [A backward that saved no tensors runs again] (runtime.py): eager's sum and add save
+    # no tensors, so a second backward runs; the compiled call's empty `save_for_backward()`
+    # raised "Trying to backward through the graph a second time" (test_alias_fuzz.py seed 22171)
+    x = torch.randn(5, requires_grad=True)
+    y = kiln_aotgrad.aot_function(_sum_and_add, Recorder())(x)
+    y.backward()
+    y.backward()
+    torch.testing.assert_close(x.grad, torch.full((5,), 2.0))
+
+
+def _saves_its_input(x: torch.Tensor) -> torch.Tensor:
+    return (x * x).sum()
+
+
+def test_a_second_backward_through_freed_tensors_raises_eagers_error() -> None:
+    x = torch.randn(5, requires_grad=True)
+    y = kiln_aotgrad.aot_function(_saves_its_input, Recorder())(x)
+    y.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        y.backward()

@@ -552,3 +552,24 @@ def test_a_module_buffer_stays_static_and_never_pins_an_input_size() -> None:
     assert backend.graphs == 1
     sizes = backend.placeholder_sizes(0)
     assert sizes[0][1].startswith("s") and ("8",) in sizes, sizes
+
+
+def _written_from_a_sum(x0: torch.Tensor, x1: torch.Tensor) -> torch.Tensor:
+    x1.add_(x0.sum())  # x1 now requires grad, with history
+    return x1 * 2
+
+
+def test_placeholders_reach_the_backend_with_their_entry_autograd_state() -> None:
+    # Note [Placeholders keep their entry autograd state] (fake.py): the capture's `add_` left
+    # x1's fake requiring grad with its own history, and a backend tracing from the placeholders
+    # (kiln_aotgrad under dynamic=True) counted x0's sum twice in its gradient
+    seen: list[list[Any]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        seen.append([n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+        return gm.forward
+
+    x0, x1 = torch.randn(5, requires_grad=True), torch.randn(2, 6)
+    kiln_dynamo.compile(_written_from_a_sum, backend=backend, dynamic=True)(x0, x1)
+    (vals,) = seen
+    assert [(v.requires_grad, v.is_leaf) for v in vals] == [(True, True), (False, True)]

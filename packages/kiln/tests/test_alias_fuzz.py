@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from alias_compare import aliasing, compare_inputs, compare_outputs, flat_tensors, grads
+from alias_compare import aliasing, compare_inputs, compare_outputs, flat_tensors, grad_outputs_sum, grads
 
 if __name__ == "__main__" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Note [Triton's interpreter is process-wide]
@@ -787,3 +787,26 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _sum_into_another_input(x0, x1):  # seed 22171, minimized
+    x1.add_(0.5)
+    with torch.no_grad():
+        x0[0:1] = 0.0
+    t7 = x1.add_(x0.sum())
+    return t7, x0.unsqueeze(1)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_a_sum_written_into_another_input_over_two_calls(dynamic) -> None:
+    # Notes [Placeholders keep their entry autograd state] (kiln_dynamo's fake.py): under
+    # dynamic=True x0's gradient counted the sum twice; [A backward that saved no tensors runs
+    # again] (kiln_aotgrad's runtime.py): the second call's backward runs through the first
+    # call's node, which saved nothing, and raised where eager's runs
+    def run(fn):
+        x0, x1 = torch.ones(5).requires_grad_(), torch.ones(2, 6)
+        return [torch.autograd.grad(grad_outputs_sum(fn(x0, x1)), [x0]) for _ in range(2)]
+
+    got = run(kiln.compile(_sum_into_another_input, dynamic=dynamic))
+    kiln.reset()
+    torch.testing.assert_close(got, run(_sum_into_another_input))

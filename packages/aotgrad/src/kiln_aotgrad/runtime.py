@@ -454,9 +454,26 @@ def _first_order_only() -> None:
         )
 
 
+# Note [A backward that saved no tensors runs again]: eager's autograd graph frees only saved
+# tensors, so a second backward through nodes that saved none (`x1.add_(x0.sum())`: a sum and an
+# add) runs, and one through a node whose tensors were freed raises "Trying to backward through
+# the graph a second time". A compiled call that saved nothing called `save_for_backward()` all
+# the same, and reading `ctx.saved_tensors` after the first backward raised where eager's ran (a
+# module buffer written from an input that requires grad carries the call's node into the next
+# call's graph: test_alias_fuzz.py seed 22171). Such a call keeps its non-tensor saved values
+# on the context instead; one that saved tensors raises eager's error, as eager's would where
+# it saved them too (kiln's saved values are chosen by the partition, not eager's).
+def _save(ctx: Any, saved: Sequence[Any]) -> None:
+    if any(isinstance(s, torch.Tensor) for s in saved):
+        ctx.kiln_plain = None
+        ctx.save_for_backward(*saved)
+    else:
+        ctx.kiln_plain = tuple(saved)
+
+
 def _saved(ctx: Any) -> Sequence[Any]:
     """The saved values of a compiled call, its saved sizes put back (Note [Saved sizes])."""
-    saved: Sequence[Any] = ctx.saved_tensors
+    saved: Sequence[Any] = ctx.saved_tensors if ctx.kiln_plain is None else ctx.kiln_plain
     if ctx.kiln_sizes:
         saved = list(saved)
         for i, v in ctx.kiln_sizes:
@@ -508,7 +525,7 @@ def training_runner(
                 sizes = [(i, saved[i]) for i in saved_sizes]
                 saved = [None if i in saved_sizes else s for i, s in enumerate(saved)]
             ctx.kiln_sizes = sizes
-            ctx.save_for_backward(*saved)
+            _save(ctx, saved)  # Note [A backward that saved no tensors runs again]
             result = tuple(outs[:n_out])
             own = _views_to_own(result, inputs, diff, m)
             if own:  # Note [Outputs the code generator returns as views]
@@ -564,7 +581,7 @@ def training_runner(
             saved, sizes, zeros = stash
             ctx.kiln_sizes = sizes
             ctx.kiln_zeros = zeros
-            ctx.save_for_backward(*saved)
+            _save(ctx, saved)
             values = args[len(plan.new_value_only) :]
             return tuple(values)
 

@@ -46,7 +46,7 @@ from kiln_dynamo.breaks import CannotSplit, ChainCut, chain_path, prepare_chain,
 from kiln_dynamo.codegen import build_runner, generate_runner
 from kiln_dynamo.counters import counters
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported
-from kiln_dynamo.fake import FakeTensor, restore_geometry
+from kiln_dynamo.fake import FakeTensor, restore_autograd, restore_geometry
 from kiln_dynamo.fx_source import forget_source_when_freed
 from kiln_dynamo.guard_tree import Agreeing
 from kiln_dynamo.guards import Guard, LockTakingGuard, build_guard, guard_tree_text, readable_guards
@@ -391,6 +391,7 @@ def _capture(
             val = node.meta.get("val")
             if isinstance(val, FakeTensor) and isinstance(value, torch.Tensor):
                 restore_geometry(val, value)
+                restore_autograd(val, value)  # Note [Placeholders keep their entry autograd state]
         counters.graphs += 1
         counters.ops += output.op_count()
         if graph_log.isEnabledFor(20):

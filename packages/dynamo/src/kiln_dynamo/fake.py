@@ -341,6 +341,27 @@ def restore_geometry(fake: FakeTensor, real: torch.Tensor) -> bool:
     return True
 
 
+def restore_autograd(fake: FakeTensor, real: torch.Tensor) -> bool:
+    """Make an input's fake a leaf with its real tensor's `requires_grad` again, when an in-place
+    op of the capture gave it autograd history; whether it did.
+
+    Note [Placeholders keep their entry autograd state]: as with their geometry (Note
+    [Placeholders keep their entry geometry]), the capture's in-place ops leave their mark on a
+    placeholder's fake: `x1.add_(x0.sum())` of an `x1` that does not require grad made its fake
+    require grad, with the capture's AddBackward and SumBackward behind it. kiln_aotgrad traced
+    its symbolic signature from that fake (dynamic=True): the input counted as requiring grad,
+    and the joint trace's backward ran through the capture's history too, so `x0`'s gradient
+    came out with the sum counted twice: a wrong answer (test_alias_fuzz.py seed 22171 under
+    --dynamic true). Before the graph goes to the backend each such fake is detached in place
+    and given its input's `requires_grad`."""
+    if fake.grad_fn is None and fake.requires_grad == real.requires_grad:
+        return False
+    with torch.no_grad():
+        fake.detach_()
+    fake.requires_grad_(real.requires_grad)
+    return True
+
+
 # Note [Metadata queries as operators]: a composite can ask a tensor's geometry through the
 # dispatcher (`aten::size`, `aten::sym_stride`...); torch 2.11's batched matmul does so. Re-running
 # such a query on the inner meta tensor with symbolic sizes failed inside torch there (an internal
