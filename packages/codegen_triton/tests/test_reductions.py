@@ -241,6 +241,24 @@ def test_split_reductions(blocking: str, rows: bool, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_members_that_reduce_differently_shaped_rows_split(device: str) -> None:
+    """Note [Each member splits its own row] (split.py): a bias gradient summed over ``[B, T]``
+    and a weight gradient over the ``[B * T]`` flattened tokens share one column-reduction kernel;
+    each member's partial cuts its own reduced dims (BERT's training backward raised an
+    IndexError here and ran its whole graph unfused)."""
+
+    def fn(g: torch.Tensor, x: torch.Tensor) -> Any:
+        bias = aten.sum.dim_IntList(g, [0, 1])  # reduced dims [10, 70]
+        flat = aten.view.default(aten.mul.Tensor(g, x), [700, 24])
+        weight = aten.sum.dim_IntList(flat, [0])  # reduced dims [700]
+        return bias, weight
+
+    backend = TritonBackend(**SPLIT)
+    check(fn, make((10, 70, 24)), make((10, 70, 24)), device=device, backend=backend)
+    assert any(s.name.endswith("_partial") for s in backend.last_specs), [s.name for s in backend.last_specs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("peel", [True, False])
 def test_a_reduction_with_stored_row_values_splits_after_peeling(peel: bool, device: str) -> None:
     """A column sum fused with a full-size value it stores (a layer-scale backward: ``g * gamma``
