@@ -92,6 +92,16 @@ def test_summary_geomean_and_reports(tmp_path: Path) -> None:
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_graph_that_fell_back_is_named_in_the_table() -> None:
+    extra = {"graphs": 1, "graph_breaks": 0, "graphs_fell_back": 1, "fell_back": ["graph_0: IndexError: x"]}
+    ran = Result(
+        "bert", "training", "kiln", True, speedup=0.84, compile_s=3.0, eager_ms=45.0, compiled_ms=54.0
+    )
+    ran.extra.update(extra)
+    row = report.table([ran]).splitlines()[1]
+    assert "1/0 (1 fell back)" in row and "fell back: graph_0: IndexError: x" in row, row
+
+
 def test_command_line(tmp_path: Path, capsys: object) -> None:
     out = tmp_path / "run"
     assert main(["--models", "mlp", "--modes", "inference", "--backends", "eager", "--repeats", "2",

@@ -155,6 +155,9 @@ def compile_details(backend: str) -> dict[str, Any]:
         "graph_breaks": stats.graph_breaks,
         "frames_not_captured": len(stats.frames_not_captured),
         "graphs_fell_back": sum(1 for record in log if record.fell_back),
+        # why, in the table's reason column: a silent fallback (a backward graph run unfused)
+        # looked like a slow kernel in the twenty-third session's float32 training run
+        "fell_back": [f"{record.graph}: {record.fell_back}" for record in log if record.fell_back],
         "phases_s": {phase: round(seconds, 4) for phase, seconds in phases.items()},
     }
 

@@ -80,9 +80,17 @@ def _graphs(r: Result) -> str:
     if "graphs" not in r.extra:
         return "-"
     text = f"{r.extra['graphs']}/{r.extra.get('graph_breaks', 0)}"
+    if r.extra.get("graphs_fell_back"):
+        text += f" ({r.extra['graphs_fell_back']} fell back)"
     return text + (
         f" ({r.extra['frames_not_captured']} eager frames)" if r.extra.get("frames_not_captured") else ""
     )
+
+
+def _fell_back(r: Result) -> str:
+    """Why kiln ran graphs of this row unfused ('' when none did)."""
+    reasons = r.extra.get("fell_back") or []
+    return "fell back: " + "; ".join(str(why)[:160] for why in reasons) if reasons else ""
 
 
 # kiln's compile phases in pipeline order (kiln.backends.PHASES).
@@ -108,7 +116,7 @@ def table(results: Sequence[Result]) -> str:
         lines.append(
             f"{r.model:<11} {r.mode:<10} {r.backend:<{bw}} {'ok' if r.ok else 'FAIL':<6} {num(r.compile_s, '9.2f')} "
             f"{num(r.eager_ms, '9.2f')} {num(r.compiled_ms, '9.2f')} {num(r.speedup, '8.2f')}  "
-            f"{_graphs(r):<14} {r.reason or _phases(r)}"
+            f"{_graphs(r):<14} {r.reason or _fell_back(r) or _phases(r)}"
         )
     lines.append("")
     for key, s in summary(results).items():
