@@ -5,6 +5,12 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-third session: call2, call5b, call4c, a BERT fp32-training probe and fp32 inference ran on an H100
+#   (packages/bench/results/2026-12-06-h100*-s23-*). Found: BERT and DistilBERT float32 training ran their
+#   backward unfused (an IndexError in the split reductions that outer_by_tiles exposed; fixed, Note [Each member
+#   splits its own row]; kiln_bench now prints fallbacks); GPT-2 at 16 threads still 76 ms (eager 3.6) with the
+#   guard checker built first, its slowest kernels the three that compute tanh. Next: call23a FIRST (the tanh
+#   probe, then BERT/DistilBERT training in both dtypes after the fix), call3c (ablation), call10, call5c.
 # Twenty-second session: three calls on an H100 (H200s did not come): call21a, call22a, call5b
 #   (packages/bench/results/2026-12-05-h100*-s22-*). Found and fixed from them: BERT's bf16 training failed
 #   its accuracy check (padded LM head: Note [Bases returned in another layout], aotgrad), ConvNeXt's bf16
@@ -143,6 +149,15 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call23a)  # twenty-third session: GPT-2's kernels at 16 threads (only those computing tanh were slow): single
+      # activations eager / kiln / kiln with 256-bit vectors at 16 and 4 threads, GPT-2 with 256-bit vectors; then
+      # BERT and DistilBERT training after Note [Each member splits its own row] (their backward fell back before)
+      for t in 16 4; do timeout 60 python3 scripts/omp_probe.py --threads $t --micro --cpp vector_width=256 2>&1 | grep -v -i warn; done
+      timeout 60 python3 scripts/omp_probe.py --threads 16 --models gpt2,bert --cpp vector_width=256 2>&1 | grep -v -i warn
+      TAIL=30 bench train-split-fix 300 --modes training --dtype float32 --models bert,distilbert --repeats 8 --warmup 3 \
+        --profile --profile-calls 2 --backends eager,kiln,inductor
+      TAIL=30 bench train-split-fix-bf16 200 --modes training --dtype bfloat16 --models bert,distilbert,gpt2 --repeats 8 \
+        --warmup 3 --profile --profile-calls 2 --backends eager,kiln,inductor ;;
     call22a)  # twenty-second session: BERT's bf16 training after Note [Bases returned in another layout] (its
       # padded LM head's logits were read with the unpadded strides: loss and gradients wrong), bf16 depthwise
       # training NHWC (Note [Depthwise convolutions in half-precision training]), ResNet/CNN bf16 training

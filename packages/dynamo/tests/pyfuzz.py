@@ -48,6 +48,10 @@ def _paren(src: str) -> str:
     return f"({src})" if any(c in src for c in " -*%") else src
 
 
+# lists the runner may make one object (its aliasing mutation, c == 13): frozen together
+_ALIASED_LISTS = frozenset({"lst", "G_l", "obj.items"})
+
+
 # --- the generator --------------------------------------------------------------------------------
 @dataclass
 class Scope:
@@ -703,6 +707,9 @@ class Gen:
                 self.scope.frozen.add(frozen)
                 if frozen == "d" or self.scope.vars.get(frozen) == "dict":
                     self.scope.frozen.add("d")
+                if frozen in _ALIASED_LISTS:  # the runner may pass one as another (`w.lst = G_l`):
+                    # growing G_l in a loop over lst never ended (seed 24053, a MemoryError)
+                    self.scope.frozen |= _ALIASED_LISTS
             if self.chance(0.3):
                 self.emit(ind + 1, f"if {self.expr('bool', 1)}:")
                 self.emit(ind + 2, self.rng.choice(["break", "continue"]))
