@@ -552,3 +552,22 @@ def test_a_module_buffer_stays_static_and_never_pins_an_input_size() -> None:
     assert backend.graphs == 1
     sizes = backend.placeholder_sizes(0)
     assert sizes[0][1].startswith("s") and ("8",) in sizes, sizes
+
+
+def test_math_prod_of_symbolic_sizes_stays_symbolic() -> None:
+    """Hiera's `x.reshape(-1, math.prod(size), c)` under dynamic=True: math.prod of a list of
+    symbolic sizes broke the graph (builtins.py's _prod); now one graph for every size, eager's
+    values and a Python int where eager returns one."""
+    import math
+
+    def fn(x: torch.Tensor) -> Any:
+        size = [x.shape[1], x.shape[2]]
+        return x.reshape(-1, math.prod(size), x.shape[3]) * 2, math.prod(size, start=2)
+
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend, dynamic=True)
+    for shape in ((2, 3, 4, 5), (3, 5, 2, 4)):
+        x = torch.randn(*shape)
+        got, want = compiled(x), fn(x)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is int
+    assert backend.graphs == 1 and counters.graph_breaks == 0
