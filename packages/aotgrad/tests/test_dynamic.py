@@ -4,6 +4,7 @@ size the frame's guards let through. Every result is compared with eager."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -460,3 +461,24 @@ def test_a_returned_tensor_that_a_view_of_another_output_has_as_base_is_one_grap
     ge = torch.autograd.grad(view_e.sum() + flat_e.sum(), x)
     gc = torch.autograd.grad(view_c.sum() + flat_c.sum(), x)
     torch.testing.assert_close(gc, ge)
+
+
+def test_an_lstm_trained_under_symbolic_sizes_keeps_eager_gradients() -> None:
+    """Note [Recurrent layers traced for training] (joint.py): torch's Python decomposition of
+    `aten::lstm` ran oneDNN's layer with train=False for an input that does not require grad, and
+    the backward raised for want of its workspace (the breadth suite's nn_lstm under dynamic=True)."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+    ref = copy.deepcopy(lstm)
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(lambda x: lstm(x)[0][:, -1], backend=dynamic_backend(rec), dynamic=True)
+    for b in (2, 3):
+        x = torch.randn(b, 5, 8)
+        got, want = compiled(x), ref(x)[0][:, -1]
+        got.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        torch.testing.assert_close(got, want)
+        for p, q in zip(lstm.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert rec.graphs and all(_symbolic(gm) for gm in rec.graphs)
+    assert torch.backends.mkldnn.enabled  # the switch is the trace's alone

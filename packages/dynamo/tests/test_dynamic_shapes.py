@@ -573,3 +573,22 @@ def test_placeholders_reach_the_backend_with_their_entry_autograd_state() -> Non
     kiln_dynamo.compile(_written_from_a_sum, backend=backend, dynamic=True)(x0, x1)
     (vals,) = seen
     assert [(v.requires_grad, v.is_leaf) for v in vals] == [(True, True), (False, True)]
+
+
+def test_math_prod_of_symbolic_sizes_stays_symbolic() -> None:
+    """Hiera's `x.reshape(-1, math.prod(size), c)` under dynamic=True: math.prod of a list of
+    symbolic sizes broke the graph (builtins.py's _prod); now one graph for every size, eager's
+    values and a Python int where eager returns one."""
+    import math
+
+    def fn(x: torch.Tensor) -> Any:
+        size = [x.shape[1], x.shape[2]]
+        return x.reshape(-1, math.prod(size), x.shape[3]) * 2, math.prod(size, start=2)
+
+    backend = DynamicBackend()
+    compiled = kiln_dynamo.compile(fn, backend=backend, dynamic=True)
+    for shape in ((2, 3, 4, 5), (3, 5, 2, 4)):
+        x = torch.randn(*shape)
+        got, want = compiled(x), fn(x)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is int
+    assert backend.graphs == 1 and counters.graph_breaks == 0

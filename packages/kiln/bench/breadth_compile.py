@@ -16,7 +16,12 @@ forced). Tolerances are dtype-aware (float32: rtol 1e-4, atol 1e-4 on outputs; g
 reported (`fell_back`) with the reason: a fallback is never a wrong answer, but it is listed.
 
     python packages/kiln/bench/breadth_compile.py [--only gpt2,bert] [--modes eval,train]
-        [--backends cpp,triton] [--json out.json]
+        [--backends cpp,triton] [--dynamic none|true] [--option pad_mm=force] [--json out.json]
+
+`--dynamic true` compiles with every size symbolic from the first call (a graph that cannot take
+symbolic sizes compiles static, not a fallback); `--option NAME=VALUE` (repeatable) adds a
+kiln.compile option, e.g. `pad_mm=force` pads every GEMM, so that the paths of returned views over
+results in another layout run on real models.
 
 A row's `match` false is a wrong answer (or a crash, with its reason). Seeded: models that draw
 random numbers in eval (vit_mae's patch mask) see the same generator state in both runs.
@@ -92,13 +97,24 @@ def _loss(out: Any) -> torch.Tensor:
     return sum((t.float().pow(2).mean() for t in floats), torch.zeros(()))
 
 
-def _options(backend: str) -> dict[str, Any]:
-    if backend == "triton":
-        return {"cpu_backend": "triton", "layout_policy": "cuda"}
-    return {}
+def _options(backend: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    base = {"cpu_backend": "triton", "layout_policy": "cuda"} if backend == "triton" else {}
+    return {**base, **(extra or {})}
 
 
-def run(name: str, mode: str, backend: str) -> dict[str, Any]:
+def _option_value(text: str) -> Any:
+    """``--option`` values: booleans and numbers as Python's, anything else a string."""
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def run(
+    name: str, mode: str, backend: str, dynamic: bool | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name, "mode": mode, "backend": backend}
     t0 = time.perf_counter()
     try:
@@ -108,7 +124,7 @@ def run(name: str, mode: str, backend: str) -> dict[str, Any]:
     ref_model = copy.deepcopy(model)
     kiln.reset()
     try:
-        compiled = kiln.compile(model, options=_options(backend))
+        compiled = kiln.compile(model, dynamic=dynamic, options=_options(backend, extra))
         with contextlib.redirect_stdout(io.StringIO()):
             if mode == "eval":
                 with torch.no_grad():
@@ -156,15 +172,19 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="models to leave out")
     parser.add_argument("--modes", default="eval,train")
     parser.add_argument("--backends", default="cpp,triton")
+    parser.add_argument("--dynamic", default="none", choices=["none", "true", "false"])
+    parser.add_argument("--option", action="append", default=[], help="NAME=VALUE, a kiln.compile option")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    dynamic = {"none": None, "true": True, "false": False}[args.dynamic]
+    extra = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     torch.set_num_threads(1)
     names = [n for n in (args.only.split(",") if args.only else MODELS) if n not in args.skip.split(",")]
     rows = []
     for backend in args.backends.split(","):
         for name in names:
             for mode in args.modes.split(","):
-                row = run(name, mode, backend)
+                row = run(name, mode, backend, dynamic, extra)
                 rows.append(row)
                 flag = "ok " if row.get("match") else "BAD"
                 extra = f" fell back: {row['fell_back']}" if row.get("fell_back") else ""

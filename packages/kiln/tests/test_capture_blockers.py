@@ -188,3 +188,70 @@ def test_an_operator_of_python_numbers_is_a_constant() -> None:
     for g, w in zip(got, want, strict=True):
         assert (g.shape, g.dtype) == (w.shape, w.dtype)
         torch.testing.assert_close(g, w)
+
+
+def _pool_transposed(x: torch.Tensor) -> torch.Tensor:
+    # Swin's pooler: torch's composite pools a channels-last view with `out.as_strided_(...)`
+    return F.adaptive_avg_pool1d(x.transpose(1, 2), 1).flatten(1) * 2
+
+
+def _pool_permuted(x: torch.Tensor) -> torch.Tensor:
+    return F.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1) + 1
+
+
+def _t_of_intermediate(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y.t_()
+    return y + 1
+
+
+def _unsqueeze_of_intermediate(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y.unsqueeze_(1)
+    return y.sum(1) + y
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes"),
+    [
+        (_pool_transposed, [(2, 49, 32), (3, 20, 32)]),
+        (_pool_permuted, [(2, 4, 5, 8), (3, 6, 7, 8)]),
+        (_t_of_intermediate, [(3, 4), (5, 6)]),
+        (_unsqueeze_of_intermediate, [(3, 4), (5, 6)]),
+    ],
+    ids=["adaptive_avg_pool1d", "adaptive_avg_pool2d", "t_", "unsqueeze_"],
+)
+def test_geometry_changes_of_symbolic_intermediates_stay_in_the_graph(
+    fn: Callable[[torch.Tensor], torch.Tensor], shapes: list[tuple[int, ...]]
+) -> None:
+    """Note [Geometry changes of symbolic intermediates] (kiln_dynamo's fake.py): under
+    dynamic=True an in-place geometry change of a tensor the graph made (torch's pooling composite
+    ends with one) broke the graph; now one graph for both sizes, eager's values and gradients."""
+    compiled = kiln.compile(fn, dynamic=True, options={"strict": True})
+    for shape in shapes:
+        x = torch.randn(*shape, requires_grad=True)
+        xe = x.detach().clone().requires_grad_()
+        got, want = compiled(x), fn(xe)
+        got.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, xe.grad)
+    stats = kiln.capture_stats()
+    assert stats.graphs == 1 and not stats.break_reasons, stats
+    assert not [r for r in kiln.compile_log() if r.fell_back]
+
+
+def test_a_geometry_change_of_a_symbolic_input_still_breaks_the_graph() -> None:
+    # Note [Placeholders keep their entry geometry] restores only static inputs' fakes
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        x.as_strided_((x.shape[1],), (1,))
+        return x * 3
+
+    x, xe = torch.randn(3, 4), torch.randn(3, 4)
+    xe.copy_(x)
+    got = kiln.compile(fn, dynamic=True)(x)
+    torch.testing.assert_close(got, fn(xe))
+    assert (x.shape, x.stride()) == (xe.shape, xe.stride())
+    stats = kiln.capture_stats()
+    assert any("its sizes are symbolic" in b.reason for b in stats.break_reasons), stats

@@ -1391,3 +1391,24 @@ def test_an_expand_of_a_size_the_trace_proved_1(cpu_backend: str) -> None:
     _copy_of_a_chunk(x0, want)
     kiln.compile(_copy_of_a_chunk, dynamic=True, options={"cpu_backend": cpu_backend})(x0, x1)
     torch.testing.assert_close(x1, want)
+
+
+def _unfold_patches(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    # MobileViT's unfold: a convolution (NHWC under the CPU layout rule) reshaped into 2x2 patches
+    y = torch.nn.functional.conv2d(x, w)
+    b, c, h, wd = y.shape
+    nh, nw = math.ceil(h / 2), math.ceil(wd / 2)
+    return y.reshape(b * c * nh, 2, nw, 2).transpose(1, 2) + 1
+
+
+def test_an_extern_view_of_a_channels_last_value_reads_eager_storage() -> None:
+    """Note [Extern views of NHWC values] (kiln_loopir graph.py): the reshape's lowering declines
+    under symbolic sizes, and eager's view kernel, handed the NHWC convolution, raised at the first
+    call: the graph ran eagerly (the breadth suite's MobileViT under dynamic=True)."""
+    w = torch.randn(4, 3, 1, 1)
+    compiled = kiln.compile(_unfold_patches, dynamic=True, options={"strict": True})
+    with torch.no_grad():
+        for s in (8, 12):
+            x = torch.randn(2, 3, s, s)
+            torch.testing.assert_close(compiled(x, w), _unfold_patches(x, w))
+    assert len(kiln.compile_log()) == 1 and not [r for r in kiln.compile_log() if r.fell_back]

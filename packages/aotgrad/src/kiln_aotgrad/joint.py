@@ -32,7 +32,8 @@ differentiable as the clone is).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -417,6 +418,31 @@ def _fake_like(t: torch.Tensor) -> FakeTensor:
     return FakeTensor(torch.empty(t.shape, dtype=t.dtype, device="meta"), device)
 
 
+# Note [Recurrent layers traced for training]: under symbolic sizes the trace runs torch's Python
+# decompositions (Note [Composite operators under symbolic sizes] in kiln_dynamo.fake), and the one
+# of `aten::lstm` on the CPU calls oneDNN's `mkldnn_rnn_layer` with `train=False`
+# whenever the input does not require grad, even where the weights do: that layer returns no
+# workspace, and its backward, which needs one, raised "Expected a proper Tensor but got None ...
+# 'workspace'" (the breadth suite's nn_lstm training under dynamic=True, twenty-third session; the
+# C++ composite of static sizes passes the module's training flag and is right). A training trace
+# under symbolic sizes therefore runs with oneDNN switched off, which is the decomposition's own
+# path for an input that requires grad: the layer unrolled into matrix products and pointwise
+# cells, every one differentiable. Only the trace sees the switch (torch's Python decompositions
+# are its only reader there); the compiled code runs later, under the caller's setting.
+@contextmanager
+def _trainable_recurrent_layers(want_training: bool, leaves: list[Any]) -> Iterator[None]:
+    symbolic = any((isinstance(x, FakeTensor) and x.symbolic) or isinstance(x, torch.SymInt) for x in leaves)
+    if not want_training or not symbolic:  # the same test as dispatch_for's
+        yield
+        return
+    before = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
+
+
 def trace(
     fn: Callable[[Tracer, list[torch.Tensor]], Any],
     inputs: list[torch.Tensor],
@@ -458,7 +484,7 @@ def trace(
     # Note [Composite operators under symbolic sizes] (kiln_dynamo.fake): with a symbolic size
     # among the inputs, composites decompose through torch's Python decompositions, which keep it
     # symbolic (torch 2.11's C++ matmul specialized it here, as in capture)
-    with grad_ctx, tracer, dispatch_for(leaves):
+    with grad_ctx, tracer, dispatch_for(leaves), _trainable_recurrent_layers(want_training, leaves):
         out = fn(tracer, visible)
     # Note [Graphs that turn grad mode on]: a graph entered with grad mode off is traced for
     # inference, its inputs made not to require grad; a graph that turns grad mode on itself (a

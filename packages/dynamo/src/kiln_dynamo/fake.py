@@ -72,7 +72,8 @@ class FakeTensor(torch.Tensor):
     is_param: bool
     symbolic: bool  # some size or stride is a SymInt
     constant: torch.Tensor | None  # its value, when built from constants (Note [Constant fakes])
-    __slots__ = ("constant", "fake_device", "is_param", "meta", "symbolic")
+    from_real: bool  # made for a real tensor (an input, a parameter), not by an operator
+    __slots__ = ("constant", "fake_device", "from_real", "is_param", "meta", "symbolic")
 
     @staticmethod
     def __new__(
@@ -98,6 +99,7 @@ class FakeTensor(torch.Tensor):
         r.is_param = is_param
         r.symbolic = any(isinstance(x, torch.SymInt) for x in (*meta.size(), *meta.stride()))
         r.constant = None
+        r.from_real = False
         return r
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
@@ -127,14 +129,18 @@ def from_real(t: torch.Tensor, layout: tuple[list[Any], list[Any]] | None = None
                 if t.storage_offset():  # Note [Static views of inputs start at the input's offset]
                     meta = meta.as_strided(layout[0], layout[1], t.storage_offset())
             _copy_lazy_bits(t, meta)
-            return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+            fake = FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+            fake.from_real = True
+            return fake
         meta = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=_META)
         if t.storage_offset():
             meta = torch.empty(
                 t.untyped_storage().nbytes() // max(t.element_size(), 1) + 1, dtype=t.dtype, device=_META
             ).as_strided(t.size(), t.stride(), t.storage_offset())
         _copy_lazy_bits(t, meta)
-    return FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+    fake = FakeTensor(meta, t.device, t.requires_grad, isinstance(t, torch.nn.Parameter))
+    fake.from_real = True
+    return fake
 
 
 def _copy_lazy_bits(t: torch.Tensor, meta: torch.Tensor) -> None:
@@ -263,7 +269,16 @@ def _symbolic(x: Any) -> bool:
 # wrapper is restrided to its meta tensor's geometry (through the Meta kernel of `as_strided_`,
 # which moves no data). What that cannot express breaks the graph before the operator runs: a
 # resize beyond the tensor's storage (the wrapper's storage cannot grow), `set_` (a fake does not
-# share another's storage), symbolic sizes.
+# share another's storage), and symbolic sizes of a fake made for a real tensor (an input: Note
+# [Placeholders keep their entry geometry] restores only static ones) or of a resize (its
+# storage check needs numbers).
+#
+# Note [Geometry changes of symbolic intermediates]: a tensor an operator made in the graph
+# follows an in-place change under symbolic sizes too (the wrapper restrides to SymInts as to
+# ints). torch's composite `adaptive_avg_pool2d` to 1x1 ends, for a channels-last input, with
+# `out.as_strided_(...)` over its mean (and `adaptive_avg_pool1d` goes through it): under
+# dynamic=True every Swin/ViT-style pooler over `hidden.transpose(1, 2)` broke the graph there
+# (the breadth suite's swin training, twenty-third session), which torch.compile does not.
 _METADATA_IN_PLACE = frozenset(
     f"aten::{op}"
     for op in (
@@ -299,7 +314,7 @@ def _geometry_unsupported(name: str, args: tuple[Any, ...], kwargs: dict[str, An
     if not isinstance(self, FakeTensor):
         return None
     flat = _flat(args, kwargs)
-    if any(_symbolic(x) for x in flat):
+    if any(_symbolic(x) for x in flat) and (self.from_real or name in ("aten::resize_", "aten::resize_as_")):
         return "its sizes are symbolic"
     if name in ("aten::resize_", "aten::resize_as_"):
         other = args[1] if len(args) > 1 else kwargs.get("size", kwargs.get("the_template"))
@@ -328,8 +343,8 @@ def restore_geometry(fake: FakeTensor, real: torch.Tensor) -> bool:
     then applied the change to an input that already had it: the buffer came out [7, 2, 1, 1]
     where eager's is [7, 2, 1] (found by test_alias_fuzz.py, seed 1026). Before the graph goes
     to the backend, each such fake is restrided back to its input's geometry. Only fakes of
-    static sizes can have moved (a symbolic one breaks the graph first), so the comparison adds
-    no guard."""
+    static sizes can have moved (a symbolic one made for a real tensor breaks the graph first:
+    Note [Geometry changes of symbolic intermediates]), so the comparison adds no guard."""
     if fake.symbolic:
         return False
     geometry = (tuple(real.shape), real.stride(), real.storage_offset())

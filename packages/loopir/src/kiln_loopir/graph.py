@@ -444,6 +444,16 @@ class GraphLowering:
                 result = None
         if result is None:
             assert callable(target)
+            if (
+                self.channels_last
+                and is_view_op(target)
+                and node not in self.channels_last
+                and isinstance(node.args[0], torch.fx.Node)
+            ):
+                # Note [Extern views of NHWC values]: eager's view kernel needs eager's strides
+                eager = self._in_eager_storage(node.args[0], env)
+                if eager is not None:
+                    args = (eager, *args[1:])
             result = fallback(target, args, kwargs, meta)
         hint_eager_strides(result, meta)
         self._after(node, result)
@@ -521,6 +531,14 @@ class GraphLowering:
                 return value
         return copy_with_strides(value, val.stride())
 
+    # Note [Extern views of NHWC values]: a view op whose lowering declines runs eager's view
+    # kernel as an extern call, and `view` there asks its input's strides for the new shape: over
+    # a value the graph computed NHWC it raised "view size is not compatible with input tensor's
+    # size and stride" at the first call, and the graph ran eagerly (MobileViT's unfold of a
+    # convolution, `reshape(b * c * nh, 2, nw, 2)`, under dynamic=True, where the reshape's
+    # lowering could not match its symbolic groups; the breadth suite, twenty-third session). Such
+    # an extern view reads the value in eager's storage, as the storage readers below do.
+    #
     # Note [Storage readers of NHWC values]: `as_strided` (and its copy and scatter) addresses
     # its input's storage with eager's strides and offset, so it must see eager's layout of the
     # value it views, where a graph that runs channels-last computed the value NHWC (the CPU

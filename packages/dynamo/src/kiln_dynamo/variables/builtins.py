@@ -403,6 +403,18 @@ def _sum(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
     return acc
 
 
+def _prod(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
+    # `math.prod` of sizes (Hiera's `reshape(-1, math.prod(size), c)`): constants fold before
+    # this; symbolic items multiply in Python's order, so the product stays symbolic (it broke
+    # the graph under dynamic=True)
+    if set(kwargs) - {"start"} or len(args) != 1:
+        raise Unsupported(f"math.prod() with arguments {sorted(kwargs)}")
+    acc = kwargs.get("start", ConstantVariable(1))
+    for item in args[0].iterate(tx):
+        acc = tx.binary_op(operator.mul, acc, item)
+    return acc
+
+
 def _minmax(pick: Callable[..., Any]) -> Handler:
     def handler(tx: Tx, args: list[VT], kwargs: dict[str, VT]) -> VT:
         items = list(args[0].iterate(tx)) if len(args) == 1 else list(args)
@@ -877,6 +889,7 @@ _HANDLERS: dict[Any, Handler] = {
     frozenset: _frozenset,
     bool: _bool,
     sum: _sum,
+    math.prod: _prod,
     min: _minmax(min),
     max: _minmax(max),
     all: _all_any(all),
