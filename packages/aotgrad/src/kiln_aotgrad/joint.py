@@ -840,18 +840,30 @@ def trace(
                     graph_vals.append(root_t)
                 # an uncovered view keeps how eager's was taken (Notes [Detached views of
                 # outputs], [A view laid over an output that does not hold it])
-                flags = {"no_grad": ng_view, "detach": off_graph} if uncovered else {}
+                no_grad, detach = (ng_view, off_graph) if uncovered else (False, False)
                 if rel_layout is not None:
                     infos.append(
                         OutputInfo(
-                            "graph_view", g, layout=rel_layout, **flags, **_base_geometry(root_t, visible)
+                            "graph_view",
+                            g,
+                            layout=rel_layout,
+                            no_grad=no_grad,
+                            detach=detach,
+                            **_base_geometry(root_t, visible),
                         )
                     )
                 else:
                     rel = offset - int(root_t.storage_offset())
                     infos.append(
                         OutputInfo(
-                            "graph_view", g, size, stride, rel, **flags, **_base_geometry(root_t, visible)
+                            "graph_view",
+                            g,
+                            size,
+                            stride,
+                            rel,
+                            no_grad=no_grad,
+                            detach=detach,
+                            **_base_geometry(root_t, visible),
                         )
                     )
                 if not uncovered:
