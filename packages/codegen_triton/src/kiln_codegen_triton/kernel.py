@@ -55,6 +55,7 @@ taken only for a sympy size, and ``scripts/triton_static_dump.py`` checks the ge
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -262,7 +263,25 @@ def _split_divisions(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -
 
 
 def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
-    """loopir's ``simplify_index`` plus Note [Splitting divisions of block indices].
+    """loopir's ``simplify_index`` plus Note [Splitting divisions of block indices], memoized
+    (Note [Simplified indices are memoized])."""
+    return _simplify(expr, tuple(ranges.items()), frozenset(sizevars.current().hints))
+
+
+# Note [Simplified indices are memoized]: a kernel is generated once per plan it tries
+# (persistent, then looped or reordered; tiled, then flat), every generation runs its members'
+# bodies again, and members of one kernel load the same buffers at the same indices: ResNet's
+# training graphs simplified 16,320 indices, 403 of them distinct, and that was over half of
+# their code generation. The answer depends on the expression, the loop ranges and which symbols
+# are size symbols (``_size_symbols`` in kiln_loopir.indexing: the graph's, which may grow while a
+# graph is lowered), so all three make the key; nothing else is read. The cache is bounded, and
+# its values are sympy expressions, immutable, so sharing them is safe.
+@functools.lru_cache(maxsize=1 << 15)
+def _simplify(
+    expr: sympy.Expr, ranges: tuple[tuple[sympy.Symbol, sympy.Expr], ...], sizes: frozenset[sympy.Symbol]
+) -> sympy.Expr:
+    """``simplify`` itself: loopir's ``simplify_index`` plus Note [Splitting divisions of block
+    indices].
 
     Note [Splitting divisions of block indices]: a tiled kernel's flat position is
     ``xindex + XN*yindex`` with ``xindex < XN``; digits of it (``(xindex + XN*yindex) // XN``)
@@ -271,13 +290,22 @@ def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.
     under a division by the ranges of its terms; this does, to a fixed point. (A candidate to
     move into ``kiln_loopir.indexing``.)
     """
-    expr = simplify_index(expr, ranges)
+    del sizes  # the key only: simplify_index reads them from sizevars.current()
+    within = dict(ranges)
+    expr = simplify_index(expr, within)
     for _ in range(4):
-        new = simplify_index(_split_divisions(expr, ranges), ranges)
+        new = simplify_index(_split_divisions(expr, within), within)
         if new == expr:
             break
         expr = new
     return expr
+
+
+# Note [Index texts are memoized]: a load or store is looked up by its buffer and index text
+# (stores forwarded to later loads), and sympy prints an index slowly (it sorts every sum's
+# terms): printing ResNet's training indices took as long again as simplifying them. Equal
+# expressions print equally, so the text is memoized on the expression.
+_text = functools.lru_cache(maxsize=1 << 15)(str)
 
 
 def next_pow2(n: int) -> int:
@@ -500,7 +528,7 @@ class _Generator(OpsHandlerBase):
 
     def load(self, name: str, index: Any) -> TValue:
         expr, axes = self._index(index)
-        key = (name, str(expr))
+        key = (name, _text(expr))
         hit = self._forwarded(key)
         if hit is not None:
             return hit
@@ -551,7 +579,7 @@ class _Generator(OpsHandlerBase):
         if mode is not None:
             raise CodegenUnsupported(f"store mode {mode}")
         self._emit(f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})")
-        self.scopes[-1][2][(name, str(expr))] = v
+        self.scopes[-1][2][(name, _text(expr))] = v
 
     def store_reduction(self, name: str, index: Any, value: Any) -> None:
         if self.trivial:
@@ -571,7 +599,7 @@ class _Generator(OpsHandlerBase):
         self.stored.add(name)
         line = f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)"
         (self.sections[-1].post if self.looped else self.lines).append(line)
-        self.xforward[(name, str(expr))] = v
+        self.xforward[(name, _text(expr))] = v
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> TValue:
         if isinstance(expr, FloatOp):
