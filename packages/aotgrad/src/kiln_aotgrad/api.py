@@ -33,6 +33,7 @@ that differs falls back to the signature lookup.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ def compile_flat(
     traced = trace(fn, inputs, opts.table, want_training)
     meta = traced.meta
     if not meta.training:
-        graphs_log.info("inference graph:%s", traced.gm.code)
+        if graphs_log.isEnabledFor(logging.INFO):  # Note [Graph modules generated on demand]
+            graphs_log.info("inference graph:%s", traced.gm.code)
         compiler = opts.inference_compiler or opts.fw_compiler
         # grad mode off while it compiles: a compiler that asks torch.is_grad_enabled() (loopir's
         # passes) sees an inference graph also when grad mode is on but nothing requires grad
@@ -102,7 +104,8 @@ def compile_flat(
             compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
     part = partition(traced.gm, meta.num_graph_outputs, opts.partition, opts.fusion_aware_saves)
-    graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
+    if graphs_log.isEnabledFor(logging.INFO):  # Note [Graph modules generated on demand]
+        graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
     partition_log.info(
         "%s: saved %d bytes (%d of activations, %d written only to be saved): %s; recomputed in backward: %s",
         opts.partition,

@@ -81,7 +81,7 @@ import torch.fx
 from kiln_symbolic import expr_of, hint_of, is_symbolic
 
 from kiln_aotgrad.tracer import effectful
-from kiln_dynamo import forget_source_when_freed
+from kiln_dynamo import graph_module
 
 aten = torch.ops.aten
 
@@ -362,9 +362,9 @@ def _copy_graph(
         if n in keep and n not in env and n.op not in ("placeholder", "output"):
             env[n] = g.node_copy(n, lambda x: env[x])
     g.output(tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outputs))
-    gm = torch.fx.GraphModule(owner, g)
-    forget_source_when_freed(gm)  # Note [Generated FX source outlives its module]
-    return gm
+    # Note [Graph modules generated on demand]: its source forgotten with it (Note [Generated FX
+    # source outlives its module])
+    return graph_module(owner, g)
 
 
 def _bytes(saved: list[Any]) -> int:

@@ -50,7 +50,7 @@ from kiln_aotgrad.functionalize import (
     replay_step,
 )
 from kiln_aotgrad.logs import fallbacks_log
-from kiln_dynamo import forget_source_when_freed
+from kiln_dynamo import graph_module
 from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, is_metadata_query, run_fake
 
@@ -1014,9 +1014,9 @@ class Tracer(TorchDispatchMode):
         root = torch.nn.Module()
         for name, value in self.constants.items():
             setattr(root, name, value)
-        gm = torch.fx.GraphModule(root, self.graph)
-        forget_source_when_freed(gm)  # Note [Generated FX source outlives its module]
-        return gm
+        # Note [Graph modules generated on demand]: its source forgotten with it (Note
+        # [Generated FX source outlives its module])
+        return graph_module(root, self.graph)
 
 
 def _view_variant(func: Any) -> Any:

@@ -20,7 +20,7 @@ from kiln_dynamo.counters import Counters, counters
 from kiln_dynamo.eval_frame import CompiledModule, compile, reset
 from kiln_dynamo.exc import BreakReason, DynamicShapesUnsupported, Unsupported, UserFrame
 from kiln_dynamo.explain import ExplainOutput, explain
-from kiln_dynamo.fx_source import forget_source_when_freed
+from kiln_dynamo.fx_source import forget_source_when_freed, graph_module
 from kiln_dynamo.guard_tree import c_guards_enabled, guard_memo_enabled, set_c_guards, set_guard_memo
 from kiln_dynamo.inference import set_trace_inference_mode
 from kiln_dynamo.logs import configure_artifacts
@@ -48,6 +48,7 @@ __all__ = [
     "entry_names",
     "explain",
     "forget_source_when_freed",
+    "graph_module",
     "graph_unbacked_env",
     "guard_memo_enabled",
     "lookup_backend",

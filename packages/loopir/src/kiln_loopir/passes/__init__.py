@@ -28,6 +28,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 log = logging.getLogger("kiln.loopir.passes")
 
@@ -263,7 +264,10 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     out = graph.graph_copy(gm.graph, env)
     graph.output(out)
-    copied = torch.fx.GraphModule(gm, graph)
+    # generated on demand, as aotgrad's graphs are (Note [Graph modules generated on demand] in
+    # kiln_dynamo.fx_source): the passes rewrite the copy and recompile it, the lowering reads
+    # only its graph
+    copied = _LazyGraphModule(gm, graph)
     copied.meta.update(getattr(gm, "meta", {}))
     return copied, env
 
