@@ -35,7 +35,6 @@ import torch.fx
 from kiln_symbolic import UnfoldableExpr, expr_of, fold_expr, is_symbolic, symbol_of
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln_aotgrad.decompositions import DecompTable, op_name
 from kiln_aotgrad.functionalize import (
@@ -53,6 +52,7 @@ from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import graph_module
 from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, is_metadata_query, run_fake
+from kiln_dynamo.trees import tree_leaves, tree_map
 
 aten = torch.ops.aten
 
@@ -156,7 +156,7 @@ def _install_device_hint() -> None:
 def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`run_fake`, with meta kernels that ask the device answering for the tensors' real device
     (Note [Meta kernels that ask the device])."""
-    leaves = tree_flatten((args, kwargs))[0]
+    leaves = tree_leaves((args, kwargs))
     device = next((a.fake_device for a in leaves if isinstance(a, FakeTensor)), None)
     if device is None or device.type in ("cuda", "meta"):
         return run_fake(func, args, kwargs)

@@ -29,11 +29,11 @@ from kiln_symbolic import GuardOnDataDependent
 from torch._dispatch.python import enable_python_dispatcher
 from torch._prims_common import suggest_memory_format
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln_dynamo.constants import CONSTANT_LIMIT, computable, drop_constants, run_on_constants, set_constant
 from kiln_dynamo.exc import FakeUnsupported
 from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_CORRECTIONS, META_FUNCTIONS
+from kiln_dynamo.trees import tree_leaves, tree_map
 from kiln_dynamo.unbacked import NEEDS_DATA, UNBACKED_META_FUNCTIONS, current_env
 
 _META = torch.device("meta")
@@ -526,7 +526,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if name in _METADATA_IN_PLACE and args and isinstance(args[0], FakeTensor):
         _follow_geometry(args[0])  # Note [In-place changes of a tensor's shape]
     if real is not None:
-        for fake, value in zip(tree_flatten(result)[0], tree_flatten(real)[0], strict=False):
+        for fake, value in zip(tree_leaves(result), tree_leaves(real), strict=False):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 # only a value laid out as the fake says (a later as_strided reads it so)
                 same = (value.shape, value.stride(), value.storage_offset()) == (
@@ -575,7 +575,7 @@ def _constant_results(
 ) -> Any:
     """`func`'s real results when its arguments are constants and its results small (Note
     [Constant fakes]), else None; a write into a constant that is not computed drops it."""
-    metas = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    metas = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     if computable(func, flat, device) and all(t.numel() <= CONSTANT_LIMIT for t in metas):
         real = run_on_constants(func, args, kwargs, device)
         if real is not None:

@@ -61,6 +61,7 @@ import torch
 
 import kiln_aotgrad
 import kiln_dynamo
+from kiln.collector import only_new_objects
 from kiln.logs import dynamic_log
 from kiln.logs import perf_log as log
 from kiln_loopir import PassOptions
@@ -216,7 +217,11 @@ class _FirstCallFallback:
         inner_before = self.record.loopir_seconds
         start = time.perf_counter()
         try:
-            result = self.compiled(*args)
+            if before == 0:  # the first call compiles (Note [The collector scans only the compile's objects])
+                with only_new_objects():
+                    result = self.compiled(*args)
+            else:
+                result = self.compiled(*args)
             if before is not None and len(signatures or ()) != before:  # this call compiled
                 # Note [Compile time by phase]: aotgrad compiles on the first call, calls loopir
                 # for each aten graph inside it, then runs what it compiled; its own time is the rest.
@@ -565,7 +570,8 @@ def make_backend(
             return compiled
 
         def inner_backward(inner_gm: torch.fx.GraphModule, inputs: list[Any]) -> Callable[..., Any]:
-            compiled = inner(inner_gm, inputs, forward=False)
+            with only_new_objects():  # Note [The collector scans only the compile's objects]
+                compiled = inner(inner_gm, inputs, forward=False)
             if compiled is inner_gm or compiled == inner_gm.forward:  # runs eagerly already
                 return compiled
             return _BackwardFallback(inner_gm, compiled, record, strict, name)  # Note [Backward fallback]
