@@ -10,7 +10,8 @@
 #   backward unfused (an IndexError in the split reductions that outer_by_tiles exposed; fixed, Note [Each member
 #   splits its own row]; kiln_bench now prints fallbacks); GPT-2 at 16 threads still 76 ms (eager 3.6) with the
 #   guard checker built first, its slowest kernels the three that compute tanh. Next: call23a FIRST (the tanh
-#   probe, then BERT/DistilBERT training in both dtypes after the fix), call3c (ablation), call10, call5c.
+#   probe, then BERT/DistilBERT training in both dtypes after the fix), call4c (fp32 training: compile time after
+#   compile23's four changes, 0.58x of torch.compile's before), call3c (ablation), call10, call5c.
 # Twenty-second session: three calls on an H100 (H200s did not come): call21a, call22a, call5b
 #   (packages/bench/results/2026-12-05-h100*-s22-*). Found and fixed from them: BERT's bf16 training failed
 #   its accuracy check (padded LM head: Note [Bases returned in another layout], aotgrad), ConvNeXt's bf16
