@@ -47,7 +47,7 @@ from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.logs import graphs_log
 from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer, _addresses
 from kiln_dynamo import same_unbacked
-from kiln_dynamo.fake import FakeTensor, dispatch_for, from_real
+from kiln_dynamo.fake import FakeTensor, any_symbolic, dispatch_for, from_real
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,8 +431,7 @@ def _fake_like(t: torch.Tensor) -> FakeTensor:
 # are its only reader there); the compiled code runs later, under the caller's setting.
 @contextmanager
 def _trainable_recurrent_layers(want_training: bool, leaves: list[Any]) -> Iterator[None]:
-    symbolic = any((isinstance(x, FakeTensor) and x.symbolic) or isinstance(x, torch.SymInt) for x in leaves)
-    if not want_training or not symbolic:  # the same test as dispatch_for's
+    if not want_training or not any_symbolic(leaves):  # the same test as dispatch_for's
         yield
         return
     before = torch._C._get_mkldnn_enabled()

@@ -618,9 +618,15 @@ def fake_mode() -> Iterator[None]:
 def dispatch_for(values: Iterable[Any]) -> AbstractContextManager[Any]:
     """The dispatcher context for a fake call on `values` (flattened arguments): the Python
     dispatcher when one of them has a symbolic size, Note [Composite operators under symbolic sizes]."""
-    if any(_symbolic(x) for x in values):
+    if any_symbolic(values):
         return enable_python_dispatcher()
     return nullcontext()
+
+
+def any_symbolic(values: Iterable[Any]) -> bool:
+    """Whether one of `values` (flattened arguments) has a symbolic size or is a symbolic number:
+    the test of `dispatch_for`."""
+    return any(_symbolic(x) for x in values)
 
 
 def call_fake(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
