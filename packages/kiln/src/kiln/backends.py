@@ -36,7 +36,12 @@ with its compile time split into capture (kiln_dynamo's tracing, from the graph'
 (tracing the joint graph, decomposing, partitioning: measured around aotgrad's first call, minus
 what loopir spent inside it), lower and schedule (loopir), codegen (source generation) and compile
 (the native compiler), the last with where its result came from: compiled, or reused from the
-disk or memory cache. `KILN_LOG=perf` prints the record when a graph is done.
+disk or memory cache, and first run: the first call of what was compiled, which waits for kernels
+still compiling (the Triton generator's worker pool) and tunes. A training graph's backward runs
+first inside the first `loss.backward()`, long after the forward's record was printed: its first
+call adds to the same phase and prints the record again (until then, a GPU training step's
+backward kernel compile was counted nowhere: kiln_bench's compile seconds exceeded the phases'
+sum by 2 to 5 s). `KILN_LOG=perf` prints the record when a graph is done.
 
 Note [Generated code is not captured]: the code generators' wrappers are Python files in kiln's
 cache folder (`kiln_loopir.diskcache.cache_root()`), and the frame hook skips only kiln's own
@@ -330,11 +335,14 @@ class _BackwardFallback:
     def __call__(self, *args: Any) -> Any:
         if not self.first:
             return self.compiled(*args)
+        start = time.perf_counter()
         try:
             result = self.compiled(*args)
         except Exception as exc:
             return self._failed(exc, args)
         self.first = False
+        self.record.add("first run", time.perf_counter() - start)  # Note [Compile time by phase]
+        log.info("%s", self.record.summary())
         return result
 
     def _failed(self, exc: Exception, args: tuple[Any, ...]) -> Any:
