@@ -150,6 +150,12 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call24a)  # twenty-fourth session: where a GPU training compile's time goes (the Triton pool's log per graph,
+      # the phases with the backward's first run now counted), and the 16-thread activation micro kept in a file
+      KILN_LOG=perf,compile TAIL=40 bench compile-log 200 --dtype float32 --modes training --models gpt2,resnet,bert \
+        --repeats 2 --warmup 1 --backends kiln
+      grep -E "kernel configs|first run" "$out/compile-log.log" | cut -c1-260 | tail -30
+      timeout 60 python3 scripts/omp_probe.py --threads 16 --micro 2>&1 | grep -v -i warn | tee "$out/micro16.log" | tail -12 ;;
     call23a)  # twenty-third session: GPT-2's kernels at 16 threads (only those computing tanh were slow): single
       # activations eager / kiln / kiln with 256-bit vectors at 16 and 4 threads, GPT-2 with 256-bit vectors; then
       # BERT and DistilBERT training after Note [Each member splits its own row] (their backward fell back before)
