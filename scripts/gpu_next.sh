@@ -150,6 +150,12 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call24b)  # the parent's loads of the workers' binaries took all the time waited (GPT-2 training: 103 configs,
+      # 1.37 s; ResNet 235, 3.79 s): where a load goes, under cProfile
+      timeout 200 python3 -m cProfile -o "$out/load.prof" -m kiln_bench --size gpu --device cuda --dtype float32 \
+        --modes training --models gpt2 --repeats 1 --warmup 0 --backends kiln > "$out/load.log" 2>&1; tail -3 "$out/load.log"
+      python3 scripts/prof_report.py "$out/load.prof" _load warmup precompile _fast_launcher > "$out/load-report.txt" 2>&1
+      head -c 20000 "$out/load-report.txt" | cut -c1-200 ;;
     call24a)  # twenty-fourth session: where a GPU training compile's time goes (the Triton pool's log per graph,
       # the phases with the backward's first run now counted), and the 16-thread activation micro kept in a file
       KILN_LOG=perf,compile TAIL=40 bench compile-log 200 --dtype float32 --modes training --models gpt2,resnet,bert \
