@@ -150,6 +150,11 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call24c)  # twenty-fourth session's end: bf16 training of the models not measured since the split fix, with
+      # the compile log (Note [Launchers built in the workers]: the parent's load time and the workers' time)
+      KILN_LOG=compile TAIL=30 bench train-bf16-s24 250 --dtype bfloat16 --modes training \
+        --models llama,vit,resnet,convnext,cnn,mlp,t5 --repeats 5 --warmup 2 --backends eager,kiln,inductor
+      grep -E "kernel configs" "$out/train-bf16-s24.log" | cut -c1-230 | tail -16 ;;
     call24b)  # the parent's loads of the workers' binaries took all the time waited (GPT-2 training: 103 configs,
       # 1.37 s; ResNet 235, 3.79 s): where a load goes, under cProfile
       timeout 200 python3 -m cProfile -o "$out/load.prof" -m kiln_bench --size gpu --device cuda --dtype float32 \

@@ -15,8 +15,11 @@ from kiln_codegen_triton import compile_worker
 
 
 class Kernel:
-    def __init__(self, name: str) -> None:
-        self.src, self.metadata = f"src-{name}", f"meta-{name}"
+    def __init__(self, name: str, signature: str = "") -> None:
+        self.src = types.SimpleNamespace(
+            name=name, constants={"XBLOCK": 64}, signature={0: signature or name}
+        )
+        self.metadata = types.SimpleNamespace(name=name)
 
 
 def _driver(monkeypatch: pytest.MonkeyPatch, *, per_signature: bool, fail: bool = False) -> list[Any]:
@@ -24,7 +27,7 @@ def _driver(monkeypatch: pytest.MonkeyPatch, *, per_signature: bool, fail: bool 
 
     class CudaLauncher:
         def __init__(self, src: Any, metadata: Any) -> None:
-            built.append((src, metadata))
+            built.append(src.name)
             if fail:
                 raise RuntimeError("no C compiler")
 
@@ -46,7 +49,7 @@ def test_worker_builds_each_kernels_launcher_where_triton_builds_per_signature(
     compile_worker.build_launcher(Kernel("a"), "cuda")
     compile_worker.build_launcher(Kernel("b"), "cuda")
     compile_worker.build_launcher(None, "cuda")  # a preload that returned nothing
-    assert built == [("src-a", "meta-a"), ("src-b", "meta-b")]
+    assert built == ["a", "b"]
 
 
 def test_worker_builds_nothing_for_a_generic_launcher_or_another_backend(
@@ -64,4 +67,13 @@ def test_a_failed_build_stops_the_worker_building_and_raises_nothing(monkeypatch
     tried = _driver(monkeypatch, per_signature=True, fail=True)
     compile_worker.build_launcher(Kernel("a"), "cuda")
     compile_worker.build_launcher(Kernel("b"), "cuda")  # not tried again
-    assert tried == [("src-a", "meta-a")]
+    assert tried == ["a"]
+
+
+def test_workers_build_each_shared_launcher_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Two kernels of one signature (two workers, one cache folder): the second is skipped."""
+    built = _driver(monkeypatch, per_signature=True)
+    compile_worker.build_launcher(Kernel("a", "*fp32"), "cuda", str(tmp_path))
+    compile_worker.build_launcher(Kernel("b", "*fp32"), "cuda", str(tmp_path))
+    compile_worker.build_launcher(Kernel("c", "*bf16"), "cuda", str(tmp_path))
+    assert built == ["a", "c"]
