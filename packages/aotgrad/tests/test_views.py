@@ -327,6 +327,35 @@ def test_as_strided_outside_its_tensors_elements_is_refused() -> None:
         cloned(leaf)
 
 
+def test_storage_addressed_copies_of_a_leaf_at_an_offset_are_refused() -> None:
+    # Notes [as_strided_copy is a view, then a copy], [as_strided_scatter counts from the
+    # input's storage] (OpInfo sweep, --layout offset/mixed --grad: both read or wrote the
+    # traced clone's positions where eager addresses the storage: wrong answers)
+    leaf = torch.randn(8)[3:6].detach().requires_grad_()
+    copy = kiln_aotgrad.aot_function(
+        lambda x: torch.as_strided_copy(x, (1,), (1,), 0), kiln_aotgrad.nop_compiler
+    )
+    with pytest.raises(AotgradError, match="requires grad at a storage offset"):
+        copy(leaf)
+    scatter = kiln_aotgrad.aot_function(
+        lambda x, s: torch.as_strided_scatter(x, s, (2,), (1,), 1), kiln_aotgrad.nop_compiler
+    )
+    with pytest.raises(AotgradError, match="requires grad at a storage offset"):
+        scatter(leaf, torch.ones(2))
+    # at offset 0 both still compile and match eager
+    # (their backward graphs hold `as_strided_scatter`, which `check`'s core-ops contract lists)
+    x = torch.randn(3, 3, requires_grad=True)
+    torch.testing.assert_close(
+        kiln_aotgrad.aot_function(
+            lambda x: torch.as_strided_copy(x, (2, 2), (1, 2), 1), kiln_aotgrad.nop_compiler
+        )(x),
+        torch.as_strided_copy(x, (2, 2), (1, 2), 1),
+    )
+    x = torch.randn(4, requires_grad=True)
+    want = torch.as_strided_scatter(x, torch.ones(2), (2,), (1,), 1)
+    torch.testing.assert_close(scatter(x, torch.ones(2)), want)
+
+
 def test_as_strided_within_its_roots_elements_compiles() -> None:
     check(_within, torch.randn(8)[1:7])
 

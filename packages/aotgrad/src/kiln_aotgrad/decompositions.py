@@ -289,7 +289,22 @@ def _bn_symbolic_entries() -> DecompTable:
 
 
 # kiln's own entries.
+def _as_strided_copy(x: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None) -> Any:
+    # Note [as_strided_copy is a view, then a copy]: eager's `as_strided_copy` addresses the
+    # input's *storage* as `as_strided` does (an explicit offset counts from the storage's start,
+    # whatever offset the input is at). Kept whole, it reached the code generators as a copy of
+    # their buffer of the input: for an input that requires grad (traced through a clone at
+    # offset 0) at storage offset 3, `as_strided_copy(x, (1,), (1,), 0)` read x's own first
+    # element where eager reads the storage's (the OpInfo sweep, --layout mixed --grad: a wrong
+    # answer). As the view and a contiguous copy, the view takes the tracer's `as_strided` path,
+    # which refuses what lies outside the input's elements and counts the offset from the root
+    # (Notes [as_strided within a tensor's own elements], [as_strided reads its root's storage]).
+    view = aten.as_strided.default(x, size, stride, storage_offset)
+    return aten.clone.default(view, memory_format=torch.contiguous_format)
+
+
 _KILN: DecompTable = {
+    aten.as_strided_copy.default: _as_strided_copy,
     aten.index_add.default: _index_add,
     aten.index_add_.default: _index_add_,
     aten.take.default: _take,

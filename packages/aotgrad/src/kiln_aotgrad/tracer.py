@@ -530,6 +530,32 @@ class Tracer(TorchDispatchMode):
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise AotgradError(f"cannot trace: {msg}", op=op_name(func), origin=self.where()) from e
 
+    def _check_scatter_offset(self, args: tuple[Any, ...]) -> None:
+        """Note [as_strided_scatter counts from the input's storage]: eager's `as_strided_scatter`
+        places `src` at a storage offset that counts from the start of its input's *storage*
+        (an input at offset 3 with offset 1 written through it gets `src`'s elements at its own
+        positions -2.. 1, the ones before it dropped), and the code generators lower it from the
+        traced input's offset. An input that requires grad is traced through a clone at offset 0
+        (Note [Offsets of views of inputs that require grad]): there the positions shifted by
+        the input's real offset, a wrong answer (the OpInfo sweep, --layout offset --grad). Such
+        an input's scatter is refused (the graph runs eagerly, with this reason)."""
+        x = args[0]
+        alias = self.aliases.get(id(x)) if isinstance(x, torch.Tensor) else None
+        if alias is None or alias.root not in self._inputs:
+            return
+        root = self.root_tensors.get(alias.root)
+        real = self.input_offsets.get(alias.root)
+        if (
+            root is not None
+            and real is not None
+            and (isinstance(real, torch.SymInt) or real != root.storage_offset())
+        ):
+            raise AotgradError(
+                "as_strided_scatter of an input that requires grad at a storage offset (traced through a clone)",
+                op="aten::as_strided_scatter",
+                origin=self.where(),
+            )
+
     def _decompose(self, func: Any, impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Note [One op kept when its decomposition fails]: a decomposition that raises on these
         arguments (a table entry or a composite's own) must not fail the whole graph, which
@@ -543,6 +569,11 @@ class Tracer(TorchDispatchMode):
         symbolic sizes] in decompositions.py). So an attempt that wrote to a tensor that existed
         before it (or changed one's view in place) fails the trace instead of being kept."""
         if mutated_arg_names(func) or is_view_op(func) or torch.Tag.inplace_view in func.tags:
+            return self._expand(func, impl, args, kwargs)
+        if func is aten.as_strided_copy.default:
+            # Note [as_strided_copy is a view, then a copy] in decompositions.py: kept whole it
+            # would read the graph's copy of its input where eager reads the storage, so what
+            # its view refuses is the trace's refusal
             return self._expand(func, impl, args, kwargs)
         mark, born_before = len(self._written), self._births
         try:
@@ -586,6 +617,8 @@ class Tracer(TorchDispatchMode):
             self.nodes[id(out)] = node
             self.aliases[id(out)] = Alias(a.root, a.chain, a.version)
             return out
+        if func is aten.as_strided_scatter.default:
+            self._check_scatter_offset(args)
         if func not in self._expanding and func not in self._kept:
             table_entry = self.decomps.get(func)
             if table_entry is not None:
