@@ -176,6 +176,29 @@ for step in "$@"; do
         --profile --profile-calls 2 --backends eager,kiln,inductor
       TAIL=30 bench train-split-fix-bf16 200 --modes training --dtype bfloat16 --models bert,distilbert,gpt2 --repeats 8 \
         --warmup 3 --profile --profile-calls 2 --backends eager,kiln,inductor ;;
+    call24c)  # twenty-fourth session (helper cpu16; call24b was taken): GPT-2 at 16 CPU threads (76 ms, eager 3.6):
+      # what the host does to a 16-thread team. The host; OpenMP regions with no torch (4/16 threads, after gaps of
+      # 0/50/2000 us); the activations at 16 threads (kept); GPT-2 and ConvNeXt at 16 threads with per-call context
+      # switches, page faults and threads created, each kernel's largest of 5 profiled calls, kiln (full teams,
+      # Note [Teams keep the pool's size]) against kiln+cpp (full_teams=0, as before); then GPT-2 with OpenMP
+      # workers that never sleep, and timed alone (not interleaved with eager), ConvNeXt alone (the threads each
+      # call creates, full teams against before); a table last. Under 4 minutes (the timeouts add to 230 s)
+      (nproc; lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)"; ldd --version | head -1; g++ --version | head -1
+       cat /sys/kernel/mm/transparent_hugepage/enabled /proc/sys/kernel/numa_balancing /proc/loadavg /sys/fs/cgroup/cpu.max
+      ) 2>&1 | tee "$out/host.txt"
+      timeout 40 python3 scripts/omp_regions.py --threads 4,16 --gaps-us 0,50,2000 --reps 30 --torch-gomp \
+        --out "$out/regions.jsonl" 2>&1 | grep -v -E " (mul|erf) "
+      p="$out/probe16.jsonl"
+      timeout 35 python3 scripts/omp_probe.py --threads 16 --micro --label micro --out "$p" 2>&1 | grep -v -i -E "warn|usdt"
+      timeout 60 python3 scripts/omp_probe.py --threads 16 --models gpt2,convnext --kernels 5 --cpp full_teams=0 \
+        --label default --out "$p" 2>&1 | grep -v -i -E "warn|usdt"
+      OMP_WAIT_POLICY=active timeout 30 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 \
+        --label OMP_WAIT_POLICY=active --out "$p" 2>&1 | grep "^gpt2"
+      # each backend in its own block: GPT-2 (does eager's interleaving matter?), ConvNeXt (threads each call creates)
+      timeout 30 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 --alone --label default --out "$p" 2>&1 | grep "^gpt2"
+      timeout 35 python3 scripts/omp_probe.py --threads 16 --models convnext --calls 10 --alone --cpp full_teams=0 --label default \
+        --out "$p" 2>&1 | grep "^convnext"
+      python3 scripts/omp_probe.py --summary "$p" ;;
     call22a)  # twenty-second session: BERT's bf16 training after Note [Bases returned in another layout] (its
       # padded LM head's logits were read with the unpadded strides: loss and gradients wrong), bf16 depthwise
       # training NHWC (Note [Depthwise convolutions in half-precision training]), ResNet/CNN bf16 training

@@ -9,7 +9,8 @@ is torch's, through the one OpenMP runtime torch and kiln share.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -73,7 +74,7 @@ def test_pointwise_shapes_across_threads(threads: None) -> None:
     compiled = check(fn, a, b, c)
     source = compiled.backend.last_source  # type: ignore[attr-defined]
     assert "kiln::chunk_len" in source
-    assert "num_threads(ntk)" in source
+    assert "#pragma omp parallel for" in source
     expected = fn(a, b, c)
     for outs in _across_threads(compiled, a, b, c):
         for got, want in zip(outs, expected, strict=True):
@@ -247,7 +248,7 @@ def test_heavy_body_below_the_grain_runs_in_parallel(threads: None) -> None:
     x = make((2, 32, 32, 32))
     assert _max_pool(x).numel() < PARALLEL_GRAIN
     compiled = check(_max_pool, x)
-    assert "num_threads(ntk)" in compiled.backend.last_source  # type: ignore[attr-defined]
+    assert "#pragma omp parallel for" in compiled.backend.last_source  # type: ignore[attr-defined]
     one, *others = _across_threads(compiled, x)
     for other in others:
         assert torch.equal(one, other)
@@ -269,6 +270,53 @@ def test_kernels_share_torchs_openmp_runtime(threads: None) -> None:
     for n in (1, 2, 3):
         torch.set_num_threads(n)
         assert omp.omp_get_max_threads() == n == torch.get_num_threads()
+
+
+def _small_then_large(a: torch.Tensor, b: torch.Tensor) -> Any:
+    # a medium kernel whose plan caps its team (32768 elements: 8 threads), then a large one
+    return aten.mul.Tensor(aten.sigmoid.default(a), 2.0), aten.add.Tensor(aten.tanh.default(b), 1.0)
+
+
+def _threads_created(fn: Callable[[], Any], calls: int) -> int:
+    """How many threads the process gained (by id) over ``calls`` calls of ``fn``."""
+    seen = set(os.listdir("/proc/self/task"))
+    created = 0
+    for _ in range(calls):
+        fn()
+        now = set(os.listdir("/proc/self/task"))
+        created += len(now - seen)
+        seen |= now
+    return created
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_teams_keep_the_pools_threads(threads: None) -> None:
+    """Note [Teams keep the pool's size]: at 16 threads a kernel capped at 8 then one that takes
+    all 16, call after call. With teams of ``ntk`` threads libgomp ended the 8 pool threads the
+    capped team left out, and the next full team (the large kernel, or any torch op) created
+    them again: 8 new threads each call (ConvNeXt at 16 threads, 8 a call). Full teams of ``nt``
+    threads, the work on ``ntk`` of them, create none once the pool is up; the results are the
+    same (eager's, at 16 and at 3 threads)."""
+    a, b = make((64, 512)), make((64, 4096))
+    cap = pointwise_plan([64], 512, 64 * 512)
+    assert cap is not None and 1 < cap.cap < 16
+    torch.set_num_threads(16)
+    compiled = check(_small_then_large, a, b)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert "num_threads(nt) schedule(static, kch0)" in source
+    assert "num_threads(ntk)" not in source
+    for _ in range(2):  # the pool's threads, once
+        compiled(a, b)
+    assert _threads_created(lambda: compiled(a, b), 5) == 0
+    backend = CppBackend(CppOptions(full_teams=False))
+    partial = compile_graph(torch.fx.symbolic_trace(_small_then_large), [a, b], backend=backend)
+    assert "num_threads(ntk)" in backend.last_source
+    expected = _small_then_large(a, b)
+    for n in (16, 3):
+        torch.set_num_threads(n)
+        for got in (compiled(a, b), partial(a, b)):
+            for g, want in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, want)
 
 
 def _row_and_column(g: torch.Tensor, x: torch.Tensor) -> Any:

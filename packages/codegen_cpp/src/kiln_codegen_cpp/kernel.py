@@ -587,6 +587,7 @@ class KernelBuilder(OpsHandlerBase):
         self.colstores: list[str] = []
         self.aliased = aliased  # buffers that share memory with another parameter
         self.options = options or CppOptions()
+        self._teams = 0  # parallel loops given a chunk variable (Note [Teams keep the pool's size])
         self.serial = any(isinstance(m, Scatter) for m in members)
         # Note [Pointwise producers in a column reduction's order] (kiln_loopir's scheduler.py):
         # a reordered producer's body splits the column kernel's flat position ``x0 + 32*r0``
@@ -1492,7 +1493,9 @@ class KernelBuilder(OpsHandlerBase):
                 units * chunks,
                 cap_for(units * chunks, self.weighted, self.options.min_work_per_thread),
             )
-            lines.append(f"#pragma omp parallel for collapse({collapse}) num_threads(ntk)")
+            pre, team = self._team("", [*(n for _, n in outer), nblocks, chunks], static=False)
+            lines.extend(pre)
+            lines.append(f"#pragma omp parallel for collapse({collapse}) {team}")
         depth = 0
         for var, size in outer:
             lines.append("  " * depth + self._loop(var, size) + " {")
@@ -1611,7 +1614,9 @@ class KernelBuilder(OpsHandlerBase):
             self.plan = ParallelPlan(
                 "rows", 1, chunks, cap_for(chunks, self.weighted, self.options.min_work_per_thread)
             )
-            lines.append("#pragma omp parallel for num_threads(ntk) schedule(static)")
+            pre, team = self._team("", [chunks])
+            lines.extend(pre)
+            lines.append(f"#pragma omp parallel for {team}")
         lines.append(f"for (int64_t xc = 0; xc < INT64_C({chunks}); ++xc) {{")
         for acc, block in self.colsums:
             lines.append(f"  {block}* __restrict__ {acc}_b = {acc}_blk + xc * INT64_C({nr});")
@@ -1660,6 +1665,24 @@ class KernelBuilder(OpsHandlerBase):
         if not isinstance(size, int):  # a run-time bound (Note [Symbolic sizes in C++ kernels])
             return f"for (int64_t {var} = 0; {var} < {index_to_cpp(size)}; ++{var})"
         return f"for (int64_t {var} = 0; {var} < INT64_C({size}); ++{var})"
+
+    def _team(
+        self, pad: str, sizes: Sequence[Any], times: str = "", static: bool = True
+    ) -> tuple[list[str], str]:
+        """Note [Teams keep the pool's size]: the lines before a parallel loop whose collapsed
+        loops run ``sizes`` iterations (static or symbolic; ``times``: a run-time factor, the
+        chunk count of a chunked plan) and the loop's team and schedule clauses (``static``: the
+        clauses without full teams name the schedule, as they always did there)."""
+        if not self.options.full_teams:
+            return [], "num_threads(ntk) schedule(static)" if static else "num_threads(ntk)"
+        total = sympy.Mul(*(sympy.Integer(n) if isinstance(n, int) else n for n in sizes))
+        count = f"INT64_C({total})" if total.is_Integer else f"({index_to_cpp(total)})"
+        if times:
+            count = f"{count} * {times}"
+        name = f"kch{self._teams}"
+        self._teams += 1
+        per = f"std::max<int64_t>(INT64_C(1), ({count} + ntk - 1) / ntk)"
+        return [f"{pad}const int64_t {name} = {per};"], f"num_threads(nt) schedule(static, {name})"
 
     def _render_x(self, body: list[str], par: bool) -> list[str]:
         loops = [(v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)]
@@ -1730,9 +1753,11 @@ class KernelBuilder(OpsHandlerBase):
                 )
                 lines.append(f"{pad}const int64_t xnc = (INT64_C({inner_size}) + xch - 1) / xch;")
             if i == 0 and plan is not None:
-                lines.append(
-                    f"{pad}#pragma omp parallel for collapse({plan.collapse}) num_threads(ntk) schedule(static)"
-                )
+                chunked = plan.kind == "chunked"
+                sizes = [n for _, n in loops[: plan.collapse - chunked]]
+                pre, team = self._team(pad, sizes, "xnc" if chunked else "")
+                lines.extend(pre)
+                lines.append(f"{pad}#pragma omp parallel for collapse({plan.collapse}) {team}")
             if last and plan is not None and plan.kind == "chunked":
                 lines.append(f"{pad}for (int64_t xc = 0; xc < xnc; ++xc) {{")
                 lines.append(f"{pad}  const int64_t lo = xc * xch;")
@@ -2158,9 +2183,9 @@ class KernelBuilder(OpsHandlerBase):
             self.plan = ParallelPlan(
                 "split", len(xs) + 1, slots, cap_for(slots, self.weighted, self.options.min_work_per_thread)
             )
-            lines.append(
-                f"#pragma omp parallel for collapse({len(xs) + 1}) num_threads(ntk) schedule(static)"
-            )
+            pre, team = self._team("", [*(n for _, n in xs), chunks])
+            lines.extend(pre)
+            lines.append(f"#pragma omp parallel for collapse({len(xs) + 1}) {team}")
         flat = f"const int64_t xf = {index_to_cpp(self.flat_x)};"
         for d, (var, size) in enumerate(xs):
             lines.append("  " * d + self._loop(var, size) + " {")

@@ -92,6 +92,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   Switches for measuring the plans at many threads (the 16-core host: ConvNeXt at CPU size was
   slower at 16 threads than at 4 in the thirteenth session), e.g. ``KILN_CPP_OPTIONS=
   min_work_per_thread=16384`` or threads.py's ``--ab-cpp-options``.
+* ``full_teams``: every parallel loop opens a team of all ``nt`` threads and gives its work to
+  the ``ntk`` of them its plan allows (``schedule(static, chunk)``), so libgomp's pool keeps its
+  threads (Note [Teams keep the pool's size] in parallel.py); off: a team of ``ntk`` threads
+  (``num_threads(ntk)``), as before, which ends ``nt - ntk`` pool threads and makes the next full
+  team create them again. The generated kernels show the clauses (``KILN_LOG=output_code``).
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -168,6 +173,7 @@ class CppOptions:
     row_column_sums: bool = False
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
+    full_teams: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:

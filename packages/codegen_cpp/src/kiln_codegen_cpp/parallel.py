@@ -13,10 +13,11 @@ parallel loop (:class:`ParallelPlan`):
   inner chunks of a pointwise kernel);
 * ``cap``: the most threads worth using, ``min(units, work // MIN_WORK_PER_THREAD)``, so that a
   medium kernel (64K elements) does not wake 16 threads for 4K elements each. At run time the
-  kernel takes ``ntk = min(nt, cap)`` threads, and with ``ntk == 1`` runs its serial copy (Note
-  [Serial path] in kernel.py); a kernel below ``PARALLEL_GRAIN`` element-iterations (weighted
-  by its body: Note [Work of a kernel]) has no parallel region at all, so adjacent tiny kernels
-  never open one team each.
+  kernel gives its work to ``ntk = min(nt, cap)`` threads (of a team of ``nt``: Note [Teams keep
+  the pool's size]), and with ``ntk == 1`` runs its serial copy (Note [Serial path] in
+  kernel.py); a kernel below ``PARALLEL_GRAIN`` element-iterations (weighted by its body: Note
+  [Work of a kernel]) has no parallel region at all, so adjacent tiny kernels never open one team
+  each.
 
 Pointwise kernels: when the outer loops alone have fewer than ``TARGET_UNITS`` iterations (a
 [4, 1M] tensor, or one flat loop), the innermost loop is cut into chunks as well and collapsed
@@ -26,6 +27,23 @@ results do not depend on how the loop is cut. Reductions are parallel over their
 (lane accumulators make the result independent of the thread count: Note [Lane accumulators]);
 a full reduction (one output) is split into fixed chunks combined in order (Note [Split
 reductions]), whose number depends on the sizes alone.
+
+Note [Teams keep the pool's size]: libgomp keeps one pool of threads per calling thread, sized
+by the last team: a region asking for fewer threads than the last one releases the pool's
+surplus threads, which end, and the next larger region creates them again (pthread_create,
+fresh stacks, their first page faults). torch's own loops never ask for fewer (ATen opens the
+whole team and idles the threads its grain leaves out, for this reason), nor did MKL in the
+traces of the twenty-fourth session (it asks for torch's count), so every kiln kernel whose plan
+capped its team below ``nt`` ended ``nt - ntk`` threads, and the next extern or kernel made them
+again: ConvNeXt at 16 threads (cpu size) created 8 threads a call here (88 page faults a call),
+none with full teams; on the 16-core host it ran slower at 16 threads than at 4 (1.44 against
+1.21 ms, 2026-12-06-h100host-s23-threads), not yet measured with them. So each parallel loop
+opens a team of all ``nt`` threads and hands its collapsed iterations to ``ntk`` of them in
+chunks of ``ceil(units / ntk)`` (``schedule(static, kchN)``: chunk ``i`` goes to thread ``i``,
+the threads past the last chunk only meet the barrier); which thread runs which iteration is all
+that changes, never how the work is cut (split and column partials, chunked plans' lengths
+follow ``ntk`` as before), so results are the same. ``CppOptions.full_teams=False`` asks for ``num_threads(ntk)`` as before;
+``scripts/omp_probe.py`` counts the threads each call creates.
 
 Note [Reductions with few outputs]: a reduction with fewer than ``FEW_OUTPUTS`` parallel units
 (2..15 rows of a row reduction, or column blocks of a column reduction: the bias gradient of a
