@@ -176,7 +176,7 @@ for step in "$@"; do
         --profile --profile-calls 2 --backends eager,kiln,inductor
       TAIL=30 bench train-split-fix-bf16 200 --modes training --dtype bfloat16 --models bert,distilbert,gpt2 --repeats 8 \
         --warmup 3 --profile --profile-calls 2 --backends eager,kiln,inductor ;;
-    call24c)  # twenty-fourth session (helper cpu16; call24b was taken): GPT-2 at 16 CPU threads (76 ms, eager 3.6):
+    call24d)  # twenty-fourth session (helper cpu16; call24b and call24c were taken): GPT-2 at 16 CPU threads (76 ms, eager 3.6):
       # what the host does to a 16-thread team. The host; OpenMP regions with no torch (4/16 threads, after gaps of
       # 0/50/2000 us); the activations at 16 threads (kept); GPT-2 and ConvNeXt at 16 threads with per-call context
       # switches, page faults and threads created, each kernel's largest of 5 profiled calls, kiln (full teams,
