@@ -25,6 +25,7 @@ from kiln_loopir.wrapper_support import (
     NN_BOUND_OPS,
     WrapperConstants,
     WrapperSteps,
+    aliases_nothing,
     extern_callable,
 )
 
@@ -297,3 +298,13 @@ def test_run_members_binds_a_scatters_name_before_running_it() -> None:
     assert scatters == 1
     (out,) = s.output_names
     torch.testing.assert_close(storage[out].view(4, 3), fn(x, rows, v))
+
+
+def test_aliases_nothing_reads_the_schema() -> None:
+    """What both wrappers ask of an extern op: its result is memory of its own, and views passed
+    to it are not seen after the call."""
+    assert aliases_nothing(aten.mm.default) and aliases_nothing(aten.convolution.default)
+    assert not aliases_nothing(aten.add_.Tensor)  # writes its first argument
+    assert not aliases_nothing(aten.view.default)  # returns its argument's memory
+    assert not aliases_nothing(aten.mm.out)  # writes out=
+    assert not aliases_nothing(torch.mm)  # no aten overload: may alias, as far as a wrapper knows

@@ -108,6 +108,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import (
     WrapperSteps,
+    aliases_nothing,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -246,16 +247,6 @@ def _int_spec(
     spec: tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype],
 ) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype]:
     return tuple(int(e) for e in spec[0]), tuple(int(e) for e in spec[1]), spec[2]
-
-
-def _may_alias(op: Any) -> bool:
-    """Whether an extern op may return a view of (or write into) one of its arguments."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return True
-    return any(r.alias_info is not None for r in schema.returns) or any(
-        a.alias_info is not None for a in schema.arguments
-    )
 
 
 class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
@@ -466,7 +457,7 @@ class WrapperCodegen(WrapperSteps):
         for node in schedule.nodes:
             if isinstance(node, ExternKernelSchedulerNode):
                 extern = node.node
-                if _may_alias(extern.op):
+                if not aliases_nothing(extern.op):
                     banned |= _buffer_names((extern.args, extern.kwargs))
                 if extern.op in OUT_VARIANTS and len(extern.outputs) == 1:
                     out = extern.outputs[0]

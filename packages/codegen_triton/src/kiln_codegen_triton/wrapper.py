@@ -144,6 +144,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import (
     WrapperSteps,
+    aliases_nothing,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -504,7 +505,7 @@ class WrapperCodegen(WrapperSteps):
         op = f"_op_{kernel.name}"
         self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         aten = isinstance(kernel.op, torch._ops.OpOverload)
-        transient = self.fast and _aliases_nothing(kernel.op)
+        transient = self.fast and aliases_nothing(kernel.op)
         args = [self.extern_arg(a, aten, transient) for a in kernel.args]
         kwargs = dict(kernel.kwargs)
         if "device" in kwargs:
@@ -838,15 +839,6 @@ def _direct_functions(device: torch.device) -> tuple[Callable[..., Any], Callabl
     if alloc is None or reinterpret is None:
         return None
     return alloc, reinterpret
-
-
-def _aliases_nothing(op: Any) -> bool:
-    """Whether the aten op writes none of its arguments and returns none of them (its schema has
-    no alias annotation): a view passed to it is not seen after the call."""
-    schema = getattr(op, "_schema", None)
-    if not isinstance(op, torch._ops.OpOverload) or schema is None:
-        return False
-    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
 
 
 def _tuple(items: list[str]) -> str:

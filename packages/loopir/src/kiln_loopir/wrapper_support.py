@@ -446,6 +446,18 @@ def extern_callable(op: Any) -> Any:
     return getattr(torch._C._VariableFunctions, name, op)
 
 
+def aliases_nothing(op: Any) -> bool:
+    """Whether the extern op, an aten operator, writes none of its arguments and returns none of
+    them (no alias annotation in its schema); anything else may alias, as far as a wrapper
+    knows: a view passed to such an op is not seen after the call (Note [Allocations and views
+    without torch's Python layer] in codegen_triton's wrapper.py), and its result is memory of
+    its own (Note [Scratch buffers that persist] in codegen_cpp's wrapper.py)."""
+    schema = getattr(op, "_schema", None)
+    if not isinstance(op, torch._ops.OpOverload) or schema is None:
+        return False
+    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+
+
 # Note [The names every wrapper uses]: both code generators' wrappers are Python source run
 # in a namespace of their own. The names the two spell the same way (the helpers above, the
 # error a failed check raises, torch's allocations) come from here, so a third backend's wrapper
