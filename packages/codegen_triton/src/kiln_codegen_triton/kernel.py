@@ -67,7 +67,14 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import ALWAYS_BOOL, FloatOp, OpsHandlerBase, unflatten
+from kiln_loopir.codegen_common import (
+    ALWAYS_BOOL,
+    FloatOp,
+    OpsHandlerBase,
+    marked_store,
+    unflatten,
+    unmark_stores,
+)
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
@@ -97,7 +104,6 @@ XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 AXIS_OF = {XINDEX: "x", YINDEX: "y", RINDEX: "r"}
-STORE_MARK = "\x00store:"
 # Note [When to tile]: below this many elements along either tile axis a 2-D tile wastes lanes
 MIN_TILE = 16
 # torch.compile's kind prefixes, filled into a name's KIND field (kiln_loopir.kernel_name)
@@ -578,7 +584,7 @@ class _Generator(OpsHandlerBase):
             return
         if mode is not None:
             raise CodegenUnsupported(f"store mode {mode}")
-        self._emit(f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})")
+        self._emit(marked_store(name, f"tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})"))
         self.scopes[-1][2][(name, _text(expr))] = v
 
     def store_reduction(self, name: str, index: Any, value: Any) -> None:
@@ -597,7 +603,7 @@ class _Generator(OpsHandlerBase):
         ctx = frozenset({"x"})
         ptr = self._pointer(name, expr, axes, ctx)
         self.stored.add(name)
-        line = f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)"
+        line = marked_store(name, f"tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)")
         (self.sections[-1].post if self.looped else self.lines).append(line)
         self.xforward[(name, _text(expr))] = v
 
@@ -835,19 +841,10 @@ class _Generator(OpsHandlerBase):
     # ------------------------------------------------------------------------------ render
 
     def _render(self) -> KernelSpec:
-        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        elided, scratch = self._internal_stores()  # Note [Stores of kernel-internal buffers]
 
         def clean(lines: list[str]) -> list[str]:
-            out = []
-            for line in lines:
-                if line.startswith(STORE_MARK):
-                    name, _, rest = line[len(STORE_MARK) :].partition("\x00")
-                    if name not in elided:
-                        out.append(rest)
-                else:
-                    out.append(line)
-            return out
+            return unmark_stores(lines, elided)
 
         body: list[str] = []
         for section in self.sections:
