@@ -59,7 +59,7 @@ import functools
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,7 @@ from kiln_loopir.codegen_common import (
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
-from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, simplify_index
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, simplify_index, simplify_rewritten
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.origins import KIND, source_comment
 from kiln_loopir.virtualized import set_ops_handler
@@ -232,7 +232,7 @@ def _nonnegative(term: sympy.Expr) -> bool:
     )
 
 
-def _split_divisions(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+def _split_divisions(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
     """``(g*q + r) // d -> q // (d/g)`` (and the same digit of it) when ``0 <= r < g``, ``g | d``."""
 
     def split(base: sympy.Expr, d: int) -> tuple[sympy.Expr, int] | None:
@@ -293,18 +293,13 @@ def _simplify(
     ``xindex + XN*yindex`` with ``xindex < XN``; digits of it (``(xindex + XN*yindex) // XN``)
     must reduce to digits of ``yindex`` alone, or no access looks contiguous along ``yindex`` and
     every index pays for divisions it does not need. loopir's simplifier does not split a sum
-    under a division by the ranges of its terms; this does, to a fixed point. (A candidate to
-    move into ``kiln_loopir.indexing``.)
+    under a division by the ranges of its terms; this does, to a fixed point. (loopir's
+    ``drop_low_terms`` applies the same identity under a narrower precondition: Note [Two
+    rewrites of low terms under a division] in kiln_loopir's indexing.py.)
     """
     del sizes  # the key only: simplify_index reads them from sizevars.current()
     within = dict(ranges)
-    expr = simplify_index(expr, within)
-    for _ in range(4):
-        new = simplify_index(_split_divisions(expr, within), within)
-        if new == expr:
-            break
-        expr = new
-    return expr
+    return simplify_rewritten(_split_divisions, simplify_index(expr, within), within)
 
 
 # Note [Index texts are memoized]: a load or store is looked up by its buffer and index text
