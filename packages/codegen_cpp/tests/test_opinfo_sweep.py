@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 
 from kiln_codegen_cpp import CppBackend
 from kiln_loopir import compile_graph
-from kiln_loopir.testing import NotRecordable, lowered_op_infos, record
+from kiln_loopir.testing import NotRecordable, lowered_op_infos, recorded_samples
 
 # dtype -> samples per op (the second one non-contiguous)
 DTYPES: dict[torch.dtype, int] = {
@@ -50,6 +50,9 @@ KNOWN_FALLBACKS: dict[str, str] = {
 KNOWN_FAILURES: dict[tuple[str, str, torch.dtype | None], str] = {}
 
 OPS = lowered_op_infos(EXTRA)
+
+# errors of eager on a sample (recording it runs eager too): the sample is passed over
+EAGER_ERRORS = (RuntimeError, ValueError, TypeError, IndexError)
 
 
 def _key(op: Any) -> str:
@@ -81,15 +84,12 @@ def _samples(dtype: torch.dtype) -> list[Sample]:
         if dtype not in op.supported_dtypes("cpu"):
             continue
         try:
-            samples = op.sample_inputs("cpu", dtype, requires_grad=False)
-            for i, original in enumerate(samples):
-                if i >= DTYPES[dtype]:
-                    break
-                sample = original.noncontiguous() if i == 1 else original
+            for i, _, gm, inputs in recorded_samples(
+                op, dtype, DTYPES[dtype], (NotRecordable, *EAGER_ERRORS)
+            ):
                 try:
-                    gm, inputs = record(op.op, [sample.input, *sample.args], dict(sample.kwargs))
                     expected = eager(gm, *inputs)
-                except (NotRecordable, RuntimeError, ValueError, TypeError, IndexError):
+                except EAGER_ERRORS:
                     continue
                 leaves, _ = tree_flatten(expected)
                 out.append(Sample(_key(op), i, gm, inputs, leaves))

@@ -17,12 +17,14 @@ from kiln_loopir.codegen_common import (
     OpsHandlerBase,
     OpSpellings,
     constant_value,
+    marked_store,
     math_dtypes,
     result_dtype,
     same_size,
     scalar_dtype,
     size_of,
     unflatten,
+    unmark_stores,
 )
 from kiln_loopir.indexing import FloorDiv, ModularIndexing
 
@@ -181,6 +183,24 @@ def test_ops_handler_skeleton() -> None:
     h.scopes[0][2][("buf0", "x0")] = y
     assert h._computed("a + b", torch.int32) is x and h._computed("a + b", torch.int64) is None
     assert h._forwarded(("buf0", "x0")) is y and h._forwarded(("buf1", "x0")) is None
+
+
+def test_stores_of_internal_buffers() -> None:
+    """Note [Stores of kernel-internal buffers]: an internal buffer the kernel never loads back is
+    not stored; one it loads is scratch; any other buffer is stored."""
+    h = ToyHandler()
+    h.internal = {"buf1", "buf2"}
+    h.stored = {"buf0", "buf1", "buf2"}
+    h.loaded = {"buf2", "in0"}
+    elided, scratch = h._internal_stores()
+    assert elided == {"buf1"} and scratch == ["buf2"]
+    lines = [
+        marked_store("buf0", "p_buf0[x0] = tmp1;"),
+        "tmp2 = tmp1 * 2;",
+        marked_store("buf1", "p_buf1[x0] = tmp2;"),
+        marked_store("buf2", "p_buf2[x0] = tmp2;"),
+    ]
+    assert unmark_stores(lines, elided) == ["p_buf0[x0] = tmp1;", "tmp2 = tmp1 * 2;", "p_buf2[x0] = tmp2;"]
 
 
 class FloatPrinter(PyPrinter):

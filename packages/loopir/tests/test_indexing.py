@@ -18,6 +18,8 @@ from kiln_loopir.indexing import (
     loop_vars,
     merge_loops,
     simplify_index,
+    simplify_reordered,
+    simplify_rewritten,
 )
 from kiln_loopir.interpret import evaluate
 from kiln_loopir.lowerings.views import reshape_indexer
@@ -80,6 +82,25 @@ def test_drop_low_terms(expr: sympy.Expr, want: sympy.Expr) -> None:
     for a, b, c in itertools.product(range(0, 32, 5), range(1, 512, 37), range(8)):
         env = {x0: a, x1: b, x2: c}
         assert evaluate(got, env) == evaluate(expr, env), (got, expr, env)
+
+
+def test_simplify_rewritten_runs_to_a_fixed_point() -> None:
+    """Note [Two rewrites of low terms under a division]: the rewrite and ``simplify_index`` run
+    until nothing changes, or ``rounds`` times."""
+    ranges = {x0: Int(32), x1: Int(512)}
+    seen: list[sympy.Expr] = []
+
+    def rewrite(expr: sympy.Expr, within: object) -> sympy.Expr:
+        seen.append(expr)
+        return drop_low_terms(expr, ranges)
+
+    expr = ModularIndexing(x0 + 32 * x1, Int(512), Int(16))
+    want = ModularIndexing(x1, Int(16), Int(16))
+    assert simplify_rewritten(rewrite, expr, ranges) == want
+    assert seen == [expr, want]  # the second round changed nothing
+    assert simplify_reordered(expr, ranges) == want
+    seen.clear()
+    assert simplify_rewritten(rewrite, expr, ranges, rounds=1) == want and seen == [expr]
 
 
 def test_merge_loops_collapses_contiguous_dims() -> None:

@@ -16,7 +16,7 @@ import torch
 from helpers import assert_same
 
 from kiln_loopir import compile_graph
-from kiln_loopir.testing import NotRecordable, lowered_op_infos, record
+from kiln_loopir.testing import lowered_op_infos, recorded_samples
 
 # dtype -> how many samples (the second one non-contiguous); kept small so the sweep stays fast
 DTYPES = {torch.float32: 2, torch.bfloat16: 2, torch.float64: 1, torch.int64: 1, torch.bool: 1}
@@ -59,16 +59,7 @@ def test_opinfo(op: Any) -> None:
     for dtype, count in DTYPES.items():
         if dtype not in supported or _known(op, dtype):
             continue
-        samples = op.sample_inputs("cpu", dtype, requires_grad=False)
-        for i, original in enumerate(samples):
-            if i >= count:
-                break
-            sample = original.noncontiguous() if i == 1 else original
-            args = [sample.input, *sample.args]
-            try:
-                gm, inputs = record(op.op, args, dict(sample.kwargs))
-            except NotRecordable:
-                continue
+        for i, sample, gm, inputs in recorded_samples(op, dtype, count):
             expected = gm(*inputs)
             compiled = compile_graph(gm, inputs)
             actual = compiled(*inputs)

@@ -175,6 +175,27 @@ def test_topological_order_and_fused_members() -> None:
     assert all(not isinstance(n, FusedSchedulerNode) or len(n.snodes) > 1 for n in s.nodes)
 
 
+def test_members_are_the_computed_buffers_of_a_node() -> None:
+    """What both code generators build a kernel from: a kernel node's ComputedBuffers in run
+    order and what each reads; an extern node has none."""
+
+    def fn(x: Any, w: Any, v: Any) -> Any:
+        a = aten.mm.default(aten.sin.default(x), w)
+        return aten.mm.default(aten.exp.default(a), v), aten.relu.default(a)
+
+    s = schedule(fn, make((8, 8)), make((8, 4)), make((4, 2)))
+    fused = [n for n in s.nodes if isinstance(n, FusedSchedulerNode)]
+    externs = [n for n in s.nodes if isinstance(n, ExternKernelSchedulerNode)]
+    assert fused and externs
+    for node in fused:
+        assert node.members() == [m.node for m in node.snodes]  # type: ignore[attr-defined]
+        assert node.member_reads() == [m.read_names() for m in node.snodes]
+    for node in s.nodes:
+        if isinstance(node, SchedulerNode):
+            assert node.members() == [node.node] and node.member_reads() == [node.read_names()]
+    assert all(e.members() == [] and e.member_reads() == [] for e in externs)
+
+
 def test_internal_buffers_are_not_allocated() -> None:
     def fn(x: Any) -> Any:
         return aten._softmax.default(x, 1, False)

@@ -1,5 +1,6 @@
 """extern_callable: a wrapper calls torch's Python binding of an extern op where it is the same
-operator (Note [Extern calls through torch's Python bindings])."""
+operator (Note [Extern calls through torch's Python bindings]); the parts of a wrapper generator
+every backend shares (constants, the namespace, the walk over the schedule)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,25 @@ from typing import Any
 import pytest
 import torch
 
-from kiln_loopir.wrapper_support import BOUND_OPS, NN_BOUND_OPS, WrapperConstants, extern_callable
+from kiln_loopir import GraphLowering, Scheduler
+from kiln_loopir.interpret import run_members
+from kiln_loopir.ir import Scatter
+from kiln_loopir.scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    NopKernelSchedulerNode,
+    TemplateSchedulerNode,
+    output_buffer_names,
+)
+from kiln_loopir.testing import scatter_of_no_elements
+from kiln_loopir.wrapper_support import (
+    BOUND_OPS,
+    NN_BOUND_OPS,
+    WrapperConstants,
+    WrapperSteps,
+    aliases_nothing,
+    extern_callable,
+)
 
 aten = torch.ops.aten
 
@@ -146,3 +165,146 @@ def test_seed_generators_seeds_per_test_and_base(monkeypatch: pytest.MonkeyPatch
     assert draw("tests/a.py::test_x") == first and draw("tests/a.py::test_y") != first
     monkeypatch.setenv("KILN_TEST_SEED", "1")
     assert draw("tests/a.py::test_x") != first
+
+
+class _Steps(WrapperSteps):
+    """A wrapper generator that writes one line per node kind (Note [A wrapper's walk over the
+    schedule])."""
+
+    def __init__(self, schedule: Scheduler) -> None:
+        self.schedule = schedule
+        self.lines: list[str] = []
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def extern(self, kernel: Any) -> None:
+        self.emit(f"extern {kernel.name}")
+
+    def alias_scatter(self, buffer: Scatter) -> None:
+        self.emit(f"{buffer.name} = {buffer.mutates}")
+
+    def allocate(self, buffer: Any) -> None:
+        self.emit(f"allocate {buffer.name}")
+
+    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+        self.emit(f"kernel {node.name} at {step}")
+
+
+def _schedule(fn: Any, inputs: list[Any], template_hook: Any = None) -> Scheduler:
+    from kiln_loopir.testing import trace
+
+    graph = GraphLowering(trace(fn), inputs).run()
+    return Scheduler(
+        graph.operations,
+        graph.name_to_buffer,
+        output_buffer_names(graph.outputs),
+        template_hook=template_hook,
+    )
+
+
+def test_wrapper_steps_walk_the_schedule_in_order() -> None:
+    """Every node once, in order, by its kind; after each step the buffers the plan frees then,
+    but never a graph output or a buffer whose memory another took over."""
+
+    def fn(x: Any, w: Any, v: Any) -> Any:
+        a = aten.mm.default(aten.sin.default(x), w)
+        b = aten.mm.default(aten.exp.default(a), v)
+        return aten.cos.default(b), aten.relu.default(a)
+
+    s = _schedule(fn, [torch.randn(8, 8), torch.randn(8, 4), torch.randn(4, 2)])
+    steps = _Steps(s)
+    steps.emit_steps()
+    n = s.nodes
+    assert [isinstance(node, ExternKernelSchedulerNode) for node in n] == [False, True, False, True, False]
+    sin, exp_relu = n[0].members()[0].name, n[2].members()[0].name  # sin(x), exp(a) (relu(a) fused)
+    assert steps.lines == [
+        f"kernel {n[0].name} at 0",
+        f"extern {n[1].name}",
+        f"del {sin}",  # read by the first GEMM only
+        f"kernel {n[2].name} at 2",
+        f"extern {n[3].name}",
+        f"del {exp_relu}",  # read by the second GEMM only; relu(a) is an output: kept
+        f"kernel {n[4].name} at 4",
+    ]
+
+    def chain(x: Any, w: Any) -> Any:
+        a = aten.mm.default(aten.sin.default(x), w)
+        return aten.cos.default(aten.mm.default(aten.exp.default(a), w))
+
+    s = _schedule(chain, [torch.randn(8, 8), torch.randn(8, 8)])
+    assert any(s.plan.free_after.values()) and all(v is not None for v in list(s.plan.allocate.values())[1:])
+    steps = _Steps(s)
+    steps.emit_steps()
+    assert not any(line.startswith("del") for line in steps.lines)  # each freed buffer is reused
+
+
+def test_wrapper_steps_bind_a_scatter_of_no_elements() -> None:
+    """Note [Scatters with no elements]: the no-op node still binds the scatter's name."""
+    s = _schedule(scatter_of_no_elements, [torch.randn(4, 6), torch.tensor([0, 2, 3])])
+    nops = [n for n in s.nodes if isinstance(n, NopKernelSchedulerNode)]
+    scatters = [n.node for n in nops if isinstance(n.node, Scatter)]
+    assert scatters, s.describe()
+    steps = _Steps(s)
+    steps.emit_steps()
+    for scatter in scatters:
+        at = steps.lines.index(f"# {scatter.name}: no elements")
+        assert steps.lines[at + 1] == f"{scatter.name} = {scatter.mutates}"
+
+
+def test_wrapper_steps_hand_template_nodes_to_the_generator() -> None:
+    def fn(x: Any, w: Any, b: Any) -> Any:
+        return aten.relu.default(aten.add.Tensor(aten.mm.default(aten.sin.default(x), w), b))
+
+    s = _schedule(fn, [torch.randn(8, 16), torch.randn(16, 4), torch.randn(4)], lambda e, k: True)
+    (template,) = [n for n in s.nodes if isinstance(n, TemplateSchedulerNode)]
+    with pytest.raises(NotImplementedError, match="_Steps makes no templates"):
+        _Steps(s).emit_steps()
+
+    class WithTemplates(_Steps):
+        def template(self, node: TemplateSchedulerNode, step: int) -> None:
+            self.emit(f"template {node.name} at {step}")
+
+    steps = WithTemplates(s)
+    steps.emit_steps()
+    assert f"template {template.name} at {s.nodes.index(template)}" in steps.lines
+
+
+def test_run_members_binds_a_scatters_name_before_running_it() -> None:
+    """A declined kernel's members run in order; a later member reads the scatter by its name."""
+
+    def fn(x: Any, rows: Any, v: Any) -> Any:
+        return aten.mul.Tensor(aten.index_put.default(aten.sin.default(x), [rows], v, True), 2)
+
+    from kiln_loopir.testing import trace
+
+    x, rows, v = torch.randn(4, 3), torch.tensor([0, 2, 2]), torch.randn(3, 3)
+    graph = GraphLowering(trace(fn), [x, rows, v]).run()
+    s = Scheduler(graph.operations, graph.name_to_buffer, output_buffer_names(graph.outputs), fusion=False)
+    storage = {
+        spec.name: t.reshape(-1).clone() for spec, t in zip(graph.graph_inputs, (x, rows, v), strict=True)
+    }
+    scatters = 0
+    for node in s.nodes:
+        members = node.members()
+        for m in members:
+            if not isinstance(m, Scatter):
+                storage[m.name] = torch.empty(int(m.layout.storage_size()), dtype=m.layout.dtype)
+        run_members(members, storage)
+        for m in members:
+            if isinstance(m, Scatter):
+                assert storage[m.name] is storage[m.mutates]
+                scatters += 1
+    assert scatters == 1
+    (out,) = s.output_names
+    torch.testing.assert_close(storage[out].view(4, 3), fn(x, rows, v))
+
+
+def test_aliases_nothing_reads_the_schema() -> None:
+    """What both wrappers ask of an extern op: its result is memory of its own, and views passed
+    to it are not seen after the call."""
+    assert aliases_nothing(aten.mm.default) and aliases_nothing(aten.convolution.default)
+    assert not aliases_nothing(aten.add_.Tensor)  # writes its first argument
+    assert not aliases_nothing(aten.view.default)  # returns its argument's memory
+    assert not aliases_nothing(aten.mm.out)  # writes out=
+    assert not aliases_nothing(torch.mm)  # no aten overload: may alias, as far as a wrapper knows

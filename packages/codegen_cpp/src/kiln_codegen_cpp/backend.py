@@ -31,7 +31,6 @@ from typing import Any
 
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.origins import kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, RowColumnHook, RowColumnSchedulerNode, Scheduler
 
@@ -148,9 +147,7 @@ class CppBackend(Backend):
     def _kernel(
         self, node: BaseSchedulerNode, step: int, schedule: Scheduler, dtypes: dict[str, Any]
     ) -> Kernel | None:
-        parts = node.get_nodes()
-        members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
-        reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
+        members, reads = node.members(), node.member_reads()
         internal = set(schedule.plan.internal.get(step, ()))
         # Note [A kernel's output in place of an input that dies in it] (kiln_loopir): the two
         # names of one memory lose ``__restrict__``

@@ -215,7 +215,7 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase
+from kiln_loopir.codegen_common import ALWAYS_BOOL, OpsHandlerBase, marked_store, unmark_stores
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
@@ -285,7 +285,6 @@ _PARTIAL_MERGE = {
     "{a}_mean_part[{s}][l], {a}_m2_part[{s}][l], {a}_w_part[{s}][l]);",
 }
 SPLIT_R_CHUNK = 32768
-STORE_MARK = "\x00store:"
 # a check of an indirect index or an integer divisor, spelled at render time (Note [Kernel errors])
 CHECK_MARK = "\x00check:"
 # a later r-phase reads these back from a row stash instead of recomputing them when the row
@@ -900,11 +899,11 @@ class KernelBuilder(OpsHandlerBase):
             self.accumulates.append(expr)
             total = self._cse(f"{load_expr(dtype, ref)} + {v}", dtype)
             total = self._as(CppValue(round_expr(dtype, total.expr), dtype), dtype)
-            self.lines.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, total.expr)};")
+            self.lines.append(marked_store(name, f"{ref} = {store_expr(dtype, total.expr)};"))
             return
         if mode is not None:
             raise CodegenUnsupported(f"store mode {mode}")
-        self.lines.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+        self.lines.append(marked_store(name, f"{ref} = {store_expr(dtype, v.expr)};"))
         self.scopes[-1][2][(name, str(expr))] = v
 
     def store_reduction(self, name: str, index: Any, value: Any) -> None:
@@ -920,9 +919,9 @@ class KernelBuilder(OpsHandlerBase):
         ref = f"{self._param(name)}[{index_to_cpp(expr)}]"
         self.stored.add(name)
         if self.column_member:  # Note [Column sums in a row kernel]: stored after the row loop
-            self.colstores.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+            self.colstores.append(marked_store(name, f"{ref} = {store_expr(dtype, v.expr)};"))
             return
-        self.phase.post.append(f"{STORE_MARK}{name}\x00{ref} = {store_expr(dtype, v.expr)};")
+        self.phase.post.append(marked_store(name, f"{ref} = {store_expr(dtype, v.expr)};"))
         self.xforward[(name, str(expr))] = v
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> CppValue:
@@ -1262,17 +1261,10 @@ class KernelBuilder(OpsHandlerBase):
 
     def _render(self, sections: list[XSection | RPhase]) -> Kernel:
         self.lanes = self._lanes(sections)
-        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
-
-        def keep(line: str) -> str | None:
-            if line.startswith(STORE_MARK):
-                name, _, rest = line[len(STORE_MARK) :].partition("\x00")
-                return None if name in elided else rest
-            return line
+        elided, scratch = self._internal_stores()  # Note [Stores of kernel-internal buffers]
 
         def clean(lines: list[str]) -> list[str]:
-            return [k for k in (keep(line) for line in lines) if k is not None]
+            return unmark_stores(lines, elided)
 
         used = set()
         for section in [*sections, XSection(self.colstores)]:

@@ -91,7 +91,7 @@ import torch
 
 from kiln_loopir.graph import GraphLowering, free_layout_outputs
 from kiln_loopir.indexing import contiguous_strides
-from kiln_loopir.interpret import run_computed
+from kiln_loopir.interpret import run_members
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -104,11 +104,11 @@ from kiln_loopir.ir import (
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
     ExternKernelSchedulerNode,
-    NopKernelSchedulerNode,
     Scheduler,
 )
 from kiln_loopir.wrapper_support import (
-    WrapperConstants,
+    WrapperSteps,
+    aliases_nothing,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -249,16 +249,6 @@ def _int_spec(
     return tuple(int(e) for e in spec[0]), tuple(int(e) for e in spec[1]), spec[2]
 
 
-def _may_alias(op: Any) -> bool:
-    """Whether an extern op may return a view of (or write into) one of its arguments."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return True
-    return any(r.alias_info is not None for r in schema.returns) or any(
-        a.alias_info is not None for a in schema.arguments
-    )
-
-
 class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
     """An integer division or modulo by zero in a kernel.
 
@@ -267,7 +257,7 @@ class KernelZeroDivisionError(ZeroDivisionError, RuntimeError):
     """
 
 
-class WrapperCodegen(WrapperConstants):
+class WrapperCodegen(WrapperSteps):
     """Builds the wrapper source and its namespace for one schedule."""
 
     def __init__(
@@ -467,7 +457,7 @@ class WrapperCodegen(WrapperConstants):
         for node in schedule.nodes:
             if isinstance(node, ExternKernelSchedulerNode):
                 extern = node.node
-                if _may_alias(extern.op):
+                if not aliases_nothing(extern.op):
                     banned |= _buffer_names((extern.args, extern.kwargs))
                 if extern.op in OUT_VARIANTS and len(extern.outputs) == 1:
                     out = extern.outputs[0]
@@ -510,7 +500,7 @@ class WrapperCodegen(WrapperConstants):
     # --------------------------------------------------------------------------------- body
 
     def generate(self) -> tuple[str, dict[str, Any]]:
-        graph, plan = self.graph, self.schedule.plan
+        graph = self.graph
         params = []
         for i, spec in enumerate(graph.graph_inputs):
             params.append(spec.name if spec is not None else f"_unused{i}")
@@ -549,23 +539,9 @@ class WrapperCodegen(WrapperConstants):
             self.namespace[name] = value
             if name in self.pointers:
                 self.namespace[f"p_{name}"] = value.data_ptr() - int(layout.offset) * layout.dtype.itemsize
-        reused_sources = {v for v in plan.allocate.values() if v is not None}
         if self.buffers_as_viewed:
             self.viewed_as = self._viewed_as()
-        for step, node in enumerate(self.schedule.nodes):
-            if isinstance(node, ExternKernelSchedulerNode):
-                self.extern(node.node)
-            elif isinstance(node, NopKernelSchedulerNode):
-                self.emit(f"# {node.name}: no elements")
-                if isinstance(node.node, Scatter):  # Note [Scatters with no elements]
-                    self.alias_scatter(node.node)
-                elif node.node.name in plan.allocate:
-                    self.allocate(node.node)
-            else:
-                self.kernel(node, step, reused_sources)
-            for name in plan.free_after.get(step, ()):
-                if name not in reused_sources and name not in self.schedule.output_names:
-                    self.emit(f"del {name}")
+        self.emit_steps()  # Note [A wrapper's walk over the schedule] (kiln_loopir.wrapper_support)
         self.returning = True
         self.emit(f"return {self._outputs(graph.outputs)}")
         body = self.lines
@@ -689,10 +665,10 @@ class WrapperCodegen(WrapperConstants):
             self.shapes[buffer.name] = self.shapes[buffer.mutates]
         self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
 
-    def kernel(self, node: BaseSchedulerNode, step: int, reused_sources: set[str]) -> None:
+    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
         plan = self.schedule.plan
         compiled = self.kernels.get(node.name)
-        members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        members = node.members()
         scratch = set(compiled.scratch) if compiled is not None else {m.name for m in members}
         temporaries = []
         for buffer in members:
@@ -806,10 +782,7 @@ def _buffer_names(value: Any) -> set[str]:
 
 def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
     def run(storage: dict[str, torch.Tensor]) -> None:
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                storage[buffer.name] = storage[buffer.mutates]
-            run_computed(buffer, storage)
+        run_members(members, storage)
 
     return run
 

@@ -55,7 +55,7 @@ import torch
 
 from kiln_loopir import Backend, BuildReport
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.ir import ComputedBuffer, ExternKernel, Scatter
+from kiln_loopir.ir import ExternKernel, Scatter
 from kiln_loopir.origins import KIND, kernel_name
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
@@ -234,9 +234,7 @@ class TritonBackend(Backend):
             return False
         try:
             problem = self._problem(kernel_op)
-            members = [
-                b for m in kernel.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)
-            ]
+            members = kernel.members()
             if kernel.is_reduction() or len(members) != len(kernel.get_nodes()):
                 raise TemplateUnsupported(f"{kernel.name} is not a pointwise kernel")
             if any(isinstance(m, Scatter) for m in members):
@@ -294,12 +292,8 @@ class TritonBackend(Backend):
         epilogue = group.specs[0]
         try:
             problem = problem_of(node.extern.node)
-            members = [
-                b
-                for m in node.epilogue.get_nodes()
-                if isinstance(b := getattr(m, "node", None), ComputedBuffer)
-            ]
-            reads = [m.read_names() for m in node.epilogue.get_nodes()]
+            # the epilogue's nodes are all kernel members (template_epilogue refused it otherwise)
+            members, reads = node.epilogue.members(), node.epilogue.member_reads()
             name = epilogue.name.replace("triton_poi_", f"triton_tem_{problem.op}_", 1)
             return build_template(name, problem, members, reads, dtypes, internal, index_dtype=index_dtype)
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
@@ -487,9 +481,7 @@ class TritonBackend(Backend):
         dtypes: dict[str, Any],
         index_dtype: str,
     ) -> KernelGroup | None:
-        parts = node.get_nodes()
-        members = [b for m in parts if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
-        reads = [m.read_names() for m in parts if isinstance(getattr(m, "node", None), ComputedBuffer)]
+        members, reads = node.members(), node.member_reads()
         internal = set(schedule.plan.internal.get(step, ()))
         name = kernel_name(f"triton_{KIND}", members, step)
         options: dict[str, Any] = {

@@ -59,7 +59,7 @@ import functools
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,11 +67,18 @@ import sympy
 import torch
 
 from kiln_loopir import sizevars
-from kiln_loopir.codegen_common import ALWAYS_BOOL, FloatOp, OpsHandlerBase, unflatten
+from kiln_loopir.codegen_common import (
+    ALWAYS_BOOL,
+    FloatOp,
+    OpsHandlerBase,
+    marked_store,
+    unflatten,
+    unmark_stores,
+)
 from kiln_loopir.codegen_common import real_reduction as _real_reduction
 from kiln_loopir.codegen_common import same_size as _same
 from kiln_loopir.codegen_common import size_of as _size
-from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, simplify_index
+from kiln_loopir.indexing import FloorDiv, ModularIndexing, bound, simplify_index, simplify_rewritten
 from kiln_loopir.ir import ComputedBuffer, Scatter
 from kiln_loopir.origins import KIND, source_comment
 from kiln_loopir.virtualized import set_ops_handler
@@ -97,7 +104,6 @@ XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 AXIS_OF = {XINDEX: "x", YINDEX: "y", RINDEX: "r"}
-STORE_MARK = "\x00store:"
 # Note [When to tile]: below this many elements along either tile axis a 2-D tile wastes lanes
 MIN_TILE = 16
 # torch.compile's kind prefixes, filled into a name's KIND field (kiln_loopir.kernel_name)
@@ -226,7 +232,7 @@ def _nonnegative(term: sympy.Expr) -> bool:
     )
 
 
-def _split_divisions(expr: sympy.Expr, ranges: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+def _split_divisions(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
     """``(g*q + r) // d -> q // (d/g)`` (and the same digit of it) when ``0 <= r < g``, ``g | d``."""
 
     def split(base: sympy.Expr, d: int) -> tuple[sympy.Expr, int] | None:
@@ -287,18 +293,13 @@ def _simplify(
     ``xindex + XN*yindex`` with ``xindex < XN``; digits of it (``(xindex + XN*yindex) // XN``)
     must reduce to digits of ``yindex`` alone, or no access looks contiguous along ``yindex`` and
     every index pays for divisions it does not need. loopir's simplifier does not split a sum
-    under a division by the ranges of its terms; this does, to a fixed point. (A candidate to
-    move into ``kiln_loopir.indexing``.)
+    under a division by the ranges of its terms; this does, to a fixed point. (loopir's
+    ``drop_low_terms`` applies the same identity under a narrower precondition: Note [Two
+    rewrites of low terms under a division] in kiln_loopir's indexing.py.)
     """
     del sizes  # the key only: simplify_index reads them from sizevars.current()
     within = dict(ranges)
-    expr = simplify_index(expr, within)
-    for _ in range(4):
-        new = simplify_index(_split_divisions(expr, within), within)
-        if new == expr:
-            break
-        expr = new
-    return expr
+    return simplify_rewritten(_split_divisions, simplify_index(expr, within), within)
 
 
 # Note [Index texts are memoized]: a load or store is looked up by its buffer and index text
@@ -578,7 +579,7 @@ class _Generator(OpsHandlerBase):
             return
         if mode is not None:
             raise CodegenUnsupported(f"store mode {mode}")
-        self._emit(f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})")
+        self._emit(marked_store(name, f"tl.store({ptr}, {store_expr(dtype, v.expr)}, {mask})"))
         self.scopes[-1][2][(name, _text(expr))] = v
 
     def store_reduction(self, name: str, index: Any, value: Any) -> None:
@@ -597,7 +598,7 @@ class _Generator(OpsHandlerBase):
         ctx = frozenset({"x"})
         ptr = self._pointer(name, expr, axes, ctx)
         self.stored.add(name)
-        line = f"{STORE_MARK}{name}\x00tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)"
+        line = marked_store(name, f"tl.store({ptr}, {store_expr(dtype, v.expr)}, xmask)")
         (self.sections[-1].post if self.looped else self.lines).append(line)
         self.xforward[(name, _text(expr))] = v
 
@@ -835,19 +836,10 @@ class _Generator(OpsHandlerBase):
     # ------------------------------------------------------------------------------ render
 
     def _render(self) -> KernelSpec:
-        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        elided, scratch = self._internal_stores()  # Note [Stores of kernel-internal buffers]
 
         def clean(lines: list[str]) -> list[str]:
-            out = []
-            for line in lines:
-                if line.startswith(STORE_MARK):
-                    name, _, rest = line[len(STORE_MARK) :].partition("\x00")
-                    if name not in elided:
-                        out.append(rest)
-                else:
-                    out.append(line)
-            return out
+            return unmark_stores(lines, elided)
 
         body: list[str] = []
         for section in self.sections:

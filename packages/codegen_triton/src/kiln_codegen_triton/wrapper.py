@@ -127,7 +127,7 @@ import sympy
 import torch
 
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.interpret import run_computed
+from kiln_loopir.interpret import run_members
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -139,13 +139,12 @@ from kiln_loopir.ir import (
 )
 from kiln_loopir.scheduler import (
     BaseSchedulerNode,
-    ExternKernelSchedulerNode,
-    NopKernelSchedulerNode,
     Scheduler,
     TemplateSchedulerNode,
 )
 from kiln_loopir.wrapper_support import (
-    WrapperConstants,
+    WrapperSteps,
+    aliases_nothing,
     dense_shape,
     extern_callable,
     grad_mode_below_autograd,
@@ -170,10 +169,7 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
 
     def run(storage: dict[str, torch.Tensor]) -> None:
         local = {k: v.cpu() for k, v in storage.items()}
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                local[buffer.name] = local[buffer.mutates]
-            run_computed(buffer, local)
+        run_members(members, local)
         for k, v in storage.items():
             if v.data_ptr() != local[k].data_ptr():
                 v.copy_(local[k])
@@ -192,7 +188,7 @@ def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Ten
 LAID_OUT_INPUTS = "laid_out_inputs"
 
 
-class WrapperCodegen(WrapperConstants):
+class WrapperCodegen(WrapperSteps):
     """Builds the wrapper source and its namespace for one schedule."""
 
     def __init__(
@@ -435,7 +431,7 @@ class WrapperCodegen(WrapperConstants):
     # --------------------------------------------------------------------------------- body
 
     def generate(self) -> str:
-        graph, plan = self.graph, self.schedule.plan
+        graph = self.graph
         params = [
             spec.name if spec is not None else f"_unused{i}" for i, spec in enumerate(graph.graph_inputs)
         ]
@@ -491,23 +487,7 @@ class WrapperCodegen(WrapperConstants):
             self.namespace[f"{name}_flat"] = on_device.as_strided((int(layout.storage_size()),), (1,), 0)
             if self.pointers:
                 self.namespace[f"{name}_p"] = on_device.data_ptr()
-        reused_sources = {v for v in plan.allocate.values() if v is not None}
-        for step, node in enumerate(self.schedule.nodes):
-            if isinstance(node, ExternKernelSchedulerNode):
-                self.extern(node.node)
-            elif isinstance(node, TemplateSchedulerNode):
-                self.template(node, step)
-            elif isinstance(node, NopKernelSchedulerNode):
-                self.emit(f"# {node.name}: no elements")
-                if isinstance(node.node, Scatter):  # Note [Scatters with no elements] (codegen_cpp)
-                    self.alias_scatter(node.node)
-                elif node.node.name in plan.allocate:
-                    self.allocate(node.node)
-            else:
-                self.kernel(node, step)
-            for name in plan.free_after.get(step, ()):
-                if name not in reused_sources and name not in self.schedule.output_names:
-                    self.emit(f"del {name}")
+        self.emit_steps()  # Note [A wrapper's walk over the schedule] (kiln_loopir.wrapper_support)
         self.emit(f"return {self.view(graph.outputs)}")
         self.lines[derived_at:derived_at] = [f"{var} = {text}" for text, var in self.derived.items()]
         body = self.lines
@@ -525,7 +505,7 @@ class WrapperCodegen(WrapperConstants):
         op = f"_op_{kernel.name}"
         self.namespace[op] = extern_callable(kernel.op)  # Note [Extern calls through torch's Python bindings]
         aten = isinstance(kernel.op, torch._ops.OpOverload)
-        transient = self.fast and _aliases_nothing(kernel.op)
+        transient = self.fast and aliases_nothing(kernel.op)
         args = [self.extern_arg(a, aten, transient) for a in kernel.args]
         kwargs = dict(kernel.kwargs)
         if "device" in kwargs:
@@ -657,7 +637,7 @@ class WrapperCodegen(WrapperConstants):
 
     def kernel(self, node: BaseSchedulerNode, step: int) -> None:
         group = self.groups.get(node.name)
-        members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        members = node.members()
         scratch = set(group.scratch) if group is not None else {m.name for m in members}
         temporaries = []
         for buffer in members:
@@ -859,15 +839,6 @@ def _direct_functions(device: torch.device) -> tuple[Callable[..., Any], Callabl
     if alloc is None or reinterpret is None:
         return None
     return alloc, reinterpret
-
-
-def _aliases_nothing(op: Any) -> bool:
-    """Whether the aten op writes none of its arguments and returns none of them (its schema has
-    no alias annotation): a view passed to it is not seen after the call."""
-    schema = getattr(op, "_schema", None)
-    if not isinstance(op, torch._ops.OpOverload) or schema is None:
-        return False
-    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
 
 
 def _tuple(items: list[str]) -> str:

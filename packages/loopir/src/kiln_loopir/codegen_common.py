@@ -16,7 +16,9 @@ do not depend on the language live here, so that a backend fills in tables and h
   :func:`real_reduction`, :func:`unflatten`) and the parts of their ``ops`` handlers that print
   nothing of their own (:class:`OpsHandlerBase`: the state every builder sets up, constants as
   values, operand promotion, the trivial reduction, fresh variable names, parameters, the lookup
-  of common subexpressions and forwarded stores through the scopes).
+  of common subexpressions and forwarded stores through the scopes);
+* which stores of kernel-internal buffers a kernel keeps (Note [Stores of kernel-internal
+  buffers]: :func:`marked_store`, :func:`unmark_stores`, ``OpsHandlerBase._internal_stores``).
 
 Note [Shared code generation parts]: what moves here is what the C++ and Triton generators held
 twice with the same logic; the generators import it from here (``cpp_ops.HALF`` and
@@ -24,9 +26,12 @@ twice with the same logic; the generators import it from here (``cpp_ops.HALF`` 
 what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
-the wrappers' skeletons, whose calls, allocation and launch code differ: only the names both
-wrappers' sources use are shared, ``wrapper_support.wrapper_namespace``; the spelling tables and
-launch heuristics, which are each language's own).
+the wrappers' input checks, calls, allocation and launch code, which differ: the wrappers share
+the names their sources use, ``wrapper_support.wrapper_namespace``, and the walk over the
+schedule, ``wrapper_support.WrapperSteps``; the spelling tables and launch heuristics, which are
+each language's own). A scheduler node's kernel members and what each reads are
+``BaseSchedulerNode.members()`` / ``member_reads()``; a declined kernel's members run through
+``interpret.run_members``.
 """
 
 from __future__ import annotations
@@ -312,6 +317,39 @@ def unflatten(flat: sympy.Expr, sizes: Sequence[Any]) -> list[sympy.Expr]:
 
 
 # -------------------------------------------------------------------------------------------
+# stores of kernel-internal buffers
+
+# Note [Stores of kernel-internal buffers]: a kernel stores every buffer its members compute, but a
+# buffer internal to the kernel (the buffer plan says nothing after it reads it) needs memory only
+# if the kernel loads it back from memory (a load the store forwards to reads the stored value
+# instead and is not counted in ``loaded``). Which loads go to memory is known only once every
+# member's body has run, so a kernel builder emits each store as a line marked with its buffer
+# (:func:`marked_store`), and when it renders, :meth:`OpsHandlerBase._internal_stores` says which
+# internal buffers' stores are dropped and which are scratch memory the wrapper allocates, and
+# :func:`unmark_stores` drops or unmarks each store line.
+STORE_MARK = "\x00store:"
+
+
+def marked_store(name: str, line: str) -> str:
+    """``line``, a store of buffer ``name``, marked for :func:`unmark_stores`."""
+    return f"{STORE_MARK}{name}\x00{line}"
+
+
+def unmark_stores(lines: Sequence[str], elided: Set[str]) -> list[str]:
+    """``lines`` as they are rendered: a store of an ``elided`` buffer left out, every other marked
+    store unmarked (:func:`marked_store`), any other line as it is."""
+    out = []
+    for line in lines:
+        if not line.startswith(STORE_MARK):
+            out.append(line)
+            continue
+        name, _, store = line[len(STORE_MARK) :].partition("\x00")
+        if name not in elided:
+            out.append(store)
+    return out
+
+
+# -------------------------------------------------------------------------------------------
 # the ops handler's skeleton
 
 
@@ -386,6 +424,13 @@ class OpsHandlerBase:
             if hit is not None:
                 return hit
         return None
+
+    def _internal_stores(self) -> tuple[set[str], list[str]]:
+        """(the internal buffers whose stores are dropped, those stored as scratch memory): Note
+        [Stores of kernel-internal buffers]."""
+        elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
+        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        return elided, scratch
 
     def _param(self, name: str) -> str:
         if name not in self.param_order:

@@ -37,7 +37,7 @@ not a digit: it may be a coefficient of a digit, and it may be a view's stride
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from typing import TypeAlias
 
@@ -340,17 +340,38 @@ def drop_low_terms(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
     return visit(sympy.expand(expr)) if expr.has(FloorDiv, ModularIndexing) else expr
 
 
-def simplify_reordered(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
-    """``simplify_index`` after ``drop_low_terms``, to a fixed point (a few rounds at most):
-    splitting a digit can leave a term (``FloorDiv(x0, 128)`` with ``x0 < 128``) that another
-    round removes. For positions re-expressed in another loop order (Note [Pointwise producers
-    in a column reduction's order])."""
-    for _ in range(4):
-        done = simplify_index(drop_low_terms(expr, ranges), ranges)
+def simplify_rewritten(
+    rewrite: Callable[[Expr, Mapping[sympy.Symbol, Expr]], Expr],
+    expr: Expr,
+    ranges: Mapping[sympy.Symbol, Expr],
+    rounds: int = 4,
+) -> Expr:
+    """``simplify_index`` after ``rewrite``, to a fixed point (``rounds`` at most): a rewrite that
+    splits a digit can leave a term (``FloorDiv(x0, 128)`` with ``x0 < 128``) that another round
+    removes. Shared by :func:`simplify_reordered` and the Triton generator's block indices (Note
+    [Two rewrites of low terms under a division])."""
+    for _ in range(rounds):
+        done = simplify_index(rewrite(expr, ranges), ranges)
         if done == expr:
             break
         expr = done
     return expr
+
+
+# Note [Two rewrites of low terms under a division]: :func:`drop_low_terms` and the Triton
+# generator's ``_split_divisions`` (Note [Splitting divisions of block indices] in its kernel.py)
+# apply one identity, ``(g*q + r) // (g*k) == q // k`` for integers with ``0 <= r < g``, under
+# preconditions that differ: ``drop_low_terms`` refuses a sum with any negative coefficient,
+# where the identity holds for a ``q`` of either sign and only ``r`` must be non-negative, which
+# ``_split_divisions`` checks term by term. One function would change the indices one of the
+# two generators prints wherever they differ (a flipped dim beside a digit split), so they stay
+# two until that change is made and checked on its own; the fixed-point loop around both is
+# :func:`simplify_rewritten`.
+def simplify_reordered(expr: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:
+    """``simplify_index`` after ``drop_low_terms``, to a fixed point (:func:`simplify_rewritten`),
+    for positions re-expressed in another loop order (Note [Pointwise producers in a column
+    reduction's order])."""
+    return simplify_rewritten(drop_low_terms, expr, ranges)
 
 
 def _drop_low_symbolic(node: Expr, ranges: Mapping[sympy.Symbol, Expr]) -> Expr:

@@ -220,6 +220,17 @@ def run_computed(buffer: ComputedBuffer, storage: dict[str, Value]) -> None:
         buffer.body()(xs, rs)
 
 
+def run_members(members: Sequence[ComputedBuffer], storage: dict[str, Value]) -> None:
+    """Run a kernel's members in order over ``storage`` (flat storages by buffer name): how a
+    code generator's wrapper runs a kernel it declined. A scatter's name is first bound to the
+    buffer it writes into (Scatter's docstring), since later members read the scattered result
+    by the scatter's name."""
+    for buffer in members:
+        if isinstance(buffer, Scatter):
+            storage[buffer.name] = storage[buffer.mutates]
+        run_computed(buffer, storage)
+
+
 def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The 1-D storage a tensor with ``layout`` lives in (from storage offset 0)."""
     return t.as_strided((int(layout.storage_size()),), (1,), 0)
@@ -246,11 +257,10 @@ class InterpretBackend(Backend):
     inplace_buffers = True  # each member's loads are evaluated before its store
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
-        members = [b for m in node.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+        members = node.members()
 
         def kernel(storage: dict[str, Value]) -> None:
-            for buffer in members:
-                run_computed(buffer, storage)
+            run_members(members, storage)  # a scatter's name is bound already: bound again
 
         return kernel
 

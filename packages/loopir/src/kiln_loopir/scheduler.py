@@ -191,6 +191,17 @@ class BaseSchedulerNode:
             self._writes = frozenset(d.name for d in self.writes)
         return self._writes
 
+    def members(self) -> list[ComputedBuffer]:
+        """The buffers this node's kernel computes, in the order it runs them (an extern call's
+        node has none): what every code generator builds a kernel from."""
+        return [b for m in self.get_nodes() if isinstance(b := getattr(m, "node", None), ComputedBuffer)]
+
+    def member_reads(self) -> list[frozenset[str]]:
+        """What each of :meth:`members` reads, in the same order."""
+        return [
+            m.read_names() for m in self.get_nodes() if isinstance(getattr(m, "node", None), ComputedBuffer)
+        ]
+
     def is_kernel(self) -> bool:
         return False
 

@@ -3,7 +3,9 @@
 Every backend's suite sweeps PyTorch's OpInfo database through its lowerings, so the recorder
 lives here, one floor below the backends, rather than in each package's tests.
 
-An OpInfo sample becomes an aten-level FX graph by recording the aten calls it makes.
+An OpInfo sample becomes an aten-level FX graph by recording the aten calls it makes
+(:func:`record`; :func:`recorded_samples` gives the first few of an op's samples so, the second
+non-contiguous, as every sweep takes them; :func:`lowered_op_infos` the OpInfos a sweep runs).
 
 The torch-level op is run under a dispatch mode that records each aten overload call with its
 arguments; the calls become ``call_function`` nodes in order, tensors produced by earlier calls
@@ -32,7 +34,7 @@ import operator
 import os
 import random
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,6 +140,24 @@ def record(
         raise NotRecordable("no aten calls")
     graph.output(tree_map(to_node, result) if not isinstance(result, torch.Tensor) else to_node(result))
     return torch.fx.GraphModule(torch.nn.Module(), graph), inputs
+
+
+def recorded_samples(
+    op: Any, dtype: torch.dtype, count: int, skip: tuple[type[Exception], ...] = (NotRecordable,)
+) -> Iterator[tuple[int, Any, torch.fx.GraphModule, list[torch.Tensor]]]:
+    """``(index, sample, graph, inputs)`` of the first ``count`` CPU samples of OpInfo ``op`` at
+    ``dtype``, each recorded as an aten graph (:func:`record`); the second one (index 1) is made
+    non-contiguous. A sample whose recording raises one of ``skip`` is passed over (it still
+    counts); an error of the sample generator itself propagates."""
+    for i, original in enumerate(op.sample_inputs("cpu", dtype, requires_grad=False)):
+        if i >= count:
+            break
+        sample = original.noncontiguous() if i == 1 else original
+        try:
+            gm, inputs = record(op.op, [sample.input, *sample.args], dict(sample.kwargs))
+        except skip:
+            continue
+        yield i, sample, gm, inputs
 
 
 # ------------------------------------------------------------------ hand-written test graphs

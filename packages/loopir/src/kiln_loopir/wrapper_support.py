@@ -11,7 +11,9 @@ another shape than planned (a meta kernel that disagrees with the device's) rais
 ``OPAQUE_ARGS`` name the extern results no layout describes (Note [Opaque extern results]).
 ``extern_callable`` is what a wrapper binds for an extern op (Note [Extern calls through torch's
 Python bindings]). ``WrapperConstants`` is the part of a wrapper generator that puts a
-compile-time value into the generated source or, when it has no literal, into the namespace.
+compile-time value into the generated source or, when it has no literal, into the namespace;
+``WrapperSteps`` adds the walk over the schedule every wrapper's body is (Note [A wrapper's walk
+over the schedule]).
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from kiln_symbolic import FloorDiv as ShapeFloorDiv
 from kiln_symbolic import expr_of, hint_of, pexpr
 
 from .indexing import FloorDiv, ModularIndexing
+from .ir import Buffer, ExternKernel, Scatter
 from .layout import Layout
+from .scheduler import (
+    BaseSchedulerNode,
+    ExternKernelSchedulerNode,
+    NopKernelSchedulerNode,
+    Scheduler,
+    TemplateSchedulerNode,
+)
 
 # Note [Opaque extern results]: some aten ops return a buffer whose size only their kernel knows
 # and that only another aten op reads: ``mkldnn_rnn_layer``'s workspace (oneDNN's, for
@@ -436,6 +446,18 @@ def extern_callable(op: Any) -> Any:
     return getattr(torch._C._VariableFunctions, name, op)
 
 
+def aliases_nothing(op: Any) -> bool:
+    """Whether the extern op, an aten operator, writes none of its arguments and returns none of
+    them (no alias annotation in its schema); anything else may alias, as far as a wrapper
+    knows: a view passed to such an op is not seen after the call (Note [Allocations and views
+    without torch's Python layer] in codegen_triton's wrapper.py), and its result is memory of
+    its own (Note [Scratch buffers that persist] in codegen_cpp's wrapper.py)."""
+    schema = getattr(op, "_schema", None)
+    if not isinstance(op, torch._ops.OpOverload) or schema is None:
+        return False
+    return all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+
+
 # Note [The names every wrapper uses]: both code generators' wrappers are Python source run
 # in a namespace of their own. The names the two spell the same way (the helpers above, the
 # error a failed check raises, torch's allocations) come from here, so a third backend's wrapper
@@ -475,3 +497,61 @@ class WrapperConstants:
         self.consts += 1
         self.namespace[name] = value
         return name
+
+
+# Note [A wrapper's walk over the schedule]: every wrapper generator emits the schedule's nodes in
+# order the same way, and what it must keep is the same in each: an extern node is a call, a
+# template node is the generator's (only one that wants templates gets them, Backend's
+# ``wants_templates``), a no-op node (no elements) still binds its buffer (a scatter's name to
+# the buffer it writes into, Note [Scatters with no elements] in codegen_cpp's wrapper.py; an
+# allocation another node reads), a kernel node is the generator's own; after each step the
+# buffers the plan frees then are deleted, unless another buffer took their memory over (it
+# lives on under the other name) or they are graph outputs. Both generators held this loop, and
+# a fix to one (the scatter of no elements) had to be made in both; it is written once here, and
+# a generator says only how it emits each kind of node.
+class WrapperSteps(WrapperConstants):
+    """The walk over the schedule a wrapper generator's ``call`` body is made of (Note [A
+    wrapper's walk over the schedule]). A subclass keeps ``schedule`` and implements ``emit``
+    (a line of the body), ``extern``, ``alias_scatter``, ``allocate``, ``kernel`` and, if its
+    backend wants templates, ``template``."""
+
+    schedule: Scheduler
+
+    def emit(self, line: str) -> None:
+        raise NotImplementedError
+
+    def extern(self, kernel: ExternKernel) -> None:
+        raise NotImplementedError
+
+    def alias_scatter(self, buffer: Scatter) -> None:
+        raise NotImplementedError
+
+    def allocate(self, buffer: Buffer) -> None:
+        raise NotImplementedError
+
+    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+        raise NotImplementedError
+
+    def template(self, node: TemplateSchedulerNode, step: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} makes no templates")
+
+    def emit_steps(self) -> None:
+        """Emit every node of the schedule, in order, each followed by the frees after it."""
+        plan = self.schedule.plan
+        reused_sources = {v for v in plan.allocate.values() if v is not None}
+        for step, node in enumerate(self.schedule.nodes):
+            if isinstance(node, ExternKernelSchedulerNode):
+                self.extern(node.node)
+            elif isinstance(node, TemplateSchedulerNode):  # Note [Matmul templates]
+                self.template(node, step)
+            elif isinstance(node, NopKernelSchedulerNode):
+                self.emit(f"# {node.name}: no elements")
+                if isinstance(node.node, Scatter):  # Note [Scatters with no elements]
+                    self.alias_scatter(node.node)
+                elif node.node.name in plan.allocate:
+                    self.allocate(node.node)
+            else:
+                self.kernel(node, step)
+            for name in plan.free_after.get(step, ()):
+                if name not in reused_sources and name not in self.schedule.output_names:
+                    self.emit(f"del {name}")
