@@ -104,6 +104,9 @@ class OutputInfo:
     # generator returns in another layout is copied into this one before the view is laid over
     # it (Note [Bases returned in another layout])
     base_stride: tuple[int, ...] | None = None
+    # "graph_view" / "output_view" that eager took in grad mode through a view taken under
+    # no_grad: its base is viewed under no_grad first (Note [Views of a view taken under no_grad])
+    grad_stops: bool = False
     base_stride_of: Callable[[Any], tuple[int, ...]] | None = None
     base_offset: int | None = None
 
@@ -193,6 +196,21 @@ def _reaches_a_leaf(t: torch.Tensor, leaf_ids: set[int]) -> bool:
             return True
         stack.extend(nxt for nxt, _ in fn.next_functions)
     return False
+
+
+def _grad_goes_nowhere(t: torch.Tensor) -> bool:
+    """Whether no gradient of `t` reaches any tensor: every path of its autograd graph ends in
+    a missing edge (a view taken under no_grad has none) before any leaf."""
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if getattr(fn, "variable", None) is not None:
+            return False
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return True
 
 
 def _grad_reaches(t: torch.Tensor, base: torch.Tensor) -> bool:
@@ -338,6 +356,30 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
 # no output]), taken as eager took it (under no_grad, or of the output detached); an output holds
 # the view where it is the intermediate itself or all of it rearranged (`view`, `permute`, ...),
 # or (static sizes) where the view's storage positions are among its own.
+#
+# Note [Views of intermediates taken under no_grad]: a view taken under `torch.no_grad()` of an
+# intermediate that requires grad requires grad and has no grad_fn. Unless another output holds
+# it, it was a graph output of its own, and the backward trace refused it ("element 0 of tensors
+# does not require grad and does not have a grad_fn": `with torch.no_grad(): a = t.permute(1,
+# 0); b = a[1:3]` / `return b, a`, or `return a` alone, ran eagerly). It is laid over the
+# intermediate as a hidden graph output ("graph_view") under no_grad, as eager took it, and so is
+# a view eager detached (`t.detach().permute(1, 0)` returned with a view of it: the view of it,
+# a graph output the code generator returned as a view of the hidden intermediate's buffer,
+# came back requiring grad through that base).
+#
+# Note [Views of a view taken under no_grad]: a view taken in grad mode of such a view (`b =
+# a[1:3]` after the block) requires grad and has a grad_fn, but its gradient goes nowhere: the
+# no_grad view gives it no edge. As a graph output of its own it was a copy when the base came
+# back padded (Note [Bases returned in another layout]), and writing it no longer showed in `a`
+# (test_alias_fuzz.py seed 22364's program with `t9[1:3]` under --pad-mm). It is laid over the
+# same base as the other views of the intermediate (`grad_stops`): the runtime views the base
+# whole under no_grad, then takes the view in grad mode, so it has eager's autograd state.
+#
+# Note [Detached aliases as roots]: `t.detach()` shares `t`'s node and alias chain (tracer.py),
+# so a returned detached alias holds every element of the intermediate as `t` itself would; it
+# stands as the root among the outputs where `t` is not returned (`d = t.detach(); return d[1:3],
+# d`: the view was laid over the hidden intermediate, and `d`, a second graph output over its
+# buffer, came back requiring grad).
 _aten = torch.ops.aten
 # view operators whose result holds every element of their input
 _WHOLE_VIEWS = frozenset(
@@ -523,10 +565,14 @@ def trace(
     # return a graph output that is a view as a copy of its elements (an extern view op whose
     # offset it did not plan), and the intermediate rebuilt over such a copy read out of its
     # bounds; the run-time fallback then ran the program again over inputs already written.
+    # A detached alias of the intermediate (`t.detach()`, no view step) holds all of it too, and
+    # serves where the intermediate itself is not returned (Note [Detached aliases as roots]).
     root_output: dict[int, int] = {}
-    for k, t in enumerate(flat_out):
-        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
-            root_output.setdefault(id(t), k)
+    for exact in (True, False):
+        for k, t in enumerate(flat_out):
+            rid = tracer.root_of(t) if isinstance(t, torch.Tensor) else None
+            if rid is not None and not tracer.chain_of(t) and (rid == id(t)) == exact:
+                root_output.setdefault(rid, k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     # Note [Views sharing an intermediate that is no output]: outputs that view one intermediate
     # the program does not return (`t2 = t1[:, 3]; return t2.view_as(t2), t2`) were rebuilt as
@@ -717,6 +763,17 @@ def trace(
             and isinstance(t._base, torch.Tensor)
             and t._base.requires_grad
         )
+        # Note [Views of a view taken under no_grad]
+        stops = bool(
+            want_training
+            and t.requires_grad
+            and t.grad_fn is not None
+            and isinstance(t._base, torch.Tensor)
+            and t._base.requires_grad
+            and tracer.chain_of(t)
+            and _grad_goes_nowhere(t)
+        )
+        ng_view = ng_view or stops
         over_later = untracked or (ng_view and bool(flat_out[later].requires_grad))
 
         if (
@@ -734,6 +791,7 @@ def trace(
                     stride,
                     offset,
                     no_grad=ng_view,
+                    grad_stops=stops,
                     detach=off_graph,
                     **_base_geometry(flat_out[later], visible),
                 )
@@ -758,6 +816,7 @@ def trace(
                         later,
                         layout=later_layout,
                         no_grad=ng_view,
+                        grad_stops=stops,
                         detach=off_graph,
                         **_base_geometry(flat_out[later], visible),
                     )
@@ -788,6 +847,7 @@ def trace(
                         first_by_root[rid],
                         layout=relative,
                         no_grad=ng_view,
+                        grad_stops=stops,
                         detach=off_graph,
                         **_base_geometry(flat_out[first_by_root[rid]], visible),
                     )
@@ -806,6 +866,7 @@ def trace(
                     stride,
                     offset,
                     no_grad=ng_view,
+                    grad_stops=stops,
                     detach=off_graph,
                     **_base_geometry(flat_out[first_by_root[rid]], visible),
                 )
@@ -818,12 +879,19 @@ def trace(
                 or (train_view and id(root_t) in hidden_roots)
                 or uncovered
             )
-            and (len(sharing.get(rid, ())) > 1 or train_view)
+            and (len(sharing.get(rid, ())) > 1 or train_view or ng_view)
             and tracer.chain_of(t)
             and isinstance(root_t, torch.Tensor)
             and root_t.dtype == t.dtype
-            and (not (want_training and root_t.requires_grad) or train_view or uncovered)
-        ):  # Note [Views sharing an intermediate that is no output]
+            and (
+                not (want_training and root_t.requires_grad)
+                or train_view
+                or uncovered
+                or ng_view
+                or off_graph
+            )
+        ):  # Notes [Views sharing an intermediate that is no output], [Views of intermediates
+            # taken under no_grad]
             rel_layout = None
             if symbolic_layout or is_symbolic(root_t.storage_offset()):
                 try:
@@ -839,7 +907,10 @@ def trace(
                     graph_vals.append(root_t)
                 # an uncovered view keeps how eager's was taken (Notes [Detached views of
                 # outputs], [A view laid over an output that does not hold it])
-                no_grad, detach = (ng_view, off_graph) if uncovered else (False, False)
+                no_grad, detach = (
+                    (ng_view, off_graph) if uncovered or ng_view or off_graph else (False, False)
+                )
+                grad_stops = stops and no_grad
                 if rel_layout is not None:
                     infos.append(
                         OutputInfo(
@@ -848,6 +919,7 @@ def trace(
                             layout=rel_layout,
                             no_grad=no_grad,
                             detach=detach,
+                            grad_stops=grad_stops,
                             **_base_geometry(root_t, visible),
                         )
                     )
@@ -862,6 +934,7 @@ def trace(
                             rel,
                             no_grad=no_grad,
                             detach=detach,
+                            grad_stops=grad_stops,
                             **_base_geometry(root_t, visible),
                         )
                     )
@@ -909,6 +982,10 @@ def trace(
         return Traced(tracer.finish(list(graph_nodes)), meta)
 
     diff_vals = [v for v, r in zip(graph_vals, requires, strict=True) if r]
+    if any(v.grad_fn is None and not any(v is x for x in leaves) for v in diff_vals):
+        # Note [Views of intermediates taken under no_grad]: those not laid over their base
+        # (a view of another dtype) have no graph output that autograd can differentiate
+        raise AotgradError("an output is a view taken under no_grad of an intermediate that requires grad")
     tangents: list[FakeTensor] = []
     anchor = last_primal
     for k, v in enumerate(diff_vals):

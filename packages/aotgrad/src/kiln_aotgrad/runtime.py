@@ -229,6 +229,13 @@ def _reshaped(g: torch.Tensor, info: OutputInfo, base_stride: tuple[int, ...] | 
         return None
 
 
+def _no_grad_alias(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole, viewed under no_grad: its views taken in grad mode require grad and lead no
+    gradient anywhere, as eager's views of a view taken under no_grad."""
+    with torch.no_grad():
+        return t.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = [None] * len(meta.outputs)
     # outputs that are other outputs or their views come second: a view's base may follow it
@@ -254,7 +261,9 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
                 g = base
             if info.detach:  # Note [A view laid over an output that does not hold it] (joint.py)
                 g = g.detach()
-            with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+            if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+                g = _no_grad_alias(g)
+            with torch.no_grad() if info.no_grad and not info.grad_stops else contextlib.nullcontext():
                 if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                     size, stride, rel = info.layout(inputs)
                     flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
@@ -290,7 +299,9 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         base = flat[info.index]
         if info.detach:  # Note [Detached views of outputs] in joint.py
             base = base.detach()
-        with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+        if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+            base = _no_grad_alias(base)
+        with torch.no_grad() if info.no_grad and not info.grad_stops else contextlib.nullcontext():
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
