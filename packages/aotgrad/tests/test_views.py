@@ -656,3 +656,18 @@ def test_a_view_of_another_dtype_under_no_grad_is_refused() -> None:
 
     with pytest.raises(AotgradError, match="under no_grad"):
         kiln_aotgrad.aot_function(fn, Recorder())(torch.randn(3, requires_grad=True))
+
+
+def test_a_view_of_a_no_grad_view_of_an_input_keeps_its_grad_fn() -> None:
+    # Note [Views of a view taken under no_grad] (joint.py): it came back with no grad_fn, a
+    # leaf, where eager's has a grad_fn whose gradient goes nowhere
+    def fn(x: torch.Tensor) -> Any:
+        with torch.no_grad():
+            a = x.permute(1, 0)
+        return a[1:3], a
+
+    x = torch.randn(6, 4, requires_grad=True)
+    out_e, out_c = fn(x), kiln_aotgrad.aot_function(fn, Recorder())(x)
+    torch.testing.assert_close(out_c, out_e)
+    assert _autograd_state(out_c) == _autograd_state(out_e)
+    assert out_c[0].grad_fn.next_functions == ((None, 0),)

@@ -104,8 +104,9 @@ class OutputInfo:
     # generator returns in another layout is copied into this one before the view is laid over
     # it (Note [Bases returned in another layout])
     base_stride: tuple[int, ...] | None = None
-    # "graph_view" / "output_view" that eager took in grad mode through a view taken under
-    # no_grad: its base is viewed under no_grad first (Note [Views of a view taken under no_grad])
+    # a view ("input_view", "graph_view", "output_view") that eager took in grad mode of a view
+    # taken under no_grad: its base is viewed under no_grad first, then it is taken in grad mode
+    # (Note [Views of a view taken under no_grad])
     grad_stops: bool = False
     base_stride_of: Callable[[Any], tuple[int, ...]] | None = None
     base_offset: int | None = None
@@ -373,7 +374,9 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
 # back padded (Note [Bases returned in another layout]), and writing it no longer showed in `a`
 # (test_alias_fuzz.py seed 22364's program with `t9[1:3]` under --pad-mm). It is laid over the
 # same base as the other views of the intermediate (`grad_stops`): the runtime views the base
-# whole under no_grad, then takes the view in grad mode, so it has eager's autograd state.
+# whole under no_grad, then takes the view in grad mode, so it has eager's autograd state. Such
+# a view of an input is rebuilt the same way (it was rebuilt under no_grad: no grad_fn, a leaf,
+# where eager's has a grad_fn that leads nowhere).
 #
 # Note [Detached aliases as roots]: `t.detach()` shares `t`'s node and alias chain (tracer.py),
 # so a returned detached alias holds every element of the intermediate as `t` itself would; it
@@ -633,6 +636,9 @@ def trace(
             # x.view(-1)` / `return v` that eager does not give). A view that does not require
             # grad of an input that does (`x.detach()`, `.data`) is rebuilt on `x.detach()`.
             ng = bool(t.requires_grad and t is not visible[j] and not _reaches_a_leaf(t, leaf_ids))
+            # ... and a view of such a view taken in grad mode has a grad_fn that leads nowhere
+            # (Note [Views of a view taken under no_grad])
+            ng_stops = bool(ng and want_training and t.grad_fn is not None and _grad_goes_nowhere(t))
             # (an inference trace made its leaves not require grad: there the chain says detach)
             dt = bool(
                 getattr(inputs[j], "requires_grad", False)
@@ -680,7 +686,17 @@ def trace(
                 graphs_log.info(
                     "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
                 )
-                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt, grad=chain_grad))
+                infos.append(
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        views=views,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                        grad_stops=ng_stops,
+                    )
+                )
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
@@ -688,7 +704,15 @@ def trace(
                     )
                 layout = symbolic_view_layout(t, visible, j)
                 infos.append(
-                    OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        layout=layout,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                        grad_stops=ng_stops,
+                    )
                 )
             else:
                 # Notes [Offsets of views of inputs that require grad], [Static views of inputs
@@ -705,7 +729,15 @@ def trace(
                 if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(
-                        OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                        OutputInfo(
+                            "input_view",
+                            j,
+                            layout=layout,
+                            no_grad=ng,
+                            detach=dt,
+                            grad=chain_grad,
+                            grad_stops=ng_stops,
+                        )
                     )
                     continue
                 replay = t.dtype != visible[j].dtype
@@ -728,6 +760,7 @@ def trace(
                         no_grad=ng,
                         detach=dt,
                         grad=chain_grad,
+                        grad_stops=ng_stops,
                     )
                 )
             continue

@@ -174,6 +174,8 @@ def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tenso
     base = (
         inputs[info.index].detach() if info.detach else inputs[info.index]
     )  # Note [Views taken under no_grad]
+    if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+        base = _no_grad_alias(base)
     if info.views:  # Note [Views that change dtype]
         return _replay(info.views, base)
     if info.layout is not None:  # symbolic sizes (joint.py)
@@ -263,7 +265,13 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
                 g = g.detach()
             if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
                 g = _no_grad_alias(g)
-            with torch.no_grad() if info.no_grad and not info.grad_stops else contextlib.nullcontext():
+            with (
+                torch.enable_grad()
+                if info.grad_stops
+                else torch.no_grad()
+                if info.no_grad
+                else contextlib.nullcontext()
+            ):
                 if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                     size, stride, rel = info.layout(inputs)
                     flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
@@ -272,7 +280,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         elif info.kind == "input":
             flat[k] = inputs[info.index]
         elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
-            with torch.no_grad():
+            with torch.enable_grad() if info.grad_stops else torch.no_grad():
                 flat[k] = _input_view(info, inputs)
         elif info.kind == "input_view" and info.grad:  # Note [Views taken in grad mode] (joint.py)
             with torch.enable_grad():
@@ -301,7 +309,13 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             base = base.detach()
         if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
             base = _no_grad_alias(base)
-        with torch.no_grad() if info.no_grad and not info.grad_stops else contextlib.nullcontext():
+        with (
+            torch.enable_grad()
+            if info.grad_stops
+            else torch.no_grad()
+            if info.no_grad
+            else contextlib.nullcontext()
+        ):
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
