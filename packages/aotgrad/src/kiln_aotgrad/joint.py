@@ -804,6 +804,7 @@ def trace(
             and isinstance(t._base, torch.Tensor)
             and t._base.requires_grad
             and tracer.chain_of(t)
+            and not train_view  # its gradient reaches its base
             and _grad_goes_nowhere(t)
         )
         ng_view = ng_view or stops
