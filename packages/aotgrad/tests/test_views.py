@@ -696,3 +696,19 @@ def test_a_write_into_a_view_that_overlaps_itself_is_refused(of_input: bool) -> 
         y = torch.randn(shape)
         got = kiln_aotgrad.aot_function(fn, Recorder())(y.clone())
         torch.testing.assert_close(got, fn(y.clone()))
+
+
+def test_a_detached_output_over_the_buffer_of_one_that_requires_grad() -> None:
+    # Note [Outputs without grad over the memory of outputs with it] (runtime.py): `t`, the
+    # hidden base of the two views, and `d` were one tensor out of the compiled graph, and `d`
+    # came back requiring grad
+    def fn(x: torch.Tensor) -> Any:
+        t = torch.mm(x, x.t())
+        return t[1:3], t[::2], t.detach()
+
+    x = torch.randn(6, 4, requires_grad=True)
+    out_e, out_c = fn(x), kiln_aotgrad.aot_function(fn, Recorder())(x)
+    torch.testing.assert_close(out_c, out_e)
+    assert _autograd_state(out_c) == _autograd_state(out_e)
+    assert len({o.untyped_storage().data_ptr() for o in out_c}) == 1
+    out_c[0].mul_(2)  # a view of a graph output, writable as eager's

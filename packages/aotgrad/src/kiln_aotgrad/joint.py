@@ -379,10 +379,11 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
 # where eager's has a grad_fn that leads nowhere).
 #
 # Note [Detached aliases as roots]: `t.detach()` shares `t`'s node and alias chain (tracer.py),
-# so a returned detached alias holds every element of the intermediate as `t` itself would; it
-# stands as the root among the outputs where `t` is not returned (`d = t.detach(); return d[1:3],
-# d`: the view was laid over the hidden intermediate, and `d`, a second graph output over its
-# buffer, came back requiring grad).
+# so a returned detached alias holds every element of the intermediate as `t` itself would; where
+# `t` is not returned it is the base of the views that do not require grad (`d = t.detach();
+# return d[1:3], d`: the view was laid over a hidden graph output for `t`, and `d` was a second
+# graph output over the same buffer, which came back requiring grad: Note [Outputs without grad
+# over the memory of outputs with it] in runtime.py).
 _aten = torch.ops.aten
 # view operators whose result holds every element of their input
 _WHOLE_VIEWS = frozenset(
@@ -569,13 +570,14 @@ def trace(
     # offset it did not plan), and the intermediate rebuilt over such a copy read out of its
     # bounds; the run-time fallback then ran the program again over inputs already written.
     # A detached alias of the intermediate (`t.detach()`, no view step) holds all of it too, and
-    # serves where the intermediate itself is not returned (Note [Detached aliases as roots]).
+    # serves as the base of views that do not require grad where the intermediate itself is not
+    # returned (Note [Detached aliases as roots]).
     root_output: dict[int, int] = {}
-    for exact in (True, False):
-        for k, t in enumerate(flat_out):
-            rid = tracer.root_of(t) if isinstance(t, torch.Tensor) else None
-            if rid is not None and not tracer.chain_of(t) and (rid == id(t)) == exact:
-                root_output.setdefault(rid, k)
+    alias_output: dict[int, int] = {}
+    for k, t in enumerate(flat_out):
+        rid = tracer.root_of(t) if isinstance(t, torch.Tensor) else None
+        if rid is not None and not tracer.chain_of(t):
+            (root_output if rid == id(t) else alias_output).setdefault(rid, k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     # Note [Views sharing an intermediate that is no output]: outputs that view one intermediate
     # the program does not return (`t2 = t1[:, 3]; return t2.view_as(t2), t2`) were rebuilt as
@@ -764,7 +766,7 @@ def trace(
                     )
                 )
             continue
-        later = root_output.get(rid, k)
+        later = root_output.get(rid, alias_output.get(rid, k))
         root_t = kept.get(rid)
         # Note [Views of intermediates leave the Function as views of its outputs]
         ag_base = t._base if want_training and t.requires_grad else None

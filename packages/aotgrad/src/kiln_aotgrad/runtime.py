@@ -402,6 +402,25 @@ def _views_to_own(result: Sequence[Any], inputs: Sequence[Any], diff: Sequence[i
     return [i for i in views if (p := result[i].untyped_storage().data_ptr()) == 0 or count[p] == 1]
 
 
+# Note [Outputs without grad over the memory of outputs with it]: a code generator may return a
+# graph output that does not require grad as the very tensor of one that does, or as a view of
+# its buffer (`d = t.detach()` returned beside views of `t`, whose hidden base `t` is a graph
+# output: both came back as the wrapper's `buf0`). `mark_non_differentiable` cannot make such a
+# tensor stop requiring grad: a view's requires_grad is its base's, and one object is one tensor.
+# `d` came back requiring grad where eager's does not. Such an output leaves the Function as a
+# detached alias of the same memory.
+def _detach_non_diff(
+    result: tuple[Any, ...], diff: Sequence[int], non_diff: Sequence[int]
+) -> tuple[Any, ...]:
+    differentiable = {id(result[j]) for j in diff}
+    listed = list(result)
+    for i in non_diff:
+        t = result[i]
+        if isinstance(t, torch.Tensor) and (id(t) in differentiable or t._is_view()):
+            listed[i] = t.detach()
+    return tuple(listed)
+
+
 def _without_grad(compiled: Compiled) -> Compiled:
     def call(*inputs: torch.Tensor) -> Any:
         if not torch.is_grad_enabled():  # the common case (inference under no_grad): no context
@@ -564,6 +583,8 @@ def training_runner(
                 for i in own:
                     listed[i] = _own_tensor(listed[i], saved)
                 result = tuple(listed)
+            if diff and non_diff:  # Note [Outputs without grad over the memory of outputs with it]
+                result = _detach_non_diff(result, diff, non_diff)
             if reachable or stash is not None:
                 ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             if stash is not None:  # for the mutation node, which runs the backward again
