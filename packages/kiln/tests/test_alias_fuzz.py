@@ -810,3 +810,33 @@ def test_a_sum_written_into_another_input_over_two_calls(dynamic) -> None:
     got = run(kiln.compile(_sum_into_another_input, dynamic=dynamic))
     kiln.reset()
     torch.testing.assert_close(got, run(_sum_into_another_input))
+
+
+def _no_grad_view_then_slice(x0, after):  # seed 22364's program, its empty slice made [1:3]
+    t2 = x0[:, :1]
+    t6 = torch.addmm(torch.ones(6), t2, t2.t())
+    with torch.no_grad():
+        t9 = t6.permute(1, 0)
+        t19 = t9[1:3]
+    if after:
+        t19 = t9[1:3]
+    return t19, t9
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["under-no-grad", "after"])
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_views_of_a_no_grad_view_share_memory_under_pad_mm(dynamic, after) -> None:
+    # Notes [Views of intermediates taken under no_grad], [Views of a view taken under no_grad]
+    # (kiln_aotgrad's joint.py): the backward trace refused the first (the graph ran eagerly,
+    # an error under strict); the second's `t19` came back a copy that writes into `t9` missed
+    x0 = torch.randn(7, 4)[1:].requires_grad_()
+    c = kiln.compile(_no_grad_view_then_slice, dynamic=dynamic, options={"strict": True, "pad_mm": "force"})
+    got, want = c(x0, after), _no_grad_view_then_slice(x0, after)
+    kiln.reset()
+    torch.testing.assert_close(got, want)
+    assert [(o.requires_grad, o.grad_fn is None) for o in got] == [
+        (o.requires_grad, o.grad_fn is None) for o in want
+    ]
+    with torch.no_grad():
+        got[1][2, 1:] = 7.0
+        assert (got[0][1, 1:] == 7.0).all()

@@ -104,6 +104,10 @@ class OutputInfo:
     # generator returns in another layout is copied into this one before the view is laid over
     # it (Note [Bases returned in another layout])
     base_stride: tuple[int, ...] | None = None
+    # a view ("input_view", "graph_view", "output_view") that eager took in grad mode of a view
+    # taken under no_grad: its base is viewed under no_grad first, then it is taken in grad mode
+    # (Note [Views of a view taken under no_grad])
+    grad_stops: bool = False
     base_stride_of: Callable[[Any], tuple[int, ...]] | None = None
     base_offset: int | None = None
 
@@ -193,6 +197,21 @@ def _reaches_a_leaf(t: torch.Tensor, leaf_ids: set[int]) -> bool:
             return True
         stack.extend(nxt for nxt, _ in fn.next_functions)
     return False
+
+
+def _grad_goes_nowhere(t: torch.Tensor) -> bool:
+    """Whether no gradient of `t` reaches any tensor: every path of its autograd graph ends in
+    a missing edge (a view taken under no_grad has none) before any leaf."""
+    stack, seen = [t.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if getattr(fn, "variable", None) is not None:
+            return False
+        stack.extend(nxt for nxt, _ in fn.next_functions)
+    return True
 
 
 def _grad_reaches(t: torch.Tensor, base: torch.Tensor) -> bool:
@@ -338,6 +357,33 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
 # no output]), taken as eager took it (under no_grad, or of the output detached); an output holds
 # the view where it is the intermediate itself or all of it rearranged (`view`, `permute`, ...),
 # or (static sizes) where the view's storage positions are among its own.
+#
+# Note [Views of intermediates taken under no_grad]: a view taken under `torch.no_grad()` of an
+# intermediate that requires grad requires grad and has no grad_fn. Unless another output holds
+# it, it was a graph output of its own, and the backward trace refused it ("element 0 of tensors
+# does not require grad and does not have a grad_fn": `with torch.no_grad(): a = t.permute(1,
+# 0); b = a[1:3]` / `return b, a`, or `return a` alone, ran eagerly). It is laid over the
+# intermediate as a hidden graph output ("graph_view") under no_grad, as eager took it, and so is
+# a view eager detached (`t.detach().permute(1, 0)` returned with a view of it: the view of it,
+# a graph output the code generator returned as a view of the hidden intermediate's buffer,
+# came back requiring grad through that base).
+#
+# Note [Views of a view taken under no_grad]: a view taken in grad mode of such a view (`b =
+# a[1:3]` after the block) requires grad and has a grad_fn, but its gradient goes nowhere: the
+# no_grad view gives it no edge. As a graph output of its own it was a copy when the base came
+# back padded (Note [Bases returned in another layout]), and writing it no longer showed in `a`
+# (test_alias_fuzz.py seed 22364's program with `t9[1:3]` under --pad-mm). It is laid over the
+# same base as the other views of the intermediate (`grad_stops`): the runtime views the base
+# whole under no_grad, then takes the view in grad mode, so it has eager's autograd state. Such
+# a view of an input is rebuilt the same way (it was rebuilt under no_grad: no grad_fn, a leaf,
+# where eager's has a grad_fn that leads nowhere).
+#
+# Note [Detached aliases as roots]: `t.detach()` shares `t`'s node and alias chain (tracer.py),
+# so a returned detached alias holds every element of the intermediate as `t` itself would; where
+# `t` is not returned it is the base of the views that do not require grad (`d = t.detach();
+# return d[1:3], d`: the view was laid over a hidden graph output for `t`, and `d` was a second
+# graph output over the same buffer, which came back requiring grad: Note [Outputs without grad
+# over the memory of outputs with it] in runtime.py).
 _aten = torch.ops.aten
 # view operators whose result holds every element of their input
 _WHOLE_VIEWS = frozenset(
@@ -523,10 +569,15 @@ def trace(
     # return a graph output that is a view as a copy of its elements (an extern view op whose
     # offset it did not plan), and the intermediate rebuilt over such a copy read out of its
     # bounds; the run-time fallback then ran the program again over inputs already written.
+    # A detached alias of the intermediate (`t.detach()`, no view step) holds all of it too, and
+    # serves as the base of views that do not require grad where the intermediate itself is not
+    # returned (Note [Detached aliases as roots]).
     root_output: dict[int, int] = {}
+    alias_output: dict[int, int] = {}
     for k, t in enumerate(flat_out):
-        if isinstance(t, torch.Tensor) and tracer.root_of(t) is not None and not tracer.chain_of(t):
-            root_output.setdefault(id(t), k)
+        rid = tracer.root_of(t) if isinstance(t, torch.Tensor) else None
+        if rid is not None and not tracer.chain_of(t):
+            (root_output if rid == id(t) else alias_output).setdefault(rid, k)
     leaf_ids = {id(x) for x in leaves if isinstance(x, torch.Tensor) and x.requires_grad}
     # Note [Views sharing an intermediate that is no output]: outputs that view one intermediate
     # the program does not return (`t2 = t1[:, 3]; return t2.view_as(t2), t2`) were rebuilt as
@@ -587,6 +638,9 @@ def trace(
             # x.view(-1)` / `return v` that eager does not give). A view that does not require
             # grad of an input that does (`x.detach()`, `.data`) is rebuilt on `x.detach()`.
             ng = bool(t.requires_grad and t is not visible[j] and not _reaches_a_leaf(t, leaf_ids))
+            # ... and a view of such a view taken in grad mode has a grad_fn that leads nowhere
+            # (Note [Views of a view taken under no_grad])
+            ng_stops = bool(ng and want_training and t.grad_fn is not None and _grad_goes_nowhere(t))
             # (an inference trace made its leaves not require grad: there the chain says detach)
             dt = bool(
                 getattr(inputs[j], "requires_grad", False)
@@ -634,7 +688,17 @@ def trace(
                 graphs_log.info(
                     "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
                 )
-                infos.append(OutputInfo("input_view", j, views=views, no_grad=ng, detach=dt, grad=chain_grad))
+                infos.append(
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        views=views,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                        grad_stops=ng_stops,
+                    )
+                )
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
@@ -642,7 +706,15 @@ def trace(
                     )
                 layout = symbolic_view_layout(t, visible, j)
                 infos.append(
-                    OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                    OutputInfo(
+                        "input_view",
+                        j,
+                        layout=layout,
+                        no_grad=ng,
+                        detach=dt,
+                        grad=chain_grad,
+                        grad_stops=ng_stops,
+                    )
                 )
             else:
                 # Notes [Offsets of views of inputs that require grad], [Static views of inputs
@@ -659,7 +731,15 @@ def trace(
                 if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
                     infos.append(
-                        OutputInfo("input_view", j, layout=layout, no_grad=ng, detach=dt, grad=chain_grad)
+                        OutputInfo(
+                            "input_view",
+                            j,
+                            layout=layout,
+                            no_grad=ng,
+                            detach=dt,
+                            grad=chain_grad,
+                            grad_stops=ng_stops,
+                        )
                     )
                     continue
                 replay = t.dtype != visible[j].dtype
@@ -682,10 +762,11 @@ def trace(
                         no_grad=ng,
                         detach=dt,
                         grad=chain_grad,
+                        grad_stops=ng_stops,
                     )
                 )
             continue
-        later = root_output.get(rid, k)
+        later = root_output.get(rid, alias_output.get(rid, k))
         root_t = kept.get(rid)
         # Note [Views of intermediates leave the Function as views of its outputs]
         ag_base = t._base if want_training and t.requires_grad else None
@@ -717,6 +798,18 @@ def trace(
             and isinstance(t._base, torch.Tensor)
             and t._base.requires_grad
         )
+        # Note [Views of a view taken under no_grad]
+        stops = bool(
+            want_training
+            and t.requires_grad
+            and t.grad_fn is not None
+            and isinstance(t._base, torch.Tensor)
+            and t._base.requires_grad
+            and tracer.chain_of(t)
+            and not train_view  # its gradient reaches its base
+            and _grad_goes_nowhere(t)
+        )
+        ng_view = ng_view or stops
         over_later = untracked or (ng_view and bool(flat_out[later].requires_grad))
 
         if (
@@ -734,6 +827,7 @@ def trace(
                     stride,
                     offset,
                     no_grad=ng_view,
+                    grad_stops=stops,
                     detach=off_graph,
                     **_base_geometry(flat_out[later], visible),
                 )
@@ -758,6 +852,7 @@ def trace(
                         later,
                         layout=later_layout,
                         no_grad=ng_view,
+                        grad_stops=stops,
                         detach=off_graph,
                         **_base_geometry(flat_out[later], visible),
                     )
@@ -788,6 +883,7 @@ def trace(
                         first_by_root[rid],
                         layout=relative,
                         no_grad=ng_view,
+                        grad_stops=stops,
                         detach=off_graph,
                         **_base_geometry(flat_out[first_by_root[rid]], visible),
                     )
@@ -806,6 +902,7 @@ def trace(
                     stride,
                     offset,
                     no_grad=ng_view,
+                    grad_stops=stops,
                     detach=off_graph,
                     **_base_geometry(flat_out[first_by_root[rid]], visible),
                 )
@@ -818,12 +915,19 @@ def trace(
                 or (train_view and id(root_t) in hidden_roots)
                 or uncovered
             )
-            and (len(sharing.get(rid, ())) > 1 or train_view)
+            and (len(sharing.get(rid, ())) > 1 or train_view or ng_view)
             and tracer.chain_of(t)
             and isinstance(root_t, torch.Tensor)
             and root_t.dtype == t.dtype
-            and (not (want_training and root_t.requires_grad) or train_view or uncovered)
-        ):  # Note [Views sharing an intermediate that is no output]
+            and (
+                not (want_training and root_t.requires_grad)
+                or train_view
+                or uncovered
+                or ng_view
+                or off_graph
+            )
+        ):  # Notes [Views sharing an intermediate that is no output], [Views of intermediates
+            # taken under no_grad]
             rel_layout = None
             if symbolic_layout or is_symbolic(root_t.storage_offset()):
                 try:
@@ -839,7 +943,10 @@ def trace(
                     graph_vals.append(root_t)
                 # an uncovered view keeps how eager's was taken (Notes [Detached views of
                 # outputs], [A view laid over an output that does not hold it])
-                no_grad, detach = (ng_view, off_graph) if uncovered else (False, False)
+                no_grad, detach = (
+                    (ng_view, off_graph) if uncovered or ng_view or off_graph else (False, False)
+                )
+                grad_stops = stops and no_grad
                 if rel_layout is not None:
                     infos.append(
                         OutputInfo(
@@ -848,6 +955,7 @@ def trace(
                             layout=rel_layout,
                             no_grad=no_grad,
                             detach=detach,
+                            grad_stops=grad_stops,
                             **_base_geometry(root_t, visible),
                         )
                     )
@@ -862,6 +970,7 @@ def trace(
                             rel,
                             no_grad=no_grad,
                             detach=detach,
+                            grad_stops=grad_stops,
                             **_base_geometry(root_t, visible),
                         )
                     )
@@ -909,6 +1018,10 @@ def trace(
         return Traced(tracer.finish(list(graph_nodes)), meta)
 
     diff_vals = [v for v, r in zip(graph_vals, requires, strict=True) if r]
+    if any(v.grad_fn is None and not any(v is x for x in leaves) for v in diff_vals):
+        # Note [Views of intermediates taken under no_grad]: those not laid over their base
+        # (a view of another dtype) have no graph output that autograd can differentiate
+        raise AotgradError("an output is a view taken under no_grad of an intermediate that requires grad")
     tangents: list[FakeTensor] = []
     anchor = last_primal
     for k, v in enumerate(diff_vals):

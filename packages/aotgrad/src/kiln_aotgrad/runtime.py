@@ -174,6 +174,8 @@ def _input_view(info: OutputInfo, inputs: Sequence[torch.Tensor]) -> torch.Tenso
     base = (
         inputs[info.index].detach() if info.detach else inputs[info.index]
     )  # Note [Views taken under no_grad]
+    if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+        base = _no_grad_alias(base)
     if info.views:  # Note [Views that change dtype]
         return _replay(info.views, base)
     if info.layout is not None:  # symbolic sizes (joint.py)
@@ -229,6 +231,13 @@ def _reshaped(g: torch.Tensor, info: OutputInfo, base_stride: tuple[int, ...] | 
         return None
 
 
+def _no_grad_alias(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole, viewed under no_grad: its views taken in grad mode require grad and lead no
+    gradient anywhere, as eager's views of a view taken under no_grad."""
+    with torch.no_grad():
+        return t.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
 def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Sequence[Any]) -> Any:
     flat: list[Any] = [None] * len(meta.outputs)
     # outputs that are other outputs or their views come second: a view's base may follow it
@@ -254,7 +263,15 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
                 g = base
             if info.detach:  # Note [A view laid over an output that does not hold it] (joint.py)
                 g = g.detach()
-            with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+            if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+                g = _no_grad_alias(g)
+            with (
+                torch.enable_grad()
+                if info.grad_stops
+                else torch.no_grad()
+                if info.no_grad
+                else contextlib.nullcontext()
+            ):
                 if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                     size, stride, rel = info.layout(inputs)
                     flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
@@ -263,7 +280,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         elif info.kind == "input":
             flat[k] = inputs[info.index]
         elif info.kind == "input_view" and info.no_grad:  # Note [Views taken under no_grad]
-            with torch.no_grad():
+            with torch.enable_grad() if info.grad_stops else torch.no_grad():
                 flat[k] = _input_view(info, inputs)
         elif info.kind == "input_view" and info.grad:  # Note [Views taken in grad mode] (joint.py)
             with torch.enable_grad():
@@ -290,7 +307,15 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
         base = flat[info.index]
         if info.detach:  # Note [Detached views of outputs] in joint.py
             base = base.detach()
-        with torch.no_grad() if info.no_grad else contextlib.nullcontext():
+        if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
+            base = _no_grad_alias(base)
+        with (
+            torch.enable_grad()
+            if info.grad_stops
+            else torch.no_grad()
+            if info.no_grad
+            else contextlib.nullcontext()
+        ):
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
@@ -375,6 +400,25 @@ def _views_to_own(result: Sequence[Any], inputs: Sequence[Any], diff: Sequence[i
             ptr = t.untyped_storage().data_ptr()
             count[ptr] = count.get(ptr, 0) + 1
     return [i for i in views if (p := result[i].untyped_storage().data_ptr()) == 0 or count[p] == 1]
+
+
+# Note [Outputs without grad over the memory of outputs with it]: a code generator may return a
+# graph output that does not require grad as the very tensor of one that does, or as a view of
+# its buffer (`d = t.detach()` returned beside views of `t`, whose hidden base `t` is a graph
+# output: both came back as the wrapper's `buf0`). `mark_non_differentiable` cannot make such a
+# tensor stop requiring grad: a view's requires_grad is its base's, and one object is one tensor.
+# `d` came back requiring grad where eager's does not. Such an output leaves the Function as a
+# detached alias of the same memory.
+def _detach_non_diff(
+    result: tuple[Any, ...], diff: Sequence[int], non_diff: Sequence[int]
+) -> tuple[Any, ...]:
+    differentiable = {id(result[j]) for j in diff}
+    listed = list(result)
+    for i in non_diff:
+        t = result[i]
+        if isinstance(t, torch.Tensor) and (id(t) in differentiable or t._is_view()):
+            listed[i] = t.detach()
+    return tuple(listed)
 
 
 def _without_grad(compiled: Compiled) -> Compiled:
@@ -539,6 +583,8 @@ def training_runner(
                 for i in own:
                     listed[i] = _own_tensor(listed[i], saved)
                 result = tuple(listed)
+            if diff and non_diff:  # Note [Outputs without grad over the memory of outputs with it]
+                result = _detach_non_diff(result, diff, non_diff)
             if reachable or stash is not None:
                 ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             if stash is not None:  # for the mutation node, which runs the backward again

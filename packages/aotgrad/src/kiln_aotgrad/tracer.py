@@ -231,6 +231,38 @@ def _addresses(t: torch.Tensor, limit: int = 1 << 16) -> set[int] | None:
     return out
 
 
+# Note [Writes into a view that overlaps itself]: a view whose elements share storage positions
+# (`t.as_strided((2, 2), (1, 1), 1)`: elements 1, 2, 2, 3) is written by eager one element after
+# another, so a shared position takes every write in turn (`index_add_` of ones adds 2 there);
+# eager refuses only where its check can tell (a stride 0: "more than one element of the
+# written-to tensor refers to a single memory location"), not for such partial overlaps. A
+# functional trace computes the view's new value once and scatters it back: the shared position
+# took one write (1 where eager has 2: test_alias_fuzz.py seed 30060, a wrong answer). A write
+# into a view that overlaps itself is refused (the graph runs eagerly, with this reason), and so
+# is one into a view whose positions are too many to check; a whole input that overlaps itself
+# (expanded) runs eagerly per call (Note [Mutated inputs that share memory] in api.py).
+def _overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share a storage position (static sizes; False for
+    symbolic ones, where only a stride of 0, which eager refuses itself, is known)."""
+    geometry = (*t.shape, *t.stride())
+    if any(isinstance(v, torch.SymInt) for v in geometry):
+        return False
+    reach = 0  # the last position the dims of smaller strides reach from the first
+    for n, st in sorted(
+        ((int(n), abs(int(st))) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1),
+        key=lambda p: p[1],
+    ):
+        if st <= reach:
+            break
+        reach += (n - 1) * st
+    else:
+        return False
+    if t.numel() == 0:
+        return False
+    mine = _addresses(t)
+    return mine is None or len(mine) < t.numel()
+
+
 class AotgradError(RuntimeError):
     """An operator kiln_aotgrad cannot trace; names the operator and the user's source line."""
 
@@ -933,6 +965,13 @@ class Tracer(TorchDispatchMode):
         targets = [
             t for w in writes for t in (bound[w] if isinstance(bound[w], list | tuple) else [bound[w]])
         ]
+        if any(self._view_overlapping_itself(t) for t in targets):
+            raise AotgradError(  # Note [Writes into a view that overlaps itself]
+                "an in-place write into a view whose elements share memory (eager writes them one "
+                "after another)",
+                op=op_name(func),
+                origin=self.where(),
+            )
         inplace = str(func._schema.name).endswith("_")
         if inplace:
             f_args, f_kwargs = args, kwargs
@@ -959,6 +998,13 @@ class Tracer(TorchDispatchMode):
         if inplace:
             return args[0] if func._schema.returns else None
         return targets[0] if len(targets) == 1 else tuple(targets)
+
+    def _view_overlapping_itself(self, t: Any) -> bool:
+        """Note [Writes into a view that overlaps itself]; a whole input that overlaps itself
+        is the runtime's to find (Note [Mutated inputs that share memory] in api.py)."""
+        if not isinstance(t, torch.Tensor) or id(t) not in self.aliases or not self.aliases[id(t)].chain:
+            return False
+        return _overlaps_itself(t)
 
     def _write(self, t: torch.Tensor, new: torch.fx.Node) -> None:
         """`t` now holds `new`: update its root through the inverse of its view chain."""
