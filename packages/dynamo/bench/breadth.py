@@ -29,7 +29,7 @@ import torch
 import kiln_dynamo
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from breadth_models import MODELS, first_tensor
+from breadth_models import MODELS, WIDER, first_tensor
 
 MODES = ("eval", "train", "cache")  # and "kiln": eval through kiln.compile (the whole pipeline)
 
@@ -135,7 +135,7 @@ CACHED = ("decoder", "seq2seq")  # the kinds with a `cache` mode
 
 
 def build(name: str, mode: str) -> tuple[Any, dict[str, Any], str]:
-    model, inputs, kind = MODELS[name]()
+    model, inputs, kind = (MODELS[name] if name in MODELS else WIDER[name])()
     for m in model.modules():  # T5's stacks hold copies of the config
         config = getattr(m, "config", None)
         if config is not None and "use_cache" in vars(config):

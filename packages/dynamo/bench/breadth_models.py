@@ -5,7 +5,9 @@
 `use_cache=True`), "encoder", "seq2seq", "vision" (text+vision pairs too), "audio", "torch". Every builder seeds torch,
 so the same name always gives the same weights and inputs. Used by `breaks.py --models` (the
 table of graphs / breaks / frames in Python per model, against torch.compile) and by the CI test
-`tests/e2e/test_breadth.py` over a fast subset.
+`tests/e2e/test_breadth.py` over a fast subset. `WIDER` (breadth24) holds more architectures of
+other code (mixtures of experts, state-space hybrids, FFT / hashing / landmark attention, codecs,
+time series) outside CI: `breadth_compile.py --suite wider`.
 """
 
 from __future__ import annotations
@@ -578,6 +580,199 @@ MODELS: dict[str, Callable[[], Built]] = {
     # an LSTM LM, a top-k MoE, checkpointing, dataclass outputs, a GRU attention decoder, a GNN, a
     # VAE, a config-driven block
     **PROGRAMS,
+}  # fmt: skip
+
+
+def _hf(
+    cls_name: str, cfg_name: str, inputs: Callable[[], dict[str, Any]], kind: str, **cfg: Any
+) -> Callable[[], Built]:
+    """Any transformers model from its config, with the inputs `inputs()` builds (seeded)."""
+
+    def build() -> Built:
+        import transformers
+
+        torch.manual_seed(0)
+        config = getattr(transformers, cfg_name)(**cfg)
+        model = getattr(transformers, cls_name)(config).eval()
+        return model, inputs(), kind
+
+    return build
+
+
+def _gen(seed: int = 2) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _series(channels: int, length: int) -> Callable[[], dict[str, Any]]:
+    return lambda: {"past_values": torch.randn(BATCH, length, channels, generator=_gen())}
+
+
+def _forecast() -> dict[str, Any]:
+    """Informer/Autoformer's inputs: a context of 8 steps after the largest lag (2), one time feature,
+    and the 4 steps to forecast (their values teacher-forced into the decoder)."""
+    g = _gen()
+    return {
+        "past_values": torch.randn(BATCH, 10, generator=g),
+        "past_time_features": torch.randn(BATCH, 10, 1, generator=g),
+        "past_observed_mask": torch.ones(BATCH, 10),
+        "future_values": torch.randn(BATCH, 4, generator=g),
+        "future_time_features": torch.randn(BATCH, 4, 1, generator=g),
+    }
+
+
+_MOE = {**_LLAMAISH, "num_local_experts": 4, "num_experts_per_tok": 2}
+_FORECASTER = {"prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2], "num_time_features": 1,
+               "d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+               "decoder_attention_heads": 2, "encoder_ffn_dim": 16, "decoder_ffn_dim": 16, "dropout": 0.0,
+               "attention_dropout": 0.0, "activation_dropout": 0.0, "encoder_layerdrop": 0.0,
+               "decoder_layerdrop": 0.0}  # fmt: skip
+
+
+def _text_ids(seq: int = SEQ, vocab: int = VOCAB) -> Callable[[], dict[str, Any]]:
+    return lambda: {"input_ids": _ids(vocab, seq)}
+
+
+def _s2s_ids() -> dict[str, Any]:
+    return {"input_ids": _ids(), "decoder_input_ids": _ids(seq=5)}
+
+
+def _s2s_masked() -> dict[str, Any]:
+    return {**_s2s_ids(), "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}
+
+
+def _wave(length: int = 400) -> Callable[[], dict[str, Any]]:
+    return lambda: {"input_values": torch.randn(BATCH, length, generator=_gen())}
+
+
+def _pixels(size: int = 32) -> Callable[[], dict[str, Any]]:
+    return lambda: {"pixel_values": _image(size)}
+
+
+_WAV = {"hidden_size": H, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "intermediate_size": FFN,
+        "conv_dim": (16, 16), "conv_stride": (5, 2), "conv_kernel": (10, 3), "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4, "vocab_size": VOCAB, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "activation_dropout": 0.0, "feat_proj_dropout": 0.0, "layerdrop": 0.0, "mask_time_prob": 0.0}  # fmt: skip
+
+# Added in the twenty-fourth session (breadth24): architectures whose code differs from the suite's —
+# mixtures of experts of other routings, state-space and recurrent hybrids, FFT and hashing and
+# landmark attention, block-sparse attention, character-level downsampling, patch time series,
+# codecs with vector quantizers. Not CI rows (tests/e2e/test_breadth.py runs `MODELS`): run them
+# with `breadth_compile.py --suite wider` or `--only NAME`.
+WIDER: dict[str, Callable[[], Built]] = {
+    # mixtures of experts
+    "olmoe": _hf("OlmoeForCausalLM", "OlmoeConfig", _text_ids(), "decoder", num_experts=4, num_experts_per_tok=2,
+                 pad_token_id=1, eos_token_id=2, **_LLAMAISH),
+    "granitemoe": _hf("GraniteMoeForCausalLM", "GraniteMoeConfig", _text_ids(), "decoder", **_MOE),
+    "phimoe": _hf("PhimoeForCausalLM", "PhimoeConfig", _text_ids(), "decoder", **_MOE),
+    "jetmoe": _hf("JetMoeForCausalLM", "JetMoeConfig", _text_ids(), "decoder", hidden_size=H,
+                  num_hidden_layers=LAYERS, num_key_value_heads=2, kv_channels=8, intermediate_size=FFN,
+                  vocab_size=VOCAB, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2),
+    # state-space, recurrent, and their hybrids with attention
+    "bamba": _hf("BambaForCausalLM", "BambaConfig", _text_ids(), "decoder", attn_layer_indices=[1],
+                 mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=4,
+                 mamba_expand=2, **_LLAMAISH),
+    "zamba2": _hf("Zamba2ForCausalLM", "Zamba2Config", _text_ids(), "decoder", hidden_size=H, num_hidden_layers=2,
+                  layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_headdim=16,
+                  chunk_size=4, intermediate_size=FFN, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                  vocab_size=VOCAB, max_position_embeddings=64, use_mamba_kernels=False, adapter_rank=4,
+                  use_shared_attention_adapter=True),
+    "falcon_h1": _hf("FalconH1ForCausalLM", "FalconH1Config", _text_ids(), "decoder", mamba_d_ssm=32,
+                     mamba_n_heads=4, mamba_d_head=8, mamba_d_state=8, mamba_chunk_size=4, **_LLAMAISH),
+    "recurrent_gemma": _hf("RecurrentGemmaForCausalLM", "RecurrentGemmaConfig", _text_ids(), "decoder",
+                           hidden_size=H, num_hidden_layers=3, num_attention_heads=HEADS, num_key_value_heads=1,
+                           intermediate_size=FFN, vocab_size=VOCAB, lru_width=H, attention_window_size=4,
+                           conv1d_width=4, block_types=["recurrent", "recurrent", "attention"]),
+    "rwkv": _hf("RwkvForCausalLM", "RwkvConfig", _text_ids(), "decoder", vocab_size=VOCAB, context_length=64,
+                hidden_size=H, num_hidden_layers=LAYERS, attention_hidden_size=H, intermediate_size=FFN),
+    # encoders with unusual attention or embeddings
+    "esm": _hf("EsmForMaskedLM", "EsmConfig", _text_ids(), "encoder", position_embedding_type="rotary",
+               pad_token_id=1, mask_token_id=2, **_BERTISH),
+    "big_bird": _hf("BigBirdForMaskedLM", "BigBirdConfig", _text_ids(seq=32), "encoder",
+                    attention_type="block_sparse", block_size=2, num_random_blocks=1, **_BERTISH),
+    "canine": _hf("CanineModel", "CanineConfig", _text_ids(seq=16, vocab=1000), "encoder", hidden_size=H,
+                  num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FFN, downsampling_rate=4,
+                  num_hash_functions=4, num_hash_buckets=64, local_transformer_stride=4, max_position_embeddings=64,
+                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "fnet": _hf("FNetForMaskedLM", "FNetConfig", _text_ids(), "encoder", hidden_size=H, num_hidden_layers=LAYERS,
+                intermediate_size=FFN, vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0),
+    # fails under any compiler (torch.compile alike): while compiling, transformers' bidirectional
+    # mask is a (batch, 1, seq, seq) tensor, which the landmark attention's (batch, heads,
+    # landmarks, seq) scores cannot take; eager passes None
+    "nystromformer": _hf("NystromformerForMaskedLM", "NystromformerConfig", _text_ids(seq=16), "encoder",
+                         num_landmarks=4, segment_means_seq_len=16, conv_kernel_size=3, **_BERTISH),
+    "yoso": _hf("YosoForMaskedLM", "YosoConfig", _text_ids(), "encoder", use_expectation=True, num_hash=4,
+                hash_code_len=4, conv_window=3, **_BERTISH),
+    "rembert": _hf("RemBertForMaskedLM", "RemBertConfig", _text_ids(), "encoder", input_embedding_size=16,
+                   output_embedding_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2, **_BERTISH),
+    "nomic_bert": _hf("NomicBertModel", "NomicBertConfig", _text_ids(), "encoder", head_dim=8, **_BERTISH),
+    # vision
+    "pvt": _hf("PvtForImageClassification", "PvtConfig", _pixels(32), "vision", image_size=32,
+               hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2],
+               sequence_reduction_ratios=[4, 2, 1, 1], mlp_ratios=[2, 2, 2, 2], num_labels=10),
+    "swiftformer": _hf("SwiftFormerForImageClassification", "SwiftFormerConfig", _pixels(32), "vision",
+                       image_size=32, depths=[1, 1, 1, 1], embed_dims=[8, 16, 32, 64], num_labels=10),
+    "vitdet": _hf("VitDetModel", "VitDetConfig", _pixels(32), "vision", image_size=32, pretrain_image_size=32,
+                  patch_size=4, hidden_size=H, num_hidden_layers=LAYERS, num_attention_heads=HEADS, mlp_ratio=2,
+                  window_block_indices=[0], window_size=4, use_relative_position_embeddings=True),
+    "glpn": _hf("GLPNForDepthEstimation", "GLPNConfig", _pixels(32), "vision", hidden_sizes=[8, 16, 32, 64],
+                depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2], decoder_hidden_size=16),
+    "dinov2_with_registers": _hf("Dinov2WithRegistersForImageClassification", "Dinov2WithRegistersConfig",
+                                 _pixels(32), "vision", num_register_tokens=2, **{**_VIT, "mlp_ratio": 2}),
+    # 64 pixels: at 32 the last stage is 1x1, and its batch norms in train mode normalize 2 values
+    # each (variances near 1e-7, under eps): eager's own float32 gradients are 0.1 off float64's there
+    "textnet": _hf("TextNetForImageClassification", "TextNetConfig", _pixels(64), "vision", stem_out_channels=8,
+                   hidden_sizes=[8, 8, 16, 16, 32], num_labels=10),
+    "hgnet_v2": _hf("HGNetV2ForImageClassification", "HGNetV2Config", _pixels(32), "vision",
+                    stem_channels=[3, 8, 8], stage_in_channels=[8, 16, 32, 32], stage_mid_channels=[8, 8, 16, 16],
+                    stage_out_channels=[16, 32, 32, 64], hidden_sizes=[16, 32, 32, 64], depths=[1, 1, 1, 1],
+                    stage_numb_of_layers=[2, 2, 2, 2], num_labels=10),
+    # audio
+    "sew": _hf("SEWForCTC", "SEWConfig", _wave(), "audio", squeeze_factor=2, **_WAV),
+    "unispeech": _hf("UniSpeechForCTC", "UniSpeechConfig", _wave(), "audio", **_WAV),
+    "wav2vec2_conformer": _hf("Wav2Vec2ConformerForCTC", "Wav2Vec2ConformerConfig", _wave(), "audio",
+                              position_embeddings_type="rotary", conv_depthwise_kernel_size=3, **_WAV),
+    "encodec": _hf("EncodecModel", "EncodecConfig", lambda: {"input_values": torch.randn(BATCH, 1, 320,
+                   generator=_gen())}, "audio", hidden_size=16, num_filters=4, upsampling_ratios=[4, 2],
+                   codebook_size=32, codebook_dim=16, target_bandwidths=[1.5], sampling_rate=800),
+    # encoder-decoders
+    # the attention mask given: without one, LongT5's stack makes an all-ones mask only when not
+    # compiling (`is_torchdynamo_compiling()`), and its transient-global attention then
+    # concatenates a batch-1 local bias with a batch-2 side bias (torch.compile fails alike)
+    "longt5": _hf("LongT5ForConditionalGeneration", "LongT5Config", _s2s_masked, "seq2seq", d_model=H, d_ff=FFN,
+                  d_kv=8, num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB, dropout_rate=0.0,
+                  encoder_attention_type="transient-global", local_radius=2, global_block_size=4),
+    "umt5": _hf("UMT5ForConditionalGeneration", "UMT5Config", _s2s_ids, "seq2seq", d_model=H, d_ff=FFN, d_kv=8,
+                num_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB, dropout_rate=0.0),
+    "prophetnet": _hf("ProphetNetForConditionalGeneration", "ProphetNetConfig", _s2s_ids, "seq2seq",
+                      hidden_size=H, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, num_encoder_layers=LAYERS,
+                      num_decoder_layers=LAYERS, num_encoder_attention_heads=HEADS,
+                      num_decoder_attention_heads=HEADS, vocab_size=VOCAB, ngram=2, num_buckets=8,
+                      relative_max_distance=16, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                      max_position_embeddings=64),
+    "fsmt": _hf("FSMTForConditionalGeneration", "FSMTConfig", _s2s_ids, "seq2seq", langs=["en", "de"],
+                src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=H, encoder_layers=LAYERS,
+                decoder_layers=LAYERS, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, max_position_embeddings=64, dropout=0.0,
+                attention_dropout=0.0, activation_dropout=0.0),
+    "speech_to_text": _hf("Speech2TextForConditionalGeneration", "Speech2TextConfig",
+                          lambda: {"input_features": torch.randn(BATCH, 32, 16, generator=_gen()),
+                                   "decoder_input_ids": _ids(seq=5)}, "seq2seq", d_model=H, encoder_layers=LAYERS,
+                          decoder_layers=LAYERS, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                          encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB, input_feat_per_channel=16,
+                          input_channels=1, conv_channels=16, num_conv_layers=2, max_source_positions=64,
+                          max_target_positions=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+    # time series
+    "patchtst": _hf("PatchTSTForPrediction", "PatchTSTConfig", _series(3, 32), "encoder", num_input_channels=3,
+                    context_length=32, patch_length=8, patch_stride=8, prediction_length=8, d_model=H,
+                    num_attention_heads=HEADS, num_hidden_layers=LAYERS, ffn_dim=FFN, dropout=0.0,
+                    attention_dropout=0.0, ff_dropout=0.0, head_dropout=0.0, path_dropout=0.0),
+    "patchtsmixer": _hf("PatchTSMixerForPrediction", "PatchTSMixerConfig", _series(3, 32), "encoder",
+                        num_input_channels=3, context_length=32, patch_length=8, patch_stride=8,
+                        prediction_length=8, d_model=16, num_layers=LAYERS, dropout=0.0, head_dropout=0.0,
+                        self_attn=True, self_attn_heads=2),
+    "informer": _hf("InformerForPrediction", "InformerConfig", _forecast, "encoder", **_FORECASTER),
+    "autoformer": _hf("AutoformerForPrediction", "AutoformerConfig", _forecast, "encoder", label_length=4,
+                       moving_average=3, **_FORECASTER),
 }  # fmt: skip
 
 

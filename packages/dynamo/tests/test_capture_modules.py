@@ -690,3 +690,33 @@ def test_unmodelled_method_of_a_container_made_in_the_frame_breaks_at_its_call()
     assert report.graph_count == 1
     torch.testing.assert_close(report.result[0], want[0])
     assert report.result[1:] == want[1:] == (False, False)
+
+
+class _NoneEntries(nn.Module):
+    """Informer's encoder: its conv layers are a ModuleList ending in a None (no conv after the
+    last layer), zipped with the layers; eager's ModuleList, Sequential and ModuleDict iterate
+    their None entries too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.convs = nn.ModuleList([nn.Tanh()])
+        self.convs.append(None)
+        self.heads = nn.ModuleDict({"a": nn.ReLU()})
+        self.heads["b"] = None
+
+    def forward(self, x):
+        for layer, conv in zip(self.layers, self.convs, strict=False):  # as Informer zips them
+            x = layer(x)
+            if conv is not None:
+                x = conv(x)
+        n = sum(1 for m in self.heads.values() if m is None)
+        return (
+            x * (len(list(self.convs)) + n),
+            list(self.heads),
+            [k for k, m in self.heads.items() if m is None],
+        )
+
+
+def test_none_entries_of_containers_are_iterated_as_eager_does() -> None:
+    check(seeded(_NoneEntries), t(2, 4))

@@ -15,7 +15,7 @@ forced). Tolerances are dtype-aware (float32: rtol 1e-4, atol 1e-4 on outputs; g
 1e-4: kiln's fused reductions sum in another order). A model whose graphs fall back to eager is
 reported (`fell_back`) with the reason: a fallback is never a wrong answer, but it is listed.
 
-    python packages/kiln/bench/breadth_compile.py [--only gpt2,bert] [--modes eval,train]
+    python packages/kiln/bench/breadth_compile.py [--only gpt2,bert] [--suite main|wider|all] [--modes eval,train]
         [--backends cpp,triton] [--dynamic none|true] [--option pad_mm=force] [--json out.json]
 
 `--dynamic true` compiles with every size symbolic from the first call (a graph that cannot take
@@ -53,7 +53,7 @@ import kiln_dynamo
 BENCH = Path(__file__).resolve().parents[2] / "dynamo" / "bench"
 sys.path.insert(0, str(BENCH))
 from breadth import build  # type: ignore[import-not-found]  # noqa: E402
-from breadth_models import MODELS  # type: ignore[import-not-found]  # noqa: E402
+from breadth_models import MODELS, WIDER  # type: ignore[import-not-found]  # noqa: E402
 
 
 def _open(x: Any) -> Any:
@@ -170,6 +170,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="")
     parser.add_argument("--skip", default="", help="models to leave out")
+    parser.add_argument(
+        "--suite", default="main", choices=["main", "wider", "all"], help="which models without --only"
+    )
     parser.add_argument("--modes", default="eval,train")
     parser.add_argument("--backends", default="cpp,triton")
     parser.add_argument("--dynamic", default="none", choices=["none", "true", "false"])
@@ -179,7 +182,8 @@ def main() -> None:
     dynamic = {"none": None, "true": True, "false": False}[args.dynamic]
     extra = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     torch.set_num_threads(1)
-    names = [n for n in (args.only.split(",") if args.only else MODELS) if n not in args.skip.split(",")]
+    suite = {"main": MODELS, "wider": WIDER, "all": {**MODELS, **WIDER}}[args.suite]
+    names = [n for n in (args.only.split(",") if args.only else suite) if n not in args.skip.split(",")]
     rows = []
     for backend in args.backends.split(","):
         for name in names:

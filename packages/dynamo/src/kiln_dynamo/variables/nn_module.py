@@ -252,10 +252,16 @@ class NNModuleVariable(VariableTracker):
                 tx.output.guards.length(AttrSource(self.source, attr), getattr(self.module, attr))
         return [(k, functools.partial(st.get, tx, attr, k)) for k in st.keys(attr)]
 
-    def _children(self, tx: Tx) -> list[tuple[str, VT]]:
-        """The non-None entries of `_modules` as the frame has them, wrapped."""
-        entries = [(k, get()) for k, get in self._registry(tx, "_modules")]
-        return [(k, v) for k, v in entries if not (v.is_constant() and v.as_constant() is None)]
+    def _entries(self, tx: Tx) -> list[tuple[str, VT]]:
+        """Every entry of `_modules` as the frame has it, wrapped, None entries included.
+
+        Note [None entries of containers]: `ModuleList.append(None)` and `ModuleDict[k] = None`
+        register a None child; iterating the container (and a ModuleDict's keys, values and
+        items) yields it, as `len()` counts it. Only `children()` and the other traversals skip
+        None entries. Informer's encoder zips its layers with a ModuleList of conv layers that
+        ends in None: a container iterated without its None entries gave a zip one layer short
+        (the whole encoder stack skipped, a wrong answer)."""
+        return [(k, get()) for k, get in self._registry(tx, "_modules")]
 
     def length(self, tx: Tx) -> int:
         if isinstance(self.module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
@@ -267,9 +273,9 @@ class NNModuleVariable(VariableTracker):
     def iterate(self, tx: Tx) -> list[VT]:
         m = self.module
         if isinstance(m, (nn.Sequential, nn.ModuleList)):
-            return [v for _, v in self._children(tx)]
+            return [v for _, v in self._entries(tx)]
         if isinstance(m, nn.ModuleDict):
-            return [ConstantVariable(k) for k, _ in self._children(tx)]
+            return [ConstantVariable(k) for k, _ in self._entries(tx)]
         if isinstance(m, nn.ParameterList):
             return [get() for _, get in self._registry(tx, "_parameters")]
         raise Unsupported(f"iterating over {self.describe()}")
@@ -301,7 +307,7 @@ class NNModuleVariable(VariableTracker):
     def call_method(self, tx: Tx, name: str, args: list[VT], kwargs: dict[str, VT]) -> VT:
         m = self.module
         if isinstance(m, nn.ModuleDict) and name in ("keys", "values", "items"):
-            kids = self._children(tx)
+            kids = self._entries(tx)
             if name == "keys":
                 return TupleVariable([ConstantVariable(k) for k, _ in kids])
             vals = [v for _, v in kids]
