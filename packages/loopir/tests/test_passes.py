@@ -357,17 +357,39 @@ def lm_head(x: Any, w: Any) -> Any:
 def test_forced_padding_equals_unpadded(dtype: torch.dtype) -> None:
     x, w = make((2, 3, 10), dtype), make((37, 10), dtype)  # N = 37 and K = 10 misaligned
     gm = with_vals(lm_head, x, w)
-    compiled = check(gm, x, w, options={"pad_mm": "force"})
-    # the output leaves as a view of the padded product, with its row stride (as torch.compile's)
+    compiled = check(gm, x, w, options={"pad_mm": "force", "pad_mm_output_copy": False})
+    # on request, the output leaves as a view of the padded product, with its row stride
     assert compiled(x, w).stride() == (120, 40, 1) and gm(x, w).stride() == (111, 37, 1)
-    copied = check(gm, x, w, options={"pad_mm": "force", "pad_mm_output_copy": True})
-    assert copied(x, w).stride() == gm(x, w).stride()  # copied to eager's strides on request
+    # Note [Padded results the program sees]: by default it is copied to eager's strides, so
+    # that `.view()` after the call works as in eager
+    copied = check(gm, x, w, options={"pad_mm": "force"})
+    assert copied(x, w).stride() == gm(x, w).stride()
+    assert copied(x, w).view(-1).shape == (2 * 3 * 37,)
     mm = next(op for op in compiled.graph.operations if "mm" in str(getattr(op, "op", "")))
     align = 4 if dtype == torch.float32 else 8
     size = [int(s) for s in mm.outputs[0].layout.size]
     assert size == [8, 40] and all(s % align == 0 for s in size)
     # the weight is padded before its transpose: the GEMM reads a transposed operand
     assert mm.args[1].layout.stride[0] == 1
+
+
+def test_padded_result_only_the_backward_reads_keeps_the_padded_layout() -> None:
+    # Note [Padded results the program sees]: an output listed as free-layout (a saved
+    # activation, Note [Outputs only the backward reads]) is not copied; one the program sees is
+    x, w = make((2, 3, 10), torch.float32), make((37, 10), torch.float32)
+
+    def two(x: Any, w: Any) -> Any:
+        out = lm_head(x, w)
+        return out, aten.mul.Tensor(out, 2.0)
+
+    gm = with_vals(two, x, w)
+    gm.meta[FREE_LAYOUT_OUTPUTS] = (0,)
+    compiled = check(gm, x, w, options={"pad_mm": "force"})
+    saved, _ = compiled(x, w)
+    assert saved.stride() == (120, 40, 1)  # the padded product's view, not copied
+    gm.meta[FREE_LAYOUT_OUTPUTS] = ()
+    copied = check(gm, x, w, options={"pad_mm": "force"})
+    assert copied(x, w)[0].stride() == (111, 37, 1)
 
 
 def test_padded_addmm_and_bmm_equal_unpadded() -> None:

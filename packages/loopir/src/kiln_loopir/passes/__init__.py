@@ -49,8 +49,9 @@ class PassOptions:
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
-    contiguous strides (by default it leaves as a view with the padded row stride, as
-    torch.compile's does). ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
+    contiguous strides: ``"user"`` (default) where the program sees it (not an output only the
+    backward reads), ``True`` every output, ``False`` none (it leaves as a view with the padded row
+    stride; Note [Padded results the program sees]). ``attention``: explicit softmax(Q @ K^T * c + mask) @ V rewritten to
     scaled_dot_product_attention where provably the same (Note [Attention rewrite]).
     ``attention_mask``: on CUDA, an SDPA mask that is constant along each row of scores (its last
     dimension of stride 0) is applied after an unmasked SDPA, so that a fused kernel runs (Note
@@ -125,7 +126,7 @@ class PassOptions:
     layout_per_batch: bool = True
     layout_training: bool = True
     pad_mm: bool | str = True
-    pad_mm_output_copy: bool = False
+    pad_mm_output_copy: bool | str = "user"
     attention: bool = True
     attention_mask: bool = True
     attention_dense_mask: bool | str = True
@@ -167,7 +168,6 @@ class PassOptions:
             made.conv_fusion,
             made.conv_prepack,
             made.linear_pack,
-            made.pad_mm_output_copy,
             made.view_scatter,
             made.index_select,
             made.pool_values_max,
@@ -182,9 +182,13 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " pad_mm_output_copy, view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion"
+                " view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion"
                 ", late_placement, var_mean, conv_grad_format and inplace_reuse"
                 " are True or False"
+            )
+        if made.pad_mm_output_copy not in (True, False, "user"):
+            raise ValueError(
+                f"pad_mm_output_copy must be True, False or 'user', not {made.pad_mm_output_copy!r}"
             )
         if made.pool_backward not in (True, False, "force"):
             raise ValueError(f"pool_backward must be True, False or 'force', not {made.pool_backward!r}")

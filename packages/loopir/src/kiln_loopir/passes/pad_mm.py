@@ -164,14 +164,20 @@ def candidate(node: torch.fx.Node) -> Candidate | None:
     return Candidate(node, m, k, n, (pads[0], pads[1], pads[2]), va.dtype)
 
 
-def reaches_output(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s value leaves the graph, directly or through views."""
+def reaches_output(node: torch.fx.Node, skip: frozenset[int] = frozenset()) -> bool:
+    """Whether ``node``'s value leaves the graph, directly or through views, at an output
+    position not in ``skip``."""
     pending, seen = [node], set()
     while pending:
         current = pending.pop()
         for user in current.users:
             if user.op == "output":
-                return True
+                outs = user.args[0] if user.args else ()
+                if not isinstance(outs, (tuple, list)):
+                    return True
+                if any(o is current and i not in skip for i, o in enumerate(outs)):
+                    return True
+                continue
             if user.target in VIEW_OPS and user not in seen:
                 seen.add(user)
                 pending.append(user)
@@ -367,6 +373,20 @@ def _eager_versions(
     return original, padded
 
 
+# Note [Padded results the program sees]: a padded GEMM's result that leaves the graph as a view
+# with the padded row stride has eager's values, shape and dtype, but not its strides, and code
+# after the compiled call that relies on them raises where eager runs: `logits.view(-1, vocab)`
+# of GPT-2's logits (row stride 50264, not 50257), the idiom of a training loop's loss, or a
+# graph break's continuation (test_alias_fuzz.py --pad-mm seed 30151: `t1.view(25, 1)` after the
+# break). torch.compile returns its outputs in eager's strides (inductor's `keep_output_stride`).
+# So by default (`pad_mm_output_copy="user"`) such a result is copied to eager's strides where it
+# leaves the graph as an output the program sees; an output only the backward reads (a saved
+# activation, Note [Outputs only the backward reads] in graph.py) keeps the padded layout. The
+# copy is part of what the pad is timed with (`should_pad`), so a GEMM whose padding no longer
+# pays once its result is copied is left unpadded. `pad_mm_output_copy=False` keeps the view
+# (faster where the program only reads values, as kiln did before), `True` copies every output.
+
+
 # Note [Readers of a GEMM's strides]: the slice of the padded buffer is the GEMM's value with
 # other strides, which no reader can tell apart, except one that addresses the storage itself:
 # `as_strided` (and `as_strided_scatter`) of the result or of a view of it takes eager's
@@ -392,10 +412,20 @@ def reads_strides(node: torch.fx.Node) -> bool:
 
 
 def _copies_out(c: Candidate, ctx: PassContext) -> bool:
-    """Whether the padded result is copied to eager's strides: where it leaves the graph and
-    option ``pad_mm_output_copy`` asks for it (Note [Matmul padding]), and where a reader
-    addresses its storage (Note [Readers of a GEMM's strides])."""
-    return (ctx.options.pad_mm_output_copy and reaches_output(c.node)) or reads_strides(c.node)
+    """Whether the padded result is copied to eager's strides: where it leaves the graph as an
+    output the program sees and option ``pad_mm_output_copy`` asks for it (``"user"``, the
+    default: every output but those only the backward reads; ``True``: every output; Note
+    [Padded results the program sees]), and where a reader addresses its storage (Note [Readers
+    of a GEMM's strides])."""
+    from ..graph import free_layout_outputs  # graph.py runs the passes
+
+    mode = ctx.options.pad_mm_output_copy
+    if mode == "user":
+        owner = c.node.graph.owning_module
+        leaves = reaches_output(c.node, free_layout_outputs(owner) if owner is not None else frozenset())
+    else:
+        leaves = bool(mode) and reaches_output(c.node)
+    return leaves or reads_strides(c.node)
 
 
 def should_pad(c: Candidate, ctx: PassContext, timer: Timer = time_ms) -> tuple[bool, str]:
