@@ -1262,7 +1262,8 @@ class KernelBuilder(OpsHandlerBase):
     def _render(self, sections: list[XSection | RPhase]) -> Kernel:
         self.lanes = self._lanes(sections)
         elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        # sorted, not in the set's order (Note [Deterministic schedules] in kiln_loopir's scheduler.py)
+        scratch = sorted(n for n in self.stored if n in self.internal and n in self.loaded)
 
         def keep(line: str) -> str | None:
             if line.startswith(STORE_MARK):

@@ -836,7 +836,8 @@ class _Generator(OpsHandlerBase):
 
     def _render(self) -> KernelSpec:
         elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        # sorted, not in the set's order (Note [Deterministic schedules] in kiln_loopir's scheduler.py)
+        scratch = sorted(n for n in self.stored if n in self.internal and n in self.loaded)
 
         def clean(lines: list[str]) -> list[str]:
             out = []
