@@ -10,8 +10,8 @@ one training step compiles in seconds. It prints one JSON line: each phase's tim
 (``kiln.compile_log()``), the first call's wall time, and the cyclic collector's collections and
 time inside it. ``--cpu`` times phases in process CPU time (the machine is shared).
 ``--dump FILE`` writes the sha256 of every generated module and wrapper source: compare two
-trees' dumps to show a change left the generated code byte-identical (run both under one
-``PYTHONHASHSEED``: T5's training backward orders some kernels by a set's iteration order).
+trees' dumps to show a change left the generated code byte-identical (the code does not depend
+on ``PYTHONHASHSEED``: Note [Deterministic schedules] in kiln_loopir's scheduler.py).
 
     PYTHONHASHSEED=0 python scripts/compile_time_probe.py --model resnet --mode train --cpu \\
         --dump /tmp/resnet_train.json

@@ -429,7 +429,8 @@ class OpsHandlerBase:
         """(the internal buffers whose stores are dropped, those stored as scratch memory): Note
         [Stores of kernel-internal buffers]."""
         elided = {n for n in self.stored if n in self.internal and n not in self.loaded}
-        scratch = [n for n in self.stored if n in self.internal and n in self.loaded]
+        # sorted, not in the set's order (Note [Deterministic schedules] in scheduler.py)
+        scratch = sorted(n for n in self.stored if n in self.internal and n in self.loaded)
         return elided, scratch
 
     def _param(self, name: str) -> str:

@@ -745,7 +745,7 @@ class Scheduler:
         for n in self.nodes:
             if not n.is_kernel():
                 continue
-            for name in n.read_names() | n.write_names():
+            for name in sorted(n.read_names() | n.write_names()):  # Note [Deterministic schedules]
                 by_buffer.setdefault(name, []).append(n)
         pairs: dict[tuple[int, int], tuple[BaseSchedulerNode, BaseSchedulerNode]] = {}
         for touching in by_buffer.values():
@@ -996,19 +996,44 @@ class Scheduler:
 
     # order and buffers ----------------------------------------------------------------------
 
+    # Note [Deterministic schedules]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # The generated code of a graph must not depend on the process that compiled it: Python
+    # salts the hash of every string per process (PYTHONHASHSEED), so a set of buffer or node
+    # names iterates in another order in every process, and so does a set of objects hashed by
+    # address. Where such an order decides anything, it is a tie-break, and ties are common:
+    # T5's training backward, compiled for the GPU, came out in another kernel order in each
+    # process (``scripts/compile_time_probe.py --model t5 --dump`` under PYTHONHASHSEED 0..2:
+    # three different wrappers): no disk cache hit across processes, no comparing two runs'
+    # code, and a failure that depends on the order comes and goes. Two places
+    # met such ties: the topological sort visits a node's producers by position, and late
+    # placement (Note [Kernels placed where they are first needed]) gives every producer that
+    # only one node waits for that node's position, so the producers of a fused kernel tied and
+    # ran in their set's order; now they run in graph order (their earliest member's), then by
+    # name. ``possible_fusions`` collected candidate pairs per buffer in the order of each
+    # node's set of buffer names, and the greedy loop's stable sort keeps that order among
+    # pairs of one score (of equal bytes and distance, a pointwise kernel between two
+    # reductions it could join); the names are now walked sorted. Sets elsewhere in the
+    # scheduler answer membership, or are sorted before they are walked.
+    # ``test_deterministic_schedule.py`` compiles graphs with such ties in processes of
+    # several hash seeds.
+
     def topological_sort(self, nodes: list[BaseSchedulerNode]) -> list[BaseSchedulerNode]:
         owner = {m.name: n for n in nodes for m in n.get_nodes()}
         done: set[int] = set()
         result: list[BaseSchedulerNode] = []
         position = {id(n): n.order for n in nodes}
 
+        def producer_key(name: str) -> tuple[int, int, str]:
+            # Note [Deterministic schedules]: producers at one position in their graph order
+            node = owner.get(name)
+            return (position[id(node)], node.order, name) if node is not None else (0, -1, name)
+
         def visit(n: BaseSchedulerNode) -> None:
             if id(n) in done:
                 return
             done.add(id(n))
-            for p in sorted(
-                self.producers(n), key=lambda name: position[id(owner[name])] if name in owner else 0
-            ):
+            for p in sorted(self.producers(n), key=producer_key):
                 if p in owner:
                     visit(owner[p])
             result.append(n)
