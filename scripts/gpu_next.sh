@@ -155,16 +155,19 @@ for step in "$@"; do
       # then bf16 training of four models not measured since the split fix, with the compile log (Note [Launchers
       # built in the workers])
       (nproc; lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)"; ldd --version | head -1; cat /proc/loadavg) 2>&1 | tee "$out/host.txt"
-      timeout 30 python3 scripts/omp_regions.py --threads 4,16 --gaps-us 0,2000 --reps 20 --torch-gomp \
+      timeout 25 python3 scripts/omp_regions.py --threads 4,16 --gaps-us 0,2000 --reps 20 --torch-gomp \
         --out "$out/regions.jsonl" 2>&1 | grep -v -E " (mul|erf) " | tail -12
       p="$out/probe16.jsonl"
-      timeout 50 python3 scripts/omp_probe.py --threads 16 --models gpt2 --kernels 5 --cpp full_teams=0 \
+      timeout 45 python3 scripts/omp_probe.py --threads 16 --models gpt2 --kernels 5 --cpp full_teams=0 \
         --label default --out "$p" 2>&1 | grep -v -i -E "warn|usdt" | tail -14
       OMP_WAIT_POLICY=active timeout 30 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 \
         --label OMP_WAIT_POLICY=active --out "$p" 2>&1 | grep "^gpt2"
       python3 scripts/omp_probe.py --summary "$p" | tail -8
-      KILN_LOG=compile TAIL=16 bench train-bf16-s24 150 --dtype bfloat16 --modes training \
-        --models llama,vit,resnet,t5 --repeats 4 --warmup 2 --backends eager,kiln,inductor
+      # Note [Padded results the program sees]: GPT-2's logits now copied to eager's strides by default
+      TAIL=12 bench infer-bf16-gpt2-padcopy 60 --dtype bfloat16 --modes inference --models gpt2 --repeats 10 --profile \
+        --profile-calls 2 --backends kiln,kiln:default:pad_mm_output_copy=False,inductor
+      KILN_LOG=compile TAIL=14 bench train-bf16-s24 120 --dtype bfloat16 --modes training \
+        --models llama,resnet,t5 --repeats 4 --warmup 2 --backends eager,kiln,inductor
       grep -E "kernel configs" "$out/train-bf16-s24.log" | cut -c1-230 | tail -8 ;;
     call24c)  # twenty-fourth session's end: bf16 training of the models not measured since the split fix, with
       # the compile log (Note [Launchers built in the workers]: the parent's load time and the workers' time)
