@@ -254,8 +254,17 @@ def _user_frame() -> str | None:
     return None
 
 
+_COMPOSITE: dict[Any, bool] = {}
+
+
 def _is_composite(func: Any) -> bool:
-    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    # asked once per operator (Note [Schema questions are asked once per operator])
+    known = _COMPOSITE.get(func)
+    if known is None:
+        known = _COMPOSITE[func] = bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        )
+    return known
 
 
 def _at_most_one_element(t: torch.Tensor) -> bool:
