@@ -4,6 +4,7 @@ where no autograd records the copy and no target is a view; otherwise copy by co
 from __future__ import annotations
 
 import copy
+import operator
 from typing import Any
 
 import pytest
@@ -338,3 +339,17 @@ def test_a_leaf_that_requires_grad_updated_under_no_grad_is_written_without_auto
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(x, x2)
     assert got[0] is w and w.is_leaf and w.requires_grad
+
+
+def test_schema_answers_are_kept_per_operator_and_handed_out_fresh() -> None:
+    # Note [Schema questions are asked once per operator]
+    from kiln_aotgrad.functionalize import is_view_op, mutated_arg_names
+
+    aten = torch.ops.aten
+    for _ in range(2):
+        assert is_view_op(aten.view.default) and not is_view_op(aten.add_.Tensor)
+        assert not is_view_op(aten.mul.Tensor) and not is_view_op(operator.getitem)
+        assert mutated_arg_names(aten.add_.Tensor) == ["self"]
+        assert mutated_arg_names(aten.add.out) == ["out"] and mutated_arg_names(aten.add.Tensor) == []
+    mutated_arg_names(aten.add_.Tensor).append("other")
+    assert mutated_arg_names(aten.add_.Tensor) == ["self"]

@@ -274,3 +274,47 @@ print(" ".join(sorted(names)))
     }
     missing = sorted(n for n in used - not_traced if not hasattr(InstructionTranslator, n))
     assert missing == [], missing
+
+
+def test_instructions_are_read_once_per_code_object() -> None:
+    # Note [Instructions read once per code object]
+    def f(x: int) -> int:
+        return x + 1
+
+    insts, index_of = bytecode.read(f.__code__)
+    assert insts == tuple(dis.get_instructions(f.__code__))
+    assert index_of == {inst.offset: i for i, inst in enumerate(insts)}
+    assert bytecode.read(f.__code__)[0] is insts and bytecode.instructions(f.__code__) is insts
+
+
+def test_equal_code_objects_keep_their_own_instructions() -> None:
+    # equal code (same bytes, constants, names) compiled from two files: a nested code constant's
+    # argval is the one of the code object asked about, never the other's
+    source = "def outer():\n    def inner():\n        return 1\n    return inner\n"
+    first, second = (compile(source, name, "exec").co_consts[0] for name in ("a.py", "b.py"))
+    assert first == second and first is not second
+    for code, name in ((first, "a.py"), (second, "b.py")):
+        nested = [i.argval for i in bytecode.instructions(code) if isinstance(i.argval, types.CodeType)]
+        assert [c.co_filename for c in nested] == [name]
+
+
+def test_instructions_read_by_a_capture_are_dropped_when_its_tracing_ends() -> None:
+    # Note [Instructions read once per code object]: the memo holds the code objects it read,
+    # which must not outlive the capture (the backend sees it already empty)
+    import kiln_dynamo
+
+    def helper(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return helper(x) + helper(x + 1)
+
+    seen: list[int] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append(len(bytecode._READ))
+        return gm.forward
+
+    x = torch.randn(3)
+    assert torch.equal(kiln_dynamo.compile(fn, backend=backend)(x), fn(x))
+    assert seen == [0] and not bytecode._READ

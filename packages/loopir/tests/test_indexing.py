@@ -123,6 +123,20 @@ def test_as_strided_params() -> None:
     assert as_strided_params(t * x0, [x0], {s0, s1}) is None
 
 
+def test_remembered_view_parameters_are_keyed_by_the_size_symbols_and_fresh() -> None:
+    # Note [View parameters are memoized]: the same index is a view with s1 a size symbol, and
+    # not one where s1 is another symbol; a caller may change the strides list it gets
+    s1 = sympy.Symbol("s1", integer=True, positive=True)
+    index = 48 * s1 * x0 + x1
+    for _ in range(2):
+        assert as_strided_params(index, [x0, x1], {s1}) == ([48 * s1, 1], 0)
+        assert as_strided_params(index, [x0, x1]) is None
+    got = as_strided_params(index, [x0, x1], {s1})
+    assert got is not None
+    got[0].append(Int(7))
+    assert as_strided_params(index, [x0, x1], {s1}) == ([48 * s1, 1], 0)
+
+
 RESHAPES = [
     ([4, 6], [24]), ([4, 6], [2, 12]), ([4, 6], [3, 8]), ([2, 3, 4], [6, 4]), ([2, 3, 4], [4, 3, 2]),
     ([6, 4], [2, 3, 2, 2]), ([1, 12, 1], [3, 1, 4]), ([5], [1, 5, 1]), ([2, 2, 3], [12]),

@@ -68,20 +68,34 @@ class Root:
     born: int = 0  # creation order (Note [One op kept when its decomposition fails])
 
 
+# Note [Schema questions are asked once per operator]: the tracer asks every operator it
+# dispatches whether it is a view and what it writes, several times each (tens of microseconds a
+# question: torch builds the schema's argument objects anew on each read). An operator's schema
+# never changes, so each answer is kept per operator.
+_VIEW_OPS: dict[Any, bool] = {}
+_WRITES: dict[Any, tuple[str, ...]] = {}
+
+
 def is_view_op(func: Any) -> bool:
-    schema = getattr(func, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    info = schema.returns[0].alias_info
-    return info is not None and not info.is_write
+    known = _VIEW_OPS.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        info = schema.returns[0].alias_info if schema is not None and schema.returns else None
+        known = _VIEW_OPS[func] = info is not None and not info.is_write
+    return known
 
 
 def mutated_arg_names(func: Any) -> list[str]:
     """Names of the arguments `func` writes to (empty for functional operators)."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return []
-    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    known = _WRITES.get(func)
+    if known is None:
+        schema = getattr(func, "_schema", None)
+        known = _WRITES[func] = (
+            ()
+            if schema is None
+            else tuple(a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+        )
+    return list(known)
 
 
 _NO_FUNCTIONAL_FORM = frozenset({"aten::set_", "aten::resize_", "aten::resize_as_", "aten::as_strided_"})

@@ -420,14 +420,14 @@ def partition(
     fw = _copy_graph(nodes, fw_keep, primals, [*fw_outs, *saved], joint)
     bw_keep = _ancestors([*bw_outs, *(n for n in checks if n in tangent_dep)], saved_set | set(tangents))
     bw = _copy_graph(nodes, bw_keep - saved_set, [*saved, *tangents], bw_outs, joint)
-    recomputed = [
-        n.name
+    recomputed_nodes = [
+        n
         for n in nodes
         if n in bw_keep and n not in tangent_dep and n not in saved_set and n.op == "call_function"
     ]
-    for name in recomputed:
-        node = next(n for n in nodes if n.name == name)
+    for node in recomputed_nodes:
         assert recomputable(node), f"partitioner would recompute {node.format_node()}"
+    recomputed = [n.name for n in recomputed_nodes]
     total = sum(nbytes(n.meta.get("val")) for n in saved)
     activations = sum(nbytes(n.meta.get("val")) for n in saved if not _is_input_view(n))
     sizes = tuple(i for i, n in enumerate(saved) if isinstance(n.meta.get("val"), torch.SymInt))

@@ -24,7 +24,6 @@ interpreted, or else the innermost stack frame outside torch and kiln.
 
 from __future__ import annotations
 
-import contextvars
 import math
 import operator
 import traceback
@@ -52,6 +51,7 @@ from kiln_aotgrad.logs import fallbacks_log
 from kiln_dynamo import graph_module
 from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, is_metadata_query, run_fake
+from kiln_dynamo.meta_memo import DEVICE_HINT
 from kiln_dynamo.trees import tree_leaves, tree_map
 
 aten = torch.ops.aten
@@ -131,9 +131,9 @@ PHYSICAL_VIEWS = {aten._conj.default: aten.conj_physical.default, aten._neg_view
 # saved tensor of another shape); CPU `linalg_eig` and `_linalg_svd` return column-major
 # eigenvectors and Vh, CUDA row-major (strides that are not eager's). So while a meta kernel runs
 # for a tensor that lives elsewhere, `device_hint` answers that device, as it does for torch's
-# FakeTensor: the wrapper installed once below consults `_HINTED_DEVICE` and otherwise answers as
-# torch's own (so other users of torch in the process see no change).
-_HINTED_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kiln_device_hint", default=None)
+# FakeTensor: the wrapper installed once below consults `DEVICE_HINT` (kiln_dynamo's, whose memo
+# of meta results keys on it: Note [Meta results are memoized]) and otherwise answers as torch's
+# own (so other users of torch in the process see no change).
 
 
 def _install_device_hint() -> None:
@@ -144,7 +144,7 @@ def _install_device_hint() -> None:
         return
 
     def device_hint(tensor: Any) -> str:
-        hinted = _HINTED_DEVICE.get()
+        hinted = DEVICE_HINT.get()
         if hinted is not None and getattr(getattr(tensor, "device", None), "type", None) == "meta":
             return hinted
         return original(tensor)
@@ -161,11 +161,11 @@ def fake_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if device is None or device.type in ("cuda", "meta"):
         return run_fake(func, args, kwargs)
     _install_device_hint()
-    token = _HINTED_DEVICE.set(device.type)
+    token = DEVICE_HINT.set(device.type)
     try:
         out = run_fake(func, args, kwargs)
     finally:
-        _HINTED_DEVICE.reset(token)
+        DEVICE_HINT.reset(token)
     if func in _EMBEDDING_BAG and device.type == "cpu":
         out = _cpu_embedding_bag_fast_path(func, args, kwargs, out)
     return out
@@ -286,8 +286,17 @@ def _user_frame() -> str | None:
     return None
 
 
+_COMPOSITE: dict[Any, bool] = {}
+
+
 def _is_composite(func: Any) -> bool:
-    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    # asked once per operator (Note [Schema questions are asked once per operator])
+    known = _COMPOSITE.get(func)
+    if known is None:
+        known = _COMPOSITE[func] = bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        )
+    return known
 
 
 def _at_most_one_element(t: torch.Tensor) -> bool:

@@ -104,6 +104,7 @@ XINDEX = sympy.Symbol("xindex", integer=True, nonnegative=True)
 YINDEX = sympy.Symbol("yindex", integer=True, nonnegative=True)
 RINDEX = sympy.Symbol("rindex", integer=True, nonnegative=True)
 AXIS_OF = {XINDEX: "x", YINDEX: "y", RINDEX: "r"}
+_WORD = re.compile(r"\w+")  # the words of a kernel body: which parameters it reads
 # Note [When to tile]: below this many elements along either tile axis a 2-D tile wastes lanes
 MIN_TILE = 16
 # torch.compile's kind prefixes, filled into a name's KIND field (kiln_loopir.kernel_name)
@@ -853,7 +854,15 @@ class _Generator(OpsHandlerBase):
             body.extend("    " + line for line in clean(section.lines))
             body.extend(clean(section.post))
         text = "\n".join(body)
-        params = [n for n in self.param_order if re.search(rf"\bp_{re.escape(n)}\b", text)]
+        # a parameter is passed when its name appears as a word of the body; the body's words
+        # are read once (a search per parameter compiled a pattern per name, most of them
+        # missing re's cache), a name that is not one word is searched as before
+        words = set(_WORD.findall(text))
+        params = [
+            n
+            for n in self.param_order
+            if (f"p_{n}" in words if _WORD.fullmatch(n) else re.search(rf"\bp_{re.escape(n)}\b", text))
+        ]
         plan = self.plan
         prog = (
             f"tl.program_id({{axis}}).to({self.index_dtype})"

@@ -375,6 +375,7 @@ def _capture(
     except Exception as e:  # Note [Never a crash]
         raise Unsupported(f"internal error while tracing: {type(e).__name__}: {e}") from e
     finally:
+        bytecode.forget()  # Note [Instructions read once per code object]
         for ctx in reversed(output.open_contexts):  # Note [Autocast as graph state]
             ctx.__exit__(None, None, None)
         output.open_contexts.clear()

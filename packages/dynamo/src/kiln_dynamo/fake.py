@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from kiln_dynamo.constants import CONSTANT_LIMIT, computable, drop_constants, run_on_constants, set_constant
 from kiln_dynamo.exc import FakeUnsupported
 from kiln_dynamo.meta import DATA_META_FUNCTIONS, META_CORRECTIONS, META_FUNCTIONS
+from kiln_dynamo.meta_memo import meta_call
 from kiln_dynamo.trees import tree_leaves, tree_map
 from kiln_dynamo.unbacked import NEEDS_DATA, UNBACKED_META_FUNCTIONS, current_env
 
@@ -488,7 +489,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             with enable_python_dispatcher():
                 out = func(*m_args, **m_kwargs)
         else:
-            out = func(*m_args, **m_kwargs)
+            out = meta_call(func, m_args, m_kwargs)  # Note [Meta results are memoized]
     except GuardOnDataDependent as e:
         raise FakeUnsupported(f"operator {name} branches on a data-dependent size: {e}") from e
     except NotImplementedError as e:

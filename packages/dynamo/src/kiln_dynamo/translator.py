@@ -306,8 +306,8 @@ class InstructionTranslator:
         self.cells = cells
         self.parent = parent
         self.depth: int = 0 if parent is None else parent.depth + 1
-        self.instructions = bytecode.instructions(code)
-        self.index_of = {inst.offset: i for i, inst in enumerate(self.instructions)}
+        # shared and read-only: Note [Instructions read once per code object]
+        self.instructions, self.index_of = bytecode.read(code)
         self.stack: list[VT] = []
         self.ip = 0
         self.lineno: int | None = code.co_firstlineno

@@ -614,7 +614,35 @@ def linear_index(index: Sequence[Expr], strides: Sequence[Expr], offset: Expr | 
     return sympy.Add(sympy.sympify(offset), *[i * s for i, s in zip(index, strides, strict=True)])
 
 
+# Note [View parameters are memoized]: every view realized as memory (extern arguments, graph
+# outputs) asks whether its index is affine in the loop variables, through sympy's expand, coeff
+# and subs (T5's lowering: 959 views, a quarter of the phase under a profiler). A network's
+# blocks repeat the same views over the same shapes, and loop variables are the same symbols
+# everywhere (`loop_vars`), so the answer is kept per (index, variables, size symbols): sympy
+# expressions are immutable and the answer is a function of them.
+_STRIDED: dict[
+    tuple[Expr, tuple[sympy.Symbol, ...], frozenset[sympy.Symbol]], tuple[list[Expr], Expr] | None
+] = {}
+_STRIDED_LIMIT = 1 << 14
+
+
 def as_strided_params(
+    index: Expr, variables: Sequence[sympy.Symbol], sizes: Iterable[sympy.Symbol] = ()
+) -> tuple[list[Expr], Expr] | None:
+    """If ``index`` is ``offset + sum(stride_i * var_i)``, return (strides, offset), else None
+    (Note [View parameters are memoized])."""
+    key = (index, tuple(variables), frozenset(sizes))
+    if key in _STRIDED:
+        known = _STRIDED[key]
+    else:
+        known = _as_strided_params(index, key[1], key[2])
+        if len(_STRIDED) >= _STRIDED_LIMIT:
+            _STRIDED.clear()
+        _STRIDED[key] = known
+    return None if known is None else (list(known[0]), known[1])
+
+
+def _as_strided_params(
     index: Expr, variables: Sequence[sympy.Symbol], sizes: Iterable[sympy.Symbol] = ()
 ) -> tuple[list[Expr], Expr] | None:
     """If ``index`` is ``offset + sum(stride_i * var_i)``, return (strides, offset), else None.

@@ -733,11 +733,9 @@ class Scheduler:
             for n in self._groups:
                 if n.ancestors & fused.names():
                     n.ancestors = (n.ancestors | fused.ancestors) - n.names()
-        seen: list[BaseSchedulerNode] = []
-        for n in owner.values():
-            if all(n is not s for s in seen):
-                seen.append(n)
-        self.nodes = seen
+        # each group once, in the order of its first member (a scan of the list kept so far
+        # made this quadratic in the graph's nodes)
+        self.nodes = list({id(n): n for n in owner.values()}.values())
 
     def possible_fusions(self) -> list[tuple[BaseSchedulerNode, BaseSchedulerNode]]:
         """Pairs of kernel nodes that touch a common buffer."""
