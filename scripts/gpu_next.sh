@@ -150,25 +150,23 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
-    call24e)  # twenty-fourth session's last call (under 5 minutes): GPT-2 at 16 CPU threads, the discriminating parts of
-      # call24d (the host, OpenMP regions alone, GPT-2 with full teams against before, with workers that never sleep),
-      # then bf16 training of four models not measured since the split fix, with the compile log (Note [Launchers
-      # built in the workers])
-      (nproc; lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)"; ldd --version | head -1; cat /proc/loadavg) 2>&1 | tee "$out/host.txt"
-      timeout 25 python3 scripts/omp_regions.py --threads 4,16 --gaps-us 0,2000 --reps 20 --torch-gomp \
-        --out "$out/regions.jsonl" 2>&1 | grep -v -E " (mul|erf) " | tail -12
+    call24e)  # twenty-fourth session's last call (the ~4 minutes of budget left): GPT-2 at 16 CPU threads, the
+      # discriminating parts of call24d (the host, OpenMP regions alone, GPT-2 with full teams, with workers that never
+      # sleep); GPT-2's bf16 inference with its padded logits copied (the new default) or kept as a view; ResNet-50
+      # and LLaMA bf16 training with the compile log (Note [Launchers built in the workers], compile24's changes)
+      (nproc; lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)"; cat /proc/loadavg) 2>&1 | tee "$out/host.txt"
+      timeout 20 python3 scripts/omp_regions.py --threads 4,16 --gaps-us 0,2000 --reps 10 --torch-gomp \
+        --out "$out/regions.jsonl" 2>&1 | grep -v -E " (mul|erf) " | tail -10
       p="$out/probe16.jsonl"
-      timeout 45 python3 scripts/omp_probe.py --threads 16 --models gpt2 --kernels 5 --cpp full_teams=0 \
-        --label default --out "$p" 2>&1 | grep -v -i -E "warn|usdt" | tail -14
-      OMP_WAIT_POLICY=active timeout 30 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 10 \
+      timeout 35 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 8 --kernels 4 --label default --out "$p" 2>&1 \
+        | grep -v -i -E "warn|usdt" | tail -10
+      OMP_WAIT_POLICY=active timeout 25 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 8 \
         --label OMP_WAIT_POLICY=active --out "$p" 2>&1 | grep "^gpt2"
-      python3 scripts/omp_probe.py --summary "$p" | tail -8
-      # Note [Padded results the program sees]: GPT-2's logits now copied to eager's strides by default
-      TAIL=12 bench infer-bf16-gpt2-padcopy 60 --dtype bfloat16 --modes inference --models gpt2 --repeats 10 --profile \
+      TAIL=10 bench infer-bf16-gpt2-padcopy 45 --dtype bfloat16 --modes inference --models gpt2 --repeats 8 --profile \
         --profile-calls 2 --backends kiln,kiln:default:pad_mm_output_copy=False,inductor
-      KILN_LOG=compile TAIL=14 bench train-bf16-s24 120 --dtype bfloat16 --modes training \
-        --models llama,resnet,t5 --repeats 4 --warmup 2 --backends eager,kiln,inductor
-      grep -E "kernel configs" "$out/train-bf16-s24.log" | cut -c1-230 | tail -8 ;;
+      KILN_LOG=compile TAIL=10 bench train-bf16-s24 95 --dtype bfloat16 --modes training \
+        --models resnet,llama --repeats 3 --warmup 1 --backends eager,kiln,inductor
+      grep -E "kernel configs" "$out/train-bf16-s24.log" | cut -c1-230 | tail -6 ;;
     call24c)  # twenty-fourth session's end: bf16 training of the models not measured since the split fix, with
       # the compile log (Note [Launchers built in the workers]: the parent's load time and the workers' time)
       KILN_LOG=compile TAIL=30 bench train-bf16-s24 250 --dtype bfloat16 --modes training \
