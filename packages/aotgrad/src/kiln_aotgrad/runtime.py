@@ -231,6 +231,15 @@ def _reshaped(g: torch.Tensor, info: OutputInfo, base_stride: tuple[int, ...] | 
         return None
 
 
+def _view_grad_mode(info: Any) -> Any:
+    """The grad mode an output view is rebuilt under: grad mode where its gradient stops at a
+    no_grad view (Note [Views of a view taken under no_grad] in joint.py), no_grad where it was
+    taken under no_grad, else the caller's."""
+    if info.grad_stops:
+        return torch.enable_grad()
+    return torch.no_grad() if info.no_grad else contextlib.nullcontext()
+
+
 def _no_grad_alias(t: torch.Tensor) -> torch.Tensor:
     """`t` whole, viewed under no_grad: its views taken in grad mode require grad and lead no
     gradient anywhere, as eager's views of a view taken under no_grad."""
@@ -265,13 +274,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
                 g = g.detach()
             if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
                 g = _no_grad_alias(g)
-            with (
-                torch.enable_grad()
-                if info.grad_stops
-                else torch.no_grad()
-                if info.no_grad
-                else contextlib.nullcontext()
-            ):
+            with _view_grad_mode(info):
                 if info.layout is not None:  # symbolic sizes: the offset is relative to the base's
                     size, stride, rel = info.layout(inputs)
                     flat[k] = g.as_strided(size, stride, g.storage_offset() + rel)
@@ -309,13 +312,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
             base = base.detach()
         if info.grad_stops:  # Note [Views of a view taken under no_grad] (joint.py)
             base = _no_grad_alias(base)
-        with (
-            torch.enable_grad()
-            if info.grad_stops
-            else torch.no_grad()
-            if info.no_grad
-            else contextlib.nullcontext()
-        ):
+        with _view_grad_mode(info):
             if info.layout is not None:  # symbolic sizes (joint.py)
                 size, stride, rel = info.layout(inputs)
                 flat[k] = base.as_strided(size, stride, base.storage_offset() + rel)
