@@ -5,6 +5,13 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-fourth session: call23a, call4c, call3c, call24a, call24b, call24a again ran on an H100
+#   (packages/bench/results/2026-12-06-h100*-s24-*); the budget was spent before call24e (a helper's environment check
+#   took ~9 minutes of it). Not measured on the GPU: the launcher marker (Note [Launchers built in the workers]),
+#   compile24's Python-side savings, Note [Padded results the program sees] (GPT-2's logits now copied to eager's
+#   strides: its bf16 inference GPU time may grow ~0.1-0.2 ms), Note [Teams keep the pool's size] on the host.
+#   Next: call24e FIRST (GPT-2 at 16 threads, the pad copy, bf16 training compile), then call24d (the whole 16-thread
+#   probe), call2 (bf16 inference of the suite), call4 (bf16 training of all ten), call5b (threads), call10, call5c.
 # Twenty-third session: call2, call5b, call4c, a BERT fp32-training probe and fp32 inference ran on an H100
 #   (packages/bench/results/2026-12-06-h100*-s23-*). Found: BERT and DistilBERT float32 training ran their
 #   backward unfused (an IndexError in the split reductions that outer_by_tiles exposed; fixed, Note [Each member
