@@ -6,8 +6,8 @@
 # results are in (the session's closing note says which ran).
 #
 # Twenty-fourth session: call23a, call4c, call3c, call24a, call24b, call24a again ran on an H100
-#   (packages/bench/results/2026-12-06-h100*-s24-*); the budget was spent before call24e (a helper's environment check
-#   took ~9 minutes of it). Not measured on the GPU: the launcher marker (Note [Launchers built in the workers]),
+#   (packages/bench/results/2026-12-06-h100*-s24-*); the budget was spent before call24e (call24a ran twice by mistake in
+#   its second call, ~80 s; a helper's look at the device's environment ~80 s). Not measured on the GPU: the launcher marker (Note [Launchers built in the workers]),
 #   compile24's Python-side savings, Note [Padded results the program sees] (GPT-2's logits now copied to eager's
 #   strides: its bf16 inference GPU time may grow ~0.1-0.2 ms), Note [Teams keep the pool's size] on the host.
 #   Next: call24e FIRST (GPT-2 at 16 threads, the pad copy, bf16 training compile), then call24d (the whole 16-thread
