@@ -31,6 +31,7 @@ differentiable as the clone is).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -676,6 +677,10 @@ def trace(
                 and not ng
                 and not dt
             )
+            # every way of rebuilding this view shares its grad-mode flags
+            input_view = functools.partial(
+                OutputInfo, "input_view", j, no_grad=ng, detach=dt, grad=chain_grad, grad_stops=ng_stops
+            )
             if t is visible[j]:
                 infos.append(OutputInfo("input", j))
             elif _as_strided_after_a_view(chain) and (symbolic_layout or symbolic_trace):
@@ -688,34 +693,14 @@ def trace(
                 graphs_log.info(
                     "kiln_aotgrad: output %d, as_strided after a view of input %d, replays its views", k, j
                 )
-                infos.append(
-                    OutputInfo(
-                        "input_view",
-                        j,
-                        views=views,
-                        no_grad=ng,
-                        detach=dt,
-                        grad=chain_grad,
-                        grad_stops=ng_stops,
-                    )
-                )
+                infos.append(input_view(views=views))
             elif symbolic_layout:  # Note [Symbolic views among the outputs]
                 if t.dtype != visible[j].dtype:
                     raise AotgradError(
                         "an output is a view of an input of another dtype, with symbolic sizes"
                     )
                 layout = symbolic_view_layout(t, visible, j)
-                infos.append(
-                    OutputInfo(
-                        "input_view",
-                        j,
-                        layout=layout,
-                        no_grad=ng,
-                        detach=dt,
-                        grad=chain_grad,
-                        grad_stops=ng_stops,
-                    )
-                )
+                infos.append(input_view(layout=layout))
             else:
                 # Notes [Offsets of views of inputs that require grad], [Static views of inputs
                 # start at the input's offset]: the view's offset is kept relative to the traced
@@ -730,17 +715,7 @@ def trace(
                 # symbolic view's run-time layout too (test_alias_fuzz.py, seed 165)
                 if is_symbolic(rel) or (symbolic_trace and t.dtype == visible[j].dtype):
                     layout = symbolic_view_layout(t, visible, j)
-                    infos.append(
-                        OutputInfo(
-                            "input_view",
-                            j,
-                            layout=layout,
-                            no_grad=ng,
-                            detach=dt,
-                            grad=chain_grad,
-                            grad_stops=ng_stops,
-                        )
-                    )
+                    infos.append(input_view(layout=layout))
                     continue
                 replay = t.dtype != visible[j].dtype
                 if not replay and _as_strided_after_a_view(chain):
@@ -751,20 +726,7 @@ def trace(
                         j,
                     )
                 views = chain if replay else ()
-                infos.append(
-                    OutputInfo(
-                        "input_view",
-                        j,
-                        size,
-                        stride,
-                        int(rel),
-                        views=views,
-                        no_grad=ng,
-                        detach=dt,
-                        grad=chain_grad,
-                        grad_stops=ng_stops,
-                    )
-                )
+                infos.append(input_view(size, stride, int(rel), views=views))
             continue
         later = root_output.get(rid, alias_output.get(rid, k))
         root_t = kept.get(rid)

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from kiln_dynamo.trees import CONSTANT_LEAVES
+
 # Note [Meta kernels that ask the device] (kiln_aotgrad's tracer): the device that torch's
 # `device_hint` answers while a meta kernel runs, None where it answers as torch's own. Part of
 # the memo's key: the kernels that ask (FFTs, `_embedding_bag`, `linalg_eig`...) answer per device.
@@ -34,18 +36,6 @@ DEVICE_HINT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kiln_d
 _LIMIT = 1 << 15  # entries; the memo starts again when full
 _MEMO: dict[tuple[Any, ...], Any] = {}
 _PURE: dict[Any, bool] = {}  # operator -> whether its schema aliases or writes nothing
-_SCALARS = (
-    int,
-    float,
-    bool,
-    complex,
-    str,
-    type(None),
-    torch.dtype,
-    torch.device,
-    torch.layout,
-    torch.memory_format,
-)
 
 
 class _Unkeyable(Exception):
@@ -87,7 +77,7 @@ def _key_of(x: Any, out: list[Any]) -> None:
         out.append((dict, tuple(x)))
         for y in x.values():
             _key_of(y, out)
-    elif isinstance(x, _SCALARS):
+    elif isinstance(x, CONSTANT_LEAVES):
         out.append((type(x), x))  # 1, 1.0 and True promote differently: the type is part of it
     else:
         raise _Unkeyable  # a SymInt, a generator, an object of the caller's
@@ -119,7 +109,7 @@ def _geometry_of(x: Any, inputs: set[int], seen: set[int]) -> Any:
         return (torch.Tensor, shape, stride, x.dtype)
     if isinstance(x, (tuple, list)):
         return (type(x), tuple(_geometry_of(y, inputs, seen) for y in x))
-    if isinstance(x, _SCALARS):
+    if isinstance(x, CONSTANT_LEAVES):
         return (None, x)
     raise _Unkeyable
 

@@ -19,23 +19,20 @@ from typing import Any
 import torch
 from torch.utils import _pytree
 
-_LEAVES = frozenset(
-    {
-        int,
-        float,
-        bool,
-        complex,
-        str,
-        type(None),
-        torch.dtype,
-        torch.device,
-        torch.layout,
-        torch.memory_format,
-        torch.SymInt,
-        torch.SymFloat,
-        torch.SymBool,
-    }
+# the constants an operator's arguments hold (meta_memo.py keys its answers by them too)
+CONSTANT_LEAVES = (
+    int,
+    float,
+    bool,
+    complex,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
 )
+_LEAVES = frozenset({*CONSTANT_LEAVES, torch.SymInt, torch.SymFloat, torch.SymBool})
 
 
 def _plain(tree: Any) -> bool:
