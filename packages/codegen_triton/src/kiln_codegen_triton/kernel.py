@@ -984,8 +984,12 @@ def build_kernel(
     reorder_reductions: bool = True,
     reorder_gathers: bool = False,
     outer_by_tiles: bool = True,
+    column: bool = False,
 ) -> KernelSpec:
     """Generate the kernel for one scheduler node's members, choosing how to block it.
+    ``column``: the caller knows the members are a column reduction (the partial kernel of a split
+    one, Note [Partials of a column reduction stay column reductions] in split.py): looped over
+    column tiles, whatever its accesses look like.
 
     Note [Persistent and looped reductions]: a reduction whose row fits ``max_persistent_rblock``
     lanes runs *persistent*: the whole row is in registers, every member is one straight line
@@ -1025,6 +1029,9 @@ def build_kernel(
         outer = any(_unit(e, XINDEX) for _, e, _ in both) and not any(_unit(e, RINDEX) for _, e, _ in both)
         order = None
         loads = [e for _, e, store in row if not store]
+        if column:
+            spec, g = gen(Plan("looped", nx, 1, nr))
+            return _with_outer(spec, True)
         if reorder_reductions and loads and not any(_unit(e, s) for e in loads for s in (XINDEX, RINDEX)):
             for candidate in _reduction_orders(members, xsizes, rsizes):
                 spec2, g2 = gen(Plan("persistent", nx, 1, nr, order=candidate))

@@ -52,6 +52,34 @@ for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule:
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
 kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
 
+Note [Partials of a column reduction stay column reductions]: a norm's weight and bias gradients
+(column sums over the tokens, Note [Row statistics do not decide a column reduction] in kernel.py)
+ran at 42-55% of copy bandwidth on an H100 (BERT and GPT-2 bf16 training, rows of 768 over 4096
+tokens; every other generated kernel of 16 MB or more ran at 70% or more), for two reasons that
+``scripts/triton_kernel_audit.py`` shows:
+- the partial kernel was built as a row reduction. Its outputs are (chunk, column) and its row is
+  the chunk's tokens, so a row statistic ``mean[chunk * len + r]`` moves with the outputs too (by
+  the chunk digit) and steps by 1 along the row: the kernel was judged by it and ran persistent,
+  a 64-column by 64-token tile of every input held in registers at once (8 warps, 8-12 KB of
+  bfloat16 per input tensor of the tile, nothing in flight while it reduces and stores). The whole
+  kernel, which saw the statistics move with the row only, had judged it a column reduction; its
+  partial keeps that (``build_kernel(column=True)``): looped over the 4 KB tiles of heuristics'
+  outer config, a few accumulators per output.
+- 64-token chunks (Note [Short chunks of column reductions]) cut 4096 tokens in 64 chunks: 12
+  column tiles of 768 columns gave 768 programs, about a third of ``split_outer_target_programs``
+  (the final norm's partial, already a column reduction, ran there at 55%; bias gradients of 2304
+  and 3072 columns, the same tiles over 2304-3072 programs, at 70% or more). A chunk may now be as
+  short as one tile step (``heuristics.outer_tile_rows``: 32 bfloat16 tokens, 16 float32 ones), so
+  such a kernel has 1536 programs. The partial buffers double (768 x 128 float32 per output,
+  ~6% of what the partial kernel reads), and the second kernel reads them in one short row per
+  column as before.
+torch.compile keeps these column sums apart from the row kernel too: split in about 32 chunks of
+128 tokens, each program a 16-column by 32-token tile looped four times, 1536 programs of 4 warps
+for 768 columns (its ``reduction_split_factor`` and outer-reduction config). Switch:
+``triton_options={"outer_partials": False}`` builds the partial as its accesses say and keeps
+64-token chunks (an explicit ``split_outer_min_chunk`` always wins). The H100 measurement is
+queued (``scripts/gpu_next.sh call25b``).
+
 Note [Split reductions under symbolic sizes]: a reduction whose outputs are static and whose
 row length ``nr`` is symbolic (``x.sum()`` of an [s0, 1024] activation, a bias gradient's column
 sum over s0 tokens) splits as a static one does, with three differences:
