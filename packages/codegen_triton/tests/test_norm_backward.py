@@ -125,3 +125,21 @@ def test_outer_partials_switch_chooses_the_form(on: bool, dtype: torch.dtype, de
     else:
         assert not partial.outer and partial.kind == "persistent"
         assert (chunks, partial.rnumel) == (8, 64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("on", [True, False], ids=["column_partials", "before"])
+def test_column_chunks_are_whole_tile_steps(on: bool, device: str) -> None:
+    """A bias gradient over 800 tokens of 768 bfloat16 columns: 32 chunks of 25 tokens would mask
+    a fifth of every 32-token step's lanes, so with ``outer_partials`` the chunk is rounded up to
+    one step (25 chunks of 32); without it the 64-token floor gives 16 chunks of 50."""
+    backend = TritonBackend(**SPLIT, outer_partials=on)
+    check(
+        lambda g: aten.sum.dim_IntList(g, [0]),
+        make((800, 768), torch.bfloat16),
+        device=device,
+        backend=backend,
+    )
+    (partial,) = _partials(backend)
+    assert partial.outer
+    assert (partial.xnumel // 768, partial.rnumel) == ((25, 32) if on else (16, 50))

@@ -465,6 +465,8 @@ class TritonBackend(Backend):
             outer_target_programs=self.split_outer_target_programs,
             rows=self.split_rows,
             outer_min_chunk=self._outer_min_chunk(spec),
+            # Note [Partials of a column reduction stay column reductions] in split.py
+            outer_step=outer_tile_rows(spec) if self.outer_partials else None,
         )
 
     def _outer_min_chunk(self, spec: KernelSpec) -> int:

@@ -46,7 +46,8 @@ nothing the node reduces; ``split_peel=False`` (a TritonBackend option) keeps su
 Note [Short chunks of column reductions]: a chunk of a row reduction is at least ``min_rnumel / 4``
 positions (256), one program's worth of long vector loads. A column reduction's program walks a
 tile of 64 columns by a few rows per step, so its chunks may be far shorter (``outer_min_chunk``,
-64 rows by default: ``split_outer_min_chunk``, a TritonBackend option). Channels-last BatchNorm
+64 rows, or one column tile under Note [Partials of a column reduction stay column reductions]:
+``split_outer_min_chunk``, a TritonBackend option). Channels-last BatchNorm
 statistics are column reductions over N*H*W rows; ResNet-50's at 14x14 and 7x7 (6272 and 1568 rows
 for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule: 64-128 programs
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
@@ -72,7 +73,9 @@ tokens; every other generated kernel of 16 MB or more ran at 70% or more), for t
   short as one tile step (``heuristics.outer_tile_rows``: 32 bfloat16 tokens, 16 float32 ones), so
   such a kernel has 1536 programs. The partial buffers double (768 x 128 float32 per output,
   ~6% of what the partial kernel reads), and the second kernel reads them in one short row per
-  column as before.
+  column as before. A static chunk is also rounded up to whole tile steps (Welford chunks must
+  divide the row and stay as they are): ViT's 6304 tokens in 256 chunks were 25 rows each, a
+  quarter of every step's lanes masked, and are now 197 chunks of 32.
 torch.compile keeps these column sums apart from the row kernel too: split in about 32 chunks of
 128 tokens, each program a 16-column by 32-token tile looped four times, 1536 programs of 4 warps
 for 768 columns (its ``reduction_split_factor`` and outer-reduction config). Switch:
@@ -158,6 +161,7 @@ def plan_split(
     outer_target_programs: int | None = None,
     rows: bool = True,
     outer_min_chunk: int | None = None,
+    outer_step: int | None = None,
     rnumel_hint: int | None = None,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
@@ -166,7 +170,9 @@ def plan_split(
     chunks may be as short as ``outer_min_chunk`` rows (Note [Short chunks of column
     reductions]). ``rows``: Note [The second kernel reduces rows]. ``rnumel_hint``: the row
     length's size hint when it is symbolic (Note [Split reductions under symbolic sizes]; None:
-    only static kernels split)."""
+    only static kernels split). ``outer_step``: the rows of one step of a column tile; a static
+    column reduction's chunks are whole steps (Note [Partials of a column reduction stay column
+    reductions]; None: any length)."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -211,7 +217,12 @@ def plan_split(
     if chunks < 2:
         return None
     chunk: Any = -(-nr // chunks)
+    if outer and outer_step and not symbolic and not any(_welford(m) for m in real):
+        # Note [Partials of a column reduction stay column reductions]: whole tile steps
+        chunk = -(-chunk // outer_step) * outer_step
     chunks = -(-nr // chunk)
+    if chunks < 2:
+        return None
     if symbolic:  # Note [Split reductions under symbolic sizes]: S from the hint, chunks of ceil(nr / S)
         chunk = FloorDiv(nr_size + chunks - 1, chunks)
     partials: list[ComputedBuffer] = []
