@@ -80,9 +80,9 @@ REORDERED_XBLOCK = 16
 OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
 # the columns of a persistent outer reduction (rows of at most 32: a sum over a batch of 8); a
-# constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, [8, 393216]
-# bfloat16 summed over the batch at 3072 programs of 128 columns, ran at 38% of an H100's copy
-# bandwidth: not yet understood)
+# constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, a bfloat16
+# and a float32 [8, 512 * 768] summed over the batch in 3072 programs of 128 columns, ran at 38% of
+# an H100's copy bandwidth: not yet understood)
 OUTER_PERSISTENT_XBLOCK = 128
 # Note [Block sizes for symbolic sizes]
 SYMBOLIC_MIN_EXTENT = 256

@@ -1021,6 +1021,8 @@ def build_kernel(
 
     if reduction is not None:
         nr = _prod(rsizes)
+        if column:
+            return _with_outer(gen(Plan("looped", nx, 1, nr))[0], True)
         spec, g = gen(Plan("persistent", nx, 1, nr))
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         # Note [Row statistics do not decide a column reduction]: only accesses that move with
@@ -1029,9 +1031,6 @@ def build_kernel(
         outer = any(_unit(e, XINDEX) for _, e, _ in both) and not any(_unit(e, RINDEX) for _, e, _ in both)
         order = None
         loads = [e for _, e, store in row if not store]
-        if column:
-            spec, g = gen(Plan("looped", nx, 1, nr))
-            return _with_outer(spec, True)
         if reorder_reductions and loads and not any(_unit(e, s) for e in loads for s in (XINDEX, RINDEX)):
             for candidate in _reduction_orders(members, xsizes, rsizes):
                 spec2, g2 = gen(Plan("persistent", nx, 1, nr, order=candidate))

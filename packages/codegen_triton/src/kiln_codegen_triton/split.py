@@ -61,11 +61,11 @@ tokens; every other generated kernel of 16 MB or more ran at 70% or more), for t
 - the partial kernel was built as a row reduction. Its outputs are (chunk, column) and its row is
   the chunk's tokens, so a row statistic ``mean[chunk * len + r]`` moves with the outputs too (by
   the chunk digit) and steps by 1 along the row: the kernel was judged by it and ran persistent,
-  a 64-column by 64-token tile of every input held in registers at once (8 warps, 8-12 KB of
-  bfloat16 per input tensor of the tile, nothing in flight while it reduces and stores). The whole
+  a 64-column by 64-token tile of every input held in registers at once (8 warps; 8 KB of
+  bfloat16 per input, 4-6 inputs; nothing in flight while it reduces and stores). The whole
   kernel, which saw the statistics move with the row only, had judged it a column reduction; its
   partial keeps that (``build_kernel(column=True)``): looped over the 4 KB tiles of heuristics'
-  outer config, a few accumulators per output.
+  outer config (64 columns by 32 bfloat16 tokens, 4 warps).
 - 64-token chunks (Note [Short chunks of column reductions]) cut 4096 tokens in 64 chunks: 12
   column tiles of 768 columns gave 768 programs, about a third of ``split_outer_target_programs``
   (the final norm's partial, already a column reduction, ran there at 55%; bias gradients of 2304
