@@ -157,6 +157,23 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call25b)  # twenty-fifth session (helper ln25): the layer-norm backward's column partials (Note [Partials of a
+      # column reduction stay column reductions], codegen_triton split.py), kiln against the form before
+      # (triton.outer_partials=False) in GPT-2 and BERT bf16 training: per backend, the "bandwidth:" line (kernels
+      # >= 16 MB at >= 70% of copy, ms a call below it, the slowest: *_rsqrt_sub_sum_*_partial, *_mul_sum_view_*_partial
+      # were 42-55% before) and the JSON's extra.profile families.generated ms and bandwidth.slowest; then the
+      # same graph alone (bench/bandwidth.py: kiln, its variants, eager, torch.compile; rows of 768, 4096 tokens),
+      # and a bf16 [8, 393216] sum over the batch like GPT-2's position-embedding gradient (38% before) at wider tiles
+      TAIL=40 bench train-bf16-ln25 90 --dtype bfloat16 --modes training --models gpt2,bert --repeats 6 --warmup 2 \
+        --profile --profile-calls 2 --backends kiln,kiln:default:triton.outer_partials=False
+      grep -E "bandwidth:" "$out/train-bf16-ln25.log" | cut -c1-400
+      peak=$(python3 -c "import torch; print(2.88 if 'H100' in torch.cuda.get_device_name() else 4.3)")
+      timeout 40 python3 packages/codegen_triton/bench/bandwidth.py --out "$out/lnb-768.json" --dtype bfloat16 \
+        --row 768 --sizes 3 --only layer_norm_backward --reps 7 --peak "$peak" \
+        --variants "outer_partials=0;split_outer_min_chunk=64;split_outer_min_chunk=16" 2>&1 | tail -6
+      timeout 25 python3 packages/codegen_triton/bench/bandwidth.py --out "$out/colsum-8rows.json" --dtype bfloat16 \
+        --row 393216 --sizes 3 --only col_sum --reps 7 --peak "$peak" \
+        --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=256,PERSISTENT_WARPS=4;OUTER_PERSISTENT_XBLOCK=512" 2>&1 | tail -6 ;;
     call24e)  # twenty-fourth session's last call (the ~4 minutes of budget left): GPT-2 at 16 CPU threads, the
       # discriminating parts of call24d (the host, OpenMP regions alone, GPT-2 with full teams, with workers that never
       # sleep); GPT-2's bf16 inference with its padded logits copied (the new default) or kept as a view; ResNet-50

@@ -16,7 +16,9 @@ call, not the kernel. The ``*_kernel_us`` columns are the GPU kernel time per ca
 target (≥ 70% of copy bandwidth for kernels moving ≥ 16 MB) is about; the table prints those.
 ``--set OUTER_XBLOCK=64,OUTER_WARPS=8`` overrides codegen_triton's heuristics constants and
 ``--split-target``/``--split-min`` the split-reduction thresholds, for a sweep (one process per
-variant: each compiles into its own cache folder).
+variant: each compiles into its own cache folder). In ``--variants`` a lower-case name is a
+TritonBackend switch (``--variants "outer_partials=0"``: kiln with that option, a kernel time
+beside the default's).
 
     PYTHONPATH=packages/loopir/src:packages/codegen_triton/src \\
         python packages/codegen_triton/bench/bandwidth.py --out bandwidth.json [--sizes 1,16,64] [--only softmax]
@@ -71,6 +73,28 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
     return aten.native_layer_norm.default(x, [x.shape[-1]], w, b, 1e-5)[0]
 
 
+def layer_norm_backward(
+    g: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, w: torch.Tensor
+) -> Any:
+    """A layer norm's backward as aotgrad traces it (float32 math over the saved row statistics,
+    gradients cast back): the input gradient's row kernel and the weight and bias gradients'
+    column sums, split into partials (Note [Partials of a column reduction stay column
+    reductions] in split.py; the kiln variant ``outer_partials=False`` is the form before)."""
+    f32 = torch.float32
+    gf, xf = aten._to_copy.default(g, dtype=f32), aten._to_copy.default(x, dtype=f32)
+    xhat = aten.mul.Tensor(aten.sub.Tensor(xf, mean), rstd)
+    gx = aten.mul.Tensor(gf, aten._to_copy.default(w, dtype=f32))
+    inner = aten.sub.Tensor(
+        aten.sub.Tensor(gx, aten.mean.dim(gx, [1], True)),
+        aten.mul.Tensor(xhat, aten.mean.dim(aten.mul.Tensor(gx, xhat), [1], True)),
+    )
+    return (
+        aten._to_copy.default(aten.mul.Tensor(inner, rstd), dtype=g.dtype),
+        aten._to_copy.default(aten.sum.dim_IntList(aten.mul.Tensor(gf, xhat), [0]), dtype=g.dtype),
+        aten._to_copy.default(aten.sum.dim_IntList(gf, [0]), dtype=g.dtype),
+    )
+
+
 def row_sum(x: torch.Tensor) -> Any:
     return aten.sum.dim_IntList(x, [1])
 
@@ -102,6 +126,16 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor
         lambda n: [
             *_rows(n),
             torch.randn(ROW, device="cuda", dtype=DTYPE),
+            torch.randn(ROW, device="cuda", dtype=DTYPE),
+        ],
+    ),
+    "layer_norm_backward": (
+        layer_norm_backward,
+        lambda n: [
+            *_rows(n),
+            *_rows(n),
+            torch.randn(n // ROW, 1, device="cuda"),
+            torch.rand(n // ROW, 1, device="cuda") + 0.5,
             torch.randn(ROW, device="cuda", dtype=DTYPE),
         ],
     ),
@@ -154,7 +188,10 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     expected = gm(*inputs)
     t0 = time.perf_counter()
     backend = TritonBackend(
-        mode=args.mode, split_target_programs=args.split_target, split_min_rnumel=args.split_min
+        mode=args.mode,
+        split_target_programs=args.split_target,
+        split_min_rnumel=args.split_min,
+        **args.switches,
     )
     compiled = kiln_loopir.compile_graph(gm, inputs, backend=backend)
     got = compiled(*inputs)
@@ -175,9 +212,9 @@ def measure(name: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     for i, settings in enumerate(filter(None, args.variants.split(";"))):
         # a variant compiles into a cache of its own: kernels and tuning choices are keyed by source
         os.environ["KILN_CACHE_DIR"] = os.path.join(_tmp, f"variant-{name}-{size}-{i}")
-        args.apply(settings)
+        switches = args.apply(settings)
         variant = kiln_loopir.compile_graph(
-            gm, inputs, backend=TritonBackend(mode=args.mode, autotune_min_bytes=0)
+            gm, inputs, backend=TritonBackend(mode=args.mode, autotune_min_bytes=0, **switches)
         )
         torch.testing.assert_close(
             variant(*inputs), expected, rtol=tol, atol=tol * max(1.0, expected.abs().max().item())
@@ -252,16 +289,24 @@ def main(argv: list[str] | None = None) -> int:
 
     defaults = {k: getattr(heuristics, k) for k in dir(heuristics) if k.isupper()}
 
-    def apply(settings: str) -> None:
+    from kiln_codegen_triton.backend import TRITON_OPTIONS
+
+    def apply(settings: str) -> dict[str, Any]:
+        """Set heuristics constants (upper case) and return TritonBackend switches (lower case)."""
         for key, value in defaults.items():
             setattr(heuristics, key, value)
+        switches: dict[str, Any] = {}
         for item in filter(None, settings.split(",")):
             key, _, value = item.partition("=")
-            if key not in defaults:
-                parser.error(f"--set: heuristics has no {key}")
-            setattr(heuristics, key, int(value))
+            if key in TRITON_OPTIONS:
+                switches[key] = TRITON_OPTIONS[key](int(value))
+            elif key not in defaults:
+                parser.error(f"--set/--variants: neither a heuristics constant nor a triton option: {key}")
+            else:
+                setattr(heuristics, key, int(value))
+        return switches
 
-    apply(args.set)
+    args.switches = apply(args.set)
     args.apply = apply
     if not torch.cuda.is_available():
         print("bandwidth.py needs a CUDA GPU", file=sys.stderr)

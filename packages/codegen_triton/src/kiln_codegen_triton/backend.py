@@ -66,7 +66,7 @@ from kiln_loopir.scheduler import (
 from kiln_loopir.wrapper_support import dense_shape, dense_storage, flat_storage, symbol_values
 
 from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
-from .heuristics import configs
+from .heuristics import configs, outer_tile_rows
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
@@ -107,6 +107,7 @@ TRITON_OPTIONS = {
     "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
     "reorder_gathers": bool,  # Note [Gathers along a row walk the rows] in kernel.py
     "outer_by_tiles": bool,  # Note [Row statistics do not decide a column reduction] in kernel.py
+    "outer_partials": bool,  # Note [Partials of a column reduction stay column reductions] in split.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -139,10 +140,11 @@ class TritonBackend(Backend):
         reorder_reductions: bool = True,
         reorder_gathers: bool = False,
         outer_by_tiles: bool = True,
+        outer_partials: bool = True,
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
-        split_outer_min_chunk: int = 64,
+        split_outer_min_chunk: int | None = None,
         split_rows: bool = True,
         split_peel: bool = True,
         split_symbolic: bool = True,
@@ -163,6 +165,7 @@ class TritonBackend(Backend):
         self.reorder_reductions = reorder_reductions
         self.reorder_gathers = reorder_gathers
         self.outer_by_tiles = outer_by_tiles
+        self.outer_partials = outer_partials
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -461,8 +464,18 @@ class TritonBackend(Backend):
             target_programs=self.split_target_programs,
             outer_target_programs=self.split_outer_target_programs,
             rows=self.split_rows,
-            outer_min_chunk=self.split_outer_min_chunk,
+            outer_min_chunk=self._outer_min_chunk(spec),
+            # Note [Partials of a column reduction stay column reductions] in split.py
+            outer_step=outer_tile_rows(spec) if self.outer_partials else None,
         )
+
+    def _outer_min_chunk(self, spec: KernelSpec) -> int:
+        """The shortest chunk of a split column reduction: as set, else one column tile's rows
+        under ``outer_partials`` (Note [Partials of a column reduction stay column reductions] in
+        split.py), else 64 (Note [Short chunks of column reductions])."""
+        if self.split_outer_min_chunk is not None:
+            return self.split_outer_min_chunk
+        return outer_tile_rows(spec) if self.outer_partials else 64
 
     def last_build(self) -> BuildReport:
         return BuildReport(
@@ -496,6 +509,7 @@ class TritonBackend(Backend):
         try:
             spec = build_kernel(name, members, reads, dtypes, internal, **options)
             plan = None
+            split_spec = spec  # the whole kernel the split is planned from
             head: tuple[KernelSpec, ...] = ()
             # a reordered reduction stays whole: split.py plans its chunks in logical order
             if spec.kind in ("persistent", "looped") and not spec.reordered:
@@ -503,6 +517,7 @@ class TritonBackend(Backend):
                 peel = peel_rows(members, reads, internal) if plan is None and self.split_peel else None
                 if peel is not None:  # Note [Split reductions]: r-level members peeled off
                     rest_spec = build_kernel(name, peel.rest, peel.rest_reads, dtypes, internal, **options)
+                    split_spec = rest_spec
                     plan = (
                         None
                         if rest_spec.reordered
@@ -538,7 +553,11 @@ class TritonBackend(Backend):
                     spec.hints()[2],
                 )
             dtypes = {**dtypes, **{p.name: p.layout.dtype for p in plan.partials}}
-            first = build_kernel(f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options)
+            # Note [Partials of a column reduction stay column reductions] in split.py
+            column = self.outer_partials and split_spec.outer
+            first = build_kernel(
+                f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options, column=column
+            )
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
             return KernelGroup((*head, first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:

@@ -79,6 +79,11 @@ OUTER_XBLOCK = 64
 REORDERED_XBLOCK = 16
 OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
+# the columns of a persistent outer reduction (rows of at most 32: a sum over a batch of 8); a
+# constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, a bfloat16
+# and a float32 [8, 512 * 768] summed over the batch in 3072 programs of 128 columns, ran at 38% of
+# an H100's copy bandwidth: not yet understood)
+OUTER_PERSISTENT_XBLOCK = 128
 # Note [Block sizes for symbolic sizes]
 SYMBOLIC_MIN_EXTENT = 256
 
@@ -116,6 +121,13 @@ def itemsize(spec: KernelSpec) -> int:
     return min(sizes) if sizes else 4
 
 
+def outer_tile_rows(spec: KernelSpec) -> int:
+    """The rows of one step of an outer (column) reduction's tile: ``OUTER_TILE_BYTES`` of the
+    kernel's narrowest element over ``OUTER_XBLOCK`` columns (32 bfloat16 rows, 16 float32 ones),
+    as the looped config below takes them."""
+    return max(8, OUTER_TILE_BYTES // (OUTER_XBLOCK * itemsize(spec)))
+
+
 def configs(
     spec: KernelSpec, *, autotune: bool | str = False, rblock_cap: int = LOOPED_RBLOCK
 ) -> list[Config]:
@@ -145,7 +157,7 @@ def configs(
         r = next_pow2(rnumel)
         # Note [Bytes per program]
         x = (
-            min(128, nx)
+            min(OUTER_PERSISTENT_XBLOCK, nx)
             if spec.outer and not spec.reordered
             else max(1, min(nx, _floor_pow2(PERSISTENT_BYTES // (max(1, rnumel) * size))))
         )

@@ -1005,8 +1005,12 @@ def build_kernel(
     reorder_reductions: bool = True,
     reorder_gathers: bool = False,
     outer_by_tiles: bool = True,
+    column: bool = False,
 ) -> KernelSpec:
     """Generate the kernel for one scheduler node's members, choosing how to block it.
+    ``column``: the caller knows the members are a column reduction (the partial kernel of a split
+    one, Note [Partials of a column reduction stay column reductions] in split.py): looped over
+    column tiles, whatever its accesses look like.
 
     Note [Persistent and looped reductions]: a reduction whose row fits ``max_persistent_rblock``
     lanes runs *persistent*: the whole row is in registers, every member is one straight line
@@ -1038,6 +1042,8 @@ def build_kernel(
 
     if reduction is not None:
         nr = _prod(rsizes)
+        if column:
+            return _with_outer(gen(Plan("looped", nx, 1, nr))[0], True)
         spec, g = gen(Plan("persistent", nx, 1, nr))
         row = [a for a in g.accesses if a[1].has(RINDEX)]
         # Note [Row statistics do not decide a column reduction]: only accesses that move with

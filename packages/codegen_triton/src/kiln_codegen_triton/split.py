@@ -46,11 +46,42 @@ nothing the node reduces; ``split_peel=False`` (a TritonBackend option) keeps su
 Note [Short chunks of column reductions]: a chunk of a row reduction is at least ``min_rnumel / 4``
 positions (256), one program's worth of long vector loads. A column reduction's program walks a
 tile of 64 columns by a few rows per step, so its chunks may be far shorter (``outer_min_chunk``,
-64 rows by default: ``split_outer_min_chunk``, a TritonBackend option). Channels-last BatchNorm
+64 rows, or one column tile under Note [Partials of a column reduction stay column reductions]:
+``split_outer_min_chunk``, a TritonBackend option). Channels-last BatchNorm
 statistics are column reductions over N*H*W rows; ResNet-50's at 14x14 and 7x7 (6272 and 1568 rows
 for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule: 64-128 programs
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
 kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
+
+Note [Partials of a column reduction stay column reductions]: a norm's weight and bias gradients
+(column sums over the tokens, Note [Row statistics do not decide a column reduction] in kernel.py)
+ran at 42-55% of copy bandwidth on an H100 (BERT and GPT-2 bf16 training, rows of 768 over 4096
+tokens; every other generated kernel of 16 MB or more ran at 70% or more), for two reasons that
+``scripts/triton_kernel_audit.py`` shows:
+- the partial kernel was built as a row reduction. Its outputs are (chunk, column) and its row is
+  the chunk's tokens, so a row statistic ``mean[chunk * len + r]`` moves with the outputs too (by
+  the chunk digit) and steps by 1 along the row: the kernel was judged by it and ran persistent,
+  a 64-column by 64-token tile of every input held in registers at once (8 warps; 8 KB of
+  bfloat16 per input, 4-6 inputs; nothing in flight while it reduces and stores). The whole
+  kernel, which saw the statistics move with the row only, had judged it a column reduction; its
+  partial keeps that (``build_kernel(column=True)``): looped over the 4 KB tiles of heuristics'
+  outer config (64 columns by 32 bfloat16 tokens, 4 warps).
+- 64-token chunks (Note [Short chunks of column reductions]) cut 4096 tokens in 64 chunks: 12
+  column tiles of 768 columns gave 768 programs, about a third of ``split_outer_target_programs``
+  (the final norm's partial, already a column reduction, ran there at 55%; bias gradients of 2304
+  and 3072 columns, the same tiles over 2304-3072 programs, at 70% or more). A chunk may now be as
+  short as one tile step (``heuristics.outer_tile_rows``: 32 bfloat16 tokens, 16 float32 ones), so
+  such a kernel has 1536 programs. The partial buffers double (768 x 128 float32 per output,
+  ~6% of what the partial kernel reads), and the second kernel reads them in one short row per
+  column as before. A static chunk is also rounded up to whole tile steps (Welford chunks must
+  divide the row and stay as they are): ViT's 6304 tokens in 256 chunks were 25 rows each, a
+  quarter of every step's lanes masked, and are now 197 chunks of 32.
+torch.compile keeps these column sums apart from the row kernel too: split in about 32 chunks of
+128 tokens, each program a 16-column by 32-token tile looped four times, 1536 programs of 4 warps
+for 768 columns (its ``reduction_split_factor`` and outer-reduction config). Switch:
+``triton_options={"outer_partials": False}`` builds the partial as its accesses say and keeps
+64-token chunks (an explicit ``split_outer_min_chunk`` always wins). The H100 measurement is
+queued (``scripts/gpu_next.sh call25b``).
 
 Note [Split reductions under symbolic sizes]: a reduction whose outputs are static and whose
 row length ``nr`` is symbolic (``x.sum()`` of an [s0, 1024] activation, a bias gradient's column
@@ -130,6 +161,7 @@ def plan_split(
     outer_target_programs: int | None = None,
     rows: bool = True,
     outer_min_chunk: int | None = None,
+    outer_step: int | None = None,
     rnumel_hint: int | None = None,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
@@ -138,7 +170,9 @@ def plan_split(
     chunks may be as short as ``outer_min_chunk`` rows (Note [Short chunks of column
     reductions]). ``rows``: Note [The second kernel reduces rows]. ``rnumel_hint``: the row
     length's size hint when it is symbolic (Note [Split reductions under symbolic sizes]; None:
-    only static kernels split)."""
+    only static kernels split). ``outer_step``: the rows of one step of a column tile; a static
+    column reduction's chunks are whole steps (Note [Partials of a column reduction stay column
+    reductions]; None: any length)."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -183,7 +217,12 @@ def plan_split(
     if chunks < 2:
         return None
     chunk: Any = -(-nr // chunks)
+    if outer and outer_step and not symbolic and not any(_welford(m) for m in real):
+        # Note [Partials of a column reduction stay column reductions]: whole tile steps
+        chunk = -(-chunk // outer_step) * outer_step
     chunks = -(-nr // chunk)
+    if chunks < 2:
+        return None
     if symbolic:  # Note [Split reductions under symbolic sizes]: S from the hint, chunks of ceil(nr / S)
         chunk = FloorDiv(nr_size + chunks - 1, chunks)
     partials: list[ComputedBuffer] = []
