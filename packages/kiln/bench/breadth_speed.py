@@ -388,10 +388,15 @@ def main(argv: list[str] | None = None) -> int:
 
         kiln.prepare()
     rows = []
+    inductor_caches = tempfile.mkdtemp(prefix="breadth-speed-inductor-")
     for name in names:
         for n in counts:  # each count in turn, the model's compiles again at each
             if n:  # eager and the compiled kernels alike read torch's thread count
                 torch.set_num_threads(n)
+                # torch.compile into an empty cache per count: its C++ holds the count it was
+                # generated for, and a torch whose cache key leaves the count out (2.11, seen by
+                # threads.py) would run another count's graph
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(inductor_caches, f"{n}t")
             if args.budget_s and time.perf_counter() - start > args.budget_s:
                 rows.append(
                     {"model": name, "mode": args.mode, "threads": n, "error": "not run: budget spent"}
