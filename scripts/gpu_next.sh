@@ -173,13 +173,14 @@ for step in "$@"; do
     call25d)  # twenty-fifth session (issue 20): the breadth suite at 16 CPU threads, inference, eager / kiln / torch.compile
       # (breadth_speed.py; its rows at tiny size, batch 32: what 16 threads cost or save on small kernels), one
       # architecture of each kind first -- decoder LM, encoder, conv net, vision transformer, MoE, state-space,
-      # encoder-decoder, audio -- then a second of each and a hybrid; the budget drops the last. Estimate: these 14
-      # first ones took 305 s on the 2-core box at 1 thread (torch.compile 261 of it, 6-37 s a model), so about 40 s
-      # start-up + ~60 s of torch.compile here. One process: shards (--procs) would share the 16 cores
+      # encoder-decoder, audio -- then a second of each and a hybrid; the budget drops the last. Estimate: 14 of them
+      # (all but jamba, convnext, bart, efficientnet) took 305 s on the 2-core box at 1 thread (torch.compile 261 of
+      # it, 6-37 s a model), so here about 40 s start-up + ~60-90 s of torch.compile for all 18. One process: shards
+      # (--procs) would share the 16 cores
       timeout 250 python3 packages/kiln/bench/breadth_speed.py --device cpu --dtype float32 --threads 16 --batch 32 \
         --only gpt2,bert,resnet,vit,mixtral,mamba,t5,wav2vec2,qwen2,deberta_v2,mobilenet_v2,swin,qwen2_moe,mamba2,jamba,convnext,bart,efficientnet \
         --rounds 15 --calls 4 --budget-s 195 --json "$out/breadth-16t.json" > "$out/breadth-16t.log" 2>&1
-      grep -v -E '^\{|Warning|USDT|^\[transformers\]|^Traceback|^  ' "$out/breadth-16t.log" | tail -30 | cut -c1-200 ;;
+      grep -v -E '^\{|Warning|USDT|^\[transformers\]' "$out/breadth-16t.log" | tail -40 | cut -c1-200 ;;
     call24e)  # twenty-fourth session's last call (the ~4 minutes of budget left): GPT-2 at 16 CPU threads, the
       # discriminating parts of call24d (the host, OpenMP regions alone, GPT-2 with full teams, with workers that never
       # sleep); GPT-2's bf16 inference with its padded logits copied (the new default) or kept as a view; ResNet-50
