@@ -174,6 +174,30 @@ for step in "$@"; do
       timeout 25 python3 packages/codegen_triton/bench/bandwidth.py --out "$out/colsum-8rows.json" --dtype bfloat16 \
         --row 393216 --sizes 3 --only col_sum --reps 7 --peak "$peak" \
         --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=256,PERSISTENT_WARPS=4;OUTER_PERSISTENT_XBLOCK=512" 2>&1 | tail -6 ;;
+    call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
+      # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
+      # gradients checked against eager's before it is timed (threads.py --mode training; the inference rows are
+      # call5b's). Estimate: on the 2-core box at 1 thread the 8 models took 696 s, 521 of them torch.compile's
+      # training compiles (resnet 138 incl. its first-compile start-up, convnext 100, t5 66, bert 60, gpt2 59, cnn 41,
+      # llama 34, mlp 23), kiln's 104; the box compiles inference 3-6x slower than this host (call5b), so here about
+      # 40 s start-up + 80-170 s of torch.compile per thread count: not all 8 fit. The budget drops the last models
+      # first (convnext, then t5, mlp, cnn: the costliest compiles and the least new); rerun what it skipped with
+      # --models. --kernels 0: the kernel-scaling pass (a second kiln training compile per model) left out
+      timeout 265 python3 packages/codegen_cpp/bench/threads.py --mode training --threads 1,4,16 \
+        --models gpt2,resnet,bert,llama,cnn,mlp,t5,convnext --budget-s 215 --row-s 2 --kernels 0 \
+        --out "$out/threads-training.json" > "$out/threads-training.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads-training.log" | tail -45 | cut -c1-220 ;;
+    call25d)  # twenty-fifth session (issue 20): the breadth suite at 16 CPU threads, inference, eager / kiln / torch.compile
+      # (breadth_speed.py; its rows at tiny size, batch 32: what 16 threads cost or save on small kernels), one
+      # architecture of each kind first -- decoder LM, encoder, conv net, vision transformer, MoE, state-space,
+      # encoder-decoder, audio -- then a second of each and a hybrid; the budget drops the last. Estimate: 14 of them
+      # (all but jamba, convnext, bart, efficientnet) took 305 s on the 2-core box at 1 thread (torch.compile 261 of
+      # it, 6-37 s a model), so here about 40 s start-up + ~60-90 s of torch.compile for all 18. One process: shards
+      # (--procs) would share the 16 cores
+      timeout 250 python3 packages/kiln/bench/breadth_speed.py --device cpu --dtype float32 --threads 16 --batch 32 \
+        --only gpt2,bert,resnet,vit,mixtral,mamba,t5,wav2vec2,qwen2,deberta_v2,mobilenet_v2,swin,qwen2_moe,mamba2,jamba,convnext,bart,efficientnet \
+        --rounds 15 --calls 4 --budget-s 195 --json "$out/breadth-16t.json" > "$out/breadth-16t.log" 2>&1
+      grep -v -E '^\{|Warning|USDT|^\[transformers\]' "$out/breadth-16t.log" | tail -40 | cut -c1-200 ;;
     call24e)  # twenty-fourth session's last call (the ~4 minutes of budget left): GPT-2 at 16 CPU threads, the
       # discriminating parts of call24d (the host, OpenMP regions alone, GPT-2 with full teams, with workers that never
       # sleep); GPT-2's bf16 inference with its padded logits copied (the new default) or kept as a view; ResNet-50

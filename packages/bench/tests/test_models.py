@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kiln_bench.harness import _step
+from kiln_bench.harness import step
 from kiln_bench.models import MODEL_NAMES, build, logits_of
 
 
@@ -13,13 +13,13 @@ from kiln_bench.models import MODEL_NAMES, build, logits_of
 def test_model_builds_and_runs(name: str) -> None:
     workload = build(name, "cpu")
     workload.model.eval()
-    names, outputs = _step(workload, workload.model, "inference")
+    names, outputs = step(workload, workload.model, "inference")
     (logits,) = outputs
     assert names == ["logits"]
     assert logits.shape[-1] == workload.num_classes
     assert torch.isfinite(logits).all()
     workload.model.train()
-    names, outputs = _step(workload, workload.model, "training")
+    names, outputs = step(workload, workload.model, "training")
     params = [p for p in workload.model.parameters() if p.requires_grad]
     assert names[0] == "loss" and len(outputs) > len(params) // 2
     assert all(torch.isfinite(g).all() for g in outputs)

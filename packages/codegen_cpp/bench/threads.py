@@ -1,16 +1,22 @@
 """Thread scaling on the CPU: eager vs kiln vs torch.compile (inductor) at several thread counts.
 
-For each model of kiln_bench's public suite (CPU size, inference, float32) and each thread count:
-the median time of eager, kiln and inductor, timed interleaved (A B C A B C ...) after a warm-up,
-and each compiler's speedup over eager at that thread count; then, per model, the scaling of
-kiln's slowest C++ kernels (a second kiln compile with ``KILN_PROFILE=1``, profiled at each thread
-count: ms per call and speedup over the first thread count). kiln compiles once per model: its
-kernels read the thread count at run time (Note [Parallel plan] in kiln_codegen_cpp/parallel.py),
-so the same compiled model is timed at every count, which also checks that claim (accuracy is
-checked again at each count). Inductor bakes the thread count into its C++ (``parallel_num_threads``
-at code generation), so it is compiled again at each count, each time into an empty cache of its
-own (a torch whose FX-graph cache key leaves the thread count out would otherwise reuse the
-graph of another count: on the H200 host, torch 2.11, the 16-thread compile of 2026-12-01 took
+For each model of kiln_bench's public suite (CPU size, float32) and each thread count: the median
+time of eager, kiln and inductor, timed interleaved (A B C A B C ...) after a warm-up, and each
+compiler's speedup over eager at that thread count. ``--mode inference`` (the default) times a
+call under no_grad; ``--mode training`` times a training step as kiln_bench's training mode does
+(forward, the suite's loss, backward: ``kiln_bench.harness.step``). Before a compiler is timed at
+a thread count its outputs are checked against eager's with the suite's accuracy rule
+(``kiln_bench.harness.reference``: the logits, or the loss and every gradient; allclose, else RMSE
+against float64 no worse than eager's): a mismatch is reported in the row (``<backend>_ok``,
+``<backend>_reason``, a ``!`` in the table) and that backend is not timed at that count. Then,
+per model, the scaling of kiln's slowest C++ kernels (a second kiln compile with
+``KILN_PROFILE=1``, profiled at each thread count: ms per call and speedup over the first thread
+count). kiln compiles once per model: its kernels read the thread count at run time (Note
+[Parallel plan] in kiln_codegen_cpp/parallel.py), so the same compiled model is timed at every
+count, which also checks that claim. Inductor bakes the thread count into its C++
+(``parallel_num_threads`` at code generation), so it is compiled again at each count, each time
+into an empty cache of its own (a torch whose FX-graph cache key leaves the thread count out
+would otherwise reuse the graph of another count: on the H200 host, torch 2.11, the 16-thread compile of 2026-12-01 took
 0.5 s against 69 s at one thread, likely such a reuse; torch 2.13 keys on the count).
 
 At the end: a table of every model's medians (ms) and speedups over eager at each thread count
@@ -28,6 +34,9 @@ where-the-time-went table of that run says what to cut):
 
     python packages/codegen_cpp/bench/threads.py --threads 1,4,16 \\
         --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama --budget-s 400 --row-s 2 --out threads.json
+
+The same with ``--mode training`` measures training steps (scripts/gpu_next.sh call25c); every row
+of the table and of the JSON says its mode.
 
 ``--kiln-options layout=False,conv_fusion=False`` passes loopir pass switches to kiln.compile;
 ``--backends kiln,kiln_ab,inductor`` adds a second kiln compiled with ``--ab-options`` (default:
@@ -58,9 +67,9 @@ for _var in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
 import torch  # noqa: E402
 
 import kiln  # noqa: E402
-from kiln_bench import accuracy  # noqa: E402
+from kiln_bench import harness  # noqa: E402
 from kiln_bench import profile as profiling  # noqa: E402
-from kiln_bench.models import build, logits_of  # noqa: E402
+from kiln_bench.models import Workload  # noqa: E402
 
 DEFAULT_MODELS = "resnet,gpt2,bert,mlp,cnn,convnext,t5,llama"
 
@@ -93,30 +102,25 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def _call(fn: Any, inputs: dict[str, Any]) -> torch.Tensor:
-    with torch.no_grad():
-        return logits_of(fn(**inputs))
-
-
-def _timed(fn: Any, inputs: dict[str, Any]) -> float:
+def _timed(workload: Workload, fn: Any, mode: str) -> float:
     start = time.perf_counter()
-    _call(fn, inputs)
+    harness.step(workload, fn, mode)
     return time.perf_counter() - start
 
 
-def _kernel_scaling(model: torch.nn.Module, inputs: dict[str, Any], counts: list[int], options: dict[str, Any],
+def _kernel_scaling(workload: Workload, mode: str, counts: list[int], options: dict[str, Any],
                     top: int, calls: int) -> list[dict[str, Any]]:  # fmt: skip
     """ms per call of kiln's ``top`` slowest C++ kernels at each thread count."""
     os.environ["KILN_PROFILE"] = "1"  # read when the wrapper is generated
     try:
         kiln.reset()
-        compiled = kiln.compile(model, options=options or None)
+        compiled = kiln.compile(workload.model, options=options or None)
         per: dict[int, dict[str, float]] = {}
         for n in counts:
             torch.set_num_threads(n)
             for _ in range(2):
-                _call(compiled, inputs)
-            events = profiling.record(lambda c=compiled: _call(c, inputs), "cpu", calls)
+                harness.step(workload, compiled, mode)
+            events = profiling.record(lambda c=compiled: harness.step(workload, c, mode), "cpu", calls)
             times: dict[str, float] = {}
             for e in profiling.cpu_ops(events):
                 if str(e.name).startswith("kiln:"):
@@ -142,15 +146,11 @@ def _kernel_scaling(model: torch.nn.Module, inputs: dict[str, Any], counts: list
 def run_model(
     name: str, counts: list[int], args: argparse.Namespace, options: dict[str, Any]
 ) -> dict[str, Any]:
-    workload = build(name, "cpu")
-    workload.model.eval()
-    inputs = workload.inputs
-    reference_64 = build(name, "cpu").to("cpu", torch.float64)
-    reference_64.model.eval()
-    exact = _call(reference_64.model, reference_64.inputs)
+    mode = args.mode
     torch.set_num_threads(counts[0])
-    reference = _call(workload.model, inputs).clone()
-    out: dict[str, Any] = {"model": name, "rows": [], "kernels": []}
+    ref = harness.reference(name, mode)  # eager's outputs (or loss and gradients) to check against
+    workload = ref.workload
+    out: dict[str, Any] = {"model": name, "mode": mode, "rows": [], "kernels": []}
     backends = [b for b in args.backends.split(",") if b]
 
     kiln.reset()
@@ -158,17 +158,17 @@ def run_model(
     compiled: dict[str, Any] = {"eager": workload.model}
     if "kiln" in backends:
         compiled["kiln"] = kiln.compile(workload.model, options=options or None)
-        _call(compiled["kiln"], inputs)
+        harness.step(workload, compiled["kiln"], mode)
         out["kiln_compile_s"] = round(time.perf_counter() - start, 3)
     if "kiln_ab" in backends:  # kiln with other switches, timed in the same rounds
         ab = _options(args.ab_options)
         if args.ab_cpp_options:
             ab["cpp_options"] = _options(args.ab_cpp_options)
         compiled["kiln_ab"] = kiln.compile(workload.model, options=ab or None)
-        _call(compiled["kiln_ab"], inputs)
+        harness.step(workload, compiled["kiln_ab"], mode)
     for n in counts:
         torch.set_num_threads(n)
-        row: dict[str, Any] = {"threads": n}
+        row: dict[str, Any] = {"threads": n, "mode": mode}
         fns = {"eager": workload.model}
         for backend in backends:
             if backend in ("kiln", "kiln_ab"):
@@ -181,24 +181,25 @@ def run_model(
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(_tmp, f"inductor-{n}t-{name}")
                 fn = torch.compile(workload.model)
                 start = time.perf_counter()
-                _call(fn, inputs)
+                harness.step(workload, fn, mode)
                 row["inductor_compile_s"] = round(time.perf_counter() - start, 3)
                 fns["inductor"] = fn
-        for backend, fn in fns.items():
+        for backend, fn in list(fns.items()):
             if backend == "eager":
                 continue
-            verdict = accuracy.check(["logits"], [reference], [_call(fn, inputs)], [exact], 1e-3)
+            verdict = ref.check(*harness.step(workload, fn, mode))
             row[f"{backend}_ok"] = verdict.ok
-            if not verdict.ok:
+            if not verdict.ok:  # reported, never timed
                 row[f"{backend}_reason"] = verdict.reason
+                del fns[backend]
         start = time.perf_counter()
         for _ in range(args.warmup):
             for fn in fns.values():
-                _call(fn, inputs)
+                harness.step(workload, fn, mode)
         times: dict[str, list[float]] = {b: [] for b in fns}
-        for _ in range(_repeats(args, sum(_timed(fn, inputs) for fn in fns.values()))):
+        for _ in range(_repeats(args, sum(_timed(workload, fn, mode) for fn in fns.values()))):
             for backend, fn in fns.items():
-                times[backend].append(_timed(fn, inputs))
+                times[backend].append(_timed(workload, fn, mode))
         row["timing_s"] = round(time.perf_counter() - start, 2)
         for backend, ts in times.items():
             row[f"{backend}_ms"] = round(statistics.median(ts) * 1e3, 4)
@@ -211,7 +212,7 @@ def run_model(
     if "kiln" in backends and args.kernels > 0:
         start = time.perf_counter()
         try:
-            out["kernels"] = _kernel_scaling(workload.model, inputs, counts, options, args.kernels, 3)
+            out["kernels"] = _kernel_scaling(workload, mode, counts, options, args.kernels, 3)
         except Exception as e:  # the scaling view is extra: a failure leaves the timings
             out["kernels_error"] = f"{type(e).__name__}: {e}"[:300]
         out["kernel_scaling_s"] = round(time.perf_counter() - start, 2)
@@ -231,11 +232,12 @@ def _repeats(args: argparse.Namespace, round_s: float) -> int:
 
 
 def _row_text(name: str, row: dict[str, Any], backends: list[str]) -> str:
-    parts = [f"{name:10s} {row['threads']:3d}t  eager {row['eager_ms']:9.3f} ms"]
+    parts = [f"{name:10s} {row['mode']:9s} {row['threads']:3d}t  eager {row['eager_ms']:9.3f} ms"]
     for backend in backends:
         if f"{backend}_ms" in row:
-            ok = "" if row.get(f"{backend}_ok", True) else " ACCURACY FAILED"
-            parts.append(f"{backend} {row[backend + '_ms']:9.3f} ms ({row[backend + '_speedup']:.2f}x){ok}")
+            parts.append(f"{backend} {row[backend + '_ms']:9.3f} ms ({row[backend + '_speedup']:.2f}x)")
+        elif not row.get(f"{backend}_ok", True):
+            parts.append(f"{backend} ACCURACY FAILED, not timed: {row.get(backend + '_reason', '')[:80]}")
     return "  ".join(parts)
 
 
@@ -243,7 +245,7 @@ def summary(results: list[dict[str, Any]], counts: list[int], backends: list[str
     """The per-model medians (ms) and speedups over eager at each thread count, a geomean row per
     count, and where each model's time went (compiles, timing, the kernel-scaling pass)."""
     timed = [b for b in backends if b in ("kiln", "kiln_ab", "inductor")]
-    head = f"{'model':10s} {'thr':>3s} {'eager ms':>10s}" + "".join(
+    head = f"{'model':10s} {'mode':9s} {'thr':>3s} {'eager ms':>10s}" + "".join(
         f" {b + ' ms':>12s} {'x':>6s}" for b in timed
     )
     lines = [head]
@@ -254,7 +256,7 @@ def summary(results: list[dict[str, Any]], counts: list[int], backends: list[str
                 + ("!" if not r.get(f"{b}_ok", True) else " ")
                 for b in timed
             )
-            lines.append(f"{m['model']:10s} {r['threads']:3d} {r['eager_ms']:10.3f}{cells}")
+            lines.append(f"{m['model']:10s} {r['mode']:9s} {r['threads']:3d} {r['eager_ms']:10.3f}{cells}")
         if "rows" not in m:
             lines.append(f"{m['model']:10s} {m.get('skipped') or m.get('error', '')}"[:120])
     for n, per in _geomeans(results, counts, backends).items():
@@ -262,7 +264,8 @@ def summary(results: list[dict[str, Any]], counts: list[int], backends: list[str
             f" {'':12s} {per[b]['geomean']:5.2f} " if b in per else f" {'':12s} {'-':>5s} " for b in timed
         )
         models = max((v["models"] for v in per.values()), default=0)
-        lines.append(f"{'geomean':10s} {int(n):3d} {f'({models} models)':>10s}{cells}")
+        mode = next((m["mode"] for m in results if "mode" in m), "")
+        lines.append(f"{'geomean':10s} {mode:9s} {int(n):3d} {f'({models} models)':>10s}{cells}")
     lines.append("")
     lines.append(
         f"{'model':10s} {'total s':>8s} {'kiln cc':>8s} {'inductor cc':>12s} {'timing':>7s} {'kernels':>8s}"
@@ -298,6 +301,12 @@ def _geomeans(results: list[dict[str, Any]], counts: list[int], backends: list[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,4,16")
+    parser.add_argument(
+        "--mode",
+        default="inference",
+        choices=harness.MODES,
+        help="inference: a call under no_grad; training: forward, the suite's loss and backward",
+    )
     parser.add_argument("--models", default=DEFAULT_MODELS)
     parser.add_argument(
         "--backends", default="kiln,inductor", help="compilers to time against eager: kiln, kiln_ab, inductor"
@@ -332,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": counts, "models": models, "backends": backends, "repeats": args.repeats,
         "warmup": args.warmup, "row_s": args.row_s, "kiln_options": options, "kiln_ab_options": _options(args.ab_options),
         "kiln_ab_cpp_options": _options(args.ab_cpp_options), "cpu": _cpu_model(), "cores": os.cpu_count(),
-        "torch": torch.__version__, "size": "cpu", "mode": "inference", "dtype": "float32",
+        "torch": torch.__version__, "size": "cpu", "mode": args.mode, "dtype": "float32",
     }  # fmt: skip
     # the guard checker built now, not in the background beside the timed calls (Note [The
     # background build yields the cores] in kiln_dynamo's tensor_check.py): this script's cache is
@@ -353,13 +362,15 @@ def main(argv: list[str] | None = None) -> int:
         # a model starts only if one as long as the median so far still fits in the budget
         elapsed = time.perf_counter() - started
         if elapsed + (statistics.median(durations) if durations else 0.0) > args.budget_s:
-            results.append({"model": name, "skipped": f"time budget of {args.budget_s:.0f} s spent"})
+            results.append(
+                {"model": name, "mode": args.mode, "skipped": f"time budget of {args.budget_s:.0f} s spent"}
+            )
             print(f"{name:10s} skipped: time budget spent ({elapsed:.0f} s elapsed)", flush=True)
             continue
         try:
             results.append(run_model(name, counts, args, options))
         except Exception as e:  # one failing model is a result, not the end of the run
-            results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
+            results.append({"model": name, "mode": args.mode, "error": f"{type(e).__name__}: {e}"[:300]})
             print(f"{name:10s} error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         durations.append(time.perf_counter() - started - elapsed)
         results[-1]["elapsed_s"] = round(durations[-1], 1)

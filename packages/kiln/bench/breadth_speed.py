@@ -2,11 +2,21 @@
 
 The public model suite is ten models; kiln is judged on many more. This times every architecture
 of the breadth suite (`packages/dynamo/bench/breadth_models.py`, 105 architectures and 16
-hand-written programs, built from configs at tiny size) in inference, on any device and dtype:
+hand-written programs, built from configs at tiny size; `--only` also takes the names of its
+`WIDER` set) in inference or training, on any device and dtype:
 
     python packages/kiln/bench/breadth_speed.py --device cuda --dtype bfloat16 [--only gpt2,bert]
-        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--threads 1] [--procs 4]
-        [--budget-s 500] [--json out.json]
+        [--skip ...] [--backends eager,kiln,inductor] [--batch 8] [--threads 1,4,16] [--procs 4]
+        [--mode eval|train] [--budget-s 500] [--json out.json]
+
+`--mode eval` (the default) times a call under no_grad; `--mode train` a training step: train
+mode, forward, a loss on the main output (breadth.py's), backward, each backend on its own copy
+of the model (its gradients cleared before every step), checked before timing on the main output
+and every parameter's gradient against eager's (Note [Gradients checked by the suite's rule]); a
+backend that differs is reported and not timed. `--threads 1,4,16` measures each model at each
+count in turn, every backend compiled again per count (torch.compile bakes the count into its
+C++; kiln's second compile of a model finds its C++ in the disk cache), one row per (model,
+count).
 
 Per model and backend: the first call's seconds (capture and compile), the wall time per call
 (median over `--rounds` rounds of `--calls` calls, the backends timed in turn within each round,
@@ -52,7 +62,7 @@ import torch.utils._pytree as pytree
 BENCH = Path(__file__).resolve().parents[2] / "dynamo" / "bench"
 sys.path.insert(0, str(BENCH))
 import breadth_models  # type: ignore[import-not-found]  # noqa: E402
-from breadth import build  # type: ignore[import-not-found]  # noqa: E402
+from breadth import _loss, build  # type: ignore[import-not-found]  # noqa: E402
 from breadth_models import MODELS, first_tensor  # type: ignore[import-not-found]  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 5e-2, torch.float16: 1e-2}
@@ -123,48 +133,118 @@ def _mismatch(got: Any, ref: Any, dtype: torch.dtype) -> str:
     return ""
 
 
-def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    row: dict[str, Any] = {"model": name}
-    dtype = getattr(torch, args.dtype)
+# Note [Gradients checked by the suite's rule]: a weight gradient sums over the batch and every
+# position, so its float32 rounding grows with its magnitude: the tiny ResNet's stem convolution
+# weight gradient reaches 9.1, and eager's own float32 gradient is 3.3e-3 off float64's there
+# (torch.compile's 3.0e-3): an allclose at 1e-3, right for one output, flagged torch.compile's
+# ResNet step as wrong. And a gradient that is zero but for rounding (nn_multihead_attention's
+# projection weights, magnitude 3e-9) differs by a few percent from any other order of the same
+# sums. So gradients are checked as kiln_bench checks a training step: its accuracy rule at its
+# training tolerance (allclose with the absolute part scaled by the magnitude, else an RMSE
+# against eager's float64 gradients no worse than twice eager's own), the float64 step run once
+# per model on a float64 copy of eager's.
+TRAIN_TOL = 1e-2
+
+
+def _fp64_grads(model: torch.nn.Module, inputs: dict[str, Any], device: str) -> list[Any] | None:
+    """Eager's gradients of a float64 copy of ``model``, the accuracy rule's reference (None when
+    the model cannot run in float64: the rule then has allclose alone)."""
     try:
-        model, inputs, kind = build(name, "eval")
+        m = copy.deepcopy(model).to(torch.float64)
+        for p in m.parameters():
+            p.grad = None
+        torch.manual_seed(3)
+        _loss(m(**_to(inputs, device, torch.float64))).backward()
+        return [p.grad for p in m.parameters()]
+    except Exception:
+        return None
+
+
+def _grad_mismatch(
+    module: torch.nn.Module, ref: torch.nn.Module, dtype: torch.dtype, exact: list[Any] | None = None
+) -> str:
+    """'' when every parameter's gradient of ``module`` matches ``ref``'s (eager's), else the first
+    that does not (Note [Gradients checked by the suite's rule]; ``exact``: float64 gradients)."""
+    from kiln_bench import accuracy
+
+    tol = max(TOL.get(dtype, 1e-3), TRAIN_TOL)
+    pairs = zip(module.named_parameters(), ref.parameters(), strict=True)
+    for i, ((pname, p), q) in enumerate(pairs):
+        if (p.grad is None) != (q.grad is None):
+            return f"grad of {pname}: {'None' if p.grad is None else 'a tensor'}, eager's is not"
+        if p.grad is not None:
+            fp64 = exact[i] if exact is not None else None
+            verdict = accuracy.check_tensor(f"grad of {pname}", q.grad, p.grad, fp64, tol)
+            if not verdict.ok:
+                return verdict.reason[:240]
+    return ""
+
+
+def _call_of(
+    fn: Callable[..., Any], module: torch.nn.Module, inputs: dict[str, Any], train: bool
+) -> Callable[[], Any]:
+    """One timed unit: a call, or with ``train`` a training step (gradients cleared, forward, the
+    loss, backward) whose gradients land in ``module``'s parameters."""
+    if not train:
+        return lambda: fn(**inputs)
+
+    def step() -> Any:
+        for p in module.parameters():
+            p.grad = None
+        out = fn(**inputs)
+        _loss(out).backward()
+        return out
+
+    return step
+
+
+def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": name, "mode": args.mode, "threads": torch.get_num_threads()}
+    dtype = getattr(torch, args.dtype)
+    train = args.mode == "train"
+    # a training step builds the graph autograd runs backward through; inference runs under no_grad
+    grad_mode = contextlib.nullcontext if train else torch.no_grad
+    try:
+        model, inputs, kind = build(name, args.mode)
         model = model.to(args.device).to(dtype)
         inputs = _to(inputs, args.device, dtype)
     except Exception as e:
         return {**row, "error": f"BUILD {type(e).__name__}: {e}"[:300]}
     row["kind"] = kind
     calls: dict[str, Callable[[], Any]] = {}
-    ref = None
+    ref = exact = None
     for backend in args.backends:
         entry: dict[str, Any] = {}
         row[backend] = entry
         try:
-            fn = _compiled(backend, model if backend == "eager" else copy.deepcopy(model))
-            with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            module = model if backend == "eager" else copy.deepcopy(model)
+            call = _call_of(_compiled(backend, module), module, inputs, train)
+            with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.manual_seed(3)
                 t0 = time.perf_counter()
-                out = fn(**inputs)
+                out = call()
                 _sync(args.device)
                 entry["first_call_s"] = round(time.perf_counter() - t0, 3)
                 for _ in range(args.warmup):
                     torch.manual_seed(3)
-                    out = fn(**inputs)
+                    out = call()
             entry.update(_details(backend))
             if backend == "eager":
                 ref = out
+                exact = _fp64_grads(model, inputs, args.device) if train else None
             elif ref is not None:
                 entry["mismatch"] = _mismatch(out, ref, dtype)
-
-            def call(fn: Callable[..., Any] = fn) -> Any:
-                return fn(**inputs)
-
+                if train and not entry["mismatch"]:
+                    entry["mismatch"] = _grad_mismatch(module, model, dtype, exact)
+            if entry.get("mismatch"):  # reported, never timed
+                continue
             calls[backend] = call
         except Exception as e:  # a crash is a row
             entry["error"] = f"{type(e).__name__}: {e}"[:300]
             traceback.print_exc(file=sys.stderr)
     times: dict[str, list[float]] = {b: [] for b in calls}
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         order = list(calls.items())
         for r in range(args.rounds):
@@ -184,7 +264,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
             from kiln_bench import profile
 
             try:
-                with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                     warnings.simplefilter("ignore")
                     found = profile.profile(calls[backend], args.device, 3, row[backend]["ms"])
                 row[backend]["profile"] = found.to_json()
@@ -198,11 +278,21 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+def _label(row: dict[str, Any], many: bool) -> str:
+    """A row's model, with its thread count where the run measured several."""
+    return f"{row['model']} @{row.get('threads', 0)}t" if many else row["model"]
+
+
 def _summary(rows: list[dict[str, Any]], backends: list[str]) -> str:
     lines = []
+    counts = sorted({r.get("threads", 0) for r in rows})
+    many = len(counts) > 1
+    modes = sorted({r["mode"] for r in rows if "mode" in r})
+    if modes:
+        lines.append(f"mode {', '.join(modes)}; threads {', '.join(str(n) for n in counts)}")
     head = f"{'model':24s}" + "".join(f"{b:>22s}" for b in backends) + "  graphs/breaks kiln, tc"
     lines.append(head)
-    speedups: dict[str, list[float]] = {b: [] for b in backends}
+    speedups: dict[tuple[str, int], list[float]] = {}
     for row in rows:
         cells = []
         for b in backends:
@@ -214,10 +304,10 @@ def _summary(rows: list[dict[str, Any]], backends: list[str]) -> str:
             flag = "!" if e.get("mismatch") else " "
             cells.append(f"{e.get('ms', float('nan')):9.3f}ms {sp if sp else 0:6.2f}x{flag}    ")
             if sp:
-                speedups[b].append(sp)
+                speedups.setdefault((b, row.get("threads", 0)), []).append(sp)
         k, t = row.get("kiln", {}), row.get("inductor", {})
         lines.append(
-            f"{row['model']:24s}"
+            f"{_label(row, many):24s}"
             + "".join(cells)
             + f"  {k.get('graphs', '-')}/{k.get('breaks', '-')}, {t.get('graphs', '-')}"
         )
@@ -227,31 +317,35 @@ def _summary(rows: list[dict[str, Any]], backends: list[str]) -> str:
             if p:
                 hot = ", ".join(f"{h['name'][:40]} {h['share']:.0%}" for h in p.get("top", [])[:3])
                 lines.append(
-                    f"  {row['model']:22s} {b:9s} dev {p.get('device_ms', 0):7.3f} ms  launches "
+                    f"  {_label(row, many):22s} {b:9s} dev {p.get('device_ms', 0):7.3f} ms  launches "
                     f"{p.get('launches', 0):5}  host {p.get('host_ms') or 0:7.3f} ms  {hot}"
                 )
         for reason in row.get("kiln", {}).get("break_reasons", [])[:4]:
-            lines.append(f"  {row['model']:22s} break: {reason[:170]}")
-    for b in backends:
-        s = speedups[b]
-        if s:
-            g = statistics.geometric_mean(s)
-            slower = sum(1 for v in s if v < 1.0)
-            lines.append(
-                f"{b}: geomean {g:.3f}x over eager on {len(s)} models; slower than eager on {slower}"
-            )
-    if "kiln" in backends and "inductor" in backends:
-        pairs = [
-            (r["kiln"]["ms"], r["inductor"]["ms"])
-            for r in rows
-            if r.get("kiln", {}).get("ms") and r.get("inductor", {}).get("ms")
-        ]
-        if pairs:
-            g = statistics.geometric_mean([t / k for k, t in pairs])
-            behind = sum(1 for k, t in pairs if k > t * 1.05)
-            lines.append(
-                f"kiln over torch.compile: {g:.3f}x geomean on {len(pairs)}; behind by >5% on {behind}"
-            )
+            lines.append(f"  {_label(row, many):22s} break: {reason[:170]}")
+    for n in counts:
+        at = f" at {n} threads" if many else ""
+        for b in backends:
+            s = speedups.get((b, n))
+            if s:
+                g = statistics.geometric_mean(s)
+                slower = sum(1 for v in s if v < 1.0)
+                lines.append(
+                    f"{b}{at}: geomean {g:.3f}x over eager on {len(s)} models; slower than eager on {slower}"
+                )
+        if "kiln" in backends and "inductor" in backends:
+            pairs = [
+                (r["kiln"]["ms"], r["inductor"]["ms"])
+                for r in rows
+                if r.get("threads", 0) == n
+                and r.get("kiln", {}).get("ms")
+                and r.get("inductor", {}).get("ms")
+            ]
+            if pairs:
+                g = statistics.geometric_mean([t / k for k, t in pairs])
+                behind = sum(1 for k, t in pairs if k > t * 1.05)
+                lines.append(
+                    f"kiln over torch.compile{at}: {g:.3f}x geomean on {len(pairs)}; behind by >5% on {behind}"
+                )
     return "\n".join(lines)
 
 
@@ -266,7 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's own)")
+    parser.add_argument(
+        "--threads", default="0", help="torch.set_num_threads, one count or several (1,4,16); 0: torch's own"
+    )
+    parser.add_argument(
+        "--mode", default="eval", choices=["eval", "train"], help="eval: a call under no_grad; train: a step"
+    )
     parser.add_argument("--procs", type=int, default=1)
     parser.add_argument("--shard", default="0/1")
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
@@ -274,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="kiln_bench's profile view per backend")
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
-    if args.threads:  # eager and the compiled kernels alike read torch's thread count
-        torch.set_num_threads(args.threads)
+    counts = [int(t) for t in str(args.threads).split(",") if t] or [0]
     if args.batch:
         breadth_models.BATCH = args.batch
     names = [n for n in (args.only.split(",") if args.only else MODELS) if n]
@@ -290,17 +388,27 @@ def main(argv: list[str] | None = None) -> int:
 
         kiln.prepare()
     rows = []
+    inductor_caches = tempfile.mkdtemp(prefix="breadth-speed-inductor-")
     for name in names:
-        if args.budget_s and time.perf_counter() - start > args.budget_s:
-            rows.append({"model": name, "error": "not run: budget spent"})
-            continue
-        t0 = time.perf_counter()
-        row = run_model(name, args)
-        row["seconds"] = round(time.perf_counter() - t0, 1)
-        rows.append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-        if args.json:  # written as it goes: a run cut short keeps its rows
-            Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+        for n in counts:  # each count in turn, the model's compiles again at each
+            if n:  # eager and the compiled kernels alike read torch's thread count
+                torch.set_num_threads(n)
+                # torch.compile into an empty cache per count: its C++ holds the count it was
+                # generated for, and a torch whose cache key leaves the count out (2.11, seen by
+                # threads.py) would run another count's graph
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(inductor_caches, f"{n}t")
+            if args.budget_s and time.perf_counter() - start > args.budget_s:
+                rows.append(
+                    {"model": name, "mode": args.mode, "threads": n, "error": "not run: budget spent"}
+                )
+                continue
+            t0 = time.perf_counter()
+            row = run_model(name, args)
+            row["seconds"] = round(time.perf_counter() - t0, 1)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.json:  # written as it goes: a run cut short keeps its rows
+                Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     print(_summary(rows, args.backends))
     return 0
 
@@ -311,7 +419,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
     base = [  # the child's arguments, from what was parsed: the models named, one process each
         f"--device={args.device}", f"--dtype={args.dtype}", f"--only={','.join(names)}",
         f"--backends={','.join(args.backends)}", f"--batch={args.batch}", f"--calls={args.calls}",
-        f"--threads={args.threads}",
+        f"--threads={args.threads}", f"--mode={args.mode}",
         f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
         *(["--profile"] if args.profile else []),
     ]  # fmt: skip
@@ -331,7 +439,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
         if proc.returncode:
             print(f"shard {part.stem} exited {proc.returncode}:", Path(log.name).read_text()[-1500:])
     order = {n: i for i, n in enumerate(names)}
-    rows.sort(key=lambda r: order.get(r["model"], len(order)))
+    rows.sort(key=lambda r: order.get(r["model"], len(order)))  # stable: a model's counts stay in order
     out.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
     print(_summary(rows, args.backends))
     return 0

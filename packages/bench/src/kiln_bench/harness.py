@@ -52,8 +52,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _step(workload: Workload, fn: Callable[..., Any], mode: str) -> tuple[list[str], list[torch.Tensor]]:
-    """One call of fn in `mode`; returns the named tensors to compare."""
+def step(workload: Workload, fn: Callable[..., Any], mode: str) -> tuple[list[str], list[torch.Tensor]]:
+    """One call of fn in `mode` (a training step: forward, the suite's loss, backward, the
+    gradients cleared first); returns the named tensors to compare."""
     if mode == "inference":
         with torch.no_grad():
             out = fn(**workload.inputs)
@@ -70,7 +71,7 @@ def _step(workload: Workload, fn: Callable[..., Any], mode: str) -> tuple[list[s
 def _timed(workload: Workload, fn: Callable[..., Any], mode: str, device: str) -> float:
     _sync(device)
     start = time.perf_counter()
-    _step(workload, fn, mode)
+    step(workload, fn, mode)
     _sync(device)
     return time.perf_counter() - start
 
@@ -95,6 +96,41 @@ def _fresh_disk_caches() -> Iterator[None]:
                     os.environ[var] = value
 
 
+@dataclass(slots=True)
+class Reference:
+    """What a compiled ``workload`` is checked against in ``mode``: eager's outputs (``names``,
+    ``outputs``), the same model's in float64 (``exact``), and the tolerance of the suite's
+    accuracy rule for the mode and dtype (``check`` applies it)."""
+
+    workload: Workload
+    mode: str
+    names: list[str]
+    outputs: list[torch.Tensor]
+    exact: list[torch.Tensor]
+    tol: float
+
+    def check(self, names: list[str], outputs: list[torch.Tensor]) -> accuracy.Verdict:
+        if names != self.names:
+            return accuracy.Verdict(False, f"outputs {names[:3]}... differ from eager's {self.names[:3]}...")
+        return accuracy.check(self.names, self.outputs, outputs, self.exact, self.tol)
+
+
+def reference(
+    name: str, mode: str, *, size: str = "cpu", device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Reference:
+    """Build model `name` for `mode` (train or eval) and run eager once, and once in float64."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    workload = build(name, size).to(device, dtype)
+    reference_64 = build(name, size).to(device, torch.float64)
+    for w in (workload, reference_64):
+        w.model.train(mode == "training")
+    names, outputs = step(workload, workload.model, mode)
+    _, exact = step(reference_64, reference_64.model, mode)
+    tol = 1e-3 if mode == "inference" and dtype == torch.float32 else 1e-2
+    return Reference(workload, mode, names, [t.clone() for t in outputs], exact, tol)
+
+
 def run_model(
     name: str,
     mode: str,
@@ -110,29 +146,15 @@ def run_model(
 ) -> list[Result]:
     """Measure `name` in `mode` under each backend; one Result per backend (profiled over
     `profile_calls` more calls when that is not 0)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
-    workload = build(name, size).to(device, dtype)
-    reference_64 = build(name, size).to(device, torch.float64)
-    for w in (workload, reference_64):
-        w.model.train(mode == "training")
-    names, reference = _step(workload, workload.model, mode)
-    reference = [t.clone() for t in reference]
-    _, exact = _step(reference_64, reference_64.model, mode)
-    tol = 1e-3 if mode == "inference" and dtype == torch.float32 else 1e-2
+    ref = reference(name, mode, size=size, device=device, dtype=dtype)
     results = []
     if any(b.partition(":")[0] == "kiln" for b in backend_names):
         backends.prepare_kiln()  # once per process, outside the fresh caches below
     for backend in backend_names:
         results.append(
             _measure(
-                workload,
-                mode,
+                ref,
                 backend,
-                names,
-                reference,
-                exact,
-                tol,
                 device,
                 repeats,
                 warmup,
@@ -144,41 +166,33 @@ def run_model(
 
 
 def _measure(
-    workload: Workload,
-    mode: str,
+    ref: Reference,
     backend: str,
-    names: list[str],
-    reference: list[torch.Tensor],
-    exact: list[torch.Tensor],
-    tol: float,
     device: str,
     repeats: int,
     warmup: int,
     compile_fn: Callable[[str, torch.nn.Module], Callable[..., Any]],
     profile_calls: int = 0,
 ) -> Result:
+    workload, mode = ref.workload, ref.mode
     result = Result(workload.name, mode, backend, ok=False)
     with _fresh_disk_caches():
         try:
             backends.reset(backend)
             start = time.perf_counter()
             compiled = compile_fn(backend, workload.model)
-            out_names, outputs = _step(workload, compiled, mode)
+            out_names, outputs = step(workload, compiled, mode)
             _sync(device)
             result.compile_s = time.perf_counter() - start
             result.extra.update(backends.compile_details(backend))
             traffic = backends.kernel_bytes(backend) if profile_calls else {}
-            verdict = accuracy.check(names, reference, outputs, exact, tol)
-            if out_names != names:
-                verdict = accuracy.Verdict(
-                    False, f"outputs {out_names[:3]}... differ from eager's {names[:3]}..."
-                )
+            verdict = ref.check(out_names, outputs)
             if not verdict.ok:
                 result.reason = f"accuracy: {verdict.reason}"
                 return result
             for _ in range(warmup):
-                _step(workload, workload.model, mode)
-                _step(workload, compiled, mode)
+                step(workload, workload.model, mode)
+                step(workload, compiled, mode)
             eager_t, compiled_t = [], []
             for _ in range(repeats):
                 eager_t.append(_timed(workload, workload.model, mode, device))
@@ -190,7 +204,7 @@ def _measure(
             if profile_calls:
                 add_profile(
                     result,
-                    lambda: _step(workload, compiled, mode),
+                    lambda: step(workload, compiled, mode),
                     device,
                     profile_calls,
                     kernel_bytes=traffic,
