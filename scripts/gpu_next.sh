@@ -157,6 +157,16 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call25a)  # twenty-fifth session: ResNet-50 bf16 training after the grouped write-back (aotgrad, Note [Write-backs
+      # in one call]: 183 memcpy a step before, "copies" in the profile row) and one accumulator per reduced value
+      # (codegen_triton, Note [One accumulator per reduction of a value]: the BatchNorm statistics' partial kernels ran
+      # six identical Welford triples, 24-29% of copy before); then GPT-2 at 16 CPU threads with full_teams=0 (76 ms at
+      # b27ab39, before Note [Teams keep the pool's size]; 3.1 ms at 8a02c42): is full_teams what fixed it?
+      TAIL=14 bench train-bf16-resnet-s25 100 --dtype bfloat16 --modes training --models resnet --repeats 6 --warmup 2 \
+        --profile --profile-calls 2 --backends eager,kiln
+      grep -E "bandwidth:" "$out/train-bf16-resnet-s25.log" | cut -c1-300
+      timeout 40 python3 scripts/omp_probe.py --threads 16 --models gpt2 --calls 8 --cpp full_teams=0 --label full_teams=0 \
+        --out "$out/probe16.jsonl" 2>&1 | grep "^gpt2" ;;
     call25b)  # twenty-fifth session (helper ln25): the layer-norm backward's column partials (Note [Partials of a
       # column reduction stay column reductions], codegen_triton split.py), kiln against the form before
       # (triton.outer_partials=False) in GPT-2 and BERT bf16 training: per backend, the "bandwidth:" line (kernels
