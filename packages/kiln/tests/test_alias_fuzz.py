@@ -785,6 +785,49 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
+def _dead_index_write(x0, idx):  # seed 30289's program: the write's result is overwritten
+    with torch.no_grad():
+        x0.index_put_((idx,), torch.full((1, 5), 4.0))
+    x0.zero_()
+    return x0 + 1
+
+
+def _dead_gather(x0, idx):
+    t = x0[idx]  # nothing reads it  # noqa: F841
+    return x0 + 1
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _dead_index_write,
+        pytest.param(
+            _dead_gather,
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="Note [Dead gathers are not checked] (kiln_aotgrad's tracer.py): a known difference",
+            ),
+        ),
+    ],
+    ids=["write", "gather"],
+)
+def test_dead_index_ops(fn) -> None:
+    # kiln_loopir's Note [Dead index writes keep their bounds check]: eager raises IndexError
+    # for an index out of range where the op's result is dead; kiln raises it for a write (it
+    # returned a value before) and, a known difference, not for a gather
+    compiled = kiln.compile(fn)
+    x = torch.randn(5, 5)
+    torch.testing.assert_close(compiled(x.clone(), torch.tensor([4])), fn(x.clone(), torch.tensor([4])))
+    with pytest.raises(IndexError):
+        fn(x.clone(), torch.tensor([7]))
+    try:
+        compiled(x.clone(), torch.tensor([7]))
+    except IndexError:
+        return
+    raise AssertionError("the compiled program did not raise IndexError")
+
+
 if __name__ == "__main__":
     sys.exit(main())
 

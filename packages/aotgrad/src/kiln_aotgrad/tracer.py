@@ -1180,6 +1180,13 @@ def _binds_checked_symbol(node: torch.fx.Node) -> bool:
     return False
 
 
+# Note [Dead gathers are not checked]: a gather nobody reads (`t = x[i]`, `torch.gather` whose
+# result is dropped) is dead code here, so an index out of range that raises IndexError in eager
+# passes silently in a compiled program (torch.compile drops it too). A known difference, kept
+# for now: checking it would take a node kept for its effect that raises IndexError (an
+# `_assert_async` raises RuntimeError) and a kernel per dead gather. Dead index *writes* keep
+# their check (kiln_loopir's Note [Dead index writes keep their bounds check]); both are shown
+# by kiln's test_alias_fuzz.py (`test_dead_index_ops`).
 def eliminate_dead_code(graph: torch.fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         dead = node.op in ("call_function", "get_attr") and not node.users and not _impure(node)
