@@ -1371,8 +1371,8 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
 # (`x.index_put_(i, v)` then `x.zero_()`, test_alias_fuzz.py seed 30289) raises IndexError in
 # eager for an index out of range, and a compiled program that dropped it returned a value
 # instead (torch.compile does too). Silently accepting an out-of-range index is worse than
-# raising, and dead index writes are rare in real programs (none in the model suite), so
-# dead-code elimination keeps a scatter that checks its indices, with what it reads, at the
+# raising, and dead index writes are rare in real programs (a graph without one pays nothing),
+# so dead-code elimination keeps a scatter that checks its indices, with what it reads, at the
 # cost of running it. A gather is a pointwise node inlined into its readers or, read by none,
 # never realized; aotgrad's dead-code elimination drops a gather nobody reads before it gets
 # here (kiln_aotgrad's Note [Dead gathers are not checked]).
