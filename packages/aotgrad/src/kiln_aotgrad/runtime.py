@@ -529,27 +529,39 @@ class _Half:
     values differentiated on their own] in joint.py)."""
 
     compiled: Compiled
-    saved: tuple[int, ...]
-    tangents: tuple[int, ...]
+    saved: tuple[int, ...] | None  # None: all of them, in order
+    tangents: tuple[int, ...] | None  # None: all of them
+    sizes: tuple[int, ...]  # positions among its saved values of the ints (Note [Saved sizes])
 
-    def keep(self, ctx: Any, saved: Sequence[Any], saved_sizes: Sequence[int]) -> None:
-        """Keep on `ctx` the saved values this half reads, its sizes beside them."""
-        mine = [saved[i] for i in self.saved]
-        ctx.kiln_sizes = [(j, mine[j]) for j, i in enumerate(self.saved) if i in saved_sizes]
-        sizes = {j for j, _ in ctx.kiln_sizes}
-        _save(ctx, [None if j in sizes else v for j, v in enumerate(mine)])
+    def keep(self, ctx: Any, saved: list[Any]) -> None:
+        """Keep on `ctx` the saved values this half reads, its sizes beside them (Note [A
+        backward that saved no tensors runs again])."""
+        mine = saved if self.saved is None else [saved[i] for i in self.saved]
+        if not self.sizes:
+            ctx.kiln_sizes = ()
+            _save(ctx, mine)
+            return
+        ctx.kiln_sizes = [(j, mine[j]) for j in self.sizes]
+        mine = list(mine)
+        for j in self.sizes:
+            mine[j] = None
+        _save(ctx, mine)
 
-    def __call__(self, ctx: Any, tangents: Sequence[Any]) -> list[Any]:
-        return _as_list(self.compiled(*_saved(ctx), *[tangents[k] for k in self.tangents]))
+    def __call__(self, ctx: Any, tangents: list[Any]) -> list[Any]:
+        if self.tangents is not None:
+            tangents = [tangents[k] for k in self.tangents]
+        return _as_list(self.compiled(*_saved(ctx), *tangents))
 
 
-def _half(backward: Compiled | tuple[Compiled, tuple[int, ...]], n_saved: int, n_tangents: int) -> _Half:
+def _half(
+    backward: Compiled | tuple[Compiled, tuple[int, ...]], n_saved: int, saved_sizes: Sequence[int]
+) -> _Half:
     if not isinstance(backward, tuple):
-        return _Half(backward, tuple(range(n_saved)), tuple(range(n_tangents)))
+        return _Half(backward, None, None, tuple(saved_sizes))
     compiled, keep = backward
-    return _Half(
-        compiled, tuple(i for i in keep if i < n_saved), tuple(i - n_saved for i in keep if i >= n_saved)
-    )
+    saved = tuple(i for i in keep if i < n_saved)
+    sizes = tuple(j for j, i in enumerate(saved) if i in saved_sizes)
+    return _Half(compiled, saved, tuple(i - n_saved for i in keep if i >= n_saved), sizes)
 
 
 def training_runner(
@@ -601,10 +613,10 @@ def training_runner(
 
     def backwards(n_saved: int) -> list[_Half]:
         if not halves:
-            halves.append(_half(compiled_bw, n_saved, len(diff)))
+            halves.append(_half(compiled_bw, n_saved, saved_sizes))
             if split:
                 assert new_value_backward is not None
-                halves.append(_half(new_value_backward, n_saved, len(diff)))
+                halves.append(_half(new_value_backward, n_saved, saved_sizes))
             else:
                 halves.append(halves[0])
         return halves
@@ -624,8 +636,8 @@ def training_runner(
                     else s
                     for s in saved
                 ]
-            user = backwards(len(saved))[0]
-            user.keep(ctx, saved, saved_sizes)  # Note [A backward that saved no tensors runs again]
+            user = halves[0] if halves else backwards(len(saved))[0]
+            user.keep(ctx, saved)  # Note [A backward that saved no tensors runs again]
             result = tuple(outs[:n_out])
             own = _views_to_own(result, inputs, diff, m)
             if own:  # Note [Outputs the code generator returns as views]
@@ -655,11 +667,12 @@ def training_runner(
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             _first_order_only()
-            ctx.kiln_ran = True  # Note [New values differentiated on their own] in joint.py
+            if read:  # Note [New values differentiated on their own] in joint.py
+                ctx.kiln_ran = True
             user = halves[0]
             tangents: list[Any] = [None] * len(diff)
             absent: set[int] = set()
-            for k in user.tangents:
+            for k in range(len(diff)) if user.tangents is None else user.tangents:
                 g = grads[diff[k]]
                 if g is None and reachable:
                     absent.add(k)
@@ -685,7 +698,7 @@ def training_runner(
         def forward(ctx: Any, stash: list[Any], *args: Any) -> Any:
             saved, zeros, user = stash
             ctx.kiln_zeros = zeros
-            halves[1].keep(ctx, saved, saved_sizes)
+            halves[1].keep(ctx, saved)
             # the Function whose backward computed a user output's gradient through the new
             # values (Note [New values differentiated on their own] in joint.py); only while
             # this node keeps saved tensors of its own
@@ -703,7 +716,7 @@ def training_runner(
                 _ = user.saved_tensors
             half = halves[1]
             tangents: list[Any] = [None] * len(diff)
-            for k in half.tangents:
+            for k in range(len(diff)) if half.tangents is None else half.tangents:
                 shape, dtype, device = ctx.kiln_zeros[k]
                 tangents[k] = torch.zeros(shape, dtype=dtype, device=device)
             for k, g in zip(new_value_tangents, grads, strict=True):
