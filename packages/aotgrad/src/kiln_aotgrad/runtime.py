@@ -450,6 +450,10 @@ def _without_grad(compiled: Compiled) -> Compiled:
 #   the input's new value, as in eager; the backward runs twice only when both are reached;
 # - a tangent of a user output: an edge on the Function, and a backward from that output
 #   reaches the input's history as eager's does (raising where eager raises).
+# A graph with both user outputs and new values that require grad has its backward cut in two
+# instead (Note [New values differentiated on their own] in joint.py): the Function holds the
+# edges the user outputs' gradients need, the mutation node those the new values' need, and
+# this plan is not used (it still serves a graph that also changes an input's metadata).
 @dataclass(frozen=True, slots=True)
 class _EdgePlan:
     none: tuple[int, ...] = ()  # inputs whose gradient is structurally None
