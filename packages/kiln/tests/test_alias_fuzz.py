@@ -812,11 +812,12 @@ def _dead_gather(x0, idx):
     ],
     ids=["write", "gather"],
 )
-def test_dead_index_ops(fn) -> None:
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_dead_index_ops(fn, backend) -> None:
     # kiln_loopir's Note [Dead index writes keep their bounds check]: eager raises IndexError
     # for an index out of range where the op's result is dead; kiln raises it for a write (it
     # returned a value before) and, a known difference, not for a gather
-    compiled = kiln.compile(fn)
+    compiled = kiln.compile(fn, options={"cpu_backend": backend})
     x = torch.randn(5, 5)
     torch.testing.assert_close(compiled(x.clone(), torch.tensor([4])), fn(x.clone(), torch.tensor([4])))
     with pytest.raises(IndexError):
