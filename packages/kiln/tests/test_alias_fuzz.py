@@ -797,26 +797,12 @@ def _dead_gather(x0, idx):
     return x0 + 1
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        _dead_index_write,
-        pytest.param(
-            _dead_gather,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="Note [Dead gathers are not checked] (kiln_aotgrad's tracer.py): a known difference",
-            ),
-        ),
-    ],
-    ids=["write", "gather"],
-)
+@pytest.mark.parametrize("fn", [_dead_index_write, _dead_gather], ids=["write", "gather"])
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_dead_index_ops(fn, backend) -> None:
-    # kiln_loopir's Note [Dead index writes keep their bounds check]: eager raises IndexError
-    # for an index out of range where the op's result is dead; kiln raises it for a write (it
-    # returned a value before) and, a known difference, not for a gather
+    # Notes [Dead index writes keep their bounds check] (kiln_loopir's scheduler.py), [Dead
+    # gathers keep their bounds check] (kiln_aotgrad's tracer.py): eager raises IndexError for
+    # an index out of range where the op's result is dead; kiln returned a value
     compiled = kiln.compile(fn, options={"cpu_backend": backend})
     x = torch.randn(5, 5)
     torch.testing.assert_close(compiled(x.clone(), torch.tensor([4])), fn(x.clone(), torch.tensor([4])))

@@ -1374,8 +1374,8 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
 # raising, and dead index writes are rare in real programs (a graph without one pays nothing),
 # so dead-code elimination keeps a scatter that checks its indices, with what it reads, at the
 # cost of running it. A gather is a pointwise node inlined into its readers or, read by none,
-# never realized; aotgrad's dead-code elimination drops a gather nobody reads before it gets
-# here (kiln_aotgrad's Note [Dead gathers are not checked]).
+# never realized; kiln_aotgrad leaves a check of its own for a gather nobody reads (its Note
+# [Dead gathers keep their bounds check]).
 def _checks_indices(node: BaseSchedulerNode) -> bool:
     """Whether ``node`` is a scatter whose indirect index is bounds-checked (Note [Dead index
     writes keep their bounds check])."""
