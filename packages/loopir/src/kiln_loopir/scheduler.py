@@ -409,8 +409,10 @@ class Scheduler:
         late_placement: bool = True,
         inplace: bool = False,
         row_column_hook: RowColumnHook | None = None,
+        keep_index_checks: bool = False,
     ) -> None:
         self.name_to_buffer = name_to_buffer
+        self.keep_index_checks = keep_index_checks  # Note [Dead index writes keep their bounds check]
         self.inplace = inplace  # Note [A kernel's output in place of an input that dies in it]
         self.late_placement = late_placement  # Note [Kernels placed where they are first needed]
         self.far_output_fusion = far_output_fusion
@@ -514,7 +516,7 @@ class Scheduler:
             mutates = isinstance(node, ExternKernelSchedulerNode) and (
                 _is_mutating(node.node) or node.name in defines
             )
-            if mutates or node.write_names() & needed or _checks_indices(node):
+            if mutates or node.write_names() & needed or (self.keep_index_checks and _checks_indices(node)):
                 kept.append(node)
                 needed |= node.read_names()
             else:
@@ -1373,7 +1375,10 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
 # instead (torch.compile does too). Silently accepting an out-of-range index is worse than
 # raising, and dead index writes are rare in real programs (a graph without one pays nothing),
 # so dead-code elimination keeps a scatter that checks its indices, with what it reads, at the
-# cost of running it. A gather is a pointwise node inlined into its readers or, read by none,
+# cost of running it, where the code generator checks indirect indices
+# (`Backend.checks_indices`: C++ and the reference interpreter always, Triton under its
+# interpreter or in debug mode; on a GPU otherwise a kept scatter would store out of range
+# unchecked, so it is dropped as before). A gather is a pointwise node inlined into its readers or, read by none,
 # never realized; kiln_aotgrad leaves a check of its own for a gather nobody reads (its Note
 # [Dead gathers keep their bounds check]).
 def _checks_indices(node: BaseSchedulerNode) -> bool:
