@@ -1213,8 +1213,10 @@ _GATHERS = frozenset(
 def _integer_indices(node: torch.fx.Node) -> bool:
     """Whether a gather's indices are all integer tensors (a boolean mask's size is checked
     while tracing; its result's size is data-dependent)."""
+    indices: list[Any]
     if node.target is aten.index.Tensor:
-        indices = [i for i in node.args[1] if i is not None]
+        listed = node.args[1]
+        indices = [i for i in listed if i is not None] if isinstance(listed, list | tuple) else []
     elif node.target is aten.embedding.default:
         indices = [node.args[1]]
     else:
