@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.fx
-from aot_helpers import Recorder, check
+from aot_helpers import Recorder, assert_functional, check
 
 import kiln_aotgrad
 from kiln_aotgrad import AotgradError, aot_function
@@ -468,6 +468,42 @@ def test_a_run_time_assertion_stays_in_the_training_forward() -> None:
     assert any("_assert_async" in str(n.target) for n in forward.graph.nodes), forward.code
     with pytest.raises(RuntimeError, match="values out of range"):
         cf(torch.full((3,), -200.0, requires_grad=True))
+
+
+def _reads_a_gather_never(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    t = x[i]  # nothing reads it  # noqa: F841
+    u = torch.embedding(x, i)  # noqa: F841
+    return x * 2
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_gather_never_read_keeps_its_bounds_check(grad: bool) -> None:
+    # Note [Dead gathers keep their bounds check] (tracer.py): eager raises IndexError for an
+    # index out of range; the dead gather was dropped and the compiled function returned
+    rec = Recorder()
+    cf = aot_function(_reads_a_gather_never, rec)
+    x = torch.randn(5, 3, requires_grad=grad)
+    out = cf(x, torch.tensor([4, 0]))
+    torch.testing.assert_close(out, x * 2)
+    graph = rec.graphs[0]
+    assert_functional(graph)
+    assert sum("_assert_async" in str(n.target) for n in graph.graph.nodes) == 2, graph.code
+    with pytest.raises(IndexError):
+        _reads_a_gather_never(x, torch.tensor([5]))
+    with pytest.raises(IndexError):
+        cf(x, torch.tensor([5]))
+
+
+def _gathers_in_its_backward(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    return x[i].sum()
+
+
+def test_a_backward_formulas_gathers_are_not_checked() -> None:
+    # the backward's indices are the forward's, checked there: no check of its own
+    rec = Recorder()
+    x = torch.randn(5, 3, requires_grad=True)
+    aot_function(_gathers_in_its_backward, rec)(x, torch.tensor([4, 0])).backward()
+    assert not any("_assert_async" in str(n.target) for g in rec.graphs for n in g.graph.nodes)
 
 
 @pytest.mark.parametrize(

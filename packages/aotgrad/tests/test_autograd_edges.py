@@ -214,3 +214,52 @@ def test_a_second_backward_through_freed_tensors_raises_eagers_error() -> None:
     y.backward()
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         y.backward()
+
+
+def _adds_into_a_buffer(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    b.add_(x[1])  # eager's add saves nothing
+    return torch.where(b > 0, b, x[0])  # eager's where saves its mask
+
+
+def _multiplies_into_a_buffer(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    b.mul_(x[1])  # eager's mul saves its operands
+    return torch.where(b > 0, b, x[0])
+
+
+def _calls_twice(fn: Any, compiler: Any) -> list[Any]:
+    """Two calls on one buffer `b`, a backward after each: the first call's write leaves `b`
+    with history, which the second call's backward reaches again."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, generator=g).requires_grad_()
+    b = torch.randn(4, generator=g)
+    f = kiln_aotgrad.aot_function(fn, compiler) if compiler is not None else fn
+    got: list[Any] = []
+    for _ in range(2):
+        out = f(x, b)
+        try:
+            got.append((out.detach().clone(), *torch.autograd.grad(out.sum(), [x])))
+        except RuntimeError as e:
+            got.append(str(e).split(" (")[0])
+    return got
+
+
+def test_a_written_input_whose_write_saved_nothing_runs_again() -> None:
+    # Note [New values differentiated on their own] (joint.py): the second backward reaches the
+    # first call's write through `b`; eager's add saved nothing and runs again. One Function for
+    # the whole first call had saved the `where`'s mask for the user output, freed by the first
+    # backward: "Trying to backward through the graph a second time" (test_alias_fuzz.py seed
+    # 30344)
+    want = _calls_twice(_adds_into_a_buffer, None)
+    got = _calls_twice(_adds_into_a_buffer, Recorder())
+    assert all(isinstance(w, tuple) for w in want)
+    for w, c in zip(want, got, strict=True):
+        assert isinstance(c, tuple), c
+        torch.testing.assert_close(c, w)
+
+
+def test_a_written_input_whose_write_saved_tensors_raises_eagers_error() -> None:
+    want = _calls_twice(_multiplies_into_a_buffer, None)
+    got = _calls_twice(_multiplies_into_a_buffer, Recorder())
+    assert isinstance(want[0], tuple) and isinstance(got[0], tuple)
+    torch.testing.assert_close(got[0], want[0])
+    assert want[1] == got[1] and "backward through the graph a second time" in want[1]

@@ -359,3 +359,18 @@ def test_a_scatter_of_no_elements_binds_its_name() -> None:
     compiled = check(scatter_of_no_elements, make((5, 6)), torch.tensor([0, 2, 4]))
     wrapper: str = compiled.backend.last_wrapper  # type: ignore[attr-defined]
     assert "no elements" in wrapper, wrapper
+
+
+def test_a_dead_index_write_keeps_its_bounds_check() -> None:
+    # loopir's Note [Dead index writes keep their bounds check]: the kept scatter is its
+    # buffer's last reader; that buffer was freed twice and two later buffers took over its
+    # memory (the wrapper raised UnboundLocalError at its second `del`)
+    def fn(x: torch.Tensor, i: torch.Tensor) -> Any:
+        put = aten.index_put.default(x, [i], aten.full.default([1, 5], 4.0))
+        zeros = aten.copy.default(put, aten.full_like.default(put, 0))
+        return zeros, aten.add.Tensor(zeros, 1)
+
+    x = make((5, 5))
+    compiled = check(fn, x, torch.tensor([4]))
+    with pytest.raises(IndexError, match=r"index 7 is out of bounds.*size 5"):
+        compiled(x, torch.tensor([7]))

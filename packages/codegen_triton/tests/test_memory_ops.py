@@ -67,6 +67,35 @@ def test_out_of_range_index_put_raises_in_the_interpreter() -> None:
     torch.testing.assert_close(compiled(x, good, v), aten.index_put.default(x, [good], v))
 
 
+def _dead_index_put(x: torch.Tensor, i: torch.Tensor) -> Any:
+    put = aten.index_put.default(x, [i], aten.full.default([1, 5], 4.0))
+    zeros = aten.copy.default(put, aten.full_like.default(put, 0))
+    return zeros, aten.add.Tensor(zeros, 1)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_dead_index_write_is_kept_only_where_indices_are_checked(
+    debug: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # kiln_loopir's Note [Dead index writes keep their bounds check]: kept where the kernels
+    # check indirect indices (the interpreter, debug mode); on a GPU otherwise the kept
+    # scatter would store out of range unchecked, so it is dropped as before
+    import kiln_codegen_triton.backend as backend_module
+
+    assert TritonBackend(debug=debug).checks_indices == (debug or interpreting())
+    monkeypatch.setattr(backend_module, "interpreting", lambda: False)
+    assert TritonBackend(debug=debug).checks_indices == debug
+    monkeypatch.undo()
+    if not interpreting():
+        return
+    gm = torch.fx.symbolic_trace(_dead_index_put)
+    x = make((5, 5))
+    compiled = compile_graph(gm, [x, torch.tensor([4])], backend=TritonBackend(debug=debug))
+    torch.testing.assert_close(compiled(x, torch.tensor([4])), gm(x, torch.tensor([4])))
+    with pytest.raises(Exception, match="index out of bounds"):  # the interpreter wraps IndexError
+        compiled(x, torch.tensor([7]))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_scatter_and_index_put(device: str) -> None:
     def fn(

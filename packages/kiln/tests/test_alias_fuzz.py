@@ -785,6 +785,36 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
+def _dead_index_write(x0, idx):  # seed 30289's program: the write's result is overwritten
+    with torch.no_grad():
+        x0.index_put_((idx,), torch.full((1, 5), 4.0))
+    x0.zero_()
+    return x0 + 1
+
+
+def _dead_gather(x0, idx):
+    t = x0[idx]  # nothing reads it  # noqa: F841
+    return x0 + 1
+
+
+@pytest.mark.parametrize("fn", [_dead_index_write, _dead_gather], ids=["write", "gather"])
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_dead_index_ops(fn, backend) -> None:
+    # Notes [Dead index writes keep their bounds check] (kiln_loopir's scheduler.py), [Dead
+    # gathers keep their bounds check] (kiln_aotgrad's tracer.py): eager raises IndexError for
+    # an index out of range where the op's result is dead; kiln returned a value
+    compiled = kiln.compile(fn, options={"cpu_backend": backend})
+    x = torch.randn(5, 5)
+    torch.testing.assert_close(compiled(x.clone(), torch.tensor([4])), fn(x.clone(), torch.tensor([4])))
+    with pytest.raises(IndexError):
+        fn(x.clone(), torch.tensor([7]))
+    try:
+        compiled(x.clone(), torch.tensor([7]))
+    except IndexError:
+        return
+    raise AssertionError("the compiled program did not raise IndexError")
+
+
 if __name__ == "__main__":
     sys.exit(main())
 

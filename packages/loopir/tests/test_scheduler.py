@@ -357,3 +357,19 @@ def test_late_placement_keeps_outputs_and_externs_in_the_graph_order() -> None:
     names = [type(n).__name__ for n in s.nodes]
     assert names == ["SchedulerNode", "ExternKernelSchedulerNode", "ExternKernelSchedulerNode"]
     assert len(set(s.nodes[1].node.input_names())) == 1  # w @ w first, then x @ w
+
+
+def test_a_dead_index_write_keeps_its_bounds_check() -> None:
+    # Note [Dead index writes keep their bounds check]: `x.index_put_(i, v)` then `x.zero_()`
+    # (functionalized: the copy reads only the index_put's shape); eager raises IndexError for
+    # an index out of range, and the dropped scatter returned a value (test_alias_fuzz.py seed
+    # 30289). Kept, its buffer freed once: two later buffers had taken over its memory
+    def fn(x: torch.Tensor, i: torch.Tensor) -> Any:
+        put = aten.index_put.default(x, [i], aten.full.default([1, 5], 4.0))
+        zeros = aten.copy.default(put, aten.full_like.default(put, 0))
+        return zeros, aten.add.Tensor(zeros, 1)
+
+    x = torch.randn(5, 5)
+    compiled = check(fn, x, torch.tensor([4]))
+    with pytest.raises(IndexError):
+        compiled(x, torch.tensor([7]))

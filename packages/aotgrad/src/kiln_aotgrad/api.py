@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from kiln_aotgrad.decompositions import DecompTable, default_decompositions
 from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
 from kiln_aotgrad.logs import fallbacks_log, graphs_log, partition_log
-from kiln_aotgrad.partition import Partition, partition
+from kiln_aotgrad.partition import Partition, partition, split_backward
 from kiln_aotgrad.runtime import inference_runner, training_runner
 from kiln_aotgrad.tracer import Tracer
 from kiln_dynamo import graph_unbacked_env, unbacked_sizes
@@ -130,8 +130,21 @@ def compile_flat(
             len(laid_out),
             len(bw_inputs),
         )
-    bw = (opts.bw_compiler or opts.fw_compiler)(part.bw, bw_inputs)
-    return CompiledArtifacts(traced, part, training_runner(fw, bw, meta, part.saved_sizes))
+    bw_compiler = opts.bw_compiler or opts.fw_compiler
+    if meta.new_value_grads is None:
+        bw = bw_compiler(part.bw, bw_inputs)
+        return CompiledArtifacts(traced, part, training_runner(fw, bw, meta, part.saved_sizes))
+    # Note [New values differentiated on their own] (joint.py): the backward in two halves
+    diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if r]
+    m = len(meta.mutated_inputs)
+    user_tangents = {k for k, i in enumerate(diff) if i >= m}
+    halves = []
+    for gm, keep in split_backward(part.bw, len(part.saved), len(meta.grad_inputs), user_tangents):
+        if laid_out:
+            gm.meta[LAID_OUT_INPUTS] = tuple(j for j, i in enumerate(keep) if i in laid_out)
+        halves.append((bw_compiler(gm, [bw_inputs[i] for i in keep]), keep))
+    run = training_runner(fw, halves[0], meta, part.saved_sizes, new_value_backward=halves[1])
+    return CompiledArtifacts(traced, part, run)
 
 
 # Note [Saved activations in the forward's layout]: the forward graph's outputs after the user's

@@ -103,6 +103,9 @@ KEPT_NON_CORE = frozenset(
         # tracer.py), and `real`/`imag` of a complex tensor are `view_as_real`
         "aten::conj_physical",
         "aten::view_as_real",
+        # run-time assertions, kept for their effect (extern kernels in kiln_loopir)
+        "aten::_assert_async",
+        "aten::_assert_scalar",
     }
 )
 

@@ -131,6 +131,9 @@ class TraceMeta:
     # inputs that require grad and whose traced gradient is None (Note [Inputs whose gradient
     # comes only through their new values] in runtime.py)
     no_gradient: frozenset[int] = frozenset()
+    # Note [New values differentiated on their own]: set where the new values' gradients are the
+    # backward's second half (one gradient per grad input after the user outputs' ones)
+    new_value_grads: NewValueGrads | None = None
     # Note [Metadata mutations of inputs]: (input, sizes, strides, offset) it ends with
     metadata_mutations: list[tuple[int, tuple[int, ...], tuple[int, ...], int]] = field(default_factory=list)
 
@@ -996,16 +999,84 @@ def trace(
         anchor = node
         tangents.append(tv)
     grad_inputs = [i for i, r in enumerate(input_rg) if r]
+    wrt = [leaves[i] for i in grad_inputs]
+    diff_index = [i for i, r in enumerate(requires) if r]
+    new_values = [k for k, i in enumerate(diff_index) if i < len(mutated)]
+    user = [k for k, i in enumerate(diff_index) if i >= len(mutated)]
+    # Note [New values differentiated on their own]
+    split = bool(new_values and user and not meta.metadata_mutations)
     with torch.enable_grad(), tracer:
-        grads = torch.autograd.grad(
-            diff_vals, [leaves[i] for i in grad_inputs], grad_outputs=tangents, allow_unused=True
-        )
+        if not split:
+            grads = torch.autograd.grad(diff_vals, wrt, grad_outputs=tangents, allow_unused=True)
+        else:
+            user_grads = torch.autograd.grad(
+                [diff_vals[k] for k in user],
+                wrt,
+                grad_outputs=[tangents[k] for k in user],
+                allow_unused=True,
+                retain_graph=True,
+            )
+            new_grads = torch.autograd.grad(
+                [diff_vals[k] for k in new_values],
+                wrt,
+                grad_outputs=[tangents[k] for k in new_values],
+                allow_unused=True,
+            )
+            grads = (*user_grads, *new_grads)
     grad_nodes: list[torch.fx.Node | None] = [None if g is None else tracer.node_for(g) for g in grads]
     meta.num_tangents = len(tangents)
     meta.grad_inputs = grad_inputs
-    meta.grad_tangents = _tangents_reaching(grad_nodes, tracer.graph)
-    meta.no_gradient = frozenset(i for i, g in zip(grad_inputs, grads, strict=True) if g is None)
+    reaching = _tangents_reaching(grad_nodes, tracer.graph)
+    n = len(grad_inputs)
+    meta.grad_tangents = reaching[:n]
+    meta.no_gradient = frozenset(i for i, g in zip(grad_inputs, grads[:n], strict=True) if g is None)
+    if split:
+        value_nodes = {tracer.node_for(diff_vals[k]) for k in new_values}
+        read = _ancestors_of([tracer.node_for(diff_vals[k]) for k in user]) & value_nodes
+        meta.new_value_grads = NewValueGrads(
+            tangents=reaching[n:],
+            no_gradient=frozenset(i for i, g in zip(grad_inputs, grads[n:], strict=True) if g is None),
+            read=bool(read),
+        )
     return Traced(tracer.finish([*graph_nodes, *grad_nodes]), meta)
+
+
+# Note [New values differentiated on their own]: eager records an in-place write into an input
+# (`b.add_(t)`, `t` requiring grad) as a node of its own on the input's history, and that node
+# frees only the tensors it saved. A module buffer written so carries the call's node into the
+# next call, whose backward runs it again: eager's add saved nothing and runs again; a multiply
+# saved its operands and raises "Trying to backward through the graph a second time". One
+# autograd Function for the whole graph had saved what the user outputs' gradients read too (a
+# `where`'s mask), freed by the first backward, so the second one raised where eager's ran
+# (test_alias_fuzz.py seed 30344). So where the graph has both user outputs and new values of
+# mutated inputs that require grad, the trace differentiates them apart: the user outputs'
+# gradients (`TraceMeta.grad_tangents`, `no_gradient`), then the new values' (`new_value_grads`),
+# as two lists of gradient outputs of the one joint graph. The partition saves what either reads;
+# aotgrad's compile cuts the backward in two by those outputs (api.py), and the runtime runs the
+# first from the Function and the second from the mutation node on the new values' history, each
+# saving only what its own half reads (Note [Inputs whose gradient comes only through their new
+# values] in runtime.py). A write whose backward reads nothing then runs again as eager's does.
+# One whose backward reads saved tensors raises as eager's does where eager's backward had run
+# that node already: where a user output reads a new value (`NewValueGrads.read`), eager's first
+# backward from the output ran the write's node and freed it, while kiln's ran only the
+# Function, whose backward computed that path itself; so the mutation node then asks the
+# Function's context for its saved tensors, which raises eager's error once they were freed.
+@dataclass(frozen=True, slots=True)
+class NewValueGrads:
+    tangents: list[frozenset[int]]  # per grad input, the new values' tangents its gradient reads
+    no_gradient: frozenset[int]  # grad inputs the new values give no gradient
+    read: bool = False  # whether a user output that requires grad reads a new value
+
+
+def _ancestors_of(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    seen: set[torch.fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
 
 
 # Note [Gradients that no read output reaches]: autograd hands a compiled function's backward a

@@ -437,6 +437,47 @@ def partition(
     )
 
 
+def split_backward(
+    bw: torch.fx.GraphModule, n_saved: int, n_first: int, first_tangents: set[int]
+) -> list[tuple[torch.fx.GraphModule, tuple[int, ...]]]:
+    """`bw`'s gradient outputs cut in two, its first `n_first` and the rest (Note [New values
+    differentiated on their own] in joint.py): per half, a backward graph and the positions of
+    `bw`'s inputs (saved values, then tangents) it takes. A half takes the inputs it reads, and
+    an input it does not read only where that binds a size symbol no read input binds (Note
+    [Symbols the backward binds]). `first_tangents`: positions among the tangents of those
+    that only the first half's gradients read (a gradient's run-time check goes with its half)."""
+    nodes = list(bw.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    outs = list(nodes[-1].args[0])
+    tangent_of = {p: k - n_saved for k, p in enumerate(placeholders) if k >= n_saved}
+    reads: dict[torch.fx.Node, set[int]] = {}
+    for n in nodes:
+        reads[n] = {tangent_of[n]} if n in tangent_of else set().union(*(reads[a] for a in n.all_input_nodes))
+    checks = [n for n in nodes if effectful(n)]
+    halves = []
+    for first in (True, False):
+        grads = outs[:n_first] if first else outs[n_first:]
+        mine = [c for c in checks if bool(reads[c] & first_tangents) == first]
+        keep = _ancestors([*grads, *mine], set(placeholders))
+        needed: set[Any] = set()
+        for n in keep:
+            if n.op != "placeholder":
+                needed |= _symbols(n.meta.get("val"))
+        inputs = [p for p in placeholders if p in keep]
+        bound: set[Any] = set()
+        for p in inputs:
+            bound |= _binds(p.meta.get("val"))
+        for p in placeholders:
+            if p not in keep and _binds(p.meta.get("val")) & (needed - bound):
+                inputs.append(p)
+                bound |= _binds(p.meta.get("val"))
+        inputs.sort(key=placeholders.index)
+        gm = _copy_graph(nodes, keep, inputs, grads, bw)
+        gm.meta.update(bw.meta)
+        halves.append((gm, tuple(placeholders.index(p) for p in inputs)))
+    return halves
+
+
 def _symbols(val: Any) -> set[Any]:
     """The size symbols of a value: a SymInt/SymFloat/SymBool's, a tensor's sizes, strides and
     storage offset's."""

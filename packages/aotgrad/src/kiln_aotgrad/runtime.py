@@ -461,6 +461,10 @@ def _without_grad(compiled: Compiled) -> Compiled:
 #   the input's new value, as in eager; the backward runs twice only when both are reached;
 # - a tangent of a user output: an edge on the Function, and a backward from that output
 #   reaches the input's history as eager's does (raising where eager raises).
+# A graph with both user outputs and new values that require grad has its backward cut in two
+# instead (Note [New values differentiated on their own] in joint.py): the Function holds the
+# edges the user outputs' gradients need, the mutation node those the new values' need, and
+# this plan is not used (it still serves a graph that also changes an input's metadata).
 @dataclass(frozen=True, slots=True)
 class _EdgePlan:
     none: tuple[int, ...] = ()  # inputs whose gradient is structurally None
@@ -533,12 +537,61 @@ def _saved(ctx: Any) -> Sequence[Any]:
     return saved
 
 
+@dataclass(frozen=True, slots=True)
+class _Half:
+    """A compiled backward and the inputs it takes: positions in the forward's saved values,
+    then among the tangents (all of both for a backward that is not cut in two: Note [New
+    values differentiated on their own] in joint.py)."""
+
+    compiled: Compiled
+    saved: tuple[int, ...] | None  # None: all of them, in order
+    tangents: tuple[int, ...] | None  # None: all of them
+    sizes: tuple[int, ...]  # positions among its saved values of the ints (Note [Saved sizes])
+
+    def keep(self, ctx: Any, saved: list[Any]) -> None:
+        """Keep on `ctx` the saved values this half reads, its sizes beside them (Note [A
+        backward that saved no tensors runs again])."""
+        mine = saved if self.saved is None else [saved[i] for i in self.saved]
+        if not self.sizes:
+            ctx.kiln_sizes = ()
+            _save(ctx, mine)
+            return
+        ctx.kiln_sizes = [(j, mine[j]) for j in self.sizes]
+        mine = list(mine)
+        for j in self.sizes:
+            mine[j] = None
+        _save(ctx, mine)
+
+    def __call__(self, ctx: Any, tangents: list[Any]) -> list[Any]:
+        if self.tangents is not None:
+            tangents = [tangents[k] for k in self.tangents]
+        return _as_list(self.compiled(*_saved(ctx), *tangents))
+
+
+def _half(
+    backward: Compiled | tuple[Compiled, tuple[int, ...]], n_saved: int, saved_sizes: Sequence[int]
+) -> _Half:
+    if not isinstance(backward, tuple):
+        return _Half(backward, None, None, tuple(saved_sizes))
+    compiled, keep = backward
+    saved = tuple(i for i in keep if i < n_saved)
+    sizes = tuple(j for j, i in enumerate(saved) if i in saved_sizes)
+    return _Half(compiled, saved, tuple(i - n_saved for i in keep if i >= n_saved), sizes)
+
+
 def training_runner(
-    compiled_fw: Compiled, compiled_bw: Compiled, meta: TraceMeta, saved_sizes: Sequence[int] = ()
+    compiled_fw: Compiled,
+    compiled_bw: Compiled | tuple[Compiled, tuple[int, ...]],
+    meta: TraceMeta,
+    saved_sizes: Sequence[int] = (),
+    new_value_backward: tuple[Compiled, tuple[int, ...]] | None = None,
 ) -> Callable[..., Any]:
     """`run(*flat_inputs)` that records one autograd node for the whole compiled graph.
     `saved_sizes`: positions of the saved values that are ints (Note [Saved sizes] in
-    partition.py), kept on the autograd context beside the saved tensors."""
+    partition.py), kept on the autograd context beside the saved tensors. Where the trace cut
+    the backward in two (Note [New values differentiated on their own] in joint.py), each half
+    comes with the positions of the backward's inputs it takes (saved values, then tangents):
+    `compiled_bw` the user outputs', `new_value_backward` the new values'."""
     n_out = meta.num_graph_outputs
     m = len(meta.mutated_inputs)
     diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if r]
@@ -549,13 +602,39 @@ def training_runner(
     reachable = list(getattr(meta, "grad_tangents", []) or [])
     if len(reachable) != len(grad_inputs):
         reachable = []
-    # Note [Inputs whose gradient comes only through their new values]: which inputs the
-    # Function takes with their autograd edge, and which go to the mutation node instead
-    plan = _edge_plan(meta, diff, reachable)
     # positions in `diff` (tangents) of the mutated inputs' new values that require grad
     new_value_tangents = [k for k, i in enumerate(diff) if i < m]
-    detached = set(plan.none) | set(plan.new_value_only)
+    split = meta.new_value_grads is not None and new_value_backward is not None
+    read = split and meta.new_value_grads is not None and meta.new_value_grads.read
+    if split:
+        # Note [New values differentiated on their own]: the Function holds the edges of the
+        # inputs the user outputs' gradients reach, the mutation node those the new values'
+        # reach (each all of them where it would hold none: its outputs must require grad)
+        assert meta.new_value_grads is not None
+        user_edges = [i for i in grad_inputs if i not in meta.no_gradient] or list(grad_inputs)
+        value_edges = [i for i in grad_inputs if i not in meta.new_value_grads.no_gradient] or list(
+            grad_inputs
+        )
+        plan = _EdgePlan()
+        detached = set(grad_inputs) - set(user_edges)
+    else:
+        # Note [Inputs whose gradient comes only through their new values]: which inputs the
+        # Function takes with their autograd edge, and which go to the mutation node instead
+        plan = _edge_plan(meta, diff, reachable)
+        detached = set(plan.none) | set(plan.new_value_only)
+        value_edges = list(plan.new_value_only)
     logged: list[bool] = []  # Note [Outputs the code generator returns as views], logged once
+    halves: list[_Half] = []  # built at the first call, which knows how many values are saved
+
+    def backwards(n_saved: int) -> list[_Half]:
+        if not halves:
+            halves.append(_half(compiled_bw, n_saved, saved_sizes))
+            if split:
+                assert new_value_backward is not None
+                halves.append(_half(new_value_backward, n_saved, saved_sizes))
+            else:
+                halves.append(halves[0])
+        return halves
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -572,12 +651,8 @@ def training_runner(
                     else s
                     for s in saved
                 ]
-            sizes: list[tuple[int, Any]] = []
-            if saved_sizes:
-                sizes = [(i, saved[i]) for i in saved_sizes]
-                saved = [None if i in saved_sizes else s for i, s in enumerate(saved)]
-            ctx.kiln_sizes = sizes
-            _save(ctx, saved)  # Note [A backward that saved no tensors runs again]
+            user = halves[0] if halves else backwards(len(saved))[0]
+            user.keep(ctx, saved)  # Note [A backward that saved no tensors runs again]
             result = tuple(outs[:n_out])
             own = _views_to_own(result, inputs, diff, m)
             if own:  # Note [Outputs the code generator returns as views]
@@ -596,7 +671,7 @@ def training_runner(
             if reachable or stash is not None:
                 ctx.kiln_zeros = [(result[i].shape, result[i].dtype, result[i].device) for i in diff]
             if stash is not None:  # for the mutation node, which runs the backward again
-                stash.extend((saved, sizes, ctx.kiln_zeros))
+                stash.extend((saved, ctx.kiln_zeros, ctx if read else None))
             if reachable:  # Note [Gradients that no read output reaches] in joint.py
                 ctx.set_materialize_grads(False)
             # a symbolic size among the outputs (`x.shape[0] * 2` under dynamic shapes) is an int,
@@ -607,16 +682,19 @@ def training_runner(
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             _first_order_only()
-            tangents = []
+            if read:  # Note [New values differentiated on their own] in joint.py
+                ctx.kiln_ran = True
+            user = halves[0]
+            tangents: list[Any] = [None] * len(diff)
             absent: set[int] = set()
-            for k, i in enumerate(diff):
-                g = grads[i]
+            for k in range(len(diff)) if user.tangents is None else user.tangents:
+                g = grads[diff[k]]
                 if g is None and reachable:
                     absent.add(k)
                     shape, dtype, device = ctx.kiln_zeros[k]
                     g = torch.zeros(shape, dtype=dtype, device=device)
-                tangents.append(g.contiguous() if g is not None else None)
-            out = _as_list(compiled_bw(*_saved(ctx), *tangents))
+                tangents[k] = g.contiguous() if g is not None else None
+            out = user(ctx, tangents)
             result: list[Any] = [None] * num_inputs
             for k, (i, g) in enumerate(zip(grad_inputs, out, strict=True)):
                 if i in detached:
@@ -628,41 +706,58 @@ def training_runner(
     class MutationNode(torch.autograd.Function):
         """Note [Inputs whose gradient comes only through their new values]: the new values of
         mutated inputs, passed through, with the autograd edges of the inputs whose gradient
-        only they carry."""
+        only they carry (of all the inputs they reach where the backward is cut in two: Note
+        [New values differentiated on their own] in joint.py)."""
 
         @staticmethod
         def forward(ctx: Any, stash: list[Any], *args: Any) -> Any:
-            saved, sizes, zeros = stash
-            ctx.kiln_sizes = sizes
+            saved, zeros, user = stash
             ctx.kiln_zeros = zeros
-            _save(ctx, saved)
-            values = args[len(plan.new_value_only) :]
+            halves[1].keep(ctx, saved)
+            # the Function whose backward computed a user output's gradient through the new
+            # values (Note [New values differentiated on their own] in joint.py); only while
+            # this node keeps saved tensors of its own
+            ctx.kiln_user = user if ctx.kiln_plain is None else None
+            values = args[len(value_edges) :]
             return tuple(values)
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             _first_order_only()
-            tangents = [
-                torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.kiln_zeros
-            ]
+            user = ctx.kiln_user
+            if user is not None and getattr(user, "kiln_ran", False) and user.kiln_plain is None:
+                # eager's first backward ran the write's node already: raises eager's error
+                # where it freed the node's tensors (where it retained them, this reads them)
+                _ = user.saved_tensors
+            half = halves[1]
+            tangents: list[Any] = [None] * len(diff)
+            for k in range(len(diff)) if half.tangents is None else half.tangents:
+                shape, dtype, device = ctx.kiln_zeros[k]
+                tangents[k] = torch.zeros(shape, dtype=dtype, device=device)
             for k, g in zip(new_value_tangents, grads, strict=True):
                 if g is not None:
                     tangents[k] = g.contiguous()
-            out = _as_list(compiled_bw(*_saved(ctx), *tangents))
+            out = half(ctx, tangents)
             by_input = dict(zip(grad_inputs, out, strict=True))
-            return (None, *[by_input[i] for i in plan.new_value_only], *grads)
+            # where the backward is cut in two, the values came in detached (apply)
+            passed = [None] * len(grads) if split else list(grads)
+            return (None, *[by_input[i] for i in value_edges], *passed)
 
     def apply(inputs: Sequence[torch.Tensor]) -> list[Any]:
-        if not detached:
+        if not detached and not split:
             return _as_list(CompiledFunction.apply(None, *inputs))
         args = [x.detach() if i in detached else x for i, x in enumerate(inputs)]
-        if not plan.new_value_only:
+        if not value_edges:
             return _as_list(CompiledFunction.apply(None, *args))
         stash: list[Any] = []
         outs = _as_list(CompiledFunction.apply(stash, *args))
         values = [outs[diff[k]] for k in new_value_tangents]
         if torch.is_grad_enabled():
-            values = list(MutationNode.apply(stash, *[inputs[i] for i in plan.new_value_only], *values))
+            # where the backward is cut in two, the mutation node holds no edge to the Function:
+            # the engine calls every node it reaches, with None gradients too, and the Function's
+            # freed saved tensors would raise
+            passed = [v.detach() for v in values] if split else values
+            values = list(MutationNode.apply(stash, *[inputs[i] for i in value_edges], *passed))
         for k, v in zip(new_value_tangents, values, strict=True):
             outs[diff[k]] = v
         return outs

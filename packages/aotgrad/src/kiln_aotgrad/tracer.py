@@ -47,7 +47,7 @@ from kiln_aotgrad.functionalize import (
     mutated_arg_names,
     replay_step,
 )
-from kiln_aotgrad.logs import fallbacks_log
+from kiln_aotgrad.logs import fallbacks_log, graphs_log
 from kiln_dynamo import graph_module
 from kiln_dynamo.constants import drop_constants, set_constant
 from kiln_dynamo.fake import FakeTensor, from_real, is_metadata_query, run_fake
@@ -1098,6 +1098,9 @@ class Tracer(TorchDispatchMode):
     def finish(self, outputs: list[torch.fx.Node | None]) -> torch.fx.GraphModule:
         """Close the graph with `outputs`, drop dead nodes (random ones stay) and build the module."""
         self.graph.output(tuple(outputs))
+        checked = check_dead_gathers(self.graph)  # Note [Dead gathers keep their bounds check]
+        if checked:
+            graphs_log.info("kiln_aotgrad: gathers never read kept as bounds checks: %s", ", ".join(checked))
         eliminate_dead_code(self.graph)
         root = torch.nn.Module()
         for name, value in self.constants.items():
@@ -1178,6 +1181,107 @@ def _binds_checked_symbol(node: torch.fx.Node) -> bool:
         if sym is not None and env is not None and sym in env.checked_unbacked():
             return True
     return False
+
+
+# Note [Dead gathers keep their bounds check]: a gather nobody reads (`t = x[i]`, a
+# `torch.gather` whose result is dropped) is dead code, and an index out of range that raises
+# IndexError in eager passed silently in the compiled program (torch.compile drops it too).
+# Silently accepting an out-of-range index is worse than raising, so before dead-code
+# elimination each dead gather of the program (not one a backward formula made: its indices
+# are the forward's, checked there) leaves a check behind: the same gather of a `full_like`
+# of its source (its shape only, no data read; False, so that `logical_not(any(...))` holds
+# also for no index at all, in core operators) under an `_assert_async`, which dead-code
+# elimination and the partitioner keep for its effect. The code generators
+# check the gather's indirect index and raise IndexError as for a live gather (on a GPU the
+# Triton generator checks only in debug mode, for a live gather too); eager's kernel (a
+# fallback) does too. One small kernel per dead gather, none where there is none (none in the
+# model suite's 20 model-modes); logged under KILN_LOG=aot_graphs. Dead index *writes* keep their check in kiln_loopir (Note [Dead
+# index writes keep their bounds check]); both are tested by kiln's test_alias_fuzz.py
+# (`test_dead_index_ops`).
+_GATHERS = frozenset(
+    op
+    for name, overload in (
+        ("index", "Tensor"),
+        ("gather", "default"),
+        ("index_select", "default"),
+        ("embedding", "default"),
+    )
+    if (op := getattr(getattr(torch.ops.aten, name, None), overload, None)) is not None
+)
+
+
+def _integer_indices(node: torch.fx.Node) -> bool:
+    """Whether a gather's indices are all integer tensors (a boolean mask's size is checked
+    while tracing; its result's size is data-dependent)."""
+    indices: list[Any]
+    if node.target is aten.index.Tensor:
+        listed = node.args[1]
+        indices = [i for i in listed if i is not None] if isinstance(listed, list | tuple) else []
+    elif node.target is aten.embedding.default:
+        indices = [node.args[1]]
+    else:
+        indices = [node.args[2]]
+    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else None for i in indices]
+    return bool(vals) and all(
+        isinstance(v, torch.Tensor)
+        and not v.dtype.is_floating_point
+        and v.dtype not in (torch.bool, torch.uint8)
+        for v in vals
+    )
+
+
+def check_dead_gathers(graph: torch.fx.Graph) -> list[str]:
+    """Note [Dead gathers keep their bounds check]: a check after each dead gather; returns the
+    names of the gathers checked."""
+    nodes = list(graph.nodes)
+    roots = [n for n in nodes if n.op == "output" or _impure(n) or _binds_checked_symbol(n)]
+    live: set[torch.fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in live:
+            live.add(n)
+            stack.extend(n.all_input_nodes)
+    backward: set[torch.fx.Node] = set()
+    for n in nodes:
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(
+            a in backward for a in n.all_input_nodes
+        ):
+            backward.add(n)
+    checked = []
+    for node in nodes:
+        if node in live or node in backward or node.target not in _GATHERS or not _integer_indices(node):
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or not isinstance(src.meta.get("val"), torch.Tensor):
+            continue
+        vals = tree_map(lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a, node.args)
+        try:
+            false_val = run_fake(aten.full_like.default, (vals[0], False), {"dtype": torch.bool})
+            hit_val = run_fake(node.target, (false_val, *vals[1:]), dict(node.kwargs))
+            any_val = run_fake(aten.any.default, (hit_val,), {})
+            ok_val = run_fake(aten.logical_not.default, (any_val,), {})
+        except Exception:  # a gather fake tensors cannot take again: left unchecked
+            continue
+        with graph.inserting_after(node):
+            false = graph.call_function(aten.full_like.default, (src, False), {"dtype": torch.bool})
+        with graph.inserting_after(false):
+            hit = graph.call_function(node.target, (false, *node.args[1:]), dict(node.kwargs))
+        with graph.inserting_after(hit):
+            found = graph.call_function(aten.any.default, (hit,))
+        with graph.inserting_after(found):
+            ok = graph.call_function(aten.logical_not.default, (found,))
+        with graph.inserting_after(ok):
+            check = graph.call_function(
+                aten._assert_async.msg, (ok, f"index out of range in a gather never read ({node.name})")
+            )
+        for new, val in ((false, false_val), (hit, hit_val), (found, any_val), (ok, ok_val)):
+            new.meta.update(node.meta)
+            new.meta["val"] = val
+        check.meta.update(node.meta)
+        check.meta["val"] = None
+        checked.append(node.name)
+    return checked
 
 
 def eliminate_dead_code(graph: torch.fx.Graph) -> None:

@@ -58,6 +58,9 @@ class CppBackend(Backend):
     # Note [A kernel's output in place of an input that dies in it] (kiln_loopir): the pair of
     # pointers of one memory is declared without ``__restrict__``
     inplace_buffers = True
+    # Note [Dead index writes keep their bounds check] (kiln_loopir): every indirect index is
+    # checked (Note [Kernel errors] in kernel.py)
+    checks_indices = True
 
     def __init__(
         self, options: Mapping[str, Any] | CppOptions | None = None, *, guarded_layouts: bool = False

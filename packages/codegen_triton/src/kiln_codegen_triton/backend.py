@@ -160,6 +160,10 @@ class TritonBackend(Backend):
             raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
         self.mode = mode
         self.debug = debug if debug is not None else os.environ.get("KILN_TRITON_DEBUG", "0") not in ("", "0")
+        # kiln_loopir's Note [Dead index writes keep their bounds check]: indirect indices are
+        # checked in the interpreter or in debug mode only (Note [Index checks in the
+        # interpreter]); elsewhere a dead scatter kept would store out of range unchecked
+        self.checks_indices = self.debug or interpreting()
         self.max_persistent_rblock = max_persistent_rblock
         self.allow_tiling = allow_tiling
         self.reorder_reductions = reorder_reductions

@@ -70,6 +70,10 @@ class Backend:
     # Note [A kernel's output in place of an input that dies in it] (scheduler.py): whether this
     # generator's kernels stay correct when an output and an input are one memory
     inplace_buffers: bool = False
+    # Note [Dead index writes keep their bounds check] (scheduler.py): whether this generator's
+    # kernels check an indirect index (and raise IndexError), so that a dead scatter is worth
+    # keeping for its check
+    checks_indices: bool = False
 
     def can_fuse(self, node1: BaseSchedulerNode, node2: BaseSchedulerNode) -> bool:
         """Veto hook: return False to refuse a fusion the scheduler found legal."""

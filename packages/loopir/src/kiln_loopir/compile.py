@@ -298,6 +298,7 @@ def _generate(
             late_placement=passes.options.late_placement,
             inplace=passes.options.inplace_reuse and bool(getattr(chosen, "inplace_buffers", False)),
             row_column_hook=chosen.row_column_hook(),
+            keep_index_checks=bool(getattr(chosen, "checks_indices", False)),
         )
         t2 = time.perf_counter()
         _log(graph, schedule)

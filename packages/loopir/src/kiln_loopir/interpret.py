@@ -255,6 +255,7 @@ class InterpretBackend(Backend):
 
     name = "interpret"
     inplace_buffers = True  # each member's loads are evaluated before its store
+    checks_indices = True  # Note [Dead index writes keep their bounds check] (scheduler.py)
 
     def codegen_kernel(self, node: BaseSchedulerNode, graph: GraphLowering) -> Any:
         members = node.members()

@@ -109,6 +109,7 @@ class _Recorder(DefaultHandler):
         self.reads: list[Dep] = []
         self.writes: list[Dep] = []
         self._indirect = 0
+        self.checked = False  # whether an indirect index is bounds-checked
 
     def generic(self, name: str, *args: Any) -> None:
         return None
@@ -136,16 +137,22 @@ class _Recorder(DefaultHandler):
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         self._indirect += 1
+        self.checked = self.checked or check
         return sympy.Symbol(f"indirect{self._indirect}", integer=True)
 
 
-def extract_read_writes(buffer: ComputedBuffer) -> tuple[list[Dep], list[Dep]]:
-    """Run the buffer's body under a recording handler: (reads, writes)."""
+def _record(buffer: ComputedBuffer) -> _Recorder:
     ranges, rranges = buffer.iteration()
     xs, rs = loop_vars("x", len(ranges)), loop_vars("r", len(rranges))
     recorder = _Recorder([*xs, *rs], [*ranges, *rranges], len(xs))
     with set_ops_handler(recorder):
         buffer.body()(xs, rs)
+    return recorder
+
+
+def extract_read_writes(buffer: ComputedBuffer) -> tuple[list[Dep], list[Dep]]:
+    """Run the buffer's body under a recording handler: (reads, writes)."""
+    recorder = _record(buffer)
     reads = recorder.reads
     if isinstance(buffer, Scatter):
         reads = [*reads, StarDep(buffer.mutates)]
@@ -402,8 +409,10 @@ class Scheduler:
         late_placement: bool = True,
         inplace: bool = False,
         row_column_hook: RowColumnHook | None = None,
+        keep_index_checks: bool = False,
     ) -> None:
         self.name_to_buffer = name_to_buffer
+        self.keep_index_checks = keep_index_checks  # Note [Dead index writes keep their bounds check]
         self.inplace = inplace  # Note [A kernel's output in place of an input that dies in it]
         self.late_placement = late_placement  # Note [Kernels placed where they are first needed]
         self.far_output_fusion = far_output_fusion
@@ -507,7 +516,7 @@ class Scheduler:
             mutates = isinstance(node, ExternKernelSchedulerNode) and (
                 _is_mutating(node.node) or node.name in defines
             )
-            if mutates or node.write_names() & needed:
+            if mutates or node.write_names() & needed or (self.keep_index_checks and _checks_indices(node)):
                 kept.append(node)
                 needed |= node.read_names()
             else:
@@ -1141,8 +1150,10 @@ class Scheduler:
                     continue
                 free = pool.get(key)
                 plan.allocate[name] = free.pop() if free else None
-            for touched in sorted(set(node.read_names()) | written):
-                name = self.aliases.get(touched, touched)
+            # a Scatter's name and the buffer it writes are one memory, freed once (a dead
+            # Scatter, Note [Dead index writes keep their bounds check], is its buffer's last
+            # reader: freed twice, two later buffers took over the same memory)
+            for name in sorted({self.aliases.get(t, t) for t in set(node.read_names()) | written}):
                 buffer = self.name_to_buffer.get(name)
                 if (
                     isinstance(buffer, ComputedBuffer)
@@ -1356,6 +1367,26 @@ def _aligned(wdep: MemoryDep, writer: BaseSchedulerNode, rdep: Dep) -> bool:
         return False
     prefix_dep = MemoryDep(rdep.name, rdep.index, rdep.variables[:prefix], rdep.sizes[:prefix])
     return wdep.canonical() == prefix_dep.canonical()
+
+
+# Note [Dead index writes keep their bounds check]: an index write whose result nothing reads
+# (`x.index_put_(i, v)` then `x.zero_()`, test_alias_fuzz.py seed 30289) raises IndexError in
+# eager for an index out of range, and a compiled program that dropped it returned a value
+# instead (torch.compile does too). Silently accepting an out-of-range index is worse than
+# raising, and dead index writes are rare in real programs (a graph without one pays nothing),
+# so dead-code elimination keeps a scatter that checks its indices, with what it reads, at the
+# cost of running it, where the code generator checks indirect indices
+# (`Backend.checks_indices`: C++ and the reference interpreter always, Triton under its
+# interpreter or in debug mode; on a GPU otherwise a kept scatter would store out of range
+# unchecked, so it is dropped as before). A gather is a pointwise node inlined into its readers or, read by none,
+# never realized; kiln_aotgrad leaves a check of its own for a gather nobody reads (its Note
+# [Dead gathers keep their bounds check]).
+def _checks_indices(node: BaseSchedulerNode) -> bool:
+    """Whether ``node`` is a scatter whose indirect index is bounds-checked (Note [Dead index
+    writes keep their bounds check])."""
+    if not (isinstance(node, SchedulerNode) and isinstance(node.node, Scatter)):
+        return False
+    return _record(node.node).checked
 
 
 def _returns_alias(kernel: ExternKernel) -> bool:
