@@ -40,7 +40,10 @@ def main() -> None:
                     view = "view ok"
                 except RuntimeError as e:
                     view = f"view raises: {str(e)[:60]}"
-                print(f"{name:10s} {label:32s} shape {tuple(out.shape)} stride {out.stride()} {view}", flush=True)
+                print(
+                    f"{name:10s} {label:32s} shape {tuple(out.shape)} stride {out.stride()} {view}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
