@@ -5,6 +5,14 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-fifth session: call24e, call5b, call2, bf16 training of all ten (call4 at 8 timed steps), a ResNet-50 bf16
+#   training profile with the GPT-2 output strides, then call25b + call25a ran on an H100
+#   (packages/bench/results/2026-12-06-h100*-s25-*). Found: GPT-2 at 16 threads fixed by full_teams (2.85 ms, 9.55
+#   with full_teams=0, eager 5.79); outer_partials no faster (now off); write-backs now grouped per dtype (183 -> 24
+#   copies a ResNet-50 step); the BatchNorm statistics' partial kernels still at 25% of copy on torch 2.11 (their
+#   form there is mean + var, not the var_mean the one-accumulator change fixed: read their source on the device,
+#   KILN_LOG=output_code). Next: call25c and call25d FIRST (issue 20: training at 1/4/16 threads, the wider set at
+#   16), then the BatchNorm partials' source on the device, call4c (fp32 training), call2 --dtype float32, call10.
 # Twenty-fourth session: call23a, call4c, call3c, call24a, call24b, call24a again ran on an H100
 #   (packages/bench/results/2026-12-06-h100*-s24-*); the budget was spent before call24e (call24a ran twice by mistake in
 #   its second call, ~80 s; a helper's look at the device's environment ~80 s). Not measured on the GPU: the launcher marker (Note [Launchers built in the workers]),
