@@ -46,7 +46,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten
 from kiln_aotgrad.decompositions import DecompTable
 from kiln_aotgrad.functionalize import SELF, ViewStep
 from kiln_aotgrad.logs import graphs_log
-from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer, _addresses
+from kiln_aotgrad.tracer import PHYSICAL_VIEWS, AotgradError, Tracer, _addresses, ancestors
 from kiln_dynamo import same_unbacked
 from kiln_dynamo.fake import FakeTensor, any_symbolic, dispatch_for, from_real
 
@@ -1032,7 +1032,7 @@ def trace(
     meta.no_gradient = frozenset(i for i, g in zip(grad_inputs, grads[:n], strict=True) if g is None)
     if split:
         value_nodes = {tracer.node_for(diff_vals[k]) for k in new_values}
-        read = _ancestors_of([tracer.node_for(diff_vals[k]) for k in user]) & value_nodes
+        read = ancestors([tracer.node_for(diff_vals[k]) for k in user]) & value_nodes
         meta.new_value_grads = NewValueGrads(
             tangents=reaching[n:],
             no_gradient=frozenset(i for i, g in zip(grad_inputs, grads[n:], strict=True) if g is None),
@@ -1066,17 +1066,6 @@ class NewValueGrads:
     tangents: list[frozenset[int]]  # per grad input, the new values' tangents its gradient reads
     no_gradient: frozenset[int]  # grad inputs the new values give no gradient
     read: bool = False  # whether a user output that requires grad reads a new value
-
-
-def _ancestors_of(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(n.all_input_nodes)
-    return seen
 
 
 # Note [Gradients that no read output reaches]: autograd hands a compiled function's backward a

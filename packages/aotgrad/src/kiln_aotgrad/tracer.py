@@ -1230,18 +1230,23 @@ def _integer_indices(node: torch.fx.Node) -> bool:
     )
 
 
+def ancestors(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """``roots`` and every node they read, directly or not."""
+    seen: set[torch.fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.all_input_nodes)
+    return seen
+
+
 def check_dead_gathers(graph: torch.fx.Graph) -> list[str]:
     """Note [Dead gathers keep their bounds check]: a check after each dead gather; returns the
     names of the gathers checked."""
     nodes = list(graph.nodes)
-    roots = [n for n in nodes if n.op == "output" or _impure(n) or _binds_checked_symbol(n)]
-    live: set[torch.fx.Node] = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if n not in live:
-            live.add(n)
-            stack.extend(n.all_input_nodes)
+    live = ancestors([n for n in nodes if n.op == "output" or _impure(n) or _binds_checked_symbol(n)])
     backward: set[torch.fx.Node] = set()
     for n in nodes:
         if (n.op == "placeholder" and n.name.startswith("tangents")) or any(
