@@ -60,3 +60,33 @@ def test_is_leaf_of_an_input_computed_by_autograd() -> None:
     compiled = kiln_dynamo.compile(f)
     for arg in (a.exp(), a, torch.randn(3), a.exp()):
         assert_same(f(arg), compiled(arg))
+
+
+def test_in_place_write_into_an_input_autograd_computed_is_traced() -> None:
+    # Note [In-place writes into inputs autograd computed]: the fake of `h` is a leaf, so
+    # autograd's leaf check broke the graph at `h.add_(x)` where eager runs it
+    def f(h: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        h.add_(x)
+        h += x.sin()
+        return h * 2, h.is_leaf
+
+    w, x = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+    report = kiln_dynamo.explain(f)(w * 1.5, x)
+    assert (report.graph_count, report.break_reasons) == (1, [])
+    compiled = kiln_dynamo.compile(f)
+    for _ in range(2):
+        w2, x2 = w.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        h, h2 = w * 1.5, w2 * 1.5
+        want, got = f(h, x), compiled(h2, x2)
+        assert_same(want, got)
+        assert_same(h, h2)
+        want[0].sum().backward()
+        got[0].sum().backward()
+        assert_same((w.grad, x.grad), (w2.grad, x2.grad))
+        w.grad = x.grad = None
+    # a leaf that requires grad (guarded: `is_leaf` of the input): eager's error, compiled too
+    leaf = torch.randn(4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        f(leaf, x)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        compiled(leaf, x)

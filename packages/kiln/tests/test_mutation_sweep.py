@@ -332,3 +332,61 @@ def test_a_graph_that_fails_to_compile_writes_its_inputs_once() -> None:
     oe = f(*ae)
     torch.testing.assert_close(oc, oe)
     torch.testing.assert_close(ac, ae)
+
+
+def _add_into_computed(h, x):
+    h.add_(x)
+    return h * 2
+
+
+def _iadd_mul_into_computed(h, x):
+    h += x.sin()
+    h.mul_(3)
+    return (h * h).sum(), h.is_leaf
+
+
+def _clamp_into_computed_then_read(h, x):
+    y = h + x  # saves nothing of h
+    h.clamp_(min=0)
+    return y, h.exp()
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize(
+    "f",
+    [_add_into_computed, _iadd_mul_into_computed, _clamp_into_computed_then_read],
+    ids=lambda f: f.__name__,
+)
+def test_in_place_writes_into_inputs_autograd_computed(f, dynamic) -> None:
+    """Note [In-place writes into inputs autograd computed] (kiln_dynamo output.py): `h` is an
+    autograd result (`w * 1.5`); the write compiles (no break), and the result, `h` after the
+    call, `is_leaf` and the gradients of `w` and `x` are eager's."""
+    c = kiln.compile(f, dynamic=dynamic)
+    for call in range(3):
+        g = torch.Generator().manual_seed(call)
+        w, x = torch.randn(5, generator=g), torch.randn(5, generator=g)
+        we, xe = w.clone().requires_grad_(), x.clone().requires_grad_()
+        wc, xc = w.clone().requires_grad_(), x.clone().requires_grad_()
+        he, hc = we * 1.5, wc * 1.5
+        oe, oc = f(he, xe), c(hc, xc)
+        assert type(oe) is type(oc)
+        torch.testing.assert_close(
+            oc[0] if isinstance(oc, tuple) else oc, oe[0] if isinstance(oe, tuple) else oe
+        )
+        if isinstance(oe, tuple):
+            assert all(type(a) is type(b) for a, b in zip(oe, oc, strict=True))
+            for a, b in zip(oe[1:], oc[1:], strict=True):
+                if isinstance(a, torch.Tensor):
+                    torch.testing.assert_close(b, a)
+                else:
+                    assert a == b
+        torch.testing.assert_close(hc.detach(), he.detach())
+        assert (hc.requires_grad, hc.is_leaf) == (he.requires_grad, he.is_leaf)
+        out_e = oe[0] if isinstance(oe, tuple) else oe
+        out_c = oc[0] if isinstance(oc, tuple) else oc
+        torch.testing.assert_close(
+            torch.autograd.grad(out_c.sum(), (wc, xc), allow_unused=True),
+            torch.autograd.grad(out_e.sum(), (we, xe), allow_unused=True),
+        )
+    report = kiln.explain(f)((torch.randn(5, requires_grad=True) * 1.5), torch.randn(5, requires_grad=True))
+    assert report.graph_count == 1 and not report.break_reasons, report

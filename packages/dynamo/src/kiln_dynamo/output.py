@@ -209,6 +209,38 @@ class OutputGraph:
         return hit
 
     # --- nodes --------------------------------------------------------------------------------
+    def _run_fake(self, kind: str, target: Any, fargs: list[Any], fkwargs: dict[str, Any]) -> Any:
+        # Note [Composite operators under symbolic sizes]
+        with (
+            FakeMode(),
+            unbacked_sizes(self.shapes.unbacked_env),
+            dispatch_for(tree_flatten((fargs, fkwargs))[0]),
+        ):
+            if kind == "call_method":
+                return getattr(fargs[0], target)(*fargs[1:], **fkwargs)
+            return target(*fargs, **fkwargs)
+
+    # Note [In-place writes into inputs autograd computed]: a fake made from a real tensor is a
+    # leaf whatever the real one is (Note [is_leaf of an input] in variables/tensor.py), so an
+    # in-place op on an input that requires grad failed autograd's leaf check on the fakes ("a
+    # leaf Variable that requires grad is being used in an in-place operation") although eager
+    # runs it when the input is an autograd result: `h.add_(x)` on `h = w * 1.0`, and every
+    # `x += y` of a continuation after a graph break in a training forward, whose inputs are the
+    # activations before the break. Where the written tensor (the op's first argument) is such an
+    # input and the real one is not a leaf (guarded, `L['h'].is_leaf is False`), the op runs on
+    # the fakes with autograd's check off: the fakes' metadata is the same, and aotgrad traces the
+    # real non-leaf input's write (its gradient through the new value, Note [Inputs whose
+    # gradient comes only through their new values]). A real leaf still breaks, as eager raises.
+    def _writes_non_leaf_input(self, tx: InstructionTranslator, e: RuntimeError, args: list[VT]) -> bool:
+        if "a leaf Variable that requires grad is being used in an in-place operation" not in str(e):
+            return False
+        if not args or not isinstance(args[0], TensorVariable) or not torch.is_grad_enabled():
+            return False
+        fake = args[0].fake
+        if not (fake.requires_grad and fake.is_leaf and getattr(fake, "from_real", False)):
+            return False
+        return args[0].input_is_leaf(tx) is False
+
     def create_call(
         self, tx: InstructionTranslator, kind: str, target: Any, args: list[VT], kwargs: dict[str, VT]
     ) -> VT:
@@ -233,16 +265,14 @@ class OutputGraph:
                 raise Unsupported(refused, advice="keep the inference tensor's uses inside the block")
         self.shapes.env.where = tx.where
         try:
-            # Note [Composite operators under symbolic sizes]
-            with (
-                FakeMode(),
-                unbacked_sizes(self.shapes.unbacked_env),
-                dispatch_for(tree_flatten((fargs, fkwargs))[0]),
-            ):
-                if kind == "call_method":
-                    out = getattr(fargs[0], target)(*fargs[1:], **fkwargs)
-                else:
-                    out = target(*fargs, **fkwargs)
+            try:
+                out = self._run_fake(kind, target, fargs, fkwargs)
+            except RuntimeError as e:
+                if not self._writes_non_leaf_input(tx, e, args):
+                    raise
+                # Note [In-place writes into inputs autograd computed]
+                with torch.no_grad():
+                    out = self._run_fake(kind, target, fargs, fkwargs)
         except Unsupported:
             raise
         except Exception as e:

@@ -138,7 +138,7 @@ class TensorVariable(VariableTracker):
         if name == "shape" and is_symbolic_value(self.fake.shape):
             return self.sizes(tx, "size")
         if name == "is_leaf" and self.fake.requires_grad and self.fake.is_leaf:
-            leaf = self._input_is_leaf(tx)  # Note [is_leaf of an input]
+            leaf = self.input_is_leaf(tx)  # Note [is_leaf of an input]
             if leaf is not None:
                 return ConstantVariable(leaf)
         if name in _METADATA_ATTRS:
@@ -188,7 +188,7 @@ class TensorVariable(VariableTracker):
         fake = self.fake
         leaf = fake.is_leaf
         if fake.requires_grad and leaf:
-            leaf = self._input_is_leaf(tx) is not False  # Note [is_leaf of an input]
+            leaf = self.input_is_leaf(tx) is not False  # Note [is_leaf of an input]
         if leaf and fake.requires_grad == want:
             return
         if not leaf:
@@ -208,7 +208,7 @@ class TensorVariable(VariableTracker):
     # still a leaf (no operation of the frame made it a non-leaf) answers what the real input was
     # when the frame started, guarded (`L['x'].is_leaf is False`). A tensor that does not require
     # grad is a leaf in eager too.
-    def _input_is_leaf(self, tx: Tx) -> bool | None:
+    def input_is_leaf(self, tx: Tx) -> bool | None:
         for node, source, value in tx.output.inputs:
             if node.meta.get("val") is self.fake and source is not None and isinstance(value, torch.Tensor):
                 tx.output.guards.constant(AttrSource(source, "is_leaf"), value.is_leaf)
