@@ -80,7 +80,7 @@ import torch
 import torch.fx
 from kiln_symbolic import expr_of, hint_of, is_symbolic
 
-from kiln_aotgrad.tracer import effectful
+from kiln_aotgrad.tracer import ancestors, effectful
 from kiln_dynamo import graph_module
 
 aten = torch.ops.aten
@@ -210,20 +210,6 @@ def _split(joint: torch.fx.GraphModule, num_fw_outputs: int) -> tuple[Any, ...]:
     return nodes, fw_outs, bw_outs, primals, tangents, tangent_dep
 
 
-def _ancestors(roots: list[Any], stop: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    stack = [r for r in roots if isinstance(r, torch.fx.Node)]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in stop:
-            continue
-        stack.extend(n.all_input_nodes)
-    return seen
-
-
 def _saved_default(
     nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], bw_need: set[Any], bw_outs: set[Any]
 ) -> list[Any]:
@@ -318,7 +304,7 @@ def _saved_min_cut(
     # A gradient that depends on no tangent (zeros, say) is still needed by the backward.
     fw_grads = {n for n in bw_outs if n not in tangent_dep}
     # Candidates: forward nodes the backward may need (directly or through recompute).
-    cand = {n for n in _ancestors([*bw_nodes, *fw_grads], set()) if n not in tangent_dep and n.op != "output"}
+    cand = {n for n in ancestors([*bw_nodes, *fw_grads]) if n not in tangent_dep and n.op != "output"}
     g = nx.DiGraph()
     for n in cand:
         if n.op == "get_attr":
@@ -390,7 +376,7 @@ def partition(
     if strategy not in ("default", "min_cut"):
         raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
     nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
-    bw_need = _ancestors(bw_outs, set())
+    bw_need = ancestors(bw_outs)
     outs = {o for o in bw_outs if isinstance(o, torch.fx.Node)}
     materialized = _forward_materialized(nodes, tangent_dep, fw_outs)
     cost_note = ""
@@ -416,9 +402,9 @@ def partition(
     # check a gradient (Note [Extern calls kept for their effect] in kiln_loopir's scheduler.py)
     checks = [n for n in nodes if effectful(n)]
     fw_checks = [n for n in checks if n not in tangent_dep]
-    fw_keep = _ancestors([*fw_outs, *saved, *fw_checks], set())
+    fw_keep = ancestors([*fw_outs, *saved, *fw_checks])
     fw = _copy_graph(nodes, fw_keep, primals, [*fw_outs, *saved], joint)
-    bw_keep = _ancestors([*bw_outs, *(n for n in checks if n in tangent_dep)], saved_set | set(tangents))
+    bw_keep = ancestors([*bw_outs, *(n for n in checks if n in tangent_dep)], saved_set | set(tangents))
     bw = _copy_graph(nodes, bw_keep - saved_set, [*saved, *tangents], bw_outs, joint)
     recomputed_nodes = [
         n
@@ -458,7 +444,7 @@ def split_backward(
     for first in (True, False):
         grads = outs[:n_first] if first else outs[n_first:]
         mine = [c for c in checks if bool(reads[c] & first_tangents) == first]
-        keep = _ancestors([*grads, *mine], set(placeholders))
+        keep = ancestors([*grads, *mine], set(placeholders))
         needed: set[Any] = set()
         for n in keep:
             if n.op != "placeholder":
@@ -522,7 +508,7 @@ def _bind_backward_symbols(
     """`saved` plus a node for each symbol the backward needs and its inputs do not bind
     (Note [Symbols the backward binds]); may add `sym_size` nodes to `joint`."""
     saved_set = set(saved)
-    bw_nodes = _ancestors(
+    bw_nodes = ancestors(
         [*bw_outs, *(n for n in nodes if effectful(n) and n in tangent_dep)], saved_set | set(tangents)
     )
     needed: set[Any] = set()

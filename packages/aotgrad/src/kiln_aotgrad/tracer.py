@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import operator
 import traceback
+from collections.abc import Set
 from typing import Any
 
 import torch
@@ -1230,14 +1231,17 @@ def _integer_indices(node: torch.fx.Node) -> bool:
     )
 
 
-def ancestors(roots: list[torch.fx.Node]) -> set[torch.fx.Node]:
-    """``roots`` and every node they read, directly or not."""
+def ancestors(roots: list[Any], stop: Set[torch.fx.Node] = frozenset()) -> set[torch.fx.Node]:
+    """The nodes among ``roots`` and every node they read, directly or not; the walk does not go
+    past a node in ``stop`` (which is included)."""
     seen: set[torch.fx.Node] = set()
-    stack = list(roots)
+    stack = [r for r in roots if isinstance(r, torch.fx.Node)]
     while stack:
         n = stack.pop()
-        if n not in seen:
-            seen.add(n)
+        if n in seen:
+            continue
+        seen.add(n)
+        if n not in stop:
             stack.extend(n.all_input_nodes)
     return seen
 
