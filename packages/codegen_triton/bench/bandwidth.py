@@ -95,6 +95,16 @@ def layer_norm_backward(
     )
 
 
+def bn_stats(x: torch.Tensor) -> Any:
+    """A BatchNorm's training statistics as CUDA's decomposition gives them (torch 2.11: the
+    input in float32, then a ``var`` and a ``mean`` over every dimension but the channels) of a
+    channels-last [N, ROW, 56, 56] activation: ResNet-50's stage-1 BatchNorms. Split in two kernels
+    (Note [Split reductions] in split.py): the first, a Welford per channel over chunks of rows,
+    ran at 24-29% of an H100's copy bandwidth in ResNet-50's bfloat16 training."""
+    xf = aten._to_copy.default(x, dtype=torch.float32)
+    return aten.var.correction(xf, [0, 2, 3], correction=0), aten.mean.dim(xf, [0, 2, 3])
+
+
 def row_sum(x: torch.Tensor) -> Any:
     return aten.sum.dim_IntList(x, [1])
 
@@ -137,6 +147,14 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor
             torch.randn(n // ROW, 1, device="cuda"),
             torch.rand(n // ROW, 1, device="cuda") + 0.5,
             torch.randn(ROW, device="cuda", dtype=DTYPE),
+        ],
+    ),
+    "bn_stats": (
+        bn_stats,
+        lambda n: [
+            torch.randn(max(1, n // (ROW * 3136)), ROW, 56, 56, device="cuda", dtype=DTYPE).to(
+                memory_format=torch.channels_last
+            )
         ],
     ),
     "row_sum": (row_sum, _rows),
