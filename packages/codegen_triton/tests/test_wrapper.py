@@ -109,6 +109,46 @@ def test_bytes_per_program_size_reductions_by_their_element_type() -> None:
     )
 
 
+def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
+    # Note [Welford tiles] in heuristics.py: the first kernel of a split BatchNorm statistics
+    # reduction (channels-last, a Welford per channel over chunks of rows) is marked, and takes
+    # the small Welford tile only with programs to spare and the switch on
+    from dataclasses import replace
+
+    from kiln_codegen_triton import heuristics
+    from kiln_codegen_triton.heuristics import configs
+
+    def bn_stats(x: torch.Tensor) -> Any:
+        xf = aten._to_copy.default(x, dtype=torch.float32)
+        return aten.var.correction(xf, [0, 2, 3], correction=0), aten.mean.dim(xf, [0, 2, 3])
+
+    x = torch.randn(2, 16, 32, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
+    backend = TritonBackend()
+    check(bn_stats, x, device="cpu", backend=backend)
+    partial = [
+        launcher.spec for name, launcher in backend.last_launchers.items() if name.endswith("_partial")
+    ]
+    assert len(partial) == 1 and partial[0].welford and partial[0].outer and partial[0].kind == "looped"
+    assert not any(
+        launcher.spec.welford
+        for launcher in backend.last_launchers.values()
+        if launcher.spec is not partial[0]
+    )
+    column_sum = configs(replace(partial[0], welford=False, xnumel=131072), rblock_cap=2048)[0]
+    big = configs(replace(partial[0], xnumel=131072), rblock_cap=2048)[0]
+    assert (big.XBLOCK * big.RBLOCK * 2, big.num_warps) == (
+        heuristics.WELFORD_TILE_BYTES,
+        heuristics.WELFORD_WARPS,
+    )
+    assert column_sum.XBLOCK * column_sum.RBLOCK * 2 == heuristics.OUTER_TILE_BYTES
+    assert configs(replace(partial[0], xnumel=131072), rblock_cap=2048, welford_tiles=False)[0] == column_sum
+    # too few programs for the small tile: the column-sum rule (512 columns: 8 programs)
+    few = configs(partial[0], rblock_cap=2048)[0]
+    assert few == configs(replace(partial[0], welford=False), rblock_cap=2048)[0]
+    # results equal eager with the switch off too
+    check(bn_stats, x, device="cpu", backend=TritonBackend(welford_tiles=False))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_max_autotune_times_configs_once_and_caches_on_disk(device: str, cache_root: str) -> None:
     def fn(x: torch.Tensor) -> Any:

@@ -108,6 +108,7 @@ TRITON_OPTIONS = {
     "reorder_gathers": bool,  # Note [Gathers along a row walk the rows] in kernel.py
     "outer_by_tiles": bool,  # Note [Row statistics do not decide a column reduction] in kernel.py
     "outer_partials": bool,  # Note [Partials of a column reduction stay column reductions] in split.py
+    "welford_tiles": bool,  # Note [Welford tiles] in heuristics.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -141,6 +142,7 @@ class TritonBackend(Backend):
         reorder_gathers: bool = False,
         outer_by_tiles: bool = True,
         outer_partials: bool = False,  # measured no faster on an H100: Note in split.py
+        welford_tiles: bool = True,  # Note [Welford tiles] in heuristics.py
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -170,6 +172,7 @@ class TritonBackend(Backend):
         self.reorder_gathers = reorder_gathers
         self.outer_by_tiles = outer_by_tiles
         self.outer_partials = outer_partials
+        self.welford_tiles = welford_tiles
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -350,7 +353,12 @@ class TritonBackend(Backend):
                 tune: bool | str = self.autotune
                 if not tune and threshold is not None and _moved_bytes(spec, sizes) >= threshold:
                     tune = "small"  # Note [Autotuning large kernels in the default mode]
-                candidates = configs(spec, autotune=tune, rblock_cap=min(2048, self.max_persistent_rblock))
+                candidates = configs(
+                    spec,
+                    autotune=tune,
+                    rblock_cap=min(2048, self.max_persistent_rblock),
+                    welford_tiles=self.welford_tiles,
+                )
                 launchers[spec.name] = Launcher(
                     getattr(module, spec.name), spec, candidates, autotune=bool(tune)
                 )

@@ -38,6 +38,21 @@ of 96 (RBLOCK 128) were best as they were (80%; one warp over 8 rows: 74%), so t
 at 256. Float32 rows keep the bytes-per-program rule (not measured). ``WARP_ELEMENTS = 0`` turns
 the rule off.
 
+Note [Welford tiles]: the first kernel of a split BatchNorm statistics reduction (a Welford per
+channel over a chunk of rows, ``split.py``) is a looped column reduction like a column sum, but each
+element of its tile carries a (mean, m2, weight) triple and a division per step: the 4 KB tile of
+the column-sum rule (X64 R32, four warps) holds 48 float32 accumulators a thread. Measured on an
+H100 (twenty-sixth session, ``bench/bandwidth.py --only bn_stats --dtype bfloat16 --row 256``, a
+channels-last [32, 256, 56, 56] activation, ResNet-50's stage 1, both kernels): X64 R32 w4 54.8 us,
+R64 w4 82.6, R16 w4 43.7, R8 w4 41.1, R32 w8 60.9, **R8 w2 35.2**; torch.compile 41.8. In ResNet-50's
+bfloat16 training these kernels took 1.15 ms a step against ~0.5 ms for torch.compile's. Smaller
+tiles leave registers for more programs on an SM, whose loads then overlap; that pays only where
+the grid has programs to spare: at a quarter of the rows ([8, 256, 56, 56], 6M elements) the
+default took 13.0 us and every smaller tile 14.6-18.7. So a Welford column loop with at least
+``WELFORD_MIN_PROGRAMS`` programs (about eight an SM on a 132-SM GPU) takes ``WELFORD_TILE_BYTES``
+tiles (1 KB: 8 rows of 64 bfloat16 columns) of ``WELFORD_WARPS`` warps; others keep the column-sum
+rule. Switch: ``triton_options={"welford_tiles": False}``.
+
 Note [Block sizes for symbolic sizes]: a kernel compiled for symbolic sizes (Note [Symbolic
 sizes in Triton kernels] in kernel.py) runs one config at every size, so its blocks are chosen
 from the size *hints* (the sizes of the call it was compiled at), with each symbolic extent
@@ -79,6 +94,11 @@ OUTER_XBLOCK = 64
 REORDERED_XBLOCK = 16
 OUTER_TILE_BYTES = 4096
 OUTER_WARPS = 4
+# Note [Welford tiles]: a looped column reduction that keeps a Welford triple per element, when it
+# has at least WELFORD_MIN_PROGRAMS programs; WELFORD_TILE_BYTES = 0 turns the rule off
+WELFORD_TILE_BYTES = 1024
+WELFORD_WARPS = 2
+WELFORD_MIN_PROGRAMS = 1024
 # the columns of a persistent outer reduction (rows of at most 32: a sum over a batch of 8); a
 # constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, a bfloat16
 # and a float32 [8, 512 * 768] summed over the batch in 3072 programs of 128 columns, ran at 38% of
@@ -129,12 +149,17 @@ def outer_tile_rows(spec: KernelSpec) -> int:
 
 
 def configs(
-    spec: KernelSpec, *, autotune: bool | str = False, rblock_cap: int = LOOPED_RBLOCK
+    spec: KernelSpec,
+    *,
+    autotune: bool | str = False,
+    rblock_cap: int = LOOPED_RBLOCK,
+    welford_tiles: bool = True,
 ) -> list[Config]:
     """Candidate configs for ``spec``, the heuristic choice first (alone unless ``autotune``:
-    ``True`` for max-autotune's set, ``"small"`` for the default mode's few alternatives)."""
+    ``True`` for max-autotune's set, ``"small"`` for the default mode's few alternatives).
+    ``welford_tiles``: Note [Welford tiles] (TritonBackend's switch of the same name)."""
     if autotune == "small":
-        return _small(spec, rblock_cap)
+        return _small(spec, rblock_cap, welford_tiles)
     out: list[Config] = []
     xnumel, ynumel, rnumel = _extents(spec)
     nx = next_pow2(xnumel)
@@ -180,7 +205,11 @@ def configs(
         if spec.outer:
             x = min(OUTER_XBLOCK, nx)
             r = min(max(8, OUTER_TILE_BYTES // (x * size)), 64, cap)  # Note [Bytes per program]
-            out.append(Config(x, RBLOCK=r, num_warps=OUTER_WARPS))
+            warps = OUTER_WARPS
+            if welford_tiles and spec.welford and WELFORD_TILE_BYTES and -(-nx // x) >= WELFORD_MIN_PROGRAMS:
+                r = min(max(8, WELFORD_TILE_BYTES // (x * size)), cap)  # Note [Welford tiles]
+                warps = WELFORD_WARPS
+            out.append(Config(x, RBLOCK=r, num_warps=warps))
             if autotune:
                 for xb, rb, warps in ((128, 16, 4), (32, 64, 4), (256, 8, 8), (64, 64, 8)):
                     out.append(Config(min(xb, nx), RBLOCK=min(rb, cap), num_warps=warps))
@@ -197,11 +226,11 @@ def configs(
     return unique
 
 
-def _small(spec: KernelSpec, rblock_cap: int) -> list[Config]:
+def _small(spec: KernelSpec, rblock_cap: int, welford_tiles: bool = True) -> list[Config]:
     """The heuristic choice and two neighbours: half and twice its work per program (rows of a
     persistent reduction, the tile of an outer one, the block of a row loop or a tile), each
     also with the other warp count, which is where the heuristic most often misses."""
-    first = configs(spec, rblock_cap=rblock_cap)[0]
+    first = configs(spec, rblock_cap=rblock_cap, welford_tiles=welford_tiles)[0]
     xnumel, ynumel, rnumel = _extents(spec)
     nx = next_pow2(xnumel)
     out = [first]

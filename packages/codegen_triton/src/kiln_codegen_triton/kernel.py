@@ -182,6 +182,9 @@ class KernelSpec:
     outer: bool  # a reduction whose reduced dim is strided and output dim contiguous
     # Note [Reductions walk their reads' memory order]: its x digits are not in logical order
     reordered: bool = False
+    # a looped kernel that keeps a Welford (mean, m2, weight) triple per element of its tile
+    # (Note [Welford tiles] in heuristics.py)
+    welford: bool = False
     # Note [Symbolic sizes in Triton kernels]: the size symbols the kernel takes as arguments
     # after its pointers (sorted by name), and the numels at the graph's size hints (heuristics
     # only); a static kernel has neither, and its numels are ints
@@ -362,6 +365,7 @@ class _Generator(OpsHandlerBase):
         self.xforward: dict[tuple[str, str], TValue] = {}
         self.xcse: dict[str, TValue] = {}
         self.looped = plan.kind == "looped"
+        self.welford = False  # a Welford triple per element of a looped tile (KernelSpec.welford)
         # Note [Symbolic sizes in Triton kernels]: size symbols the kernel's code names
         self.size_symbols: set[sympy.Symbol] = set()
         # Note [Floats of sizes in Triton]: float of sizes -> the float64 argument that holds it
@@ -764,6 +768,7 @@ class _Generator(OpsHandlerBase):
                 weight = self._x_value(f"tl.full([XBLOCK, 1], {self.rnumel_text}, {t})", dtype)
                 return (mean_v, m2_v, weight)
             mean, m2, w = self._new("wmean"), self._new("wm2"), self._new("wweight")
+            self.welford = True
             section = self.sections[-1]
             for acc in (mean, m2, w):
                 section.pre.append(f"{acc} = tl.zeros([XBLOCK, RBLOCK], {t})")
@@ -952,6 +957,7 @@ class _Generator(OpsHandlerBase):
             members=tuple(m.name for m in self.members),
             atomic=self.atomic,
             outer=False,
+            welford=self.welford,
             size_params=(*size_params, *ints, *floats),
             float_params=tuple((name, e) for e, name in self.float_params.items()),
             int_params=tuple((name, e) for e, name in self.int_params.items()),
