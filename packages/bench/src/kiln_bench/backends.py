@@ -58,6 +58,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "triton.split_min_rnumel", 1 << 40),
     ("cuda", "triton.reorder_reductions", False),
     ("cuda", "triton.outer_by_tiles", False),
+    ("cuda", "triton.welford_tiles", False),
     ("cpu", "layout", False),
     ("cpu", "attention", False),
     ("cpu", "cse", False),
