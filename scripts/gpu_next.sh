@@ -192,6 +192,19 @@ for step in "$@"; do
       timeout 25 python3 packages/codegen_triton/bench/bandwidth.py --out "$out/colsum-8rows.json" --dtype bfloat16 \
         --row 393216 --sizes 3 --only col_sum --reps 7 --peak "$peak" \
         --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=256,PERSISTENT_WARPS=4;OUTER_PERSISTENT_XBLOCK=512" 2>&1 | tail -6 ;;
+    call26w)  # twenty-sixth session (issue 15): Note [Welford tiles] (codegen_triton heuristics), measured at one shape
+      # only. First the BatchNorm statistics at ResNet-50's shapes (channels-last bf16: rows per chunk 49-392), the
+      # new default against welford_tiles=0 and two tiles between; then ResNet-50 bf16 training, kiln against kiln
+      # with the rule off and torch.compile (scripts/gpu_kernel_table.py groups every kernel: the BatchNorm partials
+      # took 1.15 ms a step against torch.compile's ~0.5 ms)
+      for shape in "256 24.5" "256 6" "64 24.5" "512 12.25" "1024 6"; do set -- $shape
+        timeout 45 python3 packages/codegen_triton/bench/bandwidth.py --only bn_stats --dtype bfloat16 --row $1 --sizes $2 \
+          --peak 3.35 --reps 7 --variants "welford_tiles=0;WELFORD_MIN_ROWS=0;OUTER_TILE_BYTES=2048" \
+          --out "$out/bw-bn-$1-$2.json" 2>&1 | grep -E "^bn_stats|variant" | cut -c1-120; done
+      timeout 200 python3 -m kiln_bench --size gpu --device cuda --dtype bfloat16 --modes training --models resnet \
+        --backends eager,kiln,kiln:default:triton.welford_tiles=False,inductor --profile --profile-calls 3 \
+        --repeats 8 --warmup 3 --out "$out/resnet-welford" > "$out/resnet-welford.log" 2>&1
+      grep -v -E "models:|warn" "$out/resnet-welford.log" | tail -32 | cut -c1-200 ;;
     call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
       # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
       # gradients checked against eager's before it is timed (threads.py --mode training; the inference rows are

@@ -47,11 +47,15 @@ channels-last [32, 256, 56, 56] activation, ResNet-50's stage 1, both kernels): 
 R64 w4 82.6, R16 w4 43.7, R8 w4 41.1, R32 w8 60.9, **R8 w2 35.2**; torch.compile 41.8. In ResNet-50's
 bfloat16 training these kernels took 1.15 ms a step against ~0.5 ms for torch.compile's. Smaller
 tiles leave registers for more programs on an SM, whose loads then overlap; that pays only where
-the grid has programs to spare: at a quarter of the rows ([8, 256, 56, 56], 6M elements) the
-default took 13.0 us and every smaller tile 14.6-18.7. So a Welford column loop with at least
-``WELFORD_MIN_PROGRAMS`` programs (about eight an SM on a 132-SM GPU) takes ``WELFORD_TILE_BYTES``
+the grid has programs to spare and each program's loop is long: at a quarter of the batch ([8,
+256, 56, 56], 6M elements: as many programs, each over 49 rows instead of 196) the default took
+13.0 us (torch.compile 18.5) and every smaller tile 14.6-18.7, each step of a short loop paying a
+load's latency. So a Welford column loop with at least ``WELFORD_MIN_PROGRAMS`` programs (about
+eight an SM on a 132-SM GPU) over rows of at least ``WELFORD_MIN_ROWS`` takes ``WELFORD_TILE_BYTES``
 tiles (1 KB: 8 rows of 64 bfloat16 columns) of ``WELFORD_WARPS`` warps; others keep the column-sum
-rule. Switch: ``triton_options={"welford_tiles": False}``.
+rule. Two shapes measured, so the lines between (rows of 50-195, fewer programs) are not known:
+``bench/bandwidth.py --only bn_stats`` at more shapes is queued (``scripts/gpu_next.sh call26w``).
+Switch: ``triton_options={"welford_tiles": False}``.
 
 Note [Block sizes for symbolic sizes]: a kernel compiled for symbolic sizes (Note [Symbolic
 sizes in Triton kernels] in kernel.py) runs one config at every size, so its blocks are chosen
@@ -99,6 +103,7 @@ OUTER_WARPS = 4
 WELFORD_TILE_BYTES = 1024
 WELFORD_WARPS = 2
 WELFORD_MIN_PROGRAMS = 1024
+WELFORD_MIN_ROWS = 128
 # the columns of a persistent outer reduction (rows of at most 32: a sum over a batch of 8); a
 # constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, a bfloat16
 # and a float32 [8, 512 * 768] summed over the batch in 3072 programs of 128 columns, ran at 38% of
@@ -206,7 +211,13 @@ def configs(
             x = min(OUTER_XBLOCK, nx)
             r = min(max(8, OUTER_TILE_BYTES // (x * size)), 64, cap)  # Note [Bytes per program]
             warps = OUTER_WARPS
-            if welford_tiles and spec.welford and WELFORD_TILE_BYTES and -(-nx // x) >= WELFORD_MIN_PROGRAMS:
+            if (
+                welford_tiles
+                and spec.welford
+                and WELFORD_TILE_BYTES
+                and -(-nx // x) >= WELFORD_MIN_PROGRAMS
+                and rnumel >= WELFORD_MIN_ROWS
+            ):
                 r = min(max(8, WELFORD_TILE_BYTES // (x * size)), cap)  # Note [Welford tiles]
                 warps = WELFORD_WARPS
             out.append(Config(x, RBLOCK=r, num_warps=warps))
