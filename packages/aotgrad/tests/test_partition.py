@@ -202,3 +202,43 @@ def test_layer_norm_with_symbolic_rows_saves_the_statistics() -> None:
         assert rows_sized == [], rows_sized
     finally:
         kiln_dynamo.reset()
+
+
+def _bn_relu_conv() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)
+    )
+    return model, torch.randn(4, 3, 12, 12, requires_grad=True)
+
+
+def _recomputed_targets(p: Partition) -> set[str]:
+    by_name = {n.name: n for n in p.bw.graph.nodes}
+    return {str(by_name[name].target) for name in p.recomputed}
+
+
+def test_a_value_a_convolution_backward_reads_is_saved_not_recomputed() -> None:
+    # Note [Values the backward would write]: the second convolution's weight gradient reads
+    # relu(bn(conv(x))); recomputed, it is a kernel of its own in the backward. The forward writes
+    # it anyway (the convolution reads it), so it is saved.
+    model, x = _bn_relu_conv()
+    p = _partition_of(check(model, x, atol=1e-4, rtol=1e-4))  # gradients equal eager
+    assert not any("relu" in t for t in _recomputed_targets(p)), p.recomputed
+    saved = [n for n in p.fw.graph.nodes if n.name in p.saved]
+    assert any("relu" in str(n.target) for n in saved), p.saved
+    # switched off: the bytes-only weights recompute it from the BatchNorm's input
+    rec = Recorder()
+    compiled = kiln_aotgrad.aot_module(copy.deepcopy(model), rec, materialized_saves=False)
+    compiled(x.detach().requires_grad_()).sum().backward()
+    (art,) = compiled.compiled.values()
+    assert art.partition is not None
+    assert any("relu" in t for t in _recomputed_targets(art.partition)), art.partition.recomputed
+    assert art.partition.saved_bytes < p.saved_bytes
+
+
+def test_values_fused_into_the_backward_stay_recomputed() -> None:
+    # Note [Values the backward would write]: a LayerNorm's normalized rows are read by fused
+    # (pointwise, reduction) backward ops only, so they stay recomputed
+    for model, x in _norm_and_rows():
+        p = _partition_of(check(model, x, atol=1e-4, rtol=1e-4))
+        assert p.recomputed and _full_size_saved(p, x.numel()) == [], p.saved

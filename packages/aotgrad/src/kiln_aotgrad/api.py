@@ -74,6 +74,9 @@ class AotOptions:
     # the min-cut weighs a value the forward would fuse away at twice its bytes (Note [What
     # saving a value costs] in partition.py)
     fusion_aware_saves: bool = True
+    # a value the backward would have to write is saved, not recomputed (Note [Values the
+    # backward would write] in partition.py)
+    materialized_saves: bool = True
 
     def __post_init__(self) -> None:
         if self.partition not in ("default", "min_cut"):
@@ -103,7 +106,9 @@ def compile_flat(
         with torch.no_grad():
             compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
-    part = partition(traced.gm, meta.num_graph_outputs, opts.partition, opts.fusion_aware_saves)
+    part = partition(
+        traced.gm, meta.num_graph_outputs, opts.partition, opts.fusion_aware_saves, opts.materialized_saves
+    )
     if graphs_log.isEnabledFor(logging.INFO):  # Note [Graph modules generated on demand]
         graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
     partition_log.info(
@@ -490,9 +495,11 @@ def aot_function(
     decompositions: DecompTable | None = None,
     partition: str = "min_cut",
     fusion_aware_saves: bool = True,
+    materialized_saves: bool = True,
 ) -> AotFunction:
     """Compile `fn` ahead of time through aten graphs; `decompositions` extend kiln's table;
-    `fusion_aware_saves`: Note [What saving a value costs] in partition.py."""
+    `fusion_aware_saves`: Note [What saving a value costs] in partition.py; `materialized_saves`:
+    Note [Values the backward would write] there."""
     opts = AotOptions(
         fw_compiler,
         bw_compiler,
@@ -500,6 +507,7 @@ def aot_function(
         decompositions,
         partition,
         fusion_aware_saves=fusion_aware_saves,
+        materialized_saves=materialized_saves,
     )
     return AotFunction(fn, opts)
 
@@ -514,6 +522,7 @@ def aot_module(
     partition: str = "min_cut",
     guarded: bool = False,
     fusion_aware_saves: bool = True,
+    materialized_saves: bool = True,
 ) -> AotFunction:
     """Like `aot_function` for `module(*args)`, with its parameters and buffers as graph inputs;
     `guarded`: every call passes guards on its tensors' metadata (Note [Guarded callers])."""
@@ -524,5 +533,6 @@ def aot_module(
         decompositions,
         partition,
         fusion_aware_saves=fusion_aware_saves,
+        materialized_saves=materialized_saves,
     )
     return AotFunction(module.forward, opts, module, guarded=guarded)

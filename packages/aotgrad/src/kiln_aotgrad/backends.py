@@ -38,9 +38,10 @@ def aot_backend(
     decompositions: DecompTable | None = None,
     partition: str = "min_cut",
     fusion_aware_saves: bool = True,
+    materialized_saves: bool = True,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`;
-    `partition` and `fusion_aware_saves` as `AotOptions`'."""
+    `partition`, `fusion_aware_saves` and `materialized_saves` as `AotOptions`'."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         fn = aot_module(
@@ -51,6 +52,7 @@ def aot_backend(
             decompositions=decompositions,
             partition=partition,
             fusion_aware_saves=fusion_aware_saves,
+            materialized_saves=materialized_saves,
             guarded=True,  # Note [Guarded callers]: a dynamo backend runs behind the frame's guards
         )
         fakes = symbolic_placeholders(gm)

@@ -47,6 +47,23 @@ most `_MEMORY_SLACK` more bytes than that (LayerNorm: 0.13%); otherwise the byte
 stands (both figures in `KILN_LOG=partition`). `AotOptions.fusion_aware_saves` (kiln.compile's
 `fusion_aware_saves` option) switches it off.
 
+Note [Values the backward would write]: recomputing a value is cheap only where the backward's
+kernels read it through fusion, from values they load anyway. A value that a backward op no kernel
+fuses (a convolution's or a matmul's backward, an attention's) reads must be in memory there: its
+recomputation is a kernel of its own that reads the saved inputs and writes it, a full pass over
+its bytes, where saving it costs nothing more in the forward when the forward writes it anyway
+(the same operator reads it there: BatchNorm -> ReLU -> convolution). With bytes alone the cut
+saved BatchNorm's input and statistics and recomputed `relu(bn(x))` in the backward for the
+convolution's weight gradient: in ResNet-50's bfloat16 training on an H100 those recomputing
+kernels took ~0.5 ms of 5.1 ms of generated kernels a step (twenty-sixth session,
+`scripts/gpu_kernel_table.py`), where torch.compile's step, whose partitioner refuses such a
+recomputation (its `ban_recompute_materialized_backward`), had none. So a value that a
+tangent-dependent non-fusible op reads (directly or through views) is not recomputed: it hangs off
+the source, as a matmul does, and the cut saves it or a value after it. Views stay recomputable
+(their base is what is written). More bytes are saved (ResNet-50: each such ReLU output besides
+its BatchNorm input). `AotOptions.materialized_saves` (kiln.compile's `materialized_saves` option)
+switches it off.
+
 Note [Saved sizes]: with symbolic sizes the backward reads sizes the forward computed
 (`sym_size(x, 0)` to expand a tangent, `2 * s0` as a mean's divisor). A SymInt node is a
 candidate like a tensor, at 8 bytes (an int64): without a capacity its edge was infinite, and
@@ -284,6 +301,24 @@ def _forward_materialized(
     return out
 
 
+def _written_in_backward(node: torch.fx.Node, tangent_dep: set[torch.fx.Node]) -> bool:
+    """Would the backward have to write `node` to memory if it recomputed it (Note [Values the
+    backward would write])? True when a tangent-dependent reader no fused kernel can read it
+    through reads it, directly or through views of it."""
+    if node.op != "call_function" or getattr(node.target, "is_view", False):
+        return False
+    todo, seen = [node], {node}
+    while todo:
+        cur = todo.pop()
+        for u in cur.users:
+            if u in tangent_dep and not _fusible_reader(u):
+                return True
+            if u not in seen and u.op == "call_function" and getattr(u.target, "is_view", False):
+                seen.add(u)
+                todo.append(u)
+    return False
+
+
 def _save_weight(node: torch.fx.Node, materialized: set[torch.fx.Node] | None) -> float:
     """The capacity of `node`'s edge: its bytes, twice them if the forward would fuse it away."""
     val = node.meta.get("val")
@@ -299,6 +334,7 @@ def _saved_min_cut(
     bw_need: set[Any],
     bw_outs: set[Any],
     materialized: set[torch.fx.Node] | None = None,
+    keep_written: bool = True,
 ) -> list[Any]:
     bw_nodes = {n for n in bw_need if n in tangent_dep}
     # A gradient that depends on no tangent (zeros, say) is still needed by the backward.
@@ -314,7 +350,9 @@ def _saved_min_cut(
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=_save_weight(n, materialized))
         else:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
-        if n.op == "placeholder" or not recomputable(n):
+        # Note [Values the backward would write]: those are not recomputed either
+        written = keep_written and n.op == "call_function" and _written_in_backward(n, tangent_dep)
+        if n.op == "placeholder" or not recomputable(n) or written:
             g.add_edge("source", f"{n.name}_in")
         if n in fw_grads:
             g.add_edge(f"{n.name}_out", "sink")
@@ -370,9 +408,12 @@ def partition(
     num_fw_outputs: int,
     strategy: str = "min_cut",
     fusion_aware: bool = True,
+    keep_written: bool = True,
 ) -> Partition:
     """Split `joint` with `strategy` ("default" or "min_cut"); `fusion_aware`: the min-cut weighs
-    a value the forward would fuse away at twice its bytes (Note [What saving a value costs])."""
+    a value the forward would fuse away at twice its bytes (Note [What saving a value costs]);
+    `keep_written`: a value the backward would have to write is saved, not recomputed (Note
+    [Values the backward would write])."""
     if strategy not in ("default", "min_cut"):
         raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
     nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
@@ -383,9 +424,9 @@ def partition(
     if strategy == "default":
         saved = _saved_default(nodes, tangent_dep, bw_need, outs)
     else:
-        saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs)
+        saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs, keep_written=keep_written)
         if fusion_aware:
-            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized)
+            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized, keep_written)
             plain, mine = _bytes(saved), _bytes(aware)
             written = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
             took = mine <= plain * (1 + _MEMORY_SLACK)

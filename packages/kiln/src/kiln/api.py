@@ -11,7 +11,15 @@ import kiln_loopir
 from kiln.backends import BACKENDS, COMPILE_LOG, CPU_BACKENDS, MODES, PASS_OPTIONS, GraphCompile, make_backend
 
 _OPTIONS = frozenset(
-    {"strict", "cpu_backend", "cpp_options", "triton_options", "fusion_aware_saves", *PASS_OPTIONS}
+    {
+        "strict",
+        "cpu_backend",
+        "cpp_options",
+        "triton_options",
+        "fusion_aware_saves",
+        "materialized_saves",
+        *PASS_OPTIONS,
+    }
 )
 
 
@@ -41,7 +49,9 @@ def compile(
     `{"fusion_aware_saves": False}` makes a training graph's partition weigh every saved value
     by its bytes alone (kiln_aotgrad's Note [What saving a value costs]: by default a value the
     forward would fuse away weighs twice its bytes, so LayerNorm saves x and its row statistics,
-    not the normalized rows).
+    not the normalized rows); `{"materialized_saves": False}` lets it recompute in the backward a
+    value a convolution's or matmul's backward reads (kiln_aotgrad's Note [Values the backward
+    would write]: by default such a value is saved).
     Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
     static first and makes the dims that changed symbolic on the next compile, True makes every
     size symbolic from the first call, False never does (a backend that cannot compile symbolic
@@ -82,6 +92,7 @@ def compile(
             cpp_options=cpp_options,
             triton_options=triton_options,
             fusion_aware_saves=_bool_option(options, "fusion_aware_saves", True),
+            materialized_saves=_bool_option(options, "materialized_saves", True),
         )
     elif callable(backend):
         resolved = backend

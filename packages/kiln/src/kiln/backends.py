@@ -507,12 +507,14 @@ def make_backend(
     cpp_options: dict[str, Any] | None = None,
     triton_options: dict[str, Any] | None = None,
     fusion_aware_saves: bool = True,
+    materialized_saves: bool = True,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
     `passes` switch loopir's graph passes (PASS_OPTIONS); `cpu_backend` is the code generator of
     CPU graphs (CPU_BACKENDS); `cpp_options` the C++ generator's switches (CppOptions),
     `triton_options` the Triton generator's (kiln_codegen_triton.TRITON_OPTIONS);
-    `fusion_aware_saves` aotgrad's partitioner's (Note [What saving a value costs] there)."""
+    `fusion_aware_saves` and `materialized_saves` aotgrad's partitioner's (Notes [What saving a
+    value costs] and [Values the backward would write] there)."""
     if name == "eager":
         return eager_backend
     if cpu_backend not in CPU_BACKENDS:
@@ -597,9 +599,12 @@ def make_backend(
         try:
             start = time.perf_counter()
             inner_before = record.loopir_seconds
-            compiled = kiln_aotgrad.aot_backend(inner, inner_backward, fusion_aware_saves=fusion_aware_saves)(
-                traced, example_inputs
-            )
+            compiled = kiln_aotgrad.aot_backend(
+                inner,
+                inner_backward,
+                fusion_aware_saves=fusion_aware_saves,
+                materialized_saves=materialized_saves,
+            )(traced, example_inputs)
             if symbolic:  # compiled just now (Note [Symbolic signatures])
                 record.add("aotgrad", time.perf_counter() - start - (record.loopir_seconds - inner_before))
                 log.info("%s", record.summary())
@@ -624,6 +629,7 @@ def make_backend(
         ("cpp_options", tuple(sorted((cpp_options or {}).items()))),
         ("triton_options", tuple(sorted((triton_options or {}).items()))),
         ("fusion_aware_saves", fusion_aware_saves),
+        ("materialized_saves", materialized_saves),
     )
     return backend
 
