@@ -202,9 +202,16 @@ for step in "$@"; do
           --peak 3.35 --reps 7 --variants "welford_tiles=0;WELFORD_MIN_ROWS=0;OUTER_TILE_BYTES=2048" \
           --out "$out/bw-bn-$1-$2.json" 2>&1 | grep -E "^bn_stats|variant" | cut -c1-120; done
       timeout 200 python3 -m kiln_bench --size gpu --device cuda --dtype bfloat16 --modes training --models resnet \
-        --backends eager,kiln,kiln:default:triton.welford_tiles=False,inductor --profile --profile-calls 3 \
+        --backends eager,kiln,kiln:default:triton.welford_tiles=False,kiln:default:materialized_saves=False,inductor \
+        --profile --profile-calls 3 \
         --repeats 8 --warmup 3 --out "$out/resnet-welford" > "$out/resnet-welford.log" 2>&1
       grep -v -E "models:|warn" "$out/resnet-welford.log" | tail -32 | cut -c1-200 ;;
+    call26s)  # twenty-sixth session (issue 15/20): aotgrad's Note [Values the backward would write] (a value a
+      # convolution's or matmul's backward reads is saved, not recomputed; ResNet-50 bf16 is in call26w) on the other
+      # training models, bf16, kiln against materialized_saves=False (more memory saved, fewer backward kernels)
+      bench training-bf16-materialized 330 --dtype bfloat16 --modes training --models gpt2,llama,convnext,cnn,vit \
+        --repeats 8 --warmup 3 --profile --profile-calls 3 \
+        --backends kiln,kiln:default:materialized_saves=False,inductor ;;
     call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
       # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
       # gradients checked against eager's before it is timed (threads.py --mode training; the inference rows are

@@ -59,6 +59,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "triton.reorder_reductions", False),
     ("cuda", "triton.outer_by_tiles", False),
     ("cuda", "triton.welford_tiles", False),
+    ("cuda", "materialized_saves", False),
     ("cpu", "layout", False),
     ("cpu", "attention", False),
     ("cpu", "cse", False),
@@ -70,6 +71,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cpu", "cpp.weighted_work", False),
     ("cpu", "var_mean", False),
     ("cpu", "cpp.shifted_welford", False),
+    ("cpu", "materialized_saves", False),
 )
 
 
