@@ -242,3 +242,15 @@ def test_values_fused_into_the_backward_stay_recomputed() -> None:
     for model, x in _norm_and_rows():
         p = _partition_of(check(model, x, atol=1e-4, rtol=1e-4))
         assert p.recomputed and _full_size_saved(p, x.numel()) == [], p.saved
+
+
+def test_fills_a_backward_op_reads_stay_recomputed() -> None:
+    # Note [Values the backward would write]: an embedding gradient's zero table (a `full` the
+    # backward's index_put writes into) is made again in the backward, not saved
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 16))
+    ids = torch.randint(0, 50, (4, 7))
+    p = _partition_of(check(model, ids, atol=1e-5, rtol=1e-5))
+    saved = [n for n in p.fw.graph.nodes if n.name in p.saved]
+    fills = [n.name for n in saved if any(f in str(n.target) for f in ("full", "zeros", "empty", "arange"))]
+    assert fills == [], p.saved

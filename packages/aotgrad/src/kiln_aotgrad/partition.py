@@ -60,7 +60,9 @@ kernels took ~0.5 ms of 5.1 ms of generated kernels a step (twenty-sixth session
 recomputation (its `ban_recompute_materialized_backward`), had none. So a value that a
 tangent-dependent non-fusible op reads (directly or through views) is not recomputed: it hangs off
 the source, as a matmul does, and the cut saves it or a value after it. Views stay recomputable
-(their base is what is written). More bytes are saved (ResNet-50: each such ReLU output besides
+(their base is what is written), and so do fills (`full`, `zeros_like`, `arange`...: an
+embedding gradient's zero table, a mask's constant): the backward writes them as cheaply as the
+forward did, and saving them held their bytes (RoBERTa's training graph saved three such tables). More bytes are saved (ResNet-50: each such ReLU output besides
 its BatchNorm input). `AotOptions.materialized_saves` (kiln.compile's `materialized_saves` option)
 switches it off.
 
@@ -125,6 +127,21 @@ _RECOMPUTABLE_NAMES = frozenset(
         "aten::unsqueeze",
         "aten::slice_scatter",
         "aten::select_scatter",
+    }
+)
+# ops that make a tensor from sizes and a value alone (Note [Values the backward would write])
+_FACTORIES = frozenset(
+    {
+        "aten::full",
+        "aten::full_like",
+        "aten::zeros",
+        "aten::zeros_like",
+        "aten::ones",
+        "aten::ones_like",
+        "aten::empty",
+        "aten::empty_like",
+        "aten::scalar_tensor",
+        "aten::arange",
     }
 )
 _REDUCTIONS = frozenset(
@@ -307,6 +324,8 @@ def _written_in_backward(node: torch.fx.Node, tangent_dep: set[torch.fx.Node]) -
     through reads it, directly or through views of it."""
     if node.op != "call_function" or getattr(node.target, "is_view", False):
         return False
+    if not node.all_input_nodes or _name(node.target) in _FACTORIES:
+        return False  # a fill: the backward writes it as cheaply as the forward did
     todo, seen = [node], {node}
     while todo:
         cur = todo.pop()
