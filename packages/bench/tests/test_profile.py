@@ -17,7 +17,7 @@ from torch.autograd.profiler_util import FunctionEvent
 from kiln_bench.__main__ import main
 from kiln_bench.backends import ABLATION, ablation_variants, parse, variant_options
 from kiln_bench.harness import run_model
-from kiln_bench.profile import CALL, median_call, summarize, table
+from kiln_bench.profile import CALL, EAGER, eager_same_calls, median_call, summarize, table
 
 _ids = itertools.count(1)
 
@@ -126,6 +126,39 @@ def test_the_median_call_is_reported_not_a_preempted_one() -> None:
     assert cpu.idle_share == pytest.approx(1 - 0.004 / 0.120)  # the call's own wall
 
 
+def test_eager_steps_profiled_between_the_calls_are_reported_apart() -> None:
+    """Note [Eager in the same calls]: a compiled call, then an eager step, three times; each side
+    is summarized from its own ranges only, and eager's median step gives the ms of the compiled
+    row's ops."""
+    events = []
+    calls = ((40, 30, 200), (44, 33, 210), (90, 70, 280))  # (mm us, eager's mm us, eager's wall us)
+    for base, (mm_us, eager_mm_us, eager_us) in zip((0.0, 1000.0, 2000.0), calls, strict=True):
+        events += [
+            _cpu(EAGER, base, base + eager_us, (), annotation=True),
+            _cpu("aten::mm", base + 10, base + 10 + eager_mm_us),
+            _cpu("aten::mul", base + 100, base + 120),
+            _cpu(CALL, base + 300, base + 400 + mm_us, (), annotation=True),
+            _cpu("aten::mm", base + 310, base + 310 + mm_us),
+            _cpu("kiln:cpp_fused_mul_0", base + 360, base + 365, annotation=True),
+        ]
+    p = median_call(events, wall_ms=0.2, cuda=False)
+    assert p.calls == 3 and p.launches == 2.0  # eager's ops are not the call's
+    assert p.device_ms == pytest.approx((44 + 5) / 1e3) and p.profiled_wall_ms == pytest.approx(0.144)
+    same = eager_same_calls(events, [h.name for h in p.top])
+    assert same is not None
+    assert same["profiled_wall_ms"] == pytest.approx(0.21)  # eager's median step, the second
+    assert same["device_ms"] == pytest.approx((33 + 20) / 1e3)
+    assert same["top_ms"] == pytest.approx({"aten::mm": 0.033, "kiln:cpp_fused_mul_0": 0.0})
+    assert eager_same_calls([e for e in events if e.name != EAGER], ["aten::mm"]) is None
+    row = summarize(events[3:6], calls=1, wall_ms=0.2, cuda=False, profiled_wall_ms=0.14).to_json()
+    row["eager_same_calls"] = same
+    lines = table([("gpt2", "training", "kiln", row, "")]).splitlines()
+    assert lines[3].split()[:2] == ["0.210", "0.053"]  # under prof ms and dev ms
+    assert lines[0].index("prof ms") + 7 == lines[3].index("0.210") + 5
+    assert lines[3].endswith("eager, same calls (ms, this row vs eager): aten::mm 0.040 vs 0.033")
+    assert lines[-1].startswith("eager, same calls:")
+
+
 def test_table_prints_a_line_per_backend_and_its_kernels() -> None:
     events = [_gpu("triton_poi_fused_add_0", 0, 20)]
     p = summarize(events, calls=1, wall_ms=0.1, cuda=True, profiled_wall_ms=0.25).to_json()
@@ -166,8 +199,13 @@ def test_profile_flag_end_to_end_on_the_cpu(tmp_path: Path, monkeypatch: Any, ca
         assert sum(h["share"] for h in p["top"]) <= 1 + 1e-9
     kiln_top = [h["name"] for h in by_backend["kiln"]["extra"]["profile"]["top"]]
     assert any(n.startswith("kiln:cpp_fused_") for n in kiln_top), kiln_top
+    # Note [Eager in the same calls]: the compiled row only, with eager's ms of its slowest ops
+    assert by_backend["eager"]["extra"]["profile"]["eager_same_calls"] is None
+    same = by_backend["kiln"]["extra"]["profile"]["eager_same_calls"]
+    assert same["profiled_wall_ms"] > 0 and same["device_ms"] > 0 and list(same["top_ms"]) == kiln_top
     printed = capsys.readouterr().out
     assert "slowest, with their share of device time" in printed and "kiln:cpp_fused_" in printed
+    assert "eager, same calls:" in printed
 
 
 def test_backends_take_a_compile_mode() -> None:

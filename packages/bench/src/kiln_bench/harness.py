@@ -208,6 +208,10 @@ def _measure(
                     device,
                     profile_calls,
                     kernel_bytes=traffic,
+                    # Note [Eager in the same calls] (kiln_bench.profile)
+                    eager=None
+                    if compiled is workload.model
+                    else lambda: step(workload, workload.model, mode),
                 )
         except Exception as e:  # a failing backend is a result, not a crash of the suite
             result.reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
@@ -220,12 +224,15 @@ def add_profile(
     device: str,
     calls: int,
     kernel_bytes: dict[str, int] | None = None,
+    eager: Callable[[], Any] | None = None,
 ) -> None:
     """Profile ``calls`` more calls of ``step`` into ``result.extra["profile"]`` (with the
     bandwidth of the generated kernels ``kernel_bytes`` names); a profiler that fails leaves the
     measured result as it is and says why in ``extra["profile_error"]``."""
     try:
-        profile = profiling.profile(step, device, calls, result.compiled_ms, kernel_bytes=kernel_bytes)
+        profile = profiling.profile(
+            step, device, calls, result.compiled_ms, kernel_bytes=kernel_bytes, eager=eager
+        )
         result.extra["profile"] = profile.to_json()
     except Exception as e:
         result.extra["profile_error"] = f"{type(e).__name__}: {e}"[:300]

@@ -29,6 +29,17 @@ median call (Note [The median call]); ``summarize`` also boils down a window of 
 dividing totals by their number. On CUDA idle is against the harness's wall (the profiler slows
 the CPU side, not the kernels).
 
+Note [Eager in the same calls]: on the CPU each compiled backend's profiled calls alternate with
+eager's steps (each in an :data:`EAGER` range), and the row carries eager's median call beside its
+own (``eager_same_calls``: its wall and op time, and its ms per call of the row's slowest op
+names). Backends are timed and profiled one after another, minutes apart, and a shared host's
+speed drifts over minutes: in a 16-thread GPT-2 training run (twenty-sixth session, cpu16) the
+eager steps timed between kiln's took 10.55 ms against 8.71 and 8.78 in the eager and
+torch.compile rows, and kiln's ``aten::mm`` read 2.98 ms a step against eager's 2.19 and
+torch.compile's 1.94, though kiln hands aten eager's very products (``scripts/matmul_ab.py``).
+Only figures taken in the same calls compare: a row's op slower than eager's same op *in the
+row's own calls* is slower.
+
 Note [Host time per call]: on CUDA a call's wall time is the slower of two pipelines, the host
 issuing work and the GPU running it, so wall minus GPU time says little about what a backend's
 own Python and launches cost. ``host_ms`` is measured apart, without the profiler: the GPU is
@@ -54,6 +65,8 @@ from torch.autograd import DeviceType
 TOP = 5
 # the record_function range around each profiled call
 CALL = "kiln_bench::call"
+# the range around each eager step profiled between a compiled backend's (Note [Eager in the same calls])
+EAGER = "kiln_bench::eager"
 # C++ kernel ranges: kiln's (KILN_PROFILE, "kiln:cpp_fused_add_0") and torch.compile's
 # (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE, "graph_0_cpp_fused_add_0")
 KERNEL_RANGE = re.compile(r"^kiln:|(^|_)cpp_")
@@ -199,6 +212,8 @@ class Profile:
     families: dict[str, tuple[float, float]] | None = None
     # CUDA, kiln: Note [Bandwidth of generated kernels]
     bandwidth: Bandwidth | None = None
+    # CPU, compiled backends: Note [Eager in the same calls]
+    eager_same_calls: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,7 +253,7 @@ def cpu_ops(events: Iterable[Any]) -> list[Any]:
         for e in events
         if e.device_type == DeviceType.CPU
         and not e.is_async
-        and e.name != CALL
+        and e.name not in (CALL, EAGER)
         and ("::" in e.name or KERNEL_RANGE.search(e.name) is not None)
     ]
 
@@ -314,9 +329,12 @@ def summarize(
     )
 
 
-def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
+def record(
+    step: Callable[[], Any], device: str, calls: int, eager: Callable[[], Any] | None = None
+) -> list[Any]:
     """The profiler events of ``calls`` calls of ``step`` (warm already), each call inside a
-    :data:`CALL` range and synchronized, as the harness times it."""
+    :data:`CALL` range and synchronized, as the harness times it; with ``eager``, an eager step
+    inside an :data:`EAGER` range before each (Note [Eager in the same calls])."""
     cuda = device.startswith("cuda")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
@@ -324,6 +342,11 @@ def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
         torch.cuda.synchronize()
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
+            if eager is not None:
+                with torch.profiler.record_function(EAGER):
+                    eager()
+                    if cuda:
+                        torch.cuda.synchronize()
             with torch.profiler.record_function(CALL):
                 step()
                 if cuda:
@@ -331,21 +354,21 @@ def record(step: Callable[[], Any], device: str, calls: int) -> list[Any]:
     return list(prof.events())
 
 
-def split_calls(events: Iterable[Any]) -> list[tuple[float, list[Any]]]:
-    """Each :data:`CALL` range's wall ms and the events that started in it (a device kernel
-    starts after its call's range opens, and the range closes after a synchronize)."""
+def split_calls(events: Iterable[Any], name: str = CALL) -> list[tuple[float, list[Any]]]:
+    """Each ``name`` range's wall ms and the events that started in it (a device kernel starts
+    after its call's range opens, and the range closes after a synchronize)."""
     events = list(events)
     ranges = sorted(
-        (e for e in events if e.name == CALL and e.device_type == DeviceType.CPU),
+        (e for e in events if e.name == name and e.device_type == DeviceType.CPU),
         key=lambda e: e.time_range.start,
     )
     starts = [r.time_range.start for r in ranges]
     per_call: list[list[Any]] = [[] for _ in ranges]
     for e in events:
-        if e.name == CALL:
+        if e.name in (CALL, EAGER):
             continue
         i = bisect.bisect_right(starts, e.time_range.start) - 1
-        if i >= 0:
+        if i >= 0 and e.time_range.start <= ranges[i].time_range.end:  # not the other ranges' events
             per_call[i].append(e)
     return [
         ((r.time_range.end - r.time_range.start) / 1e3, evs) for r, evs in zip(ranges, per_call, strict=True)
@@ -380,6 +403,23 @@ def median_call(
     return replace(profile, calls=len(calls))
 
 
+def eager_same_calls(events: Iterable[Any], names: Iterable[str]) -> dict[str, Any] | None:
+    """Note [Eager in the same calls]: eager's median call among the :data:`EAGER` ranges of
+    ``events`` (CPU): its wall ms, its op ms, and its ms of each of ``names``."""
+    calls = split_calls(events, EAGER)
+    if not calls:
+        return None
+    wall, middle = sorted(calls, key=lambda call: call[0])[(len(calls) - 1) // 2]
+    by_name: dict[str, float] = {}
+    for e in cpu_ops(middle):
+        by_name[str(e.name)] = by_name.get(str(e.name), 0.0) + _duration_us(e, False) / 1e3
+    return {
+        "profiled_wall_ms": wall,
+        "device_ms": sum(by_name.values()),
+        "top_ms": {name: by_name.get(name, 0.0) for name in names},
+    }
+
+
 def host_ms(step: Callable[[], Any], calls: int) -> float:
     """Note [Host time per call]: median ms until a call returns, the GPU drained before each."""
     times = []
@@ -398,13 +438,17 @@ def profile(
     calls: int,
     wall_ms: float | None,
     kernel_bytes: Mapping[str, int] | None = None,
+    eager: Callable[[], Any] | None = None,
 ) -> Profile:
+    """The profile of ``step``; on the CPU with ``eager`` (a compiled backend's row), eager's
+    steps profiled between its calls too (Note [Eager in the same calls])."""
     cuda = device.startswith("cuda")
     host = host_ms(step, 2 * calls + 1) if cuda else None
     copy_gbps = copy_bandwidth(device) if cuda and kernel_bytes else None
-    events = record(step, device, calls)
+    events = record(step, device, calls, None if cuda else eager)
     p = median_call(events, wall_ms, cuda=cuda, kernel_bytes=kernel_bytes, copy_gbps=copy_gbps)
-    return replace(p, host_ms=host)
+    same = eager_same_calls(events, [h.name for h in p.top]) if eager is not None and not cuda else None
+    return replace(p, host_ms=host, eager_same_calls=same)
 
 
 NAME_WIDTH = 90
@@ -456,6 +500,18 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
             lines.append(lead.format("", "", "", "", "", "", "", "", "", "by family: " + ", ".join(parts)))
         if p.get("bandwidth"):
             lines.append(lead.format("", "", "", "", "", "", "", "", "", bandwidth_line(p["bandwidth"])))
+        same = p.get("eager_same_calls")
+        if same:  # Note [Eager in the same calls]
+            mine = {h["name"]: h["ms_per_call"] for h in p["top"]}
+            ops = ", ".join(
+                f"{name[:56]} {mine.get(name, 0.0):.3f} vs {ms:.3f}"
+                for name, ms in same["top_ms"].items()
+                if ms
+            )
+            lines.append(
+                lead.format("", "", "", "", "", _ms(same["profiled_wall_ms"]), _ms(same["device_ms"]), "", "",
+                            "eager, same calls (ms, this row vs eager): " + (ops or "none of these ops"))
+            )  # fmt: skip
     lines.append("wall ms: the harness's median call; the rest: the median profiled call (prof ms its wall)")
     if "kernel" in units:
         lines.append(
@@ -466,5 +522,10 @@ def table(rows: Sequence[tuple[str, str, str, dict[str, Any] | None, str]]) -> s
         lines.append(
             "CPU: dev ms = self CPU time of ops per call, launches = leaf ops per call, "
             "idle = time in no op, of prof ms"
+        )
+    if any(row[3] and row[3].get("eager_same_calls") for row in rows):
+        lines.append(
+            "eager, same calls: eager's median step among those profiled between the row's calls: its prof ms, "
+            "dev ms, and the row's slowest ops in it (compare a row's ops with these, not with another row's)"
         )
     return "\n".join(lines)
