@@ -212,6 +212,14 @@ for step in "$@"; do
       bench training-bf16-materialized 330 --dtype bfloat16 --modes training --models gpt2,llama,convnext,cnn,vit \
         --repeats 8 --warmup 3 --profile --profile-calls 3 \
         --backends kiln,kiln:default:materialized_saves=False,inductor ;;
+    call26c)  # twenty-sixth session (issue 20): kiln's CPU training compile on the host: BERT 27.1 s and GPT-2 18.2 s in
+      # call25c (C++ compile phase 17.3 s for GPT-2 at 16 threads), against 8.6 s for BERT cold on the 2-core box. Cold
+      # caches, one thread against 16, and 16 with libgomp's workers passive (do spinning OpenMP workers of the timed
+      # forward slow the g++ that builds the backward?)
+      for t in 1 16; do KILN_CACHE_DIR=$(mktemp -d) timeout 80 python3 -m kiln_bench --size cpu --device cpu --threads $t \
+        --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230; done
+      KILN_CACHE_DIR=$(mktemp -d) OMP_WAIT_POLICY=passive timeout 80 python3 -m kiln_bench --size cpu --device cpu \
+        --threads 16 --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230 ;;
     call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
       # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
       # gradients checked against eager's before it is timed (threads.py --mode training; the inference rows are
