@@ -18,6 +18,11 @@ A benchmark, not a test.
 
 ``--inference`` times no-grad forward calls of the model in eval mode instead of training steps
 (``--models suite.t5 --inference --ab-cpp table_columns_inner=0``).
+
+``--threads 1,2`` times kiln's kernels at each thread count instead (the same compiled copy: the
+thread count is read at run time, Note [Parallel plan] in parallel.py) and prints each kernel's
+fastest call per count and its scaling over the first: a kernel that runs in parallel gets ~1.8x
+at two threads, a serial one stays at 1.0x (``--models suite.resnet --threads 1,2``).
 """
 
 from __future__ import annotations
@@ -150,6 +155,37 @@ def run(
             print(f"  {us:8.1f} us x{per_step} {kernel}", flush=True)
 
 
+def scaling(name: str, calls: int, top: int, counts: list[int], options: dict[str, Any] | None,
+            inference: bool) -> None:  # fmt: skip
+    """``--threads``: each kernel's fastest call at each thread count, the first count's slowest
+    ``top`` kernels, with their scaling."""
+    w = MODELS[name]()
+    w.model.train(not inference)
+    step = _infer if inference else _step
+    compiled, model = _compiled(w, options, None, step)
+    times: dict[str, list[int]] = defaultdict(list)
+    _wrap_kernels(times)
+    per: dict[int, dict[str, float]] = {}
+    for n in counts:
+        torch.set_num_threads(n)
+        for _ in range(3):
+            step(w, compiled, model)
+        times.clear()
+        for _ in range(calls):
+            step(w, compiled, model)
+        per[n] = {kernel: us for us, _, kernel in _rows(times, calls)}
+    first = per[counts[0]]
+    print(f"{name} ({'inference' if inference else 'training'}): fastest call, us")
+    for kernel in sorted(first, key=lambda k: -first[k])[:top]:
+        cells = "  ".join(
+            f"{n}t {per[n].get(kernel, float('nan')):7.1f} ({first[kernel] / per[n][kernel]:.2f}x)"
+            for n in counts
+            if per[n].get(kernel)
+        )
+        print(f"  {kernel:60s} {cells}", flush=True)
+    torch.set_num_threads(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="swin")
@@ -163,11 +199,16 @@ def main() -> None:
         "(e.g. column_sum_fusion=1), its steps interleaved with the first's",
     )
     parser.add_argument("--inference", action="store_true", help="time no-grad forward calls, not steps")
+    parser.add_argument("--threads", default="", help="e.g. 1,2: each kernel's scaling over thread counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = _parse_options(args.kiln_options)
     for name in args.models.split(","):
-        run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
+        if args.threads:
+            counts = [int(n) for n in args.threads.split(",")]
+            scaling(name, args.calls, args.top, counts, options, args.inference)
+        else:
+            run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
 
 
 if __name__ == "__main__":

@@ -334,6 +334,23 @@ def _branch_free(body: Callable[[], Any]) -> bool:
 
 # float32 sums add this many positions per lane in float before folding into double
 FOLD_BLOCK = 1024
+# Note [Folds after a row's short loops]: a row's float blocks (float32 sums, shifted Welford
+# blocks) fold into their double lanes after the innermost row loop, in blocks of FOLD_BLOCK
+# positions. Where that loop is short, BatchNorm's statistics over [N, C, H, W] with H * W of
+# 4 to 64 (ResNet's later stages at CPU size: rows of 2 x 4 x 4 walked as r0, r1, r2), every
+# pass of it ended in a fold of all lanes: 8 shifted_folds, each two double divisions and a
+# Welford merge, for 4 positions. The kernels ran at ~19 ns a position (35-39 us for 2048-4096
+# positions at one thread), which their weighed work (Note [Work of a kernel] in parallel.py)
+# does not see, so they stayed serial at 16 threads too. The fold now goes after the outermost
+# row loop that adds no more positions to a lane (the innermost loop's passes, each
+# ceil(length / lanes) positions a lane, times the loops inside it) than a block of the
+# innermost loop does (FOLD_BLOCK / lanes): so the float accumulation is as accurate as before,
+# and a row of 32 folds once. A block folded further out spans several passes of the innermost
+# loop, so it is not peeled (Note [Peeled shifted blocks]: the peel sets a block's count from
+# one pass's length); shifted_add counts instead. ``CppOptions.fold_short_rows`` (off: after
+# every pass, as before). ResNet-50's training step at CPU size here, fastest calls at one
+# thread (bench/kernel_time.py --models suite.resnet --threads 1,2): var_mean kernels over rows
+# of 32 35 -> 7 us, of 8 39 -> 11 us, of 2048 28 -> 17 us.
 # outputs per block in a column reduction (Note [Column reductions])
 COLUMN_BLOCK = 64
 # a column lane folds its float32 sum into double every this many reduction positions: at
@@ -1979,6 +1996,7 @@ class KernelBuilder(OpsHandlerBase):
             hoisted, body = self._row_invariant(body)
             lines.extend(hoisted)
         depth = 0
+        folds_at = self._fold_depth(loops, lanes) if phase.folds else len(loops) - 1
         for i, (var, size) in enumerate(loops[:-1]):
             if i == 0 and chunk is not None:
                 lines.append(f"for (int64_t {var} = {chunk[0]}; {var} < {chunk[1]}; ++{var}) {{")
@@ -2010,6 +2028,8 @@ class KernelBuilder(OpsHandlerBase):
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
                 has_main, has_tail = bool(main), bool(size % lanes)
             fold = [f"for (int l = 0; l < {lanes}; ++l) {{ {f} }}" for f in phase.folds]
+            if folds_at < len(loops) - 1:  # Note [Folds after a row's short loops]: further out
+                fold = []
             if has_main:
                 inner = pad
                 origin = start
@@ -2063,7 +2083,26 @@ class KernelBuilder(OpsHandlerBase):
                 lines.extend(f"{pad}{f}" for f in fold)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
+            if d == folds_at and loops and folds_at < len(loops) - 1:
+                lines.extend(f"{'  ' * d}for (int l = 0; l < {lanes}; ++l) {{ {f} }}" for f in phase.folds)
         return lines
+
+    def _fold_depth(self, loops: list[tuple[sympy.Symbol, Any]], lanes: int) -> int:
+        """Note [Folds after a row's short loops]: the index of the row loop after which the
+        lanes' float blocks fold (the innermost loop's, ``len(loops) - 1``, as before: after it,
+        in blocks of FOLD_BLOCK positions), the outermost whose loops add at most as many
+        positions to a lane as a block of the innermost loop does."""
+        innermost = len(loops) - 1
+        if not self.options.fold_short_rows or not all(isinstance(s, int) for _, s in loops):
+            return innermost
+        per_lane = -(-loops[-1][1] // lanes)  # positions a lane adds in one pass of the innermost
+        at = innermost
+        for i in range(innermost - 1, -1, -1):
+            per_lane *= loops[i][1]
+            if per_lane > FOLD_BLOCK // lanes:
+                break
+            at = i
+        return at
 
     def _row_invariant(self, body: list[str]) -> tuple[list[str], list[str]]:
         """Note [Row-invariant values before the row loops]: (statements of ``body`` that no
