@@ -245,7 +245,9 @@ from .cpp_ops import (
 from .options import REDUCTION_LANES, CppOptions
 from .parallel import (
     MIN_CHUNK,
+    ROW_STATEMENT_WEIGHT,
     ParallelPlan,
+    call_statements,
     cap_for,
     log_plan,
     outer_plan,
@@ -452,11 +454,26 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
-def _statements(lines: Sequence[str]) -> int:
-    """C++ statements among generated lines (not loops, braces, pragmas or comments)."""
-    return sum(
-        1 for line in lines if ";" in line and not line.lstrip().startswith(("for ", "for(", "#", "//"))
-    )
+def _statements(lines: Sequence[str], lanes: int = 0) -> int:
+    """C++ statements among generated lines (not loops, braces, pragmas or comments). With
+    ``lanes`` (Note [Statements that cost more than one] in parallel.py): a lane loop on one line
+    counts its statement once per lane, and each statement what its calls add."""
+    total = 0
+    for line in lines:
+        text = line.lstrip()
+        if ";" not in line or text.startswith(("#", "//")):
+            continue
+        if lanes and _LANE_LOOP.match(text):
+            body = text[text.index(")") + 1 :]
+            total += lanes * (body.count(";") + call_statements(body))
+        elif not text.startswith(("for ", "for(")):
+            total += 1 + (call_statements(text) if lanes else 0)
+    return total
+
+
+# a lane loop on one line: `for (int l = 0; l < KL; ++l) stmt;` (Note [Statements that cost more
+# than one] in parallel.py)
+_LANE_LOOP = re.compile(r"for \(int l = 0; l < \w+; \+\+l\)")
 
 
 # Note [Check reductions only where a check is]: the max-reductions of the branch-free checks
@@ -1393,18 +1410,47 @@ class KernelBuilder(OpsHandlerBase):
         work = self._work()
         if not self.options.weighted_work:
             return work
+        # Note [Statements that cost more than one] in parallel.py
+        lanes = self.lanes if self.options.weigh_statements else 0
         x_statements = r_statements = 0
         for section in sections:
             if isinstance(section, XSection):
-                x_statements += _statements(clean(section.lines))
+                x_statements += _statements(clean(section.lines), lanes)
             else:
-                x_statements += _statements([*section.pre, *section.combine, *clean(section.post)])
-                r_statements += _statements(clean(section.body))
+                x_statements += _statements([*section.pre, *section.combine, *clean(section.post)], lanes)
+                if lanes and section.folds:
+                    folds = self._folds_per_row() * lanes
+                    x_statements += folds * sum(1 + call_statements(f) for f in section.folds)
+                r_statements += _statements(clean(section.body), lanes)
         if self.symbolic:
             nx, nr = sizevars.hint(self.nx), sizevars.hint(self.nr) if self.rsizes else 0
         else:
             nx, nr = self.nx, self.nr if self.rsizes else 0
-        return max(work, weighted_work(nx, nr, x_statements, r_statements))
+        # a column reduction's per-output statements run vectorized across a block of outputs
+        row_weight = ROW_STATEMENT_WEIGHT if lanes and not self._column_mode(sections) else 1
+        weighted = weighted_work(nx, nr, x_statements, r_statements, row_weight)
+        if lanes:
+            log.debug(
+                "%s: %d statements a row (each %d), %d an element: weighted %d",
+                self.name, x_statements, row_weight if nr else 1, r_statements, weighted,
+            )  # fmt: skip
+        return max(work, weighted)
+
+    def _folds_per_row(self) -> int:
+        """How often a row's loops fold their lanes' blocks (Note [Folds after a row's short
+        loops]): at the size hints when symbolic."""
+        loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        if not loops:
+            return 1
+        if not all(isinstance(s, int) for _, s in loops):
+            return max(1, sizevars.hint(self.nr) // FOLD_BLOCK)
+        at = self._fold_depth(loops, self.lanes)
+        sizes = [s for _, s in loops]
+        if at < len(loops) - 1:
+            return math.prod(sizes[:at])
+        inner = sizes[-1]
+        main = inner - inner % self.lanes
+        return math.prod(sizes[:-1]) * (-(-main // FOLD_BLOCK) + (inner % self.lanes != 0))
 
     def _work(self) -> int:
         """Element-iterations of the kernel (at the size hints when symbolic: heuristics only)."""
