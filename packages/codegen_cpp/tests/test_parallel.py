@@ -446,6 +446,12 @@ def _tuple(value: Any) -> tuple[Any, ...]:
     return value if isinstance(value, tuple) else (value,)
 
 
+def _transposed(x: torch.Tensor, b: torch.Tensor) -> Any:
+    # ConvNeXt's channels-first rows written channels-last: read with a stride along the vector loop
+    scaled = aten.add.Tensor(aten.mul.Tensor(aten.permute.default(x, [0, 2, 3, 1]), 2.0), b)
+    return aten.clone.default(scaled, memory_format=torch.contiguous_format)
+
+
 _HEAVY_KINDS = {
     # ResNet's BatchNorm statistics over rows of 8 (256 channels): ~11 us a call at one thread
     "bn_statistics": (_bn_statistics, lambda: [make((2, 256, 2, 2))]),
@@ -454,6 +460,8 @@ _HEAVY_KINDS = {
         _layer_norm_gelu,
         lambda: [make((64, 256)), make((256,)), make((256,)), make((256,))],
     ),
+    # a body GCC leaves scalar (a strided load along the vector loop): 16384 elements
+    "transposed": (_transposed, lambda: [make((2, 32, 16, 16)), make((32,))]),
     # T5's bucket computation: 16384 int64 results through log
     "log_buckets": (
         _log_buckets,
@@ -466,7 +474,7 @@ _HEAVY_KINDS = {
 def test_heavy_statements_get_a_team(kind: str, threads: None) -> None:
     """Note [Statements that cost more than one]: kernels of issue 20 that ran serial at 16 threads
     (below PARALLEL_GRAIN by element-iterations and by their statements counted alike) get a
-    team once per-row statements, lane loops, folds and math calls are weighed, and none with
+    team once per-row statements, lane loops, folds, math calls and strided bodies are weighed, and none with
     ``weigh_statements`` off; equal to eager, and bitwise equal at 1, 2 and 3 threads."""
     fn, inputs = _HEAVY_KINDS[kind]
     args = inputs()

@@ -1427,14 +1427,50 @@ class KernelBuilder(OpsHandlerBase):
         else:
             nx, nr = self.nx, self.nr if self.rsizes else 0
         # a column reduction's per-output statements run vectorized across a block of outputs
-        row_weight = ROW_STATEMENT_WEIGHT if lanes and not self._column_mode(sections) else 1
+        column = bool(lanes) and self._column_mode(sections)
+        row_weight = ROW_STATEMENT_WEIGHT if lanes and not column else 1
+        scalar = bool(lanes) and not column and not self.accumulates and self._strided_inner()
+        if scalar:  # Note [Statements that cost more than one]: (3), a body GCC leaves scalar
+            if nr:
+                r_statements *= ROW_STATEMENT_WEIGHT
+            else:
+                x_statements *= ROW_STATEMENT_WEIGHT
         weighted = weighted_work(nx, nr, x_statements, r_statements, row_weight)
         if lanes:
             log.debug(
-                "%s: %d statements a row (each %d), %d an element: weighted %d",
-                self.name, x_statements, row_weight if nr else 1, r_statements, weighted,
+                "%s: %d statements a row (each %d), %d an element%s: weighted %d",
+                self.name, x_statements, row_weight if nr else 1, r_statements,
+                " (a strided access along the vector loop: scalar)" if scalar else "", weighted,
             )  # fmt: skip
         return max(work, weighted)
+
+    def _strided_inner(self) -> bool:
+        """Note [Statements that cost more than one], (3): whether an access that moves with
+        several loops (not a broadcast row or channel) walks the innermost loop, the one the
+        vector loop runs along, with a stride other than 1."""
+        if self.rsizes:
+            loops = [
+                (v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)
+            ]
+        else:
+            loops = [
+                (v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)
+            ]
+            loops = self._order_pointwise(loops) if loops else loops
+        if not loops:
+            return False
+        inner = loops[-1][0]
+        names = {v for v in (*self.xvars, *self.rvars) if isinstance(v, sympy.Symbol)}
+        for a in self.accesses:
+            if inner not in a.free_symbols or len(a.free_symbols & names) < 2:
+                continue
+            try:
+                stride = sympy.expand(a).coeff(inner)
+            except (TypeError, ValueError):
+                continue
+            if stride != 1:
+                return True
+        return False
 
     def _folds_per_row(self) -> int:
         """How often a row's loops fold their lanes' blocks (Note [Folds after a row's short

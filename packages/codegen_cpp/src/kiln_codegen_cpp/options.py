@@ -101,7 +101,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   reduction's statements that run once per row count as ``ROW_STATEMENT_WEIGHT`` statements of
   the vectorized body, its lane loops once per lane and its folds as often as they run, and a
   call of a math function (``erf``, ``log``, ``pow``, ...) as the statements of
-  ``CALL_STATEMENTS`` (Note [Statements that cost more than one] in parallel.py); off: every
+  ``CALL_STATEMENTS``, and a body with a strided access along its vector loop (left scalar by
+  GCC) at ``ROW_STATEMENT_WEIGHT`` a statement (Note [Statements that cost more than one] in
+  parallel.py); off: every
   statement counts as one, as before. KILN_LOG=output_code prints each kernel's counts.
 * ``fold_short_rows``: a row reduction whose innermost loop is short (BatchNorm's statistics
   over a few spatial positions) folds its lanes' float blocks after the outer row loops that keep

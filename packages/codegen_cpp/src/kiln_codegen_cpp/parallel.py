@@ -68,7 +68,7 @@ is chunked reads element-iterations (its results must not depend on how the body
 ``CppOptions.weighted_work=False`` counts element-iterations only; KILN_LOG=parallel prints both.
 
 Note [Statements that cost more than one]: counting every statement alike left kernels of 20-55 us
-at one thread serial, at 16 threads too (issue 20, the 16-core host, twenty-sixth session), in two
+at one thread serial, at 16 threads too (issue 20, the 16-core host, twenty-sixth session), in three
 ways. (1) A reduction's statements that run once per row (its lanes' folds and combine, its
 epilogue) are scalar, and the Welford ones sit on one dependency chain of double divisions (8 lanes
 merged in turn, each merge a division): a row of a variance costs ~50 ns however short it is, while
@@ -85,9 +85,17 @@ worth), and ``exp``, ``log``, ``sin`` added 0.18-0.19 ns (~26 statements), ``sqr
 (~195): each such call counts as the statements of :data:`CALL_STATEMENTS`, rounded down (the kiln
 helpers with several statements inside too). T5's relative-position buckets (16384 int64 elements
 through ``log``, whose vector variant takes a slow path on zeros: 55 us) and the MLP's GELU
-(``erf``) so cross the grain. ``CppOptions.weigh_statements=False`` counts every statement as one,
-as before. KILN_LOG=parallel prints the weighed work, KILN_LOG=output_code each kernel's statements
-a row and an element.
+(``erf``) so cross the grain. (3) A body that reads or writes along the vector loop with a stride
+other than 1 (an access moving with several loops: a transposed read such as ConvNeXt's
+channels-first layer norm over C of [N, C, H, W] written channels-last) is left scalar by GCC 12
+(``-fopt-info-vec-missed``: "no vectype" on the strided load; the max-pool of Note [Work of a
+kernel] is another): ``(x.permute(0, 2, 3, 1) * 2 + b)`` over [2, 32, 16, 16] ran at 0.7 ns an
+element (5 statements), ConvNeXt's layer norm apply (``add_clone_mul_permute_rsqrt_sub``, 16384
+elements, ~28 statements) at 3 ns, 46-52 us serial. Such a body's statements count as
+``ROW_STATEMENT_WEIGHT`` each, as a row's scalar ones do (that transpose alone, a call at one and
+two threads here: 15.6 and 15.6 us serial, 15.6 and 10.0 us with a team).
+``CppOptions.weigh_statements=False`` counts every statement as one, as before. KILN_LOG=parallel
+prints the weighed work, KILN_LOG=output_code each kernel's statements a row and an element.
 """
 
 from __future__ import annotations
