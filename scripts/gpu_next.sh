@@ -196,7 +196,7 @@ for step in "$@"; do
         --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=256,PERSISTENT_WARPS=4;OUTER_PERSISTENT_XBLOCK=512" 2>&1 | tail -6 ;;
     call26p)  # twenty-sixth session (issue 20, helper par26): the kernels that did not scale with threads, after Note
       # [Folds after a row's short loops] (kernel.py: ResNet's BatchNorm statistics folded 8 lanes every 2-4 positions)
-      # and Note [Statements that cost more than one] (parallel.py: per-row statements, folds and math calls weighed).
+      # and Note [Statements that cost more than one] (parallel.py: per-row statements, folds, math calls, strided bodies).
       # kiln_ab is kiln with both switched off (fold_short_rows, weigh_statements), the same passes. Compare per kernel
       # ("kernel ... 1t ... 16t" lines, kiln only) with 2026-12-06's: var_mean_where_{1,19,23,24,27,31,32} were 1t
       # 0.06-0.09 ms, 16t 0.04-0.07 (0.96-1.8x); MLP's add_addmm_erf_isinf_mul_rsqrt_{1,3,5,7} 0.04 -> 0.04 (1.0x);
@@ -205,14 +205,16 @@ for step in "$@"; do
       # (>= 3x at 16t); the other var_mean kernels (rows of 32: 19, 23, 24) stay serial at ~7 us. And the step rows:
       # kiln vs kiln_ab vs inductor at 16 threads (ResNet training was 0.92-1.06x over eager, inductor 1.16x; MLP 1.19x
       # vs 1.26x). Estimate (torch.compile's compiles dominate: ResNet training ~25-45 s a thread count here, T5
-      # inference ~15): ~140 s; the budgets drop t5 first
+      # inference ~15): ~140 s after gpu_run.sh's install; the budgets drop t5 first (a row line per thread count is
+      # printed as it ends, the kernel lines at the model's end). On the 2-core box two-thread rows are unusable under
+      # load (eager T5 40 -> 175 ms); kernel_time.py --threads 1,2 --ab-cpp ... gave this session's per-kernel figures
       timeout 95 python3 packages/codegen_cpp/bench/threads.py --mode training --threads 1,16 --models resnet \
         --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options fold_short_rows=false,weigh_statements=false \
-        --kernels 10 --budget-s 60 --row-s 2 --out "$out/threads26-train.json" > "$out/threads26-train.log" 2>&1
+        --kernels 10 --budget-s 60 --row-s 1 --out "$out/threads26-train.json" > "$out/threads26-train.log" 2>&1
       grep -v -E "Warning|USDT" "$out/threads26-train.log" | tail -24 | cut -c1-200
-      timeout 50 python3 packages/codegen_cpp/bench/threads.py --mode inference --threads 1,16 --models mlp,t5 \
+      timeout 45 python3 packages/codegen_cpp/bench/threads.py --mode inference --threads 1,16 --models mlp,t5 \
         --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options fold_short_rows=false,weigh_statements=false \
-        --kernels 10 --budget-s 25 --row-s 1 --out "$out/threads26-infer.json" > "$out/threads26-infer.log" 2>&1
+        --kernels 10 --budget-s 20 --row-s 1 --out "$out/threads26-infer.json" > "$out/threads26-infer.log" 2>&1
       grep -v -E "Warning|USDT" "$out/threads26-infer.log" | tail -40 | cut -c1-200 ;;
     call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
       # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
