@@ -11,7 +11,9 @@
 #   with full_teams=0, eager 5.79); outer_partials no faster (now off); write-backs now grouped per dtype (183 -> 24
 #   copies a ResNet-50 step); the BatchNorm statistics' partial kernels still at 25% of copy on torch 2.11 (their
 #   form there is mean + var, not the var_mean the one-accumulator change fixed: read their source on the device,
-#   KILN_LOG=output_code). Next: call25c and call25d FIRST (issue 20: training at 1/4/16 threads, the wider set at
+#   KILN_LOG=output_code). Twenty-sixth session (helper par26): call26p, the kernels of issue 20 that did not scale
+#   (BatchNorm statistics, layer norm + GELU, T5's buckets) after their fixes, kiln against kiln_ab (the fixes off).
+#   Next: call25c and call25d FIRST (issue 20: training at 1/4/16 threads, the wider set at
 #   16), then the BatchNorm partials' source on the device, call4c (fp32 training), call2 --dtype float32, call10.
 # Twenty-fourth session: call23a, call4c, call3c, call24a, call24b, call24a again ran on an H100
 #   (packages/bench/results/2026-12-06-h100*-s24-*); the budget was spent before call24e (call24a ran twice by mistake in
@@ -220,6 +222,28 @@ for step in "$@"; do
         --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230; done
       KILN_CACHE_DIR=$(mktemp -d) OMP_WAIT_POLICY=passive timeout 80 python3 -m kiln_bench --size cpu --device cpu \
         --threads 16 --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230 ;;
+    call26p)  # twenty-sixth session (issue 20, helper par26): the kernels that did not scale with threads, after Note
+      # [Folds after a row's short loops] (kernel.py: ResNet's BatchNorm statistics folded 8 lanes every 2-4 positions)
+      # and Note [Statements that cost more than one] (parallel.py: per-row statements, folds, math calls, strided bodies).
+      # kiln_ab is kiln with both switched off (fold_short_rows, weigh_statements), the same passes. Compare per kernel
+      # ("kernel ... 1t ... 16t" lines, kiln only) with 2026-12-06's: var_mean_where_{1,19,23,24,27,31,32} were 1t
+      # 0.06-0.09 ms, 16t 0.04-0.07 (0.96-1.8x); MLP's add_addmm_erf_isinf_mul_rsqrt_{1,3,5,7} 0.04 -> 0.04 (1.0x);
+      # T5's _to_copy_add_arange_div_full_like_log_25 1.16x, its add_embedding_mean_mul_pow_rsqrt_* 1.3-1.9x. Expected:
+      # the var_mean kernels ~5x faster at 1t, the rows-of-8 ones (27, 31, 32), the MLP's and T5's log kernel parallel
+      # (>= 3x at 16t); the other var_mean kernels (rows of 32: 19, 23, 24) stay serial at ~7 us. And the step rows:
+      # kiln vs kiln_ab vs inductor at 16 threads (ResNet training was 0.92-1.06x over eager, inductor 1.16x; MLP 1.19x
+      # vs 1.26x). Estimate (torch.compile's compiles dominate: ResNet training ~25-45 s a thread count here, T5
+      # inference ~15): ~140 s after gpu_run.sh's install; the budgets drop t5 first (a row line per thread count is
+      # printed as it ends, the kernel lines at the model's end). On the 2-core box two-thread rows are unusable under
+      # load (eager T5 40 -> 175 ms); kernel_time.py --threads 1,2 --ab-cpp ... gave this session's per-kernel figures
+      timeout 95 python3 packages/codegen_cpp/bench/threads.py --mode training --threads 1,16 --models resnet \
+        --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options fold_short_rows=false,weigh_statements=false \
+        --kernels 10 --budget-s 60 --row-s 1 --out "$out/threads26-train.json" > "$out/threads26-train.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads26-train.log" | tail -24 | cut -c1-200
+      timeout 45 python3 packages/codegen_cpp/bench/threads.py --mode inference --threads 1,16 --models mlp,t5 \
+        --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options fold_short_rows=false,weigh_statements=false \
+        --kernels 10 --budget-s 20 --row-s 1 --out "$out/threads26-infer.json" > "$out/threads26-infer.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads26-infer.log" | tail -40 | cut -c1-200 ;;
     call25c)  # twenty-fifth session (issue 20, helper threads25): training steps (forward, the suite's loss, backward) of
       # the public suite at 1/4/16 CPU threads, eager / kiln / torch.compile interleaved, each compiled step's loss and
       # gradients checked against eager's before it is timed (threads.py --mode training; the inference rows are

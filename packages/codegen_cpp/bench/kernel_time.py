@@ -18,6 +18,13 @@ A benchmark, not a test.
 
 ``--inference`` times no-grad forward calls of the model in eval mode instead of training steps
 (``--models suite.t5 --inference --ab-cpp table_columns_inner=0``).
+
+``--threads 1,2`` times kiln's kernels at each thread count instead (the same compiled copy: the
+thread count is read at run time, Note [Parallel plan] in parallel.py) and prints each kernel's
+fastest call per count and its scaling over the first: a kernel that runs in parallel gets ~1.8x
+at two threads, a serial one stays at 1.0x (``--models suite.resnet --threads 1,2``; with
+``--ab-cpp weigh_statements=0`` a second copy under other generator switches, in the same rounds).
+A kernel called several times a step keeps its fastest call (its call sites are not told apart).
 """
 
 from __future__ import annotations
@@ -150,6 +157,52 @@ def run(
             print(f"  {us:8.1f} us x{per_step} {kernel}", flush=True)
 
 
+def scaling(name: str, calls: int, top: int, counts: list[int], options: dict[str, Any] | None,
+            inference: bool, ab_cpp: str | None = None) -> None:  # fmt: skip
+    """``--threads``: each kernel's fastest call at each thread count, the first count's slowest
+    ``top`` kernels, with their scaling; with ``--ab-cpp`` a second copy under those generator
+    switches too. The counts (and copies) take turns step by step, ``calls`` rounds, so that a
+    moment when the other core is busy (a two-thread team then waits for its second thread)
+    hits them alike and the fastest call of each is from a quiet moment."""
+    w = MODELS[name]()
+    w.model.train(not inference)
+    step = _infer if inference else _step
+    copies: dict[str, tuple[Any, Any, dict[str, list[int]]]] = {}
+    for label, cpp in (("kiln", None), ("kiln_ab", ab_cpp)):
+        if label == "kiln_ab" and ab_cpp is None:
+            continue
+        compiled, model = _compiled(w, options, cpp, step)
+        times: dict[str, list[int]] = defaultdict(list)
+        _wrap_kernels(times)
+        copies[label] = (compiled, model, times)
+    per: dict[tuple[str, int], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for round_ in range(calls + 2):
+        for n in counts:
+            torch.set_num_threads(n)
+            # a step after the switch, untimed: the first team after it makes the pool's new
+            # threads, which on a loaded machine wait a scheduler tick (~4 ms) to start
+            step(w, *next(iter(copies.values()))[:2])
+            for label, (compiled, model, times) in copies.items():
+                times.clear()
+                step(w, compiled, model)
+                if round_ >= 2:  # two warm-up rounds
+                    for kernel, ns in times.items():
+                        per[label, n][kernel].extend(ns)
+    torch.set_num_threads(1)
+    print(f"{name} ({'inference' if inference else 'training'}): fastest call, us")
+    for label in copies:
+        fastest = {n: {k: min(v) / 1e3 for k, v in per[label, n].items()} for n in counts}
+        first = fastest[counts[0]]
+        print(f" {label}" + (f" (KILN_CPP_OPTIONS={ab_cpp})" if label == "kiln_ab" else ""))
+        for kernel in sorted(first, key=lambda k: -first[k])[:top]:
+            cells = "  ".join(
+                f"{n}t {fastest[n][kernel]:7.1f} ({first[kernel] / fastest[n][kernel]:.2f}x)"
+                for n in counts
+                if fastest[n].get(kernel)
+            )
+            print(f"  {kernel[2:]:60s} {cells}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="swin")
@@ -163,11 +216,16 @@ def main() -> None:
         "(e.g. column_sum_fusion=1), its steps interleaved with the first's",
     )
     parser.add_argument("--inference", action="store_true", help="time no-grad forward calls, not steps")
+    parser.add_argument("--threads", default="", help="e.g. 1,2: each kernel's scaling over thread counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = _parse_options(args.kiln_options)
     for name in args.models.split(","):
-        run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
+        if args.threads:
+            counts = [int(n) for n in args.threads.split(",")]
+            scaling(name, args.calls, args.top, counts, options, args.inference, args.ab_cpp)
+        else:
+            run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,13 @@ from cpp_check import aten, check, make
 
 from kiln_codegen_cpp import CppBackend, CppOptions
 from kiln_codegen_cpp.parallel import (
+    CALL_STATEMENTS,
     FEW_OUTPUTS,
     MIN_SPLIT_WORK,
     MIN_WORK_PER_THREAD,
     PARALLEL_GRAIN,
     TARGET_UNITS,
+    call_statements,
     outer_plan,
     pointwise_plan,
     split_chunks,
@@ -402,3 +404,87 @@ def test_the_audit_reads_every_plan_line() -> None:
     # a [256, 256] bias gradient: 4 column blocks of 16384 element-iterations, too small to split
     bias = audit.Plan("k", "column", 4, 4, 65536, 65536, 256)
     assert audit.findings([bias]) == ([], [])
+
+
+def test_calls_and_rows_weigh_more_than_a_statement() -> None:
+    """Note [Statements that cost more than one]: a math call adds its table's statements, a
+    reduction's per-row statements count ``row_weight`` each."""
+    assert call_statements("const float tmp6 = std::erf(tmp5);") == CALL_STATEMENTS["std::erf"] - 1
+    assert call_statements("const float t = std::exp(a) + std::exp(b);") == 2 * (
+        CALL_STATEMENTS["std::exp"] - 1
+    )
+    assert call_statements("const float t = std::expm1(a);") == CALL_STATEMENTS["std::expm1"] - 1
+    assert call_statements("const float t = (a + b);") == 0
+    assert weighted_work(10, 500, 32, 64, row_weight=16) == (10 * 32 * 16 + 10 * 500 * 64) // 16
+    assert weighted_work(1000, 0, 32, 0, row_weight=16) == 1000 * 32 // 16  # pointwise: no rows
+
+
+def _bn_statistics(x: torch.Tensor) -> Any:
+    return aten.var_mean.correction(x, [0, 2, 3], correction=0)
+
+
+def _layer_norm_gelu(x: torch.Tensor, b: torch.Tensor, w: torch.Tensor, c: torch.Tensor) -> Any:
+    h = aten.gelu.default(aten.add.Tensor(x, b))
+    var, mean = aten.var_mean.correction(h, [1], correction=0, keepdim=True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, 1e-5))
+    return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(h, mean), rstd), w), c)
+
+
+def _log_buckets(positions: torch.Tensor) -> Any:
+    # T5's relative-position buckets (transformers' _relative_position_bucket, decoder): the log
+    # of the distances of 128 x 128 positions (zero on half), capped, exact below 16
+    r = aten.sub.Tensor(aten.unsqueeze.default(positions, 0), aten.unsqueeze.default(positions, 1))
+    rel = aten.neg.default(aten.minimum.default(r, aten.zeros_like.default(r)))
+    log = aten.log.default(aten.div.Tensor(aten._to_copy.default(rel, dtype=torch.float32), 16.0))
+    scaled = aten.mul.Tensor(aten.div.Tensor(log, 2.0794), 16.0)
+    large = aten.add.Tensor(aten._to_copy.default(scaled, dtype=torch.int64), 16)
+    large = aten.minimum.default(large, aten.full_like.default(large, 31))
+    return aten.where.self(aten.lt.Scalar(rel, 16), rel, large)
+
+
+def _tuple(value: Any) -> tuple[Any, ...]:
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _transposed(x: torch.Tensor, b: torch.Tensor) -> Any:
+    # ConvNeXt's channels-first rows written channels-last: read with a stride along the vector loop
+    scaled = aten.add.Tensor(aten.mul.Tensor(aten.permute.default(x, [0, 2, 3, 1]), 2.0), b)
+    return aten.clone.default(scaled, memory_format=torch.contiguous_format)
+
+
+_HEAVY_KINDS = {
+    # ResNet's BatchNorm statistics over rows of 8 (256 channels): ~11 us a call at one thread
+    "bn_statistics": (_bn_statistics, lambda: [make((2, 256, 2, 2))]),
+    # the MLP's layer norm after GELU (erf), rows of 256
+    "layer_norm_gelu": (
+        _layer_norm_gelu,
+        lambda: [make((64, 256)), make((256,)), make((256,)), make((256,))],
+    ),
+    # a body GCC leaves scalar (a strided load along the vector loop): 16384 elements
+    "transposed": (_transposed, lambda: [make((2, 32, 16, 16)), make((32,))]),
+    # T5's bucket computation: 16384 int64 results through log
+    "log_buckets": (
+        _log_buckets,
+        lambda: [torch.arange(128)],
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_HEAVY_KINDS))
+def test_heavy_statements_get_a_team(kind: str, threads: None) -> None:
+    """Note [Statements that cost more than one]: kernels of issue 20 that ran serial at 16 threads
+    (below PARALLEL_GRAIN by element-iterations and by their statements counted alike) get a
+    team once per-row statements, lane loops, folds, math calls and strided bodies are weighed, and none with
+    ``weigh_statements`` off; equal to eager, and bitwise equal at 1, 2 and 3 threads."""
+    fn, inputs = _HEAVY_KINDS[kind]
+    args = inputs()
+    compiled = check(fn, *args)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    assert "#pragma omp parallel for" in source
+    one, *others = _across_threads(compiled, *args)
+    for other in others:
+        for a, b in zip(_tuple(one), _tuple(other), strict=True):
+            assert torch.equal(a, b)
+    backend = CppBackend(CppOptions(weigh_statements=False))
+    compile_graph(torch.fx.symbolic_trace(fn), args, backend=backend)
+    assert "omp parallel" not in backend.last_source

@@ -628,3 +628,38 @@ def test_lanes_combined_as_a_tree(tree: bool, op: Any, monkeypatch: pytest.Monke
     compiled = compile_graph(gm, [x], backend=backend)
     assert ("n > 1; n = (n + 1) / 2)" in backend.last_source) == tree
     assert_outputs(compiled(x), eager(gm, x), None, 1.0)
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 4, 4), (2, 16, 2, 2), (2, 8, 32, 32), (3, 8, 5, 7)], ids=str)
+def test_short_rows_fold_after_their_outer_loops(shape: tuple[int, ...]) -> None:
+    """Note [Folds after a row's short loops]: BatchNorm's statistics over [N, C, H, W] whose
+    innermost row loop is short fold once per row (or per lane block of FOLD_BLOCK positions),
+    not after every pass of the innermost loop; with an infinity and a NaN in some rows they equal
+    the old kernel's values (eager's var_mean answers NaN for a mean with an infinity, kiln the
+    infinity, as mean.dim does: Note [Shifted Welford blocks]), and eager's on finite data."""
+    x = make(shape, torch.float32, low=-3.0, high=3.0) + 10.0
+    x[0, 1, 0, 0] = float("inf")
+    x[1, 2, -1, -1] = float("nan")
+
+    def fn(x: torch.Tensor) -> Any:
+        return aten.var_mean.correction(x, [0, 2, 3], correction=0)
+
+    gm = with_vals(fn, x)
+    results, sources = [], []
+    for short in (True, False):
+        backend = CppBackend(options={"fold_short_rows": short})
+        results.append(compile_graph(gm, [x], backend=backend)(x))
+        sources.append(backend.last_source)
+    folds = [len(re.findall(r"kiln::shifted_fold\(", s)) for s in sources]
+    body = sources[0][sources[0].index('extern "C"') :]
+    assert "kiln::shifted_first(" not in body  # blocks span passes: not peeled
+    if shape[-1] <= 8 and shape[0] * shape[-2] * shape[-1] <= 128 * 8:
+        # rows of at most 128 positions a lane: one fold site (per copy of the loop nest: a
+        # serial and a parallel one), after the outermost row loop, where the old kernel folded
+        # after each pass of the innermost loop
+        assert folds[0] == (2 if "ntk > 1" in body else 1), body
+        assert re.search(r"\n  +}\n  +}\n  +for \(int l = 0; l < \d+; \+\+l\) \{ kiln::shifted_fold", body)
+        assert re.search(r"\n  +}\n  +for \(int l = 0; l < \d+; \+\+l\) \{ kiln::shifted_fold", sources[1])
+    for got, ref in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(got, ref, equal_nan=True)
+    check(fn, make(shape, torch.float32, low=-3.0, high=3.0) + 10.0)

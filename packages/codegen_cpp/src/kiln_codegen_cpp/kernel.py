@@ -245,7 +245,9 @@ from .cpp_ops import (
 from .options import REDUCTION_LANES, CppOptions
 from .parallel import (
     MIN_CHUNK,
+    ROW_STATEMENT_WEIGHT,
     ParallelPlan,
+    call_statements,
     cap_for,
     log_plan,
     outer_plan,
@@ -334,6 +336,23 @@ def _branch_free(body: Callable[[], Any]) -> bool:
 
 # float32 sums add this many positions per lane in float before folding into double
 FOLD_BLOCK = 1024
+# Note [Folds after a row's short loops]: a row's float blocks (float32 sums, shifted Welford
+# blocks) fold into their double lanes after the innermost row loop, in blocks of FOLD_BLOCK
+# positions. Where that loop is short, BatchNorm's statistics over [N, C, H, W] with H * W of
+# 4 to 64 (ResNet's later stages at CPU size: rows of 2 x 4 x 4 walked as r0, r1, r2), every
+# pass of it ended in a fold of all lanes: 8 shifted_folds, each two double divisions and a
+# Welford merge, for 4 positions. The kernels ran at ~19 ns a position (35-39 us for 2048-4096
+# positions at one thread), which their weighed work (Note [Work of a kernel] in parallel.py)
+# does not see, so they stayed serial at 16 threads too. The fold now goes after the outermost
+# row loop that adds no more positions to a lane (the innermost loop's passes, each
+# ceil(length / lanes) positions a lane, times the loops inside it) than a block of the
+# innermost loop does (FOLD_BLOCK / lanes): so the float accumulation is as accurate as before,
+# and a row of 32 folds once. A block folded further out spans several passes of the innermost
+# loop, so it is not peeled (Note [Peeled shifted blocks]: the peel sets a block's count from
+# one pass's length); shifted_add counts instead. ``CppOptions.fold_short_rows`` (off: after
+# every pass, as before). ResNet-50's training step at CPU size here, fastest calls at one
+# thread (bench/kernel_time.py --models suite.resnet --threads 1,2): var_mean kernels over rows
+# of 32 35 -> 7 us, of 8 39 -> 11 us, of 2048 28 -> 17 us.
 # outputs per block in a column reduction (Note [Column reductions])
 COLUMN_BLOCK = 64
 # a column lane folds its float32 sum into double every this many reduction positions: at
@@ -435,11 +454,26 @@ def _int(expr: Any) -> int:
     return int(expr)
 
 
-def _statements(lines: Sequence[str]) -> int:
-    """C++ statements among generated lines (not loops, braces, pragmas or comments)."""
-    return sum(
-        1 for line in lines if ";" in line and not line.lstrip().startswith(("for ", "for(", "#", "//"))
-    )
+def _statements(lines: Sequence[str], lanes: int = 0) -> int:
+    """C++ statements among generated lines (not loops, braces, pragmas or comments). With
+    ``lanes`` (Note [Statements that cost more than one] in parallel.py): a lane loop on one line
+    counts its statement once per lane, and each statement what its calls add."""
+    total = 0
+    for line in lines:
+        text = line.lstrip()
+        if ";" not in line or text.startswith(("#", "//")):
+            continue
+        if lanes and _LANE_LOOP.match(text):
+            body = text[text.index(")") + 1 :]
+            total += lanes * (body.count(";") + call_statements(body))
+        elif not text.startswith(("for ", "for(")):
+            total += 1 + (call_statements(text) if lanes else 0)
+    return total
+
+
+# a lane loop on one line: `for (int l = 0; l < KL; ++l) stmt;` (Note [Statements that cost more
+# than one] in parallel.py)
+_LANE_LOOP = re.compile(r"for \(int l = 0; l < \w+; \+\+l\)")
 
 
 # Note [Check reductions only where a check is]: the max-reductions of the branch-free checks
@@ -1376,18 +1410,83 @@ class KernelBuilder(OpsHandlerBase):
         work = self._work()
         if not self.options.weighted_work:
             return work
+        # Note [Statements that cost more than one] in parallel.py
+        lanes = self.lanes if self.options.weigh_statements else 0
         x_statements = r_statements = 0
         for section in sections:
             if isinstance(section, XSection):
-                x_statements += _statements(clean(section.lines))
+                x_statements += _statements(clean(section.lines), lanes)
             else:
-                x_statements += _statements([*section.pre, *section.combine, *clean(section.post)])
-                r_statements += _statements(clean(section.body))
+                x_statements += _statements([*section.pre, *section.combine, *clean(section.post)], lanes)
+                if lanes and section.folds:
+                    folds = self._folds_per_row() * lanes
+                    x_statements += folds * sum(1 + call_statements(f) for f in section.folds)
+                r_statements += _statements(clean(section.body), lanes)
         if self.symbolic:
             nx, nr = sizevars.hint(self.nx), sizevars.hint(self.nr) if self.rsizes else 0
         else:
             nx, nr = self.nx, self.nr if self.rsizes else 0
-        return max(work, weighted_work(nx, nr, x_statements, r_statements))
+        # a column reduction's per-output statements run vectorized across a block of outputs
+        column = bool(lanes) and self._column_mode(sections)
+        row_weight = ROW_STATEMENT_WEIGHT if lanes and not column else 1
+        scalar = bool(lanes) and not column and not self.accumulates and self._strided_inner()
+        if scalar:  # Note [Statements that cost more than one]: (3), a body GCC leaves scalar
+            if nr:
+                r_statements *= ROW_STATEMENT_WEIGHT
+            else:
+                x_statements *= ROW_STATEMENT_WEIGHT
+        weighted = weighted_work(nx, nr, x_statements, r_statements, row_weight)
+        if lanes:
+            log.debug(
+                "%s: %d statements a row (each %d), %d an element%s: weighted %d",
+                self.name, x_statements, row_weight if nr else 1, r_statements,
+                " (a strided access along the vector loop: scalar)" if scalar else "", weighted,
+            )  # fmt: skip
+        return max(work, weighted)
+
+    def _strided_inner(self) -> bool:
+        """Note [Statements that cost more than one], (3): whether an access that moves with
+        several loops (not a broadcast row or channel) walks the innermost loop, the one the
+        vector loop runs along, with a stride other than 1."""
+        if self.rsizes:
+            loops = [
+                (v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)
+            ]
+        else:
+            loops = [
+                (v, s) for v, s in zip(self.xvars, self.xsizes, strict=True) if isinstance(v, sympy.Symbol)
+            ]
+            loops = self._order_pointwise(loops) if loops else loops
+        if not loops:
+            return False
+        inner = loops[-1][0]
+        names = {v for v in (*self.xvars, *self.rvars) if isinstance(v, sympy.Symbol)}
+        for a in self.accesses:
+            if inner not in a.free_symbols or len(a.free_symbols & names) < 2:
+                continue
+            try:
+                stride = sympy.expand(a).coeff(inner)
+            except (TypeError, ValueError):
+                continue
+            if stride != 1:
+                return True
+        return False
+
+    def _folds_per_row(self) -> int:
+        """How often a row's loops fold their lanes' blocks (Note [Folds after a row's short
+        loops]): at the size hints when symbolic."""
+        loops = [(v, s) for v, s in zip(self.rvars, self.rsizes, strict=True) if isinstance(v, sympy.Symbol)]
+        if not loops:
+            return 1
+        if not all(isinstance(s, int) for _, s in loops):
+            return max(1, sizevars.hint(self.nr) // FOLD_BLOCK)
+        at = self._fold_depth(loops, self.lanes)
+        sizes = [s for _, s in loops]
+        if at < len(loops) - 1:
+            return math.prod(sizes[:at])
+        inner = sizes[-1]
+        main = inner - inner % self.lanes
+        return math.prod(sizes[:-1]) * (-(-main // FOLD_BLOCK) + (inner % self.lanes != 0))
 
     def _work(self) -> int:
         """Element-iterations of the kernel (at the size hints when symbolic: heuristics only)."""
@@ -1979,6 +2078,7 @@ class KernelBuilder(OpsHandlerBase):
             hoisted, body = self._row_invariant(body)
             lines.extend(hoisted)
         depth = 0
+        folds_at = self._fold_depth(loops, lanes) if phase.folds else len(loops) - 1
         for i, (var, size) in enumerate(loops[:-1]):
             if i == 0 and chunk is not None:
                 lines.append(f"for (int64_t {var} = {chunk[0]}; {var} < {chunk[1]}; ++{var}) {{")
@@ -2010,6 +2110,8 @@ class KernelBuilder(OpsHandlerBase):
                 start, main_end, end = "INT64_C(0)", f"INT64_C({main})", f"INT64_C({size})"
                 has_main, has_tail = bool(main), bool(size % lanes)
             fold = [f"for (int l = 0; l < {lanes}; ++l) {{ {f} }}" for f in phase.folds]
+            if folds_at < len(loops) - 1:  # Note [Folds after a row's short loops]: further out
+                fold = []
             if has_main:
                 inner = pad
                 origin = start
@@ -2063,7 +2165,26 @@ class KernelBuilder(OpsHandlerBase):
                 lines.extend(f"{pad}{f}" for f in fold)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
+            if d == folds_at and loops and folds_at < len(loops) - 1:
+                lines.extend(f"{'  ' * d}for (int l = 0; l < {lanes}; ++l) {{ {f} }}" for f in phase.folds)
         return lines
+
+    def _fold_depth(self, loops: list[tuple[sympy.Symbol, Any]], lanes: int) -> int:
+        """Note [Folds after a row's short loops]: the index of the row loop after which the
+        lanes' float blocks fold (the innermost loop's, ``len(loops) - 1``, as before: after it,
+        in blocks of FOLD_BLOCK positions), the outermost whose loops add at most as many
+        positions to a lane as a block of the innermost loop does."""
+        innermost = len(loops) - 1
+        if not self.options.fold_short_rows or not all(isinstance(s, int) for _, s in loops):
+            return innermost
+        per_lane = -(-loops[-1][1] // lanes)  # positions a lane adds in one pass of the innermost
+        at = innermost
+        for i in range(innermost - 1, -1, -1):
+            per_lane *= loops[i][1]
+            if per_lane > FOLD_BLOCK // lanes:
+                break
+            at = i
+        return at
 
     def _row_invariant(self, body: list[str]) -> tuple[list[str], list[str]]:
         """Note [Row-invariant values before the row loops]: (statements of ``body`` that no

@@ -97,6 +97,18 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   threads (Note [Teams keep the pool's size] in parallel.py); off: a team of ``ntk`` threads
   (``num_threads(ntk)``), as before, which ends ``nt - ntk`` pool threads and makes the next full
   team create them again. The generated kernels show the clauses (``KILN_LOG=output_code``).
+* ``weigh_statements``: in a kernel's weighed work (Note [Work of a kernel] in parallel.py), a
+  reduction's statements that run once per row count as ``ROW_STATEMENT_WEIGHT`` statements of
+  the vectorized body, its lane loops once per lane and its folds as often as they run, and a
+  call of a math function (``erf``, ``log``, ``pow``, ...) as the statements of
+  ``CALL_STATEMENTS``, and a body with a strided access along its vector loop (left scalar by
+  GCC) at ``ROW_STATEMENT_WEIGHT`` a statement (Note [Statements that cost more than one] in
+  parallel.py); off: every
+  statement counts as one, as before. KILN_LOG=output_code prints each kernel's counts.
+* ``fold_short_rows``: a row reduction whose innermost loop is short (BatchNorm's statistics
+  over a few spatial positions) folds its lanes' float blocks after the outer row loops that keep
+  a lane's block within FOLD_BLOCK / lanes positions, not after every pass of the innermost loop
+  (Note [Folds after a row's short loops] in kernel.py); off: after every pass, as before.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -174,6 +186,8 @@ class CppOptions:
     parallel_grain: int = PARALLEL_GRAIN
     min_work_per_thread: int = MIN_WORK_PER_THREAD
     full_teams: bool = True
+    fold_short_rows: bool = True
+    weigh_statements: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:

@@ -66,6 +66,36 @@ threads on the 16-core host (1.03x). A plain batch norm + ReLU runs ~15 statemen
 Only the serial/parallel choice and the team cap read the weighted work; how a split reduction
 is chunked reads element-iterations (its results must not depend on how the body is spelled).
 ``CppOptions.weighted_work=False`` counts element-iterations only; KILN_LOG=parallel prints both.
+
+Note [Statements that cost more than one]: counting every statement alike left kernels of 20-55 us
+at one thread serial, at 16 threads too (issue 20, the 16-core host, twenty-sixth session), in three
+ways. (1) A reduction's statements that run once per row (its lanes' folds and combine, its
+epilogue) are scalar, and the Welford ones sit on one dependency chain of double divisions (8 lanes
+merged in turn, each merge a division): a row of a variance costs ~50 ns however short it is, while
+the weighing gave its ~30 statements 2 element-iterations. ConvNeXt's first layer norm (512 rows of
+32 channels, 48 us), ResNet's BatchNorm statistics over rows of 8 (256 channels, 11 us after Note
+[Folds after a row's short loops] in kernel.py) and the MLP's layer norm + GELU (64 rows of 256, 21
+us) had weights of 16384-26660. So in a reduction, a statement run once per row counts as
+``ROW_STATEMENT_WEIGHT`` statements of the vectorized body, a lane loop (``for (int l ...) stmt``)
+as a statement per lane, and a fold as often as the row loop runs it. (2) A call of a math library
+function costs more than an add: at one thread over 64K float32 elements (L2-resident, a kernel
+each, the call's ~4.5 us taken out), a plain ``x * 2 + 1`` element took 0.11 ns (16 statements'
+worth), and ``exp``, ``log``, ``sin`` added 0.18-0.19 ns (~26 statements), ``sqrt`` 0.13,
+``sigmoid`` 0.22, ``tanh`` 0.25, ``rsqrt`` 0.32, ``erf`` 0.41 (~60), ``pow`` (not vectorized) 1.33
+(~195): each such call counts as the statements of :data:`CALL_STATEMENTS`, rounded down (the kiln
+helpers with several statements inside too). T5's relative-position buckets (16384 int64 elements
+through ``log``, whose vector variant takes a slow path on zeros: 55 us) and the MLP's GELU
+(``erf``) so cross the grain. (3) A body that reads or writes along the vector loop with a stride
+other than 1 (an access moving with several loops: a transposed read such as ConvNeXt's
+channels-first layer norm over C of [N, C, H, W] written channels-last) is left scalar by GCC 12
+(``-fopt-info-vec-missed``: "no vectype" on the strided load; the max-pool of Note [Work of a
+kernel] is another): ``(x.permute(0, 2, 3, 1) * 2 + b)`` over [2, 32, 16, 16] ran at 0.7 ns an
+element (5 statements), ConvNeXt's layer norm apply (``add_clone_mul_permute_rsqrt_sub``, 16384
+elements, ~28 statements) at 3 ns, 46-52 us serial. Such a body's statements count as
+``ROW_STATEMENT_WEIGHT`` each, as a row's scalar ones do (that transpose alone, a call at one and
+two threads here: 15.6 and 15.6 us serial, 15.6 and 10.0 us with a team).
+``CppOptions.weigh_statements=False`` counts every statement as one, as before. KILN_LOG=parallel
+prints the weighed work, KILN_LOG=output_code each kernel's statements a row and an element.
 """
 
 from __future__ import annotations
@@ -89,6 +119,26 @@ MIN_CHUNK = 1024
 # a reduction with fewer parallel units than this splits its reduced loop (Note [Reductions with
 # few outputs]); 16 = the threads of the largest host measured
 FEW_OUTPUTS = 16
+# Note [Statements that cost more than one]: a reduction's statement run once per row (scalar,
+# often on a dependency chain) counts as this many statements of its vectorized body
+ROW_STATEMENT_WEIGHT = 16
+# Note [Statements that cost more than one]: statements a call counts for (each figure: the time
+# the call adds to a float32 element, in units of a plain element's 16 statements; the kiln
+# helpers: their own statements); other calls count as part of their statement. Not ``sqrt`` and
+# ``rsqrt``: in the kernels seen they take a row's or a channel's statistic (norms), the same value
+# all along the vector loop, which GCC computes once before it
+_TRANSCENDENTAL = "exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh asinh acosh atanh hypot fmod"
+CALL_STATEMENTS: dict[str, int] = {
+    **{f"std::{name}": 24 for name in _TRANSCENDENTAL.split()},
+    "std::tanh": 32,
+    "kiln::sigmoid": 32,
+    "std::erf": 56,
+    "std::erfc": 56,
+    "std::lgamma": 128,
+    "std::pow": 192,
+    "kiln::welford_merge": 8,
+    "kiln::shifted_fold": 12,
+}
 # the least element-iterations of one (output, chunk) unit of a split reduction: with 4096, a
 # [2048, 192] bias gradient in 66 units ran 10% slower at one thread than unsplit (23.7 against
 # 21.5 us: each unit initializes, folds and stores a block of partials, and the combine reads them)
@@ -108,13 +158,21 @@ class ParallelPlan:
         return f"{self.kind}: collapse {self.collapse}, {self.units} units, at most {self.cap} threads"
 
 
-def weighted_work(nx: int, nr: int, x_statements: int, r_statements: int) -> int:
+def weighted_work(nx: int, nr: int, x_statements: int, r_statements: int, row_weight: int = 1) -> int:
     """Note [Work of a kernel]: ``nx`` outer iterations running ``x_statements`` each, of which
     each runs ``nr`` reduced iterations of ``r_statements`` (``nr`` = 0: no reduction); never
-    less than the element-iterations ``nx * max(nr, 1)``."""
+    less than the element-iterations ``nx * max(nr, 1)``. ``row_weight``: what a statement of a
+    reduction's rows (``nr`` > 0) counts for (Note [Statements that cost more than one])."""
     plain = nx * max(nr, 1)
-    statements = nx * x_statements + nx * nr * r_statements
+    statements = nx * x_statements * (row_weight if nr else 1) + nx * nr * r_statements
     return max(plain, statements // STATEMENTS_PER_ITERATION)
+
+
+def call_statements(line: str) -> int:
+    """Note [Statements that cost more than one]: what the calls of one C++ statement add to it."""
+    if "(" not in line:
+        return 0
+    return sum((count - 1) * line.count(f"{name}(") for name, count in CALL_STATEMENTS.items())
 
 
 def cap_for(units: int, work: int, min_work: int = MIN_WORK_PER_THREAD) -> int:
