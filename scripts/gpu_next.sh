@@ -5,6 +5,13 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-sixth session: call25c, call25d, the rest of call25c's models, call4c, a BatchNorm-source dump with a GPT-2/LLaMA
+#   training profile at 16 threads, kiln's per-kernel thread scaling, gpu_kernel_table.py on ResNet-50 bf16 training and
+#   two bn_stats tile sweeps ran on an H100 and its host, all at 6b7ad2c (packages/bench/results/2026-12-06-h100*-s26-*).
+#   None of the session's code changes ran on the device. Next, in this order: call26w (Note [Welford tiles] at more
+#   shapes, ResNet-50 bf16 training with welford_tiles and materialized_saves off), call26s (materialized_saves on the
+#   other training models), call26p (par26's CPU parallel-plan rules at 16 threads), call26c (kiln's CPU training compile
+#   on the host: BERT 27 s), call26m/call26n (GPT-2's products at 16 threads), then call2 --dtype float32, call10.
 # Twenty-fifth session: call24e, call5b, call2, bf16 training of all ten (call4 at 8 timed steps), a ResNet-50 bf16
 #   training profile with the GPT-2 output strides, then call25b + call25a ran on an H100
 #   (packages/bench/results/2026-12-06-h100*-s25-*). Found: GPT-2 at 16 threads fixed by full_teams (2.85 ms, 9.55
