@@ -242,26 +242,49 @@ def _addresses(t: torch.Tensor, limit: int = 1 << 16) -> set[int] | None:
 # into a view that overlaps itself is refused (the graph runs eagerly, with this reason), and so
 # is one into a view whose positions are too many to check; a whole input that overlaps itself
 # (expanded) runs eagerly per call (Note [Mutated inputs that share memory] in api.py).
+#
+# Symbolic sizes and strides are decided at their hints, the sizes this trace was made for: an
+# `unfold` of a symbolic dimension (`x.unfold(0, 4, 2).mul_(2)`) overlaps itself at every size the
+# graph is reused for, and answering False for anything symbolic compiled it once the sizes became
+# dynamic (the second size of a static start recompiled it symbolic: a wrong answer from that call
+# on). Whether a view overlaps follows from its op's constant arguments (unfold's size against its
+# step, a stride of 0), so the hint's answer holds for the other sizes, but for a view that
+# changes its answer with them (an unfold with one window at the hint and more later; not
+# guarded). A size without a hint (data-dependent) keeps the old answer, False.
 def _overlaps_itself(t: torch.Tensor) -> bool:
-    """Whether two elements of ``t`` may share a storage position (static sizes; False for
-    symbolic ones, where only a stride of 0, which eager refuses itself, is known)."""
-    geometry = (*t.shape, *t.stride())
-    if any(isinstance(v, torch.SymInt) for v in geometry):
+    """Whether two elements of ``t`` may share a storage position (symbolic geometry at its
+    hints; False where a size or stride depends on tensor data)."""
+    geometry = [_hint_of(v) for v in (*t.shape, *t.stride())]
+    if any(v is None for v in geometry):
         return False
+    sizes, strides = geometry[: t.dim()], geometry[t.dim() :]
     reach = 0  # the last position the dims of smaller strides reach from the first
     for n, st in sorted(
-        ((int(n), abs(int(st))) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1),
-        key=lambda p: p[1],
+        ((n, abs(st)) for n, st in zip(sizes, strides, strict=True) if n != 1), key=lambda p: p[1]
     ):
         if st <= reach:
             break
         reach += (n - 1) * st
     else:
         return False
-    if t.numel() == 0:
+    if 0 in sizes:
         return False
-    mine = _addresses(t)
-    return mine is None or len(mine) < t.numel()
+    numel = 1
+    for n in sizes:
+        numel *= n
+    if numel > 1 << 16:
+        return True
+    positions = {0}
+    for n, st in zip(sizes, strides, strict=True):
+        positions = {a + i * st for a in positions for i in range(n)}
+    return len(positions) < numel
+
+
+def _hint_of(v: int | torch.SymInt) -> int | None:
+    if not isinstance(v, torch.SymInt):
+        return int(v)
+    hint = v.node.hint
+    return None if hint is None else int(hint)
 
 
 class AotgradError(RuntimeError):
