@@ -145,13 +145,13 @@ def test_clamp_propagates_nan_bounds(dtype: torch.dtype) -> None:
     lo, hi = make((6, 7), dtype, low=-2, high=0), make((7,), dtype, low=0, high=2)
     lo[1::2, 1::3] = nan
     hi[::3] = nan
-    check(lambda x, lo, hi: aten.clamp.Tensor(x, lo, hi), x, lo, hi)
-    check(lambda x, lo: aten.clamp.Tensor(x, lo), x, lo)
+    check(lambda x, lo, hi: aten.clamp.Tensor(x, lo, max=hi), x, lo, hi)
+    check(binary(aten.clamp.Tensor), x, lo)
     check(lambda x, hi: aten.clamp.Tensor(x, None, hi), x, hi)
-    check(lambda x, lo: aten.clamp_min.Tensor(x, lo), x, lo)
-    check(lambda x, hi: aten.clamp_max.Tensor(x, hi), x, hi)
+    check(binary(aten.clamp_min.Tensor), x, lo)
+    check(binary(aten.clamp_max.Tensor), x, hi)
     check(lambda x: aten.clamp.default(x, nan), x)
     check(lambda x: aten.clamp.default(x, None, nan), x)
     check(lambda x: aten.clamp_min.default(x, nan), x)
     # an integer input promoted by a floating bound
-    check(lambda i, lo: aten.clamp.Tensor(i, lo), make((6, 7), torch.int64, low=-3, high=3), lo)
+    check(binary(aten.clamp.Tensor), make((6, 7), torch.int64, low=-3, high=3), lo)
