@@ -482,3 +482,20 @@ def test_an_lstm_trained_under_symbolic_sizes_keeps_eager_gradients() -> None:
             torch.testing.assert_close(p.grad, q.grad)
     assert rec.graphs and all(_symbolic(gm) for gm in rec.graphs)
     assert torch.backends.mkldnn.enabled  # the switch is the trace's alone
+
+
+def test_a_write_into_an_unfold_of_a_symbolic_size_is_refused() -> None:
+    # Note [Writes into a view that overlaps itself] (tracer.py): the windows of `unfold(0, 4, 2)`
+    # share positions at every size; with symbolic sizes the check answered "no overlap" and the
+    # trace wrote each shared position once where eager writes it once per window (a wrong answer
+    # under kiln.compile, whose backend runs a refused graph eagerly)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        y.unfold(0, 4, 2).mul_(2.0)
+        return y + 1
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec), dynamic=True)
+    with pytest.raises(kiln_aotgrad.AotgradError, match="share memory"):
+        compiled(torch.randn(10, 3))
+    assert rec.graphs == []

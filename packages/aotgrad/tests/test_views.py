@@ -741,3 +741,55 @@ def test_a_detached_output_over_the_buffer_of_one_that_requires_grad() -> None:
     assert _autograd_state(out_c) == _autograd_state(out_e)
     assert len({o.untyped_storage().data_ptr() for o in out_c}) == 1
     out_c[0].mul_(2)  # a view of a graph output, writable as eager's
+
+
+@pytest.mark.parametrize("how", ["as_strided", "unfold"])
+def test_write_into_an_input_that_overlaps_itself_runs_eagerly(how: str) -> None:
+    # Note [Mutated inputs that share memory] (api.py): eager writes a position that several of
+    # the input's elements share once per element; the graph's write-back, once
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.add_(1.0)
+        x.mul_(y)
+        return x * 2
+
+    def view(b: torch.Tensor) -> torch.Tensor:
+        return b.as_strided((4, 6), (1, 1)) if how == "as_strided" else b[:12].unfold(0, 6, 2)
+
+    compiled = kiln_aotgrad.aot_function(f, lambda gm, ex: gm)
+    y = torch.randn(4, 6)
+    for _ in range(2):  # the second call takes the guarded fast path
+        base_e = torch.randn(27)
+        base_c = base_e.clone()
+        out_e = f(view(base_e), y)
+        out_c = compiled(view(base_c), y)
+        torch.testing.assert_close(out_c, out_e)
+        torch.testing.assert_close(base_c, base_e)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda x: x.add_(x[:, :1]),  # eager reads the new x[i, 0] (not dense: no check)
+        lambda x: x.sub_(x.diagonal()),
+        lambda x: torch.sum(x, 1, out=x[:, 0]),
+        lambda x: x.mul_(x.t()),  # eager refuses: a partial overlap of dense operands
+        lambda x: x[1:].copy_(x[:-1]),
+        lambda x: x.addcmul_(x.t(), x),  # decomposed: refused before its decomposition
+    ],
+    ids=["column", "diagonal", "sum-out", "transpose", "shift", "addcmul"],
+)
+def test_a_write_that_reads_the_memory_it_writes_is_refused(write: Callable[..., Any]) -> None:
+    # Note [Writes that read the memory they write] (tracer.py): the functional trace read every
+    # operand before writing; eager reads them while writing (or refuses)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        write(y)
+        return y
+
+    with pytest.raises(AotgradError, match="over some of the written memory"):
+        kiln_aotgrad.aot_function(f, Recorder())(torch.randn(4, 4))
+    # operands that are the target's own positions in its order, or other positions, are not
+    for fn in [lambda y: y.mul_(y), lambda y: y[:, 2:].sub_(y[:, :2]), lambda y: y.add_(y.view(4, 4))]:
+        x = torch.randn(4, 4)
+        got = kiln_aotgrad.aot_function(lambda a, fn=fn: fn(a * 1.0), Recorder())(x)
+        torch.testing.assert_close(got, fn(x * 1.0))

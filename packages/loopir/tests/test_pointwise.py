@@ -134,3 +134,24 @@ def test_pow_by_constant_exponent(exponent: Any, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("exponent", [2, 3, 4])
 def test_integer_pow_by_constant_exponent(exponent: int) -> None:
     check(lambda x: aten.pow.Tensor_Scalar(x, exponent), make((5, 7), torch.int64, low=-4, high=4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_clamp_propagates_nan_bounds(dtype: torch.dtype) -> None:
+    # Note [NaN bounds of clamp]: a NaN in a bound (tensor or scalar) gives NaN, as in eager
+    nan = float("nan")
+    x = make((6, 7), dtype)
+    x[0, :3] = nan
+    lo, hi = make((6, 7), dtype, low=-2, high=0), make((7,), dtype, low=0, high=2)
+    lo[1::2, 1::3] = nan
+    hi[::3] = nan
+    check(lambda x, lo, hi: aten.clamp.Tensor(x, lo, max=hi), x, lo, hi)
+    check(binary(aten.clamp.Tensor), x, lo)
+    check(lambda x, hi: aten.clamp.Tensor(x, None, hi), x, hi)
+    check(binary(aten.clamp_min.Tensor), x, lo)
+    check(binary(aten.clamp_max.Tensor), x, hi)
+    check(lambda x: aten.clamp.default(x, nan), x)
+    check(lambda x: aten.clamp.default(x, None, nan), x)
+    check(lambda x: aten.clamp_min.default(x, nan), x)
+    # an integer input promoted by a floating bound
+    check(binary(aten.clamp.Tensor), make((6, 7), torch.int64, low=-3, high=3), lo)

@@ -48,7 +48,7 @@ from kiln_aotgrad.joint import OriginInterpreter, Traced, trace
 from kiln_aotgrad.logs import fallbacks_log, graphs_log, partition_log
 from kiln_aotgrad.partition import Partition, partition, split_backward
 from kiln_aotgrad.runtime import inference_runner, training_runner
-from kiln_aotgrad.tracer import Tracer
+from kiln_aotgrad.tracer import Tracer, _overlaps_itself
 from kiln_dynamo import graph_unbacked_env, unbacked_sizes
 
 Compiler = Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]
@@ -301,10 +301,17 @@ _USE_COUNT: Callable[[int], int] = torch._C._storage_Use_Count
 # into it, which `copy_` refuses ("more than one element of the written-to tensor refers to a
 # single memory location"), after earlier write-backs had run: the run-time fallback then ran the
 # program a second time over inputs already written (found by test_alias_fuzz.py).
+#
+# So is one whose elements overlap partially (`b.as_strided((4, 6), (1, 1))`, `b.unfold(0, 4, 2)`):
+# eager refuses no such write (its check sees only strides of 0) and writes the shared positions
+# once per element over them, in turn (`x.add_(1)` adds 3 where three elements meet), while the
+# compiled graph computes each element's new value once from the old ones (a wrong answer, found
+# by probing the call with inputs of every layout). The tracer's test (Note [Writes into a view
+# that overlaps itself]) decides, after `is_contiguous`, the cheap common answer.
 def _shares_memory(inputs: Sequence[Any], mutated: Sequence[int]) -> bool:
     for i in mutated:
         t = inputs[i]
-        if any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride(), strict=True)):
+        if not t.is_contiguous() and _overlaps_itself(t):
             return True
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     # on every call of such a graph (ResNet's BatchNorm layers: 321 inputs a training step): one

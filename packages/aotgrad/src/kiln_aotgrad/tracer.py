@@ -242,26 +242,81 @@ def _addresses(t: torch.Tensor, limit: int = 1 << 16) -> set[int] | None:
 # into a view that overlaps itself is refused (the graph runs eagerly, with this reason), and so
 # is one into a view whose positions are too many to check; a whole input that overlaps itself
 # (expanded) runs eagerly per call (Note [Mutated inputs that share memory] in api.py).
+#
+# Symbolic sizes and strides are decided at their hints, the sizes this trace was made for: an
+# `unfold` of a symbolic dimension (`x.unfold(0, 4, 2).mul_(2)`) overlaps itself at every size the
+# graph is reused for, and answering False for anything symbolic compiled it once the sizes became
+# dynamic (the second size of a static start recompiled it symbolic: a wrong answer from that call
+# on). Whether a view overlaps follows from its op's constant arguments (unfold's size against its
+# step, a stride of 0), so the hint's answer holds for the other sizes, but for a view that
+# changes its answer with them (an unfold with one window at the hint and more later; not
+# guarded). A size without a hint (data-dependent) keeps the old answer, False.
 def _overlaps_itself(t: torch.Tensor) -> bool:
-    """Whether two elements of ``t`` may share a storage position (static sizes; False for
-    symbolic ones, where only a stride of 0, which eager refuses itself, is known)."""
-    geometry = (*t.shape, *t.stride())
-    if any(isinstance(v, torch.SymInt) for v in geometry):
+    """Whether two elements of ``t`` may share a storage position (symbolic geometry at its
+    hints; False where a size or stride depends on tensor data)."""
+    geometry = [_hint_of(v) for v in (*t.shape, *t.stride())]
+    if any(v is None for v in geometry):
         return False
+    sizes, strides = geometry[: t.dim()], geometry[t.dim() :]
     reach = 0  # the last position the dims of smaller strides reach from the first
     for n, st in sorted(
-        ((int(n), abs(int(st))) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1),
-        key=lambda p: p[1],
+        ((n, abs(st)) for n, st in zip(sizes, strides, strict=True) if n != 1), key=lambda p: p[1]
     ):
         if st <= reach:
             break
         reach += (n - 1) * st
     else:
         return False
-    if t.numel() == 0:
+    if 0 in sizes:
         return False
-    mine = _addresses(t)
-    return mine is None or len(mine) < t.numel()
+    positions = _positions(sizes, strides, 0)
+    return positions is None or len(positions) < math.prod(sizes)
+
+
+def _positions(sizes: list[int], strides: list[int], offset: int) -> set[int] | None:
+    """The storage positions of a view's elements, or None past 2 ** 16 elements."""
+    if math.prod(sizes) > 1 << 16:
+        return None
+    out = {offset}
+    for n, st in zip(sizes, strides, strict=True):
+        out = {a + i * st for a in out for i in range(n)}
+    return out
+
+
+# Note [Writes that read the memory they write]: `x.add_(x[:, :1])`, `x.sub_(x.diagonal())`,
+# `x[1:].copy_(x[:-1])`, `torch.sum(x, 1, out=x[:, 0])`: an operand of the write is a view of the
+# written tensor's root over some of the positions written. Eager either refuses (its check finds a
+# partial overlap of two dense operands: "some elements of the input tensor and the written-to
+# tensor refer to a single memory location") or, where its check cannot tell (operands that are
+# not dense), reads each operand element when it gets there, after the writes before it: `x[i, 1]`
+# adds the new `x[i, 0]`. The functional trace reads every operand before any write, so it ran
+# where eager raises and returned other values where eager runs (wrong answers, found by probing
+# in-place ops over views of their own target). Such a write is refused, so the graph runs eagerly
+# and does what eager does; an operand that is the written tensor itself or a view of the same
+# positions in the same order (`x.mul_(x)`), or one over other positions only (`x[:, 2:] -=
+# x[:, :2]`), is no such read. Positions are compared at the hints (Note [Writes into a view that
+# overlaps itself]); a view past 2 ** 16 elements, or without hints, counts as overlapping.
+def _reads_written_positions(target: torch.Tensor, operand: torch.Tensor) -> bool:
+    geometry = []
+    for t in (target, operand):
+        g = [_hint_of(v) for v in (*t.shape, *t.stride(), t.storage_offset())]
+        if any(v is None for v in g):
+            return True
+        geometry.append((g[: t.dim()], g[t.dim() : 2 * t.dim()], g[-1]))
+    (ts, tst, to), (os_, ost, oo) = geometry
+    if (ts, tst, to) == (os_, ost, oo):
+        return False
+    if 0 in ts or 0 in os_:
+        return False
+    mine, theirs = _positions(ts, tst, to), _positions(os_, ost, oo)
+    return mine is None or theirs is None or not mine.isdisjoint(theirs)
+
+
+def _hint_of(v: int | torch.SymInt) -> int | None:
+    if not isinstance(v, torch.SymInt):
+        return int(v)
+    hint = v.node.hint
+    return None if hint is None else int(hint)
 
 
 class AotgradError(RuntimeError):
@@ -663,6 +718,9 @@ class Tracer(TorchDispatchMode):
             self._check_scatter_offset(args)
         if func not in self._expanding and func not in self._kept:
             table_entry = self.decomps.get(func)
+            if (table_entry is not None or _is_composite(func)) and mutated_arg_names(func):
+                # before a decomposition computes out of place and copies into the target
+                self._refuse_reads_of_written(func, args, kwargs, mutated_arg_names(func))
             if table_entry is not None:
                 r = self._decompose(func, table_entry, args, kwargs)
                 if r is not NotImplemented:
@@ -975,6 +1033,7 @@ class Tracer(TorchDispatchMode):
         targets = [
             t for w in writes for t in (bound[w] if isinstance(bound[w], list | tuple) else [bound[w]])
         ]
+        self._refuse_reads_of_written(func, args, kwargs, writes)
         if any(self._view_overlapping_itself(t) for t in targets):
             raise AotgradError(  # Note [Writes into a view that overlaps itself]
                 "an in-place write into a view whose elements share memory (eager writes them one "
@@ -1008,6 +1067,45 @@ class Tracer(TorchDispatchMode):
         if inplace:
             return args[0] if func._schema.returns else None
         return targets[0] if len(targets) == 1 else tuple(targets)
+
+    def _refuse_reads_of_written(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], writes: list[str]
+    ) -> None:
+        """Note [Writes that read the memory they write]."""
+        bound = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
+        bound.update(kwargs)
+        targets = [
+            t
+            for w in writes
+            if w in bound
+            for t in (bound[w] if isinstance(bound[w], list | tuple) else [bound[w]])
+        ]
+        if self._reads_what_it_writes(targets, args, kwargs):
+            raise AotgradError(
+                "an in-place write with an operand over some of the written memory (eager reads "
+                "it while writing, or refuses)",
+                op=op_name(func),
+                origin=self.where(),
+            )
+
+    def _reads_what_it_writes(
+        self, targets: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
+        by_root: dict[int, list[torch.Tensor]] = {}
+        for t in targets:
+            root = self.root_of(t) if isinstance(t, torch.Tensor) else None
+            if root is not None:
+                by_root.setdefault(root, []).append(t)
+        if not by_root:
+            return False
+        operands = [v for v in (*args, *kwargs.values()) for v in (v if isinstance(v, list | tuple) else [v])]
+        for r in operands:
+            if not isinstance(r, torch.Tensor) or any(r is t for t in targets):
+                continue
+            for t in by_root.get(self.root_of(r), ()):  # type: ignore[arg-type]
+                if _reads_written_positions(t, r):
+                    return True
+        return False
 
     def _view_overlapping_itself(self, t: Any) -> bool:
         """Note [Writes into a view that overlaps itself]; a whole input that overlaps itself

@@ -181,6 +181,18 @@ def div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorBox:
     return make_pointwise(_op("truncdiv"))(a, b)
 
 
+# Note [NaN bounds of clamp]: eager's clamp propagates a NaN from either side, the bound's as well
+# as the input's: `x.clamp(min=lo)` is NaN wherever `lo` is NaN (a tensor bound with NaNs, or a
+# NaN scalar). The selects `v < lo ? lo : v` alone keep `v` there, since every comparison with a
+# NaN is false; so a bound that may be NaN also selects itself where it is NaN. A Python number
+# that is not NaN, and any bound of an integer computation, cannot be NaN and keeps the plain
+# select.
+def _may_be_nan(bound: Any) -> bool:
+    if isinstance(bound, TensorBox):
+        return bound.get_dtype().is_floating_point
+    return isinstance(bound, float) and math.isnan(bound)
+
+
 @register_lowering(aten.clamp.default, aten.clamp.Tensor)
 def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     args: list[Any] = [x]
@@ -189,15 +201,25 @@ def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     if max is not None:
         args.append(max)
     has_min, has_max = min is not None, max is not None
+    compute, _ = torch._prims_common.elementwise_dtypes(
+        *[meta_of(a) for a in args], type_promotion_kind=Kind.DEFAULT
+    )
+    nan_min, nan_max = (compute.is_floating_point and _may_be_nan(b) for b in (min, max))
 
     def body(v: Any, *bounds: Any) -> Any:
         rest = list(bounds)
         if has_min:
             lo = rest.pop(0)
-            v = ops.where(ops.lt(v, lo), lo, v)
+            below = ops.lt(v, lo)
+            if nan_min:
+                below = ops.logical_or(below, ops.isnan(lo))
+            v = ops.where(below, lo, v)
         if has_max:
             hi = rest.pop(0)
-            v = ops.where(ops.gt(v, hi), hi, v)
+            above = ops.gt(v, hi)
+            if nan_max:
+                above = ops.logical_or(above, ops.isnan(hi))
+            v = ops.where(above, hi, v)
         return v
 
     return make_pointwise(body)(*args)
