@@ -104,31 +104,6 @@ from kiln_dynamo import graph_module
 
 aten = torch.ops.aten
 
-_RECOMPUTABLE_NAMES = frozenset(
-    {
-        "aten::clone",
-        "aten::_to_copy",
-        "aten::expand",
-        "aten::full",
-        "aten::full_like",
-        "aten::zeros",
-        "aten::zeros_like",
-        "aten::ones",
-        "aten::ones_like",
-        "aten::empty",
-        "aten::empty_like",
-        "aten::scalar_tensor",
-        "aten::arange",
-        "aten::where",
-        "aten::copy",
-        "aten::cat",
-        "aten::constant_pad_nd",
-        "aten::squeeze",
-        "aten::unsqueeze",
-        "aten::slice_scatter",
-        "aten::select_scatter",
-    }
-)
 # ops that make a tensor from sizes and a value alone (Note [Values the backward would write])
 _FACTORIES = frozenset(
     {
@@ -142,6 +117,21 @@ _FACTORIES = frozenset(
         "aten::empty_like",
         "aten::scalar_tensor",
         "aten::arange",
+    }
+)
+_RECOMPUTABLE_NAMES = _FACTORIES | frozenset(
+    {
+        "aten::clone",
+        "aten::_to_copy",
+        "aten::expand",
+        "aten::where",
+        "aten::copy",
+        "aten::cat",
+        "aten::constant_pad_nd",
+        "aten::squeeze",
+        "aten::unsqueeze",
+        "aten::slice_scatter",
+        "aten::select_scatter",
     }
 )
 _REDUCTIONS = frozenset(

@@ -254,8 +254,8 @@ def _addresses(t: torch.Tensor, limit: int = 1 << 16) -> set[int] | None:
 def _overlaps_itself(t: torch.Tensor) -> bool:
     """Whether two elements of ``t`` may share a storage position (symbolic geometry at its
     hints; False where a size or stride depends on tensor data)."""
-    geometry = [_hint_of(v) for v in (*t.shape, *t.stride())]
-    if any(v is None for v in geometry):
+    geometry = _hints(*t.shape, *t.stride())
+    if geometry is None:
         return False
     sizes, strides = geometry[: t.dim()], geometry[t.dim() :]
     reach = 0  # the last position the dims of smaller strides reach from the first
@@ -299,8 +299,8 @@ def _positions(sizes: list[int], strides: list[int], offset: int) -> set[int] | 
 def _reads_written_positions(target: torch.Tensor, operand: torch.Tensor) -> bool:
     geometry = []
     for t in (target, operand):
-        g = [_hint_of(v) for v in (*t.shape, *t.stride(), t.storage_offset())]
-        if any(v is None for v in g):
+        g = _hints(*t.shape, *t.stride(), t.storage_offset())
+        if g is None:
             return True
         geometry.append((g[: t.dim()], g[t.dim() : 2 * t.dim()], g[-1]))
     (ts, tst, to), (os_, ost, oo) = geometry
@@ -310,6 +310,17 @@ def _reads_written_positions(target: torch.Tensor, operand: torch.Tensor) -> boo
         return False
     mine, theirs = _positions(ts, tst, to), _positions(os_, ost, oo)
     return mine is None or theirs is None or not mine.isdisjoint(theirs)
+
+
+def _hints(*values: int | torch.SymInt) -> list[int] | None:
+    """Every value at its hint, or None if one has no hint."""
+    out = []
+    for v in values:
+        h = _hint_of(v)
+        if h is None:
+            return None
+        out.append(h)
+    return out
 
 
 def _hint_of(v: int | torch.SymInt) -> int | None:
