@@ -343,7 +343,7 @@ def _saved_min_cut(
     bw_need: set[Any],
     bw_outs: set[Any],
     materialized: set[torch.fx.Node] | None = None,
-    keep_written: bool = True,
+    written: frozenset[torch.fx.Node] = frozenset(),
 ) -> list[Any]:
     bw_nodes = {n for n in bw_need if n in tangent_dep}
     # A gradient that depends on no tangent (zeros, say) is still needed by the backward.
@@ -359,9 +359,8 @@ def _saved_min_cut(
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=_save_weight(n, materialized))
         else:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")  # a tuple cannot be saved: infinite
-        # Note [Values the backward would write]: those are not recomputed either
-        written = keep_written and n.op == "call_function" and _written_in_backward(n, tangent_dep)
-        if n.op == "placeholder" or not recomputable(n) or written:
+        # Note [Values the backward would write]: `written` are not recomputed either
+        if n.op == "placeholder" or not recomputable(n) or n in written:
             g.add_edge("source", f"{n.name}_in")
         if n in fw_grads:
             g.add_edge(f"{n.name}_out", "sink")
@@ -433,9 +432,12 @@ def partition(
     if strategy == "default":
         saved = _saved_default(nodes, tangent_dep, bw_need, outs)
     else:
-        saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs, keep_written=keep_written)
+        kept = frozenset(
+            n for n in nodes if keep_written and n not in tangent_dep and _written_in_backward(n, tangent_dep)
+        )
+        saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs, written=kept)
         if fusion_aware:
-            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized, keep_written)
+            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized, kept)
             plain, mine = _bytes(saved), _bytes(aware)
             written = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
             took = mine <= plain * (1 + _MEMORY_SLACK)
