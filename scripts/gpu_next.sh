@@ -215,6 +215,24 @@ for step in "$@"; do
         --profile --profile-calls 3 \
         --repeats 8 --warmup 3 --out "$out/resnet-welford" > "$out/resnet-welford.log" 2>&1
       grep -v -E "models:|warn" "$out/resnet-welford.log" | tail -32 | cut -c1-200 ;;
+    call27t)  # twenty-seventh session (issue 20): Note [Tunings that are slow to compile] (codegen_cpp build.py): GCC 13's
+      # sapphirerapids scheduling model spent 26.7 of BERT's 29.8 s training compile in "scheduling 2"; kiln now
+      # compiles with -mtune=skylake-avx512 there. Cold compile and step time at 16 threads, the new default against
+      # compile_time_tune=False (each in a fresh cache: expected ~4-5 s against ~30 s for BERT, 18 s for GPT-2)
+      for b in kiln kiln:default:cpp.compile_time_tune=False; do
+        KILN_CACHE_DIR=$(mktemp -d) timeout 110 python3 -m kiln_bench --size cpu --device cpu --threads 16 --modes training \
+          --models bert,gpt2,resnet --backends "$b" --repeats 6 --warmup 2 2>&1 | grep -E "^(bert|gpt2|resnet) " | cut -c1-220; done ;;
+    call27h)  # twenty-seventh session (issue 14): default-mode host time per call above torch.compile's on ResNet-50
+      # (4.22 against 3.65 ms, s25) and T5 (5.63 against 5.18): every kernel of a ResNet-50 bf16 inference call
+      # (kiln has 17 "aten" kernels that torch.compile does not: which?), then cProfile's top functions per call
+      timeout 100 python3 scripts/gpu_launch_bench.py --out "$out/launch.json" 2>&1 | tail -12  # 200 kernels: 7.3 us (s4)
+      timeout 120 python3 scripts/gpu_kernel_table.py --model resnet --mode inference --dtype bfloat16 --top 30 \
+        --out "$out/resnet-infer-kernels.json" 2>&1 | grep -v -i -E "warn|usdt" | tail -75 | cut -c1-180
+      timeout 150 python3 scripts/gpu_host_probe.py --models resnet,t5 --mode default --calls 20 --threads 0 2>&1 \
+        | grep -v -i -E "warn|usdt" | tail -34 | cut -c1-180
+      # reduce-overhead's host time: DistilBERT 0.42 ms against BERT's 0.15 with the same kernels, ConvNeXt 0.50
+      timeout 120 python3 scripts/gpu_host_probe.py --models bert,distilbert,convnext --mode reduce-overhead --calls 20 \
+        --threads 0 2>&1 | grep -v -i -E "warn|usdt" | tail -51 | cut -c1-180 ;;
     call26s)  # twenty-sixth session (issue 15/20): aotgrad's Note [Values the backward would write] (a value a
       # convolution's or matmul's backward reads is saved, not recomputed; ResNet-50 bf16 is in call26w) on the other
       # training models, bf16, kiln against materialized_saves=False (more memory saved, fewer backward kernels)

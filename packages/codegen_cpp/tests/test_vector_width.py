@@ -21,8 +21,18 @@ import torch
 from cpp_check import aten, check, make
 
 from kiln_codegen_cpp import CppBackend, CppOptions
+from kiln_codegen_cpp import build as cpp_build
 from kiln_codegen_cpp.build import cache_key, compiler, target_has_avx512, target_macros
 from kiln_loopir import compile_graph
+
+NATIVE_TUNE = cpp_build.native_tune  # the real one, before the fixture below replaces it
+
+
+@pytest.fixture(autouse=True)
+def native_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags asserted here are the width's alone, whatever tuning this machine's -march=native
+    implies (Note [Tunings that are slow to compile] adds an -mtune on some)."""
+    monkeypatch.setattr(cpp_build, "native_tune", lambda cxx: "")
 
 
 @pytest.fixture
@@ -150,3 +160,38 @@ def test_a_rows_pointwise_pass_takes_two_vectors(width: int) -> None:
         check(fn, x, w, b)
         for a, c in zip(*outs, strict=True):
             assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("tune", ["sapphirerapids", "graniterapids", "znver4", "rocketlake", ""])
+def test_tunings_slow_to_compile_are_replaced(tune: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Tunings that are slow to compile]: a native tuning whose instruction scheduler takes
+    most of a large unit's compile time is replaced by -mtune=skylake-avx512, the instruction set
+    left native; the switch turns it off, and flags given through KILN_CPP_FLAGS are kept as given."""
+    monkeypatch.setattr(cpp_build, "native_tune", lambda cxx: tune)
+    slow = tune in cpp_build.SLOW_SCHEDULING_TUNES
+    replaced = ("-mtune=skylake-avx512",)
+    assert CppOptions(wide_vectors=False).compiler_flags() == (replaced if slow else ())
+    assert CppOptions(wide_vectors=False, compile_time_tune=False).compiler_flags() == ()
+    monkeypatch.setenv("KILN_CPP_FLAGS", "-O3 -march=native")
+    assert CppOptions(wide_vectors=False).compiler_flags() == ()
+
+
+def test_a_replaced_tuning_compiles_and_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replacement flag beside -march=native is accepted by the compiler on any x86 target and
+    gives eager's results (its own cache entry: the flag is in the key)."""
+    monkeypatch.setattr(cpp_build, "native_tune", lambda cxx: "sapphirerapids")
+    x, y = make((64, 300)), make((2, 8, 32, 32))
+    expected = check(_kernels, x, y)(x, y)
+    backend = CppBackend(CppOptions())
+    assert "-mtune=skylake-avx512" in backend.options.compiler_flags()
+    fn = compile_graph(torch.fx.symbolic_trace(_kernels), [x, y], backend=backend)
+    assert backend.last_built is not None
+    for got, want in zip(fn(x, y), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-5)
+
+
+def test_native_tune_is_read_from_the_compiler() -> None:
+    """-march=native's tuning as the compiler reports it: a known model name on x86 hosts."""
+    NATIVE_TUNE.cache_clear()
+    tune = NATIVE_TUNE(compiler())
+    assert tune and re.fullmatch(r"[a-z0-9-]+", tune), tune

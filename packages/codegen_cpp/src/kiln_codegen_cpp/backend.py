@@ -135,6 +135,7 @@ class CppBackend(Backend):
                 else f"build target {'has' if target_has_avx512() else 'lacks'} AVX-512F, "
                 f"wide_vectors={int(self.options.wide_vectors)}",
             )
+            log.debug("compiler flags: %s", " ".join(self.options.compiler_flags()) or "(none)")
             log.debug("kernels: %s", where)
             log.debug("wrapper: %s\n%s", path, wrapper_source)
         return fn

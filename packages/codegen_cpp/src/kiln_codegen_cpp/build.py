@@ -123,6 +123,54 @@ def target_has_avx512() -> bool:
     return "__AVX512F__" in target_macros(compiler(), tuple(shlex.split(custom) if custom else DEFAULT_FLAGS))
 
 
+# Note [Tunings that are slow to compile]: on the device's 16-core host (an Intel Sapphire Rapids
+# Xeon, GCC 13.3) kiln's CPU training graphs compiled 3-8x slower than on this project's 2-core
+# AVX2 machine: BERT's backward translation unit (200 KB of C++) took 29.8 s, and `-ftime-report`
+# put 26.7 s of it (91%) in one pass, "scheduling 2", the instruction scheduler after register
+# allocation, which runs on the scheduling model of the `-mtune` that `-march=native` implies,
+# sapphirerapids there. The same file on the same host: -mtune=skylake-avx512 3.6 s,
+# -mtune=generic 3.7 s, -mtune=icelake-server 7.3 s, -fno-schedule-insns2 3.0 s; GCC 12 here
+# compiles it in 3.9 s for -march=sapphirerapids with either tuning. The instruction set stays
+# the native one (the tuning only orders instructions and sets defaults the options pin anyway,
+# such as the preferred vector width, Note [512-bit vectors on AVX-512 targets] in options.py),
+# and the run time did not move: BERT and GPT-2 training at 16 threads there 1.22-1.27x and
+# 1.24-1.30x over eager with skylake-avx512's tuning, against 1.06-1.37x and 1.11-1.24x in earlier
+# runs with the native one (compile 30 -> 3.8-5.0 s and 18 -> 3.6-5.0 s). So where the native
+# tuning is one of SLOW_SCHEDULING_TUNES, the kernels are compiled with -mtune=
+# FAST_SCHEDULING_TUNE (a flag of CppOptions.compiler_flags, so part of the cache key; the switch
+# is CppOptions.compile_time_tune). Only the defaults' -march=native is asked: flags set through
+# KILN_CPP_FLAGS are left as given.
+SLOW_SCHEDULING_TUNES = frozenset(
+    {"sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d", "diamondrapids"}
+)
+FAST_SCHEDULING_TUNE = "skylake-avx512"
+
+
+def compile_time_tune_flags() -> tuple[str, ...]:
+    """``-mtune`` in place of a native tuning slow to compile (Note [Tunings that are slow to
+    compile]), or nothing."""
+    if os.environ.get("KILN_CPP_FLAGS") or "-march=native" not in DEFAULT_FLAGS:
+        return ()
+    tune = native_tune(compiler())
+    return (f"-mtune={FAST_SCHEDULING_TUNE}",) if tune in SLOW_SCHEDULING_TUNES else ()
+
+
+@functools.cache
+def native_tune(cxx: str) -> str:
+    """The ``-mtune`` that ``-march=native`` gives ``cxx`` (``-Q --help=target``), "" when it
+    cannot be asked."""
+    cmd = [cxx, "-march=native", "-Q", "--help=target"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
+    except (FileNotFoundError, PermissionError, NotADirectoryError, subprocess.TimeoutExpired):
+        return ""
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "-mtune=":
+            return parts[1]
+    return ""
+
+
 @functools.cache
 def target_macros(cxx: str, opt_flags: tuple[str, ...]) -> frozenset[str]:
     """The macros ``cxx`` predefines for ``opt_flags`` (``-dM -E``): the target's features, as

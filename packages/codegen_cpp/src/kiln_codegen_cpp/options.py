@@ -188,6 +188,7 @@ class CppOptions:
     full_teams: bool = True
     fold_short_rows: bool = True
     weigh_statements: bool = True
+    compile_time_tune: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
@@ -224,6 +225,10 @@ class CppOptions:
         out: tuple[str, ...] = (f"-mprefer-vector-width={width}",) if width else ()
         if not self.select_minmax:  # Note [Maximum and minimum as two selects] in prelude.py
             out += ("-DKILN_MINMAX_OR",)
+        if self.compile_time_tune:  # Note [Tunings that are slow to compile] in build.py
+            from .build import compile_time_tune_flags
+
+            out += compile_time_tune_flags()
         return out
 
     @staticmethod
