@@ -112,7 +112,7 @@ def test_bytes_per_program_size_reductions_by_their_element_type() -> None:
 def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
     # Note [Welford tiles] in heuristics.py: the first kernel of a split BatchNorm statistics
     # reduction (channels-last, a Welford per channel over chunks of rows) is marked, and takes
-    # the small Welford tile only with programs to spare, long rows and the switch on
+    # the small Welford tile only with programs to spare and the switch on
     from dataclasses import replace
 
     from kiln_codegen_triton import heuristics
@@ -145,9 +145,19 @@ def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
         configs(replace(partial[0], xnumel=131072, rnumel=196), rblock_cap=2048, welford_tiles=False)[0]
         == column_sum
     )
-    # rows too short (49: a few steps a program): the column-sum rule
+    # short rows (49) take the small tile too since the five-shape sweep (WELFORD_MIN_ROWS = 0);
+    # the constant still gates them for a sweep
     short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048)[0]
-    assert short == configs(replace(partial[0], welford=False, xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+    assert (short.XBLOCK * short.RBLOCK * 2, short.num_warps) == (
+        heuristics.WELFORD_TILE_BYTES,
+        heuristics.WELFORD_WARPS,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heuristics, "WELFORD_MIN_ROWS", 128)
+        short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+        assert (
+            short == configs(replace(partial[0], welford=False, xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+        )
     # too few programs for the small tile: the column-sum rule (512 columns: 8 programs)
     few = configs(partial[0], rblock_cap=2048)[0]
     assert few == configs(replace(partial[0], welford=False), rblock_cap=2048)[0]
