@@ -236,6 +236,25 @@ def test_a_value_a_convolution_backward_reads_is_saved_not_recomputed() -> None:
     assert art.partition.saved_bytes < p.saved_bytes
 
 
+def test_a_value_a_pooling_backward_reads_for_its_shape_stays_recomputed() -> None:
+    # Note [Values the backward would write]: the max-pool's backward takes relu(bn(conv(x))) for
+    # its shape alone (it reads the gradient and the saved indices), so the ReLU output is not
+    # saved for it; the pool's output, which the next convolution's weight gradient reads, is
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, padding=1),
+    )
+    x = torch.randn(4, 3, 12, 12, requires_grad=True)
+    p = _partition_of(check(model, x, atol=1e-4, rtol=1e-4))  # gradients equal eager
+    saved = [n for n in p.fw.graph.nodes if n.name in p.saved]
+    assert not any("relu" in str(n.target) for n in saved), p.saved
+    assert any("max_pool2d" in str(n.target) or "getitem" in n.name for n in saved), p.saved
+
+
 def test_values_fused_into_the_backward_stay_recomputed() -> None:
     # Note [Values the backward would write]: a LayerNorm's normalized rows are read by fused
     # (pointwise, reduction) backward ops only, so they stay recomputed
