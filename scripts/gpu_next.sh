@@ -215,6 +215,24 @@ for step in "$@"; do
         --profile --profile-calls 3 \
         --repeats 8 --warmup 3 --out "$out/resnet-welford" > "$out/resnet-welford.log" 2>&1
       grep -v -E "models:|warn" "$out/resnet-welford.log" | tail -32 | cut -c1-200 ;;
+    call27l)  # issue 15's two memory-bound kinds below 70% of copy on the H100: layer norm backward's weight/bias column
+      # partials (40-48%) at GPT-2/BERT's shape (rows of 768, 4096 rows, bfloat16), and GPT-2's position-embedding
+      # gradient (a [8, 512 * 768] sum over the batch, 38%, persistent outer reduction of 128 columns a program)
+      timeout 80 python3 packages/codegen_triton/bench/bandwidth.py --only layer_norm_backward --dtype bfloat16 --row 768 \
+        --sizes 3,12 --peak 3.35 --reps 7 --variants "OUTER_TILE_BYTES=2048;OUTER_TILE_BYTES=8192;OUTER_WARPS=8;outer_partials=1" \
+        --out "$out/bw-lnb.json" 2>&1 | grep -E "^layer_norm|variant" | cut -c1-120
+      timeout 60 python3 packages/codegen_triton/bench/bandwidth.py --only col_sum --dtype bfloat16 --row 393216 --sizes 3.146 \
+        --peak 3.35 --reps 7 --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=512;OUTER_PERSISTENT_XBLOCK=1024" \
+        --out "$out/bw-pos.json" 2>&1 | grep -E "^col_sum|variant" | cut -c1-120 ;;
+    call27z)  # twenty-seventh session's last call: the session's GPU-side changes on the two conv nets in bf16 training
+      # (Note [Welford tiles] now for rows of every length; a pooling backward's `self` no longer a value the backward
+      # would write: the CNN's forward wrote its pre-pool ReLU outputs, 3.66 against 3.48 ms of GPU time), results
+      # checked against eager; then BERT's CPU training compile at 16 threads with Note [Tunings that are slow to
+      # compile] (29.8 s before)
+      TAIL=24 bench train-bf16-s27 150 --dtype bfloat16 --modes training --models cnn,resnet --repeats 6 --warmup 2 \
+        --profile --profile-calls 2 --backends kiln,inductor
+      KILN_CACHE_DIR=$(mktemp -d) timeout 45 python3 -m kiln_bench --size cpu --device cpu --threads 16 --modes training \
+        --models bert --backends kiln --repeats 4 --warmup 1 2>&1 | grep -E "^bert " | cut -c1-220 ;;
     call27t)  # twenty-seventh session (issue 20): Note [Tunings that are slow to compile] (codegen_cpp build.py): GCC 13's
       # sapphirerapids scheduling model spent 26.7 of BERT's 29.8 s training compile in "scheduling 2"; kiln now
       # compiles with -mtune=skylake-avx512 there. Cold compile and step time at 16 threads, the new default against
