@@ -40,7 +40,8 @@ from .fusion import FusionPolicy
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
 from .logs import configure
 from .options import CppOptions
-from .prelude import PRELUDE, extension_module
+from .prelude import extension_module
+from .units import UnitKernel, part_count, translation_units
 from .wrapper import make_wrapper
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -106,9 +107,13 @@ class CppBackend(Backend):
             generated[node.name] = self._kernel(node, step, schedule, dtypes)
         compiled = [k for k in generated.values() if k is not None]
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
-        source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n\n" + module + "\n"
+        # Note [Parallel C++ builds] (units.py): the kernels in one or several translation units
+        unit_kernels = [UnitKernel(k.name, k.source, tuple(k.param_types)) for k in compiled]
+        parts = part_count([len(k.source) for k in compiled], self.options.build_parts)
+        units = translation_units(unit_kernels, module, parts)
+        source = units[0] if parts == 1 else translation_units(unit_kernels, module, 1)[0]
         t1 = time.perf_counter()
-        built = build(source, self.options.compiler_flags()) if compiled else None
+        built = build(units, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()
         fn, wrapper_source, path = make_wrapper(
             schedule,
@@ -123,7 +128,7 @@ class CppBackend(Backend):
         self.compile_seconds = t2 - t1
         self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built
         if log.isEnabledFor(logging.DEBUG):
-            where = built.source_path if built is not None else "(no C++ kernels)"
+            where = ", ".join(map(str, built.sources)) if built is not None else "(no C++ kernels)"
             log.debug("options: %s", self.options)
             # Note [512-bit vectors on AVX-512 targets]
             width = self.options.preferred_width()

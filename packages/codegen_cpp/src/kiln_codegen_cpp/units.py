@@ -1,0 +1,117 @@
+"""A graph's kernels cut into translation units that ``g++`` compiles at the same time.
+
+A graph's C++ is a prelude, its kernels and the extension module that exposes them (Note [Calling
+kernels] in prelude.py). Compiled as one translation unit it takes one core however many the
+machine has; cut into parts, each part is compiled by its own ``g++ -c`` and the objects are
+linked into the same ``kernels.so`` (build.py). This module decides how many parts and which
+kernels go in each; build.py compiles and links them.
+
+Note [Parallel C++ builds]: every part opens with the same prelude (Note [The parts share one
+prelude]), then its kernels in schedule order; part 0 also holds the extension module (the
+method table and ``PyInit_``), with an ``extern "C"`` declaration of each kernel that lives in
+another part. A kernel's text is the same whatever part it lands in and the parts are compiled
+with the same flags (``-c`` in place of ``-shared``), so each kernel's machine code is unchanged:
+GCC optimizes each exported ``extern "C"`` function on its own, and the helpers it inlines come
+from the prelude every part holds. Checked on GPT-2's training graphs by comparing each kernel's
+disassembly in the one-unit and the split objects (``bench/parallel_build.py --disasm``).
+
+How many parts (``CppOptions.build_parts``; 0 is automatic): each ``g++`` pays ~0.14 s to start
+and parse the prelude (``Python.h``, ``<cmath>``, ``<omp.h>``) and the link ~0.02 s, measured on
+this project's CPU machine, against ~9 us of compiling per character of kernel source (GPT-2's
+training forward, 27 kernels in 160 KB, took 1.5 s more than the prelude alone). So a part is only
+made for at least ``MIN_PART_CHARS`` of kernel source (~0.3 s of compiling, twice a start-up),
+never more parts than the cores this process may run on (``os.sched_getaffinity``), than the
+kernels, or than the kernels' source over its largest kernel's (that kernel bounds the part it is
+in; more parts make the others shorter and that one no faster). A graph of few or small kernels
+stays one unit, compiled exactly as before (the same text, the same cache key). Kernels go to
+parts longest first, each to the part with the least source so far (largest-first list
+scheduling; source length is the estimate of compile time), then each part keeps the schedule's
+order: the split depends only on the kernels' text and the part count, so one graph on one machine
+always makes the same parts and the same cache key. ``KILN_LOG=cache`` says how many parts a build
+took and each part's compile time.
+
+Note [The parts share one prelude]: the prelude's helpers are ``static inline`` functions and
+``inline`` templates, so each part has its own copies and no symbol clashes at the link. Its one
+definition with external linkage, ``kiln_err_value`` (the offending value of a kernel error, read
+by the module's ``err_value``), is defined in part 0 and declared ``extern`` in the others: the
+kernels read and write it the same way either way (through the GOT, as ``-fPIC`` code does).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .prelude import ERR_VALUE_DEFINITION, PRELUDE
+
+# Note [Parallel C++ builds]: kernel source a part must carry to pay for its own g++
+MIN_PART_CHARS = 32_000
+ERR_VALUE_DECLARATION = 'extern "C" { extern int64_t kiln_err_value; }'
+
+
+@dataclass(frozen=True, slots=True)
+class UnitKernel:
+    """What the split needs of a kernel: its name, C++ text and parameter types (without ``nt``)."""
+
+    name: str
+    source: str
+    param_types: tuple[str, ...]
+
+    def declaration(self) -> str:
+        return f'extern "C" int64_t {self.name}({", ".join([*self.param_types, "int64_t"])});'
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def part_count(sizes: Sequence[int], requested: int = 0, available: int | None = None) -> int:
+    """How many parts kernels of ``sizes`` characters are compiled in (Note [Parallel C++
+    builds]): ``requested`` when it is 1 or more (at most one per kernel), else from the source and
+    the ``available`` cores (default: this process's)."""
+    if not sizes:
+        return 1
+    if requested >= 1:
+        return min(requested, len(sizes))
+    total = sum(sizes)
+    by_source = total // MIN_PART_CHARS
+    by_largest = total // max(sizes)
+    return max(1, min(available or cores(), len(sizes), by_source, by_largest))
+
+
+def assign(sizes: Sequence[int], parts: int) -> list[list[int]]:
+    """The kernels (indices into ``sizes``) of each part, longest first to the lightest part, each
+    part in the kernels' order. Part 0 starts ahead by nothing: the module it also holds is small."""
+    load = [0] * parts
+    members: list[list[int]] = [[] for _ in range(parts)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        j = min(range(parts), key=lambda j: (load[j], j))
+        load[j] += sizes[i]
+        members[j].append(i)
+    return [sorted(m) for m in members]
+
+
+def translation_units(kernels: Sequence[UnitKernel], module: str, parts: int) -> list[str]:
+    """The C++ of each part; part 0 holds the extension ``module``. One part is exactly the
+    one-unit text (prelude, kernels, module) compiled before parts existed."""
+    if parts <= 1:
+        return [PRELUDE + "\n\n" + "\n\n".join(k.source for k in kernels) + "\n\n" + module + "\n"]
+    groups = assign([len(k.source) for k in kernels], parts)
+    elsewhere = [kernels[i].declaration() for group in groups[1:] for i in sorted(group)]
+    units = []
+    for j, group in enumerate(groups):
+        prelude = PRELUDE if j == 0 else PRELUDE.replace(ERR_VALUE_DEFINITION, ERR_VALUE_DECLARATION)
+        body = [kernels[i].source for i in group]
+        if j == 0:
+            body += [
+                "// kernels compiled in the other parts (Note [Parallel C++ builds])",
+                *elsewhere,
+                module,
+            ]
+        units.append(prelude + "\n\n" + "\n\n".join(body) + "\n")
+    return units
