@@ -44,7 +44,7 @@ from kiln_bench.models import build as build_model
 from kiln_codegen_cpp import backend as cpp_backend
 from kiln_codegen_cpp import build as cpp_build
 from kiln_codegen_cpp.options import CppOptions
-from kiln_codegen_cpp.units import UnitKernel, cores, part_count, translation_units
+from kiln_codegen_cpp.units import UnitKernel, cores, split, translation_units, twins
 
 Graph = tuple[list[UnitKernel], str]
 
@@ -54,8 +54,8 @@ def record(model: str, mode: str) -> list[Graph]:
     graphs: list[Graph] = []
     split = cpp_backend.translation_units
 
-    def recording(kernels: list[UnitKernel], module: str, parts: int) -> list[str]:
-        if parts == 1 and graphs and graphs[-1][0] is kernels:
+    def recording(kernels: list[UnitKernel], module: str, parts: list[list[int]]) -> list[str]:
+        if len(parts) <= 1 and graphs and graphs[-1][0] is kernels:
             return split(kernels, module, parts)  # the backend's one-unit copy for last_source
         graphs.append((kernels, module))
         return split(kernels, module, parts)
@@ -85,8 +85,7 @@ def build_all(graphs: list[Graph], parts: int, flags: tuple[str, ...]) -> tuple[
     cpu0, t0 = children_cpu(), time.perf_counter()
     libs = []
     for kernels, module in graphs:
-        n = part_count([len(k.source) for k in kernels], parts)
-        built = cpp_build.build(translation_units(kernels, module, n), flags)
+        built = cpp_build.build(translation_units(kernels, module, split(kernels, parts)), flags)
         libs.append(built.directory / "kernels.so")
     return time.perf_counter() - t0, children_cpu() - cpu0, libs
 
@@ -149,7 +148,7 @@ def main() -> None:
         sizes = [len(k.source) for k in kernels]
         print(
             f"graph {j}: {len(kernels)} kernels, {sum(sizes)} chars (largest {max(sizes)}), "
-            f"automatic parts {part_count(sizes, 0)} on {cores()} cores"
+            f"{len(twins(kernels))} distinct, automatic parts {len(split(kernels))} on {cores()} cores"
         )
     wall: dict[int, list[float]] = {p: [] for p in variants}
     cpu: dict[int, list[float]] = {p: [] for p in variants}

@@ -5,6 +5,7 @@ and each kernel's machine code against the one-unit build."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ from cpp_check import aten, check, make, trace
 
 from kiln_codegen_cpp import CppBackend, CppCompileError, CppOptions, counters
 from kiln_codegen_cpp.prelude import ERR_VALUE_DEFINITION
-from kiln_codegen_cpp.units import MIN_PART_CHARS, UnitKernel, assign, part_count, translation_units
+from kiln_codegen_cpp.units import MIN_PART_CHARS, UnitKernel, assign, part_count, split, translation_units
 from kiln_loopir import compile_graph
 
 
@@ -45,9 +46,15 @@ def _inputs() -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("parts", [2, 3, 64])
-def test_several_parts_equal_eager(parts: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_several_parts_equal_eager(
+    parts: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("KILN_CPP_OPTIONS", f"build_parts={parts}")
-    compiled = check(_many_kernels(0.5 + parts), *_inputs())
+    monkeypatch.setenv("KILN_LOG", "cache")
+    with caplog.at_level(logging.DEBUG, logger="kiln.codegen_cpp.cache"):
+        compiled = check(_many_kernels(0.5 + parts), *_inputs())
+    logging.getLogger("kiln.codegen_cpp.cache").setLevel(logging.NOTSET)
+    assert re.search(r"compiled: \S+kernels\.so in \d parts \(kernels_p0\.cpp \d+\.\d\d s, ", caplog.text)
     built = compiled.backend.last_built  # type: ignore[attr-defined]
     kernels = compiled.backend.last_source.count('extern "C" int64_t cpp_')  # type: ignore[attr-defined]
     assert kernels >= 4
@@ -69,6 +76,35 @@ def test_a_kernel_error_from_another_part(monkeypatch: pytest.MonkeyPatch) -> No
         compiled(x, w, torch.tensor([0, 99, 1, 2]))
     for actual, expected in zip(compiled(x, w, idx), gm(x, w, idx), strict=True):
         torch.testing.assert_close(actual, expected)
+
+
+def test_symbolic_kernels_in_parts() -> None:
+    """Kernels that take size symbols as arguments (Note [Symbolic sizes in C++ kernels]) are
+    declared in part 0 with them: one build in parts serves every size."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    from kiln_loopir.testing import with_vals
+
+    env = ShapeEnv()
+    n, m = (
+        make_symint(env, env.create_symbol(h, f"x{k}", DimDynamic.DYNAMIC), h) for k, h in enumerate((5, 7))
+    )
+
+    def fn(x: Any, y: Any) -> Any:
+        s = aten.sum.dim_IntList(aten.exp.default(x), [1], False)
+        t = aten.amax.default(aten.mul.Tensor(y, 2.0), [0], False)
+        return s, t, aten.sigmoid.default(aten.add.Tensor(x, aten.tanh.default(y)))
+
+    meta = (torch.empty(n, m, device="meta"), torch.empty(n, m, device="meta"))
+    backend = CppBackend({"build_parts": 3})
+    compiled = compile_graph(with_vals(fn, *meta), list(meta), backend=backend)
+    assert backend.last_declined == [] and backend.last_built is not None
+    assert len(backend.last_built.sources) >= 2
+    assert "int64_t, int64_t);" in backend.last_built.sources[0].read_text()  # a size argument, then nt
+    for rows, cols in ((5, 7), (2, 3), (9, 40)):
+        x, y = make((rows, cols)), make((rows, cols))
+        for actual, expected in zip(compiled(x, y), fn(x, y), strict=True):
+            torch.testing.assert_close(actual, expected)
 
 
 def test_one_part_is_the_one_unit_build() -> None:
@@ -102,19 +138,29 @@ def test_the_part_count() -> None:
     assert CppOptions.from_mapping({"build_parts": 4}).build_parts == 4
 
 
-def test_the_split_balances_and_keeps_the_order() -> None:
-    groups = assign([10, 50, 20, 40, 30], 2)
-    assert groups == [[0, 1, 2], [3, 4]]  # 50 + 20 + 10 against 40 + 30, each in the kernels' order
+def _kernel(name: str, buffer: str, body: str) -> UnitKernel:
+    source = f'// {name}: from fn\nextern "C" int64_t {name}(float* p_{buffer}, int64_t nt) {{\n{body}\n}}'
+    return UnitKernel(name, source, ("float*",))
+
+
+def test_the_split_balances_keeps_the_order_and_twins_together() -> None:
+    assert assign([10, 50, 20, 40, 30], 2) == [[0, 1, 2], [3, 4]]  # 50 + 20 + 10 against 40 + 30
     kernels = [
-        UnitKernel(f"k{i}", f'extern "C" int64_t k{i}(float* p, int64_t nt) {{ }}', ("float*",))
-        for i in range(3)
+        _kernel("k0", "x", "  p_x[0] = 1.0f;"),
+        _kernel("k1", "y", "  p_y[0] = 2.0f;" * 40),
+        _kernel("k2", "z", "  p_z[0] = 1.0f;"),  # k0's twin: the same code but for names
+        _kernel("k3", "w", "  p_w[1] = 3.0f;" * 30),
     ]
-    units = translation_units(kernels, "MODULE", 2)
+    assert kernels[0].code() == kernels[2].code() != kernels[3].code()
+    parts = split(kernels, 2)
+    assert parts == [[1], [0, 2, 3]]  # k1 alone; the twins beside k3, in the kernels' order
+    assert split(kernels, 8) == [[1], [3], [0, 2]]  # at most a part a distinct kernel
+    units = translation_units(kernels, "MODULE", parts)
     assert len(units) == 2 and units[0].endswith("MODULE\n") and "MODULE" not in units[1]
-    declared = [k.name for k in kernels if k.declaration() in units[0]]
-    defined_elsewhere = [k.name for k in kernels if k.source in units[1]]
-    assert declared == defined_elsewhere and declared
+    assert [k.name for k in kernels if k.declaration() in units[0]] == ["k0", "k2", "k3"]
+    assert all(kernels[i].source in units[1] for i in (0, 2, 3)) and kernels[1].source in units[0]
     assert kernels[1].declaration() == 'extern "C" int64_t k1(float*, int64_t);'
+    assert translation_units(kernels, "MODULE", []) == translation_units(kernels, "MODULE", [[0, 1, 2, 3]])
 
 
 def _fake_compiler(tmp_path: Path, action: str) -> str:

@@ -4,7 +4,9 @@ loopir asks for one kernel per scheduler node (``codegen_kernel``) and then for 
 (``codegen_wrapper``). The C++ of a kernel depends on the buffer plan (a kernel-internal buffer
 that is never read from memory is never stored), which only the whole schedule knows, so
 ``codegen_kernel`` just remembers the node and all kernels are generated in ``codegen_wrapper``,
-into one translation unit that is compiled (or found in the cache) once per graph.
+into one shared object that is compiled (or found in the cache) once per graph, from one
+translation unit or from several compiled at once (Note [Parallel C++ builds] in units.py;
+``last_source`` is the one-unit text either way).
 
 Kernels are named for what they fuse, ``cpp_fused_<aten ops>_<step>`` (``kiln_loopir.kernel_name``),
 and each opens with a comment naming its fx nodes and the user's lines they came from
@@ -41,7 +43,7 @@ from .kernel import CodegenUnsupported, Kernel, KernelBuilder
 from .logs import configure
 from .options import CppOptions
 from .prelude import extension_module
-from .units import UnitKernel, part_count, translation_units
+from .units import UnitKernel, split, translation_units
 from .wrapper import make_wrapper
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -109,9 +111,8 @@ class CppBackend(Backend):
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
         # Note [Parallel C++ builds] (units.py): the kernels in one or several translation units
         unit_kernels = [UnitKernel(k.name, k.source, tuple(k.param_types)) for k in compiled]
-        parts = part_count([len(k.source) for k in compiled], self.options.build_parts)
-        units = translation_units(unit_kernels, module, parts)
-        source = units[0] if parts == 1 else translation_units(unit_kernels, module, 1)[0]
+        units = translation_units(unit_kernels, module, split(unit_kernels, self.options.build_parts))
+        source = units[0] if len(units) == 1 else translation_units(unit_kernels, module, [])[0]
         t1 = time.perf_counter()
         built = build(units, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()

@@ -1,11 +1,13 @@
 """Compiling a translation unit, the on-disk cache, and loading the shared object.
 
-All kernels of one graph form one translation unit, compiled once by ``g++`` into a shared
-object that is a small CPython extension module (Note [Calling kernels] in prelude.py). The
-cache key is a hash of the source, the flags, the compiler's identity (``--version``) and the
-CPU (``/proc/cpuinfo`` model and flags, since ``-march=native`` code is only valid on a CPU like
-the one that built it). The object lives at
-``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir ``~/.cache/kiln``).
+The kernels of one graph are compiled by ``g++`` into one shared object that is a small CPython
+extension module (Note [Calling kernels] in prelude.py): from one translation unit
+(``kernels.cpp``), or from several compiled at the same time and linked (``kernels_p<j>.cpp``,
+Note [Parallel C++ builds] in units.py). The cache key is a hash of the source (of every part),
+the flags, the compiler's identity (``--version``) and the CPU (``/proc/cpuinfo`` model and
+flags, since ``-march=native`` code is only valid on a CPU like the one that built it). The
+object lives at ``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir
+``~/.cache/kiln``).
 
 Every file is written atomically (Note [Atomic cache writes] in kiln_loopir's diskcache.py; the
 object too, by the same rename). Two processes that miss at the same time both compile and both
@@ -23,7 +25,9 @@ parse or does not match is a corrupt entry: it is reported (a warning on
 ``kiln.codegen_cpp.cache``, ``counters["corrupt"]``), compiled again and replaced, never loaded.
 Two racing processes may briefly pair one's object with the other's manifest; the check then
 fails, the reader compiles its own copy, and no wrong object is ever loaded. An object that
-matches its manifest but still fails to load (``ImportError``) is treated the same way, once.
+matches its manifest but still fails to load (``ImportError``) is treated the same way, once. A
+build in parts writes its objects to temporary files and only the linked object is renamed into
+place and named in the manifest, so no part's object is ever loaded or kept.
 
 Configuration (read at each build, so tests may set them): ``KILN_CXX`` names the compiler
 (default ``g++``), ``KILN_CPP_FLAGS`` replaces the optimisation flags.
@@ -181,7 +185,7 @@ class Built:
     library: types.ModuleType
     cache: str = "compiled"  # or "disk" / "memory": where the library came from
     sources: tuple[Path, ...] = ()  # every part's source, the module's first
-    part_seconds: tuple[float, ...] = ()  # each part's compile time when compiled in parts
+    part_seconds: tuple[float, ...] = ()  # each part's compile time, when compiled here
 
 
 # joins the parts' texts in the cache key; C++ text holds no NUL, so no one-unit text hashes alike
@@ -235,8 +239,8 @@ def build(units: str | Sequence[str], extra_flags: tuple[str, ...] = ()) -> Buil
                 log.warning("kiln: corrupt C++ cache entry %s: %s; compiling it again", directory, problem)
             cache = "compiled"
             if len(sources) == 1:
-                _compile(sources[0], paths[0], lib, extra_flags)
-                log.debug("compiled: %s", lib)
+                seconds = (_compile(sources[0], paths[0], lib, extra_flags),)
+                log.debug("compiled: %s (one unit, %.2f s)", lib, seconds[0])
             else:
                 seconds = _compile_parts(sources, paths, lib, extra_flags)
             counters["compiles"] += 1
@@ -285,19 +289,21 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = ()) -> float:
+    """Compile one translation unit into ``lib``; returns the compiler's time."""
     write_atomic(src, source)
     fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
     cmd = [compiler(), *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
     try:
-        proc, _ = _run_compiler(cmd, src)
+        proc, seconds = _run_compiler(cmd, src)
         if proc.returncode != 0:
             raise _failure(cmd, proc, src)
         _install(Path(tmp_lib), lib, 1)
     finally:
         if os.path.exists(tmp_lib):
             os.unlink(tmp_lib)
+    return seconds
 
 
 def _install(tmp_lib: Path, lib: Path, parts: int) -> None:
@@ -362,9 +368,9 @@ def _compile_parts(
             raise _failure(link, proc, f"the link of {len(paths)} parts ({parts}) into {lib}")
         _install(Path(tmp_lib), lib, len(paths))
     finally:
-        for path in (*objects, tmp_lib):
-            if path and os.path.exists(path):
-                os.unlink(path)
+        for leftover in (*objects, tmp_lib):
+            if leftover and os.path.exists(leftover):
+                os.unlink(leftover)
     seconds = tuple(s for _, s in results)
     log.debug(
         "compiled: %s in %d parts (%s; link %.2f s)",

@@ -17,10 +17,11 @@ disassembly in the one-unit and the split objects (``bench/parallel_build.py --d
 
 How many parts (``CppOptions.build_parts``; 0 is automatic): each ``g++`` pays ~0.14 s to start
 and parse the prelude (``Python.h``, ``<cmath>``, ``<omp.h>``) and the link ~0.02 s, measured on
-this project's CPU machine, against ~9 us of compiling per character of kernel source (GPT-2's
-training forward, 27 kernels in 160 KB, took 1.5 s more than the prelude alone). So a part is only
-made for at least ``MIN_PART_CHARS`` of kernel source (~0.3 s of compiling, twice a start-up),
-never more parts than the cores this process may run on (``os.sched_getaffinity``), than the
+this project's CPU machine, against ~10 us of compiling per character of kernel source (GPT-2's
+training forward, 27 kernels in 160 KB, took 1.5 s more than the prelude alone); in all, a part
+cost 0.2-0.25 s more CPU time than one unit's share (``bench/parallel_build.py``). So a part is
+only made for at least ``MIN_PART_CHARS`` of kernel source (~0.3 s of compiling), never more
+parts than the cores this process may run on (``os.sched_getaffinity``), than the distinct
 kernels, or than the kernels' source over its largest kernel's (that kernel bounds the part it is
 in; more parts make the others shorter and that one no faster). A graph of few or small kernels
 stays one unit, compiled exactly as before (the same text, the same cache key). Kernels go to
@@ -28,7 +29,16 @@ parts longest first, each to the part with the least source so far (largest-firs
 scheduling; source length is the estimate of compile time), then each part keeps the schedule's
 order: the split depends only on the kernels' text and the part count, so one graph on one machine
 always makes the same parts and the same cache key. ``KILN_LOG=cache`` says how many parts a build
-took and each part's compile time.
+took and each part's compile time. The split helps where cores are idle: on the 2-core machine,
+shared with other sessions' compiles (load 3-7), it was as often slower as faster (README, the
+twenty-seventh session); ``build_parts=1`` builds as before.
+
+Note [Twin kernels stay together]: a model's repeated layers make kernels that differ only in
+their names and their buffers' (GPT-2's training backward: 16 of 27 kernels in 7 groups). In one
+unit GCC folds them into one function (``-fipa-icf``) before it vectorizes and generates code, so
+the copies cost little; in different parts each is compiled in full (GPT-2's backward: 176
+vectorized loops against 152). So kernels whose text is equal up to names (``UnitKernel.code``)
+go to one part, weighed as one, and are folded there as before.
 
 Note [The parts share one prelude]: the prelude's helpers are ``static inline`` functions and
 ``inline`` templates, so each part has its own copies and no symbol clashes at the link. Its one
@@ -40,6 +50,7 @@ kernels read and write it the same way either way (through the GOT, as ``-fPIC``
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,6 +72,15 @@ class UnitKernel:
     def declaration(self) -> str:
         return f'extern "C" int64_t {self.name}({", ".join([*self.param_types, "int64_t"])});'
 
+    def code(self) -> str:
+        """The kernel's text without its comments, its name and its buffers' names (renamed in
+        order of first use): equal for kernels GCC folds into one (Note [Twin kernels stay
+        together])."""
+        lines = [line for line in self.source.splitlines() if not line.lstrip().startswith("//")]
+        text = "\n".join(lines).replace(self.name, "kernel")
+        order: dict[str, str] = {}
+        return re.sub(r"\bp_\w+", lambda m: order.setdefault(m.group(0), f"p{len(order)}"), text)
+
 
 def cores() -> int:
     """The cores this process may run on."""
@@ -71,9 +91,9 @@ def cores() -> int:
 
 
 def part_count(sizes: Sequence[int], requested: int = 0, available: int | None = None) -> int:
-    """How many parts kernels of ``sizes`` characters are compiled in (Note [Parallel C++
-    builds]): ``requested`` when it is 1 or more (at most one per kernel), else from the source and
-    the ``available`` cores (default: this process's)."""
+    """How many parts items of ``sizes`` characters (kernels, or groups of twin kernels weighed by
+    one) are compiled in (Note [Parallel C++ builds]): ``requested`` when it is 1 or more (at most
+    one per item), else from the source and the ``available`` cores (default: this process's)."""
     if not sizes:
         return 1
     if requested >= 1:
@@ -84,9 +104,19 @@ def part_count(sizes: Sequence[int], requested: int = 0, available: int | None =
     return max(1, min(available or cores(), len(sizes), by_source, by_largest))
 
 
+def twins(kernels: Sequence[UnitKernel]) -> list[list[int]]:
+    """The kernels grouped by their code up to names (Note [Twin kernels stay together]), in
+    order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(kernels):
+        groups.setdefault(k.code(), []).append(i)
+    return list(groups.values())
+
+
 def assign(sizes: Sequence[int], parts: int) -> list[list[int]]:
-    """The kernels (indices into ``sizes``) of each part, longest first to the lightest part, each
-    part in the kernels' order. Part 0 starts ahead by nothing: the module it also holds is small."""
+    """The items (indices into ``sizes``) of each part: longest first, each to the part with the
+    least so far; each part in the items' order. Part 0 gets no head start for the module: it is
+    small."""
     load = [0] * parts
     members: list[list[int]] = [[] for _ in range(parts)]
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
@@ -96,17 +126,28 @@ def assign(sizes: Sequence[int], parts: int) -> list[list[int]]:
     return [sorted(m) for m in members]
 
 
-def translation_units(kernels: Sequence[UnitKernel], module: str, parts: int) -> list[str]:
-    """The C++ of each part; part 0 holds the extension ``module``. One part is exactly the
-    one-unit text (prelude, kernels, module) compiled before parts existed."""
-    if parts <= 1:
+def split(kernels: Sequence[UnitKernel], requested: int = 0, available: int | None = None) -> list[list[int]]:
+    """The kernels (indices) of each part: twins together, as many parts as ``part_count`` says
+    (``requested``: ``CppOptions.build_parts``)."""
+    groups = twins(kernels)
+    sizes = [len(kernels[g[0]].source) for g in groups]
+    parts = assign(sizes, part_count(sizes, requested, available))
+    return [sorted(i for g in part for i in groups[g]) for part in parts]
+
+
+def translation_units(
+    kernels: Sequence[UnitKernel], module: str, parts: Sequence[Sequence[int]]
+) -> list[str]:
+    """The C++ of each part of ``parts`` (the kernels' indices, from :func:`split`); part 0 holds
+    the extension ``module``. One part is exactly the one-unit text (prelude, kernels, module)
+    compiled before parts existed."""
+    if len(parts) <= 1:
         return [PRELUDE + "\n\n" + "\n\n".join(k.source for k in kernels) + "\n\n" + module + "\n"]
-    groups = assign([len(k.source) for k in kernels], parts)
-    elsewhere = [kernels[i].declaration() for group in groups[1:] for i in sorted(group)]
+    elsewhere = [kernels[i].declaration() for part in parts[1:] for i in part]
     units = []
-    for j, group in enumerate(groups):
+    for j, part in enumerate(parts):
         prelude = PRELUDE if j == 0 else PRELUDE.replace(ERR_VALUE_DEFINITION, ERR_VALUE_DECLARATION)
-        body = [kernels[i].source for i in group]
+        body = [kernels[i].source for i in part]
         if j == 0:
             body += [
                 "// kernels compiled in the other parts (Note [Parallel C++ builds])",
