@@ -7,7 +7,10 @@ interleave the variants (the machine is shared: compare within a round), every g
 again into a fresh cache for each part count: ``1`` is the one-unit build, ``0`` the automatic
 choice. Each build is what ``CppBackend`` runs: sources written, ``g++`` (one or one per part and a
 link), the manifest, the load. Printed per variant: the graphs' summed wall time (median over
-rounds) and the CPU time of the compilers (user + sys of the child processes). ``--disasm``
+rounds) and the CPU time of the compilers (user + sys of the child processes). ``--estimate 16``
+compiles each graph's units one after another, split as on 16 cores, and sums each graph's
+longest part: the C++ phase a machine with idle cores would see, measured on a busy one
+(``--rounds 0`` for that alone). ``--disasm``
 compares each kernel's disassembly (``objdump -d``, addresses and padding left out) between the
 one-unit build and each split, ``--vec`` each kernel's vectorized loops in GCC's report
 (``-fopt-info-vec-optimized``, over each graph): the same distinct loops must be vectorized the
@@ -27,7 +30,6 @@ import re
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -109,6 +111,30 @@ def disassembly(obj: Path) -> dict[str, str]:
     return {k: v for k, v in functions.items() if k.startswith("cpp_fused_")}
 
 
+def critical_path(
+    graphs: list[Graph], parts: int, available: int, flags: tuple[str, ...]
+) -> list[list[float]]:
+    """Each graph's units (split as on ``available`` cores) compiled one after another, alone:
+    the compiler's CPU time of each. On idle cores the parts run at once, so a graph's build
+    takes about its longest part plus the link: an estimate for a machine with cores to spare,
+    measured on a busy one."""
+    opt = [f for f in cpp_build.flags() if f != "-shared"] + list(flags)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="kiln-parallel-build-") as tmp:
+        for g, (kernels, module) in enumerate(graphs):
+            times = []
+            units = translation_units(kernels, module, split(kernels, parts, available))
+            for j, unit in enumerate(units):
+                src = Path(tmp) / f"g{g}_p{j}.cpp"
+                src.write_text(unit.replace("KILN_MODULE_NAME", f"kiln_g{g}"))
+                before = children_cpu()
+                cmd = [cpp_build.compiler(), *opt, "-c", str(src), "-o", str(src.with_suffix(".o"))]
+                subprocess.run(cmd, check=True)
+                times.append(children_cpu() - before)
+            out.append(times)
+    return out
+
+
 def vector_reports(units: list[Path]) -> Counter[tuple[str, str]]:
     """The loops GCC vectorized (``-fopt-info-vec-optimized``) in a graph's units, each as (the
     source line it reports, buffer names left out; its message). Counted over the whole graph, not
@@ -139,6 +165,13 @@ def main() -> None:
     parser.add_argument(
         "--vec", action="store_true", help="compare each kernel's vectorized loops (GCC's report)"
     )
+    parser.add_argument(
+        "--estimate",
+        type=int,
+        default=0,
+        metavar="CORES",
+        help="each part's CPU time alone, split as on CORES cores: the build's critical path there",
+    )
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args()
     variants = [int(p) for p in args.parts.split(",")]
@@ -150,6 +183,20 @@ def main() -> None:
             f"graph {j}: {len(kernels)} kernels, {sum(sizes)} chars (largest {max(sizes)}), "
             f"{len(twins(kernels))} distinct, automatic parts {len(split(kernels))} on {cores()} cores"
         )
+    if args.estimate:
+        result_estimate = {}
+        for p in variants:
+            times = critical_path(graphs, p, args.estimate, flags)
+            result_estimate[p] = times
+            path = sum(max(t) for t in times)
+            print(
+                f"estimate on {args.estimate} idle cores, parts={p}: "
+                + "; ".join(f"graph {g}: " + " ".join(f"{t:.2f}" for t in ts) for g, ts in enumerate(times))
+                + f" (CPU s a part): critical path {path:.2f} s, CPU {sum(map(sum, times)):.2f} s"
+            )
+        Path(args.out or os.devnull).with_suffix(".estimate.json").write_text(json.dumps(result_estimate))
+        if not args.rounds:
+            return
     wall: dict[int, list[float]] = {p: [] for p in variants}
     cpu: dict[int, list[float]] = {p: [] for p in variants}
     libs: dict[int, list[Path]] = {}
@@ -184,9 +231,9 @@ def main() -> None:
                 continue
             for a, b in zip(libs[1], libs[p], strict=True):
                 da, db = disassembly(a), disassembly(b)
-                differ = sorted(k for k in da if da[k] != db.get(k))
-                same = same and not differ and da.keys() == db.keys()
-                print(f"disasm parts=1 vs parts={p}: {len(da)} functions, differ: {differ or 'none'}")
+                unequal = sorted(k for k in da if da[k] != db.get(k))
+                same = same and not unequal and da.keys() == db.keys()
+                print(f"disasm parts=1 vs parts={p}: {len(da)} functions, differ: {unequal or 'none'}")
         result["same_code"] = same
     if args.vec and 1 in libs:
         same_vec = True
@@ -214,4 +261,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

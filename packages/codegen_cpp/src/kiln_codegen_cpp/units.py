@@ -15,23 +15,30 @@ GCC optimizes each exported ``extern "C"`` function on its own, and the helpers 
 from the prelude every part holds. Checked on GPT-2's training graphs by comparing each kernel's
 disassembly in the one-unit and the split objects (``bench/parallel_build.py --disasm``).
 
-How many parts (``CppOptions.build_parts``; 0 is automatic): each ``g++`` pays ~0.14 s to start
-and parse the prelude (``Python.h``, ``<cmath>``, ``<omp.h>``) and the link ~0.02 s, measured on
-this project's CPU machine, against ~10 us of compiling per character of kernel source (GPT-2's
-training forward, 27 kernels in 160 KB, took 1.5 s more than the prelude alone); in all, a part
-cost 0.2-0.25 s more CPU time than one unit's share (``bench/parallel_build.py``). So a part is
-only made for at least ``MIN_PART_CHARS`` of kernel source (~0.3 s of compiling), never more
-parts than the cores this process may run on (``os.sched_getaffinity``), than the distinct
-kernels, or than the kernels' source over its largest kernel's (that kernel bounds the part it is
-in; more parts make the others shorter and that one no faster). A graph of few or small kernels
-stays one unit, compiled exactly as before (the same text, the same cache key). Kernels go to
-parts longest first, each to the part with the least source so far (largest-first list
-scheduling; source length is the estimate of compile time), then each part keeps the schedule's
-order: the split depends only on the kernels' text and the part count, so one graph on one machine
-always makes the same parts and the same cache key. ``KILN_LOG=cache`` says how many parts a build
-took and each part's compile time. The split helps where cores are idle: on the 2-core machine,
-shared with other sessions' compiles (load 3-7), it was as often slower as faster (README, the
-twenty-seventh session); ``build_parts=1`` builds as before.
+How many parts (``CppOptions.build_parts``; 0 is automatic): each ``g++`` pays ~0.13 s of CPU to
+start and parse the prelude (``Python.h``, ``<cmath>``, ``<omp.h>``) and the link ~0.02 s,
+measured on this project's CPU machine, against ~10 us of compiling per character of kernel
+source (GPT-2's training backward, 27 kernels in 130 KB, took 1.5 s more than the prelude alone).
+So a part is only made for at least ``MIN_PART_CHARS`` of distinct kernel source (~0.15 s of
+compiling, about its own start-up), never more parts than the cores this process may run on
+(``os.sched_getaffinity``), than the distinct kernels, or than the kernels' source over its
+largest kernel's (that kernel bounds the part it is in; more parts make the others shorter and
+that one no faster). A graph of few or small kernels stays one unit, compiled exactly as before
+(the same text, the same cache key). Kernels go to parts longest first, each to the part with
+the least source so far (largest-first list scheduling; source length is the estimate of
+compile time), then each part keeps the schedule's order: the split depends only on the
+kernels' text and the part count, so one graph on one machine always makes the same parts and
+the same cache key. ``KILN_LOG=cache`` says how many parts a build took and each part's compile
+time.
+
+Measured (``bench/parallel_build.py``, packages/bench/results/2026-12-06-cpu-s27-parallel-build.md):
+compiled one part after another, split as on 16 idle cores, the C++ phase's critical path (each
+graph's longest part) of GPT-2's training step is 2.46 s in one unit and 1.00 s in 4 + 5 parts,
+BERT's 2.79 and 1.37 s (its forward waits on one 18 KB kernel); 8 KB parts gained 3-6% more for
+20% more CPU, 32 KB parts ran 1.59 and 1.86 s. The parts cost CPU: GPT-2's 2.46 s becomes 3.81
+s at 16 cores, 2.9 s in the 2 parts a graph of a 2-core machine makes. So the split pays where
+cores are idle; on the 2-core machine, shared with other sessions' compiles (load 3-7), it was
+as often slower as faster; ``build_parts=1`` builds as before.
 
 Note [Twin kernels stay together]: a model's repeated layers make kernels that differ only in
 their names and their buffers' (GPT-2's training backward: 16 of 27 kernels in 7 groups). In one
@@ -57,7 +64,7 @@ from dataclasses import dataclass
 from .prelude import ERR_VALUE_DEFINITION, PRELUDE
 
 # Note [Parallel C++ builds]: kernel source a part must carry to pay for its own g++
-MIN_PART_CHARS = 32_000
+MIN_PART_CHARS = 16_000
 ERR_VALUE_DECLARATION = 'extern "C" { extern int64_t kiln_err_value; }'
 
 
