@@ -123,7 +123,8 @@ def critical_path(
     with tempfile.TemporaryDirectory(prefix="kiln-parallel-build-") as tmp:
         for g, (kernels, module) in enumerate(graphs):
             times = []
-            units = translation_units(kernels, module, split(kernels, parts, available))
+            # the automatic rule's cores on such a machine: all but one (Note [Parallel C++ builds])
+            units = translation_units(kernels, module, split(kernels, parts, max(1, available - 1)))
             for j, unit in enumerate(units):
                 src = Path(tmp) / f"g{g}_p{j}.cpp"
                 src.write_text(unit.replace("KILN_MODULE_NAME", f"kiln_g{g}"))

@@ -10,10 +10,14 @@ Note [Parallel C++ builds]: every part opens with the same prelude (Note [The pa
 prelude]), then its kernels in schedule order; part 0 also holds the extension module (the
 method table and ``PyInit_``), with an ``extern "C"`` declaration of each kernel that lives in
 another part. A kernel's text is the same whatever part it lands in and the parts are compiled
-with the same flags (``-c`` in place of ``-shared``), so each kernel's machine code is unchanged:
-GCC optimizes each exported ``extern "C"`` function on its own, and the helpers it inlines come
-from the prelude every part holds. Checked on GPT-2's training graphs by comparing each kernel's
-disassembly in the one-unit and the split objects (``bench/parallel_build.py --disasm``).
+with the same flags (``-c`` in place of ``-shared``), and the helpers a kernel inlines come from
+the prelude every part holds, so each kernel compiles to the same code, but for one thing: in one
+unit GCC folds identical code of different kernels into one function (``-fipa-icf``: twin
+kernels, Note [Twin kernels stay together], and identical pieces of others, such as the ``.part``
+clone of a serial path), which parts holding them apart each compile. Checked: GCC's
+vectorization reports name the same loops vectorized the same way in GPT-2's, BERT's and
+ResNet-50's training graphs (``bench/parallel_build.py --vec``; ``--disasm`` shows the folds),
+and a small graph's kernels disassemble identically (tests/test_parallel_build.py).
 
 How many parts (``CppOptions.build_parts``; 0 is automatic): each ``g++`` pays ~0.13 s of CPU to
 start and parse the prelude (``Python.h``, ``<cmath>``, ``<omp.h>``) and the link ~0.02 s,
@@ -21,7 +25,7 @@ measured on this project's CPU machine, against ~10 us of compiling per characte
 source (GPT-2's training backward, 27 kernels in 130 KB, took 1.5 s more than the prelude alone).
 So a part is only made for at least ``MIN_PART_CHARS`` of distinct kernel source (~0.15 s of
 compiling, about its own start-up), never more parts than the cores this process may run on
-(``os.sched_getaffinity``), than the distinct kernels, or than the kernels' source over its
+(``os.sched_getaffinity``) but one, than the distinct kernels, or than the kernels' source over its
 largest kernel's (that kernel bounds the part it is in; more parts make the others shorter and
 that one no faster). A graph of few or small kernels stays one unit, compiled exactly as before
 (the same text, the same cache key). Kernels go to parts longest first, each to the part with
@@ -36,16 +40,20 @@ compiled one part after another, split as on 16 idle cores, the C++ phase's crit
 graph's longest part) of GPT-2's training step is 2.46 s in one unit and 1.00 s in 4 + 5 parts,
 BERT's 2.79 and 1.37 s (its forward waits on one 18 KB kernel); 8 KB parts gained 3-6% more for
 20% more CPU, 32 KB parts ran 1.59 and 1.86 s. The parts cost CPU: GPT-2's 2.46 s becomes 3.81
-s at 16 cores, 2.9 s in the 2 parts a graph of a 2-core machine makes. So the split pays where
-cores are idle; on the 2-core machine, shared with other sessions' compiles (load 3-7), it was
-as often slower as faster; ``build_parts=1`` builds as before.
+s at 16 cores, 2.9 s in 2 parts a graph. So the split pays where cores are idle, and one core is
+left to the rest of the machine: on the 2-core machine, whose cores other sessions keep busy
+(load 3-8, no idle time), 2 parts a graph made kiln_bench's cold compile phase of GPT-2, BERT
+and ResNet-50 training and GPT-2 inference slower in 9 of 9 interleaved pairs, by 0.3-1.5 s (in 4
+of 8 with an earlier rule; faster in a lull: GPT-2's training builds 2.47 -> 1.61 s at load
+1.5), so there the automatic choice is one unit. ``build_parts=N`` asks for N parts anywhere.
 
 Note [Twin kernels stay together]: a model's repeated layers make kernels that differ only in
 their names and their buffers' (GPT-2's training backward: 16 of 27 kernels in 7 groups). In one
 unit GCC folds them into one function (``-fipa-icf``) before it vectorizes and generates code, so
-the copies cost little; in different parts each is compiled in full (GPT-2's backward: 176
-vectorized loops against 152). So kernels whose text is equal up to names (``UnitKernel.code``)
-go to one part, weighed as one, and are folded there as before.
+the copies cost little; in different parts each is compiled in full (GPT-2's backward in 2 parts:
+176 vectorized loops against one unit's 152). So kernels whose text is equal up to names
+(``UnitKernel.code``) go to one part, weighed as one, and are folded there as before (175: the
+rest are identical pieces of kernels that are not twins).
 
 Note [The parts share one prelude]: the prelude's helpers are ``static inline`` functions and
 ``inline`` templates, so each part has its own copies and no symbol clashes at the link. Its one
@@ -90,7 +98,7 @@ class UnitKernel:
 
 
 def cores() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on (``os.sched_getaffinity``)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -100,7 +108,8 @@ def cores() -> int:
 def part_count(sizes: Sequence[int], requested: int = 0, available: int | None = None) -> int:
     """How many parts items of ``sizes`` characters (kernels, or groups of twin kernels weighed by
     one) are compiled in (Note [Parallel C++ builds]): ``requested`` when it is 1 or more (at most
-    one per item), else from the source and the ``available`` cores (default: this process's)."""
+    one per item), else from the source and the ``available`` cores (default: this process's but
+    one, Note [Parallel C++ builds])."""
     if not sizes:
         return 1
     if requested >= 1:
@@ -108,7 +117,7 @@ def part_count(sizes: Sequence[int], requested: int = 0, available: int | None =
     total = sum(sizes)
     by_source = total // MIN_PART_CHARS
     by_largest = total // max(sizes)
-    return max(1, min(available or cores(), len(sizes), by_source, by_largest))
+    return max(1, min(available or cores() - 1, len(sizes), by_source, by_largest))
 
 
 def twins(kernels: Sequence[UnitKernel]) -> list[list[int]]:
