@@ -5,6 +5,8 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-seventh session (helper build27): call27b (issue 20: the C++ build of a graph in parallel translation units
+#   on the host's 16 cores, build_parts=1 against automatic; BERT and GPT-2 training compile, ~120 s).
 # Twenty-sixth session: call25c, call25d, the rest of call25c's models, call4c, a BatchNorm-source dump with a GPT-2/LLaMA
 #   training profile at 16 threads, kiln's per-kernel thread scaling, gpu_kernel_table.py on ResNet-50 bf16 training and
 #   two bn_stats tile sweeps ran on an H100 and its host, all at 6b7ad2c (packages/bench/results/2026-12-06-h100*-s26-*).
@@ -257,6 +259,21 @@ for step in "$@"; do
       bench training-bf16-materialized 330 --dtype bfloat16 --modes training --models gpt2,llama,convnext,cnn,vit \
         --repeats 8 --warmup 3 --profile --profile-calls 3 \
         --backends kiln,kiln:default:materialized_saves=False,inductor ;;
+    call27b)  # twenty-seventh session (issue 20, helper build27): a graph's C++ kernels compiled in parallel translation
+      # units (Note [Parallel C++ builds] in codegen_cpp's units.py), on the host's 16 cores. Cold caches (kiln_bench
+      # gives each model a fresh one), --threads 16, BERT and GPT-2 training, build_parts=1 (one g++ a graph, as
+      # before) against the automatic split, in alternating order. Compare the rows' "compile" phase (GPT-2 17.3 s,
+      # BERT ~25 s in call25c) and the "parts" lines: each graph's part count, each part's g++ time and the link. On
+      # the 2-core box (busy) 2 parts were slower, so the automatic rule leaves a core out and builds one unit there;
+      # measured there part after part and split as on 16 idle cores, the C++ critical path of GPT-2 training was 2.46 ->
+      # 1.00 s, BERT's 2.79 -> 1.37 (packages/bench/results/2026-12-06-cpu-s27-parallel-build.md). ~120 s.
+      # (expected: GPT-2 ~30 s with build_parts=1, ~20 auto; BERT ~40 and ~25; a run over its limit prints no row)
+      for run in "gpt2 1 40" "gpt2 0 35" "bert 0 45" "bert 1 55"; do set -- $run
+        echo "-- $1 build_parts=$2"
+        KILN_CPP_OPTIONS=build_parts=$2 KILN_LOG=cache timeout "$3" python3 -m kiln_bench --size cpu --device cpu \
+          --threads 16 --modes training --models "$1" --backends kiln --repeats 1 --warmup 1 > "$out/build27-$1-$2.log" 2>&1
+        grep -E "^$1 |in [0-9]+ parts|compiled: " "$out/build27-$1-$2.log" | sed 's|/tmp/[^ ]*/cpp/../||' | cut -c1-260
+      done ;;
     call26c)  # twenty-sixth session (issue 20): kiln's CPU training compile on the host: BERT 27.1 s and GPT-2 18.2 s in
       # call25c (C++ compile phase 17.3 s for GPT-2 at 16 threads), against 8.6 s for BERT cold on the 2-core box. Cold
       # caches, one thread against 16, and 16 with libgomp's workers passive (do spinning OpenMP workers of the timed

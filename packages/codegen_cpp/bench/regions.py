@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 _tmp = tempfile.mkdtemp(prefix="kiln-regions-")
 os.environ["KILN_CACHE_DIR"] = _tmp
@@ -90,8 +91,10 @@ def adjacent(name: str) -> str:
     runs: list[list[bool]] = []
     total = par = 0
     for wrapper in sorted(set(glob.glob(f"{_tmp}/cpp/*/*/wrapper_*.py")) - before):
-        with open(os.path.join(os.path.dirname(wrapper), "kernels.cpp")) as f:
-            src = f.read()
+        src = "\n".join(  # kernels.cpp, or kernels_p<j>.cpp for a graph built in parts
+            Path(path).read_text()
+            for path in sorted(glob.glob(os.path.join(os.path.dirname(wrapper), "kernels*.cpp")))
+        )
         parallel = {
             m.group(1)
             for m in re.finditer(r'extern "C" int64_t (\w+)\(', src)

@@ -37,7 +37,7 @@ SIGNATURE = re.compile(r'^extern "C" int64_t (\w+)\(([^)]*)\)', re.M)
 
 def _kernels(rows: int, n: int, on: bool) -> list[tuple[str, list[str], Path]]:
     """Compile LayerNorm(n) fwd + bwd with row_column_sums ``on``; the backward's kernels."""
-    before = set(Path(CACHE).rglob("kernels.cpp"))
+    before = set(Path(CACHE).rglob("kernels*.cpp"))
     m = torch.nn.LayerNorm(n)
 
     def step(t: torch.Tensor) -> torch.Tensor:
@@ -47,11 +47,11 @@ def _kernels(rows: int, n: int, on: bool) -> list[tuple[str, list[str], Path]]:
     x = torch.randn(rows, n, requires_grad=True)
     c(x).sum().backward()
     out = []
-    for src in sorted(set(Path(CACHE).rglob("kernels.cpp")) - before):
+    for src in sorted(set(Path(CACHE).rglob("kernels*.cpp")) - before):
         for name, params in SIGNATURE.findall(src.read_text()):
             names = [p.split()[-1] for p in params.split(",")]
             if "p_tangents_1" in names:
-                out.append((name, names, src.with_suffix(".so")))
+                out.append((name, names, src.parent / "kernels.so"))
     return out
 
 

@@ -120,13 +120,13 @@ def main() -> int:
     torch.set_num_threads(1)
     results = []
     for name in filter(None, args.models.split(",")):
-        before = set(Path(_tmp).rglob("kernels.cpp"))
+        before = set(Path(_tmp).rglob("kernels*.cpp"))
         workload = build(name, "cpu")
         workload.model.eval()
         kiln.reset()
         with torch.no_grad():
             logits_of(kiln.compile(workload.model)(**workload.inputs))
-        units = sorted(set(Path(_tmp).rglob("kernels.cpp")) - before)
+        units = sorted(set(Path(_tmp).rglob("kernels*.cpp")) - before)
         kernels = [k for unit in units for k in _audit(unit, args.march)]
         scalar = [k for k in kernels if k["simd_loops"] and not k["vectorized"]]
         results.append({"model": name, "kernels": len(kernels), "scalar": scalar})

@@ -9,8 +9,10 @@ loopir, then this package turns the schedule into C++ and runs it:
   masked loads, bounds-checked indirect indexing and integer division (a zero divisor raises
   :class:`KernelZeroDivisionError`, as eager raises);
 * ``cpp_ops`` / ``prelude``: C++ spellings of dtypes, constants, index math and the ``ops.*`` set;
-* ``build``: one translation unit per graph, ``g++`` with an atomic on-disk cache under
+* ``build``: one shared object per graph, ``g++`` with an atomic on-disk cache under
   ``KILN_CACHE_DIR``, loaded as a tiny CPython extension; ``counters`` says what was compiled or reused;
+* ``units``: how many translation units a graph's kernels are compiled in at the same time, and
+  which kernels go in each (Note [Parallel C++ builds]);
 * ``wrapper``: the generated Python that allocates buffers (loopir's reuse plan), calls kernels
   and extern ops in schedule order and returns strided outputs;
 * ``backend``: :class:`CppBackend`, registered through the ``kiln_loopir.backends`` entry point.

@@ -4,7 +4,9 @@ loopir asks for one kernel per scheduler node (``codegen_kernel``) and then for 
 (``codegen_wrapper``). The C++ of a kernel depends on the buffer plan (a kernel-internal buffer
 that is never read from memory is never stored), which only the whole schedule knows, so
 ``codegen_kernel`` just remembers the node and all kernels are generated in ``codegen_wrapper``,
-into one translation unit that is compiled (or found in the cache) once per graph.
+into one shared object that is compiled (or found in the cache) once per graph, from one
+translation unit or from several compiled at once (Note [Parallel C++ builds] in units.py;
+``last_source`` is the one-unit text either way).
 
 Kernels are named for what they fuse, ``cpp_fused_<aten ops>_<step>`` (``kiln_loopir.kernel_name``),
 and each opens with a comment naming its fx nodes and the user's lines they came from
@@ -40,7 +42,8 @@ from .fusion import FusionPolicy
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
 from .logs import configure
 from .options import CppOptions
-from .prelude import PRELUDE, extension_module
+from .prelude import extension_module
+from .units import UnitKernel, split, translation_units
 from .wrapper import make_wrapper
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -106,9 +109,12 @@ class CppBackend(Backend):
             generated[node.name] = self._kernel(node, step, schedule, dtypes)
         compiled = [k for k in generated.values() if k is not None]
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
-        source = PRELUDE + "\n\n" + "\n\n".join(k.source for k in compiled) + "\n\n" + module + "\n"
+        # Note [Parallel C++ builds] (units.py): the kernels in one or several translation units
+        unit_kernels = [UnitKernel(k.name, k.source, tuple(k.param_types)) for k in compiled]
+        units = translation_units(unit_kernels, module, split(unit_kernels, self.options.build_parts))
+        source = units[0] if len(units) == 1 else translation_units(unit_kernels, module, [])[0]
         t1 = time.perf_counter()
-        built = build(source, self.options.compiler_flags()) if compiled else None
+        built = build(units, self.options.compiler_flags()) if compiled else None
         t2 = time.perf_counter()
         fn, wrapper_source, path = make_wrapper(
             schedule,
@@ -123,7 +129,7 @@ class CppBackend(Backend):
         self.compile_seconds = t2 - t1
         self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built
         if log.isEnabledFor(logging.DEBUG):
-            where = built.source_path if built is not None else "(no C++ kernels)"
+            where = ", ".join(map(str, built.sources)) if built is not None else "(no C++ kernels)"
             log.debug("options: %s", self.options)
             # Note [512-bit vectors on AVX-512 targets]
             width = self.options.preferred_width()

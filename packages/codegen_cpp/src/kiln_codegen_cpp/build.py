@@ -1,11 +1,13 @@
 """Compiling a translation unit, the on-disk cache, and loading the shared object.
 
-All kernels of one graph form one translation unit, compiled once by ``g++`` into a shared
-object that is a small CPython extension module (Note [Calling kernels] in prelude.py). The
-cache key is a hash of the source, the flags, the compiler's identity (``--version``) and the
-CPU (``/proc/cpuinfo`` model and flags, since ``-march=native`` code is only valid on a CPU like
-the one that built it). The object lives at
-``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir ``~/.cache/kiln``).
+The kernels of one graph are compiled by ``g++`` into one shared object that is a small CPython
+extension module (Note [Calling kernels] in prelude.py): from one translation unit
+(``kernels.cpp``), or from several compiled at the same time and linked (``kernels_p<j>.cpp``,
+Note [Parallel C++ builds] in units.py). The cache key is a hash of the source (of every part),
+the flags, the compiler's identity (``--version``) and the CPU (``/proc/cpuinfo`` model and
+flags, since ``-march=native`` code is only valid on a CPU like the one that built it). The
+object lives at ``$KILN_CACHE_DIR/cpp/<key[:2]>/<key>/kernels.so`` (default cache dir
+``~/.cache/kiln``).
 
 Every file is written atomically (Note [Atomic cache writes] in kiln_loopir's diskcache.py; the
 object too, by the same rename). Two processes that miss at the same time both compile and both
@@ -23,7 +25,9 @@ parse or does not match is a corrupt entry: it is reported (a warning on
 ``kiln.codegen_cpp.cache``, ``counters["corrupt"]``), compiled again and replaced, never loaded.
 Two racing processes may briefly pair one's object with the other's manifest; the check then
 fails, the reader compiles its own copy, and no wrong object is ever loaded. An object that
-matches its manifest but still fails to load (``ImportError``) is treated the same way, once.
+matches its manifest but still fails to load (``ImportError``) is treated the same way, once. A
+build in parts writes its objects to temporary files and only the linked object is renamed into
+place and named in the manifest, so no part's object is ever loaded or kept.
 
 Configuration (read at each build, so tests may set them): ``KILN_CXX`` names the compiler
 (default ``g++``), ``KILN_CPP_FLAGS`` replaces the optimisation flags.
@@ -43,7 +47,10 @@ import shlex
 import subprocess
 import sysconfig
 import threading
+import time
 import types
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,36 +225,50 @@ def cache_key(source: str, extra: tuple[str, ...] = ()) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Built:
-    """A loaded translation unit."""
+    """A loaded translation unit, or the parts of one (Note [Parallel C++ builds] in units.py)."""
 
     key: str
     directory: Path
-    source_path: Path
+    source_path: Path  # the part that holds the extension module
     library: types.ModuleType
     cache: str = "compiled"  # or "disk" / "memory": where the library came from
+    sources: tuple[Path, ...] = ()  # every part's source, the module's first
+    part_seconds: tuple[float, ...] = ()  # each part's compile time, when compiled here
 
 
-def build(template: str, extra_flags: tuple[str, ...] = ()) -> Built:
-    """The compiled and loaded ``template``, from memory, the disk cache, or the compiler.
+# joins the parts' texts in the cache key; C++ text holds no NUL, so no one-unit text hashes alike
+PART_SEPARATOR = "\x00kiln part\x00"
 
-    ``template`` names its extension module ``KILN_MODULE_NAME``; the module is named after the
-    cache key (``kiln_<key[:24]>``), so every translation unit is a distinct module.
+
+def build(units: str | Sequence[str], extra_flags: tuple[str, ...] = ()) -> Built:
+    """The compiled and loaded ``units``, from memory, the disk cache, or the compiler.
+
+    ``units`` is one translation unit or the parts of one (Note [Parallel C++ builds] in
+    units.py), the first holding the extension module, which is named ``KILN_MODULE_NAME``; the
+    module is named after the cache key (``kiln_<key[:24]>``), so every build is a distinct
+    module. One unit keys the cache as it always has; parts key it by all their texts, so a split
+    build is its own entry: the same ``kernels.so`` and manifest, a source file per part.
     ``extra_flags`` (``CppOptions.compiler_flags``) follow the optimisation flags.
     """
-    key = cache_key(template, extra_flags)
+    templates = [units] if isinstance(units, str) else list(units)
+    key = cache_key(PART_SEPARATOR.join(templates), extra_flags)
     module = f"kiln_{key[:24]}"
-    source = template.replace(MODULE_TOKEN, module)
+    sources = [t.replace(MODULE_TOKEN, module) for t in templates]
     directory = cache_dir() / key[:2] / key
-    src = directory / "kernels.cpp"
+    if len(sources) == 1:
+        paths = [directory / "kernels.cpp"]
+    else:
+        paths = [directory / f"kernels_p{j}.cpp" for j in range(len(sources))]
     lib = directory / "kernels.so"
     with _lock:
         loaded = _loaded.get(key)
         if loaded is not None:
             counters["memory_hits"] += 1
-            return Built(key, directory, src, loaded, "memory")
+            return Built(key, directory, paths[0], loaded, "memory", tuple(paths))
         directory.mkdir(parents=True, exist_ok=True)
         library = None
         cache = "disk"
+        seconds: tuple[float, ...] = ()
         problem = _check_entry(lib, directory / MANIFEST)
         if problem is None:
             try:
@@ -257,19 +278,23 @@ def build(template: str, extra_flags: tuple[str, ...] = ()) -> Built:
         if library is not None:
             counters["disk_hits"] += 1
             log.debug("disk hit: %s", lib)
-            if not src.exists():
-                write_atomic(src, source)
+            for path, source in zip(paths, sources, strict=True):
+                if not path.exists():
+                    write_atomic(path, source)
         else:
             if problem != "":
                 counters["corrupt"] += 1
                 log.warning("kiln: corrupt C++ cache entry %s: %s; compiling it again", directory, problem)
             cache = "compiled"
-            _compile(source, src, lib, extra_flags)
+            if len(sources) == 1:
+                seconds = (_compile(sources[0], paths[0], lib, extra_flags),)
+                log.debug("compiled: %s (one unit, %.2f s)", lib, seconds[0])
+            else:
+                seconds = _compile_parts(sources, paths, lib, extra_flags)
             counters["compiles"] += 1
-            log.debug("compiled: %s", lib)
             library = _load(module, lib)
         _loaded[key] = library
-        return Built(key, directory, src, library, cache)
+        return Built(key, directory, paths[0], library, cache, tuple(paths), seconds)
 
 
 def _digest(path: Path) -> tuple[int, str]:
@@ -312,32 +337,97 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def _compile(source: str, src: Path, lib: Path, extra_flags: tuple[str, ...] = ()) -> float:
+    """Compile one translation unit into ``lib``; returns the compiler's time."""
     write_atomic(src, source)
-    cxx = compiler()
     fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
     os.close(fd)
-    cmd = [cxx, *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
+    cmd = [compiler(), *flags(), *extra_flags, str(src), "-o", tmp_lib, *LIBS]
     try:
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
-            raise CppCompileError(
-                f"C++ compiler {cxx!r} could not be run ({exc}) to compile {src}; "
-                "set KILN_CXX to a working g++"
-            ) from exc
+        proc, seconds = _run_compiler(cmd, src)
         if proc.returncode != 0:
-            message = (proc.stderr or proc.stdout).strip()
-            raise CppCompileError(
-                f"{cxx} failed (exit {proc.returncode}) compiling {src}:\n{message[-4000:]}\n"
-                f"command: {shlex.join(cmd)}"
-            )
-        size, digest = _digest(Path(tmp_lib))
-        os.replace(tmp_lib, lib)
-        write_atomic(lib.parent / MANIFEST, json.dumps({"size": size, "sha256": digest}))
+            raise _failure(cmd, proc, src)
+        _install(Path(tmp_lib), lib, 1)
     finally:
         if os.path.exists(tmp_lib):
             os.unlink(tmp_lib)
+    return seconds
+
+
+def _install(tmp_lib: Path, lib: Path, parts: int) -> None:
+    """Rename the finished object into place, then write the manifest that vouches for it (Note
+    [Verified cache entries]: until the manifest exists, the entry is unfinished)."""
+    size, digest = _digest(tmp_lib)
+    os.replace(tmp_lib, lib)
+    write_atomic(lib.parent / MANIFEST, json.dumps({"size": size, "sha256": digest, "parts": parts}))
+
+
+def _run_compiler(cmd: list[str], src: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
+        raise CppCompileError(
+            f"C++ compiler {cmd[0]!r} could not be run ({exc}) to compile {src}; set KILN_CXX to a working g++"
+        ) from exc
+    return proc, time.perf_counter() - start
+
+
+def _failure(cmd: list[str], proc: subprocess.CompletedProcess[str], what: Path | str) -> CppCompileError:
+    message = (proc.stderr or proc.stdout).strip()
+    return CppCompileError(
+        f"{cmd[0]} failed (exit {proc.returncode}) compiling {what}:\n{message[-4000:]}\n"
+        f"command: {shlex.join(cmd)}"
+    )
+
+
+def _compile_parts(
+    sources: Sequence[str], paths: Sequence[Path], lib: Path, extra_flags: tuple[str, ...] = ()
+) -> tuple[float, ...]:
+    """Compile each part by its own ``g++ -c`` at the same time, link the objects into ``lib``
+    (Note [Parallel C++ builds] in units.py); returns each part's compile time. The objects are
+    temporary files beside the entry's, removed whatever happens: only the linked object, renamed
+    into place and vouched for by its manifest, is ever loaded (Note [Verified cache entries]),
+    so a part's object that is damaged or unfinished fails the link, not a later load."""
+    for path, source in zip(paths, sources, strict=True):
+        write_atomic(path, source)
+    cxx = compiler()
+    # the flags of a one-unit build, less -shared (a link flag), so each kernel compiles the same
+    compile_flags = [f for f in (*flags(), *extra_flags) if f != "-shared"]
+    objects: list[str] = []
+    tmp_lib = ""
+    try:
+        for path in paths:
+            fd, obj = temp_file(path.with_suffix(".o"))
+            os.close(fd)
+            objects.append(obj)
+        commands = [[cxx, *compile_flags, "-c", str(p), "-o", o] for p, o in zip(paths, objects, strict=True)]
+        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+            results = list(pool.map(_run_compiler, commands, paths))
+        for cmd, path, (proc, _) in zip(commands, paths, results, strict=True):
+            if proc.returncode != 0:
+                raise _failure(cmd, proc, path)
+        fd, tmp_lib = temp_file(lib, 0o777)  # Note [Cache file modes]: a shared object, as ld makes it
+        os.close(fd)
+        link = [cxx, *flags(), *extra_flags, *objects, "-o", tmp_lib, *LIBS]
+        proc, link_seconds = _run_compiler(link, paths[0])
+        if proc.returncode != 0:
+            parts = ", ".join(p.name for p in paths)
+            raise _failure(link, proc, f"the link of {len(paths)} parts ({parts}) into {lib}")
+        _install(Path(tmp_lib), lib, len(paths))
+    finally:
+        for leftover in (*objects, tmp_lib):
+            if leftover and os.path.exists(leftover):
+                os.unlink(leftover)
+    seconds = tuple(s for _, s in results)
+    log.debug(
+        "compiled: %s in %d parts (%s; link %.2f s)",
+        lib,
+        len(paths),
+        ", ".join(f"{p.name} {s:.2f} s" for p, s in zip(paths, seconds, strict=True)),
+        link_seconds,
+    )
+    return seconds
 
 
 def write_beside(built: Built, name: str, text: str) -> Path:

@@ -3,7 +3,8 @@
 ``KILN_LOG=output_code`` (or ``all``) sets logger ``kiln.codegen_cpp.output_code`` to DEBUG: each
 compiled graph logs its ``CppOptions``, the path and source of its wrapper and the path of its C++ translation
 unit, and each accumulating scatter the loop it is vectorized along, if any (Note [Scatter loops
-and omp simd] in kernel.py). ``cache`` logs each translation unit's disk hit or compile; ``parallel`` logs each kernel's parallel plan (serial, or
+and omp simd] in kernel.py). ``cache`` logs each build's disk hit or compile (a build in parts: how many, each part's compile
+time and the link's, Note [Parallel C++ builds] in units.py); ``parallel`` logs each kernel's parallel plan (serial, or
 which loops run on how many threads at most: Note [Parallel plan] in parallel.py); ``fusion``
 each fusion the generator refuses (Note [Row and column reductions are not fused]); a corrupt
 cache entry is a warning on ``kiln.codegen_cpp.cache`` whatever ``KILN_LOG`` says (Note [Verified

@@ -116,6 +116,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   the symbol values of the last call, as a static graph keeps its own (Note [Scratch buffers of
   symbolic size] in wrapper.py); the wrapper's source shows ``_pool_shapes`` and ``_take(s0,
   ...)``. ``KILN_CPP_OPTIONS=symbolic_scratch=0`` allocates them fresh at every call as before.
+* ``build_parts``: the translation units a graph's kernels are compiled in at the same time, each
+  by its own ``g++ -c``, linked into one ``kernels.so`` (Note [Parallel C++ builds] in units.py):
+  0 (default) decides from the kernels' source and the cores this process may use, so a graph of
+  few or small kernels stays one unit; 1 is one unit, as before; N is N parts (at most one a
+  kernel). ``KILN_LOG=cache`` prints each build's parts and their compile times.
 """
 
 from __future__ import annotations
@@ -189,6 +194,7 @@ class CppOptions:
     fold_short_rows: bool = True
     weigh_statements: bool = True
     compile_time_tune: bool = True
+    build_parts: int = 0
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
@@ -201,6 +207,8 @@ class CppOptions:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
+        if type(self.build_parts) is not int or self.build_parts < 0:
+            raise ValueError(f"build_parts must be an int of 0 (automatic) or more, not {self.build_parts!r}")
 
     def preferred_width(self, avx512: bool | None = None) -> int:
         """The ``-mprefer-vector-width`` these options ask for, 0 for none (Note [512-bit vectors
@@ -261,4 +269,6 @@ class CppOptions:
         return CppOptions(**values)
 
 
-_INT_FIELDS = frozenset({"vector_width", "reduction_lanes", "parallel_grain", "min_work_per_thread"})
+_INT_FIELDS = frozenset(
+    {"vector_width", "reduction_lanes", "parallel_grain", "min_work_per_thread", "build_parts"}
+)

@@ -312,6 +312,9 @@ static inline void shifted_fold(T& mean, T& m2, T& w, float& k, S1& s1, S& s2, f
 
 
 MODULE_TOKEN = "KILN_MODULE_NAME"
+# the prelude's one definition with external linkage (Note [The parts share one prelude] in units.py)
+ERR_VALUE_DEFINITION = 'extern "C" { int64_t kiln_err_value = 0; }'
+assert ERR_VALUE_DEFINITION in PRELUDE
 
 
 def extension_module(kernels: list[tuple[str, list[str], bool]]) -> str:
