@@ -268,6 +268,30 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("gathers", [True, False])
+def test_column_mode_sees_through_gathers(monkeypatch: pytest.MonkeyPatch, gathers: bool) -> None:
+    # Note [Column reductions through gathers]: a mixture of experts' combine, the experts'
+    # outputs gathered back into token order, weighted and summed over each token's k experts
+    # (``y[inv].view(T, K, H).sum(1)``): the gathered rows are contiguous along the hidden dim,
+    # and only the index read moves with the reduced loop; a column reduction by its gather
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"column_gathers={int(gathers)}")
+    t, k, h = 40, 2, 32
+
+    def combine(y: torch.Tensor, inv: torch.Tensor, w: torch.Tensor) -> Any:
+        picked = aten.index.Tensor(y, [inv])
+        weighted = aten.mul.Tensor(picked, aten.unsqueeze.default(aten.index.Tensor(w, [inv]), -1))
+        return aten.sum.dim_IntList(aten.view.default(weighted, [t, k, h]), [1])
+
+    inv = torch.randperm(t * k)
+    compiled = check(combine, make((t * k, h)), inv, make((t * k,)))
+    assert ("xblk" in compiled.backend.last_source) == gathers  # type: ignore[attr-defined]
+    # an index out of range still raises from the column kernel's checks
+    bad = inv.clone()
+    bad[7] = t * k
+    with pytest.raises(IndexError):
+        compiled(make((t * k, h)), bad, make((t * k,)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_reductions_at_special_values(dtype: torch.dtype) -> None:
     """Rows holding +inf, -inf, NaN, both infinities, or huge values, through row, column and

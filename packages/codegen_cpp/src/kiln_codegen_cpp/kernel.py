@@ -1513,21 +1513,52 @@ class KernelBuilder(OpsHandlerBase):
             return False
         xl, rl = xs[-1][0], rs[-1]
         out_vars = {v for v, _ in xs}
+        gathers = self.options.column_gathers
         # (full, broadcast) counts, compared in that order
         x_unit, r_unit = [0, 0], [0, 0]
         for a in self.accesses:
             e = sympy.expand(a)
+            # Note [Column reductions through gathers]: the loops an access moves with, through
+            # the loops its indirect indices were loaded at
+            moves = self._access_loops(e) if gathers else e.free_symbols
             # Only the reduced reads decide (Note [Loop order counts full-size accesses first]):
             # a per-output store or a per-channel parameter is small whichever loop is innermost;
             # so is a read that is the same for every output (layer norm's per-token mean and
             # rstd in its weight gradient, the sum over tokens of grad * (x - mean[t]) * rstd[t]),
             # which only breaks ties.
-            if not e.free_symbols & set(rs):
+            if not moves & set(rs):
                 continue
-            kind = 0 if e.free_symbols & out_vars else 1
+            kind = 0 if (xl in moves if gathers else moves & out_vars) else 1
             x_unit[kind] += int(e.coeff(xl) == 1)
             r_unit[kind] += int(e.coeff(rl) == 1)
         return x_unit > r_unit
+
+    # Note [Column reductions through gathers]: a mixture of experts combines its experts'
+    # outputs by gathering them back into token order and summing each token's k of them
+    # (transformers' ``weighted_out[inv_perm].view(T, K, H).sum(1)``, weighted by the routing
+    # probabilities): outputs [T, H], a reduced loop of K = 2, and the one full-size read,
+    # ``y[inv[t, k], h]``, contiguous along h. The column decision read its index as ``h + H *
+    # ind2``: no reduced variable, so it was skipped, and the index read ``inv[t, k]`` (contiguous
+    # along k) made it a row reduction: per output 8 float and 8 double lanes set up, 2
+    # positions, a fold and a tree combine, none of it vectorized (Mixtral at batch 32, 8192
+    # outputs: 93 us a call at one thread here, the model's slowest kernel). So an access counts with the loops its indirect indices were loaded at
+    # (``KernelBuilder.deps``), and a read counts as full-size only if it moves with the
+    # innermost output loop: one that does not (the index read, a per-token weight) is the same
+    # for every column of a block, a scalar the block's vector loop broadcasts, so it only breaks
+    # ties as the per-token statistics above do. The combine then runs as a column reduction
+    # over 32 outputs a block: 11 us. ``CppOptions.column_gathers=False`` decides as before.
+    def _access_loops(self, expr: sympy.Expr) -> set[sympy.Symbol]:
+        """The loop variables an access at ``expr`` moves with: its own, and for each indirect
+        index in it (``ind3``) those the index's value was computed from (Note [Column
+        reductions through gathers])."""
+        out: set[sympy.Symbol] = set()
+        for sym in expr.free_symbols:
+            if sym in self.ranges:
+                out.add(sym)
+            elif str(sym) in self.deps:
+                names = self.deps[str(sym)]
+                out.update(v for v in self.ranges if str(v) in names)
+        return out
 
     def _column_split(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) of the outermost reduced loop when a column reduction has too few

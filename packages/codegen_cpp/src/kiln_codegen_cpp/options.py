@@ -109,6 +109,11 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   over a few spatial positions) folds its lanes' float blocks after the outer row loops that keep
   a lane's block within FOLD_BLOCK / lanes positions, not after every pass of the innermost loop
   (Note [Folds after a row's short loops] in kernel.py); off: after every pass, as before.
+* ``column_gathers``: the choice of a column reduction (Note [Column reductions] in kernel.py)
+  counts a gathered read with the loops its index was loaded at, and a read that does not move
+  with the innermost output loop as small (Note [Column reductions through gathers] in
+  kernel.py); off: indirect indices count as no loop and any read that moves with an output
+  loop as full-size, as before.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -188,6 +193,7 @@ class CppOptions:
     full_teams: bool = True
     fold_short_rows: bool = True
     weigh_statements: bool = True
+    column_gathers: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
