@@ -175,6 +175,40 @@ def test_unary_ops_at_special_values(dtype: torch.dtype) -> None:
     check(graph_of(calls, 1), x, names=names)
 
 
+@pytest.mark.parametrize("guarded", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_logs_of_zeros_stay_off_the_slow_path(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, guarded: bool
+) -> None:
+    """Note [Logarithms off libmvec's slow path]: T5's buckets, the log of a triangle of zeros
+    whose lanes a later ``where`` drops, spelled with the guarded calls (the library's call with
+    ``guarded_log`` off), equal to eager at every special value, on one thread and two."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"guarded_log={int(guarded)}")
+    n = 192
+    i = torch.arange(n)
+    tri = (i[None, :] - i[:, None]).clamp(min=0).to(dtype)  # zeros on and below the diagonal
+    x = torch.cat([tri.flatten(), _special_values(dtype)])
+    x[5] = torch.finfo(dtype).smallest_normal / 8  # a subnormal, in the vector loop
+
+    def logs(v: torch.Tensor) -> Any:
+        scaled = aten.div.Tensor(v, 16.0)
+        return aten.log.default(scaled), aten.log2.default(scaled), aten.log10.default(scaled)
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            source = check(logs, x).backend.last_source  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(before)
+    kernel = source[source.index("// cpp_fused") :]  # the kernels, not the prelude
+    assert "kiln::log(" in kernel and "kiln::log2(" in kernel and "kiln::log10(" in kernel
+    # off: the prelude's plain spelling of the calls
+    assert ("-DKILN_PLAIN_LOG" in CppBackend().options.compiler_flags()) == (not guarded)
+    # GCC's PRE moved the guarded call out of the serial loop, which then stayed scalar
+    assert ('\n#pragma GCC optimize("no-tree-pre")\n' in source) == guarded
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_binary_ops_at_special_values(dtype: torch.dtype) -> None:
     """Every binary lowering on all pairs of special values (±inf, NaN, ±0, huge, tiny, ...).

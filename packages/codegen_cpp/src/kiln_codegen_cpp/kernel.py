@@ -297,6 +297,8 @@ EXPENSIVE = frozenset({
     "lgamma", "pow", "atan2", "hypot",
 })  # fmt: skip
 STASH_BYTES = 65536
+# the calls of Note [Logarithms off libmvec's slow path] (prelude.py)
+_GUARDED_CALL = re.compile(r"\bkiln::log(?:2|10)?\(")
 _VARIABLE = re.compile(r"\b(?:tmp|ind)\d+\b")  # values and indirect indices
 # Note [Indirect indices are common subexpressions]: ``indirect_indexing`` of one value (with one
 # extent and check) in one scope returns the index variable made the first time, keyed in the
@@ -1390,6 +1392,15 @@ class KernelBuilder(OpsHandlerBase):
         out.append("}")
         members = [m.name for m in self.members]
         big = self.weighted >= self.options.parallel_grain
+        if self.options.guarded_log and any(_GUARDED_CALL.search(line) for line in out):
+            # Note [Logarithms off libmvec's slow path] (prelude.py): GCC's PRE moves the guarded
+            # call into the latch of a serial copy's loop, which then does not vectorize
+            out = [
+                "#pragma GCC push_options",
+                '#pragma GCC optimize("no-tree-pre")',
+                *out,
+                "#pragma GCC pop_options",
+            ]
         source = "\n".join(out)
         size_params: list[str] = []
         if sizevars.current().symbolic:

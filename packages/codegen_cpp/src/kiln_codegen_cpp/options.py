@@ -114,6 +114,10 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   with the innermost output loop as small (Note [Column reductions through gathers] in
   kernel.py); off: indirect indices count as no loop and any read that moves with an output
   loop as full-size, as before.
+* ``guarded_log``: ``log``, ``log2`` and ``log10`` give the lanes that are not a positive finite
+  number 1 as the library call's argument and pick their result after it, so that libmvec's
+  vector call never takes its scalar path (Note [Logarithms off libmvec's slow path] in
+  prelude.py); off: ``-DKILN_PLAIN_LOG``, the library's call on every lane, as before.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -194,6 +198,7 @@ class CppOptions:
     fold_short_rows: bool = True
     weigh_statements: bool = True
     column_gathers: bool = True
+    guarded_log: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
@@ -230,6 +235,8 @@ class CppOptions:
         out: tuple[str, ...] = (f"-mprefer-vector-width={width}",) if width else ()
         if not self.select_minmax:  # Note [Maximum and minimum as two selects] in prelude.py
             out += ("-DKILN_MINMAX_OR",)
+        if not self.guarded_log:  # Note [Logarithms off libmvec's slow path] in prelude.py
+            out += ("-DKILN_PLAIN_LOG",)
         return out
 
     @staticmethod
