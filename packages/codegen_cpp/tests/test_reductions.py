@@ -285,6 +285,15 @@ def test_column_mode_sees_through_gathers(monkeypatch: pytest.MonkeyPatch, gathe
     inv = torch.randperm(t * k)
     compiled = check(combine, make((t * k, h)), inv, make((t * k,)))
     assert ("xblk" in compiled.backend.last_source) == gathers  # type: ignore[attr-defined]
+
+    # the rule without a gather: a product summed over a shared dim, ``sum_r a[t, r] * b[r, h]``;
+    # ``a`` does not move with h, so only ``b``'s contiguous h decides
+    def outer_sum(a: torch.Tensor, b: torch.Tensor) -> Any:
+        prod = aten.mul.Tensor(aten.unsqueeze.default(a, 2), aten.unsqueeze.default(b, 0))
+        return aten.sum.dim_IntList(prod, [1])
+
+    product = check(outer_sum, make((24, 40)), make((40, 48)))
+    assert ("xblk" in product.backend.last_source) == gathers  # type: ignore[attr-defined]
     # an index out of range still raises from the column kernel's checks
     bad = inv.clone()
     bad[7] = t * k
