@@ -389,7 +389,7 @@ def test_biased_safe_softmax_gathers_once_a_pass(
     assert source.count("for (int64_t rb = INT64_C(0)") + source.count("for (int64_t rbo") == phases
     # an index per phase that gathers, against one per gather (the any() gathers again)
     assert source.count("int64_t ind") == (3 if cse else 4)
-    assert source.count("std::exp(") == (1 if cse else 2)
+    assert source.count("kiln::exp(") == (1 if cse else 2)
     assert ("stash" in source) == cse
     # the softmax is stored for a fourth pass only without hoisting
     assert signature.count("p_buf") == (1 if hoist else 2)

@@ -297,8 +297,9 @@ EXPENSIVE = frozenset({
     "lgamma", "pow", "atan2", "hypot",
 })  # fmt: skip
 STASH_BYTES = 65536
-# the calls of Note [Logarithms off libmvec's slow path] (prelude.py)
-_GUARDED_CALL = re.compile(r"\bkiln::log(?:2|10)?\(")
+# the calls of Notes [Logarithms off libmvec's slow path], [Exponentials off libmvec's slow path]
+_GUARDED_LOG = re.compile(r"\bkiln::log(?:2|10)?\(")
+_GUARDED_EXP = re.compile(r"\bkiln::exp\(")
 _VARIABLE = re.compile(r"\b(?:tmp|ind)\d+\b")  # values and indirect indices
 # Note [Indirect indices are common subexpressions]: ``indirect_indexing`` of one value (with one
 # extent and check) in one scope returns the index variable made the first time, keyed in the
@@ -1392,9 +1393,10 @@ class KernelBuilder(OpsHandlerBase):
         out.append("}")
         members = [m.name for m in self.members]
         big = self.weighted >= self.options.parallel_grain
-        if self.options.guarded_log and any(_GUARDED_CALL.search(line) for line in out):
-            # Note [Logarithms off libmvec's slow path] (prelude.py): GCC's PRE moves the guarded
-            # call into the latch of a serial copy's loop, which then does not vectorize
+        if not self.loaded and any(self._guarded_calls(line) for line in out):
+            # Note [Logarithms off libmvec's slow path] (prelude.py): in a kernel that computes
+            # from its loop indices alone, GCC's PRE moves the guarded call into the latch of the
+            # serial copy's loop, which then does not vectorize
             out = [
                 "#pragma GCC push_options",
                 '#pragma GCC optimize("no-tree-pre")',
@@ -1414,6 +1416,14 @@ class KernelBuilder(OpsHandlerBase):
             source = source.replace("int64_t nt) {", f"{sizes}, int64_t nt) {{", 1) if sizes else source
             types = [*types, *(["int64_t"] * len(size_params))]
         return Kernel(self.name, source, params, scratch, self.errors, members, types, big, size_params)
+
+    def _guarded_calls(self, line: str) -> bool:
+        """Does a line of the kernel call a guarded math function (prelude.py's Notes
+        [Logarithms off libmvec's slow path], [Exponentials off libmvec's slow path])?"""
+        return bool(
+            (self.options.guarded_log and _GUARDED_LOG.search(line))
+            or (self.options.guarded_exp and _GUARDED_EXP.search(line))
+        )
 
     def _weigh(self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]]) -> int:
         """Note [Work of a kernel]: the element-iterations weighted by the statements of the body

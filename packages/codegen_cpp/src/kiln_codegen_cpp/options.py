@@ -118,6 +118,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   number 1 as the library call's argument and pick their result after it, so that libmvec's
   vector call never takes its scalar path (Note [Logarithms off libmvec's slow path] in
   prelude.py); off: ``-DKILN_PLAIN_LOG``, the library's call on every lane, as before.
+* ``guarded_exp``: ``exp`` the same way for the lanes whose result underflows to zero or
+  overflows, and NaN (Note [Exponentials off libmvec's slow path] in prelude.py); off:
+  ``-DKILN_PLAIN_EXP``.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -199,6 +202,7 @@ class CppOptions:
     weigh_statements: bool = True
     column_gathers: bool = True
     guarded_log: bool = True
+    guarded_exp: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
@@ -237,6 +241,8 @@ class CppOptions:
             out += ("-DKILN_MINMAX_OR",)
         if not self.guarded_log:  # Note [Logarithms off libmvec's slow path] in prelude.py
             out += ("-DKILN_PLAIN_LOG",)
+        if not self.guarded_exp:  # Note [Exponentials off libmvec's slow path] in prelude.py
+            out += ("-DKILN_PLAIN_EXP",)
         return out
 
     @staticmethod
