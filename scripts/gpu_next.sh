@@ -7,6 +7,8 @@
 #
 # Twenty-seventh session (helper build27): call27b (issue 20: the C++ build of a graph in parallel translation units
 #   on the host's 16 cores, build_parts=1 against automatic; BERT and GPT-2 training compile, ~120 s).
+# Twenty-seventh session (helper moe27): call27m (issue 20: the mixtures of experts' combine as a column reduction
+#   and T5's guarded logs, on the host at 1/16 threads against the rules off and torch.compile).
 # Twenty-sixth session: call25c, call25d, the rest of call25c's models, call4c, a BatchNorm-source dump with a GPT-2/LLaMA
 #   training profile at 16 threads, kiln's per-kernel thread scaling, gpu_kernel_table.py on ResNet-50 bf16 training and
 #   two bn_stats tile sweeps ran on an H100 and its host, all at 6b7ad2c (packages/bench/results/2026-12-06-h100*-s26-*).
@@ -203,6 +205,28 @@ for step in "$@"; do
       timeout 25 python3 packages/codegen_triton/bench/bandwidth.py --out "$out/colsum-8rows.json" --dtype bfloat16 \
         --row 393216 --sizes 3 --only col_sum --reps 7 --peak "$peak" \
         --variants "OUTER_PERSISTENT_XBLOCK=256;OUTER_PERSISTENT_XBLOCK=256,PERSISTENT_WARPS=4;OUTER_PERSISTENT_XBLOCK=512" 2>&1 | tail -6 ;;
+    call27m)  # twenty-seventh session (issue 20, helper moe27): two C++ generator rules, fp32 inference on the host at 1
+      # and 16 threads. (1) Note [Column reductions through gathers] (kernel.py, switch column_gathers): the mixtures of
+      # experts' combine (cpp_fused_div_index_mul_sum_unsqueeze_view_*, rows of k=2 experts through a gather) is a column
+      # reduction now: 93 -> 11 us a call at one thread on the 2-core box; at 16t on the host mixtral was 1.88x over
+      # eager against torch.compile's 2.20x, qwen2_moe 1.83x vs 2.15x (2026-12-06-h100host-s26-breadth-16t-eval).
+      # (2) Note [Logarithms off libmvec's slow path] (prelude.py, switch guarded_log): T5's bucket kernels
+      # (*_to_copy_add_arange_div_full_like_log_25, *_abs_add_arange_div_log_4) no longer take libmvec's scalar path on
+      # their triangle of zeros: 66 -> 18 and 36 -> 20 us at 1t here; _25 scaled 1.16x from 1 to 16t on the host.
+      # (3) Note [Exponentials off libmvec's slow path] (prelude.py, switch guarded_exp): a causal softmax's masked
+      # lanes no longer take the scalar path ([4, 256, 256] at 1t here: 493 -> 149 us with -inf, unmasked 136 -> 150).
+      # Compare: the mixtral and qwen2_moe rows at 1t and 16t, kiln against kiln_ab (the rules off, same rounds) and
+      # inductor, as speedups over eager; then threads27-infer's kernel lines for t5 (kiln against kiln_ab, 1t and
+      # 16t: expected _25 and _4 >= 3x at 16t, kiln_ab as before), and slow_paths.py. ~150 s after the install.
+      timeout 75 python3 packages/kiln/bench/breadth_speed.py --only mixtral,qwen2_moe --batch 32 --threads 1,16 \
+        --backends eager,kiln,kiln_ab,inductor --ab-cpp column_gathers=0,guarded_log=0,guarded_exp=0 --calls 4 --rounds 9 \
+        --json "$out/moe27.json" 2>&1 | grep -E "^(mixtral|qwen2_moe|model|mode|kiln)" | cut -c1-200
+      timeout 55 python3 packages/codegen_cpp/bench/threads.py --mode inference --threads 1,16 --models t5 \
+        --backends kiln,kiln_ab,inductor --ab-options "" --ab-cpp-options column_gathers=false,guarded_log=false,guarded_exp=false \
+        --kernels 8 --budget-s 30 --row-s 1 --out "$out/threads27-infer.json" > "$out/threads27-infer.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads27-infer.log" | tail -24 | cut -c1-200
+      # the guards alone: guarded against plain against eager, log over zeros and masked softmax, 1t and 16t
+      timeout 20 python3 packages/codegen_cpp/bench/slow_paths.py --threads 1,16 --calls 60 2>&1 | grep -v Warning ;;
     call26w)  # twenty-sixth session (issue 15): Note [Welford tiles] (codegen_triton heuristics), measured at one shape
       # only. First the BatchNorm statistics at ResNet-50's shapes (channels-last bf16: rows per chunk 49-392), the
       # new default against welford_tiles=0 and two tiles between; then ResNet-50 bf16 training, kiln against kiln

@@ -175,6 +175,85 @@ def test_unary_ops_at_special_values(dtype: torch.dtype) -> None:
     check(graph_of(calls, 1), x, names=names)
 
 
+@pytest.mark.parametrize("guarded", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_logs_and_exps_stay_off_the_slow_path(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, guarded: bool
+) -> None:
+    """Notes [Logarithms off libmvec's slow path], [Exponentials off libmvec's slow path]: the
+    guarded calls (the library's with the switches off) equal to eager at special values, at
+    the guards' bounds and on T5's triangle of zeros, on one thread and two; a kernel that
+    computes from its indices alone (T5's buckets) is compiled without GCC's PRE."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"guarded_log={int(guarded)},guarded_exp={int(guarded)}")
+    n = 192
+    i = torch.arange(n)
+    tri = (i[None, :] - i[:, None]).clamp(min=0).to(dtype)  # zeros on and below the diagonal
+    bounds = [
+        -746.0,
+        -745.5,
+        -709.0,
+        -105.0,
+        -104.0,
+        -103.9,
+        -87.5,
+        -87.0,
+        88.5,
+        88.8,
+        89.0,
+        89.5,
+        709.5,
+        710.5,
+    ]
+    x = torch.cat(
+        [tri.flatten(), _special_values(dtype), torch.tensor(bounds, dtype=torch.float64).to(dtype)]
+    )
+    x[5] = torch.finfo(dtype).smallest_normal / 8  # a subnormal, in the vector loop
+
+    def calls(v: torch.Tensor) -> Any:
+        scaled = aten.div.Tensor(v, 16.0)
+        logs = aten.log.default(scaled), aten.log2.default(scaled), aten.log10.default(scaled)
+        return (*logs, aten.exp.default(v), aten.exp.default(aten.neg.default(v)))
+
+    # T5's buckets, the log of a triangle of zeros computed from the loop indices alone (a graph
+    # built by hand: tracing would compute what reads no input once, as a constant)
+    g = torch.fx.Graph()
+    table = g.placeholder("table")
+
+    def op(fn: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        return g.call_function(fn, args, kwargs)
+
+    pos = op(aten.arange.default, n, dtype=torch.int64)
+    rel = op(aten.sub.Tensor, op(aten.unsqueeze.default, pos, 0), op(aten.unsqueeze.default, pos, 1))
+    big = op(aten.neg.default, op(aten.clamp_max.default, rel, 0))
+    large = op(aten.log.default, op(aten.div.Tensor, op(aten._to_copy.default, big, dtype=dtype), 8.0))
+    bucket = op(
+        aten._to_copy.default, op(aten.add.Tensor, op(aten.mul.Tensor, large, 4.0), 8.0), dtype=torch.int64
+    )
+    # where the log's lanes are dropped (its zeros among them)
+    bucket = op(aten.where.self, op(aten.lt.Scalar, big, 8), big, op(aten.clamp.default, bucket, 0, 15))
+    g.output((bucket, op(aten.embedding.default, table, bucket)))
+    buckets = torch.fx.GraphModule(torch.nn.Module(), g)
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            source = check(calls, x).backend.last_source  # type: ignore[attr-defined]
+            indexed = check(buckets, make((16, 4), dtype)).backend.last_source  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(before)
+    kernel = source[source.index("// cpp_fused") :]  # the kernels, not the prelude
+    assert all(f"kiln::{f}(" in kernel for f in ("log", "log2", "log10", "exp"))
+    # off: the prelude's plain spelling of the calls
+    flags = CppBackend().options.compiler_flags()
+    assert ("-DKILN_PLAIN_LOG" in flags) == ("-DKILN_PLAIN_EXP" in flags) == (not guarded)
+    # GCC's PRE moved the guarded call out of the serial loop of T5's kernel, which then stayed
+    # scalar; a kernel that reads its operands keeps the pass
+    pragma = '\n#pragma GCC optimize("no-tree-pre")\n'
+    assert (pragma in indexed) == guarded
+    assert pragma not in source
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
 def test_binary_ops_at_special_values(dtype: torch.dtype) -> None:
     """Every binary lowering on all pairs of special values (±inf, NaN, ±0, huge, tiny, ...).

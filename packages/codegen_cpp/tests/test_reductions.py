@@ -268,6 +268,52 @@ def test_column_mode_is_chosen_by_the_reduced_reads() -> None:
     assert "xblk" in compiled.backend.last_source  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("gathers", [True, False])
+def test_column_mode_sees_through_gathers(monkeypatch: pytest.MonkeyPatch, gathers: bool) -> None:
+    # Note [Column reductions through gathers]: a mixture of experts' combine, the experts'
+    # outputs gathered back into token order, weighted and summed over each token's k experts
+    # (``y[inv].view(T, K, H).sum(1)``): the gathered rows are contiguous along the hidden dim,
+    # and only the index read moves with the reduced loop; a column reduction by its gather
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"column_gathers={int(gathers)}")
+    k = 2
+
+    def combine_of(t: int, h: int) -> Any:
+        def combine(y: torch.Tensor, inv: torch.Tensor, w: torch.Tensor) -> Any:
+            picked = aten.index.Tensor(y, [inv])
+            weighted = aten.mul.Tensor(picked, aten.unsqueeze.default(aten.index.Tensor(w, [inv]), -1))
+            return aten.sum.dim_IntList(aten.view.default(weighted, [t, k, h]), [1])
+
+        return combine
+
+    t, h = 40, 32
+    inv = torch.randperm(t * k)
+    compiled = check(combine_of(t, h), make((t * k, h)), inv, make((t * k,)))
+    assert ("xblk" in compiled.backend.last_source) == gathers  # type: ignore[attr-defined]
+    # an index out of range still raises from the column kernel's checks
+    bad = inv.clone()
+    bad[7] = t * k
+    with pytest.raises(IndexError):
+        compiled(make((t * k, h)), bad, make((t * k,)))
+    # many tokens: the parallel copy (and its check reductions), on two threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        t, h = 4096, 64
+        wide = check(combine_of(t, h), make((t * k, h)), torch.randperm(t * k), make((t * k,)))
+        assert "omp parallel for" in wide.backend.last_source  # type: ignore[attr-defined]
+    finally:
+        torch.set_num_threads(before)
+
+    # the rule without a gather: a product summed over a shared dim, ``sum_r a[t, r] * b[r, h]``;
+    # ``a`` does not move with h, so only ``b``'s contiguous h decides
+    def outer_sum(a: torch.Tensor, b: torch.Tensor) -> Any:
+        prod = aten.mul.Tensor(aten.unsqueeze.default(a, 2), aten.unsqueeze.default(b, 0))
+        return aten.sum.dim_IntList(prod, [1])
+
+    product = check(outer_sum, make((24, 40)), make((40, 48)))
+    assert ("xblk" in product.backend.last_source) == gathers  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_reductions_at_special_values(dtype: torch.dtype) -> None:
     """Rows holding +inf, -inf, NaN, both infinities, or huge values, through row, column and
@@ -356,7 +402,7 @@ def test_biased_safe_softmax_gathers_once_a_pass(
     assert source.count("for (int64_t rb = INT64_C(0)") + source.count("for (int64_t rbo") == phases
     # an index per phase that gathers, against one per gather (the any() gathers again)
     assert source.count("int64_t ind") == (3 if cse else 4)
-    assert source.count("std::exp(") == (1 if cse else 2)
+    assert source.count("kiln::exp(") == (1 if cse else 2)
     assert ("stash" in source) == cse
     # the softmax is stored for a fourth pass only without hoisting
     assert signature.count("p_buf") == (1 if hoist else 2)

@@ -32,6 +32,9 @@ breaks (torch.compile's unique graphs beside them), and whether the main output 
 host more than the device: these rows measure what a compiler adds or saves per call (guards,
 wrappers, launches, graph breaks), which decides models of moderate size on a fast GPU.
 
+`--backends eager,kiln,kiln_ab,inductor --ab-cpp column_gathers=0` adds kiln with its C++
+generator under other switches (`KILN_CPP_OPTIONS` while it compiles), timed in the same rounds.
+
 `--procs N` runs the models in N processes (shards) and merges their rows: compile dominates the
 time, and the device's host has cores to spare. Rows from concurrent processes are noisier;
 compare within a row (ratios), and re-time an outlier alone (`--only`).
@@ -83,7 +86,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _compiled(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
+def _compiled(backend: str, model: torch.nn.Module, ab_cpp: str = "") -> Callable[..., Any]:
     torch.compiler.reset()
     from torch._dynamo.utils import counters  # bench code only: the baseline's own counts
 
@@ -94,8 +97,37 @@ def _compiled(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
         return torch.compile(model)
     import kiln
 
+    if backend == "kiln_ab":
+        return _kiln_ab(model, ab_cpp)
     kiln.reset()
     return kiln.compile(model)
+
+
+def _kiln_ab(model: torch.nn.Module, ab_cpp: str) -> Callable[..., Any]:
+    """``kiln_ab``: kiln with its C++ generator under ``KILN_CPP_OPTIONS=ab_cpp`` (``--ab-cpp``),
+    timed in the same rounds as the others. The generator reads the variable when a graph
+    compiles, at the first call, so it is set around that call; an explicit default option makes
+    kiln's cache key differ from plain kiln's, whose compiled entry stays (no ``kiln.reset()``)."""
+    import kiln
+
+    compiled = kiln.compile(model, options={"layout": True})
+    first = [True]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not first[0]:
+            return compiled(*args, **kwargs)
+        saved = os.environ.get("KILN_CPP_OPTIONS")
+        os.environ["KILN_CPP_OPTIONS"] = ab_cpp
+        try:
+            return compiled(*args, **kwargs)
+        finally:
+            first[0] = False
+            if saved is None:
+                os.environ.pop("KILN_CPP_OPTIONS", None)
+            else:
+                os.environ["KILN_CPP_OPTIONS"] = saved
+
+    return call
 
 
 def _details(backend: str) -> dict[str, Any]:
@@ -218,7 +250,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row[backend] = entry
         try:
             module = model if backend == "eager" else copy.deepcopy(model)
-            call = _call_of(_compiled(backend, module), module, inputs, train)
+            call = _call_of(_compiled(backend, module, args.ab_cpp), module, inputs, train)
             with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.manual_seed(3)
@@ -371,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=0.0, help="stop starting models after this")
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", action="store_true", help="kiln_bench's profile view per backend")
+    parser.add_argument(
+        "--ab-cpp", default="", help="backend kiln_ab: kiln under KILN_CPP_OPTIONS=this (k=v,...)"
+    )
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
     counts = [int(t) for t in str(args.threads).split(",") if t] or [0]
@@ -422,6 +457,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
         f"--threads={args.threads}", f"--mode={args.mode}",
         f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
         *(["--profile"] if args.profile else []),
+        *([f"--ab-cpp={args.ab_cpp}"] if args.ab_cpp else []),
     ]  # fmt: skip
     children = []
     parts = Path(tempfile.mkdtemp(prefix="breadth-speed-"))  # beside no one's results

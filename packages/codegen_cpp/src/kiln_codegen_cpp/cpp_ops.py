@@ -113,9 +113,9 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
 # math ops: float spelling, integer spelling (None: same as float), bool spelling (None: int)
 
 FLOAT_UNARY: dict[str, str] = {
-    "abs": "std::abs({a})", "neg": "(-{a})", "exp": "std::exp({a})", "exp2": "std::exp2({a})",
-    "expm1": "std::expm1({a})", "log": "std::log({a})", "log1p": "std::log1p({a})",
-    "log2": "std::log2({a})", "log10": "std::log10({a})", "sqrt": "std::sqrt({a})",
+    "abs": "std::abs({a})", "neg": "(-{a})", "exp": "kiln::exp({a})", "exp2": "std::exp2({a})",
+    "expm1": "std::expm1({a})", "log": "kiln::log({a})", "log1p": "std::log1p({a})",
+    "log2": "kiln::log2({a})", "log10": "kiln::log10({a})", "sqrt": "std::sqrt({a})",
     "rsqrt": "kiln::rsqrt({a})", "sin": "std::sin({a})", "cos": "std::cos({a})",
     "tan": "std::tan({a})", "asin": "std::asin({a})", "acos": "std::acos({a})",
     "atan": "std::atan({a})", "sinh": "std::sinh({a})", "cosh": "std::cosh({a})",

@@ -297,6 +297,9 @@ EXPENSIVE = frozenset({
     "lgamma", "pow", "atan2", "hypot",
 })  # fmt: skip
 STASH_BYTES = 65536
+# the calls of Notes [Logarithms off libmvec's slow path], [Exponentials off libmvec's slow path]
+_GUARDED_LOG = re.compile(r"\bkiln::log(?:2|10)?\(")
+_GUARDED_EXP = re.compile(r"\bkiln::exp\(")
 _VARIABLE = re.compile(r"\b(?:tmp|ind)\d+\b")  # values and indirect indices
 # Note [Indirect indices are common subexpressions]: ``indirect_indexing`` of one value (with one
 # extent and check) in one scope returns the index variable made the first time, keyed in the
@@ -1390,6 +1393,16 @@ class KernelBuilder(OpsHandlerBase):
         out.append("}")
         members = [m.name for m in self.members]
         big = self.weighted >= self.options.parallel_grain
+        if not self.loaded and any(self._guarded_calls(line) for line in out):
+            # Note [Logarithms off libmvec's slow path] (prelude.py): in a kernel that computes
+            # from its loop indices alone, GCC's PRE moves the guarded call into the latch of the
+            # serial copy's loop, which then does not vectorize
+            out = [
+                "#pragma GCC push_options",
+                '#pragma GCC optimize("no-tree-pre")',
+                *out,
+                "#pragma GCC pop_options",
+            ]
         source = "\n".join(out)
         size_params: list[str] = []
         if sizevars.current().symbolic:
@@ -1403,6 +1416,14 @@ class KernelBuilder(OpsHandlerBase):
             source = source.replace("int64_t nt) {", f"{sizes}, int64_t nt) {{", 1) if sizes else source
             types = [*types, *(["int64_t"] * len(size_params))]
         return Kernel(self.name, source, params, scratch, self.errors, members, types, big, size_params)
+
+    def _guarded_calls(self, line: str) -> bool:
+        """Does a line of the kernel call a guarded math function (prelude.py's Notes
+        [Logarithms off libmvec's slow path], [Exponentials off libmvec's slow path])?"""
+        return bool(
+            (self.options.guarded_log and _GUARDED_LOG.search(line))
+            or (self.options.guarded_exp and _GUARDED_EXP.search(line))
+        )
 
     def _weigh(self, sections: list[XSection | RPhase], clean: Callable[[list[str]], list[str]]) -> int:
         """Note [Work of a kernel]: the element-iterations weighted by the statements of the body
@@ -1513,21 +1534,58 @@ class KernelBuilder(OpsHandlerBase):
             return False
         xl, rl = xs[-1][0], rs[-1]
         out_vars = {v for v, _ in xs}
+        gathers = self.options.column_gathers
         # (full, broadcast) counts, compared in that order
         x_unit, r_unit = [0, 0], [0, 0]
         for a in self.accesses:
             e = sympy.expand(a)
+            # Note [Column reductions through gathers]: the loops an access moves with, through
+            # the loops its indirect indices were loaded at
+            moves = self._access_loops(e) if gathers else e.free_symbols
             # Only the reduced reads decide (Note [Loop order counts full-size accesses first]):
             # a per-output store or a per-channel parameter is small whichever loop is innermost;
             # so is a read that is the same for every output (layer norm's per-token mean and
             # rstd in its weight gradient, the sum over tokens of grad * (x - mean[t]) * rstd[t]),
             # which only breaks ties.
-            if not e.free_symbols & set(rs):
+            if not moves & set(rs):
                 continue
-            kind = 0 if e.free_symbols & out_vars else 1
+            kind = 0 if (xl in moves if gathers else moves & out_vars) else 1
             x_unit[kind] += int(e.coeff(xl) == 1)
             r_unit[kind] += int(e.coeff(rl) == 1)
         return x_unit > r_unit
+
+    # Note [Column reductions through gathers]: a mixture of experts combines its experts'
+    # outputs by gathering them back into token order and summing each token's k of them
+    # (transformers' ``weighted_out[inv_perm].view(T, K, H).sum(1)``, weighted by the routing
+    # probabilities): outputs [T, H], a reduced loop of K = 2, and the one full-size read,
+    # ``y[inv[t, k], h]``, contiguous along h. The column decision read its index as ``h + H *
+    # ind2``: no reduced variable, so it was skipped, and the index read ``inv[t, k]`` (contiguous
+    # along k) made it a row reduction: per output 8 float and 8 double lanes set up, 2
+    # positions, a fold and a tree combine, none of it vectorized (Mixtral at batch 32, 8192
+    # outputs: 93 us a call at one thread here, the model's slowest kernel). So an access counts with the loops its indirect indices were loaded at
+    # (``KernelBuilder.deps``), and a read counts as full-size only if it moves with the
+    # innermost output loop: one that does not (the index read, a per-token weight) is the same
+    # for every column of a block, a scalar the block's vector loop broadcasts, so it only breaks
+    # ties as the per-token statistics above do. The combine then runs as a column reduction
+    # over 32 outputs a block: 11 us. The second half of the rule holds without gathers too: a
+    # product summed over a shared dim, ``sum_r a[t, r] * b[r, h]`` (a matrix product that
+    # reached loopir as a mul and a sum), tied between ``b`` (contiguous along h) and ``a``
+    # (along r, the same for every h) and ran as rows, ``b`` read with a stride of H; it is a
+    # column reduction now, ``a[t, r]`` broadcast: [64, 48] x [48, 64] 94 -> 6.9 us at one
+    # thread (the moe combine alone 89 -> 9.4). ``CppOptions.column_gathers=False`` decides as
+    # before.
+    def _access_loops(self, expr: sympy.Expr) -> set[sympy.Symbol]:
+        """The loop variables an access at ``expr`` moves with: its own, and for each indirect
+        index in it (``ind3``) those the index's value was computed from (Note [Column
+        reductions through gathers])."""
+        out: set[sympy.Symbol] = set()
+        for sym in expr.free_symbols:
+            if sym in self.ranges:
+                out.add(sym)
+            elif str(sym) in self.deps:
+                names = self.deps[str(sym)]
+                out.update(v for v in self.ranges if str(v) in names)
+        return out
 
     def _column_split(self, sections: list[XSection | RPhase]) -> tuple[int, int] | None:
         """(chunk, chunks) of the outermost reduced loop when a column reduction has too few

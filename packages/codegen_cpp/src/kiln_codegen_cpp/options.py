@@ -109,6 +109,18 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   over a few spatial positions) folds its lanes' float blocks after the outer row loops that keep
   a lane's block within FOLD_BLOCK / lanes positions, not after every pass of the innermost loop
   (Note [Folds after a row's short loops] in kernel.py); off: after every pass, as before.
+* ``column_gathers``: the choice of a column reduction (Note [Column reductions] in kernel.py)
+  counts a gathered read with the loops its index was loaded at, and a read that does not move
+  with the innermost output loop as small (Note [Column reductions through gathers] in
+  kernel.py); off: indirect indices count as no loop and any read that moves with an output
+  loop as full-size, as before.
+* ``guarded_log``: ``log``, ``log2`` and ``log10`` give the lanes that are not a positive finite
+  number 1 as the library call's argument and pick their result after it, so that libmvec's
+  vector call never takes its scalar path (Note [Logarithms off libmvec's slow path] in
+  prelude.py); off: ``-DKILN_PLAIN_LOG``, the library's call on every lane, as before.
+* ``guarded_exp``: ``exp`` the same way for the lanes whose result underflows to zero or
+  overflows, and NaN (Note [Exponentials off libmvec's slow path] in prelude.py); off:
+  ``-DKILN_PLAIN_EXP``.
 * ``saved_inputs_as_is``: a training forward returns a saved value that is an input seen through
   a view that changes nothing as the input itself, not an ``as_strided`` view (Note [Saved inputs
   returned as themselves] in wrapper.py); the wrapper's source (``KILN_LOG=output_code``) shows it.
@@ -195,6 +207,9 @@ class CppOptions:
     weigh_statements: bool = True
     compile_time_tune: bool = True
     build_parts: int = 0
+    column_gathers: bool = True
+    guarded_log: bool = True
+    guarded_exp: bool = True
 
     def __post_init__(self) -> None:
         if self.vector_width not in VECTOR_WIDTHS:
@@ -237,6 +252,10 @@ class CppOptions:
             from .build import compile_time_tune_flags
 
             out += compile_time_tune_flags()
+        if not self.guarded_log:  # Note [Logarithms off libmvec's slow path] in prelude.py
+            out += ("-DKILN_PLAIN_LOG",)
+        if not self.guarded_exp:  # Note [Exponentials off libmvec's slow path] in prelude.py
+            out += ("-DKILN_PLAIN_EXP",)
         return out
 
     @staticmethod

@@ -130,6 +130,9 @@ ROW_STATEMENT_WEIGHT = 16
 _TRANSCENDENTAL = "exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan atan2 sinh cosh asinh acosh atanh hypot fmod"
 CALL_STATEMENTS: dict[str, int] = {
     **{f"std::{name}": 24 for name in _TRANSCENDENTAL.split()},
+    # Notes [Logarithms off libmvec's slow path], [Exponentials off ...] (prelude.py): the call and
+    # the guard's selects
+    **{f"kiln::{name}": 32 for name in ("exp", "log", "log2", "log10")},
     "std::tanh": 32,
     "kiln::sigmoid": 32,
     "std::erf": 56,

@@ -45,6 +45,7 @@ PRELUDE = (
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <algorithm>
 #include <omp.h>
 #if defined(__GLIBC__) && defined(__x86_64__) && defined(KILN_LIBMVEC)
@@ -146,6 +147,103 @@ template <> inline double relu<double>(double a) {
   double out; std::memcpy(&out, &u, 8); return out;
 }
 template <typename T> static inline T sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : T(0)); }
+// Note [Logarithms off libmvec's slow path]: libmvec's vector logf/log (and log2, log10) send a
+// vector holding any lane that is not a positive finite number (zero, negative, inf, NaN) to a
+// scalar loop over its lanes: a kernel of ``log(x)`` over 64K float32 elements took 17 us at one
+// thread here, 170 us with every second one zero. Zeros reach a log where its lanes are masked away
+// later: T5's relative-position buckets take the log of a triangle of zeros (``where`` keeps the
+// exact buckets there), so the kernel cost ~10x on those rows, and the rows of zeros, contiguous,
+// all landed on the first threads (1.16x from 1 to 16 threads on the 16-core host). So such lanes
+// take 1 into the call and their result (-inf for zeros, inf, NaN) is chosen after it: 26 us
+// whatever the values, at the price of 17 -> 25 us on positive ones (the mask, the special values
+// and the blends, ~0.12 ns an element; a log in a real kernel is rarely alone: T5's bucket kernels
+// 66 -> 18 and 36 -> 20 us at one thread, bench/kernel_time.py --models suite.t5 --inference
+// --ab-cpp guarded_log=0). The argument is picked by masking its bits, not by a select: GCC moves a
+// select of a constant out of the call (``log(c ? 1 : a)`` -> ``c ? 0 : log(a)``), which calls the
+// vector log on the zeros again. Subnormal inputs still take the slow path (their log is not that
+// of 1). In a loop whose values come from the loop indices alone (T5's), GCC's partial redundancy
+// elimination then moved the call of the next iteration into the loop's latch in the serial copy
+// (Note [Serial path] in kernel.py), which then did not vectorize ("latch block not empty", 92 us
+// against 58): a kernel that calls these and reads no buffer is compiled without that pass
+// (``#pragma GCC optimize("no-tree-pre")`` around it; loop-invariant motion is another pass). Not
+// every kernel that calls them: a softmax (reads, guarded exp) ran 147 us without the pragma,
+// 160 with it, and vectorized either way.
+// CppOptions.guarded_log (off: -DKILN_PLAIN_LOG, the library's call, no pragma).
+template <typename T> struct same_size_int;
+template <> struct same_size_int<float> { using type = int32_t; };
+template <> struct same_size_int<double> { using type = int64_t; };
+#if defined(KILN_PLAIN_LOG)
+template <typename T> static inline T log(T a) { return std::log(a); }
+template <typename T> static inline T log2(T a) { return std::log2(a); }
+template <typename T> static inline T log10(T a) { return std::log10(a); }
+#else
+template <typename T, typename F> static inline T guarded_log(T a, F f) {
+  using I = typename same_size_int<T>::type;
+  using U = typename std::make_unsigned<I>::type;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  const T one = T(1);
+  const T big = std::numeric_limits<T>::max();
+  I bits, one_bits, big_bits;
+  std::memcpy(&bits, &a, sizeof(T));
+  std::memcpy(&one_bits, &one, sizeof(T));
+  std::memcpy(&big_bits, &big, sizeof(T));
+  // the positive finite numbers (subnormals too) are the bit patterns 1 .. those of the largest
+  const I keep = -static_cast<I>(static_cast<U>(bits) - U(1) < static_cast<U>(big_bits));
+  const I arg_bits = (bits & keep) | (one_bits & ~keep);
+  T arg;
+  std::memcpy(&arg, &arg_bits, sizeof(T));
+  const T r = f(arg);
+  // the log of a zero, inf, a negative number or NaN (sqrt: inf for inf, NaN for the others)
+  const T special = a == T(0) ? -inf : std::sqrt(a);
+  return keep ? r : special;
+}
+// float and double guarded; any other type (not expected: halves compute in float) as the library
+#define KILN_GUARDED(name)                                                            \
+  template <typename T> static inline auto name(T a) {                                \
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)               \
+      return guarded_log(a, [](T v) { return std::name(v); });                         \
+    else                                                                               \
+      return std::name(a);                                                             \
+  }
+KILN_GUARDED(log)
+KILN_GUARDED(log2)
+KILN_GUARDED(log10)
+#undef KILN_GUARDED
+#endif
+// Note [Exponentials off libmvec's slow path]: libmvec's vector expf/exp take the same scalar
+// path (Note [Logarithms off libmvec's slow path]) for a vector holding a lane whose result
+// underflows or overflows (below about -87.3 for float32, above 88.7) or NaN: a softmax's masked
+// scores, -inf or finfo.min, minus the row's max. A causal [4, 256, 256] float32 softmax took
+// 136 us unmasked at one thread here, 493 us masked with -inf, 683 with finfo.min (eager 136 for
+// all three). So a lane below ``lo`` (where the result rounds to zero) or above ``hi`` (inf), or
+// NaN, gives 0 to the call, its bits masked, and takes its result after it: 147-150 us for all
+// three, the guard's ~10% on the unmasked one the price (eager's own vector exp needs none).
+// Lanes between those bounds and the library's own still take its scalar path, exact (a
+// softmax's scores rarely differ by 87-104 without a mask). CppOptions.guarded_exp (off:
+// -DKILN_PLAIN_EXP, the library's call). Not in ``sigmoid``: its argument rarely leaves the
+// range, and SiLU is in every LLaMA-like MLP.
+#if defined(KILN_PLAIN_EXP)
+template <typename T> static inline T exp(T a) { return std::exp(a); }
+#else
+template <typename T> static inline auto exp(T a) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    using I = typename same_size_int<T>::type;
+    constexpr T lo = sizeof(T) == 4 ? T(-104) : T(-746);  // exp(lo) rounds to 0
+    constexpr T hi = sizeof(T) == 4 ? T(89) : T(710);  // exp(hi) overflows
+    const I keep = -static_cast<I>(a >= lo && a <= hi);
+    I bits;
+    std::memcpy(&bits, &a, sizeof(T));
+    const I arg_bits = bits & keep;  // 0.0 where not kept
+    T arg;
+    std::memcpy(&arg, &arg_bits, sizeof(T));
+    const T r = std::exp(arg);
+    const T special = a < T(0) ? T(0) : a * std::numeric_limits<T>::infinity();  // 0, inf, NaN
+    return keep ? r : special;
+  } else {
+    return std::exp(a);
+  }
+}
+#endif
 template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
 template <typename T> static inline T frac(T a) { return a - std::trunc(a); }
