@@ -310,8 +310,8 @@ def _disassembly(obj: Path) -> dict[str, str]:
             functions[name] = ""
         elif name and "\t" in line:
             insn = line.split("\t", 1)[1]
-            if "nop" in insn:  # padding, which follows where the function lies
-                continue
+            if "nop" in insn or re.fullmatch(r"xchg\s+%ax,%ax\s*", insn):
+                continue  # padding (also the two-byte `xchg %ax,%ax`), which follows where the function lies
             insn = re.sub(r"#.*", "", insn)  # the comment: an address
             insn = re.sub(r"\b[0-9a-f]+ <([^>]*)>", r"<\1>", insn)  # jumps and calls: by name
             functions[name] += re.sub(r"-?0x[0-9a-f]+\(%rip\)", "(%rip)", insn).strip() + "\n"
