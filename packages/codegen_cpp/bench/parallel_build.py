@@ -104,8 +104,8 @@ def disassembly(obj: Path) -> dict[str, str]:
             functions[name] = ""
         elif name and "\t" in line:
             insn = re.sub(r"#.*", "", line.split("\t", 1)[1])
-            if "nop" in insn:
-                continue
+            if "nop" in insn or re.fullmatch(r"xchg\s+%ax,%ax\s*", insn):
+                continue  # padding (the two-byte `xchg %ax,%ax` too)
             insn = re.sub(r"\b[0-9a-f]+ <([^>]*)>", r"<\1>", insn)
             functions[name] += re.sub(r"-?0x[0-9a-f]+\(%rip\)", "(%rip)", insn).strip() + "\n"
     return {k: v for k, v in functions.items() if k.startswith("cpp_fused_")}
