@@ -363,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
+    if "eager" not in args.backends.split(","):
+        parser.error("--backends must include eager: steps are checked against it and speedups are over it")
     if args.profile:
         # kernel ranges for the tables; read when a wrapper is generated. Unprofiled steps pay
         # ~0.1 us a kernel for them (Note [Kernel ranges cost nothing unprofiled] in wrapper.py);
