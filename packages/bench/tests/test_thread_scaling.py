@@ -132,7 +132,9 @@ def test_breadth_speed_times_no_step_whose_gradients_are_wrong(
     monkeypatch.setattr(
         speed,
         "_compiled",
-        lambda backend, model: _doubled_gradients(model) if backend == "kiln" else compiled(backend, model),
+        lambda backend, model, *rest: (
+            _doubled_gradients(model) if backend == "kiln" else compiled(backend, model, *rest)
+        ),
     )
     out = tmp_path / "breadth.json"
     speed.main([*BREADTH_ARGS, "--mode", "train", "--threads", "1", "--json", str(out)])

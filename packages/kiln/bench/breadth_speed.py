@@ -279,7 +279,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         order = list(calls.items())
-        for r in range(args.rounds):
+        for r in range(args.rounds if order else 0):  # nothing to time when every backend failed its check
             # each round starts at the next backend (A B C, B C A, ...): running right after
             # another backend's calls was measured to favour or hurt one position by up to ~10%
             # on tiny models (caches, the allocator), which a fixed order charged to one backend
