@@ -19,6 +19,7 @@ result dtype), so one op's output matches eager bit for bit where the math libra
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -272,6 +273,43 @@ def to_dtype(box: TensorBox, dtype: torch.dtype) -> TensorBox:
     if box.get_dtype() == dtype:
         return box
     return pointwise_from(box, lambda v: ops.to_dtype(v, dtype), dtype)
+
+
+# Note [Python numbers that do not fit the dtype]: ops that take a Python number and convert it
+# to the tensor's dtype themselves (clamp's bounds, masked_fill's and full's value, where's
+# scalar operand, so also threshold and fill_, which aotgrad rewrites into where and full_like)
+# raise in eager when it does not fit ("value cannot be converted to type int8_t without
+# overflow": `x.clamp(min=300)` of an int8 x; 1e300 for float32, 70000 for float16), where a
+# kernel's constant would wrap or round (clamp returned 44, 300 mod 256). The check is eager's
+# rule for its checked conversion: an integer dtype takes numbers in its range (an unsigned one
+# also down to minus its maximum, which wrap), a float one anything up to its largest finite
+# value and the infinities and NaN, bool anything. An op whose number does not fit is left to
+# eager's kernel (an extern call, `Unsupported`), which raises the error at run time. Arithmetic
+# (`x + 300`) converts its number unchecked in eager too, and is not checked. Not matched: a
+# half-type fill checks against float32 (creation.py), since eager's own check there depends on
+# the element count (`fill_` of one element and `scalar_tensor` give inf, of two raise);
+# `threshold`, which aotgrad rewrites into a `where` computed in float32 for a float value and
+# converted back, wraps as before.
+def scalar_fits(value: object, dtype: torch.dtype) -> bool:
+    """Does eager's checked conversion of the Python number ``value`` to ``dtype`` succeed?"""
+    if isinstance(value, bool) or dtype == torch.bool or not isinstance(value, (int, float)):
+        return True
+    if dtype.is_floating_point:
+        return not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+    if dtype.is_complex:
+        return True
+    info = torch.iinfo(dtype)
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    low = -info.max if info.min == 0 and isinstance(value, int) else info.min
+    return low <= value <= info.max
+
+
+def check_scalar(value: object, dtype: torch.dtype) -> None:
+    """Note [Python numbers that do not fit the dtype]: ``Unsupported`` (eager's kernel runs, and
+    raises) when eager's conversion of ``value`` to ``dtype`` would."""
+    if not scalar_fits(value, dtype):
+        raise Unsupported(f"{value!r} does not fit {dtype}: eager's kernel raises")
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:

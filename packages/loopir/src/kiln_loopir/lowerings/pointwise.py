@@ -19,6 +19,7 @@ from ..lowering import (
     Unsupported,
     broadcast_loader,
     broadcast_sizes,
+    check_scalar,
     make_pointwise,
     meta_of,
     register_lowering,
@@ -201,9 +202,12 @@ def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     if max is not None:
         args.append(max)
     has_min, has_max = min is not None, max is not None
-    compute, _ = torch._prims_common.elementwise_dtypes(
+    compute, result = torch._prims_common.elementwise_dtypes(
         *[meta_of(a) for a in args], type_promotion_kind=Kind.DEFAULT
     )
+    for bound in (min, max):
+        if not isinstance(bound, TensorBox):
+            check_scalar(bound, result)  # Note [Python numbers that do not fit the dtype]
     nan_min, nan_max = (compute.is_floating_point and _may_be_nan(b) for b in (min, max))
 
     def body(v: Any, *bounds: Any) -> Any:
@@ -258,6 +262,9 @@ def where(cond: TensorBox, a: Any, b: Any) -> TensorBox:
             return lambda i: ops.to_dtype(load(i), dtype)
         return lambda i: ops.constant(value, dtype)
 
+    for value in (a, b):
+        if not isinstance(value, TensorBox):
+            check_scalar(value, dtype)  # Note [Python numbers that do not fit the dtype]
     la, lb = operand(a), operand(b)
 
     def inner(index: Index) -> Any:
@@ -274,6 +281,8 @@ def masked_fill(x: TensorBox, mask: TensorBox, value: Any) -> TensorBox:
         raise Unsupported("masked_fill whose mask broadcasts self")
     load_x, load_m = broadcast_loader(x, size), broadcast_loader(mask, size)
     load_v = broadcast_loader(value, size) if isinstance(value, TensorBox) else None
+    if load_v is None:
+        check_scalar(value, dtype)  # Note [Python numbers that do not fit the dtype]
 
     def inner(index: Index) -> Any:
         fill = ops.to_dtype(load_v(index), dtype) if load_v else ops.constant(value, dtype)
