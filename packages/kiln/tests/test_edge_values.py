@@ -1,0 +1,108 @@
+"""Values at the edges of each op's semantics through `kiln.compile`, both code generators, against
+eager: seeds of the harness in edge_values.py (`python packages/kiln/tests/edge_values.py --seeds
+0-999` for more), and the wrong answers it found, one test each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from edge_values import compare, run_seed
+
+import kiln
+
+BACKENDS = ("cpp", "triton")
+# every 5th of the first 400 seeds (80 programs, ~40 s on the 2-core CI machine)
+SEEDS = range(0, 400, 5)
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> Iterator[None]:
+    kiln.reset()
+    yield
+    kiln.reset()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", SEEDS)
+def test_edge_value_programs(seed: int) -> None:
+    bad = [r for r in run_seed(seed, BACKENDS) if r.kind in ("mismatch", "error")]
+    assert not bad, "\n".join(f"{r.backend}: {r.case}: {r.kind}: {r.detail}" for r in bad)
+
+
+def _same_as_eager(fn: Callable[..., Any], *args: Any, exact: bool = True) -> None:
+    want = fn(*args)
+    for backend in BACKENDS:
+        kiln.reset()
+        got = kiln.compile(fn, options={"cpu_backend": backend, "strict": True})(*args)
+        problem = compare(got, want, exact, True)
+        assert problem is None, f"{backend}: {problem}"
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_integer_overflow_wraps(dtype: torch.dtype) -> None:
+    """Note [Integer arithmetic wraps] (kiln_codegen_cpp): GCC folded `(x + 1) > x` to true and
+    `-x < 0` to `x > 0` through undefined signed overflow; eager wraps."""
+    info = torch.iinfo(dtype)
+    x = torch.tensor([info.max, info.min, 0, -1, 5], dtype=dtype)
+
+    def fn(x: torch.Tensor) -> Any:
+        return (x + 1) > x, -x < 0, x.abs() < 0, (x * 2) // 2 == x
+
+    _same_as_eager(fn, x)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 2), (2, 0, 3)], ids=str)
+def test_reductions_over_no_element(shape: tuple[int, ...]) -> None:
+    """Note [Reductions over no element] (kiln_loopir): the Triton generator fell back (a modulus
+    by zero); the results are eager's identities and NaNs."""
+    x = torch.zeros(shape)
+    d = shape.index(0)
+
+    def fn(x: torch.Tensor) -> Any:
+        return (x * 2).prod(), x.sum(d), x.mean(d), torch.var_mean(x, d), torch.linalg.vector_norm(x, dim=d)
+
+    _same_as_eager(fn, x, exact=False)
+
+
+def _raises_as_eager(fn: Callable[..., Any], x: torch.Tensor) -> None:
+    with pytest.raises(RuntimeError) as eager_error:
+        fn(x)
+    for backend in BACKENDS:
+        kiln.reset()
+        with pytest.raises(RuntimeError, match="without overflow") as kiln_error:
+            kiln.compile(fn, options={"cpu_backend": backend})(x)
+        assert str(kiln_error.value) == str(eager_error.value)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("name", "fn", "dtype"),
+    [
+        ("clamp min", lambda x: x.clamp(min=300), torch.int8),
+        ("clamp max", lambda x: x.clamp(max=-300) * 2, torch.int8),
+        ("clamp float", lambda x: x.clamp(max=1e300), torch.float32),
+        ("clamp half", lambda x: x.clamp(max=1e6), torch.float16),
+        ("hardtanh", lambda x: torch.nn.functional.hardtanh(x, -300.0, 300.0), torch.int8),
+        ("masked_fill", lambda x: x.masked_fill(x > 1, 300), torch.int8),
+        ("fill_", lambda x: x.clone().fill_(2**40), torch.int32),
+        ("where", lambda x: torch.where(x > 1, 256, x), torch.uint8),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_numbers_that_do_not_fit_raise(name: str, fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    """Note [Python numbers that do not fit the dtype] (kiln_loopir): eager raises; kiln gave
+    `x.clamp(min=300)` of int8 as 44 (300 wrapped)."""
+    _raises_as_eager(fn, torch.tensor([1, 2, 3], dtype=dtype))
+
+
+def test_numbers_that_fit_after_wrapping_do_not_raise() -> None:
+    """An unsigned dtype takes a negative number down to minus its maximum (eager wraps it)."""
+    x = torch.tensor([1, 2, 200], dtype=torch.uint8)
+
+    def fn(x: torch.Tensor) -> Any:
+        return x.clamp(min=-1), x.masked_fill(x > 1, -255), x + 300
+
+    _same_as_eager(fn, x)
