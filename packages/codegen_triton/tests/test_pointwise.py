@@ -361,3 +361,14 @@ def test_index_expressions_with_a_python_modulus() -> None:
                 assert run(text, {"s0": v0, "i": vi}) == int(expr.subs({s0: v0, i: vi})), (expr, v0, vi, text)
     with pytest.raises(NotImplementedError, match="not known positive"):
         index_to_triton(sympy.Mod(s0, i))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bitwise_not_of_uint8(device: str) -> None:
+    """Triton's interpreter cannot build `~`'s all-ones constant for uint8 (a run-time error)."""
+    x = torch.tensor([0, 1, 9, 128, 254, 255], dtype=torch.uint8)
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return aten.bitwise_not.default(a)
+
+    check(fn, x, device=device)
