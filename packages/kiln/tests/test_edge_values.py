@@ -106,3 +106,27 @@ def test_numbers_that_fit_after_wrapping_do_not_raise() -> None:
         return x.clamp(min=-1), x.masked_fill(x > 1, -255), x + 300
 
     _same_as_eager(fn, x)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("name", "fn", "message"),
+    [
+        ("int pow", lambda x: x.int() ** -1, "negative integer powers"),
+        ("int pow_", lambda x: torch.pow(x.long() + 1, -2), "negative integer powers"),
+        ("bool sub", lambda x: (x > 1) - True, "Subtraction"),
+        ("bool rsub", lambda x: 1 - (x > 1), "Subtraction"),
+        ("bool sub tensors", lambda x: torch.sub(x > 1, x > 2), "Subtraction"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " in v else None,
+)
+def test_arguments_eager_refuses_raise(name: str, fn: Callable[..., Any], message: str) -> None:
+    """Note [Errors eager raises from its arguments] (kiln_loopir): kiln computed `x ** -1` of
+    ints (0 or 1) and `mask - True` where eager raises."""
+    x = torch.arange(6.0)
+    with pytest.raises(RuntimeError, match=message):
+        fn(x)
+    for backend in BACKENDS:
+        kiln.reset()
+        with pytest.raises(RuntimeError, match=message):
+            kiln.compile(fn, options={"cpu_backend": backend})(x)

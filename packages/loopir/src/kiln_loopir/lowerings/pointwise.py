@@ -135,8 +135,34 @@ _POW_BY_CONSTANT: dict[float, Callable[[Any], Any]] = {
 }
 
 
+# Note [Errors eager raises from its arguments]: some ops refuse arguments whatever the values of
+# the tensors: an integer tensor to a negative Python integer power ("Integers to negative
+# integer powers are not allowed"; a negative exponent *tensor* is not checked: its elements
+# give 0, 1 or -1), subtraction with a bool operand ("Subtraction, the `-` operator, with a bool
+# tensor is not supported"). The lowering leaves such a node to eager's kernel (`Unsupported`:
+# an extern call), which raises at run time as eager does; a kernel computed a value (`x ** -1`
+# of ints was 0 or 1, `mask - True` an xor).
+def _negative_int_power(a: Any, b: Any) -> bool:
+    return (
+        isinstance(a, TensorBox)
+        and not a.get_dtype().is_floating_point
+        and not a.get_dtype().is_complex
+        and isinstance(b, int)
+        and not isinstance(b, bool)
+        and b < 0
+    )
+
+
+def _bool_operand(value: Any) -> bool:
+    if isinstance(value, TensorBox):
+        return value.get_dtype() == torch.bool
+    return isinstance(value, bool)
+
+
 @register_lowering(aten.pow)
 def pow_(a: Any, b: Any) -> TensorBox:
+    if _negative_int_power(a, b):  # Note [Errors eager raises from its arguments]
+        raise Unsupported("an integer tensor to a negative integer power: eager's kernel raises")
     if (
         isinstance(a, TensorBox)
         and a.get_dtype().is_floating_point
@@ -152,6 +178,9 @@ def _with_alpha(name: str) -> Callable[..., TensorBox]:
     plain = make_pointwise(_op(name))
 
     def lower(a: Any, b: Any, alpha: Any = 1) -> TensorBox:
+        if name == "sub" and (_bool_operand(a) or _bool_operand(b)):
+            # Note [Errors eager raises from its arguments]
+            raise Unsupported("subtraction with a bool operand: eager's kernel raises")
         if alpha == 1:
             return plain(a, b)
         return make_pointwise(lambda x, y, k: getattr(ops, name)(x, ops.mul(y, k)))(a, b, alpha)
