@@ -56,8 +56,10 @@ def make_reduction(
     """Reduce ``x`` over ``dims`` (keepdim=False); the result is realized."""
     size = x.get_size()
     kept = [i for i in range(len(size)) if i not in dims]
-    empty = _EMPTY_REDUCTIONS.get(reduction_type)
-    if empty is not None and any(size[k] == 0 for k in dims):  # Note [Reductions over no element]
+    if any(size[k] == 0 for k in dims):  # Note [Reductions over no element]
+        empty = _EMPTY_REDUCTIONS.get(reduction_type)
+        if empty is None:
+            raise Unsupported(f"{reduction_type} over no element: eager's kernel raises")
         value = empty[output_index] if isinstance(empty, tuple) else empty
         return _empty_reduction(x, [size[k] for k in kept], value, out_dtype or acc_dtype)
     load = x.make_loader()
@@ -99,7 +101,9 @@ def make_reduction(
 # the Triton generator's load of an index that every (absent) element shares was unmasked, off
 # an empty input's memory (a crash under the interpreter, after a fall back on the digit of a
 # size-0 dim: `x.prod()` of a [3, 0] tensor). max/min/argmax/argmin over no element are errors
-# in eager, raised before lowering.
+# in eager ("Expected reduction dim 0 to have non-zero size"), raised by the meta kernels of
+# amax and argmax but not by those of `max.dim`, `min.dim` and `max()`: such a node is left to
+# eager's kernel (`Unsupported`), which raises at run time (kiln returned -inf and index 0).
 _EMPTY_REDUCTIONS: dict[str, Any] = {
     "sum": 0,
     "prod": 1,
