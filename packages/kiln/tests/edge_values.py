@@ -27,6 +27,9 @@ platform- or position-dependent, not semantics:
     divisors of integer divisions are drawn without 0;
   - the index eager's `sort`/`topk` give to one of several NaNs or equal values when not stable
     (only `sort(stable=True)` indices and the values are compared);
+  - a float product whose partial products overflow: inf * 0 is NaN in one order of the
+    factors and 0 in another (eager's own order depends on its vector lanes), as a float sum's
+    rounding depends on its order: products are drawn from values that do not overflow;
   - `gelu(+inf)`: NaN in eager's vectorized kernel (and oneDNN's on AVX-512), +inf in its scalar
     tail, by the element's position (kiln_codegen_cpp's Note [oneDNN is not the reference]);
   - an out-of-range Python number given to an op that converts it to the tensor's dtype with a
@@ -246,6 +249,18 @@ def _safe_divisors(dtype: torch.dtype) -> tuple[Any, ...]:
     return tuple(v for v in _nonzero_ints(dtype) if dtype.is_floating_point or v != -1)
 
 
+def _finite_in(dtype: torch.dtype) -> tuple[Any, ...]:
+    """The pool's values that stay finite in ``dtype``."""
+    return tuple(v for v in FINITE_POOL if abs(v) <= torch.finfo(dtype).max)
+
+
+def _no_overflow(dtype: torch.dtype) -> tuple[Any, ...]:
+    """No large finite floats (a product of them overflows in an order-dependent way)."""
+    if not dtype.is_floating_point:
+        return pool(dtype)
+    return tuple(v for v in FLOAT_POOL if not math.isfinite(v) or abs(v) < 100)
+
+
 def _in_range_for(target: torch.dtype) -> Callable[[torch.dtype], tuple[Any, ...]]:
     """Float values whose cast to `target` eager defines (Note [What eager leaves undefined])."""
 
@@ -267,11 +282,12 @@ def reduction(
     signed_zeros: bool = True,
     keepdim: bool = True,
     empty: bool = True,
+    values: Callable[[torch.dtype], tuple[Any, ...]] | None = None,
 ) -> Callable[[random.Random, str], Case]:
     def build(rng: random.Random, name: str) -> Case:
         dtype = _dtype(rng, dtypes)
         shape = _shape(rng, nonempty=not empty)
-        x = make_tensor(rng, dtype, shape)
+        x = make_tensor(rng, dtype, shape, values(dtype) if values else None)
         kw: dict[str, Any] = {}
         label = "all"
         if dims and shape and rng.random() < 0.7:
@@ -649,6 +665,76 @@ def _int_edge(rng: random.Random, name: str) -> Case:
     return Case(f"{name}[{opname}]", fn, [x])
 
 
+MIXED_OPS: tuple[tuple[str, Callable[[Any, Any], Any], bool], ...] = (
+    ("add", torch.add, True),
+    ("sub", lambda a, b: a - b, True),
+    ("mul", torch.mul, True),
+    ("maximum", torch.maximum, True),
+    ("minimum", torch.minimum, True),
+    ("eq", torch.eq, True),
+    ("lt", torch.lt, True),
+    ("div", torch.div, False),
+    ("floor_divide", torch.floor_divide, True),
+    ("remainder", torch.remainder, True),
+    ("fmod", torch.fmod, True),
+    ("pow", torch.pow, False),
+    ("copysign", torch.copysign, True),
+    ("where", lambda a, b: torch.where(a > 0, a, b), True),
+    ("bitwise_or", torch.bitwise_or, True),
+    ("atan2", torch.atan2, False),
+)
+
+
+def _mixed(rng: random.Random, name: str) -> Case:
+    """Two tensors of different dtypes (type promotion inside the kernel)."""
+    opname, op, exact = rng.choice(MIXED_OPS)
+    da, db = _dtype(rng, ALL), _dtype(rng, ALL)
+    shape = _shape(rng)
+    a = make_tensor(rng, da, shape)
+    divides = opname in ("div", "floor_divide", "remainder", "fmod")
+    b = make_tensor(rng, db, shape, _safe_divisors(db) if divides else None)
+    if divides and db == torch.bool:
+        b = torch.ones_like(b)
+    if opname == "pow" and not da.is_floating_point and not db.is_floating_point:
+        b = b.to(torch.int64).abs().remainder(5).to(db)  # negative powers: an error in eager
+    bname, before = _neighbour_before(rng, da)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return op(before(a), b)
+
+    return Case(f"{name}[{opname} {da}, {db}, {bname}]", fn, [a, b], exact=exact)
+
+
+def _cast_chain(rng: random.Random, name: str) -> Case:
+    """Casts in a row inside one kernel: each rounds or wraps where eager's does."""
+    chain = [_dtype(rng, ALL) for _ in range(rng.choice((2, 3)))]
+    src = _dtype(rng, (*INTS, torch.bool, torch.float16, torch.bfloat16))
+    x = make_tensor(rng, src, _shape(rng))
+
+    def fn(x: torch.Tensor) -> Any:
+        for dt in chain:
+            x = x.to(dt)
+        return x
+
+    return Case(f"{name}[{src} -> {' -> '.join(str(d)[6:] for d in chain)}]", fn, [x])
+
+
+def _sum_dtype(rng: random.Random, name: str) -> Case:
+    dtype = _dtype(rng, (*INTS, torch.bool, torch.float16, torch.bfloat16))
+    x = make_tensor(rng, dtype, _shape(rng, min_rank=1))
+    which = rng.choice(("sum", "cumsum", "prod", "cumprod", "mean"))
+    out = rng.choice((None, torch.int32, torch.float32, torch.float64, torch.int8))
+    if which == "mean" and (out is None or not out.is_floating_point):
+        out = torch.float32
+
+    def fn(x: torch.Tensor) -> Any:
+        if which.startswith("cum"):
+            return getattr(torch, which)(x, -1, dtype=out)
+        return getattr(torch, which)(x, -1, dtype=out)
+
+    return Case(f"{name}[{which} dtype={out}]", fn, [x], exact=out is None or not out.is_floating_point)
+
+
 OPS: dict[str, Callable[[random.Random, str], Case]] = {
     # selection, NaN and signed zeros
     "maximum": binary(torch.maximum, NUM, grad=True, signed_zeros=False, scalar_rhs=False),
@@ -727,7 +813,8 @@ OPS: dict[str, Callable[[random.Random, str], Case]] = {
     "int_edge": _int_edge,
     "int_pow": _int_pow,
     "sum": reduction(torch.sum, ALL, exact=False),
-    "prod": reduction(torch.prod, ALL, exact=False, keepdim=True),
+    # Note [What eager leaves undefined]: a product whose partial products overflow
+    "prod": reduction(torch.prod, ALL, exact=False, keepdim=True, values=_no_overflow),
     "mean_int": _mean_int,
     "empty_reduction": _empty_reductions,
     "all": reduction(torch.all, ALL),
@@ -755,7 +842,7 @@ OPS: dict[str, Callable[[random.Random, str], Case]] = {
     "expm1": unary(torch.expm1, FLOATS, exact=False),
     "softplus": unary(torch.nn.functional.softplus, FLOATS, exact=False, grad=True),
     # Note [What eager leaves undefined]: gelu(+inf)
-    "gelu": unary(torch.nn.functional.gelu, FLOATS, exact=False, grad=True, values=lambda d: FINITE_POOL),
+    "gelu": unary(torch.nn.functional.gelu, FLOATS, exact=False, grad=True, values=_finite_in),
     "silu": unary(torch.nn.functional.silu, FLOATS, exact=False, grad=True),
     "elu": unary(torch.nn.functional.elu, FLOATS, exact=False, grad=True),
     "mish": unary(torch.nn.functional.mish, FLOATS, exact=False),
@@ -774,6 +861,15 @@ OPS: dict[str, Callable[[random.Random, str], Case]] = {
     # Python numbers and type promotion
     "scalar_promotion": _scalar_promotion,
     "zero_dim": _zero_dim,
+    "mixed": _mixed,
+    "mixed2": _mixed,
+    "cast_chain": _cast_chain,
+    "sum_dtype": _sum_dtype,
+    "exp2": unary(torch.exp2, NUM, exact=False),
+    "log2": unary(torch.log2, NUM, exact=False),
+    "bitwise_not": unary(torch.bitwise_not, (*INTS, torch.bool)),
+    "logical_not": unary(torch.logical_not, ALL),
+    "square": unary(torch.square, ALL[:-1], grad=True),
     "python_numbers": _python_numbers,
 }
 

@@ -130,3 +130,22 @@ def test_arguments_eager_refuses_raise(name: str, fn: Callable[..., Any], messag
         kiln.reset()
         with pytest.raises(RuntimeError, match=message):
             kiln.compile(fn, options={"cpu_backend": backend})(x)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8], ids=str)
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: torch.max(x, 0), lambda x: torch.min(x, 0), lambda x: x.max(), lambda x: x.t().min(1)],
+    ids=["max.dim", "min.dim", "max", "min.dim1"],
+)
+def test_max_over_no_element_raises(fn: Callable[..., Any], dtype: torch.dtype) -> None:
+    """Note [Reductions over no element] (kiln_loopir): `max.dim`/`min.dim`/`max()` over a size-0
+    dim raise in eager; kiln returned -inf (the lowest integer) and index 0."""
+    x = torch.zeros(0, 3, dtype=dtype)
+    with pytest.raises((IndexError, RuntimeError)) as eager_error:
+        fn(x)
+    for backend in BACKENDS:
+        kiln.reset()
+        with pytest.raises(type(eager_error.value)):
+            kiln.compile(fn, options={"cpu_backend": backend})(x)
