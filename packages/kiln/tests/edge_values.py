@@ -30,6 +30,8 @@ platform- or position-dependent, not semantics:
   - a float product whose partial products overflow: inf * 0 is NaN in one order of the
     factors and 0 in another (eager's own order depends on its vector lanes), as a float sum's
     rounding depends on its order: products are drawn from values that do not overflow;
+  - the gradient of `hardtanh` at NaN: 0 in eager's vectorized `hardtanh_backward`, the
+    incoming gradient in its scalar tail (and in torch's decomposition), by position;
   - `gelu(+inf)`: NaN in eager's vectorized kernel (and oneDNN's on AVX-512), +inf in its scalar
     tail, by the element's position (kiln_codegen_cpp's Note [oneDNN is not the reference]);
   - an out-of-range Python number given to an op that converts it to the tensor's dtype with a
@@ -749,8 +751,13 @@ OPS: dict[str, Callable[[random.Random, str], Case]] = {
     ),
     "clamp_max": binary(lambda x, b: torch.clamp(x, max=b), NUM, grad=True, signed_zeros=False),
     "relu": unary(torch.relu, NUM, grad=True, signed_zeros=False),
+    # Note [What eager leaves undefined]: hardtanh's gradient at NaN
     "hardtanh": unary(
-        lambda x: torch.nn.functional.hardtanh(x, -1.0, 2.5), FLOATS, grad=True, signed_zeros=False
+        lambda x: torch.nn.functional.hardtanh(x, -1.0, 2.5),
+        FLOATS,
+        grad=True,
+        signed_zeros=False,
+        values=lambda d: tuple(v for v in FLOAT_POOL if not math.isnan(v)),
     ),
     "leaky_relu": unary(lambda x: torch.nn.functional.leaky_relu(x, 0.1), FLOATS, grad=True),
     "nan_to_num": unary(torch.nan_to_num, ALL),

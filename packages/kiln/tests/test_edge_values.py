@@ -149,3 +149,26 @@ def test_max_over_no_element_raises(fn: Callable[..., Any], dtype: torch.dtype) 
         kiln.reset()
         with pytest.raises(type(eager_error.value)):
             kiln.compile(fn, options={"cpu_backend": backend})(x)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("fn", "x"),
+    [
+        (lambda x: x.abs(), torch.ones(3, dtype=torch.bool)),
+        (lambda x: x % x, torch.ones(3, dtype=torch.bool)),
+        (lambda x: False**x, torch.ones(3, dtype=torch.bool)),
+        (lambda x: x.clamp(min=True), torch.ones(3, dtype=torch.bool)),
+        (lambda x: (x * 2) ^ 1, torch.ones(0, 3)),
+    ],
+    ids=["abs bool", "remainder bool", "pow bool", "clamp bool", "xor empty float"],
+)
+def test_dtypes_eager_refuses_raise(fn: Callable[..., Any], x: torch.Tensor) -> None:
+    """Note [Dtypes eager's kernel does not take] (kiln_loopir): kiln computed these where
+    eager's kernel raises NotImplementedError for the dtype."""
+    with pytest.raises(NotImplementedError):
+        fn(x)
+    for backend in BACKENDS:
+        kiln.reset()
+        with pytest.raises(NotImplementedError):
+            kiln.compile(fn, options={"cpu_backend": backend})(x)

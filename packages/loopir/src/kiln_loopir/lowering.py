@@ -25,6 +25,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from . import sizevars
@@ -310,6 +311,57 @@ def check_scalar(value: object, dtype: torch.dtype) -> None:
     raises) when eager's conversion of ``value`` to ``dtype`` would."""
     if not scalar_fits(value, dtype):
         raise Unsupported(f"{value!r} does not fit {dtype}: eager's kernel raises")
+
+
+# Note [Dtypes eager's kernel does not take]: eager's CPU kernels are instantiated for some
+# dtypes only, and refuse the others whatever the values ("pow" not implemented for 'Bool',
+# `abs`/`clamp`/`remainder` of bools, `frac` of ints, a bitwise op of an empty float tensor);
+# the meta kernels do not check, and a lowering computes the generic arithmetic, so kiln
+# returned values where eager raises. Before a pointwise op of CPU tensors is lowered, eager's
+# own kernel is asked once per (op, argument dtypes, Python numbers), on one-element tensors of
+# those dtypes: a NotImplementedError leaves the op to eager's kernel (an extern call), which
+# raises it at run time. Any other outcome (a value, another error) lowers as before.
+_REFUSED: dict[tuple[Any, ...], str | None] = {}
+
+
+def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Note [Dtypes eager's kernel does not take]: eager's NotImplementedError for ``target``
+    on ``args`` (fx nodes, whose ``val`` is a tensor, or Python values), or None."""
+    tags = getattr(target, "tags", ())
+    schema = getattr(target, "_schema", None)
+    if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags:
+        return None
+    if schema is None or schema.is_mutable:
+        return None
+    probe: list[Any] = []
+    key: list[Any] = [target]
+    for arg in args:
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                return None
+            probe.append(torch.zeros(1, dtype=value.dtype))
+            key.append(value.dtype)
+        elif isinstance(value, (bool, int, float, complex)) or value is None:
+            probe.append(value)
+            key.append((type(value), value))
+        else:
+            return None
+    for name, value in kwargs.items():
+        if isinstance(value, (torch.Tensor, torch.fx.Node, list, tuple, dict)):
+            return None
+        key.append((name, str(value)))
+    hashable = tuple(key)
+    if hashable not in _REFUSED:
+        try:
+            with torch.no_grad():
+                target(*probe, **kwargs)
+            _REFUSED[hashable] = None
+        except NotImplementedError as exc:
+            _REFUSED[hashable] = str(exc).splitlines()[0]
+        except Exception:
+            _REFUSED[hashable] = None
+    return _REFUSED[hashable]
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:
