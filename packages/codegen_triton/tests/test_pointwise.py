@@ -372,3 +372,16 @@ def test_bitwise_not_of_uint8(device: str) -> None:
         return aten.bitwise_not.default(a)
 
     check(fn, x, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_negative_zero_constant(device: str) -> None:
+    """Triton builds a constant equal to 0 as +0.0: a -0.0 constant is spelled as a negation."""
+    x = torch.tensor([-0.0, 0.0, 1.5, -2.0])
+
+    def fn(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return aten.add.Tensor(a, -0.0), aten.mul.Tensor(aten.mul.Tensor(a, 0.0), -0.0)
+
+    got = compile_graph(torch.fx.symbolic_trace(fn), [x.to(device)], backend=TritonBackend())(x.to(device))
+    for g, w in zip(got, fn(x), strict=True):
+        assert torch.equal(torch.signbit(g.cpu()), torch.signbit(w)), (g, w)

@@ -78,6 +78,10 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
             text = 'float("nan")'
         elif math.isinf(f):
             text = 'float("-inf")' if f < 0 else 'float("inf")'
+        elif f == 0.0 and math.copysign(1.0, f) < 0:
+            # Triton builds every constant equal to 0 as its null value, +0.0: -0.0 is the
+            # negation (an fneg) of +0.0 (`x + -0.0` of a -0.0 element was +0.0, eager's -0.0)
+            return f"(-tl.full([], 0.0, {ttype}))"
         else:
             text = repr(f)
         return f"tl.full([], {text}, {ttype})"
