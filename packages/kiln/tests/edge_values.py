@@ -219,7 +219,11 @@ def binary(
         yshape = shape if kind == "tensor" else shape[-1:]
         y = make_tensor(rng, rdtype, yshape, rvals)
         bname, before = _neighbour_before(rng, dtype)
-        aname, after = _neighbour_after(rng, torch.result_type(x, y) if name not in CMP else torch.bool)
+        try:  # the op's own result dtype (a true division of integers is float)
+            out_dtype = op(x, y).dtype
+        except Exception:
+            out_dtype = torch.result_type(x, y)
+        aname, after = _neighbour_after(rng, out_dtype)
 
         def fn2(x: torch.Tensor, y: torch.Tensor) -> Any:
             return after(op(before(x), y))

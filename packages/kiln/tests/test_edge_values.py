@@ -172,3 +172,25 @@ def test_dtypes_eager_refuses_raise(fn: Callable[..., Any], x: torch.Tensor) -> 
         kiln.reset()
         with pytest.raises(NotImplementedError):
             kiln.compile(fn, options={"cpu_backend": backend})(x)
+
+
+def test_statistics_of_one_element() -> None:
+    """The m2 of a one-element row is (x - x)^2 (kiln_loopir's codegen_common): NaN for an
+    infinity or NaN, as eager's std/var; kiln gave 0."""
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 2.0, -0.0]).reshape(5, 1)
+
+    def fn(x: torch.Tensor) -> Any:
+        return x.std(1, correction=0), x.var(1, correction=0), torch.var_mean(x, 1, correction=0)
+
+    _same_as_eager(fn, x)
+
+
+def test_sub_with_alpha_keeps_eager_zero_sign() -> None:
+    """eager subtracts `a + (-alpha) * b`: with alpha 0, -0.0 stays -0.0 (kiln's `a - 0 * b`
+    gave 0.0)."""
+    x = torch.tensor([-0.0, 0.0, 1.5, float("inf")])
+
+    def fn(x: torch.Tensor) -> Any:
+        return torch.sub(x, x, alpha=0), torch.sub(x, x * 2, alpha=-1.5)
+
+    _same_as_eager(fn, x)

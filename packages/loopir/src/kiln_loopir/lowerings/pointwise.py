@@ -183,6 +183,10 @@ def _with_alpha(name: str) -> Callable[..., TensorBox]:
             raise Unsupported("subtraction with a bool operand: eager's kernel raises")
         if alpha == 1:
             return plain(a, b)
+        if name == "sub" and isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+            # eager subtracts as `a + (-alpha) * b`: the same rounding as `a - alpha * b`, but
+            # not the same zero (alpha 0: -0.0 - 0 * -0.0 is 0.0, -0.0 + 0 * -0.0 is -0.0)
+            return make_pointwise(lambda x, y, k: ops.add(x, ops.mul(y, k)))(a, b, -alpha)
         return make_pointwise(lambda x, y, k: getattr(ops, name)(x, ops.mul(y, k)))(a, b, alpha)
 
     return lower
