@@ -89,6 +89,8 @@ def _raises_as_eager(fn: Callable[..., Any], x: torch.Tensor) -> None:
         ("masked_fill", lambda x: x.masked_fill(x > 1, 300), torch.int8),
         ("fill_", lambda x: x.clone().fill_(2**40), torch.int32),
         ("where", lambda x: torch.where(x > 1, 256, x), torch.uint8),
+        ("pow half", lambda x: x**1e30, torch.float16),
+        ("pow int", lambda x: x**300, torch.int8),
     ],
     ids=lambda v: v if isinstance(v, str) else None,
 )
@@ -103,7 +105,7 @@ def test_numbers_that_fit_after_wrapping_do_not_raise() -> None:
     x = torch.tensor([1, 2, 200], dtype=torch.uint8)
 
     def fn(x: torch.Tensor) -> Any:
-        return x.clamp(min=-1), x.masked_fill(x > 1, -255), x + 300
+        return x.clamp(min=-1), x.masked_fill(x > 1, -255), x + 300, x.float() ** 1e300, 300**x
 
     _same_as_eager(fn, x)
 

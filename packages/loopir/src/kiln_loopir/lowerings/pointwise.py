@@ -163,6 +163,15 @@ def _bool_operand(value: Any) -> bool:
 def pow_(a: Any, b: Any) -> TensorBox:
     if _negative_int_power(a, b):  # Note [Errors eager raises from its arguments]
         raise Unsupported("an integer tensor to a negative integer power: eager's kernel raises")
+    if isinstance(a, TensorBox) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        _, result = torch._prims_common.elementwise_dtypes(
+            meta_of(a), meta_of(b), type_promotion_kind=Kind.BOOL_TO_LONG
+        )
+        if result not in (torch.float32, torch.float64):
+            # Note [Python numbers that do not fit the dtype]: eager converts the exponent to an
+            # integer or half-type result's dtype with its check (float16 ** 1e30 raises), and
+            # keeps it wide for float32 and float64
+            check_scalar(b, result)
     if (
         isinstance(a, TensorBox)
         and a.get_dtype().is_floating_point
