@@ -39,6 +39,14 @@ platform- or position-dependent, not semantics:
     cannot be converted to type int8_t without overflow"): not drawn (pools keep such bounds in
     range; see the report of fuzz27).
 
+Known differences left (fuzz27's report), all where eager raises and kiln returns a value:
+`threshold(x, t, v)` of an integer x with a `v` that does not fit its dtype (aotgrad rewrites it
+into a `where` computed in float32 and converted back), `argmax`/`argmin` of a bool tensor whose
+result is empty, `frac` of integers (decomposed into `x - trunc(x)`) and `relu` of bools (eager's
+RuntimeError is not a NotImplementedError: Note [Dtypes eager's kernel does not take] in
+kiln_loopir), `masked_fill`/`fill_` of a half-type tensor with a number beyond its range (eager
+raises for two elements or more, not for one). The harness's pools avoid them.
+
 Run as a script for more seeds:
 
     python packages/kiln/tests/edge_values.py [--seeds 0-500] [--backends cpp,triton] [--grad]
@@ -635,6 +643,9 @@ def _empty_reductions(rng: random.Random, name: str) -> Case:
     which = rng.choice(
         ("sum", "prod", "mean", "amax", "amin", "argmax", "max", "nansum", "all", "any", "logsumexp")
     )
+
+    if which in ("argmax", "logsumexp") and dtype == torch.bool:
+        which = "any"  # eager refuses bools (and kiln's empty result does not: see above)
 
     def fn(x: torch.Tensor) -> Any:
         return getattr(torch, which)(x * 1 if dtype != torch.bool else x, dim)
