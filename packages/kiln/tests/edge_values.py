@@ -462,7 +462,8 @@ def _python_numbers(rng: random.Random, name: str) -> Case:
         def fn(x: torch.Tensor) -> Any:
             return x.numel() / 2, x.dim() // 2, x.sum(), x.size()
 
-    return Case(f"{name}[form {form}]", fn, [x], exact=form != 3)
+    # a float sum's rounding depends on its order
+    return Case(f"{name}[form {form}]", fn, [x], exact=form not in (0, 3) or not dtype.is_floating_point)
 
 
 def _sort(rng: random.Random, name: str) -> Case:
@@ -495,7 +496,10 @@ def _topk(rng: random.Random, name: str) -> Case:
 def _var(rng: random.Random, name: str) -> Case:
     dtype = _dtype(rng, F32)
     shape = _shape(rng)
+    # Note [What eager leaves undefined]: no 1e30 (x - mean(x) of equal huge values is 0 or an
+    # ulp of 1e30 by the order of the mean's sum, and the gradient 2 (x - mean) / n with it)
     x = make_tensor(rng, dtype, shape, rng.choice((FLOAT_POOL, FINITE_POOL)))
+    x = torch.where(x.abs() > 1e20, torch.full_like(x, 3.0), x)
     corr = rng.choice((0, 1, 2, 5))
     std = rng.random() < 0.5
     dim = rng.randrange(-len(shape), len(shape)) if shape and rng.random() < 0.7 else None

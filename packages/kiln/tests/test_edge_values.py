@@ -196,3 +196,16 @@ def test_sub_with_alpha_keeps_eager_zero_sign() -> None:
         return torch.sub(x, x, alpha=0), torch.sub(x, x * 2, alpha=-1.5)
 
     _same_as_eager(fn, x)
+
+
+def test_operands_rounded_to_a_half_common_dtype() -> None:
+    """Note [Operands rounded to a half common dtype] (kiln_loopir): an int32 operand of a
+    float16 division is rounded to float16 first (65536 is inf), as eager's; kiln gave 7.6e-06
+    where eager gives 0."""
+    a = torch.tensor([1.0, 0.5, 3.0, -2.0], dtype=torch.float16)
+    b = torch.tensor([32768, 65536, 2049, -(2**31)], dtype=torch.int32)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
+        return a / b, a.bfloat16() / b, a - b.float()
+
+    _same_as_eager(fn, a, b)

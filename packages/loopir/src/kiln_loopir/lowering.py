@@ -181,10 +181,19 @@ def make_pointwise(
         c_dtype, r_dtype = elementwise_dtypes(*[meta_of(a) for a in args], type_promotion_kind=kind)
         c_dtype = compute_dtype or c_dtype
         r_dtype = result_dtype or r_dtype
+        # Note [Operands rounded to a half common dtype]: eager converts each tensor operand to
+        # the common dtype before its kernel widens it to float32, so an int32 or float32
+        # operand of a float16 computation is first rounded to float16 (65536 is inf there:
+        # `half / int32` gave 7.6e-06 where eager gives 0). Python numbers keep their value.
+        common, _ = elementwise_dtypes(*[meta_of(a) for a in args], type_promotion_kind=Kind.NO_OPMATH)
+        via = common if common in (torch.float16, torch.bfloat16) and common != c_dtype else None
         loaders: list[Callable[[Index], Any]] = []
         for a in args:
             if isinstance(a, TensorBox):
-                loaders.append(broadcast_loader(a, size))
+                load = broadcast_loader(a, size)
+                if via is not None and a.get_dtype() != via:
+                    load = _rounded_through(load, via)
+                loaders.append(load)
             else:
                 loaders.append(_constant_loader(a, c_dtype))
 
@@ -195,6 +204,10 @@ def make_pointwise(
         return TensorBox.create(Pointwise(device_of(*args), r_dtype, inner, size))
 
     return lower
+
+
+def _rounded_through(load: Callable[[Index], Any], dtype: torch.dtype) -> Callable[[Index], Any]:
+    return lambda index: ops.to_dtype(load(index), dtype)
 
 
 def _constant_loader(value: object, dtype: torch.dtype) -> Callable[[Index], Any]:
