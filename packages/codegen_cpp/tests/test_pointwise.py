@@ -311,3 +311,26 @@ def test_downcast_then_sum_in_float32_matches_eager() -> None:
 
     torch.manual_seed(0)
     check(f, torch.randn(256, 8), torch.randn(256, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64], ids=str)
+def test_integer_arithmetic_wraps_as_eager(dtype: torch.dtype) -> None:
+    """Note [Integer arithmetic wraps]: at the dtype's extremes add, sub, mul, neg, abs, pow and
+    left shifts wrap around as eager's do; GCC had folded the comparisons below through the
+    undefined signed overflow (`(x + 1) > x` true, `-x < 0` as `x > 0`, `abs(x) < 0` false)."""
+    info = torch.iinfo(dtype)
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            aten.gt.Tensor(aten.add.Tensor(x, 1), x),
+            aten.lt.Tensor(aten.sub.Tensor(x, 1), x),
+            aten.lt.Scalar(aten.neg.default(x), 0),
+            aten.lt.Scalar(aten.abs.default(x), 0),
+            aten.gt.Scalar(aten.mul.Tensor(x, x), -1),
+            aten.lt.Scalar(aten.pow.Tensor_Scalar(x, 3), 0),
+            aten.bitwise_left_shift.Tensor_Scalar(x, info.bits - 1),
+            aten.mul.Tensor(x, 3),
+        )
+
+    values = [info.min, info.max, info.min + 1, info.max - 1, -1, 0, 1, 2, info.max // 2 + 1]
+    check(f, torch.tensor(values * 5, dtype=dtype))

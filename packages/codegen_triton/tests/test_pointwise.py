@@ -361,3 +361,27 @@ def test_index_expressions_with_a_python_modulus() -> None:
                 assert run(text, {"s0": v0, "i": vi}) == int(expr.subs({s0: v0, i: vi})), (expr, v0, vi, text)
     with pytest.raises(NotImplementedError, match="not known positive"):
         index_to_triton(sympy.Mod(s0, i))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bitwise_not_of_uint8(device: str) -> None:
+    """Triton's interpreter cannot build `~`'s all-ones constant for uint8 (a run-time error)."""
+    x = torch.tensor([0, 1, 9, 128, 254, 255], dtype=torch.uint8)
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return aten.bitwise_not.default(a)
+
+    check(fn, x, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_negative_zero_constant(device: str) -> None:
+    """Triton builds a constant equal to 0 as +0.0: a -0.0 constant is spelled as a negation."""
+    x = torch.tensor([-0.0, 0.0, 1.5, -2.0])
+
+    def fn(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return aten.add.Tensor(a, -0.0), aten.mul.Tensor(aten.mul.Tensor(a, 0.0), -0.0)
+
+    got = compile_graph(torch.fx.symbolic_trace(fn), [x.to(device)], backend=TritonBackend())(x.to(device))
+    for g, w in zip(got, fn(x), strict=True):
+        assert torch.equal(torch.signbit(g.cpu()), torch.signbit(w)), (g, w)

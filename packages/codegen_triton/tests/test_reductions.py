@@ -49,6 +49,31 @@ def test_every_reduction(blocking: str, device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3, 0), (0, 4), (2, 0, 3)], ids=str)
+def test_reductions_over_no_element(shape: tuple[int, ...], device: str) -> None:
+    """Note [Reductions over no element] (kiln_loopir): a sum, product, any/all, mean, var and
+    var_mean over a size-0 dim are their identities (or eager's NaN), not kernels; the digit of
+    a size-0 dim was a modulus by zero and the generator failed."""
+
+    def fn(x: torch.Tensor) -> Any:
+        d = [shape.index(0)]
+        return (
+            aten.sum.dim_IntList(x, d),
+            aten.sum.default(x),
+            aten.prod.default(x),
+            aten.prod.dim_int(x, d[0]),
+            aten.any.dim(x, d[0]),
+            aten.all.default(x),
+            aten.mean.dim(x, d),
+            aten.var.correction(x, d, correction=1),
+            aten.var_mean.correction(x, d, correction=0)[0],
+            aten.var_mean.correction(x, d, correction=0)[1],
+        )
+
+    check(fn, torch.zeros(shape), device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "dtype", [torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool], ids=str
 )

@@ -131,7 +131,7 @@ FLOAT_UNARY: dict[str, str] = {
 INT_UNARY: dict[str, str] = {
     "abs": "kiln::iabs({a})", "floor": "({a})", "ceil": "({a})", "round": "({a})",
     "trunc": "({a})", "isnan": "false", "isinf": "false", "signbit": "({a} < 0)",
-    "frac": "{t}(0)",
+    "frac": "{t}(0)", "neg": "kiln::wrap_neg<{t}>({a})", "square": "kiln::wrap_mul<{t}>({a}, {a})",
 }  # fmt: skip
 BOOL_UNARY: dict[str, str] = {
     "bitwise_not": "(!({a}))", "abs": "({a})", "neg": "({a})", "sign": "({a})", "relu": "({a})",
@@ -154,7 +154,10 @@ FLOAT_BINARY: dict[str, str] = {
     "atan2": "std::atan2({a}, {b})", "copysign": "std::copysign({a}, {b})",
     "hypot": "std::hypot({a}, {b})", "nextafter": "std::nextafter({a}, {b})",
 }  # fmt: skip
+# Note [Integer arithmetic wraps] (prelude.py): add, sub, mul of integers in an unsigned type
 INT_BINARY: dict[str, str] = {
+    "add": "kiln::wrap_add<{t}>({a}, {b})", "sub": "kiln::wrap_sub<{t}>({a}, {b})",
+    "mul": "kiln::wrap_mul<{t}>({a}, {b})",
     "truediv": "(static_cast<float>({a}) / static_cast<float>({b}))",
     "floordiv": "kiln::int_floordiv<{t}>({a}, {b})", "truncdiv": "kiln::int_truncdiv<{t}>({a}, {b})",
     "mod": "kiln::int_mod<{t}>({a}, {b})", "fmod": "kiln::int_mod<{t}>({a}, {b})",

@@ -47,6 +47,7 @@ PRELUDE = (
 #include <limits>
 #include <type_traits>
 #include <algorithm>
+#include <type_traits>
 #include <omp.h>
 #if defined(__GLIBC__) && defined(__x86_64__) && defined(KILN_LIBMVEC)
 """
@@ -247,7 +248,27 @@ template <typename T> static inline auto exp(T a) {
 template <typename T> static inline T sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
 template <typename T> static inline T frac(T a) { return a - std::trunc(a); }
-template <typename T> static inline T iabs(T a) { return a < T(0) ? T(-a) : a; }
+// Note [Integer arithmetic wraps]: eager's integer add, sub, mul, neg and abs wrap around in
+// two's complement (int32 max + 1 is int32 min, abs(int32 min) is int32 min); in C++ a signed
+// overflow is undefined, and GCC uses that: it folded `(x + 1) > x` to true, `-x < 0` to
+// `x > 0` and `abs(x) < 0` to false, wrong answers at the dtype's extremes. So the arithmetic of
+// integer values is done in an unsigned type (at least 32 bits wide, so that a 16-bit product
+// is not promoted to a signed int that overflows), where wrapping is defined, and converted back
+// (GCC converts modulo 2^N). Index arithmetic (int64 loop variables, offsets) keeps the plain
+// operators: it never overflows, and the vectorizer relies on that.
+template <typename T>
+using wrap_t = std::conditional_t<(sizeof(T) < sizeof(uint32_t)), uint32_t, std::make_unsigned_t<T>>;
+template <typename T> static inline T wrap_add(T a, T b) {
+  return static_cast<T>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b));
+}
+template <typename T> static inline T wrap_sub(T a, T b) {
+  return static_cast<T>(static_cast<wrap_t<T>>(a) - static_cast<wrap_t<T>>(b));
+}
+template <typename T> static inline T wrap_mul(T a, T b) {
+  return static_cast<T>(static_cast<wrap_t<T>>(a) * static_cast<wrap_t<T>>(b));
+}
+template <typename T> static inline T wrap_neg(T a) { return static_cast<T>(wrap_t<T>(0) - static_cast<wrap_t<T>>(a)); }
+template <typename T> static inline T iabs(T a) { return a < T(0) ? wrap_neg(a) : a; }
 // the sign bit read as bits: GCC 12 hits an internal compiler error vectorizing std::signbit of
 // a widened bfloat16 (seen in the OpInfo sweep)
 static inline bool signbit(float a) { uint32_t b; std::memcpy(&b, &a, 4); return (b >> 31) != 0; }
@@ -284,11 +305,11 @@ template <typename T> static inline T float_floordiv(T a, T b) {
 template <typename T> static inline T int_pow(T a, T b) {
   if (b < 0) return (a == 1) ? T(1) : (a == -1 ? ((b % 2) ? T(-1) : T(1)) : T(0));
   T out = 1;
-  while (b) { if (b & 1) out *= a; a *= a; b >>= 1; }
+  while (b) { if (b & 1) out = wrap_mul(out, a); a = wrap_mul(a, a); b >>= 1; }
   return out;
 }
 template <typename T, typename S> static inline T shl(T a, S b) {
-  return (b < 0 || b >= S(sizeof(T) * 8)) ? T(0) : T(a << b);
+  return (b < 0 || b >= S(sizeof(T) * 8)) ? T(0) : static_cast<T>(static_cast<wrap_t<T>>(a) << b);
 }
 template <typename T, typename S> static inline T shr(T a, S b) {
   return (b < 0 || b >= S(sizeof(T) * 8)) ? T(a < 0 ? -1 : 0) : T(a >> b);

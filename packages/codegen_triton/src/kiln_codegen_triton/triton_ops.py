@@ -78,6 +78,10 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
             text = 'float("nan")'
         elif math.isinf(f):
             text = 'float("-inf")' if f < 0 else 'float("inf")'
+        elif f == 0.0 and math.copysign(1.0, f) < 0:
+            # Triton builds every constant equal to 0 as its null value, +0.0: -0.0 is the
+            # negation (an fneg) of +0.0 (`x + -0.0` of a -0.0 element was +0.0, eager's -0.0)
+            return f"(-tl.full([], 0.0, {ttype}))"
         else:
             text = repr(f)
         return f"tl.full([], {text}, {ttype})"
@@ -190,6 +194,11 @@ def spell(name: str, dtype: torch.dtype, *operands: str) -> str:
     if not dtype.is_floating_point and (name in FLOAT_ONLY or name in ("copysign", "hypot", "nextafter")):
         raise NotImplementedError(f"ops.{name} on {dtype}")
     fmt = SPELLINGS.lookup(name, dtype, len(operands) == 1)
+    if name == "bitwise_not" and dtype == torch.uint8:
+        # Triton's `~` xors with an all-ones constant that its interpreter builds as the Python
+        # integer -1, which numpy refuses for uint8 (the kernel failed at run time and the graph
+        # ran eagerly); all ones spelled as a uint8 255 is the same on a GPU
+        fmt = "({a} ^ tl.full([], 255, tl.uint8))"
     if fmt is None:
         raise NotImplementedError(f"no Triton spelling of ops.{name}")
     b = operands[1] if len(operands) > 1 else ""

@@ -473,7 +473,13 @@ class OpsHandlerBase:
         if reduction_type in ("argmax", "argmin"):
             return self.constant(0, torch.int64)
         if reduction_type == "welford_reduce":
-            return (self._as(v, dtype), self.constant(0, dtype), self.constant(1, dtype))
+            # m2 of one element x is (x - x)^2, not 0: NaN where x is an infinity or NaN, as
+            # eager's var/std of a one-element row (kiln gave 0 for `x[:, None].std(1, correction=0)`);
+            # the mean is 0 + x, as eager's Welford step from 0 (-0.0 becomes 0.0)
+            x = self._as(v, dtype)
+            d = self._math("sub", x, x)
+            mean = self._math("add", x, self.constant(0, dtype))
+            return (mean, self._math("mul", d, d), self.constant(1, dtype))
         if reduction_type == "any":
             return self._as(v, torch.bool)
         return self._as(v, dtype)

@@ -72,6 +72,7 @@ from .lowering import (
     VIEW_OPS,
     Unsupported,
     copy_with_strides,
+    eager_refuses,
     fallback,
     find_lowering,
     is_view_op,
@@ -425,6 +426,14 @@ class GraphLowering:
             lowering = None
         if lowering is not None and (target in self.extern_ops or node in self.extern_ops):
             log.debug("%s runs as an extern kernel: its lowering is switched off", node.name)
+            lowering = None
+        refused = eager_refuses(target, node.args, dict(node.kwargs)) if lowering is not None else None
+        if refused is not None:
+            # Note [Dtypes eager's kernel does not take]
+            self.fallbacks.append((str(target), f"eager's kernel refuses: {refused}"))
+            fallbacks_log.info(
+                "%s (%s): eager's kernel refuses: %s; an extern call", target, node.name, refused
+            )
             lowering = None
         result: Any = None
         if lowering is not None:

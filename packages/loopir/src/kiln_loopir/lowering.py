@@ -19,11 +19,13 @@ result dtype), so one op's output matches eager bit for bit where the math libra
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
 import torch
+import torch.fx
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from . import sizevars
@@ -179,10 +181,19 @@ def make_pointwise(
         c_dtype, r_dtype = elementwise_dtypes(*[meta_of(a) for a in args], type_promotion_kind=kind)
         c_dtype = compute_dtype or c_dtype
         r_dtype = result_dtype or r_dtype
+        # Note [Operands rounded to a half common dtype]: eager converts each tensor operand to
+        # the common dtype before its kernel widens it to float32, so an int32 or float32
+        # operand of a float16 computation is first rounded to float16 (65536 is inf there:
+        # `half / int32` gave 7.6e-06 where eager gives 0). Python numbers keep their value.
+        common, _ = elementwise_dtypes(*[meta_of(a) for a in args], type_promotion_kind=Kind.NO_OPMATH)
+        via = common if common in (torch.float16, torch.bfloat16) and common != c_dtype else None
         loaders: list[Callable[[Index], Any]] = []
         for a in args:
             if isinstance(a, TensorBox):
-                loaders.append(broadcast_loader(a, size))
+                load = broadcast_loader(a, size)
+                if via is not None and a.get_dtype() != via:
+                    load = _rounded_through(load, via)
+                loaders.append(load)
             else:
                 loaders.append(_constant_loader(a, c_dtype))
 
@@ -193,6 +204,10 @@ def make_pointwise(
         return TensorBox.create(Pointwise(device_of(*args), r_dtype, inner, size))
 
     return lower
+
+
+def _rounded_through(load: Callable[[Index], Any], dtype: torch.dtype) -> Callable[[Index], Any]:
+    return lambda index: ops.to_dtype(load(index), dtype)
 
 
 def _constant_loader(value: object, dtype: torch.dtype) -> Callable[[Index], Any]:
@@ -272,6 +287,94 @@ def to_dtype(box: TensorBox, dtype: torch.dtype) -> TensorBox:
     if box.get_dtype() == dtype:
         return box
     return pointwise_from(box, lambda v: ops.to_dtype(v, dtype), dtype)
+
+
+# Note [Python numbers that do not fit the dtype]: ops that take a Python number and convert it
+# to the tensor's dtype themselves (clamp's bounds, masked_fill's and full's value, where's
+# scalar operand, so also threshold and fill_, which aotgrad rewrites into where and full_like)
+# raise in eager when it does not fit ("value cannot be converted to type int8_t without
+# overflow": `x.clamp(min=300)` of an int8 x; 1e300 for float32, 70000 for float16), where a
+# kernel's constant would wrap or round (clamp returned 44, 300 mod 256). The check is eager's
+# rule for its checked conversion: an integer dtype takes numbers in its range (an unsigned one
+# also down to minus its maximum, which wrap), a float one anything up to its largest finite
+# value and the infinities and NaN, bool anything. An op whose number does not fit is left to
+# eager's kernel (an extern call, `Unsupported`), which raises the error at run time. Arithmetic
+# (`x + 300`) converts its number unchecked in eager too, and is not checked. Not matched: a
+# half-type fill checks against float32 (creation.py), since eager's own check there depends on
+# the element count (`fill_` of one element and `scalar_tensor` give inf, of two raise);
+# `threshold`, which aotgrad rewrites into a `where` computed in float32 for a float value and
+# converted back, wraps as before.
+def scalar_fits(value: object, dtype: torch.dtype) -> bool:
+    """Does eager's checked conversion of the Python number ``value`` to ``dtype`` succeed?"""
+    if isinstance(value, bool) or dtype == torch.bool or not isinstance(value, (int, float)):
+        return True
+    if dtype.is_floating_point:
+        return not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+    if dtype.is_complex:
+        return True
+    info = torch.iinfo(dtype)
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    low = -info.max if info.min == 0 and isinstance(value, int) else info.min
+    return low <= value <= info.max
+
+
+def check_scalar(value: object, dtype: torch.dtype) -> None:
+    """Note [Python numbers that do not fit the dtype]: ``Unsupported`` (eager's kernel runs, and
+    raises) when eager's conversion of ``value`` to ``dtype`` would."""
+    if not scalar_fits(value, dtype):
+        raise Unsupported(f"{value!r} does not fit {dtype}: eager's kernel raises")
+
+
+# Note [Dtypes eager's kernel does not take]: eager's CPU kernels are instantiated for some
+# dtypes only, and refuse the others whatever the values ("pow" not implemented for 'Bool',
+# `abs`/`clamp`/`remainder` of bools, `frac` of ints, a bitwise op of an empty float tensor);
+# the meta kernels do not check, and a lowering computes the generic arithmetic, so kiln
+# returned values where eager raises. Before a pointwise op of CPU tensors is lowered, eager's
+# own kernel is asked once per (op, argument dtypes, Python numbers), on one-element tensors of
+# those dtypes: a NotImplementedError leaves the op to eager's kernel (an extern call), which
+# raises it at run time. Any other outcome (a value, another error) lowers as before.
+_REFUSED: dict[tuple[Any, ...], str | None] = {}
+
+
+def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Note [Dtypes eager's kernel does not take]: eager's NotImplementedError for ``target``
+    on ``args`` (fx nodes, whose ``val`` is a tensor, or Python values), or None."""
+    tags = getattr(target, "tags", ())
+    schema = getattr(target, "_schema", None)
+    if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags:
+        return None
+    if schema is None or schema.is_mutable:
+        return None
+    probe: list[Any] = []
+    key: list[Any] = [target]
+    for arg in args:
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu":
+                return None
+            probe.append(torch.zeros(1, dtype=value.dtype))
+            key.append(value.dtype)
+        elif isinstance(value, (bool, int, float, complex)) or value is None:
+            probe.append(value)
+            key.append((type(value), value))
+        else:
+            return None
+    for name, value in kwargs.items():
+        if isinstance(value, (torch.Tensor, torch.fx.Node, list, tuple, dict)):
+            return None
+        key.append((name, str(value)))
+    hashable = tuple(key)
+    if hashable not in _REFUSED:
+        try:
+            with torch.no_grad():
+                target(*probe, **kwargs)
+            _REFUSED[hashable] = None
+        except NotImplementedError as exc:
+            _REFUSED[hashable] = str(exc).splitlines()[0]
+        except Exception:
+            _REFUSED[hashable] = None
+    return _REFUSED[hashable]
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:

@@ -19,6 +19,7 @@ from ..lowering import (
     Unsupported,
     broadcast_loader,
     broadcast_sizes,
+    check_scalar,
     make_pointwise,
     meta_of,
     register_lowering,
@@ -134,8 +135,43 @@ _POW_BY_CONSTANT: dict[float, Callable[[Any], Any]] = {
 }
 
 
+# Note [Errors eager raises from its arguments]: some ops refuse arguments whatever the values of
+# the tensors: an integer tensor to a negative Python integer power ("Integers to negative
+# integer powers are not allowed"; a negative exponent *tensor* is not checked: its elements
+# give 0, 1 or -1), subtraction with a bool operand ("Subtraction, the `-` operator, with a bool
+# tensor is not supported"). The lowering leaves such a node to eager's kernel (`Unsupported`:
+# an extern call), which raises at run time as eager does; a kernel computed a value (`x ** -1`
+# of ints was 0 or 1, `mask - True` an xor).
+def _negative_int_power(a: Any, b: Any) -> bool:
+    return (
+        isinstance(a, TensorBox)
+        and not a.get_dtype().is_floating_point
+        and not a.get_dtype().is_complex
+        and isinstance(b, int)
+        and not isinstance(b, bool)
+        and b < 0
+    )
+
+
+def _bool_operand(value: Any) -> bool:
+    if isinstance(value, TensorBox):
+        return value.get_dtype() == torch.bool
+    return isinstance(value, bool)
+
+
 @register_lowering(aten.pow)
 def pow_(a: Any, b: Any) -> TensorBox:
+    if _negative_int_power(a, b):  # Note [Errors eager raises from its arguments]
+        raise Unsupported("an integer tensor to a negative integer power: eager's kernel raises")
+    if isinstance(a, TensorBox) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        _, result = torch._prims_common.elementwise_dtypes(
+            meta_of(a), meta_of(b), type_promotion_kind=Kind.BOOL_TO_LONG
+        )
+        if result not in (torch.float32, torch.float64):
+            # Note [Python numbers that do not fit the dtype]: eager converts the exponent to an
+            # integer or half-type result's dtype with its check (float16 ** 1e30 raises), and
+            # keeps it wide for float32 and float64
+            check_scalar(b, result)
     if (
         isinstance(a, TensorBox)
         and a.get_dtype().is_floating_point
@@ -151,8 +187,15 @@ def _with_alpha(name: str) -> Callable[..., TensorBox]:
     plain = make_pointwise(_op(name))
 
     def lower(a: Any, b: Any, alpha: Any = 1) -> TensorBox:
+        if name == "sub" and (_bool_operand(a) or _bool_operand(b)):
+            # Note [Errors eager raises from its arguments]
+            raise Unsupported("subtraction with a bool operand: eager's kernel raises")
         if alpha == 1:
             return plain(a, b)
+        if name == "sub" and isinstance(alpha, (int, float)) and not isinstance(alpha, bool):
+            # eager subtracts as `a + (-alpha) * b`: the same rounding as `a - alpha * b`, but
+            # not the same zero (alpha 0: -0.0 - 0 * -0.0 is 0.0, -0.0 + 0 * -0.0 is -0.0)
+            return make_pointwise(lambda x, y, k: ops.add(x, ops.mul(y, k)))(a, b, -alpha)
         return make_pointwise(lambda x, y, k: getattr(ops, name)(x, ops.mul(y, k)))(a, b, alpha)
 
     return lower
@@ -201,9 +244,12 @@ def clamp(x: TensorBox, min: Any = None, max: Any = None) -> TensorBox:
     if max is not None:
         args.append(max)
     has_min, has_max = min is not None, max is not None
-    compute, _ = torch._prims_common.elementwise_dtypes(
+    compute, result = torch._prims_common.elementwise_dtypes(
         *[meta_of(a) for a in args], type_promotion_kind=Kind.DEFAULT
     )
+    for bound in (min, max):
+        if not isinstance(bound, TensorBox):
+            check_scalar(bound, result)  # Note [Python numbers that do not fit the dtype]
     nan_min, nan_max = (compute.is_floating_point and _may_be_nan(b) for b in (min, max))
 
     def body(v: Any, *bounds: Any) -> Any:
@@ -258,6 +304,9 @@ def where(cond: TensorBox, a: Any, b: Any) -> TensorBox:
             return lambda i: ops.to_dtype(load(i), dtype)
         return lambda i: ops.constant(value, dtype)
 
+    for value in (a, b):
+        if not isinstance(value, TensorBox):
+            check_scalar(value, dtype)  # Note [Python numbers that do not fit the dtype]
     la, lb = operand(a), operand(b)
 
     def inner(index: Index) -> Any:
@@ -274,6 +323,8 @@ def masked_fill(x: TensorBox, mask: TensorBox, value: Any) -> TensorBox:
         raise Unsupported("masked_fill whose mask broadcasts self")
     load_x, load_m = broadcast_loader(x, size), broadcast_loader(mask, size)
     load_v = broadcast_loader(value, size) if isinstance(value, TensorBox) else None
+    if load_v is None:
+        check_scalar(value, dtype)  # Note [Python numbers that do not fit the dtype]
 
     def inner(index: Index) -> Any:
         fill = ops.to_dtype(load_v(index), dtype) if load_v else ops.constant(value, dtype)

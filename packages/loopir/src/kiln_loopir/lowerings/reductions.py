@@ -56,6 +56,12 @@ def make_reduction(
     """Reduce ``x`` over ``dims`` (keepdim=False); the result is realized."""
     size = x.get_size()
     kept = [i for i in range(len(size)) if i not in dims]
+    if any(size[k] == 0 for k in dims):  # Note [Reductions over no element]
+        empty = _EMPTY_REDUCTIONS.get(reduction_type)
+        if empty is None:
+            raise Unsupported(f"{reduction_type} over no element: eager's kernel raises")
+        value = empty[output_index] if isinstance(empty, tuple) else empty
+        return _empty_reduction(x, [size[k] for k in kept], value, out_dtype or acc_dtype)
     load = x.make_loader()
     src_dtype = x.get_dtype()
 
@@ -81,6 +87,35 @@ def make_reduction(
         output_index,
     )
     box = TensorBox.create(red)
+    storage = box.storage()
+    assert storage is not None
+    storage.realize()
+    return box
+
+
+# Note [Reductions over no element]: a reduction over a dim of size 0 combines nothing; its
+# result is the reduction's identity everywhere (a sum 0, a product 1, `any` false), and for
+# Welford's (mean, m2, weight) eager's answers: the mean of nothing is NaN (`var_mean`), m2 and
+# the weight 0 (var/std divide 0 by a count of 0, eager's NaN). It is
+# lowered as that constant, not as a Reduction: a kernel with no row still ran its loads, and
+# the Triton generator's load of an index that every (absent) element shares was unmasked, off
+# an empty input's memory (a crash under the interpreter, after a fall back on the digit of a
+# size-0 dim: `x.prod()` of a [3, 0] tensor). max/min/argmax/argmin over no element are errors
+# in eager ("Expected reduction dim 0 to have non-zero size"), raised by the meta kernels of
+# amax and argmax but not by those of `max.dim`, `min.dim` and `max()`: such a node is left to
+# eager's kernel (`Unsupported`), which raises at run time (kiln returned -inf and index 0).
+_EMPTY_REDUCTIONS: dict[str, Any] = {
+    "sum": 0,
+    "prod": 1,
+    "any": False,
+    "welford_reduce": (float("nan"), 0, 0),
+}
+
+
+def _empty_reduction(x: TensorBox, size: list[Expr], value: Any, dtype: torch.dtype) -> TensorBox:
+    box = TensorBox.create(
+        Pointwise(x.get_device(), dtype, lambda index: ops.constant(value, dtype), tuple(size))
+    )
     storage = box.storage()
     assert storage is not None
     storage.realize()
