@@ -166,12 +166,7 @@ def compile_time_tune_flags() -> tuple[str, ...]:
 def native_tune(cxx: str) -> str:
     """The ``-mtune`` that ``-march=native`` gives ``cxx`` (``-Q --help=target``), "" when it
     cannot be asked."""
-    cmd = [cxx, "-march=native", "-Q", "--help=target"]
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
-    except (FileNotFoundError, PermissionError, NotADirectoryError, subprocess.TimeoutExpired):
-        return ""
-    for line in out.stdout.splitlines():
+    for line in _ask_compiler([cxx, "-march=native", "-Q", "--help=target"]).splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] == "-mtune=":
             return parts[1]
@@ -183,14 +178,17 @@ def target_macros(cxx: str, opt_flags: tuple[str, ...]) -> frozenset[str]:
     """The macros ``cxx`` predefines for ``opt_flags`` (``-dM -E``): the target's features, as
     the compiler sees them. Asked once per process for each compiler and flags; empty when the
     compiler cannot be run (the kernels' compile then reports why)."""
-    cmd = [cxx, *opt_flags, "-dM", "-E", "-x", "c++", os.devnull]
+    out = _ask_compiler([cxx, *opt_flags, "-dM", "-E", "-x", "c++", os.devnull])
+    return frozenset(parts[1] for parts in (line.split() for line in out.splitlines()) if len(parts) >= 2)
+
+
+def _ask_compiler(cmd: list[str]) -> str:
+    """The standard output of a query of the compiler, "" when it cannot be run."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=60)
     except (FileNotFoundError, PermissionError, NotADirectoryError, subprocess.TimeoutExpired):
-        return frozenset()
-    return frozenset(
-        parts[1] for parts in (line.split() for line in out.stdout.splitlines()) if len(parts) >= 2
-    )
+        return ""
+    return out.stdout
 
 
 @functools.cache

@@ -47,7 +47,6 @@ PRELUDE = (
 #include <limits>
 #include <type_traits>
 #include <algorithm>
-#include <type_traits>
 #include <omp.h>
 #if defined(__GLIBC__) && defined(__x86_64__) && defined(KILN_LIBMVEC)
 """

@@ -145,6 +145,8 @@ def assign(sizes: Sequence[int], parts: int) -> list[list[int]]:
 def split(kernels: Sequence[UnitKernel], requested: int = 0, available: int | None = None) -> list[list[int]]:
     """The kernels (indices) of each part: twins together, as many parts as ``part_count`` says
     (``requested``: ``CppOptions.build_parts``)."""
+    if requested == 1 or (requested == 0 and (available or cores() - 1) <= 1):
+        return [list(range(len(kernels)))]  # one unit whatever the kernels: no need to group them
     groups = twins(kernels)
     sizes = [len(kernels[g[0]].source) for g in groups]
     parts = assign(sizes, part_count(sizes, requested, available))
