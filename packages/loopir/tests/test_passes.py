@@ -119,6 +119,65 @@ def test_cuda_rule_runs_a_resnet_block_channels_last() -> None:
     assert first.outputs[0].layout.stride[1] == 1
 
 
+def _weight_arg(op: Any) -> Any:
+    """The buffer an extern convolution (forward or backward) reads as its weight."""
+    return op.args[1] if "convolution_backward" not in str(op.op) else op.args[2]
+
+
+def test_cuda_rule_takes_convolution_weights_nhwc_unless_switched_off() -> None:
+    """Note [Convolution weights in NHWC]: under the CUDA rule both 3x3 weights reach their
+    convolution NHWC, each through a copy in the graph; with ``nhwc_weights=False`` as they came."""
+    inputs = block_inputs()
+    gm = with_vals(resnet_block, *inputs)
+    with torch.no_grad():
+        compiled = check(gm, *inputs, options=CUDA_RULE)
+        off = check(gm, *inputs, options={**CUDA_RULE, "nhwc_weights": False})
+    assert ("layout", "convolution weights NHWC (copied in the graph)") in compiled.passes.record
+    for op in conv_ops(compiled):
+        weight = _weight_arg(op)
+        assert weight.layout.stride[1] == 1
+        assert is_plain_copy(compiled.graph.name_to_buffer[weight.name])
+    for op in conv_ops(off):
+        assert _weight_arg(op).layout.stride[-1] == 1  # the input's NCHW strides
+    assert off.graph.channels_last and not off.graph.nhwc_weights
+
+
+def test_nhwc_weights_only_under_the_cuda_rule_and_where_grad_input_is_wanted() -> None:
+    """A 1x1 weight is both layouts (no copy); the CPU rule leaves weights to oneDNN; a
+    convolution backward that computes only the weight's gradient reads the weight for its shape
+    and keeps it as it came."""
+
+    def one_by_one(x: Any, w: Any) -> Any:
+        return aten.relu.default(conv(x, w))
+
+    x, w = make((2, 16, 8, 8)), make((16, 16, 1, 1), low=-0.1, high=0.1)
+    with torch.no_grad():
+        compiled = check(with_vals(one_by_one, x, w), x, w, options=CUDA_RULE)
+    assert compiled.graph.nhwc_weights
+    (op,) = conv_ops(compiled)
+    assert not isinstance(
+        compiled.graph.name_to_buffer.get(_weight_arg(op).name), ComputedBuffer
+    )  # the input itself
+
+    gx, gw = make((2, 16, 8, 8)), make((16, 16, 3, 3), low=-0.1, high=0.1)
+    grad = make((2, 16, 8, 8))
+
+    def weight_grad_only(x: Any, w: Any, g: Any) -> Any:
+        return aten.convolution_backward.default(
+            g, x, w, [16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, True]
+        )[1:]
+
+    compiled = check(with_vals(weight_grad_only, gx, gw, grad), gx, gw, grad, options=CUDA_TRAINING)
+    assert compiled.graph.channels_last and compiled.graph.nhwc_weights
+    (op,) = conv_ops(compiled)
+    assert _weight_arg(op).layout.stride[-1] == 1  # left as it came
+
+    inputs = block_inputs()
+    with torch.no_grad():
+        cpu = compile_graph(with_vals(resnet_block, *inputs), list(inputs), options={"layout_policy": "cpu"})
+    assert not cpu.graph.nhwc_weights
+
+
 def test_layout_option_off_keeps_eager_layouts() -> None:
     inputs = block_inputs()
     gm = with_vals(resnet_block, *inputs)

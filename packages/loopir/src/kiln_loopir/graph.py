@@ -245,6 +245,7 @@ class GraphLowering:
         shape_only_readers: bool = False,
         pool_values_max: bool = True,
         conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
+        nhwc_weights: bool | None = None,
     ) -> None:
         self.gm = gm
         self.shape_only_readers = shape_only_readers  # Note [Why a value is realized] (c)
@@ -274,7 +275,13 @@ class GraphLowering:
 
             ctx = PassContext(self.device, PassOptions(), self.example_inputs, not torch.is_grad_enabled())
             channels_last = channels_last_nodes(gm, ctx)
+            if nhwc_weights is None:
+                from .passes.channels_last import nhwc_weights as weights_rule
+
+                nhwc_weights = weights_rule(ctx, channels_last)
         self.channels_last: set[torch.fx.Node] = channels_last
+        # Note [Convolution weights in NHWC] (passes/channels_last.py)
+        self.nhwc_weights = bool(nhwc_weights)
         # Note [A convolution backward's gradient in oneDNN's format] (passes/channels_last.py)
         self.conv_grad_formats = conv_grad_formats or {}
         # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)

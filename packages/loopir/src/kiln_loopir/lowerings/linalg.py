@@ -92,7 +92,16 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     node, meta = graph.current_node, graph.current_meta
     if node in graph.channels_last and isinstance(x, TensorBox) and len(x.get_size()) == 4:
         x = _as_channels_last(x)
+        transposed = rest[3] if len(rest) > 3 else False
+        if graph.nhwc_weights and not transposed:  # Note [Convolution weights in NHWC]
+            weight = _nhwc_weight(weight)
     return fallback(aten.convolution.default, (x, weight, bias, *rest), {}, meta)
+
+
+def _nhwc_weight(weight: Any) -> Any:
+    if isinstance(weight, TensorBox) and len(weight.get_size()) == 4:
+        return _as_channels_last(weight)
+    return weight
 
 
 @register_lowering(aten.convolution_backward.default)
@@ -108,6 +117,12 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
             _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
             for t in (grad, x)
         )
+        # Note [Convolution weights in NHWC]: (bias_sizes, stride, padding, dilation, transposed,
+        # output_padding, groups, output_mask); the weight's values are read for grad_input only
+        transposed = rest[4] if len(rest) > 4 else kwargs.get("transposed", False)
+        mask = rest[7] if len(rest) > 7 else kwargs.get("output_mask", (True, True, True))
+        if graph.nhwc_weights and not transposed and mask[0]:
+            weight = _nhwc_weight(weight)
     elif node in graph.conv_grad_formats and isinstance(grad, TensorBox):
         _free_layout(grad, graph.conv_grad_formats[node])
     return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)

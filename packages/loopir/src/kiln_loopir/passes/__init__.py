@@ -114,6 +114,11 @@ class PassOptions:
     ``var_mean``: a ``var.correction`` and a ``mean.dim`` of the same rows become one ``var_mean``,
     one Welford reduction with two outputs (Note [One Welford for a variance and its mean] in
     passes/var_mean.py); ``False``: the variance's Welford and a separate sum for the mean.
+    ``nhwc_weights``: under the CUDA rule, a channels-last convolution takes its 4-D weight NHWC
+    too, converted by a generated copy kernel in the graph, instead of by PyTorch's slower copy
+    inside every ``convolution`` and ``convolution_backward`` call (Note [Convolution weights in
+    NHWC] in passes/channels_last.py); ``False``: weights as they come. A decision handed to
+    lowering.
     ``inplace_reuse``: a pointwise kernel writes its output over an input buffer it reads for the
     last time, at the same positions (Note [A kernel's output in place of an input that dies in
     it] in scheduler.py), where the backend says it can (``Backend.inplace_buffers``); ``False``:
@@ -146,6 +151,7 @@ class PassOptions:
     var_mean: bool = True
     conv_grad_format: bool = True
     inplace_reuse: bool = True
+    nhwc_weights: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -178,12 +184,13 @@ class PassOptions:
             made.var_mean,
             made.conv_grad_format,
             made.inplace_reuse,
+            made.nhwc_weights,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
                 " view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion"
-                ", late_placement, var_mean, conv_grad_format and inplace_reuse"
+                ", late_placement, var_mean, conv_grad_format, inplace_reuse and nhwc_weights"
                 " are True or False"
             )
         if made.pad_mm_output_copy not in (True, False, "user"):
@@ -242,6 +249,8 @@ class PassContext:
     # Note [A convolution backward's gradient in oneDNN's format]: convolution_backward nodes ->
     # the memory format their gradient is computed in where its layout is still free
     conv_grad_formats: dict[torch.fx.Node, torch.memory_format] = field(default_factory=dict)
+    # Note [Convolution weights in NHWC]: the channels-last convolutions take their weights NHWC
+    nhwc_weights: bool = False
     # aten ops whose lowering an option turns off: they run as extern calls
     extern_ops: set[Any] = field(default_factory=set)
     # what each pass did, one line per decision (also logged): for tests and reports

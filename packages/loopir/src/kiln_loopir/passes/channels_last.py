@@ -11,8 +11,21 @@ residual adds between two convolutions are therefore computed in NHWC, and no co
 left between two convolutions. The spread stops at ops that reinterpret dimensions (a permute to
 [N, H, W, C] for ConvNeXt's LayerNorm, a view, a matmul): NHWC strides on such a value would mean
 another dimension order, not channels-last. Graph outputs are copied back to the strides eager
-gives them (``GraphLowering._eager_strides``). Weights are left to the convolution: oneDNN and cuDNN
-reorder a contiguous weight themselves when the input is NHWC.
+gives them (``GraphLowering._eager_strides``). Weights: oneDNN reorders a contiguous weight itself
+when the input is NHWC; on CUDA the graph converts them (next Note).
+
+Note [Convolution weights in NHWC]: given an NHWC input and an NCHW weight, PyTorch's CUDA
+``convolution`` and ``convolution_backward`` copy the weight to NHWC inside every call, with its
+generic strided copy: on the H100, ResNet-50's bf16 training step ran 33 such copies (one per
+convolution of kernel larger than 1x1 in the forward, again in the backward) for 148 us, 4.5 us
+each, where torch.compile, which converts weights in its graph, spent 1.8 us a copy kernel. Under
+the CUDA rule each channels-last convolution therefore takes its weight through the same
+conversion as its input (a generated copy kernel; a 1x1 weight is both layouts and is not copied),
+and a ``convolution_backward`` whose ``grad_input`` is wanted likewise (one computing only the
+weight's gradient reads the weight for its shape alone). Transposed convolutions keep their
+weights as they come. The CPU rule leaves weights alone: oneDNN reorders any weight to its own
+blocked format, so an NHWC copy first would be one more pass over it. ``nhwc_weights=False``
+turns the conversion off.
 
 The CPU rule (:func:`cpu_policy`): inference graphs, oneDNN present and enabled, and either the
 convolutions run through oneDNN with prepacked weights (the conv_fusion pass, Note
@@ -594,11 +607,21 @@ def conv_grad_formats(
     return out
 
 
+def nhwc_weights(ctx: PassContext, chosen: set[torch.fx.Node]) -> bool:
+    """Note [Convolution weights in NHWC]: whether the channels-last convolutions take their
+    weights NHWC (the CUDA rule, some convolution chosen, the option on)."""
+    return bool(chosen) and policy_name(ctx) == "cuda" and ctx.options.nhwc_weights
+
+
 def layout_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     """Record the layout decision in ``ctx.channels_last`` (and the convolution gradients' formats
-    in ``ctx.conv_grad_formats``); the graph is unchanged."""
+    in ``ctx.conv_grad_formats``, whether weights go NHWC in ``ctx.nhwc_weights``); the graph is
+    unchanged."""
     ctx.channels_last = channels_last_nodes(gm, ctx)
     ctx.conv_grad_formats = conv_grad_formats(gm, ctx, ctx.channels_last)
+    ctx.nhwc_weights = nhwc_weights(ctx, ctx.channels_last)
+    if ctx.nhwc_weights:
+        ctx.note("layout", "convolution weights NHWC (copied in the graph)")
     return gm
 
 
@@ -612,6 +635,7 @@ __all__ = [
     "cpu_policy",
     "cuda_policy",
     "layout_pass",
+    "nhwc_weights",
     "onednn_format",
     "spread",
 ]
