@@ -36,7 +36,9 @@ def same_strides(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def forced(device: str) -> dict[str, Any]:
-    return {"layout_policy": "cuda", "pad_mm": "force", "conv_bias": "force"} if device == "cpu" else {}
+    if device != "cpu":
+        return {}
+    return {"layout_policy": "cuda", "pad_mm": "force", "conv_bias": "force", "conv_bias_grad": "force"}
 
 
 def depthwise_bias_norm(x: Any, w: Any, b: Any) -> Any:
@@ -74,6 +76,32 @@ def test_conv_bias_rides_in_the_next_kernel(device: str, dtype: torch.dtype) -> 
     convs = [n for n in compiled.graph.gm.graph.nodes if n.target is aten.convolution.default]
     assert [n.args[2] for n in convs] == [None]
     assert compiled.stats.kernels <= kept.stats.kernels
+
+
+def conv_backward_with_bias(x: Any, w: Any, up: Any, g: Any) -> Any:
+    """A training step's convolution backward asked for the bias gradient, its gradient out of a
+    pointwise kernel."""
+    grad = aten.mul.Tensor(g, aten.sigmoid.default(up))
+    gx, gw, gb = aten.convolution_backward.default(
+        grad, x, w, [16], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]
+    )
+    return gx, gw, gb
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_bias_gradient_is_a_generated_sum(device: str) -> None:
+    """Note [Convolution bias gradients in generated code]: on CUDA (forced on CPU tensors, the
+    training graph channels-last) the bias gradient is a generated column sum, eager's values."""
+    x, w = make((4, 8, 12, 12)), make((16, 8, 3, 3), low=-0.2, high=0.2)
+    up, g = make((4, 16, 12, 12)), make((4, 16, 12, 12))
+    inputs = to_device([x, w, up, g], device)
+    gm = with_vals(conv_backward_with_bias, *inputs)
+    compiled = compile_graph(gm, inputs, backend=TritonBackend(), options=forced(device))
+    # the weight gradient sums 576 products in NHWC's order, eager's in NCHW's
+    assert_same(compiled(*inputs), gm(*inputs), scale=8)
+    assert compiled.graph.channels_last
+    assert ("conv_bias_grad", "1 convolution bias gradients computed as sums") in compiled.passes.record
+    assert compiled.stats.extern_ops == ("convolution_backward.default",)
 
 
 @pytest.mark.parametrize("device", DEVICES)

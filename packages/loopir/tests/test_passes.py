@@ -948,6 +948,52 @@ def test_conv_bias_stays_in_the_convolution_on_the_cpu() -> None:
         PassOptions.from_mapping({"conv_bias": "sometimes"})
 
 
+def _backward_with_bias(
+    transposed: bool = False, mask: tuple[bool, bool, bool] = (True, True, True)
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """A convolution backward whose gradient comes out of a pointwise kernel (the producer the bias
+    sum fuses with), asked for the bias gradient, as in a ConvNeXt block's training step."""
+    x, w = make((2, 8, 6, 6)), make((8, 1, 3, 3), low=-0.3, high=0.3)
+    up, g = make((2, 8, 6, 6)), make((2, 8, 6, 6))
+
+    def backward(x: Any, w: Any, up: Any, g: Any) -> Any:
+        grad = aten.mul.Tensor(g, aten.sigmoid.default(up))
+        gx, gw, gb = aten.convolution_backward.default(
+            grad, x, w, [8], [1, 1], [1, 1], [1, 1], transposed, [0, 0], 8, list(mask)
+        )
+        return gx, gw, gb
+
+    return with_vals(backward, x, w, up, g), [x, w, up, g]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_convolution_bias_gradient_is_a_generated_sum(transposed: bool) -> None:
+    """Note [Convolution bias gradients in generated code]: the backward is asked for the input's
+    and weight's gradients only and the bias's is a generated sum, eager's values."""
+    gm, inputs = _backward_with_bias(transposed)
+    moved = check(gm, *inputs, options={"conv_bias_grad": "force"})
+    kept = check(gm, *inputs, options={"conv_bias_grad": False})
+    (node,) = [n for n in moved.graph.gm.graph.nodes if n.target is aten.convolution_backward.default]
+    assert list(node.args[10]) == [True, True, False]
+    assert any(n.target is aten.sum.dim_IntList for n in moved.graph.gm.graph.nodes)
+    assert ("conv_bias_grad", "1 convolution bias gradients computed as sums") in moved.passes.record
+    (node,) = [n for n in kept.graph.gm.graph.nodes if n.target is aten.convolution_backward.default]
+    assert list(node.args[10]) == [True, True, True]
+    # the sum is generated code: the convolution backward stays the only extern call
+    assert moved.stats.extern_ops == kept.stats.extern_ops == ("convolution_backward.default",)
+
+
+def test_convolution_bias_gradients_stay_on_the_cpu_or_where_not_asked() -> None:
+    gm, inputs = _backward_with_bias()
+    compiled = check(gm, *inputs)
+    assert any(n == "conv_bias_grad" and "not on CUDA" in t for n, t in compiled.passes.record)
+    gm, inputs = _backward_with_bias(mask=(True, True, False))
+    compiled = check(gm, *inputs, options={"conv_bias_grad": "force"})
+    assert not any(n == "conv_bias_grad" for n, _ in compiled.passes.record)
+    with pytest.raises(ValueError, match="conv_bias_grad"):
+        PassOptions.from_mapping({"conv_bias_grad": "sometimes"})
+
+
 @pytest.mark.parametrize(
     "damage",
     [b'{"key": "trunc', b"\x00\xff garbage", b"null", b'{"key": "k"}', b'{"key": 1, "pad": "yes"}'],

@@ -63,6 +63,9 @@ class PassOptions:
     ``conv_bias``: on CUDA a convolution's bias is added after it in generated code, where the
     scheduler fuses it into the result's readers (Note [Convolution bias after the convolution]);
     ``"force"`` on any device (tests), ``False`` never.
+    ``conv_bias_grad``: on CUDA a convolution backward's bias gradient is a generated sum over
+    the gradient, fused with its producer (Note [Convolution bias gradients in generated code] in
+    passes/conv_bias.py); ``"force"`` on any device (tests), ``False`` never.
     ``patch_conv``: on CUDA a convolution whose stride equals its kernel size, without padding (a
     vision transformer's patch embedding), is computed as a GEMM of the patches (Note [Patch
     convolutions as GEMMs]); ``"force"`` on any device (tests), ``False`` never.
@@ -136,6 +139,7 @@ class PassOptions:
     attention_mask: bool = True
     attention_dense_mask: bool | str = True
     conv_bias: bool | str = True
+    conv_bias_grad: bool | str = True
     patch_conv: bool | str = True
     conv_fusion: bool = True
     conv_prepack: bool = False
@@ -207,6 +211,8 @@ class PassOptions:
             )
         if made.conv_bias not in (True, False, "force"):
             raise ValueError(f"conv_bias must be True, False or 'force', not {made.conv_bias!r}")
+        if made.conv_bias_grad not in (True, False, "force"):
+            raise ValueError(f"conv_bias_grad must be True, False or 'force', not {made.conv_bias_grad!r}")
         if made.patch_conv not in (True, False, "force"):
             raise ValueError(f"patch_conv must be True, False or 'force', not {made.patch_conv!r}")
         return made
@@ -288,7 +294,7 @@ def copy_graph(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, dict[tor
 def _passes() -> tuple[GraphPass, ...]:
     from .attention import attention_pass
     from .channels_last import layout_pass
-    from .conv_bias import conv_bias_pass
+    from .conv_bias import conv_bias_grad_pass, conv_bias_pass
     from .conv_fusion import conv_fusion_pass
     from .cse import cse_pass
     from .linear_pack import linear_pack_pass
@@ -301,6 +307,7 @@ def _passes() -> tuple[GraphPass, ...]:
         GraphPass("patch_conv", patch_conv_pass, lambda o: o.patch_conv is not False),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
+        GraphPass("conv_bias_grad", conv_bias_grad_pass, lambda o: o.conv_bias_grad is not False),
         GraphPass("cse", cse_pass, lambda o: o.cse),
         GraphPass("var_mean", var_mean_pass, lambda o: o.var_mean),
         GraphPass("layout", layout_pass, lambda o: o.layout),

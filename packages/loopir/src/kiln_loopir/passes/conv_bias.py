@@ -16,9 +16,25 @@ cuDNN rounds), within those dtypes' tolerance; float32 and float64 add in their 
 Not on the CPU, where oneDNN applies the bias inside the convolution for free (and the CPU
 convolution fusion pass folds it with BatchNorm). ``conv_bias=False`` keeps every bias in the
 convolution; ``"force"`` peels it on any device (tests).
+
+Note [Convolution bias gradients in generated code]: the backward's mirror image. A
+``convolution_backward`` asked for the bias's gradient (``output_mask[2]``) computes it on CUDA
+with PyTorch's generic reduction over every dimension but the channels: on the H100, ConvNeXt's
+bf16 training step ran 22 of them (``at::native::reduce_kernel``) for 0.60 ms, 27 us each, a
+separate pass over each gradient, where torch.compile's step had none. So on CUDA the pass asks the
+convolution backward for the input's and the weight's gradients only and computes the bias's as
+``sum(grad_output, [0, 2, ...])`` (the channel dimension kept), a generated column sum (split
+as any, Note [Split reductions] in kiln_codegen_triton; not fused with the kernel that computes
+``grad_output``, which the convolution backward needs in memory: that kernel's stores and the
+sum's loads are not aligned, see ``Scheduler.can_fuse_vertical``). Same value up to the order of the sums (both accumulate in float32 and
+round once to the gradient's dtype). Not on the CPU, where oneDNN's backward yields the bias
+gradient from the pass it makes anyway. ``conv_bias_grad=False`` keeps it in the convolution
+backward; ``"force"`` moves it on any device (tests).
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 import torch.fx
@@ -82,4 +98,67 @@ def conv_bias_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Graph
     return copied
 
 
-__all__ = ["candidates", "conv_bias_pass"]
+def grad_candidates(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Convolution backwards asked for a bias gradient whose every reader takes one item of the
+    result (``getitem``), with a floating gradient of known rank."""
+    found = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not aten.convolution_backward.default:
+            continue
+        if len(node.args) < 11 or node.kwargs:
+            continue
+        mask, val = node.args[10], _val(node)
+        if not (isinstance(mask, (list, tuple)) and len(mask) == 3 and mask[2]):
+            continue
+        if not (isinstance(val, (list, tuple)) and len(val) == 3 and isinstance(val[2], torch.Tensor)):
+            continue
+        grad = _val(node.args[0])
+        if not (isinstance(grad, torch.Tensor) and grad.dtype.is_floating_point and grad.dim() >= 3):
+            continue
+        if all(u.target is operator.getitem for u in node.users):
+            found.append(node)
+    return found
+
+
+def conv_bias_grad_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
+    """Compute each convolution backward's bias gradient as a generated sum, on CUDA (Note
+    [Convolution bias gradients in generated code])."""
+    found = grad_candidates(gm)
+    if not found:
+        return gm
+    if ctx.device.type != "cuda" and ctx.options.conv_bias_grad != "force":
+        ctx.note(
+            "conv_bias_grad",
+            "keep %d bias gradients in their convolution backwards: not on CUDA (%s)",
+            len(found),
+            ctx.device.type,
+        )
+        return gm
+    copied, env = copy_graph(gm)
+    graph = copied.graph
+    for original in found:
+        node = env[original]
+        grad = node.args[0]
+        mask = node.args[10]
+        assert isinstance(mask, (list, tuple))
+        rank = _val(grad).dim()
+        gi, gw, gb = _val(node)
+        node.args = (*node.args[:10], [mask[0], mask[1], False])
+        node.meta["val"] = (gi, gw, None)
+        readers = [u for u in node.users if u.args[1] == 2]
+        if not readers:
+            continue
+        with graph.inserting_before(readers[0]):
+            total = graph.call_function(aten.sum.dim_IntList, (grad, [0, *range(2, rank)]))
+        total.meta.update({k: v for k, v in node.meta.items() if k != "val"})
+        total.meta["val"] = gb
+        for reader in readers:
+            reader.replace_all_uses_with(total)
+            graph.erase_node(reader)
+    ctx.note("conv_bias_grad", "%d convolution bias gradients computed as sums", len(found))
+    graph.lint()
+    copied.recompile()
+    return copied
+
+
+__all__ = ["candidates", "conv_bias_grad_pass", "conv_bias_pass", "grad_candidates"]
