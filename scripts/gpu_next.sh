@@ -231,12 +231,9 @@ for step in "$@"; do
         --warmup 3 --profile --profile-calls 3 --backends kiln,kiln:default:nhwc_weights=False,inductor ;;
     call28c)  # twenty-eighth session (issue 15): Note [Convolution bias gradients in generated code] (loopir
       # conv_bias pass): a CUDA convolution backward's bias gradient as a generated column sum, not PyTorch's reduce
-      # kernel (ConvNeXt bf16 training on the H100: 22 at::native::reduce_kernel, 0.60 ms a step; torch.compile none).
-      # ConvNeXt bf16 training kernel table with the switch on (s28 before it: kiln 9.34 ms of kernels a step, tc
-      # 8.78), then the step against conv_bias_grad=False and torch.compile (GPU ms, launches)
-      timeout 200 python3 scripts/gpu_kernel_table.py --model convnext --mode training --dtype bfloat16 --top 30 \
-        --backends kiln --out "$out/ktable-convnext-train.json" > "$out/ktable-convnext-train.log" 2>&1
-      grep -v -i -E "warn|usdt" "$out/ktable-convnext-train.log" | grep -E "^==| ms +[0-9]+x|reduce_kernel" | cut -c1-150
+      # kernel (ConvNeXt bf16 training on the H100: 22 at::native::reduce_kernel, 0.60 ms a step; torch.compile none;
+      # s28's kernel table before it: kiln 9.34 ms of kernels a step, tc 8.78). The step against conv_bias_grad=False
+      # and torch.compile (GPU ms, launches, families)
       TAIL=14 bench train-bf16-convnext 200 --dtype bfloat16 --modes training --models convnext --repeats 8 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:conv_bias_grad=False,inductor ;;
     call27m)  # twenty-seventh session (issue 20, helper moe27): two C++ generator rules, fp32 inference on the host at 1
