@@ -236,6 +236,20 @@ for step in "$@"; do
       # and torch.compile (GPU ms, launches, families)
       TAIL=14 bench train-bf16-convnext 200 --dtype bfloat16 --modes training --models convnext --repeats 8 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:conv_bias_grad=False,inductor ;;
+    call28d)  # twenty-eighth session (issue 15): ConvNeXt's layer-norm backward weight/bias partials ran at 17% of copy
+      # on the H100 (bf16 training, s28 call28c: *_to_copy_add_mul_rsqrt_sub_sum_{204..214}_partial, 18.6 MB in 40 us,
+      # 37.5 MB in 77 us; rows of 96-768 channels over 1568-100352 tokens). The same graph alone at ConvNeXt-T's
+      # three widest stages (bench/bandwidth.py layer_norm_backward, bf16), kiln against its switches, eager and
+      # torch.compile; then the model's own source of those kernels (KILN_LOG=output_code, the log kept in $out)
+      for shape in "96 9.634" "192 4.817" "384 2.408"; do set -- $shape
+        timeout 70 python3 packages/codegen_triton/bench/bandwidth.py --only layer_norm_backward --dtype bfloat16 \
+          --row $1 --sizes $2 --peak 3.35 --reps 7 \
+          --variants "outer_partials=1;split_outer_min_chunk=128;split_outer_min_chunk=512" \
+          --out "$out/bw-lnb-$1.json" 2>&1 | grep -E "^layer_norm|variant" | cut -c1-140; done
+      KILN_LOG=output_code timeout 60 python3 -m kiln_bench --size gpu --device cuda --dtype bfloat16 --modes training \
+        --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
+      grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
+        | head -40 | cut -c1-200 ;;
     call27m)  # twenty-seventh session (issue 20, helper moe27): two C++ generator rules, fp32 inference on the host at 1
       # and 16 threads. (1) Note [Column reductions through gathers] (kernel.py, switch column_gathers): the mixtures of
       # experts' combine (cpp_fused_div_index_mul_sum_unsqueeze_view_*, rows of k=2 experts through a gather) is a column
