@@ -17,6 +17,7 @@ from triton_check import DEVICES, assert_same, make, to_device
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.graph import FREE_LAYOUT_OUTPUTS
 from kiln_loopir.testing import conv, mm, with_vals
 
 aten = torch.ops.aten
@@ -76,6 +77,46 @@ def test_conv_bias_rides_in_the_next_kernel(device: str, dtype: torch.dtype) -> 
     convs = [n for n in compiled.graph.gm.graph.nodes if n.target is aten.convolution.default]
     assert [n.args[2] for n in convs] == [None]
     assert compiled.stats.kernels <= kept.stats.kernels
+
+
+def convnext_norm(x: Any, w: Any, b: Any, lw: Any, lb: Any) -> Any:
+    """ConvNeXt's block start: a depthwise convolution with a bias, read through ``permute(0, 2,
+    3, 1)`` by a layer norm over the channels; the permuted value is an output whose layout is
+    free (as a training forward's saved values are)."""
+    y = aten.convolution.default(x, w, b, [1, 1], [3, 3], [1, 1], False, [0, 0], 8)
+    p = aten.permute.default(y, [0, 2, 3, 1])
+    out, mean, rstd = aten.native_layer_norm.default(p, [8], lw, lb, 1e-6)
+    return out, mean, rstd, p
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("memory_order", [True, False])
+def test_a_value_read_through_a_channels_last_permute_is_computed_channels_last(
+    device: str, memory_order: bool
+) -> None:
+    """Note [Values read through a channels-last permute]: the bias add between the depthwise
+    convolution and the permute is computed NHWC, so the saved permuted value is a contiguous
+    (N, H, W, C) tensor; Note [Pointwise nodes walk their memory order]: the add, fused with
+    the norm's kernel, walks memory order (it is listed in ``schedule.memory_ordered``) and is
+    computed from the norm's own load of the convolution's result."""
+    x, w, b = make((2, 8, 10, 10)), make((8, 1, 7, 7), low=-0.2, high=0.2), make((8,))
+    lw, lb = make((8,)), make((8,))
+    inputs = to_device([x, w, b, lw, lb], device)
+    gm = with_vals(convnext_norm, *inputs)
+    gm.meta[FREE_LAYOUT_OUTPUTS] = (3,)  # kiln_loopir's Note [Outputs only the backward reads]
+    backend = TritonBackend(memory_order_pointwise=memory_order)
+    with torch.no_grad():  # a float32 depthwise convolution keeps a training graph in eager's layouts
+        compiled = compile_graph(gm, inputs, backend=backend, options=forced(device))
+        got, want = compiled(*inputs), gm(*inputs)
+    assert_same(list(got), list(want))
+    assert got[3].is_contiguous()  # NHWC storage: the permute is a contiguous view
+    added = [n for n in compiled.graph.channels_last if n.target is aten.add.Tensor]
+    assert added, "the bias add is computed channels-last"
+    if memory_order:
+        assert compiled.schedule.memory_ordered
+        assert compiled.stats.kernels == 2  # the weight's NHWC copy; the add rides in the norm's kernel
+    else:
+        assert not compiled.schedule.memory_ordered
 
 
 def conv_backward_with_bias(x: Any, w: Any, up: Any, g: Any) -> Any:

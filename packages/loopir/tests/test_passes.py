@@ -387,6 +387,26 @@ def test_cuda_rule_skips_graphs_where_convs_are_a_small_part() -> None:
     assert not decision.channels_last and "small part" in decision.reason
 
 
+def test_a_value_read_through_an_nhwc_permute_is_computed_channels_last() -> None:
+    """Note [Values read through a channels-last permute]: the bias add that the conv-bias pass
+    puts between a convolution and ``permute(0, 2, 3, 1)`` is in the NHWC set, so the permuted
+    value is a contiguous (N, H, W, C) tensor."""
+
+    def block(x: Any, w: Any, b: Any) -> Any:
+        y = aten.convolution.default(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        return (aten.permute.default(y, [0, 2, 3, 1]),)
+
+    x, w, b = make((2, 16, 8, 8)), make((16, 16, 3, 3), low=-0.1, high=0.1), make((16,))
+    gm = with_vals(block, x, w, b)
+    gm.meta[FREE_LAYOUT_OUTPUTS] = (0,)
+    with torch.no_grad():
+        compiled = check(gm, x, w, b, options={**CUDA_RULE, "conv_bias": "force"})
+        off = check(gm, x, w, b, options={**CUDA_RULE, "conv_bias": False})
+    assert any(n.target is aten.add.Tensor for n in compiled.graph.channels_last)
+    assert compiled(x, w, b)[0].is_contiguous()
+    assert off(x, w, b)[0].is_contiguous()  # the convolution's own result: NHWC as before
+
+
 def test_spread_stops_at_a_permute() -> None:
     # ConvNeXt: depthwise conv -> permute to NHWC -> layer norm -> permute back -> conv. The
     # permuted [N, H, W, C] values are not channels-last values and must not be marked as such.

@@ -105,6 +105,7 @@ TRITON_OPTIONS = {
     "max_persistent_rblock": int,
     "allow_tiling": bool,
     "reorder_reductions": bool,  # Note [Reductions walk their reads' memory order] in kernel.py
+    "memory_order_pointwise": bool,  # kiln_loopir's Note [Pointwise nodes walk their memory order]
     "reorder_gathers": bool,  # Note [Gathers along a row walk the rows] in kernel.py
     "outer_by_tiles": bool,  # Note [Row statistics do not decide a column reduction] in kernel.py
     "outer_partials": bool,  # Note [Partials of a column reduction stay column reductions] in split.py
@@ -139,6 +140,7 @@ class TritonBackend(Backend):
         max_persistent_rblock: int = 4096,
         allow_tiling: bool = True,
         reorder_reductions: bool = True,
+        memory_order_pointwise: bool = True,
         reorder_gathers: bool = False,
         outer_by_tiles: bool = True,
         outer_partials: bool = False,  # measured no faster on an H100: Note in split.py
@@ -169,6 +171,8 @@ class TritonBackend(Backend):
         self.max_persistent_rblock = max_persistent_rblock
         self.allow_tiling = allow_tiling
         self.reorder_reductions = reorder_reductions
+        # kiln_loopir's Note [Pointwise nodes walk their memory order]: asked of the scheduler
+        self.memory_order_pointwise = memory_order_pointwise
         self.reorder_gathers = reorder_gathers
         self.outer_by_tiles = outer_by_tiles
         self.outer_partials = outer_partials

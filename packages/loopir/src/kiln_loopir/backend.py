@@ -64,6 +64,9 @@ class Backend:
     # Note [Pointwise producers in a column reduction's order] (scheduler.py): whether the
     # scheduler may re-express a pointwise producer in a column reduction's loop order to fuse them
     reorder_for_column_reductions: bool = False
+    # Note [Pointwise nodes walk their memory order] (scheduler.py): whether the scheduler gives
+    # a pointwise node stored in another dimension order a loop nest in that order
+    memory_order_pointwise: bool = False
     # Note [Overlapping max pooling backward on the CPU] (lowerings/pooling.py): whether a gather
     # kernel's masked loads at computed indices leave its loop scalar in this generator
     scalar_gathers: bool = False

@@ -294,6 +294,7 @@ def _generate(
             fusion=fusion,
             can_fuse_hook=chosen.can_fuse,
             reorder_pointwise=bool(getattr(chosen, "reorder_for_column_reductions", False)),
+            memory_order=bool(getattr(chosen, "memory_order_pointwise", False)),
             template_hook=_template_hook(chosen),
             far_output_fusion=passes.options.far_output_fusion,
             late_placement=passes.options.late_placement,

@@ -404,6 +404,7 @@ class Scheduler:
         fusion: bool = True,
         can_fuse_hook: FusionVeto | None = None,
         reorder_pointwise: bool = False,
+        memory_order: bool = False,
         template_hook: TemplateHook | None = None,
         far_output_fusion: bool = True,
         late_placement: bool = True,
@@ -419,6 +420,10 @@ class Scheduler:
         self.output_names = set(output_names)
         self.can_fuse_hook = can_fuse_hook
         self.nodes: list[BaseSchedulerNode] = [self._create(i, op) for i, op in enumerate(operations)]
+        # Note [Pointwise nodes walk their memory order]
+        self.memory_ordered: list[str] = []
+        if memory_order:
+            self.nodes = [self._in_memory_order(n) for n in self.nodes]
         self.writer: dict[str, BaseSchedulerNode] = {}
         self.aliases: dict[str, str] = {}
         for n in self.nodes:
@@ -465,6 +470,73 @@ class Scheduler:
         if op.numel() == 0:
             return NopKernelSchedulerNode(order, reads, writes, node=op)
         return SchedulerNode(order, reads, writes, node=op)
+
+    # Note [Pointwise nodes walk their memory order]
+    # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+    # A pointwise node's loop nest is its logical (N, C, H, W) order, and fusion lines nodes up
+    # by their flat position in that nest. A node stored in another dimension order (a
+    # channels-last activation) that fuses with a kernel walking memory order then reads and
+    # writes across it: ConvNeXt's depthwise-convolution bias add, stored NHWC for the layer
+    # norm that reads it through ``permute(0, 2, 3, 1)`` (Note [Values read through a
+    # channels-last permute]), joined that norm's kernel horizontally (both read the convolution's
+    # output) with its loads and stores 32-192 elements apart, lane after lane. Where the backend
+    # asks (``Backend.memory_order_pointwise``: the Triton generator, whose pointwise kernels
+    # walk memory order on their own, Note [Pointwise kernels walk memory order] in its
+    # kernel.py), a pointwise node whose layout is dense in another order than row-major is
+    # re-expressed as a :class:`ReorderedPointwise` whose loops are its dimensions in memory
+    # order (outermost first): the same elements, computed and stored in memory order, so its
+    # flat position is its memory position and it fuses aligned with readers and partners that
+    # walk memory (the permuted norm, the kernels of other NHWC values). Static sizes only; a
+    # scatter or a reduction keeps its nest. ``Scheduler.memory_ordered`` lists the nodes,
+    # KILN_LOG=schedule prints them.
+
+    def _in_memory_order(self, node: BaseSchedulerNode) -> BaseSchedulerNode:
+        if not isinstance(node, SchedulerNode) or type(node.node) is not ComputedBuffer:
+            return node
+        buffer = node.node
+        if not isinstance(buffer.data, Pointwise):
+            return node
+        layout, ranges = buffer.layout, buffer.data.ranges
+        values = (*ranges, *layout.stride, layout.offset)
+        if tuple(layout.size) != tuple(ranges) or any(not sympy.sympify(v).is_Integer for v in values):
+            return node
+        sizes = [int(r) for r in ranges]
+        strides = [int(st) for st in layout.stride]
+        real = [i for i, n in enumerate(sizes) if n != 1]
+        order = sorted(real, key=lambda i: -strides[i])
+        if order == real:
+            return node  # row-major already (size-1 dims aside)
+        expected = 1
+        for i in reversed(order):  # dense: each dim steps over the ones inside it
+            if strides[i] != expected:
+                return node
+            expected *= sizes[i]
+        perm = [i for i, n in enumerate(sizes) if n == 1] + order
+        base = int(layout.offset)
+
+        def position(loop_index: Index) -> Index:
+            logical: list[Expr] = [sympy.Integer(0)] * len(sizes)
+            for k, dim in enumerate(perm):
+                logical[dim] = loop_index[k]
+            return logical
+
+        def offset(loop_index: Index) -> Expr:
+            return sympy.Integer(base) + sum(
+                (v * strides[dim] for v, dim in zip(loop_index, perm, strict=True)), sympy.Integer(0)
+            )
+
+        made = ReorderedPointwise(
+            buffer.name,
+            buffer.layout,
+            data=buffer.data,
+            loop_sizes=tuple(sympy.Integer(sizes[d]) for d in perm),
+            position=position,
+            offset=offset,
+        )
+        reads, writes = extract_read_writes(made)
+        self.memory_ordered.append(buffer.name)
+        log.debug("%s walks its memory order %s", buffer.name, perm)
+        return SchedulerNode(node.order, reads, writes, node=made)
 
     # dependencies ---------------------------------------------------------------------------
 

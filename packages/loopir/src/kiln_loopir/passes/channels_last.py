@@ -488,15 +488,34 @@ def _four_d_float(val: Any) -> bool:
     return t is not None and t.dim() == 4 and t.is_floating_point()
 
 
+def _nhwc_permute(node: torch.fx.Node) -> bool:
+    """A permute of a 4-D value to (N, H, W, C): channels-last storage makes it contiguous."""
+    dims = node.args[1] if node.target is aten.permute.default else None
+    return isinstance(dims, (list, tuple)) and list(dims) in ([0, 2, 3, 1], [0, -2, -1, -3])
+
+
 def spread(gm: torch.fx.GraphModule) -> set[torch.fx.Node]:
-    """The convolutions (and their backwards) and every 4-D value that leads into one through
-    layout-preserving ops."""
+    """The convolutions (and their backwards) and every 4-D value that leads into one, or into a
+    permute to (N, H, W, C), through layout-preserving ops.
+
+    Note [Values read through a channels-last permute]: ConvNeXt's blocks read a depthwise
+    convolution's output as ``permute(0, 2, 3, 1)`` for a layer norm over the channels. The
+    convolution's own result is NHWC, and the permute of it a contiguous (N, H, W, C) tensor;
+    but once the convolution-bias pass (Note [Convolution bias after the convolution]) put an
+    add between the two, the add led into no convolution and was realized in eager's NCHW
+    strides: the layer norm's kernel stored it (a training forward saves it) column by column
+    and the backward's norm kernels read it so, 2 chunks of one column sum each (bf16 ConvNeXt
+    training on the H100: the norm weight gradients' partial kernels at 17% of copy bandwidth).
+    A value that a permute to (N, H, W, C) reads is computed channels-last too, and so is what
+    leads into it through layout-preserving ops."""
     chosen: set[torch.fx.Node] = set()
     convs = set(conv2d_nodes(gm)) | set(conv_backward_nodes(gm))
     for node in reversed(list(gm.graph.nodes)):
         if node.op != "call_function" or not (node in convs or _four_d_float(_val(node))):
             continue  # a convolution_backward counts even where it computes no grad_input
-        if node in convs or (preserves_layout(node) and any(u in chosen for u in node.users)):
+        if node in convs or (
+            preserves_layout(node) and any(u in chosen or _nhwc_permute(u) for u in node.users)
+        ):
             chosen.add(node)
     return chosen
 
