@@ -373,3 +373,29 @@ def test_a_dead_index_write_keeps_its_bounds_check() -> None:
     compiled = check(fn, x, torch.tensor([4]))
     with pytest.raises(IndexError):
         compiled(x, torch.tensor([7]))
+
+
+def _counters(a: Any, b: Any, c: Any, x: Any) -> Any:
+    # three BatchNorm-style step counters (one element each, no buffer in common) and a large
+    # kernel of its own
+    return aten.add.Tensor(a, 1), aten.add.Tensor(b, 1), aten.add.Tensor(c, 1), aten.relu.default(x)
+
+
+@pytest.mark.parametrize("tiny", [True, False])
+def test_tiny_kernels_fuse_without_a_shared_buffer(tiny: bool) -> None:
+    # Note [Tiny kernels fuse without a shared buffer]: the three counters are one kernel; the
+    # large kernel stays apart (another iteration space)
+    counters = [torch.tensor(n) for n in (3, 5, 7)]
+    compiled = check(_counters, *counters, make((256,)), options={"tiny_fusion": tiny})
+    assert compiled.stats.kernels == (2 if tiny else 4)
+
+
+def test_tiny_fusion_keeps_dependent_and_larger_kernels_apart() -> None:
+    def fn(a: Any, b: Any) -> Any:
+        first = aten.add.Tensor(a, 1)
+        # reads first: legal only vertically, and aligned, so it fuses anyway
+        second = aten.mul.Tensor(first, 2)
+        return second, aten.add.Tensor(b, 1)
+
+    compiled = check(fn, make((8,)), make((128,)))
+    assert compiled.stats.kernels == 2  # 128 elements is no tiny kernel

@@ -297,6 +297,7 @@ def _generate(
             memory_order=bool(getattr(chosen, "memory_order_pointwise", False)),
             template_hook=_template_hook(chosen),
             far_output_fusion=passes.options.far_output_fusion,
+            tiny_fusion=passes.options.tiny_fusion,
             late_placement=passes.options.late_placement,
             inplace=passes.options.inplace_reuse and bool(getattr(chosen, "inplace_buffers", False)),
             row_column_hook=chosen.row_column_hook(),

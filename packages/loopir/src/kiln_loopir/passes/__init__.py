@@ -104,6 +104,10 @@ class PassOptions:
     distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
     scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
     within ``MAX_HORIZONTAL_DISTANCE``. A decision handed to the scheduler.
+    ``tiny_fusion``: pointwise kernels of at most ``TINY_ELEMENTS`` elements fuse with each other
+    though they share no buffer (Note [Tiny kernels fuse without a shared buffer] in
+    scheduler.py: a training step's BatchNorm counters, one launch instead of one per counter);
+    ``False``: they fuse only as other kernels do. A decision handed to the scheduler.
     ``late_placement``: the scheduler runs each kernel just before the first node that needs it
     (graph outputs and extern calls keep their place in the graph), not at its earliest fused
     member's place (Note [Kernels placed where they are first needed] in scheduler.py: a
@@ -151,6 +155,7 @@ class PassOptions:
     shape_only_readers: bool = False
     cse: bool = True
     far_output_fusion: bool = True
+    tiny_fusion: bool = True
     late_placement: bool = True
     var_mean: bool = True
     conv_grad_format: bool = True
@@ -184,6 +189,7 @@ class PassOptions:
             made.shape_only_readers,
             made.cse,
             made.far_output_fusion,
+            made.tiny_fusion,
             made.late_placement,
             made.var_mean,
             made.conv_grad_format,
@@ -193,7 +199,7 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion"
+                " view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion, tiny_fusion"
                 ", late_placement, var_mean, conv_grad_format, inplace_reuse and nhwc_weights"
                 " are True or False"
             )
