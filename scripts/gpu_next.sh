@@ -253,11 +253,14 @@ for step in "$@"; do
     call28e)  # twenty-eighth session (issue 15): loopir's Note [Values read through a channels-last permute] (the
       # depthwise bias add ConvNeXt's norms read through permute(0, 2, 3, 1) computed NHWC: the saved norm input was
       # NCHW, its weight-gradient partials at 17% of copy) and Note [Pointwise nodes walk their memory order] (Triton:
-      # NHWC pointwise nodes in memory-order loops, so the add fuses aligned with the norm's kernel). bf16 training of
-      # the conv nets, kiln against memory_order_pointwise off (the spread rule on in both), GPU ms a step (s28
-      # call28c: ConvNeXt 8.92 ms, torch.compile 8.67; call28a: ResNet-50 7.38 ms of kernels, tc 7.02)
-      TAIL=20 bench train-bf16-memory-order 230 --dtype bfloat16 --modes training --models convnext,resnet --repeats 6 \
-        --warmup 2 --profile --profile-calls 2 --backends kiln,kiln:default:triton.memory_order_pointwise=False ;;
+      # NHWC pointwise nodes in memory-order loops, so the add fuses aligned with the norm's kernel), and Note [Tiny
+      # kernels fuse without a shared buffer] (ResNet-50's 53 BatchNorm counters one kernel: launches a step 647 ->
+      # ~595 expected). bf16 training of the conv nets, kiln against memory_order_pointwise off and tiny_fusion off,
+      # GPU ms and launches a step (s28 call28c: ConvNeXt 8.92 ms, torch.compile 8.67; call28a: ResNet-50 7.38 ms of
+      # kernels, tc 7.02)
+      TAIL=24 bench train-bf16-memory-order 280 --dtype bfloat16 --modes training --models convnext,resnet --repeats 6 \
+        --warmup 2 --profile --profile-calls 2 \
+        --backends kiln,kiln:default:triton.memory_order_pointwise=False,kiln:default:tiny_fusion=False ;;
     call27m)  # twenty-seventh session (issue 20, helper moe27): two C++ generator rules, fp32 inference on the host at 1
       # and 16 threads. (1) Note [Column reductions through gathers] (kernel.py, switch column_gathers): the mixtures of
       # experts' combine (cpp_fused_div_index_mul_sum_unsqueeze_view_*, rows of k=2 experts through a gather) is a column
