@@ -272,6 +272,19 @@ for step in "$@"; do
       for b in kiln kiln:default:cpp.compile_time_tune=False; do
         KILN_CACHE_DIR=$(mktemp -d) timeout 110 python3 -m kiln_bench --size cpu --device cpu --threads 16 --modes training \
           --models bert,gpt2,resnet --backends "$b" --repeats 6 --warmup 2 2>&1 | grep -E "^(bert|gpt2|resnet) " | cut -c1-220; done ;;
+    call28h)  # twenty-eighth session (issue 14, helper host28): kiln's default-mode host time per call above
+      # torch.compile's on ResNet-50 (4.22 against 3.65 ms, s25) and T5 (5.63 against 5.18), though on the CPU kiln's
+      # guard + runner + aotgrad runtime cost a third to a fifth of torch.compile's and its launches 5.5 against 9.6 us.
+      # scripts/host_ab.py puts both side by side in one process: host us per call, then torch.profiler's host-side
+      # events per call (aten ops, cudaLaunchKernel/cuLaunchKernel, cudaMalloc...) by |kiln - tc|, then cProfile.
+      # Read: which events carry the difference (aten::cudnn_convolution's self us, aten::copy_/empty counts: the 17
+      # NCHW weights converted inside aten, Note [Channels-last for convolutions]; cuLaunchKernel counts), and
+      # T5's guard with Note [Same floats in C] (the "TorchDynamo Cache Lookup" row is torch.compile's guard)
+      timeout 170 python3 scripts/host_ab.py --models resnet,t5 --dtype bfloat16 --calls 20 --rounds 5 --top 30 \
+        > "$out/host-ab-infer.log" 2>&1; grep -v -i -E "warn|usdt" "$out/host-ab-infer.log" | cut -c1-200 | tail -120 ;;
+    call28t)  # after call28h: the same on a ResNet-50 bf16 training step (forward, loss, backward)
+      timeout 170 python3 scripts/host_ab.py --models resnet --mode train --dtype bfloat16 --calls 10 --rounds 5 \
+        --top 40 > "$out/host-ab-train.log" 2>&1; grep -v -i -E "warn|usdt" "$out/host-ab-train.log" | cut -c1-200 | tail -80 ;;
     call27h)  # twenty-seventh session (issue 14): default-mode host time per call above torch.compile's on ResNet-50
       # (4.22 against 3.65 ms, s25) and T5 (5.63 against 5.18): every kernel of a ResNet-50 bf16 inference call
       # (kiln has 17 "aten" kernels that torch.compile does not: which?), then cProfile's top functions per call

@@ -340,10 +340,23 @@ def micro(calls: int, rounds: int) -> None:
     a, b = torch.randn(2, 2), torch.randn(2, 2)
     conv = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
     pool = (x, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    # as kiln's wrapper spells a convolution (constant int lists as tuples, Note [A lean wrapper]),
+    # and as a user's F.conv2d (a composite that reaches the same convolution)
+    conv_t = (x, w, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    conv2d = (x, w, None, (1, 1), (0, 0), (1, 1), 1)
+    w3 = torch.randn(2, 2, 3, 3)  # a parameter as the user holds it: NCHW
+    w3_nhwc = w3.contiguous(memory_format=torch.channels_last)
+    conv3 = (x, w3, None, (1, 1), (1, 1), (1, 1), False, (0, 0), 1)
     _, idx = aten.max_pool2d_with_indices.default(*pool)
     gp = torch.randn(idx.shape).contiguous(memory_format=torch.channels_last)
     cases: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
         ("convolution", lambda: aten.convolution.default(*conv), lambda: torch.convolution(*conv)),
+        ("convolution / torch.conv2d", lambda: torch.convolution(*conv_t), lambda: torch.conv2d(*conv2d)),
+        (
+            "3x3 convolution, NCHW / NHWC weight",  # the weight converted inside aten, or not
+            lambda: torch.convolution(*conv3),
+            lambda: torch.convolution(conv3[0], w3_nhwc, *conv3[2:]),
+        ),
         (
             "convolution_backward",
             lambda: aten.convolution_backward.default(
@@ -389,7 +402,8 @@ def micro(calls: int, rounds: int) -> None:
         f, s = statistics.median(fs), statistics.median(ss)
         print(f"{name:36s} {f:14.2f} {s:15.2f}")
     print(
-        "forms: convolution OpOverload / torch.convolution; convolution_backward OpOverload / its packet;\n"
+        "forms: convolution OpOverload / torch.convolution; torch.convolution / torch.conv2d; a 3x3 convolution of\n"
+        "an NHWC input with the weight NCHW (converted inside aten per call) / NHWC; convolution_backward OpOverload / its packet;\n"
         "max_pool2d_with_indices OpOverload / torch._C._nn binding (backward: its packet); mm OpOverload / torch.mm;\n"
         "as_strided Tensor method / OpOverload; empty_strided(4-d) / empty(flat)"
     )
