@@ -551,3 +551,39 @@ def test_the_gpu_wrapper_checks_inputs_the_forward_laid_out_for_their_offset_onl
     shifted = torch.cat([torch.zeros(1, 6), x])[1:]  # the same layout at offset 6: copied
     captured["call"](shifted, y)
     assert conformed == ["x"]
+
+
+def test_the_gpu_wrapper_allocates_a_buffer_as_its_readers_view_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Buffers in the shape their readers view them on a GPU]: an activation (2, 3, 8) that
+    three GEMMs read as (6, 8) is allocated as (6, 8) and passed to each as it is, over the memory
+    the kernel writes, instead of a view per GEMM per call; switched off, the views come back."""
+
+    def f(x: Any, w1: Any, w2: Any, w3: Any) -> Any:
+        a = aten.view.default(aten.relu.default(x), [6, 8])
+        return tuple(aten.mm.default(a, aten.t.default(w)) for w in (w1, w2, w3))
+
+    inputs = [make((2, 3, 8)), make((8, 8)), make((8, 8)), make((8, 8))]
+    gm = torch.fx.symbolic_trace(f)
+    for on in ("1", "0"):
+        monkeypatch.setenv("KILN_VIEWED_BUFFERS", on)
+        captured = _gpu_form(monkeypatch, gm, inputs, "1")
+        source, namespace = captured["source"], captured["namespace"]
+        written, read = [], []
+        for slot in [s for s in namespace if s.startswith("_k")]:
+            namespace[slot] = lambda stream, *pointers, w=written: w.append(pointers[-1])  # its output
+
+        for slot in [s for s in namespace if s.startswith("_op_")]:
+
+            def gemm(a: Any, b: Any, op: Any = namespace[slot], read: list[Any] = read) -> Any:
+                read.append((a.data_ptr(), a.shape, a.stride()))
+                return op(a, b)
+
+            namespace[slot] = gemm
+        outs = captured["call"](*inputs)
+        assert len(outs) == 3 and all(o.shape == (6, 8) for o in outs)
+        assert len(written) == 1 and read == [(written[0], (6, 8), (8, 1))] * 3, (written, read)
+        views = [line for line in source.splitlines() if "_op_" in line and "_reinterpret(buf" in line]
+        if on == "1":
+            assert "_alloc((6, 8), (8, 1)" in source and not views, source
+        else:
+            assert "_alloc((2, 3, 8), (24, 8, 1)" in source and len(views) == 3, source

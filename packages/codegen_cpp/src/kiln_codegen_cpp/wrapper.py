@@ -93,7 +93,6 @@ import logging
 import operator
 import os
 import threading
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +129,7 @@ from kiln_loopir.wrapper_support import (
     py_tuple,
     symbol_bindings,
     unbacked_bindings,
+    viewed_as,
     wrapper_namespace,
 )
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -432,35 +432,7 @@ class WrapperCodegen(WrapperSteps):
         """Note [Buffers allocated as their readers view them]: for each computed buffer of static
         layout, the dense (size, stride) over its whole storage that extern arguments and graph
         outputs view it with most often."""
-        counts: dict[str, Counter[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-
-        def visit(value: Any) -> None:
-            if isinstance(value, list | tuple):
-                for v in value:
-                    visit(v)
-                return
-            layout: Any
-            if isinstance(value, ReinterpretView):
-                buffer, layout = value.buffer, value.layout
-            elif isinstance(value, Buffer):
-                buffer, layout = value, value.layout
-            else:
-                return
-            if isinstance(buffer, InputBuffer | ConstantBuffer) or not isinstance(buffer, Buffer):
-                return
-            mine = buffer.layout
-            if not (is_static_layout(layout) and is_static_layout(mine)) or layout.dtype != mine.dtype:
-                return
-            dense = dense_shape(layout)
-            if dense is not None and int(layout.storage_size()) == int(mine.storage_size()):
-                counts.setdefault(buffer.name, Counter())[dense] += 1
-
-        for node in self.schedule.nodes:
-            if isinstance(node, ExternKernelSchedulerNode):
-                visit(node.node.args)
-                visit(list(node.node.kwargs.values()))
-        visit(self.graph.outputs)
-        return {name: c.most_common(1)[0][0] for name, c in counts.items()}
+        return viewed_as(self.schedule, self.graph.outputs)
 
     def _persistent(self) -> set[str]:
         """Buffers that may persist between calls (Note [Scratch buffers that persist])."""
