@@ -244,7 +244,11 @@ def check_form(g: Graph, form: str) -> str:
         seen(value)  # constants
     for slot, launcher in saved.get("_real_launchers", {}).items():
         namespace[slot] = replay(launcher)
-    for slot in [s for s in saved if s.startswith("_op_") or s in ("_alloc", "_dense", "_conform", "_flat")]:
+    for slot in [
+        s
+        for s in saved
+        if s.startswith("_op_") or s in ("_alloc", "_empty", "_empty_strided", "_dense", "_conform", "_flat")
+    ]:
         namespace[slot] = watching(saved[slot])
     try:
         args = [seen(_copy(a)) for a in g.snapshot]
