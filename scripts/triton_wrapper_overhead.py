@@ -39,6 +39,10 @@ widths, so allocations are small as with the caching allocator).
 layer] in wrapper.py) for that cut alone. A switch read at compile time (``KILN_LAID_OUT_INPUTS``
 in aotgrad) is on for both forms; the wrapper reads it again when it is generated.
 
+``--check`` also runs every GPU form with its kernels (under Triton's interpreter) and its extern
+ops, and compares its outputs with the interpreter wrapper's bit for bit (Note [The GPU wrapper with
+its kernels run]): a change to the GPU wrapper is checked for wrong answers here, without a GPU.
+
 ``--symbolic`` compares the shipped wrapper of the static graphs with that of the symbolic graphs
 (``dynamic=True``) of the same model instead (issue 17: the symbolic wrapper's extra host work).
 
