@@ -5,6 +5,9 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-eighth session (helper host28, no device time): call28h (kiln against torch.compile, host events side by side,
+#   ResNet-50 + T5 bf16 inference), call28v (the GPU wrapper's viewed buffers and C same-float guards, accuracy + host ms),
+#   call28t (call28h on a ResNet-50 training step).
 # Twenty-seventh session: call26w, call27h, call26s, call26p (its 1-thread row only: the 95 s budget ended in
 #   torch.compile's compile; now 200 s), call26c and four compile probes ran on an H100 and its host, at 6b7ad2c + the
 #   Welford tiles (packages/bench/results/2026-12-06-h100*-s27-*). Found and changed after them, not measured on the
@@ -322,6 +325,31 @@ for step in "$@"; do
       for b in kiln kiln:default:cpp.compile_time_tune=False; do
         KILN_CACHE_DIR=$(mktemp -d) timeout 110 python3 -m kiln_bench --size cpu --device cpu --threads 16 --modes training \
           --models bert,gpt2,resnet --backends "$b" --repeats 6 --warmup 2 2>&1 | grep -E "^(bert|gpt2|resnet) " | cut -c1-220; done ;;
+    call28h)  # twenty-eighth session (issue 14, helper host28): kiln's default-mode host time per call above
+      # torch.compile's on ResNet-50 (4.22 against 3.65 ms, s25) and T5 (5.63 against 5.18), though on the CPU kiln's
+      # guard + runner + aotgrad runtime cost a third to a fifth of torch.compile's and its launches 5.5 against 9.6 us.
+      # scripts/host_ab.py puts both side by side in one process: host us per call, then torch.profiler's host-side
+      # events per call (aten ops, cudaLaunchKernel/cuLaunchKernel, cudaMalloc...) by |kiln - tc|, then cProfile.
+      # Read: which events carry the difference (aten::cudnn_convolution's self us, aten::copy_/empty counts: the 17
+      # NCHW weights converted inside aten, Note [Channels-last for convolutions]; cuLaunchKernel counts), and
+      # T5's guard with Note [Same floats in C] (the "TorchDynamo Cache Lookup" row is torch.compile's guard)
+      timeout 170 python3 scripts/host_ab.py --models resnet,t5 --dtype bfloat16 --calls 20 --rounds 5 --top 30 \
+        > "$out/host-ab-infer.log" 2>&1; grep -v -i -E "warn|usdt" "$out/host-ab-infer.log" | cut -c1-200 | tail -120 ;;
+    call28v)  # twenty-eighth session (issue 14, helper host28): Note [Buffers in the shape their readers view them on
+      # a GPU] (codegen_triton wrapper.py: an activation allocated as its GEMMs view it; CPU, GPU form with stubs: views per
+      # call T5 249 -> 176, GPT-2 45 -> 30, ConvNeXt 92 -> 67, the wrapper's own us -15..-25%; checked bit for bit with the
+      # kernels run under the interpreter, triton_wrapper_overhead.py --check) and Note [Same floats in C] (T5's guard).
+      # bf16 inference, the new wrappers against KILN_VIEWED_BUFFERS=0 KILN_SAME_FLOAT_OP=0: every row must match eager;
+      # compare kiln's host ms (profile) between the two runs, T5 -50..100 us expected, GPU ms unchanged
+      for env in "" "KILN_VIEWED_BUFFERS=0 KILN_SAME_FLOAT_OP=0"; do
+        env $env KILN_CACHE_DIR=$(mktemp -d) timeout 75 python3 -m kiln_bench --size gpu --device cuda --dtype bfloat16 \
+          --modes inference --models t5,gpt2,convnext --backends eager,kiln --repeats 10 --warmup 3 --profile \
+          --profile-calls 3 --out "$out/viewed-${env:+off}" > "$out/viewed-${env:+off}.log" 2>&1
+        echo "-- ${env:-new wrappers}"; grep -v -i -E "warn|usdt|models:" "$out/viewed-${env:+off}.log" | tail -14 | cut -c1-200
+      done ;;
+    call28t)  # after call28h: the same on a ResNet-50 bf16 training step (forward, loss, backward)
+      timeout 170 python3 scripts/host_ab.py --models resnet --mode train --dtype bfloat16 --calls 10 --rounds 5 \
+        --top 40 > "$out/host-ab-train.log" 2>&1; grep -v -i -E "warn|usdt" "$out/host-ab-train.log" | cut -c1-200 | tail -80 ;;
     call27h)  # twenty-seventh session (issue 14): default-mode host time per call above torch.compile's on ResNet-50
       # (4.22 against 3.65 ms, s25) and T5 (5.63 against 5.18): every kernel of a ResNet-50 bf16 inference call
       # (kiln has 17 "aten" kernels that torch.compile does not: which?), then cProfile's top functions per call

@@ -39,6 +39,10 @@ widths, so allocations are small as with the caching allocator).
 layer] in wrapper.py) for that cut alone. A switch read at compile time (``KILN_LAID_OUT_INPUTS``
 in aotgrad) is on for both forms; the wrapper reads it again when it is generated.
 
+``--check`` also runs every GPU form with its kernels (under Triton's interpreter) and its extern
+ops, and compares its outputs with the interpreter wrapper's bit for bit (Note [The GPU wrapper with
+its kernels run]): a change to the GPU wrapper is checked for wrong answers here, without a GPU.
+
 ``--symbolic`` compares the shipped wrapper of the static graphs with that of the symbolic graphs
 (``dynamic=True``) of the same model instead (issue 17: the symbolic wrapper's extra host work).
 
@@ -71,6 +75,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "kiln"
 from call_overhead import tiny
 
 SWITCH = "KILN_LEAN_WRAPPER"  # Note [A lean wrapper] in codegen_triton's wrapper.py
+CHECK = False  # --check: Note [The GPU wrapper with its kernels run]
+CHECK_FAILURES: list[str] = []
 
 
 class _NoLaunch:
@@ -84,6 +90,26 @@ class _NoLaunch:
 
     def install(self, namespace: dict[str, Any], slot: str) -> None:
         namespace[slot] = self.fn
+        if self.real is not None:  # for --check (Note [The GPU wrapper with its kernels run])
+            namespace.setdefault("_real_launchers", {})[slot] = self.real
+
+    real: Any = None
+
+
+def _copy(value: Any) -> Any:
+    """A tensor over a copy of its storage, in its exact layout (offset, strides, overlaps)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    storage = value.untyped_storage().clone()
+    return torch.empty(0, dtype=value.dtype).set_(
+        storage, value.storage_offset(), value.size(), value.stride()
+    )
+
+
+def _tree(value: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(value, list | tuple):
+        return type(value)(_tree(v, fn) for v in value)
+    return fn(value)
 
 
 class _GpuForm(triton_wrapper.WrapperCodegen):
@@ -105,6 +131,8 @@ class Graph:
         self.args: tuple[Any, ...] | None = None
         self.results: dict[str, Any] = {}  # extern op slot -> the result of the recorded call
         self.forms: dict[str, tuple[Callable[..., Any], str, dict[str, Any]]] = {}
+        self.snapshot: list[Any] = []  # the recorded inputs as they were before the call
+        self.expected: Any = None  # what the interpreter wrapper returned for them
 
 
 GRAPHS: list[Graph] = []
@@ -119,6 +147,8 @@ def _gpu_form(schedule: Any, graph: Any, groups: Any, launchers: Any, guarded: b
             name: _NoLaunch(len(launcher.spec.params) + len(launcher.spec.size_params))
             for name, launcher in launchers.items()
         }
+        for name, fake in fakes.items():
+            fake.real = launchers[name]
         gen = _GpuForm(schedule, graph, groups, fakes, guarded)  # type: ignore[arg-type]
         source = gen.generate()
     finally:
@@ -155,13 +185,102 @@ def _patched_make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
                 namespace[slot] = recording
 
         def call(*args: Any) -> Any:
-            if g.args is None:
-                g.args = args
-            return fn(*args)
+            if g.args is not None:
+                return fn(*args)
+            g.args, g.snapshot = args, [_copy(a) for a in args]
+            out = fn(*args)
+            g.expected = _tree(out, _copy)
+            return out
 
         return call, source
 
     return make
+
+
+# Note [The GPU wrapper with its kernels run]: ``--check`` runs each GPU form with its kernels and
+# extern ops for real, on CPU tensors: a kernel launch there passes pointers, so each launch is
+# replayed through the kernel's own Launcher under Triton's interpreter with the flat storage
+# tensors those pointers start (every pointer a GPU form passes is a storage's start: buffers and
+# extern results at offset 0, inputs shifted back by their offset), found in a table of the
+# storages the call has seen (its inputs, allocations, extern results, copies, constants). Its
+# outputs are compared, bit for bit, with what the interpreter wrapper returned for the same
+# inputs: a change to the GPU wrapper's allocations, views or checks that misplaces memory shows
+# here without a GPU.
+def check_form(g: Graph, form: str) -> str:
+    """'' when the GPU form ``form`` of ``g``, its kernels run, returns what the interpreter
+    wrapper did (bit for bit); else what differs."""
+    fn, _, namespace = g.forms[form]
+    storages: dict[int, torch.Tensor] = {}
+
+    def seen(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.numel():
+            storages[value.untyped_storage().data_ptr()] = value
+        elif isinstance(value, list | tuple):
+            for v in value:
+                seen(v)
+        return value
+
+    def flat(pointer: int) -> torch.Tensor:
+        t = storages.get(pointer)
+        if t is None:
+            raise LookupError(
+                f"a kernel took a pointer that starts no storage the call has seen: {pointer:#x}"
+            )
+        n = t.untyped_storage().nbytes() // t.element_size()
+        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+
+    def watching(f: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return seen(f(*args, **kwargs))
+
+        return call
+
+    def replay(launcher: Any) -> Callable[..., None]:
+        n = len(launcher.spec.params)
+
+        def launch(stream: Any, *args: Any) -> None:
+            launcher(*(flat(p) for p in args[:n]), *args[n:])
+
+        return launch
+
+    saved = dict(namespace)
+    for value in saved.values():
+        seen(value)  # constants
+    for slot, launcher in saved.get("_real_launchers", {}).items():
+        namespace[slot] = replay(launcher)
+    for slot in [
+        s
+        for s in saved
+        if s.startswith("_op_") or s in ("_alloc", "_empty", "_empty_strided", "_dense", "_conform", "_flat")
+    ]:
+        namespace[slot] = watching(saved[slot])
+    try:
+        args = [seen(_copy(a)) for a in g.snapshot]
+        with torch.no_grad():
+            got = fn(*args)
+    except Exception as exc:
+        return f"raised {type(exc).__name__}: {exc}"
+    finally:
+        namespace.clear()
+        namespace.update(saved)
+    bad: list[str] = []
+
+    def compare(a: Any, b: Any, where: str) -> None:
+        if isinstance(b, list | tuple):
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                compare(x, y, f"{where}[{i}]")
+        elif isinstance(b, torch.Tensor):
+            if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+                bad.append(
+                    f"{where}: {tuple(a.shape)} {a.stride()} {a.dtype} against {tuple(b.shape)} {b.stride()}"
+                )
+            elif not torch.equal(a.nan_to_num(), b.nan_to_num()):
+                bad.append(f"{where}: values differ, max {float((a.double() - b.double()).abs().max()):.3g}")
+        elif a is not b and a != b:
+            bad.append(f"{where}: {a!r} against {b!r}")
+
+    compare(got, g.expected, "out")
+    return "; ".join(bad)
 
 
 def _stub(value: Any) -> Callable[..., Any]:
@@ -216,7 +335,9 @@ def copied(g: Graph, form: str) -> tuple[int, int]:
     return n[0], n[1]
 
 
-def compile_model(name: str, mode: str, dtype: torch.dtype, dynamic: bool | None = False) -> list[Graph]:
+def compile_model(
+    name: str, mode: str, dtype: torch.dtype, dynamic: bool | None = False, stub: bool = True
+) -> list[Graph]:
     GRAPHS.clear()
     kiln.reset()
     w = tiny(name)
@@ -242,7 +363,15 @@ def compile_model(name: str, mode: str, dtype: torch.dtype, dynamic: bool | None
         else:
             logits_of(out)
     graphs = [g for g in GRAPHS if g.args is not None]
-    for g in graphs:
+    if CHECK:
+        for g in graphs:
+            for form in g.forms:
+                problem = check_form(g, form)
+                print(
+                    f"  check {name} {mode} {g.label} {form}: {problem or 'same as the interpreter wrapper'}"
+                )
+                CHECK_FAILURES.extend([problem] if problem else [])
+    for g in graphs if stub else ():
         for _, _, namespace in g.forms.values():
             for slot in [s for s in namespace if s.startswith("_op_")]:
                 namespace[slot] = _stub(g.results.get(slot))
@@ -340,10 +469,23 @@ def micro(calls: int, rounds: int) -> None:
     a, b = torch.randn(2, 2), torch.randn(2, 2)
     conv = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
     pool = (x, [3, 3], [2, 2], [1, 1], [1, 1], False)
+    # as kiln's wrapper spells a convolution (constant int lists as tuples, Note [A lean wrapper]),
+    # and as a user's F.conv2d (a composite that reaches the same convolution)
+    conv_t = (x, w, None, (1, 1), (0, 0), (1, 1), False, (0, 0), 1)
+    conv2d = (x, w, None, (1, 1), (0, 0), (1, 1), 1)
+    w3 = torch.randn(2, 2, 3, 3)  # a parameter as the user holds it: NCHW
+    w3_nhwc = w3.contiguous(memory_format=torch.channels_last)
+    conv3 = (x, w3, None, (1, 1), (1, 1), (1, 1), False, (0, 0), 1)
     _, idx = aten.max_pool2d_with_indices.default(*pool)
     gp = torch.randn(idx.shape).contiguous(memory_format=torch.channels_last)
     cases: list[tuple[str, Callable[[], Any], Callable[[], Any]]] = [
         ("convolution", lambda: aten.convolution.default(*conv), lambda: torch.convolution(*conv)),
+        ("convolution / torch.conv2d", lambda: torch.convolution(*conv_t), lambda: torch.conv2d(*conv2d)),
+        (
+            "3x3 convolution, NCHW / NHWC weight",  # the weight converted inside aten, or not
+            lambda: torch.convolution(*conv3),
+            lambda: torch.convolution(conv3[0], w3_nhwc, *conv3[2:]),
+        ),
         (
             "convolution_backward",
             lambda: aten.convolution_backward.default(
@@ -389,7 +531,8 @@ def micro(calls: int, rounds: int) -> None:
         f, s = statistics.median(fs), statistics.median(ss)
         print(f"{name:36s} {f:14.2f} {s:15.2f}")
     print(
-        "forms: convolution OpOverload / torch.convolution; convolution_backward OpOverload / its packet;\n"
+        "forms: convolution OpOverload / torch.convolution; torch.convolution / torch.conv2d; a 3x3 convolution of\n"
+        "an NHWC input with the weight NCHW (converted inside aten per call) / NHWC; convolution_backward OpOverload / its packet;\n"
         "max_pool2d_with_indices OpOverload / torch._C._nn binding (backward: its packet); mm OpOverload / torch.mm;\n"
         "as_strided Tensor method / OpOverload; empty_strided(4-d) / empty(flat)"
     )
@@ -404,6 +547,11 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--micro", action="store_true", help="time the externs' call forms")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run each GPU form's kernels and compare with the interpreter wrapper",
+    )
     parser.add_argument("--show", default="", help="print the GPU-form wrapper sources of this model")
     parser.add_argument("--switch", default=SWITCH, help="the env switch of before (=0) and after (=1)")
     parser.add_argument(
@@ -411,6 +559,8 @@ def main() -> int:
     )
     args = parser.parse_args()
     SWITCH = args.switch
+    global CHECK
+    CHECK = args.check
     torch.set_num_threads(1)
     if args.micro:
         micro(args.calls, args.rounds)
@@ -450,7 +600,7 @@ def main() -> int:
             print(row, flush=True)
     print("\n" + header)
     print("\n".join(rows))
-    return 0
+    return 1 if CHECK_FAILURES else 0
 
 
 if __name__ == "__main__":

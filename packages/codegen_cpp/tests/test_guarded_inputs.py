@@ -38,3 +38,34 @@ def test_unguarded_inputs_are_checked_in_full() -> None:
     assert "x.stride() != (8, 1)" in backend.last_wrapper, backend.last_wrapper
     transposed = x.t().contiguous().t()  # other strides: conformed by the wrapper
     torch.testing.assert_close(compiled(transposed, y), f(transposed, y))
+
+
+def scale(stat: Any, x: Any) -> Any:
+    return aten.mul.Tensor(aten.add.Tensor(x, stat), stat)
+
+
+def test_strides_of_size_one_dims_are_not_compared(monkeypatch: Any) -> None:
+    # Note [Strides of size-one dims of inputs]: a saved BatchNorm statistic (1, C, 1, 1) that
+    # arrives with strides (1, 1, 1, 1), compiled as (C, 1, 1, 1), is read in place (it was copied
+    # on every backward call); its channel stride is still compared
+    from kiln_loopir import wrapper_support
+
+    copies = []
+    conform = wrapper_support.conform_input
+
+    def counting(t: Any, *args: Any, **kwargs: Any) -> Any:
+        copies.append(tuple(t.stride()))
+        return conform(t, *args, **kwargs)
+
+    stat, x = torch.randn(1, 4, 1, 1), torch.randn(2, 4, 3, 3)
+    backend = CppBackend()
+    compiled = compile_graph(torch.fx.symbolic_trace(scale), [stat, x], backend=backend)
+    assert "stat.stride(1) != 1" in backend.last_wrapper, backend.last_wrapper
+    monkeypatch.setitem(compiled._fn.__globals__, "_conform", counting)
+    flat = torch.randn(4).as_strided((1, 4, 1, 1), (1, 1, 1, 1))
+    torch.testing.assert_close(compiled(flat, x), scale(flat, x))
+    assert copies == []
+    spread = torch.randn(8)[::2].view(1, 4, 1, 1)  # the channel stride differs: copied
+    assert spread.stride() == (8, 2, 2, 2)
+    torch.testing.assert_close(compiled(spread, x), scale(spread, x))
+    assert copies == [(8, 2, 2, 2)]

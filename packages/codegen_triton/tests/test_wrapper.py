@@ -375,8 +375,47 @@ def test_an_input_differing_only_in_size_one_strides_is_not_copied(device: str) 
 
 
 class _NoLaunch:
+    def __init__(self, real: Any = None) -> None:
+        self.real = real
+
     def install(self, namespace: dict[str, Any], slot: str) -> None:
         namespace[slot] = lambda *args: None
+        namespace.setdefault("_real_launchers", {})[slot] = self.real
+
+
+def _run_kernels(captured: dict[str, Any]) -> None:
+    """Make the GPU form's launches run its kernels under Triton's interpreter, on the flat storage
+    each pointer starts (every pointer a GPU form passes starts a storage: Note [The GPU wrapper with
+    its kernels run] in scripts/triton_wrapper_overhead.py, which does this for whole models)."""
+    namespace = captured["namespace"]
+    storages: dict[int, torch.Tensor] = {}
+
+    def seen(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.numel():
+            storages[value.untyped_storage().data_ptr()] = value
+        elif isinstance(value, list | tuple):
+            for v in value:
+                seen(v)
+        return value
+
+    def flat(pointer: int) -> torch.Tensor:
+        t = storages[pointer]
+        n = t.untyped_storage().nbytes() // t.element_size()
+        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+
+    def replay(launcher: Any) -> Any:
+        n = len(launcher.spec.params)
+        return lambda stream, *args: launcher(*(flat(p) for p in args[:n]), *args[n:])
+
+    def watching(f: Any) -> Any:
+        return lambda *args, **kwargs: seen(f(*args, **kwargs))
+
+    for slot, launcher in namespace["_real_launchers"].items():
+        namespace[slot] = replay(launcher)
+    for slot in [s for s in namespace if s.startswith("_op_") or s in ("_alloc", "_empty_strided", "_dense")]:
+        namespace[slot] = watching(namespace[slot])
+    call = captured["call"]
+    captured["call"] = lambda *args: call(*seen(list(args)))
 
 
 def _gpu_form(monkeypatch: pytest.MonkeyPatch, gm: Any, inputs: list[Any], lean: str) -> dict[str, Any]:
@@ -395,7 +434,7 @@ def _gpu_form(monkeypatch: pytest.MonkeyPatch, gm: Any, inputs: list[Any], lean:
     captured: dict[str, Any] = {}
 
     def make_wrapper(schedule: Any, graph: Any, groups: Any, launchers: Any, *a: Any, **k: Any) -> Any:
-        gen = GpuForm(schedule, graph, groups, {n: _NoLaunch() for n in launchers}, *a, **k)
+        gen = GpuForm(schedule, graph, groups, {n: _NoLaunch(r) for n, r in launchers.items()}, *a, **k)
         source = gen.generate()
         exec(compile(source, "<gpu form>", "exec"), gen.namespace)
         captured.update(source=source, call=gen.namespace["call"], namespace=gen.namespace)
@@ -551,3 +590,66 @@ def test_the_gpu_wrapper_checks_inputs_the_forward_laid_out_for_their_offset_onl
     shifted = torch.cat([torch.zeros(1, 6), x])[1:]  # the same layout at offset 6: copied
     captured["call"](shifted, y)
     assert conformed == ["x"]
+
+
+def test_the_gpu_wrapper_allocates_a_buffer_as_its_readers_view_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [Buffers in the shape their readers view them on a GPU]: an activation (2, 3, 8) that
+    three GEMMs read as (6, 8) is allocated as (6, 8) and passed to each as it is, over the memory
+    the kernel writes, instead of a view per GEMM per call; switched off, the views come back."""
+
+    def f(x: Any, w1: Any, w2: Any, w3: Any) -> Any:
+        a = aten.view.default(aten.relu.default(x), [6, 8])
+        return tuple(aten.mm.default(a, aten.t.default(w)) for w in (w1, w2, w3))
+
+    inputs = [make((2, 3, 8)), make((8, 8)), make((8, 8)), make((8, 8))]
+    gm = torch.fx.symbolic_trace(f)
+    for on in ("1", "0"):
+        monkeypatch.setenv("KILN_VIEWED_BUFFERS", on)
+        captured = _gpu_form(monkeypatch, gm, inputs, "1")
+        source, namespace = captured["source"], captured["namespace"]
+        written, read = [], []
+        for slot in [s for s in namespace if s.startswith("_k")]:
+            namespace[slot] = lambda stream, *pointers, w=written: w.append(pointers[-1])  # its output
+
+        for slot in [s for s in namespace if s.startswith("_op_")]:
+
+            def gemm(a: Any, b: Any, op: Any = namespace[slot], read: list[Any] = read) -> Any:
+                read.append((a.data_ptr(), a.shape, a.stride()))
+                return op(a, b)
+
+            namespace[slot] = gemm
+        outs = captured["call"](*inputs)
+        assert len(outs) == 3 and all(o.shape == (6, 8) for o in outs)
+        assert len(written) == 1 and read == [(written[0], (6, 8), (8, 1))] * 3, (written, read)
+        views = [line for line in source.splitlines() if "_op_" in line and "_reinterpret(buf" in line]
+        if on == "1":
+            assert "_alloc((6, 8), (8, 1)" in source and not views, source
+        else:
+            assert "_alloc((2, 3, 8), (24, 8, 1)" in source and len(views) == 3, source
+
+
+def test_the_gpu_wrapper_with_its_kernels_run_gives_eagers_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU form of a transformer-like block (a norm, GEMMs that view its result, an activation
+    between them, a residual) with its kernels run under the interpreter on the memory its pointers
+    start, against eager: Note [Buffers in the shape their readers view them on a GPU] on and off,
+    Note [A lean wrapper] on and off."""
+
+    def f(x: Any, w1: Any, w2: Any, w3: Any) -> Any:
+        h = aten.relu.default(aten.add.Tensor(x, 1.0))  # (2, 3, 8), read by two GEMMs as (6, 8)
+        a = aten.mm.default(aten.view.default(h, [6, 8]), aten.t.default(w1))
+        b = aten.mm.default(aten.view.default(h, [6, 8]), aten.t.default(w2))
+        g = aten.mul.Tensor(aten.sigmoid.default(a), b)  # (6, 16), read by a GEMM as it is
+        out = aten.mm.default(g, aten.t.default(w3))
+        return aten.add.Tensor(aten.view.default(out, [2, 3, 8]), x), aten.view.default(g, [2, 3, 16])
+
+    inputs = [make((2, 3, 8)), make((16, 8)), make((16, 8)), make((8, 16))]
+    gm = torch.fx.symbolic_trace(f)
+    want = gm(*inputs)
+    for viewed, lean in (("1", "1"), ("0", "1"), ("1", "0")):
+        monkeypatch.setenv("KILN_VIEWED_BUFFERS", viewed)
+        captured = _gpu_form(monkeypatch, gm, inputs, lean)
+        _run_kernels(captured)
+        got = captured["call"](*inputs)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.stride() == w.stride(), (viewed, lean)
+            torch.testing.assert_close(g, w)

@@ -35,6 +35,7 @@ class Config:
     def __init__(self) -> None:
         self.alpha = 0.5
         self.mode = "relu"
+        self.rate = 0.0  # a signed zero: the same_float kind (Note [Same floats in C])
 
     def factor(self) -> float:
         return 2.0
@@ -51,7 +52,7 @@ def everything(x, n, flag, none, s, shape, items, table, cfg, f, same_a, same_b)
     y = y.reshape(shape)
     for v in items:
         y = y + v
-    y = y + table["k"] + cfg.alpha * cfg.factor() + f
+    y = y + table["k"] + cfg.alpha * cfg.factor() + f + cfg.rate
     if same_a is same_b:
         y = y + same_a[0]
     with torch.no_grad():
@@ -226,6 +227,8 @@ def state_changes(cfg: Config) -> dict[str, Callable[[], contextlib.AbstractCont
         "function code": new_code,
         "math.sqrt": lambda: setattr_on(math, "sqrt", lambda v: 3.0),
         "object attribute": lambda: setattr_on(cfg, "alpha", 0.75),
+        "negative zero": lambda: setattr_on(cfg, "rate", -0.0),
+        "nan": lambda: setattr_on(cfg, "rate", math.nan),
         "instance shadows a method": lambda: setattr_on(cfg, "factor", lambda: 3.0),
         "class method": lambda: setattr_on(Config, "factor", lambda self: 3.0),
         "grad mode": lambda: grad(False),

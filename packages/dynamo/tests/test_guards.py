@@ -538,6 +538,37 @@ def test_float_constant_guard_nan_and_signed_zero(value: float) -> None:
         GLOBAL_F = math.nan
 
 
+@pytest.mark.parametrize("c_op", [True, False], ids=["same_float_op", "eq"])
+def test_a_zero_dropout_rate_is_checked_in_c(c_op: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Same floats in C]: a module's dropout rate of 0.0 (T5: 46 per call) is guarded by the
+    # C tree's SAME_FLOAT op, with no Python call per check, and -0.0 still recompiles
+    from kiln_dynamo import guard_tree, guards
+
+    if not guard_tree.c_guards_enabled():
+        pytest.skip("C guards off")
+    monkeypatch.setattr(guards, "SAME_FLOAT_OP", c_op)
+    calls = []
+    same_eq = guards.SameFloat.__eq__
+
+    def counting(self: Any, other: object) -> bool:
+        calls.append(other)
+        return same_eq(self, other)
+
+    monkeypatch.setattr(guards.SameFloat, "__eq__", counting)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)).eval()
+    f, backend = _compiled(m)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(f(x), m(x))
+    warm = len(calls)
+    for _ in range(3):
+        f(x)
+    assert (len(calls) == warm) is c_op and backend.graphs == 1
+    m[1].p = -0.0
+    torch.testing.assert_close(f(x), m(x))
+    assert backend.graphs == 2
+
+
 GLOBAL_FS = (1.0, 0.0)
 
 

@@ -4,6 +4,7 @@ expressions it stands for, through a seeded fuzz of mutations of a module-like o
 
 from __future__ import annotations
 
+import math
 import random
 import types
 from collections import OrderedDict
@@ -352,6 +353,29 @@ def test_a_value_that_changes_every_call_stops_being_witnessed() -> None:
     assert stats["misses"] <= 2 and stats["hits"] >= 3  # after two misses the dict is not witnessed
     root._parameters["b"] = 1
     assert t(root) is False
+
+
+def test_a_same_float_check_is_skipped_while_its_dict_holds() -> None:
+    # Note [Same floats in C]: a dropout rate of 0.0 read from a module's instance dict is skipped
+    # by the memo (an EQ against kiln_dynamo's SameFloat ran its Python __eq__ on every call), and
+    # a rate set to -0.0 or NaN is seen
+    root = Mod(0)
+    root.__dict__["p"] = 0.0
+    t = GuardTree(
+        1,
+        2,
+        [op(O.LOAD_ATTR, 1, 0, obj="p"), op(O.TYPE_IS, src=1, obj=float), op(O.SAME_FLOAT, src=1, obj=0.0)],
+        None,
+        None,
+        "t",
+    )
+    for _ in range(3):
+        assert t(root) is True
+    stats = t.memo
+    assert stats["hits"] >= 1 and stats["run_ops"] == 0, stats
+    for value, want in ((-0.0, False), (0.0, True), (math.nan, False), (0.0, True)):
+        root.p = value
+        assert t(root) is want and t(root) is want
 
 
 def test_a_class_attribute_read_through_a_constant_class() -> None:

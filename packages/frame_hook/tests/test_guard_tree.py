@@ -32,6 +32,10 @@ class Plain:
         self.table = {"a": 1, "b": 2}
 
 
+class FloatSub(float):
+    pass
+
+
 class Slotted:
     __slots__ = ("x",)
 
@@ -122,6 +126,24 @@ case("in dict", tree([op(O.NOT_IN, src=0, obj="a")]), {"a": 1}, False)
 case("not in list", tree([op(O.NOT_IN, src=0, obj=3)]), [1, 2], True)
 case("falsy", tree([op(O.FALSY, src=0)]), OrderedDict(), True)
 case("truthy", tree([op(O.FALSY, src=0)]), OrderedDict(a=1), False)
+# Note [Same floats in C]: NaN is NaN (any payload), -0.0 is not 0.0, the type must match exactly
+case("same float 0.0", tree([op(O.SAME_FLOAT, src=0, obj=0.0)]), 0.0, True)
+case("same float not -0.0", tree([op(O.SAME_FLOAT, src=0, obj=0.0)]), -0.0, False)
+case("same float -0.0", tree([op(O.SAME_FLOAT, src=0, obj=-0.0)]), -0.0, True)
+case("same float nan", tree([op(O.SAME_FLOAT, src=0, obj=float("nan"))]), -float("nan"), True)
+case("same float not nan", tree([op(O.SAME_FLOAT, src=0, obj=float("nan"))]), 1.0, False)
+case("same float not the int 0", tree([op(O.SAME_FLOAT, src=0, obj=0.0)]), 0, False)
+case("same float not a float subclass", tree([op(O.SAME_FLOAT, src=0, obj=0.0)]), FloatSub(0.0), False)
+case(
+    "same complex",
+    tree([op(O.SAME_FLOAT, src=0, obj=complex(float("nan"), -0.0))]),
+    complex(float("nan"), -0.0),
+    True,
+)
+case(
+    "same complex not +0j", tree([op(O.SAME_FLOAT, src=0, obj=complex(1.0, -0.0))]), complex(1.0, 0.0), False
+)
+case("same complex not a float", tree([op(O.SAME_FLOAT, src=0, obj=complex(0.0, 0.0))]), 0.0, False)
 case(
     "same",
     tree([op(O.LOAD_ITEM, 1, 0, obj=0), op(O.LOAD_ITEM, 2, 0, obj=1), op(O.SAME, src=1, src2=2)]),

@@ -49,6 +49,16 @@ DistilBERT's 107-input graph read ``stride()``, ``shape`` and ``dtype`` of every
 each (`packages/kiln/bench/call_overhead.py`, issue 14). Backward graphs and every other caller
 keep the full check.
 
+Note [Strides of size-one dims of inputs]: an input's strides are compared only on its dims of
+more than one element, the rule of the Triton wrapper's Note [A lean wrapper]: a dim of size one
+is never stepped over, so its stride moves no address, and a kernel or an ``as_strided`` view of
+the input reads the same elements whatever it is. The full comparison copied, on every backward
+call of a training step, each saved BatchNorm statistic (``(1, C, 1, 1)``, returned by the
+forward with strides ``(1, 1, 1, 1)``, compiled as ``(C, 1, 1, 1)``): 87 fresh buffers and
+copies a step of the tiny ResNet (``scripts/host_ab.py --device cpu --size tiny --mode train``).
+``KILN_LEAN_WRAPPER=0`` (read when a wrapper is generated) compares every stride, as both
+generators' switch.
+
 Note [Buffers allocated as their readers view them]: the kernels reach a buffer through its data
 pointer only, so the tensor a buffer is allocated as may have any dense shape over its storage.
 Extern ops and graph outputs see it through a view of their own (a [2, 16, 128] layer-norm
@@ -80,9 +90,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import operator
 import os
 import threading
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +129,7 @@ from kiln_loopir.wrapper_support import (
     py_tuple,
     symbol_bindings,
     unbacked_bindings,
+    viewed_as,
     wrapper_namespace,
 )
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -272,6 +283,8 @@ class WrapperCodegen(WrapperSteps):
         self.schedule = schedule
         self.symbolic_pool = symbolic_pool  # Note [Scratch buffers of symbolic size]
         self.guarded_layouts = guarded_layouts  # Note [Inputs the frame guard checks in the C++ wrapper]
+        # Note [Strides of size-one dims of inputs]: read when generated
+        self.lean = os.environ.get("KILN_LEAN_WRAPPER", "1") != "0"
         self.graph = graph
         self.kernels = kernels
         self.built = built
@@ -419,35 +432,7 @@ class WrapperCodegen(WrapperSteps):
         """Note [Buffers allocated as their readers view them]: for each computed buffer of static
         layout, the dense (size, stride) over its whole storage that extern arguments and graph
         outputs view it with most often."""
-        counts: dict[str, Counter[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-
-        def visit(value: Any) -> None:
-            if isinstance(value, list | tuple):
-                for v in value:
-                    visit(v)
-                return
-            layout: Any
-            if isinstance(value, ReinterpretView):
-                buffer, layout = value.buffer, value.layout
-            elif isinstance(value, Buffer):
-                buffer, layout = value, value.layout
-            else:
-                return
-            if isinstance(buffer, InputBuffer | ConstantBuffer) or not isinstance(buffer, Buffer):
-                return
-            mine = buffer.layout
-            if not (is_static_layout(layout) and is_static_layout(mine)) or layout.dtype != mine.dtype:
-                return
-            dense = dense_shape(layout)
-            if dense is not None and int(layout.storage_size()) == int(mine.storage_size()):
-                counts.setdefault(buffer.name, Counter())[dense] += 1
-
-        for node in self.schedule.nodes:
-            if isinstance(node, ExternKernelSchedulerNode):
-                visit(node.node.args)
-                visit(list(node.node.kwargs.values()))
-        visit(self.graph.outputs)
-        return {name: c.most_common(1)[0][0] for name, c in counts.items()}
+        return viewed_as(self.schedule, self.graph.outputs)
 
     def _persistent(self) -> set[str]:
         """Buffers that may persist between calls (Note [Scratch buffers that persist])."""
@@ -529,7 +514,7 @@ class WrapperCodegen(WrapperSteps):
                     self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
                 else:
                     self.emit(
-                        f"if {n}.stride() != {stride!r} or {n}.storage_offset() != {offset} "
+                        f"if {self.strides_differ(n, size, stride)}{n}.storage_offset() != {offset} "
                         f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
                     )
                 off = int(spec.layout.offset) * spec.layout.dtype.itemsize
@@ -570,6 +555,19 @@ class WrapperCodegen(WrapperSteps):
         source = "\n".join([*header, *body]) + "\n"
         self.namespace["_get_threads"] = torch.get_num_threads
         return source, self.namespace
+
+    def strides_differ(self, n: str, size: tuple[int, ...], stride: tuple[int, ...]) -> str:
+        """``<n's strides differ> or `` as Python source, on the dims of more than one element
+        (Note [Strides of size-one dims of inputs]); nothing when every dim has one."""
+        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
+        if len(keep) == len(size):
+            return f"{n}.stride() != {stride!r} or "
+        if not keep:
+            return ""
+        if len(keep) == 1:
+            return f"{n}.stride({keep[0]}) != {stride[keep[0]]} or "
+        getter = self.const(operator.itemgetter(*keep))
+        return f"{getter}({n}.stride()) != {tuple(stride[i] for i in keep)!r} or "
 
     def bind_symbols(self, params: list[str]) -> None:
         """Note [Symbolic sizes in the wrapper]: each size symbol becomes a local variable of

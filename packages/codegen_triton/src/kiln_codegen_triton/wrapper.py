@@ -95,6 +95,15 @@ turns all five off):
 * constant int lists among an extern op's arguments (a convolution's stride, padding, dilation)
   are tuple literals, constants of the code object, not lists built on every call.
 
+Note [Buffers in the shape their readers view them on a GPU]: a buffer of the GPU wrapper is
+allocated in the dense shape that extern ops and graph outputs view it with most often (loopir's
+``viewed_as``; the C++ wrapper's Note [Buffers allocated as their readers view them]), not in its
+own: kernels take its pointer, so its shape is the readers' choice. A transformer's GEMM reads
+each activation ``(B, S, H)`` as ``(B*S, H)``: T5's Q, K and V projections viewed one buffer three
+times on every call, a ``_reinterpret`` each (~0.5 us here). A buffer that takes over a freed one's
+memory is re-viewed once in that shape where the freed one held another. ``KILN_VIEWED_BUFFERS=0``
+(read when a wrapper is generated) allocates every buffer in its own shape, as before.
+
 Note [Allocations and views without torch's Python layer]: ``torch.empty_strided(size, stride,
 dtype=..., device=...)`` parses its keyword arguments and goes through the dispatcher;
 ``t.as_strided(...)`` builds an autograd view (a view record, a shared version counter). torch
@@ -154,6 +163,7 @@ from kiln_loopir.wrapper_support import (
     py_size,
     symbol_bindings,
     unbacked_bindings,
+    viewed_as,
     wrapper_namespace,
 )
 from kiln_loopir.wrapper_support import layout_args as _layout_args
@@ -233,6 +243,8 @@ class WrapperCodegen(WrapperSteps):
         self.flat_inputs = self._inputs_needing_flat_views()
         self.referenced = self._referenced_buffers()
         self.read_in_shape = self._read_in_own_shape()  # Note [A lean wrapper]
+        # Note [Buffers in the shape their readers view them on a GPU]: buffer -> (size, stride)
+        self.viewed_as: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # set by generate()
         # Note [Buffers in their own shape on a GPU]: variable -> the layout it holds exactly
         self.shaped: dict[str, tuple[Any, ...]] = {}
         # extern results (an extern op may return None for one), and those bound as returned
@@ -411,14 +423,16 @@ class WrapperCodegen(WrapperSteps):
         n = int(layout.storage_size())
         dtype = self.const(layout.dtype)
         shape = dense_shape(layout) if self.pointers else None
+        if shape is not None:  # Note [Buffers in the shape their readers view them on a GPU]
+            shape = self.viewed_as.get(buffer.name, shape)
         if shape is not None and self.fast:  # Note [Allocations and views without torch's Python layer]
             size, stride = shape
             self.emit(f"{buffer.name} = _alloc({size!r}, {stride!r}, {dtype})")
-            self.shaped[buffer.name] = _layout_key(layout)
+            self.shaped[buffer.name] = (size, stride, 0)
         elif shape is not None:  # Note [Buffers in their own shape on a GPU]
             size, stride = shape
             self.emit(f"{buffer.name} = _empty_strided({size!r}, {stride!r}, dtype={dtype}, device=_device)")
-            self.shaped[buffer.name] = _layout_key(layout)
+            self.shaped[buffer.name] = (size, stride, 0)
         elif self.fast:
             self.emit(f"{buffer.name} = _alloc(({n},), (1,), {dtype})")
             self.shaped.pop(buffer.name, None)
@@ -438,6 +452,8 @@ class WrapperCodegen(WrapperSteps):
         aligned: list[tuple[str, str]] = []
         opaque = self.opaque_inputs = opaque_inputs(graph.gm)
         self.fast = self.direct_calls()
+        if self.pointers and self.lean and os.environ.get("KILN_VIEWED_BUFFERS", "1") != "0":
+            self.viewed_as = viewed_as(self.schedule, graph.outputs)
         if self.symbolic:  # Note [Symbolic sizes in the Triton wrapper]
             for line in symbol_bindings(graph.sizevars, params):
                 self.emit(line)
@@ -598,9 +614,22 @@ class WrapperCodegen(WrapperSteps):
             if reuse is not None:
                 key = _layout_key(buffer.layout)
                 shape = dense_shape(buffer.layout) if self.pointers and self.lean else None
+                viewed = self.viewed_as.get(buffer.name) if shape is not None else None
+                if viewed is not None:  # Note [Buffers in the shape their readers view them on a GPU]
+                    key = (*viewed, 0)
                 if shape is not None and self.shaped.get(reuse) == key:  # Note [A lean wrapper]
                     self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}, in its shape")
                     self.shaped[buffer.name] = key
+                elif viewed is not None:
+                    size, stride = viewed
+                    view = (
+                        f"_reinterpret({reuse}, {size!r}, {stride!r}, 0)"
+                        if self.fast and reuse in self.offset0
+                        else f"{reuse}.as_strided({size!r}, {stride!r}, 0)"
+                    )
+                    self.emit(f"{buffer.name} = {view}  # reuses {reuse}")
+                    self.shaped[buffer.name] = key
+                    self.offset0.add(buffer.name)
                 elif shape is not None and buffer.name in self.read_in_shape:
                     # the freed buffer is dead: the view escapes only as this one's variable
                     view = self.reinterpret(reuse, reuse, buffer.layout) or (

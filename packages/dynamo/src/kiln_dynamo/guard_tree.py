@@ -161,6 +161,7 @@ CHECK_KINDS = (
     "is_ref",
     "id_eq",
     "eq",
+    "same_float",
     "item_types",
     "len",
     "keys",
@@ -290,6 +291,8 @@ class TreeCompiler:
             self.check(GuardOp.IS_REF, s, f"is {_label(c.arg)}", obj=c.arg)
         elif kind == "id_eq":
             self.check(GuardOp.ID_EQ, s, f"id == {c.arg}", n=c.arg)
+        elif kind == "same_float":  # Note [Same floats in C] in kiln_frame_hook's guard_tree.c
+            self.check(GuardOp.SAME_FLOAT, s, f"same float as {c.arg!r}", obj=c.arg)
         elif kind == "eq":
             self.check(GuardOp.EQ, s, f"== {c.arg!r}", obj=c.arg)
         elif kind == "item_types":

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import weakref
 from collections.abc import Callable
@@ -90,6 +91,13 @@ class SameFloat:
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+
+# Note [Same floats in C] (kiln_frame_hook's guard_tree.c): the C guard tree checks such a
+# constant with its SAME_FLOAT op, which its memo can skip, instead of an EQ against the
+# `SameFloat` (a call of `SameFloat.__eq__` on every call: T5 has 46, one per dropout rate of
+# 0.0). `KILN_SAME_FLOAT_OP=0` (read when a guard is built) keeps the EQ.
+SAME_FLOAT_OP = os.environ.get("KILN_SAME_FLOAT_OP", "1") != "0"
 
 
 def _needs_same_float(value: object) -> bool:
@@ -172,9 +180,11 @@ class GuardBuilder:
         t = type(value)
         if t in _MUTABLE:  # the value as captured: the live object compared with itself always matches
             value = _MUTABLE[t](value)
+        same = None
         if _needs_same_float(value):  # Note [Guards on NaN and signed zeros]
+            same = CCheck("same_float", source, value) if SAME_FLOAT_OP else None
             value = SameFloat(value)  # type: ignore[arg-type]
-        c = (CCheck("type_is", source, t), CCheck("eq", source, value))
+        c = (CCheck("type_is", source, t), same or CCheck("eq", source, value))
         type_part = (f"type({code}) is {self.ctx.const(t)}", f"type({name}) is {t.__qualname__}")
         if t in (int, str) or (t is float and not isinstance(value, SameFloat)):
             value_part = (f"{code} == {value!r}", f"{name} == {value!r}")

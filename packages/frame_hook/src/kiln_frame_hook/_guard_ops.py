@@ -29,6 +29,9 @@ class GuardOp(enum.IntEnum):
     NOT_IN = 18  # <obj> not in src
     FALSY = 19  # not src
     SAME = 20  # src is src2
+    # type(src) is type(<obj>) and each part the same double as <obj>'s (NaN equal to NaN, -0.0
+    # not 0.0; obj: a float or complex), Note [Same floats in C] in guard_tree.c
+    SAME_FLOAT = 21
     # each row of <obj> (a tuple of (slot, type, dtype, device | None, requires_grad, sizes,
     # strides)) matches: type(t) is type, t.dtype == dtype, t.device == device (None: t.is_cpu),
     # t.requires_grad == requires_grad, t.shape == sizes, t.stride() == strides

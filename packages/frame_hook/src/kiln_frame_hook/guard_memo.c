@@ -390,6 +390,8 @@ static int record_check(Recorder *r, GuardOp *op) {
         return held;
     case OP_EQ:
         return held && immutable(x, 0) && immutable(op->obj, 0);
+    case OP_SAME_FLOAT:
+        return held && immutable(x, 0);
     case OP_ITEM_TYPES:
         if (!held || !PyTuple_CheckExact(x)) {
             return 0;

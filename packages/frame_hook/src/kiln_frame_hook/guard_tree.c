@@ -173,6 +173,29 @@ static inline int truth_of_eq(PyObject *a, PyObject *b) {
     return ok;
 }
 
+/* Note [Same floats in C]: the check of Note [Guards on NaN and signed zeros] (kiln_dynamo's
+ * guards.py) on a float or complex constant that is a NaN or a zero: the same type, and each
+ * part the same double up to the NaN payload. A Python `SameFloat.__eq__` before, called by
+ * the tree's rich compare on every call (T5: 46 dropout rates of 0.0 per call), and an `EQ`
+ * against that object was never skipped by the memo (Note [Skipping what did not change]). */
+static inline int same_double(double a, double b) {
+    if (isnan(a) || isnan(b)) {
+        return isnan(a) && isnan(b);
+    }
+    return a == b && signbit(a) == signbit(b);
+}
+
+static int check_same_float(PyObject *x, PyObject *value) {
+    if (Py_TYPE(x) != Py_TYPE(value)) {
+        return 0;
+    }
+    if (PyFloat_CheckExact(value)) {
+        return same_double(PyFloat_AS_DOUBLE(x), PyFloat_AS_DOUBLE(value));
+    }
+    Py_complex a = ((PyComplexObject *)x)->cval, b = ((PyComplexObject *)value)->cval;
+    return same_double(a.real, b.real) && same_double(a.imag, b.imag);
+}
+
 static int check_item_types(PyObject *obj, PyObject *types) {
     PyObject *seq = PySequence_Tuple(obj); /* what tuple(map(type, obj)) iterates */
     if (seq == NULL) {
@@ -349,6 +372,8 @@ static int check(GuardOp *op, PyObject **regs) {
     }
     case OP_SAME:
         return x == regs[op->src2];
+    case OP_SAME_FLOAT:
+        return check_same_float(x, op->obj);
     }
     PyErr_SetString(PyExc_SystemError, "kiln guard tree: bad check");
     return -1;
@@ -580,6 +605,9 @@ static int parse_op(GuardOp *op, PyObject *t, Py_ssize_t i, Py_ssize_t nslots, i
         return PyTuple_CheckExact(op->obj) ? 0 : bad("ITEM_TYPES wants a tuple", i);
     case OP_KEYS_EQ:
         return PyList_CheckExact(op->obj) ? 0 : bad("KEYS_EQ wants a list", i);
+    case OP_SAME_FLOAT:
+        return PyFloat_CheckExact(op->obj) || PyComplex_CheckExact(op->obj) ? 0
+                                                                            : bad("SAME_FLOAT wants a float or complex", i);
     case OP_SAME:
         if (op->src2 < 0 || op->src2 >= nslots || !written[op->src2]) {
             return bad("reads a slot not written before", i);

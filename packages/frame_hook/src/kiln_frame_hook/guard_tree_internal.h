@@ -26,6 +26,7 @@ enum {
     OP_NOT_IN = 18,        /* <obj> not in src */
     OP_FALSY = 19,         /* not src */
     OP_SAME = 20,          /* src is src2 */
+    OP_SAME_FLOAT = 21,    /* src is the same float (complex) as <obj>: NaN is NaN, -0.0 is not 0.0 */
     OP_TENSORS = 30,       /* each row of <obj> matches */
 };
 

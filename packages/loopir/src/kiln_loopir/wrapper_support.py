@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from kiln_symbolic import FloorDiv as ShapeFloorDiv
 from kiln_symbolic import expr_of, hint_of, pexpr
 
 from .indexing import FloorDiv, ModularIndexing
-from .ir import Buffer, ExternKernel, Scatter
+from .ir import Buffer, ConstantBuffer, ExternKernel, InputBuffer, ReinterpretView, Scatter
 from .layout import Layout
 from .scheduler import (
     BaseSchedulerNode,
@@ -210,6 +211,46 @@ def dense_shape(layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     if int(layout.storage_size()) != math.prod(size):
         return None
     return size, stride
+
+
+def viewed_as(schedule: Scheduler, outputs: Any) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """For each computed buffer of static layout, the dense (size, stride) over its whole storage
+    that extern arguments and graph outputs view it with most often: the shape a wrapper whose
+    kernels reach buffers through their data pointer may allocate it in, so that those views
+    pass the tensor itself (Note [Buffers allocated as their readers view them] in codegen_cpp's
+    wrapper.py; the GPU form of codegen_triton's)."""
+    counts: dict[str, Counter[tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, list | tuple):
+            for v in value:
+                visit(v)
+            return
+        layout: Any
+        if isinstance(value, ReinterpretView):
+            buffer, layout = value.buffer, value.layout
+        elif isinstance(value, Buffer):
+            buffer, layout = value, value.layout
+        else:
+            return
+        if isinstance(buffer, InputBuffer | ConstantBuffer) or not isinstance(buffer, Buffer):
+            return
+        mine = buffer.layout
+        if not (is_static_layout(layout) and is_static_layout(mine)) or layout.dtype != mine.dtype:
+            return
+        dense = dense_shape(layout)
+        if dense is not None and int(layout.storage_size()) == int(mine.storage_size()):
+            counts.setdefault(buffer.name, Counter())[dense] += 1
+
+    for node in schedule.nodes:
+        extern = node.extern.node if isinstance(node, TemplateSchedulerNode) else None
+        if isinstance(node, ExternKernelSchedulerNode):
+            extern = node.node
+        if isinstance(extern, ExternKernel):
+            visit(extern.args)
+            visit(list(extern.kwargs.values()))
+    visit(outputs)
+    return {name: c.most_common(1)[0][0] for name, c in counts.items()}
 
 
 def layout_args(layout: Layout) -> str:
