@@ -191,12 +191,13 @@ class _InvertedResidual(nn.Module):
 
 
 @pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
-def test_cpu_training_with_a_depthwise_convolution_runs_channels_last(
+def test_cpu_training_of_an_inverted_residual_block_runs_channels_last(
     cpu_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Note [Channels-last in CPU training]: the CPU rule, by default, runs both graphs of a
-    network with a depthwise convolution channels-last; gradients, running statistics and the
-    gradients' layouts are eager's over two steps."""
+    network whose convolutions' inputs outweigh their weights channels-last (here 2,880 elements
+    against 400); gradients, running statistics and the gradients' layouts are eager's over two
+    steps."""
     torch.manual_seed(0)
     model = _InvertedResidual().train()
     reference = copy.deepcopy(model)

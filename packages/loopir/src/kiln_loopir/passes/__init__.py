@@ -46,7 +46,7 @@ class PassOptions:
     ``layout_training``: the CUDA rule also runs training graphs channels-last (on by default,
     except graphs with grouped or depthwise convolutions; False keeps their layouts eager's: see
     the Note). ``cpu_layout_training``: the CPU rule runs training graphs channels-last where
-    a convolution is depthwise or the convolutions' inputs outweigh their weights (Note
+    the convolutions' inputs hold at least as many elements as their weights (Note
     [Channels-last in CPU training] in passes/channels_last.py); ``False`` keeps every CPU
     training graph in eager's layouts.
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a

@@ -102,7 +102,7 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
     generated kernels' extra NHWC cost does not reach (``scripts/triton_kernel_audit.py``, bf16
     training: CNN 1.20 vs 1.17 ms, ResNet-50 2.80 vs 2.43 ms of generated kernels, estimates).
     To be confirmed on the H200 (``scripts/gpu_next.sh call1``).
-The CPU rule takes training graphs NHWC for a depthwise convolution or inputs as large as the
+The CPU rule takes training graphs NHWC where the convolutions' inputs are as large as their
 weights (Note [Channels-last in CPU training]; ``KILN_CHANNELS_LAST=0`` turns NHWC off
 everywhere). On either device a training forward leaves the activations it saves for the backward in the
 layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
@@ -324,21 +324,28 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     return LayoutDecision(True, f"{len(convs)} convs, inputs {activations}{at} >= weights {weights} elements")
 
 
-# Note [Channels-last in CPU training]: a training graph on the CPU takes the inference rule's two
-# reasons for NHWC, each counted over the graph's convolutions (the forward's, or the backward's
-# ``convolution_backward`` nodes, whose input and weight are the same tensors): a depthwise
-# convolution (oneDNN's NCHW depthwise kernels are the slow ones, forward and backward alike), or
-# inputs that hold at least as many elements as the weights (oneDNN reorders a contiguous weight
-# on every call, and in training its weight gradient back, so small activations beside large
-# weights lose). Without a reason the graph keeps eager's layouts. Measured at one thread, the
-# training step with the rule forced on for every graph / eager's layouts (train1.py, interleaved,
-# CPU clock): ConvNeXt V2 12.7 -> 11.7 ms (depthwise), MobileNetV2 25.9 -> 22.5 ms (depthwise),
-# ResNet 12.7 -> 15.5 ms (its inputs 0.1 as many elements as its weights: kept in eager's layouts
-# by the count). torch.compile runs every CPU graph with a convolution NHWC (ResNet 14.3 ms).
-# Symbolic sizes keep eager's layouts: the per-batch dispatch of inference (Note [Both layouts
-# under a symbolic batch]) would hand the backward, which is compiled once for the forward's
-# saved strides (Note [Outputs only the backward reads]), activations of either layout.
-# ``cpu_layout_training=False`` keeps every CPU training graph in eager's layouts.
+# Note [Channels-last in CPU training]: a training graph on the CPU runs NHWC when its
+# convolutions' inputs hold at least as many elements as their weights, counted over the graph's
+# convolutions (the forward's, or the backward's ``convolution_backward`` nodes, whose input and
+# weight are the same tensors): oneDNN reorders a contiguous weight on every call, and in training
+# its weight gradient back, so small activations beside large weights lose. Without that the graph
+# keeps eager's layouts. Measured at one thread, training steps with NHWC forced for every graph /
+# eager's layouts (train1.py and breadth_speed.py, interleaved, CPU clock): MobileNetV2 at 64 px
+# 25.9 -> 22.5 ms (inputs 1.12x its weights), the CNN of the public suite 13.9 -> 13.5 (3.4x),
+# RegNet (breadth) +3%, MobileViT and Swin's patch embedding even; ResNet 12.7 -> 15.5 ms (inputs
+# 0.1x its weights), EfficientNet 12.3 -> 14.5 ms (0.75x). Inference's depthwise exception (Note
+# [Depthwise convolutions on the CPU]) is not taken: oneDNN's NHWC depthwise backward is 1.5-6x
+# faster than the NCHW one on maps of 16-32 positions a side but up to 2x slower on maps of 2-4
+# (2-8 for a 5x5 kernel), where deep stages of small images end; EfficientNet's three slowest
+# depthwise backwards (2x2 to 7x7 maps) took 1.3/1.1/0.9 ms NHWC against 0.6/0.7/0.5 ms NCHW
+# (extern_audit.py). ConvNeXt V2 (depthwise 7x7 down to 2x2 maps, inputs 0.43x its weights) was
+# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count: a rule that weighs each depthwise
+# convolution by its map size could take it (not built). torch.compile runs every CPU graph with a
+# convolution NHWC (ResNet 14.3 ms, EfficientNet at 32 px 2x eager's time). Symbolic sizes keep
+# eager's layouts: the per-batch dispatch of inference (Note [Both layouts under a symbolic
+# batch]) would hand the backward, which is compiled once for the forward's saved strides (Note
+# [Outputs only the backward reads]), activations of either layout. ``cpu_layout_training=False``
+# keeps every CPU training graph in eager's layouts.
 def _cpu_training_policy(gm: torch.fx.GraphModule) -> LayoutDecision:
     """The CPU rule for a training forward or backward graph (Note [Channels-last in CPU training])."""
     convs = conv2d_nodes(gm) + conv_backward_nodes(gm)
@@ -346,9 +353,6 @@ def _cpu_training_policy(gm: torch.fx.GraphModule) -> LayoutDecision:
         return LayoutDecision(False, "no 2-D convolution")
     if not all(_static(n) for n in convs):
         return LayoutDecision(False, "training graph with symbolic convolution sizes")
-    depthwise = [n for n in convs if conv_class(n) == "depthwise"]
-    if depthwise:
-        return LayoutDecision(True, f"training graph, {len(convs)} convs, {len(depthwise)} depthwise")
     inputs = sum(_numel(_conv_input(n)) for n in convs)
     weights = sum(_numel(_conv_weight(n)) for n in convs)
     if inputs < weights:
