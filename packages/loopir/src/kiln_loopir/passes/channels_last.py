@@ -558,7 +558,7 @@ def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
         return set()
     decision = policy(gm, ctx)
     if not decision.channels_last:
-        if conv2d_nodes(gm):
+        if conv2d_nodes(gm) or conv_backward_nodes(gm):  # a backward graph's verdict too
             ctx.note("layout", "%s rule keeps eager layouts: %s", name, decision.reason)
         return set()
     chosen = spread(gm)
