@@ -228,3 +228,26 @@ def test_cpu_training_of_an_inverted_residual_block_runs_channels_last(
         if "cpu rule chooses channels-last: training graph" in r.getMessage()
     ]
     assert len(chose) == 2, chose  # the forward and the backward graph
+
+
+def test_cpu_training_under_symbolic_sizes_keeps_eagers_layouts(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Channels-last in CPU training]: with a symbolic batch both graphs keep eager's
+    layouts (the backward is compiled once for the forward's saved strides); gradients equal
+    eager's at two batches."""
+    torch.manual_seed(0)
+    model = _InvertedResidual().train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, dynamic=True, options={"strict": True})
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
+        for batch in (3, 5):
+            for p in [*model.parameters(), *reference.parameters()]:
+                p.grad = None
+            x = torch.randn(batch, 8, 6, 6)
+            compiled(x).square().sum().backward()
+            reference(x).square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+                )
+    assert "symbolic convolution sizes" in caplog.text
+    assert "cpu rule chooses channels-last" not in caplog.text
