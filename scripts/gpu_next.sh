@@ -390,6 +390,19 @@ for step in "$@"; do
         --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230; done
       KILN_CACHE_DIR=$(mktemp -d) OMP_WAIT_POLICY=passive timeout 80 python3 -m kiln_bench --size cpu --device cpu \
         --threads 16 --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230 ;;
+    call28l)  # twenty-eighth session (issue 20, helper cpu28): CPU training graphs channels-last where the convs'
+      # inputs hold at least as many elements as their weights (Note [Channels-last in CPU training]). At one thread on
+      # the 2-core box: MobileNetV2 (train1, 64 px) 0.99x -> 1.19x over eager, the public CNN 1.43x -> 1.52x, FocalNet
+      # (breadth) 1.29x -> 1.46x; ResNet and ConvNeXt keep eager's layouts (inputs 0.1x / 0.43x their weights). Does it
+      # hold at 16 threads? kiln_ab is kiln with cpu_layout_training=False. Compare per thread count kiln vs kiln_ab
+      # on cnn (NHWC; expected kiln <= kiln_ab at 1 and 16 threads); convnext's graphs are the same code in both
+      # (an A/A row: the noise), and both against inductor (NHWC for every conv graph; at one thread here ConvNeXt
+      # 1.39-1.42x vs kiln's 1.16-1.17x: is ConvNeXt's gap larger at 16 threads?). Estimate: ~40 s start-up +
+      # torch.compile's training compiles (cnn ~15 s, convnext ~30 a thread count)
+      timeout 250 python3 packages/codegen_cpp/bench/threads.py --mode training --threads 1,16 --models cnn,convnext \
+        --backends kiln,kiln_ab,inductor --ab-options cpu_layout_training=False --kernels 0 --budget-s 200 --row-s 1 \
+        --out "$out/threads28-layout-train.json" > "$out/threads28-layout-train.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads28-layout-train.log" | tail -30 | cut -c1-200 ;;
     call26p)  # twenty-sixth session (issue 20, helper par26): the kernels that did not scale with threads, after Note
       # [Folds after a row's short loops] (kernel.py: ResNet's BatchNorm statistics folded 8 lanes every 2-4 positions)
       # and Note [Statements that cost more than one] (parallel.py: per-row statements, folds, math calls, strided bodies).

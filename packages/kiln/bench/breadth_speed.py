@@ -86,7 +86,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _compiled(backend: str, model: torch.nn.Module, ab_cpp: str = "") -> Callable[..., Any]:
+def _compiled(
+    backend: str, model: torch.nn.Module, ab_cpp: str = "", ab_options: str = ""
+) -> Callable[..., Any]:
     torch.compiler.reset()
     from torch._dynamo.utils import counters  # bench code only: the baseline's own counts
 
@@ -98,19 +100,24 @@ def _compiled(backend: str, model: torch.nn.Module, ab_cpp: str = "") -> Callabl
     import kiln
 
     if backend == "kiln_ab":
-        return _kiln_ab(model, ab_cpp)
+        return _kiln_ab(model, ab_cpp, ab_options)
     kiln.reset()
     return kiln.compile(model)
 
 
-def _kiln_ab(model: torch.nn.Module, ab_cpp: str) -> Callable[..., Any]:
-    """``kiln_ab``: kiln with its C++ generator under ``KILN_CPP_OPTIONS=ab_cpp`` (``--ab-cpp``),
-    timed in the same rounds as the others. The generator reads the variable when a graph
+def _kiln_ab(model: torch.nn.Module, ab_cpp: str, ab_options: str = "") -> Callable[..., Any]:
+    """``kiln_ab``: kiln with its C++ generator under ``KILN_CPP_OPTIONS=ab_cpp`` (``--ab-cpp``)
+    and ``kiln.compile`` options ``ab_options`` (``--ab-options k=v,...``: ``true``/``false`` are
+    bools), timed in the same rounds as the others. The generator reads the variable when a graph
     compiles, at the first call, so it is set around that call; an explicit default option makes
     kiln's cache key differ from plain kiln's, whose compiled entry stays (no ``kiln.reset()``)."""
     import kiln
 
-    compiled = kiln.compile(model, options={"layout": True})
+    options: dict[str, Any] = {"layout": True}
+    for item in filter(None, ab_options.split(",")):
+        key, _, value = item.partition("=")
+        options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    compiled = kiln.compile(model, options=options)
     first = [True]
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -250,7 +257,7 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
         row[backend] = entry
         try:
             module = model if backend == "eager" else copy.deepcopy(model)
-            call = _call_of(_compiled(backend, module, args.ab_cpp), module, inputs, train)
+            call = _call_of(_compiled(backend, module, args.ab_cpp, args.ab_options), module, inputs, train)
             with grad_mode(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
                 torch.manual_seed(3)
@@ -406,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ab-cpp", default="", help="backend kiln_ab: kiln under KILN_CPP_OPTIONS=this (k=v,...)"
     )
+    parser.add_argument(
+        "--ab-options", default="", help="backend kiln_ab: kiln.compile options (k=v,...; true/false bools)"
+    )
     args = parser.parse_args(argv)
     args.backends = [b for b in args.backends.split(",") if b]
     counts = [int(t) for t in str(args.threads).split(",") if t] or [0]
@@ -458,6 +468,7 @@ def _fan_out(names: list[str], args: argparse.Namespace) -> int:
         f"--rounds={args.rounds}", f"--warmup={args.warmup}", f"--budget-s={args.budget_s}",
         *(["--profile"] if args.profile else []),
         *([f"--ab-cpp={args.ab_cpp}"] if args.ab_cpp else []),
+        *([f"--ab-options={args.ab_options}"] if args.ab_options else []),
     ]  # fmt: skip
     children = []
     parts = Path(tempfile.mkdtemp(prefix="breadth-speed-"))  # beside no one's results

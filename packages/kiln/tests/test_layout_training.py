@@ -166,3 +166,88 @@ def test_no_layout_conversion_is_left_around_the_convolutions_backward() -> None
         grad, inp = tensors[0], tensors[1]
         assert grad.is_contiguous(memory_format=torch.channels_last), grad.stride()
         assert inp.is_contiguous(memory_format=torch.channels_last), inp.stride()
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: expand, depthwise, project, residual add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(8, 16, 1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU6(),
+            nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU6(),
+            nn.Conv2d(16, 8, 1, bias=False),
+            nn.BatchNorm2d(8),
+        )
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.body(x)
+        return self.head(y.mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_cpu_training_of_an_inverted_residual_block_runs_channels_last(
+    cpu_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Note [Channels-last in CPU training]: the CPU rule, by default, runs both graphs of a
+    network whose convolutions' inputs outweigh their weights channels-last (here 2,880 elements
+    against 400); gradients, running statistics and the gradients' layouts are eager's over two
+    steps."""
+    torch.manual_seed(0)
+    model = _InvertedResidual().train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cpu_backend": cpu_backend, "strict": True})
+    x = torch.randn(2, 8, 6, 6, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
+        for _ in range(2):
+            for p in [*model.parameters(), *reference.parameters()]:
+                p.grad = None
+            x.grad = x_ref.grad = None
+            out, want = compiled(x), reference(x_ref)
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            out.square().sum().backward()
+            want.square().sum().backward()
+            torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-3, atol=1e-3)
+            assert x.grad.stride() == x_ref.grad.stride()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+                )
+                assert p.grad.is_contiguous() == q.grad.is_contiguous(), name
+            for a, b in zip(model.buffers(), reference.buffers(), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    chose = [
+        r.getMessage()
+        for r in caplog.records
+        if "cpu rule chooses channels-last: training graph" in r.getMessage()
+    ]
+    assert len(chose) == 2, chose  # the forward and the backward graph
+
+
+def test_cpu_training_under_symbolic_sizes_keeps_eagers_layouts(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Channels-last in CPU training]: with a symbolic batch both graphs keep eager's
+    layouts (the backward is compiled once for the forward's saved strides); gradients equal
+    eager's at two batches."""
+    torch.manual_seed(0)
+    model = _InvertedResidual().train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, dynamic=True, options={"strict": True})
+    with caplog.at_level(logging.DEBUG, logger="kiln.loopir.passes"):
+        for batch in (3, 5):
+            for p in [*model.parameters(), *reference.parameters()]:
+                p.grad = None
+            x = torch.randn(batch, 8, 6, 6)
+            compiled(x).square().sum().backward()
+            reference(x).square().sum().backward()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+                )
+    assert "symbolic convolution sizes" in caplog.text
+    assert "cpu rule chooses channels-last" not in caplog.text

@@ -19,7 +19,7 @@ from kiln_loopir.graph import FREE_LAYOUT_OUTPUTS
 from kiln_loopir.ir import ComputedBuffer
 from kiln_loopir.passes import PassContext, PassOptions, run_passes
 from kiln_loopir.passes import pad_mm as pad_mm_module
-from kiln_loopir.passes.channels_last import conv_class, cuda_policy
+from kiln_loopir.passes.channels_last import conv_class, cpu_policy, cuda_policy
 from kiln_loopir.testing import addmm, conv, mm, with_vals
 from kiln_loopir.virtualized import format_body
 
@@ -28,6 +28,7 @@ aten = torch.ops.aten
 
 CUDA_RULE = {"layout_policy": "cuda"}
 CUDA_TRAINING = {"layout_policy": "cuda", "layout_training": True}
+EAGER_LAYOUT_TRAINING = {"cpu_layout_training": False}
 
 
 def resnet_block(x: Any, w1: Any, w2: Any, mean: Any, var: Any) -> Any:
@@ -307,17 +308,19 @@ def _mixed_backward(
 def test_a_convolution_backward_gets_its_gradient_in_onednns_format(depthwise: bool) -> None:
     """Note [A convolution backward's gradient in oneDNN's format]: on the CPU the gradient is
     computed NHWC, the input's format (by the kernel that computes it: no conversion copy), and
-    the gradients match eager's; ``conv_grad_format=False`` keeps eager's NCHW gradient."""
+    the gradients match eager's; ``conv_grad_format=False`` keeps eager's NCHW gradient. The graph
+    is kept in eager's layouts (``cpu_layout_training=False``): channels-last would take every
+    operand NHWC (Note [Channels-last in CPU training])."""
     gm, inputs = _mixed_backward(depthwise)
     grad_node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
     assert grad_node.meta["val"].is_contiguous()  # eager's gradient: NCHW
-    compiled = check(gm, *inputs)
+    compiled = check(gm, *inputs, options=EAGER_LAYOUT_TRAINING)
     (op,) = conv_ops(compiled)
     assert op.args[0].layout.stride[1] == 1  # NHWC
     producer = compiled.graph.name_to_buffer[op.args[0].name]
     assert not is_plain_copy(producer)  # written so by the add/mul kernel
     assert any("gradient NCHW -> NHWC" in text for _, text in compiled.passes.record)
-    off = check(gm, *inputs, options={"conv_grad_format": False})
+    off = check(gm, *inputs, options={**EAGER_LAYOUT_TRAINING, "conv_grad_format": False})
     (op,) = conv_ops(off)
     assert op.args[0].layout.stride[-1] == 1  # NCHW, as eager's
     assert not any("gradient NCHW" in text for _, text in off.passes.record)
@@ -326,7 +329,7 @@ def test_a_convolution_backward_gets_its_gradient_in_onednns_format(depthwise: b
 def test_a_gradient_that_leaves_the_graph_keeps_eager_strides() -> None:
     gm, inputs = _mixed_backward(False, grad_out=True)
     grad_node = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
-    compiled = check(gm, *inputs)
+    compiled = check(gm, *inputs, options=EAGER_LAYOUT_TRAINING)
     assert not any("gradient NCHW" in text for _, text in compiled.passes.record)
     assert compiled(*inputs)[-1].stride() == grad_node.meta["val"].stride()
 
@@ -373,6 +376,63 @@ def test_cuda_rule_weighs_conv_classes() -> None:
         assert decision.channels_last and "1 depthwise in 16-bit floats" in decision.reason
     grouped_half = with_vals(lambda a, w: conv(a, w, 4), x.half(), make((32, 8, 3, 3)).half())
     assert not _policy(grouped_half, inference=False).channels_last
+
+
+def _cpu_policy(gm: torch.fx.GraphModule, **options: Any) -> Any:
+    ctx = PassContext(torch.device("cpu"), PassOptions(**options), [], False)  # a training graph
+    return cpu_policy(gm, ctx)
+
+
+def _dense_conv(x: Any, w: Any) -> Any:
+    return conv(x, w)
+
+
+def test_cpu_training_rule_counts_inputs_against_weights() -> None:
+    """Note [Channels-last in CPU training]: NHWC for convolution inputs at least as large as the
+    weights, eager's layouts for small inputs beside large weights, a depthwise convolution's
+    included (its NHWC backward is the slower one on small maps), and with
+    ``cpu_layout_training=False``."""
+    small = make((2, 32, 4, 4))  # 1,024 elements
+    heavy = with_vals(_dense_conv, small, make((32, 32, 3, 3)))  # 9,216 weights
+    decision = _cpu_policy(heavy)
+    assert not decision.channels_last and "weigh less than weights" in decision.reason
+    large = with_vals(_dense_conv, make((2, 32, 16, 16)), make((32, 32, 3, 3)))
+    decision = _cpu_policy(large)
+    assert decision.channels_last and "inputs 16384 >= weights 9216" in decision.reason
+    depthwise = with_vals(lambda a, w: conv(a, w, 32), make((2, 32, 2, 2)), make((32, 1, 3, 3)))
+    decision = _cpu_policy(depthwise)  # 256 input elements, 288 weights
+    assert not decision.channels_last and "weigh less than weights" in decision.reason
+    decision = _cpu_policy(large, cpu_layout_training=False)
+    assert not decision.channels_last and "cpu_layout_training=False" in decision.reason
+
+
+def test_cpu_training_rule_counts_a_backward_graphs_convolutions() -> None:
+    """The backward graph decides from its ``convolution_backward`` nodes (input and weight are
+    its second and third arguments) as the forward does from its convolutions."""
+    for depthwise, weights in ((False, 512), (True, 72)):
+        gm, _ = _mixed_backward(depthwise)
+        decision = _cpu_policy(gm)
+        assert decision.channels_last and f"inputs 576 >= weights {weights}" in decision.reason
+
+
+def test_cpu_training_graphs_run_channels_last_with_eagers_results() -> None:
+    """A training graph (grad mode on) with convolutions on the CPU, through the
+    reference interpreter: channels-last inside, eager's results and strides outside (C++ in
+    kiln's tests/test_layout_training.py)."""
+    x, w1, w2 = make((2, 8, 6, 6)), make((8, 1, 3, 3)), make((4, 8, 3, 3))
+
+    def block(x: Any, w1: Any, w2: Any) -> Any:
+        y = aten.relu.default(conv(x, w1, 8))
+        return aten.add.Tensor(conv(y, w2), 1.0), y
+
+    gm = with_vals(block, x, w1, w2)
+    compiled = check(gm, x, w1, w2)
+    assert compiled.graph.channels_last
+    assert any("training graph, 2 convs, inputs 1152" in text for _, text in compiled.passes.record)
+    out, y = compiled(x, w1, w2)
+    assert out.is_contiguous() and y.is_contiguous()  # outputs in eager's strides
+    off = check(gm, x, w1, w2, options=EAGER_LAYOUT_TRAINING)
+    assert not off.graph.channels_last
 
 
 def test_cuda_rule_skips_graphs_where_convs_are_a_small_part() -> None:

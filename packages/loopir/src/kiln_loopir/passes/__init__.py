@@ -45,7 +45,10 @@ class PassOptions:
     [Both layouts under a symbolic batch]); ``False``: one layout, decided at the smallest batch.
     ``layout_training``: the CUDA rule also runs training graphs channels-last (on by default,
     except graphs with grouped or depthwise convolutions; False keeps their layouts eager's: see
-    the Note).
+    the Note). ``cpu_layout_training``: the CPU rule runs training graphs channels-last where
+    the convolutions' inputs hold at least as many elements as their weights (Note
+    [Channels-last in CPU training] in passes/channels_last.py); ``False`` keeps every CPU
+    training graph in eager's layouts.
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
@@ -137,6 +140,7 @@ class PassOptions:
     layout_policy: str = "auto"
     layout_per_batch: bool = True
     layout_training: bool = True
+    cpu_layout_training: bool = True
     pad_mm: bool | str = True
     pad_mm_output_copy: bool | str = "user"
     attention: bool = True
@@ -178,6 +182,7 @@ class PassOptions:
             made.layout,
             made.layout_per_batch,
             made.layout_training,
+            made.cpu_layout_training,
             made.attention,
             made.attention_mask,
             made.conv_fusion,
@@ -198,9 +203,10 @@ class PassOptions:
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion, conv_prepack, linear_pack,"
-                " view_scatter, index_select, pool_values_max, shape_only_readers, cse, far_output_fusion, tiny_fusion"
-                ", late_placement, var_mean, conv_grad_format, inplace_reuse and nhwc_weights"
+                "layout, layout_per_batch, layout_training, cpu_layout_training, attention, attention_mask, conv_fusion,"
+                " conv_prepack, linear_pack, view_scatter, index_select, pool_values_max, shape_only_readers, cse,"
+                " far_output_fusion, tiny_fusion, late_placement, var_mean, conv_grad_format, inplace_reuse and"
+                " nhwc_weights"
                 " are True or False"
             )
         if made.pad_mm_output_copy not in (True, False, "user"):

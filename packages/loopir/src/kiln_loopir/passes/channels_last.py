@@ -115,8 +115,9 @@ PyTorch's native NCHW kernel (ConvNeXt: 1.46 ms against cuDNN's 0.70 ms in NHWC)
     generated kernels' extra NHWC cost does not reach (``scripts/triton_kernel_audit.py``, bf16
     training: CNN 1.20 vs 1.17 ms, ResNet-50 2.80 vs 2.43 ms of generated kernels, estimates).
     To be confirmed on the H200 (``scripts/gpu_next.sh call1``).
-The CPU rule keeps training graphs in eager's layouts (``KILN_CHANNELS_LAST=0`` turns NHWC off
-everywhere). On CUDA a training forward leaves the activations it saves for the backward in the
+The CPU rule takes training graphs NHWC where the convolutions' inputs are as large as their
+weights (Note [Channels-last in CPU training]; ``KILN_CHANNELS_LAST=0`` turns NHWC off
+everywhere). On either device a training forward leaves the activations it saves for the backward in the
 layout it computed them in, and the backward graph is compiled for those strides (Note [Outputs
 only the backward reads] in graph.py, Note [Saved activations in the forward's layout] in
 kiln_aotgrad): no conversion between the two graphs. In the backward graph NHWC spreads from
@@ -303,10 +304,12 @@ def _static(node: torch.fx.Node) -> bool:
 
 
 def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
-    if not ctx.inference:
-        return LayoutDecision(False, "training graph: layouts stay eager's")
+    if not ctx.inference and not ctx.options.cpu_layout_training:
+        return LayoutDecision(False, "training graph: layouts stay eager's (cpu_layout_training=False)")
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return LayoutDecision(False, "oneDNN unavailable or disabled")
+    if not ctx.inference:
+        return _cpu_training_policy(gm)
     convs = conv2d_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
@@ -332,6 +335,56 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
             False, f"conv inputs ({activations} elements{at}) weigh less than weights ({weights})"
         )
     return LayoutDecision(True, f"{len(convs)} convs, inputs {activations}{at} >= weights {weights} elements")
+
+
+# Note [Channels-last in CPU training]: a training graph on the CPU runs NHWC when its
+# convolutions' inputs hold at least as many elements as their weights, counted over the graph's
+# convolutions (the forward's, or the backward's ``convolution_backward`` nodes, whose input and
+# weight are the same tensors): oneDNN reorders a contiguous weight on every call, and in training
+# its weight gradient back, so small activations beside large weights lose. Without that the graph
+# keeps eager's layouts. Measured at one thread, training steps with NHWC forced for every graph /
+# eager's layouts (train1.py and breadth_speed.py, interleaved, CPU clock): MobileNetV2 at 64 px
+# 25.9 -> 22.5 ms (inputs 1.12x its weights), the CNN of the public suite 13.9 -> 13.5 (3.4x),
+# RegNet (breadth) +3%, MobileViT and Swin's patch embedding even; ResNet 12.7 -> 15.5 ms (inputs
+# 0.1x its weights), EfficientNet 12.3 -> 14.5 ms (0.75x). Inference's depthwise exception (Note
+# [Depthwise convolutions on the CPU]) is not taken: oneDNN's NHWC depthwise backward is 1.5-6x
+# faster than the NCHW one on maps of 16-32 positions a side but up to 2x slower on maps of 2-4
+# (2-8 for a 5x5 kernel), where deep stages of small images end; EfficientNet's three slowest
+# depthwise backwards (2x2 to 7x7 maps) took 1.3/1.1/0.9 ms NHWC against 0.6/0.7/0.5 ms NCHW
+# (extern_audit.py). ConvNeXt V2 (depthwise 7x7 down to 2x2 maps, inputs 0.43x its weights) was
+# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count: a rule that weighs each depthwise
+# convolution by its map size could take it (not built). torch.compile runs every CPU graph with a
+# convolution NHWC (ResNet 14.3 ms, EfficientNet at 32 px 2x eager's time). Symbolic sizes keep
+# eager's layouts: the per-batch dispatch of inference (Note [Both layouts under a symbolic
+# batch]) would hand the backward, which is compiled once for the forward's saved strides (Note
+# [Outputs only the backward reads]), activations of either layout. ``cpu_layout_training=False``
+# keeps every CPU training graph in eager's layouts.
+def _cpu_training_policy(gm: torch.fx.GraphModule) -> LayoutDecision:
+    """The CPU rule for a training forward or backward graph (Note [Channels-last in CPU training])."""
+    convs = conv2d_nodes(gm) + conv_backward_nodes(gm)
+    if not convs:
+        return LayoutDecision(False, "no 2-D convolution")
+    if not all(_static(n) for n in convs):
+        return LayoutDecision(False, "training graph with symbolic convolution sizes")
+    inputs = sum(_numel(_conv_input(n)) for n in convs)
+    weights = sum(_numel(_conv_weight(n)) for n in convs)
+    if inputs < weights:
+        return LayoutDecision(
+            False, f"training graph: conv inputs ({inputs} elements) weigh less than weights ({weights})"
+        )
+    return LayoutDecision(
+        True, f"training graph, {len(convs)} convs, inputs {inputs} >= weights {weights} elements"
+    )
+
+
+def _conv_input(node: torch.fx.Node) -> Any:
+    """A convolution's (or its backward's) input argument."""
+    return node.args[1] if node.target is aten.convolution_backward.default else node.args[0]
+
+
+def _conv_weight(node: torch.fx.Node) -> Any:
+    """A convolution's (or its backward's) weight argument."""
+    return node.args[2] if node.target is aten.convolution_backward.default else node.args[1]
 
 
 def _per_batch_decision(convs: list[torch.fx.Node], weights: int) -> LayoutDecision | None:
@@ -537,7 +590,7 @@ def channels_last_nodes(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
         return set()
     decision = policy(gm, ctx)
     if not decision.channels_last:
-        if conv2d_nodes(gm):
+        if conv2d_nodes(gm) or conv_backward_nodes(gm):  # a backward graph's verdict too
             ctx.note("layout", "%s rule keeps eager layouts: %s", name, decision.reason)
         return set()
     chosen = spread(gm)
