@@ -345,7 +345,10 @@ def test_inference_convolutions_run_channels_last() -> None:
 def test_channels_last_is_not_chosen_for_training_or_heavy_weights() -> None:
     inputs = (make((4, 3, 16, 16)), make((8, 3, 3, 3)), make((8, 8, 3, 3)))
     gm = with_vals(_conv_net, *inputs)
-    assert not check(gm, *inputs).graph.channels_last  # grad mode on: a training graph
+    # grad mode on: a training graph; Note [Channels-last in CPU training] takes it channels-last
+    # (its inputs outweigh its weights) unless switched off
+    assert not check(gm, *inputs, options={"cpu_layout_training": False}).graph.channels_last
+    assert check(gm, *inputs).graph.channels_last
     heavy = (make((1, 3, 4, 4)), make((64, 3, 3, 3)), make((64, 64, 3, 3)))
     gm = with_vals(_conv_net, *heavy)
     with torch.no_grad():
