@@ -334,8 +334,8 @@ def check_scalar(value: object, dtype: torch.dtype) -> None:
 # returned values where eager raises. Before a pointwise op of CPU tensors is lowered, eager's
 # own kernel is asked once per (op, argument dtypes, Python numbers), on one-element tensors of
 # those dtypes: a NotImplementedError leaves the op to eager's kernel (an extern call), which
-# raises it at run time. Another error leaves it there too where the same call on tensors of
-# ones raises as well (`relu` of bools: "Boolean inputs not supported", a RuntimeError; an
+# raises it at run time. A RuntimeError leaves it there too where the same call on tensors of
+# ones raises one as well (`relu` of bools: "Boolean inputs not supported", a RuntimeError; an
 # integer division, which refuses zeros only, does not); any other outcome lowers as before.
 _REFUSED: dict[tuple[Any, ...], str | None] = {}
 
@@ -353,6 +353,8 @@ def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> s
     key: list[Any] = [target]
     for arg in args:
         value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(arg, torch.fx.Node) and not isinstance(value, torch.Tensor):
+            return None  # a node of unknown value: nothing to probe with
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu":
                 return None
@@ -375,8 +377,10 @@ def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> s
             _REFUSED[hashable] = None
         except NotImplementedError as exc:
             _REFUSED[hashable] = str(exc).splitlines()[0]
-        except Exception:
+        except RuntimeError:
             _REFUSED[hashable] = _refused_on_ones(target, probe, kwargs)
+        except Exception:
+            _REFUSED[hashable] = None
     return _REFUSED[hashable]
 
 
@@ -387,8 +391,10 @@ def _refused_on_ones(target: Any, probe: list[Any], kwargs: dict[str, Any]) -> s
     try:
         with torch.no_grad():
             target(*ones, **kwargs)
-    except Exception as exc:
+    except RuntimeError as exc:
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception:
+        return None
     return None
 
 
