@@ -11,7 +11,8 @@
  *     code marked SKIP, and everything while no callback is set for this thread;
  *   - run a cached entry: the code's co_extra slot holds an ExtraState whose entries (most recently
  *     hit first) each pair a guard with a transformed code object; the first guard that returns
- *     true wins and its code runs instead of the original. A guard that is a GuardTree is run in
+ *     true wins and its code runs instead of the original (only entries made under the frame's
+ *     globals are tried: Note [An entry serves its frame's globals]). A guard that is a GuardTree is run in
  *     C (guard_tree.c: no Python call when it passes); any other guard is called;
  *   - ask Python: on a miss, the Python dispatcher (kiln_frame_hook._dispatch) classifies the code
  *     and calls the user's callback, which may return a new entry; it is added and run now.
