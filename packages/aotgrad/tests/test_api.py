@@ -590,3 +590,39 @@ def test_an_inference_graph_of_inputs_that_require_grad_runs_without_grad(f: Any
     flat = out if isinstance(out, tuple) else (out,)
     flat_e = expected if isinstance(expected, tuple) else (expected,)
     assert [t.requires_grad for t in flat] == [t.requires_grad for t in flat_e]
+
+
+@pytest.mark.parametrize(
+    ("fn", "x", "op"),
+    [
+        (lambda x: torch.frac(x) + 1, torch.arange(4), "aten::frac"),
+        (lambda x: x.masked_fill(x > 0, 1e6) * 2, torch.ones(2, dtype=torch.float16), "aten::masked_fill"),
+        (
+            lambda x: torch.nn.functional.threshold(x, 1, 300.5),
+            torch.arange(3, dtype=torch.int8),
+            "aten::threshold",
+        ),
+    ],
+    ids=["frac of ints", "masked_fill beyond float16", "threshold beyond int8"],
+)
+def test_an_op_eager_refuses_is_kept_whole(fn: Callable[..., Any], x: torch.Tensor, op: str) -> None:
+    """Note [Decompositions keep eager's errors]: torch's entries computed these from ops eager
+    takes (`x - trunc(x)`, a `where` of an inf `scalar_tensor`), so kiln returned values where
+    eager raises; the op is recorded whole for the next layer to leave to eager's kernel."""
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        fn(x)
+    rec = Recorder()
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the recorded graph runs eager's kernel
+        aot_function(fn, rec)(x)
+    (gm,) = rec.graphs
+    assert_functional(gm)
+    assert op in [str(n.target._schema.name) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_an_op_eager_takes_is_still_decomposed() -> None:
+    rec = Recorder()
+    x = torch.ones(2, dtype=torch.float16)
+    aot_function(lambda x: x.masked_fill(x > 0, 100.0), rec)(x)
+    (gm,) = rec.graphs
+    names = [str(n.target._schema.name) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "aten::masked_fill" not in names and "aten::where" in names, names

@@ -82,6 +82,31 @@ def test_guard_pass_miss_and_most_recently_hit_first() -> None:
     assert [len(f.entries) for f in rec.seen] == [0, 1, 2]
 
 
+def test_an_entry_serves_only_frames_of_its_globals() -> None:
+    """Note [An entry serves its frame's globals]: two functions of one code object with other
+    globals; a guard that passes for both let the second run the first one's entry (kiln_dynamo
+    binds the compiling frame's globals into its guards: a stale global value)."""
+    import types
+
+    first = types.FunctionType(scale.__code__, {"__name__": "first"})
+    second = types.FunctionType(scale.__code__, {"__name__": "second"})
+    answers = iter([replace_with(version_a), replace_with(version_b)])
+    seen = []
+
+    def cb(frame):
+        if frame.code is not scale.__code__:
+            return None
+        seen.append(frame.globals["__name__"])
+        return next(answers)
+
+    with hook.callback(cb):
+        assert first(2, 3) == ("a", 6)
+        assert second(2, 3) == ("b", 6)  # a miss: the entry was made under first's globals
+        assert first(1, 1) == ("a", 1)
+        assert second(1, 1) == ("b", 1)
+    assert seen == ["first", "second"]
+
+
 def test_guards_are_tried_in_order_and_stop_at_the_first_pass() -> None:
     tried = []
 

@@ -209,3 +209,38 @@ def test_operands_rounded_to_a_half_common_dtype() -> None:
         return a / b, a.bfloat16() / b, a - b.float()
 
     _same_as_eager(fn, a, b)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("fn", "x"),
+    [
+        (lambda x: torch.nn.functional.threshold(x, 1, 300.5) + 1, torch.arange(3, dtype=torch.int8)),
+        (lambda x: x.argmax(1), torch.zeros(0, 3, dtype=torch.bool)),
+        (lambda x: (x > 0).argmin(), torch.ones(3)),
+        (lambda x: torch.frac(x * 2), torch.arange(4)),
+        (lambda x: torch.relu(x > 1), torch.arange(4.0)),
+        (lambda x: x.masked_fill(x > 0, 1e6), torch.ones(1, dtype=torch.float16)),
+        (lambda x: x.clone().fill_(1e6), torch.ones(2, dtype=torch.float16)),
+    ],
+    ids=[
+        "threshold int8",
+        "argmax empty bool",
+        "argmin bool",
+        "frac int",
+        "relu bool",
+        "masked_fill half",
+        "fill_ half",
+    ],
+)
+def test_what_fuzz27_left_raises_as_eager(fn: Callable[..., Any], x: torch.Tensor) -> None:
+    """The differences fuzz27 left, where eager raises and kiln returned a value (kiln_aotgrad's
+    Note [Decompositions keep eager's errors]; kiln_loopir's Notes [Dtypes eager's kernel does
+    not take] and [Python numbers that do not fit the dtype], argmax/argmin of bools)."""
+    with pytest.raises((RuntimeError, NotImplementedError)) as eager_error:
+        fn(x)
+    for backend in BACKENDS:
+        kiln.reset()
+        with pytest.raises(type(eager_error.value)) as got:
+            kiln.compile(fn, options={"cpu_backend": backend})(x.clone())
+        assert str(got.value) == str(eager_error.value), backend

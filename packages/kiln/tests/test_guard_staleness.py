@@ -2087,3 +2087,19 @@ def test_a_change_recompiles_once_and_the_old_entry_serves_again() -> None:
         graphs.append(kiln.capture_stats().graphs)
     # a new state compiles once; the original state (k=2, relu) finds its first entry again
     assert graphs == [1, 1, 2, 2, 3, 4, 4], graphs
+
+
+def test_functions_of_one_code_with_other_globals() -> None:
+    """Note [An entry serves its frame's globals] (kiln_frame_hook): the guard of a frame reads
+    the globals it was compiled under, so a function sharing its code with other globals ran the
+    first one's graph (`x * 3.0` for a global of 5.0)."""
+    import types
+
+    def g(x):
+        return x * GK  # noqa: F821 (each function has its own globals)
+
+    fns = [types.FunctionType(g.__code__, {"GK": k}) for k in (3.0, 5.0)]
+    compiled = [kiln.compile(f) for f in fns]
+    x = torch.randn(4)
+    for f, c in [*zip(fns, compiled), *zip(fns, compiled)]:
+        assert _difference(f(x), c(x)) is None

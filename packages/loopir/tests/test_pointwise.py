@@ -8,6 +8,8 @@ import pytest
 import torch
 from helpers import aten, binary, check, make, unary
 
+from kiln_loopir import compile_graph
+
 FLOATS = [torch.float32, torch.float64, torch.bfloat16]
 ALL = [*FLOATS, torch.int64, torch.bool]
 
@@ -155,3 +157,55 @@ def test_clamp_propagates_nan_bounds(dtype: torch.dtype) -> None:
     check(lambda x: aten.clamp_min.default(x, nan), x)
     # an integer input promoted by a floating bound
     check(binary(aten.clamp.Tensor), make((6, 7), torch.int64, low=-3, high=3), lo)
+
+
+def _relu(x: torch.Tensor) -> torch.Tensor:
+    return aten.relu.default(x)
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    return aten.argmax.default(x, 0)
+
+
+def _argmin(x: torch.Tensor) -> torch.Tensor:
+    return aten.argmin.default(x)
+
+
+def _full_like_beyond_half(x: torch.Tensor) -> torch.Tensor:
+    return aten.full_like.default(x, 1e6)
+
+
+@pytest.mark.parametrize(
+    ("fn", "x"),
+    [
+        (_relu, torch.tensor([True, False])),
+        (_argmax, torch.tensor([True, False])),
+        (_argmax, torch.zeros(3, 0, dtype=torch.bool)),
+        (_argmin, torch.tensor([True, False])),
+        (_full_like_beyond_half, torch.ones(2, dtype=torch.float16)),
+        (_full_like_beyond_half, torch.ones(3, 2, dtype=torch.float16).t()),
+    ],
+    ids=["relu bool", "argmax bool", "argmax empty bool", "argmin bool", "fill float16", "fill float16 2-d"],
+)
+def test_what_eager_refuses_raises(fn: Any, x: torch.Tensor) -> None:
+    """Notes [Dtypes eager's kernel does not take] (a RuntimeError where tensors of ones raise
+    too: `relu` of bools), [Python numbers that do not fit the dtype] (a half-type fill of two
+    elements or more) and argmax/argmin of bools: the lowerings computed values (`relu` of bools
+    passed them through, argmax of bools gave an index, a float16 fill of 1e6 gave inf) where
+    eager's kernel raises; now they are left to it."""
+    with pytest.raises(RuntimeError) as eager_error:
+        fn(x)
+    gm = torch.fx.symbolic_trace(fn)
+    for node in gm.graph.find_nodes(op="placeholder"):
+        node.meta["val"] = x  # what the probes read (aotgrad's graphs carry fake values)
+    compiled = compile_graph(gm, [x])
+    assert compiled.stats.fallbacks, "lowered, not left to eager's kernel"
+    with pytest.raises(RuntimeError) as got:
+        compiled(x.clone())
+    assert str(got.value) == str(eager_error.value)
+
+
+def test_a_half_fill_of_one_element_is_inf_as_in_eager() -> None:
+    x = torch.ones(1, dtype=torch.float16)
+    compiled = check(_full_like_beyond_half, x, allow_fallback=True)
+    assert compiled(x).isinf().all()

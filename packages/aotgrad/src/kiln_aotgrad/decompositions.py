@@ -21,7 +21,7 @@ kiln's choices:
   (partition.py), so the backward always reads the saved mask.
 
 What survives is, by construction, "core ATen" (`torch.Tag.core`) plus the operators listed in
-`KEPT_NON_CORE`; `surviving_ops_ok` checks a graph against that contract (loopir lowers exactly
+`KEPT_NON_CORE` and those eager's kernel refuses (Note [Decompositions keep eager's errors]); `surviving_ops_ok` checks a graph against that contract (loopir lowers exactly
 these or calls them as extern kernels).
 """
 
@@ -34,6 +34,7 @@ import torch
 import torch._decomp.decompositions
 from kiln_symbolic import is_symbolic
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch.utils._mode_utils import no_dispatch
 
 aten = torch.ops.aten
 
@@ -317,6 +318,53 @@ _KILN: DecompTable = {
 }
 
 
+# Note [Decompositions keep eager's errors]: eager's CPU kernels refuse some dtypes and some
+# Python numbers whatever the values (`frac` of an integer tensor: NotImplementedError;
+# `masked_fill` of a float16 tensor with 1e6 or `threshold` of an int8 tensor with 300.5:
+# "value cannot be converted ... without overflow"), but torch's table entries compute them from
+# other ops that take them (`x - trunc(x)`; a `where` of a `scalar_tensor`, which gives inf): kiln
+# returned values where eager raises. So before a pointwise operator of CPU tensors is
+# decomposed, eager's own kernel is asked once per (op, argument dtypes and ranks, Python
+# numbers) on one-element tensors of ones of those dtypes and ranks (ones, not zeros: an integer
+# division by zero is a refusal of values, not of the call); where it raises, the operator is
+# recorded whole, and kiln_loopir lowers it or, where it sees the same refusal, leaves it to
+# eager's kernel, which raises at run time (kiln_loopir's Notes [Dtypes eager's kernel does not
+# take] and [Python numbers that do not fit the dtype]). Any other call decomposes as before.
+_EAGER_REFUSES: dict[tuple[Any, ...], bool] = {}
+
+
+def eager_refuses(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Note [Decompositions keep eager's errors]: does eager's kernel of the pointwise ``func``
+    raise on one-element CPU tensors of ``args``' dtypes and ranks and ``args``' Python numbers?"""
+    if torch.Tag.pointwise not in func.tags or torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    key: list[Any] = [func]
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "cpu" or value.layout != torch.strided:
+                return False
+            key.append((value.dtype, value.dim()))
+        elif isinstance(value, (bool, int, float)) or value is None:
+            key.append((type(value), value))
+        elif isinstance(value, (torch.dtype, torch.memory_format, torch.layout, str)):
+            key.append(value)
+        else:  # lists, symbolic numbers, devices: not probed
+            return False
+    hashable = (*key, tuple(kwargs))
+    if hashable not in _EAGER_REFUSES:
+
+        def real(v: Any) -> Any:
+            return torch.ones((1,) * v.dim(), dtype=v.dtype) if isinstance(v, torch.Tensor) else v
+
+        try:
+            with no_dispatch(), torch.no_grad():
+                func(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
+            _EAGER_REFUSES[hashable] = False
+        except Exception:
+            _EAGER_REFUSES[hashable] = True
+    return _EAGER_REFUSES[hashable]
+
+
 # Note [Foreach ops, one tensor at a time]: the functional `_foreach_<op>` overloads (what
 # functionalization makes of `clip_grad_norm_`'s `_foreach_mul_` and the foreach optimizers) have
 # no entry in torch's tables; each is `<op>` applied to the lists element by element (an argument
@@ -403,6 +451,9 @@ def surviving_ops_ok(gm: torch.fx.GraphModule) -> list[str]:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         if torch.Tag.core in node.target.tags or op_name(node.target) in KEPT_NON_CORE:
+            continue
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        if eager_refuses(node.target, args, kwargs):  # Note [Decompositions keep eager's errors]
             continue
         bad.append(str(node.target))
     return bad

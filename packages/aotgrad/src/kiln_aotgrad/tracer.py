@@ -36,7 +36,7 @@ from kiln_symbolic import UnfoldableExpr, expr_of, fold_expr, is_symbolic, symbo
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kiln_aotgrad.decompositions import DecompTable, op_name
+from kiln_aotgrad.decompositions import DecompTable, eager_refuses, op_name
 from kiln_aotgrad.functionalize import (
     SELF,
     Alias,
@@ -727,8 +727,12 @@ class Tracer(TorchDispatchMode):
             return out
         if func is aten.as_strided_scatter.default:
             self._check_scatter_offset(args)
-        if func not in self._expanding and func not in self._kept:
-            table_entry = self.decomps.get(func)
+        decomposable = func not in self._expanding and func not in self._kept
+        table_entry = self.decomps.get(func) if decomposable else None
+        if (table_entry is not None or _is_composite(func)) and decomposable:
+            # Note [Decompositions keep eager's errors]: an op eager refuses is recorded whole
+            decomposable = not eager_refuses(func, args, kwargs)
+        if decomposable:
             if (table_entry is not None or _is_composite(func)) and mutated_arg_names(func):
                 # before a decomposition computes out of place and copies into the target
                 self._refuse_reads_of_written(func, args, kwargs, mutated_arg_names(func))

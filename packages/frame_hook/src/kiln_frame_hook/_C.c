@@ -11,7 +11,8 @@
  *     code marked SKIP, and everything while no callback is set for this thread;
  *   - run a cached entry: the code's co_extra slot holds an ExtraState whose entries (most recently
  *     hit first) each pair a guard with a transformed code object; the first guard that returns
- *     true wins and its code runs instead of the original. A guard that is a GuardTree is run in
+ *     true wins and its code runs instead of the original (only entries made under the frame's
+ *     globals are tried: Note [An entry serves its frame's globals]). A guard that is a GuardTree is run in
  *     C (guard_tree.c: no Python call when it passes); any other guard is called;
  *   - ask Python: on a miss, the Python dispatcher (kiln_frame_hook._dispatch) classifies the code
  *     and calls the user's callback, which may return a new entry; it is added and run now.
@@ -110,6 +111,7 @@ typedef struct {
     PyObject *code;     /* owned: the transformed code as the callback gave it */
     PyObject *run_code; /* owned: its flat form, see Note [Running a transformed code object] */
     PyObject *run_func; /* owned or NULL: a ready function for run_code, see Note [Reusing the function] */
+    PyObject *globals;  /* not a reference, only compared: see Note [An entry serves its frame's globals] */
 } CacheEntry;
 
 static int entry_traverse(CacheEntry *self, visitproc visit, void *arg) {
@@ -158,8 +160,10 @@ static PyTypeObject CacheEntryType = {
     .tp_members = entry_members,
 };
 
-/* Returns a new reference, or NULL with an exception set. Steals nothing. run_func may be None. */
-static PyObject *entry_new(PyObject *guard, PyObject *code, PyObject *run_code, PyObject *run_func) {
+/* Returns a new reference, or NULL with an exception set. Steals nothing. run_func may be None;
+ * globals is only compared (Note [An entry serves its frame's globals]). */
+static PyObject *entry_new(PyObject *guard, PyObject *code, PyObject *run_code, PyObject *run_func,
+                           PyObject *globals) {
     CacheEntry *self = PyObject_GC_New(CacheEntry, &CacheEntryType);
     if (self == NULL) {
         return NULL;
@@ -168,6 +172,7 @@ static PyObject *entry_new(PyObject *guard, PyObject *code, PyObject *run_code, 
     self->code = Py_NewRef(code);
     self->run_code = Py_NewRef(run_code);
     self->run_func = run_func == Py_None ? NULL : Py_NewRef(run_func);
+    self->globals = globals;
     PyObject_GC_Track(self);
     return (PyObject *)self;
 }
@@ -364,11 +369,29 @@ static void swap_in_place(_PyInterpreterFrame *frame, PyCodeObject *run) {
     Py_DECREF(original); /* the function still holds it */
 }
 
-/* Tries each guard in order; moves a hit to the front. Returns a new reference to the entry on a
- * hit, NULL on a miss (no exception) or on a guard error (exception set; *error = 1). */
-static CacheEntry *lookup(ExtraState *state, PyObject *const *values, Py_ssize_t nvalues, int *error) {
+/* Note [An entry serves its frame's globals]
+ * Functions can share a code object and differ in their globals (`types.FunctionType(code, ns)`,
+ * functions copied by serializers): the cache is per code object, and a guard reads the globals
+ * of the frame that compiled it (kiln_dynamo binds that dict as a constant, `G`), so a function
+ * with the other globals passed it and ran a graph with the first one's global values baked in
+ * (a wrong answer; found by the twenty-eighth session's guard programs). An entry is therefore
+ * tried only for frames whose globals are the dict it was compiled under. The entry keeps that
+ * dict's address, not a reference (a reference would close the cycle globals -> function -> code
+ * -> co_extra -> entry -> globals that the collector cannot see, Note [Reusing the function]). An
+ * address cannot match a new dict that took a dead one's place while the guard reads the
+ * globals, since the guard then holds the dict; where the guard does not read them, the entry
+ * does not depend on them and a match is harmless. */
+
+/* Tries each guard of an entry made under `globals`, in order; moves a hit to the front. Returns a
+ * new reference to the entry on a hit, NULL on a miss (no exception) or on a guard error
+ * (exception set; *error = 1). Borrows everything. */
+static CacheEntry *lookup(ExtraState *state, PyObject *globals, PyObject *const *values, Py_ssize_t nvalues,
+                          int *error) {
     PyObject *entries = state->entries;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(entries); i++) {
+        if (((CacheEntry *)PyList_GET_ITEM(entries, i))->globals != globals) {
+            continue; /* Note [An entry serves its frame's globals] */
+        }
         CacheEntry *entry = (CacheEntry *)Py_NewRef(PyList_GET_ITEM(entries, i)); /* a guard may clear the cache */
         int ok;
         in_hook++;
@@ -440,7 +463,7 @@ static PyObject *call_dispatcher(_PyInterpreterFrame *frame, PyObject *callback,
 /* Adds a new entry at the front of the code's cache, evicting the least recently used one at the
  * limit, and marks its flat code SKIP. Borrowed entry, or NULL with an exception set. */
 static CacheEntry *add_entry(PyObject *code, PyObject *guard, PyObject *new_code, PyObject *run_code,
-                             PyObject *run_func) {
+                             PyObject *run_func, PyObject *globals) {
     ExtraState *state = extra_ensure(code);
     if (state == NULL) {
         return NULL;
@@ -450,7 +473,7 @@ static CacheEntry *add_entry(PyObject *code, PyObject *guard, PyObject *new_code
         return NULL;
     }
     run_state->strategy = STRATEGY_SKIP;
-    PyObject *entry = entry_new(guard, new_code, run_code, run_func);
+    PyObject *entry = entry_new(guard, new_code, run_code, run_func, globals);
     if (entry == NULL) {
         return NULL;
     }
@@ -500,7 +523,7 @@ static PyObject *hook(PyThreadState *tstate, _PyInterpreterFrame *frame, int thr
     CacheEntry *entry = NULL;
     int error = 0;
     if (state != NULL) {
-        entry = lookup(state, values, nvalues, &error);
+        entry = lookup(state, frame->f_globals, values, nvalues, &error);
         if (error) {
             goto fail;
         }
@@ -517,7 +540,7 @@ static PyObject *hook(PyThreadState *tstate, _PyInterpreterFrame *frame, int thr
         long action = PyLong_AsLong(PyTuple_GET_ITEM(decision, 0));
         if (action == ACTION_ENTRY) {
             entry = add_entry((PyObject *)code, PyTuple_GET_ITEM(decision, 1), PyTuple_GET_ITEM(decision, 2),
-                              PyTuple_GET_ITEM(decision, 3), PyTuple_GET_ITEM(decision, 4));
+                              PyTuple_GET_ITEM(decision, 3), PyTuple_GET_ITEM(decision, 4), frame->f_globals);
             if (entry != NULL) {
                 Py_INCREF(entry); /* keep it alive while it runs, whatever happens to the cache */
             }

@@ -3,8 +3,10 @@
 The model. While a callback is set, every Python frame about to run (except generators,
 coroutines, module and class bodies, the standard library and kiln's own code) passes through
 the hook. Each code object carries a cache of entries, each a *guard* and a *transformed code
-object*. On a call the guards are tried, most recently hit first; the first that passes has its
-code run in place of the original, and its result returned. If none passes, the callback is given
+object*. On a call the guards of the entries made under the frame's globals are tried, most
+recently hit first (functions sharing a code object may differ in their globals, Note [An entry
+serves its frame's globals] in _C.c); the first that passes has its code run in place of the
+original, and its result returned. If none passes, the callback is given
 the frame (a `Frame`) and may answer with a `GuardedCode`, which is added to the cache and run
 now, or with `RUN`, `SKIP` or `RUN_ONLY`. Frames started while a guard or the callback runs are
 never intercepted. A per-code limit bounds the entries; at the limit the callback is told

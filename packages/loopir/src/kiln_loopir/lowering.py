@@ -299,9 +299,10 @@ def to_dtype(box: TensorBox, dtype: torch.dtype) -> TensorBox:
 # also down to minus its maximum, which wrap), a float one anything up to its largest finite
 # value and the infinities and NaN, bool anything. An op whose number does not fit is left to
 # eager's kernel (an extern call, `Unsupported`), which raises the error at run time. Arithmetic
-# (`x + 300`) converts its number unchecked in eager too, and is not checked. Not matched: a
-# half-type fill checks against float32 (creation.py), since eager's own check there depends on
-# the element count (`fill_` of one element and `scalar_tensor` give inf, of two raise);
+# (`x + 300`) converts its number unchecked in eager too, and is not checked. A half-type fill
+# (`full`, `full_like`, `fill_`, `scalar_tensor`) whose number is beyond the half type's range
+# is left to eager's kernel too, whose check depends on the element count (one element gives
+# inf, two or more raise; a fill of two gave inf before the twenty-eighth session). Not matched:
 # `threshold`, which aotgrad rewrites into a `where` computed in float32 for a float value and
 # converted back, wraps as before.
 def scalar_fits(value: object, dtype: torch.dtype) -> bool:
@@ -333,7 +334,9 @@ def check_scalar(value: object, dtype: torch.dtype) -> None:
 # returned values where eager raises. Before a pointwise op of CPU tensors is lowered, eager's
 # own kernel is asked once per (op, argument dtypes, Python numbers), on one-element tensors of
 # those dtypes: a NotImplementedError leaves the op to eager's kernel (an extern call), which
-# raises it at run time. Any other outcome (a value, another error) lowers as before.
+# raises it at run time. A RuntimeError leaves it there too where the same call on tensors of
+# ones raises one as well (`relu` of bools: "Boolean inputs not supported", a RuntimeError; an
+# integer division, which refuses zeros only, does not); any other outcome lowers as before.
 _REFUSED: dict[tuple[Any, ...], str | None] = {}
 
 
@@ -350,6 +353,8 @@ def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> s
     key: list[Any] = [target]
     for arg in args:
         value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else arg
+        if isinstance(arg, torch.fx.Node) and not isinstance(value, torch.Tensor):
+            return None  # a node of unknown value: nothing to probe with
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu":
                 return None
@@ -372,9 +377,25 @@ def eager_refuses(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> s
             _REFUSED[hashable] = None
         except NotImplementedError as exc:
             _REFUSED[hashable] = str(exc).splitlines()[0]
+        except RuntimeError:
+            _REFUSED[hashable] = _refused_on_ones(target, probe, kwargs)
         except Exception:
             _REFUSED[hashable] = None
     return _REFUSED[hashable]
+
+
+def _refused_on_ones(target: Any, probe: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """Note [Dtypes eager's kernel does not take]: eager's error for ``target`` on one-element
+    tensors of ones (``probe``'s zeros replaced), or None where that call succeeds."""
+    ones = [torch.ones_like(p) if isinstance(p, torch.Tensor) else p for p in probe]
+    try:
+        with torch.no_grad():
+            target(*ones, **kwargs)
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception:
+        return None
+    return None
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:

@@ -15,7 +15,7 @@ import torch
 
 from ..ir import Index, Pointwise, TensorBox
 from ..layout import symbolic
-from ..lowering import Unsupported, check_scalar, opmath, register_lowering
+from ..lowering import Unsupported, check_scalar, register_lowering
 from ..virtualized import current_graph, ops
 
 aten = torch.ops.aten
@@ -51,9 +51,10 @@ def _filled(value: Any, device: torch.device) -> TensorBox:
 
         return TensorBox.create(Pointwise(device, dtype, from_tensor, symbolic(meta.shape)))
 
-    # Note [Python numbers that do not fit the dtype]; a half type's against float32: `fill_`,
-    # which aotgrad rewrites into full_like, converts its number through float in eager
-    check_scalar(value, opmath(dtype))
+    # Note [Python numbers that do not fit the dtype]; for a half type eager's own check depends
+    # on the element count (one element: inf, two or more: it raises), so a number beyond the
+    # half type's range is left to eager's kernel, which decides, whatever the count
+    check_scalar(value, dtype)
 
     def inner(index: Index) -> Any:
         if isinstance(value, sympy.Expr) and not value.is_number:

@@ -233,8 +233,22 @@ def _arg(kind: str) -> Callable[..., TensorBox]:
     return lower
 
 
-register_lowering(aten.argmax)(_arg("argmax"))
-register_lowering(aten.argmin)(_arg("argmin"))
+def _arg_of_non_bool(kind: str) -> Callable[..., TensorBox]:
+    inner = _arg(kind)
+
+    def lower(x: TensorBox, *args: Any, **kwargs: Any) -> TensorBox:
+        if x.get_dtype() == torch.bool:
+            # eager's argmax/argmin refuse bools whatever the shape ("does not support bool
+            # input"), the meta kernel does not (`max.dim` of bools, which shares this
+            # reduction, takes them): eager's kernel runs and raises
+            raise Unsupported(f"{kind} of bools: eager's kernel raises")
+        return inner(x, *args, **kwargs)
+
+    return lower
+
+
+register_lowering(aten.argmax)(_arg_of_non_bool("argmax"))
+register_lowering(aten.argmin)(_arg_of_non_bool("argmin"))
 
 
 def _minmax_dim(kind: str) -> Callable[..., tuple[TensorBox, TensorBox]]:
