@@ -5,9 +5,16 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# Twenty-eighth session (helper host28, no device time): call28h (kiln against torch.compile, host events side by side,
-#   ResNet-50 + T5 bf16 inference), call28v (the GPU wrapper's viewed buffers and C same-float guards, accuracy + host ms),
-#   call28t (call28h on a ResNet-50 training step).
+# Twenty-eighth session: call28a, call28b, call2, fp32 inference of the suite, call28c and call28d ran on an H100 and
+#   its host (packages/bench/results/2026-12-06-h100-s28-*; 1485 of 1800 s, ~270 s lost to two machines that did not
+#   start). Changed after them, not measured on the device: loopir's Note [Values read through a channels-last
+#   permute], Note [Pointwise nodes walk their memory order] (Triton), Note [Tiny kernels fuse without a shared
+#   buffer]; helpers host28 (GPU wrapper's viewed buffers, C same-float guards), cpu28 (CPU training channels-last),
+#   fix28 (frame_hook: entries per globals; aotgrad: decompositions keep eager's errors). Next, in this order: call28e
+#   (the three loopir changes on ResNet-50/ConvNeXt bf16 training), call28h (kiln against torch.compile, host events
+#   side by side, ResNet-50 + T5 bf16 inference), call28v (viewed buffers and same-float guards: accuracy + host ms),
+#   call28l (cpu28's rule at 16 threads), call28t, call27t + call27b, call27m, call26p, call27l, call3c (the ablation,
+#   with this session's switches), call10.
 # Twenty-seventh session: call26w, call27h, call26s, call26p (its 1-thread row only: the 95 s budget ended in
 #   torch.compile's compile; now 200 s), call26c and four compile probes ran on an H100 and its host, at 6b7ad2c + the
 #   Welford tiles (packages/bench/results/2026-12-06-h100*-s27-*). Found and changed after them, not measured on the
