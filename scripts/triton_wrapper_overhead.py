@@ -70,6 +70,7 @@ import torch
 import kiln
 from kiln_codegen_triton import backend as triton_backend
 from kiln_codegen_triton import wrapper as triton_wrapper
+from kiln_codegen_triton.interp import replay_gpu_form
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "kiln" / "bench"))
 from call_overhead import tiny
@@ -198,62 +199,16 @@ def _patched_make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # Note [The GPU wrapper with its kernels run]: ``--check`` runs each GPU form with its kernels and
-# extern ops for real, on CPU tensors: a kernel launch there passes pointers, so each launch is
-# replayed through the kernel's own Launcher under Triton's interpreter with the flat storage
-# tensors those pointers start (every pointer a GPU form passes is a storage's start: buffers and
-# extern results at offset 0, inputs shifted back by their offset), found in a table of the
-# storages the call has seen (its inputs, allocations, extern results, copies, constants). Its
-# outputs are compared, bit for bit, with what the interpreter wrapper returned for the same
-# inputs: a change to the GPU wrapper's allocations, views or checks that misplaces memory shows
-# here without a GPU.
+# extern ops for real, on CPU tensors (Note [A GPU form run under the interpreter] in
+# kiln_codegen_triton's interp.py), and compares its outputs, bit for bit, with what the interpreter
+# wrapper returned for the same inputs: a change to the GPU wrapper's allocations, views or checks
+# that misplaces memory shows here without a GPU.
 def check_form(g: Graph, form: str) -> str:
     """'' when the GPU form ``form`` of ``g``, its kernels run, returns what the interpreter
     wrapper did (bit for bit); else what differs."""
     fn, _, namespace = g.forms[form]
-    storages: dict[int, torch.Tensor] = {}
-
-    def seen(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.numel():
-            storages[value.untyped_storage().data_ptr()] = value
-        elif isinstance(value, list | tuple):
-            for v in value:
-                seen(v)
-        return value
-
-    def flat(pointer: int) -> torch.Tensor:
-        t = storages.get(pointer)
-        if t is None:
-            raise LookupError(
-                f"a kernel took a pointer that starts no storage the call has seen: {pointer:#x}"
-            )
-        n = t.untyped_storage().nbytes() // t.element_size()
-        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-
-    def watching(f: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return seen(f(*args, **kwargs))
-
-        return call
-
-    def replay(launcher: Any) -> Callable[..., None]:
-        n = len(launcher.spec.params)
-
-        def launch(stream: Any, *args: Any) -> None:
-            launcher(*(flat(p) for p in args[:n]), *args[n:])
-
-        return launch
-
     saved = dict(namespace)
-    for value in saved.values():
-        seen(value)  # constants
-    for slot, launcher in saved.get("_real_launchers", {}).items():
-        namespace[slot] = replay(launcher)
-    for slot in [
-        s
-        for s in saved
-        if s.startswith("_op_") or s in ("_alloc", "_empty", "_empty_strided", "_dense", "_conform", "_flat")
-    ]:
-        namespace[slot] = watching(saved[slot])
+    seen = replay_gpu_form(namespace, saved.get("_real_launchers", {}))
     try:
         args = [seen(_copy(a)) for a in g.snapshot]
         with torch.no_grad():

@@ -13,6 +13,7 @@ import torch
 from triton_check import DEVICES, aten, check, make, to_device
 
 from kiln_codegen_triton import TritonBackend, counters
+from kiln_codegen_triton.interp import replay_gpu_form
 from kiln_loopir import compile_graph
 
 
@@ -384,36 +385,10 @@ class _NoLaunch:
 
 
 def _run_kernels(captured: dict[str, Any]) -> None:
-    """Make the GPU form's launches run its kernels under Triton's interpreter, on the flat storage
-    each pointer starts (every pointer a GPU form passes starts a storage: Note [The GPU wrapper with
-    its kernels run] in scripts/triton_wrapper_overhead.py, which does this for whole models)."""
+    """Make the GPU form's launches run its kernels under Triton's interpreter (Note [A GPU form
+    run under the interpreter] in interp.py)."""
     namespace = captured["namespace"]
-    storages: dict[int, torch.Tensor] = {}
-
-    def seen(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.numel():
-            storages[value.untyped_storage().data_ptr()] = value
-        elif isinstance(value, list | tuple):
-            for v in value:
-                seen(v)
-        return value
-
-    def flat(pointer: int) -> torch.Tensor:
-        t = storages[pointer]
-        n = t.untyped_storage().nbytes() // t.element_size()
-        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
-
-    def replay(launcher: Any) -> Any:
-        n = len(launcher.spec.params)
-        return lambda stream, *args: launcher(*(flat(p) for p in args[:n]), *args[n:])
-
-    def watching(f: Any) -> Any:
-        return lambda *args, **kwargs: seen(f(*args, **kwargs))
-
-    for slot, launcher in namespace["_real_launchers"].items():
-        namespace[slot] = replay(launcher)
-    for slot in [s for s in namespace if s.startswith("_op_") or s in ("_alloc", "_empty_strided", "_dense")]:
-        namespace[slot] = watching(namespace[slot])
+    seen = replay_gpu_form(namespace, namespace["_real_launchers"])
     call = captured["call"]
     captured["call"] = lambda *args: call(*seen(list(args)))
 

@@ -76,6 +76,65 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }  # fmt: skip
 
 
+# wrapper namespace slots that hand out tensors a GPU form's pointers may start
+_HANDS_OUT_TENSORS = ("_alloc", "_empty", "_empty_strided", "_dense", "_conform", "_flat")
+
+
+def replay_gpu_form(namespace: dict[str, Any], launchers: dict[str, Any]) -> Callable[[Any], Any]:
+    """Rewire ``namespace``, a GPU-form wrapper's (Note [Kernel arguments are pointers] in
+    wrapper.py) generated for CPU tensors, in place, so that its launches run their kernels under
+    the interpreter; returns ``seen``, which the caller applies to the call's arguments.
+
+    Note [A GPU form run under the interpreter]: a GPU form's launch passes pointers, and every
+    pointer it passes starts a storage (buffers and extern results at offset 0, inputs shifted
+    back by their offset). Each launch slot named in ``launchers`` (slot -> the kernel's
+    Launcher) is replayed through that Launcher with the flat storage tensors its pointers start,
+    found in a table of the storages the call has seen: the namespace's constants, what ``seen``
+    is given, and what the allocation, copy and extern-op slots return. A pointer that starts no
+    storage seen raises LookupError. Used by the wrapper tests and by
+    ``scripts/triton_wrapper_overhead.py --check`` to check the GPU wrapper without a GPU."""
+    storages: dict[int, torch.Tensor] = {}
+
+    def seen(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.numel():
+            storages[value.untyped_storage().data_ptr()] = value
+        elif isinstance(value, list | tuple):
+            for v in value:
+                seen(v)
+        return value
+
+    def flat(pointer: int) -> torch.Tensor:
+        t = storages.get(pointer)
+        if t is None:
+            raise LookupError(
+                f"a kernel took a pointer that starts no storage the call has seen: {pointer:#x}"
+            )
+        n = t.untyped_storage().nbytes() // t.element_size()
+        return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+
+    def replay(launcher: Any) -> Callable[..., None]:
+        n = len(launcher.spec.params)
+
+        def launch(stream: Any, *args: Any) -> None:
+            launcher(*(flat(p) for p in args[:n]), *args[n:])
+
+        return launch
+
+    def watching(f: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return seen(f(*args, **kwargs))
+
+        return call
+
+    for value in list(namespace.values()):
+        seen(value)  # constants
+    for slot, launcher in launchers.items():
+        namespace[slot] = replay(launcher)
+    for slot in [s for s in namespace if s.startswith("_op_") or s in _HANDS_OUT_TENSORS]:
+        namespace[slot] = watching(namespace[slot])
+    return seen
+
+
 def _wrap(name: str, fn: Callable[..., torch.Tensor], arity: int) -> Callable[..., Any]:
     def call(*args: Any) -> Any:
         import triton.language as tl
