@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_same, check, one_graph
+from conftest import CountingBackend, assert_same, check, one_graph
 
 import kiln_dynamo
 from kiln_dynamo.fake import call_fake, from_real
@@ -840,3 +840,30 @@ def test_conjugate_view_passed_in_reads_as_one() -> None:
     compiled = kiln_dynamo.compile(f)
     for arg in (z.conj(), z, torch._neg_view(z)):
         assert_same(f(arg), compiled(arg))
+
+
+def _scaled_add(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 1.0) -> torch.Tensor:
+    return x + alpha * y.sin()
+
+
+def test_a_partial_compiles_the_function_it_wraps() -> None:
+    """Note [Compiling a partial]: the partial's bound tensor and keyword reach the frame as
+    arguments; a new partial over the same function with another keyword is guarded apart."""
+    kiln_dynamo.reset()
+    backend = CountingBackend()
+    y = t(3, 4)
+    part = functools.partial(_scaled_add, y=y, alpha=2.0)
+    compiled = kiln_dynamo.compile(part, backend)
+    x = t(3, 4)
+    assert_same(compiled(x), part(x))
+    assert_same(compiled(x + 1), part(x + 1))
+    assert backend.graphs == 1
+    other = kiln_dynamo.compile(functools.partial(_scaled_add, y=y, alpha=-3.0), backend)
+    assert_same(other(x), _scaled_add(x, y, alpha=-3.0))
+    nested = kiln_dynamo.compile(functools.partial(functools.partial(_scaled_add, x), alpha=0.5), backend)
+    assert_same(nested(y), _scaled_add(x, y, alpha=0.5))
+
+
+def test_a_callable_without_a_python_frame_is_refused_clearly() -> None:
+    with pytest.raises(TypeError, match="runs no Python frame"):
+        kiln_dynamo.compile(torch.sin, CountingBackend())

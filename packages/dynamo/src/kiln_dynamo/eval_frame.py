@@ -284,7 +284,25 @@ def compile(
     be = lookup_backend(backend)
     if isinstance(fn_or_module, nn.Module):
         return CompiledModule(fn_or_module, be, fullgraph, dynamic)
+    if isinstance(fn_or_module, functools.partial):
+        # Note [Compiling a partial]: a partial's __call__ is C (a method-wrapper), so no frame of
+        # its own runs; what runs is the frame of the function it wraps. Compile that one and bind
+        # the partial's arguments again around it (CPython flattens nested partials, so `func` is
+        # not a partial). The arguments it binds reach the frame as any caller's would: tensors
+        # are graph inputs, other values are guarded like the caller's.
+        inner = compile(fn_or_module.func, be, fullgraph=fullgraph, dynamic=dynamic)
+        return functools.partial(inner, *fn_or_module.args, **fn_or_module.keywords)
     if not isinstance(fn_or_module, (types.FunctionType, types.MethodType)) and callable(fn_or_module):
+        # the class's own __call__, as Python would find it (not through the instance)
+        call = next(
+            (k.__dict__["__call__"] for k in type(fn_or_module).__mro__ if "__call__" in k.__dict__), None
+        )
+        if not isinstance(call, types.FunctionType):
+            raise TypeError(
+                f"kiln_dynamo.compile expects a function, a method, an nn.Module, a functools.partial or an "
+                f"object whose class defines __call__ in Python; {type(fn_or_module).__name__} runs no Python "
+                f"frame to capture"
+            )
         fn_or_module = fn_or_module.__call__  # a callable object: its __call__, bound
     f, bound = _as_function(fn_or_module)
     code = f.__code__
