@@ -123,7 +123,7 @@ def test_integer_division_modes() -> None:
     check(lambda x, y: aten.div.Tensor_mode(x, y, rounding_mode="floor"), a, b)
 
 
-@pytest.mark.parametrize("exponent", [2, 3, -2, 0.5, -0.5, -1, 2.0, 3.0, 1.5, 4])
+@pytest.mark.parametrize("exponent", [2, 3, -2, 0.5, -0.5, -1, 1, 2.0, 3.0, 1.0, 1.5, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_pow_by_constant_exponent(exponent: Any, dtype: torch.dtype) -> None:
     # Note [pow by a constant exponent]: these exponents are lowered to mul/sqrt/rsqrt/reciprocal;

@@ -125,7 +125,14 @@ _plain_pow = make_pointwise(_op("pow"), Kind.BOOL_TO_LONG)
 # multiplication, x ** 0.5 and x ** -0.5 by sqrt and rsqrt and x ** -1 by reciprocal; a generic
 # pow call costs tens of nanoseconds an element and keeps the loop from vectorizing (GPT-2's GELU
 # cubes its input). Lowering these exponents the same way is faster and rounds the way eager does.
+# x ** 1 is x itself (IEEE pow returns its base exactly for exponent 1, NaN, infinities and -0.0
+# included): the backward of `x.pow(2)` is `2 * x.pow(1) * grad` after decomposition, so every
+# RMSNorm's backward (LLaMA, Qwen2, T5) printed a pow an element in its row kernel. GCC folds
+# `std::pow(x, 1.0f)` itself (no time measured either way on LLaMA's kernels), but the C++
+# generator's parallel plan weighed the call as a math function (215 statements an element for
+# the RMSNorm gradient instead of 23) and the Triton generator printed a libdevice call.
 _POW_BY_CONSTANT: dict[float, Callable[[Any], Any]] = {
+    1.0: lambda x: x,
     2.0: lambda x: ops.mul(x, x),
     3.0: lambda x: ops.mul(ops.mul(x, x), x),
     -2.0: lambda x: ops.reciprocal(ops.mul(x, x)),
