@@ -260,6 +260,25 @@ for step in "$@"; do
         --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
       grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
         | head -40 | cut -c1-200 ;;
+    call29w)  # twenty-ninth session (issue 15): the MLP's fp32 inference GPU time is 1.5% above torch.compile's (s28 call2
+      # fp32): its five layer norm + GELU kernels over [4096, 1024] float32 take 16.3-16.9 us each, torch.compile's 13.9
+      # (58% against 69% of the H100's copy). kiln gives rows of 1024 one warp each (Note [One warp per row], swept at
+      # 16M/64M elements only, where fp32 was "as fast either way"); at 4M elements the 4096 one-warp programs may be
+      # too few bytes in flight. Sweep the rule off and fixed warp counts at 4M and 16M elements
+      timeout 100 python3 packages/codegen_triton/bench/bandwidth.py --only layer_norm,softmax --dtype float32 --row 1024 \
+        --sizes 4,16 --peak 3.35 --reps 7 --variants "WARP_ROW_RBLOCK=0;PERSISTENT_WARPS=2;PERSISTENT_WARPS=4;PERSISTENT_WARPS=8" \
+        --out "$out/bw-ln-f32.json" 2>&1 | grep -E "^layer_norm|^softmax|variant" | cut -c1-120 ;;
+    call29b)  # the end-to-end training row issues 14 and 15 still need at today's code (last: bf16 s25 at 8a02c42, fp32
+      # s26 at 6b7ad2c): bf16 training of the whole suite, eager / kiln / torch.compile in one run, 8 timed steps
+      # (fits one call; call4c is the fp32 row). Every row must pass its gradient check
+      bench training-bf16 560 --dtype bfloat16 --modes training --repeats 8 --warmup 3 --backends eager,kiln,inductor ;;
+    call29r)  # twenty-ninth session (issue 14): CUDA graphs in training were never measured on the device. A
+      # training step on the H200 is host-bound (call28e: ResNet-50 bf16 wall 23.4 ms for 6.5 ms of kernels, ConvNeXt
+      # 15.4 for 7.6; eager 27 and 20 ms): kiln:reduce-overhead records the forward and the backward graphs each
+      # (Note [Outputs of a CUDA graph]: a slot is freed when the step's gradients are set to None). bf16 training,
+      # default and reduce-overhead for both compilers; every row must pass the gradient check; compare wall ms
+      TAIL=30 bench train-bf16-cudagraphs 560 --dtype bfloat16 --modes training --models resnet,gpt2,cnn --repeats 10 \
+        --warmup 3 --profile --profile-calls 2 --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead ;;
     call28e)  # twenty-eighth session (issue 15): loopir's Note [Values read through a channels-last permute] (the
       # depthwise bias add ConvNeXt's norms read through permute(0, 2, 3, 1) computed NHWC: the saved norm input was
       # NCHW, its weight-gradient partials at 17% of copy) and Note [Pointwise nodes walk their memory order] (Triton:
