@@ -93,7 +93,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 import sympy
@@ -663,45 +663,40 @@ class WrapperCodegen(WrapperSteps):
             self.shapes[buffer.name] = self.shapes[buffer.mutates]
         self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
 
-    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
-        plan = self.schedule.plan
+    def kernel_scratch(self, node: BaseSchedulerNode) -> Set[str] | None:
         compiled = self.kernels.get(node.name)
-        members = node.members()
-        scratch = set(compiled.scratch) if compiled is not None else {m.name for m in members}
-        temporaries = []
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                self.alias_scatter(buffer)
-                continue
-            if buffer.name in plan.allocate:
-                reuse = plan.allocate[buffer.name]
-                if reuse is not None:
-                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
-                    if reuse in self.shapes:
-                        self.shapes[buffer.name] = self.shapes[reuse]
-                    self.pointer(
-                        buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()"
-                    )
-                    # after the call: an input taken over in place (Note [A kernel's output in
-                    # place of an input that dies in it]) is still an argument of the kernel
-                    temporaries.append(reuse)
-                else:
-                    self.allocate(buffer)
-            elif buffer.name in scratch:
+        return set(compiled.scratch) if compiled is not None else None
+
+    def place_member(self, buffer: Buffer, scratch: Set[str]) -> list[str]:
+        plan = self.schedule.plan
+        if buffer.name in plan.allocate:
+            reuse = plan.allocate[buffer.name]
+            if reuse is None:
                 self.allocate(buffer)
-                temporaries.append(buffer.name)
-        if compiled is None:
-            self.fallback(node, members)
+                return []
+            self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+            if reuse in self.shapes:
+                self.shapes[buffer.name] = self.shapes[reuse]
+            self.pointer(buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()")
+            # after the call: an input taken over in place (Note [A kernel's output in place of
+            # an input that dies in it]) is still an argument of the kernel
+            return [reuse]
+        if buffer.name in scratch:
+            self.allocate(buffer)
+            return [buffer.name]
+        return []
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        compiled = self.kernels[node.name]
+        assert compiled is not None
+        fn = f"k_{compiled.name}"
+        args = ", ".join([*(f"p_{p}" for p in compiled.params), *compiled.size_params, "nt"])
+        if self.profile:
+            self.emit(f"with _range('kiln:{compiled.name}'):")
+            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
         else:
-            fn = f"k_{compiled.name}"
-            args = ", ".join([*(f"p_{p}" for p in compiled.params), *compiled.size_params, "nt"])
-            if self.profile:
-                self.emit(f"with _range('kiln:{compiled.name}'):")
-                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
-            else:
-                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
-        for name in temporaries:
-            self.emit(f"del {name}")
+            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
+        return []
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the C++ generator declined with loopir's interpreter (never wrong)."""
@@ -712,14 +707,8 @@ class WrapperCodegen(WrapperSteps):
             raise CodegenUnsupported(
                 f"kernel {node.name}: the C++ generator declined it with symbolic sizes ({why})"
             )
-        names: set[str] = set()
-        for m in node.get_nodes():
-            names |= m.read_names() | m.write_names()
         entries = []
-        for name in sorted(names):
-            buffer = self.graph.name_to_buffer.get(name)
-            if buffer is None:
-                continue
+        for name, buffer in self.touched_buffers(node).items():
             n = int(buffer.layout.storage_size())
             flat = self.shapes.get(name, ((n,), (1,))) == ((n,), (1,))
             if isinstance(buffer, InputBuffer | ConstantBuffer) or not flat:

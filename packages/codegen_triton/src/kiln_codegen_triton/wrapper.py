@@ -664,37 +664,31 @@ class WrapperCodegen(WrapperSteps):
             self.offset0.add(buffer.name)
         self.take_pointer(buffer.name)
 
-    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+    def kernel_scratch(self, node: BaseSchedulerNode) -> Set[str] | None:
         group = self.groups.get(node.name)
-        members = node.members()
-        scratch = set(group.scratch) if group is not None else {m.name for m in members}
+        return set(group.scratch) if group is not None else None
+
+    def place_member(self, buffer: Buffer, scratch: Set[str]) -> list[str]:
+        return [buffer.name] if self.place(buffer, scratch) else []
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        group = self.groups[node.name]
+        assert group is not None
         temporaries = []
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                self.alias_scatter(buffer)
-                continue
-            if self.place(buffer, scratch):
-                temporaries.append(buffer.name)
-        if group is None:
-            self.fallback(node, members)
-        else:
-            for buffer in group.temporaries:
-                self.allocate(buffer)
-                temporaries.append(buffer.name)
-            for i, spec in enumerate(group.specs):
-                fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
-                launcher = self.launchers[spec.name]
-                if self.pointers:
-                    launcher.install(self.namespace, fn)
-                    args = ", ".join(
-                        ["_stream", *(self.pointer(p) for p in spec.params), *self.size_args(spec)]
-                    )
-                else:
-                    self.namespace[fn] = launcher
-                    args = ", ".join([*(self.storage(p) for p in spec.params), *self.size_args(spec)])
-                self.emit(f"{fn}({args})  # {spec.name}")
-        for name in temporaries:
-            self.emit(f"del {name}")
+        for buffer in group.temporaries:
+            self.allocate(buffer)
+            temporaries.append(buffer.name)
+        for i, spec in enumerate(group.specs):
+            fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
+            launcher = self.launchers[spec.name]
+            if self.pointers:
+                launcher.install(self.namespace, fn)
+                args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params), *self.size_args(spec)])
+            else:
+                self.namespace[fn] = launcher
+                args = ", ".join([*(self.storage(p) for p in spec.params), *self.size_args(spec)])
+            self.emit(f"{fn}({args})  # {spec.name}")
+        return temporaries
 
     def lone_template(self, kernel: ExternKernel, choice: MatmulChoice) -> None:
         """Note [Matmul templates]: a GEMM with no epilogue, run by its choice (the extern op or
@@ -843,17 +837,13 @@ class WrapperCodegen(WrapperSteps):
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the Triton generator declined with loopir's interpreter (never wrong)."""
-        names: set[str] = set()
-        for m in node.get_nodes():
-            names |= m.read_names() | m.write_names()
         entries = []
-        for name in sorted(names):
-            if name in self.graph.name_to_buffer:
-                storage = self.storage(name)
-                if storage in self.shaped:  # the interpreter indexes flat storage
-                    n = int(self.graph.name_to_buffer[name].layout.storage_size())
-                    storage = f"{storage}.as_strided(({n},), (1,), 0)"
-                entries.append(f"{name!r}: {storage}")
+        for name, buffer in self.touched_buffers(node).items():
+            storage = self.storage(name)
+            if storage in self.shaped:  # the interpreter indexes flat storage
+                n = int(buffer.layout.storage_size())
+                storage = f"{storage}.as_strided(({n},), (1,), 0)"
+            entries.append(f"{name!r}: {storage}")
         fn = f"_interpret_{node.name}"
         self.namespace[fn] = _interpreter(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")

@@ -27,8 +27,9 @@ what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
 the wrappers' input checks, calls, allocation and launch code, which differ: the wrappers share
-the names their sources use, ``wrapper_support.wrapper_namespace``, and the walk over the
-schedule, ``wrapper_support.WrapperSteps``; the spelling tables and launch heuristics, which are
+the names their sources use, ``wrapper_support.wrapper_namespace``, the walk over the
+schedule, ``wrapper_support.WrapperSteps``, and a kernel node's step in it, Note [A kernel step
+in a wrapper]; the spelling tables and launch heuristics, which are
 each language's own). A scheduler node's kernel members and what each reads are
 ``BaseSchedulerNode.members()`` / ``member_reads()``; a declined kernel's members run through
 ``interpret.run_members``.
