@@ -41,6 +41,39 @@ def test_registered_backend_sees_every_kernel() -> None:
     assert len(seen) == compiled.stats.kernels == 1
 
 
+def test_backend_test_session_gives_a_private_cache_and_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [A code generator's test session]: a fresh cache directory in KILN_CACHE_DIR, and the
+    backend registered in process only where no entry point advertises the name."""
+    import os
+
+    import kiln_loopir.backend as backend_module
+    from kiln_loopir.diskcache import cache_root
+    from kiln_loopir.testing import backend_test_session
+
+    monkeypatch.setenv("KILN_CACHE_DIR", "/nowhere")
+    monkeypatch.setattr(backend_module, "_REGISTRY", dict(backend_module._REGISTRY))
+    made: list[str] = []
+
+    def factory() -> Backend:
+        made.append("session-test")
+        return InterpretBackend()
+
+    cache = backend_test_session("session-test", factory, "kiln-session-test-")
+    assert os.path.isdir(cache) and os.listdir(cache) == []
+    assert os.path.basename(cache).startswith("kiln-session-test-") and cache_root() == pathlib.Path(cache)
+    assert isinstance(get_backend("session-test"), InterpretBackend) and made == ["session-test"]
+    os.rmdir(cache)
+
+    class Advertised:
+        name = "session-advertised"
+
+    monkeypatch.setattr(
+        backend_module.importlib.metadata, "entry_points", lambda group: [Advertised()] if group else []
+    )
+    os.rmdir(backend_test_session("session-advertised", factory, "kiln-session-test-"))
+    assert "session-advertised" not in backend_module._REGISTRY
+
+
 def test_backend_found_through_entry_point(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A code generator advertises itself in its metadata; loopir never imports it by name."""
     (tmp_path / "fake_codegen.py").write_text(
