@@ -74,6 +74,18 @@ def test_backend_test_session_gives_a_private_cache_and_the_backend(monkeypatch:
     assert "session-advertised" not in backend_module._REGISTRY
 
 
+def test_a_declined_kernel_is_recorded_in_one_form(caplog: pytest.LogCaptureFixture) -> None:
+    """Note [Declined kernels]: (node, "<type>: <message>") and a debug line on the generator's
+    logger, whatever the generator."""
+    backend = InterpretBackend()
+    backend.last_declined = []
+    log = logging.getLogger("kiln.test_declined")
+    with caplog.at_level(logging.DEBUG, logger="kiln.test_declined"):
+        backend.decline("buf3", NotImplementedError("ops.frexp"), log)
+    assert backend.last_declined == [("buf3", "NotImplementedError: ops.frexp")]
+    assert [r.getMessage() for r in caplog.records] == ["kernel buf3 runs in the interpreter: ops.frexp"]
+
+
 def test_backend_found_through_entry_point(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A code generator advertises itself in its metadata; loopir never imports it by name."""
     (tmp_path / "fake_codegen.py").write_text(

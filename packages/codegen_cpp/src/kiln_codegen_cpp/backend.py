@@ -173,6 +173,5 @@ class CppBackend(Backend):
                 name, members, reads, dtypes, internal, self.options, aliased=aliased, columns=columns
             ).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
-            self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
-            log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
+            self.decline(node.name, exc, log)  # Note [Declined kernels] (kiln_loopir)
             return None

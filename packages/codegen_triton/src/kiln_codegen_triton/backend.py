@@ -577,8 +577,7 @@ class TritonBackend(Backend):
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
             return KernelGroup((*head, first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
-            self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
-            log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
+            self.decline(node.name, exc, log)  # Note [Declined kernels] (kiln_loopir)
             return None
 
 

@@ -25,6 +25,7 @@ The entry point names a zero-argument callable (usually the class) returning a :
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,21 @@ class Backend:
     def last_build(self) -> BuildReport:
         """What the last ``codegen_wrapper`` cost (nothing known, by default)."""
         return BuildReport()
+
+    # Note [Declined kernels]: a kernel a code generator cannot express (an op or a dtype it has
+    # no spelling of, a shape it does not handle) is declined, not an error: its wrapper runs the
+    # node's members through the reference interpreter instead (Note [A kernel step in a wrapper]
+    # in wrapper_support.py), right but slow. A generator that declines says so here, in one
+    # form for every generator: ``last_declined`` lists (node, "<exception type>: <message>")
+    # for this compile (``BuildReport.declined``; tests assert it is empty), and the
+    # generator's ``output_code`` logger says which kernel runs in the interpreter and why.
+    last_declined: list[tuple[str, str]]
+
+    def decline(self, node: str, exc: BaseException, log: logging.Logger) -> None:
+        """Record that the kernel of scheduler node ``node`` was declined for ``exc`` (Note
+        [Declined kernels])."""
+        self.last_declined.append((node, f"{type(exc).__name__}: {exc}"))
+        log.debug("kernel %s runs in the interpreter: %s", node, exc)
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
