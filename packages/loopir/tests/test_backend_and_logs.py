@@ -144,3 +144,31 @@ def test_non_tensor_inputs_are_constants_of_the_compiled_graph() -> None:
     torch.testing.assert_close(compiled(x, 3), x * 3)
     with pytest.raises(ValueError, match="constant 3"):
         compiled(x, 4)
+
+
+def test_check_compiled_runs_compares_and_refuses_declines() -> None:
+    """kiln_loopir.testing.check_compiled, the tail of every code generator's ``check``: each
+    call's result against the expected one (after ``reconcile``), then no declined kernel."""
+    from kiln_loopir.testing import check_compiled
+
+    class Declining(InterpretBackend):
+        def __init__(self, declined: list[tuple[str, str]]) -> None:
+            self.last_declined = declined
+
+    x = make((4, 4))
+    gm = trace(_fn)
+    seen: list[Any] = []
+
+    def reconcile(expected: Any, actual: Any) -> Any:
+        seen.append(actual)
+        return expected
+
+    compiled = check_compiled(gm, [x], _fn(x), Declining([]), calls=3, reconcile=reconcile)
+    torch.testing.assert_close(compiled(x), _fn(x))
+    assert len(seen) == 3
+    with pytest.raises(AssertionError, match="output"):
+        check_compiled(gm, [x], _fn(x) + 1, Declining([]))
+    declined = [("buf0", "NotImplementedError: ops.sin")]
+    with pytest.raises(AssertionError, match=r"ops\.sin"):
+        check_compiled(gm, [x], _fn(x), Declining(declined))
+    check_compiled(gm, [x], _fn(x), Declining(declined), allow_declined=True)
