@@ -101,7 +101,7 @@ import torch
 
 from kiln_loopir.graph import GraphLowering, free_layout_outputs
 from kiln_loopir.indexing import contiguous_strides
-from kiln_loopir.interpret import run_members
+from kiln_loopir.interpret import members_runner
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -716,7 +716,7 @@ class WrapperCodegen(WrapperSteps):
             else:
                 entries.append(f"{name!r}: {name}")
         fn = f"_interpret_{node.name}"
-        self.namespace[fn] = _interpreter(members)
+        self.namespace[fn] = members_runner(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in C++: reference interpreter")
 
     def bind(self, built: Built | None, errors: dict[str, list[ErrorSite]]) -> None:
@@ -765,13 +765,6 @@ def _buffer_names(value: Any) -> set[str]:
     if isinstance(value, dict):
         return _buffer_names(list(value.values()))
     return set()
-
-
-def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
-    def run(storage: dict[str, torch.Tensor]) -> None:
-        run_members(members, storage)
-
-    return run
 
 
 def make_wrapper(

@@ -136,7 +136,7 @@ import sympy
 import torch
 
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.interpret import run_members
+from kiln_loopir.interpret import members_runner
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -172,20 +172,6 @@ from .interp import interpreting
 from .kernel import KernelGroup
 from .runtime import Launcher
 from .templates import MatmulChoice
-
-
-def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
-    """Run declined members with loopir's interpreter, on CPU copies of the storage they touch."""
-
-    def run(storage: dict[str, torch.Tensor]) -> None:
-        local = {k: v.cpu() for k, v in storage.items()}
-        run_members(members, local)
-        for k, v in storage.items():
-            if v.data_ptr() != local[k].data_ptr():
-                v.copy_(local[k])
-
-    return run
-
 
 # Note [Inputs the forward laid out]: a backward graph's inputs that kiln_aotgrad lists under this
 # key of the graph's ``meta`` are saved values the compiled forward returned in exactly the layout
@@ -845,7 +831,7 @@ class WrapperCodegen(WrapperSteps):
                 storage = f"{storage}.as_strided(({n},), (1,), 0)"
             entries.append(f"{name!r}: {storage}")
         fn = f"_interpret_{node.name}"
-        self.namespace[fn] = _interpreter(members)
+        self.namespace[fn] = members_runner(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
 
 
