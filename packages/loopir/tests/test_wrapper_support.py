@@ -407,3 +407,28 @@ def test_members_runner_runs_a_declined_kernel_in_the_storage_it_is_given() -> N
                 storage[m.name] = storage[m.mutates]
     (out,) = s.output_names
     torch.testing.assert_close(storage[out].view(4, 3), fn(x, rows, v))
+
+
+def test_input_checks_compare_strides_of_dims_of_more_than_one_element() -> None:
+    """Note [Strides of size-one dims of inputs]: a (1, C, 1, 1) input is checked on its one
+    dim of C elements; every stride when ``lean`` is off; the frame guard's inputs on their
+    storage offset only."""
+    from kiln_loopir.layout import FixedLayout
+
+    class Checks(_Steps):
+        def __init__(self, lean: bool) -> None:
+            self.lean, self.consts, self.namespace = lean, 0, {}
+
+    layout = FixedLayout(torch.device("cpu"), torch.float32, [1, 8, 1, 1], [8, 1, 1, 1], 0)
+    conform = "x = _conform(x, (1, 8, 1, 1), (8, 1, 1, 1), 0, dtype=_torch.float32, name='x')"
+    lean = Checks(lean=True)
+    assert lean.static_input_check("x", layout, guarded=False) == (
+        f"if x.stride(1) != 1 or x.storage_offset() != 0 or x.shape != (1, 8, 1, 1) "
+        f"or x.dtype is not _torch.float32: {conform}"
+    )
+    assert lean.static_input_check("x", layout, guarded=True) == f"if x.storage_offset() != 0: {conform}"
+    full = Checks(lean=False)
+    assert full.static_input_check("x", layout, guarded=False).startswith("if x.stride() != (8, 1, 1, 1) or ")
+    assert lean.stride_check("t", (1, 1), (2, 1)) == ""
+    assert lean.stride_check("t", (4, 1, 3), (3, 3, 1), differ=False) == "_c0(t.stride()) == (3, 1) and "
+    assert lean.namespace["_c0"]((7, 8, 9)) == (7, 9)

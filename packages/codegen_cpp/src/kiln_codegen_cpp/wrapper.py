@@ -49,15 +49,8 @@ DistilBERT's 107-input graph read ``stride()``, ``shape`` and ``dtype`` of every
 each (`packages/kiln/bench/call_overhead.py`, issue 14). Backward graphs and every other caller
 keep the full check.
 
-Note [Strides of size-one dims of inputs]: an input's strides are compared only on its dims of
-more than one element, the rule of the Triton wrapper's Note [A lean wrapper]: a dim of size one
-is never stepped over, so its stride moves no address, and a kernel or an ``as_strided`` view of
-the input reads the same elements whatever it is. The full comparison copied, on every backward
-call of a training step, each saved BatchNorm statistic (``(1, C, 1, 1)``, returned by the
-forward with strides ``(1, 1, 1, 1)``, compiled as ``(C, 1, 1, 1)``): 87 fresh buffers and
-copies a step of the tiny ResNet (``scripts/host_ab.py --device cpu --size tiny --mode train``).
-``KILN_LEAN_WRAPPER=0`` (read when a wrapper is generated) compares every stride, as both
-generators' switch.
+An input's strides are compared only on its dims of more than one element (Note [Strides of
+size-one dims of inputs] in kiln_loopir's wrapper_support.py, the check both wrappers emit).
 
 Note [Buffers allocated as their readers view them]: the kernels reach a buffer through its data
 pointer only, so the tensor a buffer is allocated as may have any dense shape over its storage.
@@ -90,7 +83,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import os
 import threading
 from collections.abc import Callable, Set
@@ -504,19 +496,9 @@ class WrapperCodegen(WrapperSteps):
             if spec is not None and not is_static_layout(spec.layout):
                 self.symbolic_input(spec)
             elif spec is not None:
-                layout = spec.layout
-                stride, offset = tuple(layout.int_stride()), int(layout.offset)
-                # the kernels index memory with the strides seen at compile time
-                size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
-                n = spec.name
-                conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-                if self.guarded_layouts:  # Note [Inputs the frame guard checks in the C++ wrapper]
-                    self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
-                else:
-                    self.emit(
-                        f"if {self.strides_differ(n, size, stride)}{n}.storage_offset() != {offset} "
-                        f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
-                    )
+                # the kernels index memory with the strides seen at compile time; Note [Inputs
+                # the frame guard checks in the C++ wrapper]
+                self.emit(self.static_input_check(spec.name, spec.layout, self.guarded_layouts))
                 off = int(spec.layout.offset) * spec.layout.dtype.itemsize
                 self.pointer(spec.name, f"{spec.name}.data_ptr()" + (f" - {off}" if off else ""))
         for name, value in graph.constants.items():
@@ -555,19 +537,6 @@ class WrapperCodegen(WrapperSteps):
         source = "\n".join([*header, *body]) + "\n"
         self.namespace["_get_threads"] = torch.get_num_threads
         return source, self.namespace
-
-    def strides_differ(self, n: str, size: tuple[int, ...], stride: tuple[int, ...]) -> str:
-        """``<n's strides differ> or `` as Python source, on the dims of more than one element
-        (Note [Strides of size-one dims of inputs]); nothing when every dim has one."""
-        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
-        if len(keep) == len(size):
-            return f"{n}.stride() != {stride!r} or "
-        if not keep:
-            return ""
-        if len(keep) == 1:
-            return f"{n}.stride({keep[0]}) != {stride[keep[0]]} or "
-        getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()) != {tuple(stride[i] for i in keep)!r} or "
 
     def bind_symbols(self, params: list[str]) -> None:
         """Note [Symbolic sizes in the wrapper]: each size symbol becomes a local variable of

@@ -73,9 +73,10 @@ the layout is known when the wrapper is generated (measured without a GPU by
 ``scripts/triton_wrapper_overhead.py``; ``KILN_LEAN_WRAPPER=0``, read when a wrapper is generated,
 turns all five off):
 
-* an input's strides are checked only on its dims of more than one element. A dim of size one is
-  never stepped over, so its stride does not change a single address; but the full check copied
-  every such input whose stride there differed. In training that was every saved BatchNorm
+* an input's strides are checked only on its dims of more than one element (Note [Strides of
+  size-one dims of inputs] in kiln_loopir's wrapper_support.py, the check both wrappers emit). A
+  dim of size one is never stepped over, so its stride does not change a single address; but the
+  full check copied every such input whose stride there differed. In training that was every saved BatchNorm
   statistic (``(1, C, 1, 1)``, returned by the forward with strides ``(1, 1, 1, 1)``, expected as
   ``(C, 1, 1, 1)``): a fresh buffer and a copy kernel per statistic per backward call (ResNet: one
   per BatchNorm layer).
@@ -127,7 +128,6 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Callable, Set
 from typing import Any
@@ -379,25 +379,6 @@ class WrapperCodegen(WrapperSteps):
         size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
         return f"_reinterpret({base}, {size!r}, {stride!r}, {int(layout.offset) - start})"
 
-    def stride_check(
-        self, n: str, size: tuple[int, ...], stride: tuple[int, ...], differ: bool = True
-    ) -> str:
-        """``<n's strides differ> or `` (``differ``; else ``<they are equal> and ``) as Python
-        source, or nothing (Note [A lean wrapper]: only the dims of more than one element are
-        compared; ``n`` has ``size``)."""
-        op, join = (" != ", " or ") if differ else (" == ", " and ")
-        # a symbolic size is compared (it may be 1 at run time: then a needless copy, never a
-        # missed one); a stride is printed through the symbols' variables
-        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
-        if len(keep) == len(size):
-            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
-        if not keep:
-            return ""
-        if len(keep) == 1:
-            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
-        getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
-
     def emit(self, line: str) -> None:
         self.lines.append(line)
 
@@ -457,19 +438,12 @@ class WrapperCodegen(WrapperSteps):
             if not is_static_layout(spec.layout):
                 self.symbolic_input(spec, aligned, guarded)
                 continue
-            layout = spec.layout
-            stride, offset = tuple(layout.int_stride()), int(layout.offset)
-            size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
-            n = spec.name
-            # the kernels index memory with the strides seen at compile time
-            conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-            if guarded and self.pointers:  # Note [Inputs the frame guard checks]
-                self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
-            else:
-                self.emit(
-                    f"if {self.stride_check(n, size, stride)}{n}.storage_offset() != {offset} "
-                    f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
-                )
+            layout, n = spec.layout, spec.name
+            offset = int(layout.offset)
+            # the kernels index memory with the strides seen at compile time; Note [Inputs the
+            # frame guard checks]
+            self.emit(self.static_input_check(n, layout, guarded and self.pointers))
+            conform = self.conform_line(n, layout)
             if n in self.flat_inputs:
                 self.emit(f"{n}_flat = {n}.as_strided(({int(layout.storage_size())},), (1,), 0)")
             if self.pointers and n in self.kernel_params:
@@ -751,10 +725,6 @@ class WrapperCodegen(WrapperSteps):
         # and the integers of floats of sizes (Note [Integers of floats of sizes in Triton])
         derived = {**dict(spec.float_params), **dict(spec.int_params)}
         return [self.size(derived[p], floating=True) if p in derived else p for p in spec.size_params]
-
-    def sizes(self, exprs: Any) -> str:
-        items = [self.size(e) for e in exprs]
-        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"  # () for none
 
     def layout_args(self, layout: Any) -> str:
         """``size, stride, offset`` of ``layout`` as Python source."""

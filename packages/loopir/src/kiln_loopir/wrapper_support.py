@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 from collections import Counter
 from collections.abc import Callable, Set
@@ -563,9 +564,64 @@ class WrapperSteps(WrapperConstants):
 
     schedule: Scheduler
     graph: GraphLowering
+    lean: bool  # Note [Strides of size-one dims of inputs]
 
     def emit(self, line: str) -> None:
         raise NotImplementedError
+
+    def size(self, expr: Any) -> str:
+        """A size as Python source (:func:`py_size`); a generator may name composite sizes."""
+        return py_size(expr)
+
+    def sizes(self, exprs: Any) -> str:
+        """A tuple of sizes as Python source, each through :meth:`size` (``(s0,)``, ``()``)."""
+        items = [self.size(e) for e in exprs]
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+
+    # Note [Strides of size-one dims of inputs]: a wrapper compares a tensor's strides with the
+    # ones its kernels were compiled for only on its dims of more than one element: a dim of size
+    # one is never stepped over, so its stride moves no address, and a kernel or an
+    # ``as_strided`` view of the tensor reads the same elements whatever it is. The full
+    # comparison copied, on every backward call of a training step, each saved BatchNorm
+    # statistic (``(1, C, 1, 1)``, returned by the forward with strides ``(1, 1, 1, 1)``,
+    # compiled as ``(C, 1, 1, 1)``): a fresh buffer and a copy per statistic per call (87 a step
+    # of the tiny ResNet on the CPU, ``scripts/host_ab.py --device cpu --size tiny --mode
+    # train``; one per BatchNorm layer on a GPU, the first rule of the Triton wrapper's Note [A
+    # lean wrapper]). A symbolic size is compared (it may be 1 at run time: then a needless
+    # copy, never a missed one). ``lean`` off (``KILN_LEAN_WRAPPER=0``, read when a wrapper is
+    # generated) compares every stride, in both generators.
+    def stride_check(self, n: str, size: Any, stride: Any, differ: bool = True) -> str:
+        """``<n's strides differ> or `` (``differ``; else ``<they are equal> and ``) as Python
+        source, or nothing (Note [Strides of size-one dims of inputs]; ``n`` has ``size``)."""
+        op, join = (" != ", " or ") if differ else (" == ", " and ")
+        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
+        if len(keep) == len(size):
+            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
+        if not keep:
+            return ""
+        if len(keep) == 1:
+            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
+        getter = self.const(operator.itemgetter(*keep))
+        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
+
+    def conform_line(self, n: str, layout: Layout) -> str:
+        """The statement that makes input ``n`` a tensor of ``layout`` (a copy where it is not)."""
+        return f"{n} = _conform({n}, {layout_args(layout)}, dtype={self.const(layout.dtype)}, name={n!r})"
+
+    def static_input_check(self, n: str, layout: Layout, guarded: bool) -> str:
+        """The line that checks input ``n`` against the static ``layout`` its kernels were
+        compiled for (strides as Note [Strides of size-one dims of inputs] says, storage
+        offset, shape, dtype) and conforms it where it differs; ``guarded``: only its storage
+        offset, which the frame guard does not check (the rest it does)."""
+        stride, offset = tuple(layout.int_stride()), int(layout.offset)
+        size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
+        conform = self.conform_line(n, layout)
+        if guarded:
+            return f"if {n}.storage_offset() != {offset}: {conform}"
+        return (
+            f"if {self.stride_check(n, size, stride)}{n}.storage_offset() != {offset} "
+            f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
+        )
 
     def extern(self, kernel: ExternKernel) -> None:
         raise NotImplementedError
