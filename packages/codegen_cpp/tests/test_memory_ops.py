@@ -177,6 +177,42 @@ def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pyte
     assert compiled.stats.declined == tuple(declined)  # reported to loopir's stats too
 
 
+def test_a_kernel_declined_under_symbolic_sizes_is_refused_before_the_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [Declined kernels] (kiln_loopir): a graph of symbolic sizes with a declined kernel is
+    refused (the caller compiles it static instead: the interpreter would be far slower), before
+    any of its C++ is built; the refusal used to come from the wrapper, after the build."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    import kiln_codegen_cpp.backend as backend_module
+    from kiln_codegen_cpp import counters
+    from kiln_codegen_cpp.cpp_ops import UnsupportedDtype
+
+    class Declining(backend_module.KernelBuilder):  # type: ignore[misc,name-defined]
+        def build(self) -> Any:
+            if "abs" in self.name:
+                raise UnsupportedDtype("a dtype this test makes unsupported")
+            return super().build()
+
+    monkeypatch.setattr(backend_module, "KernelBuilder", Declining)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:  # two kernels (two sizes): one declined
+        return aten.mul.Tensor(aten.sin.default(a), 3.0), aten.add.Tensor(aten.abs.default(b), 1)
+
+    env = ShapeEnv()
+    n = make_symint(env, env.create_symbol(7, "x0", DimDynamic.DYNAMIC), 7)
+    meta = (torch.empty(n, 5, device="meta"), torch.empty(n, 3, device="meta"))
+    backend = CppBackend()
+    before = dict(counters)
+    with pytest.raises(
+        Exception, match=r"the C\+\+ generator declined it with symbolic sizes \(UnsupportedDtype"
+    ):
+        compile_graph(with_vals(fn, *meta), list(meta), backend=backend)
+    assert len(backend.last_declined) == 1, backend.last_declined  # the sin kernel was generated
+    assert counters == before  # but nothing built, nothing looked up
+
+
 def test_masked_loads_run_without_a_branch() -> None:
     # Note [Masked loads without a branch]: padding that only loads and computes is evaluated for
     # every lane with the load index clamped where the mask is false, then selected

@@ -86,6 +86,26 @@ def test_a_declined_kernel_is_recorded_in_one_form(caplog: pytest.LogCaptureFixt
     assert [r.getMessage() for r in caplog.records] == ["kernel buf3 runs in the interpreter: ops.frexp"]
 
 
+def test_a_declined_kernel_refuses_a_graph_of_symbolic_sizes() -> None:
+    """Note [Declined kernels]: under symbolic sizes the first declined kernel refuses the graph,
+    in the generator's exception; a static graph, or one with nothing declined, passes."""
+    from types import SimpleNamespace
+
+    class Refused(Exception):
+        pass
+
+    backend = InterpretBackend()
+    backend.last_declined = [("buf2", "NotImplementedError: ops.frexp"), ("buf5", "UnsupportedDtype: x")]
+    static, symbolic = (SimpleNamespace(sizevars=SimpleNamespace(symbolic=s)) for s in (False, True))
+    backend.refuse_declined_symbolic(static, Refused, "Test")  # type: ignore[arg-type]
+    with pytest.raises(
+        Refused, match=r"^kernel buf2: the Test generator declined it with symbolic sizes \(Not"
+    ):
+        backend.refuse_declined_symbolic(symbolic, Refused, "Test")  # type: ignore[arg-type]
+    backend.last_declined = []
+    backend.refuse_declined_symbolic(symbolic, Refused, "Test")  # type: ignore[arg-type]
+
+
 def test_backend_found_through_entry_point(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A code generator advertises itself in its metadata; loopir never imports it by name."""
     (tmp_path / "fake_codegen.py").write_text(

@@ -127,7 +127,7 @@ from kiln_loopir.wrapper_support import (
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
-from .kernel import CodegenUnsupported, ErrorSite, Kernel
+from .kernel import ErrorSite, Kernel
 from .options import CppOptions
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -280,7 +280,6 @@ class WrapperCodegen(WrapperSteps):
         self.graph = graph
         self.kernels = kernels
         self.built = built
-        self.declined: dict[str, str] = {}  # kernel -> why the C++ generator declined it
         self.saved_inputs_as_is = True  # Note [Saved inputs returned as themselves]
         self.buffers_as_viewed = True  # Note [Buffers allocated as their readers view them]
         self.viewed_as: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -669,13 +668,9 @@ class WrapperCodegen(WrapperSteps):
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the C++ generator declined with loopir's interpreter (never wrong)."""
-        if self.graph.sizevars.symbolic:
-            # Note [Symbolic sizes in the wrapper]: the interpreter would be far slower than the
-            # static compile the caller falls back to
-            why = self.declined.get(node.name, "")
-            raise CodegenUnsupported(
-                f"kernel {node.name}: the C++ generator declined it with symbolic sizes ({why})"
-            )
+        # the backend refused a graph of symbolic sizes with a declined kernel (Note [Declined
+        # kernels] in kiln_loopir's backend.py)
+        assert not self.graph.sizevars.symbolic, node.name
         entries = []
         for name, buffer in self.touched_buffers(node).items():
             n = int(buffer.layout.storage_size())
@@ -741,7 +736,6 @@ def make_wrapper(
     graph: GraphLowering,
     kernels: dict[str, Kernel | None],
     built: Built | None,
-    declined: dict[str, str] | None = None,
     options: CppOptions | None = None,
     *,
     guarded_layouts: bool = False,
@@ -751,7 +745,6 @@ def make_wrapper(
     gen = WrapperCodegen(schedule, graph, kernels, built, guarded_layouts, options.symbolic_scratch)
     gen.saved_inputs_as_is = options.saved_inputs_as_is
     gen.buffers_as_viewed = options.buffers_as_viewed
-    gen.declined = dict(declined or {})
     source, namespace = gen.generate()
     errors = {k.name: k.errors for k in kernels.values() if k is not None}
     gen.bind(built, errors)

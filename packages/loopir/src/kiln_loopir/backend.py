@@ -128,6 +128,20 @@ class Backend:
         self.last_declined.append((node, f"{type(exc).__name__}: {exc}"))
         log.debug("kernel %s runs in the interpreter: %s", node, exc)
 
+    def refuse_declined_symbolic(
+        self, graph: GraphLowering, unsupported: type[Exception], generator: str
+    ) -> None:
+        """Note [Declined kernels] under symbolic sizes: a graph of symbolic sizes with a declined
+        kernel is refused (``unsupported``, naming the first one and why), since the interpreter
+        would be far slower than the static compile the caller falls back to. Asked once every
+        kernel was generated and before any is compiled, so a refused graph costs no native
+        build."""
+        if graph.sizevars.symbolic and self.last_declined:
+            node, why = self.last_declined[0]
+            raise unsupported(
+                f"kernel {node}: the {generator} generator declined it with symbolic sizes ({why})"
+            )
+
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 
