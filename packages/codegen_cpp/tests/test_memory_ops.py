@@ -154,9 +154,9 @@ def test_index_select_as_a_gather_in_cpp() -> None:
         compiled(v, torch.tensor([1]))
 
 
-def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    # complex values, the declined kind once, no longer reach kernels (loopir's Note [Complex
-    # values run as extern kernels]): a builder that declines every kernel reading `abs` stands in
+def _decline_abs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Complex values, the declined kind once, no longer reach kernels (loopir's Note [Complex
+    values run as extern kernels]): a builder that declines every kernel reading `abs` stands in."""
     import kiln_codegen_cpp.backend as backend_module
     from kiln_codegen_cpp.cpp_ops import UnsupportedDtype
 
@@ -167,6 +167,10 @@ def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pyte
             return super().build()
 
     monkeypatch.setattr(backend_module, "KernelBuilder", Declining)
+
+
+def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    _decline_abs(monkeypatch)
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
         return aten.mul.Tensor(a, b), aten.add.Tensor(aten.abs.default(a), 1)
@@ -185,17 +189,9 @@ def test_a_kernel_declined_under_symbolic_sizes_is_refused_before_the_build(
     any of its C++ is built; the refusal used to come from the wrapper, after the build."""
     from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
 
-    import kiln_codegen_cpp.backend as backend_module
     from kiln_codegen_cpp import counters
-    from kiln_codegen_cpp.cpp_ops import UnsupportedDtype
 
-    class Declining(backend_module.KernelBuilder):  # type: ignore[misc,name-defined]
-        def build(self) -> Any:
-            if "abs" in self.name:
-                raise UnsupportedDtype("a dtype this test makes unsupported")
-            return super().build()
-
-    monkeypatch.setattr(backend_module, "KernelBuilder", Declining)
+    _decline_abs(monkeypatch)
 
     def fn(a: torch.Tensor, b: torch.Tensor) -> Any:  # two kernels (two sizes): one declined
         return aten.mul.Tensor(aten.sin.default(a), 3.0), aten.add.Tensor(aten.abs.default(b), 1)
