@@ -1,28 +1,18 @@
 """Test session setup: a private compile cache, and the "cpp" backend visible to loopir.
 
-The cache lives in a temporary directory for the whole session (kernels compiled by one test
-are reused by the next, which keeps the suite fast) and never touches ~/.cache/kiln. When the
-package is installed its entry point makes "cpp" visible; when tests run from a source tree
-(PYTHONPATH) the backend is registered in process instead.
+The cache lives in a temporary directory for the whole session and never touches ~/.cache/kiln;
+the backend is found by name whether the package is installed or the tests run from a source
+tree (Note [A code generator's test session] in kiln_loopir.testing).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import os
-import tempfile
-
 import pytest
 
-_CACHE = tempfile.mkdtemp(prefix="kiln-cpp-tests-")
-os.environ["KILN_CACHE_DIR"] = _CACHE
+from kiln_codegen_cpp import CppBackend
+from kiln_loopir.testing import backend_test_session, seed_generators
 
-import kiln_loopir  # noqa: E402
-from kiln_codegen_cpp import CppBackend  # noqa: E402
-from kiln_loopir.testing import seed_generators  # noqa: E402
-
-if not any(ep.name == "cpp" for ep in importlib.metadata.entry_points(group="kiln_loopir.backends")):
-    kiln_loopir.register_backend("cpp", CppBackend)
+_CACHE = backend_test_session("cpp", CppBackend, "kiln-cpp-tests-")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 from kiln_codegen_cpp import CppBackend
-from kiln_loopir import CompiledGraph, compile_graph, testing
+from kiln_loopir import CompiledGraph, testing
 from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
@@ -66,10 +66,15 @@ def check(
     gm = trace(fn)
     expected = eager(gm, *inputs)
     backend = CppBackend()
-    compiled = compile_graph(gm, list(inputs), backend=backend, options=options)
-    actual = compiled(*inputs)
-    testing.assert_outputs(actual, expected, names, scale)
-    if not allow_interpreted:
-        assert backend.last_declined == [], backend.last_declined
+    compiled: CompiledGraph = testing.check_compiled(
+        gm,
+        inputs,
+        expected,
+        backend,
+        names=names,
+        scale=scale,
+        allow_declined=allow_interpreted,
+        options=options,
+    )
     compiled.backend = backend  # type: ignore[attr-defined]
     return compiled

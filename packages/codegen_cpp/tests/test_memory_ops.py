@@ -154,9 +154,9 @@ def test_index_select_as_a_gather_in_cpp() -> None:
         compiled(v, torch.tensor([1]))
 
 
-def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    # complex values, the declined kind once, no longer reach kernels (loopir's Note [Complex
-    # values run as extern kernels]): a builder that declines every kernel reading `abs` stands in
+def _decline_abs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Complex values, the declined kind once, no longer reach kernels (loopir's Note [Complex
+    values run as extern kernels]): a builder that declines every kernel reading `abs` stands in."""
     import kiln_codegen_cpp.backend as backend_module
     from kiln_codegen_cpp.cpp_ops import UnsupportedDtype
 
@@ -168,6 +168,10 @@ def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pyte
 
     monkeypatch.setattr(backend_module, "KernelBuilder", Declining)
 
+
+def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    _decline_abs(monkeypatch)
+
     def fn(a: torch.Tensor, b: torch.Tensor) -> Any:
         return aten.mul.Tensor(a, b), aten.add.Tensor(aten.abs.default(a), 1)
 
@@ -175,6 +179,34 @@ def test_kernel_the_generator_declines_runs_in_the_interpreter(monkeypatch: pyte
     declined = compiled.backend.last_declined  # type: ignore[attr-defined]
     assert len(declined) == 1 and "unsupported" in declined[0][1]
     assert compiled.stats.declined == tuple(declined)  # reported to loopir's stats too
+
+
+def test_a_kernel_declined_under_symbolic_sizes_is_refused_before_the_build(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [Declined kernels] (kiln_loopir): a graph of symbolic sizes with a declined kernel is
+    refused (the caller compiles it static instead: the interpreter would be far slower), before
+    any of its C++ is built; the refusal used to come from the wrapper, after the build."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    from kiln_codegen_cpp import counters
+
+    _decline_abs(monkeypatch)
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> Any:  # two kernels (two sizes): one declined
+        return aten.mul.Tensor(aten.sin.default(a), 3.0), aten.add.Tensor(aten.abs.default(b), 1)
+
+    env = ShapeEnv()
+    n = make_symint(env, env.create_symbol(7, "x0", DimDynamic.DYNAMIC), 7)
+    meta = (torch.empty(n, 5, device="meta"), torch.empty(n, 3, device="meta"))
+    backend = CppBackend()
+    before = dict(counters)
+    with pytest.raises(
+        Exception, match=r"the C\+\+ generator declined it with symbolic sizes \(UnsupportedDtype"
+    ):
+        compile_graph(with_vals(fn, *meta), list(meta), backend=backend)
+    assert len(backend.last_declined) == 1, backend.last_declined  # the sin kernel was generated
+    assert counters == before  # but nothing built, nothing looked up
 
 
 def test_masked_loads_run_without_a_branch() -> None:

@@ -3,15 +3,13 @@
 Without CUDA, Triton kernels can only run through Triton's interpreter, so the session turns
 ``TRITON_INTERPRET=1`` on before triton is imported (CI sets it too). The generated-module and
 autotune cache lives in a temporary directory for the whole session and never touches
-~/.cache/kiln. When the package is installed its entry point makes "triton" visible; when tests
-run from a source tree (PYTHONPATH) the backend is registered in process instead.
+~/.cache/kiln; the backend is found by name whether the package is installed or the tests run
+from a source tree (Note [A code generator's test session] in kiln_loopir.testing).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
-import tempfile
 
 import pytest
 import torch
@@ -19,15 +17,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-_CACHE = tempfile.mkdtemp(prefix="kiln-triton-tests-")
-os.environ["KILN_CACHE_DIR"] = _CACHE
+from kiln_codegen_triton import TritonBackend
+from kiln_loopir.testing import backend_test_session, seed_generators
 
-import kiln_loopir  # noqa: E402
-from kiln_codegen_triton import TritonBackend  # noqa: E402
-from kiln_loopir.testing import seed_generators  # noqa: E402
-
-if not any(ep.name == "triton" for ep in importlib.metadata.entry_points(group="kiln_loopir.backends")):
-    kiln_loopir.register_backend("triton", TritonBackend)
+_CACHE = backend_test_session("triton", TritonBackend, "kiln-triton-tests-")
 
 
 def pytest_configure(config: pytest.Config) -> None:

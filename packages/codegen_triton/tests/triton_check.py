@@ -30,7 +30,7 @@ import torch
 import torch.fx
 
 from kiln_codegen_triton import TritonBackend, interpreting
-from kiln_loopir import compile_graph, testing
+from kiln_loopir import testing
 from kiln_loopir.testing import TOLERANCES, Call, In, assert_same, eager_supports, graph_of, make, trace
 
 aten = torch.ops.aten
@@ -127,15 +127,22 @@ def check(
     inputs = tuple(to_device(list(inputs), device))
     expected = gm(*inputs)  # graphs are functional: inputs are not mutated
     backend = backend or TritonBackend()
-    compiled = compile_graph(gm, list(inputs), backend=backend)
-    for _ in range(calls):
-        actual = compiled(*inputs)
-        if elementwise_at:
-            assert isinstance(expected, tuple), "elementwise_at needs a graph of several outputs"
-            expected = tuple(reconcile_elementwise(gm, inputs, expected, actual, elementwise_at))
-        testing.assert_outputs(actual, expected, names, scale)
-    if not allow_declined:
-        assert backend.last_declined == [], backend.last_declined
+
+    def reconcile(expected: Any, actual: Any) -> Any:
+        assert isinstance(expected, tuple), "elementwise_at needs a graph of several outputs"
+        return tuple(reconcile_elementwise(gm, inputs, expected, actual, elementwise_at))
+
+    testing.check_compiled(
+        gm,
+        inputs,
+        expected,
+        backend,
+        names=names,
+        scale=scale,
+        allow_declined=allow_declined,
+        calls=calls,
+        reconcile=reconcile if elementwise_at else None,
+    )
     return backend
 
 

@@ -308,3 +308,127 @@ def test_aliases_nothing_reads_the_schema() -> None:
     assert not aliases_nothing(aten.view.default)  # returns its argument's memory
     assert not aliases_nothing(aten.mm.out)  # writes out=
     assert not aliases_nothing(torch.mm)  # no aten overload: may alias, as far as a wrapper knows
+
+
+class _KernelSteps(_Steps):
+    """Kernel nodes through WrapperSteps' own step (Note [A kernel step in a wrapper]): the nodes
+    named in ``declined`` were declined, every other kernel keeps ``scratch`` to itself."""
+
+    def __init__(
+        self, schedule: Scheduler, graph: GraphLowering, declined: set[str], scratch: set[str]
+    ) -> None:
+        super().__init__(schedule)
+        self.graph = graph
+        self.declined, self.scratch = declined, scratch
+
+    kernel = WrapperSteps.kernel
+
+    def kernel_scratch(self, node: BaseSchedulerNode) -> set[str] | None:
+        return None if node.name in self.declined else self.scratch
+
+    def place_member(self, buffer: Any, scratch: Any) -> list[str]:
+        self.emit(f"place {buffer.name}")
+        return [buffer.name] if buffer.name in scratch else []
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        self.emit(f"call {node.name} at {step}")
+        return [f"tmp_{step}"]
+
+    def fallback(self, node: BaseSchedulerNode, members: list[Any]) -> None:
+        self.emit(f"interpret {[m.name for m in members]} on {list(self.touched_buffers(node))}")
+
+
+def test_wrapper_steps_kernel_step_places_calls_or_interprets() -> None:
+    """Note [A kernel step in a wrapper]: members placed (a scatter's name bound, not placed),
+    then the call or, for a declined node, the interpreter over every buffer its members read or
+    write; the temporaries deleted after: the kernel's scratch, or every member of a declined one."""
+
+    def fn(x: Any, rows: Any, v: Any) -> Any:
+        return aten.mul.Tensor(aten.index_put.default(aten.sin.default(x), [rows], v, True), 2)
+
+    from kiln_loopir.testing import trace
+
+    x, rows, v = torch.randn(4, 3), torch.tensor([0, 2, 2]), torch.randn(3, 3)
+    graph = GraphLowering(trace(fn), [x, rows, v]).run()
+    s = Scheduler(graph.operations, graph.name_to_buffer, output_buffer_names(graph.outputs), fusion=False)
+    kernels = [(i, n) for i, n in enumerate(s.nodes) if not isinstance(n, ExternKernelSchedulerNode)]
+    (with_scatter,) = [n for _, n in kernels if any(isinstance(m, Scatter) for m in n.members())]
+    scatter = next(m for m in with_scatter.members() if isinstance(m, Scatter))
+    reads = sorted(with_scatter.read_names() | with_scatter.write_names())
+    (first_step, first), *_ = kernels  # sin(x), before the scatter
+    assert first is not with_scatter
+    first_members = [m.name for m in first.members()]
+
+    steps = _KernelSteps(s, graph, declined={with_scatter.name}, scratch=set(first_members))
+    steps.emit_steps()
+    lines = steps.lines
+    at = lines.index(f"{scatter.name} = {scatter.mutates}")
+    others = [m.name for m in with_scatter.members() if m is not scatter]
+    assert lines[at + 1 : at + 1 + len(others)] == [f"place {n}" for n in others]
+    run = f"interpret {[m.name for m in with_scatter.members()]} on {[n for n in reads if n in graph.name_to_buffer]}"
+    assert lines[at + 1 + len(others)] == run
+    assert lines[at + 2 + len(others) : at + 2 + 2 * len(others)] == [f"del {n}" for n in others]
+    assert f"place {scatter.name}" not in lines
+    at = lines.index(f"call {first.name} at {first_step}")
+    assert lines[at - len(first_members) : at] == [f"place {n}" for n in first_members]
+    assert lines[at + 1 : at + 2 + len(first_members)] == [
+        *(f"del {n}" for n in first_members),
+        f"del tmp_{first_step}",
+    ]
+
+
+def test_members_runner_runs_a_declined_kernel_in_the_storage_it_is_given() -> None:
+    """What both wrappers bind for a declined kernel: CPU storage is written in place (the
+    wrapper's variables see the result), and a scatter's name is bound as in run_members."""
+    from kiln_loopir.interpret import members_runner
+    from kiln_loopir.testing import trace
+
+    def fn(x: Any, rows: Any, v: Any) -> Any:
+        return aten.mul.Tensor(aten.index_put.default(aten.sin.default(x), [rows], v, True), 2)
+
+    x, rows, v = torch.randn(4, 3), torch.tensor([0, 2, 2]), torch.randn(3, 3)
+    graph = GraphLowering(trace(fn), [x, rows, v]).run()
+    s = Scheduler(graph.operations, graph.name_to_buffer, output_buffer_names(graph.outputs))
+    storage = {
+        spec.name: t.reshape(-1).clone() for spec, t in zip(graph.graph_inputs, (x, rows, v), strict=True)
+    }
+    for node in s.nodes:
+        members = node.members()
+        given = {
+            m.name: torch.empty(int(m.layout.storage_size()), dtype=m.layout.dtype)
+            for m in members
+            if not isinstance(m, Scatter)
+        }
+        storage |= given
+        members_runner(members)(dict(storage))  # a fresh dict, as the wrapper builds one per call
+        assert all(storage[k] is t for k, t in given.items())  # written in place, not replaced
+        for m in members:
+            if isinstance(m, Scatter):  # the wrapper's alias_scatter
+                storage[m.name] = storage[m.mutates]
+    (out,) = s.output_names
+    torch.testing.assert_close(storage[out].view(4, 3), fn(x, rows, v))
+
+
+def test_input_checks_compare_strides_of_dims_of_more_than_one_element() -> None:
+    """Note [Strides of size-one dims of inputs]: a (1, C, 1, 1) input is checked on its one
+    dim of C elements; every stride when ``lean`` is off; the frame guard's inputs on their
+    storage offset only."""
+    from kiln_loopir.layout import FixedLayout
+
+    class Checks(_Steps):
+        def __init__(self, lean: bool) -> None:
+            self.lean, self.consts, self.namespace = lean, 0, {}
+
+    layout = FixedLayout(torch.device("cpu"), torch.float32, [1, 8, 1, 1], [8, 1, 1, 1], 0)
+    conform = "x = _conform(x, (1, 8, 1, 1), (8, 1, 1, 1), 0, dtype=_torch.float32, name='x')"
+    lean = Checks(lean=True)
+    assert lean.static_input_check("x", layout, guarded=False) == (
+        f"if x.stride(1) != 1 or x.storage_offset() != 0 or x.shape != (1, 8, 1, 1) "
+        f"or x.dtype is not _torch.float32: {conform}"
+    )
+    assert lean.static_input_check("x", layout, guarded=True) == f"if x.storage_offset() != 0: {conform}"
+    full = Checks(lean=False)
+    assert full.static_input_check("x", layout, guarded=False).startswith("if x.stride() != (8, 1, 1, 1) or ")
+    assert lean.stride_check("t", (1, 1), (2, 1)) == ""
+    assert lean.stride_check("t", (4, 1, 3), (3, 3, 1), differ=False) == "_c0(t.stride()) == (3, 1) and "
+    assert lean.namespace["_c0"]((7, 8, 9)) == (7, 9)

@@ -107,6 +107,8 @@ class CppBackend(Backend):
             if node.name not in kernels:
                 continue
             generated[node.name] = self._kernel(node, step, schedule, dtypes)
+        # Note [Declined kernels] (kiln_loopir): refused under symbolic sizes, before the build
+        self.refuse_declined_symbolic(graph, CodegenUnsupported, "C++")
         compiled = [k for k in generated.values() if k is not None]
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
         # Note [Parallel C++ builds] (units.py): the kernels in one or several translation units
@@ -121,7 +123,6 @@ class CppBackend(Backend):
             graph,
             generated,
             built,
-            dict(self.last_declined),
             options=self.options,
             guarded_layouts=self.guarded_layouts,
         )
@@ -173,6 +174,5 @@ class CppBackend(Backend):
                 name, members, reads, dtypes, internal, self.options, aliased=aliased, columns=columns
             ).build()
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
-            self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
-            log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
+            self.decline(node.name, exc, log)  # Note [Declined kernels] (kiln_loopir)
             return None

@@ -49,15 +49,8 @@ DistilBERT's 107-input graph read ``stride()``, ``shape`` and ``dtype`` of every
 each (`packages/kiln/bench/call_overhead.py`, issue 14). Backward graphs and every other caller
 keep the full check.
 
-Note [Strides of size-one dims of inputs]: an input's strides are compared only on its dims of
-more than one element, the rule of the Triton wrapper's Note [A lean wrapper]: a dim of size one
-is never stepped over, so its stride moves no address, and a kernel or an ``as_strided`` view of
-the input reads the same elements whatever it is. The full comparison copied, on every backward
-call of a training step, each saved BatchNorm statistic (``(1, C, 1, 1)``, returned by the
-forward with strides ``(1, 1, 1, 1)``, compiled as ``(C, 1, 1, 1)``): 87 fresh buffers and
-copies a step of the tiny ResNet (``scripts/host_ab.py --device cpu --size tiny --mode train``).
-``KILN_LEAN_WRAPPER=0`` (read when a wrapper is generated) compares every stride, as both
-generators' switch.
+An input's strides are compared only on its dims of more than one element (Note [Strides of
+size-one dims of inputs] in kiln_loopir's wrapper_support.py, the check both wrappers emit).
 
 Note [Buffers allocated as their readers view them]: the kernels reach a buffer through its data
 pointer only, so the tensor a buffer is allocated as may have any dense shape over its storage.
@@ -90,10 +83,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import operator
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 import sympy
@@ -101,7 +93,7 @@ import torch
 
 from kiln_loopir.graph import GraphLowering, free_layout_outputs
 from kiln_loopir.indexing import contiguous_strides
-from kiln_loopir.interpret import run_members
+from kiln_loopir.interpret import members_runner
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -135,7 +127,7 @@ from kiln_loopir.wrapper_support import (
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
 from .build import Built, write_beside
-from .kernel import CodegenUnsupported, ErrorSite, Kernel
+from .kernel import ErrorSite, Kernel
 from .options import CppOptions
 
 log = logging.getLogger("kiln.codegen_cpp.output_code")
@@ -288,7 +280,6 @@ class WrapperCodegen(WrapperSteps):
         self.graph = graph
         self.kernels = kernels
         self.built = built
-        self.declined: dict[str, str] = {}  # kernel -> why the C++ generator declined it
         self.saved_inputs_as_is = True  # Note [Saved inputs returned as themselves]
         self.buffers_as_viewed = True  # Note [Buffers allocated as their readers view them]
         self.viewed_as: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
@@ -504,19 +495,9 @@ class WrapperCodegen(WrapperSteps):
             if spec is not None and not is_static_layout(spec.layout):
                 self.symbolic_input(spec)
             elif spec is not None:
-                layout = spec.layout
-                stride, offset = tuple(layout.int_stride()), int(layout.offset)
-                # the kernels index memory with the strides seen at compile time
-                size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
-                n = spec.name
-                conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-                if self.guarded_layouts:  # Note [Inputs the frame guard checks in the C++ wrapper]
-                    self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
-                else:
-                    self.emit(
-                        f"if {self.strides_differ(n, size, stride)}{n}.storage_offset() != {offset} "
-                        f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
-                    )
+                # the kernels index memory with the strides seen at compile time; Note [Inputs
+                # the frame guard checks in the C++ wrapper]
+                self.emit(self.static_input_check(spec.name, spec.layout, self.guarded_layouts))
                 off = int(spec.layout.offset) * spec.layout.dtype.itemsize
                 self.pointer(spec.name, f"{spec.name}.data_ptr()" + (f" - {off}" if off else ""))
         for name, value in graph.constants.items():
@@ -555,19 +536,6 @@ class WrapperCodegen(WrapperSteps):
         source = "\n".join([*header, *body]) + "\n"
         self.namespace["_get_threads"] = torch.get_num_threads
         return source, self.namespace
-
-    def strides_differ(self, n: str, size: tuple[int, ...], stride: tuple[int, ...]) -> str:
-        """``<n's strides differ> or `` as Python source, on the dims of more than one element
-        (Note [Strides of size-one dims of inputs]); nothing when every dim has one."""
-        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
-        if len(keep) == len(size):
-            return f"{n}.stride() != {stride!r} or "
-        if not keep:
-            return ""
-        if len(keep) == 1:
-            return f"{n}.stride({keep[0]}) != {stride[keep[0]]} or "
-        getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()) != {tuple(stride[i] for i in keep)!r} or "
 
     def bind_symbols(self, params: list[str]) -> None:
         """Note [Symbolic sizes in the wrapper]: each size symbol becomes a local variable of
@@ -663,63 +631,48 @@ class WrapperCodegen(WrapperSteps):
             self.shapes[buffer.name] = self.shapes[buffer.mutates]
         self.pointer(buffer.name, f"{buffer.mutates}.data_ptr()")
 
-    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
-        plan = self.schedule.plan
+    def kernel_scratch(self, node: BaseSchedulerNode) -> Set[str] | None:
         compiled = self.kernels.get(node.name)
-        members = node.members()
-        scratch = set(compiled.scratch) if compiled is not None else {m.name for m in members}
-        temporaries = []
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                self.alias_scatter(buffer)
-                continue
-            if buffer.name in plan.allocate:
-                reuse = plan.allocate[buffer.name]
-                if reuse is not None:
-                    self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
-                    if reuse in self.shapes:
-                        self.shapes[buffer.name] = self.shapes[reuse]
-                    self.pointer(
-                        buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()"
-                    )
-                    # after the call: an input taken over in place (Note [A kernel's output in
-                    # place of an input that dies in it]) is still an argument of the kernel
-                    temporaries.append(reuse)
-                else:
-                    self.allocate(buffer)
-            elif buffer.name in scratch:
+        return set(compiled.scratch) if compiled is not None else None
+
+    def place_member(self, buffer: Buffer, scratch: Set[str]) -> list[str]:
+        plan = self.schedule.plan
+        if buffer.name in plan.allocate:
+            reuse = plan.allocate[buffer.name]
+            if reuse is None:
                 self.allocate(buffer)
-                temporaries.append(buffer.name)
-        if compiled is None:
-            self.fallback(node, members)
+                return []
+            self.emit(f"{buffer.name} = {reuse}  # reuses {reuse}")
+            if reuse in self.shapes:
+                self.shapes[buffer.name] = self.shapes[reuse]
+            self.pointer(buffer.name, f"p_{reuse}" if reuse in self.pointers else f"{reuse}.data_ptr()")
+            # after the call: an input taken over in place (Note [A kernel's output in place of
+            # an input that dies in it]) is still an argument of the kernel
+            return [reuse]
+        if buffer.name in scratch:
+            self.allocate(buffer)
+            return [buffer.name]
+        return []
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        compiled = self.kernels[node.name]
+        assert compiled is not None
+        fn = f"k_{compiled.name}"
+        args = ", ".join([*(f"p_{p}" for p in compiled.params), *compiled.size_params, "nt"])
+        if self.profile:
+            self.emit(f"with _range('kiln:{compiled.name}'):")
+            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
         else:
-            fn = f"k_{compiled.name}"
-            args = ", ".join([*(f"p_{p}" for p in compiled.params), *compiled.size_params, "nt"])
-            if self.profile:
-                self.emit(f"with _range('kiln:{compiled.name}'):")
-                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)", 2)
-            else:
-                self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
-        for name in temporaries:
-            self.emit(f"del {name}")
+            self.emit(f"if _e := {fn}({args}): _kernel_error({compiled.name!r}, _e)")
+        return []
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the C++ generator declined with loopir's interpreter (never wrong)."""
-        if self.graph.sizevars.symbolic:
-            # Note [Symbolic sizes in the wrapper]: the interpreter would be far slower than the
-            # static compile the caller falls back to
-            why = self.declined.get(node.name, "")
-            raise CodegenUnsupported(
-                f"kernel {node.name}: the C++ generator declined it with symbolic sizes ({why})"
-            )
-        names: set[str] = set()
-        for m in node.get_nodes():
-            names |= m.read_names() | m.write_names()
+        # the backend refused a graph of symbolic sizes with a declined kernel (Note [Declined
+        # kernels] in kiln_loopir's backend.py)
+        assert not self.graph.sizevars.symbolic, node.name
         entries = []
-        for name in sorted(names):
-            buffer = self.graph.name_to_buffer.get(name)
-            if buffer is None:
-                continue
+        for name, buffer in self.touched_buffers(node).items():
             n = int(buffer.layout.storage_size())
             flat = self.shapes.get(name, ((n,), (1,))) == ((n,), (1,))
             if isinstance(buffer, InputBuffer | ConstantBuffer) or not flat:
@@ -727,7 +680,7 @@ class WrapperCodegen(WrapperSteps):
             else:
                 entries.append(f"{name!r}: {name}")
         fn = f"_interpret_{node.name}"
-        self.namespace[fn] = _interpreter(members)
+        self.namespace[fn] = members_runner(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in C++: reference interpreter")
 
     def bind(self, built: Built | None, errors: dict[str, list[ErrorSite]]) -> None:
@@ -778,19 +731,11 @@ def _buffer_names(value: Any) -> set[str]:
     return set()
 
 
-def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
-    def run(storage: dict[str, torch.Tensor]) -> None:
-        run_members(members, storage)
-
-    return run
-
-
 def make_wrapper(
     schedule: Scheduler,
     graph: GraphLowering,
     kernels: dict[str, Kernel | None],
     built: Built | None,
-    declined: dict[str, str] | None = None,
     options: CppOptions | None = None,
     *,
     guarded_layouts: bool = False,
@@ -800,7 +745,6 @@ def make_wrapper(
     gen = WrapperCodegen(schedule, graph, kernels, built, guarded_layouts, options.symbolic_scratch)
     gen.saved_inputs_as_is = options.saved_inputs_as_is
     gen.buffers_as_viewed = options.buffers_as_viewed
-    gen.declined = dict(declined or {})
     source, namespace = gen.generate()
     errors = {k.name: k.errors for k in kernels.values() if k is not None}
     gen.bind(built, errors)

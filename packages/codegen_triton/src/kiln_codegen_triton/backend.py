@@ -337,13 +337,8 @@ class TritonBackend(Backend):
                 lone = self._lone_template(node, step, dtypes, index_dtype)
                 if lone is not None:
                     templates[node.name] = lone
-        if graph.sizevars.symbolic and self.last_declined:
-            # Note [Symbolic sizes in the Triton wrapper]: the interpreter would be far slower
-            # than the static compile the caller falls back to
-            declined, why = self.last_declined[0]
-            raise CodegenUnsupported(
-                f"kernel {declined}: the Triton generator declined it with symbolic sizes ({why})"
-            )
+        # Note [Declined kernels] (kiln_loopir): refused under symbolic sizes, before the build
+        self.refuse_declined_symbolic(graph, CodegenUnsupported, "Triton")
         generated = [s for g in groups.values() if g is not None for s in g.specs]
         launchers: dict[str, Launcher] = {}
         source = ""
@@ -577,8 +572,7 @@ class TritonBackend(Backend):
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
             return KernelGroup((*head, first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
-            self.last_declined.append((node.name, f"{type(exc).__name__}: {exc}"))
-            log.debug("kernel %s runs in the interpreter: %s", node.name, exc)
+            self.decline(node.name, exc, log)  # Note [Declined kernels] (kiln_loopir)
             return None
 
 

@@ -73,9 +73,10 @@ the layout is known when the wrapper is generated (measured without a GPU by
 ``scripts/triton_wrapper_overhead.py``; ``KILN_LEAN_WRAPPER=0``, read when a wrapper is generated,
 turns all five off):
 
-* an input's strides are checked only on its dims of more than one element. A dim of size one is
-  never stepped over, so its stride does not change a single address; but the full check copied
-  every such input whose stride there differed. In training that was every saved BatchNorm
+* an input's strides are checked only on its dims of more than one element (Note [Strides of
+  size-one dims of inputs] in kiln_loopir's wrapper_support.py, the check both wrappers emit). A
+  dim of size one is never stepped over, so its stride does not change a single address; but the
+  full check copied every such input whose stride there differed. In training that was every saved BatchNorm
   statistic (``(1, C, 1, 1)``, returned by the forward with strides ``(1, 1, 1, 1)``, expected as
   ``(C, 1, 1, 1)``): a fresh buffer and a copy kernel per statistic per backward call (ResNet: one
   per BatchNorm layer).
@@ -127,7 +128,6 @@ generated, emits the torch calls.
 
 from __future__ import annotations
 
-import operator
 import os
 from collections.abc import Callable, Set
 from typing import Any
@@ -136,7 +136,7 @@ import sympy
 import torch
 
 from kiln_loopir.graph import GraphLowering
-from kiln_loopir.interpret import run_members
+from kiln_loopir.interpret import members_runner
 from kiln_loopir.ir import (
     Buffer,
     ComputedBuffer,
@@ -172,20 +172,6 @@ from .interp import interpreting
 from .kernel import KernelGroup
 from .runtime import Launcher
 from .templates import MatmulChoice
-
-
-def _interpreter(members: list[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
-    """Run declined members with loopir's interpreter, on CPU copies of the storage they touch."""
-
-    def run(storage: dict[str, torch.Tensor]) -> None:
-        local = {k: v.cpu() for k, v in storage.items()}
-        run_members(members, local)
-        for k, v in storage.items():
-            if v.data_ptr() != local[k].data_ptr():
-                v.copy_(local[k])
-
-    return run
-
 
 # Note [Inputs the forward laid out]: a backward graph's inputs that kiln_aotgrad lists under this
 # key of the graph's ``meta`` are saved values the compiled forward returned in exactly the layout
@@ -393,25 +379,6 @@ class WrapperCodegen(WrapperSteps):
         size, stride = tuple(layout.int_size()), tuple(layout.int_stride())
         return f"_reinterpret({base}, {size!r}, {stride!r}, {int(layout.offset) - start})"
 
-    def stride_check(
-        self, n: str, size: tuple[int, ...], stride: tuple[int, ...], differ: bool = True
-    ) -> str:
-        """``<n's strides differ> or `` (``differ``; else ``<they are equal> and ``) as Python
-        source, or nothing (Note [A lean wrapper]: only the dims of more than one element are
-        compared; ``n`` has ``size``)."""
-        op, join = (" != ", " or ") if differ else (" == ", " and ")
-        # a symbolic size is compared (it may be 1 at run time: then a needless copy, never a
-        # missed one); a stride is printed through the symbols' variables
-        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
-        if len(keep) == len(size):
-            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
-        if not keep:
-            return ""
-        if len(keep) == 1:
-            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
-        getter = self.const(operator.itemgetter(*keep))
-        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
-
     def emit(self, line: str) -> None:
         self.lines.append(line)
 
@@ -471,19 +438,12 @@ class WrapperCodegen(WrapperSteps):
             if not is_static_layout(spec.layout):
                 self.symbolic_input(spec, aligned, guarded)
                 continue
-            layout = spec.layout
-            stride, offset = tuple(layout.int_stride()), int(layout.offset)
-            size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
-            n = spec.name
-            # the kernels index memory with the strides seen at compile time
-            conform = f"{n} = _conform({n}, {_layout_args(layout)}, dtype={dtype}, name={n!r})"
-            if guarded and self.pointers:  # Note [Inputs the frame guard checks]
-                self.emit(f"if {n}.storage_offset() != {offset}: {conform}")
-            else:
-                self.emit(
-                    f"if {self.stride_check(n, size, stride)}{n}.storage_offset() != {offset} "
-                    f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
-                )
+            layout, n = spec.layout, spec.name
+            offset = int(layout.offset)
+            # the kernels index memory with the strides seen at compile time; Note [Inputs the
+            # frame guard checks]
+            self.emit(self.static_input_check(n, layout, guarded and self.pointers))
+            conform = self.conform_line(n, layout)
             if n in self.flat_inputs:
                 self.emit(f"{n}_flat = {n}.as_strided(({int(layout.storage_size())},), (1,), 0)")
             if self.pointers and n in self.kernel_params:
@@ -664,37 +624,31 @@ class WrapperCodegen(WrapperSteps):
             self.offset0.add(buffer.name)
         self.take_pointer(buffer.name)
 
-    def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+    def kernel_scratch(self, node: BaseSchedulerNode) -> Set[str] | None:
         group = self.groups.get(node.name)
-        members = node.members()
-        scratch = set(group.scratch) if group is not None else {m.name for m in members}
+        return set(group.scratch) if group is not None else None
+
+    def place_member(self, buffer: Buffer, scratch: Set[str]) -> list[str]:
+        return [buffer.name] if self.place(buffer, scratch) else []
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        group = self.groups[node.name]
+        assert group is not None
         temporaries = []
-        for buffer in members:
-            if isinstance(buffer, Scatter):
-                self.alias_scatter(buffer)
-                continue
-            if self.place(buffer, scratch):
-                temporaries.append(buffer.name)
-        if group is None:
-            self.fallback(node, members)
-        else:
-            for buffer in group.temporaries:
-                self.allocate(buffer)
-                temporaries.append(buffer.name)
-            for i, spec in enumerate(group.specs):
-                fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
-                launcher = self.launchers[spec.name]
-                if self.pointers:
-                    launcher.install(self.namespace, fn)
-                    args = ", ".join(
-                        ["_stream", *(self.pointer(p) for p in spec.params), *self.size_args(spec)]
-                    )
-                else:
-                    self.namespace[fn] = launcher
-                    args = ", ".join([*(self.storage(p) for p in spec.params), *self.size_args(spec)])
-                self.emit(f"{fn}({args})  # {spec.name}")
-        for name in temporaries:
-            self.emit(f"del {name}")
+        for buffer in group.temporaries:
+            self.allocate(buffer)
+            temporaries.append(buffer.name)
+        for i, spec in enumerate(group.specs):
+            fn = f"_k{step}" + (f"_{i}" if len(group.specs) > 1 else "")
+            launcher = self.launchers[spec.name]
+            if self.pointers:
+                launcher.install(self.namespace, fn)
+                args = ", ".join(["_stream", *(self.pointer(p) for p in spec.params), *self.size_args(spec)])
+            else:
+                self.namespace[fn] = launcher
+                args = ", ".join([*(self.storage(p) for p in spec.params), *self.size_args(spec)])
+            self.emit(f"{fn}({args})  # {spec.name}")
+        return temporaries
 
     def lone_template(self, kernel: ExternKernel, choice: MatmulChoice) -> None:
         """Note [Matmul templates]: a GEMM with no epilogue, run by its choice (the extern op or
@@ -772,10 +726,6 @@ class WrapperCodegen(WrapperSteps):
         derived = {**dict(spec.float_params), **dict(spec.int_params)}
         return [self.size(derived[p], floating=True) if p in derived else p for p in spec.size_params]
 
-    def sizes(self, exprs: Any) -> str:
-        items = [self.size(e) for e in exprs]
-        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"  # () for none
-
     def layout_args(self, layout: Any) -> str:
         """``size, stride, offset`` of ``layout`` as Python source."""
         if is_static_layout(layout):
@@ -843,19 +793,15 @@ class WrapperCodegen(WrapperSteps):
 
     def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
         """Run a kernel the Triton generator declined with loopir's interpreter (never wrong)."""
-        names: set[str] = set()
-        for m in node.get_nodes():
-            names |= m.read_names() | m.write_names()
         entries = []
-        for name in sorted(names):
-            if name in self.graph.name_to_buffer:
-                storage = self.storage(name)
-                if storage in self.shaped:  # the interpreter indexes flat storage
-                    n = int(self.graph.name_to_buffer[name].layout.storage_size())
-                    storage = f"{storage}.as_strided(({n},), (1,), 0)"
-                entries.append(f"{name!r}: {storage}")
+        for name, buffer in self.touched_buffers(node).items():
+            storage = self.storage(name)
+            if storage in self.shaped:  # the interpreter indexes flat storage
+                n = int(buffer.layout.storage_size())
+                storage = f"{storage}.as_strided(({n},), (1,), 0)"
+            entries.append(f"{name!r}: {storage}")
         fn = f"_interpret_{node.name}"
-        self.namespace[fn] = _interpreter(members)
+        self.namespace[fn] = members_runner(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in Triton: reference interpreter")
 
 

@@ -25,6 +25,7 @@ The entry point names a zero-argument callable (usually the class) returning a :
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -111,6 +112,35 @@ class Backend:
     def last_build(self) -> BuildReport:
         """What the last ``codegen_wrapper`` cost (nothing known, by default)."""
         return BuildReport()
+
+    # Note [Declined kernels]: a kernel a code generator cannot express (an op or a dtype it has
+    # no spelling of, a shape it does not handle) is declined, not an error: its wrapper runs the
+    # node's members through the reference interpreter instead (Note [A kernel step in a wrapper]
+    # in wrapper_support.py), right but slow. A generator that declines says so here, in one
+    # form for every generator: ``last_declined`` lists (node, "<exception type>: <message>")
+    # for this compile (``BuildReport.declined``; tests assert it is empty), and the
+    # generator's ``output_code`` logger says which kernel runs in the interpreter and why.
+    last_declined: list[tuple[str, str]]
+
+    def decline(self, node: str, exc: BaseException, log: logging.Logger) -> None:
+        """Record that the kernel of scheduler node ``node`` was declined for ``exc`` (Note
+        [Declined kernels])."""
+        self.last_declined.append((node, f"{type(exc).__name__}: {exc}"))
+        log.debug("kernel %s runs in the interpreter: %s", node, exc)
+
+    def refuse_declined_symbolic(
+        self, graph: GraphLowering, unsupported: type[Exception], generator: str
+    ) -> None:
+        """Note [Declined kernels] under symbolic sizes: a graph of symbolic sizes with a declined
+        kernel is refused (``unsupported``, naming the first one and why), since the interpreter
+        would be far slower than the static compile the caller falls back to. Asked once every
+        kernel was generated and before any is compiled, so a refused graph costs no native
+        build."""
+        if graph.sizevars.symbolic and self.last_declined:
+            node, why = self.last_declined[0]
+            raise unsupported(
+                f"kernel {node}: the {generator} generator declined it with symbolic sizes ({why})"
+            )
 
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}

@@ -26,12 +26,18 @@ twice with the same logic; the generators import it from here (``cpp_ops.HALF`` 
 what it was.
 What only looks alike stays with its generator (the value classes: a C++ value carries a
 ``const`` flag of its own, a Triton value its block axes and constness from its Python value;
-the wrappers' input checks, calls, allocation and launch code, which differ: the wrappers share
-the names their sources use, ``wrapper_support.wrapper_namespace``, and the walk over the
-schedule, ``wrapper_support.WrapperSteps``; the spelling tables and launch heuristics, which are
-each language's own). A scheduler node's kernel members and what each reads are
-``BaseSchedulerNode.members()`` / ``member_reads()``; a declined kernel's members run through
-``interpret.run_members``.
+the wrappers' symbolic input checks, extern calls, allocation, buffer placement and launch
+code, which differ; the spelling tables and launch heuristics, which are each language's own;
+the kernel builders' constructors, which restate the five arguments ``OpsHandlerBase`` keeps
+before their own, as Python cannot inherit a signature). The wrappers share the names their
+sources use (``wrapper_support.wrapper_namespace``), the walk over the schedule and a kernel
+node's step in it (``wrapper_support.WrapperSteps``, Note [A kernel step in a wrapper]), a
+static input's check (Note [Strides of size-one dims of inputs]) and what runs a declined
+kernel (``interpret.members_runner``); the backends record and refuse declined kernels through
+``Backend.decline`` and ``Backend.refuse_declined_symbolic`` (Note [Declined kernels]); their
+tests set up their session and compare through ``kiln_loopir.testing`` (Note [A code
+generator's test session], ``check_compiled``). A scheduler node's kernel members and what each
+reads are ``BaseSchedulerNode.members()`` / ``member_reads()``.
 """
 
 from __future__ import annotations

@@ -231,6 +231,21 @@ def run_members(members: Sequence[ComputedBuffer], storage: dict[str, Value]) ->
         run_computed(buffer, storage)
 
 
+def members_runner(members: Sequence[ComputedBuffer]) -> Callable[[dict[str, torch.Tensor]], None]:
+    """What a wrapper binds to run a kernel it declined (Note [A kernel step in a wrapper] in
+    wrapper_support.py): :func:`run_members` over the storage it is given, on CPU copies of what
+    lives on another device (a GPU's buffers), copied back after; CPU storage is run in place."""
+
+    def run(storage: dict[str, torch.Tensor]) -> None:
+        local = {k: v.cpu() for k, v in storage.items()}
+        run_members(members, local)
+        for k, v in storage.items():
+            if v.data_ptr() != local[k].data_ptr():
+                v.copy_(local[k])
+
+    return run
+
+
 def flat_storage(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The 1-D storage a tensor with ``layout`` lives in (from storage offset 0)."""
     return t.as_strided((int(layout.storage_size()),), (1,), 0)

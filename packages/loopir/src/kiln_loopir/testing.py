@@ -22,17 +22,21 @@ What every code generator's tests compare with eager through is here too (each p
 and bools exactly), :func:`assert_same` (type, dtype, shape, device and values, recursively, with
 a label that says which output differed), :func:`trace`, and :func:`graph_of` with :class:`In`
 for graphs written as a list of aten calls; :func:`assert_outputs` compares a graph's outputs,
-labelled by name. The pointwise sweeps of both code generators run the same ops on the same
-dtypes (:data:`SWEEP_DTYPES`, :data:`SWEEP_UNARY`, :data:`SWEEP_BINARY`, by aten name through
+labelled by name; :func:`check_compiled` compiles, runs and compares once the reference ran.
+The pointwise sweeps of both code generators run the same ops on the same dtypes
+(:data:`SWEEP_DTYPES`, :data:`SWEEP_UNARY`, :data:`SWEEP_BINARY`, by aten name through
 :func:`aten_op`). Every package's tests seed their random inputs per test through
-:func:`seed_generators` (Note [Seeded tests]).
+:func:`seed_generators` (Note [Seeded tests]); each code generator's session gets its private
+compile cache and its backend by name from :func:`backend_test_session`.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import operator
 import os
 import random
+import tempfile
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -56,6 +60,26 @@ def seed_generators(test_id: str) -> int:
     random.seed(seed)
     torch.manual_seed(seed)
     return seed
+
+
+# Note [A code generator's test session]: every code generator's tests run under a compile cache
+# of their own, a temporary directory for the whole session (kernels compiled by one test are
+# reused by the next, which keeps a suite fast, and ~/.cache/kiln is never touched: the cache
+# root is read at each compile, so setting it before the first compile is enough), and find their
+# backend by name: when the package is installed its entry point makes the name visible, when
+# the tests run from a source tree (PYTHONPATH) it is registered in process instead. Each
+# package's conftest.py calls this once; its pytest fixtures stay there (this package does not
+# depend on pytest).
+def backend_test_session(name: str, factory: Callable[[], Any], cache_prefix: str) -> str:
+    """Set up a code generator's test session (Note [A code generator's test session]): a
+    private ``KILN_CACHE_DIR`` and the backend ``name``; returns the cache directory."""
+    from .backend import ENTRY_POINT_GROUP, register_backend
+
+    cache = tempfile.mkdtemp(prefix=cache_prefix)
+    os.environ["KILN_CACHE_DIR"] = cache
+    if not any(ep.name == name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)):
+        register_backend(name, factory)
+    return cache
 
 
 def load_op_db() -> list[Any]:
@@ -325,6 +349,37 @@ def assert_outputs(
             assert_same(a, e, name, scale)
     else:
         assert_same(actual, expected, "output", scale)
+
+
+def check_compiled(
+    gm: torch.fx.GraphModule,
+    inputs: Sequence[Any],
+    expected: Any,
+    backend: Any,
+    *,
+    names: Sequence[str] | None = None,
+    scale: float = 1.0,
+    allow_declined: bool = False,
+    options: dict[str, Any] | None = None,
+    calls: int = 1,
+    reconcile: Callable[[Any, Any], Any] | None = None,
+) -> Any:
+    """The part of every code generator's ``check`` after its reference ran: compile ``gm`` for
+    ``inputs`` with ``backend`` (and loopir pass ``options``), run it ``calls`` times, compare
+    each result with ``expected`` (:func:`assert_outputs`; ``reconcile(expected, actual)`` may
+    first adjust what counts as expected), and, unless ``allow_declined``, assert the backend
+    declined no kernel (Note [Declined kernels] in backend.py). Returns the compiled graph."""
+    from .compile import compile_graph
+
+    compiled = compile_graph(gm, list(inputs), backend=backend, options=options)
+    for _ in range(calls):
+        actual = compiled(*inputs)
+        if reconcile is not None:
+            expected = reconcile(expected, actual)
+        assert_outputs(actual, expected, names, scale)
+    if not allow_declined:
+        assert backend.last_declined == [], backend.last_declined
+    return compiled
 
 
 # the pointwise sweeps every code generator's tests run (one graph per dtype holding every op

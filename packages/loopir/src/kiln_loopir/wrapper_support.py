@@ -13,18 +13,19 @@ another shape than planned (a meta kernel that disagrees with the device's) rais
 Python bindings]). ``WrapperConstants`` is the part of a wrapper generator that puts a
 compile-time value into the generated source or, when it has no literal, into the namespace;
 ``WrapperSteps`` adds the walk over the schedule every wrapper's body is (Note [A wrapper's walk
-over the schedule]).
+over the schedule]), a kernel node's step in it included (Note [A kernel step in a wrapper]).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sympy
 import torch
@@ -33,7 +34,7 @@ from kiln_symbolic import FloorDiv as ShapeFloorDiv
 from kiln_symbolic import expr_of, hint_of, pexpr
 
 from .indexing import FloorDiv, ModularIndexing
-from .ir import Buffer, ConstantBuffer, ExternKernel, InputBuffer, ReinterpretView, Scatter
+from .ir import Buffer, ComputedBuffer, ConstantBuffer, ExternKernel, InputBuffer, ReinterpretView, Scatter
 from .layout import Layout
 from .scheduler import (
     BaseSchedulerNode,
@@ -42,6 +43,9 @@ from .scheduler import (
     Scheduler,
     TemplateSchedulerNode,
 )
+
+if TYPE_CHECKING:
+    from .graph import GraphLowering  # graph.py imports this module
 
 # Note [Opaque extern results]: some aten ops return a buffer whose size only their kernel knows
 # and that only another aten op reads: ``mkldnn_rnn_layer``'s workspace (oneDNN's, for
@@ -552,14 +556,72 @@ class WrapperConstants:
 # a generator says only how it emits each kind of node.
 class WrapperSteps(WrapperConstants):
     """The walk over the schedule a wrapper generator's ``call`` body is made of (Note [A
-    wrapper's walk over the schedule]). A subclass keeps ``schedule`` and implements ``emit``
-    (a line of the body), ``extern``, ``alias_scatter``, ``allocate``, ``kernel`` and, if its
-    backend wants templates, ``template``."""
+    wrapper's walk over the schedule]). A subclass keeps ``schedule`` and ``graph`` and
+    implements ``emit`` (a line of the body), ``extern``, ``alias_scatter``, ``allocate``, and,
+    if its backend wants templates, ``template``; for kernel nodes either ``kernel`` itself or
+    the four parts of it (Note [A kernel step in a wrapper]): ``kernel_scratch``,
+    ``place_member``, ``call_kernel`` and ``fallback``."""
 
     schedule: Scheduler
+    graph: GraphLowering
+    lean: bool  # Note [Strides of size-one dims of inputs]
 
     def emit(self, line: str) -> None:
         raise NotImplementedError
+
+    def size(self, expr: Any) -> str:
+        """A size as Python source (:func:`py_size`); a generator may name composite sizes."""
+        return py_size(expr)
+
+    def sizes(self, exprs: Any) -> str:
+        """A tuple of sizes as Python source, each through :meth:`size` (``(s0,)``, ``()``)."""
+        items = [self.size(e) for e in exprs]
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+
+    # Note [Strides of size-one dims of inputs]: a wrapper compares a tensor's strides with the
+    # ones its kernels were compiled for only on its dims of more than one element: a dim of size
+    # one is never stepped over, so its stride moves no address, and a kernel or an
+    # ``as_strided`` view of the tensor reads the same elements whatever it is. The full
+    # comparison copied, on every backward call of a training step, each saved BatchNorm
+    # statistic (``(1, C, 1, 1)``, returned by the forward with strides ``(1, 1, 1, 1)``,
+    # compiled as ``(C, 1, 1, 1)``): a fresh buffer and a copy per statistic per call (87 a step
+    # of the tiny ResNet on the CPU, ``scripts/host_ab.py --device cpu --size tiny --mode
+    # train``; one per BatchNorm layer on a GPU, the first rule of the Triton wrapper's Note [A
+    # lean wrapper]). A symbolic size is compared (it may be 1 at run time: then a needless
+    # copy, never a missed one). ``lean`` off (``KILN_LEAN_WRAPPER=0``, read when a wrapper is
+    # generated) compares every stride, in both generators.
+    def stride_check(self, n: str, size: Any, stride: Any, differ: bool = True) -> str:
+        """``<n's strides differ> or `` (``differ``; else ``<they are equal> and ``) as Python
+        source, or nothing (Note [Strides of size-one dims of inputs]; ``n`` has ``size``)."""
+        op, join = (" != ", " or ") if differ else (" == ", " and ")
+        keep = [i for i, k in enumerate(size) if k != 1] if self.lean else list(range(len(size)))
+        if len(keep) == len(size):
+            return f"{n}.stride(){op}{self.sizes(stride)}{join}"
+        if not keep:
+            return ""
+        if len(keep) == 1:
+            return f"{n}.stride({keep[0]}){op}{self.size(stride[keep[0]])}{join}"
+        getter = self.const(operator.itemgetter(*keep))
+        return f"{getter}({n}.stride()){op}{self.sizes([stride[i] for i in keep])}{join}"
+
+    def conform_line(self, n: str, layout: Layout) -> str:
+        """The statement that makes input ``n`` a tensor of ``layout`` (a copy where it is not)."""
+        return f"{n} = _conform({n}, {layout_args(layout)}, dtype={self.const(layout.dtype)}, name={n!r})"
+
+    def static_input_check(self, n: str, layout: Layout, guarded: bool) -> str:
+        """The line that checks input ``n`` against the static ``layout`` its kernels were
+        compiled for (strides as Note [Strides of size-one dims of inputs] says, storage
+        offset, shape, dtype) and conforms it where it differs; ``guarded``: only its storage
+        offset, which the frame guard does not check (the rest it does)."""
+        stride, offset = tuple(layout.int_stride()), int(layout.offset)
+        size, dtype = tuple(layout.int_size()), self.const(layout.dtype)
+        conform = self.conform_line(n, layout)
+        if guarded:
+            return f"if {n}.storage_offset() != {offset}: {conform}"
+        return (
+            f"if {self.stride_check(n, size, stride)}{n}.storage_offset() != {offset} "
+            f"or {n}.shape != {size!r} or {n}.dtype is not {dtype}: {conform}"
+        )
 
     def extern(self, kernel: ExternKernel) -> None:
         raise NotImplementedError
@@ -570,8 +632,59 @@ class WrapperSteps(WrapperConstants):
     def allocate(self, buffer: Buffer) -> None:
         raise NotImplementedError
 
+    # Note [A kernel step in a wrapper]: a kernel node's step is the same in every wrapper: each
+    # member is given its memory (a scatter's name is bound to the buffer it writes into, Note
+    # [Scatters with no elements] in codegen_cpp's wrapper.py), then the compiled kernel is
+    # called or, where the generator declined the node, loopir's reference interpreter runs its
+    # members (never wrong, only slow), and the temporaries die after the call. A member is
+    # scratch (a temporary) when the compiled kernel says so, and every member is when it was
+    # declined (the interpreter writes what the kernel would have kept to itself). What differs
+    # is how each generator places a buffer, calls its kernels and hands storage to the
+    # interpreter: the four hooks below; ``touched_buffers`` is what the interpreter needs.
     def kernel(self, node: BaseSchedulerNode, step: int) -> None:
+        """Emit one kernel node (Note [A kernel step in a wrapper])."""
+        members = node.members()
+        scratch = self.kernel_scratch(node)
+        declined = scratch is None
+        if scratch is None:
+            scratch = {m.name for m in members}
+        temporaries: list[str] = []
+        for buffer in members:
+            if isinstance(buffer, Scatter):
+                self.alias_scatter(buffer)
+                continue
+            temporaries += self.place_member(buffer, scratch)
+        if declined:
+            self.fallback(node, members)
+        else:
+            temporaries += self.call_kernel(node, step)
+        for name in temporaries:
+            self.emit(f"del {name}")
+
+    def kernel_scratch(self, node: BaseSchedulerNode) -> Set[str] | None:
+        """The scratch buffers of ``node``'s compiled kernel; None where it was declined."""
         raise NotImplementedError
+
+    def place_member(self, buffer: Buffer, scratch: Set[str]) -> list[str]:
+        """Give a kernel member its memory; the variables to delete after the call."""
+        raise NotImplementedError
+
+    def call_kernel(self, node: BaseSchedulerNode, step: int) -> list[str]:
+        """Emit the call(s) of ``node``'s compiled kernel; more variables to delete after it."""
+        raise NotImplementedError
+
+    def fallback(self, node: BaseSchedulerNode, members: list[ComputedBuffer]) -> None:
+        """Emit a run of a declined node's ``members`` by loopir's reference interpreter."""
+        raise NotImplementedError
+
+    def touched_buffers(self, node: BaseSchedulerNode) -> dict[str, Buffer]:
+        """The graph's buffers that ``node``'s members read or write, in the order of their
+        names: the storage a declined kernel's interpreter run is given."""
+        names: set[str] = set()
+        for m in node.get_nodes():
+            names |= m.read_names() | m.write_names()
+        known = self.graph.name_to_buffer
+        return {name: known[name] for name in sorted(names) if name in known}
 
     def template(self, node: TemplateSchedulerNode, step: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} makes no templates")
