@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from helpers import make
 
@@ -74,3 +75,25 @@ def test_small_products_training_graphs_and_the_option_keep_aten() -> None:
     compiled, out = run(linear, big, linear_pack=False)
     assert packed_ops(compiled) == []
     torch.testing.assert_close(out, linear(*big), **TOL)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
+def test_bfloat16_linear_layers_are_packed_and_follow_versions() -> None:
+    # Note [bfloat16 through oneDNN]
+    inputs = [
+        make((256, 256), torch.bfloat16),
+        make((512, 256), torch.bfloat16),
+        make((512,), torch.bfloat16),
+    ]
+    tol = {"rtol": 2e-2, "atol": 1e-1}  # sums of 256 products rounded to bfloat16, other orders
+    compiled, out = run(linear, inputs)
+    (op,) = packed_ops(compiled)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, linear(*inputs), **tol)
+    with torch.no_grad():
+        inputs[1].mul_(-1.5)
+        torch.testing.assert_close(compiled(*inputs), linear(*inputs), **tol)
+    assert op.cache.packs == 2
+    compiled, out = run(linear, inputs, onednn_bf16=False)
+    assert packed_ops(compiled) == []
+    torch.testing.assert_close(out, linear(*inputs), **tol)

@@ -2,7 +2,8 @@
 
 Note [Packed linear layers]: in an inference graph on the CPU, ``addmm(bias, x, W)`` and
 ``mm(x, W)`` whose ``W`` is a graph input (a parameter: ``nn.Linear``'s ``permute(w, [1, 0])`` or
-``Conv1D``'s plain ``[in, out]`` weight) become ``mkldnn._linear_pointwise`` with the weight
+``Conv1D``'s plain ``[in, out]`` weight), float32 or bfloat16 (Note [bfloat16 through oneDNN] in
+prepack.py), become ``mkldnn._linear_pointwise`` with the weight
 packed once per parameter version (Note [Prepacked weights] in prepack.py). Measured on this
 project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm`` (two runs):
 0.85-0.96x the time at 256x256x768, 256x256x1024 and 256x1024x256, even at 256x256x256, no gain
@@ -19,7 +20,7 @@ import torch
 import torch.fx
 
 from . import PassContext, copy_graph
-from .prepack import PackCache
+from .prepack import PackCache, dtypes
 
 aten = torch.ops.aten
 
@@ -87,7 +88,7 @@ def _weight(node: Any) -> tuple[torch.fx.Node, bool] | None:
     return None
 
 
-def _candidate(node: torch.fx.Node) -> tuple[Any, Any, Any, bool] | None:
+def _candidate(node: torch.fx.Node, taken: tuple[torch.dtype, ...]) -> tuple[Any, Any, Any, bool] | None:
     """(x, weight input, bias, transposed) of an addmm / mm this pass takes, else None."""
     if node.target is aten.addmm.default and len(node.args) == 3 and not node.kwargs:
         bias, x, mat2 = node.args
@@ -102,13 +103,13 @@ def _candidate(node: torch.fx.Node) -> tuple[Any, Any, Any, bool] | None:
     xv, wv, out = _val(x), _val(weight), _val(node)
     if not all(isinstance(v, torch.Tensor) for v in (xv, wv, out)):
         return None
-    if xv.dtype != torch.float32 or wv.dtype != torch.float32 or xv.dim() != 2 or wv.dim() != 2:
-        return None
+    if xv.dtype not in taken or wv.dtype != xv.dtype or xv.dim() != 2 or wv.dim() != 2:
+        return None  # Note [bfloat16 through oneDNN]
     if not all(isinstance(s, int) for s in (*xv.shape, *wv.shape)):
         return None
     if bias is not None:
         bv = _val(bias)
-        if not (isinstance(bv, torch.Tensor) and bv.dim() == 1 and bv.dtype == torch.float32):
+        if not (isinstance(bv, torch.Tensor) and bv.dim() == 1 and bv.dtype == xv.dtype):
             return None  # a broadcast [M, N] bias is not a linear layer's
     m, k = (int(s) for s in xv.shape)
     if m * k * int(out.shape[1]) < MIN_MACS:
@@ -124,7 +125,8 @@ def linear_pack_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
         if products:
             ctx.note("linear_pack", "%s", reason)
         return gm
-    found = [(n, c) for n in products if (c := _candidate(n)) is not None]
+    taken = dtypes(ctx.options)
+    found = [(n, c) for n in products if (c := _candidate(n, taken)) is not None]
     if not found:
         if products:
             ctx.note("linear_pack", "0 of %d products packed (small, or not a weight)", len(products))

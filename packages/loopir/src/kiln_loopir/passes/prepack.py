@@ -13,6 +13,16 @@ pack again. A change through ``p.data`` does not bump the version (that is what 
 for) and is not seen: ``options={"conv_prepack": False}`` / ``{"linear_pack": False}`` keep dense
 weights for code that mutates parameters that way. An inference tensor (made under
 ``torch.inference_mode``) has no version counter: a pack made from one is never reused.
+
+Note [bfloat16 through oneDNN]: oneDNN has bfloat16 convolutions and inner products where the CPU
+has bfloat16 instructions (``torch.ops.mkldnn._is_mkldnn_bf16_supported``: AVX-512 BF16 or AMX),
+and its blocked bfloat16 weight layouts are not float32's (pairs of input channels interleaved
+for the dot-product instructions), so an aten call on a plain bfloat16 weight reorders it on every
+call, as it does a float32 one. The passes take bfloat16 graphs as float32 ones (:func:`dtypes`),
+packing the weight in its own dtype: ``_reorder_convolution_weight`` and ``_reorder_linear_weight``
+choose the layout from the weight's dtype. A folded BatchNorm is computed in float32 and rounded
+to bfloat16 once (conv_fusion's ``_fold``), where eager rounds the convolution's result and then
+the normalized value. ``onednn_bf16=False`` keeps bfloat16 convolutions and products aten's.
 """
 
 from __future__ import annotations
@@ -24,6 +34,14 @@ from typing import Any
 import torch
 
 _never = itertools.count()
+
+
+def dtypes(options: Any) -> tuple[torch.dtype, ...]:
+    """The dtypes the oneDNN passes take under ``options`` (a ``PassOptions``; Note [bfloat16
+    through oneDNN])."""
+    if options.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return (torch.float32, torch.bfloat16)
+    return (torch.float32,)
 
 
 def identity(t: torch.Tensor | None) -> tuple[int, ...]:
@@ -56,4 +74,4 @@ class PackCache:
         return self._packed
 
 
-__all__ = ["PackCache", "identity"]
+__all__ = ["PackCache", "dtypes", "identity"]
