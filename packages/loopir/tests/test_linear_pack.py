@@ -11,7 +11,7 @@ import torch
 from helpers import make
 
 from kiln_loopir import compile_graph
-from kiln_loopir.passes.linear_pack import MIN_MACS, PackedLinear
+from kiln_loopir.passes.linear_pack import MIN_MACS, MIN_MACS_BF16, PackedLinear
 from kiln_loopir.testing import with_vals
 
 aten = torch.ops.aten
@@ -97,3 +97,14 @@ def test_bfloat16_linear_layers_are_packed_and_follow_versions() -> None:
     compiled, out = run(linear, inputs, onednn_bf16=False)
     assert packed_ops(compiled) == []
     torch.testing.assert_close(out, linear(*inputs), **tol)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
+def test_bfloat16_takes_smaller_products() -> None:
+    inputs = [make((64, 128), torch.bfloat16), make((128, 128), torch.bfloat16), make((128,), torch.bfloat16)]
+    assert MIN_MACS_BF16 <= 64 * 128 * 128 < MIN_MACS
+    compiled, out = run(linear, inputs)
+    assert len(packed_ops(compiled)) == 1
+    torch.testing.assert_close(out, linear(*inputs), rtol=2e-2, atol=1e-1)
+    tiny = [make((8, 32), torch.bfloat16), make((32, 32), torch.bfloat16), make((32,), torch.bfloat16)]
+    assert packed_ops(run(linear, tiny)[0]) == []

@@ -8,7 +8,12 @@ packed once per parameter version (Note [Prepacked weights] in prepack.py). Meas
 project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm`` (two runs):
 0.85-0.96x the time at 256x256x768, 256x256x1024 and 256x1024x256, even at 256x256x256, no gain
 at 64x256x256 (a weight that small stays in cache), hence the threshold :data:`MIN_MACS` on
-``M * K * N``; MKL's packed GEMM (``mkl._mkl_linear``) gained nothing over ``addmm`` there. Epilogues
+``M * K * N``; MKL's packed GEMM (``mkl._mkl_linear``) gained nothing over ``addmm`` there. In
+bfloat16 (this machine has AMX, twenty-ninth session; one thread, CPU time, medians of 200 calls)
+the packed call took 0.52-0.89x ``addmm``'s time from 8x128x128 (0.1 M MACs) to 512x768x3072,
+0.95x at 8x32x32; the run-time op's own Python (the pack cache's key) costs ~1-2 us a call, and
+end to end the MLP of the public suite (five 64x256x256-or-smaller products) gained nothing
+measurable: hence :data:`MIN_MACS_BF16`, far lower, and still where the gain is 10 us or more. Epilogues
 (bias excepted) stay loopir's: a pointwise kernel after the product, as without the pass.
 """
 
@@ -26,6 +31,8 @@ aten = torch.ops.aten
 
 # M * K * N below which addmm stays (see the module docstring)
 MIN_MACS = 1 << 24
+# the same in bfloat16 (see the module docstring)
+MIN_MACS_BF16 = 1 << 20
 
 
 def enabled_on(ctx: PassContext) -> str | None:
@@ -112,7 +119,7 @@ def _candidate(node: torch.fx.Node, taken: tuple[torch.dtype, ...]) -> tuple[Any
         if not (isinstance(bv, torch.Tensor) and bv.dim() == 1 and bv.dtype == xv.dtype):
             return None  # a broadcast [M, N] bias is not a linear layer's
     m, k = (int(s) for s in xv.shape)
-    if m * k * int(out.shape[1]) < MIN_MACS:
+    if m * k * int(out.shape[1]) < (MIN_MACS if xv.dtype == torch.float32 else MIN_MACS_BF16):
         return None
     return x, weight, bias, transposed
 
@@ -148,4 +155,4 @@ def linear_pack_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
     return gm
 
 
-__all__ = ["MIN_MACS", "PackedLinear", "enabled_on", "linear_pack_pass"]
+__all__ = ["MIN_MACS", "MIN_MACS_BF16", "PackedLinear", "enabled_on", "linear_pack_pass"]
