@@ -2,8 +2,8 @@
 
 Note [Packed linear layers]: in an inference graph on the CPU, ``addmm(bias, x, W)`` and
 ``mm(x, W)`` whose ``W`` is a graph input (a parameter: ``nn.Linear``'s ``permute(w, [1, 0])`` or
-``Conv1D``'s plain ``[in, out]`` weight), float32 or bfloat16 (Note [bfloat16 through oneDNN] in
-prepack.py), become ``mkldnn._linear_pointwise`` with the weight
+``Conv1D``'s plain ``[in, out]`` weight), float32 (or bfloat16 with ``linear_pack_bf16``: Note
+[bfloat16 through oneDNN] in prepack.py), become ``mkldnn._linear_pointwise`` with the weight
 packed once per parameter version (Note [Prepacked weights] in prepack.py). Measured on this
 project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm`` (two runs):
 0.85-0.96x the time at 256x256x768, 256x256x1024 and 256x1024x256, even at 256x256x256, no gain
@@ -132,7 +132,7 @@ def linear_pack_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
         if products:
             ctx.note("linear_pack", "%s", reason)
         return gm
-    taken = dtypes(ctx.options)
+    taken = dtypes(ctx.options, linear=True)
     found = [(n, c) for n in products if (c := _candidate(n, taken)) is not None]
     if not found:
         if products:
