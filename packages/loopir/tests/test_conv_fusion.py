@@ -98,6 +98,26 @@ def test_folded_equals_eager(fn: Any, inputs: list[torch.Tensor], kind: str) -> 
     torch.testing.assert_close(out, unfused, **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_residual_add_without_relu(dtype: torch.dtype) -> None:
+    # MobileNetV2's inverted residual: conv, BatchNorm, add; no ReLU after the add (the binary
+    # post-op without a unary one failed at run time, and kiln ran the graph eagerly)
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no oneDNN bfloat16 kernels")
+    x, w, y = make((2, 16, 10, 10), dtype), make((16, 16, 1, 1), dtype), make((2, 16, 10, 10), dtype)
+
+    def fn(x: Any, w: Any, y: Any) -> Any:
+        return aten.add.Tensor(
+            aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), y
+        )
+
+    compiled, out = run(fn, [x, w, y])
+    (op,) = fused_ops(compiled)
+    assert op.spec.binary and op.spec.unary == "none"
+    tol = TOL if dtype == torch.float32 else TOL_BF16
+    torch.testing.assert_close(out, fn(x, w, y), **tol)
+
+
 def test_depthwise_conv_without_post_ops() -> None:
     x, w = make((2, 16, 10, 10)), make((16, 1, 3, 3))
 

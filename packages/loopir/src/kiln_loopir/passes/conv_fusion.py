@@ -174,7 +174,10 @@ class FusedConv:
         conv = torch.ops.mkldnn._convolution_pointwise
         if spec.binary:
             assert other is not None
-            return conv.binary(x, other, w, b, pad, stride, dil, spec.groups, "add", None, spec.unary, [], "")
+            # no unary post-op after the add is None there: "none" fails at run time ("Unary
+            # Fusion behavior undefined"; MobileNetV2's residual blocks end in a plain add)
+            unary = None if spec.unary == "none" else spec.unary
+            return conv.binary(x, other, w, b, pad, stride, dil, spec.groups, "add", None, unary, [], "")
         return conv.default(x, w, b, pad, stride, dil, spec.groups, spec.unary, [], "")
 
 
