@@ -33,7 +33,8 @@ host more than the device: these rows measure what a compiler adds or saves per 
 wrappers, launches, graph breaks), which decides models of moderate size on a fast GPU.
 
 `--backends eager,kiln,kiln_ab,inductor --ab-cpp column_gathers=0` adds kiln with its C++
-generator under other switches (`KILN_CPP_OPTIONS` while it compiles), timed in the same rounds.
+generator under other switches (`KILN_CPP_OPTIONS` while it compiles), timed in the same rounds;
+a backend `kiln@k=v/k=v` is kiln under those `kiln.compile` options (any number of them).
 
 `--procs N` runs the models in N processes (shards) and merges their rows: compile dominates the
 time, and the device's host has cores to spare. Rows from concurrent processes are noisier;
@@ -101,6 +102,8 @@ def _compiled(
 
     if backend == "kiln_ab":
         return _kiln_ab(model, ab_cpp, ab_options)
+    if backend.startswith("kiln@"):  # kiln@k=v/k=v: kiln under those options, beside the others
+        return _kiln_ab(model, "", backend.removeprefix("kiln@").replace("/", ","))
     kiln.reset()
     return kiln.compile(model)
 

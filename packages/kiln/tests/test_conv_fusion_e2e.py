@@ -5,6 +5,7 @@ passes/conv_fusion.py): eval-mode BatchNorm folds only while its statistics are 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -107,3 +108,28 @@ def test_an_optimizer_step_reaches_the_prepacked_weights() -> None:
             p.mul_(0.9).add_(0.01)  # in place, as optimizers do: versions move
         net.bn2.running_var.mul_(1.5)
         torch.testing.assert_close(compiled(x), net(x), **TOL)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
+def test_bfloat16_batchnorm_folds_and_follows_in_place_updates(caplog: pytest.LogCaptureFixture) -> None:
+    # Note [BatchNorm of a bfloat16 convolution folds in float32]: aotgrad's bfloat16 BatchNorm
+    # (float32 statistics, one conversion back) folds into the oneDNN call
+    caplog.set_level("DEBUG", logger="kiln.loopir.passes")
+    net, x = _net()
+    exact = net.double()
+    net, x = copy.deepcopy(exact).to(torch.bfloat16), x.to(torch.bfloat16)
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})
+    with torch.no_grad():
+        for step in range(2):
+            out, eager, want = compiled(x), net(x), exact(x.double())
+            assert out.dtype == torch.bfloat16
+            # no farther from the float64 result than eager's bfloat16 result, but for a rounding
+            ulp = want.abs().max().item() * 2**-8
+            assert (out.double() - want).abs().max() <= (eager.double() - want).abs().max() + ulp
+            torch.testing.assert_close(out.double(), eager.double(), rtol=2e-2, atol=2 * ulp)
+            if step == 0:
+                for p, q in zip(net.parameters(), exact.parameters(), strict=True):
+                    p.mul_(-0.9)  # in place: the packed weights must follow
+                    q.mul_(-0.9)
+    assert "2 of 2 convolutions through oneDNN" in _passes(caplog)
+    assert _passes(caplog).count("4 affine steps folded") == 2

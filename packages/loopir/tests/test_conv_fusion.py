@@ -98,6 +98,26 @@ def test_folded_equals_eager(fn: Any, inputs: list[torch.Tensor], kind: str) -> 
     torch.testing.assert_close(out, unfused, **TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_residual_add_without_relu(dtype: torch.dtype) -> None:
+    # MobileNetV2's inverted residual: conv, BatchNorm, add; no ReLU after the add (the binary
+    # post-op without a unary one failed at run time, and kiln ran the graph eagerly)
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("no oneDNN bfloat16 kernels")
+    x, w, y = make((2, 16, 10, 10), dtype), make((16, 16, 1, 1), dtype), make((2, 16, 10, 10), dtype)
+
+    def fn(x: Any, w: Any, y: Any) -> Any:
+        return aten.add.Tensor(
+            aten.convolution.default(x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1), y
+        )
+
+    compiled, out = run(fn, [x, w, y])
+    (op,) = fused_ops(compiled)
+    assert op.spec.binary and op.spec.unary == "none"
+    tol = TOL if dtype == torch.float32 else TOL_BF16
+    torch.testing.assert_close(out, fn(x, w, y), **tol)
+
+
 def test_depthwise_conv_without_post_ops() -> None:
     x, w = make((2, 16, 10, 10)), make((16, 1, 3, 3))
 
@@ -191,3 +211,133 @@ def test_by_default_convolutions_stay_eagers_and_see_writes_through_data() -> No
     with torch.no_grad():
         inputs[1].data.mul_(2.0)  # the version does not move
         torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+
+
+# --- bfloat16 (Note [bfloat16 through oneDNN], Note [BatchNorm of a bfloat16 convolution folds in
+# float32]) ---
+
+BF16 = torch.bfloat16
+# bfloat16: the folded weight rounds w * g to 8 bits once, eager rounds conv(x, w) and then its
+# normalized value; a few units of 2**-8 relative (assert_bf16_close where results cancel)
+TOL_BF16: dict[str, float] = {"rtol": 2e-2, "atol": 5e-2}
+needs_bf16 = pytest.mark.skipif(
+    not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels on this CPU"
+)
+
+
+def _up(v: Any) -> Any:
+    return aten._to_copy.default(v, dtype=torch.float32)
+
+
+def bn_bf16(y: Any, gamma: Any, beta: Any, mean: Any, var: Any, out: torch.dtype = BF16) -> Any:
+    # as aotgrad decomposes eval-mode BatchNorm of a bfloat16 tensor: statistics in float32, the
+    # chain promoted to float32 by them, one conversion back at its end
+    invstd = aten.reciprocal.default(aten.sqrt.default(aten.add.Tensor(_up(var), 1e-5)))
+    centered = aten.sub.Tensor(y, _chan(_up(mean)))
+    scaled = aten.add.Tensor(
+        aten.mul.Tensor(aten.mul.Tensor(centered, _chan(invstd)), _chan(gamma)), _chan(beta)
+    )
+    return aten._to_copy.default(scaled, dtype=out)
+
+
+def conv_bn_relu_of(dtype: torch.dtype) -> Any:
+    def conv_bn_relu_bf16(x: Any, w: Any, b: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+        return aten.relu.default(bn_bf16(conv(x, w, b), gamma, beta, mean, var, dtype))
+
+    return conv_bn_relu_bf16
+
+
+def residual_of(dtype: torch.dtype) -> Any:
+    def residual_bf16(x: Any, w: Any, gamma: Any, beta: Any, mean: Any, var: Any) -> Any:
+        return aten.relu.default(aten.add.Tensor(bn_bf16(conv(x, w, None), gamma, beta, mean, var, dtype), x))
+
+    return residual_bf16
+
+
+conv_bn_relu_bf16 = conv_bn_relu_of(BF16)
+
+
+def bf16(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.to(BF16) for t in inputs]
+
+
+def assert_bf16_close(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
+    """``out`` within bfloat16 roundings of ``eager``, and no farther from the exact result than
+    eager's bfloat16 result is, but for a rounding (where the convolution's large result cancels
+    with the residual, eager's own error is several units of the result's last place)."""
+    ulp = exact.abs().max().item() * 2**-8
+    torch.testing.assert_close(out.double(), eager.double(), rtol=2e-2, atol=2 * ulp)
+    assert (out.double() - exact).abs().max() <= (eager.double() - exact).abs().max() + ulp
+
+
+@needs_bf16
+@pytest.mark.parametrize(
+    ("fn_of", "inputs", "kind"),
+    [
+        (conv_bn_relu_of, bn_inputs(), "affine+relu"),
+        (residual_of, [bn_inputs(16)[0], *bn_inputs(16)[1:2], *bn_inputs(16)[3:]], "affine+add+relu"),
+    ],
+)
+def test_bfloat16_batchnorm_folds_in_float32(fn_of: Any, inputs: list[torch.Tensor], kind: str) -> None:
+    fn, inputs = fn_of(BF16), bf16(inputs)
+    compiled, out = run(fn, inputs)
+    (op,) = fused_ops(compiled)
+    assert kind in repr(op) and len(op.spec.affine) == 4
+    eager = fn(*inputs)
+    exact = fn_of(torch.float64)(*[t.double() for t in inputs])
+    assert out.dtype == BF16 and out.shape == eager.shape and out.stride() == eager.stride()
+    assert_bf16_close(out, eager, exact)
+    for options in ({"conv_fusion": False}, {"onednn_bf16": False}):
+        compiled_off, off = run(fn, inputs, **options)
+        assert fused_ops(compiled_off) == [], options
+        assert_bf16_close(out, off, exact)
+
+
+@needs_bf16
+def test_a_float32_chain_leaving_the_graph_is_cut_where_it_turns_float32() -> None:
+    x, w, b, _, beta, mean, _ = bf16(bn_inputs())
+
+    def fn(x: Any, w: Any, b: Any, mean: Any, beta: Any) -> Any:
+        y = aten.add.Tensor(conv(x, w, b), _chan(beta))  # bfloat16, folds
+        return aten.sub.Tensor(y, _chan(_up(mean)))  # float32 from here, a graph output
+
+    inputs = [x, w, b, mean, beta]
+    compiled, out = run(fn, inputs)
+    (op,) = fused_ops(compiled)
+    assert op.spec.affine == (("add", True),)
+    eager = fn(*inputs)
+    assert out.dtype == eager.dtype == torch.float32
+    torch.testing.assert_close(out, eager, **TOL_BF16)
+
+
+@needs_bf16
+def test_bfloat16_prepacked_weight_follows_parameter_versions() -> None:
+    inputs = bf16(bn_inputs())
+    compiled, _ = run(conv_bn_relu_bf16, inputs)
+    (op,) = fused_ops(compiled)
+    with torch.no_grad():
+        compiled(*inputs)
+        assert op.cache.packs == 1
+        for i, change in ((1, -2.0), (6, 3.0)):  # the weight, the running variance, in place
+            inputs[i].mul_(change)  # a stale pack is off by far more than roundings
+            exact = conv_bn_relu_of(torch.float64)(*[t.double() for t in inputs])
+            assert_bf16_close(compiled(*inputs), conv_bn_relu_bf16(*inputs), exact)
+        assert op.cache.packs == 3
+        compiled(*inputs)
+        assert op.cache.packs == 3
+
+
+@needs_bf16
+def test_the_cpu_rule_counts_convolutions_the_pass_leaves(caplog: pytest.LogCaptureFixture) -> None:
+    # with bfloat16 off the pass leaves the convolutions to aten, so the layout rule must not
+    # choose NHWC for their sake (plain weights copied and reordered in every call)
+    caplog.set_level(logging.DEBUG, logger="kiln.loopir.passes")
+    inputs = bf16(bn_inputs())
+    compiled, out = run(conv_bn_relu_bf16, inputs, onednn_bf16=False)
+    assert fused_ops(compiled) == []
+    assert "(conv_fusion)" not in caplog.text
+    assert "dtype torch.bfloat16 (onednn_bf16=False)" in caplog.text
+    torch.testing.assert_close(out, conv_bn_relu_bf16(*inputs), **TOL_BF16)
+    caplog.clear()
+    run(conv_bn_relu_bf16, inputs)
+    assert "1 convs through oneDNN (conv_fusion)" in caplog.text

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from helpers import make
 
 from kiln_loopir import compile_graph
-from kiln_loopir.passes.linear_pack import MIN_MACS, PackedLinear
+from kiln_loopir.passes.linear_pack import MIN_MACS, MIN_MACS_BF16, PackedLinear
 from kiln_loopir.testing import with_vals
 
 aten = torch.ops.aten
@@ -74,3 +75,37 @@ def test_small_products_training_graphs_and_the_option_keep_aten() -> None:
     compiled, out = run(linear, big, linear_pack=False)
     assert packed_ops(compiled) == []
     torch.testing.assert_close(out, linear(*big), **TOL)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
+def test_bfloat16_linear_layers_are_packed_and_follow_versions() -> None:
+    # Note [bfloat16 through oneDNN]
+    inputs = [
+        make((256, 256), torch.bfloat16),
+        make((512, 256), torch.bfloat16),
+        make((512,), torch.bfloat16),
+    ]
+    tol = {"rtol": 2e-2, "atol": 1e-1}  # sums of 256 products rounded to bfloat16, other orders
+    assert packed_ops(run(linear, inputs)[0]) == []  # off by default: measured slower in graphs
+    compiled, out = run(linear, inputs, linear_pack_bf16=True)
+    (op,) = packed_ops(compiled)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, linear(*inputs), **tol)
+    with torch.no_grad():
+        inputs[1].mul_(-1.5)
+        torch.testing.assert_close(compiled(*inputs), linear(*inputs), **tol)
+    assert op.cache.packs == 2
+    compiled, out = run(linear, inputs, linear_pack_bf16=True, onednn_bf16=False)
+    assert packed_ops(compiled) == []
+    torch.testing.assert_close(out, linear(*inputs), **tol)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
+def test_bfloat16_takes_smaller_products() -> None:
+    inputs = [make((64, 128), torch.bfloat16), make((128, 128), torch.bfloat16), make((128,), torch.bfloat16)]
+    assert MIN_MACS_BF16 <= 64 * 128 * 128 < MIN_MACS
+    compiled, out = run(linear, inputs, linear_pack_bf16=True)
+    assert len(packed_ops(compiled)) == 1
+    torch.testing.assert_close(out, linear(*inputs), rtol=2e-2, atol=1e-1)
+    tiny = [make((8, 32), torch.bfloat16), make((32, 32), torch.bfloat16), make((32,), torch.bfloat16)]
+    assert packed_ops(run(linear, tiny, linear_pack_bf16=True)[0]) == []

@@ -78,6 +78,10 @@ class PassOptions:
     prepacking the pass does not run, a per-call fold and reorder being slower than eager's
     convolution). ``linear_pack``: on CPU inference graphs, large linear layers through
     oneDNN with the weight prepacked per parameter version (Note [Packed linear layers]).
+    ``onednn_bf16``: conv_fusion takes bfloat16 graphs too, where oneDNN has bfloat16 kernels
+    for this CPU (Note [bfloat16 through oneDNN] in passes/prepack.py); ``False``: float32 only.
+    ``linear_pack_bf16``: linear_pack takes bfloat16 products too (with ``onednn_bf16``); off by
+    default, measured slower end to end (the same Note).
     ``conv_prepack`` and ``linear_pack`` are off by default, as torch.compile's freezing is: a
     parameter written through ``p.data`` keeps its version, and a pack made before would be used
     with the old values (Note [Prepacked weights]); turn them on for models whose parameters are
@@ -152,6 +156,8 @@ class PassOptions:
     conv_fusion: bool = True
     conv_prepack: bool = False
     linear_pack: bool = False
+    onednn_bf16: bool = True
+    linear_pack_bf16: bool = False
     view_scatter: bool = True
     index_select: bool = True
     pool_backward: bool | str = True
@@ -188,6 +194,8 @@ class PassOptions:
             made.conv_fusion,
             made.conv_prepack,
             made.linear_pack,
+            made.onednn_bf16,
+            made.linear_pack_bf16,
             made.view_scatter,
             made.index_select,
             made.pool_values_max,
@@ -204,7 +212,7 @@ class PassOptions:
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, cpu_layout_training, attention, attention_mask, conv_fusion,"
-                " conv_prepack, linear_pack, view_scatter, index_select, pool_values_max, shape_only_readers, cse,"
+                " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select, pool_values_max, shape_only_readers, cse,"
                 " far_output_fusion, tiny_fusion, late_placement, var_mean, conv_grad_format, inplace_reuse and"
                 " nhwc_weights"
                 " are True or False"

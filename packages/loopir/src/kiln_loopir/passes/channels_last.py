@@ -313,10 +313,13 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     convs = conv2d_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
-    from .conv_fusion import enabled_on
+    from .conv_fusion import enabled_on, takes_dtype
 
-    if enabled_on(ctx) is None:
-        # Note [Convolutions through oneDNN]: prepacked weights are not reordered per call
+    if enabled_on(ctx) is None and all(takes_dtype(n, ctx) for n in convs):
+        # Note [Convolutions through oneDNN]: prepacked weights are not reordered per call. Only
+        # where the pass takes the convolutions' dtype: a bfloat16 graph it left to aten went NHWC
+        # with plain weights, copied to NHWC and reordered in every call (Note [bfloat16 through
+        # oneDNN] in prepack.py)
         return LayoutDecision(True, f"{len(convs)} convs through oneDNN (conv_fusion)")
     depthwise = [n for n in convs if conv_class(n) == "depthwise"]
     if depthwise:  # Note [Depthwise convolutions on the CPU]

@@ -1,7 +1,7 @@
 """The conv_fusion pass (CPU inference): a convolution, its frozen BatchNorm and its post-ops, one oneDNN call.
 
-Note [Convolutions through oneDNN]: on the CPU, in an inference graph, each 2-D float32
-convolution becomes one call of oneDNN's fused convolution (``mkldnn._convolution_pointwise``),
+Note [Convolutions through oneDNN]: on the CPU, in an inference graph, each 2-D float32 (or
+bfloat16: Note [bfloat16 through oneDNN] in prepack.py) convolution becomes one call of oneDNN's fused convolution (``mkldnn._convolution_pointwise``),
 which takes:
 
 * the per-channel affine map that follows it, folded into its weight and bias: a chain of
@@ -43,7 +43,7 @@ import torch.fx
 
 from . import PassContext, copy_graph
 from .channels_last import conv2d_nodes
-from .prepack import PackCache
+from .prepack import PackCache, dtypes
 
 aten = torch.ops.aten
 
@@ -121,10 +121,12 @@ class FusedConv:
         assert self.values is not None
         channels = weight.shape[0]
         operands = self.values(*leaves)
-        scale = torch.ones(channels, dtype=weight.dtype)
-        shift = torch.zeros(channels, dtype=weight.dtype) if bias is None else bias.clone()
+        # in float32, rounded once to the weight's dtype (Note [bfloat16 through oneDNN])
+        f32 = torch.float32
+        scale = torch.ones(channels, dtype=f32)
+        shift = torch.zeros(channels, dtype=f32) if bias is None else bias.to(f32)
         for (op, conv_first), operand in zip(self.spec.affine, operands, strict=True):
-            v = operand.to(weight.dtype).reshape(-1).expand(channels)
+            v = operand.to(f32).reshape(-1).expand(channels)
             if op == "add":
                 shift = shift + v
             elif op == "sub" and conv_first:
@@ -133,7 +135,8 @@ class FusedConv:
                 scale, shift = -scale, v - shift
             else:
                 scale, shift = scale * v, shift * v
-        return weight * scale.reshape(-1, *([1] * (weight.dim() - 1))), shift
+        folded = weight.to(f32) * scale.reshape(-1, *([1] * (weight.dim() - 1)))
+        return folded.to(weight.dtype), shift.to(weight.dtype)
 
     def _packed(
         self, weight: torch.Tensor, bias: torch.Tensor | None, leaves: Sequence[torch.Tensor]
@@ -171,7 +174,10 @@ class FusedConv:
         conv = torch.ops.mkldnn._convolution_pointwise
         if spec.binary:
             assert other is not None
-            return conv.binary(x, other, w, b, pad, stride, dil, spec.groups, "add", None, spec.unary, [], "")
+            # no unary post-op after the add is None there: "none" fails at run time ("Unary
+            # Fusion behavior undefined"; MobileNetV2's residual blocks end in a plain add)
+            unary = None if spec.unary == "none" else spec.unary
+            return conv.binary(x, other, w, b, pad, stride, dil, spec.groups, "add", None, unary, [], "")
         return conv.default(x, w, b, pad, stride, dil, spec.groups, spec.unary, [], "")
 
 
@@ -189,13 +195,22 @@ def _dense(v: torch.Tensor) -> bool:
     return v.is_contiguous() or (v.dim() == 4 and v.is_contiguous(memory_format=torch.channels_last))
 
 
-def _eligible(conv: torch.fx.Node) -> str | None:
+def takes_dtype(conv: torch.fx.Node, ctx: PassContext) -> bool:
+    """Whether the pass takes this convolution's dtype (Note [bfloat16 through oneDNN])."""
+    x, w = _val(conv.args[0]), _val(conv.args[1])
+    if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)):
+        return False
+    b = _val(conv.args[2]) if len(conv.args) > 2 else None
+    return x.dtype in dtypes(ctx.options) and w.dtype == x.dtype and (b is None or b.dtype == x.dtype)
+
+
+def _eligible(conv: torch.fx.Node, ctx: PassContext) -> str | None:
     """Why this convolution stays an aten call, or None."""
     x, w, out = _val(conv.args[0]), _val(conv.args[1]), _val(conv)
     if not all(isinstance(v, torch.Tensor) for v in (x, w, out)):
         return "no shape metadata"
-    if any(v.dtype != torch.float32 for v in (x, w)):
-        return f"dtype {x.dtype}"
+    if not takes_dtype(conv, ctx):
+        return f"dtype {x.dtype}" + ("" if ctx.options.onednn_bf16 else " (onednn_bf16=False)")
     if not _dense(x):
         return "input is a strided view"
     if not all(isinstance(s, int) for v in (x, w) for s in v.shape):
@@ -210,8 +225,9 @@ def _eligible(conv: torch.fx.Node) -> str | None:
 
 
 def _per_channel(v: Any, channels: int, out: torch.Tensor) -> bool:
-    """Whether ``v`` broadcasts against the [N, C, H, W] ``out`` along C only."""
-    if not isinstance(v, torch.Tensor) or v.dtype != out.dtype or v.dim() > 4:
+    """Whether ``v`` broadcasts against the [N, C, H, W] ``out`` along C only (in ``out``'s dtype,
+    or float32: Note [BatchNorm of a bfloat16 convolution folds in float32])."""
+    if not isinstance(v, torch.Tensor) or v.dtype not in (out.dtype, torch.float32) or v.dim() > 4:
         return False
     shape = [1] * (4 - v.dim()) + [int(s) for s in v.shape]
     return shape[0] == 1 and shape[2] == 1 and shape[3] == 1 and shape[1] in (1, channels)
@@ -255,6 +271,24 @@ def _values_graph(operands: list[torch.fx.Node], nodes: list[torch.fx.Node]) -> 
     return torch.fx.GraphModule(torch.nn.Module(), graph), leaves
 
 
+def _back_to(node: torch.fx.Node | None, dtype: torch.dtype) -> bool:
+    """Whether ``node`` only converts its input to ``dtype`` (aotgrad's ``_to_copy(x, dtype=)``)."""
+    return (
+        node is not None
+        and node.target is aten._to_copy.default
+        and len(node.args) == 1
+        and set(node.kwargs) == {"dtype"}
+        and node.kwargs["dtype"] == dtype
+    )
+
+
+# Note [BatchNorm of a bfloat16 convolution folds in float32]: aotgrad decomposes an eval-mode
+# BatchNorm of a bfloat16 tensor in float32, as eager computes it: its statistics converted up,
+# ``(conv - mean)`` promoted to float32 by the float32 mean, the chain in float32, and a
+# ``_to_copy(dtype=bfloat16)`` at its end. The chain folds when that conversion closes it: the
+# fused op's bfloat16 result is then the chain's, rounded once (eager rounds the convolution's
+# result too, before the chain). A chain whose float32 values leave otherwise (a float32 graph
+# output) is cut where its values stop being the convolution's dtype, and the rest stays loopir's.
 def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, bool]], list[torch.fx.Node],
                                           list[torch.fx.Node], torch.fx.Node | None, str, torch.fx.Node]:  # fmt: skip
     """What follows ``conv`` that folds into it: (chain nodes, affine steps, their operands, the
@@ -265,7 +299,7 @@ def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, b
     chain: list[torch.fx.Node] = []
     steps: list[tuple[str, bool]] = []
     operands: list[torch.fx.Node] = []
-    side: dict[torch.fx.Node, None] = {}
+    sides: list[list[torch.fx.Node]] = []
     while (
         (nxt := _only_user(last)) is not None
         and nxt.target in AFFINE
@@ -282,11 +316,21 @@ def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, b
         nodes = _param_side(v, channels)
         if nodes is None:
             break
-        side.update(dict.fromkeys(nodes))
+        sides.append(nodes)
         chain.append(nxt)
         steps.append((AFFINE[nxt.target], conv_first))
         operands.append(v)
         last = nxt
+    if _val(last).dtype != out.dtype:  # Note [BatchNorm of a bfloat16 convolution folds in float32]
+        if _back_to(_only_user(last), out.dtype):
+            last = _only_user(last)
+            assert last is not None
+            chain.append(last)
+        else:
+            keep = next(i for i, n in enumerate(chain) if _val(n).dtype != out.dtype)
+            del chain[keep:], steps[keep:], operands[keep:], sides[keep:]
+            last = chain[-1] if chain else conv
+    side = {n: None for nodes in sides for n in nodes}
     other: torch.fx.Node | None = None
     nxt = _only_user(last)
     if nxt is not None and nxt.target is aten.add.Tensor and len(nxt.args) == 2 and not nxt.kwargs:
@@ -327,7 +371,7 @@ def conv_fusion_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
     fused = 0
     for old in convs:
         conv = env[old]
-        why = _eligible(conv)
+        why = _eligible(conv, ctx)
         if why is not None:
             ctx.note("conv_fusion", "%s stays aten: %s", conv.name, why)
             continue
@@ -372,4 +416,4 @@ def conv_fusion_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
     return gm
 
 
-__all__ = ["ConvSpec", "FusedConv", "conv_fusion_pass", "enabled_on"]
+__all__ = ["ConvSpec", "FusedConv", "conv_fusion_pass", "enabled_on", "takes_dtype"]

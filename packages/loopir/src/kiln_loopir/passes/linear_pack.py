@@ -2,12 +2,18 @@
 
 Note [Packed linear layers]: in an inference graph on the CPU, ``addmm(bias, x, W)`` and
 ``mm(x, W)`` whose ``W`` is a graph input (a parameter: ``nn.Linear``'s ``permute(w, [1, 0])`` or
-``Conv1D``'s plain ``[in, out]`` weight) become ``mkldnn._linear_pointwise`` with the weight
+``Conv1D``'s plain ``[in, out]`` weight), float32 (or bfloat16 with ``linear_pack_bf16``: Note
+[bfloat16 through oneDNN] in prepack.py), become ``mkldnn._linear_pointwise`` with the weight
 packed once per parameter version (Note [Prepacked weights] in prepack.py). Measured on this
 project's 2-core AVX2 machine at one thread, float32, interleaved against ``addmm`` (two runs):
 0.85-0.96x the time at 256x256x768, 256x256x1024 and 256x1024x256, even at 256x256x256, no gain
 at 64x256x256 (a weight that small stays in cache), hence the threshold :data:`MIN_MACS` on
-``M * K * N``; MKL's packed GEMM (``mkl._mkl_linear``) gained nothing over ``addmm`` there. Epilogues
+``M * K * N``; MKL's packed GEMM (``mkl._mkl_linear``) gained nothing over ``addmm`` there. In
+bfloat16 (this machine has AMX, twenty-ninth session; one thread, CPU time, medians of 200 calls)
+the packed call took 0.52-0.89x ``addmm``'s time from 8x128x128 (0.1 M MACs) to 512x768x3072,
+0.95x at 8x32x32; the run-time op's own Python (the pack cache's key) costs ~1-2 us a call, and
+end to end the MLP of the public suite (five 64x256x256-or-smaller products) gained nothing
+measurable: hence :data:`MIN_MACS_BF16`, far lower, and still where the gain is 10 us or more. Epilogues
 (bias excepted) stay loopir's: a pointwise kernel after the product, as without the pass.
 """
 
@@ -19,12 +25,14 @@ import torch
 import torch.fx
 
 from . import PassContext, copy_graph
-from .prepack import PackCache
+from .prepack import PackCache, dtypes
 
 aten = torch.ops.aten
 
 # M * K * N below which addmm stays (see the module docstring)
 MIN_MACS = 1 << 24
+# the same in bfloat16 (see the module docstring)
+MIN_MACS_BF16 = 1 << 20
 
 
 def enabled_on(ctx: PassContext) -> str | None:
@@ -87,7 +95,7 @@ def _weight(node: Any) -> tuple[torch.fx.Node, bool] | None:
     return None
 
 
-def _candidate(node: torch.fx.Node) -> tuple[Any, Any, Any, bool] | None:
+def _candidate(node: torch.fx.Node, taken: tuple[torch.dtype, ...]) -> tuple[Any, Any, Any, bool] | None:
     """(x, weight input, bias, transposed) of an addmm / mm this pass takes, else None."""
     if node.target is aten.addmm.default and len(node.args) == 3 and not node.kwargs:
         bias, x, mat2 = node.args
@@ -102,16 +110,16 @@ def _candidate(node: torch.fx.Node) -> tuple[Any, Any, Any, bool] | None:
     xv, wv, out = _val(x), _val(weight), _val(node)
     if not all(isinstance(v, torch.Tensor) for v in (xv, wv, out)):
         return None
-    if xv.dtype != torch.float32 or wv.dtype != torch.float32 or xv.dim() != 2 or wv.dim() != 2:
-        return None
+    if xv.dtype not in taken or wv.dtype != xv.dtype or xv.dim() != 2 or wv.dim() != 2:
+        return None  # Note [bfloat16 through oneDNN]
     if not all(isinstance(s, int) for s in (*xv.shape, *wv.shape)):
         return None
     if bias is not None:
         bv = _val(bias)
-        if not (isinstance(bv, torch.Tensor) and bv.dim() == 1 and bv.dtype == torch.float32):
+        if not (isinstance(bv, torch.Tensor) and bv.dim() == 1 and bv.dtype == xv.dtype):
             return None  # a broadcast [M, N] bias is not a linear layer's
     m, k = (int(s) for s in xv.shape)
-    if m * k * int(out.shape[1]) < MIN_MACS:
+    if m * k * int(out.shape[1]) < (MIN_MACS if xv.dtype == torch.float32 else MIN_MACS_BF16):
         return None
     return x, weight, bias, transposed
 
@@ -124,7 +132,8 @@ def linear_pack_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
         if products:
             ctx.note("linear_pack", "%s", reason)
         return gm
-    found = [(n, c) for n in products if (c := _candidate(n)) is not None]
+    taken = dtypes(ctx.options, linear=True)
+    found = [(n, c) for n in products if (c := _candidate(n, taken)) is not None]
     if not found:
         if products:
             ctx.note("linear_pack", "0 of %d products packed (small, or not a weight)", len(products))
@@ -146,4 +155,4 @@ def linear_pack_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
     return gm
 
 
-__all__ = ["MIN_MACS", "PackedLinear", "enabled_on", "linear_pack_pass"]
+__all__ = ["MIN_MACS", "MIN_MACS_BF16", "PackedLinear", "enabled_on", "linear_pack_pass"]

@@ -13,6 +13,23 @@ pack again. A change through ``p.data`` does not bump the version (that is what 
 for) and is not seen: ``options={"conv_prepack": False}`` / ``{"linear_pack": False}`` keep dense
 weights for code that mutates parameters that way. An inference tensor (made under
 ``torch.inference_mode``) has no version counter: a pack made from one is never reused.
+
+Note [bfloat16 through oneDNN]: oneDNN has bfloat16 convolutions and inner products where the CPU
+has bfloat16 instructions (``torch.ops.mkldnn._is_mkldnn_bf16_supported``: AVX-512 BF16 or AMX),
+and its blocked bfloat16 weight layouts are not float32's (pairs of input channels interleaved
+for the dot-product instructions), so an aten call on a plain bfloat16 weight reorders it on every
+call, as it does a float32 one. The passes take bfloat16 graphs as float32 ones (:func:`dtypes`),
+packing the weight in its own dtype: ``_reorder_convolution_weight`` and ``_reorder_linear_weight``
+choose the layout from the weight's dtype. A folded BatchNorm is computed in float32 and rounded
+to bfloat16 once (conv_fusion's ``_fold``), where eager rounds the convolution's result and then
+the normalized value. ``onednn_bf16=False`` keeps bfloat16 convolutions and products aten's.
+Measured at one thread on this project's 2-core machine (AMX; infer1.py, CPU time, interleaved,
+twenty-ninth session), prepacked / ``onednn_bf16=False``: ResNet 2.56 / 3.35 ms, the CNN 2.18 /
+2.44 (kiln_bench cpu size), ConvNeXt even. Products are another matter: one packed bfloat16 inner
+product alone took 0.52-0.89x ``addmm``'s time, but in the graph the MLP took 0.68 against 0.58-0.60
+ms and ViT 3.50 against 3.04-3.07 with the products packed (two runs each, the same direction; not
+understood: each op's time measured in place was ~1.4x its time alone). So linear_pack takes
+bfloat16 only with ``linear_pack_bf16=True`` (off by default).
 """
 
 from __future__ import annotations
@@ -24,6 +41,15 @@ from typing import Any
 import torch
 
 _never = itertools.count()
+
+
+def dtypes(options: Any, linear: bool = False) -> tuple[torch.dtype, ...]:
+    """The dtypes conv_fusion (or, ``linear``, linear_pack) takes under ``options`` (a
+    ``PassOptions``; Note [bfloat16 through oneDNN])."""
+    wanted = options.onednn_bf16 and (options.linear_pack_bf16 or not linear)
+    if wanted and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return (torch.float32, torch.bfloat16)
+    return (torch.float32,)
 
 
 def identity(t: torch.Tensor | None) -> tuple[int, ...]:
@@ -56,4 +82,4 @@ class PackCache:
         return self._packed
 
 
-__all__ = ["PackCache", "identity"]
+__all__ = ["PackCache", "dtypes", "identity"]
