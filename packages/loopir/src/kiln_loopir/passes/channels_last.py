@@ -352,13 +352,17 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
 # (2-8 for a 5x5 kernel), where deep stages of small images end; EfficientNet's three slowest
 # depthwise backwards (2x2 to 7x7 maps) took 1.3/1.1/0.9 ms NHWC against 0.6/0.7/0.5 ms NCHW
 # (extern_audit.py). ConvNeXt V2 (depthwise 7x7 down to 2x2 maps, inputs 0.43x its weights) was
-# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count: a rule that weighs each depthwise
-# convolution by its map size could take it (not built). torch.compile runs every CPU graph with a
+# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count. Those slow backwards now run NCHW in
+# either layout (Note [Depthwise convolution backwards on small maps]): ConvNeXt V2's depthwise
+# inputs were NHWC in eager's layouts too, and it gained 1.18x -> 1.37x over eager without a layout
+# change; EfficientNet NHWC forced / this rule's choice became even (breadth, 9.69 / 9.77 ms), so
+# the count stands (twenty-ninth session). torch.compile runs every CPU graph with a
 # convolution NHWC (ResNet 14.3 ms, EfficientNet at 32 px 2x eager's time). Symbolic sizes keep
 # eager's layouts: the per-batch dispatch of inference (Note [Both layouts under a symbolic
 # batch]) would hand the backward, which is compiled once for the forward's saved strides (Note
 # [Outputs only the backward reads]), activations of either layout. ``cpu_layout_training=False``
-# keeps every CPU training graph in eager's layouts.
+# keeps every CPU training graph in eager's layouts; ``"force"`` takes every static one NHWC (to
+# measure the rule's other side).
 def _cpu_training_policy(gm: torch.fx.GraphModule, forced: bool = False) -> LayoutDecision:
     """The CPU rule for a training forward or backward graph (Note [Channels-last in CPU training])."""
     convs = conv2d_nodes(gm) + conv_backward_nodes(gm)
