@@ -1244,16 +1244,16 @@ def test_cpu_rule_reads_symbolic_channels_at_their_hints_without_guarding() -> N
 
 
 def _depthwise_backward(
-    side: int, k: int, pad: int | None = None
+    side: int, k: int, pad: int | None = None, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
     """A depthwise convolution backward (16 channels, ``k`` x ``k`` kernel, stride 1, same
     padding unless ``pad`` says) onto a ``side`` x ``side`` map whose gradient a kernel computes
     (a scale) and whose input comes NHWC, as ConvNeXt's."""
     pad = k // 2 if pad is None else pad
-    x = make((2, 16, side + 2 * (k // 2 - pad), side + 2 * (k // 2 - pad)))
+    x = make((2, 16, side + 2 * (k // 2 - pad), side + 2 * (k // 2 - pad)), dtype)
     x = x.contiguous(memory_format=torch.channels_last)
-    w = make((16, 1, k, k))
-    g = make((2, 16, side, side)).contiguous(memory_format=torch.channels_last)
+    w = make((16, 1, k, k), dtype)
+    g = make((2, 16, side, side), dtype).contiguous(memory_format=torch.channels_last)
 
     def backward(x: Any, w: Any, g: Any) -> Any:
         grad = aten.mul.Tensor(g, 0.5)
@@ -1264,12 +1264,20 @@ def _depthwise_backward(
     return with_vals(backward, x, w, g), [x, w, g]
 
 
-@pytest.mark.parametrize("options", [EAGER_LAYOUT_TRAINING, {"cpu_layout_training": "force"}])
-def test_a_depthwise_backward_on_a_small_map_runs_nchw(options: dict[str, Any]) -> None:
-    """Note [Depthwise convolution backwards on small maps]: a 3x3 depthwise backward on a 2x2
-    map gets its gradient and input NCHW (oneDNN's NHWC kernel is the slow one there), in eager's
-    layouts and in a graph forced channels-last alike; gradients and strides as eager's."""
-    gm, inputs = _depthwise_backward(2, 3)
+@pytest.mark.parametrize(
+    ("options", "dtype"),
+    [
+        (EAGER_LAYOUT_TRAINING, torch.float32),
+        ({"cpu_layout_training": "force"}, torch.float32),
+        (EAGER_LAYOUT_TRAINING, torch.bfloat16),
+    ],
+)
+def test_a_depthwise_backward_on_a_small_map_runs_nchw(options: dict[str, Any], dtype: torch.dtype) -> None:
+    """Note [Depthwise convolution backwards on small maps]: a padded 3x3 depthwise backward on a
+    2x2 map gets its gradient and input NCHW (oneDNN's NHWC kernel is the slow one there), in
+    eager's layouts and in a graph forced channels-last alike, in bfloat16 too; gradients and
+    strides as eager's."""
+    gm, inputs = _depthwise_backward(2, 3, dtype=dtype)
     compiled = check(gm, *inputs, options=options)
     (op,) = conv_ops(compiled)
     for arg in op.args[:2]:

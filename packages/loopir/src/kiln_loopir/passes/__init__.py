@@ -122,7 +122,7 @@ class PassOptions:
     and the weight) gets the gradient computed in that format where nothing has fixed its layout
     yet (Note [A convolution backward's gradient in oneDNN's format] in passes/channels_last.py);
     ``False``: the gradient in eager's strides, oneDNN converting it.
-    ``depthwise_backward_nchw``: on the CPU, a float32 depthwise ``convolution_backward`` whose
+    ``depthwise_backward_nchw``: on the CPU, a float32 or bfloat16 depthwise ``convolution_backward`` whose
     kernel covers its whole output map gets its gradient and input NCHW, where oneDNN's kernel is
     several times faster than its NHWC one (Note [Depthwise convolution backwards on small maps]
     in passes/channels_last.py); ``False``: the operands in the graph's layout.
