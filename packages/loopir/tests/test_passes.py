@@ -78,6 +78,9 @@ def test_unknown_or_malformed_options_are_refused() -> None:
         PassOptions.from_mapping({"layout_policy": "tpu"})
     with pytest.raises(ValueError, match="pad_mm"):
         PassOptions.from_mapping({"pad_mm": "sometimes"})
+    with pytest.raises(ValueError, match="cpu_layout_training"):
+        PassOptions.from_mapping({"cpu_layout_training": "sometimes"})
+    assert PassOptions.from_mapping({"cpu_layout_training": "force"}).cpu_layout_training == "force"
 
 
 def test_passes_log_what_they_decide(caplog: pytest.LogCaptureFixture) -> None:
