@@ -9,7 +9,9 @@ op (an ``aten::`` operator) and every C++ kernel range (kiln's ``kiln:cpp_fused_
 (generated code), ``gemm`` (mm/bmm/addmm/baddbmm and friends), ``other`` (every other extern op:
 copies, index_put, native_layer_norm, ...). Per backend it prints, per phase and class, the self
 CPU time per step and the count per step, then the largest per-op differences. Times include
-each range's own cost (~5 us), which kernel counts show. A benchmark, not a test.
+each range's own cost (~5 us), which kernel counts show. ``--backends kiln,kiln_ab`` compares
+kiln with itself under ``--ab-options`` (a copy of the model; e.g. ``cpu_layout_training=force``
+against the layout rule's choice). A benchmark, not a test.
 
     python packages/codegen_cpp/bench/train_diff.py --models swin --steps 5
 """
@@ -17,6 +19,8 @@ each range's own cost (~5 us), which kernel counts show. A benchmark, not a test
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import os
 import re
 import sys
@@ -117,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--kiln-options", default="")
+    parser.add_argument(
+        "--ab-options", default="", help="k=v,... for the kiln_ab backend (over --kiln-options)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     for mname in args.models.split(","):
@@ -124,9 +131,13 @@ def main(argv: list[str] | None = None) -> None:
         w.model.train()
         profs = {}
         for b in args.backends.split(","):
-            fn = _compile(b, w.model, _parse_options(args.kiln_options) if b == "kiln" else {})
-            _step(w, fn, w.model)
-            profs[b] = profile(w, fn, w.model, args.steps)
+            model, options = w.model, _parse_options(args.kiln_options)
+            if b == "kiln_ab":
+                model, options = copy.deepcopy(w.model), {**options, **_parse_options(args.ab_options)}
+            wb = dataclasses.replace(w, model=model)
+            fn = _compile("kiln" if b == "kiln_ab" else b, model, options if b.startswith("kiln") else {})
+            _step(wb, fn, model)
+            profs[b] = profile(wb, fn, model, args.steps)
         print(f"== {mname}: self ms per step / ops per step, by phase and class")
         sums = {b: summary(b, p) for b, p in profs.items()}
         keys = sorted({k for s in sums.values() for k in s})

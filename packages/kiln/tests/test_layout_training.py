@@ -7,6 +7,7 @@ code generators; gradients against eager over several steps."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Iterator
@@ -251,3 +252,56 @@ def test_cpu_training_under_symbolic_sizes_keeps_eagers_layouts(caplog: pytest.L
                 )
     assert "symbolic convolution sizes" in caplog.text
     assert "cpu rule chooses channels-last" not in caplog.text
+
+
+class _ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block on a small map: a 7x7 depthwise convolution read through a permute to
+    (N, H, W, C) for a layer norm and a linear layer, permuted back and added to its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dwconv = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm = nn.LayerNorm(16)
+        self.mlp = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(self.norm(self.dwconv(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+        return self.head((x + y).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_a_depthwise_backward_on_a_small_map_runs_nchw_in_training(cpu_backend: str) -> None:
+    """Note [Depthwise convolution backwards on small maps]: the 7x7 depthwise convolution on a
+    4x4 map, whose input eager holds NHWC (the permutes), gets its backward's gradient and input
+    NCHW; gradients (the image's included) and their strides as eager's over two steps."""
+    torch.manual_seed(0)
+    model = _ConvNeXtBlock().train()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cpu_backend": cpu_backend, "strict": True})
+    x = torch.randn(2, 16, 4, 4).permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2).requires_grad_()
+    x_ref = x.detach().clone(memory_format=torch.preserve_format).requires_grad_()
+    for step in range(2):
+        for p in [*model.parameters(), *reference.parameters()]:
+            p.grad = None
+        x.grad = x_ref.grad = None
+        recorder = _AtenCalls()
+        with recorder if step else contextlib.nullcontext():
+            out = compiled(x)
+            out.square().sum().backward()
+        want = reference(x_ref)
+        want.square().sum().backward()
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-3, atol=1e-3)
+        assert x.grad.stride() == x_ref.grad.stride()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(
+                p.grad, q.grad, rtol=1e-3, atol=1e-3, msg=lambda m, n=name: f"{n}: {m}"
+            )
+            for fmt in (torch.contiguous_format, torch.channels_last):  # size-1 dims' strides aside
+                assert p.grad.is_contiguous(memory_format=fmt) == q.grad.is_contiguous(memory_format=fmt), (
+                    name
+                )
+    (tensors,) = [tensors for name, tensors in recorder.calls if name == "convolution_backward"]
+    grad, inp = tensors[0], tensors[1]
+    assert grad.is_contiguous() and inp.is_contiguous(), (grad.stride(), inp.stride())

@@ -78,6 +78,9 @@ def test_unknown_or_malformed_options_are_refused() -> None:
         PassOptions.from_mapping({"layout_policy": "tpu"})
     with pytest.raises(ValueError, match="pad_mm"):
         PassOptions.from_mapping({"pad_mm": "sometimes"})
+    with pytest.raises(ValueError, match="cpu_layout_training"):
+        PassOptions.from_mapping({"cpu_layout_training": "sometimes"})
+    assert PassOptions.from_mapping({"cpu_layout_training": "force"}).cpu_layout_training == "force"
 
 
 def test_passes_log_what_they_decide(caplog: pytest.LogCaptureFixture) -> None:
@@ -1241,3 +1244,65 @@ def test_cpu_rule_reads_symbolic_channels_at_their_hints_without_guarding() -> N
     ctx = PassContext(torch.device("cpu"), PassOptions(), [x, w], True)
     channels_last_nodes(gm, ctx)
     assert env.guards == [], [str(g.expr) for g in env.guards]
+
+
+def _depthwise_backward(
+    side: int, k: int, pad: int | None = None, dtype: torch.dtype = torch.float32
+) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """A depthwise convolution backward (16 channels, ``k`` x ``k`` kernel, stride 1, same
+    padding unless ``pad`` says) onto a ``side`` x ``side`` map whose gradient a kernel computes
+    (a scale) and whose input comes NHWC, as ConvNeXt's."""
+    pad = k // 2 if pad is None else pad
+    x = make((2, 16, side + 2 * (k // 2 - pad), side + 2 * (k // 2 - pad)), dtype)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = make((16, 1, k, k), dtype)
+    g = make((2, 16, side, side), dtype).contiguous(memory_format=torch.channels_last)
+
+    def backward(x: Any, w: Any, g: Any) -> Any:
+        grad = aten.mul.Tensor(g, 0.5)
+        return aten.convolution_backward.default(
+            grad, x, w, [16], [1, 1], [pad, pad], [1, 1], False, [0, 0], 16, [True, True, True]
+        )
+
+    return with_vals(backward, x, w, g), [x, w, g]
+
+
+@pytest.mark.parametrize(
+    ("options", "dtype"),
+    [
+        (EAGER_LAYOUT_TRAINING, torch.float32),
+        ({"cpu_layout_training": "force"}, torch.float32),
+        (EAGER_LAYOUT_TRAINING, torch.bfloat16),
+    ],
+)
+def test_a_depthwise_backward_on_a_small_map_runs_nchw(options: dict[str, Any], dtype: torch.dtype) -> None:
+    """Note [Depthwise convolution backwards on small maps]: a padded 3x3 depthwise backward on a
+    2x2 map gets its gradient and input NCHW (oneDNN's NHWC kernel is the slow one there), in
+    eager's layouts and in a graph forced channels-last alike, in bfloat16 too; gradients and
+    strides as eager's."""
+    gm, inputs = _depthwise_backward(2, 3, dtype=dtype)
+    compiled = check(gm, *inputs, options=options)
+    (op,) = conv_ops(compiled)
+    for arg in op.args[:2]:
+        assert arg.layout.stride[-1] == 1 and arg.layout.stride[1] == 4  # NCHW
+    assert not is_plain_copy(compiled.graph.name_to_buffer[op.args[0].name])  # the scale writes it
+    assert any("depthwise backward NCHW (3x3 kernel, 2x2 map)" in text for _, text in compiled.passes.record)
+    expected = gm(*inputs)
+    for got, want in zip(compiled(*inputs), expected, strict=True):
+        assert got.stride() == want.stride()
+    off = check(gm, *inputs, options={**options, "depthwise_backward_nchw": False})
+    (op,) = conv_ops(off)
+    assert op.args[1].layout.stride[1] == 1  # the input as it came: NHWC
+    assert not any("depthwise backward NCHW" in text for _, text in off.passes.record)
+
+
+@pytest.mark.parametrize(("side", "k", "pad"), [(8, 3, 1), (8, 7, 3), (2, 3, 0)])
+def test_depthwise_backwards_where_nhwc_is_faster_keep_their_layout(side: int, k: int, pad: int) -> None:
+    """Depthwise backwards whose kernel does not cover the map (3x3 and 7x7 on 8x8), or that are
+    3x3 and unpadded (MobileNetV2's explicitly padded blocks: oneDNN's depthwise kernel in either
+    format), are left as they come."""
+    gm, inputs = _depthwise_backward(side, k, pad)
+    compiled = check(gm, *inputs, options=EAGER_LAYOUT_TRAINING)
+    (op,) = conv_ops(compiled)
+    assert op.args[1].layout.stride[1] == 1
+    assert not any("depthwise backward NCHW" in text for _, text in compiled.passes.record)

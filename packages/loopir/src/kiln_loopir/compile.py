@@ -270,6 +270,7 @@ def _generate(
         shape_only_readers=passes.options.shape_only_readers,
         pool_values_max=passes.options.pool_values_max,
         conv_grad_formats=passes.conv_grad_formats,
+        nchw_conv_backwards=passes.nchw_conv_backwards,
         nhwc_weights=passes.nhwc_weights,
     )
     if symbolic:

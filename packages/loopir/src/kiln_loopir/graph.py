@@ -245,6 +245,7 @@ class GraphLowering:
         shape_only_readers: bool = False,
         pool_values_max: bool = True,
         conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
+        nchw_conv_backwards: set[torch.fx.Node] | None = None,
         nhwc_weights: bool | None = None,
     ) -> None:
         self.gm = gm
@@ -284,6 +285,8 @@ class GraphLowering:
         self.nhwc_weights = bool(nhwc_weights)
         # Note [A convolution backward's gradient in oneDNN's format] (passes/channels_last.py)
         self.conv_grad_formats = conv_grad_formats or {}
+        # Note [Depthwise convolution backwards on small maps] (passes/channels_last.py)
+        self.nchw_conv_backwards = nchw_conv_backwards or set()
         # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0

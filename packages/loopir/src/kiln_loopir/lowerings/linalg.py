@@ -112,7 +112,9 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
     # the input where it is not, the smaller of the two) when the graph chose NHWC for this node.
     graph = current_graph()
     node, meta = graph.current_node, graph.current_meta
-    if node in graph.channels_last:
+    if node in graph.nchw_conv_backwards:  # Note [Depthwise convolution backwards on small maps]
+        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+    elif node in graph.channels_last:
         grad, x = (
             _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
             for t in (grad, x)
@@ -126,6 +128,21 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
     elif node in graph.conv_grad_formats and isinstance(grad, TensorBox):
         _free_layout(grad, graph.conv_grad_formats[node])
     return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)
+
+
+def _as_contiguous(x: TensorBox) -> TensorBox:
+    """``x`` in NCHW memory: a lazy value computed so, a realized one kept when it already is,
+    else copied (one kernel)."""
+    _free_layout(x, torch.contiguous_format)
+    size = [sympy.sympify(s) for s in x.get_size()]
+    stride = realize_strided(x).layout.stride
+    wanted = contiguous_strides(size)
+    known = sizevars.current()
+    if all(
+        known.statically_known_equals(st, w) for st, w, n in zip(stride, wanted, size, strict=True) if n != 1
+    ):
+        return x
+    return copy_with_strides(x, wanted)
 
 
 def _free_layout(x: TensorBox, memory_format: torch.memory_format) -> None:

@@ -48,7 +48,8 @@ class PassOptions:
     the Note). ``cpu_layout_training``: the CPU rule runs training graphs channels-last where
     the convolutions' inputs hold at least as many elements as their weights (Note
     [Channels-last in CPU training] in passes/channels_last.py); ``False`` keeps every CPU
-    training graph in eager's layouts.
+    training graph in eager's layouts, ``"force"`` runs every one with a 2-D convolution
+    channels-last (measurements: the rule's other side).
     ``pad_mm``: padding of misaligned matmuls (Note [Matmul padding]); ``True`` pads on CUDA where a
     one-off timing says it is faster, ``"force"`` pads every misaligned one on any device (tests),
     ``False`` never; ``pad_mm_output_copy`` copies a padded result that leaves the graph to eager's
@@ -125,6 +126,10 @@ class PassOptions:
     and the weight) gets the gradient computed in that format where nothing has fixed its layout
     yet (Note [A convolution backward's gradient in oneDNN's format] in passes/channels_last.py);
     ``False``: the gradient in eager's strides, oneDNN converting it.
+    ``depthwise_backward_nchw``: on the CPU, a float32 or bfloat16 depthwise ``convolution_backward`` whose
+    kernel covers its whole output map gets its gradient and input NCHW, where oneDNN's kernel is
+    several times faster than its NHWC one (Note [Depthwise convolution backwards on small maps]
+    in passes/channels_last.py); ``False``: the operands in the graph's layout.
     ``var_mean``: a ``var.correction`` and a ``mean.dim`` of the same rows become one ``var_mean``,
     one Welford reduction with two outputs (Note [One Welford for a variance and its mean] in
     passes/var_mean.py); ``False``: the variance's Welford and a separate sum for the mean.
@@ -144,7 +149,7 @@ class PassOptions:
     layout_policy: str = "auto"
     layout_per_batch: bool = True
     layout_training: bool = True
-    cpu_layout_training: bool = True
+    cpu_layout_training: bool | str = True
     pad_mm: bool | str = True
     pad_mm_output_copy: bool | str = "user"
     attention: bool = True
@@ -169,6 +174,7 @@ class PassOptions:
     late_placement: bool = True
     var_mean: bool = True
     conv_grad_format: bool = True
+    depthwise_backward_nchw: bool = True
     inplace_reuse: bool = True
     nhwc_weights: bool = True
 
@@ -188,7 +194,6 @@ class PassOptions:
             made.layout,
             made.layout_per_batch,
             made.layout_training,
-            made.cpu_layout_training,
             made.attention,
             made.attention_mask,
             made.conv_fusion,
@@ -206,16 +211,22 @@ class PassOptions:
             made.late_placement,
             made.var_mean,
             made.conv_grad_format,
+            made.depthwise_backward_nchw,
             made.inplace_reuse,
             made.nhwc_weights,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
-                "layout, layout_per_batch, layout_training, cpu_layout_training, attention, attention_mask, conv_fusion,"
-                " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select, pool_values_max, shape_only_readers, cse,"
-                " far_output_fusion, tiny_fusion, late_placement, var_mean, conv_grad_format, inplace_reuse and"
+                "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion,"
+                " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select,"
+                " pool_values_max, shape_only_readers, cse, far_output_fusion, tiny_fusion, late_placement,"
+                " var_mean, conv_grad_format, depthwise_backward_nchw, inplace_reuse and"
                 " nhwc_weights"
                 " are True or False"
+            )
+        if made.cpu_layout_training not in (True, False, "force"):
+            raise ValueError(
+                f"cpu_layout_training must be True, False or 'force', not {made.cpu_layout_training!r}"
             )
         if made.pad_mm_output_copy not in (True, False, "user"):
             raise ValueError(
@@ -275,6 +286,9 @@ class PassContext:
     # Note [A convolution backward's gradient in oneDNN's format]: convolution_backward nodes ->
     # the memory format their gradient is computed in where its layout is still free
     conv_grad_formats: dict[torch.fx.Node, torch.memory_format] = field(default_factory=dict)
+    # Note [Depthwise convolution backwards on small maps]: convolution_backward nodes whose
+    # gradient and input go in NCHW
+    nchw_conv_backwards: set[torch.fx.Node] = field(default_factory=set)
     # Note [Convolution weights in NHWC]: the channels-last convolutions take their weights NHWC
     nhwc_weights: bool = False
     # aten ops whose lowering an option turns off: they run as extern calls

@@ -309,7 +309,7 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return LayoutDecision(False, "oneDNN unavailable or disabled")
     if not ctx.inference:
-        return _cpu_training_policy(gm)
+        return _cpu_training_policy(gm, forced=ctx.options.cpu_layout_training == "force")
     convs = conv2d_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
@@ -355,20 +355,26 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
 # (2-8 for a 5x5 kernel), where deep stages of small images end; EfficientNet's three slowest
 # depthwise backwards (2x2 to 7x7 maps) took 1.3/1.1/0.9 ms NHWC against 0.6/0.7/0.5 ms NCHW
 # (extern_audit.py). ConvNeXt V2 (depthwise 7x7 down to 2x2 maps, inputs 0.43x its weights) was
-# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count: a rule that weighs each depthwise
-# convolution by its map size could take it (not built). torch.compile runs every CPU graph with a
+# 12.7 -> 11.7 ms NHWC and keeps eager's layouts by the count. Those slow backwards now run NCHW in
+# either layout (Note [Depthwise convolution backwards on small maps]): ConvNeXt V2's depthwise
+# inputs were NHWC in eager's layouts too, and it gained 1.18x -> 1.37x over eager without a layout
+# change; EfficientNet NHWC forced / this rule's choice became even (breadth, 9.69 / 9.77 ms), so
+# the count stands (twenty-ninth session). torch.compile runs every CPU graph with a
 # convolution NHWC (ResNet 14.3 ms, EfficientNet at 32 px 2x eager's time). Symbolic sizes keep
 # eager's layouts: the per-batch dispatch of inference (Note [Both layouts under a symbolic
 # batch]) would hand the backward, which is compiled once for the forward's saved strides (Note
 # [Outputs only the backward reads]), activations of either layout. ``cpu_layout_training=False``
-# keeps every CPU training graph in eager's layouts.
-def _cpu_training_policy(gm: torch.fx.GraphModule) -> LayoutDecision:
+# keeps every CPU training graph in eager's layouts; ``"force"`` takes every static one NHWC (to
+# measure the rule's other side).
+def _cpu_training_policy(gm: torch.fx.GraphModule, forced: bool = False) -> LayoutDecision:
     """The CPU rule for a training forward or backward graph (Note [Channels-last in CPU training])."""
     convs = conv2d_nodes(gm) + conv_backward_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
     if not all(_static(n) for n in convs):
         return LayoutDecision(False, "training graph with symbolic convolution sizes")
+    if forced:
+        return LayoutDecision(True, f"training graph, {len(convs)} convs (cpu_layout_training='force')")
     inputs = sum(_numel(_conv_input(n)) for n in convs)
     weights = sum(_numel(_conv_weight(n)) for n in convs)
     if inputs < weights:
@@ -682,6 +688,58 @@ def conv_grad_formats(
     return out
 
 
+# Note [Depthwise convolution backwards on small maps]: for a depthwise convolution PyTorch's
+# oneDNN backward takes its format from the input alone, and its NHWC weight gradient is several
+# times slower than its NCHW one where oneDNN's depthwise weight-gradient kernel declines the
+# convolution: ``ONEDNN_VERBOSE=1`` shows ``jit_dw`` for 3x3 kernels without padding (either
+# format), but for 5x5 and 7x7 kernels, and 3x3 ones padded on a 2x2 map, NHWC runs the generic
+# grouped kernel (``jit:avx512_core``, weights blocked 16x16: one channel a group) and NCHW a
+# GEMM (``x64:gemm:jit``). On large maps the generic kernel still wins; where the kernel covers
+# the whole output map it loses. ConvNeXt's depthwise inputs are NHWC in eager (its blocks read
+# the convolution through a permute to (N, H, W, C)), so its 7x7 backwards ran NHWC at every
+# stage in kiln whichever layout the rule chose, while torch.compile's got an input of neither
+# format and ran NCHW. ConvNeXt V2 at 64 px, one thread, each ``convolution_backward`` (fastest
+# of 3 steps, kiln NHWC / torch.compile NCHW): 2x2 map 2222-2495 / 696 us, 4x4 1189-1234 / 594
+# us, 8x8 629-748 / 698 us, 16x16 596-654 / 1051 us. Single convolutions, forward + backward,
+# NHWC / NCHW (twenty-ninth session): 5x5 on 2x2 1.51x, 5x5 stride 2 to 4x4 1.23x and to 1x1
+# 1.95x, 7x7 on 4x4 1.10-1.55x and on 2x2 1.24-1.40x; 3x3 unpadded to 2x2 0.58-0.79x
+# (MobileNetV2's explicitly padded blocks: ``jit_dw`` both ways, NHWC the faster). So on the
+# CPU a float32 (or bfloat16) depthwise backward whose kernel is at least as large as its output map in both
+# dimensions, and is larger than 3x3 or pads, gets its gradient and input NCHW (the gradient
+# computed so where its layout is still free, else a copy: a few thousand elements on such
+# maps), and its input gradient comes back NCHW (copied into the layout the graph planned where
+# that differs), whatever layout the graph runs in. The forward convolution keeps its layout
+# (within 25% either way on such maps). Bfloat16 alike, more so (the same single convolutions,
+# NHWC / NCHW: 7x7 on 2x2 1.88x, on 4x4 2.13x, 5x5 on 2x2 2.12x, 3x3 padded on 2x2 1.92x, 3x3
+# unpadded 0.83x); float16 was not measured and keeps the graph's layout.
+# ``depthwise_backward_nchw=False`` turns it off.
+_NCHW_BACKWARD_DTYPES = (torch.float32, torch.bfloat16)  # the measured ones
+
+
+def nchw_conv_backwards(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch.fx.Node]:
+    """The ``convolution_backward`` nodes that run NCHW (Note [Depthwise convolution backwards on
+    small maps])."""
+    if not ctx.options.depthwise_backward_nchw or ctx.device.type != "cpu":
+        return set()
+    out: set[torch.fx.Node] = set()
+    for n in conv_backward_nodes(gm):
+        grad, weight = _val(n.args[0]), _val(n.args[2])
+        if not isinstance(grad, torch.Tensor) or grad.dim() != 4 or grad.dtype not in _NCHW_BACKWARD_DTYPES:
+            continue
+        if not all(isinstance(s, int) for s in (*grad.shape, *weight.shape)):
+            continue
+        if conv_class(n) != "depthwise" or _val(n.args[1]).dim() != 4 or n.args[7]:  # transposed
+            continue
+        (ho, wo), (kh, kw) = grad.shape[2:], weight.shape[2:]
+        pads = any(_at_hint(p) != 0 for p in n.args[5])
+        if kh >= ho and kw >= wo and (max(kh, kw) > 3 or pads):
+            out.add(n)
+            ctx.note(
+                "layout", "%s: depthwise backward NCHW (%dx%d kernel, %dx%d map)", n.name, kh, kw, ho, wo
+            )
+    return out
+
+
 def nhwc_weights(ctx: PassContext, chosen: set[torch.fx.Node]) -> bool:
     """Note [Convolution weights in NHWC]: whether the channels-last convolutions take their
     weights NHWC (the CUDA rule, some convolution chosen, the option on)."""
@@ -690,10 +748,12 @@ def nhwc_weights(ctx: PassContext, chosen: set[torch.fx.Node]) -> bool:
 
 def layout_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     """Record the layout decision in ``ctx.channels_last`` (and the convolution gradients' formats
-    in ``ctx.conv_grad_formats``, whether weights go NHWC in ``ctx.nhwc_weights``); the graph is
-    unchanged."""
+    in ``ctx.conv_grad_formats``, the backwards that run NCHW in ``ctx.nchw_conv_backwards``,
+    whether weights go NHWC in ``ctx.nhwc_weights``); the graph is unchanged."""
     ctx.channels_last = channels_last_nodes(gm, ctx)
-    ctx.conv_grad_formats = conv_grad_formats(gm, ctx, ctx.channels_last)
+    ctx.nchw_conv_backwards = nchw_conv_backwards(gm, ctx)
+    formats = conv_grad_formats(gm, ctx, ctx.channels_last)
+    ctx.conv_grad_formats = {n: f for n, f in formats.items() if n not in ctx.nchw_conv_backwards}
     ctx.nhwc_weights = nhwc_weights(ctx, ctx.channels_last)
     if ctx.nhwc_weights:
         ctx.note("layout", "convolution weights NHWC (copied in the graph)")
@@ -710,6 +770,7 @@ __all__ = [
     "cpu_policy",
     "cuda_policy",
     "layout_pass",
+    "nchw_conv_backwards",
     "nhwc_weights",
     "onednn_format",
     "spread",
