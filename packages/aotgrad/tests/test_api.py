@@ -420,6 +420,55 @@ def test_the_backward_is_told_which_inputs_the_compiled_forward_laid_out(f: Any)
     assert "laid_out_inputs" not in seen[0].meta
 
 
+class _PaddedForward:
+    """A forward compiler that leaves its free 2-D outputs as slices of padded rows and says so,
+    as a padded GEMM's result leaves kiln_loopir's CompiledGraph."""
+
+    def __init__(self) -> None:
+        self.bw_inputs: list[torch.Tensor] = []
+
+    @staticmethod
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(t.shape[0], t.shape[1] + 1, dtype=t.dtype)[:, : t.shape[1]].copy_(t)
+
+    def fw(self, gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        free = tuple(gm.meta.get("free_layout_outputs", ()))
+
+        def run(*args: torch.Tensor) -> object:
+            outs = list(gm(*args))
+            return [self.padded(o) if i in free and o.dim() == 2 else o for i, o in enumerate(outs)]
+
+        fake_outs = [n.meta["val"] for n in gm.graph.find_nodes(op="output")[0].args[0]]
+        run.output_strides = [  # type: ignore[attr-defined]
+            (o.shape[1] + 1, 1) if i in free and o.dim() == 2 else tuple(o.stride())
+            for i, o in enumerate(fake_outs)
+        ]
+        return run
+
+
+def test_a_saved_value_left_in_strides_the_backward_was_not_compiled_for_is_not_laid_out() -> None:
+    """Note [Only the strides the backward was compiled for are laid out]: a saved (2, 3) value the
+    forward leaves with rows of 4 keeps eager's strides in the backward, so it is not listed as
+    laid out (the GPU wrapper would check its offset alone and read the padded rows as dense)."""
+    x, w = torch.randn(2, 5, requires_grad=True), torch.randn(5, 3, requires_grad=True)
+    comp = _PaddedForward()
+    seen: list[tuple[torch.fx.GraphModule, list[torch.Tensor]]] = []
+
+    def bw(gm: torch.fx.GraphModule, inputs: list[object]) -> object:
+        seen.append((gm, [t for t in inputs if isinstance(t, torch.Tensor)]))
+        return gm
+
+    aot_function(lambda x, w: (x @ w).sigmoid().sum(), comp.fw, bw)(x, w).backward()
+    ((gm, inputs),) = seen
+    laid_out = gm.meta.get("laid_out_inputs", ())
+    saved_2d = [i for i, t in enumerate(inputs) if t.dim() == 2 and tuple(t.shape) == (2, 3)]
+    assert saved_2d and all(inputs[i].stride() == (3, 1) for i in saved_2d), [t.stride() for t in inputs]
+    assert not set(saved_2d) & set(laid_out), (saved_2d, laid_out)
+    gx, gw = torch.autograd.grad((x @ w).sigmoid().sum(), (x, w))
+    torch.testing.assert_close(x.grad, gx)
+    torch.testing.assert_close(w.grad, gw)
+
+
 @pytest.mark.parametrize("make", ["dense", "channels_last", "gapped", "expanded", "offset"])
 def test_a_saved_value_copied_before_a_write_back_keeps_its_strides(make: str) -> None:
     """The one copy the training runner makes of a saved value (it shares memory with an input the

@@ -628,3 +628,35 @@ def test_the_gpu_wrapper_with_its_kernels_run_gives_eagers_results(monkeypatch: 
         for g, w in zip(got, want, strict=True):
             assert g.shape == w.shape and g.stride() == w.stride(), (viewed, lean)
             torch.testing.assert_close(g, w)
+
+
+def test_a_declined_kernel_gets_flat_storage_of_a_buffer_that_took_over_a_shaped_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Note [A lean wrapper]: on a GPU a buffer may take over a freed one that was allocated in its
+    own shape (read by a convolution as it is); a buffer of another layout that reuses it holds that
+    shaped tensor, and a kernel the generator declined (loopir's interpreter, which indexes flat
+    storage) must get it flattened. It was handed the 4-D tensor (layout_fuzz.py seed 306: the
+    interpreter's flat write raised)."""
+    from kiln_codegen_triton import backend as backend_module
+    from kiln_codegen_triton.kernel import CodegenUnsupported
+
+    def f(x: Any, w: Any, w2: Any) -> Any:
+        a = aten.relu.default(x)  # (2, 4, 6, 6), read by the convolution as it is
+        c = _conv(a, w)
+        b = aten.mul.Tensor(aten.view.default(c, [8, 36]), 2.0)  # may take over a's memory
+        return aten.mm.default(aten.t.default(b), w2)  # b read through a view
+
+    def declined(*args: Any, **kwargs: Any) -> Any:
+        raise CodegenUnsupported("declined by the test")
+
+    inputs = [make((2, 4, 6, 6)), make((4, 4, 3, 3)), make((8, 5))]
+    gm = torch.fx.symbolic_trace(f)
+    want = gm(*inputs)
+    monkeypatch.setattr(backend_module, "build_kernel", declined)
+    monkeypatch.setenv("KILN_VIEWED_BUFFERS", "0")  # b in its own layout, not as the GEMM views it
+    captured = _gpu_form(monkeypatch, gm, inputs, "1")
+    source = captured["source"]
+    assert "buf4 = buf1  # reuses buf1\n" in source and "reference interpreter" in source, source
+    got = captured["call"](*inputs)  # no Triton kernel: the interpreter runs every one
+    torch.testing.assert_close(got, want)

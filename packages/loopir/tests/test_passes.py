@@ -1022,6 +1022,22 @@ def test_conv_bias_before_a_reduction_and_channels_last() -> None:
     assert peeled.stats.kernels <= kept.stats.kernels
 
 
+def conv_bias_alone(x: Any, w: Any, b: Any) -> Any:
+    return aten.convolution.default(x, w, b, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)
+
+
+@pytest.mark.parametrize("options", [{}, CUDA_RULE], ids=["eager_layout", "cuda_rule"])
+def test_a_peeled_convolution_returns_eagers_strides(options: dict[str, Any]) -> None:
+    """Note [A peeled convolution keeps its layout]: a channels-last input's convolution, its bias
+    peeled, leaves channels-last as eager's does (it left NCHW: the meta device's convolution)."""
+    x = make((3, 4, 8, 8)).contiguous(memory_format=torch.channels_last)
+    w, b = make((2, 4, 3, 3)), make((2,))
+    gm = with_vals(conv_bias_alone, x, w, b)
+    compiled = check(gm, x, w, b, options={"conv_bias": "force", **options})
+    assert [n.args[2] for n in _conv_nodes(compiled)] == [None]
+    assert compiled(x, w, b).stride() == conv_bias_alone(x, w, b).stride() == (32, 1, 8, 2)
+
+
 def test_conv_bias_stays_in_the_convolution_on_the_cpu() -> None:
     x, w, b = make((2, 8, 6, 6)), make((16, 8, 3, 3)), make((16,))
     compiled = check(with_vals(conv_bias_relu, x, w, b), x, w, b)

@@ -126,7 +126,7 @@ def compile_flat(
     part.fw.meta[FREE_LAYOUT_OUTPUTS] = tuple(range(n_out, n_out + len(part.saved)))
     fw = opts.fw_compiler(part.fw, _example_inputs(part.fw))
     bw_inputs = _saved_as_the_forward_left_them(part, _example_inputs(part.bw), fw, n_out)
-    laid_out = _laid_out_by_the_forward(part, fw, n_out)
+    laid_out = _laid_out_by_the_forward(part, fw, n_out, bw_inputs)
     if laid_out:  # Note [Backward inputs the forward laid out]
         part.bw.meta[LAID_OUT_INPUTS] = laid_out
         partition_log.info(
@@ -210,9 +210,19 @@ def _saved_as_the_forward_left_them(
 LAID_OUT_INPUTS = "laid_out_inputs"
 
 
-def _laid_out_by_the_forward(part: Partition, fw: Callable[..., Any], n_out: int) -> tuple[int, ...]:
+def _laid_out_by_the_forward(
+    part: Partition, fw: Callable[..., Any], n_out: int, bw_inputs: Sequence[Any]
+) -> tuple[int, ...]:
     """Positions of the backward's inputs that the compiled forward laid out (Note [Backward
-    inputs the forward laid out])."""
+    inputs the forward laid out]) in the strides the backward is compiled for (``bw_inputs``,
+    its example inputs).
+
+    Note [Only the strides the backward was compiled for are laid out]: the backward is compiled
+    for the forward's strides only where ``_saved_as_the_forward_left_them`` restrides its example
+    input, a permutation of one dense block; a saved value the forward leaves in other strides (a
+    padded GEMM's result, a slice of its padded rows: (4, 1) for a (2, 3) value) keeps eager's in
+    the backward, and must be checked in full on entry (copied into them). Listed, the GPU wrapper
+    checked its offset alone and its kernels read the padded rows as dense ones: wrong gradients."""
     strides = getattr(fw, "output_strides", None)
     if not isinstance(strides, list) or os.environ.get("KILN_LAID_OUT_INPUTS", "1") == "0":
         return ()
@@ -230,10 +240,25 @@ def _laid_out_by_the_forward(part: Partition, fw: Callable[..., Any], n_out: int
             or n_out + i >= len(strides)
             or strides[n_out + i] is None
             or not isinstance(node.meta.get("val"), torch.Tensor)
+            or not _compiled_for(bw_inputs[i] if i < len(bw_inputs) else None, strides[n_out + i])
         ):
             continue
         out.append(i)
     return tuple(out)
+
+
+def _compiled_for(example: Any, strides: Sequence[int]) -> bool:
+    """Whether the backward's example input ``example`` has the static ``strides`` (a size-1 dim's
+    aside): Note [Only the strides the backward was compiled for are laid out]."""
+    if not isinstance(example, torch.Tensor) or example.dim() != len(strides):
+        return False
+    if any(isinstance(st, torch.SymInt) for st in example.stride()):
+        return False
+    return all(
+        int(a) == int(b)
+        for a, b, n in zip(example.stride(), strides, example.shape, strict=True)
+        if isinstance(n, torch.SymInt) or n != 1
+    )
 
 
 def _dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:

@@ -796,7 +796,11 @@ class WrapperCodegen(WrapperSteps):
         entries = []
         for name, buffer in self.touched_buffers(node).items():
             storage = self.storage(name)
-            if storage in self.shaped:  # the interpreter indexes flat storage
+            # the interpreter indexes flat storage. On a GPU any variable may hold a tensor in a
+            # shape: also one that took over a buffer allocated in its own (``place``, whose
+            # variable ``shaped`` does not track: layout_fuzz.py seed 306 handed the interpreter a
+            # 4-D tensor); a view per declined kernel's buffer costs nothing beside the interpreter
+            if storage in self.shaped or self.pointers:
                 n = int(buffer.layout.storage_size())
                 storage = f"{storage}.as_strided(({n},), (1,), 0)"
             entries.append(f"{name!r}: {storage}")

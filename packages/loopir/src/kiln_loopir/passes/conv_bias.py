@@ -84,10 +84,18 @@ def conv_bias_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Graph
         assert isinstance(bias, torch.fx.Node)
         rank = _val(node).dim()
         with graph.inserting_before(node):
-            conv = _with_val(graph.call_function(aten.convolution.default, (x, w, None, *rest)))
+            # Note [A peeled convolution keeps its layout]: the convolution without its bias and
+            # the sum both take the original's value, strides included, rather than one
+            # recomputed on the meta device: a convolution's meta kernel picks its result's
+            # memory format by the device (on "meta", always contiguous), so a channels-last
+            # convolution came out contiguous, and a graph output it reached left in other
+            # strides than eager's (a channels-last input's result returned NCHW).
+            conv = graph.call_function(aten.convolution.default, (x, w, None, *rest))
+            conv.meta["val"] = _val(node)
             shape = [int(_val(bias).shape[0])] + [1] * (rank - 2)
             view = _with_val(graph.call_function(aten.view.default, (bias, shape)))
-            out = _with_val(graph.call_function(aten.add.Tensor, (conv, view)))
+            out = graph.call_function(aten.add.Tensor, (conv, view))
+            out.meta["val"] = _val(node)
         out.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         conv.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         node.replace_all_uses_with(out)
