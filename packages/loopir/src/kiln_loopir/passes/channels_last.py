@@ -731,7 +731,9 @@ def nchw_conv_backwards(gm: torch.fx.GraphModule, ctx: PassContext) -> set[torch
         if conv_class(n) != "depthwise" or _val(n.args[1]).dim() != 4 or n.args[7]:  # transposed
             continue
         (ho, wo), (kh, kw) = grad.shape[2:], weight.shape[2:]
-        pads = any(_at_hint(p) != 0 for p in n.args[5])
+        padding = n.args[5]
+        assert isinstance(padding, (list, tuple))
+        pads = any(_at_hint(p) != 0 for p in padding)
         if kh >= ho and kw >= wo and (max(kh, kw) > 3 or pads):
             out.add(n)
             ctx.note(

@@ -322,9 +322,9 @@ def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, b
         operands.append(v)
         last = nxt
     if _val(last).dtype != out.dtype:  # Note [BatchNorm of a bfloat16 convolution folds in float32]
-        if _back_to(_only_user(last), out.dtype):
-            last = _only_user(last)
-            assert last is not None
+        user = _only_user(last)
+        if user is not None and _back_to(user, out.dtype):
+            last = user
             chain.append(last)
         else:
             keep = next(i for i, n in enumerate(chain) if _val(n).dtype != out.dtype)
