@@ -5,6 +5,14 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Twenty-ninth session: call28e, call28v, call3c (the ablation, complete for the first time: in three calls, the whole
+#   suite needs ~1000 s) and call28h ran on an H200 and its host at 5df0116 (packages/bench/results/2026-12-06-h200-s29-*;
+#   1647 of 1800 s, 91 s lost to an H100 that did not start). Changed after them, not measured on the device: fix29's
+#   aotgrad fix (a padded GEMM's saved value checked in full: wrong gradients under pad_mm before), its conv_bias strides
+#   fix, the GPU wrapper's flat storage for declined kernels; cpu29/train29 (CPU only: call29c for 16 threads); x ** 1.
+#   Next, in this order: call29b (bf16 training of the suite: issues 14/15 need the row at today's code) + call4c (fp32),
+#   call29r (CUDA graphs in training, never measured) + call28t (where a training step's host time goes), call29w,
+#   call29c, call28l, call27t + call27b, call27m, call26p, call27l, call10.
 # Twenty-eighth session: call28a, call28b, call2, fp32 inference of the suite, call28c and call28d ran on an H100 and
 #   its host (packages/bench/results/2026-12-06-h100-s28-*; 1485 of 1800 s, ~270 s lost to two machines that did not
 #   start). Changed after them, not measured on the device: loopir's Note [Values read through a channels-last
