@@ -73,9 +73,15 @@ def _as_channels_last(x: TensorBox) -> TensorBox:
     Sizes and strides may be expressions in size symbols (a batch of images of any size):
     a stride counts as NHWC's only when it provably equals it (Note [Symbolic sizes in loopir]);
     a size symbol is never 1 (Note [0/1 specialization] in kiln_symbolic)."""
+    return _with_strides(x, _channels_last_strides)
+
+
+def _with_strides(x: TensorBox, strides_of: Any) -> TensorBox:
+    """``x`` when its realized strides provably are ``strides_of(size)`` (size-1 dims aside),
+    else a copy in them."""
     size = [sympy.sympify(s) for s in x.get_size()]
     stride = realize_strided(x).layout.stride
-    wanted = _channels_last_strides(size)
+    wanted = strides_of(size)
     known = sizevars.current()
     if all(
         known.statically_known_equals(st, w) for st, w, n in zip(stride, wanted, size, strict=True) if n != 1
@@ -134,15 +140,7 @@ def _as_contiguous(x: TensorBox) -> TensorBox:
     """``x`` in NCHW memory: a lazy value computed so, a realized one kept when it already is,
     else copied (one kernel)."""
     _free_layout(x, torch.contiguous_format)
-    size = [sympy.sympify(s) for s in x.get_size()]
-    stride = realize_strided(x).layout.stride
-    wanted = contiguous_strides(size)
-    known = sizevars.current()
-    if all(
-        known.statically_known_equals(st, w) for st, w, n in zip(stride, wanted, size, strict=True) if n != 1
-    ):
-        return x
-    return copy_with_strides(x, wanted)
+    return _with_strides(x, contiguous_strides)
 
 
 def _free_layout(x: TensorBox, memory_format: torch.memory_format) -> None:
