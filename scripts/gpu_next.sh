@@ -194,8 +194,15 @@ for step in "$@"; do
         --warmup 5 --profile --profile-calls 5 --backends kiln ;;
     call3)
       bench ablation-a 560 --dtype bfloat16 --modes inference --models gpt2,bert,llama,t5,mlp --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
-    call3c)  # the ablation over the whole suite in one call: GPU busy time only, so few timed calls
-      bench ablation-all 430 --dtype bfloat16 --modes inference --models resnet,convnext,vit,gpt2,t5,bert,llama,cnn,mlp,distilbert \
+    call3c)  # the ablation, GPU busy time only, so few timed calls; the whole suite needs ~1000 s (twenty-ninth
+      # session), so in three calls: call3c, call3d, call3e
+      bench ablation-a 440 --dtype bfloat16 --modes inference --models resnet,convnext,vit,gpt2 \
+        --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
+    call3d)
+      bench ablation-b 440 --dtype bfloat16 --modes inference --models mlp,cnn,bert,distilbert,llama \
+        --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
+    call3e)
+      bench ablation-c 250 --dtype bfloat16 --modes inference --models t5 \
         --repeats 3 --warmup 1 --profile --profile-calls 2 --ablation --backends kiln ;;
     call3b)
       bench ablation-b 560 --dtype bfloat16 --modes inference --models vit,resnet,convnext,cnn,distilbert --repeats 10 --profile --profile-calls 3 --ablation --backends eager,kiln ;;
