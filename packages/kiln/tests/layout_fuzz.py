@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
+from kiln_loopir.wrapper_support import dense_tensor
 
 BASE_OPTIONS = {
     "cpu_backend": "triton",
@@ -528,17 +529,6 @@ TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (2e-2, 2e-2)}
 FLOOR = {torch.float32: 1e-5, torch.bfloat16: 2e-3}
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense: its strides are a permutation's of a contiguous tensor's."""
-    dims = sorted((st, n) for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
-    expect = 1
-    for st, n in dims:
-        if st != expect:
-            return False
-        expect *= n
-    return True
-
-
 def _strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(st for n, st in zip(t.shape, t.stride(), strict=True) if n > 1)
 
@@ -561,7 +551,7 @@ def compare(what: str, got, want, ref, dtype: torch.dtype, strides: bool = True)
         bad.append(f"{what}: requires_grad {got.requires_grad} against {want.requires_grad}")
     got, want = got.detach(), want.detach()
     ref = ref.detach() if ref is not None else None
-    if strides and _dense(want) and _strides(got) != _strides(want):
+    if strides and dense_tensor(want) and _strides(got) != _strides(want):
         bad.append(f"{what}: strides {got.stride()} against eager's {want.stride()}")
     rtol, atol = TOL[dtype]
     scale = max(1.0, float(want.double().abs().max())) if want.numel() else 1.0

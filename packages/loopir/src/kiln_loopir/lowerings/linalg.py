@@ -15,6 +15,7 @@ inductor does it), which is within those dtypes' tolerance.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -76,7 +77,7 @@ def _as_channels_last(x: TensorBox) -> TensorBox:
     return _with_strides(x, _channels_last_strides)
 
 
-def _with_strides(x: TensorBox, strides_of: Any) -> TensorBox:
+def _with_strides(x: TensorBox, strides_of: Callable[[list[Any]], Sequence[Any]]) -> TensorBox:
     """``x`` when its realized strides provably are ``strides_of(size)`` (size-1 dims aside),
     else a copy in them."""
     size = [sympy.sympify(s) for s in x.get_size()]
