@@ -36,10 +36,24 @@ whose outputs are fresh. The usual loop ``y = f(x)`` ping-pongs between the two 
 frees a slot when its gradients are consumed (``zero_grad`` sets them to None). Nothing is cloned
 and nothing is ever overwritten while someone can read it.
 
+Note [Outputs that are inputs]: a training graph's forward returns, beside its results, the
+values its backward saves, and some of those are its inputs themselves (the batch, the weights a
+convolution's backward reads: five of fourteen outputs of a small conv net's forward); a backward
+returns an incoming gradient as the gradient of an add's operand. The graph computes nothing for
+such an output, and a replay must not hand back the tensor of the recording call: at a recording
+each top-level output whose storage is an input's is noted with that input's position, and a
+replay returns the input of *this* call (the caller's own tensor where the wrapper returned it
+as it was, else the same view of it: same sizes, strides, and offset from the input's). For a
+copied input the view is taken of the caller's tensor, not of the graph's copy (which the next
+call overwrites). Such outputs are not graph memory, so they take no part in a slot's
+use counts (Note [Outputs of a CUDA graph]). Before this, the whole graph ran without CUDA graphs
+(an H100, ResNet-50 bf16 training: reduce-overhead 15.9 ms a step against torch.compile's 9.3).
+An alias the runner cannot rebuild (inside a nested output, of a copied input held in other
+strides than the caller's) still turns the runner off, with the reason.
+
 Graphs the runner refuses (:func:`cudagraph_blocker`): an extern op that mutates its inputs, a
 kernel that scatters into an input (both would write a static copy instead of the caller's
-tensor), inputs off the GPU; outputs that alias an input (a replay would return the recording
-call's tensor). A capture that fails (an op that synchronizes, a data-dependent shape) turns the
+tensor), inputs off the GPU. A capture that fails (an op that synchronizes, a data-dependent shape) turns the
 runner off for good with the reason in ``disabled`` and ``KILN_LOG=output_code``, and the wrapper
 runs as it is.
 
@@ -167,6 +181,23 @@ def capture_cuda(fn: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Ca
     return graph.replay, outputs
 
 
+@dataclass(frozen=True, slots=True)
+class _InputAlias:
+    """Output ``out`` is input ``arg`` itself (``view`` None) or a view of it: (sizes, strides,
+    offset from the input's own offset). Note [Outputs that are inputs]."""
+
+    out: int
+    arg: int
+    view: tuple[tuple[int, ...], tuple[int, ...], int] | None
+
+    def rebuild(self, args: Sequence[Any]) -> torch.Tensor:
+        a = args[self.arg]
+        if self.view is None:
+            return a
+        sizes, strides, offset = self.view
+        return a.as_strided(sizes, strides, a.storage_offset() + offset)
+
+
 @dataclass
 class _Slot:
     replay: Callable[[], None]
@@ -174,25 +205,36 @@ class _Slot:
     cdatas: list[int] = field(default_factory=list)  # the outputs' StorageImpls
     baselines: list[int] = field(default_factory=list)  # their use counts with only the runner's references
     flat: bool = False  # outputs is a tuple or list of plain tensors (Note [The runner's per-call path])
+    from_inputs: tuple[_InputAlias, ...] = ()  # Note [Outputs that are inputs]
 
     def free(self) -> bool:
         return list(map(_use_count, self.cdatas)) == self.baselines
 
-    def aliases(self) -> Any:
-        """What the caller gets (Note [Outputs of a CUDA graph])."""
-        if self.flat:
-            return type(self.outputs)(map(_detach, self.outputs))
-        return _aliases(self.outputs)
+    def aliases(self, args: Sequence[Any]) -> Any:
+        """What the caller gets (Note [Outputs of a CUDA graph], Note [Outputs that are inputs])."""
+        if not self.from_inputs:
+            if self.flat:
+                return type(self.outputs)(map(_detach, self.outputs))
+            return _aliases(self.outputs)
+        out = [o.detach() if isinstance(o, torch.Tensor) else _aliases(o) for o in self.outputs]
+        for alias in self.from_inputs:
+            out[alias.out] = alias.rebuild(args)
+        return type(self.outputs)(out)
 
 
-def _slot(replay: Callable[[], None], outputs: Any) -> _Slot:
+def _slot(replay: Callable[[], None], outputs: Any, from_inputs: tuple[_InputAlias, ...] = ()) -> _Slot:
     cdatas: list[int] = []
-    for t in _flat_tensors(outputs):
-        cdata = t.untyped_storage()._cdata
-        if cdata not in cdatas:
-            cdatas.append(cdata)
+    skip = {a.out for a in from_inputs}
+    tops = outputs if from_inputs else [outputs]
+    for k, top in enumerate(tops):
+        if from_inputs and k in skip:
+            continue
+        for t in _flat_tensors(top):
+            cdata = t.untyped_storage()._cdata
+            if cdata not in cdatas:
+                cdatas.append(cdata)
     flat = type(outputs) in (tuple, list) and all(type(o) is torch.Tensor for o in outputs)
-    return _Slot(replay, outputs, cdatas, [_use_count(c) for c in cdatas], flat)
+    return _Slot(replay, outputs, cdatas, [_use_count(c) for c in cdatas], flat, from_inputs)
 
 
 class CudaGraphRunner:
@@ -234,6 +276,7 @@ class CudaGraphRunner:
         self._inputs: list[Any] = []  # what the graph reads: the caller's tensor or our copy
         self._copy_dst: list[torch.Tensor] = []
         self._copy_idx: list[int] = []
+        self._copy_strides: dict[int, tuple[int, ...]] = {}  # a copied input's strides at the caller
         # Note [The runner's per-call path]: planned at each recording
         self._pick_static: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
         self._pick_copied: Callable[[Sequence[Any]], tuple[Any, ...]] = _picker([])
@@ -288,7 +331,7 @@ class CudaGraphRunner:
             torch._foreach_copy_(self._copy_dst, list(copied))
         slot.replay()
         self.replays += 1
-        return slot.aliases()
+        return slot.aliases(args)
 
     def _statics_in_place(self, args: tuple[Any, ...]) -> bool:
         """Whether every static input is at its recorded address (Note [Static inputs of a CUDA graph])."""
@@ -315,6 +358,7 @@ class CudaGraphRunner:
         self._slots = []
         self._static_idx, self._static_ptrs = [], [None] * len(args)
         self._inputs, self._copy_dst, self._copy_idx = [], [], []
+        self._copy_strides = {}
         self._all_meta = [_meta(a) for a in args]
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):
@@ -333,6 +377,7 @@ class CudaGraphRunner:
                 self._inputs.append(static)
                 self._copy_dst.append(static)
                 self._copy_idx.append(i)
+                self._copy_strides[i] = tuple(a.stride())
         self._pick_static, self._pick_copied = _picker(self._static_idx), _picker(self._copy_idx)
         self._static_ptr_list = [a.data_ptr() for a in self._pick_static(args)]
         slot = self._record_slot()
@@ -340,7 +385,7 @@ class CudaGraphRunner:
             return self.fn(*args)
         slot.replay()
         self.replays += 1
-        return slot.aliases()
+        return slot.aliases(args)
 
     def _record_slot(self) -> _Slot | None:
         if self._pool is None:  # a stand-in capture gets a stand-in pool (tests see which one)
@@ -351,13 +396,52 @@ class CudaGraphRunner:
             self._disable(f"capture failed: {type(exc).__name__}: {exc}")
             return None
         self.recordings += 1
-        inputs = {t.untyped_storage()._cdata for t in _flat_tensors(self._inputs)}
-        if any(t.untyped_storage()._cdata in inputs for t in _flat_tensors(outputs)):
-            self._disable("an output aliases an input")
+        from_inputs = self._input_aliases(outputs)
+        if isinstance(from_inputs, str):
+            self._disable(from_inputs)
             return None
-        slot = _slot(replay, outputs)
+        slot = _slot(replay, outputs, from_inputs)
         self._slots.append(slot)
         return slot
+
+    def _input_aliases(self, outputs: Any) -> tuple[_InputAlias, ...] | str:
+        """The outputs that are inputs or views of them (Note [Outputs that are inputs]), or why
+        one cannot be rebuilt from a call's arguments."""
+        by_storage: dict[int, int] = {}
+        for i, a in enumerate(self._inputs):
+            if isinstance(a, torch.Tensor):
+                by_storage.setdefault(a.untyped_storage()._cdata, i)
+        if not by_storage or not any(
+            t.untyped_storage()._cdata in by_storage for t in _flat_tensors(outputs)
+        ):
+            return ()
+        if type(outputs) not in (tuple, list):
+            return "an output aliases an input (outputs not a tuple or list)"
+        found: list[_InputAlias] = []
+        for j, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor):
+                if any(t.untyped_storage()._cdata in by_storage for t in _flat_tensors(o)):
+                    return f"output {j} holds an alias of an input inside it"
+                continue
+            k = by_storage.get(o.untyped_storage()._cdata)
+            if k is None:
+                continue
+            inp = self._inputs[k]
+            if k in self._copy_strides and tuple(inp.stride()) != self._copy_strides[k]:
+                return f"output {j} is a view of copied input {k}, held in other strides than the caller's"
+            if o is inp:
+                found.append(_InputAlias(j, k, None))
+            else:
+                view = (tuple(o.shape), tuple(o.stride()), o.storage_offset() - inp.storage_offset())
+                found.append(_InputAlias(j, k, view))
+        if found:
+            log.debug(
+                "CUDA graph: outputs %s are inputs %s, returned from each call's arguments"
+                " (Note [Outputs that are inputs])",
+                [a.out for a in found],
+                [a.arg for a in found],
+            )
+        return tuple(found)
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
