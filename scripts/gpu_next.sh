@@ -5,7 +5,7 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
-# Thirtieth session: call10 (the breadth suite on the GPU for the first time), call29b, call4c, a reduced call29r and call29w
+# Thirtieth session: call10 (the breadth suite on the GPU, last run in the sixteenth session), call29b, call4c, a reduced call29r and call29w
 #   ran on an H100 at 63081cf (packages/bench/results/2026-12-07-h100-s30-*; 1563 of 1800 s, 541 s of it lost to six
 #   machines that did not start). Found: CUDA graphs in training were off for every forward (outputs that are inputs;
 #   fixed after, Note [Outputs that are inputs], not measured: call30r), deepseek_v3's bf16 mismatch (call30d).
