@@ -58,19 +58,24 @@ the forward. The fusion-aware weights made that cut: each `h_k` fused away (twic
 against the projections the forward writes anyway (their bytes), the same bytes saved, and
 LLaMA's backward recomputed the residual sums from 2 to 5 tensors per norm, one fused column
 reduction of four norms' weight gradients reading 15 of them (the public suite's `llama`, CPU,
-one thread, its saved bytes equal either way: the norm backward kernels' fastest calls 0.75 ->
-0.41 ms a step with the rule, `codegen_cpp/bench/kernel_time.py`; with loopir's Note [Outputs
-read back] all generated kernels 2.32 -> 1.75 ms).
-So, in the fusion-aware cut, a recomputable value whose recomputation would read more bytes of
-forward-written values than its own bytes is not recomputed: it hangs off the source, so the cut
-saves it or a value after it. Counted are the written values it is computed from through
-recomputable ops (`_recompute_sources`), each at its bytes, where it has at least half as many
-elements as the value: row statistics, per-channel weights and broadcast biases are small beside
-it and read from cache. A view reads its base's sources, and a view that narrows its base (a
-slice, a `select`) is a source of its own bytes. LayerNorm's normalized rows, `(x - mean) * rstd`,
-read x alone (its statistics are small) and stay recomputed; the sum of two projections does not.
-The cut may save more bytes for it; the memory check above bounds that. Option
-`recompute_sources` (kiln.compile's, `AotOptions.recompute_sources`) switches it off.
+one thread, its saved bytes equal either way). With the rule and loopir's Note [Outputs read
+back], the generated kernels' fastest calls a step (`codegen_cpp/bench/kernel_time.py
+--ab-options recompute_sources=false,outputs_read_back=false`, interleaved, a loaded machine):
+LLaMA 3.34 -> 2.79 ms, Qwen2 3.67 -> 3.17, GPT-2 3.87 -> 3.44, T5 10.32 -> 9.83, ViT 1.37 -> 1.15.
+So, in the fusion-aware cut, a recomputable value computed from more than one written value whose
+recomputation reads more than twice its bytes (`_READ_FACTOR`: its write and its read, against
+the reads of one backward kernel that recomputes it) is not recomputed: it hangs off the source,
+so the cut saves it or a value after it. Counted are the written values it is computed from
+through recomputable ops (`_recompute_sources`), each at its bytes, where it has at least half
+as many elements as the value: row statistics, per-channel weights and broadcast biases are small
+beside it and read from cache. A view reads its base's sources, and a view that narrows its base
+(a slice, a `select`) is a source of its own bytes. So `h_2 = emb + x_0 + x_1` (three sources)
+is saved and `h_1 = emb + x_0` (two) stays recomputed; LayerNorm's normalized rows,
+`(x - mean) * rstd`, read x alone (its statistics are small); a comparison or a cast of one value
+(ReLU's `x <= 0`, a bool of 4-byte floats) is not a sum of values: saving T5's four ReLU masks
+instead of recomputing them had the backward's `where` run as kernels of their own (+3.5 ms of
+generated kernels a step). The cut may save more bytes; the memory check above bounds that.
+Option `recompute_sources` (kiln.compile's, `AotOptions.recompute_sources`) switches it off.
 
 Note [Values the backward would write]: recomputing a value is cheap only where the backward's
 kernels read it through fusion, from values they load anyway. A value that a backward op no kernel
@@ -390,6 +395,12 @@ def _save_weight(node: torch.fx.Node, materialized: set[torch.fx.Node] | None) -
     return 2 * size
 
 
+# Note [Recomputing from many values]: a value computed from several values is not recomputed where
+# that reads more than this many times its bytes (its write and its read, against the reads of
+# one backward kernel that recomputes it)
+_READ_FACTOR = 2
+
+
 def _numel(val: Any) -> int:
     return nbytes(val) // max(val.element_size(), 1) if isinstance(val, torch.Tensor) else 0
 
@@ -398,8 +409,8 @@ def _recompute_sources(
     nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], forced: frozenset[torch.fx.Node]
 ) -> frozenset[torch.fx.Node]:
     """The forward values too costly to recompute (Note [Recomputing from many values]): those
-    whose recomputation reads more bytes of written values than their own bytes. `forced`: values
-    the cut never recomputes anyway."""
+    computed from more than one written value of their size, whose recomputation reads more than
+    `_READ_FACTOR` times their bytes. `forced`: values the cut never recomputes anyway."""
     sources: dict[torch.fx.Node, dict[torch.fx.Node, int]] = {}
     banned: set[torch.fx.Node] = set()
     for n in nodes:
@@ -423,8 +434,8 @@ def _recompute_sources(
         for i in n.all_input_nodes:
             merged.update(sources.get(i, {}))
         numel = _numel(val)
-        read = sum(b for s, b in merged.items() if 2 * _numel(s.meta.get("val")) >= numel)
-        if read > nbytes(val):
+        full = [b for s, b in merged.items() if 2 * _numel(s.meta.get("val")) >= numel]
+        if len(full) > 1 and sum(full) > _READ_FACTOR * nbytes(val):
             banned.add(n)
             sources[n] = {n: nbytes(val)}
         else:
@@ -545,7 +556,7 @@ def partition(
                 f"{plain} -> {mine}, forward writes for the backward {written[0]} -> {written[1]}"
             )
             if wide:  # Note [Recomputing from many values]
-                cost_note += f"; not recomputed (read more than their bytes): {', '.join(n.name for n in nodes if n in wide)}"
+                cost_note += f"; not recomputed (read several values, more than twice their bytes): {', '.join(n.name for n in nodes if n in wide)}"
             if took:
                 saved = aware
     saved = _bind_backward_symbols(joint, nodes, saved, tangents, tangent_dep, bw_outs)
