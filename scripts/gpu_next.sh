@@ -215,6 +215,13 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
+    call30r)  # thirtieth session (helper cpu30): aotgrad's Note [Recomputing from many values] and loopir's Note
+      # [Outputs read back] (a residual stream's sums saved and read back, not recomputed from every projection),
+      # bf16 training, GPU time per step, both switched off against on. Expect the transformers' generated
+      # kernels a few percent less GPU time (CPU: LLaMA's kernels -17%), CNNs unchanged; ~8 min
+      bench train-bf16-residual 560 --dtype bfloat16 --modes training --models llama,gpt2,t5,vit,bert --repeats 10 \
+        --warmup 3 --profile --profile-calls 3 \
+        --backends kiln,kiln:default:recompute_sources=False+outputs_read_back=False,inductor ;;
     call25a)  # twenty-fifth session: ResNet-50 bf16 training after the grouped write-back (aotgrad, Note [Write-backs
       # in one call]: 183 memcpy a step before, "copies" in the profile row) and one accumulator per reduced value
       # (codegen_triton, Note [One accumulator per reduction of a value]: the BatchNorm statistics' partial kernels ran

@@ -25,6 +25,11 @@ fastest call per count and its scaling over the first: a kernel that runs in par
 at two threads, a serial one stays at 1.0x (``--models suite.resnet --threads 1,2``; with
 ``--ab-cpp weigh_statements=0`` a second copy under other generator switches, in the same rounds).
 A kernel called several times a step keeps its fastest call (its call sites are not told apart).
+
+``--ab-options k=v,...`` times a second copy compiled with other ``kiln.compile`` options (over
+``--kiln-options``), its steps interleaved with the first's, as ``--ab-cpp`` does for generator
+switches (``--models suite.llama --ab-options recompute_sources=false``: aotgrad's and loopir's
+decisions, which change which kernels there are).
 """
 
 from __future__ import annotations
@@ -117,15 +122,17 @@ def run(
     options: dict[str, Any] | None = None,
     ab_cpp: str | None = None,
     inference: bool = False,
+    ab_options: dict[str, Any] | None = None,
 ) -> None:
     w = MODELS[name]()
     w.model.train(not inference)
     step = _infer if inference else _step
     variants: dict[str, tuple[Any, Any, dict[str, list[int]], int]] = {}
     for label, cpp in (("kiln", None), ("kiln_ab", ab_cpp)):
-        if label == "kiln_ab" and ab_cpp is None:
+        if label == "kiln_ab" and ab_cpp is None and not ab_options:
             continue
-        compiled, model = _compiled(w, options, cpp, step)
+        opts = {**(options or {}), **(ab_options or {})} if label == "kiln_ab" else options
+        compiled, model = _compiled(w, opts, cpp, step)
         times: dict[str, list[int]] = defaultdict(list)
         wrappers = _wrap_kernels(times)  # only this copy's: the others are wrapped already
         variants[label] = (compiled, model, times, wrappers)
@@ -215,6 +222,11 @@ def main() -> None:
         help="also time a second kiln copy whose C++ generator runs under KILN_CPP_OPTIONS=AB_CPP "
         "(e.g. column_sum_fusion=1), its steps interleaved with the first's",
     )
+    parser.add_argument(
+        "--ab-options",
+        default="",
+        help="k=v,... kiln.compile options of a second copy (over --kiln-options), timed interleaved",
+    )
     parser.add_argument("--inference", action="store_true", help="time no-grad forward calls, not steps")
     parser.add_argument("--threads", default="", help="e.g. 1,2: each kernel's scaling over thread counts")
     args = parser.parse_args()
@@ -225,7 +237,15 @@ def main() -> None:
             counts = [int(n) for n in args.threads.split(",")]
             scaling(name, args.calls, args.top, counts, options, args.inference, args.ab_cpp)
         else:
-            run(name, args.calls, args.top, options, args.ab_cpp, args.inference)
+            run(
+                name,
+                args.calls,
+                args.top,
+                options,
+                args.ab_cpp,
+                args.inference,
+                _parse_options(args.ab_options),
+            )
 
 
 if __name__ == "__main__":

@@ -77,6 +77,9 @@ class AotOptions:
     # a value the backward would have to write is saved, not recomputed (Note [Values the
     # backward would write] in partition.py)
     materialized_saves: bool = True
+    # the fusion-aware cut does not recompute a value that reads more bytes than it has (Note
+    # [Recomputing from many values] in partition.py)
+    recompute_sources: bool = True
 
     def __post_init__(self) -> None:
         if self.partition not in ("default", "min_cut"):
@@ -107,7 +110,12 @@ def compile_flat(
             compiled = compiler(traced.gm, _example_inputs(traced.gm))
         return CompiledArtifacts(traced, None, inference_runner(compiled, meta))
     part = partition(
-        traced.gm, meta.num_graph_outputs, opts.partition, opts.fusion_aware_saves, opts.materialized_saves
+        traced.gm,
+        meta.num_graph_outputs,
+        opts.partition,
+        opts.fusion_aware_saves,
+        opts.materialized_saves,
+        opts.recompute_sources,
     )
     if graphs_log.isEnabledFor(logging.INFO):  # Note [Graph modules generated on demand]
         graphs_log.info("forward graph:%s\nbackward graph:%s", part.fw.code, part.bw.code)
@@ -528,10 +536,12 @@ def aot_function(
     partition: str = "min_cut",
     fusion_aware_saves: bool = True,
     materialized_saves: bool = True,
+    recompute_sources: bool = True,
 ) -> AotFunction:
     """Compile `fn` ahead of time through aten graphs; `decompositions` extend kiln's table;
     `fusion_aware_saves`: Note [What saving a value costs] in partition.py; `materialized_saves`:
-    Note [Values the backward would write] there."""
+    Note [Values the backward would write] there; `recompute_sources`: Note [Recomputing from many
+    values] there."""
     opts = AotOptions(
         fw_compiler,
         bw_compiler,
@@ -540,6 +550,7 @@ def aot_function(
         partition,
         fusion_aware_saves=fusion_aware_saves,
         materialized_saves=materialized_saves,
+        recompute_sources=recompute_sources,
     )
     return AotFunction(fn, opts)
 
@@ -555,6 +566,7 @@ def aot_module(
     guarded: bool = False,
     fusion_aware_saves: bool = True,
     materialized_saves: bool = True,
+    recompute_sources: bool = True,
 ) -> AotFunction:
     """Like `aot_function` for `module(*args)`, with its parameters and buffers as graph inputs;
     `guarded`: every call passes guards on its tensors' metadata (Note [Guarded callers])."""
@@ -566,5 +578,6 @@ def aot_module(
         partition,
         fusion_aware_saves=fusion_aware_saves,
         materialized_saves=materialized_saves,
+        recompute_sources=recompute_sources,
     )
     return AotFunction(module.forward, opts, module, guarded=guarded)

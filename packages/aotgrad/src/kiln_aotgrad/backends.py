@@ -39,9 +39,11 @@ def aot_backend(
     partition: str = "min_cut",
     fusion_aware_saves: bool = True,
     materialized_saves: bool = True,
+    recompute_sources: bool = True,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """A dynamo backend that runs the captured graph through kiln_aotgrad and `fw_compiler`;
-    `partition`, `fusion_aware_saves` and `materialized_saves` as `AotOptions`'."""
+    `partition`, `fusion_aware_saves`, `materialized_saves` and `recompute_sources` as
+    `AotOptions`'."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         fn = aot_module(
@@ -53,6 +55,7 @@ def aot_backend(
             partition=partition,
             fusion_aware_saves=fusion_aware_saves,
             materialized_saves=materialized_saves,
+            recompute_sources=recompute_sources,
             guarded=True,  # Note [Guarded callers]: a dynamo backend runs behind the frame's guards
         )
         fakes = symbolic_placeholders(gm)

@@ -47,6 +47,36 @@ most `_MEMORY_SLACK` more bytes than that (LayerNorm: 0.13%); otherwise the byte
 stands (both figures in `KILN_LOG=partition`). `AotOptions.fusion_aware_saves` (kiln.compile's
 `fusion_aware_saves` option) switches it off.
 
+Note [Recomputing from many values]: the cut's weights price a saved value by one read in the
+backward, as if recomputing a value from saved ones cost their reads once. But each backward
+kernel that reads a recomputed value loads every saved value it is computed from: a residual
+stream `h_k = h_(k-1) + x_k` (`x_k` an attention's or MLP's projection, written by its matmul),
+recomputed for each norm's backward from the embedding and every projection before it, costs
+the k-th norm's backward k + 1 loads of a [tokens, hidden] tensor in each of its kernels (the row
+pass and the weight gradient's column sums), where the saved `h_k` costs one, and one write in
+the forward. The fusion-aware weights made that cut: each `h_k` fused away (twice its bytes)
+against the projections the forward writes anyway (their bytes), the same bytes saved, and
+LLaMA's backward recomputed the residual sums from 2 to 5 tensors per norm, one fused column
+reduction of four norms' weight gradients reading 15 of them (the public suite's `llama`, CPU,
+one thread, its saved bytes equal either way). With the rule and loopir's Note [Outputs read
+back], the generated kernels' fastest calls a step (`codegen_cpp/bench/kernel_time.py
+--ab-options recompute_sources=false,outputs_read_back=false`, interleaved, a loaded machine):
+LLaMA 3.34 -> 2.79 ms, Qwen2 3.67 -> 3.17, GPT-2 3.87 -> 3.44, T5 10.32 -> 9.83, ViT 1.37 -> 1.15.
+So, in the fusion-aware cut, a recomputable value computed from more than one written value whose
+recomputation reads more than twice its bytes (`_READ_FACTOR`: its write and its read, against
+the reads of one backward kernel that recomputes it) is not recomputed: it hangs off the source,
+so the cut saves it or a value after it. Counted are the written values it is computed from
+through recomputable ops (`_recompute_sources`), each at its bytes, where it has at least half
+as many elements as the value: row statistics, per-channel weights and broadcast biases are small
+beside it and read from cache. A view reads its base's sources, and a view that narrows its base
+(a slice, a `select`) is a source of its own bytes. So `h_2 = emb + x_0 + x_1` (three sources)
+is saved and `h_1 = emb + x_0` (two) stays recomputed; LayerNorm's normalized rows,
+`(x - mean) * rstd`, read x alone (its statistics are small); a comparison or a cast of one value
+(ReLU's `x <= 0`, a bool of 4-byte floats) is not a sum of values: saving T5's four ReLU masks
+instead of recomputing them had the backward's `where` run as kernels of their own (+3.5 ms of
+generated kernels a step). The cut may save more bytes; the memory check above bounds that.
+Option `recompute_sources` (kiln.compile's, `AotOptions.recompute_sources`) switches it off.
+
 Note [Values the backward would write]: recomputing a value is cheap only where the backward's
 kernels read it through fusion, from values they load anyway. A value that a backward op no kernel
 fuses (a convolution's or a matmul's backward, an attention's) reads must be in memory there: its
@@ -365,6 +395,54 @@ def _save_weight(node: torch.fx.Node, materialized: set[torch.fx.Node] | None) -
     return 2 * size
 
 
+# Note [Recomputing from many values]: a value computed from several values is not recomputed where
+# that reads more than this many times its bytes (its write and its read, against the reads of
+# one backward kernel that recomputes it)
+_READ_FACTOR = 2
+
+
+def _numel(val: Any) -> int:
+    return nbytes(val) // max(val.element_size(), 1) if isinstance(val, torch.Tensor) else 0
+
+
+def _recompute_sources(
+    nodes: list[torch.fx.Node], tangent_dep: set[torch.fx.Node], forced: frozenset[torch.fx.Node]
+) -> frozenset[torch.fx.Node]:
+    """The forward values too costly to recompute (Note [Recomputing from many values]): those
+    computed from more than one written value of their size, whose recomputation reads more than
+    `_READ_FACTOR` times their bytes. `forced`: values the cut never recomputes anyway."""
+    sources: dict[torch.fx.Node, dict[torch.fx.Node, int]] = {}
+    banned: set[torch.fx.Node] = set()
+    for n in nodes:
+        if n in tangent_dep or n.op in ("output", "get_attr"):
+            continue
+        val = n.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            sources[n] = {}  # sizes, tuples: a getitem of a written tuple is its own source
+            continue
+        if n.op == "placeholder" or not recomputable(n) or n in forced:
+            sources[n] = {n: nbytes(val)}
+            continue
+        if getattr(n.target, "is_view", False):
+            base = n.args[0]
+            if isinstance(base, torch.fx.Node) and _numel(val) >= _numel(base.meta.get("val")):
+                sources[n] = sources.get(base, {})  # the whole base seen again (reshape, expand)
+            else:
+                sources[n] = {n: nbytes(val)}  # a part of its base (slice, select)
+            continue
+        merged: dict[torch.fx.Node, int] = {}
+        for i in n.all_input_nodes:
+            merged.update(sources.get(i, {}))
+        numel = _numel(val)
+        full = [b for s, b in merged.items() if 2 * _numel(s.meta.get("val")) >= numel]
+        if len(full) > 1 and sum(full) > _READ_FACTOR * nbytes(val):
+            banned.add(n)
+            sources[n] = {n: nbytes(val)}
+        else:
+            sources[n] = merged
+    return frozenset(banned)
+
+
 def _saved_min_cut(
     nodes: list[torch.fx.Node],
     tangent_dep: set[torch.fx.Node],
@@ -445,11 +523,14 @@ def partition(
     strategy: str = "min_cut",
     fusion_aware: bool = True,
     keep_written: bool = True,
+    recompute_sources: bool = True,
 ) -> Partition:
     """Split `joint` with `strategy` ("default" or "min_cut"); `fusion_aware`: the min-cut weighs
     a value the forward would fuse away at twice its bytes (Note [What saving a value costs]);
     `keep_written`: a value the backward would have to write is saved, not recomputed (Note
-    [Values the backward would write])."""
+    [Values the backward would write]); `recompute_sources`: in the fusion-aware cut, a value
+    whose recomputation reads more bytes than it has is not recomputed (Note [Recomputing from
+    many values])."""
     if strategy not in ("default", "min_cut"):
         raise ValueError(f"unknown partition strategy {strategy!r}; use 'default' or 'min_cut'")
     nodes, fw_outs, bw_outs, primals, tangents, tangent_dep = _split(joint, num_fw_outputs)
@@ -465,7 +546,8 @@ def partition(
         )
         saved = _saved_min_cut(nodes, tangent_dep, bw_need, outs, written=kept)
         if fusion_aware:
-            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized, kept)
+            wide = _recompute_sources(nodes, tangent_dep, kept) if recompute_sources else frozenset()
+            aware = _saved_min_cut(nodes, tangent_dep, bw_need, outs, materialized, kept | wide)
             plain, mine = _bytes(saved), _bytes(aware)
             written = (_fused_bytes(saved, materialized), _fused_bytes(aware, materialized))
             took = mine <= plain * (1 + _MEMORY_SLACK)
@@ -473,6 +555,8 @@ def partition(
                 f"fusion-aware cut {'taken' if took else 'refused (memory)'}: saved bytes "
                 f"{plain} -> {mine}, forward writes for the backward {written[0]} -> {written[1]}"
             )
+            if wide:  # Note [Recomputing from many values]
+                cost_note += f"; not recomputed (read several values, more than twice their bytes): {', '.join(n.name for n in nodes if n in wide)}"
             if took:
                 saved = aware
     saved = _bind_backward_symbols(joint, nodes, saved, tangents, tangent_dep, bw_outs)

@@ -63,6 +63,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "triton.outer_by_tiles", False),
     ("cuda", "triton.welford_tiles", False),
     ("cuda", "materialized_saves", False),
+    ("cuda", "recompute_sources", False),
     ("cuda", "tiny_fusion", False),
     ("cpu", "layout", False),
     ("cpu", "attention", False),
@@ -76,6 +77,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cpu", "var_mean", False),
     ("cpu", "cpp.shifted_welford", False),
     ("cpu", "materialized_saves", False),
+    ("cpu", "recompute_sources", False),
     ("cpu", "tiny_fusion", False),
 )
 

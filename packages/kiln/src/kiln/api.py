@@ -18,6 +18,7 @@ _OPTIONS = frozenset(
         "triton_options",
         "fusion_aware_saves",
         "materialized_saves",
+        "recompute_sources",
         *PASS_OPTIONS,
     }
 )
@@ -51,7 +52,10 @@ def compile(
     forward would fuse away weighs twice its bytes, so LayerNorm saves x and its row statistics,
     not the normalized rows); `{"materialized_saves": False}` lets it recompute in the backward a
     value a convolution's or matmul's backward reads (kiln_aotgrad's Note [Values the backward
-    would write]: by default such a value is saved).
+    would write]: by default such a value is saved); `{"recompute_sources": False}` lets the
+    fusion-aware partition recompute a value from saved values of more bytes than its own
+    (kiln_aotgrad's Note [Recomputing from many values]: by default a residual stream's sums are
+    saved, not recomputed from every projection before them).
     Without a model, returns a decorator. `dynamic` as torch.compile's: None (default) compiles
     static first and makes the dims that changed symbolic on the next compile, True makes every
     size symbolic from the first call, False never does (a backend that cannot compile symbolic
@@ -93,6 +97,7 @@ def compile(
             triton_options=triton_options,
             fusion_aware_saves=_bool_option(options, "fusion_aware_saves", True),
             materialized_saves=_bool_option(options, "materialized_saves", True),
+            recompute_sources=_bool_option(options, "recompute_sources", True),
         )
     elif callable(backend):
         resolved = backend

@@ -508,13 +508,15 @@ def make_backend(
     triton_options: dict[str, Any] | None = None,
     fusion_aware_saves: bool = True,
     materialized_saves: bool = True,
+    recompute_sources: bool = True,
 ) -> Callable[[torch.fx.GraphModule, list[Any]], Callable[..., Any]]:
     """The backend called `name` ("eager", "aot_eager" or "kiln"); `mode` as torch.compile's;
     `passes` switch loopir's graph passes (PASS_OPTIONS); `cpu_backend` is the code generator of
     CPU graphs (CPU_BACKENDS); `cpp_options` the C++ generator's switches (CppOptions),
     `triton_options` the Triton generator's (kiln_codegen_triton.TRITON_OPTIONS);
-    `fusion_aware_saves` and `materialized_saves` aotgrad's partitioner's (Notes [What saving a
-    value costs] and [Values the backward would write] there)."""
+    `fusion_aware_saves`, `materialized_saves` and `recompute_sources` aotgrad's partitioner's
+    (Notes [What saving a value costs], [Values the backward would write] and [Recomputing from
+    many values] there)."""
     if name == "eager":
         return eager_backend
     if cpu_backend not in CPU_BACKENDS:
@@ -604,6 +606,7 @@ def make_backend(
                 inner_backward,
                 fusion_aware_saves=fusion_aware_saves,
                 materialized_saves=materialized_saves,
+                recompute_sources=recompute_sources,
             )(traced, example_inputs)
             if symbolic:  # compiled just now (Note [Symbolic signatures])
                 record.add("aotgrad", time.perf_counter() - start - (record.loopir_seconds - inner_before))
@@ -630,6 +633,7 @@ def make_backend(
         ("triton_options", tuple(sorted((triton_options or {}).items()))),
         ("fusion_aware_saves", fusion_aware_saves),
         ("materialized_saves", materialized_saves),
+        ("recompute_sources", recompute_sources),
     )
     return backend
 

@@ -268,6 +268,7 @@ def _generate(
         channels_last=channels_last,
         extern_ops=passes.extern_ops,
         shape_only_readers=passes.options.shape_only_readers,
+        outputs_read_back=passes.options.outputs_read_back,
         pool_values_max=passes.options.pool_values_max,
         conv_grad_formats=passes.conv_grad_formats,
         nchw_conv_backwards=passes.nchw_conv_backwards,

@@ -25,7 +25,9 @@ every pending lazy value is realized, and the scheduler orders the mutation afte
 reader of the buffers it is given and before every later one.
 
 Note [Why a value is realized] (the realize heuristic, ``mark_reuse``): pointwise values stay
-lazy and are inlined into each reader, except a value that (a) is a graph output, (b) feeds an
+lazy and are inlined into each reader, except a value that (a) is a graph output (when it is
+computed, where other nodes read it and it loads more than one buffer: Note [Outputs read back],
+else at the graph's end), (b) feeds an
 extern kernel, (c) has more than one reader (not counting ``SHAPE_ONLY_READERS``) and a large body (> ``MAX_INLINE_OPS`` ops) or many
 loads (> ``MAX_REUSE_LOADS``), (d) reads more than ``MAX_LOADS`` buffers, or (e) has a body of more
 than ``MAX_CHAIN_OPS`` ops (a long chain of single-reader ops would otherwise inline into one
@@ -128,6 +130,18 @@ SINGLE_READ_OPS = frozenset({torch.ops.aten.cat.default, torch.ops.aten.constant
 MASKED_READ_FACTOR = 2
 MAX_REUSE_LOADS = 4
 MAX_LOADS = 8
+# Note [Outputs read back]: a graph output is written whatever its readers do, and was realized at
+# the graph's end only, after every reader in the graph had inlined its body: each recomputed it
+# from everything it loads. A training forward returns the residual stream's sums for the
+# backward (aotgrad's Note [Recomputing from many values]) and reads each one again for the next
+# layer: LLaMA's forward recomputed `h_3 = emb[ids] + a_0 + m_0 + a_1` (the gather again, four
+# loads) in the third norm's kernel though `h_2` was written, and wrote `h_1`, `h_2` there too
+# (the scheduler's Note [Outputs fused across the graph] put their writes where their loads
+# were). So an output that other nodes read and whose body loads more than one buffer is realized
+# when it is computed, and its readers load it: one load instead of its loads, no recomputation.
+# An output of a single load (a scaled input, say) stays inlined: reading it back would cost what
+# recomputing it costs. Option ``outputs_read_back`` (PassOptions); off: outputs are realized at
+# the graph's end only.
 # Note [Why a value is realized] (c): readers that take a value's size, dtype and device and never
 # an element. ``_safe_softmax`` decomposes to ``where(no_row_all_masked, softmax(x),
 # full_like(softmax(x), 0))``: the softmax has two fx readers but one that loads it, so it can
@@ -243,6 +257,7 @@ class GraphLowering:
         channels_last: set[torch.fx.Node] | None = None,
         extern_ops: set[Any] | None = None,
         shape_only_readers: bool = False,
+        outputs_read_back: bool = True,
         pool_values_max: bool = True,
         conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
         nchw_conv_backwards: set[torch.fx.Node] | None = None,
@@ -250,6 +265,7 @@ class GraphLowering:
     ) -> None:
         self.gm = gm
         self.shape_only_readers = shape_only_readers  # Note [Why a value is realized] (c)
+        self.outputs_read_back = outputs_read_back  # Note [Outputs read back]
         # Note [Max pooling values without their indices] (lowerings/pooling.py)
         self.pool_values_max = pool_values_max
         self.example_inputs = list(example_inputs)
@@ -520,6 +536,14 @@ class GraphLowering:
                 or (users > 1 and (ops_count > MAX_INLINE_OPS or loads > MAX_REUSE_LOADS))
             ):
                 storage.realize()
+            elif self.outputs_read_back and users > 1 and loads > 1 and self._read_back(node):
+                log.debug("%s realized: a graph output that %d other nodes read", node.name, users - 1)
+                storage.realize()  # Note [Outputs read back]
+
+    def _read_back(self, node: torch.fx.Node) -> bool:
+        """Is ``node``'s value a graph output that leaves in the layout it is computed in (Note
+        [Outputs read back]; one kept NHWC leaves through a copy, which can inline it)?"""
+        return node not in self.channels_last and any(u.op == "output" for u in node.users)
 
     def _outputs(self, value: Any) -> Any:
         if isinstance(value, TensorBox):

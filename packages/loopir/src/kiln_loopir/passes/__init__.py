@@ -108,6 +108,10 @@ class PassOptions:
     shape (``full_like``, ``zeros_like``, ...) as readers (Note [Why a value is realized] (c) in
     graph.py); off by default (measured slower on the one graph it changes, the Note says why
     not known); ``False``: every fx reader counts. Also a decision handed to lowering.
+    ``outputs_read_back``: a graph output that other nodes read, whose body loads more than one
+    buffer, is realized when it is computed and its readers load it (Note [Outputs read back] in
+    graph.py: a training forward's saved residual sums, read by the next layer); ``False``: it is
+    realized at the graph's end, and its readers recompute it. Also a decision handed to lowering.
     ``far_output_fusion``: the scheduler fuses a kernel that writes only graph outputs with a
     distant kernel that reads the same inputs (Note [Outputs fused across the graph] in
     scheduler.py: a training forward's saved residual sums); ``False``: horizontal fusion only
@@ -168,6 +172,7 @@ class PassOptions:
     pool_backward: bool | str = True
     pool_values_max: bool = True
     shape_only_readers: bool = False
+    outputs_read_back: bool = True
     cse: bool = True
     far_output_fusion: bool = True
     tiny_fusion: bool = True
@@ -205,6 +210,7 @@ class PassOptions:
             made.index_select,
             made.pool_values_max,
             made.shape_only_readers,
+            made.outputs_read_back,
             made.cse,
             made.far_output_fusion,
             made.tiny_fusion,
@@ -219,7 +225,7 @@ class PassOptions:
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion,"
                 " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select,"
-                " pool_values_max, shape_only_readers, cse, far_output_fusion, tiny_fusion, late_placement,"
+                " pool_values_max, shape_only_readers, outputs_read_back, cse, far_output_fusion, tiny_fusion, late_placement,"
                 " var_mean, conv_grad_format, depthwise_backward_nchw, inplace_reuse and"
                 " nhwc_weights"
                 " are True or False"
@@ -413,6 +419,11 @@ def run_passes(
         )
     if ctx.options.shape_only_readers:
         ctx.note("shape_only_readers", "on: full_like and friends do not count as readers of a value")
+    if not ctx.options.outputs_read_back:
+        ctx.note(
+            "outputs_read_back",
+            "off: graph outputs are realized at the graph's end, their readers recompute them",
+        )
     return gm, ctx
 
 
