@@ -9,7 +9,7 @@
 #   ran on an H100 at 63081cf (packages/bench/results/2026-12-07-h100-s30-*; 1563 of 1800 s, 541 s of it lost to six
 #   machines that did not start). Found: CUDA graphs in training were off for every forward (outputs that are inputs;
 #   fixed after, Note [Outputs that are inputs], not measured: call30r), deepseek_v3's bf16 mismatch (call30d).
-#   Next, in this order: call30r, call30d, call30b (helper bn30, if it landed), call28t, call29c, call28l, call27t +
+#   Next, in this order: call30r, call30d, call30s (helper cpu30: its saves on GPU training), call30b (helper bn30), call28t, call29c, call28l, call27t +
 #   call27b, call27m, call26p, call27l.
 # Twenty-ninth session: call28e, call28v, call3c (the ablation, complete for the first time: in three calls, the whole
 #   suite needs ~1000 s) and call28h ran on an H200 and its host at 5df0116 (packages/bench/results/2026-12-06-h200-s29-*;
@@ -215,7 +215,7 @@ for step in "$@"; do
     call21a)  # twenty-first session: fusion-aware saves (aotgrad), training, GPU time per step
       bench train-bf16-saves 560 --dtype bfloat16 --modes training --models bert,gpt2,vit,llama,t5,convnext --repeats 10 --warmup 3 \
         --profile --profile-calls 3 --backends kiln,kiln:default:fusion_aware_saves=False,inductor ;;
-    call30r)  # thirtieth session (helper cpu30): aotgrad's Note [Recomputing from many values] and loopir's Note
+    call30s)  # thirtieth session (helper cpu30): aotgrad's Note [Recomputing from many values] and loopir's Note
       # [Outputs read back] (a residual stream's sums saved and read back, not recomputed from every projection),
       # bf16 training, GPU time per step, both switched off against on. Expect the transformers' generated
       # kernels a few percent less GPU time (CPU: LLaMA's kernels -17%), CNNs unchanged; ~8 min
