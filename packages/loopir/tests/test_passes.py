@@ -1140,7 +1140,9 @@ def test_a_patch_convolution_is_a_gemm(dtype: torch.dtype, image: tuple[int, ...
     x, w, b = make(image, dtype), make((16, image[1], kh, kw), dtype), make((16,), dtype)
     embed = patch_embed(image[0], kh, kw)
     gm = with_vals(embed, x, w, b)
-    rewritten = check(gm, x, w, b, options={"patch_conv": "force"})
+    # a GEMM sums the patch's C*kh*kw products in another order than the convolution: float32
+    # results of magnitude ~sqrt(K) differ by a few of their ulps (K = 320: 1.4e-5 seen)
+    rewritten = check(gm, x, w, b, options={"patch_conv": "force"}, tolerances={torch.float32: (1e-4, 1e-4)})
     assert _conv_nodes(rewritten) == []
     targets = {n.target for n in rewritten.graph.gm.graph.nodes}
     assert aten.addmm.default in targets
