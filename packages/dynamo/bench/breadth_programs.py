@@ -26,6 +26,13 @@ for these, not only the first).
 - `config_driven`: a block built from a config dict: activations looked up by name with
   `getattr(F, ...)`, `functools.partial`, a ModuleDict routed by string keys, `**kwargs`
   forwarding, a `@property` and a `@staticmethod` helper.
+
+The suite moves each model and its inputs to a device and a dtype (`breadth_speed.py --device cuda
+--dtype bfloat16`), so the programs are written to be portable as a model author would: a tensor
+created inside a forward takes the input's device (and dtype where it meets activations), lengths
+for `pack_padded_sequence` go to the CPU with `.cpu()`, autocast is entered on the input's device
+type. `packages/dynamo/tests/test_breadth_programs.py` checks it on the CPU (float32 and bfloat16;
+a factory without `device=`; a CPU-only argument that comes from the device).
 """
 
 from __future__ import annotations
@@ -58,7 +65,7 @@ def _g(seed: int) -> torch.Generator:
 
 def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
     half = dim // 2
-    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32) / half
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
     args = t[:, None].float() * torch.exp(exponent)[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
@@ -157,7 +164,8 @@ class UNet(nn.Module):
     def forward(
         self, sample: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
     ) -> Any:
-        temb = self.time_mlp(timestep_embedding(timestep, self.chans[0]))
+        # the embedding is computed in float32 and cast to the model's dtype, as diffusers does
+        temb = self.time_mlp(timestep_embedding(timestep, self.chans[0]).to(sample.dtype))
         h = self.conv_in(sample)
         skips = []
         for stage in self.down:
@@ -235,12 +243,21 @@ class RetinaHead(nn.Module):
         return torch.cat(logits, dim=1), torch.cat(boxes, dim=1)
 
 
-def make_anchors(sizes: list[tuple[int, int]], strides: list[int], scales: tuple[float, ...]) -> torch.Tensor:
+def make_anchors(
+    sizes: list[tuple[int, int]],
+    strides: list[int],
+    scales: tuple[float, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    # the feature maps' dtype and device, as torchvision's AnchorGenerator takes them
     out = []
     for (h, w), stride in zip(sizes, strides, strict=True):
-        ys, xs = torch.meshgrid(torch.arange(h) * stride, torch.arange(w) * stride, indexing="ij")
-        centers = torch.stack([xs, ys, xs, ys], dim=-1).reshape(-1, 1, 4).float()
-        half = torch.tensor([[-s, -s, s, s] for s in scales], dtype=torch.float32) * stride / 2
+        ys, xs = torch.meshgrid(
+            torch.arange(h, device=device) * stride, torch.arange(w, device=device) * stride, indexing="ij"
+        )
+        centers = torch.stack([xs, ys, xs, ys], dim=-1).reshape(-1, 1, 4).to(dtype)
+        half = torch.tensor([[-s, -s, s, s] for s in scales], dtype=dtype, device=device) * stride / 2
         out.append((centers + half).reshape(-1, 4))
     return torch.cat(out)
 
@@ -282,7 +299,7 @@ class Detector(nn.Module):
         logits, deltas = self.head(levels)
         sizes = [tuple(f.shape[-2:]) for f in levels]
         strides = [images.shape[-1] // s[1] for s in sizes]
-        anchors = make_anchors(sizes, strides, self.scales)  # type: ignore[arg-type]
+        anchors = make_anchors(sizes, strides, self.scales, levels[0].dtype, levels[0].device)  # type: ignore[arg-type]
         boxes = decode_boxes(deltas, anchors)
         scores = logits.sigmoid()
         top, idx = scores.flatten(1).topk(10, dim=1)
@@ -355,7 +372,8 @@ class MoE(nn.Module):
         probs = self.router(flat).softmax(dim=-1, dtype=torch.float32)
         weights, chosen = probs.topk(self.k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(flat.dtype)
-        gates = torch.zeros_like(probs).scatter(1, chosen, weights)
+        # the router runs in float32; the gates are in the activations' dtype, like `weights`
+        gates = torch.zeros_like(probs, dtype=flat.dtype).scatter(1, chosen, weights)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             out = out + gates[:, e : e + 1] * expert(flat)
@@ -441,7 +459,7 @@ class DataclassModel(nn.Module):
         out.extras["norm"] = out.logits.norm(dim=-1)
         for f in dataclasses.fields(out):
             if getattr(out, f.name) is None:
-                out.extras[f"missing_{f.name}"] = torch.zeros(())
+                out.extras[f"missing_{f.name}"] = torch.zeros((), dtype=x.dtype, device=x.device)
         return out
 
 
@@ -505,10 +523,12 @@ class GraphConv(nn.Module):
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         src, dst = edge_index
         n = x.size(0)
-        deg = torch.zeros(n, dtype=x.dtype).scatter_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
+        deg = torch.zeros(n, dtype=x.dtype, device=x.device).scatter_add_(
+            0, dst, torch.ones_like(dst, dtype=x.dtype)
+        )
         norm = deg.clamp(min=1).rsqrt()
         msg = self.lin(x)[src] * norm[src].unsqueeze(-1)
-        agg = torch.zeros(n, msg.size(-1), dtype=x.dtype).index_add_(0, dst, msg)
+        agg = torch.zeros(n, msg.size(-1), dtype=x.dtype, device=x.device).index_add_(0, dst, msg)
         return F.relu(agg * norm.unsqueeze(-1) + self.root(x))
 
 
@@ -523,8 +543,9 @@ class GNN(nn.Module):
     ) -> torch.Tensor:
         for conv in self.convs:
             x = conv(x, edge_index)
-        summed = torch.zeros(num_graphs, x.size(-1)).index_add_(0, batch, x)
-        counts = torch.zeros(num_graphs).index_add_(0, batch, torch.ones(x.size(0)))
+        summed = torch.zeros(num_graphs, x.size(-1), dtype=x.dtype, device=x.device).index_add_(0, batch, x)
+        ones = torch.ones(x.size(0), dtype=x.dtype, device=x.device)
+        counts = torch.zeros(num_graphs, dtype=x.dtype, device=x.device).index_add_(0, batch, ones)
         return self.head(summed / counts.unsqueeze(-1))
 
 
@@ -679,7 +700,9 @@ class STN(nn.Module):
                                       nn.Linear(64, 10))  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        theta = self.loc(x).view(-1, 2, 3) * 0.1 + torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+        theta = self.loc(x).view(-1, 2, 3) * 0.1 + torch.tensor(
+            [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=x.dtype, device=x.device
+        )
         grid = F.affine_grid(theta, list(x.size()), align_corners=False)
         warped = F.grid_sample(x, grid, align_corners=False)
         return self.classify(warped), theta
@@ -704,11 +727,13 @@ class AutocastMLP(nn.Module):
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # autocast on the input's device (autocast for "cpu" leaves CUDA ops alone); the residual
+        # in the input's dtype (float32 in float32, a no-op cast in bfloat16)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
             h = self.fc2(F.gelu(self.fc1(x)))
             low = h.dtype
-        out = self.norm(h.float() + x)
-        return {"out": out, "half": h, "was_low": torch.tensor(low == torch.bfloat16)}
+        out = self.norm(h.to(x.dtype) + x)
+        return {"out": out, "half": h, "was_low": torch.tensor(low == torch.bfloat16, device=x.device)}
 
 
 def _autocast() -> Built:
@@ -731,8 +756,9 @@ class TinyGPT(nn.Module):
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         n = ids.size(1)
-        mask = torch.triu(torch.full((n, n), float("-inf")), diagonal=1)
-        h = self.blocks(self.tok(ids) + self.pos[:n], mask=mask, is_causal=True)
+        x = self.tok(ids) + self.pos[:n]
+        mask = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype, device=x.device), diagonal=1)
+        h = self.blocks(x, mask=mask, is_causal=True)
         return self.head(self.ln(h))
 
     def forward(self, ids: torch.Tensor, steps: int = 3, temperature: float = 1.0) -> dict[str, torch.Tensor]:
@@ -776,7 +802,7 @@ class Pooler(nn.Module):
         _log.debug("pooling %s with %s", tuple(x.shape), self.pool)
         if mask is None:
             warnings.warn("no mask given: every position is pooled", stacklevel=2)
-            mask = torch.ones(x.shape[:2], dtype=torch.bool)
+            mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         h = torch.tanh(self.proj(x))
         if not torch.jit.is_scripting() and self.pool is Pool.MEAN:
             pooled = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
@@ -800,7 +826,8 @@ class PackedLSTM(nn.Module):
         self.head = nn.Linear(dim, 3)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        # torch wants the lengths on the CPU whatever the device of `x`
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, (h, _) = self.rnn(packed)
         padded, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
         return self.head(h[-1]) + padded.sum(1).mean()
