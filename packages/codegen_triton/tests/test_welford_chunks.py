@@ -102,3 +102,21 @@ def test_row_reductions_and_sums_keep_their_chunks() -> None:
     off = check(col_sum, x, device="cpu", backend=TritonBackend(welford_chunks=False))
     assert _split(on)[1].rnumel == _split(off)[1].rnumel
     assert _split(on)[0].candidates == _split(off)[0].candidates
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_one_triple_of_partials_per_welford(shared: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Note [One triple per Welford] (split.py): a var_mean's mean and m2 are one Welford; split,
+    they share three partial buffers and the second kernel combines them once."""
+
+    def var_mean(x: torch.Tensor) -> Any:
+        return aten.var_mean.correction(x, [0, 2, 3], correction=0, keepdim=True)
+
+    caplog.set_level(logging.DEBUG, logger="kiln.codegen_triton.output_code")
+    x = _activation(2, 8, 56, torch.float32)
+    backend = check(var_mean, x, device="cpu", backend=TritonBackend(welford_shared=shared))
+    partial, second = _split(backend)
+    stores = partial.spec.source.count("tl.store(")
+    assert stores == (3 if shared else 6), partial.spec.source
+    assert second.source.count("k_welford)") == (1 if shared else 2), second.source
+    assert ("Welford outputs share their partials" in caplog.text) is shared

@@ -111,6 +111,7 @@ TRITON_OPTIONS = {
     "outer_partials": bool,  # Note [Partials of a column reduction stay column reductions] in split.py
     "welford_tiles": bool,  # Note [Welford tiles] in heuristics.py
     "welford_chunks": bool,  # Note [Welford chunks] in split.py
+    "welford_shared": bool,  # Note [One triple per Welford] in split.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -147,6 +148,7 @@ class TritonBackend(Backend):
         outer_partials: bool = False,  # measured no faster on an H100: Note in split.py
         welford_tiles: bool = True,  # Note [Welford tiles] in heuristics.py
         welford_chunks: bool = True,  # Note [Welford chunks] in split.py (not yet run on a GPU)
+        welford_shared: bool = True,  # Note [One triple per Welford] in split.py
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -180,6 +182,7 @@ class TritonBackend(Backend):
         self.outer_partials = outer_partials
         self.welford_tiles = welford_tiles
         self.welford_chunks = welford_chunks
+        self.welford_shared = welford_shared
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -486,6 +489,7 @@ class TritonBackend(Backend):
             welford_min_chunk=(
                 WELFORD_MIN_CHUNK if self.welford_chunks and self.split_outer_min_chunk is None else None
             ),
+            shared_welford=self.welford_shared,
         )
 
     def _outer_min_chunk(self, spec: KernelSpec) -> int:
@@ -578,6 +582,10 @@ class TritonBackend(Backend):
                 f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options, column=column
             )
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
+            if plan.shared:
+                log.debug(  # Note [One triple per Welford] in split.py
+                    "%s: %d Welford outputs share their partials", first.name, plan.shared
+                )
             if plan.welford_chunks:
                 log.debug(  # Note [Welford chunks] in split.py
                     "%s: Welford column reduction of %s rows split into %d chunks of %s rows",

@@ -125,6 +125,18 @@ measurement); the narrow tile keeps the programs (256 of 16 columns for [1568, 5
 **Not yet run on a GPU** (``scripts/gpu_next.sh call30b``). Switch: ``triton_options=
 {"welford_chunks": False}``; ``KILN_LOG=output_code`` prints each split it cuts.
 
+Note [One triple per Welford]: a ``var_mean`` (loopir's var_mean pass merges a BatchNorm's or a
+norm's variance and mean into one; CPU graphs so far) is two members over one Welford reduction,
+its mean and its m2. Split, each member made its own three partial buffers: the partial kernel
+computed the Welford once (Note [One accumulator per reduction of a value] in kernel.py) and
+stored it twice, six strided stores a chunk, and the second kernel loaded and combined both
+copies (two ``k_welford`` trees over the same numbers). Members whose Welford is the same (sizes,
+dtypes and the body rendered over the same index symbols) now share one triple of partials, and
+the second kernel combines a triple once for all of its members: three stores, three loads, one
+tree. Switch: ``triton_options={"welford_shared": False}``; ``KILN_LOG=output_code`` says which
+partial kernels share. Where var + mean stay apart (CUDA graphs today: the pass's Note (c)) the
+mean is a plain sum beside the Welford and nothing is shared.
+
 Note [Split reductions under symbolic sizes]: a reduction whose outputs are static and whose
 row length ``nr`` is symbolic (``x.sum()`` of an [s0, 1024] activation, a bias gradient's column
 sum over s0 tokens) splits as a static one does, with three differences:
@@ -158,7 +170,7 @@ import torch
 from kiln_loopir.indexing import FloorDiv, contiguous_strides
 from kiln_loopir.ir import ComputedBuffer, Reduction
 from kiln_loopir.layout import FixedLayout, Layout, flexible
-from kiln_loopir.virtualized import ops
+from kiln_loopir.virtualized import format_body, ops
 
 from .kernel import _int, _real_reduction, next_pow2, unflatten
 
@@ -176,6 +188,7 @@ class SplitPlan:
     second_reads: list[Set[str]]
     chunks: int
     welford_chunks: bool = False  # cut by Note [Welford chunks]
+    shared: int = 0  # Welford members that took another's partials (Note [One triple per Welford])
 
 
 def _neutral(reduction_type: str, dtype: torch.dtype) -> Any:
@@ -208,6 +221,7 @@ def plan_split(
     outer_step: int | None = None,
     rnumel_hint: int | None = None,
     welford_min_chunk: int | None = None,
+    shared_welford: bool = True,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
     reduction aims at ``outer_target_programs`` partial programs when given: each of its
@@ -218,7 +232,8 @@ def plan_split(
     only static kernels split). ``outer_step``: the rows of one step of a column tile; a static
     column reduction's chunks are whole steps (Note [Partials of a column reduction stay column
     reductions]; None: any length). ``welford_min_chunk``: the shortest chunk of a Welford column
-    reduction (Note [Welford chunks]; None: the rule of any other column reduction)."""
+    reduction (Note [Welford chunks]; None: the rule of any other column reduction).
+    ``shared_welford``: Note [One triple per Welford]."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -282,6 +297,8 @@ def plan_split(
     first_reads: list[Set[str]] = []
     second: list[ComputedBuffer] = []
     second_reads: list[Set[str]] = []
+    triples: dict[tuple[Any, ...], list[ComputedBuffer]] = {}  # Note [One triple per Welford]
+    shared = 0
     for member, read in zip(members, reads, strict=True):
         if not _real_reduction(member):
             second.append(member)
@@ -290,13 +307,23 @@ def plan_split(
         data = member.data
         assert isinstance(data, Reduction)
         if _welford(member):  # each chunk's (mean, m2, weight), combined by Chan's formula
-            mine = [_partial(member, data, chunks, chunk, rows=rows, output_index=i) for i in range(3)]
+            key = _welford_key(data) if shared_welford else None
+            known = triples.get(key) if key is not None else None
+            mine = known or [
+                _partial(member, data, chunks, chunk, rows=rows, output_index=i) for i in range(3)
+            ]
+            if key is not None:
+                triples.setdefault(key, mine)
             load, kind, index = _load_partials(mine), "welford_combine", data.output_index
         else:
+            known = None
             mine = [_partial(member, data, chunks, chunk, rows=rows)]
             load, kind, index = _load_partial(mine[0]), data.reduction_type, 0
-        partials += mine
-        first_reads += [read] * len(mine)
+        if known is None:
+            partials += mine
+            first_reads += [read] * len(mine)
+        else:
+            shared += 1
         second.append(
             ComputedBuffer(
                 member.name,
@@ -315,7 +342,16 @@ def plan_split(
             )
         )
         second_reads.append(frozenset(p.name for p in mine))
-    return SplitPlan(partials, first_reads, second, second_reads, chunks, by_rows)
+    return SplitPlan(partials, first_reads, second, second_reads, chunks, by_rows, shared)
+
+
+def _welford_key(data: Reduction) -> tuple[Any, ...]:
+    """What makes two Welford members one reduction (Note [One triple per Welford]): their sizes,
+    dtypes and the body they reduce, rendered over the same index symbols."""
+    index = [sympy.Symbol(f"x{i}", integer=True) for i in range(len(data.ranges))]
+    rindex = [sympy.Symbol(f"r{i}", integer=True) for i in range(len(data.reduction_ranges))]
+    body = tuple(format_body(data.inner_fn, index, rindex))
+    return (tuple(data.ranges), tuple(data.reduction_ranges), data.dtype, data.src_dtype, body)
 
 
 def _welford(member: ComputedBuffer) -> bool:
