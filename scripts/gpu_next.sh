@@ -322,6 +322,25 @@ for step in "$@"; do
         --calls 4 --rounds 10 --json "$out/programs-bf16.json" > "$out/programs-bf16.log" 2>&1
       grep -v -i -E "warn" "$out/programs-bf16.log" | tail -16 | cut -c1-230
       python3 -c "import json,sys; [print(r['model'], b, (v.get('error') or v.get('mismatch'))[:160]) for r in json.load(open(sys.argv[1]))['rows'] for b, v in r.items() if isinstance(v, dict) and (v.get('error') or v.get('mismatch'))]" "$out/programs-bf16.json" ;;
+    call30b)  # thirtieth session (issue 15, helper bn30): codegen_triton's Note [Welford chunks] (split.py), never run on a
+      # GPU. ResNet-50's BatchNorm statistics (Welford column reductions, split partial + second kernel) took 0.97 ms
+      # a bf16 training step against torch.compile's 0.66 (s28 kernel table), worst at 14x14 and 7x7 (49-row chunks:
+      # partials 1.6-2.7x torch.compile's). The rule cuts chunks of >= 128 rows as the row's largest divisor within the
+      # program target (49 x 128 at 6272 rows, 196 x 128 at 25088, 784 x 128 at 100352) and gives the partial
+      # torch.compile's tile (X16 R32 w4 up to 32768 outputs, else X64 R8 w4). First the statistics alone at eight of
+      # ResNet-50's ten shapes (C, map side, 2^20 elements at batch 32), rule on against welford_chunks=0; then the
+      # step, kiln against the rule off and torch.compile. Expect the partial + second kernel per BatchNorm closer to
+      # torch.compile's at 14x14/7x7 (kiln 13.9 / 10.7 us against 5.6 / 4.7 at C=256/512), the BatchNorm total
+      # 0.97 ms -> ~0.75 ms, ResNet-50's GPU time down ~0.2 ms; if a shape is slower, the bandwidth rows say which
+      for shape in "64 112 24.5" "64 56 6.125" "256 56 24.5" "128 28 3.0625" "512 28 12.25" "256 14 1.53125" \
+          "1024 14 6.125" "2048 7 3.0625"; do set -- $shape
+        timeout 25 python3 packages/codegen_triton/bench/bandwidth.py --only bn_stats --dtype bfloat16 --row $1 --hw $2 \
+          --sizes $3 --peak 3.35 --reps 7 --variants "welford_chunks=0" \
+          --out "$out/bw-bn30-$1-$2.json" 2>&1 | grep -E "^bn_stats|variant" | cut -c1-120; done
+      timeout 150 python3 -m kiln_bench --size gpu --device cuda --dtype bfloat16 --modes training --models resnet \
+        --backends kiln,kiln:default:triton.welford_chunks=False,inductor --profile --profile-calls 3 \
+        --repeats 8 --warmup 3 --out "$out/resnet-bn30" > "$out/resnet-bn30.log" 2>&1
+      grep -v -E "models:|warn" "$out/resnet-bn30.log" | tail -32 | cut -c1-200 ;;
     call29w)  # twenty-ninth session (issue 15): the MLP's fp32 inference GPU time is 1.5% above torch.compile's (s28 call2
       # fp32): its five layer norm + GELU kernels over [4096, 1024] float32 take 16.3-16.9 us each, torch.compile's 13.9
       # (58% against 69% of the H100's copy). kiln gives rows of 1024 one warp each (Note [One warp per row], swept at

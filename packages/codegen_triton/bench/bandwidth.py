@@ -49,6 +49,7 @@ from kiln_codegen_triton import TritonBackend  # noqa: E402
 
 aten = torch.ops.aten
 ROW = 1024  # row length of the reduction workloads (--row)
+HW = 56  # the side of bn_stats' feature map (--hw)
 DTYPE = torch.float32  # --dtype
 
 
@@ -98,7 +99,7 @@ def layer_norm_backward(
 def bn_stats(x: torch.Tensor) -> Any:
     """A BatchNorm's training statistics as CUDA's decomposition gives them (torch 2.11: the
     input in float32, then a ``var`` and a ``mean`` over every dimension but the channels) of a
-    channels-last [N, ROW, 56, 56] activation: ResNet-50's stage-1 BatchNorms. Split in two kernels
+    channels-last [N, ROW, HW, HW] activation (``--hw``, 56: ResNet-50's stage-1 BatchNorms). Split in two kernels
     (Note [Split reductions] in split.py): the first, a Welford per channel over chunks of rows,
     ran at 24-29% of an H100's copy bandwidth in ResNet-50's bfloat16 training."""
     xf = aten._to_copy.default(x, dtype=torch.float32)
@@ -152,7 +153,7 @@ WORKLOADS: dict[str, tuple[Callable[..., Any], Callable[[int], list[torch.Tensor
     "bn_stats": (
         bn_stats,
         lambda n: [
-            torch.randn(max(1, n // (ROW * 3136)), ROW, 56, 56, device="cuda", dtype=DTYPE).to(
+            torch.randn(max(1, n // (ROW * HW * HW)), ROW, HW, HW, device="cuda", dtype=DTYPE).to(
                 memory_format=torch.channels_last
             )
         ],
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--row", type=int, default=1024, help="row length of the reduction workloads")
     parser.add_argument("--set", default="", help="heuristics constants to override, NAME=INT,...")
+    parser.add_argument(
+        "--hw", type=int, default=56, help="bn_stats: the feature map's side (56: [N, ROW, 56, 56])"
+    )
     parser.add_argument("--split-target", type=int, default=256, help="TritonBackend split_target_programs")
     parser.add_argument("--split-min", type=int, default=1024, help="TritonBackend split_min_rnumel")
     parser.add_argument(
@@ -306,8 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         "(each compiled into a fresh cache, default-mode autotune off); eager and torch.compile once",
     )
     args = parser.parse_args(argv)
-    global ROW, DTYPE
-    ROW, DTYPE = args.row, getattr(torch, args.dtype)
+    global ROW, DTYPE, HW
+    ROW, DTYPE, HW = args.row, getattr(torch, args.dtype), args.hw
     from kiln_codegen_triton import heuristics
 
     defaults = {k: getattr(heuristics, k) for k in dir(heuristics) if k.isupper()}

@@ -114,6 +114,7 @@ def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
     # Note [Welford tiles] in heuristics.py: the first kernel of a split BatchNorm statistics
     # reduction (channels-last, a Welford per channel over chunks of rows) is marked, and takes
     # the small Welford tile only with programs to spare and the switch on
+    # (Note [Welford chunks] in split.py, which comes first, switched off here)
     from dataclasses import replace
 
     from kiln_codegen_triton import heuristics
@@ -124,7 +125,7 @@ def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
         return aten.var.correction(xf, [0, 2, 3], correction=0), aten.mean.dim(xf, [0, 2, 3])
 
     x = torch.randn(2, 16, 32, 32, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
-    backend = TritonBackend()
+    backend = TritonBackend(welford_chunks=False)
     check(bn_stats, x, device="cpu", backend=backend)
     partial = [
         launcher.spec for name, launcher in backend.last_launchers.items() if name.endswith("_partial")
@@ -135,35 +136,49 @@ def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
         for launcher in backend.last_launchers.values()
         if launcher.spec is not partial[0]
     )
-    column_sum = configs(replace(partial[0], welford=False, xnumel=131072, rnumel=196), rblock_cap=2048)[0]
-    big = configs(replace(partial[0], xnumel=131072, rnumel=196), rblock_cap=2048)[0]
+    column_sum = configs(
+        replace(partial[0], welford=False, xnumel=131072, rnumel=196), rblock_cap=2048, welford_chunks=False
+    )[0]
+    big = configs(replace(partial[0], xnumel=131072, rnumel=196), rblock_cap=2048, welford_chunks=False)[0]
     assert (big.XBLOCK * big.RBLOCK * 2, big.num_warps) == (
         heuristics.WELFORD_TILE_BYTES,
         heuristics.WELFORD_WARPS,
     )
     assert column_sum.XBLOCK * column_sum.RBLOCK * 2 == heuristics.OUTER_TILE_BYTES
     assert (
-        configs(replace(partial[0], xnumel=131072, rnumel=196), rblock_cap=2048, welford_tiles=False)[0]
+        configs(
+            replace(partial[0], xnumel=131072, rnumel=196),
+            rblock_cap=2048,
+            welford_tiles=False,
+            welford_chunks=False,
+        )[0]
         == column_sum
     )
     # short rows (49) take the small tile too since the five-shape sweep (WELFORD_MIN_ROWS = 0);
     # the constant still gates them for a sweep
-    short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+    short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048, welford_chunks=False)[0]
     assert (short.XBLOCK * short.RBLOCK * 2, short.num_warps) == (
         heuristics.WELFORD_TILE_BYTES,
         heuristics.WELFORD_WARPS,
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(heuristics, "WELFORD_MIN_ROWS", 128)
-        short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+        short = configs(replace(partial[0], xnumel=131072, rnumel=49), rblock_cap=2048, welford_chunks=False)[
+            0
+        ]
         assert (
-            short == configs(replace(partial[0], welford=False, xnumel=131072, rnumel=49), rblock_cap=2048)[0]
+            short
+            == configs(
+                replace(partial[0], welford=False, xnumel=131072, rnumel=49),
+                rblock_cap=2048,
+                welford_chunks=False,
+            )[0]
         )
     # too few programs for the small tile: the column-sum rule (512 columns: 8 programs)
-    few = configs(partial[0], rblock_cap=2048)[0]
-    assert few == configs(replace(partial[0], welford=False), rblock_cap=2048)[0]
+    few = configs(partial[0], rblock_cap=2048, welford_chunks=False)[0]
+    assert few == configs(replace(partial[0], welford=False), rblock_cap=2048, welford_chunks=False)[0]
     # results equal eager with the switch off too
-    check(bn_stats, x, device="cpu", backend=TritonBackend(welford_tiles=False))
+    check(bn_stats, x, device="cpu", backend=TritonBackend(welford_tiles=False, welford_chunks=False))
 
 
 @pytest.mark.parametrize("device", DEVICES)

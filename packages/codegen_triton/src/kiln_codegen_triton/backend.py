@@ -71,7 +71,7 @@ from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
 from .logs import configure
 from .runtime import Launcher, PendingCompile, load_module, module_source, precompile, precompile_start
-from .split import SplitPlan, peel_rows, plan_split
+from .split import WELFORD_MIN_CHUNK, SplitPlan, peel_rows, plan_split
 from .templates import (
     TEMPLATE_OPS,
     MatmulChoice,
@@ -110,6 +110,8 @@ TRITON_OPTIONS = {
     "outer_by_tiles": bool,  # Note [Row statistics do not decide a column reduction] in kernel.py
     "outer_partials": bool,  # Note [Partials of a column reduction stay column reductions] in split.py
     "welford_tiles": bool,  # Note [Welford tiles] in heuristics.py
+    "welford_chunks": bool,  # Note [Welford chunks] in split.py
+    "welford_shared": bool,  # Note [One triple per Welford] in split.py
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
@@ -145,6 +147,8 @@ class TritonBackend(Backend):
         outer_by_tiles: bool = True,
         outer_partials: bool = False,  # measured no faster on an H100: Note in split.py
         welford_tiles: bool = True,  # Note [Welford tiles] in heuristics.py
+        welford_chunks: bool = True,  # Note [Welford chunks] in split.py (not yet run on a GPU)
+        welford_shared: bool = True,  # Note [One triple per Welford] in split.py
         split_min_rnumel: int = 1024,
         split_target_programs: int = 256,
         split_outer_target_programs: int = 2048,
@@ -177,6 +181,8 @@ class TritonBackend(Backend):
         self.outer_by_tiles = outer_by_tiles
         self.outer_partials = outer_partials
         self.welford_tiles = welford_tiles
+        self.welford_chunks = welford_chunks
+        self.welford_shared = welford_shared
         self.split_min_rnumel = split_min_rnumel
         self.split_target_programs = split_target_programs
         self.split_outer_target_programs = split_outer_target_programs
@@ -357,6 +363,7 @@ class TritonBackend(Backend):
                     autotune=tune,
                     rblock_cap=min(2048, self.max_persistent_rblock),
                     welford_tiles=self.welford_tiles,
+                    welford_chunks=self.welford_chunks,
                 )
                 launchers[spec.name] = Launcher(
                     getattr(module, spec.name), spec, candidates, autotune=bool(tune)
@@ -478,6 +485,11 @@ class TritonBackend(Backend):
             outer_min_chunk=self._outer_min_chunk(spec),
             # Note [Partials of a column reduction stay column reductions] in split.py
             outer_step=outer_tile_rows(spec) if self.outer_partials else None,
+            # Note [Welford chunks] in split.py: an explicit split_outer_min_chunk wins
+            welford_min_chunk=(
+                WELFORD_MIN_CHUNK if self.welford_chunks and self.split_outer_min_chunk is None else None
+            ),
+            shared_welford=self.welford_shared,
         )
 
     def _outer_min_chunk(self, spec: KernelSpec) -> int:
@@ -570,6 +582,18 @@ class TritonBackend(Backend):
                 f"{name}_partial", plan.partials, plan.first_reads, dtypes, set(), **options, column=column
             )
             second = build_kernel(name, plan.second, plan.second_reads, dtypes, internal, **options)
+            if plan.shared:
+                log.debug(  # Note [One triple per Welford] in split.py
+                    "%s: %d Welford outputs share their partials", first.name, plan.shared
+                )
+            if plan.welford_chunks:
+                log.debug(  # Note [Welford chunks] in split.py
+                    "%s: Welford column reduction of %s rows split into %d chunks of %s rows",
+                    first.name,
+                    split_spec.rnumel,
+                    plan.chunks,
+                    split_spec.rnumel // plan.chunks,
+                )
             return KernelGroup((*head, first, second), tuple(plan.partials))
         except (CodegenUnsupported, UnsupportedDtype, NotImplementedError) as exc:
             self.decline(node.name, exc, log)  # Note [Declined kernels] (kiln_loopir)

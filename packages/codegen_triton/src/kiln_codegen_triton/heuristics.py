@@ -108,6 +108,10 @@ WELFORD_TILE_BYTES = 1024
 WELFORD_WARPS = 2
 WELFORD_MIN_PROGRAMS = 1024
 WELFORD_MIN_ROWS = 0
+# Note [Welford chunks] in split.py: a Welford column loop's tile, X16 R32 where its outputs (chunks
+# x channels) are at most WELFORD_NARROW_XNUMEL, else X64 R8, of four warps; 0 turns the tiles off
+WELFORD_CHUNK_TILES = 1
+WELFORD_NARROW_XNUMEL = 32768
 # the columns of a persistent outer reduction (rows of at most 32: a sum over a batch of 8); a
 # constant so that bench/bandwidth.py can sweep it (GPT-2's position-embedding gradient, a bfloat16
 # and a float32 [8, 512 * 768] summed over the batch in 3072 programs of 128 columns, ran at 38% of
@@ -163,12 +167,14 @@ def configs(
     autotune: bool | str = False,
     rblock_cap: int = LOOPED_RBLOCK,
     welford_tiles: bool = True,
+    welford_chunks: bool = True,
 ) -> list[Config]:
     """Candidate configs for ``spec``, the heuristic choice first (alone unless ``autotune``:
     ``True`` for max-autotune's set, ``"small"`` for the default mode's few alternatives).
-    ``welford_tiles``: Note [Welford tiles] (TritonBackend's switch of the same name)."""
+    ``welford_tiles``: Note [Welford tiles] (TritonBackend's switch of the same name);
+    ``welford_chunks``: Note [Welford chunks] in split.py (which comes first where both apply)."""
     if autotune == "small":
-        return _small(spec, rblock_cap, welford_tiles)
+        return _small(spec, rblock_cap, welford_tiles, welford_chunks)
     out: list[Config] = []
     xnumel, ynumel, rnumel = _extents(spec)
     nx = next_pow2(xnumel)
@@ -215,7 +221,11 @@ def configs(
             x = min(OUTER_XBLOCK, nx)
             r = min(max(8, OUTER_TILE_BYTES // (x * size)), 64, cap)  # Note [Bytes per program]
             warps = OUTER_WARPS
-            if (
+            if welford_chunks and spec.welford and WELFORD_CHUNK_TILES:
+                # Note [Welford chunks] in split.py: torch.compile's tile for the chunks it cuts
+                x, r = (16, 32) if nx <= WELFORD_NARROW_XNUMEL else (64, 8)
+                x, r, warps = min(x, nx), min(r, cap), max(1, min(x, nx) * min(r, cap) // 128)
+            elif (
                 welford_tiles
                 and spec.welford
                 and WELFORD_TILE_BYTES
@@ -241,11 +251,15 @@ def configs(
     return unique
 
 
-def _small(spec: KernelSpec, rblock_cap: int, welford_tiles: bool = True) -> list[Config]:
+def _small(
+    spec: KernelSpec, rblock_cap: int, welford_tiles: bool = True, welford_chunks: bool = True
+) -> list[Config]:
     """The heuristic choice and two neighbours: half and twice its work per program (rows of a
     persistent reduction, the tile of an outer one, the block of a row loop or a tile), each
     also with the other warp count, which is where the heuristic most often misses."""
-    first = configs(spec, rblock_cap=rblock_cap, welford_tiles=welford_tiles)[0]
+    first = configs(spec, rblock_cap=rblock_cap, welford_tiles=welford_tiles, welford_chunks=welford_chunks)[
+        0
+    ]
     xnumel, ynumel, rnumel = _extents(spec)
     nx = next_pow2(xnumel)
     out = [first]

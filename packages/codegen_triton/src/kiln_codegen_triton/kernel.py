@@ -366,6 +366,8 @@ class _Generator(OpsHandlerBase):
         self.xcse: dict[str, TValue] = {}
         self.looped = plan.kind == "looped"
         self.welford = False  # a Welford triple per element of a looped tile (KernelSpec.welford)
+        # Note [One triple per Welford] in split.py: a persistent kernel's combines by their inputs
+        self.combined: dict[tuple[Any, ...], Any] = {}
         # Note [Symbolic sizes in Triton kernels]: size symbols the kernel's code names
         self.size_symbols: set[sympy.Symbol] = set()
         # Note [Floats of sizes in Triton]: float of sizes -> the float64 argument that holds it
@@ -836,6 +838,20 @@ class _Generator(OpsHandlerBase):
             raise CodegenUnsupported("reduction outside the reduction axis")
         xr = frozenset({"x", "r"})
         masked = [self._cse(f"tl.where(xmask & rmask, {p}, 0.0)", dtype, xr) for p in parts]
+        # Note [One triple per Welford] in split.py: the members of one Welford combine it once
+        key = (
+            "welford_combine",
+            dtype,
+            tuple(str(m) for m in masked),
+            tuple(str(m) for m in self.mask_stack),
+        )
+        results = self.sections[-1].results if self.looped and self.sections else self.combined
+        if key in results:
+            return results[key]
+        results[key] = result = self._combine_triples(dtype, masked)
+        return result
+
+    def _combine_triples(self, dtype: torch.dtype, masked: Sequence[Any]) -> Any:
         fm, fm2, fw = self._new("mean"), self._new("m2"), self._new("weight")
         if not self.looped:
             self._emit(f"{fm}, {fm2}, {fw} = tl.reduce(({', '.join(str(m) for m in masked)}), 1, k_welford)")

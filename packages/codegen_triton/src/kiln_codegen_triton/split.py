@@ -52,6 +52,7 @@ statistics are column reductions over N*H*W rows; ResNet-50's at 14x14 and 7x7 (
 for 256-2048 channels) were held to 32 and 8 chunks of 196 rows by the row rule: 64-128 programs
 of 4 warps, a quarter of what fills an H200 (``scripts/triton_kernel_audit.py``: about 60 such
 kernels of 3-9 us each in a bfloat16 training step). With 49-row chunks they get 4x the programs.
+(Welford reductions, the BatchNorm statistics themselves, now follow Note [Welford chunks].)
 
 Note [Partials of a column reduction stay column reductions]: a norm's weight and bias gradients
 (column sums over the tokens, Note [Row statistics do not decide a column reduction] in kernel.py)
@@ -88,6 +89,54 @@ why they run at half of copy; what is remains open (the row statistics loaded as
 the ln25 report in the twenty-fifth session's closing note). Off, the partial is built as its
 accesses say with 64-token chunks (an explicit ``split_outer_min_chunk`` always wins).
 
+Note [Welford chunks]: a BatchNorm's training statistics over a channels-last activation are a
+Welford column reduction of an [N*H*W, C] matrix, split in two kernels. ResNet-50's bfloat16
+training step on an H100 (``packages/bench/results/2026-12-06-h100-s28-resnet-train-bf16-kernel-
+table.json``; C, rows, count: kiln's partial + second kernel against torch.compile's kernels, us a
+BatchNorm):
+
+    C     rows  n  kiln        torch.compile          C     rows  n  kiln        torch.compile
+    64  401408  1  42.5 + 3.4  16.9 + 2.5 + 2.2      256   25088  1  14.6 + 3.7  9.4 + 2.5 + 1.7
+    64  100352  6  11.9 + 3.3   9.7 + 2.3 + 2.2      256    6272 11   9.1 + 4.7  3.4 + 2.2
+   256  100352  4  34.1 + 3.7  29.3 + 2.9 + 2.3     1024    6272  7  14.8 + 4.9  9.4 + 2.8
+   128  100352  1  20.3 + 3.4  16.2 + 2.8 + 2.1      512    6272  1   9.6 + 4.7  5.4 + 2.3
+   128   25088  7   9.6 + 3.5   5.4 + 2.2 + 1.8      512    1568  5   6.2 + 4.5  2.8 + 1.9
+   512   25088  5  21.2 + 4.6  15.6 + 2.7 + 1.8     2048    1568  4   9.5 + 4.6  5.6 + 4.7
+
+0.97 ms against 0.66 a step. torch.compile splits every one of them too (its
+``reduction_split_factor``: no shape of the model has enough channels for one kernel; where the
+combine of the partials is long it splits that again, a third kernel), in chunks of 128 rows where
+the activation is small (32 elements a thread, four a step) and about 1,000 programs' worth
+where it is large; a chunk that does not divide the row is masked (weights of 0 and 1). Its
+partial kernel is a looped Welford over a tile of 16 channels by 32 rows (four warps) where it has
+at most 32768 outputs (chunks x channels), else 64 channels by 8 rows. kiln cut the row in a
+power of two of chunks rounded *up* from the 64-row bound (Note [Short chunks of column
+reductions]) and halved to divide it: 49 rows at 6272 and 1568 rows, the shapes where its
+partial took 1.6-2.7x torch.compile's (98-196 rows: 1.2-1.4x), and up to 1024 partials per
+channel for the second kernel to combine. So a Welford column reduction's chunks are at least
+``WELFORD_MIN_CHUNK`` rows (128), as many as the program target asks, their count the largest
+divisor of the row within those bounds (not only a power of two: 49 chunks of 128 rows at 6272,
+196 at 25088, 784 at 100352, 8 of 196 at 1568), and its looped kernel takes torch.compile's tile
+(heuristics' ``WELFORD_CHUNK_TILES``; before Note [Welford tiles]). At 401408 and at [100352, 256]
+the chunks are as before. This takes back, for Welford reductions, the 49-row chunks of Note
+[Short chunks of column reductions] (chosen there from an estimate of programs, not a
+measurement); the narrow tile keeps the programs (256 of 16 columns for [1568, 512], 784 for
+[6272, 256]). An explicit ``split_outer_min_chunk`` wins over the rule, as over the 64-row bound.
+**Not yet run on a GPU** (``scripts/gpu_next.sh call30b``). Switch: ``triton_options=
+{"welford_chunks": False}``; ``KILN_LOG=output_code`` prints each split it cuts.
+
+Note [One triple per Welford]: a ``var_mean`` (loopir's var_mean pass merges a BatchNorm's or a
+norm's variance and mean into one; CPU graphs so far) is two members over one Welford reduction,
+its mean and its m2. Split, each member made its own three partial buffers: the partial kernel
+computed the Welford once (Note [One accumulator per reduction of a value] in kernel.py) and
+stored it twice, six strided stores a chunk, and the second kernel loaded and combined both
+copies (two ``k_welford`` trees over the same numbers). Members whose Welford is the same (sizes,
+dtypes and the body rendered over the same index symbols) now share one triple of partials, and
+the second kernel combines a triple once for all of its members: three stores, three loads, one
+tree. Switch: ``triton_options={"welford_shared": False}``; ``KILN_LOG=output_code`` says which
+partial kernels share. Where var + mean stay apart (CUDA graphs today: the pass's Note (c)) the
+mean is a plain sum beside the Welford and nothing is shared.
+
 Note [Split reductions under symbolic sizes]: a reduction whose outputs are static and whose
 row length ``nr`` is symbolic (``x.sum()`` of an [s0, 1024] activation, a bias gradient's column
 sum over s0 tokens) splits as a static one does, with three differences:
@@ -121,11 +170,12 @@ import torch
 from kiln_loopir.indexing import FloorDiv, contiguous_strides
 from kiln_loopir.ir import ComputedBuffer, Reduction
 from kiln_loopir.layout import FixedLayout, Layout, flexible
-from kiln_loopir.virtualized import ops
+from kiln_loopir.virtualized import format_body, ops
 
 from .kernel import _int, _real_reduction, next_pow2, unflatten
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "welford_reduce")
+WELFORD_MIN_CHUNK = 128  # Note [Welford chunks]
 
 
 @dataclass(frozen=True)
@@ -137,6 +187,8 @@ class SplitPlan:
     second: list[ComputedBuffer]
     second_reads: list[Set[str]]
     chunks: int
+    welford_chunks: bool = False  # cut by Note [Welford chunks]
+    shared: int = 0  # Welford members that took another's partials (Note [One triple per Welford])
 
 
 def _neutral(reduction_type: str, dtype: torch.dtype) -> Any:
@@ -168,6 +220,8 @@ def plan_split(
     outer_min_chunk: int | None = None,
     outer_step: int | None = None,
     rnumel_hint: int | None = None,
+    welford_min_chunk: int | None = None,
+    shared_welford: bool = True,
 ) -> SplitPlan | None:
     """How to split this node's reductions (None: it keeps one kernel). An outer (column)
     reduction aims at ``outer_target_programs`` partial programs when given: each of its
@@ -177,7 +231,9 @@ def plan_split(
     length's size hint when it is symbolic (Note [Split reductions under symbolic sizes]; None:
     only static kernels split). ``outer_step``: the rows of one step of a column tile; a static
     column reduction's chunks are whole steps (Note [Partials of a column reduction stay column
-    reductions]; None: any length)."""
+    reductions]; None: any length). ``welford_min_chunk``: the shortest chunk of a Welford column
+    reduction (Note [Welford chunks]; None: the rule of any other column reduction).
+    ``shared_welford``: Note [One triple per Welford]."""
     names = {m.name for m in members}
     real = [m for m in members if _real_reduction(m)]
     if not real:
@@ -212,10 +268,17 @@ def plan_split(
     if programs >= target_programs:
         return None
     shortest = outer_min_chunk if outer and outer_min_chunk is not None else min_rnumel // 4
-    chunks = min(-(-target_programs // programs), nr // max(1, shortest))
-    chunks = min(next_pow2(chunks), 1024)
     if symbolic and any(_welford(m) for m in real):
         return None  # Note [Split reductions under symbolic sizes]: whole chunks need a guard
+    by_rows = bool(outer and welford_min_chunk and any(_welford(m) for m in real))
+    if by_rows:
+        assert welford_min_chunk is not None
+        # Note [Welford chunks]: rows of at least welford_min_chunk, any whole divisor
+        bound = min(-(-target_programs // programs), nr // welford_min_chunk, 1024)
+        chunks = max((d for d in range(1, bound + 1) if nr % d == 0), default=1)
+    else:
+        chunks = min(-(-target_programs // programs), nr // max(1, shortest))
+        chunks = min(next_pow2(chunks), 1024)
     if any(_welford(m) for m in real):
         while chunks >= 2 and nr % chunks:  # whole chunks only: a padded position would count
             chunks //= 2
@@ -234,6 +297,8 @@ def plan_split(
     first_reads: list[Set[str]] = []
     second: list[ComputedBuffer] = []
     second_reads: list[Set[str]] = []
+    triples: dict[tuple[Any, ...], list[ComputedBuffer]] = {}  # Note [One triple per Welford]
+    shared = 0
     for member, read in zip(members, reads, strict=True):
         if not _real_reduction(member):
             second.append(member)
@@ -242,13 +307,23 @@ def plan_split(
         data = member.data
         assert isinstance(data, Reduction)
         if _welford(member):  # each chunk's (mean, m2, weight), combined by Chan's formula
-            mine = [_partial(member, data, chunks, chunk, rows=rows, output_index=i) for i in range(3)]
+            key = _welford_key(data) if shared_welford else None
+            known = triples.get(key) if key is not None else None
+            mine = known or [
+                _partial(member, data, chunks, chunk, rows=rows, output_index=i) for i in range(3)
+            ]
+            if key is not None:
+                triples.setdefault(key, mine)
             load, kind, index = _load_partials(mine), "welford_combine", data.output_index
         else:
+            known = None
             mine = [_partial(member, data, chunks, chunk, rows=rows)]
             load, kind, index = _load_partial(mine[0]), data.reduction_type, 0
-        partials += mine
-        first_reads += [read] * len(mine)
+        if known is None:
+            partials += mine
+            first_reads += [read] * len(mine)
+        else:
+            shared += 1
         second.append(
             ComputedBuffer(
                 member.name,
@@ -267,7 +342,16 @@ def plan_split(
             )
         )
         second_reads.append(frozenset(p.name for p in mine))
-    return SplitPlan(partials, first_reads, second, second_reads, chunks)
+    return SplitPlan(partials, first_reads, second, second_reads, chunks, by_rows, shared)
+
+
+def _welford_key(data: Reduction) -> tuple[Any, ...]:
+    """What makes two Welford members one reduction (Note [One triple per Welford]): their sizes,
+    dtypes and the body they reduce, rendered over the same index symbols."""
+    index = [sympy.Symbol(f"x{i}", integer=True) for i in range(len(data.ranges))]
+    rindex = [sympy.Symbol(f"r{i}", integer=True) for i in range(len(data.reduction_ranges))]
+    body = tuple(format_body(data.inner_fn, index, rindex))
+    return (tuple(data.ranges), tuple(data.reduction_ranges), data.dtype, data.src_dtype, body)
 
 
 def _welford(member: ComputedBuffer) -> bool:
