@@ -110,6 +110,21 @@ def test_an_optimizer_step_reaches_the_prepacked_weights() -> None:
         torch.testing.assert_close(compiled(x), net(x), **TOL)
 
 
+def test_statistics_an_eager_training_step_moved_reach_the_folded_weights() -> None:
+    # loopir's Note [Running statistics move without a version]: eager's train-mode BatchNorm
+    # updates the running statistics without moving their versions (fix30: the compiled eval
+    # module kept the statistics it had folded first)
+    net, x = _net()
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})
+    with torch.no_grad():
+        compiled(x)
+        net.train()
+        for _ in range(2):
+            net(torch.randn(4, 3, 16, 16) * 3 + 1)  # eager, not compiled: calibrating the statistics
+        net.eval()
+        torch.testing.assert_close(compiled(x), net(x), **TOL)
+
+
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
 def test_bfloat16_batchnorm_folds_and_follows_in_place_updates(caplog: pytest.LogCaptureFixture) -> None:
     # Note [BatchNorm of a bfloat16 convolution folds in float32]: aotgrad's bfloat16 BatchNorm

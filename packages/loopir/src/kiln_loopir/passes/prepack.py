@@ -12,7 +12,20 @@ pack is kept). A parameter replaced by another tensor, or changed in place (``p.
 pack again. A change through ``p.data`` does not bump the version (that is what ``.data`` is
 for) and is not seen: ``options={"conv_prepack": False}`` / ``{"linear_pack": False}`` keep dense
 weights for code that mutates parameters that way. An inference tensor (made under
-``torch.inference_mode``) has no version counter: a pack made from one is never reused.
+``torch.inference_mode``) has no version counter: a pack made from one is never reused. The
+small per-channel tensors a folded BatchNorm is made from are keyed by their values instead (Note
+[Running statistics move without a version]).
+
+Note [Running statistics move without a version]: eager's BatchNorm in training mode updates its
+running statistics in place inside ``native_batch_norm``, whose schema does not mark them as
+written, so their ``_version`` stays (``nn.BatchNorm2d`` bumps only ``num_batches_tracked``, which
+an eval-mode graph does not read). A model trained or calibrated in eager (or in a graph run
+eagerly after a fallback) and then evaluated through the compiled module kept the statistics it
+first folded: a silent wrong answer (fix30, cpu_conv_fuzz.py). conv_fusion's folded values come
+from graph inputs of at most C elements each (statistics, affine parameters), so
+:meth:`PackCache.get` keys those by their contents (:func:`contents`: their bytes, read without a
+tensor op), which costs about what reading their versions did; the weight and the bias, too large
+to read on every call, keep their identity.
 
 Note [bfloat16 through oneDNN]: oneDNN has bfloat16 convolutions and inner products where the CPU
 has bfloat16 instructions (``torch.ops.mkldnn._is_mkldnn_bf16_supported``: AVX-512 BF16 or AMX),
@@ -34,6 +47,7 @@ bfloat16 only with ``linear_pack_bf16=True`` (off by default).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,24 +76,39 @@ def identity(t: torch.Tensor | None) -> tuple[int, ...]:
     return (t.data_ptr(), t._version, *t.shape, *t.stride())
 
 
+def contents(t: torch.Tensor) -> tuple[Any, ...]:
+    """What a pack made from a small CPU tensor is made from: its dtype, shape and values (Note
+    [Running statistics move without a version])."""
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return (t.dtype, *t.shape, ctypes.string_at(t.data_ptr(), t.nbytes))
+
+
 class PackCache:
     """One op's packed weights and what they were made from."""
 
     def __init__(self) -> None:
         self._made_from: tuple[Any, ...] = ()
-        self._key: tuple[tuple[int, ...], ...] = ()
+        self._key: tuple[Any, ...] = ()
         self._packed: Any = None
         self.packs = 0  # how many times the weights were packed (tests)
 
-    def get(self, sources: Sequence[torch.Tensor | None], pack: Callable[[], Any]) -> Any:
-        """The pack of ``sources``, made by ``pack()`` when they changed since the last one."""
-        key = tuple(identity(t) for t in sources)
+    def get(
+        self,
+        sources: Sequence[torch.Tensor | None],
+        pack: Callable[[], Any],
+        small: Sequence[torch.Tensor] = (),
+    ) -> Any:
+        """The pack of ``sources`` and ``small``, made by ``pack()`` when they changed since the
+        last one: ``sources`` by identity and version, ``small`` by value (Note [Running
+        statistics move without a version])."""
+        key = (*(identity(t) for t in sources), *(contents(t) for t in small))
         if self._packed is None or key != self._key:
             with torch.no_grad():
                 self._packed = pack()
-            self._made_from, self._key = tuple(sources), key
+            self._made_from, self._key = (*sources, *small), key
             self.packs += 1
         return self._packed
 
 
-__all__ = ["PackCache", "dtypes", "identity"]
+__all__ = ["PackCache", "contents", "dtypes", "identity"]
