@@ -166,6 +166,22 @@ def test_running_statistics_eager_batch_norm_updates_reach_the_fold() -> None:
         assert op.cache.packs == 2  # the same values: the pack is reused
 
 
+def test_writes_that_keep_the_version_reach_the_pack_through_its_sample() -> None:
+    # Note [Writes that do not move a version]: a write through ``.data`` (as a fused optimizer's
+    # step) keeps the version; the key's sample of the weight's bytes sees it
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=True)
+    (op,) = fused_ops(compiled)
+    weight = inputs[1]
+    with torch.no_grad():
+        compiled(*inputs)
+        version = weight._version
+        weight.data.mul_(-2.0)
+        assert weight._version == version
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+        assert op.cache.packs == 2
+
+
 def test_training_graphs_and_options_keep_aten_convolutions(caplog: pytest.LogCaptureFixture) -> None:
     inputs = bn_inputs()
     gm = with_vals(conv_bn_relu, *inputs)
