@@ -11,7 +11,7 @@ from cpu_conv_fuzz import check, generate
 
 # CI's share: float32 inference through oneDNN (BatchNorms folded, a residual add, packed linear
 # layers) and float32 training with depthwise backwards on small maps
-CI_SEEDS = (12, 22)
+CI_SEEDS = (12, 10)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
