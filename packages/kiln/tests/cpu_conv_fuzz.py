@@ -161,16 +161,30 @@ def _act(g: _Gen, x: str) -> tuple[list[str], list[str]]:
 
 
 def _residual(g: _Gen, x: str) -> tuple[list[str], list[str]]:
-    """A residual add with another value of the same shape (and dtype), a ReLU after it or not."""
+    """A residual add with another value of the same shape (and dtype), a ReLU after it or not;
+    without one, ResNet's block: ``relu(bn(conv(x)) + x)`` (conv_fusion's affine and add
+    post-ops)."""
     v = g.env[x]
     same = [k for k in g.four_d() if k != x and g.env[k].shape == v.shape]
-    other = g.r.choice(same) if same else x
+    init: list[str] = []
+    lines: list[str] = []
+    if same:
+        other = g.r.choice(same)
+    else:
+        c, conv, bn, z, other = v.shape[1], g.sub(), g.sub(), g.fresh(), g.fresh()
+        init = [
+            f"self.{conv} = nn.Conv2d({c}, {c}, 3, padding=1, bias=False)",
+            f"self.{bn} = nn.BatchNorm2d({c})",
+        ]
+        lines = [f"{z} = self.{conv}({x})", f"{other} = self.{bn}({z})"]
+        if not _statistics_ok(g, v):  # the map keeps its size: no BatchNorm over few values
+            init, lines = init[:1], [f"{other} = self.{conv}({x})"]
     a, b = (x, other) if g.r.random() < 0.5 else (other, x)
     y = g.fresh()
-    lines = [f"{y} = {a} + {b}"]
+    lines.append(f"{y} = {a} + {b}")
     if g.r.random() < 0.5:
         lines.append(f"{g.fresh()} = F.relu({y})")
-    return [], lines
+    return init, lines
 
 
 def _pool(g: _Gen, x: str) -> tuple[list[str], list[str]]:
