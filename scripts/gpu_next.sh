@@ -17,6 +17,8 @@
 #   1647 of 1800 s, 91 s lost to an H100 that did not start). Changed after them, not measured on the device: fix29's
 #   aotgrad fix (a padded GEMM's saved value checked in full: wrong gradients under pad_mm before), its conv_bias strides
 #   fix, the GPU wrapper's flat storage for declined kernels; cpu29/train29 (CPU only: call29c for 16 threads); x ** 1.
+#   Thirtieth session (fix30): call30f (the CPU oneDNN bf16 passes fuzzed on the host's CPU, which has the bf16
+#   instructions this box lost) is new, cheap (~9 min, no GPU), next to call29b.
 #   Next, in this order: call29b (bf16 training of the suite: issues 14/15 need the row at today's code) + call4c (fp32),
 #   call29r (CUDA graphs in training, never measured) + call28t (where a training step's host time goes), call29w,
 #   call29c, call28l, call27t + call27b, call27m, call26p, call27l, call10.
@@ -497,6 +499,15 @@ for step in "$@"; do
         --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230; done
       KILN_CACHE_DIR=$(mktemp -d) OMP_WAIT_POLICY=passive timeout 80 python3 -m kiln_bench --size cpu --device cpu \
         --threads 16 --modes training --models bert --backends kiln --repeats 2 --warmup 1 2>&1 | grep -E "^bert" | cut -c1-230 ;;
+    call30f)  # thirtieth session (helper fix30): the CPU oneDNN passes in bfloat16, checked on the host's CPU (no
+      # GPU used). The 2-core box has no AVX-512 since this session (AMD EPYC, AVX2: mkldnn bf16 unsupported), so
+      # cpu_conv_fuzz.py ran its float32 programs only there (250 seeds: no wrong answer after fix30's two fixes);
+      # its bfloat16 ones (40% of seeds: conv_fusion folds in float32, packed bf16 linear layers, depthwise bf16
+      # backwards) need a CPU with AVX-512 BF16 / AMX. Expected: "bf16 True", no "error", mismatches only where
+      # eager's own bf16 error is close (BatchNorm over few values); ~3-5 s a seed
+      python3 -c "import torch; print('bf16', torch.ops.mkldnn._is_mkldnn_bf16_supported())"
+      timeout 520 python3 packages/kiln/tests/cpu_conv_fuzz.py --seeds 0:120 -q --coverage > "$out/cpu30f-fuzz.log" 2>&1
+      grep -E "FAIL|^call|^error|passes with|pass'" "$out/cpu30f-fuzz.log" | tail -40 | cut -c1-250 ;;
     call29c)  # twenty-ninth session (issue 20, helper cpu29): bfloat16 convolutions through oneDNN with prepacked
       # weights (loopir Note [bfloat16 through oneDNN], switch onednn_bf16; the passes need conv_prepack) and a
       # bfloat16 BatchNorm folded in float32. At one thread on the 2-core box (AMX), infer1.py, CPU time: ResNet

@@ -110,6 +110,42 @@ def test_an_optimizer_step_reaches_the_prepacked_weights() -> None:
         torch.testing.assert_close(compiled(x), net(x), **TOL)
 
 
+def test_statistics_an_eager_training_step_moved_reach_the_folded_weights() -> None:
+    # loopir's Note [Running statistics move without a version]: eager's train-mode BatchNorm
+    # updates the running statistics without moving their versions (fix30: the compiled eval
+    # module kept the statistics it had folded first)
+    net, x = _net()
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})
+    with torch.no_grad():
+        compiled(x)
+        net.train()
+        for _ in range(2):
+            net(torch.randn(4, 3, 16, 16) * 3 + 1)  # eager, not compiled: calibrating the statistics
+        net.eval()
+        torch.testing.assert_close(compiled(x), net(x), **TOL)
+
+
+def test_a_fused_optimizer_step_reaches_the_prepacked_weights() -> None:
+    # loopir's Note [Writes that do not move a version]: a fused optimizer writes the parameters
+    # without moving their versions (fix30: the compiled eval module kept its first packs); no
+    # BatchNorm, whose folded values are keyed by value anyway
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3, bias=False))
+    x = torch.randn(2, 3, 10, 10)
+    compiled = kiln.compile(net, options={"strict": True, "conv_prepack": True})
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, fused=True)
+    with torch.no_grad():
+        compiled(x)
+    for _ in range(2):
+        net(x * 2).square().mean().backward()  # eager, as a training loop between evaluations
+        versions = [p._version for p in net.parameters()]
+        opt.step()
+        opt.zero_grad()
+        assert [p._version for p in net.parameters()] == versions  # what the Note is about
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), net(x), **TOL)
+
+
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="no oneDNN bfloat16 kernels")
 def test_bfloat16_batchnorm_folds_and_follows_in_place_updates(caplog: pytest.LogCaptureFixture) -> None:
     # Note [BatchNorm of a bfloat16 convolution folds in float32]: aotgrad's bfloat16 BatchNorm

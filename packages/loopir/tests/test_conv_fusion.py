@@ -147,6 +147,41 @@ def test_prepacked_weight_follows_parameter_versions() -> None:
         assert op.cache.packs == 5
 
 
+def test_running_statistics_eager_batch_norm_updates_reach_the_fold() -> None:
+    # Note [Running statistics move without a version]: eager's training-mode BatchNorm writes its
+    # running statistics in place without moving their versions; the fold must see the new values
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=True)
+    (op,) = fused_ops(compiled)
+    mean, var = inputs[5], inputs[6]
+    with torch.no_grad():
+        compiled(*inputs)
+        versions = mean._version, var._version
+        batch = make((4, 16, 5, 5)) * 3 + 1
+        torch.batch_norm(batch, None, None, mean, var, True, 0.5, 1e-5, False)
+        assert (mean._version, var._version) == versions  # what the Note is about
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+        assert op.cache.packs == 2
+        compiled(*inputs)
+        assert op.cache.packs == 2  # the same values: the pack is reused
+
+
+def test_writes_that_keep_the_version_reach_the_pack_through_its_sample() -> None:
+    # Note [Writes that do not move a version]: a write through ``.data`` (as a fused optimizer's
+    # step) keeps the version; the key's sample of the weight's bytes sees it
+    inputs = bn_inputs()
+    compiled, _ = run(conv_bn_relu, inputs, conv_prepack=True)
+    (op,) = fused_ops(compiled)
+    weight = inputs[1]
+    with torch.no_grad():
+        compiled(*inputs)
+        version = weight._version
+        weight.data.mul_(-2.0)
+        assert weight._version == version
+        torch.testing.assert_close(compiled(*inputs), conv_bn_relu(*inputs), **TOL)
+        assert op.cache.packs == 2
+
+
 def test_training_graphs_and_options_keep_aten_convolutions(caplog: pytest.LogCaptureFixture) -> None:
     inputs = bn_inputs()
     gm = with_vals(conv_bn_relu, *inputs)

@@ -84,9 +84,11 @@ class PassOptions:
     ``linear_pack_bf16``: linear_pack takes bfloat16 products too (with ``onednn_bf16``); off by
     default, measured slower end to end (the same Note).
     ``conv_prepack`` and ``linear_pack`` are off by default, as torch.compile's freezing is: a
-    parameter written through ``p.data`` keeps its version, and a pack made before would be used
-    with the old values (Note [Prepacked weights]); turn them on for models whose parameters are
-    only changed in place by ordinary ops, or not at all.
+    parameter written through ``p.data`` (or by a fused optimizer) keeps its version, and a pack
+    made before would be used with the old values where the write misses the bytes the pack's key
+    samples (Notes [Prepacked weights], [Writes that do not move a version]); turn them on for
+    models whose parameters are only changed in place by ordinary ops or optimizer steps, or not
+    at all.
     ``view_scatter``: ``slice_scatter`` and ``select_scatter`` lower to pointwise kernels (Note
     [View scatters are pointwise] in lowerings/memory.py); ``False``: eager's kernels, as extern
     calls. Not a graph pass: a decision handed to lowering (``PassContext.extern_ops``).

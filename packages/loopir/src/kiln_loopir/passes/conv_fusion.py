@@ -17,7 +17,8 @@ The per-channel values are computed by a small graph (the nodes between the Batc
 parameters and the chain, moved out of the graph into the op) from the graph's own inputs, so
 the folded and packed weight is always made from the current parameters, and is cached per
 parameter version (Note [Prepacked weights] in prepack.py): the weight, the bias and the affine
-map's inputs are its sources.
+map's inputs are its sources, the last by value (Note [Running statistics move without a
+version]).
 
 The statistics are frozen in such a graph by construction: BatchNorm is traced to the running
 statistics' op only when the module is in eval mode (``train()`` changes the module state
@@ -154,7 +155,8 @@ class FusedConv:
             )
             return packed, None if folded_b is None else folded_b.contiguous()
 
-        packed: tuple[torch.Tensor, torch.Tensor | None] = self.cache.get((weight, bias, *leaves), pack)
+        # the leaves by value: Note [Running statistics move without a version] in prepack.py
+        packed: tuple[torch.Tensor, torch.Tensor | None] = self.cache.get((weight, bias), pack, small=leaves)
         return packed
 
     def __call__(
