@@ -10,15 +10,14 @@
 #   machines that did not start). Found: CUDA graphs in training were off for every forward (outputs that are inputs;
 #   fixed after, Note [Outputs that are inputs], not measured: call30r), deepseek_v3's bf16 mismatch (call30d).
 #   Next, in this order: call30r, call30d, call30s (helper cpu30: its saves on GPU training), call30b (helper bn30),
-#   call30p (helper bench30: the nine breadth programs made portable), call28t, call29c, call28l, call27t +
-#   call27b, call27m, call26p, call27l.
+#   call30p (helper bench30: the nine breadth programs made portable), call30f (helper fix30: the CPU oneDNN bf16
+#   passes fuzzed on the host's CPU, which has the bf16 instructions this box lacks now), call28t, call29c, call28l,
+#   call27t + call27b, call27m, call26p, call27l.
 # Twenty-ninth session: call28e, call28v, call3c (the ablation, complete for the first time: in three calls, the whole
 #   suite needs ~1000 s) and call28h ran on an H200 and its host at 5df0116 (packages/bench/results/2026-12-06-h200-s29-*;
 #   1647 of 1800 s, 91 s lost to an H100 that did not start). Changed after them, not measured on the device: fix29's
 #   aotgrad fix (a padded GEMM's saved value checked in full: wrong gradients under pad_mm before), its conv_bias strides
 #   fix, the GPU wrapper's flat storage for declined kernels; cpu29/train29 (CPU only: call29c for 16 threads); x ** 1.
-#   Thirtieth session (fix30): call30f (the CPU oneDNN bf16 passes fuzzed on the host's CPU, which has the bf16
-#   instructions this box lost) is new, cheap (~9 min, no GPU), next to call29b.
 #   Next, in this order: call29b (bf16 training of the suite: issues 14/15 need the row at today's code) + call4c (fp32),
 #   call29r (CUDA graphs in training, never measured) + call28t (where a training step's host time goes), call29w,
 #   call29c, call28l, call27t + call27b, call27m, call26p, call27l, call10.
