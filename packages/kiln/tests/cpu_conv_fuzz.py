@@ -31,15 +31,10 @@ Long runs: python cpu_conv_fuzz.py --seeds 0:200 [-q] [--no-blame] [--show] [--c
 # mypy: ignore-errors
 from __future__ import annotations
 
-import argparse
-import collections
 import contextlib
 import copy
-import logging
 import random
-import re
 import sys
-import traceback
 
 import torch
 from layout_fuzz import (
@@ -53,7 +48,9 @@ from layout_fuzz import (
     _meta_strides,
     _run,
     _view,
+    fuzz_arguments,
     instantiate,
+    run_seeds,
 )
 from torch import nn
 
@@ -372,53 +369,8 @@ def blame(p: Program) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0:100", help="a:b, a half-open range")
-    ap.add_argument("--show", action="store_true", help="print each program")
-    ap.add_argument("-q", action="store_true", help="only the seeds that fail")
-    ap.add_argument("--no-blame", action="store_true", help="do not run failures with rules switched off")
-    ap.add_argument("--option", action="append", default=[], help="NAME=VALUE added to every compile")
-    ap.add_argument("--coverage", action="store_true", help="tally what loopir's graph passes did")
-    a = ap.parse_args(argv)
-    tally: collections.Counter[str] = collections.Counter()
-    if a.coverage:
-
-        class Tally(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                tally[re.sub(r"\d+", "#", record.getMessage())[:110]] += 1
-
-        logging.getLogger("kiln.loopir.passes").addHandler(Tally())
-        logging.getLogger("kiln.loopir.passes").setLevel(logging.DEBUG)
-    lo, hi = map(int, a.seeds.split(":"))
-    extra = {}
-    for o in a.option:
-        k, _, v = o.partition("=")
-        extra[k] = {"True": True, "False": False}.get(v, v)
-    counts: collections.Counter[str] = collections.Counter()
-    for seed in range(lo, hi):
-        p = generate(seed)
-        if a.show:
-            print(p.render())
-        try:
-            msg = check(p, extra)
-        except Exception:
-            msg = "harness: " + traceback.format_exc()
-        if msg:
-            kind = "error" if msg.startswith(("error", "harness")) else "mismatch"
-            lines = msg.splitlines()
-            if kind == "mismatch" and all("strides" in m for m in lines):
-                kind = "meta strides" if all("meta strides" in m for m in lines) else "strides"
-            counts[kind] += 1
-            why = "" if a.no_blame else f"passes with off: {blame(p)}\n"
-            print(f"=== seed {seed} FAIL\n{p.render()}{msg}\n{why}", flush=True)
-        else:
-            counts["pass"] += 1
-            if not a.q:
-                print(f"seed {seed} ok", flush=True)
-    for text, n in sorted(tally.items(), key=lambda kv: -kv[1]):
-        print(f"{n:6d}  {text}")
-    print(f"{dict(counts)} of {hi - lo}")
-    return 1 if counts["pass"] < hi - lo else 0
+    a = fuzz_arguments(__doc__ or "").parse_args(argv)
+    return run_seeds(a, generate, check, blame)
 
 
 if __name__ == "__main__":

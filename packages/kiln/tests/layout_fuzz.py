@@ -54,6 +54,7 @@ import random
 import re
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 if __name__ == "__main__":
@@ -781,16 +782,26 @@ def blame(p: Program, gpu_form: bool = False) -> list[str]:
     return [name for name, opts in SWITCHES.items() if check(p, opts, gpu_form) is None]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def fuzz_arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line both fuzzers of this family take (this one and cpu_conv_fuzz.py)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--seeds", default="0:100", help="a:b, a half-open range")
     ap.add_argument("--show", action="store_true", help="print each program")
     ap.add_argument("-q", action="store_true", help="only the seeds that fail")
     ap.add_argument("--no-blame", action="store_true", help="do not run failures with rules switched off")
-    ap.add_argument("--gpu-form", action="store_true", help="also run each graph's GPU wrapper, bit for bit")
     ap.add_argument("--coverage", action="store_true", help="tally what loopir's graph passes did")
     ap.add_argument("--option", action="append", default=[], help="NAME=VALUE added to every compile")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def run_seeds(
+    a: argparse.Namespace,
+    generate_one: Callable[[int], Program],
+    check_one: Callable[[Program, dict], str | None],
+    blame_one: Callable[[Program], list[str]],
+) -> int:
+    """Generate, check and report the seeds of ``a.seeds`` (its options as ``fuzz_arguments``
+    declares them); 1 when any seed fails."""
     lo, hi = map(int, a.seeds.split(":"))
     extra = {}
     for o in a.option:
@@ -807,11 +818,11 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kiln.loopir.passes").setLevel(logging.DEBUG)
     counts = {"pass": 0, "mismatch": 0, "strides": 0, "meta strides": 0, "error": 0}
     for seed in range(lo, hi):
-        p = generate(seed)
+        p = generate_one(seed)
         if a.show:
             print(p.render())
         try:
-            msg = check(p, extra, a.gpu_form)
+            msg = check_one(p, extra)
         except Exception:
             msg = "harness: " + traceback.format_exc()
         if msg:
@@ -820,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "mismatch" and all("strides" in m for m in lines):
                 kind = "meta strides" if all("meta strides" in m for m in lines) else "strides"
             counts[kind] += 1
-            why = "" if a.no_blame else f"passes with off: {blame(p, a.gpu_form)}\n"
+            why = "" if a.no_blame else f"passes with off: {blame_one(p)}\n"
             print(f"=== seed {seed} FAIL\n{p.render()}{msg}\n{why}", flush=True)
         else:
             counts["pass"] += 1
@@ -830,6 +841,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:6d}  {text}")
     print(f"{counts} of {hi - lo}")
     return 1 if counts["pass"] < hi - lo else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = fuzz_arguments(__doc__ or "")
+    ap.add_argument("--gpu-form", action="store_true", help="also run each graph's GPU wrapper, bit for bit")
+    a = ap.parse_args(argv)
+    return run_seeds(
+        a, generate, lambda p, extra: check(p, extra, a.gpu_form), lambda p: blame(p, a.gpu_form)
+    )
 
 
 if __name__ == "__main__":
