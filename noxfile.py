@@ -31,6 +31,11 @@ TRITON = "triton==3.8.0"
 # The checkers are pinned too: a new release may add rules and turn a green tree red.
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
+# Test sessions spread their tests over the machine's cores (pytest-xdist, one worker a core;
+# `KILN_TEST_WORKERS=N` for N workers, 0 for one process as before). Serially the suites took 80 of
+# CI's 90 minutes on a 2-core machine in the thirtieth session; every test keeps its own cache and
+# temporary folders, so workers do not meet.
+XDIST = "pytest-xdist==3.8.0"
 
 nox.options.sessions = []  # nothing runs by default: say -t tests, or name sessions
 nox.options.error_on_missing_interpreters = True
@@ -94,7 +99,14 @@ def _install_packages(session: nox.Session, folders: list[str]) -> None:
     if _needs_triton(folders):
         session.install(TRITON)
     # numpy and expecttest: what PyTorch's OpInfo database (torch.testing._internal) imports
-    session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", "numpy", "expecttest")
+    session.install(*[str(PACKAGES_DIR / f) for f in folders], "pytest", XDIST, "numpy", "expecttest")
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest over the given paths, its tests spread over the workers `XDIST`'s note describes."""
+    workers = os.environ.get("KILN_TEST_WORKERS", "auto")
+    spread = [] if workers == "0" else ["-n", workers]
+    session.run("pytest", "-q", *spread, *args, env=env or {})
 
 
 def _free_virtualenv(session: nox.Session) -> None:
@@ -119,7 +131,7 @@ def _run_package_tests(session: nox.Session, folder: str) -> None:
         if folder == "codegen_triton":
             # No GPU in CI: Triton kernels run on CPU tensors through Triton's interpreter.
             env["TRITON_INTERPRET"] = "1"
-        session.run("pytest", "-q", str(PACKAGES_DIR / folder / "tests"), *session.posargs, env=env)
+        _pytest(session, str(PACKAGES_DIR / folder / "tests"), *session.posargs, env=env)
     finally:
         _free_virtualenv(session)
 
@@ -141,7 +153,7 @@ def tests_capture_312(session: nox.Session) -> None:
     try:
         _install_packages(session, _sibling_closure("dynamo"))
         for folder in ("frame_hook", "dynamo"):
-            session.run("pytest", "-q", str(PACKAGES_DIR / folder / "tests"), *session.posargs)
+            _pytest(session, str(PACKAGES_DIR / folder / "tests"), *session.posargs)
     finally:
         _free_virtualenv(session)
 
@@ -151,9 +163,9 @@ def tests_e2e(session: nox.Session) -> None:
     """The umbrella installed with everything under it; end-to-end tests and the layering rules."""
     try:
         _install_packages(session, _sibling_closure("bench"))
-        session.run("pytest", "-q", str(ROOT / "tests" / "e2e"), *session.posargs)
+        _pytest(session, str(ROOT / "tests" / "e2e"), *session.posargs)
         # dynamo's transformers ModelOutput cases: its own session has no transformers, this one does.
-        session.run("pytest", "-q", str(PACKAGES_DIR / "dynamo" / "tests" / "test_model_output.py"))
+        _pytest(session, str(PACKAGES_DIR / "dynamo" / "tests" / "test_model_output.py"))
     finally:
         _free_virtualenv(session)
 
