@@ -54,7 +54,6 @@ generators' folders of the cache in use (`_skip_generated_code`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -223,8 +222,10 @@ class _FirstCallFallback:
         inner_before = self.record.loopir_seconds
         start = time.perf_counter()
         try:
-            # the first call compiles (Note [The collector scans only the compile's objects])
-            with only_new_objects() if before == 0 else contextlib.nullcontext():
+            if before == 0:  # the first call compiles (Note [The collector scans only the compile's objects])
+                with only_new_objects():
+                    result = self.compiled(*args)
+            else:  # no context on later calls: host time on every call (issue 14)
                 result = self.compiled(*args)
             if before is not None and len(signatures or ()) != before:  # this call compiled
                 # Note [Compile time by phase]: aotgrad compiles on the first call, calls loopir
