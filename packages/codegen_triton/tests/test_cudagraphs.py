@@ -301,6 +301,14 @@ def test_recording_again_from_scratch_takes_a_fresh_pool(capture: Any) -> None:
 # each test below drives a case that one of its shortcuts must still see.
 
 
+@pytest.fixture
+def planned(monkeypatch: Any) -> None:
+    """The plan on, whatever KILN_CUDAGRAPH_PLAN says."""
+    from kiln_codegen_triton import cudagraphs
+
+    monkeypatch.setattr(cudagraphs, "PLANNED_REPLAY", True)
+
+
 def _two_batches(x: torch.Tensor, m: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
     return (torch.relu((x * m) @ w),)
 
@@ -320,14 +328,18 @@ def _planned_calls(runner: CudaGraphRunner, monkeypatch: Any) -> list[int]:
 
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("batches", [1, 2])  # one copied input (`copy_`), two (`_foreach_copy_`)
-def test_planned_replay_copies_inputs_at_new_addresses(capture: Any, batches: int, monkeypatch: Any) -> None:
+def test_planned_replay_copies_inputs_at_new_addresses(
+    capture: Any, batches: int, monkeypatch: Any, planned: None
+) -> None:
     w = torch.randn(16, 8, device=DEVICE)
     m = torch.randn(4, 16, device=DEVICE)
     runner = CudaGraphRunner(
-        _two_batches if batches == 2 else lambda x, w: _two_batches(x, m, w), capture=capture, guarded_inputs=True
+        _two_batches if batches == 2 else lambda x, w: _two_batches(x, m, w),
+        capture=capture,
+        guarded_inputs=True,
     )
     full = _planned_calls(runner, monkeypatch)
-    for i in range(8):
+    for _ in range(8):
         x = torch.randn(4, 16, device=DEVICE)  # a new batch (and mask) at a new address every call
         if batches == 2:
             m = torch.randn(4, 16, device=DEVICE)
@@ -340,19 +352,21 @@ def test_planned_replay_copies_inputs_at_new_addresses(capture: Any, batches: in
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
-def test_planned_replay_sees_a_parameter_updated_in_place(capture: Any) -> None:
+def test_planned_replay_sees_a_parameter_updated_in_place(capture: Any, planned: None) -> None:
     w = torch.randn(16, 8, device=DEVICE)
     x = torch.randn(4, 16, device=DEVICE)  # the same batch every call: static too
     runner = CudaGraphRunner(_fn, capture=capture, guarded_inputs=True)
-    for i in range(6):
+    for _ in range(6):
         with torch.no_grad():
             w.add_(1.0)  # every call: the graph reads w where it lies
         torch.testing.assert_close(runner(x, w), _eager(x, w))
-    assert runner._copy_idx == [] and runner.replays == 5 and runner.recordings == 1  # outputs dropped: one slot
+    assert (
+        runner._copy_idx == [] and runner.replays == 5 and runner.recordings == 1
+    )  # outputs dropped: one slot
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
-def test_planned_replay_records_again_when_a_static_input_moves(capture: Any) -> None:
+def test_planned_replay_records_again_when_a_static_input_moves(capture: Any, planned: None) -> None:
     ws = [torch.randn(8, 8, device=DEVICE) for _ in range(3)]
     x = torch.randn(3, 8, device=DEVICE)
     runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True)
@@ -366,7 +380,9 @@ def test_planned_replay_records_again_when_a_static_input_moves(capture: Any) ->
 
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("change", ["shape", "dtype"])
-def test_planned_replay_refuses_a_copied_input_of_another_shape_or_dtype(capture: Any, change: str) -> None:
+def test_planned_replay_refuses_a_copied_input_of_another_shape_or_dtype(
+    capture: Any, change: str, planned: None
+) -> None:
     """A copy into the graph's buffer would broadcast or cast: the call runs the wrapper."""
 
     def double(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
@@ -387,7 +403,7 @@ def test_planned_replay_refuses_a_copied_input_of_another_shape_or_dtype(capture
 
 @pytest.mark.parametrize("capture", CAPTURES)
 @pytest.mark.parametrize("kept", [0, 1])
-def test_planned_replay_never_overwrites_a_kept_output(capture: Any, kept: int) -> None:
+def test_planned_replay_never_overwrites_a_kept_output(capture: Any, kept: int, planned: None) -> None:
     """One output storage (its use count read by one C call) and two (a list compared): keeping
     either output of a call keeps its slot out of the next replays."""
 

@@ -8,16 +8,17 @@ the CPU cost of those launches is the run time. :class:`CudaGraphRunner` wraps t
   happen outside any capture);
 * the second call records: warm-up once more on a side stream, then capture ``call(*inputs)`` into
   a private memory pool, so the buffers the wrapper allocates stay put;
-* every later call checks its inputs, copies the ones that move into their static buffers with
-  one ``torch._foreach_copy_`` and calls ``graph.replay()``.
+* every later call checks its inputs, copies the ones that move into their static buffers (one
+  ``Tensor.copy_``, or one ``torch._foreach_copy_`` for several) and calls ``graph.replay()``, by a
+  closure planned at the recording (Note [The runner's per-call path]).
 
 Note [Static inputs of a CUDA graph]: parameters and buffers keep their memory from call to call,
 and copying each into a graph-owned buffer on every call (ResNet-50: 268 copies) costs more than
 the graph saves. So an input whose address is the same at the warm-up and at the recording call
 is *static*: the graph reads it where it lies, and is recorded on the caller's tensor itself. An
 input at a new address (a fresh batch) is *copied* into a graph-owned buffer before each replay.
-A replay first checks that every static input is still at its recorded address (one C call when
-torch has it); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
+A replay first checks that every static input is still at its recorded address (their pointers
+read by one ``map``: Note [The runner's per-call path]); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
 it becomes a copied input and the graph is recorded again: a moved input is never read from its
 old address. After ``MAX_RECORDINGS`` recordings the runner gives up and runs the wrapper.
 A static input's shape, strides and dtype are not looked at on a replay when the caller guards
@@ -121,9 +122,9 @@ _detach = torch.Tensor.detach
 # before `graph.replay()` adds to the wall time one for one (the GPU waits for it); most of it
 # scales with the inputs (ResNet-50: ~270 static ones) or the outputs. So what a call does is
 # planned when a graph is recorded, into one closure (`CudaGraphRunner._plan`) that holds, as its
-# own locals, everything a replay reads: the static inputs' check (torch's C pointer check where
-# torch has it, else the static inputs picked by one `operator.itemgetter`, their pointers read by
-# `map(Tensor.data_ptr, ...)` and compared as one list), the copied inputs' picker, buffers and
+# own locals, everything a replay reads: the static inputs' check (picked by one
+# `operator.itemgetter`, their pointers read by `map(Tensor.data_ptr, ...)` and compared with
+# the recorded ones as one list: see "Static pointers" below), the copied inputs' picker, buffers and
 # recorded shapes and dtypes (one list compare), the slots, each with its planned use-count check
 # (one C call for a slot of one output storage) and its planned aliases (a flat tuple of tensors
 # by `map(Tensor.detach, ...)`), and the copy (`Tensor.copy_` for one copied input, one
@@ -135,13 +136,14 @@ _detach = torch.Tensor.detach
 # whenever the slots change (a recording) and dropped when the runner turns itself off.
 #
 # Static pointers: torch's CUDA builds have a C helper (`torch._C._tensors_data_ptrs_at_indices_equal`),
-# which the runner used where present; it converts each tensor and pointer through pybind11, and
-# the same C++ built against this torch (`runner_overhead.py --steps` times it where torch has it)
-# ran 1.3-1.8x slower than `map(Tensor.data_ptr, ...)` over the same `nn.Parameter`s (27, 109 and
-# 268 of them: 3.8/20.7/51.4 us against 3.1/12.2/36.3 on this CPU). The plan reads the pointers
-# with `map` everywhere. `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full
-# path, which checks the pointers with torch's helper where torch has it (the code before this
-# Note, for an A/B on a GPU). KILN_LOG=output_code prints each plan.
+# which every replay used where present (the full path still does); it converts each tensor and
+# pointer through pybind11 casts, and its C++ built against this CPU torch by hand ran 1.3-1.8x
+# slower than `map(Tensor.data_ptr, ...)` over the same `nn.Parameter`s (27, 109 and 268 of them:
+# 3.8/20.7/51.4 us against 3.1/12.2/36.3 on this machine; `runner_overhead.py --steps` times both
+# where torch has the helper). So the plan reads the pointers with `map` everywhere. (A C loop
+# reading the TensorImpls directly ran 0.7/2.6/6.2 us: not built, it needs a torch-linked build.)
+# `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this Note
+# (for an A/B on a GPU). KILN_LOG=output_code prints each plan.
 PLANNED_REPLAY = os.environ.get("KILN_CUDAGRAPH_PLAN", "1") != "0"
 _MISS: Any = object()  # the planned replay declined this call: run the full path
 
@@ -349,7 +351,7 @@ class CudaGraphRunner:
         """Plan the replay of the current slots (Note [The runner's per-call path])."""
         if not PLANNED_REPLAY:
             return
-        statics_in_place = self._statics_check()
+        pick_static, static_ptrs, data_ptr = self._pick_static, self._static_ptr_list, _data_ptr
         all_meta = None if self.guarded_inputs else self._all_meta
         pick_copied = self._pick_copied
         copy_dst = list(self._copy_dst)
@@ -360,8 +362,8 @@ class CudaGraphRunner:
         runner = self
 
         def replay(args: tuple[Any, ...]) -> Any:
-            if not statics_in_place(args):
-                return _MISS
+            if static_ptrs and list(map(data_ptr, pick_static(args))) != static_ptrs:
+                return _MISS  # a static input moved (Note [Static inputs of a CUDA graph])
             if all_meta is not None and [_meta(a) for a in args] != all_meta:
                 return _MISS
             for slot in slots:
@@ -390,17 +392,6 @@ class CudaGraphRunner:
             "copy_" if only_dst is not None else "_foreach_copy_" if copy_dst else "none",
             len(slots),
         )
-
-    def _statics_check(self) -> Callable[[tuple[Any, ...]], bool]:
-        """args -> whether every static input is at its recorded address (Note [Static inputs of
-        a CUDA graph]), planned (Note [The runner's per-call path])."""
-        if not self._static_idx:
-            return lambda args: True
-        if _ptrs_equal is not None and not PLANNED_REPLAY:
-            ptrs_equal, ptrs, idx = _ptrs_equal, self._static_ptrs, self._static_idx
-            return lambda args: bool(ptrs_equal(list(args), ptrs, idx))
-        pick, expected = self._pick_static, self._static_ptr_list
-        return lambda args: list(map(_data_ptr, pick(args))) == expected
 
     def _call(self, args: tuple[Any, ...]) -> Any:
         """The full path: the warm-up, recordings, and every call the planned replay declines."""
@@ -454,7 +445,9 @@ class CudaGraphRunner:
 
     def _statics_in_place(self, args: tuple[Any, ...]) -> bool:
         """Whether every static input is at its recorded address (Note [Static inputs of a CUDA graph])."""
-        return self._statics_check()(args)
+        if _ptrs_equal is not None:
+            return bool(_ptrs_equal(list(args), self._static_ptrs, self._static_idx))
+        return list(map(_data_ptr, self._pick_static(args))) == self._static_ptr_list
 
     # ------------------------------------------------------------------------------ recording
 
