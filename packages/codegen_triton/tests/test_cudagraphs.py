@@ -425,21 +425,19 @@ def test_planned_replay_never_overwrites_a_kept_output(capture: Any, kept: int, 
 
 
 @pytest.mark.parametrize("capture", CAPTURES)
-def test_planned_replay_decides_as_the_full_path(capture: Any, monkeypatch: Any) -> None:
+def test_planned_replay_decides_as_the_full_path(capture: Any) -> None:
     """The same calls with the plan on and off: the same results, recordings, replays and plain
     calls (a kept output, a moved parameter, a parameter updated in place, a new batch, a batch of
     another shape)."""
-    from kiln_codegen_triton import cudagraphs
 
     def script(planned: bool) -> list[Any]:
-        monkeypatch.setattr(cudagraphs, "PLANNED_REPLAY", planned)
         gen = torch.Generator(device=DEVICE).manual_seed(0)
 
         def randn(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, device=DEVICE, generator=gen)
 
         ws = [randn(8, 8) for _ in range(3)]
-        runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True)
+        runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True, planned=planned)
         seen: list[Any] = []
         kept: list[Any] = []
         for i in range(14):

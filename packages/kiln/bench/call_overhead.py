@@ -471,12 +471,11 @@ def ro_stub_us(call: Callable[[], Any], graphs: list[Any], calls: int, rounds: i
 
     plain = [g._fn for g in graphs]
     runners: dict[bool, list[Any]] = {}
-    previous = cudagraphs.PLANNED_REPLAY
     try:
         for planned in (True, False):
-            cudagraphs.PLANNED_REPLAY = planned  # read when a runner plans, at its recordings
             runners[planned] = [
-                cudagraphs.CudaGraphRunner(fn, capture=capture, guarded_inputs=True) for fn in plain
+                cudagraphs.CudaGraphRunner(fn, capture=capture, guarded_inputs=True, planned=planned)
+                for fn in plain
             ]
             for g, r in zip(graphs, runners[planned], strict=True):
                 g._fn = r
@@ -489,7 +488,6 @@ def ro_stub_us(call: Callable[[], Any], graphs: list[Any], calls: int, rounds: i
                     g._fn = r
                 times[planned].append(per_call_us(call, calls))
     finally:
-        cudagraphs.PLANNED_REPLAY = previous
         for g, fn in zip(graphs, plain, strict=True):
             g._fn = fn
     for rs in runners.values():  # every timed call replayed: a plain call would time the wrapper

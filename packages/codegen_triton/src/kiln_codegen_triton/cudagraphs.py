@@ -142,8 +142,9 @@ _detach = torch.Tensor.detach
 # 3.8/20.7/51.4 us against 3.1/12.2/36.3 on this machine; `runner_overhead.py --steps` times both
 # where torch has the helper). So the plan reads the pointers with `map` everywhere. (A C loop
 # reading the TensorImpls directly ran 0.7/2.6/6.2 us: not built, it needs a torch-linked build.)
-# `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this Note
-# (for an A/B on a GPU). KILN_LOG=output_code prints each plan.
+# `triton_options={"cudagraph_plan": False}` (kiln_bench: `kiln:reduce-overhead:triton.cudagraph_plan=False`)
+# or `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this
+# Note (an A/B on a GPU). KILN_LOG=output_code prints each plan.
 PLANNED_REPLAY = os.environ.get("KILN_CUDAGRAPH_PLAN", "1") != "0"
 _MISS: Any = object()  # the planned replay declined this call: run the full path
 
@@ -294,6 +295,7 @@ def _slot(replay: Callable[[], None], outputs: Any, from_inputs: tuple[_InputAli
 class CudaGraphRunner:
     """Records and replays ``fn``; see the module docstring and its notes.
 
+    ``planned``: Note [The runner's per-call path] (None: ``KILN_CUDAGRAPH_PLAN``, on unless "0").
     ``capture(fn, args, pool) -> (replay, outputs)`` records one graph (:func:`capture_cuda` on a
     GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU). ``new_pool()`` makes
     a fresh memory pool (default: CUDA's ``graph_pool_handle`` for :func:`capture_cuda`, a stand-in
@@ -309,9 +311,12 @@ class CudaGraphRunner:
         pool: Any = None,
         new_pool: Callable[[], Any] | None = None,
         guarded_inputs: bool = False,
+        planned: bool | None = None,
     ) -> None:
         self.fn = fn
         self.capture = capture
+        # Note [The runner's per-call path]; None: KILN_CUDAGRAPH_PLAN (on unless "0")
+        self.planned = PLANNED_REPLAY if planned is None else planned
         if new_pool is None:
             new_pool = torch.cuda.graph_pool_handle if capture is capture_cuda else object
         self._new_pool = new_pool
@@ -349,7 +354,7 @@ class CudaGraphRunner:
 
     def _plan(self) -> None:
         """Plan the replay of the current slots (Note [The runner's per-call path])."""
-        if not PLANNED_REPLAY:
+        if not self.planned:
             return
         pick_static, static_ptrs, data_ptr = self._pick_static, self._static_ptr_list, _data_ptr
         all_meta = None if self.guarded_inputs else self._all_meta
