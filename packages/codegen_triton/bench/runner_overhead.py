@@ -25,7 +25,8 @@ kiln_codegen_triton/cudagraphs.py > /tmp/before.py``) and times its runner inter
 this one (A B A B ...), for an A/B of a change in one process. ``--steps`` times the per-call
 steps by themselves on the same tensors (the pointer check each way, a use count, an output's
 alias, a copy); ``--profile`` prints cProfile's own time per function of the runner's call
-(inflated for small calls: read the shares).
+(inflated for small calls: read the shares). ``--c-check`` gives this version's runner the C
+pointer check kiln hands it (kiln_dynamo's torch-linked checker, built if missing).
 
     PYTHONPATH=packages/loopir/src:packages/codegen_triton/src \\
         python packages/codegen_triton/bench/runner_overhead.py [--models mlp,bert,resnet]
@@ -91,7 +92,9 @@ def load_module(path: str) -> ModuleType:
 class Workload:
     """A runner of ``module`` over a preset's inputs, recorded and warm: ``call()`` is one call."""
 
-    def __init__(self, module: ModuleType, preset: tuple[int, int, int], fresh: bool) -> None:
+    def __init__(
+        self, module: ModuleType, preset: tuple[int, int, int], fresh: bool, pointer_check: Any = None
+    ) -> None:
         n_inputs, n_batch, n_outputs = preset
         gen = torch.Generator().manual_seed(0)
         # parameters as the frame passes them (nn.Parameter: its own data_ptr path), then the batch
@@ -108,7 +111,8 @@ class Workload:
         def capture(f: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
             return (lambda: None), f(*args)  # the stand-in graph: outputs of the model's count, no work
 
-        self.runner = module.CudaGraphRunner(fn, capture=capture, guarded_inputs=True)
+        extra = {"pointer_check": pointer_check} if pointer_check is not None else {}
+        self.runner = module.CudaGraphRunner(fn, capture=capture, guarded_inputs=True, **extra)
         self.fresh = fresh
         self.k = 0
         for _ in range(4):
@@ -183,15 +187,27 @@ def main() -> None:
     parser.add_argument("--before", default=None, help="another cudagraphs.py to time interleaved")
     parser.add_argument("--steps", action="store_true", help="time the per-call steps by themselves")
     parser.add_argument("--profile", action="store_true", help="cProfile's own time per function")
+    parser.add_argument(
+        "--c-check",
+        action="store_true",
+        help="this version's runner with kiln_dynamo's C pointer check, as kiln passes it (needs kiln_dynamo)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     before = load_module(args.before) if args.before else None
+    pointer_check = None
+    if args.c_check:
+        from kiln_dynamo import tensor_check  # the bench's only use of another package
+
+        tensor_check.install(build=True)
+        assert tensor_check.data_ptrs_equal() is not None, tensor_check.status()
+        pointer_check = tensor_check.data_ptrs_equal
     head = f"{'model':<11} {'inputs':>6} {'batch':>5} {'outs':>4} | {'scenario':<6} {'after us':>8}"
     print(head + (f" {'before us':>9} {'ratio':>6}" if before else ""))
     for name in args.models.split(","):
         preset = PRESETS[name]
         for fresh in (False, True):
-            after = Workload(cudagraphs, preset, fresh)
+            after = Workload(cudagraphs, preset, fresh, pointer_check)
             old = Workload(before, preset, fresh) if before else None
             a, b = [], []
             for _ in range(args.rounds):

@@ -463,3 +463,32 @@ def test_planned_replay_decides_as_the_full_path(capture: Any) -> None:
             assert a == b
         else:
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("answer", ["truth", "cannot tell"])
+def test_planned_replay_with_a_pointer_check_of_the_callers(capture: Any, answer: str, planned: None) -> None:
+    """`pointer_check` (kiln passes a C loop): asked once per plan, called with the static inputs
+    and their recorded pointers on every replay; a moved input is recorded again, and a check that
+    cannot tell (False) sends the call down the full path, which replays as usual."""
+    asked: list[int] = []
+    calls: list[int] = []
+
+    def check(tensors: tuple[Any, ...], ptrs: tuple[int, ...]) -> bool:
+        calls.append(len(tensors))
+        return answer == "truth" and tuple(t.data_ptr() for t in tensors) == ptrs
+
+    def provider() -> Any:
+        asked.append(1)
+        return check
+
+    ws = [torch.randn(8, 8, device=DEVICE) for _ in range(3)]
+    runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True, pointer_check=provider)
+    for i in range(8):
+        x = torch.randn(4, 8, device=DEVICE)  # copied
+        if i == 5:
+            ws[1] = torch.randn(8, 8, device=DEVICE)  # moved: recorded again, copied from then on
+        torch.testing.assert_close(runner(x, *ws), _many(x.clone(), *[w.clone() for w in ws]))
+    assert runner.disabled is None and runner._copy_idx == [0, 2] and runner.replays == 7
+    assert len(asked) == runner.recordings  # one plan per recording
+    assert calls and set(calls[:3]) == {3}  # the three static weights before the move

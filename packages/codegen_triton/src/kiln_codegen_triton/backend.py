@@ -65,7 +65,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import dense_shape, dense_storage, flat_storage, symbol_values
 
-from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
+from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, PointerCheck, cudagraph_blocker
 from .heuristics import configs, outer_tile_rows
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
@@ -164,6 +164,7 @@ class TritonBackend(Backend):
         matmul_templates: bool | str = True,
         overlap_compile: bool = True,
         cudagraph_plan: bool | None = None,
+        pointer_check: Callable[[], PointerCheck | None] | None = None,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -220,6 +221,7 @@ class TritonBackend(Backend):
         self.overlap_compile = overlap_compile
         # Note [The runner's per-call path] (cudagraphs.py): None = KILN_CUDAGRAPH_PLAN (default on)
         self.cudagraph_plan = cudagraph_plan
+        self.pointer_check = pointer_check  # ... and its C check of the static inputs' pointers
         self.last_pending: PendingCompile | None = None
         self.last_templates: list[MatmulChoice] = []
         self.last_declined: list[tuple[str, str]] = []
@@ -415,10 +417,14 @@ class TritonBackend(Backend):
                     symbol_values(graph.sizevars),
                     guarded_inputs=self.guarded_inputs,
                     planned=self.cudagraph_plan,
+                    pointer_check=self.pointer_check,
                 )
             elif blocker is None:
                 fn = self.last_cudagraphs = CudaGraphRunner(
-                    fn, guarded_inputs=self.guarded_inputs, planned=self.cudagraph_plan
+                    fn,
+                    guarded_inputs=self.guarded_inputs,
+                    planned=self.cudagraph_plan,
+                    pointer_check=self.pointer_check,
                 )
             else:
                 log.info("no CUDA graphs for this graph: %s", blocker)

@@ -140,12 +140,18 @@ _detach = torch.Tensor.detach
 # pointer through pybind11 casts, and its C++ built against this CPU torch by hand ran 1.3-1.8x
 # slower than `map(Tensor.data_ptr, ...)` over the same `nn.Parameter`s (27, 109 and 268 of them:
 # 3.8/20.7/51.4 us against 3.1/12.2/36.3 on this machine; `runner_overhead.py --steps` times both
-# where torch has the helper). So the plan reads the pointers with `map` everywhere. (A C loop
-# reading the TensorImpls directly ran 0.7/2.6/6.2 us: not built, it needs a torch-linked build.)
+# where torch has the helper). So the plan reads the pointers with `map`, unless its caller hands
+# it a C loop that reads the TensorImpls directly (`pointer_check`, asked at each plan: kiln passes
+# the one in kiln_dynamo's torch-linked tensor checker, Note [The torch-linked tensor checker];
+# 0.7/2.6/6.2 us at 27/109/268 here, a stand-in build of the same loop).
 # `triton_options={"cudagraph_plan": False}` (kiln_bench: `kiln:reduce-overhead:triton.cudagraph_plan=False`)
 # or `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this
 # Note (an A/B on a GPU). KILN_LOG=output_code prints each plan.
 PLANNED_REPLAY = os.environ.get("KILN_CUDAGRAPH_PLAN", "1") != "0"
+# (static input tensors, their recorded pointers) -> whether each is at its pointer: a C loop the
+# caller may provide (`pointer_check`; kiln passes kiln_dynamo's torch-linked checker's); False
+# also when it cannot tell, which sends the call down the full path
+PointerCheck = Callable[[tuple[Any, ...], tuple[int, ...]], bool]
 _MISS: Any = object()  # the planned replay declined this call: run the full path
 
 
@@ -295,7 +301,8 @@ def _slot(replay: Callable[[], None], outputs: Any, from_inputs: tuple[_InputAli
 class CudaGraphRunner:
     """Records and replays ``fn``; see the module docstring and its notes.
 
-    ``planned``: Note [The runner's per-call path] (None: ``KILN_CUDAGRAPH_PLAN``, on unless "0").
+    ``planned``: Note [The runner's per-call path] (None: ``KILN_CUDAGRAPH_PLAN``, on unless "0");
+    ``pointer_check() -> PointerCheck | None``: the plan's C check of the static inputs' pointers.
     ``capture(fn, args, pool) -> (replay, outputs)`` records one graph (:func:`capture_cuda` on a
     GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU). ``new_pool()`` makes
     a fresh memory pool (default: CUDA's ``graph_pool_handle`` for :func:`capture_cuda`, a stand-in
@@ -312,11 +319,13 @@ class CudaGraphRunner:
         new_pool: Callable[[], Any] | None = None,
         guarded_inputs: bool = False,
         planned: bool | None = None,
+        pointer_check: Callable[[], PointerCheck | None] | None = None,
     ) -> None:
         self.fn = fn
         self.capture = capture
         # Note [The runner's per-call path]; None: KILN_CUDAGRAPH_PLAN (on unless "0")
         self.planned = PLANNED_REPLAY if planned is None else planned
+        self.pointer_check = pointer_check  # asked at each plan: a C check, or None for `map`
         if new_pool is None:
             new_pool = torch.cuda.graph_pool_handle if capture is capture_cuda else object
         self._new_pool = new_pool
@@ -357,6 +366,8 @@ class CudaGraphRunner:
         if not self.planned:
             return
         pick_static, static_ptrs, data_ptr = self._pick_static, self._static_ptr_list, _data_ptr
+        in_c = self.pointer_check() if self.pointer_check is not None and static_ptrs else None
+        static_tuple = tuple(static_ptrs)
         all_meta = None if self.guarded_inputs else self._all_meta
         pick_copied = self._pick_copied
         copy_dst = list(self._copy_dst)
@@ -367,7 +378,12 @@ class CudaGraphRunner:
         runner = self
 
         def replay(args: tuple[Any, ...]) -> Any:
-            if static_ptrs and list(map(data_ptr, pick_static(args))) != static_ptrs:
+            if in_c is not None:
+                if not in_c(pick_static(args), static_tuple):
+                    return (
+                        _MISS  # a static input moved (Note [Static inputs of a CUDA graph]), or cannot tell
+                    )
+            elif static_ptrs and list(map(data_ptr, pick_static(args))) != static_ptrs:
                 return _MISS  # a static input moved (Note [Static inputs of a CUDA graph])
             if all_meta is not None and [_meta(a) for a in args] != all_meta:
                 return _MISS
@@ -390,9 +406,10 @@ class CudaGraphRunner:
 
         self._fast = replay
         log.debug(
-            "CUDA graph: replay planned: %d static inputs checked by pointer, %d copied (%s), %d slot(s)"
+            "CUDA graph: replay planned: %d static inputs checked by pointer (%s), %d copied (%s), %d slot(s)"
             " (Note [The runner's per-call path])",
             len(self._static_idx),
+            "in C" if in_c is not None else "map",
             len(copy_dst),
             "copy_" if only_dst is not None else "_foreach_copy_" if copy_dst else "none",
             len(slots),

@@ -485,10 +485,17 @@ def _codegen(
     codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
+        from kiln_dynamo import tensor_check
 
-        # kiln's frame guards check every input's shape, strides and dtype before the graph runs
+        # kiln's frame guards check every input's shape, strides and dtype before the graph runs;
+        # a CUDA-graph replay checks its static inputs' pointers with the torch-linked checker's
+        # C loop where it is in use (Note [The runner's per-call path] in kiln_codegen_triton)
         return TritonBackend(
-            mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts, **(triton_options or {})
+            mode=mode,
+            guarded_inputs=True,
+            guarded_layouts=guarded_layouts,
+            pointer_check=tensor_check.data_ptrs_equal,
+            **(triton_options or {}),
         )
     if codegen == "cpp" and (cpp_options or guarded_layouts):
         from kiln_codegen_cpp import CppBackend
