@@ -523,9 +523,10 @@ def test_the_background_build_runs_at_the_lowest_priority(
 
 
 def test_the_checker_compares_data_pointers_in_one_call() -> None:
-    """`tensor_check.data_ptrs_equal()`: each tensor's `data_ptr()` against its pointer, in C (kiln's
-    CUDA-graph runner checks its static inputs with it: Note [The runner's per-call path] in
-    kiln_codegen_triton); False for what it cannot read, never an error but for the wrong arguments."""
+    """`tensor_check.data_ptrs_equal()`: each tensor's `data_ptr()` against its pointer (None: not
+    checked), in C (kiln's CUDA-graph runner checks its static inputs with it: Note [The runner's
+    per-call path] in kiln_codegen_triton); False for what it cannot read, never an error but for
+    the wrong arguments."""
     from kiln_dynamo import tensor_check
 
     assert tensor_check.install(build=True), tensor_check.status()
@@ -541,6 +542,8 @@ def test_the_checker_compares_data_pointers_in_one_call() -> None:
     assert equal(ts, tuple(t.data_ptr() for t in ts))
     assert not equal(ts[:2], ptrs)  # lengths differ
     assert not equal((ts[0], 3), (ptrs[0], 3))  # not a tensor
-    assert not equal(ts[:1], (None,))  # not an int
+    assert not equal(ts[:1], ("0",))  # not an int
+    assert equal((ts[0], 3, ts[2]), (None, None, ptrs[2]))  # None: not checked (anything there)
+    assert not equal((ts[0], ts[2]), (None, ptrs[1]))
     with pytest.raises(TypeError):
         equal(list(ts), ptrs)

@@ -18,7 +18,7 @@ the graph saves. So an input whose address is the same at the warm-up and at the
 is *static*: the graph reads it where it lies, and is recorded on the caller's tensor itself. An
 input at a new address (a fresh batch) is *copied* into a graph-owned buffer before each replay.
 A replay first checks that every static input is still at its recorded address (their pointers
-read by one ``map``: Note [The runner's per-call path]); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
+read in one C loop, or by one ``map``: Note [The runner's per-call path]); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
 it becomes a copied input and the graph is recorded again: a moved input is never read from its
 old address. After ``MAX_RECORDINGS`` recordings the runner gives up and runs the wrapper.
 A static input's shape, strides and dtype are not looked at on a replay when the caller guards
@@ -122,9 +122,10 @@ _detach = torch.Tensor.detach
 # before `graph.replay()` adds to the wall time one for one (the GPU waits for it); most of it
 # scales with the inputs (ResNet-50: ~270 static ones) or the outputs. So what a call does is
 # planned when a graph is recorded, into one closure (`CudaGraphRunner._plan`) that holds, as its
-# own locals, everything a replay reads: the static inputs' check (picked by one
-# `operator.itemgetter`, their pointers read by `map(Tensor.data_ptr, ...)` and compared with
-# the recorded ones as one list: see "Static pointers" below), the copied inputs' picker, buffers and
+# own locals, everything a replay reads: the static inputs' check (one C loop over the call's
+# arguments, or the static inputs picked by one `operator.itemgetter`, their pointers read by
+# `map(Tensor.data_ptr, ...)` and compared with the recorded ones as one list: see "Static
+# pointers" below), the copied inputs' picker, buffers and
 # recorded shapes and dtypes (one list compare), the slots, each with its planned use-count check
 # (one C call for a slot of one output storage) and its planned aliases (a flat tuple of tensors
 # by `map(Tensor.detach, ...)`), and the copy (`Tensor.copy_` for one copied input, one
@@ -139,19 +140,22 @@ _detach = torch.Tensor.detach
 # which every replay used where present (the full path still does); it converts each tensor and
 # pointer through pybind11 casts, and its C++ built against this CPU torch by hand ran 1.3-1.8x
 # slower than `map(Tensor.data_ptr, ...)` over the same `nn.Parameter`s (27, 109 and 268 of them:
-# 3.8/20.7/51.4 us against 3.1/12.2/36.3 on this machine; `runner_overhead.py --steps` times both
-# where torch has the helper). So the plan reads the pointers with `map`, unless its caller hands
-# it a C loop that reads the TensorImpls directly (`pointer_check`, asked at each plan: kiln passes
-# the one in kiln_dynamo's torch-linked tensor checker, Note [The torch-linked tensor checker];
-# 0.7/2.6/6.2 us at 27/109/268 here, a stand-in build of the same loop).
+# 3.6/28.2/69.3 us against 2.8/18.7/51.1 on this loaded machine). So the plan reads the pointers
+# with `map`, unless its caller hands it a C loop that reads the TensorImpls directly
+# (`pointer_check`, asked at each plan, called with the call's own argument tuple and the
+# recorded pointers, None where not checked: no itemgetter either). kiln passes the one in
+# kiln_dynamo's torch-linked tensor checker (Note [The torch-linked tensor checker]): 0.7/2.7/14.5
+# us in the same run (268 ranged 6-15 us with the load). `runner_overhead.py --c-check` times the
+# runner with it; `--steps` times torch's helper where torch has it.
 # `triton_options={"cudagraph_plan": False}` (kiln_bench: `kiln:reduce-overhead:triton.cudagraph_plan=False`)
 # or `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this
 # Note (an A/B on a GPU). KILN_LOG=output_code prints each plan.
 PLANNED_REPLAY = os.environ.get("KILN_CUDAGRAPH_PLAN", "1") != "0"
-# (static input tensors, their recorded pointers) -> whether each is at its pointer: a C loop the
-# caller may provide (`pointer_check`; kiln passes kiln_dynamo's torch-linked checker's); False
-# also when it cannot tell, which sends the call down the full path
-PointerCheck = Callable[[tuple[Any, ...], tuple[int, ...]], bool]
+# (a call's arguments, the recorded pointers: None at the inputs not checked) -> whether each
+# checked input is at its pointer: a C loop the caller may provide (`pointer_check`; kiln passes
+# kiln_dynamo's torch-linked checker's); False also when it cannot tell, which sends the call
+# down the full path
+PointerCheck = Callable[[tuple[Any, ...], tuple[int | None, ...]], bool]
 _MISS: Any = object()  # the planned replay declined this call: run the full path
 
 
@@ -367,7 +371,7 @@ class CudaGraphRunner:
             return
         pick_static, static_ptrs, data_ptr = self._pick_static, self._static_ptr_list, _data_ptr
         in_c = self.pointer_check() if self.pointer_check is not None and static_ptrs else None
-        static_tuple = tuple(static_ptrs)
+        all_ptrs = tuple(self._static_ptrs)  # None at the inputs not checked
         all_meta = None if self.guarded_inputs else self._all_meta
         pick_copied = self._pick_copied
         copy_dst = list(self._copy_dst)
@@ -379,7 +383,7 @@ class CudaGraphRunner:
 
         def replay(args: tuple[Any, ...]) -> Any:
             if in_c is not None:
-                if not in_c(pick_static(args), static_tuple):
+                if not in_c(args, all_ptrs):
                     return (
                         _MISS  # a static input moved (Note [Static inputs of a CUDA graph]), or cannot tell
                     )

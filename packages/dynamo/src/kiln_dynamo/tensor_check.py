@@ -82,9 +82,10 @@ def _build_dir() -> Path:
     return root / "tensor_check" / f"{torch.__version__.replace('+', '_')}-{source}"
 
 
-def data_ptrs_equal() -> Callable[[tuple[Any, ...], tuple[int, ...]], bool] | None:
+def data_ptrs_equal() -> Callable[[tuple[Any, ...], tuple[int | None, ...]], bool] | None:
     """The checker's `data_ptrs_equal(tensors, pointers)` (whether each tensor's `data_ptr()` is
-    its pointer, in one C loop; see _tensor_check.cpp), or None while the checker is not in use.
+    its pointer, None: not checked, in one C loop; see _tensor_check.cpp), or None while the
+    checker is not in use.
     kiln hands it to kiln_codegen_triton's CUDA-graph runner (Note [The runner's per-call path])."""
     module = _state.module
     return getattr(module, "data_ptrs_equal", None) if module is not None else None
