@@ -19,7 +19,9 @@ Two scenarios per model:
   fresh  a new batch tensor on every call (serving): the batch inputs are copied into the
          graph's buffers before each replay (on a GPU one copy kernel each; here a CPU copy).
 
-Rows: µs per call, the median of ``--rounds`` rounds of ``--calls`` calls. ``--before FILE``
+Rows: µs per call, the median of ``--rounds`` rounds of ``--calls`` calls: ``after`` this
+version's runner, ``full`` the same with its plan off (every call on the full path, as
+``triton_options={"cudagraph_plan": False}`` runs it). ``--before FILE``
 loads another version of ``cudagraphs.py`` (``git show REV:packages/codegen_triton/src/
 kiln_codegen_triton/cudagraphs.py > /tmp/before.py``) and times its runner interleaved with
 this one (A B A B ...), for an A/B of a change in one process. ``--steps`` times the per-call
@@ -93,7 +95,12 @@ class Workload:
     """A runner of ``module`` over a preset's inputs, recorded and warm: ``call()`` is one call."""
 
     def __init__(
-        self, module: ModuleType, preset: tuple[int, int, int], fresh: bool, pointer_check: Any = None
+        self,
+        module: ModuleType,
+        preset: tuple[int, int, int],
+        fresh: bool,
+        pointer_check: Any = None,
+        planned: bool | None = None,
     ) -> None:
         n_inputs, n_batch, n_outputs = preset
         gen = torch.Generator().manual_seed(0)
@@ -111,7 +118,9 @@ class Workload:
         def capture(f: Callable[..., Any], args: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
             return (lambda: None), f(*args)  # the stand-in graph: outputs of the model's count, no work
 
-        extra = {"pointer_check": pointer_check} if pointer_check is not None else {}
+        extra: dict[str, Any] = {"pointer_check": pointer_check} if pointer_check is not None else {}
+        if planned is not None:
+            extra["planned"] = planned
         self.runner = module.CudaGraphRunner(fn, capture=capture, guarded_inputs=True, **extra)
         self.fresh = fresh
         self.k = 0
@@ -202,20 +211,28 @@ def main() -> None:
         tensor_check.install(build=True)
         assert tensor_check.data_ptrs_equal() is not None, tensor_check.status()
         pointer_check = tensor_check.data_ptrs_equal
-    head = f"{'model':<11} {'inputs':>6} {'batch':>5} {'outs':>4} | {'scenario':<6} {'after us':>8}"
+    head = f"{'model':<11} {'inputs':>6} {'batch':>5} {'outs':>4} | {'scenario':<6} {'after us':>8} {'full us':>8}"
     print(head + (f" {'before us':>9} {'ratio':>6}" if before else ""))
     for name in args.models.split(","):
         preset = PRESETS[name]
         for fresh in (False, True):
             after = Workload(cudagraphs, preset, fresh, pointer_check)
+            # this version without its plan: every call takes the full path (on a GPU: torch's
+            # pointer helper), what `triton.cudagraph_plan=False` runs
+            full = Workload(cudagraphs, preset, fresh, planned=False)
             old = Workload(before, preset, fresh) if before else None
-            a, b = [], []
+            a, f, b = [], [], []
             for _ in range(args.rounds):
                 a.append(per_call_us(after.call, args.calls))
+                f.append(per_call_us(full.call, args.calls))
                 if old is not None:
                     b.append(per_call_us(old.call, args.calls))
             after.check()
-            line = f"{name:<11} {preset[0]:6d} {preset[1]:5d} {preset[2]:4d} | {'fresh' if fresh else 'same':<6} {statistics.median(a):8.2f}"
+            full.check()
+            line = (
+                f"{name:<11} {preset[0]:6d} {preset[1]:5d} {preset[2]:4d} | {'fresh' if fresh else 'same':<6} "
+                f"{statistics.median(a):8.2f} {statistics.median(f):8.2f}"
+            )
             if old is not None:
                 old.check()
                 line += f" {statistics.median(b):9.2f} {statistics.median(b) / statistics.median(a):6.2f}x"
