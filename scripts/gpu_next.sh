@@ -290,6 +290,26 @@ for step in "$@"; do
         --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
       grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
         | head -40 | cut -c1-200 ;;
+    call31h)  # thirty-first session (issue 14, helper host31): reduce-overhead's wall against its GPU time after
+      # Note [The runner's per-call path] (codegen_triton/cudagraphs.py: a replay's checks planned into one closure,
+      # static pointers in one C loop of kiln_dynamo's tensor checker instead of torch's pybind helper, copy_ for one
+      # copied input) and four small per-call cuts (aotgrad run_plain and guarded check, the backend's per-call
+      # context, frame_hook's set_thread_callback). Before (H100, s30 and earlier): wall / GPU busy BERT 1.215, ViT
+      # 1.19, ResNet-50 1.17, MLP 1.35 (target <= 1.15). Expected: the runner 2-4x cheaper (CPU: runner_overhead.py
+      # --c-check; H200 s17 cProfile had torch's helper at 12-25 us a call on GPT-2..ResNet), host ms down ~5-20 us
+      # a call, ratios down ~0.01-0.03; the MLP's floor (frame hook, module call, guard, replay launch) mostly stays
+      TAIL=16 bench infer-bf16-ro-plan 190 --dtype bfloat16 --modes inference --repeats 20 --warmup 5 --profile \
+        --profile-calls 3 --backends kiln:reduce-overhead ;;
+    call31a)  # thirty-first session (issue 14, helper host31): the plan's A/B on the GPU, in one run (interleaved),
+      # and the pointer check's forms on the GPU host's CPU (torch's CUDA helper against map(Tensor.data_ptr)):
+      # on this CPU the helper's code was 1.3-1.8x slower than map at 27/109/268 nn.Parameters, the C loop 3-7x
+      # faster than map. Expected: the "steps" rows show the helper slower than map; the runner with --c-check
+      # 2-4x faster than before; plan on <= plan off in host ms on every kiln_bench row
+      timeout 40 python3 packages/codegen_triton/bench/runner_overhead.py --models mlp,bert,resnet --steps \
+        --calls 2000 --rounds 7 2>&1 | tail -30
+      timeout 60 python3 packages/codegen_triton/bench/runner_overhead.py --c-check --calls 2000 --rounds 9 2>&1 | tail -21
+      TAIL=12 bench infer-bf16-ro-plan-ab 150 --dtype bfloat16 --modes inference --models mlp,bert,vit --repeats 30 \
+        --warmup 5 --profile --profile-calls 3 --backends kiln:reduce-overhead,kiln:reduce-overhead:triton.cudagraph_plan=False ;;
     call30r)  # thirtieth session (issue 14): CUDA graphs in training after Note [Outputs that are inputs]
       # (codegen_triton/cudagraphs.py). Before (s30, H100, bf16): every training forward returns inputs it saves for
       # the backward, so its CUDA graph was turned off ("an output aliases an input"): kiln:reduce-overhead ResNet-50

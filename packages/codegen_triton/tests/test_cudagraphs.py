@@ -295,3 +295,202 @@ def test_recording_again_from_scratch_takes_a_fresh_pool(capture: Any) -> None:
     for y in held:  # outputs held across the new recording are intact
         torch.testing.assert_close(y, _eager(x, w))
     assert runner.disabled is None and runner.recordings == 3
+
+
+# Note [The runner's per-call path]: the planned replay takes only the calls whose checks all pass;
+# each test below drives a case that one of its shortcuts must still see.
+
+
+@pytest.fixture
+def planned(monkeypatch: Any) -> None:
+    """The plan on, whatever KILN_CUDAGRAPH_PLAN says."""
+    from kiln_codegen_triton import cudagraphs
+
+    monkeypatch.setattr(cudagraphs, "PLANNED_REPLAY", True)
+
+
+def _two_batches(x: torch.Tensor, m: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+    return (torch.relu((x * m) @ w),)
+
+
+def _planned_calls(runner: CudaGraphRunner, monkeypatch: Any) -> list[int]:
+    """Counts the calls that the planned replay declined (they run the full path)."""
+    full: list[int] = []
+    original = runner._call
+
+    def counted(args: tuple[Any, ...]) -> Any:
+        full.append(1)
+        return original(args)
+
+    monkeypatch.setattr(runner, "_call", counted)
+    return full
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("batches", [1, 2])  # one copied input (`copy_`), two (`_foreach_copy_`)
+def test_planned_replay_copies_inputs_at_new_addresses(
+    capture: Any, batches: int, monkeypatch: Any, planned: None
+) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    m = torch.randn(4, 16, device=DEVICE)
+    runner = CudaGraphRunner(
+        _two_batches if batches == 2 else lambda x, w: _two_batches(x, m, w),
+        capture=capture,
+        guarded_inputs=True,
+    )
+    full = _planned_calls(runner, monkeypatch)
+    for _ in range(8):
+        x = torch.randn(4, 16, device=DEVICE)  # a new batch (and mask) at a new address every call
+        if batches == 2:
+            m = torch.randn(4, 16, device=DEVICE)
+            y = runner(x, m, w)
+        else:
+            y = runner(x, w)
+        torch.testing.assert_close(y, _two_batches(x, m, w))
+    assert runner._copy_idx == list(range(batches)) and runner._static_idx == [batches]
+    assert runner._fast is not None and runner.replays == 7 and len(full) == 3  # warm-up, slots one and two
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_planned_replay_sees_a_parameter_updated_in_place(capture: Any, planned: None) -> None:
+    w = torch.randn(16, 8, device=DEVICE)
+    x = torch.randn(4, 16, device=DEVICE)  # the same batch every call: static too
+    runner = CudaGraphRunner(_fn, capture=capture, guarded_inputs=True)
+    for _ in range(6):
+        with torch.no_grad():
+            w.add_(1.0)  # every call: the graph reads w where it lies
+        torch.testing.assert_close(runner(x, w), _eager(x, w))
+    assert (
+        runner._copy_idx == [] and runner.replays == 5 and runner.recordings == 1
+    )  # outputs dropped: one slot
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_planned_replay_records_again_when_a_static_input_moves(capture: Any, planned: None) -> None:
+    ws = [torch.randn(8, 8, device=DEVICE) for _ in range(3)]
+    x = torch.randn(3, 8, device=DEVICE)
+    runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True)
+    for _ in range(3):
+        runner(x, *ws)
+    recordings = runner.recordings
+    ws[2] = torch.randn(8, 8, device=DEVICE)  # the last static input moves
+    torch.testing.assert_close(runner(x, *ws), _many(x.clone(), *[w.clone() for w in ws]))
+    assert runner.recordings == recordings + 1 and runner._copy_idx == [3]
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+def test_planned_replay_refuses_a_copied_input_of_another_shape_or_dtype(
+    capture: Any, change: str, planned: None
+) -> None:
+    """A copy into the graph's buffer would broadcast or cast: the call runs the wrapper."""
+
+    def double(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x * 2).to(w.dtype) @ w,)
+
+    w = torch.randn(16, 8, device=DEVICE)
+    runner = CudaGraphRunner(double, capture=capture, guarded_inputs=True)
+    for _ in range(4):
+        runner(torch.randn(4, 16, device=DEVICE), w)  # copied
+    plain = runner.plain_calls
+    if change == "shape":
+        odd = torch.randn(1, 16, device=DEVICE)  # would broadcast into the (4, 16) buffer
+    else:
+        odd = torch.randn(4, 16, device=DEVICE, dtype=torch.float64)  # would be cast
+    torch.testing.assert_close(runner(odd, w), double(odd, w))
+    assert runner.plain_calls == plain + 1
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("kept", [0, 1])
+def test_planned_replay_never_overwrites_a_kept_output(capture: Any, kept: int, planned: None) -> None:
+    """One output storage (its use count read by one C call) and two (a list compared): keeping
+    either output of a call keeps its slot out of the next replays."""
+
+    def one(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x @ w,)
+
+    for fn in (one, _fn):
+        w = torch.randn(16, 8, device=DEVICE)
+        runner = CudaGraphRunner(fn, capture=capture, guarded_inputs=True)
+        for _ in range(3):
+            runner(torch.randn(4, 16, device=DEVICE), w)
+        x = torch.randn(4, 16, device=DEVICE)
+        held = runner(x, w)[kept if fn is _fn else 0]
+        expected = held.clone()
+        for _ in range(4):
+            x2 = torch.randn(4, 16, device=DEVICE)
+            torch.testing.assert_close(runner(x2, w), fn(x2, w))
+        torch.testing.assert_close(held, expected)
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+def test_planned_replay_decides_as_the_full_path(capture: Any) -> None:
+    """The same calls with the plan on and off: the same results, recordings, replays and plain
+    calls (a kept output, a moved parameter, a parameter updated in place, a new batch, a batch of
+    another shape)."""
+
+    def script(planned: bool) -> list[Any]:
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+
+        def randn(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, device=DEVICE, generator=gen)
+
+        ws = [randn(8, 8) for _ in range(3)]
+        runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True, planned=planned)
+        seen: list[Any] = []
+        kept: list[Any] = []
+        for i in range(14):
+            x = randn(4, 8) if i != 9 else randn(5, 8)
+            if i == 4:
+                kept.append(runner(x, *ws))
+                kept.append(runner(x, *ws))
+            if i == 6:
+                kept.clear()
+                ws[1] = randn(8, 8)
+            if i == 8:
+                with torch.no_grad():
+                    ws[0].mul_(0.5)
+            y = runner(x, *ws)
+            seen.append([t.clone() for t in _leaves(y)])
+            seen.append((runner.recordings, runner.replays, runner.plain_calls, list(runner._copy_idx)))
+        assert (runner._fast is not None) is planned
+        return seen
+
+    planned, full = script(True), script(False)
+    for a, b in zip(planned, full, strict=True):
+        if isinstance(a, tuple):
+            assert a == b
+        else:
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("capture", CAPTURES)
+@pytest.mark.parametrize("answer", ["truth", "cannot tell"])
+def test_planned_replay_with_a_pointer_check_of_the_callers(capture: Any, answer: str, planned: None) -> None:
+    """`pointer_check` (kiln passes a C loop): asked once per plan, called with the static inputs
+    and their recorded pointers on every replay; a moved input is recorded again, and a check that
+    cannot tell (False) sends the call down the full path, which replays as usual."""
+    asked: list[int] = []
+    calls: list[int] = []
+
+    def check(args: tuple[Any, ...], ptrs: tuple[int | None, ...]) -> bool:
+        calls.append(sum(p is not None for p in ptrs))
+        return answer == "truth" and all(
+            p is None or a.data_ptr() == p for a, p in zip(args, ptrs, strict=True)
+        )
+
+    def provider() -> Any:
+        asked.append(1)
+        return check
+
+    ws = [torch.randn(8, 8, device=DEVICE) for _ in range(3)]
+    runner = CudaGraphRunner(_many, capture=capture, guarded_inputs=True, pointer_check=provider)
+    for i in range(8):
+        x = torch.randn(4, 8, device=DEVICE)  # copied
+        if i == 5:
+            ws[1] = torch.randn(8, 8, device=DEVICE)  # moved: recorded again, copied from then on
+        torch.testing.assert_close(runner(x, *ws), _many(x.clone(), *[w.clone() for w in ws]))
+    assert runner.disabled is None and runner._copy_idx == [0, 2] and runner.replays == 7
+    assert len(asked) == runner.recordings  # one plan per recording
+    assert calls and set(calls[:3]) == {3}  # the three static weights before the move

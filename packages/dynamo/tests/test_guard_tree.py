@@ -520,3 +520,30 @@ def test_the_background_build_runs_at_the_lowest_priority(
     assert nice is not None  # coreutils: present wherever kiln builds C++
     assert background[:3] == [nice, "-n", "19"] and background[3:] == foreground
     assert str(source) in foreground and "nice" not in foreground[0]
+
+
+def test_the_checker_compares_data_pointers_in_one_call() -> None:
+    """`tensor_check.data_ptrs_equal()`: each tensor's `data_ptr()` against its pointer (None: not
+    checked), in C (kiln's CUDA-graph runner checks its static inputs with it: Note [The runner's
+    per-call path] in kiln_codegen_triton); False for what it cannot read, never an error but for
+    the wrong arguments."""
+    from kiln_dynamo import tensor_check
+
+    assert tensor_check.install(build=True), tensor_check.status()
+    equal = tensor_check.data_ptrs_equal()
+    assert equal is not None
+    p = torch.nn.Parameter(torch.randn(4, 4))
+    ts = (p, torch.randn(3), torch.randn(6)[2:])  # a parameter, a tensor, a view at an offset
+    ptrs = tuple(t.data_ptr() for t in ts)
+    assert equal(ts, ptrs) and equal((), ())
+    with torch.no_grad():
+        p.data = torch.randn(4, 4)  # `param.data = ...`: same object, new memory
+    assert not equal(ts, ptrs)
+    assert equal(ts, tuple(t.data_ptr() for t in ts))
+    assert not equal(ts[:2], ptrs)  # lengths differ
+    assert not equal((ts[0], 3), (ptrs[0], 3))  # not a tensor
+    assert not equal(ts[:1], ("0",))  # not an int
+    assert equal((ts[0], 3, ts[2]), (None, None, ptrs[2]))  # None: not checked (anything there)
+    assert not equal((ts[0], ts[2]), (None, ptrs[1]))
+    with pytest.raises(TypeError):
+        equal(list(ts), ptrs)

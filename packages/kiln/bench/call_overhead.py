@@ -37,7 +37,11 @@ Per model, interleaved rounds of `--calls` calls each, medians over the rounds
 `--device cuda --dtype bfloat16 --mode reduce-overhead` measures the same split on a GPU (host time:
 the device drained before each round, not after). On the CPU a mode changes nothing (kiln's CUDA
 graphs need CUDA); the CUDA-graph runner's per-call path is timed there with a stand-in capture by
-`--runner`.
+`--runner`: by itself at 20/100/270 static inputs, and per model inside the kiln call (every
+compiled graph's function behind a runner whose replay does nothing: reduce-overhead's host path
+but for the replay and the copies' kernels), planned and full path (Note [The runner's per-call
+path] in kiln_codegen_triton.cudagraphs). `packages/codegen_triton/bench/runner_overhead.py` times
+the runner alone at each public model's input counts, with an A/B against another version.
 
     python packages/kiln/bench/call_overhead.py [--models mlp,bert,distilbert] [--calls 200]
         [--rounds 15] [--no-torch] [--profile] [--runner] [--micro]
@@ -347,6 +351,7 @@ def workload(name: str, size: str) -> models.Workload:
 
 
 def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    _graphs_seen.clear()  # this model's graphs only
     w = workload(name, args.size).to(args.device, getattr(torch, args.dtype))
     m, inputs = w.model, w.inputs
     kiln.reset()
@@ -441,6 +446,8 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             row[key] = statistics.median(values) if values else None
         for layer in LAYERS:
             row[layer] = statistics.median(layers[layer])
+        if args.runner and args.device == "cpu":
+            row["ro"], row["ro_full"] = ro_stub_us(kcall, list(_graphs_seen), args.calls, args.rounds)
         if args.profile:
             row["shares"] = wrapper_breakdown(kcall, args.calls)
         if args.top:
@@ -450,6 +457,51 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row["guard"], row["frames"], row["ops"], row["tensors"] = guard_cost(w, args.calls, args.rounds)
     kiln.reset()
     return row
+
+
+def ro_stub_us(call: Callable[[], Any], graphs: list[Any], calls: int, rounds: int) -> tuple[float, float]:
+    """reduce-overhead's host path on the CPU: the kiln call with every compiled graph's function
+    behind a CudaGraphRunner whose capture is a stand-in (its replay does nothing, its outputs are
+    the function's), µs per call, (planned, full path): Note [The runner's per-call path] in
+    kiln_codegen_triton.cudagraphs, on and off (`KILN_CUDAGRAPH_PLAN=0`), interleaved."""
+    from kiln_codegen_triton import cudagraphs
+    from kiln_dynamo import tensor_check
+
+    def capture(f: Callable[..., Any], a: list[Any], pool: Any) -> tuple[Callable[[], None], Any]:
+        return (lambda: None), f(*a)
+
+    plain = [g._fn for g in graphs]
+    runners: dict[bool, list[Any]] = {}
+    try:
+        for planned in (True, False):
+            runners[planned] = [
+                cudagraphs.CudaGraphRunner(
+                    fn,
+                    capture=capture,
+                    guarded_inputs=True,
+                    planned=planned,
+                    pointer_check=tensor_check.data_ptrs_equal,  # as kiln's TritonBackend passes it
+                )
+                for fn in plain
+            ]
+            for g, r in zip(graphs, runners[planned], strict=True):
+                g._fn = r
+            for _ in range(4):  # warm-up, slot one, slot two
+                call()
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for _ in range(rounds):
+            for planned in (True, False):
+                for g, r in zip(graphs, runners[planned], strict=True):
+                    g._fn = r
+                times[planned].append(per_call_us(call, calls))
+    finally:
+        for g, fn in zip(graphs, plain, strict=True):
+            g._fn = fn
+    for rs in runners.values():  # every timed call replayed: a plain call would time the wrapper
+        assert all(r.disabled is None and r.plain_calls == 1 for r in rs), [
+            (r.disabled, r.plain_calls) for r in rs
+        ]
+    return statistics.median(times[True]), statistics.median(times[False])
 
 
 def runner_us(n_static: int, calls: int, rounds: int) -> float:
@@ -577,6 +629,12 @@ def main() -> None:
             print(
                 f"{'':<11} CUDA-graph runners ran the plain wrapper {r['plain']} times in "
                 f"{args.calls * args.rounds} timed calls (not replays: read the kiln row as such)"
+            )
+        if "ro" in r:
+            print(
+                f"{'':<11} reduce-overhead's host path (graphs behind a CUDA-graph runner, replay a no-op): "
+                f"{r['ro']:.1f} us per call planned (static pointers in C where the tensor checker is in use), "
+                f"{r['ro_full']:.1f} us full path (KILN_CUDAGRAPH_PLAN=0)"
             )
         if "shares" in r:
             s = r["shares"]

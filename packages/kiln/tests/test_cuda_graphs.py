@@ -85,3 +85,22 @@ def test_gradient_accumulation_without_zero_grad() -> None:
         compiled(x).square().mean().backward()
     for (name, pe), pc in zip(eager.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(pc.grad, pe.grad, msg=f"grad of {name}")
+
+
+def test_cuda_graph_replays_check_static_pointers_with_the_tensor_checker() -> None:
+    """kiln hands the Triton backend the torch-linked checker's C pointer loop, which its CUDA-graph
+    runners plan their static inputs' check with (Note [The runner's per-call path] in
+    kiln_codegen_triton's cudagraphs.py; the map of `Tensor.data_ptr` where the checker is absent)."""
+    from kiln import backends
+    from kiln_dynamo import tensor_check
+
+    backend = backends._codegen(torch.device("cuda"), "reduce-overhead")
+    assert backend.pointer_check is tensor_check.data_ptrs_equal
+    assert tensor_check.install(build=True), tensor_check.status()
+    check = backend.pointer_check()
+    w, x = torch.randn(3), torch.randn(2)
+    recorded = (w.data_ptr(), None)  # x: a copied input, not checked
+    assert check is not None and check((w, x), recorded)
+    with torch.no_grad():
+        w.data = torch.randn(3)  # `param.data = ...`: the same object at a new address
+    assert not check((w, x), recorded)

@@ -431,7 +431,7 @@ class AotFunction:
             only is not None
             and torch.is_grad_enabled() is only[1]
             and not kwargs
-            and all(args[i].storage_offset() == off for i, off in only[2])
+            and (not only[2] or all(args[i].storage_offset() == off for i, off in only[2]))
         ):
             if only[3]:  # Note [Mutated inputs that share memory]
                 return self._run(only[0], args, args, kwargs)

@@ -355,7 +355,9 @@ def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
 
         def run_plain(*inputs: torch.Tensor) -> Any:
-            return tuple(_as_list(compiled(*inputs)))
+            out = compiled(*inputs)
+            # a tuple (what code generators return) is handed on as it is: no list, no new tuple
+            return out if type(out) is tuple else tuple(_as_list(out))
 
         return run_plain
 

@@ -65,7 +65,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import dense_shape, dense_storage, flat_storage, symbol_values
 
-from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, cudagraph_blocker
+from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, PointerCheck, cudagraph_blocker
 from .heuristics import configs, outer_tile_rows
 from .interp import interpreting
 from .kernel import CodegenUnsupported, KernelGroup, KernelSpec, build_kernel
@@ -115,6 +115,7 @@ TRITON_OPTIONS = {
     "symbolic_sizes": bool,  # Note [Symbolic sizes in Triton kernels]; False: static per size
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
+    "cudagraph_plan": bool,  # Note [The runner's per-call path] in cudagraphs.py
 }
 
 
@@ -162,6 +163,8 @@ class TritonBackend(Backend):
         symbolic_sizes: bool | None = None,
         matmul_templates: bool | str = True,
         overlap_compile: bool = True,
+        cudagraph_plan: bool | None = None,
+        pointer_check: Callable[[], PointerCheck | None] | None = None,
     ) -> None:
         mode = mode or "default"
         if mode not in MODES:
@@ -216,6 +219,9 @@ class TritonBackend(Backend):
         # Note [Kernels compiled while the next graph is built] (runtime.py): kernels submitted by
         # the compile and loaded by the first launch
         self.overlap_compile = overlap_compile
+        # Note [The runner's per-call path] (cudagraphs.py): None = KILN_CUDAGRAPH_PLAN (default on)
+        self.cudagraph_plan = cudagraph_plan
+        self.pointer_check = pointer_check  # ... and its C check of the static inputs' pointers
         self.last_pending: PendingCompile | None = None
         self.last_templates: list[MatmulChoice] = []
         self.last_declined: list[tuple[str, str]] = []
@@ -407,10 +413,19 @@ class TritonBackend(Backend):
                 blocker = f"data-dependent sizes ({names}): a replay would keep the recorded ones"
             if blocker is None and graph.sizevars.symbolic:  # Note [CUDA graphs per size]
                 fn = self.last_cudagraphs = CudaGraphsPerSize(
-                    fn, symbol_values(graph.sizevars), guarded_inputs=self.guarded_inputs
+                    fn,
+                    symbol_values(graph.sizevars),
+                    guarded_inputs=self.guarded_inputs,
+                    planned=self.cudagraph_plan,
+                    pointer_check=self.pointer_check,
                 )
             elif blocker is None:
-                fn = self.last_cudagraphs = CudaGraphRunner(fn, guarded_inputs=self.guarded_inputs)
+                fn = self.last_cudagraphs = CudaGraphRunner(
+                    fn,
+                    guarded_inputs=self.guarded_inputs,
+                    planned=self.cudagraph_plan,
+                    pointer_check=self.pointer_check,
+                )
             else:
                 log.info("no CUDA graphs for this graph: %s", blocker)
                 self.cudagraph_blocked = blocker

@@ -8,16 +8,17 @@ the CPU cost of those launches is the run time. :class:`CudaGraphRunner` wraps t
   happen outside any capture);
 * the second call records: warm-up once more on a side stream, then capture ``call(*inputs)`` into
   a private memory pool, so the buffers the wrapper allocates stay put;
-* every later call checks its inputs, copies the ones that move into their static buffers with
-  one ``torch._foreach_copy_`` and calls ``graph.replay()``.
+* every later call checks its inputs, copies the ones that move into their static buffers (one
+  ``Tensor.copy_``, or one ``torch._foreach_copy_`` for several) and calls ``graph.replay()``, by a
+  closure planned at the recording (Note [The runner's per-call path]).
 
 Note [Static inputs of a CUDA graph]: parameters and buffers keep their memory from call to call,
 and copying each into a graph-owned buffer on every call (ResNet-50: 268 copies) costs more than
 the graph saves. So an input whose address is the same at the warm-up and at the recording call
 is *static*: the graph reads it where it lies, and is recorded on the caller's tensor itself. An
 input at a new address (a fresh batch) is *copied* into a graph-owned buffer before each replay.
-A replay first checks that every static input is still at its recorded address (one C call when
-torch has it); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
+A replay first checks that every static input is still at its recorded address (their pointers
+read in one C loop, or by one ``map``: Note [The runner's per-call path]); where one moved (``param.data = ...``, a new batch that happened to sit still twice)
 it becomes a copied input and the graph is recorded again: a moved input is never read from its
 old address. After ``MAX_RECORDINGS`` recordings the runner gives up and runs the wrapper.
 A static input's shape, strides and dtype are not looked at on a replay when the caller guards
@@ -72,6 +73,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,14 +117,48 @@ _detach = torch.Tensor.detach
 
 
 # Note [The runner's per-call path]: a replay is preceded by bookkeeping whose cost is host time
-# on every call (issue 14: `packages/kiln/bench/call_overhead.py --runner`), and most of it scales
-# with the inputs (ResNet-50: ~270 static ones) or the outputs. So what a call does is planned
-# when a graph is recorded, and each step is one C-level pass where it can be: the static and the
-# copied inputs picked out of the arguments by one `operator.itemgetter`; where torch lacks the
-# C pointer check, the pointers read by `map(Tensor.data_ptr, ...)` and compared as one list; a
-# slot's use counts read by `map` and compared as one list; a flat tuple or list of plain tensors
-# aliased by `map(Tensor.detach, ...)`. The checks are the same ones, on the same values: this
-# changes how they run, never what they check.
+# on every call (issue 14: `packages/codegen_triton/bench/runner_overhead.py` times it without a
+# GPU, `packages/kiln/bench/call_overhead.py --runner` inside a kiln call), and on a GPU what runs
+# before `graph.replay()` adds to the wall time one for one (the GPU waits for it); most of it
+# scales with the inputs (ResNet-50: ~270 static ones) or the outputs. So what a call does is
+# planned when a graph is recorded, into one closure (`CudaGraphRunner._plan`) that holds, as its
+# own locals, everything a replay reads: the static inputs' check (one C loop over the call's
+# arguments, or the static inputs picked by one `operator.itemgetter`, their pointers read by
+# `map(Tensor.data_ptr, ...)` and compared with the recorded ones as one list: see "Static
+# pointers" below), the copied inputs' picker, buffers and
+# recorded shapes and dtypes (one list compare), the slots, each with its planned use-count check
+# (one C call for a slot of one output storage) and its planned aliases (a flat tuple of tensors
+# by `map(Tensor.detach, ...)`), and the copy (`Tensor.copy_` for one copied input, one
+# `torch._foreach_copy_` for several). The closure only ever takes the call where every check
+# passes and a slot is free; any other call (a moved static input, other shapes, every slot held,
+# the warm-up, a recording) returns `_MISS` and runs the full path, `_call`, which checks the same
+# things again in its own order and decides as it always has. The checks are the same ones, on
+# the same values: this changes how they run, never what they check. The plan is made again
+# whenever the slots change (a recording) and dropped when the runner turns itself off.
+#
+# Static pointers: torch's CUDA builds have a C helper (`torch._C._tensors_data_ptrs_at_indices_equal`),
+# which every replay used where present (the full path still does); it converts each tensor and
+# pointer through pybind11 casts, and its C++ built against this CPU torch by hand ran 1.3-1.8x
+# slower than `map(Tensor.data_ptr, ...)` over the same `nn.Parameter`s (27, 109 and 268 of them:
+# 3.6/28.2/69.3 us against 2.8/18.7/51.1 on this loaded machine). So the plan reads the pointers
+# with `map`, unless its caller hands it a C loop that reads the TensorImpls directly
+# (`pointer_check`, asked at each plan, called with the call's own argument tuple and the
+# recorded pointers, None where not checked: no itemgetter either). kiln passes the one in
+# kiln_dynamo's torch-linked tensor checker (Note [The torch-linked tensor checker]): 0.7/2.7/14.5
+# us in the same run (268 ranged 6-15 us with the load). `runner_overhead.py --c-check` times the
+# runner with it; `--steps` times torch's helper where torch has it.
+# `triton_options={"cudagraph_plan": False}` (kiln_bench: `kiln:reduce-overhead:triton.cudagraph_plan=False`)
+# or `KILN_CUDAGRAPH_PLAN=0` turns the plan off: every call takes the full path, as before this
+# Note (an A/B on a GPU). KILN_LOG=output_code prints each plan.
+PLANNED_REPLAY = os.environ.get("KILN_CUDAGRAPH_PLAN", "1") != "0"
+# (a call's arguments, the recorded pointers: None at the inputs not checked) -> whether each
+# checked input is at its pointer: a C loop the caller may provide (`pointer_check`; kiln passes
+# kiln_dynamo's torch-linked checker's); False also when it cannot tell, which sends the call
+# down the full path
+PointerCheck = Callable[[tuple[Any, ...], tuple[int | None, ...]], bool]
+_MISS: Any = object()  # the planned replay declined this call: run the full path
+
+
 def _picker(idxs: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """args -> (args[i] for i in idxs), as a tuple, in one C call."""
     if not idxs:
@@ -198,6 +234,42 @@ class _InputAlias:
         return a.as_strided(sizes, strides, a.storage_offset() + offset)
 
 
+def _free_check(cdatas: list[int], baselines: list[int]) -> Callable[[], bool]:
+    """Whether no one but the runner holds these storages (Note [Outputs of a CUDA graph]),
+    planned for their number (Note [The runner's per-call path])."""
+    if not cdatas:  # every output is an input (Note [Outputs that are inputs]): nothing to hold
+        return lambda: True
+    if len(cdatas) == 1:
+        only, baseline = cdatas[0], baselines[0]
+        return lambda: _use_count(only) == baseline
+    return lambda: list(map(_use_count, cdatas)) == baselines
+
+
+def _alias_plan(
+    outputs: Any, flat: bool, from_inputs: tuple[_InputAlias, ...]
+) -> Callable[[Sequence[Any]], Any]:
+    """args -> what the caller gets (Note [Outputs of a CUDA graph], Note [Outputs that are
+    inputs]), planned for the outputs' structure (Note [The runner's per-call path])."""
+    if not from_inputs:
+        if not flat:
+            return lambda args: _aliases(outputs)
+        if type(outputs) is list:
+            return lambda args: list(map(_detach, outputs))
+        if len(outputs) == 1:
+            only = outputs[0]
+            return lambda args: (_detach(only),)
+        return lambda args: tuple(map(_detach, outputs))
+    kind = type(outputs)
+
+    def rebuild(args: Sequence[Any]) -> Any:
+        out = [o.detach() if isinstance(o, torch.Tensor) else _aliases(o) for o in outputs]
+        for alias in from_inputs:
+            out[alias.out] = alias.rebuild(args)
+        return kind(out)
+
+    return rebuild
+
+
 @dataclass
 class _Slot:
     replay: Callable[[], None]
@@ -206,20 +278,13 @@ class _Slot:
     baselines: list[int] = field(default_factory=list)  # their use counts with only the runner's references
     flat: bool = False  # outputs is a tuple or list of plain tensors (Note [The runner's per-call path])
     from_inputs: tuple[_InputAlias, ...] = ()  # Note [Outputs that are inputs]
+    # planned from the above (Note [The runner's per-call path])
+    free: Callable[[], bool] = field(init=False)
+    aliases: Callable[[Sequence[Any]], Any] = field(init=False)
 
-    def free(self) -> bool:
-        return list(map(_use_count, self.cdatas)) == self.baselines
-
-    def aliases(self, args: Sequence[Any]) -> Any:
-        """What the caller gets (Note [Outputs of a CUDA graph], Note [Outputs that are inputs])."""
-        if not self.from_inputs:
-            if self.flat:
-                return type(self.outputs)(map(_detach, self.outputs))
-            return _aliases(self.outputs)
-        out = [o.detach() if isinstance(o, torch.Tensor) else _aliases(o) for o in self.outputs]
-        for alias in self.from_inputs:
-            out[alias.out] = alias.rebuild(args)
-        return type(self.outputs)(out)
+    def __post_init__(self) -> None:
+        self.free = _free_check(self.cdatas, self.baselines)
+        self.aliases = _alias_plan(self.outputs, self.flat, self.from_inputs)
 
 
 def _slot(replay: Callable[[], None], outputs: Any, from_inputs: tuple[_InputAlias, ...] = ()) -> _Slot:
@@ -240,6 +305,8 @@ def _slot(replay: Callable[[], None], outputs: Any, from_inputs: tuple[_InputAli
 class CudaGraphRunner:
     """Records and replays ``fn``; see the module docstring and its notes.
 
+    ``planned``: Note [The runner's per-call path] (None: ``KILN_CUDAGRAPH_PLAN``, on unless "0");
+    ``pointer_check() -> PointerCheck | None``: the plan's C check of the static inputs' pointers.
     ``capture(fn, args, pool) -> (replay, outputs)`` records one graph (:func:`capture_cuda` on a
     GPU; tests pass a stand-in to check the runner's bookkeeping on the CPU). ``new_pool()`` makes
     a fresh memory pool (default: CUDA's ``graph_pool_handle`` for :func:`capture_cuda`, a stand-in
@@ -255,9 +322,14 @@ class CudaGraphRunner:
         pool: Any = None,
         new_pool: Callable[[], Any] | None = None,
         guarded_inputs: bool = False,
+        planned: bool | None = None,
+        pointer_check: Callable[[], PointerCheck | None] | None = None,
     ) -> None:
         self.fn = fn
         self.capture = capture
+        # Note [The runner's per-call path]; None: KILN_CUDAGRAPH_PLAN (on unless "0")
+        self.planned = PLANNED_REPLAY if planned is None else planned
+        self.pointer_check = pointer_check  # asked at each plan: a C check, or None for `map`
         if new_pool is None:
             new_pool = torch.cuda.graph_pool_handle if capture is capture_cuda else object
         self._new_pool = new_pool
@@ -283,8 +355,72 @@ class CudaGraphRunner:
         self._static_ptr_list: list[int] = []  # _static_ptrs at _static_idx, in order
         self._all_meta: list[Any] = []
         self._slots: list[_Slot] = []
+        self._fast: Callable[[tuple[Any, ...]], Any] | None = None  # Note [The runner's per-call path]
 
     def __call__(self, *args: Any) -> Any:
+        fast = self._fast
+        if fast is not None:
+            out = fast(args)
+            if out is not _MISS:
+                return out
+        return self._call(args)
+
+    def _plan(self) -> None:
+        """Plan the replay of the current slots (Note [The runner's per-call path])."""
+        if not self.planned:
+            return
+        pick_static, static_ptrs, data_ptr = self._pick_static, self._static_ptr_list, _data_ptr
+        in_c = self.pointer_check() if self.pointer_check is not None and static_ptrs else None
+        all_ptrs = tuple(self._static_ptrs)  # None at the inputs not checked
+        all_meta = None if self.guarded_inputs else self._all_meta
+        pick_copied = self._pick_copied
+        copy_dst = list(self._copy_dst)
+        copy_meta = [(d.shape, d.dtype) for d in copy_dst]  # a copy must neither broadcast nor cast
+        only_dst = copy_dst[0] if len(copy_dst) == 1 else None
+        foreach_copy = torch._foreach_copy_
+        slots = tuple(self._slots)
+        runner = self
+
+        def replay(args: tuple[Any, ...]) -> Any:
+            if in_c is not None:
+                if not in_c(args, all_ptrs):
+                    return (
+                        _MISS  # a static input moved (Note [Static inputs of a CUDA graph]), or cannot tell
+                    )
+            elif static_ptrs and list(map(data_ptr, pick_static(args))) != static_ptrs:
+                return _MISS  # a static input moved (Note [Static inputs of a CUDA graph])
+            if all_meta is not None and [_meta(a) for a in args] != all_meta:
+                return _MISS
+            for slot in slots:
+                if slot.free():
+                    break
+            else:
+                return _MISS
+            if copy_dst:
+                copied = pick_copied(args)
+                if [(a.shape, a.dtype) for a in copied] != copy_meta:
+                    return _MISS
+                if only_dst is not None:
+                    only_dst.copy_(copied[0])
+                else:
+                    foreach_copy(copy_dst, list(copied))
+            slot.replay()
+            runner.replays += 1
+            return slot.aliases(args)
+
+        self._fast = replay
+        log.debug(
+            "CUDA graph: replay planned: %d static inputs checked by pointer (%s), %d copied (%s), %d slot(s)"
+            " (Note [The runner's per-call path])",
+            len(self._static_idx),
+            "in C" if in_c is not None else "map",
+            len(copy_dst),
+            "copy_" if only_dst is not None else "_foreach_copy_" if copy_dst else "none",
+            len(slots),
+        )
+
+    def _call(self, args: tuple[Any, ...]) -> Any:
+        """The full path: the warm-up, recordings, and every call the planned replay declines."""
         if self.disabled is not None:
             return self.fn(*args)
         if self._warm_ptrs is None:  # warm-up
@@ -347,6 +483,7 @@ class CudaGraphRunner:
             self._disable(f"recorded {self.recordings} times: inputs keep moving")
             return self.fn(*args)
         assert self._warm_ptrs is not None
+        self._fast = None  # planned again once slot one is recorded
         if self._slots and self._own_pool:
             # Note [A pool outlives its graphs only while one is alive]: torch releases a private
             # pool when the last graph recorded into it dies, and a capture into the released
@@ -402,6 +539,7 @@ class CudaGraphRunner:
             return None
         slot = _slot(replay, outputs, from_inputs)
         self._slots.append(slot)
+        self._plan()
         return slot
 
     def _input_aliases(self, outputs: Any) -> tuple[_InputAlias, ...] | str:
@@ -445,6 +583,7 @@ class CudaGraphRunner:
 
     def _disable(self, reason: str) -> None:
         self.disabled = reason
+        self._fast = None
         self._slots, self._inputs, self._copy_dst = [], [], []
         log.warning("CUDA graphs off for this graph, running its kernels directly: %s", reason)
 

@@ -58,6 +58,59 @@ int check(PyObject* obj, const KilnTensorSpec* spec) {
 
 const KilnTensorChecker checker = {1, check};
 
+// data_ptrs_equal(tensors, pointers) -> bool: whether `tensors[i].data_ptr() == pointers[i]` for
+// every i whose pointer is not None, two tuples of one length. For kiln_codegen_triton's
+// CUDA-graph runner, which checks on every replay that each static input (ResNet-50: ~270
+// parameters and buffers) is still where the graph was recorded on it (Note [The runner's
+// per-call path] in its cudagraphs.py): one C loop over the call's own argument tuple (None at
+// the inputs it does not check), where `map(Tensor.data_ptr, ...)` makes a Python call per
+// tensor. The pointer is the one `Tensor.data_ptr()` returns (the same C++ call). Anything it
+// cannot read that way (not a tensor, not an int, a tensor without storage) answers False: the
+// runner then takes its full path, which decides as always. A tensor is an instance of a real
+// subclass of torch.Tensor (its C layout), not whatever a metaclass's __instancecheck__ accepts.
+// Raises only on the wrong arguments.
+PyObject* data_ptrs_equal(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "data_ptrs_equal(tensors: tuple, pointers: tuple)");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(args[0]);
+  if (PyTuple_GET_SIZE(args[1]) != n || THPVariableClass == nullptr) {
+    Py_RETURN_FALSE;
+  }
+  auto* tensor_type = reinterpret_cast<PyTypeObject*>(THPVariableClass);
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject* expected = PyTuple_GET_ITEM(args[1], i);
+    if (expected == Py_None) {
+      continue;
+    }
+    PyObject* obj = PyTuple_GET_ITEM(args[0], i);
+    if (!PyObject_TypeCheck(obj, tensor_type) || !PyLong_Check(expected)) {
+      Py_RETURN_FALSE;
+    }
+    void* want = PyLong_AsVoidPtr(expected);
+    if (want == nullptr && PyErr_Occurred()) {
+      PyErr_Clear();
+      Py_RETURN_FALSE;
+    }
+    void* ptr = nullptr;
+    try {
+      ptr = THPVariable_Unpack(obj).data_ptr();
+    } catch (...) {
+      Py_RETURN_FALSE;
+    }
+    if (ptr != want) {
+      Py_RETURN_FALSE;
+    }
+  }
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef methods[] = {
+    {"data_ptrs_equal", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(data_ptrs_equal)),
+     METH_FASTCALL, "data_ptrs_equal(tensors: tuple, pointers: tuple) -> bool"},
+    {nullptr, nullptr, 0, nullptr}};
+
 // the build names the module (a name of its own per build, the library's file name) through
 // TORCH_EXTENSION_NAME
 #ifndef TORCH_EXTENSION_NAME
@@ -69,7 +122,7 @@ const KilnTensorChecker checker = {1, check};
 #define KILN_CAT(a, b) KILN_CAT2(a, b)
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, KILN_STR(TORCH_EXTENSION_NAME),
-                          "kiln_dynamo's torch-linked tensor checker", -1, nullptr};
+                          "kiln_dynamo's torch-linked tensor checker", -1, methods};
 
 }  // namespace
 

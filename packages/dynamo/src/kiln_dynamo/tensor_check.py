@@ -15,7 +15,7 @@ TensorImpl itself. The options, measured on this machine (ResNet at cpu size, 63
 - a checker compiled against the running torch's headers (this module): it reads sizes,
   strides, dtype, device, requires_grad and the dispatch key set off the TensorImpl in tens of
   nanoseconds and hands itself to kiln_frame_hook as a capsule through the C ABI of
-  kiln_tensor_check.h. It is built once per torch version into the kiln cache (one g++ call,
+  kiln_tensor_check.h. It is built once per torch version (and source) into the kiln cache (one g++ call,
   10-40 s), loaded only when built for the torch that is running, and anything it cannot read the
   way the getters do (symbolic or custom sizes, a sparse layout) it leaves to the attribute
   path, which stays the fallback whenever the checker is absent. Rows use it only for types whose
@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,8 +73,22 @@ def dispatch_keys(t: torch.Tensor) -> int:
 
 
 def _build_dir() -> Path:
+    """Per torch version and per source of the checker: a library built from an older source
+    (without `data_ptrs_equal`) is not loaded for a newer one."""
+    import hashlib
+
     root = Path(os.environ.get("KILN_CACHE_DIR", Path.home() / ".cache" / "kiln"))
-    return root / "tensor_check" / torch.__version__.replace("+", "_")
+    source = hashlib.sha256(Path(__file__).with_name("_tensor_check.cpp").read_bytes()).hexdigest()[:12]
+    return root / "tensor_check" / f"{torch.__version__.replace('+', '_')}-{source}"
+
+
+def data_ptrs_equal() -> Callable[[tuple[Any, ...], tuple[int | None, ...]], bool] | None:
+    """The checker's `data_ptrs_equal(tensors, pointers)` (whether each tensor's `data_ptr()` is
+    its pointer, None: not checked, in one C loop; see _tensor_check.cpp), or None while the
+    checker is not in use.
+    kiln hands it to kiln_codegen_triton's CUDA-graph runner (Note [The runner's per-call path])."""
+    module = _state.module
+    return getattr(module, "data_ptrs_equal", None) if module is not None else None
 
 
 def _library(where: Path) -> Path | None:

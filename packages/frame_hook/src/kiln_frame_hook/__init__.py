@@ -98,11 +98,11 @@ def set_callback(cb: Callback | None) -> Callback | None:
     return previous
 
 
-def set_thread_callback(cb: Callback | None) -> Callback | None:
-    """Set the calling thread's callback, which overrides the interpreter-wide one (None: use the
-    interpreter-wide one); return the previous one."""
-    previous: Callback | None = _C.set_thread_callback(cb)
-    return previous
+# Set the calling thread's callback, which overrides the interpreter-wide one (None: use the
+# interpreter-wide one); return the previous one. The C function itself, with no Python frame
+# around it: kiln_dynamo sets and restores it twice on every compiled call (around the user's
+# module, and around the backend's compiled code), host time per call (issue 14).
+set_thread_callback: Callable[[Callback | None], Callback | None] = _C.set_thread_callback
 
 
 @contextlib.contextmanager

@@ -54,7 +54,6 @@ generators' folders of the cache in use (`_skip_generated_code`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
@@ -223,8 +222,10 @@ class _FirstCallFallback:
         inner_before = self.record.loopir_seconds
         start = time.perf_counter()
         try:
-            # the first call compiles (Note [The collector scans only the compile's objects])
-            with only_new_objects() if before == 0 else contextlib.nullcontext():
+            if before == 0:  # the first call compiles (Note [The collector scans only the compile's objects])
+                with only_new_objects():
+                    result = self.compiled(*args)
+            else:  # no context on later calls: host time on every call (issue 14)
                 result = self.compiled(*args)
             if before is not None and len(signatures or ()) != before:  # this call compiled
                 # Note [Compile time by phase]: aotgrad compiles on the first call, calls loopir
@@ -484,10 +485,17 @@ def _codegen(
     codegen = _codegen_for(device, cpu_backend)
     if codegen == "triton":
         from kiln_codegen_triton import TritonBackend
+        from kiln_dynamo import tensor_check
 
-        # kiln's frame guards check every input's shape, strides and dtype before the graph runs
+        # kiln's frame guards check every input's shape, strides and dtype before the graph runs;
+        # a CUDA-graph replay checks its static inputs' pointers with the torch-linked checker's
+        # C loop where it is in use (Note [The runner's per-call path] in kiln_codegen_triton)
         return TritonBackend(
-            mode=mode, guarded_inputs=True, guarded_layouts=guarded_layouts, **(triton_options or {})
+            mode=mode,
+            guarded_inputs=True,
+            guarded_layouts=guarded_layouts,
+            pointer_check=tensor_check.data_ptrs_equal,
+            **(triton_options or {}),
         )
     if codegen == "cpp" and (cpp_options or guarded_layouts):
         from kiln_codegen_cpp import CppBackend
