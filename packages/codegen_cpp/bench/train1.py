@@ -42,7 +42,7 @@ from torch import nn  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln_bench import accuracy  # noqa: E402
-from kiln_bench.models import MODEL_NAMES, Workload, build, loss_of  # noqa: E402
+from kiln_bench.models import MODEL_NAMES, Workload, build, logits_of, loss_of  # noqa: E402
 
 CPP_ENV = "KILN_CPP_OPTIONS"
 B, SEQ, H, LAYERS, HEADS, FFN, VOCAB, IMAGE, CLASSES = 2, 128, 256, 2, 4, 1024, 1024, 64, 10
@@ -226,6 +226,36 @@ MODELS: dict[str, Callable[[], Workload]] = {
 # the public suite's models too, as ``suite.<name>`` (kiln_bench's builders, CPU size), so that
 # kernel_time.py and train_diff.py can take them apart
 MODELS.update({f"suite.{n}": (lambda n=n: build(n, "cpu")) for n in MODEL_NAMES})
+
+
+def _breadth(name: str) -> Workload:
+    """A model of the breadth suite (``packages/dynamo/bench/breadth_models.py``, its own tiny
+    size and inputs) in train mode; the loss is cross-entropy over its logits' last dim against
+    seeded random labels."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "dynamo", "bench")
+    sys.path.insert(0, os.path.normpath(bench))
+    import breadth  # type: ignore[import-not-found]
+
+    torch.manual_seed(0)
+    model, inputs, _ = breadth.build(name, "train")
+    with torch.no_grad():
+        logits = logits_of(model(**inputs))
+    classes = logits.shape[-1]
+    labels = torch.randint(0, classes, logits.shape[:-1], generator=torch.Generator().manual_seed(1))
+    return Workload(name, model, inputs, classes, labels)
+
+
+class _Models(dict[str, Callable[[], Workload]]):
+    """``breadth.<name>`` names any model of the breadth suite (breadth_speed.py --mode train's rows),
+    built on demand and listed nowhere, so ``--models`` defaults stay the ten above."""
+
+    def __missing__(self, key: str) -> Callable[[], Workload]:
+        if key.startswith("breadth."):
+            return lambda: _breadth(key.removeprefix("breadth."))
+        raise KeyError(key)
+
+
+MODELS = _Models(MODELS)
 
 
 def _step(w: Workload, fn: Callable[..., Any], model: nn.Module | None = None) -> list[torch.Tensor]:

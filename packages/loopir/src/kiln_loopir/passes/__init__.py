@@ -3,7 +3,8 @@
 A pass is a named function ``run(gm, ctx) -> gm`` (:class:`GraphPass`). It may return the graph
 it was given (it only looked, or only recorded a decision in ``ctx``) or a rewritten copy; it never
 edits the caller's graph, because the caller (aotgrad, a fallback to eager) may still run it. Passes
-run in the order of ``_passes()``: the rewrites first (attention, then patch convolutions as GEMMs on CUDA,
+run in the order of ``_passes()``: the rewrites first (attention, then outer products as multiplications
+on the CPU, after attention so that its patterns still see their products, then patch convolutions as GEMMs on CUDA,
 then matmul padding, which must not pad the products attention replaces and may pad the patch
 GEMMs, then the convolution bias on CUDA), then common subexpressions (which also merges what the
 rewrites made twice, such as two paddings of one tied weight), then a variance and a mean of the
@@ -149,6 +150,9 @@ class PassOptions:
     it] in scheduler.py), where the backend says it can (``Backend.inplace_buffers``); ``False``:
     every output gets a buffer of its own or one freed before its kernel. A decision handed to
     the scheduler.
+    ``outer_product``: on the CPU, a ``bmm``/``mm`` whose reduction length is one (an outer
+    product) becomes a broadcast ``mul`` that fuses with its neighbours (Note [Outer products are
+    multiplications] in passes/outer_product.py); ``False``: the GEMM as an extern call.
     """
 
     layout: bool = True
@@ -184,6 +188,7 @@ class PassOptions:
     depthwise_backward_nchw: bool = True
     inplace_reuse: bool = True
     nhwc_weights: bool = True
+    outer_product: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -222,14 +227,15 @@ class PassOptions:
             made.depthwise_backward_nchw,
             made.inplace_reuse,
             made.nhwc_weights,
+            made.outer_product,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
                 "layout, layout_per_batch, layout_training, attention, attention_mask, conv_fusion,"
                 " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select,"
                 " pool_values_max, shape_only_readers, outputs_read_back, cse, far_output_fusion, tiny_fusion, late_placement,"
-                " var_mean, conv_grad_format, depthwise_backward_nchw, inplace_reuse and"
-                " nhwc_weights"
+                " var_mean, conv_grad_format, depthwise_backward_nchw, inplace_reuse,"
+                " nhwc_weights and outer_product"
                 " are True or False"
             )
         if made.cpu_layout_training not in (True, False, "force"):
@@ -340,12 +346,14 @@ def _passes() -> tuple[GraphPass, ...]:
     from .conv_fusion import conv_fusion_pass
     from .cse import cse_pass
     from .linear_pack import linear_pack_pass
+    from .outer_product import outer_product_pass
     from .pad_mm import pad_mm_pass
     from .patch_conv import patch_conv_pass
     from .var_mean import var_mean_pass
 
     return (
         GraphPass("attention", attention_pass, lambda o: o.attention),
+        GraphPass("outer_product", outer_product_pass, lambda o: o.outer_product),
         GraphPass("patch_conv", patch_conv_pass, lambda o: o.patch_conv is not False),
         GraphPass("pad_mm", pad_mm_pass, lambda o: o.pad_mm is not False),
         GraphPass("conv_bias", conv_bias_pass, lambda o: o.conv_bias is not False),
