@@ -5,6 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirty-first session: no device time (237 s left of the session's budget at its start; a machine needs 315 s).
+#   Landed without a GPU measurement: host31's planned CUDA-graph replay (call31h, call31a), cpu31's outer products
+#   as multiplications (CPU only: call31o on the host's CPU), fix31's fixes. Next, in this order: call30r, call31h,
+#   call30d, call31a, call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
+#   call27m, call26p, call27l.
 # Thirtieth session: call10 (the breadth suite on the GPU, last run in the sixteenth session), call29b, call4c, a reduced call29r and call29w
 #   ran on an H100 at 63081cf (packages/bench/results/2026-12-07-h100-s30-*; 1563 of 1800 s, 541 s of it lost to six
 #   machines that did not start). Found: CUDA graphs in training were off for every forward (outputs that are inputs;
@@ -290,6 +295,14 @@ for step in "$@"; do
         --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
       grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
         | head -40 | cut -c1-200 ;;
+    call31o)  # thirty-first session (issue 20, helper cpu31): loopir Note [Outer products are multiplications]
+      # (a bmm/mm with a reduction length of one as a broadcast multiplication, CPU graphs) on the host's 16-core CPU,
+      # training, pass on against off in one run. On this 2-core box at one thread: PVT v2 / LeViT / MobileViT 1.3%
+      # faster in the geomean (within noise), at two threads 4-6%. Expected: on no slower than off
+      KILN_COMPILE_WORKERS=2 timeout 560 python3 packages/kiln/bench/breadth_speed.py --device cpu --mode train \
+        --threads 16 --backends eager,kiln,kiln@outer_product=false --only pvt_v2,levit,mobilevit --calls 1 \
+        --rounds 60 --json "$out/outer-product-16t.json" > "$out/outer-product-16t.log" 2>&1
+      grep -v -i warn "$out/outer-product-16t.log" | tail -12 | cut -c1-200 ;;
     call31h)  # thirty-first session (issue 14, helper host31): reduce-overhead's wall against its GPU time after
       # Note [The runner's per-call path] (codegen_triton/cudagraphs.py: a replay's checks planned into one closure,
       # static pointers in one C loop of kiln_dynamo's tensor checker instead of torch's pybind helper, copy_ for one
