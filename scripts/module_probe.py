@@ -76,6 +76,48 @@ def _difference(got: torch.Tensor, ref: torch.Tensor) -> str:
     return f"{flag}{int(rows.sum())} of {rows.numel()} rows differ (as sets): {rows.nonzero().flatten().tolist()[:16]}"
 
 
+def _sdpa_backends(i: int, a: tuple[Any, ...], kw: dict[str, Any]) -> None:
+    """One SDPA call of eager's, as given and with dense copies of q, k, v, under each backend,
+    against the math backend in float32 (what kiln's aligned operand copies and its trace-time
+    kernel choice may change: Note [Aligned attention operands] in kiln_loopir)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    f = torch.nn.functional.scaled_dot_product_attention
+    shapes = [(tuple(t.shape), t.stride(), t.storage_offset()) for t in a[:3] if isinstance(t, torch.Tensor)]
+    print(f"sdpa call {i}: q/k/v (shape, stride, offset) {shapes} kwargs { {k: v for k, v in kw.items()} }")
+    with torch.no_grad():
+        with sdpa_kernel([SDPBackend.MATH]):
+            ref = f(
+                *[t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in a], **kw
+            )
+        for dense in (False, True):
+            args = [t.contiguous() if dense and isinstance(t, torch.Tensor) else t for t in a]
+            try:  # the kernel eager picks for these tensors (kiln asks the same with its fakes)
+                choice = torch._fused_sdp_choice(*args[:3], **kw)
+                print(f"  {'dense ' if dense else 'as given'} eager's choice: {SDPBackend(choice).name}")
+            except Exception as e:
+                print(
+                    f"  {'dense ' if dense else 'as given'} eager's choice: ? ({str(e).splitlines()[0][:80]})"
+                )
+            for backend in (
+                SDPBackend.FLASH_ATTENTION,
+                SDPBackend.EFFICIENT_ATTENTION,
+                SDPBackend.CUDNN_ATTENTION,
+                SDPBackend.MATH,
+            ):
+                try:
+                    with sdpa_kernel([backend]):
+                        got = f(*args, **kw)
+                    d = (got.float() - ref).abs().max().item()
+                    print(
+                        f"  {'dense ' if dense else 'as given'} {backend.name}: max |diff| vs fp32 math {d:.4g}"
+                    )
+                except Exception as e:
+                    print(
+                        f"  {'dense ' if dense else 'as given'} {backend.name}: refused ({str(e).splitlines()[0][:80]})"
+                    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="deepseek_v3")
@@ -85,6 +127,7 @@ def main() -> None:
     p.add_argument("--option", action="append", default=[], help="a kiln.compile option k=v (repeatable)")
     p.add_argument("--whole", action="store_true", help="also compare the whole model, per token")
     p.add_argument("--variant", action="append", default=[], help="options/KILN_ switches, comma-separated")
+    p.add_argument("--sdpa", action="store_true", help="each SDPA call eager made, under every backend")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype)
     options = dict(_option(o) for o in args.option)
@@ -120,10 +163,24 @@ def main() -> None:
     for name, m in chosen.items():
         handles.append(m.register_forward_pre_hook(pre(name), with_kwargs=True))
         handles.append(m.register_forward_hook(post(name), with_kwargs=True))
-    with torch.no_grad():
-        ref_whole = first_tensor(model(**inputs))
+    sdpa_calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if args.sdpa:
+
+        def recording(*a: Any, **kw: Any) -> Any:
+            sdpa_calls.append((a, kw))
+            return sdpa(*a, **kw)
+
+        torch.nn.functional.scaled_dot_product_attention = recording
+    try:
+        with torch.no_grad():
+            ref_whole = first_tensor(model(**inputs))
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
     for h in handles:
         h.remove()
+    for i, (a, kw) in enumerate(sdpa_calls):
+        _sdpa_backends(i, a, kw)
 
     print(f"model {args.model} device {args.device} dtype {args.dtype} options {options}")
     for name, (a, kw, ref) in recorded.items():
