@@ -55,6 +55,10 @@ def _move(x: Any, device: str, dtype: torch.dtype) -> Any:
     return x
 
 
+def _cloned(tree: Any) -> Any:
+    return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
 def _tensors(out: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
@@ -146,7 +150,7 @@ def main() -> None:
     def pre(name: str) -> Any:
         def hook(module: torch.nn.Module, a: tuple[Any, ...], kw: dict[str, Any]) -> None:
             if name not in recorded:  # the first call (a module called twice keeps its first)
-                recorded[name] = (pytree.tree_map(lambda x: x, a), dict(kw), None)
+                recorded[name] = (_cloned(a), _cloned(kw), None)  # later code may write them in place
 
         return hook
 
@@ -154,7 +158,7 @@ def main() -> None:
         def hook(module: torch.nn.Module, a: tuple[Any, ...], kw: dict[str, Any], out: Any) -> None:
             a0, kw0, seen = recorded[name]
             if seen is None:
-                clone = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+                clone = _cloned(out)
                 recorded[name] = (a0, kw0, clone)
 
         return hook
