@@ -71,3 +71,45 @@ def test_cpu_graph_unchanged() -> None:
     torch.testing.assert_close(kiln.compile(f)(x), f(x))
     assert all(not r.fell_back for r in kiln.compile_log())
     assert kiln.explain(f)(x).graph_break_count == 0
+
+
+def test_fused_fast_path_on_two_devices_keeps_eagers_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Note [Fast paths on two devices] (kiln_dynamo's variables/torch.py): on CUDA, eager's encoder
+    # layer takes its fused kernel, which refuses a mask made on the CPU; kiln's decomposable branch
+    # dropped the mask (is_causal=True) and answered. This machine has no CUDA, so `meta` stands in:
+    # named the privateuse1 backend, it passes the fast path's device check (its meta kernel does not
+    # check devices, so here eager answers too: the test asserts the fused op is traced and breaks).
+    import torch.utils.backend_registration as registration
+
+    monkeypatch.setattr(registration, "_privateuse1_backend_name", "meta")
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
+    layer = layer.eval().to("meta")
+    mask = torch.triu(torch.full((4, 4), float("-inf")), diagonal=1)  # on the CPU
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return layer(x, src_mask=mask, is_causal=True) + 1
+
+    x = torch.ones(2, 4, 16, device="meta")
+    with torch.no_grad():
+        explained = kiln.explain(f)(x)
+        got = kiln.compile(f)(x)
+    reasons = " ".join(str(r) for r in explained.break_reasons)
+    assert "_transformer_encoder_layer_fwd takes tensors on meta and cpu" in reasons
+    assert got.device.type == "meta" and got.shape == (2, 4, 16)
+
+
+def test_fast_path_answer_unchanged_on_one_device() -> None:
+    # the decomposable branch is still taken where every tensor is on one device
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, norm_first=True).eval()
+    mask = torch.triu(torch.full((4, 4), float("-inf")), diagonal=1)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return layer(x, src_mask=mask, is_causal=True) + 1
+
+    x = torch.randn(2, 4, 16)
+    with torch.no_grad():
+        explained = kiln.explain(f)(x)
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    ops = " ".join(str(n.target) for g in explained.graphs for n in g.graph.nodes)
+    assert "_transformer_encoder_layer_fwd" not in ops

@@ -110,6 +110,16 @@ IS_COMPILING_FUNCTIONS = frozenset(
 # on every torch version. The answer is not guarded: both branches
 # compute the same function, so `set_fastpath_enabled()` later needs no recompile.
 # `KILN_TORCH_FAST_PATHS=1` (or `set_torch_fast_paths(True)`) keeps torch's own answer.
+#
+# Note [Fast paths on two devices]: the two branches compute the same function only where both
+# run. The fused kernels refuse tensors on two devices ("Expected all tensors to be on the same
+# device ... wrapper_CUDA___transformer_encoder_layer_fwd"), where the decomposable branch may not
+# even read the odd one: a CUDA encoder layer given a causal mask made on the CPU with
+# `is_causal=True` drops the mask before attention, so kiln answered where eager raised (breadth
+# program greedy_decode on an H100). So where the asking frame holds tensors on two devices (a
+# 0-dim CPU tensor aside, which mixes with any device), torch's own answer is given, not guarded
+# either: the fused kernel is then traced, and Note [Operators on two devices] in fake.py breaks
+# the graph there, so eager runs it and raises its own error.
 FAST_PATH_FLAGS = frozenset({("torch.backends.mha", "get_fastpath_enabled")})
 # only torch.nn's own checks get the False answer; a user's code reading the flag sees its value
 _TORCH_NN_DIR = os.path.join(os.path.dirname(os.path.realpath(torch.nn.__file__)), "")
@@ -235,6 +245,15 @@ class TorchFunctionVariable(VariableTracker):
         if answer is False and not tx.code.co_filename.startswith(_TORCH_NN_DIR):
             answer = fn()  # the user's own code asking: torch's real answer (a torch global)
             tx.output.guards.setting(fn, answer)  # Note [Settings read through torch functions]
+        elif answer is False and _locals_on_two_devices(tx):
+            answer = fn()  # Note [Fast paths on two devices]
+            decisions_log.info(
+                "%s() keeps torch's answer (%s): %s holds tensors on two devices, which the fused "
+                "kernel refuses (Note [Fast paths on two devices])",
+                fn.__qualname__,
+                answer,
+                tx.code.co_name,
+            )
         elif answer is False:
             decisions_log.info(
                 "%s() answers False while tracing: torch's fused inference kernels are not taken "
@@ -276,6 +295,21 @@ class TorchFunctionVariable(VariableTracker):
 
 
 _FOREACH_ADD_PRODUCTS = {torch._foreach_addcdiv_: "addcdiv_", torch._foreach_addcmul_: "addcmul_"}
+
+
+def _locals_on_two_devices(tx: Tx) -> bool:
+    """Whether the frame's tensor locals live on two devices, 0-dim CPU tensors aside (Note [Fast
+    paths on two devices])."""
+    devices: set[torch.device] = set()
+    for vt in tx.locals.values():
+        if not _is_tensor(vt):
+            continue
+        fake = vt.fake  # type: ignore[attr-defined]
+        device = getattr(fake, "fake_device", fake.device)
+        if device.type == "cpu" and fake.dim() == 0:
+            continue
+        devices.add(device)
+    return len(devices) > 1
 
 
 def _is_tensor(vt: VT) -> bool:
