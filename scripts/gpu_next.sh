@@ -7,8 +7,8 @@
 #
 # Thirty-first session: no device time (237 s left of the session's budget at its start; a machine needs 315 s).
 #   Landed without a GPU measurement: host31's planned CUDA-graph replay (call31h, call31a), cpu31's outer products
-#   as multiplications (CPU only: call31o on the host's CPU), fix31's fixes. Next, in this order: call30r, call31h,
-#   call30d, call31a, call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
+#   as multiplications (CPU only: call31o on the host's CPU), fix31's two-device fast-path fix. Next, in this order: call30r, call31h,
+#   call31d (helper fix31: deepseek_v3 per submodule), call30d, call31a, call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
 #   call27m, call26p, call27l.
 # Thirtieth session: call10 (the breadth suite on the GPU, last run in the sixteenth session), call29b, call4c, a reduced call29r and call29w
 #   ran on an H100 at 63081cf (packages/bench/results/2026-12-07-h100-s30-*; 1563 of 1800 s, 541 s of it lost to six
