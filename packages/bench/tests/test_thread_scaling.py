@@ -160,3 +160,43 @@ def test_breadth_speed_takes_gradients_rounded_as_eager_rounds_them(scripts: dic
     assert grad_mismatch(got, ref, torch.float32).startswith("grad of weight")
     got.weight.grad = None
     assert grad_mismatch(got, ref, torch.float32).startswith("grad of weight: None")
+
+
+def _shifted(fn: Any) -> Any:
+    """A callable whose tensor outputs are ``fn``'s plus one: an answer off by far more than any
+    tolerance."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return out + 1 if isinstance(out, torch.Tensor) else type(out)(t + 1 for t in out)
+
+    return call
+
+
+def test_breadth_speed_tells_when_eager_is_the_one_off(
+    scripts: dict[str, ModuleType], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Eager is not always the reference]: a backend that differs from eager but matches
+    eager's float32 answer under SDPA's math backend is timed, with eager's difference kept as
+    `eager_off`; a backend off that reference too stays a mismatch, untimed."""
+    speed = scripts["breadth_speed"]
+    compiled = speed._compiled
+    wrong = {"eager"}
+
+    def patched(backend: str, model: torch.nn.Module, *rest: Any) -> Any:
+        fn = compiled(backend, model, *rest)
+        return _shifted(fn) if backend in wrong else fn
+
+    monkeypatch.setattr(speed, "_compiled", patched)
+    out = tmp_path / "breadth.json"
+    args = [*BREADTH_ARGS, "--threads", "1", "--json", str(out)]
+    args[args.index("float32")] = "bfloat16"  # the reference is float32: dtypes differ, values compared
+    speed.main(args)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["kiln"]["mismatch"] == "" and row["kiln"]["ms"] > 0
+    assert row["kiln"]["eager_off"].startswith("eager off the float32 reference")
+    wrong.clear()
+    wrong.add("kiln")
+    speed.main(args)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["kiln"]["mismatch"] and "eager_off" not in row["kiln"] and "ms" not in row["kiln"]
