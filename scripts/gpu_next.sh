@@ -5,6 +5,14 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirty-second session: call31d, call31h, call30r, a reference probe (scripts/reference_probe.py), call_overhead.py on CUDA,
+#   a plan A/B, scripts/pad_probe.py, call2 and the launch micro-benchmark ran on an H100 at 96b916d
+#   (packages/bench/results/2026-12-08-h100-s32-*; 1616 of 1800 s). Found: deepseek_v3's bf16 'mismatch' is eager's (cuDNN
+#   attention on a v at an 8-byte offset returns wrong values; kiln aligns it and agrees with float32); GPT-2's
+#   logits copy to eager's strides costs 0.28 ms of GPU time where torch.compile returns the padded view. Changed after:
+#   breadth_speed.py checks a mismatch against eager in float32 (call32d). Next, in this order: call32d, call31a (its
+#   runner_overhead rows only), call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
+#   call27m, call26p, call27l.
 # Thirty-first session: no device time (237 s left of the session's budget at its start; a machine needs 315 s).
 #   Landed without a GPU measurement: host31's planned CUDA-graph replay (call31h, call31a), cpu31's outer products
 #   as multiplications (CPU only: call31o on the host's CPU), fix31's two-device fast-path fix. Next, in this order: call30r, call31h,
@@ -295,6 +303,13 @@ for step in "$@"; do
         --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
       grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
         | head -40 | cut -c1-200 ;;
+    call32d)  # thirty-second session: breadth_speed.py's float32 arbiter (Note [Eager is not always the reference]) on
+      # the rows that differed from eager in s30's breadth run. Expected: deepseek_v3's kiln row timed, flagged "e" (eager
+      # off float32, kiln within tolerance); funnel, vit_mae, vae: which side float32 takes
+      KILN_COMPILE_WORKERS=2 timeout 300 python3 packages/kiln/bench/breadth_speed.py --device cuda --dtype bfloat16 \
+        --only deepseek_v3,funnel,vit_mae,vae --calls 2 --rounds 3 --backends eager,kiln,inductor \
+        --json "$out/breadth-arbiter.json" > "$out/breadth-arbiter.log" 2>&1
+      grep -v -i warn "$out/breadth-arbiter.log" | tail -12 | cut -c1-230 ;;
     call31o)  # thirty-first session (issue 20, helper cpu31): loopir Note [Outer products are multiplications]
       # (a bmm/mm with a reduction length of one as a broadcast multiplication, CPU graphs) on the host's 16-core CPU,
       # training, pass on against off in one run. On this 2-core box at one thread: PVT v2 / LeViT / MobileViT 1.3%
