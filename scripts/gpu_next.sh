@@ -10,7 +10,7 @@
 #   (packages/bench/results/2026-12-08-h100-s32-*; 1616 of 1800 s). Found: deepseek_v3's bf16 'mismatch' is eager's (cuDNN
 #   attention on a v at an 8-byte offset returns wrong values; kiln aligns it and agrees with float32); GPT-2's
 #   logits copy to eager's strides costs 0.28 ms of GPU time where torch.compile returns the padded view. Changed after:
-#   breadth_speed.py checks a mismatch against eager in float32 (call32d). Next, in this order: call32d, call31a (its
+#   breadth_speed.py checks a mismatch against eager in float32 (call32d). Next, in this order: call32d, call32g, call31a (its
 #   runner_overhead rows only), call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
 #   call27m, call26p, call27l.
 # Thirty-first session: no device time (237 s left of the session's budget at its start; a machine needs 315 s).
@@ -310,6 +310,11 @@ for step in "$@"; do
         --only deepseek_v3,funnel,vit_mae,vae --calls 2 --rounds 3 --backends eager,kiln,inductor \
         --json "$out/breadth-arbiter.json" > "$out/breadth-arbiter.log" 2>&1
       grep -v -i warn "$out/breadth-arbiter.log" | tail -12 | cut -c1-230 ;;
+    call32g)  # thirty-second session (issue 14): GPT-2's default-mode host time a call is about its GPU time under kiln and
+      # torch.compile alike (1.86 / 1.46 ms for 1.78 / 1.51 ms of kernels, s32 call2) while at tiny size kiln's host time is
+      # below torch.compile's (0.82 / 1.14 ms): does the call wait on the GPU? Synchronizing CUDA calls of a warm call and
+      # the host time behind a queue of GPU work against on an idle GPU
+      timeout 200 python3 scripts/sync_probe.py --models gpt2,bert,resnet 2>&1 | grep -v -i -E "warn|usdt" | tail -30 ;;
     call31o)  # thirty-first session (issue 20, helper cpu31): loopir Note [Outer products are multiplications]
       # (a bmm/mm with a reduction length of one as a broadcast multiplication, CPU graphs) on the host's 16-core CPU,
       # training, pass on against off in one run. On this 2-core box at one thread: PVT v2 / LeViT / MobileViT 1.3%
