@@ -39,7 +39,7 @@ class _PatchBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.embed(x)
-        b, c, h, w = y.shape
+        b, _, h, w = y.shape
         t = self.fc(self.norm(y.flatten(2).transpose(1, 2)))
         m = nn.functional.gelu(t).transpose(1, 2).reshape(b, 16, h, w)
         return self.head(self.dw(m).mean(dim=(2, 3)))

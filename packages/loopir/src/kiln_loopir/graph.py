@@ -279,6 +279,7 @@ class GraphLowering:
         pool_values_max: bool = True,
         conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
         nchw_conv_backwards: set[torch.fx.Node] | None = None,
+        native_convs: set[torch.fx.Node] | None = None,
         nhwc_weights: bool | None = None,
     ) -> None:
         self.gm = gm
@@ -321,6 +322,7 @@ class GraphLowering:
         self.conv_grad_formats = conv_grad_formats or {}
         # Note [Depthwise convolution backwards on small maps] (passes/channels_last.py)
         self.nchw_conv_backwards = nchw_conv_backwards or set()
+        self.native_convs = native_convs or set()  # Note [Small convolutions outside oneDNN]
         # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0
