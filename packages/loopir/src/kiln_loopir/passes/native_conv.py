@@ -17,10 +17,12 @@ natively (10x) and grouped ones are not offered to the native kernel.
 So a CPU training graph's 2-D convolution (forward, and its backward) runs natively when it is
 float32, not grouped, transposed or dilated, of static sizes, with a contiguous weight, at most
 :data:`NATIVE_CONV_MAX_MACS` multiply-adds, and not chosen for channels-last (Note [Channels-last
-for convolutions]) or given a gradient format for oneDNN (Note [A convolution backward's gradient
-in oneDNN's format]). The lowering hands the native kernel its input (and the backward its
-gradient) NCHW, copied where it is not (a few thousand elements: the native backward refuses a
-channels-last input). The same arithmetic (an im2col GEMM instead of oneDNN's direct kernel), so
+for convolutions]; a training graph of such convolutions keeps eager's layouts: Note [Small
+convolutions keep eager's layouts in CPU training] in channels_last.py). The lowering hands the
+native kernel its input (and the backward its gradient) NCHW, computed so where the value is
+still lazy, else copied (a few thousand elements: the native backward refuses a channels-last
+input); a gradient format chosen for oneDNN (Note [A convolution backward's gradient in oneDNN's
+format]) is dropped for it. The same arithmetic (an im2col GEMM instead of oneDNN's direct kernel), so
 results agree to rounding. Inference graphs keep oneDNN (the conv_fusion pass prepacks and fuses
 there; not measured). ``native_small_conv=False`` keeps every convolution on oneDNN;
 ``KILN_LOG=passes`` prints each one moved.
@@ -83,6 +85,13 @@ def _candidate(node: torch.fx.Node) -> tuple[int, str] | None:
     return macs, f"{list(x.shape)} by {list(w.shape)}"
 
 
+def small_enough(node: torch.fx.Node) -> bool:
+    """Whether the native kernel can run convolution (or backward) ``node`` and it is small
+    enough to gain by it (Note [Small convolutions outside oneDNN])."""
+    found = _candidate(node)
+    return found is not None and found[0] <= NATIVE_CONV_MAX_MACS
+
+
 def native_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
     """Record in ``ctx.native_convs`` the convolutions (and backwards) that run the native kernel
     (Note [Small convolutions outside oneDNN]); the graph is unchanged. Runs after the layout
@@ -90,7 +99,7 @@ def native_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
     if ctx.device.type != "cpu" or ctx.inference:
         return gm
     for node in [*conv2d_nodes(gm), *conv_backward_nodes(gm)]:
-        if node in ctx.channels_last or node in ctx.conv_grad_formats or node in ctx.nchw_conv_backwards:
+        if node in ctx.channels_last or node in ctx.nchw_conv_backwards:
             continue
         found = _candidate(node)
         if found is None:
@@ -99,5 +108,6 @@ def native_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Gra
         if macs > NATIVE_CONV_MAX_MACS:
             continue
         ctx.native_convs.add(node)
+        ctx.conv_grad_formats.pop(node, None)  # the native kernel takes its gradient NCHW
         ctx.note("native_small_conv", "%s: %s, %d multiply-adds: native kernel", node.name, shapes, macs)
     return gm
