@@ -69,3 +69,36 @@ def test_switched_off_inference_and_channels_last_keep_onednn() -> None:
         with_vals(convs, *xs), xs, torch.device("cpu"), {"cpu_layout_training": "force"}, inference=False
     )
     assert forced.channels_last and not forced.native_convs & forced.channels_last
+
+
+def _stem(x: Any, w: Any, dw: Any) -> Any:
+    """A small convolution, then a depthwise one."""
+    y = aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return aten.convolution.default(y, dw, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 16)
+
+
+def _stem_and_two(x: Any, w: Any, dw: Any, m1: Any, m2: Any) -> Any:
+    """The stem, then two small 1x1 convolutions."""
+    y = _stem(x, w, dw)
+    y = aten.convolution.default(y, m1, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    return aten.convolution.default(y, m2, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+
+
+def test_graphs_mostly_of_small_convolutions_keep_eagers_layouts() -> None:
+    """Note [Small convolutions keep eager's layouts in CPU training]: the element count alone
+    picks NHWC for both graphs (inputs of 16 x 16 maps outweigh the weights); with three in four
+    convolutions small enough for the native kernel the graph keeps eager's layouts, with one in
+    two it does not."""
+
+    def decide(fn: Any, n_more: int, native: bool) -> Any:
+        xs = [make((2, 8, 16, 16)), make((16, 8, 3, 3)), make((16, 1, 3, 3))]
+        xs += [make((16, 16, 1, 1)) for _ in range(n_more)]
+        options = {"native_small_conv": native}
+        _, ctx = run_passes(with_vals(fn, *xs), xs, torch.device("cpu"), options, inference=False)
+        return ctx
+
+    half, most = decide(_stem, 0, True), decide(_stem_and_two, 2, True)
+    off = decide(_stem_and_two, 2, False)
+    assert half.channels_last and not half.native_convs  # 1 small of 2: the count's NHWC
+    assert off.channels_last and not off.native_convs
+    assert not most.channels_last and len(most.native_convs) == 3  # 3 small of 4
