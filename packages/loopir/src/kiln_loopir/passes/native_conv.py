@@ -8,7 +8,7 @@ im2col-and-GEMM kernel (``_slow_conv2d_forward`` / ``_slow_conv2d_backward``, th
 takes with oneDNN off) takes 10-15 us and 17-25 us. PVT v2's eleven convolutions at 32 px
 (patch embeddings and spatial-reduction convolutions of 37k-150k multiply-adds, and depthwise
 ones) were 1.8 ms of its 5 ms training step; torch.compile calls the same oneDNN kernels. Single
-convolutions, forward + backward, native / oneDNN time (``bench`` script in the session report):
+convolutions, forward + backward, native / oneDNN time (kiln_codegen_cpp's ``bench/small_conv.py``):
 3->8 7x7/4 at 32 px 0.43, 8->16 3x3/2 at 8 px 0.20, 16->32 3x3/2 at 4 px 0.22, 8->8 8x8/8 at 8 px
 0.23, 16->16 4x4/4 at 4 px 0.19; larger ones turn the other way (16->16 3x3 at 32 px, 4.7M
 multiply-adds: 1.48; 64->64 3x3 at 16 px, 19M: 1.32). Depthwise convolutions are much slower
@@ -22,8 +22,15 @@ convolutions keep eager's layouts in CPU training] in channels_last.py). The low
 native kernel its input (and the backward its gradient) NCHW, computed so where the value is
 still lazy, else copied (a few thousand elements: the native backward refuses a channels-last
 input); a gradient format chosen for oneDNN (Note [A convolution backward's gradient in oneDNN's
-format]) is dropped for it. The same arithmetic (an im2col GEMM instead of oneDNN's direct kernel), so
-results agree to rounding. Inference graphs keep oneDNN (the conv_fusion pass prepacks and fuses
+format]) is dropped for it. The same arithmetic (an im2col GEMM instead of oneDNN's direct
+kernel), so results agree to rounding: eager's own float32 step with oneDNN off. Where a model's
+gradients are rounding noise to begin with (LeViT's first weight at 32 px: eager's float32 error
+against float64 20x the gradient through oneDNN, 900x through the native kernel), kiln's follow
+the native kernel's. Training steps at one thread, native / oneDNN (``bench/train1.py --clock
+cpu``, 40 interleaved steps, both orders): PVT v2 0.81-0.82, ResNet (breadth) 0.55-0.56,
+PoolFormer 0.67-0.70, ConvNeXt 0.87-0.88, ConvNeXt V2 0.87-0.88, LeViT 0.82-0.86 and MobileViT
+0.92-0.95 (with the next Note's layouts), the others of the breadth and public CNNs within noise
+(results ``2026-12-07-cpu-s32-*``). Inference graphs keep oneDNN (the conv_fusion pass prepacks and fuses
 there; not measured). ``native_small_conv=False`` keeps every convolution on oneDNN;
 ``KILN_LOG=passes`` prints each one moved.
 """
