@@ -12,7 +12,8 @@ convolutions, forward + backward, native / oneDNN time (kiln_codegen_cpp's ``ben
 3->8 7x7/4 at 32 px 0.43, 8->16 3x3/2 at 8 px 0.20, 16->32 3x3/2 at 4 px 0.22, 8->8 8x8/8 at 8 px
 0.23, 16->16 4x4/4 at 4 px 0.19; larger ones turn the other way (16->16 3x3 at 32 px, 4.7M
 multiply-adds: 1.48; 64->64 3x3 at 16 px, 19M: 1.32). Depthwise convolutions are much slower
-natively (10x) and grouped ones are not offered to the native kernel.
+natively (10x) and grouped ones are not offered to the native kernel. In bfloat16 the native
+kernel is no win (0.5x on the smallest, 1.0-1.15x on PVT's others, 3-6x slower at 16-32 px): float32 only.
 
 So a CPU training graph's 2-D convolution (forward, and its backward) runs natively when it is
 float32, not grouped, transposed or dilated, of static sizes, with a contiguous weight, at most
