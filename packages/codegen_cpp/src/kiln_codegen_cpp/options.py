@@ -40,6 +40,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
 * ``buffers_as_viewed``: a computed buffer is allocated in the dense shape its extern readers
   and the graph outputs view it with most often, so they take the tensor itself instead of an
   ``as_strided`` view (Note [Buffers allocated as their readers view them] in wrapper.py).
+* ``laid_out_inputs``: a backward graph's inputs that the compiled forward laid out (saved
+  activations, listed by kiln_aotgrad) are checked for their storage offset only (Note [Saved
+  values the forward laid out, checked by offset] in wrapper.py); off: in full, as before.
 * ``hoist_reductions``: in a kernel whose members all walk the rows, each member runs in the
   earliest r-phase its inputs allow, so a reduction of the inputs joins the first pass (Note
   [Reductions in the earliest phase] in kernel.py: _safe_softmax's ``any`` and ``where``). Off
@@ -186,6 +189,7 @@ class CppOptions:
     symbolic_scratch: bool = True
     cse_indirect: bool = True
     buffers_as_viewed: bool = True
+    laid_out_inputs: bool = True
     hoist_reductions: bool = False
     shifted_welford: bool = True
     shifted_welford_float: bool = False

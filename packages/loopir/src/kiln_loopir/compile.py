@@ -272,6 +272,7 @@ def _generate(
         pool_values_max=passes.options.pool_values_max,
         conv_grad_formats=passes.conv_grad_formats,
         nchw_conv_backwards=passes.nchw_conv_backwards,
+        native_convs=passes.native_convs,
         nhwc_weights=passes.nhwc_weights,
     )
     if symbolic:

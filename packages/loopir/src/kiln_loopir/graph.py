@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -245,6 +246,23 @@ def free_layout_outputs(gm: torch.fx.GraphModule) -> frozenset[int]:
     return frozenset(getattr(gm, "meta", {}).get(FREE_LAYOUT_OUTPUTS, ()))
 
 
+# Note [Backward inputs laid out by their forward]: the other half of the contract above. A
+# backward graph's input that the caller lists under this key of the graph's ``meta`` is a saved
+# value the compiled forward returned in exactly the shape, strides and dtype the backward is
+# compiled for (kiln_aotgrad: Note [Backward inputs the forward laid out]), so a wrapper need
+# check only its storage offset, which nothing else fixes. ``KILN_LAID_OUT_INPUTS=0`` (read when a
+# wrapper is generated, as when aotgrad compiles) makes the list empty: every input checked in full.
+LAID_OUT_INPUTS = "laid_out_inputs"
+
+
+def laid_out_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions of ``gm``'s inputs laid out by the compiled forward (Note [Backward inputs laid
+    out by their forward]); empty under ``KILN_LAID_OUT_INPUTS=0``."""
+    if os.environ.get("KILN_LAID_OUT_INPUTS", "1") == "0":
+        return frozenset()
+    return frozenset(getattr(gm, "meta", {}).get(LAID_OUT_INPUTS, ()))
+
+
 class GraphLowering:
     """Lowers one FX graph; see the module docstring."""
 
@@ -261,6 +279,7 @@ class GraphLowering:
         pool_values_max: bool = True,
         conv_grad_formats: dict[torch.fx.Node, torch.memory_format] | None = None,
         nchw_conv_backwards: set[torch.fx.Node] | None = None,
+        native_convs: set[torch.fx.Node] | None = None,
         nhwc_weights: bool | None = None,
     ) -> None:
         self.gm = gm
@@ -303,6 +322,7 @@ class GraphLowering:
         self.conv_grad_formats = conv_grad_formats or {}
         # Note [Depthwise convolution backwards on small maps] (passes/channels_last.py)
         self.nchw_conv_backwards = nchw_conv_backwards or set()
+        self.native_convs = native_convs or set()  # Note [Small convolutions outside oneDNN]
         # aten ops (or single fx nodes) an option sends to eager's kernels (PassContext.extern_ops)
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0

@@ -97,6 +97,13 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     # chose that layout for this convolution; otherwise this is the plain extern call
     graph = current_graph()
     node, meta = graph.current_node, graph.current_meta
+    if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
+        stride, padding = rest[0], rest[1]
+        kernel = [int(k) for k in weight.get_size()[2:]]
+        x = _as_contiguous(x) if isinstance(x, TensorBox) else x
+        return fallback(
+            aten._slow_conv2d_forward.default, (x, weight, kernel, bias, stride, padding), {}, meta
+        )
     if node in graph.channels_last and isinstance(x, TensorBox) and len(x.get_size()) == 4:
         x = _as_channels_last(x)
         transposed = rest[3] if len(rest) > 3 else False
@@ -119,6 +126,14 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
     # the input where it is not, the smaller of the two) when the graph chose NHWC for this node.
     graph = current_graph()
     node, meta = graph.current_node, graph.current_meta
+    if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
+        # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+        stride, padding, mask = rest[1], rest[2], rest[7]
+        kernel = [int(k) for k in weight.get_size()[2:]]
+        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+        return fallback(
+            aten._slow_conv2d_backward.output_mask, (grad, x, weight, kernel, stride, padding, mask), {}, meta
+        )
     if node in graph.nchw_conv_backwards:  # Note [Depthwise convolution backwards on small maps]
         grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
     elif node in graph.channels_last:

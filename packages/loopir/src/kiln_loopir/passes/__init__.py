@@ -153,6 +153,10 @@ class PassOptions:
     ``outer_product``: on the CPU, a ``bmm``/``mm`` whose reduction length is one (an outer
     product) becomes a broadcast ``mul`` that fuses with its neighbours (Note [Outer products are
     multiplications] in passes/outer_product.py); ``False``: the GEMM as an extern call.
+    ``native_small_conv``: in a CPU training graph, a small float32 convolution (and its backward)
+    runs PyTorch's native im2col kernel instead of oneDNN (Note [Small convolutions outside
+    oneDNN] in passes/native_conv.py); ``False``: oneDNN for every convolution. A decision handed
+    to lowering.
     """
 
     layout: bool = True
@@ -189,6 +193,7 @@ class PassOptions:
     inplace_reuse: bool = True
     nhwc_weights: bool = True
     outer_product: bool = True
+    native_small_conv: bool = True
 
     @staticmethod
     def from_mapping(options: Mapping[str, Any] | PassOptions | None) -> PassOptions:
@@ -228,6 +233,7 @@ class PassOptions:
             made.inplace_reuse,
             made.nhwc_weights,
             made.outer_product,
+            made.native_small_conv,
         )
         if not all(isinstance(v, bool) for v in switches):
             raise ValueError(
@@ -235,7 +241,7 @@ class PassOptions:
                 " conv_prepack, linear_pack, onednn_bf16, linear_pack_bf16, view_scatter, index_select,"
                 " pool_values_max, shape_only_readers, outputs_read_back, cse, far_output_fusion, tiny_fusion, late_placement,"
                 " var_mean, conv_grad_format, depthwise_backward_nchw, inplace_reuse,"
-                " nhwc_weights and outer_product"
+                " nhwc_weights, outer_product and native_small_conv"
                 " are True or False"
             )
         if made.cpu_layout_training not in (True, False, "force"):
@@ -305,6 +311,9 @@ class PassContext:
     nchw_conv_backwards: set[torch.fx.Node] = field(default_factory=set)
     # Note [Convolution weights in NHWC]: the channels-last convolutions take their weights NHWC
     nhwc_weights: bool = False
+    # Note [Small convolutions outside oneDNN]: convolution and convolution_backward nodes that
+    # run PyTorch's native kernel
+    native_convs: set[torch.fx.Node] = field(default_factory=set)
     # aten ops whose lowering an option turns off: they run as extern calls
     extern_ops: set[Any] = field(default_factory=set)
     # what each pass did, one line per decision (also logged): for tests and reports
@@ -346,6 +355,7 @@ def _passes() -> tuple[GraphPass, ...]:
     from .conv_fusion import conv_fusion_pass
     from .cse import cse_pass
     from .linear_pack import linear_pack_pass
+    from .native_conv import native_conv_pass
     from .outer_product import outer_product_pass
     from .pad_mm import pad_mm_pass
     from .patch_conv import patch_conv_pass
@@ -361,6 +371,7 @@ def _passes() -> tuple[GraphPass, ...]:
         GraphPass("cse", cse_pass, lambda o: o.cse),
         GraphPass("var_mean", var_mean_pass, lambda o: o.var_mean),
         GraphPass("layout", layout_pass, lambda o: o.layout),
+        GraphPass("native_small_conv", native_conv_pass, lambda o: o.native_small_conv),
         GraphPass("conv_fusion", conv_fusion_pass, lambda o: o.conv_fusion),
         GraphPass("linear_pack", linear_pack_pass, lambda o: o.linear_pack),
     )

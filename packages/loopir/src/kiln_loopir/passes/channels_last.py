@@ -309,7 +309,9 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
         return LayoutDecision(False, "oneDNN unavailable or disabled")
     if not ctx.inference:
-        return _cpu_training_policy(gm, forced=ctx.options.cpu_layout_training == "force")
+        return _cpu_training_policy(
+            gm, forced=ctx.options.cpu_layout_training == "force", native=ctx.options.native_small_conv
+        )
     convs = conv2d_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
@@ -340,6 +342,18 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
     return LayoutDecision(True, f"{len(convs)} convs, inputs {activations}{at} >= weights {weights} elements")
 
 
+# Note [Small convolutions keep eager's layouts in CPU training]: where every convolution of a
+# training graph is small enough for PyTorch's native kernel (Note [Small convolutions outside
+# oneDNN] in passes/native_conv.py), or depthwise (which that kernel does not take) with at least
+# three in four small, the graph keeps eager's layouts whatever the element count says: the
+# native kernel computes NCHW (its backward refuses a channels-last input), and those
+# convolutions' cost is oneDNN's per-call setup, not their layout. Measured at one thread
+# (train1.py --clock cpu, 40-60 interleaved steps, the count's NHWC against eager's layouts with
+# the native kernel): LeViT (four 3x3 stem convolutions at 32 px) 1.36x -> 1.52x over eager,
+# MobileViT (28 small of 35, the others depthwise) 1.30x -> 1.36x, Swin's one patch embedding
+# even; FocalNet (4 small, 4 depthwise 3x3 on 8-16 px maps, whose NHWC kernels are the faster)
+# 1.5-5% slower in two runs, hence the three in four. ``native_small_conv=False`` turns this off
+# with the native kernel.
 # Note [Channels-last in CPU training]: a training graph on the CPU runs NHWC when its
 # convolutions' inputs hold at least as many elements as their weights, counted over the graph's
 # convolutions (the forward's, or the backward's ``convolution_backward`` nodes, whose input and
@@ -366,7 +380,9 @@ def cpu_policy(gm: torch.fx.GraphModule, ctx: PassContext) -> LayoutDecision:
 # [Outputs only the backward reads]), activations of either layout. ``cpu_layout_training=False``
 # keeps every CPU training graph in eager's layouts; ``"force"`` takes every static one NHWC (to
 # measure the rule's other side).
-def _cpu_training_policy(gm: torch.fx.GraphModule, forced: bool = False) -> LayoutDecision:
+def _cpu_training_policy(
+    gm: torch.fx.GraphModule, forced: bool = False, native: bool = False
+) -> LayoutDecision:
     """The CPU rule for a training forward or backward graph (Note [Channels-last in CPU training])."""
     convs = conv2d_nodes(gm) + conv_backward_nodes(gm)
     if not convs:
@@ -375,6 +391,17 @@ def _cpu_training_policy(gm: torch.fx.GraphModule, forced: bool = False) -> Layo
         return LayoutDecision(False, "training graph with symbolic convolution sizes")
     if forced:
         return LayoutDecision(True, f"training graph, {len(convs)} convs (cpu_layout_training='force')")
+    if native:  # Note [Small convolutions keep eager's layouts in CPU training]
+        from .native_conv import small_enough
+
+        small = [n for n in convs if small_enough(n)]
+        others_depthwise = all(n in small or conv_class(n) == "depthwise" for n in convs)
+        if small and others_depthwise and 4 * len(small) >= 3 * len(convs):
+            return LayoutDecision(
+                False,
+                f"training graph: {len(small)} of {len(convs)} convs small enough for the native kernel"
+                + (", the others depthwise" if len(small) < len(convs) else ""),
+            )
     inputs = sum(_numel(_conv_input(n)) for n in convs)
     weights = sum(_numel(_conv_weight(n)) for n in convs)
     if inputs < weights:
