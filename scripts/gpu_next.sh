@@ -10,7 +10,8 @@
 #   (packages/bench/results/2026-12-08-h100-s32-*; 1616 of 1800 s). Found: deepseek_v3's bf16 'mismatch' is eager's (cuDNN
 #   attention on a v at an 8-byte offset returns wrong values; kiln aligns it and agrees with float32); GPT-2's
 #   logits copy to eager's strides costs 0.28 ms of GPU time where torch.compile returns the padded view. Changed after:
-#   breadth_speed.py checks a mismatch against eager in float32 (call32d). Next, in this order: call32d, call32g, call31a (its
+#   breadth_speed.py checks a mismatch against eager in float32 (call32d). Next, in this order: call32d, call32g, call32c (helper cpu32: small
+#   convolutions on the native kernel at 16 threads), call31a (its
 #   runner_overhead rows only), call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
 #   call27m, call26p, call27l.
 # Thirty-first session: no device time (237 s left of the session's budget at its start; a machine needs 315 s).
@@ -310,6 +311,18 @@ for step in "$@"; do
         --only deepseek_v3,funnel,vit_mae,vae --calls 2 --rounds 3 --backends eager,kiln,inductor \
         --json "$out/breadth-arbiter.json" > "$out/breadth-arbiter.log" 2>&1
       grep -v -i warn "$out/breadth-arbiter.log" | tail -12 | cut -c1-230 ;;
+    call32c)  # thirty-second session (issue 20, helper cpu32): loopir Note [Small convolutions outside oneDNN] (float32 CPU
+      # training convolutions of <= 2^20 multiply-adds on PyTorch's native im2col kernel, option native_small_conv) and
+      # codegen_cpp's laid_out_inputs, measured at one thread on the 2-core box (PVT v2 5.34 -> 4.16 ms a step, torch.compile
+      # 5.36; breadth ResNet 3.69 -> 2.05). The native kernel parallelizes over the batch only: does it hold at 16 threads?
+      # kiln_ab is kiln with native_small_conv=false. Expected: kiln <= kiln_ab at 1 thread; at 16 threads, if kiln_ab wins,
+      # the pass needs a thread-aware threshold
+      for t in 1 16; do
+        timeout 270 python3 packages/codegen_cpp/bench/train1.py --models breadth.pvt_v2,breadth.resnet,breadth.levit \
+          --backends eager,kiln,kiln_ab,inductor --ab-options native_small_conv=false --threads $t --repeats 20 \
+          --out "$out/native-conv-$t.json" > "$out/native-conv-$t.log" 2>&1
+        grep -v -i -E "warn|usdt" "$out/native-conv-$t.log" | tail -8 | cut -c1-200
+      done ;;
     call32g)  # thirty-second session (issue 14): GPT-2's default-mode host time a call is about its GPU time under kiln and
       # torch.compile alike (1.86 / 1.46 ms for 1.78 / 1.51 ms of kernels, s32 call2) while at tiny size kiln's host time is
       # below torch.compile's (0.82 / 1.14 ms): does the call wait on the GPU? Synchronizing CUDA calls of a warm call and
