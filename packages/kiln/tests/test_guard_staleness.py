@@ -2498,6 +2498,172 @@ def param_replaced_other_shape():
 _case32("parameter replaced by another dtype, a plain tensor, no bias", param_replaced_other_shape, True)
 
 
+def grad_attribute_read():
+    w = torch.randn(4, requires_grad=True)
+
+    def f(x):
+        if w.grad is None:
+            return x * w
+        return x * w.grad
+
+    def backward():
+        (w * 3).sum().backward()
+
+    def zero():
+        w.grad = None
+
+    return f, [backward, lambda: w.grad.mul_(2), zero]
+
+
+_case32("a parameter's .grad read", grad_attribute_read)
+
+
+def getattr_default_registered():
+    class Opt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            extra = getattr(self, "extra", None)
+            y = self.lin(x)
+            return y if extra is None else y + extra
+
+    m = Opt()
+
+    def add_param():
+        m.register_parameter("extra", nn.Parameter(torch.ones(4)))
+
+    def add_buffer():
+        del m.extra
+        m.register_buffer("extra", torch.full((4,), 2.0))
+
+    return m, [add_param, add_buffer, lambda: delattr(m, "extra")]
+
+
+_case32("getattr(self, name, None) registered later", getattr_default_registered)
+
+
+def global_int_as_shape():
+    st = {"g": 2}
+
+    def f(x):
+        return x.reshape(st["g"], -1).sum(0)
+
+    return f, [lambda: st.__setitem__("g", 4), lambda: st.__setitem__("g", 1)]
+
+
+_case32("an int read as a shape", global_int_as_shape)
+
+
+def bound_method_held():
+    class Scaler:
+        def __init__(self):
+            self.k = 2.0
+
+        def apply(self, x):
+            return x * self.k
+
+    s = Scaler()
+    ns = {"fn": s.apply}
+
+    def f(x):
+        return ns["fn"](x) + 1
+
+    def other():
+        s2 = Scaler()
+        s2.k = -1.0
+        ns["fn"] = s2.apply
+
+    return f, [lambda: setattr(s, "k", 5.0), other]
+
+
+_case32("a bound method held in a dict", bound_method_held)
+
+
+def training_property_module():
+    class P(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        @property
+        def scale(self):
+            return 1.0 if self.training else 0.5
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    m = P()
+    return m, [lambda: m.eval(), lambda: m.train(), lambda: m.lin.eval()]
+
+
+_case32("@property over self.training", training_property_module)
+
+
+def call_overridden():
+    class C(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = C()
+
+        def forward(self, x):
+            return self.c(x) * 2
+
+    m = Outer()
+
+    def patch_forward():
+        C.forward = lambda self, x: x - 1
+
+    return m, [patch_forward]
+
+
+_case32("a submodule class's forward patched", call_overridden)
+
+
+def version_read():
+    t = torch.ones(4)
+
+    def f(x):
+        return x + t, t._version
+
+    return f, [lambda: t.add_(1), lambda: t.mul_(2)]
+
+
+_case32("a tensor's _version read", version_read)
+
+
+def dropout_p_changed():
+    m = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0))
+    return m, [lambda: setattr(m[1], "p", 1.0), lambda: setattr(m[1], "inplace", True), lambda: m.eval()]
+
+
+_case32("dropout p changed", dropout_p_changed)
+
+
+def lazy_module_materialized():
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+
+    def add_norm():
+        m.append(nn.LayerNorm(4))
+
+    def norm_eps():
+        m[2].eps = 10.0
+
+    def norm_affine():
+        with torch.no_grad():
+            m[2].weight.fill_(3.0)
+
+    return m, [add_norm, norm_eps, norm_affine]
+
+
+_case32("a LayerNorm appended then changed", lazy_module_materialized)
+
+
 DEFAULT_ARGS = {
     "conv input layout": lambda: (torch.randn(2, 3, 8, 8),),
     "scalar input types": lambda: (torch.randn(4), 1),
