@@ -499,3 +499,23 @@ def test_a_write_into_an_unfold_of_a_symbolic_size_is_refused() -> None:
     with pytest.raises(kiln_aotgrad.AotgradError, match="share memory"):
         compiled(torch.randn(10, 3))
     assert rec.graphs == []
+
+
+def test_a_symbolic_graph_called_under_inference_mode_serves_every_size() -> None:
+    """Note [A symbolic graph called in another grad mode]: the runner calls a graph traced whole
+    in an inference_mode block with grad off; the one-size compile that call made served every
+    size after it, a compile per size instead of the symbolic graph."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return x.mean(0) + x[-1]
+
+    rec = Recorder()
+    compiled = kiln_dynamo.compile(f, backend=dynamic_backend(rec))
+    for b in (4, 6, 5, 7, 3, 9):
+        x = torch.randn(b, 3)
+        got, want = compiled(x), f(x)
+        torch.testing.assert_close(got, want)
+        assert got.is_inference()
+    # the static graph of the first size and the symbolic one: no compile per size after them
+    assert len(rec.graphs) == 2 and _symbolic(rec.graphs[1])

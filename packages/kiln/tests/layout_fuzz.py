@@ -625,8 +625,29 @@ def _meta_strides(p: Program, bad: list[str], got) -> list[str]:
     return out
 
 
+# Note [Programs eager crashes on]: torch 2.13's CPU GroupNorm backward dies of a segmentation
+# fault when its input is channels-last and does not require grad (only the affine parameters
+# do): `nn.GroupNorm(1, 2)(x_cl).backward(g)` in plain eager, no kiln involved (seed 740 of this
+# fuzzer took its whole run down). Such a program is skipped before eager runs it.
+def eager_crashes(p: Program) -> str | None:
+    """Why eager would crash the process on ``p`` (Note [Programs eager crashes on]), or None."""
+    if p.mode != "train":
+        return None
+    norms = {m.group(1) for m in re.finditer(r"self\.(m\d+) = nn\.GroupNorm\(", "\n".join(p.init))}
+    plain_cl = {n for n, _, fmt, grad in p.inputs if fmt == "cl" and not grad}
+    for line in p.lines:
+        call = re.search(r"= self\.(m\d+)\((\w+)\)$", line)
+        if call and call.group(1) in norms and call.group(2) in plain_cl:
+            return (
+                f"GroupNorm backward of {call.group(2)} (channels-last, no grad): torch's CPU kernel crashes"
+            )
+    return None
+
+
 def check(p: Program, extra: dict | None = None, gpu_form: bool = False) -> str | None:
     """None when the compiled program matches eager; else what differs (or the error)."""
+    if (crash := eager_crashes(p)) is not None:
+        return f"skip: {crash}"
     m, args = instantiate(p)
     ce = copy.deepcopy(m)
     cargs = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
@@ -816,7 +837,7 @@ def run_seeds(
 
         logging.getLogger("kiln.loopir.passes").addHandler(Tally())
         logging.getLogger("kiln.loopir.passes").setLevel(logging.DEBUG)
-    counts = {"pass": 0, "mismatch": 0, "strides": 0, "meta strides": 0, "error": 0}
+    counts = {"pass": 0, "mismatch": 0, "strides": 0, "meta strides": 0, "error": 0, "skip": 0}
     for seed in range(lo, hi):
         p = generate_one(seed)
         if a.show:
@@ -825,7 +846,10 @@ def run_seeds(
             msg = check_one(p, extra)
         except Exception:
             msg = "harness: " + traceback.format_exc()
-        if msg:
+        if msg and msg.startswith("skip:"):  # Note [Programs eager crashes on]
+            counts["skip"] += 1
+            print(f"seed {seed} {msg}", flush=True)
+        elif msg:
             kind = "error" if msg.startswith(("error", "harness")) else "mismatch"
             lines = msg.splitlines()
             if kind == "mismatch" and all("strides" in m for m in lines):
@@ -840,7 +864,7 @@ def run_seeds(
     for text, n in sorted(tally.items(), key=lambda kv: -kv[1]):
         print(f"{n:6d}  {text}")
     print(f"{counts} of {hi - lo}")
-    return 1 if counts["pass"] < hi - lo else 0
+    return 1 if counts["pass"] + counts["skip"] < hi - lo else 0
 
 
 def main(argv: list[str] | None = None) -> int:

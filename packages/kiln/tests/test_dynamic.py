@@ -1414,3 +1414,23 @@ def test_an_extern_view_of_a_channels_last_value_reads_eager_storage() -> None:
             x = torch.randn(2, 3, s, s)
             torch.testing.assert_close(compiled(x, w), _unfold_patches(x, w))
     assert len(kiln.compile_log()) == 1 and not [r for r in kiln.compile_log() if r.fell_back]
+
+
+def _doubled_in_inference_mode(x: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        return x * 2 + 1
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_a_graph_run_under_inference_mode_serves_every_size(cpu_backend: str) -> None:
+    """Note [A symbolic graph called in another grad mode] (kiln_aotgrad api.py): the runner calls
+    a graph traced whole in an inference_mode block with grad off, and the one-size compile that
+    call made served every later size: an input of 5, 7 and 3 rows answered 6."""
+    compiled = kiln.compile(_doubled_in_inference_mode, options={"cpu_backend": cpu_backend})
+    for b in (4, 6, 5, 7, 3):
+        x = torch.randn(b, 4)
+        got = compiled(x)
+        torch.testing.assert_close(got, _doubled_in_inference_mode(x))
+        assert got.is_inference()
+    log = kiln.compile_log()
+    assert [r.symbolic for r in log] == [False, True], log

@@ -285,6 +285,20 @@ def _viewed_offsets(art: CompiledArtifacts, args: Sequence[torch.Tensor]) -> lis
     return [(i, int(args[i].storage_offset())) for i in viewed]
 
 
+# Note [A symbolic graph called in another grad mode]: the artifacts `compile_symbolic` made
+# serve every call the frame's guards let through, but only in the grad mode they were traced in
+# (Note [Guarded callers]); a call in another mode took the signature path, and that path made its
+# first compile the unchecked fast path (`_only`). A frame's runner may call its graph in another
+# grad mode than the frame's: kiln_dynamo runs a graph traced whole inside a
+# `torch.inference_mode()` block under the mode (`call_in_mode`), grad off, in a frame entered
+# with grad on. So `with torch.inference_mode(): return x * 2` under automatic dynamic compiled a
+# symbolic graph at the second size, was called with grad off, compiled that one size by its
+# signature, and from then on ran the one-size artifacts for every size the symbolic guards
+# passed (an input of 7 rows answered 6). Two rules: a signature compile of a symbolic frame never
+# becomes the fast path (the signature lookup checks its sizes at each call), and an inference
+# graph none of whose inputs requires grad serves both grad modes (no autograd history either
+# way; compile_flat compiles it with grad off in both), so the symbolic artifacts serve the
+# inference-mode calls without a compile per size.
 def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
     key: list[Any] = [torch.is_grad_enabled()]
     for x in leaves:
@@ -375,10 +389,12 @@ class AotFunction:
         self.opts = opts
         self.module = module
         self.compiled: dict[tuple[Any, ...], CompiledArtifacts] = {}
-        # Note [Guarded callers]: (artifacts, grad mode, [(input index, storage offset)])
+        # Note [Guarded callers]: (artifacts, grad mode (None: either), [(input index, storage
+        # offset)]) ...
         self.guarded = guarded
         # ... and whether the graph writes an input (Note [Mutated inputs that share memory])
-        self._only: tuple[CompiledArtifacts, bool, list[tuple[int, int]], bool] | None = None
+        self._only: tuple[CompiledArtifacts, bool | None, list[tuple[int, int]], bool] | None = None
+        self._symbolic = False  # compiled by `compile_symbolic` (Note [Symbolic signatures])
         self._warned_shared = False
         # Note [The call fast path]: a module with nothing but its own forward code.
         self._stateless = module is None or (
@@ -409,7 +425,11 @@ class AotFunction:
             art = compile_flat(flat_fn, list(fakes), self.opts)
         # an output viewing an input rebuilds its layout from the inputs at each call, offset
         # included (Note [Symbolic views among the outputs]): no storage offset to check
-        self._only = (art, torch.is_grad_enabled(), [], bool(art.traced.meta.mutated_inputs))
+        grad: bool | None = torch.is_grad_enabled()
+        if art.partition is None and not any(getattr(f, "requires_grad", False) for f in fakes):
+            grad = None  # Note [A symbolic graph called in another grad mode]
+        self._symbolic = True
+        self._only = (art, grad, [], bool(art.traced.meta.mutated_inputs))
         return art
 
     def _state(self) -> tuple[list[str], list[torch.Tensor]]:
@@ -429,7 +449,7 @@ class AotFunction:
         only = self._only
         if (
             only is not None
-            and torch.is_grad_enabled() is only[1]
+            and (only[1] is None or torch.is_grad_enabled() is only[1])
             and not kwargs
             and (not only[2] or all(args[i].storage_offset() == off for i, off in only[2]))
         ):
@@ -443,7 +463,9 @@ class AotFunction:
                 leaves, spec = tree_flatten((args, kwargs))
                 art = self._compile(leaves, spec, list(range(len(args))), [], list(args))
                 self.compiled[key] = art
-                if self.guarded and len(self.compiled) == 1:
+                # Note [A symbolic graph called in another grad mode]: never the artifacts of
+                # one size where the frame's guards let every size through
+                if self.guarded and len(self.compiled) == 1 and not self._symbolic:
                     mutates = bool(art.traced.meta.mutated_inputs)
                     self._only = (art, torch.is_grad_enabled(), _viewed_offsets(art, args), mutates)
             return self._run(art, args, args, kwargs)
