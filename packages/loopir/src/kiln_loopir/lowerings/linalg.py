@@ -91,6 +91,17 @@ def _with_strides(x: TensorBox, strides_of: Callable[[list[Any]], Sequence[Any]]
     return copy_with_strides(x, wanted)
 
 
+def _pair(value: Any) -> Any:
+    """A 2-D convolution's stride or padding as the two numbers the native kernels take:
+    ``aten.convolution`` also accepts one number for both dims (``padding="valid"`` reaches it as
+    ``[0]``), ``_slow_conv2d_*`` refuses it ("2D padding expected")."""
+    if isinstance(value, int):
+        return [value, value]
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        return [value[0], value[0]]
+    return value
+
+
 @register_lowering(aten.convolution.default)
 def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     # Note [Channels-last for convolutions] (graph.py): the input goes in NHWC when the graph
@@ -98,7 +109,7 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     graph = current_graph()
     node, meta = graph.current_node, graph.current_meta
     if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
-        stride, padding = rest[0], rest[1]
+        stride, padding = _pair(rest[0]), _pair(rest[1])
         kernel = [int(k) for k in weight.get_size()[2:]]
         x = _as_contiguous(x) if isinstance(x, TensorBox) else x
         return fallback(
@@ -128,7 +139,7 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
     node, meta = graph.current_node, graph.current_meta
     if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
         # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
-        stride, padding, mask = rest[1], rest[2], rest[7]
+        stride, padding, mask = _pair(rest[1]), _pair(rest[2]), rest[7]
         kernel = [int(k) for k in weight.get_size()[2:]]
         grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
         return fallback(
