@@ -135,7 +135,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln_loopir.graph import GraphLowering
+from kiln_loopir.graph import GraphLowering, laid_out_inputs
 from kiln_loopir.interpret import members_runner
 from kiln_loopir.ir import (
     Buffer,
@@ -180,8 +180,8 @@ from .templates import MatmulChoice
 # graph's inputs behind the frame guard (Note [Inputs the frame guard checks]); the incoming
 # gradients and the forward's inputs among the saved values are checked in full.
 # ``KILN_LAID_OUT_INPUTS=0``, read when aotgrad compiles and when a wrapper is generated, checks
-# them in full too.
-LAID_OUT_INPUTS = "laid_out_inputs"
+# them in full too. The list is read by kiln_loopir's ``laid_out_inputs``, as the C++ wrapper reads
+# it (Note [Backward inputs laid out by their forward] in kiln_loopir's graph.py).
 
 
 class WrapperCodegen(WrapperSteps):
@@ -425,9 +425,7 @@ class WrapperCodegen(WrapperSteps):
             for line in symbol_bindings(graph.sizevars, params):
                 self.emit(line)
         derived_at = len(self.lines)
-        laid_out = frozenset(graph.gm.meta.get(LAID_OUT_INPUTS, ()))  # Note [Inputs the forward laid out]
-        if os.environ.get("KILN_LAID_OUT_INPUTS", "1") == "0":
-            laid_out = frozenset()
+        laid_out = laid_out_inputs(graph.gm)  # Note [Inputs the forward laid out]
         for position, spec in enumerate(graph.graph_inputs):
             if spec is None:
                 continue
