@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import Recorder, replace_with
+from conftest import Recorder, replace_with, this_thread
 
 import kiln_frame_hook as hook
 
@@ -66,7 +66,7 @@ def test_guard_pass_miss_and_most_recently_hit_first() -> None:
         rec.seen.append(frame)
         return next(answers)
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         assert scale(2, 3) == ("a", 6)
         assert scale("x", 2) == ("b", "xx")
         assert scale([1], 2) == ("c", [1, 1])
@@ -99,7 +99,7 @@ def test_an_entry_serves_only_frames_of_its_globals() -> None:
         seen.append(frame.globals["__name__"])
         return next(answers)
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         assert first(2, 3) == ("a", 6)
         assert second(2, 3) == ("b", 6)  # a miss: the entry was made under first's globals
         assert first(1, 1) == ("a", 1)
@@ -120,7 +120,7 @@ def test_guards_are_tried_in_order_and_stop_at_the_first_pass() -> None:
     answers = iter(
         [replace_with(version_a, make_guard("a", True)), replace_with(version_b, make_guard("b", True))]
     )
-    with hook.callback(lambda frame: next(answers)):
+    with hook.callback(this_thread(lambda frame: next(answers))):
         scale(1, 1)
         hook.clear_cache(scale.__code__)
         scale(1, 1)
@@ -129,7 +129,7 @@ def test_guards_are_tried_in_order_and_stop_at_the_first_pass() -> None:
         [replace_with(version_a, make_guard("a", False)), replace_with(version_b, make_guard("b", True))]
     )
     hook.clear_cache(scale.__code__)
-    with hook.callback(lambda frame: next(answers)):
+    with hook.callback(this_thread(lambda frame: next(answers))):
         scale(1, 1)  # adds a
         scale(1, 1)  # a fails, adds b in front
         tried.clear()
@@ -149,7 +149,7 @@ def test_cache_limit_tells_the_callback_and_evicts_the_least_recently_used() -> 
         want = len(seen_limit)
         return replace_with(next(versions), lambda x, factor: x == want)
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         assert scale(1, 1) == ("a", 1)
         assert scale(2, 1) == ("b", 2)
         assert scale(1, 1) == ("a", 1)  # hit: a is most recent, b least
@@ -172,7 +172,7 @@ def test_cache_limit_callback_may_stop_compiling() -> None:
             return hook.RUN_ONLY
         return replace_with(version_a, is_int)
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         assert scale(1, 2) == ("a", 2)
         assert scale("s", 2) == "ss"
         assert scale("t", 2) == "tt"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
-from conftest import Recorder, replace_with
+from conftest import Recorder, replace_with, this_thread
 
 import kiln_frame_hook as hook
 
@@ -24,7 +25,7 @@ def calls_add(x):
 
 def test_no_callback_means_no_hook() -> None:
     assert not hook.is_installed()
-    with hook.callback(lambda frame: None):
+    with hook.callback(this_thread(lambda frame: None)):
         assert hook.is_installed()
     assert not hook.is_installed()
 
@@ -112,7 +113,7 @@ def test_frames_started_inside_the_callback_are_not_intercepted() -> None:
         seen.append(frame.code.co_name)
         add(0, 0)  # would recurse forever if intercepted
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         calls_add(1)
     assert seen == ["calls_add", "add"]
 
@@ -142,7 +143,7 @@ def test_callbacks_nest_and_restore() -> None:
 
 
 def test_thread_callback_overrides_the_interpreter_wide_one_on_its_thread_only() -> None:
-    everywhere, mine = Recorder(), Recorder()
+    everywhere, mine = Recorder(any_thread=True), Recorder()
     other_thread_saw: list[str] = []
 
     def in_other_thread() -> None:
@@ -167,3 +168,35 @@ def test_callback_must_be_callable() -> None:
     else:
         raise AssertionError("expected TypeError")
     assert not hook.is_installed()
+
+
+def test_an_interpreter_wide_callback_sees_a_busy_thread_the_recorder_filters_it() -> None:
+    """Why the tests' helpers filter by thread: another thread running Python while the test's
+    interpreter-wide callback is set (pytest-xdist's I/O thread) goes through the callback too."""
+    stop = threading.Event()
+    started = threading.Event()
+
+    def busy() -> None:
+        started.set()
+        while not stop.is_set():
+            add(2, 2)
+
+    everywhere, mine = Recorder(any_thread=True), Recorder()
+
+    def both(frame: hook.Frame) -> None:
+        everywhere(frame)
+        mine(frame)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    started.wait()
+    try:
+        with hook.callback(both):
+            for _ in range(200):
+                add(1, 1)
+                time.sleep(0.0005)
+    finally:
+        stop.set()
+        t.join()
+    assert len(mine.seen) == 200 and all(f.locals["a"] == 1 for f in mine.seen)
+    assert any(f.locals.get("a") == 2 for f in everywhere.seen)

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Any
 
 import pytest
-from conftest import replace_with
+from conftest import replace_with, this_thread
 
 import kiln_frame_hook as hook
 from kiln_frame_hook import GuardOp as O
@@ -323,7 +323,7 @@ def test_the_hook_runs_a_tree_as_the_guard() -> None:
         seen.append(frame.locals["x"])
         return only_ints(frame)
 
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         assert cached_double(2) == ("t", 4)
         assert cached_double(3) == ("t", 6)  # hit: the tree passed
         assert cached_double("s") == "ss"  # the tree failed: the callback ran it as is
@@ -337,7 +337,9 @@ def test_no_reference_leaks_through_trees() -> None:
     payload = Plain()
     t = tree([op(O.TYPE_IS, src=0, obj=Plain), op(O.LOAD_ATTR, 1, 0, obj="x"), op(O.EQ, src=1, obj=5)])
     answer = replace_with(cached_double_t, t)
-    with hook.callback(lambda frame: answer if frame.locals.get("x") is payload and payload.x == 5 else None):
+    with hook.callback(
+        this_thread(lambda frame: answer if frame.locals.get("x") is payload and payload.x == 5 else None)
+    ):
         with contextlib.suppress(TypeError):
             cached_double(payload)  # new entry (Plain * 2 raises in the transformed code)
         before = (sys.getrefcount(payload), sys.getrefcount(payload.x), sys.getrefcount(t))
@@ -365,7 +367,7 @@ def test_dropping_functions_frees_10000_trees() -> None:
         return hook.GuardedCode(t, next(c for c in transformed.co_consts if hasattr(c, "co_code")))
 
     functions = []
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         for i in range(count):
             namespace: dict = {}
             exec(f"def f(x):\n    return x + {i}\n", namespace)
@@ -463,7 +465,7 @@ def test_memo_trees_with_tensor_rows_free_10000_entries_and_see_new_objects() ->
         return hook.GuardedCode(t, holder_fn.__code__)
 
     functions, holders = [], []
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         for _ in range(count):
             namespace: dict = {}
             exec(compile("def f(x):\n    return x.table['a']\n", "<holder>", "exec"), namespace)

@@ -9,7 +9,7 @@ import threading
 import weakref
 
 import pytest
-from conftest import Recorder, always, replace_with
+from conftest import Recorder, always, replace_with, this_thread
 
 import kiln_frame_hook as hook
 
@@ -61,7 +61,7 @@ def test_exception_in_transformed_code_propagates_with_traceback() -> None:
 
 def test_bad_answers_are_clear_errors() -> None:
     with (
-        hook.callback(lambda frame: 42 if frame.code is double.__code__ else None),
+        hook.callback(this_thread(lambda frame: 42 if frame.code is double.__code__ else None)),
         pytest.raises(TypeError, match="returned 42"),
     ):
         double(1)
@@ -112,7 +112,7 @@ def test_no_reference_leaks_on_hits_misses_and_errors() -> None:
             with contextlib.suppress(ValueError):
                 ident(bomb)  # the guard raises: the frame is cleared on the error path too
         assert sys.getrefcount(bomb) == before
-    with hook.callback(lambda frame: None):
+    with hook.callback(this_thread(lambda frame: None)):
         before = sys.getrefcount(payload)
         for _ in range(1000):
             ident(payload)  # misses that run the original
@@ -156,7 +156,7 @@ def test_dropping_functions_frees_codes_guards_and_entries() -> None:
         return hook.GuardedCode(guard, code)
 
     functions = []
-    with hook.callback(cb):
+    with hook.callback(this_thread(cb)):
         for i in range(count):
             namespace: dict = {}
             exec(f"def f(x):\n    return x + {i}\n", namespace)
