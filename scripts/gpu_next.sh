@@ -5,6 +5,11 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirty-third session: no device time (184 s left of the session's budget at its start; a machine needs ~315 s).
+#   Landed without a GPU measurement: nothing that changes GPU code (the C++ generator's overlapped builds and
+#   precompiled headers are CPU-only; call27t measures the host's compile times). Next, unchanged: call32d, call32g,
+#   call32c, call31a (runner rows), call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
+#   call27m, call26p, call27l.
 # Thirty-second session: call31d, call31h, call30r, a reference probe (scripts/reference_probe.py), call_overhead.py on CUDA,
 #   a plan A/B, scripts/pad_probe.py, call2 and the launch micro-benchmark ran on an H100 at 96b916d
 #   (packages/bench/results/2026-12-08-h100-s32-*; 1616 of 1800 s). Found: deepseek_v3's bf16 'mismatch' is eager's (cuDNN

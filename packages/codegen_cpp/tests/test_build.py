@@ -85,7 +85,9 @@ def test_two_processes_compiling_at_once(tmp_path: Path) -> None:
     results = [_result(p) for p in procs]
     assert all(r["ok"] for r in results)
     assert sum(r["compiles"] + r["disk_hits"] for r in results) == 2
-    assert len(list(tmp_path.rglob("*.so"))) == 1 and not list(tmp_path.rglob("*.tmp"))
+    assert len(list(tmp_path.rglob("*.so"))) == 1 and not [
+        p for p in tmp_path.rglob("*.tmp") if "cpp-pch" not in p.parts
+    ]
     # a later process finds the object on disk: no compile, asserted by its counters
     third = _result(_child(tmp_path, "2.5"))
     assert third == {"compiles": 0, "disk_hits": 1, "memory_hits": 0, "corrupt": 0, "ok": True}
@@ -111,18 +113,77 @@ def _unique_graph(tag: float) -> Any:
     return trace(fn)
 
 
-def test_missing_compiler_gives_a_clean_error(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_missing_compiler_gives_a_clean_error(monkeypatch: pytest.MonkeyPatch, overlap: bool) -> None:
     monkeypatch.setenv("KILN_CXX", "/nonexistent/bin/g++")
+    backend = CppBackend({"overlap_builds": overlap})
     with pytest.raises(CppCompileError, match=r"'/nonexistent/bin/g\+\+' could not be run .*kernels\.cpp"):
-        compile_graph(_unique_graph(0.375), [make((8,))], backend=CppBackend())
+        # Note [Builds that overlap]: the build's error reaches the first call, or the compile
+        # when the builds do not overlap
+        compiled = compile_graph(_unique_graph(0.375 + overlap / 16), [make((8,))], backend=backend)
+        assert overlap, "without overlap the compile raises"
+        compiled(make((8,)))
 
 
-def test_failing_compiler_names_the_file_and_its_message(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("overlap", [True, False])
+def test_failing_compiler_names_the_file_and_its_message(
+    monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
     monkeypatch.setenv("KILN_CPP_FLAGS", "-O2 --no-such-flag-for-kiln")
+    backend = CppBackend({"overlap_builds": overlap})
     with pytest.raises(CppCompileError) as info:
-        compile_graph(_unique_graph(0.625), [make((8,))], backend=CppBackend())
+        compiled = compile_graph(_unique_graph(0.625 + overlap / 16), [make((8,))], backend=backend)
+        assert overlap, "without overlap the compile raises"
+        compiled(make((8,)))
     text = str(info.value)
     assert "kernels.cpp" in text and "no-such-flag-for-kiln" in text
+
+
+def _slow_compiler(tmp_path: Path, seconds: float) -> str:
+    """A ``g++`` that sleeps first, so a build is still running when the compile returns."""
+    script = tmp_path / "slow-g++"
+    script.write_text(f'#!/bin/sh\nsleep {seconds}\nexec g++ "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_a_graph_is_ready_to_call_before_its_build_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Note [Builds that overlap]: the wrapper is made while g++ runs; its first kernel call waits
+    for the library and binds it, and the results are the same as without overlap."""
+    monkeypatch.setenv("KILN_CXX", _slow_compiler(tmp_path, 0.5))
+    x = make((8,))
+    backend = CppBackend({"overlap_builds": True})
+    compiled = compile_graph(_unique_graph(1.375), [x], backend=backend)
+    pending = backend._last_build
+    assert pending is not None and pending.cache == "compiled" and not pending.done()
+    out = compiled(x)
+    assert pending.done() and pending.waited > 0
+    torch.testing.assert_close(out, torch.sin(x) * 1.375)
+    again = compiled(x)  # bound: no stand-in left
+    torch.testing.assert_close(again, out)
+    # the same kernels again while that build is the one in memory: no second compile
+    before = dict(counters)
+    compile_graph(_unique_graph(1.375), [x], backend=CppBackend({"overlap_builds": True}))
+    assert counters["compiles"] == before["compiles"]
+
+
+def test_two_builds_run_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two graphs compiled one after the other build side by side (a forward and its backward):
+    both are still compiling when the second compile returns, and both give eager's results."""
+    monkeypatch.setenv("KILN_CXX", _slow_compiler(tmp_path, 1.0))
+    x = make((8,))
+    first = CppBackend({"overlap_builds": True})
+    second = CppBackend({"overlap_builds": True})
+    a = compile_graph(_unique_graph(1.625), [x], backend=first)
+    b = compile_graph(_unique_graph(1.875), [x], backend=second)
+    assert first._last_build is not None and second._last_build is not None
+    assert not first._last_build.done() and not second._last_build.done()
+    torch.testing.assert_close(a(x), torch.sin(x) * 1.625)
+    torch.testing.assert_close(b(x), torch.sin(x) * 1.875)
+    # the second waited less than a whole build: it ran beside the first
+    assert second._last_build.waited < 0.9
 
 
 def test_output_code_is_logged(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

@@ -145,13 +145,13 @@ def test_cpp_options_reach_the_cpp_generator(monkeypatch: pytest.MonkeyPatch) ->
     from kiln_codegen_cpp import CppOptions
 
     seen: list[tuple[str, ...]] = []
-    real = cpp_backend.build
+    real = cpp_backend.start_build
 
-    def spy(source: str, extra_flags: tuple[str, ...] = ()) -> Any:
+    def spy(source: str, extra_flags: tuple[str, ...] = (), **kwargs: Any) -> Any:
         seen.append(extra_flags)
-        return real(source, extra_flags)
+        return real(source, extra_flags, **kwargs)
 
-    monkeypatch.setattr(cpp_backend, "build", spy)
+    monkeypatch.setattr(cpp_backend, "start_build", spy)
     model, x = _fresh()
     with torch.no_grad():
         expected = model(x)
@@ -454,6 +454,12 @@ def test_compile_log_has_phases(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (again,) = kiln.compile_log()
     assert again.cache == {"compile": "memory"}
     assert again.phases["compile"] < record.phases["compile"]
+    # reset(kernels=True): as a new process, the kernels come from the disk cache
+    kiln.reset(kernels=True)
+    with torch.no_grad():
+        kiln.compile(_fresh(batch=5)[0])(x)
+    (third,) = kiln.compile_log()
+    assert third.cache == {"compile": "disk"}
 
 
 def test_training_graph_sums_forward_and_backward_phases(
@@ -860,3 +866,31 @@ def test_attention_with_a_broadcast_mask_runs_a_fused_kernel_on_cuda(
             kiln.compile(model, options={"strict": True})(x, keep), model(x, keep), **tol
         )
     assert ("attention_mask: unmasked" in caplog.text) == (device == "cuda")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_failing_cpp_build_in_training_falls_back_with_eagers_gradients(
+    monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """Note [Builds that overlap] (kiln_codegen_cpp): a C++ build that fails reaches the graph's
+    first call (or, off, its compile); either way the step returns eager's values and gradients,
+    with one warning that carries the compiler's message."""
+    monkeypatch.setenv("KILN_CPP_FLAGS", "-O2 --no-such-flag-for-kiln")
+    model, x = _fresh()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options={"cpp_options": {"overlap_builds": overlap}})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(2):
+            for m in (model, reference):
+                m.zero_grad()
+            y = compiled(x * (step + 1))
+            expected = reference(x * (step + 1))
+            torch.testing.assert_close(y, expected)
+            y.square().mean().backward()
+            expected.square().mean().backward()
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad)
+    messages = [str(w.message) for w in caught if "kiln backend" in str(w.message)]
+    assert messages and all("no-such-flag-for-kiln" in m for m in messages), messages
+    assert "eagerly" in messages[0]

@@ -80,6 +80,8 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cpu", "materialized_saves", False),
     ("cpu", "recompute_sources", False),
     ("cpu", "tiny_fusion", False),
+    ("cpu", "cpp.overlap_builds", False),
+    ("cpu", "cpp.precompiled_headers", False),
 )
 
 
@@ -215,4 +217,6 @@ def reset(backend: str) -> None:
         import kiln
 
         if hasattr(kiln, "reset"):
-            kiln.reset()
+            # the kernels too: a variant whose switch changes no kernel of a model would
+            # otherwise reuse the kernels the previous variant loaded, and time no build
+            kiln.reset(kernels=True)

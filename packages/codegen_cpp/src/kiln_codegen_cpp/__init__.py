@@ -19,7 +19,7 @@ loopir, then this package turns the schedule into C++ and runs it:
 """
 
 from .backend import CppBackend
-from .build import CppCompileError, cache_dir, counters
+from .build import CppCompileError, build_wait_seconds, cache_dir, counters, forget_loaded, prepare_headers
 from .kernel import CodegenUnsupported
 from .options import CppOptions
 from .wrapper import KernelZeroDivisionError
@@ -32,6 +32,9 @@ __all__ = [
     "CppCompileError",
     "CppOptions",
     "KernelZeroDivisionError",
+    "build_wait_seconds",
     "cache_dir",
     "counters",
+    "forget_loaded",
+    "prepare_headers",
 ]

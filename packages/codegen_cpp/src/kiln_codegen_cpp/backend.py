@@ -36,7 +36,7 @@ from kiln_loopir.graph import GraphLowering
 from kiln_loopir.origins import kernel_name
 from kiln_loopir.scheduler import BaseSchedulerNode, RowColumnHook, RowColumnSchedulerNode, Scheduler
 
-from .build import Built, build, target_has_avx512
+from .build import Built, PendingBuild, start_build, target_has_avx512
 from .cpp_ops import UnsupportedDtype
 from .fusion import FusionPolicy
 from .kernel import CodegenUnsupported, Kernel, KernelBuilder
@@ -76,7 +76,7 @@ class CppBackend(Backend):
         self.last_declined: list[tuple[str, str]] = []
         self.last_source: str = ""
         self.last_wrapper: str = ""
-        self.last_built: Built | None = None
+        self._last_build: PendingBuild | None = None
         self.codegen_seconds = 0.0
         self.compile_seconds = 0.0
 
@@ -116,7 +116,10 @@ class CppBackend(Backend):
         units = translation_units(unit_kernels, module, split(unit_kernels, self.options.build_parts))
         source = units[0] if len(units) == 1 else translation_units(unit_kernels, module, [])[0]
         t1 = time.perf_counter()
-        built = build(units, self.options.compiler_flags()) if compiled else None
+        flags = self.options.compiler_flags()
+        built = start_build(units, flags, headers=self.options.precompiled_headers) if compiled else None
+        if built is not None and not self.options.overlap_builds:
+            built.result()  # Note [Builds that overlap]: off, the wrapper is made once it is built
         t2 = time.perf_counter()
         fn, wrapper_source, path = make_wrapper(
             schedule,
@@ -128,9 +131,9 @@ class CppBackend(Backend):
         )
         self.codegen_seconds = (t1 - t0) + (time.perf_counter() - t2)
         self.compile_seconds = t2 - t1
-        self.last_source, self.last_wrapper, self.last_built = source, wrapper_source, built
+        self.last_source, self.last_wrapper, self._last_build = source, wrapper_source, built
         if log.isEnabledFor(logging.DEBUG):
-            where = ", ".join(map(str, built.sources)) if built is not None else "(no C++ kernels)"
+            where = ", ".join(map(str, built.paths)) if built is not None else "(no C++ kernels)"
             log.debug("options: %s", self.options)
             # Note [512-bit vectors on AVX-512 targets]
             width = self.options.preferred_width()
@@ -147,11 +150,17 @@ class CppBackend(Backend):
             log.debug("wrapper: %s\n%s", path, wrapper_source)
         return fn
 
+    @property
+    def last_built(self) -> Built | None:
+        """The last graph's library, waited for if it is still compiling (Note [Builds that
+        overlap] in build.py)."""
+        return self._last_build.result() if self._last_build is not None else None
+
     def last_build(self) -> BuildReport:
         return BuildReport(
             self.codegen_seconds,
             self.compile_seconds,
-            self.last_built.cache if self.last_built else "",
+            self._last_build.cache if self._last_build else "",
             tuple(self.last_declined),
         )
 

@@ -136,6 +136,13 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   0 (default) decides from the kernels' source and the cores this process may use, so a graph of
   few or small kernels stays one unit; 1 is one unit, as before; N is N parts (at most one a
   kernel). ``KILN_LOG=cache`` prints each build's parts and their compile times.
+* ``overlap_builds``: a graph's ``g++`` runs in the background while the compile goes on (a
+  training step's forward builds while its backward is lowered and built); the wrapper's first
+  kernel call waits for it (Note [Builds that overlap] in build.py). Off: each graph waits for its
+  own build before the next is lowered, as before.
+* ``precompiled_headers``: the prelude's system headers are read from a GCC precompiled header,
+  built once per machine and flags (Note [Precompiled headers] in pch.py); the object code is
+  the same. Off: every build parses them.
 """
 
 from __future__ import annotations
@@ -211,6 +218,8 @@ class CppOptions:
     weigh_statements: bool = True
     compile_time_tune: bool = True
     build_parts: int = 0
+    overlap_builds: bool = True
+    precompiled_headers: bool = True
     column_gathers: bool = True
     guarded_log: bool = True
     guarded_exp: bool = True

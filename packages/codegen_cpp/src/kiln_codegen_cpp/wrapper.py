@@ -136,7 +136,8 @@ from kiln_loopir.wrapper_support import (
 )
 from kiln_loopir.wrapper_support import layout_args as _layout_args
 
-from .build import Built, write_beside
+from .build import Built, PendingBuild, write_beside
+from .build import log as cache_log
 from .kernel import ErrorSite, Kernel
 from .options import CppOptions
 
@@ -278,7 +279,7 @@ class WrapperCodegen(WrapperSteps):
         schedule: Scheduler,
         graph: GraphLowering,
         kernels: dict[str, Kernel | None],
-        built: Built | None,
+        built: Built | PendingBuild | None,
         guarded_layouts: bool = False,
         symbolic_pool: bool = True,
     ) -> None:
@@ -697,10 +698,17 @@ class WrapperCodegen(WrapperSteps):
         self.namespace[fn] = members_runner(members)
         self.emit(f"{fn}({{{', '.join(entries)}}})  # not expressible in C++: reference interpreter")
 
-    def bind(self, built: Built | None, errors: dict[str, list[ErrorSite]]) -> None:
-        """Put the kernel functions and the error reporter into the namespace."""
+    def bind(self, built: Built | PendingBuild | None, errors: dict[str, list[ErrorSite]]) -> None:
+        """Put the kernel functions and the error reporter into the namespace; for a build still
+        compiling, stand-ins that wait for it and then bind the real ones (Note [Builds that
+        overlap] in build.py)."""
         if built is None:
             return
+        if isinstance(built, PendingBuild):
+            if not built.done():
+                self._bind_when_built(built, errors)
+                return
+            built = built.result()
         lib = built.library
         for k in self.kernels.values():
             if k is not None:
@@ -724,6 +732,34 @@ class WrapperCodegen(WrapperSteps):
             )
 
         self.namespace["_kernel_error"] = kernel_error
+
+    def _bind_when_built(self, pending: PendingBuild, errors: dict[str, list[ErrorSite]]) -> None:
+        lock = threading.Lock()
+        namespace = self.namespace
+
+        def finish() -> None:
+            with lock:
+                if namespace.get("_kiln_pending") is None:
+                    return  # another thread bound them
+                built = pending.result()  # raises the compiler's error (CppCompileError)
+                if pending.waited > 0.001:
+                    cache_log.debug(
+                        "waited %.2f s for %s at its graph's first call", pending.waited, built.directory
+                    )
+                self.bind(built, errors)
+                namespace["_kiln_pending"] = None
+
+        def stand_in(name: str) -> Callable[..., Any]:
+            def waiting(*args: Any) -> Any:
+                finish()
+                return namespace[name](*args)
+
+            return waiting
+
+        namespace["_kiln_pending"] = pending
+        for k in self.kernels.values():
+            if k is not None:
+                namespace[f"k_{k.name}"] = stand_in(f"k_{k.name}")
 
 
 def _contiguous_shape(layout: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -749,7 +785,7 @@ def make_wrapper(
     schedule: Scheduler,
     graph: GraphLowering,
     kernels: dict[str, Kernel | None],
-    built: Built | None,
+    built: Built | PendingBuild | None,
     options: CppOptions | None = None,
     *,
     guarded_layouts: bool = False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -117,10 +118,17 @@ def _bool_option(options: dict[str, Any] | None, name: str, default: bool) -> bo
     return value
 
 
-def reset() -> None:
-    """Forget every compiled graph and cache entry (in-process; the on-disk cache stays)."""
+def reset(*, kernels: bool = False) -> None:
+    """Forget every compiled graph and cache entry (in-process; the on-disk cache stays).
+    Kernels already loaded are reused by a later compile of the same graph, unless ``kernels``:
+    then that compile builds them again (from the disk cache, or the compiler if the disk cache
+    is empty), as a new process would; benchmarks of cold compile times ask for it."""
     kiln_dynamo.reset()
     COMPILE_LOG.clear()
+    if kernels:
+        cpp = sys.modules.get("kiln_codegen_cpp")
+        if cpp is not None:
+            cpp.forget_loaded()
 
 
 def compile_log() -> list[GraphCompile]:
@@ -163,10 +171,14 @@ def explain(model_or_fn: Any) -> Callable[..., kiln_dynamo.ExplainOutput]:
 def prepare() -> str:
     """Do kiln's one-time setup now instead of in the background of the first compiles: build (or
     load) the torch-linked tensor checker that guards use, once per torch version (Note [The
-    torch-linked tensor checker] in kiln_dynamo.tensor_check). Returns its status ("in use", or
-    why not). Benchmarks call it first, so that a fresh compile cache per model measures each
-    compile, not this build; a user's program never needs to."""
+    torch-linked tensor checker] in kiln_dynamo.tensor_check), and the C++ generator's precompiled
+    system headers for the default options (Note [Precompiled headers] in kiln_codegen_cpp's
+    pch.py). Returns the checker's status ("in use", or why not). Benchmarks call it first, so
+    that a fresh compile cache per model measures each compile, not these builds; a user's program
+    never needs to."""
+    from kiln_codegen_cpp import CppOptions, prepare_headers
     from kiln_dynamo import tensor_check
 
     tensor_check.install(build=True)
+    prepare_headers(CppOptions.from_mapping(None).compiler_flags())
     return tensor_check.status()
