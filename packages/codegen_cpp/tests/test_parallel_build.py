@@ -155,12 +155,17 @@ def test_the_split_balances_keeps_the_order_and_twins_together() -> None:
     parts = split(kernels, 2)
     assert parts == [[1], [0, 2, 3]]  # k1 alone; the twins beside k3, in the kernels' order
     assert split(kernels, 8) == [[1], [3], [0, 2]]  # at most a part a distinct kernel
-    units = translation_units(kernels, "MODULE", parts)
+    units = translation_units(kernels, "MODULE", parts, share_twins=False)
     assert len(units) == 2 and units[0].endswith("MODULE\n") and "MODULE" not in units[1]
     assert [k.name for k in kernels if k.declaration() in units[0]] == ["k0", "k2", "k3"]
     assert all(kernels[i].source in units[1] for i in (0, 2, 3)) and kernels[1].source in units[0]
     assert kernels[1].declaration() == 'extern "C" int64_t k1(float*, int64_t);'
     assert translation_units(kernels, "MODULE", []) == translation_units(kernels, "MODULE", [[0, 1, 2, 3]])
+    # Note [Twins share one body]: k2 is k0's alias, in k0's part
+    shared = translation_units(kernels, "MODULE", parts)
+    assert kernels[0].source in shared[1] and kernels[2].source not in shared[1]
+    assert 'int64_t k2(float*, int64_t) __attribute__((alias("k0")));' in shared[1]
+    assert "// k2: from fn" in shared[1]  # its own comments stay
 
 
 def _fake_compiler(tmp_path: Path, action: str) -> str:
@@ -332,3 +337,27 @@ def test_each_kernel_compiles_to_the_same_code_in_parts(
         assert backend.last_built is not None
         code.append(_disassembly(backend.last_built.directory / "kernels.so"))
     assert len(code[0]) >= 4 and code[0] == code[1]
+
+
+def test_twins_written_once_give_the_same_results_and_less_source() -> None:
+    """Note [Twins share one body]: a graph of repeated blocks compiles its twin kernels once, the
+    others as aliases, and computes what it computed with every kernel in full."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> Any:
+        for _ in range(3):  # three blocks of the same shape: twin kernels
+            x = aten.add.Tensor(aten.mul.Tensor(aten.tanh.default(x), w), 0.5)
+            x = aten.mm.default(x, w)
+        return (x,)
+
+    gm = torch.fx.symbolic_trace(fn)
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    results, sources = [], []
+    for share in (True, False):
+        backend = CppBackend({"share_twins": share, "build_parts": 1})
+        compiled = compile_graph(gm, [x, w], backend=backend)
+        results.append(compiled(x, w))
+        sources.append(backend.last_source)
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+    torch.testing.assert_close(results[0], gm(x, w))
+    assert sources[0].count("__attribute__((alias(") >= 1 and "__attribute__((alias(" not in sources[1]
+    assert len(sources[0]) < len(sources[1])

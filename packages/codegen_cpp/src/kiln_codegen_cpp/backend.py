@@ -113,8 +113,9 @@ class CppBackend(Backend):
         module = extension_module([(k.name, k.param_types, k.release_gil) for k in compiled])
         # Note [Parallel C++ builds] (units.py): the kernels in one or several translation units
         unit_kernels = [UnitKernel(k.name, k.source, tuple(k.param_types)) for k in compiled]
-        units = translation_units(unit_kernels, module, split(unit_kernels, self.options.build_parts))
-        source = units[0] if len(units) == 1 else translation_units(unit_kernels, module, [])[0]
+        twins = self.options.share_twins
+        units = translation_units(unit_kernels, module, split(unit_kernels, self.options.build_parts), twins)
+        source = units[0] if len(units) == 1 else translation_units(unit_kernels, module, [], twins)[0]
         t1 = time.perf_counter()
         flags = self.options.compiler_flags()
         built = start_build(units, flags, headers=self.options.precompiled_headers) if compiled else None

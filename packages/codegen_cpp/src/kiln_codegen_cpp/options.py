@@ -140,6 +140,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   training step's forward builds while its backward is lowered and built); the wrapper's first
   kernel call waits for it (Note [Builds that overlap] in build.py). Off: each graph waits for its
   own build before the next is lowered, as before.
+* ``share_twins``: a kernel whose code equals an earlier one's up to names (a repeated layer's)
+  is written as an alias of it, not in full (Note [Twins share one body] in units.py): the same
+  machine code, compiled once. Off: every kernel in full.
 * ``precompiled_headers``: the prelude's system headers are read from a GCC precompiled header,
   built once per machine and flags (Note [Precompiled headers] in pch.py); the object code is
   the same. Off: every build parses them.
@@ -220,6 +223,7 @@ class CppOptions:
     build_parts: int = 0
     overlap_builds: bool = True
     precompiled_headers: bool = True
+    share_twins: bool = True
     column_gathers: bool = True
     guarded_log: bool = True
     guarded_exp: bool = True
