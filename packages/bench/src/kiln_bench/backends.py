@@ -82,6 +82,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cpu", "tiny_fusion", False),
     ("cpu", "cpp.overlap_builds", False),
     ("cpu", "cpp.precompiled_headers", False),
+    ("cpu", "cpp.share_twins", False),
 )
 
 
