@@ -664,12 +664,13 @@ class AutocastVariable(VariableTracker):
     def exit(self, tx: Tx) -> VT:
         from torch.amp.autocast_mode import _exit_autocast
 
-        from kiln_dynamo.variables.opaque import restore_autocast
+        from kiln_dynamo.variables.opaque import restore_autocast, set_autocast_state
 
         if self.entered_before:  # entered by the runner of the split frame: restore explicitly
             assert self.prev is not None
+            # Note [Leaving a block entered before the frame]: the runner restores it too
             node = tx.output.graph.create_node(
-                "call_function", restore_autocast, (self.args[0], *self.prev), {}
+                "call_function", set_autocast_state, (self.args[0], *self.prev), {}
             )
             node.meta["source_line"] = tx.where()
             restore_autocast(self.args[0], *self.prev)
