@@ -7,7 +7,13 @@ give eager's outputs and gradients, and leave the global state as eager leaves i
 Found here: a compiled graph run inside an autocast region had its matmuls cast again to the
 region's dtype (Note [Compiled graphs run outside autocast] in kiln_aotgrad.runtime); a frame
 split inside an autocast block left autocast enabled after it returned, from its second call on
-(Note [Leaving a block entered before the frame] in kiln_dynamo.variables.opaque).
+(Note [Leaving a block entered before the frame] in kiln_dynamo.variables.opaque); torch's
+global setters called in a frame (`torch.set_autocast_enabled`, `use_deterministic_algorithms`,
+`set_num_threads`, ...; `@torch.autocast`'s `__exit__` is such calls) were graph nodes that an
+aten backend dropped, so they ran on the first call only (Note [Global setters run as Python] in
+kiln_dynamo.variables.torch); `@torch.autocast(...)` ran as Python with six graph breaks (Note
+[An autocast object made outside the frame] in kiln_dynamo.variables.builder);
+`torch.initial_seed()` was folded unguarded.
 """
 
 # mypy: ignore-errors
@@ -278,3 +284,98 @@ def test_manual_seed_before_each_call() -> None:
         got, after_c = compiled(x), torch.rand(2)
         _same(expected, got, f"seed {seed}", tol=0)
         _same(after_e, after_c, f"seed {seed}: the generator after the call", tol=0)
+
+
+def _state() -> tuple[Any, ...]:
+    return (
+        *_autocast_state(),
+        torch.is_autocast_cache_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_num_threads(),
+        torch.get_float32_matmul_precision(),
+    )
+
+
+_SETTERS = {
+    "set_autocast_enabled": lambda: torch.set_autocast_enabled("cpu", True),
+    "set_autocast_dtype": lambda: torch.set_autocast_dtype("cpu", torch.float16),
+    "autocast_increment_nesting": torch.autocast_increment_nesting,
+    "set_autocast_cache_enabled": lambda: torch.set_autocast_cache_enabled(False),
+    "use_deterministic_algorithms": lambda: torch.use_deterministic_algorithms(True),
+    "set_num_threads": lambda: torch.set_num_threads(1),
+    "set_float32_matmul_precision": lambda: torch.set_float32_matmul_precision("medium"),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "kiln"])
+@pytest.mark.parametrize("name", list(_SETTERS))
+def test_a_global_setter_in_the_frame_runs_on_every_call(backend: str, name: str) -> None:
+    """Note [Global setters run as Python]: as a graph node, the setter ran once, while the graph
+    was traced; from the second call on the state stayed as the caller left it."""
+    setter = _SETTERS[name]
+
+    def f(x):
+        y = x @ x
+        setter()
+        return y, y @ x
+
+    compiled = kiln.compile(f, backend=backend)
+    start = _state()
+    threads = torch.get_num_threads()
+    try:
+        for call in range(3):
+            x = torch.randn(4, 4)
+            expected, after_eager = f(x), _state()
+            _restore(start, threads)
+            got, after = compiled(x), _state()
+            _restore(start, threads)
+            assert after == after_eager, f"call {call}: {after} vs eager's {after_eager}"
+            _same(expected, got, f"call {call}", tol=1e-2)
+    finally:
+        _restore(start, threads)
+
+
+def _restore(state: tuple[Any, ...], threads: int) -> None:
+    torch.set_autocast_enabled("cpu", state[0])
+    torch.set_autocast_dtype("cpu", state[1])
+    while _nesting() > state[2]:
+        torch.autocast_decrement_nesting()
+    torch.set_autocast_cache_enabled(state[3])
+    torch.use_deterministic_algorithms(state[4])
+    torch.set_num_threads(threads)
+    torch.set_float32_matmul_precision(state[6])
+
+
+@torch.autocast("cpu", dtype=torch.bfloat16)
+def _decorated(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x @ w, (x @ w).float() + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "kiln"])
+def test_a_function_decorated_with_autocast(backend: str) -> None:
+    """Note [An autocast object made outside the frame]: the decorator's `with autocast_instance:`
+    ran as Python (six graph breaks) and, through the aten backends, left the nesting count one
+    higher a call and autocast enabled after a call made inside another region."""
+    compiled = kiln.compile(_decorated, backend=backend)
+    before = _autocast_state()
+    for call, region in enumerate([None, torch.float16, None]):
+        x, w = torch.randn(3, 3), torch.randn(3, 3)
+        ctx = torch.autocast("cpu", dtype=region) if region else contextlib.nullcontext()
+        with ctx:
+            expected = _decorated(x, w)
+            got = compiled(x, w)
+        assert _autocast_state() == before, f"call {call}: autocast left {_autocast_state()}"
+        _same(expected, got, f"call {call}", tol=1e-2)
+    assert kiln.capture_stats().graph_breaks == 0
+
+
+def test_initial_seed_read_in_the_frame() -> None:
+    """`torch.initial_seed()` was folded unguarded: the first call's seed after manual_seed(2)."""
+
+    def f(x):
+        return x + torch.initial_seed()
+
+    compiled = kiln.compile(f)
+    for seed in [0, 1, 2, 0]:
+        torch.manual_seed(seed)
+        _same(f(torch.zeros(2)), compiled(torch.zeros(2)), f"seed {seed}")
