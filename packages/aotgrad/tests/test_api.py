@@ -675,3 +675,55 @@ def test_an_op_eager_takes_is_still_decomposed() -> None:
     (gm,) = rec.graphs
     names = [str(n.target._schema.name) for n in gm.graph.nodes if n.op == "call_function"]
     assert "aten::masked_fill" not in names and "aten::where" in names, names
+
+
+def _nested_autocast(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = x @ w
+    with torch.autocast("cpu", enabled=False):
+        z = x.float() @ w.float()
+    return y, z, z.softmax(-1)
+
+
+def test_a_compiled_graph_runs_outside_the_callers_autocast_region() -> None:
+    """Note [Compiled graphs run outside autocast]: the casts are in the trace; run inside a
+    float16 region, the compiled matmuls were cast again to the region's dtype (float16 for the
+    program's bfloat16 block, float16 for its float32 block: softmax off by 0.9)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 8), torch.randn(8, 8, requires_grad=True)
+    cf = aot_function(_nested_autocast, Recorder())
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.float16):
+            expected, got = _nested_autocast(x, w), cf(x, w)
+        assert (
+            [t.dtype for t in got]
+            == [t.dtype for t in expected]
+            == [torch.bfloat16, torch.float32, torch.float32]
+        )
+        for e, g in zip(expected, got, strict=True):
+            torch.testing.assert_close(g, e)
+        # the backward runs outside the region, as the trace assumed
+        ge = torch.autograd.grad(expected[0].float().sum(), w)
+        gg = torch.autograd.grad(got[0].float().sum(), w)
+        torch.testing.assert_close(gg, ge)
+
+
+def test_default_dtype_and_autocast_are_part_of_the_signature() -> None:
+    """Note [Global state in the signature]: an unguarded caller changing either got the first
+    trace's dtypes."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x @ w, torch.ones(2), torch.arange(3) / 2
+
+    cf = aot_function(f, Recorder())
+    x, w = torch.randn(3, 3), torch.randn(3, 3)
+    dtype = torch.get_default_dtype()
+    try:
+        for state in ["plain", "autocast", "float64", "plain"]:
+            torch.set_default_dtype(torch.float64 if state == "float64" else torch.float32)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=state == "autocast"):
+                expected, got = f(x, w), cf(x, w)
+            assert [t.dtype for t in got] == [t.dtype for t in expected], state
+    finally:
+        torch.set_default_dtype(dtype)
+    assert len(cf.compiled) == 3

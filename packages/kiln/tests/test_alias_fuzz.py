@@ -870,3 +870,29 @@ def test_views_of_a_no_grad_view_share_memory_under_pad_mm(dynamic, after) -> No
     with torch.no_grad():
         got[1][2, 1:] = 7.0
         assert (got[0][1, 1:] == 7.0).all()
+
+
+def _split_of_a_no_grad_diagonal(x0):  # seed 1306, minimized
+    with torch.no_grad():
+        x0.t_()  # a graph break under dynamic shapes: the rest is a continuation in the block
+        t2 = x0.diagonal(0, 0, 1)
+    _t6, t7 = t2.split(3, 0)
+    return (t7,)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["static", "dynamic"])
+def test_a_view_in_grad_mode_of_a_no_grad_view_gives_the_input_no_gradient(dynamic) -> None:
+    """Note [A view in grad mode of a view taken under no_grad] (kiln_aotgrad's joint.py): the
+    continuation's inference trace rebuilt `t7` on `x0` in grad mode, and `x0` got a gradient
+    where eager's is None (on the second call under dynamic=None, the first under True)."""
+    xe = torch.randn(5, 4).requires_grad_()
+    xc = xe.detach().clone().requires_grad_()
+    compiled = kiln.compile(_split_of_a_no_grad_diagonal, dynamic=dynamic)
+    for call in range(2):
+        (want,), (got,) = _split_of_a_no_grad_diagonal(xe), compiled(xc)
+        assert (got.requires_grad, xc.shape) == (want.requires_grad, xe.shape), call
+        torch.testing.assert_close(got, want)
+        ge = torch.autograd.grad(want.sum(), xe, allow_unused=True)[0]
+        gc = torch.autograd.grad(got.sum(), xc, allow_unused=True)[0]
+        assert ge is None and gc is None, f"call {call}: kiln's gradient {gc}"
+    kiln.reset()

@@ -300,7 +300,7 @@ def _viewed_offsets(art: CompiledArtifacts, args: Sequence[torch.Tensor]) -> lis
 # way; compile_flat compiles it with grad off in both), so the symbolic artifacts serve the
 # inference-mode calls without a compile per size.
 def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
-    key: list[Any] = [torch.is_grad_enabled()]
+    key: list[Any] = [torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_key()]
     for x in leaves:
         if isinstance(x, torch.Tensor):
             key.append(
@@ -321,6 +321,19 @@ def _signature(leaves: Sequence[Any]) -> tuple[Any, ...]:
             except TypeError:
                 key.append(("C", type(x), id(x)))
     return tuple(key)
+
+
+# Note [Global state in the signature]: a trace bakes in the default dtype (`torch.ones(2)`,
+# `x.sum() * 1.5` of an int tensor) and the autocast region it ran in (the casts are graph
+# nodes, and the compiled graph runs outside autocast: Note [Compiled graphs run outside
+# autocast] in runtime.py). A caller without guards (`aot_function(f)` called in and out of an
+# autocast region, or after `torch.set_default_dtype`) got the first trace's dtypes: float32
+# where eager computed bfloat16 or float64. Both are part of the signature; behind kiln_dynamo
+# its guards already tell these states apart.
+def _autocast_key() -> tuple[Any, ...] | None:
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    return tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in ("cpu", "cuda"))
 
 
 _USE_COUNT: Callable[[int], int] = torch._C._storage_Use_Count

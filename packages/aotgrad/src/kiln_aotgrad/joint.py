@@ -382,6 +382,18 @@ def _base_geometry(b: torch.Tensor, visible: list[Any]) -> dict[str, Any]:
 # a view of an input is rebuilt the same way (it was rebuilt under no_grad: no grad_fn, a leaf,
 # where eager's has a grad_fn that leads nowhere).
 #
+# Note [A view in grad mode of a view taken under no_grad]: a continuation entered inside a
+# `with torch.no_grad():` block that the graph leaves is traced for inference (Note [Graphs that
+# turn grad mode on]), its inputs made not to require grad, so the autograd state of its fakes
+# tells nothing of the views above. `t2 = x.diagonal()` in the block, `t7 = t2.split(3)[1]`
+# after it: eager's `t7` requires grad through SplitBackward0 and no gradient reaches `x`; the
+# last view being taken in grad mode, it was rebuilt on `x` in grad mode (Note [Views taken in
+# grad mode]), and `x` got a gradient of 1 at the diagonal element (test_alias_fuzz.py seed 1306,
+# `dynamic=None` after its first call's `x0.t_()` changed the input's sizes). The tracer marks
+# each view whose chain has a step taken with grad mode off; such a view of an input that
+# requires grad, itself taken in grad mode, is rebuilt as Note [Views of a view taken under
+# no_grad] rebuilds one: the input viewed whole under no_grad, the view taken in grad mode.
+#
 # Note [Detached aliases as roots]: `t.detach()` shares `t`'s node and alias chain (tracer.py),
 # so a returned detached alias holds every element of the intermediate as `t` itself would; where
 # `t` is not returned it is the base of the views that do not require grad (`d = t.detach();
@@ -645,6 +657,15 @@ def trace(
             # ... and a view of such a view taken in grad mode has a grad_fn that leads nowhere
             # (Note [Views of a view taken under no_grad])
             ng_stops = bool(ng and want_training and t.grad_fn is not None and _grad_goes_nowhere(t))
+            if (
+                not want_training
+                and getattr(inputs[j], "requires_grad", False)
+                and tracer.view_grad_mode.get(id(t), False)
+                and tracer.chain_no_grad.get(id(t), False)
+            ):
+                # Note [A view in grad mode of a view taken under no_grad]: an inference trace
+                # made the input not require grad, so its autograd state cannot say this
+                ng = ng_stops = True
             # (an inference trace made its leaves not require grad: there the chain says detach)
             dt = bool(
                 getattr(inputs[j], "requires_grad", False)

@@ -350,6 +350,7 @@ def _assemble(meta: TraceMeta, inputs: Sequence[torch.Tensor], graph_outs: Seque
 def inference_runner(compiled: Compiled, meta: TraceMeta) -> Callable[..., Any]:
     """`run(*flat_inputs)` for a graph without backward."""
     m = len(meta.mutated_inputs)
+    compiled = outside_autocast(compiled)  # Note [Compiled graphs run outside autocast]
     if any(meta.input_requires_grad):  # Note [Inference graphs of inputs that require grad]
         compiled = _without_grad(compiled)
     if m == 0 and _plain_outputs(meta) and not meta.metadata_mutations:
@@ -429,6 +430,31 @@ def _detach_non_diff(
         if isinstance(t, torch.Tensor) and (id(t) in differentiable or t._is_view()):
             listed[i] = t.detach()
     return tuple(listed)
+
+
+# Note [Compiled graphs run outside autocast]: the trace ran under the caller's autocast state
+# (the blocks the program enters are graph nodes, entered for real while tracing), so the aten
+# graph already holds every cast autocast made, in explicit dtypes. Run under an active autocast
+# region, the compiled code's aten calls (extern matmuls, convolutions, an eager fallback of the
+# aten graph) went through the Autocast dispatch keys again, which cast them to the *outer*
+# region's dtype: a program entering `torch.autocast("cpu", dtype=torch.bfloat16)` called inside
+# a float16 region got float16 results, and an `autocast(enabled=False)` block's float32 matmul
+# came back in bfloat16 (its softmax off by 0.98). torch's AOTAutograd runs its compiled code
+# with the autocast keys excluded too. Forward, backward and inference graphs run with them
+# excluded (`torch._C._DisableAutocast`, which leaves `torch.is_autocast_enabled()` as it was);
+# the check costs one C call when no region is active.
+def outside_autocast(compiled: Compiled) -> Compiled:
+    """`compiled`, called with the autocast dispatch keys excluded while a region is active."""
+    any_on = torch._C._is_any_autocast_enabled
+    disable = torch._C._DisableAutocast
+
+    def call(*inputs: Any) -> Any:
+        if not any_on():
+            return compiled(*inputs)
+        with disable():
+            return compiled(*inputs)
+
+    return call
 
 
 def _without_grad(compiled: Compiled) -> Compiled:
@@ -573,12 +599,12 @@ class _Half:
 def _half(
     backward: Compiled | tuple[Compiled, tuple[int, ...]], n_saved: int, saved_sizes: Sequence[int]
 ) -> _Half:
-    if not isinstance(backward, tuple):
-        return _Half(backward, None, None, tuple(saved_sizes))
+    if not isinstance(backward, tuple):  # Note [Compiled graphs run outside autocast]
+        return _Half(outside_autocast(backward), None, None, tuple(saved_sizes))
     compiled, keep = backward
     saved = tuple(i for i in keep if i < n_saved)
     sizes = tuple(j for j, i in enumerate(saved) if i in saved_sizes)
-    return _Half(compiled, saved, tuple(i - n_saved for i in keep if i >= n_saved), sizes)
+    return _Half(outside_autocast(compiled), saved, tuple(i - n_saved for i in keep if i >= n_saved), sizes)
 
 
 def training_runner(
@@ -596,6 +622,7 @@ def training_runner(
     `compiled_bw` the user outputs', `new_value_backward` the new values'."""
     n_out = meta.num_graph_outputs
     m = len(meta.mutated_inputs)
+    compiled_fw = outside_autocast(compiled_fw)  # Note [Compiled graphs run outside autocast]
     diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if r]
     non_diff = [i for i, r in enumerate(meta.graph_out_requires_grad) if not r]
     grad_inputs = meta.grad_inputs

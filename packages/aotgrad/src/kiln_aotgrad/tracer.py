@@ -388,6 +388,9 @@ class Tracer(TorchDispatchMode):
         # id() of each view -> whether grad mode was on when the graph took it (Note [Views
         # taken in grad mode] in joint.py)
         self.view_grad_mode: dict[int, bool] = {}
+        # id() of each view -> whether a step of its chain was taken with grad mode off (Note
+        # [A view in grad mode of a view taken under no_grad] in joint.py)
+        self.chain_no_grad: dict[int, bool] = {}
         self.computed_in_grad_mode = False  # an operator other than a view ran in grad mode
         self.root_tensors: dict[int, Any] = {}
         # an input traced through a clone (joint.py): the real input's storage offset, where
@@ -964,8 +967,10 @@ class Tracer(TorchDispatchMode):
                 raise AotgradError(f"as_strided {why}", op="aten::as_strided", origin=self.where())
         version = self.roots[pa.root].version
         rest = (SELF, *args[1:])
+        below = self.chain_no_grad.get(id(parent), False) or not torch.is_grad_enabled()
         for v in [out] if isinstance(out, torch.Tensor) else out:
             self.view_grad_mode[id(v)] = torch.is_grad_enabled()
+            self.chain_no_grad[id(v)] = below
         if isinstance(out, torch.Tensor):
             self.keep.append(out)
             self.nodes[id(out)] = node

@@ -34,6 +34,7 @@ from kiln_dynamo.source import CodeContext, Source
 from kiln_dynamo.variables.base import VariableTracker
 from kiln_dynamo.variables.dicts import DictVariable, SetVariable
 from kiln_dynamo.variables.lists import ListVariable, OutsideIteratorVariable, advance_iterator
+from kiln_dynamo.variables.opaque import restore_autocast, set_autocast_state
 
 
 class Reconstructor:
@@ -272,6 +273,9 @@ def generate_runner(
     # during iteration" (found by pyfuzz, seed 141). Sources are still read before the effects
     # (Note [Sources are read before the effects]); objects an effect stores are bound before it.
     bind_mutables(values if values is not None else [result] if result is not None else [])
+    for node in output.graph.nodes:  # Note [Leaving a block entered before the frame]
+        if node.op == "call_function" and node.target is set_autocast_state:
+            emit(f"{cg.const(restore_autocast)}(*{cg.const(tuple(node.args))})")
     if values is None:
         assert result is not None
         out = result.reconstruct(cg)

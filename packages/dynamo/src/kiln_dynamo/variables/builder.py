@@ -455,6 +455,19 @@ class VariableBuilder:
             guards.type_match(source, value)
             guards.constant(AttrSource(source, "mode"), value.mode)
             return InferenceModeVariable(value.mode)
+        if type(value) is torch.autocast and source is not None:
+            # Note [An autocast object made outside the frame]: the object behind
+            # `@torch.autocast(...)` (its wrapper runs `with autocast_instance:`) is traced as the
+            # block its attributes describe; it ran as Python (its __enter__ a graph break, its
+            # __exit__ five more: Note [Global setters run as Python] in torch.py)
+            from kiln_dynamo.variables.torch import AutocastVariable
+
+            self.output.guards.global_state()
+            guards.identity(source, value)
+            names = ("device", "fast_dtype", "_enabled", "_cache_enabled")
+            for name in names:
+                guards.constant(AttrSource(source, name), getattr(value, name))
+            return AutocastVariable(tuple(getattr(value, name) for name in names))
         if is_traced_optimizer(value) and source is not None:
             guards.identity(source, value)  # its state is read by identity (Note [Tracing an optimizer step])
             return OptimizerVariable(value, source)

@@ -278,6 +278,21 @@ def restore_autocast(device: str, enabled: bool, dtype: torch.dtype, cache_enabl
     """What leaving an autocast block does (torch.autocast.__exit__), from the saved state."""
     if torch.autocast_decrement_nesting() == 0:
         torch.clear_autocast_cache()
+    set_autocast_state(device, enabled, dtype, cache_enabled)
+
+
+# Note [Leaving a block entered before the frame]: a continuation that leaves an autocast block
+# its runner re-entered (the frame split inside it) restores the state from before the block.
+# The graph holds that as a `set_autocast_state` node, so that a backend tracing the graph
+# traces the operators after it outside the block; but a backend that compiles the graph to aten
+# operators (kiln_aotgrad) keeps no Python call, and the state change happened only once, while
+# it traced. From the second call on, the program went on inside the block: autocast stayed
+# enabled after the function returned, for the whole rest of the program. So the runner makes
+# the change itself after the graph call (`restore_autocast`, which also counts the nesting down
+# once), as it sets the final grad mode (Note [Grad mode at the end of a frame]); the node only
+# sets the state, so that a backend that runs it (the eager one) sets it twice, harmlessly.
+def set_autocast_state(device: str, enabled: bool, dtype: torch.dtype, cache_enabled: bool) -> None:
+    """The autocast state of `device` (and the cache flag), the nesting count left as it is."""
     torch.set_autocast_enabled(device, enabled)
     torch.set_autocast_dtype(device, dtype)
     torch.set_autocast_cache_enabled(cache_enabled)

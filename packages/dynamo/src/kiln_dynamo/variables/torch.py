@@ -53,6 +53,47 @@ _UNSUPPORTED: dict[Any, str] = {
     torch.autograd.grad: "torch.autograd.grad inside a compiled frame",
     torch.autograd.backward: "torch.autograd.backward inside a compiled frame",
 }
+# Note [Global setters run as Python]: a torch function that only changes thread or process
+# state (autocast's flags, dtype, nesting and cache; deterministic algorithms; thread counts;
+# matmul precision; the default device; reseeding) became a graph node. A node changes the state
+# while the graph is traced, once; a backend that compiles to aten operators keeps no Python
+# call, so from the second call on the state was never changed: a function ending in
+# `torch.set_autocast_enabled("cpu", True)` (or `@torch.autocast(...)`, whose `__exit__` is such
+# calls) left autocast as the first call found it, and its nesting count grew by one a call. Each
+# is a graph break instead: the call runs as Python, as in eager, and what follows is traced in
+# the state it made. (Autocast blocks and grad mode are traced as graph state: their own Notes.)
+_GLOBAL_SETTERS = (
+    "set_autocast_enabled",
+    "set_autocast_dtype",
+    "set_autocast_cpu_enabled",
+    "set_autocast_cpu_dtype",
+    "set_autocast_gpu_dtype",
+    "set_autocast_ipu_enabled",
+    "set_autocast_ipu_dtype",
+    "set_autocast_xla_enabled",
+    "set_autocast_xla_dtype",
+    "autocast_increment_nesting",
+    "autocast_decrement_nesting",
+    "set_autocast_cache_enabled",
+    "clear_autocast_cache",
+    "use_deterministic_algorithms",
+    "set_deterministic_debug_mode",
+    "set_num_threads",
+    "set_num_interop_threads",
+    "set_float32_matmul_precision",
+    "set_default_device",
+    "set_default_tensor_type",
+    "set_flush_denormal",
+    "set_warn_always",
+    "seed",
+)
+_UNSUPPORTED.update(
+    {
+        getattr(torch, name): f"torch.{name} changes global state"
+        for name in _GLOBAL_SETTERS
+        if getattr(torch, name, None) is not None
+    }
+)
 # Python modules whose attributes are trusted (read without a guard).
 TRUSTED_MODULE_PREFIXES = (
     "torch",
@@ -446,6 +487,13 @@ SETTING_READERS = frozenset(
         torch._C._get_cudnn_benchmark,
         torch._C._get_cudnn_allow_tf32,
         torch._C._get_cublas_allow_tf32,
+        # fix33: folded unguarded, `x + torch.initial_seed()` kept the first call's seed after
+        # `torch.manual_seed(2)`
+        torch.initial_seed,
+        torch.get_num_interop_threads,
+        torch.is_autocast_cache_enabled,
+        torch.is_warn_always_enabled,
+        torch.get_deterministic_debug_mode,
     }
 )
 
@@ -664,12 +712,13 @@ class AutocastVariable(VariableTracker):
     def exit(self, tx: Tx) -> VT:
         from torch.amp.autocast_mode import _exit_autocast
 
-        from kiln_dynamo.variables.opaque import restore_autocast
+        from kiln_dynamo.variables.opaque import restore_autocast, set_autocast_state
 
         if self.entered_before:  # entered by the runner of the split frame: restore explicitly
             assert self.prev is not None
+            # Note [Leaving a block entered before the frame]: the runner restores it too
             node = tx.output.graph.create_node(
-                "call_function", restore_autocast, (self.args[0], *self.prev), {}
+                "call_function", set_autocast_state, (self.args[0], *self.prev), {}
             )
             node.meta["source_line"] = tx.where()
             restore_autocast(self.args[0], *self.prev)
