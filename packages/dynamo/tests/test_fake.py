@@ -103,6 +103,21 @@ def test_cpu_convolution_strides_match_the_device(
     assert metadata(fake) == metadata(real)
 
 
+@pytest.mark.parametrize("w_channels_last", [False, True])
+def test_a_convolution_to_one_pixel_has_the_devices_strides(w_channels_last: bool) -> None:
+    """Note [CPU convolution strides], in full: an output of one pixel is both layouts; the CPU
+    kernel gives it the channels-last strides (16, 1, 16, 16), the meta kernel (16, 1, 1, 1)."""
+    x = torch.randn(2, 8, 1, 1).as_strided((2, 8, 1, 1), (8, 1, 8, 8))  # as a max pooling leaves it
+    w = torch.randn(16, 8, 1, 1)
+    if w_channels_last:
+        w = w.contiguous(memory_format=torch.channels_last)
+    args = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    real = torch.ops.aten.convolution(x, w, None, *args)
+    fake = run_fake(torch.ops.aten.convolution.default, (from_real(x), from_real(w), None, *args), {})
+    assert real.stride() == (16, 1, 16, 16)
+    assert metadata(fake) == metadata(real)
+
+
 # Note [Operators that ask the device]
 SDPA_CASES: list[tuple[str, tuple[int, ...], dict[str, Any]]] = [
     ("plain", (2, 4, 128, 64), {}),

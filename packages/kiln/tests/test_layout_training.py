@@ -307,3 +307,33 @@ def test_a_depthwise_backward_on_a_small_map_runs_nchw_in_training(cpu_backend: 
     (tensors,) = [tensors for name, tensors in recorder.calls if name == "convolution_backward"]
     grad, inp = tensors[0], tensors[1]
     assert grad.is_contiguous() and inp.is_contiguous(), (grad.stride(), inp.stride())
+
+
+class _OnePixel(torch.nn.Module):
+    """Layout fuzz seed 1033: a max pooling to one pixel, a 1x1 convolution, an average pooling
+    and a cat of channels-last values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m1 = torch.nn.Conv2d(4, 3, 3, stride=3)
+        self.m2 = torch.nn.Conv2d(3, 8, 3, padding=2, dilation=2, bias=False)
+        self.m3 = torch.nn.Conv2d(8, 16, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = torch.nn.functional.max_pool2d(self.m2(self.m1(x)), 3, 3, 1)
+        t = torch.nn.functional.avg_pool2d(self.m3(t), 2, 1, 1, count_include_pad=False)
+        return torch.cat([t, t], 1)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_values_of_one_pixel_keep_eagers_channels_last_strides(train: bool) -> None:
+    """Note [CPU convolution strides] (kiln_dynamo): the output came back row-major where eager's
+    is channels-last."""
+    torch.manual_seed(0)
+    model = _OnePixel()
+    x = torch.randn(2, 4, 4, 9).contiguous(memory_format=torch.channels_last).requires_grad_(train)
+    compiled = kiln.compile(copy.deepcopy(model))
+    with torch.set_grad_enabled(train):
+        expected, got = model(x), compiled(x)
+    torch.testing.assert_close(got, expected)
+    assert got.stride() == expected.stride() == (128, 1, 64, 32)

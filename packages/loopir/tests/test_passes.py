@@ -607,6 +607,22 @@ def test_as_strided_of_a_patch_convolution_reads_eager_storage() -> None:
     assert ("patch_conv", "1 patch convolutions computed as GEMMs") in compiled.passes.record
 
 
+def _patch_conv_viewed_output(x: Any, w: Any) -> Any:
+    y = aten.convolution.default(x, w, None, [2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+    return (aten.view.default(aten.view.default(y, [3, 3, 9]), [3, 3, 3, 3]),)
+
+
+def test_a_view_of_a_patch_convolution_returned_has_eagers_strides() -> None:
+    # layout fuzz seed 1130: `conv(x).flatten(2).reshape(...)` returned the view of the NHWC GEMM
+    # result, strides (27, 1, 9, 3) where eager's are (27, 9, 3, 1)
+    x, w = make((3, 3, 6, 7)), make((3, 3, 2, 2))
+    gm = with_vals(_patch_conv_viewed_output, x, w)
+    compiled = check(gm, x, w, options={"patch_conv": "force", "layout": False})
+    assert ("patch_conv", "1 patch convolutions computed as GEMMs") in compiled.passes.record
+    (out,) = compiled(x, w)
+    assert out.stride() == gm(x, w)[0].stride() == (27, 9, 3, 1)
+
+
 def test_aligned_or_integer_matmuls_are_left_alone() -> None:
     a, b = make((8, 16)), make((16, 8))
     compiled = check(with_vals(mm, a, b), a, b, options={"pad_mm": "force"})

@@ -220,15 +220,25 @@ def _cpu_convolution_layout(out: Any, args: tuple[Any, ...]) -> Any:
     strides when its input or weight is channels-last, but the CPU kernels (mkldnn and the slow
     path alike) answer channels-last then, and eager code downstream sees those strides (views,
     extern kernels, and the cost of every copy that would conform them). Fake results must be
-    what the device gives, so a channels-last input or weight gives a channels-last output."""
+    what the device gives, so a channels-last input or weight gives a channels-last output.
+
+    In full: an output with a dim of one element ([N, C, 1, 1] from a 1x1 input) is channels-last
+    contiguous with row-major strides too, and the meta kernel (on CUDA as well: its `.to()` of a
+    tensor already "channels-last" keeps the strides) leaves (C, 1, 1, 1) where the device's
+    kernel allocates the channels-last strides (C, 1, C, C); a pooling or convolution after it
+    decides its own output's format from those (layout fuzz seed 1033: a 1x1 convolution after a
+    max pooling to one pixel, then an average pooling: the output came back row-major where
+    eager's is channels-last). So the output takes the channels-last strides themselves, on
+    either device."""
     x, weight = args[0], args[1]
     if (
         isinstance(out, torch.Tensor)
         and out.dim() == 4
         and (_is_channels_last(x) or _is_channels_last(weight))
-        and not out.is_contiguous(memory_format=torch.channels_last)
     ):
-        return torch.empty_like(out, memory_format=torch.channels_last)
+        laid = torch.empty_like(out, memory_format=torch.channels_last)
+        if laid.stride() != out.stride():
+            return laid
     return out
 
 
@@ -502,7 +512,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if "meta" in msg.lower() or "data-dependent" in msg.lower():
             raise FakeUnsupported(f"operator {name} cannot run on fake tensors: {msg}") from e
         raise
-    if name == "aten::convolution" and device.type == "cpu":
+    if name == "aten::convolution" and device.type in ("cpu", "cuda"):
         out = _cpu_convolution_layout(out, m_args)
     real = _constant_results(func, flat, device, out, args, kwargs)
 

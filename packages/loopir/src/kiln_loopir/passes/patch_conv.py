@@ -34,9 +34,12 @@ result layout is what the CPU layout rule plans for); ``patch_conv="force"`` rew
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
+from ..lowering import is_view_op
 from . import PassContext, copy_graph
 from .pad_mm import _val, _with_val, reads_strides
 
@@ -121,7 +124,10 @@ def patch_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Grap
         for made in (dense, product, out):
             made.meta.update({k: v for k, v in node.meta.items() if k != "val"})
         outputs = [u for u in node.users if u.op == "output"]
-        strided = reads_strides(node)  # Note [Readers of a GEMM's strides] (pad_mm.py)
+        # Note [Readers of a GEMM's strides] (pad_mm.py), and an output that is a view of the
+        # result (`conv(x).flatten(2).reshape(...)` returned): the view of the NHWC result has
+        # other strides than the view of eager's NCHW one (layout fuzz seed 1130)
+        strided = reads_strides(node) or _output_through_views(node)
         eager = _val(node)
         node.replace_all_uses_with(out)
         if (outputs or strided) and eager.is_contiguous() and not _val(out).is_contiguous():
@@ -136,6 +142,21 @@ def patch_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Grap
     graph.lint()
     copied.recompile()
     return copied
+
+
+def _output_through_views(node: torch.fx.Node) -> bool:
+    """Whether a view of ``node``'s value (through view ops only) is a graph output."""
+    pending, seen = [node], {node}
+    while pending:
+        current = pending.pop()
+        for user in current.users:
+            if user.op == "output" and current is not node:
+                return True
+            view = user.target is operator.getitem or is_view_op(user.target)
+            if view and user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return False
 
 
 __all__ = ["is_patch_conv", "patch_conv_pass"]
