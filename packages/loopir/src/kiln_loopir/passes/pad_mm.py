@@ -395,20 +395,28 @@ def _eager_versions(
 # eager reads row 1 col 3; test_alias_fuzz.py --pad-mm seed 20271, a wrong answer). A padded
 # result such a reader reaches, through views, is copied to eager's contiguous strides (as option
 # `pad_mm_output_copy` copies one), and timed with that copy.
-def reads_strides(node: torch.fx.Node) -> bool:
-    """Whether an op that addresses storage reads ``node``'s value, directly or through views
-    (Note [Readers of a GEMM's strides])."""
-    pending, seen = [node], {node}
+def views_of(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node`` and every node that views its value through view ops (and ``getitem``)."""
+    found, pending, seen = [node], [node], {node}
     while pending:
         current = pending.pop()
         for user in current.users:
-            if user.target in READS_STORAGE and user.args and user.args[0] is current:
-                return True
             view = user.target is operator.getitem or is_view_op(user.target)
             if view and user not in seen:
                 seen.add(user)
                 pending.append(user)
-    return False
+                found.append(user)
+    return found
+
+
+def reads_strides(node: torch.fx.Node) -> bool:
+    """Whether an op that addresses storage reads ``node``'s value, directly or through views
+    (Note [Readers of a GEMM's strides])."""
+    return any(
+        user.target in READS_STORAGE and user.args and user.args[0] is current
+        for current in views_of(node)
+        for user in current.users
+    )
 
 
 def _copies_out(c: Candidate, ctx: PassContext) -> bool:

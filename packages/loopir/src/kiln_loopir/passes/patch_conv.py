@@ -34,14 +34,11 @@ result layout is what the CPU layout rule plans for); ``patch_conv="force"`` rew
 
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx
 
-from ..lowering import is_view_op
 from . import PassContext, copy_graph
-from .pad_mm import _val, _with_val, reads_strides
+from .pad_mm import _val, _with_val, reads_strides, views_of
 
 aten = torch.ops.aten
 
@@ -146,17 +143,7 @@ def patch_conv_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.Grap
 
 def _output_through_views(node: torch.fx.Node) -> bool:
     """Whether a view of ``node``'s value (through view ops only) is a graph output."""
-    pending, seen = [node], {node}
-    while pending:
-        current = pending.pop()
-        for user in current.users:
-            if user.op == "output" and current is not node:
-                return True
-            view = user.target is operator.getitem or is_view_op(user.target)
-            if view and user not in seen:
-                seen.add(user)
-                pending.append(user)
-    return False
+    return any(u.op == "output" for view in views_of(node)[1:] for u in view.users)
 
 
 __all__ = ["is_patch_conv", "patch_conv_pass"]
