@@ -485,13 +485,7 @@ def _compile(
     include = _header_flags(extra_flags, headers)
     cmd = [compiler(), *flags(), *extra_flags, *include, str(src), "-o", tmp_lib, *LIBS]
     try:
-        proc, seconds = _run_compiler(cmd, src)
-        if proc.returncode != 0 and include:  # Note [Precompiled headers]: never the cause of a failure
-            first = proc
-            cmd = [c for c in cmd if c not in include]
-            proc, seconds = _run_compiler(cmd, src)
-            if proc.returncode == 0:
-                pch.drop(f"{src}: {(first.stderr or first.stdout).strip()[-300:]}")
+        [cmd], [(proc, seconds)] = _run_with_header([cmd], [src], include)
         if proc.returncode != 0:
             raise _failure(cmd, proc, src)
         _install(Path(tmp_lib), lib, 1)
@@ -518,6 +512,33 @@ def _run_compiler(cmd: list[str], src: Path) -> tuple[subprocess.CompletedProces
             f"C++ compiler {cmd[0]!r} could not be run ({exc}) to compile {src}; set KILN_CXX to a working g++"
         ) from exc
     return proc, time.perf_counter() - start
+
+
+def _run_all(
+    commands: Sequence[list[str]], paths: Sequence[Path]
+) -> list[tuple[subprocess.CompletedProcess[str], float]]:
+    """Each command at the same time (one: in this thread)."""
+    if len(commands) == 1:
+        return [_run_compiler(commands[0], paths[0])]
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        return list(pool.map(_run_compiler, commands, paths))
+
+
+def _run_with_header(
+    commands: Sequence[list[str]], paths: Sequence[Path], include: list[str]
+) -> tuple[list[list[str]], list[tuple[subprocess.CompletedProcess[str], float]]]:
+    """The commands run, and run again without ``include`` if one failed with it; the header is
+    dropped for the process when that succeeds (Note [Precompiled headers]: never the cause of a
+    failure). Returns the commands that ran last and their results."""
+    results = _run_all(commands, paths)
+    failed = next((proc for proc, _ in results if proc.returncode != 0), None)
+    if failed is None or not include:
+        return list(commands), results
+    commands = [[c for c in cmd if c not in include] for cmd in commands]
+    results = _run_all(commands, paths)
+    if all(proc.returncode == 0 for proc, _ in results):
+        pch.drop(f"{paths[0]}: {(failed.stderr or failed.stdout).strip()[-300:]}")
+    return commands, results
 
 
 def _failure(cmd: list[str], proc: subprocess.CompletedProcess[str], what: Path | str) -> CppCompileError:
@@ -557,15 +578,7 @@ def _compile_parts(
             [cxx, *compile_flags, *include, "-c", str(p), "-o", o]
             for p, o in zip(paths, objects, strict=True)
         ]
-        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-            results = list(pool.map(_run_compiler, commands, paths))
-        if include and any(proc.returncode != 0 for proc, _ in results):  # Note [Precompiled headers]
-            failed = next(proc for proc, _ in results if proc.returncode != 0)
-            commands = [[c for c in cmd if c not in include] for cmd in commands]
-            with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-                results = list(pool.map(_run_compiler, commands, paths))
-            if all(proc.returncode == 0 for proc, _ in results):
-                pch.drop(f"{paths[0].parent}: {(failed.stderr or failed.stdout).strip()[-300:]}")
+        commands, results = _run_with_header(commands, paths, include)
         for cmd, path, (proc, _) in zip(commands, paths, results, strict=True):
             if proc.returncode != 0:
                 raise _failure(cmd, proc, path)

@@ -215,7 +215,7 @@ def _is_channels_last(t: torch.Tensor) -> bool:
     return t.dim() == 4 and suggest_memory_format(t) == torch.channels_last
 
 
-def _cpu_convolution_layout(out: Any, args: tuple[Any, ...]) -> Any:
+def _convolution_layout(out: Any, args: tuple[Any, ...]) -> Any:
     """Note [CPU convolution strides]: the meta kernel of aten.convolution answers contiguous
     strides when its input or weight is channels-last, but the CPU kernels (mkldnn and the slow
     path alike) answer channels-last then, and eager code downstream sees those strides (views,
@@ -513,7 +513,7 @@ def run_fake(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             raise FakeUnsupported(f"operator {name} cannot run on fake tensors: {msg}") from e
         raise
     if name == "aten::convolution" and device.type in ("cpu", "cuda"):
-        out = _cpu_convolution_layout(out, m_args)
+        out = _convolution_layout(out, m_args)
     real = _constant_results(func, flat, device, out, args, kwargs)
 
     from_numbers = not any(isinstance(x, torch.Tensor) for x in flat)
