@@ -736,10 +736,11 @@ class WrapperCodegen(WrapperSteps):
     def _bind_when_built(self, pending: PendingBuild, errors: dict[str, list[ErrorSite]]) -> None:
         lock = threading.Lock()
         namespace = self.namespace
+        bound = [False]
 
         def finish() -> None:
             with lock:
-                if namespace.get("_kiln_pending") is None:
+                if bound[0]:
                     return  # another thread bound them
                 built = pending.result()  # raises the compiler's error (CppCompileError)
                 if pending.waited > 0.001:
@@ -747,7 +748,7 @@ class WrapperCodegen(WrapperSteps):
                         "waited %.2f s for %s at its graph's first call", pending.waited, built.directory
                     )
                 self.bind(built, errors)
-                namespace["_kiln_pending"] = None
+                bound[0] = True
 
         def stand_in(name: str) -> Callable[..., Any]:
             def waiting(*args: Any) -> Any:
@@ -756,7 +757,6 @@ class WrapperCodegen(WrapperSteps):
 
             return waiting
 
-        namespace["_kiln_pending"] = pending
         for k in self.kernels.values():
             if k is not None:
                 namespace[f"k_{k.name}"] = stand_in(f"k_{k.name}")
