@@ -59,6 +59,65 @@ def raw_launch_us(calls: int = 20000) -> dict[str, float]:
     return result
 
 
+def breakdown_us(n: int, numel: int, rounds: int, calls: int) -> dict[str, float]:
+    """Where a default-mode call of the N-kernel graph spends its host time, µs per kernel: the
+    graph's wrapper alone (loopir's compiled graph, no frame hook, guard or aotgrad), the same with
+    every launch a no-op Python call (the wrapper's own work: input checks, allocations, pointers,
+    outputs), and N bare allocations through the call the wrapper uses."""
+    from torch._C._dynamo.guards import _empty_strided_cuda  # the wrapper's _alloc on CUDA
+
+    from kiln_codegen_triton import TritonBackend
+    from kiln_loopir import compile_graph
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    inputs = [graph.placeholder(f"x{i}") for i in range(n)]
+    outs = [
+        graph.call_function(aten.add.Tensor, (graph.call_function(aten.mul.Tensor, (x, 2.0)), 1.0))
+        for x in inputs
+    ]
+    graph.output(tuple(outs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    xs = [torch.randn(numel, device="cuda") for _ in range(n)]
+    backend = TritonBackend()
+    compiled = compile_graph(gm, xs, backend=backend)
+    compiled(*xs)
+    launchers = list(backend.last_launchers.values())
+    real = [(lz.namespace, lz.slot, lz.namespace[lz.slot]) for lz in launchers if lz.namespace is not None]
+
+    def noop(*args: Any) -> None:
+        pass
+
+    def wrapper_noop(*args: Any) -> Any:
+        for ns, slot, _ in real:
+            ns[slot] = noop
+        try:
+            return compiled(*args)
+        finally:
+            for ns, slot, fn in real:
+                ns[slot] = fn
+
+    def allocs(*args: Any) -> Any:
+        return [_empty_strided_cuda((numel,), (1,), torch.float32) for _ in range(n)]
+
+    variants = {
+        "wrapper alone": compiled,
+        "wrapper, launches no-op": wrapper_noop,
+        "allocations alone": allocs,
+    }
+    walls: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            walls[name].append(wall_per_call(fn, xs, calls))
+    result = {name: statistics.median(w) * 1e6 / n for name, w in walls.items()}
+    result["launchers bound"] = float(len(real))
+    WRAPPERS.append(backend.last_wrapper)
+    return result
+
+
+WRAPPERS: list[str] = []  # the breakdown graph's generated wrapper, written beside --out
+
+
 def wall_per_call(fn: Callable[..., Any], args: list[torch.Tensor], calls: int) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -137,9 +196,24 @@ def main() -> int:
     raw = raw_launch_us()
     for name, us in raw.items():
         print(f"one launch, {name:24} {us:6.2f} us")
+    parts = breakdown_us(n, args.numel, args.rounds, args.calls)
+    for name, us in parts.items():
+        print(f"per kernel, {name:24} {us:6.2f} us")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"kernels": n, "numel": args.numel, "rows": rows, "raw_launch_us": raw}, f, indent=1)
+            json.dump(
+                {
+                    "kernels": n,
+                    "numel": args.numel,
+                    "rows": rows,
+                    "raw_launch_us": raw,
+                    "breakdown_us": parts,
+                },
+                f,
+                indent=1,
+            )
+        with open(args.out + ".wrapper.py", "w") as f:
+            f.write(WRAPPERS[0] if WRAPPERS else "")
     return 0
 
 

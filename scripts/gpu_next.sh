@@ -309,6 +309,14 @@ for step in "$@"; do
         --models convnext --backends kiln --repeats 1 --warmup 0 > "$out/convnext-train-source.log" 2>&1
       grep -A34 -E "def triton_red_fused__to_copy_add_mul_rsqrt_sub_sum_21[0-4]_partial" "$out/convnext-train-source.log" \
         | head -40 | cut -c1-200 ;;
+    call34a)  # thirty-fourth session (issue 14): the launch micro-benchmark with where a default-mode call's host time
+      # goes per kernel (the wrapper alone, its launches as no-ops, bare allocations; the wrapper kept in $out), the
+      # CUDA-graph and launcher tests on CUDA, then call32g's synchronization probe on GPT-2 and the MLP (the two models
+      # whose default-mode host time is above torch.compile's, s32: both about their GPU time)
+      timeout 150 python3 scripts/gpu_launch_bench.py --kernels 200 --out "$out/launch.json" 2>&1 | grep -v -i warn | tail -14
+      timeout 150 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py \
+        packages/codegen_triton/tests/test_launcher.py packages/codegen_triton/tests/test_worker_launchers.py 2>&1 | tail -4
+      timeout 150 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
     call32d)  # thirty-second session: breadth_speed.py's float32 arbiter (Note [Eager is not always the reference]) on
       # the rows that differed from eager in s30's breadth run. Expected: deepseek_v3's kiln row timed, flagged "e" (eager
       # off float32, kiln within tolerance); funnel, vit_mae, vae: which side float32 takes
