@@ -317,6 +317,19 @@ for step in "$@"; do
       timeout 150 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py \
         packages/codegen_triton/tests/test_launcher.py packages/codegen_triton/tests/test_worker_launchers.py 2>&1 | tail -4
       timeout 150 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
+    call34d)  # thirty-fourth session (issue 14, the four suite configurations in one session: this one, call34b, call34c):
+      # fp32 inference of the suite, eager / kiln / torch.compile, both reduce-overhead modes; then call34a's launch
+      # micro-benchmark (with the breakdown) and the synchronization probe
+      bench inference-f32 330 --dtype float32 --modes inference --repeats 20 --warmup 5 \
+        --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead
+      timeout 110 python3 scripts/gpu_launch_bench.py --kernels 200 --out "$out/launch.json" 2>&1 | grep -v -i warn | tail -14
+      timeout 100 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
+    call34b)  # thirty-fourth session (issue 14): bf16 inference of the suite, profiled (call2)
+      bench inference-bf16 570 --dtype bfloat16 --modes inference --repeats 30 --profile \
+        --backends eager,kiln,kiln:reduce-overhead,inductor,inductor:reduce-overhead ;;
+    call34c)  # thirty-fourth session (issue 14): bf16 and fp32 training of the suite (call29b + call4c)
+      bench training-bf16 290 --dtype bfloat16 --modes training --repeats 8 --warmup 3 --backends eager,kiln,inductor
+      bench training-f32 290 --dtype float32 --modes training --repeats 8 --warmup 3 --backends eager,kiln,inductor ;;
     call32d)  # thirty-second session: breadth_speed.py's float32 arbiter (Note [Eager is not always the reference]) on
       # the rows that differed from eager in s30's breadth run. Expected: deepseek_v3's kiln row timed, flagged "e" (eager
       # off float32, kiln within tolerance); funnel, vit_mae, vae: which side float32 takes
