@@ -115,6 +115,14 @@ def cases() -> list[tuple[str, Any, list[Any], dict[str, Any]]]:
         ),
         ("memory debug", memory, [x, idx, rows, vals, tok], {"debug": True}),
         (
+            # Note [Negative zero constants]: the -0.0 must reach the binary (Triton 3.6 made the
+            # negated +0.0 of the old spelling a +0.0: checked in main on the PTX)
+            "negative zero",
+            lambda t, d: (aten.mul.Tensor(aten.mul.Tensor(t, 0.0), -0.0), aten.mul.Tensor(d, -0.0)),
+            [x, x.double()],
+            {},
+        ),
+        (
             "int64 indexing",
             relu,
             [torch.empty_strided((2**31,), (1,), device="meta")],
@@ -143,7 +151,10 @@ def main() -> int:
                 fn_ = backend.last_launchers[spec.name].fn
                 try:
                     source = triton.compiler.ASTSource(fn=fn_, signature=signature, constexprs=blocks)
-                    triton.compile(source, target=target, options={"num_warps": config.num_warps})
+                    binary = triton.compile(source, target=target, options={"num_warps": config.num_warps})
+                    if label == "negative zero":
+                        ptx = binary.asm["ptx"]
+                        assert "0f80000000" in ptx or "0d8000000000000000" in ptx, ptx
                     print(f"ok    {label}: {spec.name} {config} ({spec.kind})")
                 except Exception:
                     failures += 1

@@ -375,9 +375,12 @@ def test_bitwise_not_of_uint8(device: str) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_negative_zero_constant(device: str) -> None:
-    """Triton builds a constant equal to 0 as +0.0: a -0.0 constant is spelled as a negation."""
-    x = torch.tensor([-0.0, 0.0, 1.5, -2.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_negative_zero_constant(device: str, dtype: torch.dtype) -> None:
+    """Note [Negative zero constants]: Triton builds a constant equal to 0 as +0.0, and Triton
+    3.6 a negated one too; a -0.0 constant is its sign bit reinterpreted (the binary keeps it:
+    gpu_compile.py's "negative zero" case)."""
+    x = torch.tensor([-0.0, 0.0, 1.5, -2.0], dtype=dtype)
 
     def fn(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return aten.add.Tensor(a, -0.0), aten.mul.Tensor(aten.mul.Tensor(a, 0.0), -0.0)

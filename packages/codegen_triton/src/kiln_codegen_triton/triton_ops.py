@@ -79,9 +79,15 @@ def constant_expr(value: object, dtype: torch.dtype) -> str:
         elif math.isinf(f):
             text = 'float("-inf")' if f < 0 else 'float("inf")'
         elif f == 0.0 and math.copysign(1.0, f) < 0:
-            # Triton builds every constant equal to 0 as its null value, +0.0: -0.0 is the
-            # negation (an fneg) of +0.0 (`x + -0.0` of a -0.0 element was +0.0, eager's -0.0)
-            return f"(-tl.full([], 0.0, {ttype}))"
+            # Note [Negative zero constants]: Triton builds every constant equal to 0 as its null
+            # value, +0.0 (`x + -0.0` of a -0.0 element was +0.0, eager's -0.0). Its negation is
+            # no way out: Triton 3.6 lowers `-t` of a float as `0.0 - t`, +0.0 again (found on an
+            # H100: the negated spelling passed under the interpreter and on Triton 3.8 only).
+            # The sign bit alone, reinterpreted as the float, is -0.0 in every version; the
+            # compiler then folds `x + -0.0` to `x`, which is exact.
+            bits = "tl.int64" if ttype == "tl.float64" else "tl.int32"
+            sign = -(2**63) if ttype == "tl.float64" else -(2**31)
+            return f"tl.full([], {sign}, {bits}).to({ttype}, bitcast=True)"
         else:
             text = repr(f)
         return f"tl.full([], {text}, {ttype})"
