@@ -5,6 +5,15 @@
 # Each step writes its logs and kiln_bench JSONs into $OUT. Update the queue when a step's
 # results are in (the session's closing note says which ran).
 #
+# Thirty-fourth session: call34d (fp32 inference of the suite, the launch micro-benchmark with a per-kernel breakdown,
+#   the synchronization probe), call34c (bf16 + fp32 training), a reduced call34b (bf16 inference, 20 timed calls, 3
+#   profiled) and codegen_triton's CUDA tests ran on an H100 at d22a4c2 (code as 791e29a) (packages/bench/results/2026-12-08-h100-s34-*; 1622 of
+#   1800 s, ~330 s of it lost to two refused starts and a slow first start). The four configurations of issue 14 at one
+#   commit: kiln >= torch.compile in each, no model slower than eager. Found on CUDA and fixed after, not re-run there:
+#   a -0.0 constant came back +0.0 (Note [Negative zero constants]), cuDNN TF32 in the test session, three wrapper tests
+#   that needed CPU tensors. Next: call34e (codegen_triton's whole suite on CUDA after those fixes), then call32d, call32c,
+#   call31a (runner rows), call30s, call30b, call30p, call30f, call31o, call28t, call29c, call28l, call27t + call27b,
+#   call27m, call26p, call27l.
 # Thirty-third session: no device time (184 s left of the session's budget at its start; a machine needs ~315 s).
 #   Landed without a GPU measurement: nothing that changes GPU code (the C++ generator's overlapped builds and
 #   precompiled headers are CPU-only; call27t measures the host's compile times). Next, unchanged: call32d, call32g,
@@ -317,6 +326,9 @@ for step in "$@"; do
       timeout 150 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py \
         packages/codegen_triton/tests/test_launcher.py packages/codegen_triton/tests/test_worker_launchers.py 2>&1 | tail -4
       timeout 150 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
+    call34e)  # thirty-fourth session (issue 14): codegen_triton's whole test suite on CUDA after the fixes of the CUDA failures
+      # found in s34 (negative zero constants, cuDNN TF32 in the session, wrapper tests on the session's device); expected: all pass
+      timeout 400 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests 2>&1 | tail -12 ;;
     call34d)  # thirty-fourth session (issue 14, the four suite configurations in one session: this one, call34b, call34c):
       # fp32 inference of the suite, eager / kiln / torch.compile, both reduce-overhead modes; then call34a's launch
       # micro-benchmark (with the breakdown) and the synchronization probe
