@@ -281,6 +281,25 @@ def _call_of(
     return step
 
 
+# Note [Training steps without randomness]: a training step is checked against eager's before it
+# is timed, and a compiled graph draws its random numbers in another order than eager (kiln's and
+# torch.compile's alike): a model that drops in train mode (SegFormer's classifier dropout and
+# stochastic depth, Swin's stochastic depth, at their configs' defaults) differed from eager on
+# every backend, a mismatch of the harness, not of a compiler, and the row went untimed. So train
+# mode sets every dropout probability to zero (``nn.Dropout*`` and the stochastic-depth modules'
+# ``drop_prob``); the row says how many (``dropout_zeroed``).
+
+
+def _without_randomness(model: torch.nn.Module) -> int:
+    zeroed = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p:
+            m.p, zeroed = 0.0, zeroed + 1
+        elif isinstance(getattr(m, "drop_prob", None), float) and m.drop_prob:
+            m.drop_prob, zeroed = 0.0, zeroed + 1
+    return zeroed
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {"model": name, "mode": args.mode, "threads": torch.get_num_threads()}
     dtype = getattr(torch, args.dtype)
@@ -289,6 +308,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     grad_mode = contextlib.nullcontext if train else torch.no_grad
     try:
         model, inputs, kind = build(name, args.mode)
+        if train:
+            row["dropout_zeroed"] = _without_randomness(model)
         model = model.to(args.device).to(dtype)
         inputs = _to(inputs, args.device, dtype)
     except Exception as e:
