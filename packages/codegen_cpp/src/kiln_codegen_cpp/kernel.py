@@ -204,6 +204,7 @@ and the wrapper allocates them (``Kernel.scratch``).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -272,6 +273,47 @@ COVER_BITS_MAX = 256
 # gathered table whose column loop moves innermost
 TABLE_COLUMNS_MAX = 16
 TABLE_ELEMENTS_MAX = 16384
+
+# Note [Loops split at their guards]: a pointwise kernel's innermost loop runs as pieces between
+# the positions where a comparison of a loop's index with a constant changes answer (a padded
+# window's bounds), the same body in each piece, and the loop around it puts its own such positions
+# in an `if` around the pieces. GCC 12 vectorizes no load under a mask whose index is not unit-stride
+# ("no vectype for MASK_LOAD": a 3x3 max pooling of stride 2 and padding 1, loads 2 apart, masked
+# by row and column bounds, was scalar: `scripts/cpp_vector_audit.py`); in a piece and under the
+# `if`, its value-range analysis knows each comparison's answer from the loop bounds, the masks fold
+# away and the loads are plain strided loads, which it vectorizes. Masked loads of unit stride (a
+# `cat`, a stride-1 window) it vectorizes as they are, so only a kernel with a masked load that
+# steps by more than one element along its innermost loop is split. ResNet's stem pooling at
+# [2, 32, 32, 32] -> 16x16, one thread, by hand on this project's 2-core machine: 230-340 us ->
+# 93-130 us, the same bits (the two loops split; the column loop alone stays scalar, since the row
+# masks remain). Correct by construction: the pieces run the same iterations in the same order.
+# The `if` takes the widest span of the enclosing loop between its points (the interior rows of a
+# padded window), the rest of that loop runs the loop unsplit, as before: one more copy of the
+# body, not one per span. Pieces cost compile time and code, so: at most SPLIT_MAX_POINTS points
+# per loop and SPLIT_MAX_LINES lines of body copies in all; kernels without such comparisons
+# (most) are unchanged.
+# CppOptions.split_guarded_loops; KILN_LOG=output_code says which loops were split.
+SPLIT_MAX_POINTS = 3
+SPLIT_MAX_LINES = 1500
+_GUARD_OPS = ("ge", "gt", "lt", "le")
+_MIRRORED = {"ge": "le", "le": "ge", "gt": "lt", "lt": "gt"}
+
+
+def _strided_in(expr: sympy.Expr, var: sympy.Expr) -> bool:
+    """Does ``expr`` step by more than one element along ``var`` (Note [Loops split at their
+    guards]: GCC vectorizes masked loads of unit stride, as a `cat`'s, by itself)?"""
+    step = sympy.expand(expr).coeff(var)
+    return bool(step.is_Integer) and abs(int(step)) > 1
+
+
+def _guard_point(a: int, b: int, op: str, c: int) -> int:
+    """The first integer ``v`` at which ``a*v + b <op> c`` answers otherwise than at ``v - 1``
+    (Note [Loops split at their guards]). Over integers ``>`` is ``>= c + 1`` and ``<``/``<=`` are
+    the negations of ``>=``/``>``, so each is ``a*v >= t``, which changes at ``ceil(t / a)``
+    where ``a > 0`` and after ``floor(t / a)`` where ``a < 0``."""
+    t = (1 if op in ("gt", "le") else 0) - b + c
+    return -(-t // a) if a > 0 else t // a + 1
+
 
 # how a split reduction's combine folds partial `s` of accumulator `a` into it, per reduction kind
 # (Note [Split reductions], Note [Reductions with few outputs] in parallel.py)
@@ -658,6 +700,11 @@ class KernelBuilder(OpsHandlerBase):
         # Note [A small table's columns innermost]: the loads through an indirect index, and each
         # indirect index's extent
         self.gathers: list[sympy.Expr] = []
+        # Note [Loops split at their guards]: integer index values by variable, and the points
+        # where a comparison of one loop's index with a constant changes its answer, by loop
+        self.index_values: dict[str, sympy.Expr] = {}
+        self.guard_points: dict[str, set[int]] = {}
+        self.masked_loads: list[sympy.Expr] = []
         self.extents: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------- setup
@@ -923,6 +970,7 @@ class KernelBuilder(OpsHandlerBase):
         offset = index_to_cpp(expr)
         if self.masks:  # Note [Masked loads without a branch]
             offset = f"(({' && '.join(self.masks)}) ? ({offset}) : 0)"
+            self.masked_loads.append(expr)  # Note [Loops split at their guards]
         ref = f"{self._param(name)}[{offset}]"
         return self._cse(load_expr(dtype, ref), dtype)
 
@@ -963,7 +1011,10 @@ class KernelBuilder(OpsHandlerBase):
 
     def index_expr(self, expr: Any, dtype: torch.dtype) -> CppValue:
         e = self._simplify(sympy.sympify(expr), self.ranges)
-        return self._cse(f"static_cast<{compute_type(dtype)}>({index_to_cpp(e)})", dtype)
+        value = self._cse(f"static_cast<{compute_type(dtype)}>({index_to_cpp(e)})", dtype)
+        if dtype in (torch.int64, torch.int32) and not value.const:
+            self.index_values[value.expr] = e
+        return value
 
     def indirect_indexing(self, value: Any, size: Any, check: bool = True) -> sympy.Symbol:
         v = self._as(self._value(value), torch.int64)
@@ -1079,6 +1130,8 @@ class KernelBuilder(OpsHandlerBase):
 
     def _math(self, name: str, *args: Any) -> CppValue:
         values, out, operand = self._math_operands(name, args)
+        if name in _GUARD_OPS and len(values) == 2:
+            self._note_guard(name, values[0], values[1])
         if name in INT_DIVISION and not operand.is_floating_point and operand != torch.bool:
             self._check_divisor(name, values[1])
         text = spell(name, operand, *[v.expr for v in values])
@@ -1088,6 +1141,27 @@ class KernelBuilder(OpsHandlerBase):
             text = convert_expr(text, operand, out)
         expensive = name in EXPENSIVE and operand.is_floating_point
         return self._cse(text, out, all(v.const for v in values), expensive)
+
+    def _note_guard(self, name: str, a: CppValue, b: CppValue) -> None:
+        """Note [Loops split at their guards]: where ``a <name> b`` compares one loop's index (an
+        affine integer index value) with an integer constant, the loop position at which its
+        answer changes."""
+        if a.const and b.expr in self.index_values:
+            a, b, name = b, a, _MIRRORED[name]
+        e = self.index_values.get(a.expr)
+        if e is None or not b.const or not isinstance(b.py, int) or isinstance(b.py, bool):
+            return
+        symbols = [v for v in e.free_symbols if str(v) in self.loop_names]
+        if len(symbols) != 1 or len(e.free_symbols) != 1:
+            return
+        v = symbols[0]
+        poly = sympy.Poly(e, v) if e.is_polynomial(v) else None
+        if poly is None or poly.degree() != 1:
+            return
+        coeff, rest = poly.all_coeffs()
+        if not (coeff.is_Integer and rest.is_Integer) or coeff == 0:
+            return
+        self.guard_points.setdefault(str(v), set()).add(_guard_point(int(coeff), int(rest), name, b.py))
 
     # ---------------------------------------------------------------------------- reduction
 
@@ -1916,6 +1990,13 @@ class KernelBuilder(OpsHandlerBase):
                 lines.append(f"{pad}  for (int64_t {var} = lo; {var} < hi; ++{var}) {{")
                 depth += 2
                 continue
+            if last and not is_reduction and simd:
+                pieces = self._guard_pieces(loops, plan, body, say=not par)
+                if pieces is not None:  # Note [Loops split at their guards]
+                    lines.extend(pad + b for b in pieces)
+                    for d in range(depth - 1, -1, -1):
+                        lines.append("  " * d + "}")
+                    return lines
             if last and not is_reduction and simd and not (self.symbolic and i == 0 and plan is not None):
                 lines.append(f"{pad}#pragma omp simd")
             lines.append(f"{pad}{self._loop(var, size)} {{")
@@ -1924,6 +2005,57 @@ class KernelBuilder(OpsHandlerBase):
         lines.extend(pad + b for b in body)
         for d in range(depth - 1, -1, -1):
             lines.append("  " * d + "}")
+        return lines
+
+    def _guard_pieces(
+        self, loops: list[tuple[sympy.Expr, Any]], plan: ParallelPlan | None, body: list[str], say: bool
+    ) -> list[str] | None:
+        """Note [Loops split at their guards]: the innermost loop of a pointwise kernel (and its
+        body) as pieces between the points where its comparisons change answer, inside an ``if``
+        on the widest span of the enclosing loop between its own points (the rest of that loop
+        runs the one loop as before); None where nothing is split."""
+        if not self.options.split_guarded_loops or self.symbolic:
+            return None
+        if plan is not None and (plan.kind == "chunked" or plan.collapse >= len(loops)):
+            return None
+        var, size = loops[-1]
+        if not isinstance(size, int) or not any(_strided_in(e, var) for e in self.masked_loads):
+            return None
+        inner = sorted(p for p in self.guard_points.get(str(var), ()) if 0 < p < size)
+        if len(inner) > SPLIT_MAX_POINTS:
+            inner = []
+        span: list[str] = []
+        if len(loops) > 1 and isinstance(loops[-2][1], int):
+            outer_var, outer_size = loops[-2]
+            outer = sorted(p for p in self.guard_points.get(str(outer_var), ()) if 0 < p < outer_size)
+            if 0 < len(outer) <= SPLIT_MAX_POINTS:
+                lo, hi = max(itertools.pairwise([0, *outer, outer_size]), key=lambda b: b[1] - b[0])
+                span = [f"{outer_var} >= INT64_C({lo})"] * (lo > 0) + [f"{outer_var} < INT64_C({hi})"] * (
+                    hi < outer_size
+                )
+        copies = len(inner) + 1 + bool(span)
+        if copies == 1 or copies * len(body) > SPLIT_MAX_LINES:
+            return None
+        if say:  # rendered twice (Note [Serial path]): say it once
+            log.debug(
+                "kernel %s: loop %s split at %s%s (%d copies of its body)",
+                self.name,
+                var,
+                inner or "no point",
+                f", where {' && '.join(span)}" if span else "",
+                copies,
+            )
+        bounds = [0, *inner, size]
+        pad = "  " if span else ""
+        lines = [f"if ({' && '.join(span)}) {{"] if span else []
+        for lo, hi in itertools.pairwise(bounds):
+            lines.append(f"{pad}#pragma omp simd")
+            lines.append(f"{pad}for (int64_t {var} = INT64_C({lo}); {var} < INT64_C({hi}); ++{var}) {{")
+            lines.extend(f"{pad}  {b}" for b in body)
+            lines.append(f"{pad}}}")
+        if span:
+            lines += ["} else {", "  #pragma omp simd", f"  {self._loop(var, size)} {{"]
+            lines += [f"    {b}" for b in body] + ["  }", "}"]
         return lines
 
     def _table_column(self, loops: list[tuple[sympy.Expr, Any]]) -> tuple[sympy.Symbol, int] | None:

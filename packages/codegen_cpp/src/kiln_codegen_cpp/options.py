@@ -80,6 +80,12 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   that does not move with the loop over the table's columns runs that loop innermost and scalar,
   after the index is computed once for all columns (Note [A small table's columns innermost] in
   kernel.py: T5's relative-position bias); off: the loop order of the stores, gathers per column.
+* ``split_guarded_loops``: a pointwise kernel whose values compare one loop's index with a
+  constant (a padded window's bounds: max/avg pooling, a padded read, a `cat` along the innermost
+  dim) runs its innermost loop in pieces between those bounds, and an enclosing loop's bounds as
+  an ``if`` around them, the same body in each, so that GCC sees every comparison constant in a
+  piece and vectorizes loads it left scalar under their masks (Note [Loops split at their guards]
+  in kernel.py); off: one loop.
 * ``wide_pointwise_passes``: a row kernel's pass over the row that reduces nothing (layer norm's
   normalisation after its statistics) runs two vectors of float32 lanes (32 at 512 bits), not the
   lanes of the kernel's reductions (8 beside a Welford of shifted blocks): Note [A row's pointwise
@@ -212,6 +218,7 @@ class CppOptions:
     tree_lane_combine: bool = True
     wide_vectors: bool = True
     table_columns_inner: bool = True
+    split_guarded_loops: bool = True
     wide_pointwise_passes: bool = False
     row_column_sums: bool = False
     parallel_grain: int = PARALLEL_GRAIN
