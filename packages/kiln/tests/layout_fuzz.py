@@ -22,7 +22,10 @@ Note [Tolerances of the layout fuzzer]: values compare with dtype-aware toleranc
 not close, the fuzzer runs the program in float64 too and accepts the compiled result when its
 error from float64 is at most twice eager's plus a floor (the accuracy rule of the benchmark
 harness), since a norm over few elements amplifies rounding that neither side gets wrong. A
-layout bug (a misread permute, a weight read in the wrong order) is far outside either.
+layout bug (a misread permute, a weight read in the wrong order) is far outside either. Where a
+value is ill-conditioned, eager's own error is one draw from a wide spread: the compiled result is
+also accepted within twice eager's typical error on inputs and parameters one ulp away (Note
+[Eager's one-ulp band]).
 
 A quarter of the programs also pad their GEMMs (``pad_mm="force"``). A failing program is run again
 with each rule switched off, and with the C++ generator (``SWITCHES``; ``--no-blame`` skips it):
@@ -49,6 +52,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import math
 import os
 import random
 import re
@@ -538,9 +542,80 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
 
 
-def compare(what: str, got, want, ref, dtype: torch.dtype, strides: bool = True) -> list[str]:
+# Note [Eager's one-ulp band]: a training program in bfloat16 can ask for a gradient that
+# rounding decides. Seeds 1070 and 1145: a depthwise convolution's bias gradient under a LayerNorm
+# over 2 or 3 channels. With so few channels the normalized values sit at +-1 wherever the channels
+# differ by more than sqrt(eps), the true gradient into the norm is nearly 0 there, and what a
+# bfloat16 backward computes (from the mean and rstd eager's CPU kernel rounds to bfloat16, as
+# kiln's decomposition does) is mostly rounding noise, which the bias gradient sums. Kiln's result
+# was 2.4-10x further from float64 than eager's, but eager running the program as ``conv_bias``
+# rewrites it (the bias added after the convolution, one rounding more, as eager's own cuDNN path
+# does on a GPU) gives kiln's seed-1070 gradient bit for bit, and eager itself, on inputs and
+# parameters each moved by at most one ulp, lands 0.013-0.14 from float64 (kiln 0.126, eager's
+# unmoved draw 0.0137; seed 1145: 0.010-0.050, kiln 0.018, eager 0.0074). Eager's own error is
+# one draw from that spread, so twice it is no bound there. Where the first rule fails, eager runs
+# PERTURBED_RUNS more times on inputs and parameters nudged by at most one ulp of their dtype
+# (``eager_band``; the float64 reference itself starts from the float32 values that the program's
+# dtype rounds, half an ulp away), and the compiled result is also accepted when its error is at
+# most twice eager's typical one there (the root mean square of those runs' errors) plus the
+# floor: the first rule with eager's error measured over draws instead of taken from one. For a
+# well-conditioned value the nudged runs' errors stay at eager's own and the rule is as strict as
+# before; a layout bug's error is of the value's size, far outside (test_layout_fuzz.py checks
+# both). With 8 runs, seed 1070's typical error is 0.078 (kiln 0.126 < 2 x 0.078).
+PERTURBED_RUNS = 8
+
+
+def _nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``t`` (its strides kept) with each nonzero element moved to the next value of its dtype up,
+    down, or kept, at random (Note [Eager's one-ulp band])."""
+    t = t.detach()
+    if not t.dtype.is_floating_point:
+        return t.clone()
+    way = torch.randint(-1, 2, t.shape, generator=gen)
+    up = torch.nextafter(t, torch.full_like(t, float("inf")))
+    down = torch.nextafter(t, torch.full_like(t, float("-inf")))
+    moved = torch.where(way > 0, up, torch.where(way < 0, down, t))
+    out = t.clone()  # the same strides
+    out.copy_(torch.where((t == 0) | ~moved.isfinite(), t, moved))
+    return out
+
+
+def eager_band(p: Program, grads) -> list:
+    """Eager's results (as ``_run`` gives them) on inputs and parameters nudged by at most one ulp,
+    PERTURBED_RUNS draws (Note [Eager's one-ulp band]); a draw eager raises on is left out."""
+    runs = []
+    for k in range(PERTURBED_RUNS):
+        gen = torch.Generator().manual_seed(p.seed * PERTURBED_RUNS + k)
+        m, args = instantiate(p)
+        with torch.no_grad():
+            for q in m.parameters():
+                q.copy_(_nudged(q, gen))
+        args = [_nudged(a, gen).requires_grad_(a.requires_grad) for a in args]
+        try:
+            runs.append(_run(p, m, args, grads))
+        except Exception:
+            continue
+    return runs
+
+
+def _band_error(band, mask: torch.Tensor, ref: torch.Tensor) -> float:
+    """Eager's typical error from float64 on nudged inputs: the root mean square of its nudged
+    results' errors (0.0 without any)."""
+    errs = []
+    for b in band or ():
+        if isinstance(b, torch.Tensor) and b.shape == mask.shape:
+            e = _rmse(b.detach()[mask], ref)
+            if not math.isnan(e):  # a draw that made a NaN where eager has none says nothing
+                errs.append(e)
+    return (sum(e * e for e in errs) / len(errs)) ** 0.5 if errs else 0.0
+
+
+def compare(
+    what: str, got, want, ref, dtype: torch.dtype, strides: bool = True, band: list | None = None
+) -> list[str]:
     """What differs between the compiled ``got`` and eager's ``want`` (``ref``: float64's, or None
-    until asked for; Note [Tolerances of the layout fuzzer])."""
+    until asked for; ``band``: eager's values on nudged inputs; Notes [Tolerances of the layout
+    fuzzer], [Eager's one-ulp band])."""
     if want is None or got is None:
         return [] if want is None and got is None else [f"{what}: {got is None=} {want is None=}"]
     if type(got) is not type(want):
@@ -567,14 +642,18 @@ def compare(what: str, got, want, ref, dtype: torch.dtype, strides: bool = True)
         err, eager_err = _rmse(got, ref), _rmse(want, ref)
         floor = FLOOR[dtype] * max(1.0, float(ref.abs().max()) if ref.numel() else 1.0)
         if not (err <= 2 * eager_err + floor):
-            bad.append(
-                f"{what}: values differ: max |got-eager| {float((got.double() - want.double()).abs().max()):.3g},"
-                f" rmse vs float64 {err:.3g} (eager's {eager_err:.3g})"
-            )
+            band_err = _band_error(band, finite, ref)
+            if not (err <= 2 * band_err + floor):
+                bad.append(
+                    f"{what}: values differ: max |got-eager| {float((got.double() - want.double()).abs().max()):.3g},"
+                    f" rmse vs float64 {err:.3g} (eager's {eager_err:.3g}, {band_err:.3g} one ulp away)"
+                )
     return bad
 
 
-def _compare_all(p: Program, got, want, ref) -> list[str]:
+def _compare_all(p: Program, got, want, ref, band: list | None = None) -> list[str]:
+    """Every value of ``got`` against ``want`` (``ref``: float64's results; ``band``: eager's on
+    nudged inputs, ``eager_band``), as ``compare`` judges them."""
     bad: list[str] = []
     groups = ("out", "input grad", "param grad", "buffer")
 
@@ -587,9 +666,11 @@ def _compare_all(p: Program, got, want, ref) -> list[str]:
         if len(gs) != len(ws):
             bad.append(f"{groups[gi]}: {len(gs)} values against {len(ws)}")
             continue
+        draws = [listed(run[gi]) for run in band or ()]
         for i, (a, b) in enumerate(zip(gs, ws, strict=True)):
             r = rs[i] if rs is not None else None
-            bad += compare(f"{groups[gi]} {i}", a, b, r, p.dtype, strides=groups[gi] != "buffer")
+            near = [d[i] for d in draws if len(d) == len(ws)]
+            bad += compare(f"{groups[gi]} {i}", a, b, r, p.dtype, strides=groups[gi] != "buffer", band=near)
     return bad
 
 
@@ -689,7 +770,8 @@ def check(p: Program, extra: dict | None = None, gpu_form: bool = False) -> str 
         md, dargs = instantiate(p, torch.float64)
         dgrads = [t.double() for t in grads] if grads else None
         ref = _run(p, md, dargs, dgrads)
-        bad = [*_compare_all(p, got, want, ref), *(b for b in bad if b.startswith("gpu form"))]
+        band = eager_band(p, grads)
+        bad = [*_compare_all(p, got, want, ref, band), *(b for b in bad if b.startswith("gpu form"))]
     return "\n".join(bad) if bad else None
 
 
