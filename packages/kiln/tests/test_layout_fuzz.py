@@ -123,3 +123,26 @@ def test_eagers_band_accepts_rounding_noise_but_not_a_wrong_value() -> None:
     assert compare("g", got, want, ref, torch.bfloat16, band=wide) == []
     assert compare("g", got.flip(0), want, ref, torch.bfloat16, band=wide) != []
     assert compare("g", got, want, ref, torch.bfloat16, band=narrow) != []
+
+
+def test_a_returned_input_of_a_native_convolution_keeps_eagers_strides() -> None:
+    """Seed 1404: the leaky ReLU of a channels-last convolution, returned and read by a small
+    convolution that runs natively, came back NCHW (kiln_loopir's Note [A layout only lowerings
+    read])."""
+    p = _program(
+        [
+            "t1 = self.m1(x0)",
+            "t2 = F.leaky_relu(t1, 0.1)",
+            "t3 = self.m2(t2)",
+            "loss = t3.float().square().mean()",
+        ],
+        [
+            "self.m1 = nn.Conv2d(4, 8, 5, stride=1, padding=2, dilation=1, groups=4, bias=True)",
+            "self.m2 = nn.Conv2d(8, 2, 2, stride=2, padding=0, dilation=1, groups=1, bias=True)",
+        ],
+        [("x0", (2, 4, 8, 5), "cl", True)],
+        ["loss", "t1", "t2"],
+        seed=1404,
+        loss="scalar",
+    )
+    assert check(p, gpu_form=True) is None

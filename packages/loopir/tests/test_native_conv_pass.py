@@ -102,3 +102,33 @@ def test_graphs_mostly_of_small_convolutions_keep_eagers_layouts() -> None:
     assert half.channels_last and not half.native_convs  # 1 small of 2: the count's NHWC
     assert off.channels_last and not off.native_convs
     assert not most.channels_last and len(most.native_convs) == 3  # 3 small of 4
+
+
+def _scaled_and_convolved(x: Any, w: Any) -> Any:
+    """A pointwise value of a channels-last input, returned and read by a small convolution."""
+    t = aten.mul.Tensor(x, 2.0)
+    return aten.convolution.default(t, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), t
+
+
+def _scaled_read_through_storage(x: Any, w: Any) -> Any:
+    """The same value read by as_strided (through its storage, with eager's strides) after the
+    convolution."""
+    t = aten.mul.Tensor(x, 2.0)
+    y = aten.convolution.default(t, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return y, aten.mul.Tensor(aten.as_strided.default(t, [3, 4], [1, 3], 2), 1.0)
+
+
+def test_a_value_eager_lays_out_keeps_its_layout_beside_a_native_convolution() -> None:
+    """Note [A layout only lowerings read]: the native kernel wants its input NCHW and the
+    lowering computed a lazy input so; a value that also leaves the graph came out NCHW where
+    eager's is channels-last (layout fuzzer seed 1404), and one as_strided reads through its
+    storage was read in the wrong order (a wrong answer). Both now keep eager's layout, and the
+    convolution reads a copy."""
+    xs = [make((2, 4, 8, 5)).contiguous(memory_format=torch.channels_last), make((16, 4, 3, 3))]
+    for fn in (_scaled_and_convolved, _scaled_read_through_storage):
+        gm = with_vals(fn, *xs)
+        _, ctx = run_passes(gm, xs, torch.device("cpu"), inference=False)
+        assert len(ctx.native_convs) == 1 and not ctx.channels_last
+        compiled = check(gm, *xs)
+        out = compiled(*xs)
+        assert out[1].stride() == fn(*xs)[1].stride()

@@ -111,7 +111,7 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
         stride, padding = _pair(rest[0]), _pair(rest[1])
         kernel = [int(k) for k in weight.get_size()[2:]]
-        x = _as_contiguous(x) if isinstance(x, TensorBox) else x
+        x = _as_contiguous(x, node.args[0]) if isinstance(x, TensorBox) else x
         return fallback(
             aten._slow_conv2d_forward.default, (x, weight, kernel, bias, stride, padding), {}, meta
         )
@@ -141,12 +141,18 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
         # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
         stride, padding, mask = _pair(rest[1]), _pair(rest[2]), rest[7]
         kernel = [int(k) for k in weight.get_size()[2:]]
-        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+        grad, x = (
+            _as_contiguous(t, source) if isinstance(t, TensorBox) else t
+            for t, source in ((grad, node.args[0]), (x, node.args[1]))
+        )
         return fallback(
             aten._slow_conv2d_backward.output_mask, (grad, x, weight, kernel, stride, padding, mask), {}, meta
         )
     if node in graph.nchw_conv_backwards:  # Note [Depthwise convolution backwards on small maps]
-        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+        grad, x = (
+            _as_contiguous(t, source) if isinstance(t, TensorBox) else t
+            for t, source in ((grad, node.args[0]), (x, node.args[1]))
+        )
     elif node in graph.channels_last:
         grad, x = (
             _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
@@ -159,23 +165,40 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
         if graph.nhwc_weights and not transposed and mask[0]:
             weight = _nhwc_weight(weight)
     elif node in graph.conv_grad_formats and isinstance(grad, TensorBox):
-        _free_layout(grad, graph.conv_grad_formats[node])
+        _free_layout(grad, graph.conv_grad_formats[node], node.args[0])
     return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)
 
 
-def _as_contiguous(x: TensorBox) -> TensorBox:
-    """``x`` in NCHW memory: a lazy value computed so, a realized one kept when it already is,
-    else copied (one kernel)."""
-    _free_layout(x, torch.contiguous_format)
+def _as_contiguous(x: TensorBox, source: Any) -> TensorBox:
+    """``x`` (the value of fx node ``source``) in NCHW memory: a lazy value computed so where
+    its layout is the lowering's to choose (Note [A layout only lowerings read]), a realized one
+    kept when it already is, else copied (one kernel)."""
+    _free_layout(x, torch.contiguous_format, source)
     return _with_strides(x, contiguous_strides)
 
 
-def _free_layout(x: TensorBox, memory_format: torch.memory_format) -> None:
+# Note [A layout only lowerings read]: a lowering that wants its input in one memory format (the
+# native convolution kernels NCHW, Note [Small convolutions outside oneDNN]; a convolution
+# backward's gradient in oneDNN's format) has a value still lazy computed in that format, rather
+# than computed in eager's strides (``hint_eager_strides``) and copied. That is the lowering's
+# choice only while nothing else sees the value's memory: not when the value, or a view of its
+# storage, is one of the user's outputs (eager's strides are part of the result), nor when
+# ``as_strided`` reads it through its storage with eager's strides. A graph that runs no node
+# channels-last does not check its outputs' strides (``GraphLowering._eager_strides``): with a
+# channels-last input, ``t = x * 2`` returned and read by a small convolution came back NCHW
+# (layout fuzzer seed 1404, CPU defaults too), and ``t.as_strided(...)`` after the convolution
+# read its elements in the wrong order, a wrong answer. Such a value keeps eager's layout
+# (``GraphLowering.keeps_eager_layout``) and the convolution reads a copy (one kernel over a
+# small map, what the output would have needed anyway).
+def _free_layout(x: TensorBox, memory_format: torch.memory_format, source: Any) -> None:
     """Note [A convolution backward's gradient in oneDNN's format]: a lazy 4-D value (not yet a
     buffer, not a view) is given ``memory_format``'s strides for when it is realized; anything
-    else keeps its layout."""
+    else keeps its layout, as does the value of an fx node ``source`` whose layout is eager's to
+    keep (Note [A layout only lowerings read])."""
     storage = x.data
     if not isinstance(storage, StorageBox) or storage.is_realized() or len(x.get_size()) != 4:
+        return
+    if current_graph().keeps_eager_layout(source):
         return
     size = [sympy.sympify(s) for s in x.get_size()]
     if memory_format == torch.channels_last:
