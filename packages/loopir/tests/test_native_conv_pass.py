@@ -132,3 +132,27 @@ def test_a_value_eager_lays_out_keeps_its_layout_beside_a_native_convolution() -
         compiled = check(gm, *xs)
         out = compiled(*xs)
         assert out[1].stride() == fn(*xs)[1].stride()
+
+
+def _backward_on_a_point(grad: Any, x: Any, w: Any) -> Any:
+    """A convolution backward over a 1x1 map (a 3x3 kernel, padded)."""
+    gi, gw, _ = aten.convolution_backward.default(
+        grad, x, w, [6], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]
+    )
+    return gi, gw
+
+
+def test_a_native_backward_gets_exactly_contiguous_strides_on_a_one_pixel_map() -> None:
+    """Note [Size-1 dims and the native kernels' layouts]: the saved input of a convolution over
+    a 1x1 map came with eager's channels-last strides (6, 1, 6, 6), the same memory as NCHW's
+    but what torch's native backward takes for channels-last, whereupon it refused its own weight
+    gradient ("slow_conv2d: grad_weight must be contiguous"; CPU convolution fuzzer seed 1043)."""
+    xs = [
+        make((3, 6, 1, 1)),
+        torch.empty_strided((3, 6, 1, 1), (6, 1, 6, 6)).copy_(make((3, 6, 1, 1))),
+        make((6, 6, 3, 3)),
+    ]
+    gm = with_vals(_backward_on_a_point, *xs)
+    _, ctx = run_passes(gm, xs, torch.device("cpu"), inference=False)
+    assert len(ctx.native_convs) == 1
+    check(gm, *xs)

@@ -23,7 +23,8 @@ import torch
 
 from .. import sizevars
 from ..indexing import contiguous_strides
-from ..ir import StorageBox, TensorBox, realize_strided
+from ..ir import ReinterpretView, StorageBox, TensorBox, realize_strided
+from ..layout import FixedLayout
 from ..lowering import VIEW_OPS, copy_with_strides, fallback, find_lowering, register_lowering
 from ..virtualized import current_graph
 
@@ -111,7 +112,7 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
         stride, padding = _pair(rest[0]), _pair(rest[1])
         kernel = [int(k) for k in weight.get_size()[2:]]
-        x = _as_contiguous(x, node.args[0]) if isinstance(x, TensorBox) else x
+        x = _native_input(x, node.args[0]) if isinstance(x, TensorBox) else x
         return fallback(
             aten._slow_conv2d_forward.default, (x, weight, kernel, bias, stride, padding), {}, meta
         )
@@ -142,7 +143,7 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
         stride, padding, mask = _pair(rest[1]), _pair(rest[2]), rest[7]
         kernel = [int(k) for k in weight.get_size()[2:]]
         grad, x = (
-            _as_contiguous(t, source) if isinstance(t, TensorBox) else t
+            _native_input(t, source) if isinstance(t, TensorBox) else t
             for t, source in ((grad, node.args[0]), (x, node.args[1]))
         )
         return fallback(
@@ -175,6 +176,30 @@ def _as_contiguous(x: TensorBox, source: Any) -> TensorBox:
     kept when it already is, else copied (one kernel)."""
     _free_layout(x, torch.contiguous_format, source)
     return _with_strides(x, contiguous_strides)
+
+
+# Note [Size-1 dims and the native kernels' layouts]: a value over a 1x1 map is NCHW and NHWC at
+# once, and loopir's layout checks ignore the strides of size-1 dims. torch's native convolution
+# kernels do not: they pick their memory format by ``suggest_memory_format``, which reads those
+# strides too, and the backward's channels-last path refuses its own weight gradient ("slow_conv2d:
+# grad_weight must be contiguous"). The saved input of a convolution over a 1x1 map came with
+# eager's channels-last strides (6, 1, 6, 6), the same memory as (6, 1, 1, 1), and the backward
+# failed at run time (CPU convolution fuzzer seed 1043). The native kernels get their inputs
+# through a view with exactly NCHW's strides: the same memory, no copy.
+def _native_input(x: TensorBox, source: Any) -> TensorBox:
+    """``x`` (the value of fx node ``source``) as torch's native convolution kernels must get it:
+    NCHW, with NCHW's strides on size-1 dims too (Note [Size-1 dims and the native kernels'
+    layouts])."""
+    x = _as_contiguous(x, source)
+    base = realize_strided(x)
+    size = [sympy.sympify(n) for n in base.get_size()]
+    wanted = tuple(contiguous_strides(size))
+    known = sizevars.current()
+    if all(known.statically_known_equals(st, w) for st, w in zip(base.layout.stride, wanted, strict=True)):
+        return x
+    buffer = base.buffer if isinstance(base, ReinterpretView) else base
+    layout = FixedLayout(base.get_device(), base.get_dtype(), tuple(size), wanted, base.layout.offset)
+    return TensorBox(ReinterpretView(buffer, layout))
 
 
 # Note [A layout only lowerings read]: a lowering that wants its input in one memory format (the
