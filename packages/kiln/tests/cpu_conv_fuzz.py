@@ -48,6 +48,7 @@ from layout_fuzz import (
     _meta_strides,
     _run,
     _view,
+    eager_band,
     fuzz_arguments,
     instantiate,
     run_seeds,
@@ -350,7 +351,7 @@ def check(p: Program, extra: dict | None = None) -> str | None:
     finally:
         kiln.reset()
     bad = []
-    ref = None
+    ref = band = None
     for call in range(3):
         found = _meta_strides(p, _compare_all(p, got[call], want[call], None), got[call][0])
         if "?" in found:
@@ -358,7 +359,11 @@ def check(p: Program, extra: dict | None = None) -> str | None:
                 md, dargs = instantiate(p, torch.float64)
                 dgrads = [t.double() for t in grads] if grads else None
                 ref = _calls(p, md, md, dargs, dgrads)
-            found = _meta_strides(p, _compare_all(p, got[call], want[call], ref[call]), got[call][0])
+                # Note [Eager's one-ulp band] (layout_fuzz.py): seed 1047's bias before a
+                # BatchNorm, whose true gradient is 0, is rounding noise in bfloat16
+                band = eager_band(p, grads, lambda m, a: _calls(p, m, m, a, grads))
+            near = [b[call] for b in band or ()]
+            found = _meta_strides(p, _compare_all(p, got[call], want[call], ref[call], near), got[call][0])
         bad += [f"call {call + 1}: {b}" for b in found]
     return "\n".join(bad) if bad else None
 
