@@ -146,3 +146,23 @@ def test_a_returned_input_of_a_native_convolution_keeps_eagers_strides() -> None
         loss="scalar",
     )
     assert check(p, gpu_form=True) is None
+
+
+def test_nan_eager_alone_makes_is_eagers_error() -> None:
+    """Note [NaN that eager alone makes]: eager's NaN where float64 has a number (torch's bfloat16
+    convolution backward reading uninitialized memory, cpu_conv_fuzz.py seed 1195) is judged as
+    eager's error; kiln's NaN where eager has a number, or kiln's number where float64 too is NaN,
+    stays a failure."""
+    ref = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    got = ref.to(torch.bfloat16)
+    want = got.clone()
+    want[:4] = float("nan")
+    want[4:] += 0.5
+    assert compare("g", got, want, None, torch.bfloat16) == ["?"]  # not close: float64 asked for
+    assert compare("g", got, want, ref, torch.bfloat16) == []
+    kiln_nan = got.clone()
+    kiln_nan[8] = float("nan")
+    assert "NaN" in compare("g", kiln_nan, want, ref, torch.bfloat16)[0]
+    ref_nan = ref.clone()
+    ref_nan[:4] = float("nan")
+    assert "NaN" in compare("g", got, want, ref_nan, torch.bfloat16)[0]
