@@ -540,6 +540,10 @@ class Gen:
         lst = self.pick("list") or "lst"
         if lst in self.scope.frozen:
             lst = "obj.items"
+        # obj.items is frozen too inside a loop over lst, G_l or itself (_ALIASED_LISTS): seed
+        # 4078 inserted into obj.items in a loop over G_l, which the previous call had made
+        # obj.items, without end (plain Python hung as the compiled copy did)
+        grow = lst not in self.scope.frozen
         it, out = self.fresh("it"), self.fresh()
         made = self.rng.choice(
             [
@@ -558,10 +562,10 @@ class Gen:
         self.emit(ind, f"{it} = {made}")
         if self.chance(0.4):
             self.emit(ind, f"next({it}, None)")
+        grown = [f"{lst}.append({self.expr('int', 1)})", f"{lst}.insert(0, {self.expr('int', 1)})"]
         change = self.rng.choice(
             [
-                f"{lst}.append({self.expr('int', 1)})",
-                f"{lst}.insert(0, {self.expr('int', 1)})",
+                *(grown if grow else []),
                 f"if {lst}:\n{'    ' * (ind + 1)}{lst}.pop(0)",
                 f"{lst}[:] = [9, 8]",
                 "d['zz'] = 1",

@@ -8,6 +8,8 @@ The full sweep is `python pyfuzz.py --seeds a:b --dynamic none|true|false [--bac
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 from pyfuzz import Mismatch, dynamo_compile, generate, run_seed, same
 
@@ -44,3 +46,24 @@ def test_printed_tensors_compare_without_their_grad_fn() -> None:
     same("(tensor(1., grad_fn=<SumBackward0>),)", "(tensor(1., grad_fn=<CompiledFunctionBackward>),)", "v")
     with pytest.raises(Mismatch):
         same("[tensor(0.9003, grad_fn=<SumBa", "[tensor(0.9004, grad_fn=<Compi", "v")
+
+
+class _Hung(BaseException):
+    """Not an Exception: the runner's ``call`` must not take it for the program's own raise."""
+
+
+def test_a_list_iterated_through_an_alias_is_not_grown() -> None:
+    # seed 4078: a lazy iterator's change inserted into obj.items inside `for i6 in G_l`, after
+    # the first call had run `G_l = obj.items`: plain Python never left the loop (_ALIASED_LISTS
+    # are frozen together; s_lazy's fallback list was one of them)
+    def hung(*_: object) -> None:
+        raise _Hung("seed 4078 did not finish in 20 s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        out = run_seed(4078, lambda f: f)  # plain Python on both sides
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert out.ok, out.message

@@ -48,6 +48,8 @@ from layout_fuzz import (
     _meta_strides,
     _run,
     _view,
+    eager_band,
+    eager_reads_garbage,
     fuzz_arguments,
     instantiate,
     run_seeds,
@@ -338,7 +340,10 @@ def check(p: Program, extra: dict | None = None) -> str | None:
     if p.mode == "train" and p.loss == "tensor":
         with torch.no_grad():
             grads = _grad_outputs(p, copy.deepcopy(m)(*args), p.dtype)
-    want = _calls(p, m, m, args, grads)
+    try:
+        want = _calls(p, m, m, args, grads)
+    except Exception as exc:  # as layout_fuzz.check: eager's own backward raised (seed 1222 there)
+        return f"skip: eager raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     options = {**BASE_OPTIONS, **(extra or {})}
     kiln.reset()
     try:
@@ -350,7 +355,7 @@ def check(p: Program, extra: dict | None = None) -> str | None:
     finally:
         kiln.reset()
     bad = []
-    ref = None
+    ref = band = None
     for call in range(3):
         found = _meta_strides(p, _compare_all(p, got[call], want[call], None), got[call][0])
         if "?" in found:
@@ -358,9 +363,24 @@ def check(p: Program, extra: dict | None = None) -> str | None:
                 md, dargs = instantiate(p, torch.float64)
                 dgrads = [t.double() for t in grads] if grads else None
                 ref = _calls(p, md, md, dargs, dgrads)
-            found = _meta_strides(p, _compare_all(p, got[call], want[call], ref[call]), got[call][0])
+                # Note [Eager's one-ulp band] (layout_fuzz.py): seed 1047's bias before a
+                # BatchNorm, whose true gradient is 0, is rounding noise in bfloat16
+                band = eager_band(p, grads, lambda m, a: _calls(p, m, m, a, grads))
+            near = [b[call] for b in band or ()]
+            found = _meta_strides(p, _compare_all(p, got[call], want[call], ref[call], near), got[call][0])
         bad += [f"call {call + 1}: {b}" for b in found]
+    # Note [Eager reading uninitialized memory] (layout_fuzz.py): seeds 1195 and 1225
+    if bad and (
+        why := eager_reads_garbage(bad, lambda: _calls(p, *_twice(instantiate(p)), grads), calls=True)
+    ):
+        return f"skip: {why}"
     return "\n".join(bad) if bad else None
+
+
+def _twice(made):
+    """``instantiate``'s module and inputs as ``_calls`` takes them (the module twice)."""
+    m, args = made
+    return m, m, args
 
 
 def blame(p: Program) -> list[str]:

@@ -22,7 +22,10 @@ Note [Tolerances of the layout fuzzer]: values compare with dtype-aware toleranc
 not close, the fuzzer runs the program in float64 too and accepts the compiled result when its
 error from float64 is at most twice eager's plus a floor (the accuracy rule of the benchmark
 harness), since a norm over few elements amplifies rounding that neither side gets wrong. A
-layout bug (a misread permute, a weight read in the wrong order) is far outside either.
+layout bug (a misread permute, a weight read in the wrong order) is far outside either. Where a
+value is ill-conditioned, eager's own error is one draw from a wide spread: the compiled result is
+also accepted within twice eager's typical error on inputs and parameters one ulp away (Note
+[Eager's one-ulp band]).
 
 A quarter of the programs also pad their GEMMs (``pad_mm="force"``). A failing program is run again
 with each rule switched off, and with the C++ generator (``SWITCHES``; ``--no-blame`` skips it):
@@ -49,6 +52,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import math
 import os
 import random
 import re
@@ -538,9 +542,81 @@ def _rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).square().mean().sqrt()) if a.numel() else 0.0
 
 
-def compare(what: str, got, want, ref, dtype: torch.dtype, strides: bool = True) -> list[str]:
+# Note [Eager's one-ulp band]: a training program in bfloat16 can ask for a gradient that
+# rounding decides. Seeds 1070 and 1145: a depthwise convolution's bias gradient under a LayerNorm
+# over 2 or 3 channels. With so few channels the normalized values sit at +-1 wherever the channels
+# differ by more than sqrt(eps), the true gradient into the norm is nearly 0 there, and what a
+# bfloat16 backward computes (from the mean and rstd eager's CPU kernel rounds to bfloat16, as
+# kiln's decomposition does) is mostly rounding noise, which the bias gradient sums. Kiln's result
+# was 2.4-10x further from float64 than eager's, but eager running the program as ``conv_bias``
+# rewrites it (the bias added after the convolution, one rounding more, as eager's own cuDNN path
+# does on a GPU) gives kiln's seed-1070 gradient bit for bit, and eager itself, on inputs and
+# parameters each moved by at most one ulp, lands 0.013-0.14 from float64 (kiln 0.126, eager's
+# unmoved draw 0.0137; seed 1145: 0.010-0.050, kiln 0.018, eager 0.0074). Eager's own error is
+# one draw from that spread, so twice it is no bound there. Where the first rule fails, eager runs
+# PERTURBED_RUNS more times on inputs and parameters nudged by at most one ulp of their dtype
+# (``eager_band``; the float64 reference itself starts from the float32 values that the program's
+# dtype rounds, half an ulp away), and the compiled result is also accepted when its error is at
+# most twice eager's typical one there (the root mean square of those runs' errors) plus the
+# floor: the first rule with eager's error measured over draws instead of taken from one. For a
+# well-conditioned value the nudged runs' errors stay at eager's own and the rule is as strict as
+# before; a layout bug's error is of the value's size, far outside (test_layout_fuzz.py checks
+# both). With 8 runs, seed 1070's typical error is 0.078 (kiln 0.126 < 2 x 0.078).
+PERTURBED_RUNS = 8
+
+
+def _nudged(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``t`` (its strides kept) with each nonzero element moved to the next value of its dtype up,
+    down, or kept, at random (Note [Eager's one-ulp band])."""
+    t = t.detach()
+    if not t.dtype.is_floating_point:
+        return t.clone()
+    way = torch.randint(-1, 2, t.shape, generator=gen)
+    up = torch.nextafter(t, torch.full_like(t, float("inf")))
+    down = torch.nextafter(t, torch.full_like(t, float("-inf")))
+    moved = torch.where(way > 0, up, torch.where(way < 0, down, t))
+    out = t.clone()  # the same strides
+    out.copy_(torch.where((t == 0) | ~moved.isfinite(), t, moved))
+    return out
+
+
+def eager_band(p: Program, grads, run: Callable | None = None) -> list:
+    """Eager's results on inputs and parameters nudged by at most one ulp, PERTURBED_RUNS draws
+    (Note [Eager's one-ulp band]), as ``run(module, inputs)`` gives them (``_run``'s by default);
+    a draw eager raises on is left out."""
+    runs = []
+    for k in range(PERTURBED_RUNS):
+        gen = torch.Generator().manual_seed(p.seed * PERTURBED_RUNS + k)
+        m, args = instantiate(p)
+        with torch.no_grad():
+            for q in m.parameters():
+                q.copy_(_nudged(q, gen))
+        args = [_nudged(a, gen).requires_grad_(a.requires_grad) for a in args]
+        try:
+            runs.append(run(m, args) if run is not None else _run(p, m, args, grads))
+        except Exception:
+            continue
+    return runs
+
+
+def _band_error(band, mask: torch.Tensor, ref: torch.Tensor) -> float:
+    """Eager's typical error from float64 on nudged inputs: the root mean square of its nudged
+    results' errors (0.0 without any)."""
+    errs = []
+    for b in band or ():
+        if isinstance(b, torch.Tensor) and b.shape == mask.shape:
+            e = _rmse(b.detach()[mask], ref)
+            if not math.isnan(e):  # a draw that made a NaN where eager has none says nothing
+                errs.append(e)
+    return (sum(e * e for e in errs) / len(errs)) ** 0.5 if errs else 0.0
+
+
+def compare(
+    what: str, got, want, ref, dtype: torch.dtype, strides: bool = True, band: list | None = None
+) -> list[str]:
     """What differs between the compiled ``got`` and eager's ``want`` (``ref``: float64's, or None
-    until asked for; Note [Tolerances of the layout fuzzer])."""
+    until asked for; ``band``: eager's values on nudged inputs; Notes [Tolerances of the layout
+    fuzzer], [Eager's one-ulp band])."""
     if want is None or got is None:
         return [] if want is None and got is None else [f"{what}: {got is None=} {want is None=}"]
     if type(got) is not type(want):
@@ -559,22 +635,100 @@ def compare(what: str, got, want, ref, dtype: torch.dtype, strides: bool = True)
     if not torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol * scale, equal_nan=True):
         if ref is None:
             return [*bad, "?"]  # ask for float64
-        nan = got.isnan()
-        if not torch.equal(nan, want.isnan()):
+        nan, eager_nan = got.isnan(), want.isnan()
+        # Note [NaN that eager alone makes]: eager's NaN where kiln and float64 have numbers is
+        # eager's error, and kiln's numbers there are judged against float64 with the rest. Seed
+        # 1195 of cpu_conv_fuzz.py: torch 2.13's CPU bfloat16 convolution_backward over a 1x1 map
+        # in channels-last strides, 3x3 kernel, stride 2, padding 1, reads uninitialized memory
+        # into the weight's gradient (24 NaN of 144 after NaN-filled memory was freed, none the
+        # next call); kiln's gradient was float64's. A NaN kiln makes where eager has a number,
+        # or a number kiln makes where float64 too has NaN, stays a failure.
+        lost = eager_nan & ~nan
+        if (nan & ~eager_nan).any() or (lost & ~(ref.isfinite() | (got.double() == ref))).any():
             return [*bad, f"{what}: NaN at other positions than eager's"]
-        finite = ~nan & ~want.isnan() & ref.isfinite()  # eager's NaN (0/0 in low precision) aside
-        got, want, ref = got[finite], want[finite], ref[finite]
-        err, eager_err = _rmse(got, ref), _rmse(want, ref)
-        floor = FLOOR[dtype] * max(1.0, float(ref.abs().max()) if ref.numel() else 1.0)
+        finite = ~nan & ref.isfinite()  # NaN on both sides (0/0 in low precision) aside
+        own = finite & ~eager_nan
+        err, eager_err = _rmse(got[finite], ref[finite]), _rmse(want[own], ref[own])
+        ref_finite = ref[finite]
+        floor = FLOOR[dtype] * max(1.0, float(ref_finite.abs().max()) if ref_finite.numel() else 1.0)
         if not (err <= 2 * eager_err + floor):
-            bad.append(
-                f"{what}: values differ: max |got-eager| {float((got.double() - want.double()).abs().max()):.3g},"
-                f" rmse vs float64 {err:.3g} (eager's {eager_err:.3g})"
-            )
+            band_err = _band_error(band, finite, ref_finite)
+            if not (err <= 2 * band_err + floor):
+                near = f", {band_err:.3g} one ulp away" if band else ""
+                diff = (got[own].double() - want[own].double()).abs()
+                bad.append(
+                    f"{what}: values differ: max |got-eager| {float(diff.max()) if diff.numel() else 0.0:.3g},"
+                    f" rmse vs float64 {err:.3g} (eager's {eager_err:.3g}{near})"
+                )
     return bad
 
 
-def _compare_all(p: Program, got, want, ref) -> list[str]:
+# Note [Eager reading uninitialized memory]: some of torch's CPU kernels leave part of their result
+# unwritten: torch 2.13's bfloat16 convolution_backward over a 1x1 map with a 3x3 kernel, stride 2,
+# padding 1 (the eight taps that see only padding) returns whatever the allocator's memory held
+# in the weight's gradient, NaN or 1e30 after such memory was freed (170 of 810 values), in eager
+# and in kiln alike: kiln calls the same kernel. cpu_conv_fuzz.py seeds 1195 (eager's gradient NaN,
+# kiln's right) and 1225 (kiln's 1.7e35, eager's right, in a sweep, passing when run alone). Where
+# values differ, eager runs twice more with freed memory filled first with NaN and then with
+# 1e30; a failing value that changes between those runs is eager's garbage, and the program is
+# skipped with the values named. A value eager computes the same way each time stays judged.
+def _slots(result, prefix: str = "") -> dict[str, torch.Tensor]:
+    """``_run``'s results by the names ``_compare_all`` reports them under."""
+    out = {}
+    for gi, group in enumerate(("out", "input grad", "param grad", "buffer")):
+        values = result[gi] if isinstance(result[gi], tuple | list) else [result[gi]]
+        for i, v in enumerate(values):
+            if isinstance(v, torch.Tensor):
+                out[f"{prefix}{group} {i}"] = v.detach()
+    return out
+
+
+def _dirty_run(run: Callable, fill: float):
+    """``run()`` after memory holding ``fill`` was freed (Note [Eager reading uninitialized memory])."""
+    junk = [torch.full((n,), fill) for n in (256, 4096, 65536) for _ in range(24)]
+    del junk
+    return run()
+
+
+def eager_reads_garbage(bad: list[str], run: Callable, calls: bool = False) -> str | None:
+    """Why the failing values in ``bad`` cannot be judged (eager's change with what freed memory
+    holds: Note [Eager reading uninitialized memory]), or None. ``run()`` runs eager on fresh
+    copies; with ``calls`` it returns a list of results, one per call ("call N: " names)."""
+    values = [m for m in bad if "values differ" in m or "NaN at other positions" in m]
+    if not values or len(values) != len(bad):
+        return None
+    try:
+        runs = [_dirty_run(run, fill) for fill in (float("nan"), 1e30)]
+    except Exception:
+        return None
+    named = []
+    for r in runs:
+        results = r if calls else [r]
+        named.append(
+            {
+                k: v
+                for c, res in enumerate(results)
+                for k, v in _slots(res, f"call {c + 1}: " if calls else "").items()
+            }
+        )
+    unstable = {
+        k
+        for k, v in named[0].items()
+        if k in named[1] and not torch.equal(v.nan_to_num(1.0), named[1][k].nan_to_num(1.0))
+    }
+    failing = {
+        next((k for k in sorted(named[0], key=len, reverse=True) if m.startswith(f"{k}:")), m) for m in values
+    }
+    if not failing <= unstable:
+        return None
+    return (
+        f"eager reads uninitialized memory: {', '.join(sorted(failing))} change with what freed memory holds"
+    )
+
+
+def _compare_all(p: Program, got, want, ref, band: list | None = None) -> list[str]:
+    """Every value of ``got`` against ``want`` (``ref``: float64's results; ``band``: eager's on
+    nudged inputs, ``eager_band``), as ``compare`` judges them."""
     bad: list[str] = []
     groups = ("out", "input grad", "param grad", "buffer")
 
@@ -587,9 +741,11 @@ def _compare_all(p: Program, got, want, ref) -> list[str]:
         if len(gs) != len(ws):
             bad.append(f"{groups[gi]}: {len(gs)} values against {len(ws)}")
             continue
+        draws = [listed(run[gi]) for run in band or ()]
         for i, (a, b) in enumerate(zip(gs, ws, strict=True)):
             r = rs[i] if rs is not None else None
-            bad += compare(f"{groups[gi]} {i}", a, b, r, p.dtype, strides=groups[gi] != "buffer")
+            near = [d[i] for d in draws if len(d) == len(ws)]
+            bad += compare(f"{groups[gi]} {i}", a, b, r, p.dtype, strides=groups[gi] != "buffer", band=near)
     return bad
 
 
@@ -689,7 +845,10 @@ def check(p: Program, extra: dict | None = None, gpu_form: bool = False) -> str 
         md, dargs = instantiate(p, torch.float64)
         dgrads = [t.double() for t in grads] if grads else None
         ref = _run(p, md, dargs, dgrads)
-        bad = [*_compare_all(p, got, want, ref), *(b for b in bad if b.startswith("gpu form"))]
+        band = eager_band(p, grads)
+        bad = [*_compare_all(p, got, want, ref, band), *(b for b in bad if b.startswith("gpu form"))]
+        if bad and (why := eager_reads_garbage(bad, lambda: _run(p, *instantiate(p), grads))):
+            return f"skip: {why}"
     return "\n".join(bad) if bad else None
 
 

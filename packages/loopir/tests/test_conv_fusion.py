@@ -376,3 +376,25 @@ def test_the_cpu_rule_counts_convolutions_the_pass_leaves(caplog: pytest.LogCapt
     caplog.clear()
     run(conv_bn_relu_bf16, inputs)
     assert "1 convs through oneDNN (conv_fusion)" in caplog.text
+
+
+@needs_bf16
+@pytest.mark.parametrize("groups", [4, 2])
+def test_a_grouped_convolutions_add_and_relu_in_bfloat16(groups: int) -> None:
+    """Note [A grouped convolution's add and ReLU in bfloat16]: oneDNN runs a grouped
+    convolution's add + ReLU through add_relu_, which has no bfloat16 kernel: the graph failed at
+    run time (CPU convolution fuzzer seed 1196). The add fuses, the ReLU stays loopir's."""
+    x, w = (
+        make((2, 4, 5, 5), BF16).contiguous(memory_format=torch.channels_last),
+        make((4, 4 // groups, 3, 3), BF16),
+    )
+
+    def fn(x: Any, w: Any) -> Any:
+        x2 = aten.mul.Tensor(x, 2.0)
+        y = aten.convolution.default(x2, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], groups)
+        return aten.relu.default(aten.add.Tensor(y, x2))
+
+    compiled, out = run(fn, [x, w])
+    (op,) = fused_ops(compiled)
+    assert op.spec.binary and op.spec.unary == "none"
+    torch.testing.assert_close(out, fn(x, w), **TOL_BF16)

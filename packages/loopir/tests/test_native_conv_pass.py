@@ -102,3 +102,57 @@ def test_graphs_mostly_of_small_convolutions_keep_eagers_layouts() -> None:
     assert half.channels_last and not half.native_convs  # 1 small of 2: the count's NHWC
     assert off.channels_last and not off.native_convs
     assert not most.channels_last and len(most.native_convs) == 3  # 3 small of 4
+
+
+def _scaled_and_convolved(x: Any, w: Any) -> Any:
+    """A pointwise value of a channels-last input, returned and read by a small convolution."""
+    t = aten.mul.Tensor(x, 2.0)
+    return aten.convolution.default(t, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1), t
+
+
+def _scaled_read_through_storage(x: Any, w: Any) -> Any:
+    """The same value read by as_strided (through its storage, with eager's strides) after the
+    convolution."""
+    t = aten.mul.Tensor(x, 2.0)
+    y = aten.convolution.default(t, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    return y, aten.mul.Tensor(aten.as_strided.default(t, [3, 4], [1, 3], 2), 1.0)
+
+
+def test_a_value_eager_lays_out_keeps_its_layout_beside_a_native_convolution() -> None:
+    """Note [A layout only lowerings read]: the native kernel wants its input NCHW and the
+    lowering computed a lazy input so; a value that also leaves the graph came out NCHW where
+    eager's is channels-last (layout fuzzer seed 1404), and one as_strided reads through its
+    storage was read in the wrong order (a wrong answer). Both now keep eager's layout, and the
+    convolution reads a copy."""
+    xs = [make((2, 4, 8, 5)).contiguous(memory_format=torch.channels_last), make((16, 4, 3, 3))]
+    for fn in (_scaled_and_convolved, _scaled_read_through_storage):
+        gm = with_vals(fn, *xs)
+        _, ctx = run_passes(gm, xs, torch.device("cpu"), inference=False)
+        assert len(ctx.native_convs) == 1 and not ctx.channels_last
+        compiled = check(gm, *xs)
+        out = compiled(*xs)
+        assert out[1].stride() == fn(*xs)[1].stride()
+
+
+def _backward_on_a_point(grad: Any, x: Any, w: Any) -> Any:
+    """A convolution backward over a 1x1 map (a 3x3 kernel, padded)."""
+    gi, gw, _ = aten.convolution_backward.default(
+        grad, x, w, [6], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]
+    )
+    return gi, gw
+
+
+def test_a_native_backward_gets_exactly_contiguous_strides_on_a_one_pixel_map() -> None:
+    """Note [Size-1 dims and the native kernels' layouts]: the saved input of a convolution over
+    a 1x1 map came with eager's channels-last strides (6, 1, 6, 6), the same memory as NCHW's
+    but what torch's native backward takes for channels-last, whereupon it refused its own weight
+    gradient ("slow_conv2d: grad_weight must be contiguous"; CPU convolution fuzzer seed 1043)."""
+    xs = [
+        make((3, 6, 1, 1)),
+        torch.empty_strided((3, 6, 1, 1), (6, 1, 6, 6)).copy_(make((3, 6, 1, 1))),
+        make((6, 6, 3, 3)),
+    ]
+    gm = with_vals(_backward_on_a_point, *xs)
+    _, ctx = run_passes(gm, xs, torch.device("cpu"), inference=False)
+    assert len(ctx.native_convs) == 1
+    check(gm, *xs)

@@ -327,8 +327,19 @@ class GraphLowering:
         self.extern_ops: set[Any] = extern_ops or set()
         self._counter = 0
         self._real_env: dict[torch.fx.Node, Any] | None = None
+        self._eager_layouts: frozenset[torch.fx.Node] | None = None  # keeps_eager_layout
         # Note [Symbolic sizes in loopir]
         self.sizevars = SizeVars()
+
+    def keeps_eager_layout(self, node: Any) -> bool:
+        """Whether fx node ``node``'s value must be laid out as eager lays it, not as a lowering
+        that reads it would like (Note [A layout only lowerings read] in lowerings/linalg.py): its
+        storage leaves the graph as a user's output, or is read by a ``READS_STORAGE`` op."""
+        if not isinstance(node, torch.fx.Node):
+            return False
+        if self._eager_layouts is None:
+            self._eager_layouts = eager_layout_roots(self.gm)
+        return view_root(node) in self._eager_layouts
 
     # names and registration -----------------------------------------------------------------
 
@@ -762,6 +773,41 @@ def _broadcast_reader(node: torch.fx.Node) -> torch.fx.Node | None:
         if grown or user.target not in SINGLE_READ_OPS or numel > MASKED_READ_FACTOR * own:
             return user
     return None
+
+
+def view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose storage ``node`` views: up its chain of view ops (an item of a split
+    included) to the first node that is not one."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        source = node.args[0]
+        item_of_a_view = node.target is operator.getitem and is_view_op(source.target)
+        if not (item_of_a_view or is_view_op(node.target)):
+            break
+        node = source
+    return node
+
+
+def eager_layout_roots(gm: torch.fx.GraphModule) -> frozenset[torch.fx.Node]:
+    """The nodes whose storage the user's outputs or a ``READS_STORAGE`` op see, so whose layout
+    is eager's (Note [A layout only lowerings read] in lowerings/linalg.py); outputs only the
+    backward reads aside (Note [Outputs only the backward reads])."""
+    roots: set[torch.fx.Node] = set()
+
+    def add(n: torch.fx.Node) -> torch.fx.Node:
+        roots.add(view_root(n))
+        return n
+
+    free = free_layout_outputs(gm)
+    for node in gm.graph.nodes:
+        if node.target in READS_STORAGE and node.args and isinstance(node.args[0], torch.fx.Node):
+            add(node.args[0])
+        elif node.op == "output":
+            out = node.args[0]
+            items = list(enumerate(out)) if isinstance(out, list | tuple) else [(None, out)]
+            for i, item in items:
+                if i not in free:
+                    torch.fx.node.map_arg(item, add)
+    return frozenset(roots)
 
 
 def hint_eager_strides(result: Any, meta: Any) -> None:

@@ -23,7 +23,8 @@ import torch
 
 from .. import sizevars
 from ..indexing import contiguous_strides
-from ..ir import StorageBox, TensorBox, realize_strided
+from ..ir import ReinterpretView, StorageBox, TensorBox, realize_strided
+from ..layout import FixedLayout
 from ..lowering import VIEW_OPS, copy_with_strides, fallback, find_lowering, register_lowering
 from ..virtualized import current_graph
 
@@ -111,7 +112,7 @@ def convolution(x: Any, weight: Any, bias: Any, *rest: Any) -> Any:
     if node in graph.native_convs:  # Note [Small convolutions outside oneDNN]
         stride, padding = _pair(rest[0]), _pair(rest[1])
         kernel = [int(k) for k in weight.get_size()[2:]]
-        x = _as_contiguous(x) if isinstance(x, TensorBox) else x
+        x = _native_input(x, node.args[0]) if isinstance(x, TensorBox) else x
         return fallback(
             aten._slow_conv2d_forward.default, (x, weight, kernel, bias, stride, padding), {}, meta
         )
@@ -141,12 +142,18 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
         # (bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask)
         stride, padding, mask = _pair(rest[1]), _pair(rest[2]), rest[7]
         kernel = [int(k) for k in weight.get_size()[2:]]
-        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+        grad, x = (
+            _native_input(t, source) if isinstance(t, TensorBox) else t
+            for t, source in ((grad, node.args[0]), (x, node.args[1]))
+        )
         return fallback(
             aten._slow_conv2d_backward.output_mask, (grad, x, weight, kernel, stride, padding, mask), {}, meta
         )
     if node in graph.nchw_conv_backwards:  # Note [Depthwise convolution backwards on small maps]
-        grad, x = (_as_contiguous(t) if isinstance(t, TensorBox) else t for t in (grad, x))
+        grad, x = (
+            _as_contiguous(t, source) if isinstance(t, TensorBox) else t
+            for t, source in ((grad, node.args[0]), (x, node.args[1]))
+        )
     elif node in graph.channels_last:
         grad, x = (
             _as_channels_last(t) if isinstance(t, TensorBox) and len(t.get_size()) == 4 else t
@@ -159,23 +166,64 @@ def convolution_backward(grad: Any, x: Any, weight: Any, *rest: Any, **kwargs: A
         if graph.nhwc_weights and not transposed and mask[0]:
             weight = _nhwc_weight(weight)
     elif node in graph.conv_grad_formats and isinstance(grad, TensorBox):
-        _free_layout(grad, graph.conv_grad_formats[node])
+        _free_layout(grad, graph.conv_grad_formats[node], node.args[0])
     return fallback(aten.convolution_backward.default, (grad, x, weight, *rest), kwargs, meta)
 
 
-def _as_contiguous(x: TensorBox) -> TensorBox:
-    """``x`` in NCHW memory: a lazy value computed so, a realized one kept when it already is,
-    else copied (one kernel)."""
-    _free_layout(x, torch.contiguous_format)
+def _as_contiguous(x: TensorBox, source: Any) -> TensorBox:
+    """``x`` (the value of fx node ``source``) in NCHW memory: a lazy value computed so where
+    its layout is the lowering's to choose (Note [A layout only lowerings read]), a realized one
+    kept when it already is, else copied (one kernel)."""
+    _free_layout(x, torch.contiguous_format, source)
     return _with_strides(x, contiguous_strides)
 
 
-def _free_layout(x: TensorBox, memory_format: torch.memory_format) -> None:
+# Note [Size-1 dims and the native kernels' layouts]: a value over a 1x1 map is NCHW and NHWC at
+# once, and loopir's layout checks ignore the strides of size-1 dims. torch's native convolution
+# kernels do not: they pick their memory format by ``suggest_memory_format``, which reads those
+# strides too, and the backward's channels-last path refuses its own weight gradient ("slow_conv2d:
+# grad_weight must be contiguous"). The saved input of a convolution over a 1x1 map came with
+# eager's channels-last strides (6, 1, 6, 6), the same memory as (6, 1, 1, 1), and the backward
+# failed at run time (CPU convolution fuzzer seed 1043). The native kernels get their inputs
+# through a view with exactly NCHW's strides: the same memory, no copy.
+def _native_input(x: TensorBox, source: Any) -> TensorBox:
+    """``x`` (the value of fx node ``source``) as torch's native convolution kernels must get it:
+    NCHW, with NCHW's strides on size-1 dims too (Note [Size-1 dims and the native kernels'
+    layouts])."""
+    x = _as_contiguous(x, source)
+    base = realize_strided(x)
+    size = [sympy.sympify(n) for n in base.get_size()]
+    wanted = tuple(contiguous_strides(size))
+    known = sizevars.current()
+    if all(known.statically_known_equals(st, w) for st, w in zip(base.layout.stride, wanted, strict=True)):
+        return x
+    buffer = base.buffer if isinstance(base, ReinterpretView) else base
+    layout = FixedLayout(base.get_device(), base.get_dtype(), tuple(size), wanted, base.layout.offset)
+    return TensorBox(ReinterpretView(buffer, layout))
+
+
+# Note [A layout only lowerings read]: a lowering that wants its input in one memory format (the
+# native convolution kernels NCHW, Note [Small convolutions outside oneDNN]; a convolution
+# backward's gradient in oneDNN's format) has a value still lazy computed in that format, rather
+# than computed in eager's strides (``hint_eager_strides``) and copied. That is the lowering's
+# choice only while nothing else sees the value's memory: not when the value, or a view of its
+# storage, is one of the user's outputs (eager's strides are part of the result), nor when
+# ``as_strided`` reads it through its storage with eager's strides. A graph that runs no node
+# channels-last does not check its outputs' strides (``GraphLowering._eager_strides``): with a
+# channels-last input, ``t = x * 2`` returned and read by a small convolution came back NCHW
+# (layout fuzzer seed 1404, CPU defaults too), and ``t.as_strided(...)`` after the convolution
+# read its elements in the wrong order, a wrong answer. Such a value keeps eager's layout
+# (``GraphLowering.keeps_eager_layout``) and the convolution reads a copy (one kernel over a
+# small map, what the output would have needed anyway).
+def _free_layout(x: TensorBox, memory_format: torch.memory_format, source: Any) -> None:
     """Note [A convolution backward's gradient in oneDNN's format]: a lazy 4-D value (not yet a
     buffer, not a view) is given ``memory_format``'s strides for when it is realized; anything
-    else keeps its layout."""
+    else keeps its layout, as does the value of an fx node ``source`` whose layout is eager's to
+    keep (Note [A layout only lowerings read])."""
     storage = x.data
     if not isinstance(storage, StorageBox) or storage.is_realized() or len(x.get_size()) != 4:
+        return
+    if current_graph().keeps_eager_layout(source):
         return
     size = [sympy.sympify(s) for s in x.get_size()]
     if memory_format == torch.channels_last:

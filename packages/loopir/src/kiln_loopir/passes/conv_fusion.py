@@ -351,10 +351,25 @@ def _fusion(conv: torch.fx.Node) -> tuple[list[torch.fx.Node], list[tuple[str, b
             chain.append(nxt)
     unary = "none"
     nxt = _only_user(last)
-    if nxt is not None and nxt.target is RELU:
+    if nxt is not None and nxt.target is RELU and not (other is not None and _unfused_add_relu(conv)):
         unary, last = "relu", nxt
         chain.append(nxt)
     return chain, steps, operands, list(side), other, unary, last
+
+
+# Note [A grouped convolution's add and ReLU in bfloat16]: oneDNN's binary convolution
+# (``mkldnn._convolution_pointwise.binary``) fuses only convolutions of one group; a grouped or
+# depthwise one takes its unfused path, which computes ``add`` + ReLU with PyTorch's
+# ``add_relu_``, a kernel with no bfloat16 or float16 version on the CPU ("Unsupported datatype for
+# add_relu": the graph failed at run time and ran eagerly; CPU convolution fuzzer seed 1196, a
+# depthwise 1x1 convolution with a residual add and ReLU). For such a convolution in those dtypes
+# the ReLU is left out of the fused op (the add stays in it: the unfused path adds in place) and
+# stays a pointwise kernel of loopir's.
+def _unfused_add_relu(conv: torch.fx.Node) -> bool:
+    """Would oneDNN's binary convolution compute ``conv``'s add + ReLU with a kernel its dtype
+    lacks (Note [A grouped convolution's add and ReLU in bfloat16])?"""
+    groups = conv.args[8] if len(conv.args) > 8 else 1
+    return bool(groups != 1) and _val(conv).dtype in (torch.bfloat16, torch.float16)
 
 
 def conv_fusion_pass(gm: torch.fx.GraphModule, ctx: PassContext) -> torch.fx.GraphModule:
