@@ -328,7 +328,7 @@ for step in "$@"; do
       timeout 150 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
     call34e)  # thirty-fourth session (issue 14): codegen_triton's whole test suite on CUDA after the fixes of the CUDA failures
       # found in s34 (negative zero constants, cuDNN TF32 in the session, wrapper tests on the session's device); expected: all pass
-      timeout 400 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests 2>&1 | tail -12 ;;
+      timeout 560 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests 2>&1 | tail -12 ;;
     call34d)  # thirty-fourth session (issue 14, the four suite configurations in one session: this one, call34b, call34c):
       # fp32 inference of the suite, eager / kiln / torch.compile, both reduce-overhead modes; then call34a's launch
       # micro-benchmark (with the breakdown) and the synchronization probe
