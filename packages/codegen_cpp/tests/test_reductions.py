@@ -412,6 +412,32 @@ def test_biased_safe_softmax_gathers_once_a_pass(
         compiled(x, bad, table)
 
 
+@pytest.mark.parametrize("once", [True, False])
+def test_an_index_checked_once_a_row(once: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note [An index checked once a row]: the biased softmax gathers through one index in each of
+    its three passes; with the switch on only the first pass checks it (the others clamp), and a
+    bad index still raises; the results are eager's either way."""
+    monkeypatch.setenv("KILN_CPP_OPTIONS", f"check_indices_once={int(once)}")
+    g = torch.Generator().manual_seed(1)
+    x, table = make((2, 2, 16, 16)), torch.randn(49, 2, generator=g)
+    idx = torch.randint(-49, 49, (256,), generator=g)
+    compiled = check(_biased_softmax, x, idx, table)
+    source = compiled.backend.last_source  # type: ignore[attr-defined]
+    kernel = source[source.index('extern "C" int64_t cpp_fused') :]
+    serial = kernel[kernel.rindex("} else {") :] if "} else {" in kernel else kernel
+    assert serial.count("int64_t ind") == 3
+    checks = len(re.findall(r"kchk = std::max<int64_t>\(kchk, ind\d+_bad", serial))
+    assert checks == (1 if once else 3), serial
+    for position in (0, 37, 255):  # out of range in every pass
+        bad = idx.clone()
+        bad[position] = 49
+        with pytest.raises(IndexError):
+            compiled(x, bad, table)
+        bad[position] = -50
+        with pytest.raises(IndexError):
+            compiled(x, bad, table)
+
+
 def _decomposed_layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> Any:
     """aotgrad's decomposition of native_layer_norm: var and mean of the same (upcast) rows."""
     xf = aten._to_copy.default(x, dtype=torch.float32)
@@ -639,9 +665,11 @@ def test_check_reductions_only_where_a_check_is(
     """Note [Check reductions only where a check is]: with the embedding index's check hoisted
     before the row loops, the lane loops carry no ``reduction(max:kchk,kchkv)`` clause (the row
     loops that hold the check still do); with the check in the lane loop, or the switch off,
-    they carry it. Results match eager, and a bad index still raises."""
+    they carry it (every pass's: Note [An index checked once a row] off, which would leave the
+    second pass without a check). Results match eager, and a bad index still raises."""
     monkeypatch.setenv(
-        "KILN_CPP_OPTIONS", f"hoist_row_invariant={int(hoist)},scoped_check_reductions={int(scoped)}"
+        "KILN_CPP_OPTIONS",
+        f"hoist_row_invariant={int(hoist)},scoped_check_reductions={int(scoped)},check_indices_once=0",
     )
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 40, (2, 8), generator=g)

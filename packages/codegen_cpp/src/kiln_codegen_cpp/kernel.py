@@ -354,6 +354,14 @@ _VARIABLE = re.compile(r"\b(?:tmp|ind)\d+\b")  # values and indirect indices
 # from the row stash instead of recomputed (with the bias gathered and bounds-checked again)
 # in the normalising pass. ``CppOptions.cse_indirect`` (default on) turns both off.
 _INDIRECT_KEY = "\x01indirect\x00"
+# Note [An index checked once a row]: an indirect index that an earlier r-phase of the kernel made
+# from the same value (matched as above) was bounds-checked there at every position of the row, so
+# a later phase only clamps it (memory stays safe; an index out of range has already made the
+# earlier phase's site the kernel's error). The checks are two max-reductions over int64 per
+# element, which AVX2 has no instruction for: T5's attention softmax gathers its position bias
+# through one index in each of its three passes over a row, and dropping the two later passes'
+# checks took one of these kernels 1240 -> 1080 us at one thread (by hand, the same bits).
+# ``CppOptions.check_indices_once`` (off: every phase checks, as before).
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 _KERNEL_VALUE = re.compile(r"(?:tmp|ind|stash|acc)\d+")  # names that _new() gives
 # Note [Row-invariant values before the row loops]: a value statement or an indirect index
@@ -1034,11 +1042,14 @@ class KernelBuilder(OpsHandlerBase):
         self.extents[var] = n
         self.lines.append(f"int64_t {var} = {v};")
         self.lines.append(f"{var} = {var} < 0 ? {var} + {extent} : {var};")
-        if check:  # Note [Kernel errors]: spelled at render time, with or without a branch
+        earlier = self._in_earlier_phase(key, torch.int64) if self.options.cse_indirect else None
+        if check and earlier is not None and self.options.check_indices_once:
+            # Note [An index checked once a row]: an earlier r-phase checked this very index
+            self.lines.append(f"{var} = ({var} < 0 || {var} >= {extent}) ? INT64_C(0) : {var};")
+        elif check:  # Note [Kernel errors]: spelled at render time, with or without a branch
             code = self._error_site(ErrorSite(self.name, "", n))
             self.lines.append(f"{CHECK_MARK}{var}\x00{v}\x00{extent}\x00{code}")
         if self.options.cse_indirect:
-            earlier = self._in_earlier_phase(key, torch.int64)
             if earlier is not None:
                 self.equiv[var] = earlier
             if self.phase is not None:

@@ -86,6 +86,9 @@ comma-separated), which reaches the backend that ``kiln.compile`` builds.
   an ``if`` around them, the same body in each, so that GCC sees every comparison constant in a
   piece and vectorizes loads it left scalar under their masks (Note [Loops split at their guards]
   in kernel.py); off: one loop.
+* ``check_indices_once``: an indirect index an earlier r-phase of the kernel checked from the same
+  value is only clamped in a later phase (Note [An index checked once a row] in kernel.py); off:
+  every phase checks it.
 * ``wide_pointwise_passes``: a row kernel's pass over the row that reduces nothing (layer norm's
   normalisation after its statistics) runs two vectors of float32 lanes (32 at 512 bits), not the
   lanes of the kernel's reductions (8 beside a Welford of shifted blocks): Note [A row's pointwise
@@ -219,6 +222,7 @@ class CppOptions:
     wide_vectors: bool = True
     table_columns_inner: bool = True
     split_guarded_loops: bool = True
+    check_indices_once: bool = True
     wide_pointwise_passes: bool = False
     row_column_sums: bool = False
     parallel_grain: int = PARALLEL_GRAIN
