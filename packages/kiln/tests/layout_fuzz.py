@@ -131,6 +131,17 @@ class Program:
         return "\n".join(what + mk + head + body) + "\n"
 
 
+def fixed_program(
+    lines: list[str], init: list[str], inputs, ret: list[str], grads_cl: bool = False, **kw
+) -> Program:
+    """A fixed program, as the fuzzers write one (the regression tests' minimized seeds): float32
+    training with a tensor loss unless ``kw`` says otherwise, every output's gradient
+    channels-last where ``grads_cl``."""
+    args = dict(seed=0, dtype=torch.float32, mode="train", eval_mode=False, loss="tensor")
+    args.update(kw)
+    return Program(inputs=inputs, init=init, lines=lines, ret=ret, grads_cl=[grads_cl] * len(ret), **args)
+
+
 def _input(shape: tuple[int, ...], fmt: str, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     t = torch.randn(shape, generator=gen, dtype=torch.float32)
     if fmt == "cl":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cpu_conv_fuzz import check, generate
-from layout_fuzz import Program
+from layout_fuzz import Program, fixed_program
 
 # CI's share: float32 inference through oneDNN (BatchNorms folded, a residual add, packed linear
 # layers) and float32 training with depthwise backwards on small maps
@@ -26,12 +26,7 @@ def test_cpu_conv_fuzz(seed: int) -> None:
 
 
 def _program(lines: list[str], init: list[str], inputs, ret: list[str], **kw) -> Program:
-    """A fixed program, as the fuzzer wrote one (the regressions below)."""
-    args = dict(seed=0, dtype=torch.float32, mode="train", eval_mode=False, loss="tensor")
-    args.update(kw)
-    p = Program(inputs=inputs, init=init, lines=lines, ret=ret, **args)
-    p.grads_cl = [True] * len(ret)
-    return p
+    return fixed_program(lines, init, inputs, ret, grads_cl=True, **kw)
 
 
 def test_a_native_backward_over_a_one_pixel_map_runs() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from layout_fuzz import Program, check, compare, eager_reads_garbage, generate
+from layout_fuzz import Program, check, compare, eager_reads_garbage, fixed_program, generate
 
 # CI's share: a few seconds under the interpreter
 CI_SEEDS = range(0, 4)
@@ -27,12 +27,7 @@ def test_layout_fuzz() -> None:
 
 
 def _program(lines: list[str], init: list[str], inputs, ret: list[str], **kw) -> Program:
-    """A fixed program, as the fuzzer wrote one (the regressions below)."""
-    args = dict(seed=0, dtype=torch.float32, mode="train", eval_mode=False, loss="tensor")
-    args.update(kw)
-    p = Program(inputs=inputs, init=init, lines=lines, ret=ret, **args)
-    p.grads_cl = [False] * len(ret)
-    return p
+    return fixed_program(lines, init, inputs, ret, grads_cl=False, **kw)
 
 
 def test_a_padded_saved_value_reaches_the_gpu_wrapper_checked() -> None:
