@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -43,9 +44,18 @@ def raw_launch_us(calls: int = 20000) -> dict[str, float]:
     px, po = x.data_ptr(), out.data_ptr()
     fast = launcher.fast
     assert fast is not None
+    from kiln_codegen_triton import runtime
+
+    compiled_kernel = launcher.compiled[launcher.config]
+    python_launch = runtime._fast_launcher(compiled_kernel, launcher.spec, launcher.config, native=False)
+    os.environ["KILN_TRITON_NATIVE_GIL"] = "0"
+    held = runtime._fast_launcher(compiled_kernel, launcher.spec, launcher.config)
+    del os.environ["KILN_TRITON_NATIVE_GIL"]
     result = {}
     for name, call in [
-        ("kiln launcher", lambda: fast(stream, px, po)),
+        (f"kiln launcher ({type(fast).__name__})", lambda: fast(stream, px, po)),
+        (f"kiln launcher, GIL kept ({type(held).__name__})", lambda: held(stream, px, po)),
+        ("Triton's C launch from Python", lambda: python_launch(stream, px, po)),
         ("JITFunction.run", lambda: launcher.fn[(1,)](x, out, XBLOCK=1024, num_warps=4)),
     ]:
         for _ in range(100):
@@ -154,15 +164,20 @@ def main() -> int:
     compile_s: dict[str, float] = {}
     for name, make in [
         ("kiln", lambda: kiln.compile(make_fn(n))),
+        # Note [Native launches]: the same graph launched through Triton's C launch function
+        ("kiln, Triton's launcher", lambda: kiln.compile(make_fn(n))),
         ("kiln reduce-overhead", lambda: kiln.compile(make_fn(n), mode="reduce-overhead")),
         ("torch.compile", lambda: torch.compile(make_fn(n))),
         ("torch.compile reduce-overhead", lambda: torch.compile(make_fn(n), mode="reduce-overhead")),
     ]:
         fn = make()
         start = time.perf_counter()
+        if name == "kiln, Triton's launcher":
+            os.environ["KILN_TRITON_NATIVE_LAUNCH"] = "0"
         for _ in range(3):
             out = fn(*xs)
         torch.cuda.synchronize()
+        os.environ.pop("KILN_TRITON_NATIVE_LAUNCH", None)
         compile_s[name] = time.perf_counter() - start
         ref = make_fn(n)(*xs)
         for a, b in zip(out, ref, strict=True):
@@ -199,6 +214,9 @@ def main() -> int:
     parts = breakdown_us(n, args.numel, args.rounds, args.calls)
     for name, us in parts.items():
         print(f"per kernel, {name:24} {us:6.2f} us")
+    from kiln_codegen_triton import native_launch
+
+    print("native launches:", native_launch.counters)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
@@ -208,6 +226,7 @@ def main() -> int:
                     "rows": rows,
                     "raw_launch_us": raw,
                     "breakdown_us": parts,
+                    "native_launch": native_launch.counters,
                 },
                 f,
                 indent=1,

@@ -326,6 +326,14 @@ for step in "$@"; do
       timeout 150 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_cudagraphs.py \
         packages/codegen_triton/tests/test_launcher.py packages/codegen_triton/tests/test_worker_launchers.py 2>&1 | tail -4
       timeout 150 python3 scripts/sync_probe.py --models gpt2,mlp 2>&1 | grep -v -i -E "warn|usdt" | tail -24 ;;
+    call35a)  # thirty-fifth session (issue 14): Note [Native launches] (a C launch object per kernel instead of the
+      # Python function calling Triton's C launch): the launch micro-benchmark (kiln native, kiln with Triton's
+      # launcher, torch.compile; one launch each way, GIL released and kept), the native tests, then call34e (the
+      # whole codegen_triton suite on CUDA, every kernel kind through the native launch), verbose into $out
+      timeout 150 python3 scripts/gpu_launch_bench.py --kernels 200 --out "$out/launch.json" 2>&1 | grep -v -i warn | tail -20
+      timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_native_launch.py 2>&1 | tail -3
+      timeout 340 python3 -m pytest -v --tb=short -p no:cacheprovider packages/codegen_triton/tests > "$out/triton-suite.log" 2>&1
+      grep -E "FAILED|ERROR" "$out/triton-suite.log" | head -30; tail -3 "$out/triton-suite.log" ;;
     call34e)  # thirty-fourth session (issue 14): codegen_triton's whole test suite on CUDA after the fixes of the CUDA failures
       # found in s34 (negative zero constants, cuDNN TF32 in the session, wrapper tests on the session's device); expected: all pass
       timeout 560 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests 2>&1 | tail -12 ;;

@@ -9,6 +9,7 @@ what keeps the GPU path honest in CI, where kernels otherwise only run in the in
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from typing import Any
@@ -22,6 +23,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from kiln_codegen_triton import TritonBackend  # noqa: E402
 from kiln_codegen_triton.heuristics import configs  # noqa: E402
+from kiln_codegen_triton.runtime import native_plan  # noqa: E402
 from kiln_loopir import compile_graph  # noqa: E402
 
 aten = torch.ops.aten
@@ -131,6 +133,22 @@ def cases() -> list[tuple[str, Any, list[Any], dict[str, Any]]]:
     ]
 
 
+PTX_PARAM = re.compile(r"\.param\s+\.(\w+)\b[^,)]*_param_(\d+)")
+
+
+def check_native_plan(binary: Any, spec: Any) -> None:
+    """Note [Native launches]: the plan runtime.py writes for the kernel must be the binary's
+    parameter list, as the PTX declares it: as many parameters, each of the plan's size (on a
+    GPU, ``cuFuncGetParamInfo`` checks the same before a launch object is built)."""
+    plan = native_plan(binary, [f"p_{n}" for n in spec.params])
+    assert plan is not None, f"{spec.name}: no native plan"
+    declared = [(int(i), t) for t, i in PTX_PARAM.findall(binary.asm["ptx"])]
+    assert [i for i, _ in declared] == list(range(len(declared))), declared
+    sizes = [int(t[1:]) // 8 for _, t in declared]
+    want = [4 if kind in "ifk" else 8 for kind, _ in plan]
+    assert sizes == want, f"{spec.name}: PTX parameters {declared}, plan {plan}"
+
+
 def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     failures = 0
@@ -152,6 +170,7 @@ def main() -> int:
                 try:
                     source = triton.compiler.ASTSource(fn=fn_, signature=signature, constexprs=blocks)
                     binary = triton.compile(source, target=target, options={"num_warps": config.num_warps})
+                    check_native_plan(binary, spec)
                     if label == "negative zero":
                         ptx = binary.asm["ptx"]
                         assert "0f80000000" in ptx or "0d8000000000000000" in ptx, ptx

@@ -63,6 +63,7 @@ import torch
 
 from kiln_loopir.diskcache import cache_root, write_atomic
 
+from . import native_launch
 from .heuristics import Config, grid, grid_source
 from .interp import fix_comparisons, interpreting
 from .kernel import KernelSpec
@@ -197,15 +198,74 @@ def warmup_args(spec: KernelSpec) -> list[Any]:
     return [*spec.param_dtypes, *(0.5 if p in floats else GENERIC_SIZE for p in spec.size_params)]
 
 
+def native_plan(compiled: Any, pointers: Sequence[str]) -> list[tuple[str, int]] | None:
+    """The kernel parameters of a compiled kernel of static sizes as a :class:`Launch` plan
+    (Note [Native launches] in native_launch.py): ``("p", i)`` for the pointer passed as the
+    launch's argument ``i`` (``pointers`` names the parameters in argument order), ``("c", v)``
+    / ``("k", v)`` for an 8- / 4-byte constant, constexprs left out, then Triton's two scratch
+    pointers (null); None for a parameter of another kind."""
+    signature = compiled.src.signature
+    plan: list[tuple[str, int]] = []
+    for name in compiled.src.fn.arg_names:
+        ty = signature.get(name)
+        if ty is None or ty == "constexpr":
+            continue
+        if name in pointers:
+            if not (isinstance(ty, str) and ty.startswith("*")):
+                return None
+            plan.append(("p", pointers.index(name)))
+        else:
+            return None  # a runtime parameter the wrapper does not pass
+    return [*plan, ("c", 0), ("c", 0)]
+
+
+def _native_launcher(compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int]) -> Callable[..., None] | None:
+    """A :class:`Launch` for ``compiled`` where it applies (Note [Native launches]); else None."""
+    module = native_launch.for_launches()
+    if module is None:
+        return None
+    run = compiled.run
+    packed = compiled.packed_metadata
+    if getattr(run, "launch_cooperative_grid", True) or getattr(run, "launch_pdl", True):
+        return None
+    if not (isinstance(packed, tuple) and len(packed) == 3 and all(isinstance(v, int) for v in packed)):
+        return None
+    num_warps, num_ctas, shared = packed
+    plan = native_plan(compiled, [f"p_{n}" for n in spec.params])
+    if plan is None or num_ctas != 1:
+        native_launch.counters["native_declined"] += 1
+        return None
+    try:
+        launch: Callable[..., None] = module.Launch(
+            spec.name,
+            compiled.function,
+            (grid_xy[0], grid_xy[1], 1),
+            32 * num_warps,
+            shared,
+            plan,
+            len(spec.params),
+            torch.cuda.current_device(),
+            release_gil=native_launch.release_gil(),
+        )
+    except (RuntimeError, ValueError) as exc:  # the binary's parameters are not the plan's
+        native_launch.counters["native_declined"] += 1
+        compile_log.warning("kiln: %s keeps Triton's launcher: %s", spec.name, exc)
+        return None
+    native_launch.counters["native_launchers"] += 1
+    return launch
+
+
 def _fast_launcher(
-    compiled: Any, spec: KernelSpec, config: Config, direct: bool = True
+    compiled: Any, spec: KernelSpec, config: Config, direct: bool = True, native: bool = True
 ) -> Callable[..., None]:
     """``launch(stream, *pointers)`` for one compiled kernel (Note [The launch path]).
 
     Triton's launcher takes the kernel's parameters in declaration order, constexprs included
     (it skips them); a parameter that the signature leaves out is not passed at all. ``direct``:
     call Triton's C launch function itself where its arguments are known (Note [Calling the C
-    launch directly]); else ``CompiledKernel.run``."""
+    launch directly]); else ``CompiledKernel.run``. ``native``: where that direct call applies
+    and the sizes are static, a C launch object instead (Note [Native launches] in
+    native_launch.py)."""
     constants = config.kwargs(spec.kind)
     pointers = {name: f"p{i}" for i, name in enumerate(f"p_{n}" for n in spec.params)}
     sizes = spec.size_params  # Note [Symbolic sizes in Triton kernels]: after the pointers
@@ -228,6 +288,10 @@ def _fast_launcher(
     }
     direct = direct and os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") != "0"
     found = _direct_call(compiled.run) if direct and args else None
+    if found is not None and native and not sizes and gx and gy and native_launch.enabled():
+        native_launch_ = _native_launcher(compiled, spec, (gx, gy))
+        if native_launch_ is not None:
+            return native_launch_
     if found is not None:
         template, extra = found
         scope |= extra
