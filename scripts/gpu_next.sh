@@ -334,6 +334,19 @@ for step in "$@"; do
       timeout 60 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests/test_native_launch.py 2>&1 | tail -3
       timeout 340 python3 -m pytest -v --tb=short -p no:cacheprovider packages/codegen_triton/tests > "$out/triton-suite.log" 2>&1
       grep -E "FAILED|ERROR" "$out/triton-suite.log" | head -30; tail -3 "$out/triton-suite.log" ;;
+    call35b)  # thirty-fifth session (issue 14): the per-model effect of native launches, bf16 inference of the suite,
+      # default mode, profiled: kiln, kiln with Triton's launcher (triton.native_launch=False), torch.compile
+      TAIL=60 bench inference-bf16-native 560 --dtype bfloat16 --modes inference --repeats 20 --warmup 5 --profile \
+        --profile-calls 3 --backends eager,kiln,kiln::triton.native_launch=False,inductor ;;
+    call35c)  # thirty-fifth session (issue 20): the public suite on the host's CPU at 1/4/16 threads, inference,
+      # eager / kiln / torch.compile interleaved (call5b at today's code; s25's: kiln 1.46/1.55/1.72, tc 1.34/1.43/1.55)
+      timeout 300 python3 packages/codegen_cpp/bench/threads.py --threads 1,4,16 --models resnet,gpt2,bert,mlp,cnn,convnext,t5,llama \
+        --budget-s 280 --kernels 0 --out "$out/threads.json" > "$out/threads.log" 2>&1; grep -v -E "Warning|USDT" "$out/threads.log" | tail -45 ;;
+    call35d)  # thirty-fifth session (issue 20): training steps at 1/4/16 threads (call25c at today's code)
+      timeout 300 python3 packages/codegen_cpp/bench/threads.py --mode training --threads 1,4,16 \
+        --models gpt2,resnet,bert,llama,cnn,mlp,t5,convnext --budget-s 250 --row-s 2 --kernels 0 \
+        --out "$out/threads-training.json" > "$out/threads-training.log" 2>&1
+      grep -v -E "Warning|USDT" "$out/threads-training.log" | tail -45 | cut -c1-220 ;;
     call34e)  # thirty-fourth session (issue 14): codegen_triton's whole test suite on CUDA after the fixes of the CUDA failures
       # found in s34 (negative zero constants, cuDNN TF32 in the session, wrapper tests on the session's device); expected: all pass
       timeout 560 python3 -m pytest -q -p no:cacheprovider packages/codegen_triton/tests 2>&1 | tail -12 ;;

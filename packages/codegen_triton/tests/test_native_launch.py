@@ -192,3 +192,20 @@ def test_on_a_gpu_every_static_kernel_is_launched_natively_and_agrees_with_eager
             torch.testing.assert_close(got, want)
     kinds = {type(launcher.fast).__name__ for launcher in backend.last_launchers.values()}
     assert kinds == {"Launch"}, kinds
+
+
+def test_the_backend_option_reaches_every_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``options={"triton.native_launch": False}`` (kiln_bench's ablation) or the environment."""
+    from kiln_codegen_triton import TritonBackend
+    from kiln_loopir import compile_graph
+
+    def fn(x: torch.Tensor) -> Any:
+        return torch.ops.aten.relu.default(x), torch.ops.aten.sum.default(x)
+
+    x = torch.randn(8, 8)
+    for kwargs, env, want in [({}, None, True), ({"native_launch": False}, None, False), ({}, "0", False)]:
+        if env is not None:
+            monkeypatch.setenv("KILN_TRITON_NATIVE_LAUNCH", env)
+        backend = TritonBackend(**kwargs)
+        compile_graph(torch.fx.symbolic_trace(fn), [x], backend=backend)
+        assert backend.last_launchers and {lz.native for lz in backend.last_launchers.values()} == {want}

@@ -63,6 +63,7 @@ ABLATION: tuple[tuple[str, str, Any], ...] = (
     ("cuda", "triton.outer_by_tiles", False),
     ("cuda", "triton.welford_tiles", False),
     ("cuda", "triton.welford_chunks", False),
+    ("cuda", "triton.native_launch", False),
     ("cuda", "materialized_saves", False),
     ("cuda", "recompute_sources", False),
     ("cuda", "tiny_fusion", False),

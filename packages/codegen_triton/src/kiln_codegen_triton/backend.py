@@ -65,6 +65,7 @@ from kiln_loopir.scheduler import (
 )
 from kiln_loopir.wrapper_support import dense_shape, dense_storage, flat_storage, symbol_values
 
+from . import native_launch as native_launch_module
 from .cudagraphs import CudaGraphRunner, CudaGraphsPerSize, PointerCheck, cudagraph_blocker
 from .heuristics import configs, outer_tile_rows
 from .interp import interpreting
@@ -116,6 +117,7 @@ TRITON_OPTIONS = {
     "matmul_templates": bool,  # Note [Matmul templates] in templates.py; False: matmuls stay extern
     "overlap_compile": bool,  # Note [Kernels compiled while the next graph is built] in runtime.py
     "cudagraph_plan": bool,  # Note [The runner's per-call path] in cudagraphs.py
+    "native_launch": bool,  # Note [Native launches] in native_launch.py; False: Triton's C launch from Python
 }
 
 
@@ -164,6 +166,7 @@ class TritonBackend(Backend):
         matmul_templates: bool | str = True,
         overlap_compile: bool = True,
         cudagraph_plan: bool | None = None,
+        native_launch: bool | None = None,
         pointer_check: Callable[[], PointerCheck | None] | None = None,
     ) -> None:
         mode = mode or "default"
@@ -221,6 +224,8 @@ class TritonBackend(Backend):
         self.overlap_compile = overlap_compile
         # Note [The runner's per-call path] (cudagraphs.py): None = KILN_CUDAGRAPH_PLAN (default on)
         self.cudagraph_plan = cudagraph_plan
+        # Note [Native launches] (native_launch.py): None = KILN_TRITON_NATIVE_LAUNCH (default on)
+        self.native_launch = native_launch if native_launch is not None else native_launch_module.enabled()
         self.pointer_check = pointer_check  # ... and its C check of the static inputs' pointers
         self.last_pending: PendingCompile | None = None
         self.last_templates: list[MatmulChoice] = []
@@ -372,7 +377,11 @@ class TritonBackend(Backend):
                     welford_chunks=self.welford_chunks,
                 )
                 launchers[spec.name] = Launcher(
-                    getattr(module, spec.name), spec, candidates, autotune=bool(tune)
+                    getattr(module, spec.name),
+                    spec,
+                    candidates,
+                    autotune=bool(tune),
+                    native=self.native_launch,
                 )
                 if tune == "small" and launchers[spec.name].autotune:
                     log_tune.debug(

@@ -314,8 +314,11 @@ class Launcher:
     by the fast launcher of the chosen config once it is known (the wrapper binds the name
     :attr:`slot` in its namespace; under max-autotune the first call tunes, then rebinds it)."""
 
-    def __init__(self, fn: Any, spec: KernelSpec, candidates: list[Config], *, autotune: bool) -> None:
+    def __init__(
+        self, fn: Any, spec: KernelSpec, candidates: list[Config], *, autotune: bool, native: bool = True
+    ) -> None:
         self.fn = fn
+        self.native = native  # Note [Native launches] in native_launch.py
         self.spec = spec
         self.candidates = candidates
         # running a kernel twice must give the same memory for timing to be harmless
@@ -381,7 +384,7 @@ class Launcher:
                     log.debug("%s: %s does not compile: %s", self.spec.name, config, exc)
         if not self.autotune:
             assert self.config is not None
-            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)
+            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config, native=self.native)
 
     def install(self, namespace: dict[str, Any], slot: str) -> None:
         """Bind ``slot`` in the wrapper's ``namespace`` to this kernel's launch function."""
@@ -396,7 +399,7 @@ class Launcher:
             self.pending.wait()
         if self.fast is None:
             self.config = self._tune(pointers, stream=stream)
-            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config)
+            self.fast = _fast_launcher(self.compiled[self.config], self.spec, self.config, native=self.native)
             if self.namespace is not None:
                 self.namespace[self.slot] = self.fast
         self.fast(stream, *pointers)
@@ -452,7 +455,7 @@ class Launcher:
         if stream is not None:
             import triton.testing
 
-            fast = _fast_launcher(self.compiled[config], self.spec, config)
+            fast = _fast_launcher(self.compiled[config], self.spec, config, native=self.native)
             return float(triton.testing.do_bench(lambda: fast(stream, *args), warmup=5, rep=25)) / 1e3
         launch = self._bind(config)
         start = time.perf_counter()
