@@ -249,9 +249,14 @@ def _native_launcher(compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int]) 
         )
     except (RuntimeError, ValueError) as exc:  # the binary's parameters are not the plan's
         native_launch.counters["native_declined"] += 1
-        compile_log.warning("kiln: %s keeps Triton's launcher: %s", spec.name, exc)
+        # the first such kernel of the process is a warning, the others debug lines
+        level = logging.DEBUG if native_launch.counters["native_declined"] > 1 else logging.WARNING
+        compile_log.log(level, "kiln: %s keeps Triton's launcher: %s", spec.name, exc)
         return None
     native_launch.counters["native_launchers"] += 1
+    compile_log.debug(
+        "%s: native launch, grid %s, %d warps, parameters %s", spec.name, grid_xy, num_warps, plan
+    )
     return launch
 
 
