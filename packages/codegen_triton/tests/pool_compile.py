@@ -98,7 +98,7 @@ def main() -> int:
     # Note [Kernels compiled while the next graph is built]: a graph's kernels submitted, another
     # graph built meanwhile, then the wait loads them and rebinds each installed slot
     # (the stand-in driver cannot build Triton's C launcher: a stand-in fast launcher per kernel)
-    runtime._fast_launcher = lambda compiled, spec, config: lambda *args: None
+    runtime._fast_launcher = lambda compiled, spec, config, **options: lambda *args: None
     launchers = _launchers(
         lambda t: (aten.amax.default(aten.exp.default(t), [0]), aten.sigmoid.default(t)), [x]
     )

@@ -9,12 +9,22 @@ import pytest
 import torch
 from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
 from torch._dispatch.python import enable_python_dispatcher
+from triton_check import DEVICES
 
 from kiln_codegen_triton import TritonBackend
 from kiln_loopir import compile_graph
+from kiln_loopir.graph import GRAPH_DEVICE
 from kiln_loopir.testing import with_vals
 
+DEVICE = DEVICES[0]
 aten = torch.ops.aten
+
+
+def _on_device(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Graphs traced on meta tensors compile for the session's device (Note [The device of a graph
+    of meta inputs] in kiln_loopir's graph.py): CUDA on a GPU, the interpreter's CPU otherwise."""
+    graph.meta[GRAPH_DEVICE] = DEVICE
+    return graph
 
 
 def test_a_static_reduction_over_a_symbolic_range_is_not_planned_for_splitting() -> None:
@@ -28,9 +38,9 @@ def test_a_static_reduction_over_a_symbolic_range_is_not_planned_for_splitting()
         return aten.var.correction(x, None, correction=1), aten.sum.default(y)
 
     meta = (torch.empty(0, n, device="meta"), torch.empty(n, device="meta"))
-    compiled = compile_graph(with_vals(f, *meta), list(meta), backend=TritonBackend())
+    compiled = compile_graph(_on_device(with_vals(f, *meta)), list(meta), backend=TritonBackend())
     for cols in (6, 9, 2):
-        x, y = torch.empty(0, cols), torch.randn(cols)
+        x, y = torch.empty(0, cols, device=DEVICE), torch.randn(cols, device=DEVICE)
         for got, want in zip(compiled(x, y), f(x, y), strict=True):
             torch.testing.assert_close(got, want, equal_nan=True)
 
@@ -51,9 +61,9 @@ def test_an_int_of_a_float_of_sizes_is_an_argument_the_wrapper_computes() -> Non
         graph = with_vals(f, *meta)
     up = next(n for n in graph.graph.nodes if n.target == aten.upsample_nearest2d.vec)
     assert "TruncOfFloat" in str(up.meta["val"].shape)
-    compiled = compile_graph(graph, list(meta), backend=TritonBackend())
+    compiled = compile_graph(_on_device(graph), list(meta), backend=TritonBackend())
     for hv, wv in ((5, 7), (3, 9), (11, 6), (4, 4)):
-        x = torch.randn(1, 2, hv, wv)
+        x = torch.randn(1, 2, hv, wv, device=DEVICE)
         torch.testing.assert_close(compiled(x), f(x))
 
 
@@ -79,10 +89,11 @@ def test_a_reduction_over_a_symbolic_row_with_static_outputs_splits(split: bool)
         torch.empty(n, 130, device="meta", dtype=torch.float64),
     )
     backend = TritonBackend(split_symbolic=split)
-    compiled = compile_graph(with_vals(f, *meta), list(meta), backend=backend)
+    compiled = compile_graph(_on_device(with_vals(f, *meta)), list(meta), backend=backend)
     names = [s.name for s in backend.last_specs]
     assert sum(name.endswith("_partial") for name in names) == (2 if split else 0), names
     for rows in (3000, 2, 17, 1001):
-        x, y = torch.randn(rows, 33, dtype=torch.float64), torch.randn(rows, 130, dtype=torch.float64)
+        x = torch.randn(rows, 33, dtype=torch.float64, device=DEVICE)
+        y = torch.randn(rows, 130, dtype=torch.float64, device=DEVICE)
         for got, want in zip(compiled(x, y), f(x, y), strict=True):
             torch.testing.assert_close(got, want)

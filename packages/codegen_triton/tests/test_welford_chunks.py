@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from triton_check import aten, check
+from triton_check import DEVICES, aten, check
 
 from kiln_codegen_triton import TritonBackend
 from kiln_codegen_triton.heuristics import Config
@@ -56,7 +56,7 @@ def test_welford_chunks_of_at_least_128_rows(
     rows = n * hw * hw
     x = _activation(n, c, hw, dtype)
     caplog.set_level(logging.DEBUG, logger="kiln.codegen_triton.output_code")
-    backend = check(bn_stats, x, device="cpu", backend=TritonBackend())
+    backend = check(bn_stats, x, device=DEVICES[0], backend=TritonBackend())
     partial, second = _split(backend)
     chunks = on
     assert second.rnumel == chunks and rows // chunks >= 128
@@ -66,7 +66,7 @@ def test_welford_chunks_of_at_least_128_rows(
     assert partial.candidates[0] == Config(min(16, partial.spec.xnumel), RBLOCK=32, num_warps=4)
 
     caplog.clear()
-    backend = check(bn_stats, x, device="cpu", backend=TritonBackend(welford_chunks=False))
+    backend = check(bn_stats, x, device=DEVICES[0], backend=TritonBackend(welford_chunks=False))
     partial, second = _split(backend)
     assert second.rnumel == off and partial.spec.rnumel == rows // off
     assert "Welford column reduction" not in caplog.text
@@ -80,7 +80,9 @@ def test_welford_chunk_tile_follows_the_outputs() -> None:
     from kiln_codegen_triton import heuristics
     from kiln_codegen_triton.heuristics import configs
 
-    backend = check(bn_stats, _activation(2, 8, 56, torch.bfloat16), device="cpu", backend=TritonBackend())
+    backend = check(
+        bn_stats, _activation(2, 8, 56, torch.bfloat16), device=DEVICES[0], backend=TritonBackend()
+    )
     partial, _ = _split(backend)
     wide = replace(partial.spec, xnumel=196 * 512, rnumel=128)
     assert configs(wide, rblock_cap=2048)[0] == Config(64, RBLOCK=8, num_warps=4)
@@ -98,8 +100,8 @@ def test_row_reductions_and_sums_keep_their_chunks() -> None:
         return aten.sum.dim_IntList(aten._to_copy.default(x, dtype=torch.float32), [0, 2, 3])
 
     x = _activation(2, 8, 56, torch.float32)
-    on = check(col_sum, x, device="cpu", backend=TritonBackend())
-    off = check(col_sum, x, device="cpu", backend=TritonBackend(welford_chunks=False))
+    on = check(col_sum, x, device=DEVICES[0], backend=TritonBackend())
+    off = check(col_sum, x, device=DEVICES[0], backend=TritonBackend(welford_chunks=False))
     assert _split(on)[1].rnumel == _split(off)[1].rnumel
     assert _split(on)[0].candidates == _split(off)[0].candidates
 
@@ -114,7 +116,7 @@ def test_one_triple_of_partials_per_welford(shared: bool, caplog: pytest.LogCapt
 
     caplog.set_level(logging.DEBUG, logger="kiln.codegen_triton.output_code")
     x = _activation(2, 8, 56, torch.float32)
-    backend = check(var_mean, x, device="cpu", backend=TritonBackend(welford_shared=shared))
+    backend = check(var_mean, x, device=DEVICES[0], backend=TritonBackend(welford_shared=shared))
     partial, second = _split(backend)
     stores = partial.spec.source.count("tl.store(")
     assert stores == (3 if shared else 6), partial.spec.source

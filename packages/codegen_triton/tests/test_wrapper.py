@@ -178,7 +178,7 @@ def test_welford_column_loops_take_small_tiles_when_the_grid_is_large() -> None:
     few = configs(partial[0], rblock_cap=2048, welford_chunks=False)[0]
     assert few == configs(replace(partial[0], welford=False), rblock_cap=2048, welford_chunks=False)[0]
     # results equal eager with the switch off too
-    check(bn_stats, x, device="cpu", backend=TritonBackend(welford_tiles=False, welford_chunks=False))
+    check(bn_stats, x, device=DEVICES[0], backend=TritonBackend(welford_tiles=False, welford_chunks=False))
 
 
 @pytest.mark.parametrize("device", DEVICES)

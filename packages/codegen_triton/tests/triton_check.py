@@ -46,6 +46,7 @@ __all__ = [
     "assert_same",
     "aten",
     "check",
+    "constants_to_device",
     "eager_supports",
     "graph_of",
     "graph_to_device",
@@ -69,6 +70,17 @@ def graph_to_device(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModu
         ):
             node.kwargs = {**node.kwargs, "device": torch.device(device)}
     gm.recompile()
+    return gm
+
+
+def constants_to_device(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
+    """Move the tensors a traced graph holds as constants (what ``symbolic_trace`` made of a
+    creation op without inputs, ``_tensor_constant0``) to ``device``, where its inputs go."""
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and "." not in str(node.target):
+            value = getattr(gm, str(node.target))
+            if isinstance(value, torch.Tensor) and value.device != torch.device(device):
+                setattr(gm, str(node.target), value.to(device))
     return gm
 
 
@@ -123,7 +135,7 @@ def check(
 
     ``elementwise_at``: positions where eager is also asked about each element alone, and either
     answer counts (Note [Eager disagrees with itself]); ``fn`` must then be pointwise."""
-    gm = trace(fn)
+    gm = constants_to_device(trace(fn), device)
     inputs = tuple(to_device(list(inputs), device))
     expected = gm(*inputs)  # graphs are functional: inputs are not mutated
     backend = backend or TritonBackend()

@@ -155,3 +155,17 @@ def test_complex_values_run_as_extern_kernels() -> None:
     kernels = [op for op in ops if isinstance(op, ComputedBuffer)]
     assert kernels and all(not op.get_dtype().is_complex for op in kernels)  # sin, then abs + 1
     assert "abs.default" in " ".join(compiled.stats.extern_ops)
+
+
+def test_a_graph_of_meta_inputs_computes_where_its_meta_says() -> None:
+    """Note [The device of a graph of meta inputs]: the key names the device of a graph traced on
+    meta tensors; inputs on a real device decide for themselves."""
+    from kiln_loopir.graph import GRAPH_DEVICE, graph_device
+
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.relu.default(x))
+    meta = [torch.empty(3, device="meta")]
+    assert graph_device(gm, meta) == torch.device("cpu")
+    gm.meta[GRAPH_DEVICE] = "cuda:1"
+    assert graph_device(gm, meta) == torch.device("cuda:1")
+    assert graph_device(gm, []) == torch.device("cuda:1")
+    assert graph_device(gm, [torch.empty(3)]) == torch.device("cpu")

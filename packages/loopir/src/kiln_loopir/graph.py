@@ -168,12 +168,23 @@ SHAPE_ONLY_READERS = frozenset(
 MAX_CHAIN_OPS = 200
 
 
+# Note [The device of a graph of meta inputs]: a graph compiled from meta example inputs (symbolic
+# sizes traced on meta tensors, as the code generators' tests do) says nothing of where it will
+# run; ``gm.meta[GRAPH_DEVICE]`` names it (a graph with real or fake inputs is where they are).
+GRAPH_DEVICE = "graph_device"
+
+
 def graph_device(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> torch.device:
     """Where the graph computes: its first tensor input's device; for a graph without tensor
-    inputs (it only creates tensors), the first device a creation op asks for; else the CPU.
+    inputs (it only creates tensors), the first device a creation op asks for; else the CPU. A
+    graph of meta (or no) inputs that names a device in ``gm.meta[GRAPH_DEVICE]`` computes there
+    (Note [The device of a graph of meta inputs]).
     The code generator is chosen by this device (Note [One device per graph])."""
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else None
+    asked_for = getattr(gm, "meta", {}).get(GRAPH_DEVICE)
+    if asked_for is not None and (device is None or device.type == "meta"):
+        return torch.device(asked_for)
     if device is None:
         for node in gm.graph.nodes:
             asked = node.kwargs.get("device") if node.op == "call_function" else None
