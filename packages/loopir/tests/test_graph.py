@@ -162,7 +162,7 @@ def test_a_graph_of_meta_inputs_computes_where_its_meta_says() -> None:
     meta tensors; inputs on a real device decide for themselves."""
     from kiln_loopir.graph import GRAPH_DEVICE, graph_device
 
-    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.relu.default(x))
+    gm = torch.fx.symbolic_trace(lambda x: torch.ops.aten.relu.default(x) * 2)
     meta = [torch.empty(3, device="meta")]
     assert graph_device(gm, meta) == torch.device("cpu")
     gm.meta[GRAPH_DEVICE] = "cuda:1"
