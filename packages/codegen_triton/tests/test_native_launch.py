@@ -90,6 +90,19 @@ def test_the_module_is_built_once_and_reused_from_disk(fresh: Path, caplog: pyte
     assert native_launch.counters["native_built"] == before["native_built"] + 1
 
 
+def test_prepare_builds_in_the_background_once(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(native_launch, "_preparing", None)
+    built = native_launch.counters["native_built"]
+    native_launch.prepare()
+    thread = native_launch._preparing
+    assert thread is not None and thread.name == "kiln-native-launch-build"
+    native_launch.prepare()
+    assert native_launch._preparing is thread  # one build per process
+    assert native_launch.module() is not None  # waits for the thread's build, does not start another
+    thread.join()
+    assert native_launch.counters["native_built"] == built + 1
+
+
 def test_without_a_compiler_kernels_keep_the_python_launcher(
     fresh: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

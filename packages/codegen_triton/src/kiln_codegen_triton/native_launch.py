@@ -18,7 +18,8 @@ headers (the compiler and headers Triton itself needs for its launchers), and lo
 header is needed (the few driver entry points are declared here and looked up in libcuda with
 ``dlsym``). The binary is cached under ``$KILN_CACHE_DIR/triton/native/`` by the hash of the
 source, Python's ABI and the platform, written atomically; a file that does not load is built
-again once, and if that fails too, or no compiler or libcuda is found, every kernel keeps the
+again once (the first graph compiled for a GPU starts the build in a background thread,
+:func:`prepare`, so that it runs while the kernels compile), and if that fails too, or no compiler or libcuda is found, every kernel keeps the
 Python fast launcher (``counters["native_unavailable"]``, logged once on
 ``kiln.codegen_triton.compile``). ``KILN_TRITON_NATIVE_LAUNCH=0`` turns it off.
 
@@ -469,6 +470,18 @@ def module() -> ModuleType | None:
 
 
 _no_driver_logged = False
+_preparing: threading.Thread | None = None
+
+
+def prepare() -> None:
+    """Build (or load) the module in a background thread, once per process: the first graph's
+    kernels compile meanwhile, so the C compiler's run (0.3-0.5 s on an idle machine) is off the
+    compile's critical path; :func:`module` waits for it where it is still running."""
+    global _preparing
+    if _module is not None or _failed or _preparing is not None:
+        return
+    _preparing = threading.Thread(target=module, name="kiln-native-launch-build", daemon=True)
+    _preparing.start()
 
 
 def for_launches() -> ModuleType | None:

@@ -541,6 +541,8 @@ def precompile_start(
     """Submit the kernels of one graph to the pool (Note [Kernels compiled while the next graph
     is built]); each launcher knows the returned handle, whose ``wait`` loads them."""
     pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
+    if device.type == "cuda" and any(launcher.native for launcher in pending):
+        native_launch.prepare()  # Note [Native launches]: built while the kernels compile
     if not pending:
         handle = PendingCompile([], device, workers, None, [])
         handle.done = True
