@@ -8,7 +8,7 @@
 # Thirty-fifth session: call35a (the launch micro-benchmark with native launches; codegen_triton's whole suite on CUDA),
 #   call35b (bf16 inference, kiln against triton.native_launch=False and torch.compile), call35c/call35d (issue 20: the
 #   public suite on the host's CPU at 1/4/16 threads, inference, then training of four models) ran on an H200 at
-#   a61d746..d0c7e4d (packages/bench/results/2026-12-08-h200*-s35-*; 1612 of 1800 s, ~300 s lost to refused starts).
+#   7e791fb (packages/bench/results/2026-12-08-h200*-s35-*; 1612 of 1800 s, ~300 s lost to refused starts).
 #   The suite on CUDA: 18 failures + test_opinfo.py not collected (no expecttest there), all in the tests (CPU tensors
 #   on a CUDA machine, a stand-in's signature, a stand-in timing), fixed after, not re-run on CUDA: call35e (carry
 #   [".whl"]: expecttest's wheel). Next: call35e, call35d's four skipped models (mlp, t5, convnext, resnet: call35f),
