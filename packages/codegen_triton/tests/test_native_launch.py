@@ -182,6 +182,8 @@ def test_a_fast_launcher_is_a_native_launch_with_the_grid_block_and_plan(
     assert isinstance(runtime._fast_launcher(_compiled(pdl), SPEC, Config(XBLOCK=256)), types.FunctionType)
     clusters = _compiled(Launcher(calls), packed=(4, 2, 0))
     assert isinstance(runtime._fast_launcher(clusters, SPEC, Config(XBLOCK=256)), types.FunctionType)
+    oversized = _compiled(Launcher(calls), packed=(4, 1, 229 * 1024))
+    assert isinstance(runtime._fast_launcher(oversized, SPEC, Config(XBLOCK=256)), types.FunctionType)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="launches on a GPU")
