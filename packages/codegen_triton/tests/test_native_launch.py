@@ -50,6 +50,9 @@ def test_a_dry_launch_returns_the_parameters_it_would_pass(fresh: Path) -> None:
         0,  # Triton's two scratch pointers
     )
     assert launch(0, 16, 2**31 - 1, 2**63 - 1, 3)[3:5] == (2**31 - 1, _bits(3.0))
+    import copy
+
+    assert copy.copy(launch) is launch and copy.deepcopy({"k": launch})["k"] is launch
 
 
 def test_a_dry_launch_rejects_bad_arguments_with_the_kernel_named(fresh: Path) -> None:

@@ -350,6 +350,12 @@ static PyObject *get_name(PyObject *op, void *closure) {
 
 static PyGetSetDef launch_getset[] = {{"name", get_name, NULL, NULL, NULL}, {NULL}};
 
+/* immutable: a copy (of a wrapper's namespace, a module holding it) is the object itself */
+static PyObject *launch_copy(PyObject *op, PyObject *unused) { Py_INCREF(op); return op; }
+
+static PyMethodDef launch_methods[] = {
+    {"__copy__", launch_copy, METH_NOARGS, NULL}, {"__deepcopy__", launch_copy, METH_O, NULL}, {NULL}};
+
 static PyTypeObject LaunchType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "kiln_triton_launch.Launch",
@@ -361,6 +367,7 @@ static PyTypeObject LaunchType = {
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(Launch, vectorcall),
     .tp_getset = launch_getset,
+    .tp_methods = launch_methods,
     .tp_doc = "One compiled Triton kernel's launch: call with (stream, *arguments).",
 };
 
