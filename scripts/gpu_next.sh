@@ -11,7 +11,8 @@
 #   7e791fb (packages/bench/results/2026-12-08-h200*-s35-*; 1612 of 1800 s, ~300 s lost to refused starts).
 #   The suite on CUDA: 18 failures + test_opinfo.py not collected (no expecttest there), all in the tests (CPU tensors
 #   on a CUDA machine, a stand-in's signature, a stand-in timing), fixed after, not re-run on CUDA: call35e (carry
-#   [".whl"]: expecttest's wheel). Next: call35e, call35d's four skipped models (mlp, t5, convnext, resnet: call35f),
+#   [".whl"]: expecttest's wheel). Next: call35e, call35d's four skipped models (mlp, t5, convnext, resnet: call35f), call35g (CNN training and
+#   ResNet inference kernels at 1/4/16 threads),
 #   then call32d, call32c, call31a (runner rows), call30s, call30b, call30p, call30f, call31o, call28t, call29c,
 #   call28l, call27t + call27b, call27m, call26p, call27l.
 # Thirty-fourth session: call34d (fp32 inference of the suite, the launch micro-benchmark with a per-kernel breakdown,
@@ -344,6 +345,14 @@ for step in "$@"; do
         --models mlp,t5,convnext,resnet --budget-s 520 --row-s 2 --kernels 0 \
         --out "$out/threads-training-b.json" > "$out/threads-training-b.log" 2>&1
       grep -v -E "Warning|USDT" "$out/threads-training-b.log" | tail -30 | cut -c1-220 ;;
+    call35g)  # thirty-fifth session (issue 20): where the CNN's training step stops scaling (s35 on the H200 host:
+      # kiln 16.8 / 10.1 / 6.4 ms at 1 / 4 / 16 threads, eager 30.2 / 11.1 / 6.5, torch.compile 22.8 / 9.3 / 6.2) and
+      # why ResNet inference is slower at 16 threads than at 4 (1.91 -> 2.23 ms; torch.compile 2.10 -> 2.04): each
+      # kernel's fastest call per thread count, then the same for ResNet's inference call
+      timeout 250 python3 packages/codegen_cpp/bench/kernel_time.py --models suite.cnn --threads 1,4,16 --top 25 2>&1 \
+        | grep -v -i -E "warn|usdt" | tail -32
+      timeout 250 python3 packages/codegen_cpp/bench/kernel_time.py --models suite.resnet --inference --threads 1,4,16 \
+        --top 20 2>&1 | grep -v -i -E "warn|usdt" | tail -26 ;;
     call35a)  # thirty-fifth session (issue 14): Note [Native launches] (a C launch object per kernel instead of the
       # Python function calling Triton's C launch): the launch micro-benchmark (kiln native, kiln with Triton's
       # launcher, torch.compile; one launch each way, GIL released and kept), the native tests, then call34e (the
