@@ -140,7 +140,7 @@ def check_native_plan(binary: Any, spec: Any) -> None:
     """Note [Native launches]: the plan runtime.py writes for the kernel must be the binary's
     parameter list, as the PTX declares it: as many parameters, each of the plan's size (on a
     GPU, ``cuFuncGetParamInfo`` checks the same before a launch object is built)."""
-    plan = native_plan(binary, [f"p_{n}" for n in spec.params])
+    plan = native_plan(binary, [f"p_{n}" for n in spec.params], spec.size_params)
     assert plan is not None, f"{spec.name}: no native plan"
     declared = [(int(i), t) for t, i in PTX_PARAM.findall(binary.asm["ptx"])]
     assert [i for i, _ in declared] == list(range(len(declared))), declared
@@ -149,11 +149,28 @@ def check_native_plan(binary: Any, spec: Any) -> None:
     assert sizes == want, f"{spec.name}: PTX parameters {declared}, plan {plan}"
 
 
+def symbolic_case() -> tuple[str, Any, list[Any], dict[str, Any]]:
+    """A graph of symbolic sizes (traced on meta tensors): its kernels take the sizes after their
+    pointers (Note [Symbolic sizes in Triton kernels])."""
+    from kiln_symbolic import DimDynamic, ShapeEnv, make_symint
+
+    from kiln_loopir.testing import with_vals
+
+    env = ShapeEnv()
+    n = make_symint(env, env.create_symbol(3000, "x0", DimDynamic.DYNAMIC), 3000)
+
+    def f(x: Any, y: Any) -> Any:
+        return aten.sum.default(x), aten.amax.default(y, [0]), aten.gelu.default(y)
+
+    meta = [torch.empty(n, 33, device="meta"), torch.empty(n, 130, device="meta")]
+    return "symbolic sizes", with_vals(f, *meta), meta, {}
+
+
 def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     failures = 0
-    for label, fn, inputs, options in cases():
-        gm = torch.fx.symbolic_trace(fn)
+    for label, fn, inputs, options in [*cases(), symbolic_case()]:
+        gm = fn if isinstance(fn, torch.fx.GraphModule) else torch.fx.symbolic_trace(fn)
         backend = TritonBackend(**options)
         compile_graph(gm, inputs, backend=backend)
         assert backend.last_declined == [], backend.last_declined
@@ -165,6 +182,9 @@ def main() -> int:
             for config in candidates:
                 blocks = {k: v for k, v in config.kwargs(spec.kind).items() if k.endswith("BLOCK")}
                 signature = {f"p_{p}": TYPES[d] for p, d in zip(spec.params, spec.param_dtypes, strict=True)}
+                # Note [Symbolic sizes in Triton kernels]: what warmup's GENERIC_SIZE / 0.5 specialize to
+                floats = {name for name, _ in spec.float_params}
+                signature.update({p: "fp32" if p in floats else "i64" for p in spec.size_params})
                 signature.update(dict.fromkeys(blocks, "constexpr"))
                 fn_ = backend.last_launchers[spec.name].fn
                 try:

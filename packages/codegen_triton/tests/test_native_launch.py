@@ -40,6 +40,8 @@ def test_a_dry_launch_returns_the_parameters_it_would_pass(fresh: Path) -> None:
     got = launch(77, 2**63 + 5, -3, -(2**40), 0.1)
     assert got == (
         77,  # the stream
+        4,
+        2,  # the grid's x and y, as built
         2**64 - 2**40,  # int64, two's complement
         2**63 + 5,  # the pointer, all 64 bits
         2**32 - 3,  # int32
@@ -49,7 +51,7 @@ def test_a_dry_launch_returns_the_parameters_it_would_pass(fresh: Path) -> None:
         0,
         0,  # Triton's two scratch pointers
     )
-    assert launch(0, 16, 2**31 - 1, 2**63 - 1, 3)[3:5] == (2**31 - 1, _bits(3.0))
+    assert launch(0, 16, 2**31 - 1, 2**63 - 1, 3)[5:7] == (2**31 - 1, _bits(3.0))
     import copy
 
     assert copy.copy(launch) is launch and copy.deepcopy({"k": launch})["k"] is launch
@@ -75,6 +77,20 @@ def test_a_dry_launch_rejects_bad_arguments_with_the_kernel_named(fresh: Path) -
         module.Launch("k", 0, (1, 1, 1), 32, 0, [("p", 2)], 2, 0, dry=True)
     with pytest.raises(ValueError, match="unknown kind"):
         module.Launch("k", 0, (1, 1, 1), 32, 0, [("x", 0)], 1, 0, dry=True)
+
+
+def test_a_launch_of_symbolic_sizes_takes_its_grid_after_the_stream(fresh: Path) -> None:
+    module = native_launch.module()
+    assert module is not None
+    plan = [("p", 0), ("q", 1), ("c", 0), ("c", 0)]
+    launch = module.Launch("k", 0, (1, 1, 1), 128, 0, plan, 2, 0, dry=True, grid_args=True)
+    assert launch(5, 30, 2, 16, 3000) == (5, 30, 2, 16, 3000, 0, 0)
+    with pytest.raises(TypeError, match="a stream, the grid's x and y and 2"):
+        launch(5, 16, 3000)
+    with pytest.raises(ValueError, match="grid y of 65536 is outside CUDA's limits"):
+        launch(5, 1, 65536, 16, 3000)
+    with pytest.raises(ValueError, match="grid x of -1"):
+        launch(5, -1, 1, 16, 3000)
 
 
 def test_the_module_is_built_once_and_reused_from_disk(fresh: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -149,6 +165,40 @@ SPEC = KernelSpec(
 )  # fmt: skip
 
 
+def test_a_symbolic_kernels_launcher_computes_its_grid_and_calls_the_native_launch(
+    fresh: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Note [Symbolic sizes in Triton kernels]: sizes after the pointers (int64), the grid from
+    them at each call; here 1500 elements in blocks of 256."""
+    import sympy
+
+    module = native_launch.module()
+    assert module is not None
+
+    def dry_launch(*args: Any, **kwargs: Any) -> Any:
+        return module.Launch(*args, **kwargs, dry=True)
+
+    monkeypatch.setattr(native_launch, "for_launches", lambda: types.SimpleNamespace(Launch=dry_launch))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    spec = KernelSpec(
+        name="k", source="", params=("x", "out"), param_dtypes=(torch.float32, torch.float32),
+        kind="pointwise", xnumel=s0 * s1, ynumel=1, rnumel=1, scratch=(), members=(), atomic=False,
+        outer=False, size_params=("s0", "s1"), numel_hints=(12, 1, 1),
+    )  # fmt: skip
+    fn = types.SimpleNamespace(arg_names=["p_x", "p_out", "s0", "s1", "XBLOCK"])
+    signature = {"p_x": "*fp32", "p_out": "*fp32", "s0": "i64", "s1": "i64", "XBLOCK": "constexpr"}
+    compiled = types.SimpleNamespace(
+        src=types.SimpleNamespace(signature=signature, fn=fn),
+        run=Launcher([]),
+        function=0xF00,
+        packed_metadata=(4, 1, 0),
+    )
+    launch = runtime._fast_launcher(compiled, spec, Config(XBLOCK=256))
+    assert launch(7, 100, 200, 5, 300) == (7, 6, 1, 100, 200, 5, 300, 0, 0)  # type: ignore[func-returns-value]
+    assert launch(7, 100, 200, 0, 300)[1] == 0  # type: ignore[index]  # no elements: a grid of 0
+
+
 def test_the_plan_follows_the_kernels_parameters_not_the_wrappers_order() -> None:
     # the kernel declares out before x; the wrapper passes (stream, x, out)
     assert runtime.native_plan(_compiled(None), ["p_x", "p_out"]) == [("p", 1), ("p", 0), ("c", 0), ("c", 0)]
@@ -172,7 +222,7 @@ def test_a_fast_launcher_is_a_native_launch_with_the_grid_block_and_plan(
     calls: list[tuple[Any, ...]] = []
     launch = runtime._fast_launcher(_compiled(Launcher(calls)), SPEC, Config(XBLOCK=256))
     assert "grid=(4, 1, 1) block=128 shared=0" in repr(launch)  # 1000 in blocks of 256; 4 warps
-    assert launch(7, 100, 200) == (7, 200, 100, 0, 0)  # type: ignore[func-returns-value]
+    assert launch(7, 100, 200) == (7, 4, 1, 200, 100, 0, 0)  # type: ignore[func-returns-value]
     assert calls == []
     # switched off, or a kernel with flags it does not handle: the Python launcher
     monkeypatch.setenv("KILN_TRITON_NATIVE_LAUNCH", "0")

@@ -23,13 +23,20 @@ again once (the first graph compiled for a GPU starts the build in a background 
 Python fast launcher (``counters["native_unavailable"]``, logged once on
 ``kiln.codegen_triton.compile``). ``KILN_TRITON_NATIVE_LAUNCH=0`` turns it off.
 
+A kernel of symbolic sizes (Note [Symbolic sizes in Triton kernels]) takes its sizes after its
+pointers (int64, or float32 for a float of sizes) and computes its grid from them at each call:
+its launcher is a generated two-line Python function that computes the grid and calls a
+:class:`Launch` built with ``grid_args=True``, which takes the grid's x and y after the stream
+(a grid of 0 launches nothing).
+
 What a kernel's parameters are is Triton's ABI: the non-constexpr arguments in declaration
 order, then two scratch pointers (global and profile) that Triton 3.6 and 3.8 append. The plan
 is written from the compiled kernel's signature (runtime.py's ``native_plan``), and at
 construction checked against the binary itself: ``cuFuncGetParamInfo`` (CUDA 12.4) must report
 exactly as many parameters as the plan, each of the plan's size. A kernel that fails the check,
-uses scratch memory, a cooperative grid, programmatic dependent launch or more than one CTA per
-cluster, or a driver without ``cuFuncGetParamInfo``, keeps the Python launcher; the check makes
+uses scratch memory, a cooperative grid, programmatic dependent launch, more than one CTA per
+cluster or more than 228 KiB of shared memory, or a driver without ``cuFuncGetParamInfo``, keeps
+the Python launcher; the check makes
 a future Triton that changes its ABI fall back instead of launching with wrong arguments.
 
 The GIL is released around ``cuLaunchKernel`` as Triton and torch do (a launch blocks when the
@@ -136,6 +143,7 @@ typedef struct {
   int nparams;   /* kernel parameters */
   int release_gil;
   int dry;
+  int grid_args; /* the grid's x and y are the two arguments after the stream (symbolic sizes) */
   char kind[MAX_PARAMS];      /* p u64, q i64, i i32, f fp32, d fp64, c constant 8 bytes, k constant 4 */
   int64_t source[MAX_PARAMS]; /* the argument's position, or the constant */
 } Launch;
@@ -144,12 +152,13 @@ static int param_size(char kind) { return (kind == 'i' || kind == 'f' || kind ==
 
 /* one parameter into its 8-byte slot; 0 on success */
 static int convert(Launch *self, int j, PyObject *const *args, uint64_t *slot) {
+  /* args: the kernel's arguments, past the stream (and the grid) */
   char kind = self->kind[j];
   int64_t src = self->source[j];
   *slot = 0;
   if (kind == 'c') { memcpy(slot, &src, 8); return 0; }
   if (kind == 'k') { int32_t v = (int32_t)src; memcpy(slot, &v, 4); return 0; }
-  PyObject *arg = args[1 + src];
+  PyObject *arg = args[src];
   if (kind == 'p') {
     unsigned long long v = PyLong_AsUnsignedLongLong(arg);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) goto bad;
@@ -196,30 +205,47 @@ static PyObject *launch_call(PyObject *op, PyObject *const *args, size_t nargsf,
     PyErr_Format(PyExc_TypeError, "kiln: %U takes no keyword arguments", self->name);
     return NULL;
   }
-  if (n != 1 + self->nargs) {
-    PyErr_Format(PyExc_TypeError, "kiln: %U takes %d arguments (a stream and %d), not %zd", self->name,
-                 1 + self->nargs, self->nargs, n);
+  int lead = self->grid_args ? 3 : 1;
+  if (n != lead + self->nargs) {
+    PyErr_Format(PyExc_TypeError, "kiln: %U takes %d arguments (a stream%s and %d), not %zd", self->name,
+                 lead + self->nargs, self->grid_args ? ", the grid's x and y" : "", self->nargs, n);
     return NULL;
   }
   unsigned long long stream = PyLong_AsUnsignedLongLong(args[0]);
   if (stream == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  unsigned grid[3] = {self->grid[0], self->grid[1], self->grid[2]};
+  if (self->grid_args) {
+    for (int d = 0; d < 2; d++) {
+      long long g = PyLong_AsLongLong(args[1 + d]);
+      if (g == -1 && PyErr_Occurred()) return NULL;
+      if (g < 0 || g > (d == 0 ? 2147483647LL : 65535LL)) {
+        PyErr_Format(PyExc_ValueError, "kiln: %U: grid %c of %lld is outside CUDA's limits", self->name,
+                     d == 0 ? 'x' : 'y', g);
+        return NULL;
+      }
+      grid[d] = (unsigned)g;
+    }
+  }
   uint64_t slots[MAX_PARAMS];
   void *params[MAX_PARAMS];
   for (int j = 0; j < self->nparams; j++) {
-    if (convert(self, j, args, &slots[j])) return NULL;
+    if (convert(self, j, args + lead, &slots[j])) return NULL;
     params[j] = &slots[j];
   }
   if (self->dry) {
-    PyObject *out = PyTuple_New(self->nparams + 1);
+    PyObject *out = PyTuple_New(self->nparams + 3);
     if (!out) return NULL;
     PyTuple_SET_ITEM(out, 0, PyLong_FromUnsignedLongLong(stream));
+    PyTuple_SET_ITEM(out, 1, PyLong_FromUnsignedLong(grid[0]));
+    PyTuple_SET_ITEM(out, 2, PyLong_FromUnsignedLong(grid[1]));
     for (int j = 0; j < self->nparams; j++) {
       uint64_t v = slots[j];
       if (param_size(self->kind[j]) == 4) v &= 0xffffffffull;
-      PyTuple_SET_ITEM(out, j + 1, PyLong_FromUnsignedLongLong(v));
+      PyTuple_SET_ITEM(out, j + 3, PyLong_FromUnsignedLongLong(v));
     }
     return out;
   }
+  if (grid[0] == 0 || grid[1] == 0) Py_RETURN_NONE; /* no elements: nothing launched */
   CUresult rc;
   CUcontext ctx = NULL;
   rc = cu_ctx_get(&ctx);
@@ -232,12 +258,12 @@ static PyObject *launch_call(PyObject *op, PyObject *const *args, size_t nargsf,
   if (rc != 0) { set_cuda_error("making a context current for", self->name, rc); return NULL; }
   if (self->release_gil) {
     Py_BEGIN_ALLOW_THREADS
-    rc = cu_launch(self->function, self->grid[0], self->grid[1], self->grid[2], self->block, 1, 1,
-                   self->shared, (CUstream)(uintptr_t)stream, params, NULL);
+    rc = cu_launch(self->function, grid[0], grid[1], grid[2], self->block, 1, 1, self->shared,
+                   (CUstream)(uintptr_t)stream, params, NULL);
     Py_END_ALLOW_THREADS
   } else {
-    rc = cu_launch(self->function, self->grid[0], self->grid[1], self->grid[2], self->block, 1, 1,
-                   self->shared, (CUstream)(uintptr_t)stream, params, NULL);
+    rc = cu_launch(self->function, grid[0], grid[1], grid[2], self->block, 1, 1, self->shared,
+                   (CUstream)(uintptr_t)stream, params, NULL);
   }
   if (rc != 0) { set_cuda_error("launching", self->name, rc); return NULL; }
   Py_RETURN_NONE;
@@ -245,13 +271,13 @@ static PyObject *launch_call(PyObject *op, PyObject *const *args, size_t nargsf,
 
 static PyObject *launch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   static char *names[] = {"name", "function", "grid", "block", "shared", "plan", "nargs", "device",
-                          "release_gil", "dry", NULL};
+                          "release_gil", "dry", "grid_args", NULL};
   PyObject *name, *plan;
   unsigned long long function;
   unsigned gx, gy, gz, block, shared;
-  int nargs, device, release_gil = 1, dry = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "UK(III)IIOii|pp", names, &name, &function, &gx, &gy, &gz,
-                                   &block, &shared, &plan, &nargs, &device, &release_gil, &dry))
+  int nargs, device, release_gil = 1, dry = 0, grid_args = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "UK(III)IIOii|ppp", names, &name, &function, &gx, &gy, &gz,
+                                   &block, &shared, &plan, &nargs, &device, &release_gil, &dry, &grid_args))
     return NULL;
   PyObject *seq = PySequence_Fast(plan, "kiln: a launch plan is a sequence of (kind, value) pairs");
   if (!seq) return NULL;
@@ -275,6 +301,7 @@ static PyObject *launch_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   self->nparams = (int)np;
   self->release_gil = release_gil;
   self->dry = dry;
+  self->grid_args = grid_args;
   for (Py_ssize_t j = 0; j < np; j++) {
     const char *k;
     long long v;

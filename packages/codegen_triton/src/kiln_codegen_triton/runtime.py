@@ -198,12 +198,19 @@ def warmup_args(spec: KernelSpec) -> list[Any]:
     return [*spec.param_dtypes, *(0.5 if p in floats else GENERIC_SIZE for p in spec.size_params)]
 
 
-def native_plan(compiled: Any, pointers: Sequence[str]) -> list[tuple[str, int]] | None:
-    """The kernel parameters of a compiled kernel of static sizes as a :class:`Launch` plan
-    (Note [Native launches] in native_launch.py): ``("p", i)`` for the pointer passed as the
-    launch's argument ``i`` (``pointers`` names the parameters in argument order), ``("c", v)``
-    / ``("k", v)`` for an 8- / 4-byte constant, constexprs left out, then Triton's two scratch
-    pointers (null); None for a parameter of another kind."""
+# the plan kind of a size argument (Note [Symbolic sizes in Triton kernels]) by its Triton type
+_SIZE_KINDS = {"i64": "q", "i32": "i", "fp32": "f", "fp64": "d"}
+
+
+def native_plan(
+    compiled: Any, pointers: Sequence[str], sizes: Sequence[str] = ()
+) -> list[tuple[str, int]] | None:
+    """The kernel parameters of a compiled kernel as a :class:`Launch` plan (Note [Native
+    launches] in native_launch.py): ``("p", i)`` for the pointer passed as the launch's argument
+    ``i`` (``pointers`` names the parameters in argument order, then ``sizes`` the symbolic sizes
+    and floats of sizes after them: ``("q", i)`` an int64, ``("f", i)`` a float32, ...),
+    constexprs left out, then Triton's two scratch pointers (null, ``("c", 0)``); None for a
+    parameter of another kind."""
     signature = compiled.src.signature
     plan: list[tuple[str, int]] = []
     for name in compiled.src.fn.arg_names:
@@ -214,13 +221,18 @@ def native_plan(compiled: Any, pointers: Sequence[str]) -> list[tuple[str, int]]
             if not (isinstance(ty, str) and ty.startswith("*")):
                 return None
             plan.append(("p", pointers.index(name)))
+        elif name in sizes and ty in _SIZE_KINDS:
+            plan.append((_SIZE_KINDS[ty], len(pointers) + list(sizes).index(name)))
         else:
             return None  # a runtime parameter the wrapper does not pass
     return [*plan, ("c", 0), ("c", 0)]
 
 
-def _native_launcher(compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int]) -> Callable[..., None] | None:
-    """A :class:`Launch` for ``compiled`` where it applies (Note [Native launches]); else None."""
+def _native_launcher(
+    compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int] | None
+) -> Callable[..., None] | None:
+    """A :class:`Launch` for ``compiled`` where it applies (Note [Native launches]); else None.
+    ``grid_xy`` None: symbolic sizes, the grid passed at each call after the stream."""
     module = native_launch.for_launches()
     if module is None:
         return None
@@ -231,7 +243,7 @@ def _native_launcher(compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int]) 
     if not (isinstance(packed, tuple) and len(packed) == 3 and all(isinstance(v, int) for v in packed)):
         return None
     num_warps, num_ctas, shared = packed
-    plan = native_plan(compiled, [f"p_{n}" for n in spec.params])
+    plan = native_plan(compiled, [f"p_{n}" for n in spec.params], spec.size_params)
     # Triton 3.8 launches more than 228 KiB of shared memory with an attribute cuLaunchKernel lacks
     if plan is None or num_ctas != 1 or shared > 228 * 1024:
         native_launch.counters["native_declined"] += 1
@@ -240,13 +252,14 @@ def _native_launcher(compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int]) 
         launch: Callable[..., None] = module.Launch(
             spec.name,
             compiled.function,
-            (grid_xy[0], grid_xy[1], 1),
+            (1, 1, 1) if grid_xy is None else (grid_xy[0], grid_xy[1], 1),
             32 * num_warps,
             shared,
             plan,
-            len(spec.params),
+            len(spec.params) + len(spec.size_params),
             torch.cuda.current_device(),
             release_gil=native_launch.release_gil(),
+            grid_args=grid_xy is None,
         )
     except (RuntimeError, ValueError) as exc:  # the binary's parameters are not the plan's
         native_launch.counters["native_declined"] += 1
@@ -269,9 +282,10 @@ def _fast_launcher(
     Triton's launcher takes the kernel's parameters in declaration order, constexprs included
     (it skips them); a parameter that the signature leaves out is not passed at all. ``direct``:
     call Triton's C launch function itself where its arguments are known (Note [Calling the C
-    launch directly]); else ``CompiledKernel.run``. ``native``: where that direct call applies
-    and the sizes are static, a C launch object instead (Note [Native launches] in
-    native_launch.py)."""
+    launch directly]); else ``CompiledKernel.run``. ``native``: where that direct call applies,
+    a C launch object instead (Note [Native launches] in native_launch.py): the launch itself
+    for static sizes; for symbolic ones a two-line function that computes the grid from the sizes
+    and calls it."""
     constants = config.kwargs(spec.kind)
     pointers = {name: f"p{i}" for i, name in enumerate(f"p_{n}" for n in spec.params)}
     sizes = spec.size_params  # Note [Symbolic sizes in Triton kernels]: after the pointers
@@ -294,10 +308,17 @@ def _fast_launcher(
     }
     direct = direct and os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") != "0"
     found = _direct_call(compiled.run) if direct and args else None
-    if found is not None and native and not sizes and gx and gy and native_launch.enabled():
-        native_launch_ = _native_launcher(compiled, spec, (gx, gy))
-        if native_launch_ is not None:
-            return native_launch_
+    if found is not None and native and (sizes or (gx and gy)) and native_launch.enabled():
+        made = _native_launcher(compiled, spec, None if sizes else (gx, gy))
+        if made is not None and not sizes:
+            return made
+        if made is not None:  # the grid from the sizes, per call, then the C launch
+            scope["native"] = made
+            call = ", ".join(["stream", str(gx), str(gy), *pointers.values(), *sizes])
+            source = f"def launch({params}):\n    return native({call})\n"
+            exec(compile(source, f"<kiln-launcher {spec.name}>", "exec"), scope)
+            symbolic_launch: Callable[..., None] = scope["launch"]
+            return symbolic_launch
     if found is not None:
         template, extra = found
         scope |= extra
