@@ -120,17 +120,22 @@ def test_an_unknown_launcher_goes_through_run(monkeypatch: pytest.MonkeyPatch) -
     assert off[0][5:9] == (False, True, None, None) and SCRATCH[-2:] == [0, 0]  # through __call__
 
 
-def test_a_kernel_of_symbolic_sizes_takes_them_after_its_pointers_and_computes_its_grid() -> None:
-    """Note [Symbolic sizes in Triton kernels]: the size arguments follow the pointers and the
-    grid is computed from them at each launch (both paths pass the same)."""
+def symbolic_spec() -> KernelSpec:
+    """A pointwise kernel over ``s0 * s1`` elements (sizes ``s0``, ``s1``; hint 12)."""
     import sympy
 
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
-    spec = KernelSpec(
+    return KernelSpec(
         name="k", source="", params=("x", "out"), param_dtypes=(torch.float32, torch.float32),
         kind="pointwise", xnumel=s0 * s1, ynumel=1, rnumel=1, scratch=(), members=(), atomic=False,
         outer=False, size_params=("s0", "s1"), numel_hints=(12, 1, 1),
     )  # fmt: skip
+
+
+def test_a_kernel_of_symbolic_sizes_takes_them_after_its_pointers_and_computes_its_grid() -> None:
+    """Note [Symbolic sizes in Triton kernels]: the size arguments follow the pointers and the
+    grid is computed from them at each launch (both paths pass the same)."""
+    spec = symbolic_spec()
 
     def compiled(run: Any) -> Any:
         fn = types.SimpleNamespace(arg_names=["p_x", "p_out", "s0", "s1", "XBLOCK"])

@@ -27,6 +27,19 @@ def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def dry_driver(fresh: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Launch objects built in their dry form, standing in for a driver."""
+    module = native_launch.module()
+    assert module is not None
+
+    def dry_launch(*args: Any, **kwargs: Any) -> Any:
+        return module.Launch(*args, **kwargs, dry=True)
+
+    monkeypatch.setattr(native_launch, "for_launches", lambda: types.SimpleNamespace(Launch=dry_launch))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
 def _bits(x: float) -> int:
     return int(struct.unpack("<I", struct.pack("<f", x))[0])
 
@@ -165,27 +178,12 @@ SPEC = KernelSpec(
 )  # fmt: skip
 
 
-def test_a_symbolic_kernels_launcher_computes_its_grid_and_calls_the_native_launch(
-    fresh: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_symbolic_kernels_launcher_computes_its_grid_and_calls_the_native_launch(dry_driver: None) -> None:
     """Note [Symbolic sizes in Triton kernels]: sizes after the pointers (int64), the grid from
     them at each call; here 1500 elements in blocks of 256."""
-    import sympy
+    from test_launcher import symbolic_spec
 
-    module = native_launch.module()
-    assert module is not None
-
-    def dry_launch(*args: Any, **kwargs: Any) -> Any:
-        return module.Launch(*args, **kwargs, dry=True)
-
-    monkeypatch.setattr(native_launch, "for_launches", lambda: types.SimpleNamespace(Launch=dry_launch))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
-    spec = KernelSpec(
-        name="k", source="", params=("x", "out"), param_dtypes=(torch.float32, torch.float32),
-        kind="pointwise", xnumel=s0 * s1, ynumel=1, rnumel=1, scratch=(), members=(), atomic=False,
-        outer=False, size_params=("s0", "s1"), numel_hints=(12, 1, 1),
-    )  # fmt: skip
+    spec = symbolic_spec()
     fn = types.SimpleNamespace(arg_names=["p_x", "p_out", "s0", "s1", "XBLOCK"])
     signature = {"p_x": "*fp32", "p_out": "*fp32", "s0": "i64", "s1": "i64", "XBLOCK": "constexpr"}
     compiled = types.SimpleNamespace(
@@ -208,17 +206,9 @@ def test_the_plan_follows_the_kernels_parameters_not_the_wrappers_order() -> Non
 
 
 def test_a_fast_launcher_is_a_native_launch_with_the_grid_block_and_plan(
-    fresh: Path, monkeypatch: pytest.MonkeyPatch
+    dry_driver: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a driver (here: the dry form standing in for it), the wrapper's slot is the C object."""
-    module = native_launch.module()
-    assert module is not None
-
-    def dry_launch(*args: Any, **kwargs: Any) -> Any:
-        return module.Launch(*args, **kwargs, dry=True)
-
-    monkeypatch.setattr(native_launch, "for_launches", lambda: types.SimpleNamespace(Launch=dry_launch))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     calls: list[tuple[Any, ...]] = []
     launch = runtime._fast_launcher(_compiled(Launcher(calls)), SPEC, Config(XBLOCK=256))
     assert "grid=(4, 1, 1) block=128 shared=0" in repr(launch)  # 1000 in blocks of 256; 4 warps
