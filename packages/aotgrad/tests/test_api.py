@@ -677,6 +677,16 @@ def test_an_op_eager_takes_is_still_decomposed() -> None:
     assert "aten::masked_fill" not in names and "aten::where" in names, names
 
 
+@pytest.mark.parametrize("op", [torch.var_mean, torch.std_mean])
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_var_mean_over_every_dim_keeps_its_dims(op: Callable[..., Any], keepdim: bool) -> None:
+    """aotgrad's var_mean split: over every dim (dim None) with keepdim, the mean keeps each dim
+    as size 1, as eager's does (std_mean's mean came back 0-d, its variance (1, 1, 1))."""
+    x = torch.randn(2, 3, 4, requires_grad=True)
+    check(lambda x: op(x, dim=None, correction=0, keepdim=keepdim), x)
+    check(lambda x: op(x, dim=None, correction=0, keepdim=keepdim), x, no_grad=True)
+
+
 def _nested_autocast(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = x @ w

@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from opinfo_sweep import LAYOUTS, assert_passes, key, op_outcome, select, sweep_op
+import torch
+from opinfo_sweep import LAYOUTS, _relaid, assert_passes, key, op_outcome, run_sample, select, sweep_op
+from torch.utils._pytree import tree_flatten
 
 import kiln
 
@@ -78,3 +80,28 @@ def test_opinfo_layout_through_kiln_dynamic(info: Any, layout: str) -> None:
     kind = op_outcome(outcomes)
     details = "\n".join(f"sample {o.sample}: {o.kind}: {o.detail}" for o in outcomes if o.kind != "pass")
     assert kind == "pass", details
+
+
+def _weight_strided(index: int, sample: Any) -> bool:
+    """Does `--layout mixed` store `sample`'s input contiguous and its weight at stride 2?"""
+    x, w, *_ = (t for t in tree_flatten(_relaid((sample.input, sample.args, {}), "mixed", index, True))[0])
+    return x.is_contiguous() and w.stride() == (2,)
+
+
+def test_eager_that_reads_a_layout_wrong() -> None:
+    """Note [Eager that reads a layout wrong]: torch.native_group_norm reads a weight at stride 2
+    as if contiguous, so eager's answer moves with the layout; kiln's is the sample's own (the
+    contiguous weight's) and passes, the detail naming eager's move."""
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    (info,) = (i for i in select(ops="native_group_norm") if key(i) == "native_group_norm")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=g).requires_grad_() for s in ((2, 6, 3), (6,), (6,)))
+    sample = SampleInput(x, args=(w, b, 2, 6, 3, 2, 1e-5))
+    index = next(i for i in range(200) if _weight_strided(i, sample))
+    relaid = _relaid((x, (w, b), {}), "mixed", index, False)
+    moved = torch.native_group_norm(relaid[0], *relaid[1], 2, 6, 3, 2, 1e-5)[0]
+    assert not torch.allclose(moved, torch.native_group_norm(x, w, b, 2, 6, 3, 2, 1e-5)[0])  # eager moves
+    outcome = run_sample(info, index, sample, grad=True, layout="mixed")
+    assert outcome is not None and outcome.kind == "pass", outcome
+    assert "moves with the layout" in outcome.detail

@@ -205,6 +205,27 @@ def test_what_eager_refuses_raises(fn: Any, x: torch.Tensor) -> None:
     assert str(got.value) == str(eager_error.value)
 
 
+def _index_select_0(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    return aten.index_select.default(x, 0, i)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_index_select_of_a_scalar_with_several_indices_raises(n: int) -> None:
+    """Eager's index_select refuses a 0-d tensor's index of n != 1 values, the meta kernel does
+    not: the lowering returned the scalar; now eager's kernel runs and raises."""
+    x, i = torch.tensor(5.0), torch.zeros(n, dtype=torch.int64)
+    with pytest.raises(RuntimeError) as eager_error:
+        _index_select_0(x, i)
+    gm = torch.fx.symbolic_trace(_index_select_0)
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), (x, i), strict=True):
+        node.meta["val"] = value
+    compiled = compile_graph(gm, [x, i])
+    assert compiled.stats.fallbacks, "lowered, not left to eager's kernel"
+    with pytest.raises(RuntimeError) as got:
+        compiled(x.clone(), i.clone())
+    assert str(got.value) == str(eager_error.value)
+
+
 def test_a_half_fill_of_one_element_is_inf_as_in_eager() -> None:
     x = torch.ones(1, dtype=torch.float16)
     compiled = check(_full_like_beyond_half, x, allow_fallback=True)

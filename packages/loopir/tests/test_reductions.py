@@ -48,6 +48,16 @@ def test_reduction(name: str) -> None:
         check(fn, make((4, 5, 3), dtype, low=low, high=high).permute(2, 1, 0))
 
 
+@pytest.mark.parametrize("op", [aten._softmax.default, aten._log_softmax.default])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_softmax_of_a_scalar(op: Any, dim: int) -> None:
+    """Note [Softmax of a scalar]: a 0-d tensor's softmax is 1 and its log_softmax 0 (NaN for an
+    infinite or NaN element), not exp(x) and x."""
+    for value in (1.5, -3.0, 0.0, float("inf"), float("-inf"), float("nan")):
+        for dtype in (torch.float32, torch.bfloat16):
+            check(lambda x: op(x, dim, False), torch.tensor(value, dtype=dtype))
+
+
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_native_layer_norm(dtype: torch.dtype) -> None:
     def fn(x: Any, w: Any, b: Any) -> Any:

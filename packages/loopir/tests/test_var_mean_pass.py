@@ -68,3 +68,17 @@ def test_gpu_graphs_are_left_alone() -> None:
     rewritten, ctx = run_passes(gm, [x], torch.device("cuda"), {"layout": False})
     assert ("var_mean", "not on cuda") in ctx.record
     assert aten.var_mean.correction not in [n.target for n in rewritten.graph.nodes]
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_a_scalars_variance_and_mean(dim: int) -> None:
+    """A 0-d tensor's dim 0 / -1 names the scalar itself: the pair is one var_mean over no dim
+    (the pass took dim 0 as a size and raised IndexError: std_mean(tensor(1.5), 0, keepdim=True)
+    failed the backend)."""
+
+    def fn(x: Any) -> Any:
+        return aten.var.correction(x, [dim], correction=0, keepdim=True), aten.mean.dim(x, [dim], True)
+
+    x = torch.tensor(1.5)
+    (line,) = _records(check(with_vals(fn, x), x))
+    assert "one var_mean" in line

@@ -114,11 +114,11 @@ KEPT_NON_CORE = frozenset(
 def _var_mean(
     x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # torch._decomp's entry goes through prims; two core reductions say the same.
-    return (
-        aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
-        aten.mean.dim(x, dim, keepdim) if dim is not None else aten.mean.default(x),
-    )
+    # torch._decomp's entry goes through prims; two core reductions say the same. A mean over
+    # every dim (dim None) with keepdim keeps each as a size-1 dim, as eager's var_mean does:
+    # mean.default has no keepdim (std_mean(x, keepdim=True)'s mean came back 0-d)
+    mean = aten.mean.default(x) if dim is None and not keepdim else aten.mean.dim(x, dim, keepdim)
+    return aten.var.correction(x, dim, correction=correction, keepdim=keepdim), mean
 
 
 def _efficient_zeros(

@@ -264,6 +264,12 @@ def index_select(x: TensorBox, dim: int, index_: TensorBox) -> TensorBox:
     size = list(x.get_size())
     load, load_i = x.make_loader(), index_.make_loader()
     scalar_index = len(index_.get_size()) == 0
+    if not size and not scalar_index and index_.get_size()[0] != 1:
+        # eager's kernel refuses a 0-d tensor's index of n != 1 values ("Index to scalar can have
+        # only 1 value"), the meta kernel does not: left to eager's kernel, which raises
+        raise Unsupported(
+            "index_select of a 0-d tensor with an index of several values: eager's kernel raises"
+        )
     if not size:  # its one index must be 0 (checked); the result is the 0-d value itself
 
         def only(i: Index) -> Any:

@@ -336,13 +336,18 @@ def var_mean(
     return _keepdim(to_dtype(v, result), dims, keepdim), _keepdim(to_dtype(m, result), dims, keepdim)
 
 
+# Note [Softmax of a scalar]: a 0-d tensor is one row of one element (dim 0 or -1 names it): its
+# max is the element itself and the sum of exp(x - max) is exp(x - x), so softmax is exp(x - x) /
+# exp(x - x), 1, and log_softmax 0, both NaN where x is infinite or NaN, as eager's kernel gives.
+# The row's max was lowered as x * 0 (and the sum as x * 0 + 1), a row max of 0 that only x == 0
+# has: softmax(tensor(1.5), 0) came back exp(1.5) = 4.48, log_softmax 1.5 (OpInfo samples past
+# the third: `opinfo_sweep.py --samples 30`).
 def _softmax_parts(x: TensorBox, dim: int, dtype: torch.dtype) -> tuple[TensorBox, TensorBox, TensorBox]:
     """(x as dtype, row max keepdim, sum of exp(x - max) keepdim)."""
     d = normalize_dim(dim, len(x.get_size()))
     xc = to_dtype(x, dtype)
-    if not x.get_size():
-        zero = _scale(xc, lambda v: ops.mul(v, ops.constant(0, dtype)), dtype)
-        return xc, zero, _scale(zero, lambda v: ops.add(v, ops.constant(1, dtype)), dtype)
+    if not x.get_size():  # Note [Softmax of a scalar]
+        return xc, xc, _scale(xc, lambda v: ops.exp(ops.sub(v, v)), dtype)
     amax = unsqueeze(make_reduction(xc, [d], "max", dtype), d)
     size = x.get_size()
     load_x, load_m = xc.make_loader(), broadcast_loader(amax, size)

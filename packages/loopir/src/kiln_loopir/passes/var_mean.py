@@ -44,6 +44,8 @@ def _dims(node: torch.fx.Node, dims: Any) -> tuple[int, ...] | None:
     (no meta value: only nonnegative dims are taken as they are)."""
     val = node.meta.get("val")
     rank = val.dim() if isinstance(val, torch.Tensor) else None
+    if rank == 0:  # a scalar: dim 0 / -1 name the scalar itself, nothing to reduce (its count 1)
+        return ()
     if dims is None or (isinstance(dims, list | tuple) and len(dims) == 0):
         return None if rank is None else tuple(range(rank))
     items = [dims] if isinstance(dims, int) else list(dims)
@@ -51,7 +53,7 @@ def _dims(node: torch.fx.Node, dims: Any) -> tuple[int, ...] | None:
         return None
     if rank is None:
         return tuple(sorted(items)) if all(d >= 0 for d in items) else None
-    return tuple(sorted(d % rank if rank else 0 for d in items))
+    return tuple(sorted(d % rank for d in items))
 
 
 def _var_key(node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], bool] | None:
