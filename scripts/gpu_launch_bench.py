@@ -48,13 +48,9 @@ def raw_launch_us(calls: int = 20000) -> dict[str, float]:
 
     compiled_kernel = launcher.compiled[launcher.config]
     python_launch = runtime._fast_launcher(compiled_kernel, launcher.spec, launcher.config, native=False)
-    os.environ["KILN_TRITON_NATIVE_GIL"] = "0"
-    held = runtime._fast_launcher(compiled_kernel, launcher.spec, launcher.config)
-    del os.environ["KILN_TRITON_NATIVE_GIL"]
     result = {}
     for name, call in [
         (f"kiln launcher ({type(fast).__name__})", lambda: fast(stream, px, po)),
-        (f"kiln launcher, GIL kept ({type(held).__name__})", lambda: held(stream, px, po)),
         ("Triton's C launch from Python", lambda: python_launch(stream, px, po)),
         ("JITFunction.run", lambda: launcher.fn[(1,)](x, out, XBLOCK=1024, num_warps=4)),
     ]:

@@ -229,10 +229,11 @@ def native_plan(
 
 
 def _native_launcher(
-    compiled: Any, spec: KernelSpec, grid_xy: tuple[int, int] | None
+    compiled: Any, spec: KernelSpec, pointers: Sequence[str], grid_xy: tuple[int, int] | None
 ) -> Callable[..., None] | None:
     """A :class:`Launch` for ``compiled`` where it applies (Note [Native launches]); else None.
-    ``grid_xy`` None: symbolic sizes, the grid passed at each call after the stream."""
+    ``pointers``: the kernel's pointer parameters in the wrapper's order; ``grid_xy`` None:
+    symbolic sizes, the grid passed at each call after the stream."""
     module = native_launch.for_launches()
     if module is None:
         return None
@@ -243,7 +244,7 @@ def _native_launcher(
     if not (isinstance(packed, tuple) and len(packed) == 3 and all(isinstance(v, int) for v in packed)):
         return None
     num_warps, num_ctas, shared = packed
-    plan = native_plan(compiled, [f"p_{n}" for n in spec.params], spec.size_params)
+    plan = native_plan(compiled, pointers, spec.size_params)
     # Triton 3.8 launches more than 228 KiB of shared memory with an attribute cuLaunchKernel lacks
     if plan is None or num_ctas != 1 or shared > 228 * 1024:
         native_launch.counters["native_declined"] += 1
@@ -256,9 +257,8 @@ def _native_launcher(
             32 * num_warps,
             shared,
             plan,
-            len(spec.params) + len(spec.size_params),
+            len(pointers) + len(spec.size_params),
             torch.cuda.current_device(),
-            release_gil=native_launch.release_gil(),
             grid_args=grid_xy is None,
         )
     except (RuntimeError, ValueError) as exc:  # the binary's parameters are not the plan's
@@ -275,15 +275,15 @@ def _native_launcher(
 
 
 def _fast_launcher(
-    compiled: Any, spec: KernelSpec, config: Config, direct: bool = True, native: bool = True
+    compiled: Any, spec: KernelSpec, config: Config, direct: bool = True, native: bool | None = None
 ) -> Callable[..., None]:
     """``launch(stream, *pointers)`` for one compiled kernel (Note [The launch path]).
 
     Triton's launcher takes the kernel's parameters in declaration order, constexprs included
     (it skips them); a parameter that the signature leaves out is not passed at all. ``direct``:
     call Triton's C launch function itself where its arguments are known (Note [Calling the C
-    launch directly]); else ``CompiledKernel.run``. ``native``: where that direct call applies,
-    a C launch object instead (Note [Native launches] in native_launch.py): the launch itself
+    launch directly]); else ``CompiledKernel.run``. ``native`` (None: ``KILN_TRITON_NATIVE_LAUNCH``,
+    default on): where that direct call applies, a C launch object instead (Note [Native launches] in native_launch.py): the launch itself
     for static sizes; for symbolic ones a two-line function that computes the grid from the sizes
     and calls it."""
     constants = config.kwargs(spec.kind)
@@ -308,8 +308,9 @@ def _fast_launcher(
     }
     direct = direct and os.environ.get("KILN_TRITON_DIRECT_LAUNCH", "1") != "0"
     found = _direct_call(compiled.run) if direct and args else None
-    if found is not None and native and (sizes or (gx and gy)) and native_launch.enabled():
-        made = _native_launcher(compiled, spec, None if sizes else (gx, gy))
+    native = native_launch.enabled() if native is None else native
+    if found is not None and native and (sizes or (gx and gy)):
+        made = _native_launcher(compiled, spec, list(pointers), None if sizes else (gx, gy))
         if made is not None and not sizes:
             return made
         if made is not None:  # the grid from the sizes, per call, then the C launch
@@ -342,10 +343,16 @@ class Launcher:
     :attr:`slot` in its namespace; under max-autotune the first call tunes, then rebinds it)."""
 
     def __init__(
-        self, fn: Any, spec: KernelSpec, candidates: list[Config], *, autotune: bool, native: bool = True
+        self,
+        fn: Any,
+        spec: KernelSpec,
+        candidates: list[Config],
+        *,
+        autotune: bool,
+        native: bool | None = None,
     ) -> None:
         self.fn = fn
-        self.native = native  # Note [Native launches] in native_launch.py
+        self.native = native  # Note [Native launches] in native_launch.py; None: the environment
         self.spec = spec
         self.candidates = candidates
         # running a kernel twice must give the same memory for timing to be harmless
@@ -563,7 +570,7 @@ def precompile_start(
     """Submit the kernels of one graph to the pool (Note [Kernels compiled while the next graph
     is built]); each launcher knows the returned handle, whose ``wait`` loads them."""
     pending = [launcher for launcher in launchers if launcher.fast is None or launcher.autotune]
-    if device.type == "cuda" and any(launcher.native for launcher in pending):
+    if device.type == "cuda" and any(launcher.native is not False for launcher in pending):
         native_launch.prepare()  # Note [Native launches]: built while the kernels compile
     if not pending:
         handle = PendingCompile([], device, workers, None, [])
